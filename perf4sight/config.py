@@ -1,0 +1,261 @@
+"""TOML configuration -> validated, typed objects.
+
+Every error is a ``UserError`` whose message names the file and the key, e.g.
+``config.toml: [profile] unknown key 'batch_size' (known: batch_sizes, ...)``.
+Paths in the config are relative to the config file's folder.
+"""
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from perf4sight.errors import UserError
+
+__all__ = ["Config", "DeviceConfig", "load_config", "BACKENDS"]
+
+BACKENDS = ("cpu", "nvml", "jetson")
+
+
+@dataclass
+class ProjectConfig:
+    """Where outputs go (relative to the config file) and the master random seed."""
+    models_dir: str = "models"
+    profiling_dir: str = "profiling_csvs"
+    fingerprint_dir: str = "fingerprinting"
+    reports_dir: str = "reports"
+    seed: int = 0
+
+
+@dataclass
+class PruningConfig:
+    """Structured pruning: ``levels`` are percentages of parameters removed (0-99)."""
+    strategy: str = "l1-norm"
+    levels: list[float] = field(default_factory=lambda: [0.0])
+    min_channels: int = 4
+    seed: int = 0
+
+
+@dataclass
+class GeneratorConfig:
+    """Random networks from the multi-style design space (0 = none)."""
+    count: int = 0
+    seed: int = 0
+    styles: list[str] = field(default_factory=lambda: ["vgg", "inception", "resnext", "densenet", "mobilenet"])
+    min_mflops: float = 0.0
+    max_mflops: float = 1e9
+    min_params: int = 0
+    max_params: int = 10**12
+
+
+@dataclass
+class NetworksConfig:
+    """Which networks the dataset contains and at what input size."""
+    zoo: list[str] = field(default_factory=lambda: ["resnet18"])
+    factories: list[str] = field(default_factory=list)  # "models/imagenet/file.py:function"
+    description_files: list[str] = field(default_factory=list)
+    input_shape: list[int] = field(default_factory=lambda: [3, 224, 224])
+    num_classes: int = 1000
+    pruning: PruningConfig = field(default_factory=PruningConfig)
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+
+
+@dataclass
+class ProfileConfig:
+    """The test plan: batch sizes (ascending), steps and per-measurement timeout (seconds)."""
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    warmup_steps: int = 2
+    timed_steps: int = 5
+    timeout_s: float = 600.0
+    devices: list[str] = field(default_factory=list)  # empty = every device
+    learning_rate: float = 0.01
+    momentum: float = 0.9
+
+
+@dataclass
+class DeviceConfig:
+    """One target device. No ``host`` means the local machine. Memory in MiB."""
+    backend: str = "cpu"
+    host: str = ""
+    port: int = 22
+    user: str = ""
+    key_file: str = ""
+    known_hosts: str = ""
+    accept_new_host_key: bool = False
+    python: str = "python3"
+    workdir: str = "~/perf4sight-work"
+    gpu_index: int = 0
+    memory_limit_mb: int = 0  # cpu backend: 0 = no limit
+    threads: int = 0  # cpu backend: torch threads, 0 = torch's default
+    name: str = ""  # filled in from the table name
+
+
+@dataclass
+class FingerprintConfig:
+    """Tree-ensemble fingerprints: model family, size and evaluation folds."""
+    model: str = "extra-trees"
+    n_estimators: int = 200
+    min_samples_leaf: int = 1
+    seed: int = 0
+    predictor: str = "trees"
+
+
+@dataclass
+class PredictConfig:
+    """Defaults for the predict stage."""
+    networks: list[str] = field(default_factory=list)
+    batch_sizes: list[int] = field(default_factory=lambda: [8])
+
+
+@dataclass
+class CompareConfig:
+    """Networks to draw predictions for in the compare report (zoo names or files)."""
+    networks: list[str] = field(default_factory=list)
+    devices: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Config:
+    """The whole configuration; ``root`` is the folder of the config file."""
+    project: ProjectConfig = field(default_factory=ProjectConfig)
+    networks: NetworksConfig = field(default_factory=NetworksConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    devices: dict[str, DeviceConfig] = field(default_factory=dict)
+    fingerprint: FingerprintConfig = field(default_factory=FingerprintConfig)
+    predict: PredictConfig = field(default_factory=PredictConfig)
+    compare: CompareConfig = field(default_factory=CompareConfig)
+    path: Path = Path("config.toml")
+    root: Path = Path(".")
+
+    def resolve(self, relative: str | Path) -> Path:
+        """A path from the config, made absolute against the config file's folder."""
+        p = Path(relative).expanduser()
+        return p if p.is_absolute() else self.root / p
+
+    @property
+    def models_dir(self) -> Path:
+        return self.resolve(self.project.models_dir)
+
+    @property
+    def profiling_dir(self) -> Path:
+        return self.resolve(self.project.profiling_dir)
+
+    @property
+    def fingerprint_dir(self) -> Path:
+        return self.resolve(self.project.fingerprint_dir)
+
+    @property
+    def reports_dir(self) -> Path:
+        return self.resolve(self.project.reports_dir)
+
+    def device(self, name: str) -> DeviceConfig:
+        if name not in self.devices:
+            raise UserError(f"{self.path}: unknown device '{name}' (devices: {', '.join(self.devices) or 'none'})")
+        return self.devices[name]
+
+
+_INTERNAL = {"path", "root", "name"}
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is list:
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    return {int: "integer", float: "number", str: "string", bool: "true/false"}.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _convert(value: Any, tp: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin is list:
+        if not isinstance(value, list):
+            raise UserError(f"{where} must be a {_type_name(tp)}, got {value!r}")
+        (item,) = typing.get_args(tp)
+        return [_convert(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        _, item = typing.get_args(tp)
+        if not isinstance(value, dict):
+            raise UserError(f"{where} must be a table, got {value!r}")
+        return {k: _convert(v, item, f"{where}.{k}") for k, v in value.items()}
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise UserError(f"{where} must be a table, got {value!r}")
+        return _build(tp, value, where)
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is bool and not isinstance(value, bool) or tp is not bool and isinstance(value, bool):
+        raise UserError(f"{where} must be a {_type_name(tp)}, got {value!r}")
+    if not isinstance(value, tp):
+        raise UserError(f"{where} must be a {_type_name(tp)}, got {value!r}")
+    return value
+
+
+def _build(cls: type, table: dict[str, Any], where: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    known = [f.name for f in dataclasses.fields(cls) if f.name not in _INTERNAL]
+    kwargs = {}
+    for key, value in table.items():
+        if key not in known:
+            raise UserError(f"{where} unknown key '{key}' (known: {', '.join(known)})")
+        child = f"{where[:-1]}.{key}]" if dataclasses.is_dataclass(hints[key]) else f"{where} '{key}'"
+        kwargs[key] = _convert(value, hints[key], child)
+    return cls(**kwargs)
+
+
+def _check(cfg: Config) -> None:
+    f = cfg.path
+    for name, dev in cfg.devices.items():
+        dev.name = name
+        if dev.backend not in BACKENDS:
+            raise UserError(f"{f}: [devices.{name}] backend '{dev.backend}' is not one of {', '.join(BACKENDS)}")
+        if dev.memory_limit_mb < 0:
+            raise UserError(f"{f}: [devices.{name}] memory_limit_mb must be >= 0")
+    for d in cfg.profile.devices + cfg.compare.devices:
+        if d not in cfg.devices:
+            raise UserError(f"{f}: [profile] devices names unknown device '{d}' (devices: {', '.join(cfg.devices) or 'none'})")
+    bs = cfg.profile.batch_sizes
+    if not bs or any(b < 1 for b in bs) or sorted(set(bs)) != bs:
+        raise UserError(f"{f}: [profile] batch_sizes must be positive integers in ascending order, got {bs}")
+    if cfg.profile.timed_steps < 1 or cfg.profile.warmup_steps < 0:
+        raise UserError(f"{f}: [profile] timed_steps must be >= 1 and warmup_steps >= 0")
+    shape = cfg.networks.input_shape
+    if len(shape) != 3 or any(s < 1 for s in shape):
+        raise UserError(f"{f}: [networks] input_shape must be [channels, height, width], got {shape}")
+    for lvl in cfg.networks.pruning.levels:
+        if not 0 <= lvl <= 99:
+            raise UserError(f"{f}: [networks.pruning] levels must lie in 0..99, got {lvl}")
+    for fname in cfg.networks.description_files:
+        if not cfg.resolve(fname).is_file():
+            raise UserError(f"{f}: [networks] description_files: file not found: {fname}")
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a TOML config; raises ``UserError`` naming file and key."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{p}: config file not found")
+    try:
+        raw = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{p}: not valid TOML ({exc})") from None
+    cfg = Config()
+    hints = typing.get_type_hints(Config)
+    for key, value in raw.items():
+        if key not in hints or key in _INTERNAL:
+            known = [k for k in hints if k not in _INTERNAL]
+            raise UserError(f"{p}: unknown section [{key}] (known: {', '.join(known)})")
+        if key == "devices":
+            if not isinstance(value, dict):
+                raise UserError(f"{p}: [devices] must be a table of [devices.<name>] tables")
+            cfg.devices = {n: _convert(v, DeviceConfig, f"{p}: [devices.{n}]") for n, v in value.items()}
+        else:
+            setattr(cfg, key, _convert(value, hints[key], f"{p}: [{key}]"))
+    cfg.path = p
+    cfg.root = p.resolve().parent
+    _check(cfg)
+    return cfg

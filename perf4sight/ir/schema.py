@@ -1,0 +1,175 @@
+"""The network description: a JSON graph every stage shares.
+
+The schema is the one of ``shared/data/tx2-perf4sight/graphs`` (documented in the README),
+extended with optional top-level fields (``schema_version``, ``source``) and a few ops.
+Shapes exclude the batch dimension; ``dim`` attributes count it (``dim: 1`` = channels).
+Nodes are in topological (execution) order and the first node is ``input``.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from perf4sight.errors import UserError
+
+__all__ = ["Node", "NetworkDescription", "OPS", "load_description", "save_description"]
+
+SCHEMA_VERSION = 1
+
+#: Op name -> attributes it must carry. Optional attributes are not listed.
+OPS: dict[str, tuple[str, ...]] = {
+    "input": (),
+    "conv2d": ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups", "bias"),
+    "batchnorm2d": ("num_features",),
+    "linear": ("in_features", "out_features", "bias"),
+    "relu": (), "relu6": (), "hardswish": (), "sigmoid": (), "hardsigmoid": (), "silu": (),
+    "gelu": (), "tanh": (), "identity": (),
+    "maxpool2d": ("kernel_size", "stride", "padding", "ceil_mode"),
+    "avgpool2d": ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad"),
+    "adaptiveavgpool2d": ("output_size",),
+    "adaptivemaxpool2d": ("output_size",),
+    "add": (), "mul": (),
+    "cat": ("dim",),
+    "reshape": ("shape",),
+    "flatten": ("start_dim",),
+    "squeeze": ("dim",),
+    "unsqueeze": ("dim",),
+    "select": ("dim", "index"),
+    "narrow": ("dim", "start", "length"),
+    "transpose": ("dim0", "dim1"),
+    "mean": ("dims", "keepdim"),
+    "dropout": ("p",),
+}
+
+
+@dataclass
+class Node:
+    """One op of the graph; ``output_shape`` excludes the batch dimension."""
+
+    name: str
+    op: str
+    inputs: list[str]
+    attrs: dict[str, Any]
+    output_shape: list[int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "op": self.op, "inputs": list(self.inputs),
+                "attrs": dict(self.attrs), "output_shape": list(self.output_shape)}
+
+
+@dataclass
+class NetworkDescription:
+    """A whole network: metadata plus nodes in execution order.
+
+    ``params`` is the trainable parameter count; ``input_shape`` is ``[C, H, W]``.
+    """
+
+    name: str
+    network: str
+    input_shape: list[int]
+    num_classes: int
+    params: int
+    nodes: list[Node]
+    output: str
+    pruning_level: float = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"name": self.name, "network": self.network,
+                             "pruning_level": self.pruning_level,
+                             "input_shape": list(self.input_shape),
+                             "num_classes": self.num_classes, "params": self.params}
+        d.update(self.extra)
+        d["schema_version"] = SCHEMA_VERSION
+        d["nodes"] = [n.to_dict() for n in self.nodes]
+        d["output"] = self.output
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str = "description") -> "NetworkDescription":
+        required = ("name", "input_shape", "nodes", "output")
+        missing = [k for k in required if k not in d]
+        if missing:
+            raise UserError(f"{where}: missing key(s) {', '.join(missing)}")
+        nodes = []
+        seen: set[str] = set()
+        for i, raw in enumerate(d["nodes"]):
+            try:
+                node = Node(str(raw["name"]), str(raw["op"]), list(raw.get("inputs", [])),
+                            dict(raw.get("attrs", {})), [int(s) for s in raw.get("output_shape", [])])
+            except (KeyError, TypeError, ValueError) as exc:
+                raise UserError(f"{where}: node #{i} is malformed ({exc})") from None
+            if node.op not in OPS:
+                raise UserError(f"{where}: node '{node.name}' has unknown op '{node.op}' "
+                                f"(known: {', '.join(sorted(OPS))})")
+            absent = [a for a in OPS[node.op] if a not in node.attrs]
+            if absent:
+                raise UserError(f"{where}: node '{node.name}' ({node.op}) lacks attrs {absent}")
+            unknown_inputs = [x for x in node.inputs if x not in seen]
+            if unknown_inputs:
+                raise UserError(f"{where}: node '{node.name}' uses {unknown_inputs} before they are defined")
+            seen.add(node.name)
+            nodes.append(node)
+        if not nodes or nodes[0].op != "input":
+            raise UserError(f"{where}: the first node must be the 'input' node")
+        if d["output"] not in seen:
+            raise UserError(f"{where}: output '{d['output']}' is not a node")
+        known = {"name", "network", "pruning_level", "input_shape", "num_classes", "params",
+                 "nodes", "output", "schema_version"}
+        extra = {k: v for k, v in d.items() if k not in known}
+        desc = cls(name=str(d["name"]), network=str(d.get("network", d["name"])),
+                   input_shape=[int(s) for s in d["input_shape"]],
+                   num_classes=int(d.get("num_classes", nodes[-1].output_shape[0] if nodes[-1].output_shape else 0)),
+                   params=int(d.get("params", 0)), nodes=nodes, output=str(d["output"]),
+                   pruning_level=d.get("pruning_level", 0), extra=extra)
+        if "params" not in d:
+            desc.params = count_params(desc)
+        return desc
+
+
+def count_params(desc: NetworkDescription) -> int:
+    """Trainable parameters implied by the nodes (conv, batch norm, linear), as the schema defines."""
+    total = 0
+    for n in desc.nodes:
+        a = n.attrs
+        if n.op == "conv2d":
+            kh, kw = a["kernel_size"]
+            total += a["out_channels"] * (a["in_channels"] // a["groups"]) * kh * kw + (a["out_channels"] if a["bias"] else 0)
+        elif n.op == "batchnorm2d":
+            total += 2 * a["num_features"]
+        elif n.op == "linear":
+            total += a["in_features"] * a["out_features"] + (a["out_features"] if a["bias"] else 0)
+    return total
+
+
+def load_description(path: str | Path) -> NetworkDescription:
+    """Read a description JSON file; a missing or malformed file raises ``UserError``."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{p}: network description file not found")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{p}: not valid JSON ({exc})") from None
+    return NetworkDescription.from_dict(data, where=str(p))
+
+
+def save_description(desc: NetworkDescription, path: str | Path) -> Path:
+    """Write ``desc`` as compact JSON (atomic replace), creating parent folders."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(p.suffix + ".tmp")
+    tmp.write_text(desc.to_json())
+    tmp.replace(p)
+    return p
