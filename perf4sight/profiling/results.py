@@ -1,0 +1,106 @@
+"""The tidy measurement schema shared by every device, backend and importer.
+
+One row per (device, network variant, batch size, input shape, phase). Rows are appended
+and flushed one at a time, so a crash loses at most the measurement in flight. Uses only
+the standard library: this module runs on the devices too.
+
+Units: times in milliseconds, memory in MiB (2**20 bytes), power in watts.
+"""
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+__all__ = ["COLUMNS", "STATUSES", "append_row", "read_rows", "measured_keys", "row_key", "results_path"]
+
+#: Column order of every measurement CSV. Empty string = not measured / not applicable.
+COLUMNS: list[str] = [
+    "device",                 # device name from the config
+    "backend",                # cpu | nvml | jetson | imported
+    "network",                # description name (variant), e.g. resnet18_l30
+    "family",                 # the network it derives from, e.g. resnet18
+    "pruning_level",          # % of parameters removed (0 = unpruned)
+    "batch_size",             # images per step
+    "input_shape",            # CxHxW, e.g. 3x64x64
+    "phase",                  # train (one SGD step: forward, loss, zero_grad, backward, step)
+    "status",                 # ok | oom | skipped_after_oom | error
+    "message",                # why, when status is not ok
+    "latency_ms_median",      # median step time over the timed steps
+    "latency_ms_mean",
+    "latency_ms_p10",
+    "latency_ms_p90",
+    "latency_ms_std",
+    "timed_steps",
+    "warmup_steps",
+    "protocol",               # how the step was timed, e.g. perf_counter, cuda_events, perf4sight_mean3
+    "peak_rss_mb",            # peak resident set size of the measuring process (os.wait4 ru_maxrss)
+    "baseline_rss_mb",        # RSS after imports and model build, before the first step
+    "torch_alloc_peak_mb",    # torch allocator peak allocated (GPU backends)
+    "torch_reserved_peak_mb", # torch allocator peak reserved (GPU backends)
+    "device_mem_used_mb",     # device memory in use incl. context (nvml) / unified memory used (jetson)
+    "gpu_util_pct",
+    "power_w",
+    "torch_version",
+    "threads",                # torch intra-op threads
+    "device_model",           # CPU model or GPU name
+    "clocks",                 # power mode / clocks where known
+    "hostname",
+    "timestamp",              # ISO 8601, UTC, when the row was written
+    "description_sha",        # sha256 of the description JSON (first 16 hex digits)
+]
+
+STATUSES = ("ok", "oom", "skipped_after_oom", "error")
+
+
+def results_path(profiling_dir: str | Path, device: str) -> Path:
+    """Where a device's measurements live: ``<profiling_dir>/<device>/measurements.csv``."""
+    return Path(profiling_dir) / device / "measurements.csv"
+
+
+def row_key(row: dict[str, Any]) -> tuple[str, str, str, str, str]:
+    """Identity of a measurement: (device, network, batch size, input shape, phase)."""
+    return (str(row["device"]), str(row["network"]), str(int(float(row["batch_size"]))),
+            str(row["input_shape"]), str(row.get("phase") or "train"))
+
+
+def append_row(path: str | Path, row: dict[str, Any]) -> None:
+    """Append one row (unknown keys are an error), writing the header if the file is new; fsync'd."""
+    unknown = set(row) - set(COLUMNS)
+    if unknown:
+        raise ValueError(f"unknown measurement columns: {sorted(unknown)}")
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    new = not p.exists() or p.stat().st_size == 0
+    torn = not new and _ends_without_newline(p)
+    with p.open("a", newline="") as fh:
+        if torn:  # a crash cut the last row short: start ours on a fresh line
+            fh.write("\r\n")
+        writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="raise")
+        if new:
+            writer.writeheader()
+        writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in COLUMNS})
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _ends_without_newline(p: Path) -> bool:
+    with p.open("rb") as fh:
+        fh.seek(-1, os.SEEK_END)
+        return fh.read(1) != b"\n"
+
+
+def read_rows(path: str | Path) -> list[dict[str, str]]:
+    """All complete rows of a measurement CSV (a torn last line from a crash is ignored)."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    with p.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    return [r for r in rows if r.get("timestamp") and r.get("status") in STATUSES]
+
+
+def measured_keys(rows: Iterable[dict[str, Any]]) -> set[tuple[str, str, str, str, str]]:
+    """Keys already on disk, so a rerun skips them."""
+    return {row_key(r) for r in rows}
