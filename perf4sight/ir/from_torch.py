@@ -1,0 +1,237 @@
+"""Describe any traceable ``nn.Module`` as a network description (torch.fx + shape propagation).
+
+The module is traced in eval mode, so stochastic layers (dropout, stochastic depth) trace as
+plain calls; dropout is kept as a ``dropout`` node, stochastic depth becomes ``identity``.
+Non-tensor values (``x.size()``, shape arithmetic) are dropped: reshapes are recorded with
+their concrete output shape, so a description is tied to its input size.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import nn
+from torch.fx.passes.shape_prop import ShapeProp
+
+from perf4sight.errors import UserError
+from perf4sight.ir.schema import NetworkDescription, Node, count_params
+
+__all__ = ["describe"]
+
+_TRACE_BATCH = 2  # a batch of 2 keeps the batch dimension distinguishable from squeezable 1s
+
+
+def _pair(v: Any) -> list[int]:
+    return [int(v), int(v)] if isinstance(v, int) else [int(v[0]), int(v[1])]
+
+
+def _conv(m: nn.Conv2d) -> tuple[str, dict]:
+    if isinstance(m.padding, str):
+        raise UserError(f"conv2d with padding='{m.padding}' is not supported; use explicit padding")
+    return "conv2d", {"in_channels": m.in_channels, "out_channels": m.out_channels,
+                      "kernel_size": _pair(m.kernel_size), "stride": _pair(m.stride), "padding": _pair(m.padding),
+                      "dilation": _pair(m.dilation), "groups": m.groups, "bias": m.bias is not None}
+
+
+def _bn(m: nn.BatchNorm2d) -> tuple[str, dict]:
+    attrs: dict[str, Any] = {"num_features": m.num_features}
+    if m.eps != 1e-5:
+        attrs["eps"] = m.eps
+    return "batchnorm2d", attrs
+
+
+def _maxpool(m: nn.MaxPool2d) -> tuple[str, dict]:
+    attrs = {"kernel_size": _pair(m.kernel_size), "stride": _pair(m.stride or m.kernel_size),
+             "padding": _pair(m.padding), "ceil_mode": bool(m.ceil_mode)}
+    if _pair(m.dilation) != [1, 1]:
+        attrs["dilation"] = _pair(m.dilation)
+    return "maxpool2d", attrs
+
+
+def _inplace(op: str) -> Callable[[nn.Module], tuple[str, dict]]:
+    return lambda m: (op, {"inplace": True} if getattr(m, "inplace", False) else {})
+
+
+#: module type -> (op, attrs). Order matters: subclasses (ReLU6 < Hardtanh) come first.
+MODULE_OPS: list[tuple[type, Callable[[Any], tuple[str, dict]]]] = [
+    (nn.Conv2d, _conv),
+    (nn.BatchNorm2d, _bn),
+    (nn.Linear, lambda m: ("linear", {"in_features": m.in_features, "out_features": m.out_features,
+                                      "bias": m.bias is not None})),
+    (nn.ReLU, _inplace("relu")),
+    (nn.ReLU6, _inplace("relu6")),
+    (nn.Hardswish, lambda m: ("hardswish", {})),
+    (nn.Hardsigmoid, lambda m: ("hardsigmoid", {})),
+    (nn.SiLU, lambda m: ("silu", {})),
+    (nn.Sigmoid, lambda m: ("sigmoid", {})),
+    (nn.GELU, lambda m: ("gelu", {})),
+    (nn.Tanh, lambda m: ("tanh", {})),
+    (nn.Identity, lambda m: ("identity", {})),
+    (nn.MaxPool2d, _maxpool),
+    (nn.AvgPool2d, lambda m: ("avgpool2d", {"kernel_size": _pair(m.kernel_size),
+                                            "stride": _pair(m.stride or m.kernel_size), "padding": _pair(m.padding),
+                                            "ceil_mode": bool(m.ceil_mode),
+                                            "count_include_pad": bool(m.count_include_pad)})),
+    (nn.AdaptiveAvgPool2d, lambda m: ("adaptiveavgpool2d", {"output_size": _pair(m.output_size)})),
+    (nn.AdaptiveMaxPool2d, lambda m: ("adaptivemaxpool2d", {"output_size": _pair(m.output_size)})),
+    (nn.Dropout, lambda m: ("dropout", {"p": float(m.p)})),
+    (nn.Flatten, lambda m: ("flatten", {"start_dim": m.start_dim})),
+]
+
+
+def _arg(n: fx.Node, i: int, key: str, default: Any = None) -> Any:
+    if len(n.args) > i:
+        return n.args[i]
+    return n.kwargs.get(key, default)
+
+
+def _dims(v: Any) -> list[int]:
+    return [int(v)] if isinstance(v, int) else [int(d) for d in v]
+
+
+#: function or method name -> (fx node) -> (op, attrs).
+FUNCTION_OPS: dict[Any, Callable[[fx.Node], tuple[str, dict]]] = {}
+for _key in (operator.add, operator.iadd, torch.add, "add", "add_"):
+    FUNCTION_OPS[_key] = lambda n: ("add", {})
+for _key in (operator.mul, operator.imul, torch.mul, "mul", "mul_"):
+    FUNCTION_OPS[_key] = lambda n: ("mul", {})
+for _key in (F.relu, torch.relu, "relu", "relu_"):
+    FUNCTION_OPS[_key] = lambda n: ("relu", {"inplace": True} if n.kwargs.get("inplace") else {})
+for _key in (F.relu6, "relu6"):
+    FUNCTION_OPS[_key] = lambda n: ("relu6", {})
+for _key, _op in ((torch.sigmoid, "sigmoid"), ("sigmoid", "sigmoid"), (F.silu, "silu"), (F.hardswish, "hardswish"),
+                  (F.hardsigmoid, "hardsigmoid"), (F.gelu, "gelu"), (torch.tanh, "tanh")):
+    FUNCTION_OPS[_key] = (lambda op: lambda n: (op, {}))(_op)
+for _key in (torch.cat, torch.concat):
+    FUNCTION_OPS[_key] = lambda n: ("cat", {"dim": int(_arg(n, 1, "dim", 0))})
+for _key in (torch.flatten, "flatten"):
+    FUNCTION_OPS[_key] = lambda n: ("flatten", {"start_dim": int(_arg(n, 1, "start_dim", 0))})
+for _key in (torch.transpose, "transpose"):
+    FUNCTION_OPS[_key] = lambda n: ("transpose", {"dim0": int(_arg(n, 1, "dim0")), "dim1": int(_arg(n, 2, "dim1"))})
+for _key in (torch.mean, "mean"):
+    FUNCTION_OPS[_key] = lambda n: ("mean", {"dims": _dims(_arg(n, 1, "dim")), "keepdim": bool(_arg(n, 2, "keepdim", False))})
+for _key in (torch.squeeze, "squeeze"):
+    FUNCTION_OPS[_key] = lambda n: ("squeeze", {"dim": int(_arg(n, 1, "dim"))})
+for _key in (torch.unsqueeze, "unsqueeze"):
+    FUNCTION_OPS[_key] = lambda n: ("unsqueeze", {"dim": int(_arg(n, 1, "dim"))})
+FUNCTION_OPS[F.adaptive_avg_pool2d] = lambda n: ("adaptiveavgpool2d", {"output_size": _pair(_arg(n, 1, "output_size"))})
+FUNCTION_OPS[F.dropout] = lambda n: ("dropout", {"p": float(_arg(n, 1, "p", 0.5))})
+_RESHAPES = {"view", "reshape", torch.reshape}
+_ALIASES = {"contiguous", "clone"}  # ops that do not change the value: the node is replaced by its input
+
+
+def _is_stochastic_depth(target: Any) -> bool:
+    return getattr(target, "__name__", "") == "stochastic_depth"
+
+
+def _shape(n: fx.Node) -> list[int] | None:
+    meta = n.meta.get("tensor_meta")
+    return list(meta.shape)[1:] if hasattr(meta, "shape") else None
+
+
+def describe(module: nn.Module, input_shape: list[int], name: str, network: str | None = None,
+             pruning_level: float = 0, **extra: Any) -> NetworkDescription:
+    """Trace ``module`` (input ``[C, H, W]``, no batch) into a ``NetworkDescription``.
+
+    Raises ``UserError`` naming the first op or module the schema cannot express.
+    """
+    was_training = module.training
+    module.eval()
+    try:
+        gm = fx.symbolic_trace(module)
+        with torch.no_grad():
+            ShapeProp(gm).propagate(torch.randn(_TRACE_BATCH, *input_shape))
+    except UserError:
+        raise
+    except Exception as exc:  # tracing failures come in many types; report them in one line
+        raise UserError(f"{name}: cannot trace the module with torch.fx ({type(exc).__name__}: {exc})") from None
+    finally:
+        module.train(was_training)
+    nodes, output = _convert(gm, name)
+    desc = NetworkDescription(name=name, network=network or name, input_shape=list(input_shape),
+                              num_classes=0, params=0, nodes=nodes, output=output,
+                              pruning_level=pruning_level, extra=dict(extra))
+    desc.num_classes = int(desc.node(output).output_shape[0])
+    desc.params = count_params(desc)
+    return desc
+
+
+def _convert(gm: fx.GraphModule, where: str) -> tuple[list[Node], str]:
+    nodes: list[Node] = []
+    alias: dict[str, str] = {}  # fx node name -> description node name that holds its value
+    output = ""
+    for n in gm.graph.nodes:
+        if n.op == "output":
+            output = alias[n.args[0].name]
+            continue
+        shape = _shape(n)
+        tensor_inputs = _tensor_inputs(n, alias)
+        if n.op == "placeholder":
+            nodes.append(Node("input", "input", [], {}, shape or []))
+            alias[n.name] = "input"
+            continue
+        if n.op == "call_function" and n.target is operator.getitem:
+            converted = _getitem(n, alias)
+            if converted is not None:
+                nodes.append(converted)
+                alias[n.name] = converted.name
+                continue
+        if shape is None:  # sizes, shape arithmetic, tuples from chunk/split: resolved by their consumers
+            continue
+        op, attrs = _op_of(n, gm, where)
+        if op == "alias":
+            alias[n.name] = tensor_inputs[0]
+            continue
+        if op in ("add", "mul") and len(tensor_inputs) == 1:
+            scalar = next(a for a in n.args if not isinstance(a, fx.Node))
+            attrs = {"scalar": float(scalar)}
+        if op == "reshape":
+            tensor_inputs = tensor_inputs[:1]
+        nodes.append(Node(n.name, op, tensor_inputs, attrs, shape))
+        alias[n.name] = n.name
+    return nodes, output
+
+
+def _tensor_inputs(n: fx.Node, alias: dict[str, str]) -> list[str]:
+    """Tensor arguments in argument order, repeats kept (``torch.cat([x, x])`` has two inputs)."""
+    found: list[str] = []
+    fx.node.map_arg((n.args, n.kwargs), lambda a: found.append(alias[a.name]) if a.name in alias else None)
+    return found
+
+
+def _getitem(n: fx.Node, alias: dict[str, str]) -> Node | None:
+    """``chunk``/``split`` followed by ``[i]`` becomes a ``narrow`` node; other getitems are shape queries."""
+    source, index = n.args
+    meta = source.meta.get("tensor_meta") if isinstance(source, fx.Node) else None
+    if not isinstance(meta, (tuple, list)) or not hasattr(meta[index], "shape"):
+        return None
+    dim = int(_arg(source, 2, "dim", 0))
+    dim = dim if dim >= 0 else dim + len(meta[index].shape)
+    start = sum(int(m.shape[dim]) for m in meta[:index])
+    length = int(meta[index].shape[dim])
+    tensor = source.args[0]
+    return Node(n.name, "narrow", [alias[tensor.name]], {"dim": dim, "start": start, "length": length},
+                list(meta[index].shape)[1:])
+
+
+def _op_of(n: fx.Node, gm: fx.GraphModule, where: str) -> tuple[str, dict]:
+    if n.op == "call_module":
+        m = gm.get_submodule(n.target)
+        for cls, fn in MODULE_OPS:
+            if isinstance(m, cls):
+                return fn(m)
+        raise UserError(f"{where}: module '{n.target}' of type {type(m).__name__} has no description op")
+    target = n.target
+    if n.op == "call_function" and _is_stochastic_depth(target):
+        return "identity", {}
+    if target in _RESHAPES:
+        return "reshape", {"shape": _shape(n)}
+    if target in _ALIASES:
+        return "alias", {}
+    if target in FUNCTION_OPS:
+        return FUNCTION_OPS[target](n)
+    label = target if isinstance(target, str) else getattr(target, "__name__", str(target))
+    raise UserError(f"{where}: {n.op} '{label}' (node {n.name}) has no description op")

@@ -1,0 +1,129 @@
+"""Build a trainable ``torch.fx.GraphModule`` from a network description, with torch alone.
+
+This module runs on the devices: it imports only torch, the standard library and the schema.
+Weights are randomly initialised (PyTorch defaults); profiling does not need trained weights.
+"""
+from __future__ import annotations
+
+import operator
+import re
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from perf4sight.errors import UserError
+from perf4sight.ir.schema import NetworkDescription, Node
+
+__all__ = ["build_module", "MODULE_BUILDERS", "FUNCTION_BUILDERS"]
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+#: op -> factory of the nn.Module that executes it.
+MODULE_BUILDERS: dict[str, Callable[[dict[str, Any]], nn.Module]] = {
+    "conv2d": lambda a: nn.Conv2d(a["in_channels"], a["out_channels"], _pair(a["kernel_size"]), _pair(a["stride"]),
+                                  _pair(a["padding"]), _pair(a["dilation"]), a["groups"], bool(a["bias"])),
+    "batchnorm2d": lambda a: nn.BatchNorm2d(a["num_features"], eps=a.get("eps", 1e-5), momentum=a.get("momentum", 0.1)),
+    "linear": lambda a: nn.Linear(a["in_features"], a["out_features"], bool(a["bias"])),
+    "relu": lambda a: nn.ReLU(inplace=bool(a.get("inplace", False))),
+    "relu6": lambda a: nn.ReLU6(inplace=bool(a.get("inplace", False))),
+    "hardswish": lambda a: nn.Hardswish(),
+    "hardsigmoid": lambda a: nn.Hardsigmoid(),
+    "sigmoid": lambda a: nn.Sigmoid(),
+    "silu": lambda a: nn.SiLU(),
+    "gelu": lambda a: nn.GELU(),
+    "tanh": lambda a: nn.Tanh(),
+    "identity": lambda a: nn.Identity(),
+    "maxpool2d": lambda a: nn.MaxPool2d(_pair(a["kernel_size"]), _pair(a["stride"]), _pair(a["padding"]),
+                                        _pair(a.get("dilation", 1)), ceil_mode=bool(a["ceil_mode"])),
+    "avgpool2d": lambda a: nn.AvgPool2d(_pair(a["kernel_size"]), _pair(a["stride"]), _pair(a["padding"]),
+                                        bool(a["ceil_mode"]), bool(a["count_include_pad"])),
+    "adaptiveavgpool2d": lambda a: nn.AdaptiveAvgPool2d(_pair(a["output_size"])),
+    "adaptivemaxpool2d": lambda a: nn.AdaptiveMaxPool2d(_pair(a["output_size"])),
+    "dropout": lambda a: nn.Dropout(float(a["p"])),
+}
+
+
+def _reshape(x: torch.Tensor, shape: list[int]) -> torch.Tensor:
+    """Reshape keeping the (implicit) batch dimension first."""
+    return x.reshape(x.shape[0], *shape)
+
+
+def _scalar_add(x: torch.Tensor, scalar: float) -> torch.Tensor:
+    return x + scalar
+
+
+def _scalar_mul(x: torch.Tensor, scalar: float) -> torch.Tensor:
+    return x * scalar
+
+
+def _binary(fn: Callable, scalar_fn: Callable) -> Callable[[list, dict], tuple[Callable, tuple]]:
+    def build(args: list, a: dict) -> tuple[Callable, tuple]:
+        if "scalar" in a:
+            return scalar_fn, (args[0], a["scalar"])
+        return fn, tuple(args)
+    return build
+
+
+#: op -> (list of input fx nodes, attrs) -> (function, args) for ops without parameters or state.
+FUNCTION_BUILDERS: dict[str, Callable[[list, dict], tuple[Callable, tuple]]] = {
+    "add": _binary(operator.add, _scalar_add),
+    "mul": _binary(operator.mul, _scalar_mul),
+    "cat": lambda x, a: (torch.cat, (list(x), a["dim"])),
+    "reshape": lambda x, a: (_reshape, (x[0], list(a["shape"]))),
+    "flatten": lambda x, a: (torch.flatten, (x[0], a["start_dim"])),
+    "squeeze": lambda x, a: (torch.squeeze, (x[0], a["dim"])),
+    "unsqueeze": lambda x, a: (torch.unsqueeze, (x[0], a["dim"])),
+    "select": lambda x, a: (torch.select, (x[0], a["dim"], a["index"])),
+    "narrow": lambda x, a: (torch.narrow, (x[0], a["dim"], a["start"], a["length"])),
+    "transpose": lambda x, a: (torch.transpose, (x[0], a["dim0"], a["dim1"])),
+    "mean": lambda x, a: (torch.mean, (x[0], list(a["dims"]), bool(a["keepdim"]))),
+}
+
+
+def _attr_name(name: str, taken: set[str]) -> str:
+    base = re.sub(r"\W", "_", name) or "m"
+    if base[0].isdigit():
+        base = "m_" + base
+    candidate, i = base, 1
+    while candidate in taken:
+        candidate, i = f"{base}_{i}", i + 1
+    taken.add(candidate)
+    return candidate
+
+
+def build_module(desc: NetworkDescription) -> fx.GraphModule:
+    """A trainable GraphModule computing ``desc`` (input ``[N, *desc.input_shape]``)."""
+    root = nn.Module()
+    graph = fx.Graph()
+    env: dict[str, fx.Node] = {}
+    taken: set[str] = set()
+    for node in desc.nodes:
+        env[node.name] = _emit(node, graph, root, env, taken, desc.name)
+    graph.output(env[desc.output])
+    gm = fx.GraphModule(root, graph, class_name=re.sub(r"\W", "_", desc.name) or "Network")
+    gm.train()
+    return gm
+
+
+def _emit(node: Node, graph: fx.Graph, root: nn.Module, env: dict[str, fx.Node], taken: set[str],
+          where: str) -> fx.Node:
+    if node.op == "input":
+        return graph.placeholder(_attr_name(node.name, taken))
+    args = [env[i] for i in node.inputs]
+    if node.op in MODULE_BUILDERS:
+        try:
+            module = MODULE_BUILDERS[node.op](node.attrs)
+        except (TypeError, ValueError, KeyError) as exc:
+            raise UserError(f"{where}: node '{node.name}' ({node.op}) has bad attrs: {exc}") from None
+        attr = _attr_name(node.name, taken)
+        root.add_module(attr, module)
+        return graph.call_module(attr, tuple(args))
+    if node.op in FUNCTION_BUILDERS:
+        fn, fn_args = FUNCTION_BUILDERS[node.op](args, node.attrs)
+        return graph.call_function(fn, fn_args)
+    raise UserError(f"{where}: node '{node.name}': op '{node.op}' cannot be built into a torch module")

@@ -1,0 +1,38 @@
+"""Torchvision networks by name, built without downloading weights."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from torch import nn
+
+from perf4sight.errors import UserError
+from perf4sight.ir.schema import NetworkDescription
+
+__all__ = ["ZOO_NAMES", "build_zoo_model", "describe_zoo"]
+
+#: zoo name -> extra keyword arguments for the torchvision builder.
+_BUILD_KWARGS: dict[str, dict[str, Any]] = {
+    "alexnet": {}, "vgg11": {}, "vgg16": {}, "resnet18": {}, "resnet34": {}, "resnet50": {},
+    "mobilenet_v2": {}, "mobilenet_v3_small": {}, "mobilenet_v3_large": {}, "mnasnet1_0": {},
+    "squeezenet1_0": {}, "squeezenet1_1": {},
+    "googlenet": {"aux_logits": False, "init_weights": False},
+    "densenet121": {}, "shufflenet_v2_x1_0": {}, "efficientnet_b0": {}, "resnext50_32x4d": {},
+}
+ZOO_NAMES: tuple[str, ...] = tuple(sorted(_BUILD_KWARGS))
+
+
+def build_zoo_model(name: str, num_classes: int = 1000) -> nn.Module:
+    """A randomly initialised torchvision model (``weights=None``)."""
+    if name not in _BUILD_KWARGS:
+        raise UserError(f"unknown network '{name}' (zoo networks: {', '.join(ZOO_NAMES)})")
+    import torchvision.models as tvm  # host side only: devices never import torchvision
+
+    builder: Callable[..., nn.Module] = getattr(tvm, name)
+    return builder(weights=None, num_classes=num_classes, **_BUILD_KWARGS[name])
+
+
+def describe_zoo(name: str, input_shape: list[int], num_classes: int = 1000) -> NetworkDescription:
+    """The description of zoo network ``name`` at ``input_shape`` ([C, H, W])."""
+    from perf4sight.ir.from_torch import describe
+
+    return describe(build_zoo_model(name, num_classes), input_shape, name=name, network=name, source=f"torchvision:{name}")
