@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One entry point that sets itself up: creates .venv from requirements.txt on first use (and again
+# only when requirements.txt changes), then runs the pipeline or the tests inside it.
+#   ./dev.sh run --config config.toml --stage all     # python main.py ARGS
+#   ./dev.sh test [pytest args]                       # the test suite (.ci/run calls this)
+#   ./dev.sh bench [name]                             # the benchmarks in bench/
+set -euo pipefail
+cd "$(dirname "$0")"
+
+venv=.venv
+stamp="$venv/.requirements.sha256"
+want="$(sha256sum requirements.txt | cut -d' ' -f1)"
+if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "perf4sight: setting up $venv (first run or requirements.txt changed; about 2 minutes)" >&2
+  python3.11 -m venv "$venv" 2>/dev/null || python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements.txt 2> >(grep -v "is ignored: it is neither" >&2)
+  echo "$want" > "$stamp"
+fi
+
+ensure_sshd() {  # the SSH tests start their own OpenSSH servers on 127.0.0.1
+  if [ ! -x /usr/sbin/sshd ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "perf4sight: installing openssh-server for the SSH tests" >&2
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server) >/dev/null 2>&1 \
+      || echo "perf4sight: could not install openssh-server; the SSH tests will skip" >&2
+  fi
+}
+
+cmd="${1:-}"; shift || true
+case "$cmd" in
+  run)   exec "$venv/bin/python" main.py "$@" ;;
+  test)  ensure_sshd; exec "$venv/bin/python" -m pytest -q "$@" ;;
+  bench) exec "$venv/bin/python" bench/run_all.py "$@" ;;
+  *)     echo "usage: ./dev.sh run MAIN_ARGS... | test [PYTEST_ARGS...] | bench [NAME]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,68 @@
+"""perf4sight command line: a thin layer over perf4sight.stages.
+
+    python main.py --config config.toml --stage all
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+STAGE_HELP = """\
+stages (run in this order by --stage all):
+  networks     make the network dataset: torchvision/models-file networks pruned at the configured
+               levels and generated networks, as JSON descriptions under models/ with a manifest
+  profile      measure a training step (time and memory) of every network at ascending batch sizes
+               on each device, stopping a network at its first OOM; CSVs land in profiling_csvs/<device>/
+  fingerprint  fit per-device tree-ensemble fingerprints for step time and memory, print held-out
+               error (MAPE), store them in fingerprinting/<device>/
+  predict      predict step time and memory for --network (zoo names or description files) at
+               --batch-size on --device
+  compare      a per-device table of what was measured and how well it is predicted
+  all          networks, profile, fingerprint, predict, compare
+other stages:
+  import       turn another tool's measurements into this tool's schema:
+               --format perf4sight --source DIR --device NAME
+  check        report, per device, whether it is reachable and has python, torch and its backend
+"""
+
+STAGES = ("networks", "profile", "fingerprint", "predict", "compare", "all", "import", "check")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="main.py", description="perf4sight: predict a CNN training step's time and memory on edge devices.",
+        epilog=STAGE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="config.toml", help="TOML configuration file (default: config.toml)")
+    parser.add_argument("--stage", required=True, choices=STAGES, help="pipeline stage to run (see below)")
+    parser.add_argument("--device", nargs="+", metavar="NAME",
+                        help="device(s) to act on (default: every device in the config; predict: the first)")
+    parser.add_argument("--network", nargs="+", metavar="NET",
+                        help="predict: zoo names (e.g. resnet18) or description JSON files")
+    parser.add_argument("--batch-size", nargs="+", type=int, metavar="N", help="predict: batch sizes")
+    parser.add_argument("--json", action="store_true", help="predict: one JSON object per line")
+    parser.add_argument("--predictor", choices=("trees",), help="fingerprint/predict: which predictor")
+    parser.add_argument("--format", choices=("perf4sight",), help="import: format of the source measurements")
+    parser.add_argument("--source", metavar="DIR", help="import: folder holding the source measurements")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from perf4sight.errors import UserError
+
+    try:
+        from perf4sight.config import load_config
+        from perf4sight import stages
+
+        cfg = load_config(args.config)
+        return stages.run(args.stage, cfg, args)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: measurements taken so far are on disk; rerun to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
