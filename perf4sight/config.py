@@ -164,17 +164,18 @@ _INTERNAL = {"path", "root", "name"}
 def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin is list:
-        return f"list of {_type_name(typing.get_args(tp)[0])}"
+        return f"a list of {_type_name(typing.get_args(tp)[0]).split(' ', 1)[1]}s"
     if origin in (typing.Union, types.UnionType):
         return " or ".join(_type_name(a) for a in typing.get_args(tp))
-    return {int: "integer", float: "number", str: "string", bool: "true/false"}.get(tp, getattr(tp, "__name__", str(tp)))
+    return {int: "an integer", float: "a number", str: "a string", bool: "a true/false"}.get(
+        tp, f"a {getattr(tp, '__name__', tp)}")
 
 
 def _convert(value: Any, tp: Any, where: str) -> Any:
     origin = typing.get_origin(tp)
     if origin is list:
         if not isinstance(value, list):
-            raise UserError(f"{where} must be a {_type_name(tp)}, got {value!r}")
+            raise UserError(f"{where} must be {_type_name(tp)}, got {value!r}")
         (item,) = typing.get_args(tp)
         return [_convert(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
     if origin is dict:
@@ -189,9 +190,9 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if tp is bool and not isinstance(value, bool) or tp is not bool and isinstance(value, bool):
-        raise UserError(f"{where} must be a {_type_name(tp)}, got {value!r}")
+        raise UserError(f"{where} must be {_type_name(tp)}, got {value!r}")
     if not isinstance(value, tp):
-        raise UserError(f"{where} must be a {_type_name(tp)}, got {value!r}")
+        raise UserError(f"{where} must be {_type_name(tp)}, got {value!r}")
     return value
 
 

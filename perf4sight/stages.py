@@ -1,0 +1,237 @@
+"""One function per pipeline stage; ``main.py`` parses arguments and calls :func:`run`.
+
+Each ``run_<stage>(cfg, args)`` returns a process exit code. The work itself lives in the
+stage's subpackage; this module only finds inputs, calls the API and prints summaries.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+from rich.console import Console
+from rich.table import Table
+
+from perf4sight.config import Config
+from perf4sight.errors import UserError
+from perf4sight.ir.schema import NetworkDescription, load_description
+from perf4sight.profiling.results import read_rows, results_path
+
+__all__ = ["run", "STAGE_ORDER"]
+
+console = Console(stderr=False, highlight=False)
+STAGE_ORDER = ("networks", "profile", "fingerprint", "predict", "compare")
+
+
+def run(stage: str, cfg: Config, args: argparse.Namespace) -> int:
+    """Run ``stage`` (or every stage of ``STAGE_ORDER`` for ``all``); returns the exit code."""
+    if stage == "all":
+        started = time.perf_counter()
+        code = 0
+        for name in STAGE_ORDER:
+            console.rule(f"[bold]{name}")
+            code = max(code, STAGES[name](cfg, args))
+        console.rule(f"[bold]done in {time.perf_counter() - started:.0f} s")
+        return code
+    return STAGES[stage](cfg, args)
+
+
+# ---------------------------------------------------------------- inputs shared by stages
+
+def dataset_descriptions(cfg: Config) -> list[Path]:
+    """The networks the profile stage measures: what the networks stage wrote, plus extra files."""
+    found: list[Path] = []
+    for sub in ("pruned", "generated"):
+        found += sorted((cfg.models_dir / sub).rglob("*.json"))
+    found += [cfg.resolve(f) for f in cfg.networks.description_files]
+    if not found:
+        raise UserError(f"no network descriptions under {cfg.models_dir}: run --stage networks first")
+    return found
+
+
+def description_index(cfg: Config, device: str) -> dict[str, NetworkDescription]:
+    """Every known description by name; a device's imported graphs take precedence for that device."""
+    paths = dataset_descriptions_or_empty(cfg) + sorted((cfg.models_dir / "imported" / device).glob("*.json"))
+    return {d.name: d for d in (load_description(p) for p in paths)}
+
+
+def dataset_descriptions_or_empty(cfg: Config) -> list[Path]:
+    try:
+        return dataset_descriptions(cfg)
+    except UserError:
+        return []
+
+
+def measured_devices(cfg: Config, wanted: list[str] | None) -> list[str]:
+    """Devices with measurements on disk (``--device`` narrows the list)."""
+    have = sorted(p.parent.name for p in cfg.profiling_dir.glob("*/measurements.csv"))
+    if wanted:
+        missing = [d for d in wanted if d not in have]
+        if missing:
+            raise UserError(f"no measurements for device(s) {', '.join(missing)} under {cfg.profiling_dir} "
+                            "(run --stage profile or --stage import first)")
+        return list(wanted)
+    return have
+
+
+def fingerprinted_devices(cfg: Config, wanted: list[str] | None) -> list[str]:
+    have = sorted(p.parent.name for p in cfg.fingerprint_dir.glob("*/metadata.json"))
+    if wanted:
+        missing = [d for d in wanted if d not in have]
+        if missing:
+            raise UserError(f"no fingerprint for device(s) {', '.join(missing)} under {cfg.fingerprint_dir} "
+                            "(run --stage fingerprint first)")
+        return list(wanted)
+    return have
+
+
+def resolve_networks(cfg: Config, names: list[str], input_shape: list[int]) -> list[NetworkDescription]:
+    """Zoo names are described at ``input_shape``; anything ending in .json is a description file."""
+    from perf4sight.networks.zoo import describe_zoo
+
+    out = []
+    for name in names:
+        if name.endswith(".json") or Path(name).is_file():
+            out.append(load_description(name))
+        else:
+            out.append(describe_zoo(name, input_shape, cfg.networks.num_classes))
+    return out
+
+
+# ---------------------------------------------------------------- stages
+
+def run_networks(cfg: Config, args: argparse.Namespace) -> int:
+    from perf4sight.networks.build import make_networks
+
+    started = time.perf_counter()
+    rows = make_networks(cfg)
+    console.print(f"networks: {len(rows)} descriptions under {cfg.models_dir} "
+                  f"in {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+def run_profile(cfg: Config, args: argparse.Namespace) -> int:
+    from perf4sight.profiling.local import profile_local
+
+    descriptions = dataset_descriptions(cfg)
+    names = args.device or cfg.profile.devices or list(cfg.devices)
+    for name in names:
+        cfg.device(name)
+    local = [n for n in names if not cfg.devices[n].host]
+    remote = [n for n in names if cfg.devices[n].host]
+    summaries: dict[str, dict] = {}
+    for name in local:
+        summaries[name] = dict(profile_local(cfg, name, descriptions))
+    if remote:
+        from perf4sight.profiling.fleet import profile_devices
+
+        summaries.update(profile_devices(cfg, remote, descriptions))
+    table = Table(title="profile summary")
+    for col in ("device", "ok", "oom", "skipped_after_oom", "error", "already measured", "outcome"):
+        table.add_column(col)
+    failed = False
+    for name, s in summaries.items():
+        outcome = s.get("outcome", "done")
+        failed |= outcome not in ("done", "ok")
+        table.add_row(name, *(str(s.get(k, 0)) for k in ("ok", "oom", "skipped_after_oom", "error")),
+                      str(s.get("already_measured", s.get("skipped_existing", 0))), str(outcome))
+    console.print(table)
+    console.print(f"measurements: {cfg.profiling_dir}/<device>/measurements.csv")
+    return 1 if failed else 0
+
+
+def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
+    from perf4sight.fingerprint.api import fit_device
+
+    devices = measured_devices(cfg, args.device)
+    if not devices:
+        raise UserError(f"no measurements under {cfg.profiling_dir}: run --stage profile first")
+    for device in devices:
+        meta = fit_device(cfg, device, description_index(cfg, device))
+        _print_accuracy(device, meta)
+    return 0
+
+
+def _print_accuracy(device: str, meta: dict) -> None:
+    acc = meta.get("accuracy", {})
+    table = Table(title=f"{device}: held-out error ({acc.get('protocol', 'cross-validation')})")
+    for col in ("target", "held out", "MAPE %", "RMSPE %", "within ±10 %", "points"):
+        table.add_column(col)
+    for target, per in acc.get("targets", {}).items():
+        for group, m in per.items():
+            table.add_row(target, group, f"{m['mape']:.1f}", f"{m['rmspe']:.1f}", f"{m['within10']:.0f}", str(m["n"]))
+    console.print(table)
+
+
+def run_predict(cfg: Config, args: argparse.Namespace) -> int:
+    device = (args.device or fingerprinted_devices(cfg, None) or [""])[0]
+    if not device:
+        raise UserError(f"no fingerprint under {cfg.fingerprint_dir}: run --stage fingerprint first")
+    fingerprinted_devices(cfg, [device])
+    from perf4sight.fingerprint.api import load_device_fingerprint
+
+    fp = load_device_fingerprint(cfg, device)
+    names = args.network or cfg.predict.networks or cfg.networks.zoo
+    batch_sizes = args.batch_size or cfg.predict.batch_sizes
+    started = time.perf_counter()
+    descs = resolve_networks(cfg, names, fp.input_shape or cfg.networks.input_shape)
+    preds = fp.predict(descs, batch_sizes)
+    elapsed = time.perf_counter() - started
+    if args.json:
+        for p in preds:
+            print(json.dumps(p))
+        return 0
+    table = Table(title=f"predicted training step on {device} (90% interval)")
+    for col in ("network", "batch", "step time ms", "memory MiB", "fits"):
+        table.add_column(col)
+    for p in preds:
+        table.add_row(p["network"], str(p["batch_size"]),
+                      f"{p['latency_ms']:.1f} [{p['latency_ms_low']:.1f}, {p['latency_ms_high']:.1f}]",
+                      f"{p['memory_mb']:.0f} [{p['memory_mb_low']:.0f}, {p['memory_mb_high']:.0f}]",
+                      "yes" if p["fits"] else "no")
+    console.print(table)
+    console.print(f"{len(preds)} predictions in {elapsed * 1000:.0f} ms (including describing the networks)")
+    return 0
+
+
+def run_compare(cfg: Config, args: argparse.Namespace) -> int:
+    from perf4sight.report.compare import compare_devices
+
+    devices = fingerprinted_devices(cfg, args.device or cfg.compare.devices or None)
+    if not devices:
+        raise UserError(f"no fingerprint under {cfg.fingerprint_dir}: run --stage fingerprint first")
+    compare_devices(cfg, devices, console)
+    return 0
+
+
+def run_import(cfg: Config, args: argparse.Namespace) -> int:
+    from perf4sight.importers.perf4sight_csv import import_perf4sight
+
+    if args.format != "perf4sight" or not args.source or not args.device or len(args.device) != 1:
+        raise UserError("import needs --format perf4sight --source DIR --device NAME")
+    summary = import_perf4sight(args.source, args.device[0], cfg.profiling_dir, cfg.models_dir)
+    console.print(f"imported into {results_path(cfg.profiling_dir, args.device[0])}: {summary.as_dict()}")
+    return 0
+
+
+def run_check(cfg: Config, args: argparse.Namespace) -> int:
+    from perf4sight.profiling.fleet import check_devices
+
+    names = args.device or list(cfg.devices)
+    reports = check_devices(cfg, names)
+    table = Table(title="devices")
+    keys = sorted({k for r in reports for k in r})
+    for k in keys:
+        table.add_column(k)
+    for r in reports:
+        table.add_row(*(str(r.get(k, "")) for k in keys))
+    console.print(table)
+    return 0 if all(r.get("reachable", True) for r in reports) else 1
+
+
+STAGES: dict[str, Callable[[Config, argparse.Namespace], int]] = {
+    "networks": run_networks, "profile": run_profile, "fingerprint": run_fingerprint,
+    "predict": run_predict, "compare": run_compare, "import": run_import, "check": run_check,
+}

@@ -1,0 +1,81 @@
+"""Config validation: every bad input is one clear line naming the key and file, exit code 2."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from perf4sight.config import load_config
+from perf4sight.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+GOOD = """
+[networks]
+zoo = ["resnet18"]
+input_shape = [3, 32, 32]
+[networks.pruning]
+levels = [0, 50]
+[profile]
+batch_sizes = [1, 2]
+[devices.local]
+backend = "cpu"
+memory_limit_mb = 512
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    return path
+
+
+def test_shipped_config_loads():
+    cfg = load_config(ROOT / "config.toml")
+    assert list(cfg.devices) == ["local"] and cfg.devices["local"].backend == "cpu"
+    assert cfg.profile.batch_sizes[0] == 1 and cfg.networks.pruning.levels == [0, 30, 60]
+
+
+def test_good_config_is_typed(tmp_path):
+    cfg = load_config(write(tmp_path, GOOD))
+    assert cfg.networks.pruning.levels == [0.0, 50.0] and isinstance(cfg.networks.pruning.levels[1], float)
+    assert cfg.devices["local"].memory_limit_mb == 512 and cfg.devices["local"].name == "local"
+    assert cfg.models_dir == tmp_path / "models"
+
+
+@pytest.mark.parametrize("text, expected", [
+    (GOOD + "\n[profiles]\nx = 1\n", r"unknown section \[profiles\]"),
+    (GOOD.replace("batch_sizes", "batch_size"), r"\[profile\] unknown key 'batch_size'"),
+    (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = 4"), r"\[profile\] 'batch_sizes' must be a list of integers"),
+    (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [4, 2]"), r"ascending"),
+    (GOOD.replace('backend = "cpu"', 'backend = "tpu"'), r"\[devices.local\] backend 'tpu'"),
+    (GOOD.replace("memory_limit_mb = 512", 'memory_limit_mb = "lots"'), r"\[devices.local\] 'memory_limit_mb' must be an integer"),
+    (GOOD.replace("levels = [0, 50]", "levels = [0, 120]"), r"levels must lie in 0..99"),
+    (GOOD.replace("levels = [0, 50]", "level = [0]"), r"\[networks.pruning\] unknown key 'level'"),
+    (GOOD + "\n[compare]\ndevices = ['tx2']\n", r"unknown device 'tx2'"),
+    (GOOD.replace('zoo = ["resnet18"]', 'description_files = ["nope.json"]'), r"file not found: nope.json"),
+    ("[networks\nzoo=1", r"not valid TOML"),
+])
+def test_bad_config_names_file_and_key(tmp_path, text, expected):
+    path = write(tmp_path, text)
+    with pytest.raises(UserError, match=expected) as info:
+        load_config(path)
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_cli_prints_one_line_and_exits_2(tmp_path):
+    path = write(tmp_path, GOOD.replace("batch_sizes", "batch_size"))
+    for argv in (["--config", str(path), "--stage", "networks"],
+                 ["--config", str(tmp_path / "missing.toml"), "--stage", "profile"]):
+        proc = subprocess.run([sys.executable, str(ROOT / "main.py"), *argv], capture_output=True, text=True, cwd=tmp_path)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
+
+
+def test_unknown_device_on_the_command_line(tmp_path):
+    path = write(tmp_path, GOOD)
+    proc = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(path), "--stage", "predict",
+                           "--device", "jetson9"], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2 and "jetson9" in proc.stderr and "Traceback" not in proc.stderr
