@@ -150,19 +150,17 @@ def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
         raise UserError(f"no measurements under {cfg.profiling_dir}: run --stage profile first")
     for device in devices:
         meta = fit_device(cfg, device, description_index(cfg, device))
+        meta["folder"] = str(cfg.fingerprint_dir / device)
         _print_accuracy(device, meta)
     return 0
 
 
 def _print_accuracy(device: str, meta: dict) -> None:
-    acc = meta.get("accuracy", {})
-    table = Table(title=f"{device}: held-out error ({acc.get('protocol', 'cross-validation')})")
-    for col in ("target", "held out", "MAPE %", "RMSPE %", "within ±10 %", "points"):
-        table.add_column(col)
-    for target, per in acc.get("targets", {}).items():
-        for group, m in per.items():
-            table.add_row(target, group, f"{m['mape']:.1f}", f"{m['rmspe']:.1f}", f"{m['within10']:.0f}", str(m["n"]))
-    console.print(table)
+    from perf4sight.fingerprint.predict import accuracy_lines
+
+    console.print(f"[bold]{device}[/bold]: fingerprint in {meta.get('folder', '')}")
+    for line in accuracy_lines(meta):
+        console.print(line, markup=False)
 
 
 def run_predict(cfg: Config, args: argparse.Namespace) -> int:
@@ -212,7 +210,9 @@ def run_import(cfg: Config, args: argparse.Namespace) -> int:
     if args.format != "perf4sight" or not args.source or not args.device or len(args.device) != 1:
         raise UserError("import needs --format perf4sight --source DIR --device NAME")
     summary = import_perf4sight(args.source, args.device[0], cfg.profiling_dir, cfg.models_dir)
-    console.print(f"imported into {results_path(cfg.profiling_dir, args.device[0])}: {summary.as_dict()}")
+    counts = {k: v for k, v in summary.as_dict().items() if isinstance(v, int)}
+    console.print(f"imported {len(summary.networks)} networks into {results_path(cfg.profiling_dir, args.device[0])}: "
+                  + ", ".join(f"{k} {v}" for k, v in counts.items()))
     return 0
 
 

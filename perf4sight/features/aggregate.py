@@ -1,0 +1,178 @@
+"""Network-level features from a description, as a function of the batch size.
+
+Pure Python + numpy (no torch). A network's per-sample totals are computed once
+(:func:`network_features`); per-batch-size feature vectors then cost a multiply
+(:func:`feature_matrix`). Units: FLOPs (1 multiply-add = 2 FLOPs), MACs, bytes (fp32),
+MiB for ``mem_analytic_mb``; per-step figures are for the whole batch.
+
+The analytic training-memory estimate (``mem_analytic_mb``) is:
+weights + gradients + SGD momentum (3 x params x 4 bytes) + the tensors autograd keeps for
+backward (de-duplicated, views resolved to their base) + the input batch + the largest single
+activation (a stand-in for the backward pass's transient workspace).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from perf4sight.features.formulas import BYTES_PER_ELEMENT, HANDLERS, OUTPUT, OpCost, numel
+from perf4sight.ir.schema import NetworkDescription
+
+__all__ = ["NetworkFeatures", "network_features", "features_for", "feature_matrix", "unsupported_ops",
+           "FEATURE_NAMES", "SCALED_FEATURES", "STATIC_FEATURES"]
+
+MIB = float(2**20)
+
+#: Per-sample quantities; the feature is the quantity times the batch size.
+SCALED_FEATURES: tuple[str, ...] = (
+    "macs", "dense_macs", "depthwise_macs", "grouped_macs", "linear_macs",
+    "flops_fwd", "flops_bwd", "flops_total", "bytes_read", "bytes_written",
+    "activation_elems", "saved_bytes", "max_activation_bytes", "input_bytes", "norm_elems",
+    "odd_channel_macs",
+)
+#: Quantities independent of the batch size.
+STATIC_FEATURES: tuple[str, ...] = (
+    "params", "param_bytes", "param_tensors", "kernels", "kernels_fwd", "kernels_bwd", "depth",
+    "n_nodes", "n_conv", "n_depthwise", "branch_nodes", "n_cat", "n_add", "depthwise_share",
+    "odd_channel_share", "intensity", "mean_conv_channels", "input_hw",
+)
+FEATURE_NAMES: tuple[str, ...] = ("batch_size",) + SCALED_FEATURES + STATIC_FEATURES + ("mem_analytic_mb",)
+
+
+@dataclass
+class NetworkFeatures:
+    """Per-sample totals (``per_sample``) and batch-independent figures (``static``) of one network."""
+
+    name: str
+    per_sample: dict[str, float]
+    static: dict[str, float]
+    unsupported: list[str] = field(default_factory=list)  # "node (op)" for ops without a formula
+
+
+def unsupported_ops(desc: NetworkDescription) -> list[str]:
+    """Names of the ops in ``desc`` that have no cost formula (sorted, unique)."""
+    return sorted({n.op for n in desc.nodes if n.op not in HANDLERS})
+
+
+def network_features(desc: NetworkDescription) -> NetworkFeatures:
+    """Walk the graph once and total every per-op cost (per sample)."""
+    shapes: dict[str, list[int]] = {}
+    base: dict[str, str] = {}  # view -> tensor whose storage it shares
+    consumers: dict[str, int] = {}
+    depth: dict[str, int] = {}
+    ps = dict.fromkeys(SCALED_FEATURES, 0.0)
+    st = dict.fromkeys(STATIC_FEATURES, 0.0)
+    saved: dict[str, float] = {}
+    extra_saved = 0.0
+    max_act = 0.0
+    unsupported: list[str] = []
+    input_name = desc.nodes[0].name
+    conv_channels: list[int] = []
+    for node in desc.nodes:
+        in_shapes = [shapes[i] for i in node.inputs]
+        for i in node.inputs:
+            consumers[i] = consumers.get(i, 0) + 1
+        shapes[node.name] = node.output_shape
+        handler = HANDLERS.get(node.op)
+        weighted = node.op in ("conv2d", "linear")
+        depth[node.name] = max((depth[i] for i in node.inputs), default=0) + (1 if weighted else 0)
+        if handler is None:
+            unsupported.append(f"{node.name} ({node.op})")
+            base[node.name] = node.name
+            continue
+        first = bool(node.inputs) and all(base.get(i, i) == input_name for i in node.inputs)
+        cost: OpCost = handler(node, in_shapes, first)
+        base[node.name] = base.get(node.inputs[0], node.inputs[0]) if cost.kind == "view" and node.inputs else node.name
+        _accumulate(ps, st, cost, node.op)
+        if cost.kind in ("dense", "depthwise", "grouped"):
+            ps[f"{cost.kind}_macs"] += cost.macs
+            conv_channels.append(int(node.attrs["out_channels"]))
+            if int(node.attrs["out_channels"]) % 8:
+                ps["odd_channel_macs"] += cost.macs
+        for pos in cost.saved:
+            tensor = node.name if pos == OUTPUT else node.inputs[pos]
+            root = base.get(tensor, tensor)
+            if root != input_name:  # the input batch is counted once, in input_bytes
+                saved[root] = numel(shapes[root]) * BYTES_PER_ELEMENT
+        extra_saved += cost.extra_saved_bytes
+        if cost.kind != "view" and node.op != "input":
+            elems = numel(node.output_shape)
+            ps["activation_elems"] += elems
+            max_act = max(max_act, elems * BYTES_PER_ELEMENT)
+    # gradient accumulation: a tensor read by k ops receives k gradients -> k-1 extra adds
+    branch = [n for n, k in consumers.items() if k > 1]
+    st["kernels_bwd"] += sum(consumers[n] - 1 for n in branch)
+    ps["saved_bytes"] = sum(saved.values()) + extra_saved
+    ps["max_activation_bytes"] = max_act
+    ps["input_bytes"] = numel(desc.input_shape) * BYTES_PER_ELEMENT
+    ps["flops_total"] = ps["flops_fwd"] + ps["flops_bwd"]
+    st["kernels"] = st["kernels_fwd"] + st["kernels_bwd"]
+    st["param_bytes"] = st["params"] * BYTES_PER_ELEMENT
+    st["depth"] = float(depth.get(desc.output, max(depth.values(), default=0)))
+    st["n_nodes"] = float(len(desc.nodes))
+    st["branch_nodes"] = float(len(branch))
+    conv_macs = ps["dense_macs"] + ps["depthwise_macs"] + ps["grouped_macs"]
+    st["depthwise_share"] = ps["depthwise_macs"] / conv_macs if conv_macs else 0.0
+    st["odd_channel_share"] = ps["odd_channel_macs"] / conv_macs if conv_macs else 0.0
+    moved = ps["bytes_read"] + ps["bytes_written"]
+    st["intensity"] = ps["flops_fwd"] / moved if moved else 0.0
+    st["mean_conv_channels"] = float(np.mean(conv_channels)) if conv_channels else 0.0
+    st["input_hw"] = float(numel(desc.input_shape[1:]))
+    return NetworkFeatures(desc.name, ps, st, unsupported)
+
+
+def _accumulate(ps: dict[str, float], st: dict[str, float], cost: OpCost, op: str) -> None:
+    ps["macs"] += cost.macs
+    ps["flops_fwd"] += cost.flops_fwd
+    ps["flops_bwd"] += cost.flops_bwd
+    ps["bytes_read"] += cost.bytes_read
+    ps["bytes_written"] += cost.bytes_written
+    if cost.kind == "linear":
+        ps["linear_macs"] += cost.macs
+    if cost.kind == "norm":
+        ps["norm_elems"] += cost.bytes_written / BYTES_PER_ELEMENT
+    st["params"] += cost.params
+    st["param_tensors"] += cost.param_tensors
+    st["kernels_fwd"] += cost.kernels_fwd
+    st["kernels_bwd"] += cost.kernels_bwd
+    st["n_conv"] += op == "conv2d"
+    st["n_depthwise"] += cost.kind == "depthwise"
+    st["n_cat"] += op == "cat"
+    st["n_add"] += op == "add"
+
+
+def _vectors(nf: NetworkFeatures) -> tuple[np.ndarray, np.ndarray]:
+    return (np.array([nf.per_sample[k] for k in SCALED_FEATURES], dtype=float),
+            np.array([nf.static[k] for k in STATIC_FEATURES], dtype=float))
+
+
+def feature_matrix(nets: list[NetworkFeatures] | NetworkFeatures, batch_sizes: list[int] | np.ndarray) -> np.ndarray:
+    """Feature rows (columns = :data:`FEATURE_NAMES`) for every (network, batch size) pair.
+
+    With one network, one row per batch size; with a list of networks and an equal-length list of
+    batch sizes, row ``i`` is ``nets[i]`` at ``batch_sizes[i]``.
+    """
+    bs = np.asarray(batch_sizes, dtype=float).reshape(-1)
+    if isinstance(nets, NetworkFeatures):
+        p, s = _vectors(nets)
+        per = np.tile(p, (len(bs), 1))
+        stat = np.tile(s, (len(bs), 1))
+    else:
+        if len(nets) != len(bs):
+            raise ValueError("feature_matrix: one batch size per network expected")
+        vecs = [_vectors(n) for n in nets]
+        per = np.array([v[0] for v in vecs]).reshape(len(bs), len(SCALED_FEATURES))
+        stat = np.array([v[1] for v in vecs]).reshape(len(bs), len(STATIC_FEATURES))
+    scaled = per * bs[:, None]
+    i_param = STATIC_FEATURES.index("param_bytes")
+    i_saved, i_max, i_in = (SCALED_FEATURES.index(k) for k in ("saved_bytes", "max_activation_bytes", "input_bytes"))
+    mem = (3 * stat[:, i_param] + scaled[:, i_saved] + scaled[:, i_max] + scaled[:, i_in]) / MIB
+    return np.column_stack([bs, scaled, stat, mem])
+
+
+def features_for(desc: NetworkDescription | NetworkFeatures, batch_size: int) -> dict[str, float]:
+    """All features of ``desc`` at ``batch_size`` as a name -> value dict (see module docstring for units)."""
+    nf = desc if isinstance(desc, NetworkFeatures) else network_features(desc)
+    row = feature_matrix(nf, [batch_size])[0]
+    return dict(zip(FEATURE_NAMES, (float(v) for v in row)))

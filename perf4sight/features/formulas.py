@@ -1,0 +1,227 @@
+"""Per-op cost formulas: a plain table from op name to handler.
+
+Every figure is **per sample** (one image, batch size 1); callers multiply by the batch size.
+Conventions, stated once:
+
+- ``macs``: multiply-accumulates of the forward pass. ``flops_fwd``: forward FLOPs, where
+  **one multiply-add counts as 2 FLOPs** and an element-wise op counts its documented number
+  of FLOPs per output element.
+- ``flops_bwd``: backward FLOPs. Conv and linear: gradient w.r.t. the input (2 x MACs x 2 FLOPs,
+  i.e. one more pass of the same size) plus gradient w.r.t. the weight (same again); a layer fed
+  directly by the network input computes no input gradient (``first`` = True).
+- Bytes assume fp32 (4 bytes per element): ``bytes_read`` = input activations + parameters read
+  by the forward pass, ``bytes_written`` = output activation written by it.
+- ``saved``: which tensors autograd keeps for the backward pass, as input positions (0, 1, ...)
+  or ``OUTPUT``; the aggregator de-duplicates them by tensor name. ``extra_saved_bytes``: other
+  buffers kept (max-pool indices as int64, dropout masks as bool).
+- ``kernels_fwd`` / ``kernels_bwd``: approximate GPU kernel launches (views launch none).
+
+An op missing from :data:`HANDLERS` is reported by name by the aggregator, never costed as zero.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+from perf4sight.ir.schema import Node
+
+__all__ = ["OpCost", "HANDLERS", "OUTPUT", "BYTES_PER_ELEMENT", "numel"]
+
+#: Marker in ``OpCost.saved`` for "the op's own output is kept for backward".
+OUTPUT = -1
+BYTES_PER_ELEMENT = 4  # fp32
+
+
+def numel(shape: list[int]) -> int:
+    """Elements of a per-sample shape (no batch dimension)."""
+    return int(math.prod(shape)) if shape else 1
+
+
+@dataclass
+class OpCost:
+    """Per-sample cost of one node (see the module docstring for units)."""
+
+    macs: float = 0.0
+    flops_fwd: float = 0.0
+    flops_bwd: float = 0.0
+    bytes_read: float = 0.0
+    bytes_written: float = 0.0
+    params: int = 0
+    param_tensors: int = 0
+    saved: list[int] = field(default_factory=list)
+    extra_saved_bytes: float = 0.0
+    kernels_fwd: int = 0
+    kernels_bwd: int = 0
+    kind: str = "other"  # dense | depthwise | grouped | linear | norm | pool | elementwise | view | other
+
+
+Handler = Callable[[Node, list[list[int]], bool], OpCost]
+
+
+def _io_bytes(in_shapes: list[list[int]], out_shape: list[int]) -> tuple[float, float]:
+    return (sum(numel(s) for s in in_shapes) * BYTES_PER_ELEMENT, numel(out_shape) * BYTES_PER_ELEMENT)
+
+
+def _conv2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    a = node.attrs
+    kh, kw = a["kernel_size"]
+    cin, cout, groups = int(a["in_channels"]), int(a["out_channels"]), int(a["groups"])
+    out = node.output_shape
+    hw_out = numel(out[1:]) if len(out) == 3 else 1
+    weights = cout * (cin // groups) * kh * kw
+    bias = cout if a["bias"] else 0
+    macs = float(hw_out * cout * (cin // groups) * kh * kw)
+    rd, wr = _io_bytes(in_shapes, out)
+    if groups == 1:
+        kind = "dense"
+    elif groups == cin and cout % cin == 0:
+        kind = "depthwise"
+    else:
+        kind = "grouped"
+    grad_input = 0.0 if first else 2 * macs
+    return OpCost(macs=macs, flops_fwd=2 * macs + (hw_out * cout if bias else 0),
+                  flops_bwd=grad_input + 2 * macs + (hw_out * cout if bias else 0),
+                  bytes_read=rd + (weights + bias) * BYTES_PER_ELEMENT, bytes_written=wr,
+                  params=weights + bias, param_tensors=1 + (1 if bias else 0), saved=[0],
+                  kernels_fwd=1 + (1 if bias else 0), kernels_bwd=(1 if first else 2) + (1 if bias else 0),
+                  kind=kind)
+
+
+def _linear(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    a = node.attrs
+    fin, fout = int(a["in_features"]), int(a["out_features"])
+    rows = numel(node.output_shape) // fout  # leading non-batch dims, usually 1
+    bias = fout if a["bias"] else 0
+    macs = float(rows * fin * fout)
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    return OpCost(macs=macs, flops_fwd=2 * macs + rows * bias,
+                  flops_bwd=(0.0 if first else 2 * macs) + 2 * macs + rows * bias,
+                  bytes_read=rd + (fin * fout + bias) * BYTES_PER_ELEMENT, bytes_written=wr,
+                  params=fin * fout + bias, param_tensors=1 + (1 if bias else 0), saved=[0],
+                  kernels_fwd=1, kernels_bwd=(1 if first else 2) + (1 if bias else 0), kind="linear")
+
+
+def _batchnorm2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """Training-mode batch norm: ~5 FLOPs/element forward (mean, var, normalise, scale, shift), ~8 backward."""
+    c = int(node.attrs["num_features"])
+    n = numel(node.output_shape)
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    return OpCost(flops_fwd=5.0 * n, flops_bwd=8.0 * n, bytes_read=rd * 2 + 4 * c * BYTES_PER_ELEMENT,
+                  bytes_written=wr, params=2 * c, param_tensors=2, saved=[0],
+                  extra_saved_bytes=2 * c * BYTES_PER_ELEMENT, kernels_fwd=1, kernels_bwd=1, kind="norm")
+
+
+def _pointwise(flops: float, saves: list[int], bwd_flops: float = 1.0) -> Handler:
+    """Element-wise activation with ``flops`` FLOPs per output element; ``saves`` for backward."""
+    def handler(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+        n = numel(node.output_shape)
+        rd, wr = _io_bytes(in_shapes, node.output_shape)
+        return OpCost(flops_fwd=flops * n, flops_bwd=bwd_flops * n, bytes_read=rd, bytes_written=wr,
+                      saved=list(saves), kernels_fwd=1, kernels_bwd=1, kind="elementwise")
+    return handler
+
+
+def _binary(saves_inputs: bool) -> Handler:
+    """add / mul: 1 FLOP per output element; mul keeps both tensor inputs for backward."""
+    def handler(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+        n = numel(node.output_shape)
+        rd, wr = _io_bytes(in_shapes, node.output_shape)
+        tensors = len(in_shapes)
+        saved = list(range(tensors)) if saves_inputs and tensors > 1 else []
+        # backward of add only routes the gradient; of mul it multiplies once per input
+        return OpCost(flops_fwd=float(n), flops_bwd=float(n * tensors) if saves_inputs else 0.0,
+                      bytes_read=rd, bytes_written=wr, saved=saved, kernels_fwd=1,
+                      kernels_bwd=tensors if saves_inputs else 0, kind="elementwise")
+    return handler
+
+
+def _pool_out(node: Node, in_shapes: list[list[int]], window: int, saves_input: bool,
+              index_bytes: float) -> OpCost:
+    n = numel(node.output_shape)
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    return OpCost(flops_fwd=float(n * window), flops_bwd=float(max(n * window, numel(in_shapes[0]))),
+                  bytes_read=rd, bytes_written=wr, saved=[0] if saves_input else [],
+                  extra_saved_bytes=index_bytes, kernels_fwd=1, kernels_bwd=1, kind="pool")
+
+
+def _maxpool2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    kh, kw = node.attrs["kernel_size"] if isinstance(node.attrs["kernel_size"], list) else [node.attrs["kernel_size"]] * 2
+    return _pool_out(node, in_shapes, kh * kw, True, 8.0 * numel(node.output_shape))
+
+
+def _avgpool2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    kh, kw = node.attrs["kernel_size"] if isinstance(node.attrs["kernel_size"], list) else [node.attrs["kernel_size"]] * 2
+    return _pool_out(node, in_shapes, kh * kw, False, 0.0)
+
+
+def _adaptive(max_pool: bool) -> Handler:
+    def handler(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+        inn = numel(in_shapes[0])
+        window = max(1, inn // max(1, numel(node.output_shape)))
+        return _pool_out(node, in_shapes, window, max_pool, 8.0 * numel(node.output_shape) if max_pool else 0.0)
+    return handler
+
+
+def _mean(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    inn = numel(in_shapes[0])
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    return OpCost(flops_fwd=float(inn), flops_bwd=float(inn), bytes_read=rd, bytes_written=wr,
+                  kernels_fwd=1, kernels_bwd=1, kind="pool")
+
+
+def _cat(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """Concatenation copies every input once; its backward is slicing (views, no kernel)."""
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    return OpCost(bytes_read=rd, bytes_written=wr, kernels_fwd=1, kind="other")
+
+
+def _view(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """Reshape-like ops are views: no FLOPs, no bytes moved, no kernel."""
+    return OpCost(kind="view")
+
+
+def _dropout(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    n = numel(node.output_shape)
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    return OpCost(flops_fwd=2.0 * n, flops_bwd=float(n), bytes_read=rd, bytes_written=wr,
+                  extra_saved_bytes=float(n), kernels_fwd=2, kernels_bwd=1, kind="elementwise")
+
+
+def _input(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    return OpCost(kind="view")
+
+
+#: op name -> handler(node, input shapes (per sample), first) -> OpCost. ``first`` is True when the
+#: node's only input is the network input (so it needs no input gradient).
+HANDLERS: dict[str, Handler] = {
+    "input": _input,
+    "conv2d": _conv2d,
+    "linear": _linear,
+    "batchnorm2d": _batchnorm2d,
+    "relu": _pointwise(1, [OUTPUT]),
+    "relu6": _pointwise(2, [OUTPUT]),
+    "hardswish": _pointwise(4, [0], 3),
+    "hardsigmoid": _pointwise(3, [0], 2),
+    "sigmoid": _pointwise(4, [OUTPUT], 2),
+    "silu": _pointwise(5, [0], 4),
+    "gelu": _pointwise(8, [0], 8),
+    "tanh": _pointwise(4, [OUTPUT], 2),
+    "identity": _view,
+    "maxpool2d": _maxpool2d,
+    "avgpool2d": _avgpool2d,
+    "adaptiveavgpool2d": _adaptive(False),
+    "adaptivemaxpool2d": _adaptive(True),
+    "add": _binary(False),
+    "mul": _binary(True),
+    "cat": _cat,
+    "reshape": _view,
+    "flatten": _view,
+    "squeeze": _view,
+    "unsqueeze": _view,
+    "select": _view,
+    "narrow": _view,
+    "transpose": _view,
+    "mean": _mean,
+    "dropout": _dropout,
+}

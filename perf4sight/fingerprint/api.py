@@ -1,0 +1,29 @@
+"""The fingerprint stage's entry points, in config terms: fit a device, load a device's fingerprint."""
+from __future__ import annotations
+
+from perf4sight.config import Config
+from perf4sight.errors import UserError
+from perf4sight.fingerprint.fit import fit_fingerprint
+from perf4sight.fingerprint.predict import Fingerprint, load_fingerprint
+from perf4sight.ir.schema import NetworkDescription
+from perf4sight.profiling.results import read_rows, results_path
+
+__all__ = ["fit_device", "load_device_fingerprint"]
+
+
+def fit_device(cfg: Config, device: str, descriptions: dict[str, NetworkDescription]) -> dict:
+    """Fit and store ``device``'s fingerprint from its measurements; returns the metadata."""
+    rows = read_rows(results_path(cfg.profiling_dir, device))
+    if not rows:
+        raise UserError(f"no measurements for device '{device}' in {results_path(cfg.profiling_dir, device)}")
+    limit = cfg.devices[device].memory_limit_mb if device in cfg.devices else 0
+    return fit_fingerprint(rows, descriptions, device, cfg.fingerprint_dir / device, cfg.fingerprint,
+                           memory_limit_mb=float(limit))
+
+
+def load_device_fingerprint(cfg: Config, device: str) -> Fingerprint:
+    """``<fingerprint_dir>/<device>/`` loaded without executing code."""
+    folder = cfg.fingerprint_dir / device
+    if not (folder / "metadata.json").is_file():
+        raise UserError(f"no fingerprint for device '{device}' in {folder} (run --stage fingerprint first)")
+    return load_fingerprint(folder)

@@ -1,0 +1,186 @@
+"""Fit a device fingerprint from tidy measurement rows and network descriptions.
+
+Targets: latency = ``latency_ms_median`` (ms); memory = ``peak_rss_mb`` for the ``cpu`` backend,
+``device_mem_used_mb`` (MiB) for GPU, Jetson and imported data. Fitted on ``ok`` rows; ``oom``
+rows teach the device's memory capacity. Accuracy comes from leave-one-family-out CV (or
+leave-one-network-out when the data holds a single family) and also calibrates the
+prediction intervals (empirical quantiles of the out-of-fold log-ratio residuals).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import platform
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from perf4sight.errors import UserError
+from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, feature_matrix, network_features
+from perf4sight.fingerprint.evaluate import choose_groups, grouped_cv
+from perf4sight.fingerprint.storage import save_models
+from perf4sight.fingerprint.trees import LINEAR_TERMS, MODELS, TREE_FEATURES, TargetModel
+from perf4sight.ir.schema import NetworkDescription
+
+__all__ = ["fit_fingerprint", "memory_column", "LATENCY_COLUMN", "FEATURE_SET"]
+
+LATENCY_COLUMN = "latency_ms_median"
+FEATURE_SET = "perf4sight-graph-v1"
+
+
+def memory_column(rows: list[dict[str, Any]]) -> str:
+    """The memory target for these rows: ``peak_rss_mb`` (cpu) or ``device_mem_used_mb`` (others)."""
+    backends = {str(r.get("backend", "")) for r in rows}
+    if backends == {"cpu"}:
+        return "peak_rss_mb"
+    if "cpu" in backends:
+        raise UserError(f"fingerprint: rows mix the cpu backend with {sorted(backends - {'cpu'})}; "
+                        "fit one device (one backend) at a time")
+    return "device_mem_used_mb"
+
+
+def _records(rows: Any) -> list[dict[str, Any]]:
+    if hasattr(rows, "to_dict"):  # pandas DataFrame
+        rows = rows.fillna("").to_dict("records")
+    return [dict(r) for r in rows]
+
+
+def _num(v: Any) -> float | None:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if np.isfinite(x) else None
+
+
+def _data_hash(rows: list[dict[str, Any]], cols: Iterable[str]) -> str:
+    keep = sorted(json.dumps([str(r.get(c, "")) for c in cols]) for r in rows)
+    return hashlib.sha256("\n".join(keep).encode()).hexdigest()
+
+
+def _versions() -> dict[str, str]:
+    import scipy
+    import sklearn
+
+    import perf4sight
+    return {"python": platform.python_version(), "numpy": np.__version__, "scipy": scipy.__version__,
+            "scikit-learn": sklearn.__version__, "perf4sight": perf4sight.__version__}
+
+
+def _interval(log_resid: np.ndarray, coverage: float) -> list[float]:
+    r = log_resid[np.isfinite(log_resid)]
+    if r.size < 5:
+        return [0.0, 0.0]
+    a = (1 - coverage) / 2
+    return [float(min(0.0, np.quantile(r, a))), float(max(0.0, np.quantile(r, 1 - a)))]
+
+
+def _capacity(model: TargetModel, ok_F: np.ndarray, oom_F: np.ndarray, limit_mb: float) -> tuple[float | None, str]:
+    """Memory capacity (MiB): the configured limit, else the threshold on predicted memory that best
+    separates ``ok`` from ``oom`` rows, else unknown (None)."""
+    if limit_mb > 0:
+        return float(limit_mb), "configured memory_limit_mb"
+    if len(oom_F) == 0:
+        return None, "unknown (no oom rows and no memory_limit_mb)"
+    p_ok, p_oom = model.predict(ok_F), model.predict(oom_F)
+    cands = np.unique(np.concatenate([p_ok, p_oom]))
+    best, best_err = float(cands[-1]), None
+    for t in cands:  # fits <=> predicted <= t
+        err = int(np.sum(p_ok > t) + np.sum(p_oom <= t))
+        if best_err is None or err < best_err:
+            best, best_err = float(t), err
+    return best, f"learned from {len(oom_F)} oom and {len(ok_F)} ok rows ({best_err} misclassified)"
+
+
+def _common_input_shape(descriptions: dict[str, NetworkDescription], names: Iterable[str]) -> list[int]:
+    """The input shape most training networks share: what a zoo name is described at for predict."""
+    shapes = Counter(tuple(descriptions[n].input_shape) for n in names)
+    return list(shapes.most_common(1)[0][0])
+
+
+def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
+                    out_dir: str | Path, fcfg: Any, memory_limit_mb: float = 0.0,
+                    coverage: float = 0.9) -> dict[str, Any]:
+    """Fit latency and memory models for ``device``, evaluate them, save to ``out_dir``.
+
+    ``rows``: tidy measurement dicts or a DataFrame (other devices' rows are ignored);
+    ``descriptions``: network name -> description; ``fcfg``: ``cfg.fingerprint``
+    (model, n_estimators, min_samples_leaf, seed). Returns the metadata written to
+    ``<out_dir>/metadata.json`` (accuracy under ``accuracy``).
+    """
+    model = str(getattr(fcfg, "model", "extra-trees"))
+    if model not in MODELS:
+        raise UserError(f"[fingerprint] model '{model}' is not one of {', '.join(MODELS)}")
+    n_est, leaf, seed = int(fcfg.n_estimators), int(fcfg.min_samples_leaf), int(fcfg.seed)
+    recs = [r for r in _records(rows) if str(r.get("device", device)) == device]
+    if not recs:
+        raise UserError(f"fingerprint: no measurements for device '{device}'")
+    mem_col = memory_column(recs)
+    missing = sorted({str(r["network"]) for r in recs if str(r["network"]) not in descriptions})
+    usable = [r for r in recs if str(r["network"]) in descriptions]
+    if not usable:
+        raise UserError(f"fingerprint: no description found for any measured network of '{device}' "
+                        f"(e.g. {', '.join(missing[:3])})")
+    feats: dict[str, NetworkFeatures] = {}
+    for name in sorted({str(r["network"]) for r in usable}):
+        nf = network_features(descriptions[name])
+        if nf.unsupported:
+            raise UserError(f"fingerprint: network '{name}' has ops without a cost formula: {', '.join(nf.unsupported)}")
+        feats[name] = nf
+
+    def matrix(rs: list[dict[str, Any]]) -> np.ndarray:
+        if not rs:
+            return np.zeros((0, len(FEATURE_NAMES)))
+        return feature_matrix([feats[str(r["network"])] for r in rs], [int(float(r["batch_size"])) for r in rs])
+
+    models: dict[str, TargetModel] = {}
+    accuracy: dict[str, Any] = {}
+    intervals: dict[str, list[float]] = {}
+    counts: dict[str, int] = {}
+    for target, col in (("latency", LATENCY_COLUMN), ("memory", mem_col)):
+        rs = [r for r in usable if r.get("status") == "ok" and (_num(r.get(col)) or 0) > 0]
+        if len(rs) < 3:
+            raise UserError(f"fingerprint: only {len(rs)} ok rows with '{col}' for device '{device}' (need >= 3)")
+        F, y = matrix(rs), np.array([_num(r[col]) for r in rs])
+        fams = np.array([str(r.get("family") or r["network"]) for r in rs])
+        nets = np.array([str(r["network"]) for r in rs])
+        groups, grouping = choose_groups(fams, nets)
+        cv = grouped_cv(F, y, groups, grouping, lambda a, b, c, t=target: TargetModel.fit(
+            t, a, b, model, n_est, leaf, seed).predict(c))
+        models[target] = TargetModel.fit(target, F, y, model, n_est, leaf, seed)
+        intervals[target] = _interval(np.log(y / cv.predictions), coverage)
+        accuracy[target] = {"column": col, "grouping": grouping, "overall": cv.overall, "per_group": cv.per_group,
+                            "note": "" if grouping == "family" else "only one network family: folds hold out one network variant"}
+        counts[target] = len(rs)
+    oom_rows = [r for r in usable if r.get("status") == "oom"]
+    ok_rows = [r for r in usable if r.get("status") == "ok"]
+    capacity, cap_source = _capacity(models["memory"], matrix(ok_rows), matrix(oom_rows), memory_limit_mb)
+    meta: dict[str, Any] = {
+        "device": device,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "versions": _versions(),
+        "feature_set": FEATURE_SET,
+        "feature_names": list(FEATURE_NAMES),
+        "linear_terms": {k: list(v) for k, v in LINEAR_TERMS.items()},
+        "tree_features": list(TREE_FEATURES),
+        "model": {"model": model, "n_estimators": n_est, "min_samples_leaf": leaf, "seed": seed,
+                  "form": "analytic(nnls, relative loss) * exp(trees on log residual)"},
+        "targets": {"latency": {"column": LATENCY_COLUMN, "unit": "ms"}, "memory": {"column": mem_col, "unit": "MiB"}},
+        "memory_target": mem_col,
+        "training_rows": counts,
+        "oom_rows": len(oom_rows),
+        "networks": sorted(feats),
+        "input_shape": _common_input_shape(descriptions, feats),
+        "networks_without_description": missing,
+        "training_data_sha256": _data_hash(usable, ("network", "batch_size", "status", LATENCY_COLUMN, mem_col)),
+        "accuracy": accuracy,
+        "interval": {"coverage": coverage, "log_ratio_quantiles": intervals,
+                     "method": "empirical quantiles of out-of-fold log(measured/predicted)"},
+        "capacity_mb": capacity,
+        "capacity_source": cap_source,
+    }
+    save_models(out_dir, models, meta)
+    return meta

@@ -1,0 +1,110 @@
+"""Load a fingerprint and predict training-step latency (ms) and memory (MiB) for networks.
+
+Prediction needs only the description (pure numpy features + array trees): a few
+milliseconds per network. ``fits`` compares the predicted memory with the device capacity
+stored in the fingerprint (configured limit or learnt from ``oom`` rows); when the capacity is
+unknown every configuration is reported as fitting.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from perf4sight.errors import UserError
+from perf4sight.features.aggregate import NetworkFeatures, feature_matrix, network_features
+from perf4sight.fingerprint.storage import load_models
+from perf4sight.fingerprint.trees import TargetModel
+from perf4sight.ir.schema import NetworkDescription
+
+__all__ = ["Fingerprint", "load_fingerprint", "PREDICTION_KEYS", "accuracy_lines"]
+
+PREDICTION_KEYS = ("network", "batch_size", "latency_ms", "latency_ms_low", "latency_ms_high",
+                   "memory_mb", "memory_mb_low", "memory_mb_high", "fits")
+
+
+class Fingerprint:
+    """A device's fitted latency and memory models plus their metadata."""
+
+    def __init__(self, models: dict[str, TargetModel], metadata: dict[str, Any]):
+        self.models = models
+        self.metadata = metadata
+        self.device: str = metadata.get("device", "")
+        self.input_shape: list[int] | None = metadata.get("input_shape")  # [C, H, W] it was trained at
+        cap = metadata.get("capacity_mb")
+        self.capacity_mb: float | None = None if cap is None else float(cap)
+        q = metadata.get("interval", {}).get("log_ratio_quantiles", {})
+        self._bands = {t: (float(q.get(t, [0, 0])[0]), float(q.get(t, [0, 0])[1])) for t in ("latency", "memory")}
+
+    @staticmethod
+    def _features(desc: NetworkDescription | NetworkFeatures) -> NetworkFeatures:
+        nf = desc if isinstance(desc, NetworkFeatures) else network_features(desc)
+        if nf.unsupported:
+            raise UserError(f"predict: network '{nf.name}' has ops without a cost formula: {', '.join(nf.unsupported)}")
+        return nf
+
+    def predict(self, descs: NetworkDescription | Sequence[NetworkDescription],
+                batch_sizes: int | Sequence[int]) -> list[dict[str, Any]]:
+        """One dict per (network, batch size) with keys :data:`PREDICTION_KEYS` (ms, MiB, bool)."""
+        if isinstance(descs, (NetworkDescription, NetworkFeatures)):
+            descs = [descs]
+        bss = [batch_sizes] if isinstance(batch_sizes, (int, np.integer)) else list(batch_sizes)
+        if not bss or any(int(b) < 1 for b in bss):
+            raise UserError(f"predict: batch sizes must be positive integers, got {bss}")
+        out: list[dict[str, Any]] = []
+        for desc in descs:
+            nf = self._features(desc)
+            F = feature_matrix(nf, bss)
+            lat = self.models["latency"].predict(F)
+            mem = self.models["memory"].predict(F)
+            (llo, lhi), (mlo, mhi) = self._bands["latency"], self._bands["memory"]
+            for i, b in enumerate(bss):
+                out.append({"network": nf.name, "batch_size": int(b),
+                            "latency_ms": float(lat[i]), "latency_ms_low": float(lat[i] * np.exp(llo)),
+                            "latency_ms_high": float(lat[i] * np.exp(lhi)),
+                            "memory_mb": float(mem[i]), "memory_mb_low": float(mem[i] * np.exp(mlo)),
+                            "memory_mb_high": float(mem[i] * np.exp(mhi)),
+                            "fits": bool(self.capacity_mb is None or mem[i] <= self.capacity_mb)})
+        return out
+
+    def predict_module(self, module: Any, input_shape: Sequence[int], batch_sizes: int | Sequence[int],
+                       name: str = "module") -> list[dict[str, Any]]:
+        """Predict for a torch ``nn.Module`` (traced with ``perf4sight.ir.from_torch.describe``)."""
+        from perf4sight.ir.from_torch import describe
+        return self.predict(describe(module, input_shape=list(input_shape), name=name), batch_sizes)
+
+    def max_batch_size(self, desc: NetworkDescription | NetworkFeatures, limit: int = 1024) -> int | None:
+        """Largest batch size b <= ``limit`` with every batch size 1..b predicted to fit; 0 if none
+        fits; None when the device capacity is unknown."""
+        if self.capacity_mb is None:
+            return None
+        mem = self.models["memory"].predict(feature_matrix(self._features(desc), np.arange(1, limit + 1)))
+        over = np.nonzero(mem > self.capacity_mb)[0]
+        return int(limit if over.size == 0 else over[0])
+
+
+def load_fingerprint(folder: str | Path) -> Fingerprint:
+    """Load ``<fingerprint_dir>/<device>/`` (JSON + npz, no pickle)."""
+    models, meta = load_models(folder)
+    for t in ("latency", "memory"):
+        if t not in models:
+            raise UserError(f"{folder}: fingerprint lacks the {t} model")
+    return Fingerprint(models, meta)
+
+
+def accuracy_lines(metadata: dict[str, Any]) -> list[str]:
+    """Human-readable accuracy table of a fingerprint's metadata (for the stage to print)."""
+    lines = []
+    for target, acc in metadata.get("accuracy", {}).items():
+        head = f"{target} ({acc['column']}), leave-one-{acc['grouping']}-out"
+        if acc.get("note"):
+            head += f" [{acc['note']}]"
+        lines.append(head)
+        lines.append(f"  {'held out':<24}{'n':>6}{'MAPE%':>8}{'RMSPE%':>8}{'±10%':>8}")
+        for g, m in list(acc["per_group"].items()) + [("all", acc["overall"])]:
+            lines.append(f"  {g:<24}{m['n']:>6}{m['mape']:>8.1f}{m['rmspe']:>8.1f}{m['within10']:>8.1f}")
+    if "capacity_mb" in metadata:
+        cap = metadata["capacity_mb"]
+        lines.append(f"memory capacity: {'unknown' if cap is None else f'{cap:.0f} MiB'} ({metadata.get('capacity_source', '')})")
+    return lines

@@ -1,0 +1,180 @@
+"""Tree-ensemble regressors stored as plain arrays, and the per-target model built on them.
+
+A fitted scikit-learn ExtraTrees / RandomForest / GradientBoosting regressor is converted to
+:class:`TreeEnsemble`: flat numpy arrays (children, split feature, threshold, leaf value) that
+predict with a vectorised traversal and save to ``.npz`` without pickle, so a fingerprint
+neither breaks on the next scikit-learn release nor runs code when loaded.
+
+:class:`TargetModel` predicts one target (latency in ms or memory in MiB) as
+``analytic(x) * exp(trees(x))``: a non-negative linear model over physically meaningful
+terms (fitted with a relative-error loss) times a tree correction learnt on ``log(y / analytic)``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy.optimize import nnls
+
+from perf4sight.errors import UserError
+from perf4sight.features.aggregate import FEATURE_NAMES
+
+__all__ = ["TreeEnsemble", "TargetModel", "make_regressor", "LINEAR_TERMS", "TREE_FEATURES", "MODELS"]
+
+MODELS = ("extra-trees", "gradient-boosting", "random-forest")
+
+#: Analytic terms per target (feature names; "one" = constant). Fitted non-negative.
+LINEAR_TERMS: dict[str, tuple[str, ...]] = {
+    "memory": ("one", "mem_analytic_mb"),  # constant (context, runtime) + scaled analytic estimate
+    "latency": ("one", "dense_macs", "depthwise_macs", "activation_elems", "kernels", "batch_size"),
+}
+#: Inputs of the tree correction (log1p-transformed). Scale-free shape descriptors plus size.
+TREE_FEATURES: tuple[str, ...] = (
+    "batch_size", "macs", "saved_bytes", "max_activation_bytes", "params", "kernels", "depth",
+    "depthwise_share", "odd_channel_share", "intensity", "mean_conv_channels", "branch_nodes", "mem_analytic_mb",
+)
+
+
+def make_regressor(model: str, n_estimators: int, min_samples_leaf: int, seed: int) -> Any:
+    """A scikit-learn regressor for ``model`` (one of :data:`MODELS`)."""
+    from sklearn.ensemble import ExtraTreesRegressor, GradientBoostingRegressor, RandomForestRegressor
+    if model == "extra-trees":
+        return ExtraTreesRegressor(n_estimators=n_estimators, min_samples_leaf=min_samples_leaf,
+                                   random_state=seed, n_jobs=1)
+    if model == "random-forest":
+        return RandomForestRegressor(n_estimators=n_estimators, min_samples_leaf=min_samples_leaf,
+                                     random_state=seed, n_jobs=1)
+    if model == "gradient-boosting":
+        return GradientBoostingRegressor(n_estimators=n_estimators, min_samples_leaf=min_samples_leaf,
+                                         max_depth=3, learning_rate=0.05, subsample=0.8, random_state=seed)
+    raise UserError(f"[fingerprint] model '{model}' is not one of {', '.join(MODELS)}")
+
+
+@dataclass
+class TreeEnsemble:
+    """Trees as flat arrays. Prediction = ``init + scale * combine(leaf values)``.
+
+    ``combine`` is the mean over trees (forests) or the sum (boosting). Leaves point to themselves,
+    so ``max_depth`` traversal steps land every sample on its leaf.
+    """
+
+    left: np.ndarray       # int64, global node index; leaves: own index
+    right: np.ndarray      # int64
+    feature: np.ndarray    # int64; leaves: 0
+    threshold: np.ndarray  # float64; go left when x <= threshold (x compared as float32)
+    value: np.ndarray      # float64 leaf (and node) value
+    roots: np.ndarray      # int64, root node of each tree
+    max_depth: int
+    combine: str = "mean"  # mean | sum
+    init: float = 0.0
+    scale: float = 1.0
+
+    @classmethod
+    def from_sklearn(cls, reg: Any) -> "TreeEnsemble":
+        """Convert a fitted ExtraTrees / RandomForest / GradientBoosting regressor."""
+        if hasattr(reg, "estimators_") and isinstance(reg.estimators_, np.ndarray):  # boosting
+            trees = [e.tree_ for e in reg.estimators_[:, 0]]
+            combine, init, scale = "sum", float(np.ravel(reg.init_.constant_)[0]), float(reg.learning_rate)
+        else:
+            trees = [e.tree_ for e in reg.estimators_]
+            combine, init, scale = "mean", 0.0, 1.0
+        parts: dict[str, list[np.ndarray]] = {k: [] for k in ("left", "right", "feature", "threshold", "value")}
+        roots, offset, depth = [], 0, 0
+        for t in trees:
+            n = t.node_count
+            idx = np.arange(n) + offset
+            leaf = t.children_left == -1
+            parts["left"].append(np.where(leaf, idx, t.children_left + offset))
+            parts["right"].append(np.where(leaf, idx, t.children_right + offset))
+            parts["feature"].append(np.where(leaf, 0, t.feature).astype(np.int64))
+            parts["threshold"].append(np.where(leaf, np.inf, t.threshold))
+            parts["value"].append(t.value[:, 0, 0].astype(np.float64))
+            roots.append(offset)
+            offset += n
+            depth = max(depth, int(t.max_depth))
+        cat = {k: np.concatenate(v) for k, v in parts.items()}
+        return cls(cat["left"].astype(np.int64), cat["right"].astype(np.int64), cat["feature"],
+                   cat["threshold"].astype(np.float64), cat["value"], np.asarray(roots, dtype=np.int64),
+                   depth, combine, init, scale)
+
+    def leaf_values(self, X: np.ndarray) -> np.ndarray:
+        """Per-tree outputs, shape (n_samples, n_trees)."""
+        Xf = np.asarray(X, dtype=np.float32).astype(np.float64)
+        rows = np.arange(Xf.shape[0])[:, None]
+        node = np.broadcast_to(self.roots, (Xf.shape[0], len(self.roots))).copy()
+        for _ in range(self.max_depth):
+            go_left = Xf[rows, self.feature[node]] <= self.threshold[node]
+            node = np.where(go_left, self.left[node], self.right[node])
+        return self.value[node]
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """Ensemble prediction, shape (n_samples,)."""
+        v = self.leaf_values(X)
+        agg = v.mean(axis=1) if self.combine == "mean" else v.sum(axis=1)
+        return self.init + self.scale * agg
+
+    def to_arrays(self, prefix: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """(numeric arrays for ``.npz``, JSON-able scalars)."""
+        arrays = {f"{prefix}.{k}": getattr(self, k) for k in ("left", "right", "feature", "threshold", "value", "roots")}
+        return arrays, {"max_depth": self.max_depth, "combine": self.combine, "init": self.init, "scale": self.scale}
+
+    @classmethod
+    def from_arrays(cls, prefix: str, arrays: Any, meta: dict[str, Any]) -> "TreeEnsemble":
+        get = {k: np.asarray(arrays[f"{prefix}.{k}"]) for k in ("left", "right", "feature", "threshold", "value", "roots")}
+        return cls(**get, max_depth=int(meta["max_depth"]), combine=str(meta["combine"]),
+                   init=float(meta["init"]), scale=float(meta["scale"]))
+
+
+def _columns(names: tuple[str, ...]) -> list[int]:
+    return [FEATURE_NAMES.index(n) for n in names]
+
+
+def _linear_design(F: np.ndarray, terms: tuple[str, ...]) -> np.ndarray:
+    cols = [np.ones(len(F)) if t == "one" else F[:, FEATURE_NAMES.index(t)] for t in terms]
+    return np.column_stack(cols)
+
+
+def tree_inputs(F: np.ndarray) -> np.ndarray:
+    """The tree correction's inputs from full feature rows: log1p of :data:`TREE_FEATURES`."""
+    return np.log1p(np.maximum(F[:, _columns(TREE_FEATURES)], 0.0))
+
+
+@dataclass
+class TargetModel:
+    """``analytic * exp(correction)`` for one target; ``correction`` may be None (analytic only)."""
+
+    target: str
+    terms: tuple[str, ...]
+    coef: np.ndarray
+    correction: TreeEnsemble | None
+
+    @classmethod
+    def fit(cls, target: str, F: np.ndarray, y: np.ndarray, model: str = "extra-trees",
+            n_estimators: int = 200, min_samples_leaf: int = 1, seed: int = 0,
+            correct: bool = True) -> "TargetModel":
+        """Fit on feature rows ``F`` (columns :data:`FEATURE_NAMES`) and positive targets ``y``."""
+        terms = LINEAR_TERMS[target]
+        A = _linear_design(F, terms)
+        col_scale = np.maximum(np.abs(A).max(axis=0), 1e-12)
+        # relative-error loss: minimise sum(((A c - y) / y)^2) with c >= 0
+        sol, _ = nnls((A / col_scale) / y[:, None], np.ones_like(y))
+        coef = sol / col_scale
+        tm = cls(target, terms, coef, None)
+        if correct:
+            resid = np.log(y / np.maximum(tm.analytic(F), 1e-9))
+            reg = make_regressor(model, n_estimators, min_samples_leaf, seed)
+            reg.fit(tree_inputs(F).astype(np.float32), resid)
+            tm.correction = TreeEnsemble.from_sklearn(reg)
+        return tm
+
+    def analytic(self, F: np.ndarray) -> np.ndarray:
+        """The linear part alone (same unit as the target)."""
+        return _linear_design(F, self.terms) @ self.coef
+
+    def predict(self, F: np.ndarray) -> np.ndarray:
+        """Predicted target (ms or MiB), shape (n,)."""
+        base = np.maximum(self.analytic(F), 1e-9)
+        if self.correction is None:
+            return base
+        return base * np.exp(self.correction.predict(tree_inputs(F)))

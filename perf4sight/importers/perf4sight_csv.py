@@ -1,0 +1,202 @@
+"""Import perf4sight's ``-gt.csv`` measurements (and its graphs) into the tidy schema.
+
+Source layout (see ``shared/data/tx2-perf4sight/README.md``)::
+
+    <source>/profiling_csvs/<board>/<dataset>/memory/<net>_<level>-gt.csv    '|'-separated, MiB
+    <source>/profiling_csvs/<board>/<dataset>/latency/<net>_<level>-gt.csv   '|'-separated, ms
+    <source>/graphs/<net>_<level>.json                                       network descriptions
+
+One tidy row per (network variant, batch size): the memory and latency files merge into it
+(``device_mem_used_mb`` = ``mem_used``, ``torch_alloc_peak_mb`` = ``mem_alloc``,
+``torch_reserved_peak_mb`` = ``mem_reserved``, ``latency_ms_median`` = ``latency_ms_mean`` =
+``latency``, the mean of 3 timed steps: protocol ``perf4sight_mean3``). A pair present in only
+one file still gets a row with the other figures empty. ``passed=False`` in every file that has
+the pair -> status ``oom``; repeated runs of a pair are kept once (figures averaged over the
+runs that passed). Re-importing skips rows already on disk.
+"""
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from perf4sight.errors import UserError
+from perf4sight.ir.schema import load_description, save_description
+from perf4sight.profiling.results import append_row, measured_keys, read_rows, results_path, row_key
+
+__all__ = ["ImportSummary", "import_perf4sight", "read_gt_csv"]
+
+_NAME = re.compile(r"^(?P<net>.+)_(?P<level>\d+(?:\.\d+)?)-gt\.csv$")
+_DATASET_SHAPES = {"imagenet": (3, 224, 224), "cifar10": (3, 32, 32), "cifar100": (3, 32, 32)}
+
+
+@dataclass
+class ImportSummary:
+    """What an import did: counts of rows and descriptions, where they went."""
+
+    device: str
+    rows_written: int = 0
+    rows_skipped_existing: int = 0
+    ok: int = 0
+    oom: int = 0
+    duplicates_merged: int = 0
+    descriptions: int = 0
+    networks: list[str] = field(default_factory=list)
+    results_path: str = ""
+    models_path: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def read_gt_csv(path: Path) -> list[dict[str, str]]:
+    """Rows of one perf4sight ``-gt.csv`` file ('|'-separated, one header line)."""
+    try:
+        with path.open(newline="") as fh:
+            rows = list(csv.DictReader(fh, delimiter="|"))
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise UserError(f"{path}: cannot read perf4sight CSV ({exc})") from None
+    need = {"passed", "bs"}
+    if rows and not need <= set(rows[0]):
+        raise UserError(f"{path}: not a perf4sight -gt.csv file (columns {sorted(rows[0])}, need {sorted(need)})")
+    return rows
+
+
+def _num(value: str | None) -> float | None:
+    try:
+        v = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return v if v == v else None  # NaN -> None
+
+
+def _collect(folder: Path, kind: str, pairs: dict, variants: dict) -> None:
+    """Add the rows of every ``<folder>/<kind>/*-gt.csv`` to ``pairs[(variant, bs)][kind]``."""
+    for f in sorted((folder / kind).glob("*-gt.csv")):
+        m = _NAME.match(f.name)
+        if not m:
+            raise UserError(f"{f}: file name is not <network>_<level>-gt.csv")
+        variant = f.name[: -len("-gt.csv")]
+        variants[variant] = (m["net"], float(m["level"]), folder.name, folder.parent.name)
+        for i, r in enumerate(read_gt_csv(f), start=2):
+            bs = _num(r.get("bs"))
+            if bs is None or bs < 1:
+                raise UserError(f"{f}: line {i}: bad batch size {r.get('bs')!r}")
+            pairs.setdefault((variant, int(bs)), {"memory": [], "latency": []})[kind].append(r)
+
+
+def _mean(rows: list[dict[str, str]], col: str) -> float | None:
+    vals = [v for v in (_num(r.get(col)) for r in rows) if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _passed(r: dict[str, str]) -> bool:
+    return str(r.get("passed", "")).strip().lower() == "true"
+
+
+def _merge(mem: list[dict[str, str]], lat: list[dict[str, str]]) -> tuple[str, str, dict[str, Any]]:
+    """(status, message, figures) for one (variant, bs) from its memory and latency rows."""
+    mem_ok = [r for r in mem if _passed(r)]
+    lat_ok = [r for r in lat if _passed(r)]
+    figures: dict[str, Any] = {}
+    if mem_ok:
+        figures["device_mem_used_mb"] = _mean(mem_ok, "mem_used")
+        figures["torch_alloc_peak_mb"] = _mean(mem_ok, "mem_alloc")
+        figures["torch_reserved_peak_mb"] = _mean(mem_ok, "mem_reserved")
+    if lat_ok:
+        lat_ms = _mean(lat_ok, "latency")
+        figures.update(latency_ms_median=lat_ms, latency_ms_mean=lat_ms, timed_steps=3 * len(lat_ok), warmup_steps=1)
+    notes = []
+    if len(mem) > 1 or len(lat) > 1:
+        notes.append(f"repeated runs merged (memory {len(mem)}, latency {len(lat)})")
+    if not mem:
+        notes.append("no memory measurement")
+    if not lat:
+        notes.append("no latency measurement")
+    if mem and not mem_ok and lat_ok:
+        notes.append("memory run failed (passed=False), latency run passed")
+    if lat and not lat_ok and mem_ok:
+        notes.append("latency run failed (passed=False), memory run passed")
+    if not mem_ok and not lat_ok:
+        return "oom", "; ".join(["passed=False in perf4sight run (out of memory)"] + notes), {}
+    return "ok", "; ".join(notes), figures
+
+
+def _find_graph(source: Path, variant: str) -> Path | None:
+    cand = source / "graphs" / f"{variant}.json"
+    return cand if cand.is_file() else None
+
+
+def import_perf4sight(source_dir: str | Path, device: str, profiling_dir: str | Path,
+                      models_dir: str | Path) -> ImportSummary:
+    """Import a perf4sight data folder as measurements of ``device``.
+
+    Writes tidy rows (backend ``imported``) to ``results_path(profiling_dir, device)`` and copies
+    each graph to ``<models_dir>/imported/<device>/<variant>.json``. Rows already on disk (same
+    key) are skipped, so importing twice is harmless. Raises ``UserError`` when the folder has no
+    ``-gt.csv`` files or a graph is malformed.
+    """
+    source = Path(source_dir)
+    if not source.is_dir():
+        raise UserError(f"{source}: perf4sight source folder not found")
+    if not device or "/" in device:
+        raise UserError(f"import: bad device name {device!r}")
+    csv_root = source / "profiling_csvs" if (source / "profiling_csvs").is_dir() else source
+    folders = sorted({p.parent.parent for p in csv_root.rglob("*-gt.csv") if p.parent.name in ("memory", "latency")})
+    if not folders:
+        raise UserError(f"{source}: no perf4sight memory/ or latency/ *-gt.csv files found")
+    pairs: dict[tuple[str, int], dict[str, list]] = {}
+    variants: dict[str, tuple[str, float, str, str]] = {}
+    for folder in folders:
+        _collect(folder, "memory", pairs, variants)
+        _collect(folder, "latency", pairs, variants)
+
+    out_models = Path(models_dir) / "imported" / device
+    summary = ImportSummary(device=device, results_path=str(results_path(profiling_dir, device)),
+                            models_path=str(out_models))
+    info: dict[str, tuple[str, str]] = {}  # variant -> (input shape, description sha)
+    for variant, (net, level, dataset, _board) in sorted(variants.items()):
+        shape = _DATASET_SHAPES.get(dataset)
+        graph = _find_graph(source, variant)
+        if graph is not None:
+            desc = load_description(graph)
+            desc.extra.setdefault("source", f"perf4sight import: {graph.name}")
+            save_description(desc, out_models / f"{variant}.json")
+            summary.descriptions += 1
+            shape = tuple(desc.input_shape)
+            sha = hashlib.sha256(desc.to_json().encode()).hexdigest()[:16]
+        else:
+            sha = ""
+        if shape is None:
+            raise UserError(f"{source}: unknown dataset folder '{dataset}' and no graph for {variant}")
+        info[variant] = ("x".join(str(s) for s in shape), sha)
+
+    out = results_path(profiling_dir, device)
+    done = measured_keys(read_rows(out))
+    stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    for (variant, bs), files in sorted(pairs.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        net, level, _, board = variants[variant]
+        status, message, figures = _merge(files["memory"], files["latency"])
+        row: dict[str, Any] = {
+            "device": device, "backend": "imported", "network": variant, "family": net,
+            "pruning_level": level if level != int(level) else int(level), "batch_size": bs,
+            "input_shape": info[variant][0], "phase": "train", "status": status, "message": message,
+            "protocol": "perf4sight_mean3", "device_model": board, "hostname": "", "timestamp": stamp, "description_sha": info[variant][1],
+            **figures,
+        }
+        if row_key(row) in done:
+            summary.rows_skipped_existing += 1
+            continue
+        append_row(out, row)
+        done.add(row_key(row))
+        summary.rows_written += 1
+        summary.ok += status == "ok"
+        summary.oom += status == "oom"
+        summary.duplicates_merged += len(files["memory"]) > 1 or len(files["latency"]) > 1
+    summary.networks = sorted(variants)
+    return summary
+
