@@ -36,7 +36,7 @@ COLUMNS: list[str] = [
     "warmup_steps",
     "protocol",               # how the step was timed, e.g. perf_counter, cuda_events, perf4sight_mean3
     "peak_rss_mb",            # peak resident set size of the measuring process (os.wait4 ru_maxrss)
-    "baseline_rss_mb",        # RSS after imports and model build, before the first step
+    "baseline_rss_mb",        # RSS after imports, model build and optimiser creation, before the first step
     "torch_alloc_peak_mb",    # torch allocator peak allocated (GPU backends)
     "torch_reserved_peak_mb", # torch allocator peak reserved (GPU backends)
     "device_mem_used_mb",     # device memory in use incl. context (nvml) / unified memory used (jetson)

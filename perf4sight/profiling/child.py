@@ -1,0 +1,109 @@
+"""One measurement in a fresh process: ``python -m perf4sight.profiling.child PLAN --network I --batch-size B --result OUT``.
+
+Rebuilds network ``I`` of the plan from its description, trains it on random data for the
+plan's warm-up and timed steps (SGD with momentum, cross-entropy) and writes one JSON object
+to ``OUT``: the measurement columns (see ``results.COLUMNS``) plus ``status`` (``ok``, ``oom``
+or ``error``), ``message`` and ``stage`` (``setup``, ``build`` or ``step``: where it stopped).
+Peak RSS is not measured here: the runner reads it with ``os.wait4`` when this process ends.
+
+Imports only torch, the standard library, ``perf4sight.ir.schema``/``to_torch`` and
+``perf4sight.profiling``. Times in milliseconds, memory in MiB.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from perf4sight.profiling.plan import load_plan
+from perf4sight.profiling.procfs import status_mb
+
+__all__ = ["measure", "one_line", "main"]
+
+MESSAGE_CHARS = 300
+
+
+def one_line(exc: BaseException) -> str:
+    """``Type: message`` on one line, at most ``MESSAGE_CHARS`` characters."""
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return text if len(text) <= MESSAGE_CHARS else text[: MESSAGE_CHARS - 3] + "..."
+
+
+def measure(plan_path: str | Path, network_index: int, batch_size: int) -> dict[str, Any]:
+    """Run one (network, batch size) measurement in this process and return its result dict."""
+    result: dict[str, Any] = {"stage": "setup"}
+    backend = None
+    try:
+        plan_path = Path(plan_path)
+        plan = load_plan(plan_path)
+        from perf4sight.profiling.backends.base import get_backend
+
+        backend = get_backend(plan)
+        backend.prepare()
+        import torch
+        import torch.nn.functional as F
+
+        from perf4sight.ir.schema import load_description
+        from perf4sight.ir.to_torch import build_module
+
+        result["stage"] = "build"
+        desc = load_description(plan.resolve(plan_path.parent, plan.networks[network_index]))
+        shape = list(plan.input_shape or desc.input_shape)
+        num_classes = int(plan.num_classes or desc.num_classes)
+        torch.manual_seed(0)
+        device = backend.device
+        model = build_module(desc).to(device).train()
+        optimizer = torch.optim.SGD(model.parameters(), lr=plan.learning_rate, momentum=plan.momentum)
+        # after the optimiser: its constructor imports torch._dynamo (~1 s, tens of MiB), a constant
+        result["baseline_rss_mb"] = round(status_mb("self", "VmRSS") or 0.0, 2)
+        x = torch.randn(batch_size, *shape, device=device)
+        y = torch.randint(0, num_classes, (batch_size,), device=device)
+
+        def step() -> None:
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+
+        result["stage"] = "step"
+        result.update(backend.measure(step, plan.warmup_steps, plan.timed_steps))
+        result["status"] = "ok"
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes a row, the sweep goes on
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        oom = backend is not None and backend.is_oom(exc)
+        result.update(status="oom" if oom else "error", message=one_line(exc))
+    if backend is not None:
+        try:
+            result.update(backend.environment())
+        except Exception as exc:  # noqa: BLE001 - a missing environment must not hide the measurement
+            result.setdefault("message", f"environment unavailable: {one_line(exc)}")
+    result["child_hwm_mb"] = round(status_mb("self", "VmHWM") or 0.0, 2)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m perf4sight.profiling.child", description=__doc__.splitlines()[0])
+    parser.add_argument("plan", help="test plan JSON file")
+    parser.add_argument("--network", type=int, required=True, help="index into the plan's networks")
+    parser.add_argument("--batch-size", type=int, required=True, help="images per training step")
+    parser.add_argument("--result", required=True, help="where to write the result JSON")
+    args = parser.parse_args(argv)
+    result = measure(args.plan, args.network, args.batch_size)
+    out = Path(args.result)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, out)
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter shutdown: tearing torch down pages in ~125 MiB more, which would
+    # inflate the peak RSS that the runner reads with os.wait4.
+    os._exit(code)

@@ -1,0 +1,178 @@
+"""Profile on this machine: write the test plan, run the device runner as a subprocess, follow it.
+
+The runner is the very code a remote device runs (``python -m perf4sight.profiling.runner``);
+here it is started locally and its JSON-line progress drives a rich progress bar. Running it
+as its own small process (not in this one, which may hold torch and pandas) also keeps the
+children's ``os.wait4`` peak RSS clean: a child inherits its parent's peak RSS at spawn.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import deque
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable
+
+from perf4sight.config import Config
+from perf4sight.errors import UserError
+from perf4sight.profiling.plan import TestPlan, save_plan
+from perf4sight.profiling.results import results_path
+
+__all__ = ["ProfileSummary", "make_plan", "profile_local", "follow_runner", "PLAN_NAME"]
+
+PLAN_NAME = "plan.json"
+_PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+
+ProgressSink = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class ProfileSummary:
+    """What one profiling run added: counts of new rows by status and keys found already measured."""
+    device: str
+    csv_path: Path
+    plan_path: Path
+    ok: int = 0
+    oom: int = 0
+    skipped_after_oom: int = 0
+    error: int = 0
+    already_measured: int = 0
+    wall_s: float = 0.0
+    errors: list[str] = field(default_factory=list)  # "network@batch: message" of the error rows
+
+    outcome: str = "done"  # the runner finished its plan (a runner failure raises instead)
+
+    @property
+    def new_rows(self) -> int:
+        return self.ok + self.oom + self.skipped_after_oom + self.error
+
+    def keys(self) -> list[str]:
+        """Field names, so that ``dict(summary)`` gives a plain dict."""
+        return [f.name for f in fields(self)]
+
+    def __getitem__(self, key: str) -> Any:
+        return getattr(self, key)
+
+
+def make_plan(cfg: Config, device_name: str, descriptions: list[str | Path], output: str = "measurements.csv",
+              relative_to: Path | None = None) -> TestPlan:
+    """The test plan for ``device_name`` from the config's ``[profile]`` and ``[devices.<name>]`` tables.
+
+    Description paths are written relative to ``relative_to`` when given (a remote plan that
+    ships with its networks), else absolute.
+    """
+    dev = cfg.device(device_name)
+    p = cfg.profile
+    nets = []
+    for d in descriptions:
+        path = Path(d).resolve()
+        if not path.is_file():
+            raise UserError(f"network description file not found: {d}")
+        nets.append(os.path.relpath(path, relative_to) if relative_to else str(path))
+    if not nets:
+        raise UserError(f"device '{device_name}': no network descriptions to profile (run the networks stage first)")
+    return TestPlan(device=device_name, backend=dev.backend, networks=nets, batch_sizes=list(p.batch_sizes),
+                    warmup_steps=p.warmup_steps, timed_steps=p.timed_steps, timeout_s=p.timeout_s,
+                    memory_limit_mb=dev.memory_limit_mb, threads=dev.threads, gpu_index=dev.gpu_index,
+                    learning_rate=p.learning_rate, momentum=p.momentum, output=output)
+
+
+def follow_runner(cmd: list[str], on_event: ProgressSink, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run a runner command, pass each JSON event on stdout to ``on_event``; returns the ``done`` event.
+
+    A runner that exits without ``done`` raises ``UserError`` with its last message. Used for
+    the local subprocess; a remote orchestrator can pass an ``ssh ...`` command line.
+    """
+    tail: deque[str] = deque(maxlen=5)
+    done: dict[str, Any] | None = None
+    with subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, env=env, bufsize=1) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                event = json.loads(line) if line.startswith("{") else None
+            except json.JSONDecodeError:
+                event = None
+            if not isinstance(event, dict) or "event" not in event:
+                tail.append(line)
+                continue
+            if event["event"] == "error":
+                tail.append(str(event.get("message", "")))
+            if event["event"] == "done":
+                done = event
+            on_event(event)
+    if done is None:
+        last = tail[-1] if tail else f"exit code {proc.returncode}"
+        raise UserError(f"the profiling runner stopped early: {last}")
+    return done
+
+
+def _rich_sink(device: str) -> tuple[ProgressSink, Callable[[], None]]:
+    """A rich progress bar fed by runner events; returns (sink, close)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), TextColumn("{task.fields[last]}"), transient=False)
+    state: dict[str, Any] = {}
+
+    def sink(event: dict[str, Any]) -> None:
+        kind = event.get("event")
+        if kind == "plan":
+            bar.start()
+            state["task"] = bar.add_task(f"profile {device}", total=event["total"], last="")
+        elif kind in ("row", "already") and "task" in state:
+            status = event.get("status", "already measured")
+            extra = f" {event['latency_ms_median']} ms" if event.get("latency_ms_median") not in (None, "") else ""
+            bar.update(state["task"], completed=event["index"],
+                       last=f"{event['network']} @ {event['batch_size']}: {status}{extra}")
+
+    return sink, bar.stop
+
+
+def profile_local(cfg: Config, device_name: str, descriptions: list[Path],
+                  progress: ProgressSink | bool | None = None) -> ProfileSummary:
+    """Profile ``descriptions`` on this machine as device ``device_name``; resumable.
+
+    Writes ``<profiling_dir>/<device>/plan.json``, runs the runner in a subprocess and appends
+    to ``results_path(cfg.profiling_dir, device)``. ``progress``: None/True = rich progress bar,
+    a callable = receives every runner event (dicts, see ``perf4sight.profiling.runner``),
+    False = silent. Raises ``UserError`` if the device is remote or the runner fails.
+    """
+    dev = cfg.device(device_name)
+    if dev.host:
+        raise UserError(f"{cfg.path}: [devices.{device_name}] has host '{dev.host}': profile it with the remote profiler")
+    csv_path = results_path(cfg.profiling_dir, device_name)
+    plan_path = csv_path.parent / PLAN_NAME
+    save_plan(make_plan(cfg, device_name, list(descriptions), output=csv_path.name), plan_path)
+    summary = ProfileSummary(device=device_name, csv_path=csv_path, plan_path=plan_path)
+
+    close: Callable[[], None] = lambda: None
+    if progress is None or progress is True:
+        sink, close = _rich_sink(device_name)
+    elif progress is False:
+        sink = lambda event: None  # noqa: E731
+    else:
+        sink = progress
+
+    def on_event(event: dict[str, Any]) -> None:
+        if event.get("event") == "row" and event.get("status") == "error":
+            summary.errors.append(f"{event['network']}@{event['batch_size']}: {event.get('message', '')}")
+        sink(event)
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
+    try:
+        done = follow_runner([sys.executable, "-m", "perf4sight.profiling.runner", str(plan_path)], on_event, env)
+    finally:
+        close()
+    for key, value in done.get("summary", {}).items():
+        if hasattr(summary, key):
+            setattr(summary, key, int(value))
+    summary.wall_s = float(done.get("wall_s", 0.0))
+    return summary

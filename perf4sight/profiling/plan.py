@@ -1,0 +1,137 @@
+"""The test plan: one JSON file that tells a device what to measure and where to write it.
+
+The same file drives the runner locally and on a remote device, so it is self-contained:
+network description files and the output CSV are given relative to the plan's folder
+(or absolute). Standard library only: this module runs on the devices.
+
+Example (times in seconds, memory in MiB)::
+
+    {"device": "tx2", "backend": "jetson", "networks": ["nets/resnet18_l0.json"],
+     "batch_sizes": [1, 2, 4, 8], "warmup_steps": 2, "timed_steps": 5, "timeout_s": 300,
+     "memory_limit_mb": 0, "threads": 0, "gpu_index": 0, "learning_rate": 0.01,
+     "momentum": 0.9, "output": "measurements.csv"}
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from perf4sight.errors import UserError
+
+__all__ = ["TestPlan", "load_plan", "save_plan", "PLAN_VERSION"]
+
+PLAN_VERSION = 1
+
+
+@dataclass
+class TestPlan:
+    """What one device measures.
+
+    ``networks``: description files (relative to the plan's folder or absolute).
+    ``batch_sizes``: ascending; a network stops at its first ``oom``.
+    ``timeout_s``: seconds allowed for one (network, batch size) child process.
+    ``memory_limit_mb``: MiB of peak RSS above which the measurement is recorded as ``oom``
+    (0 = no limit; the cpu backend enforces it by polling the child's RSS).
+    ``threads``: torch intra-op threads (0 = torch's default).
+    ``input_shape`` / ``num_classes``: override the description's own values (None = use them).
+    ``output``: the measurement CSV (relative to the plan's folder or absolute).
+    ``poll_interval_s``: how often the runner samples the child's memory (seconds).
+    """
+
+    __test__ = False  # not a pytest test class, despite the name
+
+    device: str
+    backend: str = "cpu"
+    networks: list[str] = field(default_factory=list)
+    batch_sizes: list[int] = field(default_factory=lambda: [1])
+    warmup_steps: int = 2
+    timed_steps: int = 5
+    timeout_s: float = 600.0
+    memory_limit_mb: int = 0
+    threads: int = 0
+    gpu_index: int = 0
+    learning_rate: float = 0.01
+    momentum: float = 0.9
+    input_shape: list[int] | None = None
+    num_classes: int | None = None
+    output: str = "measurements.csv"
+    poll_interval_s: float = 0.01
+    version: int = PLAN_VERSION
+
+    def resolve(self, plan_dir: str | Path, relative: str) -> Path:
+        """A path from the plan, made absolute against the plan's folder."""
+        p = Path(relative).expanduser()
+        return p if p.is_absolute() else Path(plan_dir) / p
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def validate(self, where: str = "plan") -> "TestPlan":
+        """Raise ``UserError`` naming the first bad field; returns ``self``."""
+        if not self.device:
+            raise UserError(f"{where}: 'device' must be a non-empty name")
+        bs = self.batch_sizes
+        if not bs or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in bs) or sorted(set(bs)) != bs:
+            raise UserError(f"{where}: 'batch_sizes' must be positive integers in ascending order, got {bs}")
+        if self.timed_steps < 1 or self.warmup_steps < 0:
+            raise UserError(f"{where}: 'timed_steps' must be >= 1 and 'warmup_steps' >= 0")
+        if self.timeout_s <= 0:
+            raise UserError(f"{where}: 'timeout_s' must be > 0, got {self.timeout_s}")
+        if self.memory_limit_mb < 0 or self.threads < 0 or self.gpu_index < 0:
+            raise UserError(f"{where}: 'memory_limit_mb', 'threads' and 'gpu_index' must be >= 0")
+        if self.input_shape is not None and (len(self.input_shape) != 3 or any(s < 1 for s in self.input_shape)):
+            raise UserError(f"{where}: 'input_shape' must be [channels, height, width], got {self.input_shape}")
+        if self.num_classes is not None and self.num_classes < 1:
+            raise UserError(f"{where}: 'num_classes' must be >= 1, got {self.num_classes}")
+        if not 0 < self.poll_interval_s <= 1:
+            raise UserError(f"{where}: 'poll_interval_s' must lie in (0, 1] seconds, got {self.poll_interval_s}")
+        if self.version != PLAN_VERSION:
+            raise UserError(f"{where}: plan version {self.version} is not supported (expected {PLAN_VERSION})")
+        return self
+
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "device": (str,), "backend": (str,), "networks": (list,), "batch_sizes": (list,),
+    "warmup_steps": (int,), "timed_steps": (int,), "timeout_s": (int, float), "memory_limit_mb": (int,),
+    "threads": (int,), "gpu_index": (int,), "learning_rate": (int, float), "momentum": (int, float),
+    "input_shape": (list, type(None)), "num_classes": (int, type(None)), "output": (str,),
+    "poll_interval_s": (int, float), "version": (int,),
+}
+
+
+def load_plan(path: str | Path) -> TestPlan:
+    """Read and validate a plan file; any problem raises ``UserError`` naming the file and field."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{p}: test plan not found")
+    try:
+        raw = json.loads(p.read_text())
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{p}: test plan is not valid JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{p}: test plan must be a JSON object")
+    unknown = sorted(set(raw) - set(_TYPES))
+    if unknown:
+        raise UserError(f"{p}: unknown plan field(s) {unknown} (known: {', '.join(_TYPES)})")
+    if "device" not in raw:
+        raise UserError(f"{p}: plan lacks 'device'")
+    for key, value in raw.items():
+        if not isinstance(value, _TYPES[key]) or (isinstance(value, bool) and bool not in _TYPES[key]):
+            raise UserError(f"{p}: plan field '{key}' has the wrong type ({value!r})")
+    if not all(isinstance(n, str) for n in raw.get("networks", [])):
+        raise UserError(f"{p}: plan field 'networks' must be a list of description file paths")
+    return TestPlan(**raw).validate(str(p))
+
+
+def save_plan(plan: TestPlan, path: str | Path) -> Path:
+    """Write ``plan`` as indented JSON (atomic replace), creating parent folders."""
+    plan.validate(str(path))
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(p.suffix + ".tmp")
+    tmp.write_text(json.dumps(plan.to_dict(), indent=1) + "\n")
+    tmp.replace(p)
+    return p

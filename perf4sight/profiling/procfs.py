@@ -1,0 +1,56 @@
+"""Small readers of Linux ``/proc`` and ``/sys`` used by the runner and the backends.
+
+Standard library only (runs on the devices). Memory in MiB (2**20 bytes). Every reader
+returns ``None`` (or "") instead of raising when the file is absent, e.g. off Linux or
+after the process has exited.
+"""
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+__all__ = ["status_mb", "cpu_model", "cpu_clocks", "KIB_PER_MIB"]
+
+KIB_PER_MIB = 1024
+
+
+def status_mb(pid: int | str, key: str = "VmRSS") -> float | None:
+    """A ``kB`` line of ``/proc/<pid>/status`` (VmRSS, VmHWM, ...) in MiB; None if unreadable."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            prefix = key.encode() + b":"
+            for line in fh:
+                if line.startswith(prefix):
+                    return int(line.split()[1]) / KIB_PER_MIB
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def cpu_model() -> str:
+    """The CPU's model name from ``/proc/cpuinfo`` (ARM boards: Hardware / CPU part), else platform."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            key, sep, value = line.partition(":")
+            if sep and key.strip() not in fields:
+                fields[key.strip()] = value.strip()
+    except OSError:
+        pass
+    for key in ("model name", "Model", "Hardware", "cpu model", "Processor"):
+        if fields.get(key):
+            return fields[key]
+    if fields.get("CPU part"):
+        return f"{platform.machine()} CPU part {fields['CPU part']}"
+    return platform.processor() or platform.machine()
+
+
+def cpu_clocks() -> str:
+    """Governor and maximum frequency of CPU 0, e.g. ``performance@3000MHz``; "" if unknown."""
+    base = Path("/sys/devices/system/cpu/cpu0/cpufreq")
+    try:
+        governor = (base / "scaling_governor").read_text().strip()
+        max_khz = int((base / "scaling_max_freq").read_text().strip())
+    except (OSError, ValueError):
+        return ""
+    return f"{governor}@{max_khz // 1000}MHz"

@@ -1,0 +1,266 @@
+"""The device-side sweep: ``python -m perf4sight.profiling.runner PLAN.json``.
+
+For every network of the plan and every batch size (ascending) it starts a fresh child
+process (:mod:`perf4sight.profiling.child`), watches it (timeout, the backend's memory
+watchdog), reads the child's peak RSS with ``os.wait4`` and appends one row to the plan's
+CSV as soon as the measurement ends. The first ``oom`` stops that network: its larger batch
+sizes get ``skipped_after_oom`` rows. Keys already in the CSV are not measured again, and a
+network with an ``oom`` row on disk is not measured at larger batch sizes.
+
+Progress goes to stdout as JSON lines, one object per event (``event`` = ``plan``, ``row``,
+``already``, ``warning``, ``done`` or ``error``), for an orchestrator to follow. This process imports no
+torch, so that the peak RSS which a child inherits at spawn (``ru_maxrss`` carries over
+``exec``) stays far below what the child itself reaches.
+
+Standard library plus ``perf4sight.profiling`` and ``perf4sight.ir.schema`` only: it runs on the devices.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from perf4sight.errors import UserError
+from perf4sight.ir.schema import load_description
+from perf4sight.profiling import results
+from perf4sight.profiling.backends.base import Backend, get_backend
+from perf4sight.profiling.plan import TestPlan, load_plan
+from perf4sight.profiling.procfs import status_mb
+
+__all__ = ["run_plan", "run_child", "ChildOutcome", "main"]
+
+Emit = Callable[[dict[str, Any]], None]
+_PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds perf4sight/
+#: above this RSS (MiB) the runner warns that children's peak RSS figures are inflated
+LEAN_RUNNER_MB = 200.0
+
+
+@dataclass
+class _Network:
+    """What the runner knows of one description file without torch."""
+    index: int
+    path: Path
+    name: str
+    family: str = ""
+    pruning_level: Any = ""
+    input_shape: str = ""
+    sha: str = ""
+    problem: str = ""  # the description could not be read
+
+
+@dataclass
+class ChildOutcome:
+    """How one child ended: its result dict (may be empty), peak RSS (MiB) and wall time (s)."""
+    result: dict[str, Any]
+    peak_rss_mb: float
+    wall_s: float
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def print_event(event: dict[str, Any]) -> None:
+    """Default progress sink: one JSON object per line on stdout, flushed."""
+    sys.stdout.write(json.dumps(event, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+def _describe_networks(plan: TestPlan, plan_dir: Path) -> list[_Network]:
+    nets: list[_Network] = []
+    names: dict[str, str] = {}
+    for i, rel in enumerate(plan.networks):
+        path = plan.resolve(plan_dir, rel)
+        try:
+            data = path.read_bytes()
+            desc = load_description(path)
+        except (OSError, UserError) as exc:
+            nets.append(_Network(i, path, path.stem, path.stem, input_shape="x".join(map(str, plan.input_shape or [])),
+                                 problem=" ".join(str(exc).split())[:300]))
+            continue
+        shape = "x".join(str(s) for s in (plan.input_shape or desc.input_shape))
+        net = _Network(i, path, desc.name, desc.network, desc.pruning_level, shape,
+                       hashlib.sha256(data).hexdigest()[:16])
+        nets.append(net)
+    for net in nets:
+        if net.name in names:
+            raise UserError(f"plan: {names[net.name]} and {net.path} are both named '{net.name}'; names must be unique")
+        names[net.name] = str(net.path)
+    return nets
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def run_child(plan: TestPlan, plan_path: Path, index: int, batch_size: int, backend: Backend) -> ChildOutcome:
+    """Measure network ``index`` at ``batch_size`` in a fresh child; never raises for child failures.
+
+    The child's result dict gains ``status``/``message`` when it was killed (watchdog ->
+    ``oom``, timeout -> ``error``) or crashed (SIGKILL not sent by us -> ``oom``, as the
+    kernel's OOM killer does; other signals and exit codes -> ``error``).
+    """
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
+    if plan.threads > 0:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(plan.threads)
+    with tempfile.TemporaryDirectory(prefix="p4s-child-") as tmp:
+        result_file = Path(tmp) / "result.json"
+        err_file = Path(tmp) / "stderr.txt"
+        cmd = [sys.executable, "-m", "perf4sight.profiling.child", str(plan_path), "--network", str(index),
+               "--batch-size", str(batch_size), "--result", str(result_file)]
+        t0 = time.monotonic()
+        with open(err_file, "wb") as err:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        verdict: dict[str, str] = {}
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() - t0 > plan.timeout_s:
+                verdict = {"status": "error", "message": f"timed out after {plan.timeout_s:g} s"}
+            else:
+                reason = backend.watch(proc.pid)
+                if reason:
+                    verdict = {"status": "oom", "message": reason}
+            if verdict:
+                _kill(proc.pid)
+                pid, status, usage = os.wait4(proc.pid, 0)
+                break
+            time.sleep(plan.poll_interval_s)
+        wall = time.monotonic() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)  # already reaped: keep Popen from waiting again
+        result: dict[str, Any] = {}
+        if result_file.exists():
+            try:
+                result = json.loads(result_file.read_text())
+            except json.JSONDecodeError:
+                result = {}
+        if verdict:
+            result.update(verdict)
+        elif not result.get("status"):
+            result.update(_crash_verdict(proc.returncode, err_file))
+    return ChildOutcome(result, round(usage.ru_maxrss / 1024, 2), round(wall, 3))  # ru_maxrss: KiB on Linux
+
+
+def _crash_verdict(code: int, err_file: Path) -> dict[str, str]:
+    if code == -signal.SIGKILL:
+        return {"status": "oom", "message": "child killed by SIGKILL (the kernel's OOM killer?)"}
+    if code < 0:
+        return {"status": "error", "message": f"child killed by signal {signal.Signals(-code).name}"}
+    lines = [ln.strip() for ln in err_file.read_text(errors="replace").splitlines() if ln.strip()]
+    tail = f": {lines[-1][:300]}" if lines else ""
+    return {"status": "error", "message": f"child exited with code {code} without a result{tail}"}
+
+
+@contextmanager
+def _locked(csv_path: Path) -> Iterator[None]:
+    """Hold an exclusive lock next to the CSV so two runners never write the same file."""
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(csv_path.with_name(csv_path.name + ".lock"), "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"{csv_path}: another runner is writing this file") from None
+        yield
+
+
+def run_plan(plan_path: str | Path, emit: Emit = print_event) -> dict[str, int]:
+    """Run the whole sweep of a plan file; returns counts of new ``ok``/``oom``/``skipped_after_oom``/
+    ``error`` rows and of keys ``already_measured``. Bad plans raise ``UserError``."""
+    plan_path = Path(plan_path).resolve()
+    plan = load_plan(plan_path)
+    backend = get_backend(plan)
+    nets = _describe_networks(plan, plan_path.parent)
+    csv_path = plan.resolve(plan_path.parent, plan.output)
+    counts = {s: 0 for s in results.STATUSES} | {"already_measured": 0}
+    with _locked(csv_path):
+        on_disk = [r for r in results.read_rows(csv_path) if r["device"] == plan.device]
+        done = results.measured_keys(on_disk)
+        oom_at: dict[tuple[str, str], int] = {}
+        for r in on_disk:
+            if r["status"] == "oom":
+                k = (r["network"], r["input_shape"])
+                oom_at[k] = min(oom_at.get(k, 10**9), int(float(r["batch_size"])))
+        total = len(nets) * len(plan.batch_sizes)
+        emit({"event": "plan", "device": plan.device, "backend": plan.backend, "networks": len(nets),
+              "batch_sizes": plan.batch_sizes, "total": total, "csv": str(csv_path)})
+        own_rss = status_mb("self", "VmRSS") or 0.0
+        if own_rss > LEAN_RUNNER_MB:
+            emit({"event": "warning", "message": f"the runner holds {own_rss:.0f} MiB: children inherit it as their "
+                  "peak RSS floor; run it as 'python -m perf4sight.profiling.runner' in its own process"})
+        env: dict[str, Any] = {"hostname": socket.gethostname(), "threads": plan.threads or ""}
+        position = 0
+        t_start = time.monotonic()
+        for net in nets:
+            not_run = net.problem  # set when the network cannot be built at all
+            for bs in plan.batch_sizes:
+                position += 1
+                base = {"device": plan.device, "backend": plan.backend, "network": net.name, "family": net.family,
+                        "pruning_level": net.pruning_level, "batch_size": bs, "input_shape": net.input_shape,
+                        "phase": "train", "description_sha": net.sha}
+                if results.row_key(base) in done:
+                    counts["already_measured"] += 1
+                    emit({"event": "already", "network": net.name, "batch_size": bs, "index": position, "total": total})
+                    continue
+                stop = oom_at.get((net.name, net.input_shape))
+                wall = 0.0
+                if stop is not None and bs > stop:
+                    row = {"status": "skipped_after_oom", "message": f"batch size {stop} ran out of memory"}
+                elif not_run:
+                    row = {"status": "error", "message": not_run}
+                else:
+                    outcome = run_child(plan, plan_path, net.index, bs, backend)
+                    row, wall = dict(outcome.result), outcome.wall_s
+                    row["peak_rss_mb"] = outcome.peak_rss_mb
+                    if row["status"] == "error" and row.get("stage") in ("setup", "build"):
+                        not_run = f"not run: {row.get('message', '')}"[:300]
+                    if row["status"] == "oom":
+                        oom_at[(net.name, net.input_shape)] = bs
+                    env.update({k: row[k] for k in ("torch_version", "threads", "device_model", "clocks") if row.get(k)})
+                full = {**env, "warmup_steps": plan.warmup_steps, **base,
+                        **{k: v for k, v in row.items() if k in results.COLUMNS}, "timestamp": _now()}
+                if full["status"] != "ok":
+                    full.update(warmup_steps="", timed_steps="")
+                results.append_row(csv_path, full)
+                done.add(results.row_key(full))
+                counts[full["status"]] += 1
+                emit({"event": "row", "network": net.name, "batch_size": bs, "status": full["status"],
+                      "message": full.get("message", ""), "latency_ms_median": full.get("latency_ms_median", ""),
+                      "peak_rss_mb": full.get("peak_rss_mb", ""), "wall_s": wall, "index": position, "total": total})
+        emit({"event": "done", "summary": counts, "wall_s": round(time.monotonic() - t_start, 3), "csv": str(csv_path)})
+    return counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry: run the plan given as the only argument; exit 2 with an ``error`` event on a ``UserError``."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or argv[0].startswith("-"):
+        print("usage: python -m perf4sight.profiling.runner PLAN.json", file=sys.stderr)
+        return 2
+    try:
+        run_plan(argv[0])
+    except UserError as exc:
+        print_event({"event": "error", "message": str(exc)})
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""The profile stage on the cpu backend: plan, runner, child processes, resume, oom, errors.
+
+Real torch training steps on tiny networks (3x32x32 inputs) in real child processes; each
+child costs ~2-3 s (process start and ``import torch``), so the tests share measurements.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch.nn as nn
+
+from perf4sight.config import load_config
+from perf4sight.errors import UserError
+from perf4sight.ir.from_torch import describe
+from perf4sight.ir.schema import save_description
+from perf4sight.profiling import results
+from perf4sight.profiling.backends.base import get_backend, latency_stats
+from perf4sight.profiling.local import make_plan, profile_local
+from perf4sight.profiling.plan import TestPlan, load_plan, save_plan
+from perf4sight.profiling.runner import run_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPE = [3, 32, 32]
+
+
+def tiny(name: str, width: int = 16) -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(width, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(8, 10))
+
+
+def write_net(folder: Path, name: str, width: int = 16) -> Path:
+    return save_description(describe(tiny(name, width), SHAPE, name), folder / f"{name}.json")
+
+
+def write_broken(folder: Path) -> Path:
+    """A description that loads but cannot be rebuilt: 16 input channels in 3 groups."""
+    desc = describe(tiny("broken"), SHAPE, "broken")
+    for node in desc.nodes:
+        if node.op == "conv2d" and node.attrs["in_channels"] == 16:
+            node.attrs["groups"] = 3
+    return save_description(desc, folder / "broken.json")
+
+
+def write_config(folder: Path, memory_limit_mb: int = 0, batch_sizes: tuple[int, ...] = (1, 2)) -> Path:
+    path = folder / "config.toml"
+    path.write_text(f"""
+[profile]
+batch_sizes = {list(batch_sizes)}
+warmup_steps = 1
+timed_steps = 3
+timeout_s = 120
+
+[devices.local]
+backend = "cpu"
+memory_limit_mb = {memory_limit_mb}
+threads = 1
+""")
+    return path
+
+
+def run_plan_subprocess(plan_path: Path) -> list[dict]:
+    """The runner as a device runs it; returns its progress events."""
+    out = subprocess.run([sys.executable, "-m", "perf4sight.profiling.runner", str(plan_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300, check=True)
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    """One real local run: the tiny network at batch sizes 1 and 2."""
+    folder = tmp_path_factory.mktemp("profile")
+    net = write_net(folder, "tiny")
+    cfg = load_config(write_config(folder))
+    events: list[dict] = []
+    summary = profile_local(cfg, "local", [net], progress=events.append)
+    return cfg, net, summary, events
+
+
+def test_real_run_writes_ok_rows(measured):
+    cfg, net, summary, events = measured
+    assert (summary.ok, summary.oom, summary.error, summary.already_measured) == (2, 0, 0, 0)
+    rows = results.read_rows(summary.csv_path)
+    assert summary.csv_path == results.results_path(cfg.profiling_dir, "local")
+    assert [(r["network"], r["batch_size"], r["status"]) for r in rows] == [("tiny", "1", "ok"), ("tiny", "2", "ok")]
+    for r in rows:
+        assert float(r["latency_ms_median"]) > 0
+        assert float(r["latency_ms_p10"]) <= float(r["latency_ms_median"]) <= float(r["latency_ms_p90"])
+        assert r["timed_steps"] == "3" and r["warmup_steps"] == "1" and r["protocol"] == "perf_counter"
+        assert float(r["peak_rss_mb"]) >= float(r["baseline_rss_mb"]) > 50  # torch alone is well above 50 MiB
+        assert r["input_shape"] == "3x32x32" and r["threads"] == "1" and r["device_model"]
+        assert r["torch_version"] and r["hostname"] and r["timestamp"]
+        assert len(r["description_sha"]) == 16
+    assert [e["event"] for e in events] == ["plan", "row", "row", "done"]
+    assert json.loads(summary.plan_path.read_text())["networks"] == [str(net.resolve())]
+
+
+def test_resume_never_duplicates(measured, tmp_path):
+    cfg, net, first, _ = measured
+    again = profile_local(cfg, "local", [net], progress=False)
+    assert (again.new_rows, again.already_measured) == (0, 2)
+    cfg.profile.batch_sizes = [1, 2, 4]  # one new key: only it is measured
+    try:
+        more = profile_local(cfg, "local", [net], progress=False)
+    finally:
+        cfg.profile.batch_sizes = [1, 2]
+    assert (more.ok, more.already_measured) == (1, 2)
+    keys = [results.row_key(r) for r in results.read_rows(first.csv_path)]
+    assert len(keys) == len(set(keys)) == 3
+
+
+def test_oom_under_memory_limit_skips_larger_batches(measured, tmp_path):
+    _, net, first, _ = measured
+    peak_b1 = float(results.read_rows(first.csv_path)[0]["peak_rss_mb"])
+    # batch 1 fits with 150 MiB to spare; batch 1024 needs ~0.5 GiB more at 32x32 -> oom
+    cfg = load_config(write_config(tmp_path, memory_limit_mb=int(peak_b1) + 150, batch_sizes=(1, 1024, 2048)))
+    summary = profile_local(cfg, "local", [net], progress=False)
+    rows = results.read_rows(summary.csv_path)
+    assert [(r["batch_size"], r["status"]) for r in rows] == [("1", "ok"), ("1024", "oom"), ("2048", "skipped_after_oom")]
+    assert "memory_limit_mb" in rows[1]["message"] and float(rows[1]["peak_rss_mb"]) > int(peak_b1) + 150
+    # a rerun with a larger batch size measures nothing: the network already ran out of memory
+    cfg.profile.batch_sizes = [1, 1024, 2048, 4096]
+    again = profile_local(cfg, "local", [net], progress=False)
+    assert (again.skipped_after_oom, again.ok, again.oom, again.already_measured) == (1, 0, 0, 3)
+
+
+def test_erroring_network_gives_error_rows_and_sweep_continues(tmp_path):
+    broken, good = write_broken(tmp_path), write_net(tmp_path, "good", width=4)
+    cfg = load_config(write_config(tmp_path))
+    summary = profile_local(cfg, "local", [broken, good], progress=False)
+    rows = results.read_rows(summary.csv_path)
+    got = [(r["network"], r["batch_size"], r["status"]) for r in rows]
+    assert got == [("broken", "1", "error"), ("broken", "2", "error"), ("good", "1", "ok"), ("good", "2", "ok")]
+    assert "groups" in rows[0]["message"] and "\n" not in rows[0]["message"]
+    assert rows[1]["message"].startswith("not run:")  # a build failure is not retried at every batch size
+    assert summary.error == 2 and len(summary.errors) == 2
+
+
+def test_timeout_gives_error_row(tmp_path):
+    net = write_net(tmp_path, "slow")
+    plan = TestPlan(device="local", networks=[net.name], batch_sizes=[1], timeout_s=0.3, output="m.csv")
+    plan_path = save_plan(plan, tmp_path / "plan.json")
+    events = run_plan_subprocess(plan_path)
+    (row,) = results.read_rows(tmp_path / "m.csv")
+    assert row["status"] == "error" and row["message"] == "timed out after 0.3 s"
+    assert events[-1] == {"event": "done", "summary": {"ok": 0, "oom": 0, "skipped_after_oom": 0, "error": 1,
+                                                       "already_measured": 0}, "wall_s": events[-1]["wall_s"],
+                          "csv": str(tmp_path / "m.csv")}
+
+
+def test_tiny_limit_ooms_at_first_batch_without_spending_the_timeout(tmp_path):
+    net = write_net(tmp_path, "tiny")
+    plan = TestPlan(device="d", networks=[str(net)], batch_sizes=[1, 2, 4], memory_limit_mb=64, output="m.csv")
+    counts = run_plan(save_plan(plan, tmp_path / "plan.json"), emit=lambda e: None)
+    assert counts["oom"] == 1 and counts["skipped_after_oom"] == 2
+    # the oom row on disk stops the network on a rerun too
+    assert run_plan(tmp_path / "plan.json", emit=lambda e: None)["already_measured"] == 3
+
+
+def test_device_side_modules_import_no_host_libraries():
+    code = ("import sys, perf4sight.profiling.runner, perf4sight.profiling.child, perf4sight.profiling.backends.cpu;"
+            "import perf4sight.ir.to_torch;"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'pandas', 'sklearn', 'torchvision', 'rich'}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    light = subprocess.run([sys.executable, "-c", "import sys, perf4sight.profiling.runner; print('torch' in sys.modules)"],
+                           cwd=ROOT, capture_output=True, text=True, check=True)
+    assert light.stdout.strip() == "False"  # the runner stays small: children inherit its peak RSS
+
+
+def test_plan_round_trip_and_errors(tmp_path):
+    cfg = load_config(write_config(tmp_path, memory_limit_mb=900))
+    net = write_net(tmp_path, "n")
+    plan = make_plan(cfg, "local", [net], relative_to=tmp_path)
+    assert plan.networks == ["n.json"] and plan.memory_limit_mb == 900 and plan.threads == 1
+    path = save_plan(plan, tmp_path / "plan.json")
+    assert load_plan(path) == plan
+    bad = tmp_path / "bad.json"
+    for raw, needle in [({"device": "d", "batch_sizes": [4, 2]}, "ascending"), ({"device": "d", "batch": [1]}, "unknown"),
+                        ({"device": "d", "timeout_s": "1"}, "wrong type"), ({"batch_sizes": [1]}, "device")]:
+        bad.write_text(json.dumps(raw))
+        with pytest.raises(UserError, match=needle):
+            load_plan(bad)
+    with pytest.raises(UserError, match="not found"):
+        make_plan(cfg, "local", [tmp_path / "missing.json"])
+    with pytest.raises(UserError, match="unknown device"):
+        make_plan(cfg, "nowhere", [net])
+    with pytest.raises(UserError, match="unknown backend"):
+        get_backend(TestPlan(device="d", backend="tpu"))
+
+
+def test_duplicate_network_names_are_refused(tmp_path):
+    a = write_net(tmp_path, "same")
+    b = tmp_path / "copy.json"
+    b.write_text(a.read_text())
+    plan_path = save_plan(TestPlan(device="d", networks=[str(a), str(b)]), tmp_path / "plan.json")
+    with pytest.raises(UserError, match="both named 'same'"):
+        run_plan(plan_path, emit=lambda e: None)
+
+
+def test_latency_stats_and_oom_mapping():
+    s = latency_stats([4.0, 1.0, 3.0, 2.0, 5.0])
+    assert (s["latency_ms_median"], s["latency_ms_mean"], s["timed_steps"]) == (3.0, 3.0, 5)
+    assert s["latency_ms_p10"] == pytest.approx(1.4) and s["latency_ms_p90"] == pytest.approx(4.6)
+    assert s["latency_ms_std"] == pytest.approx(2 ** 0.5, abs=1e-4)
+    backend = get_backend(TestPlan(device="d"))
+    assert backend.is_oom(MemoryError())
+    assert backend.is_oom(RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory"))
+    assert not backend.is_oom(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
