@@ -41,13 +41,14 @@ def run(stage: str, cfg: Config, args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- inputs shared by stages
 
 def dataset_descriptions(cfg: Config) -> list[Path]:
-    """The networks the profile stage measures: what the networks stage wrote, plus extra files."""
-    found: list[Path] = []
-    for sub in ("pruned", "generated"):
-        found += sorted((cfg.models_dir / sub).rglob("*.json"))
+    """The networks the profile stage measures: the networks stage's manifest, plus extra files."""
+    from perf4sight.networks.build import read_manifest
+
+    manifest = cfg.models_dir / "manifest.csv"
+    found = [cfg.models_dir / r["path"] for r in read_manifest(manifest)] if manifest.is_file() else []
     found += [cfg.resolve(f) for f in cfg.networks.description_files]
     if not found:
-        raise UserError(f"no network descriptions under {cfg.models_dir}: run --stage networks first")
+        raise UserError(f"no network descriptions: {manifest} is missing (run --stage networks first)")
     return found
 
 
@@ -113,33 +114,16 @@ def run_networks(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def run_profile(cfg: Config, args: argparse.Namespace) -> int:
-    from perf4sight.profiling.local import profile_local
+    from perf4sight.profiling.fleet import format_summaries, profile_devices
 
     descriptions = dataset_descriptions(cfg)
     names = args.device or cfg.profile.devices or list(cfg.devices)
     for name in names:
         cfg.device(name)
-    local = [n for n in names if not cfg.devices[n].host]
-    remote = [n for n in names if cfg.devices[n].host]
-    summaries: dict[str, dict] = {}
-    for name in local:
-        summaries[name] = dict(profile_local(cfg, name, descriptions))
-    if remote:
-        from perf4sight.profiling.fleet import profile_devices
-
-        summaries.update(profile_devices(cfg, remote, descriptions))
-    table = Table(title="profile summary")
-    for col in ("device", "ok", "oom", "skipped_after_oom", "error", "already measured", "outcome"):
-        table.add_column(col)
-    failed = False
-    for name, s in summaries.items():
-        outcome = s.get("outcome", "done")
-        failed |= outcome not in ("done", "ok")
-        table.add_row(name, *(str(s.get(k, 0)) for k in ("ok", "oom", "skipped_after_oom", "error")),
-                      str(s.get("already_measured", s.get("skipped_existing", 0))), str(outcome))
-    console.print(table)
+    summaries = profile_devices(cfg, names, descriptions)
+    console.print(format_summaries(summaries), markup=False)
     console.print(f"measurements: {cfg.profiling_dir}/<device>/measurements.csv")
-    return 1 if failed else 0
+    return 0 if all(s.status == "done" for s in summaries) else 1
 
 
 def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
@@ -217,18 +201,14 @@ def run_import(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def run_check(cfg: Config, args: argparse.Namespace) -> int:
-    from perf4sight.profiling.fleet import check_devices
+    from perf4sight.profiling.fleet import check_devices, format_checks
 
     names = args.device or list(cfg.devices)
-    reports = check_devices(cfg, names)
-    table = Table(title="devices")
-    keys = sorted({k for r in reports for k in r})
-    for k in keys:
-        table.add_column(k)
-    for r in reports:
-        table.add_row(*(str(r.get(k, "")) for k in keys))
-    console.print(table)
-    return 0 if all(r.get("reachable", True) for r in reports) else 1
+    for name in names:
+        cfg.device(name)
+    checks = check_devices(cfg, names)
+    console.print(format_checks(checks), markup=False)
+    return 0 if all(c.ok for c in checks) else 1
 
 
 STAGES: dict[str, Callable[[Config, argparse.Namespace], int]] = {

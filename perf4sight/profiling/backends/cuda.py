@@ -1,0 +1,109 @@
+"""What every CUDA backend shares: CUDA-event timing, allocator peaks, CUDA OOM (device side).
+
+``gpu_index`` is the CUDA device index. Times in milliseconds, memory in MiB (2**20 bytes).
+Subclasses add device-wide readings by overriding :meth:`CudaBackend.read_device`, which a
+:class:`Sampler` calls every ``sample_interval_s`` during the warm-up and timed steps.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+from perf4sight.profiling.backends.base import Backend
+from perf4sight.profiling.backends.sampling import Reading, Sampler
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["CudaBackend", "MIB"]
+
+MIB = 2**20
+
+
+class CudaBackend(Backend):
+    """Training steps on CUDA device ``plan.gpu_index``, timed with CUDA events."""
+
+    name = "cuda"
+    protocol = "cuda_events"
+    sample_interval_s = 0.01
+
+    def __init__(self, plan) -> None:
+        super().__init__(plan)
+        self.sampler: Sampler | None = None
+
+    def prepare(self) -> None:
+        super().prepare()
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"backend '{self.name}': torch {torch.__version__} sees no CUDA device")
+        if self.plan.gpu_index >= torch.cuda.device_count():
+            raise RuntimeError(f"backend '{self.name}': gpu_index {self.plan.gpu_index} but only "
+                               f"{torch.cuda.device_count()} CUDA device(s)")
+        torch.cuda.set_device(self.plan.gpu_index)
+
+    @property
+    def device(self) -> "torch.device":
+        import torch
+
+        return torch.device("cuda", self.plan.gpu_index)
+
+    def synchronize(self) -> None:
+        import torch
+
+        torch.cuda.synchronize(self.device)
+
+    def reset_peaks(self) -> None:
+        import torch
+
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def time_step(self, step: Callable[[], None]) -> float:
+        """One step between two CUDA events on the current stream; milliseconds."""
+        import torch
+
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        end.synchronize()
+        return float(start.elapsed_time(end))
+
+    def read_device(self) -> Reading:
+        """Device-wide readings for the sampler (memory in MiB, utilisation in %, power in W)."""
+        return {}
+
+    def measure(self, step: Callable[[], None], warmup_steps: int, timed_steps: int) -> dict[str, Any]:
+        """Base measurement (events, allocator peaks) plus :meth:`sampled_columns` of the readings."""
+        self.sampler = Sampler(self.read_device, self.sample_interval_s).start()
+        try:
+            row = super().measure(step, warmup_steps, timed_steps)
+        finally:
+            self.sampler.stop()
+        row.update(self.sampled_columns(self.sampler))
+        return row
+
+    def sampled_columns(self, sampler: Sampler) -> dict[str, Any]:
+        """Columns from the device readings taken during the steps (peaks of memory, means of the rest)."""
+        return {}
+
+    def memory_columns(self) -> dict[str, Any]:
+        """Allocator peaks since :meth:`reset_peaks` (read before the sampler stops)."""
+        import torch
+
+        return {"torch_alloc_peak_mb": round(torch.cuda.max_memory_allocated(self.device) / MIB, 2),
+                "torch_reserved_peak_mb": round(torch.cuda.max_memory_reserved(self.device) / MIB, 2)}
+
+    def is_oom(self, exc: BaseException) -> bool:
+        import torch
+
+        if isinstance(exc, torch.cuda.OutOfMemoryError):
+            return True
+        text = str(exc)
+        return super().is_oom(exc) or any(s in text for s in ("CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED",
+                                                              "NvMapMemAlloc"))
+
+    def device_model(self) -> str:
+        import torch
+
+        return torch.cuda.get_device_name(self.device)

@@ -1,0 +1,204 @@
+"""Several devices at once: ``check_devices`` and ``profile_devices`` (the public API of issue 4).
+
+Each SSH device is handled by its own thread (:class:`RemoteProfiler`); one failing device
+never stops the others, and the result is one summary per device. Devices without a host are
+the local machine and go through the local runner. Progress is drawn with one rich progress
+bar per device when ``show_progress`` is true. Times in seconds, disk in MiB.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from perf4sight.config import Config, DeviceConfig
+from perf4sight.errors import UserError
+from perf4sight.profiling.remote import DeviceSummary, RemoteProfiler, known_hosts_path
+from perf4sight.profiling.ssh import CONNECTION_ERRORS, Remote
+
+__all__ = ["DeviceCheck", "check_devices", "profile_devices", "format_checks", "format_summaries"]
+
+_PROBE = Path(__file__).with_name("probe.py")
+
+
+@dataclass
+class DeviceCheck:
+    """What ``check`` found on one device; ``ok`` = reachable, torch and backend library present."""
+    device: str
+    backend: str
+    where: str
+    reachable: bool = False
+    ok: bool = False
+    message: str = ""
+    facts: dict[str, Any] = field(default_factory=dict)  # python, torch, cuda, backend_library_version, free_disk_mb
+
+
+def _selected(cfg: Config, names: Sequence[str] | None) -> list[DeviceConfig]:
+    chosen = list(names or cfg.profile.devices or cfg.devices)
+    return [cfg.device(n) for n in chosen]
+
+
+def _judge(check: DeviceCheck) -> DeviceCheck:
+    f = check.facts
+    problems = []
+    if not f.get("torch"):
+        problems.append(f"torch not importable ({f.get('torch_error', '')})")
+    if f.get("backend_library") and not f.get("backend_library_version"):
+        problems.append(f"{f['backend_library']} not importable ({f.get('backend_library_error', '')})")
+    if check.backend == "nvml" and f.get("torch") and not f.get("cuda"):
+        problems.append("torch sees no CUDA device")
+    if check.backend == "jetson" and f.get("backend_library_version") and not f.get("jtop_service"):
+        check.message = "jtop service not active: rows will carry /proc/meminfo memory only"
+    check.ok = not problems
+    if problems:
+        check.message = "; ".join(problems)
+    return check
+
+
+def _check_one(cfg: Config, dev: DeviceConfig, timeout_s: float) -> DeviceCheck:
+    src = _PROBE.read_text()
+    if not dev.host:
+        check = DeviceCheck(dev.name, dev.backend, "local", reachable=True)
+        done = subprocess.run([sys.executable, "-c", src, dev.backend, dev.workdir], capture_output=True, text=True,
+                              timeout=max(timeout_s, 120))
+        out, err, rc = done.stdout, done.stderr, done.returncode
+    else:
+        remote = Remote(dev, known_hosts_path(cfg, dev), timeout_s=timeout_s)
+        check = DeviceCheck(dev.name, dev.backend, remote.where)
+        try:
+            with remote:
+                check.reachable = True
+                python = remote.expand(dev.python) if dev.python.startswith("~") else dev.python
+                res = remote.run([python, "-c", src, dev.backend, dev.workdir], timeout_s=120)
+                out, err, rc = res.stdout, res.stderr, res.rc
+        except UserError as exc:
+            check.message = str(exc)
+            return check
+        except CONNECTION_ERRORS as exc:
+            check.message = f"device '{dev.name}': connection lost during check: {exc}"
+            return check
+    try:
+        check.facts = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        check.message = f"python '{dev.python}' did not run the probe (exit {rc}): {' '.join(err.split())[-300:]}"
+        return check
+    return _judge(check)
+
+
+def check_devices(cfg: Config, names: Sequence[str] | None = None, timeout_s: float = 10.0) -> list[DeviceCheck]:
+    """Probe the named devices (default: [profile] devices, else all) in parallel; never raises per device."""
+    devices = _selected(cfg, names)
+    with ThreadPoolExecutor(max_workers=max(1, len(devices))) as pool:
+        return list(pool.map(lambda d: _check_one(cfg, d, timeout_s), devices))
+
+
+def _bars():
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("{task.fields[note]}"))
+
+
+def _profile_local(cfg: Config, dev: DeviceConfig, descriptions: Sequence[Path], progress) -> DeviceSummary:
+    """A local device goes through the local runner (``perf4sight.profiling.local.profile_local``)."""
+    from perf4sight.profiling.local import profile_local
+
+    def on_event(event: dict) -> None:
+        if event.get("event") in ("row", "already"):
+            progress(dev.name, int(event["index"]), int(event["total"]), str(event.get("network", "")))
+
+    t0 = time.monotonic()
+    try:
+        local = profile_local(cfg, dev.name, list(descriptions), progress=on_event)
+    except UserError as exc:
+        return DeviceSummary(dev.name, "failed", message=str(exc), elapsed_s=round(time.monotonic() - t0, 2))
+    summary = DeviceSummary(dev.name, "done", new_rows=local.new_rows, elapsed_s=round(time.monotonic() - t0, 2))
+    summary.counts = {"ok": local.ok, "oom": local.oom, "skipped_after_oom": local.skipped_after_oom,
+                      "error": local.error}
+    summary.rows = local.new_rows + local.already_measured
+    summary.expected = summary.rows
+    if local.errors:
+        summary.message = "; ".join(local.errors[:3])
+    return summary
+
+
+def profile_devices(cfg: Config, names: Sequence[str] | None, descriptions: Sequence[str | Path], *,
+                    show_progress: bool = True, **follow: Any) -> list[DeviceSummary]:
+    """Profile ``descriptions`` (network description files) on every named device at once.
+
+    ``follow`` tunes the SSH follower (``poll_s``, ``status_every_s``, ``connect_timeout_s``,
+    ``reconnect_timeout_s``, ``max_restarts``; see RemoteProfiler). Rows land in
+    ``<profiling_dir>/<device>/measurements.csv``. Returns one summary per device, in order.
+    """
+    devices = _selected(cfg, names)
+    descs = [Path(d) for d in descriptions]
+    missing = [str(d) for d in descs if not d.is_file()]
+    if missing:
+        raise UserError(f"network description not found: {missing[0]}")
+    bars = _bars() if show_progress else None
+    tasks: dict[str, Any] = {}
+    lock = threading.Lock()
+
+    def progress(device: str, done: int, total: int, note: str) -> None:
+        if bars is None:
+            return
+        with lock:
+            if done >= 0:
+                bars.update(tasks[device], completed=done, total=total, note=note)
+            else:
+                bars.update(tasks[device], note=note)
+
+    def one(dev: DeviceConfig) -> DeviceSummary:
+        try:
+            if not dev.host:
+                return _profile_local(cfg, dev, descs, progress)
+            return RemoteProfiler(cfg, dev, descs, progress=progress, **follow).run()
+        except UserError as exc:  # e.g. an unreadable description: this device fails, the others go on
+            return DeviceSummary(dev.name, "failed", message=str(exc))
+        except Exception as exc:  # noqa: BLE001 - a bug on one device must not take down the others
+            return DeviceSummary(dev.name, "failed", message=f"device '{dev.name}': {type(exc).__name__}: {exc}")
+
+    if bars is not None:
+        for dev in devices:
+            tasks[dev.name] = bars.add_task(dev.name, total=None, note="")
+        bars.start()
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, len(devices))) as pool:
+            return list(pool.map(one, devices))
+    finally:
+        if bars is not None:
+            bars.stop()
+
+
+def format_checks(checks: Sequence[DeviceCheck]) -> str:
+    """One line per device for the CLI."""
+    lines = []
+    for c in checks:
+        f = c.facts
+        state = "ok" if c.ok else ("reachable" if c.reachable else "UNREACHABLE")
+        facts = (f"python {f.get('python', '?')}, torch {f.get('torch') or 'missing'}"
+                 f"{', cuda' if f.get('cuda') else ''}, {f.get('backend_library') or 'no backend library'}"
+                 f" {f.get('backend_library_version') or ''}".rstrip() + f", free disk {f.get('free_disk_mb', '?')} MiB"
+                 ) if f else ""
+        lines.append(f"{c.device} [{c.backend}] {c.where}: {state}" + (f"; {facts}" if facts else "")
+                     + (f" — {c.message}" if c.message else ""))
+    return "\n".join(lines)
+
+
+def format_summaries(summaries: Sequence[DeviceSummary]) -> str:
+    """One line per device: what happened, rows pulled, statuses."""
+    lines = []
+    for s in summaries:
+        counts = ", ".join(f"{k} {v}" for k, v in s.counts.items() if v)
+        extra = "".join([f", {s.reconnects} reconnects" if s.reconnects else "",
+                         f", {s.restarts} restarts" if s.restarts else ""])
+        lines.append(f"{s.device}: {s.status} — {s.rows}/{s.expected} rows ({s.new_rows} new{extra})"
+                     + (f" [{counts}]" if counts else "") + (f" — {s.message}" if s.message else ""))
+    return "\n".join(lines)
+

@@ -1,0 +1,53 @@
+"""What a device offers, printed as one JSON line (runs on the device; standard library only).
+
+Sent as ``python -c <this source> BACKEND WORKDIR`` by ``check``: nothing needs to be installed
+first. Reports Python and torch versions, CUDA, the backend's library (``pynvml`` for nvml,
+``jtop`` and its service for jetson), and free disk space (MiB) where the work folder is
+(or would be).
+"""
+import json
+import os
+import platform
+import shutil
+import sys
+
+
+def _version(module_name):
+    try:
+        mod = __import__(module_name)
+    except Exception as exc:  # noqa: BLE001 - any import failure means "not usable"
+        return None, "%s: %s" % (type(exc).__name__, exc)
+    return str(getattr(mod, "__version__", "") or "present"), ""
+
+
+def probe(backend, workdir):
+    out = {"python": platform.python_version(), "executable": sys.executable, "machine": platform.machine(),
+           "hostname": platform.node()}
+    out["torch"], out["torch_error"] = _version("torch")
+    if out["torch"]:
+        import torch
+        out["cuda"] = bool(torch.cuda.is_available())
+    lib = {"cpu": None, "nvml": "pynvml", "jetson": "jtop"}.get(backend)
+    out["backend_library"] = lib or ""
+    if lib:
+        out["backend_library_version"], out["backend_library_error"] = _version(lib)
+    if backend == "jetson" and out.get("backend_library_version"):
+        try:
+            from jtop import jtop
+            with jtop() as jetson:
+                out["jtop_service"] = bool(jetson.ok())
+        except Exception as exc:  # noqa: BLE001 - JtopException and socket errors alike
+            out["jtop_service"] = False
+            out["backend_library_error"] = " ".join(str(exc).split())
+    path = os.path.expanduser(workdir)
+    while path and not os.path.exists(path):
+        path = os.path.dirname(path.rstrip("/")) or "/"
+    try:
+        out["free_disk_mb"] = round(shutil.disk_usage(path or "/").free / 2**20, 1)
+    except OSError as exc:
+        out["free_disk_mb"], out["disk_error"] = None, str(exc)
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(probe(sys.argv[1] if len(sys.argv) > 1 else "cpu", sys.argv[2] if len(sys.argv) > 2 else "~")))

@@ -1,0 +1,103 @@
+"""Copy measurement rows from a device's CSV into the local one, each key exactly once.
+
+The remote CSV only grows (the runner appends and fsyncs one row at a time), so the puller
+keeps a byte offset and reads what is new. Only *complete* CSV records are consumed — a row
+being written, or torn by a crash, waits or is dropped — and a row is appended locally only
+if its key (device, network, batch size, input shape, phase) is not there yet. Re-reading
+from offset 0 after a reconnect or restart is therefore harmless.
+"""
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Callable
+
+from perf4sight.profiling import results
+
+__all__ = ["complete_records", "parse_records", "CsvPuller", "rows_to_csv"]
+
+
+def complete_records(buf: bytes) -> int:
+    """Length of the longest prefix of ``buf`` that ends a CSV record (a newline outside quotes)."""
+    end, quoted = 0, False
+    for i, byte in enumerate(buf):
+        if byte == 0x22:  # '"': doubled quotes toggle twice, which leaves the state unchanged
+            quoted = not quoted
+        elif byte == 0x0A and not quoted:
+            end = i + 1
+    return end
+
+
+def parse_records(chunk: bytes, header: list[str] | None) -> tuple[list[str] | None, list[dict[str, str]]]:
+    """Rows of a chunk of complete records; the first record is the header when ``header`` is None.
+
+    Records whose field count differs from the header's, or that lack a valid status or a
+    timestamp (torn rows), are dropped.
+    """
+    records = list(csv.reader(io.StringIO(chunk.decode("utf-8", errors="replace"), newline="")))
+    if header is None and records:
+        header, records = records[0], records[1:]
+    rows = []
+    for rec in records:
+        if header is None or len(rec) != len(header):
+            continue
+        row = dict(zip(header, rec))
+        if row.get("status") in results.STATUSES and row.get("timestamp"):
+            rows.append({k: v for k, v in row.items() if k in results.COLUMNS})
+    return header, rows
+
+
+def rows_to_csv(rows: list[dict[str, str]], with_header: bool) -> bytes:
+    """Rows in the exact format ``results.append_row`` writes (CRLF records)."""
+    buf = io.StringIO(newline="")
+    writer = csv.DictWriter(buf, fieldnames=results.COLUMNS, extrasaction="ignore")
+    if with_header:
+        writer.writeheader()
+    for row in rows:
+        writer.writerow({k: row.get(k, "") for k in results.COLUMNS})
+    return buf.getvalue().encode()
+
+
+class CsvPuller:
+    """Incremental, duplicate-free copy of one remote CSV into ``local``.
+
+    ``read_from(offset) -> bytes`` and ``size() -> int | None`` access the remote file.
+    """
+
+    def __init__(self, local: Path) -> None:
+        self.local = Path(local)
+        self.keys = results.measured_keys(results.read_rows(self.local))
+        self.offset = 0
+        self.header: list[str] | None = None
+        self.remote_keys: set[tuple[str, str, str, str, str]] = set()
+
+    def reset(self) -> None:
+        """Forget the position (after the remote file was replaced); the next pull re-reads it all."""
+        self.offset, self.header = 0, None
+        self.remote_keys = set()
+
+    def pull(self, size: Callable[[], int | None], read_from: Callable[[int], bytes]) -> list[dict[str, str]]:
+        """Append new complete remote rows whose key is not local yet; returns those rows."""
+        n = size()
+        if n is None:
+            return []
+        if n < self.offset:
+            self.reset()
+        if n == self.offset:
+            return []
+        data = read_from(self.offset)
+        end = complete_records(data)
+        if end == 0:
+            return []
+        self.header, rows = parse_records(data[:end], self.header)
+        self.offset += end
+        fresh = []
+        for row in rows:
+            key = results.row_key(row)
+            self.remote_keys.add(key)
+            if key not in self.keys:
+                results.append_row(self.local, row)
+                self.keys.add(key)
+                fresh.append(row)
+        return fresh

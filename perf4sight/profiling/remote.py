@@ -1,0 +1,296 @@
+"""Profile one SSH device: ship the runner, start it detached, follow it, pull its rows back.
+
+Remote layout, under the device's ``workdir`` (``~`` = the login user's home)::
+
+    <workdir>/<device name>/code-<hash>/perf4sight/...  the runner and what it imports (no model code)
+    <workdir>/<device name>/nets/<sha>.json      the network descriptions (named by content hash)
+    <workdir>/<device name>/plan.json            the test plan
+    <workdir>/<device name>/measurements.csv     rows, appended by the runner
+    <workdir>/<device name>/run.json|run.exit|run.log   the detached run (see detach.py)
+
+The run survives a dropped SSH connection (it is detached); the follower reconnects and
+carries on. A rerun after a device crash or reboot resumes: rows already on the device or
+already pulled are not measured again (local rows missing on the device are written back to
+its CSV before the start), and the local CSV never gets a key twice. Times in seconds.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Callable, Sequence
+
+import perf4sight
+from perf4sight.config import Config, DeviceConfig
+from perf4sight.errors import UserError
+from perf4sight.ir.schema import load_description
+from perf4sight.profiling import results
+from perf4sight.profiling.local import make_plan
+from perf4sight.profiling.pull import CsvPuller, parse_records, rows_to_csv
+from perf4sight.profiling.ssh import CONNECTION_ERRORS, DeviceError, HostKeyError, Remote, default_known_hosts
+
+__all__ = ["DeviceSummary", "RemoteProfiler", "code_files", "expected_keys", "remote_dir_name", "known_hosts_path"]
+
+Progress = Callable[[str, int, int, str], None]  # (device, done, total, note)
+
+#: Host-side modules that never go to a device.
+_HOST_ONLY = {"ssh.py", "remote.py", "fleet.py", "pull.py", "probe.py", "local.py"}
+
+
+@dataclass
+class DeviceSummary:
+    """How profiling one device ended. ``status``: done | failed | unreachable."""
+    device: str
+    status: str
+    message: str = ""
+    new_rows: int = 0
+    rows: int = 0          # plan keys present locally at the end
+    expected: int = 0      # plan keys (networks x batch sizes)
+    counts: dict[str, int] = field(default_factory=dict)  # status -> rows of this plan
+    reconnects: int = 0
+    restarts: int = 0
+    elapsed_s: float = 0.0
+
+
+def known_hosts_path(cfg: Config, dev: DeviceConfig) -> Path:
+    """The known_hosts file a device is checked against (config-relative path, else ~/.ssh/known_hosts)."""
+    return cfg.resolve(dev.known_hosts) if dev.known_hosts else default_known_hosts()
+
+
+def remote_dir_name(device: str) -> str:
+    """The device's folder name under its workdir: the name itself, unless it cannot be one."""
+    if device in ("", ".", "..") or "/" in device or any(ord(c) < 32 for c in device):
+        return "device-" + hashlib.sha256(device.encode()).hexdigest()[:12]
+    return device
+
+
+def code_files() -> list[tuple[Path, str]]:
+    """(local file, path relative to code/) of every module the runner needs on a device."""
+    root = Path(perf4sight.__file__).resolve().parent
+    wanted = [root / "__init__.py", root / "errors.py", root / "ir" / "__init__.py", root / "ir" / "schema.py",
+              root / "ir" / "to_torch.py"]
+    wanted += sorted(p for p in (root / "profiling").rglob("*.py") if p.name not in _HOST_ONLY)
+    return [(p, str(PurePosixPath("perf4sight") / p.relative_to(root).as_posix())) for p in wanted if p.is_file()]
+
+
+def expected_keys(device: str, descriptions: Sequence[Path], batch_sizes: Sequence[int]) -> set[tuple]:
+    """Measurement keys the plan will produce, as ``results.row_key`` spells them."""
+    keys = set()
+    for path in descriptions:
+        desc = load_description(path)
+        shape = "x".join(str(s) for s in desc.input_shape)
+        keys |= {results.row_key({"device": device, "network": desc.name, "batch_size": bs,
+                                  "input_shape": shape, "phase": "train"}) for bs in batch_sizes}
+    return keys
+
+
+class RemoteProfiler:
+    """Runs the whole campaign on one SSH device; :meth:`run` never raises for device problems."""
+
+    def __init__(self, cfg: Config, dev: DeviceConfig, descriptions: Sequence[Path], *,
+                 progress: Progress | None = None, poll_s: float = 1.0, status_every_s: float = 10.0,
+                 connect_timeout_s: float = 10.0, reconnect_timeout_s: float = 300.0, max_restarts: int = 2) -> None:
+        self.cfg, self.dev = cfg, dev
+        self.descriptions = [Path(d) for d in descriptions]
+        self.progress = progress or (lambda *a: None)
+        self.poll_s, self.status_every_s = poll_s, status_every_s
+        self.reconnect_timeout_s, self.max_restarts = reconnect_timeout_s, max_restarts
+        self.remote = Remote(dev, known_hosts_path(cfg, dev), timeout_s=connect_timeout_s)
+        self.local_csv = results.results_path(cfg.profiling_dir, dev.name)
+        self.summary = DeviceSummary(dev.name, "failed")
+        self.expected = expected_keys(dev.name, self.descriptions, cfg.profile.batch_sizes)
+        self.summary.expected = len(self.expected)
+        self.puller = CsvPuller(self.local_csv)
+        self.run_dir = ""
+        self.code_dir = ""
+
+    # -- paths and commands -----------------------------------------------------------------
+    def _path(self, *parts: str) -> str:
+        return str(PurePosixPath(self.run_dir, *parts))
+
+    def _python(self) -> str:
+        py = self.dev.python or "python3"
+        return self.remote.expand(py) if py.startswith("~") else py
+
+    def _detach(self, *args: str, timeout_s: float = 60.0) -> dict:
+        argv = ["env", f"PYTHONPATH={self.code_dir}", self._python(), "-m", "perf4sight.profiling.detach",
+                args[0], self.run_dir, *args[1:]]
+        res = self.remote.run(argv, timeout_s=timeout_s)
+        if res.rc != 0:
+            raise DeviceError(f"device '{self.dev.name}': {args[0]} failed (exit {res.rc}): "
+                              f"{' '.join((res.stderr or res.stdout).split())[-300:]}")
+        try:
+            return json.loads(res.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise DeviceError(f"device '{self.dev.name}': unexpected answer from detach: {res.stdout[-200:]!r}") from None
+
+    # -- steps ------------------------------------------------------------------------------
+    def _ship_code(self) -> None:
+        """The runner's modules into ``code-<hash>/`` (skipped when already there): a live run keeps its own copy."""
+        r = self.remote
+        files = code_files()
+        manifest = hashlib.sha256(b"".join(rel.encode() + p.read_bytes() for p, rel in files)).hexdigest()
+        self.code_dir = self._path(f"code-{manifest[:12]}")
+        if (r.read_text(f"{self.code_dir}/MANIFEST") or "").strip() == manifest:
+            return
+        for local, rel in files:
+            r.makedirs(str(PurePosixPath(self.code_dir, rel).parent))
+            r.put_file(local, f"{self.code_dir}/{rel}")
+        r.put_bytes(manifest.encode() + b"\n", f"{self.code_dir}/MANIFEST")
+
+    def _ship(self) -> None:
+        """Descriptions (named by content hash) and the plan, over SFTP."""
+        r = self.remote
+        r.makedirs(self._path("nets"))
+        nets = []
+        for path in self.descriptions:
+            data = path.read_bytes()
+            name = f"nets/{hashlib.sha256(data).hexdigest()[:16]}.json"
+            if r.size(self._path(name)) != len(data):
+                r.put_bytes(data, self._path(name))
+            nets.append(name)
+        plan = make_plan(self.cfg, self.dev.name, self.descriptions)
+        plan.networks = nets  # shipped next to the plan, named by content
+        plan.validate()
+        r.put_bytes((json.dumps(plan.to_dict(), indent=1) + "\n").encode(), self._path("plan.json"))
+
+    def _pull(self) -> int:
+        csv_path = self._path("measurements.csv")
+        fresh = self.puller.pull(lambda: self.remote.size(csv_path), lambda off: self.remote.read_from(csv_path, off))
+        self.summary.new_rows += len(fresh)
+        done = len(self.expected & self.puller.keys)
+        self.progress(self.dev.name, done, len(self.expected), fresh[-1]["network"] if fresh else "")
+        return len(fresh)
+
+    def _seed_remote(self) -> None:
+        """Write local rows of this plan that the device's CSV lacks back into it (no run active)."""
+        missing = [row for row in results.read_rows(self.local_csv)
+                   if results.row_key(row) in self.expected and results.row_key(row) not in self.puller.remote_keys]
+        if not missing:
+            return
+        csv_path = self._path("measurements.csv")
+        current = self.remote.read_from(csv_path, 0)
+        header, _ = parse_records(current, None) if current else (None, [])
+        if current and header != results.COLUMNS:
+            raise DeviceError(f"device '{self.dev.name}': {csv_path} has unexpected columns; move it away and rerun")
+        if current and not current.endswith(b"\n"):
+            current += b"\r\n"
+        self.remote.put_bytes(current + rows_to_csv(missing, with_header=not current), csv_path)
+        self.puller.reset()
+
+    def _start(self) -> None:
+        cmd = [self._python(), "-m", "perf4sight.profiling.runner", self._path("plan.json")]
+        state = self._detach("start", "--", "env", f"PYTHONPATH={self.code_dir}", *cmd)
+        if state.get("state") not in ("started", "running"):
+            raise DeviceError(f"device '{self.dev.name}': could not start the run: {state}")
+
+    def _reconnect(self) -> None:
+        """Reconnect until ``reconnect_timeout_s``; HostKeyError is never retried."""
+        self.remote.close()
+        deadline = time.monotonic() + self.reconnect_timeout_s
+        delay = 0.5
+        while True:
+            try:
+                self.remote.connect()
+                self.summary.reconnects += 1
+                return
+            except HostKeyError:
+                raise
+            except DeviceError as exc:
+                if time.monotonic() > deadline:
+                    raise DeviceError(f"{exc} (gave up reconnecting after {self.reconnect_timeout_s:g} s)") from None
+                self.progress(self.dev.name, -1, len(self.expected), "reconnecting")
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def _follow(self) -> dict:
+        """Pull rows until run.exit appears; reconnect on drops, restart a dead run (bounded)."""
+        last_status = time.monotonic()
+        while True:
+            try:
+                if not self.remote.alive:
+                    self._reconnect()
+                    last_status = 0.0  # check liveness right after a reconnect
+                self._pull()
+                ended = self.remote.read_text(self._path("run.exit"))
+                if ended is not None:
+                    self._pull()
+                    return json.loads(ended)
+                if time.monotonic() - last_status >= self.status_every_s:
+                    last_status = time.monotonic()
+                    state = self._detach("status")
+                    if state["state"] == "finished":
+                        continue
+                    if state["state"] in ("dead", "none"):
+                        if self.summary.restarts >= self.max_restarts:
+                            raise DeviceError(f"device '{self.dev.name}': the run died {self.summary.restarts + 1} "
+                                              f"times (last log: {self._log_tail()})")
+                        self.summary.restarts += 1
+                        self._pull()
+                        self._start()
+                time.sleep(self.poll_s)
+            except CONNECTION_ERRORS as exc:
+                if self.remote.alive and isinstance(exc, OSError) and not isinstance(exc, socket.timeout):
+                    raise DeviceError(f"device '{self.dev.name}': {exc}") from None  # a file problem, not a drop
+                self.remote.close()
+
+    def _log_tail(self) -> str:
+        try:
+            text = self.remote.read_text(self._path("run.log")) or ""
+        except CONNECTION_ERRORS:
+            return "unavailable"
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        for line in reversed(lines):
+            try:
+                event = json.loads(line)
+            except ValueError:
+                return " ".join(line.split())[-300:]
+            if event.get("event") == "error":
+                return str(event.get("message", ""))[-300:]
+        return " ".join(lines[-1].split())[-300:] if lines else "empty"
+
+    def run(self) -> DeviceSummary:
+        """The whole campaign for this device; the summary says how it ended."""
+        t0 = time.monotonic()
+        s = self.summary
+        try:
+            try:
+                self.remote.connect()
+            except HostKeyError:
+                raise
+            except DeviceError as exc:
+                s.status = "unreachable"
+                raise exc
+            self.run_dir = str(PurePosixPath(self.remote.expand(self.dev.workdir), remote_dir_name(self.dev.name)))
+            self.remote.makedirs(self.run_dir)
+            self._ship_code()
+            while True:
+                state = self._detach("status")
+                if state["state"] != "running":
+                    break
+                self.progress(self.dev.name, -1, len(self.expected), "attaching to a running campaign")
+                self._follow()  # a run from an earlier invocation: let it finish, then top up
+            self._pull()
+            self._ship()
+            self._seed_remote()
+            self._start()
+            ended = self._follow()
+            if ended.get("rc") != 0:
+                raise DeviceError(f"device '{self.dev.name}': the runner exited with {ended.get('rc')}: {self._log_tail()}")
+            s.status = "done"
+        except UserError as exc:
+            s.message = str(exc)
+            if s.status != "unreachable":
+                s.status = "failed"
+        except CONNECTION_ERRORS as exc:
+            s.status, s.message = "failed", f"device '{self.dev.name}': connection lost: {exc}"
+        finally:
+            self.remote.close()
+            plan_rows = [r for r in results.read_rows(self.local_csv) if results.row_key(r) in self.expected]
+            s.rows = len(plan_rows)
+            s.counts = {st: sum(r["status"] == st for r in plan_rows) for st in results.STATUSES}
+            s.elapsed_s = round(time.monotonic() - t0, 2)
+        return s

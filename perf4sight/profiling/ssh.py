@@ -1,0 +1,300 @@
+"""One SSH connection to a device: host-key checking, quoted commands, SFTP file transfer.
+
+Security rules kept here, in one place:
+
+* The server's host key is checked against a known_hosts file (the device's ``known_hosts``,
+  else ``~/.ssh/known_hosts``). An unknown key is refused unless the device sets
+  ``accept_new_host_key = true`` (then it is appended to that file); a *changed* key is
+  always refused.
+* Authentication is by key file or the SSH agent; never a password.
+* Every command is an argv list joined with ``shlex.quote``; remote files are moved with
+  SFTP, which runs no shell. A name with spaces, quotes or ``;`` stays one argument.
+
+Times in seconds.
+"""
+from __future__ import annotations
+
+import io
+import os
+import shlex
+import socket
+import threading
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Sequence
+
+import paramiko
+from paramiko.ssh_exception import NoValidConnectionsError
+
+from perf4sight.config import DeviceConfig
+from perf4sight.errors import UserError
+
+__all__ = ["DeviceError", "HostKeyError", "Remote", "CommandResult", "quote_argv", "CONNECTION_ERRORS", "default_known_hosts"]
+
+#: What a dropped or refused connection raises (paramiko, sockets, a closed transport).
+CONNECTION_ERRORS = (paramiko.SSHException, OSError, EOFError, socket.timeout)
+
+_KNOWN_HOSTS_LOCK = threading.Lock()
+
+
+class DeviceError(UserError):
+    """A device could not be reached or used; the message is one line naming the device."""
+
+
+class HostKeyError(DeviceError):
+    """The device's host key is unknown or has changed."""
+
+
+@dataclass
+class CommandResult:
+    """Exit status and decoded output of one remote command."""
+    rc: int
+    stdout: str
+    stderr: str
+
+
+def quote_argv(argv: Sequence[str]) -> str:
+    """A POSIX shell command line whose words are exactly ``argv``."""
+    return " ".join(shlex.quote(str(a)) for a in argv)
+
+
+def _fingerprint(key: paramiko.PKey) -> str:
+    return key.fingerprint if hasattr(key, "fingerprint") else key.get_base64()[:32]
+
+
+def _host_entry(host: str, port: int) -> str:
+    return host if port == 22 else f"[{host}]:{port}"
+
+
+class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
+    """Record a never-seen host key in the device's known_hosts file (only when opted in)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        with _KNOWN_HOSTS_LOCK:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a") as fh:
+                fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+class _RefusePolicy(paramiko.MissingHostKeyPolicy):
+    def __init__(self, dev: DeviceConfig, path: Path) -> None:
+        self.dev, self.path = dev, path
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        d = self.dev
+        raise HostKeyError(
+            f"device '{d.name}': host key of {hostname} ({key.get_name()} {_fingerprint(key)}) is not in "
+            f"{self.path}; check it, then add it (ssh-keyscan -p {d.port} {d.host} >> {self.path}) "
+            f"or set accept_new_host_key = true in [devices.{d.name}] to record it on first connect")
+
+
+def _key_algorithms_to_disable(known: set[str]) -> list[str]:
+    """Host-key algorithms to turn off so the server presents a key type that known_hosts holds."""
+    def key_type(alg: str) -> str:
+        return "ssh-rsa" if alg.startswith("rsa-sha2-") else alg.replace("-cert-v01@openssh.com", "")
+    return [a for a in paramiko.Transport._preferred_keys if key_type(a) not in known]
+
+
+class Remote:
+    """An open SSH connection to one device (reconnectable). Use as a context manager.
+
+    ``known_hosts`` is the absolute path of the file to check against; ``timeout_s`` bounds
+    the TCP connect, the banner and authentication.
+    """
+
+    def __init__(self, dev: DeviceConfig, known_hosts: Path, timeout_s: float = 10.0) -> None:
+        if not dev.host:
+            raise DeviceError(f"device '{dev.name}' has no host: it is the local machine, not an SSH device")
+        self.dev = dev
+        self.known_hosts = Path(known_hosts).expanduser()
+        self.timeout_s = timeout_s
+        self.client: paramiko.SSHClient | None = None
+        self._sftp: paramiko.SFTPClient | None = None
+        self._home: str | None = None
+
+    @property
+    def where(self) -> str:
+        user = f"{self.dev.user}@" if self.dev.user else ""
+        return f"{user}{self.dev.host}:{self.dev.port}"
+
+    def connect(self) -> "Remote":
+        """Open the connection; raises ``DeviceError`` (``HostKeyError`` for key problems)."""
+        self.close()
+        dev = self.dev
+        client = paramiko.SSHClient()
+        known_types: set[str] = set()
+        if self.known_hosts.is_file():
+            try:
+                client.load_host_keys(str(self.known_hosts))
+            except (OSError, paramiko.SSHException) as exc:
+                raise DeviceError(f"device '{dev.name}': cannot read known_hosts {self.known_hosts}: {exc}") from None
+            known_types = set((client.get_host_keys().lookup(_host_entry(dev.host, dev.port)) or {}).keys())
+        elif not dev.accept_new_host_key:
+            raise HostKeyError(f"device '{dev.name}': known_hosts file {self.known_hosts} does not exist; create it "
+                               f"(ssh-keyscan -p {dev.port} {dev.host} > {self.known_hosts}) or set "
+                               f"accept_new_host_key = true in [devices.{dev.name}]")
+        policy = _AcceptNewPolicy(self.known_hosts) if dev.accept_new_host_key else _RefusePolicy(dev, self.known_hosts)
+        client.set_missing_host_key_policy(policy)
+        key_file = str(Path(dev.key_file).expanduser()) if dev.key_file else None
+        if key_file and not Path(key_file).is_file():
+            raise DeviceError(f"device '{dev.name}': key_file {key_file} not found")
+        try:
+            client.connect(dev.host, port=dev.port, username=dev.user or None, key_filename=key_file,
+                           allow_agent=key_file is None, look_for_keys=key_file is None, password=None,
+                           timeout=self.timeout_s, banner_timeout=self.timeout_s, auth_timeout=self.timeout_s,
+                           disabled_algorithms={"keys": _key_algorithms_to_disable(known_types)} if known_types else None)
+        except HostKeyError:
+            client.close()
+            raise
+        except paramiko.BadHostKeyException as exc:
+            client.close()
+            entry = _host_entry(dev.host, dev.port)
+            raise HostKeyError(
+                f"device '{dev.name}': host key of {entry} has CHANGED (server presents {exc.key.get_name()} "
+                f"{_fingerprint(exc.key)}, {self.known_hosts} expects {_fingerprint(exc.expected_key)}); refusing to "
+                f"connect. If the device was reinstalled, remove the old entry: ssh-keygen -R '{entry}' "
+                f"-f {self.known_hosts}") from None
+        except paramiko.PasswordRequiredException:
+            client.close()
+            raise DeviceError(f"device '{dev.name}': key_file {key_file} is encrypted; load it into ssh-agent "
+                              "and leave key_file empty") from None
+        except paramiko.AuthenticationException as exc:
+            client.close()
+            how = f"key_file {key_file}" if key_file else "the SSH agent and default keys"
+            raise DeviceError(f"device '{dev.name}': authentication failed for {self.where} with {how} ({exc})") from None
+        except NoValidConnectionsError:
+            client.close()
+            raise DeviceError(f"device '{dev.name}': cannot reach {self.where}: connection refused") from None
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            client.close()
+            why = " ".join(str(exc).split()) or type(exc).__name__
+            raise DeviceError(f"device '{dev.name}': cannot reach {self.where}: {why}") from None
+        transport = client.get_transport()
+        if transport is not None:
+            transport.set_keepalive(5)
+        self.client = client
+        return self
+
+    def close(self) -> None:
+        """Close SFTP and the connection; never raises."""
+        for obj in (self._sftp, self.client):
+            try:
+                if obj is not None:
+                    obj.close()
+            except Exception:  # noqa: BLE001 - closing a dead connection may fail in many ways
+                pass
+        self._sftp, self.client = None, None
+
+    def __enter__(self) -> "Remote":
+        return self.connect() if self.client is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def alive(self) -> bool:
+        t = self.client.get_transport() if self.client else None
+        return bool(t and t.is_active())
+
+    # -- commands -------------------------------------------------------------------------
+    def run(self, argv: Sequence[str], timeout_s: float = 60.0, stdin: bytes | None = None) -> CommandResult:
+        """Run one command (argv, quoted); raises a CONNECTION_ERRORS member if the link drops."""
+        if self.client is None:
+            raise paramiko.SSHException("not connected")
+        chan_in, chan_out, chan_err = self.client.exec_command(quote_argv(argv), timeout=timeout_s)
+        if stdin is not None:
+            chan_in.write(stdin)
+        chan_in.channel.shutdown_write()
+        out = chan_out.read()
+        err = chan_err.read()
+        rc = chan_out.channel.recv_exit_status()
+        return CommandResult(rc, out.decode(errors="replace"), err.decode(errors="replace"))
+
+    # -- files ----------------------------------------------------------------------------
+    @property
+    def sftp(self) -> paramiko.SFTPClient:
+        if self.client is None:
+            raise paramiko.SSHException("not connected")
+        if self._sftp is None:
+            self._sftp = self.client.open_sftp()
+            self._sftp.get_channel().settimeout(max(self.timeout_s, 30.0))
+        return self._sftp
+
+    def home(self) -> str:
+        """The login user's home folder on the device (SFTP starts there)."""
+        if self._home is None:
+            self._home = self.sftp.normalize(".")
+        return self._home
+
+    def expand(self, path: str) -> str:
+        """A remote path with a leading ``~`` replaced by the home folder; relative = under home."""
+        if path == "~" or path.startswith("~/"):
+            return str(PurePosixPath(self.home()) / path[2:])
+        return path if path.startswith("/") else str(PurePosixPath(self.home()) / path)
+
+    def makedirs(self, path: str) -> None:
+        """``mkdir -p`` over SFTP."""
+        parts = PurePosixPath(path).parts
+        cur = PurePosixPath(parts[0])
+        for part in parts[1:]:
+            cur = cur / part
+            try:
+                self.sftp.stat(str(cur))
+            except FileNotFoundError:
+                self.sftp.mkdir(str(cur))
+
+    def put_bytes(self, data: bytes, path: str) -> None:
+        """Write a remote file atomically (temporary file, then rename over the target)."""
+        tmp = f"{path}.part"
+        with self.sftp.open(tmp, "wb") as fh:
+            fh.set_pipelined(True)
+            fh.write(data)
+        self.sftp.posix_rename(tmp, path)
+
+    def put_file(self, local: Path, path: str) -> None:
+        self.put_bytes(Path(local).read_bytes(), path)
+
+    def size(self, path: str) -> int | None:
+        """Size in bytes of a remote file, or None if it does not exist."""
+        try:
+            return self.sftp.stat(path).st_size
+        except FileNotFoundError:
+            return None
+
+    def read_from(self, path: str, offset: int, limit: int = 8 << 20) -> bytes:
+        """Up to ``limit`` bytes of a remote file from ``offset`` (b"" if absent)."""
+        try:
+            with self.sftp.open(path, "rb") as fh:
+                fh.seek(offset)
+                buf = io.BytesIO()
+                while buf.tell() < limit:
+                    chunk = fh.read(min(1 << 20, limit - buf.tell()))
+                    if not chunk:
+                        break
+                    buf.write(chunk)
+                return buf.getvalue()
+        except FileNotFoundError:
+            return b""
+
+    def read_text(self, path: str) -> str | None:
+        """A whole small remote text file, or None if absent."""
+        try:
+            with self.sftp.open(path, "rb") as fh:
+                return fh.read().decode(errors="replace")
+        except FileNotFoundError:
+            return None
+
+    def remove(self, path: str) -> None:
+        try:
+            self.sftp.remove(path)
+        except FileNotFoundError:
+            pass
+
+
+def default_known_hosts() -> Path:
+    """``~/.ssh/known_hosts`` of the user running perf4sight."""
+    return Path(os.path.expanduser("~/.ssh/known_hosts"))

@@ -1,0 +1,119 @@
+"""A simulated ``pynvml`` (the nvidia-ml-py module) for tests: same names, same exceptions.
+
+Device memory "used" = a 300 MiB CUDA context + what the simulated GPU (cuda_sim) reserves;
+utilisation and power rise while the simulated GPU holds memory. Power in milliwatts, as NVML.
+``P4S_FAKE_NVML_CRASH=1`` makes nvmlInit kill the process (a crashing driver library).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import types
+
+__version__ = "12.0.0-sim"
+
+NVML_SUCCESS = 0
+NVML_ERROR_UNINITIALIZED = 1
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_CLOCK_GRAPHICS, NVML_CLOCK_SM, NVML_CLOCK_MEM = 0, 1, 2
+CONTEXT_MB = 300
+TOTAL_MB = 24576
+
+
+class NVMLError(Exception):
+    """Base NVML error; ``value`` is the NVML return code."""
+
+    _messages = {1: "Uninitialized", 2: "Invalid Argument", 3: "Not Supported"}
+
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+        self.value = value
+
+    def __str__(self) -> str:
+        return self._messages.get(self.value, f"Unknown Error {self.value}")
+
+
+class NVMLError_Uninitialized(NVMLError):
+    def __init__(self) -> None:
+        super().__init__(NVML_ERROR_UNINITIALIZED)
+
+
+class NVMLError_InvalidArgument(NVMLError):
+    def __init__(self) -> None:
+        super().__init__(NVML_ERROR_INVALID_ARGUMENT)
+
+
+class NVMLError_NotSupported(NVMLError):
+    def __init__(self) -> None:
+        super().__init__(NVML_ERROR_NOT_SUPPORTED)
+
+
+_initialised = False
+POWER_SUPPORTED = True
+
+
+def _check() -> None:
+    if not _initialised:
+        raise NVMLError_Uninitialized()
+
+
+def nvmlInit() -> None:
+    global _initialised
+    if os.environ.get("P4S_FAKE_NVML_CRASH") == "1":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    _initialised = True
+
+
+def nvmlShutdown() -> None:
+    global _initialised
+    _check()
+    _initialised = False
+
+
+def nvmlDeviceGetCount() -> int:
+    _check()
+    return 1
+
+
+def nvmlDeviceGetHandleByIndex(index: int):
+    _check()
+    if index != 0:
+        raise NVMLError_InvalidArgument()
+    return types.SimpleNamespace(index=index)
+
+
+def nvmlDeviceGetName(handle) -> str:
+    _check()
+    return "NVIDIA Simulated RTX"
+
+
+def _reserved_mb() -> float:
+    import cuda_sim
+
+    return cuda_sim.STATE.reserved / 2**20 if cuda_sim.STATE else 0.0
+
+
+def nvmlDeviceGetMemoryInfo(handle):
+    _check()
+    used = int((CONTEXT_MB + _reserved_mb()) * 2**20)
+    total = TOTAL_MB * 2**20
+    return types.SimpleNamespace(total=total, used=used, free=total - used)
+
+
+def nvmlDeviceGetUtilizationRates(handle):
+    _check()
+    busy = _reserved_mb() > 0
+    return types.SimpleNamespace(gpu=87 if busy else 0, memory=40 if busy else 0)
+
+
+def nvmlDeviceGetPowerUsage(handle) -> int:
+    _check()
+    if not POWER_SUPPORTED:
+        raise NVMLError_NotSupported()
+    return 250_000 if _reserved_mb() > 0 else 30_000
+
+
+def nvmlDeviceGetClockInfo(handle, clock_type: int) -> int:
+    _check()
+    return {NVML_CLOCK_SM: 1695, NVML_CLOCK_MEM: 9751}.get(clock_type, 1500)

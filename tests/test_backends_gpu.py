@@ -1,0 +1,127 @@
+"""The nvml and jetson backends, run by the real runner in fresh children on a simulated GPU.
+
+``tests/fakes`` holds simulated ``pynvml`` and ``jtop`` modules (the real libraries' names and
+exceptions) and ``cuda_sim`` (torch.cuda on the host, with the real CUDA OOM exception); its
+``sitecustomize`` switches the simulation on in child processes when ``P4S_SIM_CUDA_MB`` is set.
+The backend code that runs is the code that ships.
+"""
+from __future__ import annotations
+
+import types
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+from perf4sight.ir.from_torch import describe
+from perf4sight.ir.schema import save_description
+from perf4sight.profiling import results
+from perf4sight.profiling.backends.jetson import JetsonBackend, _gpu_load, meminfo_used_mb
+from perf4sight.profiling.backends.nvml import NvmlBackend
+from perf4sight.profiling.backends.sampling import Sampler
+from perf4sight.profiling.plan import TestPlan, save_plan
+from perf4sight.profiling.runner import run_plan
+
+FAKES = Path(__file__).parent / "fakes"
+
+
+def _plan(tmp: Path, backend: str, batch_sizes: list[int]) -> Path:
+    net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                        nn.Flatten(), nn.Linear(4, 10))
+    save_description(describe(net, [3, 16, 16], name="tiny", network="tiny"), tmp / "tiny.json")
+    return save_plan(TestPlan(device="gpu", backend=backend, networks=["tiny.json"], batch_sizes=batch_sizes,
+                              warmup_steps=1, timed_steps=2, timeout_s=120), tmp / "plan.json")
+
+
+@pytest.fixture
+def simulated_gpu(monkeypatch):
+    """Children see an 8 MiB simulated GPU plus the fake pynvml and jtop."""
+    monkeypatch.setenv("PYTHONPATH", str(FAKES))
+    monkeypatch.setenv("P4S_SIM_CUDA_MB", "8")
+    monkeypatch.delenv("P4S_FAKE_JTOP", raising=False)
+    monkeypatch.delenv("P4S_FAKE_NVML_CRASH", raising=False)
+    return monkeypatch
+
+
+def _run(plan: Path) -> list[dict]:
+    run_plan(plan, emit=lambda e: None)
+    return results.read_rows(plan.parent / "measurements.csv")
+
+
+def test_nvml_sweep_measures_then_stops_at_first_cuda_oom(simulated_gpu, tmp_path):
+    rows = _run(_plan(tmp_path, "nvml", [1, 64, 2048, 4096]))
+    assert [r["status"] for r in rows] == ["ok", "ok", "oom", "skipped_after_oom"]
+    small, big, oom = rows[0], rows[1], rows[2]
+    for r in (small, big):
+        assert r["protocol"] == "cuda_events" and float(r["latency_ms_median"]) > 0
+        assert 0 < float(r["torch_alloc_peak_mb"]) <= float(r["torch_reserved_peak_mb"])
+        # NVML's figure includes the 300 MiB context of the fake driver plus what the allocator reserved
+        assert float(r["device_mem_used_mb"]) == pytest.approx(300 + float(r["torch_reserved_peak_mb"]), abs=0.01)
+        assert float(r["gpu_util_pct"]) == 87 and float(r["power_w"]) == 250  # milliwatts converted
+        assert r["device_model"] == "NVIDIA Simulated RTX" and r["clocks"] == "sm 1695MHz mem 9751MHz"
+    assert float(big["torch_alloc_peak_mb"]) > 10 * float(small["torch_alloc_peak_mb"])
+    assert oom["message"].startswith("OutOfMemoryError: CUDA out of memory") and oom["latency_ms_median"] == ""
+
+
+def test_jetson_reads_jtop_when_active_and_says_so_when_not(simulated_gpu, tmp_path):
+    (tmp_path / "on").mkdir()
+    (tmp_path / "off").mkdir()
+    on = _run(_plan(tmp_path / "on", "jetson", [2]))[0]
+    simulated_gpu.setenv("P4S_FAKE_JTOP", "inactive")
+    off = _run(_plan(tmp_path / "off", "jetson", [2]))[0]
+    for r in (on, off):
+        assert r["status"] == "ok" and r["protocol"] == "cuda_events"
+        assert r["device_mem_used_mb"] != "" and float(r["torch_alloc_peak_mb"]) > 0
+    assert float(on["gpu_util_pct"]) == 76.5 and float(on["power_w"]) == 11.4
+    assert on["clocks"].startswith("nvpmodel MAXN, jetson_clocks on") and "jtop RAM peak" in on["message"]
+    assert off["gpu_util_pct"] == "" and off["power_w"] == ""
+    assert "jtop service not active" in off["message"] and "systemctl restart jtop.service" in off["message"]
+
+
+def test_crashing_child_and_missing_library_are_error_rows(simulated_gpu, tmp_path):
+    simulated_gpu.setenv("P4S_FAKE_NVML_CRASH", "1")
+    crashed = _run(_plan(tmp_path, "nvml", [1]))[0]
+    assert crashed["status"] == "error" and "SIGSEGV" in crashed["message"]
+    simulated_gpu.delenv("PYTHONPATH")  # no pynvml at all
+    (tmp_path / "bare").mkdir()
+    missing = _run(_plan(tmp_path / "bare", "nvml", [1, 2]))
+    assert [r["status"] for r in missing] == ["error", "error"]
+    assert "needs pynvml" in missing[0]["message"] and "not run" in missing[1]["message"]
+
+
+# --- in-process pieces (no simulated GPU needed) -------------------------------------------------
+def test_cuda_oom_is_oom_and_other_errors_are_not():
+    plan = TestPlan(device="g", backend="nvml")
+    for backend in (NvmlBackend(plan), JetsonBackend(plan)):
+        assert backend.is_oom(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB"))
+        assert backend.is_oom(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate"))
+        assert not backend.is_oom(RuntimeError("CUDA error: an illegal memory access was encountered"))
+
+
+def test_sampler_peak_mean_and_failures():
+    values = iter([1.0, 5.0, None, 3.0] + [2.0] * 1000)
+
+    def read():
+        v = next(values)
+        if v is None:
+            raise OSError("sensor gone")
+        return {"m": v, "p": v * 10}
+
+    s = Sampler(read, interval_s=0.001).start()
+    s.stop()
+    assert s.peak("m") == 5.0 and s.failures == 1 and "sensor gone" in s.error
+    assert s.mean("missing") == "" and 20 <= s.mean("p") <= 50
+
+
+def test_meminfo_used_is_total_minus_free_buffers_cached(tmp_path):
+    f = tmp_path / "meminfo"
+    f.write_text("MemTotal:        8039920 kB\nMemFree:         4000000 kB\nMemAvailable:    6000000 kB\n"
+                 "Buffers:          100000 kB\nCached:          1400000 kB\nSwapCached:            0 kB\n")
+    assert meminfo_used_mb(str(f)) == pytest.approx((8039920 - 4000000 - 100000 - 1400000) / 1024)
+
+
+def test_gpu_load_falls_back_to_stats():
+    assert _gpu_load(types.SimpleNamespace(gpu={"gpu": {"status": {"load": 12.5}}}, stats={})) == 12.5
+    assert _gpu_load(types.SimpleNamespace(gpu={}, stats={"GPU": 40})) == 40.0
+    assert _gpu_load(types.SimpleNamespace(gpu={}, stats={"GPU": "OFF"})) is None

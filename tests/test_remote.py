@@ -1,0 +1,273 @@
+"""Remote profiling over real SSH: two OpenSSH servers on 127.0.0.1 act as two devices.
+
+The "remote" python is the interpreter running the tests, so the device has torch. Faults:
+connections cut mid-run, a device's run killed mid-run, an unknown or changed host key,
+hostile names, an unreachable device.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch.nn as nn
+
+from perf4sight.config import load_config
+from perf4sight.ir.from_torch import describe
+from perf4sight.ir.schema import save_description
+from perf4sight.profiling import results
+from perf4sight.profiling.fleet import check_devices, format_checks, format_summaries, profile_devices
+from perf4sight.profiling.pull import CsvPuller, complete_records, rows_to_csv
+from perf4sight.profiling.remote import remote_dir_name
+from perf4sight.profiling.ssh import DeviceError, HostKeyError, Remote, quote_argv
+
+sys.path.insert(0, str(Path(__file__).parent))
+from sshd import SshServer, ensure_sshd, free_port  # noqa: E402
+
+FAST = dict(poll_s=0.2, status_every_s=1.0, connect_timeout_s=5.0, reconnect_timeout_s=30.0)
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """Two sshd on free ports sharing one client key; stopped (by pid) at the end."""
+    why = ensure_sshd()
+    if why:
+        pytest.skip(why)
+    base = tmp_path_factory.mktemp("sshd")
+    try:
+        a = SshServer(base / "a").start()
+        b = SshServer(base / "b", client_key=a.client_key).start()
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"cannot start sshd: {exc}")
+    yield a, b
+    a.stop()
+    b.stop()
+
+
+def _net(width: int) -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, width, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(width, 10))
+
+
+def _descriptions(folder: Path, names: list[str]) -> list[Path]:
+    paths = []
+    for i, name in enumerate(names):
+        p = folder / f"net{i}.json"
+        save_description(describe(_net(4 + i), [3, 16, 16], name=name, network="tiny"), p)
+        paths.append(p)
+    return paths
+
+
+def _config(folder: Path, devices: dict[str, dict], batch_sizes=(1, 2)):
+    lines = [f"[profile]\nbatch_sizes = {list(batch_sizes)}\nwarmup_steps = 1\ntimed_steps = 2\ntimeout_s = 120\n"]
+    for name, keys in devices.items():
+        lines.append(f"[devices.{json.dumps(name)}]")
+        for k, v in keys.items():
+            lines.append(f"{k} = {json.dumps(v)}")
+    (folder / "config.toml").write_text("\n".join(lines) + "\n")
+    return load_config(folder / "config.toml")
+
+
+def _device(server: SshServer, folder: Path, **extra) -> dict:
+    kh = folder / "known_hosts"
+    if not kh.exists() or server.known_hosts_line not in kh.read_text():
+        with kh.open("a") as fh:
+            fh.write(server.known_hosts_line)
+    return {"host": "127.0.0.1", "port": server.port, "user": server.user, "key_file": str(server.client_key),
+            "known_hosts": str(kh), "python": sys.executable, "workdir": str(folder / "remote work"), **extra}
+
+
+def _rows(cfg, device: str) -> list[dict]:
+    return results.read_rows(results.results_path(cfg.profiling_dir, device))
+
+
+def _wait_rows(cfg, device: str, n: int, timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(_rows(cfg, device)) < n:
+        assert time.monotonic() < deadline, f"no {n} rows for {device} within {timeout_s} s"
+        time.sleep(0.1)
+
+
+def _keys_once(rows: list[dict]) -> set:
+    keys = [results.row_key(r) for r in rows]
+    assert len(keys) == len(set(keys)), f"duplicated rows: {keys}"
+    return set(keys)
+
+
+# --- parallel devices, faults mid-run, resume -------------------------------------------------
+def test_two_devices_survive_cut_connection_and_killed_run_then_rerun_adds_nothing(servers, tmp_path):
+    a, b = servers
+    descs = _descriptions(tmp_path, ["alpha", "beta"])
+    cfg = _config(tmp_path, {"dev-a": _device(a, tmp_path), "dev-b": _device(b, tmp_path)})
+    out: dict = {}
+    worker = threading.Thread(target=lambda: out.setdefault("s", profile_devices(
+        cfg, ["dev-a", "dev-b"], descs, show_progress=False, **FAST)))
+    worker.start()
+    # device a: the network drops (every SSH connection killed, the server down for a while)
+    _wait_rows(cfg, "dev-a", 1)
+    assert len(_rows(cfg, "dev-a")) < 4, "the run finished before the fault could be injected"
+    a.stop()
+    time.sleep(1.5)
+    a.start()
+    # device b: the run itself dies (supervisor, runner and child killed, as in a crash)
+    _wait_rows(cfg, "dev-b", 1)
+    run_json = tmp_path / "remote work" / "dev-b" / "run.json"
+    os.killpg(json.loads(run_json.read_text())["pid"], signal.SIGKILL)
+    worker.join(timeout=180)
+    assert not worker.is_alive()
+    sa, sb = out["s"]
+    assert (sa.status, sb.status) == ("done", "done"), format_summaries(out["s"])
+    assert sa.reconnects >= 1 and sb.restarts >= 1
+    for dev in ("dev-a", "dev-b"):
+        rows = _rows(cfg, dev)
+        assert _keys_once(rows) == {(dev, n, str(bs), "3x16x16", "train") for n in ("alpha", "beta") for bs in (1, 2)}
+        assert all(r["status"] == "ok" and float(r["latency_ms_median"]) > 0 for r in rows)
+        remote_rows = results.read_rows(tmp_path / "remote work" / dev / "measurements.csv")
+        assert _keys_once(remote_rows) == _keys_once(rows)
+    # rerun: nothing new is measured or pulled
+    again = profile_devices(cfg, ["dev-a", "dev-b"], descs, show_progress=False, **FAST)
+    assert [s.status for s in again] == ["done", "done"] and [s.new_rows for s in again] == [0, 0]
+    assert len(_rows(cfg, "dev-a")) == 4
+    # the device lost its work folder (re-imaged): local rows are written back, not measured again
+    before = {results.row_key(r): r["timestamp"] for r in _rows(cfg, "dev-b")}
+    import shutil
+    shutil.rmtree(tmp_path / "remote work" / "dev-b")
+    third = profile_devices(cfg, ["dev-b"], descs, show_progress=False, **FAST)
+    assert third[0].status == "done" and third[0].new_rows == 0
+    log = (tmp_path / "remote work" / "dev-b" / "run.log").read_text()
+    assert '"event":"already"' in log and '"event":"row"' not in log
+    assert {results.row_key(r): r["timestamp"] for r in _rows(cfg, "dev-b")} == before
+
+
+# --- host keys --------------------------------------------------------------------------------
+def test_unknown_host_key_is_refused(servers, tmp_path):
+    a, _ = servers
+    (tmp_path / "known_hosts").write_text("")
+    dev = _device(a, tmp_path)
+    (tmp_path / "known_hosts").write_text("")  # the server's key is not known
+    cfg = _config(tmp_path, {"d": dev})
+    with pytest.raises(HostKeyError, match="is not in .*known_hosts.*accept_new_host_key"):
+        Remote(cfg.device("d"), Path(dev["known_hosts"])).connect()
+    checks = check_devices(cfg)
+    assert not checks[0].reachable and "host key" in checks[0].message
+
+
+def test_changed_host_key_is_refused_even_when_accepting_new(servers, tmp_path):
+    a, b = servers
+    kh = tmp_path / "known_hosts"
+    kh.write_text(f"[127.0.0.1]:{a.port} {b.host_key_pub}\n")  # another server's key under a's address
+    cfg = _config(tmp_path, {"d": {**_device(a, tmp_path), "accept_new_host_key": True}})
+    kh.write_text(f"[127.0.0.1]:{a.port} {b.host_key_pub}\n")
+    with pytest.raises(HostKeyError, match="CHANGED"):
+        Remote(cfg.device("d"), kh).connect()
+
+
+def test_accept_new_host_key_records_it(servers, tmp_path):
+    a, _ = servers
+    kh = tmp_path / "kh" / "known_hosts"
+    dev = {**_device(a, tmp_path), "known_hosts": str(kh), "accept_new_host_key": True}
+    cfg = _config(tmp_path, {"d": dev})
+    with Remote(cfg.device("d"), kh) as r:
+        assert r.run(["echo", "hi there"]).stdout == "hi there\n"
+    assert a.host_key_pub.split()[1] in kh.read_text()
+    cfg2 = _config(tmp_path, {"d": {**dev, "accept_new_host_key": False}})
+    with Remote(cfg2.device("d"), kh) as r:  # now known: accepted without the opt-in
+        assert r.run(["true"]).rc == 0
+
+
+# --- hostile names, unreachable device, check -------------------------------------------------
+def test_hostile_names_cannot_run_commands_and_unreachable_device_fails_fast(servers, tmp_path):
+    a, _ = servers
+    canary = tmp_path / "pwned"
+    evil_dev = f"lab 1'; touch {canary}; echo '\"$(touch {canary}2)\""
+    evil_net = f"net $(touch {canary}3); touch {canary}4 `touch {canary}5`"
+    descs = _descriptions(tmp_path, [evil_net])
+    dead = {"host": "127.0.0.1", "port": free_port(), "user": a.user, "key_file": str(a.client_key),
+            "known_hosts": str(tmp_path / "known_hosts"), "python": sys.executable}
+    cfg = _config(tmp_path, {evil_dev: _device(a, tmp_path, workdir=str(tmp_path / "w; touch x" / "it's")),
+                             "gone": dead}, batch_sizes=[1])
+    t0 = time.monotonic()
+    good, gone = profile_devices(cfg, [evil_dev, "gone"], descs, show_progress=False, **FAST)
+    assert gone.status == "unreachable" and "cannot reach root@127.0.0.1" in gone.message and "refused" in gone.message and gone.elapsed_s < 5
+    assert good.status == "done", good.message
+    assert [(r["device"], r["network"], r["status"]) for r in _rows(cfg, evil_dev)] == [(evil_dev, evil_net, "ok")]
+    assert (tmp_path / "w; touch x" / "it's" / remote_dir_name(evil_dev) / "measurements.csv").is_file()
+    assert not list(tmp_path.glob("pwned*")) and not Path("x").exists()
+    assert time.monotonic() - t0 < 60
+    summary = format_summaries([good, gone])
+    assert "gone: unreachable" in summary and "1/1 rows" in summary
+
+
+def test_check_reports_versions_disk_and_unreachable(servers, tmp_path):
+    a, _ = servers
+    dead = {**_device(a, tmp_path), "port": free_port()}
+    cfg = _config(tmp_path, {"live": _device(a, tmp_path, backend="nvml"), "dead": dead, "here": {}})
+    live, gone, here = check_devices(cfg, ["live", "dead", "here"])
+    assert live.reachable and live.facts["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert live.facts["torch"] and live.facts["free_disk_mb"] > 0
+    assert not live.ok and "pynvml not importable" in live.message  # no NVIDIA library on this host
+    assert not gone.reachable and "cannot reach" in gone.message
+    assert here.reachable and here.where == "local" and here.ok
+    text = format_checks([live, gone, here])
+    assert "dead [cpu]" in text and "UNREACHABLE" in text and "free disk" in text
+
+
+# --- pieces -------------------------------------------------------------------------------------
+def test_quote_argv_keeps_each_word_whole(tmp_path):
+    words = ["a b", "it's", '"q"', "$(touch x)", "; rm -rf /", "`id`", "\\", "", "~"]
+    script = quote_argv([sys.executable, "-c", "import json,sys; print(json.dumps(sys.argv[1:]))", *words])
+    done = subprocess.run(["sh", "-c", script], capture_output=True, text=True, cwd=tmp_path)
+    assert json.loads(done.stdout) == words and not (tmp_path / "x").exists()
+
+
+def test_puller_takes_complete_records_once(tmp_path):
+    row = {c: "" for c in results.COLUMNS}
+    row.update(device="d", network="n", batch_size="1", input_shape="3x8x8", phase="train", status="error",
+               message='boom\nline two, "quoted"', timestamp="2026-01-01T00:00:00+00:00")
+    row2 = {**row, "batch_size": "2", "status": "ok", "message": ""}
+    data = rows_to_csv([row, row2], with_header=True)
+    assert complete_records(data[:-5]) < complete_records(data) == len(data)
+    remote = bytearray(data[:-5])  # second row still being written
+    puller = CsvPuller(tmp_path / "local.csv")
+    pull = lambda: puller.pull(lambda: len(remote), lambda off: bytes(remote[off:]))  # noqa: E731
+    assert [r["batch_size"] for r in pull()] == ["1"]
+    remote[:] = data
+    assert [r["batch_size"] for r in pull()] == ["2"]
+    puller.reset()  # as after a reconnect: re-reading everything adds nothing
+    assert pull() == []
+    local = results.read_rows(tmp_path / "local.csv")
+    assert [r["message"] for r in local] == [row["message"], ""]
+
+
+def test_unreachable_remote_raises_device_error_quickly(tmp_path):
+    cfg = _config(tmp_path, {"d": {"host": "127.0.0.1", "port": free_port(), "known_hosts": str(tmp_path / "kh"),
+                                   "accept_new_host_key": True}})
+    t0 = time.monotonic()
+    with pytest.raises(DeviceError, match="cannot reach 127.0.0.1.*refused"):
+        Remote(cfg.device("d"), tmp_path / "kh", timeout_s=3).connect()
+    assert time.monotonic() - t0 < 3
+
+
+def test_shipped_code_needs_only_torch(tmp_path):
+    """What goes to a device imports without paramiko, rich, scikit-learn, pandas or torchvision."""
+    from perf4sight.profiling.remote import code_files
+
+    for local, rel in code_files():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(local.read_bytes())
+    assert not list(tmp_path.rglob("ssh.py")) and not list(tmp_path.rglob("remote.py"))
+    blocker = ("import sys\nclass B:\n def find_spec(self, name, path=None, target=None):\n"
+               "  if name.split('.')[0] in {'paramiko','rich','sklearn','pandas','torchvision','matplotlib',"
+               "'skops','torch_pruning'}: raise ImportError('blocked ' + name)\nsys.meta_path.insert(0, B())\n"
+               "import perf4sight.profiling.runner, perf4sight.profiling.child, perf4sight.profiling.detach\n"
+               "import perf4sight.profiling.backends.cpu, perf4sight.profiling.backends.nvml\n"
+               "import perf4sight.profiling.backends.jetson, perf4sight.ir.to_torch\nprint('ok')\n")
+    done = subprocess.run([sys.executable, "-c", blocker], capture_output=True, text=True, cwd=tmp_path,
+                          env={"PYTHONPATH": str(tmp_path), "PATH": os.environ.get("PATH", "")})
+    assert done.stdout.strip() == "ok", done.stderr[-500:]
