@@ -1,0 +1,104 @@
+"""Networks from model description files: ``path/to/file.py:function`` -> ``nn.Module``.
+
+A description file is plain Python that defines a factory function returning an
+``nn.Module`` (randomly initialised, no weights downloaded); if the function takes a
+``num_classes`` argument it receives the configured class count. A spec is either
+``models/imagenet/tiny_nets.py:tiny_vgg`` (a path relative to the config file) or
+``tiny_nets:tiny_vgg`` (a module in ``<models_dir>/imagenet/``).
+"""
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Callable
+
+from torch import nn
+
+from perf4sight.errors import UserError
+
+__all__ = ["Factory", "parse_factory", "load_factory", "build_factory_model"]
+
+
+@dataclass(frozen=True)
+class Factory:
+    """One factory: the spec as written, the resolved file and the function's name."""
+
+    spec: str
+    path: Path
+    function: str
+
+    @property
+    def name(self) -> str:
+        """The network (family) name: the function's name."""
+        return self.function
+
+    @property
+    def source(self) -> str:
+        return f"factory:{self.spec}"
+
+
+def parse_factory(spec: str, root: Path, models_dir: Path | None = None) -> Factory:
+    """Resolve ``spec`` against ``root`` (the config's folder) or ``models_dir/imagenet``."""
+    module, sep, function = spec.rpartition(":")
+    if not sep or not module or not function.isidentifier():
+        raise UserError(f"factory '{spec}': expected 'path/to/file.py:function' or 'module:function'")
+    if module.endswith(".py") or "/" in module or "\\" in module:
+        path = Path(module).expanduser()
+        path = path if path.is_absolute() else root / path
+    else:
+        path = (models_dir or root / "models") / "imagenet" / f"{module.replace('.', '/')}.py"
+    if not path.is_file():
+        raise UserError(f"factory '{spec}': file not found: {path}")
+    return Factory(spec, path.resolve(), function)
+
+
+def _import(factory: Factory) -> ModuleType:
+    name = "perf4sight_models_" + re.sub(r"\W", "_", str(factory.path))
+    if name in sys.modules:
+        return sys.modules[name]
+    module_spec = importlib.util.spec_from_file_location(name, factory.path)
+    if module_spec is None or module_spec.loader is None:
+        raise UserError(f"factory '{factory.spec}': {factory.path} is not an importable Python file")
+    module = importlib.util.module_from_spec(module_spec)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as exc:  # a user file can raise anything while importing
+        raise UserError(f"factory '{factory.spec}': {factory.path} fails to import "
+                        f"({type(exc).__name__}: {exc})") from None
+    sys.modules[name] = module
+    return module
+
+
+def load_factory(factory: Factory) -> Callable[..., nn.Module]:
+    """The factory function; ``UserError`` if the file fails to import or lacks it."""
+    module = _import(factory)
+    fn = getattr(module, factory.function, None)
+    if not callable(fn):
+        found = sorted(n for n, v in vars(module).items()
+                       if inspect.isfunction(v) and v.__module__ == module.__name__ and not n.startswith("_"))
+        raise UserError(f"factory '{factory.spec}': {factory.path.name} has no function '{factory.function}' "
+                        f"(functions: {', '.join(found) or 'none'})")
+    return fn
+
+
+def build_factory_model(factory: Factory, num_classes: int = 1000) -> nn.Module:
+    """Call the factory (passing ``num_classes`` when it accepts it) and check the result."""
+    fn = load_factory(factory)
+    try:
+        accepts = "num_classes" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        accepts = False
+    try:
+        model = fn(num_classes=num_classes) if accepts else fn()
+    except Exception as exc:
+        raise UserError(f"factory '{factory.spec}': calling {factory.function}() failed "
+                        f"({type(exc).__name__}: {exc})") from None
+    if not isinstance(model, nn.Module):
+        raise UserError(f"factory '{factory.spec}': {factory.function}() returned {type(model).__name__}, "
+                        "not a torch.nn.Module")
+    return model

@@ -1,0 +1,203 @@
+"""Networks stage: pruning levels and strategies, the generator's styles, factories, the stage."""
+from __future__ import annotations
+
+import csv
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from perf4sight.config import load_config
+from perf4sight.errors import UserError
+from perf4sight.ir.from_torch import describe
+from perf4sight.ir.schema import NetworkDescription, load_description
+from perf4sight.ir.to_torch import build_module
+from perf4sight.networks.build import Source, make_networks, prune_source, variant_name
+from perf4sight.networks.design_space import STYLES
+from perf4sight.networks.factories import build_factory_model, parse_factory
+from perf4sight.networks.generator import GeneratorSettings, forward_flops, generate
+from perf4sight.networks.pruning import STRATEGIES, prune_model
+from perf4sight.networks.zoo import build_zoo_model
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "models" / "imagenet" / "tiny_nets.py"
+SHAPE = [3, 32, 32]
+CLASSES = 10
+
+warnings.filterwarnings("ignore", module="torch_pruning")
+
+
+def _train_step(desc: NetworkDescription) -> None:
+    """Rebuild from JSON and take one SGD step; parameters must move and match ``desc.params``."""
+    desc = NetworkDescription.from_dict(desc.to_dict())
+    model = build_module(desc)
+    assert sum(p.numel() for p in model.parameters()) == desc.params
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    before = [p.detach().clone() for p in model.parameters()]
+    out = model(torch.randn(2, *desc.input_shape))
+    assert tuple(out.shape) == (2, desc.num_classes)
+    nn.functional.cross_entropy(out, torch.randint(0, desc.num_classes, (2,))).backward()
+    opt.step()
+    assert any(not torch.equal(a, b.detach()) for a, b in zip(before, model.parameters()))
+
+
+def _tiny(function: str) -> Source:
+    factory = parse_factory(f"{TINY}:{function}", ROOT)
+    return Source(function, factory.source, lambda: build_factory_model(factory, CLASSES))
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_each_strategy_reaches_levels_and_trains(strategy: str) -> None:
+    descs = prune_source(_tiny("tiny_resnet"), SHAPE, [0, 30, 70], strategy, 4, seed=3)
+    assert [d.name for d in descs] == ["tiny_resnet_l0", "tiny_resnet_l30", "tiny_resnet_l70"]
+    p0 = descs[0].params
+    for d in descs:
+        target = d.extra["target_level"]
+        assert abs(d.pruning_level - target) <= 2.0
+        assert d.pruning_level == pytest.approx(100 * (1 - d.params / p0), abs=1e-2)
+        assert d.num_classes == CLASSES and d.extra["strategy"] == strategy
+        _train_step(d)
+    assert descs[2].params < descs[1].params < descs[0].params
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v2", "squeezenet1_0", "shufflenet_v2_x1_0"])
+def test_zoo_network_with_coupled_channels(name: str) -> None:
+    """Depthwise + residual (mobilenet), concatenation (squeezenet), channel shuffle (shufflenet)."""
+    src = Source(name, f"torchvision:{name}", lambda: build_zoo_model(name, CLASSES))
+    (desc,) = prune_source(src, SHAPE, [40], "random", 4, seed=0)
+    assert abs(desc.pruning_level - 40) <= 2.0
+    assert desc.num_classes == CLASSES
+    _train_step(desc)
+
+
+def test_min_channels_is_kept_and_unreachable_level_is_an_error() -> None:
+    base = build_factory_model(parse_factory(f"{TINY}:tiny_vgg", ROOT), CLASSES)
+    pruned = prune_model(base, SHAPE, 80, "l1-norm", min_channels=12, network="tiny_vgg")
+    convs = [m for m in pruned.module.modules() if isinstance(m, nn.Conv2d)]
+    assert min(c.out_channels for c in convs) >= 12
+    assert sum(p.numel() for p in base.parameters()) == pruned.params_unpruned  # base left untouched
+    with pytest.raises(UserError, match="cannot reach pruning level 95"):
+        prune_model(base, SHAPE, 95, "l1-norm", min_channels=64, network="tiny_vgg")
+
+
+def test_pruning_is_deterministic_under_a_seed() -> None:
+    def run(seed: int) -> list[str]:
+        return [d.to_json() for d in prune_source(_tiny("tiny_vgg"), SHAPE, [50], "random-weighted", 4, seed)]
+
+    assert run(7) == run(7)
+    assert run(7) != run(8)
+
+
+def test_random_weighted_favours_one_end() -> None:
+    (d0, d1) = prune_source(_tiny("tiny_vgg"), SHAPE, [0, 50], "random-weighted", 1, seed=1)
+    before = [n.attrs["out_channels"] for n in d0.nodes if n.op == "conv2d"]
+    after = [n.attrs["out_channels"] for n in d1.nodes if n.op == "conv2d"]
+    removed = [1 - a / b for a, b in zip(after, before)]
+    early, late = sum(removed[:3]) / 3, sum(removed[3:]) / 3
+    assert d1.extra["pruning_bias"] in ("early", "late")
+    assert (early > late) if d1.extra["pruning_bias"] == "early" else (late > early)
+
+
+@pytest.mark.parametrize("bad", [-1, 99.5, 120])
+def test_level_outside_range_is_an_error(bad: float) -> None:
+    base = build_factory_model(parse_factory(f"{TINY}:tiny_vgg", ROOT), CLASSES)
+    with pytest.raises(UserError, match="outside 0..99"):
+        prune_model(base, SHAPE, bad, network="tiny_vgg")
+
+
+def test_unknown_names_are_errors() -> None:
+    with pytest.raises(UserError, match="unknown network 'resnet19'"):
+        build_zoo_model("resnet19")
+    base = build_factory_model(parse_factory(f"{TINY}:tiny_vgg", ROOT), CLASSES)
+    with pytest.raises(UserError, match="unknown pruning strategy 'magnitude'"):
+        prune_model(base, SHAPE, 30, "magnitude")
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_each_style_rebuilds_and_trains(style: str) -> None:
+    (desc,) = generate(GeneratorSettings(count=1, seed=5, styles=(style,), max_params=1_000_000), SHAPE, CLASSES)
+    assert desc.extra["styles"] == [style] * 4 and desc.name == "gen_5_0"
+    _train_step(desc)
+    traced = describe(build_module(desc), SHAPE, name="traced")  # shapes computed by hand == torch's
+    assert [n.output_shape for n in traced.nodes] == [n.output_shape for n in desc.nodes]
+    assert traced.params == desc.params
+
+
+def test_generator_is_deterministic_distinct_and_constrained() -> None:
+    settings = GeneratorSettings(count=40, seed=2, min_mflops=20, max_mflops=400, max_params=5_000_000)
+    a = generate(settings, [3, 64, 64], CLASSES)
+    b = generate(settings, [3, 64, 64], CLASSES)
+    assert [d.to_json() for d in a] == [d.to_json() for d in b]
+    assert len({str(d.extra["stages"]) for d in a}) == 40
+    assert all(20 <= forward_flops(d) / 1e6 <= 400 and d.params <= 5_000_000 for d in a)
+    assert len({d.network for d in a}) > 10  # stage styles vary
+    other = generate(GeneratorSettings(count=5, seed=3), [3, 64, 64], CLASSES)
+    assert [d.to_json() for d in other] != [d.to_json() for d in a[:5]]
+
+
+def test_generator_reaches_the_perfseer_range() -> None:
+    nets = generate(GeneratorSettings(count=300, seed=0), [3, 224, 224])
+    gflops = sorted(forward_flops(d) / 1e9 for d in nets)
+    assert gflops[0] < 0.25 and gflops[-1] > 20
+
+
+def test_generator_errors_name_the_constraint() -> None:
+    with pytest.raises(UserError, match="most rejected by max_mflops"):
+        generate(GeneratorSettings(count=3, max_mflops=0.5), SHAPE)
+    with pytest.raises(UserError, match="min_params .* exceeds max_params"):
+        generate(GeneratorSettings(count=3, min_params=10, max_params=5), SHAPE)
+    with pytest.raises(UserError, match="unknown \\['transformer'\\]"):
+        generate(GeneratorSettings(count=3, styles=("vgg", "transformer")), SHAPE)
+    with pytest.raises(UserError, match="too small"):
+        generate(GeneratorSettings(count=1), [3, 16, 16])
+
+
+def test_factory_errors(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.py"
+    broken.write_text("import torch\ndef net(:\n")
+    with pytest.raises(UserError, match="broken.py fails to import"):
+        build_factory_model(parse_factory(f"{broken}:net", tmp_path))
+    with pytest.raises(UserError, match="has no function 'tiny_vggg' \\(functions: .*tiny_vgg"):
+        build_factory_model(parse_factory(f"{TINY}:tiny_vggg", ROOT))
+    notmodel = tmp_path / "notmodel.py"
+    notmodel.write_text("def net(num_classes=1000):\n    return 3\n")
+    with pytest.raises(UserError, match="returned int"):
+        build_factory_model(parse_factory(f"{notmodel}:net", tmp_path))
+    with pytest.raises(UserError, match="file not found"):
+        parse_factory("nothere:net", tmp_path, tmp_path / "models")
+
+
+def test_stage_writes_descriptions_and_manifests(tmp_path: Path) -> None:
+    (tmp_path / "models" / "imagenet").mkdir(parents=True)
+    (tmp_path / "models" / "imagenet" / "mine.py").write_text(TINY.read_text())
+    (tmp_path / "config.toml").write_text(
+        '[networks]\nzoo = []\nfactories = ["mine:tiny_resnet"]\ninput_shape = [3, 32, 32]\nnum_classes = 10\n'
+        '[networks.pruning]\nstrategy = "random"\nlevels = [0, 25]\nseed = 4\n'
+        '[networks.generator]\ncount = 3\nseed = 9\nstyles = ["mobilenet", "densenet"]\n')
+    cfg = load_config(tmp_path / "config.toml")
+    rows = make_networks(cfg)
+    assert [r["network"] for r in rows] == ["tiny_resnet_l0", "tiny_resnet_l25", "gen_9_0", "gen_9_1", "gen_9_2"]
+    models = tmp_path / "models"
+    with (models / "manifest.csv").open() as fh:
+        on_disk = list(csv.DictReader(fh))
+    assert [r["network"] for r in on_disk] == [r["network"] for r in rows]
+    for row in on_disk:
+        desc = load_description(models / row["path"])
+        assert desc.name == row["network"] and desc.params == int(row["params"])
+        assert int(row["flops_fwd"]) > 0 and row["input_shape"] == "3x32x32"
+    pruned = on_disk[1]
+    assert pruned["source"].startswith("factory:mine:tiny_resnet") and pruned["strategy"] == "random"
+    assert abs(float(pruned["achieved_level"]) - 25) <= 2 and pruned["seed"] == "4"
+    assert set(on_disk[2]["styles"].split("|")) <= {"mobilenet", "densenet"}
+    assert (models / "pruned" / "random" / "manifest.csv").is_file()
+    assert (models / "generated" / "manifest.csv").is_file()
+    assert variant_name("resnet18", 12.5) == "resnet18_l12.5"
+
+
+def test_stage_reports_a_factory_that_fails_to_import(tmp_path: Path) -> None:
+    (tmp_path / "bad.py").write_text("raise RuntimeError('no torch here')\n")
+    (tmp_path / "config.toml").write_text('[networks]\nzoo = []\nfactories = ["bad.py:net"]\n')
+    with pytest.raises(UserError, match="bad.py fails to import \\(RuntimeError: no torch here\\)"):
+        make_networks(load_config(tmp_path / "config.toml"))
