@@ -41,15 +41,13 @@ def run(stage: str, cfg: Config, args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- inputs shared by stages
 
 def dataset_descriptions(cfg: Config) -> list[Path]:
-    """The networks the profile stage measures: the networks stage's manifest, plus extra files."""
+    """The networks the profile stage measures: those in the networks stage's manifest."""
     from perf4sight.networks.build import read_manifest
 
     manifest = cfg.models_dir / "manifest.csv"
-    found = [cfg.models_dir / r["path"] for r in read_manifest(manifest)] if manifest.is_file() else []
-    found += [cfg.resolve(f) for f in cfg.networks.description_files]
-    if not found:
+    if not manifest.is_file():
         raise UserError(f"no network descriptions: {manifest} is missing (run --stage networks first)")
-    return found
+    return [cfg.models_dir / r["path"] for r in read_manifest(manifest)]
 
 
 def description_index(cfg: Config, device: str) -> dict[str, NetworkDescription]:
@@ -107,7 +105,7 @@ def run_networks(cfg: Config, args: argparse.Namespace) -> int:
     from perf4sight.networks.build import make_networks
 
     started = time.perf_counter()
-    rows = make_networks(cfg)
+    rows = make_networks(cfg, progress=lambda message: console.print(f"  {message}", style="dim", markup=False))
     console.print(f"networks: {len(rows)} descriptions under {cfg.models_dir} "
                   f"in {time.perf_counter() - started:.1f} s")
     return 0
