@@ -1,6 +1,10 @@
 """The one exception type that reaches the user as a one-line message (exit code 2)."""
 
-__all__ = ["UserError"]
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["UserError", "read_json_object"]
 
 
 class UserError(Exception):
@@ -8,3 +12,17 @@ class UserError(Exception):
 
     The CLI prints ``str(error)`` on one line and exits with code 2; no traceback.
     """
+
+
+def read_json_object(path: str | Path, what: str) -> dict[str, Any]:
+    """The JSON object in ``path``; a missing file, bad JSON or a non-object is a ``UserError``."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{p}: {what} not found")
+    try:
+        data = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{p}: {what} is not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{p}: {what} must be a JSON object")
+    return data

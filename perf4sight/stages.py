@@ -63,27 +63,27 @@ def dataset_descriptions_or_empty(cfg: Config) -> list[Path]:
         return []
 
 
+def _devices_having(folder: Path, marker: str, what: str, wanted: list[str] | None, hint: str) -> list[str]:
+    """Devices with ``<folder>/<device>/<marker>`` on disk; ``wanted`` must all have it."""
+    have = sorted(p.parent.name for p in folder.glob(f"*/{marker}"))
+    if not wanted:
+        return have
+    missing = [d for d in wanted if d not in have]
+    if missing:
+        raise UserError(f"no {what} for device(s) {', '.join(missing)} under {folder} ({hint})")
+    return list(wanted)
+
+
 def measured_devices(cfg: Config, wanted: list[str] | None) -> list[str]:
     """Devices with measurements on disk (``--device`` narrows the list)."""
-    have = sorted(p.parent.name for p in cfg.profiling_dir.glob("*/measurements.csv"))
-    if wanted:
-        missing = [d for d in wanted if d not in have]
-        if missing:
-            raise UserError(f"no measurements for device(s) {', '.join(missing)} under {cfg.profiling_dir} "
-                            "(run --stage profile or --stage import first)")
-        return list(wanted)
-    return have
+    return _devices_having(cfg.profiling_dir, "measurements.csv", "measurements", wanted,
+                           "run --stage profile or --stage import first")
 
 
 def fingerprinted_devices(cfg: Config, wanted: list[str] | None) -> list[str]:
-    have = sorted(p.parent.name for p in cfg.fingerprint_dir.glob("*/metadata.json"))
-    if wanted:
-        missing = [d for d in wanted if d not in have]
-        if missing:
-            raise UserError(f"no fingerprint for device(s) {', '.join(missing)} under {cfg.fingerprint_dir} "
-                            "(run --stage fingerprint first)")
-        return list(wanted)
-    return have
+    """Devices with a fitted fingerprint (``--device`` narrows the list)."""
+    return _devices_having(cfg.fingerprint_dir, "metadata.json", "fingerprint", wanted,
+                           "run --stage fingerprint first")
 
 
 def resolve_networks(cfg: Config, names: list[str], input_shape: list[int]) -> list[NetworkDescription]:

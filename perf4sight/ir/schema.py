@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perf4sight.errors import UserError
+from perf4sight.errors import UserError, read_json_object
 
 __all__ = ["Node", "NetworkDescription", "OPS", "load_description", "save_description"]
 
@@ -156,13 +156,7 @@ def count_params(desc: NetworkDescription) -> int:
 def load_description(path: str | Path) -> NetworkDescription:
     """Read a description JSON file; a missing or malformed file raises ``UserError``."""
     p = Path(path)
-    if not p.is_file():
-        raise UserError(f"{p}: network description file not found")
-    try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{p}: not valid JSON ({exc})") from None
-    return NetworkDescription.from_dict(data, where=str(p))
+    return NetworkDescription.from_dict(read_json_object(p, "network description file"), where=str(p))
 
 
 def save_description(desc: NetworkDescription, path: str | Path) -> Path:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perf4sight.errors import UserError
+from perf4sight.errors import UserError, read_json_object
 
 __all__ = ["TestPlan", "load_plan", "save_plan", "PLAN_VERSION"]
 
@@ -105,14 +105,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
 def load_plan(path: str | Path) -> TestPlan:
     """Read and validate a plan file; any problem raises ``UserError`` naming the file and field."""
     p = Path(path)
-    if not p.is_file():
-        raise UserError(f"{p}: test plan not found")
-    try:
-        raw = json.loads(p.read_text())
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{p}: test plan is not valid JSON ({exc})") from None
-    if not isinstance(raw, dict):
-        raise UserError(f"{p}: test plan must be a JSON object")
+    raw = read_json_object(p, "test plan")
     unknown = sorted(set(raw) - set(_TYPES))
     if unknown:
         raise UserError(f"{p}: unknown plan field(s) {unknown} (known: {', '.join(_TYPES)})")
