@@ -146,10 +146,13 @@ def _print_accuracy(device: str, meta: dict) -> None:
 
 
 def run_predict(cfg: Config, args: argparse.Namespace) -> int:
-    device = (args.device or fingerprinted_devices(cfg, None) or [""])[0]
+    if args.device and len(args.device) > 1:
+        raise UserError("predict takes one --device (run it once per device, or use --stage compare)")
+    have = fingerprinted_devices(cfg, args.device)
+    configured = [d for d in cfg.devices if d in have]
+    device = (configured or have or [""])[0]
     if not device:
         raise UserError(f"no fingerprint under {cfg.fingerprint_dir}: run --stage fingerprint first")
-    fingerprinted_devices(cfg, [device])
     from perf4sight.fingerprint.api import load_device_fingerprint
 
     fp = load_device_fingerprint(cfg, device)
