@@ -25,10 +25,18 @@ ensure_sshd() {  # the SSH tests start their own OpenSSH servers on 127.0.0.1
   fi
 }
 
+ensure_chromium() {  # tests/test_report.py opens the compare report in headless Chromium
+  if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "perf4sight: installing chromium for the report tests" >&2
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 \
+      || echo "perf4sight: could not install chromium; the browser tests will skip" >&2
+  fi
+}
+
 cmd="${1:-}"; shift || true
 case "$cmd" in
   run)   exec "$venv/bin/python" main.py "$@" ;;
-  test)  ensure_sshd; exec "$venv/bin/python" -m pytest -q "$@" ;;
+  test)  ensure_sshd; ensure_chromium; exec "$venv/bin/python" -m pytest -q "$@" ;;
   bench) exec "$venv/bin/python" bench/run_all.py "$@" ;;
   *)     echo "usage: ./dev.sh run MAIN_ARGS... | test [PYTEST_ARGS...] | bench [NAME]" >&2; exit 2 ;;
 esac

@@ -1,0 +1,244 @@
+"""The compare stage: one report that sets every fingerprinted device side by side.
+
+``compare_devices(cfg, devices, console)`` writes ``<reports_dir>/compare-<UTC time>/`` with
+``index.html`` (self-contained), ``report.md`` (same content), the PNG plots and ``data.json``
+(the figures), prints a short table to the terminal and returns the folder.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table as RichTable
+
+from perf4sight.config import Config
+from perf4sight.errors import UserError
+from perf4sight.ir.schema import NetworkDescription
+from perf4sight.profiling.results import read_rows, results_path
+from perf4sight.report import plots
+from perf4sight.report.data import (Curve, DeviceData, batch_grid, feature_sensitivity, measured_vs_predicted,
+                                    prediction_curve, summarise_measurements)
+from perf4sight.report.render import Block, Heading, Image, Table, Text, to_html, to_markdown
+
+__all__ = ["compare_devices", "gather_device", "REPORT_FILES"]
+
+REPORT_FILES = ("index.html", "report.md", "data.json", "latency_vs_batch.png", "memory_vs_batch.png",
+                "feature_sensitivity.png")
+TOP_FEATURES = 8
+
+
+def gather_device(cfg: Config, device: str) -> tuple[DeviceData, dict[str, NetworkDescription]]:
+    """Load ``device``'s fingerprint, measurements and descriptions; compute its report figures."""
+    from perf4sight.fingerprint.api import load_device_fingerprint
+    from perf4sight.stages import description_index
+
+    fp = load_device_fingerprint(cfg, device)
+    rows = [r for r in read_rows(results_path(cfg.profiling_dir, device)) if r.get("device", device) == device]
+    descs = description_index(cfg, device)
+    data = DeviceData(name=device, fingerprint=fp, rows=rows, families=summarise_measurements(rows),
+                      scatter=measured_vs_predicted(fp, rows, descs),
+                      sensitivity=feature_sensitivity(fp, rows, descs, seed=cfg.project.seed))
+    return data, descs
+
+
+def _mape(meas: np.ndarray, pred: np.ndarray) -> tuple[float, float]:
+    keep = np.isfinite(pred)
+    meas, pred = meas[keep], pred[keep]
+    if not meas.size:
+        return float("nan"), float("nan")
+    err = np.abs(pred - meas) / meas * 100
+    return float(err.mean()), float((err <= 10).mean() * 100)
+
+
+def _fmt(x: Any, spec: str = ".1f") -> str:
+    if x is None or (isinstance(x, float) and not np.isfinite(x)):
+        return "–"
+    return format(x, spec)
+
+
+def _range(lo_hi: tuple[int, int] | None) -> str:
+    if lo_hi is None:
+        return "none"
+    return str(lo_hi[0]) if lo_hi[0] == lo_hi[1] else f"{lo_hi[0]}–{lo_hi[1]}"
+
+
+def _shape(shape: list[int] | None) -> str:
+    return "x".join(str(int(v)) for v in shape) if shape else "?"
+
+
+def _curves(cfg: Config, devs: list[DeviceData], all_descs: dict[str, dict[str, NetworkDescription]],
+            notes: list[str]) -> tuple[dict[str, dict[str, list[Curve]]], list[str]]:
+    """target -> network -> curves (one per device); fills each device's ``max_batch``."""
+    from perf4sight.stages import resolve_networks
+
+    entries = list(cfg.compare.networks or cfg.predict.networks or cfg.networks.zoo)
+    names: list[str] = []
+    out: dict[str, dict[str, list[Curve]]] = {"latency": {}, "memory": {}}
+    by_shape: dict[tuple[int, ...], list[NetworkDescription]] = {}
+    for d in devs:
+        shape = list(d.fingerprint.input_shape or cfg.networks.input_shape)
+        if tuple(shape) not in by_shape:
+            by_shape[tuple(shape)] = resolve_networks(cfg, entries, shape)
+            names = names or [desc.name for desc in by_shape[tuple(shape)]]  # labels: zoo name or description name
+        measured_max = max((int(float(r["batch_size"])) for r in d.rows if r["status"] == "ok"), default=8)
+        for name, desc in zip(names, by_shape[tuple(shape)]):  # same entry order at every shape
+            try:
+                mb = d.fingerprint.max_batch_size(desc)
+                d.max_batch[name] = mb
+                grid = batch_grid(min(1024, max(8, measured_max, int((mb or 0) * 1.25))))
+                for target in ("latency", "memory"):
+                    c = prediction_curve(d.fingerprint, d.name, desc, target, grid, d.rows, all_descs[d.name])
+                    out[target].setdefault(name, []).append(c)
+            except UserError as exc:
+                notes.append(f"{d.name}: {name} skipped ({exc})")
+    return out, names
+
+
+def _blocks(devs: list[DeviceData], names: list[str], images: dict[str, Path], notes: list[str]) -> list[Block]:
+    b: list[Block] = [Text("Latency: one training step (forward, loss, backward, optimiser step) in ms. Memory in MiB, "
+                           "the figure each fingerprint was trained on (peak_rss_mb for cpu devices, device_mem_used_mb "
+                           "for GPU/Jetson devices). Accuracy is leave-one-family-out (or leave-one-variant-out) "
+                           "on each device's own measurements.")]
+    b.append(Heading("Devices at a glance"))
+    rows = []
+    for d in devs:
+        m, acc = d.metadata, d.metadata.get("accuracy", {})
+        la, me = acc.get("latency", {}).get("overall", {}), acc.get("memory", {}).get("overall", {})
+        ok = sum(f.ok for f in d.families)
+        oom = sum(f.oom for f in d.families)
+        rows.append([d.name, ", ".join(sorted({r.get("backend", "") for r in d.rows})) or "?",
+                     str(len({r["network"] for r in d.rows})), f"{ok} / {oom}", _shape(m.get("input_shape")),
+                     m.get("memory_target", "?"),
+                     f"{_fmt(la.get('mape'))} / {_fmt(la.get('within10'), '.0f')}",
+                     f"{_fmt(me.get('mape'))} / {_fmt(me.get('within10'), '.0f')}",
+                     _fmt(m.get("capacity_mb"), ".0f")])
+    b.append(Table(["device", "backend", "networks", "ok / oom rows", "input", "memory target",
+                    "latency MAPE % / ±10% share", "memory MAPE % / ±10% share", "capacity MiB"], rows,
+                   "held-out accuracy of each fingerprint; capacity: configured limit or learnt from OOM rows"))
+    b.append(Heading("What was measured"))
+    for d in devs:
+        b.append(Table(["family", "variants", "batch sizes", "ok", "oom", "skipped/error", "largest batch that ran",
+                        "first OOM batch"],
+                       [[f.family, str(f.variants), f"{f.batch_sizes[0]}–{f.batch_sizes[-1]} ({len(f.batch_sizes)})"
+                         if f.batch_sizes else "–", str(f.ok), str(f.oom), str(f.other), _range(f.largest_ok),
+                         _range(f.first_oom)] for f in d.families],
+                       f"{d.name}: ranges are over the family's variants (OOM boundary)"))
+    b.append(Heading("Held-out accuracy per network family"))
+    for d in devs:
+        for target, acc in d.metadata.get("accuracy", {}).items():
+            groups = list(acc.get("per_group", {}).items()) + [("all", acc.get("overall", {}))]
+            b.append(Table(["held out", "n", "MAPE %", "RMSPE %", "within ±10% (%)"],
+                           [[g, str(m.get("n", "")), _fmt(m.get("mape")), _fmt(m.get("rmspe")),
+                             _fmt(m.get("within10"))] for g, m in groups],
+                           f"{d.name}: {target} ({acc.get('column', '')}), leave-one-{acc.get('grouping', '')}-out"))
+    b.append(Heading("Predicted step time and memory against batch size"))
+    b.append(Text("Networks: " + ", ".join(names) + ". Each is described at the input shape its device's fingerprint "
+                  "was trained at. Dots are measurements of the same architecture where the device has them."))
+    b.append(Image(images["latency"], "predicted training step time (ms) against batch size, every device"))
+    b.append(Image(images["memory"], "predicted memory (MiB) against batch size, every device; dashed: capacity"))
+    b.append(Heading("Largest batch that fits"))
+    b.append(Table(["network"] + [d.name for d in devs],
+                   [[n] + [("unknown capacity" if d.max_batch.get(n, "x") is None else _fmt(d.max_batch.get(n), "d"))
+                           for d in devs] for n in names],
+                   "largest b with every batch 1..b predicted under the device's capacity (capped at 1024)"))
+    b.append(Heading("Features each fingerprint leans on"))
+    b.append(Text("Permutation sensitivity: mean |change| (%) of the prediction when one feature is shuffled across "
+                  "the device's measured configurations (analytic terms and tree correction together)."))
+    b.append(Image(images["sensitivity"], "feature sensitivity per device, latency (left) and memory (right)"))
+    for target in ("latency", "memory"):
+        ranked = {d.name: sorted(d.sensitivity.get(target, {}).items(), key=lambda kv: -kv[1])[:TOP_FEATURES]
+                  for d in devs}
+        b.append(Table(["rank"] + [d.name for d in devs],
+                       [[str(i + 1)] + [f"{ranked[d.name][i][0]} ({ranked[d.name][i][1]:.1f}%)"
+                                        if i < len(ranked[d.name]) else "" for d in devs]
+                        for i in range(max((len(v) for v in ranked.values()), default=0))],
+                       f"{target}: top features, side by side"))
+    b.append(Heading("Predicted against measured"))
+    for d in devs:
+        parts = []
+        for target in ("latency", "memory"):
+            meas, pred, how = d.scatter[target]
+            mape, within = _mape(meas, pred)
+            parts.append(f"{target} over {meas.size} measurements ({how}): MAPE {_fmt(mape)}%, "
+                         f"{_fmt(within, '.0f')}% within ±10%")
+        b.append(Text(f"{d.name}: " + "; ".join(parts) + "."))
+        b.append(Image(images[f"scatter:{d.name}"], f"{d.name}: predicted against measured"))
+    if notes:
+        b.append(Heading("Notes"))
+        b += [Text(n) for n in notes]
+    return b
+
+
+def _data_json(devs: list[DeviceData], curves: dict[str, dict[str, list[Curve]]]) -> dict[str, Any]:
+    return {
+        "devices": {d.name: {
+            "input_shape": d.fingerprint.input_shape, "capacity_mb": d.fingerprint.capacity_mb,
+            "memory_target": d.metadata.get("memory_target"), "accuracy": d.metadata.get("accuracy", {}),
+            "families": [vars(f) for f in d.families], "max_batch": d.max_batch, "sensitivity_pct": d.sensitivity}
+            for d in devs},
+        "curves": {t: {n: [{"device": c.device, "batch_size": c.batch_sizes.tolist(), "predicted": c.value.tolist(),
+                            "low": c.low.tolist(), "high": c.high.tolist(), "measured_network": c.measured_label,
+                            "measured_batch_size": c.measured_bs.tolist(), "measured": c.measured.tolist()}
+                           for c in cs] for n, cs in per.items()} for t, per in curves.items()},
+    }
+
+
+def _print_summary(console: Console, devs: list[DeviceData], names: list[str], folder: Path) -> None:
+    t = RichTable(title="devices compared (held-out accuracy)")
+    for col in ("device", "nets", "ok/oom", "lat MAPE%", "mem MAPE%", "cap MiB"):
+        t.add_column(col, no_wrap=True)
+    for n in names:
+        t.add_column(f"max bs\n{n}", justify="right")
+    for d in devs:
+        acc = d.metadata.get("accuracy", {})
+        t.add_row(d.name, str(len({r["network"] for r in d.rows})),
+                  f"{sum(f.ok for f in d.families)}/{sum(f.oom for f in d.families)}",
+                  _fmt(acc.get("latency", {}).get("overall", {}).get("mape")),
+                  _fmt(acc.get("memory", {}).get("overall", {}).get("mape")),
+                  _fmt(d.fingerprint.capacity_mb, ".0f"),
+                  *["?" if d.max_batch.get(n) is None else str(d.max_batch[n]) for n in names])
+    console.print(t)
+    console.print(f"report: {folder / 'index.html'} (Markdown: {folder / 'report.md'})")
+
+
+def compare_devices(cfg: Config, devices: list[str], console: Console) -> Path:
+    """Write the compare report for ``devices`` (each must have a fingerprint); returns its folder."""
+    if not devices:
+        raise UserError("compare: no devices to compare (run --stage fingerprint first)")
+    devs, all_descs = [], {}
+    for name in devices:
+        d, descs = gather_device(cfg, name)
+        devs.append(d)
+        all_descs[name] = descs
+    notes: list[str] = []
+    curves, names = _curves(cfg, devs, all_descs, notes)
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    folder = cfg.reports_dir / f"compare-{stamp}"
+    n = 1
+    while folder.exists():
+        n += 1
+        folder = cfg.reports_dir / f"compare-{stamp}-{n}"
+    folder.mkdir(parents=True)
+    colours = plots.device_colours([d.name for d in devs])
+    capacity = {d.name: d.fingerprint.capacity_mb for d in devs}
+    images = {t: plots.plot_curves(curves[t], t, colours, capacity, folder / f"{t}_vs_batch.png")
+              for t in ("latency", "memory")}
+    images["sensitivity"] = plots.plot_sensitivity({d.name: d.sensitivity for d in devs}, colours,
+                                                   folder / "feature_sensitivity.png")
+    for d in devs:
+        images[f"scatter:{d.name}"] = plots.plot_scatter(d.name, d.scatter, colours[d.name],
+                                                         folder / f"scatter_{d.name}.png")
+    title = f"perf4sight: {', '.join(d.name for d in devs)} compared"
+    blocks = _blocks(devs, names, images, notes)
+    blocks.insert(0, Text(f"Generated {stamp} UTC from {cfg.fingerprint_dir} and {cfg.profiling_dir}."))
+    (folder / "index.html").write_text(to_html(title, blocks), encoding="utf-8")
+    (folder / "report.md").write_text(to_markdown(title, blocks), encoding="utf-8")
+    (folder / "data.json").write_text(json.dumps(_data_json(devs, curves), indent=1, default=float))
+    _print_summary(console, devs, names, folder)
+    for note in notes:
+        console.print(note, markup=False)
+    return folder

@@ -1,0 +1,121 @@
+"""PNG plots of the compare report, drawn with matplotlib's Agg backend (no display needed).
+
+Each function writes one PNG and returns its path. Latency in ms, memory in MiB, batch size
+in images per step; axes are logarithmic where the devices span orders of magnitude.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from perf4sight.report.data import Curve  # noqa: E402
+
+__all__ = ["plot_curves", "plot_sensitivity", "plot_scatter", "device_colours"]
+
+UNITS = {"latency": ("predicted training step time", "ms"), "memory": ("predicted memory", "MiB")}
+
+
+def device_colours(devices: Sequence[str]) -> dict[str, str]:
+    """A fixed colour per device (tab10 order)."""
+    cycle = plt.get_cmap("tab10").colors
+    return {d: matplotlib.colors.to_hex(cycle[i % len(cycle)]) for i, d in enumerate(devices)}
+
+
+def _save(fig: plt.Figure, path: Path) -> Path:
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def plot_curves(curves: dict[str, list[Curve]], target: str, colours: dict[str, str],
+                capacity: dict[str, float | None], path: Path) -> Path:
+    """One panel per network: every device's prediction (line), 90% interval (band), measured
+    points (dots); memory panels also show each device's capacity (dashed)."""
+    nets = list(curves)
+    cols = min(2, max(1, len(nets)))
+    rows = (len(nets) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(6.2 * cols, 4.2 * rows), squeeze=False)
+    title, unit = UNITS[target]
+    for ax, net in zip(axes.flat, nets):
+        for c in curves[net]:
+            col = colours[c.device]
+            ax.plot(c.batch_sizes, c.value, color=col, label=f"{c.device} predicted")
+            ax.fill_between(c.batch_sizes, c.low, c.high, color=col, alpha=0.18, linewidth=0)
+            if c.measured.size:
+                ax.plot(c.measured_bs, c.measured, "o", color=col, markersize=4,
+                        label=f"{c.device} measured ({c.measured_label})")
+            cap = capacity.get(c.device)
+            if target == "memory" and cap:
+                ax.axhline(cap, color=col, linestyle="--", linewidth=0.9, label=f"{c.device} capacity")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(net)
+        ax.set_xlabel("batch size (images)")
+        ax.set_ylabel(f"{title} ({unit})")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(nets):]:
+        ax.axis("off")
+    fig.suptitle(f"{title} against batch size (band: 90% prediction interval)")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_sensitivity(sens: dict[str, dict[str, dict[str, float]]], colours: dict[str, str], path: Path) -> Path:
+    """Grouped horizontal bars per target: feature -> % change of the prediction when shuffled,
+    one bar per device. ``sens``: device -> target -> feature -> percent."""
+    targets = ("latency", "memory")
+    devices = list(sens)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5.5))
+    for ax, target in zip(axes, targets):
+        feats = sorted({f for d in devices for f in sens[d].get(target, {})},
+                       key=lambda f: -max(sens[d].get(target, {}).get(f, 0.0) for d in devices))
+        y = np.arange(len(feats))
+        h = 0.8 / max(1, len(devices))
+        for i, d in enumerate(devices):
+            vals = [sens[d].get(target, {}).get(f, 0.0) for f in feats]
+            ax.barh(y + i * h, vals, height=h, color=colours[d], label=d)
+        ax.set_yticks(y + h * (len(devices) - 1) / 2, feats, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("mean |change| of prediction when shuffled (%)")
+        ax.set_title(f"{target}: features the fingerprint leans on")
+        ax.grid(True, axis="x", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_scatter(device: str, scatter: dict[str, tuple[np.ndarray, np.ndarray, str]], colour: str,
+                 path: Path) -> Path:
+    """Predicted against measured (log-log) for latency and memory, with y = x and ±10% lines.
+    ``scatter``: target -> (measured, predicted, how the predictions were made)."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
+    for ax, target in zip(axes, ("latency", "memory")):
+        meas, pred, how = scatter.get(target, (np.zeros(0), np.zeros(0), "no data"))
+        keep = np.isfinite(pred)
+        meas, pred = meas[keep], pred[keep]
+        unit = UNITS[target][1]
+        if meas.size:
+            ax.scatter(meas, pred, s=9, color=colour, alpha=0.6, edgecolors="none")
+            lo, hi = float(min(meas.min(), pred.min())), float(max(meas.max(), pred.max()))
+            xs = np.geomspace(lo * 0.9, hi * 1.1, 50)
+            ax.plot(xs, xs, "k-", linewidth=0.8, label="y = x")
+            ax.plot(xs, xs * 1.1, "k:", linewidth=0.8, label="±10%")
+            ax.plot(xs, xs * 0.9, "k:", linewidth=0.8)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "no measurements with a description", ha="center", transform=ax.transAxes)
+        ax.set_xlabel(f"measured {target} ({unit})")
+        ax.set_ylabel(f"predicted {target} ({unit})")
+        ax.set_title(f"{device}: {target}, {meas.size} configurations ({how})", fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, path)

@@ -1,0 +1,248 @@
+"""The compare report: built from a small fixture of real TX2 measurements, rendered as HTML and
+Markdown, and opened in headless Chromium (title set by the page's own script, screenshot not blank)."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from perf4sight.config import load_config
+from perf4sight.errors import UserError
+from perf4sight.fingerprint.api import fit_device, load_device_fingerprint
+from perf4sight.importers import import_perf4sight
+from perf4sight.report.compare import REPORT_FILES, compare_devices
+from perf4sight.report.data import feature_sensitivity, measured_vs_predicted, summarise_measurements
+from perf4sight.report.render import Heading, Image, Table, Text, to_html, to_markdown
+
+FAMILIES = ("resnet18", "mobilenetv2", "squeezenet")
+SUBSETS = {"tx2a": ("0", "50"), "tx2b": ("0", "25", "75")}  # device -> pruning levels imported
+
+
+def _subset(src: Path, dst: Path, levels: tuple[str, ...]) -> Path:
+    """A perf4sight-layout folder holding only FAMILIES at ``levels`` (symlinks to the shared data)."""
+    for fam in FAMILIES:
+        for lvl in levels:
+            v = f"{fam}_{lvl}"
+            (dst / "graphs").mkdir(parents=True, exist_ok=True)
+            (dst / "graphs" / f"{v}.json").symlink_to(src / "graphs" / f"{v}.json")
+            for kind in ("memory", "latency"):
+                d = dst / "profiling_csvs" / "tx2" / "imagenet" / kind
+                d.mkdir(parents=True, exist_ok=True)
+                (d / f"{v}-gt.csv").symlink_to(src / "profiling_csvs" / "tx2" / "imagenet" / kind / f"{v}-gt.csv")
+    return dst
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """A config in a temp folder with two fingerprinted devices (subsets of the TX2 data, 20 trees)."""
+    from conftest import TX2_DATA
+    if not (TX2_DATA / "graphs").is_dir():
+        pytest.skip(f"shared TX2 data not found at {TX2_DATA} (set PERF4SIGHT_TX2_DATA)")
+    tmp = tmp_path_factory.mktemp("report")
+    (tmp / "config.toml").write_text(f"""
+[networks]
+input_shape = [3, 224, 224]
+[devices.tx2a]
+backend = "jetson"
+memory_limit_mb = 7000
+[fingerprint]
+n_estimators = 20
+min_samples_leaf = 2
+[compare]
+networks = ["resnet18", "{TX2_DATA / 'graphs' / 'mobilenetv2_0.json'}"]
+""")
+    cfg = load_config(tmp / "config.toml")
+    from perf4sight.stages import description_index
+    for dev, levels in SUBSETS.items():
+        src = _subset(TX2_DATA, tmp / f"src_{dev}", levels)
+        import_perf4sight(src, dev, cfg.profiling_dir, cfg.models_dir)
+        fit_device(cfg, dev, description_index(cfg, dev))
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def report(project):
+    from rich.console import Console
+    console = Console(record=True, width=140)
+    folder = compare_devices(project, list(SUBSETS), console)
+    return folder, console.export_text()
+
+
+def test_report_files(report):
+    folder, text = report
+    assert folder.parent.name == "reports" and folder.name.startswith("compare-")
+    for name in list(REPORT_FILES) + [f"scatter_{d}.png" for d in SUBSETS]:
+        assert (folder / name).is_file() and (folder / name).stat().st_size > 0, name
+    import matplotlib.image as mpimg
+    img = mpimg.imread(folder / "memory_vs_batch.png")
+    assert img.ndim == 3 and img.shape[0] > 200 and img[..., :3].std() > 0.05  # drawn, not blank
+    for dev in SUBSETS:  # the terminal table names both devices and the report path
+        assert dev in text
+    assert "index.html" in text
+
+
+def test_html_is_self_contained_and_matches_markdown(report):
+    folder, _ = report
+    html = (folder / "index.html").read_text()
+    md = (folder / "report.md").read_text()
+    assert 'src="http' not in html and "<link" not in html  # nothing fetched from outside
+    assert html.count('src="data:image/png;base64,') == 3 + len(SUBSETS)
+    for heading in ("Devices at a glance", "What was measured", "Largest batch that fits",
+                    "Features each fingerprint leans on", "Predicted against measured"):
+        assert f">{heading}</h2>" in html and f"## {heading}" in md
+    for pic in ["latency_vs_batch.png", "memory_vs_batch.png", "feature_sensitivity.png"]:
+        assert f"]({pic})" in md
+    for dev in SUBSETS:
+        assert f"| {dev} |" in md
+
+
+def test_report_data(project, report):
+    folder, _ = report
+    data = json.loads((folder / "data.json").read_text())
+    a, b = data["devices"]["tx2a"], data["devices"]["tx2b"]
+    assert a["capacity_mb"] == 7000  # configured limit
+    assert b["capacity_mb"] is not None and b["capacity_mb"] < 7859  # learnt from the OOM rows
+    for dev in (a, b):
+        assert set(dev["max_batch"]) == {"resnet18", "mobilenetv2_0"}
+        assert all(isinstance(v, int) and 8 < v < 1024 for v in dev["max_batch"].values())
+    # memory rises with batch size; the zoo resnet18 is matched to the measured unpruned TX2 network
+    for c in data["curves"]["memory"]["resnet18"]:
+        mem = np.array(c["predicted"])
+        assert mem[-1] > 2 * mem[0] and np.all(mem[1:] > 0.95 * mem[:-1])  # tree corrections wiggle a little
+        assert np.all(np.array(c["low"]) <= np.array(c["predicted"]))
+        assert np.all(np.array(c["predicted"]) <= np.array(c["high"]))
+        assert c["measured_network"] == "resnet18_0" and len(c["measured"]) >= 5
+    # below the largest fitting batch the predicted memory stays under the capacity; the curve goes past it
+    curve = next(c for c in data["curves"]["memory"]["resnet18"] if c["device"] == "tx2a")
+    bs, mem = np.array(curve["batch_size"]), np.array(curve["predicted"])
+    assert mem[bs <= a["max_batch"]["resnet18"]].max() <= 7000 < mem[-1]
+
+
+def test_held_out_scatter_matches_fingerprint_accuracy(project):
+    from perf4sight.profiling.results import read_rows, results_path
+    from perf4sight.stages import description_index
+    fp = load_device_fingerprint(project, "tx2b")
+    rows = read_rows(results_path(project.profiling_dir, "tx2b"))
+    scatter = measured_vs_predicted(fp, rows, description_index(project, "tx2b"))
+    for target in ("latency", "memory"):
+        meas, pred, how = scatter[target]
+        assert how == "held out, leave-one-family-out"
+        mape = 100 * np.mean(np.abs(pred - meas) / meas)
+        assert mape == pytest.approx(fp.metadata["accuracy"][target]["overall"]["mape"], rel=1e-6)
+    meas, pred, how = measured_vs_predicted(fp, rows, description_index(project, "tx2b"), held_out=False)["memory"]
+    assert how == "in-sample" and np.all(np.isfinite(pred))
+
+
+def test_feature_sensitivity(project):
+    from perf4sight.profiling.results import read_rows, results_path
+    from perf4sight.stages import description_index
+    fp = load_device_fingerprint(project, "tx2a")
+    rows = read_rows(results_path(project.profiling_dir, "tx2a"))
+    sens = feature_sensitivity(fp, rows, description_index(project, "tx2a"))
+    for target, model in fp.models.items():  # the model's analytic terms plus, with a correction, its tree inputs
+        trees = fp.metadata["tree_features"] if model.correction is not None else []
+        assert set(sens[target]) == {t for t in model.terms if t != "one"} | set(trees)
+    assert all(v >= 0 for t in sens.values() for v in t.values())
+    # memory leans on a byte count (analytic estimate, saved activations, weights), not on e.g. depth
+    assert max(sens["memory"], key=sens["memory"].get) in {"mem_analytic_mb", "saved_bytes", "param_bytes",
+                                                           "max_activation_bytes", "input_bytes"}
+
+
+def test_summarise_measurements_oom_boundary():
+    def row(net, b, status):
+        return {"network": net, "family": "f", "batch_size": str(b), "status": status}
+    rows = [row("f_0", 1, "ok"), row("f_0", 2, "ok"), row("f_0", 4, "oom"), row("f_0", 8, "skipped_after_oom"),
+            row("f_5", 1, "ok"), row("f_5", 2, "ok"), row("f_5", 4, "ok"), row("f_5", 8, "oom")]
+    (s,) = summarise_measurements(rows)
+    assert (s.variants, s.ok, s.oom, s.other) == (2, 5, 2, 1)
+    assert s.largest_ok == (2, 4) and s.first_oom == (4, 8) and s.batch_sizes == [1, 2, 4, 8]
+
+
+def test_compare_errors(project):
+    from rich.console import Console
+    with pytest.raises(UserError, match="no devices"):
+        compare_devices(project, [], Console())
+    with pytest.raises(UserError, match="no fingerprint for device 'nope'"):
+        compare_devices(project, ["nope"], Console())
+
+
+def test_markdown_escapes_table_cells(tmp_path):
+    md = to_markdown("t", [Heading("h"), Text("x"), Table(["a|b"], [["1|2"]])])
+    assert "a\\|b" in md and "1\\|2" in md
+
+
+# ---------------------------------------------------------------- headless Chromium
+
+def _chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if shutil.which(name):
+            return shutil.which(name)
+    pytest.skip("chromium not installed (apt-get install -y chromium; ./dev.sh test installs it as root)")
+
+
+def _open(page: Path, tmp: Path) -> tuple[str, Path]:
+    """(title after load from --dump-dom, screenshot path) of ``page`` in headless Chromium."""
+    exe = _chromium()
+    flags = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--disable-dev-shm-usage", f"--user-data-dir={tmp / 'profile'}", "--window-size=1200,900"]
+    url = page.resolve().as_uri()
+    dom = subprocess.run(flags + ["--dump-dom", url], capture_output=True, text=True, timeout=60)
+    shot = tmp / "shot.png"
+    subprocess.run(flags + [f"--screenshot={shot}", url], capture_output=True, text=True, timeout=60)
+    start = dom.stdout.find("<title>")
+    title = dom.stdout[start + 7:dom.stdout.find("</title>", start)] if start >= 0 else ""
+    return title, shot
+
+
+def test_report_opens_in_chromium(report, tmp_path):
+    folder, _ = report
+    title, shot = _open(folder / "index.html", tmp_path)
+    assert title.endswith("[ready]"), title
+    import matplotlib.image as mpimg
+    img = mpimg.imread(shot)
+    assert img.shape[:2] == (900, 1200) and img[..., :3].std() > 0.05  # rendered content, not a blank page
+
+
+def test_chromium_check_sees_a_broken_page(tmp_path):
+    """The page's own error hook: a broken image turns the title into an error (so the check can fail)."""
+    png = tmp_path / "bad.png"
+    png.write_bytes(b"not a png")
+    (tmp_path / "bad.html").write_text(to_html("broken", [Image(png, "bad")]))
+    title, _ = _open(tmp_path / "bad.html", tmp_path)
+    assert "[error" in title and "bad.png" in title
+
+
+# ---------------------------------------------------------------- bench/run_all.py
+
+def test_run_all_collects_rows_and_printed_output(tmp_path):
+    """run_all's contract on toy scripts: run() rows, print-only scripts, a failing script."""
+    import sys
+    root = Path(__file__).resolve().parents[1]
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    shutil.copy(root / "bench" / "run_all.py", bench / "run_all.py")
+    (bench / "bench_rows.py").write_text(
+        "def run():\n    print('hello from rows')\n"
+        "    return [{'benchmark': 'toy', 'metric': 'mape', 'value': 4.5, 'unit': '%', 'note': 'n=3'}]\n")
+    (bench / "prints.py").write_text("print('just printing')\n")
+    (bench / "bench_broken.py").write_text("raise SystemExit('broken on purpose')\n")
+    (bench / "_helper.py").write_text("raise SystemExit('never run')\n")
+    done = subprocess.run([sys.executable, str(bench / "run_all.py"), "--out", str(tmp_path / "res")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1  # the broken script fails the run
+    md = (tmp_path / "res" / "latest.md").read_text()
+    rows = json.loads((tmp_path / "res" / "latest.json").read_text())["rows"]
+    assert {"benchmark": "toy", "metric": "mape", "value": 4.5, "unit": "%", "note": "n=3"} in rows
+    assert any(r["benchmark"] == "prints" and r["metric"].startswith("ran") for r in rows)
+    assert any(r["benchmark"] == "bench_broken" and r["metric"] == "failed" for r in rows)
+    assert not any(r["benchmark"] == "_helper" for r in rows)
+    assert "hello from rows" in md and "just printing" in md and "broken on purpose" in md
+    assert "PerfSeer" in md and "nn-Meter" in md and "DNNPerf" in md and "perf4sight (ICCV-W 2021)" in md
+    picked = subprocess.run([sys.executable, str(bench / "run_all.py"), "rows", "--out", str(tmp_path / "one")],
+                            capture_output=True, text=True, timeout=60)
+    assert picked.returncode == 0 and "just printing" not in (tmp_path / "one" / "latest.md").read_text()
