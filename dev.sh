@@ -17,26 +17,21 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
   echo "$want" > "$stamp"
 fi
 
-ensure_sshd() {  # the SSH tests start their own OpenSSH servers on 127.0.0.1
-  if [ ! -x /usr/sbin/sshd ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "perf4sight: installing openssh-server for the SSH tests" >&2
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server) >/dev/null 2>&1 \
-      || echo "perf4sight: could not install openssh-server; the SSH tests will skip" >&2
-  fi
-}
-
-ensure_chromium() {  # tests/test_report.py opens the compare report in headless Chromium
-  if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "perf4sight: installing chromium for the report tests" >&2
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 \
-      || echo "perf4sight: could not install chromium; the browser tests will skip" >&2
+ensure_test_tools() {  # SSH tests start their own sshd on 127.0.0.1; report tests open HTML in headless Chromium
+  local missing=()
+  [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+  command -v chromium >/dev/null || missing+=(chromium)
+  if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "perf4sight: installing ${missing[*]} for the tests" >&2
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") >/dev/null 2>&1 \
+      || echo "perf4sight: could not install ${missing[*]}; the tests that need them will skip" >&2
   fi
 }
 
 cmd="${1:-}"; shift || true
 case "$cmd" in
   run)   exec "$venv/bin/python" main.py "$@" ;;
-  test)  ensure_sshd; ensure_chromium; exec "$venv/bin/python" -m pytest -q "$@" ;;
+  test)  ensure_test_tools; exec "$venv/bin/python" -m pytest -q "$@" ;;
   bench) exec "$venv/bin/python" bench/run_all.py "$@" ;;
   *)     echo "usage: ./dev.sh run MAIN_ARGS... | test [PYTEST_ARGS...] | bench [NAME]" >&2; exit 2 ;;
 esac
