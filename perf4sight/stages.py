@@ -27,15 +27,23 @@ STAGE_ORDER = ("networks", "profile", "fingerprint", "predict", "compare")
 
 def run(stage: str, cfg: Config, args: argparse.Namespace) -> int:
     """Run ``stage`` (or every stage of ``STAGE_ORDER`` for ``all``); returns the exit code."""
-    if stage == "all":
+    if stage != "all":
+        return STAGES[stage](cfg, args)
+    summary = Table(title="summary of --stage all")
+    for col in ("stage", "seconds", "result"):
+        summary.add_column(col)
+    code = 0
+    for name in STAGE_ORDER:
+        console.rule(f"[bold]{name}")
         started = time.perf_counter()
-        code = 0
-        for name in STAGE_ORDER:
-            console.rule(f"[bold]{name}")
-            code = max(code, STAGES[name](cfg, args))
-        console.rule(f"[bold]done in {time.perf_counter() - started:.0f} s")
-        return code
-    return STAGES[stage](cfg, args)
+        stage_code = STAGES[name](cfg, args)
+        summary.add_row(name, f"{time.perf_counter() - started:.0f}", "ok" if stage_code == 0 else f"exit {stage_code}")
+        code = max(code, stage_code)
+    console.rule()
+    console.print(summary)
+    console.print(f"networks: {cfg.models_dir}  measurements: {cfg.profiling_dir}  "
+                  f"fingerprints: {cfg.fingerprint_dir}  reports: {cfg.reports_dir}", markup=False)
+    return code
 
 
 # ---------------------------------------------------------------- inputs shared by stages
