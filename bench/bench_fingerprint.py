@@ -1,10 +1,20 @@
-"""Leave-one-network-out accuracy of the fingerprint on the imported Jetson TX2 data.
+"""Fingerprint accuracy on networks it has never seen, against perf4sight's feature set.
 
-Trains on 3 of the 4 networks (all their pruned variants) and tests on the 4th, for latency
-(``latency_ms_median``, ms) and memory (``device_mem_used_mb``, MiB); prints MAPE per held-out
-network beside perf4sight's published figures, plus description->prediction time.
+For every network family held out in turn, the whole fingerprint pipeline (``fit_fingerprint``:
+model choice by grouped CV on the training families, group-conformal interval, capacity learnt
+from ``oom`` rows) is fitted on the other families and asked about the held-out one:
 
-    .venv/bin/python bench/bench_fingerprint.py [--trees 200]
+- MAPE / RMSPE / share within ±10 % per held-out family, latency and memory; beside it the
+  ``perf4sight-conv`` feature set (56 summed conv-layer costs) through ExtraTrees(300) on the same
+  folds, and on the Jetson TX2 data perf4sight's published figures;
+- coverage of the nominal 90 % interval on the held-out rows;
+- out of memory: is the predicted largest batch size right (between the largest batch that ran and
+  the smallest that failed), and is ``fits`` right per measured row;
+- random 5-fold splits over rows (from the full fit's metadata);
+- speed: description -> prediction per network, and per query in a batch of queries.
+
+    .venv/bin/python bench/bench_fingerprint.py          # TX2 data (shared/) + profiling_csvs/local if present
+    .venv/bin/python bench/bench_fingerprint.py --csv profiling_csvs/local/measurements.csv --models models
 """
 from __future__ import annotations
 
@@ -12,73 +22,292 @@ import argparse
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from perf4sight.features.aggregate import feature_matrix, network_features  # noqa: E402
-from perf4sight.fingerprint.evaluate import grouped_cv  # noqa: E402
-from perf4sight.fingerprint.trees import TargetModel  # noqa: E402
+from perf4sight.config import FingerprintConfig  # noqa: E402
+from perf4sight.features.aggregate import network_features  # noqa: E402
+from perf4sight.features.perf4sight_set import PERF4SIGHT_FEATURES, perf4sight_matrix, perf4sight_vectors  # noqa: E402
+from perf4sight.fingerprint import fit_fingerprint, load_fingerprint  # noqa: E402
+from perf4sight.fingerprint.evaluate import metrics  # noqa: E402
+from perf4sight.fingerprint.fit import LATENCY_COLUMN, memory_column  # noqa: E402
 from perf4sight.importers import import_perf4sight  # noqa: E402
 from perf4sight.ir.schema import load_description  # noqa: E402
 from perf4sight.profiling.results import read_rows, results_path  # noqa: E402
 
 TX2 = ROOT.parent / "shared" / "data" / "tx2-perf4sight"
-NETS = ("resnet18", "resnet50", "mobilenetv2", "squeezenet")
-#: perf4sight (ICCV-W 2021) leave-one-network-out MAPE, percent.
-REFERENCE = {"memory": (13.0, 6.2, 6.9, 12.7), "latency": (13.6, 11.1, 37.8, 11.6)}
-COLUMN = {"memory": "device_mem_used_mb", "latency": "latency_ms_median"}
+#: The project's own cpu measurements (profile stage, default config), evaluated too when present.
+LOCAL_CSV = ROOT / "profiling_csvs" / "local" / "measurements.csv"
+#: perf4sight (ICCV-W 2021) leave-one-network-out MAPE, percent, on the TX2 data.
+REFERENCE = {"memory": {"resnet18": 13.0, "resnet50": 6.2, "mobilenetv2": 6.9, "squeezenet": 12.7},
+             "latency": {"resnet18": 13.6, "resnet50": 11.1, "mobilenetv2": 37.8, "squeezenet": 11.6}}
+TARGET_MAPE = {"memory": 5.0, "latency": 8.0}
+
+
+def _num(v: Any) -> float | None:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if np.isfinite(x) and x > 0 else None
+
+
+def load_tx2(data: Path, tmp: Path) -> tuple[str, list[dict], dict]:
+    """Import the TX2 folder into ``tmp``; (device, rows, descriptions)."""
+    import_perf4sight(data, "tx2", tmp / "prof", tmp / "models")
+    rows = read_rows(results_path(tmp / "prof", "tx2"))
+    descs = {p.stem: load_description(p) for p in (tmp / "models" / "imported" / "tx2").glob("*.json")}
+    return "tx2", rows, descs
+
+
+def load_csv(csv: Path, models: Path) -> tuple[str, list[dict], dict]:
+    """A profile stage's measurements CSV and the descriptions under ``models`` (searched recursively)."""
+    rows = read_rows(csv)
+    if not rows:
+        sys.exit(f"no rows in {csv}")
+    device = str(rows[0]["device"])
+    wanted = {str(r["network"]) for r in rows}
+    descs = {}
+    for p in sorted(models.rglob("*.json")):
+        if p.stem in wanted and p.stem not in descs:
+            try:
+                descs[p.stem] = load_description(p)
+            except Exception:  # noqa: BLE001 - not a description (e.g. plan files)
+                continue
+    return device, [r for r in rows if str(r.get("device")) == device], descs
+
+
+def _conv_baseline(rows: list[dict], descs: dict, col: str, fams: list[str], trees: int) -> dict[str, dict]:
+    """perf4sight-conv features -> ExtraTrees(``trees``) on the raw target, leave one family out."""
+    from sklearn.ensemble import ExtraTreesRegressor
+    vec = {n: perf4sight_vectors(descs[n]) for n in {r["network"] for r in rows}}
+    rs = [r for r in rows if r["status"] == "ok" and _num(r.get(col))]
+    X = perf4sight_matrix([vec[r["network"]] for r in rs], [int(float(r["batch_size"])) for r in rs])
+    y = np.array([_num(r[col]) for r in rs])
+    g = np.array([r["family"] for r in rs])
+    out = {}
+    for fam in fams:
+        te = g == fam
+        reg = ExtraTreesRegressor(n_estimators=trees, random_state=0, n_jobs=1).fit(X[~te], y[~te])
+        out[fam] = metrics(y[te], reg.predict(X[te]))
+    return out
+
+
+def _oom_checks(fp: Any, test_rows: list[dict], descs: dict) -> tuple[int, int, int, int, int]:
+    """(max-batch right, max-batch asked, fits right, fits asked, max-batch within 10 %) on one held-out
+    family. Right = between the largest batch that ran and the smallest larger one that failed; within
+    10 % = no more than 10 % outside that range."""
+    right = asked = fit_right = fit_asked = near = 0
+    by_net: dict[str, list[dict]] = {}
+    for r in test_rows:
+        if r["status"] in ("ok", "oom"):
+            by_net.setdefault(r["network"], []).append(r)
+    for net, rs in by_net.items():
+        ok = [int(float(r["batch_size"])) for r in rs if r["status"] == "ok"]
+        bad = [int(float(r["batch_size"])) for r in rs if r["status"] == "oom"]
+        preds = fp.predict(descs[net], sorted(ok + bad))
+        for p in preds:
+            fit_asked += 1
+            fit_right += p["fits"] == (p["batch_size"] in ok)
+        if not ok or fp.capacity_mb is None:
+            continue
+        lo = max(ok)
+        hi = min([b for b in bad if b > lo], default=None)
+        m = fp.max_batch_size(descs[net], limit=1024)
+        asked += 1
+        right += m is not None and m >= lo and (hi is None or m < hi)
+        near += m is not None and m >= 0.9 * lo and (hi is None or m < 1.1 * hi)
+    return right, asked, fit_right, fit_asked, near
+
+
+def evaluate(device: str, rows: list[dict], descs: dict, trees: int = 200, baseline_trees: int = 300,
+             label: str = "") -> dict[str, Any]:
+    """Leave-one-family-out evaluation of the pipeline and the perf4sight-conv baseline (see module doc)."""
+    rows = [r for r in rows if r["network"] in descs and r.get("status") in ("ok", "oom")]
+    mem_col = memory_column(rows)
+    cols = {"memory": mem_col, "latency": LATENCY_COLUMN}
+    fams = sorted({r["family"] for r in rows})
+    fcfg = replace(FingerprintConfig(), n_estimators=trees)
+    res: dict[str, Any] = {"device": device, "label": label, "families": fams, "columns": cols,
+                           "ours": {t: {} for t in cols}, "conv": {}, "coverage": {t: {} for t in cols},
+                           "oom": {}, "fits": {}}
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        for fam in fams:
+            train = [r for r in rows if r["family"] != fam]
+            test = [r for r in rows if r["family"] == fam]
+            fit_fingerprint(train, descs, device, Path(tmp) / fam, fcfg)
+            fp = load_fingerprint(Path(tmp) / fam)
+            nets = sorted({r["network"] for r in test})
+            pred = {(p["network"], p["batch_size"]): p for n in nets
+                    for p in fp.predict(descs[n], sorted({int(float(r["batch_size"])) for r in test if r["network"] == n}))}
+            for t, col in cols.items():
+                key = "latency_ms" if t == "latency" else "memory_mb"
+                rs = [r for r in test if r["status"] == "ok" and _num(r.get(col))]
+                y = np.array([_num(r[col]) for r in rs])
+                ps = [pred[(r["network"], int(float(r["batch_size"])))] for r in rs]
+                res["ours"][t][fam] = metrics(y, np.array([p[key] for p in ps]))
+                inside = [p[f"{key}_low"] <= v <= p[f"{key}_high"] for p, v in zip(ps, y)]
+                res["coverage"][t][fam] = 100.0 * float(np.mean(inside)) if inside else float("nan")
+            res["oom"][fam] = _oom_checks(fp, test, descs)
+        res["ours_seconds"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        res["conv"] = {t: _conv_baseline(rows, descs, col, fams, baseline_trees) for t, col in cols.items()}
+        res["conv_seconds"] = time.perf_counter() - t0
+        meta = fit_fingerprint(rows, descs, device, Path(tmp) / "all", fcfg)
+        res["random_split"] = {t: meta["accuracy"][t]["random_split"] for t in cols}
+        res["selection"] = {t: meta["accuracy"][t]["selection"]["chosen"] for t in cols}
+        res["speed"] = _speed(load_fingerprint(Path(tmp) / "all"), descs)
+    res["noise"] = _noise(rows, cols)
+    return res
+
+
+def _speed(fp: Any, descs: dict) -> dict[str, float]:
+    """ms per network from a description (features + 4 batch sizes), µs per query in one batched call."""
+    names = sorted(descs)
+    times = []
+    for n in names:
+        t0 = time.perf_counter()
+        fp.predict(descs[n], [2, 8, 32, 64])
+        times.append(time.perf_counter() - t0)
+    feats = [network_features(descs[n]) for n in names]
+    bss = list(range(1, 65))
+    t0 = time.perf_counter()
+    out = fp.predict(feats, bss)
+    per_query = (time.perf_counter() - t0) / len(out)
+    return {"median_ms": 1e3 * float(np.median(times)), "max_ms": 1e3 * float(max(times)),
+            "batched_us_per_query": 1e6 * per_query, "batched_queries": len(out)}
+
+
+def _noise(rows: list[dict], cols: dict[str, str]) -> dict[str, float]:
+    """Measurement noise: spread of the timed steps inside one configuration (latency_ms_std / median),
+    and the spread between repeated rows of one (network, batch size) where the data has any (%)."""
+    out: dict[str, float] = {}
+    within = [(_num(r.get("latency_ms_std")) or 0) / _num(r[LATENCY_COLUMN]) for r in rows
+              if r["status"] == "ok" and _num(r.get(LATENCY_COLUMN)) and r.get("latency_ms_std") not in (None, "")]
+    if within:
+        out["latency_step_cv_median_pct"] = 100 * float(np.median(within))
+    for t, col in cols.items():
+        groups: dict[tuple, list[float]] = {}
+        for r in rows:
+            if r["status"] == "ok" and _num(r.get(col)):
+                groups.setdefault((r["network"], r["batch_size"]), []).append(_num(r[col]))
+        reps = [np.std(v) / np.mean(v) for v in groups.values() if len(v) > 1]
+        if reps:
+            out[f"{t}_repeat_cv_median_pct"] = 100 * float(np.median(reps))
+    return out
+
+
+def table(res: dict[str, Any]) -> list[str]:
+    """The printed table of one evaluation."""
+    fams, lines = res["families"], []
+    ref = REFERENCE if res["device"] == "tx2" else {}
+    lines.append(f"== {res['label'] or res['device']}: leave one network family out ({len(fams)} families)")
+    for t in ("memory", "latency"):
+        lines.append(f"\n{t} ({res['columns'][t]}), target MAPE <= {TARGET_MAPE[t]:.0f}% per held-out family")
+        lines.append(f"  {'':<36}" + "".join(f"{f[:12]:>13}" for f in fams) + f"{'mean':>8}")
+        rowspec = [("MAPE % ours (fingerprint)", res["ours"][t], "mape"),
+                   ("RMSPE % ours", res["ours"][t], "rmspe"), ("within ±10 % ours", res["ours"][t], "within10"),
+                   (f"MAPE % perf4sight-conv + ET300", res["conv"][t], "mape"),
+                   ("within ±10 % perf4sight-conv", res["conv"][t], "within10")]
+        if t in ref:
+            rowspec.append(("MAPE % perf4sight paper", {f: {"mape": ref[t].get(f, np.nan)} for f in fams}, "mape"))
+        for name, d, k in rowspec:
+            vals = [d[f][k] for f in fams]
+            lines.append(f"  {name:<36}" + "".join(f"{v:>13.1f}" for v in vals) + f"{np.nanmean(vals):>8.1f}")
+        cov = [res["coverage"][t][f] for f in fams]
+        lines.append(f"  {'90% interval coverage %':<36}" + "".join(f"{v:>13.1f}" for v in cov) + f"{np.nanmean(cov):>8.1f}")
+        rs = res["random_split"][t]
+        lines.append(f"  random 5-fold split: MAPE {rs['mape']:.1f}%, RMSPE {rs['rmspe']:.1f}%, ±10% {rs['within10']:.1f}%"
+                     f"; chosen form (full fit): {res['selection'][t]}")
+    oom = [res["oom"][f] for f in fams]
+    lines.append("\nout of memory, held-out families: max batch size right "
+                 + ", ".join(f"{f} {o[0]}/{o[1]}" for f, o in zip(fams, oom))
+                 + f"; within 10 % {sum(o[4] for o in oom)}/{sum(o[1] for o in oom)}"
+                 + f"; `fits` right per row {sum(o[2] for o in oom)}/{sum(o[3] for o in oom)}")
+    sp = res["speed"]
+    lines.append(f"speed: description -> 4 predictions median {sp['median_ms']:.2f} ms (max {sp['max_ms']:.2f} ms) "
+                 f"per network; batched {sp['batched_us_per_query']:.1f} µs per query ({sp['batched_queries']} queries)")
+    if res["noise"]:
+        lines.append("measurement noise: " + ", ".join(f"{k} {v:.1f}" for k, v in res["noise"].items()))
+    lines.append(f"(pipeline LOFO {res['ours_seconds']:.0f} s, baseline {res['conv_seconds']:.0f} s)")
+    return lines
+
+
+def figures(res: dict[str, Any]) -> list[dict]:
+    """Rows for bench/run_all.py: keys benchmark, metric, value, unit, note."""
+    b, out = f"fingerprint-{res['device']}", []
+    for t in ("memory", "latency"):
+        for f in res["families"]:
+            o, c = res["ours"][t][f], res["conv"][t][f]
+            note = f"target <= {TARGET_MAPE[t]}%"
+            if res["device"] == "tx2":
+                note += f"; perf4sight paper {REFERENCE[t].get(f)}%"
+            out += [{"benchmark": b, "metric": f"{t}_mape_{f}", "value": round(o["mape"], 2), "unit": "%", "note": note},
+                    {"benchmark": b, "metric": f"{t}_within10_{f}", "value": round(o["within10"], 1), "unit": "%", "note": ""},
+                    {"benchmark": b, "metric": f"{t}_mape_{f}_perf4sight_conv_et300", "value": round(c["mape"], 2),
+                     "unit": "%", "note": "baseline, same folds"},
+                    {"benchmark": b, "metric": f"{t}_interval90_coverage_{f}", "value": round(res["coverage"][t][f], 1),
+                     "unit": "%", "note": "target >= 85%"}]
+        out.append({"benchmark": b, "metric": f"{t}_mape_random_split", "value": round(res["random_split"][t]["mape"], 2),
+                    "unit": "%", "note": "5-fold over rows"})
+    oom = list(res["oom"].values())
+    out.append({"benchmark": b, "metric": "max_batch_right", "value": sum(o[0] for o in oom),
+                "unit": "networks", "note": f"of {sum(o[1] for o in oom)} held-out network variants"})
+    out.append({"benchmark": b, "metric": "max_batch_within10pct", "value": sum(o[4] for o in oom),
+                "unit": "networks", "note": f"of {sum(o[1] for o in oom)}"})
+    out.append({"benchmark": b, "metric": "fits_right_pct", "value": round(100 * sum(o[2] for o in oom)
+                / max(1, sum(o[3] for o in oom)), 1), "unit": "%", "note": "per measured row (ok/oom)"})
+    out.append({"benchmark": b, "metric": "predict_ms_per_network", "value": round(res["speed"]["median_ms"], 2),
+                "unit": "ms", "note": "description -> 4 batch sizes, target < 50 ms"})
+    out.append({"benchmark": b, "metric": "predict_us_per_query_batched", "unit": "us",
+                "value": round(res["speed"]["batched_us_per_query"], 2), "note": ""})
+    for k, v in res["noise"].items():
+        out.append({"benchmark": b, "metric": f"noise_{k}", "value": round(v, 2), "unit": "%", "note": "measurement"})
+    return out
+
+
+def run(data: Path = TX2, csv: Path | None = LOCAL_CSV if LOCAL_CSV.is_file() else None,
+        models: Path | None = None, trees: int = 200) -> list[dict]:
+    """Evaluate on the TX2 data (skipped when absent) and on a CPU profiling CSV (the project's own by
+    default, when present); print the tables, return the figures."""
+    out: list[dict] = []
+    for res in _evaluations(data, csv, models, trees):
+        print("\n".join(table(res)), flush=True)
+        out += figures(res)
+    return out
+
+
+def _evaluations(data: Path, csv: Path | None, models: Path | None, trees: int):
+    if (data / "graphs").is_dir():
+        with tempfile.TemporaryDirectory() as tmp:
+            yield evaluate(*load_tx2(data, Path(tmp)), trees=trees, label="Jetson TX2 (perf4sight data)")
+    else:
+        print(f"TX2 data not found at {data}: skipped")
+    if csv is not None:
+        device, rows, descs = load_csv(csv, models or ROOT / "models")
+        if len({r["family"] for r in rows if r["network"] in descs}) < 2:
+            print(f"{csv}: fewer than 2 network families with descriptions: skipped")
+            return
+        yield evaluate(device, rows, descs, trees=trees, label=f"{device} ({csv.name})")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", type=Path, default=TX2)
+    ap.add_argument("--data", type=Path, default=TX2, help="perf4sight TX2 folder")
+    ap.add_argument("--csv", type=Path, default=LOCAL_CSV if LOCAL_CSV.is_file() else None,
+                    help=f"a profile stage's measurements.csv (default {LOCAL_CSV.relative_to(ROOT)} when present)")
+    ap.add_argument("--models", type=Path, help="models dir holding those networks' descriptions")
     ap.add_argument("--trees", type=int, default=200)
+    ap.add_argument("--no-tx2", action="store_true", help="only the --csv data")
     args = ap.parse_args()
-    if not (args.data / "graphs").is_dir():
-        sys.exit(f"TX2 data not found at {args.data}")
-    with tempfile.TemporaryDirectory() as tmp:
-        import_perf4sight(args.data, "tx2", Path(tmp) / "prof", Path(tmp) / "models")
-        rows = [r for r in read_rows(results_path(Path(tmp) / "prof", "tx2")) if r["status"] == "ok"]
-        descs = {p.stem: load_description(p) for p in (Path(tmp) / "models" / "imported" / "tx2").glob("*.json")}
-    feats = {n: network_features(d) for n, d in descs.items()}
-    variants = [("analytic only", "extra-trees", False, 1),
-                ("analytic x ExtraTrees (default)", "extra-trees", True, 1),
-                ("analytic x GradientBoosting", "gradient-boosting", True, 5)]
-    for target in ("memory", "latency"):
-        rs = [r for r in rows if r[COLUMN[target]]]
-        F = feature_matrix([feats[r["network"]] for r in rs], [int(r["batch_size"]) for r in rs])
-        y = np.array([float(r[COLUMN[target]]) for r in rs])
-        g = np.array([r["family"] for r in rs])
-        print(f"\n{target} ({COLUMN[target]}), MAPE % per held-out network, {len(rs)} rows")
-        print(f"  {'model':<34}" + "".join(f"{n:>13}" for n in NETS) + f"{'mean':>8}{'±10%':>7}")
-        print(f"  {'perf4sight paper (ExtraTrees)':<34}" + "".join(f"{v:>13.1f}" for v in REFERENCE[target])
-              + f"{np.mean(REFERENCE[target]):>8.1f}")
-        for label, model, correct, leaf in variants:
-            t0 = time.perf_counter()
-            cv = grouped_cv(F, y, g, "family", lambda a, b, c: TargetModel.fit(
-                target, a, b, model, args.trees, leaf, 0, correct).predict(c))
-            mapes = [cv.per_group[n]["mape"] for n in NETS]
-            print(f"  {label:<34}" + "".join(f"{m:>13.1f}" for m in mapes) + f"{np.mean(mapes):>8.1f}"
-                  f"{cv.overall['within10']:>7.1f}   ({time.perf_counter() - t0:.1f} s)")
-    # description -> prediction speed with a full-size model
-    from perf4sight.config import FingerprintConfig
-    from perf4sight.fingerprint import fit_fingerprint, load_fingerprint
-    with tempfile.TemporaryDirectory() as tmp:
-        import_perf4sight(args.data, "tx2", Path(tmp) / "prof", Path(tmp) / "models")
-        all_rows = read_rows(results_path(Path(tmp) / "prof", "tx2"))
-        fit_fingerprint(all_rows, descs, "tx2", Path(tmp) / "fp", FingerprintConfig(n_estimators=args.trees))
-        fp = load_fingerprint(Path(tmp) / "fp")
-        times = []
-        for name in sorted(descs):
-            t0 = time.perf_counter()
-            fp.predict(descs[name], [2, 8, 32, 64])
-            times.append(time.perf_counter() - t0)
-        print(f"\nprediction (description -> 4 batch sizes, {args.trees} trees): median "
-              f"{1e3 * np.median(times):.2f} ms, max {1e3 * max(times):.2f} ms per network")
+    run(Path("/nonexistent") if args.no_tx2 else args.data, args.csv, args.models, args.trees)
 
 
 if __name__ == "__main__":

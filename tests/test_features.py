@@ -125,3 +125,48 @@ def test_tx2_resnet18_macs_are_textbook(tx2_data):
     nf = network_features(load_description(tx2_data / "graphs" / "resnet18_0.json"))
     assert nf.per_sample["macs"] == pytest.approx(1.814e9, rel=0.01)  # the well-known 1.8 GMACs
     assert nf.per_sample["depthwise_macs"] == 0
+
+
+def test_allocator_rounding():
+    from perf4sight.features.aggregate import allocator_bytes
+    assert allocator_bytes(np.array([1.0]), 1) == 512
+    assert allocator_bytes(np.array([1000.0]), 2) == 2048  # 2000 B -> 4 blocks of 512
+    mib = 2.0**20
+    assert allocator_bytes(np.array([5 * mib]), 1) == 5 * mib  # carved from a 20 MiB segment, 512-aligned
+    assert allocator_bytes(np.array([11 * mib + 1]), 1) == 12 * mib  # own segment, 2 MiB granularity
+
+
+def test_allocator_features_columns():
+    from perf4sight.features.aggregate import FEATURE_NAMES, feature_matrix, network_features
+    from perf4sight.ir.schema import NetworkDescription, Node
+    desc = NetworkDescription(name="t", network="t", input_shape=[3, 8, 8], num_classes=4, params=0, nodes=[
+        Node("x", "input", [], {}, [3, 8, 8]),
+        Node("c", "conv2d", ["x"], {"in_channels": 3, "out_channels": 5, "kernel_size": [3, 3], "stride": [1, 1],
+                                    "padding": [1, 1], "dilation": [1, 1], "groups": 1, "bias": False}, [5, 8, 8]),
+        Node("r", "relu", ["c"], {}, [5, 8, 8])], output="r")
+    nf = network_features(desc)
+    F = feature_matrix(nf, [1, 4096])
+    row = dict(zip(FEATURE_NAMES, F[1]))
+    exact = (row["saved_bytes"] + row["input_bytes"]) / 2**20
+    assert row["saved_alloc_mb"] >= exact - 1e-9
+    assert row["mem_alloc_mb"] == pytest.approx(row["mem_analytic_mb"] - exact + row["saved_alloc_mb"])
+    assert dict(zip(FEATURE_NAMES, F[0]))["saved_alloc_mb"] * 2**20 % 512 == 0
+
+
+def test_perf4sight_conv_set():
+    from perf4sight.features.perf4sight_set import PERF4SIGHT_FEATURES, perf4sight_matrix, perf4sight_vectors
+    from perf4sight.ir.schema import NetworkDescription, Node
+    conv = {"in_channels": 4, "out_channels": 8, "kernel_size": [3, 3], "stride": [1, 1], "padding": [1, 1],
+            "dilation": [1, 1], "groups": 1, "bias": False}
+    dw = dict(conv, in_channels=8, out_channels=8, groups=8)
+    desc = NetworkDescription(name="t", network="t", input_shape=[4, 8, 8], num_classes=2, params=0, nodes=[
+        Node("x", "input", [], {}, [4, 8, 8]), Node("c", "conv2d", ["x"], conv, [8, 8, 8]),
+        Node("d", "conv2d", ["c"], dw, [8, 8, 8])], output="d")
+    assert len(PERF4SIGHT_FEATURES) == 56
+    v = perf4sight_vectors(desc)
+    m = dict(zip(PERF4SIGHT_FEATURES, perf4sight_matrix([v, v], [1, 3])[1]))
+    assert m["batch_size"] == 3 and m["n_conv"] == 2 and m["n_depthwise"] == 1
+    assert m["fwd_gemm_macs"] == 3 * (64 * 8 * 4 * 9 + 64 * 8 * 1 * 9)
+    assert m["depthwise_macs"] == 3 * 64 * 8 * 9
+    assert m["fwd_wino_pointwise_flops"] > 0  # the dense 3x3 stride-1 layer qualifies for Winograd
+    assert m["conv_weight_bytes"] == (8 * 4 * 9 + 8 * 9) * 4  # static: not scaled by the batch

@@ -128,3 +128,61 @@ def test_predict_module(tx2):
                               torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 10))
     out = fp.predict_module(net, [3, 32, 32], [4, 8], name="tiny")
     assert [p["batch_size"] for p in out] == [4, 8] and all(p["memory_mb"] > 0 for p in out)
+
+
+def test_metadata_has_selection_random_split_and_interval(tx2):
+    _, _, _, meta = tx2
+    from perf4sight.fingerprint.select import CANDIDATES
+    for target in ("latency", "memory"):
+        acc = meta["accuracy"][target]
+        sel = acc["selection"]
+        assert sel["chosen"] in {c.name for c in CANDIDATES[target]}
+        assert set(sel["cv_mean_group_mape"]) == {c.name for c in CANDIDATES[target]}
+        assert min(sel["cv_mean_group_mape"].values()) == sel["cv_mean_group_mape"][sel["chosen"]]
+        assert acc["random_split"]["n"] == acc["overall"]["n"] and 0 < acc["random_split"]["mape"] < 40
+        lo, hi = meta["interval"]["log_ratio_quantiles"][target]
+        assert lo < 0 < hi
+        assert meta["linear_terms"][target][0] == "one"
+    lines = accuracy_lines(meta)
+    assert any("random 5-fold split" in line for line in lines)
+    assert any("model chosen by grouped CV" in line for line in lines)
+    assert any("90% interval" in line for line in lines)
+
+
+def test_group_conformal_covers_every_group():
+    from perf4sight.fingerprint.select import group_conformal
+    rng = np.random.default_rng(1)
+    tight, wide = rng.normal(0, 0.01, 200), rng.normal(0.3, 0.1, 40)  # one group is biased and wider
+    r = np.concatenate([tight, wide])
+    g = np.array(["a"] * 200 + ["b"] * 40)
+    lo, hi = group_conformal(r, g, 0.9)
+    pooled_hi = np.quantile(r, 0.95)
+    assert hi > pooled_hi and np.mean((wide >= lo) & (wide <= hi)) >= 0.9
+    assert np.mean((tight >= lo) & (tight <= hi)) >= 0.9
+    assert group_conformal(np.array([0.1, 0.2]), np.array(["a", "a"]), 0.9) == [0.0, 0.0]
+
+
+def test_select_candidate_prefers_the_right_form():
+    """Memory that is exactly linear in the analytic estimate: the analytic-only form must not lose."""
+    from perf4sight.features.aggregate import FEATURE_NAMES
+    from perf4sight.fingerprint.select import select_candidate
+    rng = np.random.default_rng(0)
+    F = np.abs(rng.normal(1, 0.5, size=(120, len(FEATURE_NAMES)))) * 100
+    y = 1000 + 2.0 * F[:, FEATURE_NAMES.index("mem_analytic_mb")]
+    groups = np.repeat(np.array(["a", "b", "c", "d"]), 30)
+    cand, cv, scores = select_candidate("memory", F, y, groups, "family", "extra-trees", 10, 1, 0)
+    assert scores[cand.name] == min(scores.values())
+    assert scores["analytic only"] < 1e-6 and cv.overall["mape"] < 1e-6
+
+
+def test_batched_predict_equals_one_by_one_and_capacity_basis(tx2):
+    tmp, _, descs, meta = tx2
+    fp = load_fingerprint(tmp / "fp" / "tx2")
+    assert meta["capacity_basis"] == "analytic" and fp.capacity_basis == "analytic"
+    nets = [descs["resnet18_0"], descs["squeezenet_50"], descs["mobilenetv2_20"]]
+    together = fp.predict(nets, [3, 40])
+    apart = [p for d in nets for p in fp.predict(d, [3, 40])]
+    assert together == apart
+    # fits and max_batch_size agree: every batch up to the max fits, the next one does not
+    m = fp.max_batch_size(descs["resnet50_0"])
+    assert [p["fits"] for p in fp.predict(descs["resnet50_0"], [m, m + 1])] == [True, False]

@@ -11,9 +11,14 @@ from perf4sight.ir.schema import load_description
 from perf4sight.profiling.results import COLUMNS, read_rows, results_path, row_key
 
 
-@pytest.fixture
-def imported(tx2_data, tmp_path):
-    summary = import_perf4sight(tx2_data, "tx2", tmp_path / "prof", tmp_path / "models")
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    """One import shared by the module's tests (it takes seconds); none of them writes to it."""
+    from conftest import TX2_DATA
+    if not (TX2_DATA / "graphs").is_dir():
+        pytest.skip(f"shared TX2 data not found at {TX2_DATA} (set PERF4SIGHT_TX2_DATA)")
+    tmp_path = tmp_path_factory.mktemp("import")
+    summary = import_perf4sight(TX2_DATA, "tx2", tmp_path / "prof", tmp_path / "models")
     rows = read_rows(results_path(tmp_path / "prof", "tx2"))
     return summary, rows, tmp_path
 

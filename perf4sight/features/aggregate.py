@@ -9,6 +9,13 @@ The analytic training-memory estimate (``mem_analytic_mb``) is:
 weights + gradients + SGD momentum (3 x params x 4 bytes) + the tensors autograd keeps for
 backward (de-duplicated, views resolved to their base) + the input batch + the largest single
 activation (a stand-in for the backward pass's transient workspace).
+
+``saved_alloc_mb`` models PyTorch's CUDA caching allocator on the same saved tensors at the
+step's batch size: every block is rounded up to 512 bytes; a block of at most 1 MiB lives in
+the small pool's 2 MiB segments; a block of 1-10 MiB is carved from 20 MiB segments; a larger
+block gets its own segment rounded up to 2 MiB. It sums the rounded block sizes (MiB), so it is
+not proportional to the batch size. ``mem_alloc_mb`` is ``mem_analytic_mb`` with the saved
+tensors counted this way.
 """
 from __future__ import annotations
 
@@ -20,7 +27,8 @@ from perf4sight.features.formulas import BYTES_PER_ELEMENT, HANDLERS, OUTPUT, Op
 from perf4sight.ir.schema import NetworkDescription
 
 __all__ = ["NetworkFeatures", "network_features", "features_for", "feature_matrix", "unsupported_ops",
-           "FEATURE_NAMES", "SCALED_FEATURES", "STATIC_FEATURES"]
+           "FEATURE_NAMES", "SCALED_FEATURES", "STATIC_FEATURES",
+           "ALLOCATOR_FEATURES", "allocator_bytes"]
 
 MIB = float(2**20)
 
@@ -37,7 +45,11 @@ STATIC_FEATURES: tuple[str, ...] = (
     "n_nodes", "n_conv", "n_depthwise", "branch_nodes", "n_cat", "n_add", "depthwise_share",
     "odd_channel_share", "intensity", "mean_conv_channels", "input_hw",
 )
-FEATURE_NAMES: tuple[str, ...] = ("batch_size",) + SCALED_FEATURES + STATIC_FEATURES + ("mem_analytic_mb",)
+#: Figures that are not linear in the batch size (MiB), appended last so older columns keep their index.
+ALLOCATOR_FEATURES: tuple[str, ...] = ("saved_alloc_mb", "mem_alloc_mb")
+FEATURE_NAMES: tuple[str, ...] = (("batch_size",) + SCALED_FEATURES + STATIC_FEATURES + ("mem_analytic_mb",)
+                                  + ALLOCATOR_FEATURES)
+_SMALL, _LARGE, _ROUND, _SEG = 2**20, 10 * 2**20, 512, 2 * 2**20
 
 
 @dataclass
@@ -48,6 +60,7 @@ class NetworkFeatures:
     per_sample: dict[str, float]
     static: dict[str, float]
     unsupported: list[str] = field(default_factory=list)  # "node (op)" for ops without a formula
+    saved_sizes: np.ndarray = field(default_factory=lambda: np.zeros(0))  # bytes per sample of each saved tensor
 
 
 def unsupported_ops(desc: NetworkDescription) -> list[str]:
@@ -65,6 +78,7 @@ def network_features(desc: NetworkDescription) -> NetworkFeatures:
     st = dict.fromkeys(STATIC_FEATURES, 0.0)
     saved: dict[str, float] = {}
     extra_saved = 0.0
+    extra_sizes: list[float] = []
     max_act = 0.0
     unsupported: list[str] = []
     input_name = desc.nodes[0].name
@@ -96,6 +110,8 @@ def network_features(desc: NetworkDescription) -> NetworkFeatures:
             if root != input_name:  # the input batch is counted once, in input_bytes
                 saved[root] = numel(shapes[root]) * BYTES_PER_ELEMENT
         extra_saved += cost.extra_saved_bytes
+        if cost.extra_saved_bytes:
+            extra_sizes.append(cost.extra_saved_bytes)
         if cost.kind != "view" and node.op != "input":
             elems = numel(node.output_shape)
             ps["activation_elems"] += elems
@@ -119,7 +135,18 @@ def network_features(desc: NetworkDescription) -> NetworkFeatures:
     st["intensity"] = ps["flops_fwd"] / moved if moved else 0.0
     st["mean_conv_channels"] = float(np.mean(conv_channels)) if conv_channels else 0.0
     st["input_hw"] = float(numel(desc.input_shape[1:]))
-    return NetworkFeatures(desc.name, ps, st, unsupported)
+    sizes = np.array(list(saved.values()) + extra_sizes + [ps["input_bytes"]], dtype=float)
+    return NetworkFeatures(desc.name, ps, st, unsupported, sizes)
+
+
+def allocator_bytes(sizes: np.ndarray, batch_size: float | np.ndarray) -> float | np.ndarray:
+    """Bytes the caching allocator hands out for tensors of ``sizes`` (bytes per sample) at ``batch_size``
+    (a scalar, or an array of batch sizes -> one total per batch size)."""
+    bs = np.asarray(batch_size, dtype=float)
+    b = np.ceil(np.multiply.outer(bs.reshape(-1), np.asarray(sizes, dtype=float)) / _ROUND) * _ROUND
+    b = np.where(b > _LARGE, np.ceil(b / _SEG) * _SEG, b)
+    tot = b.sum(axis=1)
+    return float(tot[0]) if bs.ndim == 0 else tot
 
 
 def _accumulate(ps: dict[str, float], st: dict[str, float], cost: OpCost, op: str) -> None:
@@ -168,7 +195,17 @@ def feature_matrix(nets: list[NetworkFeatures] | NetworkFeatures, batch_sizes: l
     i_param = STATIC_FEATURES.index("param_bytes")
     i_saved, i_max, i_in = (SCALED_FEATURES.index(k) for k in ("saved_bytes", "max_activation_bytes", "input_bytes"))
     mem = (3 * stat[:, i_param] + scaled[:, i_saved] + scaled[:, i_max] + scaled[:, i_in]) / MIB
-    return np.column_stack([bs, scaled, stat, mem])
+    if isinstance(nets, NetworkFeatures):
+        alloc = allocator_bytes(nets.saved_sizes, bs) / MIB
+    else:
+        alloc = np.empty(len(bs))
+        rows_of: dict[int, list[int]] = {}
+        for i, n in enumerate(nets):
+            rows_of.setdefault(id(n), []).append(i)
+        for idx in rows_of.values():
+            alloc[idx] = allocator_bytes(nets[idx[0]].saved_sizes, bs[idx]) / MIB
+    extra = (scaled[:, i_saved] + scaled[:, i_in]) / MIB  # what alloc replaces (saved + input, exact bytes)
+    return np.column_stack([bs, scaled, stat, mem, alloc, mem - extra + alloc])
 
 
 def features_for(desc: NetworkDescription | NetworkFeatures, batch_size: int) -> dict[str, float]:

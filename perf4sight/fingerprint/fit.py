@@ -2,9 +2,12 @@
 
 Targets: latency = ``latency_ms_median`` (ms); memory = ``peak_rss_mb`` for the ``cpu`` backend,
 ``device_mem_used_mb`` (MiB) for GPU, Jetson and imported data. Fitted on ``ok`` rows; ``oom``
-rows teach the device's memory capacity. Accuracy comes from leave-one-family-out CV (or
-leave-one-network-out when the data holds a single family) and also calibrates the
-prediction intervals (empirical quantiles of the out-of-fold log-ratio residuals).
+rows teach the device's memory capacity (a threshold on the memory model's analytic part, which
+keeps growing where measured memory saturates near the limit). Each target's model form is chosen
+among a few candidates by leave-one-family-out CV (leave-one-network-out when the data holds a
+single family; see ``select.py``); the chosen form's out-of-fold predictions are the accuracy table
+and calibrate the prediction interval (group-conformal on the log-ratio residuals). Accuracy on
+random 5-fold row splits is stored beside it.
 """
 from __future__ import annotations
 
@@ -20,7 +23,8 @@ import numpy as np
 
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, feature_matrix, network_features
-from perf4sight.fingerprint.evaluate import choose_groups, grouped_cv
+from perf4sight.fingerprint.evaluate import choose_groups
+from perf4sight.fingerprint.select import describe_choice, group_conformal, random_split_metrics, select_candidate
 from perf4sight.fingerprint.storage import save_models
 from perf4sight.fingerprint.trees import LINEAR_TERMS, MODELS, TREE_FEATURES, TargetModel
 from perf4sight.ir.schema import NetworkDescription
@@ -85,7 +89,9 @@ def _capacity(model: TargetModel, ok_F: np.ndarray, oom_F: np.ndarray, limit_mb:
         return float(limit_mb), "configured memory_limit_mb"
     if len(oom_F) == 0:
         return None, "unknown (no oom rows and no memory_limit_mb)"
-    p_ok, p_oom = model.predict(ok_F), model.predict(oom_F)
+    # the analytic (linear) part keeps growing with demand where measured memory saturates near the
+    # device limit (unified memory swaps), so the threshold is learnt on it: see ``capacity_basis``
+    p_ok, p_oom = model.analytic(ok_F), model.analytic(oom_F)
     cands = np.unique(np.concatenate([p_ok, p_oom]))
     best, best_err = float(cands[-1]), None
     for t in cands:  # fits <=> predicted <= t
@@ -148,11 +154,13 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         fams = np.array([str(r.get("family") or r["network"]) for r in rs])
         nets = np.array([str(r["network"]) for r in rs])
         groups, grouping = choose_groups(fams, nets)
-        cv = grouped_cv(F, y, groups, grouping, lambda a, b, c, t=target: TargetModel.fit(
-            t, a, b, model, n_est, leaf, seed).predict(c))
-        models[target] = TargetModel.fit(target, F, y, model, n_est, leaf, seed)
-        intervals[target] = _interval(np.log(y / cv.predictions), coverage)
+        cand, cv, scores = select_candidate(target, F, y, groups, grouping, model, n_est, leaf, seed)
+        lf = cand.leaf if cand.leaf is not None else leaf
+        models[target] = TargetModel.fit(target, F, y, model, n_est, lf, seed, cand.correct, cand.terms)
+        intervals[target] = group_conformal(np.log(y / cv.predictions), groups, coverage)
         accuracy[target] = {"column": col, "grouping": grouping, "overall": cv.overall, "per_group": cv.per_group,
+                            "random_split": random_split_metrics(target, cand, F, y, model, n_est, lf, seed),
+                            "selection": describe_choice(cand, scores),
                             "note": "" if grouping == "family" else "only one network family: folds hold out one network variant"}
         counts[target] = len(rs)
     oom_rows = [r for r in usable if r.get("status") == "oom"]
@@ -164,10 +172,11 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         "versions": _versions(),
         "feature_set": FEATURE_SET,
         "feature_names": list(FEATURE_NAMES),
-        "linear_terms": {k: list(v) for k, v in LINEAR_TERMS.items()},
+        "linear_terms": {k: list(m.terms) for k, m in models.items()},
         "tree_features": list(TREE_FEATURES),
         "model": {"model": model, "n_estimators": n_est, "min_samples_leaf": leaf, "seed": seed,
-                  "form": "analytic(nnls, relative loss) * exp(trees on log residual)"},
+                  "form": "analytic(nnls, relative loss) * exp(trees on log residual); "
+                          "terms/correction/leaf chosen per target by grouped CV (accuracy.<target>.selection)"},
         "targets": {"latency": {"column": LATENCY_COLUMN, "unit": "ms"}, "memory": {"column": mem_col, "unit": "MiB"}},
         "memory_target": mem_col,
         "training_rows": counts,
@@ -178,9 +187,11 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         "training_data_sha256": _data_hash(usable, ("network", "batch_size", "status", LATENCY_COLUMN, mem_col)),
         "accuracy": accuracy,
         "interval": {"coverage": coverage, "log_ratio_quantiles": intervals,
-                     "method": "empirical quantiles of out-of-fold log(measured/predicted)"},
+                     "method": "group-conformal: widest of the pooled and per-group central quantiles of "
+                               "out-of-fold log(measured/predicted)"},
         "capacity_mb": capacity,
         "capacity_source": cap_source,
+        "capacity_basis": "prediction" if memory_limit_mb > 0 or capacity is None else "analytic",
     }
     save_models(out_dir, models, meta)
     return meta

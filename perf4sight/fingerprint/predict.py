@@ -1,9 +1,10 @@
 """Load a fingerprint and predict training-step latency (ms) and memory (MiB) for networks.
 
 Prediction needs only the description (pure numpy features + array trees): a few
-milliseconds per network. ``fits`` compares the predicted memory with the device capacity
-stored in the fingerprint (configured limit or learnt from ``oom`` rows); when the capacity is
-unknown every configuration is reported as fitting.
+milliseconds per network; many queries in one call share a single vectorised pass. ``fits``
+compares the predicted memory with the device capacity stored in the fingerprint (a configured
+limit, compared with the prediction; or learnt from ``oom`` rows, compared with the memory model's
+analytic part: ``capacity_basis``); when the capacity is unknown every configuration fits.
 """
 from __future__ import annotations
 
@@ -34,6 +35,9 @@ class Fingerprint:
         self.input_shape: list[int] | None = metadata.get("input_shape")  # [C, H, W] it was trained at
         cap = metadata.get("capacity_mb")
         self.capacity_mb: float | None = None if cap is None else float(cap)
+        # what ``capacity_mb`` is compared with: the full prediction, or the memory model's analytic part
+        # (a learnt capacity: the demand that keeps growing where measured memory saturates)
+        self.capacity_basis: str = str(metadata.get("capacity_basis", "prediction"))
         q = metadata.get("interval", {}).get("log_ratio_quantiles", {})
         self._bands = {t: (float(q.get(t, [0, 0])[0]), float(q.get(t, [0, 0])[1])) for t in ("latency", "memory")}
 
@@ -44,6 +48,12 @@ class Fingerprint:
             raise UserError(f"predict: network '{nf.name}' has ops without a cost formula: {', '.join(nf.unsupported)}")
         return nf
 
+    def _demand(self, F: np.ndarray, mem: np.ndarray | None) -> np.ndarray:
+        """Memory figure (MiB) compared with ``capacity_mb`` for feature rows ``F``."""
+        if self.capacity_basis == "analytic":
+            return self.models["memory"].analytic(F)
+        return self.models["memory"].predict(F) if mem is None else mem
+
     def predict(self, descs: NetworkDescription | Sequence[NetworkDescription],
                 batch_sizes: int | Sequence[int]) -> list[dict[str, Any]]:
         """One dict per (network, batch size) with keys :data:`PREDICTION_KEYS` (ms, MiB, bool)."""
@@ -52,20 +62,20 @@ class Fingerprint:
         bss = [batch_sizes] if isinstance(batch_sizes, (int, np.integer)) else list(batch_sizes)
         if not bss or any(int(b) < 1 for b in bss):
             raise UserError(f"predict: batch sizes must be positive integers, got {bss}")
+        nfs = [self._features(d) for d in descs]
+        F = feature_matrix([nf for nf in nfs for _ in bss], [b for _ in nfs for b in bss])  # one pass for all queries
+        lat = self.models["latency"].predict(F)
+        mem = self.models["memory"].predict(F)
+        demand = self._demand(F, mem)
+        (llo, lhi), (mlo, mhi) = self._bands["latency"], self._bands["memory"]
         out: list[dict[str, Any]] = []
-        for desc in descs:
-            nf = self._features(desc)
-            F = feature_matrix(nf, bss)
-            lat = self.models["latency"].predict(F)
-            mem = self.models["memory"].predict(F)
-            (llo, lhi), (mlo, mhi) = self._bands["latency"], self._bands["memory"]
-            for i, b in enumerate(bss):
-                out.append({"network": nf.name, "batch_size": int(b),
-                            "latency_ms": float(lat[i]), "latency_ms_low": float(lat[i] * np.exp(llo)),
-                            "latency_ms_high": float(lat[i] * np.exp(lhi)),
-                            "memory_mb": float(mem[i]), "memory_mb_low": float(mem[i] * np.exp(mlo)),
-                            "memory_mb_high": float(mem[i] * np.exp(mhi)),
-                            "fits": bool(self.capacity_mb is None or mem[i] <= self.capacity_mb)})
+        for i, (nf, b) in enumerate((nf, b) for nf in nfs for b in bss):
+            out.append({"network": nf.name, "batch_size": int(b),
+                        "latency_ms": float(lat[i]), "latency_ms_low": float(lat[i] * np.exp(llo)),
+                        "latency_ms_high": float(lat[i] * np.exp(lhi)),
+                        "memory_mb": float(mem[i]), "memory_mb_low": float(mem[i] * np.exp(mlo)),
+                        "memory_mb_high": float(mem[i] * np.exp(mhi)),
+                        "fits": bool(self.capacity_mb is None or demand[i] <= self.capacity_mb)})
         return out
 
     def predict_module(self, module: Any, input_shape: Sequence[int], batch_sizes: int | Sequence[int],
@@ -76,11 +86,12 @@ class Fingerprint:
 
     def max_batch_size(self, desc: NetworkDescription | NetworkFeatures, limit: int = 1024) -> int | None:
         """Largest batch size b <= ``limit`` with every batch size 1..b predicted to fit; 0 if none
-        fits; None when the device capacity is unknown."""
+        fits; None when the device capacity is unknown. Predicted memory (the analytic part for a
+        learnt capacity) is taken as growing with the batch size."""
         if self.capacity_mb is None:
             return None
-        mem = self.models["memory"].predict(feature_matrix(self._features(desc), np.arange(1, limit + 1)))
-        over = np.nonzero(mem > self.capacity_mb)[0]
+        F = feature_matrix(self._features(desc), np.arange(1, limit + 1))
+        over = np.nonzero(self._demand(F, None) > self.capacity_mb)[0]
         return int(limit if over.size == 0 else over[0])
 
 
@@ -102,8 +113,17 @@ def accuracy_lines(metadata: dict[str, Any]) -> list[str]:
             head += f" [{acc['note']}]"
         lines.append(head)
         lines.append(f"  {'held out':<24}{'n':>6}{'MAPE%':>8}{'RMSPE%':>8}{'±10%':>8}")
-        for g, m in list(acc["per_group"].items()) + [("all", acc["overall"])]:
+        rows = list(acc["per_group"].items()) + [("all", acc["overall"])]
+        if acc.get("random_split"):
+            rows.append(("random 5-fold split", acc["random_split"]))
+        for g, m in rows:
             lines.append(f"  {g:<24}{m['n']:>6}{m['mape']:>8.1f}{m['rmspe']:>8.1f}{m['within10']:>8.1f}")
+        if acc.get("selection"):
+            lines.append(f"  model chosen by grouped CV: {acc['selection']['chosen']}")
+    iv = metadata.get("interval", {})
+    for target, (lo, hi) in iv.get("log_ratio_quantiles", {}).items():
+        lines.append(f"{target} {100 * iv.get('coverage', 0.9):.0f}% interval: x{np.exp(lo):.2f} .. x{np.exp(hi):.2f} "
+                     "of the prediction")
     if "capacity_mb" in metadata:
         cap = metadata["capacity_mb"]
         lines.append(f"memory capacity: {'unknown' if cap is None else f'{cap:.0f} MiB'} ({metadata.get('capacity_source', '')})")

@@ -101,12 +101,17 @@ class TreeEnsemble:
     def leaf_values(self, X: np.ndarray) -> np.ndarray:
         """Per-tree outputs, shape (n_samples, n_trees)."""
         Xf = np.asarray(X, dtype=np.float32).astype(np.float64)
-        rows = np.arange(Xf.shape[0])[:, None]
-        node = np.broadcast_to(self.roots, (Xf.shape[0], len(self.roots))).copy()
-        for _ in range(self.max_depth):
-            go_left = Xf[rows, self.feature[node]] <= self.threshold[node]
-            node = np.where(go_left, self.left[node], self.right[node])
-        return self.value[node]
+        out = np.empty((Xf.shape[0], len(self.roots)))
+        step = 256  # rows per pass: keeps the (rows x trees) index arrays in cache
+        for start in range(0, Xf.shape[0], step):
+            xc = Xf[start:start + step]
+            rows = np.arange(xc.shape[0])[:, None]
+            node = np.broadcast_to(self.roots, (xc.shape[0], len(self.roots))).copy()
+            for _ in range(self.max_depth):
+                go_left = xc[rows, self.feature[node]] <= self.threshold[node]
+                node = np.where(go_left, self.left[node], self.right[node])
+            out[start:start + step] = self.value[node]
+        return out
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         """Ensemble prediction, shape (n_samples,)."""
@@ -152,9 +157,10 @@ class TargetModel:
     @classmethod
     def fit(cls, target: str, F: np.ndarray, y: np.ndarray, model: str = "extra-trees",
             n_estimators: int = 200, min_samples_leaf: int = 1, seed: int = 0,
-            correct: bool = True) -> "TargetModel":
-        """Fit on feature rows ``F`` (columns :data:`FEATURE_NAMES`) and positive targets ``y``."""
-        terms = LINEAR_TERMS[target]
+            correct: bool = True, terms: tuple[str, ...] | None = None) -> "TargetModel":
+        """Fit on feature rows ``F`` (columns :data:`FEATURE_NAMES`) and positive targets ``y``;
+        ``terms`` overrides the analytic terms (default :data:`LINEAR_TERMS`[target])."""
+        terms = tuple(terms) if terms else LINEAR_TERMS[target]
         A = _linear_design(F, terms)
         col_scale = np.maximum(np.abs(A).max(axis=0), 1e-12)
         # relative-error loss: minimise sum(((A c - y) / y)^2) with c >= 0

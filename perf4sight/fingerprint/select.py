@@ -1,0 +1,115 @@
+"""Model choice by grouped cross-validation, evaluation on random splits, group-conformal intervals.
+
+A fingerprint's form for each target (analytic terms, tree correction or not, leaf size) is
+picked among a few :data:`CANDIDATES` by leave-one-group-out cross-validation over the
+*training* networks only: the score is the mean of the per-group MAPEs, so every held-out
+family weighs the same whatever its row count. The chosen candidate's out-of-fold predictions
+are then the fingerprint's accuracy table and the input of its prediction interval.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from perf4sight.fingerprint.evaluate import CVResult, grouped_cv, metrics
+from perf4sight.fingerprint.trees import TargetModel
+
+__all__ = ["Candidate", "CANDIDATES", "select_candidate", "random_split_metrics", "group_conformal"]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One model form: analytic ``terms`` (None = default), tree ``correct``ion, ``leaf`` = min samples per leaf."""
+
+    name: str
+    terms: tuple[str, ...] | None = None
+    correct: bool = True
+    leaf: int | None = None  # None = the configured min_samples_leaf
+
+
+CANDIDATES: dict[str, tuple[Candidate, ...]] = {
+    "memory": (Candidate("analytic x trees"), Candidate("analytic only", correct=False),
+               Candidate("split analytic x trees", ("one", "param_bytes", "saved_bytes", "max_activation_bytes",
+                                                    "input_bytes")),
+               Candidate("analytic x trees, leaf 3", leaf=3)),
+    "latency": (Candidate("analytic x trees"), Candidate("analytic only", correct=False),
+                Candidate("analytic+odd/norm x trees", ("one", "dense_macs", "depthwise_macs", "activation_elems",
+                                                        "kernels", "batch_size", "odd_channel_macs", "norm_elems",
+                                                        "bytes_written")),
+                Candidate("analytic x trees, leaf 3", leaf=3)),
+}
+
+
+def _fitter(target: str, cand: Candidate, model: str, n_est: int, leaf: int, seed: int):
+    lf = cand.leaf if cand.leaf is not None else leaf
+    return lambda a, b, c: TargetModel.fit(target, a, b, model, n_est, lf, seed, cand.correct, cand.terms).predict(c)
+
+
+def select_candidate(target: str, F: np.ndarray, y: np.ndarray, groups: np.ndarray, grouping: str, model: str,
+                     n_est: int, leaf: int, seed: int,
+                     candidates: tuple[Candidate, ...] | None = None) -> tuple[Candidate, CVResult, dict[str, float]]:
+    """(best candidate, its grouped-CV result, score per candidate) — score = mean per-group MAPE (%).
+
+    With fewer than 3 groups there is too little to choose on: the first candidate is kept.
+    """
+    cands = candidates or CANDIDATES[target]
+    if len(set(groups.tolist())) < 3:
+        cands = cands[:1]
+    best: tuple[float, Candidate, CVResult] | None = None
+    scores: dict[str, float] = {}
+    for cand in cands:
+        cv = grouped_cv(F, y, groups, grouping, _fitter(target, cand, model, n_est, leaf, seed))
+        per = [m["mape"] for m in cv.per_group.values()]
+        score = float(np.mean(per)) if per else float("inf")
+        scores[cand.name] = score
+        if best is None or score < best[0]:
+            best = (score, cand, cv)
+    assert best is not None
+    return best[1], best[2], scores
+
+
+def random_split_metrics(target: str, cand: Candidate, F: np.ndarray, y: np.ndarray, model: str, n_est: int,
+                         leaf: int, seed: int, folds: int = 5) -> dict[str, float]:
+    """Accuracy on ``folds`` random splits of the rows (rows of a network may sit on both sides)."""
+    if len(y) < 2 * folds:
+        return metrics(np.array([]), np.array([]))
+    order = np.random.default_rng(seed).permutation(len(y))
+    pred = np.empty(len(y))
+    fit = _fitter(target, cand, model, n_est, leaf, seed)
+    for k in range(folds):
+        test = np.zeros(len(y), dtype=bool)
+        test[order[k::folds]] = True
+        pred[test] = fit(F[~test], y[~test], F[test])
+    return metrics(y, pred)
+
+
+def group_conformal(log_ratio: np.ndarray, groups: np.ndarray, coverage: float) -> list[float]:
+    """Interval [lo, hi] on log(measured / predicted) from out-of-fold residuals, calibrated per group.
+
+    Each group's own central ``coverage`` quantiles are taken and the widest bounds kept, so the band
+    covers ``coverage`` of every held-out group seen in training, not only of the pooled rows. A new
+    network family is one more draw among the G groups: the bounds are widened by (G + 1) / G, the
+    finite-sample factor of split conformal prediction with G calibration groups.
+    """
+    ok = np.isfinite(log_ratio)
+    r, g = log_ratio[ok], groups[ok]
+    if r.size < 5:
+        return [0.0, 0.0]
+    a = (1 - coverage) / 2
+    lo, hi = float(np.quantile(r, a)), float(np.quantile(r, 1 - a))
+    n_groups = 0
+    for lab in set(g.tolist()):
+        rg = r[g == lab]
+        if rg.size >= 5:
+            n_groups += 1
+            lo, hi = min(lo, float(np.quantile(rg, a))), max(hi, float(np.quantile(rg, 1 - a)))
+    widen = (n_groups + 1) / n_groups if n_groups else 1.0
+    return [min(0.0, lo * widen), max(0.0, hi * widen)]
+
+
+def describe_choice(cand: Candidate, scores: dict[str, float]) -> dict[str, Any]:
+    """JSON-able record of the choice for the metadata."""
+    return {"chosen": cand.name, "terms": list(cand.terms) if cand.terms else None, "correct": cand.correct,
+            "leaf": cand.leaf, "cv_mean_group_mape": scores}
