@@ -18,7 +18,7 @@ from perf4sight.networks.build import Source, make_networks, prune_source, varia
 from perf4sight.networks.design_space import STYLES
 from perf4sight.networks.factories import build_factory_model, parse_factory
 from perf4sight.networks.generator import GeneratorSettings, forward_flops, generate
-from perf4sight.networks.pruning import STRATEGIES, prune_model
+from perf4sight.networks.pruning import STRATEGIES, PruningPlan, prune_model
 from perf4sight.networks.zoo import build_zoo_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,6 +70,46 @@ def test_zoo_network_with_coupled_channels(name: str) -> None:
     assert abs(desc.pruning_level - 40) <= 2.0
     assert desc.num_classes == CLASSES
     _train_step(desc)
+
+
+def _tiny_resnext(num_classes: int = CLASSES) -> nn.Module:
+    """torchvision's ResNeXt blocks (Bottleneck, groups=8, width 4 per group), one per stage."""
+    from torchvision.models.resnet import Bottleneck, ResNet
+
+    return ResNet(Bottleneck, [1, 1, 1, 1], groups=8, width_per_group=4, num_classes=num_classes)
+
+
+@pytest.mark.parametrize("strategy", ["l1-norm", "random-weighted"])
+def test_grouped_convolutions_are_pruned_uniformly_per_group(strategy: str) -> None:
+    src = Source("tiny_resnext", "test", _tiny_resnext)
+    d0, d1 = prune_source(src, SHAPE, [0, 60], strategy, 4, seed=2)
+    assert abs(d1.pruning_level - 60) <= 2.0
+    assert d1.extra["grouped_conv_pruning"] == "uniform per group" and "pruning_unpruned_groups" not in d1.extra
+    before = {n.name: n.attrs for n in d0.nodes if n.op == "conv2d" and n.attrs["groups"] > 1}
+    after = {n.name: n.attrs for n in d1.nodes if n.op == "conv2d" and n.attrs["groups"] > 1}
+    assert before.keys() == after.keys() and len(after) == 4
+    for name, a in after.items():
+        assert a["groups"] == before[name]["groups"] == 8  # cardinality kept
+        assert a["in_channels"] % 8 == 0 and a["out_channels"] % 8 == 0
+    assert sum(a["in_channels"] + a["out_channels"] for a in after.values()) < sum(
+        b["in_channels"] + b["out_channels"] for b in before.values())
+    _train_step(d1)
+
+
+def test_plan_is_reused_across_levels_and_nests_removed_channels() -> None:
+    base = build_factory_model(parse_factory(f"{TINY}:tiny_resnet", ROOT), CLASSES)
+    plan = PruningPlan(base, SHAPE, "l1-norm", 4, seed=0, network="tiny_resnet")
+    low, high = plan.prune(20), plan.prune(60)
+    alone = prune_model(base, SHAPE, 60, "l1-norm", 4, seed=0, network="tiny_resnet")
+    assert high.params == alone.params and high.achieved_level == alone.achieved_level
+    assert high.params < low.params < plan.p0 == sum(p.numel() for p in base.parameters())
+    convs = lambda m: [c.out_channels for c in m.modules() if isinstance(c, nn.Conv2d)]  # noqa: E731
+    assert all(h <= lo for h, lo in zip(convs(high.module), convs(low.module)))
+    meta = plan.prune(60, meta=True)  # shapes-only copy: same network, no weights
+    assert meta.params == high.params and next(meta.module.parameters()).is_meta
+    with torch.device("meta"):
+        from_meta = describe(meta.module, SHAPE, name="x")
+    assert from_meta.to_json() == describe(high.module, SHAPE, name="x").to_json()
 
 
 def test_min_channels_is_kept_and_unreachable_level_is_an_error() -> None:

@@ -30,7 +30,7 @@ from perf4sight.ir.schema import NetworkDescription, load_description, save_desc
 from perf4sight.ir.to_torch import build_module
 from perf4sight.networks.factories import build_factory_model, parse_factory
 from perf4sight.networks.generator import GeneratorSettings, forward_flops, generate
-from perf4sight.networks.pruning import check_level, prune_model
+from perf4sight.networks.pruning import PruningPlan, check_level
 from perf4sight.networks.zoo import build_zoo_model
 
 __all__ = ["Source", "MANIFEST_COLUMNS", "sources", "prune_source", "make_networks", "variant_name",
@@ -85,12 +85,17 @@ def prune_source(src: Source, input_shape: list[int], levels: list[float], strat
     """One description per level (ascending input order kept), each with its achieved level."""
     levels = [check_level(lvl, f"[networks.pruning] levels ({src.name})") for lvl in levels]
     base = _seeded_build(src, seed)
+    plan = PruningPlan(base, input_shape, strategy, min_channels, seed, src.name)  # traced once for all levels
     out = []
     for lvl in levels:
-        pruned = prune_model(base, input_shape, lvl, strategy, min_channels, seed, src.name)
-        desc = describe(pruned.module, input_shape, name=variant_name(src.name, lvl), network=src.name,
-                        pruning_level=pruned.achieved_level, source=src.source, strategy=strategy, seed=seed,
-                        target_level=lvl, **pruned.extra)
+        pruned = plan.prune(lvl, meta=True)
+        info = dict(name=variant_name(src.name, lvl), network=src.name, pruning_level=pruned.achieved_level,
+                    source=src.source, strategy=strategy, seed=seed, target_level=lvl, **pruned.extra)
+        try:  # shapes only: no real forward pass (seconds per level for large networks at 224x224)
+            with torch.device("meta"):
+                desc = describe(pruned.module, input_shape, **info)
+        except Exception:  # an op without a meta kernel: describe a real copy instead
+            desc = describe(plan.prune(lvl).module, input_shape, **info)
         out.append(desc)
         if progress:
             progress(f"{desc.name}: {pruned.achieved_level:.1f}% removed, {desc.params:,} parameters")

@@ -1,28 +1,35 @@
 """Structured (filter/channel) pruning to a target share of parameters removed.
 
-Coupled channels (residual adds, concatenations, depthwise convolutions) are found by
-torch-pruning's dependency graph and removed together, so the pruned network stays valid.
-A *level* is the percentage of the unpruned network's trainable parameters removed
-(0 = unpruned, at most 99). Each prunable group ``g`` (one set of coupled channels) has a
-fixed removal order (its ranking) and a weight ``w_g``; at scale ``s`` it loses its first
-``min(floor(s * w_g * C_g), C_g - min_channels)`` channels. The search walks ``s`` upwards
-(secant steps, pruning in place) until the achieved level is within ``TOLERANCE`` points
-of the target; rankings are fixed on the unpruned weights, so the channels removed at a
-higher level include those removed at a lower one.
+Coupled channels (residual adds, concatenations, depthwise and grouped convolutions) are
+found once per network by torch-pruning's dependency graph (``prune_plan``) and removed
+together, so every pruned network stays valid. A *level* is the percentage of the unpruned
+network's trainable parameters removed (0 = unpruned, at most 99). Each prunable group ``g``
+(one set of coupled channels, in removable units: single channels, or for a grouped
+convolution one local index across all its groups) has a fixed removal order (its ranking)
+and a weight ``w_g``; its ``k``-th unit goes at scale ``k / (w_g * U_g)`` (``U_g`` units), up
+to ``max_g`` units, which keep ``min_channels`` in the root layer and at least one channel in
+every layer the group touches. Sorting all these removals by scale (ties: earlier layers
+first) gives one sequence along which the parameter count falls monotonically; the search
+bisects it, counting parameters analytically (or on a shapes-only ``meta`` copy), and returns
+the achievable level closest to the target, one unit of one group apart. Rankings are fixed
+on the unpruned weights, so the channels removed at a higher level include those removed
+at a lower one. ``PruningPlan`` does the tracing once and cuts any number of levels.
 
-Strategies (``STRATEGIES``): ``l1-norm`` ranks a group's channels by the L1 norm of the
-root layer's filters (smallest first) and prunes every group alike; ``random`` ranks them
-by a seeded permutation; ``random-weighted`` also draws per-group weights that favour early
-or late layers (the side drawn per network, recorded as ``pruning_bias``).
+Strategies (``STRATEGIES``): ``l1-norm`` ranks a group's units by the L1 norm of the root
+layer's filters (smallest first) and prunes every group alike; ``random`` ranks them by a
+seeded permutation; ``random-weighted`` also draws per-group weights that favour early or
+late layers (the side drawn per network, recorded as ``pruning_bias``).
 
-Left alone, with the reason: the classifier's outputs (the last conv/linear layer run);
-groups touching a grouped, non-depthwise convolution (torch-pruning cannot keep its
-channel groups consistent); in torchvision's ShuffleNetV2, channels that pass through the
-channel shuffle (torch-pruning cannot follow it), so only the inner channels of each
-branch and the last 1x1 convolution are pruned.
+Left alone, with the reason (counted in ``extra["pruning_unpruned_groups"]``): the
+classifier's outputs (the last conv/linear layer run); in torchvision's ShuffleNetV2,
+channels that pass through the channel shuffle (torch-pruning cannot follow it), so only
+the inner channels of each branch and the last 1x1 convolution are pruned; grouped
+convolutions whose channels cannot be removed uniformly per group. Networks with grouped
+convolutions record ``extra["grouped_conv_pruning"] = "uniform per group"``.
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
 import copy
 import math
@@ -37,21 +44,21 @@ import torch_pruning as tp
 from torch import nn
 
 from perf4sight.errors import UserError
+from perf4sight.networks import prune_plan as pp
 
-__all__ = ["STRATEGIES", "TOLERANCE", "PrunedModel", "prune_model", "check_level", "count_parameters"]
+__all__ = ["STRATEGIES", "TOLERANCE", "PrunedModel", "PruningPlan", "prune_model", "check_level", "count_parameters"]
 
 STRATEGIES: tuple[str, ...] = ("l1-norm", "random", "random-weighted")
-#: The achieved level lies within this many percentage points of the target.
+#: The achieved level should lie within this many percentage points of the target; more than
+#: twice this is a ``UserError``.
 TOLERANCE = 1.0
-_MAX_STEPS = 60  # secant steps per attempt
-_MAX_ATTEMPTS = 6  # restarts after overshooting the tolerance window
 
 
 def _shufflenet_block_trace(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """ShuffleNetV2 block as torch-pruning sees it: the shuffle left out, chunk as a sized split.
 
     torch-pruning cannot follow ``channel_shuffle`` and misreads ``chunk``; every group that
-    touches the block's split or concatenation is therefore left unpruned (see ``_State``).
+    touches the block's split or concatenation is therefore left unpruned (see ``PruningPlan``).
     """
     if self.stride == 1:
         half = x.shape[1] // 2
@@ -130,166 +137,129 @@ def _execution_order(model: nn.Module, example: torch.Tensor) -> list[nn.Module]
     return order
 
 
-def _is_grouped(module: nn.Module) -> bool:
-    return isinstance(module, nn.Conv2d) and module.groups > 1 and not (
-        module.groups == module.in_channels == module.out_channels)
-
-
-def _l1_order(root: nn.Module) -> list[int]:
-    """Output channels of a conv/linear layer, smallest filter L1 norm first (ties by index)."""
+def _l1_scores(root: nn.Module) -> np.ndarray:
+    """L1 norm of each output filter of a conv/linear layer."""
     w = root.weight.detach()
-    scores = w.abs().reshape(w.shape[0], -1).sum(dim=1)
-    return [int(i) for i in torch.argsort(scores, stable=True)]
+    return w.abs().reshape(w.shape[0], -1).sum(dim=1).numpy()
 
 
-class _Group:
-    """One set of coupled channels: root layer, pruning function, ranking and state."""
+class PruningPlan:
+    """One network's coupled groups and their removal orders, traced once; ``prune(level)`` per level.
 
-    def __init__(self, root: nn.Module, fn: Any, order: list[int], weight: float, keep_min: int) -> None:
-        self.root, self.fn, self.order, self.weight = root, fn, order, weight
-        self.channels = len(order)
-        self.max_removed = max(0, self.channels - keep_min)
-        self.removed = 0
+    ``input_shape`` is ``[C, H, W]`` (used to trace the dependency graph); ``seed`` and
+    ``network`` seed the random choices. ``base`` is never modified.
+    """
 
-    def wanted(self, scale: float) -> int:
-        return min(self.max_removed, int(math.floor(scale * self.weight * self.channels + 1e-9)))
-
-    def next_scale(self) -> float:
-        """Smallest scale at which this group loses one more channel (inf when saturated)."""
-        if self.removed >= self.max_removed or self.weight <= 0:
-            return math.inf
-        return (self.removed + 1) / (self.weight * self.channels)
-
-
-class _State:
-    """A fresh copy of the network with its dependency graph and prunable groups."""
-
-    def __init__(self, base: nn.Module, example: torch.Tensor, strategy: str, min_channels: int,
-                 seed: int, network: str) -> None:
-        self.model = copy.deepcopy(base).eval()
-        order = _execution_order(self.model, example)
-        classifier = order[-1:]
-        calls: list[str] = []
-        with _trace_stand_ins(calls):
-            self.dg = tp.DependencyGraph().build_dependency(self.model, example_inputs=example)
-        opaque = bool(calls)
-        rng = _rng(seed, network)
+    def __init__(self, base: nn.Module, input_shape: list[int], strategy: str = "l1-norm", min_channels: int = 4,
+                 seed: int = 0, network: str = "network") -> None:
+        _check_strategy(strategy)
+        if min_channels < 1:
+            raise UserError(f"{network}: min_channels must be >= 1, got {min_channels}")
+        self.base, self.network, self.strategy, self.min_channels = base, network, strategy, min_channels
+        self.p0 = count_parameters(base)
         self.extra: dict[str, Any] = {}
-        raw = []
-        for group in self.dg.get_all_groups(ignored_layers=classifier, root_module_types=[nn.Conv2d, nn.Linear]):
-            modules = [dep.target.module for dep, _ in group]
-            if any(_is_grouped(m) for m in modules):
-                continue
-            if opaque and any(dep.target.type in (tp.ops.OPTYPE.CONCAT, tp.ops.OPTYPE.SPLIT) for dep, _ in group):
-                continue
-            raw.append(group)
-        position = {m: i for i, m in enumerate(order)}
-        raw.sort(key=lambda g: position.get(g[0].dep.target.module, len(position)))
-        weights = self._weights(strategy, len(raw), rng)
-        self.groups: list[_Group] = []
-        for group, weight in zip(raw, weights):
-            channels = len(group[0].idxs)
+        self._cache: dict[tuple[int, ...], float] = {}
+        example = torch.randn(1, *input_shape)
+        traced = copy.deepcopy(base).eval()
+        order = _execution_order(traced, example)
+        calls: list[str] = []
+
+        def skip(group: Any) -> str:
+            if calls and any(d.target.type in (tp.ops.OPTYPE.CONCAT, tp.ops.OPTYPE.SPLIT) for d, _ in group):
+                return f"channels through an untraceable {calls[0]} (e.g. channel shuffle)"
+            return ""
+        with _trace_stand_ins(calls):
+            groups, notes = pp.find_groups(traced, example, order[-1:], skip)
+        names = {m: n for n, m in traced.named_modules()}
+        position = {names[m]: i for i, m in enumerate(order)}
+        groups.sort(key=lambda g: position.get(g.root, len(position)))
+        self._order_groups(groups, traced, strategy, seed, network)
+        pp.set_limits(groups, traced, min_channels)
+        self.groups = groups
+        if notes:
+            self.extra["pruning_unpruned_groups"] = dict(sorted(notes.items()))
+        if any(len(u.roots) > 1 for g in groups for u in g.units):
+            self.extra["grouped_conv_pruning"] = "uniform per group"
+        self._meta = traced.to("meta")
+        self._fast_count = pp.make_counter(groups, self._meta)
+        # One event per unit removed: (scale at which it goes, group position); ties go early layers first.
+        events = sorted((k / (g.weight * len(g.units)), i) for i, g in enumerate(groups) if g.weight > 0
+                        for k in range(1, g.max_removed + 1))
+        self._event_group = np.array([i for _, i in events], dtype=np.int64)
+
+    def _order_groups(self, groups: list[pp.CoupledGroup], traced: nn.Module, strategy: str, seed: int,
+                      network: str) -> None:
+        rng = _rng(seed, network)
+        n = len(groups)
+        weights = np.ones(n)
+        if strategy == "random-weighted" and n:
+            bias = "early" if rng.random() < 0.5 else "late"
+            self.extra["pruning_bias"] = bias
+            depth = np.linspace(0.0, 1.0, n) if n > 1 else np.zeros(1)
+            favoured = 1.0 - depth if bias == "early" else depth
+            weights = rng.uniform(0.25, 1.0, n) * (1.0 + 2.0 * favoured)
+        modules = dict(traced.named_modules())
+        for g, w in zip(groups, weights):
+            g.weight = float(w)
             if strategy == "l1-norm":
-                order = _l1_order(group[0].dep.target.module)
+                scores = _l1_scores(modules[g.root])
+                unit_scores = np.array([scores[u.roots].sum() for u in g.units])
+                g.order = [int(i) for i in np.argsort(unit_scores, kind="stable")]
             else:
-                order = [int(i) for i in rng.permutation(channels)]
-            self.groups.append(_Group(group[0].dep.target.module, group[0].dep.handler, order, float(weight),
-                                      min(min_channels, channels)))
+                g.order = [int(i) for i in rng.permutation(len(g.units))]
 
-    def _weights(self, strategy: str, n: int, rng: np.random.Generator) -> np.ndarray:
-        if strategy != "random-weighted" or n == 0:
-            return np.ones(n)
-        bias = "early" if rng.random() < 0.5 else "late"
-        self.extra["pruning_bias"] = bias
-        depth = np.linspace(0.0, 1.0, n) if n > 1 else np.zeros(1)
-        favoured = 1.0 - depth if bias == "early" else depth
-        return rng.uniform(0.25, 1.0, n) * (1.0 + 2.0 * favoured)
+    def _counts(self, n: int) -> tuple[int, ...]:
+        """Units removed per group after the first ``n`` events."""
+        return tuple(int(c) for c in np.bincount(self._event_group[:n], minlength=len(self.groups)))
 
-    def apply(self, scale: float) -> None:
-        """Prune every group up to ``scale`` (never restores channels)."""
-        for g in self.groups:
-            want = g.wanted(scale)
-            if want <= g.removed:
-                continue
-            alive = sorted(g.order[g.removed:])  # original ids still present, in tensor order
-            drop = set(g.order[g.removed:want])
-            idxs = [pos for pos, orig in enumerate(alive) if orig in drop]
-            pruning_group = self.dg.get_pruning_group(g.root, g.fn, idxs=idxs)
-            if not self.dg.check_pruning_group(pruning_group):
-                g.max_removed = g.removed  # would empty a coupled layer: freeze this group
-                continue
-            pruning_group.prune()
-            g.removed = want
+    def _level(self, counts: tuple[int, ...]) -> float:
+        """Percent of parameters removed for these per-group unit counts (shapes-only copy)."""
+        if counts not in self._cache:
+            if self._fast_count is not None:
+                params = self.p0 - self._fast_count(list(counts))
+            else:
+                params = count_parameters(pp.cut(self._meta, pp.removal(self.groups, list(counts))))
+            self._cache[counts] = 100.0 * (1 - params / self.p0)
+        return self._cache[counts]
 
-    def next_event(self) -> float:
-        return min((g.next_scale() for g in self.groups), default=math.inf)
+    def prune(self, level: float, meta: bool = False) -> PrunedModel:
+        """A pruned copy of the network with ``level`` % of its parameters removed (closest achievable).
+
+        ``meta=True`` cuts a shapes-only copy on the ``meta`` device (no weights; enough to
+        describe the network, far faster for large networks).
+
+        Raises ``UserError`` for a level outside 0..99 or one that cannot be reached within
+        ``2 * TOLERANCE`` points (e.g. because of ``min_channels``).
+        """
+        level = check_level(level, f"{self.network}: pruning level")
+        source = self._meta if meta else self.base
+        if level == 0:
+            return PrunedModel(copy.deepcopy(source), 0.0, 0.0, self.p0, self.p0, dict(self.extra))
+        last = len(self._event_group)
+        n = bisect.bisect_left(range(last + 1), True, key=lambda j: self._level(self._counts(j)) >= level)
+        candidates = [self._counts(j) for j in (n - 1, n) if 0 <= j <= last]
+        counts = min(candidates, key=lambda c: abs(self._level(c) - level))
+        achieved = self._level(counts)
+        if abs(achieved - level) > 2 * TOLERANCE:
+            raise UserError(f"{self.network}: cannot reach pruning level {level:g}% with strategy {self.strategy} "
+                            f"and min_channels={self.min_channels} (got {achieved:.1f}%); "
+                            "lower the level or min_channels")
+        model = pp.cut(source, pp.removal(self.groups, list(counts)))
+        params = count_parameters(model)
+        return PrunedModel(model, level, round(100.0 * (1 - params / self.p0), 3), params, self.p0, dict(self.extra))
 
 
 def prune_model(base: nn.Module, input_shape: list[int], level: float, strategy: str = "l1-norm",
                 min_channels: int = 4, seed: int = 0, network: str = "network") -> PrunedModel:
     """Prune a deep copy of ``base`` so that ``level`` % of its parameters are gone.
 
-    ``input_shape`` is ``[C, H, W]`` (used to trace the dependency graph); ``seed`` and
-    ``network`` seed the random choices. Raises ``UserError`` for a bad level or strategy,
-    or when the level cannot be reached within ``TOLERANCE`` points (e.g. ``min_channels``).
+    ``input_shape`` is ``[C, H, W]``; for many levels of one network build a ``PruningPlan``
+    once instead. Raises ``UserError`` for a bad level or strategy, or when the level cannot
+    be reached within ``2 * TOLERANCE`` points (e.g. because of ``min_channels``).
     """
     level = check_level(level, f"{network}: pruning level")
     _check_strategy(strategy)
-    if min_channels < 1:
-        raise UserError(f"{network}: min_channels must be >= 1, got {min_channels}")
-    p0 = count_parameters(base)
     if level == 0:
+        p0 = count_parameters(base)
         return PrunedModel(copy.deepcopy(base), 0.0, 0.0, p0, p0)
-    example = torch.randn(1, *input_shape)
-    lo, hi = 0.0, math.inf
-    best: tuple[float, _State] | None = None
-    for _ in range(_MAX_ATTEMPTS):
-        state = _State(base, example, strategy, min_channels, seed, network)
-        done, lo, hi, achieved = _walk(state, p0, level, lo, hi)
-        if best is None or abs(achieved - level) < abs(best[0] - level):
-            best = (achieved, state)
-        if done:
-            break
-    assert best is not None
-    achieved, state = best
-    if abs(achieved - level) > 2 * TOLERANCE:
-        raise UserError(f"{network}: cannot reach pruning level {level:g}% with strategy {strategy} and "
-                        f"min_channels={min_channels} (got {achieved:.1f}%); lower the level or min_channels")
-    params = count_parameters(state.model)
-    return PrunedModel(state.model, level, round(100.0 * (1 - params / p0), 3), params, p0, dict(state.extra))
-
-
-def _walk(state: _State, p0: int, target: float, lo: float, hi: float) -> tuple[bool, float, float, float]:
-    """Walk the scale up from ``lo``, pruning ``state`` in place.
-
-    Returns ``(done, lo, hi, level)``: ``done`` is False after overshooting the window, with
-    ``hi`` the overshooting scale, so the caller restarts from ``lo`` on a fresh copy.
-    """
-    def level() -> float:
-        return 100.0 * (1 - count_parameters(state.model) / p0)
-
-    scale = lo
-    state.apply(scale)
-    prev = (0.0, 0.0) if scale == 0 else None
-    current = level()
-    for _ in range(_MAX_STEPS):
-        if abs(current - target) <= TOLERANCE:
-            return True, lo, hi, current
-        if current > target:
-            return False, lo, scale, current
-        lo = scale
-        event = state.next_event()
-        if event == math.inf:  # nothing left to prune
-            return True, lo, hi, current
-        if prev is not None and scale > prev[0] and current > prev[1]:
-            slope = (current - prev[1]) / (scale - prev[0])
-            guess = scale + (target - current) / slope
-        else:  # first step: parameters shrink roughly with the square of the kept share
-            guess = 0.9 * (1 - math.sqrt(1 - target / 100.0))
-        if hi < math.inf:
-            guess = min(guess, (lo + hi) / 2)
-        prev = (scale, current)
-        scale = max(guess, event)
-        state.apply(scale)
-        current = level()
-    return True, lo, hi, current
+    return PruningPlan(base, input_shape, strategy, min_channels, seed, network).prune(level)

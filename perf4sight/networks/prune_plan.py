@@ -1,0 +1,281 @@
+"""Coupled-channel groups of one network, found once, and pruned copies cut from them.
+
+torch-pruning's dependency graph is traced once per network (the slow part: seconds for
+densenet121). Each group (one set of coupled channels) is stored in the unpruned network's
+coordinates: for every layer it touches, which of that layer's channel indices follow which
+root channel. A pruned copy for any choice of removed root channels is then cut directly
+from a deep copy of the unpruned network, each (layer, dimension) sliced once with the union
+of what all groups remove from it; no graph is rebuilt or re-mapped between levels. Counting
+the parameters of a candidate cut uses a copy on the ``meta`` device (shapes only, no data).
+
+Grouped, non-depthwise convolutions (ResNeXt) are pruned *uniformly per group*: a unit of
+removal is one local channel index taken out of every convolution group at once, so each
+group keeps the same width and the cardinality (``groups``) is unchanged. Groups whose
+channels cannot be cut that way, and groups torch-pruning cannot follow (unwrapped
+parameters, ShuffleNetV2's channel shuffle), are left unpruned and listed in ``notes``.
+"""
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch_pruning as tp
+from torch import nn
+
+__all__ = ["Dep", "Unit", "CoupledGroup", "is_grouped_conv", "find_groups", "set_limits", "removal", "cut",
+           "make_counter", "prune_grouped_in_channels"]
+
+Handler = Callable[[nn.Module, list[int]], nn.Module]
+
+
+def is_grouped_conv(module: nn.Module) -> bool:
+    """A convolution with groups > 1 that is not depthwise (in == out == groups)."""
+    return isinstance(module, nn.Conv2d) and module.groups > 1 and not (
+        module.groups == module.in_channels == module.out_channels)
+
+
+def prune_grouped_in_channels(layer: nn.Module, idxs: list[int]) -> nn.Module:
+    """Remove input channels ``idxs`` of a grouped conv; they must be the same local indices in every group."""
+    per_group = layer.in_channels // layer.groups
+    local = sorted({i % per_group for i in idxs})
+    if len(idxs) != len(local) * layer.groups:
+        raise ValueError(f"input channels {idxs} are not uniform across the {layer.groups} groups")
+    keep = torch.tensor([j for j in range(per_group) if j not in set(local)], dtype=torch.long,
+                        device=layer.weight.device)
+    layer.in_channels -= len(idxs)
+    layer.weight = nn.Parameter(torch.index_select(layer.weight, 1, keep))
+    return layer
+
+
+@dataclass
+class Dep:
+    """One layer dimension a group touches: ``targets[i]`` follows root channel ``roots[i]``."""
+
+    module: str
+    handler: Handler
+    roots: np.ndarray
+    targets: np.ndarray
+
+
+@dataclass
+class Unit:
+    """The smallest removable piece of a group: one or more root channels removed together."""
+
+    roots: np.ndarray
+
+
+@dataclass
+class CoupledGroup:
+    """A prunable set of coupled channels in unpruned coordinates."""
+
+    root: str
+    channels: int  # root channels
+    deps: list[Dep]
+    units: list[Unit]
+    max_removed: int = 0  # units; set by ``find_groups`` from min_channels
+    order: list[int] = field(default_factory=list)  # unit removal order, set by the strategy
+    weight: float = 1.0
+
+    def removed_roots(self, k: int) -> np.ndarray:
+        """Root channels gone when the first ``k`` units of ``order`` are removed."""
+        if k <= 0:
+            return np.zeros(0, dtype=np.int64)
+        return np.concatenate([self.units[u].roots for u in self.order[:k]])
+
+
+def _units(deps: list[Dep], channels: int, modules: dict[str, nn.Module]) -> list[Unit] | None:
+    """Root channels grouped so that every grouped conv loses whole local indices, or None if impossible."""
+    grouped = [d for d in deps if is_grouped_conv(modules[d.module])]
+    if not grouped:
+        return [Unit(np.array([c])) for c in range(channels)]
+    keys: dict[int, list[tuple[int, ...]]] = {c: [] for c in range(channels)}
+    for d in grouped:
+        m = modules[d.module]
+        size = m.in_channels if d.handler is prune_grouped_in_channels else m.out_channels
+        per_group = size // m.groups
+        by_root: dict[int, set[int]] = {}
+        for r, t in zip(d.roots.tolist(), d.targets.tolist()):
+            by_root.setdefault(r, set()).add(t % per_group)
+        for c in range(channels):
+            keys[c].append(tuple(sorted(by_root.get(c, ()))))
+    classes: dict[tuple, list[int]] = {}
+    for c in range(channels):
+        classes.setdefault(tuple(keys[c]), []).append(c)
+    units = [Unit(np.array(v)) for v in classes.values()]
+    for d in grouped:  # each unit must remove whole stripes (same local index in every group)
+        m = modules[d.module]
+        size = m.in_channels if d.handler is prune_grouped_in_channels else m.out_channels
+        per_group = size // m.groups
+        for u in units:
+            got = set(d.targets[np.isin(d.roots, u.roots)].tolist())
+            want = {j + g * per_group for j in {t % per_group for t in got} for g in range(m.groups)}
+            if got != want:
+                return None
+    return units
+
+
+def _max_removed(group: CoupledGroup, min_channels: int, dims: dict[tuple[str, Handler], int]) -> int:
+    """Most units removable while the root keeps ``min_channels`` and no touched layer dimension empties."""
+    unit_of = np.empty(group.channels, dtype=np.int64)
+    for pos, u in enumerate(group.order):
+        unit_of[group.units[u].roots] = pos
+    limit = len(group.units)
+    for i, d in enumerate(group.deps):
+        size = dims[(d.module, d.handler)]
+        need = min(min_channels, size) if (i == 0 or len(d.targets) >= size) else 1
+        per_unit = np.bincount(unit_of[d.roots], minlength=len(group.units))
+        kept = len(np.unique(d.targets)) - np.concatenate([[0], np.cumsum(per_unit)])
+        ok = np.nonzero(kept >= need)[0]
+        limit = min(limit, int(ok.max()) if len(ok) else 0)
+    return limit
+
+
+def _dim(module: nn.Module, out: bool) -> int:
+    for attr in (("out_channels", "out_features", "num_features") if out else
+                 ("in_channels", "in_features", "num_features")):
+        if hasattr(module, attr):
+            return int(getattr(module, attr))
+    return 0
+
+
+def find_groups(model: nn.Module, example: torch.Tensor, ignored: list[nn.Module],
+                skip: Callable[[Any], str]) -> tuple[list[CoupledGroup], Counter[str]]:
+    """Trace ``model`` once and return its prunable groups (unordered) and why others were left out.
+
+    ``ignored`` layers keep their output channels (the classifier); ``skip(group)`` returns a
+    reason to leave a torch-pruning group unpruned ('' to keep it).
+    """
+    dg = tp.DependencyGraph().build_dependency(model, example_inputs=example)
+    names = {m: n for n, m in model.named_modules()}
+    modules = dict(model.named_modules())
+    groups: list[CoupledGroup] = []
+    notes: Counter[str] = Counter()
+    for g in dg.get_all_groups(ignored_layers=ignored, root_module_types=[nn.Conv2d, nn.Linear]):
+        reason = skip(g)
+        if not reason and any(it.dep.target.type == tp.ops.OPTYPE.PARAMETER for it in g):
+            reason = "unwrapped parameter"
+        if reason:
+            notes[reason] += 1
+            continue
+        merged: dict[tuple[str, Handler], tuple[list[int], list[int]]] = {}
+        for it in g:
+            name = names.get(it.dep.target.module)
+            if name is None:  # an op (concat, add, reshape): nothing to slice
+                continue
+            handler = it.dep.handler
+            module = it.dep.target.module
+            if is_grouped_conv(module) and dg.is_in_channel_pruning_fn(handler):
+                handler = prune_grouped_in_channels
+            roots, targets = merged.setdefault((name, handler), ([], []))
+            roots += list(it.root_idxs)
+            targets += list(it.idxs)
+        deps = [Dep(n, h, np.asarray(r, dtype=np.int64), np.asarray(t, dtype=np.int64))
+                for (n, h), (r, t) in merged.items()]
+        channels = len(g[0].idxs)
+        units = _units(deps, channels, modules)
+        if units is None:
+            notes["grouped convolution not prunable uniformly per group"] += 1
+            continue
+        groups.append(CoupledGroup(names[g[0].dep.target.module], channels, deps, units))
+    return groups, notes
+
+
+def set_limits(groups: list[CoupledGroup], model: nn.Module, min_channels: int) -> None:
+    """Set each ordered group's ``max_removed`` (units) from ``min_channels``."""
+    modules = dict(model.named_modules())
+    for g in groups:
+        dims = {}
+        for d in g.deps:
+            m = modules[d.module]
+            out = d.handler is not prune_grouped_in_channels and "out" in getattr(d.handler, "__name__", "")
+            dims[(d.module, d.handler)] = _dim(m, out) or len(np.unique(d.targets))
+        g.max_removed = _max_removed(g, min_channels, dims)
+
+
+def removal(groups: list[CoupledGroup], counts: list[int]) -> dict[tuple[str, Handler], set[int]]:
+    """Per (layer, pruning function): the union of indices removed when group i loses ``counts[i]`` units."""
+    out: dict[tuple[str, Handler], set[int]] = {}
+    for g, k in zip(groups, counts):
+        gone = g.removed_roots(k)
+        if len(gone) == 0:
+            continue
+        for d in g.deps:
+            hit = d.targets[np.isin(d.roots, gone)]
+            out.setdefault((d.module, d.handler), set()).update(hit.tolist())
+    return out
+
+
+def cut(base: nn.Module, cuts: dict[tuple[str, Handler], set[int]]) -> nn.Module:
+    """A deep copy of ``base`` with every (layer, pruning function) cut applied once."""
+    model = copy.deepcopy(base)
+    modules = dict(model.named_modules())
+    for (name, handler), idxs in cuts.items():
+        handler(modules[name], sorted(idxs))
+    return model
+
+
+def _is_out(handler: Handler) -> bool:
+    name = getattr(handler, "__name__", "")
+    return name.startswith("prune_out") or name.startswith("prune_depthwise")
+
+
+def _params_after(m: nn.Module, r_out: int, r_in: int) -> int | None:
+    """Trainable parameters of ``m`` without ``r_out`` output and ``r_in`` input channels; None for other types."""
+    own = [p for p in m.parameters(recurse=False) if p.requires_grad]
+    bias = int(getattr(m, "bias", None) is not None and m.bias.requires_grad)
+    if type(m) is nn.Conv2d:
+        kk = m.kernel_size[0] * m.kernel_size[1]
+        if m.groups == m.in_channels == m.out_channels:  # depthwise: in and out go together
+            c = m.out_channels - max(r_out, r_in)
+            return c * kk + bias * c
+        out, cin = m.out_channels - r_out, m.in_channels - r_in
+        return out * (cin // m.groups) * kk + bias * out
+    if type(m) is nn.BatchNorm2d:
+        return (m.num_features - max(r_out, r_in)) * len(own)
+    if type(m) is nn.Linear:
+        out, cin = m.out_features - r_out, m.in_features - r_in
+        return out * cin + bias * out
+    return None if own else 0
+
+
+def make_counter(groups: list[CoupledGroup], model: nn.Module) -> Callable[[list[int]], int] | None:
+    """A fast ``counts -> parameters removed`` function for ordered groups, or None if it cannot be exact.
+
+    Exact when every touched layer is a Conv2d, BatchNorm2d or Linear (or has no parameters)
+    and no two groups cut the same channel of the same layer dimension.
+    """
+    modules = dict(model.named_modules())
+    seen: dict[tuple[str, Handler], set[int]] = {}
+    cums: list[list[tuple[tuple[str, Handler], np.ndarray]]] = []
+    for g in groups:
+        per_dep = []
+        for d in g.deps:
+            used = seen.setdefault((d.module, d.handler), set())
+            mine = set(d.targets.tolist())
+            if used & mine:
+                return None
+            used |= mine
+            new, got = [0], set()
+            for u in g.order:
+                got.update(d.targets[np.isin(d.roots, g.units[u].roots)].tolist())
+                new.append(len(got))
+            per_dep.append(((d.module, d.handler), np.asarray(new)))
+        cums.append(per_dep)
+    names = {name for name, _ in seen}
+    base = {n: sum(p.numel() for p in modules[n].parameters(recurse=False) if p.requires_grad) for n in names}
+    if any(_params_after(modules[n], 0, 0) is None for n in names):
+        return None
+
+    def removed(counts: list[int]) -> int:
+        r: dict[str, list[int]] = {}
+        for per_dep, k in zip(cums, counts):
+            if k:
+                for (name, handler), cum in per_dep:
+                    slot = r.setdefault(name, [0, 0])
+                    slot[0 if _is_out(handler) else 1] += int(cum[k])
+        return sum(base[n] - (_params_after(modules[n], o, i) or 0) for n, (o, i) in r.items())
+    return removed
