@@ -14,6 +14,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.shape_prop import ShapeProp
 
 from perf4sight.errors import UserError
@@ -132,6 +133,16 @@ def _shape(n: fx.Node) -> list[int] | None:
     return list(meta.shape)[1:] if hasattr(meta, "shape") else None
 
 
+def _propagate_shapes(gm: fx.GraphModule, input_shape: list[int]) -> None:
+    """Record every node's output shape: with fake tensors (no compute, no memory), else for real."""
+    example = torch.randn(_TRACE_BATCH, *input_shape)
+    try:
+        ShapeProp(gm, fake_mode=FakeTensorMode(allow_non_fake_inputs=True)).propagate(example)
+    except Exception:  # an op without a fake implementation: run it for real
+        with torch.no_grad():
+            ShapeProp(gm).propagate(example)
+
+
 def describe(module: nn.Module, input_shape: list[int], name: str, network: str | None = None,
              pruning_level: float = 0, **extra: Any) -> NetworkDescription:
     """Trace ``module`` (input ``[C, H, W]``, no batch) into a ``NetworkDescription``.
@@ -142,8 +153,7 @@ def describe(module: nn.Module, input_shape: list[int], name: str, network: str 
     module.eval()
     try:
         gm = fx.symbolic_trace(module)
-        with torch.no_grad():
-            ShapeProp(gm).propagate(torch.randn(_TRACE_BATCH, *input_shape))
+        _propagate_shapes(gm, input_shape)
     except UserError:
         raise
     except Exception as exc:  # tracing failures come in many types; report them in one line
