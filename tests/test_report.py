@@ -149,7 +149,8 @@ def test_feature_sensitivity(project):
     assert all(v >= 0 for t in sens.values() for v in t.values())
     # memory leans on a byte count (analytic estimate, saved activations, weights), not on e.g. depth
     assert max(sens["memory"], key=sens["memory"].get) in {"mem_analytic_mb", "saved_bytes", "param_bytes",
-                                                           "max_activation_bytes", "input_bytes"}
+                                                           "max_activation_bytes", "input_bytes",
+                                                           "sim_reserved_mb", "sim_alloc_mb"}
 
 
 def test_summarise_measurements_oom_boundary():

@@ -20,15 +20,17 @@ tensors counted this way.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from perf4sight.features.formulas import BYTES_PER_ELEMENT, HANDLERS, OUTPUT, OpCost, numel
+from perf4sight.features.latency_terms import LATENCY_FEATURES, KernelTable, kernel_table, latency_columns
 from perf4sight.ir.schema import NetworkDescription
 
 __all__ = ["NetworkFeatures", "network_features", "features_for", "feature_matrix", "unsupported_ops",
            "FEATURE_NAMES", "SCALED_FEATURES", "STATIC_FEATURES",
-           "ALLOCATOR_FEATURES", "allocator_bytes"]
+           "ALLOCATOR_FEATURES", "allocator_bytes", "SIM_FEATURES", "LATENCY_FEATURES"]
 
 MIB = float(2**20)
 
@@ -47,8 +49,11 @@ STATIC_FEATURES: tuple[str, ...] = (
 )
 #: Figures that are not linear in the batch size (MiB), appended last so older columns keep their index.
 ALLOCATOR_FEATURES: tuple[str, ...] = ("saved_alloc_mb", "mem_alloc_mb")
+#: Peak reserved / allocated MiB of the caching-allocator replay of a traced training step
+#: (``allocator.py``, ``alloc_trace.py``); 0 unless the features carry a trace (``NetworkFeatures.sim``).
+SIM_FEATURES: tuple[str, ...] = ("sim_reserved_mb", "sim_alloc_mb")
 FEATURE_NAMES: tuple[str, ...] = (("batch_size",) + SCALED_FEATURES + STATIC_FEATURES + ("mem_analytic_mb",)
-                                  + ALLOCATOR_FEATURES)
+                                  + ALLOCATOR_FEATURES + SIM_FEATURES + LATENCY_FEATURES)
 _SMALL, _LARGE, _ROUND, _SEG = 2**20, 10 * 2**20, 512, 2 * 2**20
 
 
@@ -61,6 +66,9 @@ class NetworkFeatures:
     static: dict[str, float]
     unsupported: list[str] = field(default_factory=list)  # "node (op)" for ops without a formula
     saved_sizes: np.ndarray = field(default_factory=lambda: np.zeros(0))  # bytes per sample of each saved tensor
+    sim: Any = field(default=None, repr=False)  # allocator.AllocTrace, attached on demand (alloc_trace.attach_simulation)
+    description: Any = field(default=None, repr=False)  # the NetworkDescription these features came from
+    kernels: KernelTable | None = field(default=None, repr=False)  # per-kernel latency terms (latency_terms.py)
 
 
 def unsupported_ops(desc: NetworkDescription) -> list[str]:
@@ -136,7 +144,8 @@ def network_features(desc: NetworkDescription) -> NetworkFeatures:
     st["mean_conv_channels"] = float(np.mean(conv_channels)) if conv_channels else 0.0
     st["input_hw"] = float(numel(desc.input_shape[1:]))
     sizes = np.array(list(saved.values()) + extra_sizes + [ps["input_bytes"]], dtype=float)
-    return NetworkFeatures(desc.name, ps, st, unsupported, sizes)
+    return NetworkFeatures(desc.name, ps, st, unsupported, sizes, description=desc,
+                           kernels=kernel_table(desc) if not unsupported else None)
 
 
 def allocator_bytes(sizes: np.ndarray, batch_size: float | np.ndarray) -> float | np.ndarray:
@@ -205,7 +214,22 @@ def feature_matrix(nets: list[NetworkFeatures] | NetworkFeatures, batch_sizes: l
         for idx in rows_of.values():
             alloc[idx] = allocator_bytes(nets[idx[0]].saved_sizes, bs[idx]) / MIB
     extra = (scaled[:, i_saved] + scaled[:, i_in]) / MIB  # what alloc replaces (saved + input, exact bytes)
-    return np.column_stack([bs, scaled, stat, mem, alloc, mem - extra + alloc])
+    sim = np.zeros((len(bs), len(SIM_FEATURES)))  # 0 = not simulated
+    for i, n in enumerate([nets] * len(bs) if isinstance(nets, NetworkFeatures) else nets):
+        if n.sim is not None:
+            sim[i] = n.sim.peaks_mb([bs[i]])[0]
+    lat = _latency_block(nets, bs)
+    return np.column_stack([bs, scaled, stat, mem, alloc, mem - extra + alloc, sim, lat])
+
+
+def _latency_block(nets: list[NetworkFeatures] | NetworkFeatures, bs: np.ndarray) -> np.ndarray:
+    """:data:`LATENCY_FEATURES` columns (NaN for networks without a kernel table)."""
+    many = nets if not isinstance(nets, NetworkFeatures) else [nets] * len(bs)
+    out = np.full((len(bs), len(LATENCY_FEATURES)), np.nan)
+    ok = [i for i, n in enumerate(many) if n.kernels is not None]
+    if ok:
+        out[ok] = latency_columns([many[i].kernels for i in ok], bs[ok])
+    return out
 
 
 def features_for(desc: NetworkDescription | NetworkFeatures, batch_size: int) -> dict[str, float]:

@@ -48,6 +48,11 @@ class Fingerprint:
             raise UserError(f"predict: network '{nf.name}' has ops without a cost formula: {', '.join(nf.unsupported)}")
         return nf
 
+    def _simulate_if_needed(self, nfs: list[NetworkFeatures]) -> None:
+        """Attach the allocator replay (traced once per network, cached) when the memory model uses it."""
+        from perf4sight.features.alloc_trace import ensure_simulation
+        ensure_simulation(nfs, self.models["memory"].terms)
+
     def _demand(self, F: np.ndarray, mem: np.ndarray | None) -> np.ndarray:
         """Memory figure (MiB) compared with ``capacity_mb`` for feature rows ``F``."""
         if self.capacity_basis == "analytic":
@@ -63,6 +68,7 @@ class Fingerprint:
         if not bss or any(int(b) < 1 for b in bss):
             raise UserError(f"predict: batch sizes must be positive integers, got {bss}")
         nfs = [self._features(d) for d in descs]
+        self._simulate_if_needed(nfs)
         F = feature_matrix([nf for nf in nfs for _ in bss], [b for _ in nfs for b in bss])  # one pass for all queries
         lat = self.models["latency"].predict(F)
         mem = self.models["memory"].predict(F)
@@ -90,7 +96,19 @@ class Fingerprint:
         learnt capacity) is taken as growing with the batch size."""
         if self.capacity_mb is None:
             return None
-        F = feature_matrix(self._features(desc), np.arange(1, limit + 1))
+        nf = self._features(desc)
+        self._simulate_if_needed([nf])
+        if nf.sim is not None:  # each batch size is an allocator replay: bisect instead of scanning 1..limit
+            def over(b: int) -> bool:
+                return bool(self._demand(feature_matrix(nf, [b]), None)[0] > self.capacity_mb)
+            if not over(limit):
+                return int(limit)
+            lo, hi = 1, limit  # first batch size predicted not to fit
+            while lo < hi:
+                mid = (lo + hi) // 2
+                lo, hi = (lo, mid) if over(mid) else (mid + 1, hi)
+            return int(lo - 1)
+        F = feature_matrix(nf, np.arange(1, limit + 1))
         over = np.nonzero(self._demand(F, None) > self.capacity_mb)[0]
         return int(limit if over.size == 0 else over[0])
 

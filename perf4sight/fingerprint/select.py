@@ -29,22 +29,42 @@ class Candidate:
     leaf: int | None = None  # None = the configured min_samples_leaf
 
 
+_KERNEL_TERMS = ("one", "lt_gemm_padded_macs", "lt_dw_bytes", "lt_ew_bytes", "lt_launches", "batch_size")
+_KERNEL_TERMS_64 = ("one", "lt_gemm_padded64_macs", "lt_dw_bytes", "lt_ew_bytes", "lt_launches", "batch_size")
+
 CANDIDATES: dict[str, tuple[Candidate, ...]] = {
     "memory": (Candidate("analytic x trees"), Candidate("analytic only", correct=False),
                Candidate("split analytic x trees", ("one", "param_bytes", "saved_bytes", "max_activation_bytes",
                                                     "input_bytes")),
-               Candidate("analytic x trees, leaf 3", leaf=3)),
+               Candidate("analytic x trees, leaf 3", leaf=3),
+               # caching-allocator replay of the traced step (features/alloc_trace.py); skipped where not simulated
+               Candidate("sim reserved x trees", ("one", "sim_reserved_mb")),
+               Candidate("sim reserved + analytic x trees", ("one", "sim_reserved_mb", "mem_analytic_mb"))),
     "latency": (Candidate("analytic x trees"), Candidate("analytic only", correct=False),
                 Candidate("analytic+odd/norm x trees", ("one", "dense_macs", "depthwise_macs", "activation_elems",
                                                         "kernels", "batch_size", "odd_channel_macs", "norm_elems",
                                                         "bytes_written")),
-                Candidate("analytic x trees, leaf 3", leaf=3)),
+                Candidate("analytic x trees, leaf 3", leaf=3),
+                # kernel-level terms (features/latency_terms.py): tile-padded GEMM work, bandwidth, launches;
+                # always with the tree correction, so the fingerprint still reproduces its own training rows
+                Candidate("kernel terms x trees, leaf 3", _KERNEL_TERMS, leaf=3),
+                Candidate("kernel terms (64-tiles) x trees, leaf 3", _KERNEL_TERMS_64, leaf=3)),
 }
 
 
 def _fitter(target: str, cand: Candidate, model: str, n_est: int, leaf: int, seed: int):
     lf = cand.leaf if cand.leaf is not None else leaf
     return lambda a, b, c: TargetModel.fit(target, a, b, model, n_est, lf, seed, cand.correct, cand.terms).predict(c)
+
+
+def _has_terms(F: np.ndarray, cand: Candidate) -> bool:
+    """Whether every analytic term of ``cand`` is known on all rows of ``F`` (finite; a simulated
+    feature is 0 where the network was not simulated)."""
+    from perf4sight.features.aggregate import FEATURE_NAMES, SIM_FEATURES
+    terms = [t for t in (cand.terms or ()) if t != "one"]
+    sim = [FEATURE_NAMES.index(t) for t in terms if t in SIM_FEATURES]
+    cols = [FEATURE_NAMES.index(t) for t in terms]
+    return bool(np.isfinite(F[:, cols]).all() and (F[:, sim] > 0).all())
 
 
 def select_candidate(target: str, F: np.ndarray, y: np.ndarray, groups: np.ndarray, grouping: str, model: str,
@@ -54,7 +74,7 @@ def select_candidate(target: str, F: np.ndarray, y: np.ndarray, groups: np.ndarr
 
     With fewer than 3 groups there is too little to choose on: the first candidate is kept.
     """
-    cands = candidates or CANDIDATES[target]
+    cands = tuple(c for c in (candidates or CANDIDATES[target]) if _has_terms(F, c))
     if len(set(groups.tolist())) < 3:
         cands = cands[:1]
     best: tuple[float, Candidate, CVResult] | None = None

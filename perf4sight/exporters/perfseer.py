@@ -1,0 +1,101 @@
+"""Export this tool's measurements and graphs as a PerfSeer / GAPP-style dataset.
+
+For every ``ok`` training measurement with a description, writes ``<out>/<network>_bs<batch>.pkl``
+(a ``networkx.DiGraph`` holding only builtin types) and ``<out>/<network>_bs<batch>.txt`` (the label
+dict literal). The format is described in :mod:`perf4sight.importers.perfseer`; per node:
+
+    type             ONNX op name (:data:`perf4sight.importers.perfseer.OP_TO_ONNX`)
+    args             our attributes (in_channels, kernel_size, stride, ...)
+    inputs           producer node names in argument order (an extra key; PerfSeer tools ignore it)
+    memory_info      batch_size, input_shape / output_shape with the batch dimension, input_size /
+                     output_size / weight_size in bytes (fp32), for the whole batch
+    flops            forward FLOPs for the whole batch (1 multiply-add = 2 FLOPs)
+    arith_intensity  flops / (bytes read + bytes written)
+
+Label: ``train`` = time (ms, median step) | average_sm_util (% , when measured) | average_memory_util |
+average_memory_usuage | peak_sm_util | peak_memory_util | peak_memory_usuage (MiB, the fingerprint's
+memory target); figures this tool does not measure are written as ``nan``; ``infer`` is all ``nan``.
+"""
+from __future__ import annotations
+
+import math
+import pickle
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+from perf4sight.errors import UserError
+from perf4sight.features.formulas import BYTES_PER_ELEMENT, HANDLERS, numel
+from perf4sight.importers.perfseer import LABEL_FIELDS, OP_TO_ONNX
+from perf4sight.ir.schema import NetworkDescription
+
+__all__ = ["export_perfseer", "description_to_graph"]
+
+
+def description_to_graph(desc: NetworkDescription, batch_size: int) -> Any:
+    """A ``networkx.DiGraph`` of ``desc`` at ``batch_size`` in the PerfSeer node-feature format."""
+    import networkx as nx
+    g = nx.DiGraph(name=desc.name, network=desc.network, pruning_level=desc.pruning_level,
+                   input_shape=list(desc.input_shape), batch_size=int(batch_size), source="perf4sight")
+    shapes = {n.name: n.output_shape for n in desc.nodes}
+    input_name = desc.nodes[0].name
+    b = int(batch_size)
+    for node in desc.nodes[1:]:
+        if node.op not in OP_TO_ONNX:
+            raise UserError(f"export: network '{desc.name}' node '{node.name}' has op '{node.op}' "
+                            f"with no PerfSeer (ONNX) type")
+        in_shapes = [shapes[i] for i in node.inputs]
+        cost = HANDLERS[node.op](node, in_shapes, bool(node.inputs) and all(i == input_name for i in node.inputs))
+        moved = cost.bytes_read + cost.bytes_written
+        flops = cost.flops_fwd * b
+        g.add_node(node.name, feature={
+            "type": OP_TO_ONNX[node.op],
+            "args": {k: (list(v) if isinstance(v, tuple) else v) for k, v in node.attrs.items()},
+            "inputs": [i for i in node.inputs if i != input_name],
+            "memory_info": {"batch_size": b, "input_shape": [b] + list(in_shapes[0]) if in_shapes else [],
+                            "output_shape": [b] + list(node.output_shape),
+                            "input_size": int(sum(numel(s) for s in in_shapes) * BYTES_PER_ELEMENT * b),
+                            "output_size": int(numel(node.output_shape) * BYTES_PER_ELEMENT * b),
+                            "weight_size": int(cost.params * BYTES_PER_ELEMENT)},
+            "flops": float(flops), "arith_intensity": float(flops / (moved * b)) if moved else 0.0})
+        for i in node.inputs:
+            if i != input_name:
+                g.add_edge(i, node.name)
+    return g
+
+
+def _fig(row: dict[str, Any], col: str) -> str:
+    try:
+        v = float(row.get(col, ""))
+    except (TypeError, ValueError):
+        return "nan"
+    return repr(v) if math.isfinite(v) else "nan"
+
+
+def export_perfseer(rows: Iterable[dict[str, Any]], descriptions: dict[str, NetworkDescription],
+                    out_dir: str | Path, memory_column: str = "device_mem_used_mb") -> dict[str, Any]:
+    """Write one graph + label pair per ``ok`` training row; returns counts and the folder.
+
+    ``memory_column``: the tidy column exported as ``peak_memory_usuage`` (``peak_rss_mb`` for
+    cpu-backend data). Rows without a description are counted in ``skipped_no_description``.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written, skipped = 0, 0
+    for r in rows:
+        if r.get("status") != "ok" or str(r.get("phase") or "train") != "train":
+            continue
+        desc = descriptions.get(str(r["network"]))
+        if desc is None:
+            skipped += 1
+            continue
+        b = int(float(r["batch_size"]))
+        stem = re.sub(r"[^\w.-]+", "_", desc.name) + f"_bs{b}"
+        graph = description_to_graph(desc, b)
+        figs = {"time": _fig(r, "latency_ms_median"), "average_sm_util": _fig(r, "gpu_util_pct"),
+                "peak_memory_usuage": _fig(r, memory_column)}
+        train = "|".join(figs.get(k, "nan") for k in LABEL_FIELDS)
+        (out / f"{stem}.pkl").write_bytes(pickle.dumps(graph, protocol=4))
+        (out / f"{stem}.txt").write_text(repr({"train": train, "infer": "|".join(["nan"] * len(LABEL_FIELDS))}) + "\n")
+        written += 1
+    return {"folder": str(out), "graphs_written": written, "skipped_no_description": skipped}

@@ -1,0 +1,204 @@
+"""Record the tensor allocations and frees of a training step without a GPU (meta device).
+
+The network is rebuilt from its description on the ``meta`` device (shapes and dtypes, no
+data, no compute) and put through the profiler's training loop: per step ``zero_grad`` (grads
+kept and zeroed, the PyTorch 1.x default), forward, cross-entropy, backward, SGD step with
+momentum and weight decay (single-tensor loop). A ``TorchDispatchMode`` sees every aten op: an
+output whose storage was not seen before is an allocation (its bytes); a weak reference on the
+storage reports its free. Weights, buffers and the input batch are allocated first.
+
+Two steps are traced: the first creates the gradients and momentum buffers; the second is the
+steady state. Activations scale with the batch size, so the run is traced at two batch sizes and
+every event's size is solved as ``const + per_sample * batch`` (:class:`AllocTrace`); a trace of
+the same events at any batch size then costs nothing but the replay.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import weakref
+from typing import Any
+
+import numpy as np
+
+from perf4sight.errors import UserError
+from perf4sight.features.allocator import ALLOC, FREE, STEP, AllocTrace
+from perf4sight.ir.schema import NetworkDescription
+
+__all__ = ["record_events", "simulate", "attach_simulation", "ensure_simulation", "TRACE_BATCHES", "clear_cache"]
+
+#: Batch sizes the run is traced at (two points fix each event's const + per-sample size).
+TRACE_BATCHES = (2, 4)
+_CACHE: dict[str, AllocTrace] = {}
+_LOCK = threading.Lock()
+
+Event = tuple[int, int, int, str]  # (kind, storage id, bytes, op)
+
+
+def clear_cache() -> None:
+    """Forget every simulated network (the per-description cache)."""
+    _CACHE.clear()
+
+
+def _key(desc: NetworkDescription) -> str:
+    nodes = [[n.name, n.op, n.inputs, n.attrs, n.output_shape] for n in desc.nodes]
+    blob = json.dumps([desc.input_shape, desc.num_classes, desc.output, nodes], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def record_events(desc: NetworkDescription, batch_size: int, steps: int = 2, lr: float = 0.1,
+                  momentum: float = 0.9, weight_decay: float = 5e-4, inplace_relu: bool = True) -> list[Event]:
+    """Allocation events (kind, storage id, bytes, aten op) of ``steps`` training steps at ``batch_size``.
+
+    ``inplace_relu``: run ReLU/ReLU6 in place as torchvision models do (falls back to out-of-place
+    where autograd forbids it). Raises :class:`UserError` if an op cannot run on the meta device.
+    """
+    try:
+        return _record(desc, batch_size, steps, lr, momentum, weight_decay, inplace_relu)
+    except RuntimeError as exc:
+        if inplace_relu and "inplace" in str(exc).lower():
+            return _record(desc, batch_size, steps, lr, momentum, weight_decay, False)
+        raise UserError(f"{desc.name}: the training step cannot be traced on the meta device ({exc})".splitlines()[0]) from None
+
+
+def _record(desc: NetworkDescription, batch_size: int, steps: int, lr: float, momentum: float,
+            weight_decay: float, inplace_relu: bool) -> list[Event]:
+    import torch
+    from torch import nn
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    from perf4sight.ir.to_torch import build_module
+
+    with torch.device("meta"):
+        model = build_module(desc)
+    if inplace_relu:
+        _inplace_activations(model)
+    events: list[Event] = []
+    ids: dict[int, int] = {}  # StorageImpl address -> id while alive
+    counter = [0]
+    lock = threading.Lock()
+    closed = [False]  # frees after the run (weights, grads dying later) are not part of it
+
+    def on_free(cdata: int) -> None:
+        with lock:
+            sid = ids.pop(cdata, None)
+            if closed[0]:
+                return
+            if sid is not None:
+                events.append((FREE, sid, 0, ""))
+
+    def see(t: Any, op: str) -> None:
+        st = t.untyped_storage()
+        cdata = st._cdata
+        with lock:
+            if cdata in ids:
+                return
+            counter[0] += 1
+            ids[cdata] = counter[0]
+            events.append((ALLOC, counter[0], int(st.nbytes()), op))
+        weakref.finalize(st, on_free, cdata)
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+            out = func(*args, **(kwargs or {}))
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    see(t, str(func))
+            return out
+
+    for t in list(model.parameters()) + list(model.buffers()):
+        see(t, "setup")
+    x = torch.empty(batch_size, *desc.input_shape, device="meta")
+    y = torch.zeros(batch_size, dtype=torch.long, device="meta")
+    see(x, "input")
+    see(y, "labels")
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay, foreach=False)
+    with Recorder():
+        for _ in range(steps):
+            events.append((STEP, 0, 0, "step"))
+            opt.zero_grad(set_to_none=False)
+            out = model(x)
+            loss = nn.functional.cross_entropy(out.reshape(out.shape[0], -1), y)
+            loss.backward()
+            opt.step()
+            del out, loss
+    with lock:
+        closed[0] = True
+        return list(events)
+
+
+def _inplace_activations(model: Any) -> None:
+    """ReLU in place; ReLU6 in place with a backward that reads the *result*, as in PyTorch 1.x
+    (today's ``hardtanh_`` saves a clone of its input instead, which the TX2 runs did not pay)."""
+    import torch
+    from torch import nn
+
+    class _ClampInplace(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):  # noqa: ANN001, ANN205
+            x.clamp_(0.0, 6.0)
+            ctx.mark_dirty(x)
+            ctx.save_for_backward(x)
+            return x
+
+        @staticmethod
+        def backward(ctx, grad):  # noqa: ANN001, ANN205
+            (res,) = ctx.saved_tensors
+            return torch.where((res > 0) & (res < 6), grad, torch.zeros((), device=grad.device))
+
+    class _ReLU6Inplace(nn.Module):
+        def forward(self, x):  # noqa: ANN001, ANN202
+            return _ClampInplace.apply(x)
+
+    for name, m in list(model.named_modules()):
+        if isinstance(m, nn.ReLU):
+            m.inplace = True
+        elif isinstance(m, nn.ReLU6) and name:
+            parent, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, attr, _ReLU6Inplace())
+
+
+def simulate(desc: NetworkDescription, batches: tuple[int, int] = TRACE_BATCHES, **kw: Any) -> AllocTrace:
+    """The training run's :class:`AllocTrace` (cached per description content).
+
+    Traced at the two ``batches``; the events must match one to one (same ops, same order) and
+    each size is solved exactly as ``const + per_sample * batch``. Units: bytes.
+    """
+    key = _key(desc) + json.dumps([list(batches), kw], sort_keys=True)
+    with _LOCK:
+        hit = _CACHE.get(key)
+    if hit is not None:
+        return hit
+    b1, b2 = batches
+    e1, e2 = record_events(desc, b1, **kw), record_events(desc, b2, **kw)
+    if [(k, t, o) for k, t, _, o in e1] != [(k, t, o) for k, t, _, o in e2]:
+        raise UserError(f"{desc.name}: the traced training step differs between batch sizes {b1} and {b2}")
+    s1 = np.array([s for _, _, s, _ in e1], dtype=float)
+    s2 = np.array([s for _, _, s, _ in e2], dtype=float)
+    per = (s2 - s1) / (b2 - b1)
+    trace = AllocTrace(desc.name, np.array([k for k, _, _, _ in e1], dtype=np.int8),
+                       np.array([t for _, t, _, _ in e1], dtype=np.int64), s1 - per * b1, per)
+    with _LOCK:
+        _CACHE[key] = trace
+    return trace
+
+
+def attach_simulation(nf: Any, desc: NetworkDescription) -> Any:
+    """Give a :class:`~perf4sight.features.aggregate.NetworkFeatures` its allocation trace (``nf.sim``)."""
+    nf.sim = simulate(desc)
+    return nf
+
+
+def ensure_simulation(nfs: Any, terms: Any) -> None:
+    """Attach the allocation trace to each NetworkFeatures in ``nfs`` lacking one, when ``terms`` (a model's
+    analytic terms) use a simulated feature; the features must carry their ``description``."""
+    from perf4sight.features.aggregate import SIM_FEATURES
+    if not set(SIM_FEATURES) & set(terms):
+        return
+    for nf in nfs:
+        if nf.sim is None:
+            if nf.description is None:
+                raise UserError(f"network '{nf.name}': the memory model simulates the allocator and needs the description")
+            attach_simulation(nf, nf.description)

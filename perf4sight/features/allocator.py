@@ -1,0 +1,218 @@
+"""A model of PyTorch's CUDA caching allocator, and the replay of a training step's allocations through it.
+
+Pure Python + numpy (no torch): the allocation trace itself comes from ``alloc_trace.py``
+(a meta-device run of the training step); this module turns it into the peak memory the
+caching allocator *reserves* (``torch.cuda.max_memory_reserved``) and *allocates*
+(``torch.cuda.max_memory_allocated``), in bytes, at any batch size.
+
+The rules are those of ``c10/cuda/CUDACachingAllocator.cpp`` in the PyTorch 1.x releases the
+perf4sight TX2 data was measured with (read in the public PyTorch sources; constants
+``kMinBlockSize``, ``kSmallSize``, ``kSmallBuffer``, ``kLargeBuffer``, ``kMinLargeAlloc``,
+``kRoundLarge``; functions ``round_size``, ``get_pool``, ``get_allocation_size``,
+``get_free_block``, ``should_split``, ``free_block`` / ``try_merge_blocks``):
+
+- a request is rounded up to a multiple of 512 bytes (at least 512);
+- requests of at most 1 MiB use the *small* pool, larger ones the *large* pool;
+- the pool's smallest free block that fits is taken (best fit; ties: lowest address);
+- without one, a new segment is ``cudaMalloc``-ed: 2 MiB for a small request, 20 MiB for a
+  request under 10 MiB, else the request rounded up to 2 MiB;
+- the block is split when the remainder is >= 512 bytes (small pool) or > 1 MiB (large pool);
+  an unsplit block is handed out whole (and counted whole in allocated bytes);
+- a freed block merges with free neighbours of its segment and stays cached: segments are never
+  returned (no ``empty_cache``; the retry-after-freeing-the-cache path on OOM is not modelled).
+
+Single stream, no ``max_split_size``/expandable segments (later PyTorch options off by default).
+"""
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["CachingAllocator", "AllocTrace", "ALLOC", "FREE", "STEP", "round_size", "segment_size"]
+
+K_MIN_BLOCK = 512
+K_SMALL_SIZE = 1 << 20
+K_SMALL_BUFFER = 2 << 20
+K_LARGE_BUFFER = 20 << 20
+K_MIN_LARGE_ALLOC = 10 << 20
+K_ROUND_LARGE = 2 << 20
+
+ALLOC, FREE, STEP = 0, 1, 2  # trace event kinds (STEP: start of a training step; peaks are reset there)
+
+
+def round_size(size: int) -> int:
+    """Bytes a request of ``size`` bytes occupies: a multiple of 512, at least 512."""
+    return K_MIN_BLOCK if size < K_MIN_BLOCK else K_MIN_BLOCK * ((size + K_MIN_BLOCK - 1) // K_MIN_BLOCK)
+
+
+def segment_size(size: int) -> int:
+    """Bytes ``cudaMalloc``-ed for a new segment serving a (rounded) request of ``size`` bytes."""
+    if size <= K_SMALL_SIZE:
+        return K_SMALL_BUFFER
+    if size < K_MIN_LARGE_ALLOC:
+        return K_LARGE_BUFFER
+    return K_ROUND_LARGE * ((size + K_ROUND_LARGE - 1) // K_ROUND_LARGE)
+
+
+class _Block:
+    __slots__ = ("ptr", "size", "small", "allocated", "prev", "next")
+
+    def __init__(self, ptr: int, size: int, small: bool):
+        self.ptr, self.size, self.small, self.allocated = ptr, size, small, False
+        self.prev: _Block | None = None
+        self.next: _Block | None = None
+
+
+class CachingAllocator:
+    """The caching allocator's bookkeeping (no memory). Sizes in bytes; ``malloc`` returns a handle."""
+
+    def __init__(self) -> None:
+        self._pools: tuple[list[tuple[int, int]], list[tuple[int, int]]] = ([], [])  # (large, small): (size, ptr)
+        self._free: dict[tuple[int, int], _Block] = {}
+        self._next_ptr = 1 << 32
+        self.reserved = 0
+        self.allocated = 0
+        self.peak_reserved = 0
+        self.peak_allocated = 0
+
+    def reset_peaks(self) -> None:
+        """``torch.cuda.reset_peak_memory_stats``: peaks restart from the current figures."""
+        self.peak_reserved, self.peak_allocated = self.reserved, self.allocated
+
+    def _insert(self, b: _Block) -> None:
+        key = (b.size, b.ptr)
+        insort(self._pools[b.small], key)
+        self._free[key] = b
+
+    def _remove(self, b: _Block) -> None:
+        key = (b.size, b.ptr)
+        pool = self._pools[b.small]
+        del pool[bisect_left(pool, key)]
+        del self._free[key]
+
+    def malloc(self, nbytes: int) -> _Block | None:
+        """Allocate ``nbytes`` (0 bytes -> no block, as in PyTorch)."""
+        if nbytes <= 0:
+            return None
+        size = round_size(nbytes)
+        small = size <= K_SMALL_SIZE
+        pool = self._pools[small]
+        i = bisect_left(pool, (size, 0))
+        if i < len(pool):
+            key = pool.pop(i)
+            block = self._free.pop(key)
+        else:
+            seg = segment_size(size)
+            block = _Block(self._next_ptr, seg, small)
+            self._next_ptr += seg + K_SMALL_BUFFER  # keep segments apart: no merging across segments
+            self.reserved += seg
+            self.peak_reserved = max(self.peak_reserved, self.reserved)
+        remaining = block.size - size
+        if remaining >= K_MIN_BLOCK if small else remaining > K_SMALL_SIZE:
+            rest = _Block(block.ptr + size, remaining, small)
+            rest.prev, rest.next = block, block.next
+            if block.next is not None:
+                block.next.prev = rest
+            block.next = rest
+            block.size = size
+            self._insert(rest)
+        block.allocated = True
+        self.allocated += block.size
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        return block
+
+    def free(self, block: _Block | None) -> None:
+        """Return ``block`` to its pool, merged with free neighbours (the segment stays reserved)."""
+        if block is None:
+            return
+        block.allocated = False
+        self.allocated -= block.size
+        prev, nxt = block.prev, block.next
+        if prev is not None and not prev.allocated:
+            self._remove(prev)
+            block.ptr, block.size, block.prev = prev.ptr, block.size + prev.size, prev.prev
+            if block.prev is not None:
+                block.prev.next = block
+        if nxt is not None and not nxt.allocated:
+            self._remove(nxt)
+            block.size, block.next = block.size + nxt.size, nxt.next
+            if block.next is not None:
+                block.next.prev = block
+        self._insert(block)
+
+
+@dataclass
+class AllocTrace:
+    """One training run's ordered allocation events, with sizes linear in the batch size.
+
+    Event ``i``: ``kind[i]`` (:data:`ALLOC`, :data:`FREE`, :data:`STEP`), ``tensor[i]`` (a storage
+    id, for ALLOC/FREE), and for ALLOC a size of ``const[i] + per_sample[i] * batch_size`` bytes.
+    Events before the first STEP are the persistent setup (weights, buffers, the input batch).
+    ``repeat_last``: how many more times the last step runs (the steady state).
+    """
+
+    name: str
+    kind: np.ndarray
+    tensor: np.ndarray
+    const: np.ndarray
+    per_sample: np.ndarray
+    repeat_last: int = 2
+    _memo: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False)
+
+    def sizes(self, batch_size: int) -> np.ndarray:
+        """Bytes of every event at ``batch_size`` (0 for FREE/STEP)."""
+        return np.maximum(np.rint(self.const + self.per_sample * batch_size), 0).astype(np.int64)
+
+    def replay(self, batch_size: int) -> tuple[float, float]:
+        """(peak reserved, peak allocated) in bytes, each the mean over the steps of the per-step peak
+        (peaks reset at every step start, as the perf4sight profiler did)."""
+        bs = int(batch_size)
+        if bs in self._memo:
+            return self._memo[bs]
+        sizes = self.sizes(bs).tolist()
+        kinds, ids = self.kind.tolist(), self.tensor.tolist()
+        steps = [i for i, k in enumerate(kinds) if k == STEP]
+        alloc = CachingAllocator()
+        live: dict[int, _Block | None] = {}
+        peaks: list[tuple[int, int]] = []
+        bounds = [(0, steps[0] if steps else len(kinds))]
+        bounds += [(s, e) for s, e in zip(steps, steps[1:] + [len(kinds)])]
+        if steps:
+            bounds += [bounds[-1]] * self.repeat_last
+        for n, (start, end) in enumerate(bounds):
+            if n > 0:
+                alloc.reset_peaks()
+            for i in range(start, end):
+                k = kinds[i]
+                if k == ALLOC:
+                    live[ids[i]] = alloc.malloc(sizes[i])
+                elif k == FREE:
+                    alloc.free(live.pop(ids[i], None))
+            if n > 0:
+                peaks.append((alloc.peak_reserved, alloc.peak_allocated))
+        if not peaks:
+            peaks = [(alloc.peak_reserved, alloc.peak_allocated)]
+        out = (float(np.mean([p[0] for p in peaks])), float(np.mean([p[1] for p in peaks])))
+        self._memo[bs] = out
+        return out
+
+    def peaks_mb(self, batch_sizes: np.ndarray | list[int]) -> np.ndarray:
+        """Array (n, 2): [peak reserved, peak allocated] in MiB per batch size."""
+        out = np.array([self.replay(int(b)) for b in np.asarray(batch_sizes).reshape(-1)], dtype=float)
+        return out.reshape(-1, 2) / float(1 << 20)
+
+    def tensor_bytes(self, batch_size: int) -> float:
+        """Exact bytes of all live tensors at their peak sum (no rounding, no caching), per step: a check."""
+        sizes = self.sizes(int(batch_size))
+        cur = best = 0
+        live: dict[int, int] = {}
+        for k, t, s in zip(self.kind.tolist(), self.tensor.tolist(), sizes.tolist()):
+            if k == ALLOC:
+                live[t] = s
+                cur += s
+                best = max(best, cur)
+            elif k == FREE:
+                cur -= live.pop(t, 0)
+        return float(best)

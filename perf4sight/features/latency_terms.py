@@ -1,0 +1,244 @@
+"""Kernel-level latency terms: one row per GPU kernel of a training step, summed per batch size.
+
+Pure numpy (no torch). :func:`kernel_table` walks a description once and lists, per sample, the
+kernels one SGD training step launches — forward, backward (input and weight gradients as
+separate GEMMs) and the optimizer's per-parameter updates — with their kind, FLOPs, bytes and,
+for GEMM-like kernels, the implicit-GEMM dimensions. :func:`latency_columns` turns tables into
+the :data:`LATENCY_FEATURES` columns at any batch size. Units: MACs (multiply-accumulates), bytes
+(fp32), kernel launches (counts).
+
+Conventions, stated once:
+
+- A dense or grouped conv is three implicit GEMMs per group: forward ``M = batch*Ho*Wo,
+  N = Cout/g, K = Cin/g*kh*kw``; input gradient ``M = batch*Hi*Wi, N = Cin/g, K = Cout/g*kh*kw``
+  (``K`` scaled by ``Ho*Wo / (Hi*Wi)`` so a strided conv's input gradient does the forward's MACs;
+  skipped when the conv reads the network input); weight gradient ``M = Cout/g,
+  N = Cin/g*kh*kw, K = batch*Ho*Wo``. A linear layer likewise (``Ho*Wo`` = 1).
+- Tile quantisation: a GEMM tile computes ``TILE_M x TILE_N`` outputs over ``TILE_K``-deep
+  slices, so the work done is ``ceil(M/TM)*TM * ceil(N/TN)*TN * ceil(K/TK)*TK`` MACs. Odd channel
+  counts after pruning waste the padding; ``lt_gemm_padded_macs`` counts it, ``lt_gemm_macs`` not.
+- Depthwise convs run their own (bandwidth-bound) kernels: counted in ``lt_dw_bytes``.
+- Bandwidth-bound kernels (batch norm, activations, adds, pooling, concatenation, bias,
+  gradient accumulation at branches, the optimizer): ``lt_ew_bytes`` = bytes read + written.
+- ``lt_launches`` = all kernel launches of a step (forward + backward + optimizer);
+  ``lt_work_per_launch`` = step FLOPs per launch, which tells a
+  launch-bound step (small batch, many small kernels) from a compute-bound one.
+- ``lt_gemm_padded64_macs``: the padded work with the coarser :data:`TILE64` tiling.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from perf4sight.features.formulas import BYTES_PER_ELEMENT, numel
+from perf4sight.ir.schema import NetworkDescription, Node
+
+__all__ = ["KernelTable", "kernel_table", "latency_columns", "LATENCY_FEATURES", "TILE", "GEMM", "DEPTHWISE",
+           "BANDWIDTH"]
+
+#: Kernel kinds.
+GEMM, DEPTHWISE, BANDWIDTH = 0, 1, 2
+#: (TILE_M, TILE_N, TILE_K) of the padded-work count (a common fp32 implicit-GEMM tiling).
+TILE = (32, 32, 8)
+#: A coarser tiling (large-tile kernels) for ``lt_gemm_padded64_macs``.
+TILE64 = (64, 64, 8)
+#: SGD with momentum and weight decay, per parameter tensor: weight decay add, momentum update,
+#: parameter update, zero_grad -> 4 kernels, moving ~10 parameter-sized tensors.
+OPT_KERNELS_PER_TENSOR, OPT_TENSOR_PASSES = 4, 10
+
+LATENCY_FEATURES: tuple[str, ...] = (
+    "lt_gemm_macs", "lt_gemm_padded_macs", "lt_gemm_waste_macs", "lt_gemm_padded64_macs", "lt_dw_bytes",
+    "lt_ew_bytes", "lt_launches", "lt_work_per_launch",
+)
+
+
+@dataclass
+class KernelTable:
+    """Kernels of one training step; per-kernel arrays, per-sample where they scale with the batch.
+
+    ``dims`` (n, 3): GEMM M, N, K (0 for other kinds); ``batch_dim`` (n,): which of them is
+    multiplied by the batch size (-1: none). ``bytes_ps``: activation bytes per sample;
+    ``bytes_fixed``: parameter bytes (independent of the batch); ``flops_ps``: FLOPs per sample.
+    """
+
+    kind: np.ndarray
+    dims: np.ndarray
+    batch_dim: np.ndarray
+    flops_ps: np.ndarray
+    bytes_ps: np.ndarray
+    bytes_fixed: np.ndarray
+    param_tensors: int
+
+    @property
+    def launches(self) -> int:
+        """Kernel launches of one step (a static count)."""
+        return int(len(self.kind))
+
+
+class _Rows:
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, float, float, float, int, float, float, float]] = []
+
+    def gemm(self, m: float, n: float, k: float, batch_dim: int, bytes_ps: float, bytes_fixed: float) -> None:
+        """A GEMM of ``m x n x k`` (per sample along ``batch_dim``)."""
+        self.rows.append((GEMM, m, n, k, batch_dim, 2.0 * m * n * k, bytes_ps, bytes_fixed))
+
+    def other(self, kind: int, flops_ps: float, bytes_ps: float, bytes_fixed: float = 0.0) -> None:
+        self.rows.append((kind, 0.0, 0.0, 0.0, -1, flops_ps, bytes_ps, bytes_fixed))
+
+
+def _conv(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
+    a = node.attrs
+    kh, kw = a["kernel_size"]
+    cin, cout, g = int(a["in_channels"]), int(a["out_channels"]), int(a["groups"])
+    out = node.output_shape
+    hw_out = numel(out[1:]) if len(out) == 3 else 1
+    hw_in = numel(in_shape[1:]) if len(in_shape) == 3 else 1
+    b_in, b_out = numel(in_shape) * BYTES_PER_ELEMENT, numel(out) * BYTES_PER_ELEMENT
+    w_bytes = cout * (cin // g) * kh * kw * BYTES_PER_ELEMENT
+    if g > 1 and g == cin and cout % cin == 0:  # depthwise: own kernels, bandwidth-bound
+        macs = float(hw_out * cout * kh * kw)
+        r.other(DEPTHWISE, 2 * macs, b_in + b_out, w_bytes)
+        if not first:
+            r.other(DEPTHWISE, 2 * macs, b_in + b_out, w_bytes)
+        r.other(DEPTHWISE, 2 * macs, b_in + b_out, w_bytes)
+    else:
+        cg_in, cg_out = cin // g, cout // g
+        for _ in range(g):
+            r.gemm(hw_out, cg_out, cg_in * kh * kw, 0, (b_in + b_out) / g, w_bytes / g)
+            if not first:
+                # transposed conv: each input pixel meets kh*kw*hw_out/hw_in taps on average (stride)
+                r.gemm(hw_in, cg_in, cg_out * kh * kw * hw_out / hw_in, 0, (b_in + b_out) / g, w_bytes / g)
+            r.gemm(cg_out, cg_in * kh * kw, hw_out, 2, (b_in + b_out) / g, w_bytes / g)
+    if a.get("bias"):
+        r.other(BANDWIDTH, hw_out * cout, 2 * b_out, cout * BYTES_PER_ELEMENT)  # forward add
+        r.other(BANDWIDTH, hw_out * cout, b_out, cout * BYTES_PER_ELEMENT)  # backward reduction
+
+
+def _linear(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
+    a = node.attrs
+    fin, fout = int(a["in_features"]), int(a["out_features"])
+    rows = max(1, numel(node.output_shape) // fout)
+    b_io = (numel(in_shape) + numel(node.output_shape)) * BYTES_PER_ELEMENT
+    w = fin * fout * BYTES_PER_ELEMENT
+    r.gemm(rows, fout, fin, 0, b_io, w)
+    if not first:
+        r.gemm(rows, fin, fout, 0, b_io, w)
+    r.gemm(fout, fin, rows, 2, b_io, w)
+    if a.get("bias"):
+        r.other(BANDWIDTH, rows * fout, numel(node.output_shape) * BYTES_PER_ELEMENT, fout * BYTES_PER_ELEMENT)
+
+
+def _elementwise(r: _Rows, node: Node, in_shapes: list[list[int]], fwd_passes: float, bwd_passes: float,
+                 bwd_kernels: int) -> None:
+    """Forward kernel reading its inputs and writing its output ``fwd_passes`` times over; ``bwd_kernels``
+    backward kernels moving ``bwd_passes`` output-sized tensors in all."""
+    n_out = numel(node.output_shape)
+    n_in = sum(numel(s) for s in in_shapes)
+    r.other(BANDWIDTH, float(n_out), fwd_passes * (n_in + n_out) * BYTES_PER_ELEMENT)
+    for _ in range(bwd_kernels):
+        r.other(BANDWIDTH, float(n_out), bwd_passes / bwd_kernels * max(n_in, n_out) * BYTES_PER_ELEMENT)
+
+
+_VIEWS = {"input", "identity", "reshape", "flatten", "squeeze", "unsqueeze", "select", "narrow", "transpose"}
+
+
+def kernel_table(desc: NetworkDescription) -> KernelTable:
+    """Every kernel of one training step of ``desc`` (see the module docstring). Ops this module does
+    not know are costed as one generic bandwidth-bound kernel over their input and output."""
+    shapes: dict[str, list[int]] = {}
+    consumers: dict[str, int] = {}
+    r = _Rows()
+    params = 0
+    input_name = desc.nodes[0].name
+    for node in desc.nodes:
+        ins = [shapes[i] for i in node.inputs]
+        shapes[node.name] = node.output_shape
+        for i in node.inputs:
+            consumers[i] = consumers.get(i, 0) + 1
+        first = bool(node.inputs) and all(i == input_name for i in node.inputs)
+        op = node.op
+        if op in _VIEWS:
+            continue
+        if op == "conv2d":
+            _conv(r, node, ins[0], first)
+            params += 2 if node.attrs.get("bias") else 1
+        elif op == "linear":
+            _linear(r, node, ins[0], first)
+            params += 2 if node.attrs.get("bias") else 1
+        elif op == "batchnorm2d":  # forward: statistics pass + normalise pass; backward: two passes
+            _elementwise(r, node, ins, 1.5, 4.0, 1)
+            params += 2
+        elif op == "add":  # backward routes the gradient: no kernel
+            _elementwise(r, node, ins, 1.0, 0.0, 0)
+        elif op == "cat":  # backward slices: views
+            _elementwise(r, node, ins, 1.0, 0.0, 0)
+        elif op == "dropout":
+            _elementwise(r, node, ins, 1.5, 2.0, 1)
+        elif op in ("maxpool2d", "adaptivemaxpool2d"):  # backward: zero fill + scatter
+            _elementwise(r, node, ins, 1.0, 3.0, 2)
+        else:  # activations, average pooling, mean, mul, ...
+            _elementwise(r, node, ins, 1.0, 3.0, 1)
+    for name, k in consumers.items():  # k gradients into one tensor: k-1 accumulation adds
+        if k > 1 and name != input_name:
+            for _ in range(k - 1):
+                r.other(BANDWIDTH, float(numel(shapes[name])), 3.0 * numel(shapes[name]) * BYTES_PER_ELEMENT)
+    n_params = _param_count(desc)
+    for _ in range(OPT_KERNELS_PER_TENSOR * params):
+        share = OPT_TENSOR_PASSES / OPT_KERNELS_PER_TENSOR * n_params * BYTES_PER_ELEMENT / max(params, 1)
+        r.other(BANDWIDTH, 0.0, 0.0, share)
+    a = np.array(r.rows, dtype=float).reshape(-1, 8)
+    return KernelTable(kind=a[:, 0].astype(np.int64), dims=a[:, 1:4], batch_dim=a[:, 4].astype(np.int64),
+                       flops_ps=a[:, 5], bytes_ps=a[:, 6], bytes_fixed=a[:, 7], param_tensors=params)
+
+
+def _param_count(desc: NetworkDescription) -> float:
+    if desc.params:
+        return float(desc.params)
+    from perf4sight.ir.schema import count_params
+    return float(count_params(desc))
+
+
+def _padded(x: np.ndarray, tile: int) -> np.ndarray:
+    return np.ceil(x / tile) * tile
+
+
+def _columns_one(kt: KernelTable, bs: np.ndarray) -> np.ndarray:
+    """(len(bs), len(LATENCY_FEATURES)) for one table."""
+    g = kt.kind == GEMM
+    dims = kt.dims[g]
+    scale = np.ones((len(bs), int(g.sum()), 3))
+    for d in range(3):
+        sel = kt.batch_dim[g] == d
+        scale[:, sel, d] = bs[:, None]
+    full = dims[None, :, :] * scale  # (rows, gemms, 3)
+    macs = full.prod(axis=2).sum(axis=1)
+    padded = (_padded(full[..., 0], TILE[0]) * _padded(full[..., 1], TILE[1])
+              * _padded(full[..., 2], TILE[2])).sum(axis=1)
+    padded64 = (_padded(full[..., 0], TILE64[0]) * _padded(full[..., 1], TILE64[1])
+                * _padded(full[..., 2], TILE64[2])).sum(axis=1)
+    dw = kt.kind == DEPTHWISE
+    ew = kt.kind == BANDWIDTH
+    dw_bytes = bs * kt.bytes_ps[dw].sum() + kt.bytes_fixed[dw].sum()
+    ew_bytes = bs * kt.bytes_ps[ew].sum() + kt.bytes_fixed[ew].sum()
+    launches = np.full(len(bs), float(kt.launches))
+    work = bs * kt.flops_ps.sum() / max(kt.launches, 1)
+    return np.column_stack([macs, padded, padded - macs, padded64, dw_bytes, ew_bytes, launches, work])
+
+
+def latency_columns(tables: list[KernelTable] | KernelTable, batch_sizes: list[int] | np.ndarray) -> np.ndarray:
+    """:data:`LATENCY_FEATURES` columns: one table at every batch size, or row ``i`` = ``tables[i]`` at
+    ``batch_sizes[i]`` (tables shared between rows are evaluated once per distinct table)."""
+    bs = np.asarray(batch_sizes, dtype=float).reshape(-1)
+    if isinstance(tables, KernelTable):
+        return _columns_one(tables, bs)
+    if len(tables) != len(bs):
+        raise ValueError("latency_columns: one batch size per table expected")
+    out = np.empty((len(bs), len(LATENCY_FEATURES)))
+    rows_of: dict[int, list[int]] = {}
+    for i, t in enumerate(tables):
+        rows_of.setdefault(id(t), []).append(i)
+    for idx in rows_of.values():
+        out[idx] = _columns_one(tables[idx[0]], bs[idx])
+    return out

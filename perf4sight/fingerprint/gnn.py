@@ -1,0 +1,403 @@
+"""GNN predictor beside the tree fingerprint: fit, evaluate, store, load, predict; and the ensemble.
+
+One multi-output model per device predicts ``log(latency ms)`` and ``log(memory MiB)`` (same
+targets and columns as the trees: see :mod:`perf4sight.fingerprint.fit`) as a correction to the
+trees' analytic baseline (``base="analytic"``, the default: on the TX2 data, leave-one-network-out,
+it cut the GNN's error from 40 % / 28 % MAPE (latency / memory, outright log targets) to
+12 % / 8 %). Default architecture ``sage`` (GraphSAGE): it measured better than ``seernet`` on the
+TX2 data (latency 12.4 vs 18.8 %, memory 8.0 vs 8.9 %); ``seernet`` stays selectable for
+larger (e.g. imported PerfSeer) datasets. See bench/bench_gnn.py. Accuracy comes from the
+trees' harness (:func:`perf4sight.fingerprint.evaluate.grouped_cv`, leave-one-family-out, or
+leave-one-network-out with a single family); the same folds give out-of-fold predictions of the
+trees, so the geometric-mean ensemble is measured too and the JSON records which of the three
+measured best per target. Prediction intervals: empirical quantiles of out-of-fold
+``log(measured/predicted)``, as for the trees (none when there are fewer than 2 groups).
+
+Files in ``<fingerprint_dir>/<device>/`` (beside the trees' ``metadata.json`` / ``models.npz``)::
+
+    gnn.json         settings, feature names, normalisation statistics, accuracy, intervals (JSON)
+    gnn_weights.pt   the model's state_dict, loaded with ``torch.load(weights_only=True)``
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import pickle
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from perf4sight.errors import UserError
+from perf4sight.features.aggregate import feature_matrix
+from perf4sight.fingerprint.evaluate import choose_groups, grouped_cv, metrics
+from perf4sight.fingerprint.fit import LATENCY_COLUMN, memory_column
+from perf4sight.fingerprint.gnn_graph import (EDGE_FEATURES, GLOBAL_FEATURES, NODE_FEATURES, OP_VOCAB,
+                                              GraphTemplate, global_features, graph_template)
+from perf4sight.fingerprint.gnn_model import GNNModel
+from perf4sight.fingerprint.gnn_train import Normaliser, TrainSettings, make_data, predict_log, train_model
+from perf4sight.ir.schema import NetworkDescription
+
+__all__ = ["fit_gnn", "fit_device_gnn", "load_gnn", "load_predictor", "GNNPredictor", "EnsemblePredictor", "gnn_accuracy_lines",
+           "GNN_JSON", "GNN_WEIGHTS", "PREDICTORS"]
+
+GNN_JSON = "gnn.json"
+GNN_WEIGHTS = "gnn_weights.pt"
+PREDICTORS = ("trees", "gnn", "ensemble")
+TARGETS = ("latency", "memory")
+FORMAT = "perf4sight-gnn-v1"
+
+
+def _num(v: Any) -> float:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return float("nan")
+    return x if np.isfinite(x) and x > 0 else float("nan")
+
+
+def _interval(log_resid: np.ndarray, coverage: float) -> list[float]:
+    r = log_resid[np.isfinite(log_resid)]
+    if r.size < 5:
+        return [0.0, 0.0]
+    a = (1 - coverage) / 2
+    return [float(min(0.0, np.quantile(r, a))), float(max(0.0, np.quantile(r, 1 - a)))]
+
+
+def _threshold(p_ok: np.ndarray, p_oom: np.ndarray) -> tuple[float, int]:
+    """Predicted-memory threshold (MiB) that best separates ok (<=) from oom (>) rows."""
+    cands = np.unique(np.concatenate([p_ok, p_oom]))
+    errs = [int(np.sum(p_ok > t) + np.sum(p_oom <= t)) for t in cands]
+    k = int(np.argmin(errs))
+    return float(cands[k]), errs[k]
+
+
+class _Samples:
+    """The usable (network, batch size) samples of a device with their log targets [n, 2]."""
+
+    def __init__(self, rows: Any, descriptions: dict[str, NetworkDescription], device: str):
+        recs = rows.fillna("").to_dict("records") if hasattr(rows, "to_dict") else [dict(r) for r in rows]
+        recs = [r for r in recs if str(r.get("device", device)) == device and str(r["network"]) in descriptions]
+        if not recs:
+            raise UserError(f"gnn: no measurements with a network description for device '{device}'")
+        self.mem_col = memory_column(recs)
+        self.ok = [r for r in recs if r.get("status") == "ok"]
+        self.oom = [r for r in recs if r.get("status") == "oom"]
+        ylat = np.log([_num(r.get(LATENCY_COLUMN)) for r in self.ok])
+        ymem = np.log([_num(r.get(self.mem_col)) for r in self.ok])
+        keep = np.isfinite(ylat) | np.isfinite(ymem)
+        self.ok = [r for r, k in zip(self.ok, keep) if k]
+        self.Y = np.column_stack([ylat[keep], ymem[keep]]) if keep.any() else np.zeros((0, 2))
+        for j, t in enumerate(TARGETS):
+            if np.isfinite(self.Y[:, j]).sum() < 3:
+                raise UserError(f"gnn: fewer than 3 ok rows with a {t} figure for device '{device}'")
+        self.templates = {n: graph_template(descriptions[n]) for n in sorted({str(r["network"]) for r in recs})}
+        self.nets = np.array([str(r["network"]) for r in self.ok])
+        self.bs = np.array([int(float(r["batch_size"])) for r in self.ok])
+        fams = np.array([str(r.get("family") or r["network"]) for r in self.ok])
+        self.groups, self.grouping = choose_groups(fams, self.nets)
+        self.F = feature_matrix([self.templates[n].features for n in self.nets], self.bs)
+
+    def tmpl(self, idx: np.ndarray) -> list[GraphTemplate]:
+        return [self.templates[n] for n in self.nets[idx]]
+
+
+class _Base:
+    """Optional analytic baseline per target (the trees' non-negative linear fit on network totals,
+    relative-error loss): the GNN then learns ``log(measured / baseline)``. ``None`` = no baseline."""
+
+    def __init__(self, parts: dict[str, dict[str, Any]] | None):
+        from perf4sight.fingerprint.trees import TargetModel
+        self.parts = parts
+        self.models = {t: TargetModel(t, tuple(p["terms"]), np.asarray(p["coef"], dtype=float), None)
+                       for t, p in (parts or {}).items()}
+
+    @classmethod
+    def fit(cls, F: np.ndarray, Y: np.ndarray, kind: str) -> "_Base":
+        if kind == "none":
+            return cls(None)
+        from perf4sight.fingerprint.trees import TargetModel
+        parts = {}
+        for j, t in enumerate(TARGETS):
+            ok = np.isfinite(Y[:, j])
+            tm = TargetModel.fit(t, F[ok], np.exp(Y[ok, j]), correct=False)
+            parts[t] = {"terms": list(tm.terms), "coef": [float(c) for c in tm.coef]}
+        return cls(parts)
+
+    def log(self, F: np.ndarray) -> np.ndarray:
+        """[n, 2] log baseline (0 without one)."""
+        if not self.models:
+            return np.zeros((len(F), len(TARGETS)))
+        return np.column_stack([np.log(np.maximum(self.models[t].analytic(F), 1e-6)) for t in TARGETS])
+
+
+def _train(s: _Samples, idx: np.ndarray, st: TrainSettings,
+           base_kind: str) -> tuple[GNNModel, Normaliser, _Base, dict[str, Any]]:
+    tl = s.tmpl(idx)
+    base = _Base.fit(s.F[idx], s.Y[idx], base_kind)
+    R = s.Y[idx] - base.log(s.F[idx])
+    uniq = list({t.name: t for t in tl}.values())
+    norm = Normaliser.fit(uniq, global_features(tl, s.bs[idx]), R)
+    ss = make_data(tl, s.bs[idx], norm, R)
+    names = list({t.name: None for t in tl})  # graph order of make_data
+    dims = (len(NODE_FEATURES), len(EDGE_FEATURES), len(GLOBAL_FEATURES))
+    model, summary = train_model(ss, names, dims, len(TARGETS), st)
+    return model, norm, base, summary
+
+
+def _predict(model: GNNModel, norm: Normaliser, base: _Base, tl: list[GraphTemplate],
+             bs: Sequence[int]) -> np.ndarray:
+    """Predicted latency (ms) and memory (MiB), shape [n, 2]."""
+    F = feature_matrix([t.features for t in tl], list(bs))
+    return np.exp(predict_log(model, make_data(tl, list(bs), norm), norm) + base.log(F))
+
+
+def _evaluate(s: _Samples, st: TrainSettings, trees_cfg: Any, coverage: float, base_kind: str) -> dict[str, Any]:
+    """Out-of-fold accuracy of the GNN, the trees and their geometric mean on the same folds."""
+    from perf4sight.fingerprint.trees import TargetModel
+    cache: dict[str, np.ndarray] = {}  # held-out group -> GNN predictions for all samples in it
+
+    def gnn_fold(test_idx: np.ndarray) -> np.ndarray:
+        g = str(s.groups[test_idx[0]])
+        if g not in cache:
+            held = s.groups == g
+            model, norm, base, _ = _train(s, np.nonzero(~held)[0], st, base_kind)
+            cache[g] = np.full((len(s.nets), 2), np.nan)
+            cache[g][held] = _predict(model, norm, base, s.tmpl(np.nonzero(held)[0]), s.bs[held])
+        return cache[g][test_idx]
+
+    acc: dict[str, Any] = {"grouping": s.grouping}
+    intervals: dict[str, dict[str, list[float]]] = {"gnn": {}, "ensemble": {}}
+    F_all = s.F
+    for j, target in enumerate(TARGETS):
+        sel = np.nonzero(np.isfinite(s.Y[:, j]))[0]
+        y, groups = np.exp(s.Y[sel, j]), s.groups[sel]
+        cv_g = grouped_cv(sel[:, None], y, groups, s.grouping, lambda a, b, c, j=j: gnn_fold(c[:, 0])[:, j])
+        cv_t = grouped_cv(F_all[sel], y, groups, s.grouping, lambda a, b, c, t=target: TargetModel.fit(
+            t, a, b, trees_cfg.model, int(trees_cfg.n_estimators), int(trees_cfg.min_samples_leaf),
+            int(trees_cfg.seed)).predict(c))
+        ens = np.sqrt(cv_g.predictions * cv_t.predictions)
+        res = {"gnn": cv_g, "trees": cv_t}
+        entry: dict[str, Any] = {k: {"overall": v.overall, "per_group": v.per_group} for k, v in res.items()}
+        entry["ensemble"] = {"overall": metrics(y, ens) if len(cv_g.per_group) else cv_g.overall,
+                             "per_group": {g: metrics(y[groups == g], ens[groups == g]) for g in cv_g.per_group}}
+        mapes = {k: entry[k]["overall"]["mape"] for k in PREDICTORS}
+        finite = {k: v for k, v in mapes.items() if np.isfinite(v)}
+        entry["best"] = min(finite, key=finite.get) if finite else None
+        acc[target] = entry
+        intervals["gnn"][target] = _interval(np.log(y / cv_g.predictions), coverage)
+        intervals["ensemble"][target] = _interval(np.log(y / ens), coverage)
+    return {"accuracy": acc, "intervals": intervals}
+
+
+def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str, out_dir: str | Path,
+            seed: int = 0, *, arch: str = "sage", hidden: int = 64, layers: int = 3, max_epochs: int = 300,
+            patience: int = 40, base: str = "analytic", evaluate: bool = True, memory_limit_mb: float = 0.0, trees_config: Any = None,
+            coverage: float = 0.9) -> dict[str, Any]:
+    """Fit, evaluate and store the GNN of ``device``; returns the JSON metadata written to ``gnn.json``.
+
+    ``rows``: tidy measurement dicts or a DataFrame; ``descriptions``: network name -> description.
+    ``evaluate``: run the grouped cross-validation (one extra training per held-out group) that
+    yields the accuracy tables, the intervals and the trees/GNN/ensemble comparison;
+    ``trees_config``: the ``cfg.fingerprint`` used for the trees in that comparison (defaults).
+    ``base``: ``analytic`` (the GNN corrects the trees' analytic baseline) or ``none`` (it predicts
+    the log targets outright).
+    """
+    if base not in ("analytic", "none"):
+        raise UserError(f"gnn: base '{base}' is not one of analytic, none")
+    if arch not in ("seernet", "sage"):
+        raise UserError(f"gnn: architecture '{arch}' is not one of seernet, sage")
+    if trees_config is None:
+        from perf4sight.config import FingerprintConfig
+        trees_config = FingerprintConfig(seed=seed)
+    st = TrainSettings(arch=arch, hidden=hidden, layers=layers, max_epochs=max_epochs, patience=patience, seed=seed)
+    s = _Samples(rows, descriptions, device)
+    t0 = time.perf_counter()
+    ev = _evaluate(s, st, trees_config, coverage, base) if evaluate else {"accuracy": {}, "intervals": {}}
+    t_cv = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    model, norm, basem, summary = _train(s, np.arange(len(s.nets)), st, base)
+    t_fit = time.perf_counter() - t0
+    if memory_limit_mb > 0:
+        capacity, cap_src = float(memory_limit_mb), "configured memory_limit_mb"
+    elif s.oom:
+        oom_t = [s.templates[str(r["network"])] for r in s.oom]
+        p_oom = _predict(model, norm, basem, oom_t, [int(float(r["batch_size"])) for r in s.oom])[:, 1]
+        p_ok = _predict(model, norm, basem, s.tmpl(np.arange(len(s.nets))), s.bs)[:, 1]
+        capacity, err = _threshold(p_ok, p_oom)
+        cap_src = f"learned from {len(s.oom)} oom and {len(s.ok)} ok rows ({err} misclassified)"
+    else:
+        capacity, cap_src = None, "unknown (no oom rows and no memory_limit_mb)"
+    shapes = [tuple(descriptions[n].input_shape) for n in s.nets]
+    meta: dict[str, Any] = {
+        "format": FORMAT, "device": device,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "versions": {"torch": torch.__version__, "torch_geometric": __import__("torch_geometric").__version__},
+        "settings": dict(st.__dict__),
+        "op_vocab": list(OP_VOCAB), "node_features": list(NODE_FEATURES), "edge_features": list(EDGE_FEATURES),
+        "global_features": list(GLOBAL_FEATURES), "normaliser": norm.to_json(),
+        "base": {"kind": base, "models": basem.parts},
+        "targets": {"latency": {"column": LATENCY_COLUMN, "unit": "ms"}, "memory": {"column": s.mem_col, "unit": "MiB"}},
+        "target_transform": "log(measured / analytic baseline) (log(measured) with base none), standardised "
+                            "with training statistics",
+        "training": summary | {"seconds": round(t_fit, 2), "cv_seconds": round(t_cv, 2)},
+        "networks": sorted(s.templates), "training_rows": len(s.nets), "oom_rows": len(s.oom),
+        "input_shape": list(max(set(shapes), key=shapes.count)),
+        "accuracy": ev["accuracy"],
+        "interval": {"coverage": coverage, "log_ratio_quantiles": ev["intervals"],
+                     "method": "empirical quantiles of out-of-fold log(measured/predicted)" if evaluate
+                     else "none (fitted without evaluation): low = high = prediction"},
+        "capacity_mb": capacity, "capacity_source": cap_src,
+        "files": [GNN_JSON, GNN_WEIGHTS],
+    }
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save(model.state_dict(), out / (GNN_WEIGHTS + ".tmp"))
+    (out / (GNN_WEIGHTS + ".tmp")).replace(out / GNN_WEIGHTS)
+    (out / (GNN_JSON + ".tmp")).write_text(json.dumps(meta, indent=2))
+    (out / (GNN_JSON + ".tmp")).replace(out / GNN_JSON)
+    return meta
+
+
+def _rows(name: str, bss: list[int], pred: np.ndarray, bands: dict[str, list[float]],
+          capacity: float | None) -> list[dict[str, Any]]:
+    (llo, lhi), (mlo, mhi) = bands.get("latency", [0.0, 0.0]), bands.get("memory", [0.0, 0.0])
+    out = []
+    for i, b in enumerate(bss):
+        lat, mem = float(pred[i, 0]), float(pred[i, 1])
+        out.append({"network": name, "batch_size": int(b), "latency_ms": lat,
+                    "latency_ms_low": lat * float(np.exp(llo)), "latency_ms_high": lat * float(np.exp(lhi)),
+                    "memory_mb": mem, "memory_mb_low": mem * float(np.exp(mlo)),
+                    "memory_mb_high": mem * float(np.exp(mhi)), "fits": bool(capacity is None or mem <= capacity)})
+    return out
+
+
+def _batch_list(batch_sizes: int | Sequence[int]) -> list[int]:
+    bss = [int(batch_sizes)] if isinstance(batch_sizes, (int, np.integer)) else [int(b) for b in batch_sizes]
+    if not bss or any(b < 1 for b in bss):
+        raise UserError(f"predict: batch sizes must be positive integers, got {bss}")
+    return bss
+
+
+class GNNPredictor:
+    """A loaded GNN: ``predict(descs, batch_sizes)`` returns the trees' prediction dicts."""
+
+    def __init__(self, model: GNNModel, norm: Normaliser, metadata: dict[str, Any]):
+        self.model, self.norm, self.metadata = model, norm, metadata
+        self.base = _Base(metadata.get("base", {}).get("models"))
+        self.device: str = metadata.get("device", "")
+        self.input_shape: list[int] | None = metadata.get("input_shape")
+        self.capacity_mb: float | None = metadata.get("capacity_mb")
+        self.bands = metadata.get("interval", {}).get("log_ratio_quantiles", {}).get("gnn", {})
+
+    def predict_array(self, descs: Sequence[NetworkDescription], bss: list[int]) -> np.ndarray:
+        """[len(descs) * len(bss), 2] latency (ms) and memory (MiB), network-major."""
+        tl = [graph_template(d) for d in descs for _ in bss]
+        return _predict(self.model, self.norm, self.base, tl, bss * len(descs))
+
+    def predict(self, descs: NetworkDescription | Sequence[NetworkDescription],
+                batch_sizes: int | Sequence[int]) -> list[dict[str, Any]]:
+        """One dict per (network, batch size): latency (ms), memory (MiB), bands, ``fits``."""
+        descs = [descs] if isinstance(descs, NetworkDescription) else list(descs)
+        bss = _batch_list(batch_sizes)
+        pred = self.predict_array(descs, bss)
+        out: list[dict[str, Any]] = []
+        for k, d in enumerate(descs):
+            out += _rows(d.name, bss, pred[k * len(bss):(k + 1) * len(bss)], self.bands, self.capacity_mb)
+        return out
+
+
+class EnsemblePredictor:
+    """Geometric mean of the trees' and the GNN's predictions; bands from the ensemble's own
+    out-of-fold residuals; capacity from the trees' fingerprint (else the GNN's)."""
+
+    def __init__(self, trees: Any, gnn: GNNPredictor):
+        self.trees, self.gnn = trees, gnn
+        self.device, self.input_shape = gnn.device, trees.input_shape or gnn.input_shape
+        self.capacity_mb = trees.capacity_mb if trees.capacity_mb is not None else gnn.capacity_mb
+        self.bands = gnn.metadata.get("interval", {}).get("log_ratio_quantiles", {}).get("ensemble", {})
+        self.metadata = gnn.metadata
+
+    def predict(self, descs: NetworkDescription | Sequence[NetworkDescription],
+                batch_sizes: int | Sequence[int]) -> list[dict[str, Any]]:
+        descs = [descs] if isinstance(descs, NetworkDescription) else list(descs)
+        bss = _batch_list(batch_sizes)
+        g = self.gnn.predict_array(descs, bss)
+        t = self.trees.predict(descs, bss)
+        tarr = np.array([[r["latency_ms"], r["memory_mb"]] for r in t])
+        pred = np.sqrt(g * tarr)
+        out: list[dict[str, Any]] = []
+        for k, d in enumerate(descs):
+            out += _rows(d.name, bss, pred[k * len(bss):(k + 1) * len(bss)], self.bands, self.capacity_mb)
+        return out
+
+
+def load_gnn(out_dir: str | Path) -> GNNPredictor:
+    """Load ``gnn.json`` + ``gnn_weights.pt`` (``weights_only=True``: tensors, no code)."""
+    d = Path(out_dir)
+    jp, wp = d / GNN_JSON, d / GNN_WEIGHTS
+    if not jp.is_file() or not wp.is_file():
+        raise UserError(f"{d}: no GNN here (need {GNN_JSON} and {GNN_WEIGHTS}; fit with --predictor gnn)")
+    try:
+        meta = json.loads(jp.read_text())
+        if meta.get("format") != FORMAT or meta.get("node_features") != list(NODE_FEATURES) \
+                or meta.get("global_features") != list(GLOBAL_FEATURES):
+            raise UserError(f"{jp}: GNN made with other features or format; refit the fingerprint")
+        st = meta["settings"]
+        model = GNNModel(st["arch"], len(NODE_FEATURES), len(EDGE_FEATURES), len(GLOBAL_FEATURES),
+                         hidden=int(st["hidden"]), layers=int(st["layers"]), outputs=len(TARGETS))
+        model.load_state_dict(torch.load(wp, weights_only=True, map_location="cpu"))
+        norm = Normaliser.from_json(meta["normaliser"])
+    except (json.JSONDecodeError, KeyError, RuntimeError, ValueError, OSError, EOFError, pickle.UnpicklingError) as exc:
+        raise UserError(f"{d}: GNN files are damaged or incompatible ({type(exc).__name__}: {exc})") from None
+    model.eval()
+    return GNNPredictor(model, norm, meta)
+
+
+def load_predictor(out_dir: str | Path, kind: str = "trees") -> Any:
+    """The predictor ``kind`` (trees | gnn | ensemble) of a fingerprint folder."""
+    if kind not in PREDICTORS:
+        raise UserError(f"predictor '{kind}' is not one of {', '.join(PREDICTORS)}")
+    from perf4sight.fingerprint.predict import load_fingerprint
+    if kind == "trees":
+        return load_fingerprint(out_dir)
+    if kind == "gnn":
+        return load_gnn(out_dir)
+    return EnsemblePredictor(load_fingerprint(out_dir), load_gnn(out_dir))
+
+
+def gnn_accuracy_lines(metadata: dict[str, Any]) -> list[str]:
+    """Table of out-of-fold MAPE per held-out group for trees, GNN and ensemble (for the stage to print)."""
+    acc = metadata.get("accuracy", {})
+    lines = []
+    for target in TARGETS:
+        e = acc.get(target)
+        if not e:
+            continue
+        lines.append(f"{target}: MAPE % per held-out {acc.get('grouping')} (best: {e.get('best')})")
+        lines.append(f"  {'held out':<24}" + "".join(f"{k:>10}" for k in PREDICTORS))
+        for g in list(e["gnn"]["per_group"]) + ["all"]:
+            vals = [(e[k]["overall"] if g == "all" else e[k]["per_group"].get(g, {})).get("mape", float("nan"))
+                    for k in PREDICTORS]
+            lines.append(f"  {g:<24}" + "".join(f"{v:>10.1f}" for v in vals))
+    return lines
+
+
+def fit_device_gnn(cfg: Any, device: str, descriptions: dict[str, NetworkDescription]) -> dict[str, Any]:
+    """:func:`fit_gnn` in config terms: ``<profiling_dir>/<device>`` in, ``<fingerprint_dir>/<device>`` out.
+
+    Reads ``cfg.fingerprint.gnn_arch / gnn_hidden / gnn_layers / gnn_max_epochs / gnn_patience``
+    when present (defaults: sage, 64, 3, 300, 40), ``seed``, and the device's ``memory_limit_mb``.
+    """
+    from perf4sight.profiling.results import read_rows, results_path
+    rows = read_rows(results_path(cfg.profiling_dir, device))
+    if not rows:
+        raise UserError(f"no measurements for device '{device}' in {results_path(cfg.profiling_dir, device)}")
+    f = cfg.fingerprint
+    limit = cfg.devices[device].memory_limit_mb if device in cfg.devices else 0
+    return fit_gnn(rows, descriptions, device, cfg.fingerprint_dir / device, seed=int(f.seed),
+                   arch=str(getattr(f, "gnn_arch", "sage")), hidden=int(getattr(f, "gnn_hidden", 64)),
+                   layers=int(getattr(f, "gnn_layers", 3)), max_epochs=int(getattr(f, "gnn_max_epochs", 300)),
+                   patience=int(getattr(f, "gnn_patience", 40)), memory_limit_mb=float(limit or 0), trees_config=f)

@@ -1,0 +1,116 @@
+"""Graph tensors for the GNN predictor, from a network description.
+
+Per network (batch-independent, computed once and cached):
+
+- node features: one-hot op (over :data:`OP_VOCAB`), the op's attributes (channels, kernel,
+  stride, padding, dilation, groups, bias, depthwise flag, all ``log1p``), ``log1p`` of the
+  per-sample output elements and of the per-node costs from :data:`perf4sight.features.formulas.HANDLERS`
+  (forward/backward FLOPs, MACs, bytes read/written, parameters, kernels, bytes kept for backward);
+- edges: producer -> consumer plus the reverse edge (gradients flow backwards), each with
+  ``[log1p(elements of the tensor on the edge, per sample), is_reverse]``.
+
+Per (network, batch size), the graph-level vector is ``log1p`` of every network feature of
+:func:`perf4sight.features.aggregate.feature_matrix` (batch size, input size, FLOP/byte totals,
+kernel counts, the analytic memory estimate in MiB). Node costs are per sample; the batch size
+reaches the nodes through the graph-level vector, which every layer reads. Units before the
+log: FLOPs (1 multiply-add = 2 FLOPs), bytes (fp32), elements.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from perf4sight.errors import UserError
+from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, feature_matrix, network_features
+from perf4sight.features.formulas import BYTES_PER_ELEMENT, HANDLERS, OUTPUT, numel
+from perf4sight.ir.schema import OPS, NetworkDescription
+
+__all__ = ["OP_VOCAB", "NODE_FEATURES", "EDGE_FEATURES", "GLOBAL_FEATURES", "GraphTemplate",
+           "graph_template", "global_features"]
+
+OP_VOCAB: tuple[str, ...] = tuple(sorted(OPS))
+_ATTRS = ("in_ch", "out_ch", "kernel_h", "kernel_w", "stride", "padding", "dilation", "groups", "bias", "depthwise")
+_COSTS = ("out_elems", "out_rank", "macs", "flops_fwd", "flops_bwd", "bytes_read", "bytes_written", "params",
+          "kernels_fwd", "kernels_bwd", "saved_bytes", "n_inputs")
+NODE_FEATURES: tuple[str, ...] = tuple(f"op={o}" for o in OP_VOCAB) + _ATTRS + _COSTS
+EDGE_FEATURES: tuple[str, ...] = ("tensor_elems", "reverse")
+GLOBAL_FEATURES: tuple[str, ...] = tuple(FEATURE_NAMES)
+
+
+@dataclass
+class GraphTemplate:
+    """Batch-independent tensors of one network (numpy, float32; ``edge_index`` int64 [2, E])."""
+
+    name: str
+    x: np.ndarray
+    edge_index: np.ndarray
+    edge_attr: np.ndarray
+    features: NetworkFeatures
+
+
+def _pair(v: object) -> tuple[float, float]:
+    if isinstance(v, (list, tuple)):
+        return (float(v[0]), float(v[-1])) if v else (0.0, 0.0)
+    return (float(v), float(v)) if isinstance(v, (int, float)) else (0.0, 0.0)
+
+
+def _attr_vector(op: str, a: dict) -> list[float]:
+    if op == "conv2d":
+        cin, cout, groups = float(a["in_channels"]), float(a["out_channels"]), float(a["groups"])
+        kh, kw = _pair(a["kernel_size"])
+        return [cin, cout, kh, kw, _pair(a["stride"])[0], _pair(a["padding"])[0], _pair(a["dilation"])[0],
+                groups, float(bool(a["bias"])), float(groups > 1 and groups == cin)]
+    if op == "linear":
+        return [float(a["in_features"]), float(a["out_features"]), 0, 0, 0, 0, 0, 1, float(bool(a["bias"])), 0]
+    if op == "batchnorm2d":
+        c = float(a["num_features"])
+        return [c, c, 0, 0, 0, 0, 0, 0, 0, 0]
+    if op in ("maxpool2d", "avgpool2d"):
+        kh, kw = _pair(a["kernel_size"])
+        stride = a.get("stride") or a["kernel_size"]
+        return [0, 0, kh, kw, _pair(stride)[0], _pair(a["padding"])[0], 0, 0, 0, 0]
+    if op in ("adaptiveavgpool2d", "adaptivemaxpool2d"):
+        oh, ow = _pair(a["output_size"]) if a["output_size"] is not None else (0.0, 0.0)
+        return [0, 0, oh, ow, 0, 0, 0, 0, 0, 0]
+    return [0.0] * len(_ATTRS)
+
+
+def graph_template(desc: NetworkDescription) -> GraphTemplate:
+    """Node and edge tensors of ``desc``; ``UserError`` naming the ops that have no cost formula."""
+    nf = network_features(desc)
+    if nf.unsupported:
+        raise UserError(f"gnn: network '{desc.name}' has ops without a cost formula: {', '.join(nf.unsupported)}")
+    index = {n.name: i for i, n in enumerate(desc.nodes)}
+    shapes = {n.name: n.output_shape for n in desc.nodes}
+    first_name = desc.nodes[0].name
+    onehot = {op: i for i, op in enumerate(OP_VOCAB)}
+    rows: list[list[float]] = []
+    src: list[int] = []
+    dst: list[int] = []
+    eattr: list[list[float]] = []
+    for node in desc.nodes:
+        in_shapes = [shapes[i] for i in node.inputs]
+        cost = HANDLERS[node.op](node, in_shapes, bool(node.inputs) and all(i == first_name for i in node.inputs))
+        saved = sum(numel(shapes[node.name] if p == OUTPUT else in_shapes[p]) for p in cost.saved) * BYTES_PER_ELEMENT
+        oh = [0.0] * len(OP_VOCAB)
+        oh[onehot[node.op]] = 1.0
+        costs = [numel(node.output_shape), len(node.output_shape), cost.macs, cost.flops_fwd, cost.flops_bwd,
+                 cost.bytes_read, cost.bytes_written, cost.params, cost.kernels_fwd, cost.kernels_bwd,
+                 saved + cost.extra_saved_bytes, len(node.inputs)]
+        rows.append(oh + list(np.log1p(np.abs(_attr_vector(node.op, node.attrs) + costs))))
+        for i in node.inputs:
+            size = float(np.log1p(numel(shapes[i])))
+            src += [index[i], index[node.name]]
+            dst += [index[node.name], index[i]]
+            eattr += [[size, 0.0], [size, 1.0]]
+    x = np.asarray(rows, dtype=np.float32)
+    edge_index = np.asarray([src, dst], dtype=np.int64).reshape(2, -1)
+    edge_attr = np.asarray(eattr, dtype=np.float32).reshape(-1, len(EDGE_FEATURES))
+    return GraphTemplate(desc.name, x, edge_index, edge_attr, nf)
+
+
+def global_features(templates: list[GraphTemplate], batch_sizes: list[int] | np.ndarray) -> np.ndarray:
+    """``log1p`` of the network features (columns :data:`GLOBAL_FEATURES`), one row per (template, batch)."""
+    F = feature_matrix([t.features for t in templates], list(batch_sizes))
+    return np.log1p(np.maximum(F, 0.0)).astype(np.float32)

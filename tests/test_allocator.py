@@ -1,0 +1,100 @@
+"""Caching-allocator model (rules of CUDACachingAllocator.cpp) and the meta-device training-step trace."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from perf4sight.features.aggregate import FEATURE_NAMES, SIM_FEATURES, feature_matrix, network_features
+from perf4sight.features.alloc_trace import attach_simulation, ensure_simulation, record_events, simulate
+from perf4sight.features.allocator import ALLOC, FREE, STEP, AllocTrace, CachingAllocator, round_size, segment_size
+from perf4sight.ir.schema import NetworkDescription, Node
+
+MIB = 1 << 20
+
+
+def test_rounding_and_segment_sizes():
+    assert round_size(1) == 512 and round_size(512) == 512 and round_size(513) == 1024
+    assert segment_size(MIB) == 2 * MIB            # small pool
+    assert segment_size(MIB + 512) == 20 * MIB     # 1-10 MiB: 20 MiB segment
+    assert segment_size(11 * MIB) == 12 * MIB      # large: rounded up to 2 MiB
+
+
+def test_small_pool_packs_and_reuses():
+    a = CachingAllocator()
+    blocks = [a.malloc(1000) for _ in range(4)]    # 4 x 1024 B in one 2 MiB segment
+    assert a.reserved == 2 * MIB and a.allocated == 4 * 1024
+    a.free(blocks[1])
+    a.free(blocks[2])                              # merged with its free neighbour: a 2048 B hole
+    b = a.malloc(2000)
+    assert b.ptr == blocks[1].ptr and a.reserved == 2 * MIB
+
+
+def test_large_pool_best_fit_split_and_no_split_rule():
+    a = CachingAllocator()
+    x = a.malloc(3 * MIB)                          # carves a 20 MiB segment; 17 MiB left cached
+    assert a.reserved == 20 * MIB and a.allocated == 3 * MIB
+    y = a.malloc(16 * MIB + 1)                     # remainder of 1 MiB - 512 B is not split off: whole block
+    assert a.reserved == 20 * MIB and a.allocated == 3 * MIB + 17 * MIB
+    a.free(y)
+    a.free(x)
+    assert a.allocated == 0 and a.reserved == 20 * MIB   # cached, never returned
+    z = a.malloc(12 * MIB)                         # served from the merged 20 MiB block, split
+    assert a.reserved == 20 * MIB and z.size == 12 * MIB
+    a.malloc(30 * MIB)
+    assert a.reserved == 50 * MIB and a.peak_reserved == 50 * MIB
+
+
+def test_trace_replay_peaks_reset_per_step():
+    kind = np.array([ALLOC, STEP, ALLOC, FREE, STEP, ALLOC, FREE], dtype=np.int8)
+    tensor = np.array([1, 0, 2, 2, 0, 3, 3])
+    const = np.array([1000.0, 0, 0, 0, 0, 0, 0])
+    per = np.array([0.0, 0, 2 * MIB, 0, 0, MIB // 2, 0])
+    tr = AllocTrace("t", kind, tensor, const, per, repeat_last=0)
+    res, alloc = tr.replay(8)                      # step 1: 16 MiB block; step 2: 4 MiB split from it
+    assert res == 2 * MIB + 16 * MIB
+    assert alloc == 1024 + (16 * MIB + 4 * MIB) / 2     # mean of the per-step peaks
+    assert tr.peaks_mb([8]).shape == (1, 2)
+
+
+def _tiny(relu: str = "relu") -> NetworkDescription:
+    nodes = [Node("input", "input", [], {}, [3, 16, 16]),
+             Node("conv", "conv2d", ["input"], {"in_channels": 3, "out_channels": 8, "kernel_size": [3, 3],
+                                                "stride": [1, 1], "padding": [1, 1], "dilation": [1, 1],
+                                                "groups": 1, "bias": False}, [8, 16, 16]),
+             Node("bn", "batchnorm2d", ["conv"], {"num_features": 8}, [8, 16, 16]),
+             Node("act", relu, ["bn"], {}, [8, 16, 16]),
+             Node("pool", "adaptiveavgpool2d", ["act"], {"output_size": [1, 1]}, [8, 1, 1]),
+             Node("flat", "flatten", ["pool"], {"start_dim": 1}, [8]),
+             Node("fc", "linear", ["flat"], {"in_features": 8, "out_features": 10, "bias": True}, [10])]
+    return NetworkDescription(name=f"tiny_{relu}", network="tiny", input_shape=[3, 16, 16], num_classes=10,
+                              params=3 * 8 * 9 + 16 + 90, nodes=nodes, output="fc")
+
+
+@pytest.mark.parametrize("relu", ["relu", "relu6"])
+def test_meta_trace_is_linear_in_batch_and_balanced(relu):
+    desc = _tiny(relu)
+    ev = record_events(desc, 3)
+    allocs = [e for e in ev if e[0] == ALLOC]
+    assert sum(e[0] == STEP for e in ev) == 2
+    assert any(e[3] == "aten.convolution.default" for e in allocs)
+    assert not any("clone" in e[3] and e[2] == 3 * 8 * 16 * 16 * 4 for e in allocs)  # in-place ReLU6: no input copy
+    tr = simulate(desc)
+    act = tr.sizes(5)[(tr.kind == ALLOC)]
+    assert (act == 5 * 8 * 16 * 16 * 4).any()       # conv output at batch 5, never traced at 5
+    weights = tr.const[(tr.kind == ALLOC) & (tr.per_sample == 0)]
+    assert weights.sum() >= 4 * desc.params         # weights (+ grads, momentum) do not scale
+    res8, alloc8 = tr.replay(8)
+    assert res8 >= alloc8 > 3 * 4 * desc.params and res8 % (2 * MIB) == 0
+
+
+def test_features_carry_simulation():
+    desc = _tiny()
+    nf = network_features(desc)
+    cols = [FEATURE_NAMES.index(n) for n in SIM_FEATURES]
+    assert (feature_matrix(nf, [4])[0, cols] == 0).all()    # not simulated -> 0
+    ensure_simulation([nf], ("one", "mem_analytic_mb"))       # model does not use it: nothing attached
+    assert nf.sim is None
+    ensure_simulation([nf], ("one", "sim_reserved_mb"))
+    assert nf.sim is not None
+    F = feature_matrix(attach_simulation(nf, desc), [4, 64])
+    assert (F[:, cols] > 0).all() and F[1, cols[1]] > F[0, cols[1]]

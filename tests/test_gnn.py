@@ -1,0 +1,205 @@
+"""GNN predictor: graph tensors, fit/store/load/predict on tiny real networks, ensemble, safety."""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from perf4sight.config import FingerprintConfig
+from perf4sight.errors import UserError
+from perf4sight.features.aggregate import features_for
+from perf4sight.fingerprint import PREDICTION_KEYS, fit_fingerprint
+from perf4sight.fingerprint.gnn import GNN_JSON, GNN_WEIGHTS, fit_gnn, gnn_accuracy_lines, load_gnn, load_predictor
+from perf4sight.fingerprint.gnn_graph import EDGE_FEATURES, NODE_FEATURES, OP_VOCAB, graph_template
+from perf4sight.ir.from_torch import describe
+from perf4sight.ir.schema import NetworkDescription
+
+BATCHES = (1, 4, 16)
+
+
+def _net(width: int, depth: int, residual: bool) -> nn.Module:
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Sequential(nn.Conv2d(3, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU())
+            self.blocks = nn.ModuleList(nn.Sequential(nn.Conv2d(width, width, 3, padding=1), nn.ReLU())
+                                        for _ in range(depth))
+            self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, 10))
+
+        def forward(self, x):
+            x = self.stem(x)
+            for b in self.blocks:
+                x = b(x) + x if residual else b(x)
+            return self.head(x)
+    return Net()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """3 families x 3 widths of tiny CNNs with synthetic step times and memory that follow their costs."""
+    torch.manual_seed(0)
+    descs: dict[str, NetworkDescription] = {}
+    rows = []
+    for fam, (depth, res) in {"plain": (1, False), "deep": (3, False), "res": (2, True)}.items():
+        for w in (4, 8, 16):
+            name = f"{fam}_w{w}"
+            descs[name] = describe(_net(w, depth, res), input_shape=[3, 16, 16], name=name, network=fam)
+            for b in BATCHES:
+                f = features_for(descs[name], b)
+                rows.append({"device": "cpu0", "backend": "cpu", "network": name, "family": fam, "batch_size": b,
+                             "status": "ok", "latency_ms_median": 2.0 + f["flops_total"] / 2e6 + 0.1 * f["kernels"],
+                             "peak_rss_mb": 20.0 + 40.0 * f["mem_analytic_mb"] ** 1.2})
+            rows.append({"device": "cpu0", "backend": "cpu", "network": name, "family": fam, "batch_size": 4096,
+                         "status": "oom"})
+    return descs, rows
+
+
+@pytest.fixture(scope="module")
+def fitted(tiny, tmp_path_factory):
+    descs, rows = tiny
+    out = tmp_path_factory.mktemp("gnn") / "cpu0"
+    fit_fingerprint(rows, descs, "cpu0", out, FingerprintConfig(n_estimators=10))
+    meta = fit_gnn(rows, descs, "cpu0", out, seed=0, arch="seernet", hidden=16, layers=2, max_epochs=60, patience=60,
+                   trees_config=FingerprintConfig(n_estimators=10))
+    return out, meta
+
+
+def test_graph_template_shapes(tiny):
+    descs, _ = tiny
+    d = descs["res_w8"]
+    t = graph_template(d)
+    n_edges = sum(len(n.inputs) for n in d.nodes)
+    assert t.x.shape == (len(d.nodes), len(NODE_FEATURES))
+    assert t.edge_index.shape == (2, 2 * n_edges) and t.edge_attr.shape == (2 * n_edges, len(EDGE_FEATURES))
+    np.testing.assert_array_equal(t.x[:, :len(OP_VOCAB)].sum(axis=1), 1.0)  # one op each
+    assert np.isfinite(t.x).all() and (t.x >= 0).all()
+    assert t.edge_attr[:, 1].sum() == n_edges  # half are reverse edges
+    assert t.edge_index.max() < len(d.nodes)
+
+
+def test_fit_writes_json_and_weights(fitted):
+    out, meta = fitted
+    assert (out / GNN_JSON).is_file() and (out / GNN_WEIGHTS).is_file()
+    assert (out / "metadata.json").is_file() and (out / "models.npz").is_file()  # the trees are untouched
+    on_disk = json.loads((out / GNN_JSON).read_text())
+    assert on_disk["targets"]["memory"]["column"] == "peak_rss_mb"
+    assert on_disk["settings"]["arch"] == "seernet" and on_disk["op_vocab"] == list(OP_VOCAB)
+    state = torch.load(out / GNN_WEIGHTS, weights_only=True)
+    assert all(isinstance(v, torch.Tensor) for v in state.values())
+    for target in ("latency", "memory"):
+        acc = meta["accuracy"][target]
+        assert set(acc["gnn"]["per_group"]) == {"plain", "deep", "res"}
+        assert acc["best"] in ("trees", "gnn", "ensemble")
+        for k in ("gnn", "trees", "ensemble"):
+            assert np.isfinite(acc[k]["overall"]["mape"])
+        lo, hi = meta["interval"]["log_ratio_quantiles"]["gnn"][target]
+        assert lo <= 0 <= hi
+    assert meta["capacity_mb"] is not None
+    assert any("ensemble" in line for line in gnn_accuracy_lines(meta))
+
+
+def test_load_predict(fitted, tiny):
+    out, _ = fitted
+    descs, rows = tiny
+    gnn = load_gnn(out)
+    preds = gnn.predict([descs["deep_w8"], descs["plain_w4"]], [1, 16])
+    assert [(p["network"], p["batch_size"]) for p in preds] == [("deep_w8", 1), ("deep_w8", 16), ("plain_w4", 1),
+                                                               ("plain_w4", 16)]
+    for p in preds:
+        assert set(p) == set(PREDICTION_KEYS)
+        assert p["latency_ms_low"] <= p["latency_ms"] <= p["latency_ms_high"]
+        assert p["memory_mb_low"] <= p["memory_mb"] <= p["memory_mb_high"] and p["fits"] is True
+    again = load_gnn(out).predict(descs["deep_w8"], 16)[0]
+    assert again["memory_mb"] == pytest.approx(preds[1]["memory_mb"], rel=1e-6)
+    # it learnt something: in-sample memory error far below what predicting the mean gives
+    ok = [r for r in rows if r["status"] == "ok"]
+    y = np.array([r["peak_rss_mb"] for r in ok])
+    p = np.array([gnn.predict(descs[r["network"]], r["batch_size"])[0]["memory_mb"] for r in ok])
+    assert np.mean(np.abs(p / y - 1)) < 0.5 * np.mean(np.abs(y.mean() / y - 1))
+    assert gnn.predict(descs["res_w16"], 4096)[0]["fits"] is False  # the oom rows taught the capacity
+    with pytest.raises(UserError, match="batch sizes"):
+        gnn.predict(descs["res_w16"], [0])
+
+
+def test_ensemble_is_geometric_mean(fitted, tiny):
+    out, _ = fitted
+    descs, _ = tiny
+    t = load_predictor(out, "trees").predict(descs["res_w4"], [4])[0]
+    g = load_predictor(out, "gnn").predict(descs["res_w4"], [4])[0]
+    e = load_predictor(out, "ensemble").predict(descs["res_w4"], [4])[0]
+    assert e["latency_ms"] == pytest.approx(np.sqrt(t["latency_ms"] * g["latency_ms"]))
+    assert e["memory_mb"] == pytest.approx(np.sqrt(t["memory_mb"] * g["memory_mb"]))
+    with pytest.raises(UserError, match="not one of"):
+        load_predictor(out, "forest")
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ("touch pwned_by_weights",))
+
+
+def test_damaged_or_hostile_files(fitted, tmp_path, monkeypatch):
+    out, _ = fitted
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match="no GNN here"):
+        load_gnn(tmp_path)
+    (tmp_path / GNN_JSON).write_text((out / GNN_JSON).read_text())
+    (tmp_path / GNN_WEIGHTS).write_bytes(pickle.dumps({"w": _Evil()}))
+    with pytest.raises(UserError, match="damaged or incompatible"):
+        load_gnn(tmp_path)
+    assert not (tmp_path / "pwned_by_weights").exists()
+    (tmp_path / GNN_WEIGHTS).write_bytes((out / GNN_WEIGHTS).read_bytes())
+    meta = json.loads((out / GNN_JSON).read_text())
+    meta["node_features"] = meta["node_features"][:-1]
+    (tmp_path / GNN_JSON).write_text(json.dumps(meta))
+    with pytest.raises(UserError, match="other features"):
+        load_gnn(tmp_path)
+    (tmp_path / GNN_JSON).write_text("{not json")
+    with pytest.raises(UserError, match="damaged"):
+        load_gnn(tmp_path)
+
+
+def test_bad_inputs(tiny, tmp_path):
+    descs, rows = tiny
+    with pytest.raises(UserError, match="architecture"):
+        fit_gnn(rows, descs, "cpu0", tmp_path, arch="transformer")
+    with pytest.raises(UserError, match="no measurements"):
+        fit_gnn(rows, descs, "other-device", tmp_path)
+    bad = NetworkDescription.from_dict(descs["plain_w4"].to_dict())
+    bad.nodes[2].op = "lstm"
+    with pytest.raises(UserError, match="without a cost formula"):
+        graph_template(bad)
+
+
+def test_sage_architecture_trains(tiny, tmp_path):
+    descs, rows = tiny
+    meta = fit_gnn(rows, descs, "cpu0", tmp_path, arch="sage", hidden=8, layers=1, max_epochs=5, evaluate=False,
+                   base="none")
+    assert meta["accuracy"] == {} and "none" in meta["interval"]["method"] and meta["base"]["models"] is None
+    p = load_gnn(tmp_path).predict(descs["res_w4"], [2])[0]
+    assert p["latency_ms"] == p["latency_ms_low"] == p["latency_ms_high"] > 0
+
+
+def test_fit_device_gnn_reads_config(tiny, tmp_path):
+    from types import SimpleNamespace
+
+    from perf4sight.fingerprint.gnn import fit_device_gnn
+    from perf4sight.profiling.results import COLUMNS, append_row, results_path
+    descs, rows = tiny
+    for r in rows:
+        append_row(results_path(tmp_path / "prof", "cpu0"), {k: v for k, v in r.items() if k in COLUMNS}
+                   | {"timestamp": "2026-01-01T00:00:00+00:00"})
+    fcfg = SimpleNamespace(model="extra-trees", n_estimators=5, min_samples_leaf=1, seed=1, gnn_arch="sage",
+                           gnn_hidden=8, gnn_layers=1, gnn_max_epochs=3, gnn_patience=3)
+    cfg = SimpleNamespace(profiling_dir=tmp_path / "prof", fingerprint_dir=tmp_path / "fp", fingerprint=fcfg,
+                          devices={"cpu0": SimpleNamespace(memory_limit_mb=2048)})
+    meta = fit_device_gnn(cfg, "cpu0", descs)
+    assert meta["settings"]["arch"] == "sage" and meta["settings"]["seed"] == 1
+    assert meta["capacity_mb"] == 2048 and (tmp_path / "fp" / "cpu0" / GNN_JSON).is_file()
+    with pytest.raises(UserError, match="no measurements"):
+        fit_device_gnn(cfg, "nope", descs)

@@ -1,0 +1,156 @@
+"""PerfSeer dataset import/export: string-typed fields, hostile pickles and labels, round trip."""
+from __future__ import annotations
+
+import os
+import pickle
+
+import networkx as nx
+import pytest
+import torch
+from torch import nn
+
+from perf4sight.errors import UserError
+from perf4sight.exporters import export_perfseer
+from perf4sight.features.aggregate import network_features
+from perf4sight.importers.perfseer import import_perfseer, read_graph, read_label
+from perf4sight.ir.from_torch import describe
+from perf4sight.ir.schema import load_description
+from perf4sight.profiling.results import read_rows, results_path
+
+LABEL = "{'train': '12.5|40.0|10.0|900.0|95.0|30.0|1234.5', 'infer': '3.0|20|5|500|50|10|700'}"
+
+
+def _node(g, name, typ, out, args=None, **mi):
+    g.add_node(name, feature={"type": typ, "args": args or {}, "flops": "1000", "arith_intensity": "1.5",
+                              "memory_info": {"batch_size": "4", "output_shape": out, **mi}})
+
+
+def _perfseer_graph() -> nx.DiGraph:
+    """conv -> bn -> relu -> maxpool -> (conv -> relu) + identity branch -> add -> cat -> gap -> flatten -> gemm."""
+    g = nx.DiGraph()
+    _node(g, "conv1", "Conv", ["4", "8", "16", "16"],
+          {"kernel_shape": ["3", "3"], "strides": "1", "pads": [1, 1, 1, 1], "group": "1", "bias": "false"},
+          input_shape="[4, 3, 16, 16]")
+    _node(g, "bn1", "BatchNormalization", [4, 8, 16, 16])
+    _node(g, "relu1", "Relu", [4, 8, 16, 16])
+    _node(g, "pool", "MaxPool", [4, 8, 8, 8], {"kernel_shape": [2, 2], "strides": [2, 2]})
+    _node(g, "conv2", "Conv", [4, 8, 8, 8], {"in_channels": "8", "out_channels": "8", "kernel_size": "3",
+                                             "padding": "1", "bias": True})
+    _node(g, "relu2", "Relu", [4, 8, 8, 8])
+    _node(g, "add", "Add", [4, 8, 8, 8])
+    _node(g, "cat", "Concat", [4, 16, 8, 8], {"axis": "1"})
+    _node(g, "gap", "GlobalAveragePool", [4, 16, 1, 1])
+    _node(g, "flat", "Flatten", [4, 16])
+    _node(g, "fc", "Gemm", [4, 10], {"in_features": "16", "out_features": "10"})
+    for a, b in [("conv1", "bn1"), ("bn1", "relu1"), ("relu1", "pool"), ("pool", "conv2"), ("conv2", "relu2"),
+                 ("relu2", "add"), ("pool", "add"), ("add", "cat"), ("pool", "cat"), ("cat", "gap"),
+                 ("gap", "flat"), ("flat", "fc")]:
+        g.add_edge(a, b)
+    return g
+
+
+def test_import_string_typed_graph(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "tiny_bs4.pkl").write_bytes(pickle.dumps(_perfseer_graph()))
+    (src / "tiny_bs4.txt").write_text(LABEL)
+    s = import_perfseer(src, "gpu", tmp_path / "prof", tmp_path / "models")
+    assert (s.rows_written, s.descriptions, s.networks) == (1, 1, ["tiny"])
+    desc = load_description(tmp_path / "models" / "imported" / "gpu" / "tiny.json")
+    assert desc.input_shape == [3, 16, 16] and desc.output == "fc"
+    conv1 = desc.node("conv1").attrs
+    assert conv1["kernel_size"] == [3, 3] and conv1["padding"] == [1, 1] and conv1["bias"] is False
+    assert conv1["in_channels"] == 3 and conv1["out_channels"] == 8
+    assert desc.node("cat").attrs["dim"] == 1 and desc.node("fc").op == "linear"
+    assert desc.node("add").inputs == ["pool", "relu2"]
+    assert desc.params == 3 * 8 * 9 + 16 + 8 * 8 * 9 + 8 + 16 * 10 + 10
+    assert not network_features(desc).unsupported
+    (row,) = read_rows(results_path(tmp_path / "prof", "gpu"))
+    assert row["batch_size"] == "4" and row["phase"] == "train" and row["backend"] == "imported"
+    assert float(row["latency_ms_median"]) == 12.5 and float(row["device_mem_used_mb"]) == 1234.5
+    again = import_perfseer(src, "gpu", tmp_path / "prof", tmp_path / "models")
+    assert again.rows_written == 0 and again.rows_skipped_existing == 1
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ("touch pwned_by_pickle",))
+
+
+def test_hostile_pickle_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "evil.pkl").write_bytes(pickle.dumps({"graph": _Evil()}))
+    with pytest.raises(UserError, match="forbidden type"):
+        read_graph(tmp_path / "evil.pkl")
+    assert not (tmp_path / "pwned_by_pickle").exists()
+    (tmp_path / "tensor.pkl").write_bytes(pickle.dumps(torch.zeros(2)))
+    with pytest.raises(UserError, match="not a safe PerfSeer graph"):
+        read_graph(tmp_path / "tensor.pkl")
+    (tmp_path / "list.pkl").write_bytes(pickle.dumps([1, 2]))
+    with pytest.raises(UserError, match="not a networkx directed graph"):
+        read_graph(tmp_path / "list.pkl")
+
+
+@pytest.mark.parametrize("text, match", [
+    ("{'train': __import__('os').system('touch pwned_by_label')}", "not a Python dict literal"),
+    ("{'train': '1|2|3'}", "expected 7"),
+    ("{'train': '1|2|3|4|x|6|7'}", "non-numeric"),
+    ("['1|2|3|4|5|6|7']", "must be a dict"),
+    ("{'train': ", "not a Python dict literal"),
+])
+def test_malformed_label(tmp_path, monkeypatch, text, match):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "g.txt").write_text(text)
+    with pytest.raises(UserError, match=match):
+        read_label(tmp_path / "g.txt")
+    assert not (tmp_path / "pwned_by_label").exists()
+
+
+def test_unsupported_op_and_missing_label(tmp_path):
+    g = _perfseer_graph()
+    g.nodes["relu2"]["feature"]["type"] = "LSTM"
+    (tmp_path / "a_bs4.pkl").write_bytes(pickle.dumps(g))
+    (tmp_path / "a_bs4.txt").write_text(LABEL)
+    with pytest.raises(UserError, match="unsupported op type 'LSTM'"):
+        import_perfseer(tmp_path, "gpu", tmp_path / "prof", tmp_path / "models")
+    (tmp_path / "a_bs4.txt").unlink()
+    with pytest.raises(UserError, match="no label file"):
+        import_perfseer(tmp_path, "gpu", tmp_path / "prof", tmp_path / "models")
+
+
+class _Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+                                  nn.MaxPool2d(2))
+        self.branch = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.ReLU6())
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(16, 5)
+
+    def forward(self, x):
+        x = self.stem(x)
+        y = torch.cat([self.branch(x) + x, x], dim=1)
+        return self.fc(torch.flatten(self.pool(y), 1))
+
+
+def test_export_import_round_trip(tmp_path):
+    desc = describe(_Tiny(), input_shape=[3, 16, 16], name="tiny_l0", network="tiny")
+    rows = [{"device": "d", "network": "tiny_l0", "batch_size": b, "status": "ok", "phase": "train",
+             "latency_ms_median": 10.0 * b, "device_mem_used_mb": 100.0 + b, "gpu_util_pct": ""} for b in (2, 8)]
+    rows.append({"device": "d", "network": "tiny_l0", "batch_size": 64, "status": "oom", "phase": "train"})
+    summary = export_perfseer(rows, {"tiny_l0": desc}, tmp_path / "ds")
+    assert summary["graphs_written"] == 2
+    assert sorted(p.name for p in (tmp_path / "ds").iterdir()) == [
+        "tiny_l0_bs2.pkl", "tiny_l0_bs2.txt", "tiny_l0_bs8.pkl", "tiny_l0_bs8.txt"]
+    label = read_label(tmp_path / "ds" / "tiny_l0_bs8.txt")
+    assert label["train"]["time"] == 80.0 and label["train"]["peak_memory_usuage"] == 108.0
+    imp = import_perfseer(tmp_path / "ds", "d2", tmp_path / "prof", tmp_path / "models")
+    assert imp.networks == ["tiny_l0"] and imp.rows_written == 2
+    back = load_description(tmp_path / "models" / "imported" / "d2" / "tiny_l0.json")
+    assert back.input_shape == desc.input_shape and back.params == desc.params and back.network == "tiny"
+    strip = lambda d: [(n.op, n.output_shape, n.attrs if n.op != "reshape" else {}) for n in d.nodes]  # noqa: E731
+    assert strip(back) == strip(desc)
+    a, b = network_features(desc), network_features(back)
+    assert a.per_sample == b.per_sample and a.static == b.static
+    got = {int(r["batch_size"]): float(r["latency_ms_median"]) for r in read_rows(results_path(tmp_path / "prof", "d2"))}
+    assert got == {2: 20.0, 8: 80.0}
