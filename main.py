@@ -13,19 +13,21 @@ stages (run in this order by --stage all):
                levels and generated networks, as JSON descriptions under models/ with a manifest
   profile      measure a training step (time and memory) of every network at ascending batch sizes
                on each device, stopping a network at its first OOM; CSVs land in profiling_csvs/<device>/
-  fingerprint  fit per-device tree-ensemble fingerprints for step time and memory, print held-out
-               error (MAPE), store them in fingerprinting/<device>/
+  fingerprint  fit per-device fingerprints for step time and memory (--predictor trees, gnn, or
+               ensemble = both), print held-out error (MAPE), store them in fingerprinting/<device>/
   predict      predict step time and memory for --network (zoo names or description files) at
                --batch-size on --device
   compare      a per-device table of what was measured and how well it is predicted
   all          networks, profile, fingerprint, predict, compare
 other stages:
   import       turn another tool's measurements into this tool's schema:
-               --format perf4sight --source DIR --device NAME
+               --format perf4sight|perfseer --source DIR --device NAME
+  export       write a device's measurements and graphs as a PerfSeer/GAPP-style dataset:
+               --format perfseer --output DIR [--device NAME ...]
   check        report, per device, whether it is reachable and has python, torch and its backend
 """
 
-STAGES = ("networks", "profile", "fingerprint", "predict", "compare", "all", "import", "check")
+STAGES = ("networks", "profile", "fingerprint", "predict", "compare", "all", "import", "export", "check")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,9 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="predict: zoo names (e.g. resnet18) or description JSON files")
     parser.add_argument("--batch-size", nargs="+", type=int, metavar="N", help="predict: batch sizes")
     parser.add_argument("--json", action="store_true", help="predict: one JSON object per line")
-    parser.add_argument("--predictor", choices=("trees",), help="fingerprint/predict: which predictor")
-    parser.add_argument("--format", choices=("perf4sight",), help="import: format of the source measurements")
+    parser.add_argument("--predictor", choices=("trees", "gnn", "ensemble"),
+                        help="fingerprint: which predictor to fit (ensemble = trees and GNN); predict: which to use "
+                             "(default: [fingerprint] predictor of the config)")
+    parser.add_argument("--format", choices=("perf4sight", "perfseer"),
+                        help="import/export: format of the other tool's data")
     parser.add_argument("--source", metavar="DIR", help="import: folder holding the source measurements")
+    parser.add_argument("--output", metavar="DIR", help="export: folder to write to")
     return parser
 
 

@@ -19,6 +19,8 @@ from perf4sight.errors import UserError
 __all__ = ["Config", "DeviceConfig", "load_config", "BACKENDS"]
 
 BACKENDS = ("cpu", "nvml", "jetson")
+PREDICTORS = ("trees", "gnn", "ensemble")  # the fingerprint predictors (perf4sight.fingerprint.gnn)
+GNN_ARCHS = ("sage", "seernet")
 
 
 @dataclass
@@ -96,12 +98,18 @@ class DeviceConfig:
 
 @dataclass
 class FingerprintConfig:
-    """Tree-ensemble fingerprints: model family, size and evaluation folds."""
+    """Fingerprints: which predictor (trees, gnn or both for the ensemble), the tree ensembles, the GNN."""
     model: str = "extra-trees"
     n_estimators: int = 200
     min_samples_leaf: int = 1
     seed: int = 0
-    predictor: str = "trees"
+    predictor: str = "trees"           # trees | gnn | ensemble (fits trees and GNN)
+    simulate_memory: bool = True       # replay the traced step through the caching-allocator model
+    gnn_arch: str = "sage"             # sage | seernet
+    gnn_hidden: int = 64
+    gnn_layers: int = 3
+    gnn_max_epochs: int = 300
+    gnn_patience: int = 40             # epochs without a better validation loss before stopping
 
 
 @dataclass
@@ -224,6 +232,13 @@ def _check(cfg: Config) -> None:
         raise UserError(f"{f}: [profile] batch_sizes must be positive integers in ascending order, got {bs}")
     if cfg.profile.timed_steps < 1 or cfg.profile.warmup_steps < 0:
         raise UserError(f"{f}: [profile] timed_steps must be >= 1 and warmup_steps >= 0")
+    fp = cfg.fingerprint
+    if fp.predictor not in PREDICTORS:
+        raise UserError(f"{f}: [fingerprint] predictor '{fp.predictor}' is not one of {', '.join(PREDICTORS)}")
+    if fp.gnn_arch not in GNN_ARCHS:
+        raise UserError(f"{f}: [fingerprint] gnn_arch '{fp.gnn_arch}' is not one of {', '.join(GNN_ARCHS)}")
+    if min(fp.gnn_hidden, fp.gnn_layers, fp.gnn_max_epochs, fp.gnn_patience) < 1:
+        raise UserError(f"{f}: [fingerprint] gnn_hidden, gnn_layers, gnn_max_epochs and gnn_patience must be >= 1")
     shape = cfg.networks.input_shape
     if len(shape) != 3 or any(s < 1 for s in shape):
         raise UserError(f"{f}: [networks] input_shape must be [channels, height, width], got {shape}")

@@ -88,10 +88,11 @@ def measured_devices(cfg: Config, wanted: list[str] | None) -> list[str]:
                            "run --stage profile or --stage import first")
 
 
-def fingerprinted_devices(cfg: Config, wanted: list[str] | None) -> list[str]:
-    """Devices with a fitted fingerprint (``--device`` narrows the list)."""
-    return _devices_having(cfg.fingerprint_dir, "metadata.json", "fingerprint", wanted,
-                           "run --stage fingerprint first")
+def fingerprinted_devices(cfg: Config, wanted: list[str] | None, predictor: str = "trees") -> list[str]:
+    """Devices with a fitted fingerprint of ``predictor`` (``--device`` narrows the list)."""
+    marker = "metadata.json" if predictor == "trees" else "gnn.json"  # the ensemble needs both; loading checks
+    return _devices_having(cfg.fingerprint_dir, marker, f"{predictor} fingerprint", wanted,
+                           f"run --stage fingerprint --predictor {predictor} first")
 
 
 def resolve_networks(cfg: Config, names: list[str], input_shape: list[int]) -> list[NetworkDescription]:
@@ -132,16 +133,32 @@ def run_profile(cfg: Config, args: argparse.Namespace) -> int:
     return 0 if all(s.status == "done" for s in summaries) else 1
 
 
+def _predictor(cfg: Config, args: argparse.Namespace) -> str:
+    return getattr(args, "predictor", None) or cfg.fingerprint.predictor
+
+
 def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
     from perf4sight.fingerprint.api import fit_device
 
     devices = measured_devices(cfg, args.device)
     if not devices:
         raise UserError(f"no measurements under {cfg.profiling_dir}: run --stage profile first")
+    predictor = _predictor(cfg, args)
     for device in devices:
-        meta = fit_device(cfg, device, description_index(cfg, device))
-        meta["folder"] = str(cfg.fingerprint_dir / device)
-        _print_accuracy(device, meta)
+        descriptions = description_index(cfg, device)
+        if predictor in ("trees", "ensemble"):
+            meta = fit_device(cfg, device, descriptions)
+            meta["folder"] = str(cfg.fingerprint_dir / device)
+            _print_accuracy(device, meta)
+        if predictor in ("gnn", "ensemble"):
+            from perf4sight.fingerprint.gnn import fit_device_gnn, gnn_accuracy_lines
+
+            started = time.perf_counter()
+            meta = fit_device_gnn(cfg, device, descriptions)
+            console.print(f"[bold]{device}[/bold]: GNN ({meta['settings']['arch']}) in {cfg.fingerprint_dir / device}, "
+                          f"fitted and cross-validated in {time.perf_counter() - started:.0f} s")
+            for line in gnn_accuracy_lines(meta):
+                console.print(line, markup=False)
     return 0
 
 
@@ -156,14 +173,22 @@ def _print_accuracy(device: str, meta: dict) -> None:
 def run_predict(cfg: Config, args: argparse.Namespace) -> int:
     if args.device and len(args.device) > 1:
         raise UserError("predict takes one --device (run it once per device, or use --stage compare)")
-    have = fingerprinted_devices(cfg, args.device)
+    predictor = _predictor(cfg, args)
+    have = fingerprinted_devices(cfg, args.device, predictor)
     configured = [d for d in cfg.devices if d in have]
     device = (configured or have or [""])[0]
     if not device:
-        raise UserError(f"no fingerprint under {cfg.fingerprint_dir}: run --stage fingerprint first")
-    from perf4sight.fingerprint.api import load_device_fingerprint
+        raise UserError(f"no {predictor} fingerprint under {cfg.fingerprint_dir}: "
+                        f"run --stage fingerprint --predictor {predictor} first")
+    from perf4sight.fingerprint.api import load_device_predictor
 
-    fp = load_device_fingerprint(cfg, device)
+    fp = load_device_predictor(cfg, device, predictor)
+    if predictor == "ensemble":
+        best = {t: e.get("best") for t, e in fp.metadata.get("accuracy", {}).items() if isinstance(e, dict)}
+        worse = {t: b for t, b in best.items() if b and b != "ensemble"}
+        if worse:
+            console.print("note: on this device's held-out networks the ensemble did not measure best for "
+                          + ", ".join(f"{t} ({b} did)" for t, b in worse.items()), style="yellow", markup=False)
     names = args.network or cfg.predict.networks or cfg.networks.zoo
     batch_sizes = args.batch_size or cfg.predict.batch_sizes
     started = time.perf_counter()
@@ -174,7 +199,7 @@ def run_predict(cfg: Config, args: argparse.Namespace) -> int:
         for p in preds:
             print(json.dumps(p))
         return 0
-    table = Table(title=f"predicted training step on {device} (90% interval)")
+    table = Table(title=f"predicted training step on {device} by the {predictor} predictor (90% interval)")
     for col in ("network", "batch", "step time ms", "memory MiB", "fits"):
         table.add_column(col)
     for p in preds:
@@ -198,14 +223,33 @@ def run_compare(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def run_import(cfg: Config, args: argparse.Namespace) -> int:
-    from perf4sight.importers.perf4sight_csv import import_perf4sight
+    from perf4sight.importers import IMPORTERS
 
-    if args.format != "perf4sight" or not args.source or not args.device or len(args.device) != 1:
-        raise UserError("import needs --format perf4sight --source DIR --device NAME")
-    summary = import_perf4sight(args.source, args.device[0], cfg.profiling_dir, cfg.models_dir)
+    if args.format not in IMPORTERS or not args.source or not args.device or len(args.device) != 1:
+        raise UserError(f"import needs --format {{{','.join(IMPORTERS)}}} --source DIR --device NAME")
+    summary = IMPORTERS[args.format](args.source, args.device[0], cfg.profiling_dir, cfg.models_dir)
     counts = {k: v for k, v in summary.as_dict().items() if isinstance(v, int)}
     console.print(f"imported {len(summary.networks)} networks into {results_path(cfg.profiling_dir, args.device[0])}: "
                   + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    return 0
+
+
+def run_export(cfg: Config, args: argparse.Namespace) -> int:
+    from perf4sight.exporters import export_perfseer
+    from perf4sight.fingerprint.fit import memory_column
+
+    if args.format != "perfseer" or not args.output:
+        raise UserError("export needs --format perfseer --output DIR [--device NAME ...]")
+    devices = measured_devices(cfg, args.device)
+    if not devices:
+        raise UserError(f"no measurements under {cfg.profiling_dir}: run --stage profile or --stage import first")
+    for device in devices:
+        rows = read_rows(results_path(cfg.profiling_dir, device))
+        out = Path(args.output) / device if len(devices) > 1 else Path(args.output)
+        done = export_perfseer(rows, description_index(cfg, device), out, memory_column(rows))
+        console.print(f"{device}: {done['graphs_written']} graph + label pairs in {done['folder']}"
+                      + (f" ({done['skipped_no_description']} rows without a description skipped)"
+                         if done["skipped_no_description"] else ""), markup=False)
     return 0
 
 
@@ -222,5 +266,6 @@ def run_check(cfg: Config, args: argparse.Namespace) -> int:
 
 STAGES: dict[str, Callable[[Config, argparse.Namespace], int]] = {
     "networks": run_networks, "profile": run_profile, "fingerprint": run_fingerprint,
-    "predict": run_predict, "compare": run_compare, "import": run_import, "check": run_check,
+    "predict": run_predict, "compare": run_compare, "import": run_import, "export": run_export,
+    "check": run_check,
 }

@@ -57,6 +57,8 @@ def test_good_config_is_typed(tmp_path):
     (GOOD + "\n[compare]\ndevices = ['tx2']\n", r"unknown device 'tx2'"),
     (GOOD.replace('zoo = ["resnet18"]', 'description_files = ["nope.json"]'), r"file not found: nope.json"),
     ("[networks\nzoo=1", r"not valid TOML"),
+    (GOOD + "\n[fingerprint]\npredictor = 'forest'\n", r"\[fingerprint\] predictor 'forest' is not one of trees, gnn"),
+    (GOOD + "\n[fingerprint]\ngnn_arch = 'gat'\n", r"\[fingerprint\] gnn_arch 'gat'"),
 ])
 def test_bad_config_names_file_and_key(tmp_path, text, expected):
     path = write(tmp_path, text)

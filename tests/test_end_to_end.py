@@ -26,6 +26,9 @@ backend = "cpu"
 threads = 1
 [fingerprint]
 n_estimators = 20
+gnn_hidden = 16
+gnn_layers = 2
+gnn_max_epochs = 30
 [compare]
 networks = ["squeezenet1_1"]
 """
@@ -65,3 +68,44 @@ def test_all_stages_then_predict_json(tmp_path):
         assert set(p) == keys
         assert p["latency_ms_low"] <= p["latency_ms"] <= p["latency_ms_high"]
         assert p["memory_mb_low"] <= p["memory_mb"] <= p["memory_mb_high"]
+
+
+def test_gnn_ensemble_and_perfseer_round_trip_through_the_cli(tmp_path):
+    """After the stages: fit the GNN only, predict with it and with the ensemble, export the device's data
+    as a PerfSeer dataset and import it back as another device."""
+    (tmp_path / "config.toml").write_text(CONFIG.replace("levels = [0, 50]", "levels = [0]"))
+    for stage in ("networks", "profile"):
+        assert main_py(tmp_path, "--stage", stage).returncode == 0
+    fit = main_py(tmp_path, "--stage", "fingerprint", "--predictor", "gnn")
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    fp_dir = tmp_path / "fingerprinting" / "local"
+    assert (fp_dir / "gnn.json").is_file() and not (fp_dir / "metadata.json").exists()  # only the GNN was fitted
+    assert "gnn" in fit.stdout and "MAPE" in fit.stdout
+
+    gnn = main_py(tmp_path, "--stage", "predict", "--predictor", "gnn", "--network", "resnet18",
+                  "--batch-size", "2", "4", "--json")
+    assert gnn.returncode == 0, gnn.stderr
+    preds = [json.loads(line) for line in gnn.stdout.splitlines()]
+    assert [p["batch_size"] for p in preds] == [2, 4] and all(p["latency_ms"] > 0 for p in preds)
+    missing = main_py(tmp_path, "--stage", "predict", "--predictor", "ensemble", "--network", "resnet18")
+    assert missing.returncode == 2 and "trees" in missing.stderr  # the ensemble needs the trees too
+
+    assert main_py(tmp_path, "--stage", "fingerprint", "--predictor", "trees").returncode == 0
+    ens = main_py(tmp_path, "--stage", "predict", "--predictor", "ensemble", "--network", "resnet18",
+                  "--batch-size", "2", "--json")
+    assert ens.returncode == 0, ens.stderr
+    e = json.loads(ens.stdout.splitlines()[-1])
+    t = json.loads(main_py(tmp_path, "--stage", "predict", "--predictor", "trees", "--network", "resnet18",
+                           "--batch-size", "2", "--json").stdout)
+    assert abs(e["latency_ms"] - (t["latency_ms"] * preds[0]["latency_ms"]) ** 0.5) < 1e-6 * e["latency_ms"]
+
+    exp = main_py(tmp_path, "--stage", "export", "--format", "perfseer", "--output", str(tmp_path / "ds"))
+    assert exp.returncode == 0, exp.stderr
+    assert len(list((tmp_path / "ds").glob("*.pkl"))) == len(list((tmp_path / "ds").glob("*.txt"))) == 4
+    imp = main_py(tmp_path, "--stage", "import", "--format", "perfseer", "--source", str(tmp_path / "ds"),
+                  "--device", "copy")
+    assert imp.returncode == 0, imp.stderr
+    mine = list(csv.DictReader((tmp_path / "profiling_csvs" / "local" / "measurements.csv").open()))
+    theirs = list(csv.DictReader((tmp_path / "profiling_csvs" / "copy" / "measurements.csv").open()))
+    assert sorted((r["network"], r["batch_size"], float(r["latency_ms_median"])) for r in theirs) == \
+        sorted((r["network"], r["batch_size"], float(r["latency_ms_median"])) for r in mine)

@@ -194,8 +194,8 @@ def test_fit_device_gnn_reads_config(tiny, tmp_path):
     for r in rows:
         append_row(results_path(tmp_path / "prof", "cpu0"), {k: v for k, v in r.items() if k in COLUMNS}
                    | {"timestamp": "2026-01-01T00:00:00+00:00"})
-    fcfg = SimpleNamespace(model="extra-trees", n_estimators=5, min_samples_leaf=1, seed=1, gnn_arch="sage",
-                           gnn_hidden=8, gnn_layers=1, gnn_max_epochs=3, gnn_patience=3)
+    fcfg = FingerprintConfig(n_estimators=5, seed=1, gnn_arch="sage", gnn_hidden=8, gnn_layers=1, gnn_max_epochs=3,
+                             gnn_patience=3)
     cfg = SimpleNamespace(profiling_dir=tmp_path / "prof", fingerprint_dir=tmp_path / "fp", fingerprint=fcfg,
                           devices={"cpu0": SimpleNamespace(memory_limit_mb=2048)})
     meta = fit_device_gnn(cfg, "cpu0", descs)

@@ -8,7 +8,7 @@ from perf4sight.fingerprint.predict import Fingerprint, load_fingerprint
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import read_rows, results_path
 
-__all__ = ["fit_device", "load_device_fingerprint"]
+__all__ = ["fit_device", "load_device_fingerprint", "load_device_predictor"]
 
 
 def fit_device(cfg: Config, device: str, descriptions: dict[str, NetworkDescription]) -> dict:
@@ -27,3 +27,15 @@ def load_device_fingerprint(cfg: Config, device: str) -> Fingerprint:
     if not (folder / "metadata.json").is_file():
         raise UserError(f"no fingerprint for device '{device}' in {folder} (run --stage fingerprint first)")
     return load_fingerprint(folder)
+
+
+def load_device_predictor(cfg: Config, device: str, predictor: str = "trees"):
+    """``device``'s predictor ``trees``, ``gnn`` or ``ensemble``; each has ``predict(descs, batch_sizes)``."""
+    if predictor == "trees":
+        return load_device_fingerprint(cfg, device)
+    from perf4sight.fingerprint.gnn import load_predictor
+
+    if predictor == "ensemble" and not (cfg.fingerprint_dir / device / "metadata.json").is_file():
+        raise UserError(f"the ensemble needs the trees as well as the GNN: no trees for device '{device}' in "
+                        f"{cfg.fingerprint_dir / device} (run --stage fingerprint --predictor trees or ensemble)")
+    return load_predictor(cfg.fingerprint_dir / device, predictor)

@@ -135,7 +135,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         nf = network_features(descriptions[name])
         if nf.unsupported:
             raise UserError(f"fingerprint: network '{name}' has ops without a cost formula: {', '.join(nf.unsupported)}")
-        if getattr(fcfg, "simulate_memory", True):  # caching-allocator replay (features/alloc_trace.py)
+        if fcfg.simulate_memory:  # caching-allocator replay (features/alloc_trace.py)
             from perf4sight.features.alloc_trace import attach_simulation
             attach_simulation(nf, descriptions[name])
         feats[name] = nf

@@ -30,6 +30,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from perf4sight.config import GNN_ARCHS, PREDICTORS
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import feature_matrix
 from perf4sight.fingerprint.evaluate import choose_groups, grouped_cv, metrics
@@ -45,7 +46,6 @@ __all__ = ["fit_gnn", "fit_device_gnn", "load_gnn", "load_predictor", "GNNPredic
 
 GNN_JSON = "gnn.json"
 GNN_WEIGHTS = "gnn_weights.pt"
-PREDICTORS = ("trees", "gnn", "ensemble")
 TARGETS = ("latency", "memory")
 FORMAT = "perf4sight-gnn-v1"
 
@@ -207,8 +207,8 @@ def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
     """
     if base not in ("analytic", "none"):
         raise UserError(f"gnn: base '{base}' is not one of analytic, none")
-    if arch not in ("seernet", "sage"):
-        raise UserError(f"gnn: architecture '{arch}' is not one of seernet, sage")
+    if arch not in GNN_ARCHS:
+        raise UserError(f"gnn: architecture '{arch}' is not one of {', '.join(GNN_ARCHS)}")
     if trees_config is None:
         from perf4sight.config import FingerprintConfig
         trees_config = FingerprintConfig(seed=seed)
@@ -386,18 +386,14 @@ def gnn_accuracy_lines(metadata: dict[str, Any]) -> list[str]:
 
 
 def fit_device_gnn(cfg: Any, device: str, descriptions: dict[str, NetworkDescription]) -> dict[str, Any]:
-    """:func:`fit_gnn` in config terms: ``<profiling_dir>/<device>`` in, ``<fingerprint_dir>/<device>`` out.
-
-    Reads ``cfg.fingerprint.gnn_arch / gnn_hidden / gnn_layers / gnn_max_epochs / gnn_patience``
-    when present (defaults: sage, 64, 3, 300, 40), ``seed``, and the device's ``memory_limit_mb``.
-    """
+    """:func:`fit_gnn` in config terms: ``<profiling_dir>/<device>`` in, ``<fingerprint_dir>/<device>`` out,
+    with the ``gnn_*`` settings and ``seed`` of ``[fingerprint]`` and the device's ``memory_limit_mb``."""
     from perf4sight.profiling.results import read_rows, results_path
     rows = read_rows(results_path(cfg.profiling_dir, device))
     if not rows:
         raise UserError(f"no measurements for device '{device}' in {results_path(cfg.profiling_dir, device)}")
     f = cfg.fingerprint
     limit = cfg.devices[device].memory_limit_mb if device in cfg.devices else 0
-    return fit_gnn(rows, descriptions, device, cfg.fingerprint_dir / device, seed=int(f.seed),
-                   arch=str(getattr(f, "gnn_arch", "sage")), hidden=int(getattr(f, "gnn_hidden", 64)),
-                   layers=int(getattr(f, "gnn_layers", 3)), max_epochs=int(getattr(f, "gnn_max_epochs", 300)),
-                   patience=int(getattr(f, "gnn_patience", 40)), memory_limit_mb=float(limit or 0), trees_config=f)
+    return fit_gnn(rows, descriptions, device, cfg.fingerprint_dir / device, seed=f.seed, arch=f.gnn_arch,
+                   hidden=f.gnn_hidden, layers=f.gnn_layers, max_epochs=f.gnn_max_epochs, patience=f.gnn_patience,
+                   memory_limit_mb=float(limit or 0), trees_config=f)

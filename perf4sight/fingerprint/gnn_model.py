@@ -14,9 +14,9 @@ from torch import nn
 from torch_geometric.nn import SAGEConv, global_max_pool, global_mean_pool
 from torch_geometric.utils import scatter
 
-__all__ = ["GNNModel", "ARCHS"]
+from perf4sight.config import GNN_ARCHS as ARCHS  # one list of architectures, in the config
 
-ARCHS = ("seernet", "sage")
+__all__ = ["GNNModel", "ARCHS"]
 
 
 def _mlp(i: int, h: int, o: int) -> nn.Sequential:
