@@ -127,13 +127,13 @@ def _oom_checks(fp: Any, test_rows: list[dict], descs: dict) -> tuple[int, int, 
 
 
 def evaluate(device: str, rows: list[dict], descs: dict, trees: int = 200, baseline_trees: int = 300,
-             label: str = "") -> dict[str, Any]:
+             label: str = "", simulate_memory: bool = True) -> dict[str, Any]:
     """Leave-one-family-out evaluation of the pipeline and the perf4sight-conv baseline (see module doc)."""
     rows = [r for r in rows if r["network"] in descs and r.get("status") in ("ok", "oom")]
     mem_col = memory_column(rows)
     cols = {"memory": mem_col, "latency": LATENCY_COLUMN}
     fams = sorted({r["family"] for r in rows})
-    fcfg = replace(FingerprintConfig(), n_estimators=trees)
+    fcfg = replace(FingerprintConfig(), n_estimators=trees, simulate_memory=simulate_memory)
     res: dict[str, Any] = {"device": device, "label": label, "families": fams, "columns": cols,
                            "ours": {t: {} for t in cols}, "conv": {}, "coverage": {t: {} for t in cols},
                            "oom": {}, "fits": {}}
@@ -169,10 +169,14 @@ def evaluate(device: str, rows: list[dict], descs: dict, trees: int = 200, basel
 
 
 def _speed(fp: Any, descs: dict) -> dict[str, float]:
-    """ms per network from a description (features + 4 batch sizes), µs per query in one batched call."""
+    """ms per network from a description never seen before (features, the allocator trace when the
+    memory model replays one, 4 batch sizes), µs per query in one batched call."""
+    from perf4sight.features.alloc_trace import clear_cache
+
     names = sorted(descs)
     times = []
     for n in names:
+        clear_cache()  # cold: nothing traced at fit time may be reused
         t0 = time.perf_counter()
         fp.predict(descs[n], [2, 8, 32, 64])
         times.append(time.perf_counter() - t0)
@@ -274,20 +278,21 @@ def figures(res: dict[str, Any]) -> list[dict]:
 
 
 def run(data: Path = TX2, csv: Path | None = LOCAL_CSV if LOCAL_CSV.is_file() else None,
-        models: Path | None = None, trees: int = 200) -> list[dict]:
+        models: Path | None = None, trees: int = 200, simulate_memory: bool = True) -> list[dict]:
     """Evaluate on the TX2 data (skipped when absent) and on a CPU profiling CSV (the project's own by
     default, when present); print the tables, return the figures."""
     out: list[dict] = []
-    for res in _evaluations(data, csv, models, trees):
+    for res in _evaluations(data, csv, models, trees, simulate_memory):
         print("\n".join(table(res)), flush=True)
         out += figures(res)
     return out
 
 
-def _evaluations(data: Path, csv: Path | None, models: Path | None, trees: int):
+def _evaluations(data: Path, csv: Path | None, models: Path | None, trees: int, simulate_memory: bool):
     if (data / "graphs").is_dir():
         with tempfile.TemporaryDirectory() as tmp:
-            yield evaluate(*load_tx2(data, Path(tmp)), trees=trees, label="Jetson TX2 (perf4sight data)")
+            yield evaluate(*load_tx2(data, Path(tmp)), trees=trees, label="Jetson TX2 (perf4sight data)",
+                           simulate_memory=simulate_memory)
     else:
         print(f"TX2 data not found at {data}: skipped")
     if csv is not None:
@@ -295,7 +300,8 @@ def _evaluations(data: Path, csv: Path | None, models: Path | None, trees: int):
         if len({r["family"] for r in rows if r["network"] in descs}) < 2:
             print(f"{csv}: fewer than 2 network families with descriptions: skipped")
             return
-        yield evaluate(device, rows, descs, trees=trees, label=f"{device} ({csv.name})")
+        yield evaluate(device, rows, descs, trees=trees, label=f"{device} ({csv.name})",
+                       simulate_memory=simulate_memory)
 
 
 def main() -> None:
@@ -306,8 +312,11 @@ def main() -> None:
     ap.add_argument("--models", type=Path, help="models dir holding those networks' descriptions")
     ap.add_argument("--trees", type=int, default=200)
     ap.add_argument("--no-tx2", action="store_true", help="only the --csv data")
+    ap.add_argument("--no-simulate-memory", action="store_true",
+                    help="fingerprints without the caching-allocator replay ([fingerprint] simulate_memory = false)")
     args = ap.parse_args()
-    run(Path("/nonexistent") if args.no_tx2 else args.data, args.csv, args.models, args.trees)
+    run(Path("/nonexistent") if args.no_tx2 else args.data, args.csv, args.models, args.trees,
+        simulate_memory=not args.no_simulate_memory)
 
 
 if __name__ == "__main__":

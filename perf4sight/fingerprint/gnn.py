@@ -20,6 +20,7 @@ Files in ``<fingerprint_dir>/<device>/`` (beside the trees' ``metadata.json`` / 
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import pickle
@@ -38,6 +39,7 @@ from perf4sight.fingerprint.fit import LATENCY_COLUMN, memory_column
 from perf4sight.fingerprint.gnn_graph import (EDGE_FEATURES, GLOBAL_FEATURES, NODE_FEATURES, OP_VOCAB,
                                               GraphTemplate, global_features, graph_template)
 from perf4sight.fingerprint.gnn_model import GNNModel
+from perf4sight.fingerprint.select import select_candidate
 from perf4sight.fingerprint.gnn_train import Normaliser, TrainSettings, make_data, predict_log, train_model
 from perf4sight.ir.schema import NetworkDescription
 
@@ -154,9 +156,21 @@ def _predict(model: GNNModel, norm: Normaliser, base: _Base, tl: list[GraphTempl
     return np.exp(predict_log(model, make_data(tl, list(bs), norm), norm) + base.log(F))
 
 
+def _trees_features(s: _Samples, trees_cfg: Any) -> np.ndarray:
+    """The trees' feature rows of ``s``: as the GNN's, plus the allocator replay when the fingerprint uses it
+    (on copies: the GNN's own graph-level features stay those it is served with at prediction time)."""
+    if not getattr(trees_cfg, "simulate_memory", False):
+        return s.F
+    from perf4sight.features.alloc_trace import attach_simulation
+    feats = {}
+    for name, t in s.templates.items():
+        nf = dataclasses.replace(t.features)
+        feats[name] = attach_simulation(nf, nf.description) if nf.description is not None else nf
+    return feature_matrix([feats[n] for n in s.nets], s.bs)
+
+
 def _evaluate(s: _Samples, st: TrainSettings, trees_cfg: Any, coverage: float, base_kind: str) -> dict[str, Any]:
     """Out-of-fold accuracy of the GNN, the trees and their geometric mean on the same folds."""
-    from perf4sight.fingerprint.trees import TargetModel
     cache: dict[str, np.ndarray] = {}  # held-out group -> GNN predictions for all samples in it
 
     def gnn_fold(test_idx: np.ndarray) -> np.ndarray:
@@ -170,14 +184,14 @@ def _evaluate(s: _Samples, st: TrainSettings, trees_cfg: Any, coverage: float, b
 
     acc: dict[str, Any] = {"grouping": s.grouping}
     intervals: dict[str, dict[str, list[float]]] = {"gnn": {}, "ensemble": {}}
-    F_all = s.F
+    F_trees = _trees_features(s, trees_cfg)
     for j, target in enumerate(TARGETS):
         sel = np.nonzero(np.isfinite(s.Y[:, j]))[0]
         y, groups = np.exp(s.Y[sel, j]), s.groups[sel]
         cv_g = grouped_cv(sel[:, None], y, groups, s.grouping, lambda a, b, c, j=j: gnn_fold(c[:, 0])[:, j])
-        cv_t = grouped_cv(F_all[sel], y, groups, s.grouping, lambda a, b, c, t=target: TargetModel.fit(
-            t, a, b, trees_cfg.model, int(trees_cfg.n_estimators), int(trees_cfg.min_samples_leaf),
-            int(trees_cfg.seed)).predict(c))
+        # the trees exactly as the fingerprint stage fits them (model form chosen by the same grouped CV)
+        _, cv_t, _ = select_candidate(target, F_trees[sel], y, groups, s.grouping, trees_cfg.model,
+                                      int(trees_cfg.n_estimators), int(trees_cfg.min_samples_leaf), int(trees_cfg.seed))
         ens = np.sqrt(cv_g.predictions * cv_t.predictions)
         res = {"gnn": cv_g, "trees": cv_t}
         entry: dict[str, Any] = {k: {"overall": v.overall, "per_group": v.per_group} for k, v in res.items()}
