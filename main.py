@@ -17,7 +17,8 @@ stages (run in this order by --stage all):
                ensemble = both), print held-out error (MAPE), store them in fingerprinting/<device>/
   predict      predict step time and memory for --network (zoo names or description files) at
                --batch-size on --device
-  compare      a per-device table of what was measured and how well it is predicted
+  compare      a report comparing every fingerprinted device (or --device A B): what was measured,
+               held-out accuracy, predicted curves, largest batch that fits; reports/compare-<time>/
   all          networks, profile, fingerprint, predict, compare
 other stages:
   import       turn another tool's measurements into this tool's schema:

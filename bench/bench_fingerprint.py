@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from perf4sight.config import FingerprintConfig  # noqa: E402
 from perf4sight.features.aggregate import network_features  # noqa: E402
-from perf4sight.features.perf4sight_set import PERF4SIGHT_FEATURES, perf4sight_matrix, perf4sight_vectors  # noqa: E402
+from perf4sight.features.perf4sight_set import perf4sight_matrix, perf4sight_vectors  # noqa: E402
 from perf4sight.fingerprint import fit_fingerprint, load_fingerprint  # noqa: E402
 from perf4sight.fingerprint.evaluate import metrics  # noqa: E402
 from perf4sight.fingerprint.fit import LATENCY_COLUMN, memory_column  # noqa: E402

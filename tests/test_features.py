@@ -6,19 +6,10 @@ import pytest
 
 from perf4sight.features import FEATURE_NAMES, feature_matrix, features_for, network_features, unsupported_ops
 from perf4sight.features.formulas import HANDLERS
-from perf4sight.ir.schema import OPS, NetworkDescription, Node, count_params, load_description
+from perf4sight.ir.schema import OPS, Node, load_description
 
 
-def _conv(name, src, cin, cout, k, groups, out_hw, bias=False, stride=1):
-    return Node(name, "conv2d", [src], {"in_channels": cin, "out_channels": cout, "kernel_size": [k, k],
-                                        "stride": [stride, stride], "padding": [k // 2, k // 2], "dilation": [1, 1],
-                                        "groups": groups, "bias": bias}, [cout, out_hw, out_hw])
-
-
-def _desc(nodes, shape=(4, 8, 8)):
-    d = NetworkDescription("tiny", "tiny", list(shape), 5, 0, nodes, nodes[-1].name)
-    d.params = count_params(d)
-    return d
+from tiny_graphs import conv_node as _conv, tiny_description as _desc  # noqa: E402
 
 
 def _cost(node, in_shapes, first=False):

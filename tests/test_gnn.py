@@ -124,6 +124,8 @@ def test_load_predict(fitted, tiny):
     assert gnn.predict(descs["res_w16"], 4096)[0]["fits"] is False  # the oom rows taught the capacity
     with pytest.raises(UserError, match="batch sizes"):
         gnn.predict(descs["res_w16"], [0])
+    from_module = gnn.predict_module(_net(8, 3, False), [3, 16, 16], [1, 16], name="deep_w8")  # an nn.Module
+    assert [p["memory_mb"] for p in from_module] == pytest.approx([preds[0]["memory_mb"], preds[1]["memory_mb"]])
 
 
 def test_ensemble_is_geometric_mean(fitted, tiny):

@@ -11,7 +11,7 @@ from perf4sight.errors import UserError
 from perf4sight.ir.from_torch import describe
 from perf4sight.ir.schema import NetworkDescription, load_description, save_description
 from perf4sight.ir.to_torch import build_module
-from perf4sight.networks.zoo import build_zoo_model, describe_zoo
+from perf4sight.networks.zoo import build_zoo_model
 
 
 def train_one_step(module: nn.Module, input_shape: list[int], num_classes: int, batch: int = 2) -> torch.Tensor:

@@ -7,19 +7,10 @@ import pytest
 from perf4sight.features import FEATURE_NAMES, feature_matrix, features_for, network_features
 from perf4sight.features.latency_terms import (BANDWIDTH, DEPTHWISE, GEMM, LATENCY_FEATURES, TILE, kernel_table,
                                                latency_columns)
-from perf4sight.ir.schema import NetworkDescription, Node, count_params
+from perf4sight.ir.schema import Node
 
 
-def _conv(name, src, cin, cout, k, groups, out_hw, bias=False, stride=1):
-    return Node(name, "conv2d", [src], {"in_channels": cin, "out_channels": cout, "kernel_size": [k, k],
-                                        "stride": [stride, stride], "padding": [k // 2, k // 2], "dilation": [1, 1],
-                                        "groups": groups, "bias": bias}, [cout, out_hw, out_hw])
-
-
-def _desc(nodes, shape=(4, 8, 8)):
-    d = NetworkDescription("tiny", "tiny", list(shape), 5, 0, nodes, nodes[-1].name)
-    d.params = count_params(d)
-    return d
+from tiny_graphs import conv_node as _conv, tiny_description as _desc  # noqa: E402
 
 
 def _two_convs(cout2=16, stride=1):

@@ -26,7 +26,7 @@ from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, featur
 from perf4sight.fingerprint.evaluate import choose_groups
 from perf4sight.fingerprint.select import describe_choice, group_conformal, random_split_metrics, select_candidate
 from perf4sight.fingerprint.storage import save_models
-from perf4sight.fingerprint.trees import LINEAR_TERMS, MODELS, TREE_FEATURES, TargetModel
+from perf4sight.fingerprint.trees import MODELS, TREE_FEATURES, TargetModel
 from perf4sight.ir.schema import NetworkDescription
 
 __all__ = ["fit_fingerprint", "memory_column", "LATENCY_COLUMN", "FEATURE_SET"]
@@ -72,14 +72,6 @@ def _versions() -> dict[str, str]:
     import perf4sight
     return {"python": platform.python_version(), "numpy": np.__version__, "scipy": scipy.__version__,
             "scikit-learn": sklearn.__version__, "perf4sight": perf4sight.__version__}
-
-
-def _interval(log_resid: np.ndarray, coverage: float) -> list[float]:
-    r = log_resid[np.isfinite(log_resid)]
-    if r.size < 5:
-        return [0.0, 0.0]
-    a = (1 - coverage) / 2
-    return [float(min(0.0, np.quantile(r, a))), float(max(0.0, np.quantile(r, 1 - a)))]
 
 
 def _capacity(model: TargetModel, ok_F: np.ndarray, oom_F: np.ndarray, limit_mb: float) -> tuple[float | None, str]:

@@ -39,6 +39,7 @@ from perf4sight.fingerprint.fit import LATENCY_COLUMN, memory_column
 from perf4sight.fingerprint.gnn_graph import (EDGE_FEATURES, GLOBAL_FEATURES, NODE_FEATURES, OP_VOCAB,
                                               GraphTemplate, global_features, graph_template)
 from perf4sight.fingerprint.gnn_model import GNNModel
+from perf4sight.fingerprint.predict import ModuleQueries
 from perf4sight.fingerprint.select import select_candidate
 from perf4sight.fingerprint.gnn_train import Normaliser, TrainSettings, make_data, predict_log, train_model
 from perf4sight.ir.schema import NetworkDescription
@@ -295,7 +296,7 @@ def _batch_list(batch_sizes: int | Sequence[int]) -> list[int]:
     return bss
 
 
-class GNNPredictor:
+class GNNPredictor(ModuleQueries):
     """A loaded GNN: ``predict(descs, batch_sizes)`` returns the trees' prediction dicts."""
 
     def __init__(self, model: GNNModel, norm: Normaliser, metadata: dict[str, Any]):
@@ -323,7 +324,7 @@ class GNNPredictor:
         return out
 
 
-class EnsemblePredictor:
+class EnsemblePredictor(ModuleQueries):
     """Geometric mean of the trees' and the GNN's predictions; bands from the ensemble's own
     out-of-fold residuals; capacity from the trees' fingerprint (else the GNN's)."""
 

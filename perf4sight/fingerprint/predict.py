@@ -1,7 +1,10 @@
 """Load a fingerprint and predict training-step latency (ms) and memory (MiB) for networks.
 
-Prediction needs only the description (pure numpy features + array trees): a few
-milliseconds per network; many queries in one call share a single vectorised pass. ``fits``
+Prediction needs only the description: pure numpy features and array trees take a few
+milliseconds per network, and many queries in one call share a single vectorised pass. When the
+memory model uses the caching-allocator replay (``simulate_memory``), a network not seen before is
+first traced on the meta device (about 0.5-2 s at 224x224, cached per description) and every
+(network, batch size) is one replay (a few ms). ``fits``
 compares the predicted memory with the device capacity stored in the fingerprint (a configured
 limit, compared with the prediction; or learnt from ``oom`` rows, compared with the memory model's
 analytic part: ``capacity_basis``); when the capacity is unknown every configuration fits.
@@ -25,7 +28,17 @@ PREDICTION_KEYS = ("network", "batch_size", "latency_ms", "latency_ms_low", "lat
                    "memory_mb", "memory_mb_low", "memory_mb_high", "fits")
 
 
-class Fingerprint:
+class ModuleQueries:
+    """``predict_module`` for any predictor that has ``predict(descriptions, batch_sizes)``."""
+
+    def predict_module(self, module: Any, input_shape: Sequence[int], batch_sizes: int | Sequence[int],
+                       name: str = "module") -> list[dict[str, Any]]:
+        """Predict for a torch ``nn.Module`` (traced with ``perf4sight.ir.from_torch.describe``)."""
+        from perf4sight.ir.from_torch import describe
+        return self.predict(describe(module, input_shape=list(input_shape), name=name), batch_sizes)
+
+
+class Fingerprint(ModuleQueries):
     """A device's fitted latency and memory models plus their metadata."""
 
     def __init__(self, models: dict[str, TargetModel], metadata: dict[str, Any]):
@@ -83,12 +96,6 @@ class Fingerprint:
                         "memory_mb_high": float(mem[i] * np.exp(mhi)),
                         "fits": bool(self.capacity_mb is None or demand[i] <= self.capacity_mb)})
         return out
-
-    def predict_module(self, module: Any, input_shape: Sequence[int], batch_sizes: int | Sequence[int],
-                       name: str = "module") -> list[dict[str, Any]]:
-        """Predict for a torch ``nn.Module`` (traced with ``perf4sight.ir.from_torch.describe``)."""
-        from perf4sight.ir.from_torch import describe
-        return self.predict(describe(module, input_shape=list(input_shape), name=name), batch_sizes)
 
     def max_batch_size(self, desc: NetworkDescription | NetworkFeatures, limit: int = 1024) -> int | None:
         """Largest batch size b <= ``limit`` with every batch size 1..b predicted to fit; 0 if none

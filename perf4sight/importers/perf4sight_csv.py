@@ -52,6 +52,16 @@ class ImportSummary:
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
+    def write_new(self, out: Path, row: dict[str, Any], done: set) -> bool:
+        """Append ``row`` to ``out`` unless its key is in ``done`` (rows already on disk); count either way."""
+        if row_key(row) in done:
+            self.rows_skipped_existing += 1
+            return False
+        append_row(out, row)
+        done.add(row_key(row))
+        self.rows_written += 1
+        return True
+
 
 def read_gt_csv(path: Path) -> list[dict[str, str]]:
     """Rows of one perf4sight ``-gt.csv`` file ('|'-separated, one header line)."""
@@ -188,12 +198,8 @@ def import_perf4sight(source_dir: str | Path, device: str, profiling_dir: str | 
             "protocol": "perf4sight_mean3", "device_model": board, "hostname": "", "timestamp": stamp, "description_sha": info[variant][1],
             **figures,
         }
-        if row_key(row) in done:
-            summary.rows_skipped_existing += 1
+        if not summary.write_new(out, row, done):
             continue
-        append_row(out, row)
-        done.add(row_key(row))
-        summary.rows_written += 1
         summary.ok += status == "ok"
         summary.oom += status == "oom"
         summary.duplicates_merged += len(files["memory"]) > 1 or len(files["latency"]) > 1

@@ -39,7 +39,7 @@ from typing import Any
 from perf4sight.errors import UserError
 from perf4sight.importers.perf4sight_csv import ImportSummary
 from perf4sight.ir.schema import NetworkDescription, save_description
-from perf4sight.profiling.results import append_row, measured_keys, read_rows, results_path, row_key
+from perf4sight.profiling.results import measured_keys, read_rows, results_path
 
 __all__ = ["import_perfseer", "read_graph", "read_label", "graph_to_description", "LABEL_FIELDS",
            "ONNX_TO_OP", "OP_TO_ONNX", "safe_unpickle"]
@@ -329,12 +329,6 @@ def import_perfseer(source_dir: str | Path, device: str, profiling_dir: str | Pa
                 "latency_ms_median": fig["time"], "latency_ms_mean": fig["time"], "protocol": "perfseer",
                 "device_mem_used_mb": fig["peak_memory_usuage"], "gpu_util_pct": fig["average_sm_util"],
                 "timestamp": stamp, "description_sha": hashlib.sha256(text.encode()).hexdigest()[:16]}
-            if row_key(row) in done:
-                summary.rows_skipped_existing += 1
-                continue
-            append_row(out, row)
-            done.add(row_key(row))
-            summary.rows_written += 1
-            summary.ok += 1
+            summary.ok += summary.write_new(out, row, done)
     summary.networks = sorted(saved)
     return summary

@@ -32,7 +32,6 @@ from __future__ import annotations
 import bisect
 import contextlib
 import copy
-import math
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Iterator

@@ -19,6 +19,7 @@ import os
 import shlex
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Sequence
@@ -212,7 +213,23 @@ class Remote:
         out = chan_out.read()
         err = chan_err.read()
         rc = chan_out.channel.recv_exit_status()
+        if rc == -1 and self._dropped():
+            raise paramiko.SSHException("the connection closed before the command reported its exit status")
         return CommandResult(rc, out.decode(errors="replace"), err.decode(errors="replace"))
+
+    def _dropped(self, wait_s: float = 2.0) -> bool:
+        """True when the transport dies within ``wait_s`` seconds.
+
+        A command with no exit status was either killed by a signal (the link is fine) or cut off
+        with the link; paramiko closes the channels slightly before it marks the transport
+        inactive, so give it a moment to tell the two apart.
+        """
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if not self.alive:
+                return True
+            time.sleep(0.05)
+        return not self.alive
 
     # -- files ----------------------------------------------------------------------------
     @property

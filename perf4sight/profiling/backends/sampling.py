@@ -6,7 +6,6 @@ summarised by their peak, utilisation and power by their mean. Interval in secon
 from __future__ import annotations
 
 import threading
-import time
 from typing import Callable
 
 __all__ = ["Sampler"]
