@@ -162,6 +162,17 @@ def test_group_conformal_covers_every_group():
     assert group_conformal(np.array([0.1, 0.2]), np.array(["a", "a"]), 0.9) == [0.0, 0.0]
 
 
+def test_group_conformal_is_symmetric_with_few_groups_and_one_sided_with_many():
+    from perf4sight.fingerprint.select import group_conformal
+    rng = np.random.default_rng(2)
+    few = rng.normal(0.2, 0.02, 60)  # two families, both over-predicted by ~20 %
+    lo, hi = group_conformal(few, np.array(["a"] * 30 + ["b"] * 30), 0.9)
+    assert lo == pytest.approx(-hi) and hi > 0.2  # a third family's bias may fall on the other side
+    many = rng.normal(0.2, 0.02, 300)  # twelve families: enough for the conformal promise
+    lo, hi = group_conformal(many, np.array([f"f{i % 12}" for i in range(300)]), 0.9)
+    assert lo == 0.0 and hi > 0.2
+
+
 def test_select_candidate_prefers_the_right_form():
     """Memory that is exactly linear in the analytic estimate: the analytic-only form must not lose."""
     from perf4sight.features.aggregate import FEATURE_NAMES

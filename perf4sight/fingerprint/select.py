@@ -111,7 +111,9 @@ def group_conformal(log_ratio: np.ndarray, groups: np.ndarray, coverage: float) 
     Each group's own central ``coverage`` quantiles are taken and the widest bounds kept, so the band
     covers ``coverage`` of every held-out group seen in training, not only of the pooled rows. A new
     network family is one more draw among the G groups: the bounds are widened by (G + 1) / G, the
-    finite-sample factor of split conformal prediction with G calibration groups.
+    finite-sample factor of split conformal prediction with G calibration groups. Split conformal
+    needs G >= coverage / (1 - coverage) groups (9 for 90 %) to promise anything; with fewer, a new
+    family's bias may fall on either side, so the band is made symmetric (the larger bound both ways).
     """
     ok = np.isfinite(log_ratio)
     r, g = log_ratio[ok], groups[ok]
@@ -126,6 +128,8 @@ def group_conformal(log_ratio: np.ndarray, groups: np.ndarray, coverage: float) 
             n_groups += 1
             lo, hi = min(lo, float(np.quantile(rg, a))), max(hi, float(np.quantile(rg, 1 - a)))
     widen = (n_groups + 1) / n_groups if n_groups else 1.0
+    if n_groups < coverage / (1 - coverage):
+        lo, hi = min(lo, -hi), max(hi, -lo)
     return [min(0.0, lo * widen), max(0.0, hi * widen)]
 
 
