@@ -40,15 +40,17 @@ CANDIDATES: dict[str, tuple[Candidate, ...]] = {
                # caching-allocator replay of the traced step (features/alloc_trace.py); skipped where not simulated
                Candidate("sim reserved x trees", ("one", "sim_reserved_mb")),
                Candidate("sim reserved + analytic x trees", ("one", "sim_reserved_mb", "mem_analytic_mb"))),
-    "latency": (Candidate("analytic x trees"), Candidate("analytic only", correct=False),
+    # latency: the kernel-terms form first, as it is the one kept when there are too few groups to choose
+    # (its per-kernel launch term carries over to families never seen; the FLOP-only forms did not)
+    "latency": (Candidate("kernel terms (64-tiles) x trees, leaf 3", _KERNEL_TERMS_64, leaf=3),
+                Candidate("analytic x trees"), Candidate("analytic only", correct=False),
                 Candidate("analytic+odd/norm x trees", ("one", "dense_macs", "depthwise_macs", "activation_elems",
                                                         "kernels", "batch_size", "odd_channel_macs", "norm_elems",
                                                         "bytes_written")),
                 Candidate("analytic x trees, leaf 3", leaf=3),
                 # kernel-level terms (features/latency_terms.py): tile-padded GEMM work, bandwidth, launches;
                 # always with the tree correction, so the fingerprint still reproduces its own training rows
-                Candidate("kernel terms x trees, leaf 3", _KERNEL_TERMS, leaf=3),
-                Candidate("kernel terms (64-tiles) x trees, leaf 3", _KERNEL_TERMS_64, leaf=3)),
+                Candidate("kernel terms x trees, leaf 3", _KERNEL_TERMS, leaf=3)),
 }
 
 
