@@ -130,7 +130,7 @@ def group_conformal(log_ratio: np.ndarray, groups: np.ndarray, coverage: float) 
             n_groups += 1
             lo, hi = min(lo, float(np.quantile(rg, a))), max(hi, float(np.quantile(rg, 1 - a)))
     widen = (n_groups + 1) / n_groups if n_groups else 1.0
-    if n_groups < coverage / (1 - coverage):
+    if n_groups < round(coverage / (1 - coverage), 6):  # round: 0.9 / 0.1 is 9.000000000000002 in floats
         lo, hi = min(lo, -hi), max(hi, -lo)
     return [min(0.0, lo * widen), max(0.0, hi * widen)]
 
