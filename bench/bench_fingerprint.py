@@ -222,7 +222,7 @@ def table(res: dict[str, Any]) -> list[str]:
         lines.append(f"  {'':<36}" + "".join(f"{f[:12]:>13}" for f in fams) + f"{'mean':>8}")
         rowspec = [("MAPE % ours (fingerprint)", res["ours"][t], "mape"),
                    ("RMSPE % ours", res["ours"][t], "rmspe"), ("within ±10 % ours", res["ours"][t], "within10"),
-                   (f"MAPE % perf4sight-conv + ET300", res["conv"][t], "mape"),
+                   ("MAPE % perf4sight-conv + ET300", res["conv"][t], "mape"),
                    ("within ±10 % perf4sight-conv", res["conv"][t], "within10")]
         if t in ref:
             rowspec.append(("MAPE % perf4sight paper", {f: {"mape": ref[t].get(f, np.nan)} for f in fams}, "mape"))

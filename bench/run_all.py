@@ -136,7 +136,7 @@ def write_results(rows: list[dict], outputs: dict[str, str], out_dir: Path) -> P
     out_dir.mkdir(parents=True, exist_ok=True)
     when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     machine = f"{platform.node()}, {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
-    md = [f"# perf4sight benchmarks", "", f"Run {when} on {machine}. CPU timings are noisy (about ±20%).", "",
+    md = ["# perf4sight benchmarks", "", f"Run {when} on {machine}. CPU timings are noisy (about ±20%).", "",
           "## Ours", "",
           _md_table(["benchmark", "metric", "value", "unit", "note"],
                     [[r["benchmark"], r["metric"], _fmt(r["value"]), r["unit"], r["note"]] for r in rows]), "",

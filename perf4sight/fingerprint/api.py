@@ -8,17 +8,23 @@ from perf4sight.fingerprint.predict import Fingerprint, load_fingerprint
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import read_rows, results_path
 
-__all__ = ["fit_device", "load_device_fingerprint", "load_device_predictor"]
+__all__ = ["device_measurements", "fit_device", "load_device_fingerprint", "load_device_predictor"]
 
 
-def fit_device(cfg: Config, device: str, descriptions: dict[str, NetworkDescription]) -> dict:
-    """Fit and store ``device``'s fingerprint from its measurements; returns the metadata."""
+def device_measurements(cfg: Config, device: str) -> tuple[list[dict], float]:
+    """``device``'s measured rows and its configured memory limit (MiB; 0 = none); ``UserError`` if none."""
     rows = read_rows(results_path(cfg.profiling_dir, device))
     if not rows:
         raise UserError(f"no measurements for device '{device}' in {results_path(cfg.profiling_dir, device)}")
     limit = cfg.devices[device].memory_limit_mb if device in cfg.devices else 0
+    return rows, float(limit or 0)
+
+
+def fit_device(cfg: Config, device: str, descriptions: dict[str, NetworkDescription]) -> dict:
+    """Fit and store ``device``'s fingerprint from its measurements; returns the metadata."""
+    rows, limit = device_measurements(cfg, device)
     return fit_fingerprint(rows, descriptions, device, cfg.fingerprint_dir / device, cfg.fingerprint,
-                           memory_limit_mb=float(limit))
+                           memory_limit_mb=limit)
 
 
 def load_device_fingerprint(cfg: Config, device: str) -> Fingerprint:

@@ -17,7 +17,7 @@ import json
 import platform
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from perf4sight.fingerprint.storage import save_models
 from perf4sight.fingerprint.trees import MODELS, TREE_FEATURES, TargetModel
 from perf4sight.ir.schema import NetworkDescription
 
-__all__ = ["fit_fingerprint", "memory_column", "LATENCY_COLUMN", "FEATURE_SET"]
+__all__ = ["fit_fingerprint", "memory_column", "memory_capacity", "records", "LATENCY_COLUMN", "FEATURE_SET"]
 
 LATENCY_COLUMN = "latency_ms_median"
 FEATURE_SET = "perf4sight-graph-v1"
@@ -46,7 +46,7 @@ def memory_column(rows: list[dict[str, Any]]) -> str:
     return "device_mem_used_mb"
 
 
-def _records(rows: Any) -> list[dict[str, Any]]:
+def records(rows: Any) -> list[dict[str, Any]]:
     if hasattr(rows, "to_dict"):  # pandas DataFrame
         rows = rows.fillna("").to_dict("records")
     return [dict(r) for r in rows]
@@ -74,23 +74,22 @@ def _versions() -> dict[str, str]:
             "scikit-learn": sklearn.__version__, "perf4sight": perf4sight.__version__}
 
 
-def _capacity(model: TargetModel, ok_F: np.ndarray, oom_F: np.ndarray, limit_mb: float) -> tuple[float | None, str]:
-    """Memory capacity (MiB): the configured limit, else the threshold on predicted memory that best
-    separates ``ok`` from ``oom`` rows, else unknown (None)."""
+def memory_capacity(limit_mb: float, n_oom: int,
+                    predicted: Callable[[], tuple[np.ndarray, np.ndarray]]) -> tuple[float | None, str]:
+    """Memory capacity (MiB) and where it came from: the configured limit, else the threshold on
+    predicted memory that best separates ``ok`` (<=) from ``oom`` (>) rows, else unknown (None).
+
+    ``predicted()`` returns the predicted memory of the ok rows and of the ``n_oom`` oom rows; it is
+    called only when the threshold is learnt."""
     if limit_mb > 0:
         return float(limit_mb), "configured memory_limit_mb"
-    if len(oom_F) == 0:
+    if n_oom == 0:
         return None, "unknown (no oom rows and no memory_limit_mb)"
-    # the analytic (linear) part keeps growing with demand where measured memory saturates near the
-    # device limit (unified memory swaps), so the threshold is learnt on it: see ``capacity_basis``
-    p_ok, p_oom = model.analytic(ok_F), model.analytic(oom_F)
+    p_ok, p_oom = predicted()
     cands = np.unique(np.concatenate([p_ok, p_oom]))
-    best, best_err = float(cands[-1]), None
-    for t in cands:  # fits <=> predicted <= t
-        err = int(np.sum(p_ok > t) + np.sum(p_oom <= t))
-        if best_err is None or err < best_err:
-            best, best_err = float(t), err
-    return best, f"learned from {len(oom_F)} oom and {len(ok_F)} ok rows ({best_err} misclassified)"
+    errs = [int(np.sum(p_ok > t) + np.sum(p_oom <= t)) for t in cands]  # fits <=> predicted <= t
+    k = int(np.argmin(errs))
+    return float(cands[k]), f"learned from {len(p_oom)} oom and {len(p_ok)} ok rows ({errs[k]} misclassified)"
 
 
 def _common_input_shape(descriptions: dict[str, NetworkDescription], names: Iterable[str]) -> list[int]:
@@ -113,7 +112,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
     if model not in MODELS:
         raise UserError(f"[fingerprint] model '{model}' is not one of {', '.join(MODELS)}")
     n_est, leaf, seed = int(fcfg.n_estimators), int(fcfg.min_samples_leaf), int(fcfg.seed)
-    recs = [r for r in _records(rows) if str(r.get("device", device)) == device]
+    recs = [r for r in records(rows) if str(r.get("device", device)) == device]
     if not recs:
         raise UserError(f"fingerprint: no measurements for device '{device}'")
     mem_col = memory_column(recs)
@@ -160,7 +159,10 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         counts[target] = len(rs)
     oom_rows = [r for r in usable if r.get("status") == "oom"]
     ok_rows = [r for r in usable if r.get("status") == "ok"]
-    capacity, cap_source = _capacity(models["memory"], matrix(ok_rows), matrix(oom_rows), memory_limit_mb)
+    # the analytic (linear) part keeps growing with demand where measured memory saturates near the
+    # device limit (unified memory swaps), so a learnt threshold is on it: see ``capacity_basis``
+    capacity, cap_source = memory_capacity(memory_limit_mb, len(oom_rows), lambda: (
+        models["memory"].analytic(matrix(ok_rows)), models["memory"].analytic(matrix(oom_rows))))
     meta: dict[str, Any] = {
         "device": device,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

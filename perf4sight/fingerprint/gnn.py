@@ -4,14 +4,14 @@ One multi-output model per device predicts ``log(latency ms)`` and ``log(memory 
 targets and columns as the trees: see :mod:`perf4sight.fingerprint.fit`) as a correction to the
 trees' analytic baseline (``base="analytic"``, the default: on the TX2 data, leave-one-network-out,
 it cut the GNN's error from 40 % / 28 % MAPE (latency / memory, outright log targets) to
-12 % / 8 %). Default architecture ``sage`` (GraphSAGE): it measured better than ``seernet`` on the
-TX2 data (latency 12.4 vs 18.8 %, memory 8.0 vs 8.9 %); ``seernet`` stays selectable for
-larger (e.g. imported PerfSeer) datasets. See bench/bench_gnn.py. Accuracy comes from the
+12 % / 10 %). Default architecture ``sage`` (GraphSAGE): on the TX2 data it measured better than
+``seernet`` on latency (12.4 vs 18.3 %) and trains 4x faster; ``seernet`` is better on memory
+(7.6 vs 9.8 %) and stays selectable for larger (e.g. imported PerfSeer) datasets. See bench/bench_gnn.py. Accuracy comes from the
 trees' harness (:func:`perf4sight.fingerprint.evaluate.grouped_cv`, leave-one-family-out, or
 leave-one-network-out with a single family); the same folds give out-of-fold predictions of the
 trees, so the geometric-mean ensemble is measured too and the JSON records which of the three
-measured best per target. Prediction intervals: empirical quantiles of out-of-fold
-``log(measured/predicted)``, as for the trees (none when there are fewer than 2 groups).
+measured best per target. Prediction intervals: pooled empirical quantiles of out-of-fold
+``log(measured/predicted)`` (not the trees' group-conformal band; none with fewer than 5 rows).
 
 Files in ``<fingerprint_dir>/<device>/`` (beside the trees' ``metadata.json`` / ``models.npz``)::
 
@@ -35,11 +35,11 @@ from perf4sight.config import GNN_ARCHS, PREDICTORS
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import feature_matrix
 from perf4sight.fingerprint.evaluate import choose_groups, grouped_cv, metrics
-from perf4sight.fingerprint.fit import LATENCY_COLUMN, memory_column
+from perf4sight.fingerprint.fit import LATENCY_COLUMN, memory_capacity, memory_column, records
 from perf4sight.fingerprint.gnn_graph import (EDGE_FEATURES, GLOBAL_FEATURES, NODE_FEATURES, OP_VOCAB,
                                               GraphTemplate, global_features, graph_template)
 from perf4sight.fingerprint.gnn_model import GNNModel
-from perf4sight.fingerprint.predict import ModuleQueries
+from perf4sight.fingerprint.predict import ModuleQueries, batch_list, prediction_rows
 from perf4sight.fingerprint.select import select_candidate
 from perf4sight.fingerprint.gnn_train import Normaliser, TrainSettings, make_data, predict_log, train_model
 from perf4sight.ir.schema import NetworkDescription
@@ -69,20 +69,11 @@ def _interval(log_resid: np.ndarray, coverage: float) -> list[float]:
     return [float(min(0.0, np.quantile(r, a))), float(max(0.0, np.quantile(r, 1 - a)))]
 
 
-def _threshold(p_ok: np.ndarray, p_oom: np.ndarray) -> tuple[float, int]:
-    """Predicted-memory threshold (MiB) that best separates ok (<=) from oom (>) rows."""
-    cands = np.unique(np.concatenate([p_ok, p_oom]))
-    errs = [int(np.sum(p_ok > t) + np.sum(p_oom <= t)) for t in cands]
-    k = int(np.argmin(errs))
-    return float(cands[k]), errs[k]
-
-
 class _Samples:
     """The usable (network, batch size) samples of a device with their log targets [n, 2]."""
 
     def __init__(self, rows: Any, descriptions: dict[str, NetworkDescription], device: str):
-        recs = rows.fillna("").to_dict("records") if hasattr(rows, "to_dict") else [dict(r) for r in rows]
-        recs = [r for r in recs if str(r.get("device", device)) == device and str(r["network"]) in descriptions]
+        recs = [r for r in records(rows) if str(r.get("device", device)) == device and str(r["network"]) in descriptions]
         if not recs:
             raise UserError(f"gnn: no measurements with a network description for device '{device}'")
         self.mem_col = memory_column(recs)
@@ -235,16 +226,10 @@ def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
     t0 = time.perf_counter()
     model, norm, basem, summary = _train(s, np.arange(len(s.nets)), st, base)
     t_fit = time.perf_counter() - t0
-    if memory_limit_mb > 0:
-        capacity, cap_src = float(memory_limit_mb), "configured memory_limit_mb"
-    elif s.oom:
-        oom_t = [s.templates[str(r["network"])] for r in s.oom]
-        p_oom = _predict(model, norm, basem, oom_t, [int(float(r["batch_size"])) for r in s.oom])[:, 1]
-        p_ok = _predict(model, norm, basem, s.tmpl(np.arange(len(s.nets))), s.bs)[:, 1]
-        capacity, err = _threshold(p_ok, p_oom)
-        cap_src = f"learned from {len(s.oom)} oom and {len(s.ok)} ok rows ({err} misclassified)"
-    else:
-        capacity, cap_src = None, "unknown (no oom rows and no memory_limit_mb)"
+    oom_t = [s.templates[str(r["network"])] for r in s.oom]
+    capacity, cap_src = memory_capacity(memory_limit_mb, len(s.oom), lambda: (
+        _predict(model, norm, basem, s.tmpl(np.arange(len(s.nets))), s.bs)[:, 1],
+        _predict(model, norm, basem, oom_t, [int(float(r["batch_size"])) for r in s.oom])[:, 1]))
     shapes = [tuple(descriptions[n].input_shape) for n in s.nets]
     meta: dict[str, Any] = {
         "format": FORMAT, "device": device,
@@ -276,24 +261,11 @@ def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
     return meta
 
 
-def _rows(name: str, bss: list[int], pred: np.ndarray, bands: dict[str, list[float]],
+def _rows(names: list[str], bss: list[int], pred: np.ndarray, bands: dict[str, list[float]],
           capacity: float | None) -> list[dict[str, Any]]:
-    (llo, lhi), (mlo, mhi) = bands.get("latency", [0.0, 0.0]), bands.get("memory", [0.0, 0.0])
-    out = []
-    for i, b in enumerate(bss):
-        lat, mem = float(pred[i, 0]), float(pred[i, 1])
-        out.append({"network": name, "batch_size": int(b), "latency_ms": lat,
-                    "latency_ms_low": lat * float(np.exp(llo)), "latency_ms_high": lat * float(np.exp(lhi)),
-                    "memory_mb": mem, "memory_mb_low": mem * float(np.exp(mlo)),
-                    "memory_mb_high": mem * float(np.exp(mhi)), "fits": bool(capacity is None or mem <= capacity)})
-    return out
-
-
-def _batch_list(batch_sizes: int | Sequence[int]) -> list[int]:
-    bss = [int(batch_sizes)] if isinstance(batch_sizes, (int, np.integer)) else [int(b) for b in batch_sizes]
-    if not bss or any(b < 1 for b in bss):
-        raise UserError(f"predict: batch sizes must be positive integers, got {bss}")
-    return bss
+    """Prediction dicts from ``pred`` ([n, 2] latency ms, memory MiB, network-major); fits = memory <= capacity."""
+    return prediction_rows(names, bss, pred[:, 0], pred[:, 1], bands,
+                           [capacity is None or m <= capacity for m in pred[:, 1]])
 
 
 class GNNPredictor(ModuleQueries):
@@ -316,12 +288,8 @@ class GNNPredictor(ModuleQueries):
                 batch_sizes: int | Sequence[int]) -> list[dict[str, Any]]:
         """One dict per (network, batch size): latency (ms), memory (MiB), bands, ``fits``."""
         descs = [descs] if isinstance(descs, NetworkDescription) else list(descs)
-        bss = _batch_list(batch_sizes)
-        pred = self.predict_array(descs, bss)
-        out: list[dict[str, Any]] = []
-        for k, d in enumerate(descs):
-            out += _rows(d.name, bss, pred[k * len(bss):(k + 1) * len(bss)], self.bands, self.capacity_mb)
-        return out
+        bss = batch_list(batch_sizes)
+        return _rows([d.name for d in descs], bss, self.predict_array(descs, bss), self.bands, self.capacity_mb)
 
 
 class EnsemblePredictor(ModuleQueries):
@@ -338,15 +306,11 @@ class EnsemblePredictor(ModuleQueries):
     def predict(self, descs: NetworkDescription | Sequence[NetworkDescription],
                 batch_sizes: int | Sequence[int]) -> list[dict[str, Any]]:
         descs = [descs] if isinstance(descs, NetworkDescription) else list(descs)
-        bss = _batch_list(batch_sizes)
+        bss = batch_list(batch_sizes)
         g = self.gnn.predict_array(descs, bss)
         t = self.trees.predict(descs, bss)
         tarr = np.array([[r["latency_ms"], r["memory_mb"]] for r in t])
-        pred = np.sqrt(g * tarr)
-        out: list[dict[str, Any]] = []
-        for k, d in enumerate(descs):
-            out += _rows(d.name, bss, pred[k * len(bss):(k + 1) * len(bss)], self.bands, self.capacity_mb)
-        return out
+        return _rows([d.name for d in descs], bss, np.sqrt(g * tarr), self.bands, self.capacity_mb)
 
 
 def load_gnn(out_dir: str | Path) -> GNNPredictor:
@@ -403,12 +367,9 @@ def gnn_accuracy_lines(metadata: dict[str, Any]) -> list[str]:
 def fit_device_gnn(cfg: Any, device: str, descriptions: dict[str, NetworkDescription]) -> dict[str, Any]:
     """:func:`fit_gnn` in config terms: ``<profiling_dir>/<device>`` in, ``<fingerprint_dir>/<device>`` out,
     with the ``gnn_*`` settings and ``seed`` of ``[fingerprint]`` and the device's ``memory_limit_mb``."""
-    from perf4sight.profiling.results import read_rows, results_path
-    rows = read_rows(results_path(cfg.profiling_dir, device))
-    if not rows:
-        raise UserError(f"no measurements for device '{device}' in {results_path(cfg.profiling_dir, device)}")
+    from perf4sight.fingerprint.api import device_measurements
+    rows, limit = device_measurements(cfg, device)
     f = cfg.fingerprint
-    limit = cfg.devices[device].memory_limit_mb if device in cfg.devices else 0
     return fit_gnn(rows, descriptions, device, cfg.fingerprint_dir / device, seed=f.seed, arch=f.gnn_arch,
                    hidden=f.gnn_hidden, layers=f.gnn_layers, max_epochs=f.gnn_max_epochs, patience=f.gnn_patience,
-                   memory_limit_mb=float(limit or 0), trees_config=f)
+                   memory_limit_mb=limit, trees_config=f)

@@ -28,6 +28,29 @@ PREDICTION_KEYS = ("network", "batch_size", "latency_ms", "latency_ms_low", "lat
                    "memory_mb", "memory_mb_low", "memory_mb_high", "fits")
 
 
+def batch_list(batch_sizes: int | Sequence[int]) -> list[int]:
+    """``batch_sizes`` as a list of ints; ``UserError`` unless all are positive."""
+    bss = [int(batch_sizes)] if isinstance(batch_sizes, (int, np.integer)) else [int(b) for b in batch_sizes]
+    if not bss or any(b < 1 for b in bss):
+        raise UserError(f"predict: batch sizes must be positive integers, got {bss}")
+    return bss
+
+
+def prediction_rows(names: Sequence[str], bss: Sequence[int], lat: np.ndarray, mem: np.ndarray,
+                    bands: dict[str, Sequence[float]], fits: Sequence[bool]) -> list[dict[str, Any]]:
+    """One :data:`PREDICTION_KEYS` dict per (network, batch size), network-major: ``lat`` (ms) and
+    ``mem`` (MiB) with their bands (``[low, high]`` of log(measured / predicted) per target)."""
+    (llo, lhi), (mlo, mhi) = bands.get("latency", (0.0, 0.0)), bands.get("memory", (0.0, 0.0))
+    out: list[dict[str, Any]] = []
+    for i, (name, b) in enumerate((n, b) for n in names for b in bss):
+        out.append({"network": name, "batch_size": int(b),
+                    "latency_ms": float(lat[i]), "latency_ms_low": float(lat[i] * np.exp(llo)),
+                    "latency_ms_high": float(lat[i] * np.exp(lhi)),
+                    "memory_mb": float(mem[i]), "memory_mb_low": float(mem[i] * np.exp(mlo)),
+                    "memory_mb_high": float(mem[i] * np.exp(mhi)), "fits": bool(fits[i])})
+    return out
+
+
 class ModuleQueries:
     """``predict_module`` for any predictor that has ``predict(descriptions, batch_sizes)``."""
 
@@ -77,25 +100,15 @@ class Fingerprint(ModuleQueries):
         """One dict per (network, batch size) with keys :data:`PREDICTION_KEYS` (ms, MiB, bool)."""
         if isinstance(descs, (NetworkDescription, NetworkFeatures)):
             descs = [descs]
-        bss = [batch_sizes] if isinstance(batch_sizes, (int, np.integer)) else list(batch_sizes)
-        if not bss or any(int(b) < 1 for b in bss):
-            raise UserError(f"predict: batch sizes must be positive integers, got {bss}")
+        bss = batch_list(batch_sizes)
         nfs = [self._features(d) for d in descs]
         self._simulate_if_needed(nfs)
         F = feature_matrix([nf for nf in nfs for _ in bss], [b for _ in nfs for b in bss])  # one pass for all queries
         lat = self.models["latency"].predict(F)
         mem = self.models["memory"].predict(F)
         demand = self._demand(F, mem)
-        (llo, lhi), (mlo, mhi) = self._bands["latency"], self._bands["memory"]
-        out: list[dict[str, Any]] = []
-        for i, (nf, b) in enumerate((nf, b) for nf in nfs for b in bss):
-            out.append({"network": nf.name, "batch_size": int(b),
-                        "latency_ms": float(lat[i]), "latency_ms_low": float(lat[i] * np.exp(llo)),
-                        "latency_ms_high": float(lat[i] * np.exp(lhi)),
-                        "memory_mb": float(mem[i]), "memory_mb_low": float(mem[i] * np.exp(mlo)),
-                        "memory_mb_high": float(mem[i] * np.exp(mhi)),
-                        "fits": bool(self.capacity_mb is None or demand[i] <= self.capacity_mb)})
-        return out
+        fits = [self.capacity_mb is None or d <= self.capacity_mb for d in demand]
+        return prediction_rows([nf.name for nf in nfs], bss, lat, mem, self._bands, fits)
 
     def max_batch_size(self, desc: NetworkDescription | NetworkFeatures, limit: int = 1024) -> int | None:
         """Largest batch size b <= ``limit`` with every batch size 1..b predicted to fit; 0 if none

@@ -63,6 +63,16 @@ class ImportSummary:
         return True
 
 
+def import_source(source_dir: str | Path, device: str, tool: str) -> Path:
+    """The folder to import from; ``UserError`` if it is missing or ``device`` cannot name a folder."""
+    source = Path(source_dir)
+    if not source.is_dir():
+        raise UserError(f"{source}: {tool} source folder not found")
+    if not device or "/" in device:
+        raise UserError(f"import: bad device name {device!r}")
+    return source
+
+
 def read_gt_csv(path: Path) -> list[dict[str, str]]:
     """Rows of one perf4sight ``-gt.csv`` file ('|'-separated, one header line)."""
     try:
@@ -150,11 +160,7 @@ def import_perf4sight(source_dir: str | Path, device: str, profiling_dir: str | 
     key) are skipped, so importing twice is harmless. Raises ``UserError`` when the folder has no
     ``-gt.csv`` files or a graph is malformed.
     """
-    source = Path(source_dir)
-    if not source.is_dir():
-        raise UserError(f"{source}: perf4sight source folder not found")
-    if not device or "/" in device:
-        raise UserError(f"import: bad device name {device!r}")
+    source = import_source(source_dir, device, "perf4sight")
     csv_root = source / "profiling_csvs" if (source / "profiling_csvs").is_dir() else source
     folders = sorted({p.parent.parent for p in csv_root.rglob("*-gt.csv") if p.parent.name in ("memory", "latency")})
     if not folders:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from perf4sight.errors import UserError
-from perf4sight.importers.perf4sight_csv import ImportSummary
+from perf4sight.importers.perf4sight_csv import ImportSummary, import_source
 from perf4sight.ir.schema import NetworkDescription, save_description
 from perf4sight.profiling.results import measured_keys, read_rows, results_path
 
@@ -287,11 +287,7 @@ def import_perfseer(source_dir: str | Path, device: str, profiling_dir: str | Pa
     (phases other than ``train`` are written with their phase name). Re-importing skips rows
     already on disk. A graph without a label, an unsafe pickle or a malformed label raises ``UserError``.
     """
-    source = Path(source_dir)
-    if not source.is_dir():
-        raise UserError(f"{source}: PerfSeer source folder not found")
-    if not device or "/" in device:
-        raise UserError(f"import: bad device name {device!r}")
+    source = import_source(source_dir, device, "PerfSeer")
     pkls = sorted(source.rglob("*.pkl"))
     if not pkls:
         raise UserError(f"{source}: no PerfSeer *.pkl graphs found")
