@@ -87,10 +87,17 @@ def _rows(cfg, device: str) -> list[dict]:
     return results.read_rows(results.results_path(cfg.profiling_dir, device))
 
 
-def _wait_rows(cfg, device: str, n: int, timeout_s: float = 90) -> None:
+def _wait_rows(cfg, device: str, n: int, timeout_s: float = 90, worker: threading.Thread | None = None,
+               out: dict | None = None) -> None:
+    """Until ``device`` has ``n`` local rows; fails at once (with the summaries) if ``worker`` ended first."""
     deadline = time.monotonic() + timeout_s
     while len(_rows(cfg, device)) < n:
-        assert time.monotonic() < deadline, f"no {n} rows for {device} within {timeout_s} s"
+        ended = worker is not None and not worker.is_alive()
+        if ended or time.monotonic() >= deadline:
+            log = Path(cfg.root / "remote work" / device / "run.log")
+            why = format_summaries(out["s"]) if ended and out and "s" in out else "run still going"
+            pytest.fail(f"no {n} rows for {device} within {timeout_s} s; {why}; "
+                        f"remote log tail: {log.read_text()[-600:] if log.is_file() else 'none'}")
         time.sleep(0.1)
 
 
@@ -110,13 +117,13 @@ def test_two_devices_survive_cut_connection_and_killed_run_then_rerun_adds_nothi
         cfg, ["dev-a", "dev-b"], descs, show_progress=False, **FAST)))
     worker.start()
     # device a: the network drops (every SSH connection killed, the server down for a while)
-    _wait_rows(cfg, "dev-a", 1)
+    _wait_rows(cfg, "dev-a", 1, worker=worker, out=out)
     assert len(_rows(cfg, "dev-a")) < 4, "the run finished before the fault could be injected"
     a.stop()
     time.sleep(1.5)
     a.start()
     # device b: the run itself dies (supervisor, runner and child killed, as in a crash)
-    _wait_rows(cfg, "dev-b", 1)
+    _wait_rows(cfg, "dev-b", 1, worker=worker, out=out)
     run_json = tmp_path / "remote work" / "dev-b" / "run.json"
     os.killpg(json.loads(run_json.read_text())["pid"], signal.SIGKILL)
     worker.join(timeout=180)
