@@ -197,3 +197,30 @@ def test_batched_predict_equals_one_by_one_and_capacity_basis(tx2):
     # fits and max_batch_size agree: every batch up to the max fits, the next one does not
     m = fp.max_batch_size(descs["resnet50_0"])
     assert [p["fits"] for p in fp.predict(descs["resnet50_0"], [m, m + 1])] == [True, False]
+
+
+def test_overlap_form_recovers_host_and_device_time(tmp_path):
+    """Steps whose time is the smooth maximum of a launch-bound host time and a work-bound device
+    time: the overlap fit recovers both sums (flat at small work, proportional at large), a never-seen
+    term keeps a zero coefficient, and the form survives a save/load round trip."""
+    from perf4sight.features.aggregate import FEATURE_NAMES
+    from perf4sight.fingerprint.storage import load_models, save_models
+    from perf4sight.fingerprint.trees import OVERLAP, OVERLAP_P, TargetModel
+    rng = np.random.default_rng(3)
+    F = np.zeros((200, len(FEATURE_NAMES)))
+    col = FEATURE_NAMES.index
+    F[:, col("lt_launches")] = rng.integers(200, 1200, 200)
+    F[:, col("lt_gemm_padded64_macs")] = 10 ** rng.uniform(8, 12, 200)
+    host = 15.0 + 0.1 * F[:, col("lt_launches")]
+    device = 2e-9 * F[:, col("lt_gemm_padded64_macs")]
+    y = (host ** OVERLAP_P + device ** OVERLAP_P) ** (1 / OVERLAP_P)
+    terms = ("one", "lt_launches", OVERLAP, "lt_gemm_padded64_macs", "lt_dw_bytes")
+    tm = TargetModel.fit("latency", F, y, correct=False, terms=terms)
+    np.testing.assert_allclose(tm.coef, [15.0, 0.1, 2e-9, 0.0], rtol=1e-3)
+    assert np.max(np.abs(tm.predict(F) / y - 1)) < 1e-4
+    linear = TargetModel.fit("latency", F, y, correct=False, terms=("one", "lt_launches", "lt_gemm_padded64_macs"))
+    assert np.mean(np.abs(linear.predict(F) / y - 1)) > 0.05  # a sum cannot follow the maximum
+    save_models(tmp_path, {"latency": tm}, {})
+    back, _ = load_models(tmp_path)
+    assert back["latency"].terms == terms
+    np.testing.assert_allclose(back["latency"].predict(F), tm.predict(F))

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from perf4sight.fingerprint.evaluate import CVResult, grouped_cv, metrics
-from perf4sight.fingerprint.trees import TargetModel
+from perf4sight.fingerprint.trees import OVERLAP, TargetModel
 
 __all__ = ["Candidate", "CANDIDATES", "select_candidate", "random_split_metrics", "group_conformal"]
 
@@ -31,6 +31,8 @@ class Candidate:
 
 _KERNEL_TERMS = ("one", "lt_gemm_padded_macs", "lt_dw_bytes", "lt_ew_bytes", "lt_launches", "batch_size")
 _KERNEL_TERMS_64 = ("one", "lt_gemm_padded64_macs", "lt_dw_bytes", "lt_ew_bytes", "lt_launches", "batch_size")
+#: host time (fixed + per-launch issue cost) overlapped with device time (GEMM work, bandwidth)
+_OVERLAP_TERMS_64 = ("one", "lt_launches", OVERLAP, "lt_gemm_padded64_macs", "lt_dw_bytes", "lt_ew_bytes")
 
 CANDIDATES: dict[str, tuple[Candidate, ...]] = {
     "memory": (Candidate("analytic x trees"), Candidate("analytic only", correct=False),
@@ -50,7 +52,9 @@ CANDIDATES: dict[str, tuple[Candidate, ...]] = {
                 Candidate("analytic x trees, leaf 3", leaf=3),
                 # kernel-level terms (features/latency_terms.py): tile-padded GEMM work, bandwidth, launches;
                 # always with the tree correction, so the fingerprint still reproduces its own training rows
-                Candidate("kernel terms x trees, leaf 3", _KERNEL_TERMS, leaf=3)),
+                Candidate("kernel terms x trees, leaf 3", _KERNEL_TERMS, leaf=3),
+                # host and device time overlap: a small step is launch-bound, a large one GEMM-bound
+                Candidate("host|device overlap (64-tiles) x trees, leaf 3", _OVERLAP_TERMS_64, leaf=3)),
 }
 
 
@@ -63,7 +67,7 @@ def _has_terms(F: np.ndarray, cand: Candidate) -> bool:
     """Whether every analytic term of ``cand`` is known on all rows of ``F`` (finite; a simulated
     feature is 0 where the network was not simulated)."""
     from perf4sight.features.aggregate import FEATURE_NAMES, SIM_FEATURES
-    terms = [t for t in (cand.terms or ()) if t != "one"]
+    terms = [t for t in (cand.terms or ()) if t not in ("one", OVERLAP)]
     sim = [FEATURE_NAMES.index(t) for t in terms if t in SIM_FEATURES]
     cols = [FEATURE_NAMES.index(t) for t in terms]
     return bool(np.isfinite(F[:, cols]).all() and (F[:, sim] > 0).all())

@@ -8,6 +8,13 @@ neither breaks on the next scikit-learn release nor runs code when loaded.
 :class:`TargetModel` predicts one target (latency in ms or memory in MiB) as
 ``analytic(x) * exp(trees(x))``: a non-negative linear model over physically meaningful
 terms (fitted with a relative-error loss) times a tree correction learnt on ``log(y / analytic)``.
+
+An analytic part may also be the *overlap* form, terms written ``host... | device...``: the host
+(Python and kernel-launch) time and the device (GPU kernel) time are two non-negative linear sums,
+and the step takes their smooth maximum ``(host^p + device^p)^(1/p)`` with ``p`` =
+:data:`OVERLAP_P`, because the host issues kernels while the device runs earlier ones: a step
+with little work per kernel is host-bound (its time flat in the batch size), a large one is
+device-bound. Fitted on log(predicted / measured) with non-negative coefficients.
 """
 from __future__ import annotations
 
@@ -20,7 +27,8 @@ from scipy.optimize import nnls
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import FEATURE_NAMES
 
-__all__ = ["TreeEnsemble", "TargetModel", "make_regressor", "LINEAR_TERMS", "TREE_FEATURES", "MODELS"]
+__all__ = ["TreeEnsemble", "TargetModel", "make_regressor", "LINEAR_TERMS", "TREE_FEATURES", "MODELS",
+           "OVERLAP", "OVERLAP_P"]
 
 MODELS = ("extra-trees", "gradient-boosting", "random-forest")
 
@@ -131,13 +139,42 @@ class TreeEnsemble:
                    init=float(meta["init"]), scale=float(meta["scale"]))
 
 
+#: Separator of the host and device sums in an overlap form's terms; the smooth maximum's exponent.
+OVERLAP, OVERLAP_P = "|", 3.0
+
+
 def _columns(names: tuple[str, ...]) -> list[int]:
     return [FEATURE_NAMES.index(n) for n in names]
 
 
 def _linear_design(F: np.ndarray, terms: tuple[str, ...]) -> np.ndarray:
-    cols = [np.ones(len(F)) if t == "one" else F[:, FEATURE_NAMES.index(t)] for t in terms]
+    cols = [np.ones(len(F)) if t == "one" else F[:, FEATURE_NAMES.index(t)] for t in terms if t != OVERLAP]
     return np.column_stack(cols)
+
+
+def _combine(A: np.ndarray, coef: np.ndarray, terms: tuple[str, ...]) -> np.ndarray:
+    """The analytic value of design rows ``A``: a linear sum, or the overlap form's smooth maximum."""
+    if OVERLAP not in terms:
+        return A @ coef
+    k = terms.index(OVERLAP)
+    host, device = A[:, :k] @ coef[:k], A[:, k:] @ coef[k:]
+    return (host ** OVERLAP_P + device ** OVERLAP_P) ** (1.0 / OVERLAP_P)
+
+
+def _fit_overlap(A: np.ndarray, y: np.ndarray, terms: tuple[str, ...]) -> np.ndarray:
+    """Non-negative coefficients of the overlap form minimising sum(log(predicted / y)^2).
+    A column that is zero on every training row (e.g. depthwise work when no training network has
+    any) keeps a zero coefficient, as in the linear fit."""
+    from scipy.optimize import least_squares
+    col_scale = np.abs(A).max(axis=0)
+    seen = col_scale > 0
+    scale = np.where(seen, col_scale, 1.0) / float(np.median(y))
+
+    def resid(u: np.ndarray) -> np.ndarray:
+        return np.log(np.maximum(_combine(A, np.where(seen, u, 0.0) / scale, terms), 1e-12) / y)
+
+    sol = least_squares(resid, np.full(A.shape[1], 0.3), bounds=(0.0, np.inf)).x
+    return np.where(seen, sol, 0.0) / scale
 
 
 def tree_inputs(F: np.ndarray) -> np.ndarray:
@@ -162,10 +199,13 @@ class TargetModel:
         ``terms`` overrides the analytic terms (default :data:`LINEAR_TERMS`[target])."""
         terms = tuple(terms) if terms else LINEAR_TERMS[target]
         A = _linear_design(F, terms)
-        col_scale = np.maximum(np.abs(A).max(axis=0), 1e-12)
-        # relative-error loss: minimise sum(((A c - y) / y)^2) with c >= 0
-        sol, _ = nnls((A / col_scale) / y[:, None], np.ones_like(y))
-        coef = sol / col_scale
+        if OVERLAP in terms:
+            coef = _fit_overlap(A, y, terms)
+        else:
+            col_scale = np.maximum(np.abs(A).max(axis=0), 1e-12)
+            # relative-error loss: minimise sum(((A c - y) / y)^2) with c >= 0
+            sol, _ = nnls((A / col_scale) / y[:, None], np.ones_like(y))
+            coef = sol / col_scale
         tm = cls(target, terms, coef, None)
         if correct:
             resid = np.log(y / np.maximum(tm.analytic(F), 1e-9))
@@ -175,8 +215,8 @@ class TargetModel:
         return tm
 
     def analytic(self, F: np.ndarray) -> np.ndarray:
-        """The linear part alone (same unit as the target)."""
-        return _linear_design(F, self.terms) @ self.coef
+        """The analytic part alone (same unit as the target)."""
+        return _combine(_linear_design(F, self.terms), self.coef, self.terms)
 
     def predict(self, F: np.ndarray) -> np.ndarray:
         """Predicted target (ms or MiB), shape (n,)."""
