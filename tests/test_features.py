@@ -161,3 +161,21 @@ def test_perf4sight_conv_set():
     assert m["depthwise_macs"] == 3 * 64 * 8 * 9
     assert m["fwd_wino_pointwise_flops"] > 0  # the dense 3x3 stride-1 layer qualifies for Winograd
     assert m["conv_weight_bytes"] == (8 * 4 * 9 + 8 * 9) * 4  # static: not scaled by the batch
+
+
+def test_view_of_the_input_counts_as_the_input_everywhere():
+    """A conv reading an ``identity`` of the input computes no input gradient, in the network features,
+    the kernel-level latency terms and the GNN node costs alike (one shared walk)."""
+    from perf4sight.features.latency_terms import kernel_table
+    from perf4sight.fingerprint.gnn_graph import NODE_FEATURES, graph_template
+
+    direct = _desc([Node("input", "input", [], {}, [4, 8, 8]), _conv("c", "input", 4, 8, 3, 1, 8),
+                               Node("f", "flatten", ["c"], {"start_dim": 1, "end_dim": -1}, [512])])
+    viewed = _desc([Node("input", "input", [], {}, [4, 8, 8]), Node("v", "identity", ["input"], {}, [4, 8, 8]),
+                               _conv("c", "v", 4, 8, 3, 1, 8),
+                               Node("f", "flatten", ["c"], {"start_dim": 1, "end_dim": -1}, [512])])
+    a, b = network_features(direct), network_features(viewed)
+    assert a.per_sample["flops_bwd"] == b.per_sample["flops_bwd"] > 0
+    assert len(kernel_table(direct).kind) == len(kernel_table(viewed).kind)
+    col = NODE_FEATURES.index("flops_bwd")
+    assert graph_template(direct).x[1, col] == graph_template(viewed).x[2, col]

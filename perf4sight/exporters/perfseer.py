@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from perf4sight.errors import UserError
-from perf4sight.features.formulas import BYTES_PER_ELEMENT, HANDLERS, numel
+from perf4sight.features.formulas import BYTES_PER_ELEMENT, numel
+from perf4sight.features.walk import walk
 from perf4sight.importers.perfseer import LABEL_FIELDS, OP_TO_ONNX
 from perf4sight.ir.schema import NetworkDescription
 
@@ -37,15 +38,15 @@ def description_to_graph(desc: NetworkDescription, batch_size: int) -> Any:
     import networkx as nx
     g = nx.DiGraph(name=desc.name, network=desc.network, pruning_level=desc.pruning_level,
                    input_shape=list(desc.input_shape), batch_size=int(batch_size), source="perf4sight")
-    shapes = {n.name: n.output_shape for n in desc.nodes}
     input_name = desc.nodes[0].name
     b = int(batch_size)
-    for node in desc.nodes[1:]:
-        if node.op not in OP_TO_ONNX:
+    for visit in walk(desc):
+        node, in_shapes, cost = visit.node, visit.in_shapes, visit.cost
+        if node.name == input_name:
+            continue
+        if node.op not in OP_TO_ONNX or cost is None:
             raise UserError(f"export: network '{desc.name}' node '{node.name}' has op '{node.op}' "
                             f"with no PerfSeer (ONNX) type")
-        in_shapes = [shapes[i] for i in node.inputs]
-        cost = HANDLERS[node.op](node, in_shapes, bool(node.inputs) and all(i == input_name for i in node.inputs))
         moved = cost.bytes_read + cost.bytes_written
         flops = cost.flops_fwd * b
         g.add_node(node.name, feature={

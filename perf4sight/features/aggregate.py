@@ -26,6 +26,7 @@ import numpy as np
 
 from perf4sight.features.formulas import BYTES_PER_ELEMENT, HANDLERS, OUTPUT, OpCost, numel
 from perf4sight.features.latency_terms import LATENCY_FEATURES, KernelTable, kernel_table, latency_columns
+from perf4sight.features.walk import consumer_counts, walk
 from perf4sight.ir.schema import NetworkDescription
 
 __all__ = ["NetworkFeatures", "network_features", "features_for", "feature_matrix", "unsupported_ops",
@@ -80,7 +81,7 @@ def network_features(desc: NetworkDescription) -> NetworkFeatures:
     """Walk the graph once and total every per-op cost (per sample)."""
     shapes: dict[str, list[int]] = {}
     base: dict[str, str] = {}  # view -> tensor whose storage it shares
-    consumers: dict[str, int] = {}
+    consumers = consumer_counts(desc)
     depth: dict[str, int] = {}
     ps = dict.fromkeys(SCALED_FEATURES, 0.0)
     st = dict.fromkeys(STATIC_FEATURES, 0.0)
@@ -91,21 +92,15 @@ def network_features(desc: NetworkDescription) -> NetworkFeatures:
     unsupported: list[str] = []
     input_name = desc.nodes[0].name
     conv_channels: list[int] = []
-    for node in desc.nodes:
-        in_shapes = [shapes[i] for i in node.inputs]
-        for i in node.inputs:
-            consumers[i] = consumers.get(i, 0) + 1
+    for visit in walk(desc):
+        node, cost = visit.node, visit.cost
         shapes[node.name] = node.output_shape
-        handler = HANDLERS.get(node.op)
+        base[node.name] = visit.base
         weighted = node.op in ("conv2d", "linear")
         depth[node.name] = max((depth[i] for i in node.inputs), default=0) + (1 if weighted else 0)
-        if handler is None:
+        if cost is None:
             unsupported.append(f"{node.name} ({node.op})")
-            base[node.name] = node.name
             continue
-        first = bool(node.inputs) and all(base.get(i, i) == input_name for i in node.inputs)
-        cost: OpCost = handler(node, in_shapes, first)
-        base[node.name] = base.get(node.inputs[0], node.inputs[0]) if cost.kind == "view" and node.inputs else node.name
         _accumulate(ps, st, cost, node.op)
         if cost.kind in ("dense", "depthwise", "grouped"):
             ps[f"{cost.kind}_macs"] += cost.macs

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from perf4sight.features.formulas import BYTES_PER_ELEMENT, numel
+from perf4sight.features.walk import consumer_counts, walk
 from perf4sight.ir.schema import NetworkDescription, Node
 
 __all__ = ["KernelTable", "kernel_table", "latency_columns", "LATENCY_FEATURES", "TILE", "GEMM", "DEPTHWISE",
@@ -147,17 +148,12 @@ _VIEWS = {"input", "identity", "reshape", "flatten", "squeeze", "unsqueeze", "se
 def kernel_table(desc: NetworkDescription) -> KernelTable:
     """Every kernel of one training step of ``desc`` (see the module docstring). Ops this module does
     not know are costed as one generic bandwidth-bound kernel over their input and output."""
-    shapes: dict[str, list[int]] = {}
-    consumers: dict[str, int] = {}
+    shapes = {n.name: n.output_shape for n in desc.nodes}
     r = _Rows()
     params = 0
     input_name = desc.nodes[0].name
-    for node in desc.nodes:
-        ins = [shapes[i] for i in node.inputs]
-        shapes[node.name] = node.output_shape
-        for i in node.inputs:
-            consumers[i] = consumers.get(i, 0) + 1
-        first = bool(node.inputs) and all(i == input_name for i in node.inputs)
+    for visit in walk(desc):
+        node, ins, first = visit.node, visit.in_shapes, visit.first
         op = node.op
         if op in _VIEWS:
             continue
@@ -180,7 +176,7 @@ def kernel_table(desc: NetworkDescription) -> KernelTable:
             _elementwise(r, node, ins, 1.0, 3.0, 2)
         else:  # activations, average pooling, mean, mul, ...
             _elementwise(r, node, ins, 1.0, 3.0, 1)
-    for name, k in consumers.items():  # k gradients into one tensor: k-1 accumulation adds
+    for name, k in consumer_counts(desc).items():  # k gradients into one tensor: k-1 accumulation adds
         if k > 1 and name != input_name:
             for _ in range(k - 1):
                 r.other(BANDWIDTH, float(numel(shapes[name])), 3.0 * numel(shapes[name]) * BYTES_PER_ELEMENT)

@@ -23,7 +23,8 @@ import numpy as np
 
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, feature_matrix, network_features
-from perf4sight.features.formulas import BYTES_PER_ELEMENT, HANDLERS, OUTPUT, numel
+from perf4sight.features.formulas import BYTES_PER_ELEMENT, OUTPUT, numel
+from perf4sight.features.walk import walk
 from perf4sight.ir.schema import OPS, NetworkDescription
 
 __all__ = ["OP_VOCAB", "NODE_FEATURES", "EDGE_FEATURES", "GLOBAL_FEATURES", "GraphTemplate",
@@ -83,15 +84,14 @@ def graph_template(desc: NetworkDescription) -> GraphTemplate:
         raise UserError(f"gnn: network '{desc.name}' has ops without a cost formula: {', '.join(nf.unsupported)}")
     index = {n.name: i for i, n in enumerate(desc.nodes)}
     shapes = {n.name: n.output_shape for n in desc.nodes}
-    first_name = desc.nodes[0].name
     onehot = {op: i for i, op in enumerate(OP_VOCAB)}
     rows: list[list[float]] = []
     src: list[int] = []
     dst: list[int] = []
     eattr: list[list[float]] = []
-    for node in desc.nodes:
-        in_shapes = [shapes[i] for i in node.inputs]
-        cost = HANDLERS[node.op](node, in_shapes, bool(node.inputs) and all(i == first_name for i in node.inputs))
+    for visit in walk(desc):
+        node, in_shapes, cost = visit.node, visit.in_shapes, visit.cost
+        assert cost is not None  # network_features above rejected ops without a formula
         saved = sum(numel(shapes[node.name] if p == OUTPUT else in_shapes[p]) for p in cost.saved) * BYTES_PER_ELEMENT
         oh = [0.0] * len(OP_VOCAB)
         oh[onehot[node.op]] = 1.0
