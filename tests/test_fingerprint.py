@@ -143,10 +143,11 @@ def test_metadata_has_selection_random_split_and_interval(tx2):
         lo, hi = meta["interval"]["log_ratio_quantiles"][target]
         assert lo < 0 < hi
         assert meta["linear_terms"][target][0] == "one"
+        assert 50 < acc["interval_coverage_held_out"] <= 100  # 4 families: each checked against the others' band
     lines = accuracy_lines(meta)
     assert any("random 5-fold split" in line for line in lines)
     assert any("model chosen by grouped CV" in line for line in lines)
-    assert any("90% interval" in line for line in lines)
+    assert any("90% interval" in line and "held-out group" in line for line in lines)
 
 
 def test_group_conformal_covers_every_group():
@@ -224,3 +225,14 @@ def test_overlap_form_recovers_host_and_device_time(tmp_path):
     back, _ = load_models(tmp_path)
     assert back["latency"].terms == terms
     np.testing.assert_allclose(back["latency"].predict(F), tm.predict(F))
+
+
+def test_held_out_coverage_sees_a_family_outside_the_others_band():
+    from perf4sight.fingerprint.select import held_out_coverage
+    rng = np.random.default_rng(4)
+    near = [rng.normal(0, 0.05, 40) for _ in range(3)]
+    assert held_out_coverage(np.concatenate(near), np.repeat(["a", "b", "c"], 40), 0.9) > 85
+    off = np.concatenate(near + [rng.normal(1.0, 0.05, 40)])  # a fourth family predicted e times too low
+    cov = held_out_coverage(off, np.repeat(["a", "b", "c", "d"], 40), 0.9)
+    assert cov < 80  # its rows fall outside the band the other three make
+    assert held_out_coverage(off[:80], np.repeat(["a", "b"], 40), 0.9) is None

@@ -24,7 +24,8 @@ import numpy as np
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, feature_matrix, network_features
 from perf4sight.fingerprint.evaluate import choose_groups
-from perf4sight.fingerprint.select import describe_choice, group_conformal, random_split_metrics, select_candidate
+from perf4sight.fingerprint.select import (describe_choice, group_conformal, held_out_coverage, random_split_metrics,
+                                           select_candidate)
 from perf4sight.fingerprint.storage import save_models
 from perf4sight.fingerprint.trees import MODELS, TREE_FEATURES, TargetModel
 from perf4sight.ir.schema import NetworkDescription
@@ -155,6 +156,8 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         accuracy[target] = {"column": col, "grouping": grouping, "overall": cv.overall, "per_group": cv.per_group,
                             "random_split": random_split_metrics(target, cand, F, y, model, n_est, lf, seed),
                             "selection": describe_choice(cand, scores),
+                            "interval_coverage_held_out": held_out_coverage(np.log(y / cv.predictions), groups,
+                                                                            coverage),
                             "note": "" if grouping == "family" else "only one network family: folds hold out one network variant"}
         counts[target] = len(rs)
     oom_rows = [r for r in usable if r.get("status") == "oom"]

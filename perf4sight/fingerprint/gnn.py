@@ -10,8 +10,9 @@ it cut the GNN's error from 40 % / 28 % MAPE (latency / memory, outright log tar
 trees' harness (:func:`perf4sight.fingerprint.evaluate.grouped_cv`, leave-one-family-out, or
 leave-one-network-out with a single family); the same folds give out-of-fold predictions of the
 trees, so the geometric-mean ensemble is measured too and the JSON records which of the three
-measured best per target. Prediction intervals: pooled empirical quantiles of out-of-fold
-``log(measured/predicted)`` (not the trees' group-conformal band; none with fewer than 5 rows).
+measured best per target. Prediction intervals: the trees' group-conformal band on out-of-fold
+``log(measured/predicted)`` (:func:`perf4sight.fingerprint.select.group_conformal`), with its coverage
+on each held-out group measured from the other groups' band (``interval_coverage_held_out``).
 
 Files in ``<fingerprint_dir>/<device>/`` (beside the trees' ``metadata.json`` / ``models.npz``)::
 
@@ -40,7 +41,7 @@ from perf4sight.fingerprint.gnn_graph import (EDGE_FEATURES, GLOBAL_FEATURES, NO
                                               GraphTemplate, global_features, graph_template)
 from perf4sight.fingerprint.gnn_model import GNNModel
 from perf4sight.fingerprint.predict import ModuleQueries, batch_list, prediction_rows
-from perf4sight.fingerprint.select import select_candidate
+from perf4sight.fingerprint.select import group_conformal, held_out_coverage, select_candidate
 from perf4sight.fingerprint.gnn_train import Normaliser, TrainSettings, make_data, predict_log, train_model
 from perf4sight.ir.schema import NetworkDescription
 
@@ -59,14 +60,6 @@ def _num(v: Any) -> float:
     except (TypeError, ValueError):
         return float("nan")
     return x if np.isfinite(x) and x > 0 else float("nan")
-
-
-def _interval(log_resid: np.ndarray, coverage: float) -> list[float]:
-    r = log_resid[np.isfinite(log_resid)]
-    if r.size < 5:
-        return [0.0, 0.0]
-    a = (1 - coverage) / 2
-    return [float(min(0.0, np.quantile(r, a))), float(max(0.0, np.quantile(r, 1 - a)))]
 
 
 class _Samples:
@@ -193,8 +186,10 @@ def _evaluate(s: _Samples, st: TrainSettings, trees_cfg: Any, coverage: float, b
         finite = {k: v for k, v in mapes.items() if np.isfinite(v)}
         entry["best"] = min(finite, key=finite.get) if finite else None
         acc[target] = entry
-        intervals["gnn"][target] = _interval(np.log(y / cv_g.predictions), coverage)
-        intervals["ensemble"][target] = _interval(np.log(y / ens), coverage)
+        for kind, pred in (("gnn", cv_g.predictions), ("trees", cv_t.predictions), ("ensemble", ens)):
+            if kind in intervals:  # the trees' own band lives in their fingerprint
+                intervals[kind][target] = group_conformal(np.log(y / pred), groups, coverage)
+            entry[kind]["interval_coverage_held_out"] = held_out_coverage(np.log(y / pred), groups, coverage)
     return {"accuracy": acc, "intervals": intervals}
 
 
@@ -247,7 +242,7 @@ def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
         "input_shape": list(max(set(shapes), key=shapes.count)),
         "accuracy": ev["accuracy"],
         "interval": {"coverage": coverage, "log_ratio_quantiles": ev["intervals"],
-                     "method": "empirical quantiles of out-of-fold log(measured/predicted)" if evaluate
+                     "method": "group-conformal on out-of-fold log(measured/predicted)" if evaluate
                      else "none (fitted without evaluation): low = high = prediction"},
         "capacity_mb": capacity, "capacity_source": cap_src,
         "files": [GNN_JSON, GNN_WEIGHTS],
@@ -361,6 +356,8 @@ def gnn_accuracy_lines(metadata: dict[str, Any]) -> list[str]:
             vals = [(e[k]["overall"] if g == "all" else e[k]["per_group"].get(g, {})).get("mape", float("nan"))
                     for k in PREDICTORS]
             lines.append(f"  {g:<24}" + "".join(f"{v:>10.1f}" for v in vals))
+        cov = [e.get(k, {}).get("interval_coverage_held_out") for k in PREDICTORS]
+        lines.append(f"  {'90% band, held-out cov.':<24}" + "".join(f"{'–' if v is None else f'{v:.1f}':>10}" for v in cov))
     return lines
 
 

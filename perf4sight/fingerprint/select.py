@@ -16,7 +16,8 @@ import numpy as np
 from perf4sight.fingerprint.evaluate import CVResult, grouped_cv, metrics
 from perf4sight.fingerprint.trees import OVERLAP, TargetModel
 
-__all__ = ["Candidate", "CANDIDATES", "select_candidate", "random_split_metrics", "group_conformal"]
+__all__ = ["Candidate", "CANDIDATES", "select_candidate", "random_split_metrics", "group_conformal",
+           "held_out_coverage"]
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,23 @@ def group_conformal(log_ratio: np.ndarray, groups: np.ndarray, coverage: float) 
     if n_groups < round(coverage / (1 - coverage), 6):  # round: 0.9 / 0.1 is 9.000000000000002 in floats
         lo, hi = min(lo, -hi), max(hi, -lo)
     return [min(0.0, lo * widen), max(0.0, hi * widen)]
+
+
+def held_out_coverage(log_ratio: np.ndarray, groups: np.ndarray, coverage: float) -> float | None:
+    """Percent of each group's out-of-fold residuals inside the band :func:`group_conformal` makes from
+    the *other* groups' residuals, pooled over rows: the interval's coverage on a family it never saw.
+    None with fewer than 3 groups (a band from one group says little)."""
+    ok = np.isfinite(log_ratio)
+    r, g = log_ratio[ok], groups[ok]
+    labels = sorted(set(g.tolist()))
+    if len(labels) < 3:
+        return None
+    inside = 0
+    for lab in labels:
+        lo, hi = group_conformal(r[g != lab], g[g != lab], coverage)
+        rg = r[g == lab]
+        inside += int(np.sum((rg >= lo) & (rg <= hi)))
+    return 100.0 * inside / len(r)
 
 
 def describe_choice(cand: Candidate, scores: dict[str, float]) -> dict[str, Any]:
