@@ -127,12 +127,13 @@ def _oom_checks(fp: Any, test_rows: list[dict], descs: dict) -> tuple[int, int, 
 
 
 def evaluate(device: str, rows: list[dict], descs: dict, trees: int = 200, baseline_trees: int = 300,
-             label: str = "", simulate_memory: bool = True) -> dict[str, Any]:
-    """Leave-one-family-out evaluation of the pipeline and the perf4sight-conv baseline (see module doc)."""
+             label: str = "", simulate_memory: bool = True, held_out: list[str] | None = None) -> dict[str, Any]:
+    """Leave-one-family-out evaluation of the pipeline and the perf4sight-conv baseline (see module doc);
+    ``held_out``: the families to hold out in turn (default all; the others always stay in training)."""
     rows = [r for r in rows if r["network"] in descs and r.get("status") in ("ok", "oom")]
     mem_col = memory_column(rows)
     cols = {"memory": mem_col, "latency": LATENCY_COLUMN}
-    fams = sorted({r["family"] for r in rows})
+    fams = sorted(held_out or {r["family"] for r in rows})
     fcfg = replace(FingerprintConfig(), n_estimators=trees, simulate_memory=simulate_memory)
     res: dict[str, Any] = {"device": device, "label": label, "families": fams, "columns": cols,
                            "ours": {t: {} for t in cols}, "conv": {}, "coverage": {t: {} for t in cols},

@@ -1,0 +1,105 @@
+"""Fingerprint accuracy on this machine's CPU with more network families than the default config.
+
+The default config profiles three torchvision families, so holding one out leaves two to learn
+from. This bench makes a wider CPU dataset with the tool's own stages, in a temporary folder:
+
+- networks: six torchvision families (resnet18, mobilenet_v2, squeezenet1_0, mnasnet1_0,
+  shufflenet_v2_x1_0, googlenet) unpruned and at 50% pruning, plus ``--generated`` networks from
+  the multi-style generator (each its own family), at 3x64x64;
+- profile: the ``cpu`` backend, 1 thread, batch sizes 2, 8 and 32, a fresh process per measurement;
+
+then holds out each torchvision family in turn (the generated networks always stay in training)
+with ``bench_fingerprint.evaluate``: the whole fit redone without the held-out family, against the
+perf4sight-conv baseline on the same folds. Takes about 10 minutes on 2 cores.
+
+    .venv/bin/python bench/bench_cpu_families.py [--generated 12] [--trees 100]
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_fingerprint import evaluate, figures, load_csv, table  # noqa: E402
+
+ZOO = ("resnet18", "mobilenet_v2", "squeezenet1_0", "mnasnet1_0", "shufflenet_v2_x1_0", "googlenet")
+
+CONFIG = """
+[project]
+models_dir = "models"
+profiling_dir = "profiling_csvs"
+fingerprint_dir = "fingerprinting"
+reports_dir = "reports"
+seed = 0
+
+[networks]
+zoo = {zoo}
+input_shape = [3, 64, 64]
+num_classes = 1000
+
+[networks.pruning]
+strategy = "l1-norm"
+levels = [0, 50]
+min_channels = 4
+
+[networks.generator]
+count = {generated}
+seed = 1
+min_mflops = 20
+max_mflops = 600
+max_params = 30000000
+
+[profile]
+batch_sizes = [2, 8, 32]
+warmup_steps = 2
+timed_steps = 5
+timeout_s = 300
+
+[devices.cpu-families]
+backend = "cpu"
+memory_limit_mb = 0
+threads = 1
+"""
+
+
+def _stage(config: Path, stage: str) -> None:
+    cmd = [sys.executable, str(ROOT / "main.py"), "--config", str(config), "--stage", stage]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"bench_cpu_families: --stage {stage} failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
+
+
+def run(generated: int = 12, trees: int = 100) -> list[dict]:
+    """Make, profile and evaluate the dataset (see module doc); rows for bench/run_all.py."""
+    with tempfile.TemporaryDirectory(prefix="p4s-cpu-families-") as tmp:
+        config = Path(tmp) / "config.toml"
+        config.write_text(CONFIG.format(zoo="[" + ", ".join(f'"{z}"' for z in ZOO) + "]", generated=generated))
+        for stage in ("networks", "profile"):
+            _stage(config, stage)
+            print(f"  {stage} stage done", flush=True)
+        device, rows, descs = load_csv(Path(tmp) / "profiling_csvs" / "cpu-families" / "measurements.csv",
+                                       Path(tmp) / "models")
+        n_fams = len({r["family"] for r in rows})
+        res = evaluate(device, rows, descs, trees=trees, held_out=list(ZOO),
+                       label=f"cpu, {len(descs)} networks in {n_fams} families ({generated} generated), "
+                             f"{len(rows)} rows; torchvision families held out")
+    print("\n".join(table(res)), flush=True)
+    return figures(res)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--generated", type=int, default=12)
+    ap.add_argument("--trees", type=int, default=100)
+    args = ap.parse_args()
+    run(args.generated, args.trees)
+
+
+if __name__ == "__main__":
+    main()
