@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from perf4sight.features.aggregate import FEATURE_NAMES, SIM_FEATURES, feature_matrix, network_features
-from perf4sight.features.alloc_trace import attach_simulation, ensure_simulation, record_events, simulate
+from perf4sight.features.alloc_trace import (attach_simulation, ensure_simulation, record_events, record_runs,
+                                             simulate)
 from perf4sight.features.allocator import ALLOC, FREE, STEP, AllocTrace, CachingAllocator, round_size, segment_size
 from perf4sight.ir.schema import NetworkDescription, Node
 
@@ -98,3 +99,15 @@ def test_features_carry_simulation():
     assert nf.sim is not None
     F = feature_matrix(attach_simulation(nf, desc), [4, 64])
     assert (F[:, cols] > 0).all() and F[1, cols[1]] > F[0, cols[1]]
+
+
+@pytest.mark.parametrize("zoo", ["resnet18", "mobilenet_v2", "squeezenet1_0", "shufflenet_v2_x1_0"])
+def test_shape_only_kernels_leave_the_events_unchanged(zoo):
+    """The trace's stand-ins for slow meta kernels (batch norm, clamps, elementwise ops) record exactly
+    the events of the full meta kernels: same ops, same order, same bytes."""
+    from perf4sight.networks.zoo import describe_zoo
+    desc = describe_zoo(zoo, [3, 32, 32], num_classes=10)
+    fast, full = record_events(desc, 3, fast=True), record_events(desc, 3, fast=False)
+    assert len(fast) > 100 and fast == full
+    # one model built once and run at two batch sizes: each run as if on a fresh model
+    assert record_runs(desc, (3, 5)) == [fast, record_events(desc, 5, fast=False)]
