@@ -40,7 +40,7 @@ def _cv(xs: list[float]) -> float:
     return 100.0 * float(np.std(xs) / np.mean(xs))
 
 
-def measure(repeats: int) -> dict[tuple[str, int], list[dict[str, Any]]]:
+def measure(repeats: int, min_timed_s: float = 0.0) -> dict[tuple[str, int], list[dict[str, Any]]]:
     """Results of ``repeats`` fresh-process measurements per configuration, round-robin."""
     from perf4sight.networks.zoo import describe_zoo
 
@@ -52,7 +52,7 @@ def measure(repeats: int) -> dict[tuple[str, int], list[dict[str, Any]]]:
             save_description(describe_zoo(name, INPUT_SHAPE), folder / f"{name}.json")
             files.append(f"{name}.json")
         plan = TestPlan(device="noise", networks=files, batch_sizes=list(BATCH_SIZES), threads=1,
-                        warmup_steps=2, timed_steps=5, output="m.csv")
+                        warmup_steps=2, timed_steps=5, min_timed_s=min_timed_s, output="m.csv")
         plan_path = save_plan(plan, folder / "plan.json")
         backend = get_backend(plan)
         for rep in range(repeats):
@@ -66,10 +66,11 @@ def measure(repeats: int) -> dict[tuple[str, int], list[dict[str, Any]]]:
     return out
 
 
-def run(repeats: int = 5) -> list[dict]:
+def run(repeats: int = 5, min_timed_s: float = 0.0) -> list[dict]:
     """Print the spread table; return rows for bench/run_all.py."""
-    res = measure(repeats)
-    print(f"\nrepeat noise on this machine: {repeats} fresh-process measurements per configuration (round-robin)")
+    res = measure(repeats, min_timed_s)
+    print(f"\nrepeat noise on this machine: {repeats} fresh-process measurements per configuration (round-robin), "
+          f"5 timed steps" + (f" and at least {min_timed_s:g} s of them" if min_timed_s else ""))
     print(f"{'network':14s} {'batch':>5s} {'step ms (mean)':>15s} {'CV %':>6s} {'max/min-1 %':>12s} "
           f"{'RSS CV %':>9s} {'in-run CV %':>12s}")
     lat_cv, lat_span, mem_cv, within = [], [], [], []
@@ -98,7 +99,9 @@ def run(repeats: int = 5) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
-    run(ap.parse_args().repeats)
+    ap.add_argument("--min-timed-s", type=float, default=0.0, help="the profile's [profile] min_timed_s")
+    args = ap.parse_args()
+    run(args.repeats, args.min_timed_s)
 
 
 if __name__ == "__main__":

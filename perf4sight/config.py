@@ -72,6 +72,7 @@ class ProfileConfig:
     batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
     warmup_steps: int = 2
     timed_steps: int = 5
+    min_timed_s: float = 0.0  # keep timing steps until they add up to this many seconds
     timeout_s: float = 600.0
     devices: list[str] = field(default_factory=list)  # empty = every device
     learning_rate: float = 0.01
@@ -232,6 +233,8 @@ def _check(cfg: Config) -> None:
         raise UserError(f"{f}: [profile] batch_sizes must be positive integers in ascending order, got {bs}")
     if cfg.profile.timed_steps < 1 or cfg.profile.warmup_steps < 0:
         raise UserError(f"{f}: [profile] timed_steps must be >= 1 and warmup_steps >= 0")
+    if not 0 <= cfg.profile.min_timed_s < cfg.profile.timeout_s:
+        raise UserError(f"{f}: [profile] min_timed_s must lie in [0, timeout_s), got {cfg.profile.min_timed_s}")
     fp = cfg.fingerprint
     if fp.predictor not in PREDICTORS:
         raise UserError(f"{f}: [fingerprint] predictor '{fp.predictor}' is not one of {', '.join(PREDICTORS)}")

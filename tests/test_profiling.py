@@ -181,7 +181,8 @@ def test_plan_round_trip_and_errors(tmp_path):
     assert load_plan(path) == plan
     bad = tmp_path / "bad.json"
     for raw, needle in [({"device": "d", "batch_sizes": [4, 2]}, "ascending"), ({"device": "d", "batch": [1]}, "unknown"),
-                        ({"device": "d", "timeout_s": "1"}, "wrong type"), ({"batch_sizes": [1]}, "device")]:
+                        ({"device": "d", "timeout_s": "1"}, "wrong type"), ({"batch_sizes": [1]}, "device"),
+                        ({"device": "d", "min_timed_s": -1}, "min_timed_s")]:
         bad.write_text(json.dumps(raw))
         with pytest.raises(UserError, match=needle):
             load_plan(bad)
@@ -211,3 +212,18 @@ def test_latency_stats_and_oom_mapping():
     assert backend.is_oom(MemoryError())
     assert backend.is_oom(RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory"))
     assert not backend.is_oom(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+
+
+def test_min_timed_s_keeps_timing_until_the_budget_is_spent():
+    import time as _time
+    backend = get_backend(TestPlan(device="d"))
+    calls = []
+
+    def step():
+        calls.append(1)
+        _time.sleep(0.004)
+
+    row = backend.measure(step, warmup_steps=1, timed_steps=2, min_timed_s=0.06)
+    assert row["timed_steps"] == len(calls) - 1 > 2              # more than the 2 asked for
+    assert row["latency_ms_mean"] * row["timed_steps"] >= 60      # until the timed steps add up to 60 ms
+    assert backend.measure(step, 0, 3)["timed_steps"] == 3        # no budget: exactly timed_steps

@@ -206,13 +206,14 @@ def _shape_only_kernels() -> dict[Any, Any]:
     return {aten.native_batch_norm.default: bn_forward, aten.native_batch_norm_backward.default: bn_backward,
             aten.clamp_.default: in_place, aten.add_.Tensor: in_place, aten.mul_.Tensor: in_place,
             aten.add.Tensor: same_shape(), aten.mul.Tensor: same_shape(), aten.bitwise_and.Tensor: same_shape(),
-            aten.threshold_backward.default: same_shape(),
+            aten.threshold_backward.default: same_shape(), aten.hardtanh_backward.default: same_shape(),
             aten.gt.Scalar: same_shape(torch.bool), aten.lt.Scalar: same_shape(torch.bool)}
 
 
 def _inplace_activations(model: Any) -> None:
-    """ReLU in place; ReLU6 in place with a backward that reads the *result*, as in PyTorch 1.x
-    (today's ``hardtanh_`` saves a clone of its input instead, which the TX2 runs did not pay)."""
+    """ReLU in place; ReLU6 in place with a backward that reads the *result* (one ``hardtanh_backward``
+    kernel, one output), as in PyTorch 1.x (today's ``hardtanh_`` saves a clone of its input instead,
+    which the TX2 runs did not pay)."""
     import torch
     from torch import nn
 
@@ -227,7 +228,7 @@ def _inplace_activations(model: Any) -> None:
         @staticmethod
         def backward(ctx, grad):  # noqa: ANN001, ANN205
             (res,) = ctx.saved_tensors
-            return torch.where((res > 0) & (res < 6), grad, torch.zeros((), device=grad.device))
+            return torch.ops.aten.hardtanh_backward(grad, res, 0.0, 6.0)
 
     class _ReLU6Inplace(nn.Module):
         def forward(self, x):  # noqa: ANN001, ANN202

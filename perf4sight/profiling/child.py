@@ -69,7 +69,7 @@ def measure(plan_path: str | Path, network_index: int, batch_size: int) -> dict[
             optimizer.step()
 
         result["stage"] = "step"
-        result.update(backend.measure(step, plan.warmup_steps, plan.timed_steps))
+        result.update(backend.measure(step, plan.warmup_steps, plan.timed_steps, plan.min_timed_s))
         result["status"] = "ok"
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a row, the sweep goes on
         if isinstance(exc, KeyboardInterrupt):

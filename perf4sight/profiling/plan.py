@@ -49,6 +49,7 @@ class TestPlan:
     batch_sizes: list[int] = field(default_factory=lambda: [1])
     warmup_steps: int = 2
     timed_steps: int = 5
+    min_timed_s: float = 0.0
     timeout_s: float = 600.0
     memory_limit_mb: int = 0
     threads: int = 0
@@ -80,6 +81,8 @@ class TestPlan:
             raise UserError(f"{where}: 'timed_steps' must be >= 1 and 'warmup_steps' >= 0")
         if self.timeout_s <= 0:
             raise UserError(f"{where}: 'timeout_s' must be > 0, got {self.timeout_s}")
+        if not 0 <= self.min_timed_s < self.timeout_s:
+            raise UserError(f"{where}: 'min_timed_s' must lie in [0, timeout_s), got {self.min_timed_s}")
         if self.memory_limit_mb < 0 or self.threads < 0 or self.gpu_index < 0:
             raise UserError(f"{where}: 'memory_limit_mb', 'threads' and 'gpu_index' must be >= 0")
         if self.input_shape is not None and (len(self.input_shape) != 3 or any(s < 1 for s in self.input_shape)):
@@ -95,7 +98,7 @@ class TestPlan:
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "device": (str,), "backend": (str,), "networks": (list,), "batch_sizes": (list,),
-    "warmup_steps": (int,), "timed_steps": (int,), "timeout_s": (int, float), "memory_limit_mb": (int,),
+    "warmup_steps": (int,), "timed_steps": (int,), "min_timed_s": (int, float), "timeout_s": (int, float), "memory_limit_mb": (int,),
     "threads": (int,), "gpu_index": (int,), "learning_rate": (int, float), "momentum": (int, float),
     "input_shape": (list, type(None)), "num_classes": (int, type(None)), "output": (str,),
     "poll_interval_s": (int, float), "version": (int,),

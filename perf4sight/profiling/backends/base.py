@@ -30,7 +30,10 @@ from perf4sight.profiling.procfs import status_mb
 if TYPE_CHECKING:  # torch is imported lazily: the runner side must not load it
     import torch
 
-__all__ = ["Backend", "BACKENDS", "get_backend", "latency_stats"]
+__all__ = ["Backend", "BACKENDS", "get_backend", "latency_stats", "MAX_TIMED_STEPS"]
+
+#: Upper bound on the timed steps of one measurement when ``min_timed_s`` asks for more.
+MAX_TIMED_STEPS = 1000
 
 #: backend name -> "module:Class"; the module is imported only when the backend is used.
 BACKENDS: dict[str, str] = {
@@ -133,13 +136,18 @@ class Backend:
         """Device-specific memory columns read after the timed steps (GPU: allocator peaks)."""
         return {}
 
-    def measure(self, step: Callable[[], None], warmup_steps: int, timed_steps: int) -> dict[str, Any]:
-        """Warm up, time ``timed_steps`` steps one by one; latency columns plus :meth:`memory_columns`."""
+    def measure(self, step: Callable[[], None], warmup_steps: int, timed_steps: int,
+                min_timed_s: float = 0.0) -> dict[str, Any]:
+        """Warm up, then time steps one by one: at least ``timed_steps``, and more until the timed steps add
+        up to ``min_timed_s`` seconds (at most :data:`MAX_TIMED_STEPS`); latency columns plus
+        :meth:`memory_columns`."""
         self.reset_peaks()
         for _ in range(warmup_steps):
             step()
         self.synchronize()
         times = [self.time_step(step) for _ in range(timed_steps)]
+        while sum(times) < 1e3 * min_timed_s and len(times) < MAX_TIMED_STEPS:
+            times.append(self.time_step(step))
         row = latency_stats(times)
         row.update(warmup_steps=warmup_steps, protocol=self.protocol)
         row.update(self.memory_columns())

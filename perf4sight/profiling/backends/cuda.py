@@ -73,11 +73,12 @@ class CudaBackend(Backend):
         """Device-wide readings for the sampler (memory in MiB, utilisation in %, power in W)."""
         return {}
 
-    def measure(self, step: Callable[[], None], warmup_steps: int, timed_steps: int) -> dict[str, Any]:
+    def measure(self, step: Callable[[], None], warmup_steps: int, timed_steps: int,
+                min_timed_s: float = 0.0) -> dict[str, Any]:
         """Base measurement (events, allocator peaks) plus :meth:`sampled_columns` of the readings."""
         self.sampler = Sampler(self.read_device, self.sample_interval_s).start()
         try:
-            row = super().measure(step, warmup_steps, timed_steps)
+            row = super().measure(step, warmup_steps, timed_steps, min_timed_s)
         finally:
             self.sampler.stop()
         row.update(self.sampled_columns(self.sampler))
