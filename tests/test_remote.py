@@ -278,3 +278,29 @@ def test_shipped_code_needs_only_torch(tmp_path):
     done = subprocess.run([sys.executable, "-c", blocker], capture_output=True, text=True, cwd=tmp_path,
                           env={"PYTHONPATH": str(tmp_path), "PATH": os.environ.get("PATH", "")})
     assert done.stdout.strip() == "ok", done.stderr[-500:]
+
+
+def test_makedirs_accepts_a_folder_another_client_made_meanwhile(servers, tmp_path):
+    """Two devices on one host share a workdir: one's mkdir can lose the race to the other's. The real
+    SFTP server answers that mkdir with a bare "Failure"; makedirs must take the folder as made."""
+    a, _ = servers
+    cfg = _config(tmp_path, {"d": _device(a, tmp_path)})
+    target = tmp_path / "shared work" / "dev-x"
+    with Remote(cfg.device("d"), Path(cfg.device("d").known_hosts)) as r:
+        (tmp_path / "shared work").mkdir()  # made by "the other client" after our check
+        real_stat, seen = r.sftp.stat, []
+        shared = str(tmp_path / "shared work")
+
+        def stat_missing_once(path):
+            if path == shared and path not in seen:
+                seen.append(path)
+                raise FileNotFoundError(path)  # what our check saw just before the other client's mkdir
+            return real_stat(path)
+
+        r.sftp.stat = stat_missing_once
+        r.makedirs(str(target))
+        assert seen == [shared] and target.is_dir()
+        assert r.is_dir(str(target)) and not r.is_dir(str(tmp_path / "nope"))
+        (tmp_path / "file.txt").write_text("x")
+        with pytest.raises(OSError):  # a real failure still fails
+            r.makedirs(str(tmp_path / "file.txt" / "sub"))

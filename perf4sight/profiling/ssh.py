@@ -18,6 +18,7 @@ import io
 import os
 import shlex
 import socket
+import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -254,7 +255,8 @@ class Remote:
         return path if path.startswith("/") else str(PurePosixPath(self.home()) / path)
 
     def makedirs(self, path: str) -> None:
-        """``mkdir -p`` over SFTP."""
+        """``mkdir -p`` over SFTP; a folder another client creates between our check and our mkdir (two
+        devices on one host sharing a workdir) is fine."""
         parts = PurePosixPath(path).parts
         cur = PurePosixPath(parts[0])
         for part in parts[1:]:
@@ -262,7 +264,18 @@ class Remote:
             try:
                 self.sftp.stat(str(cur))
             except FileNotFoundError:
-                self.sftp.mkdir(str(cur))
+                try:
+                    self.sftp.mkdir(str(cur))
+                except OSError as exc:  # SFTP answers a generic "Failure" when it exists by now
+                    if not self.is_dir(str(cur)):
+                        raise exc
+
+    def is_dir(self, path: str) -> bool:
+        """Whether ``path`` is a folder on the device."""
+        try:
+            return stat.S_ISDIR(self.sftp.stat(path).st_mode or 0)
+        except FileNotFoundError:
+            return False
 
     def put_bytes(self, data: bytes, path: str) -> None:
         """Write a remote file atomically (temporary file, then rename over the target)."""
