@@ -152,12 +152,12 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         cand, cv, scores = select_candidate(target, F, y, groups, grouping, model, n_est, leaf, seed)
         lf = cand.leaf if cand.leaf is not None else leaf
         models[target] = TargetModel.fit(target, F, y, model, n_est, lf, seed, cand.correct, cand.terms)
-        intervals[target] = group_conformal(np.log(y / cv.predictions), groups, coverage)
+        log_ratio = np.log(y / cv.predictions)  # out-of-fold residuals: the band and its held-out check
+        intervals[target] = group_conformal(log_ratio, groups, coverage)
         accuracy[target] = {"column": col, "grouping": grouping, "overall": cv.overall, "per_group": cv.per_group,
                             "random_split": random_split_metrics(target, cand, F, y, model, n_est, lf, seed),
                             "selection": describe_choice(cand, scores),
-                            "interval_coverage_held_out": held_out_coverage(np.log(y / cv.predictions), groups,
-                                                                            coverage),
+                            "interval_coverage_held_out": held_out_coverage(log_ratio, groups, coverage),
                             "note": "" if grouping == "family" else "only one network family: folds hold out one network variant"}
         counts[target] = len(rs)
     oom_rows = [r for r in usable if r.get("status") == "oom"]

@@ -187,9 +187,10 @@ def _evaluate(s: _Samples, st: TrainSettings, trees_cfg: Any, coverage: float, b
         entry["best"] = min(finite, key=finite.get) if finite else None
         acc[target] = entry
         for kind, pred in (("gnn", cv_g.predictions), ("trees", cv_t.predictions), ("ensemble", ens)):
+            log_ratio = np.log(y / pred)
             if kind in intervals:  # the trees' own band lives in their fingerprint
-                intervals[kind][target] = group_conformal(np.log(y / pred), groups, coverage)
-            entry[kind]["interval_coverage_held_out"] = held_out_coverage(np.log(y / pred), groups, coverage)
+                intervals[kind][target] = group_conformal(log_ratio, groups, coverage)
+            entry[kind]["interval_coverage_held_out"] = held_out_coverage(log_ratio, groups, coverage)
     return {"accuracy": acc, "intervals": intervals}
 
 
