@@ -111,3 +111,27 @@ def test_shape_only_kernels_leave_the_events_unchanged(zoo):
     assert len(fast) > 100 and fast == full
     # one model built once and run at two batch sizes: each run as if on a fresh model
     assert record_runs(desc, (3, 5)) == [fast, record_events(desc, 5, fast=False)]
+
+
+@pytest.mark.parametrize("zoo", ["mobilenet_v2", "squeezenet1_0", "shufflenet_v2_x1_0"])
+def test_one_prime_batch_trace_equals_two_batch_solve(zoo):
+    """The default trace (one run at a prime batch, sizes split by divisibility, SGD events written down)
+    equals the exact two-batch solve through the full meta kernels and the real optimizer."""
+    from perf4sight.networks.zoo import describe_zoo
+    desc = describe_zoo(zoo, [3, 32, 32], num_classes=10)
+    fast, exact = simulate(desc), simulate(desc, (2, 4), fast=False)
+    for field in ("kind", "tensor", "const", "per_sample"):
+        assert np.array_equal(getattr(fast, field), getattr(exact, field)), field
+    assert (fast.per_sample > 0).sum() > 50 and (fast.const > 0).sum() > 50
+
+
+def test_replay_stops_repeating_a_step_that_leaves_the_allocator_unchanged():
+    """A replay with the steady step repeated (``repeat_last``) gives the figures of a trace that
+    spells every repeat out, whether or not the step's first run still grows the cache."""
+    from perf4sight.networks.zoo import describe_zoo
+    tr = simulate(describe_zoo("mobilenet_v2", [3, 32, 32], num_classes=10))
+    last = int(np.flatnonzero(tr.kind == STEP)[-1])
+    spelled = AllocTrace("spelled", *(np.concatenate([a, a[last:], a[last:]]) for a in
+                                      (tr.kind, tr.tensor, tr.const, tr.per_sample)), repeat_last=0)
+    for bs in (1, 5, 16, 33):
+        assert tr.replay(bs) == spelled.replay(bs)

@@ -10,10 +10,17 @@ kernels of batch norm and of same-shape elementwise ops are Python decomposition
 of a trace; they are replaced by empty outputs of the same shapes (:func:`_shape_only_kernels`),
 which records the same events about five times faster.
 
+The SGD step's own events (per parameter: the weight-decay sum, on the first step the momentum
+buffer, then the sum's free) are written down directly instead of dispatched, and ``zero_grad``
+(in place, no events) is skipped; checked against the real optimizer in the tests.
+
 Two steps are traced: the first creates the gradients and momentum buffers; the second is the
-steady state. Activations scale with the batch size, so the run is traced at two batch sizes and
-every event's size is solved as ``const + per_sample * batch`` (:class:`AllocTrace`); a trace of
-the same events at any batch size then costs nothing but the replay.
+steady state. Activations scale with the batch size and weights do not, so the run is traced once
+at a prime batch size (:data:`PROBE_BATCH`): an event whose bytes that prime divides is taken as
+``per_sample * batch``, any other as a constant (a weight-sized tensor would need a dimension that
+is a multiple of 65521 to be mistaken). Tracing at two batch sizes and solving every size as
+``const + per_sample * batch`` gives the same :class:`AllocTrace` at twice the cost (checked in the
+tests); either way a trace serves every batch size through the replay.
 """
 from __future__ import annotations
 
@@ -29,10 +36,11 @@ from perf4sight.errors import UserError
 from perf4sight.features.allocator import ALLOC, FREE, STEP, AllocTrace
 from perf4sight.ir.schema import NetworkDescription
 
-__all__ = ["record_events", "record_runs", "simulate", "attach_simulation", "ensure_simulation", "TRACE_BATCHES", "clear_cache"]
+__all__ = ["record_events", "record_runs", "simulate", "attach_simulation", "ensure_simulation", "PROBE_BATCH",
+           "clear_cache"]
 
-#: Batch sizes the run is traced at (two points fix each event's const + per-sample size).
-TRACE_BATCHES = (2, 4)
+#: The batch size of the single traced run: a prime, so that it divides exactly the batch-scaled sizes.
+PROBE_BATCH = 65521
 _CACHE: dict[str, AllocTrace] = {}
 _LOCK = threading.Lock()
 
@@ -56,8 +64,9 @@ def record_events(desc: NetworkDescription, batch_size: int, steps: int = 2, lr:
     """Allocation events (kind, storage id, bytes, aten op) of ``steps`` training steps at ``batch_size``.
 
     ``inplace_relu``: run ReLU/ReLU6 in place as torchvision models do (falls back to out-of-place
-    where autograd forbids it). ``fast``: skip the meta kernels of :func:`_shape_only_kernels`
-    (same events, about 5x faster). Raises :class:`UserError` if an op cannot run on the meta device.
+    where autograd forbids it). ``fast``: skip the meta kernels of :func:`_shape_only_kernels`, skip
+    ``zero_grad`` and write the SGD step's events down instead of running it (same events, several
+    times faster). Raises :class:`UserError` if an op cannot run on the meta device.
     """
     return record_runs(desc, (batch_size,), steps, lr, momentum, weight_decay, inplace_relu, fast)[0]
 
@@ -90,12 +99,12 @@ def _record(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: int, 
     for b in batch_sizes:
         for p in model.parameters():
             p.grad = None
-        runs.append(_trace(model, desc, b, steps, lr, momentum, weight_decay, shortcuts))
+        runs.append(_trace(model, desc, b, steps, lr, momentum, weight_decay, shortcuts, fast))
     return runs
 
 
 def _trace(model: Any, desc: NetworkDescription, batch_size: int, steps: int, lr: float, momentum: float,
-           weight_decay: float, shortcuts: dict[Any, Any]) -> list[Event]:
+           weight_decay: float, shortcuts: dict[Any, Any], fast: bool) -> list[Event]:
     """One run of ``steps`` training steps of the meta ``model`` with a fresh optimizer; its events."""
     import torch
     from torch import nn
@@ -144,15 +153,38 @@ def _trace(model: Any, desc: NetworkDescription, batch_size: int, steps: int, lr
     y = torch.zeros(batch_size, dtype=torch.long, device="meta")
     see(x, "input")
     see(y, "labels")
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay, foreach=False)
+    params = list(model.parameters())
+    opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, foreach=False)
+
+    def sgd_events(first: bool) -> None:
+        """What ``opt.step()`` allocates and frees (torch.optim.SGD, single-tensor loop), per parameter."""
+        for p in params:
+            if p.grad is None:
+                continue
+            nbytes = p.numel() * p.element_size()
+            with lock:
+                if weight_decay:
+                    counter[0] += 1
+                    decayed = counter[0]
+                    events.append((ALLOC, decayed, nbytes, "aten.add.Tensor"))  # grad + weight_decay * param
+                if momentum and first:
+                    counter[0] += 1
+                    events.append((ALLOC, counter[0], nbytes, "aten.clone.default"))  # the momentum buffer
+                if weight_decay:
+                    events.append((FREE, decayed, 0, ""))
+
     with Recorder():
-        for _ in range(steps):
+        for n in range(steps):
             events.append((STEP, 0, 0, "step"))
-            opt.zero_grad(set_to_none=False)
+            if not fast:  # in place on existing grads: no events
+                opt.zero_grad(set_to_none=False)
             out = model(x)
             loss = nn.functional.cross_entropy(out.reshape(out.shape[0], -1), y)
             loss.backward()
-            opt.step()
+            if fast:
+                sgd_events(first=n == 0)
+            else:
+                opt.step()
             del out, loss
     with lock:
         closed[0] = True
@@ -242,26 +274,35 @@ def _inplace_activations(model: Any) -> None:
             setattr(model.get_submodule(parent) if parent else model, attr, _ReLU6Inplace())
 
 
-def simulate(desc: NetworkDescription, batches: tuple[int, int] = TRACE_BATCHES, **kw: Any) -> AllocTrace:
-    """The training run's :class:`AllocTrace` (cached per description content).
+def simulate(desc: NetworkDescription, batches: tuple[int, ...] = (PROBE_BATCH,), **kw: Any) -> AllocTrace:
+    """The training run's :class:`AllocTrace` (cached per description content). Units: bytes.
 
-    Traced at the two ``batches``; the events must match one to one (same ops, same order) and
-    each size is solved exactly as ``const + per_sample * batch``. Units: bytes.
+    ``batches``: one prime batch size (the default, :data:`PROBE_BATCH`): each size is split into a
+    constant or a per-sample part by divisibility; or two batch sizes: the events must match one to
+    one (same ops, same order) and each size is solved exactly as ``const + per_sample * batch``.
     """
     key = _key(desc) + json.dumps([list(batches), kw], sort_keys=True)
     with _LOCK:
         hit = _CACHE.get(key)
     if hit is not None:
         return hit
-    b1, b2 = batches
-    e1, e2 = record_runs(desc, (b1, b2), **kw)
-    if [(k, t, o) for k, t, _, o in e1] != [(k, t, o) for k, t, _, o in e2]:
-        raise UserError(f"{desc.name}: the traced training step differs between batch sizes {b1} and {b2}")
-    s1 = np.array([s for _, _, s, _ in e1], dtype=float)
-    s2 = np.array([s for _, _, s, _ in e2], dtype=float)
-    per = (s2 - s1) / (b2 - b1)
-    trace = AllocTrace(desc.name, np.array([k for k, _, _, _ in e1], dtype=np.int8),
-                       np.array([t for _, t, _, _ in e1], dtype=np.int64), s1 - per * b1, per)
+    runs = record_runs(desc, tuple(batches), **kw)
+    first = runs[0]
+    if any([(k, t, o) for k, t, _, o in first] != [(k, t, o) for k, t, _, o in e] for e in runs[1:]):
+        raise UserError(f"{desc.name}: the traced training step differs between batch sizes {list(batches)}")
+    s1 = np.array([s for _, _, s, _ in first], dtype=np.int64)
+    if len(batches) == 1:
+        b = batches[0]
+        scaled = (s1 % b == 0) & (s1 > 0)
+        per, const = np.where(scaled, s1 // b, 0).astype(float), np.where(scaled, 0, s1).astype(float)
+    elif len(batches) == 2:
+        b1, b2 = batches
+        per = (np.array([s for _, _, s, _ in runs[1]], dtype=float) - s1) / (b2 - b1)
+        const = s1 - per * b1
+    else:
+        raise ValueError(f"simulate: one or two batch sizes, got {list(batches)}")
+    trace = AllocTrace(desc.name, np.array([k for k, _, _, _ in first], dtype=np.int8),
+                       np.array([t for _, t, _, _ in first], dtype=np.int64), const, per)
     with _LOCK:
         _CACHE[key] = trace
     return trace

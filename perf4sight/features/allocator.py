@@ -81,6 +81,12 @@ class CachingAllocator:
         """``torch.cuda.reset_peak_memory_stats``: peaks restart from the current figures."""
         self.peak_reserved, self.peak_allocated = self.reserved, self.allocated
 
+    def state(self, live: dict[int, "_Block | None"]) -> tuple:
+        """Everything the next requests depend on: reserved bytes, the free blocks of both pools and
+        where each live tensor's block lies (tensor id -> (address, size)); equal states replay equally."""
+        return (self.reserved, self.allocated, tuple(self._pools[0]), tuple(self._pools[1]),
+                tuple(sorted((t, b.ptr, b.size) for t, b in live.items() if b is not None)))
+
     def _insert(self, b: _Block) -> None:
         key = (b.size, b.ptr)
         insort(self._pools[b.small], key)
@@ -181,9 +187,16 @@ class AllocTrace:
         bounds += [(s, e) for s, e in zip(steps, steps[1:] + [len(kinds)])]
         if steps:
             bounds += [bounds[-1]] * self.repeat_last
+        before = None  # the allocator's state before a repeat of the last step
         for n, (start, end) in enumerate(bounds):
             if n > 0:
                 alloc.reset_peaks()
+            if steps and n >= len(steps):  # the last step and its repeats
+                state = alloc.state(live)
+                if state == before:  # the step left the allocator as it found it: every repeat is the same
+                    peaks += [peaks[-1]] * (len(bounds) - n)
+                    break
+                before = state
             for i in range(start, end):
                 k = kinds[i]
                 if k == ALLOC:
