@@ -6,13 +6,14 @@ from. This bench makes a wider CPU dataset with the tool's own stages, in a temp
 - networks: six torchvision families (resnet18, mobilenet_v2, squeezenet1_0, mnasnet1_0,
   shufflenet_v2_x1_0, googlenet) unpruned and at 50% pruning, plus ``--generated`` networks from
   the multi-style generator (each its own family), at 3x64x64;
-- profile: the ``cpu`` backend, 1 thread, batch sizes 2, 8 and 32, a fresh process per measurement;
+- profile: the ``cpu`` backend, 1 thread, batch sizes 2, 8 and 32, a fresh process per measurement
+  (``--repeats N``: N fresh processes per row, the median one kept);
 
 then holds out each torchvision family in turn (the generated networks always stay in training)
 with ``bench_fingerprint.evaluate``: the whole fit redone without the held-out family, against the
 perf4sight-conv baseline on the same folds. Takes about 10 minutes on 2 cores.
 
-    .venv/bin/python bench/bench_cpu_families.py [--generated 12] [--trees 100]
+    .venv/bin/python bench/bench_cpu_families.py [--generated 12] [--trees 100] [--repeats 1]
 """
 from __future__ import annotations
 
@@ -60,6 +61,7 @@ batch_sizes = [2, 8, 32]
 warmup_steps = 2
 timed_steps = 5
 timeout_s = 300
+repeats = {repeats}
 
 [devices.cpu-families]
 backend = "cpu"
@@ -75,11 +77,12 @@ def _stage(config: Path, stage: str) -> None:
         sys.exit(f"bench_cpu_families: --stage {stage} failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
 
 
-def run(generated: int = 12, trees: int = 100) -> list[dict]:
+def run(generated: int = 12, trees: int = 100, repeats: int = 1) -> list[dict]:
     """Make, profile and evaluate the dataset (see module doc); rows for bench/run_all.py."""
     with tempfile.TemporaryDirectory(prefix="p4s-cpu-families-") as tmp:
         config = Path(tmp) / "config.toml"
-        config.write_text(CONFIG.format(zoo="[" + ", ".join(f'"{z}"' for z in ZOO) + "]", generated=generated))
+        config.write_text(CONFIG.format(zoo="[" + ", ".join(f'"{z}"' for z in ZOO) + "]", generated=generated,
+                                        repeats=repeats))
         for stage in ("networks", "profile"):
             _stage(config, stage)
             print(f"  {stage} stage done", flush=True)
@@ -88,7 +91,7 @@ def run(generated: int = 12, trees: int = 100) -> list[dict]:
         n_fams = len({r["family"] for r in rows})
         res = evaluate(device, rows, descs, trees=trees, held_out=list(ZOO),
                        label=f"cpu, {len(descs)} networks in {n_fams} families ({generated} generated), "
-                             f"{len(rows)} rows; torchvision families held out")
+                             f"{len(rows)} rows, {repeats} process(es) each; torchvision families held out")
     print("\n".join(table(res)), flush=True)
     return figures(res)
 
@@ -97,8 +100,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--generated", type=int, default=12)
     ap.add_argument("--trees", type=int, default=100)
+    ap.add_argument("--repeats", type=int, default=1, help="[profile] repeats: fresh processes per row, median kept")
     args = ap.parse_args()
-    run(args.generated, args.trees)
+    run(args.generated, args.trees, args.repeats)
 
 
 if __name__ == "__main__":

@@ -196,12 +196,17 @@ def _speed(fp: Any, descs: dict) -> dict[str, float]:
 
 def _noise(rows: list[dict], cols: dict[str, str]) -> dict[str, float]:
     """Measurement noise: spread of the timed steps inside one configuration (latency_ms_std / median),
+    between the fresh processes of one row (``latency_ms_repeat_cv``, when profiled with repeats > 1),
     and the spread between repeated rows of one (network, batch size) where the data has any (%)."""
     out: dict[str, float] = {}
     within = [(_num(r.get("latency_ms_std")) or 0) / _num(r[LATENCY_COLUMN]) for r in rows
               if r["status"] == "ok" and _num(r.get(LATENCY_COLUMN)) and r.get("latency_ms_std") not in (None, "")]
     if within:
         out["latency_step_cv_median_pct"] = 100 * float(np.median(within))
+    between = [_num(r.get("latency_ms_repeat_cv")) for r in rows if r["status"] == "ok"]
+    between = [v for v in between if v is not None]
+    if between:  # rows measured by `[profile] repeats` fresh processes
+        out["latency_process_repeat_cv_median_pct"] = float(np.median(between))
     for t, col in cols.items():
         groups: dict[tuple, list[float]] = {}
         for r in rows:

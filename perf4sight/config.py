@@ -73,6 +73,7 @@ class ProfileConfig:
     warmup_steps: int = 2
     timed_steps: int = 5
     min_timed_s: float = 0.0  # keep timing steps until they add up to this many seconds
+    repeats: int = 1  # fresh processes per (network, batch size); the median one is kept
     timeout_s: float = 600.0
     devices: list[str] = field(default_factory=list)  # empty = every device
     learning_rate: float = 0.01
@@ -233,6 +234,8 @@ def _check(cfg: Config) -> None:
         raise UserError(f"{f}: [profile] batch_sizes must be positive integers in ascending order, got {bs}")
     if cfg.profile.timed_steps < 1 or cfg.profile.warmup_steps < 0:
         raise UserError(f"{f}: [profile] timed_steps must be >= 1 and warmup_steps >= 0")
+    if cfg.profile.repeats < 1:
+        raise UserError(f"{f}: [profile] repeats must be >= 1, got {cfg.profile.repeats}")
     if not 0 <= cfg.profile.min_timed_s < cfg.profile.timeout_s:
         raise UserError(f"{f}: [profile] min_timed_s must lie in [0, timeout_s), got {cfg.profile.min_timed_s}")
     fp = cfg.fingerprint

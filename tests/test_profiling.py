@@ -182,7 +182,7 @@ def test_plan_round_trip_and_errors(tmp_path):
     bad = tmp_path / "bad.json"
     for raw, needle in [({"device": "d", "batch_sizes": [4, 2]}, "ascending"), ({"device": "d", "batch": [1]}, "unknown"),
                         ({"device": "d", "timeout_s": "1"}, "wrong type"), ({"batch_sizes": [1]}, "device"),
-                        ({"device": "d", "min_timed_s": -1}, "min_timed_s")]:
+                        ({"device": "d", "min_timed_s": -1}, "min_timed_s"), ({"device": "d", "repeats": 0}, "repeats")]:
         bad.write_text(json.dumps(raw))
         with pytest.raises(UserError, match=needle):
             load_plan(bad)
@@ -227,3 +227,70 @@ def test_min_timed_s_keeps_timing_until_the_budget_is_spent():
     assert row["timed_steps"] == len(calls) - 1 > 2              # more than the 2 asked for
     assert row["latency_ms_mean"] * row["timed_steps"] >= 60      # until the timed steps add up to 60 ms
     assert backend.measure(step, 0, 3)["timed_steps"] == 3        # no budget: exactly timed_steps
+
+
+def test_repeats_measure_in_fresh_processes_and_keep_the_median_one(tmp_path, monkeypatch):
+    """``repeats = 3``: three real children per configuration; the row is the one whose step-time median
+    is the middle of the three, with the repeats' spread beside it; an oom in a repeat ends the repeats."""
+    from perf4sight.profiling import runner
+    net = write_net(tmp_path, "rep", width=4)
+    children: list[dict] = []
+
+    def counted(*args, **kwargs):
+        outcome = real(*args, **kwargs)
+        children.append(dict(outcome.result, peak_rss_mb=outcome.peak_rss_mb))
+        return outcome
+
+    real = runner.run_child
+    monkeypatch.setattr(runner, "run_child", counted)
+    plan = TestPlan(device="d", networks=[str(net)], batch_sizes=[2], repeats=3, warmup_steps=1, timed_steps=3,
+                    threads=1, output="m.csv")
+    counts = run_plan(save_plan(plan, tmp_path / "plan.json"), emit=lambda e: None)
+    (row,) = results.read_rows(tmp_path / "m.csv")
+    assert counts["ok"] == 1 and len(children) == 3 and row["repeats"] == "3"
+    medians = sorted(c["latency_ms_median"] for c in children)
+    assert float(row["latency_ms_median"]) == medians[1]
+    middle = next(c for c in children if c["latency_ms_median"] == medians[1])
+    assert float(row["peak_rss_mb"]) == middle["peak_rss_mb"]     # every column from that one measurement
+    mean = sum(medians) / 3
+    cv = 100 * (sum((m - mean) ** 2 for m in medians) / 3) ** 0.5 / mean
+    assert float(row["latency_ms_repeat_cv"]) == pytest.approx(cv, abs=1e-3)
+    children.clear()
+    limited = TestPlan(device="d", networks=[str(net)], batch_sizes=[1], repeats=3, memory_limit_mb=64, output="o.csv")
+    run_plan(save_plan(limited, tmp_path / "limited.json"), emit=lambda e: None)
+    (oom,) = results.read_rows(tmp_path / "o.csv")
+    assert oom["status"] == "oom" and len(children) == 1 and oom["repeats"] == ""
+
+
+def test_a_csv_with_an_older_column_list_is_upgraded_in_place(tmp_path):
+    """Rows written before a column existed keep their values; the file gets today's header, both when
+    a row is appended locally and when the host seeds a device's CSV."""
+    import csv
+    from perf4sight.profiling.pull import csv_with_rows, parse_records
+    old_columns = [c for c in results.COLUMNS if c not in ("repeats", "latency_ms_repeat_cv")]
+    old = {"device": "d", "network": "n", "batch_size": "1", "input_shape": "3x8x8", "phase": "train",
+           "status": "ok", "latency_ms_median": "12.5", "timestamp": "2026-01-01T00:00:00+00:00"}
+    path = tmp_path / "m.csv"
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=old_columns)
+        writer.writeheader()
+        writer.writerow({k: old.get(k, "") for k in old_columns})
+    new = dict(old, batch_size="2", repeats=3, latency_ms_repeat_cv=4.2)
+    results.append_row(path, new)
+    with path.open(newline="") as fh:
+        assert next(csv.reader(fh)) == results.COLUMNS
+    rows = results.read_rows(path)
+    assert [(r["batch_size"], r["latency_ms_median"], r["repeats"]) for r in rows] == [("1", "12.5", ""), ("2", "12.5", "3")]
+    legacy = tmp_path / "legacy.csv"
+    with legacy.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=old_columns)
+        writer.writeheader()
+        writer.writerow({k: old.get(k, "") for k in old_columns})
+    header, seeded = parse_records(csv_with_rows(legacy.read_bytes(), [{k: str(v) for k, v in new.items()}]), None)
+    assert header == results.COLUMNS and [r["batch_size"] for r in seeded] == ["1", "2"] and seeded[1]["repeats"] == "3"
+    with pytest.raises(ValueError, match="unexpected columns"):
+        csv_with_rows(b"device,colour\r\nd,red\r\n", [])
+    bad = tmp_path / "bad.csv"
+    bad.write_text("device,colour\r\nd,red\r\n")
+    with pytest.raises(ValueError, match="colour"):
+        results.append_row(bad, new)

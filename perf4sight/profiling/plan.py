@@ -39,6 +39,8 @@ class TestPlan:
     ``input_shape`` / ``num_classes``: override the description's own values (None = use them).
     ``output``: the measurement CSV (relative to the plan's folder or absolute).
     ``poll_interval_s``: how often the runner samples the child's memory (seconds).
+    ``repeats``: fresh processes that measure each (network, batch size) one after another; the row
+    written is the one whose step-time median is the median of theirs (see the runner).
     """
 
     __test__ = False  # not a pytest test class, despite the name
@@ -50,6 +52,7 @@ class TestPlan:
     warmup_steps: int = 2
     timed_steps: int = 5
     min_timed_s: float = 0.0
+    repeats: int = 1
     timeout_s: float = 600.0
     memory_limit_mb: int = 0
     threads: int = 0
@@ -79,6 +82,8 @@ class TestPlan:
             raise UserError(f"{where}: 'batch_sizes' must be positive integers in ascending order, got {bs}")
         if self.timed_steps < 1 or self.warmup_steps < 0:
             raise UserError(f"{where}: 'timed_steps' must be >= 1 and 'warmup_steps' >= 0")
+        if self.repeats < 1:
+            raise UserError(f"{where}: 'repeats' must be >= 1, got {self.repeats}")
         if self.timeout_s <= 0:
             raise UserError(f"{where}: 'timeout_s' must be > 0, got {self.timeout_s}")
         if not 0 <= self.min_timed_s < self.timeout_s:
@@ -98,7 +103,7 @@ class TestPlan:
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "device": (str,), "backend": (str,), "networks": (list,), "batch_sizes": (list,),
-    "warmup_steps": (int,), "timed_steps": (int,), "min_timed_s": (int, float), "timeout_s": (int, float), "memory_limit_mb": (int,),
+    "warmup_steps": (int,), "timed_steps": (int,), "min_timed_s": (int, float), "repeats": (int,), "timeout_s": (int, float), "memory_limit_mb": (int,),
     "threads": (int,), "gpu_index": (int,), "learning_rate": (int, float), "momentum": (int, float),
     "input_shape": (list, type(None)), "num_classes": (int, type(None)), "output": (str,),
     "poll_interval_s": (int, float), "version": (int,),

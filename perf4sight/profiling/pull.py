@@ -15,7 +15,7 @@ from typing import Callable
 
 from perf4sight.profiling import results
 
-__all__ = ["complete_records", "parse_records", "CsvPuller", "rows_to_csv"]
+__all__ = ["complete_records", "parse_records", "CsvPuller", "rows_to_csv", "csv_with_rows"]
 
 
 def complete_records(buf: bytes) -> int:
@@ -57,6 +57,20 @@ def rows_to_csv(rows: list[dict[str, str]], with_header: bool) -> bytes:
     for row in rows:
         writer.writerow({k: row.get(k, "") for k in results.COLUMNS})
     return buf.getvalue().encode()
+
+
+def csv_with_rows(current: bytes, rows: list[dict[str, str]]) -> bytes:
+    """A measurement CSV's bytes ``current`` (may be empty) with ``rows`` appended; a file written with
+    an older column list (a subset of ``results.COLUMNS``) comes back rewritten with today's header.
+    Other headers raise ``ValueError``."""
+    if not current:
+        return rows_to_csv(rows, with_header=True)
+    header, old = parse_records(current[:complete_records(current)], None)
+    if header == results.COLUMNS:
+        return current + (b"" if current.endswith(b"\n") else b"\r\n") + rows_to_csv(rows, with_header=False)
+    if header is not None and set(header) <= set(results.COLUMNS):
+        return rows_to_csv(old + rows, with_header=True)
+    raise ValueError(f"unexpected columns {header}")
 
 
 class CsvPuller:

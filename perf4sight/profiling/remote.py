@@ -29,7 +29,7 @@ from perf4sight.errors import UserError
 from perf4sight.ir.schema import load_description
 from perf4sight.profiling import results
 from perf4sight.profiling.local import make_plan
-from perf4sight.profiling.pull import CsvPuller, parse_records, rows_to_csv
+from perf4sight.profiling.pull import CsvPuller, csv_with_rows
 from perf4sight.profiling.ssh import CONNECTION_ERRORS, DeviceError, HostKeyError, Remote, default_known_hosts
 
 __all__ = ["DeviceSummary", "RemoteProfiler", "code_files", "expected_keys", "remote_dir_name", "known_hosts_path"]
@@ -172,13 +172,11 @@ class RemoteProfiler:
         if not missing:
             return
         csv_path = self._path("measurements.csv")
-        current = self.remote.read_from(csv_path, 0)
-        header, _ = parse_records(current, None) if current else (None, [])
-        if current and header != results.COLUMNS:
-            raise DeviceError(f"device '{self.dev.name}': {csv_path} has unexpected columns; move it away and rerun")
-        if current and not current.endswith(b"\n"):
-            current += b"\r\n"
-        self.remote.put_bytes(current + rows_to_csv(missing, with_header=not current), csv_path)
+        try:
+            data = csv_with_rows(self.remote.read_from(csv_path, 0), missing)
+        except ValueError as exc:
+            raise DeviceError(f"device '{self.dev.name}': {csv_path}: {exc}; move it away and rerun") from None
+        self.remote.put_bytes(data, csv_path)
         self.puller.reset()
 
     def _start(self) -> None:

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = ["COLUMNS", "STATUSES", "append_row", "read_rows", "measured_keys", "row_key", "results_path"]
+__all__ = ["COLUMNS", "STATUSES", "append_row", "upgrade_file", "read_rows", "measured_keys", "row_key", "results_path"]
 
 #: Column order of every measurement CSV. Empty string = not measured / not applicable.
 COLUMNS: list[str] = [
@@ -35,6 +35,8 @@ COLUMNS: list[str] = [
     "timed_steps",
     "warmup_steps",
     "protocol",               # how the step was timed, e.g. perf_counter, cuda_events, perf4sight_mean3
+    "repeats",                # fresh processes that measured this configuration; the row is their median one
+    "latency_ms_repeat_cv",   # spread of the repeats' step-time medians: std / mean, in % (repeats > 1)
     "peak_rss_mb",            # peak resident set size of the measuring process (os.wait4 ru_maxrss)
     "baseline_rss_mb",        # RSS after imports, model build and optimiser creation, before the first step
     "torch_alloc_peak_mb",    # torch allocator peak allocated (GPU backends)
@@ -66,13 +68,19 @@ def row_key(row: dict[str, Any]) -> tuple[str, str, str, str, str]:
 
 
 def append_row(path: str | Path, row: dict[str, Any]) -> None:
-    """Append one row (unknown keys are an error), writing the header if the file is new; fsync'd."""
+    """Append one row (unknown keys are an error), writing the header if the file is new; fsync'd.
+
+    A file written with an older column list (a subset of :data:`COLUMNS`) is first rewritten with
+    today's header, its rows kept and the new columns empty (:func:`upgrade_file`).
+    """
     unknown = set(row) - set(COLUMNS)
     if unknown:
         raise ValueError(f"unknown measurement columns: {sorted(unknown)}")
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     new = not p.exists() or p.stat().st_size == 0
+    if not new:
+        upgrade_file(p)
     torn = not new and _ends_without_newline(p)
     with p.open("a", newline="") as fh:
         if torn:  # a crash cut the last row short: start ours on a fresh line
@@ -83,6 +91,34 @@ def append_row(path: str | Path, row: dict[str, Any]) -> None:
         writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in COLUMNS})
         fh.flush()
         os.fsync(fh.fileno())
+
+
+def upgrade_file(path: str | Path) -> bool:
+    """Rewrite a measurement CSV whose header is an older column list with :data:`COLUMNS` (atomic
+    replace; rows kept, new columns empty). True if it was rewritten. A header with columns this
+    version does not know raises ``ValueError`` naming them (the file is left as it is)."""
+    p = Path(path)
+    with p.open(newline="") as fh:
+        header = next(csv.reader(fh), [])
+    if header == COLUMNS:
+        return False
+    unknown = [c for c in header if c not in COLUMNS]
+    if unknown:
+        raise ValueError(f"{p}: columns {unknown} are not part of this version's measurement schema")
+    with p.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    tmp = p.with_name(p.name + ".upgrade")
+    with tmp.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
+        writer.writeheader()
+        for r in rows:
+            if None in r:  # a torn or malformed line: more fields than the header
+                continue
+            writer.writerow({k: r.get(k) or "" for k in COLUMNS})
+        fh.flush()
+        os.fsync(fh.fileno())
+    tmp.replace(p)
+    return True
 
 
 def _ends_without_newline(p: Path) -> bool:

@@ -1,7 +1,8 @@
 """The device-side sweep: ``python -m perf4sight.profiling.runner PLAN.json``.
 
 For every network of the plan and every batch size (ascending) it starts a fresh child
-process (:mod:`perf4sight.profiling.child`), watches it (timeout, the backend's memory
+process (:mod:`perf4sight.profiling.child`; ``repeats`` of them in a row when the plan asks, keeping
+the median one), watches it (timeout, the backend's memory
 watchdog), reads the child's peak RSS with ``os.wait4`` and appends one row to the plan's
 CSV as soon as the measurement ends. The first ``oom`` stops that network: its larger batch
 sizes get ``skipped_after_oom`` rows. Keys already in the CSV are not measured again, and a
@@ -39,7 +40,7 @@ from perf4sight.profiling.backends.base import Backend, get_backend
 from perf4sight.profiling.plan import TestPlan, load_plan
 from perf4sight.profiling.procfs import status_mb
 
-__all__ = ["run_plan", "run_child", "ChildOutcome", "main"]
+__all__ = ["run_plan", "run_child", "run_repeats", "ChildOutcome", "main"]
 
 Emit = Callable[[dict[str, Any]], None]
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds perf4sight/
@@ -158,6 +159,36 @@ def run_child(plan: TestPlan, plan_path: Path, index: int, batch_size: int, back
     return ChildOutcome(result, round(usage.ru_maxrss / 1024, 2), round(wall, 3))  # ru_maxrss: KiB on Linux
 
 
+def run_repeats(plan: TestPlan, plan_path: Path, index: int, batch_size: int, backend: Backend) -> ChildOutcome:
+    """Measure network ``index`` at ``batch_size`` in ``plan.repeats`` fresh children, one after another.
+
+    The first child that does not end ``ok`` ends the repeats and is the outcome (an ``oom`` in any
+    repeat makes the configuration ``oom``). Otherwise the outcome is the child whose step-time
+    median is the median of the repeats' (the lower middle one for an even count), so that every
+    column of the row comes from one measurement; it gains ``repeats`` and ``latency_ms_repeat_cv``
+    (std / mean of the repeats' medians, %). ``wall_s`` is the time of all repeats.
+    """
+    outcomes: list[ChildOutcome] = []
+    for _ in range(plan.repeats):
+        outcome = run_child(plan, plan_path, index, batch_size, backend)
+        if outcome.result.get("status") != "ok":
+            if outcomes:
+                outcome.result["message"] = f"repeat {len(outcomes) + 1} of {plan.repeats}: " \
+                                            f"{outcome.result.get('message', '')}"[:300]
+            outcome.wall_s = round(outcome.wall_s + sum(o.wall_s for o in outcomes), 3)
+            return outcome
+        outcomes.append(outcome)
+    medians = [float(o.result.get("latency_ms_median") or 0.0) for o in outcomes]
+    order = sorted(range(len(outcomes)), key=medians.__getitem__)
+    chosen = outcomes[order[(len(order) - 1) // 2]]
+    mean = sum(medians) / len(medians)
+    std = (sum((m - mean) ** 2 for m in medians) / len(medians)) ** 0.5
+    chosen.result["repeats"] = len(outcomes)
+    chosen.result["latency_ms_repeat_cv"] = round(100.0 * std / mean, 3) if len(outcomes) > 1 and mean > 0 else ""
+    chosen.wall_s = round(sum(o.wall_s for o in outcomes), 3)
+    return chosen
+
+
 def _crash_verdict(code: int, err_file: Path) -> dict[str, str]:
     if code == -signal.SIGKILL:
         return {"status": "oom", "message": "child killed by SIGKILL (the kernel's OOM killer?)"}
@@ -225,7 +256,7 @@ def run_plan(plan_path: str | Path, emit: Emit = print_event) -> dict[str, int]:
                 elif not_run:
                     row = {"status": "error", "message": not_run}
                 else:
-                    outcome = run_child(plan, plan_path, net.index, bs, backend)
+                    outcome = run_repeats(plan, plan_path, net.index, bs, backend)
                     row, wall = dict(outcome.result), outcome.wall_s
                     row["peak_rss_mb"] = outcome.peak_rss_mb
                     if row["status"] == "error" and row.get("stage") in ("setup", "build"):
