@@ -292,5 +292,5 @@ def test_a_csv_with_an_older_column_list_is_upgraded_in_place(tmp_path):
         csv_with_rows(b"device,colour\r\nd,red\r\n", [])
     bad = tmp_path / "bad.csv"
     bad.write_text("device,colour\r\nd,red\r\n")
-    with pytest.raises(ValueError, match="colour"):
+    with pytest.raises(UserError, match="colour"):
         results.append_row(bad, new)

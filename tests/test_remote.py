@@ -304,3 +304,31 @@ def test_makedirs_accepts_a_folder_another_client_made_meanwhile(servers, tmp_pa
         (tmp_path / "file.txt").write_text("x")
         with pytest.raises(OSError):  # a real failure still fails
             r.makedirs(str(tmp_path / "file.txt" / "sub"))
+
+
+def test_device_csv_with_older_columns_is_upgraded_before_the_run_and_repeats_travel(servers, tmp_path):
+    """A device CSV written before `repeats` existed: its rows count as measured and survive, the file
+    gets today's header before the runner starts, and the new row is the median of 2 fresh processes."""
+    import csv
+    a, _ = servers
+    (desc,) = _descriptions(tmp_path, ["alpha"])
+    cfg = _config(tmp_path, {"dev-old": _device(a, tmp_path)})
+    cfg.profile.repeats = 2
+    old_columns = [c for c in results.COLUMNS if c not in ("repeats", "latency_ms_repeat_cv")]
+    remote_csv = tmp_path / "remote work" / "dev-old" / "measurements.csv"
+    remote_csv.parent.mkdir(parents=True)
+    old_row = {"device": "dev-old", "network": "alpha", "family": "tiny", "batch_size": "1",
+               "input_shape": "3x16x16", "phase": "train", "status": "ok", "latency_ms_median": "1.5",
+               "timestamp": "2026-01-01T00:00:00+00:00"}
+    with remote_csv.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=old_columns)
+        writer.writeheader()
+        writer.writerow({k: old_row.get(k, "") for k in old_columns})
+    (summary,) = profile_devices(cfg, ["dev-old"], [desc], show_progress=False, **FAST)
+    assert summary.status == "done", format_summaries([summary])
+    with remote_csv.open(newline="") as fh:
+        assert next(csv.reader(fh)) == results.COLUMNS
+    rows = {r["batch_size"]: r for r in _rows(cfg, "dev-old")}
+    assert set(rows) == {"1", "2"} and rows["1"]["timestamp"] == old_row["timestamp"]
+    assert rows["2"]["status"] == "ok" and rows["2"]["repeats"] == "2" and float(rows["2"]["latency_ms_repeat_cv"]) >= 0
+    assert {r["batch_size"] for r in results.read_rows(remote_csv)} == {"1", "2"}

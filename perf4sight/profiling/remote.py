@@ -166,10 +166,12 @@ class RemoteProfiler:
         return len(fresh)
 
     def _seed_remote(self) -> None:
-        """Write local rows of this plan that the device's CSV lacks back into it (no run active)."""
+        """Write local rows of this plan that the device's CSV lacks back into it, and give a CSV with an
+        older column list today's header (no run active: a runner rewriting it while we pull would
+        leave the puller at a stale offset)."""
         missing = [row for row in results.read_rows(self.local_csv)
                    if results.row_key(row) in self.expected and results.row_key(row) not in self.puller.remote_keys]
-        if not missing:
+        if not missing and self.puller.header in (None, results.COLUMNS):
             return
         csv_path = self._path("measurements.csv")
         try:

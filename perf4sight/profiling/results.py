@@ -2,7 +2,7 @@
 
 One row per (device, network variant, batch size, input shape, phase). Rows are appended
 and flushed one at a time, so a crash loses at most the measurement in flight. Uses only
-the standard library: this module runs on the devices too.
+the standard library (and ``perf4sight.errors``): this module runs on the devices too.
 
 Units: times in milliseconds, memory in MiB (2**20 bytes), power in watts.
 """
@@ -12,6 +12,8 @@ import csv
 import os
 from pathlib import Path
 from typing import Any, Iterable
+
+from perf4sight.errors import UserError
 
 __all__ = ["COLUMNS", "STATUSES", "append_row", "upgrade_file", "read_rows", "measured_keys", "row_key", "results_path"]
 
@@ -96,7 +98,7 @@ def append_row(path: str | Path, row: dict[str, Any]) -> None:
 def upgrade_file(path: str | Path) -> bool:
     """Rewrite a measurement CSV whose header is an older column list with :data:`COLUMNS` (atomic
     replace; rows kept, new columns empty). True if it was rewritten. A header with columns this
-    version does not know raises ``ValueError`` naming them (the file is left as it is)."""
+    version does not know raises ``UserError`` naming them (the file is left as it is)."""
     p = Path(path)
     with p.open(newline="") as fh:
         header = next(csv.reader(fh), [])
@@ -104,7 +106,7 @@ def upgrade_file(path: str | Path) -> bool:
         return False
     unknown = [c for c in header if c not in COLUMNS]
     if unknown:
-        raise ValueError(f"{p}: columns {unknown} are not part of this version's measurement schema")
+        raise UserError(f"{p}: columns {unknown} are not part of this version's measurement schema; move the file away")
     with p.open(newline="") as fh:
         rows = list(csv.DictReader(fh))
     tmp = p.with_name(p.name + ".upgrade")
