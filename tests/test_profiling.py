@@ -294,3 +294,19 @@ def test_a_csv_with_an_older_column_list_is_upgraded_in_place(tmp_path):
     bad.write_text("device,colour\r\nd,red\r\n")
     with pytest.raises(UserError, match="colour"):
         results.append_row(bad, new)
+
+
+def test_a_peak_between_two_polls_is_an_oom_all_the_same(tmp_path):
+    """The watchdog samples RSS every poll interval; a child whose peak it never saw (here: a watchdog
+    that never looks) but whose peak RSS from os.wait4 is over the limit is recorded as oom."""
+    from perf4sight.profiling.runner import run_child
+    net = write_net(tmp_path, "tiny", width=4)
+    plan = TestPlan(device="d", networks=[str(net)], batch_sizes=[1], memory_limit_mb=64, threads=1,
+                    warmup_steps=0, timed_steps=1, output="m.csv")
+    plan_path = save_plan(plan, tmp_path / "plan.json")
+    backend = get_backend(plan)
+    backend.watch = lambda pid: None
+    outcome = run_child(plan, plan_path, 0, 1, backend)
+    assert outcome.result["status"] == "oom" and outcome.peak_rss_mb > 64
+    assert outcome.result["message"] == f"peak RSS {outcome.peak_rss_mb:.0f} MiB exceeded memory_limit_mb 64"
+    assert float(outcome.result["latency_ms_median"]) > 0      # the step did run: its figures are kept

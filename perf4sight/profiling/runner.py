@@ -113,7 +113,8 @@ def run_child(plan: TestPlan, plan_path: Path, index: int, batch_size: int, back
     """Measure network ``index`` at ``batch_size`` in a fresh child; never raises for child failures.
 
     The child's result dict gains ``status``/``message`` when it was killed (watchdog ->
-    ``oom``, timeout -> ``error``) or crashed (SIGKILL not sent by us -> ``oom``, as the
+    ``oom``, timeout -> ``error``), when its peak RSS went over the memory limit between two polls
+    (``oom``) or crashed (SIGKILL not sent by us -> ``oom``, as the
     kernel's OOM killer does; other signals and exit codes -> ``error``).
     """
     env = dict(os.environ)
@@ -145,6 +146,7 @@ def run_child(plan: TestPlan, plan_path: Path, index: int, batch_size: int, back
                 break
             time.sleep(plan.poll_interval_s)
         wall = time.monotonic() - t0
+        peak_mb = round(usage.ru_maxrss / 1024, 2)  # ru_maxrss: KiB on Linux
         proc.returncode = os.waitstatus_to_exitcode(status)  # already reaped: keep Popen from waiting again
         result: dict[str, Any] = {}
         if result_file.exists():
@@ -152,11 +154,15 @@ def run_child(plan: TestPlan, plan_path: Path, index: int, batch_size: int, back
                 result = json.loads(result_file.read_text())
             except json.JSONDecodeError:
                 result = {}
+        if not verdict and result.get("status") == "ok":
+            over = backend.over_limit(peak_mb)  # a peak between two polls
+            if over:
+                verdict = {"status": "oom", "message": over}
         if verdict:
             result.update(verdict)
         elif not result.get("status"):
             result.update(_crash_verdict(proc.returncode, err_file))
-    return ChildOutcome(result, round(usage.ru_maxrss / 1024, 2), round(wall, 3))  # ru_maxrss: KiB on Linux
+    return ChildOutcome(result, peak_mb, round(wall, 3))
 
 
 def run_repeats(plan: TestPlan, plan_path: Path, index: int, batch_size: int, backend: Backend) -> ChildOutcome:

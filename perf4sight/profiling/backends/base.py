@@ -95,12 +95,17 @@ class Backend:
 
         Default: the child's resident set size against ``plan.memory_limit_mb`` (0 = no limit).
         """
-        limit = self.plan.memory_limit_mb
-        if limit <= 0:
+        if self.plan.memory_limit_mb <= 0:
             return None
-        rss = status_mb(pid, "VmRSS")
-        if rss is not None and rss > limit:
-            return f"RSS {rss:.0f} MiB exceeded memory_limit_mb {limit}"
+        return self.over_limit(status_mb(pid, "VmRSS"), "RSS")
+
+    def over_limit(self, rss_mb: float | None, what: str = "peak RSS") -> str | None:
+        """The ``oom`` message when ``rss_mb`` (MiB) exceeds ``plan.memory_limit_mb`` (0 = no limit), else None.
+        The runner also asks it about a finished child's peak RSS: a peak shorter than the poll
+        interval escapes :meth:`watch` but is over the limit all the same."""
+        limit = self.plan.memory_limit_mb
+        if limit > 0 and rss_mb is not None and rss_mb > limit:
+            return f"{what} {rss_mb:.0f} MiB exceeded memory_limit_mb {limit}"
         return None
 
     # ------------------------------------------------------------------ child side
