@@ -13,7 +13,7 @@ then holds out each torchvision family in turn (the generated networks always st
 with ``bench_fingerprint.evaluate``: the whole fit redone without the held-out family, against the
 perf4sight-conv baseline on the same folds. Takes about 10 minutes on 2 cores.
 
-    .venv/bin/python bench/bench_cpu_families.py [--generated 12] [--trees 100] [--repeats 1]
+    .venv/bin/python bench/bench_cpu_families.py [--generated 12] [--trees 100] [--repeats 1] [--keep DIR]
 """
 from __future__ import annotations
 
@@ -77,9 +77,12 @@ def _stage(config: Path, stage: str) -> None:
         sys.exit(f"bench_cpu_families: --stage {stage} failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
 
 
-def run(generated: int = 12, trees: int = 100, repeats: int = 1) -> list[dict]:
-    """Make, profile and evaluate the dataset (see module doc); rows for bench/run_all.py."""
-    with tempfile.TemporaryDirectory(prefix="p4s-cpu-families-") as tmp:
+def run(generated: int = 12, trees: int = 100, repeats: int = 1, keep: str = "") -> list[dict]:
+    """Make, profile and evaluate the dataset (see module doc); rows for bench/run_all.py. ``keep``: a
+    folder to make it in and leave behind (config, networks, measurements), instead of a temporary one."""
+    with tempfile.TemporaryDirectory(prefix="p4s-cpu-families-") as scratch:
+        tmp = keep or scratch
+        Path(tmp).mkdir(parents=True, exist_ok=True)
         config = Path(tmp) / "config.toml"
         config.write_text(CONFIG.format(zoo="[" + ", ".join(f'"{z}"' for z in ZOO) + "]", generated=generated,
                                         repeats=repeats))
@@ -101,8 +104,9 @@ def main() -> None:
     ap.add_argument("--generated", type=int, default=12)
     ap.add_argument("--trees", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=1, help="[profile] repeats: fresh processes per row, median kept")
+    ap.add_argument("--keep", default="", help="make the dataset in this folder and keep it (a rerun resumes it)")
     args = ap.parse_args()
-    run(args.generated, args.trees, args.repeats)
+    run(args.generated, args.trees, args.repeats, args.keep)
 
 
 if __name__ == "__main__":

@@ -103,14 +103,22 @@ def test_features_carry_simulation():
 
 @pytest.mark.parametrize("zoo", ["resnet18", "mobilenet_v2", "squeezenet1_0", "shufflenet_v2_x1_0"])
 def test_shape_only_kernels_leave_the_events_unchanged(zoo):
-    """The trace's stand-ins for slow meta kernels (batch norm, clamps, elementwise ops) record exactly
-    the events of the full meta kernels: same ops, same order, same bytes."""
+    """The trace's shortcuts (stand-ins for slow meta kernels, the SGD step written down, the second step
+    derived from the first) record exactly the events of the full meta kernels with every step run
+    through the real optimizer: same ops, same order, same bytes."""
     from perf4sight.networks.zoo import describe_zoo
     desc = describe_zoo(zoo, [3, 32, 32], num_classes=10)
     fast, full = record_events(desc, 3, fast=True), record_events(desc, 3, fast=False)
     assert len(fast) > 100 and fast == full
     # one model built once and run at two batch sizes: each run as if on a fresh model
     assert record_runs(desc, (3, 5)) == [fast, record_events(desc, 5, fast=False)]
+
+
+def test_more_derived_steps_match_more_run_steps():
+    from perf4sight.networks.zoo import describe_zoo
+    desc = describe_zoo("mobilenet_v2", [3, 32, 32], num_classes=10)
+    fast, full = record_events(desc, 2, steps=3), record_events(desc, 2, steps=3, fast=False)
+    assert sum(e[0] == STEP for e in fast) == 3 and fast == full
 
 
 @pytest.mark.parametrize("zoo", ["mobilenet_v2", "squeezenet1_0", "shufflenet_v2_x1_0"])

@@ -12,7 +12,10 @@ which records the same events about five times faster.
 
 The SGD step's own events (per parameter: the weight-decay sum, on the first step the momentum
 buffer, then the sum's free) are written down directly instead of dispatched, and ``zero_grad``
-(in place, no events) is skipped; checked against the real optimizer in the tests.
+(in place, no events) is skipped. Only the first step is dispatched: a later step repeats its
+events under new ids, except that each parameter gradient is freed where it is accumulated (a
+hook marks the spot) instead of becoming the ``.grad``. Both shortcuts are checked against the
+real optimizer and every step run, in the tests.
 
 Two steps are traced: the first creates the gradients and momentum buffers; the second is the
 steady state. Activations scale with the batch size and weights do not, so the run is traced once
@@ -105,7 +108,9 @@ def _record(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: int, 
 
 def _trace(model: Any, desc: NetworkDescription, batch_size: int, steps: int, lr: float, momentum: float,
            weight_decay: float, shortcuts: dict[Any, Any], fast: bool) -> list[Event]:
-    """One run of ``steps`` training steps of the meta ``model`` with a fresh optimizer; its events."""
+    """One run of ``steps`` training steps of the meta ``model`` with a fresh optimizer; its events.
+
+    ``fast``: only the first step runs; the later ones are derived from it (:func:`_later_steps`)."""
     import torch
     from torch import nn
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -116,6 +121,15 @@ def _trace(model: Any, desc: NetworkDescription, batch_size: int, steps: int, lr
     counter = [0]
     lock = threading.Lock()
     closed = [False]  # frees after the run (weights, grads dying later) are not part of it
+
+    def record(event: Event) -> None:
+        with lock:
+            events.append(event)
+
+    def new_id() -> int:
+        with lock:
+            counter[0] += 1
+            return counter[0]
 
     def on_free(cdata: int) -> None:
         with lock:
@@ -156,39 +170,97 @@ def _trace(model: Any, desc: NetworkDescription, batch_size: int, steps: int, lr
     params = list(model.parameters())
     opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, foreach=False)
 
-    def sgd_events(first: bool) -> None:
+    def sgd_events(first: bool) -> list[Event]:
         """What ``opt.step()`` allocates and frees (torch.optim.SGD, single-tensor loop), per parameter."""
+        out: list[Event] = []
         for p in params:
             if p.grad is None:
                 continue
             nbytes = p.numel() * p.element_size()
-            with lock:
-                if weight_decay:
-                    counter[0] += 1
-                    decayed = counter[0]
-                    events.append((ALLOC, decayed, nbytes, "aten.add.Tensor"))  # grad + weight_decay * param
-                if momentum and first:
-                    counter[0] += 1
-                    events.append((ALLOC, counter[0], nbytes, "aten.clone.default"))  # the momentum buffer
-                if weight_decay:
-                    events.append((FREE, decayed, 0, ""))
+            decayed = new_id() if weight_decay else 0
+            if weight_decay:
+                out.append((ALLOC, decayed, nbytes, "aten.add.Tensor"))  # grad + weight_decay * param
+            if momentum and first:
+                out.append((ALLOC, new_id(), nbytes, "aten.clone.default"))  # the momentum buffer
+            if weight_decay:
+                out.append((FREE, decayed, 0, ""))
+        return out
 
-    with Recorder():
-        for n in range(steps):
-            events.append((STEP, 0, 0, "step"))
-            if not fast:  # in place on existing grads: no events
+    if not fast:  # the reference: every step run, the real optimizer
+        with Recorder():
+            for _ in range(steps):
+                record((STEP, 0, 0, "step"))
                 opt.zero_grad(set_to_none=False)
-            out = model(x)
-            loss = nn.functional.cross_entropy(out.reshape(out.shape[0], -1), y)
-            loss.backward()
-            if fast:
-                sgd_events(first=n == 0)
-            else:
+                out = model(x)
+                loss = nn.functional.cross_entropy(out.reshape(out.shape[0], -1), y)
+                loss.backward()
                 opt.step()
-            del out, loss
+                del out, loss
+        with lock:
+            closed[0] = True
+            return list(events)
+
+    # fast: the first step, with a mark wherever a parameter's gradient is accumulated
+    hooks = [p.register_post_accumulate_grad_hook(lambda _p, i=i: record((_ACCUMULATED, i, 0, "")))
+             for i, p in enumerate(params)]
+    with Recorder():
+        record((STEP, 0, 0, "step"))
+        begin = len(events)
+        out = model(x)
+        loss = nn.functional.cross_entropy(out.reshape(out.shape[0], -1), y)
+        loss.backward()
+        for h in hooks:
+            h.remove()
+        grads = {i: ids.get(p.grad.untyped_storage()._cdata) for i, p in enumerate(params) if p.grad is not None}
+        with lock:
+            backward_end = len(events)
+        for e in sgd_events(first=True):
+            record(e)
+        with lock:
+            sgd_end = len(events)
+        del out, loss
     with lock:
         closed[0] = True
-        return list(events)
+        first = list(events)
+    later = _later_steps(first[begin:backward_end], first[sgd_end:], grads, steps - 1, new_id,
+                         lambda: sgd_events(first=False))
+    return [e for e in first if e[0] != _ACCUMULATED] + later
+
+
+#: Event kind used inside :func:`_trace` only: parameter ``tensor`` had its gradient accumulated.
+_ACCUMULATED = 3
+
+
+def _later_steps(body: list[Event], tail: list[Event], grads: dict[int, int | None], count: int,
+                 new_id: Any, optimizer: Any) -> list[Event]:
+    """The events of ``count`` steps after the first, derived from the first step's forward and backward
+    (``body``, with :data:`_ACCUMULATED` marks) and what followed its optimizer (``tail``).
+
+    A later step allocates and frees the same tensors in the same order (new ids), except that each
+    parameter gradient it computes is added into the existing ``.grad`` and freed right there (at
+    the mark), where the first step kept it as the ``.grad`` (``grads``: parameter -> its id); and
+    its optimizer makes no momentum buffers (``optimizer()`` gives those events). Checked against
+    running every step in ``tests/test_allocator.py``."""
+    out: list[Event] = []
+    for _ in range(count):
+        out.append((STEP, 0, 0, "step"))
+        renamed: dict[int, int] = {}
+
+        def copy(events: list[Event]) -> None:
+            for kind, t, size, op in events:
+                if kind == ALLOC:
+                    renamed[t] = new_id()
+                    out.append((ALLOC, renamed[t], size, op))
+                elif kind == FREE:
+                    out.append((FREE, renamed.get(t, t), 0, ""))
+                elif kind == _ACCUMULATED and grads.get(t) is not None:
+                    g = grads[t]
+                    out.append((FREE, renamed.get(g, g), 0, ""))
+
+        copy(body)
+        out.extend(optimizer())
+        copy(tail)
+    return out
 
 
 def _shape_only_kernels() -> dict[Any, Any]:
