@@ -14,7 +14,6 @@ with ``bench_fingerprint.evaluate``: the whole fit redone without the held-out f
 perf4sight-conv baseline on the same folds. Takes about 10 minutes on 2 cores.
 
     .venv/bin/python bench/bench_cpu_families.py [--generated 12] [--trees 100] [--repeats 1] [--keep DIR]
-                                                 [--order network|batch]
 """
 from __future__ import annotations
 
@@ -63,7 +62,6 @@ warmup_steps = 2
 timed_steps = 5
 timeout_s = 300
 repeats = {repeats}
-order = "{order}"
 
 [devices.cpu-families]
 backend = "cpu"
@@ -79,7 +77,7 @@ def _stage(config: Path, stage: str) -> None:
         sys.exit(f"bench_cpu_families: --stage {stage} failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
 
 
-def run(generated: int = 12, trees: int = 100, repeats: int = 1, keep: str = "", order: str = "network") -> list[dict]:
+def run(generated: int = 12, trees: int = 100, repeats: int = 1, keep: str = "") -> list[dict]:
     """Make, profile and evaluate the dataset (see module doc); rows for bench/run_all.py. ``keep``: a
     folder to make it in and leave behind (config, networks, measurements), instead of a temporary one."""
     with tempfile.TemporaryDirectory(prefix="p4s-cpu-families-") as scratch:
@@ -87,7 +85,7 @@ def run(generated: int = 12, trees: int = 100, repeats: int = 1, keep: str = "",
         Path(tmp).mkdir(parents=True, exist_ok=True)
         config = Path(tmp) / "config.toml"
         config.write_text(CONFIG.format(zoo="[" + ", ".join(f'"{z}"' for z in ZOO) + "]", generated=generated,
-                                        repeats=repeats, order=order))
+                                        repeats=repeats))
         for stage in ("networks", "profile"):
             _stage(config, stage)
             print(f"  {stage} stage done", flush=True)
@@ -96,7 +94,7 @@ def run(generated: int = 12, trees: int = 100, repeats: int = 1, keep: str = "",
         n_fams = len({r["family"] for r in rows})
         res = evaluate(device, rows, descs, trees=trees, held_out=list(ZOO),
                        label=f"cpu, {len(descs)} networks in {n_fams} families ({generated} generated), "
-                             f"{len(rows)} rows, {repeats} process(es) each, {order} order; torchvision families held out")
+                             f"{len(rows)} rows, {repeats} process(es) each; torchvision families held out")
     print("\n".join(table(res)), flush=True)
     return figures(res)
 
@@ -107,9 +105,8 @@ def main() -> None:
     ap.add_argument("--trees", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=1, help="[profile] repeats: fresh processes per row, median kept")
     ap.add_argument("--keep", default="", help="make the dataset in this folder and keep it (a rerun resumes it)")
-    ap.add_argument("--order", default="network", choices=("network", "batch"), help="[profile] order of the sweep")
     args = ap.parse_args()
-    run(args.generated, args.trees, args.repeats, args.keep, args.order)
+    run(args.generated, args.trees, args.repeats, args.keep)
 
 
 if __name__ == "__main__":

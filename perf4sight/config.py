@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from perf4sight.errors import UserError
-from perf4sight.profiling.plan import SWEEP_ORDERS
 
 __all__ = ["Config", "DeviceConfig", "load_config", "BACKENDS"]
 
@@ -75,7 +74,6 @@ class ProfileConfig:
     timed_steps: int = 5
     min_timed_s: float = 0.0  # keep timing steps until they add up to this many seconds
     repeats: int = 1  # fresh processes per (network, batch size); the median one is kept
-    order: str = "network"  # network: each network's batch sizes in a row; batch: all networks per batch size
     timeout_s: float = 600.0
     devices: list[str] = field(default_factory=list)  # empty = every device
     learning_rate: float = 0.01
@@ -238,8 +236,6 @@ def _check(cfg: Config) -> None:
         raise UserError(f"{f}: [profile] timed_steps must be >= 1 and warmup_steps >= 0")
     if cfg.profile.repeats < 1:
         raise UserError(f"{f}: [profile] repeats must be >= 1, got {cfg.profile.repeats}")
-    if cfg.profile.order not in SWEEP_ORDERS:
-        raise UserError(f"{f}: [profile] order must be one of {', '.join(SWEEP_ORDERS)}, got '{cfg.profile.order}'")
     if not 0 <= cfg.profile.min_timed_s < cfg.profile.timeout_s:
         raise UserError(f"{f}: [profile] min_timed_s must lie in [0, timeout_s), got {cfg.profile.min_timed_s}")
     fp = cfg.fingerprint

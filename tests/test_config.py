@@ -52,7 +52,6 @@ def test_good_config_is_typed(tmp_path):
     (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [4, 2]"), r"ascending"),
     (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\nmin_timed_s = -0.5"), r"\[profile\] min_timed_s must lie in"),
     (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\nrepeats = 0"), r"\[profile\] repeats must be >= 1"),
-    (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\norder = 'random'"), r"\[profile\] order must be one of network, batch"),
     (GOOD.replace('backend = "cpu"', 'backend = "tpu"'), r"\[devices.local\] backend 'tpu'"),
     (GOOD.replace("memory_limit_mb = 512", 'memory_limit_mb = "lots"'), r"\[devices.local\] 'memory_limit_mb' must be an integer"),
     (GOOD.replace("levels = [0, 50]", "levels = [0, 120]"), r"levels must lie in 0..99"),

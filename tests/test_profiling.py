@@ -310,23 +310,3 @@ def test_a_peak_between_two_polls_is_an_oom_all_the_same(tmp_path):
     assert outcome.result["status"] == "oom" and outcome.peak_rss_mb > 64
     assert outcome.result["message"] == f"peak RSS {outcome.peak_rss_mb:.0f} MiB exceeded memory_limit_mb 64"
     assert float(outcome.result["latency_ms_median"]) > 0      # the step did run: its figures are kept
-
-
-def test_batch_order_visits_every_network_per_batch_size(tmp_path):
-    """order = "batch": all networks at batch 1, then all at batch 2; a build failure still stops its
-    network at later batch sizes, and an oom still skips the larger ones."""
-    broken, good = write_broken(tmp_path), write_net(tmp_path, "good", width=4)
-    plan = TestPlan(device="d", networks=[str(broken), str(good)], batch_sizes=[1, 2], order="batch", threads=1,
-                    warmup_steps=0, timed_steps=1, output="m.csv")
-    run_plan(save_plan(plan, tmp_path / "plan.json"), emit=lambda e: None)
-    rows = results.read_rows(tmp_path / "m.csv")
-    assert [(r["network"], r["batch_size"], r["status"]) for r in rows] == [
-        ("broken", "1", "error"), ("good", "1", "ok"), ("broken", "2", "error"), ("good", "2", "ok")]
-    assert rows[2]["message"].startswith("not run:")
-    tight = TestPlan(device="d", networks=[str(good), str(good)], batch_sizes=[1, 2], order="batch",
-                     memory_limit_mb=64, output="o.csv")
-    with pytest.raises(UserError, match="both named"):
-        run_plan(save_plan(tight, tmp_path / "tight.json"), emit=lambda e: None)
-    tight.networks = [str(good)]
-    run_plan(save_plan(tight, tmp_path / "tight.json"), emit=lambda e: None)
-    assert [r["status"] for r in results.read_rows(tmp_path / "o.csv")] == ["oom", "skipped_after_oom"]

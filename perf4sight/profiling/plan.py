@@ -21,11 +21,9 @@ from typing import Any
 
 from perf4sight.errors import UserError, read_json_object
 
-__all__ = ["TestPlan", "load_plan", "save_plan", "PLAN_VERSION", "SWEEP_ORDERS"]
+__all__ = ["TestPlan", "load_plan", "save_plan", "PLAN_VERSION"]
 
 PLAN_VERSION = 1
-#: How the runner walks the (network, batch size) configurations.
-SWEEP_ORDERS = ("network", "batch")
 
 
 @dataclass
@@ -43,8 +41,6 @@ class TestPlan:
     ``poll_interval_s``: how often the runner samples the child's memory (seconds).
     ``repeats``: fresh processes that measure each (network, batch size) one after another; the row
     written is the one whose step-time median is the median of theirs (see the runner).
-    ``order``: ``network`` (each network's batch sizes in a row) or ``batch`` (every network at one
-    batch size, then the next): see ``runner.sweep_order``.
     """
 
     __test__ = False  # not a pytest test class, despite the name
@@ -57,7 +53,6 @@ class TestPlan:
     timed_steps: int = 5
     min_timed_s: float = 0.0
     repeats: int = 1
-    order: str = "network"
     timeout_s: float = 600.0
     memory_limit_mb: int = 0
     threads: int = 0
@@ -89,8 +84,6 @@ class TestPlan:
             raise UserError(f"{where}: 'timed_steps' must be >= 1 and 'warmup_steps' >= 0")
         if self.repeats < 1:
             raise UserError(f"{where}: 'repeats' must be >= 1, got {self.repeats}")
-        if self.order not in SWEEP_ORDERS:
-            raise UserError(f"{where}: 'order' must be one of {', '.join(SWEEP_ORDERS)}, got '{self.order}'")
         if self.timeout_s <= 0:
             raise UserError(f"{where}: 'timeout_s' must be > 0, got {self.timeout_s}")
         if not 0 <= self.min_timed_s < self.timeout_s:
@@ -110,7 +103,7 @@ class TestPlan:
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "device": (str,), "backend": (str,), "networks": (list,), "batch_sizes": (list,),
-    "warmup_steps": (int,), "timed_steps": (int,), "min_timed_s": (int, float), "repeats": (int,), "order": (str,), "timeout_s": (int, float), "memory_limit_mb": (int,),
+    "warmup_steps": (int,), "timed_steps": (int,), "min_timed_s": (int, float), "repeats": (int,), "timeout_s": (int, float), "memory_limit_mb": (int,),
     "threads": (int,), "gpu_index": (int,), "learning_rate": (int, float), "momentum": (int, float),
     "input_shape": (list, type(None)), "num_classes": (int, type(None)), "output": (str,),
     "poll_interval_s": (int, float), "version": (int,),

@@ -217,17 +217,6 @@ def _locked(csv_path: Path) -> Iterator[None]:
         yield
 
 
-def sweep_order(nets: list[Any], batch_sizes: list[int], order: str) -> list[tuple[Any, int]]:
-    """The (network, batch size) configurations in the order they are measured; batch sizes ascend per
-    network either way. ``network``: each network's batch sizes in a row. ``batch``: every network
-    at the smallest batch size, then every network at the next: a slow drift of the device's speed
-    over the sweep then weighs on a batch size, shared by all networks, instead of on the networks
-    measured while it lasted."""
-    if order == "batch":
-        return [(net, bs) for bs in batch_sizes for net in nets]
-    return [(net, bs) for net in nets for bs in batch_sizes]
-
-
 def run_plan(plan_path: str | Path, emit: Emit = print_event) -> dict[str, int]:
     """Run the whole sweep of a plan file; returns counts of new ``ok``/``oom``/``skipped_after_oom``/
     ``error`` rows and of keys ``already_measured``. Bad plans raise ``UserError``."""
@@ -253,41 +242,44 @@ def run_plan(plan_path: str | Path, emit: Emit = print_event) -> dict[str, int]:
             emit({"event": "warning", "message": f"the runner holds {own_rss:.0f} MiB: children inherit it as their "
                   "peak RSS floor; run it as 'python -m perf4sight.profiling.runner' in its own process"})
         env: dict[str, Any] = {"hostname": socket.gethostname(), "threads": plan.threads or ""}
-        not_run = {net.index: net.problem for net in nets}  # set when a network cannot be built at all
+        position = 0
         t_start = time.monotonic()
-        for position, (net, bs) in enumerate(sweep_order(nets, plan.batch_sizes, plan.order), start=1):
-            base = {"device": plan.device, "backend": plan.backend, "network": net.name, "family": net.family,
-                    "pruning_level": net.pruning_level, "batch_size": bs, "input_shape": net.input_shape,
-                    "phase": "train", "description_sha": net.sha}
-            if results.row_key(base) in done:
-                counts["already_measured"] += 1
-                emit({"event": "already", "network": net.name, "batch_size": bs, "index": position, "total": total})
-                continue
-            stop = oom_at.get((net.name, net.input_shape))
-            wall = 0.0
-            if stop is not None and bs > stop:
-                row = {"status": "skipped_after_oom", "message": f"batch size {stop} ran out of memory"}
-            elif not_run[net.index]:
-                row = {"status": "error", "message": not_run[net.index]}
-            else:
-                outcome = run_repeats(plan, plan_path, net.index, bs, backend)
-                row, wall = dict(outcome.result), outcome.wall_s
-                row["peak_rss_mb"] = outcome.peak_rss_mb
-                if row["status"] == "error" and row.get("stage") in ("setup", "build"):
-                    not_run[net.index] = f"not run: {row.get('message', '')}"[:300]
-                if row["status"] == "oom":
-                    oom_at[(net.name, net.input_shape)] = bs
-                env.update({k: row[k] for k in ("torch_version", "threads", "device_model", "clocks") if row.get(k)})
-            full = {**env, "warmup_steps": plan.warmup_steps, **base,
-                    **{k: v for k, v in row.items() if k in results.COLUMNS}, "timestamp": _now()}
-            if full["status"] != "ok":
-                full.update(warmup_steps="", timed_steps="")
-            results.append_row(csv_path, full)
-            done.add(results.row_key(full))
-            counts[full["status"]] += 1
-            emit({"event": "row", "network": net.name, "batch_size": bs, "status": full["status"],
-                  "message": full.get("message", ""), "latency_ms_median": full.get("latency_ms_median", ""),
-                  "peak_rss_mb": full.get("peak_rss_mb", ""), "wall_s": wall, "index": position, "total": total})
+        for net in nets:
+            not_run = net.problem  # set when the network cannot be built at all
+            for bs in plan.batch_sizes:
+                position += 1
+                base = {"device": plan.device, "backend": plan.backend, "network": net.name, "family": net.family,
+                        "pruning_level": net.pruning_level, "batch_size": bs, "input_shape": net.input_shape,
+                        "phase": "train", "description_sha": net.sha}
+                if results.row_key(base) in done:
+                    counts["already_measured"] += 1
+                    emit({"event": "already", "network": net.name, "batch_size": bs, "index": position, "total": total})
+                    continue
+                stop = oom_at.get((net.name, net.input_shape))
+                wall = 0.0
+                if stop is not None and bs > stop:
+                    row = {"status": "skipped_after_oom", "message": f"batch size {stop} ran out of memory"}
+                elif not_run:
+                    row = {"status": "error", "message": not_run}
+                else:
+                    outcome = run_repeats(plan, plan_path, net.index, bs, backend)
+                    row, wall = dict(outcome.result), outcome.wall_s
+                    row["peak_rss_mb"] = outcome.peak_rss_mb
+                    if row["status"] == "error" and row.get("stage") in ("setup", "build"):
+                        not_run = f"not run: {row.get('message', '')}"[:300]
+                    if row["status"] == "oom":
+                        oom_at[(net.name, net.input_shape)] = bs
+                    env.update({k: row[k] for k in ("torch_version", "threads", "device_model", "clocks") if row.get(k)})
+                full = {**env, "warmup_steps": plan.warmup_steps, **base,
+                        **{k: v for k, v in row.items() if k in results.COLUMNS}, "timestamp": _now()}
+                if full["status"] != "ok":
+                    full.update(warmup_steps="", timed_steps="")
+                results.append_row(csv_path, full)
+                done.add(results.row_key(full))
+                counts[full["status"]] += 1
+                emit({"event": "row", "network": net.name, "batch_size": bs, "status": full["status"],
+                      "message": full.get("message", ""), "latency_ms_median": full.get("latency_ms_median", ""),
+                      "peak_rss_mb": full.get("peak_rss_mb", ""), "wall_s": wall, "index": position, "total": total})
         emit({"event": "done", "summary": counts, "wall_s": round(time.monotonic() - t_start, 3), "csv": str(csv_path)})
     return counts
 
