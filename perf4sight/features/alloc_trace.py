@@ -93,8 +93,7 @@ def _record(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: int, 
 
     from perf4sight.ir.to_torch import build_module
 
-    with torch.device("meta"):
-        model = build_module(desc)
+    model = build_module(desc, device="meta")
     if inplace_relu:
         _inplace_activations(model)
     shortcuts = _shape_only_kernels() if fast else {}

@@ -23,28 +23,30 @@ def _pair(v: Any) -> tuple[int, int]:
     return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
 
 
-#: op -> factory of the nn.Module that executes it.
-MODULE_BUILDERS: dict[str, Callable[[dict[str, Any]], nn.Module]] = {
-    "conv2d": lambda a: nn.Conv2d(a["in_channels"], a["out_channels"], _pair(a["kernel_size"]), _pair(a["stride"]),
-                                  _pair(a["padding"]), _pair(a["dilation"]), a["groups"], bool(a["bias"])),
-    "batchnorm2d": lambda a: nn.BatchNorm2d(a["num_features"], eps=a.get("eps", 1e-5), momentum=a.get("momentum", 0.1)),
-    "linear": lambda a: nn.Linear(a["in_features"], a["out_features"], bool(a["bias"])),
-    "relu": lambda a: nn.ReLU(inplace=bool(a.get("inplace", False))),
-    "relu6": lambda a: nn.ReLU6(inplace=bool(a.get("inplace", False))),
-    "hardswish": lambda a: nn.Hardswish(),
-    "hardsigmoid": lambda a: nn.Hardsigmoid(),
-    "sigmoid": lambda a: nn.Sigmoid(),
-    "silu": lambda a: nn.SiLU(),
-    "gelu": lambda a: nn.GELU(),
-    "tanh": lambda a: nn.Tanh(),
-    "identity": lambda a: nn.Identity(),
-    "maxpool2d": lambda a: nn.MaxPool2d(_pair(a["kernel_size"]), _pair(a["stride"]), _pair(a["padding"]),
+#: op -> factory of the nn.Module that executes it, given the node's attrs and the factory keyword
+#: arguments for its parameters and buffers (``device``).
+MODULE_BUILDERS: dict[str, Callable[..., nn.Module]] = {
+    "conv2d": lambda a, **f: nn.Conv2d(a["in_channels"], a["out_channels"], _pair(a["kernel_size"]), _pair(a["stride"]),
+                                       _pair(a["padding"]), _pair(a["dilation"]), a["groups"], bool(a["bias"]), **f),
+    "batchnorm2d": lambda a, **f: nn.BatchNorm2d(a["num_features"], eps=a.get("eps", 1e-5),
+                                                 momentum=a.get("momentum", 0.1), **f),
+    "linear": lambda a, **f: nn.Linear(a["in_features"], a["out_features"], bool(a["bias"]), **f),
+    "relu": lambda a, **f: nn.ReLU(inplace=bool(a.get("inplace", False))),
+    "relu6": lambda a, **f: nn.ReLU6(inplace=bool(a.get("inplace", False))),
+    "hardswish": lambda a, **f: nn.Hardswish(),
+    "hardsigmoid": lambda a, **f: nn.Hardsigmoid(),
+    "sigmoid": lambda a, **f: nn.Sigmoid(),
+    "silu": lambda a, **f: nn.SiLU(),
+    "gelu": lambda a, **f: nn.GELU(),
+    "tanh": lambda a, **f: nn.Tanh(),
+    "identity": lambda a, **f: nn.Identity(),
+    "maxpool2d": lambda a, **f: nn.MaxPool2d(_pair(a["kernel_size"]), _pair(a["stride"]), _pair(a["padding"]),
                                         _pair(a.get("dilation", 1)), ceil_mode=bool(a["ceil_mode"])),
-    "avgpool2d": lambda a: nn.AvgPool2d(_pair(a["kernel_size"]), _pair(a["stride"]), _pair(a["padding"]),
+    "avgpool2d": lambda a, **f: nn.AvgPool2d(_pair(a["kernel_size"]), _pair(a["stride"]), _pair(a["padding"]),
                                         bool(a["ceil_mode"]), bool(a["count_include_pad"])),
-    "adaptiveavgpool2d": lambda a: nn.AdaptiveAvgPool2d(_pair(a["output_size"])),
-    "adaptivemaxpool2d": lambda a: nn.AdaptiveMaxPool2d(_pair(a["output_size"])),
-    "dropout": lambda a: nn.Dropout(float(a["p"])),
+    "adaptiveavgpool2d": lambda a, **f: nn.AdaptiveAvgPool2d(_pair(a["output_size"])),
+    "adaptivemaxpool2d": lambda a, **f: nn.AdaptiveMaxPool2d(_pair(a["output_size"])),
+    "dropout": lambda a, **f: nn.Dropout(float(a["p"])),
 }
 
 
@@ -96,14 +98,17 @@ def _attr_name(name: str, taken: set[str]) -> str:
     return candidate
 
 
-def build_module(desc: NetworkDescription) -> fx.GraphModule:
-    """A trainable GraphModule computing ``desc`` (input ``[N, *desc.input_shape]``)."""
+def build_module(desc: NetworkDescription, device: torch.device | str | None = None) -> fx.GraphModule:
+    """A trainable GraphModule computing ``desc`` (input ``[N, *desc.input_shape]``), its parameters
+    and buffers made on ``device`` (default: torch's default device). Passing ``device="meta"`` is
+    about twice as fast as building inside ``with torch.device("meta")``, which intercepts every call."""
     root = nn.Module()
     graph = fx.Graph()
     env: dict[str, fx.Node] = {}
     taken: set[str] = set()
+    factory = {} if device is None else {"device": device}
     for node in desc.nodes:
-        env[node.name] = _emit(node, graph, root, env, taken, desc.name)
+        env[node.name] = _emit(node, graph, root, env, taken, desc.name, factory)
     graph.output(env[desc.output])
     gm = fx.GraphModule(root, graph, class_name=re.sub(r"\W", "_", desc.name) or "Network")
     gm.train()
@@ -111,13 +116,13 @@ def build_module(desc: NetworkDescription) -> fx.GraphModule:
 
 
 def _emit(node: Node, graph: fx.Graph, root: nn.Module, env: dict[str, fx.Node], taken: set[str],
-          where: str) -> fx.Node:
+          where: str, factory: dict[str, Any]) -> fx.Node:
     if node.op == "input":
         return graph.placeholder(_attr_name(node.name, taken))
     args = [env[i] for i in node.inputs]
     if node.op in MODULE_BUILDERS:
         try:
-            module = MODULE_BUILDERS[node.op](node.attrs)
+            module = MODULE_BUILDERS[node.op](node.attrs, **factory)
         except (TypeError, ValueError, KeyError) as exc:
             raise UserError(f"{where}: node '{node.name}' ({node.op}) has bad attrs: {exc}") from None
         attr = _attr_name(node.name, taken)
