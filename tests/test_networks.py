@@ -19,7 +19,7 @@ from perf4sight.networks.design_space import STYLES
 from perf4sight.networks.factories import build_factory_model, parse_factory
 from perf4sight.networks.generator import GeneratorSettings, forward_flops, generate
 from perf4sight.networks.pruning import STRATEGIES, PruningPlan, prune_model
-from perf4sight.networks.zoo import build_zoo_model
+from perf4sight.networks.zoo import build_zoo_model, describe_zoo
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "models" / "imagenet" / "tiny_nets.py"
@@ -70,6 +70,17 @@ def test_zoo_network_with_coupled_channels(name: str) -> None:
     assert abs(desc.pruning_level - 40) <= 2.0
     assert desc.num_classes == CLASSES
     _train_step(desc)
+
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "googlenet", "shufflenet_v2_x1_0"])
+def test_zoo_description_from_meta_weights_equals_the_real_model(name: str) -> None:
+    """describe_zoo builds on the meta device and propagates meta shapes: same description as a real model."""
+    fast = describe_zoo(name, SHAPE, CLASSES)
+    real = describe(build_zoo_model(name, CLASSES), SHAPE, name=name, network=name, source=f"torchvision:{name}")
+    assert fast.to_json() == real.to_json()
+    assert len(fast.nodes) > 20 and fast.params == real.params > 0
+    with pytest.raises(UserError, match="unknown network 'resnet19'"):
+        describe_zoo("resnet19", SHAPE)
 
 
 def _tiny_resnext(num_classes: int = CLASSES) -> nn.Module:
