@@ -97,7 +97,8 @@ def test_gnn_ensemble_and_perfseer_round_trip_through_the_cli(tmp_path):
     e = json.loads(ens.stdout.splitlines()[-1])
     t = json.loads(main_py(tmp_path, "--stage", "predict", "--predictor", "trees", "--network", "resnet18",
                            "--batch-size", "2", "--json").stdout)
-    assert abs(e["latency_ms"] - (t["latency_ms"] * preds[0]["latency_ms"]) ** 0.5) < 1e-6 * e["latency_ms"]
+    # the ensemble is the geometric mean of trees and GNN (figures printed to 0.001 ms, so within 0.002)
+    assert abs(e["latency_ms"] - (t["latency_ms"] * preds[0]["latency_ms"]) ** 0.5) < 2e-3
 
     exp = main_py(tmp_path, "--stage", "export", "--format", "perfseer", "--output", str(tmp_path / "ds"))
     assert exp.returncode == 0, exp.stderr
