@@ -41,9 +41,9 @@ MODULE_BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "tanh": lambda a, **f: nn.Tanh(),
     "identity": lambda a, **f: nn.Identity(),
     "maxpool2d": lambda a, **f: nn.MaxPool2d(_pair(a["kernel_size"]), _pair(a["stride"]), _pair(a["padding"]),
-                                        _pair(a.get("dilation", 1)), ceil_mode=bool(a["ceil_mode"])),
+                                             _pair(a.get("dilation", 1)), ceil_mode=bool(a["ceil_mode"])),
     "avgpool2d": lambda a, **f: nn.AvgPool2d(_pair(a["kernel_size"]), _pair(a["stride"]), _pair(a["padding"]),
-                                        bool(a["ceil_mode"]), bool(a["count_include_pad"])),
+                                             bool(a["ceil_mode"]), bool(a["count_include_pad"])),
     "adaptiveavgpool2d": lambda a, **f: nn.AdaptiveAvgPool2d(_pair(a["output_size"])),
     "adaptivemaxpool2d": lambda a, **f: nn.AdaptiveMaxPool2d(_pair(a["output_size"])),
     "dropout": lambda a, **f: nn.Dropout(float(a["p"])),
@@ -101,7 +101,7 @@ def _attr_name(name: str, taken: set[str]) -> str:
 def build_module(desc: NetworkDescription, device: torch.device | str | None = None) -> fx.GraphModule:
     """A trainable GraphModule computing ``desc`` (input ``[N, *desc.input_shape]``), its parameters
     and buffers made on ``device`` (default: torch's default device). Passing ``device="meta"`` is
-    about twice as fast as building inside ``with torch.device("meta")``, which intercepts every call."""
+    about 20 % faster than building inside ``with torch.device("meta")``, which intercepts every call."""
     root = nn.Module()
     graph = fx.Graph()
     env: dict[str, fx.Node] = {}

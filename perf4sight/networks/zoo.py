@@ -43,7 +43,7 @@ def describe_zoo(name: str, input_shape: list[int], num_classes: int = 1000) -> 
 
     _check_name(name)
     info = dict(name=name, network=name, source=f"torchvision:{name}")
-    try:  # shapes only: built on the meta device, no weights initialised (5-10x faster)
+    try:  # shapes only: built on the meta device, no weights initialised (3-10x faster)
         with torch.device("meta"):
             model = build_zoo_model(name, num_classes)
         return describe(model, input_shape, **info)
