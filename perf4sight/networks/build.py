@@ -91,9 +91,8 @@ def prune_source(src: Source, input_shape: list[int], levels: list[float], strat
         pruned = plan.prune(lvl, meta=True)
         info = dict(name=variant_name(src.name, lvl), network=src.name, pruning_level=pruned.achieved_level,
                     source=src.source, strategy=strategy, seed=seed, target_level=lvl, **pruned.extra)
-        try:  # shapes only: no real forward pass (seconds per level for large networks at 224x224)
-            with torch.device("meta"):
-                desc = describe(pruned.module, input_shape, **info)
+        try:  # meta weights: shapes only, no real forward pass (seconds per level for large networks at 224x224)
+            desc = describe(pruned.module, input_shape, **info)
         except Exception:  # an op without a meta kernel: describe a real copy instead
             desc = describe(plan.prune(lvl).module, input_shape, **info)
         out.append(desc)

@@ -21,14 +21,10 @@ _BUILD_KWARGS: dict[str, dict[str, Any]] = {
 ZOO_NAMES: tuple[str, ...] = tuple(sorted(_BUILD_KWARGS))
 
 
-def _check_name(name: str) -> None:
-    if name not in _BUILD_KWARGS:
-        raise UserError(f"unknown network '{name}' (zoo networks: {', '.join(ZOO_NAMES)})")
-
-
 def build_zoo_model(name: str, num_classes: int = 1000) -> nn.Module:
     """A randomly initialised torchvision model (``weights=None``)."""
-    _check_name(name)
+    if name not in _BUILD_KWARGS:
+        raise UserError(f"unknown network '{name}' (zoo networks: {', '.join(ZOO_NAMES)})")
     import torchvision.models as tvm  # host side only: devices never import torchvision
 
     builder: Callable[..., nn.Module] = getattr(tvm, name)
@@ -41,12 +37,10 @@ def describe_zoo(name: str, input_shape: list[int], num_classes: int = 1000) -> 
 
     from perf4sight.ir.from_torch import describe
 
-    _check_name(name)
     info = dict(name=name, network=name, source=f"torchvision:{name}")
-    try:  # shapes only: built on the meta device, no weights initialised (3-10x faster)
-        with torch.device("meta"):
-            model = build_zoo_model(name, num_classes)
+    with torch.device("meta"):  # shapes only: no weights initialised (3-10x faster)
+        model = build_zoo_model(name, num_classes)
+    try:
         return describe(model, input_shape, **info)
-    except UserError:
-        pass
-    return describe(build_zoo_model(name, num_classes), input_shape, **info)  # an op without a meta kernel
+    except UserError:  # an op without a meta kernel: describe a real model instead
+        return describe(build_zoo_model(name, num_classes), input_shape, **info)
