@@ -89,8 +89,6 @@ def record_runs(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: i
 
 def _record(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: int, lr: float, momentum: float,
             weight_decay: float, inplace_relu: bool, fast: bool) -> list[list[Event]]:
-    import torch
-
     from perf4sight.ir.to_torch import build_module
 
     model = build_module(desc, device="meta")
@@ -167,7 +165,6 @@ def _trace(model: Any, desc: NetworkDescription, batch_size: int, steps: int, lr
     see(x, "input")
     see(y, "labels")
     params = list(model.parameters())
-    opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, foreach=False)
 
     def sgd_events(first: bool) -> list[Event]:
         """What ``opt.step()`` allocates and frees (torch.optim.SGD, single-tensor loop), per parameter."""
@@ -186,6 +183,7 @@ def _trace(model: Any, desc: NetworkDescription, batch_size: int, steps: int, lr
         return out
 
     if not fast:  # the reference: every step run, the real optimizer
+        opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, foreach=False)
         with Recorder():
             for _ in range(steps):
                 record((STEP, 0, 0, "step"))
