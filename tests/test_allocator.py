@@ -108,16 +108,16 @@ def test_shape_only_kernels_leave_the_events_unchanged(zoo):
     through the real optimizer: same ops, same order, same bytes."""
     from perf4sight.networks.zoo import describe_zoo
     desc = describe_zoo(zoo, [3, 32, 32], num_classes=10)
-    fast, full = record_events(desc, 3, fast=True), record_events(desc, 3, fast=False)
+    fast, full = record_events(desc, 3, fast=True, method="trace"), record_events(desc, 3, fast=False)
     assert len(fast) > 100 and fast == full
     # one model built once and run at two batch sizes: each run as if on a fresh model
-    assert record_runs(desc, (3, 5)) == [fast, record_events(desc, 5, fast=False)]
+    assert record_runs(desc, (3, 5), method="trace") == [fast, record_events(desc, 5, fast=False)]
 
 
 def test_more_derived_steps_match_more_run_steps():
     from perf4sight.networks.zoo import describe_zoo
     desc = describe_zoo("mobilenet_v2", [3, 32, 32], num_classes=10)
-    fast, full = record_events(desc, 2, steps=3), record_events(desc, 2, steps=3, fast=False)
+    fast, full = record_events(desc, 2, steps=3, method="trace"), record_events(desc, 2, steps=3, fast=False)
     assert sum(e[0] == STEP for e in fast) == 3 and fast == full
 
 
@@ -127,7 +127,7 @@ def test_one_prime_batch_trace_equals_two_batch_solve(zoo):
     equals the exact two-batch solve through the full meta kernels and the real optimizer."""
     from perf4sight.networks.zoo import describe_zoo
     desc = describe_zoo(zoo, [3, 32, 32], num_classes=10)
-    fast, exact = simulate(desc), simulate(desc, (2, 4), fast=False)
+    fast, exact = simulate(desc, method="trace"), simulate(desc, (2, 4), fast=False)
     for field in ("kind", "tensor", "const", "per_sample"):
         assert np.array_equal(getattr(fast, field), getattr(exact, field)), field
     assert (fast.per_sample > 0).sum() > 50 and (fast.const > 0).sum() > 50
@@ -143,3 +143,85 @@ def test_replay_stops_repeating_a_step_that_leaves_the_allocator_unchanged():
                                       (tr.kind, tr.tensor, tr.const, tr.per_sample)), repeat_last=0)
     for bs in (1, 5, 16, 33):
         assert tr.replay(bs) == spelled.replay(bs)
+
+
+def _as_replayed(events):
+    """Events as the replay sees them: zero-byte allocations dropped (they get no block), storages
+    renumbered in allocation order, each run of consecutive frees taken as a set (frees commute).
+    The allocating aten op is kept."""
+    zero = {t for k, t, s, _ in events if k == ALLOC and s == 0}
+    names: dict[int, int] = {}
+    out, frees = [], set()
+    for kind, t, size, op in events:
+        if t in zero and kind != STEP:
+            continue
+        if kind == FREE:
+            frees.add(names[t])
+            continue
+        if frees:
+            out.append(("free", frozenset(frees)))
+            frees = set()
+        if kind == ALLOC:
+            names[t] = len(names)
+            out.append(("alloc", size, op))
+        else:
+            out.append(("step",))
+    return out + ([("free", frozenset(frees))] if frees else [])
+
+
+def _edge_cases():
+    """Ops and patterns beside the zoo's: pooling the input (no gradient there), a convolution with bias,
+    dropout, a non-global adaptive pool, a three-way cat from one input, an add of two branches,
+    ReLU6, linear layers with and without bias."""
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    class Edge(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pool = nn.MaxPool2d(2)
+            self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(inplace=True), nn.Dropout(0.3))
+            self.branches = nn.ModuleList([nn.Conv2d(8, 4, 1), nn.Sequential(nn.Conv2d(8, 4, 3, padding=1), nn.BatchNorm2d(4)),
+                                           nn.AvgPool2d(3, 1, 1)])
+            self.fuse = nn.Sequential(nn.Conv2d(16, 8, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU6(inplace=True))
+            self.head = nn.Sequential(nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(32, 16, bias=False), nn.ReLU(),
+                                      nn.Linear(16, 10))
+
+        def forward(self, x):
+            x = self.stem(self.pool(x))
+            y = self.fuse(torch.cat([b(x) for b in self.branches], 1))
+            return self.head(y + x)
+
+    import torch
+    return describe(Edge(), [3, 16, 16], "edge")
+
+
+@pytest.mark.parametrize("zoo", ["resnet18", "mobilenet_v2", "squeezenet1_0", "densenet121", "googlenet", "vgg11",
+                                 "resnext50_32x4d", "edge"])
+def test_allocation_model_writes_down_the_traced_events(zoo):
+    """The events worked out from the description (no torch) are the ones the meta-device run records,
+    step by step, and replay to the same peaks."""
+    from perf4sight.networks.zoo import describe_zoo
+    desc = _edge_cases() if zoo == "edge" else describe_zoo(zoo, [3, 64, 64], num_classes=10)
+    model, traced = record_events(desc, 3, steps=3, method="model"), record_events(desc, 3, steps=3, method="trace")
+    assert len(model) > 50 and _as_replayed(model) == _as_replayed(traced)
+    sims = [simulate(desc, method=m) for m in ("model", "trace")]
+    assert sims[0].peaks_mb([1, 7, 64]).tolist() == sims[1].peaks_mb([1, 7, 64]).tolist()
+
+
+def test_allocation_model_on_generated_networks():
+    from perf4sight.networks.generator import STYLES, GeneratorSettings, generate
+    descs = generate(GeneratorSettings(count=10, seed=11), [3, 32, 32], 10)
+    assert len(descs) == 10 and len(STYLES) >= 5
+    for desc in descs:
+        assert _as_replayed(record_events(desc, 2, method="model")) == _as_replayed(record_events(desc, 2, method="trace")), desc.name
+
+
+def test_ops_the_allocation_model_lacks_fall_back_to_the_trace():
+    from perf4sight.errors import UserError
+    from perf4sight.networks.zoo import describe_zoo
+    desc = describe_zoo("mobilenet_v3_small", [3, 32, 32], num_classes=10)  # hardswish, squeeze-excitation
+    assert record_events(desc, 2) == record_events(desc, 2, method="trace")
+    with pytest.raises(UserError, match="hardswish"):
+        record_events(desc, 2, method="model")

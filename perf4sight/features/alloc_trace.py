@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from perf4sight.errors import UserError
+from perf4sight.features.alloc_model import ACCUMULATED, NotCovered, step_events
 from perf4sight.features.allocator import ALLOC, FREE, STEP, AllocTrace
 from perf4sight.ir.schema import NetworkDescription
 
@@ -63,28 +64,47 @@ def _key(desc: NetworkDescription) -> str:
 
 def record_events(desc: NetworkDescription, batch_size: int, steps: int = 2, lr: float = 0.1,
                   momentum: float = 0.9, weight_decay: float = 5e-4, inplace_relu: bool = True,
-                  fast: bool = True) -> list[Event]:
+                  fast: bool = True, method: str = "auto") -> list[Event]:
     """Allocation events (kind, storage id, bytes, aten op) of ``steps`` training steps at ``batch_size``.
 
     ``inplace_relu``: run ReLU/ReLU6 in place as torchvision models do (falls back to out-of-place
     where autograd forbids it). ``fast``: skip the meta kernels of :func:`_shape_only_kernels`, skip
     ``zero_grad`` and write the SGD step's events down instead of running it (same events, several
-    times faster). Raises :class:`UserError` if an op cannot run on the meta device.
+    times faster). ``method``: "trace" runs the step on the meta device; "model" writes the events
+    down from the description (:mod:`~perf4sight.features.alloc_model`, same events, no torch);
+    "auto" uses the model where it covers every op (with ``fast`` and ``inplace_relu``), else the
+    trace. Raises :class:`UserError` if an op cannot run on the meta device.
     """
-    return record_runs(desc, (batch_size,), steps, lr, momentum, weight_decay, inplace_relu, fast)[0]
+    return record_runs(desc, (batch_size,), steps, lr, momentum, weight_decay, inplace_relu, fast, method)[0]
 
 
 def record_runs(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: int = 2, lr: float = 0.1,
                 momentum: float = 0.9, weight_decay: float = 5e-4, inplace_relu: bool = True,
-                fast: bool = True) -> list[list[Event]]:
+                fast: bool = True, method: str = "auto") -> list[list[Event]]:
     """:func:`record_events` at each of ``batch_sizes``, one fresh run each (no gradients, no momentum)
     on one model built once."""
+    if method not in ("auto", "trace", "model"):
+        raise ValueError(f"record_runs: method must be auto, trace or model, not {method!r}")
+    if method != "trace" and fast and inplace_relu:
+        try:
+            return [_modelled(desc, b, steps, momentum, weight_decay) for b in batch_sizes]
+        except NotCovered as exc:
+            if method == "model":
+                raise UserError(f"{desc.name}: the allocation model does not cover {exc}") from None
+    elif method == "model":
+        raise UserError("the allocation model needs fast=True and inplace_relu=True")
     try:
         return _record(desc, batch_sizes, steps, lr, momentum, weight_decay, inplace_relu, fast)
     except RuntimeError as exc:
         if inplace_relu and "inplace" in str(exc).lower():
             return _record(desc, batch_sizes, steps, lr, momentum, weight_decay, False, fast)
         raise UserError(f"{desc.name}: the training step cannot be traced on the meta device ({exc})".splitlines()[0]) from None
+
+
+def _modelled(desc: NetworkDescription, batch_size: int, steps: int, momentum: float, weight_decay: float) -> list[Event]:
+    st = step_events(desc, batch_size)
+    return assemble_steps(st.setup, st.body, st.tail, dict(st.grads), list(st.param_bytes), steps, st.new_id,
+                          momentum, weight_decay)
 
 
 def _record(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: int, lr: float, momentum: float,
@@ -166,22 +186,6 @@ def _trace(model: Any, desc: NetworkDescription, batch_size: int, steps: int, lr
     see(y, "labels")
     params = list(model.parameters())
 
-    def sgd_events(first: bool) -> list[Event]:
-        """What ``opt.step()`` allocates and frees (torch.optim.SGD, single-tensor loop), per parameter."""
-        out: list[Event] = []
-        for p in params:
-            if p.grad is None:
-                continue
-            nbytes = p.numel() * p.element_size()
-            decayed = new_id() if weight_decay else 0
-            if weight_decay:
-                out.append((ALLOC, decayed, nbytes, "aten.add.Tensor"))  # grad + weight_decay * param
-            if momentum and first:
-                out.append((ALLOC, new_id(), nbytes, "aten.clone.default"))  # the momentum buffer
-            if weight_decay:
-                out.append((FREE, decayed, 0, ""))
-        return out
-
     if not fast:  # the reference: every step run, the real optimizer
         opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, foreach=False)
         with Recorder():
@@ -201,7 +205,6 @@ def _trace(model: Any, desc: NetworkDescription, batch_size: int, steps: int, lr
     hooks = [p.register_post_accumulate_grad_hook(lambda _p, i=i: record((_ACCUMULATED, i, 0, "")))
              for i, p in enumerate(params)]
     with Recorder():
-        record((STEP, 0, 0, "step"))
         begin = len(events)
         out = model(x)
         loss = nn.functional.cross_entropy(out.reshape(out.shape[0], -1), y)
@@ -211,21 +214,44 @@ def _trace(model: Any, desc: NetworkDescription, batch_size: int, steps: int, lr
         grads = {i: ids.get(p.grad.untyped_storage()._cdata) for i, p in enumerate(params) if p.grad is not None}
         with lock:
             backward_end = len(events)
-        for e in sgd_events(first=True):
-            record(e)
-        with lock:
-            sgd_end = len(events)
         del out, loss
     with lock:
         closed[0] = True
         first = list(events)
-    later = _later_steps(first[begin:backward_end], first[sgd_end:], grads, steps - 1, new_id,
-                         lambda: sgd_events(first=False))
+    param_bytes = [p.numel() * p.element_size() if p.grad is not None else None for p in params]
+    return assemble_steps(first[:begin], first[begin:backward_end], first[backward_end:], grads, param_bytes, steps,
+                          new_id, momentum, weight_decay)
+
+
+def assemble_steps(setup: list[Event], body: list[Event], tail: list[Event], grads: dict[int, int | None],
+                   param_bytes: list[int | None], steps: int, new_id: Any, momentum: float,
+                   weight_decay: float) -> list[Event]:
+    """The events of a run of ``steps`` steps from its first step: ``setup`` (weights, buffers, batch),
+    the first step's forward and backward (``body``, with :data:`_ACCUMULATED` marks), what followed its
+    optimizer step (``tail``); ``grads``: parameter -> id of its ``.grad``; ``param_bytes``: per
+    parameter, None where it has no gradient. The SGD step's own events are written down."""
+    def sgd_events(first: bool) -> list[Event]:
+        """What ``opt.step()`` allocates and frees (torch.optim.SGD, single-tensor loop), per parameter."""
+        out: list[Event] = []
+        for nbytes in param_bytes:
+            if nbytes is None:
+                continue
+            decayed = new_id() if weight_decay else 0
+            if weight_decay:
+                out.append((ALLOC, decayed, nbytes, "aten.add.Tensor"))  # grad + weight_decay * param
+            if momentum and first:
+                out.append((ALLOC, new_id(), nbytes, "aten.clone.default"))  # the momentum buffer
+            if weight_decay:
+                out.append((FREE, decayed, 0, ""))
+        return out
+
+    first = setup + [(STEP, 0, 0, "step")] + body + sgd_events(True) + tail
+    later = _later_steps(body, tail, grads, steps - 1, new_id, lambda: sgd_events(False))
     return [e for e in first if e[0] != _ACCUMULATED] + later
 
 
-#: Event kind used inside :func:`_trace` only: parameter ``tensor`` had its gradient accumulated.
-_ACCUMULATED = 3
+#: Event kind inside a first step only: parameter ``tensor`` had its gradient accumulated.
+_ACCUMULATED = ACCUMULATED
 
 
 def _later_steps(body: list[Event], tail: list[Event], grads: dict[int, int | None], count: int,

@@ -100,21 +100,22 @@ class CachingAllocator:
 
     def malloc(self, nbytes: int) -> _Block | None:
         """Allocate ``nbytes`` (0 bytes -> no block, as in PyTorch)."""
-        if nbytes <= 0:
-            return None
-        size = round_size(nbytes)
+        return self.malloc_rounded(round_size(nbytes)) if nbytes > 0 else None
+
+    def malloc_rounded(self, size: int) -> _Block:
+        """Allocate ``size`` bytes, already rounded by :func:`round_size` (the replay rounds them all at once)."""
         small = size <= K_SMALL_SIZE
         pool = self._pools[small]
         i = bisect_left(pool, (size, 0))
         if i < len(pool):
-            key = pool.pop(i)
-            block = self._free.pop(key)
+            block = self._free.pop(pool.pop(i))
         else:
             seg = segment_size(size)
             block = _Block(self._next_ptr, seg, small)
             self._next_ptr += seg + K_SMALL_BUFFER  # keep segments apart: no merging across segments
             self.reserved += seg
-            self.peak_reserved = max(self.peak_reserved, self.reserved)
+            if self.reserved > self.peak_reserved:
+                self.peak_reserved = self.reserved
         remaining = block.size - size
         if remaining >= K_MIN_BLOCK if small else remaining > K_SMALL_SIZE:
             rest = _Block(block.ptr + size, remaining, small)
@@ -123,10 +124,13 @@ class CachingAllocator:
                 block.next.prev = rest
             block.next = rest
             block.size = size
-            self._insert(rest)
+            key = (remaining, rest.ptr)
+            insort(pool, key)
+            self._free[key] = rest
         block.allocated = True
         self.allocated += block.size
-        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        if self.allocated > self.peak_allocated:
+            self.peak_allocated = self.allocated
         return block
 
     def free(self, block: _Block | None) -> None:
@@ -177,10 +181,12 @@ class AllocTrace:
         bs = int(batch_size)
         if bs in self._memo:
             return self._memo[bs]
-        sizes = self.sizes(bs).tolist()
+        sizes = self.sizes(bs)
+        sizes = np.where(sizes > 0, np.maximum(K_MIN_BLOCK, -(-sizes // K_MIN_BLOCK) * K_MIN_BLOCK), 0).tolist()
         kinds, ids = self.kind.tolist(), self.tensor.tolist()
         steps = [i for i, k in enumerate(kinds) if k == STEP]
         alloc = CachingAllocator()
+        malloc = alloc.malloc_rounded
         live: dict[int, _Block | None] = {}
         peaks: list[tuple[int, int]] = []
         bounds = [(0, steps[0] if steps else len(kinds))]
@@ -200,7 +206,7 @@ class AllocTrace:
             for i in range(start, end):
                 k = kinds[i]
                 if k == ALLOC:
-                    live[ids[i]] = alloc.malloc(sizes[i])
+                    live[ids[i]] = malloc(sizes[i]) if sizes[i] else None
                 elif k == FREE:
                     alloc.free(live.pop(ids[i], None))
             if n > 0:

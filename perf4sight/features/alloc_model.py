@@ -1,0 +1,344 @@
+"""The allocation events of a training step worked out from the description alone (no torch).
+
+:mod:`perf4sight.features.alloc_trace` records the events by running the step on the meta device;
+this module writes the same events down from the description, 15-20 times faster, for the ops it
+knows (:data:`COVERED`; anything else falls back to the trace). The two are checked to give the same
+allocations in the same order with the same frees between them (the trace's zero-byte allocations
+aside) on zoo, pruned and generated networks in ``tests/test_allocator.py``.
+
+Sizes are bytes at one batch size (float32 tensors, int64 pooling indices, labels and counters).
+The rules, as PyTorch runs a training step (and as the meta trace shows them):
+
+- **Setup**: every parameter (node order; weight then bias), then every buffer (batch norm's
+  running mean, running variance and int64 step counter), then the input batch and the labels.
+- **Forward**: each op allocates its outputs; an autograd node (one per op whose input or
+  weights need a gradient) holds the tensors its backward reads (*saved*); the graph module drops
+  a value after its last use (its inputs in order). A tensor's storage is freed when nothing holds
+  it any more (values, views, saved tensors, gradient buffers). ReLU and ReLU6 run in place, as in
+  the trace; views (reshape, flatten, squeeze) share their input's storage.
+- **Loss**: cross entropy = log-softmax (keeps its result) + NLL loss (a 4-byte loss and a 4-byte
+  total weight, which it keeps); ``backward`` starts from a 4-byte seed held until it returns.
+- **Backward**: nodes run in reverse creation order (the engine runs the ready node with the
+  highest sequence number). A node allocates the gradients it computes, then releases its incoming
+  gradient and its saved tensors, then hands each gradient on: into an empty buffer as is, into a
+  filled one as a new sum (the two addends released). Pass-through backwards (add, cat, views)
+  hand on the incoming gradient or views of it. A parameter's gradient is kept as its ``.grad``
+  where it is accumulated (a mark, so that later steps can free it there instead).
+- Linear layers are ``t`` + ``addmm``: the bias gradient is reduced from the incoming gradient
+  after the two matrix products, and the weight's reaches it through the ``t`` node; without a
+  bias, ``t`` + ``mm``, whose backward computes the weight's gradient first.
+- Dropout on the meta device is ``empty_like`` (the noise, kept) + ``mul``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+from typing import Callable
+
+from perf4sight.features.allocator import ALLOC, FREE
+from perf4sight.ir.schema import NetworkDescription, Node
+
+__all__ = ["COVERED", "step_events"]
+
+FLOAT, INT64 = 4, 8
+ACCUMULATED = 3  # event kind: a parameter's gradient accumulated (tensor field = parameter index)
+Event = tuple[int, int, int, str]
+
+#: Ops whose forward and backward allocations are written down here.
+COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6", "maxpool2d", "avgpool2d",
+                     "adaptiveavgpool2d", "add", "cat", "reshape", "flatten", "squeeze", "unsqueeze",
+                     "identity", "dropout"})
+_VIEWS = {"reshape", "flatten", "squeeze", "unsqueeze"}
+
+
+class NotCovered(Exception):
+    """The description has an op or a pattern this model does not cover: use the meta trace."""
+
+
+@dataclass
+class _Value:
+    """A tensor of the forward pass: its storage, its bytes, the autograd node that made it (None:
+    needs no gradient), whether it is a view of another value's storage."""
+    sid: int
+    nbytes: int
+    fn: int | None
+    view: bool = False
+
+
+@dataclass
+class _GradFn:
+    """An autograd node: what it keeps, where its gradients go, and what they cost.
+
+    ``edges[j]``: ("fn", node index) | ("param", parameter index) | None (no gradient needed);
+    ``sizes[j]``: bytes of gradient ``j``; ``kernels[j]``: the aten op that allocates it, None where
+    the incoming gradient (or a view of it) is handed on; ``order``: the order of the allocations."""
+    saved: list[int]
+    edges: list[tuple[str, int] | None]
+    sizes: list[int]
+    kernels: list[str | None]
+    order: list[int]
+
+
+class _Memory:
+    """Storages with holders; an event per allocation and per free."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.holders: dict[int, int] = {}
+        self.last_id = 0
+
+    def new_id(self) -> int:
+        self.last_id += 1
+        return self.last_id
+
+    def new(self, nbytes: int, op: str, holders: int = 1) -> int:
+        sid = self.new_id()
+        self.events.append((ALLOC, sid, nbytes, op))
+        self.holders[sid] = holders
+        return sid
+
+    def hold(self, sid: int) -> int:
+        self.holders[sid] += 1
+        return sid
+
+    def drop(self, sid: int) -> None:
+        self.holders[sid] -= 1
+        if self.holders[sid] == 0:
+            del self.holders[sid]
+            self.events.append((FREE, sid, 0, ""))
+
+
+def _params(node: Node) -> tuple[list[int], list[int]]:
+    """(parameter bytes, buffer bytes) of ``node``'s module, in registration order."""
+    a = node.attrs
+    if node.op == "conv2d":
+        k = a["kernel_size"]
+        kh, kw = (k, k) if isinstance(k, int) else k
+        w = a["out_channels"] * (a["in_channels"] // a["groups"]) * kh * kw * FLOAT
+        return ([w, a["out_channels"] * FLOAT] if a["bias"] else [w]), []
+    if node.op == "batchnorm2d":
+        c = a["num_features"] * FLOAT
+        return [c, c], [c, c, INT64]
+    if node.op == "linear":
+        w = a["out_features"] * a["in_features"] * FLOAT
+        return ([w, a["out_features"] * FLOAT] if a["bias"] else [w]), []
+    return [], []
+
+
+@dataclass
+class _Step:
+    """The first training step's events and what later steps need from it."""
+    setup: list[Event]
+    body: list[Event]           # forward and backward, with ACCUMULATED marks
+    tail: list[Event]           # after the optimizer: the logits and the loss dropped
+    grads: dict[int, int]       # parameter index -> storage id of its .grad
+    param_bytes: list[int]
+    new_id: Callable[[], int]   # a fresh storage id
+
+
+def step_events(desc: NetworkDescription, batch_size: int) -> _Step:
+    """The setup and first-step events of ``desc`` at ``batch_size`` (bytes). Raises :class:`NotCovered`."""
+    for n in desc.nodes:
+        if n.op not in COVERED:
+            raise NotCovered(f"op '{n.op}'")
+    mem = _Memory()
+    b = int(batch_size)
+    param_bytes: list[int] = []
+    first_param: dict[str, int] = {}
+    buffers: list[int] = []
+    for n in desc.nodes:
+        p, bufs = _params(n)
+        first_param[n.name] = len(param_bytes)
+        param_bytes += p
+        buffers += bufs
+    for nbytes in param_bytes + buffers:
+        mem.new(nbytes, "setup")
+    values: dict[str, _Value] = {}
+    fns: list[_GradFn] = []
+    users = _last_uses(desc)
+    for n in desc.nodes:
+        if n.op == "input":  # held by the caller too
+            nbytes = b * prod(desc.input_shape) * FLOAT
+            values[n.name] = _Value(mem.new(nbytes, "input", holders=2), nbytes, None)
+            mem.new(b * INT64, "labels")  # held by the caller for the whole run
+            setup = list(mem.events)
+            mem.events.clear()
+            continue
+        ins = [values[i] for i in n.inputs]
+        values[n.name] = _forward(n, ins, b, mem, fns, first_param[n.name])
+        for dead in users.get(n.name, []):
+            mem.drop(values[dead].sid)
+    out = values[desc.output]
+    logits, loss, nll_fn = _loss(out, mem, fns)
+    grads = _backward(fns, nll_fn, mem)
+    body = list(mem.events)
+    mem.events.clear()
+    mem.drop(logits)  # del out, loss (after the optimizer step)
+    mem.drop(loss)
+    return _Step(setup, body, list(mem.events), grads, param_bytes, mem.new_id)
+
+
+def _last_uses(desc: NetworkDescription) -> dict[str, list[str]]:
+    """Node name -> the values the graph module drops right after it (their last use), in the order
+    of its inputs; the network's output is kept (returned). Unused values are not covered."""
+    last: dict[str, str] = {}
+    for n in desc.nodes:
+        for i in n.inputs:
+            last[i] = n.name
+    for n in desc.nodes:
+        if n.name not in last and n.name != desc.output:
+            raise NotCovered(f"value '{n.name}' is never used")
+    out: dict[str, list[str]] = {}
+    for n in desc.nodes:
+        for i in dict.fromkeys(n.inputs):
+            if last[i] == n.name and i != desc.output:
+                out.setdefault(n.name, []).append(i)
+    return out
+
+
+def _bytes(node: Node, b: int) -> int:
+    return b * prod(node.output_shape) * FLOAT
+
+
+def _edge(v: _Value) -> tuple[str, int] | None:
+    return None if v.fn is None else ("fn", v.fn)
+
+
+def _forward(n: Node, ins: list[_Value], b: int, mem: _Memory, fns: list[_GradFn], p0: int) -> _Value:
+    """Run node ``n`` forward: its allocations, its autograd node (appended to ``fns``), its value."""
+    x = ins[0]
+    op, nbytes = n.op, _bytes(n, b)
+
+    def node(saved: list[int], edges: list, sizes: list[int], kernels: list[str | None],
+             order: list[int] | None = None) -> int | None:
+        """The autograd node's index (None when no input needs a gradient: ``saved`` is dropped)."""
+        for s in saved:
+            mem.hold(s)
+        if all(e is None for e in edges):
+            for s in saved:
+                mem.drop(s)
+            return None
+        fns.append(_GradFn(saved, edges, sizes, kernels, order if order is not None else list(range(len(edges)))))
+        return len(fns) - 1
+
+    def unary(kernel: str | None, saved: list[int]) -> int | None:
+        return node(saved, [_edge(x)], [x.nbytes], [kernel])
+
+    def new(kernel: str, size: int = nbytes, holders: int = 1) -> int:
+        return mem.new(size, "aten." + kernel, holders)
+
+    if op in ("conv2d", "linear", "batchnorm2d"):
+        pbytes, _ = _params(n)
+        pedges = [("param", p0 + k) for k in range(len(pbytes))]
+    if op == "conv2d":
+        sid = new("convolution.default")
+        grads = ["aten.convolution_backward.default"] * (1 + len(pbytes))
+        return _Value(sid, nbytes, node([x.sid], [_edge(x)] + pedges, [x.nbytes] + pbytes, grads))
+    if op == "batchnorm2d":
+        sid = new("native_batch_norm.default")
+        stats = [new("native_batch_norm.default", pbytes[0], holders=0) for _ in range(2)]  # mean, 1/std
+        grads = ["aten.native_batch_norm_backward.default"] * 3
+        return _Value(sid, nbytes, node([x.sid] + stats, [_edge(x)] + pedges, [x.nbytes] + pbytes, grads))
+    if op == "linear":
+        if x.nbytes != b * n.attrs["in_features"] * FLOAT:
+            raise NotCovered("linear on a tensor of more than two dimensions")
+        t = node([], [pedges[0]], [pbytes[0]], [None])  # weight.t(), a view
+        if n.attrs["bias"]:  # addmm(bias, x, weight.t()); the bias gradient is reduced after the products
+            sid = new("addmm.default")
+            grads = ["aten.sum.dim_IntList", "aten.mm.default", "aten.mm.default"]
+            edges, sizes, order = [pedges[1], _edge(x), ("fn", t)], [pbytes[1], x.nbytes, pbytes[0]], [1, 2, 0]
+        else:  # mm(x, weight.t()): the weight's gradient comes first
+            sid = new("mm.default")
+            grads = ["aten.mm.default", "aten.mm.default"]
+            edges, sizes, order = [_edge(x), ("fn", t)], [x.nbytes, pbytes[0]], [1, 0]
+        return _Value(sid, nbytes, node([x.sid], edges, sizes, grads, order))
+    if op in ("relu", "relu6"):  # in place, keeps its result
+        if x.fn is None or x.view or any(x.sid in f.saved for f in fns):
+            raise NotCovered(f"in-place {op} on '{n.inputs[0]}'")
+        kernel = "aten.threshold_backward.default" if op == "relu" else "aten.hardtanh_backward.default"
+        return _Value(mem.hold(x.sid), x.nbytes, unary(kernel, [x.sid]))
+    if op == "maxpool2d":
+        sid = new("max_pool2d_with_indices.default")
+        indices = new("max_pool2d_with_indices.default", nbytes // FLOAT * INT64, holders=0)
+        return _Value(sid, nbytes, unary("aten.max_pool2d_with_indices_backward.default", [x.sid, indices]))
+    if op == "avgpool2d":
+        return _Value(new("avg_pool2d.default"), nbytes, unary("aten.avg_pool2d_backward.default", [x.sid]))
+    if op == "adaptiveavgpool2d":
+        size = n.attrs["output_size"]
+        if size in (1, [1, 1], (1, 1)):  # a mean over H and W: keeps nothing, its backward divides
+            return _Value(new("mean.dim"), nbytes, unary("aten.div.Scalar", []))
+        return _Value(new("_adaptive_avg_pool2d.default"), nbytes,
+                      unary("aten._adaptive_avg_pool2d_backward.default", [x.sid]))
+    if op in ("add", "cat"):
+        if op == "add" and (n.attrs.get("scalar") is not None or len(ins) != 2 or len({i.nbytes for i in ins}) != 1):
+            raise NotCovered("add with a scalar or broadcasting")
+        if len(set(n.inputs)) != len(n.inputs):
+            raise NotCovered(f"{op} of a value with itself")
+        sid = new("add.Tensor" if op == "add" else "cat.default")
+        return _Value(sid, nbytes, node([], [_edge(i) for i in ins], [i.nbytes for i in ins], [None] * len(ins)))
+    if op in _VIEWS:
+        return _Value(mem.hold(x.sid), x.nbytes, unary(None, []), view=True)
+    if op == "identity":
+        return _Value(mem.hold(x.sid), x.nbytes, x.fn, x.view)
+    if op == "dropout":  # x * noise, the noise kept
+        if not 0 < float(n.attrs["p"]) < 1:
+            raise NotCovered("dropout with p 0 or 1")
+        noise = new("empty_like.default", x.nbytes, holders=0)
+        return _Value(new("mul.Tensor"), nbytes, unary("aten.mul.Tensor", [noise]))
+    raise NotCovered(f"op '{op}'")
+
+
+def _loss(out: _Value, mem: _Memory, fns: list[_GradFn]) -> tuple[int, int, int]:
+    """Cross entropy of the logits ``out`` (reshaped to [N, -1]); (logits storage, loss storage, NLL node)."""
+    if out.fn is None:
+        raise NotCovered("the network's output needs no gradient")
+    fns.append(_GradFn([], [_edge(out)], [out.nbytes], [None], [0]))  # the reshape (a view)
+    logsm = mem.new(out.nbytes, "aten._log_softmax.default", holders=0)
+    fns.append(_GradFn([mem.hold(logsm)], [("fn", len(fns) - 1)], [out.nbytes],
+                       ["aten._log_softmax_backward_data.default"], [0]))
+    loss = mem.new(FLOAT, "aten.nll_loss_forward.default")
+    total_weight = mem.new(FLOAT, "aten.nll_loss_forward.default", holders=0)
+    fns.append(_GradFn([mem.hold(logsm), mem.hold(total_weight)], [("fn", len(fns) - 1)], [out.nbytes],
+                       ["aten.nll_loss_backward.default"], [0]))
+    return out.sid, loss, len(fns) - 1
+
+
+def _backward(fns: list[_GradFn], root: int, mem: _Memory) -> dict[int, int]:
+    """Run the backward pass from the NLL node ``root``; parameter index -> its gradient's storage."""
+    seed = mem.new(FLOAT, "aten.ones_like.default")
+    buffers: dict[int, tuple[int, int]] = {root: (mem.hold(seed), FLOAT)}
+    grads: dict[int, int] = {}
+    for k in range(len(fns) - 1, -1, -1):
+        if k not in buffers:
+            raise NotCovered("a node no gradient reaches")
+        incoming, _ = buffers.pop(k)
+        fn = fns[k]
+        outs: dict[int, int] = {}
+        for j in fn.order:
+            if fn.edges[j] is not None:
+                kernel = fn.kernels[j]
+                outs[j] = mem.new(fn.sizes[j], kernel) if kernel else mem.hold(incoming)
+        mem.drop(incoming)
+        for s in fn.saved:
+            mem.drop(s)
+        accumulated = []
+        for j, edge in enumerate(fn.edges):
+            if edge is None:
+                continue
+            kind, target = edge
+            if kind == "param":
+                accumulated.append((target, outs[j]))
+            elif target not in buffers:
+                buffers[target] = (outs[j], fn.sizes[j])
+            else:
+                old, size = buffers[target]
+                buffers[target] = (mem.new(size, "aten.add.Tensor"), size)
+                mem.drop(old)
+                mem.drop(outs[j])
+        for p, sid in accumulated:  # AccumulateGrad nodes run first (highest priority)
+            mem.events.append((ACCUMULATED, p, 0, ""))
+            grads[p] = sid
+    if buffers:
+        raise NotCovered("gradients left undelivered")
+    mem.drop(seed)
+    return grads
