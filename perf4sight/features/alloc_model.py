@@ -19,15 +19,19 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
 - **Loss**: cross entropy = log-softmax (keeps its result) + NLL loss (a 4-byte loss and a 4-byte
   total weight, which it keeps); ``backward`` starts from a 4-byte seed held until it returns.
 - **Backward**: nodes run in reverse creation order (the engine runs the ready node with the
-  highest sequence number). A node allocates the gradients it computes, then releases its incoming
-  gradient and its saved tensors, then hands each gradient on: into an empty buffer as is, into a
-  filled one as a new sum (the two addends released). Pass-through backwards (add, cat, views)
-  hand on the incoming gradient or views of it. A parameter's gradient is kept as its ``.grad``
-  where it is accumulated (a mark, so that later steps can free it there instead).
-- Linear layers are ``t`` + ``addmm``: the bias gradient is reduced from the incoming gradient
-  after the two matrix products, and the weight's reaches it through the ``t`` node; without a
-  bias, ``t`` + ``mm``, whose backward computes the weight's gradient first.
-- Dropout on the meta device is ``empty_like`` (the noise, kept) + ``mul``.
+  highest sequence number). A node allocates the gradients it computes; the engine sums the
+  gradient of a broadcast input down to its shape (a new tensor, the full one freed); then the
+  node releases its incoming gradient and its saved tensors and hands each gradient on: into an
+  empty buffer as is, into a filled one as a new sum (the two addends released). Pass-through
+  backwards (add, cat, views) hand on the incoming gradient or views of it. A parameter's
+  gradient is kept as its ``.grad`` where it is accumulated (a mark, so that later steps can free
+  it there instead).
+- Linear layers are ``t`` + ``addmm`` (the bias gradient is the incoming one summed down, after
+  the two matrix products; the weight's reaches it through the ``t`` node) or, without a bias,
+  ``t`` + ``mm``, whose backward computes the weight's gradient first, as ``mul`` computes its
+  second input's first. Dropout on the meta device is ``empty_like`` (the noise, kept) + ``mul``.
+  Out-of-place activations keep their input (hardswish, hardsigmoid, SiLU, GELU) or their result
+  (sigmoid, tanh).
 """
 from __future__ import annotations
 
@@ -46,8 +50,11 @@ Event = tuple[int, int, int, str]
 
 #: Ops whose forward and backward allocations are written down here.
 COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6", "maxpool2d", "avgpool2d",
-                     "adaptiveavgpool2d", "add", "cat", "reshape", "flatten", "squeeze", "unsqueeze",
-                     "identity", "dropout"})
+                     "adaptiveavgpool2d", "mean", "add", "mul", "cat", "reshape", "flatten", "squeeze", "unsqueeze",
+                     "identity", "dropout", "hardswish", "hardsigmoid", "silu", "gelu", "sigmoid", "tanh"})
+#: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
+_ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
+                "gelu": ("gelu", "input"), "sigmoid": ("sigmoid", "result"), "tanh": ("tanh", "result")}
 _VIEWS = {"reshape", "flatten", "squeeze", "unsqueeze"}
 
 
@@ -71,12 +78,15 @@ class _GradFn:
 
     ``edges[j]``: ("fn", node index) | ("param", parameter index) | None (no gradient needed);
     ``sizes[j]``: bytes of gradient ``j``; ``kernels[j]``: the aten op that allocates it, None where
-    the incoming gradient (or a view of it) is handed on; ``order``: the order of the allocations."""
+    the incoming gradient (or a view of it) is handed on; ``order``: the order the gradients are
+    computed in; ``full[j]``: for an input that was broadcast, the bytes of its gradient before the
+    engine sums it down to ``sizes[j]`` (after the node's own kernels), else None."""
     saved: list[int]
     edges: list[tuple[str, int] | None]
     sizes: list[int]
     kernels: list[str | None]
     order: list[int]
+    full: list[int | None]
 
 
 class _Memory:
@@ -210,7 +220,7 @@ def _forward(n: Node, ins: list[_Value], b: int, mem: _Memory, fns: list[_GradFn
     op, nbytes = n.op, _bytes(n, b)
 
     def node(saved: list[int], edges: list, sizes: list[int], kernels: list[str | None],
-             order: list[int] | None = None) -> int | None:
+             order: list[int] | None = None, full: list[int | None] | None = None) -> int | None:
         """The autograd node's index (None when no input needs a gradient: ``saved`` is dropped)."""
         for s in saved:
             mem.hold(s)
@@ -218,7 +228,8 @@ def _forward(n: Node, ins: list[_Value], b: int, mem: _Memory, fns: list[_GradFn
             for s in saved:
                 mem.drop(s)
             return None
-        fns.append(_GradFn(saved, edges, sizes, kernels, order if order is not None else list(range(len(edges)))))
+        fns.append(_GradFn(saved, edges, sizes, kernels, order if order is not None else list(range(len(edges))),
+                           full or [None] * len(edges)))
         return len(fns) - 1
 
     def unary(kernel: str | None, saved: list[int]) -> int | None:
@@ -243,14 +254,13 @@ def _forward(n: Node, ins: list[_Value], b: int, mem: _Memory, fns: list[_GradFn
         if x.nbytes != b * n.attrs["in_features"] * FLOAT:
             raise NotCovered("linear on a tensor of more than two dimensions")
         t = node([], [pedges[0]], [pbytes[0]], [None])  # weight.t(), a view
-        if n.attrs["bias"]:  # addmm(bias, x, weight.t()); the bias gradient is reduced after the products
+        if n.attrs["bias"]:  # addmm(bias, x, weight.t()): the bias gradient is the incoming one summed down
             sid = new("addmm.default")
-            grads = ["aten.sum.dim_IntList", "aten.mm.default", "aten.mm.default"]
-            edges, sizes, order = [pedges[1], _edge(x), ("fn", t)], [pbytes[1], x.nbytes, pbytes[0]], [1, 2, 0]
-        else:  # mm(x, weight.t()): the weight's gradient comes first
-            sid = new("mm.default")
-            grads = ["aten.mm.default", "aten.mm.default"]
-            edges, sizes, order = [_edge(x), ("fn", t)], [x.nbytes, pbytes[0]], [1, 0]
+            return _Value(sid, nbytes, node([x.sid], [pedges[1], _edge(x), ("fn", t)], [pbytes[1], x.nbytes, pbytes[0]],
+                                            [None, "aten.mm.default", "aten.mm.default"], [0, 1, 2], [nbytes, None, None]))
+        sid = new("mm.default")  # mm(x, weight.t()): the weight's gradient comes first
+        grads = ["aten.mm.default", "aten.mm.default"]
+        edges, sizes, order = [_edge(x), ("fn", t)], [x.nbytes, pbytes[0]], [1, 0]
         return _Value(sid, nbytes, node([x.sid], edges, sizes, grads, order))
     if op in ("relu", "relu6"):  # in place, keeps its result
         if x.fn is None or x.view or any(x.sid in f.saved for f in fns):
@@ -263,19 +273,28 @@ def _forward(n: Node, ins: list[_Value], b: int, mem: _Memory, fns: list[_GradFn
         return _Value(sid, nbytes, unary("aten.max_pool2d_with_indices_backward.default", [x.sid, indices]))
     if op == "avgpool2d":
         return _Value(new("avg_pool2d.default"), nbytes, unary("aten.avg_pool2d_backward.default", [x.sid]))
-    if op == "adaptiveavgpool2d":
-        size = n.attrs["output_size"]
-        if size in (1, [1, 1], (1, 1)):  # a mean over H and W: keeps nothing, its backward divides
-            return _Value(new("mean.dim"), nbytes, unary("aten.div.Scalar", []))
+    if op == "adaptiveavgpool2d" and n.attrs["output_size"] not in (1, [1, 1], (1, 1)):
         return _Value(new("_adaptive_avg_pool2d.default"), nbytes,
                       unary("aten._adaptive_avg_pool2d_backward.default", [x.sid]))
-    if op in ("add", "cat"):
-        if op == "add" and (n.attrs.get("scalar") is not None or len(ins) != 2 or len({i.nbytes for i in ins}) != 1):
-            raise NotCovered("add with a scalar or broadcasting")
-        if len(set(n.inputs)) != len(n.inputs):
-            raise NotCovered(f"{op} of a value with itself")
-        sid = new("add.Tensor" if op == "add" else "cat.default")
-        return _Value(sid, nbytes, node([], [_edge(i) for i in ins], [i.nbytes for i in ins], [None] * len(ins)))
+    if op in ("adaptiveavgpool2d", "mean"):  # a mean over H and W: keeps nothing, its backward divides
+        return _Value(new("mean.dim"), nbytes, unary("aten.div.Scalar", []))
+    if op in _ACTIVATIONS:
+        name, keeps = _ACTIVATIONS[op]
+        sid = new(name + ".default")
+        return _Value(sid, nbytes, unary(f"aten.{name}_backward.default", [x.sid if keeps == "input" else sid]))
+    if op in ("add", "mul", "cat"):
+        if n.attrs.get("scalar") is not None or len(set(n.inputs)) != len(n.inputs) or (op != "cat" and len(ins) != 2):
+            raise NotCovered(f"{op} of a scalar or of a value with itself")
+        full = [nbytes if i.nbytes != nbytes and op != "cat" else None for i in ins]  # broadcast inputs
+        sid = new({"add": "add.Tensor", "mul": "mul.Tensor", "cat": "cat.default"}[op])
+        edges, sizes = [_edge(i) for i in ins], [i.nbytes for i in ins]
+        if op != "mul":  # the incoming gradient handed on (cat: views of it)
+            return _Value(sid, nbytes, node([], edges, sizes, [None] * len(ins), None, full))
+        # each input's gradient is the incoming one times the other input (kept when that input needs it);
+        # the second input's is computed first
+        saved = [ins[0].sid] if ins[1].fn is not None else []
+        saved += [ins[1].sid] if ins[0].fn is not None else []
+        return _Value(sid, nbytes, node(saved, edges, sizes, ["aten.mul.Tensor"] * 2, [1, 0], full))
     if op in _VIEWS:
         return _Value(mem.hold(x.sid), x.nbytes, unary(None, []), view=True)
     if op == "identity":
@@ -292,14 +311,14 @@ def _loss(out: _Value, mem: _Memory, fns: list[_GradFn]) -> tuple[int, int, int]
     """Cross entropy of the logits ``out`` (reshaped to [N, -1]); (logits storage, loss storage, NLL node)."""
     if out.fn is None:
         raise NotCovered("the network's output needs no gradient")
-    fns.append(_GradFn([], [_edge(out)], [out.nbytes], [None], [0]))  # the reshape (a view)
+    fns.append(_GradFn([], [_edge(out)], [out.nbytes], [None], [0], [None]))  # the reshape (a view)
     logsm = mem.new(out.nbytes, "aten._log_softmax.default", holders=0)
     fns.append(_GradFn([mem.hold(logsm)], [("fn", len(fns) - 1)], [out.nbytes],
-                       ["aten._log_softmax_backward_data.default"], [0]))
+                       ["aten._log_softmax_backward_data.default"], [0], [None]))
     loss = mem.new(FLOAT, "aten.nll_loss_forward.default")
     total_weight = mem.new(FLOAT, "aten.nll_loss_forward.default", holders=0)
     fns.append(_GradFn([mem.hold(logsm), mem.hold(total_weight)], [("fn", len(fns) - 1)], [out.nbytes],
-                       ["aten.nll_loss_backward.default"], [0]))
+                       ["aten.nll_loss_backward.default"], [0], [None]))
     return out.sid, loss, len(fns) - 1
 
 
@@ -317,7 +336,12 @@ def _backward(fns: list[_GradFn], root: int, mem: _Memory) -> dict[int, int]:
         for j in fn.order:
             if fn.edges[j] is not None:
                 kernel = fn.kernels[j]
-                outs[j] = mem.new(fn.sizes[j], kernel) if kernel else mem.hold(incoming)
+                outs[j] = mem.new(fn.full[j] or fn.sizes[j], kernel) if kernel else mem.hold(incoming)
+        for j in sorted(outs):  # broadcast inputs: their gradients summed down to their shapes (input order)
+            if fn.full[j] is not None:
+                summed = mem.new(fn.sizes[j], "aten.sum.dim_IntList")
+                mem.drop(outs[j])
+                outs[j] = summed
         mem.drop(incoming)
         for s in fn.saved:
             mem.drop(s)
