@@ -218,6 +218,32 @@ def test_allocation_model_on_generated_networks():
         assert _as_replayed(record_events(desc, 2, method="model")) == _as_replayed(record_events(desc, 2, method="trace")), desc.name
 
 
+def _mlp(tokens: bool):
+    """A multilayer perceptron on the flattened input (the first layer needs no input gradient), or
+    one applied to each of 4 tokens (linear layers on 3-D tensors: matmul folds them)."""
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+    if tokens:
+        module = nn.Sequential(nn.Flatten(2), nn.Linear(12, 8), nn.ReLU(), nn.Flatten(), nn.Linear(32, 10))
+        return describe(module, [4, 3, 4], "tokens")
+    module = nn.Sequential(nn.Flatten(), nn.Linear(48, 16, bias=False), nn.ReLU(), nn.Linear(16, 10))
+    return describe(module, [3, 4, 4], "mlp")
+
+
+def test_allocation_model_on_a_perceptron():
+    desc = _mlp(tokens=False)
+    assert _as_replayed(record_events(desc, 3, method="model")) == _as_replayed(record_events(desc, 3, method="trace"))
+
+
+def test_linear_layers_on_three_dimensional_tensors_fall_back_to_the_trace():
+    from perf4sight.errors import UserError
+    tokens = _mlp(tokens=True)
+    assert record_events(tokens, 2) == record_events(tokens, 2, method="trace")
+    with pytest.raises(UserError, match="more than two dimensions"):
+        record_events(tokens, 2, method="model")
+
+
 def test_ops_the_allocation_model_lacks_fall_back_to_the_trace():
     from perf4sight.errors import UserError
     from perf4sight.networks.zoo import describe_zoo

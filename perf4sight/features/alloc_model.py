@@ -166,6 +166,7 @@ def step_events(desc: NetworkDescription, batch_size: int) -> _Step:
     values: dict[str, _Value] = {}
     fns: list[_GradFn] = []
     users = _last_uses(desc)
+    shapes = {n.name: list(n.output_shape) for n in desc.nodes}
     for n in desc.nodes:
         if n.op == "input":  # held by the caller too
             nbytes = b * prod(desc.input_shape) * FLOAT
@@ -175,7 +176,7 @@ def step_events(desc: NetworkDescription, batch_size: int) -> _Step:
             mem.events.clear()
             continue
         ins = [values[i] for i in n.inputs]
-        values[n.name] = _forward(n, ins, b, mem, fns, first_param[n.name])
+        values[n.name] = _forward(n, ins, [shapes[i] for i in n.inputs], b, mem, fns, first_param[n.name])
         for dead in users.get(n.name, []):
             mem.drop(values[dead].sid)
     out = values[desc.output]
@@ -214,8 +215,10 @@ def _edge(v: _Value) -> tuple[str, int] | None:
     return None if v.fn is None else ("fn", v.fn)
 
 
-def _forward(n: Node, ins: list[_Value], b: int, mem: _Memory, fns: list[_GradFn], p0: int) -> _Value:
-    """Run node ``n`` forward: its allocations, its autograd node (appended to ``fns``), its value."""
+def _forward(n: Node, ins: list[_Value], in_shapes: list[list[int]], b: int, mem: _Memory, fns: list[_GradFn],
+             p0: int) -> _Value:
+    """Run node ``n`` forward (inputs ``ins`` of per-sample shapes ``in_shapes``; its parameters are
+    ``p0``, ``p0 + 1``...): its allocations, its autograd node (appended to ``fns``), its value."""
     x = ins[0]
     op, nbytes = n.op, _bytes(n, b)
 
@@ -251,7 +254,7 @@ def _forward(n: Node, ins: list[_Value], b: int, mem: _Memory, fns: list[_GradFn
         grads = ["aten.native_batch_norm_backward.default"] * 3
         return _Value(sid, nbytes, node([x.sid] + stats, [_edge(x)] + pedges, [x.nbytes] + pbytes, grads))
     if op == "linear":
-        if x.nbytes != b * n.attrs["in_features"] * FLOAT:
+        if len(in_shapes[0]) != 1:
             raise NotCovered("linear on a tensor of more than two dimensions")
         t = node([], [pedges[0]], [pbytes[0]], [None])  # weight.t(), a view
         if n.attrs["bias"]:  # addmm(bias, x, weight.t()): the bias gradient is the incoming one summed down
@@ -285,7 +288,7 @@ def _forward(n: Node, ins: list[_Value], b: int, mem: _Memory, fns: list[_GradFn
     if op in ("add", "mul", "cat"):
         if n.attrs.get("scalar") is not None or len(set(n.inputs)) != len(n.inputs) or (op != "cat" and len(ins) != 2):
             raise NotCovered(f"{op} of a scalar or of a value with itself")
-        full = [nbytes if i.nbytes != nbytes and op != "cat" else None for i in ins]  # broadcast inputs
+        full = [nbytes if shape != n.output_shape and op != "cat" else None for shape in in_shapes]  # broadcast
         sid = new({"add": "add.Tensor", "mul": "mul.Tensor", "cat": "cat.default"}[op])
         edges, sizes = [_edge(i) for i in ins], [i.nbytes for i in ins]
         if op != "mul":  # the incoming gradient handed on (cat: views of it)
