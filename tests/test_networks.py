@@ -73,12 +73,25 @@ def test_zoo_network_with_coupled_channels(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "googlenet", "shufflenet_v2_x1_0"])
-def test_zoo_description_from_meta_weights_equals_the_real_model(name: str) -> None:
-    """describe_zoo builds on the meta device and propagates meta shapes: same description as a real model."""
+def test_zoo_description_from_meta_weights_equals_the_real_model(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """describe_zoo builds on the meta device and propagates meta shapes; a real model's shapes are
+    propagated on a weightless twin of it (its weights untouched), or, where an op has no meta
+    kernel, with fake tensors: the same description all three ways."""
+    from perf4sight.ir import from_torch
+
     fast = describe_zoo(name, SHAPE, CLASSES)
-    real = describe(build_zoo_model(name, CLASSES), SHAPE, name=name, network=name, source=f"torchvision:{name}")
-    assert fast.to_json() == real.to_json()
+    model = build_zoo_model(name, CLASSES)
+    weights = [p.detach().clone() for p in model.parameters()]
+    info = dict(name=name, network=name, source=f"torchvision:{name}")
+    real = describe(model, SHAPE, **info)
+
+    def no_meta_kernel(gm: object) -> None:
+        raise NotImplementedError("no meta kernel")
+    monkeypatch.setattr(from_torch, "_meta_twin", no_meta_kernel)
+    faked = describe(model, SHAPE, **info)
+    assert fast.to_json() == real.to_json() == faked.to_json()
     assert len(fast.nodes) > 20 and fast.params == real.params > 0
+    assert all(not p.is_meta and torch.equal(p, w) for p, w in zip(model.parameters(), weights))
     with pytest.raises(UserError, match="unknown network 'resnet19'"):
         describe_zoo("resnet19", SHAPE)
 

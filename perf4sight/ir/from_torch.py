@@ -7,6 +7,8 @@ their concrete output shape, so a description is tied to its input size.
 """
 from __future__ import annotations
 
+import copy
+
 import operator
 from typing import Any, Callable
 
@@ -133,33 +135,53 @@ def _shape(n: fx.Node) -> list[int] | None:
     return list(meta.shape)[1:] if hasattr(meta, "shape") else None
 
 
-def _propagate_shapes(gm: fx.GraphModule, input_shape: list[int]) -> None:
-    """Record every node's output shape without compute: with meta tensors when the module's weights
-    are on the meta device (several times faster than fake tensors), else with fake tensors (no
-    memory either), else for real (an op without a fake implementation)."""
+def _propagate_shapes(gm: fx.GraphModule, input_shape: list[int]) -> fx.GraphModule:
+    """Record every node's output shape without compute; returns the module whose nodes carry them.
+
+    With meta tensors (no memory, no compute): on ``gm`` itself when its weights are on the meta
+    device, else on a weightless twin of it (:func:`_meta_twin`, several times faster than fake
+    tensors, which copy every weight). An op without a meta kernel: fake tensors, else for real."""
+    meta_example = torch.empty(_TRACE_BATCH, *input_shape, device="meta")
     if any(t.is_meta for t in (*gm.parameters(), *gm.buffers())):
-        ShapeProp(gm).propagate(torch.empty(_TRACE_BATCH, *input_shape, device="meta"))
-        return
+        ShapeProp(gm).propagate(meta_example)
+        return gm
+    try:
+        twin = _meta_twin(gm)
+        ShapeProp(twin).propagate(meta_example)
+        return twin
+    except Exception:  # an op without a meta kernel: fake tensors on the real module
+        pass
     example = torch.randn(_TRACE_BATCH, *input_shape)
     try:
         ShapeProp(gm, fake_mode=FakeTensorMode(allow_non_fake_inputs=True)).propagate(example)
     except Exception:  # an op without a fake implementation: run it for real
         with torch.no_grad():
             ShapeProp(gm).propagate(example)
+    return gm
+
+
+def _meta_twin(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm`` whose parameters and buffers are empty tensors on the meta device (the weights
+    are not copied; ``gm`` is left as it is)."""
+    memo: dict[int, Any] = {}
+    for t in (*gm.parameters(), *gm.buffers()):
+        empty = torch.empty_like(t, device="meta")
+        memo[id(t)] = nn.Parameter(empty, t.requires_grad) if isinstance(t, nn.Parameter) else empty
+    return copy.deepcopy(gm, memo)
 
 
 def describe(module: nn.Module, input_shape: list[int], name: str, network: str | None = None,
              pruning_level: float = 0, **extra: Any) -> NetworkDescription:
-    """Trace ``module`` (input ``[C, H, W]``, no batch) into a ``NetworkDescription``. A module built on
-    the meta device (no weights) describes the same, faster.
+    """Trace ``module`` (input ``[C, H, W]``, no batch) into a ``NetworkDescription``. Shapes come from
+    meta tensors (no compute; a module with weights is copied without them, and left as it is); a
+    module built on the meta device describes the same, a little faster.
 
     Raises ``UserError`` naming the first op or module the schema cannot express.
     """
     was_training = module.training
     module.eval()
     try:
-        gm = fx.symbolic_trace(module)
-        _propagate_shapes(gm, input_shape)
+        gm = _propagate_shapes(fx.symbolic_trace(module), input_shape)
     except UserError:
         raise
     except Exception as exc:  # tracing failures come in many types; report them in one line
