@@ -29,7 +29,8 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
 - Linear layers are ``t`` + ``addmm`` (the bias gradient is the incoming one summed down, after
   the two matrix products; the weight's reaches it through the ``t`` node) or, without a bias,
   ``t`` + ``mm``, whose backward computes the weight's gradient first, as ``mul`` computes its
-  second input's first. Dropout on the meta device is ``empty_like`` (the noise, kept) + ``mul``.
+  second input's first. Dropout is the fused kernel of a CUDA build (the trace runs it too):
+  the output and a one-byte mask, which the backward keeps.
   Out-of-place activations keep their input (hardswish, hardsigmoid, SiLU, GELU) or their result
   (sigmoid, tanh).
 """
@@ -302,11 +303,12 @@ def _forward(n: Node, ins: list[_Value], in_shapes: list[list[int]], b: int, mem
         return _Value(mem.hold(x.sid), x.nbytes, unary(None, []), view=True)
     if op == "identity":
         return _Value(mem.hold(x.sid), x.nbytes, x.fn, x.view)
-    if op == "dropout":  # x * noise, the noise kept
+    if op == "dropout":  # the fused CUDA kernel: the output, then a one-byte mask (kept)
         if not 0 < float(n.attrs["p"]) < 1:
             raise NotCovered("dropout with p 0 or 1")
-        noise = new("empty_like.default", x.nbytes, holders=0)
-        return _Value(new("mul.Tensor"), nbytes, unary("aten.mul.Tensor", [noise]))
+        sid = new("native_dropout.default")
+        mask = new("native_dropout.default", nbytes // FLOAT, holders=0)
+        return _Value(sid, nbytes, unary("aten.native_dropout_backward.default", [mask]))
     raise NotCovered(f"op '{op}'")
 
 

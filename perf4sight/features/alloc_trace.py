@@ -112,6 +112,7 @@ def _record(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: int, 
     from perf4sight.ir.to_torch import build_module
 
     model = build_module(desc, device="meta")
+    _fused_dropout(model)
     if inplace_relu:
         _inplace_activations(model)
     shortcuts = _shape_only_kernels() if fast else {}
@@ -335,6 +336,27 @@ def _shape_only_kernels() -> dict[Any, Any]:
             aten.add.Tensor: same_shape(), aten.mul.Tensor: same_shape(), aten.bitwise_and.Tensor: same_shape(),
             aten.threshold_backward.default: same_shape(), aten.hardtanh_backward.default: same_shape(),
             aten.gt.Scalar: same_shape(torch.bool), aten.lt.Scalar: same_shape(torch.bool)}
+
+
+def _fused_dropout(model: Any) -> None:
+    """Dropout as a CUDA build runs it: one fused kernel making the output and a one-byte mask, which
+    its backward keeps (on the CPU and the meta device PyTorch instead multiplies by a float noise
+    tensor, four bytes per element)."""
+    import torch
+    from torch import nn
+
+    class _FusedDropout(nn.Module):
+        def __init__(self, p: float):
+            super().__init__()
+            self.p = p
+
+        def forward(self, x):  # noqa: ANN001, ANN202
+            return torch.native_dropout(x, self.p, self.training)[0]
+
+    for name, m in list(model.named_modules()):
+        if isinstance(m, nn.Dropout) and 0 < m.p < 1 and name:
+            parent, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, attr, _FusedDropout(m.p))
 
 
 def _inplace_activations(model: Any) -> None:
