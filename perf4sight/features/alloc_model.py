@@ -43,7 +43,7 @@ from typing import Callable
 from perf4sight.features.allocator import ALLOC, FREE
 from perf4sight.ir.schema import NetworkDescription, Node
 
-__all__ = ["COVERED", "step_events"]
+__all__ = ["COVERED", "ACCUMULATED", "NotCovered", "step_events"]
 
 FLOAT, INT64 = 4, 8
 ACCUMULATED = 3  # event kind: a parameter's gradient accumulated (tensor field = parameter index)
