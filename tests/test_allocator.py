@@ -244,6 +244,29 @@ def test_linear_layers_on_three_dimensional_tensors_fall_back_to_the_trace():
         record_events(tokens, 2, method="model")
 
 
+def test_an_in_place_relu_on_a_kept_tensor_falls_back_to_the_trace():
+    """ReLU in place on a tensor a convolution keeps for its backward: autograd would refuse it, so the
+    trace runs ReLU out of place; the model hands such a network to the trace."""
+    from torch import nn
+
+    from perf4sight.errors import UserError
+    from perf4sight.ir.from_torch import describe
+
+    class Clash(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem, self.side = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 4, 1)
+            self.relu, self.head = nn.ReLU(), nn.Sequential(nn.Flatten(), nn.Linear(4 * 8 * 8, 10))
+
+        def forward(self, x):
+            x = self.stem(x)
+            return self.head(self.side(x) + self.relu(x))
+    desc = describe(Clash(), [3, 8, 8], "clash")
+    assert record_events(desc, 2) == record_events(desc, 2, method="trace")
+    with pytest.raises(UserError, match="in-place relu"):
+        record_events(desc, 2, method="model")
+
+
 def test_ops_the_allocation_model_lacks_fall_back_to_the_trace():
     from perf4sight.errors import UserError
     from perf4sight.networks.zoo import describe_zoo
