@@ -1,12 +1,13 @@
 """Torchvision networks by name, built without downloading weights."""
 from __future__ import annotations
 
-from typing import Any, Callable
-
-from torch import nn
+from typing import TYPE_CHECKING, Any, Callable
 
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription
+
+if TYPE_CHECKING:  # torch is imported where a model is built: predicting from description files does without it
+    from torch import nn
 
 __all__ = ["ZOO_NAMES", "build_zoo_model", "describe_zoo"]
 
