@@ -267,6 +267,35 @@ def test_an_in_place_relu_on_a_kept_tensor_falls_back_to_the_trace():
         record_events(desc, 2, method="model")
 
 
+def test_a_view_of_a_gradient_slice_falls_back_to_the_trace():
+    """Channels split into groups, concatenated inside the groups: the backward reshapes a slice of a
+    gradient, which PyTorch copies (strides that no view can merge). The model hands such a network
+    to the trace instead of guessing."""
+    from torch import nn
+
+    from perf4sight.errors import UserError
+    from perf4sight.ir.from_torch import describe
+
+    class Groups(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.fc = nn.Conv2d(3, 4, 1), nn.Conv2d(3, 4, 1), nn.Linear(8, 10)
+
+        def forward(self, x):
+            n, _, h, w = x.shape
+            y = torch.cat([self.a(x).reshape(n, 2, 2, h, w), self.b(x).reshape(n, 2, 2, h, w)], 2)
+            return self.fc(y.reshape(n, 8, h, w).mean([2, 3]))
+
+    import torch
+    desc = describe(Groups(), [3, 4, 4], "groups")
+    traced = record_events(desc, 2, method="trace")
+    conv_out = 2 * 4 * 4 * 4 * 4  # bytes of a convolution's output at batch 2: its gradient, copied
+    assert sum(op == "aten.clone.default" and size == conv_out for _, _, size, op in traced) >= 2
+    assert record_events(desc, 2) == traced
+    with pytest.raises(UserError, match="slice of a gradient"):
+        record_events(desc, 2, method="model")
+
+
 def test_ops_the_allocation_model_lacks_fall_back_to_the_trace():
     from perf4sight.errors import UserError
     from perf4sight.networks.zoo import describe_zoo

@@ -23,7 +23,9 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
   gradient of a broadcast input down to its shape (a new tensor, the full one freed); then the
   node releases its incoming gradient and its saved tensors and hands each gradient on: into an
   empty buffer as is, into a filled one as a new sum (the two addends released). Pass-through
-  backwards (add, cat, views) hand on the incoming gradient or views of it. A parameter's
+  backwards (add, cat, views) hand on the incoming gradient or views of it (a view op whose
+  gradient is a slice from a cat would copy it where strides cannot merge: such networks are
+  left to the trace). A parameter's
   gradient is kept as its ``.grad`` where it is accumulated (a mark, so that later steps can free
   it there instead).
 - Linear layers are ``t`` + ``addmm`` (the bias gradient is the incoming one summed down, after
@@ -81,13 +83,16 @@ class _GradFn:
     ``sizes[j]``: bytes of gradient ``j``; ``kernels[j]``: the aten op that allocates it, None where
     the incoming gradient (or a view of it) is handed on; ``order``: the order the gradients are
     computed in; ``full[j]``: for an input that was broadcast, the bytes of its gradient before the
-    engine sums it down to ``sizes[j]`` (after the node's own kernels), else None."""
+    engine sums it down to ``sizes[j]`` (after the node's own kernels), else None; ``handoff``: how
+    a node without kernels hands the incoming gradient on: "" as it is (add), "slices" (cat: strided
+    views of it), "view" (a view op: reshaped, which copies a strided gradient)."""
     saved: list[int]
     edges: list[tuple[str, int] | None]
     sizes: list[int]
     kernels: list[str | None]
     order: list[int]
     full: list[int | None]
+    handoff: str = ""
 
 
 class _Memory:
@@ -224,7 +229,7 @@ def _forward(n: Node, ins: list[_Value], in_shapes: list[list[int]], b: int, mem
     op, nbytes = n.op, _bytes(n, b)
 
     def node(saved: list[int], edges: list, sizes: list[int], kernels: list[str | None],
-             order: list[int] | None = None, full: list[int | None] | None = None) -> int | None:
+             order: list[int] | None = None, full: list[int | None] | None = None, handoff: str = "") -> int | None:
         """The autograd node's index (None when no input needs a gradient: ``saved`` is dropped)."""
         for s in saved:
             mem.hold(s)
@@ -233,7 +238,7 @@ def _forward(n: Node, ins: list[_Value], in_shapes: list[list[int]], b: int, mem
                 mem.drop(s)
             return None
         fns.append(_GradFn(saved, edges, sizes, kernels, order if order is not None else list(range(len(edges))),
-                           full or [None] * len(edges)))
+                           full or [None] * len(edges), handoff))
         return len(fns) - 1
 
     def unary(kernel: str | None, saved: list[int]) -> int | None:
@@ -257,7 +262,7 @@ def _forward(n: Node, ins: list[_Value], in_shapes: list[list[int]], b: int, mem
     if op == "linear":
         if len(in_shapes[0]) != 1:
             raise NotCovered("linear on a tensor of more than two dimensions")
-        t = node([], [pedges[0]], [pbytes[0]], [None])  # weight.t(), a view
+        t = node([], [pedges[0]], [pbytes[0]], [None], handoff="view")  # weight.t()
         if n.attrs["bias"]:  # addmm(bias, x, weight.t()): the bias gradient is the incoming one summed down
             sid = new("addmm.default")
             return _Value(sid, nbytes, node([x.sid], [pedges[1], _edge(x), ("fn", t)], [pbytes[1], x.nbytes, pbytes[0]],
@@ -293,14 +298,15 @@ def _forward(n: Node, ins: list[_Value], in_shapes: list[list[int]], b: int, mem
         sid = new({"add": "add.Tensor", "mul": "mul.Tensor", "cat": "cat.default"}[op])
         edges, sizes = [_edge(i) for i in ins], [i.nbytes for i in ins]
         if op != "mul":  # the incoming gradient handed on (cat: views of it)
-            return _Value(sid, nbytes, node([], edges, sizes, [None] * len(ins), None, full))
+            return _Value(sid, nbytes, node([], edges, sizes, [None] * len(ins), None, full,
+                                            "slices" if op == "cat" and len(ins) > 1 else ""))
         # each input's gradient is the incoming one times the other input (kept when that input needs it);
         # the second input's is computed first
         saved = [ins[0].sid] if ins[1].fn is not None else []
         saved += [ins[1].sid] if ins[0].fn is not None else []
         return _Value(sid, nbytes, node(saved, edges, sizes, ["aten.mul.Tensor"] * 2, [1, 0], full))
     if op in _VIEWS:
-        return _Value(mem.hold(x.sid), x.nbytes, unary(None, []), view=True)
+        return _Value(mem.hold(x.sid), x.nbytes, node([], [_edge(x)], [x.nbytes], [None], handoff="view"), view=True)
     if op == "identity":
         return _Value(mem.hold(x.sid), x.nbytes, x.fn, x.view)
     if op == "dropout":  # the fused CUDA kernel: the output, then a one-byte mask (kept)
@@ -316,7 +322,7 @@ def _loss(out: _Value, mem: _Memory, fns: list[_GradFn]) -> tuple[int, int, int]
     """Cross entropy of the logits ``out`` (reshaped to [N, -1]); (logits storage, loss storage, NLL node)."""
     if out.fn is None:
         raise NotCovered("the network's output needs no gradient")
-    fns.append(_GradFn([], [_edge(out)], [out.nbytes], [None], [0], [None]))  # the reshape (a view)
+    fns.append(_GradFn([], [_edge(out)], [out.nbytes], [None], [0], [None], "view"))  # the reshape
     logsm = mem.new(out.nbytes, "aten._log_softmax.default", holders=0)
     fns.append(_GradFn([mem.hold(logsm)], [("fn", len(fns) - 1)], [out.nbytes],
                        ["aten._log_softmax_backward_data.default"], [0], [None]))
@@ -328,25 +334,31 @@ def _loss(out: _Value, mem: _Memory, fns: list[_GradFn]) -> tuple[int, int, int]
 
 
 def _backward(fns: list[_GradFn], root: int, mem: _Memory) -> dict[int, int]:
-    """Run the backward pass from the NLL node ``root``; parameter index -> its gradient's storage."""
+    """Run the backward pass from the NLL node ``root``; parameter index -> its gradient's storage.
+
+    A gradient is *strided* when it is a slice of a larger one (cat's backward); a view op's backward
+    would reshape it, which copies unless the strides allow a view: not covered (the trace runs it)."""
     seed = mem.new(FLOAT, "aten.ones_like.default")
-    buffers: dict[int, tuple[int, int]] = {root: (mem.hold(seed), FLOAT)}
+    buffers: dict[int, tuple[int, int, bool]] = {root: (mem.hold(seed), FLOAT, False)}  # sid, bytes, strided
     grads: dict[int, int] = {}
     for k in range(len(fns) - 1, -1, -1):
         if k not in buffers:
             raise NotCovered("a node no gradient reaches")
-        incoming, _ = buffers.pop(k)
+        incoming, _, strided = buffers.pop(k)
         fn = fns[k]
-        outs: dict[int, int] = {}
+        if strided and fn.handoff == "view":
+            raise NotCovered("a view op's backward on a slice of a gradient")
+        outs: dict[int, tuple[int, bool]] = {}
         for j in fn.order:
             if fn.edges[j] is not None:
                 kernel = fn.kernels[j]
-                outs[j] = mem.new(fn.full[j] or fn.sizes[j], kernel) if kernel else mem.hold(incoming)
+                outs[j] = ((mem.new(fn.full[j] or fn.sizes[j], kernel), False) if kernel else
+                           (mem.hold(incoming), strided or fn.handoff == "slices"))
         for j in sorted(outs):  # broadcast inputs: their gradients summed down to their shapes (input order)
             if fn.full[j] is not None:
                 summed = mem.new(fn.sizes[j], "aten.sum.dim_IntList")
-                mem.drop(outs[j])
-                outs[j] = summed
+                mem.drop(outs[j][0])
+                outs[j] = (summed, False)
         mem.drop(incoming)
         for s in fn.saved:
             mem.drop(s)
@@ -355,15 +367,16 @@ def _backward(fns: list[_GradFn], root: int, mem: _Memory) -> dict[int, int]:
             if edge is None:
                 continue
             kind, target = edge
+            sid, sliced = outs[j]
             if kind == "param":
-                accumulated.append((target, outs[j]))
+                accumulated.append((target, sid))
             elif target not in buffers:
-                buffers[target] = (outs[j], fn.sizes[j])
+                buffers[target] = (sid, fn.sizes[j], sliced)
             else:
-                old, size = buffers[target]
-                buffers[target] = (mem.new(size, "aten.add.Tensor"), size)
+                old, size, _ = buffers[target]
+                buffers[target] = (mem.new(size, "aten.add.Tensor"), size, False)
                 mem.drop(old)
-                mem.drop(outs[j])
+                mem.drop(sid)
         for p, sid in accumulated:  # AccumulateGrad nodes run first (highest priority)
             mem.events.append((ACCUMULATED, p, 0, ""))
             grads[p] = sid
