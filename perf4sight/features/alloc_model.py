@@ -25,9 +25,8 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
   empty buffer as is, into a filled one as a new sum (the two addends released). Pass-through
   backwards (add, cat, views) hand on the incoming gradient or views of it (a view op whose
   gradient is a slice from a cat would copy it where strides cannot merge: such networks are
-  left to the trace). A parameter's
-  gradient is kept as its ``.grad`` where it is accumulated (a mark, so that later steps can free
-  it there instead).
+  left to the trace). A parameter's gradient is kept as its ``.grad`` where it is accumulated (a
+  mark, so that later steps can free it there instead).
 - Linear layers are ``t`` + ``addmm`` (the bias gradient is the incoming one summed down, after
   the two matrix products; the weight's reaches it through the ``t`` node) or, without a bias,
   ``t`` + ``mm``, whose backward computes the weight's gradient first, as ``mul`` computes its
