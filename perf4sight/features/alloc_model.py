@@ -44,11 +44,11 @@ from typing import Callable
 from perf4sight.features.allocator import ALLOC, FREE
 from perf4sight.ir.schema import NetworkDescription, Node
 
-__all__ = ["COVERED", "ACCUMULATED", "NotCovered", "step_events"]
+__all__ = ["COVERED", "ACCUMULATED", "Event", "NotCovered", "step_events"]
 
 FLOAT, INT64 = 4, 8
 ACCUMULATED = 3  # event kind: a parameter's gradient accumulated (tensor field = parameter index)
-Event = tuple[int, int, int, str]
+Event = tuple[int, int, int, str]  # (kind, storage id, bytes, aten op)
 
 #: Ops whose forward and backward allocations are written down here.
 COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6", "maxpool2d", "avgpool2d",

@@ -41,7 +41,7 @@ from typing import Any, Callable
 import numpy as np
 
 from perf4sight.errors import UserError
-from perf4sight.features.alloc_model import ACCUMULATED, NotCovered, step_events
+from perf4sight.features.alloc_model import ACCUMULATED, Event, NotCovered, step_events
 from perf4sight.features.allocator import ALLOC, FREE, STEP, AllocTrace
 from perf4sight.ir.schema import NetworkDescription
 
@@ -53,7 +53,6 @@ PROBE_BATCH = 65521
 _CACHE: dict[str, AllocTrace] = {}
 _LOCK = threading.Lock()
 
-Event = tuple[int, int, int, str]  # (kind, storage id, bytes, op)
 
 
 def clear_cache() -> None:
@@ -209,7 +208,7 @@ def _trace(model: Any, desc: NetworkDescription, batch_size: int, steps: int, lr
             return list(events)
 
     # fast: the first step, with a mark wherever a parameter's gradient is accumulated
-    hooks = [p.register_post_accumulate_grad_hook(lambda _p, i=i: record((_ACCUMULATED, i, 0, "")))
+    hooks = [p.register_post_accumulate_grad_hook(lambda _p, i=i: record((ACCUMULATED, i, 0, "")))
              for i, p in enumerate(params)]
     with Recorder():
         begin = len(events)
@@ -234,7 +233,7 @@ def _assemble_steps(setup: list[Event], body: list[Event], tail: list[Event], gr
                     param_bytes: list[int | None], steps: int, new_id: Callable[[], int], momentum: float,
                     weight_decay: float) -> list[Event]:
     """The events of a run of ``steps`` steps from its first step: ``setup`` (weights, buffers, batch),
-    the first step's forward and backward (``body``, with :data:`_ACCUMULATED` marks), what followed its
+    the first step's forward and backward (``body``, with :data:`ACCUMULATED` marks), what followed its
     optimizer step (``tail``); ``grads``: parameter -> id of its ``.grad``; ``param_bytes``: per
     parameter, None where it has no gradient. The SGD step's own events are written down."""
     def sgd_events(first: bool) -> list[Event]:
@@ -254,17 +253,15 @@ def _assemble_steps(setup: list[Event], body: list[Event], tail: list[Event], gr
 
     first = setup + [(STEP, 0, 0, "step")] + body + sgd_events(True) + tail
     later = _later_steps(body, tail, grads, steps - 1, new_id, lambda: sgd_events(False))
-    return [e for e in first if e[0] != _ACCUMULATED] + later
+    return [e for e in first if e[0] != ACCUMULATED] + later
 
 
-#: Event kind inside a first step only: parameter ``tensor`` had its gradient accumulated.
-_ACCUMULATED = ACCUMULATED
 
 
 def _later_steps(body: list[Event], tail: list[Event], grads: dict[int, int | None], count: int,
                  new_id: Any, optimizer: Any) -> list[Event]:
     """The events of ``count`` steps after the first, derived from the first step's forward and backward
-    (``body``, with :data:`_ACCUMULATED` marks) and what followed its optimizer (``tail``).
+    (``body``, with :data:`ACCUMULATED` marks) and what followed its optimizer (``tail``).
 
     A later step allocates and frees the same tensors in the same order (new ids), except that each
     parameter gradient it computes is added into the existing ``.grad`` and freed right there (at
@@ -283,7 +280,7 @@ def _later_steps(body: list[Event], tail: list[Event], grads: dict[int, int | No
                     out.append((ALLOC, renamed[t], size, op))
                 elif kind == FREE:
                     out.append((FREE, renamed.get(t, t), 0, ""))
-                elif kind == _ACCUMULATED and grads.get(t) is not None:
+                elif kind == ACCUMULATED and grads.get(t) is not None:
                     g = grads[t]
                     out.append((FREE, renamed.get(g, g), 0, ""))
 
