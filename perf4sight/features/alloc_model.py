@@ -15,7 +15,10 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
   weights need a gradient) holds the tensors its backward reads (*saved*); the graph module drops
   a value after its last use (its inputs in order). A tensor's storage is freed when nothing holds
   it any more (values, views, saved tensors, gradient buffers). ReLU and ReLU6 run in place, as in
-  the trace; views (reshape, flatten, squeeze) share their input's storage.
+  the trace. Views (reshape, flatten, squeeze, transpose, narrow) share their input's storage;
+  strides are followed, so a reshape that no view can express (after a transpose: a channel
+  shuffle) is a contiguous copy, and so is the backward's reshape of a gradient with such strides.
+  A narrow's backward writes its gradient into zeros of the input's shape (a new tensor).
 - **Loss**: cross entropy = log-softmax (keeps its result) + NLL loss (a 4-byte loss and a 4-byte
   total weight, which it keeps); ``backward`` starts from a 4-byte seed held until it returns.
 - **Backward**: nodes run in reverse creation order (the engine runs the ready node with the
@@ -23,10 +26,9 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
   gradient of a broadcast input down to its shape (a new tensor, the full one freed); then the
   node releases its incoming gradient and its saved tensors and hands each gradient on: into an
   empty buffer as is, into a filled one as a new sum (the two addends released). Pass-through
-  backwards (add, cat, views) hand on the incoming gradient or views of it (a view op whose
-  gradient is a slice from a cat would copy it where strides cannot merge: such networks are
-  left to the trace). A parameter's gradient is kept as its ``.grad`` where it is accumulated (a
-  mark, so that later steps can free it there instead).
+  backwards (add, cat, views) hand on the incoming gradient or views of it. A parameter's
+  gradient is kept as its ``.grad`` where it is accumulated (a mark, so that later steps can free
+  it there instead).
 - Linear layers are ``t`` + ``addmm`` (the bias gradient is the incoming one summed down, after
   the two matrix products; the weight's reaches it through the ``t`` node) or, without a bias,
   ``t`` + ``mm``, whose backward computes the weight's gradient first, as ``mul`` computes its
@@ -53,11 +55,73 @@ Event = tuple[int, int, int, str]  # (kind, storage id, bytes, aten op)
 #: Ops whose forward and backward allocations are written down here.
 COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6", "maxpool2d", "avgpool2d",
                      "adaptiveavgpool2d", "mean", "add", "mul", "cat", "reshape", "flatten", "squeeze", "unsqueeze",
-                     "identity", "dropout", "hardswish", "hardsigmoid", "silu", "gelu", "sigmoid", "tanh"})
+                     "identity", "dropout", "hardswish", "hardsigmoid", "silu", "gelu", "sigmoid", "tanh",
+                     "transpose", "narrow"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
                 "gelu": ("gelu", "input"), "sigmoid": ("sigmoid", "result"), "tanh": ("tanh", "result")}
 _VIEWS = {"reshape", "flatten", "squeeze", "unsqueeze"}
+#: Ops that take a strided (non-contiguous) input as it is; any other op on one is not covered.
+_TAKE_STRIDED = {"conv2d", "cat", "identity", "transpose", "narrow"} | _VIEWS
+
+
+def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Strides (elements) of a contiguous tensor of ``shape``."""
+    out, step = [], 1
+    for size in reversed(shape):
+        out.append(step)
+        step *= size
+    return tuple(reversed(out))
+
+
+def _normal(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...] | None:
+    """``strides``, or None where they are a contiguous tensor's (dimensions of size 1 aside)."""
+    return None if all(a == b for a, b, n in zip(strides, _strides(shape), shape) if n > 1) else strides
+
+
+def _ordered(shape: tuple[int, ...], strides: tuple[int, ...] | None) -> bool:
+    """Whether the dimensions lie in memory in their own order (contiguous, or a slice of such a
+    tensor): an elementwise kernel then writes a contiguous result."""
+    if strides is None:
+        return True
+    kept = [st for size, st in zip(shape, strides) if size > 1]
+    return all(a >= b for a, b in zip(kept, kept[1:]))
+
+
+def _view(shape: tuple[int, ...], strides: tuple[int, ...] | None, new: tuple[int, ...]) -> tuple[bool, tuple[int, ...] | None]:
+    """Whether a tensor of ``shape`` and ``strides`` can be viewed as ``new`` without a copy, and the
+    view's strides (None: contiguous). Dimensions of size 1 never matter; the others are grouped into
+    runs lying back to back in memory, and each dimension of ``new`` must fall inside one run."""
+    if strides is None:
+        return True, None
+    runs: list[tuple[int, int]] = []  # (elements, stride of the run's last dimension)
+    for size, stride in zip(shape, strides):
+        if size == 1:
+            continue
+        if runs and runs[-1][1] == stride * size:
+            runs[-1] = (runs[-1][0] * size, stride)
+        else:
+            runs.append((size, stride))
+    out: list[int] = [0] * len(new)
+    r = len(runs) - 1
+    left = runs[r][0] if runs else 1  # elements of the current run not yet given to a dimension
+    step = runs[r][1] if runs else 1
+    for i in range(len(new) - 1, -1, -1):
+        size = new[i]
+        if size == 1:
+            out[i] = step
+            continue
+        if left == 1 and r > 0:
+            r -= 1
+            left, step = runs[r]
+        if left % size:
+            return False, None
+        out[i] = step
+        step *= size
+        left //= size
+    if left != 1 or r > 0:
+        return False, None
+    return True, _normal(new, tuple(out))
 
 
 class NotCovered(Exception):
@@ -67,11 +131,12 @@ class NotCovered(Exception):
 @dataclass
 class _Value:
     """A tensor of the forward pass: its storage, its bytes, the autograd node that made it (None:
-    needs no gradient), whether it is a view of another value's storage."""
+    needs no gradient), whether it is a view of another value's storage, its strides."""
     sid: int
     nbytes: int
     fn: int | None
     view: bool = False
+    strides: tuple[int, ...] | None = None  # None: contiguous
 
 
 @dataclass
@@ -83,8 +148,9 @@ class _GradFn:
     the incoming gradient (or a view of it) is handed on; ``order``: the order the gradients are
     computed in; ``full[j]``: for an input that was broadcast, the bytes of its gradient before the
     engine sums it down to ``sizes[j]`` (after the node's own kernels), else None; ``handoff``: how
-    a node without kernels hands the incoming gradient on: "" as it is (add), "slices" (cat: strided
-    views of it), "view" (a view op: reshaped, which copies a strided gradient)."""
+    a node without kernels hands the incoming gradient on: "" as it is (add, clone), "slices" (cat:
+    views of parts of it), "view" (a view op: reshaped, a copy where the strides do not allow a
+    view), "transpose"."""
     saved: list[int]
     edges: list[tuple[str, int] | None]
     sizes: list[int]
@@ -92,6 +158,9 @@ class _GradFn:
     order: list[int]
     full: list[int | None]
     handoff: str = ""
+    shapes: list[tuple[int, ...]] | None = None  # each input's shape (with the batch), for the handoffs
+    out_shape: tuple[int, ...] = ()              # the output's shape (with the batch)
+    dims: tuple[int, int] = (0, 0)               # a transpose's two dimensions
 
 
 class _Memory:
@@ -227,8 +296,14 @@ def _forward(n: Node, ins: list[_Value], in_shapes: list[list[int]], b: int, mem
     x = ins[0]
     op, nbytes = n.op, _bytes(n, b)
 
+    full_in = tuple([b] + list(in_shapes[0])) if in_shapes else ()
+    full_out = tuple([b] + list(n.output_shape))
+    if op not in _TAKE_STRIDED and any(i.strides is not None for i in ins):
+        raise NotCovered(f"{op} of a strided tensor")
+
     def node(saved: list[int], edges: list, sizes: list[int], kernels: list[str | None],
-             order: list[int] | None = None, full: list[int | None] | None = None, handoff: str = "") -> int | None:
+             order: list[int] | None = None, full: list[int | None] | None = None, handoff: str = "",
+             out_shape: tuple[int, ...] | None = None, dims: tuple[int, int] = (0, 0)) -> int | None:
         """The autograd node's index (None when no input needs a gradient: ``saved`` is dropped)."""
         for s in saved:
             mem.hold(s)
@@ -237,7 +312,8 @@ def _forward(n: Node, ins: list[_Value], in_shapes: list[list[int]], b: int, mem
                 mem.drop(s)
             return None
         fns.append(_GradFn(saved, edges, sizes, kernels, order if order is not None else list(range(len(edges))),
-                           full or [None] * len(edges), handoff))
+                           full or [None] * len(edges), handoff, [tuple([b] + list(sh)) for sh in in_shapes],
+                           full_out if out_shape is None else out_shape, dims))
         return len(fns) - 1
 
     def unary(kernel: str | None, saved: list[int]) -> int | None:
@@ -305,7 +381,26 @@ def _forward(n: Node, ins: list[_Value], in_shapes: list[list[int]], b: int, mem
         saved += [ins[1].sid] if ins[0].fn is not None else []
         return _Value(sid, nbytes, node(saved, edges, sizes, ["aten.mul.Tensor"] * 2, [1, 0], full))
     if op in _VIEWS:
-        return _Value(mem.hold(x.sid), x.nbytes, node([], [_edge(x)], [x.nbytes], [None], handoff="view"), view=True)
+        viewable, strides = _view(full_in, x.strides, full_out)
+        if viewable:
+            return _Value(mem.hold(x.sid), x.nbytes, node([], [_edge(x)], [x.nbytes], [None], handoff="view"),
+                          view=True, strides=strides)
+        # no view has these strides: a contiguous copy, then a view of it (clone + _unsafe_view)
+        sid = new("clone.default")
+        copied = node([], [_edge(x)], [x.nbytes], [None], out_shape=full_in)
+        edge = None if copied is None else ("fn", copied)
+        return _Value(sid, x.nbytes, node([], [edge], [x.nbytes], [None], handoff="view"))
+    if op == "transpose":
+        d0, d1 = (d % len(full_in) for d in (n.attrs["dim0"], n.attrs["dim1"]))
+        strides = list(x.strides or _strides(full_in))
+        strides[d0], strides[d1] = strides[d1], strides[d0]
+        return _Value(mem.hold(x.sid), x.nbytes, node([], [_edge(x)], [x.nbytes], [None], handoff="transpose",
+                                                      dims=(d0, d1)),
+                      view=True, strides=_normal(full_out, tuple(strides)))
+    if op == "narrow":  # a slice: its backward writes the gradient into zeros of the input's shape
+        strides = x.strides or _strides(full_in)
+        return _Value(mem.hold(x.sid), nbytes, unary("aten.slice_backward.default", []), view=True,
+                      strides=_normal(full_out, strides))
     if op == "identity":
         return _Value(mem.hold(x.sid), x.nbytes, x.fn, x.view)
     if op == "dropout":  # the fused CUDA kernel: the output, then a one-byte mask (kept)
@@ -335,29 +430,32 @@ def _loss(out: _Value, mem: _Memory, fns: list[_GradFn]) -> tuple[int, int, int]
 def _backward(fns: list[_GradFn], root: int, mem: _Memory) -> dict[int, int]:
     """Run the backward pass from the NLL node ``root``; parameter index -> its gradient's storage.
 
-    A gradient is *strided* when it is a slice of a larger one (cat's backward); a view op's backward
-    would reshape it, which copies unless the strides allow a view: not covered (the trace runs it)."""
+    Gradients carry their strides (None: contiguous; :data:`_UNKNOWN` after a sum of two tensors of
+    which one is permuted): a view op's backward reshapes its gradient, which copies it where no
+    view has the strides; transpose and cat hand on views of it (transposed, sliced)."""
     seed = mem.new(FLOAT, "aten.ones_like.default")
-    buffers: dict[int, tuple[int, int, bool]] = {root: (mem.hold(seed), FLOAT, False)}  # sid, bytes, strided
+    buffers: dict[int, tuple[int, int, tuple[int, ...] | None]] = {root: (mem.hold(seed), FLOAT, None)}
     grads: dict[int, int] = {}
     for k in range(len(fns) - 1, -1, -1):
         if k not in buffers:
             raise NotCovered("a node no gradient reaches")
-        incoming, _, strided = buffers.pop(k)
+        incoming, _, strides = buffers.pop(k)
         fn = fns[k]
-        if strided and fn.handoff == "view":
-            raise NotCovered("a view op's backward on a slice of a gradient")
-        outs: dict[int, tuple[int, bool]] = {}
+        if strides == _UNKNOWN or (any(fn.kernels) and not _ordered(fn.out_shape, strides)):
+            raise NotCovered("a gradient with permuted strides")
+        outs: dict[int, tuple[int, tuple[int, ...] | None]] = {}
         for j in fn.order:
-            if fn.edges[j] is not None:
-                kernel = fn.kernels[j]
-                outs[j] = ((mem.new(fn.full[j] or fn.sizes[j], kernel), False) if kernel else
-                           (mem.hold(incoming), strided or fn.handoff == "slices"))
+            if fn.edges[j] is None:
+                continue
+            if fn.kernels[j]:
+                outs[j] = (mem.new(fn.full[j] or fn.sizes[j], fn.kernels[j]), None)
+            else:
+                outs[j] = _handoff(fn, j, incoming, strides, mem)
         for j in sorted(outs):  # broadcast inputs: their gradients summed down to their shapes (input order)
             if fn.full[j] is not None:
                 summed = mem.new(fn.sizes[j], "aten.sum.dim_IntList")
                 mem.drop(outs[j][0])
-                outs[j] = (summed, False)
+                outs[j] = (summed, None)
         mem.drop(incoming)
         for s in fn.saved:
             mem.drop(s)
@@ -366,14 +464,16 @@ def _backward(fns: list[_GradFn], root: int, mem: _Memory) -> dict[int, int]:
             if edge is None:
                 continue
             kind, target = edge
-            sid, sliced = outs[j]
+            sid, out_strides = outs[j]
             if kind == "param":
                 accumulated.append((target, sid))
             elif target not in buffers:
-                buffers[target] = (sid, fn.sizes[j], sliced)
+                buffers[target] = (sid, fn.sizes[j], out_strides)
             else:
-                old, size, _ = buffers[target]
-                buffers[target] = (mem.new(size, "aten.add.Tensor"), size, False)
+                old, size, old_strides = buffers[target]
+                shape = fn.shapes[j] if fn.shapes else ()
+                plain = _ordered(shape, old_strides) and _ordered(shape, out_strides)
+                buffers[target] = (mem.new(size, "aten.add.Tensor"), size, None if plain else _UNKNOWN)
                 mem.drop(old)
                 mem.drop(sid)
         for p, sid in accumulated:  # AccumulateGrad nodes run first (highest priority)
@@ -383,3 +483,28 @@ def _backward(fns: list[_GradFn], root: int, mem: _Memory) -> dict[int, int]:
         raise NotCovered("gradients left undelivered")
     mem.drop(seed)
     return grads
+
+
+#: The strides of a gradient summed from a permuted one: not followed (a view of it is not covered).
+_UNKNOWN: tuple[int, ...] = ()
+
+
+def _handoff(fn: _GradFn, j: int, incoming: int, strides: tuple[int, ...] | None,
+             mem: _Memory) -> tuple[int, tuple[int, ...] | None]:
+    """Gradient ``j`` of a node without kernels: the incoming one (``strides``) or a view of it, or a
+    copy where a view op's reshape cannot be a view; (storage, its strides)."""
+    if fn.handoff == "" or (fn.handoff == "view" and strides is None):  # as it is, or a view of it
+        return mem.hold(incoming), strides
+    if strides is not None and not fn.shapes:
+        raise NotCovered("a strided gradient through the loss")
+    if fn.handoff == "slices":
+        return mem.hold(incoming), strides or _strides(fn.out_shape)
+    if fn.handoff == "transpose":
+        d0, d1 = fn.dims
+        swapped = list(strides or _strides(fn.out_shape))
+        swapped[d0], swapped[d1] = swapped[d1], swapped[d0]
+        return mem.hold(incoming), _normal(fn.shapes[j], tuple(swapped))
+    viewable, out = _view(fn.out_shape, strides, fn.shapes[j])
+    if viewable:
+        return mem.hold(incoming), out
+    return mem.new(fn.sizes[j], "aten.clone.default"), None
