@@ -402,7 +402,7 @@ def _forward(n: Node, ins: list[_Value], in_shapes: list[list[int]], b: int, mem
         return _Value(mem.hold(x.sid), nbytes, unary("aten.slice_backward.default", []), view=True,
                       strides=_normal(full_out, strides))
     if op == "identity":
-        return _Value(mem.hold(x.sid), x.nbytes, x.fn, x.view)
+        return _Value(mem.hold(x.sid), x.nbytes, x.fn, x.view, x.strides)
     if op == "dropout":  # the fused CUDA kernel: the output, then a one-byte mask (kept)
         if not 0 < float(n.attrs["p"]) < 1:
             raise NotCovered("dropout with p 0 or 1")
