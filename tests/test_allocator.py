@@ -293,13 +293,24 @@ def test_a_view_of_a_gradient_slice_is_copied_as_in_the_trace():
     assert _as_replayed(record_events(desc, 2, steps=1, method="model")) == _as_replayed(traced)
 
 
-def test_ops_the_allocation_model_lacks_fall_back_to_the_trace():
+def test_every_schema_op_is_written_down_indexing_and_scalars_included():
+    """The model covers every op a description can hold; an indexed tensor (select of a max-pooled
+    map: a strided view), scalar add and multiply included, matches the trace."""
     from torch import nn
 
-    from perf4sight.errors import UserError
+    from perf4sight.features.alloc_model import COVERED
     from perf4sight.ir.from_torch import describe
-    module = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveMaxPool2d(1), nn.Flatten(), nn.Linear(4, 10))
-    desc = describe(module, [3, 8, 8], "maxpooled")
-    assert record_events(desc, 2) == record_events(desc, 2, method="trace")
-    with pytest.raises(UserError, match="adaptivemaxpool2d"):
-        record_events(desc, 2, method="model")
+    from perf4sight.ir.schema import OPS
+
+    class Indexed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.pool, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.AdaptiveMaxPool2d(2), nn.Linear(8, 10)
+
+        def forward(self, x):
+            return self.fc(((self.pool(self.conv(x))[:, :, 0] + 1.0) * 0.5).mean(2))
+
+    assert COVERED == set(OPS)
+    desc = describe(Indexed(), [3, 8, 8], "indexed")
+    assert {"select", "adaptivemaxpool2d"} <= {n.op for n in desc.nodes}
+    assert _as_replayed(record_events(desc, 3, method="model")) == _as_replayed(record_events(desc, 3, method="trace"))

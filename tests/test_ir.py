@@ -77,6 +77,36 @@ def test_residual_concat_and_chunk_are_kept():
     assert tuple(out.shape) == (2, 4 * 6 * 6)
 
 
+def test_tensor_indexing_becomes_select_and_narrow():
+    """``x[:, :, 0]`` is a select and ``x[:, 2:6]`` a narrow, computing what the module computes;
+    indexing the batch or two dimensions at once is a clear error."""
+    class Indexed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+        def forward(self, x):
+            y = self.conv(x)
+            return torch.cat([y[:, 2:6].mean(3), y[:, :, 0]], 1)
+
+    original = Indexed().eval()
+    desc = describe(original, [3, 5, 5], name="indexed")
+    picked = {n.op: n.attrs for n in desc.nodes if n.op in ("select", "narrow")}
+    assert picked == {"narrow": {"dim": 1, "start": 2, "length": 4}, "select": {"dim": 2, "index": 0}}
+    rebuilt = build_module(desc).eval()
+    for p_new, p_old in zip(rebuilt.parameters(), original.parameters()):
+        p_new.data.copy_(p_old.data)
+    x = torch.randn(2, 3, 5, 5)
+    assert torch.allclose(rebuilt(x), original(x), atol=1e-6)
+
+    class Batchwise(nn.Module):
+        def forward(self, x):
+            return x[0:1, :, 0]
+
+    with pytest.raises(UserError, match="getitem"):
+        describe(Batchwise(), [3, 4, 4], name="batchwise")
+
+
 def test_untraceable_module_gives_a_clear_error():
     class Branchy(nn.Module):
         def forward(self, x):

@@ -1,8 +1,10 @@
 """The allocation events of a training step worked out from the description alone (no torch).
 
 :mod:`perf4sight.features.alloc_trace` records the events by running the step on the meta device;
-this module writes the same events down from the description, 15-20 times faster, for the ops it
-knows (:data:`COVERED`; anything else falls back to the trace). The two are checked to give the same
+this module writes the same events down from the description, 15-20 times faster. It covers every
+op of the schema (:data:`COVERED`); the few patterns it does not follow raise :class:`NotCovered`
+and go to the trace (an in-place ReLU on a tensor a node keeps, a linear layer on a 3-D tensor, a
+kernel or a view reading a gradient with permuted strides). The two are checked to give the same
 allocations in the same order with the same frees between them (the trace's zero-byte allocations
 aside) on zoo, pruned and generated networks in ``tests/test_allocator.py``.
 
@@ -18,7 +20,9 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
   the trace. Views (reshape, flatten, squeeze, transpose, narrow) share their input's storage;
   strides are followed, so a reshape that no view can express (after a transpose: a channel
   shuffle) is a contiguous copy, and so is the backward's reshape of a gradient with such strides.
-  A narrow's backward writes its gradient into zeros of the input's shape (a new tensor).
+  A narrow's or a select's backward writes its gradient into zeros of the input's shape (a new
+  tensor). Max pooling (plain or adaptive) keeps its input and int64 indices; a scalar add keeps
+  nothing and hands its gradient on, a scalar multiply scales it (a new tensor).
 - **Loss**: cross entropy = log-softmax (keeps its result) + NLL loss (a 4-byte loss and a 4-byte
   total weight, which it keeps); ``backward`` starts from a 4-byte seed held until it returns.
 - **Backward**: nodes run in reverse creation order (the engine runs the ready node with the
@@ -56,13 +60,15 @@ Event = tuple[int, int, int, str]  # (kind, storage id, bytes, aten op)
 COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6", "maxpool2d", "avgpool2d",
                      "adaptiveavgpool2d", "mean", "add", "mul", "cat", "reshape", "flatten", "squeeze", "unsqueeze",
                      "identity", "dropout", "hardswish", "hardsigmoid", "silu", "gelu", "sigmoid", "tanh",
-                     "transpose", "narrow"})
+                     "transpose", "narrow", "select", "adaptivemaxpool2d"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
                 "gelu": ("gelu", "input"), "sigmoid": ("sigmoid", "result"), "tanh": ("tanh", "result")}
 _VIEWS = {"reshape", "flatten", "squeeze", "unsqueeze"}
-#: Ops that take a strided (non-contiguous) input as it is; any other op on one is not covered.
-_TAKE_STRIDED = {"conv2d", "cat", "identity", "transpose", "narrow"} | _VIEWS
+#: Ops that take a strided (non-contiguous) input as it is; any other op on one is not covered,
+#: except elementwise ones on inputs whose dimensions keep their order (their output is contiguous).
+_TAKE_STRIDED = {"conv2d", "cat", "identity", "transpose", "narrow", "select"} | _VIEWS
+_ELEMENTWISE = {"add", "mul"} | set(_ACTIVATIONS)
 
 
 def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -298,7 +304,8 @@ def _forward(n: Node, ins: list[_Value], in_shapes: list[list[int]], b: int, mem
 
     full_in = tuple([b] + list(in_shapes[0])) if in_shapes else ()
     full_out = tuple([b] + list(n.output_shape))
-    if op not in _TAKE_STRIDED and any(i.strides is not None for i in ins):
+    strided = [(tuple([b] + list(sh)), i.strides) for sh, i in zip(in_shapes, ins) if i.strides is not None]
+    if strided and op not in _TAKE_STRIDED and not (op in _ELEMENTWISE and all(_ordered(*st) for st in strided)):
         raise NotCovered(f"{op} of a strided tensor")
 
     def node(saved: list[int], edges: list, sizes: list[int], kernels: list[str | None],
@@ -351,10 +358,11 @@ def _forward(n: Node, ins: list[_Value], in_shapes: list[list[int]], b: int, mem
             raise NotCovered(f"in-place {op} on '{n.inputs[0]}'")
         kernel = "aten.threshold_backward.default" if op == "relu" else "aten.hardtanh_backward.default"
         return _Value(mem.hold(x.sid), x.nbytes, unary(kernel, [x.sid]))
-    if op == "maxpool2d":
-        sid = new("max_pool2d_with_indices.default")
-        indices = new("max_pool2d_with_indices.default", nbytes // FLOAT * INT64, holders=0)
-        return _Value(sid, nbytes, unary("aten.max_pool2d_with_indices_backward.default", [x.sid, indices]))
+    if op in ("maxpool2d", "adaptivemaxpool2d"):  # the output and int64 indices, both kept with the input
+        kernel = "max_pool2d_with_indices" if op == "maxpool2d" else "adaptive_max_pool2d"
+        sid = new(kernel + ".default")
+        indices = new(kernel + ".default", nbytes // FLOAT * INT64, holders=0)
+        return _Value(sid, nbytes, unary(f"aten.{kernel}_backward.default", [x.sid, indices]))
     if op == "avgpool2d":
         return _Value(new("avg_pool2d.default"), nbytes, unary("aten.avg_pool2d_backward.default", [x.sid]))
     if op == "adaptiveavgpool2d" and n.attrs["output_size"] not in (1, [1, 1], (1, 1)):
@@ -366,9 +374,12 @@ def _forward(n: Node, ins: list[_Value], in_shapes: list[list[int]], b: int, mem
         name, keeps = _ACTIVATIONS[op]
         sid = new(name + ".default")
         return _Value(sid, nbytes, unary(f"aten.{name}_backward.default", [x.sid if keeps == "input" else sid]))
+    if op in ("add", "mul") and n.attrs.get("scalar") is not None:  # keeps nothing; mul's backward scales
+        sid = new("add.Tensor" if op == "add" else "mul.Tensor")
+        return _Value(sid, nbytes, unary(None if op == "add" else "aten.mul.Tensor", []))
     if op in ("add", "mul", "cat"):
-        if n.attrs.get("scalar") is not None or len(set(n.inputs)) != len(n.inputs) or (op != "cat" and len(ins) != 2):
-            raise NotCovered(f"{op} of a scalar or of a value with itself")
+        if len(set(n.inputs)) != len(n.inputs) or (op != "cat" and len(ins) != 2):
+            raise NotCovered(f"{op} of a value with itself")
         full = [nbytes if shape != n.output_shape and op != "cat" else None for shape in in_shapes]  # broadcast
         sid = new({"add": "add.Tensor", "mul": "mul.Tensor", "cat": "cat.default"}[op])
         edges, sizes = [_edge(i) for i in ins], [i.nbytes for i in ins]
@@ -397,6 +408,12 @@ def _forward(n: Node, ins: list[_Value], in_shapes: list[list[int]], b: int, mem
         return _Value(mem.hold(x.sid), x.nbytes, node([], [_edge(x)], [x.nbytes], [None], handoff="transpose",
                                                       dims=(d0, d1)),
                       view=True, strides=_normal(full_out, tuple(strides)))
+    if op == "select":  # one index of a dimension: its backward writes into zeros of the input's shape
+        d = n.attrs["dim"] % len(full_in)
+        strides = list(x.strides or _strides(full_in))
+        del strides[d]
+        return _Value(mem.hold(x.sid), nbytes, unary("aten.select_backward.default", []), view=True,
+                      strides=_normal(full_out, tuple(strides)))
     if op == "narrow":  # a slice: its backward writes the gradient into zeros of the input's shape
         strides = x.strides or _strides(full_in)
         return _Value(mem.hold(x.sid), nbytes, unary("aten.slice_backward.default", []), view=True,

@@ -241,10 +241,16 @@ def _tensor_inputs(n: fx.Node, alias: dict[str, str]) -> list[str]:
 
 
 def _getitem(n: fx.Node, alias: dict[str, str]) -> Node | None:
-    """``chunk``/``split`` followed by ``[i]`` becomes a ``narrow`` node; other getitems are shape queries."""
+    """``chunk``/``split`` followed by ``[i]`` becomes a ``narrow`` node, and so does a tensor indexed
+    with ``:`` everywhere but one slice (``x[:, 2:5]``); one integer instead of that slice is a
+    ``select`` (``x[:, :, 0]``). Other getitems are shape queries (or, on a tensor, not expressible)."""
     source, index = n.args
     meta = source.meta.get("tensor_meta") if isinstance(source, fx.Node) else None
-    if not isinstance(meta, (tuple, list)) or not hasattr(meta[index], "shape"):
+    if hasattr(meta, "shape") and isinstance(index, tuple):
+        return _index(n, source, index, meta.shape, alias)
+    # a tuple of tensors (TensorMetadata is itself a named tuple: indexing a tensor is not this case)
+    if not isinstance(index, int) or not isinstance(meta, (tuple, list)) or hasattr(meta, "shape") \
+            or not hasattr(meta[index], "shape"):
         return None
     dim = int(_arg(source, 2, "dim", 0))
     dim = dim if dim >= 0 else dim + len(meta[index].shape)
@@ -253,6 +259,23 @@ def _getitem(n: fx.Node, alias: dict[str, str]) -> Node | None:
     tensor = source.args[0]
     return Node(n.name, "narrow", [alias[tensor.name]], {"dim": dim, "start": start, "length": length},
                 list(meta[index].shape)[1:])
+
+
+def _index(n: fx.Node, source: fx.Node, index: tuple, shape: Any, alias: dict[str, str]) -> Node | None:
+    """``x[:, ..., i]`` -> select, ``x[:, ..., a:b]`` -> narrow (one indexed dimension after the batch)."""
+    picked = [(d, i) for d, i in enumerate(index) if i != slice(None)]
+    out = _shape(n)
+    if len(picked) != 1 or out is None or source.name not in alias:
+        return None
+    dim, i = picked[0]
+    if dim == 0:  # the batch dimension is not part of a description
+        return None
+    if isinstance(i, int):
+        return Node(n.name, "select", [alias[source.name]], {"dim": dim, "index": i % int(shape[dim])}, out)
+    if isinstance(i, slice) and i.step in (None, 1):
+        start, stop, _ = i.indices(int(shape[dim]))
+        return Node(n.name, "narrow", [alias[source.name]], {"dim": dim, "start": start, "length": stop - start}, out)
+    return None
 
 
 def _op_of(n: fx.Node, gm: fx.GraphModule, where: str) -> tuple[str, dict]:
