@@ -4,7 +4,8 @@
 generated ed25519 host key and one authorised client key, logging in as the current user
 (root in the test container). It is stopped by its own pid. ``cut_connections()`` kills the
 per-connection sshd processes (descendants of the listener, found through /proc) — a dropped
-network link as the client sees it — while processes that detached from the session survive.
+network link as the client sees it — while the session's processes are left to notice it and
+processes that detached from the session survive.
 
 If ``/usr/sbin/sshd`` is missing and we are root, ``ensure_sshd()`` tries
 ``apt-get install -y openssh-server`` once; tests skip with the reason if that fails.
@@ -63,6 +64,14 @@ def free_port() -> int:
 def _keygen(path: Path) -> None:
     subprocess.run([SSH_KEYGEN, "-q", "-t", "ed25519", "-N", "", "-C", "perf4sight-test", "-f", str(path)],
                    check=True, capture_output=True)
+
+
+def _command_name(pid: int) -> str:
+    """The process's command name (``/proc/<pid>/comm``), "" once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 class SshServer:
@@ -149,9 +158,27 @@ class SshServer:
                 todo.append(child)
         return out
 
+    def login_hangs(self, timeout_s: float = 30.0) -> str | None:
+        """Why a login to run ``true`` with OpenSSH's own client does not finish in ``timeout_s``, else
+        None: the account's shell startup (``~/.bashrc`` runs for SSH commands) is the machine's, not ours."""
+        ssh = shutil.which("ssh")
+        if ssh is None:
+            return None  # nothing to check with; the tests themselves will tell
+        cmd = [ssh, "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+               "-o", "LogLevel=ERROR", "-i", str(self.client_key), "-p", str(self.port), f"{self.user}@127.0.0.1", "true"]
+        try:
+            subprocess.run(cmd, capture_output=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return (f"an SSH login as {self.user} on 127.0.0.1 does not run 'true' within {timeout_s:.0f} s: the "
+                    f"account's shell startup hangs (~/.bashrc; e.g. a stale ~/.pyenv/shims/.pyenv-shim lock)")
+        return None
+
     def cut_connections(self) -> int:
-        """Kill every live SSH connection of this server (SIGKILL by pid); returns how many pids."""
-        pids = self._descendants()
+        """Kill every live SSH connection of this server (SIGKILL to its sshd processes, by pid); returns
+        how many. The session's own processes are left to notice the closed channel (end of input, a
+        broken pipe), as across a real network drop: killing them outright could leave a login shell's
+        half-done startup behind (e.g. a ``pyenv rehash`` lock in ~/.bashrc that hangs every later login)."""
+        pids = [pid for pid in self._descendants() if _command_name(pid).startswith("sshd")]
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)

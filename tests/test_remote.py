@@ -45,6 +45,11 @@ def servers(tmp_path_factory):
         b = SshServer(base / "b", client_key=a.client_key).start()
     except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
         pytest.skip(f"cannot start sshd: {exc}")
+    hang = a.login_hangs()
+    if hang:
+        a.stop()
+        b.stop()
+        pytest.skip(hang)
     yield a, b
     a.stop()
     b.stop()
