@@ -139,13 +139,14 @@ def test_held_out_scatter_matches_fingerprint_accuracy(project):
 
 def test_feature_sensitivity(project):
     from perf4sight.profiling.results import read_rows, results_path
+    from perf4sight.fingerprint.trees import OVERLAP
     from perf4sight.stages import description_index
     fp = load_device_fingerprint(project, "tx2a")
     rows = read_rows(results_path(project.profiling_dir, "tx2a"))
     sens = feature_sensitivity(fp, rows, description_index(project, "tx2a"))
     for target, model in fp.models.items():  # the model's analytic terms plus, with a correction, its tree inputs
         trees = fp.metadata["tree_features"] if model.correction is not None else []
-        assert set(sens[target]) == {t for t in model.terms if t != "one"} | set(trees)
+        assert set(sens[target]) == {t for t in model.terms if t not in ("one", OVERLAP)} | set(trees)
     assert all(v >= 0 for t in sens.values() for v in t.values())
     # memory leans on a byte count (analytic estimate, saved activations, weights), not on e.g. depth
     assert max(sens["memory"], key=sens["memory"].get) in {"mem_analytic_mb", "saved_bytes", "param_bytes",

@@ -24,13 +24,13 @@ import numpy as np
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, feature_matrix, network_features
 from perf4sight.fingerprint.evaluate import choose_groups
-from perf4sight.fingerprint.select import (describe_choice, group_conformal, held_out_coverage, random_split_metrics,
-                                           select_candidate)
+from perf4sight.fingerprint.select import (PREFERRED, describe_choice, group_conformal, held_out_coverage,
+                                           random_split_metrics, select_candidate)
 from perf4sight.fingerprint.storage import save_models
 from perf4sight.fingerprint.trees import MODELS, TREE_FEATURES, TargetModel
 from perf4sight.ir.schema import NetworkDescription
 
-__all__ = ["fit_fingerprint", "memory_column", "memory_capacity", "records", "LATENCY_COLUMN", "FEATURE_SET"]
+__all__ = ["fit_fingerprint", "memory_column", "device_kind", "memory_capacity", "records", "LATENCY_COLUMN", "FEATURE_SET"]
 
 LATENCY_COLUMN = "latency_ms_median"
 FEATURE_SET = "perf4sight-graph-v1"
@@ -45,6 +45,11 @@ def memory_column(rows: list[dict[str, Any]]) -> str:
         raise UserError(f"fingerprint: rows mix the cpu backend with {sorted(backends - {'cpu'})}; "
                         "fit one device (one backend) at a time")
     return "device_mem_used_mb"
+
+
+def device_kind(memory_col: str) -> str:
+    """"cpu" for a cpu-backend device (its memory target is the process's peak RSS), else "gpu"."""
+    return "cpu" if memory_col == "peak_rss_mb" else "gpu"
 
 
 def records(rows: Any) -> list[dict[str, Any]]:
@@ -149,14 +154,15 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         fams = np.array([str(r.get("family") or r["network"]) for r in rs])
         nets = np.array([str(r["network"]) for r in rs])
         groups, grouping = choose_groups(fams, nets)
-        cand, cv, scores = select_candidate(target, F, y, groups, grouping, model, n_est, leaf, seed)
+        prefer = PREFERRED.get((target, device_kind(mem_col)))
+        cand, cv, scores = select_candidate(target, F, y, groups, grouping, model, n_est, leaf, seed, prefer=prefer)
         lf = cand.leaf if cand.leaf is not None else leaf
         models[target] = TargetModel.fit(target, F, y, model, n_est, lf, seed, cand.correct, cand.terms)
         log_ratio = np.log(y / cv.predictions)  # out-of-fold residuals: the band and its held-out check
         intervals[target] = group_conformal(log_ratio, groups, coverage)
         accuracy[target] = {"column": col, "grouping": grouping, "overall": cv.overall, "per_group": cv.per_group,
                             "random_split": random_split_metrics(target, cand, F, y, model, n_est, lf, seed),
-                            "selection": describe_choice(cand, scores),
+                            "selection": describe_choice(cand, scores, prefer),
                             "interval_coverage_held_out": held_out_coverage(log_ratio, groups, coverage),
                             "note": "" if grouping == "family" else "only one network family: folds hold out one network variant"}
         counts[target] = len(rs)

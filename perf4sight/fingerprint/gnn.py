@@ -36,12 +36,12 @@ from perf4sight.config import GNN_ARCHS, PREDICTORS
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import feature_matrix
 from perf4sight.fingerprint.evaluate import choose_groups, grouped_cv, metrics
-from perf4sight.fingerprint.fit import LATENCY_COLUMN, memory_capacity, memory_column, records
+from perf4sight.fingerprint.fit import LATENCY_COLUMN, device_kind, memory_capacity, memory_column, records
 from perf4sight.fingerprint.gnn_graph import (EDGE_FEATURES, GLOBAL_FEATURES, NODE_FEATURES, OP_VOCAB,
                                               GraphTemplate, global_features, graph_template)
 from perf4sight.fingerprint.gnn_model import GNNModel
 from perf4sight.fingerprint.predict import ModuleQueries, batch_list, prediction_rows
-from perf4sight.fingerprint.select import group_conformal, held_out_coverage, select_candidate
+from perf4sight.fingerprint.select import PREFERRED, group_conformal, held_out_coverage, select_candidate
 from perf4sight.fingerprint.gnn_train import Normaliser, TrainSettings, make_data, predict_log, train_model
 from perf4sight.ir.schema import NetworkDescription
 
@@ -176,7 +176,8 @@ def _evaluate(s: _Samples, st: TrainSettings, trees_cfg: Any, coverage: float, b
         cv_g = grouped_cv(sel[:, None], y, groups, s.grouping, lambda a, b, c, j=j: gnn_fold(c[:, 0])[:, j])
         # the trees exactly as the fingerprint stage fits them (model form chosen by the same grouped CV)
         _, cv_t, _ = select_candidate(target, F_trees[sel], y, groups, s.grouping, trees_cfg.model,
-                                      int(trees_cfg.n_estimators), int(trees_cfg.min_samples_leaf), int(trees_cfg.seed))
+                                      int(trees_cfg.n_estimators), int(trees_cfg.min_samples_leaf), int(trees_cfg.seed),
+                                      prefer=PREFERRED.get((target, device_kind(s.mem_col))))
         ens = np.sqrt(cv_g.predictions * cv_t.predictions)
         res = {"gnn": cv_g, "trees": cv_t}
         entry: dict[str, Any] = {k: {"overall": v.overall, "per_group": v.per_group} for k, v in res.items()}

@@ -156,8 +156,15 @@ def accuracy_lines(metadata: dict[str, Any]) -> list[str]:
             rows.append(("random 5-fold split", acc["random_split"]))
         for g, m in rows:
             lines.append(f"  {g:<24}{m['n']:>6}{m['mape']:>8.1f}{m['rmspe']:>8.1f}{m['within10']:>8.1f}")
-        if acc.get("selection"):
-            lines.append(f"  model chosen by grouped CV: {acc['selection']['chosen']}")
+        sel = acc.get("selection")
+        if sel:
+            scores, chosen = sel.get("cv_mean_group_mape", {}), sel["chosen"]
+            why = ""
+            if sel.get("preferred") == chosen and scores and scores.get(chosen, 0) > min(scores.values()):
+                best = min(scores, key=scores.get)
+                why = (f" (this device kind's preferred form: {scores[chosen]:.1f}% against {best}'s "
+                       f"{scores[best]:.1f}%, within one standard error)")
+            lines.append(f"  model chosen by grouped CV: {chosen}{why}")
     iv = metadata.get("interval", {})
     for target, (lo, hi) in iv.get("log_ratio_quantiles", {}).items():
         held = metadata.get("accuracy", {}).get(target, {}).get("interval_coverage_held_out")

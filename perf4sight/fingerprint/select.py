@@ -5,6 +5,12 @@ picked among a few :data:`CANDIDATES` by leave-one-group-out cross-validation ov
 *training* networks only: the score is the mean of the per-group MAPEs, so every held-out
 family weighs the same whatever its row count. The chosen candidate's out-of-fold predictions
 are then the fingerprint's accuracy table and the input of its prediction interval.
+
+A device kind may have a *preferred* form (:data:`PREFERRED`: on a GPU, whose kernels run
+asynchronously to the host that issues them, the host|device overlap form for step time). It is
+kept unless the best-scoring form beats it by more than one standard error of their per-group
+MAPE differences (the one-standard-error rule, paired over the held-out groups): with the three
+or four families a device has, a point of CV score is within the noise of which family is out.
 """
 from __future__ import annotations
 
@@ -16,7 +22,7 @@ import numpy as np
 from perf4sight.fingerprint.evaluate import CVResult, grouped_cv, metrics
 from perf4sight.fingerprint.trees import OVERLAP, TargetModel
 
-__all__ = ["Candidate", "CANDIDATES", "select_candidate", "random_split_metrics", "group_conformal",
+__all__ = ["Candidate", "CANDIDATES", "PREFERRED", "select_candidate", "random_split_metrics", "group_conformal",
            "held_out_coverage"]
 
 
@@ -30,6 +36,7 @@ class Candidate:
     leaf: int | None = None  # None = the configured min_samples_leaf
 
 
+OVERLAP_FORM = "host|device overlap (64-tiles) x trees, leaf 3"
 _KERNEL_TERMS = ("one", "lt_gemm_padded_macs", "lt_dw_bytes", "lt_ew_bytes", "lt_launches", "batch_size")
 _KERNEL_TERMS_64 = ("one", "lt_gemm_padded64_macs", "lt_dw_bytes", "lt_ew_bytes", "lt_launches", "batch_size")
 #: host time (fixed + per-launch issue cost) overlapped with device time (GEMM work, bandwidth)
@@ -55,8 +62,13 @@ CANDIDATES: dict[str, tuple[Candidate, ...]] = {
                 # always with the tree correction, so the fingerprint still reproduces its own training rows
                 Candidate("kernel terms x trees, leaf 3", _KERNEL_TERMS, leaf=3),
                 # host and device time overlap: a small step is launch-bound, a large one GEMM-bound
-                Candidate("host|device overlap (64-tiles) x trees, leaf 3", _OVERLAP_TERMS_64, leaf=3)),
+                Candidate(OVERLAP_FORM, _OVERLAP_TERMS_64, leaf=3)),
 }
+
+#: (target, device kind) -> the form kept unless another is better by more than one standard error
+#: (device kind: "gpu" for the nvml and jetson backends and imported GPU data, "cpu" for the cpu backend).
+#: A CPU runs the step synchronously, so its step time is a sum: no preference there.
+PREFERRED: dict[tuple[str, str], str] = {("latency", "gpu"): OVERLAP_FORM}
 
 
 def _fitter(target: str, cand: Candidate, model: str, n_est: int, leaf: int, seed: int):
@@ -75,26 +87,39 @@ def _has_terms(F: np.ndarray, cand: Candidate) -> bool:
 
 
 def select_candidate(target: str, F: np.ndarray, y: np.ndarray, groups: np.ndarray, grouping: str, model: str,
-                     n_est: int, leaf: int, seed: int,
-                     candidates: tuple[Candidate, ...] | None = None) -> tuple[Candidate, CVResult, dict[str, float]]:
-    """(best candidate, its grouped-CV result, score per candidate) — score = mean per-group MAPE (%).
+                     n_est: int, leaf: int, seed: int, candidates: tuple[Candidate, ...] | None = None,
+                     prefer: str | None = None) -> tuple[Candidate, CVResult, dict[str, float]]:
+    """(chosen candidate, its grouped-CV result, score per candidate) — score = mean per-group MAPE (%).
 
-    With fewer than 3 groups there is too little to choose on: the first candidate is kept.
+    The best-scoring candidate is chosen, except that ``prefer`` (a candidate's name) is kept while the
+    best beats it by no more than one standard error of their paired per-group MAPE differences. With
+    fewer than 3 groups there is too little to choose on: ``prefer`` (or the first candidate) is kept.
     """
     cands = tuple(c for c in (candidates or CANDIDATES[target]) if _has_terms(F, c))
+    preferred = next((c for c in cands if c.name == prefer), None)
     if len(set(groups.tolist())) < 3:
-        cands = cands[:1]
-    best: tuple[float, Candidate, CVResult] | None = None
+        cands = (preferred or cands[0],)
+    results: dict[str, tuple[Candidate, CVResult]] = {}
     scores: dict[str, float] = {}
     for cand in cands:
         cv = grouped_cv(F, y, groups, grouping, _fitter(target, cand, model, n_est, leaf, seed))
         per = [m["mape"] for m in cv.per_group.values()]
-        score = float(np.mean(per)) if per else float("inf")
-        scores[cand.name] = score
-        if best is None or score < best[0]:
-            best = (score, cand, cv)
-    assert best is not None
-    return best[1], best[2], scores
+        scores[cand.name] = float(np.mean(per)) if per else float("inf")
+        results[cand.name] = (cand, cv)
+    best = min(scores, key=scores.__getitem__)
+    if preferred is not None and preferred.name in results and best != preferred.name:
+        if _within_one_se(results[preferred.name][1], results[best][1]):
+            best = preferred.name
+    return results[best][0], results[best][1], scores
+
+
+def _within_one_se(kept: CVResult, best: CVResult) -> bool:
+    """Whether ``kept``'s mean per-group MAPE exceeds ``best``'s by at most one standard error of the
+    per-group differences (paired: the same groups held out)."""
+    diff = np.array([kept.per_group[g]["mape"] - best.per_group[g]["mape"] for g in best.per_group])
+    if len(diff) < 2 or not np.isfinite(diff).all():
+        return False
+    return bool(diff.mean() <= diff.std(ddof=1) / np.sqrt(len(diff)))
 
 
 def random_split_metrics(target: str, cand: Candidate, F: np.ndarray, y: np.ndarray, model: str, n_est: int,
@@ -157,7 +182,8 @@ def held_out_coverage(log_ratio: np.ndarray, groups: np.ndarray, coverage: float
     return 100.0 * inside / len(r)
 
 
-def describe_choice(cand: Candidate, scores: dict[str, float]) -> dict[str, Any]:
+def describe_choice(cand: Candidate, scores: dict[str, float], prefer: str | None = None) -> dict[str, Any]:
     """JSON-able record of the choice for the metadata."""
     return {"chosen": cand.name, "terms": list(cand.terms) if cand.terms else None, "correct": cand.correct,
-            "leaf": cand.leaf, "cv_mean_group_mape": scores}
+            "leaf": cand.leaf, "cv_mean_group_mape": scores, "preferred": prefer,
+            "rule": "lowest score; the preferred form unless beaten by more than one standard error"}
