@@ -95,6 +95,25 @@ def test_features_scale_with_batch_size_and_batched_path_agrees():
     np.testing.assert_allclose(M2[0], M[1])
 
 
+def test_blas_context_flags_linear_layers_and_needs_both_values_to_be_a_term():
+    """A network with a linear layer loads the BLAS library (1), one whose classifier is a conv does not
+    (0); the memory form with that term is offered only on rows that have both kinds."""
+    from perf4sight.fingerprint.select import CANDIDATES, _has_terms
+    with_fc = network_features(_tiny())
+    conv_head = network_features(_desc([
+        Node("input", "input", [], {}, [4, 8, 8]), _conv("c1", "input", 4, 8, 3, 1, 8),
+        Node("pool", "adaptiveavgpool2d", ["c1"], {"output_size": [1, 1]}, [8, 1, 1]),
+        Node("flat", "reshape", ["pool"], {"shape": [-1]}, [8])]))
+    col = FEATURE_NAMES.index("blas_context")
+    assert features_for(with_fc, 4)["blas_context"] == 1.0 and features_for(conv_head, 4)["blas_context"] == 0.0
+    form = next(c for c in CANDIDATES["memory"] if "blas_context" in (c.terms or ()))
+    mixed = feature_matrix([with_fc, conv_head, with_fc], [2, 2, 8])
+    mixed[:, FEATURE_NAMES.index("sim_reserved_mb")] = 100.0  # as if simulated
+    assert _has_terms(mixed, form)
+    same = mixed[[0, 2]]
+    assert same[:, col].tolist() == [1.0, 1.0] and not _has_terms(same, form)
+
+
 def test_unsupported_op_is_reported_not_zero():
     d = _tiny()
     d.nodes.insert(4, Node("weird", "fancy_op", ["r"], {}, [8, 8, 8]))

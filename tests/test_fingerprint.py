@@ -215,6 +215,25 @@ def test_preferred_form_is_kept_within_one_standard_error_only():
     assert cand.name == "analytic only" and list(scores) == ["analytic only"]
 
 
+def test_context_flag_term_is_learnt_only_where_it_varies():
+    """The BLAS-context term: with networks of both kinds its offset is recovered; where every training
+    network has a linear layer the constant keeps the whole offset (the flag's coefficient stays 0)."""
+    from perf4sight.features.aggregate import FEATURE_NAMES
+    from perf4sight.fingerprint.trees import TargetModel
+    rng = np.random.default_rng(1)
+    F = np.zeros((80, len(FEATURE_NAMES)))
+    F[:, FEATURE_NAMES.index("mem_analytic_mb")] = rng.uniform(100, 4000, 80)
+    F[:, FEATURE_NAMES.index("blas_context")] = np.arange(80) % 2
+    y = 1300 + 150 * F[:, FEATURE_NAMES.index("blas_context")] + 1.1 * F[:, FEATURE_NAMES.index("mem_analytic_mb")]
+    terms = ("one", "mem_analytic_mb", "blas_context")
+    np.testing.assert_allclose(TargetModel.fit("memory", F, y, correct=False, terms=terms).coef, [1300, 1.1, 150],
+                               rtol=1e-6)
+    ones = F[F[:, FEATURE_NAMES.index("blas_context")] == 1]
+    coef = TargetModel.fit("memory", ones, y[F[:, FEATURE_NAMES.index("blas_context")] == 1], correct=False,
+                           terms=terms).coef
+    np.testing.assert_allclose(coef, [1450, 1.1, 0.0], rtol=1e-6, atol=1e-9)
+
+
 def test_batched_predict_equals_one_by_one_and_capacity_basis(tx2):
     tmp, _, descs, meta = tx2
     fp = load_fingerprint(tmp / "fp" / "tx2")

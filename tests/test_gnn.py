@@ -69,6 +69,18 @@ def fitted(tiny, tmp_path_factory):
     return out, meta
 
 
+def test_normaliser_drops_columns_constant_in_training():
+    """A column constant in the training split (even one whose float32 std is ~1e-6, not 0) becomes 0
+    for every value, a value never seen in training included; other columns are standardised."""
+    from perf4sight.fingerprint.gnn_train import Normaliser, _norm
+    u = np.column_stack([np.log1p(np.ones(1000, dtype=np.float32)), np.arange(1000, dtype=np.float32)])
+    mu, sd = Normaliser._stats(u, 0.0)
+    assert sd[0] == 0.0 and sd[1] > 100
+    z = _norm(np.array([[0.0, 499.5], [5.0, 0.0]], dtype=np.float32), (mu, sd)).numpy()
+    assert z[0, 0] == 0.0 and z[1, 0] == 0.0 and abs(z[0, 1]) < 1e-6 and z[1, 1] < -1.5
+    assert Normaliser._stats(u)[1][0] == 1.0  # targets keep std 1 for a constant column
+
+
 def test_graph_template_shapes(tiny):
     descs, _ = tiny
     d = descs["res_w8"]

@@ -31,7 +31,7 @@ from perf4sight.ir.schema import NetworkDescription
 
 __all__ = ["NetworkFeatures", "network_features", "features_for", "feature_matrix", "unsupported_ops",
            "FEATURE_NAMES", "SCALED_FEATURES", "STATIC_FEATURES",
-           "ALLOCATOR_FEATURES", "allocator_bytes", "SIM_FEATURES", "LATENCY_FEATURES"]
+           "ALLOCATOR_FEATURES", "allocator_bytes", "SIM_FEATURES", "LATENCY_FEATURES", "CONTEXT_FEATURES"]
 
 MIB = float(2**20)
 
@@ -53,8 +53,14 @@ ALLOCATOR_FEATURES: tuple[str, ...] = ("saved_alloc_mb", "mem_alloc_mb")
 #: Peak reserved / allocated MiB of the caching-allocator replay of a traced training step
 #: (``allocator.py``, ``alloc_trace.py``); 0 unless the features carry a trace (``NetworkFeatures.sim``).
 SIM_FEATURES: tuple[str, ...] = ("sim_reserved_mb", "sim_alloc_mb")
+#: Libraries the step loads into the device context: ``blas_context`` is 1 where the network has an op
+#: that runs on the BLAS library (a linear layer: cuBLAS on a GPU, whose kernels and workspace take
+#: device memory once loaded), else 0. Appended last so older columns keep their index.
+CONTEXT_FEATURES: tuple[str, ...] = ("blas_context",)
+#: Ops that run on the BLAS library.
+BLAS_OPS = frozenset({"linear"})
 FEATURE_NAMES: tuple[str, ...] = (("batch_size",) + SCALED_FEATURES + STATIC_FEATURES + ("mem_analytic_mb",)
-                                  + ALLOCATOR_FEATURES + SIM_FEATURES + LATENCY_FEATURES)
+                                  + ALLOCATOR_FEATURES + SIM_FEATURES + LATENCY_FEATURES + CONTEXT_FEATURES)
 _SMALL, _LARGE, _ROUND, _SEG = 2**20, 10 * 2**20, 512, 2 * 2**20
 
 
@@ -138,6 +144,7 @@ def network_features(desc: NetworkDescription) -> NetworkFeatures:
     st["intensity"] = ps["flops_fwd"] / moved if moved else 0.0
     st["mean_conv_channels"] = float(np.mean(conv_channels)) if conv_channels else 0.0
     st["input_hw"] = float(numel(desc.input_shape[1:]))
+    st["blas_context"] = float(any(n.op in BLAS_OPS for n in desc.nodes))
     sizes = np.array(list(saved.values()) + extra_sizes + [ps["input_bytes"]], dtype=float)
     return NetworkFeatures(desc.name, ps, st, unsupported, sizes, description=desc,
                            kernels=kernel_table(desc) if not unsupported else None)
@@ -214,7 +221,10 @@ def feature_matrix(nets: list[NetworkFeatures] | NetworkFeatures, batch_sizes: l
         if n.sim is not None:
             sim[i] = n.sim.peaks_mb([bs[i]])[0]
     lat = _latency_block(nets, bs)
-    return np.column_stack([bs, scaled, stat, mem, alloc, mem - extra + alloc, sim, lat])
+    ctx = np.array([[n.static.get(k, np.nan) for k in CONTEXT_FEATURES]
+                    for n in ([nets] * len(bs) if isinstance(nets, NetworkFeatures) else nets)], dtype=float)
+    return np.column_stack([bs, scaled, stat, mem, alloc, mem - extra + alloc, sim, lat,
+                            ctx.reshape(len(bs), len(CONTEXT_FEATURES))])
 
 
 def _latency_block(nets: list[NetworkFeatures] | NetworkFeatures, bs: np.ndarray) -> np.ndarray:

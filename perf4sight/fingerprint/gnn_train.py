@@ -34,21 +34,26 @@ class Normaliser:
     y: tuple[list[float], list[float]]
 
     @staticmethod
-    def _stats(a: np.ndarray) -> tuple[list[float], list[float]]:
-        """Column mean and std, ignoring NaN; a constant column gets std 1."""
+    def _stats(a: np.ndarray, constant_sd: float = 1.0) -> tuple[list[float], list[float]]:
+        """Column mean and std, ignoring NaN; a constant column gets std ``constant_sd`` (0: :func:`_norm`
+        sets the column to 0 everywhere)."""
+        a = np.asarray(a, dtype=np.float64)  # float32 sums leave a constant column a std of ~1e-6
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             mu = np.nan_to_num(np.nanmean(a, axis=0)) if len(a) else np.zeros(a.shape[1])
             sd = np.nanstd(a, axis=0) if len(a) else np.ones(a.shape[1])
-        sd = np.where(np.isfinite(sd) & (sd > 1e-6), sd, 1.0)
+        sd = np.where(np.isfinite(sd) & (sd > 1e-6), sd, constant_sd)
         return [float(v) for v in mu], [float(v) for v in sd]
 
     @classmethod
     def fit(cls, templates: Sequence[GraphTemplate], u: np.ndarray, y: np.ndarray) -> "Normaliser":
-        """Statistics from the training networks' graphs (each counted once) and training samples."""
-        return cls(cls._stats(np.concatenate([t.x for t in templates])),
-                   cls._stats(np.concatenate([t.edge_attr for t in templates])),
-                   cls._stats(u), cls._stats(y))
+        """Statistics from the training networks' graphs (each counted once) and training samples. An input
+        column that is constant in training is dropped (std 0): it taught the model nothing, and a value it
+        never took there (a depthwise count on a held-out MobileNet, a network without a linear layer) would
+        otherwise reach the model unscaled."""
+        return cls(cls._stats(np.concatenate([t.x for t in templates]), 0.0),
+                   cls._stats(np.concatenate([t.edge_attr for t in templates]), 0.0),
+                   cls._stats(u, 0.0), cls._stats(y))
 
     def to_json(self) -> dict[str, Any]:
         return {"x": list(self.x), "e": list(self.e), "u": list(self.u), "y": list(self.y)}
@@ -59,7 +64,10 @@ class Normaliser:
 
 
 def _norm(a: np.ndarray, stats: tuple[list[float], list[float]]) -> torch.Tensor:
-    return torch.from_numpy(((a - np.asarray(stats[0])) / np.asarray(stats[1])).astype(np.float32))
+    """Standardised columns; a column with std 0 (constant in training) is 0."""
+    mu, sd = np.asarray(stats[0]), np.asarray(stats[1])
+    z = np.divide(a - mu, sd, out=np.zeros(np.broadcast_shapes(np.shape(a), sd.shape)), where=sd > 0)
+    return torch.from_numpy(z.astype(np.float32))
 
 
 @dataclass

@@ -49,7 +49,10 @@ CANDIDATES: dict[str, tuple[Candidate, ...]] = {
                Candidate("analytic x trees, leaf 3", leaf=3),
                # caching-allocator replay of the traced step (features/alloc_trace.py); skipped where not simulated
                Candidate("sim reserved x trees", ("one", "sim_reserved_mb")),
-               Candidate("sim reserved + analytic x trees", ("one", "sim_reserved_mb", "mem_analytic_mb"))),
+               Candidate("sim reserved + analytic x trees", ("one", "sim_reserved_mb", "mem_analytic_mb")),
+               # the BLAS library's context (networks with a linear layer); only where training varies in it
+               Candidate("sim reserved + analytic + BLAS context x trees",
+                         ("one", "sim_reserved_mb", "mem_analytic_mb", "blas_context"))),
     # latency: the kernel-terms form first, as it is the one kept when there are too few groups to choose
     # (its per-kernel launch term carries over to families never seen; the FLOP-only forms did not)
     "latency": (Candidate("kernel terms (64-tiles) x trees, leaf 3", _KERNEL_TERMS_64, leaf=3),
@@ -79,11 +82,14 @@ def _fitter(target: str, cand: Candidate, model: str, n_est: int, leaf: int, see
 def _has_terms(F: np.ndarray, cand: Candidate) -> bool:
     """Whether every analytic term of ``cand`` is known on all rows of ``F`` (finite; a simulated
     feature is 0 where the network was not simulated)."""
-    from perf4sight.features.aggregate import FEATURE_NAMES, SIM_FEATURES
+    from perf4sight.features.aggregate import CONTEXT_FEATURES, FEATURE_NAMES, SIM_FEATURES
     terms = [t for t in (cand.terms or ()) if t not in ("one", OVERLAP)]
     sim = [FEATURE_NAMES.index(t) for t in terms if t in SIM_FEATURES]
     cols = [FEATURE_NAMES.index(t) for t in terms]
-    return bool(np.isfinite(F[:, cols]).all() and (F[:, sim] > 0).all())
+    # a 0/1 context term means something only where the rows have both values (else it is the constant)
+    flags = [FEATURE_NAMES.index(t) for t in terms if t in CONTEXT_FEATURES]
+    return bool(np.isfinite(F[:, cols]).all() and (F[:, sim] > 0).all()
+                and all(len(np.unique(F[:, j])) == 2 for j in flags))
 
 
 def select_candidate(target: str, F: np.ndarray, y: np.ndarray, groups: np.ndarray, grouping: str, model: str,

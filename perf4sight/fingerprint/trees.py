@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from perf4sight.errors import UserError
-from perf4sight.features.aggregate import FEATURE_NAMES
+from perf4sight.features.aggregate import CONTEXT_FEATURES, FEATURE_NAMES
 
 __all__ = ["TreeEnsemble", "TargetModel", "make_regressor", "LINEAR_TERMS", "TREE_FEATURES", "MODELS",
            "OVERLAP", "OVERLAP_P"]
@@ -203,10 +203,15 @@ class TargetModel:
         if OVERLAP in terms:
             coef = _fit_overlap(A, y, terms)
         else:
+            # a 0/1 context flag with one value on every training row is the constant again: its share
+            # of the constant cannot be told apart, so it keeps a zero coefficient (the constant takes it)
+            names = [t for t in terms if t != OVERLAP]
+            free = np.array([not (t in CONTEXT_FEATURES and np.ptp(A[:, j]) == 0) for j, t in enumerate(names)])
             col_scale = np.maximum(np.abs(A).max(axis=0), 1e-12)
             # relative-error loss: minimise sum(((A c - y) / y)^2) with c >= 0
-            sol, _ = nnls((A / col_scale) / y[:, None], np.ones_like(y))
-            coef = sol / col_scale
+            sol, _ = nnls((A[:, free] / col_scale[free]) / y[:, None], np.ones_like(y))
+            coef = np.zeros(A.shape[1])
+            coef[free] = sol / col_scale[free]
         tm = cls(target, terms, coef, None)
         if correct:
             resid = np.log(y / np.maximum(tm.analytic(F), 1e-9))
