@@ -165,7 +165,8 @@ class SshServer:
         if ssh is None:
             return None  # nothing to check with; the tests themselves will tell
         cmd = [ssh, "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-               "-o", "LogLevel=ERROR", "-i", str(self.client_key), "-p", str(self.port), f"{self.user}@127.0.0.1", "true"]
+               "-o", "LogLevel=ERROR", "-i", str(self.client_key), "-p", str(self.port),
+               f"{self.user}@127.0.0.1", "true"]
         try:
             subprocess.run(cmd, capture_output=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:

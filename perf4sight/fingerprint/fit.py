@@ -30,7 +30,8 @@ from perf4sight.fingerprint.storage import save_models
 from perf4sight.fingerprint.trees import MODELS, TREE_FEATURES, TargetModel
 from perf4sight.ir.schema import NetworkDescription
 
-__all__ = ["fit_fingerprint", "memory_column", "device_kind", "memory_capacity", "records", "LATENCY_COLUMN", "FEATURE_SET"]
+__all__ = ["fit_fingerprint", "memory_column", "device_kind", "memory_capacity", "records", "LATENCY_COLUMN",
+           "FEATURE_SET"]
 
 LATENCY_COLUMN = "latency_ms_median"
 FEATURE_SET = "perf4sight-graph-v1"
