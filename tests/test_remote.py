@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -191,6 +192,18 @@ def test_accept_new_host_key_records_it(servers, tmp_path):
     cfg2 = _config(tmp_path, {"d": {**dev, "accept_new_host_key": False}})
     with Remote(cfg2.device("d"), kh) as r:  # now known: accepted without the opt-in
         assert r.run(["true"]).rc == 0
+
+
+def test_command_without_reply_says_what_timed_out(servers, tmp_path):
+    a, _ = servers
+    kh = tmp_path / "known_hosts"
+    kh.write_text(a.known_hosts_line)
+    cfg = _config(tmp_path, {"d": {**_device(a, tmp_path), "known_hosts": str(kh)}})
+    with Remote(cfg.device("d"), kh) as r:
+        t0 = time.monotonic()
+        with pytest.raises(socket.timeout, match=r"no reply to 'sleep' within 1 s"):
+            r.run(["sleep", "30"], timeout_s=1)
+        assert time.monotonic() - t0 < 10
 
 
 # --- hostile names, unreachable device, check -------------------------------------------------

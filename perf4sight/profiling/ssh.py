@@ -208,11 +208,15 @@ class Remote:
         if self.client is None:
             raise paramiko.SSHException("not connected")
         chan_in, chan_out, chan_err = self.client.exec_command(quote_argv(argv), timeout=timeout_s)
-        if stdin is not None:
-            chan_in.write(stdin)
-        chan_in.channel.shutdown_write()
-        out = chan_out.read()
-        err = chan_err.read()
+        try:
+            if stdin is not None:
+                chan_in.write(stdin)
+            chan_in.channel.shutdown_write()
+            out = chan_out.read()
+            err = chan_err.read()
+        except socket.timeout:  # paramiko's own carries no message: say what did not answer
+            raise socket.timeout(f"no reply to '{Path(argv[0]).name}' within {timeout_s:.0f} s (a stuck login "
+                                 "shell on the device, e.g. its ~/.bashrc, or a dead link)") from None
         rc = chan_out.channel.recv_exit_status()
         if rc == -1 and self._dropped():
             raise paramiko.SSHException("the connection closed before the command reported its exit status")
