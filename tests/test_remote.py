@@ -194,6 +194,13 @@ def test_accept_new_host_key_records_it(servers, tmp_path):
         assert r.run(["true"]).rc == 0
 
 
+def test_connection_errors_without_a_message_still_say_something():
+    from perf4sight.profiling.ssh import describe_error
+    assert describe_error(socket.timeout()) == "timed out waiting for the device"
+    assert describe_error(EOFError()) == "EOFError"
+    assert describe_error(OSError("Network is\nunreachable")) == "Network is unreachable"
+
+
 def test_command_without_reply_says_what_timed_out(servers, tmp_path):
     a, _ = servers
     kh = tmp_path / "known_hosts"

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 from perf4sight.config import Config, DeviceConfig
 from perf4sight.errors import UserError
 from perf4sight.profiling.remote import DeviceSummary, RemoteProfiler, known_hosts_path
-from perf4sight.profiling.ssh import CONNECTION_ERRORS, Remote
+from perf4sight.profiling.ssh import CONNECTION_ERRORS, Remote, describe_error
 
 __all__ = ["DeviceCheck", "check_devices", "profile_devices", "format_checks", "format_summaries"]
 
@@ -81,7 +81,7 @@ def _check_one(cfg: Config, dev: DeviceConfig, timeout_s: float) -> DeviceCheck:
             check.message = str(exc)
             return check
         except CONNECTION_ERRORS as exc:
-            check.message = f"device '{dev.name}': connection lost during check: {exc}"
+            check.message = f"device '{dev.name}': connection lost during check: {describe_error(exc)}"
             return check
     try:
         check.facts = json.loads(out.strip().splitlines()[-1])

@@ -30,7 +30,8 @@ from perf4sight.ir.schema import load_description
 from perf4sight.profiling import results
 from perf4sight.profiling.local import make_plan
 from perf4sight.profiling.pull import CsvPuller, csv_with_rows
-from perf4sight.profiling.ssh import CONNECTION_ERRORS, DeviceError, HostKeyError, Remote, default_known_hosts
+from perf4sight.profiling.ssh import (CONNECTION_ERRORS, DeviceError, HostKeyError, Remote, default_known_hosts,
+                                     describe_error)
 
 __all__ = ["DeviceSummary", "RemoteProfiler", "code_files", "expected_keys", "remote_dir_name", "known_hosts_path"]
 
@@ -286,7 +287,7 @@ class RemoteProfiler:
             if s.status != "unreachable":
                 s.status = "failed"
         except CONNECTION_ERRORS as exc:
-            s.status, s.message = "failed", f"device '{self.dev.name}': connection lost: {exc}"
+            s.status, s.message = "failed", f"device '{self.dev.name}': connection lost: {describe_error(exc)}"
         finally:
             self.remote.close()
             plan_rows = [r for r in results.read_rows(self.local_csv) if results.row_key(r) in self.expected]

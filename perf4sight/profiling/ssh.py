@@ -31,10 +31,19 @@ from paramiko.ssh_exception import NoValidConnectionsError
 from perf4sight.config import DeviceConfig
 from perf4sight.errors import UserError
 
-__all__ = ["DeviceError", "HostKeyError", "Remote", "CommandResult", "quote_argv", "CONNECTION_ERRORS", "default_known_hosts"]
+__all__ = ["DeviceError", "HostKeyError", "Remote", "CommandResult", "quote_argv", "CONNECTION_ERRORS",
+           "default_known_hosts", "describe_error"]
 
 #: What a dropped or refused connection raises (paramiko, sockets, a closed transport).
 CONNECTION_ERRORS = (paramiko.SSHException, OSError, EOFError, socket.timeout)
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for a connection error: its message, or its kind where it has none (a bare timeout)."""
+    text = " ".join(str(exc).split())
+    if isinstance(exc, socket.timeout) and not text:
+        return "timed out waiting for the device"
+    return text or type(exc).__name__
 
 _KNOWN_HOSTS_LOCK = threading.Lock()
 
