@@ -42,9 +42,9 @@ K_ROUND_LARGE = 2 << 20
 ALLOC, FREE, STEP = 0, 1, 2  # trace event kinds (STEP: start of a training step; peaks are reset there)
 
 
-def round_size(size: int) -> int:
-    """Bytes a request of ``size`` bytes occupies: a multiple of 512, at least 512."""
-    return K_MIN_BLOCK if size < K_MIN_BLOCK else K_MIN_BLOCK * ((size + K_MIN_BLOCK - 1) // K_MIN_BLOCK)
+def round_size(size: int | np.ndarray) -> int | np.ndarray:
+    """Bytes a request of ``size`` bytes occupies: a multiple of 512, at least 512 (element-wise on arrays)."""
+    return np.maximum(K_MIN_BLOCK, -(-size // K_MIN_BLOCK) * K_MIN_BLOCK)
 
 
 def segment_size(size: int) -> int:
@@ -100,7 +100,7 @@ class CachingAllocator:
 
     def malloc(self, nbytes: int) -> _Block | None:
         """Allocate ``nbytes`` (0 bytes -> no block, as in PyTorch)."""
-        return self.malloc_rounded(round_size(nbytes)) if nbytes > 0 else None
+        return self.malloc_rounded(int(round_size(nbytes))) if nbytes > 0 else None
 
     def malloc_rounded(self, size: int) -> _Block:
         """Allocate ``size`` bytes, already rounded by :func:`round_size` (the replay rounds them all at once)."""
@@ -182,7 +182,7 @@ class AllocTrace:
         if bs in self._memo:
             return self._memo[bs]
         sizes = self.sizes(bs)
-        sizes = np.where(sizes > 0, np.maximum(K_MIN_BLOCK, -(-sizes // K_MIN_BLOCK) * K_MIN_BLOCK), 0).tolist()
+        sizes = np.where(sizes > 0, round_size(sizes), 0).tolist()
         kinds, ids = self.kind.tolist(), self.tensor.tolist()
         steps = [i for i, k in enumerate(kinds) if k == STEP]
         alloc = CachingAllocator()
