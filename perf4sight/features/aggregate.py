@@ -192,6 +192,7 @@ def feature_matrix(nets: list[NetworkFeatures] | NetworkFeatures, batch_sizes: l
     batch sizes, row ``i`` is ``nets[i]`` at ``batch_sizes[i]``.
     """
     bs = np.asarray(batch_sizes, dtype=float).reshape(-1)
+    rows = [nets] * len(bs) if isinstance(nets, NetworkFeatures) else nets  # the network of each row
     if isinstance(nets, NetworkFeatures):
         p, s = _vectors(nets)
         per = np.tile(p, (len(bs), 1))
@@ -217,23 +218,22 @@ def feature_matrix(nets: list[NetworkFeatures] | NetworkFeatures, batch_sizes: l
             alloc[idx] = allocator_bytes(nets[idx[0]].saved_sizes, bs[idx]) / MIB
     extra = (scaled[:, i_saved] + scaled[:, i_in]) / MIB  # what alloc replaces (saved + input, exact bytes)
     sim = np.zeros((len(bs), len(SIM_FEATURES)))  # 0 = not simulated
-    for i, n in enumerate([nets] * len(bs) if isinstance(nets, NetworkFeatures) else nets):
+    for i, n in enumerate(rows):
         if n.sim is not None:
             sim[i] = n.sim.peaks_mb([bs[i]])[0]
-    lat = _latency_block(nets, bs)
-    ctx = np.array([[n.static.get(k, np.nan) for k in CONTEXT_FEATURES]
-                    for n in ([nets] * len(bs) if isinstance(nets, NetworkFeatures) else nets)], dtype=float)
+    lat = _latency_block(rows, bs)
+    ctx = np.array([[n.static.get(k, np.nan) for k in CONTEXT_FEATURES] for n in rows], dtype=float)
     return np.column_stack([bs, scaled, stat, mem, alloc, mem - extra + alloc, sim, lat,
                             ctx.reshape(len(bs), len(CONTEXT_FEATURES))])
 
 
-def _latency_block(nets: list[NetworkFeatures] | NetworkFeatures, bs: np.ndarray) -> np.ndarray:
-    """:data:`LATENCY_FEATURES` columns (NaN for networks without a kernel table)."""
-    many = nets if not isinstance(nets, NetworkFeatures) else [nets] * len(bs)
+def _latency_block(rows: list[NetworkFeatures], bs: np.ndarray) -> np.ndarray:
+    """:data:`LATENCY_FEATURES` columns (NaN for networks without a kernel table); ``rows``: the network
+    of each row."""
     out = np.full((len(bs), len(LATENCY_FEATURES)), np.nan)
-    ok = [i for i, n in enumerate(many) if n.kernels is not None]
+    ok = [i for i, n in enumerate(rows) if n.kernels is not None]
     if ok:
-        out[ok] = latency_columns([many[i].kernels for i in ok], bs[ok])
+        out[ok] = latency_columns([rows[i].kernels for i in ok], bs[ok])
     return out
 
 

@@ -113,7 +113,7 @@ def select_candidate(target: str, F: np.ndarray, y: np.ndarray, groups: np.ndarr
         scores[cand.name] = float(np.mean(per)) if per else float("inf")
         results[cand.name] = (cand, cv)
     best = min(scores, key=scores.__getitem__)
-    if preferred is not None and preferred.name in results and best != preferred.name:
+    if preferred is not None and best != preferred.name:  # the preferred form was scored: it is in cands
         if _within_one_se(results[preferred.name][1], results[best][1]):
             best = preferred.name
     return results[best][0], results[best][1], scores

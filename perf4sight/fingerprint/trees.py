@@ -205,8 +205,7 @@ class TargetModel:
         else:
             # a 0/1 context flag with one value on every training row is the constant again: its share
             # of the constant cannot be told apart, so it keeps a zero coefficient (the constant takes it)
-            names = [t for t in terms if t != OVERLAP]
-            free = np.array([not (t in CONTEXT_FEATURES and np.ptp(A[:, j]) == 0) for j, t in enumerate(names)])
+            free = np.array([not (t in CONTEXT_FEATURES and np.ptp(A[:, j]) == 0) for j, t in enumerate(terms)])
             col_scale = np.maximum(np.abs(A).max(axis=0), 1e-12)
             # relative-error loss: minimise sum(((A c - y) / y)^2) with c >= 0
             sol, _ = nnls((A[:, free] / col_scale[free]) / y[:, None], np.ones_like(y))

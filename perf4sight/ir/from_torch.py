@@ -8,7 +8,6 @@ their concrete output shape, so a description is tied to its input size.
 from __future__ import annotations
 
 import copy
-
 import operator
 from typing import Any, Callable
 
