@@ -75,6 +75,7 @@ class ProfileConfig:
     min_timed_s: float = 0.0  # keep timing steps until they add up to this many seconds
     repeats: int = 1  # fresh processes per (network, batch size); the median one is kept
     timeout_s: float = 600.0
+    max_swap_in_mb: float = 100.0  # more swapped back in during a measurement = thrashing: recorded as oom
     devices: list[str] = field(default_factory=list)  # empty = every device
     learning_rate: float = 0.01
     momentum: float = 0.9
@@ -238,6 +239,8 @@ def _check(cfg: Config) -> None:
         raise UserError(f"{f}: [profile] repeats must be >= 1, got {cfg.profile.repeats}")
     if not 0 <= cfg.profile.min_timed_s < cfg.profile.timeout_s:
         raise UserError(f"{f}: [profile] min_timed_s must lie in [0, timeout_s), got {cfg.profile.min_timed_s}")
+    if cfg.profile.max_swap_in_mb < 0:
+        raise UserError(f"{f}: [profile] max_swap_in_mb must be >= 0, got {cfg.profile.max_swap_in_mb}")
     fp = cfg.fingerprint
     if fp.predictor not in PREDICTORS:
         raise UserError(f"{f}: [fingerprint] predictor '{fp.predictor}' is not one of {', '.join(PREDICTORS)}")

@@ -51,6 +51,7 @@ def test_good_config_is_typed(tmp_path):
     (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = 4"), r"\[profile\] 'batch_sizes' must be a list of integers"),
     (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [4, 2]"), r"ascending"),
     (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\nmin_timed_s = -0.5"), r"\[profile\] min_timed_s must lie in"),
+    (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\nmax_swap_in_mb = -1"), r"\[profile\] max_swap_in_mb must be >= 0"),
     (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\nrepeats = 0"), r"\[profile\] repeats must be >= 1"),
     (GOOD.replace('backend = "cpu"', 'backend = "tpu"'), r"\[devices.local\] backend 'tpu'"),
     (GOOD.replace("memory_limit_mb = 512", 'memory_limit_mb = "lots"'), r"\[devices.local\] 'memory_limit_mb' must be an integer"),

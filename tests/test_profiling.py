@@ -95,6 +95,7 @@ def test_real_run_writes_ok_rows(measured):
         assert r["input_shape"] == "3x32x32" and r["threads"] == "1" and r["device_model"]
         assert r["torch_version"] and r["hostname"] and r["timestamp"]
         assert len(r["description_sha"]) == 16
+        assert float(r["swap_in_mb"]) >= 0 and float(r["swap_out_mb"]) >= 0  # from /proc/vmstat
     assert [e["event"] for e in events] == ["plan", "row", "row", "done"]
     assert json.loads(summary.plan_path.read_text())["networks"] == [str(net.resolve())]
 
@@ -310,3 +311,59 @@ def test_a_peak_between_two_polls_is_an_oom_all_the_same(tmp_path):
     assert outcome.result["status"] == "oom" and outcome.peak_rss_mb > 64
     assert outcome.result["message"] == f"peak RSS {outcome.peak_rss_mb:.0f} MiB exceeded memory_limit_mb 64"
     assert float(outcome.result["latency_ms_median"]) > 0      # the step did run: its figures are kept
+
+
+def test_swap_counters_are_read_from_vmstat(tmp_path):
+    import os
+    from perf4sight.profiling.procfs import swap_mb
+    page_mib = os.sysconf("SC_PAGE_SIZE") / 2**20
+    vmstat = tmp_path / "vmstat"
+    vmstat.write_text("nr_free_pages 1000\npswpin 2560\npswpout 5120\npgfault 9\n")
+    assert swap_mb(str(vmstat)) == (2560 * page_mib, 5120 * page_mib)
+    vmstat.write_text("nr_free_pages 1000\n")                  # a kernel without swap accounting
+    assert swap_mb(str(vmstat)) is None and swap_mb(str(tmp_path / "absent")) is None
+    real = swap_mb()
+    assert real is None or min(real) >= 0
+
+
+@pytest.mark.parametrize("poll_s", [1e9, 0.05])
+def test_a_thrashing_step_is_an_oom_and_stops_the_network(tmp_path, monkeypatch, poll_s):
+    """On a device that swaps, a step whose memory does not fit thrashes instead of failing. The system's
+    swap counters (simulated here: this machine has no swap device; real children run) going up by more
+    than max_swap_in_mb make the row ``oom``: judged when the child ends (its figures kept), or while it
+    runs (killed at once)."""
+    from perf4sight.profiling import runner
+    net = write_net(tmp_path, "thrash", width=4)
+    counters = {"in": 1000.0, "out": 2000.0, "thrashing": False}
+
+    def fake_swap_mb():
+        if counters["thrashing"]:   # every reading sees 150 MiB more swapped in and out
+            counters["in"] += 150.0
+            counters["out"] += 150.0
+        return counters["in"], counters["out"]
+
+    def child(plan, plan_path, index, batch_size, backend):
+        counters["thrashing"] = batch_size >= 2
+        return real(plan, plan_path, index, batch_size, backend)
+
+    real = runner.run_child
+    monkeypatch.setattr(runner, "swap_mb", fake_swap_mb)
+    monkeypatch.setattr(runner, "run_child", child)
+    monkeypatch.setattr(runner, "SWAP_POLL_S", poll_s)
+    plan = TestPlan(device="d", networks=[str(net)], batch_sizes=[1, 2, 4], warmup_steps=1, timed_steps=2,
+                    threads=1, output="m.csv")
+    counts = run_plan(save_plan(plan, tmp_path / "plan.json"), emit=lambda e: None)
+    rows = results.read_rows(tmp_path / "m.csv")
+    assert [(r["batch_size"], r["status"]) for r in rows] == [("1", "ok"), ("2", "oom"), ("4", "skipped_after_oom")]
+    assert counts["oom"] == 1 and (rows[0]["swap_in_mb"], rows[0]["swap_out_mb"]) == ("0.0", "0.0")
+    assert "MiB back in during the measurement (max_swap_in_mb 100)" in rows[1]["message"]
+    assert float(rows[1]["swap_in_mb"]) > 100 and float(rows[1]["swap_out_mb"]) > 100
+    if poll_s > 1:   # never polled: judged after the child ended, its measured figures kept
+        assert not rows[1]["message"].startswith("killed") and float(rows[1]["latency_ms_median"]) > 0
+    else:            # seen while it ran: killed
+        assert rows[1]["message"].startswith("killed: ") and rows[1]["latency_ms_median"] == ""
+    unchecked = TestPlan(device="d", networks=[str(net)], batch_sizes=[2], max_swap_in_mb=0, warmup_steps=1,
+                         timed_steps=2, threads=1, output="off.csv")
+    run_plan(save_plan(unchecked, tmp_path / "off.json"), emit=lambda e: None)
+    (row,) = results.read_rows(tmp_path / "off.csv")
+    assert row["status"] == "ok" and float(row["swap_in_mb"]) > 100   # 0 = no check: recorded, not judged

@@ -76,7 +76,7 @@ def make_plan(cfg: Config, device_name: str, descriptions: list[str | Path], out
         raise UserError(f"device '{device_name}': no network descriptions to profile (run the networks stage first)")
     return TestPlan(device=device_name, backend=dev.backend, networks=nets, batch_sizes=list(p.batch_sizes),
                     warmup_steps=p.warmup_steps, timed_steps=p.timed_steps, min_timed_s=p.min_timed_s,
-                    repeats=p.repeats, timeout_s=p.timeout_s,
+                    repeats=p.repeats, timeout_s=p.timeout_s, max_swap_in_mb=p.max_swap_in_mb,
                     memory_limit_mb=dev.memory_limit_mb, threads=dev.threads, gpu_index=dev.gpu_index,
                     learning_rate=p.learning_rate, momentum=p.momentum, output=output)
 

@@ -39,6 +39,9 @@ class TestPlan:
     ``input_shape`` / ``num_classes``: override the description's own values (None = use them).
     ``output``: the measurement CSV (relative to the plan's folder or absolute).
     ``poll_interval_s``: how often the runner samples the child's memory (seconds).
+    ``max_swap_in_mb``: MiB the system may swap back in while one measurement runs; more means the
+    step's memory did not fit and pages went out and came back (thrashing, e.g. a Jetson's zram): the
+    row is recorded as ``oom``, its measured columns kept (0 = no check).
     ``repeats``: fresh processes that measure each (network, batch size) one after another; the row
     written is the one whose step-time median is the median of theirs (see the runner).
     """
@@ -55,6 +58,7 @@ class TestPlan:
     repeats: int = 1
     timeout_s: float = 600.0
     memory_limit_mb: int = 0
+    max_swap_in_mb: float = 100.0
     threads: int = 0
     gpu_index: int = 0
     learning_rate: float = 0.01
@@ -88,6 +92,8 @@ class TestPlan:
             raise UserError(f"{where}: 'timeout_s' must be > 0, got {self.timeout_s}")
         if not 0 <= self.min_timed_s < self.timeout_s:
             raise UserError(f"{where}: 'min_timed_s' must lie in [0, timeout_s), got {self.min_timed_s}")
+        if self.max_swap_in_mb < 0:
+            raise UserError(f"{where}: 'max_swap_in_mb' must be >= 0, got {self.max_swap_in_mb}")
         if self.memory_limit_mb < 0 or self.threads < 0 or self.gpu_index < 0:
             raise UserError(f"{where}: 'memory_limit_mb', 'threads' and 'gpu_index' must be >= 0")
         if self.input_shape is not None and (len(self.input_shape) != 3 or any(s < 1 for s in self.input_shape)):
@@ -104,6 +110,7 @@ class TestPlan:
 _TYPES: dict[str, tuple[type, ...]] = {
     "device": (str,), "backend": (str,), "networks": (list,), "batch_sizes": (list,),
     "warmup_steps": (int,), "timed_steps": (int,), "min_timed_s": (int, float), "repeats": (int,), "timeout_s": (int, float), "memory_limit_mb": (int,),
+    "max_swap_in_mb": (int, float),
     "threads": (int,), "gpu_index": (int,), "learning_rate": (int, float), "momentum": (int, float),
     "input_shape": (list, type(None)), "num_classes": (int, type(None)), "output": (str,),
     "poll_interval_s": (int, float), "version": (int,),

@@ -6,12 +6,14 @@ after the process has exited.
 """
 from __future__ import annotations
 
+import os
 import platform
 from pathlib import Path
 
-__all__ = ["status_mb", "cpu_model", "cpu_clocks", "KIB_PER_MIB"]
+__all__ = ["status_mb", "swap_mb", "cpu_model", "cpu_clocks", "KIB_PER_MIB", "VMSTAT"]
 
 KIB_PER_MIB = 1024
+VMSTAT = "/proc/vmstat"
 
 
 def status_mb(pid: int | str, key: str = "VmRSS") -> float | None:
@@ -25,6 +27,25 @@ def status_mb(pid: int | str, key: str = "VmRSS") -> float | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def swap_mb(path: str = VMSTAT) -> tuple[float, float] | None:
+    """(swapped in, swapped out) since boot in MiB: ``pswpin`` / ``pswpout`` pages of ``/proc/vmstat``
+    times the page size; None if unreadable. The difference of two readings is what the whole system
+    swapped in between (zram on a Jetson, a swap file elsewhere)."""
+    pages: dict[str, int] = {}
+    try:
+        with open(path, "rb") as fh:
+            for line in fh:
+                key, _, value = line.partition(b" ")
+                if key in (b"pswpin", b"pswpout"):
+                    pages[key.decode()] = int(value)
+        page_mib = os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError):
+        return None
+    if len(pages) != 2:
+        return None
+    return pages["pswpin"] * page_mib, pages["pswpout"] * page_mib
 
 
 def cpu_model() -> str:

@@ -44,6 +44,8 @@ COLUMNS: list[str] = [
     "torch_alloc_peak_mb",    # torch allocator peak allocated (GPU backends)
     "torch_reserved_peak_mb", # torch allocator peak reserved (GPU backends)
     "device_mem_used_mb",     # device memory in use incl. context (nvml) / unified memory used (jetson)
+    "swap_in_mb",             # what the system swapped back in while the measurement ran (/proc/vmstat)
+    "swap_out_mb",            # what the system swapped out while the measurement ran
     "gpu_util_pct",
     "power_w",
     "torch_version",

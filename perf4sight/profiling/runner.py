@@ -2,10 +2,12 @@
 
 For every network of the plan and every batch size (ascending) it starts a fresh child
 process (:mod:`perf4sight.profiling.child`; ``repeats`` of them in a row when the plan asks, keeping
-the median one), watches it (timeout, the backend's memory
-watchdog), reads the child's peak RSS with ``os.wait4`` and appends one row to the plan's
-CSV as soon as the measurement ends. The first ``oom`` stops that network: its larger batch
-sizes get ``skipped_after_oom`` rows. Keys already in the CSV are not measured again, and a
+the median one), watches it (timeout, the backend's memory watchdog, what the system swaps back in),
+reads the child's peak RSS with ``os.wait4`` and appends one row to the plan's CSV as soon as the
+measurement ends. The first ``oom`` stops that network: its larger batch sizes get
+``skipped_after_oom`` rows. A step whose memory does not fit may not fail at all on a device that
+swaps (a Jetson's zram): it thrashes, many times slower; more than ``plan.max_swap_in_mb`` swapped back
+in during a measurement makes it ``oom`` too. Keys already in the CSV are not measured again, and a
 network with an ``oom`` row on disk is not measured at larger batch sizes.
 
 Progress goes to stdout as JSON lines, one object per event (``event`` = ``plan``, ``row``,
@@ -38,14 +40,16 @@ from perf4sight.ir.schema import load_description
 from perf4sight.profiling import results
 from perf4sight.profiling.backends.base import Backend, get_backend
 from perf4sight.profiling.plan import TestPlan, load_plan
-from perf4sight.profiling.procfs import status_mb
+from perf4sight.profiling.procfs import status_mb, swap_mb
 
-__all__ = ["run_plan", "run_child", "run_repeats", "ChildOutcome", "main"]
+__all__ = ["run_plan", "run_child", "run_repeats", "swapped", "thrashing", "ChildOutcome", "main"]
 
 Emit = Callable[[dict[str, Any]], None]
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds perf4sight/
 #: above this RSS (MiB) the runner warns that children's peak RSS figures are inflated
 LEAN_RUNNER_MB = 200.0
+#: seconds between two readings of the system's swap counters while a child runs
+SWAP_POLL_S = 0.5
 
 
 @dataclass
@@ -112,10 +116,12 @@ def _kill(pid: int) -> None:
 def run_child(plan: TestPlan, plan_path: Path, index: int, batch_size: int, backend: Backend) -> ChildOutcome:
     """Measure network ``index`` at ``batch_size`` in a fresh child; never raises for child failures.
 
-    The child's result dict gains ``status``/``message`` when it was killed (watchdog ->
-    ``oom``, timeout -> ``error``), when its peak RSS went over the memory limit between two polls
-    (``oom``) or crashed (SIGKILL not sent by us -> ``oom``, as the
-    kernel's OOM killer does; other signals and exit codes -> ``error``).
+    The child's result dict gains ``swap_in_mb``/``swap_out_mb`` (what the system swapped while it ran,
+    where ``/proc/vmstat`` is readable), and ``status``/``message`` when it was killed (watchdog, or more
+    than ``plan.max_swap_in_mb`` swapped back in -> ``oom``; timeout -> ``error``), when its peak RSS or
+    its swap-in went over the limit after the last poll (``oom``, figures kept) or when it crashed
+    (SIGKILL not sent by us -> ``oom``, as the kernel's OOM killer does; other signals and exit codes
+    -> ``error``).
     """
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
@@ -126,7 +132,9 @@ def run_child(plan: TestPlan, plan_path: Path, index: int, batch_size: int, back
         err_file = Path(tmp) / "stderr.txt"
         cmd = [sys.executable, "-m", "perf4sight.profiling.child", str(plan_path), "--network", str(index),
                "--batch-size", str(batch_size), "--result", str(result_file)]
+        swap_before = swap_mb()
         t0 = time.monotonic()
+        next_swap_check = t0 + SWAP_POLL_S
         with open(err_file, "wb") as err:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env)
         verdict: dict[str, str] = {}
@@ -134,10 +142,15 @@ def run_child(plan: TestPlan, plan_path: Path, index: int, batch_size: int, back
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
-            if time.monotonic() - t0 > plan.timeout_s:
+            now = time.monotonic()
+            if now - t0 > plan.timeout_s:
                 verdict = {"status": "error", "message": f"timed out after {plan.timeout_s:g} s"}
             else:
                 reason = backend.watch(proc.pid)
+                if not reason and now >= next_swap_check:
+                    next_swap_check = now + SWAP_POLL_S
+                    reason = thrashing(swapped(swap_before, swap_mb()), plan.max_swap_in_mb)
+                    reason = reason and f"killed: {reason}"
                 if reason:
                     verdict = {"status": "oom", "message": reason}
             if verdict:
@@ -154,8 +167,11 @@ def run_child(plan: TestPlan, plan_path: Path, index: int, batch_size: int, back
                 result = json.loads(result_file.read_text())
             except json.JSONDecodeError:
                 result = {}
+        swap = swapped(swap_before, swap_mb())
+        result.update(swap)
         if not verdict and result.get("status") == "ok":
-            over = backend.over_limit(peak_mb)  # a peak between two polls
+            # a peak, or swapping, after the last poll
+            over = backend.over_limit(peak_mb) or thrashing(swap, plan.max_swap_in_mb)
             if over:
                 verdict = {"status": "oom", "message": over}
         if verdict:
@@ -163,6 +179,23 @@ def run_child(plan: TestPlan, plan_path: Path, index: int, batch_size: int, back
         elif not result.get("status"):
             result.update(_crash_verdict(proc.returncode, err_file))
     return ChildOutcome(result, peak_mb, round(wall, 3))
+
+
+def swapped(before: tuple[float, float] | None, after: tuple[float, float] | None) -> dict[str, float]:
+    """``swap_in_mb`` / ``swap_out_mb`` between two :func:`~perf4sight.profiling.procfs.swap_mb` readings
+    (empty when either is unknown)."""
+    if before is None or after is None:
+        return {}
+    return {"swap_in_mb": round(after[0] - before[0], 2), "swap_out_mb": round(after[1] - before[1], 2)}
+
+
+def thrashing(swap: dict[str, float], limit_mb: float) -> str | None:
+    """The ``oom`` message when more than ``limit_mb`` MiB were swapped back in (0 = no check), else None."""
+    back_in = swap.get("swap_in_mb")
+    if limit_mb > 0 and back_in is not None and back_in > limit_mb:
+        return (f"the system swapped {back_in:.0f} MiB back in during the measurement (max_swap_in_mb "
+                f"{limit_mb:g}): the step's memory did not fit (thrashing)")
+    return None
 
 
 def run_repeats(plan: TestPlan, plan_path: Path, index: int, batch_size: int, backend: Backend) -> ChildOutcome:
