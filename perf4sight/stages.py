@@ -21,7 +21,7 @@ from perf4sight.profiling.results import read_rows, results_path
 
 __all__ = ["run", "STAGE_ORDER"]
 
-console = Console(stderr=False, highlight=False)
+console = Console(stderr=False, highlight=False, soft_wrap=True)  # a long line stays one line in a log
 STAGE_ORDER = ("networks", "profile", "fingerprint", "predict", "compare")
 
 

@@ -2,8 +2,9 @@
 
 Sent as ``python -c <this source> BACKEND WORKDIR`` by ``check``: nothing needs to be installed
 first. Reports Python and torch versions, CUDA, the backend's library (``pynvml`` for nvml,
-``jtop`` and its service for jetson), and free disk space (MiB) where the work folder is
-(or would be).
+``jtop`` and its service for jetson), memory and swap (MiB, from ``/proc/meminfo``: a device
+with swap thrashes rather than fails when a step does not fit; see ``max_swap_in_mb``) and free
+disk space (MiB) where the work folder is (or would be).
 """
 import json
 import os
@@ -18,6 +19,21 @@ def _version(module_name):
     except Exception as exc:  # noqa: BLE001 - any import failure means "not usable"
         return None, "%s: %s" % (type(exc).__name__, exc)
     return str(getattr(mod, "__version__", "") or "present"), ""
+
+
+def meminfo_mb(path="/proc/meminfo"):
+    """{"memory_mb": MemTotal, "swap_mb": SwapTotal} in MiB; {} where unreadable."""
+    keys = {"MemTotal": "memory_mb", "SwapTotal": "swap_mb"}
+    out = {}
+    try:
+        with open(path) as fh:
+            for line in fh:
+                key, _, rest = line.partition(":")
+                if key in keys:
+                    out[keys[key]] = round(int(rest.split()[0]) / 1024, 1)
+    except (OSError, ValueError, IndexError):
+        return {}
+    return out
 
 
 def probe(backend, workdir):
@@ -39,6 +55,7 @@ def probe(backend, workdir):
         except Exception as exc:  # noqa: BLE001 - JtopException and socket errors alike
             out["jtop_service"] = False
             out["backend_library_error"] = " ".join(str(exc).split())
+    out.update(meminfo_mb())
     path = os.path.expanduser(workdir)
     while path and not os.path.exists(path):
         path = os.path.dirname(path.rstrip("/")) or "/"
