@@ -19,6 +19,8 @@ from perf4sight.errors import UserError
 __all__ = ["Config", "DeviceConfig", "load_config", "BACKENDS"]
 
 BACKENDS = ("cpu", "nvml", "jetson")
+PRUNING_STRATEGIES = ("l1-norm", "random", "random-weighted")  # perf4sight.networks.pruning
+TREE_MODELS = ("extra-trees", "gradient-boosting", "random-forest")  # perf4sight.fingerprint.trees
 PREDICTORS = ("trees", "gnn", "ensemble")  # the fingerprint predictors (perf4sight.fingerprint.gnn)
 GNN_ARCHS = ("sage", "seernet")
 
@@ -227,9 +229,11 @@ def _check(cfg: Config) -> None:
             raise UserError(f"{f}: [devices.{name}] backend '{dev.backend}' is not one of {', '.join(BACKENDS)}")
         if dev.memory_limit_mb < 0:
             raise UserError(f"{f}: [devices.{name}] memory_limit_mb must be >= 0")
-    for d in cfg.profile.devices + cfg.compare.devices:
+    for d in cfg.profile.devices:
         if d not in cfg.devices:
             raise UserError(f"{f}: [profile] devices names unknown device '{d}' (devices: {', '.join(cfg.devices) or 'none'})")
+    # [compare] devices may also name an imported device (no [devices] table): the compare stage checks
+    # that each has a fingerprint
     bs = cfg.profile.batch_sizes
     if not bs or any(b < 1 for b in bs) or sorted(set(bs)) != bs:
         raise UserError(f"{f}: [profile] batch_sizes must be positive integers in ascending order, got {bs}")
@@ -237,11 +241,18 @@ def _check(cfg: Config) -> None:
         raise UserError(f"{f}: [profile] timed_steps must be >= 1 and warmup_steps >= 0")
     if cfg.profile.repeats < 1:
         raise UserError(f"{f}: [profile] repeats must be >= 1, got {cfg.profile.repeats}")
+    if cfg.profile.timeout_s <= 0:
+        raise UserError(f"{f}: [profile] timeout_s must be > 0 seconds, got {cfg.profile.timeout_s}")
     if not 0 <= cfg.profile.min_timed_s < cfg.profile.timeout_s:
         raise UserError(f"{f}: [profile] min_timed_s must lie in [0, timeout_s), got {cfg.profile.min_timed_s}")
     if cfg.profile.max_swap_in_mb < 0:
         raise UserError(f"{f}: [profile] max_swap_in_mb must be >= 0, got {cfg.profile.max_swap_in_mb}")
     fp = cfg.fingerprint
+    if fp.model not in TREE_MODELS:
+        raise UserError(f"{f}: [fingerprint] model '{fp.model}' is not one of {', '.join(TREE_MODELS)}")
+    if fp.n_estimators < 1 or fp.min_samples_leaf < 1:
+        raise UserError(f"{f}: [fingerprint] n_estimators and min_samples_leaf must be >= 1, "
+                        f"got {fp.n_estimators} and {fp.min_samples_leaf}")
     if fp.predictor not in PREDICTORS:
         raise UserError(f"{f}: [fingerprint] predictor '{fp.predictor}' is not one of {', '.join(PREDICTORS)}")
     if fp.gnn_arch not in GNN_ARCHS:
@@ -251,6 +262,22 @@ def _check(cfg: Config) -> None:
     shape = cfg.networks.input_shape
     if len(shape) != 3 or any(s < 1 for s in shape):
         raise UserError(f"{f}: [networks] input_shape must be [channels, height, width], got {shape}")
+    if cfg.networks.pruning.strategy not in PRUNING_STRATEGIES:
+        raise UserError(f"{f}: [networks.pruning] strategy '{cfg.networks.pruning.strategy}' is not one of "
+                        f"{', '.join(PRUNING_STRATEGIES)}")
+    from perf4sight.networks.design_space import STYLES
+    from perf4sight.networks.zoo import ZOO_NAMES  # names only: neither module imports torch
+    for where, names in (("[networks] zoo", cfg.networks.zoo), ("[predict] networks", cfg.predict.networks),
+                         ("[compare] networks", cfg.compare.networks)):
+        for name in names:
+            if name not in ZOO_NAMES and not name.endswith(".json") and not Path(name).is_file():
+                raise UserError(f"{f}: {where}: '{name}' is neither a zoo network nor a .json description file "
+                                f"(zoo networks: {', '.join(ZOO_NAMES)})")
+    unknown_styles = [s for s in cfg.networks.generator.styles if s not in STYLES]
+    if unknown_styles:
+        raise UserError(f"{f}: [networks.generator] styles: unknown {unknown_styles} (known: {', '.join(STYLES)})")
+    if any(b < 1 for b in cfg.predict.batch_sizes):
+        raise UserError(f"{f}: [predict] batch_sizes must be positive integers, got {cfg.predict.batch_sizes}")
     for lvl in cfg.networks.pruning.levels:
         if not 0 <= lvl <= 99:
             raise UserError(f"{f}: [networks.pruning] levels must lie in 0..99, got {lvl}")

@@ -101,6 +101,8 @@ def resolve_networks(cfg: Config, names: list[str], input_shape: list[int]) -> l
 
     out = []
     for name in names:
+        if Path(name).is_dir():
+            raise UserError(f"{name}: is a folder; give description files (e.g. {Path(name) / '*.json'})")
         if name.endswith(".json") or Path(name).is_file():
             out.append(load_description(name))
         else:
@@ -129,7 +131,8 @@ def run_profile(cfg: Config, args: argparse.Namespace) -> int:
         cfg.device(name)
     summaries = profile_devices(cfg, names, descriptions)
     console.print(format_summaries(summaries), markup=False)
-    console.print(f"measurements: {cfg.profiling_dir}/<device>/measurements.csv")
+    for s in summaries:
+        console.print(f"{s.device}: measurements in {results_path(cfg.profiling_dir, s.device)}", markup=False)
     return 0 if all(s.status == "done" for s in summaries) else 1
 
 
@@ -191,6 +194,8 @@ def run_predict(cfg: Config, args: argparse.Namespace) -> int:
                           + ", ".join(f"{t} ({b} did)" for t, b in worse.items()), style="yellow", markup=False)
     names = args.network or cfg.predict.networks or cfg.networks.zoo
     batch_sizes = args.batch_size or cfg.predict.batch_sizes
+    if any(b < 1 for b in batch_sizes):  # before describing any network (a zoo name takes seconds)
+        raise UserError(f"--batch-size: batch sizes must be positive integers, got {batch_sizes}")
     started = time.perf_counter()
     descs = resolve_networks(cfg, names, fp.input_shape or cfg.networks.input_shape)
     described = time.perf_counter()
@@ -211,7 +216,8 @@ def run_predict(cfg: Config, args: argparse.Namespace) -> int:
     console.print(table)
     zoo = " (zoo networks: loading torch and torchvision, building each on the meta device)" if any(
         not (n.endswith(".json") or Path(n).is_file()) for n in names) else ""
-    console.print(f"{len(preds)} predictions in {elapsed * 1000:.0f} ms; describing the networks took "
+    console.print(f"{len(preds)} prediction{'s' if len(preds) != 1 else ''} in {elapsed * 1000:.0f} ms; "
+                  f"describing the networks took "
                   f"{describing * 1000:.0f} ms{zoo}")
     return 0
 

@@ -57,7 +57,14 @@ def test_good_config_is_typed(tmp_path):
     (GOOD.replace("memory_limit_mb = 512", 'memory_limit_mb = "lots"'), r"\[devices.local\] 'memory_limit_mb' must be an integer"),
     (GOOD.replace("levels = [0, 50]", "levels = [0, 120]"), r"levels must lie in 0..99"),
     (GOOD.replace("levels = [0, 50]", "level = [0]"), r"\[networks.pruning\] unknown key 'level'"),
-    (GOOD + "\n[compare]\ndevices = ['tx2']\n", r"unknown device 'tx2'"),
+    (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\ndevices = ['tx2']"), r"\[profile\] devices names unknown device 'tx2'"),
+    (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\ntimeout_s = -1"), r"\[profile\] timeout_s must be > 0"),
+    (GOOD + "\n[fingerprint]\nmodel = 'xgboost'\n", r"\[fingerprint\] model 'xgboost' is not one of"),
+    (GOOD + "\n[fingerprint]\nn_estimators = 0\n", r"\[fingerprint\] n_estimators and min_samples_leaf must be >= 1"),
+    (GOOD.replace("levels = [0, 50]", "levels = [0, 50]\nstrategy = 'l2-norm'"), r"\[networks.pruning\] strategy 'l2-norm'"),
+    (GOOD.replace('zoo = ["resnet18"]', 'zoo = ["resnett50"]'), r"\[networks\] zoo: 'resnett50' is neither a zoo network"),
+    (GOOD + "\n[compare]\nnetworks = ['mobilnet_v2']\n", r"\[compare\] networks: 'mobilnet_v2'"),
+    (GOOD + "\n[predict]\nbatch_sizes = [0]\n", r"\[predict\] batch_sizes must be positive"),
     (GOOD.replace('zoo = ["resnet18"]', 'description_files = ["nope.json"]'), r"file not found: nope.json"),
     ("[networks\nzoo=1", r"not valid TOML"),
     (GOOD + "\n[fingerprint]\npredictor = 'forest'\n", r"\[fingerprint\] predictor 'forest' is not one of trees, gnn"),
@@ -84,3 +91,9 @@ def test_unknown_device_on_the_command_line(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(path), "--stage", "predict",
                            "--device", "jetson9"], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 2 and "jetson9" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_compare_may_name_an_imported_device(tmp_path):
+    """An imported device (``--stage import``) has fingerprints but no [devices] table."""
+    cfg = load_config(write(tmp_path, GOOD + "\n[compare]\ndevices = ['tx2']\n"))
+    assert cfg.compare.devices == ["tx2"]

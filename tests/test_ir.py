@@ -130,6 +130,31 @@ def test_malformed_descriptions_are_rejected(tmp_path):
         load_description(tmp_path / "missing.json")
 
 
+def _conv_description() -> dict:
+    return describe(nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten()), [3, 5, 5], name="conv").to_dict()
+
+
+@pytest.mark.parametrize("change, expected", [
+    (lambda d: d.update(input_shape="3x64x64"), r"input_shape must be \[channels, height, width\]"),
+    (lambda d: d["nodes"][1].pop("output_shape"), r"node #1 is malformed \(no output_shape\)"),
+    (lambda d: d["nodes"][1].update(output_shape=[4, "x", 3]), r"output_shape must be a list of non-negative"),
+    (lambda d: d["nodes"][1]["attrs"].update(out_channels=-3), r"'out_channels' must be a positive integer, got -3"),
+    (lambda d: d["nodes"][1]["attrs"].update(kernel_size="7x7"), r"'kernel_size' must be an integer or an \[h, w\] pair"),
+    (lambda d: d["nodes"][1]["attrs"].update(groups=2), r"groups 2 does not divide the channels"),
+    (lambda d: d["nodes"][1].update(inputs=[]), r"node '.*' \(conv2d\) has no inputs"),
+    (lambda d: d["nodes"][1].update(inputs="x"), r"'inputs' must be a list"),
+])
+def test_bad_node_fields_are_named(change, expected):
+    """What used to fail deep inside a stage with an IndexError or ValueError, or pass silently (a node
+    without output_shape, negative channels), is one error naming the node and the field."""
+    d = _conv_description()
+    NetworkDescription.from_dict(json.loads(json.dumps(d)))   # the unchanged one loads
+    change(d)
+    with pytest.raises(UserError, match=expected) as info:
+        NetworkDescription.from_dict(d, where="conv.json")
+    assert str(info.value).startswith("conv.json: ") and "\n" not in str(info.value)
+
+
 def test_every_shared_tx2_graph_rebuilds(tx2_data):
     """All 58 TX2 graphs: parameter count as recorded, output [1000] at 224x224; one step trains per network."""
     trained: set[str] = set()

@@ -38,11 +38,10 @@ def write_net(folder: Path, name: str, width: int = 16) -> Path:
 
 
 def write_broken(folder: Path) -> Path:
-    """A description that loads but cannot be rebuilt: 16 input channels in 3 groups."""
+    """A description that loads but cannot be rebuilt: a dropout that drops 150% (torch refuses it)."""
     desc = describe(tiny("broken"), SHAPE, "broken")
-    for node in desc.nodes:
-        if node.op == "conv2d" and node.attrs["in_channels"] == 16:
-            node.attrs["groups"] = 3
+    relu = next(n for n in desc.nodes if n.op == "relu")
+    relu.op, relu.attrs = "dropout", {"p": 1.5}
     return save_description(desc, folder / "broken.json")
 
 
@@ -136,7 +135,7 @@ def test_erroring_network_gives_error_rows_and_sweep_continues(tmp_path):
     rows = results.read_rows(summary.csv_path)
     got = [(r["network"], r["batch_size"], r["status"]) for r in rows]
     assert got == [("broken", "1", "error"), ("broken", "2", "error"), ("good", "1", "ok"), ("good", "2", "ok")]
-    assert "groups" in rows[0]["message"] and "\n" not in rows[0]["message"]
+    assert "dropout probability" in rows[0]["message"] and "\n" not in rows[0]["message"]
     assert rows[1]["message"].startswith("not run:")  # a build failure is not retried at every batch size
     assert summary.error == 2 and len(summary.errors) == 2
 
@@ -367,3 +366,29 @@ def test_a_thrashing_step_is_an_oom_and_stops_the_network(tmp_path, monkeypatch,
     run_plan(save_plan(unchecked, tmp_path / "off.json"), emit=lambda e: None)
     (row,) = results.read_rows(tmp_path / "off.csv")
     assert row["status"] == "ok" and float(row["swap_in_mb"]) > 100   # 0 = no check: recorded, not judged
+
+
+def test_a_bad_measurement_csv_is_one_clear_error(tmp_path):
+    """A folder, binary bytes, an unknown status or a batch size that is no positive integer: UserError
+    naming the file (and the line), never a traceback; a torn last line is still ignored quietly."""
+    good = {"device": "d", "network": "n", "batch_size": "2", "input_shape": "3x8x8", "phase": "train",
+            "status": "ok", "latency_ms_median": "1.5", "timestamp": "2026-01-01T00:00:00+00:00"}
+    path = tmp_path / "m.csv"
+    results.append_row(path, good)
+    results.append_row(path, dict(good, batch_size="4"))
+    assert [r["batch_size"] for r in results.read_rows(path)] == ["2", "4"]
+    text = path.read_text()
+    for bad, expected in ((text.replace(",4,", ",two,"), "line 3: batch_size 'two' is not a positive integer"),
+                          (text.replace(",4,", ",0,"), "line 3: batch_size '0'"),
+                          (text.replace(",ok,", ",done,", 1), "line 2: status 'done' is not one of")):
+        path.write_text(bad)
+        with pytest.raises(UserError, match=expected):
+            results.read_rows(path)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff" * 10)
+    with pytest.raises(UserError, match="not UTF-8"):
+        results.read_rows(path)
+    (tmp_path / "folder.csv").mkdir()
+    with pytest.raises(UserError, match="is a folder"):
+        results.read_rows(tmp_path / "folder.csv")
+    path.write_text(text + text.splitlines()[-1][:40])          # a crash cut the last row short
+    assert len(results.read_rows(path)) == 2

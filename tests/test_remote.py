@@ -246,7 +246,7 @@ def test_check_reports_versions_disk_and_unreachable(servers, tmp_path):
     assert live.facts["memory_mb"] > 100 and live.facts["swap_mb"] >= 0          # /proc/meminfo of the device
     assert not live.ok and "pynvml not importable" in live.message  # no NVIDIA library on this host
     assert not gone.reachable and "cannot reach" in gone.message
-    assert here.reachable and here.where == "local" and here.ok
+    assert here.reachable and here.where == "this machine" and here.ok
     text = format_checks([live, gone, here])
     assert "dead [cpu]" in text and "UNREACHABLE" in text and "free disk" in text
     assert f"memory {live.facts['memory_mb']:.0f} MiB, swap {live.facts['swap_mb']:.0f} MiB" in text

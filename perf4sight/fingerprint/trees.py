@@ -23,13 +23,14 @@ from typing import Any
 
 import numpy as np
 
+from perf4sight.config import TREE_MODELS
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import CONTEXT_FEATURES, FEATURE_NAMES
 
 __all__ = ["TreeEnsemble", "TargetModel", "make_regressor", "LINEAR_TERMS", "TREE_FEATURES", "MODELS",
            "OVERLAP", "OVERLAP_P"]
 
-MODELS = ("extra-trees", "gradient-boosting", "random-forest")
+MODELS = TREE_MODELS
 
 #: Analytic terms per target (feature names; "one" = constant). Fitted non-negative.
 LINEAR_TERMS: dict[str, tuple[str, ...]] = {

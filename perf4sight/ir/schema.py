@@ -44,6 +44,40 @@ OPS: dict[str, tuple[str, ...]] = {
 }
 
 
+#: Op -> attributes that must be positive integers, and those that may be an integer or an [h, w] pair
+#: of non-negative integers (kernel sizes and strides at least 1).
+_POSITIVE: dict[str, tuple[str, ...]] = {
+    "conv2d": ("in_channels", "out_channels", "groups"), "linear": ("in_features", "out_features"),
+    "batchnorm2d": ("num_features",),
+}
+_PAIRS: dict[str, tuple[str, ...]] = {
+    "conv2d": ("kernel_size", "stride", "padding", "dilation"),
+    "maxpool2d": ("kernel_size", "stride", "padding"), "avgpool2d": ("kernel_size", "stride", "padding"),
+}
+
+
+def _attr_problem(node: "Node") -> str:
+    """What is wrong with ``node``'s numeric attributes ("" if nothing)."""
+    def is_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    for a in _POSITIVE.get(node.op, ()):
+        if not is_int(node.attrs[a]) or node.attrs[a] < 1:
+            return f"attr '{a}' must be a positive integer, got {node.attrs[a]!r}"
+    for a in _PAIRS.get(node.op, ()):
+        v = node.attrs.get(a)
+        pair = [v, v] if is_int(v) else v
+        least = 0 if a == "padding" else 1
+        if v is None and a == "stride":  # a pool's stride may be null (= its kernel size)
+            continue
+        if not (isinstance(pair, list) and len(pair) == 2 and all(is_int(x) and x >= least for x in pair)):
+            return f"attr '{a}' must be an integer or an [h, w] pair of integers >= {least}, got {v!r}"
+    if node.op == "conv2d" and (node.attrs["in_channels"] % node.attrs["groups"]
+                                or node.attrs["out_channels"] % node.attrs["groups"]):
+        return f"groups {node.attrs['groups']} does not divide the channels"
+    return ""
+
+
 @dataclass
 class Node:
     """One op of the graph; ``output_shape`` excludes the batch dimension."""
@@ -102,20 +136,42 @@ class NetworkDescription:
         missing = [k for k in required if k not in d]
         if missing:
             raise UserError(f"{where}: missing key(s) {', '.join(missing)}")
+        shape = d["input_shape"]
+        if not (isinstance(shape, list) and len(shape) == 3
+                and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in shape)):
+            raise UserError(f"{where}: input_shape must be [channels, height, width] (positive integers), got {shape!r}")
+        if not isinstance(d["nodes"], list):
+            raise UserError(f"{where}: nodes must be a list of node objects")
         nodes = []
         seen: set[str] = set()
         for i, raw in enumerate(d["nodes"]):
             try:
-                node = Node(str(raw["name"]), str(raw["op"]), list(raw.get("inputs", [])),
-                            dict(raw.get("attrs", {})), [int(s) for s in raw.get("output_shape", [])])
+                if not isinstance(raw, dict):
+                    raise TypeError("not an object")
+                absent_keys = [k for k in ("name", "op", "output_shape") if k not in raw]
+                if absent_keys:
+                    raise KeyError(f"no {', '.join(absent_keys)}")
+                if not isinstance(raw.get("inputs", []), list) or not isinstance(raw.get("attrs", {}), dict):
+                    raise TypeError("'inputs' must be a list and 'attrs' an object")
+                out_shape = raw["output_shape"]
+                if not isinstance(out_shape, list) or any(isinstance(x, bool) or not isinstance(x, int) or x < 0
+                                                          for x in out_shape):
+                    raise ValueError(f"output_shape must be a list of non-negative integers, got {out_shape!r}")
+                node = Node(str(raw["name"]), str(raw["op"]), [str(x) for x in raw.get("inputs", [])],
+                            dict(raw.get("attrs", {})), list(out_shape))
             except (KeyError, TypeError, ValueError) as exc:
-                raise UserError(f"{where}: node #{i} is malformed ({exc})") from None
+                raise UserError(f"{where}: node #{i} is malformed ({exc.args[0] if exc.args else exc})") from None
             if node.op not in OPS:
                 raise UserError(f"{where}: node '{node.name}' has unknown op '{node.op}' "
                                 f"(known: {', '.join(sorted(OPS))})")
             absent = [a for a in OPS[node.op] if a not in node.attrs]
             if absent:
                 raise UserError(f"{where}: node '{node.name}' ({node.op}) lacks attrs {absent}")
+            problem = _attr_problem(node)
+            if problem:
+                raise UserError(f"{where}: node '{node.name}' ({node.op}): {problem}")
+            if node.op != "input" and not node.inputs:
+                raise UserError(f"{where}: node '{node.name}' ({node.op}) has no inputs")
             unknown_inputs = [x for x in node.inputs if x not in seen]
             if unknown_inputs:
                 raise UserError(f"{where}: node '{node.name}' uses {unknown_inputs} before they are defined")

@@ -42,12 +42,13 @@ import torch
 import torch_pruning as tp
 from torch import nn
 
+from perf4sight.config import PRUNING_STRATEGIES
 from perf4sight.errors import UserError
 from perf4sight.networks import prune_plan as pp
 
 __all__ = ["STRATEGIES", "TOLERANCE", "PrunedModel", "PruningPlan", "prune_model", "check_level", "count_parameters"]
 
-STRATEGIES: tuple[str, ...] = ("l1-norm", "random", "random-weighted")
+STRATEGIES: tuple[str, ...] = PRUNING_STRATEGIES
 #: The achieved level should lie within this many percentage points of the target; more than
 #: twice this is a ``UserError``.
 TOLERANCE = 1.0

@@ -64,7 +64,7 @@ def _judge(check: DeviceCheck) -> DeviceCheck:
 def _check_one(cfg: Config, dev: DeviceConfig, timeout_s: float) -> DeviceCheck:
     src = _PROBE.read_text()
     if not dev.host:
-        check = DeviceCheck(dev.name, dev.backend, "local", reachable=True)
+        check = DeviceCheck(dev.name, dev.backend, "this machine", reachable=True)
         done = subprocess.run([sys.executable, "-c", src, dev.backend, dev.workdir], capture_output=True, text=True,
                               timeout=max(timeout_s, 120))
         out, err, rc = done.stdout, done.stderr, done.returncode

@@ -132,13 +132,35 @@ def _ends_without_newline(p: Path) -> bool:
 
 
 def read_rows(path: str | Path) -> list[dict[str, str]]:
-    """All complete rows of a measurement CSV (a torn last line from a crash is ignored)."""
+    """All complete rows of a measurement CSV (a torn last line from a crash is ignored); [] if there is
+    no file. ``UserError`` naming the file (and line) for a folder, a file that is not UTF-8 text, or a
+    complete row with an unknown status or a batch size that is not a positive integer."""
     p = Path(path)
     if not p.exists():
         return []
-    with p.open(newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    return [r for r in rows if r.get("timestamp") and r.get("status") in STATUSES]
+    if p.is_dir():
+        raise UserError(f"{p}: is a folder, not a measurement CSV")
+    try:
+        with p.open(newline="", encoding="utf-8") as fh:
+            rows = list(csv.DictReader(fh))
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{p}: not a measurement CSV (not UTF-8 text: byte {exc.start})") from None
+    except csv.Error as exc:
+        raise UserError(f"{p}: not a readable CSV ({exc})") from None
+    kept = []
+    for line, r in enumerate(rows, start=2):  # line 1 is the header
+        if not r.get("timestamp"):
+            continue
+        if r.get("status") not in STATUSES:
+            raise UserError(f"{p}: line {line}: status '{r.get('status')}' is not one of {', '.join(STATUSES)}")
+        try:
+            ok = float(r.get("batch_size") or "") >= 1 and float(r["batch_size"]).is_integer()
+        except ValueError:
+            ok = False
+        if not ok:
+            raise UserError(f"{p}: line {line}: batch_size '{r.get('batch_size')}' is not a positive integer")
+        kept.append(r)
+    return kept
 
 
 def measured_keys(rows: Iterable[dict[str, Any]]) -> set[tuple[str, str, str, str, str]]:
