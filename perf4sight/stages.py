@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -21,7 +22,8 @@ from perf4sight.profiling.results import read_rows, results_path
 
 __all__ = ["run", "STAGE_ORDER"]
 
-console = Console(stderr=False, highlight=False, soft_wrap=True)  # a long line stays one line in a log
+# a long line stays one line, and tables keep their headers, when the output goes to a file or a pipe
+console = Console(stderr=False, highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 STAGE_ORDER = ("networks", "profile", "fingerprint", "predict", "compare")
 
 
@@ -199,6 +201,12 @@ def run_predict(cfg: Config, args: argparse.Namespace) -> int:
     started = time.perf_counter()
     descs = resolve_networks(cfg, names, fp.input_shape or cfg.networks.input_shape)
     described = time.perf_counter()
+    if fp.input_shape:
+        other = sorted({d.name for d in descs if list(d.input_shape) != list(fp.input_shape)})
+        if other:
+            console.print(f"note: {', '.join(other[:5])}{' ...' if len(other) > 5 else ''} described at another input "
+                          f"shape than this fingerprint's training networks ({'x'.join(map(str, fp.input_shape))}): "
+                          "expect larger errors", style="yellow", markup=False)
     preds = fp.predict(descs, batch_sizes)
     elapsed, describing = time.perf_counter() - described, described - started
     if args.json:
@@ -214,7 +222,9 @@ def run_predict(cfg: Config, args: argparse.Namespace) -> int:
                       f"{p['memory_mb']:.0f} [{p['memory_mb_low']:.0f}, {p['memory_mb_high']:.0f}]",
                       "yes" if p["fits"] else "no")
     console.print(table)
-    zoo = " (zoo networks: loading torch and torchvision, building each on the meta device)" if any(
+    shape = "x".join(map(str, fp.input_shape or cfg.networks.input_shape))
+    zoo = (f" (zoo networks: loading torch and torchvision, building each on the meta device at {shape}, "
+           "the input shape of the fingerprint's training networks)") if any(
         not (n.endswith(".json") or Path(n).is_file()) for n in names) else ""
     console.print(f"{len(preds)} prediction{'s' if len(preds) != 1 else ''} in {elapsed * 1000:.0f} ms; "
                   f"describing the networks took "

@@ -110,3 +110,12 @@ def test_bad_sources(tmp_path):
     _write(bad, "passed|mem_used|bs", ["True|100|two"])
     with pytest.raises(UserError, match="bad batch size"):
         import_perf4sight(tmp_path / "bad", "d", tmp_path / "p", tmp_path / "m")
+    # a renamed figure column, or a passed row whose figure is no number: named, not imported as empty
+    renamed = tmp_path / "renamed" / "b" / "imagenet" / "latency" / "net_0-gt.csv"
+    _write(renamed, "passed|step_ms|bs", ["True|12.5|8"])
+    with pytest.raises(UserError, match=r"need \['bs', 'latency', 'passed'\]"):
+        import_perf4sight(tmp_path / "renamed", "d", tmp_path / "p", tmp_path / "m")
+    garbled = tmp_path / "garbled" / "b" / "imagenet" / "memory" / "net_0-gt.csv"
+    _write(garbled, "passed|mem_used|bs", ["True|100|8", "True|lots|16", "False|None|32"])
+    with pytest.raises(UserError, match=r"net_0-gt.csv: line 3: mem_used 'lots' is not a number"):
+        import_perf4sight(tmp_path / "garbled", "d", tmp_path / "p", tmp_path / "m")

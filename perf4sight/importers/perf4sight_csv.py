@@ -73,16 +73,24 @@ def import_source(source_dir: str | Path, device: str, tool: str) -> Path:
     return source
 
 
-def read_gt_csv(path: Path) -> list[dict[str, str]]:
-    """Rows of one perf4sight ``-gt.csv`` file ('|'-separated, one header line)."""
+#: The figure each kind of ``-gt.csv`` file must carry (a number wherever ``passed`` is True).
+TARGET = {"memory": "mem_used", "latency": "latency"}
+
+
+def read_gt_csv(path: Path, kind: str | None = None) -> list[dict[str, str]]:
+    """Rows of one perf4sight ``-gt.csv`` file ('|'-separated, one header line); with ``kind`` (memory or
+    latency) its figure (:data:`TARGET`) must be a column, and a number on every passed row."""
     try:
         with path.open(newline="") as fh:
             rows = list(csv.DictReader(fh, delimiter="|"))
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise UserError(f"{path}: cannot read perf4sight CSV ({exc})") from None
-    need = {"passed", "bs"}
+    need = {"passed", "bs"} | ({TARGET[kind]} if kind else set())
     if rows and not need <= set(rows[0]):
         raise UserError(f"{path}: not a perf4sight -gt.csv file (columns {sorted(rows[0])}, need {sorted(need)})")
+    for i, r in enumerate(rows, start=2):
+        if kind and _passed(r) and _num(r.get(TARGET[kind])) is None:
+            raise UserError(f"{path}: line {i}: {TARGET[kind]} {r.get(TARGET[kind])!r} is not a number")
     return rows
 
 
@@ -102,7 +110,7 @@ def _collect(folder: Path, kind: str, pairs: dict, variants: dict) -> None:
             raise UserError(f"{f}: file name is not <network>_<level>-gt.csv")
         variant = f.name[: -len("-gt.csv")]
         variants[variant] = (m["net"], float(m["level"]), folder.name, folder.parent.name)
-        for i, r in enumerate(read_gt_csv(f), start=2):
+        for i, r in enumerate(read_gt_csv(f, kind), start=2):
             bs = _num(r.get("bs"))
             if bs is None or bs < 1:
                 raise UserError(f"{f}: line {i}: bad batch size {r.get('bs')!r}")
