@@ -24,6 +24,8 @@ __all__ = ["run", "STAGE_ORDER"]
 
 # a long line stays one line, and tables keep their headers, when the output goes to a file or a pipe
 console = Console(stderr=False, highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+#: notes beside a result (stderr: `--stage predict --json` keeps stdout to JSON lines)
+notes = Console(stderr=True, highlight=False, soft_wrap=True)
 STAGE_ORDER = ("networks", "profile", "fingerprint", "predict", "compare")
 
 
@@ -192,7 +194,7 @@ def run_predict(cfg: Config, args: argparse.Namespace) -> int:
         best = {t: e.get("best") for t, e in fp.metadata.get("accuracy", {}).items() if isinstance(e, dict)}
         worse = {t: b for t, b in best.items() if b and b != "ensemble"}
         if worse:
-            console.print("note: on this device's held-out networks the ensemble did not measure best for "
+            notes.print("note: on this device's held-out networks the ensemble did not measure best for "
                           + ", ".join(f"{t} ({b} did)" for t, b in worse.items()), style="yellow", markup=False)
     names = args.network or cfg.predict.networks or cfg.networks.zoo
     batch_sizes = args.batch_size or cfg.predict.batch_sizes
@@ -204,7 +206,7 @@ def run_predict(cfg: Config, args: argparse.Namespace) -> int:
     if fp.input_shape:
         other = sorted({d.name for d in descs if list(d.input_shape) != list(fp.input_shape)})
         if other:
-            console.print(f"note: {', '.join(other[:5])}{' ...' if len(other) > 5 else ''} described at another input "
+            notes.print(f"note: {', '.join(other[:5])}{' ...' if len(other) > 5 else ''} described at another input "
                           f"shape than this fingerprint's training networks ({'x'.join(map(str, fp.input_shape))}): "
                           "expect larger errors", style="yellow", markup=False)
     preds = fp.predict(descs, batch_sizes)

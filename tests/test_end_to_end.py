@@ -104,7 +104,7 @@ def test_gnn_ensemble_and_perfseer_round_trip_through_the_cli(tmp_path):
     ens = main_py(tmp_path, "--stage", "predict", "--predictor", "ensemble", "--network", "resnet18",
                   "--batch-size", "2", "--json")
     assert ens.returncode == 0, ens.stderr
-    e = json.loads(ens.stdout.splitlines()[-1])
+    (e,) = [json.loads(line) for line in ens.stdout.splitlines()]  # --json: stdout is JSON lines only (notes: stderr)
     t = json.loads(main_py(tmp_path, "--stage", "predict", "--predictor", "trees", "--network", "resnet18",
                            "--batch-size", "2", "--json").stdout)
     # the ensemble is the geometric mean of trees and GNN (figures printed to 0.001 ms, so within 0.002)
