@@ -188,6 +188,7 @@ def run_predict(cfg: Config, args: argparse.Namespace) -> int:
         raise UserError(f"no {predictor} fingerprint under {cfg.fingerprint_dir}: "
                         f"run --stage fingerprint --predictor {predictor} first")
     from perf4sight.fingerprint.api import load_device_predictor
+    from perf4sight.fingerprint.predict import batch_list
 
     fp = load_device_predictor(cfg, device, predictor)
     if predictor == "ensemble":
@@ -197,9 +198,7 @@ def run_predict(cfg: Config, args: argparse.Namespace) -> int:
             notes.print("note: on this device's held-out networks the ensemble did not measure best for "
                           + ", ".join(f"{t} ({b} did)" for t, b in worse.items()), style="yellow", markup=False)
     names = args.network or cfg.predict.networks or cfg.networks.zoo
-    batch_sizes = args.batch_size or cfg.predict.batch_sizes
-    if any(b < 1 for b in batch_sizes):  # before describing any network (a zoo name takes seconds)
-        raise UserError(f"--batch-size: batch sizes must be positive integers, got {batch_sizes}")
+    batch_sizes = batch_list(args.batch_size or cfg.predict.batch_sizes)  # checked before describing (seconds)
     started = time.perf_counter()
     descs = resolve_networks(cfg, names, fp.input_shape or cfg.networks.input_shape)
     described = time.perf_counter()

@@ -56,21 +56,23 @@ _PAIRS: dict[str, tuple[str, ...]] = {
 }
 
 
+def _is_int(v: Any, least: int) -> bool:
+    """Whether ``v`` is an integer (not a bool) of at least ``least``."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= least
+
+
 def _attr_problem(node: "Node") -> str:
     """What is wrong with ``node``'s numeric attributes ("" if nothing)."""
-    def is_int(v: Any) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool)
-
     for a in _POSITIVE.get(node.op, ()):
-        if not is_int(node.attrs[a]) or node.attrs[a] < 1:
+        if not _is_int(node.attrs[a], 1):
             return f"attr '{a}' must be a positive integer, got {node.attrs[a]!r}"
     for a in _PAIRS.get(node.op, ()):
         v = node.attrs.get(a)
-        pair = [v, v] if is_int(v) else v
-        least = 0 if a == "padding" else 1
         if v is None and a == "stride":  # a pool's stride may be null (= its kernel size)
             continue
-        if not (isinstance(pair, list) and len(pair) == 2 and all(is_int(x) and x >= least for x in pair)):
+        pair = v if isinstance(v, list) else [v, v]
+        least = 0 if a == "padding" else 1
+        if not (len(pair) == 2 and all(_is_int(x, least) for x in pair)):
             return f"attr '{a}' must be an integer or an [h, w] pair of integers >= {least}, got {v!r}"
     if node.op == "conv2d" and (node.attrs["in_channels"] % node.attrs["groups"]
                                 or node.attrs["out_channels"] % node.attrs["groups"]):
@@ -137,8 +139,7 @@ class NetworkDescription:
         if missing:
             raise UserError(f"{where}: missing key(s) {', '.join(missing)}")
         shape = d["input_shape"]
-        if not (isinstance(shape, list) and len(shape) == 3
-                and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in shape)):
+        if not (isinstance(shape, list) and len(shape) == 3 and all(_is_int(x, 1) for x in shape)):
             raise UserError(f"{where}: input_shape must be [channels, height, width] (positive integers), got {shape!r}")
         if not isinstance(d["nodes"], list):
             raise UserError(f"{where}: nodes must be a list of node objects")
@@ -154,8 +155,7 @@ class NetworkDescription:
                 if not isinstance(raw.get("inputs", []), list) or not isinstance(raw.get("attrs", {}), dict):
                     raise TypeError("'inputs' must be a list and 'attrs' an object")
                 out_shape = raw["output_shape"]
-                if not isinstance(out_shape, list) or any(isinstance(x, bool) or not isinstance(x, int) or x < 0
-                                                          for x in out_shape):
+                if not isinstance(out_shape, list) or not all(_is_int(x, 0) for x in out_shape):
                     raise ValueError(f"output_shape must be a list of non-negative integers, got {out_shape!r}")
                 node = Node(str(raw["name"]), str(raw["op"]), [str(x) for x in raw.get("inputs", [])],
                             dict(raw.get("attrs", {})), list(out_shape))

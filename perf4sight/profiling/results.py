@@ -154,10 +154,10 @@ def read_rows(path: str | Path) -> list[dict[str, str]]:
         if r.get("status") not in STATUSES:
             raise UserError(f"{p}: line {line}: status '{r.get('status')}' is not one of {', '.join(STATUSES)}")
         try:
-            ok = float(r.get("batch_size") or "") >= 1 and float(r["batch_size"]).is_integer()
+            bs = float(r.get("batch_size") or "")
         except ValueError:
-            ok = False
-        if not ok:
+            bs = 0.0
+        if not (bs >= 1 and bs.is_integer()):
             raise UserError(f"{p}: line {line}: batch_size '{r.get('batch_size')}' is not a positive integer")
         kept.append(r)
     return kept
