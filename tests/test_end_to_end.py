@@ -50,6 +50,8 @@ def test_all_stages_then_predict_json(tmp_path):
     assert all(float(r["peak_rss_mb"]) >= float(r["baseline_rss_mb"]) > 0 for r in rows)
     meta = json.loads((tmp_path / "fingerprinting" / "local" / "metadata.json").read_text())
     assert meta["memory_target"] == "peak_rss_mb" and meta["device"] == "local"
+    held = list(csv.DictReader((tmp_path / "fingerprinting" / "local" / "held_out.csv").open()))
+    assert "held_out.csv" in meta["files"] and len(held) == sum(meta["training_rows"].values())
     assert "MAPE" in run.stdout
 
     again = main_py(tmp_path, "--stage", "profile")  # resume: nothing new, nothing duplicated

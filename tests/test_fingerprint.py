@@ -11,6 +11,7 @@ import pytest
 from perf4sight.config import FingerprintConfig
 from perf4sight.errors import UserError
 from perf4sight.fingerprint import PREDICTION_KEYS, accuracy_lines, fit_fingerprint, load_fingerprint
+from perf4sight.fingerprint.storage import load_held_out
 from perf4sight.fingerprint.trees import TreeEnsemble, make_regressor
 from perf4sight.importers import import_perf4sight
 from perf4sight.ir.schema import load_description
@@ -61,8 +62,15 @@ def test_fit_metadata(tx2):
 def test_storage_has_no_pickle(tx2):
     tmp, *_ = tx2
     folder = tmp / "fp" / "tx2"
-    assert sorted(p.name for p in folder.iterdir()) == ["metadata.json", "models.npz"]
-    json.loads((folder / "metadata.json").read_text())
+    assert sorted(p.name for p in folder.iterdir()) == ["held_out.csv", "metadata.json", "models.npz"]
+    meta = json.loads((folder / "metadata.json").read_text())
+    # held_out.csv: one out-of-fold prediction per training row, the accuracy table's own figures
+    held = load_held_out(folder)
+    for target in ("latency", "memory"):
+        assert len(held[target]) == meta["training_rows"][target]
+        meas, pred = np.array([k[2] for k in held[target]]), np.array(list(held[target].values()))
+        mape = 100 * np.mean(np.abs(pred - meas) / meas)
+        assert mape == pytest.approx(meta["accuracy"][target]["overall"]["mape"], rel=1e-9)
     with zipfile.ZipFile(folder / "models.npz") as z:
         assert all(n.endswith(".npy") for n in z.namelist())
     with np.load(folder / "models.npz", allow_pickle=False) as arrays:

@@ -137,6 +137,32 @@ def test_held_out_scatter_matches_fingerprint_accuracy(project):
     assert how == "in-sample" and np.all(np.isfinite(pred))
 
 
+def test_stored_held_out_predictions_equal_a_refit_and_are_not_used_for_other_rows(project, monkeypatch):
+    """The compare stage reads the fingerprint stage's out-of-fold predictions instead of refitting:
+    the same figures; a row the fit did not see (here one measured value changed) makes it refit."""
+    from perf4sight.profiling.results import read_rows, results_path
+    from perf4sight.stages import description_index
+    fp = load_device_fingerprint(project, "tx2b")
+    assert set(fp.held_out) == {"latency", "memory"}
+    rows, descs = read_rows(results_path(project.profiling_dir, "tx2b")), description_index(project, "tx2b")
+    stored = measured_vs_predicted(fp, rows, descs)
+    table, fp.held_out = fp.held_out, {}
+    refit = measured_vs_predicted(fp, rows, descs)
+    for target in ("latency", "memory"):
+        assert np.array_equal(stored[target][0], refit[target][0])
+        np.testing.assert_allclose(stored[target][1], refit[target][1], rtol=1e-9)
+    fp.held_out = table
+    changed = [dict(r) for r in rows]
+    i = next(i for i, r in enumerate(changed) if r["status"] == "ok")
+    changed[i]["device_mem_used_mb"] = str(float(changed[i]["device_mem_used_mb"]) + 1)
+    calls = []
+    import perf4sight.report.data as data
+    real_cv = data.grouped_cv
+    monkeypatch.setattr(data, "grouped_cv", lambda *a, **k: calls.append(1) or real_cv(*a, **k))
+    measured_vs_predicted(fp, changed, descs)
+    assert len(calls) == 1  # memory refitted, latency (unchanged rows) read from the file
+
+
 def test_feature_sensitivity(project):
     from perf4sight.profiling.results import read_rows, results_path
     from perf4sight.fingerprint.trees import OVERLAP

@@ -147,6 +147,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
     accuracy: dict[str, Any] = {}
     intervals: dict[str, list[float]] = {}
     counts: dict[str, int] = {}
+    held_out: dict[str, tuple[list[str], list[int], np.ndarray, np.ndarray]] = {}
     for target, col in (("latency", LATENCY_COLUMN), ("memory", mem_col)):
         rs = [r for r in usable if r.get("status") == "ok" and (_num(r.get(col)) or 0) > 0]
         if len(rs) < 3:
@@ -167,6 +168,8 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
                             "interval_coverage_held_out": held_out_coverage(log_ratio, groups, coverage),
                             "note": "" if grouping == "family" else "only one network family: folds hold out one network variant"}
         counts[target] = len(rs)
+        held_out[target] = ([str(r["network"]) for r in rs], [int(float(r["batch_size"])) for r in rs], y,
+                            cv.predictions)
     oom_rows = [r for r in usable if r.get("status") == "oom"]
     ok_rows = [r for r in usable if r.get("status") == "ok"]
     # the analytic (linear) part keeps growing with demand where measured memory saturates near the
@@ -200,5 +203,5 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         "capacity_source": cap_source,
         "capacity_basis": "prediction" if memory_limit_mb > 0 or capacity is None else "analytic",
     }
-    save_models(out_dir, models, meta)
+    save_models(out_dir, models, meta, held_out)
     return meta

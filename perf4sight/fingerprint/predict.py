@@ -18,7 +18,7 @@ import numpy as np
 
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import NetworkFeatures, feature_matrix, network_features
-from perf4sight.fingerprint.storage import load_models
+from perf4sight.fingerprint.storage import HeldOut, load_held_out, load_models
 from perf4sight.fingerprint.trees import TargetModel
 from perf4sight.ir.schema import NetworkDescription
 
@@ -64,9 +64,11 @@ class ModuleQueries:
 class Fingerprint(ModuleQueries):
     """A device's fitted latency and memory models plus their metadata."""
 
-    def __init__(self, models: dict[str, TargetModel], metadata: dict[str, Any]):
+    def __init__(self, models: dict[str, TargetModel], metadata: dict[str, Any], held_out: HeldOut | None = None):
         self.models = models
         self.metadata = metadata
+        # target -> (network, batch size, measured) -> out-of-fold prediction of the fingerprint stage
+        self.held_out: HeldOut = held_out or {}
         self.device: str = metadata.get("device", "")
         self.input_shape: list[int] | None = metadata.get("input_shape")  # [C, H, W] it was trained at
         cap = metadata.get("capacity_mb")
@@ -139,7 +141,7 @@ def load_fingerprint(folder: str | Path) -> Fingerprint:
     for t in ("latency", "memory"):
         if t not in models:
             raise UserError(f"{folder}: fingerprint lacks the {t} model")
-    return Fingerprint(models, meta)
+    return Fingerprint(models, meta, load_held_out(folder))
 
 
 def accuracy_lines(metadata: dict[str, Any]) -> list[str]:

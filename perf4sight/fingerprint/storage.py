@@ -4,11 +4,14 @@ Layout of ``<fingerprint_dir>/<device>/``::
 
     metadata.json   device, versions, feature set, training-data hash, targets, accuracy, models' scalars
     models.npz      flat tree arrays and linear coefficients, loaded with ``allow_pickle=False``
+    held_out.csv    each training row's out-of-fold prediction (target, network, batch_size, measured,
+                    predicted): what the accuracy table was computed from, reused by the compare stage
 
 Loading executes no code from the files: JSON and plain numeric arrays only.
 """
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 from typing import Any
@@ -18,14 +21,34 @@ import numpy as np
 from perf4sight.errors import UserError
 from perf4sight.fingerprint.trees import TargetModel, TreeEnsemble
 
-__all__ = ["save_models", "load_models", "METADATA_FILE", "MODELS_FILE"]
+__all__ = ["save_models", "load_models", "load_held_out", "HeldOut", "METADATA_FILE", "MODELS_FILE", "HELD_OUT_FILE"]
 
 METADATA_FILE = "metadata.json"
 MODELS_FILE = "models.npz"
+HELD_OUT_FILE = "held_out.csv"
+HELD_OUT_COLUMNS = ("target", "network", "batch_size", "measured", "predicted")
+
+# target -> (network, batch size, measured value) -> out-of-fold prediction (ms or MiB)
+HeldOut = dict[str, dict[tuple[str, int, float], float]]
 
 
-def save_models(out_dir: str | Path, models: dict[str, TargetModel], metadata: dict[str, Any]) -> Path:
-    """Write ``models`` (target -> model) and ``metadata`` to ``out_dir``; returns the folder."""
+def _write_held_out(path: Path, held_out: dict[str, tuple[list[str], list[int], np.ndarray, np.ndarray]]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(HELD_OUT_COLUMNS)
+        for target, (nets, bss, measured, predicted) in held_out.items():
+            for net, bs, m, p in zip(nets, bss, measured, predicted):
+                w.writerow([target, net, int(bs), repr(float(m)), repr(float(p))])
+    tmp.replace(path)
+
+
+def save_models(out_dir: str | Path, models: dict[str, TargetModel], metadata: dict[str, Any],
+                held_out: dict[str, tuple[list[str], list[int], np.ndarray, np.ndarray]] | None = None) -> Path:
+    """Write ``models`` (target -> model) and ``metadata`` to ``out_dir``; returns the folder.
+
+    ``held_out``: target -> (networks, batch sizes, measured, out-of-fold predicted), one entry per
+    training row, written to ``held_out.csv`` (an older file is removed when there is none)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     arrays: dict[str, np.ndarray] = {}
@@ -44,6 +67,11 @@ def save_models(out_dir: str | Path, models: dict[str, TargetModel], metadata: d
     meta = dict(metadata)
     meta["models"] = model_meta
     meta["files"] = [METADATA_FILE, MODELS_FILE]
+    if held_out:
+        _write_held_out(out / HELD_OUT_FILE, held_out)
+        meta["files"].append(HELD_OUT_FILE)
+    else:
+        (out / HELD_OUT_FILE).unlink(missing_ok=True)
     tmpj = out / (METADATA_FILE + ".tmp")
     tmpj.write_text(json.dumps(meta, indent=2, sort_keys=False))
     tmpj.replace(out / METADATA_FILE)
@@ -68,3 +96,18 @@ def load_models(folder: str | Path) -> tuple[dict[str, TargetModel], dict[str, A
     except (json.JSONDecodeError, KeyError, ValueError, OSError) as exc:
         raise UserError(f"{d}: fingerprint files are damaged or from an incompatible version ({exc})") from None
     return models, meta
+
+
+def load_held_out(folder: str | Path) -> HeldOut:
+    """The out-of-fold predictions stored beside a fingerprint; empty when there are none or the
+    file cannot be read (they are a cache: the compare stage recomputes what it does not find)."""
+    path = Path(folder) / HELD_OUT_FILE
+    out: HeldOut = {}
+    try:
+        with path.open(newline="") as fh:
+            for r in csv.DictReader(fh):
+                key = (r["network"], int(r["batch_size"]), float(r["measured"]))
+                out.setdefault(r["target"], {})[key] = float(r["predicted"])
+    except (OSError, KeyError, ValueError, TypeError, UnicodeDecodeError, csv.Error):
+        return {}
+    return out

@@ -112,15 +112,29 @@ def _ok_rows(fp: Fingerprint, rows: list[dict[str, str]], descs: dict[str, Netwo
     return [r for r in rows if r["status"] == "ok" and r["network"] in descs and (_f(r.get(column)) or 0) > 0]
 
 
+def _stored_held_out(fp: Fingerprint, target: str, rs: list[dict[str, str]],
+                     column: str) -> tuple[np.ndarray, np.ndarray, str] | None:
+    """The fingerprint stage's out-of-fold predictions for rows ``rs``, or None unless it stored one
+    for every row (rows measured or changed after the fit are not in it)."""
+    table = fp.held_out.get(target, {})
+    keys = [(r["network"], int(float(r["batch_size"])), float(r[column])) for r in rs]
+    if not table or any(k not in table for k in keys):
+        return None
+    grouping = fp.metadata.get("accuracy", {}).get(target, {}).get("grouping", "family")
+    return (np.array([k[2] for k in keys]), np.array([table[k] for k in keys]),
+            f"held out, leave-one-{grouping}-out")
+
+
 def measured_vs_predicted(fp: Fingerprint, rows: list[dict[str, str]], descs: dict[str, NetworkDescription],
                           held_out: bool = True) -> dict[str, tuple[np.ndarray, np.ndarray, str]]:
     """target -> (measured, predicted, how) over the device's ``ok`` rows with a description.
 
-    With ``held_out`` (default) the predictions are out-of-fold: the stored model's form (its
-    analytic terms, tree correction or not, the leaf size and ensemble settings from the
-    metadata) refitted with one network family (or variant) held out at a time, as the
-    fingerprint stage evaluates it; ``how`` names the folds. Without it, or when
-    the rows hold a single network, they are the stored fingerprint's in-sample predictions.
+    With ``held_out`` (default) the predictions are out-of-fold: the ones the fingerprint stage
+    stored (``held_out.csv``) when they cover every row, else the stored model's form (its analytic
+    terms, tree correction or not, the leaf size and ensemble settings from the metadata) refitted
+    with one network family (or variant) held out at a time, as the fingerprint stage evaluates it;
+    ``how`` names the folds. Without it, or when the rows hold a single network, they are the stored
+    fingerprint's in-sample predictions.
     """
     columns = {"latency": LATENCY_COLUMN, "memory": fp.metadata.get("memory_target", "peak_rss_mb")}
     settings = fp.metadata.get("model", {})
@@ -130,6 +144,10 @@ def measured_vs_predicted(fp: Fingerprint, rows: list[dict[str, str]], descs: di
         rs = _ok_rows(fp, rows, descs, col)
         if not rs:
             out[target] = (np.zeros(0), np.zeros(0), "no data")
+            continue
+        stored = _stored_held_out(fp, target, rs, col) if held_out else None
+        if stored is not None:
+            out[target] = stored
             continue
         for r in rs:
             if r["network"] not in feats:
