@@ -169,6 +169,10 @@ def test_unknown_host_key_is_refused(servers, tmp_path):
         Remote(cfg.device("d"), Path(dev["known_hosts"])).connect()
     checks = check_devices(cfg)
     assert not checks[0].reachable and "host key" in checks[0].message
+    assert "HOST KEY REFUSED" in format_checks(checks) and "UNREACHABLE" not in format_checks(checks)
+    (tmp_path / "known_hosts").unlink()  # no known_hosts file at all: nothing was tried, the label says why
+    text = format_checks(check_devices(cfg))
+    assert "HOST KEY REFUSED" in text and "ssh-keyscan" in text
 
 
 def test_changed_host_key_is_refused_even_when_accepting_new(servers, tmp_path):

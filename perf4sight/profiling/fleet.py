@@ -20,7 +20,7 @@ from typing import Any, Sequence
 from perf4sight.config import Config, DeviceConfig
 from perf4sight.errors import UserError
 from perf4sight.profiling.remote import DeviceSummary, RemoteProfiler, known_hosts_path
-from perf4sight.profiling.ssh import CONNECTION_ERRORS, Remote, describe_error
+from perf4sight.profiling.ssh import CONNECTION_ERRORS, HostKeyError, Remote, describe_error
 
 __all__ = ["DeviceCheck", "check_devices", "profile_devices", "format_checks", "format_summaries"]
 
@@ -35,6 +35,7 @@ class DeviceCheck:
     where: str
     reachable: bool = False
     ok: bool = False
+    host_key_refused: bool = False  # not connected because its host key is unknown, changed or unreadable
     message: str = ""
     facts: dict[str, Any] = field(default_factory=dict)  # python, torch, cuda, backend_library_version, free_disk_mb
 
@@ -79,6 +80,7 @@ def _check_one(cfg: Config, dev: DeviceConfig, timeout_s: float) -> DeviceCheck:
                 out, err, rc = res.stdout, res.stderr, res.rc
         except UserError as exc:
             check.message = str(exc)
+            check.host_key_refused = isinstance(exc, HostKeyError)
             return check
         except CONNECTION_ERRORS as exc:
             check.message = f"device '{dev.name}': connection lost during check: {describe_error(exc)}"
@@ -181,7 +183,8 @@ def format_checks(checks: Sequence[DeviceCheck]) -> str:
     lines = []
     for c in checks:
         f = c.facts
-        state = "ok" if c.ok else ("reachable" if c.reachable else "UNREACHABLE")
+        state = ("ok" if c.ok else "reachable" if c.reachable else "HOST KEY REFUSED" if c.host_key_refused
+                 else "UNREACHABLE")
         facts = (f"python {f.get('python', '?')}, torch {f.get('torch') or 'missing'}"
                  f"{', cuda' if f.get('cuda') else ''}, {f.get('backend_library') or 'no backend library'}"
                  f" {f.get('backend_library_version') or ''}".rstrip()
