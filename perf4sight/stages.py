@@ -99,8 +99,12 @@ def fingerprinted_devices(cfg: Config, wanted: list[str] | None, predictor: str 
                            f"run --stage fingerprint --predictor {predictor} first")
 
 
+ZOO_CACHE = "zoo-cache"  # under models_dir: zoo descriptions made for predict and compare, reused
+
+
 def resolve_networks(cfg: Config, names: list[str], input_shape: list[int]) -> list[NetworkDescription]:
-    """Zoo names are described at ``input_shape``; anything ending in .json is a description file."""
+    """Zoo names are described at ``input_shape`` (cached under ``<models_dir>/zoo-cache/``); anything
+    ending in .json is a description file."""
     from perf4sight.networks.zoo import describe_zoo
 
     out = []
@@ -110,7 +114,7 @@ def resolve_networks(cfg: Config, names: list[str], input_shape: list[int]) -> l
         if name.endswith(".json") or Path(name).is_file():
             out.append(load_description(name))
         else:
-            out.append(describe_zoo(name, input_shape, cfg.networks.num_classes))
+            out.append(describe_zoo(name, input_shape, cfg.networks.num_classes, cache_dir=cfg.models_dir / ZOO_CACHE))
     return out
 
 

@@ -71,15 +71,17 @@ def test_all_stages_then_predict_json(tmp_path):
         assert p["latency_ms_low"] <= p["latency_ms"] <= p["latency_ms_high"]
         assert p["memory_mb_low"] <= p["memory_mb"] <= p["memory_mb_high"]
 
-    # description files alone: predicting imports neither torch nor scipy (seconds to load)
+    # description files, and zoo names described before (models/zoo-cache/): predicting imports neither
+    # torch nor scipy (seconds to load)
+    assert len(list((tmp_path / "models" / "zoo-cache").glob("resnet18-3x32x32-*.json"))) == 1
     desc_only = subprocess.run([sys.executable, "-X", "importtime", str(ROOT / "main.py"), "--config",
                                 str(tmp_path / "config.toml"), "--stage", "predict", "--device", "local", "--network",
-                                str(tmp_path / "models" / manifest[0]["path"]), "--batch-size", "2", "--json"],
+                                str(tmp_path / "models" / manifest[0]["path"]), "resnet18", "--batch-size", "2", "--json"],
                                capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert desc_only.returncode == 0, desc_only.stderr[-3000:]
     imported = {line.rsplit("|", 1)[-1].strip() for line in desc_only.stderr.splitlines() if line.startswith("import time:")}
     assert "perf4sight.fingerprint" in imported and not {"torch", "torchvision", "scipy"} & imported
-    assert json.loads(desc_only.stdout.splitlines()[0]) == lines[2]
+    assert [json.loads(line) for line in desc_only.stdout.splitlines()] == [lines[2], lines[0]]
 
 
 def test_gnn_ensemble_and_perfseer_round_trip_through_the_cli(tmp_path):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import warnings
 from pathlib import Path
 
@@ -94,6 +95,23 @@ def test_zoo_description_from_meta_weights_equals_the_real_model(name: str, monk
     assert all(not p.is_meta and torch.equal(p, w) for p, w in zip(model.parameters(), weights))
     with pytest.raises(UserError, match="unknown network 'resnet19'"):
         describe_zoo("resnet19", SHAPE)
+
+
+def test_zoo_description_cache_is_reused_keyed_and_survives_damage(tmp_path: Path) -> None:
+    """A cached zoo description is what a second call returns (read, not re-traced: an edit to the file
+    shows); another shape gets its own file; a damaged file is described again and rewritten."""
+    first = describe_zoo("squeezenet1_0", SHAPE, CLASSES, cache_dir=tmp_path)
+    (cached,) = tmp_path.glob("squeezenet1_0-*.json")
+    assert load_description(cached).to_json() == first.to_json()
+    edited = json.loads(cached.read_text())
+    edited["source"] = "edited in the cache"
+    cached.write_text(json.dumps(edited))
+    assert describe_zoo("squeezenet1_0", SHAPE, CLASSES, cache_dir=tmp_path).extra["source"] == "edited in the cache"
+    other = describe_zoo("squeezenet1_0", [3, 48, 48], CLASSES, cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("squeezenet1_0-*.json"))) == 2 and other.to_json() != first.to_json()
+    cached.write_text("{not json")
+    assert describe_zoo("squeezenet1_0", SHAPE, CLASSES, cache_dir=tmp_path).to_json() == first.to_json()
+    assert load_description(cached).to_json() == first.to_json()
 
 
 def _tiny_resnext(num_classes: int = CLASSES) -> nn.Module:

@@ -1,10 +1,13 @@
 """Torchvision networks by name, built without downloading weights."""
 from __future__ import annotations
 
+import hashlib
+from importlib import metadata
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from perf4sight.errors import UserError
-from perf4sight.ir.schema import NetworkDescription
+from perf4sight.ir.schema import NetworkDescription, load_description, save_description
 
 if TYPE_CHECKING:  # torch is imported where a model is built: predicting from description files does without it
     from torch import nn
@@ -32,8 +35,48 @@ def build_zoo_model(name: str, num_classes: int = 1000) -> nn.Module:
     return builder(weights=None, num_classes=num_classes, **_BUILD_KWARGS[name])
 
 
-def describe_zoo(name: str, input_shape: list[int], num_classes: int = 1000) -> NetworkDescription:
-    """The description of zoo network ``name`` at ``input_shape`` ([C, H, W])."""
+def _cache_file(cache_dir: Path, name: str, input_shape: list[int], num_classes: int) -> Path | None:
+    """Where a description is cached: keyed by the network, its shape and class count, the torch and
+    torchvision versions and the source of the code that describes it (None if a version is unknown)."""
+    try:
+        versions = [metadata.version("torch"), metadata.version("torchvision")]
+    except metadata.PackageNotFoundError:
+        return None
+    ir = Path(__file__).resolve().parents[1] / "ir"
+    sources = [Path(__file__).resolve(), *sorted(ir.glob("*.py"))]
+    h = hashlib.sha256(repr((name, list(input_shape), num_classes, versions)).encode())
+    for src in sources:
+        h.update(src.read_bytes())
+    shape = "x".join(str(int(v)) for v in input_shape)
+    return cache_dir / f"{name}-{shape}-{num_classes}-{h.hexdigest()[:16]}.json"
+
+
+def describe_zoo(name: str, input_shape: list[int], num_classes: int = 1000,
+                 cache_dir: str | Path | None = None) -> NetworkDescription:
+    """The description of zoo network ``name`` at ``input_shape`` ([C, H, W]).
+
+    With ``cache_dir`` a description made before (same network, shape, classes, torch and
+    torchvision versions and describing code) is read from there instead of importing torch and
+    tracing the model again (seconds); a new one is written there. The cache is best effort: an
+    unwritable or damaged file is passed over."""
+    if name not in _BUILD_KWARGS:
+        raise UserError(f"unknown network '{name}' (zoo networks: {', '.join(ZOO_NAMES)})")
+    cached = None if cache_dir is None else _cache_file(Path(cache_dir), name, input_shape, num_classes)
+    if cached is not None and cached.is_file():
+        try:
+            return load_description(cached)
+        except UserError:
+            pass  # damaged: described again below and rewritten
+    desc = _describe_built(name, input_shape, num_classes)
+    if cached is not None:
+        try:
+            save_description(desc, cached)
+        except OSError:
+            pass
+    return desc
+
+
+def _describe_built(name: str, input_shape: list[int], num_classes: int) -> NetworkDescription:
     import torch
 
     from perf4sight.ir.from_torch import describe
