@@ -18,7 +18,7 @@ from rich.table import Table
 from perf4sight.config import Config
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription, load_description
-from perf4sight.profiling.results import read_rows, results_path
+from perf4sight.profiling.results import file_sha, read_rows, results_path, split_stale
 
 __all__ = ["run", "STAGE_ORDER"]
 
@@ -62,10 +62,35 @@ def dataset_descriptions(cfg: Config) -> list[Path]:
     return [cfg.models_dir / r["path"] for r in read_manifest(manifest)]
 
 
+def _description_paths(cfg: Config, device: str) -> list[Path]:
+    """The networks stage's descriptions, then the device's imported graphs (later ones win a name)."""
+    return dataset_descriptions_or_empty(cfg) + sorted((cfg.models_dir / "imported" / device).glob("*.json"))
+
+
 def description_index(cfg: Config, device: str) -> dict[str, NetworkDescription]:
     """Every known description by name; a device's imported graphs take precedence for that device."""
-    paths = dataset_descriptions_or_empty(cfg) + sorted((cfg.models_dir / "imported" / device).glob("*.json"))
-    return {d.name: d for d in (load_description(p) for p in paths)}
+    return {d.name: d for d in (load_description(p) for p in _description_paths(cfg, device))}
+
+
+def description_shas(cfg: Config, device: str) -> dict[str, str]:
+    """Network name -> ``description_sha`` of its description file as it is now (see ``description_index``)."""
+    return {load_description(p).name: file_sha(p.read_bytes()) for p in _description_paths(cfg, device)}
+
+
+def current_rows(cfg: Config, device: str) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """(rows of ``device`` measured on its descriptions as they are now, stale rows): a row whose network's
+    description file changed since it was measured is stale (the profile stage measures it again)."""
+    rows = [r for r in read_rows(results_path(cfg.profiling_dir, device)) if r.get("device", device) == device]
+    return split_stale(rows, description_shas(cfg, device))
+
+
+def stale_note(device: str, stale: list[dict[str, str]]) -> str:
+    """One line saying which rows were passed over because their description changed ('' if none)."""
+    if not stale:
+        return ""
+    nets = sorted({r["network"] for r in stale})
+    return (f"{device}: {len(stale)} rows of {len(nets)} networks ({', '.join(nets[:3])}{', ...' if len(nets) > 3 else ''}) "
+            "were measured on an earlier version of their description and are passed over (profile them again)")
 
 
 def dataset_descriptions_or_empty(cfg: Config) -> list[Path]:
@@ -157,6 +182,9 @@ def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
     predictor = _predictor(cfg, args)
     for device in devices:
         descriptions = description_index(cfg, device)
+        note = stale_note(device, current_rows(cfg, device)[1])
+        if note:
+            notes.print(note, markup=False)
         if predictor in ("trees", "ensemble"):
             meta = fit_device(cfg, device, descriptions)
             meta["folder"] = str(cfg.fingerprint_dir / device)
@@ -269,7 +297,9 @@ def run_export(cfg: Config, args: argparse.Namespace) -> int:
     if not devices:
         raise UserError(f"no measurements under {cfg.profiling_dir}: run --stage profile or --stage import first")
     for device in devices:
-        rows = read_rows(results_path(cfg.profiling_dir, device))
+        rows, stale = current_rows(cfg, device)
+        if stale:
+            notes.print(stale_note(device, stale), markup=False)
         out = Path(args.output) / device if len(devices) > 1 else Path(args.output)
         done = export_perfseer(rows, description_index(cfg, device), out, memory_column(rows))
         console.print(f"{device}: {done['graphs_written']} graph + label pairs in {done['folder']}"

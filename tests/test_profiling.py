@@ -113,6 +113,40 @@ def test_resume_never_duplicates(measured, tmp_path):
     assert len(keys) == len(set(keys)) == 3
 
 
+def test_changed_description_is_measured_again_and_its_old_rows_are_passed_over(tmp_path):
+    """Same name, another network: the profile stage measures it again (a warning says so), keeps the old
+    rows on disk, and the host's stages (fingerprint, compare, export) see only the current ones."""
+    from perf4sight.fingerprint.api import device_measurements
+    from perf4sight.networks.build import write_manifest
+    from perf4sight.stages import current_rows, stale_note
+
+    cfg = load_config(write_config(tmp_path, batch_sizes=(1,)))
+    net = write_net(cfg.models_dir, "tiny", width=16)
+    write_manifest([{"network": "tiny", "family": "tiny", "path": net.name}], cfg.models_dir / "manifest.csv")
+    first = profile_local(cfg, "local", [net], progress=False)
+    assert (first.ok, first.warnings) == (1, [])
+    old_sha = results.read_rows(first.csv_path)[0]["description_sha"]
+    assert old_sha == results.file_sha(net.read_bytes())
+
+    write_net(cfg.models_dir, "tiny", width=8)  # the factory changed: narrower first convolution
+    events: list[dict] = []
+    again = profile_local(cfg, "local", [net], progress=events.append)
+    assert (again.ok, again.already_measured) == (1, 0)
+    assert len(again.warnings) == 1 and "'tiny' changed since it was measured" in again.warnings[0]
+    assert any(e["event"] == "warning" for e in events)
+    rows = results.read_rows(first.csv_path)
+    assert [r["description_sha"] for r in rows] == [old_sha, results.file_sha(net.read_bytes())]  # nothing lost
+    fresh, stale = current_rows(cfg, "local")
+    assert (fresh, stale) == ([rows[1]], [rows[0]])
+    assert device_measurements(cfg, "local")[0] == [rows[1]]
+    assert "1 rows of 1 networks (tiny)" in stale_note("local", stale)
+    assert (profile_local(cfg, "local", [net], progress=False).already_measured) == 1  # and now it resumes
+
+    write_net(cfg.models_dir, "tiny", width=4)  # changed again, not yet measured: nothing current is left
+    with pytest.raises(UserError, match="all 2 rows .* earlier versions of their descriptions"):
+        device_measurements(cfg, "local")
+
+
 def test_oom_under_memory_limit_skips_larger_batches(measured, tmp_path):
     _, net, first, _ = measured
     peak_b1 = float(results.read_rows(first.csv_path)[0]["peak_rss_mb"])

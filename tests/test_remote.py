@@ -139,7 +139,8 @@ def test_two_devices_survive_cut_connection_and_killed_run_then_rerun_adds_nothi
     assert sa.reconnects >= 1 and sb.restarts >= 1
     for dev in ("dev-a", "dev-b"):
         rows = _rows(cfg, dev)
-        assert _keys_once(rows) == {(dev, n, str(bs), "3x16x16", "train") for n in ("alpha", "beta") for bs in (1, 2)}
+        shas = dict(zip(("alpha", "beta"), (results.file_sha(d.read_bytes()) for d in descs)))
+        assert _keys_once(rows) == {(dev, n, str(bs), "3x16x16", "train", shas[n]) for n in ("alpha", "beta") for bs in (1, 2)}
         assert all(r["status"] == "ok" and float(r["latency_ms_median"]) > 0 for r in rows)
         remote_rows = results.read_rows(tmp_path / "remote work" / dev / "measurements.csv")
         assert _keys_once(remote_rows) == _keys_once(rows)
@@ -363,3 +364,23 @@ def test_device_csv_with_older_columns_is_upgraded_before_the_run_and_repeats_tr
     assert set(rows) == {"1", "2"} and rows["1"]["timestamp"] == old_row["timestamp"]
     assert rows["2"]["status"] == "ok" and rows["2"]["repeats"] == "2" and float(rows["2"]["latency_ms_repeat_cv"]) >= 0
     assert {r["batch_size"] for r in results.read_rows(remote_csv)} == {"1", "2"}
+
+
+def test_changed_description_is_measured_again_on_the_device_with_a_warning(servers, tmp_path):
+    """A description rewritten under the same name is a new network on a remote device too: measured
+    again, the earlier row kept on both sides, the runner's warning in the summary."""
+    a, _ = servers
+    cfg = _config(tmp_path, {"dev-c": _device(a, tmp_path)}, batch_sizes=(1,))
+    (desc,) = _descriptions(tmp_path, ["alpha"])
+    (first,) = profile_devices(cfg, ["dev-c"], [desc], show_progress=False, **FAST)
+    assert first.status == "done" and first.new_rows == 1 and not first.message
+    save_description(describe(_net(9), [3, 16, 16], name="alpha", network="tiny"), desc)  # same name, wider
+    (again,) = profile_devices(cfg, ["dev-c"], [desc], show_progress=False, **FAST)
+    assert again.status == "done" and again.new_rows == 1 and (again.rows, again.expected) == (1, 1)
+    assert "'alpha' changed since it was measured" in again.message
+    rows = _rows(cfg, "dev-c")
+    assert len(rows) == 2 and rows[1]["description_sha"] == results.file_sha(desc.read_bytes()) != rows[0]["description_sha"]
+    remote_csv = tmp_path / "remote work" / "dev-c" / "measurements.csv"
+    assert [r["description_sha"] for r in results.read_rows(remote_csv)] == [r["description_sha"] for r in rows]
+    (third,) = profile_devices(cfg, ["dev-c"], [desc], show_progress=False, **FAST)
+    assert third.new_rows == 0 and not third.message  # resumes; the earlier run's warning is not repeated

@@ -6,14 +6,20 @@ from perf4sight.errors import UserError
 from perf4sight.fingerprint.fit import fit_fingerprint
 from perf4sight.fingerprint.predict import Fingerprint, load_fingerprint
 from perf4sight.ir.schema import NetworkDescription
-from perf4sight.profiling.results import read_rows, results_path
+from perf4sight.profiling.results import results_path
 
 __all__ = ["device_measurements", "fit_device", "load_device_fingerprint", "load_device_predictor"]
 
 
 def device_measurements(cfg: Config, device: str) -> tuple[list[dict], float]:
-    """``device``'s measured rows and its configured memory limit (MiB; 0 = none); ``UserError`` if none."""
-    rows = read_rows(results_path(cfg.profiling_dir, device))
+    """``device``'s measured rows and its configured memory limit (MiB; 0 = none); ``UserError`` if none.
+    Rows measured on an earlier version of a network's description are left out (``stages.current_rows``)."""
+    from perf4sight.stages import current_rows
+
+    rows, stale = current_rows(cfg, device)
+    if stale and not rows:
+        raise UserError(f"device '{device}': all {len(stale)} rows in {results_path(cfg.profiling_dir, device)} were "
+                        "measured on earlier versions of their descriptions; profile them again")
     if not rows:
         raise UserError(f"no measurements for device '{device}' in {results_path(cfg.profiling_dir, device)}")
     limit = cfg.devices[device].memory_limit_mb if device in cfg.devices else 0

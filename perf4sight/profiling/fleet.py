@@ -125,8 +125,7 @@ def _profile_local(cfg: Config, dev: DeviceConfig, descriptions: Sequence[Path],
                       "error": local.error}
     summary.rows = local.new_rows + local.already_measured
     summary.expected = summary.rows
-    if local.errors:
-        summary.message = "; ".join(local.errors[:3])
+    summary.message = "; ".join(local.warnings[:3] + local.errors[:3])
     return summary
 
 

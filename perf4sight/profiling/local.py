@@ -42,6 +42,7 @@ class ProfileSummary:
     already_measured: int = 0
     wall_s: float = 0.0
     errors: list[str] = field(default_factory=list)  # "network@batch: message" of the error rows
+    warnings: list[str] = field(default_factory=list)  # the runner's warnings (e.g. a network that changed)
 
     outcome: str = "done"  # the runner finished its plan (a runner failure raises instead)
 
@@ -164,6 +165,8 @@ def profile_local(cfg: Config, device_name: str, descriptions: list[Path],
     def on_event(event: dict[str, Any]) -> None:
         if event.get("event") == "row" and event.get("status") == "error":
             summary.errors.append(f"{event['network']}@{event['batch_size']}: {event.get('message', '')}")
+        if event.get("event") == "warning":
+            summary.warnings.append(str(event.get("message", "")))
         sink(event)
 
     env = dict(os.environ)

@@ -77,14 +77,18 @@ def code_files() -> list[tuple[Path, str]]:
     return [(p, str(PurePosixPath("perf4sight") / p.relative_to(root).as_posix())) for p in wanted if p.is_file()]
 
 
-def expected_keys(device: str, descriptions: Sequence[Path], batch_sizes: Sequence[int]) -> set[tuple]:
-    """Measurement keys the plan will produce, as ``results.row_key`` spells them."""
+def expected_keys(device: str, descriptions: Sequence[Path], batch_sizes: Sequence[int],
+                  without_sha: bool = False) -> set[tuple]:
+    """Measurement keys the plan will produce, as ``results.row_key`` spells them; ``without_sha`` adds
+    the same keys with an empty description sha (rows of older CSVs, which the runner takes as measured)."""
     keys = set()
     for path in descriptions:
         desc = load_description(path)
         shape = "x".join(str(s) for s in desc.input_shape)
-        keys |= {results.row_key({"device": device, "network": desc.name, "batch_size": bs,
-                                  "input_shape": shape, "phase": "train"}) for bs in batch_sizes}
+        sha = results.file_sha(Path(path).read_bytes())
+        for digest in (sha, "") if without_sha else (sha,):
+            keys |= {results.row_key({"device": device, "network": desc.name, "batch_size": bs, "input_shape": shape,
+                                      "phase": "train", "description_sha": digest}) for bs in batch_sizes}
     return keys
 
 
@@ -102,8 +106,8 @@ class RemoteProfiler:
         self.remote = Remote(dev, known_hosts_path(cfg, dev), timeout_s=connect_timeout_s)
         self.local_csv = results.results_path(cfg.profiling_dir, dev.name)
         self.summary = DeviceSummary(dev.name, "failed")
-        self.expected = expected_keys(dev.name, self.descriptions, cfg.profile.batch_sizes)
-        self.summary.expected = len(self.expected)
+        self.summary.expected = len(expected_keys(dev.name, self.descriptions, cfg.profile.batch_sizes))
+        self.expected = expected_keys(dev.name, self.descriptions, cfg.profile.batch_sizes, without_sha=True)
         self.puller = CsvPuller(self.local_csv)
         self.run_dir = ""
         self.code_dir = ""
@@ -163,7 +167,7 @@ class RemoteProfiler:
         fresh = self.puller.pull(lambda: self.remote.size(csv_path), lambda off: self.remote.read_from(csv_path, off))
         self.summary.new_rows += len(fresh)
         done = len(self.expected & self.puller.keys)
-        self.progress(self.dev.name, done, len(self.expected), fresh[-1]["network"] if fresh else "")
+        self.progress(self.dev.name, done, self.summary.expected, fresh[-1]["network"] if fresh else "")
         return len(fresh)
 
     def _seed_remote(self) -> None:
@@ -203,7 +207,7 @@ class RemoteProfiler:
             except DeviceError as exc:
                 if time.monotonic() > deadline:
                     raise DeviceError(f"{exc} (gave up reconnecting after {self.reconnect_timeout_s:g} s)") from None
-                self.progress(self.dev.name, -1, len(self.expected), "reconnecting")
+                self.progress(self.dev.name, -1, self.summary.expected, "reconnecting")
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
@@ -237,6 +241,24 @@ class RemoteProfiler:
                 if self.remote.alive and isinstance(exc, OSError) and not isinstance(exc, socket.timeout):
                     raise DeviceError(f"device '{self.dev.name}': {exc}") from None  # a file problem, not a drop
                 self.remote.close()
+
+    def _log_warnings(self) -> list[str]:
+        """The warning events of the last run in the log (e.g. a network measured again because it changed)."""
+        try:
+            text = self.remote.read_text(self._path("run.log")) or ""
+        except CONNECTION_ERRORS:
+            return []
+        found = []
+        for line in text.splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict) and event.get("event") == "plan":
+                found = []  # the log is appended to by every run: keep the last run's
+            elif isinstance(event, dict) and event.get("event") == "warning":
+                found.append(str(event.get("message", "")))
+        return found
 
     def _log_tail(self) -> str:
         try:
@@ -272,7 +294,7 @@ class RemoteProfiler:
                 state = self._detach("status")
                 if state["state"] != "running":
                     break
-                self.progress(self.dev.name, -1, len(self.expected), "attaching to a running campaign")
+                self.progress(self.dev.name, -1, self.summary.expected, "attaching to a running campaign")
                 self._follow()  # a run from an earlier invocation: let it finish, then top up
             self._pull()
             self._ship()
@@ -282,6 +304,7 @@ class RemoteProfiler:
             if ended.get("rc") != 0:
                 raise DeviceError(f"device '{self.dev.name}': the runner exited with {ended.get('rc')}: {self._log_tail()}")
             s.status = "done"
+            s.message = "; ".join(self._log_warnings()[:3])
         except UserError as exc:
             s.message = str(exc)
             if s.status != "unreachable":

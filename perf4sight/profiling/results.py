@@ -1,6 +1,8 @@
 """The tidy measurement schema shared by every device, backend and importer.
 
-One row per (device, network variant, batch size, input shape, phase). Rows are appended
+One row per (device, network variant, batch size, input shape, phase, description): a description
+that changes under the same name is a new network, measured again; its earlier rows stay on
+disk, marked by their ``description_sha``, and the host passes over them. Rows are appended
 and flushed one at a time, so a crash loses at most the measurement in flight. Uses only
 the standard library (and ``perf4sight.errors``): this module runs on the devices too.
 
@@ -9,13 +11,15 @@ Units: times in milliseconds, memory in MiB (2**20 bytes), power in watts.
 from __future__ import annotations
 
 import csv
+import hashlib
 import os
 from pathlib import Path
 from typing import Any, Iterable
 
 from perf4sight.errors import UserError
 
-__all__ = ["COLUMNS", "STATUSES", "append_row", "upgrade_file", "read_rows", "measured_keys", "row_key", "results_path"]
+__all__ = ["COLUMNS", "STATUSES", "append_row", "upgrade_file", "read_rows", "measured_keys", "row_key", "results_path",
+           "file_sha", "split_stale"]
 
 #: Column order of every measurement CSV. Empty string = not measured / not applicable.
 COLUMNS: list[str] = [
@@ -65,10 +69,26 @@ def results_path(profiling_dir: str | Path, device: str) -> Path:
     return Path(profiling_dir) / device / "measurements.csv"
 
 
-def row_key(row: dict[str, Any]) -> tuple[str, str, str, str, str]:
-    """Identity of a measurement: (device, network, batch size, input shape, phase)."""
+def row_key(row: dict[str, Any]) -> tuple[str, str, str, str, str, str]:
+    """Identity of a measurement: (device, network, batch size, input shape, phase, description sha)."""
     return (str(row["device"]), str(row["network"]), str(int(float(row["batch_size"]))),
-            str(row["input_shape"]), str(row.get("phase") or "train"))
+            str(row["input_shape"]), str(row.get("phase") or "train"), str(row.get("description_sha") or ""))
+
+
+def file_sha(data: bytes) -> str:
+    """A description file's ``description_sha``: the first 16 hex digits of the sha256 of its bytes."""
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def split_stale(rows: Iterable[dict[str, Any]], current: dict[str, str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(current rows, stale rows): a row is stale when ``current`` (network -> sha of its description
+    file now) has its network under another sha, i.e. it was measured on an earlier version of the
+    description. Rows without a sha, or of networks not in ``current``, count as current."""
+    fresh, stale = [], []
+    for r in rows:
+        sha, now = str(r.get("description_sha") or ""), current.get(str(r.get("network", "")))
+        (stale if sha and now and sha != now else fresh).append(r)
+    return fresh, stale
 
 
 def append_row(path: str | Path, row: dict[str, Any]) -> None:
@@ -163,6 +183,6 @@ def read_rows(path: str | Path) -> list[dict[str, str]]:
     return kept
 
 
-def measured_keys(rows: Iterable[dict[str, Any]]) -> set[tuple[str, str, str, str, str]]:
+def measured_keys(rows: Iterable[dict[str, Any]]) -> set[tuple[str, str, str, str, str, str]]:
     """Keys already on disk, so a rerun skips them."""
     return {row_key(r) for r in rows}

@@ -20,7 +20,6 @@ Standard library plus ``perf4sight.profiling`` and ``perf4sight.ir.schema`` only
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import signal
@@ -96,8 +95,7 @@ def _describe_networks(plan: TestPlan, plan_dir: Path) -> list[_Network]:
                                  problem=" ".join(str(exc).split())[:300]))
             continue
         shape = "x".join(str(s) for s in (plan.input_shape or desc.input_shape))
-        net = _Network(i, path, desc.name, desc.network, desc.pruning_level, shape,
-                       hashlib.sha256(data).hexdigest()[:16])
+        net = _Network(i, path, desc.name, desc.network, desc.pruning_level, shape, results.file_sha(data))
         nets.append(net)
     for net in nets:
         if net.name in names:
@@ -262,10 +260,11 @@ def run_plan(plan_path: str | Path, emit: Emit = print_event) -> dict[str, int]:
     with _locked(csv_path):
         on_disk = [r for r in results.read_rows(csv_path) if r["device"] == plan.device]
         done = results.measured_keys(on_disk)
-        oom_at: dict[tuple[str, str], int] = {}
+        # (network, input shape, description sha) -> first oom; rows without a sha (older CSVs) match any
+        oom_at: dict[tuple[str, str, str], int] = {}
         for r in on_disk:
             if r["status"] == "oom":
-                k = (r["network"], r["input_shape"])
+                k = (r["network"], r["input_shape"], r.get("description_sha") or "")
                 oom_at[k] = min(oom_at.get(k, 10**9), int(float(r["batch_size"])))
         total = len(nets) * len(plan.batch_sizes)
         emit({"event": "plan", "device": plan.device, "backend": plan.backend, "networks": len(nets),
@@ -279,16 +278,22 @@ def run_plan(plan_path: str | Path, emit: Emit = print_event) -> dict[str, int]:
         t_start = time.monotonic()
         for net in nets:
             not_run = net.problem  # set when the network cannot be built at all
+            _, stale = results.split_stale([r for r in on_disk if r["network"] == net.name], {net.name: net.sha})
+            measured = sum(r["network"] == net.name and r.get("description_sha") == net.sha for r in on_disk)
+            if stale and measured < len(plan.batch_sizes):
+                emit({"event": "warning", "message": f"network '{net.name}' changed since it was measured "
+                      f"(description {stale[0]['description_sha']} -> {net.sha}): measuring it again; its "
+                      f"{len(stale)} earlier rows stay in {csv_path.name} and are passed over"})
             for bs in plan.batch_sizes:
                 position += 1
                 base = {"device": plan.device, "backend": plan.backend, "network": net.name, "family": net.family,
                         "pruning_level": net.pruning_level, "batch_size": bs, "input_shape": net.input_shape,
                         "phase": "train", "description_sha": net.sha}
-                if results.row_key(base) in done:
+                if results.row_key(base) in done or results.row_key({**base, "description_sha": ""}) in done:
                     counts["already_measured"] += 1
                     emit({"event": "already", "network": net.name, "batch_size": bs, "index": position, "total": total})
                     continue
-                stop = oom_at.get((net.name, net.input_shape))
+                stop = oom_at.get((net.name, net.input_shape, net.sha), oom_at.get((net.name, net.input_shape, "")))
                 wall = 0.0
                 if stop is not None and bs > stop:
                     row = {"status": "skipped_after_oom", "message": f"batch size {stop} ran out of memory"}
@@ -301,7 +306,7 @@ def run_plan(plan_path: str | Path, emit: Emit = print_event) -> dict[str, int]:
                     if row["status"] == "error" and row.get("stage") in ("setup", "build"):
                         not_run = f"not run: {row.get('message', '')}"[:300]
                     if row["status"] == "oom":
-                        oom_at[(net.name, net.input_shape)] = bs
+                        oom_at[(net.name, net.input_shape, net.sha)] = bs
                     env.update({k: row[k] for k in ("torch_version", "threads", "device_model", "clocks") if row.get(k)})
                 full = {**env, "warmup_steps": plan.warmup_steps, **base,
                         **{k: v for k, v in row.items() if k in results.COLUMNS}, "timestamp": _now()}

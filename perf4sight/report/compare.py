@@ -18,7 +18,6 @@ from rich.table import Table as RichTable
 from perf4sight.config import Config
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription
-from perf4sight.profiling.results import read_rows, results_path
 from perf4sight.report import plots
 from perf4sight.report.data import (Curve, DeviceData, batch_grid, feature_sensitivity, measured_vs_predicted,
                                     prediction_curve, summarise_measurements)
@@ -34,10 +33,10 @@ TOP_FEATURES = 8
 def gather_device(cfg: Config, device: str) -> tuple[DeviceData, dict[str, NetworkDescription]]:
     """Load ``device``'s fingerprint, measurements and descriptions; compute its report figures."""
     from perf4sight.fingerprint.api import load_device_fingerprint
-    from perf4sight.stages import description_index
+    from perf4sight.stages import current_rows, description_index
 
     fp = load_device_fingerprint(cfg, device)
-    rows = [r for r in read_rows(results_path(cfg.profiling_dir, device)) if r.get("device", device) == device]
+    rows, _ = current_rows(cfg, device)
     descs = description_index(cfg, device)
     data = DeviceData(name=device, fingerprint=fp, rows=rows, families=summarise_measurements(rows),
                       scatter=measured_vs_predicted(fp, rows, descs),
