@@ -19,7 +19,7 @@ stages (run in this order by --stage all):
                --batch-size on --device
   compare      a report comparing every fingerprinted device (or --device A B): what was measured,
                held-out accuracy, predicted curves, largest batch that fits; reports/compare-<time>/
-  all          networks, profile, fingerprint, predict, compare
+  all          networks, profile, fingerprint (of the devices it profiled), predict, compare
 other stages:
   import       turn another tool's measurements into this tool's schema:
                --format perf4sight|perfseer --source DIR --device NAME
@@ -27,6 +27,17 @@ other stages:
                --format perfseer --output DIR [--device NAME ...]
   check        report, per device, whether it is reachable and has python, torch and its backend
 """
+
+#: what an interrupted stage leaves behind (Ctrl-C)
+INTERRUPTED = {
+    "networks": "descriptions written so far are kept, the manifest is written at the end: rerun the networks stage",
+    "profile": "measurements taken so far are on disk; rerun to resume",
+    "all": "what finished is on disk (measurements row by row); rerun to resume",
+    "fingerprint": "a fingerprint's files are replaced only after its fit: the previous one, if any, is kept",
+    "import": "rows imported so far are on disk; rerun to import the rest (nothing is imported twice)",
+    "export": "the export folder may be incomplete: rerun the export",
+    "compare": "no report was finished",
+}
 
 STAGES = ("networks", "profile", "fingerprint", "predict", "compare", "all", "import", "export", "check")
 
@@ -38,9 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", default="config.toml", help="TOML configuration file (default: config.toml)")
     parser.add_argument("--stage", required=True, choices=STAGES, help="pipeline stage to run (see below)")
     parser.add_argument("--device", nargs="+", metavar="NAME",
-                        help="device(s) to act on (default: every device in the config; predict: the first)")
+                        help="device(s) to act on (default: profile: [profile] devices, else every device of the "
+                             "config; check: every device of the config; fingerprint, export: every device with measurements; compare: every "
+                             "device with a fingerprint; predict: one, the first configured device with a fingerprint)")
     parser.add_argument("--network", nargs="+", metavar="NET",
-                        help="predict: zoo names (e.g. resnet18) or description JSON files")
+                        help="predict: zoo names (e.g. resnet18) or description JSON files (any other network, "
+                             "e.g. a models/ factory or pruned variant: the JSON the networks stage wrote for it)")
     parser.add_argument("--batch-size", nargs="+", type=int, metavar="N", help="predict: batch sizes")
     parser.add_argument("--json", action="store_true", help="predict: one JSON object per line")
     parser.add_argument("--predictor", choices=("trees", "gnn", "ensemble"),
@@ -67,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted: measurements taken so far are on disk; rerun to resume", file=sys.stderr)
+        print(f"interrupted: {INTERRUPTED.get(args.stage, 'nothing was written')}", file=sys.stderr)
         return 130
 
 

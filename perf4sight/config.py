@@ -269,10 +269,14 @@ def _check(cfg: Config) -> None:
     from perf4sight.networks.zoo import ZOO_NAMES  # names only: neither module imports torch
     for where, names in (("[networks] zoo", cfg.networks.zoo), ("[predict] networks", cfg.predict.networks),
                          ("[compare] networks", cfg.compare.networks)):
-        for name in names:
-            if name not in ZOO_NAMES and not name.endswith(".json") and not Path(name).is_file():
+        for i, name in enumerate(names):
+            if name in ZOO_NAMES:
+                continue
+            if not name.endswith(".json") and not cfg.resolve(name).is_file():
                 raise UserError(f"{f}: {where}: '{name}' is neither a zoo network nor a .json description file "
                                 f"(zoo networks: {', '.join(ZOO_NAMES)})")
+            if where != "[networks] zoo":
+                names[i] = str(cfg.resolve(name))  # description files: relative to the config file, like every path
     unknown_styles = [s for s in cfg.networks.generator.styles if s not in STYLES]
     if unknown_styles:
         raise UserError(f"{f}: [networks.generator] styles: unknown {unknown_styles} (known: {', '.join(STYLES)})")

@@ -40,7 +40,12 @@ def run(stage: str, cfg: Config, args: argparse.Namespace) -> int:
     for name in STAGE_ORDER:
         console.rule(f"[bold]{name}")
         started = time.perf_counter()
-        stage_code = STAGES[name](cfg, args)
+        stage_args = args
+        if name == "fingerprint" and not args.device:  # the devices this run profiled, not every one on disk
+            profiled = [d for d in (cfg.profile.devices or list(cfg.devices))
+                        if results_path(cfg.profiling_dir, d).is_file()]
+            stage_args = argparse.Namespace(**{**vars(args), "device": profiled or None})
+        stage_code = STAGES[name](cfg, stage_args)
         summary.add_row(name, f"{time.perf_counter() - started:.0f}", "ok" if stage_code == 0 else f"exit {stage_code}")
         code = max(code, stage_code)
     console.rule()
@@ -150,7 +155,7 @@ def run_networks(cfg: Config, args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     rows = make_networks(cfg, progress=lambda message: console.print(f"  {message}", style="dim", markup=False))
-    console.print(f"networks: {len(rows)} descriptions under {cfg.models_dir} "
+    console.print(f"networks: {len(rows)} description{'' if len(rows) == 1 else 's'} under {cfg.models_dir} "
                   f"in {time.perf_counter() - started:.1f} s")
     return 0
 
@@ -255,9 +260,14 @@ def run_predict(cfg: Config, args: argparse.Namespace) -> int:
                       f"{p['memory_mb']:.0f} [{p['memory_mb_low']:.0f}, {p['memory_mb_high']:.0f}]",
                       "yes" if p["fits"] else "no")
     console.print(table)
+    cap = getattr(fp, "capacity_mb", None)
+    if getattr(fp, "capacity_basis", "") == "analytic" and any(not p["fits"] and p["memory_mb"] <= cap for p in preds):
+        notes.print(f"note: 'fits' compares the capacity learnt from this device's out-of-memory rows ({cap:.0f} MiB) "
+                    "with the memory model's analytic demand, which keeps growing where measured memory levels off "
+                    "near the limit: a row can show memory under the capacity and not fit", markup=False)
     shape = "x".join(map(str, fp.input_shape or cfg.networks.input_shape))
-    zoo = (f" (zoo networks: loading torch and torchvision, building each on the meta device at {shape}, "
-           "the input shape of the fingerprint's training networks)") if any(
+    zoo = (f" (zoo networks: described at {shape}, the input shape of the fingerprint's training networks; "
+           f"the first time with torch and torchvision, then from {cfg.models_dir / ZOO_CACHE})") if any(
         not (n.endswith(".json") or Path(n).is_file()) for n in names) else ""
     console.print(f"{len(preds)} prediction{'s' if len(preds) != 1 else ''} in {elapsed * 1000:.0f} ms; "
                   f"describing the networks took "
@@ -280,10 +290,20 @@ def run_import(cfg: Config, args: argparse.Namespace) -> int:
 
     if args.format not in IMPORTERS or not args.source or not args.device or len(args.device) != 1:
         raise UserError(f"import needs --format {{{','.join(IMPORTERS)}}} --source DIR --device NAME")
-    summary = IMPORTERS[args.format](args.source, args.device[0], cfg.profiling_dir, cfg.models_dir)
+    device = args.device[0]
+    if device in cfg.devices:
+        raise UserError(f"import: '{device}' is a device of {cfg.path} ([devices.{device}], backend "
+                        f"{cfg.devices[device].backend}): its CSV holds this tool's own measurements; import under another name")
+    csv_path = results_path(cfg.profiling_dir, device)
+    own = sorted({r.get("backend", "") for r in read_rows(csv_path)} - {"imported"})
+    if own:
+        raise UserError(f"import: {csv_path} already holds {', '.join(own)} measurements of device '{device}'; "
+                        "import under another name")
+    summary = IMPORTERS[args.format](args.source, device, cfg.profiling_dir, cfg.models_dir)
     counts = {k: v for k, v in summary.as_dict().items() if isinstance(v, int)}
-    console.print(f"imported {len(summary.networks)} networks into {results_path(cfg.profiling_dir, args.device[0])}: "
-                  + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    console.print(f"{device}: {len(summary.networks)} networks read from {args.source}, {summary.rows_written} new rows "
+                  f"in {csv_path} (" + ", ".join(f"{k} {v}" for k, v in counts.items() if k != "rows_written") + ")",
+                  markup=False)
     return 0
 
 

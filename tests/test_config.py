@@ -97,3 +97,18 @@ def test_compare_may_name_an_imported_device(tmp_path):
     """An imported device (``--stage import``) has fingerprints but no [devices] table."""
     cfg = load_config(write(tmp_path, GOOD + "\n[compare]\ndevices = ['tx2']\n"))
     assert cfg.compare.devices == ["tx2"]
+
+
+def test_predict_and_compare_description_files_are_relative_to_the_config_file(tmp_path, monkeypatch):
+    """Like every path in the config: a description file in [predict]/[compare] networks is found from the
+    config's folder whatever the working directory; zoo names stay names."""
+    (tmp_path / "nets").mkdir()
+    (tmp_path / "nets" / "mine.json").write_text("{}")
+    path = write(tmp_path, GOOD + '[predict]\nnetworks = ["resnet18", "nets/mine.json"]\n'
+                                  '[compare]\nnetworks = ["nets/mine.json"]\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    cfg = load_config(path)
+    assert cfg.predict.networks == ["resnet18", str(tmp_path / "nets" / "mine.json")]
+    assert cfg.compare.networks == [str(tmp_path / "nets" / "mine.json")]

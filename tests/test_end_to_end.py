@@ -120,6 +120,10 @@ def test_gnn_ensemble_and_perfseer_round_trip_through_the_cli(tmp_path):
     imp = main_py(tmp_path, "--stage", "import", "--format", "perfseer", "--source", str(tmp_path / "ds"),
                   "--device", "copy")
     assert imp.returncode == 0, imp.stderr
+    assert "copy: 4 networks read from" in imp.stdout and "4 new rows" in imp.stdout
+    into_own = main_py(tmp_path, "--stage", "import", "--format", "perfseer", "--source", str(tmp_path / "ds"),
+                       "--device", "local")  # the profiled device's own CSV is never mixed with imported rows
+    assert into_own.returncode == 2 and "'local' is a device of" in into_own.stderr
     mine = list(csv.DictReader((tmp_path / "profiling_csvs" / "local" / "measurements.csv").open()))
     theirs = list(csv.DictReader((tmp_path / "profiling_csvs" / "copy" / "measurements.csv").open()))
     assert sorted((r["network"], r["batch_size"], float(r["latency_ms_median"])) for r in theirs) == \

@@ -91,7 +91,7 @@ def memory_capacity(limit_mb: float, n_oom: int,
     if limit_mb > 0:
         return float(limit_mb), "configured memory_limit_mb"
     if n_oom == 0:
-        return None, "unknown (no oom rows and no memory_limit_mb)"
+        return None, "no oom rows and no memory_limit_mb"
     p_ok, p_oom = predicted()
     cands = np.unique(np.concatenate([p_ok, p_oom]))
     errs = [int(np.sum(p_ok > t) + np.sum(p_oom <= t)) for t in cands]  # fits <=> predicted <= t

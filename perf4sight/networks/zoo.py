@@ -28,7 +28,8 @@ ZOO_NAMES: tuple[str, ...] = tuple(sorted(_BUILD_KWARGS))
 def build_zoo_model(name: str, num_classes: int = 1000) -> nn.Module:
     """A randomly initialised torchvision model (``weights=None``)."""
     if name not in _BUILD_KWARGS:
-        raise UserError(f"unknown network '{name}' (zoo networks: {', '.join(ZOO_NAMES)})")
+        raise UserError(f"unknown network '{name}' (zoo networks: {', '.join(ZOO_NAMES)}; any other network: "
+                        "give its description .json file, e.g. the one the networks stage wrote under models/)")
     import torchvision.models as tvm  # host side only: devices never import torchvision
 
     builder: Callable[..., nn.Module] = getattr(tvm, name)
@@ -60,7 +61,8 @@ def describe_zoo(name: str, input_shape: list[int], num_classes: int = 1000,
     tracing the model again (seconds); a new one is written there. The cache is best effort: an
     unwritable or damaged file is passed over."""
     if name not in _BUILD_KWARGS:
-        raise UserError(f"unknown network '{name}' (zoo networks: {', '.join(ZOO_NAMES)})")
+        raise UserError(f"unknown network '{name}' (zoo networks: {', '.join(ZOO_NAMES)}; any other network: "
+                        "give its description .json file, e.g. the one the networks stage wrote under models/)")
     cached = None if cache_dir is None else _cache_file(Path(cache_dir), name, input_shape, num_classes)
     if cached is not None and cached.is_file():
         try:
