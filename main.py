@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 STAGE_HELP = """\
@@ -67,9 +68,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminated(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM cleans up as Ctrl-C does (the profiling runner and its child stop too)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from perf4sight.errors import UserError
+
+    signal.signal(signal.SIGTERM, _terminated)
 
     try:
         from perf4sight.config import load_config

@@ -309,6 +309,7 @@ def run_import(cfg: Config, args: argparse.Namespace) -> int:
 
 def run_export(cfg: Config, args: argparse.Namespace) -> int:
     from perf4sight.exporters import export_perfseer
+    from perf4sight.exporters.perfseer import check_exportable, exportable_rows
     from perf4sight.fingerprint.fit import memory_column
 
     if args.format != "perfseer" or not args.output:
@@ -316,12 +317,16 @@ def run_export(cfg: Config, args: argparse.Namespace) -> int:
     devices = measured_devices(cfg, args.device)
     if not devices:
         raise UserError(f"no measurements under {cfg.profiling_dir}: run --stage profile or --stage import first")
-    for device in devices:
+    todo = {}
+    for device in devices:  # every device checked before the first file is written
         rows, stale = current_rows(cfg, device)
         if stale:
             notes.print(stale_note(device, stale), markup=False)
+        todo[device] = (rows, description_index(cfg, device))
+        check_exportable(exportable_rows(*todo[device])[0])
+    for device, (rows, descriptions) in todo.items():
         out = Path(args.output) / device if len(devices) > 1 else Path(args.output)
-        done = export_perfseer(rows, description_index(cfg, device), out, memory_column(rows))
+        done = export_perfseer(rows, descriptions, out, memory_column(rows))
         console.print(f"{device}: {done['graphs_written']} graph + label pairs in {done['folder']}"
                       + (f" ({done['skipped_no_description']} rows without a description skipped)"
                          if done["skipped_no_description"] else ""), markup=False)

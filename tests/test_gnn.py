@@ -210,7 +210,8 @@ def test_fit_device_gnn_reads_config(tiny, tmp_path):
                    | {"timestamp": "2026-01-01T00:00:00+00:00"})
     fcfg = FingerprintConfig(n_estimators=5, seed=1, gnn_arch="sage", gnn_hidden=8, gnn_layers=1, gnn_max_epochs=3,
                              gnn_patience=3)
-    cfg = SimpleNamespace(profiling_dir=tmp_path / "prof", fingerprint_dir=tmp_path / "fp", fingerprint=fcfg,
+    cfg = SimpleNamespace(profiling_dir=tmp_path / "prof", models_dir=tmp_path / "models",
+                          fingerprint_dir=tmp_path / "fp", fingerprint=fcfg,
                           devices={"cpu0": SimpleNamespace(memory_limit_mb=2048)})
     meta = fit_device_gnn(cfg, "cpu0", descs)
     assert meta["settings"]["arch"] == "sage" and meta["settings"]["seed"] == 1

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import csv
 import json
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -283,3 +285,20 @@ def test_stage_reports_a_factory_that_fails_to_import(tmp_path: Path) -> None:
     (tmp_path / "config.toml").write_text('[networks]\nzoo = []\nfactories = ["bad.py:net"]\n')
     with pytest.raises(UserError, match="bad.py fails to import \\(RuntimeError: no torch here\\)"):
         make_networks(load_config(tmp_path / "config.toml"))
+
+
+def test_stage_reports_a_factory_whose_forward_fails_at_the_input_shape(tmp_path: Path) -> None:
+    """A grey-scale model at a 3-channel input shape: one line naming the model, the shape and torch's
+    complaint, exit code 2 from the CLI (was a 49-line traceback)."""
+    (tmp_path / "gray.py").write_text("from torch import nn\n"
+                                      "def net(num_classes=10):\n"
+                                      "    return nn.Sequential(nn.Conv2d(1, 16, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1),"
+                                      " nn.Flatten(), nn.Linear(16, num_classes))\n")
+    (tmp_path / "config.toml").write_text('[networks]\nzoo = []\nfactories = ["gray.py:net"]\n'
+                                          'input_shape = [3, 32, 32]\n[networks.pruning]\nlevels = [0, 50]\n')
+    run = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "main.py"), "--config",
+                          str(tmp_path / "config.toml"), "--stage", "networks"], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=300)
+    assert run.returncode == 2, run.stderr[-2000:]
+    (line,) = run.stderr.strip().splitlines()
+    assert "forward fails at input shape [3, 32, 32]" in line and "expected input" in line and "1 channels" in line

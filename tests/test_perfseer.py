@@ -148,9 +148,47 @@ def test_export_import_round_trip(tmp_path):
     assert imp.networks == ["tiny_l0"] and imp.rows_written == 2
     back = load_description(tmp_path / "models" / "imported" / "d2" / "tiny_l0.json")
     assert back.input_shape == desc.input_shape and back.params == desc.params and back.network == "tiny"
-    strip = lambda d: [(n.op, n.output_shape, n.attrs if n.op != "reshape" else {}) for n in d.nodes]  # noqa: E731
-    assert strip(back) == strip(desc)
+    assert back.to_dict() == desc.to_dict()
     a, b = network_features(desc), network_features(back)
     assert a.per_sample == b.per_sample and a.static == b.static
     got = {int(r["batch_size"]): float(r["latency_ms_median"]) for r in read_rows(results_path(tmp_path / "prof", "d2"))}
     assert got == {2: 20.0, 8: 80.0}
+
+
+def _onnx_views_graph() -> nx.DiGraph:
+    """conv -> Transpose(perm) -> Slice(starts/ends/axes) -> Unsqueeze(axes) -> Squeeze(no axes) -> Gather -> Gelu
+    -> Swish -> Reshape (an ONNX target shape, batch included) -> Gemm, in ONNX's attribute names only."""
+    g = nx.DiGraph()
+    _node(g, "conv", "Conv", [4, 8, 6, 6], {"kernel_shape": [3, 3]}, input_shape=[4, 3, 8, 8])
+    _node(g, "tr", "Transpose", [4, 8, 6, 6], {"perm": [0, 1, 3, 2]})
+    _node(g, "sl", "Slice", [4, 8, 2, 6], {"starts": [1], "ends": [3], "axes": [2]})
+    _node(g, "un", "Unsqueeze", [4, 1, 8, 2, 6], {"axes": "[1]"})
+    _node(g, "sq", "Squeeze", [4, 8, 2, 6])
+    _node(g, "ga", "Gather", [4, 8, 6], {"axis": 2, "indices": 0})
+    _node(g, "ge", "Gelu", [4, 8, 6])
+    _node(g, "sw", "Swish", [4, 8, 6])
+    _node(g, "re", "Reshape", [4, 48], {"shape": [4, 48]})
+    _node(g, "fc", "Gemm", [4, 10])
+    names = ["conv", "tr", "sl", "un", "sq", "ga", "ge", "sw", "re", "fc"]
+    g.add_edges_from(zip(names, names[1:]))
+    return g
+
+
+def test_onnx_named_view_ops(tmp_path):
+    """Another tool's ONNX attributes (perm, starts/ends/axes, indices, a batch-including reshape target)
+    become our attributes, and the description rebuilds into a module giving [N, 10]."""
+    from perf4sight.importers.perfseer import graph_to_description
+    from perf4sight.ir.to_torch import build_module
+
+    desc, batch = graph_to_description(_onnx_views_graph(), "v", "v.pkl")
+    attrs = {n.name: (n.op, n.attrs) for n in desc.nodes}
+    assert batch == 4 and attrs["tr"] == ("transpose", {"dim0": 2, "dim1": 3})
+    assert attrs["sl"] == ("narrow", {"dim": 2, "start": 1, "length": 2})
+    assert attrs["un"] == ("unsqueeze", {"dim": 1}) and attrs["sq"] == ("squeeze", {"dim": 1})
+    assert attrs["ga"] == ("select", {"dim": 2, "index": 0})
+    assert attrs["ge"][0] == "gelu" and attrs["sw"][0] == "silu" and attrs["re"] == ("reshape", {"shape": [48]})
+    assert list(build_module(desc)(torch.randn(2, 3, 8, 8)).shape) == [2, 10]
+    g = _onnx_views_graph()
+    g.nodes["tr"]["feature"]["args"] = {"perm": [0, 2, 3, 1]}
+    with pytest.raises(UserError, match="perm swapping two axes"):
+        graph_to_description(g, "v", "v.pkl")

@@ -426,3 +426,49 @@ def test_a_bad_measurement_csv_is_one_clear_error(tmp_path):
         results.read_rows(tmp_path / "folder.csv")
     path.write_text(text + text.splitlines()[-1][:40])          # a crash cut the last row short
     assert len(results.read_rows(path)) == 2
+
+
+def _alive_with(text: str) -> list[int]:
+    """Pids of live processes whose command line contains ``text``."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and text in (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode():
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_sigterm_to_the_cli_alone_stops_runner_and_child_and_a_rerun_resumes(tmp_path):
+    """`kill PID` of main.py (not its process group): the runner and the measuring child stop with it
+    within seconds, the rows written stay, and a rerun measures only what is missing."""
+    import signal
+    import time
+
+    from perf4sight.networks.build import write_manifest
+
+    cfg = load_config(write_config(tmp_path, batch_sizes=(1, 2, 4, 8, 16)))
+    net = write_net(cfg.models_dir, "tiny")
+    write_manifest([{"network": "tiny", "family": "tiny", "path": net.name}], cfg.models_dir / "manifest.csv")
+    csv_path = results.results_path(cfg.profiling_dir, "local")
+    cmd = [sys.executable, str(ROOT / "main.py"), "--config", str(cfg.path), "--stage", "profile"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # its own group: the signal reaches main.py only
+    deadline = time.monotonic() + 120
+    while not (csv_path.is_file() and results.read_rows(csv_path)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert csv_path.is_file(), "no row was written"
+    proc.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and time.monotonic() - sent < 20
+    assert err.strip().splitlines()[-1] == "interrupted: measurements taken so far are on disk; rerun to resume"
+    time.sleep(0.5)
+    assert _alive_with(str(cfg.profiling_dir)) == [], "the runner or its child outlived the CLI"
+    kept = results.read_rows(csv_path)
+    assert 1 <= len(kept) < 5 and all(r["status"] == "ok" for r in kept)
+    again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    rows = results.read_rows(csv_path)
+    assert [r["batch_size"] for r in rows] == ["1", "2", "4", "8", "16"] and rows[:len(kept)] == kept

@@ -25,7 +25,7 @@ from perf4sight.ir.schema import save_description
 from perf4sight.profiling import results
 from perf4sight.profiling.fleet import check_devices, format_checks, format_summaries, profile_devices
 from perf4sight.profiling.pull import CsvPuller, complete_records, rows_to_csv
-from perf4sight.profiling.remote import remote_dir_name
+from perf4sight.profiling.remote import RemoteProfiler, remote_dir_name
 from perf4sight.profiling.ssh import DeviceError, HostKeyError, Remote, quote_argv
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -384,3 +384,20 @@ def test_changed_description_is_measured_again_on_the_device_with_a_warning(serv
     assert [r["description_sha"] for r in results.read_rows(remote_csv)] == [r["description_sha"] for r in rows]
     (third,) = profile_devices(cfg, ["dev-c"], [desc], show_progress=False, **FAST)
     assert third.new_rows == 0 and not third.message  # resumes; the earlier run's warning is not repeated
+
+
+def test_interrupted_host_stops_following_and_a_rerun_attaches_to_the_run_that_went_on(servers, tmp_path):
+    """Ctrl-C on the host (the cancel event fleet sets) ends the follow at once with a message; the detached
+    run keeps measuring on the device, and the next profile attaches to it and pulls every row."""
+    a, _ = servers
+    cfg = _config(tmp_path, {"dev-i": _device(a, tmp_path)}, batch_sizes=(1, 2))
+    (desc,) = _descriptions(tmp_path, ["alpha"])
+    cancel = threading.Event()
+    cancel.set()
+    started = time.monotonic()
+    cut = RemoteProfiler(cfg, cfg.device("dev-i"), [desc], cancel=cancel, **FAST).run()
+    assert cut.status == "failed" and "interrupted; the run goes on on the device" in cut.message
+    assert time.monotonic() - started < 15
+    (later,) = profile_devices(cfg, ["dev-i"], [desc], show_progress=False, **FAST)
+    assert later.status == "done" and (later.rows, later.expected) == (2, 2), format_summaries([later])
+    assert _keys_once(_rows(cfg, "dev-i")) and len(_rows(cfg, "dev-i")) == 2

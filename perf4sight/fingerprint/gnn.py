@@ -40,7 +40,7 @@ from perf4sight.fingerprint.fit import LATENCY_COLUMN, device_kind, memory_capac
 from perf4sight.fingerprint.gnn_graph import (EDGE_FEATURES, GLOBAL_FEATURES, NODE_FEATURES, OP_VOCAB,
                                               GraphTemplate, global_features, graph_template)
 from perf4sight.fingerprint.gnn_model import GNNModel
-from perf4sight.fingerprint.predict import ModuleQueries, batch_list, prediction_rows
+from perf4sight.fingerprint.predict import ModuleQueries, as_descriptions, batch_list, prediction_rows
 from perf4sight.fingerprint.select import PREFERRED, group_conformal, held_out_coverage, select_candidate
 from perf4sight.fingerprint.gnn_train import Normaliser, TrainSettings, make_data, predict_log, train_model
 from perf4sight.ir.schema import NetworkDescription
@@ -281,11 +281,12 @@ class GNNPredictor(ModuleQueries):
         tl = [graph_template(d) for d in descs for _ in bss]
         return _predict(self.model, self.norm, self.base, tl, bss * len(descs))
 
-    def predict(self, descs: NetworkDescription | Sequence[NetworkDescription],
+    def predict(self, descs: NetworkDescription | str | Path | Sequence[NetworkDescription | str | Path],
                 batch_sizes: int | Sequence[int]) -> list[dict[str, Any]]:
-        """One dict per (network, batch size): latency (ms), memory (MiB), bands, ``fits``."""
-        descs = [descs] if isinstance(descs, NetworkDescription) else list(descs)
+        """One dict per (network, batch size): latency (ms), memory (MiB), bands, ``fits``. ``descs``:
+        descriptions, description file paths, or one of them; ``batch_sizes``: an int or a list of ints."""
         bss = batch_list(batch_sizes)
+        descs = as_descriptions(descs, (NetworkDescription,))
         return _rows([d.name for d in descs], bss, self.predict_array(descs, bss), self.bands, self.capacity_mb)
 
 
@@ -300,10 +301,11 @@ class EnsemblePredictor(ModuleQueries):
         self.bands = gnn.metadata.get("interval", {}).get("log_ratio_quantiles", {}).get("ensemble", {})
         self.metadata = gnn.metadata
 
-    def predict(self, descs: NetworkDescription | Sequence[NetworkDescription],
+    def predict(self, descs: NetworkDescription | str | Path | Sequence[NetworkDescription | str | Path],
                 batch_sizes: int | Sequence[int]) -> list[dict[str, Any]]:
-        descs = [descs] if isinstance(descs, NetworkDescription) else list(descs)
+        """As :meth:`GNNPredictor.predict`, from the geometric mean of both predictors."""
         bss = batch_list(batch_sizes)
+        descs = as_descriptions(descs, (NetworkDescription,))
         g = self.gnn.predict_array(descs, bss)
         t = self.trees.predict(descs, bss)
         tarr = np.array([[r["latency_ms"], r["memory_mb"]] for r in t])

@@ -11,8 +11,11 @@ analytic part: ``capacity_basis``); when the capacity is unknown every configura
 """
 from __future__ import annotations
 
+import sys
+import warnings
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -20,7 +23,7 @@ from perf4sight.errors import UserError
 from perf4sight.features.aggregate import NetworkFeatures, feature_matrix, network_features
 from perf4sight.fingerprint.storage import HeldOut, load_held_out, load_models
 from perf4sight.fingerprint.trees import TargetModel
-from perf4sight.ir.schema import NetworkDescription
+from perf4sight.ir.schema import NetworkDescription, load_description
 
 __all__ = ["Fingerprint", "load_fingerprint", "PREDICTION_KEYS", "accuracy_lines"]
 
@@ -28,12 +31,80 @@ PREDICTION_KEYS = ("network", "batch_size", "latency_ms", "latency_ms_low", "lat
                    "memory_mb", "memory_mb_low", "memory_mb_high", "fits")
 
 
+def _batch_size(v: Any) -> int:
+    """One batch size as an int: an int or numpy integer, or a whole float (``8.0`` -> 8);
+    ``UserError`` for a string, a bool, a fraction or anything else (the check for >= 1 is the caller's)."""
+    if isinstance(v, np.ndarray) and v.ndim == 0:
+        v = v.item()
+    if isinstance(v, (bool, np.bool_)):
+        raise UserError(f"predict: batch size {v!r} is a bool, not an integer")
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
+        if not np.isfinite(v) or v != int(v):
+            raise UserError(f"predict: batch size {float(v)!r} is not a whole number")
+        return int(v)
+    if isinstance(v, (str, bytes)):
+        raise UserError(f"predict: batch size {v!r} is a string; give an int or a list of ints (e.g. 16 or [8, 16])")
+    raise UserError(f"predict: batch size {v!r} ({type(v).__name__}) is not an integer")
+
+
 def batch_list(batch_sizes: int | Sequence[int]) -> list[int]:
-    """``batch_sizes`` as a list of ints; ``UserError`` unless all are positive."""
-    bss = [int(batch_sizes)] if isinstance(batch_sizes, (int, np.integer)) else [int(b) for b in batch_sizes]
-    if not bss or any(b < 1 for b in bss):
+    """``batch_sizes`` (an int, or an iterable of ints; numpy integers and whole floats too) as a list of
+    ints; ``UserError`` for strings, bools, fractions, values below 1 or no batch size at all."""
+    if isinstance(batch_sizes, (str, bytes)) or not np.iterable(batch_sizes):
+        bss = [_batch_size(batch_sizes)]
+    else:
+        bss = [_batch_size(b) for b in batch_sizes]
+    if not bss:
+        raise UserError("predict: no batch sizes given; give an int or a list of ints (e.g. 16 or [8, 16])")
+    if any(b < 1 for b in bss):
         raise UserError(f"predict: batch sizes must be positive integers, got {bss}")
     return bss
+
+
+def as_descriptions(descs: Any, kinds: tuple[type, ...] = (NetworkDescription, NetworkFeatures)) -> list[Any]:
+    """``descs`` as a list of ``kinds``: one description (or a list of them); a ``str`` or ``Path`` is read
+    as a description file (:func:`~perf4sight.ir.schema.load_description`). ``UserError`` naming the type
+    of anything else, or when no network is given."""
+    torch = sys.modules.get("torch")  # a module is not a description (nn.Sequential is even iterable)
+    if torch is not None and isinstance(descs, torch.nn.Module):
+        raise UserError(f"predict: got a torch module ({type(descs).__name__}); use "
+                        "predict_module(module, input_shape, batch_sizes)")
+    one = isinstance(descs, (*kinds, str, Path, Mapping)) or not np.iterable(descs)
+    items = [descs] if one else list(descs)
+    if not items:
+        raise UserError("predict: no networks given")
+    out = []
+    for i, d in enumerate(items):
+        if isinstance(d, (str, Path)):
+            d = load_description(d)
+        if not isinstance(d, kinds):
+            where = "" if one else f" (item {i})"
+            raise UserError(f"predict: expected a {' or '.join(k.__name__ for k in kinds)}, a description file path "
+                            f"(str or Path) or a list of them, got {type(d).__name__}{where}")
+        out.append(d)
+    return out
+
+
+def one_description(desc: Any, kinds: tuple[type, ...] = (NetworkDescription, NetworkFeatures)) -> Any:
+    """One network as :func:`as_descriptions` reads it; ``UserError`` for a list of several."""
+    out = as_descriptions(desc, kinds)
+    if len(out) != 1:
+        raise UserError(f"max_batch_size: give one network, got {len(out)}")
+    return out[0]
+
+
+def largest_fitting(over: Callable[[int], bool], limit: int) -> int:
+    """Largest b <= ``limit`` with ``over(b)`` false, by bisection (``over`` taken as monotone in b); 0 when
+    ``over(1)``. Each call of ``over`` is one prediction, so this takes about log2(limit) of them."""
+    if not over(limit):
+        return int(limit)
+    lo, hi = 1, limit  # first batch size predicted not to fit
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if over(mid) else (mid + 1, hi)
+    return int(lo - 1)
 
 
 def prediction_rows(names: Sequence[str], bss: Sequence[int], lat: np.ndarray, mem: np.ndarray,
@@ -52,13 +123,40 @@ def prediction_rows(names: Sequence[str], bss: Sequence[int], lat: np.ndarray, m
 
 
 class ModuleQueries:
-    """``predict_module`` for any predictor that has ``predict(descriptions, batch_sizes)``."""
+    """``predict_module`` and ``max_batch_size`` for any predictor that has ``predict(descriptions,
+    batch_sizes)``, ``input_shape`` (the ``[C, H, W]`` it was trained at, or None) and ``capacity_mb``."""
+
+    input_shape: list[int] | None = None
+    capacity_mb: float | None = None
 
     def predict_module(self, module: Any, input_shape: Sequence[int], batch_sizes: int | Sequence[int],
                        name: str = "module") -> list[dict[str, Any]]:
-        """Predict for a torch ``nn.Module`` (traced with ``perf4sight.ir.from_torch.describe``)."""
+        """Predict for a torch ``nn.Module`` at ``input_shape`` (``[C, H, W]`` of one image, no batch),
+        traced with :func:`perf4sight.ir.from_torch.describe`; ``name`` is the ``network`` of the returned
+        dicts. Warns (``UserWarning``) when ``input_shape`` is not the one the predictor was trained at."""
         from perf4sight.ir.from_torch import describe
-        return self.predict(describe(module, input_shape=list(input_shape), name=name), batch_sizes)
+        bss = batch_list(batch_sizes)  # checked before describing (up to seconds)
+        desc = describe(module, input_shape=input_shape, name=name)
+        warn_other_shape(desc, self.input_shape)
+        return self.predict(desc, bss)
+
+    def max_batch_size(self, desc: Any, limit: int = 1024) -> int | None:
+        """Largest batch size b <= ``limit`` with every batch size 1..b predicted to fit (``fits`` of
+        :meth:`predict`); 0 if none fits; None when the device capacity is unknown. Predicted memory is
+        taken as growing with the batch size (bisection: about log2(limit) predictions)."""
+        d, limit = one_description(desc), batch_list(limit)[0]
+        if self.capacity_mb is None:
+            return None
+        return largest_fitting(lambda b: not self.predict(d, [b])[0]["fits"], limit)
+
+
+def warn_other_shape(desc: NetworkDescription, trained_at: Sequence[int] | None) -> None:
+    """``UserWarning`` when ``desc`` was described at another input shape than the predictor's training
+    networks (``trained_at``; nothing when unknown): its predictions are extrapolations."""
+    if trained_at and list(desc.input_shape) != list(trained_at):
+        shape, train = "x".join(map(str, desc.input_shape)), "x".join(map(str, trained_at))
+        warnings.warn(f"{desc.name}: described at input shape {shape}, but this fingerprint's training networks "
+                      f"were {train}: expect larger errors", UserWarning, stacklevel=3)
 
 
 class Fingerprint(ModuleQueries):
@@ -97,13 +195,13 @@ class Fingerprint(ModuleQueries):
             return self.models["memory"].analytic(F)
         return self.models["memory"].predict(F) if mem is None else mem
 
-    def predict(self, descs: NetworkDescription | Sequence[NetworkDescription],
+    def predict(self, descs: NetworkDescription | str | Path | Sequence[NetworkDescription | str | Path],
                 batch_sizes: int | Sequence[int]) -> list[dict[str, Any]]:
-        """One dict per (network, batch size) with keys :data:`PREDICTION_KEYS` (ms, MiB, bool)."""
-        if isinstance(descs, (NetworkDescription, NetworkFeatures)):
-            descs = [descs]
+        """One dict per (network, batch size) with keys :data:`PREDICTION_KEYS` (ms, MiB, bool). ``descs``:
+        descriptions (or their features), description file paths, or one of them; ``batch_sizes``: an int
+        or a list of ints."""
         bss = batch_list(batch_sizes)
-        nfs = [self._features(d) for d in descs]
+        nfs = [self._features(d) for d in as_descriptions(descs)]
         self._simulate_if_needed(nfs)
         F = feature_matrix([nf for nf in nfs for _ in bss], [b for _ in nfs for b in bss])  # one pass for all queries
         lat = self.models["latency"].predict(F)
@@ -112,24 +210,18 @@ class Fingerprint(ModuleQueries):
         fits = [self.capacity_mb is None or d <= self.capacity_mb for d in demand]
         return prediction_rows([nf.name for nf in nfs], bss, lat, mem, self._bands, fits)
 
-    def max_batch_size(self, desc: NetworkDescription | NetworkFeatures, limit: int = 1024) -> int | None:
+    def max_batch_size(self, desc: NetworkDescription | NetworkFeatures | str | Path, limit: int = 1024) -> int | None:
         """Largest batch size b <= ``limit`` with every batch size 1..b predicted to fit; 0 if none
         fits; None when the device capacity is unknown. Predicted memory (the analytic part for a
         learnt capacity) is taken as growing with the batch size."""
+        d, limit = one_description(desc), batch_list(limit)[0]
         if self.capacity_mb is None:
             return None
-        nf = self._features(desc)
+        nf = self._features(d)
         self._simulate_if_needed([nf])
         if nf.sim is not None:  # each batch size is an allocator replay: bisect instead of scanning 1..limit
-            def over(b: int) -> bool:
-                return bool(self._demand(feature_matrix(nf, [b]), None)[0] > self.capacity_mb)
-            if not over(limit):
-                return int(limit)
-            lo, hi = 1, limit  # first batch size predicted not to fit
-            while lo < hi:
-                mid = (lo + hi) // 2
-                lo, hi = (lo, mid) if over(mid) else (mid + 1, hi)
-            return int(lo - 1)
+            return largest_fitting(lambda b: bool(self._demand(feature_matrix(nf, [b]), None)[0] > self.capacity_mb),
+                                 limit)
         F = feature_matrix(nf, np.arange(1, limit + 1))
         over = np.nonzero(self._demand(F, None) > self.capacity_mb)[0]
         return int(limit if over.size == 0 else over[0])

@@ -23,7 +23,17 @@ else raises ``UserError`` naming the file, so a hostile file cannot run code.
 Mapping: each graph becomes a network description (an ``input`` node is added, fed to the nodes
 without predecessors; shapes drop the batch dimension) and each label a tidy row (backend
 ``imported``, protocol ``perfseer``): ``latency_ms_median`` = ``latency_ms_mean`` = time,
-``device_mem_used_mb`` = peak_memory_usuage, ``gpu_util_pct`` = average_sm_util.
+``device_mem_used_mb`` = peak_memory_usuage, ``gpu_util_pct`` = average_sm_util; a ``nan``
+figure is written as an empty cell (not measured).
+
+Files written by this tool's exporter (graph attribute ``source == "perf4sight"``) also carry
+the description's metadata (``input_node``, ``output``, ``params``, ``num_classes``,
+``description_extra``), each node's ``inputs`` in argument order and ``args`` in our names, and
+the measurement row (``perf4sight_row``, string values, and ``memory_column``, the column the
+label's ``peak_memory_usuage`` came from). Such a file is read back exactly: the description as
+it was (node order, names and attributes included) and the row with every column it had, except
+``device`` (the ``--device`` given), ``timestamp`` (the import time) and ``description_sha``
+(of the description file written).
 """
 from __future__ import annotations
 
@@ -31,6 +41,7 @@ import ast
 import datetime as _dt
 import hashlib
 import io
+import math
 import pickle
 import re
 from pathlib import Path
@@ -38,24 +49,32 @@ from typing import Any
 
 from perf4sight.errors import UserError
 from perf4sight.importers.perf4sight_csv import ImportSummary, import_source
-from perf4sight.ir.schema import NetworkDescription, save_description
-from perf4sight.profiling.results import measured_keys, read_rows, results_path
+from perf4sight.ir.schema import OPS, NetworkDescription, save_description
+from perf4sight.profiling.results import COLUMNS, measured_keys, read_rows, results_path
 
-__all__ = ["import_perfseer", "read_graph", "read_label", "graph_to_description", "LABEL_FIELDS",
-           "ONNX_TO_OP", "OP_TO_ONNX", "safe_unpickle"]
+__all__ = ["import_perfseer", "read_graph", "read_label", "graph_to_description", "is_own_export", "LABEL_FIELDS",
+           "ONNX_TO_OP", "OP_TO_ONNX", "PERF4SIGHT_SOURCE", "safe_unpickle"]
 
 LABEL_FIELDS = ("time", "average_sm_util", "average_memory_util", "average_memory_usuage",
                 "peak_sm_util", "peak_memory_util", "peak_memory_usuage")
 
-#: ONNX op type -> our op. ``Clip`` is read as ReLU6 (the only Clip torchvision CNNs export).
+#: ONNX op type -> our op. ``Clip`` is read as ReLU6 (the only Clip torchvision CNNs export),
+#: ``Gather`` (one scalar index) as ``select``, ``Slice`` (one axis, step 1) as ``narrow``, and
+#: ``Swish`` (ONNX opset 24; its default ``alpha`` 1 is SiLU) as ``silu``. Every op of the
+#: description schema but ``input`` has an entry, so any description can be exported.
 ONNX_TO_OP: dict[str, str] = {
     "Conv": "conv2d", "Relu": "relu", "BatchNormalization": "batchnorm2d", "Concat": "cat",
     "AveragePool": "avgpool2d", "GlobalAveragePool": "adaptiveavgpool2d", "GlobalMaxPool": "adaptivemaxpool2d",
     "Flatten": "flatten", "Gemm": "linear", "MaxPool": "maxpool2d", "Add": "add", "Mul": "mul",
     "Clip": "relu6", "Sigmoid": "sigmoid", "HardSigmoid": "hardsigmoid", "HardSwish": "hardswish",
     "Tanh": "tanh", "Dropout": "dropout", "Identity": "identity", "Reshape": "reshape", "ReduceMean": "mean",
+    "Squeeze": "squeeze", "Unsqueeze": "unsqueeze", "Transpose": "transpose", "Gather": "select",
+    "Slice": "narrow", "Gelu": "gelu", "Swish": "silu",
 }
 OP_TO_ONNX: dict[str, str] = {v: k for k, v in ONNX_TO_OP.items()}
+
+#: Graph attribute ``source`` of the files this tool's exporter writes.
+PERF4SIGHT_SOURCE = "perf4sight"
 
 _BUILTINS = {"dict", "list", "tuple", "set", "frozenset", "str", "int", "float", "bool"}
 #: networkx modules whose classes may appear in a pickled graph (graphs and their cached views).
@@ -142,6 +161,73 @@ def _pair(args: dict[str, Any], names: tuple[str, ...], default: list[int], wher
     return list(default)
 
 
+def _first_int(args: dict[str, Any], names: tuple[str, ...], where: str) -> int | None:
+    """The first of ``names`` present in ``args`` as one integer (an ONNX list such as ``axes``: its first entry)."""
+    for n in names:
+        if n in args and args[n] is not None:
+            vals = _ints(args[n], f"{where} {n}")
+            if not vals:
+                raise UserError(f"{where}: {n} is empty")
+            return vals[0]
+    return None
+
+
+def _dropped_axis(longer: list[int], shorter: list[int]) -> int | None:
+    """The axis (counting the batch dimension) of a size-1 entry of ``longer`` whose removal gives ``shorter``."""
+    for i, size in enumerate(longer):
+        if size == 1 and longer[:i] + longer[i + 1:] == shorter:
+            return i + 1
+    return None
+
+
+def _required(value: int | None, op: str, name: str, where: str) -> int:
+    """``value``, or a ``UserError`` naming the attribute the node lacks."""
+    if value is None:
+        raise UserError(f"{where}: {op} lacks '{name}' in args and its shapes do not tell it")
+    return value
+
+
+def _view_attrs(op: str, args: dict[str, Any], in_shape: list[int], out: list[int], where: str) -> dict[str, Any]:
+    """Attributes of the indexing/view ops (squeeze, unsqueeze, transpose, select, narrow) from ours or ONNX's names."""
+    if op == "squeeze":
+        dim = _first_int(args, ("dim", "axes"), where)
+        return {"dim": _required(dim if dim is not None else _dropped_axis(in_shape, out), op, "dim", where)}
+    if op == "unsqueeze":
+        dim = _first_int(args, ("dim", "axes"), where)
+        return {"dim": _required(dim if dim is not None else _dropped_axis(out, in_shape), op, "dim", where)}
+    if op == "transpose":
+        d0, d1 = _first_int(args, ("dim0",), where), _first_int(args, ("dim1",), where)
+        if d0 is None or d1 is None:
+            perm = _ints(args.get("perm", []), f"{where} perm")
+            moved = [i for i, p in enumerate(perm) if p != i]
+            if len(moved) != 2:
+                raise UserError(f"{where}: Transpose needs dim0/dim1 or a perm swapping two axes, got perm {perm}")
+            d0, d1 = moved
+        return {"dim0": d0, "dim1": d1}
+    if op == "select":
+        return {"dim": _required(_first_int(args, ("dim", "axis"), where), op, "dim", where),
+                "index": _required(_first_int(args, ("index", "indices"), where), op, "index", where)}
+    dim = _required(_first_int(args, ("dim", "axes"), where), op, "dim", where)
+    start = _required(_first_int(args, ("start", "starts"), where), op, "start", where)
+    length = _first_int(args, ("length",), where)
+    end = _first_int(args, ("ends",), where)
+    if end is not None and 0 < dim <= len(in_shape):
+        end = min(end, in_shape[dim - 1])  # ONNX writes "to the end" as a huge end
+    if length is None:
+        length = end - start if end is not None else (out[dim - 1] if 0 < dim <= len(out) else None)
+    return {"dim": dim, "start": start, "length": _required(length, op, "length", where)}
+
+
+def _reshape_target(args: dict[str, Any], out: list[int], where: str) -> list[int]:
+    """A reshape's ``shape`` without the batch dimension: ``args['shape']`` when it is one (same rank as the
+    output, as this tool writes it), else the output shape (an ONNX target shape includes the batch)."""
+    if "shape" in args and args["shape"] is not None:
+        shape = _ints(args["shape"], f"{where} shape")
+        if len(shape) == len(out) and all(s in (-1, o) for s, o in zip(shape, out)):
+            return shape
+    return list(out)
+
+
 def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[int], where: str) -> dict[str, Any]:
     """Our attributes from the node's ``args`` (ours or ONNX's names), filling gaps from shapes."""
     def num(*names: str, default: Any = None) -> Any:
@@ -153,8 +239,8 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
             raise UserError(f"{where}: {op} lacks '{names[0]}' in args")
         return default
 
-    def flag(name: str, default: bool) -> bool:
-        v = args.get(name, default)
+    def flag(name: str, default: bool, *aliases: str) -> bool:
+        v = next((args[n] for n in (name, *aliases) if n in args), default)
         return v.strip().lower() in ("1", "true", "yes") if isinstance(v, str) else bool(v)
 
     if op == "conv2d":
@@ -185,11 +271,16 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
     if op == "flatten":
         return {"start_dim": num("start_dim", "axis", default=1)}
     if op == "reshape":
-        return {"shape": [-1] + list(out)}
+        return {"shape": _reshape_target(args, out, where)}
+    if op in ("squeeze", "unsqueeze", "transpose", "select", "narrow"):
+        return _view_attrs(op, args, in_shapes[0], out, where)
     if op == "mean":
-        return {"dims": _ints(args.get("dims", args.get("axes", [2, 3])), where), "keepdim": flag("keepdim", False)}
+        return {"dims": _ints(args.get("dims", args.get("axes", [2, 3])), where),
+                "keepdim": flag("keepdim", False, "keepdims")}
     if op == "dropout":
         return {"p": _number(args.get("p", args.get("ratio", 0.5)), where)}
+    if op in ("add", "mul") and args.get("scalar") is not None:
+        return {"scalar": _number(args["scalar"], f"{where} scalar")}
     return {}
 
 
@@ -210,18 +301,92 @@ def _shape(mi: dict[str, Any], key: str, where: str) -> list[int] | None:
     return _ints(v, f"{where} memory_info.{key}")[1:]
 
 
-def graph_to_description(graph: Any, name: str, where: str) -> tuple[NetworkDescription, int]:
-    """A network description and the batch size of one PerfSeer graph."""
+def is_own_export(graph: Any) -> bool:
+    """Whether ``graph`` was written by this tool's exporter (and so carries the extra keys it reads back)."""
+    return graph.graph.get("source") == PERF4SIGHT_SOURCE and isinstance(graph.graph.get("input_node"), str)
+
+
+def _node_order(graph: Any, where: str) -> list[Any]:
+    """Nodes in execution order: the file's own order when it is a topological one (our exports list
+    the description's order; ONNX-derived graphs list the model's), else a lexicographic topological
+    sort. The order matters: the allocator model frees and allocates in it."""
     import networkx as nx
+    seen: set[Any] = set()
+    for n in graph.nodes:
+        if any(p not in seen for p in graph.predecessors(n)):
+            break
+        seen.add(n)
+    else:
+        return list(graph.nodes)
     try:
-        order = list(nx.lexicographical_topological_sort(graph, key=str))
+        return list(nx.lexicographical_topological_sort(graph, key=str))
     except (nx.NetworkXUnfeasible, TypeError) as exc:
         raise UserError(f"{where}: graph is not a DAG ({exc})") from None
-    if not order:
-        raise UserError(f"{where}: graph has no nodes")
+
+
+def _node_names(order: list[Any], own: bool) -> dict[Any, str]:
+    """Our node names: the file's names for our exports, else word characters only (made unique)."""
+    if own:
+        return {n: str(n) for n in order}
     names = {n: re.sub(r"\W+", "_", str(n)).strip("_") or "node" for n in order}
     if len(set(names.values())) != len(names):
         names = {n: f"n{i}_{names[n]}" for i, n in enumerate(order)}
+    return names
+
+
+def _input_names(graph: Any, n: Any, f: dict[str, Any], names: dict[Any, str], input_node: str) -> list[str]:
+    """The node's inputs in argument order: the file's ``inputs`` list when it names exactly the graph
+    predecessors (plus, for our exports, the network input; repeats allowed), else the predecessors
+    sorted by name; a node without predecessors reads the network input."""
+    preds = {str(p): p for p in graph.predecessors(n)}
+    listed = f.get("inputs")
+    if isinstance(listed, list) and listed:
+        named = [str(x) for x in listed]
+        if set(named) - {input_node} == set(preds) and all(x in preds or x == input_node for x in named):
+            return [names[preds[x]] if x in preds else input_node for x in named]
+    if not preds:
+        return [input_node]
+    return [names[preds[k]] for k in sorted(preds)]
+
+
+def _network_input_shape(graph: Any, own: bool, mi: dict[str, Any], where: str) -> list[int]:
+    """The network input's shape (no batch): the graph's ``input_shape`` for our exports, else the
+    ``memory_info.input_shape`` of the first node in execution order (it reads the network input)."""
+    if own and graph.graph.get("input_shape") is not None:
+        return _ints(graph.graph["input_shape"], f"{where} graph input_shape")
+    shape = _shape(mi, "input_shape", where)
+    if shape is None:
+        raise UserError(f"{where}: the first node's memory_info lacks input_shape")
+    return shape
+
+
+def _own_meta(graph: Any, where: str) -> dict[str, Any]:
+    """Description fields our exporter records on the graph: output, params, num_classes and the extra fields."""
+    meta = graph.graph
+    extra = meta.get("description_extra", {})
+    if not isinstance(extra, dict):
+        raise UserError(f"{where}: description_extra must be a dict")
+    d = {k: v for k, v in extra.items() if k not in ("name", "network", "input_shape", "nodes", "output")}
+    if "output" in meta:
+        if not isinstance(meta["output"], str):
+            raise UserError(f"{where}: graph attribute output must be a node name, got {meta['output']!r}")
+        d["output"] = meta["output"]
+    for key in ("params", "num_classes"):
+        if key in meta:
+            if not (isinstance(meta[key], int) and not isinstance(meta[key], bool) and meta[key] >= 0):
+                raise UserError(f"{where}: graph attribute {key} must be a non-negative integer, got {meta[key]!r}")
+            d[key] = meta[key]
+    return d
+
+
+def graph_to_description(graph: Any, name: str, where: str) -> tuple[NetworkDescription, int]:
+    """A network description and the batch size of one PerfSeer graph."""
+    own = is_own_export(graph)
+    order = _node_order(graph, where)
+    if not order:
+        raise UserError(f"{where}: graph has no nodes")
+    names = _node_names(order, own)
+    input_node = str(graph.graph["input_node"]) if own else "input"
     batch, input_shape = None, None
     nodes: list[dict[str, Any]] = []
     shapes: dict[str, list[int]] = {}
@@ -240,42 +405,103 @@ def graph_to_description(graph: Any, name: str, where: str) -> tuple[NetworkDesc
         out = _shape(mi, "output_shape", here)
         if out is None:
             raise UserError(f"{here}: memory_info lacks output_shape")
-        preds = sorted(graph.predecessors(n), key=str)
-        listed = f.get("inputs")  # argument order, when the file records it (our exports do)
-        if isinstance(listed, list) and sorted(map(str, listed)) == sorted(map(str, preds)):
-            preds = [p for x in listed for p in preds if str(p) == str(x)]
-        if not preds and input_shape is None:
-            input_shape = _shape(mi, "input_shape", here)
-            if input_shape is None:
-                raise UserError(f"{here}: the first node's memory_info lacks input_shape")
-        inputs = [names[p] for p in preds] if preds else ["input"]
-        in_shapes = [shapes[i] if i != "input" else input_shape for i in inputs]
+        inputs = _input_names(graph, n, f, names, input_node)
+        if input_shape is None:
+            input_shape = _network_input_shape(graph, own, mi, here)
+        in_shapes = [shapes[i] if i != input_node else input_shape for i in inputs]
         args = f.get("args") or {}
         if not isinstance(args, dict):
             raise UserError(f"{here}: args must be a dict")
+        ours = own and all(a in args for a in OPS[op])
         shapes[names[n]] = out
-        nodes.append({"name": names[n], "op": op, "inputs": inputs, "attrs": _attrs(op, args, in_shapes, out, here),
-                      "output_shape": out})
-    sinks = [names[n] for n in order if graph.out_degree(n) == 0]
-    if len(sinks) != 1:
-        raise UserError(f"{where}: expected one output node, found {len(sinks)} ({', '.join(sinks[:5])})")
-    if batch is None:
-        batch = int(_number(graph.graph.get("batch_size", ""), f"{where} batch_size"))
+        nodes.append({"name": names[n], "op": op, "inputs": inputs,
+                      "attrs": dict(args) if ours else _attrs(op, args, in_shapes, out, here), "output_shape": out})
     meta = dict(graph.graph)
-    d = {"name": name, "network": str(meta.get("network", meta.get("family", name))), "input_shape": input_shape,
-         "num_classes": nodes[-1]["output_shape"][0] if nodes[-1]["output_shape"] else 0,
-         "nodes": [{"name": "input", "op": "input", "inputs": [], "attrs": {}, "output_shape": input_shape}] + nodes,
-         "output": sinks[0], "source": f"perfseer import: {Path(where).name}"}
+    d: dict[str, Any] = _own_meta(graph, where) if own else {"source": f"perfseer import: {Path(where).name}"}
+    if "output" not in d:
+        sinks = [names[n] for n in order if graph.out_degree(n) == 0]
+        if len(sinks) != 1:
+            raise UserError(f"{where}: expected one output node, found {len(sinks)} ({', '.join(sinks[:5])})")
+        d["output"] = sinks[0]
+    if batch is None:
+        batch = int(_number(meta.get("batch_size", ""), f"{where} batch_size"))
+    d.update({"name": name, "network": str(meta.get("network", meta.get("family", name))), "input_shape": input_shape,
+              "nodes": [{"name": input_node, "op": "input", "inputs": [], "attrs": {}, "output_shape": input_shape}] + nodes})
+    d.setdefault("num_classes", nodes[-1]["output_shape"][0] if nodes[-1]["output_shape"] else 0)
     if "pruning_level" in meta:
-        d["pruning_level"] = _number(meta["pruning_level"], f"{where} pruning_level")
+        level = meta["pruning_level"]
+        d["pruning_level"] = level if own and isinstance(level, (int, float)) else _number(level, f"{where} pruning_level")
     return NetworkDescription.from_dict(d, where=where), batch
 
 
 def _variant_name(graph: Any, stem: str, batch: int) -> str:
+    """The network's name: the graph's ``name``, else the file stem without its batch-size suffix."""
     if graph.graph.get("name"):
         return re.sub(r"[^\w.-]+", "_", str(graph.graph["name"]))
     m = re.match(rf"^(.*?)[_-]?(?:bs|b|batch)?[_-]?{batch}$", stem)
     return m.group(1) if m and m.group(1) else stem
+
+
+def _cell(value: float) -> Any:
+    """A label figure as a measurement cell: ``nan`` (not measured) is an empty cell."""
+    return value if math.isfinite(value) else ""
+
+
+#: Row columns an import always sets itself, whatever the file recorded.
+_IMPORT_SETS = ("device", "timestamp", "description_sha")
+
+
+def _recorded_row(graph: Any, where: str) -> dict[str, str]:
+    """The measurement row our exporter recorded on the graph (``perf4sight_row``), checked: known columns, text values."""
+    rec = graph.graph.get("perf4sight_row", {})
+    if not isinstance(rec, dict) or not all(isinstance(k, str) and isinstance(v, (str, int, float)) for k, v in rec.items()):
+        raise UserError(f"{where}: perf4sight_row must be a dict of column name -> text")
+    unknown = sorted(set(rec) - set(COLUMNS))
+    if unknown:
+        raise UserError(f"{where}: perf4sight_row has columns {unknown} that are not in the measurement schema")
+    return {k: str(v) for k, v in rec.items() if k not in _IMPORT_SETS}
+
+
+def _label_row(graph: Any, phase: str, fig: dict[str, float], where: str) -> dict[str, Any]:
+    """Columns of one label's figures: for our exports over the recorded row of that phase (the label
+    wins the three columns it carries), else the foreign mapping (``latency_ms_mean`` =
+    ``latency_ms_median`` = time)."""
+    recorded = graph.graph.get("perf4sight_row")
+    if not (is_own_export(graph) and isinstance(recorded, dict) and recorded.get("phase", "train") == phase):
+        return {"backend": "imported", "protocol": "perfseer", "latency_ms_median": _cell(fig["time"]),
+                "latency_ms_mean": _cell(fig["time"]), "device_mem_used_mb": _cell(fig["peak_memory_usuage"]),
+                "gpu_util_pct": _cell(fig["average_sm_util"])}
+    memory = str(graph.graph.get("memory_column", "device_mem_used_mb"))
+    if memory not in ("device_mem_used_mb", "peak_rss_mb"):
+        raise UserError(f"{where}: memory_column must be device_mem_used_mb or peak_rss_mb, got {memory!r}")
+    row: dict[str, Any] = {"backend": "imported", "protocol": "perfseer", **_recorded_row(graph, where)}
+    for column, field in (("latency_ms_median", "time"), ("gpu_util_pct", "average_sm_util"),
+                          (memory, "peak_memory_usuage")):
+        if not _same_figure(row.get(column, ""), fig[field]):  # keep the recorded text when the label agrees
+            row[column] = _cell(fig[field])
+    return row
+
+
+def _same_figure(text: Any, value: float) -> bool:
+    """Whether a recorded cell holds ``value`` (an empty cell matches ``nan``)."""
+    if text in ("", None):
+        return not math.isfinite(value)
+    try:
+        return float(text) == value
+    except ValueError:
+        return False
+
+
+def _description_identity(desc: NetworkDescription, own: bool) -> tuple[str, str]:
+    """(text that must agree across the graphs of one network, the text saved): a foreign file's
+    ``source`` names the file, so it is left out of the identity."""
+    text = desc.to_json()
+    if own:
+        return text, text
+    source = desc.extra.pop("source", "")
+    identity = desc.to_json()
+    desc.extra["source"] = source
+    return identity, text
 
 
 def import_perfseer(source_dir: str | Path, device: str, profiling_dir: str | Path, models_dir: str | Path,
@@ -296,7 +522,7 @@ def import_perfseer(source_dir: str | Path, device: str, profiling_dir: str | Pa
     summary = ImportSummary(device=device, results_path=str(out), models_path=str(out_models))
     done = measured_keys(read_rows(out))
     stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    saved: dict[str, str] = {}
+    saved: dict[str, tuple[str, str]] = {}  # network -> (identity text, sha of the file written)
     for pkl in pkls:
         label_path = pkl.with_suffix(".txt")
         if not label_path.is_file():
@@ -305,26 +531,22 @@ def import_perfseer(source_dir: str | Path, device: str, profiling_dir: str | Pa
         label = read_label(label_path)
         desc, batch = graph_to_description(graph, pkl.stem, str(pkl))
         desc.name = _variant_name(graph, pkl.stem, batch)
-        source = desc.extra.pop("source", "")
-        text = desc.to_json()  # identity without the file name: graphs of one network at other batch sizes match
-        desc.extra["source"] = source
-        if saved.get(desc.name, text) != text:
+        identity, text = _description_identity(desc, is_own_export(graph))
+        if desc.name in saved and saved[desc.name][0] != identity:
             raise UserError(f"{pkl}: network '{desc.name}' differs from another graph of the same name")
         if desc.name not in saved:
             save_description(desc, out_models / f"{desc.name}.json")
-            saved[desc.name] = text
+            saved[desc.name] = (identity, hashlib.sha256(text.encode()).hexdigest()[:16])
             summary.descriptions += 1
         for phase in phases:
             if phase not in label:
                 continue
-            fig = label[phase]
             row: dict[str, Any] = {
-                "device": device, "backend": "imported", "network": desc.name, "family": desc.network,
+                **_label_row(graph, phase, label[phase], str(pkl)),
+                "device": device, "network": desc.name, "family": desc.network,
                 "pruning_level": desc.pruning_level, "batch_size": batch,
                 "input_shape": "x".join(str(s) for s in desc.input_shape), "phase": phase, "status": "ok",
-                "latency_ms_median": fig["time"], "latency_ms_mean": fig["time"], "protocol": "perfseer",
-                "device_mem_used_mb": fig["peak_memory_usuage"], "gpu_util_pct": fig["average_sm_util"],
-                "timestamp": stamp, "description_sha": hashlib.sha256(text.encode()).hexdigest()[:16]}
+                "timestamp": stamp, "description_sha": saved[desc.name][1]}
             summary.ok += summary.write_new(out, row, done)
     summary.networks = sorted(saved)
     return summary

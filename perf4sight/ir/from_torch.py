@@ -7,10 +7,14 @@ their concrete output shape, so a description is tied to its input size.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import operator
-from typing import Any, Callable
+import sys
+from typing import Any, Callable, Iterator
 
+import numpy as np
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
@@ -21,7 +25,7 @@ from torch.fx.passes.shape_prop import ShapeProp
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription, Node, count_params
 
-__all__ = ["describe"]
+__all__ = ["describe", "check_input_shape", "forward_error"]
 
 _TRACE_BATCH = 2  # a batch of 2 keeps the batch dimension distinguishable from squeezable 1s
 
@@ -134,28 +138,45 @@ def _shape(n: fx.Node) -> list[int] | None:
     return list(meta.shape)[1:] if hasattr(meta, "shape") else None
 
 
+@contextlib.contextmanager
+def _stderr_kept_on_success() -> Iterator[None]:
+    """Hold back what is written to stderr (torch's ``ShapeProp`` prints the traceback of a failing node
+    before re-raising it); written out once the block succeeds, dropped when it raises."""
+    held = io.StringIO()
+    with contextlib.redirect_stderr(held):
+        yield
+    sys.stderr.write(held.getvalue())
+
+
+def _shape_prop(gm: fx.GraphModule, example: torch.Tensor, fake_mode: Any = None) -> None:
+    """``ShapeProp(gm).propagate(example)`` without the traceback it prints when a node fails."""
+    with _stderr_kept_on_success():
+        ShapeProp(gm, fake_mode=fake_mode).propagate(example)
+
+
 def _propagate_shapes(gm: fx.GraphModule, input_shape: list[int]) -> fx.GraphModule:
     """Record every node's output shape without compute; returns the module whose nodes carry them.
 
     With meta tensors (no memory, no compute): on ``gm`` itself when its weights are on the meta
     device, else on a weightless twin of it (:func:`_meta_twin`, several times faster than fake
-    tensors, which copy every weight). An op without a meta kernel: fake tensors, else for real."""
+    tensors, which copy every weight). An op without a meta kernel: fake tensors, else for real (whose
+    error, if that fails too, is the one raised)."""
     meta_example = torch.empty(_TRACE_BATCH, *input_shape, device="meta")
     if any(t.is_meta for t in (*gm.parameters(), *gm.buffers())):
-        ShapeProp(gm).propagate(meta_example)
+        _shape_prop(gm, meta_example)
         return gm
     try:
         twin = _meta_twin(gm)
-        ShapeProp(twin).propagate(meta_example)
+        _shape_prop(twin, meta_example)
         return twin
     except Exception:  # an op without a meta kernel: fake tensors on the real module
         pass
     example = torch.randn(_TRACE_BATCH, *input_shape)
     try:
-        ShapeProp(gm, fake_mode=FakeTensorMode(allow_non_fake_inputs=True)).propagate(example)
+        _shape_prop(gm, example, FakeTensorMode(allow_non_fake_inputs=True))
     except Exception:  # an op without a fake implementation: run it for real
         with torch.no_grad():
-            ShapeProp(gm).propagate(example)
+            _shape_prop(gm, example)
     return gm
 
 
@@ -169,22 +190,61 @@ def _meta_twin(gm: fx.GraphModule) -> fx.GraphModule:
     return copy.deepcopy(gm, memo)
 
 
+def check_input_shape(input_shape: Any, where: str) -> list[int]:
+    """``input_shape`` as ``[C, H, W]`` (three positive ints, numpy integers too; no batch dimension);
+    ``UserError`` naming ``where`` otherwise."""
+    ok = not isinstance(input_shape, (str, bytes)) and np.iterable(input_shape) and len(input_shape) == 3 and all(
+        isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and v >= 1 for v in input_shape)
+    if not ok:
+        raise UserError(f"{where}: input shape must be [C, H, W], three positive integers for one image "
+                        f"(no batch dimension), e.g. [3, 224, 224]; got {input_shape!r}")
+    return [int(v) for v in input_shape]
+
+
+def _root_message(exc: BaseException) -> str:
+    """``Type: first line`` of the innermost cause of ``exc`` (ShapeProp wraps the op's own error)."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def _traced_with_shapes(module: nn.Module, input_shape: list[int], name: str) -> fx.GraphModule:
+    """``module`` traced by torch.fx, its nodes carrying their output shapes at ``input_shape``. Tracing
+    and forward failures come in many types: each becomes one ``UserError`` line."""
+    try:
+        gm = fx.symbolic_trace(module)
+    except Exception as exc:
+        raise UserError(f"{name}: cannot trace the module with torch.fx ({_root_message(exc)})") from None
+    try:
+        return _propagate_shapes(gm, input_shape)
+    except UserError:
+        raise
+    except Exception as exc:
+        raise forward_error(name, input_shape, exc) from None
+
+
+def forward_error(name: str, input_shape: list[int], exc: BaseException) -> UserError:
+    """The one-line ``UserError`` for ``name``'s forward failing at ``input_shape`` with ``exc``."""
+    return UserError(f"{name}: the model's forward fails at input shape {list(input_shape)} ([C, H, W]): "
+                     f"{_root_message(exc)}")
+
+
 def describe(module: nn.Module, input_shape: list[int], name: str, network: str | None = None,
              pruning_level: float = 0, **extra: Any) -> NetworkDescription:
     """Trace ``module`` (input ``[C, H, W]``, no batch) into a ``NetworkDescription``. Shapes come from
     meta tensors (no compute; a module with weights is copied without them, and left as it is); a
     module built on the meta device describes the same, a little faster.
 
-    Raises ``UserError`` naming the first op or module the schema cannot express.
+    Raises ``UserError`` for an input shape that is not three positive ints, a module torch.fx cannot
+    trace, a forward that fails at ``input_shape`` (naming the shape and torch's message), and naming the
+    first op or module the schema cannot express.
     """
+    input_shape = check_input_shape(input_shape, name)
     was_training = module.training
     module.eval()
     try:
-        gm = _propagate_shapes(fx.symbolic_trace(module), input_shape)
-    except UserError:
-        raise
-    except Exception as exc:  # tracing failures come in many types; report them in one line
-        raise UserError(f"{name}: cannot trace the module with torch.fx ({type(exc).__name__}: {exc})") from None
+        gm = _traced_with_shapes(module, input_shape, name)
     finally:
         module.train(was_training)
     nodes, output = _convert(gm, name)

@@ -44,6 +44,7 @@ from torch import nn
 
 from perf4sight.config import PRUNING_STRATEGIES
 from perf4sight.errors import UserError
+from perf4sight.ir.from_torch import forward_error
 from perf4sight.networks import prune_plan as pp
 
 __all__ = ["STRATEGIES", "TOLERANCE", "PrunedModel", "PruningPlan", "prune_model", "check_level", "count_parameters"]
@@ -161,7 +162,10 @@ class PruningPlan:
         self._cache: dict[tuple[int, ...], float] = {}
         example = torch.randn(1, *input_shape)
         traced = copy.deepcopy(base).eval()
-        order = _execution_order(traced, example)
+        try:
+            order = _execution_order(traced, example)
+        except Exception as exc:  # noqa: BLE001 - the model's own forward: any error is the user's model
+            raise forward_error(network, input_shape, exc) from None
         calls: list[str] = []
 
         def skip(group: Any) -> str:

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 from perf4sight.config import Config, DeviceConfig
 from perf4sight.errors import UserError
+from perf4sight.profiling.local import stop_runners
 from perf4sight.profiling.remote import DeviceSummary, RemoteProfiler, known_hosts_path
 from perf4sight.profiling.ssh import CONNECTION_ERRORS, HostKeyError, Remote, describe_error
 
@@ -155,11 +156,13 @@ def profile_devices(cfg: Config, names: Sequence[str] | None, descriptions: Sequ
             else:
                 bars.update(tasks[device], note=note)
 
+    cancel = threading.Event()  # Ctrl-C / SIGTERM reach the main thread only: it tells the devices' threads
+
     def one(dev: DeviceConfig) -> DeviceSummary:
         try:
             if not dev.host:
                 return _profile_local(cfg, dev, descs, progress)
-            return RemoteProfiler(cfg, dev, descs, progress=progress, **follow).run()
+            return RemoteProfiler(cfg, dev, descs, progress=progress, cancel=cancel, **follow).run()
         except UserError as exc:  # e.g. an unreadable description: this device fails, the others go on
             return DeviceSummary(dev.name, "failed", message=str(exc))
         except Exception as exc:  # noqa: BLE001 - a bug on one device must not take down the others
@@ -169,10 +172,15 @@ def profile_devices(cfg: Config, names: Sequence[str] | None, descriptions: Sequ
         for dev in devices:
             tasks[dev.name] = bars.add_task(dev.name, total=None, note="")
         bars.start()
+    pool = ThreadPoolExecutor(max_workers=max(1, len(devices)))
     try:
-        with ThreadPoolExecutor(max_workers=max(1, len(devices))) as pool:
-            return list(pool.map(one, devices))
+        return list(pool.map(one, devices))
+    except KeyboardInterrupt:  # stop local runners, stop following remote runs; measured rows stay on disk
+        cancel.set()
+        stop_runners()
+        raise
     finally:
+        pool.shutdown(wait=True)
         if bars is not None:
             bars.stop()
 

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections import deque
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -27,6 +28,8 @@ PLAN_NAME = "plan.json"
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
 ProgressSink = Callable[[dict[str, Any]], None]
+_RUNNERS: set[subprocess.Popen] = set()  # runner processes being followed, for stop_runners()
+_RUNNERS_LOCK = threading.Lock()
 
 
 @dataclass
@@ -93,26 +96,62 @@ def follow_runner(cmd: list[str], on_event: ProgressSink, env: dict[str, str] | 
     with subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, env=env, bufsize=1) as proc:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                event = json.loads(line) if line.startswith("{") else None
-            except json.JSONDecodeError:
-                event = None
-            if not isinstance(event, dict) or "event" not in event:
-                tail.append(line)
-                continue
-            if event["event"] == "error":
-                tail.append(str(event.get("message", "")))
-            if event["event"] == "done":
-                done = event
-            on_event(event)
+        with _RUNNERS_LOCK:
+            _RUNNERS.add(proc)
+        try:
+            for event in _events(proc.stdout, tail):
+                if event["event"] == "done":
+                    done = event
+                on_event(event)
+        except BaseException:  # interrupted: stop the runner (it stops its measuring child), rows stay on disk
+            _stop(proc)
+            raise
+        finally:
+            with _RUNNERS_LOCK:
+                _RUNNERS.discard(proc)
     if done is None:
         last = tail[-1] if tail else f"exit code {proc.returncode}"
         raise UserError(f"the profiling runner stopped early: {last}")
     return done
+
+
+def stop_runners() -> None:
+    """Stop every runner this process follows (from any thread): on Ctrl-C or SIGTERM of the CLI, whose
+    main thread is not the one reading them. Their followers then end as with a runner that stopped early."""
+    with _RUNNERS_LOCK:
+        running = list(_RUNNERS)
+    for proc in running:
+        _stop(proc)
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM ``proc`` and give it ``grace_s`` to finish cleanly, then SIGKILL it."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _events(lines: Any, tail: deque[str]) -> Any:
+    """The JSON events among the runner's output ``lines``; other lines (and error messages) go to ``tail``."""
+    for line in lines:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            event = json.loads(line) if line.startswith("{") else None
+        except json.JSONDecodeError:
+            event = None
+        if not isinstance(event, dict) or "event" not in event:
+            tail.append(line)
+            continue
+        if event["event"] == "error":
+            tail.append(str(event.get("message", "")))
+        yield event
 
 
 def _rich_sink(device: str) -> tuple[ProgressSink, Callable[[], None]]:

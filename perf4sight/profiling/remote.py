@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -97,8 +98,10 @@ class RemoteProfiler:
 
     def __init__(self, cfg: Config, dev: DeviceConfig, descriptions: Sequence[Path], *,
                  progress: Progress | None = None, poll_s: float = 1.0, status_every_s: float = 10.0,
-                 connect_timeout_s: float = 10.0, reconnect_timeout_s: float = 300.0, max_restarts: int = 2) -> None:
+                 connect_timeout_s: float = 10.0, reconnect_timeout_s: float = 300.0, max_restarts: int = 2,
+                 cancel: threading.Event | None = None) -> None:
         self.cfg, self.dev = cfg, dev
+        self.cancel = cancel or threading.Event()  # set: stop following (the detached run goes on on the device)
         self.descriptions = [Path(d) for d in descriptions]
         self.progress = progress or (lambda *a: None)
         self.poll_s, self.status_every_s = poll_s, status_every_s
@@ -236,7 +239,9 @@ class RemoteProfiler:
                         self.summary.restarts += 1
                         self._pull()
                         self._start()
-                time.sleep(self.poll_s)
+                if self.cancel.wait(self.poll_s):
+                    raise DeviceError(f"device '{self.dev.name}': interrupted; the run goes on on the device, "
+                                      "rerun the profile stage to follow it and pull its rows")
             except CONNECTION_ERRORS as exc:
                 if self.remote.alive and isinstance(exc, OSError) and not isinstance(exc, socket.timeout):
                     raise DeviceError(f"device '{self.dev.name}': {exc}") from None  # a file problem, not a drop

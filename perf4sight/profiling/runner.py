@@ -111,6 +111,34 @@ def _kill(pid: int) -> None:
         pass
 
 
+def _watch_child(proc: subprocess.Popen, plan: TestPlan, backend: Backend, t0: float,
+                 swap_before: tuple[float, float] | None) -> tuple[dict[str, str], int, Any]:
+    """Wait for the child, killing it on a timeout, over the memory limit or when the system thrashes;
+    returns (verdict, wait status, rusage): the verdict is empty when the child ended by itself."""
+    verdict: dict[str, str] = {}
+    next_swap_check = t0 + SWAP_POLL_S
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            return verdict, status, usage
+        now = time.monotonic()
+        if now - t0 > plan.timeout_s:
+            verdict = {"status": "error", "message": f"timed out after {plan.timeout_s:g} s"}
+        else:
+            reason = backend.watch(proc.pid)
+            if not reason and now >= next_swap_check:
+                next_swap_check = now + SWAP_POLL_S
+                reason = thrashing(swapped(swap_before, swap_mb()), plan.max_swap_in_mb)
+                reason = reason and f"killed: {reason}"
+            if reason:
+                verdict = {"status": "oom", "message": reason}
+        if verdict:
+            _kill(proc.pid)
+            pid, status, usage = os.wait4(proc.pid, 0)
+            return verdict, status, usage
+        time.sleep(plan.poll_interval_s)
+
+
 def run_child(plan: TestPlan, plan_path: Path, index: int, batch_size: int, backend: Backend) -> ChildOutcome:
     """Measure network ``index`` at ``batch_size`` in a fresh child; never raises for child failures.
 
@@ -132,30 +160,18 @@ def run_child(plan: TestPlan, plan_path: Path, index: int, batch_size: int, back
                "--batch-size", str(batch_size), "--result", str(result_file)]
         swap_before = swap_mb()
         t0 = time.monotonic()
-        next_swap_check = t0 + SWAP_POLL_S
         with open(err_file, "wb") as err:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env)
-        verdict: dict[str, str] = {}
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            now = time.monotonic()
-            if now - t0 > plan.timeout_s:
-                verdict = {"status": "error", "message": f"timed out after {plan.timeout_s:g} s"}
-            else:
-                reason = backend.watch(proc.pid)
-                if not reason and now >= next_swap_check:
-                    next_swap_check = now + SWAP_POLL_S
-                    reason = thrashing(swapped(swap_before, swap_mb()), plan.max_swap_in_mb)
-                    reason = reason and f"killed: {reason}"
-                if reason:
-                    verdict = {"status": "oom", "message": reason}
-            if verdict:
-                _kill(proc.pid)
-                pid, status, usage = os.wait4(proc.pid, 0)
-                break
-            time.sleep(plan.poll_interval_s)
+        try:
+            verdict, status, usage = _watch_child(proc, plan, backend, t0, swap_before)
+        except BaseException:  # interrupted (SIGINT/SIGTERM): the measuring child goes with us
+            _kill(proc.pid)
+            try:
+                os.wait4(proc.pid, 0)
+            except ChildProcessError:  # already reaped
+                pass
+            proc.returncode = -signal.SIGKILL
+            raise
         wall = time.monotonic() - t0
         peak_mb = round(usage.ru_maxrss / 1024, 2)  # ru_maxrss: KiB on Linux
         proc.returncode = os.waitstatus_to_exitcode(status)  # already reaped: keep Popen from waiting again
@@ -328,13 +344,22 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1 or argv[0].startswith("-"):
         print("usage: python -m perf4sight.profiling.runner PLAN.json", file=sys.stderr)
         return 2
+    signal.signal(signal.SIGTERM, _interrupt)  # a terminated runner stops its measuring child, as on Ctrl-C
     try:
         run_plan(argv[0])
     except UserError as exc:
         print_event({"event": "error", "message": str(exc)})
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print_event({"event": "error", "message": "interrupted: the measurement in flight was stopped, rows "
+                                                  "already written are kept"})
+        return 130
     return 0
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 if __name__ == "__main__":

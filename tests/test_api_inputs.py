@@ -1,0 +1,181 @@
+"""The Python API's inputs: batch sizes, descriptions given as files, torch modules at a wrong or another
+input shape, and ``max_batch_size`` on every predictor. Bad input is one ``UserError`` line, never a
+traceback on stderr."""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from perf4sight.config import FingerprintConfig
+from perf4sight.errors import UserError
+from perf4sight.features.aggregate import features_for
+from perf4sight.fingerprint import fit_fingerprint, load_fingerprint
+from perf4sight.fingerprint.gnn import fit_gnn, load_predictor
+from perf4sight.fingerprint.predict import batch_list
+from perf4sight.ir.from_torch import describe
+from perf4sight.ir.schema import NetworkDescription, save_description
+
+SHAPE = [3, 16, 16]  # the training networks' input shape
+BATCHES = (1, 4, 16)
+
+
+def _cnn(width: int, depth: int, in_channels: int = 3) -> nn.Module:
+    """A small real CNN: ``depth`` 3x3 convolutions of ``width`` channels, pooled, one linear layer."""
+    layers: list[nn.Module] = []
+    cin = in_channels
+    for _ in range(depth):
+        layers += [nn.Conv2d(cin, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU()]
+        cin = width
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, 10))
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory) -> tuple[Path, dict[str, NetworkDescription]]:
+    """Trees and a small GNN fitted on 6 real torch CNNs (two families) with step times and memory that
+    follow their costs, and an ``oom`` row per network that teaches the capacity."""
+    torch.manual_seed(0)
+    descs, rows = {}, []
+    for family, depth in (("shallow", 1), ("deep", 3)):
+        for width in (4, 8, 16):
+            name = f"{family}_w{width}"
+            descs[name] = describe(_cnn(width, depth), SHAPE, name=name, network=family)
+            for b in BATCHES:
+                f = features_for(descs[name], b)
+                rows.append({"device": "cpu0", "backend": "cpu", "network": name, "family": family, "batch_size": b,
+                             "status": "ok", "latency_ms_median": 2.0 + f["flops_total"] / 2e6,
+                             "peak_rss_mb": 20.0 + 40.0 * f["mem_analytic_mb"]})
+            rows.append({"device": "cpu0", "backend": "cpu", "network": name, "family": family, "batch_size": 4096,
+                         "status": "oom"})
+    out = tmp_path_factory.mktemp("api") / "cpu0"
+    trees = FingerprintConfig(n_estimators=10)
+    fit_fingerprint(rows, descs, "cpu0", out, trees)
+    fit_gnn(rows, descs, "cpu0", out, seed=0, hidden=8, layers=2, max_epochs=15, patience=15, trees_config=trees)
+    return out, descs
+
+
+def _one_line(exc: pytest.ExceptionInfo) -> str:
+    """The error's message, checked to be one line."""
+    msg = str(exc.value)
+    assert "\n" not in msg, msg
+    return msg
+
+
+def _same(a: list[dict], b: list[dict]) -> bool:
+    """Equal prediction rows (figures to 1e-6: the GNN batches its graphs in float32)."""
+    return len(a) == len(b) and all(x.keys() == y.keys() and all(
+        x[k] == (pytest.approx(y[k], rel=1e-6) if isinstance(y[k], float) else y[k]) for k in x)
+        for x, y in zip(a, b))
+
+
+# ---------------------------------------------------------------- batch sizes
+
+def test_batch_list_accepts_ints_numpy_integers_and_whole_floats():
+    assert batch_list(8) == [8] and batch_list(np.int64(4)) == [4] and batch_list(8.0) == [8]
+    assert batch_list([2, np.int32(3), 4.0]) == [2, 3, 4] and batch_list(np.array([1, 16])) == [1, 16]
+    assert batch_list(range(1, 4)) == [1, 2, 3] and batch_list((32,)) == [32]
+    assert all(type(b) is int for b in batch_list(np.array([1, 2])))
+
+
+@pytest.mark.parametrize("bad, expected", [
+    ("16", "'16' is a string"),
+    (["8", 16], "'8' is a string"),
+    (True, "True is a bool"),
+    ([4, False], "False is a bool"),
+    ([2.7], "2.7 is not a whole number"),
+    (float("nan"), "nan is not a whole number"),
+    ([0, 4], r"batch sizes must be positive integers, got \[0, 4\]"),  # the CLI's --batch-size 0 message
+    (-2, r"must be positive integers, got \[-2\]"),
+    ([], "no batch sizes given"),
+    (None, r"None \(NoneType\) is not an integer"),
+    ([[1, 2]], r"\[1, 2\] \(list\) is not an integer"),
+])
+def test_batch_list_rejects_with_one_line(bad, expected):
+    with pytest.raises(UserError, match=expected) as exc:
+        batch_list(bad)
+    assert _one_line(exc).startswith("predict: ")
+
+
+# ---------------------------------------------------------------- descriptions
+
+def test_predict_reads_description_files_on_every_predictor(fitted, tmp_path):
+    out, descs = fitted
+    path = save_description(descs["deep_w8"], tmp_path / "deep_w8.json")
+    for kind in ("trees", "gnn", "ensemble"):
+        predictor = load_predictor(out, kind)
+        direct = predictor.predict([descs["deep_w8"], descs["shallow_w4"]], [2, 8])
+        assert _same(predictor.predict(str(path), [2, 8]), direct[:2]), kind
+        assert _same(predictor.predict([path, descs["shallow_w4"]], [2, 8]), direct), kind
+
+
+def test_predict_rejects_what_is_not_a_description(fitted, tmp_path):
+    out, descs = fitted
+    fp = load_fingerprint(out)
+    for bad, expected in ((42, "got int$"), ([descs["deep_w8"], 3.5], r"got float \(item 1\)"),
+                          ({"deep_w8": descs["deep_w8"]}, "got dict$"), ([], "no networks given"),
+                          (_cnn(4, 1), r"got a torch module \(Sequential\); use predict_module"),
+                          (tmp_path / "missing.json", "missing.json: network description file not found")):
+        with pytest.raises(UserError, match=expected) as exc:
+            fp.predict(bad, [8])
+        _one_line(exc)
+    with pytest.raises(UserError, match="expected a NetworkDescription, a description file path"):
+        load_predictor(out, "gnn").predict(object(), 8)
+
+
+# ---------------------------------------------------------------- torch modules
+
+def test_wrong_length_input_shape_is_one_line_without_stderr(fitted, capfd):
+    fp = load_fingerprint(fitted[0])
+    for shape in ([64, 64], [3, 0, 32], "3x32x32", [3, 32.0, 32]):
+        with pytest.raises(UserError, match=r"net: input shape must be \[C, H, W\], three positive integers") as exc:
+            fp.predict_module(_cnn(4, 1), shape, [4], name="net")
+        _one_line(exc)
+    assert capfd.readouterr().err == ""
+
+
+def test_forward_failing_at_the_shape_names_model_shape_and_torch_message(capfd):
+    gray = _cnn(16, 1, in_channels=1)  # one input channel, described at three
+    with pytest.raises(UserError, match=r"^gray: the model's forward fails at input shape \[3, 32, 32\] "
+                                        r"\(\[C, H, W\]\): RuntimeError: Given groups=1, weight of size "
+                                        r"\[16, 1, 3, 3\].* to have 1 channels") as exc:
+        describe(gray, [3, 32, 32], name="gray")
+    _one_line(exc)
+    assert capfd.readouterr().err == ""  # torch's ShapeProp printed a traceback per attempt before
+    assert describe(gray, [1, 32, 32], name="gray").input_shape == [1, 32, 32]  # its own shape describes
+
+
+def test_predict_module_warns_at_another_input_shape_only(fitted):
+    out, descs = fitted
+    fp = load_fingerprint(out)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning at the training shape
+        same = fp.predict_module(_cnn(8, 3), (3, 16, 16), 4, name="mine")
+    assert [p["network"] for p in same] == ["mine"]
+    assert same[0]["memory_mb"] == pytest.approx(fp.predict(descs["deep_w8"], 4)[0]["memory_mb"])
+    for kind in ("trees", "gnn", "ensemble"):
+        with pytest.warns(UserWarning, match=r"mine: described at input shape 3x32x32, but this fingerprint's "
+                                             r"training networks were 3x16x16: expect larger errors"):
+            load_predictor(out, kind).predict_module(_cnn(8, 3), [3, 32, 32], [4], name="mine")
+
+
+# ---------------------------------------------------------------- largest batch that fits
+
+def test_max_batch_size_on_every_predictor(fitted, tmp_path):
+    out, descs = fitted
+    path = save_description(descs["shallow_w4"], tmp_path / "shallow_w4.json")
+    for kind in ("trees", "gnn", "ensemble"):
+        predictor = load_predictor(out, kind)
+        assert predictor.capacity_mb is not None, kind
+        m = predictor.max_batch_size(path, limit=8192)
+        assert 16 <= m < 4096, (kind, m)  # every measured batch size fits; the oom at 4096 bounds it
+        assert predictor.predict(descs["shallow_w4"], [m])[0]["fits"], kind
+        assert not predictor.predict(descs["shallow_w4"], [m + 1])[0]["fits"], kind
+        assert predictor.max_batch_size(descs["shallow_w4"], limit=8) == 8, kind
+        with pytest.raises(UserError, match="must be positive"):
+            predictor.max_batch_size(descs["shallow_w4"], limit=0)
+        with pytest.raises(UserError, match="give one network, got 2"):
+            predictor.max_batch_size([path, path])

@@ -1,0 +1,216 @@
+"""PerfSeer export -> import round trips on real networks: zoo descriptions and the TX2 measurements.
+
+A round trip must keep the description (nodes, names, order, attributes, shapes, metadata) and every
+column of an exported row except ``device`` (the ``--device`` given) and ``timestamp`` (the import
+time); a file read as a foreign one (no perf4sight metadata) must still rebuild the same network.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+from perf4sight.errors import UserError
+from perf4sight.exporters import export_perfseer
+from perf4sight.exporters.perfseer import description_to_graph
+from perf4sight.features.aggregate import network_features
+from perf4sight.features.alloc_trace import simulate
+from perf4sight.fingerprint.fit import memory_column
+from perf4sight.importers import import_perf4sight
+from perf4sight.importers.perfseer import ONNX_TO_OP, OP_TO_ONNX, graph_to_description, import_perfseer
+from perf4sight.ir.from_torch import describe
+from perf4sight.ir.schema import OPS, load_description
+from perf4sight.ir.to_torch import build_module
+from perf4sight.networks.zoo import describe_zoo
+from perf4sight.profiling.results import append_row, read_rows, results_path
+
+TX2 = Path("/work/shared/data/tx2-perf4sight")
+SHAPE = [3, 64, 64]
+
+
+def _output_shape(desc, batch: int = 2) -> list[int]:
+    """The output shape of ``desc`` rebuilt as a torch module, run on a real (CPU) batch."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        return list(build_module(desc).eval()(torch.randn(batch, *desc.input_shape)).shape)
+
+
+def _rows(desc, batches=(2, 8)) -> list[dict]:
+    return [{"device": "d", "backend": "nvml", "network": desc.name, "batch_size": b, "status": "ok", "phase": "train",
+             "latency_ms_median": 10.0 * b, "device_mem_used_mb": 100.0 + b} for b in batches]
+
+
+def test_every_schema_op_has_one_onnx_type():
+    assert set(OP_TO_ONNX) == set(OPS) - {"input"}
+    assert len(ONNX_TO_OP) == len(OP_TO_ONNX)  # one-to-one: an import maps each type back to its op
+    assert OP_TO_ONNX["silu"] == "Swish" and OP_TO_ONNX["narrow"] == "Slice" and OP_TO_ONNX["select"] == "Gather"
+
+
+class _Views(torch.nn.Module):
+    """The ops no zoo network here uses: gelu, avgpool2d, tanh, transpose, narrow, unsqueeze, squeeze,
+    adaptivemaxpool2d, select, mean and silu."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.pool = torch.nn.AvgPool2d(2)
+        self.amax = torch.nn.AdaptiveMaxPool2d(2)
+        self.fc = torch.nn.Linear(8, 10)
+
+    def forward(self, x):
+        y = torch.tanh(self.pool(torch.nn.functional.gelu(self.conv(x)))).transpose(2, 3)[:, :, 1:3]
+        y = self.amax(torch.squeeze(torch.unsqueeze(y, 1), 1))[:, :, :, 0]
+        return self.fc(torch.nn.functional.silu(y.mean(2)))
+
+
+def _network(name: str):
+    """A real network's description: ``views`` (:class:`_Views`) or a torchvision zoo network at 64x64."""
+    if name == "views":
+        return describe(_Views(), input_shape=[3, 8, 8], name="views", network="views")
+    return describe_zoo(name, SHAPE, num_classes=10)
+
+
+#: Together these use every op of the schema.
+ROUND_TRIP = ["views", "shufflenet_v2_x1_0", "efficientnet_b0", "mobilenet_v2", "mobilenet_v3_small", "googlenet",
+              "squeezenet1_1", "resnet18"]
+
+
+def test_the_round_trip_networks_cover_the_schema():
+    assert {n.op for name in ROUND_TRIP for n in _network(name).nodes} == set(OPS)
+
+
+@pytest.mark.parametrize("name", ROUND_TRIP)
+def test_round_trip_keeps_the_description(tmp_path, name):
+    desc = _network(name)
+    summary = export_perfseer(_rows(desc), {desc.name: desc}, tmp_path / "ds")
+    assert summary["graphs_written"] == 2
+    imp = import_perfseer(tmp_path / "ds", "d2", tmp_path / "prof", tmp_path / "models")
+    assert imp.networks == [desc.name] and imp.rows_written == 2
+    back = load_description(tmp_path / "models" / "imported" / "d2" / f"{desc.name}.json")
+    assert back.to_dict() == desc.to_dict()
+    want = _output_shape(desc)
+    assert want == [2, 10] and _output_shape(back) == want
+
+
+@pytest.mark.parametrize("name", ["views", "shufflenet_v2_x1_0", "efficientnet_b0", "mobilenet_v2"])
+def test_foreign_reading_rebuilds_the_same_network(name):
+    """Without our metadata (as another tool's file is read): ONNX types and shapes alone rebuild it."""
+    desc = _network(name)
+    graph = pickle.loads(pickle.dumps(description_to_graph(desc, 4)))
+    graph.graph["source"] = "another tool"
+    back, batch = graph_to_description(graph, name, f"{name}.pkl")
+    assert batch == 4 and [n.name for n in back.nodes] == [n.name for n in desc.nodes]
+    assert [(n.op, n.output_shape) for n in back.nodes] == [(n.op, n.output_shape) for n in desc.nodes]
+    views = [n for n in desc.nodes if n.op in ("reshape", "flatten", "squeeze", "unsqueeze", "transpose", "select", "narrow")]
+    assert views and all(back.node(n.name).attrs == n.attrs for n in views)
+    assert network_features(back).per_sample == network_features(desc).per_sample
+    assert _output_shape(back) == _output_shape(desc) == [2, 10]
+
+
+class _Squeezer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.pool = torch.nn.AdaptiveAvgPool2d(1)
+
+    def forward(self, x):
+        return self.pool(self.conv(x)).squeeze(3).squeeze(2)
+
+
+def test_an_op_without_onnx_type_stops_before_any_file(tmp_path, monkeypatch):
+    """The check covers every network first: the second network's op stops the export, nothing written."""
+    fine = describe_zoo("squeezenet1_1", SHAPE, num_classes=10)
+    squeezer = describe(_Squeezer(), input_shape=[3, 8, 8], name="squeezer", network="squeezer")
+    assert "squeeze" in {n.op for n in squeezer.nodes}
+    monkeypatch.delitem(OP_TO_ONNX, "squeeze")  # as if the schema had gained an op the table lacks
+    rows = _rows(fine) + [{**r, "device": "jetson7"} for r in _rows(squeezer)]
+    with pytest.raises(UserError, match=r"device 'jetson7' network 'squeezer' node '\w+' has op 'squeeze'.*nothing written"):
+        export_perfseer(rows, {fine.name: fine, squeezer.name: squeezer}, tmp_path / "ds")
+    assert not (tmp_path / "ds").exists()
+
+
+def test_cpu_rows_come_back_whole(tmp_path):
+    """Every column of a cpu-backend row survives (peak_rss_mb stays peak_rss_mb; mean, spread, steps,
+    protocol kept); a figure not measured stays an empty cell, never the text 'nan'."""
+    desc = describe_zoo("resnet18", SHAPE, num_classes=10)
+    src = results_path(tmp_path / "prof", "cpu1")
+    for b in (1, 4):
+        append_row(src, {"device": "cpu1", "backend": "cpu", "network": desc.name, "family": "resnet18",
+                         "pruning_level": 0, "batch_size": b, "input_shape": "3x64x64", "phase": "train",
+                         "status": "ok", "latency_ms_median": 31.25 * b, "latency_ms_mean": 33.5 * b,
+                         "latency_ms_p10": 30.0 * b, "latency_ms_p90": 36.0 * b, "latency_ms_std": 1.5,
+                         "timed_steps": 5, "warmup_steps": 2, "protocol": "perf_counter", "repeats": 1,
+                         "peak_rss_mb": 712.4 + b, "baseline_rss_mb": 650.0, "threads": 1,
+                         "torch_version": "2.4.0", "device_model": "Some CPU", "hostname": "h1",
+                         "timestamp": "2025-01-01T00:00:00+00:00", "description_sha": "0123456789abcdef"})
+    append_row(src, {"device": "cpu1", "backend": "cpu", "network": desc.name, "batch_size": 64, "phase": "train",
+                     "input_shape": "3x64x64", "status": "oom", "message": "peak RSS over the limit",
+                     "timestamp": "2025-01-01T00:00:00+00:00"})
+    rows = read_rows(src)
+    assert memory_column(rows) == "peak_rss_mb"
+    assert export_perfseer(rows, {desc.name: desc}, tmp_path / "ds", memory_column(rows))["graphs_written"] == 2
+    import_perfseer(tmp_path / "ds", "cpu2", tmp_path / "prof", tmp_path / "models")
+    back = read_rows(results_path(tmp_path / "prof", "cpu2"))
+    assert len(back) == 2 and memory_column(back) == "peak_rss_mb"
+    written = (tmp_path / "models" / "imported" / "cpu2" / f"{desc.name}.json").read_bytes()
+    for orig, new in zip(rows[:2], sorted(back, key=lambda r: int(r["batch_size"]))):
+        assert new["device"] == "cpu2" and new["device_mem_used_mb"] == "" and new["gpu_util_pct"] == ""
+        assert new["description_sha"] == hashlib.sha256(written).hexdigest()[:16]
+        same = {k for k in orig if k not in ("device", "timestamp", "description_sha")}
+        assert {k: new[k] for k in same} == {k: orig[k] for k in same}
+
+
+def test_foreign_nan_figures_are_empty_cells(tmp_path):
+    desc = describe_zoo("squeezenet1_1", SHAPE, num_classes=10)
+    graph = description_to_graph(desc, 4)
+    graph.graph["source"] = "another tool"
+    (tmp_path / "s_bs4.pkl").write_bytes(pickle.dumps(graph))
+    (tmp_path / "s_bs4.txt").write_text("{'train': '12.5|nan|nan|nan|nan|nan|300.0', 'infer': 'nan|nan|nan|nan|nan|nan|nan'}")
+    import_perfseer(tmp_path, "g", tmp_path / "prof", tmp_path / "models")
+    (row,) = read_rows(results_path(tmp_path / "prof", "g"))
+    assert row["gpu_util_pct"] == "" and float(row["latency_ms_mean"]) == 12.5
+    assert float(row["device_mem_used_mb"]) == 300.0 and "nan" not in row.values()
+
+
+@pytest.fixture(scope="module")
+def tx2_round_trip(tmp_path_factory):
+    """The TX2 data imported (device tx2), exported and imported again (device tx2b)."""
+    if not (TX2 / "profiling_csvs").is_dir():
+        pytest.skip(f"the TX2 measurements are not at {TX2} (shared data absent on this machine)")
+    root = tmp_path_factory.mktemp("tx2")
+    prof, models = root / "prof", root / "models"
+    import_perf4sight(TX2, "tx2", prof, models)
+    rows = read_rows(results_path(prof, "tx2"))
+    descs = {d.name: d for d in map(load_description, sorted((models / "imported" / "tx2").glob("*.json")))}
+    done = export_perfseer(rows, descs, root / "ds", memory_column(rows))
+    import_perfseer(root / "ds", "tx2b", prof, models)
+    return rows, done, models, read_rows(results_path(prof, "tx2b"))
+
+
+def test_tx2_descriptions_come_back_byte_identical(tx2_round_trip):
+    _, _, models, _ = tx2_round_trip
+    before = sorted((models / "imported" / "tx2").glob("*.json"))
+    assert len(before) == 58
+    for p in before:
+        assert (models / "imported" / "tx2b" / p.name).read_bytes() == p.read_bytes(), p.name
+    for name in ("mobilenetv2_0", "squeezenet_0"):
+        assert _output_shape(load_description(models / "imported" / "tx2b" / f"{name}.json")) == [2, 1000]
+    resnet = [load_description(models / "imported" / d / "resnet50_0.json") for d in ("tx2", "tx2b")]
+    a, b = (simulate(d).peaks_mb([8]) for d in resnet)
+    assert (a == b).all()  # the allocator model follows node order: a reordered graph moved it by 7 MiB
+
+
+def test_tx2_rows_come_back_identical(tx2_round_trip):
+    rows, done, _, back = tx2_round_trip
+    ok = {(r["network"], r["batch_size"]): r for r in rows if r["status"] == "ok"}
+    assert done["graphs_written"] == len(ok) == len(back) == 871
+    for r in back:
+        orig = ok[(r["network"], r["batch_size"])]
+        assert {k: v for k, v in r.items() if k not in ("device", "timestamp")} == \
+               {k: v for k, v in orig.items() if k not in ("device", "timestamp")}
+        assert not any(v == "nan" or (v and v.lower() == "nan") for v in r.values())
+    assert not math.isnan(float(back[0]["latency_ms_median"]))
