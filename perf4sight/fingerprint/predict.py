@@ -246,10 +246,12 @@ def accuracy_lines(metadata: dict[str, Any]) -> list[str]:
         lines.append(head)
         lines.append(f"  {'held out':<24}{'n':>6}{'MAPE%':>8}{'RMSPE%':>8}{'±10%':>8}")
         rows = list(acc["per_group"].items()) + [("all", acc["overall"])]
-        if acc.get("random_split"):
+        if acc.get("random_split") and acc["random_split"].get("n"):
             rows.append(("random 5-fold split", acc["random_split"]))
         for g, m in rows:
             lines.append(f"  {g:<24}{m['n']:>6}{m['mape']:>8.1f}{m['rmspe']:>8.1f}{m['within10']:>8.1f}")
+        if acc.get("random_split") and not acc["random_split"].get("n"):
+            lines.append(f"  {'random 5-fold split':<24}  not run: fewer than 10 rows")
         sel = acc.get("selection")
         if sel:
             scores, chosen = sel.get("cv_mean_group_mape", {}), sel["chosen"]
