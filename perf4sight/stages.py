@@ -295,10 +295,6 @@ def run_import(cfg: Config, args: argparse.Namespace) -> int:
         raise UserError(f"import: '{device}' is a device of {cfg.path} ([devices.{device}], backend "
                         f"{cfg.devices[device].backend}): its CSV holds this tool's own measurements; import under another name")
     csv_path = results_path(cfg.profiling_dir, device)
-    own = sorted({r.get("backend", "") for r in read_rows(csv_path)} - {"imported"})
-    if own:
-        raise UserError(f"import: {csv_path} already holds {', '.join(own)} measurements of device '{device}'; "
-                        "import under another name")
     summary = IMPORTERS[args.format](args.source, device, cfg.profiling_dir, cfg.models_dir)
     counts = {k: v for k, v in summary.as_dict().items() if isinstance(v, int)}
     console.print(f"{device}: {len(summary.networks)} networks read from {args.source}, {summary.rows_written} new rows "
