@@ -472,3 +472,18 @@ def test_sigterm_to_the_cli_alone_stops_runner_and_child_and_a_rerun_resumes(tmp
     assert again.returncode == 0, again.stderr[-2000:]
     rows = results.read_rows(csv_path)
     assert [r["batch_size"] for r in rows] == ["1", "2", "4", "8", "16"] and rows[:len(kept)] == kept
+
+
+def test_fleet_summary_counts_earlier_rows_and_says_error_rows_are_not_retried(tmp_path):
+    """The profile stage's line for a local device counts every row of the plan by status (as for a remote
+    one), so a rerun that measures nothing still shows the error rows, and says how to retry them."""
+    from perf4sight.profiling.fleet import format_summaries, profile_devices
+
+    broken = write_broken(tmp_path)
+    cfg = load_config(write_config(tmp_path))
+    (first,) = profile_devices(cfg, ["local"], [broken], show_progress=False)
+    (again,) = profile_devices(cfg, ["local"], [broken], show_progress=False)
+    assert (first.new_rows, again.new_rows) == (2, 0)
+    assert first.counts["error"] == again.counts["error"] == 2
+    line = format_summaries([again])
+    assert "2/2 rows (0 new)" in line and "error 2" in line and "delete them from the CSV to retry" in line

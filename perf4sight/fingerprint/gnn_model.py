@@ -9,10 +9,15 @@ step costs one GNN pass per network, not per sample.
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
-from torch_geometric.nn import SAGEConv, global_max_pool, global_mean_pool
-from torch_geometric.utils import scatter
+
+with warnings.catch_warnings():  # torch_geometric calls torch.jit.script at import: a FutureWarning
+    warnings.filterwarnings("ignore", message=".*torch.jit.script.* is deprecated", category=FutureWarning)
+    from torch_geometric.nn import SAGEConv, global_max_pool, global_mean_pool
+    from torch_geometric.utils import scatter
 
 from perf4sight.config import GNN_ARCHS as ARCHS  # one list of architectures, in the config
 

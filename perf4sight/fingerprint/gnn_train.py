@@ -16,7 +16,10 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
-from torch_geometric.data import Batch, Data
+
+with warnings.catch_warnings():  # torch_geometric calls torch.jit.script at import: a FutureWarning
+    warnings.filterwarnings("ignore", message=".*torch.jit.script.* is deprecated", category=FutureWarning)
+    from torch_geometric.data import Batch, Data
 
 from perf4sight.fingerprint.gnn_graph import GraphTemplate, global_features
 from perf4sight.fingerprint.gnn_model import GNNModel

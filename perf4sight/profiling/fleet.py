@@ -20,7 +20,8 @@ from typing import Any, Sequence
 from perf4sight.config import Config, DeviceConfig
 from perf4sight.errors import UserError
 from perf4sight.profiling.local import stop_runners
-from perf4sight.profiling.remote import DeviceSummary, RemoteProfiler, known_hosts_path
+from perf4sight.profiling import results
+from perf4sight.profiling.remote import DeviceSummary, RemoteProfiler, expected_keys, known_hosts_path
 from perf4sight.profiling.ssh import CONNECTION_ERRORS, HostKeyError, Remote, describe_error
 
 __all__ = ["DeviceCheck", "check_devices", "profile_devices", "format_checks", "format_summaries"]
@@ -122,8 +123,9 @@ def _profile_local(cfg: Config, dev: DeviceConfig, descriptions: Sequence[Path],
     except UserError as exc:
         return DeviceSummary(dev.name, "failed", message=str(exc), elapsed_s=round(time.monotonic() - t0, 2))
     summary = DeviceSummary(dev.name, "done", new_rows=local.new_rows, elapsed_s=round(time.monotonic() - t0, 2))
-    summary.counts = {"ok": local.ok, "oom": local.oom, "skipped_after_oom": local.skipped_after_oom,
-                      "error": local.error}
+    plan_keys = expected_keys(dev.name, descriptions, cfg.profile.batch_sizes, without_sha=True)
+    plan_rows = [r for r in results.read_rows(local.csv_path) if results.row_key(r) in plan_keys]
+    summary.counts = {st: sum(r["status"] == st for r in plan_rows) for st in results.STATUSES}  # as a remote's
     summary.rows = local.new_rows + local.already_measured
     summary.expected = summary.rows
     summary.message = "; ".join(local.warnings[:3] + local.errors[:3])
@@ -209,7 +211,9 @@ def format_summaries(summaries: Sequence[DeviceSummary]) -> str:
         counts = ", ".join(f"{k} {v}" for k, v in s.counts.items() if v)
         extra = "".join([f", {s.reconnects} reconnects" if s.reconnects else "",
                          f", {s.restarts} restarts" if s.restarts else ""])
+        retry = (" (error rows are kept, not measured again: delete them from the CSV to retry)"
+                 if s.counts.get("error") else "")
         lines.append(f"{s.device}: {s.status} — {s.rows}/{s.expected} rows ({s.new_rows} new{extra})"
-                     + (f" [{counts}]" if counts else "") + (f" — {s.message}" if s.message else ""))
+                     + (f" [{counts}]{retry}" if counts else "") + (f" — {s.message}" if s.message else ""))
     return "\n".join(lines)
 
