@@ -153,6 +153,10 @@ def resolve_networks(cfg: Config, names: list[str], input_shape: list[int]) -> l
 def run_networks(cfg: Config, args: argparse.Namespace) -> int:
     from perf4sight.networks.build import make_networks
 
+    if cfg.networks.pruning.strategy == "random" and cfg.networks.pruning.levels != [0]:
+        notes.print("note: [networks.pruning] strategy 'random' gives the same descriptions as 'l1-norm' (a level "
+                    "removes the same share of every group's channels whatever the ranking, and a description holds "
+                    "only shapes); 'random-weighted' varies the share per layer", markup=False)
     started = time.perf_counter()
     rows = make_networks(cfg, progress=lambda message: console.print(f"  {message}", style="dim", markup=False))
     console.print(f"networks: {len(rows)} description{'' if len(rows) == 1 else 's'} under {cfg.models_dir} "
@@ -278,9 +282,15 @@ def run_predict(cfg: Config, args: argparse.Namespace) -> int:
 def run_compare(cfg: Config, args: argparse.Namespace) -> int:
     from perf4sight.report.compare import compare_devices
 
+    gnn_only = sorted(p.parent.name for p in cfg.fingerprint_dir.glob("*/gnn.json")
+                      if not (p.parent / "metadata.json").is_file())
+    if gnn_only:  # compare shows the trees fingerprints (and their held-out figures)
+        notes.print(f"note: {', '.join(gnn_only)} only have a GNN; compare shows trees fingerprints: "
+                    "run --stage fingerprint --predictor trees (or ensemble) for them", markup=False)
     devices = fingerprinted_devices(cfg, args.device or cfg.compare.devices or None)
     if not devices:
-        raise UserError(f"no fingerprint under {cfg.fingerprint_dir}: run --stage fingerprint first")
+        raise UserError(f"no trees fingerprint under {cfg.fingerprint_dir}: run --stage fingerprint first"
+                        + (" (--predictor trees or ensemble: a GNN alone is not compared)" if gnn_only else ""))
     compare_devices(cfg, devices, console)
     return 0
 

@@ -113,6 +113,13 @@ def test_fit_writes_json_and_weights(fitted):
         assert lo <= 0 <= hi
     assert meta["capacity_mb"] is not None
     assert any("ensemble" in line for line in gnn_accuracy_lines(meta))
+    # the trees column is the trees fingerprint's own accuracy (its held_out.csv), not a second refit
+    trees = json.loads((out / "metadata.json").read_text())["accuracy"]
+    for target in ("latency", "memory"):
+        assert meta["accuracy"]["trees_source"][target] == "the trees fingerprint's held_out.csv"
+        assert meta["accuracy"][target]["trees"]["overall"]["mape"] == pytest.approx(trees[target]["overall"]["mape"])
+        for g, m in trees[target]["per_group"].items():
+            assert meta["accuracy"][target]["trees"]["per_group"][g]["mape"] == pytest.approx(m["mape"])
 
 
 def test_load_predict(fitted, tiny):
@@ -216,5 +223,6 @@ def test_fit_device_gnn_reads_config(tiny, tmp_path):
     meta = fit_device_gnn(cfg, "cpu0", descs)
     assert meta["settings"]["arch"] == "sage" and meta["settings"]["seed"] == 1
     assert meta["capacity_mb"] == 2048 and (tmp_path / "fp" / "cpu0" / GNN_JSON).is_file()
+    assert meta["accuracy"]["trees_source"] == {"latency": "refitted", "memory": "refitted"}  # no trees beside it
     with pytest.raises(UserError, match="no measurements"):
         fit_device_gnn(cfg, "nope", descs)

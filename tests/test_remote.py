@@ -401,3 +401,18 @@ def test_interrupted_host_stops_following_and_a_rerun_attaches_to_the_run_that_w
     (later,) = profile_devices(cfg, ["dev-i"], [desc], show_progress=False, **FAST)
     assert later.status == "done" and (later.rows, later.expected) == (2, 2), format_summaries([later])
     assert _keys_once(_rows(cfg, "dev-i")) and len(_rows(cfg, "dev-i")) == 2
+
+
+def test_work_folder_that_cannot_be_created_fails_check_and_profile_with_its_name(servers, tmp_path):
+    """A workdir under a file: `check` says the work folder cannot be created (it used to say ok), and
+    `profile` names the folder instead of reporting a lost connection."""
+    a, _ = servers
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    cfg = _config(tmp_path, {"box": {**_device(a, tmp_path), "workdir": str(blocker / "work")}})
+    (check,) = check_devices(cfg, ["box"])
+    assert check.reachable and not check.ok and f"work folder {blocker / 'work'} cannot be created" in check.message
+    (desc,) = _descriptions(tmp_path, ["alpha"])
+    (summary,) = profile_devices(cfg, ["box"], [desc], show_progress=False, **FAST)
+    assert summary.status == "failed" and "cannot create the work folder" in summary.message
+    assert "connection lost" not in summary.message and str(blocker) in summary.message

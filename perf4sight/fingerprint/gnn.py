@@ -35,12 +35,13 @@ import torch
 from perf4sight.config import GNN_ARCHS, PREDICTORS
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import feature_matrix
-from perf4sight.fingerprint.evaluate import choose_groups, grouped_cv, metrics
+from perf4sight.fingerprint.evaluate import CVResult, choose_groups, grouped_cv, metrics
 from perf4sight.fingerprint.fit import LATENCY_COLUMN, device_kind, memory_capacity, memory_column, records
 from perf4sight.fingerprint.gnn_graph import (EDGE_FEATURES, GLOBAL_FEATURES, NODE_FEATURES, OP_VOCAB,
                                               GraphTemplate, global_features, graph_template)
 from perf4sight.fingerprint.gnn_model import GNNModel
 from perf4sight.fingerprint.predict import ModuleQueries, as_descriptions, batch_list, prediction_rows
+from perf4sight.fingerprint.storage import HeldOut, load_held_out
 from perf4sight.fingerprint.select import PREFERRED, group_conformal, held_out_coverage, select_candidate
 from perf4sight.fingerprint.gnn_train import Normaliser, TrainSettings, make_data, predict_log, train_model
 from perf4sight.ir.schema import NetworkDescription
@@ -154,8 +155,23 @@ def _trees_features(s: _Samples, trees_cfg: Any) -> np.ndarray:
     return feature_matrix([feats[n] for n in s.nets], s.bs)
 
 
-def _evaluate(s: _Samples, st: TrainSettings, trees_cfg: Any, coverage: float, base_kind: str) -> dict[str, Any]:
-    """Out-of-fold accuracy of the GNN, the trees and their geometric mean on the same folds."""
+def _stored_trees_cv(s: _Samples, sel: np.ndarray, col: str, y: np.ndarray, groups: np.ndarray,
+                     table: dict[tuple[str, int, float], float]) -> CVResult | None:
+    """The trees fingerprint's own out-of-fold predictions (its ``held_out.csv``) for samples ``sel``,
+    or None unless it holds every one of them (same network, batch size and measured value)."""
+    keys = [(str(s.ok[i]["network"]), int(float(s.ok[i]["batch_size"])), float(s.ok[i][col])) for i in sel]
+    if not table or any(k not in table for k in keys):
+        return None
+    pred = np.array([table[k] for k in keys])
+    return CVResult(pred, {str(g): metrics(y[groups == g], pred[groups == g]) for g in dict.fromkeys(groups.tolist())},
+                    metrics(y, pred), s.grouping)
+
+
+def _evaluate(s: _Samples, st: TrainSettings, trees_cfg: Any, coverage: float, base_kind: str,
+              trees_held_out: HeldOut | None = None) -> dict[str, Any]:
+    """Out-of-fold accuracy of the GNN, the trees and their geometric mean on the same folds. The trees'
+    figures are the trees fingerprint's own (``trees_held_out``) where it covers the samples, else the
+    trees refitted here as the fingerprint stage fits them."""
     cache: dict[str, np.ndarray] = {}  # held-out group -> GNN predictions for all samples in it
 
     def gnn_fold(test_idx: np.ndarray) -> np.ndarray:
@@ -174,10 +190,13 @@ def _evaluate(s: _Samples, st: TrainSettings, trees_cfg: Any, coverage: float, b
         sel = np.nonzero(np.isfinite(s.Y[:, j]))[0]
         y, groups = np.exp(s.Y[sel, j]), s.groups[sel]
         cv_g = grouped_cv(sel[:, None], y, groups, s.grouping, lambda a, b, c, j=j: gnn_fold(c[:, 0])[:, j])
-        # the trees exactly as the fingerprint stage fits them (model form chosen by the same grouped CV)
-        _, cv_t, _ = select_candidate(target, F_trees[sel], y, groups, s.grouping, trees_cfg.model,
-                                      int(trees_cfg.n_estimators), int(trees_cfg.min_samples_leaf), int(trees_cfg.seed),
-                                      prefer=PREFERRED.get((target, device_kind(s.mem_col))))
+        col = LATENCY_COLUMN if target == "latency" else s.mem_col
+        cv_t = _stored_trees_cv(s, sel, col, y, groups, (trees_held_out or {}).get(target, {}))
+        acc.setdefault("trees_source", {})[target] = "the trees fingerprint's held_out.csv" if cv_t else "refitted"
+        if cv_t is None:  # the trees as the fingerprint stage fits them (model form chosen by the same grouped CV)
+            _, cv_t, _ = select_candidate(target, F_trees[sel], y, groups, s.grouping, trees_cfg.model,
+                                          int(trees_cfg.n_estimators), int(trees_cfg.min_samples_leaf),
+                                          int(trees_cfg.seed), prefer=PREFERRED.get((target, device_kind(s.mem_col))))
         ens = np.sqrt(cv_g.predictions * cv_t.predictions)
         res = {"gnn": cv_g, "trees": cv_t}
         entry: dict[str, Any] = {k: {"overall": v.overall, "per_group": v.per_group} for k, v in res.items()}
@@ -218,7 +237,8 @@ def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
     st = TrainSettings(arch=arch, hidden=hidden, layers=layers, max_epochs=max_epochs, patience=patience, seed=seed)
     s = _Samples(rows, descriptions, device)
     t0 = time.perf_counter()
-    ev = _evaluate(s, st, trees_config, coverage, base) if evaluate else {"accuracy": {}, "intervals": {}}
+    trees_held_out = load_held_out(out_dir)  # the trees fingerprint beside it, if fitted: its own figures
+    ev = _evaluate(s, st, trees_config, coverage, base, trees_held_out) if evaluate else {"accuracy": {}, "intervals": {}}
     t_cv = time.perf_counter() - t0
     t0 = time.perf_counter()
     model, norm, basem, summary = _train(s, np.arange(len(s.nets)), st, base)
@@ -354,7 +374,9 @@ def gnn_accuracy_lines(metadata: dict[str, Any]) -> list[str]:
         e = acc.get(target)
         if not e:
             continue
-        lines.append(f"{target}: MAPE % per held-out {acc.get('grouping')} (best: {e.get('best')})")
+        source = acc.get("trees_source", {}).get(target)
+        lines.append(f"{target}: MAPE % per held-out {acc.get('grouping')} (best: {e.get('best')})"
+                     + (f"; trees: {source}" if source else ""))
         lines.append(f"  {'held out':<24}" + "".join(f"{k:>10}" for k in PREDICTORS))
         for g in list(e["gnn"]["per_group"]) + ["all"]:
             vals = [(e[k]["overall"] if g == "all" else e[k]["per_group"].get(g, {})).get("mape", float("nan"))

@@ -38,6 +38,7 @@ class DeviceCheck:
     reachable: bool = False
     ok: bool = False
     host_key_refused: bool = False  # not connected because its host key is unknown, changed or unreadable
+    workdir: str = ""  # the device's work folder (the probe checks it can be created and written)
     message: str = ""
     facts: dict[str, Any] = field(default_factory=dict)  # python, torch, cuda, backend_library_version, free_disk_mb
 
@@ -54,6 +55,8 @@ def _judge(check: DeviceCheck) -> DeviceCheck:
         problems.append(f"torch not importable ({f.get('torch_error', '')})")
     if f.get("backend_library") and not f.get("backend_library_version"):
         problems.append(f"{f['backend_library']} not importable ({f.get('backend_library_error', '')})")
+    if f.get("workdir_error"):
+        problems.append(f"work folder {check.workdir} cannot be created or written ({f['workdir_error']})")
     if check.backend == "nvml" and f.get("torch") and not f.get("cuda"):
         problems.append("torch sees no CUDA device")
     if check.backend == "jetson" and f.get("backend_library_version") and not f.get("jtop_service"):
@@ -67,13 +70,14 @@ def _judge(check: DeviceCheck) -> DeviceCheck:
 def _check_one(cfg: Config, dev: DeviceConfig, timeout_s: float) -> DeviceCheck:
     src = _PROBE.read_text()
     if not dev.host:
-        check = DeviceCheck(dev.name, dev.backend, "this machine", reachable=True)
-        done = subprocess.run([sys.executable, "-c", src, dev.backend, dev.workdir], capture_output=True, text=True,
+        # this machine writes its measurements under profiling_dir (workdir is a remote device's)
+        check = DeviceCheck(dev.name, dev.backend, "this machine", reachable=True, workdir=str(cfg.profiling_dir))
+        done = subprocess.run([sys.executable, "-c", src, dev.backend, check.workdir], capture_output=True, text=True,
                               timeout=max(timeout_s, 120))
         out, err, rc = done.stdout, done.stderr, done.returncode
     else:
         remote = Remote(dev, known_hosts_path(cfg, dev), timeout_s=timeout_s)
-        check = DeviceCheck(dev.name, dev.backend, remote.where)
+        check = DeviceCheck(dev.name, dev.backend, remote.where, workdir=dev.workdir)
         try:
             with remote:
                 check.reachable = True
@@ -115,7 +119,8 @@ def _profile_local(cfg: Config, dev: DeviceConfig, descriptions: Sequence[Path],
 
     def on_event(event: dict) -> None:
         if event.get("event") in ("row", "already"):
-            progress(dev.name, int(event["index"]), int(event["total"]), str(event.get("network", "")))
+            last = f"last: {event.get('network', '')} @ {event.get('batch_size', '')} {event.get('status', 'measured before')}"
+            progress(dev.name, int(event["index"]), int(event["total"]), last)
 
     t0 = time.monotonic()
     try:

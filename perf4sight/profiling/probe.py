@@ -11,6 +11,7 @@ import os
 import platform
 import shutil
 import sys
+import tempfile
 
 
 def _version(module_name):
@@ -63,6 +64,12 @@ def probe(backend, workdir):
         out["free_disk_mb"] = round(shutil.disk_usage(path or "/").free / 2**20, 1)
     except OSError as exc:
         out["free_disk_mb"], out["disk_error"] = None, str(exc)
+    try:  # the profile stage creates the work folder and writes in it: try both
+        os.makedirs(os.path.expanduser(workdir), exist_ok=True)
+        with tempfile.TemporaryFile(dir=os.path.expanduser(workdir)):
+            pass
+    except OSError as exc:
+        out["workdir_error"] = f"{exc.strerror or exc}"
     return out
 
 

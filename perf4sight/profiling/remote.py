@@ -170,7 +170,8 @@ class RemoteProfiler:
         fresh = self.puller.pull(lambda: self.remote.size(csv_path), lambda off: self.remote.read_from(csv_path, off))
         self.summary.new_rows += len(fresh)
         done = len(self.expected & self.puller.keys)
-        self.progress(self.dev.name, done, self.summary.expected, fresh[-1]["network"] if fresh else "")
+        last = f"last: {fresh[-1]['network']} @ {fresh[-1]['batch_size']} {fresh[-1]['status']}" if fresh else ""
+        self.progress(self.dev.name, done, self.summary.expected, last)
         return len(fresh)
 
     def _seed_remote(self) -> None:
@@ -293,7 +294,14 @@ class RemoteProfiler:
                 s.status = "unreachable"
                 raise exc
             self.run_dir = str(PurePosixPath(self.remote.expand(self.dev.workdir), remote_dir_name(self.dev.name)))
-            self.remote.makedirs(self.run_dir)
+            try:
+                self.remote.makedirs(self.run_dir)
+            except CONNECTION_ERRORS as exc:
+                if not self.remote.alive or isinstance(exc, socket.timeout):
+                    raise
+                raise DeviceError(f"device '{self.dev.name}': cannot create the work folder {self.run_dir} "
+                                  f"({describe_error(exc)}); set [devices.{self.dev.name}] workdir to a folder "
+                                  "the device's user can write") from None
             self._ship_code()
             while True:
                 state = self._detach("status")

@@ -146,7 +146,8 @@ class Remote:
             known_types = set((client.get_host_keys().lookup(_host_entry(dev.host, dev.port)) or {}).keys())
         elif not dev.accept_new_host_key:
             raise HostKeyError(f"device '{dev.name}': known_hosts file {self.known_hosts} does not exist; create it "
-                               f"(ssh-keyscan -p {dev.port} {dev.host} > {self.known_hosts}) or set "
+                               f"(mkdir -p {self.known_hosts.parent} && ssh-keyscan -p {dev.port} {dev.host} "
+                               f">> {self.known_hosts}) or set "
                                f"accept_new_host_key = true in [devices.{dev.name}]")
         policy = _AcceptNewPolicy(self.known_hosts) if dev.accept_new_host_key else _RefusePolicy(dev, self.known_hosts)
         client.set_missing_host_key_policy(policy)

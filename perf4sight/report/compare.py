@@ -136,7 +136,8 @@ def _blocks(devs: list[DeviceData], names: list[str], images: dict[str, Path], n
                            f"{d.name}: {target} ({acc.get('column', '')}), leave-one-{acc.get('grouping', '')}-out"))
     b.append(Heading("Predicted step time and memory against batch size"))
     b.append(Text("Networks: " + ", ".join(names) + ". Each is described at the input shape its device's fingerprint "
-                  "was trained at. Dots are measurements of the same architecture where the device has them."))
+                  "was trained at. Dots are measurements of the same architecture where the device has them (rows the "
+                  "fingerprint was trained on: the held-out check is the scatter below)."))
     b.append(Image(images["latency"], "predicted training step time (ms) against batch size, every device"))
     b.append(Image(images["memory"], "predicted memory (MiB) against batch size, every device; dashed: capacity"))
     b.append(Heading("Largest batch that fits"))
@@ -162,7 +163,9 @@ def _blocks(devs: list[DeviceData], names: list[str], images: dict[str, Path], n
         for target in ("latency", "memory"):
             meas, pred, how = d.scatter[target]
             mape, within = _mape(meas, pred)
-            parts.append(f"{target} over {meas.size} measurements ({how}): MAPE {_fmt(mape)}%, "
+            ok = sum(r["status"] == "ok" for r in d.rows)
+            missing = f", {ok - meas.size} ok rows without a {target} figure left out" if 0 < meas.size < ok else ""
+            parts.append(f"{target} over {meas.size} measurements ({how}{missing}): MAPE {_fmt(mape)}%, "
                          f"{_fmt(within, '.0f')}% within ±10%")
         b.append(Text(f"{d.name}: " + "; ".join(parts) + "."))
         b.append(Image(images[f"scatter:{d.name}"], f"{d.name}: predicted against measured"))
@@ -215,7 +218,8 @@ def compare_devices(cfg: Config, devices: list[str], console: Console) -> Path:
         all_descs[name] = descs
     notes: list[str] = []
     curves, names = _curves(cfg, devs, all_descs, notes)
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    now = _dt.datetime.now(_dt.timezone.utc)
+    stamp = now.strftime("%Y%m%d-%H%M%S")
     folder = cfg.reports_dir / f"compare-{stamp}"
     n = 1
     while folder.exists():
@@ -233,7 +237,7 @@ def compare_devices(cfg: Config, devices: list[str], console: Console) -> Path:
                                                          folder / f"scatter_{d.name}.png")
     title = f"perf4sight: {', '.join(d.name for d in devs)} compared"
     blocks = _blocks(devs, names, images, notes)
-    blocks.insert(0, Text(f"Generated {stamp} UTC from {cfg.fingerprint_dir} and {cfg.profiling_dir}."))
+    blocks.insert(0, Text(f"Generated {now:%Y-%m-%d %H:%M:%S} UTC from {cfg.fingerprint_dir} and {cfg.profiling_dir}."))
     (folder / "index.html").write_text(to_html(title, blocks), encoding="utf-8")
     (folder / "report.md").write_text(to_markdown(title, blocks), encoding="utf-8")
     (folder / "data.json").write_text(json.dumps(_data_json(devs, curves), indent=1, default=float))
