@@ -51,8 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--stage", required=True, choices=STAGES, help="pipeline stage to run (see below)")
     parser.add_argument("--device", nargs="+", metavar="NAME",
                         help="device(s) to act on (default: profile: [profile] devices, else every device of the "
-                             "config; check: every device of the config; fingerprint, export: every device with measurements; compare: every "
-                             "device with a fingerprint; predict: one, the first configured device with a fingerprint)")
+                             "config; check: every device of the config; fingerprint, export: every device with "
+                             "measurements; compare: every device with a fingerprint; predict: one, the first "
+                             "configured device with a fingerprint)")
     parser.add_argument("--network", nargs="+", metavar="NET",
                         help="predict: zoo names (e.g. resnet18) or description JSON files (any other network, "
                              "e.g. a models/ factory or pruned variant: the JSON the networks stage wrote for it)")

@@ -93,7 +93,8 @@ def _fig(row: dict[str, Any], col: str) -> str:
 
 
 def exportable_rows(rows: Iterable[dict[str, Any]],
-                    descriptions: dict[str, NetworkDescription]) -> tuple[list[tuple[dict[str, Any], NetworkDescription]], int]:
+                    descriptions: dict[str, NetworkDescription]
+                    ) -> tuple[list[tuple[dict[str, Any], NetworkDescription]], int]:
     """(``ok`` training rows paired with their description, rows skipped for having none)."""
     pairs, skipped = [], 0
     for r in rows:

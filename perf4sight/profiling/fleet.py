@@ -19,8 +19,8 @@ from typing import Any, Sequence
 
 from perf4sight.config import Config, DeviceConfig
 from perf4sight.errors import UserError
-from perf4sight.profiling.local import stop_runners
 from perf4sight.profiling import results
+from perf4sight.profiling.local import stop_runners
 from perf4sight.profiling.remote import DeviceSummary, RemoteProfiler, expected_keys, known_hosts_path
 from perf4sight.profiling.ssh import CONNECTION_ERRORS, HostKeyError, Remote, describe_error
 
@@ -119,7 +119,8 @@ def _profile_local(cfg: Config, dev: DeviceConfig, descriptions: Sequence[Path],
 
     def on_event(event: dict) -> None:
         if event.get("event") in ("row", "already"):
-            last = f"last: {event.get('network', '')} @ {event.get('batch_size', '')} {event.get('status', 'measured before')}"
+            last = (f"last: {event.get('network', '')} @ {event.get('batch_size', '')} "
+                    f"{event.get('status', 'measured before')}")
             progress(dev.name, int(event["index"]), int(event["total"]), last)
 
     t0 = time.monotonic()
