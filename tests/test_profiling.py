@@ -487,3 +487,32 @@ def test_fleet_summary_counts_earlier_rows_and_says_error_rows_are_not_retried(t
     assert first.counts["error"] == again.counts["error"] == 2
     line = format_summaries([again])
     assert "2/2 rows (0 new)" in line and "error 2" in line and "delete them from the CSV to retry" in line
+
+
+def test_a_runner_started_after_an_interrupt_is_stopped_at_once():
+    """The interrupt can land while a device's thread is still writing its plan: the runner it starts
+    afterwards sees the cancel event and is stopped, instead of running its whole plan."""
+    import threading
+    import time
+
+    from perf4sight.profiling.local import follow_runner
+
+    cancel = threading.Event()
+    cancel.set()
+    slow = [sys.executable, "-c", "import time; print('{\"event\": \"plan\"}', flush=True); time.sleep(60)"]
+    started = time.monotonic()
+    with pytest.raises(UserError, match="stopped early"):
+        follow_runner(slow, lambda event: None, cancel=cancel)
+    assert time.monotonic() - started < 15
+
+
+def test_stale_rule_spares_imported_rows_and_import_keys_ignore_the_sha():
+    """An imported row's description came with it (an older importer hashed it differently): it is never
+    stale, and an import dedups on the measurement alone, so importing again adds nothing."""
+    base = {"device": "d", "network": "n", "batch_size": "8", "input_shape": "3x32x32", "phase": "train"}
+    mine, imported = {**base, "backend": "cpu", "description_sha": "old"}, {**base, "backend": "imported",
+                                                                            "description_sha": "old"}
+    assert results.split_stale([mine, imported], {"n": "new"}) == ([imported], [mine])
+    assert results.row_key(mine) != results.row_key({**mine, "description_sha": "new"})
+    assert results.row_key(mine, with_sha=False) == results.row_key({**mine, "description_sha": "new"}, with_sha=False)
+    assert results.measured_keys([mine], with_sha=False) == {results.row_key(imported, with_sha=False)}

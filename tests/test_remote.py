@@ -392,12 +392,23 @@ def test_interrupted_host_stops_following_and_a_rerun_attaches_to_the_run_that_w
     a, _ = servers
     cfg = _config(tmp_path, {"dev-i": _device(a, tmp_path)}, batch_sizes=(1, 2))
     (desc,) = _descriptions(tmp_path, ["alpha"])
+    run_json = tmp_path / "remote work" / "dev-i" / "run.json"
+    early = threading.Event()
+    early.set()  # interrupted before the run was started: nothing is started
+    cut = RemoteProfiler(cfg, cfg.device("dev-i"), [desc], cancel=early, **FAST).run()
+    assert cut.status == "failed" and "interrupted" in cut.message and not run_json.exists()
     cancel = threading.Event()
-    cancel.set()
+    prof = RemoteProfiler(cfg, cfg.device("dev-i"), [desc], cancel=cancel, **FAST)
+    start = prof._start
+
+    def start_then_interrupt() -> None:
+        start()
+        cancel.set()  # Ctrl-C right after the detached run started
+    prof._start = start_then_interrupt
     started = time.monotonic()
-    cut = RemoteProfiler(cfg, cfg.device("dev-i"), [desc], cancel=cancel, **FAST).run()
+    cut = prof.run()
     assert cut.status == "failed" and "interrupted; the run goes on on the device" in cut.message
-    assert time.monotonic() - started < 15
+    assert time.monotonic() - started < 15 and run_json.exists()
     (later,) = profile_devices(cfg, ["dev-i"], [desc], show_progress=False, **FAST)
     assert later.status == "done" and (later.rows, later.expected) == (2, 2), format_summaries([later])
     assert _keys_once(_rows(cfg, "dev-i")) and len(_rows(cfg, "dev-i")) == 2
@@ -411,7 +422,7 @@ def test_work_folder_that_cannot_be_created_fails_check_and_profile_with_its_nam
     blocker.write_text("not a folder")
     cfg = _config(tmp_path, {"box": {**_device(a, tmp_path), "workdir": str(blocker / "work")}})
     (check,) = check_devices(cfg, ["box"])
-    assert check.reachable and not check.ok and f"work folder {blocker / 'work'} cannot be created" in check.message
+    assert check.reachable and not check.ok and f"work folder {blocker / 'work' / 'box'} cannot be created" in check.message
     (desc,) = _descriptions(tmp_path, ["alpha"])
     (summary,) = profile_devices(cfg, ["box"], [desc], show_progress=False, **FAST)
     assert summary.status == "failed" and "cannot create the work folder" in summary.message

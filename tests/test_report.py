@@ -161,6 +161,9 @@ def test_stored_held_out_predictions_equal_a_refit_and_are_not_used_for_other_ro
     monkeypatch.setattr(data, "grouped_cv", lambda *a, **k: calls.append(1) or real_cv(*a, **k))
     measured_vs_predicted(fp, changed, descs)
     assert len(calls) == 1  # memory refitted, latency (unchanged rows) read from the file
+    fewer = [r for j, r in enumerate(rows) if j != i]  # a row gone since the fit: its folds changed too
+    measured_vs_predicted(fp, fewer, descs)
+    assert len(calls) == 3
 
 
 def test_feature_sensitivity(project):

@@ -158,9 +158,9 @@ def _trees_features(s: _Samples, trees_cfg: Any) -> np.ndarray:
 def _stored_trees_cv(s: _Samples, sel: np.ndarray, col: str, y: np.ndarray, groups: np.ndarray,
                      table: dict[tuple[str, int, float], float]) -> CVResult | None:
     """The trees fingerprint's own out-of-fold predictions (its ``held_out.csv``) for samples ``sel``,
-    or None unless it holds every one of them (same network, batch size and measured value)."""
+    or None unless it was fitted on exactly these rows (network, batch size and measured value)."""
     keys = [(str(s.ok[i]["network"]), int(float(s.ok[i]["batch_size"])), float(s.ok[i][col])) for i in sel]
-    if not table or any(k not in table for k in keys):
+    if not table or set(keys) != set(table):
         return None
     pred = np.array([table[k] for k in keys])
     return CVResult(pred, {str(g): metrics(y[groups == g], pred[groups == g]) for g in dict.fromkeys(groups.tolist())},

@@ -54,11 +54,11 @@ class ImportSummary:
 
     def write_new(self, out: Path, row: dict[str, Any], done: set) -> bool:
         """Append ``row`` to ``out`` unless its key is in ``done`` (rows already on disk); count either way."""
-        if row_key(row) in done:
+        if row_key(row, with_sha=False) in done:
             self.rows_skipped_existing += 1
             return False
         append_row(out, row)
-        done.add(row_key(row))
+        done.add(row_key(row, with_sha=False))
         self.rows_written += 1
         return True
 
@@ -200,7 +200,7 @@ def import_perf4sight(source_dir: str | Path, device: str, profiling_dir: str | 
         info[variant] = ("x".join(str(s) for s in shape), sha)
 
     out = results_path(profiling_dir, device)
-    done = measured_keys(read_rows(out))
+    done = measured_keys(read_rows(out), with_sha=False)
     stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     for (variant, bs), files in sorted(pairs.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         net, level, _, board = variants[variant]

@@ -520,7 +520,7 @@ def import_perfseer(source_dir: str | Path, device: str, profiling_dir: str | Pa
     out_models = Path(models_dir) / "imported" / device
     out = results_path(profiling_dir, device)
     summary = ImportSummary(device=device, results_path=str(out), models_path=str(out_models))
-    done = measured_keys(read_rows(out))
+    done = measured_keys(read_rows(out), with_sha=False)
     stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     saved: dict[str, tuple[str, str]] = {}  # network -> (identity text, sha of the file written)
     for pkl in pkls:

@@ -14,14 +14,15 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Sequence
 
 from perf4sight.config import Config, DeviceConfig
 from perf4sight.errors import UserError
 from perf4sight.profiling import results
 from perf4sight.profiling.local import stop_runners
-from perf4sight.profiling.remote import DeviceSummary, RemoteProfiler, expected_keys, known_hosts_path
+from perf4sight.profiling.remote import (DeviceSummary, RemoteProfiler, expected_keys, known_hosts_path,
+                                         remote_dir_name)
 from perf4sight.profiling.ssh import CONNECTION_ERRORS, HostKeyError, Remote, describe_error
 
 __all__ = ["DeviceCheck", "check_devices", "profile_devices", "format_checks", "format_summaries"]
@@ -77,12 +78,13 @@ def _check_one(cfg: Config, dev: DeviceConfig, timeout_s: float) -> DeviceCheck:
         out, err, rc = done.stdout, done.stderr, done.returncode
     else:
         remote = Remote(dev, known_hosts_path(cfg, dev), timeout_s=timeout_s)
-        check = DeviceCheck(dev.name, dev.backend, remote.where, workdir=dev.workdir)
+        run_dir = str(PurePosixPath(dev.workdir) / remote_dir_name(dev.name))  # what profile creates and writes
+        check = DeviceCheck(dev.name, dev.backend, remote.where, workdir=run_dir)
         try:
             with remote:
                 check.reachable = True
                 python = remote.expand(dev.python) if dev.python.startswith("~") else dev.python
-                res = remote.run([python, "-c", src, dev.backend, dev.workdir], timeout_s=120)
+                res = remote.run([python, "-c", src, dev.backend, run_dir], timeout_s=120)
                 out, err, rc = res.stdout, res.stderr, res.rc
         except UserError as exc:
             check.message = str(exc)
@@ -113,7 +115,8 @@ def _bars():
                     TextColumn("{task.fields[note]}"))
 
 
-def _profile_local(cfg: Config, dev: DeviceConfig, descriptions: Sequence[Path], progress) -> DeviceSummary:
+def _profile_local(cfg: Config, dev: DeviceConfig, descriptions: Sequence[Path], progress,
+                   cancel: threading.Event | None = None) -> DeviceSummary:
     """A local device goes through the local runner (``perf4sight.profiling.local.profile_local``)."""
     from perf4sight.profiling.local import profile_local
 
@@ -125,13 +128,18 @@ def _profile_local(cfg: Config, dev: DeviceConfig, descriptions: Sequence[Path],
 
     t0 = time.monotonic()
     try:
-        local = profile_local(cfg, dev.name, list(descriptions), progress=on_event)
+        local = profile_local(cfg, dev.name, list(descriptions), progress=on_event, cancel=cancel)
     except UserError as exc:
         return DeviceSummary(dev.name, "failed", message=str(exc), elapsed_s=round(time.monotonic() - t0, 2))
     summary = DeviceSummary(dev.name, "done", new_rows=local.new_rows, elapsed_s=round(time.monotonic() - t0, 2))
-    plan_keys = expected_keys(dev.name, descriptions, cfg.profile.batch_sizes, without_sha=True)
-    plan_rows = [r for r in results.read_rows(local.csv_path) if results.row_key(r) in plan_keys]
-    summary.counts = {st: sum(r["status"] == st for r in plan_rows) for st in results.STATUSES}  # as a remote's
+    summary.counts = {"ok": local.ok, "oom": local.oom, "skipped_after_oom": local.skipped_after_oom,
+                      "error": local.error}
+    try:  # every row of the plan by status, as for a remote device (a rerun shows what is there)
+        plan_keys = expected_keys(dev.name, descriptions, cfg.profile.batch_sizes, without_sha=True)
+        plan_rows = [r for r in results.read_rows(local.csv_path) if results.row_key(r) in plan_keys]
+        summary.counts = {st: sum(r["status"] == st for r in plan_rows) for st in results.STATUSES}
+    except UserError:  # a description unreadable now: the new rows' counts stay
+        pass
     summary.rows = local.new_rows + local.already_measured
     summary.expected = summary.rows
     summary.message = "; ".join(local.warnings[:3] + local.errors[:3])
@@ -169,7 +177,7 @@ def profile_devices(cfg: Config, names: Sequence[str] | None, descriptions: Sequ
     def one(dev: DeviceConfig) -> DeviceSummary:
         try:
             if not dev.host:
-                return _profile_local(cfg, dev, descs, progress)
+                return _profile_local(cfg, dev, descs, progress, cancel)
             return RemoteProfiler(cfg, dev, descs, progress=progress, cancel=cancel, **follow).run()
         except UserError as exc:  # e.g. an unreadable description: this device fails, the others go on
             return DeviceSummary(dev.name, "failed", message=str(exc))
@@ -184,7 +192,7 @@ def profile_devices(cfg: Config, names: Sequence[str] | None, descriptions: Sequ
     try:
         return list(pool.map(one, devices))
     except KeyboardInterrupt:  # stop local runners, stop following remote runs; measured rows stay on disk
-        cancel.set()
+        cancel.set()  # first: a runner registered after stop_runners() sees it and stops itself
         stop_runners()
         raise
     finally:

@@ -85,11 +85,14 @@ def make_plan(cfg: Config, device_name: str, descriptions: list[str | Path], out
                     learning_rate=p.learning_rate, momentum=p.momentum, output=output)
 
 
-def follow_runner(cmd: list[str], on_event: ProgressSink, env: dict[str, str] | None = None) -> dict[str, Any]:
+def follow_runner(cmd: list[str], on_event: ProgressSink, env: dict[str, str] | None = None,
+                  cancel: threading.Event | None = None) -> dict[str, Any]:
     """Run a runner command, pass each JSON event on stdout to ``on_event``; returns the ``done`` event.
 
     A runner that exits without ``done`` raises ``UserError`` with its last message. Used for
-    the local subprocess; a remote orchestrator can pass an ``ssh ...`` command line.
+    the local subprocess; a remote orchestrator can pass an ``ssh ...`` command line. ``cancel``:
+    once set (an interrupt seen by another thread), a runner started after :func:`stop_runners`
+    ran is stopped at once.
     """
     tail: deque[str] = deque(maxlen=5)
     done: dict[str, Any] | None = None
@@ -98,6 +101,8 @@ def follow_runner(cmd: list[str], on_event: ProgressSink, env: dict[str, str] | 
         assert proc.stdout is not None
         with _RUNNERS_LOCK:
             _RUNNERS.add(proc)
+        if cancel is not None and cancel.is_set():  # interrupted before it was registered
+            _stop(proc)
         try:
             for event in _events(proc.stdout, tail):
                 if event["event"] == "done":
@@ -177,7 +182,7 @@ def _rich_sink(device: str) -> tuple[ProgressSink, Callable[[], None]]:
 
 
 def profile_local(cfg: Config, device_name: str, descriptions: list[Path],
-                  progress: ProgressSink | bool | None = None) -> ProfileSummary:
+                  progress: ProgressSink | bool | None = None, cancel: threading.Event | None = None) -> ProfileSummary:
     """Profile ``descriptions`` on this machine as device ``device_name``; resumable.
 
     Writes ``<profiling_dir>/<device>/plan.json``, runs the runner in a subprocess and appends
@@ -211,7 +216,8 @@ def profile_local(cfg: Config, device_name: str, descriptions: list[Path],
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
     try:
-        done = follow_runner([sys.executable, "-m", "perf4sight.profiling.runner", str(plan_path)], on_event, env)
+        done = follow_runner([sys.executable, "-m", "perf4sight.profiling.runner", str(plan_path)], on_event, env,
+                             cancel)
     finally:
         close()
     for key, value in done.get("summary", {}).items():

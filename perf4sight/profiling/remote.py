@@ -212,8 +212,14 @@ class RemoteProfiler:
                 if time.monotonic() > deadline:
                     raise DeviceError(f"{exc} (gave up reconnecting after {self.reconnect_timeout_s:g} s)") from None
                 self.progress(self.dev.name, -1, self.summary.expected, "reconnecting")
-                time.sleep(delay)
+                if self.cancel.wait(delay):
+                    self._interrupted()
                 delay = min(delay * 2, 5.0)
+
+    def _interrupted(self) -> None:
+        """Raise the interrupt's one line: the host stops following; a run already started goes on."""
+        raise DeviceError(f"device '{self.dev.name}': interrupted; the run goes on on the device (if it was "
+                          "started), rerun the profile stage to follow it and pull its rows")
 
     def _follow(self) -> dict:
         """Pull rows until run.exit appears; reconnect on drops, restart a dead run (bounded)."""
@@ -241,8 +247,7 @@ class RemoteProfiler:
                         self._pull()
                         self._start()
                 if self.cancel.wait(self.poll_s):
-                    raise DeviceError(f"device '{self.dev.name}': interrupted; the run goes on on the device, "
-                                      "rerun the profile stage to follow it and pull its rows")
+                    self._interrupted()
             except CONNECTION_ERRORS as exc:
                 if self.remote.alive and isinstance(exc, OSError) and not isinstance(exc, socket.timeout):
                     raise DeviceError(f"device '{self.dev.name}': {exc}") from None  # a file problem, not a drop
@@ -312,6 +317,8 @@ class RemoteProfiler:
             self._pull()
             self._ship()
             self._seed_remote()
+            if self.cancel.is_set():  # interrupted while shipping: start nothing
+                self._interrupted()
             self._start()
             ended = self._follow()
             if ended.get("rc") != 0:

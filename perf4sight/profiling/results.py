@@ -69,10 +69,12 @@ def results_path(profiling_dir: str | Path, device: str) -> Path:
     return Path(profiling_dir) / device / "measurements.csv"
 
 
-def row_key(row: dict[str, Any]) -> tuple[str, str, str, str, str, str]:
-    """Identity of a measurement: (device, network, batch size, input shape, phase, description sha)."""
-    return (str(row["device"]), str(row["network"]), str(int(float(row["batch_size"]))),
-            str(row["input_shape"]), str(row.get("phase") or "train"), str(row.get("description_sha") or ""))
+def row_key(row: dict[str, Any], with_sha: bool = True) -> tuple[str, ...]:
+    """Identity of a measurement: (device, network, batch size, input shape, phase, description sha);
+    without the sha for imports (they bring their descriptions with them and measure nothing again)."""
+    key = (str(row["device"]), str(row["network"]), str(int(float(row["batch_size"]))),
+           str(row["input_shape"]), str(row.get("phase") or "train"))
+    return key + (str(row.get("description_sha") or ""),) if with_sha else key
 
 
 def file_sha(data: bytes) -> str:
@@ -83,10 +85,13 @@ def file_sha(data: bytes) -> str:
 def split_stale(rows: Iterable[dict[str, Any]], current: dict[str, str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(current rows, stale rows): a row is stale when ``current`` (network -> sha of its description
     file now) has its network under another sha, i.e. it was measured on an earlier version of the
-    description. Rows without a sha, or of networks not in ``current``, count as current."""
+    description. Rows without a sha, of networks not in ``current``, or imported (their descriptions
+    came with them; there is nothing to measure again) count as current."""
     fresh, stale = [], []
     for r in rows:
         sha, now = str(r.get("description_sha") or ""), current.get(str(r.get("network", "")))
+        if r.get("backend") == "imported":
+            sha = ""
         (stale if sha and now and sha != now else fresh).append(r)
     return fresh, stale
 
@@ -183,6 +188,6 @@ def read_rows(path: str | Path) -> list[dict[str, str]]:
     return kept
 
 
-def measured_keys(rows: Iterable[dict[str, Any]]) -> set[tuple[str, str, str, str, str, str]]:
-    """Keys already on disk, so a rerun skips them."""
-    return {row_key(r) for r in rows}
+def measured_keys(rows: Iterable[dict[str, Any]], with_sha: bool = True) -> set[tuple[str, ...]]:
+    """Keys already on disk, so a rerun skips them (see :func:`row_key`)."""
+    return {row_key(r, with_sha) for r in rows}

@@ -165,6 +165,7 @@ def run_child(plan: TestPlan, plan_path: Path, index: int, batch_size: int, back
         try:
             verdict, status, usage = _watch_child(proc, plan, backend, t0, swap_before)
         except BaseException:  # interrupted (SIGINT/SIGTERM): the measuring child goes with us
+            _ignore_interrupts()  # a second signal (Ctrl-C, then the CLI's SIGTERM) must not cut this short
             _kill(proc.pid)
             try:
                 os.wait4(proc.pid, 0)
@@ -356,6 +357,15 @@ def main(argv: list[str] | None = None) -> int:
                                                   "already written are kept"})
         return 130
     return 0
+
+
+def _ignore_interrupts() -> None:
+    """Ignore SIGINT and SIGTERM from now on (the process is on its way out); a no-op off the main thread."""
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    except ValueError:  # signal handlers can only be set from the main thread
+        pass
 
 
 def _interrupt(signum: int, frame: Any) -> None:

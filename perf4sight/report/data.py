@@ -114,11 +114,11 @@ def _ok_rows(fp: Fingerprint, rows: list[dict[str, str]], descs: dict[str, Netwo
 
 def _stored_held_out(fp: Fingerprint, target: str, rs: list[dict[str, str]],
                      column: str) -> tuple[np.ndarray, np.ndarray, str] | None:
-    """The fingerprint stage's out-of-fold predictions for rows ``rs``, or None unless it stored one
-    for every row (rows measured or changed after the fit are not in it)."""
+    """The fingerprint stage's out-of-fold predictions for rows ``rs``, or None unless the fit was on
+    exactly these rows (rows measured, changed or left out since the fit change its folds)."""
     table = fp.held_out.get(target, {})
     keys = [(r["network"], int(float(r["batch_size"])), float(r[column])) for r in rs]
-    if not table or any(k not in table for k in keys):
+    if not table or set(keys) != set(table):
         return None
     grouping = fp.metadata.get("accuracy", {}).get(target, {}).get("grouping", "family")
     return (np.array([k[2] for k in keys]), np.array([table[k] for k in keys]),
