@@ -32,15 +32,13 @@ HELD_OUT_COLUMNS = ("target", "network", "batch_size", "measured", "predicted")
 HeldOut = dict[str, dict[tuple[str, int, float], float]]
 
 
-def _write_held_out(path: Path, held_out: dict[str, tuple[list[str], list[int], np.ndarray, np.ndarray]]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+def _write_held_out(tmp: Path, held_out: dict[str, tuple[list[str], list[int], np.ndarray, np.ndarray]]) -> None:
     with tmp.open("w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(HELD_OUT_COLUMNS)
         for target, (nets, bss, measured, predicted) in held_out.items():
             for net, bs, m, p in zip(nets, bss, measured, predicted):
                 w.writerow([target, net, int(bs), repr(float(m)), repr(float(p))])
-    tmp.replace(path)
 
 
 def save_models(out_dir: str | Path, models: dict[str, TargetModel], metadata: dict[str, Any],
@@ -61,20 +59,23 @@ def save_models(out_dir: str | Path, models: dict[str, TargetModel], metadata: d
             arrays.update(arr)
             entry["correction"] = scalars
         model_meta[target] = entry
-    tmp = out / (MODELS_FILE + ".tmp.npz")
-    np.savez_compressed(tmp, **arrays)
-    tmp.replace(out / MODELS_FILE)
+    # every file written beside its final name first, then all renamed at once (metadata last): an
+    # interrupt while writing leaves the previous fingerprint whole
+    tmp_models, tmp_held, tmp_meta = (out / (MODELS_FILE + ".tmp.npz"), out / (HELD_OUT_FILE + ".tmp"),
+                                      out / (METADATA_FILE + ".tmp"))
+    np.savez_compressed(tmp_models, **arrays)
     meta = dict(metadata)
     meta["models"] = model_meta
-    meta["files"] = [METADATA_FILE, MODELS_FILE]
+    meta["files"] = [METADATA_FILE, MODELS_FILE] + ([HELD_OUT_FILE] if held_out else [])
     if held_out:
-        _write_held_out(out / HELD_OUT_FILE, held_out)
-        meta["files"].append(HELD_OUT_FILE)
+        _write_held_out(tmp_held, held_out)
+    tmp_meta.write_text(json.dumps(meta, indent=2, sort_keys=False))
+    tmp_models.replace(out / MODELS_FILE)
+    if held_out:
+        tmp_held.replace(out / HELD_OUT_FILE)
     else:
         (out / HELD_OUT_FILE).unlink(missing_ok=True)
-    tmpj = out / (METADATA_FILE + ".tmp")
-    tmpj.write_text(json.dumps(meta, indent=2, sort_keys=False))
-    tmpj.replace(out / METADATA_FILE)
+    tmp_meta.replace(out / METADATA_FILE)
     return out
 
 
