@@ -41,7 +41,7 @@ from perf4sight.fingerprint.gnn_graph import (EDGE_FEATURES, GLOBAL_FEATURES, NO
                                               GraphTemplate, global_features, graph_template)
 from perf4sight.fingerprint.gnn_model import GNNModel
 from perf4sight.fingerprint.predict import ModuleQueries, as_descriptions, batch_list, prediction_rows
-from perf4sight.fingerprint.storage import HeldOut, load_held_out
+from perf4sight.fingerprint.storage import HeldOut, load_held_out, stored_predictions
 from perf4sight.fingerprint.select import PREFERRED, group_conformal, held_out_coverage, select_candidate
 from perf4sight.fingerprint.gnn_train import Normaliser, TrainSettings, make_data, predict_log, train_model
 from perf4sight.ir.schema import NetworkDescription
@@ -158,11 +158,10 @@ def _trees_features(s: _Samples, trees_cfg: Any) -> np.ndarray:
 def _stored_trees_cv(s: _Samples, sel: np.ndarray, col: str, y: np.ndarray, groups: np.ndarray,
                      table: dict[tuple[str, int, float], float]) -> CVResult | None:
     """The trees fingerprint's own out-of-fold predictions (its ``held_out.csv``) for samples ``sel``,
-    or None unless it was fitted on exactly these rows (network, batch size and measured value)."""
-    keys = [(str(s.ok[i]["network"]), int(float(s.ok[i]["batch_size"])), float(s.ok[i][col])) for i in sel]
-    if not table or set(keys) != set(table):
+    or None unless it was fitted on exactly these rows (``storage.stored_predictions``)."""
+    pred = stored_predictions(table, [s.ok[i] for i in sel], col)
+    if pred is None:
         return None
-    pred = np.array([table[k] for k in keys])
     return CVResult(pred, {str(g): metrics(y[groups == g], pred[groups == g]) for g in dict.fromkeys(groups.tolist())},
                     metrics(y, pred), s.grouping)
 

@@ -21,7 +21,8 @@ import numpy as np
 from perf4sight.errors import UserError
 from perf4sight.fingerprint.trees import TargetModel, TreeEnsemble
 
-__all__ = ["save_models", "load_models", "load_held_out", "HeldOut", "METADATA_FILE", "MODELS_FILE", "HELD_OUT_FILE"]
+__all__ = ["save_models", "load_models", "load_held_out", "stored_predictions", "HeldOut", "METADATA_FILE",
+           "MODELS_FILE", "HELD_OUT_FILE"]
 
 METADATA_FILE = "metadata.json"
 MODELS_FILE = "models.npz"
@@ -112,3 +113,14 @@ def load_held_out(folder: str | Path) -> HeldOut:
     except (OSError, KeyError, ValueError, TypeError, UnicodeDecodeError, csv.Error):
         return {}
     return out
+
+
+def stored_predictions(table: dict[tuple[str, int, float], float], rows: list[dict[str, Any]],
+                       column: str) -> np.ndarray | None:
+    """The stored out-of-fold predictions of ``rows`` (in their order; ``table`` is one target's part of
+    :func:`load_held_out`, ``column`` the measured figure), or None unless the fit was on exactly these
+    rows: rows measured, changed or left out since the fit change its folds."""
+    keys = [(str(r["network"]), int(float(r["batch_size"])), float(r[column])) for r in rows]
+    if not table or set(keys) != set(table):
+        return None
+    return np.array([table[k] for k in keys])

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import csv
 import datetime as _dt
-import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any
 
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import load_description, save_description
-from perf4sight.profiling.results import append_row, measured_keys, read_rows, results_path, row_key
+from perf4sight.profiling.results import append_row, file_sha, measured_keys, read_rows, results_path, row_key
 
 __all__ = ["ImportSummary", "import_perf4sight", "read_gt_csv"]
 
@@ -192,7 +191,7 @@ def import_perf4sight(source_dir: str | Path, device: str, profiling_dir: str | 
             save_description(desc, out_models / f"{variant}.json")
             summary.descriptions += 1
             shape = tuple(desc.input_shape)
-            sha = hashlib.sha256(desc.to_json().encode()).hexdigest()[:16]
+            sha = file_sha(desc.to_json().encode())  # of the file just written
         else:
             sha = ""
         if shape is None:

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import ast
 import datetime as _dt
-import hashlib
 import io
 import math
 import pickle
@@ -50,7 +49,7 @@ from typing import Any
 from perf4sight.errors import UserError
 from perf4sight.importers.perf4sight_csv import ImportSummary, import_source
 from perf4sight.ir.schema import OPS, NetworkDescription, save_description
-from perf4sight.profiling.results import COLUMNS, measured_keys, read_rows, results_path
+from perf4sight.profiling.results import COLUMNS, file_sha, measured_keys, read_rows, results_path
 
 __all__ = ["import_perfseer", "read_graph", "read_label", "graph_to_description", "is_own_export", "LABEL_FIELDS",
            "ONNX_TO_OP", "OP_TO_ONNX", "PERF4SIGHT_SOURCE", "safe_unpickle"]
@@ -536,7 +535,7 @@ def import_perfseer(source_dir: str | Path, device: str, profiling_dir: str | Pa
             raise UserError(f"{pkl}: network '{desc.name}' differs from another graph of the same name")
         if desc.name not in saved:
             save_description(desc, out_models / f"{desc.name}.json")
-            saved[desc.name] = (identity, hashlib.sha256(text.encode()).hexdigest()[:16])
+            saved[desc.name] = (identity, file_sha(text.encode()))
             summary.descriptions += 1
         for phase in phases:
             if phase not in label:

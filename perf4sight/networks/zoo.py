@@ -25,11 +25,16 @@ _BUILD_KWARGS: dict[str, dict[str, Any]] = {
 ZOO_NAMES: tuple[str, ...] = tuple(sorted(_BUILD_KWARGS))
 
 
-def build_zoo_model(name: str, num_classes: int = 1000) -> nn.Module:
-    """A randomly initialised torchvision model (``weights=None``)."""
+def _check_name(name: str) -> None:
+    """``UserError`` unless ``name`` is a zoo network, saying what to give instead."""
     if name not in _BUILD_KWARGS:
         raise UserError(f"unknown network '{name}' (zoo networks: {', '.join(ZOO_NAMES)}; any other network: "
                         "give its description .json file, e.g. the one the networks stage wrote under models/)")
+
+
+def build_zoo_model(name: str, num_classes: int = 1000) -> nn.Module:
+    """A randomly initialised torchvision model (``weights=None``)."""
+    _check_name(name)
     import torchvision.models as tvm  # host side only: devices never import torchvision
 
     builder: Callable[..., nn.Module] = getattr(tvm, name)
@@ -60,9 +65,7 @@ def describe_zoo(name: str, input_shape: list[int], num_classes: int = 1000,
     torchvision versions and describing code) is read from there instead of importing torch and
     tracing the model again (seconds); a new one is written there. The cache is best effort: an
     unwritable or damaged file is passed over."""
-    if name not in _BUILD_KWARGS:
-        raise UserError(f"unknown network '{name}' (zoo networks: {', '.join(ZOO_NAMES)}; any other network: "
-                        "give its description .json file, e.g. the one the networks stage wrote under models/)")
+    _check_name(name)
     cached = None if cache_dir is None else _cache_file(Path(cache_dir), name, input_shape, num_classes)
     if cached is not None and cached.is_file():
         try:

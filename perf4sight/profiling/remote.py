@@ -156,7 +156,7 @@ class RemoteProfiler:
         nets = []
         for path in self.descriptions:
             data = path.read_bytes()
-            name = f"nets/{hashlib.sha256(data).hexdigest()[:16]}.json"
+            name = f"nets/{results.file_sha(data)}.json"
             if r.size(self._path(name)) != len(data):
                 r.put_bytes(data, self._path(name))
             nets.append(name)

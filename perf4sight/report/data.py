@@ -16,6 +16,7 @@ import numpy as np
 from perf4sight.features.aggregate import FEATURE_NAMES, feature_matrix, network_features
 from perf4sight.fingerprint.evaluate import choose_groups, grouped_cv
 from perf4sight.fingerprint.predict import Fingerprint
+from perf4sight.fingerprint.storage import stored_predictions
 from perf4sight.fingerprint.trees import TargetModel
 from perf4sight.ir.schema import NetworkDescription
 
@@ -114,15 +115,12 @@ def _ok_rows(fp: Fingerprint, rows: list[dict[str, str]], descs: dict[str, Netwo
 
 def _stored_held_out(fp: Fingerprint, target: str, rs: list[dict[str, str]],
                      column: str) -> tuple[np.ndarray, np.ndarray, str] | None:
-    """The fingerprint stage's out-of-fold predictions for rows ``rs``, or None unless the fit was on
-    exactly these rows (rows measured, changed or left out since the fit change its folds)."""
-    table = fp.held_out.get(target, {})
-    keys = [(r["network"], int(float(r["batch_size"])), float(r[column])) for r in rs]
-    if not table or set(keys) != set(table):
+    """The fingerprint stage's out-of-fold predictions for rows ``rs`` (``storage.stored_predictions``)."""
+    pred = stored_predictions(fp.held_out.get(target, {}), rs, column)
+    if pred is None:
         return None
     grouping = fp.metadata.get("accuracy", {}).get(target, {}).get("grouping", "family")
-    return (np.array([k[2] for k in keys]), np.array([table[k] for k in keys]),
-            f"held out, leave-one-{grouping}-out")
+    return np.array([float(r[column]) for r in rs]), pred, f"held out, leave-one-{grouping}-out"
 
 
 def measured_vs_predicted(fp: Fingerprint, rows: list[dict[str, str]], descs: dict[str, NetworkDescription],
