@@ -19,10 +19,9 @@ from typing import Any, Sequence
 
 from perf4sight.config import Config, DeviceConfig
 from perf4sight.errors import UserError
-from perf4sight.profiling import results
 from perf4sight.profiling.local import stop_runners
-from perf4sight.profiling.remote import (DeviceSummary, RemoteProfiler, expected_keys, known_hosts_path,
-                                         remote_dir_name)
+from perf4sight.profiling.remote import (DeviceSummary, RemoteProfiler, covering, expected_keys, known_hosts_path,
+                                         plan_counts, remote_dir_name)
 from perf4sight.profiling.ssh import CONNECTION_ERRORS, HostKeyError, Remote, describe_error
 
 __all__ = ["DeviceCheck", "check_devices", "profile_devices", "format_checks", "format_summaries"]
@@ -135,9 +134,8 @@ def _profile_local(cfg: Config, dev: DeviceConfig, descriptions: Sequence[Path],
     summary.counts = {"ok": local.ok, "oom": local.oom, "skipped_after_oom": local.skipped_after_oom,
                       "error": local.error}
     try:  # every row of the plan by status, as for a remote device (a rerun shows what is there)
-        plan_keys = expected_keys(dev.name, descriptions, cfg.profile.batch_sizes, without_sha=True)
-        plan_rows = [r for r in results.read_rows(local.csv_path) if results.row_key(r) in plan_keys]
-        summary.counts = {st: sum(r["status"] == st for r in plan_rows) for st in results.STATUSES}
+        keys = covering(expected_keys(dev.name, descriptions, cfg.profile.batch_sizes))
+        _, summary.counts = plan_counts(local.csv_path, keys)
     except UserError:  # a description unreadable now: the new rows' counts stay
         pass
     summary.rows = local.new_rows + local.already_measured

@@ -34,7 +34,8 @@ from perf4sight.profiling.pull import CsvPuller, csv_with_rows
 from perf4sight.profiling.ssh import (CONNECTION_ERRORS, DeviceError, HostKeyError, Remote, default_known_hosts,
                                      describe_error)
 
-__all__ = ["DeviceSummary", "RemoteProfiler", "code_files", "expected_keys", "remote_dir_name", "known_hosts_path"]
+__all__ = ["DeviceSummary", "RemoteProfiler", "code_files", "expected_keys", "covering", "plan_counts",
+           "remote_dir_name", "known_hosts_path"]
 
 Progress = Callable[[str, int, int, str], None]  # (device, done, total, note)
 
@@ -78,19 +79,28 @@ def code_files() -> list[tuple[Path, str]]:
     return [(p, str(PurePosixPath("perf4sight") / p.relative_to(root).as_posix())) for p in wanted if p.is_file()]
 
 
-def expected_keys(device: str, descriptions: Sequence[Path], batch_sizes: Sequence[int],
-                  without_sha: bool = False) -> set[tuple]:
-    """Measurement keys the plan will produce, as ``results.row_key`` spells them; ``without_sha`` adds
-    the same keys with an empty description sha (rows of older CSVs, which the runner takes as measured)."""
+def expected_keys(device: str, descriptions: Sequence[Path], batch_sizes: Sequence[int]) -> set[tuple]:
+    """Measurement keys the plan will produce, as ``results.row_key`` spells them."""
     keys = set()
     for path in descriptions:
         desc = load_description(path)
         shape = "x".join(str(s) for s in desc.input_shape)
         sha = results.file_sha(Path(path).read_bytes())
-        for digest in (sha, "") if without_sha else (sha,):
-            keys |= {results.row_key({"device": device, "network": desc.name, "batch_size": bs, "input_shape": shape,
-                                      "phase": "train", "description_sha": digest}) for bs in batch_sizes}
+        keys |= {results.row_key({"device": device, "network": desc.name, "batch_size": bs, "input_shape": shape,
+                                  "phase": "train", "description_sha": sha}) for bs in batch_sizes}
     return keys
+
+
+def covering(keys: set[tuple]) -> set[tuple]:
+    """The row keys that cover plan ``keys``: each as it is and with an empty description sha (a row of an
+    older CSV, which the runner takes as measured)."""
+    return keys | {key[:-1] + ("",) for key in keys}
+
+
+def plan_counts(csv_path: Path, covered: set[tuple]) -> tuple[int, dict[str, int]]:
+    """(rows of the CSV that ``covered`` (:func:`covering`) holds, their count per status)."""
+    rows = [r for r in results.read_rows(csv_path) if results.row_key(r) in covered]
+    return len(rows), {st: sum(r["status"] == st for r in rows) for st in results.STATUSES}
 
 
 class RemoteProfiler:
@@ -109,8 +119,9 @@ class RemoteProfiler:
         self.remote = Remote(dev, known_hosts_path(cfg, dev), timeout_s=connect_timeout_s)
         self.local_csv = results.results_path(cfg.profiling_dir, dev.name)
         self.summary = DeviceSummary(dev.name, "failed")
-        self.summary.expected = len(expected_keys(dev.name, self.descriptions, cfg.profile.batch_sizes))
-        self.expected = expected_keys(dev.name, self.descriptions, cfg.profile.batch_sizes, without_sha=True)
+        keys = expected_keys(dev.name, self.descriptions, cfg.profile.batch_sizes)
+        self.summary.expected = len(keys)
+        self.expected = covering(keys)
         self.puller = CsvPuller(self.local_csv)
         self.run_dir = ""
         self.code_dir = ""
@@ -253,14 +264,18 @@ class RemoteProfiler:
                     raise DeviceError(f"device '{self.dev.name}': {exc}") from None  # a file problem, not a drop
                 self.remote.close()
 
-    def _log_warnings(self) -> list[str]:
-        """The warning events of the last run in the log (e.g. a network measured again because it changed)."""
+    def _log_lines(self) -> list[str] | None:
+        """The non-empty lines of the runs' log (every run appends its output), None if it cannot be read."""
         try:
             text = self.remote.read_text(self._path("run.log")) or ""
         except CONNECTION_ERRORS:
-            return []
+            return None
+        return [ln for ln in text.splitlines() if ln.strip()]
+
+    def _log_warnings(self) -> list[str]:
+        """The warning events of the last run in the log (e.g. a network measured again because it changed)."""
         found = []
-        for line in text.splitlines():
+        for line in self._log_lines() or []:
             try:
                 event = json.loads(line)
             except ValueError:
@@ -272,11 +287,9 @@ class RemoteProfiler:
         return found
 
     def _log_tail(self) -> str:
-        try:
-            text = self.remote.read_text(self._path("run.log")) or ""
-        except CONNECTION_ERRORS:
+        lines = self._log_lines()
+        if lines is None:
             return "unavailable"
-        lines = [ln for ln in text.splitlines() if ln.strip()]
         for line in reversed(lines):
             try:
                 event = json.loads(line)
@@ -333,8 +346,6 @@ class RemoteProfiler:
             s.status, s.message = "failed", f"device '{self.dev.name}': connection lost: {describe_error(exc)}"
         finally:
             self.remote.close()
-            plan_rows = [r for r in results.read_rows(self.local_csv) if results.row_key(r) in self.expected]
-            s.rows = len(plan_rows)
-            s.counts = {st: sum(r["status"] == st for r in plan_rows) for st in results.STATUSES}
+            s.rows, s.counts = plan_counts(self.local_csv, self.expected)
             s.elapsed_s = round(time.monotonic() - t0, 2)
         return s

@@ -275,13 +275,15 @@ def run_plan(plan_path: str | Path, emit: Emit = print_event) -> dict[str, int]:
     csv_path = plan.resolve(plan_path.parent, plan.output)
     counts = {s: 0 for s in results.STATUSES} | {"already_measured": 0}
     with _locked(csv_path):
-        on_disk = [r for r in results.read_rows(csv_path) if r["device"] == plan.device]
+        sha_of = {n.name: n.sha for n in nets}
+        # a row of an older CSV carries no description sha: it counts as measured on the description as it is now
+        on_disk = [r if r.get("description_sha") else {**r, "description_sha": sha_of.get(r["network"], "")}
+                   for r in results.read_rows(csv_path) if r["device"] == plan.device]
         done = results.measured_keys(on_disk)
-        # (network, input shape, description sha) -> first oom; rows without a sha (older CSVs) match any
-        oom_at: dict[tuple[str, str, str], int] = {}
+        oom_at: dict[tuple[str, str, str], int] = {}  # (network, input shape, description sha) -> first oom
         for r in on_disk:
             if r["status"] == "oom":
-                k = (r["network"], r["input_shape"], r.get("description_sha") or "")
+                k = (r["network"], r["input_shape"], r["description_sha"])
                 oom_at[k] = min(oom_at.get(k, 10**9), int(float(r["batch_size"])))
         total = len(nets) * len(plan.batch_sizes)
         emit({"event": "plan", "device": plan.device, "backend": plan.backend, "networks": len(nets),
@@ -296,7 +298,7 @@ def run_plan(plan_path: str | Path, emit: Emit = print_event) -> dict[str, int]:
         for net in nets:
             not_run = net.problem  # set when the network cannot be built at all
             _, stale = results.split_stale([r for r in on_disk if r["network"] == net.name], {net.name: net.sha})
-            measured = sum(r["network"] == net.name and r.get("description_sha") == net.sha for r in on_disk)
+            measured = sum(r["network"] == net.name and r["description_sha"] == net.sha for r in on_disk)
             if stale and measured < len(plan.batch_sizes):
                 emit({"event": "warning", "message": f"network '{net.name}' changed since it was measured "
                       f"(description {stale[0]['description_sha']} -> {net.sha}): measuring it again; its "
@@ -306,11 +308,11 @@ def run_plan(plan_path: str | Path, emit: Emit = print_event) -> dict[str, int]:
                 base = {"device": plan.device, "backend": plan.backend, "network": net.name, "family": net.family,
                         "pruning_level": net.pruning_level, "batch_size": bs, "input_shape": net.input_shape,
                         "phase": "train", "description_sha": net.sha}
-                if results.row_key(base) in done or results.row_key({**base, "description_sha": ""}) in done:
+                if results.row_key(base) in done:
                     counts["already_measured"] += 1
                     emit({"event": "already", "network": net.name, "batch_size": bs, "index": position, "total": total})
                     continue
-                stop = oom_at.get((net.name, net.input_shape, net.sha), oom_at.get((net.name, net.input_shape, "")))
+                stop = oom_at.get((net.name, net.input_shape, net.sha))
                 wall = 0.0
                 if stop is not None and bs > stop:
                     row = {"status": "skipped_after_oom", "message": f"batch size {stop} ran out of memory"}

@@ -160,10 +160,10 @@ def _blocks(devs: list[DeviceData], names: list[str], images: dict[str, Path], n
     b.append(Heading("Predicted against measured"))
     for d in devs:
         parts = []
+        ok = sum(r["status"] == "ok" for r in d.rows)
         for target in ("latency", "memory"):
             meas, pred, how = d.scatter[target]
             mape, within = _mape(meas, pred)
-            ok = sum(r["status"] == "ok" for r in d.rows)
             missing = f", {ok - meas.size} ok rows without a {target} figure left out" if 0 < meas.size < ok else ""
             parts.append(f"{target} over {meas.size} measurements ({how}{missing}): MAPE {_fmt(mape)}%, "
                          f"{_fmt(within, '.0f')}% within ±10%")
