@@ -42,9 +42,10 @@ def run(stage: str, cfg: Config, args: argparse.Namespace) -> int:
         started = time.perf_counter()
         stage_args = args
         if name == "fingerprint" and not args.device:  # the devices this run profiled, not every one on disk
-            profiled = [d for d in (cfg.profile.devices or list(cfg.devices))
-                        if results_path(cfg.profiling_dir, d).is_file()]
-            stage_args = argparse.Namespace(**{**vars(args), "device": profiled or None})
+            configured = cfg.profile.devices or list(cfg.devices)
+            profiled = [d for d in configured if results_path(cfg.profiling_dir, d).is_file()]
+            # none measured: name the configured ones, so the stage says which measurements are missing
+            stage_args = argparse.Namespace(**{**vars(args), "device": profiled or configured})
         stage_code = STAGES[name](cfg, stage_args)
         summary.add_row(name, f"{time.perf_counter() - started:.0f}", "ok" if stage_code == 0 else f"exit {stage_code}")
         code = max(code, stage_code)
@@ -182,6 +183,9 @@ def _predictor(cfg: Config, args: argparse.Namespace) -> str:
     return getattr(args, "predictor", None) or cfg.fingerprint.predictor
 
 
+GNN_FEW_ROWS = 200  # below this many training rows the GNN fit is noted as too small to trust
+
+
 def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
     from perf4sight.fingerprint.api import fit_device
 
@@ -207,6 +211,10 @@ def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
                           f"fitted and cross-validated in {time.perf_counter() - started:.0f} s")
             for line in gnn_accuracy_lines(meta):
                 console.print(line, markup=False)
+            if meta["training_rows"] < GNN_FEW_ROWS:
+                notes.print(f"{device}: the GNN learnt from {meta['training_rows']} rows of {len(meta['networks'])} "
+                            f"networks, too few for a graph network (PerfSeer trained on 53k): its figures and "
+                            f"intervals mean little; the trees fingerprint is the one to use here", markup=False)
     return 0
 
 

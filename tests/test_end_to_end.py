@@ -95,6 +95,7 @@ def test_gnn_ensemble_and_perfseer_round_trip_through_the_cli(tmp_path):
     fp_dir = tmp_path / "fingerprinting" / "local"
     assert (fp_dir / "gnn.json").is_file() and not (fp_dir / "metadata.json").exists()  # only the GNN was fitted
     assert "gnn" in fit.stdout and "MAPE" in fit.stdout
+    assert "too few for a graph network" in fit.stderr  # 4 rows: the fit says how little it means
 
     gnn = main_py(tmp_path, "--stage", "predict", "--predictor", "gnn", "--network", "resnet18",
                   "--batch-size", "2", "4", "--json")
@@ -128,3 +129,22 @@ def test_gnn_ensemble_and_perfseer_round_trip_through_the_cli(tmp_path):
     theirs = list(csv.DictReader((tmp_path / "profiling_csvs" / "copy" / "measurements.csv").open()))
     assert sorted((r["network"], r["batch_size"], float(r["latency_ms_median"])) for r in theirs) == \
         sorted((r["network"], r["batch_size"], float(r["latency_ms_median"])) for r in mine)
+
+
+def test_all_fits_only_devices_it_measured(tmp_path):
+    """`--stage all` whose device could not be reached fits nothing: not another device's rows lying on disk."""
+    import socket
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = CONFIG.replace('zoo = ["squeezenet1_1", "resnet18"]', 'zoo = ["squeezenet1_1"]').replace("levels = [0, 50]", "levels = [0]")
+    cfg = cfg.replace('[devices.local]\nbackend = "cpu"',
+                      f'[devices.dead]\nbackend = "cpu"\nhost = "127.0.0.1"\nport = {port}\nuser = "nobody"')
+    (tmp_path / "config.toml").write_text(cfg)
+    other = tmp_path / "profiling_csvs" / "other"
+    other.mkdir(parents=True)
+    (other / "measurements.csv").write_text("device,network,batch_size,status\n")  # e.g. an imported device
+    run = main_py(tmp_path, "--stage", "all")
+    assert run.returncode != 0
+    assert "no measurements for device(s) dead" in run.stderr, run.stderr[-2000:]
+    assert not (tmp_path / "fingerprinting" / "other").exists()
