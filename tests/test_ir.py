@@ -155,6 +155,25 @@ def test_bad_node_fields_are_named(change, expected):
     assert str(info.value).startswith("conv.json: ") and "\n" not in str(info.value)
 
 
+def test_integer_pair_attributes_mean_a_square_pair():
+    """A hand-written description may give ``kernel_size: 3``: it loads (parameters counted without
+    ``params``), every reader sees [3, 3], and features, the allocation model and the module agree with the
+    [h, w] spelling."""
+    from perf4sight.features.aggregate import feature_matrix, network_features
+    from perf4sight.features.alloc_model import step_events
+
+    pairs = _conv_description()
+    del pairs["params"]
+    ints = json.loads(json.dumps(pairs))
+    ints["nodes"][1]["attrs"].update(kernel_size=3, stride=1, padding=0, dilation=1)
+    a, b = NetworkDescription.from_dict(pairs), NetworkDescription.from_dict(ints)
+    assert b.nodes[1].attrs["kernel_size"] == [3, 3] and b.params == a.params == 4 * 3 * 9 + 4
+    assert (feature_matrix(network_features(b), [2, 8]) == feature_matrix(network_features(a), [2, 8])).all()
+    sa, sb = step_events(a, 4), step_events(b, 4)
+    assert (sb.setup, sb.body, sb.tail, sb.param_bytes) == (sa.setup, sa.body, sa.tail, sa.param_bytes)
+    assert sum(p.numel() for p in build_module(b).parameters()) == a.params
+
+
 def test_every_shared_tx2_graph_rebuilds(tx2_data):
     """All 58 TX2 graphs: parameter count as recorded, output [1000] at 224x224; one step trains per network."""
     trained: set[str] = set()

@@ -202,8 +202,7 @@ def _params(node: Node) -> tuple[list[int], list[int]]:
     """(parameter bytes, buffer bytes) of ``node``'s module, in registration order."""
     a = node.attrs
     if node.op == "conv2d":
-        k = a["kernel_size"]
-        kh, kw = (k, k) if isinstance(k, int) else k
+        kh, kw = a["kernel_size"]
         w = a["out_channels"] * (a["in_channels"] // a["groups"]) * kh * kw * FLOAT
         return ([w, a["out_channels"] * FLOAT] if a["bias"] else [w]), []
     if node.op == "batchnorm2d":

@@ -146,12 +146,12 @@ def _pool_out(node: Node, in_shapes: list[list[int]], window: int, saves_input: 
 
 
 def _maxpool2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
-    kh, kw = node.attrs["kernel_size"] if isinstance(node.attrs["kernel_size"], list) else [node.attrs["kernel_size"]] * 2
+    kh, kw = node.attrs["kernel_size"]
     return _pool_out(node, in_shapes, kh * kw, True, 8.0 * numel(node.output_shape))
 
 
 def _avgpool2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
-    kh, kw = node.attrs["kernel_size"] if isinstance(node.attrs["kernel_size"], list) else [node.attrs["kernel_size"]] * 2
+    kh, kw = node.attrs["kernel_size"]
     return _pool_out(node, in_shapes, kh * kw, False, 0.0)
 
 

@@ -116,9 +116,7 @@ def perf4sight_vectors(desc: NetworkDescription) -> tuple[np.ndarray, np.ndarray
         a = node.attrs
         if node.op == "conv2d":
             ins = shapes[node.inputs[0]]
-            k = a["kernel_size"] if isinstance(a["kernel_size"], list) else [a["kernel_size"]] * 2
-            st = a.get("stride", 1)
-            st = int(st[0] if isinstance(st, list) else st)
+            k, st = a["kernel_size"], int(a["stride"][0])
             _conv_costs(static, scaled, int(a["in_channels"]), int(a["out_channels"]), int(a["groups"]),
                         (int(ins[1]), int(ins[2])), (int(node.output_shape[1]), int(node.output_shape[2])),
                         (int(k[0]), int(k[1])), st)

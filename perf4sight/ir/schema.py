@@ -45,7 +45,7 @@ OPS: dict[str, tuple[str, ...]] = {
 
 
 #: Op -> attributes that must be positive integers, and those that may be an integer or an [h, w] pair
-#: of non-negative integers (kernel sizes and strides at least 1).
+#: of non-negative integers (kernel sizes and strides at least 1; an integer is read as [v, v]).
 _POSITIVE: dict[str, tuple[str, ...]] = {
     "conv2d": ("in_channels", "out_channels", "groups"), "linear": ("in_features", "out_features"),
     "batchnorm2d": ("num_features",),
@@ -170,6 +170,9 @@ class NetworkDescription:
             problem = _attr_problem(node)
             if problem:
                 raise UserError(f"{where}: node '{node.name}' ({node.op}): {problem}")
+            for a in _PAIRS.get(node.op, ()):  # an integer means [v, v]: every reader sees the pair
+                if isinstance(node.attrs.get(a), int):
+                    node.attrs[a] = [node.attrs[a]] * 2
             if node.op != "input" and not node.inputs:
                 raise UserError(f"{where}: node '{node.name}' ({node.op}) has no inputs")
             unknown_inputs = [x for x in node.inputs if x not in seen]
