@@ -17,8 +17,9 @@ from rich.table import Table
 
 from perf4sight.config import Config
 from perf4sight.errors import UserError
-from perf4sight.ir.schema import NetworkDescription, load_description
-from perf4sight.profiling.results import file_sha, read_rows, results_path, split_stale
+from perf4sight.dataset import (ZOO_CACHE, current_rows, dataset_descriptions, description_index, fingerprinted_devices,
+                                measured_devices, resolve_networks, stale_note)
+from perf4sight.profiling.results import results_path
 
 __all__ = ["run", "STAGE_ORDER"]
 
@@ -54,99 +55,6 @@ def run(stage: str, cfg: Config, args: argparse.Namespace) -> int:
     console.print(f"networks: {cfg.models_dir}  measurements: {cfg.profiling_dir}  "
                   f"fingerprints: {cfg.fingerprint_dir}  reports: {cfg.reports_dir}", markup=False)
     return code
-
-
-# ---------------------------------------------------------------- inputs shared by stages
-
-def dataset_descriptions(cfg: Config) -> list[Path]:
-    """The networks the profile stage measures: those in the networks stage's manifest."""
-    from perf4sight.networks.build import read_manifest
-
-    manifest = cfg.models_dir / "manifest.csv"
-    if not manifest.is_file():
-        raise UserError(f"no network descriptions: {manifest} is missing (run --stage networks first)")
-    return [cfg.models_dir / r["path"] for r in read_manifest(manifest)]
-
-
-def _description_paths(cfg: Config, device: str) -> list[Path]:
-    """The networks stage's descriptions, then the device's imported graphs (later ones win a name)."""
-    return dataset_descriptions_or_empty(cfg) + sorted((cfg.models_dir / "imported" / device).glob("*.json"))
-
-
-def description_index(cfg: Config, device: str) -> dict[str, NetworkDescription]:
-    """Every known description by name; a device's imported graphs take precedence for that device."""
-    return {d.name: d for d in (load_description(p) for p in _description_paths(cfg, device))}
-
-
-def description_shas(cfg: Config, device: str) -> dict[str, str]:
-    """Network name -> ``description_sha`` of its description file as it is now (see ``description_index``)."""
-    return {load_description(p).name: file_sha(p.read_bytes()) for p in _description_paths(cfg, device)}
-
-
-def current_rows(cfg: Config, device: str) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
-    """(rows of ``device`` measured on its descriptions as they are now, stale rows): a row whose network's
-    description file changed since it was measured is stale (the profile stage measures it again)."""
-    rows = [r for r in read_rows(results_path(cfg.profiling_dir, device)) if r.get("device", device) == device]
-    return split_stale(rows, description_shas(cfg, device))
-
-
-def stale_note(device: str, stale: list[dict[str, str]]) -> str:
-    """One line saying which rows were passed over because their description changed ('' if none)."""
-    if not stale:
-        return ""
-    nets = sorted({r["network"] for r in stale})
-    return (f"{device}: {len(stale)} rows of {len(nets)} networks ({', '.join(nets[:3])}{', ...' if len(nets) > 3 else ''}) "
-            "were measured on an earlier version of their description and are passed over (profile them again)")
-
-
-def dataset_descriptions_or_empty(cfg: Config) -> list[Path]:
-    try:
-        return dataset_descriptions(cfg)
-    except UserError:
-        return []
-
-
-def _devices_having(folder: Path, marker: str, what: str, wanted: list[str] | None, hint: str) -> list[str]:
-    """Devices with ``<folder>/<device>/<marker>`` on disk; ``wanted`` must all have it."""
-    have = sorted(p.parent.name for p in folder.glob(f"*/{marker}"))
-    if not wanted:
-        return have
-    missing = [d for d in wanted if d not in have]
-    if missing:
-        raise UserError(f"no {what} for device(s) {', '.join(missing)} under {folder} ({hint})")
-    return list(wanted)
-
-
-def measured_devices(cfg: Config, wanted: list[str] | None) -> list[str]:
-    """Devices with measurements on disk (``--device`` narrows the list)."""
-    return _devices_having(cfg.profiling_dir, "measurements.csv", "measurements", wanted,
-                           "run --stage profile or --stage import first")
-
-
-def fingerprinted_devices(cfg: Config, wanted: list[str] | None, predictor: str = "trees") -> list[str]:
-    """Devices with a fitted fingerprint of ``predictor`` (``--device`` narrows the list)."""
-    marker = "metadata.json" if predictor == "trees" else "gnn.json"  # the ensemble needs both; loading checks
-    return _devices_having(cfg.fingerprint_dir, marker, f"{predictor} fingerprint", wanted,
-                           f"run --stage fingerprint --predictor {predictor} first")
-
-
-ZOO_CACHE = "zoo-cache"  # under models_dir: zoo descriptions made for predict and compare, reused
-
-
-def resolve_networks(cfg: Config, names: list[str], input_shape: list[int]) -> list[NetworkDescription]:
-    """Zoo names are described at ``input_shape`` (cached under ``<models_dir>/zoo-cache/``); anything
-    ending in .json is a description file."""
-    from perf4sight.networks.zoo import describe_zoo
-
-    out = []
-    for name in names:
-        if Path(name).is_dir():
-            raise UserError(f"{name}: is a folder; give description files (e.g. {Path(name) / '*.json'})")
-        if name.endswith(".json") or Path(name).is_file():
-            out.append(load_description(name))
-        else:
-            out.append(describe_zoo(name, input_shape, cfg.networks.num_classes, cache_dir=cfg.models_dir / ZOO_CACHE))
-    return out
 
 
 # ---------------------------------------------------------------- stages

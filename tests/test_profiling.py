@@ -118,7 +118,7 @@ def test_changed_description_is_measured_again_and_its_old_rows_are_passed_over(
     rows on disk, and the host's stages (fingerprint, compare, export) see only the current ones."""
     from perf4sight.fingerprint.api import device_measurements
     from perf4sight.networks.build import write_manifest
-    from perf4sight.stages import current_rows, stale_note
+    from perf4sight.dataset import current_rows, stale_note
 
     cfg = load_config(write_config(tmp_path, batch_sizes=(1,)))
     net = write_net(cfg.models_dir, "tiny", width=16)

@@ -56,7 +56,7 @@ min_samples_leaf = 2
 networks = ["resnet18", "{TX2_DATA / 'graphs' / 'mobilenetv2_0.json'}"]
 """)
     cfg = load_config(tmp / "config.toml")
-    from perf4sight.stages import description_index
+    from perf4sight.dataset import description_index
     for dev, levels in SUBSETS.items():
         src = _subset(TX2_DATA, tmp / f"src_{dev}", levels)
         import_perf4sight(src, dev, cfg.profiling_dir, cfg.models_dir)
@@ -124,7 +124,7 @@ def test_report_data(project, report):
 
 def test_held_out_scatter_matches_fingerprint_accuracy(project):
     from perf4sight.profiling.results import read_rows, results_path
-    from perf4sight.stages import description_index
+    from perf4sight.dataset import description_index
     fp = load_device_fingerprint(project, "tx2b")
     rows = read_rows(results_path(project.profiling_dir, "tx2b"))
     scatter = measured_vs_predicted(fp, rows, description_index(project, "tx2b"))
@@ -141,7 +141,7 @@ def test_stored_held_out_predictions_equal_a_refit_and_are_not_used_for_other_ro
     """The compare stage reads the fingerprint stage's out-of-fold predictions instead of refitting:
     the same figures; a row the fit did not see (here one measured value changed) makes it refit."""
     from perf4sight.profiling.results import read_rows, results_path
-    from perf4sight.stages import description_index
+    from perf4sight.dataset import description_index
     fp = load_device_fingerprint(project, "tx2b")
     assert set(fp.held_out) == {"latency", "memory"}
     rows, descs = read_rows(results_path(project.profiling_dir, "tx2b")), description_index(project, "tx2b")
@@ -169,7 +169,7 @@ def test_stored_held_out_predictions_equal_a_refit_and_are_not_used_for_other_ro
 def test_feature_sensitivity(project):
     from perf4sight.profiling.results import read_rows, results_path
     from perf4sight.fingerprint.trees import OVERLAP
-    from perf4sight.stages import description_index
+    from perf4sight.dataset import description_index
     fp = load_device_fingerprint(project, "tx2a")
     rows = read_rows(results_path(project.profiling_dir, "tx2a"))
     sens = feature_sensitivity(fp, rows, description_index(project, "tx2a"))

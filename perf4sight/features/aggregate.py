@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from perf4sight.features.allocator import K_MIN_BLOCK, K_MIN_LARGE_ALLOC, K_ROUND_LARGE
 from perf4sight.features.formulas import BYTES_PER_ELEMENT, HANDLERS, OUTPUT, OpCost, numel
 from perf4sight.features.latency_terms import LATENCY_FEATURES, KernelTable, kernel_table, latency_columns
 from perf4sight.features.walk import consumer_counts, walk
@@ -61,7 +62,6 @@ CONTEXT_FEATURES: tuple[str, ...] = ("blas_context",)
 BLAS_OPS = frozenset({"linear"})
 FEATURE_NAMES: tuple[str, ...] = (("batch_size",) + SCALED_FEATURES + STATIC_FEATURES + ("mem_analytic_mb",)
                                   + ALLOCATOR_FEATURES + SIM_FEATURES + LATENCY_FEATURES + CONTEXT_FEATURES)
-_SMALL, _LARGE, _ROUND, _SEG = 2**20, 10 * 2**20, 512, 2 * 2**20
 
 
 @dataclass
@@ -154,8 +154,8 @@ def allocator_bytes(sizes: np.ndarray, batch_size: float | np.ndarray) -> float 
     """Bytes the caching allocator hands out for tensors of ``sizes`` (bytes per sample) at ``batch_size``
     (a scalar, or an array of batch sizes -> one total per batch size)."""
     bs = np.asarray(batch_size, dtype=float)
-    b = np.ceil(np.multiply.outer(bs.reshape(-1), np.asarray(sizes, dtype=float)) / _ROUND) * _ROUND
-    b = np.where(b > _LARGE, np.ceil(b / _SEG) * _SEG, b)
+    b = np.ceil(np.multiply.outer(bs.reshape(-1), np.asarray(sizes, dtype=float)) / K_MIN_BLOCK) * K_MIN_BLOCK
+    b = np.where(b > K_MIN_LARGE_ALLOC, np.ceil(b / K_ROUND_LARGE) * K_ROUND_LARGE, b)
     tot = b.sum(axis=1)
     return float(tot[0]) if bs.ndim == 0 else tot
 

@@ -221,17 +221,3 @@ class AllocTrace:
         """Array (n, 2): [peak reserved, peak allocated] in MiB per batch size."""
         out = np.array([self.replay(int(b)) for b in np.asarray(batch_sizes).reshape(-1)], dtype=float)
         return out.reshape(-1, 2) / float(1 << 20)
-
-    def tensor_bytes(self, batch_size: int) -> float:
-        """Exact bytes of all live tensors at their peak sum (no rounding, no caching), per step: a check."""
-        sizes = self.sizes(int(batch_size))
-        cur = best = 0
-        live: dict[int, int] = {}
-        for k, t, s in zip(self.kind.tolist(), self.tensor.tolist(), sizes.tolist()):
-            if k == ALLOC:
-                live[t] = s
-                cur += s
-                best = max(best, cur)
-            elif k == FREE:
-                cur -= live.pop(t, 0)
-        return float(best)

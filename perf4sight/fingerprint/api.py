@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from perf4sight.config import Config
+from perf4sight.dataset import current_rows
 from perf4sight.errors import UserError
 from perf4sight.fingerprint.fit import fit_fingerprint
 from perf4sight.fingerprint.predict import Fingerprint, load_fingerprint
@@ -13,9 +14,7 @@ __all__ = ["device_measurements", "fit_device", "load_device_fingerprint", "load
 
 def device_measurements(cfg: Config, device: str) -> tuple[list[dict], float]:
     """``device``'s measured rows and its configured memory limit (MiB; 0 = none); ``UserError`` if none.
-    Rows measured on an earlier version of a network's description are left out (``stages.current_rows``)."""
-    from perf4sight.stages import current_rows
-
+    Rows measured on an earlier version of a network's description are left out (``dataset.current_rows``)."""
     rows, stale = current_rows(cfg, device)
     if stale and not rows:
         raise UserError(f"device '{device}': all {len(stale)} rows in {results_path(cfg.profiling_dir, device)} were "

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 from collections import deque
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -47,18 +47,9 @@ class ProfileSummary:
     errors: list[str] = field(default_factory=list)  # "network@batch: message" of the error rows
     warnings: list[str] = field(default_factory=list)  # the runner's warnings (e.g. a network that changed)
 
-    outcome: str = "done"  # the runner finished its plan (a runner failure raises instead)
-
     @property
     def new_rows(self) -> int:
         return self.ok + self.oom + self.skipped_after_oom + self.error
-
-    def keys(self) -> list[str]:
-        """Field names, so that ``dict(summary)`` gives a plain dict."""
-        return [f.name for f in fields(self)]
-
-    def __getitem__(self, key: str) -> Any:
-        return getattr(self, key)
 
 
 def make_plan(cfg: Config, device_name: str, descriptions: list[str | Path], output: str = "measurements.csv",

@@ -16,7 +16,9 @@ from rich.console import Console
 from rich.table import Table as RichTable
 
 from perf4sight.config import Config
+from perf4sight.dataset import current_rows, description_index, resolve_networks
 from perf4sight.errors import UserError
+from perf4sight.fingerprint.evaluate import metrics
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.report import plots
 from perf4sight.report.data import (Curve, DeviceData, batch_grid, feature_sensitivity, measured_vs_predicted,
@@ -33,7 +35,6 @@ TOP_FEATURES = 8
 def gather_device(cfg: Config, device: str) -> tuple[DeviceData, dict[str, NetworkDescription]]:
     """Load ``device``'s fingerprint, measurements and descriptions; compute its report figures."""
     from perf4sight.fingerprint.api import load_device_fingerprint
-    from perf4sight.stages import current_rows, description_index
 
     fp = load_device_fingerprint(cfg, device)
     rows, _ = current_rows(cfg, device)
@@ -45,12 +46,10 @@ def gather_device(cfg: Config, device: str) -> tuple[DeviceData, dict[str, Netwo
 
 
 def _mape(meas: np.ndarray, pred: np.ndarray) -> tuple[float, float]:
+    """(MAPE %, % within ±10 %) of the finite predictions."""
     keep = np.isfinite(pred)
-    meas, pred = meas[keep], pred[keep]
-    if not meas.size:
-        return float("nan"), float("nan")
-    err = np.abs(pred - meas) / meas * 100
-    return float(err.mean()), float((err <= 10).mean() * 100)
+    m = metrics(meas[keep], pred[keep])
+    return m["mape"], m["within10"]
 
 
 def _fmt(x: Any, spec: str = ".1f") -> str:
@@ -72,8 +71,6 @@ def _shape(shape: list[int] | None) -> str:
 def _curves(cfg: Config, devs: list[DeviceData], all_descs: dict[str, dict[str, NetworkDescription]],
             notes: list[str]) -> tuple[dict[str, dict[str, list[Curve]]], list[str]]:
     """target -> network -> curves (one per device); fills each device's ``max_batch``."""
-    from perf4sight.stages import resolve_networks
-
     entries = list(cfg.compare.networks or cfg.predict.networks or cfg.networks.zoo)
     names: list[str] = []
     out: dict[str, dict[str, list[Curve]]] = {"latency": {}, "memory": {}}

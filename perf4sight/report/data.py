@@ -15,6 +15,7 @@ import numpy as np
 
 from perf4sight.features.aggregate import FEATURE_NAMES, feature_matrix, network_features
 from perf4sight.fingerprint.evaluate import choose_groups, grouped_cv
+from perf4sight.fingerprint.fit import LATENCY_COLUMN
 from perf4sight.fingerprint.predict import Fingerprint
 from perf4sight.fingerprint.storage import stored_predictions
 from perf4sight.fingerprint.trees import TargetModel
@@ -22,8 +23,6 @@ from perf4sight.ir.schema import NetworkDescription
 
 __all__ = ["DeviceData", "FamilySummary", "Curve", "summarise_measurements", "measured_vs_predicted",
            "feature_sensitivity", "prediction_curve", "matching_measurements", "batch_grid"]
-
-LATENCY_COLUMN = "latency_ms_median"
 
 
 @dataclass
@@ -108,7 +107,7 @@ def summarise_measurements(rows: list[dict[str, str]]) -> list[FamilySummary]:
     return out
 
 
-def _ok_rows(fp: Fingerprint, rows: list[dict[str, str]], descs: dict[str, NetworkDescription],
+def _ok_rows(rows: list[dict[str, str]], descs: dict[str, NetworkDescription],
              column: str) -> list[dict[str, str]]:
     return [r for r in rows if r["status"] == "ok" and r["network"] in descs and (_f(r.get(column)) or 0) > 0]
 
@@ -139,7 +138,7 @@ def measured_vs_predicted(fp: Fingerprint, rows: list[dict[str, str]], descs: di
     feats: dict[str, Any] = {}
     out = {}
     for target, col in columns.items():
-        rs = _ok_rows(fp, rows, descs, col)
+        rs = _ok_rows(rows, descs, col)
         if not rs:
             out[target] = (np.zeros(0), np.zeros(0), "no data")
             continue
