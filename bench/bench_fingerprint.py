@@ -22,6 +22,7 @@ import argparse
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -290,21 +291,57 @@ def figures(res: dict[str, Any]) -> list[dict]:
     return out
 
 
+@contextmanager
+def measured_reserved(rows: list[dict]):
+    """An upper bound, not a predictor: while active, the allocator replay's reserved peak is replaced by
+    the device's measured ``torch_reserved_peak_mb`` wherever a row has one (the replay stays elsewhere),
+    so the fingerprint's memory error shows what a perfect reserved-memory model would leave."""
+    import perf4sight.features.alloc_trace as alloc_trace
+
+    measured = {(r["network"], int(float(r["batch_size"]))): _num(r.get("torch_reserved_peak_mb")) for r in rows}
+    replay = alloc_trace.simulate
+
+    class Measured:
+        def __init__(self, desc: Any) -> None:
+            self.name, self.trace = desc.name, replay(desc)
+
+        def peaks_mb(self, batch_sizes: Any) -> np.ndarray:
+            out = self.trace.peaks_mb(batch_sizes)
+            for i, b in enumerate(np.asarray(batch_sizes).reshape(-1)):
+                out[i, 0] = measured.get((self.name, int(b))) or out[i, 0]
+            return out
+
+    alloc_trace.simulate = lambda desc, *a, **k: Measured(desc)
+    try:
+        yield
+    finally:
+        alloc_trace.simulate = replay
+
+
 def run(data: Path = TX2, csv: Path | None = LOCAL_CSV if LOCAL_CSV.is_file() else None,
-        models: Path | None = None, trees: int = 200, simulate_memory: bool = True) -> list[dict]:
+        models: Path | None = None, trees: int = 200, simulate_memory: bool = True,
+        with_measured_reserved: bool = False) -> list[dict]:
     """Evaluate on the TX2 data (skipped when absent) and on a CPU profiling CSV (the project's own by
-    default, when present); print the tables, return the figures."""
+    default, when present); print the tables, return the figures. ``with_measured_reserved``: on the TX2
+    data, the evaluation with :func:`measured_reserved` instead."""
     out: list[dict] = []
-    for res in _evaluations(data, csv, models, trees, simulate_memory):
+    for res in _evaluations(data, csv, models, trees, simulate_memory, with_measured_reserved):
         print("\n".join(table(res)), flush=True)
         out += figures(res)
     return out
 
 
-def _evaluations(data: Path, csv: Path | None, models: Path | None, trees: int, simulate_memory: bool):
+def _evaluations(data: Path, csv: Path | None, models: Path | None, trees: int, simulate_memory: bool,
+                 with_measured_reserved: bool = False):
     if (data / "graphs").is_dir():
         with tempfile.TemporaryDirectory() as tmp:
-            yield evaluate(*load_tx2(data, Path(tmp)), trees=trees, label="Jetson TX2 (perf4sight data)",
+            device, rows, descs = load_tx2(data, Path(tmp))
+            if with_measured_reserved:
+                with measured_reserved(rows):
+                    yield evaluate(device, rows, descs, trees=trees, simulate_memory=True,
+                                   label="Jetson TX2, MEASURED reserved peak in place of the replay's (upper bound)")
+                return
+            yield evaluate(device, rows, descs, trees=trees, label="Jetson TX2 (perf4sight data)",
                            simulate_memory=simulate_memory)
     else:
         print(f"TX2 data not found at {data}: skipped")
@@ -327,9 +364,12 @@ def main() -> None:
     ap.add_argument("--no-tx2", action="store_true", help="only the --csv data")
     ap.add_argument("--no-simulate-memory", action="store_true",
                     help="fingerprints without the caching-allocator replay ([fingerprint] simulate_memory = false)")
+    ap.add_argument("--measured-reserved", action="store_true",
+                    help="TX2 only: the device's measured reserved peak in place of the replay's (what a perfect "
+                         "reserved-memory model would leave; not a predictor)")
     args = ap.parse_args()
-    run(Path("/nonexistent") if args.no_tx2 else args.data, args.csv, args.models, args.trees,
-        simulate_memory=not args.no_simulate_memory)
+    run(Path("/nonexistent") if args.no_tx2 else args.data, None if args.measured_reserved else args.csv, args.models,
+        args.trees, simulate_memory=not args.no_simulate_memory, with_measured_reserved=args.measured_reserved)
 
 
 if __name__ == "__main__":

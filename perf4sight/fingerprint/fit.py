@@ -30,8 +30,8 @@ from perf4sight.fingerprint.storage import save_models
 from perf4sight.fingerprint.trees import MODELS, TREE_FEATURES, TargetModel
 from perf4sight.ir.schema import NetworkDescription
 
-__all__ = ["fit_fingerprint", "memory_column", "device_kind", "memory_capacity", "records", "LATENCY_COLUMN",
-           "FEATURE_SET"]
+__all__ = ["fit_fingerprint", "memory_column", "device_kind", "memory_capacity", "records", "common_input_shape",
+           "LATENCY_COLUMN", "FEATURE_SET"]
 
 LATENCY_COLUMN = "latency_ms_median"
 FEATURE_SET = "perf4sight-graph-v1"
@@ -54,6 +54,7 @@ def device_kind(memory_col: str) -> str:
 
 
 def records(rows: Any) -> list[dict[str, Any]]:
+    """Measurement rows as a list of plain dicts, from dicts or a pandas DataFrame (empty cells "")."""
     if hasattr(rows, "to_dict"):  # pandas DataFrame
         rows = rows.fillna("").to_dict("records")
     return [dict(r) for r in rows]
@@ -99,7 +100,7 @@ def memory_capacity(limit_mb: float, n_oom: int,
     return float(cands[k]), f"learned from {len(p_oom)} oom and {len(p_ok)} ok rows ({errs[k]} misclassified)"
 
 
-def _common_input_shape(descriptions: dict[str, NetworkDescription], names: Iterable[str]) -> list[int]:
+def common_input_shape(descriptions: dict[str, NetworkDescription], names: Iterable[str]) -> list[int]:
     """The input shape most training networks share: what a zoo name is described at for predict."""
     shapes = Counter(tuple(descriptions[n].input_shape) for n in names)
     return list(shapes.most_common(1)[0][0])
@@ -112,7 +113,9 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
 
     ``rows``: tidy measurement dicts or a DataFrame (other devices' rows are ignored);
     ``descriptions``: network name -> description; ``fcfg``: ``cfg.fingerprint``
-    (model, n_estimators, min_samples_leaf, seed). Returns the metadata written to
+    (model, n_estimators, min_samples_leaf, seed); ``memory_limit_mb``: the device's memory limit in MiB
+    (0 = learn the capacity from ``oom`` rows); ``coverage``: the prediction interval's nominal coverage, a
+    fraction. Returns the metadata written to
     ``<out_dir>/metadata.json`` (accuracy under ``accuracy``).
     """
     model = str(getattr(fcfg, "model", "extra-trees"))
@@ -192,7 +195,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         "training_rows": counts,
         "oom_rows": len(oom_rows),
         "networks": sorted(feats),
-        "input_shape": _common_input_shape(descriptions, feats),
+        "input_shape": common_input_shape(descriptions, feats),
         "networks_without_description": missing,
         "training_data_sha256": _data_hash(usable, ("network", "batch_size", "status", LATENCY_COLUMN, mem_col)),
         "accuracy": accuracy,

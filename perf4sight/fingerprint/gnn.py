@@ -36,7 +36,8 @@ from perf4sight.config import GNN_ARCHS, PREDICTORS
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import feature_matrix
 from perf4sight.fingerprint.evaluate import CVResult, choose_groups, grouped_cv, metrics
-from perf4sight.fingerprint.fit import LATENCY_COLUMN, device_kind, memory_capacity, memory_column, records
+from perf4sight.fingerprint.fit import (LATENCY_COLUMN, common_input_shape, device_kind, memory_capacity, memory_column,
+                                        records)
 from perf4sight.fingerprint.gnn_graph import (EDGE_FEATURES, GLOBAL_FEATURES, NODE_FEATURES, OP_VOCAB,
                                               GraphTemplate, global_features, graph_template)
 from perf4sight.fingerprint.gnn_model import GNNModel
@@ -246,7 +247,6 @@ def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
     capacity, cap_src = memory_capacity(memory_limit_mb, len(s.oom), lambda: (
         _predict(model, norm, basem, s.tmpl(np.arange(len(s.nets))), s.bs)[:, 1],
         _predict(model, norm, basem, oom_t, [int(float(r["batch_size"])) for r in s.oom])[:, 1]))
-    shapes = [tuple(descriptions[n].input_shape) for n in s.nets]
     meta: dict[str, Any] = {
         "format": FORMAT, "device": device,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -260,7 +260,7 @@ def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
                             "with training statistics",
         "training": summary | {"seconds": round(t_fit, 2), "cv_seconds": round(t_cv, 2)},
         "networks": sorted(s.templates), "training_rows": len(s.nets), "oom_rows": len(s.oom),
-        "input_shape": list(max(set(shapes), key=shapes.count)),
+        "input_shape": common_input_shape(descriptions, s.templates),
         "accuracy": ev["accuracy"],
         "interval": {"coverage": coverage, "log_ratio_quantiles": ev["intervals"],
                      "method": "group-conformal on out-of-fold log(measured/predicted)" if evaluate
