@@ -5,15 +5,15 @@
 #   ./dev.sh test [pytest args]                       # the test suite (.ci/run calls this)
 #   ./dev.sh bench [name]                             # the benchmarks in bench/
 set -euo pipefail
-cd "$(dirname "$0")"
+root="$(cd "$(dirname "$0")" && pwd)"  # `run` keeps the caller's folder: its paths are the caller's
 
-venv=.venv
+venv="$root/.venv"
 stamp="$venv/.requirements.sha256"
-want="$(sha256sum requirements.txt | cut -d' ' -f1)"
+want="$(sha256sum "$root/requirements.txt" | cut -d' ' -f1)"
 if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "perf4sight: setting up $venv (first run or requirements.txt changed; about 2 minutes)" >&2
   python3.11 -m venv "$venv" 2>/dev/null || python3 -m venv "$venv"
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements.txt 2> >(grep -v "is ignored: it is neither" >&2)
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$root/requirements.txt" 2> >(grep -v "is ignored: it is neither" >&2)
   echo "$want" > "$stamp"
 fi
 
@@ -30,8 +30,8 @@ ensure_test_tools() {  # SSH tests start their own sshd on 127.0.0.1; report tes
 
 cmd="${1:-}"; shift || true
 case "$cmd" in
-  run)   exec "$venv/bin/python" main.py "$@" ;;
-  test)  ensure_test_tools; exec "$venv/bin/python" -m pytest -q "$@" ;;
-  bench) exec "$venv/bin/python" bench/run_all.py "$@" ;;
+  run)   exec "$venv/bin/python" "$root/main.py" "$@" ;;
+  test)  ensure_test_tools; cd "$root"; exec "$venv/bin/python" -m pytest -q "$@" ;;
+  bench) cd "$root"; exec "$venv/bin/python" bench/run_all.py "$@" ;;
   *)     echo "usage: ./dev.sh run MAIN_ARGS... | test [PYTEST_ARGS...] | bench [NAME]" >&2; exit 2 ;;
 esac

@@ -17,7 +17,7 @@ stages (run in this order by --stage all):
   fingerprint  fit per-device fingerprints for step time and memory (--predictor trees, gnn, or
                ensemble = both), print held-out error (MAPE), store them in fingerprinting/<device>/
   predict      predict step time and memory for --network (zoo names or description files) at
-               --batch-size on --device
+               --batch-size on --device (defaults: [predict] networks and batch_sizes)
   compare      a report comparing every fingerprinted device (or --device A B): what was measured,
                held-out accuracy, predicted curves, largest batch that fits; reports/compare-<time>/
   all          networks, profile, fingerprint (of the devices it profiled), predict, compare
@@ -26,7 +26,8 @@ other stages:
                --format perf4sight|perfseer --source DIR --device NAME
   export       write a device's measurements and graphs as a PerfSeer/GAPP-style dataset:
                --format perfseer --output DIR [--device NAME ...]
-  check        report, per device, whether it is reachable and has python, torch and its backend
+  check        report, per device, whether it is reachable and has python, torch and its backend,
+               its memory, swap and free disk, and whether its work folder is writable
 """
 
 #: what an interrupted stage leaves behind (Ctrl-C)

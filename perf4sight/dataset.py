@@ -47,13 +47,18 @@ def current_rows(cfg: Config, device: str) -> tuple[list[dict[str, str]], list[d
     return split_stale(rows, description_shas(cfg, device))
 
 
-def stale_note(device: str, stale: list[dict[str, str]]) -> str:
-    """One line saying which rows were passed over because their description changed ('' if none)."""
+def stale_note(device: str, stale: list[dict[str, str]], current: list[dict[str, str]] = ()) -> str:
+    """One line saying which rows were passed over because their description changed ('' if none), and
+    whether ``current`` rows (measured on the descriptions as they are) have replaced them."""
     if not stale:
         return ""
+    measured = {(r["network"], r["batch_size"]) for r in current}
+    todo = [r for r in stale if (r["network"], r["batch_size"]) not in measured]
     nets = sorted({r["network"] for r in stale})
+    action = (f"{len(todo)} of them not measured again yet: profile them again" if todo
+              else "all measured again since")
     return (f"{device}: {len(stale)} rows of {len(nets)} networks ({', '.join(nets[:3])}{', ...' if len(nets) > 3 else ''}) "
-            "were measured on an earlier version of their description and are passed over (profile them again)")
+            f"were measured on an earlier version of their description and are passed over ({action})")
 
 
 def dataset_descriptions_or_empty(cfg: Config) -> list[Path]:

@@ -73,17 +73,25 @@ def run_networks(cfg: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def _configured(cfg: Config, names: list[str]) -> list[str]:
+    """``names``, each a configured device (``UserError`` otherwise, or when there are none)."""
+    if not names:
+        raise UserError(f"{cfg.path}: no devices configured: add a [devices.<name>] table (e.g. backend = \"cpu\")")
+    for name in names:
+        cfg.device(name)
+    return names
+
+
 def run_profile(cfg: Config, args: argparse.Namespace) -> int:
     from perf4sight.profiling.fleet import format_summaries, profile_devices
 
     descriptions = dataset_descriptions(cfg)
-    names = args.device or cfg.profile.devices or list(cfg.devices)
-    for name in names:
-        cfg.device(name)
+    names = _configured(cfg, args.device or cfg.profile.devices or list(cfg.devices))
     summaries = profile_devices(cfg, names, descriptions)
     console.print(format_summaries(summaries), markup=False)
     for s in summaries:
-        console.print(f"{s.device}: measurements in {results_path(cfg.profiling_dir, s.device)}", markup=False)
+        if results_path(cfg.profiling_dir, s.device).is_file():
+            console.print(f"{s.device}: measurements in {results_path(cfg.profiling_dir, s.device)}", markup=False)
     return 0 if all(s.status == "done" for s in summaries) else 1
 
 
@@ -103,7 +111,8 @@ def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
     predictor = _predictor(cfg, args)
     for device in devices:
         descriptions = description_index(cfg, device)
-        note = stale_note(device, current_rows(cfg, device)[1])
+        rows, stale = current_rows(cfg, device)
+        note = stale_note(device, stale, rows)
         if note:
             notes.print(note, markup=False)
         if predictor in ("trees", "ensemble"):
@@ -170,6 +179,7 @@ def run_predict(cfg: Config, args: argparse.Namespace) -> int:
     if args.json:
         for p in preds:  # figures to 0.001 ms / MiB: far below the accuracy, free of float noise
             print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in p.items()}))
+        _capacity_note(fp, preds)
         return 0
     table = Table(title=f"predicted training step on {device} by the {predictor} predictor (90% interval)")
     for col in ("network", "batch", "step time ms", "memory MiB", "fits"):
@@ -180,11 +190,7 @@ def run_predict(cfg: Config, args: argparse.Namespace) -> int:
                       f"{p['memory_mb']:.0f} [{p['memory_mb_low']:.0f}, {p['memory_mb_high']:.0f}]",
                       "yes" if p["fits"] else "no")
     console.print(table)
-    cap = getattr(fp, "capacity_mb", None)
-    if getattr(fp, "capacity_basis", "") == "analytic" and any(not p["fits"] and p["memory_mb"] <= cap for p in preds):
-        notes.print(f"note: 'fits' compares the capacity learnt from this device's out-of-memory rows ({cap:.0f} MiB) "
-                    "with the memory model's analytic demand, which keeps growing where measured memory levels off "
-                    "near the limit: a row can show memory under the capacity and not fit", markup=False)
+    _capacity_note(fp, preds)
     shape = "x".join(map(str, fp.input_shape or cfg.networks.input_shape))
     zoo = (f" (zoo networks: described at {shape}, the input shape of the fingerprint's training networks; "
            f"the first time with torch and torchvision, then from {cfg.models_dir / ZOO_CACHE})") if any(
@@ -193,6 +199,16 @@ def run_predict(cfg: Config, args: argparse.Namespace) -> int:
                   f"describing the networks took "
                   f"{describing * 1000:.0f} ms{zoo}")
     return 0
+
+
+def _capacity_note(fp: object, preds: list[dict]) -> None:
+    """Explain a `fits: no` whose predicted memory is under the capacity (the capacity is compared with the
+    analytic demand, not with the shown figure)."""
+    cap = getattr(fp, "capacity_mb", None)
+    if getattr(fp, "capacity_basis", "") == "analytic" and any(not p["fits"] and p["memory_mb"] <= cap for p in preds):
+        notes.print(f"note: 'fits' compares the capacity learnt from this device's out-of-memory rows ({cap:.0f} MiB) "
+                    "with the memory model's analytic demand, which keeps growing where measured memory levels off "
+                    "near the limit: a row can show memory under the capacity and not fit", markup=False)
 
 
 def run_compare(cfg: Config, args: argparse.Namespace) -> int:
@@ -243,7 +259,7 @@ def run_export(cfg: Config, args: argparse.Namespace) -> int:
     for device in devices:  # every device checked before the first file is written
         rows, stale = current_rows(cfg, device)
         if stale:
-            notes.print(stale_note(device, stale), markup=False)
+            notes.print(stale_note(device, stale, rows), markup=False)
         todo[device] = (rows, description_index(cfg, device))
         check_exportable(exportable_rows(*todo[device])[0])
     for device, (rows, descriptions) in todo.items():
@@ -258,10 +274,7 @@ def run_export(cfg: Config, args: argparse.Namespace) -> int:
 def run_check(cfg: Config, args: argparse.Namespace) -> int:
     from perf4sight.profiling.fleet import check_devices, format_checks
 
-    names = args.device or list(cfg.devices)
-    for name in names:
-        cfg.device(name)
-    checks = check_devices(cfg, names)
+    checks = check_devices(cfg, _configured(cfg, args.device or list(cfg.devices)))
     console.print(format_checks(checks), markup=False)
     return 0 if all(c.ok for c in checks) else 1
 

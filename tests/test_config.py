@@ -86,6 +86,15 @@ def test_cli_prints_one_line_and_exits_2(tmp_path):
         assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
 
 
+def test_no_devices_configured_is_one_line(tmp_path):
+    """A config without a [devices.*] table: check (and profile) say so instead of printing nothing."""
+    path = tmp_path / "empty.toml"
+    path.write_text("[networks]\nzoo = ['resnet18']\n")
+    proc = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(path), "--stage", "check"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no devices configured" in proc.stderr
+
+
 def test_unknown_device_on_the_command_line(tmp_path):
     path = write(tmp_path, GOOD)
     proc = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(path), "--stage", "predict",

@@ -140,6 +140,8 @@ def test_changed_description_is_measured_again_and_its_old_rows_are_passed_over(
     assert (fresh, stale) == ([rows[1]], [rows[0]])
     assert device_measurements(cfg, "local")[0] == [rows[1]]
     assert "1 rows of 1 networks (tiny)" in stale_note("local", stale)
+    assert "(all measured again since)" in stale_note("local", stale, fresh)
+    assert "(1 of them not measured again yet: profile them again)" in stale_note("local", stale, [])
     assert (profile_local(cfg, "local", [net], progress=False).already_measured) == 1  # and now it resumes
 
     write_net(cfg.models_dir, "tiny", width=4)  # changed again, not yet measured: nothing current is left

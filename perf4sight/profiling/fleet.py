@@ -140,8 +140,13 @@ def _profile_local(cfg: Config, dev: DeviceConfig, descriptions: Sequence[Path],
         pass
     summary.rows = local.new_rows + local.already_measured
     summary.expected = summary.rows
-    summary.message = "; ".join(local.warnings[:3] + local.errors[:3])
+    summary.message = "; ".join(_first(local.warnings) + _first(local.errors))
     return summary
+
+
+def _first(messages: list[str], n: int = 3) -> list[str]:
+    """The first ``n`` messages, and how many more there are."""
+    return messages[:n] + ([f"{len(messages) - n} more like it"] if len(messages) > n else [])
 
 
 def profile_devices(cfg: Config, names: Sequence[str] | None, descriptions: Sequence[str | Path], *,
@@ -210,7 +215,8 @@ def format_checks(checks: Sequence[DeviceCheck]) -> str:
                  f"{', cuda' if f.get('cuda') else ''}, {f.get('backend_library') or 'no backend library'}"
                  f" {f.get('backend_library_version') or ''}".rstrip()
                  + (f", memory {f['memory_mb']:.0f} MiB, swap {f.get('swap_mb', 0):.0f} MiB" if f.get("memory_mb") else "")
-                 + f", free disk {f.get('free_disk_mb', '?')} MiB") if f else ""
+                 + (f", free disk {f['free_disk_mb']:.0f} MiB" if isinstance(f.get("free_disk_mb"), (int, float))
+                    else ", free disk ? MiB")) if f else ""
         lines.append(f"{c.device} [{c.backend}] {c.where}: {state}" + (f"; {facts}" if facts else "")
                      + (f" — {c.message}" if c.message else ""))
     return "\n".join(lines)
