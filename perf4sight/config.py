@@ -27,7 +27,7 @@ GNN_ARCHS = ("sage", "seernet")
 
 @dataclass
 class ProjectConfig:
-    """Where outputs go (relative to the config file) and the master random seed."""
+    """Where outputs go (relative to the config file) and the seed of the compare report's feature sensitivity."""
     models_dir: str = "models"
     profiling_dir: str = "profiling_csvs"
     fingerprint_dir: str = "fingerprinting"
@@ -227,8 +227,11 @@ def _check(cfg: Config) -> None:
         dev.name = name
         if dev.backend not in BACKENDS:
             raise UserError(f"{f}: [devices.{name}] backend '{dev.backend}' is not one of {', '.join(BACKENDS)}")
-        if dev.memory_limit_mb < 0:
-            raise UserError(f"{f}: [devices.{name}] memory_limit_mb must be >= 0")
+        for key in ("memory_limit_mb", "threads", "gpu_index"):
+            if getattr(dev, key) < 0:
+                raise UserError(f"{f}: [devices.{name}] {key} must be >= 0, got {getattr(dev, key)}")
+        if not 0 < dev.port < 65536:
+            raise UserError(f"{f}: [devices.{name}] port must lie in 1..65535, got {dev.port}")
     for d in cfg.profile.devices:
         if d not in cfg.devices:
             raise UserError(f"{f}: [profile] devices names unknown device '{d}' (devices: {', '.join(cfg.devices) or 'none'})")
@@ -247,6 +250,17 @@ def _check(cfg: Config) -> None:
         raise UserError(f"{f}: [profile] min_timed_s must lie in [0, timeout_s), got {cfg.profile.min_timed_s}")
     if cfg.profile.max_swap_in_mb < 0:
         raise UserError(f"{f}: [profile] max_swap_in_mb must be >= 0, got {cfg.profile.max_swap_in_mb}")
+    if not (cfg.profile.learning_rate > 0 and 0 <= cfg.profile.momentum < 1):
+        raise UserError(f"{f}: [profile] learning_rate must be > 0 and momentum in [0, 1), "
+                        f"got {cfg.profile.learning_rate} and {cfg.profile.momentum}")
+    for where, value in (("[project] seed", cfg.project.seed), ("[networks.pruning] seed", cfg.networks.pruning.seed),
+                         ("[networks.generator] seed", cfg.networks.generator.seed),
+                         ("[networks.generator] count", cfg.networks.generator.count),
+                         ("[fingerprint] seed", cfg.fingerprint.seed)):
+        if value < 0:
+            raise UserError(f"{f}: {where} must be >= 0, got {value}")
+    if cfg.networks.num_classes < 1:
+        raise UserError(f"{f}: [networks] num_classes must be >= 1, got {cfg.networks.num_classes}")
     fp = cfg.fingerprint
     if fp.model not in TREE_MODELS:
         raise UserError(f"{f}: [fingerprint] model '{fp.model}' is not one of {', '.join(TREE_MODELS)}")
@@ -285,6 +299,8 @@ def _check(cfg: Config) -> None:
     for lvl in cfg.networks.pruning.levels:
         if not 0 <= lvl <= 99:
             raise UserError(f"{f}: [networks.pruning] levels must lie in 0..99, got {lvl}")
+    if len(set(cfg.networks.pruning.levels)) != len(cfg.networks.pruning.levels):
+        raise UserError(f"{f}: [networks.pruning] levels name a level twice: {cfg.networks.pruning.levels}")
     for fname in cfg.networks.description_files:
         if not cfg.resolve(fname).is_file():
             raise UserError(f"{f}: [networks] description_files: file not found: {fname}")
@@ -296,8 +312,8 @@ def load_config(path: str | Path) -> Config:
     if not p.is_file():
         raise UserError(f"{p}: config file not found")
     try:
-        raw = tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as exc:
+        raw = tomllib.loads(p.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"{p}: not valid TOML ({exc})") from None
     cfg = Config()
     hints = typing.get_type_hints(Config)

@@ -21,8 +21,8 @@ def read_json_object(path: str | Path, what: str) -> dict[str, Any]:
         raise UserError(f"{p}: {what} not found")
     try:
         data = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"{p}: {what} is not valid JSON ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # bad JSON or text, a number or nesting too large to read
+        raise UserError(f"{p}: {what} is not valid JSON ({str(exc).splitlines()[0][:200]})") from None
     if not isinstance(data, dict):
         raise UserError(f"{p}: {what} must be a JSON object")
     return data

@@ -119,6 +119,11 @@ def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
             meta = fit_device(cfg, device, descriptions)
             meta["folder"] = str(cfg.fingerprint_dir / device)
             _print_accuracy(device, meta)
+            ok = sum(r.get("status") == "ok" and r.get("network") in descriptions for r in rows)
+            for target, n in meta["training_rows"].items():
+                if n < ok:
+                    notes.print(f"{device}: {ok - n} of {ok} ok rows have no usable {target} figure (empty, zero or "
+                                "not a number) and were left out of its model", markup=False)
         if predictor in ("gnn", "ensemble"):
             from perf4sight.fingerprint.gnn import fit_device_gnn, gnn_accuracy_lines
 

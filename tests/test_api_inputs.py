@@ -90,6 +90,7 @@ def test_batch_list_accepts_ints_numpy_integers_and_whole_floats():
     (float("nan"), "nan is not a whole number"),
     ([0, 4], r"batch sizes must be positive integers, got \[0, 4\]"),  # the CLI's --batch-size 0 message
     (-2, r"must be positive integers, got \[-2\]"),
+    ([8, 2**63 - 1], r"batch size 9223372036854775807 is above 1,000,000,000"),
     ([], "no batch sizes given"),
     (None, r"None \(NoneType\) is not an integer"),
     ([[1, 2]], r"\[1, 2\] \(list\) is not an integer"),
@@ -98,6 +99,33 @@ def test_batch_list_rejects_with_one_line(bad, expected):
     with pytest.raises(UserError, match=expected) as exc:
         batch_list(bad)
     assert _one_line(exc).startswith("predict: ")
+
+
+# ---------------------------------------------------------------- damaged fingerprint files
+
+@pytest.mark.parametrize("damage", [
+    lambda f: (f / "models.npz").write_bytes((f / "models.npz").read_bytes()[:1000]),   # truncated
+    lambda f: (f / "models.npz").write_bytes(b""),
+    lambda f: (f / "metadata.json").write_text("[]"),
+    lambda f: _edit_metadata(f, lambda m: m.update(capacity_mb="big")),
+    lambda f: _edit_metadata(f, lambda m: m["models"]["latency"].update(terms=["one", "no_such_feature"])),
+    lambda f: _edit_metadata(f, lambda m: m["interval"]["log_ratio_quantiles"].update(latency=[0])),
+])
+def test_damaged_fingerprint_is_one_line(fitted, tmp_path, damage):
+    import shutil
+    folder = tmp_path / "cpu0"
+    shutil.copytree(fitted[0], folder)
+    damage(folder)
+    with pytest.raises(UserError, match="damaged or from an incompatible version") as exc:
+        load_fingerprint(folder)
+    assert _one_line(exc)
+
+
+def _edit_metadata(folder: Path, change) -> None:
+    import json
+    meta = json.loads((folder / "metadata.json").read_text())
+    change(meta)
+    (folder / "metadata.json").write_text(json.dumps(meta))
 
 
 # ---------------------------------------------------------------- descriptions

@@ -69,12 +69,28 @@ def test_good_config_is_typed(tmp_path):
     ("[networks\nzoo=1", r"not valid TOML"),
     (GOOD + "\n[fingerprint]\npredictor = 'forest'\n", r"\[fingerprint\] predictor 'forest' is not one of trees, gnn"),
     (GOOD + "\n[fingerprint]\ngnn_arch = 'gat'\n", r"\[fingerprint\] gnn_arch 'gat'"),
+    # values a stage would otherwise fail on deep inside torch, numpy or scikit-learn, or write error rows for
+    (GOOD.replace("input_shape = [3, 32, 32]", "input_shape = [3, 32, 32]\nnum_classes = -1"), r"num_classes must be >= 1"),
+    (GOOD + "\n[fingerprint]\nseed = -1\n", r"\[fingerprint\] seed must be >= 0, got -1"),
+    (GOOD + "\n[networks.generator]\nseed = -1\n", r"\[networks.generator\] seed must be >= 0"),
+    (GOOD + "\n[networks.generator]\ncount = -1\n", r"\[networks.generator\] count must be >= 0"),
+    (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\nlearning_rate = -0.5"), r"learning_rate must be > 0"),
+    (GOOD.replace("memory_limit_mb = 512", "threads = -2"), r"\[devices.local\] threads must be >= 0, got -2"),
+    (GOOD.replace("levels = [0, 50]", "levels = [30, 30.0]"), r"levels name a level twice"),
 ])
 def test_bad_config_names_file_and_key(tmp_path, text, expected):
     path = write(tmp_path, text)
     with pytest.raises(UserError, match=expected) as info:
         load_config(path)
     assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_config_that_is_not_utf8_is_one_line(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_bytes(b"[project]\nseed = 0 # caf\xe9\n")
+    with pytest.raises(UserError, match="not valid TOML") as info:
+        load_config(path)
+    assert "\n" not in str(info.value)
 
 
 def test_cli_prints_one_line_and_exits_2(tmp_path):

@@ -119,3 +119,11 @@ def test_bad_sources(tmp_path):
     _write(garbled, "passed|mem_used|bs", ["True|100|8", "True|lots|16", "False|None|32"])
     with pytest.raises(UserError, match=r"net_0-gt.csv: line 3: mem_used 'lots' is not a number"):
         import_perf4sight(tmp_path / "garbled", "d", tmp_path / "p", tmp_path / "m")
+
+
+@pytest.mark.parametrize("name", ["..", ".", "a/b", "tx2 ", "", ".hidden"])
+def test_import_device_name_must_name_a_folder(tmp_path, name):
+    """`--device ..` wrote the measurements beside the config and the graphs into models/."""
+    from perf4sight.importers.perf4sight_csv import import_source
+    with pytest.raises(UserError, match="cannot name a folder"):
+        import_source(tmp_path, name, "perf4sight")

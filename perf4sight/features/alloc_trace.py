@@ -97,8 +97,11 @@ def record_runs(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: i
                 raise UserError(f"{desc.name}: the allocation model does not cover {exc}") from None
     elif method == "model":
         raise UserError("the allocation model needs fast=True and inplace_relu=True")
+    from perf4sight.ir.from_torch import stderr_kept_on_success
+
     try:
-        return _record(desc, batch_sizes, steps, lr, momentum, weight_decay, inplace_relu, fast)
+        with stderr_kept_on_success():  # fx's GraphModule prints the traceback of a failing call
+            return _record(desc, batch_sizes, steps, lr, momentum, weight_decay, inplace_relu, fast)
     except RuntimeError as exc:
         if inplace_relu and "inplace" in str(exc).lower():
             return _record(desc, batch_sizes, steps, lr, momentum, weight_decay, False, fast)

@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from perf4sight.errors import UserError
-from perf4sight.features.aggregate import NetworkFeatures, feature_matrix, network_features
+from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, feature_matrix, network_features
 from perf4sight.fingerprint.storage import HeldOut, load_held_out, load_models
 from perf4sight.fingerprint.trees import TargetModel
 from perf4sight.ir.schema import NetworkDescription, load_description
@@ -49,6 +49,9 @@ def _batch_size(v: Any) -> int:
     raise UserError(f"predict: batch size {v!r} ({type(v).__name__}) is not an integer")
 
 
+MAX_BATCH_SIZE = 10**9  # larger batches overflow the byte counts (int64) of the allocator replay
+
+
 def batch_list(batch_sizes: int | Sequence[int]) -> list[int]:
     """``batch_sizes`` (an int, or an iterable of ints; numpy integers and whole floats too) as a list of
     ints; ``UserError`` for strings, bools, fractions, values below 1 or no batch size at all."""
@@ -60,6 +63,8 @@ def batch_list(batch_sizes: int | Sequence[int]) -> list[int]:
         raise UserError("predict: no batch sizes given; give an int or a list of ints (e.g. 16 or [8, 16])")
     if any(b < 1 for b in bss):
         raise UserError(f"predict: batch sizes must be positive integers, got {bss}")
+    if max(bss) > MAX_BATCH_SIZE:
+        raise UserError(f"predict: batch size {max(bss)} is above {MAX_BATCH_SIZE:,} (sizes in bytes would overflow)")
     return bss
 
 
@@ -233,7 +238,14 @@ def load_fingerprint(folder: str | Path) -> Fingerprint:
     for t in ("latency", "memory"):
         if t not in models:
             raise UserError(f"{folder}: fingerprint lacks the {t} model")
-    return Fingerprint(models, meta, load_held_out(folder))
+    try:
+        fp = Fingerprint(models, meta, load_held_out(folder))
+        for t in ("latency", "memory"):  # terms this version computes, one coefficient each
+            models[t].analytic(np.ones((1, len(FEATURE_NAMES))))
+    except (TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise UserError(f"{folder}: fingerprint files are damaged or from an incompatible version ({exc}); "
+                        "run the fingerprint stage again") from None
+    return fp
 
 
 def accuracy_lines(metadata: dict[str, Any]) -> list[str]:

@@ -12,6 +12,7 @@ Loading executes no code from the files: JSON and plain numeric arrays only.
 from __future__ import annotations
 
 import csv
+import zipfile
 import json
 from pathlib import Path
 from typing import Any
@@ -95,8 +96,9 @@ def load_models(folder: str | Path) -> tuple[dict[str, TargetModel], dict[str, A
                 models[target] = TargetModel(
                     target=target, terms=tuple(entry["terms"]), coef=np.asarray(arrays[f"{target}.coef"]),
                     correction=None if corr is None else TreeEnsemble.from_arrays(f"{target}.trees", arrays, corr))
-    except (json.JSONDecodeError, KeyError, ValueError, OSError) as exc:
-        raise UserError(f"{d}: fingerprint files are damaged or from an incompatible version ({exc})") from None
+    except (KeyError, ValueError, TypeError, AttributeError, IndexError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise UserError(f"{d}: fingerprint files are damaged or from an incompatible version "
+                        f"({type(exc).__name__}: {str(exc)[:200]}); run the fingerprint stage again") from None
     return models, meta
 
 

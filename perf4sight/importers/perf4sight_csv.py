@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from perf4sight.errors import UserError
-from perf4sight.ir.schema import load_description, save_description
+from perf4sight.ir.schema import is_file_stem, load_description, save_description
 from perf4sight.profiling.results import append_row, file_sha, measured_keys, read_rows, results_path, row_key
 
 __all__ = ["ImportSummary", "import_perf4sight", "read_gt_csv"]
@@ -67,8 +67,9 @@ def import_source(source_dir: str | Path, device: str, tool: str) -> Path:
     source = Path(source_dir)
     if not source.is_dir():
         raise UserError(f"{source}: {tool} source folder not found")
-    if not device or "/" in device:
-        raise UserError(f"import: bad device name {device!r}")
+    if not is_file_stem(device):
+        raise UserError(f"import: device name {device!r} cannot name a folder (no path separators, no leading '.', "
+                        "no surrounding spaces)")
     return source
 
 

@@ -25,7 +25,7 @@ from torch.fx.passes.shape_prop import ShapeProp
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription, Node, count_params
 
-__all__ = ["describe", "check_input_shape", "forward_error"]
+__all__ = ["describe", "check_input_shape", "forward_error", "stderr_kept_on_success"]
 
 _TRACE_BATCH = 2  # a batch of 2 keeps the batch dimension distinguishable from squeezable 1s
 
@@ -139,7 +139,7 @@ def _shape(n: fx.Node) -> list[int] | None:
 
 
 @contextlib.contextmanager
-def _stderr_kept_on_success() -> Iterator[None]:
+def stderr_kept_on_success() -> Iterator[None]:
     """Hold back what is written to stderr (torch's ``ShapeProp`` prints the traceback of a failing node
     before re-raising it); written out once the block succeeds, dropped when it raises."""
     held = io.StringIO()
@@ -150,7 +150,7 @@ def _stderr_kept_on_success() -> Iterator[None]:
 
 def _shape_prop(gm: fx.GraphModule, example: torch.Tensor, fake_mode: Any = None) -> None:
     """``ShapeProp(gm).propagate(example)`` without the traceback it prints when a node fails."""
-    with _stderr_kept_on_success():
+    with stderr_kept_on_success():
         ShapeProp(gm, fake_mode=fake_mode).propagate(example)
 
 

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from perf4sight.errors import UserError, read_json_object
+from perf4sight.ir.shapes import shape_problem
 
-__all__ = ["Node", "NetworkDescription", "OPS", "load_description", "save_description"]
+__all__ = ["Node", "NetworkDescription", "OPS", "load_description", "save_description", "is_file_stem"]
 
 SCHEMA_VERSION = 1
 
@@ -59,6 +60,12 @@ _PAIRS: dict[str, tuple[str, ...]] = {
 def _is_int(v: Any, least: int) -> bool:
     """Whether ``v`` is an integer (not a bool) of at least ``least``."""
     return isinstance(v, int) and not isinstance(v, bool) and v >= least
+
+
+def is_file_stem(v: Any) -> bool:
+    """Whether ``v`` can name a file in a folder without leaving it."""
+    return (isinstance(v, str) and v.strip() == v and v != "" and not v.startswith(".")
+            and not any(c in v for c in "/\\") and all(ord(c) >= 32 for c in v))
 
 
 def _attr_problem(node: "Node") -> str:
@@ -143,8 +150,19 @@ class NetworkDescription:
             raise UserError(f"{where}: input_shape must be [channels, height, width] (positive integers), got {shape!r}")
         if not isinstance(d["nodes"], list):
             raise UserError(f"{where}: nodes must be a list of node objects")
+        for key in ("name", "network"):
+            if key in d and not is_file_stem(d[key]):
+                raise UserError(f"{where}: {key} {d[key]!r} must be usable as a file name (no path separators, "
+                                "not starting with '.', no control characters)")
+        for key, least in (("num_classes", 1), ("params", 0)):
+            if key in d and not _is_int(d[key], least):
+                raise UserError(f"{where}: {key} must be an integer >= {least}, got {d[key]!r}")
+        level = d.get("pruning_level", 0)
+        if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 <= level < 100:
+            raise UserError(f"{where}: pruning_level must be a percentage in [0, 100), got {level!r}")
         nodes = []
         seen: set[str] = set()
+        shapes: dict[str, list[int]] = {}
         for i, raw in enumerate(d["nodes"]):
             try:
                 if not isinstance(raw, dict):
@@ -175,10 +193,19 @@ class NetworkDescription:
                     node.attrs[a] = [node.attrs[a]] * 2
             if node.op != "input" and not node.inputs:
                 raise UserError(f"{where}: node '{node.name}' ({node.op}) has no inputs")
+            if node.name in seen:
+                raise UserError(f"{where}: two nodes are named '{node.name}'")
             unknown_inputs = [x for x in node.inputs if x not in seen]
             if unknown_inputs:
                 raise UserError(f"{where}: node '{node.name}' uses {unknown_inputs} before they are defined")
+            if node.op == "input" and (nodes or node.output_shape != shape):
+                raise UserError(f"{where}: node '{node.name}': the one 'input' node comes first and has "
+                                f"output_shape = input_shape {shape}")
+            problem = shape_problem(node.op, node.attrs, [shapes[x] for x in node.inputs], node.output_shape)
+            if problem:
+                raise UserError(f"{where}: node '{node.name}' ({node.op}): {problem}")
             seen.add(node.name)
+            shapes[node.name] = node.output_shape
             nodes.append(node)
         if not nodes or nodes[0].op != "input":
             raise UserError(f"{where}: the first node must be the 'input' node")

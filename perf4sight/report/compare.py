@@ -215,6 +215,8 @@ def compare_devices(cfg: Config, devices: list[str], console: Console) -> Path:
         all_descs[name] = descs
     notes: list[str] = []
     curves, names = _curves(cfg, devs, all_descs, notes)
+    if not any(curves.values()):
+        raise UserError("compare: no network could be predicted on any device; " + "; ".join(notes))
     now = _dt.datetime.now(_dt.timezone.utc)
     stamp = now.strftime("%Y%m%d-%H%M%S")
     folder = cfg.reports_dir / f"compare-{stamp}"

@@ -1,0 +1,120 @@
+"""Shape rules of the description's ops: what a node's inputs make its output, so that a description
+whose numbers do not fit together (a convolution fed the wrong channel count, a reshape that changes
+the element count, a node with one input too many) is refused when it is read, not predicted.
+
+Shapes exclude the batch dimension; ``dim`` attributes count it (``dim: 1`` = channels), as in the
+schema. :func:`shape_problem` returns what is wrong ("" if nothing); an op without a rule here only
+has its input count checked.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["shape_problem", "ARITY"]
+
+_UNARY = ("relu", "relu6", "hardswish", "sigmoid", "hardsigmoid", "silu", "gelu", "tanh", "identity", "dropout")
+
+#: op -> (fewest, most) inputs; None = no upper bound
+ARITY: dict[str, tuple[int, int | None]] = {
+    "input": (0, 0), "add": (2, 2), "mul": (2, 2), "cat": (1, None),
+    **{op: (1, 1) for op in _UNARY + ("conv2d", "batchnorm2d", "linear", "maxpool2d", "avgpool2d",
+                                      "adaptiveavgpool2d", "adaptivemaxpool2d", "reshape", "flatten", "squeeze",
+                                      "unsqueeze", "select", "narrow", "transpose", "mean")},
+}
+
+
+def _window_out(size: int, kernel: int, stride: int, pad: int, dilation: int, ceil_mode: bool) -> int:
+    """Output length of a sliding window (PyTorch's convolution and pooling formula)."""
+    span = size + 2 * pad - dilation * (kernel - 1) - 1
+    out = (-(-span // stride) if ceil_mode else span // stride) + 1
+    if ceil_mode and (out - 1) * stride >= size + pad:  # the last window must start inside the input
+        out -= 1
+    return out
+
+
+def _axis(dim: int, rank: int) -> int | None:
+    """Index into a per-sample shape of ``rank`` dims for a ``dim`` that counts the batch (None: the batch)."""
+    d = dim + rank + 1 if dim < 0 else dim
+    return d - 1 if 1 <= d <= rank else None
+
+
+def _broadcast(a: list[int], b: list[int]) -> list[int] | None:
+    out = []
+    for x, y in zip(reversed([1] * (len(b) - len(a)) + a), reversed([1] * (len(a) - len(b)) + b)):
+        if x != y and 1 not in (x, y):
+            return None
+        out.append(max(x, y))
+    return out[::-1]
+
+
+def _pair(v: Any) -> list[int]:
+    return list(v) if isinstance(v, list) else [v, v]
+
+
+def _expected(op: str, a: dict[str, Any], ins: list[list[int]], out: list[int]) -> list[int] | str | None:
+    """The output shape ``op`` makes of ``ins`` (a string says what is wrong; None: no rule)."""
+    x = ins[0] if ins else []
+    if op in _UNARY or op == "batchnorm2d":
+        if op == "batchnorm2d" and (len(x) < 1 or x[0] != a["num_features"]):
+            return f"num_features {a['num_features']} but its input has shape {x}"
+        return x
+    if op == "conv2d" or op in ("maxpool2d", "avgpool2d"):
+        if len(x) != 3:
+            return f"needs a [channels, height, width] input, got {x}"
+        if op == "conv2d" and x[0] != a["in_channels"]:
+            return f"in_channels {a['in_channels']} but its input has {x[0]} channels"
+        k, p = _pair(a["kernel_size"]), _pair(a["padding"])
+        s = _pair(a["stride"] if a.get("stride") is not None else a["kernel_size"])
+        d = _pair(a.get("dilation", 1) or 1)
+        ceil = bool(a.get("ceil_mode", False)) if op != "conv2d" else False
+        hw = [_window_out(x[i + 1], k[i], s[i], p[i], d[i], ceil) for i in range(2)]
+        if min(hw) < 1:
+            return f"kernel {k} (padding {p}) does not fit its {x[1]}x{x[2]} input"
+        return [a["out_channels"] if op == "conv2d" else x[0]] + hw
+    if op in ("adaptiveavgpool2d", "adaptivemaxpool2d"):
+        size = _pair(a["output_size"])
+        return [x[0]] + [x[i + 1] if size[i] is None else size[i] for i in range(2)] if len(x) == 3 else None
+    if op == "linear":
+        if not x or x[-1] != a["in_features"]:
+            return f"in_features {a['in_features']} but its input has shape {x}"
+        return x[:-1] + [a["out_features"]]
+    if op in ("add", "mul"):
+        return _broadcast(ins[0], ins[1]) or f"cannot combine inputs of shapes {ins[0]} and {ins[1]}"
+    if op == "cat":
+        axis = _axis(int(a["dim"]), len(x))
+        if axis is None or any(len(s) != len(x) or s[:axis] + s[axis + 1:] != x[:axis] + x[axis + 1:] for s in ins):
+            return f"cannot concatenate shapes {ins} along dim {a['dim']}"
+        return x[:axis] + [sum(s[axis] for s in ins)] + x[axis + 1:]
+    if op in ("reshape", "flatten", "squeeze", "unsqueeze"):
+        return out if math.prod(out) == math.prod(x) else f"changes the element count ({x} -> {out})"
+    if op == "transpose":
+        return out if sorted(out) == sorted(x) else f"is not a transpose of {x} ({out})"
+    if op in ("select", "narrow"):
+        axis = _axis(int(a["dim"]), len(x))
+        if axis is None:
+            return f"dim {a['dim']} is not a dimension of its input {x}"
+        first, count = (int(a["index"]), 1) if op == "select" else (int(a["start"]), int(a["length"]))
+        first = first + x[axis] if first < 0 else first
+        if not 0 <= first or first + count > x[axis]:
+            return f"takes {count} from position {first} of a dimension of size {x[axis]}"
+        return x[:axis] + ([] if op == "select" else [count]) + x[axis + 1:]
+    return None
+
+
+def shape_problem(op: str, attrs: dict[str, Any], in_shapes: list[list[int]], out_shape: list[int]) -> str:
+    """What is wrong with a node whose inputs have ``in_shapes`` and which says it outputs ``out_shape``."""
+    low, high = ARITY.get(op, (0, None))
+    if len(in_shapes) < low or (high is not None and len(in_shapes) > high):
+        want = str(low) if low == high else f"at least {low}" if high is None else f"{low} to {high}"
+        return f"takes {want} input{'s' if (high or low) != 1 else ''}, got {len(in_shapes)}"
+    try:
+        expected = _expected(op, attrs, in_shapes, list(out_shape))
+    except (TypeError, ValueError, IndexError, KeyError):
+        return f"attributes {attrs} do not fit inputs of shapes {in_shapes}"
+    if isinstance(expected, str):
+        return expected
+    if expected is not None and list(expected) != list(out_shape):
+        return f"output_shape {list(out_shape)}, but its input{'s' if len(in_shapes) > 1 else ''} " \
+               f"{in_shapes if len(in_shapes) > 1 else in_shapes[0]} give {list(expected)}"
+    return ""
