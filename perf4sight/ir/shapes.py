@@ -17,7 +17,7 @@ _UNARY = ("relu", "relu6", "hardswish", "sigmoid", "hardsigmoid", "silu", "gelu"
 
 #: op -> (fewest, most) inputs; None = no upper bound
 ARITY: dict[str, tuple[int, int | None]] = {
-    "input": (0, 0), "add": (2, 2), "mul": (2, 2), "cat": (1, None),
+    "input": (0, 0), "add": (1, 2), "mul": (1, 2), "cat": (1, None),  # add/mul: two tensors, or one and a scalar
     **{op: (1, 1) for op in _UNARY + ("conv2d", "batchnorm2d", "linear", "maxpool2d", "avgpool2d",
                                       "adaptiveavgpool2d", "adaptivemaxpool2d", "reshape", "flatten", "squeeze",
                                       "unsqueeze", "select", "narrow", "transpose", "mean")},
@@ -80,6 +80,8 @@ def _expected(op: str, a: dict[str, Any], ins: list[list[int]], out: list[int]) 
             return f"in_features {a['in_features']} but its input has shape {x}"
         return x[:-1] + [a["out_features"]]
     if op in ("add", "mul"):
+        if len(ins) == 1:
+            return x if "scalar" in a else "takes two inputs, or one and a 'scalar' attr"
         return _broadcast(ins[0], ins[1]) or f"cannot combine inputs of shapes {ins[0]} and {ins[1]}"
     if op == "cat":
         axis = _axis(int(a["dim"]), len(x))
