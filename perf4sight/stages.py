@@ -66,6 +66,13 @@ def run_networks(cfg: Config, args: argparse.Namespace) -> int:
         notes.print("note: [networks.pruning] strategy 'random' gives the same descriptions as 'l1-norm' (a level "
                     "removes the same share of every group's channels whatever the ranking, and a description holds "
                     "only shapes); 'random-weighted' varies the share per layer", markup=False)
+    net = cfg.networks
+    if not (net.zoo or net.factories or net.description_files or net.generator.count):
+        raise UserError(f"{cfg.path}: [networks] names no network: zoo, factories and description_files are empty "
+                        "and [networks.generator] count is 0")
+    if not net.pruning.levels and (net.zoo or net.factories or net.description_files):
+        raise UserError(f"{cfg.path}: [networks.pruning] levels is empty: no variant of the zoo, factory or "
+                        "description-file networks would be made (0 = the unpruned network)")
     started = time.perf_counter()
     rows = make_networks(cfg, progress=lambda message: console.print(f"  {message}", style="dim", markup=False))
     console.print(f"networks: {len(rows)} description{'' if len(rows) == 1 else 's'} under {cfg.models_dir} "

@@ -111,6 +111,17 @@ def test_no_devices_configured_is_one_line(tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no devices configured" in proc.stderr
 
 
+@pytest.mark.parametrize("change, expected", [
+    (lambda t: t.replace('zoo = ["resnet18"]', "zoo = []"), "names no network"),
+    (lambda t: t.replace("levels = [0, 50]", "levels = []"), "levels is empty"),
+])
+def test_networks_stage_that_would_make_nothing_is_one_line(tmp_path, change, expected):
+    path = write(tmp_path, change(GOOD))
+    proc = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(path), "--stage", "networks"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and expected in proc.stderr, proc.stderr
+
+
 def test_unknown_device_on_the_command_line(tmp_path):
     path = write(tmp_path, GOOD)
     proc = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(path), "--stage", "predict",

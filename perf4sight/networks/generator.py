@@ -131,7 +131,7 @@ def generate(settings: GeneratorSettings, input_shape: list[int], num_classes: i
         worst = rejected.most_common(1)[0][0] if rejected else "none"
         raise UserError(f"[networks.generator] only {len(kept)} of {settings.count} networks satisfy the constraints "
                         f"after {tries} candidates (most rejected by {worst}: "
-                        f"{', '.join(f'{k} {v}' for k, v in rejected.most_common())}); widen that range")
+                        f"{', '.join(f'{k}: {v} candidates' for k, v in rejected.most_common())}); widen that range")
     return kept
 
 
