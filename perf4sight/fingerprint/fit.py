@@ -29,6 +29,7 @@ from perf4sight.fingerprint.select import (PREFERRED, describe_choice, group_con
 from perf4sight.fingerprint.storage import save_models
 from perf4sight.fingerprint.trees import MODELS, TREE_FEATURES, TargetModel
 from perf4sight.ir.schema import NetworkDescription
+from perf4sight.profiling.results import number
 
 __all__ = ["fit_fingerprint", "memory_column", "device_kind", "memory_capacity", "records", "common_input_shape",
            "LATENCY_COLUMN", "FEATURE_SET"]
@@ -58,14 +59,6 @@ def records(rows: Any) -> list[dict[str, Any]]:
     if hasattr(rows, "to_dict"):  # pandas DataFrame
         rows = rows.fillna("").to_dict("records")
     return [dict(r) for r in rows]
-
-
-def _num(v: Any) -> float | None:
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return None
-    return x if np.isfinite(x) else None
 
 
 def _data_hash(rows: list[dict[str, Any]], cols: Iterable[str]) -> str:
@@ -152,10 +145,10 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
     counts: dict[str, int] = {}
     held_out: dict[str, tuple[list[str], list[int], np.ndarray, np.ndarray]] = {}
     for target, col in (("latency", LATENCY_COLUMN), ("memory", mem_col)):
-        rs = [r for r in usable if r.get("status") == "ok" and (_num(r.get(col)) or 0) > 0]
+        rs = [r for r in usable if r.get("status") == "ok" and (number(r.get(col)) or 0) > 0]
         if len(rs) < 3:
             raise UserError(f"fingerprint: only {len(rs)} ok rows with '{col}' for device '{device}' (need >= 3)")
-        F, y = matrix(rs), np.array([_num(r[col]) for r in rs])
+        F, y = matrix(rs), np.array([number(r[col]) for r in rs])
         fams = np.array([str(r.get("family") or r["network"]) for r in rs])
         nets = np.array([str(r["network"]) for r in rs])
         groups, grouping = choose_groups(fams, nets)

@@ -46,6 +46,7 @@ from perf4sight.fingerprint.storage import HeldOut, load_held_out, stored_predic
 from perf4sight.fingerprint.select import PREFERRED, group_conformal, held_out_coverage, select_candidate
 from perf4sight.fingerprint.gnn_train import Normaliser, TrainSettings, make_data, predict_log, train_model
 from perf4sight.ir.schema import NetworkDescription
+from perf4sight.profiling.results import number
 
 __all__ = ["fit_gnn", "fit_device_gnn", "load_gnn", "load_predictor", "GNNPredictor", "EnsemblePredictor", "gnn_accuracy_lines",
            "GNN_JSON", "GNN_WEIGHTS", "PREDICTORS"]
@@ -56,12 +57,10 @@ TARGETS = ("latency", "memory")
 FORMAT = "perf4sight-gnn-v1"
 
 
-def _num(v: Any) -> float:
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return float("nan")
-    return x if np.isfinite(x) and x > 0 else float("nan")
+def _positive(v: Any) -> float:
+    """A cell as a positive float, else NaN."""
+    x = number(v)
+    return x if x is not None and x > 0 else float("nan")
 
 
 class _Samples:
@@ -74,8 +73,8 @@ class _Samples:
         self.mem_col = memory_column(recs)
         self.ok = [r for r in recs if r.get("status") == "ok"]
         self.oom = [r for r in recs if r.get("status") == "oom"]
-        ylat = np.log([_num(r.get(LATENCY_COLUMN)) for r in self.ok])
-        ymem = np.log([_num(r.get(self.mem_col)) for r in self.ok])
+        ylat = np.log([_positive(r.get(LATENCY_COLUMN)) for r in self.ok])
+        ymem = np.log([_positive(r.get(self.mem_col)) for r in self.ok])
         keep = np.isfinite(ylat) | np.isfinite(ymem)
         self.ok = [r for r, k in zip(self.ok, keep) if k]
         self.Y = np.column_stack([ylat[keep], ymem[keep]]) if keep.any() else np.zeros((0, 2))

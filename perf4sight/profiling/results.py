@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import math
 import os
 from pathlib import Path
 from typing import Any, Iterable
@@ -19,7 +20,7 @@ from typing import Any, Iterable
 from perf4sight.errors import UserError
 
 __all__ = ["COLUMNS", "STATUSES", "append_row", "upgrade_file", "read_rows", "measured_keys", "row_key", "results_path",
-           "file_sha", "split_stale"]
+           "file_sha", "split_stale", "number"]
 
 #: Column order of every measurement CSV. Empty string = not measured / not applicable.
 COLUMNS: list[str] = [
@@ -62,6 +63,15 @@ COLUMNS: list[str] = [
 ]
 
 STATUSES = ("ok", "oom", "skipped_after_oom", "error")
+
+
+def number(value: Any) -> float | None:
+    """A cell as a finite float, or None (empty, not a number, NaN or infinite)."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
 
 
 def results_path(profiling_dir: str | Path, device: str) -> Path:

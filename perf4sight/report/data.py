@@ -20,6 +20,7 @@ from perf4sight.fingerprint.predict import Fingerprint
 from perf4sight.fingerprint.storage import stored_predictions
 from perf4sight.fingerprint.trees import TargetModel
 from perf4sight.ir.schema import NetworkDescription
+from perf4sight.profiling.results import number
 
 __all__ = ["DeviceData", "FamilySummary", "Curve", "summarise_measurements", "measured_vs_predicted",
            "feature_sensitivity", "prediction_curve", "matching_measurements", "batch_grid"]
@@ -71,14 +72,6 @@ class DeviceData:
         return self.fingerprint.metadata
 
 
-def _f(v: Any) -> float | None:
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return None
-    return x if np.isfinite(x) else None
-
-
 def summarise_measurements(rows: list[dict[str, str]]) -> list[FamilySummary]:
     """Per family: variants, batch sizes, status counts and the out-of-memory boundary."""
     by_family: dict[str, list[dict[str, str]]] = defaultdict(list)
@@ -109,7 +102,7 @@ def summarise_measurements(rows: list[dict[str, str]]) -> list[FamilySummary]:
 
 def _ok_rows(rows: list[dict[str, str]], descs: dict[str, NetworkDescription],
              column: str) -> list[dict[str, str]]:
-    return [r for r in rows if r["status"] == "ok" and r["network"] in descs and (_f(r.get(column)) or 0) > 0]
+    return [r for r in rows if r["status"] == "ok" and r["network"] in descs and (number(r.get(column)) or 0) > 0]
 
 
 def _stored_held_out(fp: Fingerprint, target: str, rs: list[dict[str, str]],
@@ -234,7 +227,7 @@ def matching_measurements(desc: NetworkDescription, rows: list[dict[str, str]],
             continue
         fam, other = _key(r.get("family") or net), descs.get(net)
         if (fam and (want.startswith(fam) or fam.startswith(want)) and other is not None
-                and (_f(r.get("pruning_level")) or 0) == 0
+                and (number(r.get("pruning_level")) or 0) == 0
                 and abs(other.params - desc.params) <= 0.005 * max(desc.params, 1)):
             candidates[net].append(r)
     if not candidates:
@@ -254,7 +247,7 @@ def prediction_curve(fp: Fingerprint, device: str, desc: NetworkDescription, tar
                   np.array([p[f"{key}_high"] for p in preds]))
     col = LATENCY_COLUMN if target == "latency" else fp.metadata.get("memory_target", "peak_rss_mb")
     net, matched = matching_measurements(desc, rows, descs)
-    pts = sorted((int(float(r["batch_size"])), float(r[col])) for r in matched if (_f(r.get(col)) or 0) > 0)
+    pts = sorted((int(float(r["batch_size"])), float(r[col])) for r in matched if (number(r.get(col)) or 0) > 0)
     if pts:
         curve.measured_bs = np.array([p[0] for p in pts])
         curve.measured = np.array([p[1] for p in pts])
