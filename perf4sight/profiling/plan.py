@@ -100,6 +100,9 @@ class TestPlan:
             raise UserError(f"{where}: 'input_shape' must be [channels, height, width], got {self.input_shape}")
         if self.num_classes is not None and self.num_classes < 1:
             raise UserError(f"{where}: 'num_classes' must be >= 1, got {self.num_classes}")
+        if not (self.learning_rate > 0 and 0 <= self.momentum < 1):
+            raise UserError(f"{where}: 'learning_rate' must be > 0 and 'momentum' in [0, 1), "
+                            f"got {self.learning_rate} and {self.momentum}")
         if not 0 < self.poll_interval_s <= 1:
             raise UserError(f"{where}: 'poll_interval_s' must lie in (0, 1] seconds, got {self.poll_interval_s}")
         if self.version != PLAN_VERSION:
