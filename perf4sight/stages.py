@@ -132,7 +132,8 @@ def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
                     notes.print(f"{device}: {ok - n} of {ok} ok rows have no usable {target} figure (empty, zero or "
                                 "not a number) and were left out of its model", markup=False)
         if predictor in ("gnn", "ensemble"):
-            from perf4sight.fingerprint.gnn import fit_device_gnn, gnn_accuracy_lines
+            from perf4sight.fingerprint.api import fit_device_gnn
+            from perf4sight.fingerprint.gnn import gnn_accuracy_lines
 
             started = time.perf_counter()
             meta = fit_device_gnn(cfg, device, descriptions)

@@ -209,7 +209,7 @@ def test_sage_architecture_trains(tiny, tmp_path):
 def test_fit_device_gnn_reads_config(tiny, tmp_path):
     from types import SimpleNamespace
 
-    from perf4sight.fingerprint.gnn import fit_device_gnn
+    from perf4sight.fingerprint.api import fit_device_gnn
     from perf4sight.profiling.results import COLUMNS, append_row, results_path
     descs, rows = tiny
     for r in rows:

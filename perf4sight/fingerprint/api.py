@@ -9,7 +9,7 @@ from perf4sight.fingerprint.predict import Fingerprint, load_fingerprint
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import results_path
 
-__all__ = ["device_measurements", "fit_device", "load_device_fingerprint", "load_device_predictor"]
+__all__ = ["device_measurements", "fit_device", "fit_device_gnn", "load_device_fingerprint", "load_device_predictor"]
 
 
 def device_measurements(cfg: Config, device: str) -> tuple[list[dict], float]:
@@ -30,6 +30,18 @@ def fit_device(cfg: Config, device: str, descriptions: dict[str, NetworkDescript
     rows, limit = device_measurements(cfg, device)
     return fit_fingerprint(rows, descriptions, device, cfg.fingerprint_dir / device, cfg.fingerprint,
                            memory_limit_mb=limit)
+
+
+def fit_device_gnn(cfg: Config, device: str, descriptions: dict[str, NetworkDescription]) -> dict:
+    """:func:`fit_gnn` in config terms: ``<profiling_dir>/<device>`` in, ``<fingerprint_dir>/<device>`` out,
+    with the ``gnn_*`` settings and ``seed`` of ``[fingerprint]`` and the device's ``memory_limit_mb``."""
+    from perf4sight.fingerprint.gnn import fit_gnn  # torch and torch_geometric: only when a GNN is fitted
+
+    rows, limit = device_measurements(cfg, device)
+    f = cfg.fingerprint
+    return fit_gnn(rows, descriptions, device, cfg.fingerprint_dir / device, seed=f.seed, arch=f.gnn_arch,
+                   hidden=f.gnn_hidden, layers=f.gnn_layers, max_epochs=f.gnn_max_epochs, patience=f.gnn_patience,
+                   memory_limit_mb=limit, trees_config=f)
 
 
 def load_device_fingerprint(cfg: Config, device: str) -> Fingerprint:

@@ -48,7 +48,7 @@ from perf4sight.fingerprint.gnn_train import Normaliser, TrainSettings, make_dat
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import number
 
-__all__ = ["fit_gnn", "fit_device_gnn", "load_gnn", "load_predictor", "GNNPredictor", "EnsemblePredictor", "gnn_accuracy_lines",
+__all__ = ["fit_gnn", "load_gnn", "load_predictor", "GNNPredictor", "EnsemblePredictor", "gnn_accuracy_lines",
            "GNN_JSON", "GNN_WEIGHTS", "PREDICTORS"]
 
 GNN_JSON = "gnn.json"
@@ -383,14 +383,3 @@ def gnn_accuracy_lines(metadata: dict[str, Any]) -> list[str]:
         cov = [e.get(k, {}).get("interval_coverage_held_out") for k in PREDICTORS]
         lines.append(f"  {'90% band, held-out cov.':<24}" + "".join(f"{'–' if v is None else f'{v:.1f}':>10}" for v in cov))
     return lines
-
-
-def fit_device_gnn(cfg: Any, device: str, descriptions: dict[str, NetworkDescription]) -> dict[str, Any]:
-    """:func:`fit_gnn` in config terms: ``<profiling_dir>/<device>`` in, ``<fingerprint_dir>/<device>`` out,
-    with the ``gnn_*`` settings and ``seed`` of ``[fingerprint]`` and the device's ``memory_limit_mb``."""
-    from perf4sight.fingerprint.api import device_measurements
-    rows, limit = device_measurements(cfg, device)
-    f = cfg.fingerprint
-    return fit_gnn(rows, descriptions, device, cfg.fingerprint_dir / device, seed=f.seed, arch=f.gnn_arch,
-                   hidden=f.gnn_hidden, layers=f.gnn_layers, max_epochs=f.gnn_max_epochs, patience=f.gnn_patience,
-                   memory_limit_mb=limit, trees_config=f)
