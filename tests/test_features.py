@@ -95,6 +95,16 @@ def test_features_scale_with_batch_size_and_batched_path_agrees():
     np.testing.assert_allclose(M2[0], M[1])
 
 
+def test_im2col_counts_dense_convolutions_wider_than_1x1_only():
+    """The workspace proxy: input channels x kernel area x output positions x 4 bytes, per sample, summed over
+    dense and grouped convolutions wider than 1x1 (not depthwise, not 1x1), in MiB at the batch size."""
+    nf = network_features(_tiny())  # c1: dense 3x3, 4 -> 8 channels, 8x8 out; dw: depthwise 3x3
+    assert features_for(nf, 8)["im2col_mb"] == pytest.approx(8 * 4 * 9 * 64 * 4 / 2**20)
+    pointwise = network_features(_desc([Node("input", "input", [], {}, [4, 8, 8]), _conv("p", "input", 4, 8, 1, 1, 8),
+                                        Node("flat", "reshape", ["p"], {"shape": [-1]}, [512])]))
+    assert features_for(pointwise, 8)["im2col_mb"] == 0.0
+
+
 def test_blas_context_flags_linear_layers_and_needs_both_values_to_be_a_term():
     """A network with a linear layer loads the BLAS library (1), one whose classifier is a conv does not
     (0); the memory form with that term is offered only on rows that have both kinds."""

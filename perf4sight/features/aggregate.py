@@ -32,7 +32,8 @@ from perf4sight.ir.schema import NetworkDescription
 
 __all__ = ["NetworkFeatures", "network_features", "features_for", "feature_matrix", "unsupported_ops",
            "FEATURE_NAMES", "SCALED_FEATURES", "STATIC_FEATURES",
-           "ALLOCATOR_FEATURES", "allocator_bytes", "SIM_FEATURES", "LATENCY_FEATURES", "CONTEXT_FEATURES"]
+           "ALLOCATOR_FEATURES", "allocator_bytes", "SIM_FEATURES", "LATENCY_FEATURES", "CONTEXT_FEATURES",
+           "WORKSPACE_FEATURES"]
 
 MIB = float(2**20)
 
@@ -58,10 +59,16 @@ SIM_FEATURES: tuple[str, ...] = ("sim_reserved_mb", "sim_alloc_mb")
 #: that runs on the BLAS library (a linear layer: cuBLAS on a GPU, whose kernels and workspace take
 #: device memory once loaded), else 0. Appended last so older columns keep their index.
 CONTEXT_FEATURES: tuple[str, ...] = ("blas_context",)
+#: ``im2col_mb``: MiB an im2col buffer of every dense or grouped convolution wider than 1x1 would take
+#: (input channels x kernel area x output positions x 4 bytes, summed over those convolutions, times the
+#: batch size). A size of the convolution workspaces a GPU library may request through the caching
+#: allocator, which the replay does not see. Appended last so older columns keep their index.
+WORKSPACE_FEATURES: tuple[str, ...] = ("im2col_mb",)
 #: Ops that run on the BLAS library.
 BLAS_OPS = frozenset({"linear"})
 FEATURE_NAMES: tuple[str, ...] = (("batch_size",) + SCALED_FEATURES + STATIC_FEATURES + ("mem_analytic_mb",)
-                                  + ALLOCATOR_FEATURES + SIM_FEATURES + LATENCY_FEATURES + CONTEXT_FEATURES)
+                                  + ALLOCATOR_FEATURES + SIM_FEATURES + LATENCY_FEATURES + CONTEXT_FEATURES
+                                  + WORKSPACE_FEATURES)
 
 
 @dataclass
@@ -110,6 +117,10 @@ def network_features(desc: NetworkDescription) -> NetworkFeatures:
         _accumulate(ps, st, cost, node.op)
         if cost.kind in ("dense", "depthwise", "grouped"):
             ps[f"{cost.kind}_macs"] += cost.macs
+            kh, kw = node.attrs["kernel_size"]
+            if cost.kind != "depthwise" and kh * kw > 1:
+                ps["im2col_bytes"] = ps.get("im2col_bytes", 0.0) + (
+                    node.attrs["in_channels"] * kh * kw * numel(node.output_shape[1:]) * BYTES_PER_ELEMENT)
             conv_channels.append(int(node.attrs["out_channels"]))
             if int(node.attrs["out_channels"]) % 8:
                 ps["odd_channel_macs"] += cost.macs
@@ -223,8 +234,9 @@ def feature_matrix(nets: list[NetworkFeatures] | NetworkFeatures, batch_sizes: l
             sim[i] = n.sim.peaks_mb([bs[i]])[0]
     lat = _latency_block(rows, bs)
     ctx = np.array([[n.static.get(k, np.nan) for k in CONTEXT_FEATURES] for n in rows], dtype=float)
+    im2col = np.array([n.per_sample.get("im2col_bytes", 0.0) for n in rows], dtype=float) * bs / MIB
     return np.column_stack([bs, scaled, stat, mem, alloc, mem - extra + alloc, sim, lat,
-                            ctx.reshape(len(bs), len(CONTEXT_FEATURES))])
+                            ctx.reshape(len(bs), len(CONTEXT_FEATURES)), im2col])
 
 
 def _latency_block(rows: list[NetworkFeatures], bs: np.ndarray) -> np.ndarray:

@@ -52,7 +52,12 @@ CANDIDATES: dict[str, tuple[Candidate, ...]] = {
                Candidate("sim reserved + analytic x trees", ("one", "sim_reserved_mb", "mem_analytic_mb")),
                # the BLAS library's context (networks with a linear layer); only where training varies in it
                Candidate("sim reserved + analytic + BLAS context x trees",
-                         ("one", "sim_reserved_mb", "mem_analytic_mb", "blas_context"))),
+                         ("one", "sim_reserved_mb", "mem_analytic_mb", "blas_context")),
+               # plus the convolution workspaces the replay cannot see (features/aggregate.py, im2col_mb)
+               Candidate("sim reserved + analytic + workspace x trees",
+                         ("one", "sim_reserved_mb", "mem_analytic_mb", "im2col_mb")),
+               Candidate("sim reserved + analytic + BLAS context + workspace x trees",
+                         ("one", "sim_reserved_mb", "mem_analytic_mb", "blas_context", "im2col_mb"))),
     # latency: the kernel-terms form first, as it is the one kept when there are too few groups to choose
     # (its per-kernel launch term carries over to families never seen; the FLOP-only forms did not)
     "latency": (Candidate("kernel terms (64-tiles) x trees, leaf 3", _KERNEL_TERMS_64, leaf=3),
