@@ -145,7 +145,7 @@ def _conv_description() -> dict:
     (lambda d: d["nodes"][1].update(inputs="x"), r"'inputs' must be a list"),
     # numbers that do not fit together: refused when read, never predicted
     (lambda d: d["nodes"][1]["attrs"].update(in_channels=5), r"in_channels 5 but its input has 3 channels"),
-    (lambda d: d["nodes"][1].update(output_shape=[4, 5, 5]), r"output_shape \[4, 5, 5\], but its input \[3, 5, 5\] give \[4, 3, 3\]"),
+    (lambda d: d["nodes"][1].update(output_shape=[4, 5, 5]), r"output_shape \[4, 5, 5\], but its input \[3, 5, 5\] gives \[4, 3, 3\]"),
     (lambda d: d["nodes"][1]["attrs"].update(kernel_size=[7, 7]), r"kernel \[7, 7\] .* does not fit its 5x5 input"),
     (lambda d: d["nodes"][2].update(output_shape=[35]), r"changes the element count"),
     (lambda d: d["nodes"][2].update(inputs=[d["nodes"][1]["name"]] * 2), r"takes 1 input, got 2"),

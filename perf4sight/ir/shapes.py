@@ -117,6 +117,7 @@ def shape_problem(op: str, attrs: dict[str, Any], in_shapes: list[list[int]], ou
     if isinstance(expected, str):
         return expected
     if expected is not None and list(expected) != list(out_shape):
-        return f"output_shape {list(out_shape)}, but its input{'s' if len(in_shapes) > 1 else ''} " \
-               f"{in_shapes if len(in_shapes) > 1 else in_shapes[0]} give {list(expected)}"
+        several = len(in_shapes) > 1
+        return (f"output_shape {list(out_shape)}, but its input{'s' if several else ''} "
+                f"{in_shapes if several else in_shapes[0]} give{'' if several else 's'} {list(expected)}")
     return ""
