@@ -16,9 +16,10 @@ from rich.console import Console
 from rich.table import Table
 
 from perf4sight.config import Config
-from perf4sight.errors import UserError
 from perf4sight.dataset import (ZOO_CACHE, current_rows, dataset_descriptions, description_index, fingerprinted_devices,
                                 measured_devices, resolve_networks, stale_note)
+from perf4sight.errors import UserError
+from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import results_path
 
 __all__ = ["run", "STAGE_ORDER"]
@@ -157,36 +158,20 @@ def _print_accuracy(device: str, meta: dict) -> None:
 
 
 def run_predict(cfg: Config, args: argparse.Namespace) -> int:
-    if args.device and len(args.device) > 1:
-        raise UserError("predict takes one --device (run it once per device, or use --stage compare)")
-    predictor = _predictor(cfg, args)
-    have = fingerprinted_devices(cfg, args.device, predictor)
-    configured = [d for d in cfg.devices if d in have]
-    device = (configured or have or [""])[0]
-    if not device:
-        raise UserError(f"no {predictor} fingerprint under {cfg.fingerprint_dir}: "
-                        f"run --stage fingerprint --predictor {predictor} first")
     from perf4sight.fingerprint.api import load_device_predictor
     from perf4sight.fingerprint.predict import batch_list
 
+    predictor = _predictor(cfg, args)
+    device = _predict_device(cfg, args.device, predictor)
     fp = load_device_predictor(cfg, device, predictor)
     if predictor == "ensemble":
-        best = {t: e.get("best") for t, e in fp.metadata.get("accuracy", {}).items() if isinstance(e, dict)}
-        worse = {t: b for t, b in best.items() if b and b != "ensemble"}
-        if worse:
-            notes.print("note: on this device's held-out networks the ensemble did not measure best for "
-                          + ", ".join(f"{t} ({b} did)" for t, b in worse.items()), style="yellow", markup=False)
+        _ensemble_note(fp)
     names = args.network or cfg.predict.networks or cfg.networks.zoo
     batch_sizes = batch_list(args.batch_size or cfg.predict.batch_sizes)  # checked before describing (seconds)
     started = time.perf_counter()
     descs = resolve_networks(cfg, names, fp.input_shape or cfg.networks.input_shape)
     described = time.perf_counter()
-    if fp.input_shape:
-        other = sorted({d.name for d in descs if list(d.input_shape) != list(fp.input_shape)})
-        if other:
-            notes.print(f"note: {', '.join(other[:5])}{' ...' if len(other) > 5 else ''} described at another input "
-                          f"shape than this fingerprint's training networks ({'x'.join(map(str, fp.input_shape))}): "
-                          "expect larger errors", style="yellow", markup=False)
+    _shape_note(fp, descs)
     preds = fp.predict(descs, batch_sizes)
     elapsed, describing = time.perf_counter() - described, described - started
     if args.json:
@@ -194,7 +179,54 @@ def run_predict(cfg: Config, args: argparse.Namespace) -> int:
             print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in p.items()}))
         _capacity_note(fp, preds)
         return 0
-    table = Table(title=f"predicted training step on {device} by the {predictor} predictor (90% interval)")
+    _print_predictions(preds, f"predicted training step on {device} by the {predictor} predictor (90% interval)")
+    _capacity_note(fp, preds)
+    shape = "x".join(map(str, fp.input_shape or cfg.networks.input_shape))
+    zoo = (f" (zoo networks: described at {shape}, the input shape of the fingerprint's training networks; "
+           f"the first time with torch and torchvision, then from {cfg.models_dir / ZOO_CACHE})") if any(
+        not (n.endswith(".json") or Path(n).is_file()) for n in names) else ""
+    console.print(f"{len(preds)} prediction{'s' if len(preds) != 1 else ''} in {elapsed * 1000:.0f} ms; "
+                  f"describing the networks took {describing * 1000:.0f} ms{zoo}")
+    return 0
+
+
+def _predict_device(cfg: Config, wanted: list[str] | None, predictor: str) -> str:
+    """The device to predict for: the one named, else the first configured device with a fingerprint of
+    ``predictor``, else the first fingerprinted one."""
+    if wanted and len(wanted) > 1:
+        raise UserError("predict takes one --device (run it once per device, or use --stage compare)")
+    have = fingerprinted_devices(cfg, wanted, predictor)
+    configured = [d for d in cfg.devices if d in have]
+    device = (configured or have or [""])[0]
+    if not device:
+        raise UserError(f"no {predictor} fingerprint under {cfg.fingerprint_dir}: "
+                        f"run --stage fingerprint --predictor {predictor} first")
+    return device
+
+
+def _ensemble_note(fp: object) -> None:
+    """Say for which targets the ensemble did not measure best on the device's held-out networks."""
+    best = {t: e.get("best") for t, e in fp.metadata.get("accuracy", {}).items() if isinstance(e, dict)}
+    worse = {t: b for t, b in best.items() if b and b != "ensemble"}
+    if worse:
+        notes.print("note: on this device's held-out networks the ensemble did not measure best for "
+                    + ", ".join(f"{t} ({b} did)" for t, b in worse.items()), style="yellow", markup=False)
+
+
+def _shape_note(fp: object, descs: list[NetworkDescription]) -> None:
+    """Warn about networks described at another input shape than the fingerprint's training networks."""
+    if not fp.input_shape:
+        return
+    other = sorted({d.name for d in descs if list(d.input_shape) != list(fp.input_shape)})
+    if other:
+        notes.print(f"note: {', '.join(other[:5])}{' ...' if len(other) > 5 else ''} described at another input "
+                    f"shape than this fingerprint's training networks ({'x'.join(map(str, fp.input_shape))}): "
+                    "expect larger errors", style="yellow", markup=False)
+
+
+def _print_predictions(preds: list[dict], title: str) -> None:
+    """The predictions as a table: step time and memory with their 90% interval, and whether it fits."""
+    table = Table(title=title)
     for col in ("network", "batch", "step time ms", "memory MiB", "fits"):
         table.add_column(col)
     for p in preds:
@@ -203,15 +235,6 @@ def run_predict(cfg: Config, args: argparse.Namespace) -> int:
                       f"{p['memory_mb']:.0f} [{p['memory_mb_low']:.0f}, {p['memory_mb_high']:.0f}]",
                       "yes" if p["fits"] else "no")
     console.print(table)
-    _capacity_note(fp, preds)
-    shape = "x".join(map(str, fp.input_shape or cfg.networks.input_shape))
-    zoo = (f" (zoo networks: described at {shape}, the input shape of the fingerprint's training networks; "
-           f"the first time with torch and torchvision, then from {cfg.models_dir / ZOO_CACHE})") if any(
-        not (n.endswith(".json") or Path(n).is_file()) for n in names) else ""
-    console.print(f"{len(preds)} prediction{'s' if len(preds) != 1 else ''} in {elapsed * 1000:.0f} ms; "
-                  f"describing the networks took "
-                  f"{describing * 1000:.0f} ms{zoo}")
-    return 0
 
 
 def _capacity_note(fp: object, preds: list[dict]) -> None:
