@@ -222,7 +222,16 @@ def _build(cls: type, table: dict[str, Any], where: str) -> Any:
 
 
 def _check(cfg: Config) -> None:
-    f = cfg.path
+    """Values the types allow but the stages cannot use; ``UserError`` naming the file and key."""
+    _check_devices(cfg, cfg.path)
+    _check_profile(cfg, cfg.path)
+    _check_fingerprint(cfg, cfg.path)
+    _check_networks(cfg, cfg.path)
+    _check_seeds(cfg, cfg.path)
+
+
+def _check_devices(cfg: Config, f: Path | None) -> None:
+    """[devices.*] tables, and the devices [profile] names."""
     for name, dev in cfg.devices.items():
         dev.name = name
         if dev.backend not in BACKENDS:
@@ -237,6 +246,10 @@ def _check(cfg: Config) -> None:
             raise UserError(f"{f}: [profile] devices names unknown device '{d}' (devices: {', '.join(cfg.devices) or 'none'})")
     # [compare] devices may also name an imported device (no [devices] table): the compare stage checks
     # that each has a fingerprint
+
+
+def _check_profile(cfg: Config, f: Path | None) -> None:
+    """[profile]: batch sizes, step counts, time limits, the optimiser."""
     bs = cfg.profile.batch_sizes
     if not bs or any(b < 1 for b in bs) or sorted(set(bs)) != bs:
         raise UserError(f"{f}: [profile] batch_sizes must be positive integers in ascending order, got {bs}")
@@ -253,14 +266,10 @@ def _check(cfg: Config) -> None:
     if not (cfg.profile.learning_rate > 0 and 0 <= cfg.profile.momentum < 1):
         raise UserError(f"{f}: [profile] learning_rate must be > 0 and momentum in [0, 1), "
                         f"got {cfg.profile.learning_rate} and {cfg.profile.momentum}")
-    for where, value in (("[project] seed", cfg.project.seed), ("[networks.pruning] seed", cfg.networks.pruning.seed),
-                         ("[networks.generator] seed", cfg.networks.generator.seed),
-                         ("[networks.generator] count", cfg.networks.generator.count),
-                         ("[fingerprint] seed", cfg.fingerprint.seed)):
-        if value < 0:
-            raise UserError(f"{f}: {where} must be >= 0, got {value}")
-    if cfg.networks.num_classes < 1:
-        raise UserError(f"{f}: [networks] num_classes must be >= 1, got {cfg.networks.num_classes}")
+
+
+def _check_fingerprint(cfg: Config, f: Path | None) -> None:
+    """[fingerprint]: model, sizes, predictor, GNN settings."""
     fp = cfg.fingerprint
     if fp.model not in TREE_MODELS:
         raise UserError(f"{f}: [fingerprint] model '{fp.model}' is not one of {', '.join(TREE_MODELS)}")
@@ -273,6 +282,12 @@ def _check(cfg: Config) -> None:
         raise UserError(f"{f}: [fingerprint] gnn_arch '{fp.gnn_arch}' is not one of {', '.join(GNN_ARCHS)}")
     if min(fp.gnn_hidden, fp.gnn_layers, fp.gnn_max_epochs, fp.gnn_patience) < 1:
         raise UserError(f"{f}: [fingerprint] gnn_hidden, gnn_layers, gnn_max_epochs and gnn_patience must be >= 1")
+
+
+def _check_networks(cfg: Config, f: Path | None) -> None:
+    """[networks] and the networks [predict] and [compare] name (description files made config-relative)."""
+    if cfg.networks.num_classes < 1:
+        raise UserError(f"{f}: [networks] num_classes must be >= 1, got {cfg.networks.num_classes}")
     shape = cfg.networks.input_shape
     if len(shape) != 3 or any(s < 1 for s in shape):
         raise UserError(f"{f}: [networks] input_shape must be [channels, height, width], got {shape}")
@@ -304,6 +319,16 @@ def _check(cfg: Config) -> None:
     for fname in cfg.networks.description_files:
         if not cfg.resolve(fname).is_file():
             raise UserError(f"{f}: [networks] description_files: file not found: {fname}")
+
+
+def _check_seeds(cfg: Config, f: Path | None) -> None:
+    """Seeds and counts of every section: numpy, scikit-learn and the generator need them >= 0."""
+    for where, value in (("[project] seed", cfg.project.seed), ("[networks.pruning] seed", cfg.networks.pruning.seed),
+                         ("[networks.generator] seed", cfg.networks.generator.seed),
+                         ("[networks.generator] count", cfg.networks.generator.count),
+                         ("[fingerprint] seed", cfg.fingerprint.seed)):
+        if value < 0:
+            raise UserError(f"{f}: {where} must be >= 0, got {value}")
 
 
 def load_config(path: str | Path) -> Config:
