@@ -518,3 +518,13 @@ def test_stale_rule_spares_imported_rows_and_import_keys_ignore_the_sha():
     assert results.row_key(mine) != results.row_key({**mine, "description_sha": "new"})
     assert results.row_key(mine, with_sha=False) == results.row_key({**mine, "description_sha": "new"}, with_sha=False)
     assert results.measured_keys([mine], with_sha=False) == {results.row_key(imported, with_sha=False)}
+
+
+def test_measurement_csv_with_another_separator_is_named_not_read_as_empty(tmp_path):
+    """A CSV saved with ';' by a spreadsheet read as "no measurements"; now the file and the missing columns."""
+    path = tmp_path / "measurements.csv"
+    path.write_text("device;network;batch_size;status\nlocal;tiny;2;ok\n")
+    with pytest.raises(UserError, match=r"header lacks network, batch_size, status \(comma-separated"):
+        results.read_rows(path)
+    path.write_text("")  # an empty file is no rows, not an error
+    assert results.read_rows(path) == []

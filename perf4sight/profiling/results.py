@@ -177,11 +177,16 @@ def read_rows(path: str | Path) -> list[dict[str, str]]:
         raise UserError(f"{p}: is a folder, not a measurement CSV")
     try:
         with p.open(newline="", encoding="utf-8") as fh:
-            rows = list(csv.DictReader(fh))
+            reader = csv.DictReader(fh)
+            rows, header = list(reader), reader.fieldnames or []
     except UnicodeDecodeError as exc:
         raise UserError(f"{p}: not a measurement CSV (not UTF-8 text: byte {exc.start})") from None
     except csv.Error as exc:
         raise UserError(f"{p}: not a readable CSV ({exc})") from None
+    missing = [c for c in ("network", "batch_size", "status") if c not in header]
+    if rows and missing:
+        raise UserError(f"{p}: not a measurement CSV: its header lacks {', '.join(missing)} "
+                        "(comma-separated, with the header the profile stage writes)")
     kept = []
     for line, r in enumerate(rows, start=2):  # line 1 is the header
         if not r.get("timestamp"):
