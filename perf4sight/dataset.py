@@ -11,7 +11,7 @@ from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription, load_description
 from perf4sight.profiling.results import file_sha, read_rows, results_path, split_stale
 
-__all__ = ["dataset_descriptions", "dataset_descriptions_or_empty", "description_index", "description_shas",
+__all__ = ["is_description_file", "dataset_descriptions", "dataset_descriptions_or_empty", "description_index", "description_shas",
            "current_rows", "stale_note", "measured_devices", "fingerprinted_devices", "resolve_networks", "ZOO_CACHE"]
 
 
@@ -95,6 +95,12 @@ def fingerprinted_devices(cfg: Config, wanted: list[str] | None, predictor: str 
 ZOO_CACHE = "zoo-cache"  # under models_dir: zoo descriptions made for predict and compare, reused
 
 
+def is_description_file(name: str) -> bool:
+    """Whether a network named on the command line or in [predict]/[compare] is a description file (else a
+    zoo name)."""
+    return name.endswith(".json") or Path(name).is_file()
+
+
 def resolve_networks(cfg: Config, names: list[str], input_shape: list[int]) -> list[NetworkDescription]:
     """Zoo names are described at ``input_shape`` (cached under ``<models_dir>/zoo-cache/``); anything
     ending in .json is a description file."""
@@ -104,7 +110,7 @@ def resolve_networks(cfg: Config, names: list[str], input_shape: list[int]) -> l
     for name in names:
         if Path(name).is_dir():
             raise UserError(f"{name}: is a folder; give description files (e.g. {Path(name) / '*.json'})")
-        if name.endswith(".json") or Path(name).is_file():
+        if is_description_file(name):
             out.append(load_description(name))
         else:
             out.append(describe_zoo(name, input_shape, cfg.networks.num_classes, cache_dir=cfg.models_dir / ZOO_CACHE))

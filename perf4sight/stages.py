@@ -17,7 +17,7 @@ from rich.table import Table
 
 from perf4sight.config import Config
 from perf4sight.dataset import (ZOO_CACHE, current_rows, dataset_descriptions, description_index, fingerprinted_devices,
-                                measured_devices, resolve_networks, stale_note)
+                                is_description_file, measured_devices, resolve_networks, stale_note)
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import results_path
@@ -183,8 +183,8 @@ def run_predict(cfg: Config, args: argparse.Namespace) -> int:
     _capacity_note(fp, preds)
     shape = "x".join(map(str, fp.input_shape or cfg.networks.input_shape))
     zoo = (f" (zoo networks: described at {shape}, the input shape of the fingerprint's training networks; "
-           f"the first time with torch and torchvision, then from {cfg.models_dir / ZOO_CACHE})") if any(
-        not (n.endswith(".json") or Path(n).is_file()) for n in names) else ""
+           f"the first time with torch and torchvision, then from {cfg.models_dir / ZOO_CACHE})") if not all(
+        is_description_file(n) for n in names) else ""
     console.print(f"{len(preds)} prediction{'s' if len(preds) != 1 else ''} in {elapsed * 1000:.0f} ms; "
                   f"describing the networks took {describing * 1000:.0f} ms{zoo}")
     return 0

@@ -96,7 +96,7 @@ def network_features(desc: NetworkDescription) -> NetworkFeatures:
     base: dict[str, str] = {}  # view -> tensor whose storage it shares
     consumers = consumer_counts(desc)
     depth: dict[str, int] = {}
-    ps = dict.fromkeys(SCALED_FEATURES, 0.0)
+    ps = dict.fromkeys(SCALED_FEATURES + ("im2col_bytes",), 0.0)  # im2col: WORKSPACE_FEATURES, appended last
     st = dict.fromkeys(STATIC_FEATURES, 0.0)
     saved: dict[str, float] = {}
     extra_saved = 0.0
@@ -119,8 +119,7 @@ def network_features(desc: NetworkDescription) -> NetworkFeatures:
             ps[f"{cost.kind}_macs"] += cost.macs
             kh, kw = node.attrs["kernel_size"]
             if cost.kind != "depthwise" and kh * kw > 1:
-                ps["im2col_bytes"] = ps.get("im2col_bytes", 0.0) + (
-                    node.attrs["in_channels"] * kh * kw * numel(node.output_shape[1:]) * BYTES_PER_ELEMENT)
+                ps["im2col_bytes"] += node.attrs["in_channels"] * kh * kw * numel(node.output_shape[1:]) * BYTES_PER_ELEMENT
             conv_channels.append(int(node.attrs["out_channels"]))
             if int(node.attrs["out_channels"]) % 8:
                 ps["odd_channel_macs"] += cost.macs

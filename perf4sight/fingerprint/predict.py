@@ -21,7 +21,7 @@ import numpy as np
 
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, feature_matrix, network_features
-from perf4sight.fingerprint.storage import HeldOut, load_held_out, load_models
+from perf4sight.fingerprint.storage import HeldOut, damaged, load_held_out, load_models
 from perf4sight.fingerprint.trees import TargetModel
 from perf4sight.ir.schema import NetworkDescription, load_description
 
@@ -243,8 +243,7 @@ def load_fingerprint(folder: str | Path) -> Fingerprint:
         for t in ("latency", "memory"):  # terms this version computes, one coefficient each
             models[t].analytic(np.ones((1, len(FEATURE_NAMES))))
     except (TypeError, ValueError, AttributeError, IndexError) as exc:
-        raise UserError(f"{folder}: fingerprint files are damaged or from an incompatible version ({exc}); "
-                        "run the fingerprint stage again") from None
+        raise damaged(folder, exc) from None
     return fp
 
 

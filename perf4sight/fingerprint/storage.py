@@ -12,8 +12,8 @@ Loading executes no code from the files: JSON and plain numeric arrays only.
 from __future__ import annotations
 
 import csv
-import zipfile
 import json
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,8 @@ import numpy as np
 from perf4sight.errors import UserError
 from perf4sight.fingerprint.trees import TargetModel, TreeEnsemble
 
-__all__ = ["save_models", "load_models", "load_held_out", "stored_predictions", "HeldOut", "METADATA_FILE",
-           "MODELS_FILE", "HELD_OUT_FILE"]
+__all__ = ["save_models", "load_models", "load_held_out", "stored_predictions", "damaged", "HeldOut",
+           "METADATA_FILE", "MODELS_FILE", "HELD_OUT_FILE"]
 
 METADATA_FILE = "metadata.json"
 MODELS_FILE = "models.npz"
@@ -97,9 +97,14 @@ def load_models(folder: str | Path) -> tuple[dict[str, TargetModel], dict[str, A
                     target=target, terms=tuple(entry["terms"]), coef=np.asarray(arrays[f"{target}.coef"]),
                     correction=None if corr is None else TreeEnsemble.from_arrays(f"{target}.trees", arrays, corr))
     except (KeyError, ValueError, TypeError, AttributeError, IndexError, OSError, EOFError, zipfile.BadZipFile) as exc:
-        raise UserError(f"{d}: fingerprint files are damaged or from an incompatible version "
-                        f"({type(exc).__name__}: {str(exc)[:200]}); run the fingerprint stage again") from None
+        raise damaged(d, exc) from None
     return models, meta
+
+
+def damaged(folder: str | Path, exc: BaseException) -> UserError:
+    """The one-line error for a fingerprint folder whose files cannot be used as they are."""
+    return UserError(f"{folder}: fingerprint files are damaged or from an incompatible version "
+                     f"({type(exc).__name__}: {str(exc)[:200]}); run the fingerprint stage again")
 
 
 def load_held_out(folder: str | Path) -> HeldOut:
