@@ -429,3 +429,27 @@ def test_work_folder_that_cannot_be_created_fails_check_and_profile_with_its_nam
     (summary,) = profile_devices(cfg, ["box"], [desc], show_progress=False, **FAST)
     assert summary.status == "failed" and "cannot create the work folder" in summary.message
     assert "connection lost" not in summary.message and str(blocker) in summary.message
+
+
+def test_two_configs_sharing_a_work_folder_pull_only_their_own_rows(servers, tmp_path):
+    """Two projects profile the same device name in the same remote work folder: each pulls only the rows
+    of its own plan, the other's stay on the device, and the summary says how many it passed over."""
+    a, _ = servers
+    shared = _device(a, tmp_path)  # one workdir for both
+    projects = {}
+    for name in ("one", "two"):
+        folder = tmp_path / name
+        folder.mkdir()
+        cfg = _config(folder, {"dev-s": shared}, batch_sizes=(1,))
+        projects[name] = (cfg, _descriptions(folder, [f"net-{name}"]))
+    for name, (cfg, descs) in projects.items():
+        (summary,) = profile_devices(cfg, ["dev-s"], descs, show_progress=False, **FAST)
+        assert summary.status == "done" and summary.new_rows == 1, format_summaries([summary])
+        assert [r["network"] for r in _rows(cfg, "dev-s")] == [f"net-{name}"]
+    assert "1 row in" in summary.message and "not in this plan" in summary.message  # project two saw one's row
+    remote_csv = tmp_path / "remote work" / "dev-s" / "measurements.csv"
+    assert sorted(r["network"] for r in results.read_rows(remote_csv)) == ["net-one", "net-two"]
+    cfg, descs = projects["one"]
+    (again,) = profile_devices(cfg, ["dev-s"], descs, show_progress=False, **FAST)
+    assert again.new_rows == 0 and "1 row in" in again.message
+    assert [r["network"] for r in _rows(cfg, "dev-s")] == ["net-one"]

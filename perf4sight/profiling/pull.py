@@ -3,8 +3,10 @@
 The remote CSV only grows (the runner appends and fsyncs one row at a time), so the puller
 keeps a byte offset and reads what is new. Only *complete* CSV records are consumed — a row
 being written, or torn by a crash, waits or is dropped — and a row is appended locally only
-if its key (device, network, batch size, input shape, phase) is not there yet. Re-reading
-from offset 0 after a reconnect or restart is therefore harmless.
+if its key (device, network, batch size, input shape, phase, description sha) is not there yet.
+Re-reading from offset 0 after a reconnect or restart is therefore harmless. A puller given the
+plan's keys takes only those: a device's work folder may also hold rows of networks no longer
+configured, or of another config that uses the same folder, and those stay on the device.
 """
 from __future__ import annotations
 
@@ -76,20 +78,24 @@ def csv_with_rows(current: bytes, rows: list[dict[str, str]]) -> bytes:
 class CsvPuller:
     """Incremental, duplicate-free copy of one remote CSV into ``local``.
 
-    ``read_from(offset) -> bytes`` and ``size() -> int | None`` access the remote file.
+    ``read_from(offset) -> bytes`` and ``size() -> int | None`` access the remote file. ``wanted``: the
+    only keys to copy (None = all); ``passed_over`` collects the keys of remote rows outside it that
+    are not local either.
     """
 
-    def __init__(self, local: Path) -> None:
+    def __init__(self, local: Path, wanted: set[tuple[str, ...]] | None = None) -> None:
         self.local = Path(local)
         self.keys = results.measured_keys(results.read_rows(self.local))
+        self.wanted = wanted
         self.offset = 0
         self.header: list[str] | None = None
-        self.remote_keys: set[tuple[str, str, str, str, str]] = set()
+        self.remote_keys: set[tuple[str, ...]] = set()
+        self.passed_over: set[tuple[str, ...]] = set()
 
     def reset(self) -> None:
         """Forget the position (after the remote file was replaced); the next pull re-reads it all."""
         self.offset, self.header = 0, None
-        self.remote_keys = set()
+        self.remote_keys, self.passed_over = set(), set()
 
     def pull(self, size: Callable[[], int | None], read_from: Callable[[int], bytes]) -> list[dict[str, str]]:
         """Append new complete remote rows whose key is not local yet; returns those rows."""
@@ -110,6 +116,10 @@ class CsvPuller:
         for row in rows:
             key = results.row_key(row)
             self.remote_keys.add(key)
+            if self.wanted is not None and key not in self.wanted:
+                if key not in self.keys:
+                    self.passed_over.add(key)
+                continue
             if key not in self.keys:
                 results.append_row(self.local, row)
                 self.keys.add(key)

@@ -5,7 +5,7 @@ Remote layout, under the device's ``workdir`` (``~`` = the login user's home)::
     <workdir>/<device name>/code-<hash>/perf4sight/...  the runner and what it imports (no model code)
     <workdir>/<device name>/nets/<sha>.json      the network descriptions (named by content hash)
     <workdir>/<device name>/plan.json            the test plan
-    <workdir>/<device name>/measurements.csv     rows, appended by the runner
+    <workdir>/<device name>/measurements.csv     rows, appended by the runner (only the plan's are pulled)
     <workdir>/<device name>/run.json|run.exit|run.log   the detached run (see detach.py)
 
 The run survives a dropped SSH connection (it is detached); the follower reconnects and
@@ -122,7 +122,7 @@ class RemoteProfiler:
         keys = expected_keys(dev.name, self.descriptions, cfg.profile.batch_sizes)
         self.summary.expected = len(keys)
         self.expected = covering(keys)
-        self.puller = CsvPuller(self.local_csv)
+        self.puller = CsvPuller(self.local_csv, wanted=self.expected)
         self.run_dir = ""
         self.code_dir = ""
 
@@ -299,6 +299,14 @@ class RemoteProfiler:
                 return str(event.get("message", ""))[-300:]
         return " ".join(lines[-1].split())[-300:] if lines else "empty"
 
+    def _passed_over_note(self) -> list[str]:
+        n = len(self.puller.passed_over)
+        if not n:
+            return []
+        return [f"{n} row{'s' if n > 1 else ''} in {self._path('measurements.csv')} {'are' if n > 1 else 'is'} not "
+                "in this plan (networks or batch sizes no longer configured, or another config using the same "
+                "work folder): left on the device, not pulled"]
+
     def run(self) -> DeviceSummary:
         """The whole campaign for this device; the summary says how it ended."""
         t0 = time.monotonic()
@@ -337,7 +345,7 @@ class RemoteProfiler:
             if ended.get("rc") != 0:
                 raise DeviceError(f"device '{self.dev.name}': the runner exited with {ended.get('rc')}: {self._log_tail()}")
             s.status = "done"
-            s.message = "; ".join(self._log_warnings()[:3])
+            s.message = "; ".join(self._log_warnings()[:3] + self._passed_over_note())
         except UserError as exc:
             s.message = str(exc)
             if s.status != "unreachable":
