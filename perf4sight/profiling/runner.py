@@ -265,6 +265,90 @@ def _locked(csv_path: Path) -> Iterator[None]:
         yield
 
 
+@dataclass
+class _OnDisk:
+    """What a plan's CSV already holds for its device: the rows (an older row without a description sha
+    takes the network's current one), their keys, and each (network, input shape, sha)'s first oom batch."""
+    rows: list[dict[str, Any]]
+    done: set[tuple[str, ...]]
+    oom_at: dict[tuple[str, str, str], int]
+
+    @classmethod
+    def read(cls, csv_path: Path, device: str, nets: list[_Network]) -> "_OnDisk":
+        sha_of = {n.name: n.sha for n in nets}
+        rows = [r if r.get("description_sha") else {**r, "description_sha": sha_of.get(r["network"], "")}
+                for r in results.read_rows(csv_path) if r["device"] == device]
+        oom_at: dict[tuple[str, str, str], int] = {}
+        for r in rows:
+            if r["status"] == "oom":
+                k = (r["network"], r["input_shape"], r["description_sha"])
+                oom_at[k] = min(oom_at.get(k, 10**9), int(float(r["batch_size"])))
+        return cls(rows, results.measured_keys(rows), oom_at)
+
+    def changed_warning(self, net: _Network, n_batch_sizes: int, csv_name: str) -> str | None:
+        """The warning for a network whose description changed since its rows were measured, if it has
+        batch sizes left to measure."""
+        _, stale = results.split_stale([r for r in self.rows if r["network"] == net.name], {net.name: net.sha})
+        measured = sum(r["network"] == net.name and r["description_sha"] == net.sha for r in self.rows)
+        if not stale or measured >= n_batch_sizes:
+            return None
+        return (f"network '{net.name}' changed since it was measured (description {stale[0]['description_sha']} -> "
+                f"{net.sha}): measuring it again; its {len(stale)} earlier rows stay in {csv_name} and are passed over")
+
+
+def _plan_event(plan: TestPlan, nets: list[_Network], csv_path: Path) -> dict[str, Any]:
+    return {"event": "plan", "device": plan.device, "backend": plan.backend, "networks": len(nets),
+            "batch_sizes": plan.batch_sizes, "total": len(nets) * len(plan.batch_sizes), "csv": str(csv_path)}
+
+
+def _lean_runner_warning() -> str | None:
+    own_rss = status_mb("self", "VmRSS") or 0.0
+    if own_rss <= LEAN_RUNNER_MB:
+        return None
+    return (f"the runner holds {own_rss:.0f} MiB: children inherit it as their peak RSS floor; run it as "
+            "'python -m perf4sight.profiling.runner' in its own process")
+
+
+def _sweep_network(plan: TestPlan, plan_path: Path, net: _Network, backend: Backend, disk: _OnDisk,
+                   env: dict[str, Any]) -> Iterator[tuple[int, dict[str, Any] | None, float]]:
+    """Measure ``net`` at each batch size of the plan: yields (batch size, row without the key columns or
+    None when already measured, wall s). ``env`` gathers the device facts children report."""
+    not_run = net.problem  # set when the network cannot be built at all
+    for bs in plan.batch_sizes:
+        key = results.row_key({"device": plan.device, "network": net.name, "batch_size": bs,
+                               "input_shape": net.input_shape, "phase": "train", "description_sha": net.sha})
+        if key in disk.done:
+            yield bs, None, 0.0
+            continue
+        stop = disk.oom_at.get((net.name, net.input_shape, net.sha))
+        if stop is not None and bs > stop:
+            yield bs, {"status": "skipped_after_oom", "message": f"batch size {stop} ran out of memory"}, 0.0
+            continue
+        if not_run:
+            yield bs, {"status": "error", "message": not_run}, 0.0
+            continue
+        outcome = run_repeats(plan, plan_path, net.index, bs, backend)
+        row = dict(outcome.result)
+        row["peak_rss_mb"] = outcome.peak_rss_mb
+        if row["status"] == "error" and row.get("stage") in ("setup", "build"):
+            not_run = f"not run: {row.get('message', '')}"[:300]
+        if row["status"] == "oom":
+            disk.oom_at[(net.name, net.input_shape, net.sha)] = bs
+        env.update({k: row[k] for k in ("torch_version", "threads", "device_model", "clocks") if row.get(k)})
+        yield bs, row, outcome.wall_s
+
+
+def _csv_row(plan: TestPlan, net: _Network, bs: int, env: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+    """A measurement's CSV row: the device facts, its key columns, then what the child reported."""
+    full = {**env, "warmup_steps": plan.warmup_steps, "device": plan.device, "backend": plan.backend,
+            "network": net.name, "family": net.family, "pruning_level": net.pruning_level, "batch_size": bs,
+            "input_shape": net.input_shape, "phase": "train", "description_sha": net.sha,
+            **{k: v for k, v in row.items() if k in results.COLUMNS}, "timestamp": _now()}
+    if full["status"] != "ok":
+        full.update(warmup_steps="", timed_steps="")
+    return full
+
+
 def run_plan(plan_path: str | Path, emit: Emit = print_event) -> dict[str, int]:
     """Run the whole sweep of a plan file; returns counts of new ``ok``/``oom``/``skipped_after_oom``/
     ``error`` rows and of keys ``already_measured``. Bad plans raise ``UserError``."""
@@ -275,64 +359,28 @@ def run_plan(plan_path: str | Path, emit: Emit = print_event) -> dict[str, int]:
     csv_path = plan.resolve(plan_path.parent, plan.output)
     counts = {s: 0 for s in results.STATUSES} | {"already_measured": 0}
     with _locked(csv_path):
-        sha_of = {n.name: n.sha for n in nets}
-        # a row of an older CSV carries no description sha: it counts as measured on the description as it is now
-        on_disk = [r if r.get("description_sha") else {**r, "description_sha": sha_of.get(r["network"], "")}
-                   for r in results.read_rows(csv_path) if r["device"] == plan.device]
-        done = results.measured_keys(on_disk)
-        oom_at: dict[tuple[str, str, str], int] = {}  # (network, input shape, description sha) -> first oom
-        for r in on_disk:
-            if r["status"] == "oom":
-                k = (r["network"], r["input_shape"], r["description_sha"])
-                oom_at[k] = min(oom_at.get(k, 10**9), int(float(r["batch_size"])))
+        disk = _OnDisk.read(csv_path, plan.device, nets)
+        emit(_plan_event(plan, nets, csv_path))
         total = len(nets) * len(plan.batch_sizes)
-        emit({"event": "plan", "device": plan.device, "backend": plan.backend, "networks": len(nets),
-              "batch_sizes": plan.batch_sizes, "total": total, "csv": str(csv_path)})
-        own_rss = status_mb("self", "VmRSS") or 0.0
-        if own_rss > LEAN_RUNNER_MB:
-            emit({"event": "warning", "message": f"the runner holds {own_rss:.0f} MiB: children inherit it as their "
-                  "peak RSS floor; run it as 'python -m perf4sight.profiling.runner' in its own process"})
+        warning = _lean_runner_warning()
+        if warning:
+            emit({"event": "warning", "message": warning})
         env: dict[str, Any] = {"hostname": socket.gethostname(), "threads": plan.threads or ""}
         position = 0
         t_start = time.monotonic()
         for net in nets:
-            not_run = net.problem  # set when the network cannot be built at all
-            _, stale = results.split_stale([r for r in on_disk if r["network"] == net.name], {net.name: net.sha})
-            measured = sum(r["network"] == net.name and r["description_sha"] == net.sha for r in on_disk)
-            if stale and measured < len(plan.batch_sizes):
-                emit({"event": "warning", "message": f"network '{net.name}' changed since it was measured "
-                      f"(description {stale[0]['description_sha']} -> {net.sha}): measuring it again; its "
-                      f"{len(stale)} earlier rows stay in {csv_path.name} and are passed over"})
-            for bs in plan.batch_sizes:
+            warning = disk.changed_warning(net, len(plan.batch_sizes), csv_path.name)
+            if warning:
+                emit({"event": "warning", "message": warning})
+            for bs, row, wall in _sweep_network(plan, plan_path, net, backend, disk, env):
                 position += 1
-                base = {"device": plan.device, "backend": plan.backend, "network": net.name, "family": net.family,
-                        "pruning_level": net.pruning_level, "batch_size": bs, "input_shape": net.input_shape,
-                        "phase": "train", "description_sha": net.sha}
-                if results.row_key(base) in done:
+                if row is None:
                     counts["already_measured"] += 1
                     emit({"event": "already", "network": net.name, "batch_size": bs, "index": position, "total": total})
                     continue
-                stop = oom_at.get((net.name, net.input_shape, net.sha))
-                wall = 0.0
-                if stop is not None and bs > stop:
-                    row = {"status": "skipped_after_oom", "message": f"batch size {stop} ran out of memory"}
-                elif not_run:
-                    row = {"status": "error", "message": not_run}
-                else:
-                    outcome = run_repeats(plan, plan_path, net.index, bs, backend)
-                    row, wall = dict(outcome.result), outcome.wall_s
-                    row["peak_rss_mb"] = outcome.peak_rss_mb
-                    if row["status"] == "error" and row.get("stage") in ("setup", "build"):
-                        not_run = f"not run: {row.get('message', '')}"[:300]
-                    if row["status"] == "oom":
-                        oom_at[(net.name, net.input_shape, net.sha)] = bs
-                    env.update({k: row[k] for k in ("torch_version", "threads", "device_model", "clocks") if row.get(k)})
-                full = {**env, "warmup_steps": plan.warmup_steps, **base,
-                        **{k: v for k, v in row.items() if k in results.COLUMNS}, "timestamp": _now()}
-                if full["status"] != "ok":
-                    full.update(warmup_steps="", timed_steps="")
+                full = _csv_row(plan, net, bs, env, row)
                 results.append_row(csv_path, full)
-                done.add(results.row_key(full))
+                disk.done.add(results.row_key(full))
                 counts[full["status"]] += 1
                 emit({"event": "row", "network": net.name, "batch_size": bs, "status": full["status"],
                       "message": full.get("message", ""), "latency_ms_median": full.get("latency_ms_median", ""),
