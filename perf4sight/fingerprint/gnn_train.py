@@ -6,6 +6,10 @@ statistics of the training split only (:class:`Normaliser`, stored as JSON). Los
 standardised log targets (close to a relative-error loss). Early stopping watches the loss on a
 validation split that holds out whole networks. A training step takes a few networks and all
 their (batch size) samples: the graph part runs once per network.
+
+:func:`train_on_samples` and :func:`predict_latency_memory` wrap these loops with the analytic
+baseline (:mod:`perf4sight.fingerprint.gnn_baseline`): the model learns the log targets less the
+log baseline, and predictions come back as latency (ms) and memory (MiB).
 """
 from __future__ import annotations
 
@@ -21,10 +25,15 @@ with warnings.catch_warnings():  # torch_geometric calls torch.jit.script at imp
     warnings.filterwarnings("ignore", message=".*torch.jit.script.* is deprecated", category=FutureWarning)
     from torch_geometric.data import Batch, Data
 
-from perf4sight.fingerprint.gnn_graph import GraphTemplate, global_features
+from perf4sight.features.aggregate import feature_matrix
+from perf4sight.fingerprint.gnn_baseline import AnalyticBaseline
+from perf4sight.fingerprint.gnn_graph import (EDGE_FEATURES, GLOBAL_FEATURES, NODE_FEATURES, GraphTemplate,
+                                              global_features)
 from perf4sight.fingerprint.gnn_model import GNNModel
+from perf4sight.fingerprint.gnn_samples import TARGETS, Samples
 
-__all__ = ["Normaliser", "SampleSet", "TrainSettings", "make_data", "train_model", "predict_log"]
+__all__ = ["Normaliser", "SampleSet", "TrainSettings", "make_data", "train_model", "predict_log", "train_on_samples",
+           "predict_latency_memory"]
 
 
 @dataclass
@@ -200,3 +209,25 @@ def predict_log(model: GNNModel, ss: SampleSet, norm: Normaliser, chunk: int = 3
             o, samples = _forward(model, ss, ids[k:k + chunk])
             out[samples] = o.numpy()
     return out * np.asarray(norm.y[1]) + np.asarray(norm.y[0])
+
+
+def train_on_samples(s: Samples, idx: np.ndarray, st: TrainSettings,
+                     base_kind: str) -> tuple[GNNModel, Normaliser, AnalyticBaseline, dict[str, Any]]:
+    """Baseline (``base_kind``: analytic | none), normaliser and model fitted on the samples ``idx`` of ``s``."""
+    tl = s.tmpl(idx)
+    base = AnalyticBaseline.fit(s.F[idx], s.Y[idx], base_kind)
+    R = s.Y[idx] - base.log(s.F[idx])
+    uniq = list({t.name: t for t in tl}.values())
+    norm = Normaliser.fit(uniq, global_features(tl, s.bs[idx]), R)
+    ss = make_data(tl, s.bs[idx], norm, R)
+    names = list({t.name: None for t in tl})  # graph order of make_data
+    dims = (len(NODE_FEATURES), len(EDGE_FEATURES), len(GLOBAL_FEATURES))
+    model, summary = train_model(ss, names, dims, len(TARGETS), st)
+    return model, norm, base, summary
+
+
+def predict_latency_memory(model: GNNModel, norm: Normaliser, base: AnalyticBaseline, tl: list[GraphTemplate],
+                           bs: Sequence[int]) -> np.ndarray:
+    """Predicted latency (ms) and memory (MiB), shape [n, 2]."""
+    F = feature_matrix([t.features for t in tl], list(bs))
+    return np.exp(predict_log(model, make_data(tl, list(bs), norm), norm) + base.log(F))

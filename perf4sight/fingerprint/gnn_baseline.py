@@ -1,0 +1,46 @@
+"""The analytic baseline the GNN corrects (``base="analytic"``), per target.
+
+Per target, the trees' non-negative linear fit on network totals with a relative-error loss
+(:class:`perf4sight.fingerprint.trees.TargetModel`, ``correct=False``): latency in ms, memory in
+MiB. The GNN then learns ``log(measured / baseline)``. Stored in ``gnn.json`` as
+``{target: {"terms": [...], "coef": [...]}}`` (``None`` with ``base="none"``: no baseline, the GNN
+learns ``log(measured)``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from perf4sight.fingerprint.gnn_samples import TARGETS
+
+__all__ = ["AnalyticBaseline"]
+
+
+class AnalyticBaseline:
+    """Optional analytic baseline per target (the trees' non-negative linear fit on network totals,
+    relative-error loss): the GNN then learns ``log(measured / baseline)``. ``None`` = no baseline."""
+
+    def __init__(self, parts: dict[str, dict[str, Any]] | None):
+        from perf4sight.fingerprint.trees import TargetModel
+        self.parts = parts
+        self.models = {t: TargetModel(t, tuple(p["terms"]), np.asarray(p["coef"], dtype=float), None)
+                       for t, p in (parts or {}).items()}
+
+    @classmethod
+    def fit(cls, F: np.ndarray, Y: np.ndarray, kind: str) -> "AnalyticBaseline":
+        if kind == "none":
+            return cls(None)
+        from perf4sight.fingerprint.trees import TargetModel
+        parts = {}
+        for j, t in enumerate(TARGETS):
+            ok = np.isfinite(Y[:, j])
+            tm = TargetModel.fit(t, F[ok], np.exp(Y[ok, j]), correct=False)
+            parts[t] = {"terms": list(tm.terms), "coef": [float(c) for c in tm.coef]}
+        return cls(parts)
+
+    def log(self, F: np.ndarray) -> np.ndarray:
+        """[n, 2] log baseline (0 without one)."""
+        if not self.models:
+            return np.zeros((len(F), len(TARGETS)))
+        return np.column_stack([np.log(np.maximum(self.models[t].analytic(F), 1e-6)) for t in TARGETS])

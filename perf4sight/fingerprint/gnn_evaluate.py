@@ -1,0 +1,121 @@
+"""Cross-validated accuracy of the GNN against the trees and their ensemble, and its printed table.
+
+Folds are the trees' (:func:`perf4sight.fingerprint.evaluate.grouped_cv`: leave-one-family-out,
+or leave-one-network-out with a single family); the GNN is retrained once per held-out group. The
+trees' out-of-fold predictions are the trees fingerprint's own (its ``held_out.csv``) where it was
+fitted on exactly these rows, else the trees refitted here as the fingerprint stage fits them; the
+ensemble is their geometric mean. Metrics (MAPE etc.) are percent of relative error on latency (ms)
+and memory (MiB); ``best`` names the predictor with the lowest MAPE per target. Prediction
+intervals: group-conformal quantiles of out-of-fold ``log(measured / predicted)``
+(:func:`perf4sight.fingerprint.select.group_conformal`), with the coverage of each held-out group
+measured from the other groups' band (``interval_coverage_held_out``, percent).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from perf4sight.config import PREDICTORS
+from perf4sight.features.aggregate import feature_matrix
+from perf4sight.fingerprint.evaluate import CVResult, grouped_cv, metrics
+from perf4sight.fingerprint.fit import LATENCY_COLUMN, device_kind
+from perf4sight.fingerprint.gnn_samples import TARGETS, Samples
+from perf4sight.fingerprint.gnn_train import TrainSettings, predict_latency_memory, train_on_samples
+from perf4sight.fingerprint.select import PREFERRED, group_conformal, held_out_coverage, select_candidate
+from perf4sight.fingerprint.storage import HeldOut, stored_predictions
+
+__all__ = ["cross_validate", "gnn_accuracy_lines"]
+
+
+def _trees_features(s: Samples, trees_cfg: Any) -> np.ndarray:
+    """The trees' feature rows of ``s``: as the GNN's, plus the allocator replay when the fingerprint uses it
+    (on copies: the GNN's own graph-level features stay those it is served with at prediction time)."""
+    if not getattr(trees_cfg, "simulate_memory", False):
+        return s.F
+    from perf4sight.features.alloc_trace import attach_simulation
+    feats = {}
+    for name, t in s.templates.items():
+        nf = dataclasses.replace(t.features)
+        feats[name] = attach_simulation(nf, nf.description) if nf.description is not None else nf
+    return feature_matrix([feats[n] for n in s.nets], s.bs)
+
+
+def _stored_trees_cv(s: Samples, sel: np.ndarray, col: str, y: np.ndarray, groups: np.ndarray,
+                     table: dict[tuple[str, int, float], float]) -> CVResult | None:
+    """The trees fingerprint's own out-of-fold predictions (its ``held_out.csv``) for samples ``sel``,
+    or None unless it was fitted on exactly these rows (``storage.stored_predictions``)."""
+    pred = stored_predictions(table, [s.ok[i] for i in sel], col)
+    if pred is None:
+        return None
+    return CVResult(pred, {str(g): metrics(y[groups == g], pred[groups == g]) for g in dict.fromkeys(groups.tolist())},
+                    metrics(y, pred), s.grouping)
+
+
+def cross_validate(s: Samples, st: TrainSettings, trees_cfg: Any, coverage: float, base_kind: str,
+                   trees_held_out: HeldOut | None = None) -> dict[str, Any]:
+    """Out-of-fold accuracy of the GNN, the trees and their geometric mean on the same folds. The trees'
+    figures are the trees fingerprint's own (``trees_held_out``) where it covers the samples, else the
+    trees refitted here as the fingerprint stage fits them."""
+    cache: dict[str, np.ndarray] = {}  # held-out group -> GNN predictions for all samples in it
+
+    def gnn_fold(test_idx: np.ndarray) -> np.ndarray:
+        g = str(s.groups[test_idx[0]])
+        if g not in cache:
+            held = s.groups == g
+            model, norm, base, _ = train_on_samples(s, np.nonzero(~held)[0], st, base_kind)
+            cache[g] = np.full((len(s.nets), 2), np.nan)
+            cache[g][held] = predict_latency_memory(model, norm, base, s.tmpl(np.nonzero(held)[0]), s.bs[held])
+        return cache[g][test_idx]
+
+    acc: dict[str, Any] = {"grouping": s.grouping}
+    intervals: dict[str, dict[str, list[float]]] = {"gnn": {}, "ensemble": {}}
+    F_trees = _trees_features(s, trees_cfg)
+    for j, target in enumerate(TARGETS):
+        sel = np.nonzero(np.isfinite(s.Y[:, j]))[0]
+        y, groups = np.exp(s.Y[sel, j]), s.groups[sel]
+        cv_g = grouped_cv(sel[:, None], y, groups, s.grouping, lambda a, b, c, j=j: gnn_fold(c[:, 0])[:, j])
+        col = LATENCY_COLUMN if target == "latency" else s.mem_col
+        cv_t = _stored_trees_cv(s, sel, col, y, groups, (trees_held_out or {}).get(target, {}))
+        acc.setdefault("trees_source", {})[target] = "the trees fingerprint's held_out.csv" if cv_t else "refitted"
+        if cv_t is None:  # the trees as the fingerprint stage fits them (model form chosen by the same grouped CV)
+            _, cv_t, _ = select_candidate(target, F_trees[sel], y, groups, s.grouping, trees_cfg.model,
+                                          int(trees_cfg.n_estimators), int(trees_cfg.min_samples_leaf),
+                                          int(trees_cfg.seed), prefer=PREFERRED.get((target, device_kind(s.mem_col))))
+        ens = np.sqrt(cv_g.predictions * cv_t.predictions)
+        res = {"gnn": cv_g, "trees": cv_t}
+        entry: dict[str, Any] = {k: {"overall": v.overall, "per_group": v.per_group} for k, v in res.items()}
+        entry["ensemble"] = {"overall": metrics(y, ens) if len(cv_g.per_group) else cv_g.overall,
+                             "per_group": {g: metrics(y[groups == g], ens[groups == g]) for g in cv_g.per_group}}
+        mapes = {k: entry[k]["overall"]["mape"] for k in PREDICTORS}
+        finite = {k: v for k, v in mapes.items() if np.isfinite(v)}
+        entry["best"] = min(finite, key=finite.get) if finite else None
+        acc[target] = entry
+        for kind, pred in (("gnn", cv_g.predictions), ("trees", cv_t.predictions), ("ensemble", ens)):
+            log_ratio = np.log(y / pred)
+            if kind in intervals:  # the trees' own band lives in their fingerprint
+                intervals[kind][target] = group_conformal(log_ratio, groups, coverage)
+            entry[kind]["interval_coverage_held_out"] = held_out_coverage(log_ratio, groups, coverage)
+    return {"accuracy": acc, "intervals": intervals}
+
+
+def gnn_accuracy_lines(metadata: dict[str, Any]) -> list[str]:
+    """Table of out-of-fold MAPE per held-out group for trees, GNN and ensemble (for the stage to print)."""
+    acc = metadata.get("accuracy", {})
+    lines = []
+    for target in TARGETS:
+        e = acc.get(target)
+        if not e:
+            continue
+        source = acc.get("trees_source", {}).get(target)
+        lines.append(f"{target}: MAPE % per held-out {acc.get('grouping')} (best: {e.get('best')})"
+                     + (f"; trees: {source}" if source else ""))
+        lines.append(f"  {'held out':<24}" + "".join(f"{k:>10}" for k in PREDICTORS))
+        for g in list(e["gnn"]["per_group"]) + ["all"]:
+            vals = [(e[k]["overall"] if g == "all" else e[k]["per_group"].get(g, {})).get("mape", float("nan"))
+                    for k in PREDICTORS]
+            lines.append(f"  {g:<24}" + "".join(f"{v:>10.1f}" for v in vals))
+        cov = [e.get(k, {}).get("interval_coverage_held_out") for k in PREDICTORS]
+        lines.append(f"  {'90% band, held-out cov.':<24}" + "".join(f"{'–' if v is None else f'{v:.1f}':>10}" for v in cov))
+    return lines

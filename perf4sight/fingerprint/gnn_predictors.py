@@ -1,0 +1,77 @@
+"""Serving predictions from a loaded GNN, alone (:class:`GNNPredictor`) or with the trees (:class:`EnsemblePredictor`).
+
+Both return the trees' prediction dicts (:func:`perf4sight.fingerprint.predict.prediction_rows`),
+one per (network, batch size), network-major: ``latency_ms`` (ms), ``memory_mb`` (MiB), their
+bands from the stored group-conformal log-ratio quantiles, and ``fits`` (memory <= the device's
+capacity in MiB, where known). The ensemble is the geometric mean of the trees' and the GNN's
+predictions.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from perf4sight.fingerprint.gnn_baseline import AnalyticBaseline
+from perf4sight.fingerprint.gnn_graph import graph_template
+from perf4sight.fingerprint.gnn_model import GNNModel
+from perf4sight.fingerprint.gnn_train import Normaliser, predict_latency_memory
+from perf4sight.fingerprint.predict import ModuleQueries, as_descriptions, batch_list, prediction_rows
+from perf4sight.ir.schema import NetworkDescription
+
+__all__ = ["GNNPredictor", "EnsemblePredictor"]
+
+
+def _rows(names: list[str], bss: list[int], pred: np.ndarray, bands: dict[str, list[float]],
+          capacity: float | None) -> list[dict[str, Any]]:
+    """Prediction dicts from ``pred`` ([n, 2] latency ms, memory MiB, network-major); fits = memory <= capacity."""
+    return prediction_rows(names, bss, pred[:, 0], pred[:, 1], bands,
+                           [capacity is None or m <= capacity for m in pred[:, 1]])
+
+
+class GNNPredictor(ModuleQueries):
+    """A loaded GNN: ``predict(descs, batch_sizes)`` returns the trees' prediction dicts."""
+
+    def __init__(self, model: GNNModel, norm: Normaliser, metadata: dict[str, Any]):
+        self.model, self.norm, self.metadata = model, norm, metadata
+        self.base = AnalyticBaseline(metadata.get("base", {}).get("models"))
+        self.device: str = metadata.get("device", "")
+        self.input_shape: list[int] | None = metadata.get("input_shape")
+        self.capacity_mb: float | None = metadata.get("capacity_mb")
+        self.bands = metadata.get("interval", {}).get("log_ratio_quantiles", {}).get("gnn", {})
+
+    def predict_array(self, descs: Sequence[NetworkDescription], bss: list[int]) -> np.ndarray:
+        """[len(descs) * len(bss), 2] latency (ms) and memory (MiB), network-major."""
+        tl = [graph_template(d) for d in descs for _ in bss]
+        return predict_latency_memory(self.model, self.norm, self.base, tl, bss * len(descs))
+
+    def predict(self, descs: NetworkDescription | str | Path | Sequence[NetworkDescription | str | Path],
+                batch_sizes: int | Sequence[int]) -> list[dict[str, Any]]:
+        """One dict per (network, batch size): latency (ms), memory (MiB), bands, ``fits``. ``descs``:
+        descriptions, description file paths, or one of them; ``batch_sizes``: an int or a list of ints."""
+        bss = batch_list(batch_sizes)
+        descs = as_descriptions(descs, (NetworkDescription,))
+        return _rows([d.name for d in descs], bss, self.predict_array(descs, bss), self.bands, self.capacity_mb)
+
+
+class EnsemblePredictor(ModuleQueries):
+    """Geometric mean of the trees' and the GNN's predictions; bands from the ensemble's own
+    out-of-fold residuals; capacity from the trees' fingerprint (else the GNN's)."""
+
+    def __init__(self, trees: Any, gnn: GNNPredictor):
+        self.trees, self.gnn = trees, gnn
+        self.device, self.input_shape = gnn.device, trees.input_shape or gnn.input_shape
+        self.capacity_mb = trees.capacity_mb if trees.capacity_mb is not None else gnn.capacity_mb
+        self.bands = gnn.metadata.get("interval", {}).get("log_ratio_quantiles", {}).get("ensemble", {})
+        self.metadata = gnn.metadata
+
+    def predict(self, descs: NetworkDescription | str | Path | Sequence[NetworkDescription | str | Path],
+                batch_sizes: int | Sequence[int]) -> list[dict[str, Any]]:
+        """As :meth:`GNNPredictor.predict`, from the geometric mean of both predictors."""
+        bss = batch_list(batch_sizes)
+        descs = as_descriptions(descs, (NetworkDescription,))
+        g = self.gnn.predict_array(descs, bss)
+        t = self.trees.predict(descs, bss)
+        tarr = np.array([[r["latency_ms"], r["memory_mb"]] for r in t])
+        return _rows([d.name for d in descs], bss, np.sqrt(g * tarr), self.bands, self.capacity_mb)

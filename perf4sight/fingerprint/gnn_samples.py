@@ -1,0 +1,62 @@
+"""The GNN's training samples of one device, from tidy measurement rows and network descriptions.
+
+A sample is one ``ok`` (network, batch size) row with a network description; its targets are
+``log(latency ms)`` (column ``latency_ms_median``) and ``log(memory MiB)`` (the trees' memory
+column: ``peak_rss_mb`` for the cpu backend, else ``device_mem_used_mb``; see
+:mod:`perf4sight.fingerprint.fit`), NaN where the row has no positive figure. ``oom`` rows are
+kept apart: they teach the device's memory capacity. Samples are grouped for cross-validation as
+the trees' are (:func:`perf4sight.fingerprint.evaluate.choose_groups`: by family, else by network).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from perf4sight.errors import UserError
+from perf4sight.features.aggregate import feature_matrix
+from perf4sight.fingerprint.evaluate import choose_groups
+from perf4sight.fingerprint.fit import LATENCY_COLUMN, memory_column, records
+from perf4sight.fingerprint.gnn_graph import GraphTemplate, graph_template
+from perf4sight.ir.schema import NetworkDescription
+from perf4sight.profiling.results import number
+
+__all__ = ["Samples", "TARGETS"]
+
+#: The GNN's outputs, in column order: log latency (ms), log memory (MiB).
+TARGETS = ("latency", "memory")
+
+
+def _positive(v: Any) -> float:
+    """A cell as a positive float, else NaN."""
+    x = number(v)
+    return x if x is not None and x > 0 else float("nan")
+
+
+class Samples:
+    """The usable (network, batch size) samples of a device with their log targets [n, 2]."""
+
+    def __init__(self, rows: Any, descriptions: dict[str, NetworkDescription], device: str):
+        recs = [r for r in records(rows) if str(r.get("device", device)) == device and str(r["network"]) in descriptions]
+        if not recs:
+            raise UserError(f"gnn: no measurements with a network description for device '{device}'")
+        self.mem_col = memory_column(recs)
+        self.ok = [r for r in recs if r.get("status") == "ok"]
+        self.oom = [r for r in recs if r.get("status") == "oom"]
+        ylat = np.log([_positive(r.get(LATENCY_COLUMN)) for r in self.ok])
+        ymem = np.log([_positive(r.get(self.mem_col)) for r in self.ok])
+        keep = np.isfinite(ylat) | np.isfinite(ymem)
+        self.ok = [r for r, k in zip(self.ok, keep) if k]
+        self.Y = np.column_stack([ylat[keep], ymem[keep]]) if keep.any() else np.zeros((0, 2))
+        for j, t in enumerate(TARGETS):
+            if np.isfinite(self.Y[:, j]).sum() < 3:
+                raise UserError(f"gnn: fewer than 3 ok rows with a {t} figure for device '{device}'")
+        self.templates = {n: graph_template(descriptions[n]) for n in sorted({str(r["network"]) for r in recs})}
+        self.nets = np.array([str(r["network"]) for r in self.ok])
+        self.bs = np.array([int(float(r["batch_size"])) for r in self.ok])
+        fams = np.array([str(r.get("family") or r["network"]) for r in self.ok])
+        self.groups, self.grouping = choose_groups(fams, self.nets)
+        self.F = feature_matrix([self.templates[n].features for n in self.nets], self.bs)
+
+    def tmpl(self, idx: np.ndarray) -> list[GraphTemplate]:
+        return [self.templates[n] for n in self.nets[idx]]
