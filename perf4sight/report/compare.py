@@ -94,12 +94,9 @@ def _curves(cfg: Config, devs: list[DeviceData], all_descs: dict[str, dict[str, 
     return out, names
 
 
-def _blocks(devs: list[DeviceData], names: list[str], images: dict[str, Path], notes: list[str]) -> list[Block]:
-    b: list[Block] = [Text("Latency: one training step (forward, loss, backward, optimiser step) in ms. Memory in MiB, "
-                           "the figure each fingerprint was trained on (peak_rss_mb for cpu devices, device_mem_used_mb "
-                           "for GPU/Jetson devices). Accuracy is leave-one-family-out (or leave-one-variant-out) "
-                           "on each device's own measurements.")]
-    b.append(Heading("Devices at a glance"))
+def _glance_blocks(devs: list[DeviceData]) -> list[Block]:
+    """One row per device: what it measured, held-out accuracy, capacity."""
+    b: list[Block] = [Heading("Devices at a glance")]
     rows = []
     for d in devs:
         m, acc = d.metadata, d.metadata.get("accuracy", {})
@@ -115,7 +112,12 @@ def _blocks(devs: list[DeviceData], names: list[str], images: dict[str, Path], n
     b.append(Table(["device", "backend", "networks", "ok / oom rows", "input", "memory target",
                     "latency MAPE % / ±10% share", "memory MAPE % / ±10% share", "capacity MiB"], rows,
                    "held-out accuracy of each fingerprint; capacity: configured limit or learnt from OOM rows"))
-    b.append(Heading("What was measured"))
+    return b
+
+
+def _measured_blocks(devs: list[DeviceData]) -> list[Block]:
+    """Per device, per family: variants, batch sizes, outcomes, the OOM boundary."""
+    b: list[Block] = [Heading("What was measured")]
     for d in devs:
         b.append(Table(["family", "variants", "batch sizes", "ok", "oom", "skipped/error", "largest batch that ran",
                         "first OOM batch"],
@@ -123,7 +125,12 @@ def _blocks(devs: list[DeviceData], names: list[str], images: dict[str, Path], n
                          if f.batch_sizes else "–", str(f.ok), str(f.oom), str(f.other), _range(f.largest_ok),
                          _range(f.first_oom)] for f in d.families],
                        f"{d.name}: ranges are over the family's variants (OOM boundary)"))
-    b.append(Heading("Held-out accuracy per network family"))
+    return b
+
+
+def _accuracy_blocks(devs: list[DeviceData]) -> list[Block]:
+    """Per device and target: the held-out accuracy table per network family."""
+    b: list[Block] = [Heading("Held-out accuracy per network family")]
     for d in devs:
         for target, acc in d.metadata.get("accuracy", {}).items():
             groups = list(acc.get("per_group", {}).items()) + [("all", acc.get("overall", {}))]
@@ -131,18 +138,33 @@ def _blocks(devs: list[DeviceData], names: list[str], images: dict[str, Path], n
                            [[g, str(m.get("n", "")), _fmt(m.get("mape")), _fmt(m.get("rmspe")),
                              _fmt(m.get("within10"))] for g, m in groups],
                            f"{d.name}: {target} ({acc.get('column', '')}), leave-one-{acc.get('grouping', '')}-out"))
-    b.append(Heading("Predicted step time and memory against batch size"))
+    return b
+
+
+def _curve_plot_blocks(names: list[str], images: dict[str, Path]) -> list[Block]:
+    """The predicted curves of every device (plots made by the caller)."""
+    b: list[Block] = [Heading("Predicted step time and memory against batch size")]
     b.append(Text("Networks: " + ", ".join(names) + ". Each is described at the input shape its device's fingerprint "
                   "was trained at. Dots are measurements of the same architecture where the device has them (rows the "
                   "fingerprint was trained on: the held-out check is the scatter below)."))
     b.append(Image(images["latency"], "predicted training step time (ms) against batch size, every device"))
     b.append(Image(images["memory"], "predicted memory (MiB) against batch size, every device; dashed: capacity"))
-    b.append(Heading("Largest batch that fits"))
+    return b
+
+
+def _largest_batch_blocks(devs: list[DeviceData], names: list[str]) -> list[Block]:
+    """The largest batch that fits, per network and device."""
+    b: list[Block] = [Heading("Largest batch that fits")]
     b.append(Table(["network"] + [d.name for d in devs],
                    [[n] + [("unknown capacity" if d.max_batch.get(n, "x") is None else _fmt(d.max_batch.get(n), "d"))
                            for d in devs] for n in names],
                    "largest b with every batch 1..b predicted under the device's capacity (capped at 1024)"))
-    b.append(Heading("Features each fingerprint leans on"))
+    return b
+
+
+def _sensitivity_blocks(devs: list[DeviceData], images: dict[str, Path]) -> list[Block]:
+    """The features each fingerprint leans on: plot and top features per target."""
+    b: list[Block] = [Heading("Features each fingerprint leans on")]
     b.append(Text("Permutation sensitivity: mean |change| (%) of the prediction when one feature is shuffled across "
                   "the device's measured configurations (analytic terms and tree correction together)."))
     b.append(Image(images["sensitivity"], "feature sensitivity per device, latency (left) and memory (right)"))
@@ -154,7 +176,12 @@ def _blocks(devs: list[DeviceData], names: list[str], images: dict[str, Path], n
                                         if i < len(ranked[d.name]) else "" for d in devs]
                         for i in range(max((len(v) for v in ranked.values()), default=0))],
                        f"{target}: top features, side by side"))
-    b.append(Heading("Predicted against measured"))
+    return b
+
+
+def _scatter_blocks(devs: list[DeviceData], images: dict[str, Path]) -> list[Block]:
+    """Per device: predicted against measured, with its MAPE and ±10 % share."""
+    b: list[Block] = [Heading("Predicted against measured")]
     for d in devs:
         parts = []
         ok = sum(r["status"] == "ok" for r in d.rows)
@@ -166,6 +193,17 @@ def _blocks(devs: list[DeviceData], names: list[str], images: dict[str, Path], n
                          f"{_fmt(within, '.0f')}% within ±10%")
         b.append(Text(f"{d.name}: " + "; ".join(parts) + "."))
         b.append(Image(images[f"scatter:{d.name}"], f"{d.name}: predicted against measured"))
+    return b
+
+def _blocks(devs: list[DeviceData], names: list[str], images: dict[str, Path], notes: list[str]) -> list[Block]:
+    """The report, section by section."""
+    b: list[Block] = [Text("Latency: one training step (forward, loss, backward, optimiser step) in ms. Memory in MiB, "
+                           "the figure each fingerprint was trained on (peak_rss_mb for cpu devices, device_mem_used_mb "
+                           "for GPU/Jetson devices). Accuracy is leave-one-family-out (or leave-one-variant-out) "
+                           "on each device's own measurements.")]
+    b += _glance_blocks(devs) + _measured_blocks(devs) + _accuracy_blocks(devs)
+    b += _curve_plot_blocks(names, images) + _largest_batch_blocks(devs, names)
+    b += _sensitivity_blocks(devs, images) + _scatter_blocks(devs, images)
     if notes:
         b.append(Heading("Notes"))
         b += [Text(n) for n in notes]
