@@ -282,6 +282,34 @@ def test_overlap_form_recovers_host_and_device_time(tmp_path):
     np.testing.assert_allclose(back["latency"].predict(F), tm.predict(F))
 
 
+def test_saturating_form_recovers_demand_and_ceiling_and_capacity_compares_demand(tmp_path):
+    """Memory that follows a linear demand and flattens under a ceiling (a device paging out near its
+    limit): the saturating fit recovers the demand's coefficients and the ceiling, a linear sum cannot
+    follow it, the capacity is compared with the demand (which keeps growing past the ceiling), and the
+    form survives a save/load round trip."""
+    from perf4sight.features.aggregate import FEATURE_NAMES
+    from perf4sight.fingerprint.storage import load_models, save_models
+    from perf4sight.fingerprint.trees import CEILING, CEILING_P, TargetModel
+    rng = np.random.default_rng(5)
+    F = np.zeros((300, len(FEATURE_NAMES)))
+    F[:, FEATURE_NAMES.index("sim_reserved_mb")] = rng.uniform(100, 9000, 300)
+    demand = 1200.0 + 0.9 * F[:, FEATURE_NAMES.index("sim_reserved_mb")]
+    ceiling = 6300.0
+    y = (demand ** -CEILING_P + ceiling ** -CEILING_P) ** (-1 / CEILING_P)
+    terms = ("one", "sim_reserved_mb", "mem_analytic_mb", CEILING)
+    tm = TargetModel.fit("memory", F, y, correct=False, terms=terms)
+    np.testing.assert_allclose(tm.coef, [1200.0, 0.9, 0.0, ceiling], rtol=1e-3, atol=1e-6)
+    assert np.max(np.abs(tm.predict(F) / y - 1)) < 1e-4
+    np.testing.assert_allclose(tm.demand(F), demand, rtol=1e-3)
+    assert tm.predict(F).max() < ceiling < tm.demand(F).max()
+    linear = TargetModel.fit("memory", F, y, correct=False, terms=("one", "sim_reserved_mb"))
+    assert np.mean(np.abs(linear.predict(F) / y - 1)) > 0.03  # a sum cannot follow the flattening
+    save_models(tmp_path, {"memory": tm}, {})
+    back, _ = load_models(tmp_path)
+    assert back["memory"].terms == terms
+    np.testing.assert_allclose(back["memory"].demand(F), tm.demand(F))
+
+
 def test_held_out_coverage_sees_a_family_outside_the_others_band():
     from perf4sight.fingerprint.select import held_out_coverage
     rng = np.random.default_rng(4)

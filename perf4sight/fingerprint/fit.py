@@ -171,7 +171,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
     # the analytic (linear) part keeps growing with demand where measured memory saturates near the
     # device limit (unified memory swaps), so a learnt threshold is on it: see ``capacity_basis``
     capacity, cap_source = memory_capacity(memory_limit_mb, len(oom_rows), lambda: (
-        models["memory"].analytic(matrix(ok_rows)), models["memory"].analytic(matrix(oom_rows))))
+        models["memory"].demand(matrix(ok_rows)), models["memory"].demand(matrix(oom_rows))))
     meta: dict[str, Any] = {
         "device": device,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

@@ -197,7 +197,7 @@ class Fingerprint(ModuleQueries):
     def _demand(self, F: np.ndarray, mem: np.ndarray | None) -> np.ndarray:
         """Memory figure (MiB) compared with ``capacity_mb`` for feature rows ``F``."""
         if self.capacity_basis == "analytic":
-            return self.models["memory"].analytic(F)
+            return self.models["memory"].demand(F)
         return self.models["memory"].predict(F) if mem is None else mem
 
     def predict(self, descs: NetworkDescription | str | Path | Sequence[NetworkDescription | str | Path],

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from perf4sight.fingerprint.evaluate import CVResult, grouped_cv, metrics
-from perf4sight.fingerprint.trees import OVERLAP, TargetModel
+from perf4sight.fingerprint.trees import CEILING, OVERLAP, TargetModel
 
 __all__ = ["Candidate", "CANDIDATES", "PREFERRED", "select_candidate", "random_split_metrics", "group_conformal",
            "held_out_coverage"]
@@ -57,7 +57,12 @@ CANDIDATES: dict[str, tuple[Candidate, ...]] = {
                Candidate("sim reserved + analytic + workspace x trees",
                          ("one", "sim_reserved_mb", "mem_analytic_mb", "im2col_mb")),
                Candidate("sim reserved + analytic + BLAS context + workspace x trees",
-                         ("one", "sim_reserved_mb", "mem_analytic_mb", "blas_context", "im2col_mb"))),
+                         ("one", "sim_reserved_mb", "mem_analytic_mb", "blas_context", "im2col_mb")),
+               # the same sums saturating at a learnt ceiling: used memory stops growing near the device's limit
+               Candidate("sim reserved + analytic + workspace, saturating x trees",
+                         ("one", "sim_reserved_mb", "mem_analytic_mb", "im2col_mb", CEILING)),
+               Candidate("sim reserved + analytic + BLAS context + workspace, saturating x trees",
+                         ("one", "sim_reserved_mb", "mem_analytic_mb", "blas_context", "im2col_mb", CEILING))),
     # latency: the kernel-terms form first, as it is the one kept when there are too few groups to choose
     # (its per-kernel launch term carries over to families never seen; the FLOP-only forms did not)
     "latency": (Candidate("kernel terms (64-tiles) x trees, leaf 3", _KERNEL_TERMS_64, leaf=3),
@@ -88,7 +93,7 @@ def _has_terms(F: np.ndarray, cand: Candidate) -> bool:
     """Whether every analytic term of ``cand`` is known on all rows of ``F`` (finite; a simulated
     feature is 0 where the network was not simulated)."""
     from perf4sight.features.aggregate import CONTEXT_FEATURES, FEATURE_NAMES, SIM_FEATURES
-    terms = [t for t in (cand.terms or ()) if t not in ("one", OVERLAP)]
+    terms = [t for t in (cand.terms or ()) if t not in ("one", OVERLAP, CEILING)]
     sim = [FEATURE_NAMES.index(t) for t in terms if t in SIM_FEATURES]
     cols = [FEATURE_NAMES.index(t) for t in terms]
     # a 0/1 context term means something only where the rows have both values (else it is the constant)

@@ -15,6 +15,13 @@ and the step takes their smooth maximum ``(host^p + device^p)^(1/p)`` with ``p``
 :data:`OVERLAP_P`, because the host issues kernels while the device runs earlier ones: a step
 with little work per kernel is host-bound (its time flat in the batch size), a large one is
 device-bound. Fitted on log(predicted / measured) with non-negative coefficients.
+
+A memory form may end with the term ``ceiling``: the linear sum (the *demand*) then saturates at a
+learnt ceiling ``C`` (MiB), as the smooth minimum ``(demand^-p + C^-p)^(-1/p)`` with ``p`` =
+:data:`CEILING_P`, because a device's used memory cannot grow past what it has: on a Jetson's
+unified memory the last batch sizes before an out-of-memory page out (zram) instead, and the measured
+figure flattens under the ceiling while the step's demand keeps growing. The capacity test
+(``fits``) compares the demand, not the saturated figure. Fitted on log(predicted / measured) too.
 """
 from __future__ import annotations
 
@@ -28,7 +35,7 @@ from perf4sight.errors import UserError
 from perf4sight.features.aggregate import CONTEXT_FEATURES, FEATURE_NAMES
 
 __all__ = ["TreeEnsemble", "TargetModel", "make_regressor", "LINEAR_TERMS", "TREE_FEATURES", "MODELS",
-           "OVERLAP", "OVERLAP_P"]
+           "OVERLAP", "OVERLAP_P", "CEILING", "CEILING_P"]
 
 MODELS = TREE_MODELS
 
@@ -141,6 +148,8 @@ class TreeEnsemble:
 
 #: Separator of the host and device sums in an overlap form's terms; the smooth maximum's exponent.
 OVERLAP, OVERLAP_P = "|", 3.0
+#: Last term of a saturating form (its coefficient is the ceiling, MiB); the smooth minimum's exponent.
+CEILING, CEILING_P = "ceiling", 16.0
 
 
 def _columns(names: tuple[str, ...]) -> list[int]:
@@ -148,12 +157,24 @@ def _columns(names: tuple[str, ...]) -> list[int]:
 
 
 def _linear_design(F: np.ndarray, terms: tuple[str, ...]) -> np.ndarray:
-    cols = [np.ones(len(F)) if t == "one" else F[:, FEATURE_NAMES.index(t)] for t in terms if t != OVERLAP]
+    """One column per term (the ceiling's a column of ones: its coefficient is the ceiling itself)."""
+    cols = [np.ones(len(F)) if t in ("one", CEILING) else F[:, FEATURE_NAMES.index(t)] for t in terms if t != OVERLAP]
     return np.column_stack(cols)
 
 
+def _demand(A: np.ndarray, coef: np.ndarray, terms: tuple[str, ...]) -> np.ndarray:
+    """A saturating form's linear sum before the ceiling (the whole analytic value of other forms)."""
+    if CEILING in terms:
+        return A[:, :-1] @ coef[:-1]
+    return _combine(A, coef, terms)
+
+
 def _combine(A: np.ndarray, coef: np.ndarray, terms: tuple[str, ...]) -> np.ndarray:
-    """The analytic value of design rows ``A``: a linear sum, or the overlap form's smooth maximum."""
+    """The analytic value of design rows ``A``: a linear sum, the overlap form's smooth maximum, or the
+    saturating form's smooth minimum of the linear sum and the ceiling."""
+    if CEILING in terms:
+        demand, ceiling = np.maximum(A[:, :-1] @ coef[:-1], 1e-9), max(float(coef[-1]), 1e-9)
+        return (demand ** -CEILING_P + ceiling ** -CEILING_P) ** (-1.0 / CEILING_P)
     if OVERLAP not in terms:
         return A @ coef
     k = terms.index(OVERLAP)
@@ -177,6 +198,34 @@ def _fit_overlap(A: np.ndarray, y: np.ndarray, terms: tuple[str, ...]) -> np.nda
     return np.where(seen, sol, 0.0) / scale
 
 
+def _fit_ceiling(A: np.ndarray, y: np.ndarray, terms: tuple[str, ...], free: np.ndarray) -> np.ndarray:
+    """Non-negative coefficients of the saturating form (the last one the ceiling) minimising
+    sum(log(predicted / y)^2), started from the linear fit and a ceiling above every training figure.
+    Columns not ``free``, or zero on every training row, keep a zero coefficient, as in the other fits."""
+    from scipy.optimize import least_squares
+    seen = np.abs(A[:, :-1]).max(axis=0)
+    keep = np.append(free[:-1] & (seen > 0), True)
+    linear = _fit_linear(A[:, :-1], y, keep[:-1])
+    col_scale = np.append(np.where(seen > 0, seen, 1.0), 1.0) / float(np.median(y))
+    start = np.append(linear, 2.0 * float(y.max())) * col_scale
+
+    def resid(u: np.ndarray) -> np.ndarray:
+        return np.log(np.maximum(_combine(A, np.where(keep, u, 0.0) / col_scale, terms), 1e-12) / y)
+
+    sol = least_squares(resid, start, bounds=(0.0, np.inf)).x
+    return np.where(keep, sol, 0.0) / col_scale
+
+
+def _fit_linear(A: np.ndarray, y: np.ndarray, free: np.ndarray) -> np.ndarray:
+    """Non-negative ``c`` minimising sum(((A c - y) / y)^2), columns not ``free`` held at zero."""
+    from scipy.optimize import nnls  # fitting only: prediction does without scipy (0.4 s to import)
+    col_scale = np.maximum(np.abs(A).max(axis=0), 1e-12)
+    sol, _ = nnls((A[:, free] / col_scale[free]) / y[:, None], np.ones_like(y))
+    coef = np.zeros(A.shape[1])
+    coef[free] = sol / col_scale[free]
+    return coef
+
+
 def tree_inputs(F: np.ndarray) -> np.ndarray:
     """The tree correction's inputs from full feature rows: log1p of :data:`TREE_FEATURES`."""
     return np.log1p(np.maximum(F[:, _columns(TREE_FEATURES)], 0.0))
@@ -197,8 +246,6 @@ class TargetModel:
             correct: bool = True, terms: tuple[str, ...] | None = None) -> "TargetModel":
         """Fit on feature rows ``F`` (columns :data:`FEATURE_NAMES`) and positive targets ``y``;
         ``terms`` overrides the analytic terms (default :data:`LINEAR_TERMS`[target])."""
-        from scipy.optimize import nnls  # fitting only: prediction does without scipy (0.4 s to import)
-
         terms = tuple(terms) if terms else LINEAR_TERMS[target]
         A = _linear_design(F, terms)
         if OVERLAP in terms:
@@ -207,11 +254,7 @@ class TargetModel:
             # a 0/1 context flag with one value on every training row is the constant again: its share
             # of the constant cannot be told apart, so it keeps a zero coefficient (the constant takes it)
             free = np.array([not (t in CONTEXT_FEATURES and np.ptp(A[:, j]) == 0) for j, t in enumerate(terms)])
-            col_scale = np.maximum(np.abs(A).max(axis=0), 1e-12)
-            # relative-error loss: minimise sum(((A c - y) / y)^2) with c >= 0
-            sol, _ = nnls((A[:, free] / col_scale[free]) / y[:, None], np.ones_like(y))
-            coef = np.zeros(A.shape[1])
-            coef[free] = sol / col_scale[free]
+            coef = _fit_ceiling(A, y, terms, free) if CEILING in terms else _fit_linear(A, y, free)
         tm = cls(target, terms, coef, None)
         if correct:
             resid = np.log(y / np.maximum(tm.analytic(F), 1e-9))
@@ -223,6 +266,11 @@ class TargetModel:
     def analytic(self, F: np.ndarray) -> np.ndarray:
         """The analytic part alone (same unit as the target)."""
         return _combine(_linear_design(F, self.terms), self.coef, self.terms)
+
+    def demand(self, F: np.ndarray) -> np.ndarray:
+        """The analytic part before a saturating form's ceiling (= :meth:`analytic` for other forms): what
+        the capacity is compared with."""
+        return _demand(_linear_design(F, self.terms), self.coef, self.terms)
 
     def predict(self, F: np.ndarray) -> np.ndarray:
         """Predicted target (ms or MiB), shape (n,)."""
