@@ -287,145 +287,228 @@ def _last_uses(desc: NetworkDescription) -> dict[str, list[str]]:
 
 
 def _bytes(node: Node, b: int) -> int:
+    """Bytes of ``node``'s output (float32) at batch size ``b``."""
     return b * prod(node.output_shape) * FLOAT
 
 
 def _edge(v: _Value) -> tuple[str, int] | None:
+    """Where the gradient of ``v`` goes: its autograd node, or None where it needs none."""
     return None if v.fn is None else ("fn", v.fn)
+
+
+@dataclass
+class _OpContext:
+    """What one node's forward works with: the node, its inputs, the memory and the autograd nodes.
+
+    Shapes: ``in_shapes`` per sample (no batch dimension); ``full_in`` (the first input's) and
+    ``full_out`` with the batch. Sizes in bytes at ``batch``."""
+    node: Node
+    inputs: list[_Value]
+    in_shapes: list[list[int]]
+    batch: int
+    mem: _Memory
+    fns: list[_GradFn]
+    first_param: int             # index of the node's first parameter (weight; bias next)
+    x: _Value                    # the first input
+    nbytes: int                  # the output's bytes
+    full_in: tuple[int, ...]     # the first input's shape with the batch (() without inputs)
+    full_out: tuple[int, ...]    # the output's shape with the batch
+
+    @classmethod
+    def of(cls, n: Node, ins: list[_Value], in_shapes: list[list[int]], b: int, mem: _Memory,
+           fns: list[_GradFn], p0: int) -> _OpContext:
+        """The context of node ``n`` (arguments as :func:`_forward`'s)."""
+        x = ins[0]
+        return cls(n, ins, in_shapes, b, mem, fns, p0, x, _bytes(n, b),
+                   tuple([b] + list(in_shapes[0])) if in_shapes else (), tuple([b] + list(n.output_shape)))
+
+    def check_strides(self) -> None:
+        """:class:`NotCovered` where a strided input reaches an op that does not take one as it is."""
+        op = self.node.op
+        strided = [(tuple([self.batch] + list(sh)), i.strides)
+                   for sh, i in zip(self.in_shapes, self.inputs) if i.strides is not None]
+        if strided and op not in _TAKE_STRIDED and not (op in _ELEMENTWISE and all(_ordered(*st) for st in strided)):
+            raise NotCovered(f"{op} of a strided tensor")
+
+    def grad_fn(self, saved: list[int], edges: list, sizes: list[int], kernels: list[str | None],
+                order: list[int] | None = None, full: list[int | None] | None = None, handoff: str = "",
+                out_shape: tuple[int, ...] | None = None, dims: tuple[int, int] = (0, 0)) -> int | None:
+        """The node's autograd node (fields as :class:`_GradFn`; ``sizes`` and ``full`` in bytes; ``order``
+        default: input order; ``out_shape`` default: ``full_out``) appended to ``fns``: its index, or None
+        when no input needs a gradient (``saved`` is dropped)."""
+        for s in saved:
+            self.mem.hold(s)
+        if all(e is None for e in edges):
+            for s in saved:
+                self.mem.drop(s)
+            return None
+        self.fns.append(_GradFn(saved, edges, sizes, kernels, order if order is not None else list(range(len(edges))),
+                                full or [None] * len(edges), handoff,
+                                [tuple([self.batch] + list(sh)) for sh in self.in_shapes],
+                                self.full_out if out_shape is None else out_shape, dims))
+        return len(self.fns) - 1
+
+    def unary_grad_fn(self, kernel: str | None, saved: list[int]) -> int | None:
+        """:meth:`grad_fn` of a one-input op whose backward ``kernel`` (None: hands the gradient on)
+        allocates a gradient of the input's bytes."""
+        return self.grad_fn(saved, [_edge(self.x)], [self.x.nbytes], [kernel])
+
+    def alloc(self, kernel: str, size: int | None = None, holders: int = 1) -> int:
+        """A new storage of ``size`` bytes (default: the output's), allocated by ``aten.<kernel>``."""
+        return self.mem.new(self.nbytes if size is None else size, "aten." + kernel, holders)
 
 
 def _forward(n: Node, ins: list[_Value], in_shapes: list[list[int]], b: int, mem: _Memory, fns: list[_GradFn],
              p0: int) -> _Value:
-    """Run node ``n`` forward (inputs ``ins`` of per-sample shapes ``in_shapes``; its parameters are
-    ``p0``, ``p0 + 1``...): its allocations, its autograd node (appended to ``fns``), its value."""
-    x = ins[0]
-    op, nbytes = n.op, _bytes(n, b)
+    """Run node ``n`` forward (inputs ``ins`` of per-sample shapes ``in_shapes``, batch ``b``; its
+    parameters are ``p0``, ``p0 + 1``...): its allocations, its autograd node (appended to ``fns``), its value."""
+    ctx = _OpContext.of(n, ins, in_shapes, b, mem, fns, p0)
+    ctx.check_strides()
+    handler = _HANDLERS.get(n.op)
+    if handler is None:
+        raise NotCovered(f"op '{n.op}'")
+    return handler(ctx)
 
-    full_in = tuple([b] + list(in_shapes[0])) if in_shapes else ()
-    full_out = tuple([b] + list(n.output_shape))
-    strided = [(tuple([b] + list(sh)), i.strides) for sh, i in zip(in_shapes, ins) if i.strides is not None]
-    if strided and op not in _TAKE_STRIDED and not (op in _ELEMENTWISE and all(_ordered(*st) for st in strided)):
-        raise NotCovered(f"{op} of a strided tensor")
 
-    def node(saved: list[int], edges: list, sizes: list[int], kernels: list[str | None],
-             order: list[int] | None = None, full: list[int | None] | None = None, handoff: str = "",
-             out_shape: tuple[int, ...] | None = None, dims: tuple[int, int] = (0, 0)) -> int | None:
-        """The autograd node's index (None when no input needs a gradient: ``saved`` is dropped)."""
-        for s in saved:
-            mem.hold(s)
-        if all(e is None for e in edges):
-            for s in saved:
-                mem.drop(s)
-            return None
-        fns.append(_GradFn(saved, edges, sizes, kernels, order if order is not None else list(range(len(edges))),
-                           full or [None] * len(edges), handoff, [tuple([b] + list(sh)) for sh in in_shapes],
-                           full_out if out_shape is None else out_shape, dims))
-        return len(fns) - 1
-
-    def unary(kernel: str | None, saved: list[int]) -> int | None:
-        return node(saved, [_edge(x)], [x.nbytes], [kernel])
-
-    def new(kernel: str, size: int = nbytes, holders: int = 1) -> int:
-        return mem.new(size, "aten." + kernel, holders)
-
-    if op in ("conv2d", "linear", "batchnorm2d"):
-        pbytes, _ = _params(n)
-        pedges = [("param", p0 + k) for k in range(len(pbytes))]
-    if op == "conv2d":
-        sid = new("convolution.default")
+def _with_parameters(ctx: _OpContext) -> _Value:
+    """conv2d, batchnorm2d, linear: the layers with parameters (each parameter's gradient: its bytes)."""
+    n, x, nbytes = ctx.node, ctx.x, ctx.nbytes
+    pbytes, _ = _params(n)
+    pedges = [("param", ctx.first_param + k) for k in range(len(pbytes))]
+    if n.op == "conv2d":
+        sid = ctx.alloc("convolution.default")
         grads = ["aten.convolution_backward.default"] * (1 + len(pbytes))
-        return _Value(sid, nbytes, node([x.sid], [_edge(x)] + pedges, [x.nbytes] + pbytes, grads))
-    if op == "batchnorm2d":
-        sid = new("native_batch_norm.default")
-        stats = [new("native_batch_norm.default", pbytes[0], holders=0) for _ in range(2)]  # mean, 1/std
+        return _Value(sid, nbytes, ctx.grad_fn([x.sid], [_edge(x)] + pedges, [x.nbytes] + pbytes, grads))
+    if n.op == "batchnorm2d":
+        sid = ctx.alloc("native_batch_norm.default")
+        stats = [ctx.alloc("native_batch_norm.default", pbytes[0], holders=0) for _ in range(2)]  # mean, 1/std
         grads = ["aten.native_batch_norm_backward.default"] * 3
-        return _Value(sid, nbytes, node([x.sid] + stats, [_edge(x)] + pedges, [x.nbytes] + pbytes, grads))
-    if op == "linear":
-        if len(in_shapes[0]) != 1:
+        return _Value(sid, nbytes, ctx.grad_fn([x.sid] + stats, [_edge(x)] + pedges, [x.nbytes] + pbytes, grads))
+    if n.op == "linear":
+        if len(ctx.in_shapes[0]) != 1:
             raise NotCovered("linear on a tensor of more than two dimensions")
-        t = node([], [pedges[0]], [pbytes[0]], [None], handoff="view")  # weight.t()
+        t = ctx.grad_fn([], [pedges[0]], [pbytes[0]], [None], handoff="view")  # weight.t()
         if n.attrs["bias"]:  # addmm(bias, x, weight.t()): the bias gradient is the incoming one summed down
-            sid = new("addmm.default")
-            return _Value(sid, nbytes, node([x.sid], [pedges[1], _edge(x), ("fn", t)], [pbytes[1], x.nbytes, pbytes[0]],
-                                            [None, "aten.mm.default", "aten.mm.default"], [0, 1, 2], [nbytes, None, None]))
-        sid = new("mm.default")  # mm(x, weight.t()): the weight's gradient comes first
+            sid = ctx.alloc("addmm.default")
+            return _Value(sid, nbytes, ctx.grad_fn([x.sid], [pedges[1], _edge(x), ("fn", t)],
+                                                   [pbytes[1], x.nbytes, pbytes[0]],
+                                                   [None, "aten.mm.default", "aten.mm.default"], [0, 1, 2],
+                                                   [nbytes, None, None]))
+        sid = ctx.alloc("mm.default")  # mm(x, weight.t()): the weight's gradient comes first
         grads = ["aten.mm.default", "aten.mm.default"]
         edges, sizes, order = [_edge(x), ("fn", t)], [x.nbytes, pbytes[0]], [1, 0]
-        return _Value(sid, nbytes, node([x.sid], edges, sizes, grads, order))
+        return _Value(sid, nbytes, ctx.grad_fn([x.sid], edges, sizes, grads, order))
+    raise NotCovered(f"op '{n.op}'")
+
+
+def _activation(ctx: _OpContext) -> _Value:
+    """relu and relu6 (in place), the out-of-place activations (:data:`_ACTIVATIONS`), dropout."""
+    n, x, nbytes, op = ctx.node, ctx.x, ctx.nbytes, ctx.node.op
     if op in ("relu", "relu6"):  # in place, keeps its result
-        if x.fn is None or x.view or any(x.sid in f.saved for f in fns):
+        if x.fn is None or x.view or any(x.sid in f.saved for f in ctx.fns):
             raise NotCovered(f"in-place {op} on '{n.inputs[0]}'")
         kernel = "aten.threshold_backward.default" if op == "relu" else "aten.hardtanh_backward.default"
-        return _Value(mem.hold(x.sid), x.nbytes, unary(kernel, [x.sid]))
-    if op in ("maxpool2d", "adaptivemaxpool2d"):  # the output and int64 indices, both kept with the input
-        kernel = "max_pool2d_with_indices" if op == "maxpool2d" else "adaptive_max_pool2d"
-        sid = new(kernel + ".default")
-        indices = new(kernel + ".default", nbytes // FLOAT * INT64, holders=0)
-        return _Value(sid, nbytes, unary(f"aten.{kernel}_backward.default", [x.sid, indices]))
-    if op == "avgpool2d":
-        return _Value(new("avg_pool2d.default"), nbytes, unary("aten.avg_pool2d_backward.default", [x.sid]))
-    if op == "adaptiveavgpool2d" and n.attrs["output_size"] not in (1, [1, 1], (1, 1)):
-        return _Value(new("_adaptive_avg_pool2d.default"), nbytes,
-                      unary("aten._adaptive_avg_pool2d_backward.default", [x.sid]))
-    if op in ("adaptiveavgpool2d", "mean"):  # a mean over H and W: keeps nothing, its backward divides
-        return _Value(new("mean.dim"), nbytes, unary("aten.div.Scalar", []))
+        return _Value(ctx.mem.hold(x.sid), x.nbytes, ctx.unary_grad_fn(kernel, [x.sid]))
     if op in _ACTIVATIONS:
         name, keeps = _ACTIVATIONS[op]
-        sid = new(name + ".default")
-        return _Value(sid, nbytes, unary(f"aten.{name}_backward.default", [x.sid if keeps == "input" else sid]))
+        sid = ctx.alloc(name + ".default")
+        return _Value(sid, nbytes, ctx.unary_grad_fn(f"aten.{name}_backward.default",
+                                                     [x.sid if keeps == "input" else sid]))
+    if op == "dropout":  # the fused CUDA kernel: the output, then a one-byte mask (kept)
+        if not 0 < float(n.attrs["p"]) < 1:
+            raise NotCovered("dropout with p 0 or 1")
+        sid = ctx.alloc("native_dropout.default")
+        mask = ctx.alloc("native_dropout.default", nbytes // FLOAT, holders=0)
+        return _Value(sid, nbytes, ctx.unary_grad_fn("aten.native_dropout_backward.default", [mask]))
+    raise NotCovered(f"op '{op}'")
+
+
+def _pooling(ctx: _OpContext) -> _Value:
+    """maxpool2d, adaptivemaxpool2d, avgpool2d, adaptiveavgpool2d, mean (over H and W)."""
+    n, x, nbytes, op = ctx.node, ctx.x, ctx.nbytes, ctx.node.op
+    if op in ("maxpool2d", "adaptivemaxpool2d"):  # the output and int64 indices, both kept with the input
+        kernel = "max_pool2d_with_indices" if op == "maxpool2d" else "adaptive_max_pool2d"
+        sid = ctx.alloc(kernel + ".default")
+        indices = ctx.alloc(kernel + ".default", nbytes // FLOAT * INT64, holders=0)
+        return _Value(sid, nbytes, ctx.unary_grad_fn(f"aten.{kernel}_backward.default", [x.sid, indices]))
+    if op == "avgpool2d":
+        return _Value(ctx.alloc("avg_pool2d.default"), nbytes,
+                      ctx.unary_grad_fn("aten.avg_pool2d_backward.default", [x.sid]))
+    if op == "adaptiveavgpool2d" and n.attrs["output_size"] not in (1, [1, 1], (1, 1)):
+        return _Value(ctx.alloc("_adaptive_avg_pool2d.default"), nbytes,
+                      ctx.unary_grad_fn("aten._adaptive_avg_pool2d_backward.default", [x.sid]))
+    if op in ("adaptiveavgpool2d", "mean"):  # a mean over H and W: keeps nothing, its backward divides
+        return _Value(ctx.alloc("mean.dim"), nbytes, ctx.unary_grad_fn("aten.div.Scalar", []))
+    raise NotCovered(f"op '{op}'")
+
+
+def _combine(ctx: _OpContext) -> _Value:
+    """add, mul (of two tensors, or of a tensor and a scalar), cat."""
+    n, ins, nbytes, op = ctx.node, ctx.inputs, ctx.nbytes, ctx.node.op
     if op in ("add", "mul") and n.attrs.get("scalar") is not None:  # keeps nothing; mul's backward scales
-        sid = new("add.Tensor" if op == "add" else "mul.Tensor")
-        return _Value(sid, nbytes, unary(None if op == "add" else "aten.mul.Tensor", []))
-    if op in ("add", "mul", "cat"):
-        if len(set(n.inputs)) != len(n.inputs) or (op != "cat" and len(ins) != 2):
-            raise NotCovered(f"{op} of a value with itself")
-        full = [nbytes if shape != n.output_shape and op != "cat" else None for shape in in_shapes]  # broadcast
-        sid = new({"add": "add.Tensor", "mul": "mul.Tensor", "cat": "cat.default"}[op])
-        edges, sizes = [_edge(i) for i in ins], [i.nbytes for i in ins]
-        if op != "mul":  # the incoming gradient handed on (cat: views of it)
-            return _Value(sid, nbytes, node([], edges, sizes, [None] * len(ins), None, full,
-                                            "slices" if op == "cat" and len(ins) > 1 else ""))
-        # each input's gradient is the incoming one times the other input (kept when that input needs it);
-        # the second input's is computed first
-        saved = [ins[0].sid] if ins[1].fn is not None else []
-        saved += [ins[1].sid] if ins[0].fn is not None else []
-        return _Value(sid, nbytes, node(saved, edges, sizes, ["aten.mul.Tensor"] * 2, [1, 0], full))
+        sid = ctx.alloc("add.Tensor" if op == "add" else "mul.Tensor")
+        return _Value(sid, nbytes, ctx.unary_grad_fn(None if op == "add" else "aten.mul.Tensor", []))
+    if len(set(n.inputs)) != len(n.inputs) or (op != "cat" and len(ins) != 2):
+        raise NotCovered(f"{op} of a value with itself")
+    full = [nbytes if shape != n.output_shape and op != "cat" else None for shape in ctx.in_shapes]  # broadcast
+    sid = ctx.alloc({"add": "add.Tensor", "mul": "mul.Tensor", "cat": "cat.default"}[op])
+    edges, sizes = [_edge(i) for i in ins], [i.nbytes for i in ins]
+    if op != "mul":  # the incoming gradient handed on (cat: views of it)
+        return _Value(sid, nbytes, ctx.grad_fn([], edges, sizes, [None] * len(ins), None, full,
+                                               "slices" if op == "cat" and len(ins) > 1 else ""))
+    # each input's gradient is the incoming one times the other input (kept when that input needs it);
+    # the second input's is computed first
+    saved = [ins[0].sid] if ins[1].fn is not None else []
+    saved += [ins[1].sid] if ins[0].fn is not None else []
+    return _Value(sid, nbytes, ctx.grad_fn(saved, edges, sizes, ["aten.mul.Tensor"] * 2, [1, 0], full))
+
+
+def _view_op(ctx: _OpContext) -> _Value:
+    """reshape, flatten, squeeze, unsqueeze, transpose, select, narrow, identity: views of the input's
+    storage (a reshape no view can express: a contiguous copy)."""
+    n, x, nbytes, op = ctx.node, ctx.x, ctx.nbytes, ctx.node.op
+    full_in, full_out = ctx.full_in, ctx.full_out
     if op in _VIEWS:
         viewable, strides = _view(full_in, x.strides, full_out)
         if viewable:
-            return _Value(mem.hold(x.sid), x.nbytes, node([], [_edge(x)], [x.nbytes], [None], handoff="view"),
-                          view=True, strides=strides)
+            shared = ctx.mem.hold(x.sid)
+            fn = ctx.grad_fn([], [_edge(x)], [x.nbytes], [None], handoff="view")
+            return _Value(shared, x.nbytes, fn, view=True, strides=strides)
         # no view has these strides: a contiguous copy, then a view of it (clone + _unsafe_view)
-        sid = new("clone.default")
-        copied = node([], [_edge(x)], [x.nbytes], [None], out_shape=full_in)
+        sid = ctx.alloc("clone.default")
+        copied = ctx.grad_fn([], [_edge(x)], [x.nbytes], [None], out_shape=full_in)
         edge = None if copied is None else ("fn", copied)
-        return _Value(sid, x.nbytes, node([], [edge], [x.nbytes], [None], handoff="view"))
+        return _Value(sid, x.nbytes, ctx.grad_fn([], [edge], [x.nbytes], [None], handoff="view"))
     if op == "transpose":
         d0, d1 = (d % len(full_in) for d in (n.attrs["dim0"], n.attrs["dim1"]))
         strides = list(x.strides or _strides(full_in))
         strides[d0], strides[d1] = strides[d1], strides[d0]
-        return _Value(mem.hold(x.sid), x.nbytes, node([], [_edge(x)], [x.nbytes], [None], handoff="transpose",
-                                                      dims=(d0, d1)),
+        return _Value(ctx.mem.hold(x.sid), x.nbytes,
+                      ctx.grad_fn([], [_edge(x)], [x.nbytes], [None], handoff="transpose", dims=(d0, d1)),
                       view=True, strides=_normal(full_out, tuple(strides)))
     if op == "select":  # one index of a dimension: its backward writes into zeros of the input's shape
         d = n.attrs["dim"] % len(full_in)
         strides = list(x.strides or _strides(full_in))
         del strides[d]
-        return _Value(mem.hold(x.sid), nbytes, unary("aten.select_backward.default", []), view=True,
+        return _Value(ctx.mem.hold(x.sid), nbytes, ctx.unary_grad_fn("aten.select_backward.default", []), view=True,
                       strides=_normal(full_out, tuple(strides)))
     if op == "narrow":  # a slice: its backward writes the gradient into zeros of the input's shape
         strides = x.strides or _strides(full_in)
-        return _Value(mem.hold(x.sid), nbytes, unary("aten.slice_backward.default", []), view=True,
+        return _Value(ctx.mem.hold(x.sid), nbytes, ctx.unary_grad_fn("aten.slice_backward.default", []), view=True,
                       strides=_normal(full_out, strides))
     if op == "identity":
-        return _Value(mem.hold(x.sid), x.nbytes, x.fn, x.view, x.strides)
-    if op == "dropout":  # the fused CUDA kernel: the output, then a one-byte mask (kept)
-        if not 0 < float(n.attrs["p"]) < 1:
-            raise NotCovered("dropout with p 0 or 1")
-        sid = new("native_dropout.default")
-        mask = new("native_dropout.default", nbytes // FLOAT, holders=0)
-        return _Value(sid, nbytes, unary("aten.native_dropout_backward.default", [mask]))
+        return _Value(ctx.mem.hold(x.sid), x.nbytes, x.fn, x.view, x.strides)
     raise NotCovered(f"op '{op}'")
+
+
+#: op -> the handler that runs it forward ("input" is the caller's).
+_HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
+    **dict.fromkeys(("conv2d", "batchnorm2d", "linear"), _with_parameters),
+    **dict.fromkeys(("relu", "relu6", "dropout", *_ACTIVATIONS), _activation),
+    **dict.fromkeys(("maxpool2d", "adaptivemaxpool2d", "avgpool2d", "adaptiveavgpool2d", "mean"), _pooling),
+    **dict.fromkeys(("add", "mul", "cat"), _combine),
+    **dict.fromkeys((*_VIEWS, "transpose", "select", "narrow", "identity"), _view_op),
+}
 
 
 def _loss(out: _Value, mem: _Memory, fns: list[_GradFn]) -> tuple[int, int, int]:
