@@ -227,6 +227,7 @@ def _check(cfg: Config) -> None:
     _check_profile(cfg, cfg.path)
     _check_fingerprint(cfg, cfg.path)
     _check_networks(cfg, cfg.path)
+    _check_generator(cfg, cfg.path)
     _check_seeds(cfg, cfg.path)
 
 
@@ -294,8 +295,7 @@ def _check_networks(cfg: Config, f: Path | None) -> None:
     if cfg.networks.pruning.strategy not in PRUNING_STRATEGIES:
         raise UserError(f"{f}: [networks.pruning] strategy '{cfg.networks.pruning.strategy}' is not one of "
                         f"{', '.join(PRUNING_STRATEGIES)}")
-    from perf4sight.networks.design_space import STYLES
-    from perf4sight.networks.zoo import ZOO_NAMES  # names only: neither module imports torch
+    from perf4sight.networks.zoo import ZOO_NAMES  # names only: no torch
     for where, names in (("[networks] zoo", cfg.networks.zoo), ("[predict] networks", cfg.predict.networks),
                          ("[compare] networks", cfg.compare.networks)):
         for i, name in enumerate(names):
@@ -306,9 +306,6 @@ def _check_networks(cfg: Config, f: Path | None) -> None:
                                 f"(zoo networks: {', '.join(ZOO_NAMES)})")
             if where != "[networks] zoo":
                 names[i] = str(cfg.resolve(name))  # description files: relative to the config file, like every path
-    unknown_styles = [s for s in cfg.networks.generator.styles if s not in STYLES]
-    if unknown_styles:
-        raise UserError(f"{f}: [networks.generator] styles: unknown {unknown_styles} (known: {', '.join(STYLES)})")
     if any(b < 1 for b in cfg.predict.batch_sizes):
         raise UserError(f"{f}: [predict] batch_sizes must be positive integers, got {cfg.predict.batch_sizes}")
     for lvl in cfg.networks.pruning.levels:
@@ -316,9 +313,38 @@ def _check_networks(cfg: Config, f: Path | None) -> None:
             raise UserError(f"{f}: [networks.pruning] levels must lie in 0..99, got {lvl}")
     if len(set(cfg.networks.pruning.levels)) != len(cfg.networks.pruning.levels):
         raise UserError(f"{f}: [networks.pruning] levels name a level twice: {cfg.networks.pruning.levels}")
+    if cfg.networks.pruning.min_channels < 1:
+        raise UserError(f"{f}: [networks.pruning] min_channels must be >= 1, got {cfg.networks.pruning.min_channels}")
     for fname in cfg.networks.description_files:
         if not cfg.resolve(fname).is_file():
             raise UserError(f"{f}: [networks] description_files: file not found: {fname}")
+
+
+def _check_generator(cfg: Config, f: Path | None) -> None:
+    """[networks.generator]: styles, the MFLOPs and parameter ranges, and an input shape it can build at
+    (what the generator would otherwise refuse only after the pruning, or silently accept: a NaN bound)."""
+    from perf4sight.networks.design_space import MIN_INPUT, STYLES  # names only: no torch
+
+    gen = cfg.networks.generator
+    unknown_styles = [s for s in gen.styles if s not in STYLES]
+    if unknown_styles:
+        raise UserError(f"{f}: [networks.generator] styles: unknown {unknown_styles} (known: {', '.join(STYLES)})")
+    if not gen.styles:
+        raise UserError(f"{f}: [networks.generator] styles is empty: allow at least one of {', '.join(STYLES)}")
+    for key in ("min_mflops", "max_mflops", "min_params", "max_params"):
+        value = getattr(gen, key)
+        if not value >= 0:  # NaN too: it would accept every network
+            raise UserError(f"{f}: [networks.generator] {key} must be >= 0, got {value}")
+    if gen.min_mflops > gen.max_mflops:
+        raise UserError(f"{f}: [networks.generator] min_mflops ({gen.min_mflops:g}) exceeds max_mflops "
+                        f"({gen.max_mflops:g})")
+    if gen.min_params > gen.max_params:
+        raise UserError(f"{f}: [networks.generator] min_params ({gen.min_params}) exceeds max_params "
+                        f"({gen.max_params})")
+    shape = cfg.networks.input_shape
+    if gen.count > 0 and min(shape[1:]) < MIN_INPUT:
+        raise UserError(f"{f}: [networks] input_shape {shape} is too small for generated networks "
+                        f"([networks.generator] count = {gen.count}): they need at least {MIN_INPUT}x{MIN_INPUT}")
 
 
 def _check_seeds(cfg: Config, f: Path | None) -> None:

@@ -77,6 +77,19 @@ def test_good_config_is_typed(tmp_path):
     (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\nlearning_rate = -0.5"), r"learning_rate must be > 0"),
     (GOOD.replace("memory_limit_mb = 512", "threads = -2"), r"\[devices.local\] threads must be >= 0, got -2"),
     (GOOD.replace("levels = [0, 50]", "levels = [30, 30.0]"), r"levels name a level twice"),
+    (GOOD.replace("levels = [0, 50]", "levels = [0, 50]\nmin_channels = 0"), r"\[networks.pruning\] min_channels must be >= 1"),
+    # [networks.generator]: refused here, not by the generator after the pruning (without the file), or not at all
+    (GOOD + "\n[networks.generator]\nstyles = ['vgg', 'transformer']\n", r"\[networks.generator\] styles: unknown \['transformer'\]"),
+    (GOOD + "\n[networks.generator]\nstyles = []\n", r"\[networks.generator\] styles is empty"),
+    (GOOD + "\n[networks.generator]\nmin_mflops = 100.0\nmax_mflops = 10.0\n",
+     r"\[networks.generator\] min_mflops \(100\) exceeds max_mflops \(10\)"),
+    (GOOD + "\n[networks.generator]\nmin_params = 100\nmax_params = 10\n",
+     r"\[networks.generator\] min_params \(100\) exceeds max_params \(10\)"),
+    (GOOD + "\n[networks.generator]\nmax_params = -5\n", r"\[networks.generator\] max_params must be >= 0, got -5"),
+    (GOOD + "\n[networks.generator]\nmin_mflops = -1.0\n", r"\[networks.generator\] min_mflops must be >= 0"),
+    (GOOD + "\n[networks.generator]\nmax_mflops = nan\n", r"\[networks.generator\] max_mflops must be >= 0, got nan"),
+    (GOOD.replace("input_shape = [3, 32, 32]", "input_shape = [3, 16, 16]") + "\n[networks.generator]\ncount = 2\n",
+     r"\[networks\] input_shape \[3, 16, 16\] is too small for generated networks"),
 ])
 def test_bad_config_names_file_and_key(tmp_path, text, expected):
     path = write(tmp_path, text)
@@ -120,6 +133,17 @@ def test_networks_stage_that_would_make_nothing_is_one_line(tmp_path, change, ex
     proc = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(path), "--stage", "networks"],
                           capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and expected in proc.stderr, proc.stderr
+
+
+def test_generator_ranges_no_network_meets_fail_in_one_line_before_the_pruning(tmp_path):
+    """Ranges no candidate satisfies can only be found by drawing candidates: the networks stage draws them
+    before it prunes anything, and the line names the config file and the key that rejected most."""
+    path = write(tmp_path, GOOD + "\n[networks.generator]\ncount = 2\nmax_mflops = 0.001\n")
+    proc = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(path), "--stage", "networks"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{path}: [networks.generator] only 0 of 2 networks" in proc.stderr and "by max_mflops" in proc.stderr
+    assert not (tmp_path / "models" / "pruned").exists()  # failed before the pruning, not after it
 
 
 def test_unknown_device_on_the_command_line(tmp_path):

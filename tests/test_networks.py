@@ -236,6 +236,17 @@ def test_generator_errors_name_the_constraint() -> None:
         generate(GeneratorSettings(count=3, styles=("vgg", "transformer")), SHAPE)
     with pytest.raises(UserError, match="too small"):
         generate(GeneratorSettings(count=1), [3, 16, 16])
+    with pytest.raises(UserError, match="styles is empty"):
+        generate(GeneratorSettings(count=1, styles=()), SHAPE)
+    with pytest.raises(UserError, match="max_mflops must be >= 0, got nan"):  # NaN accepted every network
+        generate(GeneratorSettings(count=1, max_mflops=float("nan")), SHAPE)
+    # given the config file the settings came from, every error names it
+    with pytest.raises(UserError, match=r"^my.toml: \[networks.generator\] only 0 of 3 .*most rejected by max_mflops"):
+        generate(GeneratorSettings(count=3, max_mflops=0.5), SHAPE, config="my.toml")
+    with pytest.raises(UserError, match=r"^my.toml: \[networks.generator\] min_params .* exceeds max_params"):
+        generate(GeneratorSettings(count=3, min_params=10, max_params=5), SHAPE, config="my.toml")
+    with pytest.raises(UserError, match=r"^my.toml: \[networks\] input_shape \[3, 16, 16\] is too small"):
+        generate(GeneratorSettings(count=1), [3, 16, 16], config="my.toml")
 
 
 def test_factory_errors(tmp_path: Path) -> None:

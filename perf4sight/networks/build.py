@@ -136,6 +136,13 @@ def make_networks(cfg: Config, progress: Progress | None = None) -> list[dict[st
     net, pr, gen = cfg.networks, cfg.networks.pruning, cfg.networks.generator
     models_dir = cfg.models_dir
     rows: list[dict[str, Any]] = []
+    # generated networks are drawn first (in memory, seconds): constraints that too few candidates satisfy
+    # fail before the pruning (minutes) instead of after it
+    generated: list[NetworkDescription] = []
+    if gen.count > 0:
+        settings = GeneratorSettings(gen.count, gen.seed, tuple(gen.styles), gen.min_mflops, gen.max_mflops,
+                                     gen.min_params, gen.max_params)
+        generated = generate(settings, list(net.input_shape), net.num_classes, config=cfg.path)
     if net.zoo or net.factories or net.description_files:
         folder = models_dir / "pruned" / pr.strategy
         pruned_rows = []
@@ -146,12 +153,10 @@ def make_networks(cfg: Config, progress: Progress | None = None) -> list[dict[st
                 pruned_rows.append(_row(desc, path, models_dir))
         write_manifest(pruned_rows, folder / "manifest.csv")
         rows += pruned_rows
-    if gen.count > 0:
-        settings = GeneratorSettings(gen.count, gen.seed, tuple(gen.styles), gen.min_mflops, gen.max_mflops,
-                                     gen.min_params, gen.max_params)
+    if generated:
         folder = models_dir / "generated"
         gen_rows = []
-        for desc in generate(settings, list(net.input_shape), net.num_classes):
+        for desc in generated:
             path = save_description(desc, folder / f"{desc.name}.json")
             gen_rows.append(_row(desc, path, models_dir))
         write_manifest(gen_rows, folder / "manifest.csv")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,7 @@ import numpy as np
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import network_features
 from perf4sight.ir.schema import NetworkDescription
-from perf4sight.networks.design_space import STYLES, build_description
+from perf4sight.networks.design_space import MIN_INPUT, STYLES, build_description
 
 __all__ = ["GeneratorSettings", "sample_stages", "generate", "forward_flops", "MAX_WIDTH", "STYLES"]
 
@@ -44,20 +45,28 @@ class GeneratorSettings:
     min_params: int = 0
     max_params: int = 10**12
 
-    def check(self) -> None:
-        """``UserError`` naming the setting that cannot work."""
-        where = "[networks.generator]"
+    def check(self, config: str | Path | None = None) -> None:
+        """``UserError`` naming the setting that cannot work (and ``config``, the file it came from, if given)."""
+        where = _where(config)
         unknown = [s for s in self.styles if s not in STYLES]
         if unknown:
             raise UserError(f"{where} styles: unknown {unknown} (known: {', '.join(STYLES)})")
         if not self.styles:
-            raise UserError(f"{where} styles: empty; allow at least one of {', '.join(STYLES)}")
+            raise UserError(f"{where} styles is empty: allow at least one of {', '.join(STYLES)}")
         if self.count < 0:
             raise UserError(f"{where} count must be >= 0, got {self.count}")
+        for key in ("min_mflops", "max_mflops", "min_params", "max_params"):
+            if not getattr(self, key) >= 0:  # NaN too: it would accept every network
+                raise UserError(f"{where} {key} must be >= 0, got {getattr(self, key)}")
         if self.min_mflops > self.max_mflops:
             raise UserError(f"{where} min_mflops ({self.min_mflops:g}) exceeds max_mflops ({self.max_mflops:g})")
         if self.min_params > self.max_params:
             raise UserError(f"{where} min_params ({self.min_params}) exceeds max_params ({self.max_params})")
+
+
+def _where(config: str | Path | None) -> str:
+    """The section in errors, after the config file when one is named."""
+    return f"{config}: [networks.generator]" if config else "[networks.generator]"
 
 
 def _round8(x: float) -> int:
@@ -97,13 +106,18 @@ def forward_flops(desc: NetworkDescription) -> float:
     return float(network_features(desc).per_sample["flops_fwd"])
 
 
-def generate(settings: GeneratorSettings, input_shape: list[int], num_classes: int = 1000) -> list[NetworkDescription]:
+def generate(settings: GeneratorSettings, input_shape: list[int], num_classes: int = 1000,
+             config: str | Path | None = None) -> list[NetworkDescription]:
     """``settings.count`` distinct networks inside the ranges, in draw order.
 
     Raises ``UserError`` when too few candidates satisfy the constraints, naming the one that
-    rejected most of them.
+    rejected most of them; every error names ``config``, the file the settings came from, if given.
     """
-    settings.check()
+    settings.check(config)
+    if settings.count > 0 and min(input_shape[1:]) < MIN_INPUT:
+        file = f"{config}: " if config else ""
+        raise UserError(f"{file}[networks] input_shape {list(input_shape)} is too small for generated networks: "
+                        f"they need at least {MIN_INPUT}x{MIN_INPUT}")
     rng = np.random.default_rng(settings.seed)
     seen: set[str] = set()
     kept: list[NetworkDescription] = []
@@ -129,7 +143,7 @@ def generate(settings: GeneratorSettings, input_shape: list[int], num_classes: i
         kept.append(desc)
     if len(kept) < settings.count:
         worst = rejected.most_common(1)[0][0] if rejected else "none"
-        raise UserError(f"[networks.generator] only {len(kept)} of {settings.count} networks satisfy the constraints "
+        raise UserError(f"{_where(config)} only {len(kept)} of {settings.count} networks satisfy the constraints "
                         f"after {tries} candidates (most rejected by {worst}: "
                         f"{', '.join(f'{k}: {v} candidates' for k, v in rejected.most_common())}); widen that range")
     return kept
