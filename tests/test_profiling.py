@@ -6,6 +6,7 @@ child costs ~2-3 s (process start and ``import torch``), so the tests share meas
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -474,6 +475,42 @@ def test_sigterm_to_the_cli_alone_stops_runner_and_child_and_a_rerun_resumes(tmp
     assert again.returncode == 0, again.stderr[-2000:]
     rows = results.read_rows(csv_path)
     assert [r["batch_size"] for r in rows] == ["1", "2", "4", "8", "16"] and rows[:len(kept)] == kept
+
+
+def test_an_interrupt_while_a_child_starts_stops_that_child_too(tmp_path, monkeypatch):
+    """A SIGTERM that lands inside ``subprocess.Popen`` (after its fork) raised there: the runner stopped and
+    the child it had just started went on measuring alone (the SIGTERM test above caught it now and then: a
+    row is written just before the next child starts). The signal is now held until the child can be killed."""
+    import signal
+
+    from perf4sight.profiling import runner
+    net = write_net(tmp_path, "tiny")
+    plan = TestPlan(device="d", networks=[str(net)], batch_sizes=[1], output="m.csv")
+    plan_path = save_plan(plan, tmp_path / "plan.json")
+    started: list[subprocess.Popen] = []
+    real_popen = subprocess.Popen
+
+    def popen_then_sigterm(*args, **kwargs):
+        proc = real_popen(*args, **kwargs)
+        started.append(proc)
+        os.kill(os.getpid(), signal.SIGTERM)  # as if it had come at the end of Popen
+        return proc
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGTERM, runner._interrupt)  # what the runner's main() installs
+    monkeypatch.setattr(subprocess, "Popen", popen_then_sigterm)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            runner.run_child(plan, plan_path, 0, 1, get_backend(plan))
+        (child,) = started
+        assert child.returncode == -signal.SIGKILL, "the child outlived the interrupted runner"
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
 
 
 def test_fleet_summary_counts_earlier_rows_and_says_error_rows_are_not_retried(tmp_path):

@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -160,18 +161,22 @@ def run_child(plan: TestPlan, plan_path: Path, index: int, batch_size: int, back
                "--batch-size", str(batch_size), "--result", str(result_file)]
         swap_before = swap_mb()
         t0 = time.monotonic()
-        with open(err_file, "wb") as err:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        proc: subprocess.Popen | None = None
         try:
+            with _interrupts_held():  # an interrupt inside Popen would leave the new child running, unknown to us
+                with open(err_file, "wb") as err:
+                    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                            env=env)
             verdict, status, usage = _watch_child(proc, plan, backend, t0, swap_before)
         except BaseException:  # interrupted (SIGINT/SIGTERM): the measuring child goes with us
             _ignore_interrupts()  # a second signal (Ctrl-C, then the CLI's SIGTERM) must not cut this short
-            _kill(proc.pid)
-            try:
-                os.wait4(proc.pid, 0)
-            except ChildProcessError:  # already reaped
-                pass
-            proc.returncode = -signal.SIGKILL
+            if proc is not None:
+                _kill(proc.pid)
+                try:
+                    os.wait4(proc.pid, 0)
+                except ChildProcessError:  # already reaped
+                    pass
+                proc.returncode = -signal.SIGKILL
             raise
         wall = time.monotonic() - t0
         peak_mb = round(usage.ru_maxrss / 1024, 2)  # ru_maxrss: KiB on Linux
@@ -416,6 +421,28 @@ def _ignore_interrupts() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     except ValueError:  # signal handlers can only be set from the main thread
         pass
+
+
+@contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM while the block runs, then deliver the first that came (to the handlers
+    in place before: the same outcome, only later); a no-op off the main thread. Around starting a child:
+    a KeyboardInterrupt raised inside ``subprocess.Popen`` after its fork leaves the child running with
+    no ``Popen`` to kill it by, so it would go on measuring after the runner stopped."""
+    held: list[int] = []
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    if threading.current_thread() is not threading.main_thread() or None in before.values():
+        yield  # handlers can only be set on the main thread, and one set outside Python could not be put back
+        return
+    for s in before:
+        signal.signal(s, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+        if held:
+            signal.raise_signal(held[0])
 
 
 def _interrupt(signum: int, frame: Any) -> None:
