@@ -168,8 +168,8 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
                             cv.predictions)
     oom_rows = [r for r in usable if r.get("status") == "oom"]
     ok_rows = [r for r in usable if r.get("status") == "ok"]
-    # the analytic (linear) part keeps growing with demand where measured memory saturates near the
-    # device limit (unified memory swaps), so a learnt threshold is on it: see ``capacity_basis``
+    # the demand (the analytic sum, before a saturating form's ceiling) keeps growing where measured memory
+    # levels off near the device limit (unified memory swaps), so a learnt threshold is on it: see ``capacity_basis``
     capacity, cap_source = memory_capacity(memory_limit_mb, len(oom_rows), lambda: (
         models["memory"].demand(matrix(ok_rows)), models["memory"].demand(matrix(oom_rows))))
     meta: dict[str, Any] = {
