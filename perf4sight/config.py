@@ -321,37 +321,18 @@ def _check_networks(cfg: Config, f: Path | None) -> None:
 
 
 def _check_generator(cfg: Config, f: Path | None) -> None:
-    """[networks.generator]: styles, the MFLOPs and parameter ranges, and an input shape it can build at
-    (what the generator would otherwise refuse only after the pruning, or silently accept: a NaN bound)."""
-    from perf4sight.networks.design_space import MIN_INPUT, STYLES  # names only: no torch
+    """[networks.generator]: styles, count, the MFLOPs and parameter ranges, and an input shape it can build
+    at (what the generator would otherwise refuse only after the pruning, or silently accept: a NaN bound)."""
+    from perf4sight.networks.generator_settings import GeneratorSettings  # no numpy, no torch
 
-    gen = cfg.networks.generator
-    unknown_styles = [s for s in gen.styles if s not in STYLES]
-    if unknown_styles:
-        raise UserError(f"{f}: [networks.generator] styles: unknown {unknown_styles} (known: {', '.join(STYLES)})")
-    if not gen.styles:
-        raise UserError(f"{f}: [networks.generator] styles is empty: allow at least one of {', '.join(STYLES)}")
-    for key in ("min_mflops", "max_mflops", "min_params", "max_params"):
-        value = getattr(gen, key)
-        if not value >= 0:  # NaN too: it would accept every network
-            raise UserError(f"{f}: [networks.generator] {key} must be >= 0, got {value}")
-    if gen.min_mflops > gen.max_mflops:
-        raise UserError(f"{f}: [networks.generator] min_mflops ({gen.min_mflops:g}) exceeds max_mflops "
-                        f"({gen.max_mflops:g})")
-    if gen.min_params > gen.max_params:
-        raise UserError(f"{f}: [networks.generator] min_params ({gen.min_params}) exceeds max_params "
-                        f"({gen.max_params})")
-    shape = cfg.networks.input_shape
-    if gen.count > 0 and min(shape[1:]) < MIN_INPUT:
-        raise UserError(f"{f}: [networks] input_shape {shape} is too small for generated networks "
-                        f"([networks.generator] count = {gen.count}): they need at least {MIN_INPUT}x{MIN_INPUT}")
+    GeneratorSettings.from_config(cfg.networks.generator).check(f, cfg.networks.input_shape)
 
 
 def _check_seeds(cfg: Config, f: Path | None) -> None:
-    """Seeds and counts of every section: numpy, scikit-learn and the generator need them >= 0."""
+    """Seeds of every section: numpy, scikit-learn and the generator need them >= 0 (the generator's count:
+    :func:`_check_generator`)."""
     for where, value in (("[project] seed", cfg.project.seed), ("[networks.pruning] seed", cfg.networks.pruning.seed),
                          ("[networks.generator] seed", cfg.networks.generator.seed),
-                         ("[networks.generator] count", cfg.networks.generator.count),
                          ("[fingerprint] seed", cfg.fingerprint.seed)):
         if value < 0:
             raise UserError(f"{f}: {where} must be >= 0, got {value}")

@@ -140,9 +140,8 @@ def make_networks(cfg: Config, progress: Progress | None = None) -> list[dict[st
     # fail before the pruning (minutes) instead of after it
     generated: list[NetworkDescription] = []
     if gen.count > 0:
-        settings = GeneratorSettings(gen.count, gen.seed, tuple(gen.styles), gen.min_mflops, gen.max_mflops,
-                                     gen.min_params, gen.max_params)
-        generated = generate(settings, list(net.input_shape), net.num_classes, config=cfg.path)
+        generated = generate(GeneratorSettings.from_config(gen), list(net.input_shape), net.num_classes,
+                             config=cfg.path)
     if net.zoo or net.factories or net.description_files:
         folder = models_dir / "pruned" / pr.strategy
         pruned_rows = []

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,8 @@ import numpy as np
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import network_features
 from perf4sight.ir.schema import NetworkDescription
-from perf4sight.networks.design_space import MIN_INPUT, STYLES, build_description
+from perf4sight.networks.design_space import STYLES, build_description
+from perf4sight.networks.generator_settings import GeneratorSettings, where_in_config
 
 __all__ = ["GeneratorSettings", "sample_stages", "generate", "forward_flops", "MAX_WIDTH", "STYLES"]
 
@@ -31,42 +31,6 @@ _WIDENING = (1.25, 1.5, 2.0, 2.5, 3.0)
 _DEPTHS = {"vgg": (1, 4), "inception": (1, 3), "resnext": (1, 4), "densenet": (2, 6), "mobilenet": (1, 4)}
 _TRIES_PER_NETWORK = 200  # candidates drawn per requested network before giving up
 _MIN_TRIES = 2000
-
-
-@dataclass
-class GeneratorSettings:
-    """What to generate: counts, seed, styles and the accepted ranges (MFLOPs = 1e6 forward FLOPs)."""
-
-    count: int
-    seed: int = 0
-    styles: tuple[str, ...] = STYLES
-    min_mflops: float = 0.0
-    max_mflops: float = float("inf")
-    min_params: int = 0
-    max_params: int = 10**12
-
-    def check(self, config: str | Path | None = None) -> None:
-        """``UserError`` naming the setting that cannot work (and ``config``, the file it came from, if given)."""
-        where = _where(config)
-        unknown = [s for s in self.styles if s not in STYLES]
-        if unknown:
-            raise UserError(f"{where} styles: unknown {unknown} (known: {', '.join(STYLES)})")
-        if not self.styles:
-            raise UserError(f"{where} styles is empty: allow at least one of {', '.join(STYLES)}")
-        if self.count < 0:
-            raise UserError(f"{where} count must be >= 0, got {self.count}")
-        for key in ("min_mflops", "max_mflops", "min_params", "max_params"):
-            if not getattr(self, key) >= 0:  # NaN too: it would accept every network
-                raise UserError(f"{where} {key} must be >= 0, got {getattr(self, key)}")
-        if self.min_mflops > self.max_mflops:
-            raise UserError(f"{where} min_mflops ({self.min_mflops:g}) exceeds max_mflops ({self.max_mflops:g})")
-        if self.min_params > self.max_params:
-            raise UserError(f"{where} min_params ({self.min_params}) exceeds max_params ({self.max_params})")
-
-
-def _where(config: str | Path | None) -> str:
-    """The section in errors, after the config file when one is named."""
-    return f"{config}: [networks.generator]" if config else "[networks.generator]"
 
 
 def _round8(x: float) -> int:
@@ -113,11 +77,7 @@ def generate(settings: GeneratorSettings, input_shape: list[int], num_classes: i
     Raises ``UserError`` when too few candidates satisfy the constraints, naming the one that
     rejected most of them; every error names ``config``, the file the settings came from, if given.
     """
-    settings.check(config)
-    if settings.count > 0 and min(input_shape[1:]) < MIN_INPUT:
-        file = f"{config}: " if config else ""
-        raise UserError(f"{file}[networks] input_shape {list(input_shape)} is too small for generated networks: "
-                        f"they need at least {MIN_INPUT}x{MIN_INPUT}")
+    settings.check(config, input_shape)
     rng = np.random.default_rng(settings.seed)
     seen: set[str] = set()
     kept: list[NetworkDescription] = []
@@ -143,8 +103,8 @@ def generate(settings: GeneratorSettings, input_shape: list[int], num_classes: i
         kept.append(desc)
     if len(kept) < settings.count:
         worst = rejected.most_common(1)[0][0] if rejected else "none"
-        raise UserError(f"{_where(config)} only {len(kept)} of {settings.count} networks satisfy the constraints "
-                        f"after {tries} candidates (most rejected by {worst}: "
+        raise UserError(f"{where_in_config(config)} only {len(kept)} of {settings.count} networks satisfy the "
+                        f"constraints after {tries} candidates (most rejected by {worst}: "
                         f"{', '.join(f'{k}: {v} candidates' for k, v in rejected.most_common())}); widen that range")
     return kept
 
