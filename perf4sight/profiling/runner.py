@@ -301,11 +301,6 @@ class _OnDisk:
                 f"{net.sha}): measuring it again; its {len(stale)} earlier rows stay in {csv_name} and are passed over")
 
 
-def _plan_event(plan: TestPlan, nets: list[_Network], csv_path: Path) -> dict[str, Any]:
-    return {"event": "plan", "device": plan.device, "backend": plan.backend, "networks": len(nets),
-            "batch_sizes": plan.batch_sizes, "total": len(nets) * len(plan.batch_sizes), "csv": str(csv_path)}
-
-
 def _lean_runner_warning() -> str | None:
     own_rss = status_mb("self", "VmRSS") or 0.0
     if own_rss <= LEAN_RUNNER_MB:
@@ -320,9 +315,7 @@ def _sweep_network(plan: TestPlan, plan_path: Path, net: _Network, backend: Back
     None when already measured, wall s). ``env`` gathers the device facts children report."""
     not_run = net.problem  # set when the network cannot be built at all
     for bs in plan.batch_sizes:
-        key = results.row_key({"device": plan.device, "network": net.name, "batch_size": bs,
-                               "input_shape": net.input_shape, "phase": "train", "description_sha": net.sha})
-        if key in disk.done:
+        if results.row_key(_key_columns(plan, net, bs)) in disk.done:
             yield bs, None, 0.0
             continue
         stop = disk.oom_at.get((net.name, net.input_shape, net.sha))
@@ -343,11 +336,16 @@ def _sweep_network(plan: TestPlan, plan_path: Path, net: _Network, backend: Back
         yield bs, row, outcome.wall_s
 
 
+def _key_columns(plan: TestPlan, net: _Network, bs: int) -> dict[str, Any]:
+    """The columns that say which measurement a row is (``results.row_key`` reads its key from them)."""
+    return {"device": plan.device, "backend": plan.backend, "network": net.name, "family": net.family,
+            "pruning_level": net.pruning_level, "batch_size": bs, "input_shape": net.input_shape, "phase": "train",
+            "description_sha": net.sha}
+
+
 def _csv_row(plan: TestPlan, net: _Network, bs: int, env: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
     """A measurement's CSV row: the device facts, its key columns, then what the child reported."""
-    full = {**env, "warmup_steps": plan.warmup_steps, "device": plan.device, "backend": plan.backend,
-            "network": net.name, "family": net.family, "pruning_level": net.pruning_level, "batch_size": bs,
-            "input_shape": net.input_shape, "phase": "train", "description_sha": net.sha,
+    full = {**env, "warmup_steps": plan.warmup_steps, **_key_columns(plan, net, bs),
             **{k: v for k, v in row.items() if k in results.COLUMNS}, "timestamp": _now()}
     if full["status"] != "ok":
         full.update(warmup_steps="", timed_steps="")
@@ -365,8 +363,9 @@ def run_plan(plan_path: str | Path, emit: Emit = print_event) -> dict[str, int]:
     counts = {s: 0 for s in results.STATUSES} | {"already_measured": 0}
     with _locked(csv_path):
         disk = _OnDisk.read(csv_path, plan.device, nets)
-        emit(_plan_event(plan, nets, csv_path))
         total = len(nets) * len(plan.batch_sizes)
+        emit({"event": "plan", "device": plan.device, "backend": plan.backend, "networks": len(nets),
+              "batch_sizes": plan.batch_sizes, "total": total, "csv": str(csv_path)})
         warning = _lean_runner_warning()
         if warning:
             emit({"event": "warning", "message": warning})
