@@ -173,6 +173,7 @@ def run_predict(cfg: Config, args: argparse.Namespace) -> int:
     described = time.perf_counter()
     _shape_note(fp, descs)
     preds = fp.predict(descs, batch_sizes)
+    _domain_note(fp, descs, batch_sizes)
     elapsed, describing = time.perf_counter() - described, described - started
     if args.json:
         for p in preds:  # figures to 0.001 ms / MiB: far below the accuracy, free of float noise
@@ -222,6 +223,15 @@ def _shape_note(fp: object, descs: list[NetworkDescription]) -> None:
         notes.print(f"note: {', '.join(other[:5])}{' ...' if len(other) > 5 else ''} described at another input "
                     f"shape than this fingerprint's training networks ({'x'.join(map(str, fp.input_shape))}): "
                     "expect larger errors", style="yellow", markup=False)
+
+
+def _domain_note(fp: object, descs: list[NetworkDescription], batch_sizes: list[int]) -> None:
+    """Say which queries leave what the predictor's training rows covered (trees and ensemble)."""
+    outside = getattr(fp, "outside_training", None)
+    lines = outside(descs, batch_sizes) if outside else []
+    if lines:
+        notes.print("note: outside this fingerprint's training data, expect larger errors:\n  "
+                    + "\n  ".join(lines), style="yellow", markup=False)
 
 
 def _print_predictions(preds: list[dict], title: str) -> None:

@@ -61,6 +61,7 @@ def test_all_stages_then_predict_json(tmp_path):
     pred = main_py(tmp_path, "--stage", "predict", "--device", "local", "--network", "resnet18",
                    manifest[0]["path"] and str(tmp_path / "models" / manifest[0]["path"]), "--batch-size", "2", "8", "--json")
     assert pred.returncode == 0, pred.stderr
+    assert "batch size 8: outside the training rows' 2..4" in pred.stderr  # a note, on stderr beside the JSON
     lines = [json.loads(line) for line in pred.stdout.splitlines()]
     assert [(p["network"], p["batch_size"]) for p in lines] == [
         ("resnet18", 2), ("resnet18", 8), (manifest[0]["network"], 2), (manifest[0]["network"], 8)]

@@ -319,3 +319,50 @@ def test_held_out_coverage_sees_a_family_outside_the_others_band():
     cov = held_out_coverage(off, np.repeat(["a", "b", "c", "d"], 40), 0.9)
     assert cov < 80  # its rows fall outside the band the other three make
     assert held_out_coverage(off[:80], np.repeat(["a", "b"], 40), 0.9) is None
+
+
+def _conv_net(name, depthwise, linear, width=8):
+    """input -> 3x3 conv (4 -> ``width``) -> relu [-> depthwise 3x3] -> pool [-> linear]: a hand-built description."""
+    from tiny_graphs import conv_node, tiny_description
+    from perf4sight.ir.schema import Node
+    nodes = [Node("input", "input", [], {}, [4, 8, 8]), conv_node("c1", "input", 4, width, 3, 1, 8),
+             Node("r", "relu", ["c1"], {}, [width, 8, 8])]
+    if depthwise:
+        nodes.append(conv_node("dw", nodes[-1].name, width, width, 3, width, 8))
+    nodes.append(Node("pool", "adaptiveavgpool2d", [nodes[-1].name], {"output_size": [1, 1]}, [width, 1, 1]))
+    if linear:
+        nodes += [Node("flat", "reshape", ["pool"], {"shape": [-1]}, [width]),
+                  Node("fc", "linear", ["flat"], {"in_features": width, "out_features": 5, "bias": True}, [5])]
+    d = tiny_description(nodes)
+    d.name = name
+    return d
+
+
+def test_outside_notes_name_the_networks_and_what_training_never_covered():
+    from perf4sight.features.aggregate import feature_matrix, network_features
+    from perf4sight.fingerprint.domain import outside_notes, training_domain
+    train = [network_features(_conv_net(f"plain{w}", False, True, w)) for w in (8, 16)]
+    domain = training_domain(feature_matrix([nf for nf in train for _ in (2, 4)], [2, 4, 2, 4]))
+    assert domain["ranges"]["batch_size"] == [2.0, 4.0] and domain["traits"]["depthwise"] == [False]
+    assert domain["traits"]["linear"] == [True]
+    inside = network_features(_conv_net("plain12", False, True, 12))
+    assert outside_notes(domain, feature_matrix(inside, [3]), ["plain12"]) == []
+
+    query = [network_features(_conv_net("dw", True, True)), network_features(_conv_net("headless", False, False, 12))]
+    notes = outside_notes(domain, feature_matrix(query * 2, [2, 2, 8, 8]), ["dw", "headless"] * 2)
+    assert "dw: with depthwise convolutions, which no training network had" in notes
+    assert any(n.startswith("headless: without a linear layer") for n in notes)
+    assert "batch size 8: outside the training rows' 2..4" in notes
+    assert len(notes) == 3  # the sizes are inside the range: no note about them
+    assert outside_notes({}, feature_matrix(query, [8, 8]), ["dw", "headless"]) == []  # older fingerprints
+
+
+def test_fingerprint_stores_its_domain_and_notes_an_unseen_family(tx2, tmp_path):
+    """Trained without mobilenetv2, the fingerprint says mobilenetv2's depthwise convolutions were never seen."""
+    _, rows, descs, _ = tx2
+    meta = fit_fingerprint([r for r in rows if r["family"] != "mobilenetv2"], descs, "tx2", tmp_path / "fp", FAST)
+    assert meta["training_domain"]["traits"]["depthwise"] == [False]
+    fp = load_fingerprint(tmp_path / "fp")
+    notes = fp.outside_training([descs["mobilenetv2_0"], descs["resnet18_0"]], [2, 64])
+    assert notes == ["mobilenetv2_0: with depthwise convolutions, which no training network had"]
+    assert fp.outside_training(descs["resnet50_0"], [16, 256]) == []

@@ -23,6 +23,7 @@ import numpy as np
 
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, feature_matrix, network_features
+from perf4sight.fingerprint.domain import training_domain
 from perf4sight.fingerprint.evaluate import choose_groups
 from perf4sight.fingerprint.select import (PREFERRED, describe_choice, group_conformal, held_out_coverage,
                                            random_split_metrics, select_candidate)
@@ -189,6 +190,8 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         "oom_rows": len(oom_rows),
         "networks": sorted(feats),
         "input_shape": common_input_shape(descriptions, feats),
+        # what the training rows covered: predict notes queries outside it (domain.py)
+        "training_domain": training_domain(matrix(ok_rows)),
         "networks_without_description": missing,
         "training_data_sha256": _data_hash(usable, ("network", "batch_size", "status", LATENCY_COLUMN, mem_col)),
         "accuracy": accuracy,

@@ -66,6 +66,11 @@ class EnsemblePredictor(ModuleQueries):
         self.bands = gnn.metadata.get("interval", {}).get("log_ratio_quantiles", {}).get("ensemble", {})
         self.metadata = gnn.metadata
 
+    def outside_training(self, descs: Any, batch_sizes: int | Sequence[int]) -> list[str]:
+        """The trees' :meth:`~perf4sight.fingerprint.predict.Fingerprint.outside_training` (both were fitted
+        on the same rows)."""
+        return self.trees.outside_training(descs, batch_sizes)
+
     def predict(self, descs: NetworkDescription | str | Path | Sequence[NetworkDescription | str | Path],
                 batch_sizes: int | Sequence[int]) -> list[dict[str, Any]]:
         """As :meth:`GNNPredictor.predict`, from the geometric mean of both predictors."""

@@ -1,0 +1,89 @@
+"""What a fingerprint's training rows covered, and which queries fall outside it.
+
+A tree correction is flat outside the range of its training rows, and a kind of layer no training
+network had (depthwise convolutions when a device was profiled on ResNets only) has no learnt cost;
+a trait every training network shared (a linear layer, which loads the BLAS library's context into
+device memory) is folded into the constant. A query there is an extrapolation: the fit stores the
+covered domain in the metadata (``training_domain``) and :func:`outside_notes` says, per query, where
+it leaves it. Pure numpy on feature rows (columns :data:`FEATURE_NAMES`).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from perf4sight.features.aggregate import FEATURE_NAMES
+
+__all__ = ["training_domain", "outside_notes"]
+
+#: Ranges stored and checked: key -> (what it is, display scale, display unit).
+_RANGES: dict[str, tuple[str, float, str]] = {
+    "batch_size": ("batch size", 1.0, ""),
+    "macs_per_sample": ("MACs per sample", 1e9, " G"),
+    "params": ("parameters", 1e6, " M"),
+}
+#: Traits a training network has or lacks: key -> (feature that is > 0 where it has it, the trait's name).
+_TRAITS: dict[str, tuple[str, str]] = {
+    "depthwise": ("n_depthwise", "depthwise convolutions"),
+    "grouped": ("grouped_macs", "grouped convolutions"),
+    "linear": ("blas_context", "a linear layer (the BLAS library's context in device memory)"),
+    "concat": ("n_cat", "concatenations"),
+    "residual": ("n_add", "additions (residual branches)"),
+}
+
+
+def _column(F: np.ndarray, name: str) -> np.ndarray:
+    if name == "macs_per_sample":
+        return F[:, FEATURE_NAMES.index("macs")] / np.maximum(F[:, FEATURE_NAMES.index("batch_size")], 1.0)
+    return F[:, FEATURE_NAMES.index(name)]
+
+
+def training_domain(F: np.ndarray) -> dict[str, Any]:
+    """The domain of training feature rows ``F``: ``ranges`` (key -> [min, max]) and ``traits`` (key ->
+    the values seen: [false], [true] or [false, true]). JSON-able."""
+    ranges = {k: [float(_column(F, k).min()), float(_column(F, k).max())] for k in _RANGES}
+    traits = {k: sorted({bool(v) for v in F[:, FEATURE_NAMES.index(col)] > 0}) for k, (col, _) in _TRAITS.items()}
+    return {"ranges": ranges, "traits": traits}
+
+
+def _listed(names: Sequence[str], limit: int = 4) -> str:
+    names = sorted(set(names))
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def outside_notes(domain: dict[str, Any] | None, F: np.ndarray, names: Sequence[str]) -> list[str]:
+    """One line per way the query rows ``F`` (network ``names[i]`` on row ``i``) leave ``domain``
+    (:func:`training_domain` of the training rows); none when ``domain`` is empty (older fingerprints)."""
+    if not domain or not len(F):
+        return []
+    names = np.asarray(names)
+    notes: list[str] = []
+    for key, seen in domain.get("traits", {}).items():
+        if key not in _TRAITS or len(seen) != 1:
+            continue
+        col, trait = _TRAITS[key]
+        has = F[:, FEATURE_NAMES.index(col)] > 0
+        odd = has != bool(seen[0])
+        if odd.any():
+            how = (f"without {trait}, which every training network had" if seen[0]
+                   else f"with {trait}, which no training network had")
+            notes.append(f"{_listed(names[odd])}: {how}")
+    for key, (lo, hi) in domain.get("ranges", {}).items():
+        if key not in _RANGES:
+            continue
+        what, scale, unit = _RANGES[key]
+        v = _column(F, key)
+        odd = (v < lo) | (v > hi)
+        if not odd.any():
+            continue
+        span = f"{lo / scale:.3g}..{hi / scale:.3g}{unit}"
+        if key == "batch_size":
+            sizes = ", ".join(str(int(b)) for b in sorted(set(v[odd].tolist())))
+            notes.append(f"batch size {sizes}: outside the training rows' {span}")
+        else:
+            per_net = sorted(dict(zip(names[odd], v[odd])).items())
+            vals = ", ".join(f"{n} {x / scale:.3g}{unit}" for n, x in per_net[:4])
+            vals += f" and {len(per_net) - 4} more" if len(per_net) > 4 else ""
+            notes.append(f"{what} outside the training networks' {span}: {vals}")
+    return notes
