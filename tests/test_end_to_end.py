@@ -99,10 +99,11 @@ def test_gnn_ensemble_and_perfseer_round_trip_through_the_cli(tmp_path):
     assert "too few for a graph network" in fit.stderr  # 4 rows: the fit says how little it means
 
     gnn = main_py(tmp_path, "--stage", "predict", "--predictor", "gnn", "--network", "resnet18",
-                  "--batch-size", "2", "4", "--json")
+                  "--batch-size", "2", "8", "--json")
     assert gnn.returncode == 0, gnn.stderr
+    assert "batch size 8: outside the training rows' 2..4" in gnn.stderr  # the GNN stores its domain too
     preds = [json.loads(line) for line in gnn.stdout.splitlines()]
-    assert [p["batch_size"] for p in preds] == [2, 4] and all(p["latency_ms"] > 0 for p in preds)
+    assert [p["batch_size"] for p in preds] == [2, 8] and all(p["latency_ms"] > 0 for p in preds)
     missing = main_py(tmp_path, "--stage", "predict", "--predictor", "ensemble", "--network", "resnet18")
     assert missing.returncode == 2 and "trees" in missing.stderr  # the ensemble needs the trees too
 

@@ -13,9 +13,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from perf4sight.features.aggregate import FEATURE_NAMES
+from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, feature_matrix
 
-__all__ = ["training_domain", "outside_notes"]
+__all__ = ["training_domain", "outside_notes", "query_notes"]
 
 #: Ranges stored and checked: key -> (what it is, display scale, display unit).
 _RANGES: dict[str, tuple[str, float, str]] = {
@@ -87,3 +87,9 @@ def outside_notes(domain: dict[str, Any] | None, F: np.ndarray, names: Sequence[
             vals += f" and {len(per_net) - 4} more" if len(per_net) > 4 else ""
             notes.append(f"{what} outside the training networks' {span}: {vals}")
     return notes
+
+
+def query_notes(domain: dict[str, Any] | None, nets: Sequence[NetworkFeatures], batch_sizes: Sequence[int]) -> list[str]:
+    """:func:`outside_notes` for every network of ``nets`` at every batch size of ``batch_sizes``."""
+    F = feature_matrix([nf for nf in nets for _ in batch_sizes], [b for _ in nets for b in batch_sizes])
+    return outside_notes(domain, F, [nf.name for nf in nets for _ in batch_sizes])

@@ -44,6 +44,7 @@ import torch
 
 from perf4sight.config import GNN_ARCHS, PREDICTORS
 from perf4sight.errors import UserError
+from perf4sight.fingerprint.domain import training_domain
 from perf4sight.fingerprint.fit import LATENCY_COLUMN, common_input_shape, memory_capacity
 from perf4sight.fingerprint.gnn_evaluate import cross_validate, gnn_accuracy_lines
 from perf4sight.fingerprint.gnn_graph import EDGE_FEATURES, GLOBAL_FEATURES, NODE_FEATURES, OP_VOCAB
@@ -109,6 +110,7 @@ def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
         "training": summary | {"seconds": round(t_fit, 2), "cv_seconds": round(t_cv, 2)},
         "networks": sorted(s.templates), "training_rows": len(s.nets), "oom_rows": len(s.oom),
         "input_shape": common_input_shape(descriptions, s.templates),
+        "training_domain": training_domain(s.F),  # what predict notes a query leaves (domain.py)
         "accuracy": ev["accuracy"],
         "interval": {"coverage": coverage, "log_ratio_quantiles": ev["intervals"],
                      "method": "group-conformal on out-of-fold log(measured/predicted)" if evaluate

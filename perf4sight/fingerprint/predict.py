@@ -220,11 +220,9 @@ class Fingerprint(ModuleQueries):
         """One line per way these queries leave what the training rows covered (a batch size or a size
         outside their range, a kind of layer none of them had or all of them had): those predictions are
         extrapolations. Empty for a fingerprint fitted before the domain was stored."""
-        from perf4sight.fingerprint.domain import outside_notes
+        from perf4sight.fingerprint.domain import query_notes
         bss = batch_list(batch_sizes)
-        nfs = [self._features(d) for d in as_descriptions(descs)]
-        F = feature_matrix([nf for nf in nfs for _ in bss], [b for _ in nfs for b in bss])
-        return outside_notes(self.metadata.get("training_domain"), F, [nf.name for nf in nfs for _ in bss])
+        return query_notes(self.metadata.get("training_domain"), [self._features(d) for d in as_descriptions(descs)], bss)
 
     def max_batch_size(self, desc: NetworkDescription | NetworkFeatures | str | Path, limit: int = 1024) -> int | None:
         """Largest batch size b <= ``limit`` with every batch size 1..b predicted to fit; 0 if none
