@@ -11,8 +11,9 @@ from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription, load_description
 from perf4sight.profiling.results import file_sha, read_rows, results_path, split_stale
 
-__all__ = ["is_description_file", "dataset_descriptions", "dataset_descriptions_or_empty", "description_index", "description_shas",
-           "current_rows", "stale_note", "measured_devices", "fingerprinted_devices", "resolve_networks", "ZOO_CACHE"]
+__all__ = ["is_description_file", "dataset_descriptions", "dataset_descriptions_or_empty", "description_index",
+           "description_shas", "descriptions_and_shas", "current_rows", "stale_note", "measured_devices",
+           "fingerprinted_devices", "resolve_networks", "ZOO_CACHE"]
 
 
 def dataset_descriptions(cfg: Config) -> list[Path]:
@@ -30,21 +31,34 @@ def _description_paths(cfg: Config, device: str) -> list[Path]:
     return dataset_descriptions_or_empty(cfg) + sorted((cfg.models_dir / "imported" / device).glob("*.json"))
 
 
+def descriptions_and_shas(cfg: Config, device: str) -> tuple[dict[str, NetworkDescription], dict[str, str]]:
+    """(every known description by name, network name -> ``description_sha`` of its file as it is now), each
+    file parsed once; a device's imported graphs take precedence for that device (later ones win a name)."""
+    index: dict[str, NetworkDescription] = {}
+    shas: dict[str, str] = {}
+    for p in _description_paths(cfg, device):
+        desc = load_description(p)
+        index[desc.name], shas[desc.name] = desc, file_sha(p.read_bytes())
+    return index, shas
+
+
 def description_index(cfg: Config, device: str) -> dict[str, NetworkDescription]:
-    """Every known description by name; a device's imported graphs take precedence for that device."""
-    return {d.name: d for d in (load_description(p) for p in _description_paths(cfg, device))}
+    """Every known description by name (see ``descriptions_and_shas``, which gives their shas too)."""
+    return descriptions_and_shas(cfg, device)[0]
 
 
 def description_shas(cfg: Config, device: str) -> dict[str, str]:
-    """Network name -> ``description_sha`` of its description file as it is now (see ``description_index``)."""
-    return {load_description(p).name: file_sha(p.read_bytes()) for p in _description_paths(cfg, device)}
+    """Network name -> ``description_sha`` of its description file as it is now (see ``descriptions_and_shas``)."""
+    return descriptions_and_shas(cfg, device)[1]
 
 
-def current_rows(cfg: Config, device: str) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+def current_rows(cfg: Config, device: str,
+                 shas: dict[str, str] | None = None) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
     """(rows of ``device`` measured on its descriptions as they are now, stale rows): a row whose network's
-    description file changed since it was measured is stale (the profile stage measures it again)."""
+    description file changed since it was measured is stale (the profile stage measures it again).
+    ``shas``: ``description_shas`` of the device when the caller has them already (else they are read)."""
     rows = [r for r in read_rows(results_path(cfg.profiling_dir, device)) if r.get("device", device) == device]
-    return split_stale(rows, description_shas(cfg, device))
+    return split_stale(rows, description_shas(cfg, device) if shas is None else shas)
 
 
 def stale_note(device: str, stale: list[dict[str, str]], current: list[dict[str, str]] = ()) -> str:
@@ -57,7 +71,8 @@ def stale_note(device: str, stale: list[dict[str, str]], current: list[dict[str,
     nets = sorted({r["network"] for r in stale})
     action = (f"{len(todo)} of them not measured again yet: profile them again" if todo
               else "all measured again since")
-    return (f"{device}: {len(stale)} rows of {len(nets)} networks ({', '.join(nets[:3])}{', ...' if len(nets) > 3 else ''}) "
+    named = ", ".join(nets[:3]) + (", ..." if len(nets) > 3 else "")
+    return (f"{device}: {len(stale)} rows of {len(nets)} networks ({named}) "
             f"were measured on an earlier version of their description and are passed over ({action})")
 
 

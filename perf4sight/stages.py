@@ -16,8 +16,9 @@ from rich.console import Console
 from rich.table import Table
 
 from perf4sight.config import Config
-from perf4sight.dataset import (ZOO_CACHE, current_rows, dataset_descriptions, description_index, fingerprinted_devices,
-                                is_description_file, measured_devices, resolve_networks, stale_note)
+from perf4sight.dataset import (ZOO_CACHE, current_rows, dataset_descriptions, descriptions_and_shas,
+                                fingerprinted_devices, is_description_file, measured_devices, resolve_networks,
+                                stale_note)
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import results_path
@@ -118,13 +119,13 @@ def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
         raise UserError(f"no measurements under {cfg.profiling_dir}: run --stage profile first")
     predictor = _predictor(cfg, args)
     for device in devices:
-        descriptions = description_index(cfg, device)
-        rows, stale = current_rows(cfg, device)
+        descriptions, shas = descriptions_and_shas(cfg, device)  # each description parsed once per device
+        rows, stale = current_rows(cfg, device, shas)
         note = stale_note(device, stale, rows)
         if note:
             notes.print(note, markup=False)
         if predictor in ("trees", "ensemble"):
-            meta = fit_device(cfg, device, descriptions)
+            meta = fit_device(cfg, device, descriptions, shas)
             meta["folder"] = str(cfg.fingerprint_dir / device)
             _print_accuracy(device, meta)
             ok = sum(r.get("status") == "ok" and r.get("network") in descriptions for r in rows)
@@ -137,7 +138,7 @@ def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
             from perf4sight.fingerprint.gnn import gnn_accuracy_lines
 
             started = time.perf_counter()
-            meta = fit_device_gnn(cfg, device, descriptions)
+            meta = fit_device_gnn(cfg, device, descriptions, shas)
             console.print(f"[bold]{device}[/bold]: GNN ({meta['settings']['arch']}) in {cfg.fingerprint_dir / device}, "
                           f"fitted and cross-validated in {time.perf_counter() - started:.0f} s")
             for line in gnn_accuracy_lines(meta):
@@ -303,10 +304,11 @@ def run_export(cfg: Config, args: argparse.Namespace) -> int:
         raise UserError(f"no measurements under {cfg.profiling_dir}: run --stage profile or --stage import first")
     todo = {}
     for device in devices:  # every device checked before the first file is written
-        rows, stale = current_rows(cfg, device)
+        descriptions, shas = descriptions_and_shas(cfg, device)
+        rows, stale = current_rows(cfg, device, shas)
         if stale:
             notes.print(stale_note(device, stale, rows), markup=False)
-        todo[device] = (rows, description_index(cfg, device))
+        todo[device] = (rows, descriptions)
         check_exportable(exportable_rows(*todo[device])[0])
     for device, (rows, descriptions) in todo.items():
         out = Path(args.output) / device if len(devices) > 1 else Path(args.output)

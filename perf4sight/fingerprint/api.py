@@ -12,10 +12,11 @@ from perf4sight.profiling.results import results_path
 __all__ = ["device_measurements", "fit_device", "fit_device_gnn", "load_device_fingerprint", "load_device_predictor"]
 
 
-def device_measurements(cfg: Config, device: str) -> tuple[list[dict], float]:
+def device_measurements(cfg: Config, device: str, shas: dict[str, str] | None = None) -> tuple[list[dict], float]:
     """``device``'s measured rows and its configured memory limit (MiB; 0 = none); ``UserError`` if none.
-    Rows measured on an earlier version of a network's description are left out (``dataset.current_rows``)."""
-    rows, stale = current_rows(cfg, device)
+    Rows measured on an earlier version of a network's description are left out (``dataset.current_rows``;
+    ``shas``: the device's ``dataset.description_shas`` when the caller has loaded them, else they are read)."""
+    rows, stale = current_rows(cfg, device, shas)
     if stale and not rows:
         raise UserError(f"device '{device}': all {len(stale)} rows in {results_path(cfg.profiling_dir, device)} were "
                         "measured on earlier versions of their descriptions; profile them again")
@@ -25,19 +26,23 @@ def device_measurements(cfg: Config, device: str) -> tuple[list[dict], float]:
     return rows, float(limit or 0)
 
 
-def fit_device(cfg: Config, device: str, descriptions: dict[str, NetworkDescription]) -> dict:
-    """Fit and store ``device``'s fingerprint from its measurements; returns the metadata."""
-    rows, limit = device_measurements(cfg, device)
+def fit_device(cfg: Config, device: str, descriptions: dict[str, NetworkDescription],
+               shas: dict[str, str] | None = None) -> dict:
+    """Fit and store ``device``'s fingerprint from its measurements; returns the metadata. ``shas``: as for
+    :func:`device_measurements`."""
+    rows, limit = device_measurements(cfg, device, shas)
     return fit_fingerprint(rows, descriptions, device, cfg.fingerprint_dir / device, cfg.fingerprint,
                            memory_limit_mb=limit)
 
 
-def fit_device_gnn(cfg: Config, device: str, descriptions: dict[str, NetworkDescription]) -> dict:
+def fit_device_gnn(cfg: Config, device: str, descriptions: dict[str, NetworkDescription],
+                   shas: dict[str, str] | None = None) -> dict:
     """:func:`fit_gnn` in config terms: ``<profiling_dir>/<device>`` in, ``<fingerprint_dir>/<device>`` out,
-    with the ``gnn_*`` settings and ``seed`` of ``[fingerprint]`` and the device's ``memory_limit_mb``."""
+    with the ``gnn_*`` settings and ``seed`` of ``[fingerprint]`` and the device's ``memory_limit_mb``.
+    ``shas``: as for :func:`device_measurements`."""
     from perf4sight.fingerprint.gnn import fit_gnn  # torch and torch_geometric: only when a GNN is fitted
 
-    rows, limit = device_measurements(cfg, device)
+    rows, limit = device_measurements(cfg, device, shas)
     f = cfg.fingerprint
     return fit_gnn(rows, descriptions, device, cfg.fingerprint_dir / device, seed=f.seed, arch=f.gnn_arch,
                    hidden=f.gnn_hidden, layers=f.gnn_layers, max_epochs=f.gnn_max_epochs, patience=f.gnn_patience,
