@@ -250,23 +250,11 @@ def _check_devices(cfg: Config, f: Path | None) -> None:
 
 
 def _check_profile(cfg: Config, f: Path | None) -> None:
-    """[profile]: batch sizes, step counts, time limits, the optimiser."""
-    bs = cfg.profile.batch_sizes
-    if not bs or any(b < 1 for b in bs) or sorted(set(bs)) != bs:
-        raise UserError(f"{f}: [profile] batch_sizes must be positive integers in ascending order, got {bs}")
-    if cfg.profile.timed_steps < 1 or cfg.profile.warmup_steps < 0:
-        raise UserError(f"{f}: [profile] timed_steps must be >= 1 and warmup_steps >= 0")
-    if cfg.profile.repeats < 1:
-        raise UserError(f"{f}: [profile] repeats must be >= 1, got {cfg.profile.repeats}")
-    if cfg.profile.timeout_s <= 0:
-        raise UserError(f"{f}: [profile] timeout_s must be > 0 seconds, got {cfg.profile.timeout_s}")
-    if not 0 <= cfg.profile.min_timed_s < cfg.profile.timeout_s:
-        raise UserError(f"{f}: [profile] min_timed_s must lie in [0, timeout_s), got {cfg.profile.min_timed_s}")
-    if cfg.profile.max_swap_in_mb < 0:
-        raise UserError(f"{f}: [profile] max_swap_in_mb must be >= 0, got {cfg.profile.max_swap_in_mb}")
-    if not (cfg.profile.learning_rate > 0 and 0 <= cfg.profile.momentum < 1):
-        raise UserError(f"{f}: [profile] learning_rate must be > 0 and momentum in [0, 1), "
-                        f"got {cfg.profile.learning_rate} and {cfg.profile.momentum}")
+    """[profile]: batch sizes, step counts, time limits, the optimiser: the rules its test plans are held to
+    on the device too (``plan.check_measurement_settings``)."""
+    from perf4sight.profiling.plan import check_measurement_settings  # standard library only
+
+    check_measurement_settings(cfg.profile, f"{f}: [profile] ")
 
 
 def _check_fingerprint(cfg: Config, f: Path | None) -> None:

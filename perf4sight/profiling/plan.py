@@ -21,9 +21,35 @@ from typing import Any
 
 from perf4sight.errors import UserError, read_json_object
 
-__all__ = ["TestPlan", "load_plan", "save_plan", "PLAN_VERSION"]
+__all__ = ["TestPlan", "load_plan", "save_plan", "check_measurement_settings", "PLAN_VERSION"]
 
 PLAN_VERSION = 1
+
+
+def check_measurement_settings(s: Any, where: str, quote: str = "") -> None:
+    """The rules of the settings a ``[profile]`` table hands on to its test plans, for both: batch sizes,
+    step counts, ``timeout_s`` and ``min_timed_s`` (seconds), ``max_swap_in_mb`` (MiB), the optimiser.
+    ``s``: a ``config.ProfileConfig`` or a :class:`TestPlan`; ``UserError`` ``where`` + the first rule broken,
+    each key written between ``quote`` (``'timeout_s'`` in a plan, ``timeout_s`` in a config)."""
+    def key(name: str) -> str:
+        return f"{quote}{name}{quote}"
+
+    bs = s.batch_sizes
+    if not bs or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in bs) or sorted(set(bs)) != bs:
+        raise UserError(f"{where}{key('batch_sizes')} must be positive integers in ascending order, got {bs}")
+    if s.timed_steps < 1 or s.warmup_steps < 0:
+        raise UserError(f"{where}{key('timed_steps')} must be >= 1 and {key('warmup_steps')} >= 0")
+    if s.repeats < 1:
+        raise UserError(f"{where}{key('repeats')} must be >= 1, got {s.repeats}")
+    if s.timeout_s <= 0:
+        raise UserError(f"{where}{key('timeout_s')} must be > 0 seconds, got {s.timeout_s}")
+    if not 0 <= s.min_timed_s < s.timeout_s:
+        raise UserError(f"{where}{key('min_timed_s')} must lie in [0, timeout_s), got {s.min_timed_s}")
+    if s.max_swap_in_mb < 0:
+        raise UserError(f"{where}{key('max_swap_in_mb')} must be >= 0, got {s.max_swap_in_mb}")
+    if not (s.learning_rate > 0 and 0 <= s.momentum < 1):
+        raise UserError(f"{where}{key('learning_rate')} must be > 0 and {key('momentum')} in [0, 1), "
+                        f"got {s.learning_rate} and {s.momentum}")
 
 
 @dataclass
@@ -81,28 +107,13 @@ class TestPlan:
         """Raise ``UserError`` naming the first bad field; returns ``self``."""
         if not self.device:
             raise UserError(f"{where}: 'device' must be a non-empty name")
-        bs = self.batch_sizes
-        if not bs or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in bs) or sorted(set(bs)) != bs:
-            raise UserError(f"{where}: 'batch_sizes' must be positive integers in ascending order, got {bs}")
-        if self.timed_steps < 1 or self.warmup_steps < 0:
-            raise UserError(f"{where}: 'timed_steps' must be >= 1 and 'warmup_steps' >= 0")
-        if self.repeats < 1:
-            raise UserError(f"{where}: 'repeats' must be >= 1, got {self.repeats}")
-        if self.timeout_s <= 0:
-            raise UserError(f"{where}: 'timeout_s' must be > 0, got {self.timeout_s}")
-        if not 0 <= self.min_timed_s < self.timeout_s:
-            raise UserError(f"{where}: 'min_timed_s' must lie in [0, timeout_s), got {self.min_timed_s}")
-        if self.max_swap_in_mb < 0:
-            raise UserError(f"{where}: 'max_swap_in_mb' must be >= 0, got {self.max_swap_in_mb}")
+        check_measurement_settings(self, f"{where}: ", quote="'")
         if self.memory_limit_mb < 0 or self.threads < 0 or self.gpu_index < 0:
             raise UserError(f"{where}: 'memory_limit_mb', 'threads' and 'gpu_index' must be >= 0")
         if self.input_shape is not None and (len(self.input_shape) != 3 or any(s < 1 for s in self.input_shape)):
             raise UserError(f"{where}: 'input_shape' must be [channels, height, width], got {self.input_shape}")
         if self.num_classes is not None and self.num_classes < 1:
             raise UserError(f"{where}: 'num_classes' must be >= 1, got {self.num_classes}")
-        if not (self.learning_rate > 0 and 0 <= self.momentum < 1):
-            raise UserError(f"{where}: 'learning_rate' must be > 0 and 'momentum' in [0, 1), "
-                            f"got {self.learning_rate} and {self.momentum}")
         if not 0 < self.poll_interval_s <= 1:
             raise UserError(f"{where}: 'poll_interval_s' must lie in (0, 1] seconds, got {self.poll_interval_s}")
         if self.version != PLAN_VERSION:
