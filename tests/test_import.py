@@ -100,6 +100,15 @@ def test_small_folder_without_graphs(tmp_path):
     assert set(rows[0]) == set(COLUMNS)
 
 
+def test_infinite_figures_are_imported_as_they_are(tmp_path):
+    """perf4sight's 'inf' is a number to the importer (the fingerprint passes over it: ``results.number``)."""
+    _write(tmp_path / "src" / "dev" / "cifar10" / "memory" / "net_0-gt.csv", "passed|mem_used|bs",
+           ["True|inf|8", "True|-inf|16"])
+    import_perf4sight(tmp_path / "src", "d", tmp_path / "prof", tmp_path / "models")
+    rows = read_rows(results_path(tmp_path / "prof", "d"))
+    assert [r["device_mem_used_mb"] for r in rows] == ["inf", "-inf"]
+
+
 def test_bad_sources(tmp_path):
     with pytest.raises(UserError, match="not found"):
         import_perf4sight(tmp_path / "nope", "d", tmp_path, tmp_path)
@@ -109,6 +118,9 @@ def test_bad_sources(tmp_path):
     bad = tmp_path / "bad" / "b" / "imagenet" / "memory" / "net_0-gt.csv"
     _write(bad, "passed|mem_used|bs", ["True|100|two"])
     with pytest.raises(UserError, match="bad batch size"):
+        import_perf4sight(tmp_path / "bad", "d", tmp_path / "p", tmp_path / "m")
+    _write(bad, "passed|mem_used|bs", ["True|100|inf"])  # not an OverflowError from int()
+    with pytest.raises(UserError, match="bad batch size 'inf'"):
         import_perf4sight(tmp_path / "bad", "d", tmp_path / "p", tmp_path / "m")
     # a renamed figure column, or a passed row whose figure is no number: named, not imported as empty
     renamed = tmp_path / "renamed" / "b" / "imagenet" / "latency" / "net_0-gt.csv"

@@ -25,7 +25,8 @@ from typing import Any
 
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import is_file_stem, load_description, save_description
-from perf4sight.profiling.results import append_row, file_sha, measured_keys, read_rows, results_path, row_key
+from perf4sight.profiling.results import (append_row, file_sha, measured_keys, number, read_rows, results_path,
+                                          row_key)
 
 __all__ = ["ImportSummary", "import_perf4sight", "read_gt_csv"]
 
@@ -89,17 +90,9 @@ def read_gt_csv(path: Path, kind: str | None = None) -> list[dict[str, str]]:
     if rows and not need <= set(rows[0]):
         raise UserError(f"{path}: not a perf4sight -gt.csv file (columns {sorted(rows[0])}, need {sorted(need)})")
     for i, r in enumerate(rows, start=2):
-        if kind and _passed(r) and _num(r.get(TARGET[kind])) is None:
+        if kind and _passed(r) and number(r.get(TARGET[kind]), finite=False) is None:  # inf: imported as it is
             raise UserError(f"{path}: line {i}: {TARGET[kind]} {r.get(TARGET[kind])!r} is not a number")
     return rows
-
-
-def _num(value: str | None) -> float | None:
-    try:
-        v = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
-    return v if v == v else None  # NaN -> None
 
 
 def _collect(folder: Path, kind: str, pairs: dict, variants: dict) -> None:
@@ -111,14 +104,15 @@ def _collect(folder: Path, kind: str, pairs: dict, variants: dict) -> None:
         variant = f.name[: -len("-gt.csv")]
         variants[variant] = (m["net"], float(m["level"]), folder.name, folder.parent.name)
         for i, r in enumerate(read_gt_csv(f, kind), start=2):
-            bs = _num(r.get("bs"))
-            if bs is None or bs < 1:
+            bs = number(r.get("bs"))
+            if bs is None or bs < 1:  # None when infinite too: int() could not take it
                 raise UserError(f"{f}: line {i}: bad batch size {r.get('bs')!r}")
             pairs.setdefault((variant, int(bs)), {"memory": [], "latency": []})[kind].append(r)
 
 
 def _mean(rows: list[dict[str, str]], col: str) -> float | None:
-    vals = [v for v in (_num(r.get(col)) for r in rows) if v is not None]
+    """Mean of ``col`` over ``rows`` (infinite figures kept: the row says what perf4sight wrote), None if none."""
+    vals = [v for v in (number(r.get(col), finite=False) for r in rows) if v is not None]
     return sum(vals) / len(vals) if vals else None
 
 

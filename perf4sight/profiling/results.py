@@ -65,13 +65,13 @@ COLUMNS: list[str] = [
 STATUSES = ("ok", "oom", "skipped_after_oom", "error")
 
 
-def number(value: Any) -> float | None:
-    """A cell as a finite float, or None (empty, not a number, NaN or infinite)."""
+def number(value: Any, finite: bool = True) -> float | None:
+    """A cell as a float, or None (empty, not a number, NaN, or infinite unless ``finite`` is False)."""
     try:
         x = float(value)
     except (TypeError, ValueError):
         return None
-    return x if math.isfinite(x) else None
+    return None if math.isnan(x) or (finite and math.isinf(x)) else x
 
 
 def results_path(profiling_dir: str | Path, device: str) -> Path:
