@@ -44,6 +44,13 @@ INTERRUPTED = {
 
 STAGES = ("networks", "profile", "fingerprint", "predict", "compare", "all", "import", "export", "check")
 
+#: the stages that read each option; any other stage would pass over it without a word
+OPTION_STAGES = {
+    "network": ("predict", "all"), "batch_size": ("predict", "all"), "json": ("predict", "all"),
+    "predictor": ("fingerprint", "predict", "all"),
+    "format": ("import", "export"), "source": ("import",), "output": ("export",),
+}
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -71,12 +78,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def unused_option(args: argparse.Namespace) -> str:
+    """The first option given that ``args.stage`` does not read, as the line saying so ('' if none)."""
+    for dest, stages in OPTION_STAGES.items():
+        if getattr(args, dest) not in (None, False) and args.stage not in stages:
+            names = " or ".join(filter(None, (", ".join(stages[:-1]), stages[-1])))
+            return (f"--{dest.replace('_', '-')} is for --stage {names}; "
+                    f"--stage {args.stage} does not use it")
+    return ""
+
+
 def _terminated(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # SIGTERM cleans up as Ctrl-C does (the profiling runner and its child stop too)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    unused = unused_option(args)
+    if unused:  # e.g. --stage profile --network x: it would profile every network of the dataset
+        print(f"error: {unused}", file=sys.stderr)
+        return 2
     from perf4sight.errors import UserError
 
     signal.signal(signal.SIGTERM, _terminated)

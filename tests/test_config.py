@@ -115,6 +115,19 @@ def test_cli_prints_one_line_and_exits_2(tmp_path):
         assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("argv, expected", [
+    (["--stage", "profile", "--network", "resnet18_l0", "--batch-size", "2"], "--network is for --stage predict or all"),
+    (["--stage", "compare", "--batch-size", "8"], "--batch-size is for --stage predict or all"),
+    (["--stage", "check", "--predictor", "gnn"], "--predictor is for --stage fingerprint, predict or all"),
+    (["--stage", "import", "--output", "ds"], "--output is for --stage export"),
+])
+def test_an_option_the_stage_does_not_use_is_one_line(tmp_path, argv, expected):
+    """An option the stage would pass over (profile --network x measured every network) is refused, before
+    the config is read."""
+    proc = subprocess.run([sys.executable, str(ROOT / "main.py"), *argv], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and expected in proc.stderr, proc.stderr
+
+
 def test_no_devices_configured_is_one_line(tmp_path):
     """A config without a [devices.*] table: check (and profile) say so instead of printing nothing."""
     path = tmp_path / "empty.toml"
