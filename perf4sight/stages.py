@@ -299,6 +299,8 @@ def run_export(cfg: Config, args: argparse.Namespace) -> int:
 
     if args.format != "perfseer" or not args.output:
         raise UserError("export needs --format perfseer --output DIR [--device NAME ...]")
+    if Path(args.output).exists() and not Path(args.output).is_dir():
+        raise UserError(f"export: --output {args.output} is a file, not a folder")
     devices = measured_devices(cfg, args.device)
     if not devices:
         raise UserError(f"no measurements under {cfg.profiling_dir}: run --stage profile or --stage import first")

@@ -128,6 +128,16 @@ def test_an_option_the_stage_does_not_use_is_one_line(tmp_path, argv, expected):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and expected in proc.stderr, proc.stderr
 
 
+def test_export_to_a_file_is_one_line(tmp_path):
+    """--output naming a file (not a folder) was "[Errno 17] File exists" with exit code 1."""
+    path = write(tmp_path, GOOD)
+    (tmp_path / "afile").write_text("x")
+    proc = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(path), "--stage", "export",
+                           "--format", "perfseer", "--output", str(tmp_path / "afile")],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "is a file, not a folder" in proc.stderr, proc.stderr
+
+
 def test_no_devices_configured_is_one_line(tmp_path):
     """A config without a [devices.*] table: check (and profile) say so instead of printing nothing."""
     path = tmp_path / "empty.toml"
