@@ -116,10 +116,24 @@ def is_description_file(name: str) -> bool:
     return name.endswith(".json") or Path(name).is_file()
 
 
+def _dataset_file(cfg: Config, name: str) -> Path | None:
+    """The description file of the dataset network (networks stage or import) called ``name``, if any."""
+    import csv
+
+    manifest = cfg.models_dir / "manifest.csv"
+    if manifest.is_file():
+        with manifest.open(newline="") as fh:
+            for row in csv.DictReader(fh):
+                if row.get("network") == name and row.get("path"):
+                    return cfg.models_dir / row["path"]
+    imported = sorted(p for p in (cfg.models_dir / "imported").glob("*/*.json") if p.stem == name)
+    return imported[0] if imported else None
+
+
 def resolve_networks(cfg: Config, names: list[str], input_shape: list[int]) -> list[NetworkDescription]:
     """Zoo names are described at ``input_shape`` (cached under ``<models_dir>/zoo-cache/``); anything
     ending in .json is a description file."""
-    from perf4sight.networks.zoo import describe_zoo
+    from perf4sight.networks.zoo import ZOO_NAMES, describe_zoo
 
     out = []
     for name in names:
@@ -127,6 +141,9 @@ def resolve_networks(cfg: Config, names: list[str], input_shape: list[int]) -> l
             raise UserError(f"{name}: is a folder; give description files (e.g. {Path(name) / '*.json'})")
         if is_description_file(name):
             out.append(load_description(name))
+        elif name not in ZOO_NAMES and _dataset_file(cfg, name):
+            raise UserError(f"'{name}' is not a zoo network but a network of the dataset: give its description "
+                            f"file, {_dataset_file(cfg, name)}")
         else:
             out.append(describe_zoo(name, input_shape, cfg.networks.num_classes, cache_dir=cfg.models_dir / ZOO_CACHE))
     return out

@@ -313,3 +313,21 @@ def test_stage_reports_a_factory_whose_forward_fails_at_the_input_shape(tmp_path
     assert run.returncode == 2, run.stderr[-2000:]
     (line,) = run.stderr.strip().splitlines()
     assert "forward fails at input shape [3, 32, 32]" in line and "expected input" in line and "1 channels" in line
+
+
+def test_a_dataset_network_named_as_if_it_were_a_zoo_network_names_its_file(tmp_path: Path) -> None:
+    """``--network resnet18_l30`` (a pruned variant, or an imported graph) said only "unknown network": the
+    error names the description file to give instead; zoo names and unknown names are as before."""
+    from perf4sight.dataset import resolve_networks
+
+    (tmp_path / "config.toml").write_text('[networks]\nzoo = ["resnet18"]\n[devices.local]\nbackend = "cpu"\n')
+    cfg = load_config(tmp_path / "config.toml")
+    (cfg.models_dir / "imported" / "tx2").mkdir(parents=True)
+    (cfg.models_dir / "imported" / "tx2" / "resnet50_0.json").write_text("{}")
+    (cfg.models_dir / "manifest.csv").write_text("network,family,path\nresnet18_l30,resnet18,pruned/l1-norm/resnet18_l30.json\n")
+    with pytest.raises(UserError, match=r"'resnet18_l30' is not a zoo network .*pruned/l1-norm/resnet18_l30\.json"):
+        resolve_networks(cfg, ["resnet18_l30"], [3, 32, 32])
+    with pytest.raises(UserError, match=r"'resnet50_0' is not a zoo network .*imported/tx2/resnet50_0\.json"):
+        resolve_networks(cfg, ["resnet50_0"], [3, 32, 32])
+    with pytest.raises(UserError, match="unknown network 'resnet19'"):
+        resolve_networks(cfg, ["resnet19"], [3, 32, 32])
