@@ -249,10 +249,13 @@ def _print_predictions(preds: list[dict], title: str) -> None:
 
 
 def _capacity_note(fp: object, preds: list[dict]) -> None:
-    """Explain a `fits: no` whose predicted memory is under the capacity (the capacity is compared with the
-    analytic demand, not with the shown figure)."""
+    """Say when `fits` means nothing (the capacity is unknown); explain a `fits: no` whose predicted memory is
+    under the capacity (the capacity is compared with the analytic demand, not with the shown figure)."""
     cap = getattr(fp, "capacity_mb", None)
-    if getattr(fp, "capacity_basis", "") == "analytic" and any(not p["fits"] and p["memory_mb"] <= cap for p in preds):
+    if cap is None and preds:
+        notes.print("note: this device's memory capacity is unknown (no out-of-memory rows and no memory_limit_mb): "
+                    "'fits' is yes for every query", markup=False)
+    elif getattr(fp, "capacity_basis", "") == "analytic" and any(not p["fits"] and p["memory_mb"] <= cap for p in preds):
         notes.print(f"note: 'fits' compares the capacity learnt from this device's out-of-memory rows ({cap:.0f} MiB) "
                     "with the memory model's analytic demand, which keeps growing where measured memory levels off "
                     "near the limit: a row can show memory under the capacity and not fit", markup=False)

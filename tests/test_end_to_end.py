@@ -62,6 +62,7 @@ def test_all_stages_then_predict_json(tmp_path):
                    manifest[0]["path"] and str(tmp_path / "models" / manifest[0]["path"]), "--batch-size", "2", "8", "--json")
     assert pred.returncode == 0, pred.stderr
     assert "batch size 8: outside the training rows' 2..4" in pred.stderr  # a note, on stderr beside the JSON
+    assert "capacity is unknown" in pred.stderr  # no oom row, no memory_limit_mb: 'fits' says nothing
     lines = [json.loads(line) for line in pred.stdout.splitlines()]
     assert [(p["network"], p["batch_size"]) for p in lines] == [
         ("resnet18", 2), ("resnet18", 8), (manifest[0]["network"], 2), (manifest[0]["network"], 8)]
