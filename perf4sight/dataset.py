@@ -90,7 +90,8 @@ def _devices_having(folder: Path, marker: str, what: str, wanted: list[str] | No
         return have
     missing = [d for d in wanted if d not in have]
     if missing:
-        raise UserError(f"no {what} for device(s) {', '.join(missing)} under {folder} ({hint})")
+        known = f"found for: {', '.join(have)}; " if have else ""  # a typo'd name: which are there
+        raise UserError(f"no {what} for device(s) {', '.join(missing)} under {folder} ({known}{hint})")
     return list(wanted)
 
 

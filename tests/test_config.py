@@ -195,3 +195,19 @@ def test_predict_and_compare_description_files_are_relative_to_the_config_file(t
     cfg = load_config(path)
     assert cfg.predict.networks == ["resnet18", str(tmp_path / "nets" / "mine.json")]
     assert cfg.compare.networks == [str(tmp_path / "nets" / "mine.json")]
+
+
+def test_a_device_without_data_is_named_beside_those_with_it(tmp_path):
+    """``--device tx22`` (a typo) said only "no measurements for device(s) tx22": the line names the devices
+    that do have them."""
+    from perf4sight.dataset import fingerprinted_devices, measured_devices
+
+    cfg = load_config(write(tmp_path, GOOD))
+    for dev in ("local", "tx2"):
+        (cfg.profiling_dir / dev).mkdir(parents=True)
+        (cfg.profiling_dir / dev / "measurements.csv").write_text("device\n")
+    with pytest.raises(UserError, match=r"no measurements for device\(s\) tx22 under .*\(found for: local, tx2; run"):
+        measured_devices(cfg, ["tx22"])
+    with pytest.raises(UserError, match=r"no trees fingerprint for device\(s\) tx2 under [^(]*\(run --stage fingerprint"):
+        fingerprinted_devices(cfg, ["tx2"])  # none has one: nothing to list
+    assert measured_devices(cfg, None) == ["local", "tx2"]
