@@ -52,8 +52,15 @@ OPTION_STAGES = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument mistake (a typo'd --stage, --batch-size x) is one line, as every other user error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"error: {message}; see --help\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="main.py", description="perf4sight: predict a CNN training step's time and memory on edge devices.",
         epilog=STAGE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="config.toml", help="TOML configuration file (default: config.toml)")

@@ -116,14 +116,17 @@ def test_cli_prints_one_line_and_exits_2(tmp_path):
 
 
 @pytest.mark.parametrize("argv, expected", [
+    (["--stage", "predcit"], "error: argument --stage: invalid choice: 'predcit'"),
+    (["--stage", "predict", "--batch-size", "x"], "error: argument --batch-size: invalid int value: 'x'"),
+    (["--network", "resnet18"], "error: the following arguments are required: --stage"),
     (["--stage", "profile", "--network", "resnet18_l0", "--batch-size", "2"], "--network is for --stage predict or all"),
     (["--stage", "compare", "--batch-size", "8"], "--batch-size is for --stage predict or all"),
     (["--stage", "check", "--predictor", "gnn"], "--predictor is for --stage fingerprint, predict or all"),
     (["--stage", "import", "--output", "ds"], "--output is for --stage export"),
 ])
-def test_an_option_the_stage_does_not_use_is_one_line(tmp_path, argv, expected):
-    """An option the stage would pass over (profile --network x measured every network) is refused, before
-    the config is read."""
+def test_argument_mistakes_are_one_line(tmp_path, argv, expected):
+    """A mistyped argument, and an option the stage would pass over (profile --network x measured every
+    network), are one line, before the config is read."""
     proc = subprocess.run([sys.executable, str(ROOT / "main.py"), *argv], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and expected in proc.stderr, proc.stderr
 
