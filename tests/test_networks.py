@@ -32,16 +32,16 @@ CLASSES = 10
 warnings.filterwarnings("ignore", module="torch_pruning")
 
 
-def _train_step(desc: NetworkDescription) -> None:
-    """Rebuild from JSON and take one SGD step; parameters must move and match ``desc.params``."""
+def _train_step(desc: NetworkDescription, batch: int = 2) -> None:
+    """Rebuild from JSON and take one SGD step on ``batch`` images; parameters must move and match ``desc.params``."""
     desc = NetworkDescription.from_dict(desc.to_dict())
     model = build_module(desc)
     assert sum(p.numel() for p in model.parameters()) == desc.params
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     before = [p.detach().clone() for p in model.parameters()]
-    out = model(torch.randn(2, *desc.input_shape))
-    assert tuple(out.shape) == (2, desc.num_classes)
-    nn.functional.cross_entropy(out, torch.randint(0, desc.num_classes, (2,))).backward()
+    out = model(torch.randn(batch, *desc.input_shape))
+    assert tuple(out.shape) == (batch, desc.num_classes)
+    nn.functional.cross_entropy(out, torch.randint(0, desc.num_classes, (batch,))).backward()
     opt.step()
     assert any(not torch.equal(a, b.detach()) for a, b in zip(before, model.parameters()))
 
@@ -204,6 +204,7 @@ def test_each_style_rebuilds_and_trains(style: str) -> None:
     (desc,) = generate(GeneratorSettings(count=1, seed=5, styles=(style,), max_params=1_000_000), SHAPE, CLASSES)
     assert desc.extra["styles"] == [style] * 4 and desc.name == "gen_5_0"
     _train_step(desc)
+    _train_step(desc, batch=1)  # at the smallest input (32x32) too: batch norm needs more than one value
     traced = describe(build_module(desc), SHAPE, name="traced")  # shapes computed by hand == torch's
     assert [n.output_shape for n in traced.nodes] == [n.output_shape for n in desc.nodes]
     assert traced.params == desc.params

@@ -2,8 +2,9 @@
 
 A spec is plain data: four stages, each ``{"style", "depth", "width", "stride_at", ...knobs}``.
 The description is emitted directly (shapes computed here, no torch), in the schema of
-``perf4sight.ir.schema``. Layout: stem (3x3 conv, stride 2, 32 channels, batch norm, ReLU),
-four stages that each halve the spatial size (stride 2 in their first or last block) and
+``perf4sight.ir.schema``. Layout: stem (3x3 conv, stride 2, 32 channels, batch norm, ReLU; stride 1
+under :data:`FULL_STEM_INPUT` pixels, so that the last stage's maps are at least 2x2: batch norm cannot
+train on a 1x1 map of a single image, and the profile stage measures batch size 1), four stages that each halve the spatial size (stride 2 in their first or last block) and
 change the width to ``width``, then global average pooling, flatten and a linear classifier.
 
 Styles and their knobs (``STYLES``):
@@ -23,11 +24,12 @@ from typing import Any
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription, Node, count_params
 
-__all__ = ["STYLES", "STEM_CHANNELS", "MIN_INPUT", "build_description"]
+__all__ = ["STYLES", "STEM_CHANNELS", "MIN_INPUT", "FULL_STEM_INPUT", "build_description"]
 
 STYLES: tuple[str, ...] = ("vgg", "inception", "resnext", "densenet", "mobilenet")
 STEM_CHANNELS = 32
-MIN_INPUT = 32  # pixels: five stride-2 steps must leave at least 1x1
+MIN_INPUT = 32  # pixels: four stride-2 steps after a stride-1 stem leave at least 2x2
+FULL_STEM_INPUT = 64  # pixels: from here the stem strides by 2 too (five steps leave at least 2x2)
 
 
 def _out(size: int, kernel: int, stride: int, pad: int) -> int:
@@ -167,7 +169,7 @@ def build_description(spec: list[dict[str, Any]], input_shape: list[int], num_cl
         raise UserError(f"generator: input {input_shape[1]}x{input_shape[2]} is too small; "
                         f"generated networks need at least {MIN_INPUT}x{MIN_INPUT}")
     b = _Builder(input_shape)
-    x = b.cbr("stem", "input", STEM_CHANNELS, 3, 2)
+    x = b.cbr("stem", "input", STEM_CHANNELS, 3, 2 if min(input_shape[1:]) >= FULL_STEM_INPUT else 1)
     for i, st in enumerate(spec):
         if st["style"] not in _STAGES:
             raise UserError(f"generator: unknown style '{st['style']}' (known: {', '.join(STYLES)})")
