@@ -203,7 +203,8 @@ def test_max_batch_size_on_every_predictor(fitted, tmp_path):
         assert predictor.predict(descs["shallow_w4"], [m])[0]["fits"], kind
         assert not predictor.predict(descs["shallow_w4"], [m + 1])[0]["fits"], kind
         assert predictor.max_batch_size(descs["shallow_w4"], limit=8) == 8, kind
-        with pytest.raises(UserError, match="must be positive"):
-            predictor.max_batch_size(descs["shallow_w4"], limit=0)
+        for bad in (0, [4, 8], "8"):  # the message names the argument
+            with pytest.raises(UserError, match="limit must be one positive integer"):
+                predictor.max_batch_size(descs["shallow_w4"], limit=bad)
         with pytest.raises(UserError, match="give one network, got 2"):
             predictor.max_batch_size([path, path])

@@ -366,3 +366,13 @@ def test_fingerprint_stores_its_domain_and_notes_an_unseen_family(tx2, tmp_path)
     notes = fp.outside_training([descs["mobilenetv2_0"], descs["resnet18_0"]], [2, 64])
     assert notes == ["mobilenetv2_0: with depthwise convolutions, which no training network had"]
     assert fp.outside_training(descs["resnet50_0"], [16, 256]) == []
+
+
+def test_accuracy_table_stays_aligned_with_long_family_names():
+    m = {"n": 12, "mape": 5.0, "rmspe": 6.0, "within10": 90.0}
+    long = "gen-resnext-inception-resnext-mobilenet"
+    meta = {"accuracy": {"latency": {"column": "latency_ms_median", "grouping": "family", "overall": m,
+                                     "per_group": {long: m, "resnet18": m}}}}
+    table = [line for line in accuracy_lines(meta)[1:] if line.startswith("  ")]
+    assert len(table) == 4 and len({len(line) for line in table}) == 1  # header and rows as wide: columns line up
+    assert table[1].startswith(f"  {long}  ")

@@ -100,6 +100,16 @@ def one_description(desc: Any, kinds: tuple[type, ...] = (NetworkDescription, Ne
     return out[0]
 
 
+def search_limit(limit: Any) -> int:
+    """``max_batch_size``'s ``limit`` as an int >= 1; ``UserError`` naming the argument otherwise."""
+    try:
+        (value,) = batch_list(limit)
+    except (UserError, ValueError):
+        raise UserError(f"max_batch_size: limit must be one positive integer (the largest batch size to try), "
+                        f"got {limit!r}") from None
+    return value
+
+
 def largest_fitting(over: Callable[[int], bool], limit: int) -> int:
     """Largest b <= ``limit`` with ``over(b)`` false, by bisection (``over`` taken as monotone in b); 0 when
     ``over(1)``. Each call of ``over`` is one prediction, so this takes about log2(limit) of them."""
@@ -149,7 +159,7 @@ class ModuleQueries:
         """Largest batch size b <= ``limit`` with every batch size 1..b predicted to fit (``fits`` of
         :meth:`predict`); 0 if none fits; None when the device capacity is unknown. Predicted memory is
         taken as growing with the batch size (bisection: about log2(limit) predictions)."""
-        d, limit = one_description(desc), batch_list(limit)[0]
+        d, limit = one_description(desc), search_limit(limit)
         if self.capacity_mb is None:
             return None
         return largest_fitting(lambda b: not self.predict(d, [b])[0]["fits"], limit)
@@ -228,7 +238,7 @@ class Fingerprint(ModuleQueries):
         """Largest batch size b <= ``limit`` with every batch size 1..b predicted to fit; 0 if none
         fits; None when the device capacity is unknown. Predicted memory (the analytic part for a
         learnt capacity) is taken as growing with the batch size."""
-        d, limit = one_description(desc), batch_list(limit)[0]
+        d, limit = one_description(desc), search_limit(limit)
         if self.capacity_mb is None:
             return None
         nf = self._features(d)
@@ -264,14 +274,15 @@ def accuracy_lines(metadata: dict[str, Any]) -> list[str]:
         if acc.get("note"):
             head += f" [{acc['note']}]"
         lines.append(head)
-        lines.append(f"  {'held out':<24}{'n':>6}{'MAPE%':>8}{'RMSPE%':>8}{'±10%':>8}")
         rows = list(acc["per_group"].items()) + [("all", acc["overall"])]
         if acc.get("random_split") and acc["random_split"].get("n"):
             rows.append(("random 5-fold split", acc["random_split"]))
+        w = max([24] + [len(g) + 2 for g, _ in rows])  # generated families have long names
+        lines.append(f"  {'held out':<{w}}{'n':>6}{'MAPE%':>8}{'RMSPE%':>8}{'±10%':>8}")
         for g, m in rows:
-            lines.append(f"  {g:<24}{m['n']:>6}{m['mape']:>8.1f}{m['rmspe']:>8.1f}{m['within10']:>8.1f}")
+            lines.append(f"  {g:<{w}}{m['n']:>6}{m['mape']:>8.1f}{m['rmspe']:>8.1f}{m['within10']:>8.1f}")
         if acc.get("random_split") and not acc["random_split"].get("n"):
-            lines.append(f"  {'random 5-fold split':<24}  not run: fewer than 10 rows")
+            lines.append(f"  {'random 5-fold split':<{w}}  not run: fewer than 10 rows")
         sel = acc.get("selection")
         if sel:
             scores, chosen = sel.get("cv_mean_group_mape", {}), sel["chosen"]
