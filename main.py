@@ -47,6 +47,7 @@ STAGES = ("networks", "profile", "fingerprint", "predict", "compare", "all", "im
 #: the stages that read each option; any other stage would pass over it without a word
 OPTION_STAGES = {
     "network": ("predict", "all"), "batch_size": ("predict", "all"), "json": ("predict", "all"),
+    "max_batch_size": ("predict",),
     "predictor": ("fingerprint", "predict", "all"),
     "format": ("import", "export"), "source": ("import",), "output": ("export",),
 }
@@ -74,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="predict: zoo names (e.g. resnet18) or description JSON files (any other network, "
                              "e.g. a models/ factory or pruned variant: the JSON the networks stage wrote for it)")
     parser.add_argument("--batch-size", nargs="+", type=int, metavar="N", help="predict: batch sizes")
+    parser.add_argument("--max-batch-size", nargs="?", type=int, const=1024, metavar="LIMIT",
+                        help="predict: the largest batch size predicted to fit each network in the device's memory "
+                             "(searched up to LIMIT, default 1024), instead of predictions at --batch-size")
     parser.add_argument("--json", action="store_true", help="predict: one JSON object per line")
     parser.add_argument("--predictor", choices=("trees", "gnn", "ensemble"),
                         help="fingerprint: which predictor to fit (ensemble = trees and GNN); predict: which to use "

@@ -168,6 +168,8 @@ def run_predict(cfg: Config, args: argparse.Namespace) -> int:
     if predictor == "ensemble":
         _ensemble_note(fp)
     names = args.network or cfg.predict.networks or cfg.networks.zoo
+    if getattr(args, "max_batch_size", None) is not None:
+        return _predict_max_batch(cfg, args, fp, device, names)
     batch_sizes = batch_list(args.batch_size or cfg.predict.batch_sizes)  # checked before describing (seconds)
     started = time.perf_counter()
     descs = resolve_networks(cfg, names, fp.input_shape or cfg.networks.input_shape)
@@ -189,6 +191,47 @@ def run_predict(cfg: Config, args: argparse.Namespace) -> int:
         is_description_file(n) for n in names) else ""
     console.print(f"{len(preds)} prediction{'s' if len(preds) != 1 else ''} in {elapsed * 1000:.0f} ms; "
                   f"describing the networks took {describing * 1000:.0f} ms{zoo}")
+    return 0
+
+
+def _predict_max_batch(cfg: Config, args: argparse.Namespace, fp: object, device: str, names: list[str]) -> int:
+    """``--max-batch-size``: per network, the largest batch size predicted to fit the device's memory, with
+    the step time (ms) and memory (MiB) predicted there; JSON lines ``network, max_batch_size, capacity_mb,
+    latency_ms, memory_mb`` (null where nothing fits or the capacity is unknown)."""
+    if args.batch_size:
+        raise UserError("--max-batch-size finds the batch size itself: give it or --batch-size, not both")
+    if args.max_batch_size < 1:
+        raise UserError(f"--max-batch-size: the search limit must be a positive integer, got {args.max_batch_size}")
+    limit = args.max_batch_size
+    if fp.capacity_mb is None:
+        raise UserError(f"{device}: the memory capacity is unknown (no out-of-memory rows, and no memory_limit_mb in "
+                        f"[devices.{device}]): there is no largest batch size to find")
+    descs = resolve_networks(cfg, names, fp.input_shape or cfg.networks.input_shape)
+    _shape_note(fp, descs)
+    found = []
+    for d in descs:
+        b = fp.max_batch_size(d, limit)
+        at = fp.predict(d, [b])[0] if b else {}
+        found.append({"network": d.name, "max_batch_size": b or None, "capacity_mb": round(fp.capacity_mb, 3),
+                      "latency_ms": round(at["latency_ms"], 3) if at else None,
+                      "memory_mb": round(at["memory_mb"], 3) if at else None})
+    _domain_note(fp, descs, sorted({f["max_batch_size"] for f in found if f["max_batch_size"]}) or [1])
+    if args.json:
+        for f in found:
+            print(json.dumps(f))
+        return 0
+    table = Table(title=f"largest batch size predicted to fit {device} ({fp.capacity_mb:,.0f} MiB, searched up to "
+                        f"{limit})")
+    for col in ("network", "largest batch", "step time ms there", "memory MiB there"):
+        table.add_column(col, justify="left" if col == "network" else "right")
+    for f in found:
+        b = f["max_batch_size"]
+        table.add_row(f["network"], "none fits" if b is None else f"{b}{'+' if b == limit else ''}",
+                      "" if b is None else f"{f['latency_ms']:,.1f}", "" if b is None else f"{f['memory_mb']:,.0f}")
+    console.print(table)
+    if any(f["max_batch_size"] == limit for f in found):
+        notes.print(f"note: '{limit}+': every batch size up to the search limit fits; raise it with "
+                    "--max-batch-size LIMIT", markup=False)
     return 0
 
 

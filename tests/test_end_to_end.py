@@ -85,6 +85,19 @@ def test_all_stages_then_predict_json(tmp_path):
     assert "perf4sight.fingerprint" in imported and not {"torch", "torchvision", "scipy"} & imported
     assert [json.loads(line) for line in desc_only.stdout.splitlines()] == [lines[2], lines[0]]
 
+    unknown = main_py(tmp_path, "--stage", "predict", "--network", "resnet18", "--max-batch-size")
+    assert unknown.returncode == 2 and "capacity is unknown" in unknown.stderr  # no oom row, no limit
+    (tmp_path / "config.toml").write_text(CONFIG.replace('backend = "cpu"', 'backend = "cpu"\nmemory_limit_mb = 2000'))
+    assert main_py(tmp_path, "--stage", "fingerprint").returncode == 0  # the limit is the capacity now
+    big = main_py(tmp_path, "--stage", "predict", "--network", "resnet18", "--max-batch-size", "4096", "--json")
+    assert big.returncode == 0, big.stderr
+    (found,) = [json.loads(line) for line in big.stdout.splitlines()]
+    assert set(found) == {"network", "max_batch_size", "capacity_mb", "latency_ms", "memory_mb"}
+    b = found["max_batch_size"]
+    assert found["capacity_mb"] == 2000 and 1 <= b < 4096 and found["memory_mb"] <= 2000
+    over = main_py(tmp_path, "--stage", "predict", "--network", "resnet18", "--batch-size", str(b), str(b + 1), "--json")
+    assert [json.loads(line)["fits"] for line in over.stdout.splitlines()] == [True, False]
+
 
 def test_gnn_ensemble_and_perfseer_round_trip_through_the_cli(tmp_path):
     """After the stages: fit the GNN only, predict with it and with the ensemble, export the device's data
