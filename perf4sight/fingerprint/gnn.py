@@ -44,6 +44,7 @@ import torch
 
 from perf4sight.config import GNN_ARCHS, PREDICTORS
 from perf4sight.errors import UserError
+from perf4sight.files import atomic_path, write_atomically
 from perf4sight.fingerprint.domain import training_domain
 from perf4sight.fingerprint.fit import LATENCY_COLUMN, common_input_shape, memory_capacity
 from perf4sight.fingerprint.gnn_evaluate import cross_validate, gnn_accuracy_lines
@@ -120,10 +121,9 @@ def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
     }
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    torch.save(model.state_dict(), out / (GNN_WEIGHTS + ".tmp"))
-    (out / (GNN_WEIGHTS + ".tmp")).replace(out / GNN_WEIGHTS)
-    (out / (GNN_JSON + ".tmp")).write_text(json.dumps(meta, indent=2))
-    (out / (GNN_JSON + ".tmp")).replace(out / GNN_JSON)
+    with atomic_path(out / GNN_WEIGHTS) as tmp:
+        torch.save(model.state_dict(), tmp)
+    write_atomically(out / GNN_JSON, json.dumps(meta, indent=2))
     return meta
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from perf4sight.errors import UserError, read_json_object
+from perf4sight.files import write_atomically
 from perf4sight.ir.shapes import shape_problem
 
 __all__ = ["Node", "NetworkDescription", "OPS", "load_description", "save_description", "is_file_stem"]
@@ -249,7 +250,4 @@ def save_description(desc: NetworkDescription, path: str | Path) -> Path:
     """Write ``desc`` as compact JSON (atomic replace), creating parent folders."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(p.suffix + ".tmp")
-    tmp.write_text(desc.to_json())
-    tmp.replace(p)
-    return p
+    return write_atomically(p, desc.to_json())

@@ -25,6 +25,7 @@ from torch import nn
 
 from perf4sight.config import Config
 from perf4sight.errors import UserError
+from perf4sight.files import atomic_path
 from perf4sight.ir.from_torch import describe
 from perf4sight.ir.schema import NetworkDescription, load_description, save_description
 from perf4sight.ir.to_torch import build_module
@@ -114,12 +115,10 @@ def _row(desc: NetworkDescription, path: Path, models_dir: Path) -> dict[str, An
 def write_manifest(rows: list[dict[str, Any]], path: Path) -> Path:
     """Write ``rows`` as CSV with ``MANIFEST_COLUMNS`` (atomic replace)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".csv.tmp")
-    with tmp.open("w", newline="") as fh:
+    with atomic_path(path) as tmp, tmp.open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=MANIFEST_COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
-    tmp.replace(path)
     return path
 
 

@@ -6,7 +6,7 @@ to ``OUT``: the measurement columns (see ``results.COLUMNS``) plus ``status`` (`
 or ``error``), ``message`` and ``stage`` (``setup``, ``build`` or ``step``: where it stopped).
 Peak RSS is not measured here: the runner reads it with ``os.wait4`` when this process ends.
 
-Imports only torch, the standard library, ``perf4sight.ir.schema``/``to_torch`` and
+Imports only torch, the standard library, ``perf4sight.ir.schema``/``to_torch``, ``perf4sight.files`` and
 ``perf4sight.profiling``. Times in milliseconds, memory in MiB.
 """
 from __future__ import annotations
@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from perf4sight.files import write_atomically
 from perf4sight.profiling.plan import load_plan
 from perf4sight.profiling.procfs import status_mb
 
@@ -93,10 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--result", required=True, help="where to write the result JSON")
     args = parser.parse_args(argv)
     result = measure(args.plan, args.network, args.batch_size)
-    out = Path(args.result)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(json.dumps(result))
-    os.replace(tmp, out)
+    write_atomically(args.result, json.dumps(result))
     return 0
 
 

@@ -1,6 +1,6 @@
 """Run a command detached from the SSH session and remember how it ended (runs on the device).
 
-Standard library only. Usage, all paths absolute or relative to the current folder::
+Standard library only (and ``perf4sight.files``). Usage, all paths absolute or relative to the current folder::
 
     python -m perf4sight.profiling.detach start RUN_DIR -- CMD ARG...   # prints a JSON state
     python -m perf4sight.profiling.detach status RUN_DIR                # prints a JSON state
@@ -27,6 +27,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from perf4sight.files import atomic_path
+
 __all__ = ["state", "start", "stop", "supervise", "main"]
 
 MARK = "perf4sight.profiling.detach"
@@ -40,12 +42,10 @@ def _boot_id() -> str:
 
 
 def _write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as fh:
+    with atomic_path(path) as tmp, tmp.open("w") as fh:
         json.dump(obj, fh)
         fh.flush()
         os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def _read_json(path: Path) -> dict | None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from perf4sight.errors import UserError, read_json_object
+from perf4sight.files import write_atomically
 
 __all__ = ["TestPlan", "load_plan", "save_plan", "check_measurement_settings", "PLAN_VERSION"]
 
@@ -153,7 +154,4 @@ def save_plan(plan: TestPlan, path: str | Path) -> Path:
     plan.validate(str(path))
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(p.suffix + ".tmp")
-    tmp.write_text(json.dumps(plan.to_dict(), indent=1) + "\n")
-    tmp.replace(p)
-    return p
+    return write_atomically(p, json.dumps(plan.to_dict(), indent=1) + "\n")

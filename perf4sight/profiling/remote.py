@@ -73,8 +73,8 @@ def remote_dir_name(device: str) -> str:
 def code_files() -> list[tuple[Path, str]]:
     """(local file, path relative to code/) of every module the runner needs on a device."""
     root = Path(perf4sight.__file__).resolve().parent
-    wanted = [root / "__init__.py", root / "errors.py", root / "ir" / "__init__.py", root / "ir" / "schema.py",
-              root / "ir" / "shapes.py", root / "ir" / "to_torch.py"]
+    wanted = [root / "__init__.py", root / "errors.py", root / "files.py", root / "ir" / "__init__.py",
+              root / "ir" / "schema.py", root / "ir" / "shapes.py", root / "ir" / "to_torch.py"]
     wanted += sorted(p for p in (root / "profiling").rglob("*.py") if p.name not in _HOST_ONLY)
     return [(p, str(PurePosixPath("perf4sight") / p.relative_to(root).as_posix())) for p in wanted if p.is_file()]
 

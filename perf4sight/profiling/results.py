@@ -4,7 +4,7 @@ One row per (device, network variant, batch size, input shape, phase, descriptio
 that changes under the same name is a new network, measured again; its earlier rows stay on
 disk, marked by their ``description_sha``, and the host passes over them. Rows are appended
 and flushed one at a time, so a crash loses at most the measurement in flight. Uses only
-the standard library (and ``perf4sight.errors``): this module runs on the devices too.
+the standard library (and ``perf4sight.errors``, ``perf4sight.files``): this module runs on the devices too.
 
 Units: times in milliseconds, memory in MiB (2**20 bytes), power in watts.
 """
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from perf4sight.errors import UserError
+from perf4sight.files import atomic_path
 
 __all__ = ["COLUMNS", "STATUSES", "append_row", "upgrade_file", "read_rows", "measured_keys", "row_key", "results_path",
            "file_sha", "split_stale", "number"]
@@ -146,8 +147,7 @@ def upgrade_file(path: str | Path) -> bool:
         raise UserError(f"{p}: columns {unknown} are not part of this version's measurement schema; move the file away")
     with p.open(newline="") as fh:
         rows = list(csv.DictReader(fh))
-    tmp = p.with_name(p.name + ".upgrade")
-    with tmp.open("w", newline="") as fh:
+    with atomic_path(p, suffix=".upgrade") as tmp, tmp.open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=COLUMNS)
         writer.writeheader()
         for r in rows:
@@ -156,7 +156,6 @@ def upgrade_file(path: str | Path) -> bool:
             writer.writerow({k: r.get(k) or "" for k in COLUMNS})
         fh.flush()
         os.fsync(fh.fileno())
-    tmp.replace(p)
     return True
 
 
