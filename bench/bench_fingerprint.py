@@ -44,7 +44,7 @@ from perf4sight.fingerprint.evaluate import metrics  # noqa: E402
 from perf4sight.fingerprint.fit import LATENCY_COLUMN, memory_column  # noqa: E402
 from perf4sight.importers import import_perf4sight  # noqa: E402
 from perf4sight.ir.schema import load_description  # noqa: E402
-from perf4sight.profiling.results import read_rows, results_path  # noqa: E402
+from perf4sight.profiling.results import batch_size_of, read_rows, results_path  # noqa: E402
 
 TX2 = ROOT.parent / "shared" / "data" / "tx2-perf4sight"
 #: The project's own cpu measurements (profile stage, default config), evaluated too when present.
@@ -93,7 +93,7 @@ def _conv_baseline(rows: list[dict], descs: dict, col: str, fams: list[str], tre
     from sklearn.ensemble import ExtraTreesRegressor
     vec = {n: perf4sight_vectors(descs[n]) for n in {r["network"] for r in rows}}
     rs = [r for r in rows if r["status"] == "ok" and _num(r.get(col))]
-    X = perf4sight_matrix([vec[r["network"]] for r in rs], [int(float(r["batch_size"])) for r in rs])
+    X = perf4sight_matrix([vec[r["network"]] for r in rs], [batch_size_of(r) for r in rs])
     y = np.array([_num(r[col]) for r in rs])
     g = np.array([r["family"] for r in rs])
     out = {}
@@ -114,8 +114,8 @@ def _oom_checks(fp: Any, test_rows: list[dict], descs: dict) -> tuple[int, int, 
         if r["status"] in ("ok", "oom"):
             by_net.setdefault(r["network"], []).append(r)
     for net, rs in by_net.items():
-        ok = [int(float(r["batch_size"])) for r in rs if r["status"] == "ok"]
-        bad = [int(float(r["batch_size"])) for r in rs if r["status"] == "oom"]
+        ok = [batch_size_of(r) for r in rs if r["status"] == "ok"]
+        bad = [batch_size_of(r) for r in rs if r["status"] == "oom"]
         preds = fp.predict(descs[net], sorted(ok + bad))
         for p in preds:
             fit_asked += 1
@@ -152,12 +152,12 @@ def evaluate(device: str, rows: list[dict], descs: dict, trees: int = 200, basel
             fp = load_fingerprint(Path(tmp) / fam)
             nets = sorted({r["network"] for r in test})
             pred = {(p["network"], p["batch_size"]): p for n in nets
-                    for p in fp.predict(descs[n], sorted({int(float(r["batch_size"])) for r in test if r["network"] == n}))}
+                    for p in fp.predict(descs[n], sorted({batch_size_of(r) for r in test if r["network"] == n}))}
             for t, col in cols.items():
                 key = "latency_ms" if t == "latency" else "memory_mb"
                 rs = [r for r in test if r["status"] == "ok" and _num(r.get(col))]
                 y = np.array([_num(r[col]) for r in rs])
-                ps = [pred[(r["network"], int(float(r["batch_size"])))] for r in rs]
+                ps = [pred[(r["network"], batch_size_of(r))] for r in rs]
                 res["ours"][t][fam] = metrics(y, np.array([p[key] for p in ps]))
                 res["ours"][t][fam].update(_bias_removed(y, np.array([p[key] for p in ps]),
                                                          np.array([r["network"] for r in rs])))
@@ -322,7 +322,7 @@ def measured_reserved(rows: list[dict]):
     so the fingerprint's memory error shows what a perfect reserved-memory model would leave."""
     import perf4sight.features.alloc_trace as alloc_trace
 
-    measured = {(r["network"], int(float(r["batch_size"]))): _num(r.get("torch_reserved_peak_mb")) for r in rows}
+    measured = {(r["network"], batch_size_of(r)): _num(r.get("torch_reserved_peak_mb")) for r in rows}
     replay = alloc_trace.simulate
 
     class Measured:

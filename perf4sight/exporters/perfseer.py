@@ -40,6 +40,7 @@ from perf4sight.features.formulas import BYTES_PER_ELEMENT, numel
 from perf4sight.features.walk import walk
 from perf4sight.importers.perfseer import LABEL_FIELDS, OP_TO_ONNX, PERF4SIGHT_SOURCE
 from perf4sight.ir.schema import NetworkDescription
+from perf4sight.profiling.results import batch_size_of
 
 __all__ = ["export_perfseer", "description_to_graph", "exportable_rows", "check_exportable"]
 
@@ -149,7 +150,7 @@ def export_perfseer(rows: Iterable[dict[str, Any]], descriptions: dict[str, Netw
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for r, desc in pairs:
-        b = int(float(r["batch_size"]))
+        b = batch_size_of(r)
         stem = re.sub(r"[^\w.-]+", "_", desc.name) + f"_bs{b}"
         graph = description_to_graph(desc, b)
         graph.graph["perf4sight_row"] = _row_record(r)

@@ -30,7 +30,7 @@ from perf4sight.fingerprint.select import (PREFERRED, describe_choice, group_con
 from perf4sight.fingerprint.storage import save_models
 from perf4sight.fingerprint.trees import MODELS, TREE_FEATURES, TargetModel
 from perf4sight.ir.schema import NetworkDescription
-from perf4sight.profiling.results import number
+from perf4sight.profiling.results import batch_size_of, number
 
 __all__ = ["fit_fingerprint", "memory_column", "device_kind", "memory_capacity", "records", "common_input_shape",
            "LATENCY_COLUMN", "FEATURE_SET"]
@@ -138,7 +138,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
     def matrix(rs: list[dict[str, Any]]) -> np.ndarray:
         if not rs:
             return np.zeros((0, len(FEATURE_NAMES)))
-        return feature_matrix([feats[str(r["network"])] for r in rs], [int(float(r["batch_size"])) for r in rs])
+        return feature_matrix([feats[str(r["network"])] for r in rs], [batch_size_of(r) for r in rs])
 
     models: dict[str, TargetModel] = {}
     accuracy: dict[str, Any] = {}
@@ -165,7 +165,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
                             "interval_coverage_held_out": held_out_coverage(log_ratio, groups, coverage),
                             "note": "" if grouping == "family" else "only one network family: folds hold out one network variant"}
         counts[target] = len(rs)
-        held_out[target] = ([str(r["network"]) for r in rs], [int(float(r["batch_size"])) for r in rs], y,
+        held_out[target] = ([str(r["network"]) for r in rs], [batch_size_of(r) for r in rs], y,
                             cv.predictions)
     oom_rows = [r for r in usable if r.get("status") == "oom"]
     ok_rows = [r for r in usable if r.get("status") == "ok"]

@@ -55,6 +55,7 @@ from perf4sight.fingerprint.gnn_samples import TARGETS, Samples
 from perf4sight.fingerprint.gnn_train import Normaliser, TrainSettings, predict_latency_memory, train_on_samples
 from perf4sight.fingerprint.storage import load_held_out
 from perf4sight.ir.schema import NetworkDescription
+from perf4sight.profiling.results import batch_size_of
 
 __all__ = ["fit_gnn", "load_gnn", "load_predictor", "GNNPredictor", "EnsemblePredictor", "gnn_accuracy_lines",
            "GNN_JSON", "GNN_WEIGHTS", "PREDICTORS"]
@@ -96,7 +97,7 @@ def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
     oom_t = [s.templates[str(r["network"])] for r in s.oom]
     capacity, cap_src = memory_capacity(memory_limit_mb, len(s.oom), lambda: (
         predict_latency_memory(model, norm, basem, s.tmpl(np.arange(len(s.nets))), s.bs)[:, 1],
-        predict_latency_memory(model, norm, basem, oom_t, [int(float(r["batch_size"])) for r in s.oom])[:, 1]))
+        predict_latency_memory(model, norm, basem, oom_t, [batch_size_of(r) for r in s.oom])[:, 1]))
     meta: dict[str, Any] = {
         "format": FORMAT, "device": device,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

@@ -19,7 +19,7 @@ from perf4sight.fingerprint.evaluate import choose_groups
 from perf4sight.fingerprint.fit import LATENCY_COLUMN, memory_column, records
 from perf4sight.fingerprint.gnn_graph import GraphTemplate, graph_template
 from perf4sight.ir.schema import NetworkDescription
-from perf4sight.profiling.results import number
+from perf4sight.profiling.results import batch_size_of, number
 
 __all__ = ["Samples", "TARGETS"]
 
@@ -53,7 +53,7 @@ class Samples:
                 raise UserError(f"gnn: fewer than 3 ok rows with a {t} figure for device '{device}'")
         self.templates = {n: graph_template(descriptions[n]) for n in sorted({str(r["network"]) for r in recs})}
         self.nets = np.array([str(r["network"]) for r in self.ok])
-        self.bs = np.array([int(float(r["batch_size"])) for r in self.ok])
+        self.bs = np.array([batch_size_of(r) for r in self.ok])
         fams = np.array([str(r.get("family") or r["network"]) for r in self.ok])
         self.groups, self.grouping = choose_groups(fams, self.nets)
         self.F = feature_matrix([self.templates[n].features for n in self.nets], self.bs)

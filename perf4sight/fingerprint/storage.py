@@ -21,6 +21,7 @@ import numpy as np
 
 from perf4sight.errors import UserError
 from perf4sight.fingerprint.trees import TargetModel, TreeEnsemble
+from perf4sight.profiling.results import batch_size_of
 
 __all__ = ["save_models", "load_models", "load_held_out", "stored_predictions", "damaged", "HeldOut",
            "METADATA_FILE", "MODELS_FILE", "HELD_OUT_FILE"]
@@ -127,7 +128,7 @@ def stored_predictions(table: dict[tuple[str, int, float], float], rows: list[di
     """The stored out-of-fold predictions of ``rows`` (in their order; ``table`` is one target's part of
     :func:`load_held_out`, ``column`` the measured figure), or None unless the fit was on exactly these
     rows: rows measured, changed or left out since the fit change its folds."""
-    keys = [(str(r["network"]), int(float(r["batch_size"])), float(r[column])) for r in rows]
+    keys = [(str(r["network"]), batch_size_of(r), float(r[column])) for r in rows]
     if not table or set(keys) != set(table):
         return None
     return np.array([table[k] for k in keys])

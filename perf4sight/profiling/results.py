@@ -21,7 +21,7 @@ from perf4sight.errors import UserError
 from perf4sight.files import atomic_path
 
 __all__ = ["COLUMNS", "STATUSES", "append_row", "upgrade_file", "read_rows", "measured_keys", "row_key", "results_path",
-           "file_sha", "split_stale", "number"]
+           "file_sha", "split_stale", "number", "batch_size_of"]
 
 #: Column order of every measurement CSV. Empty string = not measured / not applicable.
 COLUMNS: list[str] = [
@@ -75,6 +75,11 @@ def number(value: Any, finite: bool = True) -> float | None:
     return None if math.isnan(x) or (finite and math.isinf(x)) else x
 
 
+def batch_size_of(row: dict[str, Any]) -> int:
+    """A measurement row's batch size (images per step) as an int; the cell may read ``8`` or ``8.0``."""
+    return int(float(row["batch_size"]))
+
+
 def results_path(profiling_dir: str | Path, device: str) -> Path:
     """Where a device's measurements live: ``<profiling_dir>/<device>/measurements.csv``."""
     return Path(profiling_dir) / device / "measurements.csv"
@@ -83,7 +88,7 @@ def results_path(profiling_dir: str | Path, device: str) -> Path:
 def row_key(row: dict[str, Any], with_sha: bool = True) -> tuple[str, ...]:
     """Identity of a measurement: (device, network, batch size, input shape, phase, description sha);
     without the sha for imports (they bring their descriptions with them and measure nothing again)."""
-    key = (str(row["device"]), str(row["network"]), str(int(float(row["batch_size"]))),
+    key = (str(row["device"]), str(row["network"]), str(batch_size_of(row)),
            str(row["input_shape"]), str(row.get("phase") or "train"))
     return key + (str(row.get("description_sha") or ""),) if with_sha else key
 

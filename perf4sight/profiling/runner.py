@@ -287,7 +287,7 @@ class _OnDisk:
         for r in rows:
             if r["status"] == "oom":
                 k = (r["network"], r["input_shape"], r["description_sha"])
-                oom_at[k] = min(oom_at.get(k, 10**9), int(float(r["batch_size"])))
+                oom_at[k] = min(oom_at.get(k, 10**9), results.batch_size_of(r))
         return cls(rows, results.measured_keys(rows), oom_at)
 
     def changed_warning(self, net: _Network, n_batch_sizes: int, csv_name: str) -> str | None:

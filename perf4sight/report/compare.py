@@ -20,6 +20,7 @@ from perf4sight.dataset import current_rows, descriptions_and_shas, resolve_netw
 from perf4sight.errors import UserError
 from perf4sight.fingerprint.evaluate import metrics
 from perf4sight.ir.schema import NetworkDescription
+from perf4sight.profiling.results import batch_size_of
 from perf4sight.report import plots
 from perf4sight.report.data import (Curve, DeviceData, batch_grid, feature_sensitivity, measured_vs_predicted,
                                     prediction_curve, summarise_measurements)
@@ -80,7 +81,7 @@ def _curves(cfg: Config, devs: list[DeviceData], all_descs: dict[str, dict[str, 
         if tuple(shape) not in by_shape:
             by_shape[tuple(shape)] = resolve_networks(cfg, entries, shape)
             names = names or [desc.name for desc in by_shape[tuple(shape)]]  # labels: zoo name or description name
-        measured_max = max((int(float(r["batch_size"])) for r in d.rows if r["status"] == "ok"), default=8)
+        measured_max = max((batch_size_of(r) for r in d.rows if r["status"] == "ok"), default=8)
         for name, desc in zip(names, by_shape[tuple(shape)]):  # same entry order at every shape
             try:
                 mb = d.fingerprint.max_batch_size(desc)

@@ -20,7 +20,7 @@ from perf4sight.fingerprint.predict import Fingerprint
 from perf4sight.fingerprint.storage import stored_predictions
 from perf4sight.fingerprint.trees import TargetModel
 from perf4sight.ir.schema import NetworkDescription
-from perf4sight.profiling.results import number
+from perf4sight.profiling.results import batch_size_of, number
 
 __all__ = ["DeviceData", "FamilySummary", "Curve", "summarise_measurements", "measured_vs_predicted",
            "feature_sensitivity", "prediction_curve", "matching_measurements", "batch_grid"]
@@ -82,7 +82,7 @@ def summarise_measurements(rows: list[dict[str, str]]) -> list[FamilySummary]:
         largest: dict[str, int] = {}
         first_oom: dict[str, int] = {}
         for r in rs:
-            b, net = int(float(r["batch_size"])), r["network"]
+            b, net = batch_size_of(r), r["network"]
             if r["status"] == "ok":
                 largest[net] = max(largest.get(net, 0), b)
             elif r["status"] == "oom":
@@ -93,7 +93,7 @@ def summarise_measurements(rows: list[dict[str, str]]) -> list[FamilySummary]:
         lo = list(largest.values()) or [0]
         out.append(FamilySummary(
             family=fam, variants=len({r["network"] for r in rs}),
-            batch_sizes=sorted({int(float(r["batch_size"])) for r in rs}),
+            batch_sizes=sorted({batch_size_of(r) for r in rs}),
             ok=counts["ok"], oom=counts["oom"], other=counts["skipped_after_oom"] + counts["error"],
             largest_ok=(min(lo), max(lo)),
             first_oom=(min(first_oom.values()), max(first_oom.values())) if first_oom else None))
@@ -144,7 +144,7 @@ def measured_vs_predicted(fp: Fingerprint, rows: list[dict[str, str]], descs: di
                 feats[r["network"]] = network_features(descs[r["network"]])
         from perf4sight.features.alloc_trace import ensure_simulation  # memory model may replay the allocator
         ensure_simulation([feats[n] for n in {r["network"] for r in rs}], fp.models[target].terms)
-        F = feature_matrix([feats[r["network"]] for r in rs], [int(float(r["batch_size"])) for r in rs])
+        F = feature_matrix([feats[r["network"]] for r in rs], [batch_size_of(r) for r in rs])
         y = np.array([float(r[col]) for r in rs])
         groups, grouping = choose_groups(np.array([r.get("family") or r["network"] for r in rs]),
                                          np.array([r["network"] for r in rs]))
@@ -187,7 +187,7 @@ def feature_sensitivity(fp: Fingerprint, rows: list[dict[str, str]], descs: dict
     feats = {n: network_features(descs[n]) for n in {r["network"] for r in rs}}
     from perf4sight.features.alloc_trace import ensure_simulation  # memory model may replay the allocator
     ensure_simulation(list(feats.values()), fp.models["memory"].terms if "memory" in fp.models else ())
-    F = feature_matrix([feats[r["network"]] for r in rs], [int(float(r["batch_size"])) for r in rs])
+    F = feature_matrix([feats[r["network"]] for r in rs], [batch_size_of(r) for r in rs])
     out: dict[str, dict[str, float]] = {}
     for target, model in fp.models.items():
         base = np.maximum(model.predict(F), 1e-12)
@@ -247,7 +247,7 @@ def prediction_curve(fp: Fingerprint, device: str, desc: NetworkDescription, tar
                   np.array([p[f"{key}_high"] for p in preds]))
     col = LATENCY_COLUMN if target == "latency" else fp.metadata.get("memory_target", "peak_rss_mb")
     net, matched = matching_measurements(desc, rows, descs)
-    pts = sorted((int(float(r["batch_size"])), float(r[col])) for r in matched if (number(r.get(col)) or 0) > 0)
+    pts = sorted((batch_size_of(r), float(r[col])) for r in matched if (number(r.get(col)) or 0) > 0)
     if pts:
         curve.measured_bs = np.array([p[0] for p in pts])
         curve.measured = np.array([p[1] for p in pts])
