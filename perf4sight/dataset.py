@@ -5,6 +5,7 @@ Shared by the stages and the Python API."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 from perf4sight.config import Config
 from perf4sight.errors import UserError
@@ -12,8 +13,8 @@ from perf4sight.ir.schema import NetworkDescription, load_description
 from perf4sight.profiling.results import file_sha, read_rows, results_path, split_stale
 
 __all__ = ["is_description_file", "dataset_descriptions", "dataset_descriptions_or_empty", "description_index",
-           "description_shas", "descriptions_and_shas", "current_rows", "stale_note", "measured_devices",
-           "fingerprinted_devices", "resolve_networks", "ZOO_CACHE"]
+           "description_shas", "descriptions_and_shas", "current_rows", "stale_note", "DeviceDataset", "device_dataset",
+           "measured_devices", "fingerprinted_devices", "resolve_networks", "ZOO_CACHE"]
 
 
 def dataset_descriptions(cfg: Config) -> list[Path]:
@@ -74,6 +75,22 @@ def stale_note(device: str, stale: list[dict[str, str]], current: list[dict[str,
     named = ", ".join(nets[:3]) + (", ..." if len(nets) > 3 else "")
     return (f"{device}: {len(stale)} rows of {len(nets)} networks ({named}) "
             f"were measured on an earlier version of their description and are passed over ({action})")
+
+
+class DeviceDataset(NamedTuple):
+    """A device's data as the fingerprint, export and compare stages read it (see :func:`device_dataset`)."""
+    descriptions: dict[str, NetworkDescription]  # every known description by name
+    shas: dict[str, str]                          # network name -> ``description_sha`` of its file now
+    rows: list[dict[str, str]]                    # rows measured on the descriptions as they are now
+    note: str                                     # ``stale_note`` on the rows passed over ('' if none)
+
+
+def device_dataset(cfg: Config, device: str) -> DeviceDataset:
+    """``device``'s descriptions and their shas (``descriptions_and_shas``: each file parsed once), its current
+    rows (``current_rows``) and the note on its stale ones (``stale_note``), which the caller prints or not."""
+    descriptions, shas = descriptions_and_shas(cfg, device)
+    rows, stale = current_rows(cfg, device, shas)
+    return DeviceDataset(descriptions, shas, rows, stale_note(device, stale, rows))
 
 
 def dataset_descriptions_or_empty(cfg: Config) -> list[Path]:

@@ -16,9 +16,8 @@ from rich.console import Console
 from rich.table import Table
 
 from perf4sight.config import Config
-from perf4sight.dataset import (ZOO_CACHE, current_rows, dataset_descriptions, descriptions_and_shas,
-                                fingerprinted_devices, is_description_file, measured_devices, resolve_networks,
-                                stale_note)
+from perf4sight.dataset import (ZOO_CACHE, dataset_descriptions, device_dataset, fingerprinted_devices,
+                                is_description_file, measured_devices, resolve_networks)
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import results_path
@@ -119,9 +118,7 @@ def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
         raise UserError(f"no measurements under {cfg.profiling_dir}: run --stage profile first")
     predictor = _predictor(cfg, args)
     for device in devices:
-        descriptions, shas = descriptions_and_shas(cfg, device)  # each description parsed once per device
-        rows, stale = current_rows(cfg, device, shas)
-        note = stale_note(device, stale, rows)
+        descriptions, shas, rows, note = device_dataset(cfg, device)  # each description parsed once per device
         if note:
             notes.print(note, markup=False)
         if predictor in ("trees", "ensemble"):
@@ -352,10 +349,9 @@ def run_export(cfg: Config, args: argparse.Namespace) -> int:
         raise UserError(f"no measurements under {cfg.profiling_dir}: run --stage profile or --stage import first")
     todo = {}
     for device in devices:  # every device checked before the first file is written
-        descriptions, shas = descriptions_and_shas(cfg, device)
-        rows, stale = current_rows(cfg, device, shas)
-        if stale:
-            notes.print(stale_note(device, stale, rows), markup=False)
+        descriptions, _, rows, note = device_dataset(cfg, device)
+        if note:
+            notes.print(note, markup=False)
         todo[device] = (rows, descriptions)
         check_exportable(exportable_rows(*todo[device])[0])
     for device, (rows, descriptions) in todo.items():

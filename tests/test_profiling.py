@@ -119,7 +119,7 @@ def test_changed_description_is_measured_again_and_its_old_rows_are_passed_over(
     rows on disk, and the host's stages (fingerprint, compare, export) see only the current ones."""
     from perf4sight.fingerprint.api import device_measurements
     from perf4sight.networks.build import write_manifest
-    from perf4sight.dataset import current_rows, stale_note
+    from perf4sight.dataset import current_rows, device_dataset, stale_note
 
     cfg = load_config(write_config(tmp_path, batch_sizes=(1,)))
     net = write_net(cfg.models_dir, "tiny", width=16)
@@ -143,6 +143,9 @@ def test_changed_description_is_measured_again_and_its_old_rows_are_passed_over(
     assert "1 rows of 1 networks (tiny)" in stale_note("local", stale)
     assert "(all measured again since)" in stale_note("local", stale, fresh)
     assert "(1 of them not measured again yet: profile them again)" in stale_note("local", stale, [])
+    data = device_dataset(cfg, "local")  # what the fingerprint, export and compare stages read
+    assert (data.rows, data.note) == ([rows[1]], stale_note("local", stale, fresh))
+    assert list(data.descriptions) == ["tiny"] and data.shas == {"tiny": rows[1]["description_sha"]}
     assert (profile_local(cfg, "local", [net], progress=False).already_measured) == 1  # and now it resumes
 
     write_net(cfg.models_dir, "tiny", width=4)  # changed again, not yet measured: nothing current is left

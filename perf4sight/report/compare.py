@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table as RichTable
 
 from perf4sight.config import Config
-from perf4sight.dataset import current_rows, descriptions_and_shas, resolve_networks
+from perf4sight.dataset import device_dataset, resolve_networks
 from perf4sight.errors import UserError
 from perf4sight.fingerprint.evaluate import metrics
 from perf4sight.ir.schema import NetworkDescription
@@ -38,8 +38,7 @@ def gather_device(cfg: Config, device: str) -> tuple[DeviceData, dict[str, Netwo
     from perf4sight.fingerprint.api import load_device_fingerprint
 
     fp = load_device_fingerprint(cfg, device)
-    descs, shas = descriptions_and_shas(cfg, device)
-    rows, _ = current_rows(cfg, device, shas)
+    descs, _, rows, _ = device_dataset(cfg, device)  # compare passes stale rows over without a note
     data = DeviceData(name=device, fingerprint=fp, rows=rows, families=summarise_measurements(rows),
                       scatter=measured_vs_predicted(fp, rows, descs),
                       sensitivity=feature_sensitivity(fp, rows, descs, seed=cfg.project.seed))
