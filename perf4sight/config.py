@@ -244,7 +244,8 @@ def _check_devices(cfg: Config, f: Path | None) -> None:
             raise UserError(f"{f}: [devices.{name}] port must lie in 1..65535, got {dev.port}")
     for d in cfg.profile.devices:
         if d not in cfg.devices:
-            raise UserError(f"{f}: [profile] devices names unknown device '{d}' (devices: {', '.join(cfg.devices) or 'none'})")
+            raise UserError(f"{f}: [profile] devices names unknown device '{d}' "
+                            f"(devices: {', '.join(cfg.devices) or 'none'})")
     # [compare] devices may also name an imported device (no [devices] table): the compare stage checks
     # that each has a fingerprint
 

@@ -295,7 +295,8 @@ def _capacity_note(fp: object, preds: list[dict]) -> None:
     if cap is None and preds:
         notes.print("note: this device's memory capacity is unknown (no out-of-memory rows and no memory_limit_mb): "
                     "'fits' is yes for every query", markup=False)
-    elif getattr(fp, "capacity_basis", "") == "analytic" and any(not p["fits"] and p["memory_mb"] <= cap for p in preds):
+    elif (getattr(fp, "capacity_basis", "") == "analytic"
+          and any(not p["fits"] and p["memory_mb"] <= cap for p in preds)):
         notes.print(f"note: 'fits' compares the capacity learnt from this device's out-of-memory rows ({cap:.0f} MiB) "
                     "with the memory model's analytic demand, which keeps growing where measured memory levels off "
                     "near the limit: a row can show memory under the capacity and not fit", markup=False)
@@ -325,13 +326,14 @@ def run_import(cfg: Config, args: argparse.Namespace) -> int:
     device = args.device[0]
     if device in cfg.devices:
         raise UserError(f"import: '{device}' is a device of {cfg.path} ([devices.{device}], backend "
-                        f"{cfg.devices[device].backend}): its CSV holds this tool's own measurements; import under another name")
+                        f"{cfg.devices[device].backend}): its CSV holds this tool's own measurements; "
+                        "import under another name")
     csv_path = results_path(cfg.profiling_dir, device)
     summary = IMPORTERS[args.format](args.source, device, cfg.profiling_dir, cfg.models_dir)
     counts = {k: v for k, v in summary.as_dict().items() if isinstance(v, int)}
-    console.print(f"{device}: {len(summary.networks)} networks read from {args.source}, {summary.rows_written} new rows "
-                  f"in {csv_path} (" + ", ".join(f"{k} {v}" for k, v in counts.items() if k != "rows_written") + ")",
-                  markup=False)
+    console.print(f"{device}: {len(summary.networks)} networks read from {args.source}, "
+                  f"{summary.rows_written} new rows in {csv_path} ("
+                  + ", ".join(f"{k} {v}" for k, v in counts.items() if k != "rows_written") + ")", markup=False)
     return 0
 
 

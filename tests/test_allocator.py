@@ -182,7 +182,8 @@ def _edge_cases():
             super().__init__()
             self.pool = nn.MaxPool2d(2)
             self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(inplace=True), nn.Dropout(0.3))
-            self.branches = nn.ModuleList([nn.Conv2d(8, 4, 1), nn.Sequential(nn.Conv2d(8, 4, 3, padding=1), nn.BatchNorm2d(4)),
+            self.branches = nn.ModuleList([nn.Conv2d(8, 4, 1),
+                                           nn.Sequential(nn.Conv2d(8, 4, 3, padding=1), nn.BatchNorm2d(4)),
                                            nn.AvgPool2d(3, 1, 1)])
             self.fuse = nn.Sequential(nn.Conv2d(16, 8, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU6(inplace=True))
             self.head = nn.Sequential(nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(32, 16, bias=False), nn.ReLU(),
@@ -216,7 +217,8 @@ def test_allocation_model_on_generated_networks():
     descs = generate(GeneratorSettings(count=10, seed=11), [3, 32, 32], 10)
     assert len(descs) == 10 and len(STYLES) >= 5
     for desc in descs:
-        assert _as_replayed(record_events(desc, 2, method="model")) == _as_replayed(record_events(desc, 2, method="trace")), desc.name
+        modelled = _as_replayed(record_events(desc, 2, method="model"))
+        assert modelled == _as_replayed(record_events(desc, 2, method="trace")), desc.name
 
 
 def _mlp(tokens: bool):

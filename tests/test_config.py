@@ -50,19 +50,26 @@ def test_good_config_is_typed(tmp_path):
     (GOOD.replace("batch_sizes", "batch_size"), r"\[profile\] unknown key 'batch_size'"),
     (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = 4"), r"\[profile\] 'batch_sizes' must be a list of integers"),
     (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [4, 2]"), r"ascending"),
-    (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\nmin_timed_s = -0.5"), r"\[profile\] min_timed_s must lie in"),
-    (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\nmax_swap_in_mb = -1"), r"\[profile\] max_swap_in_mb must be >= 0"),
+    (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\nmin_timed_s = -0.5"),
+     r"\[profile\] min_timed_s must lie in"),
+    (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\nmax_swap_in_mb = -1"),
+     r"\[profile\] max_swap_in_mb must be >= 0"),
     (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\nrepeats = 0"), r"\[profile\] repeats must be >= 1"),
     (GOOD.replace('backend = "cpu"', 'backend = "tpu"'), r"\[devices.local\] backend 'tpu'"),
-    (GOOD.replace("memory_limit_mb = 512", 'memory_limit_mb = "lots"'), r"\[devices.local\] 'memory_limit_mb' must be an integer"),
+    (GOOD.replace("memory_limit_mb = 512", 'memory_limit_mb = "lots"'),
+     r"\[devices.local\] 'memory_limit_mb' must be an integer"),
     (GOOD.replace("levels = [0, 50]", "levels = [0, 120]"), r"levels must lie in 0..99"),
     (GOOD.replace("levels = [0, 50]", "level = [0]"), r"\[networks.pruning\] unknown key 'level'"),
-    (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\ndevices = ['tx2']"), r"\[profile\] devices names unknown device 'tx2'"),
-    (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\ntimeout_s = -1"), r"\[profile\] timeout_s must be > 0"),
+    (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\ndevices = ['tx2']"),
+     r"\[profile\] devices names unknown device 'tx2'"),
+    (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\ntimeout_s = -1"),
+     r"\[profile\] timeout_s must be > 0"),
     (GOOD + "\n[fingerprint]\nmodel = 'xgboost'\n", r"\[fingerprint\] model 'xgboost' is not one of"),
     (GOOD + "\n[fingerprint]\nn_estimators = 0\n", r"\[fingerprint\] n_estimators and min_samples_leaf must be >= 1"),
-    (GOOD.replace("levels = [0, 50]", "levels = [0, 50]\nstrategy = 'l2-norm'"), r"\[networks.pruning\] strategy 'l2-norm'"),
-    (GOOD.replace('zoo = ["resnet18"]', 'zoo = ["resnett50"]'), r"\[networks\] zoo: 'resnett50' is neither a zoo network"),
+    (GOOD.replace("levels = [0, 50]", "levels = [0, 50]\nstrategy = 'l2-norm'"),
+     r"\[networks.pruning\] strategy 'l2-norm'"),
+    (GOOD.replace('zoo = ["resnet18"]', 'zoo = ["resnett50"]'),
+     r"\[networks\] zoo: 'resnett50' is neither a zoo network"),
     (GOOD + "\n[compare]\nnetworks = ['mobilnet_v2']\n", r"\[compare\] networks: 'mobilnet_v2'"),
     (GOOD + "\n[predict]\nbatch_sizes = [0]\n", r"\[predict\] batch_sizes must be positive"),
     (GOOD.replace('zoo = ["resnet18"]', 'description_files = ["nope.json"]'), r"file not found: nope.json"),
@@ -70,16 +77,19 @@ def test_good_config_is_typed(tmp_path):
     (GOOD + "\n[fingerprint]\npredictor = 'forest'\n", r"\[fingerprint\] predictor 'forest' is not one of trees, gnn"),
     (GOOD + "\n[fingerprint]\ngnn_arch = 'gat'\n", r"\[fingerprint\] gnn_arch 'gat'"),
     # values a stage would otherwise fail on deep inside torch, numpy or scikit-learn, or write error rows for
-    (GOOD.replace("input_shape = [3, 32, 32]", "input_shape = [3, 32, 32]\nnum_classes = -1"), r"num_classes must be >= 1"),
+    (GOOD.replace("input_shape = [3, 32, 32]", "input_shape = [3, 32, 32]\nnum_classes = -1"),
+     r"num_classes must be >= 1"),
     (GOOD + "\n[fingerprint]\nseed = -1\n", r"\[fingerprint\] seed must be >= 0, got -1"),
     (GOOD + "\n[networks.generator]\nseed = -1\n", r"\[networks.generator\] seed must be >= 0"),
     (GOOD + "\n[networks.generator]\ncount = -1\n", r"\[networks.generator\] count must be >= 0"),
     (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\nlearning_rate = -0.5"), r"learning_rate must be > 0"),
     (GOOD.replace("memory_limit_mb = 512", "threads = -2"), r"\[devices.local\] threads must be >= 0, got -2"),
     (GOOD.replace("levels = [0, 50]", "levels = [30, 30.0]"), r"levels name a level twice"),
-    (GOOD.replace("levels = [0, 50]", "levels = [0, 50]\nmin_channels = 0"), r"\[networks.pruning\] min_channels must be >= 1"),
+    (GOOD.replace("levels = [0, 50]", "levels = [0, 50]\nmin_channels = 0"),
+     r"\[networks.pruning\] min_channels must be >= 1"),
     # [networks.generator]: refused here, not by the generator after the pruning (without the file), or not at all
-    (GOOD + "\n[networks.generator]\nstyles = ['vgg', 'transformer']\n", r"\[networks.generator\] styles: unknown \['transformer'\]"),
+    (GOOD + "\n[networks.generator]\nstyles = ['vgg', 'transformer']\n",
+     r"\[networks.generator\] styles: unknown \['transformer'\]"),
     (GOOD + "\n[networks.generator]\nstyles = []\n", r"\[networks.generator\] styles is empty"),
     (GOOD + "\n[networks.generator]\nmin_mflops = 100.0\nmax_mflops = 10.0\n",
      r"\[networks.generator\] min_mflops \(100\) exceeds max_mflops \(10\)"),
@@ -110,7 +120,8 @@ def test_cli_prints_one_line_and_exits_2(tmp_path):
     path = write(tmp_path, GOOD.replace("batch_sizes", "batch_size"))
     for argv in (["--config", str(path), "--stage", "networks"],
                  ["--config", str(tmp_path / "missing.toml"), "--stage", "profile"]):
-        proc = subprocess.run([sys.executable, str(ROOT / "main.py"), *argv], capture_output=True, text=True, cwd=tmp_path)
+        proc = subprocess.run([sys.executable, str(ROOT / "main.py"), *argv], capture_output=True, text=True,
+                              cwd=tmp_path)
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
 
@@ -119,7 +130,8 @@ def test_cli_prints_one_line_and_exits_2(tmp_path):
     (["--stage", "predcit"], "error: argument --stage: invalid choice: 'predcit'"),
     (["--stage", "predict", "--batch-size", "x"], "error: argument --batch-size: invalid int value: 'x'"),
     (["--network", "resnet18"], "error: the following arguments are required: --stage"),
-    (["--stage", "profile", "--network", "resnet18_l0", "--batch-size", "2"], "--network is for --stage predict or all"),
+    (["--stage", "profile", "--network", "resnet18_l0", "--batch-size", "2"],
+     "--network is for --stage predict or all"),
     (["--stage", "compare", "--batch-size", "8"], "--batch-size is for --stage predict or all"),
     (["--stage", "check", "--predictor", "gnn"], "--predictor is for --stage fingerprint, predict or all"),
     (["--stage", "import", "--output", "ds"], "--output is for --stage export"),
@@ -138,7 +150,8 @@ def test_export_to_a_file_is_one_line(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(path), "--stage", "export",
                            "--format", "perfseer", "--output", str(tmp_path / "afile")],
                           capture_output=True, text=True, cwd=tmp_path)
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "is a file, not a folder" in proc.stderr, proc.stderr
+    assert (proc.returncode == 2 and proc.stderr.count("\n") == 1
+            and "is a file, not a folder" in proc.stderr), proc.stderr
 
 
 def test_no_devices_configured_is_one_line(tmp_path):
@@ -211,6 +224,7 @@ def test_a_device_without_data_is_named_beside_those_with_it(tmp_path):
         (cfg.profiling_dir / dev / "measurements.csv").write_text("device\n")
     with pytest.raises(UserError, match=r"no measurements for device\(s\) tx22 under .*\(found for: local, tx2; run"):
         measured_devices(cfg, ["tx22"])
-    with pytest.raises(UserError, match=r"no trees fingerprint for device\(s\) tx2 under [^(]*\(run --stage fingerprint"):
+    with pytest.raises(UserError,
+                       match=r"no trees fingerprint for device\(s\) tx2 under [^(]*\(run --stage fingerprint"):
         fingerprinted_devices(cfg, ["tx2"])  # none has one: nothing to list
     assert measured_devices(cfg, None) == ["local", "tx2"]

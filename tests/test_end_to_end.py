@@ -59,7 +59,8 @@ def test_all_stages_then_predict_json(tmp_path):
     assert len(list(csv.DictReader((tmp_path / "profiling_csvs" / "local" / "measurements.csv").open()))) == 8
 
     pred = main_py(tmp_path, "--stage", "predict", "--device", "local", "--network", "resnet18",
-                   manifest[0]["path"] and str(tmp_path / "models" / manifest[0]["path"]), "--batch-size", "2", "8", "--json")
+                   manifest[0]["path"] and str(tmp_path / "models" / manifest[0]["path"]),
+                   "--batch-size", "2", "8", "--json")
     assert pred.returncode == 0, pred.stderr
     assert "batch size 8: outside the training rows' 2..4" in pred.stderr  # a note, on stderr beside the JSON
     assert "capacity is unknown" in pred.stderr  # no oom row, no memory_limit_mb: 'fits' says nothing
@@ -78,10 +79,12 @@ def test_all_stages_then_predict_json(tmp_path):
     assert len(list((tmp_path / "models" / "zoo-cache").glob("resnet18-3x32x32-*.json"))) == 1
     desc_only = subprocess.run([sys.executable, "-X", "importtime", str(ROOT / "main.py"), "--config",
                                 str(tmp_path / "config.toml"), "--stage", "predict", "--device", "local", "--network",
-                                str(tmp_path / "models" / manifest[0]["path"]), "resnet18", "--batch-size", "2", "--json"],
+                                str(tmp_path / "models" / manifest[0]["path"]), "resnet18",
+                                "--batch-size", "2", "--json"],
                                capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert desc_only.returncode == 0, desc_only.stderr[-3000:]
-    imported = {line.rsplit("|", 1)[-1].strip() for line in desc_only.stderr.splitlines() if line.startswith("import time:")}
+    imported = {line.rsplit("|", 1)[-1].strip() for line in desc_only.stderr.splitlines()
+                if line.startswith("import time:")}
     assert "perf4sight.fingerprint" in imported and not {"torch", "torchvision", "scipy"} & imported
     assert [json.loads(line) for line in desc_only.stdout.splitlines()] == [lines[2], lines[0]]
 
@@ -153,7 +156,8 @@ def test_all_fits_only_devices_it_measured(tmp_path):
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cfg = CONFIG.replace('zoo = ["squeezenet1_1", "resnet18"]', 'zoo = ["squeezenet1_1"]').replace("levels = [0, 50]", "levels = [0]")
+    cfg = CONFIG.replace('zoo = ["squeezenet1_1", "resnet18"]', 'zoo = ["squeezenet1_1"]')
+    cfg = cfg.replace("levels = [0, 50]", "levels = [0]")
     cfg = cfg.replace('[devices.local]\nbackend = "cpu"',
                       f'[devices.dead]\nbackend = "cpu"\nhost = "127.0.0.1"\nport = {port}\nuser = "nobody"')
     (tmp_path / "config.toml").write_text(cfg)

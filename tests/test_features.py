@@ -86,7 +86,8 @@ def test_features_scale_with_batch_size_and_batched_path_agrees():
     f1, f8 = features_for(nf, 1), features_for(nf, 8)
     assert f8["macs"] == 8 * f1["macs"] and f8["saved_bytes"] == 8 * f1["saved_bytes"]
     assert f8["params"] == f1["params"] and f8["kernels"] == f1["kernels"] > 0
-    expected_mem = (3 * f1["params"] * 4 + 8 * (f1["saved_bytes"] + f1["max_activation_bytes"] + f1["input_bytes"])) / 2**20
+    expected_mem = (3 * f1["params"] * 4
+                    + 8 * (f1["saved_bytes"] + f1["max_activation_bytes"] + f1["input_bytes"])) / 2**20
     assert f8["mem_analytic_mb"] == pytest.approx(expected_mem)
     M = feature_matrix(nf, [1, 8, 32])
     assert M.shape == (3, len(FEATURE_NAMES))

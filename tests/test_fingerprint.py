@@ -108,7 +108,8 @@ def test_max_batch_size_follows_the_oom_data(tx2):
 
 def test_single_family_falls_back_to_network_folds(tx2, tmp_path):
     _, rows, descs, _ = tx2
-    sub = [r for r in rows if r["family"] == "squeezenet" and r["network"] in ("squeezenet_0", "squeezenet_50", "squeezenet_90")]
+    sub = [r for r in rows
+           if r["family"] == "squeezenet" and r["network"] in ("squeezenet_0", "squeezenet_50", "squeezenet_90")]
     meta = fit_fingerprint(sub, descs, "tx2", tmp_path / "fp", replace(FAST, model="gradient-boosting"))
     assert meta["accuracy"]["latency"]["grouping"] == "network"
     assert "one network family" in meta["accuracy"]["latency"]["note"]

@@ -304,8 +304,8 @@ def test_stage_reports_a_factory_whose_forward_fails_at_the_input_shape(tmp_path
     complaint, exit code 2 from the CLI (was a 49-line traceback)."""
     (tmp_path / "gray.py").write_text("from torch import nn\n"
                                       "def net(num_classes=10):\n"
-                                      "    return nn.Sequential(nn.Conv2d(1, 16, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1),"
-                                      " nn.Flatten(), nn.Linear(16, num_classes))\n")
+                                      "    return nn.Sequential(nn.Conv2d(1, 16, 3), nn.ReLU(), "
+                                      "nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, num_classes))\n")
     (tmp_path / "config.toml").write_text('[networks]\nzoo = []\nfactories = ["gray.py:net"]\n'
                                           'input_shape = [3, 32, 32]\n[networks.pruning]\nlevels = [0, 50]\n')
     run = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "main.py"), "--config",
@@ -325,7 +325,8 @@ def test_a_dataset_network_named_as_if_it_were_a_zoo_network_names_its_file(tmp_
     cfg = load_config(tmp_path / "config.toml")
     (cfg.models_dir / "imported" / "tx2").mkdir(parents=True)
     (cfg.models_dir / "imported" / "tx2" / "resnet50_0.json").write_text("{}")
-    (cfg.models_dir / "manifest.csv").write_text("network,family,path\nresnet18_l30,resnet18,pruned/l1-norm/resnet18_l30.json\n")
+    (cfg.models_dir / "manifest.csv").write_text("network,family,path\n"
+                                                 "resnet18_l30,resnet18,pruned/l1-norm/resnet18_l30.json\n")
     with pytest.raises(UserError, match=r"'resnet18_l30' is not a zoo network .*pruned/l1-norm/resnet18_l30\.json"):
         resolve_networks(cfg, ["resnet18_l30"], [3, 32, 32])
     with pytest.raises(UserError, match=r"'resnet50_0' is not a zoo network .*imported/tx2/resnet50_0\.json"):

@@ -151,7 +151,8 @@ def test_export_import_round_trip(tmp_path):
     assert back.to_dict() == desc.to_dict()
     a, b = network_features(desc), network_features(back)
     assert a.per_sample == b.per_sample and a.static == b.static
-    got = {int(r["batch_size"]): float(r["latency_ms_median"]) for r in read_rows(results_path(tmp_path / "prof", "d2"))}
+    got = {int(r["batch_size"]): float(r["latency_ms_median"])
+           for r in read_rows(results_path(tmp_path / "prof", "d2"))}
     assert got == {2: 20.0, 8: 80.0}
 
 

@@ -105,7 +105,8 @@ def test_foreign_reading_rebuilds_the_same_network(name):
     back, batch = graph_to_description(graph, name, f"{name}.pkl")
     assert batch == 4 and [n.name for n in back.nodes] == [n.name for n in desc.nodes]
     assert [(n.op, n.output_shape) for n in back.nodes] == [(n.op, n.output_shape) for n in desc.nodes]
-    views = [n for n in desc.nodes if n.op in ("reshape", "flatten", "squeeze", "unsqueeze", "transpose", "select", "narrow")]
+    views = [n for n in desc.nodes
+             if n.op in ("reshape", "flatten", "squeeze", "unsqueeze", "transpose", "select", "narrow")]
     assert views and all(back.node(n.name).attrs == n.attrs for n in views)
     assert network_features(back).per_sample == network_features(desc).per_sample
     assert _output_shape(back) == _output_shape(desc) == [2, 10]
@@ -128,7 +129,8 @@ def test_an_op_without_onnx_type_stops_before_any_file(tmp_path, monkeypatch):
     assert "squeeze" in {n.op for n in squeezer.nodes}
     monkeypatch.delitem(OP_TO_ONNX, "squeeze")  # as if the schema had gained an op the table lacks
     rows = _rows(fine) + [{**r, "device": "jetson7"} for r in _rows(squeezer)]
-    with pytest.raises(UserError, match=r"device 'jetson7' network 'squeezer' node '\w+' has op 'squeeze'.*nothing written"):
+    with pytest.raises(UserError,
+                       match=r"device 'jetson7' network 'squeezer' node '\w+' has op 'squeeze'.*nothing written"):
         export_perfseer(rows, {fine.name: fine, squeezer.name: squeezer}, tmp_path / "ds")
     assert not (tmp_path / "ds").exists()
 
@@ -169,7 +171,8 @@ def test_foreign_nan_figures_are_empty_cells(tmp_path):
     graph = description_to_graph(desc, 4)
     graph.graph["source"] = "another tool"
     (tmp_path / "s_bs4.pkl").write_bytes(pickle.dumps(graph))
-    (tmp_path / "s_bs4.txt").write_text("{'train': '12.5|nan|nan|nan|nan|nan|300.0', 'infer': 'nan|nan|nan|nan|nan|nan|nan'}")
+    (tmp_path / "s_bs4.txt").write_text("{'train': '12.5|nan|nan|nan|nan|nan|300.0', "
+                                        "'infer': 'nan|nan|nan|nan|nan|nan|nan'}")
     import_perfseer(tmp_path, "g", tmp_path / "prof", tmp_path / "models")
     (row,) = read_rows(results_path(tmp_path / "prof", "g"))
     assert row["gpu_util_pct"] == "" and float(row["latency_ms_mean"]) == 12.5

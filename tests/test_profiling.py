@@ -160,7 +160,8 @@ def test_oom_under_memory_limit_skips_larger_batches(measured, tmp_path):
     cfg = load_config(write_config(tmp_path, memory_limit_mb=int(peak_b1) + 150, batch_sizes=(1, 1024, 2048)))
     summary = profile_local(cfg, "local", [net], progress=False)
     rows = results.read_rows(summary.csv_path)
-    assert [(r["batch_size"], r["status"]) for r in rows] == [("1", "ok"), ("1024", "oom"), ("2048", "skipped_after_oom")]
+    assert [(r["batch_size"], r["status"]) for r in rows] == [("1", "ok"), ("1024", "oom"),
+                                                             ("2048", "skipped_after_oom")]
     assert "memory_limit_mb" in rows[1]["message"] and float(rows[1]["peak_rss_mb"]) > int(peak_b1) + 150
     # a rerun with a larger batch size measures nothing: the network already ran out of memory
     cfg.profile.batch_sizes = [1, 1024, 2048, 4096]
@@ -207,7 +208,8 @@ def test_device_side_modules_import_no_host_libraries():
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'pandas', 'sklearn', 'torchvision', 'rich'}))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
-    light = subprocess.run([sys.executable, "-c", "import sys, perf4sight.profiling.runner; print('torch' in sys.modules)"],
+    light = subprocess.run([sys.executable, "-c",
+                            "import sys, perf4sight.profiling.runner; print('torch' in sys.modules)"],
                            cwd=ROOT, capture_output=True, text=True, check=True)
     assert light.stdout.strip() == "False"  # the runner stays small: children inherit its peak RSS
 
@@ -220,9 +222,11 @@ def test_plan_round_trip_and_errors(tmp_path):
     path = save_plan(plan, tmp_path / "plan.json")
     assert load_plan(path) == plan
     bad = tmp_path / "bad.json"
-    for raw, needle in [({"device": "d", "batch_sizes": [4, 2]}, "ascending"), ({"device": "d", "batch": [1]}, "unknown"),
+    for raw, needle in [({"device": "d", "batch_sizes": [4, 2]}, "ascending"),
+                        ({"device": "d", "batch": [1]}, "unknown"),
                         ({"device": "d", "timeout_s": "1"}, "wrong type"), ({"batch_sizes": [1]}, "device"),
-                        ({"device": "d", "min_timed_s": -1}, "min_timed_s"), ({"device": "d", "repeats": 0}, "repeats")]:
+                        ({"device": "d", "min_timed_s": -1}, "min_timed_s"),
+                        ({"device": "d", "repeats": 0}, "repeats")]:
         bad.write_text(json.dumps(raw))
         with pytest.raises(UserError, match=needle):
             load_plan(bad)
@@ -250,7 +254,8 @@ def test_latency_stats_and_oom_mapping():
     assert s["latency_ms_std"] == pytest.approx(2 ** 0.5, abs=1e-4)
     backend = get_backend(TestPlan(device="d"))
     assert backend.is_oom(MemoryError())
-    assert backend.is_oom(RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory"))
+    assert backend.is_oom(RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: "
+                                       "can't allocate memory"))
     assert not backend.is_oom(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
 
 
@@ -320,7 +325,8 @@ def test_a_csv_with_an_older_column_list_is_upgraded_in_place(tmp_path):
     with path.open(newline="") as fh:
         assert next(csv.reader(fh)) == results.COLUMNS
     rows = results.read_rows(path)
-    assert [(r["batch_size"], r["latency_ms_median"], r["repeats"]) for r in rows] == [("1", "12.5", ""), ("2", "12.5", "3")]
+    assert [(r["batch_size"], r["latency_ms_median"], r["repeats"]) for r in rows] == [("1", "12.5", ""),
+                                                                                      ("2", "12.5", "3")]
     legacy = tmp_path / "legacy.csv"
     with legacy.open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=old_columns)

@@ -89,7 +89,8 @@ def outside_notes(domain: dict[str, Any] | None, F: np.ndarray, names: Sequence[
     return notes
 
 
-def query_notes(domain: dict[str, Any] | None, nets: Sequence[NetworkFeatures], batch_sizes: Sequence[int]) -> list[str]:
+def query_notes(domain: dict[str, Any] | None, nets: Sequence[NetworkFeatures],
+                batch_sizes: Sequence[int]) -> list[str]:
     """:func:`outside_notes` for every network of ``nets`` at every batch size of ``batch_sizes``."""
     F = feature_matrix([nf for nf in nets for _ in batch_sizes], [b for _ in nets for b in batch_sizes])
     return outside_notes(domain, F, [nf.name for nf in nets for _ in batch_sizes])

@@ -129,7 +129,8 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
     for name in sorted({str(r["network"]) for r in usable}):
         nf = network_features(descriptions[name])
         if nf.unsupported:
-            raise UserError(f"fingerprint: network '{name}' has ops without a cost formula: {', '.join(nf.unsupported)}")
+            raise UserError(f"fingerprint: network '{name}' has ops without a cost formula: "
+                            f"{', '.join(nf.unsupported)}")
         if fcfg.simulate_memory:  # caching-allocator replay (features/alloc_trace.py)
             from perf4sight.features.alloc_trace import attach_simulation
             attach_simulation(nf, descriptions[name])
@@ -163,7 +164,8 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
                             "random_split": random_split_metrics(target, cand, F, y, model, n_est, lf, seed),
                             "selection": describe_choice(cand, scores, prefer),
                             "interval_coverage_held_out": held_out_coverage(log_ratio, groups, coverage),
-                            "note": "" if grouping == "family" else "only one network family: folds hold out one network variant"}
+                            "note": "" if grouping == "family"
+                            else "only one network family: folds hold out one network variant"}
         counts[target] = len(rs)
         held_out[target] = ([str(r["network"]) for r in rs], [batch_size_of(r) for r in rs], y,
                             cv.predictions)

@@ -6,8 +6,8 @@ trees' analytic baseline (``base="analytic"``, the default: on the TX2 data, lea
 it cut the GNN's error from 40 % / 28 % MAPE (latency / memory, outright log targets) to
 12 % / 10 %). Default architecture ``sage`` (GraphSAGE): on the TX2 data it measured better than
 ``seernet`` on latency (12.4 vs 18.3 %) and trains 4x faster; ``seernet`` is better on memory
-(7.6 vs 9.8 %) and stays selectable for larger (e.g. imported PerfSeer) datasets. See bench/bench_gnn.py. Accuracy comes from the
-trees' harness (:func:`perf4sight.fingerprint.evaluate.grouped_cv`, leave-one-family-out, or
+(7.6 vs 9.8 %) and stays selectable for larger (e.g. imported PerfSeer) datasets. See bench/bench_gnn.py.
+Accuracy comes from the trees' harness (:func:`perf4sight.fingerprint.evaluate.grouped_cv`, leave-one-family-out, or
 leave-one-network-out with a single family); the same folds give out-of-fold predictions of the
 trees, so the geometric-mean ensemble is measured too and the JSON records which of the three
 measured best per target. Prediction intervals: the trees' group-conformal band on out-of-fold
@@ -67,8 +67,8 @@ FORMAT = "perf4sight-gnn-v1"
 
 def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str, out_dir: str | Path,
             seed: int = 0, *, arch: str = "sage", hidden: int = 64, layers: int = 3, max_epochs: int = 300,
-            patience: int = 40, base: str = "analytic", evaluate: bool = True, memory_limit_mb: float = 0.0, trees_config: Any = None,
-            coverage: float = 0.9) -> dict[str, Any]:
+            patience: int = 40, base: str = "analytic", evaluate: bool = True, memory_limit_mb: float = 0.0,
+            trees_config: Any = None, coverage: float = 0.9) -> dict[str, Any]:
     """Fit, evaluate and store the GNN of ``device``; returns the JSON metadata written to ``gnn.json``.
 
     ``rows``: tidy measurement dicts or a DataFrame; ``descriptions``: network name -> description.
@@ -89,7 +89,8 @@ def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
     s = Samples(rows, descriptions, device)
     t0 = time.perf_counter()
     trees_held_out = load_held_out(out_dir)  # the trees fingerprint beside it, if fitted: its own figures
-    ev = cross_validate(s, st, trees_config, coverage, base, trees_held_out) if evaluate else {"accuracy": {}, "intervals": {}}
+    ev = (cross_validate(s, st, trees_config, coverage, base, trees_held_out) if evaluate
+          else {"accuracy": {}, "intervals": {}})
     t_cv = time.perf_counter() - t0
     t0 = time.perf_counter()
     model, norm, basem, summary = train_on_samples(s, np.arange(len(s.nets)), st, base)
@@ -106,7 +107,8 @@ def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
         "op_vocab": list(OP_VOCAB), "node_features": list(NODE_FEATURES), "edge_features": list(EDGE_FEATURES),
         "global_features": list(GLOBAL_FEATURES), "normaliser": norm.to_json(),
         "base": {"kind": base, "models": basem.parts},
-        "targets": {"latency": {"column": LATENCY_COLUMN, "unit": "ms"}, "memory": {"column": s.mem_col, "unit": "MiB"}},
+        "targets": {"latency": {"column": LATENCY_COLUMN, "unit": "ms"},
+                    "memory": {"column": s.mem_col, "unit": "MiB"}},
         "target_transform": "log(measured / analytic baseline) (log(measured) with base none), standardised "
                             "with training statistics",
         "training": summary | {"seconds": round(t_fit, 2), "cv_seconds": round(t_cv, 2)},

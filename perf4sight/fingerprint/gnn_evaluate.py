@@ -117,5 +117,6 @@ def gnn_accuracy_lines(metadata: dict[str, Any]) -> list[str]:
                     for k in PREDICTORS]
             lines.append(f"  {g:<24}" + "".join(f"{v:>10.1f}" for v in vals))
         cov = [e.get(k, {}).get("interval_coverage_held_out") for k in PREDICTORS]
-        lines.append(f"  {'90% band, held-out cov.':<24}" + "".join(f"{'–' if v is None else f'{v:.1f}':>10}" for v in cov))
+        lines.append(f"  {'90% band, held-out cov.':<24}"
+                     + "".join(f"{'–' if v is None else f'{v:.1f}':>10}" for v in cov))
     return lines

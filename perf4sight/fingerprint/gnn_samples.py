@@ -37,7 +37,8 @@ class Samples:
     """The usable (network, batch size) samples of a device with their log targets [n, 2]."""
 
     def __init__(self, rows: Any, descriptions: dict[str, NetworkDescription], device: str):
-        recs = [r for r in records(rows) if str(r.get("device", device)) == device and str(r["network"]) in descriptions]
+        recs = [r for r in records(rows)
+                if str(r.get("device", device)) == device and str(r["network"]) in descriptions]
         if not recs:
             raise UserError(f"gnn: no measurements with a network description for device '{device}'")
         self.mem_col = memory_column(recs)

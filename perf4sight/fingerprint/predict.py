@@ -232,7 +232,8 @@ class Fingerprint(ModuleQueries):
         extrapolations. Empty for a fingerprint fitted before the domain was stored."""
         from perf4sight.fingerprint.domain import query_notes
         bss = batch_list(batch_sizes)
-        return query_notes(self.metadata.get("training_domain"), [self._features(d) for d in as_descriptions(descs)], bss)
+        nets = [self._features(d) for d in as_descriptions(descs)]
+        return query_notes(self.metadata.get("training_domain"), nets, bss)
 
     def max_batch_size(self, desc: NetworkDescription | NetworkFeatures | str | Path, limit: int = 1024) -> int | None:
         """Largest batch size b <= ``limit`` with every batch size 1..b predicted to fit; 0 if none
@@ -299,5 +300,6 @@ def accuracy_lines(metadata: dict[str, Any]) -> list[str]:
                      "of the prediction" + ("" if held is None else f"; covers {held:.0f}% of a held-out group's rows"))
     if "capacity_mb" in metadata:
         cap = metadata["capacity_mb"]
-        lines.append(f"memory capacity: {'unknown' if cap is None else f'{cap:.0f} MiB'} ({metadata.get('capacity_source', '')})")
+        lines.append(f"memory capacity: {'unknown' if cap is None else f'{cap:.0f} MiB'} "
+                     f"({metadata.get('capacity_source', '')})")
     return lines

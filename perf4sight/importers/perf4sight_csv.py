@@ -203,7 +203,8 @@ def import_perf4sight(source_dir: str | Path, device: str, profiling_dir: str | 
             "device": device, "backend": "imported", "network": variant, "family": net,
             "pruning_level": level if level != int(level) else int(level), "batch_size": bs,
             "input_shape": info[variant][0], "phase": "train", "status": status, "message": message,
-            "protocol": "perf4sight_mean3", "device_model": board, "hostname": "", "timestamp": stamp, "description_sha": info[variant][1],
+            "protocol": "perf4sight_mean3", "device_model": board, "hostname": "", "timestamp": stamp,
+            "description_sha": info[variant][1],
             **figures,
         }
         if not summary.write_new(out, row, done):

@@ -12,9 +12,11 @@ Source layout: any folder tree holding ``<stem>.pkl`` (a ``networkx.DiGraph``, o
     flops            forward FLOPs of the node for the whole batch
     arith_intensity  flops / bytes moved
 
-Numbers may be stored as strings. The label is a Python dict literal
-``{'train': 'time|average_sm_util|average_memory_util|average_memory_usuage|peak_sm_util|peak_memory_util|peak_memory_usuage', 'infer': ...}``
-(the spelling is the dataset's): time in ms, utilisations in %, memory in MiB.
+Numbers may be stored as strings. The label is a Python dict literal (the spelling is the dataset's; time
+in ms, utilisations in %, memory in MiB)::
+
+    {'train': 'time|average_sm_util|average_memory_util|average_memory_usuage|peak_sm_util|peak_memory_util|'
+              'peak_memory_usuage', 'infer': ...}
 
 Safety: graphs are unpickled by an allow-list unpickler (networkx graph classes and their cached views, builtin
 dict/list/tuple/set/str/int/float/bool only) and labels parsed with ``ast.literal_eval``; anything
@@ -243,7 +245,8 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         return v.strip().lower() in ("1", "true", "yes") if isinstance(v, str) else bool(v)
 
     if op == "conv2d":
-        return {"in_channels": num("in_channels", default=in_shapes[0][0]), "out_channels": num("out_channels", default=out[0]),
+        return {"in_channels": num("in_channels", default=in_shapes[0][0]),
+                "out_channels": num("out_channels", default=out[0]),
                 "kernel_size": _pair(args, ("kernel_size", "kernel_shape"), [], where) or num("kernel_size"),
                 "stride": _pair(args, ("stride", "strides"), [1, 1], where),
                 "padding": _pair(args, ("padding", "pads"), [0, 0], where),
@@ -425,11 +428,13 @@ def graph_to_description(graph: Any, name: str, where: str) -> tuple[NetworkDesc
     if batch is None:
         batch = int(_number(meta.get("batch_size", ""), f"{where} batch_size"))
     d.update({"name": name, "network": str(meta.get("network", meta.get("family", name))), "input_shape": input_shape,
-              "nodes": [{"name": input_node, "op": "input", "inputs": [], "attrs": {}, "output_shape": input_shape}] + nodes})
+              "nodes": [{"name": input_node, "op": "input", "inputs": [], "attrs": {}, "output_shape": input_shape}]
+              + nodes})
     d.setdefault("num_classes", nodes[-1]["output_shape"][0] if nodes[-1]["output_shape"] else 0)
     if "pruning_level" in meta:
         level = meta["pruning_level"]
-        d["pruning_level"] = level if own and isinstance(level, (int, float)) else _number(level, f"{where} pruning_level")
+        d["pruning_level"] = (level if own and isinstance(level, (int, float))
+                              else _number(level, f"{where} pruning_level"))
     return NetworkDescription.from_dict(d, where=where), batch
 
 
@@ -451,9 +456,11 @@ _IMPORT_SETS = ("device", "timestamp", "description_sha")
 
 
 def _recorded_row(graph: Any, where: str) -> dict[str, str]:
-    """The measurement row our exporter recorded on the graph (``perf4sight_row``), checked: known columns, text values."""
+    """The measurement row our exporter recorded on the graph (``perf4sight_row``), checked: known columns, text
+    values."""
     rec = graph.graph.get("perf4sight_row", {})
-    if not isinstance(rec, dict) or not all(isinstance(k, str) and isinstance(v, (str, int, float)) for k, v in rec.items()):
+    if not isinstance(rec, dict) or not all(isinstance(k, str) and isinstance(v, (str, int, float))
+                                            for k, v in rec.items()):
         raise UserError(f"{where}: perf4sight_row must be a dict of column name -> text")
     unknown = sorted(set(rec) - set(COLUMNS))
     if unknown:

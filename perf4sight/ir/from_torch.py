@@ -118,7 +118,8 @@ for _key in (torch.flatten, "flatten"):
 for _key in (torch.transpose, "transpose"):
     FUNCTION_OPS[_key] = lambda n: ("transpose", {"dim0": int(_arg(n, 1, "dim0")), "dim1": int(_arg(n, 2, "dim1"))})
 for _key in (torch.mean, "mean"):
-    FUNCTION_OPS[_key] = lambda n: ("mean", {"dims": _dims(_arg(n, 1, "dim")), "keepdim": bool(_arg(n, 2, "keepdim", False))})
+    FUNCTION_OPS[_key] = lambda n: ("mean", {"dims": _dims(_arg(n, 1, "dim")),
+                                             "keepdim": bool(_arg(n, 2, "keepdim", False))})
 for _key in (torch.squeeze, "squeeze"):
     FUNCTION_OPS[_key] = lambda n: ("squeeze", {"dim": int(_arg(n, 1, "dim"))})
 for _key in (torch.unsqueeze, "unsqueeze"):

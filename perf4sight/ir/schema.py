@@ -148,7 +148,8 @@ class NetworkDescription:
             raise UserError(f"{where}: missing key(s) {', '.join(missing)}")
         shape = d["input_shape"]
         if not (isinstance(shape, list) and len(shape) == 3 and all(_is_int(x, 1) for x in shape)):
-            raise UserError(f"{where}: input_shape must be [channels, height, width] (positive integers), got {shape!r}")
+            raise UserError(f"{where}: input_shape must be [channels, height, width] (positive integers), "
+                            f"got {shape!r}")
         if not isinstance(d["nodes"], list):
             raise UserError(f"{where}: nodes must be a list of node objects")
         for key in ("name", "network"):
@@ -232,7 +233,8 @@ def count_params(desc: NetworkDescription) -> int:
         a = n.attrs
         if n.op == "conv2d":
             kh, kw = a["kernel_size"]
-            total += a["out_channels"] * (a["in_channels"] // a["groups"]) * kh * kw + (a["out_channels"] if a["bias"] else 0)
+            total += (a["out_channels"] * (a["in_channels"] // a["groups"]) * kh * kw
+                      + (a["out_channels"] if a["bias"] else 0))
         elif n.op == "batchnorm2d":
             total += 2 * a["num_features"]
         elif n.op == "linear":

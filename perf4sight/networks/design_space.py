@@ -4,8 +4,9 @@ A spec is plain data: four stages, each ``{"style", "depth", "width", "stride_at
 The description is emitted directly (shapes computed here, no torch), in the schema of
 ``perf4sight.ir.schema``. Layout: stem (3x3 conv, stride 2, 32 channels, batch norm, ReLU; stride 1
 under :data:`FULL_STEM_INPUT` pixels, so that the last stage's maps are at least 2x2: batch norm cannot
-train on a 1x1 map of a single image, and the profile stage measures batch size 1), four stages that each halve the spatial size (stride 2 in their first or last block) and
-change the width to ``width``, then global average pooling, flatten and a linear classifier.
+train on a 1x1 map of a single image, and the profile stage measures batch size 1), four stages that each
+halve the spatial size (stride 2 in their first or last block) and change the width to ``width``, then
+global average pooling, flatten and a linear classifier.
 
 Styles and their knobs (``STYLES``):
 - ``vgg``: ``depth`` plain conv-BN-ReLU layers; ``kernel`` (3 or 5).

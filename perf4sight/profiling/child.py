@@ -1,4 +1,5 @@
-"""One measurement in a fresh process: ``python -m perf4sight.profiling.child PLAN --network I --batch-size B --result OUT``.
+"""One measurement in a fresh process: \
+``python -m perf4sight.profiling.child PLAN --network I --batch-size B --result OUT``.
 
 Rebuilds network ``I`` of the plan from its description, trains it on random data for the
 plan's warm-up and timed steps (SGD with momentum, cross-entropy) and writes one JSON object
@@ -87,7 +88,8 @@ def measure(plan_path: str | Path, network_index: int, batch_size: int) -> dict[
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m perf4sight.profiling.child", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m perf4sight.profiling.child",
+                                     description=__doc__.splitlines()[0])  # first line: joined with a backslash
     parser.add_argument("plan", help="test plan JSON file")
     parser.add_argument("--network", type=int, required=True, help="index into the plan's networks")
     parser.add_argument("--batch-size", type=int, required=True, help="images per training step")

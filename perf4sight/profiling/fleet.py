@@ -214,7 +214,8 @@ def format_checks(checks: Sequence[DeviceCheck]) -> str:
         facts = (f"python {f.get('python', '?')}, torch {f.get('torch') or 'missing'}"
                  f"{', cuda' if f.get('cuda') else ''}, {f.get('backend_library') or 'no backend library'}"
                  f" {f.get('backend_library_version') or ''}".rstrip()
-                 + (f", memory {f['memory_mb']:.0f} MiB, swap {f.get('swap_mb', 0):.0f} MiB" if f.get("memory_mb") else "")
+                 + (f", memory {f['memory_mb']:.0f} MiB, swap {f.get('swap_mb', 0):.0f} MiB"
+                    if f.get("memory_mb") else "")
                  + (f", free disk {f['free_disk_mb']:.0f} MiB" if isinstance(f.get("free_disk_mb"), (int, float))
                     else ", free disk ? MiB")) if f else ""
         lines.append(f"{c.device} [{c.backend}] {c.where}: {state}" + (f"; {facts}" if facts else "")

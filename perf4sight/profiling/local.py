@@ -183,7 +183,8 @@ def profile_local(cfg: Config, device_name: str, descriptions: list[Path],
     """
     dev = cfg.device(device_name)
     if dev.host:
-        raise UserError(f"{cfg.path}: [devices.{device_name}] has host '{dev.host}': profile it with the remote profiler")
+        raise UserError(f"{cfg.path}: [devices.{device_name}] has host '{dev.host}': "
+                        "profile it with the remote profiler")
     csv_path = results_path(cfg.profiling_dir, device_name)
     plan_path = csv_path.parent / PLAN_NAME
     save_plan(make_plan(cfg, device_name, list(descriptions), output=csv_path.name), plan_path)

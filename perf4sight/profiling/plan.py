@@ -124,7 +124,8 @@ class TestPlan:
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "device": (str,), "backend": (str,), "networks": (list,), "batch_sizes": (list,),
-    "warmup_steps": (int,), "timed_steps": (int,), "min_timed_s": (int, float), "repeats": (int,), "timeout_s": (int, float), "memory_limit_mb": (int,),
+    "warmup_steps": (int,), "timed_steps": (int,), "min_timed_s": (int, float), "repeats": (int,),
+    "timeout_s": (int, float), "memory_limit_mb": (int,),
     "max_swap_in_mb": (int, float),
     "threads": (int,), "gpu_index": (int,), "learning_rate": (int, float), "momentum": (int, float),
     "input_shape": (list, type(None)), "num_classes": (int, type(None)), "output": (str,),

@@ -144,7 +144,8 @@ class RemoteProfiler:
         try:
             return json.loads(res.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
-            raise DeviceError(f"device '{self.dev.name}': unexpected answer from detach: {res.stdout[-200:]!r}") from None
+            raise DeviceError(f"device '{self.dev.name}': unexpected answer from detach: "
+                              f"{res.stdout[-200:]!r}") from None
 
     # -- steps ------------------------------------------------------------------------------
     def _ship_code(self) -> None:
@@ -343,7 +344,8 @@ class RemoteProfiler:
             self._start()
             ended = self._follow()
             if ended.get("rc") != 0:
-                raise DeviceError(f"device '{self.dev.name}': the runner exited with {ended.get('rc')}: {self._log_tail()}")
+                raise DeviceError(f"device '{self.dev.name}': the runner exited with {ended.get('rc')}: "
+                                  f"{self._log_tail()}")
             s.status = "done"
             s.message = "; ".join(self._log_warnings()[:3] + self._passed_over_note())
         except UserError as exc:

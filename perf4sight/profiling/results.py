@@ -98,7 +98,8 @@ def file_sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
-def split_stale(rows: Iterable[dict[str, Any]], current: dict[str, str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def split_stale(rows: Iterable[dict[str, Any]],
+                current: dict[str, str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(current rows, stale rows): a row is stale when ``current`` (network -> sha of its description
     file now) has its network under another sha, i.e. it was measured on an earlier version of the
     description. Rows without a sha, of networks not in ``current``, or imported (their descriptions

@@ -158,7 +158,8 @@ class Remote:
             client.connect(dev.host, port=dev.port, username=dev.user or None, key_filename=key_file,
                            allow_agent=key_file is None, look_for_keys=key_file is None, password=None,
                            timeout=self.timeout_s, banner_timeout=self.timeout_s, auth_timeout=self.timeout_s,
-                           disabled_algorithms={"keys": _key_algorithms_to_disable(known_types)} if known_types else None)
+                           disabled_algorithms=({"keys": _key_algorithms_to_disable(known_types)} if known_types
+                                                else None))
         except HostKeyError:
             client.close()
             raise
@@ -177,7 +178,8 @@ class Remote:
         except paramiko.AuthenticationException as exc:
             client.close()
             how = f"key_file {key_file}" if key_file else "the SSH agent and default keys"
-            raise DeviceError(f"device '{dev.name}': authentication failed for {self.where} with {how} ({exc})") from None
+            raise DeviceError(f"device '{dev.name}': authentication failed for {self.where} with {how} "
+                              f"({exc})") from None
         except NoValidConnectionsError:
             client.close()
             raise DeviceError(f"device '{dev.name}': cannot reach {self.where}: connection refused") from None

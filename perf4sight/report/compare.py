@@ -197,10 +197,10 @@ def _scatter_blocks(devs: list[DeviceData], images: dict[str, Path]) -> list[Blo
 
 def _blocks(devs: list[DeviceData], names: list[str], images: dict[str, Path], notes: list[str]) -> list[Block]:
     """The report, section by section."""
-    b: list[Block] = [Text("Latency: one training step (forward, loss, backward, optimiser step) in ms. Memory in MiB, "
-                           "the figure each fingerprint was trained on (peak_rss_mb for cpu devices, device_mem_used_mb "
-                           "for GPU/Jetson devices). Accuracy is leave-one-family-out (or leave-one-variant-out) "
-                           "on each device's own measurements.")]
+    b: list[Block] = [Text("Latency: one training step (forward, loss, backward, optimiser step) in ms. "
+                           "Memory in MiB, the figure each fingerprint was trained on (peak_rss_mb for cpu "
+                           "devices, device_mem_used_mb for GPU/Jetson devices). Accuracy is leave-one-family-out "
+                           "(or leave-one-variant-out) on each device's own measurements.")]
     b += _glance_blocks(devs) + _measured_blocks(devs) + _accuracy_blocks(devs)
     b += _curve_plot_blocks(names, images) + _largest_batch_blocks(devs, names)
     b += _sensitivity_blocks(devs, images) + _scatter_blocks(devs, images)

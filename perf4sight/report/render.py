@@ -44,11 +44,13 @@ class Image:
 Block = Union[Heading, Text, Table, Image]
 
 _CSS = """
-body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;padding:0 1.5em;max-width:1250px;color:#222}
+body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;padding:0 1.5em;\
+max-width:1250px;color:#222}
 h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:1.8em}
 table{border-collapse:collapse;margin:.6em 0 1.2em;font-size:.9em}
 th,td{border:1px solid #ccc;padding:.25em .6em;text-align:right}th{background:#f2f2f2}
-td:first-child,th:first-child{text-align:left}caption{caption-side:top;text-align:left;color:#555;padding:.2em 0;white-space:nowrap}
+td:first-child,th:first-child{text-align:left}caption{caption-side:top;text-align:left;color:#555;\
+padding:.2em 0;white-space:nowrap}
 figure{margin:1em 0}figure img{max-width:100%;border:1px solid #eee}figcaption{color:#555;font-size:.9em}
 p.note{color:#555}
 """
