@@ -193,8 +193,8 @@ def run_predict(cfg: Config, args: argparse.Namespace) -> int:
 
 def _predict_max_batch(cfg: Config, args: argparse.Namespace, fp: object, device: str, names: list[str]) -> int:
     """``--max-batch-size``: per network, the largest batch size predicted to fit the device's memory, with
-    the step time (ms) and memory (MiB) predicted there; JSON lines ``network, max_batch_size, capacity_mb,
-    latency_ms, memory_mb`` (null where nothing fits or the capacity is unknown)."""
+    the step time (ms) and memory (MiB) predicted there; JSON lines ``network, max_batch_size, search_limit,
+    capacity_mb, latency_ms, memory_mb`` (null where nothing fits; max_batch_size = search_limit: maybe more)."""
     if args.batch_size:
         raise UserError("--max-batch-size finds the batch size itself: give it or --batch-size, not both")
     if args.max_batch_size < 1:
@@ -209,10 +209,12 @@ def _predict_max_batch(cfg: Config, args: argparse.Namespace, fp: object, device
     for d in descs:
         b = fp.max_batch_size(d, limit)
         at = fp.predict(d, [b])[0] if b else {}
-        found.append({"network": d.name, "max_batch_size": b or None, "capacity_mb": round(fp.capacity_mb, 3),
-                      "latency_ms": round(at["latency_ms"], 3) if at else None,
+        found.append({"network": d.name, "max_batch_size": b or None, "search_limit": limit,
+                      "capacity_mb": round(fp.capacity_mb, 3), "latency_ms": round(at["latency_ms"], 3) if at else None,
                       "memory_mb": round(at["memory_mb"], 3) if at else None})
-    _domain_note(fp, descs, sorted({f["max_batch_size"] for f in found if f["max_batch_size"]}) or [1])
+    fitting = sorted({f["max_batch_size"] for f in found if f["max_batch_size"]})
+    if fitting:  # the batch sizes found may lie beyond the trained ones
+        _domain_note(fp, descs, fitting)
     if args.json:
         for f in found:
             print(json.dumps(f))
@@ -267,7 +269,7 @@ def _shape_note(fp: object, descs: list[NetworkDescription]) -> None:
 
 
 def _domain_note(fp: object, descs: list[NetworkDescription], batch_sizes: list[int]) -> None:
-    """Say which queries leave what the predictor's training rows covered (trees and ensemble)."""
+    """Say which queries leave what the predictor's training rows covered (every predictor that stored them)."""
     outside = getattr(fp, "outside_training", None)
     lines = outside(descs, batch_sizes) if outside else []
     if lines:

@@ -95,7 +95,7 @@ def test_all_stages_then_predict_json(tmp_path):
     big = main_py(tmp_path, "--stage", "predict", "--network", "resnet18", "--max-batch-size", "4096", "--json")
     assert big.returncode == 0, big.stderr
     (found,) = [json.loads(line) for line in big.stdout.splitlines()]
-    assert set(found) == {"network", "max_batch_size", "capacity_mb", "latency_ms", "memory_mb"}
+    assert set(found) == {"network", "max_batch_size", "search_limit", "capacity_mb", "latency_ms", "memory_mb"}
     b = found["max_batch_size"]
     assert found["capacity_mb"] == 2000 and 1 <= b < 4096 and found["memory_mb"] <= 2000
     over = main_py(tmp_path, "--stage", "predict", "--network", "resnet18", "--batch-size", str(b), str(b + 1), "--json")
