@@ -574,3 +574,16 @@ def test_measurement_csv_with_another_separator_is_named_not_read_as_empty(tmp_p
         results.read_rows(path)
     path.write_text("")  # an empty file is no rows, not an error
     assert results.read_rows(path) == []
+
+
+def test_batch_norm_on_a_1x1_map_at_batch_1_is_explained(tmp_path):
+    """A network whose batch norm sees a 1x1 map cannot train on one image: the error row says so."""
+    from perf4sight.profiling.child import measure
+    net = nn.Sequential(nn.Conv2d(3, 4, 3, stride=32), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4, 10))
+    path = save_description(describe(net, SHAPE, "pointwise"), tmp_path / "pointwise.json")
+    plan_path = save_plan(TestPlan(device="d", networks=[str(path)], batch_sizes=[1, 2], warmup_steps=0,
+                                   timed_steps=1), tmp_path / "plan.json")
+    one = measure(plan_path, 0, 1)
+    assert one["status"] == "error" and one["stage"] == "step"
+    assert one["message"].startswith("ValueError: batch norm over a 1x1 map cannot train on a batch of 1")
+    assert measure(plan_path, 0, 2)["status"] == "ok"  # two images: two values per channel

@@ -23,15 +23,27 @@ from perf4sight.files import write_atomically
 from perf4sight.profiling.plan import load_plan
 from perf4sight.profiling.procfs import status_mb
 
-__all__ = ["measure", "one_line", "main"]
+__all__ = ["measure", "one_line", "failure_message", "main"]
 
 MESSAGE_CHARS = 300
 
 
-def one_line(exc: BaseException) -> str:
-    """``Type: message`` on one line, at most ``MESSAGE_CHARS`` characters."""
-    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+def one_line(exc: BaseException, cause: str = "") -> str:
+    """``Type: [cause: ]message`` on one line, at most ``MESSAGE_CHARS`` characters."""
+    text = " ".join(f"{type(exc).__name__}: {cause + ': ' if cause else ''}{exc}".split())
     return text if len(text) <= MESSAGE_CHARS else text[: MESSAGE_CHARS - 3] + "..."
+
+
+#: what PyTorch says when batch norm trains on a single value per channel (a 1x1 map of one image)
+_ONE_VALUE_PER_CHANNEL = "Expected more than 1 value per channel when training"
+
+
+def failure_message(exc: BaseException, batch_size: int) -> str:
+    """:func:`one_line` of ``exc``, after a plain-words cause where PyTorch's own message leaves it to guess."""
+    if _ONE_VALUE_PER_CHANNEL in str(exc):
+        return one_line(exc, f"batch norm over a 1x1 map cannot train on a batch of {batch_size} (give a larger "
+                             "input_shape or larger batch sizes)")
+    return one_line(exc)
 
 
 def measure(plan_path: str | Path, network_index: int, batch_size: int) -> dict[str, Any]:
@@ -77,7 +89,7 @@ def measure(plan_path: str | Path, network_index: int, batch_size: int) -> dict[
         if isinstance(exc, KeyboardInterrupt):
             raise
         oom = backend is not None and backend.is_oom(exc)
-        result.update(status="oom" if oom else "error", message=one_line(exc))
+        result.update(status="oom" if oom else "error", message=failure_message(exc, batch_size))
     if backend is not None:
         try:
             result.update(backend.environment())
