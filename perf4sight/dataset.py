@@ -12,8 +12,8 @@ from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription, load_description
 from perf4sight.profiling.results import file_sha, read_rows, results_path, split_stale
 
-__all__ = ["is_description_file", "dataset_descriptions", "dataset_descriptions_or_empty", "description_index",
-           "description_shas", "descriptions_and_shas", "current_rows", "stale_note", "DeviceDataset", "device_dataset",
+__all__ = ["is_description_file", "dataset_descriptions", "dataset_descriptions_or_empty", "description_shas",
+           "descriptions_and_shas", "current_rows", "stale_note", "DeviceDataset", "device_dataset",
            "measured_devices", "fingerprinted_devices", "resolve_networks", "ZOO_CACHE"]
 
 
@@ -41,11 +41,6 @@ def descriptions_and_shas(cfg: Config, device: str) -> tuple[dict[str, NetworkDe
         desc = load_description(p)
         index[desc.name], shas[desc.name] = desc, file_sha(p.read_bytes())
     return index, shas
-
-
-def description_index(cfg: Config, device: str) -> dict[str, NetworkDescription]:
-    """Every known description by name (see ``descriptions_and_shas``, which gives their shas too)."""
-    return descriptions_and_shas(cfg, device)[0]
 
 
 def description_shas(cfg: Config, device: str) -> dict[str, str]:
