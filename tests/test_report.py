@@ -56,11 +56,11 @@ min_samples_leaf = 2
 networks = ["resnet18", "{TX2_DATA / 'graphs' / 'mobilenetv2_0.json'}"]
 """)
     cfg = load_config(tmp / "config.toml")
-    from perf4sight.dataset import description_index
+    from perf4sight.dataset import device_dataset
     for dev, levels in SUBSETS.items():
         src = _subset(TX2_DATA, tmp / f"src_{dev}", levels)
         import_perf4sight(src, dev, cfg.profiling_dir, cfg.models_dir)
-        fit_device(cfg, dev, description_index(cfg, dev))
+        fit_device(cfg, dev, device_dataset(cfg, dev).descriptions)
     return cfg
 
 
@@ -124,16 +124,16 @@ def test_report_data(project, report):
 
 def test_held_out_scatter_matches_fingerprint_accuracy(project):
     from perf4sight.profiling.results import read_rows, results_path
-    from perf4sight.dataset import description_index
+    from perf4sight.dataset import device_dataset
     fp = load_device_fingerprint(project, "tx2b")
     rows = read_rows(results_path(project.profiling_dir, "tx2b"))
-    scatter = measured_vs_predicted(fp, rows, description_index(project, "tx2b"))
+    scatter = measured_vs_predicted(fp, rows, device_dataset(project, "tx2b").descriptions)
     for target in ("latency", "memory"):
         meas, pred, how = scatter[target]
         assert how == "held out, leave-one-family-out"
         mape = 100 * np.mean(np.abs(pred - meas) / meas)
         assert mape == pytest.approx(fp.metadata["accuracy"][target]["overall"]["mape"], rel=1e-6)
-    meas, pred, how = measured_vs_predicted(fp, rows, description_index(project, "tx2b"), held_out=False)["memory"]
+    meas, pred, how = measured_vs_predicted(fp, rows, device_dataset(project, "tx2b").descriptions, held_out=False)["memory"]
     assert how == "in-sample" and np.all(np.isfinite(pred))
 
 
@@ -141,10 +141,10 @@ def test_stored_held_out_predictions_equal_a_refit_and_are_not_used_for_other_ro
     """The compare stage reads the fingerprint stage's out-of-fold predictions instead of refitting:
     the same figures; a row the fit did not see (here one measured value changed) makes it refit."""
     from perf4sight.profiling.results import read_rows, results_path
-    from perf4sight.dataset import description_index
+    from perf4sight.dataset import device_dataset
     fp = load_device_fingerprint(project, "tx2b")
     assert set(fp.held_out) == {"latency", "memory"}
-    rows, descs = read_rows(results_path(project.profiling_dir, "tx2b")), description_index(project, "tx2b")
+    rows, descs = read_rows(results_path(project.profiling_dir, "tx2b")), device_dataset(project, "tx2b").descriptions
     stored = measured_vs_predicted(fp, rows, descs)
     table, fp.held_out = fp.held_out, {}
     refit = measured_vs_predicted(fp, rows, descs)
@@ -169,10 +169,10 @@ def test_stored_held_out_predictions_equal_a_refit_and_are_not_used_for_other_ro
 def test_feature_sensitivity(project):
     from perf4sight.profiling.results import read_rows, results_path
     from perf4sight.fingerprint.trees import OVERLAP
-    from perf4sight.dataset import description_index
+    from perf4sight.dataset import device_dataset
     fp = load_device_fingerprint(project, "tx2a")
     rows = read_rows(results_path(project.profiling_dir, "tx2a"))
-    sens = feature_sensitivity(fp, rows, description_index(project, "tx2a"))
+    sens = feature_sensitivity(fp, rows, device_dataset(project, "tx2a").descriptions)
     for target, model in fp.models.items():  # the model's analytic terms plus, with a correction, its tree inputs
         trees = fp.metadata["tree_features"] if model.correction is not None else []
         assert set(sens[target]) == {t for t in model.terms if t not in ("one", OVERLAP)} | set(trees)
