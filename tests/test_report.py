@@ -53,7 +53,7 @@ memory_limit_mb = 7000
 n_estimators = 20
 min_samples_leaf = 2
 [compare]
-networks = ["resnet18", "{TX2_DATA / 'graphs' / 'mobilenetv2_0.json'}"]
+networks = ["resnet18", "{TX2_DATA / 'graphs' / 'mobilenetv2_0.json'}", "{TX2_DATA / 'graphs' / 'resnet50_0.json'}"]
 """)
     cfg = load_config(tmp / "config.toml")
     from perf4sight.dataset import device_dataset
@@ -107,7 +107,7 @@ def test_report_data(project, report):
     assert a["capacity_mb"] == 7000  # configured limit
     assert b["capacity_mb"] is not None and b["capacity_mb"] < 7859  # learnt from the OOM rows
     for dev in (a, b):
-        assert set(dev["max_batch"]) == {"resnet18", "mobilenetv2_0"}
+        assert set(dev["max_batch"]) == {"resnet18", "mobilenetv2_0", "resnet50_0"}
         assert all(isinstance(v, int) and 8 < v < 1024 for v in dev["max_batch"].values())
     # memory rises with batch size; the zoo resnet18 is matched to the measured unpruned TX2 network
     for c in data["curves"]["memory"]["resnet18"]:
@@ -120,6 +120,10 @@ def test_report_data(project, report):
     curve = next(c for c in data["curves"]["memory"]["resnet18"] if c["device"] == "tx2a")
     bs, mem = np.array(curve["batch_size"]), np.array(curve["predicted"])
     assert mem[bs <= a["max_batch"]["resnet18"]].max() <= 7000 < mem[-1]
+    # resnet50 is larger than every training network (resnet18, mobilenetv2, squeezenet): the report says so
+    md = (folder / "report.md").read_text()
+    assert "tx2a: MACs per sample outside the training networks' " in md and "resnet50_0 4.09 G" in md
+    assert "resnet18:" not in md and "mobilenetv2_0:" not in md  # inside: no note
 
 
 def test_held_out_scatter_matches_fingerprint_accuracy(project):

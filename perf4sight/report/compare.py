@@ -89,6 +89,9 @@ def _curves(cfg: Config, devs: list[DeviceData], all_descs: dict[str, dict[str, 
                 for target in ("latency", "memory"):
                     c = prediction_curve(d.fingerprint, d.name, desc, target, grid, d.rows, all_descs[d.name])
                     out[target].setdefault(name, []).append(c)
+                outside = getattr(d.fingerprint, "outside_training", None)  # at a trained batch size: the network only
+                notes.extend(f"{d.name}: {line} (expect larger errors)" for line in
+                             (outside(desc, [measured_max]) if outside else []))
             except UserError as exc:
                 notes.append(f"{d.name}: {name} skipped ({exc})")
     return out, names
