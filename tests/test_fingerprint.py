@@ -341,7 +341,7 @@ def _conv_net(name, depthwise, linear, width=8):
 
 def test_outside_notes_name_the_networks_and_what_training_never_covered():
     from perf4sight.features.aggregate import feature_matrix, network_features
-    from perf4sight.fingerprint.domain import outside_notes, training_domain
+    from perf4sight.fingerprint.domain import domain_line, outside_notes, training_domain
     train = [network_features(_conv_net(f"plain{w}", False, True, w)) for w in (8, 16)]
     domain = training_domain(feature_matrix([nf for nf in train for _ in (2, 4)], [2, 4, 2, 4]))
     assert domain["ranges"]["batch_size"] == [2.0, 4.0] and domain["traits"]["depthwise"] == [False]
@@ -356,6 +356,9 @@ def test_outside_notes_name_the_networks_and_what_training_never_covered():
     assert "batch size 8: outside the training rows' 2..4" in notes
     assert len(notes) == 3  # the sizes are inside the range: no note about them
     assert outside_notes({}, feature_matrix(query, [8, 8]), ["dw", "headless"]) == []  # older fingerprints
+    assert domain_line(domain).startswith("training domain: batch size 2..4, MACs per sample ")
+    assert "depthwise convolutions in none of the networks" in domain_line(domain)
+    assert "a linear layer in all" in domain_line(domain) and domain_line({}) == ""
 
 
 def test_fingerprint_stores_its_domain_and_notes_an_unseen_family(tx2, tmp_path):

@@ -15,7 +15,7 @@ import numpy as np
 
 from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, feature_matrix
 
-__all__ = ["training_domain", "outside_notes", "query_notes"]
+__all__ = ["training_domain", "outside_notes", "query_notes", "domain_line"]
 
 #: Ranges stored and checked: key -> (what it is, display scale, display unit).
 _RANGES: dict[str, tuple[str, float, str]] = {
@@ -31,6 +31,7 @@ _TRAITS: dict[str, tuple[str, str]] = {
     "concat": ("n_cat", "concatenations"),
     "residual": ("n_add", "additions (residual branches)"),
 }
+_SHORT = {"linear": "a linear layer"}  # the trait's name in the one-line summary
 
 
 def _column(F: np.ndarray, name: str) -> np.ndarray:
@@ -87,6 +88,23 @@ def outside_notes(domain: dict[str, Any] | None, F: np.ndarray, names: Sequence[
             vals += f" and {len(per_net) - 4} more" if len(per_net) > 4 else ""
             notes.append(f"{what} outside the training networks' {span}: {vals}")
     return notes
+
+
+def domain_line(domain: dict[str, Any] | None) -> str:
+    """The domain in one line for the fingerprint stage to print ('' when none was stored)."""
+    if not domain:
+        return ""
+    spans = []
+    for key, (lo, hi) in domain.get("ranges", {}).items():
+        if key in _RANGES:
+            what, scale, unit = _RANGES[key]
+            spans.append(f"{what} {lo / scale:.3g}..{hi / scale:.3g}{unit}")
+    share = {(False,): "none", (True,): "all", (False, True): "some"}
+    traits = [f"{_SHORT.get(k, _TRAITS[k][1])} in {share[tuple(seen)]}" for k, seen in domain.get("traits", {}).items()
+              if k in _TRAITS and tuple(seen) in share]
+    if traits:
+        traits[0] += " of the networks"
+    return "training domain: " + ", ".join(spans) + ("; " + ", ".join(traits) if traits else "")
 
 
 def query_notes(domain: dict[str, Any] | None, nets: Sequence[NetworkFeatures],

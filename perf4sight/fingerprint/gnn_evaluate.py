@@ -111,12 +111,17 @@ def gnn_accuracy_lines(metadata: dict[str, Any]) -> list[str]:
         source = acc.get("trees_source", {}).get(target)
         lines.append(f"{target}: MAPE % per held-out {acc.get('grouping')} (best: {e.get('best')})"
                      + (f"; trees: {source}" if source else ""))
-        lines.append(f"  {'held out':<24}" + "".join(f"{k:>10}" for k in PREDICTORS))
-        for g in list(e["gnn"]["per_group"]) + ["all"]:
+        groups = list(e["gnn"]["per_group"]) + ["all"]
+        w = max([24] + [len(g) + 2 for g in groups])  # generated families have long names
+        lines.append(f"  {'held out':<{w}}" + "".join(f"{k:>10}" for k in PREDICTORS))
+        for g in groups:
             vals = [(e[k]["overall"] if g == "all" else e[k]["per_group"].get(g, {})).get("mape", float("nan"))
                     for k in PREDICTORS]
-            lines.append(f"  {g:<24}" + "".join(f"{v:>10.1f}" for v in vals))
+            lines.append(f"  {g:<{w}}" + "".join(f"{v:>10.1f}" for v in vals))
         cov = [e.get(k, {}).get("interval_coverage_held_out") for k in PREDICTORS]
-        lines.append(f"  {'90% band, held-out cov.':<24}"
+        lines.append(f"  {'90% band, held-out cov.':<{w}}"
                      + "".join(f"{'–' if v is None else f'{v:.1f}':>10}" for v in cov))
+    if metadata.get("training_domain"):
+        from perf4sight.fingerprint.domain import domain_line
+        lines.append(domain_line(metadata["training_domain"]))
     return lines

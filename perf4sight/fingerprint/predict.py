@@ -298,6 +298,9 @@ def accuracy_lines(metadata: dict[str, Any]) -> list[str]:
         held = metadata.get("accuracy", {}).get(target, {}).get("interval_coverage_held_out")
         lines.append(f"{target} {100 * iv.get('coverage', 0.9):.0f}% interval: x{np.exp(lo):.2f} .. x{np.exp(hi):.2f} "
                      "of the prediction" + ("" if held is None else f"; covers {held:.0f}% of a held-out group's rows"))
+    if metadata.get("training_domain"):
+        from perf4sight.fingerprint.domain import domain_line
+        lines.append(domain_line(metadata["training_domain"]))
     if "capacity_mb" in metadata:
         cap = metadata["capacity_mb"]
         lines.append(f"memory capacity: {'unknown' if cap is None else f'{cap:.0f} MiB'} "
