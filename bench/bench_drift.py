@@ -8,7 +8,7 @@ at batch ``--reference-batch``) before the sweep, after every ``--every`` rows a
 row's step time is then taken raw and *normalised*: multiplied by the reference's median over the
 sweep and divided by the reference interpolated (linearly, in time) at the row. Both are evaluated
 held out by torchvision family with ``bench_fingerprint.evaluate``, on the same rows, so the
-comparison is paired. Takes about 6 minutes with a kept dataset, 15 without.
+comparison is paired. Takes about 7 minutes with a kept dataset, 15 without.
 
     .venv/bin/python bench/bench_drift.py [--dataset DIR] [--every 6] [--trees 100]
 """
@@ -34,6 +34,7 @@ from perf4sight.dataset import dataset_descriptions  # noqa: E402
 from perf4sight.profiling.backends.base import get_backend  # noqa: E402
 from perf4sight.profiling.local import make_plan  # noqa: E402
 from perf4sight.profiling.plan import save_plan  # noqa: E402
+from perf4sight.profiling.results import batch_size_of  # noqa: E402
 from perf4sight.profiling.runner import run_child  # noqa: E402
 
 DEVICE = "cpu-families"
@@ -75,7 +76,7 @@ def _with_latency(template: list[dict], latency: dict[tuple[str, int], float]) -
     """The dataset's rows (memory and all) with the step time of this sweep, where it measured one."""
     out = []
     for r in template:
-        key = (str(r["network"]), int(float(r["batch_size"])))
+        key = (str(r["network"]), batch_size_of(r))
         if key in latency:
             out.append(dict(r, latency_ms_median=str(latency[key])))
     return out
