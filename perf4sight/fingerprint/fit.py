@@ -171,10 +171,11 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
                             cv.predictions)
     oom_rows = [r for r in usable if r.get("status") == "oom"]
     ok_rows = [r for r in usable if r.get("status") == "ok"]
+    F_ok = matrix(ok_rows)  # the capacity threshold and the training domain
     # the demand (the analytic sum, before a saturating form's ceiling) keeps growing where measured memory
     # levels off near the device limit (unified memory swaps), so a learnt threshold is on it: see ``capacity_basis``
     capacity, cap_source = memory_capacity(memory_limit_mb, len(oom_rows), lambda: (
-        models["memory"].demand(matrix(ok_rows)), models["memory"].demand(matrix(oom_rows))))
+        models["memory"].demand(F_ok), models["memory"].demand(matrix(oom_rows))))
     meta: dict[str, Any] = {
         "device": device,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -193,7 +194,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         "networks": sorted(feats),
         "input_shape": common_input_shape(descriptions, feats),
         # what the training rows covered: predict notes queries outside it (domain.py)
-        "training_domain": training_domain(matrix(ok_rows)),
+        "training_domain": training_domain(F_ok),
         "networks_without_description": missing,
         "training_data_sha256": _data_hash(usable, ("network", "batch_size", "status", LATENCY_COLUMN, mem_col)),
         "accuracy": accuracy,
