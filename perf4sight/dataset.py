@@ -154,9 +154,9 @@ def resolve_networks(cfg: Config, names: list[str], input_shape: list[int]) -> l
             raise UserError(f"{name}: is a folder; give description files (e.g. {Path(name) / '*.json'})")
         if is_description_file(name):
             out.append(load_description(name))
-        elif name not in ZOO_NAMES and _dataset_file(cfg, name):
+        elif name not in ZOO_NAMES and (path := _dataset_file(cfg, name)):
             raise UserError(f"'{name}' is not a zoo network but a network of the dataset: give its description "
-                            f"file, {_dataset_file(cfg, name)}")
+                            f"file, {path}")
         else:
             out.append(describe_zoo(name, input_shape, cfg.networks.num_classes, cache_dir=cfg.models_dir / ZOO_CACHE))
     return out
