@@ -52,7 +52,7 @@ class GNNPredictor(ModuleQueries):
 
     def predict_array(self, descs: Sequence[NetworkDescription], bss: list[int]) -> np.ndarray:
         """[len(descs) * len(bss), 2] latency (ms) and memory (MiB), network-major."""
-        tl = [graph_template(d) for d in descs for _ in bss]
+        tl = [t for t in (graph_template(d) for d in descs) for _ in bss]  # one template per network
         return predict_latency_memory(self.model, self.norm, self.base, tl, bss * len(descs))
 
     def predict(self, descs: NetworkDescription | str | Path | Sequence[NetworkDescription | str | Path],
