@@ -48,9 +48,15 @@ def training_domain(F: np.ndarray) -> dict[str, Any]:
     return {"ranges": ranges, "traits": traits}
 
 
-def _listed(names: Sequence[str], limit: int = 4) -> str:
-    names = sorted(set(names))
-    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+def _first(items: Sequence[str], limit: int = 4) -> str:
+    """The first ``limit`` items joined, and how many more there are."""
+    return ", ".join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def _span(key: str, lo: float, hi: float) -> str:
+    """A stored range in its display unit, e.g. ``0.069..4.09 G``."""
+    _, scale, unit = _RANGES[key]
+    return f"{lo / scale:.3g}..{hi / scale:.3g}{unit}"
 
 
 def outside_notes(domain: dict[str, Any] | None, F: np.ndarray, names: Sequence[str]) -> list[str]:
@@ -69,7 +75,7 @@ def outside_notes(domain: dict[str, Any] | None, F: np.ndarray, names: Sequence[
         if odd.any():
             how = (f"without {trait}, which every training network had" if seen[0]
                    else f"with {trait}, which no training network had")
-            notes.append(f"{_listed(names[odd])}: {how}")
+            notes.append(f"{_first(sorted(set(names[odd])))}: {how}")
     for key, (lo, hi) in domain.get("ranges", {}).items():
         if key not in _RANGES:
             continue
@@ -78,15 +84,13 @@ def outside_notes(domain: dict[str, Any] | None, F: np.ndarray, names: Sequence[
         odd = (v < lo) | (v > hi)
         if not odd.any():
             continue
-        span = f"{lo / scale:.3g}..{hi / scale:.3g}{unit}"
         if key == "batch_size":
             sizes = ", ".join(str(int(b)) for b in sorted(set(v[odd].tolist())))
-            notes.append(f"batch size {sizes}: outside the training rows' {span}")
+            notes.append(f"batch size {sizes}: outside the training rows' {_span(key, lo, hi)}")
         else:
             per_net = sorted(dict(zip(names[odd], v[odd])).items())
-            vals = ", ".join(f"{n} {x / scale:.3g}{unit}" for n, x in per_net[:4])
-            vals += f" and {len(per_net) - 4} more" if len(per_net) > 4 else ""
-            notes.append(f"{what} outside the training networks' {span}: {vals}")
+            vals = _first([f"{n} {x / scale:.3g}{unit}" for n, x in per_net])
+            notes.append(f"{what} outside the training networks' {_span(key, lo, hi)}: {vals}")
     return notes
 
 
@@ -94,11 +98,8 @@ def domain_line(domain: dict[str, Any] | None) -> str:
     """The domain in one line for the fingerprint stage to print ('' when none was stored)."""
     if not domain:
         return ""
-    spans = []
-    for key, (lo, hi) in domain.get("ranges", {}).items():
-        if key in _RANGES:
-            what, scale, unit = _RANGES[key]
-            spans.append(f"{what} {lo / scale:.3g}..{hi / scale:.3g}{unit}")
+    spans = [f"{_RANGES[key][0]} {_span(key, lo, hi)}" for key, (lo, hi) in domain.get("ranges", {}).items()
+             if key in _RANGES]
     share = {(False,): "none", (True,): "all", (False, True): "some"}
     traits = [f"{_SHORT.get(k, _TRAITS[k][1])} in {share[tuple(seen)]}" for k, seen in domain.get("traits", {}).items()
               if k in _TRAITS and tuple(seen) in share]
