@@ -119,7 +119,8 @@ def network_features(desc: NetworkDescription) -> NetworkFeatures:
             ps[f"{cost.kind}_macs"] += cost.macs
             kh, kw = node.attrs["kernel_size"]
             if cost.kind != "depthwise" and kh * kw > 1:
-                ps["im2col_bytes"] += node.attrs["in_channels"] * kh * kw * numel(node.output_shape[1:]) * BYTES_PER_ELEMENT
+                ps["im2col_bytes"] += (node.attrs["in_channels"] * kh * kw * numel(node.output_shape[1:])
+                                       * BYTES_PER_ELEMENT)
             conv_channels.append(int(node.attrs["out_channels"]))
             if int(node.attrs["out_channels"]) % 8:
                 ps["odd_channel_macs"] += cost.macs

@@ -198,6 +198,7 @@ def _scatter_blocks(devs: list[DeviceData], images: dict[str, Path]) -> list[Blo
         b.append(Image(images[f"scatter:{d.name}"], f"{d.name}: predicted against measured"))
     return b
 
+
 def _blocks(devs: list[DeviceData], names: list[str], images: dict[str, Path], notes: list[str]) -> list[Block]:
     """The report, section by section."""
     b: list[Block] = [Text("Latency: one training step (forward, loss, backward, optimiser step) in ms. "
