@@ -162,6 +162,23 @@ def test_metadata_has_selection_random_split_and_interval(tx2):
     assert any("90% interval" in line and "held-out group" in line for line in lines)
 
 
+def test_accuracy_table_is_nested(tx2, tmp_path):
+    """Each held-out family's row is what a fingerprint fitted without that family predicts for it: the
+    family takes no part in choosing the model form (checked for one family, memory)."""
+    _, rows, descs, meta = tx2
+    acc = meta["accuracy"]["memory"]
+    assert acc["nested"] and set(acc["forms_per_fold"]) == set(acc["per_group"])
+    without = fit_fingerprint([r for r in rows if r["family"] != "squeezenet"], descs, "tx2", tmp_path / "fp", FAST)
+    fp = load_fingerprint(tmp_path / "fp")
+    assert acc["forms_per_fold"]["squeezenet"] == without["accuracy"]["memory"]["selection"]["chosen"]
+    ok = [r for r in rows
+          if r["family"] == "squeezenet" and r["status"] == "ok" and float(r["device_mem_used_mb"] or 0) > 0]
+    pred = np.array([fp.predict(descs[r["network"]], int(r["batch_size"]))[0]["memory_mb"] for r in ok])
+    meas = np.array([float(r["device_mem_used_mb"]) for r in ok])
+    assert 100 * np.mean(np.abs(pred - meas) / meas) == pytest.approx(acc["per_group"]["squeezenet"]["mape"], rel=1e-6)
+    assert any("chosen without the held-out family" in line for line in accuracy_lines(meta))
+
+
 def test_group_conformal_covers_every_group():
     from perf4sight.fingerprint.select import group_conformal
     rng = np.random.default_rng(1)

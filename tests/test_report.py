@@ -161,8 +161,9 @@ def test_stored_held_out_predictions_equal_a_refit_and_are_not_used_for_other_ro
     changed[i]["device_mem_used_mb"] = str(float(changed[i]["device_mem_used_mb"]) + 1)
     calls = []
     import perf4sight.report.data as data
-    real_cv = data.grouped_cv
+    real_cv, real_nested = data.grouped_cv, data.nested_cv  # the refit: nested where the stage's table is
     monkeypatch.setattr(data, "grouped_cv", lambda *a, **k: calls.append(1) or real_cv(*a, **k))
+    monkeypatch.setattr(data, "nested_cv", lambda *a, **k: calls.append(1) or real_nested(*a, **k))
     measured_vs_predicted(fp, changed, descs)
     assert len(calls) == 1  # memory refitted, latency (unchanged rows) read from the file
     fewer = [r for j, r in enumerate(rows) if j != i]  # a row gone since the fit: its folds changed too

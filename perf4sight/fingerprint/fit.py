@@ -5,9 +5,11 @@ Targets: latency = ``latency_ms_median`` (ms); memory = ``peak_rss_mb`` for the 
 rows teach the device's memory capacity (a threshold on the memory model's analytic part, which
 keeps growing where measured memory saturates near the limit). Each target's model form is chosen
 among a few candidates by leave-one-family-out CV (leave-one-network-out when the data holds a
-single family; see ``select.py``); the chosen form's out-of-fold predictions are the accuracy table
-and calibrate the prediction interval (group-conformal on the log-ratio residuals). Accuracy on
-random 5-fold row splits is stored beside it.
+single family; see ``select.py``); the chosen form's out-of-fold predictions calibrate the prediction
+interval (group-conformal on the log-ratio residuals). The accuracy table is nested where there are at
+most ``NESTED_MAX_GROUPS`` groups: each held-out group's form is chosen again on the other groups alone
+(``select.nested_cv``), so the table is what a new family would see; with more groups it is the chosen
+form's own cross-validation (a little optimistic). Accuracy on random 5-fold row splits is stored beside it.
 """
 from __future__ import annotations
 
@@ -25,8 +27,8 @@ from perf4sight.errors import UserError
 from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, feature_matrix, network_features
 from perf4sight.fingerprint.domain import training_domain
 from perf4sight.fingerprint.evaluate import choose_groups
-from perf4sight.fingerprint.select import (PREFERRED, describe_choice, group_conformal, held_out_coverage,
-                                           random_split_metrics, select_candidate)
+from perf4sight.fingerprint.select import (NESTED_MAX_GROUPS, PREFERRED, describe_choice, group_conformal,
+                                           held_out_coverage, nested_cv, random_split_metrics, select_candidate)
 from perf4sight.fingerprint.storage import save_models
 from perf4sight.fingerprint.trees import MODELS, TREE_FEATURES, TargetModel
 from perf4sight.ir.schema import NetworkDescription
@@ -160,7 +162,12 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         models[target] = TargetModel.fit(target, F, y, model, n_est, lf, seed, cand.correct, cand.terms)
         log_ratio = np.log(y / cv.predictions)  # out-of-fold residuals: the band and its held-out check
         intervals[target] = group_conformal(log_ratio, groups, coverage)
-        accuracy[target] = {"column": col, "grouping": grouping, "overall": cv.overall, "per_group": cv.per_group,
+        # the table: the form chosen again without each held-out group (nested), where that is affordable
+        table, forms = cv, {}
+        if 2 <= len(set(groups.tolist())) <= NESTED_MAX_GROUPS:
+            table, forms = nested_cv(target, F, y, groups, grouping, model, n_est, leaf, seed, prefer=prefer)
+        accuracy[target] = {"column": col, "grouping": grouping, "overall": table.overall,
+                            "per_group": table.per_group, "nested": bool(forms), "forms_per_fold": forms,
                             "random_split": random_split_metrics(target, cand, F, y, model, n_est, lf, seed),
                             "selection": describe_choice(cand, scores, prefer),
                             "interval_coverage_held_out": held_out_coverage(log_ratio, groups, coverage),
@@ -168,7 +175,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
                             else "only one network family: folds hold out one network variant"}
         counts[target] = len(rs)
         held_out[target] = ([str(r["network"]) for r in rs], [batch_size_of(r) for r in rs], y,
-                            cv.predictions)
+                            table.predictions)
     oom_rows = [r for r in usable if r.get("status") == "oom"]
     ok_rows = [r for r in usable if r.get("status") == "ok"]
     F_ok = matrix(ok_rows)  # the capacity threshold and the training domain

@@ -272,6 +272,8 @@ def accuracy_lines(metadata: dict[str, Any]) -> list[str]:
     lines = []
     for target, acc in metadata.get("accuracy", {}).items():
         head = f"{target} ({acc['column']}), leave-one-{acc['grouping']}-out"
+        if acc.get("nested"):
+            head += f", model form chosen without the held-out {acc['grouping']}"
         if acc.get("note"):
             head += f" [{acc['note']}]"
         lines.append(head)
@@ -293,6 +295,9 @@ def accuracy_lines(metadata: dict[str, Any]) -> list[str]:
                 why = (f" (this device kind's preferred form: {scores[chosen]:.1f}% against {best}'s "
                        f"{scores[best]:.1f}%, within one standard error)")
             lines.append(f"  model chosen by grouped CV: {chosen}{why}")
+            for g, form in acc.get("forms_per_fold", {}).items():
+                if form != chosen:
+                    lines.append(f"    without {g} the CV chose: {form}")
     iv = metadata.get("interval", {})
     for target, (lo, hi) in iv.get("log_ratio_quantiles", {}).items():
         held = metadata.get("accuracy", {}).get(target, {}).get("interval_coverage_held_out")

@@ -22,8 +22,8 @@ import numpy as np
 from perf4sight.fingerprint.evaluate import CVResult, grouped_cv, metrics
 from perf4sight.fingerprint.trees import CEILING, OVERLAP, TargetModel
 
-__all__ = ["Candidate", "CANDIDATES", "PREFERRED", "select_candidate", "random_split_metrics", "group_conformal",
-           "held_out_coverage"]
+__all__ = ["Candidate", "CANDIDATES", "PREFERRED", "select_candidate", "nested_cv", "NESTED_MAX_GROUPS",
+           "random_split_metrics", "group_conformal", "held_out_coverage"]
 
 
 @dataclass(frozen=True)
@@ -127,6 +127,35 @@ def select_candidate(target: str, F: np.ndarray, y: np.ndarray, groups: np.ndarr
         if _within_one_se(results[preferred.name][1], results[best][1]):
             best = preferred.name
     return results[best][0], results[best][1], scores
+
+
+#: Above this many groups the accuracy table is not nested (its cost grows with the square of the groups).
+NESTED_MAX_GROUPS = 8
+
+
+def nested_cv(target: str, F: np.ndarray, y: np.ndarray, groups: np.ndarray, grouping: str, model: str,
+              n_est: int, leaf: int, seed: int, prefer: str | None = None) -> tuple[CVResult, dict[str, str]]:
+    """Leave-one-group-out accuracy of the whole procedure: for each held-out group the model form is
+    chosen again by :func:`select_candidate` on the other groups alone, then fitted on them, so the
+    held-out group takes no part in the choice (the table :func:`select_candidate` returns is a little
+    optimistic: every group there helped choose the form). Returns the result and the form chosen per
+    held-out group. With three groups the inner choice has two groups and keeps ``prefer`` (or the
+    first candidate), as a fit on two families would."""
+    def fit_predict(test: np.ndarray) -> np.ndarray:
+        train = ~test
+        cand, _, _ = select_candidate(target, F[train], y[train], groups[train], grouping, model, n_est, leaf,
+                                      seed, prefer=prefer)
+        forms[str(groups[test][0])] = cand.name
+        return _fitter(target, cand, model, n_est, leaf, seed)(F[train], y[train], F[test])
+
+    forms: dict[str, str] = {}
+    pred = np.full(len(y), np.nan)
+    per: dict[str, dict[str, float]] = {}
+    for g in sorted(set(groups.tolist())):
+        test = groups == g
+        pred[test] = fit_predict(test)
+        per[str(g)] = metrics(y[test], pred[test])
+    return CVResult(pred, per, metrics(y, pred), grouping), forms
 
 
 def _within_one_se(kept: CVResult, best: CVResult) -> bool:

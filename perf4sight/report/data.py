@@ -17,6 +17,7 @@ from perf4sight.features.aggregate import FEATURE_NAMES, feature_matrix, network
 from perf4sight.fingerprint.evaluate import choose_groups, grouped_cv
 from perf4sight.fingerprint.fit import LATENCY_COLUMN
 from perf4sight.fingerprint.predict import Fingerprint
+from perf4sight.fingerprint.select import NESTED_MAX_GROUPS, nested_cv
 from perf4sight.fingerprint.storage import stored_predictions
 from perf4sight.fingerprint.trees import TargetModel
 from perf4sight.ir.schema import NetworkDescription
@@ -120,9 +121,10 @@ def measured_vs_predicted(fp: Fingerprint, rows: list[dict[str, str]], descs: di
     """target -> (measured, predicted, how) over the device's ``ok`` rows with a description.
 
     With ``held_out`` (default) the predictions are out-of-fold: the ones the fingerprint stage
-    stored (``held_out.csv``) when they cover every row, else the stored model's form (its analytic
-    terms, tree correction or not, the leaf size and ensemble settings from the metadata) refitted
-    with one network family (or variant) held out at a time, as the fingerprint stage evaluates it;
+    stored (``held_out.csv``) when they cover every row, else refitted with one network family (or
+    variant) held out at a time, as the fingerprint stage evaluates it: the model form chosen again
+    without each held-out group where the stage's table is nested, else the stored model's form (its
+    analytic terms, tree correction or not, the leaf size and ensemble settings from the metadata);
     ``how`` names the folds. Without it, or when the rows hold a single network, they are the stored
     fingerprint's in-sample predictions.
     """
@@ -148,14 +150,19 @@ def measured_vs_predicted(fp: Fingerprint, rows: list[dict[str, str]], descs: di
         y = np.array([float(r[col]) for r in rs])
         groups, grouping = choose_groups(np.array([r.get("family") or r["network"] for r in rs]),
                                          np.array([r["network"] for r in rs]))
-        if held_out and len(set(groups.tolist())) >= 2:
+        n_groups = len(set(groups.tolist()))
+        if held_out and n_groups >= 2:
             model = fp.models[target]
-            chosen = fp.metadata.get("accuracy", {}).get(target, {}).get("selection") or {}
-            leaf = chosen.get("leaf") or settings.get("min_samples_leaf", 1)
-            cv = grouped_cv(F, y, groups, grouping, lambda a, b, c: TargetModel.fit(
-                target, a, b, str(settings.get("model", "extra-trees")), int(settings.get("n_estimators", 200)),
-                int(leaf), int(settings.get("seed", 0)), correct=model.correction is not None,
-                terms=model.terms).predict(c))
+            acc = fp.metadata.get("accuracy", {}).get(target, {})
+            chosen = acc.get("selection") or {}
+            name, n_est = str(settings.get("model", "extra-trees")), int(settings.get("n_estimators", 200))
+            seed, leaf = int(settings.get("seed", 0)), int(settings.get("min_samples_leaf", 1))
+            if acc.get("nested") and n_groups <= NESTED_MAX_GROUPS:  # as the fingerprint stage's table
+                cv, _ = nested_cv(target, F, y, groups, grouping, name, n_est, leaf, seed, chosen.get("preferred"))
+            else:
+                cv = grouped_cv(F, y, groups, grouping, lambda a, b, c: TargetModel.fit(
+                    target, a, b, name, n_est, int(chosen.get("leaf") or leaf), seed,
+                    correct=model.correction is not None, terms=model.terms).predict(c))
             out[target] = (y, cv.predictions, f"held out, leave-one-{grouping}-out")
         else:
             out[target] = (y, fp.models[target].predict(F), "in-sample")
