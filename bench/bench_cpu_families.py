@@ -74,7 +74,8 @@ def _stage(config: Path, stage: str) -> None:
     cmd = [sys.executable, str(ROOT / "main.py"), "--config", str(config), "--stage", stage]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
-        sys.exit(f"bench_cpu_families: --stage {stage} failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
+        last_line = (proc.stderr or proc.stdout).strip().splitlines()[-1:]
+        sys.exit(f"bench_cpu_families: --stage {stage} failed: {last_line}")
 
 
 def run(generated: int = 12, trees: int = 100, repeats: int = 1, keep: str = "") -> list[dict]:

@@ -92,8 +92,9 @@ def run(dataset: str = "", every: int = 6, trees: int = 100, reference: str = "r
         rows, refs = sweep(folder, every, reference, reference_batch)
         device, template, descs = load_csv(folder / "profiling_csvs" / DEVICE / "measurements.csv", folder / "models")
     med = float(np.median(refs[:, 1]))
+    cv = 100 * refs[:, 1].std() / refs[:, 1].mean()
     print(f"reference {reference} @ {reference_batch}: {len(refs)} measurements, median {med:.1f} ms, "
-          f"min {refs[:, 1].min():.1f}, max {refs[:, 1].max():.1f} (CV {100 * refs[:, 1].std() / refs[:, 1].mean():.1f}%)")
+          f"min {refs[:, 1].min():.1f}, max {refs[:, 1].max():.1f} (CV {cv:.1f}%)")
     raw = {(n, b): lat for _, n, b, lat in rows}
     normalised = {(n, b): lat * med / float(np.interp(t, refs[:, 0], refs[:, 1])) for t, n, b, lat in rows}
     out: list[dict[str, Any]] = []

@@ -259,10 +259,11 @@ def table(res: dict[str, Any]) -> list[str]:
             vals = [d[f][k] for f in fams]
             lines.append(f"  {name:<36}" + "".join(f"{v:>13.1f}" for v in vals) + f"{np.nanmean(vals):>8.1f}")
         cov = [res["coverage"][t][f] for f in fams]
-        lines.append(f"  {'90% interval coverage %':<36}" + "".join(f"{v:>13.1f}" for v in cov) + f"{np.nanmean(cov):>8.1f}")
+        per_family = "".join(f"{v:>13.1f}" for v in cov)
+        lines.append(f"  {'90% interval coverage %':<36}" + per_family + f"{np.nanmean(cov):>8.1f}")
         rs = res["random_split"][t]
-        lines.append(f"  random 5-fold split: MAPE {rs['mape']:.1f}%, RMSPE {rs['rmspe']:.1f}%, ±10% {rs['within10']:.1f}%"
-                     f"; chosen form (full fit): {res['selection'][t]}")
+        lines.append(f"  random 5-fold split: MAPE {rs['mape']:.1f}%, RMSPE {rs['rmspe']:.1f}%, "
+                     f"±10% {rs['within10']:.1f}%; chosen form (full fit): {res['selection'][t]}")
     lines.append("  * oracle diagnostics: held-out predictions rescaled by the factor that best fits the family "
                  "(or each network) itself")
     oom = [res["oom"][f] for f in fams]
@@ -289,13 +290,16 @@ def figures(res: dict[str, Any]) -> list[dict]:
             note = f"target <= {TARGET_MAPE[t]}%"
             if res["device"] == "tx2":
                 note += f"; perf4sight paper {REFERENCE[t].get(f)}%"
-            out += [{"benchmark": b, "metric": f"{t}_mape_{f}", "value": round(o["mape"], 2), "unit": "%", "note": note},
-                    {"benchmark": b, "metric": f"{t}_within10_{f}", "value": round(o["within10"], 1), "unit": "%", "note": ""},
+            out += [{"benchmark": b, "metric": f"{t}_mape_{f}", "value": round(o["mape"], 2),
+                     "unit": "%", "note": note},
+                    {"benchmark": b, "metric": f"{t}_within10_{f}", "value": round(o["within10"], 1),
+                     "unit": "%", "note": ""},
                     {"benchmark": b, "metric": f"{t}_mape_{f}_perf4sight_conv_et300", "value": round(c["mape"], 2),
                      "unit": "%", "note": "baseline, same folds"},
                     {"benchmark": b, "metric": f"{t}_interval90_coverage_{f}", "value": round(res["coverage"][t][f], 1),
                      "unit": "%", "note": "target >= 85%"}]
-        out.append({"benchmark": b, "metric": f"{t}_mape_random_split", "value": round(res["random_split"][t]["mape"], 2),
+        random_split_mape = round(res["random_split"][t]["mape"], 2)
+        out.append({"benchmark": b, "metric": f"{t}_mape_random_split", "value": random_split_mape,
                     "unit": "%", "note": "5-fold over rows"})
     oom = list(res["oom"].values())
     out.append({"benchmark": b, "metric": "max_batch_right", "value": sum(o[0] for o in oom),

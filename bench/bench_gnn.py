@@ -70,7 +70,8 @@ def _timing(folder: Path, descs: dict[str, Any]) -> list[dict[str, Any]]:
     t0 = time.perf_counter()
     gnn.predict(many, [2, 8, 32, 64])
     per = 1e3 * (time.perf_counter() - t0) / (4 * len(many))
-    print(f"\nprediction time (CPU, 1 thread): torch module -> description (fx trace) median {np.median(desc_t):.0f} ms; "
+    print("\nprediction time (CPU, 1 thread): "
+          f"torch module -> description (fx trace) median {np.median(desc_t):.0f} ms; "
           f"description -> graph tensors median {np.median(ext):.1f} ms; one network at one batch size, "
           f"graph tensors + GNN, median {np.median(pred):.1f} ms; batched over {len(many)} networks x 4 batch sizes "
           f"{per:.2f} ms per prediction (PerfSeer: ~248 ms extraction, ~2 ms per prediction)")
@@ -100,13 +101,15 @@ def run(archs: tuple[str, ...] = ("seernet", "sage"), epochs: int = 300, data: P
             folder = tmp / f"fp_{arch}"
             meta = fit_gnn(rows, descs, "tx2", folder, seed=0, arch=arch, max_epochs=epochs, base=base)
             tr = meta["training"]
-            print(f"\n[{arch}, base {base}] final model: {tr['seconds']:.0f} s ({tr['epochs']} epochs, best {tr['best_epoch']}); "
+            print(f"\n[{arch}, base {base}] final model: {tr['seconds']:.0f} s "
+                  f"({tr['epochs']} epochs, best {tr['best_epoch']}); "
                   f"cross-validation (4 more models): {tr['cv_seconds']:.0f} s; {meta['training_rows']} rows")
             for target in ("latency", "memory"):
                 acc = meta["accuracy"][target]
                 print(f"  {target} ({meta['targets'][target]['column']}) MAPE % per held-out network "
                       f"(best overall: {acc['best']})")
-                print(f"    {'predictor':<10}" + "".join(f"{n:>13}" for n in NETS) + f"{'mean':>8}{'all':>8}{'±10%':>7}")
+                header = "".join(f"{n:>13}" for n in NETS)
+                print(f"    {'predictor':<10}" + header + f"{'mean':>8}{'all':>8}{'±10%':>7}")
                 for k in PREDICTORS:
                     per = [acc[k]["per_group"][n]["mape"] for n in NETS]
                     print(f"    {k:<10}" + "".join(f"{m:>13.1f}" for m in per) + f"{np.mean(per):>8.1f}"
@@ -114,11 +117,13 @@ def run(archs: tuple[str, ...] = ("seernet", "sage"), epochs: int = 300, data: P
                     if k == "trees" and arch != archs[0]:
                         continue
                     label = k if k == "trees" else f"{k}_{arch}_{base}"
-                    results.append({"benchmark": BENCH, "metric": f"{target}_mape_{label}", "value": float(np.mean(per)),
+                    results.append({"benchmark": BENCH, "metric": f"{target}_mape_{label}",
+                                    "value": float(np.mean(per)),
                                     "unit": "%", "note": "mean over the 4 held-out networks: "
                                     + ", ".join(f"{n} {m:.1f}" for n, m in zip(NETS, per))})
-            results.append({"benchmark": BENCH, "metric": f"train_s_{arch}", "value": float(tr["seconds"]), "unit": "s",
-                            "note": f"final model on {meta['training_rows']} rows, CPU, 1 thread; CV took {tr['cv_seconds']:.0f} s"})
+            note = f"final model on {meta['training_rows']} rows, CPU, 1 thread; CV took {tr['cv_seconds']:.0f} s"
+            results.append({"benchmark": BENCH, "metric": f"train_s_{arch}", "value": float(tr["seconds"]),
+                            "unit": "s", "note": note})
             last = folder
         if last is not None:
             results += _timing(last, descs)

@@ -60,7 +60,8 @@ def measure(repeats: int, min_timed_s: float = 0.0) -> dict[tuple[str, int], lis
                 for bs in BATCH_SIZES:
                     o = run_child(plan, plan_path, i, bs, backend)
                     if o.result.get("status", "ok") != "ok" or "latency_ms_median" not in o.result:
-                        sys.exit(f"bench_noise: {name} at batch {bs} did not measure: {o.result.get('message', o.result)}")
+                        why = o.result.get("message", o.result)
+                        sys.exit(f"bench_noise: {name} at batch {bs} did not measure: {why}")
                     out.setdefault((name, bs), []).append({**o.result, "peak_rss_mb": o.peak_rss_mb})
             print(f"  round {rep + 1}/{repeats} done", flush=True)
     return out

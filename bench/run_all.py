@@ -89,7 +89,10 @@ def _normalise(row: dict, default_name: str) -> dict:
 
 def run_script(path: Path, timeout: float | None) -> tuple[list[dict], str, float]:
     """Run one script in its own process, echoing its output; (rows, printed output, seconds)."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(path)] if has_run(path) else [sys.executable, str(path)]
+    if has_run(path):  # its run() through --child (see child), which prints the rows it returns
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(path)]
+    else:
+        cmd = [sys.executable, str(path)]
     t0 = time.perf_counter()
     lines: list[str] = []
     rows: list[dict] = []

@@ -98,7 +98,8 @@ def test_all_stages_then_predict_json(tmp_path):
     assert set(found) == {"network", "max_batch_size", "search_limit", "capacity_mb", "latency_ms", "memory_mb"}
     b = found["max_batch_size"]
     assert found["capacity_mb"] == 2000 and 1 <= b < 4096 and found["memory_mb"] <= 2000
-    over = main_py(tmp_path, "--stage", "predict", "--network", "resnet18", "--batch-size", str(b), str(b + 1), "--json")
+    over = main_py(tmp_path, "--stage", "predict", "--network", "resnet18",
+                   "--batch-size", str(b), str(b + 1), "--json")
     assert [json.loads(line)["fits"] for line in over.stdout.splitlines()] == [True, False]
 
 

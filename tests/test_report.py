@@ -131,13 +131,14 @@ def test_held_out_scatter_matches_fingerprint_accuracy(project):
     from perf4sight.dataset import device_dataset
     fp = load_device_fingerprint(project, "tx2b")
     rows = read_rows(results_path(project.profiling_dir, "tx2b"))
-    scatter = measured_vs_predicted(fp, rows, device_dataset(project, "tx2b").descriptions)
+    descs = device_dataset(project, "tx2b").descriptions
+    scatter = measured_vs_predicted(fp, rows, descs)
     for target in ("latency", "memory"):
         meas, pred, how = scatter[target]
         assert how == "held out, leave-one-family-out"
         mape = 100 * np.mean(np.abs(pred - meas) / meas)
         assert mape == pytest.approx(fp.metadata["accuracy"][target]["overall"]["mape"], rel=1e-6)
-    meas, pred, how = measured_vs_predicted(fp, rows, device_dataset(project, "tx2b").descriptions, held_out=False)["memory"]
+    meas, pred, how = measured_vs_predicted(fp, rows, descs, held_out=False)["memory"]
     assert how == "in-sample" and np.all(np.isfinite(pred))
 
 

@@ -80,7 +80,8 @@ class NetworkFeatures:
     static: dict[str, float]
     unsupported: list[str] = field(default_factory=list)  # "node (op)" for ops without a formula
     saved_sizes: np.ndarray = field(default_factory=lambda: np.zeros(0))  # bytes per sample of each saved tensor
-    sim: Any = field(default=None, repr=False)  # allocator.AllocTrace, attached on demand (alloc_trace.attach_simulation)
+    # allocator.AllocTrace, attached on demand (alloc_trace.attach_simulation)
+    sim: Any = field(default=None, repr=False)
     description: Any = field(default=None, repr=False)  # the NetworkDescription these features came from
     kernels: KernelTable | None = field(default=None, repr=False)  # per-kernel latency terms (latency_terms.py)
 

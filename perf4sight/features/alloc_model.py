@@ -94,7 +94,8 @@ def _ordered(shape: tuple[int, ...], strides: tuple[int, ...] | None) -> bool:
     return all(a >= b for a, b in zip(kept, kept[1:]))
 
 
-def _view(shape: tuple[int, ...], strides: tuple[int, ...] | None, new: tuple[int, ...]) -> tuple[bool, tuple[int, ...] | None]:
+def _view(shape: tuple[int, ...], strides: tuple[int, ...] | None,
+          new: tuple[int, ...]) -> tuple[bool, tuple[int, ...] | None]:
     """Whether a tensor of ``shape`` and ``strides`` can be viewed as ``new`` without a copy, and the
     view's strides (None: contiguous). Dimensions of size 1 never matter; the others are grouped into
     runs lying back to back in memory, and each dimension of ``new`` must fall inside one run."""

@@ -105,10 +105,12 @@ def record_runs(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: i
     except RuntimeError as exc:
         if inplace_relu and "inplace" in str(exc).lower():
             return _record(desc, batch_sizes, steps, lr, momentum, weight_decay, False, fast)
-        raise UserError(f"{desc.name}: the training step cannot be traced on the meta device ({exc})".splitlines()[0]) from None
+        message = f"{desc.name}: the training step cannot be traced on the meta device ({exc})"
+        raise UserError(message.splitlines()[0]) from None
 
 
-def _modelled(desc: NetworkDescription, batch_size: int, steps: int, momentum: float, weight_decay: float) -> list[Event]:
+def _modelled(desc: NetworkDescription, batch_size: int, steps: int, momentum: float,
+              weight_decay: float) -> list[Event]:
     """:func:`record_events` with the first step written down by the allocation model (raises NotCovered)."""
     st = step_events(desc, batch_size)
     return _assemble_steps(st.setup, st.body, st.tail, dict(st.grads), list(st.param_bytes), steps, st.new_id,
@@ -316,7 +318,8 @@ def _shape_only_kernels() -> dict[Any, Any]:
             return None
         return like(x), vector(x, x.shape[1]), vector(x, x.shape[1])
 
-    def bn_backward(grad, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps, mask):  # noqa: ANN001, ANN202
+    def bn_backward(grad, x, weight, running_mean, running_var,  # noqa: ANN001, ANN202
+                    save_mean, save_invstd, train, eps, mask):  # noqa: ANN001
         if not train or x.dim() < 2 or grad.shape != x.shape or grad.stride() != x.stride() or not dense(x):
             return None
         c = x.shape[1]
@@ -446,5 +449,6 @@ def ensure_simulation(nfs: Any, terms: Any) -> None:
     for nf in nfs:
         if nf.sim is None:
             if nf.description is None:
-                raise UserError(f"network '{nf.name}': the memory model simulates the allocator and needs the description")
+                raise UserError(f"network '{nf.name}': the memory model simulates the allocator "
+                                "and needs the description")
             attach_simulation(nf, nf.description)

@@ -66,6 +66,10 @@ def make_regressor(model: str, n_estimators: int, min_samples_leaf: int, seed: i
     raise UserError(f"[fingerprint] model '{model}' is not one of {', '.join(MODELS)}")
 
 
+#: The fields of a :class:`TreeEnsemble` stored as ``.npz`` arrays (the others are JSON-able scalars).
+_ARRAY_FIELDS = ("left", "right", "feature", "threshold", "value", "roots")
+
+
 @dataclass
 class TreeEnsemble:
     """Trees as flat arrays. Prediction = ``init + scale * combine(leaf values)``.
@@ -136,12 +140,12 @@ class TreeEnsemble:
 
     def to_arrays(self, prefix: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """(numeric arrays for ``.npz``, JSON-able scalars)."""
-        arrays = {f"{prefix}.{k}": getattr(self, k) for k in ("left", "right", "feature", "threshold", "value", "roots")}
+        arrays = {f"{prefix}.{k}": getattr(self, k) for k in _ARRAY_FIELDS}
         return arrays, {"max_depth": self.max_depth, "combine": self.combine, "init": self.init, "scale": self.scale}
 
     @classmethod
     def from_arrays(cls, prefix: str, arrays: Any, meta: dict[str, Any]) -> "TreeEnsemble":
-        get = {k: np.asarray(arrays[f"{prefix}.{k}"]) for k in ("left", "right", "feature", "threshold", "value", "roots")}
+        get = {k: np.asarray(arrays[f"{prefix}.{k}"]) for k in _ARRAY_FIELDS}
         return cls(**get, max_depth=int(meta["max_depth"]), combine=str(meta["combine"]),
                    init=float(meta["init"]), scale=float(meta["scale"]))
 
