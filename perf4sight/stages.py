@@ -122,7 +122,7 @@ def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
         if note:
             notes.print(note, markup=False)
         if predictor in ("trees", "ensemble"):
-            meta = fit_device(cfg, device, descriptions, shas)
+            meta = fit_device(cfg, device, descriptions, shas, rows=rows)  # the rows read above, not read again
             meta["folder"] = str(cfg.fingerprint_dir / device)
             _print_accuracy(device, meta)
             ok = sum(r.get("status") == "ok" and r.get("network") in descriptions for r in rows)
@@ -135,7 +135,7 @@ def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
             from perf4sight.fingerprint.gnn import gnn_accuracy_lines
 
             started = time.perf_counter()
-            meta = fit_device_gnn(cfg, device, descriptions, shas)
+            meta = fit_device_gnn(cfg, device, descriptions, shas, rows=rows)
             console.print(f"[bold]{device}[/bold]: GNN ({meta['settings']['arch']}) in {cfg.fingerprint_dir / device}, "
                           f"fitted and cross-validated in {time.perf_counter() - started:.0f} s")
             for line in gnn_accuracy_lines(meta):

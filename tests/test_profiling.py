@@ -146,11 +146,13 @@ def test_changed_description_is_measured_again_and_its_old_rows_are_passed_over(
     data = device_dataset(cfg, "local")  # what the fingerprint, export and compare stages read
     assert (data.rows, data.note) == ([rows[1]], stale_note("local", stale, fresh))
     assert list(data.descriptions) == ["tiny"] and data.shas == {"tiny": rows[1]["description_sha"]}
+    assert device_measurements(cfg, "local", rows=data.rows)[0] is data.rows  # the stage's rows, not read again
     assert (profile_local(cfg, "local", [net], progress=False).already_measured) == 1  # and now it resumes
 
     write_net(cfg.models_dir, "tiny", width=4)  # changed again, not yet measured: nothing current is left
-    with pytest.raises(UserError, match="all 2 rows .* earlier versions of their descriptions"):
-        device_measurements(cfg, "local")
+    for given in (None, []):  # none given, or none current (the stage's rows): the file is read to say why
+        with pytest.raises(UserError, match="all 2 rows .* earlier versions of their descriptions"):
+            device_measurements(cfg, "local", rows=given)
 
 
 def test_oom_under_memory_limit_skips_larger_batches(measured, tmp_path):

@@ -12,37 +12,41 @@ from perf4sight.profiling.results import results_path
 __all__ = ["device_measurements", "fit_device", "fit_device_gnn", "load_device_fingerprint", "load_device_predictor"]
 
 
-def device_measurements(cfg: Config, device: str, shas: dict[str, str] | None = None) -> tuple[list[dict], float]:
+def device_measurements(cfg: Config, device: str, shas: dict[str, str] | None = None, *,
+                        rows: list[dict] | None = None) -> tuple[list[dict], float]:
     """``device``'s measured rows and its configured memory limit (MiB; 0 = none); ``UserError`` if none.
     Rows measured on an earlier version of a network's description are left out (``dataset.current_rows``;
-    ``shas``: the device's ``dataset.description_shas`` when the caller has loaded them, else they are read)."""
-    rows, stale = current_rows(cfg, device, shas)
-    if stale and not rows:
-        raise UserError(f"device '{device}': all {len(stale)} rows in {results_path(cfg.profiling_dir, device)} were "
-                        "measured on earlier versions of their descriptions; profile them again")
+    ``shas``: the device's ``dataset.description_shas`` when the caller has loaded them, else they are read).
+    ``rows``: the device's current rows when the caller has read them (``dataset.device_dataset(...).rows``),
+    else they are read; with none given or none current, the file is read to say why there are none."""
     if not rows:
-        raise UserError(f"no measurements for device '{device}' in {results_path(cfg.profiling_dir, device)}")
+        rows, stale = current_rows(cfg, device, shas)
+        if stale and not rows:
+            raise UserError(f"device '{device}': all {len(stale)} rows in {results_path(cfg.profiling_dir, device)} "
+                            "were measured on earlier versions of their descriptions; profile them again")
+        if not rows:
+            raise UserError(f"no measurements for device '{device}' in {results_path(cfg.profiling_dir, device)}")
     limit = cfg.devices[device].memory_limit_mb if device in cfg.devices else 0
     return rows, float(limit or 0)
 
 
 def fit_device(cfg: Config, device: str, descriptions: dict[str, NetworkDescription],
-               shas: dict[str, str] | None = None) -> dict:
-    """Fit and store ``device``'s fingerprint from its measurements; returns the metadata. ``shas``: as for
-    :func:`device_measurements`."""
-    rows, limit = device_measurements(cfg, device, shas)
+               shas: dict[str, str] | None = None, *, rows: list[dict] | None = None) -> dict:
+    """Fit and store ``device``'s fingerprint from its measurements; returns the metadata. ``shas`` and
+    ``rows``: as for :func:`device_measurements`."""
+    rows, limit = device_measurements(cfg, device, shas, rows=rows)
     return fit_fingerprint(rows, descriptions, device, cfg.fingerprint_dir / device, cfg.fingerprint,
                            memory_limit_mb=limit)
 
 
 def fit_device_gnn(cfg: Config, device: str, descriptions: dict[str, NetworkDescription],
-                   shas: dict[str, str] | None = None) -> dict:
+                   shas: dict[str, str] | None = None, *, rows: list[dict] | None = None) -> dict:
     """:func:`fit_gnn` in config terms: ``<profiling_dir>/<device>`` in, ``<fingerprint_dir>/<device>`` out,
     with the ``gnn_*`` settings and ``seed`` of ``[fingerprint]`` and the device's ``memory_limit_mb``.
-    ``shas``: as for :func:`device_measurements`."""
+    ``shas`` and ``rows``: as for :func:`device_measurements`."""
     from perf4sight.fingerprint.gnn import fit_gnn  # torch and torch_geometric: only when a GNN is fitted
 
-    rows, limit = device_measurements(cfg, device, shas)
+    rows, limit = device_measurements(cfg, device, shas, rows=rows)
     f = cfg.fingerprint
     return fit_gnn(rows, descriptions, device, cfg.fingerprint_dir / device, seed=f.seed, arch=f.gnn_arch,
                    hidden=f.gnn_hidden, layers=f.gnn_layers, max_epochs=f.gnn_max_epochs, patience=f.gnn_patience,
