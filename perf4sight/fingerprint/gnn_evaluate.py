@@ -23,7 +23,8 @@ from perf4sight.fingerprint.evaluate import CVResult, grouped_cv, metrics
 from perf4sight.fingerprint.fit import LATENCY_COLUMN, device_kind
 from perf4sight.fingerprint.gnn_samples import TARGETS, Samples
 from perf4sight.fingerprint.gnn_train import TrainSettings, predict_latency_memory, train_on_samples
-from perf4sight.fingerprint.select import PREFERRED, group_conformal, held_out_coverage, select_candidate
+from perf4sight.fingerprint.select import (NESTED_MAX_GROUPS, PREFERRED, group_conformal, held_out_coverage, nested_cv,
+                                           select_candidate)
 from perf4sight.fingerprint.storage import HeldOut, stored_predictions
 
 __all__ = ["cross_validate", "gnn_accuracy_lines"]
@@ -79,10 +80,14 @@ def cross_validate(s: Samples, st: TrainSettings, trees_cfg: Any, coverage: floa
         col = LATENCY_COLUMN if target == "latency" else s.mem_col
         cv_t = _stored_trees_cv(s, sel, col, y, groups, (trees_held_out or {}).get(target, {}))
         acc.setdefault("trees_source", {})[target] = "the trees fingerprint's held_out.csv" if cv_t else "refitted"
-        if cv_t is None:  # the trees as the fingerprint stage fits them (model form chosen by the same grouped CV)
-            _, cv_t, _ = select_candidate(target, F_trees[sel], y, groups, s.grouping, trees_cfg.model,
-                                          int(trees_cfg.n_estimators), int(trees_cfg.min_samples_leaf),
-                                          int(trees_cfg.seed), prefer=PREFERRED.get((target, device_kind(s.mem_col))))
+        if cv_t is None:  # the trees evaluated as the fingerprint stage evaluates them (nested where it is)
+            args = (target, F_trees[sel], y, groups, s.grouping, trees_cfg.model, int(trees_cfg.n_estimators),
+                    int(trees_cfg.min_samples_leaf), int(trees_cfg.seed))
+            prefer = PREFERRED.get((target, device_kind(s.mem_col)))
+            if 2 <= len(set(groups.tolist())) <= NESTED_MAX_GROUPS:
+                cv_t, _ = nested_cv(*args, prefer=prefer)
+            else:
+                _, cv_t, _ = select_candidate(*args, prefer=prefer)
         ens = np.sqrt(cv_g.predictions * cv_t.predictions)
         res = {"gnn": cv_g, "trees": cv_t}
         entry: dict[str, Any] = {k: {"overall": v.overall, "per_group": v.per_group} for k, v in res.items()}
