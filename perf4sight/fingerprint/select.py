@@ -4,7 +4,8 @@ A fingerprint's form for each target (analytic terms, tree correction or not, le
 picked among a few :data:`CANDIDATES` by leave-one-group-out cross-validation over the
 *training* networks only: the score is the mean of the per-group MAPEs, so every held-out
 family weighs the same whatever its row count. The chosen candidate's out-of-fold predictions
-are then the fingerprint's accuracy table and the input of its prediction interval.
+are the input of the prediction interval; the accuracy table comes from :func:`nested_cv`, which
+chooses the form again without each held-out family, so that family takes no part in the choice.
 
 A device kind may have a *preferred* form (:data:`PREFERRED`: on a GPU, whose kernels run
 asynchronously to the host that issues them, the host|device overlap form for step time). It is
