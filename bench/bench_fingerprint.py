@@ -148,7 +148,7 @@ def evaluate(device: str, rows: list[dict], descs: dict, trees: int = 200, basel
         for fam in fams:
             train = [r for r in rows if r["family"] != fam]
             test = [r for r in rows if r["family"] == fam]
-            fit_fingerprint(train, descs, device, Path(tmp) / fam, fcfg)
+            fit_fingerprint(train, descs, device, Path(tmp) / fam, fcfg, nested=False)  # evaluated here, on `test`
             fp = load_fingerprint(Path(tmp) / fam)
             nets = sorted({r["network"] for r in test})
             pred = {(p["network"], p["batch_size"]): p for n in nets
@@ -168,7 +168,7 @@ def evaluate(device: str, rows: list[dict], descs: dict, trees: int = 200, basel
         t0 = time.perf_counter()
         res["conv"] = {t: _conv_baseline(rows, descs, col, fams, baseline_trees) for t, col in cols.items()}
         res["conv_seconds"] = time.perf_counter() - t0
-        meta = fit_fingerprint(rows, descs, device, Path(tmp) / "all", fcfg)
+        meta = fit_fingerprint(rows, descs, device, Path(tmp) / "all", fcfg, nested=False)  # the LOFO table is above
         res["random_split"] = {t: meta["accuracy"][t]["random_split"] for t in cols}
         res["selection"] = {t: meta["accuracy"][t]["selection"]["chosen"] for t in cols}
         res["speed"] = _speed(load_fingerprint(Path(tmp) / "all"), descs)

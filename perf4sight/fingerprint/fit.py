@@ -104,14 +104,15 @@ def common_input_shape(descriptions: dict[str, NetworkDescription], names: Itera
 
 def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
                     out_dir: str | Path, fcfg: Any, memory_limit_mb: float = 0.0,
-                    coverage: float = 0.9) -> dict[str, Any]:
+                    coverage: float = 0.9, nested: bool = True) -> dict[str, Any]:
     """Fit latency and memory models for ``device``, evaluate them, save to ``out_dir``.
 
     ``rows``: tidy measurement dicts or a DataFrame (other devices' rows are ignored);
     ``descriptions``: network name -> description; ``fcfg``: ``cfg.fingerprint``
     (model, n_estimators, min_samples_leaf, seed); ``memory_limit_mb``: the device's memory limit in MiB
     (0 = learn the capacity from ``oom`` rows); ``coverage``: the prediction interval's nominal coverage, a
-    fraction. Returns the metadata written to
+    fraction; ``nested``: nest the accuracy table (``select.nested_cv``; False: the chosen form's own
+    cross-validation, for callers that evaluate the fit themselves). Returns the metadata written to
     ``<out_dir>/metadata.json`` (accuracy under ``accuracy``).
     """
     model = str(getattr(fcfg, "model", "extra-trees"))
@@ -164,7 +165,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         intervals[target] = group_conformal(log_ratio, groups, coverage)
         # the table: the form chosen again without each held-out group (nested), where that is affordable
         table, forms = cv, {}
-        if 2 <= len(set(groups.tolist())) <= NESTED_MAX_GROUPS:
+        if nested and 2 <= len(set(groups.tolist())) <= NESTED_MAX_GROUPS:
             table, forms = nested_cv(target, F, y, groups, grouping, model, n_est, leaf, seed, prefer=prefer)
         accuracy[target] = {"column": col, "grouping": grouping, "overall": table.overall,
                             "per_group": table.per_group, "nested": bool(forms), "forms_per_fold": forms,
