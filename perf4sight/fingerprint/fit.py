@@ -30,7 +30,7 @@ from perf4sight.fingerprint.evaluate import choose_groups
 from perf4sight.fingerprint.select import (NESTED_MAX_GROUPS, PREFERRED, describe_choice, group_conformal,
                                            held_out_coverage, nested_cv, random_split_metrics, select_candidate)
 from perf4sight.fingerprint.storage import save_models
-from perf4sight.fingerprint.trees import MODELS, TREE_FEATURES, TargetModel
+from perf4sight.fingerprint.trees import MODELS, TREE_FEATURES, TargetModel, tree_features
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import batch_size_of, number
 
@@ -192,6 +192,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         "feature_names": list(FEATURE_NAMES),
         "linear_terms": {k: list(m.terms) for k, m in models.items()},
         "tree_features": list(TREE_FEATURES),
+        "tree_features_by_target": {t: list(tree_features(t)) for t in models},
         "model": {"model": model, "n_estimators": n_est, "min_samples_leaf": leaf, "seed": seed,
                   "form": "analytic(nnls, relative loss) * exp(trees on log residual); "
                           "terms/correction/leaf chosen per target by grouped CV (accuracy.<target>.selection)"},

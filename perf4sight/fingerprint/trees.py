@@ -34,7 +34,8 @@ from perf4sight.config import TREE_MODELS
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import CONTEXT_FEATURES, FEATURE_NAMES
 
-__all__ = ["TreeEnsemble", "TargetModel", "make_regressor", "LINEAR_TERMS", "TREE_FEATURES", "MODELS",
+__all__ = ["TreeEnsemble", "TargetModel", "make_regressor", "LINEAR_TERMS", "TREE_FEATURES", "TARGET_TREE_FEATURES",
+           "tree_features", "MODELS",
            "OVERLAP", "OVERLAP_P", "CEILING", "CEILING_P"]
 
 MODELS = TREE_MODELS
@@ -49,6 +50,15 @@ TREE_FEATURES: tuple[str, ...] = (
     "batch_size", "macs", "saved_bytes", "max_activation_bytes", "params", "kernels", "depth",
     "depthwise_share", "odd_channel_share", "intensity", "mean_conv_channels", "branch_nodes", "mem_analytic_mb",
 )
+#: Tree inputs per target: :data:`TREE_FEATURES`, and for step time also the work per kernel launch
+#: (``lt_work_per_launch``, FLOPs of the step / its launches): where the step sits between launch-bound (many
+#: small kernels, the GPU idle between them) and device-bound, which the smooth host|device maximum only
+#: approximates; it varies with the batch size and the pruning alike, so it carries over to a family not seen.
+#: Appended last, so trees fitted on :data:`TREE_FEATURES` alone read the same columns.
+TARGET_TREE_FEATURES: dict[str, tuple[str, ...]] = {
+    "memory": TREE_FEATURES,
+    "latency": TREE_FEATURES + ("lt_work_per_launch",),
+}
 
 
 def make_regressor(model: str, n_estimators: int, min_samples_leaf: int, seed: int) -> Any:
@@ -230,9 +240,15 @@ def _fit_linear(A: np.ndarray, y: np.ndarray, free: np.ndarray) -> np.ndarray:
     return coef
 
 
-def tree_inputs(F: np.ndarray) -> np.ndarray:
-    """The tree correction's inputs from full feature rows: log1p of :data:`TREE_FEATURES`."""
-    return np.log1p(np.maximum(F[:, _columns(TREE_FEATURES)], 0.0))
+def tree_features(target: str | None = None) -> tuple[str, ...]:
+    """The tree correction's input features for ``target`` (:data:`TARGET_TREE_FEATURES`; others and None:
+    :data:`TREE_FEATURES`)."""
+    return TARGET_TREE_FEATURES.get(target, TREE_FEATURES) if target is not None else TREE_FEATURES
+
+
+def tree_inputs(F: np.ndarray, target: str | None = None) -> np.ndarray:
+    """The tree correction's inputs from full feature rows: log1p of :func:`tree_features` (``target``)."""
+    return np.log1p(np.maximum(F[:, _columns(tree_features(target))], 0.0))
 
 
 @dataclass
@@ -263,7 +279,7 @@ class TargetModel:
         if correct:
             resid = np.log(y / np.maximum(tm.analytic(F), 1e-9))
             reg = make_regressor(model, n_estimators, min_samples_leaf, seed)
-            reg.fit(tree_inputs(F).astype(np.float32), resid)
+            reg.fit(tree_inputs(F, target).astype(np.float32), resid)
             tm.correction = TreeEnsemble.from_sklearn(reg)
         return tm
 
@@ -281,4 +297,4 @@ class TargetModel:
         base = np.maximum(self.analytic(F), 1e-9)
         if self.correction is None:
             return base
-        return base * np.exp(self.correction.predict(tree_inputs(F)))
+        return base * np.exp(self.correction.predict(tree_inputs(F, self.target)))

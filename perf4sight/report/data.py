@@ -171,7 +171,8 @@ def measured_vs_predicted(fp: Fingerprint, rows: list[dict[str, str]], descs: di
 
 def _model_features(fp: Fingerprint, target: str) -> list[str]:
     m = fp.models[target]
-    tree = list(fp.metadata.get("tree_features", [])) if m.correction is not None else []
+    by_target = fp.metadata.get("tree_features_by_target", {})  # older fingerprints: one list for both targets
+    tree = list(by_target.get(target, fp.metadata.get("tree_features", []))) if m.correction is not None else []
     names = [t for t in m.terms if t != "one"] + tree
     return [n for n in dict.fromkeys(names) if n in FEATURE_NAMES]
 
