@@ -177,6 +177,8 @@ def test_accuracy_table_is_nested(tx2, tmp_path):
     meas = np.array([float(r["device_mem_used_mb"]) for r in ok])
     assert 100 * np.mean(np.abs(pred - meas) / meas) == pytest.approx(acc["per_group"]["squeezenet"]["mape"], rel=1e-6)
     assert any("chosen without the held-out family" in line for line in accuracy_lines(meta))
+    flat = {**meta, "accuracy": {t: {**a, "nested": False} for t, a in meta["accuracy"].items()}}
+    assert sum("a little optimistic" in line for line in accuracy_lines(flat)) == 2  # too many groups to nest
 
 
 def test_group_conformal_covers_every_group():

@@ -274,6 +274,8 @@ def accuracy_lines(metadata: dict[str, Any]) -> list[str]:
         head = f"{target} ({acc['column']}), leave-one-{acc['grouping']}-out"
         if acc.get("nested"):
             head += f", model form chosen without the held-out {acc['grouping']}"
+        elif acc.get("nested") is False and len(acc.get("per_group", {})) > 2:  # too many groups to nest
+            head += ", model form chosen on these same folds (a little optimistic)"
         if acc.get("note"):
             head += f" [{acc['note']}]"
         lines.append(head)
