@@ -27,8 +27,8 @@ from perf4sight.errors import UserError
 from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, feature_matrix, network_features
 from perf4sight.fingerprint.domain import training_domain
 from perf4sight.fingerprint.evaluate import choose_groups
-from perf4sight.fingerprint.select import (NESTED_MAX_GROUPS, PREFERRED, describe_choice, group_conformal,
-                                           held_out_coverage, nested_cv, random_split_metrics, select_candidate)
+from perf4sight.fingerprint.select import (PREFERRED, can_nest, describe_choice, group_conformal, held_out_coverage,
+                                           nested_cv, random_split_metrics, select_candidate)
 from perf4sight.fingerprint.storage import save_models
 from perf4sight.fingerprint.trees import MODELS, TREE_FEATURES, TargetModel, tree_features
 from perf4sight.ir.schema import NetworkDescription
@@ -165,7 +165,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         intervals[target] = group_conformal(log_ratio, groups, coverage)
         # the table: the form chosen again without each held-out group (nested), where that is affordable
         table, forms = cv, {}
-        if nested and 2 <= len(set(groups.tolist())) <= NESTED_MAX_GROUPS:
+        if nested and can_nest(groups):
             table, forms = nested_cv(target, F, y, groups, grouping, model, n_est, leaf, seed, prefer=prefer)
         accuracy[target] = {"column": col, "grouping": grouping, "overall": table.overall,
                             "per_group": table.per_group, "nested": bool(forms), "forms_per_fold": forms,

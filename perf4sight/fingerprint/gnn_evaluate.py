@@ -23,7 +23,7 @@ from perf4sight.fingerprint.evaluate import CVResult, grouped_cv, metrics
 from perf4sight.fingerprint.fit import LATENCY_COLUMN, device_kind
 from perf4sight.fingerprint.gnn_samples import TARGETS, Samples
 from perf4sight.fingerprint.gnn_train import TrainSettings, predict_latency_memory, train_on_samples
-from perf4sight.fingerprint.select import (NESTED_MAX_GROUPS, PREFERRED, group_conformal, held_out_coverage, nested_cv,
+from perf4sight.fingerprint.select import (PREFERRED, can_nest, group_conformal, held_out_coverage, nested_cv,
                                            select_candidate)
 from perf4sight.fingerprint.storage import HeldOut, stored_predictions
 
@@ -84,7 +84,7 @@ def cross_validate(s: Samples, st: TrainSettings, trees_cfg: Any, coverage: floa
             args = (target, F_trees[sel], y, groups, s.grouping, trees_cfg.model, int(trees_cfg.n_estimators),
                     int(trees_cfg.min_samples_leaf), int(trees_cfg.seed))
             prefer = PREFERRED.get((target, device_kind(s.mem_col)))
-            if 2 <= len(set(groups.tolist())) <= NESTED_MAX_GROUPS:
+            if can_nest(groups):
                 cv_t, _ = nested_cv(*args, prefer=prefer)
             else:
                 _, cv_t, _ = select_candidate(*args, prefer=prefer)

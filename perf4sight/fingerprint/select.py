@@ -23,7 +23,7 @@ import numpy as np
 from perf4sight.fingerprint.evaluate import CVResult, grouped_cv, metrics
 from perf4sight.fingerprint.trees import CEILING, OVERLAP, TargetModel
 
-__all__ = ["Candidate", "CANDIDATES", "PREFERRED", "select_candidate", "nested_cv", "NESTED_MAX_GROUPS",
+__all__ = ["Candidate", "CANDIDATES", "PREFERRED", "select_candidate", "nested_cv", "can_nest", "NESTED_MAX_GROUPS",
            "random_split_metrics", "group_conformal", "held_out_coverage"]
 
 
@@ -132,6 +132,12 @@ def select_candidate(target: str, F: np.ndarray, y: np.ndarray, groups: np.ndarr
 
 #: Above this many groups the accuracy table is not nested (its cost grows with the square of the groups).
 NESTED_MAX_GROUPS = 8
+
+
+def can_nest(groups: np.ndarray) -> bool:
+    """Whether an accuracy table over these fold labels is nested (:func:`nested_cv`): 2 to
+    :data:`NESTED_MAX_GROUPS` groups."""
+    return 2 <= len(set(groups.tolist())) <= NESTED_MAX_GROUPS
 
 
 def nested_cv(target: str, F: np.ndarray, y: np.ndarray, groups: np.ndarray, grouping: str, model: str,

@@ -17,7 +17,7 @@ from perf4sight.features.aggregate import FEATURE_NAMES, feature_matrix, network
 from perf4sight.fingerprint.evaluate import choose_groups, grouped_cv
 from perf4sight.fingerprint.fit import LATENCY_COLUMN
 from perf4sight.fingerprint.predict import Fingerprint
-from perf4sight.fingerprint.select import NESTED_MAX_GROUPS, nested_cv
+from perf4sight.fingerprint.select import can_nest, nested_cv
 from perf4sight.fingerprint.storage import stored_predictions
 from perf4sight.fingerprint.trees import TargetModel
 from perf4sight.ir.schema import NetworkDescription
@@ -150,14 +150,13 @@ def measured_vs_predicted(fp: Fingerprint, rows: list[dict[str, str]], descs: di
         y = np.array([float(r[col]) for r in rs])
         groups, grouping = choose_groups(np.array([r.get("family") or r["network"] for r in rs]),
                                          np.array([r["network"] for r in rs]))
-        n_groups = len(set(groups.tolist()))
-        if held_out and n_groups >= 2:
+        if held_out and len(set(groups.tolist())) >= 2:
             model = fp.models[target]
             acc = fp.metadata.get("accuracy", {}).get(target, {})
             chosen = acc.get("selection") or {}
             name, n_est = str(settings.get("model", "extra-trees")), int(settings.get("n_estimators", 200))
             seed, leaf = int(settings.get("seed", 0)), int(settings.get("min_samples_leaf", 1))
-            if acc.get("nested") and n_groups <= NESTED_MAX_GROUPS:  # as the fingerprint stage's table
+            if acc.get("nested") and can_nest(groups):  # as the fingerprint stage's table
                 cv, _ = nested_cv(target, F, y, groups, grouping, name, n_est, leaf, seed, chosen.get("preferred"))
             else:
                 cv = grouped_cv(F, y, groups, grouping, lambda a, b, c: TargetModel.fit(
