@@ -243,7 +243,7 @@ def _fit_linear(A: np.ndarray, y: np.ndarray, free: np.ndarray) -> np.ndarray:
 def tree_features(target: str | None = None) -> tuple[str, ...]:
     """The tree correction's input features for ``target`` (:data:`TARGET_TREE_FEATURES`; others and None:
     :data:`TREE_FEATURES`)."""
-    return TARGET_TREE_FEATURES.get(target, TREE_FEATURES) if target is not None else TREE_FEATURES
+    return TARGET_TREE_FEATURES.get(target or "", TREE_FEATURES)
 
 
 def tree_inputs(F: np.ndarray, target: str | None = None) -> np.ndarray:
