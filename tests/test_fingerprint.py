@@ -181,6 +181,25 @@ def test_accuracy_table_is_nested(tx2, tmp_path):
     assert sum("a little optimistic" in line for line in accuracy_lines(flat)) == 2  # too many groups to nest
 
 
+def test_latency_trees_read_work_per_launch_and_older_trees_still_predict():
+    """Step time's tree correction also reads ``lt_work_per_launch`` (appended last); a latency model whose
+    trees were fitted on the shared inputs alone (a fingerprint saved before) predicts as it did."""
+    from perf4sight.features.aggregate import FEATURE_NAMES
+    from perf4sight.fingerprint.trees import TREE_FEATURES, TargetModel, tree_features, tree_inputs
+    assert tree_features("latency") == TREE_FEATURES + ("lt_work_per_launch",)
+    assert tree_features("memory") == TREE_FEATURES
+    rng = np.random.default_rng(0)
+    F = rng.uniform(1, 100, size=(80, len(FEATURE_NAMES)))
+    y = F[:, FEATURE_NAMES.index("batch_size")] * rng.uniform(0.8, 1.2, 80) + 5
+    new = TargetModel.fit("latency", F, y, n_estimators=10, terms=("one", "batch_size"))
+    assert new.correction is not None and tree_inputs(F, "latency").shape[1] == len(TREE_FEATURES) + 1
+    shared = tree_inputs(F).astype(np.float32)  # the inputs before lt_work_per_launch was added
+    old_trees = make_regressor("extra-trees", 10, 1, 0).fit(shared, np.log(y / new.analytic(F)))
+    old = TargetModel("latency", new.terms, new.coef, TreeEnsemble.from_sklearn(old_trees))
+    expected = new.analytic(F) * np.exp(old_trees.predict(shared))
+    np.testing.assert_allclose(old.predict(F), expected, rtol=1e-6)
+
+
 def test_group_conformal_covers_every_group():
     from perf4sight.fingerprint.select import group_conformal
     rng = np.random.default_rng(1)
