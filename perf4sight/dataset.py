@@ -131,14 +131,13 @@ def is_description_file(name: str) -> bool:
 
 def _dataset_file(cfg: Config, name: str) -> Path | None:
     """The description file of the dataset network (networks stage or import) called ``name``, if any."""
-    import csv
+    from perf4sight.networks.build import read_manifest  # torch: as describe_zoo, the other way for a name
 
     manifest = cfg.models_dir / "manifest.csv"
     if manifest.is_file():
-        with manifest.open(newline="") as fh:
-            for row in csv.DictReader(fh):
-                if row.get("network") == name and row.get("path"):
-                    return cfg.models_dir / row["path"]
+        for row in read_manifest(manifest):
+            if row.get("network") == name and row.get("path"):
+                return cfg.models_dir / row["path"]
     imported = sorted(p for p in (cfg.models_dir / "imported").glob("*/*.json") if p.stem == name)
     return imported[0] if imported else None
 
