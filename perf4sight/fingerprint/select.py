@@ -148,19 +148,15 @@ def nested_cv(target: str, F: np.ndarray, y: np.ndarray, groups: np.ndarray, gro
     optimistic: every group there helped choose the form). Returns the result and the form chosen per
     held-out group. With three groups the inner choice has two groups and keeps ``prefer`` (or the
     first candidate), as a fit on two families would."""
-    def fit_predict(test: np.ndarray) -> np.ndarray:
-        train = ~test
-        cand, _, _ = select_candidate(target, F[train], y[train], groups[train], grouping, model, n_est, leaf,
-                                      seed, prefer=prefer)
-        forms[str(groups[test][0])] = cand.name
-        return _fitter(target, cand, model, n_est, leaf, seed)(F[train], y[train], F[test])
-
     forms: dict[str, str] = {}
     pred = np.full(len(y), np.nan)
     per: dict[str, dict[str, float]] = {}
     for g in sorted(set(groups.tolist())):
-        test = groups == g
-        pred[test] = fit_predict(test)
+        test, train = groups == g, groups != g
+        cand, _, _ = select_candidate(target, F[train], y[train], groups[train], grouping, model, n_est, leaf,
+                                      seed, prefer=prefer)
+        forms[str(g)] = cand.name
+        pred[test] = _fitter(target, cand, model, n_est, leaf, seed)(F[train], y[train], F[test])
         per[str(g)] = metrics(y[test], pred[test])
     return CVResult(pred, per, metrics(y, pred), grouping), forms
 
