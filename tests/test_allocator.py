@@ -45,16 +45,44 @@ def test_large_pool_best_fit_split_and_no_split_rule():
     assert a.reserved == 50 * MIB and a.peak_reserved == 50 * MIB
 
 
-def test_trace_replay_peaks_reset_per_step():
+def test_empty_cache_returns_only_wholly_free_segments():
+    a = CachingAllocator()
+    kept, gone = a.malloc(1000), a.malloc(12 * MIB)   # a 2 MiB small segment, a 12 MiB large one
+    part = a.malloc(3 * MIB)                           # 20 MiB segment, 17 MiB of it left free
+    a.free(gone)
+    a.empty_cache()
+    assert a.reserved == 2 * MIB + 20 * MIB and a.peak_reserved == 34 * MIB   # peaks keep their values
+    a.free(part)
+    a.empty_cache()
+    assert a.reserved == 2 * MIB and a.allocated == kept.size
+
+
+def _two_step_trace(protocol: str) -> AllocTrace:
+    """Setup 1000 B; step 1 (the warm-up) 16 MiB at batch 8, freed; step 2 4 MiB at batch 8, freed."""
     kind = np.array([ALLOC, STEP, ALLOC, FREE, STEP, ALLOC, FREE], dtype=np.int8)
     tensor = np.array([1, 0, 2, 2, 0, 3, 3])
     const = np.array([1000.0, 0, 0, 0, 0, 0, 0])
     per = np.array([0.0, 0, 2 * MIB, 0, 0, MIB // 2, 0])
-    tr = AllocTrace("t", kind, tensor, const, per, repeat_last=0)
-    res, alloc = tr.replay(8)                      # step 1: 16 MiB block; step 2: 4 MiB split from it
-    assert res == 2 * MIB + 16 * MIB
-    assert alloc == 1024 + (16 * MIB + 4 * MIB) / 2     # mean of the per-step peaks
-    assert tr.peaks_mb([8]).shape == (1, 2)
+    return AllocTrace("t", kind, tensor, const, per, repeat_last=0, protocol=protocol)
+
+
+def test_trace_replay_follows_the_profilers_protocol():
+    # step 1: a 16 MiB segment; step 2 splits 4 MiB from the cached block, unless the cache was emptied
+    res, alloc = _two_step_trace("run_peak").replay(8)          # the peak over the run
+    assert (res, alloc) == (2 * MIB + 16 * MIB, 1024 + 16 * MIB)
+    res, alloc = _two_step_trace("step_mean").replay(8)         # the mean of the per-step peaks
+    assert (res, alloc) == (2 * MIB + 16 * MIB, 1024 + (16 * MIB + 4 * MIB) / 2)
+    # perf4sight: the cache emptied before step 2, whose 4 MiB needs a new 20 MiB segment; own peaks,
+    # the warm-up read twice
+    res, alloc = _two_step_trace("perf4sight").replay(8)
+    assert res == (2 * (2 * MIB + 16 * MIB) + (2 * MIB + 20 * MIB)) / 3
+    assert alloc == 1024 + (2 * 16 * MIB + 4 * MIB) / 3
+    tr = _two_step_trace("run_peak")
+    assert tr.peaks_mb([8]).shape == (1, 2) and tr.with_protocol("run_peak") is tr
+    assert tr.with_protocol("perf4sight").replay(8) == _two_step_trace("perf4sight").replay(8)
+    assert tr.replay(8) == (2 * MIB + 16 * MIB, 1024 + 16 * MIB)  # a view's memo is its own
+    with pytest.raises(ValueError, match="protocol"):
+        tr.with_protocol("max")
 
 
 def _tiny(relu: str = "relu") -> NetworkDescription:
@@ -99,6 +127,9 @@ def test_features_carry_simulation():
     assert nf.sim is not None
     F = feature_matrix(attach_simulation(nf, desc), [4, 64])
     assert (F[:, cols] > 0).all() and F[1, cols[1]] > F[0, cols[1]]
+    assert nf.sim.protocol == "run_peak"
+    ensure_simulation([nf], ("one", "sim_reserved_mb"), "perf4sight")   # another profiler's reading: replaced
+    assert nf.sim.protocol == "perf4sight" and nf.sim.tensor is simulate(desc).tensor   # the trace is reused
 
 
 @pytest.mark.parametrize("zoo", ["resnet18", "mobilenet_v2", "squeezenet1_0", "shufflenet_v2_x1_0"])

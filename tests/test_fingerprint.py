@@ -294,6 +294,27 @@ def test_batched_predict_equals_one_by_one_and_capacity_basis(tx2):
     assert [p["fits"] for p in fp.predict(descs["resnet50_0"], [m, m + 1])] == [True, False]
 
 
+def test_memory_replay_reads_memory_as_the_rows_profiler_did(tx2):
+    """Imported perf4sight rows are replayed under perf4sight's protocol, at the fit and at predict
+    alike; this tool's own rows under the run's peak; a fingerprint from before keeps the step mean."""
+    from perf4sight.features.aggregate import feature_matrix, network_features
+    from perf4sight.features.alloc_trace import attach_simulation
+    from perf4sight.fingerprint.fit import memory_replay
+    tmp, rows, descs, meta = tx2
+    assert meta["memory_replay"] == "perf4sight" == memory_replay(rows)
+    assert memory_replay([dict(r, protocol="cuda_events") for r in rows[:3]] + rows[3:]) == "run_peak"
+    fp = load_fingerprint(tmp / "fp" / "tx2")
+    assert fp.memory_replay == "perf4sight" and "sim_reserved_mb" in fp.models["memory"].terms
+    desc, batches = descs["resnet18_50"], [8, 96, 210]
+    got = [p["memory_mb"] for p in fp.predict(desc, batches)]
+    want = {proto: fp.models["memory"].predict(feature_matrix(attach_simulation(network_features(desc), desc, proto),
+                                                              batches)) for proto in ("perf4sight", "run_peak")}
+    np.testing.assert_allclose(got, want["perf4sight"], rtol=1e-9)
+    assert not np.allclose(got, want["run_peak"], rtol=1e-3)
+    older = {k: v for k, v in fp.metadata.items() if k != "memory_replay"}
+    assert type(fp)(fp.models, older).memory_replay == "step_mean"
+
+
 def test_overlap_form_recovers_host_and_device_time(tmp_path):
     """Steps whose time is the smooth maximum of a launch-bound host time and a work-bound device
     time: the overlap fit recovers both sums (flat at small work, proportional at large), a never-seen

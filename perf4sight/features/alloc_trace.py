@@ -42,7 +42,7 @@ import numpy as np
 
 from perf4sight.errors import UserError
 from perf4sight.features.alloc_model import ACCUMULATED, Event, NotCovered, step_events
-from perf4sight.features.allocator import ALLOC, FREE, STEP, AllocTrace
+from perf4sight.features.allocator import ALLOC, FREE, RUN_PEAK, STEP, AllocTrace
 from perf4sight.ir.schema import NetworkDescription
 
 __all__ = ["record_events", "record_runs", "simulate", "attach_simulation", "ensure_simulation", "PROBE_BATCH",
@@ -434,21 +434,25 @@ def simulate(desc: NetworkDescription, batches: tuple[int, ...] = (PROBE_BATCH,)
     return trace
 
 
-def attach_simulation(nf: Any, desc: NetworkDescription) -> Any:
-    """Give a :class:`~perf4sight.features.aggregate.NetworkFeatures` its allocation trace (``nf.sim``)."""
-    nf.sim = simulate(desc)
+def attach_simulation(nf: Any, desc: NetworkDescription, protocol: str = RUN_PEAK) -> Any:
+    """Give a :class:`~perf4sight.features.aggregate.NetworkFeatures` its allocation trace (``nf.sim``),
+    replayed as a profiler with ``protocol`` reads memory (:data:`~perf4sight.features.allocator.REPLAY_PROTOCOLS`)."""
+    nf.sim = simulate(desc).with_protocol(protocol)
     return nf
 
 
-def ensure_simulation(nfs: Any, terms: Any) -> None:
-    """Attach the allocation trace to each NetworkFeatures in ``nfs`` lacking one, when ``terms`` (a model's
-    analytic terms) use a simulated feature; the features must carry their ``description``."""
+def ensure_simulation(nfs: Any, terms: Any, protocol: str = RUN_PEAK) -> None:
+    """Attach the allocation trace (replayed under ``protocol``) to each NetworkFeatures in ``nfs`` lacking
+    one or carrying another protocol's, when ``terms`` (a model's analytic terms) use a simulated feature;
+    the features must carry their ``description``."""
     from perf4sight.features.aggregate import SIM_FEATURES
     if not set(SIM_FEATURES) & set(terms):
         return
     for nf in nfs:
-        if nf.sim is None:
+        if nf.sim is not None and nf.sim.protocol != protocol:
+            nf.sim = nf.sim.with_protocol(protocol)
+        elif nf.sim is None:
             if nf.description is None:
                 raise UserError(f"network '{nf.name}': the memory model simulates the allocator "
                                 "and needs the description")
-            attach_simulation(nf, nf.description)
+            attach_simulation(nf, nf.description, protocol)

@@ -18,19 +18,34 @@ perf4sight TX2 data was measured with (read in the public PyTorch sources; const
   request under 10 MiB, else the request rounded up to 2 MiB;
 - the block is split when the remainder is >= 512 bytes (small pool) or > 1 MiB (large pool);
   an unsplit block is handed out whole (and counted whole in allocated bytes);
-- a freed block merges with free neighbours of its segment and stays cached: segments are never
-  returned (no ``empty_cache``; the retry-after-freeing-the-cache path on OOM is not modelled).
+- a freed block merges with free neighbours of its segment and stays cached: segments are returned
+  only by ``empty_cache`` (every segment that is one free block; the retry-after-freeing-the-cache
+  path on OOM is not modelled).
 
 Single stream, no ``max_split_size``/expandable segments (later PyTorch options off by default).
+
+A profiler turns the steps of a run into one memory figure by its own rule; the replay follows the
+same rule (:data:`REPLAY_PROTOCOLS`), so that the simulated peak and the measured one mean the same:
+
+- ``run_peak``: the peak over the warm-up and timed steps, peaks reset once before them (this tool's
+  profiler, ``profiling/backends``);
+- ``perf4sight``: perf4sight's TX2 profiler (``profiling/tx2`` in ICIdsl/perf4sight). Before every step,
+  warm-up included, it resets the peaks and empties the cache; it reads used memory at module forward
+  and backward hooks, so a reading is the step's own peak (reserved memory only grows within a step);
+  and it stores the mean of five readings: the warm-up's twice (its last hook and its end), then three
+  timed steps;
+- ``step_mean``: the mean of the per-step peaks, no ``empty_cache`` (fingerprints fitted before the
+  protocols were told apart).
 """
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-__all__ = ["CachingAllocator", "AllocTrace", "ALLOC", "FREE", "STEP", "round_size", "segment_size"]
+__all__ = ["CachingAllocator", "AllocTrace", "ALLOC", "FREE", "STEP", "round_size", "segment_size",
+           "REPLAY_PROTOCOLS", "RUN_PEAK", "PERF4SIGHT", "STEP_MEAN"]
 
 K_MIN_BLOCK = 512
 K_SMALL_SIZE = 1 << 20
@@ -40,6 +55,10 @@ K_MIN_LARGE_ALLOC = 10 << 20
 K_ROUND_LARGE = 2 << 20
 
 ALLOC, FREE, STEP = 0, 1, 2  # trace event kinds (STEP: start of a training step; peaks are reset there)
+
+RUN_PEAK, PERF4SIGHT, STEP_MEAN = "run_peak", "perf4sight", "step_mean"
+#: How a profiler's memory figure is made from the steps of a run (see the module docstring).
+REPLAY_PROTOCOLS = (RUN_PEAK, PERF4SIGHT, STEP_MEAN)
 
 
 def round_size(size: int | np.ndarray) -> int | np.ndarray:
@@ -80,6 +99,13 @@ class CachingAllocator:
     def reset_peaks(self) -> None:
         """``torch.cuda.reset_peak_memory_stats``: peaks restart from the current figures."""
         self.peak_reserved, self.peak_allocated = self.reserved, self.allocated
+
+    def empty_cache(self) -> None:
+        """``torch.cuda.empty_cache``: return every segment that is one free block (the peaks keep their values)."""
+        for pool in self._pools:
+            for key in [k for k in pool if self._free[k].prev is None and self._free[k].next is None]:
+                self._remove(self._free[key])
+                self.reserved -= key[0]
 
     def state(self, live: dict[int, "_Block | None"]) -> tuple:
         """Everything the next requests depend on: reserved bytes, the free blocks of both pools and
@@ -160,7 +186,8 @@ class AllocTrace:
     Event ``i``: ``kind[i]`` (:data:`ALLOC`, :data:`FREE`, :data:`STEP`), ``tensor[i]`` (a storage
     id, for ALLOC/FREE), and for ALLOC a size of ``const[i] + per_sample[i] * batch_size`` bytes.
     Events before the first STEP are the persistent setup (weights, buffers, the input batch).
-    ``repeat_last``: how many more times the last step runs (the steady state).
+    ``repeat_last``: how many more times the last step runs (the steady state). ``protocol``: how the
+    per-step peaks become one figure (:data:`REPLAY_PROTOCOLS`; :meth:`with_protocol` for another).
     """
 
     name: str
@@ -169,15 +196,27 @@ class AllocTrace:
     const: np.ndarray
     per_sample: np.ndarray
     repeat_last: int = 2
-    _memo: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False)
+    protocol: str = RUN_PEAK
+    _memo: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False, init=False)
+
+    def __post_init__(self) -> None:
+        if self.protocol not in REPLAY_PROTOCOLS:
+            raise ValueError(f"AllocTrace: protocol must be one of {', '.join(REPLAY_PROTOCOLS)}, "
+                             f"not {self.protocol!r}")
+
+    def with_protocol(self, protocol: str) -> "AllocTrace":
+        """The same events replayed under ``protocol`` (shares the arrays; its own memo)."""
+        return self if protocol == self.protocol else replace(self, protocol=protocol)
 
     def sizes(self, batch_size: int) -> np.ndarray:
         """Bytes of every event at ``batch_size`` (0 for FREE/STEP)."""
         return np.maximum(np.rint(self.const + self.per_sample * batch_size), 0).astype(np.int64)
 
     def replay(self, batch_size: int) -> tuple[float, float]:
-        """(peak reserved, peak allocated) in bytes, each the mean over the steps of the per-step peak
-        (peaks reset at every step start, as the perf4sight profiler did)."""
+        """(peak reserved, peak allocated) in bytes at ``batch_size``, made from the per-step peaks (peaks
+        reset at every step start) as :attr:`protocol` says: their maximum (``run_peak``), their mean
+        with the warm-up counted twice after emptying the cache before every step (``perf4sight``), or
+        their plain mean (``step_mean``)."""
         bs = int(batch_size)
         if bs in self._memo:
             return self._memo[bs]
@@ -197,6 +236,9 @@ class AllocTrace:
         for n, (start, end) in enumerate(bounds):
             if n > 0:
                 alloc.reset_peaks()
+                if self.protocol == PERF4SIGHT:  # the cache emptied; used memory read later is the step's own
+                    alloc.empty_cache()
+                    alloc.reset_peaks()
             if steps and n >= len(steps):  # the last step and its repeats
                 state = alloc.state(live)
                 if state == before:  # the step left the allocator as it found it: every repeat is the same
@@ -213,7 +255,14 @@ class AllocTrace:
                 peaks.append((alloc.peak_reserved, alloc.peak_allocated))
         if not peaks:
             peaks = [(alloc.peak_reserved, alloc.peak_allocated)]
-        out = (float(np.mean([p[0] for p in peaks])), float(np.mean([p[1] for p in peaks])))
+        p = np.array(peaks, dtype=float)
+        if self.protocol == RUN_PEAK:
+            out = tuple(p.max(axis=0))
+        else:  # perf4sight: the warm-up (the first step) read twice, then the steps after it
+            w = np.ones(len(p))
+            w[0] = 2.0 if self.protocol == PERF4SIGHT and len(p) > 1 else 1.0
+            out = tuple(w @ p / w.sum())
+        out = (float(out[0]), float(out[1]))
         self._memo[bs] = out
         return out
 

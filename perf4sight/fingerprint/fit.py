@@ -25,17 +25,19 @@ import numpy as np
 
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, feature_matrix, network_features
+from perf4sight.features.allocator import PERF4SIGHT, RUN_PEAK
 from perf4sight.fingerprint.domain import training_domain
 from perf4sight.fingerprint.evaluate import choose_groups
 from perf4sight.fingerprint.select import (PREFERRED, can_nest, describe_choice, group_conformal, held_out_coverage,
                                            nested_cv, random_split_metrics, select_candidate)
 from perf4sight.fingerprint.storage import save_models
 from perf4sight.fingerprint.trees import MODELS, TREE_FEATURES, TargetModel, tree_features
+from perf4sight.importers.perf4sight_csv import PROTOCOL as PERF4SIGHT_ROWS
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import batch_size_of, number
 
-__all__ = ["fit_fingerprint", "memory_column", "device_kind", "memory_capacity", "records", "common_input_shape",
-           "LATENCY_COLUMN", "FEATURE_SET"]
+__all__ = ["fit_fingerprint", "memory_column", "memory_replay", "device_kind", "memory_capacity", "records",
+           "common_input_shape", "LATENCY_COLUMN", "FEATURE_SET"]
 
 LATENCY_COLUMN = "latency_ms_median"
 FEATURE_SET = "perf4sight-graph-v1"
@@ -50,6 +52,15 @@ def memory_column(rows: list[dict[str, Any]]) -> str:
         raise UserError(f"fingerprint: rows mix the cpu backend with {sorted(backends - {'cpu'})}; "
                         "fit one device (one backend) at a time")
     return "device_mem_used_mb"
+
+
+def memory_replay(rows: list[dict[str, Any]]) -> str:
+    """How the allocator replay reads memory for these rows (``features/allocator.py``, REPLAY_PROTOCOLS):
+    ``perf4sight`` where every row comes from perf4sight's profiler (imported), else ``run_peak`` (this
+    tool's profiler: the peak over the warm-up and timed steps)."""
+    if rows and all(str(r.get("protocol", "")) == PERF4SIGHT_ROWS for r in rows):
+        return PERF4SIGHT
+    return RUN_PEAK
 
 
 def device_kind(memory_col: str) -> str:
@@ -123,6 +134,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
     if not recs:
         raise UserError(f"fingerprint: no measurements for device '{device}'")
     mem_col = memory_column(recs)
+    replay = memory_replay(recs)
     missing = sorted({str(r["network"]) for r in recs if str(r["network"]) not in descriptions})
     usable = [r for r in recs if str(r["network"]) in descriptions]
     if not usable:
@@ -136,7 +148,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
                             f"{', '.join(nf.unsupported)}")
         if fcfg.simulate_memory:  # caching-allocator replay (features/alloc_trace.py)
             from perf4sight.features.alloc_trace import attach_simulation
-            attach_simulation(nf, descriptions[name])
+            attach_simulation(nf, descriptions[name], replay)
         feats[name] = nf
 
     def matrix(rs: list[dict[str, Any]]) -> np.ndarray:
@@ -198,6 +210,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
                           "terms/correction/leaf chosen per target by grouped CV (accuracy.<target>.selection)"},
         "targets": {"latency": {"column": LATENCY_COLUMN, "unit": "ms"}, "memory": {"column": mem_col, "unit": "MiB"}},
         "memory_target": mem_col,
+        "memory_replay": replay,
         "training_rows": counts,
         "oom_rows": len(oom_rows),
         "networks": sorted(feats),

@@ -39,7 +39,7 @@ def _trees_features(s: Samples, trees_cfg: Any) -> np.ndarray:
     feats = {}
     for name, t in s.templates.items():
         nf = dataclasses.replace(t.features)
-        feats[name] = attach_simulation(nf, nf.description) if nf.description is not None else nf
+        feats[name] = attach_simulation(nf, nf.description, s.memory_replay) if nf.description is not None else nf
     return feature_matrix([feats[n] for n in s.nets], s.bs)
 
 

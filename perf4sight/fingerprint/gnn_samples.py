@@ -16,7 +16,7 @@ import numpy as np
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import feature_matrix
 from perf4sight.fingerprint.evaluate import choose_groups
-from perf4sight.fingerprint.fit import LATENCY_COLUMN, memory_column, records
+from perf4sight.fingerprint.fit import LATENCY_COLUMN, memory_column, memory_replay, records
 from perf4sight.fingerprint.gnn_graph import GraphTemplate, graph_template
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import batch_size_of, number
@@ -42,6 +42,7 @@ class Samples:
         if not recs:
             raise UserError(f"gnn: no measurements with a network description for device '{device}'")
         self.mem_col = memory_column(recs)
+        self.memory_replay = memory_replay(recs)  # how the trees' allocator replay reads memory, as the fit's
         self.ok = [r for r in recs if r.get("status") == "ok"]
         self.oom = [r for r in recs if r.get("status") == "oom"]
         ylat = np.log([_positive(r.get(LATENCY_COLUMN)) for r in self.ok])

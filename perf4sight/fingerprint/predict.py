@@ -21,6 +21,7 @@ import numpy as np
 
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, feature_matrix, network_features
+from perf4sight.features.allocator import STEP_MEAN
 from perf4sight.fingerprint.storage import HeldOut, damaged, load_held_out, load_models
 from perf4sight.fingerprint.trees import TargetModel
 from perf4sight.ir.schema import NetworkDescription, load_description
@@ -189,6 +190,8 @@ class Fingerprint(ModuleQueries):
         # what ``capacity_mb`` is compared with: the full prediction, or the memory model's analytic part
         # (a learnt capacity: the demand that keeps growing where measured memory saturates)
         self.capacity_basis: str = str(metadata.get("capacity_basis", "prediction"))
+        # how the allocator replay reads memory: as the training rows' profiler did (older fingerprints: step_mean)
+        self.memory_replay: str = str(metadata.get("memory_replay", STEP_MEAN))
         q = metadata.get("interval", {}).get("log_ratio_quantiles", {})
         self._bands = {t: (float(q.get(t, [0, 0])[0]), float(q.get(t, [0, 0])[1])) for t in ("latency", "memory")}
 
@@ -202,7 +205,7 @@ class Fingerprint(ModuleQueries):
     def _simulate_if_needed(self, nfs: list[NetworkFeatures]) -> None:
         """Attach the allocator replay (traced once per network, cached) when the memory model uses it."""
         from perf4sight.features.alloc_trace import ensure_simulation
-        ensure_simulation(nfs, self.models["memory"].terms)
+        ensure_simulation(nfs, self.models["memory"].terms, self.memory_replay)
 
     def _demand(self, F: np.ndarray, mem: np.ndarray | None) -> np.ndarray:
         """Memory figure (MiB) compared with ``capacity_mb`` for feature rows ``F``."""

@@ -28,7 +28,11 @@ from perf4sight.ir.schema import is_file_stem, load_description, save_descriptio
 from perf4sight.profiling.results import (append_row, file_sha, measured_keys, number, read_rows, results_path,
                                           row_key)
 
-__all__ = ["ImportSummary", "import_perf4sight", "read_gt_csv"]
+__all__ = ["ImportSummary", "import_perf4sight", "read_gt_csv", "PROTOCOL"]
+
+#: The ``protocol`` cell of an imported row: perf4sight's profiler (latency the mean of 3 timed steps; memory
+#: read as ``features/allocator.py``'s ``perf4sight`` replay protocol describes).
+PROTOCOL = "perf4sight_mean3"
 
 _NAME = re.compile(r"^(?P<net>.+)_(?P<level>\d+(?:\.\d+)?)-gt\.csv$")
 _DATASET_SHAPES = {"imagenet": (3, 224, 224), "cifar10": (3, 32, 32), "cifar100": (3, 32, 32)}
@@ -203,7 +207,7 @@ def import_perf4sight(source_dir: str | Path, device: str, profiling_dir: str | 
             "device": device, "backend": "imported", "network": variant, "family": net,
             "pruning_level": level if level != int(level) else int(level), "batch_size": bs,
             "input_shape": info[variant][0], "phase": "train", "status": status, "message": message,
-            "protocol": "perf4sight_mean3", "device_model": board, "hostname": "", "timestamp": stamp,
+            "protocol": PROTOCOL, "device_model": board, "hostname": "", "timestamp": stamp,
             "description_sha": info[variant][1],
             **figures,
         }
