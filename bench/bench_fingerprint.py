@@ -17,6 +17,10 @@ from ``oom`` rows) is fitted on the other families and asked about the held-out 
   batch sizes and measurement noise;
 - speed: description -> prediction per network, and per query in a batch of queries.
 
+Every held-out figure is the mean over the trees' seeds (``--seeds``, default 0 1 2, as perf4sight's
+published figures are), with each family's lowest and highest MAPE over the seeds printed beside it:
+on four families a per-family figure moves by up to ~0.8 points from the seed alone.
+
     .venv/bin/python bench/bench_fingerprint.py          # TX2 data (shared/) + profiling_csvs/local if present
     .venv/bin/python bench/bench_fingerprint.py --csv profiling_csvs/local/measurements.csv --models models
 """
@@ -53,6 +57,8 @@ LOCAL_CSV = ROOT / "profiling_csvs" / "local" / "measurements.csv"
 REFERENCE = {"memory": {"resnet18": 13.0, "resnet50": 6.2, "mobilenetv2": 6.9, "squeezenet": 12.7},
              "latency": {"resnet18": 13.6, "resnet50": 11.1, "mobilenetv2": 37.8, "squeezenet": 11.6}}
 TARGET_MAPE = {"memory": 5.0, "latency": 8.0}
+#: The trees' seeds every held-out figure is averaged over (perf4sight's published figures: seeds 0-2).
+SEEDS = (0, 1, 2)
 
 
 def _num(v: Any) -> float | None:
@@ -88,8 +94,9 @@ def load_csv(csv: Path, models: Path) -> tuple[str, list[dict], dict]:
     return device, [r for r in rows if str(r.get("device")) == device], descs
 
 
-def _conv_baseline(rows: list[dict], descs: dict, col: str, fams: list[str], trees: int) -> dict[str, dict]:
-    """perf4sight-conv features -> ExtraTrees(``trees``) on the raw target, leave one family out."""
+def _conv_baseline(rows: list[dict], descs: dict, col: str, fams: list[str], trees: int,
+                   seed: int = 0) -> dict[str, dict]:
+    """perf4sight-conv features -> ExtraTrees(``trees``, ``seed``) on the raw target, leave one family out."""
     from sklearn.ensemble import ExtraTreesRegressor
     vec = {n: perf4sight_vectors(descs[n]) for n in {r["network"] for r in rows}}
     rs = [r for r in rows if r["status"] == "ok" and _num(r.get(col))]
@@ -99,7 +106,7 @@ def _conv_baseline(rows: list[dict], descs: dict, col: str, fams: list[str], tre
     out = {}
     for fam in fams:
         te = g == fam
-        reg = ExtraTreesRegressor(n_estimators=trees, random_state=0, n_jobs=1).fit(X[~te], y[~te])
+        reg = ExtraTreesRegressor(n_estimators=trees, random_state=seed, n_jobs=1).fit(X[~te], y[~te])
         out[fam] = metrics(y[te], reg.predict(X[te]))
     return out
 
@@ -131,42 +138,71 @@ def _oom_checks(fp: Any, test_rows: list[dict], descs: dict) -> tuple[int, int, 
     return right, asked, fit_right, fit_asked, near
 
 
+def _lofo(device: str, rows: list[dict], descs: dict, fams: list[str], cols: dict[str, str], fcfg: Any,
+          tmp: Path) -> tuple[dict, dict, dict]:
+    """One leave-one-family-out pass with ``fcfg`` (its seed): (metrics, interval coverage, oom checks),
+    per target and held-out family."""
+    ours: dict[str, dict] = {t: {} for t in cols}
+    coverage: dict[str, dict] = {t: {} for t in cols}
+    oom: dict[str, tuple] = {}
+    for fam in fams:
+        train = [r for r in rows if r["family"] != fam]
+        test = [r for r in rows if r["family"] == fam]
+        fit_fingerprint(train, descs, device, tmp / fam, fcfg, nested=False)  # evaluated here, on `test`
+        fp = load_fingerprint(tmp / fam)
+        nets = sorted({r["network"] for r in test})
+        pred = {(p["network"], p["batch_size"]): p for n in nets
+                for p in fp.predict(descs[n], sorted({batch_size_of(r) for r in test if r["network"] == n}))}
+        for t, col in cols.items():
+            key = "latency_ms" if t == "latency" else "memory_mb"
+            rs = [r for r in test if r["status"] == "ok" and _num(r.get(col))]
+            y = np.array([_num(r[col]) for r in rs])
+            ps = [pred[(r["network"], batch_size_of(r))] for r in rs]
+            ours[t][fam] = metrics(y, np.array([p[key] for p in ps]))
+            ours[t][fam].update(_bias_removed(y, np.array([p[key] for p in ps]), np.array([r["network"] for r in rs])))
+            inside = [p[f"{key}_low"] <= v <= p[f"{key}_high"] for p, v in zip(ps, y)]
+            coverage[t][fam] = 100.0 * float(np.mean(inside)) if inside else float("nan")
+        oom[fam] = _oom_checks(fp, test, descs)
+    return ours, coverage, oom
+
+
+def _mean_over_seeds(runs: list[dict[str, dict]]) -> dict[str, dict]:
+    """Per target and family, each metric averaged over the seeds' runs; ``mape_seed_range`` its (lowest, highest)."""
+    out: dict[str, dict] = {}
+    for t, per_fam in runs[0].items():
+        out[t] = {}
+        for fam in per_fam:
+            ms = [r[t][fam] for r in runs]
+            out[t][fam] = {k: float(np.mean([m[k] for m in ms])) for k in ms[0]}
+            out[t][fam]["mape_seed_range"] = (min(m["mape"] for m in ms), max(m["mape"] for m in ms))
+    return out
+
+
 def evaluate(device: str, rows: list[dict], descs: dict, trees: int = 200, baseline_trees: int = 300,
-             label: str = "", simulate_memory: bool = True, held_out: list[str] | None = None) -> dict[str, Any]:
+             label: str = "", simulate_memory: bool = True, held_out: list[str] | None = None,
+             seeds: tuple[int, ...] = SEEDS) -> dict[str, Any]:
     """Leave-one-family-out evaluation of the pipeline and the perf4sight-conv baseline (see module doc);
-    ``held_out``: the families to hold out in turn (default all; the others always stay in training)."""
+    ``held_out``: the families to hold out in turn (default all; the others always stay in training);
+    ``seeds``: the trees' seeds; every figure of the held-out families is the mean over them (as
+    perf4sight's published figures are over seeds 0-2), the MAPE's range over them printed beside it."""
     rows = [r for r in rows if r["network"] in descs and r.get("status") in ("ok", "oom")]
     mem_col = memory_column(rows)
     cols = {"memory": mem_col, "latency": LATENCY_COLUMN}
     fams = sorted(held_out or {r["family"] for r in rows})
     fcfg = replace(FingerprintConfig(), n_estimators=trees, simulate_memory=simulate_memory)
     res: dict[str, Any] = {"device": device, "label": label, "families": fams, "columns": cols,
-                           "ours": {t: {} for t in cols}, "conv": {}, "coverage": {t: {} for t in cols},
-                           "oom": {}, "fits": {}}
+                           "seeds": list(seeds)}
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        for fam in fams:
-            train = [r for r in rows if r["family"] != fam]
-            test = [r for r in rows if r["family"] == fam]
-            fit_fingerprint(train, descs, device, Path(tmp) / fam, fcfg, nested=False)  # evaluated here, on `test`
-            fp = load_fingerprint(Path(tmp) / fam)
-            nets = sorted({r["network"] for r in test})
-            pred = {(p["network"], p["batch_size"]): p for n in nets
-                    for p in fp.predict(descs[n], sorted({batch_size_of(r) for r in test if r["network"] == n}))}
-            for t, col in cols.items():
-                key = "latency_ms" if t == "latency" else "memory_mb"
-                rs = [r for r in test if r["status"] == "ok" and _num(r.get(col))]
-                y = np.array([_num(r[col]) for r in rs])
-                ps = [pred[(r["network"], batch_size_of(r))] for r in rs]
-                res["ours"][t][fam] = metrics(y, np.array([p[key] for p in ps]))
-                res["ours"][t][fam].update(_bias_removed(y, np.array([p[key] for p in ps]),
-                                                         np.array([r["network"] for r in rs])))
-                inside = [p[f"{key}_low"] <= v <= p[f"{key}_high"] for p, v in zip(ps, y)]
-                res["coverage"][t][fam] = 100.0 * float(np.mean(inside)) if inside else float("nan")
-            res["oom"][fam] = _oom_checks(fp, test, descs)
+        runs = [_lofo(device, rows, descs, fams, cols, replace(fcfg, seed=s), Path(tmp) / f"seed{s}")
+                for s in seeds]
+        res["ours"] = _mean_over_seeds([r[0] for r in runs])
+        res["coverage"] = {t: {f: float(np.mean([r[1][t][f] for r in runs])) for f in fams} for t in cols}
+        res["oom"] = {f: tuple(float(np.mean([r[2][f][i] for r in runs])) for i in range(5)) for f in fams}
         res["ours_seconds"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        res["conv"] = {t: _conv_baseline(rows, descs, col, fams, baseline_trees) for t, col in cols.items()}
+        res["conv"] = _mean_over_seeds([{t: _conv_baseline(rows, descs, col, fams, baseline_trees, s)
+                                         for t, col in cols.items()} for s in seeds])
         res["conv_seconds"] = time.perf_counter() - t0
         meta = fit_fingerprint(rows, descs, device, Path(tmp) / "all", fcfg, nested=False)  # the LOFO table is above
         res["random_split"] = {t: meta["accuracy"][t]["random_split"] for t in cols}
@@ -243,7 +279,9 @@ def table(res: dict[str, Any]) -> list[str]:
     """The printed table of one evaluation."""
     fams, lines = res["families"], []
     ref = REFERENCE if res["device"] == "tx2" else {}
-    lines.append(f"== {res['label'] or res['device']}: leave one network family out ({len(fams)} families)")
+    seeds = ", ".join(map(str, res["seeds"]))
+    lines.append(f"== {res['label'] or res['device']}: leave one network family out ({len(fams)} families; "
+                 f"mean over the trees' seeds {seeds})")
     for t in ("memory", "latency"):
         lines.append(f"\n{t} ({res['columns'][t]}), target MAPE <= {TARGET_MAPE[t]:.0f}% per held-out family")
         lines.append(f"  {'':<36}" + "".join(f"{f[:12]:>13}" for f in fams) + f"{'mean':>8}")
@@ -258,6 +296,9 @@ def table(res: dict[str, Any]) -> list[str]:
         for name, d, k in rowspec:
             vals = [d[f][k] for f in fams]
             lines.append(f"  {name:<36}" + "".join(f"{v:>13.1f}" for v in vals) + f"{np.nanmean(vals):>8.1f}")
+        ranges = [res["ours"][t][f]["mape_seed_range"] for f in fams]
+        lines.append(f"  {'MAPE % ours, lowest-highest seed':<36}" + "".join(f"{f'{lo:.1f}-{hi:.1f}':>13}"
+                                                                       for lo, hi in ranges))
         cov = [res["coverage"][t][f] for f in fams]
         per_family = "".join(f"{v:>13.1f}" for v in cov)
         lines.append(f"  {'90% interval coverage %':<36}" + per_family + f"{np.nanmean(cov):>8.1f}")
@@ -267,10 +308,10 @@ def table(res: dict[str, Any]) -> list[str]:
     lines.append("  * oracle diagnostics: held-out predictions rescaled by the factor that best fits the family "
                  "(or each network) itself")
     oom = [res["oom"][f] for f in fams]
-    lines.append("\nout of memory, held-out families: max batch size right "
-                 + ", ".join(f"{f} {o[0]}/{o[1]}" for f, o in zip(fams, oom))
-                 + f"; within 10 % {sum(o[4] for o in oom)}/{sum(o[1] for o in oom)}"
-                 + f"; `fits` right per row {sum(o[2] for o in oom)}/{sum(o[3] for o in oom)}")
+    lines.append("\nout of memory, held-out families (mean over the seeds): max batch size right "
+                 + ", ".join(f"{f} {o[0]:.3g}/{o[1]:.3g}" for f, o in zip(fams, oom))
+                 + f"; within 10 % {sum(o[4] for o in oom):.3g}/{sum(o[1] for o in oom):.3g}"
+                 + f"; `fits` right per row {sum(o[2] for o in oom):.5g}/{sum(o[3] for o in oom):.5g}")
     sp = res["speed"]
     lines.append(f"speed: description -> 4 predictions median {sp['median_ms']:.2f} ms (max {sp['max_ms']:.2f} ms) "
                  f"per network; batched {sp['batched_us_per_query']:.1f} µs per query cold, "
@@ -287,7 +328,7 @@ def figures(res: dict[str, Any]) -> list[dict]:
     for t in ("memory", "latency"):
         for f in res["families"]:
             o, c = res["ours"][t][f], res["conv"][t][f]
-            note = f"target <= {TARGET_MAPE[t]}%"
+            note = f"target <= {TARGET_MAPE[t]}%; mean over seeds {res['seeds']}"
             if res["device"] == "tx2":
                 note += f"; perf4sight paper {REFERENCE[t].get(f)}%"
             out += [{"benchmark": b, "metric": f"{t}_mape_{f}", "value": round(o["mape"], 2),
@@ -302,10 +343,10 @@ def figures(res: dict[str, Any]) -> list[dict]:
         out.append({"benchmark": b, "metric": f"{t}_mape_random_split", "value": random_split_mape,
                     "unit": "%", "note": "5-fold over rows"})
     oom = list(res["oom"].values())
-    out.append({"benchmark": b, "metric": "max_batch_right", "value": sum(o[0] for o in oom),
-                "unit": "networks", "note": f"of {sum(o[1] for o in oom)} held-out network variants"})
-    out.append({"benchmark": b, "metric": "max_batch_within10pct", "value": sum(o[4] for o in oom),
-                "unit": "networks", "note": f"of {sum(o[1] for o in oom)}"})
+    out.append({"benchmark": b, "metric": "max_batch_right", "value": round(sum(o[0] for o in oom), 1),
+                "unit": "networks", "note": f"of {sum(o[1] for o in oom):.0f} held-out network variants"})
+    out.append({"benchmark": b, "metric": "max_batch_within10pct", "value": round(sum(o[4] for o in oom), 1),
+                "unit": "networks", "note": f"of {sum(o[1] for o in oom):.0f}"})
     out.append({"benchmark": b, "metric": "fits_right_pct", "value": round(100 * sum(o[2] for o in oom)
                 / max(1, sum(o[3] for o in oom)), 1), "unit": "%", "note": "per measured row (ok/oom)"})
     out.append({"benchmark": b, "metric": "predict_ms_per_network", "value": round(res["speed"]["median_ms"], 2),
@@ -332,6 +373,11 @@ def measured_reserved(rows: list[dict]):
     class Measured:
         def __init__(self, desc: Any) -> None:
             self.name, self.trace = desc.name, replay(desc)
+            self.protocol = self.trace.protocol
+
+        def with_protocol(self, protocol: str) -> "Measured":
+            self.trace, self.protocol = self.trace.with_protocol(protocol), protocol
+            return self
 
         def peaks_mb(self, batch_sizes: Any) -> np.ndarray:
             out = self.trace.peaks_mb(batch_sizes)
@@ -348,29 +394,29 @@ def measured_reserved(rows: list[dict]):
 
 def run(data: Path = TX2, csv: Path | None = LOCAL_CSV if LOCAL_CSV.is_file() else None,
         models: Path | None = None, trees: int = 200, simulate_memory: bool = True,
-        with_measured_reserved: bool = False) -> list[dict]:
+        with_measured_reserved: bool = False, seeds: tuple[int, ...] = SEEDS) -> list[dict]:
     """Evaluate on the TX2 data (skipped when absent) and on a CPU profiling CSV (the project's own by
     default, when present); print the tables, return the figures. ``with_measured_reserved``: on the TX2
     data, the evaluation with :func:`measured_reserved` instead."""
     out: list[dict] = []
-    for res in _evaluations(data, csv, models, trees, simulate_memory, with_measured_reserved):
+    for res in _evaluations(data, csv, models, trees, simulate_memory, with_measured_reserved, seeds):
         print("\n".join(table(res)), flush=True)
         out += figures(res)
     return out
 
 
 def _evaluations(data: Path, csv: Path | None, models: Path | None, trees: int, simulate_memory: bool,
-                 with_measured_reserved: bool = False):
+                 with_measured_reserved: bool = False, seeds: tuple[int, ...] = SEEDS):
     if (data / "graphs").is_dir():
         with tempfile.TemporaryDirectory() as tmp:
             device, rows, descs = load_tx2(data, Path(tmp))
             if with_measured_reserved:
                 with measured_reserved(rows):
-                    yield evaluate(device, rows, descs, trees=trees, simulate_memory=True,
+                    yield evaluate(device, rows, descs, trees=trees, simulate_memory=True, seeds=seeds,
                                    label="Jetson TX2, MEASURED reserved peak in place of the replay's (upper bound)")
                 return
             yield evaluate(device, rows, descs, trees=trees, label="Jetson TX2 (perf4sight data)",
-                           simulate_memory=simulate_memory)
+                           simulate_memory=simulate_memory, seeds=seeds)
     else:
         print(f"TX2 data not found at {data}: skipped")
     if csv is not None:
@@ -379,7 +425,7 @@ def _evaluations(data: Path, csv: Path | None, models: Path | None, trees: int, 
             print(f"{csv}: fewer than 2 network families with descriptions: skipped")
             return
         yield evaluate(device, rows, descs, trees=trees, label=f"{device} ({csv.name})",
-                       simulate_memory=simulate_memory)
+                       simulate_memory=simulate_memory, seeds=seeds)
 
 
 def main() -> None:
@@ -389,6 +435,8 @@ def main() -> None:
                     help=f"a profile stage's measurements.csv (default {LOCAL_CSV.relative_to(ROOT)} when present)")
     ap.add_argument("--models", type=Path, help="models dir holding those networks' descriptions")
     ap.add_argument("--trees", type=int, default=200)
+    ap.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS),
+                    help="the trees' seeds the held-out figures are averaged over (default: %(default)s)")
     ap.add_argument("--no-tx2", action="store_true", help="only the --csv data")
     ap.add_argument("--no-simulate-memory", action="store_true",
                     help="fingerprints without the caching-allocator replay ([fingerprint] simulate_memory = false)")
@@ -397,7 +445,8 @@ def main() -> None:
                          "reserved-memory model would leave; not a predictor)")
     args = ap.parse_args()
     run(Path("/nonexistent") if args.no_tx2 else args.data, None if args.measured_reserved else args.csv, args.models,
-        args.trees, simulate_memory=not args.no_simulate_memory, with_measured_reserved=args.measured_reserved)
+        args.trees, simulate_memory=not args.no_simulate_memory, with_measured_reserved=args.measured_reserved,
+        seeds=tuple(args.seeds))
 
 
 if __name__ == "__main__":
