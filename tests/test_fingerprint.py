@@ -302,6 +302,8 @@ def test_memory_replay_reads_memory_as_the_rows_profiler_did(tx2):
     from perf4sight.fingerprint.fit import memory_replay
     tmp, rows, descs, meta = tx2
     assert meta["memory_replay"] == "perf4sight" == memory_replay(rows)
+    assert "  allocator replay: as perf4sight's profiler read it: cache emptied before every step, warm-up read " \
+        "twice" in accuracy_lines(meta)
     assert memory_replay([dict(r, protocol="cuda_events") for r in rows[:3]] + rows[3:]) == "run_peak"
     fp = load_fingerprint(tmp / "fp" / "tx2")
     assert fp.memory_replay == "perf4sight" and "sim_reserved_mb" in fp.models["memory"].terms

@@ -57,8 +57,10 @@ K_ROUND_LARGE = 2 << 20
 ALLOC, FREE, STEP = 0, 1, 2  # trace event kinds (STEP: start of a training step; peaks are reset there)
 
 RUN_PEAK, PERF4SIGHT, STEP_MEAN = "run_peak", "perf4sight", "step_mean"
-#: How a profiler's memory figure is made from the steps of a run (see the module docstring).
-REPLAY_PROTOCOLS = (RUN_PEAK, PERF4SIGHT, STEP_MEAN)
+#: How a profiler's memory figure is made from the steps of a run (see the module docstring): name -> in short.
+REPLAY_PROTOCOLS = {RUN_PEAK: "the peak over the run, as this tool's profiler reads it",
+                    PERF4SIGHT: "as perf4sight's profiler read it: cache emptied before every step, warm-up read twice",
+                    STEP_MEAN: "the mean of the per-step peaks"}
 
 
 def round_size(size: int | np.ndarray) -> int | np.ndarray:

@@ -21,7 +21,7 @@ import numpy as np
 
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, feature_matrix, network_features
-from perf4sight.features.allocator import STEP_MEAN
+from perf4sight.features.allocator import REPLAY_PROTOCOLS, STEP_MEAN
 from perf4sight.fingerprint.storage import HeldOut, damaged, load_held_out, load_models
 from perf4sight.fingerprint.trees import TargetModel
 from perf4sight.ir.schema import NetworkDescription, load_description
@@ -303,6 +303,8 @@ def accuracy_lines(metadata: dict[str, Any]) -> list[str]:
             for g, form in acc.get("forms_per_fold", {}).items():
                 if form != chosen:
                     lines.append(f"    without {g} the CV chose: {form}")
+            if "sim_reserved_mb" in (sel.get("terms") or ()) and metadata.get("memory_replay") in REPLAY_PROTOCOLS:
+                lines.append(f"  allocator replay: {REPLAY_PROTOCOLS[metadata['memory_replay']]}")
     iv = metadata.get("interval", {})
     for target, (lo, hi) in iv.get("log_ratio_quantiles", {}).items():
         held = metadata.get("accuracy", {}).get(target, {}).get("interval_coverage_held_out")
