@@ -141,14 +141,14 @@ def test_predict_module(tx2):
 
 def test_metadata_has_selection_random_split_and_interval(tx2):
     _, _, _, meta = tx2
-    from perf4sight.fingerprint.select import CANDIDATES, OVERLAP_FORM
+    from perf4sight.fingerprint.select import CANDIDATES, FULL_MEMORY_FORM, OVERLAP_FORM
     for target in ("latency", "memory"):
         acc = meta["accuracy"][target]
         sel = acc["selection"]
         assert sel["chosen"] in {c.name for c in CANDIDATES[target]}
         assert set(sel["cv_mean_group_mape"]) == {c.name for c in CANDIDATES[target]}
-        # a GPU's step time prefers the overlap form; otherwise the lowest score wins
-        assert sel["preferred"] == (OVERLAP_FORM if target == "latency" else None)
+        # a GPU prefers the overlap form for step time and the form with every physical term for memory
+        assert sel["preferred"] == (OVERLAP_FORM if target == "latency" else FULL_MEMORY_FORM)
         best = min(sel["cv_mean_group_mape"].values())
         assert sel["cv_mean_group_mape"][sel["chosen"]] == best or sel["chosen"] == sel["preferred"]
         assert acc["random_split"]["n"] == acc["overall"]["n"] and 0 < acc["random_split"]["mape"] < 40

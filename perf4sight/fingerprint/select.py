@@ -7,11 +7,14 @@ family weighs the same whatever its row count. The chosen candidate's out-of-fol
 are the input of the prediction interval; the accuracy table comes from :func:`nested_cv`, which
 chooses the form again without each held-out family, so that family takes no part in the choice.
 
-A device kind may have a *preferred* form (:data:`PREFERRED`: on a GPU, whose kernels run
-asynchronously to the host that issues them, the host|device overlap form for step time). It is
-kept unless the best-scoring form beats it by more than one standard error of their per-group
-MAPE differences (the one-standard-error rule, paired over the held-out groups): with the three
-or four families a device has, a point of CV score is within the noise of which family is out.
+A device kind may have a *preferred* form (:data:`PREFERRED`). On a GPU: for step time the
+host|device overlap form (its kernels run asynchronously to the host that issues them); for memory
+the form with every physical term (the allocator replay, the analytic estimate, the BLAS library's
+context, the convolution workspaces, saturation near the device's limit), each term learnt with a
+non-negative coefficient, so a term the device does not show costs little. It is kept unless the
+best-scoring form beats it by more than one standard error of their per-group MAPE differences (the
+one-standard-error rule, paired over the held-out groups): with the three or four families a device
+has, a point of CV score is within the noise of which family is out, and of the trees' seed.
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ class Candidate:
 
 
 OVERLAP_FORM = "host|device overlap (64-tiles) x trees, leaf 3"
+FULL_MEMORY_FORM = "sim reserved + analytic + BLAS context + workspace, saturating x trees"
 _KERNEL_TERMS = ("one", "lt_gemm_padded_macs", "lt_dw_bytes", "lt_ew_bytes", "lt_launches", "batch_size")
 _KERNEL_TERMS_64 = ("one", "lt_gemm_padded64_macs", "lt_dw_bytes", "lt_ew_bytes", "lt_launches", "batch_size")
 #: host time (fixed + per-launch issue cost) overlapped with device time (GEMM work, bandwidth)
@@ -62,7 +66,7 @@ CANDIDATES: dict[str, tuple[Candidate, ...]] = {
                # the same sums saturating at a learnt ceiling: used memory stops growing near the device's limit
                Candidate("sim reserved + analytic + workspace, saturating x trees",
                          ("one", "sim_reserved_mb", "mem_analytic_mb", "im2col_mb", CEILING)),
-               Candidate("sim reserved + analytic + BLAS context + workspace, saturating x trees",
+               Candidate(FULL_MEMORY_FORM,
                          ("one", "sim_reserved_mb", "mem_analytic_mb", "blas_context", "im2col_mb", CEILING))),
     # latency: the kernel-terms form first, as it is the one kept when there are too few groups to choose
     # (its per-kernel launch term carries over to families never seen; the FLOP-only forms did not)
@@ -81,8 +85,10 @@ CANDIDATES: dict[str, tuple[Candidate, ...]] = {
 
 #: (target, device kind) -> the form kept unless another is better by more than one standard error
 #: (device kind: "gpu" for the nvml and jetson backends and imported GPU data, "cpu" for the cpu backend).
-#: A CPU runs the step synchronously, so its step time is a sum: no preference there.
-PREFERRED: dict[tuple[str, str], str] = {("latency", "gpu"): OVERLAP_FORM}
+#: A CPU runs the step synchronously, so its step time is a sum, and its memory (peak RSS) has none of a GPU's
+#: library terms: no preference there. Where the preferred form's terms cannot be learnt (e.g. no training network
+#: without a linear layer, or no replay), the lowest score wins.
+PREFERRED: dict[tuple[str, str], str] = {("latency", "gpu"): OVERLAP_FORM, ("memory", "gpu"): FULL_MEMORY_FORM}
 
 
 def _fitter(target: str, cand: Candidate, model: str, n_est: int, leaf: int, seed: int):
