@@ -10,6 +10,7 @@ import pytest
 
 from perf4sight.config import FingerprintConfig
 from perf4sight.errors import UserError
+from perf4sight.features.aggregate import FEATURE_NAMES
 from perf4sight.fingerprint import PREDICTION_KEYS, accuracy_lines, fit_fingerprint, load_fingerprint
 from perf4sight.fingerprint.storage import load_held_out
 from perf4sight.fingerprint.trees import TreeEnsemble, make_regressor
@@ -315,6 +316,20 @@ def test_memory_replay_reads_memory_as_the_rows_profiler_did(tx2):
     assert not np.allclose(got, want["run_peak"], rtol=1e-3)
     older = {k: v for k, v in fp.metadata.items() if k != "memory_replay"}
     assert type(fp)(fp.models, older).memory_replay == "step_mean"
+
+
+def test_capacity_basis_is_the_demand_where_the_memory_form_saturates():
+    from perf4sight.fingerprint.fit import capacity_basis
+    from perf4sight.fingerprint.trees import CEILING, TargetModel
+    linear = TargetModel("memory", ("one", "mem_analytic_mb"), np.array([300.0, 1.0]), None)
+    saturating = TargetModel("memory", ("one", "mem_analytic_mb", CEILING), np.array([300.0, 1.0, 6000.0]), None)
+    assert capacity_basis(7000.0, 7000.0, linear) == "prediction"      # a configured limit: the prediction
+    assert capacity_basis(6900.0, 0.0, linear) == "analytic"           # learnt from oom rows: the demand
+    assert capacity_basis(7000.0, 7000.0, saturating) == "analytic"    # the prediction never reaches the limit
+    assert capacity_basis(None, 0.0, saturating) == "prediction"       # unknown capacity: everything fits
+    F = np.zeros((1, len(FEATURE_NAMES)))
+    F[0, FEATURE_NAMES.index("mem_analytic_mb")] = 9000.0
+    assert saturating.predict(F)[0] < 6000.0 < 7000.0 < saturating.demand(F)[0]
 
 
 def test_overlap_form_recovers_host_and_device_time(tmp_path):

@@ -116,10 +116,18 @@ def test_report_data(project, report):
         assert np.all(np.array(c["low"]) <= np.array(c["predicted"]))
         assert np.all(np.array(c["predicted"]) <= np.array(c["high"]))
         assert c["measured_network"] == "resnet18_0" and len(c["measured"]) >= 5
-    # below the largest fitting batch the predicted memory stays under the capacity; the curve goes past it
+    # below the largest fitting batch the predicted memory stays under the capacity; the curve goes past it,
+    # unless the memory form saturates: then its prediction stays under the limit, and `fits` compares the demand
     curve = next(c for c in data["curves"]["memory"]["resnet18"] if c["device"] == "tx2a")
     bs, mem = np.array(curve["batch_size"]), np.array(curve["predicted"])
-    assert mem[bs <= a["max_batch"]["resnet18"]].max() <= 7000 < mem[-1]
+    fp = load_device_fingerprint(project, "tx2a")
+    if fp.capacity_basis == "prediction":
+        assert mem[bs <= a["max_batch"]["resnet18"]].max() <= 7000 < mem[-1]
+    else:
+        assert "ceiling" in fp.models["memory"].terms and mem.max() <= 7000
+        from perf4sight.networks.zoo import describe_zoo
+        m, resnet18 = a["max_batch"]["resnet18"], describe_zoo("resnet18", fp.input_shape, num_classes=1000)
+        assert [p["fits"] for p in fp.predict(resnet18, [m, m + 1])] == [True, False]
     # resnet50 is larger than every training network (resnet18, mobilenetv2, squeezenet): the report says so
     md = (folder / "report.md").read_text()
     assert "tx2a: MACs per sample outside the training networks' " in md and "resnet50_0 4.09 G" in md
@@ -174,14 +182,14 @@ def test_stored_held_out_predictions_equal_a_refit_and_are_not_used_for_other_ro
 
 def test_feature_sensitivity(project):
     from perf4sight.profiling.results import read_rows, results_path
-    from perf4sight.fingerprint.trees import OVERLAP
+    from perf4sight.fingerprint.trees import CEILING, OVERLAP
     from perf4sight.dataset import device_dataset
     fp = load_device_fingerprint(project, "tx2a")
     rows = read_rows(results_path(project.profiling_dir, "tx2a"))
     sens = feature_sensitivity(fp, rows, device_dataset(project, "tx2a").descriptions)
     for target, model in fp.models.items():  # the model's analytic terms plus, with a correction, its tree inputs
         trees = fp.metadata["tree_features_by_target"][target] if model.correction is not None else []
-        assert set(sens[target]) == {t for t in model.terms if t not in ("one", OVERLAP)} | set(trees)
+        assert set(sens[target]) == {t for t in model.terms if t not in ("one", OVERLAP, CEILING)} | set(trees)
     assert all(v >= 0 for t in sens.values() for v in t.values())
     # memory leans on a byte count (analytic estimate, saved activations, weights), not on e.g. depth
     assert max(sens["memory"], key=sens["memory"].get) in {"mem_analytic_mb", "saved_bytes", "param_bytes",

@@ -31,13 +31,13 @@ from perf4sight.fingerprint.evaluate import choose_groups
 from perf4sight.fingerprint.select import (PREFERRED, can_nest, describe_choice, group_conformal, held_out_coverage,
                                            nested_cv, random_split_metrics, select_candidate)
 from perf4sight.fingerprint.storage import save_models
-from perf4sight.fingerprint.trees import MODELS, TREE_FEATURES, TargetModel, tree_features
+from perf4sight.fingerprint.trees import CEILING, MODELS, TREE_FEATURES, TargetModel, tree_features
 from perf4sight.importers.perf4sight_csv import PROTOCOL as PERF4SIGHT_ROWS
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import batch_size_of, number
 
-__all__ = ["fit_fingerprint", "memory_column", "memory_replay", "device_kind", "memory_capacity", "records",
-           "common_input_shape", "LATENCY_COLUMN", "FEATURE_SET"]
+__all__ = ["fit_fingerprint", "memory_column", "memory_replay", "device_kind", "memory_capacity", "capacity_basis",
+           "records", "common_input_shape", "LATENCY_COLUMN", "FEATURE_SET"]
 
 LATENCY_COLUMN = "latency_ms_median"
 FEATURE_SET = "perf4sight-graph-v1"
@@ -105,6 +105,16 @@ def memory_capacity(limit_mb: float, n_oom: int,
     errs = [int(np.sum(p_ok > t) + np.sum(p_oom <= t)) for t in cands]  # fits <=> predicted <= t
     k = int(np.argmin(errs))
     return float(cands[k]), f"learned from {len(p_oom)} oom and {len(p_ok)} ok rows ({errs[k]} misclassified)"
+
+
+def capacity_basis(capacity: float | None, memory_limit_mb: float, memory_model: TargetModel) -> str:
+    """What the capacity is compared with: the predicted memory ("prediction") for a configured limit, or
+    the memory model's demand ("analytic": its linear sum, before a saturating form's ceiling) for a
+    learnt capacity, and for any capacity when the memory form saturates, since a saturated prediction
+    never reaches the device's limit however large the batch."""
+    if capacity is None or (memory_limit_mb > 0 and CEILING not in memory_model.terms):
+        return "prediction"
+    return "analytic"
 
 
 def common_input_shape(descriptions: dict[str, NetworkDescription], names: Iterable[str]) -> list[int]:
@@ -225,7 +235,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
                                "out-of-fold log(measured/predicted)"},
         "capacity_mb": capacity,
         "capacity_source": cap_source,
-        "capacity_basis": "prediction" if memory_limit_mb > 0 or capacity is None else "analytic",
+        "capacity_basis": capacity_basis(capacity, memory_limit_mb, models["memory"]),
     }
     save_models(out_dir, models, meta, held_out)
     return meta

@@ -7,7 +7,8 @@ first traced on the meta device (about 0.5-2 s at 224x224, cached per descriptio
 (network, batch size) is one replay (a few ms). ``fits``
 compares the predicted memory with the device capacity stored in the fingerprint (a configured
 limit, compared with the prediction; or learnt from ``oom`` rows, compared with the memory model's
-analytic part: ``capacity_basis``); when the capacity is unknown every configuration fits.
+analytic part, the demand, as a configured limit is too where the memory form saturates:
+``capacity_basis``); when the capacity is unknown every configuration fits.
 """
 from __future__ import annotations
 
