@@ -164,7 +164,9 @@ def test_oom_under_memory_limit_skips_larger_batches(measured, tmp_path):
     rows = results.read_rows(summary.csv_path)
     assert [(r["batch_size"], r["status"]) for r in rows] == [("1", "ok"), ("1024", "oom"),
                                                              ("2048", "skipped_after_oom")]
-    assert "memory_limit_mb" in rows[1]["message"] and float(rows[1]["peak_rss_mb"]) > int(peak_b1) + 150
+    # the row's peak (ru_maxrss) is at the limit: Linux syncs per-thread RSS counters in batches of up to
+    # 64 pages, so the peak may read a little under the VmRSS sample that tripped the watchdog
+    assert "memory_limit_mb" in rows[1]["message"] and float(rows[1]["peak_rss_mb"]) > int(peak_b1) + 150 - 2
     # a rerun with a larger batch size measures nothing: the network already ran out of memory
     cfg.profile.batch_sizes = [1, 1024, 2048, 4096]
     again = profile_local(cfg, "local", [net], progress=False)
