@@ -160,6 +160,9 @@ def test_metadata_has_selection_random_split_and_interval(tx2):
     lines = accuracy_lines(meta)
     assert any("random 5-fold split" in line for line in lines)
     assert any("model chosen by grouped CV" in line for line in lines)
+    chosen = [line for line in lines if "model chosen by grouped CV" in line]
+    # each chosen form says why: the preferred form's margin, or its CV score beside the runner-up's
+    assert all("preferred form" in line or "runner-up" in line for line in chosen)
     assert any("90% interval" in line and "held-out group" in line for line in lines)
 
 

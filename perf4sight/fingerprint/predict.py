@@ -300,6 +300,9 @@ def accuracy_lines(metadata: dict[str, Any]) -> list[str]:
                 best = min(scores, key=scores.get)
                 why = (f" (this device kind's preferred form: {scores[chosen]:.1f}% against {best}'s "
                        f"{scores[best]:.1f}%, within one standard error)")
+            elif chosen in scores and len(scores) > 1:  # a near tie is a choice the trees' seed can flip
+                runner_up = min((n for n in scores if n != chosen), key=scores.get)
+                why = f" (CV {scores[chosen]:.1f}%; runner-up {runner_up} {scores[runner_up]:.1f}%)"
             lines.append(f"  model chosen by grouped CV: {chosen}{why}")
             for g, form in acc.get("forms_per_fold", {}).items():
                 if form != chosen:
