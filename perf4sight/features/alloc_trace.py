@@ -449,10 +449,10 @@ def ensure_simulation(nfs: Any, terms: Any, protocol: str = RUN_PEAK) -> None:
     if not set(SIM_FEATURES) & set(terms):
         return
     for nf in nfs:
-        if nf.sim is not None and nf.sim.protocol != protocol:
-            nf.sim = nf.sim.with_protocol(protocol)
-        elif nf.sim is None:
-            if nf.description is None:
-                raise UserError(f"network '{nf.name}': the memory model simulates the allocator "
-                                "and needs the description")
-            attach_simulation(nf, nf.description, protocol)
+        if nf.sim is not None:
+            nf.sim = nf.sim.with_protocol(protocol)  # itself when the protocol is the same
+            continue
+        if nf.description is None:
+            raise UserError(f"network '{nf.name}': the memory model simulates the allocator "
+                            "and needs the description")
+        attach_simulation(nf, nf.description, protocol)
