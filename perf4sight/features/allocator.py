@@ -259,12 +259,13 @@ class AllocTrace:
             peaks = [(alloc.peak_reserved, alloc.peak_allocated)]
         p = np.array(peaks, dtype=float)
         if self.protocol == RUN_PEAK:
-            out = tuple(p.max(axis=0))
-        else:  # perf4sight: the warm-up (the first step) read twice, then the steps after it
+            figure = p.max(axis=0)
+        else:  # a mean over the steps; perf4sight's reads the warm-up (the first step) twice
             w = np.ones(len(p))
-            w[0] = 2.0 if self.protocol == PERF4SIGHT and len(p) > 1 else 1.0
-            out = tuple(w @ p / w.sum())
-        out = (float(out[0]), float(out[1]))
+            if self.protocol == PERF4SIGHT and len(p) > 1:
+                w[0] = 2.0
+            figure = w @ p / w.sum()
+        out = (float(figure[0]), float(figure[1]))
         self._memo[bs] = out
         return out
 
