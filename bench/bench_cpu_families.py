@@ -46,12 +46,12 @@ num_classes = 1000
 
 [networks.pruning]
 strategy = "l1-norm"
-levels = [0, 50]
+levels = {levels}
 min_channels = 4
 
 [networks.generator]
 count = {generated}
-seed = 1
+seed = {generator_seed}
 min_mflops = 20
 max_mflops = 600
 max_params = 30000000
@@ -78,22 +78,25 @@ def _stage(config: Path, stage: str) -> None:
         sys.exit(f"bench_cpu_families: --stage {stage} failed: {last_line}")
 
 
-def run(generated: int = 12, trees: int = 100, repeats: int = 1, keep: str = "") -> list[dict]:
+def run(generated: int = 12, trees: int = 100, repeats: int = 1, keep: str = "", zoo: tuple[str, ...] = ZOO,
+        levels: tuple[int, ...] = (0, 50), generator_seed: int = 1) -> list[dict]:
     """Make, profile and evaluate the dataset (see module doc); rows for bench/run_all.py. ``keep``: a
-    folder to make it in and leave behind (config, networks, measurements), instead of a temporary one."""
+    folder to make it in and leave behind (config, networks, measurements), instead of a temporary one.
+    ``zoo``, ``levels``, ``generator_seed``: another set of families, pruning levels (%) and generated networks,
+    for a second dataset to check a conclusion drawn on the first."""
     with tempfile.TemporaryDirectory(prefix="p4s-cpu-families-") as scratch:
         tmp = keep or scratch
         Path(tmp).mkdir(parents=True, exist_ok=True)
         config = Path(tmp) / "config.toml"
-        config.write_text(CONFIG.format(zoo="[" + ", ".join(f'"{z}"' for z in ZOO) + "]", generated=generated,
-                                        repeats=repeats))
+        config.write_text(CONFIG.format(zoo="[" + ", ".join(f'"{z}"' for z in zoo) + "]", generated=generated,
+                                        repeats=repeats, levels=list(levels), generator_seed=generator_seed))
         for stage in ("networks", "profile"):
             _stage(config, stage)
             print(f"  {stage} stage done", flush=True)
         device, rows, descs = load_csv(Path(tmp) / "profiling_csvs" / "cpu-families" / "measurements.csv",
                                        Path(tmp) / "models")
         n_fams = len({r["family"] for r in rows})
-        res = evaluate(device, rows, descs, trees=trees, held_out=list(ZOO),
+        res = evaluate(device, rows, descs, trees=trees, held_out=list(zoo),
                        label=f"cpu, {len(descs)} networks in {n_fams} families ({generated} generated), "
                              f"{len(rows)} rows, {repeats} process(es) each; torchvision families held out")
     print("\n".join(table(res)), flush=True)
@@ -106,8 +109,11 @@ def main() -> None:
     ap.add_argument("--trees", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=1, help="[profile] repeats: fresh processes per row, median kept")
     ap.add_argument("--keep", default="", help="make the dataset in this folder and keep it (a rerun resumes it)")
+    ap.add_argument("--zoo", nargs="+", default=list(ZOO), help="torchvision families, each held out in turn")
+    ap.add_argument("--levels", type=int, nargs="+", default=[0, 50], help="pruning levels (%%) of each family")
+    ap.add_argument("--generator-seed", type=int, default=1, help="seed of the generated networks")
     args = ap.parse_args()
-    run(args.generated, args.trees, args.repeats, args.keep)
+    run(args.generated, args.trees, args.repeats, args.keep, tuple(args.zoo), tuple(args.levels), args.generator_seed)
 
 
 if __name__ == "__main__":
