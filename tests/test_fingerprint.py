@@ -362,6 +362,30 @@ def test_overlap_form_recovers_host_and_device_time(tmp_path):
     np.testing.assert_allclose(back["latency"].predict(F), tm.predict(F))
 
 
+def test_step_time_sum_counts_the_optimizers_pass_over_the_parameters():
+    """A step whose time is compute plus a per-parameter optimizer cost (whatever the batch size): the default
+    step-time sum learns both from networks with few parameters, so it holds on a parameter-heavy network (an
+    alexnet at 64x64, its step mostly the update of its 61 M parameters), where a sum without the term cannot."""
+    from perf4sight.fingerprint.trees import LINEAR_TERMS, TargetModel
+    rng = np.random.default_rng(5)
+    col = FEATURE_NAMES.index
+    F = np.zeros((120, len(FEATURE_NAMES)))
+    F[:, col("batch_size")] = rng.choice([2, 8, 32], 120)
+    F[:, col("dense_macs")] = F[:, col("batch_size")] * 10 ** rng.uniform(7, 9, 120)
+    F[:, col("param_bytes")] = 4 * 10 ** rng.uniform(5, 7.3, 120)  # 0.1 M to 20 M parameters
+    step_ms = lambda f: 4.0 + 2e-8 * f[:, col("dense_macs")] + 7e-8 * f[:, col("param_bytes")]  # noqa: E731
+    alexnet = np.zeros((3, len(FEATURE_NAMES)))
+    alexnet[:, col("batch_size")] = [2, 8, 32]
+    alexnet[:, col("dense_macs")] = alexnet[:, col("batch_size")] * 1.9e8
+    alexnet[:, col("param_bytes")] = 4 * 6.1e7
+    assert "param_bytes" in LINEAR_TERMS["latency"]
+    tm = TargetModel.fit("latency", F, step_ms(F), correct=False)
+    assert np.max(np.abs(tm.predict(alexnet) / step_ms(alexnet) - 1)) < 0.02
+    no_params = tuple(t for t in LINEAR_TERMS["latency"] if t != "param_bytes")
+    blind = TargetModel.fit("latency", F, step_ms(F), correct=False, terms=no_params)
+    assert np.mean(np.abs(blind.predict(alexnet) / step_ms(alexnet) - 1)) > 0.3
+
+
 def test_saturating_form_recovers_demand_and_ceiling_and_capacity_compares_demand(tmp_path):
     """Memory that follows a linear demand and flattens under a ceiling (a device paging out near its
     limit): the saturating fit recovers the demand's coefficients and the ceiling, a linear sum cannot
