@@ -136,7 +136,8 @@ def test_predict_module(tx2):
     fp = load_fingerprint(tmp / "fp" / "tx2")
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
                               torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 10))
-    out = fp.predict_module(net, [3, 32, 32], [4, 8], name="tiny")
+    with pytest.warns(UserWarning, match="tiny: described at input shape 3x32x32.*3x224x224"):
+        out = fp.predict_module(net, [3, 32, 32], [4, 8], name="tiny")
     assert [p["batch_size"] for p in out] == [4, 8] and all(p["memory_mb"] > 0 for p in out)
 
 

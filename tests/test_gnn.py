@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -171,7 +172,8 @@ def test_damaged_or_hostile_files(fitted, tmp_path, monkeypatch):
         load_gnn(tmp_path)
     (tmp_path / GNN_JSON).write_text((out / GNN_JSON).read_text())
     (tmp_path / GNN_WEIGHTS).write_bytes(pickle.dumps({"w": _Evil()}))
-    with pytest.raises(UserError, match="damaged or incompatible"):
+    with pytest.raises(UserError, match="damaged or incompatible"), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)  # torch's note on the hostile file
         load_gnn(tmp_path)
     assert not (tmp_path / "pwned_by_weights").exists()
     (tmp_path / GNN_WEIGHTS).write_bytes((out / GNN_WEIGHTS).read_bytes())
