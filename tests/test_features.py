@@ -106,6 +106,43 @@ def test_im2col_counts_dense_convolutions_wider_than_1x1_only():
     assert features_for(pointwise, 8)["im2col_mb"] == 0.0
 
 
+def test_native_conv_macs_are_the_convolutions_torch_runs_outside_onednn():
+    """``native_conv_macs`` at each batch size is the MACs of exactly the convolutions that torch's own CPU dispatch
+    (one thread) sends to a native path instead of oneDNN: non-strided, undilated 1x1 convolutions under batch 16,
+    and at batch 1 every small ungrouped one."""
+    torch = pytest.importorskip("torch")
+    select = getattr(torch._C, "_select_conv_backend", None)
+    if select is None:
+        pytest.skip("this torch has no torch._C._select_conv_backend to compare with")
+    from perf4sight.ir.from_torch import describe
+    nn = torch.nn
+    net = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(16, 24, 1), nn.Conv2d(24, 32, 1, stride=2),
+                        nn.Conv2d(32, 32, 1, groups=4), nn.Conv2d(32, 16, 3, padding=1), nn.Conv2d(16, 8, 1, dilation=2),
+                        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+    desc = describe(net, [3, 16, 16], "dispatch")
+    shapes = {n.name: n.output_shape for n in desc.nodes}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        slow_at = {}
+        for b in (1, 2, 8, 15, 16, 32):
+            slow = 0.0
+            for node in (n for n in desc.nodes if n.op == "conv2d"):
+                a = node.attrs
+                x = torch.empty([b] + shapes[node.inputs[0]])
+                w = torch.empty(a["out_channels"], a["in_channels"] // a["groups"], *a["kernel_size"])
+                backend = select(x, w, None, list(a["stride"]), list(a["padding"]), list(a["dilation"]), False, [0, 0],
+                                 a["groups"], None)
+                if not str(backend).endswith("Mkldnn"):  # Slow2d, or SlowDilated2d for a dilated one at batch 1
+                    slow += a["in_channels"] // a["groups"] * int(np.prod(a["kernel_size"])) * int(np.prod(node.output_shape))
+            slow_at[b] = slow
+            assert features_for(desc, b)["native_conv_macs"] == pytest.approx(slow * b)
+    finally:
+        torch.set_num_threads(threads)
+    assert slow_at[8] == 16 * 24 * 16 * 16 + 8 * 32 * 8 * 8  # the plain and the grouped 1x1 convolutions
+    assert slow_at[16] == slow_at[32] == 0.0
+
+
 def test_blas_context_flags_linear_layers_and_needs_both_values_to_be_a_term():
     """A network with a linear layer loads the BLAS library (1), one whose classifier is a conv does not
     (0); the memory form with that term is offered only on rows that have both kinds."""

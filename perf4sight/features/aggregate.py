@@ -33,7 +33,7 @@ from perf4sight.ir.schema import NetworkDescription
 __all__ = ["NetworkFeatures", "network_features", "features_for", "feature_matrix", "unsupported_ops",
            "FEATURE_NAMES", "SCALED_FEATURES", "STATIC_FEATURES",
            "ALLOCATOR_FEATURES", "allocator_bytes", "SIM_FEATURES", "LATENCY_FEATURES", "CONTEXT_FEATURES",
-           "WORKSPACE_FEATURES"]
+           "WORKSPACE_FEATURES", "DISPATCH_FEATURES", "NATIVE_CONV_MAX_BATCH", "NATIVE_CONV_MAX_INPUT"]
 
 MIB = float(2**20)
 
@@ -64,11 +64,19 @@ CONTEXT_FEATURES: tuple[str, ...] = ("blas_context",)
 #: batch size). A size of the convolution workspaces a GPU library may request through the caching
 #: allocator, which the replay does not see. Appended last so older columns keep their index.
 WORKSPACE_FEATURES: tuple[str, ...] = ("im2col_mb",)
+#: ``native_conv_macs``: MACs of the convolutions PyTorch's CPU dispatch sends to its native im2col + GEMM path
+#: (``Slow2d``; ``SlowDilated2d`` for a dilated one) instead of oneDNN when the step runs on one thread (``torch._C._select_conv_backend``, torch
+#: 2.14): the non-strided, undilated 1x1 convolutions at a batch size up to :data:`NATIVE_CONV_MAX_BATCH`, and at
+#: batch 1 also every ungrouped convolution no larger than 3 in either kernel dimension whose input has at most
+#: :data:`NATIVE_CONV_MAX_INPUT` elements. That path is several times slower per MAC. A device without the rule
+#: (more threads, a GPU) learns the term a coefficient near 0. Appended last.
+DISPATCH_FEATURES: tuple[str, ...] = ("native_conv_macs",)
+NATIVE_CONV_MAX_BATCH, NATIVE_CONV_MAX_INPUT = 15, 20480
 #: Ops that run on the BLAS library.
 BLAS_OPS = frozenset({"linear"})
 FEATURE_NAMES: tuple[str, ...] = (("batch_size",) + SCALED_FEATURES + STATIC_FEATURES + ("mem_analytic_mb",)
                                   + ALLOCATOR_FEATURES + SIM_FEATURES + LATENCY_FEATURES + CONTEXT_FEATURES
-                                  + WORKSPACE_FEATURES)
+                                  + WORKSPACE_FEATURES + DISPATCH_FEATURES)
 
 
 @dataclass
@@ -97,7 +105,8 @@ def network_features(desc: NetworkDescription) -> NetworkFeatures:
     base: dict[str, str] = {}  # view -> tensor whose storage it shares
     consumers = consumer_counts(desc)
     depth: dict[str, int] = {}
-    ps = dict.fromkeys(SCALED_FEATURES + ("im2col_bytes",), 0.0)  # im2col: WORKSPACE_FEATURES, appended last
+    # im2col: WORKSPACE_FEATURES, native conv (up to batch 15, and the more at batch 1): DISPATCH_FEATURES
+    ps = dict.fromkeys(SCALED_FEATURES + ("im2col_bytes", "native_conv_macs", "native_conv_macs_b1"), 0.0)
     st = dict.fromkeys(STATIC_FEATURES, 0.0)
     saved: dict[str, float] = {}
     extra_saved = 0.0
@@ -122,6 +131,11 @@ def network_features(desc: NetworkDescription) -> NetworkFeatures:
             if cost.kind != "depthwise" and kh * kw > 1:
                 ps["im2col_bytes"] += (node.attrs["in_channels"] * kh * kw * numel(node.output_shape[1:])
                                        * BYTES_PER_ELEMENT)
+            if (kh, kw) == (1, 1) and all(list(node.attrs.get(k, [1, 1])) == [1, 1] for k in ("stride", "dilation")):
+                ps["native_conv_macs"] += cost.macs
+            elif (node.attrs.get("groups", 1) == 1 and min(kh, kw) <= 3
+                  and numel(shapes[node.inputs[0]]) <= NATIVE_CONV_MAX_INPUT):
+                ps["native_conv_macs_b1"] += cost.macs
             conv_channels.append(int(node.attrs["out_channels"]))
             if int(node.attrs["out_channels"]) % 8:
                 ps["odd_channel_macs"] += cost.macs
@@ -236,8 +250,11 @@ def feature_matrix(nets: list[NetworkFeatures] | NetworkFeatures, batch_sizes: l
     lat = _latency_block(rows, bs)
     ctx = np.array([[n.static.get(k, np.nan) for k in CONTEXT_FEATURES] for n in rows], dtype=float)
     im2col = np.array([n.per_sample.get("im2col_bytes", 0.0) for n in rows], dtype=float) * bs / MIB
+    native = np.array([[n.per_sample.get(k, 0.0) for k in ("native_conv_macs", "native_conv_macs_b1")] for n in rows],
+                      dtype=float).reshape(len(bs), 2)
+    native = np.where(bs <= NATIVE_CONV_MAX_BATCH, bs * native[:, 0], 0.0) + np.where(bs == 1, native[:, 1], 0.0)
     return np.column_stack([bs, scaled, stat, mem, alloc, mem - extra + alloc, sim, lat,
-                            ctx.reshape(len(bs), len(CONTEXT_FEATURES)), im2col])
+                            ctx.reshape(len(bs), len(CONTEXT_FEATURES)), im2col, native])
 
 
 def _latency_block(rows: list[NetworkFeatures], bs: np.ndarray) -> np.ndarray:

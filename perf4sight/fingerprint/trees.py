@@ -43,9 +43,11 @@ MODELS = TREE_MODELS
 #: Analytic terms per target (feature names; "one" = constant). Fitted non-negative.
 LINEAR_TERMS: dict[str, tuple[str, ...]] = {
     "memory": ("one", "mem_analytic_mb"),  # constant (context, runtime) + scaled analytic estimate
-    # step time: compute, activation traffic, launches, per-sample work, and the optimizer's pass over the
-    # parameters (momentum and update read and write every parameter once per step, whatever the batch size)
-    "latency": ("one", "dense_macs", "depthwise_macs", "activation_elems", "kernels", "batch_size", "param_bytes"),
+    # step time: compute, activation traffic, launches, per-sample work, the optimizer's pass over the
+    # parameters (momentum and update read and write every parameter once per step, whatever the batch size),
+    # and the 1x1 convolutions a one-thread CPU step runs outside oneDNN at small batches (features/aggregate.py)
+    "latency": ("one", "dense_macs", "depthwise_macs", "activation_elems", "kernels", "batch_size", "param_bytes",
+                "native_conv_macs"),
 }
 #: Inputs of the tree correction (log1p-transformed). Scale-free shape descriptors plus size.
 TREE_FEATURES: tuple[str, ...] = (
