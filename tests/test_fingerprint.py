@@ -55,6 +55,7 @@ def test_fit_metadata(tx2):
         assert set(acc["per_group"]) == {"resnet18", "resnet50", "mobilenetv2", "squeezenet"}
         assert 0 < acc["overall"]["mape"] < 40  # a broken model is far worse than this
     assert meta["capacity_mb"] is not None and 4000 < meta["capacity_mb"] < 7859  # below the TX2's 8 GB
+    assert meta["native_conv_dispatch"] is False  # imported GPU rows: no one-thread CPU dispatch
     assert len(meta["training_data_sha256"]) == 64
     assert "scikit-learn" in meta["versions"]
     assert any("leave-one-family-out" in line for line in accuracy_lines(meta))
@@ -385,6 +386,21 @@ def test_step_time_sum_counts_the_optimizers_pass_over_the_parameters():
     no_params = tuple(t for t in LINEAR_TERMS["latency"] if t != "param_bytes")
     blind = TargetModel.fit("latency", F, step_ms(F), correct=False, terms=no_params)
     assert np.mean(np.abs(blind.predict(alexnet) / step_ms(alexnet) - 1)) > 0.3
+
+
+def test_native_conv_term_is_held_at_zero_off_a_one_thread_cpu():
+    """``native_conv_macs`` (1x1 convolutions torch runs outside oneDNN on one CPU thread) stays in the feature rows
+    of a one-thread cpu device and is zeroed for any other (more threads, a GPU, imported rows), so a fit there
+    cannot give it weight."""
+    from perf4sight.fingerprint.fit import hold_native_conv, native_conv_dispatch
+    j = FEATURE_NAMES.index("native_conv_macs")
+    one_thread = [{"backend": "cpu", "threads": 1}, {"backend": "cpu", "threads": "1"}]
+    for rows, kept in ((one_thread, True), (one_thread + [{"backend": "cpu", "threads": 2}], False),
+                       ([{"backend": "nvml", "threads": 1}], False), ([{"backend": "imported"}], False), ([], False)):
+        assert native_conv_dispatch(rows) is kept
+        F = np.ones((3, len(FEATURE_NAMES)))
+        assert hold_native_conv(F, rows)[:, j].tolist() == ([1.0] * 3 if kept else [0.0] * 3)
+        assert F[:, FEATURE_NAMES.index("dense_macs")].tolist() == [1.0] * 3  # nothing else touched
 
 
 def test_saturating_form_recovers_demand_and_ceiling_and_capacity_compares_demand(tmp_path):

@@ -65,11 +65,12 @@ CONTEXT_FEATURES: tuple[str, ...] = ("blas_context",)
 #: allocator, which the replay does not see. Appended last so older columns keep their index.
 WORKSPACE_FEATURES: tuple[str, ...] = ("im2col_mb",)
 #: ``native_conv_macs``: MACs of the convolutions PyTorch's CPU dispatch sends to its native im2col + GEMM path
-#: (``Slow2d``; ``SlowDilated2d`` for a dilated one) instead of oneDNN when the step runs on one thread (``torch._C._select_conv_backend``, torch
-#: 2.14): the non-strided, undilated 1x1 convolutions at a batch size up to :data:`NATIVE_CONV_MAX_BATCH`, and at
-#: batch 1 also every ungrouped convolution no larger than 3 in either kernel dimension whose input has at most
-#: :data:`NATIVE_CONV_MAX_INPUT` elements. That path is several times slower per MAC. A device without the rule
-#: (more threads, a GPU) learns the term a coefficient near 0. Appended last.
+#: (``Slow2d``; ``SlowDilated2d`` for a dilated one) instead of oneDNN when the step runs on one thread
+#: (``torch._C._select_conv_backend``, torch 2.14): the non-strided, undilated 1x1 convolutions at a batch size up
+#: to :data:`NATIVE_CONV_MAX_BATCH`, and at batch 1 also every ungrouped convolution no larger than 3 in either
+#: kernel dimension whose input has at most :data:`NATIVE_CONV_MAX_INPUT` elements. That path is several times
+#: slower per MAC. A fingerprint holds the term at 0 for rows measured otherwise (``fit.hold_native_conv``: more
+#: threads, a GPU). Appended last.
 DISPATCH_FEATURES: tuple[str, ...] = ("native_conv_macs",)
 NATIVE_CONV_MAX_BATCH, NATIVE_CONV_MAX_INPUT = 15, 20480
 #: Ops that run on the BLAS library.

@@ -63,6 +63,20 @@ def memory_replay(rows: list[dict[str, Any]]) -> str:
     return RUN_PEAK
 
 
+def native_conv_dispatch(rows: list[dict[str, Any]]) -> bool:
+    """Whether these rows' steps ran where torch sends small-batch 1x1 convolutions outside oneDNN: the cpu
+    backend on one thread (``native_conv_macs`` in features/aggregate.py)."""
+    return bool(rows) and all(str(r.get("backend")) == "cpu" and number(r.get("threads")) == 1 for r in rows)
+
+
+def hold_native_conv(F: np.ndarray, rows: list[dict[str, Any]]) -> np.ndarray:
+    """Feature rows ``F`` with ``native_conv_macs`` zeroed unless ``rows`` ran under that dispatch rule, so a fit
+    on another device keeps the term's coefficient at 0 (in place; returns ``F``)."""
+    if not native_conv_dispatch(rows):
+        F[:, FEATURE_NAMES.index("native_conv_macs")] = 0.0
+    return F
+
+
 def device_kind(memory_col: str) -> str:
     """"cpu" for a cpu-backend device (its memory target is the process's peak RSS), else "gpu"."""
     return "cpu" if memory_col == "peak_rss_mb" else "gpu"
@@ -164,7 +178,8 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
     def matrix(rs: list[dict[str, Any]]) -> np.ndarray:
         if not rs:
             return np.zeros((0, len(FEATURE_NAMES)))
-        return feature_matrix([feats[str(r["network"])] for r in rs], [batch_size_of(r) for r in rs])
+        return hold_native_conv(feature_matrix([feats[str(r["network"])] for r in rs], [batch_size_of(r) for r in rs]),
+                                usable)
 
     models: dict[str, TargetModel] = {}
     accuracy: dict[str, Any] = {}
@@ -221,6 +236,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         "targets": {"latency": {"column": LATENCY_COLUMN, "unit": "ms"}, "memory": {"column": mem_col, "unit": "MiB"}},
         "memory_target": mem_col,
         "memory_replay": replay,
+        "native_conv_dispatch": native_conv_dispatch(usable),
         "training_rows": counts,
         "oom_rows": len(oom_rows),
         "networks": sorted(feats),

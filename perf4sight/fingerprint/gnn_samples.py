@@ -16,7 +16,7 @@ import numpy as np
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import feature_matrix
 from perf4sight.fingerprint.evaluate import choose_groups
-from perf4sight.fingerprint.fit import LATENCY_COLUMN, memory_column, memory_replay, records
+from perf4sight.fingerprint.fit import LATENCY_COLUMN, hold_native_conv, memory_column, memory_replay, records
 from perf4sight.fingerprint.gnn_graph import GraphTemplate, graph_template
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import batch_size_of, number
@@ -58,7 +58,7 @@ class Samples:
         self.bs = np.array([batch_size_of(r) for r in self.ok])
         fams = np.array([str(r.get("family") or r["network"]) for r in self.ok])
         self.groups, self.grouping = choose_groups(fams, self.nets)
-        self.F = feature_matrix([self.templates[n].features for n in self.nets], self.bs)
+        self.F = hold_native_conv(feature_matrix([self.templates[n].features for n in self.nets], self.bs), recs)
 
     def tmpl(self, idx: np.ndarray) -> list[GraphTemplate]:
         return [self.templates[n] for n in self.nets[idx]]

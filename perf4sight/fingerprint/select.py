@@ -42,8 +42,11 @@ class Candidate:
 
 OVERLAP_FORM = "host|device overlap (64-tiles) x trees, leaf 3"
 FULL_MEMORY_FORM = "sim reserved + analytic + BLAS context + workspace, saturating x trees"
-_KERNEL_TERMS = ("one", "lt_gemm_padded_macs", "lt_dw_bytes", "lt_ew_bytes", "lt_launches", "batch_size")
-_KERNEL_TERMS_64 = ("one", "lt_gemm_padded64_macs", "lt_dw_bytes", "lt_ew_bytes", "lt_launches", "batch_size")
+# the last term: 1x1 convolutions a one-thread CPU step runs outside oneDNN (held at 0 on other devices)
+_KERNEL_TERMS = ("one", "lt_gemm_padded_macs", "lt_dw_bytes", "lt_ew_bytes", "lt_launches", "batch_size",
+                 "native_conv_macs")
+_KERNEL_TERMS_64 = ("one", "lt_gemm_padded64_macs", "lt_dw_bytes", "lt_ew_bytes", "lt_launches", "batch_size",
+                    "native_conv_macs")
 #: host time (fixed + per-launch issue cost) overlapped with device time (GEMM work, bandwidth)
 _OVERLAP_TERMS_64 = ("one", "lt_launches", OVERLAP, "lt_gemm_padded64_macs", "lt_dw_bytes", "lt_ew_bytes")
 

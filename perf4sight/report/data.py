@@ -15,7 +15,7 @@ import numpy as np
 
 from perf4sight.features.aggregate import FEATURE_NAMES, feature_matrix, network_features
 from perf4sight.fingerprint.evaluate import choose_groups, grouped_cv
-from perf4sight.fingerprint.fit import LATENCY_COLUMN
+from perf4sight.fingerprint.fit import LATENCY_COLUMN, hold_native_conv
 from perf4sight.fingerprint.predict import Fingerprint
 from perf4sight.fingerprint.select import can_nest, nested_cv
 from perf4sight.fingerprint.storage import stored_predictions
@@ -146,7 +146,7 @@ def measured_vs_predicted(fp: Fingerprint, rows: list[dict[str, str]], descs: di
                 feats[r["network"]] = network_features(descs[r["network"]])
         from perf4sight.features.alloc_trace import ensure_simulation  # memory model may replay the allocator
         ensure_simulation([feats[n] for n in {r["network"] for r in rs}], fp.models[target].terms, fp.memory_replay)
-        F = feature_matrix([feats[r["network"]] for r in rs], [batch_size_of(r) for r in rs])
+        F = hold_native_conv(feature_matrix([feats[r["network"]] for r in rs], [batch_size_of(r) for r in rs]), rs)
         y = np.array([float(r[col]) for r in rs])
         groups, grouping = choose_groups(np.array([r.get("family") or r["network"] for r in rs]),
                                          np.array([r["network"] for r in rs]))
