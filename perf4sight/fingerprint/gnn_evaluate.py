@@ -20,7 +20,7 @@ import numpy as np
 from perf4sight.config import PREDICTORS
 from perf4sight.features.aggregate import feature_matrix
 from perf4sight.fingerprint.evaluate import CVResult, grouped_cv, metrics
-from perf4sight.fingerprint.fit import LATENCY_COLUMN, device_kind
+from perf4sight.fingerprint.fit import LATENCY_COLUMN, device_kind, hold_native_conv
 from perf4sight.fingerprint.gnn_samples import TARGETS, Samples
 from perf4sight.fingerprint.gnn_train import TrainSettings, predict_latency_memory, train_on_samples
 from perf4sight.fingerprint.select import (PREFERRED, can_nest, group_conformal, held_out_coverage, nested_cv,
@@ -40,7 +40,7 @@ def _trees_features(s: Samples, trees_cfg: Any) -> np.ndarray:
     for name, t in s.templates.items():
         nf = dataclasses.replace(t.features)
         feats[name] = attach_simulation(nf, nf.description, s.memory_replay) if nf.description is not None else nf
-    return feature_matrix([feats[n] for n in s.nets], s.bs)
+    return hold_native_conv(feature_matrix([feats[n] for n in s.nets], s.bs), s.ok)  # as s.F and the fit hold it
 
 
 def _stored_trees_cv(s: Samples, sel: np.ndarray, col: str, y: np.ndarray, groups: np.ndarray,
