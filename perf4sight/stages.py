@@ -180,7 +180,10 @@ def run_predict(cfg: Config, args: argparse.Namespace) -> int:
             print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in p.items()}))
         _capacity_note(fp, preds)
         return 0
-    _print_predictions(preds, f"predicted training step on {device} by the {predictor} predictor (90% interval)")
+    cap = getattr(fp, "capacity_mb", None)
+    fits_against = f"; fits: under {cap:,.0f} MiB" if cap is not None else ""
+    _print_predictions(preds, f"predicted training step on {device} by the {predictor} predictor "
+                              f"(90% interval{fits_against})")
     _capacity_note(fp, preds)
     shape = "x".join(map(str, fp.input_shape or cfg.networks.input_shape))
     zoo = (f" (zoo networks: described at {shape}, the input shape of the fingerprint's training networks; "

@@ -101,6 +101,8 @@ def test_all_stages_then_predict_json(tmp_path):
     over = main_py(tmp_path, "--stage", "predict", "--network", "resnet18",
                    "--batch-size", str(b), str(b + 1), "--json")
     assert [json.loads(line)["fits"] for line in over.stdout.splitlines()] == [True, False]
+    table = main_py(tmp_path, "--stage", "predict", "--network", "resnet18", "--batch-size", str(b + 1))
+    assert table.returncode == 0 and "fits: under 2,000 MiB" in table.stdout  # the table says what 'fits' means
 
 
 def test_gnn_ensemble_and_perfseer_round_trip_through_the_cli(tmp_path):
