@@ -15,8 +15,9 @@ perf4sight-conv baseline on the same folds. Takes about 10 minutes on 2 cores.
 
     .venv/bin/python bench/bench_cpu_families.py [--generated 12] [--trees 100] [--repeats 1] [--keep DIR]
 
-A second dataset, to check a conclusion drawn on the first (README, "A second CPU set"): ``--zoo`` other
-torchvision families, ``--levels`` other pruning levels, ``--generator-seed`` other generated networks.
+A second dataset, to check a conclusion drawn on the first (docs/accuracy-notes.md, "CPU: a second wide
+set"): ``--zoo`` other torchvision families, ``--levels`` other pruning levels, ``--generator-seed`` other
+generated networks.
 """
 from __future__ import annotations
 

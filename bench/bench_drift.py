@@ -1,7 +1,7 @@
 """Does a drift reference help CPU latency fingerprints? A measurement, not a feature of the tool yet.
 
-On this VM the machine's speed drifts during a sweep (README, Results: "drift during the sweep"), and
-a sweep that measures network after network turns a drift into a bias of the family measured while it
+On this VM the machine's speed drifts during a sweep (docs/accuracy-notes.md, "CPU: repeats in fresh
+processes"), and a sweep that measures network after network turns a drift into a bias of the family measured while it
 lasted. This bench re-profiles the ``bench_cpu_families`` dataset in one sweep (the runner's own
 ``run_child``: a fresh process per row), measuring a fixed reference configuration (``--reference``
 at batch ``--reference-batch``) before the sweep, after every ``--every`` rows and at the end. Each
@@ -99,7 +99,7 @@ def run(dataset: str = "", every: int = 6, trees: int = 100, reference: str = "r
     normalised = {(n, b): lat * med / float(np.interp(t, refs[:, 0], refs[:, 1])) for t, n, b, lat in rows}
     out: list[dict[str, Any]] = []
     for mode, lat in (("raw", raw), ("normalised", normalised)):
-        # one seed: raw and normalised are compared on the same trees (the README's drift figures are seed 0)
+        # one seed: raw and normalised are compared on the same trees (docs/accuracy-notes.md's drift figures: seed 0)
         res = evaluate(device, _with_latency(template, lat), descs, trees=trees, held_out=list(ZOO), seeds=(0,))
         per = {f: m["mape"] for f, m in res["ours"]["latency"].items()}
         mean, rs = float(np.mean(list(per.values()))), res["random_split"]["latency"]["mape"]
