@@ -188,7 +188,8 @@ def evaluate(device: str, rows: list[dict], descs: dict, trees: int = 200, basel
     rows = [r for r in rows if r["network"] in descs and r.get("status") in ("ok", "oom")]
     mem_col = memory_column(rows)
     cols = {"memory": mem_col, "latency": LATENCY_COLUMN}
-    fams = sorted(held_out or {r["family"] for r in rows})
+    # a family with no ok row (out of memory at every batch size) has nothing to score: it stays in training
+    fams = sorted(held_out or {r["family"] for r in rows if r["status"] == "ok"})
     fcfg = replace(FingerprintConfig(), n_estimators=trees, simulate_memory=simulate_memory)
     res: dict[str, Any] = {"device": device, "label": label, "families": fams, "columns": cols,
                            "seeds": list(seeds)}

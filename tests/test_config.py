@@ -36,6 +36,7 @@ def test_shipped_config_loads():
     cfg = load_config(ROOT / "config.toml")
     assert list(cfg.devices) == ["local"] and cfg.devices["local"].backend == "cpu"
     assert cfg.profile.batch_sizes[0] == 1 and cfg.networks.pruning.levels == [0, 30, 60]
+    assert cfg.networks.generator.count == 6 and cfg.networks.generator.max_mflops == 600
 
 
 def test_good_config_is_typed(tmp_path):
