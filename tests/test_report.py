@@ -215,6 +215,29 @@ def test_compare_errors(project):
         compare_devices(project, ["nope"], Console())
 
 
+def test_log_axes_are_labelled_in_plain_numbers():
+    """A narrow memory range gets plain minor labels (700, not 7x10^2); batch sizes on a base-2 axis read as
+    numbers (1, 4, 16), not 2^0."""
+    import matplotlib.pyplot as plt
+
+    from perf4sight.report.plots import _plain_log_ticks
+    fig, (narrow, batch) = plt.subplots(1, 2, figsize=(11, 4))
+    narrow.plot([650, 950], [650, 950])
+    narrow.set_xscale("log")
+    narrow.set_yscale("log")
+    _plain_log_ticks(narrow)
+    batch.plot([1, 32], [20, 200])
+    batch.set_xscale("log", base=2)
+    batch.set_yscale("log")
+    _plain_log_ticks(batch, x_base=2)
+    fig.canvas.draw()
+    narrow_labels = {t.get_text() for t in narrow.xaxis.get_ticklabels(minor=True)} - {""}
+    batch_labels = [t.get_text() for t in batch.xaxis.get_ticklabels() if 1 <= t.get_position()[0] <= 32]
+    plt.close(fig)
+    assert {"700", "800", "900"} <= narrow_labels and not any("10^" in s or "times" in s for s in narrow_labels)
+    assert "1" in batch_labels and set(batch_labels) <= {"1", "2", "4", "8", "16", "32"}
+
+
 def test_markdown_escapes_table_cells(tmp_path):
     md = to_markdown("t", [Heading("h"), Text("x"), Table(["a|b"], [["1|2"]])])
     assert "a\\|b" in md and "1\\|2" in md

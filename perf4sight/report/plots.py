@@ -11,6 +11,7 @@ from typing import Sequence
 import matplotlib
 
 matplotlib.use("Agg")
+import matplotlib.ticker  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -19,6 +20,21 @@ from perf4sight.report.data import Curve  # noqa: E402
 __all__ = ["plot_curves", "plot_sensitivity", "plot_scatter", "device_colours"]
 
 UNITS = {"latency": ("predicted training step time", "ms"), "memory": ("predicted memory", "MiB")}
+
+
+class _PlainLogFormatter(matplotlib.ticker.LogFormatter):
+    """Log-axis tick labels as plain numbers (700, not 7x10^2); which ticks get a label stays matplotlib's."""
+
+    def _num_to_string(self, x: float, vmin: float, vmax: float) -> str:
+        return f"{x:g}"
+
+
+def _plain_log_ticks(ax: plt.Axes, x_base: float = 10.0) -> None:
+    """Label both log axes of ``ax`` (x in powers of ``x_base``, y of 10) in plain numbers, minor ticks too
+    where an axis spans under a decade."""
+    for axis, base in ((ax.xaxis, x_base), (ax.yaxis, 10.0)):
+        axis.set_major_formatter(_PlainLogFormatter(base=base))
+        axis.set_minor_formatter(_PlainLogFormatter(base=base, labelOnlyBase=False))
 
 
 def device_colours(devices: Sequence[str]) -> dict[str, str]:
@@ -55,6 +71,7 @@ def plot_curves(curves: dict[str, list[Curve]], target: str, colours: dict[str, 
                 ax.axhline(cap, color=col, linestyle="--", linewidth=0.9, label=f"{c.device} capacity")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        _plain_log_ticks(ax, x_base=2)
         ax.set_title(net)
         ax.set_xlabel("batch size (images)")
         ax.set_ylabel(f"{title} ({unit})")
@@ -110,6 +127,7 @@ def plot_scatter(device: str, scatter: dict[str, tuple[np.ndarray, np.ndarray, s
             ax.plot(xs, xs * 0.9, "k:", linewidth=0.8)
             ax.set_xscale("log")
             ax.set_yscale("log")
+            _plain_log_ticks(ax)
             ax.legend(fontsize=8)
         else:
             ax.text(0.5, 0.5, "no measurements with a description", ha="center", transform=ax.transAxes)
