@@ -2,7 +2,7 @@
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Dict, Union
 
 __all__ = ["UserError", "read_json_object"]
 
@@ -14,7 +14,7 @@ class UserError(Exception):
     """
 
 
-def read_json_object(path: str | Path, what: str) -> dict[str, Any]:
+def read_json_object(path: Union[str, Path], what: str) -> Dict[str, Any]:
     """The JSON object in ``path``; a missing file, bad JSON or a non-object is a ``UserError``."""
     p = Path(path)
     if not p.is_file():

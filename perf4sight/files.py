@@ -4,17 +4,15 @@ A reader (another process, or the next run after a crash) sees the old file or t
 half of one: the rename is atomic on one file system. Standard library only: the modules that run
 on the devices (the test plan, the runner, the measuring child) import it.
 """
-from __future__ import annotations
-
 import contextlib
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Union
 
 __all__ = ["atomic_path", "write_atomically"]
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
+def atomic_path(path: Union[str, Path], suffix: str = ".tmp") -> Iterator[Path]:
     """A temporary path beside ``path`` (its name plus ``suffix``) for a writer such as ``np.savez`` or
     ``torch.save`` to fill; renamed over ``path`` when the block ends, removed if it raises."""
     final = Path(path)
@@ -22,13 +20,13 @@ def atomic_path(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
     try:
         yield tmp
     except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # missing too (unlink's missing_ok is Python 3.8+)
+            tmp.unlink()
         raise
     tmp.replace(final)
 
 
-def write_atomically(path: str | Path, data: bytes | str) -> Path:
+def write_atomically(path: Union[str, Path], data: Union[bytes, str]) -> Path:
     """Write ``data`` (text in the locale's encoding, as ``Path.write_text``, or bytes) to ``path`` through
     :func:`atomic_path`; returns ``path`` as a ``Path``."""
     with atomic_path(path) as tmp:

@@ -1,6 +1,8 @@
 """Remote profiling over real SSH: two OpenSSH servers on 127.0.0.1 act as two devices.
 
-The "remote" python is the interpreter running the tests, so the device has torch. Faults:
+The "remote" python is the interpreter running the tests, so the device has torch; set
+``PERF4SIGHT_TEST_DEVICE_PYTHON`` to another interpreter with torch (e.g. Python 3.6 and torch 1.10, as a
+Jetson TX2 on JetPack 4.6 has) to run the device side under it. Faults:
 connections cut mid-run, a device's run killed mid-run, an unknown or changed host key,
 hostile names, an unreachable device.
 """
@@ -31,6 +33,7 @@ from perf4sight.profiling.ssh import DeviceError, HostKeyError, Remote, quote_ar
 sys.path.insert(0, str(Path(__file__).parent))
 from sshd import SshServer, ensure_sshd, free_port  # noqa: E402
 
+DEVICE_PYTHON = os.environ.get("PERF4SIGHT_TEST_DEVICE_PYTHON") or sys.executable
 FAST = dict(poll_s=0.2, status_every_s=1.0, connect_timeout_s=5.0, reconnect_timeout_s=30.0)
 
 
@@ -86,7 +89,7 @@ def _device(server: SshServer, folder: Path, **extra) -> dict:
         with kh.open("a") as fh:
             fh.write(server.known_hosts_line)
     return {"host": "127.0.0.1", "port": server.port, "user": server.user, "key_file": str(server.client_key),
-            "known_hosts": str(kh), "python": sys.executable, "workdir": str(folder / "remote work"), **extra}
+            "known_hosts": str(kh), "python": DEVICE_PYTHON, "workdir": str(folder / "remote work"), **extra}
 
 
 def _rows(cfg, device: str) -> list[dict]:
@@ -131,6 +134,7 @@ def test_two_devices_survive_cut_connection_and_killed_run_then_rerun_adds_nothi
     # device b: the run itself dies (supervisor, runner and child killed, as in a crash)
     _wait_rows(cfg, "dev-b", 1, worker=worker, out=out)
     run_json = tmp_path / "remote work" / "dev-b" / "run.json"
+    assert not run_json.with_name("run.exit").exists(), "the run finished before it could be killed"
     os.killpg(json.loads(run_json.read_text())["pid"], signal.SIGKILL)
     worker.join(timeout=180)
     assert not worker.is_alive()
@@ -228,7 +232,7 @@ def test_hostile_names_cannot_run_commands_and_unreachable_device_fails_fast(ser
     evil_net = "net $(touch pwned3); touch pwned4 `touch pwned5`"
     descs = _descriptions(tmp_path, [evil_net])
     dead = {"host": "127.0.0.1", "port": free_port(), "user": a.user, "key_file": str(a.client_key),
-            "known_hosts": str(tmp_path / "known_hosts"), "python": sys.executable}
+            "known_hosts": str(tmp_path / "known_hosts"), "python": DEVICE_PYTHON}
     cfg = _config(tmp_path, {evil_dev: _device(a, tmp_path, workdir=str(tmp_path / "w; touch x" / "it's")),
                              "gone": dead}, batch_sizes=[1])
     t0 = time.monotonic()
@@ -250,7 +254,9 @@ def test_check_reports_versions_disk_and_unreachable(servers, tmp_path):
     dead = {**_device(a, tmp_path), "port": free_port()}
     cfg = _config(tmp_path, {"live": _device(a, tmp_path, backend="nvml"), "dead": dead, "here": {}})
     live, gone, here = check_devices(cfg, ["live", "dead", "here"])
-    assert live.reachable and live.facts["python"] == ".".join(map(str, sys.version_info[:3]))
+    version = subprocess.run([DEVICE_PYTHON, "-c", "import platform; print(platform.python_version())"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    assert live.reachable and live.facts["python"] == version
     assert live.facts["torch"] and live.facts["free_disk_mb"] > 0
     assert live.facts["memory_mb"] > 100 and live.facts["swap_mb"] >= 0          # /proc/meminfo of the device
     assert not live.ok and "pynvml not importable" in live.message  # no NVIDIA library on this host
@@ -311,9 +317,30 @@ def test_shipped_code_needs_only_torch(tmp_path):
                "import perf4sight.profiling.runner, perf4sight.profiling.child, perf4sight.profiling.detach\n"
                "import perf4sight.profiling.backends.cpu, perf4sight.profiling.backends.nvml\n"
                "import perf4sight.profiling.backends.jetson, perf4sight.ir.to_torch\nprint('ok')\n")
-    done = subprocess.run([sys.executable, "-c", blocker], capture_output=True, text=True, cwd=tmp_path,
+    done = subprocess.run([DEVICE_PYTHON, "-c", blocker], capture_output=True, text=True, cwd=tmp_path,
                           env={"PYTHONPATH": str(tmp_path), "PATH": os.environ.get("PATH", "")})
     assert done.stdout.strip() == "ok", done.stderr[-500:]
+
+
+def _vermin(paths: list) -> subprocess.CompletedProcess:
+    """vermin (it reads code, runs none) on ``paths``: does any need a Python newer than 3.6? Annotations
+    count as evaluated (no ``from __future__ import annotations`` before 3.7); ``dataclasses`` is allowed,
+    because torch's wheels for 3.6 install its backport."""
+    argv = ["--no-tips", "--violations", "--eval-annotations", "-t=3.6-", "--exclude", "dataclasses",
+            *map(str, paths)]
+    code = "import sys, vermin; sys.argv = ['vermin'] + sys.argv[1:]; sys.exit(vermin.main())"
+    return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True)
+
+
+def test_shipped_code_needs_no_python_newer_than_3_6(tmp_path):
+    """A Jetson TX2 on JetPack 4.6 has Python 3.6: what goes to a device must run there."""
+    from perf4sight.profiling.remote import code_files
+
+    done = _vermin([local for local, _ in code_files()])
+    assert done.returncode == 0, done.stdout[-1500:] + done.stderr[-500:]
+    newer = tmp_path / "newer.py"  # the check can fail: a builtin generic in an evaluated annotation is 3.9+
+    newer.write_text("def f(x: list[int]) -> None:\n    pass\n")
+    assert _vermin([newer]).returncode != 0
 
 
 def test_makedirs_accepts_a_folder_another_client_made_meanwhile(servers, tmp_path):

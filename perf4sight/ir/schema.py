@@ -5,12 +5,10 @@ extended with optional top-level fields (``schema_version``, ``source``) and a f
 Shapes exclude the batch dimension; ``dim`` attributes count it (``dim: 1`` = channels).
 Nodes are in topological (execution) order and the first node is ``input``.
 """
-from __future__ import annotations
-
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Dict, List, Set, Tuple, Union
 
 from perf4sight.errors import UserError, read_json_object
 from perf4sight.files import write_atomically
@@ -21,7 +19,7 @@ __all__ = ["Node", "NetworkDescription", "OPS", "load_description", "save_descri
 SCHEMA_VERSION = 1
 
 #: Op name -> attributes it must carry. Optional attributes are not listed.
-OPS: dict[str, tuple[str, ...]] = {
+OPS: Dict[str, Tuple[str, ...]] = {
     "input": (),
     "conv2d": ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups", "bias"),
     "batchnorm2d": ("num_features",),
@@ -48,11 +46,11 @@ OPS: dict[str, tuple[str, ...]] = {
 
 #: Op -> attributes that must be positive integers, and those that may be an integer or an [h, w] pair
 #: of non-negative integers (kernel sizes and strides at least 1; an integer is read as [v, v]).
-_POSITIVE: dict[str, tuple[str, ...]] = {
+_POSITIVE: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("in_channels", "out_channels", "groups"), "linear": ("in_features", "out_features"),
     "batchnorm2d": ("num_features",),
 }
-_PAIRS: dict[str, tuple[str, ...]] = {
+_PAIRS: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("kernel_size", "stride", "padding", "dilation"),
     "maxpool2d": ("kernel_size", "stride", "padding"), "avgpool2d": ("kernel_size", "stride", "padding"),
 }
@@ -94,11 +92,11 @@ class Node:
 
     name: str
     op: str
-    inputs: list[str]
-    attrs: dict[str, Any]
-    output_shape: list[int]
+    inputs: List[str]
+    attrs: Dict[str, Any]
+    output_shape: List[int]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Dict[str, Any]:
         return {"name": self.name, "op": self.op, "inputs": list(self.inputs),
                 "attrs": dict(self.attrs), "output_shape": list(self.output_shape)}
 
@@ -112,13 +110,13 @@ class NetworkDescription:
 
     name: str
     network: str
-    input_shape: list[int]
+    input_shape: List[int]
     num_classes: int
     params: int
-    nodes: list[Node]
+    nodes: List[Node]
     output: str
     pruning_level: float = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: Dict[str, Any] = field(default_factory=dict)
 
     def node(self, name: str) -> Node:
         for n in self.nodes:
@@ -126,8 +124,8 @@ class NetworkDescription:
                 return n
         raise KeyError(name)
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"name": self.name, "network": self.network,
+    def to_dict(self) -> Dict[str, Any]:
+        d: Dict[str, Any] = {"name": self.name, "network": self.network,
                              "pruning_level": self.pruning_level,
                              "input_shape": list(self.input_shape),
                              "num_classes": self.num_classes, "params": self.params}
@@ -141,7 +139,7 @@ class NetworkDescription:
         return json.dumps(self.to_dict(), separators=(",", ":"))
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], where: str = "description") -> "NetworkDescription":
+    def from_dict(cls, d: Dict[str, Any], where: str = "description") -> "NetworkDescription":
         required = ("name", "input_shape", "nodes", "output")
         missing = [k for k in required if k not in d]
         if missing:
@@ -163,8 +161,8 @@ class NetworkDescription:
         if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 <= level < 100:
             raise UserError(f"{where}: pruning_level must be a percentage in [0, 100), got {level!r}")
         nodes = []
-        seen: set[str] = set()
-        shapes: dict[str, list[int]] = {}
+        seen: Set[str] = set()
+        shapes: Dict[str, List[int]] = {}
         for i, raw in enumerate(d["nodes"]):
             try:
                 if not isinstance(raw, dict):
@@ -242,13 +240,13 @@ def count_params(desc: NetworkDescription) -> int:
     return total
 
 
-def load_description(path: str | Path) -> NetworkDescription:
+def load_description(path: Union[str, Path]) -> NetworkDescription:
     """Read a description JSON file; a missing or malformed file raises ``UserError``."""
     p = Path(path)
     return NetworkDescription.from_dict(read_json_object(p, "network description file"), where=str(p))
 
 
-def save_description(desc: NetworkDescription, path: str | Path) -> Path:
+def save_description(desc: NetworkDescription, path: Union[str, Path]) -> Path:
     """Write ``desc`` as compact JSON (atomic replace), creating parent folders."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)

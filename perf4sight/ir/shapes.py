@@ -6,17 +6,14 @@ Shapes exclude the batch dimension; ``dim`` attributes count it (``dim: 1`` = ch
 schema. :func:`shape_problem` returns what is wrong ("" if nothing); an op without a rule here only
 has its input count checked.
 """
-from __future__ import annotations
-
-import math
-from typing import Any
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 __all__ = ["shape_problem", "ARITY"]
 
 _UNARY = ("relu", "relu6", "hardswish", "sigmoid", "hardsigmoid", "silu", "gelu", "tanh", "identity", "dropout")
 
 #: op -> (fewest, most) inputs; None = no upper bound
-ARITY: dict[str, tuple[int, int | None]] = {
+ARITY: Dict[str, Tuple[int, Optional[int]]] = {
     "input": (0, 0), "add": (1, 2), "mul": (1, 2), "cat": (1, None),  # add/mul: two tensors, or one and a scalar
     **{op: (1, 1) for op in _UNARY + ("conv2d", "batchnorm2d", "linear", "maxpool2d", "avgpool2d",
                                       "adaptiveavgpool2d", "adaptivemaxpool2d", "reshape", "flatten", "squeeze",
@@ -33,13 +30,13 @@ def _window_out(size: int, kernel: int, stride: int, pad: int, dilation: int, ce
     return out
 
 
-def _axis(dim: int, rank: int) -> int | None:
+def _axis(dim: int, rank: int) -> Optional[int]:
     """Index into a per-sample shape of ``rank`` dims for a ``dim`` that counts the batch (None: the batch)."""
     d = dim + rank + 1 if dim < 0 else dim
     return d - 1 if 1 <= d <= rank else None
 
 
-def _broadcast(a: list[int], b: list[int]) -> list[int] | None:
+def _broadcast(a: List[int], b: List[int]) -> Optional[List[int]]:
     out = []
     for x, y in zip(reversed([1] * (len(b) - len(a)) + a), reversed([1] * (len(a) - len(b)) + b)):
         if x != y and 1 not in (x, y):
@@ -48,11 +45,19 @@ def _broadcast(a: list[int], b: list[int]) -> list[int] | None:
     return out[::-1]
 
 
-def _pair(v: Any) -> list[int]:
+def _numel(shape: List[int]) -> int:
+    """Elements of a tensor of ``shape`` (math.prod is Python 3.8+)."""
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _pair(v: Any) -> List[int]:
     return list(v) if isinstance(v, list) else [v, v]
 
 
-def _expected(op: str, a: dict[str, Any], ins: list[list[int]], out: list[int]) -> list[int] | str | None:
+def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) -> Optional[Union[List[int], str]]:
     """The output shape ``op`` makes of ``ins`` (a string says what is wrong; None: no rule)."""
     x = ins[0] if ins else []
     if op in _UNARY or op == "batchnorm2d":
@@ -89,7 +94,7 @@ def _expected(op: str, a: dict[str, Any], ins: list[list[int]], out: list[int]) 
             return f"cannot concatenate shapes {ins} along dim {a['dim']}"
         return x[:axis] + [sum(s[axis] for s in ins)] + x[axis + 1:]
     if op in ("reshape", "flatten", "squeeze", "unsqueeze"):
-        return out if math.prod(out) == math.prod(x) else f"changes the element count ({x} -> {out})"
+        return out if _numel(out) == _numel(x) else f"changes the element count ({x} -> {out})"
     if op == "transpose":
         return out if sorted(out) == sorted(x) else f"is not a transpose of {x} ({out})"
     if op in ("select", "narrow"):
@@ -104,7 +109,7 @@ def _expected(op: str, a: dict[str, Any], ins: list[list[int]], out: list[int]) 
     return None
 
 
-def shape_problem(op: str, attrs: dict[str, Any], in_shapes: list[list[int]], out_shape: list[int]) -> str:
+def shape_problem(op: str, attrs: Dict[str, Any], in_shapes: List[List[int]], out_shape: List[int]) -> str:
     """What is wrong with a node whose inputs have ``in_shapes`` and which says it outputs ``out_shape``."""
     low, high = ARITY.get(op, (0, None))
     if len(in_shapes) < low or (high is not None and len(in_shapes) > high):

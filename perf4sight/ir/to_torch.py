@@ -3,11 +3,9 @@
 This module runs on the devices: it imports only torch, the standard library and the schema.
 Weights are randomly initialised (PyTorch defaults); profiling does not need trained weights.
 """
-from __future__ import annotations
-
 import operator
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
 import torch
 import torch.fx as fx
@@ -19,13 +17,13 @@ from perf4sight.ir.schema import NetworkDescription, Node
 __all__ = ["build_module", "MODULE_BUILDERS", "FUNCTION_BUILDERS"]
 
 
-def _pair(v: Any) -> tuple[int, int]:
+def _pair(v: Any) -> Tuple[int, int]:
     return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
 
 
 #: op -> factory of the nn.Module that executes it, given the node's attrs and the factory keyword
 #: arguments for its parameters and buffers (``device``).
-MODULE_BUILDERS: dict[str, Callable[..., nn.Module]] = {
+MODULE_BUILDERS: Dict[str, Callable[..., nn.Module]] = {
     "conv2d": lambda a, **f: nn.Conv2d(a["in_channels"], a["out_channels"], _pair(a["kernel_size"]), _pair(a["stride"]),
                                        _pair(a["padding"]), _pair(a["dilation"]), a["groups"], bool(a["bias"]), **f),
     "batchnorm2d": lambda a, **f: nn.BatchNorm2d(a["num_features"], eps=a.get("eps", 1e-5),
@@ -50,7 +48,7 @@ MODULE_BUILDERS: dict[str, Callable[..., nn.Module]] = {
 }
 
 
-def _reshape(x: torch.Tensor, shape: list[int]) -> torch.Tensor:
+def _reshape(x: torch.Tensor, shape: List[int]) -> torch.Tensor:
     """Reshape keeping the (implicit) batch dimension first."""
     return x.reshape(x.shape[0], *shape)
 
@@ -63,8 +61,8 @@ def _scalar_mul(x: torch.Tensor, scalar: float) -> torch.Tensor:
     return x * scalar
 
 
-def _binary(fn: Callable, scalar_fn: Callable) -> Callable[[list, dict], tuple[Callable, tuple]]:
-    def build(args: list, a: dict) -> tuple[Callable, tuple]:
+def _binary(fn: Callable, scalar_fn: Callable) -> Callable[[List, Dict], Tuple[Callable, Tuple]]:
+    def build(args: List, a: Dict) -> Tuple[Callable, Tuple]:
         if "scalar" in a:
             return scalar_fn, (args[0], a["scalar"])
         return fn, tuple(args)
@@ -72,7 +70,7 @@ def _binary(fn: Callable, scalar_fn: Callable) -> Callable[[list, dict], tuple[C
 
 
 #: op -> (list of input fx nodes, attrs) -> (function, args) for ops without parameters or state.
-FUNCTION_BUILDERS: dict[str, Callable[[list, dict], tuple[Callable, tuple]]] = {
+FUNCTION_BUILDERS: Dict[str, Callable[[List, Dict], Tuple[Callable, Tuple]]] = {
     "add": _binary(operator.add, _scalar_add),
     "mul": _binary(operator.mul, _scalar_mul),
     "cat": lambda x, a: (torch.cat, (list(x), a["dim"])),
@@ -87,7 +85,7 @@ FUNCTION_BUILDERS: dict[str, Callable[[list, dict], tuple[Callable, tuple]]] = {
 }
 
 
-def _attr_name(name: str, taken: set[str]) -> str:
+def _attr_name(name: str, taken: Set[str]) -> str:
     base = re.sub(r"\W", "_", name) or "m"
     if base[0].isdigit():
         base = "m_" + base
@@ -98,14 +96,14 @@ def _attr_name(name: str, taken: set[str]) -> str:
     return candidate
 
 
-def build_module(desc: NetworkDescription, device: torch.device | str | None = None) -> fx.GraphModule:
+def build_module(desc: NetworkDescription, device: Optional[Union[torch.device, str]] = None) -> fx.GraphModule:
     """A trainable GraphModule computing ``desc`` (input ``[N, *desc.input_shape]``), its parameters
     and buffers made on ``device`` (default: torch's default device). Passing ``device="meta"`` is
     about 20 % faster than building inside ``with torch.device("meta")``, which intercepts every call."""
     root = nn.Module()
     graph = fx.Graph()
-    env: dict[str, fx.Node] = {}
-    taken: set[str] = set()
+    env: Dict[str, fx.Node] = {}
+    taken: Set[str] = set()
     factory = {} if device is None else {"device": device}
     for node in desc.nodes:
         env[node.name] = _emit(node, graph, root, env, taken, desc.name, factory)
@@ -115,8 +113,8 @@ def build_module(desc: NetworkDescription, device: torch.device | str | None = N
     return gm
 
 
-def _emit(node: Node, graph: fx.Graph, root: nn.Module, env: dict[str, fx.Node], taken: set[str],
-          where: str, factory: dict[str, Any]) -> fx.Node:
+def _emit(node: Node, graph: fx.Graph, root: nn.Module, env: Dict[str, fx.Node], taken: Set[str],
+          where: str, factory: Dict[str, Any]) -> fx.Node:
     if node.op == "input":
         return graph.placeholder(_attr_name(node.name, taken))
     args = [env[i] for i in node.inputs]

@@ -10,14 +10,12 @@ Peak RSS is not measured here: the runner reads it with ``os.wait4`` when this p
 Imports only torch, the standard library, ``perf4sight.ir.schema``/``to_torch``, ``perf4sight.files`` and
 ``perf4sight.profiling``. Times in milliseconds, memory in MiB.
 """
-from __future__ import annotations
-
 import argparse
 import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Dict, List, Optional, Union
 
 from perf4sight.files import write_atomically
 from perf4sight.profiling.plan import load_plan
@@ -46,9 +44,9 @@ def failure_message(exc: BaseException, batch_size: int) -> str:
     return one_line(exc)
 
 
-def measure(plan_path: str | Path, network_index: int, batch_size: int) -> dict[str, Any]:
+def measure(plan_path: Union[str, Path], network_index: int, batch_size: int) -> Dict[str, Any]:
     """Run one (network, batch size) measurement in this process and return its result dict."""
-    result: dict[str, Any] = {"stage": "setup"}
+    result: Dict[str, Any] = {"stage": "setup"}
     backend = None
     try:
         plan_path = Path(plan_path)
@@ -99,7 +97,7 @@ def measure(plan_path: str | Path, network_index: int, batch_size: int) -> dict[
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m perf4sight.profiling.child",
                                      description=__doc__.splitlines()[0])  # first line: joined with a backslash
     parser.add_argument("plan", help="test plan JSON file")

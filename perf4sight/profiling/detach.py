@@ -16,8 +16,7 @@ States: ``running`` (supervisor alive), ``finished`` (run.exit present, with ``r
 (started, but the supervisor vanished without run.exit: killed, crashed or rebooted), ``none``.
 ``start`` on a ``running`` directory starts nothing and reports ``running``.
 """
-from __future__ import annotations
-
+import contextlib
 import json
 import os
 import signal
@@ -28,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from perf4sight.files import atomic_path
+from typing import Dict, List, Optional
 
 __all__ = ["state", "start", "stop", "supervise", "main"]
 
@@ -41,14 +41,14 @@ def _boot_id() -> str:
         return ""
 
 
-def _write_json(path: Path, obj: dict) -> None:
+def _write_json(path: Path, obj: Dict) -> None:
     with atomic_path(path) as tmp, tmp.open("w") as fh:
         json.dump(obj, fh)
         fh.flush()
         os.fsync(fh.fileno())
 
 
-def _read_json(path: Path) -> dict | None:
+def _read_json(path: Path) -> Optional[Dict]:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
@@ -75,7 +75,7 @@ def _is_supervisor(pid: int) -> bool:
     return MARK.encode() in cmdline and b"supervise" in cmdline
 
 
-def state(run_dir: Path) -> dict:
+def state(run_dir: Path) -> Dict:
     """The run's state as a dict with at least ``state``; see the module docstring."""
     run_dir = Path(run_dir)
     info = _read_json(run_dir / "run.json")
@@ -90,7 +90,7 @@ def state(run_dir: Path) -> dict:
     return {"state": "none"}
 
 
-def start(run_dir: Path, cmd: list[str]) -> dict:
+def start(run_dir: Path, cmd: List[str]) -> Dict:
     """Launch the supervisor for ``cmd`` unless one is running; returns the new state."""
     run_dir = Path(run_dir).resolve()
     now = state(run_dir)
@@ -101,7 +101,8 @@ def start(run_dir: Path, cmd: list[str]) -> dict:
             os.killpg(int(now["pid"]), signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-    (run_dir / "run.exit").unlink(missing_ok=True)
+    with contextlib.suppress(FileNotFoundError):  # unlink's missing_ok is Python 3.8+
+        (run_dir / "run.exit").unlink()
     proc = subprocess.Popen([sys.executable, "-m", MARK, "supervise", str(run_dir), "--", *cmd],
                             cwd=str(run_dir), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
@@ -110,7 +111,7 @@ def start(run_dir: Path, cmd: list[str]) -> dict:
     return {"state": "started", "pid": proc.pid, "started": started}
 
 
-def supervise(run_dir: Path, cmd: list[str]) -> int:
+def supervise(run_dir: Path, cmd: List[str]) -> int:
     """Run ``cmd``, log its output, record its exit status in run.exit; forwards SIGTERM/SIGINT."""
     run_dir = Path(run_dir)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -127,7 +128,7 @@ def supervise(run_dir: Path, cmd: list[str]) -> int:
     return rc
 
 
-def stop(run_dir: Path, grace_s: float = 10.0) -> dict:
+def stop(run_dir: Path, grace_s: float = 10.0) -> Dict:
     """SIGTERM the supervisor (it forwards to the command), SIGKILL its group after ``grace_s``."""
     now = state(Path(run_dir))
     if now["state"] != "running":
@@ -142,7 +143,7 @@ def stop(run_dir: Path, grace_s: float = 10.0) -> dict:
     return state(Path(run_dir))
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Optional[List[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) < 2 or args[0] not in ("start", "status", "stop", "supervise"):
         print(__doc__, file=sys.stderr)

@@ -11,13 +11,11 @@ Example (times in seconds, memory in MiB)::
      "memory_limit_mb": 0, "threads": 0, "gpu_index": 0, "learning_rate": 0.01,
      "momentum": 0.9, "output": "measurements.csv"}
 """
-from __future__ import annotations
-
 import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Dict, List, Optional, Tuple, Type, Union
 
 from perf4sight.errors import UserError, read_json_object
 from perf4sight.files import write_atomically
@@ -77,8 +75,8 @@ class TestPlan:
 
     device: str
     backend: str = "cpu"
-    networks: list[str] = field(default_factory=list)
-    batch_sizes: list[int] = field(default_factory=lambda: [1])
+    networks: List[str] = field(default_factory=list)
+    batch_sizes: List[int] = field(default_factory=lambda: [1])
     warmup_steps: int = 2
     timed_steps: int = 5
     min_timed_s: float = 0.0
@@ -90,18 +88,18 @@ class TestPlan:
     gpu_index: int = 0
     learning_rate: float = 0.01
     momentum: float = 0.9
-    input_shape: list[int] | None = None
-    num_classes: int | None = None
+    input_shape: Optional[List[int]] = None
+    num_classes: Optional[int] = None
     output: str = "measurements.csv"
     poll_interval_s: float = 0.01
     version: int = PLAN_VERSION
 
-    def resolve(self, plan_dir: str | Path, relative: str) -> Path:
+    def resolve(self, plan_dir: Union[str, Path], relative: str) -> Path:
         """A path from the plan, made absolute against the plan's folder."""
         p = Path(relative).expanduser()
         return p if p.is_absolute() else Path(plan_dir) / p
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
 
     def validate(self, where: str = "plan") -> "TestPlan":
@@ -122,7 +120,7 @@ class TestPlan:
         return self
 
 
-_TYPES: dict[str, tuple[type, ...]] = {
+_TYPES: Dict[str, Tuple[Type, ...]] = {
     "device": (str,), "backend": (str,), "networks": (list,), "batch_sizes": (list,),
     "warmup_steps": (int,), "timed_steps": (int,), "min_timed_s": (int, float), "repeats": (int,),
     "timeout_s": (int, float), "memory_limit_mb": (int,),
@@ -133,7 +131,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-def load_plan(path: str | Path) -> TestPlan:
+def load_plan(path: Union[str, Path]) -> TestPlan:
     """Read and validate a plan file; any problem raises ``UserError`` naming the file and field."""
     p = Path(path)
     raw = read_json_object(p, "test plan")
@@ -150,7 +148,7 @@ def load_plan(path: str | Path) -> TestPlan:
     return TestPlan(**raw).validate(str(p))
 
 
-def save_plan(plan: TestPlan, path: str | Path) -> Path:
+def save_plan(plan: TestPlan, path: Union[str, Path]) -> Path:
     """Write ``plan`` as indented JSON (atomic replace), creating parent folders."""
     plan.validate(str(path))
     p = Path(path)

@@ -4,11 +4,10 @@ Standard library only (runs on the devices). Memory in MiB (2**20 bytes). Every 
 returns ``None`` (or "") instead of raising when the file is absent, e.g. off Linux or
 after the process has exited.
 """
-from __future__ import annotations
-
 import os
 import platform
 from pathlib import Path
+from typing import Dict, Optional, Tuple, Union
 
 __all__ = ["status_mb", "swap_mb", "cpu_model", "cpu_clocks", "KIB_PER_MIB", "VMSTAT"]
 
@@ -16,7 +15,7 @@ KIB_PER_MIB = 1024
 VMSTAT = "/proc/vmstat"
 
 
-def status_mb(pid: int | str, key: str = "VmRSS") -> float | None:
+def status_mb(pid: Union[int, str], key: str = "VmRSS") -> Optional[float]:
     """A ``kB`` line of ``/proc/<pid>/status`` (VmRSS, VmHWM, ...) in MiB; None if unreadable."""
     try:
         with open(f"/proc/{pid}/status", "rb") as fh:
@@ -29,11 +28,11 @@ def status_mb(pid: int | str, key: str = "VmRSS") -> float | None:
     return None
 
 
-def swap_mb(path: str = VMSTAT) -> tuple[float, float] | None:
+def swap_mb(path: str = VMSTAT) -> Optional[Tuple[float, float]]:
     """(swapped in, swapped out) since boot in MiB: ``pswpin`` / ``pswpout`` pages of ``/proc/vmstat``
     times the page size; None if unreadable. The difference of two readings is what the whole system
     swapped in between (zram on a Jetson, a swap file elsewhere)."""
-    pages: dict[str, int] = {}
+    pages: Dict[str, int] = {}
     try:
         with open(path, "rb") as fh:
             for line in fh:
@@ -50,7 +49,7 @@ def swap_mb(path: str = VMSTAT) -> tuple[float, float] | None:
 
 def cpu_model() -> str:
     """The CPU's model name from ``/proc/cpuinfo`` (ARM boards: Hardware / CPU part), else platform."""
-    fields: dict[str, str] = {}
+    fields: Dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
             key, sep, value = line.partition(":")

@@ -71,7 +71,11 @@ def remote_dir_name(device: str) -> str:
 
 
 def code_files() -> list[tuple[Path, str]]:
-    """(local file, path relative to code/) of every module the runner needs on a device."""
+    """(local file, path relative to code/) of every module the runner needs on a device.
+
+    These run on the device's Python, which may be 3.6 (a Jetson TX2's JetPack 4.6): annotations in
+    ``typing``'s forms (``List[int]``, ``Optional[str]``), no ``from __future__ import annotations``, no
+    library call newer than 3.6 (``tests/test_remote.py`` checks with vermin)."""
     root = Path(perf4sight.__file__).resolve().parent
     wanted = [root / "__init__.py", root / "errors.py", root / "files.py", root / "ir" / "__init__.py",
               root / "ir" / "schema.py", root / "ir" / "shapes.py", root / "ir" / "to_torch.py"]

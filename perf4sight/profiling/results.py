@@ -8,14 +8,12 @@ the standard library (and ``perf4sight.errors``, ``perf4sight.files``): this mod
 
 Units: times in milliseconds, memory in MiB (2**20 bytes), power in watts.
 """
-from __future__ import annotations
-
 import csv
 import hashlib
 import math
 import os
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 from perf4sight.errors import UserError
 from perf4sight.files import atomic_path
@@ -24,7 +22,7 @@ __all__ = ["COLUMNS", "STATUSES", "append_row", "upgrade_file", "read_rows", "me
            "file_sha", "split_stale", "number", "batch_size_of"]
 
 #: Column order of every measurement CSV. Empty string = not measured / not applicable.
-COLUMNS: list[str] = [
+COLUMNS: List[str] = [
     "device",                 # device name from the config
     "backend",                # cpu | nvml | jetson | imported
     "network",                # description name (variant), e.g. resnet18_l30
@@ -66,7 +64,7 @@ COLUMNS: list[str] = [
 STATUSES = ("ok", "oom", "skipped_after_oom", "error")
 
 
-def number(value: Any, finite: bool = True) -> float | None:
+def number(value: Any, finite: bool = True) -> Optional[float]:
     """A cell as a float, or None (empty, not a number, NaN, or infinite unless ``finite`` is False)."""
     try:
         x = float(value)
@@ -75,17 +73,17 @@ def number(value: Any, finite: bool = True) -> float | None:
     return None if math.isnan(x) or (finite and math.isinf(x)) else x
 
 
-def batch_size_of(row: dict[str, Any]) -> int:
+def batch_size_of(row: Dict[str, Any]) -> int:
     """A measurement row's batch size (images per step) as an int; the cell may read ``8`` or ``8.0``."""
     return int(float(row["batch_size"]))
 
 
-def results_path(profiling_dir: str | Path, device: str) -> Path:
+def results_path(profiling_dir: Union[str, Path], device: str) -> Path:
     """Where a device's measurements live: ``<profiling_dir>/<device>/measurements.csv``."""
     return Path(profiling_dir) / device / "measurements.csv"
 
 
-def row_key(row: dict[str, Any], with_sha: bool = True) -> tuple[str, ...]:
+def row_key(row: Dict[str, Any], with_sha: bool = True) -> Tuple[str, ...]:
     """Identity of a measurement: (device, network, batch size, input shape, phase, description sha);
     without the sha for imports (they bring their descriptions with them and measure nothing again)."""
     key = (str(row["device"]), str(row["network"]), str(batch_size_of(row)),
@@ -98,8 +96,8 @@ def file_sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
-def split_stale(rows: Iterable[dict[str, Any]],
-                current: dict[str, str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def split_stale(rows: Iterable[Dict[str, Any]],
+                current: Dict[str, str]) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
     """(current rows, stale rows): a row is stale when ``current`` (network -> sha of its description
     file now) has its network under another sha, i.e. it was measured on an earlier version of the
     description. Rows without a sha, of networks not in ``current``, or imported (their descriptions
@@ -113,7 +111,7 @@ def split_stale(rows: Iterable[dict[str, Any]],
     return fresh, stale
 
 
-def append_row(path: str | Path, row: dict[str, Any]) -> None:
+def append_row(path: Union[str, Path], row: Dict[str, Any]) -> None:
     """Append one row (unknown keys are an error), writing the header if the file is new; fsync'd.
 
     A file written with an older column list (a subset of :data:`COLUMNS`) is first rewritten with
@@ -139,7 +137,7 @@ def append_row(path: str | Path, row: dict[str, Any]) -> None:
         os.fsync(fh.fileno())
 
 
-def upgrade_file(path: str | Path) -> bool:
+def upgrade_file(path: Union[str, Path]) -> bool:
     """Rewrite a measurement CSV whose header is an older column list with :data:`COLUMNS` (atomic
     replace; rows kept, new columns empty). True if it was rewritten. A header with columns this
     version does not know raises ``UserError`` naming them (the file is left as it is)."""
@@ -171,7 +169,7 @@ def _ends_without_newline(p: Path) -> bool:
         return fh.read(1) != b"\n"
 
 
-def read_rows(path: str | Path) -> list[dict[str, str]]:
+def read_rows(path: Union[str, Path]) -> List[Dict[str, str]]:
     """All complete rows of a measurement CSV (a torn last line from a crash is ignored); [] if there is
     no file. ``UserError`` naming the file (and line) for a folder, a file that is not UTF-8 text, or a
     complete row with an unknown status or a batch size that is not a positive integer."""
@@ -208,6 +206,6 @@ def read_rows(path: str | Path) -> list[dict[str, str]]:
     return kept
 
 
-def measured_keys(rows: Iterable[dict[str, Any]], with_sha: bool = True) -> set[tuple[str, ...]]:
+def measured_keys(rows: Iterable[Dict[str, Any]], with_sha: bool = True) -> Set[Tuple[str, ...]]:
     """Keys already on disk, so a rerun skips them (see :func:`row_key`)."""
     return {row_key(r, with_sha) for r in rows}

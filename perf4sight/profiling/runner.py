@@ -17,8 +17,6 @@ torch, so that the peak RSS which a child inherits at spawn (``ru_maxrss`` carri
 
 Standard library plus ``perf4sight.profiling`` and ``perf4sight.ir.schema`` only: it runs on the devices.
 """
-from __future__ import annotations
-
 import fcntl
 import json
 import os
@@ -33,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple, Union
 
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import load_description
@@ -44,7 +42,7 @@ from perf4sight.profiling.procfs import status_mb, swap_mb
 
 __all__ = ["run_plan", "run_child", "run_repeats", "swapped", "thrashing", "ChildOutcome", "main"]
 
-Emit = Callable[[dict[str, Any]], None]
+Emit = Callable[[Dict[str, Any]], None]
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds perf4sight/
 #: above this RSS (MiB) the runner warns that children's peak RSS figures are inflated
 LEAN_RUNNER_MB = 200.0
@@ -68,7 +66,7 @@ class _Network:
 @dataclass
 class ChildOutcome:
     """How one child ended: its result dict (may be empty), peak RSS (MiB) and wall time (s)."""
-    result: dict[str, Any]
+    result: Dict[str, Any]
     peak_rss_mb: float
     wall_s: float
 
@@ -77,15 +75,15 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def print_event(event: dict[str, Any]) -> None:
+def print_event(event: Dict[str, Any]) -> None:
     """Default progress sink: one JSON object per line on stdout, flushed."""
     sys.stdout.write(json.dumps(event, separators=(",", ":")) + "\n")
     sys.stdout.flush()
 
 
-def _describe_networks(plan: TestPlan, plan_dir: Path) -> list[_Network]:
-    nets: list[_Network] = []
-    names: dict[str, str] = {}
+def _describe_networks(plan: TestPlan, plan_dir: Path) -> List[_Network]:
+    nets: List[_Network] = []
+    names: Dict[str, str] = {}
     for i, rel in enumerate(plan.networks):
         path = plan.resolve(plan_dir, rel)
         try:
@@ -105,6 +103,12 @@ def _describe_networks(plan: TestPlan, plan_dir: Path) -> list[_Network]:
     return nets
 
 
+def _exit_code(status: int) -> int:
+    """``Popen.returncode`` of a wait status: the exit code, or minus the signal that ended the process
+    (os.waitstatus_to_exitcode is Python 3.9+)."""
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
 def _kill(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGKILL)
@@ -113,10 +117,10 @@ def _kill(pid: int) -> None:
 
 
 def _watch_child(proc: subprocess.Popen, plan: TestPlan, backend: Backend, t0: float,
-                 swap_before: tuple[float, float] | None) -> tuple[dict[str, str], int, Any]:
+                 swap_before: Optional[Tuple[float, float]]) -> Tuple[Dict[str, str], int, Any]:
     """Wait for the child, killing it on a timeout, over the memory limit or when the system thrashes;
     returns (verdict, wait status, rusage): the verdict is empty when the child ended by itself."""
-    verdict: dict[str, str] = {}
+    verdict: Dict[str, str] = {}
     next_swap_check = t0 + SWAP_POLL_S
     while True:
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -161,7 +165,7 @@ def run_child(plan: TestPlan, plan_path: Path, index: int, batch_size: int, back
                "--batch-size", str(batch_size), "--result", str(result_file)]
         swap_before = swap_mb()
         t0 = time.monotonic()
-        proc: subprocess.Popen | None = None
+        proc: Optional[subprocess.Popen] = None
         try:
             with _interrupts_held():  # an interrupt inside Popen would leave the new child running, unknown to us
                 with open(err_file, "wb") as err:
@@ -180,8 +184,8 @@ def run_child(plan: TestPlan, plan_path: Path, index: int, batch_size: int, back
             raise
         wall = time.monotonic() - t0
         peak_mb = round(usage.ru_maxrss / 1024, 2)  # ru_maxrss: KiB on Linux
-        proc.returncode = os.waitstatus_to_exitcode(status)  # already reaped: keep Popen from waiting again
-        result: dict[str, Any] = {}
+        proc.returncode = _exit_code(status)  # already reaped: keep Popen from waiting again
+        result: Dict[str, Any] = {}
         if result_file.exists():
             try:
                 result = json.loads(result_file.read_text())
@@ -201,7 +205,7 @@ def run_child(plan: TestPlan, plan_path: Path, index: int, batch_size: int, back
     return ChildOutcome(result, peak_mb, round(wall, 3))
 
 
-def swapped(before: tuple[float, float] | None, after: tuple[float, float] | None) -> dict[str, float]:
+def swapped(before: Optional[Tuple[float, float]], after: Optional[Tuple[float, float]]) -> Dict[str, float]:
     """``swap_in_mb`` / ``swap_out_mb`` between two :func:`~perf4sight.profiling.procfs.swap_mb` readings
     (empty when either is unknown)."""
     if before is None or after is None:
@@ -209,7 +213,7 @@ def swapped(before: tuple[float, float] | None, after: tuple[float, float] | Non
     return {"swap_in_mb": round(after[0] - before[0], 2), "swap_out_mb": round(after[1] - before[1], 2)}
 
 
-def thrashing(swap: dict[str, float], limit_mb: float) -> str | None:
+def thrashing(swap: Dict[str, float], limit_mb: float) -> Optional[str]:
     """The ``oom`` message when more than ``limit_mb`` MiB were swapped back in (0 = no check), else None."""
     back_in = swap.get("swap_in_mb")
     if limit_mb > 0 and back_in is not None and back_in > limit_mb:
@@ -227,7 +231,7 @@ def run_repeats(plan: TestPlan, plan_path: Path, index: int, batch_size: int, ba
     column of the row comes from one measurement; it gains ``repeats`` and ``latency_ms_repeat_cv``
     (std / mean of the repeats' medians, %). ``wall_s`` is the time of all repeats.
     """
-    outcomes: list[ChildOutcome] = []
+    outcomes: List[ChildOutcome] = []
     for _ in range(plan.repeats):
         outcome = run_child(plan, plan_path, index, batch_size, backend)
         if outcome.result.get("status") != "ok":
@@ -248,7 +252,7 @@ def run_repeats(plan: TestPlan, plan_path: Path, index: int, batch_size: int, ba
     return chosen
 
 
-def _crash_verdict(code: int, err_file: Path) -> dict[str, str]:
+def _crash_verdict(code: int, err_file: Path) -> Dict[str, str]:
     if code == -signal.SIGKILL:
         return {"status": "oom", "message": "child killed by SIGKILL (the kernel's OOM killer?)"}
     if code < 0:
@@ -274,23 +278,23 @@ def _locked(csv_path: Path) -> Iterator[None]:
 class _OnDisk:
     """What a plan's CSV already holds for its device: the rows (an older row without a description sha
     takes the network's current one), their keys, and each (network, input shape, sha)'s first oom batch."""
-    rows: list[dict[str, Any]]
-    done: set[tuple[str, ...]]
-    oom_at: dict[tuple[str, str, str], int]
+    rows: List[Dict[str, Any]]
+    done: Set[Tuple[str, ...]]
+    oom_at: Dict[Tuple[str, str, str], int]
 
     @classmethod
-    def read(cls, csv_path: Path, device: str, nets: list[_Network]) -> "_OnDisk":
+    def read(cls, csv_path: Path, device: str, nets: List[_Network]) -> "_OnDisk":
         sha_of = {n.name: n.sha for n in nets}
         rows = [r if r.get("description_sha") else {**r, "description_sha": sha_of.get(r["network"], "")}
                 for r in results.read_rows(csv_path) if r["device"] == device]
-        oom_at: dict[tuple[str, str, str], int] = {}
+        oom_at: Dict[Tuple[str, str, str], int] = {}
         for r in rows:
             if r["status"] == "oom":
                 k = (r["network"], r["input_shape"], r["description_sha"])
                 oom_at[k] = min(oom_at.get(k, 10**9), results.batch_size_of(r))
         return cls(rows, results.measured_keys(rows), oom_at)
 
-    def changed_warning(self, net: _Network, n_batch_sizes: int, csv_name: str) -> str | None:
+    def changed_warning(self, net: _Network, n_batch_sizes: int, csv_name: str) -> Optional[str]:
         """The warning for a network whose description changed since its rows were measured, if it has
         batch sizes left to measure."""
         _, stale = results.split_stale([r for r in self.rows if r["network"] == net.name], {net.name: net.sha})
@@ -301,7 +305,7 @@ class _OnDisk:
                 f"{net.sha}): measuring it again; its {len(stale)} earlier rows stay in {csv_name} and are passed over")
 
 
-def _lean_runner_warning() -> str | None:
+def _lean_runner_warning() -> Optional[str]:
     own_rss = status_mb("self", "VmRSS") or 0.0
     if own_rss <= LEAN_RUNNER_MB:
         return None
@@ -310,7 +314,7 @@ def _lean_runner_warning() -> str | None:
 
 
 def _sweep_network(plan: TestPlan, plan_path: Path, net: _Network, backend: Backend, disk: _OnDisk,
-                   env: dict[str, Any]) -> Iterator[tuple[int, dict[str, Any] | None, float]]:
+                   env: Dict[str, Any]) -> Iterator[Tuple[int, Optional[Dict[str, Any]], float]]:
     """Measure ``net`` at each batch size of the plan: yields (batch size, row without the key columns or
     None when already measured, wall s). ``env`` gathers the device facts children report."""
     not_run = net.problem  # set when the network cannot be built at all
@@ -336,14 +340,14 @@ def _sweep_network(plan: TestPlan, plan_path: Path, net: _Network, backend: Back
         yield bs, row, outcome.wall_s
 
 
-def _key_columns(plan: TestPlan, net: _Network, bs: int) -> dict[str, Any]:
+def _key_columns(plan: TestPlan, net: _Network, bs: int) -> Dict[str, Any]:
     """The columns that say which measurement a row is (``results.row_key`` reads its key from them)."""
     return {"device": plan.device, "backend": plan.backend, "network": net.name, "family": net.family,
             "pruning_level": net.pruning_level, "batch_size": bs, "input_shape": net.input_shape, "phase": "train",
             "description_sha": net.sha}
 
 
-def _csv_row(plan: TestPlan, net: _Network, bs: int, env: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+def _csv_row(plan: TestPlan, net: _Network, bs: int, env: Dict[str, Any], row: Dict[str, Any]) -> Dict[str, Any]:
     """A measurement's CSV row: the device facts, its key columns, then what the child reported."""
     full = {**env, "warmup_steps": plan.warmup_steps, **_key_columns(plan, net, bs),
             **{k: v for k, v in row.items() if k in results.COLUMNS}, "timestamp": _now()}
@@ -352,7 +356,7 @@ def _csv_row(plan: TestPlan, net: _Network, bs: int, env: dict[str, Any], row: d
     return full
 
 
-def run_plan(plan_path: str | Path, emit: Emit = print_event) -> dict[str, int]:
+def run_plan(plan_path: Union[str, Path], emit: Emit = print_event) -> Dict[str, int]:
     """Run the whole sweep of a plan file; returns counts of new ``ok``/``oom``/``skipped_after_oom``/
     ``error`` rows and of keys ``already_measured``. Bad plans raise ``UserError``."""
     plan_path = Path(plan_path).resolve()
@@ -360,7 +364,7 @@ def run_plan(plan_path: str | Path, emit: Emit = print_event) -> dict[str, int]:
     backend = get_backend(plan)
     nets = _describe_networks(plan, plan_path.parent)
     csv_path = plan.resolve(plan_path.parent, plan.output)
-    counts = {s: 0 for s in results.STATUSES} | {"already_measured": 0}
+    counts = dict({s: 0 for s in results.STATUSES}, already_measured=0)
     with _locked(csv_path):
         disk = _OnDisk.read(csv_path, plan.device, nets)
         total = len(nets) * len(plan.batch_sizes)
@@ -369,7 +373,7 @@ def run_plan(plan_path: str | Path, emit: Emit = print_event) -> dict[str, int]:
         warning = _lean_runner_warning()
         if warning:
             emit({"event": "warning", "message": warning})
-        env: dict[str, Any] = {"hostname": socket.gethostname(), "threads": plan.threads or ""}
+        env: Dict[str, Any] = {"hostname": socket.gethostname(), "threads": plan.threads or ""}
         position = 0
         t_start = time.monotonic()
         for net in nets:
@@ -393,7 +397,7 @@ def run_plan(plan_path: str | Path, emit: Emit = print_event) -> dict[str, int]:
     return counts
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Optional[List[str]] = None) -> int:
     """CLI entry: run the plan given as the only argument; exit 2 with an ``error`` event on a ``UserError``."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or argv[0].startswith("-"):
@@ -428,7 +432,7 @@ def _interrupts_held() -> Iterator[None]:
     in place before: the same outcome, only later); a no-op off the main thread. Around starting a child:
     a KeyboardInterrupt raised inside ``subprocess.Popen`` after its fork leaves the child running with
     no ``Popen`` to kill it by, so it would go on measuring after the runner stopped."""
-    held: list[int] = []
+    held: List[int] = []
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     if threading.current_thread() is not threading.main_thread() or None in before.values():
         yield  # handlers can only be set on the main thread, and one set outside Python could not be put back
@@ -441,7 +445,7 @@ def _interrupts_held() -> Iterator[None]:
         for s, handler in before.items():
             signal.signal(s, handler)
         if held:
-            signal.raise_signal(held[0])
+            os.kill(os.getpid(), held[0])  # signal.raise_signal is Python 3.8+
 
 
 def _interrupt(signum: int, frame: Any) -> None:

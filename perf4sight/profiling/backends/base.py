@@ -15,13 +15,11 @@ allocator's statistics, ``is_oom`` with ``torch.cuda.OutOfMemoryError``) and is 
 :data:`BACKENDS`. Every returned dict uses the column names of
 :data:`perf4sight.profiling.results.COLUMNS`. Times in milliseconds, memory in MiB.
 """
-from __future__ import annotations
-
 import importlib
 import math
 import socket
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Dict, List, Optional, TYPE_CHECKING
 
 from perf4sight.errors import UserError
 from perf4sight.profiling.plan import TestPlan
@@ -36,7 +34,7 @@ __all__ = ["Backend", "BACKENDS", "get_backend", "latency_stats", "MAX_TIMED_STE
 MAX_TIMED_STEPS = 1000
 
 #: backend name -> "module:Class"; the module is imported only when the backend is used.
-BACKENDS: dict[str, str] = {
+BACKENDS: Dict[str, str] = {
     "cpu": "perf4sight.profiling.backends.cpu:CpuBackend",
     "nvml": "perf4sight.profiling.backends.nvml:NvmlBackend",
     "jetson": "perf4sight.profiling.backends.jetson:JetsonBackend",
@@ -56,7 +54,7 @@ def get_backend(plan: TestPlan) -> "Backend":
     return cls(plan)
 
 
-def latency_stats(times_ms: list[float]) -> dict[str, Any]:
+def latency_stats(times_ms: List[float]) -> Dict[str, Any]:
     """Median, mean, p10, p90 and population std (ms) of per-step times; percentiles interpolate linearly."""
     xs = sorted(times_ms)
     n = len(xs)
@@ -90,7 +88,7 @@ class Backend:
         self.plan = plan
 
     # ----------------------------------------------------------------- runner side
-    def watch(self, pid: int) -> str | None:
+    def watch(self, pid: int) -> Optional[str]:
         """Called every poll interval on the running child; a message = kill it, record ``oom``.
 
         Default: the child's resident set size against ``plan.memory_limit_mb`` (0 = no limit).
@@ -99,7 +97,7 @@ class Backend:
             return None
         return self.over_limit(status_mb(pid, "VmRSS"), "RSS")
 
-    def over_limit(self, rss_mb: float | None, what: str = "peak RSS") -> str | None:
+    def over_limit(self, rss_mb: Optional[float], what: str = "peak RSS") -> Optional[str]:
         """The ``oom`` message when ``rss_mb`` (MiB) exceeds ``plan.memory_limit_mb`` (0 = no limit), else None.
         The runner also asks it about a finished child's peak RSS: a peak shorter than the poll
         interval escapes :meth:`watch` but is over the limit all the same."""
@@ -137,12 +135,12 @@ class Backend:
         self.synchronize()
         return (time.perf_counter() - t0) * 1e3
 
-    def memory_columns(self) -> dict[str, Any]:
+    def memory_columns(self) -> Dict[str, Any]:
         """Device-specific memory columns read after the timed steps (GPU: allocator peaks)."""
         return {}
 
     def measure(self, step: Callable[[], None], warmup_steps: int, timed_steps: int,
-                min_timed_s: float = 0.0) -> dict[str, Any]:
+                min_timed_s: float = 0.0) -> Dict[str, Any]:
         """Warm up, then time steps one by one: at least ``timed_steps``, and more until the timed steps add
         up to ``min_timed_s`` seconds (at most :data:`MAX_TIMED_STEPS`); latency columns plus
         :meth:`memory_columns`."""
@@ -174,7 +172,7 @@ class Backend:
         """Power mode / clocks where known, else ""."""
         return ""
 
-    def environment(self) -> dict[str, Any]:
+    def environment(self) -> Dict[str, Any]:
         """Environment columns: torch version, threads, device model, clocks, hostname."""
         import torch
 

@@ -5,8 +5,6 @@ Peak memory is the measuring child's peak resident set size, read by the runner 
 crosses it and record ``oom`` (see :meth:`Backend.watch`), so a sweep cannot exhaust the
 machine; in the child, ``MemoryError`` and allocator "out of memory" errors are ``oom`` too.
 """
-from __future__ import annotations
-
 from perf4sight.profiling.backends.base import Backend
 from perf4sight.profiling.procfs import cpu_clocks, cpu_model
 

@@ -4,9 +4,7 @@
 Subclasses add device-wide readings by overriding :meth:`CudaBackend.read_device`, which a
 :class:`Sampler` calls every ``sample_interval_s`` during the warm-up and timed steps.
 """
-from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Dict, Optional, TYPE_CHECKING
 
 from perf4sight.profiling.backends.base import Backend
 from perf4sight.profiling.backends.sampling import Reading, Sampler
@@ -28,7 +26,7 @@ class CudaBackend(Backend):
 
     def __init__(self, plan) -> None:
         super().__init__(plan)
-        self.sampler: Sampler | None = None
+        self.sampler: Optional[Sampler] = None
 
     def prepare(self) -> None:
         super().prepare()
@@ -74,7 +72,7 @@ class CudaBackend(Backend):
         return {}
 
     def measure(self, step: Callable[[], None], warmup_steps: int, timed_steps: int,
-                min_timed_s: float = 0.0) -> dict[str, Any]:
+                min_timed_s: float = 0.0) -> Dict[str, Any]:
         """Base measurement (events, allocator peaks) plus :meth:`sampled_columns` of the readings."""
         self.sampler = Sampler(self.read_device, self.sample_interval_s).start()
         try:
@@ -84,11 +82,11 @@ class CudaBackend(Backend):
         row.update(self.sampled_columns(self.sampler))
         return row
 
-    def sampled_columns(self, sampler: Sampler) -> dict[str, Any]:
+    def sampled_columns(self, sampler: Sampler) -> Dict[str, Any]:
         """Columns from the device readings taken during the steps (peaks of memory, means of the rest)."""
         return {}
 
-    def memory_columns(self) -> dict[str, Any]:
+    def memory_columns(self) -> Dict[str, Any]:
         """Allocator peaks since :meth:`reset_peaks` (read before the sampler stops)."""
         import torch
 

@@ -8,12 +8,10 @@ it is not, the row's ``message`` says so and those columns stay empty. Torch all
 CUDA-event timing and CUDA OOM come from :class:`CudaBackend`. The power mode (nvpmodel)
 and jetson_clocks state go into ``clocks``. Memory in MiB, power in W, load in %.
 """
-from __future__ import annotations
-
 import glob
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Dict, Optional
 
 from perf4sight.profiling.backends.cuda import CudaBackend
 from perf4sight.profiling.backends.sampling import Reading, Sampler
@@ -27,7 +25,7 @@ GPU_FREQ_GLOB = "/sys/devices/gpu.0/devfreq/*/cur_freq"
 
 def meminfo_used_mb(path: str = MEMINFO) -> float:
     """MemTotal - MemFree - Buffers - Cached from ``/proc/meminfo``, in MiB."""
-    kib: dict[str, int] = {}
+    kib: Dict[str, int] = {}
     with open(path) as fh:
         for line in fh:
             key, _, rest = line.partition(":")
@@ -76,8 +74,8 @@ class JetsonBackend(CudaBackend):
             reading["power_w"] = tot["power"] / 1000.0 if "power" in tot else None  # milliwatts
         return reading
 
-    def sampled_columns(self, sampler: Sampler) -> dict[str, Any]:
-        cols: dict[str, Any] = {"device_mem_used_mb": sampler.peak("unified_mb"),
+    def sampled_columns(self, sampler: Sampler) -> Dict[str, Any]:
+        cols: Dict[str, Any] = {"device_mem_used_mb": sampler.peak("unified_mb"),
                                 "gpu_util_pct": sampler.mean("gpu_load_pct", 1), "power_w": sampler.mean("power_w")}
         notes = [self.jtop_note] if self.jtop_note else []
         if self.jetson is not None and sampler.values("jtop_ram_mb"):
@@ -115,7 +113,7 @@ class JetsonBackend(CudaBackend):
                 pass
         return ", ".join(parts)
 
-    def environment(self) -> dict[str, Any]:
+    def environment(self) -> Dict[str, Any]:
         env = super().environment()
         if self.jetson is not None:
             try:
@@ -126,7 +124,7 @@ class JetsonBackend(CudaBackend):
         return env
 
 
-def _gpu_load(j: Any) -> float | None:
+def _gpu_load(j: Any) -> Optional[float]:
     """GPU load in % from jtop 4.x (``gpu[name]['status']['load']``), else ``stats['GPU']``."""
     gpus = j.gpu or {}
     for info in gpus.values() if isinstance(gpus, dict) else []:
@@ -140,7 +138,8 @@ def _gpu_load(j: Any) -> float | None:
 def _nvpmodel_query() -> str:
     """The power mode name from ``nvpmodel -q`` ("" when the tool is absent)."""
     try:
-        out = subprocess.run(["nvpmodel", "-q"], capture_output=True, text=True, timeout=5).stdout
+        out = subprocess.run(["nvpmodel", "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             universal_newlines=True, timeout=5).stdout
     except (OSError, subprocess.TimeoutExpired):
         return ""
     for line in out.splitlines():

@@ -8,10 +8,8 @@ power (means over the steps). CUDA OOM (``torch.cuda.OutOfMemoryError``) is ``oo
 ``gpu_index`` is the CUDA index; ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` is set (unless already set)
 before CUDA starts so that it is also the NVML index. Memory in MiB, power in W.
 """
-from __future__ import annotations
-
 import os
-from typing import Any
+from typing import Any, Dict
 
 from perf4sight.profiling.backends.cuda import MIB, CudaBackend
 from perf4sight.profiling.backends.sampling import Reading, Sampler
@@ -54,7 +52,7 @@ class NvmlBackend(CudaBackend):
                 reading[key] = None
         return reading
 
-    def sampled_columns(self, sampler: Sampler) -> dict[str, Any]:
+    def sampled_columns(self, sampler: Sampler) -> Dict[str, Any]:
         cols = {"device_mem_used_mb": sampler.peak("used_mb"), "gpu_util_pct": sampler.mean("util_pct", 1),
                 "power_w": sampler.mean("power_w")}
         if sampler.failures:

@@ -3,14 +3,12 @@
 A reading is a dict of numbers (None = not available this time). Memory readings are
 summarised by their peak, utilisation and power by their mean. Interval in seconds.
 """
-from __future__ import annotations
-
 import threading
-from typing import Callable
+from typing import Callable, Dict, List, Optional, Union
 
 __all__ = ["Sampler"]
 
-Reading = dict[str, "float | None"]
+Reading = Dict[str, Optional[float]]
 
 
 class Sampler:
@@ -22,10 +20,10 @@ class Sampler:
 
     def __init__(self, read: Callable[[], Reading], interval_s: float = 0.01) -> None:
         self.read, self.interval_s = read, interval_s
-        self.samples: list[Reading] = []
+        self.samples: List[Reading] = []
         self.failures, self.error = 0, ""
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread: Optional[threading.Thread] = None
 
     def _take(self) -> None:
         try:
@@ -52,15 +50,15 @@ class Sampler:
         self._take()
         return self
 
-    def values(self, key: str) -> list[float]:
+    def values(self, key: str) -> List[float]:
         return [float(s[key]) for s in self.samples if s.get(key) is not None]
 
-    def peak(self, key: str, digits: int = 2) -> float | str:
+    def peak(self, key: str, digits: int = 2) -> Union[float, str]:
         """Largest reading of ``key`` ("" if never available)."""
         xs = self.values(key)
         return round(max(xs), digits) if xs else ""
 
-    def mean(self, key: str, digits: int = 2) -> float | str:
+    def mean(self, key: str, digits: int = 2) -> Union[float, str]:
         """Mean reading of ``key`` ("" if never available)."""
         xs = self.values(key)
         return round(sum(xs) / len(xs), digits) if xs else ""
