@@ -27,7 +27,7 @@ from perf4sight.ir.schema import save_description
 from perf4sight.profiling import results
 from perf4sight.profiling.fleet import check_devices, format_checks, format_summaries, profile_devices
 from perf4sight.profiling.pull import CsvPuller, complete_records, rows_to_csv
-from perf4sight.profiling.remote import RemoteProfiler, remote_dir_name
+from perf4sight.profiling.remote import RemoteProfiler, probe_problems, remote_dir_name
 from perf4sight.profiling.ssh import DeviceError, HostKeyError, Remote, quote_argv
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -484,3 +484,23 @@ def test_two_configs_sharing_a_work_folder_pull_only_their_own_rows(servers, tmp
     (again,) = profile_devices(cfg, ["dev-s"], descs, show_progress=False, **FAST)
     assert again.new_rows == 0 and "1 row in" in again.message
     assert [r["network"] for r in _rows(cfg, "dev-s")] == ["net-one"]
+
+
+def test_device_without_torch_or_with_too_old_a_python_runs_nothing(servers, tmp_path):
+    """A device python that cannot import torch: `profile` refuses before shipping anything, in one line
+    naming the device, the python and what is missing, and records no row (it used to record an `error` row
+    per measurement, never retried, and exit 0)."""
+    a, _ = servers
+    no_torch = tmp_path / "python-without-site-packages"  # the same interpreter, without its site-packages
+    no_torch.write_text(f"#!/bin/sh\nexec {DEVICE_PYTHON} -S \"$@\"\n")
+    no_torch.chmod(0o755)
+    cfg = _config(tmp_path, {"box": {**_device(a, tmp_path), "python": str(no_torch)}})
+    (desc,) = _descriptions(tmp_path, ["alpha"])
+    (summary,) = profile_devices(cfg, ["box"], [desc], show_progress=False, **FAST)
+    assert summary.status == "failed", format_summaries([summary])
+    assert "device 'box' is not ready, nothing was run: torch not importable" in summary.message
+    assert str(no_torch) in summary.message and summary.rows == 0
+    assert not _rows(cfg, "box") and not list((tmp_path / "remote work").rglob("measurements.csv"))
+    assert probe_problems("cpu", {"python": "3.5.2", "torch": "1.4.0"}, "w") == [
+        "python 3.5.2 is older than 3.6, which the runner needs"]
+    assert probe_problems("cpu", {"python": "3.6.9", "torch": "1.10.0"}, "w") == []

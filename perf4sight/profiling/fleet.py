@@ -20,14 +20,11 @@ from typing import Any, Sequence
 from perf4sight.config import Config, DeviceConfig
 from perf4sight.errors import UserError
 from perf4sight.profiling.local import stop_runners
-from perf4sight.profiling.remote import (DeviceSummary, RemoteProfiler, covering, expected_keys, known_hosts_path,
-                                         plan_counts, remote_dir_name)
+from perf4sight.profiling.remote import (PROBE, DeviceSummary, RemoteProfiler, covering, expected_keys,
+                                         known_hosts_path, plan_counts, probe_problems, remote_dir_name)
 from perf4sight.profiling.ssh import CONNECTION_ERRORS, HostKeyError, Remote, describe_error
 
 __all__ = ["DeviceCheck", "check_devices", "profile_devices", "format_checks", "format_summaries"]
-
-_PROBE = Path(__file__).with_name("probe.py")
-
 
 @dataclass
 class DeviceCheck:
@@ -50,15 +47,7 @@ def _selected(cfg: Config, names: Sequence[str] | None) -> list[DeviceConfig]:
 
 def _judge(check: DeviceCheck) -> DeviceCheck:
     f = check.facts
-    problems = []
-    if not f.get("torch"):
-        problems.append(f"torch not importable ({f.get('torch_error', '')})")
-    if f.get("backend_library") and not f.get("backend_library_version"):
-        problems.append(f"{f['backend_library']} not importable ({f.get('backend_library_error', '')})")
-    if f.get("workdir_error"):
-        problems.append(f"work folder {check.workdir} cannot be created or written ({f['workdir_error']})")
-    if check.backend == "nvml" and f.get("torch") and not f.get("cuda"):
-        problems.append("torch sees no CUDA device")
+    problems = probe_problems(check.backend, f, check.workdir)
     if check.backend == "jetson" and f.get("backend_library_version") and not f.get("jtop_service"):
         check.message = "jtop service not active: rows will carry /proc/meminfo memory only"
     check.ok = not problems
@@ -68,7 +57,7 @@ def _judge(check: DeviceCheck) -> DeviceCheck:
 
 
 def _check_one(cfg: Config, dev: DeviceConfig, timeout_s: float) -> DeviceCheck:
-    src = _PROBE.read_text()
+    src = PROBE.read_text()
     if not dev.host:
         # this machine writes its measurements under profiling_dir (workdir is a remote device's)
         check = DeviceCheck(dev.name, dev.backend, "this machine", reachable=True, workdir=str(cfg.profiling_dir))

@@ -69,7 +69,7 @@ def probe(backend, workdir):
         with tempfile.TemporaryFile(dir=os.path.expanduser(workdir)):
             pass
     except OSError as exc:
-        out["workdir_error"] = f"{exc.strerror or exc}"
+        out["workdir_error"] = str(exc.strerror or exc)  # no f-string: an older Python still reports its version
     return out
 
 

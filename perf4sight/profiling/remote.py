@@ -58,6 +58,29 @@ class DeviceSummary:
     elapsed_s: float = 0.0
 
 
+PROBE = Path(__file__).with_name("probe.py")
+MIN_PYTHON = (3, 6)  # the device's; a Jetson TX2's JetPack 4.6 has 3.6 (see code_files)
+
+
+def probe_problems(backend: str, facts: dict, workdir: str) -> list[str]:
+    """What would stop a run on a device, from ``probe.py``'s ``facts`` (empty: ready); ``workdir`` names
+    the work folder in the message."""
+    problems = []
+    version = tuple(int(p) for p in str(facts.get("python", "0")).split(".")[:2] if p.isdigit())
+    if version < MIN_PYTHON:
+        problems.append(f"python {facts.get('python', '?')} is older than {'.'.join(map(str, MIN_PYTHON))}, "
+                        "which the runner needs")
+    if not facts.get("torch"):
+        problems.append(f"torch not importable ({facts.get('torch_error', '')})")
+    if facts.get("backend_library") and not facts.get("backend_library_version"):
+        problems.append(f"{facts['backend_library']} not importable ({facts.get('backend_library_error', '')})")
+    if facts.get("workdir_error"):
+        problems.append(f"work folder {workdir} cannot be created or written ({facts['workdir_error']})")
+    if backend == "nvml" and facts.get("torch") and not facts.get("cuda"):
+        problems.append("torch sees no CUDA device")
+    return problems
+
+
 def known_hosts_path(cfg: Config, dev: DeviceConfig) -> Path:
     """The known_hosts file a device is checked against (config-relative path, else ~/.ssh/known_hosts)."""
     return cfg.resolve(dev.known_hosts) if dev.known_hosts else default_known_hosts()
@@ -152,6 +175,21 @@ class RemoteProfiler:
                               f"{res.stdout[-200:]!r}") from None
 
     # -- steps ------------------------------------------------------------------------------
+    def _preflight(self) -> None:
+        """The ``check`` stage's probe: a device whose python cannot run the runner (too old, no torch, no
+        backend library) starts nothing, so no row records a missing library as a failed measurement."""
+        res = self.remote.run([self._python(), "-c", PROBE.read_text(), self.dev.backend, self.run_dir],
+                              timeout_s=120)
+        try:
+            facts = json.loads(res.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise DeviceError(f"device '{self.dev.name}': python '{self.dev.python}' did not start (exit {res.rc}): "
+                              f"{' '.join((res.stderr or res.stdout).split())[-300:]}") from None
+        problems = probe_problems(self.dev.backend, facts, self.run_dir)
+        if problems:
+            raise DeviceError(f"device '{self.dev.name}' is not ready, nothing was run: {'; '.join(problems)} "
+                              f"(python '{self.dev.python}'; see --stage check)")
+
     def _ship_code(self) -> None:
         """The runner's modules into ``code-<hash>/`` (skipped when already there): a live run keeps its own copy."""
         r = self.remote
@@ -333,6 +371,7 @@ class RemoteProfiler:
                 raise DeviceError(f"device '{self.dev.name}': cannot create the work folder {self.run_dir} "
                                   f"({describe_error(exc)}); set [devices.{self.dev.name}] workdir to a folder "
                                   "the device's user can write") from None
+            self._preflight()
             self._ship_code()
             while True:
                 state = self._detach("status")
