@@ -78,7 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-batch-size", nargs="?", type=int, const=1024, metavar="LIMIT",
                         help="predict: the largest batch size predicted to fit each network in the device's memory "
                              "(searched up to LIMIT, default 1024), instead of predictions at --batch-size")
-    parser.add_argument("--json", action="store_true", help="predict: one JSON object per line")
+    parser.add_argument("--json", action="store_true",
+                        help="predict: one JSON object per query on stdout, notes on stderr (with --stage all, "
+                             "everything the other stages print goes to stderr too)")
     parser.add_argument("--predictor", choices=("trees", "gnn", "ensemble"),
                         help="fingerprint: which predictor to fit (ensemble = trees and GNN); predict: which to use "
                              "(default: [fingerprint] predictor of the config)")

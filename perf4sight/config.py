@@ -174,14 +174,20 @@ class Config:
 _INTERNAL = {"path", "root", "name"}
 
 
+#: what a value of each type is called in "'key' must be ...": the singular, and the items of a list
+_TYPE_WORDS = {int: ("an integer", "integers"), float: ("a number", "numbers"), str: ("a string", "strings"),
+               bool: ("true or false", "true/false values")}
+
+
 def _type_name(tp: Any) -> str:
+    """``tp`` as the end of "'key' must be ...": "an integer", "true or false", "a list of integers"."""
     origin = typing.get_origin(tp)
     if origin is list:
-        return f"a list of {_type_name(typing.get_args(tp)[0]).split(' ', 1)[1]}s"
+        item = typing.get_args(tp)[0]
+        return f"a list of {_TYPE_WORDS[item][1] if item in _TYPE_WORDS else _type_name(item).split(' ', 1)[1] + 's'}"
     if origin in (typing.Union, types.UnionType):
         return " or ".join(_type_name(a) for a in typing.get_args(tp))
-    return {int: "an integer", float: "a number", str: "a string", bool: "a true/false"}.get(
-        tp, f"a {getattr(tp, '__name__', tp)}")
+    return _TYPE_WORDS[tp][0] if tp in _TYPE_WORDS else f"a {getattr(tp, '__name__', tp)}"
 
 
 def _convert(value: Any, tp: Any, where: str) -> Any:
@@ -270,8 +276,9 @@ def _check_fingerprint(cfg: Config, f: Path | None) -> None:
         raise UserError(f"{f}: [fingerprint] predictor '{fp.predictor}' is not one of {', '.join(PREDICTORS)}")
     if fp.gnn_arch not in GNN_ARCHS:
         raise UserError(f"{f}: [fingerprint] gnn_arch '{fp.gnn_arch}' is not one of {', '.join(GNN_ARCHS)}")
-    if min(fp.gnn_hidden, fp.gnn_layers, fp.gnn_max_epochs, fp.gnn_patience) < 1:
-        raise UserError(f"{f}: [fingerprint] gnn_hidden, gnn_layers, gnn_max_epochs and gnn_patience must be >= 1")
+    for key in ("gnn_hidden", "gnn_layers", "gnn_max_epochs", "gnn_patience"):
+        if getattr(fp, key) < 1:
+            raise UserError(f"{f}: [fingerprint] {key} must be >= 1, got {getattr(fp, key)}")
 
 
 def _check_networks(cfg: Config, f: Path | None) -> None:
@@ -284,17 +291,8 @@ def _check_networks(cfg: Config, f: Path | None) -> None:
     if cfg.networks.pruning.strategy not in PRUNING_STRATEGIES:
         raise UserError(f"{f}: [networks.pruning] strategy '{cfg.networks.pruning.strategy}' is not one of "
                         f"{', '.join(PRUNING_STRATEGIES)}")
-    from perf4sight.networks.zoo import ZOO_NAMES  # names only: no torch
-    for where, names in (("[networks] zoo", cfg.networks.zoo), ("[predict] networks", cfg.predict.networks),
-                         ("[compare] networks", cfg.compare.networks)):
-        for i, name in enumerate(names):
-            if name in ZOO_NAMES:
-                continue
-            if not name.endswith(".json") and not cfg.resolve(name).is_file():
-                raise UserError(f"{f}: {where}: '{name}' is neither a zoo network nor a .json description file "
-                                f"(zoo networks: {', '.join(ZOO_NAMES)})")
-            if where != "[networks] zoo":
-                names[i] = str(cfg.resolve(name))  # description files: relative to the config file, like every path
+    _check_zoo(cfg, f)
+    _check_named_networks(cfg, f)
     if any(b < 1 for b in cfg.predict.batch_sizes):
         raise UserError(f"{f}: [predict] batch_sizes must be positive integers, got {cfg.predict.batch_sizes}")
     for lvl in cfg.networks.pruning.levels:
@@ -307,6 +305,36 @@ def _check_networks(cfg: Config, f: Path | None) -> None:
     for fname in cfg.networks.description_files:
         if not cfg.resolve(fname).is_file():
             raise UserError(f"{f}: [networks] description_files: file not found: {fname}")
+
+
+def _check_zoo(cfg: Config, f: Path | None) -> None:
+    """[networks] zoo: torchvision names only (the networks stage builds each with torchvision); a description
+    file or a factory listed there is named, with the key that takes it."""
+    from perf4sight.networks.zoo import ZOO_NAMES  # names only: no torch
+    for name in cfg.networks.zoo:
+        if name in ZOO_NAMES:
+            continue
+        if name.endswith(".json") or cfg.resolve(name).is_file():
+            raise UserError(f"{f}: [networks] zoo: '{name}' is a file, not a zoo network: list description files "
+                            "under [networks] description_files")
+        if ":" in name and name.split(":", 1)[0].endswith(".py"):
+            raise UserError(f"{f}: [networks] zoo: '{name}' is a factory, not a zoo network: list it under "
+                            "[networks] factories")
+        raise UserError(f"{f}: [networks] zoo: '{name}' is not a zoo network (zoo networks: {', '.join(ZOO_NAMES)}; "
+                        "networks of your own: [networks] factories or description_files)")
+
+
+def _check_named_networks(cfg: Config, f: Path | None) -> None:
+    """[predict] and [compare] networks: zoo names or description files (made relative to the config file)."""
+    from perf4sight.networks.zoo import ZOO_NAMES  # names only: no torch
+    for where, names in (("[predict] networks", cfg.predict.networks), ("[compare] networks", cfg.compare.networks)):
+        for i, name in enumerate(names):
+            if name in ZOO_NAMES:
+                continue
+            if not name.endswith(".json") and not cfg.resolve(name).is_file():
+                raise UserError(f"{f}: {where}: '{name}' is neither a zoo network nor a .json description file "
+                                f"(zoo networks: {', '.join(ZOO_NAMES)})")
+            names[i] = str(cfg.resolve(name))  # description files: relative to the config file, like every path
 
 
 def _check_generator(cfg: Config, f: Path | None) -> None:
@@ -330,6 +358,8 @@ def _check_seeds(cfg: Config, f: Path | None) -> None:
 def load_config(path: str | Path) -> Config:
     """Read and validate a TOML config; raises ``UserError`` naming file and key."""
     p = Path(path)
+    if p.is_dir():
+        raise UserError(f"{p}: is a directory, not a config file (give the TOML file, e.g. {p / 'config.toml'})")
     if not p.is_file():
         raise UserError(f"{p}: config file not found")
     try:

@@ -11,10 +11,11 @@ from perf4sight.config import Config
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription, load_description
 from perf4sight.profiling.results import file_sha, read_rows, results_path, split_stale
+from perf4sight.wording import plural
 
 __all__ = ["is_description_file", "dataset_descriptions", "dataset_descriptions_or_empty", "description_shas",
-           "descriptions_and_shas", "current_rows", "stale_note", "DeviceDataset", "device_dataset",
-           "measured_devices", "fingerprinted_devices", "resolve_networks", "ZOO_CACHE"]
+           "descriptions_and_shas", "current_rows", "stale_note", "undescribed_note", "DeviceDataset",
+           "device_dataset", "measured_devices", "fingerprinted_devices", "resolve_networks", "ZOO_CACHE"]
 
 
 def dataset_descriptions(cfg: Config) -> list[Path]:
@@ -67,9 +68,29 @@ def stale_note(device: str, stale: list[dict[str, str]], current: list[dict[str,
     nets = sorted({r["network"] for r in stale})
     action = (f"{len(todo)} of them not measured again yet: profile them again" if todo
               else "all measured again since")
-    named = ", ".join(nets[:3]) + (", ..." if len(nets) > 3 else "")
-    return (f"{device}: {len(stale)} rows of {len(nets)} networks ({named}) "
-            f"were measured on an earlier version of their description and are passed over ({action})")
+    return (f"{device}: {plural(len(stale), 'row')} of {plural(len(nets), 'network')} ({_named(nets)}) "
+            f"{'was' if len(stale) == 1 else 'were'} measured on an earlier version of their description and "
+            f"{'is' if len(stale) == 1 else 'are'} passed over ({action})")
+
+
+def _named(names: list[str], shown: int = 3) -> str:
+    """The first ``shown`` of ``names``, comma-separated, with ", ..." when there are more."""
+    return ", ".join(names[:shown]) + (", ..." if len(names) > shown else "")
+
+
+def undescribed_note(cfg: Config, device: str, rows: list[dict[str, str]],
+                     descriptions: dict[str, NetworkDescription]) -> str:
+    """One line saying how many of ``rows`` the fingerprint passes over because their network has no
+    description in the dataset any more ('' if none): the networks stage's manifest no longer lists it (the
+    network was removed from the config) and the device's imported graphs do not have it either."""
+    gone = [r for r in rows if r.get("network") not in descriptions]
+    if not gone:
+        return ""
+    nets = sorted({str(r.get("network")) for r in gone})
+    return (f"{device}: {plural(len(gone), 'row')} of {plural(len(nets), 'network')} ({_named(nets)}) "
+            f"{'is' if len(gone) == 1 else 'are'} passed over: no description of them in "
+            f"{cfg.models_dir / 'manifest.csv'} or {cfg.models_dir / 'imported' / device} (networks removed "
+            "from the config? to use the rows, add the networks back and rerun --stage networks)")
 
 
 class DeviceDataset(NamedTuple):

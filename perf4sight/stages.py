@@ -6,21 +6,26 @@ stage's subpackage; this module only finds inputs, calls the API and prints summ
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from rich.console import Console
 from rich.table import Table
 
 from perf4sight.config import Config
 from perf4sight.dataset import (ZOO_CACHE, dataset_descriptions, device_dataset, fingerprinted_devices,
-                                is_description_file, measured_devices, resolve_networks)
+                                is_description_file, measured_devices, resolve_networks, undescribed_note)
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import results_path
+from perf4sight.wording import plural
+
+if TYPE_CHECKING:  # the importers are imported by the import stage alone
+    from perf4sight.importers import ImportSummary
 
 __all__ = ["run", "STAGE_ORDER"]
 
@@ -35,33 +40,48 @@ def run(stage: str, cfg: Config, args: argparse.Namespace) -> int:
     """Run ``stage`` (or every stage of ``STAGE_ORDER`` for ``all``); returns the exit code."""
     if stage != "all":
         return STAGES[stage](cfg, args)
+    json_only = bool(getattr(args, "json", False))  # stdout: the predict stage's JSON lines, nothing else
     summary = Table(title="summary of --stage all")
     for col in ("stage", "seconds", "result"):
         summary.add_column(col)
     code = 0
     for name in STAGE_ORDER:
-        console.rule(f"[bold]{name}")
+        with _stdout_to_stderr(json_only):
+            console.rule(f"[bold]{name}")
         started = time.perf_counter()
-        stage_args = args
-        if name == "fingerprint" and not args.device:  # the devices this run profiled, not every one on disk
-            configured = cfg.profile.devices or list(cfg.devices)
-            profiled = [d for d in configured if results_path(cfg.profiling_dir, d).is_file()]
-            # none measured: name the configured ones, so the stage says which measurements are missing
-            stage_args = argparse.Namespace(**{**vars(args), "device": profiled or configured})
-        stage_code = STAGES[name](cfg, stage_args)
+        with _stdout_to_stderr(json_only and name != "predict"):
+            stage_code = STAGES[name](cfg, _stage_args(cfg, args, name))
         summary.add_row(name, f"{time.perf_counter() - started:.0f}", "ok" if stage_code == 0 else f"exit {stage_code}")
         code = max(code, stage_code)
-    console.rule()
-    console.print(summary)
-    console.print(f"networks: {cfg.models_dir}  measurements: {cfg.profiling_dir}  "
-                  f"fingerprints: {cfg.fingerprint_dir}  reports: {cfg.reports_dir}", markup=False)
+    with _stdout_to_stderr(json_only):
+        console.rule()
+        console.print(summary)
+        console.print(f"networks: {cfg.models_dir}  measurements: {cfg.profiling_dir}  "
+                      f"fingerprints: {cfg.fingerprint_dir}  reports: {cfg.reports_dir}", markup=False)
     return code
+
+
+def _stage_args(cfg: Config, args: argparse.Namespace, name: str) -> argparse.Namespace:
+    """The arguments stage ``name`` of ``--stage all`` runs with: the fingerprint stage fits the devices this
+    run profiled (not every one with measurements on disk) unless ``--device`` names them."""
+    if name != "fingerprint" or args.device:
+        return args
+    configured = cfg.profile.devices or list(cfg.devices)
+    profiled = [d for d in configured if results_path(cfg.profiling_dir, d).is_file()]
+    # none measured: name the configured ones, so the stage says which measurements are missing
+    return argparse.Namespace(**{**vars(args), "device": profiled or configured})
+
+
+def _stdout_to_stderr(on: bool) -> contextlib.AbstractContextManager:
+    """While ``on``, whatever would go to stdout (banners, tables, progress bars) goes to stderr: ``--stage all
+    --json`` keeps stdout to the predict stage's JSON lines."""
+    return contextlib.redirect_stdout(sys.stderr) if on else contextlib.nullcontext()
 
 
 # ---------------------------------------------------------------- stages
 
 def run_networks(cfg: Config, args: argparse.Namespace) -> int:
-    from perf4sight.networks.build import make_networks
+    from perf4sight.networks.build import make_networks, reshaped_description_notes
 
     if cfg.networks.pruning.strategy == "random" and cfg.networks.pruning.levels != [0]:
         notes.print("note: [networks.pruning] strategy 'random' gives the same descriptions as 'l1-norm' (a level "
@@ -74,6 +94,8 @@ def run_networks(cfg: Config, args: argparse.Namespace) -> int:
     if not net.pruning.levels and (net.zoo or net.factories or net.description_files):
         raise UserError(f"{cfg.path}: [networks.pruning] levels is empty: no variant of the zoo, factory or "
                         "description-file networks would be made (0 = the unpruned network)")
+    for line in reshaped_description_notes(cfg):
+        notes.print(line, markup=False)
     started = time.perf_counter()
     rows = make_networks(cfg, progress=lambda message: console.print(f"  {message}", style="dim", markup=False))
     console.print(f"networks: {len(rows)} description{'' if len(rows) == 1 else 's'} under {cfg.models_dir} "
@@ -119,8 +141,9 @@ def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
     predictor = _predictor(cfg, args)
     for device in devices:
         descriptions, shas, rows, note = device_dataset(cfg, device)  # each description parsed once per device
-        if note:
-            notes.print(note, markup=False)
+        for line in (note, undescribed_note(cfg, device, rows, descriptions)):
+            if line:
+                notes.print(line, markup=False)
         if predictor in ("trees", "ensemble"):
             meta = fit_device(cfg, device, descriptions, shas, rows=rows)  # the rows read above, not read again
             meta["folder"] = str(cfg.fingerprint_dir / device)
@@ -128,8 +151,9 @@ def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
             ok = sum(r.get("status") == "ok" and r.get("network") in descriptions for r in rows)
             for target, n in meta["training_rows"].items():
                 if n < ok:
-                    notes.print(f"{device}: {ok - n} of {ok} ok rows have no usable {target} figure (empty, zero or "
-                                "not a number) and were left out of its model", markup=False)
+                    notes.print(f"{device}: {ok - n} of {plural(ok, 'ok row')} {'has' if ok - n == 1 else 'have'} "
+                                f"no usable {target} figure (empty, zero or not a number) and "
+                                f"{'was' if ok - n == 1 else 'were'} left out of its model", markup=False)
         if predictor in ("gnn", "ensemble"):
             from perf4sight.fingerprint.api import fit_device_gnn
             from perf4sight.fingerprint.gnn import gnn_accuracy_lines
@@ -141,9 +165,10 @@ def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
             for line in gnn_accuracy_lines(meta):
                 console.print(line, markup=False)
             if meta["training_rows"] < GNN_FEW_ROWS:
-                notes.print(f"{device}: the GNN learnt from {meta['training_rows']} rows of {len(meta['networks'])} "
-                            f"networks, too few for a graph network (PerfSeer trained on 53k): its figures and "
-                            f"intervals mean little; the trees fingerprint is the one to use here", markup=False)
+                notes.print(f"{device}: the GNN learnt from {plural(meta['training_rows'], 'row')} of "
+                            f"{plural(len(meta['networks']), 'network')}, too few for a graph network (PerfSeer "
+                            "trained on 53k): its figures and intervals mean little; the trees fingerprint is the one "
+                            "to use here", markup=False)
     return 0
 
 
@@ -335,11 +360,20 @@ def run_import(cfg: Config, args: argparse.Namespace) -> int:
                         "import under another name")
     csv_path = results_path(cfg.profiling_dir, device)
     summary = IMPORTERS[args.format](args.source, device, cfg.profiling_dir, cfg.models_dir)
-    counts = {k: v for k, v in summary.as_dict().items() if isinstance(v, int)}
-    console.print(f"{device}: {len(summary.networks)} networks read from {args.source}, "
-                  f"{summary.rows_written} new rows in {csv_path} ("
-                  + ", ".join(f"{k} {v}" for k, v in counts.items() if k != "rows_written") + ")", markup=False)
+    console.print(f"{device}: {plural(len(summary.networks), 'network')} read from {args.source}, "
+                  f"{plural(summary.rows_written, 'new row')} in {csv_path} ({_import_counts(summary)})", markup=False)
     return 0
+
+
+def _import_counts(summary: ImportSummary) -> str:
+    """An import's counts in words, e.g. "871 ok, 530 oom, 23 rows merged from repeated runs; 58 descriptions
+    in models/imported/tx2" (rows already on disk, skipped, and merged rows only where there are some)."""
+    done = [f"{summary.ok} ok", f"{summary.oom} oom"]
+    if summary.rows_skipped_existing:
+        done.append(f"{plural(summary.rows_skipped_existing, 'row')} already imported, skipped")
+    if summary.duplicates_merged:
+        done.append(f"{plural(summary.duplicates_merged, 'row')} merged from repeated runs")
+    return ", ".join(done) + f"; {plural(summary.descriptions, 'description')} in {summary.models_path}"
 
 
 def run_export(cfg: Config, args: argparse.Namespace) -> int:
@@ -365,7 +399,7 @@ def run_export(cfg: Config, args: argparse.Namespace) -> int:
         out = Path(args.output) / device if len(devices) > 1 else Path(args.output)
         done = export_perfseer(rows, descriptions, out, memory_column(rows))
         console.print(f"{device}: {done['graphs_written']} graph + label pairs in {done['folder']}"
-                      + (f" ({done['skipped_no_description']} rows without a description skipped)"
+                      + (f" ({plural(done['skipped_no_description'], 'row')} without a description skipped)"
                          if done["skipped_no_description"] else ""), markup=False)
     return 0
 

@@ -70,13 +70,30 @@ def test_good_config_is_typed(tmp_path):
     (GOOD.replace("levels = [0, 50]", "levels = [0, 50]\nstrategy = 'l2-norm'"),
      r"\[networks.pruning\] strategy 'l2-norm'"),
     (GOOD.replace('zoo = ["resnet18"]', 'zoo = ["resnett50"]'),
-     r"\[networks\] zoo: 'resnett50' is neither a zoo network"),
+     r"\[networks\] zoo: 'resnett50' is not a zoo network \(zoo networks: .*resnet18.*; networks of your own: "
+     r"\[networks\] factories or description_files\)"),
+    # [networks] zoo takes torchvision names only (a file passed here, then failed in the networks stage)
+    (GOOD.replace('zoo = ["resnet18"]', 'zoo = ["/some/path/x.json"]'),
+     r"\[networks\] zoo: '/some/path/x.json' is a file, not a zoo network: list description files under "
+     r"\[networks\] description_files$"),
+    (GOOD.replace('zoo = ["resnet18"]', 'zoo = ["models/imagenet/tiny_nets.py:tiny_vgg"]'),
+     r"\[networks\] zoo: 'models/imagenet/tiny_nets.py:tiny_vgg' is a factory, not a zoo network: list it under "
+     r"\[networks\] factories$"),
     (GOOD + "\n[compare]\nnetworks = ['mobilnet_v2']\n", r"\[compare\] networks: 'mobilnet_v2'"),
     (GOOD + "\n[predict]\nbatch_sizes = [0]\n", r"\[predict\] batch_sizes must be positive"),
     (GOOD.replace('zoo = ["resnet18"]', 'description_files = ["nope.json"]'), r"file not found: nope.json"),
     ("[networks\nzoo=1", r"not valid TOML"),
     (GOOD + "\n[fingerprint]\npredictor = 'forest'\n", r"\[fingerprint\] predictor 'forest' is not one of trees, gnn"),
     (GOOD + "\n[fingerprint]\ngnn_arch = 'gat'\n", r"\[fingerprint\] gnn_arch 'gat'"),
+    # the offending key and its value, in words a user reads
+    (GOOD + "\n[fingerprint]\ngnn_patience = 0\n", r"\[fingerprint\] gnn_patience must be >= 1, got 0$"),
+    (GOOD + "\n[fingerprint]\ngnn_hidden = -3\n", r"\[fingerprint\] gnn_hidden must be >= 1, got -3$"),
+    (GOOD + "\n[fingerprint]\nsimulate_memory = 'yes'\n",
+     r"\[fingerprint\] 'simulate_memory' must be true or false, got 'yes'$"),
+    (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\ntimed_steps = 0"),
+     r"\[profile\] timed_steps must be >= 1, got 0$"),
+    (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\nwarmup_steps = -1"),
+     r"\[profile\] warmup_steps must be >= 0, got -1$"),
     # values a stage would otherwise fail on deep inside torch, numpy or scikit-learn, or write error rows for
     (GOOD.replace("input_shape = [3, 32, 32]", "input_shape = [3, 32, 32]\nnum_classes = -1"),
      r"num_classes must be >= 1"),
@@ -107,6 +124,32 @@ def test_bad_config_names_file_and_key(tmp_path, text, expected):
     with pytest.raises(UserError, match=expected) as info:
         load_config(path)
     assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_config_naming_a_directory_says_so(tmp_path):
+    """`--config .` said "config file not found" although the path is there."""
+    with pytest.raises(UserError, match=r"is a directory, not a config file \(give the TOML file, e.g. .*config.toml"):
+        load_config(tmp_path)
+    proc = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(tmp_path), "--stage", "check"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr == f"error: {tmp_path}: is a directory, not a config file (give " \
+        f"the TOML file, e.g. {tmp_path / 'config.toml'})\n", proc.stderr
+
+
+def test_list_type_names_read_as_words():
+    """"must be a list of true/falses" and the like: the item type of a list is named in the plural."""
+    from perf4sight.config import _type_name
+
+    assert _type_name(list[bool]) == "a list of true/false values" and _type_name(list[int]) == "a list of integers"
+    assert _type_name(bool) == "true or false" and _type_name(list[float]) == "a list of numbers"
+
+
+def test_predict_and_compare_networks_still_take_zoo_names_and_description_files(tmp_path):
+    """Unlike [networks] zoo, [predict] and [compare] networks name either (the predict stage resolves both)."""
+    cfg = load_config(write(tmp_path, GOOD + '[predict]\nnetworks = ["resnet18", "x.json"]\n'
+                                             '[compare]\nnetworks = ["x.json", "squeezenet1_1"]\n'))
+    assert cfg.predict.networks == ["resnet18", str(tmp_path / "x.json")]
+    assert cfg.compare.networks == [str(tmp_path / "x.json"), "squeezenet1_1"]
 
 
 def test_config_that_is_not_utf8_is_one_line(tmp_path):

@@ -39,10 +39,20 @@ def main_py(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, cwd=tmp_path, timeout=600)
 
 
+PREDICTION_KEYS = {"network", "batch_size", "latency_ms", "latency_ms_low", "latency_ms_high", "memory_mb",
+                   "memory_mb_low", "memory_mb_high", "fits"}
+
+
 def test_all_stages_then_predict_json(tmp_path):
     (tmp_path / "config.toml").write_text(CONFIG)
-    run = main_py(tmp_path, "--stage", "all")
+    run = main_py(tmp_path, "--stage", "all", "--json")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    # --json: stdout is the predict stage's JSON lines alone ([networks] zoo at [predict] batch_sizes' default 8);
+    # banners, progress, accuracy tables, the compare table and the summary go to stderr
+    predicted = [json.loads(line) for line in run.stdout.splitlines()]
+    assert [(p["network"], p["batch_size"]) for p in predicted] == [("squeezenet1_1", 8), ("resnet18", 8)]
+    assert all(set(p) == PREDICTION_KEYS for p in predicted)
+    assert "MAPE" in run.stderr and "summary of --stage all" in run.stderr
     manifest = list(csv.DictReader((tmp_path / "models" / "manifest.csv").open()))
     assert len(manifest) == 4
     rows = list(csv.DictReader((tmp_path / "profiling_csvs" / "local" / "measurements.csv").open()))
@@ -52,7 +62,6 @@ def test_all_stages_then_predict_json(tmp_path):
     assert meta["memory_target"] == "peak_rss_mb" and meta["device"] == "local"
     held = list(csv.DictReader((tmp_path / "fingerprinting" / "local" / "held_out.csv").open()))
     assert "held_out.csv" in meta["files"] and len(held) == sum(meta["training_rows"].values())
-    assert "MAPE" in run.stdout
 
     again = main_py(tmp_path, "--stage", "profile")  # resume: nothing new, nothing duplicated
     assert again.returncode == 0
@@ -67,10 +76,8 @@ def test_all_stages_then_predict_json(tmp_path):
     lines = [json.loads(line) for line in pred.stdout.splitlines()]
     assert [(p["network"], p["batch_size"]) for p in lines] == [
         ("resnet18", 2), ("resnet18", 8), (manifest[0]["network"], 2), (manifest[0]["network"], 8)]
-    keys = {"network", "batch_size", "latency_ms", "latency_ms_low", "latency_ms_high", "memory_mb",
-            "memory_mb_low", "memory_mb_high", "fits"}
     for p in lines:
-        assert set(p) == keys
+        assert set(p) == PREDICTION_KEYS
         assert p["latency_ms_low"] <= p["latency_ms"] <= p["latency_ms_high"]
         assert p["memory_mb_low"] <= p["memory_mb"] <= p["memory_mb_high"]
 
@@ -91,7 +98,8 @@ def test_all_stages_then_predict_json(tmp_path):
     unknown = main_py(tmp_path, "--stage", "predict", "--network", "resnet18", "--max-batch-size")
     assert unknown.returncode == 2 and "capacity is unknown" in unknown.stderr  # no oom row, no limit
     (tmp_path / "config.toml").write_text(CONFIG.replace('backend = "cpu"', 'backend = "cpu"\nmemory_limit_mb = 2000'))
-    assert main_py(tmp_path, "--stage", "fingerprint").returncode == 0  # the limit is the capacity now
+    refit = main_py(tmp_path, "--stage", "fingerprint")  # the limit is the capacity now
+    assert refit.returncode == 0 and "MAPE" in refit.stdout  # without --json the tables are on stdout
     big = main_py(tmp_path, "--stage", "predict", "--network", "resnet18", "--max-batch-size", "4096", "--json")
     assert big.returncode == 0, big.stderr
     (found,) = [json.loads(line) for line in big.stdout.splitlines()]

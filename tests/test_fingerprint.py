@@ -500,3 +500,67 @@ def test_accuracy_table_stays_aligned_with_long_family_names():
     table = [line for line in accuracy_lines(meta)[1:] if line.startswith("  ")]
     assert len(table) == 4 and len({len(line) for line in table}) == 1  # header and rows as wide: columns line up
     assert table[1].startswith(f"  {long}  ")
+
+
+def _measured_tiny_networks(folder, widths: dict[str, int], listed: list[str]) -> None:
+    """Real descriptions of small torch networks (3x16x16) under ``folder/models``, the ``listed`` ones in the
+    manifest, and a cpu-backend row per network and batch size 1, 2, 4 (step time and peak RSS growing with
+    the width and the batch) in ``folder/profiling_csvs/local``, each on its description's sha."""
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+    from perf4sight.ir.schema import save_description
+    from perf4sight.networks.build import write_manifest
+    from perf4sight.profiling.results import append_row, file_sha
+
+    rows = []
+    for name, width in widths.items():
+        model = nn.Sequential(nn.Conv2d(3, width, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                              nn.Linear(width, 10))
+        path = save_description(describe(model, [3, 16, 16], name), folder / "models" / "nets" / f"{name}.json")
+        sha = file_sha(path.read_bytes())
+        for b in (1, 2, 4):
+            append_row(results_path(folder / "profiling_csvs", "local"), {
+                "device": "local", "backend": "cpu", "network": name, "family": name, "batch_size": b,
+                "input_shape": "3x16x16", "phase": "train", "status": "ok", "latency_ms_median": 2 + width * b / 8,
+                "peak_rss_mb": 600 + width * b, "threads": 1, "timestamp": "2025-01-01T00:00:00+00:00",
+                "description_sha": sha})
+        if name in listed:
+            rows.append({"network": name, "family": name, "path": f"nets/{name}.json"})
+    write_manifest(rows, folder / "models" / "manifest.csv")
+
+
+def test_fingerprint_notes_rows_of_networks_removed_from_the_config(tmp_path):
+    """Rows of a network no longer in models/manifest.csv (removed from the config) were left out of the fit
+    without a word: one note gives their count and names the networks."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    _measured_tiny_networks(tmp_path, {"a": 8, "b": 16, "c": 24, "gone": 32}, listed=["a", "b", "c"])
+    (tmp_path / "config.toml").write_text('[networks]\nzoo = []\ninput_shape = [3, 16, 16]\n'
+                                          '[devices.local]\nbackend = "cpu"\n[fingerprint]\nn_estimators = 10\n')
+    main = Path(__file__).resolve().parents[1] / "main.py"
+    run = subprocess.run([sys.executable, str(main), "--config", str(tmp_path / "config.toml"), "--stage",
+                          "fingerprint"], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (note,) = [line for line in run.stderr.splitlines() if "passed over" in line]
+    assert note == (f"local: 3 rows of 1 network (gone) are passed over: no description of them in "
+                    f"{tmp_path / 'models' / 'manifest.csv'} or {tmp_path / 'models' / 'imported' / 'local'} "
+                    "(networks removed from the config? to use the rows, add the networks back and rerun "
+                    "--stage networks)")
+    meta = json.loads((tmp_path / "fingerprinting" / "local" / "metadata.json").read_text())
+    assert meta["training_rows"] == {"latency": 9, "memory": 9}  # the fit itself: the listed networks only
+
+
+def test_too_few_ok_rows_is_one_line_in_the_singular_too(tmp_path):
+    """"only 1 ok rows": the count and its noun agree."""
+    from perf4sight.dataset import descriptions_and_shas
+    from perf4sight.config import load_config
+
+    _measured_tiny_networks(tmp_path, {"a": 8}, listed=["a"])
+    (tmp_path / "config.toml").write_text('[networks]\nzoo = []\n[devices.local]\nbackend = "cpu"\n')
+    descs, _ = descriptions_and_shas(load_config(tmp_path / "config.toml"), "local")
+    rows = read_rows(results_path(tmp_path / "profiling_csvs", "local"))[:1]
+    with pytest.raises(UserError, match=r"only 1 ok row with 'latency_ms_median' for device 'local' \(need >= 3\)$"):
+        fit_fingerprint(rows, descs, "local", tmp_path / "fp", FAST)

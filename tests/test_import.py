@@ -1,14 +1,19 @@
 """Importing perf4sight -gt.csv data: merged rows, oom rows, duplicates once, descriptions copied."""
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from perf4sight.errors import UserError
-from perf4sight.importers import import_perf4sight
+from perf4sight.importers import import_perf4sight, import_perfseer
 from perf4sight.ir.schema import load_description
 from perf4sight.profiling.results import COLUMNS, read_rows, results_path, row_key
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -89,14 +94,30 @@ def _write(path: Path, header: str, lines: list[str]) -> None:
     path.write_text("\n".join([header] + lines) + "\n")
 
 
-def test_small_folder_without_graphs(tmp_path):
+def _graph(source: Path, variant: str) -> Path:
+    """A small real network's description as perf4sight's graph of ``variant`` (``<source>/graphs/``)."""
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+    from perf4sight.ir.schema import save_description
+
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                          nn.Linear(8, 10))
+    return save_description(describe(model, [3, 16, 16], variant), source / "graphs" / f"{variant}.json")
+
+
+def test_small_folder_with_a_network_without_graph(tmp_path):
+    """A network without a graph is imported beside those with one, its input shape from the dataset folder."""
     src = tmp_path / "src" / "profiling_csvs" / "dev" / "cifar10"
     _write(src / "latency" / "net_0-gt.csv", "passed|latency|test_var|bs|dataset|net_name|model",
            ["True|12.5|latency|8|cifar10|net|/x/net_0.py", "False|None|latency|16|cifar10|net|/x/net_0.py"])
+    _write(src / "latency" / "other_0-gt.csv", "passed|latency|bs", ["True|3.5|8"])
+    _graph(tmp_path / "src", "other_0")
     s = import_perf4sight(tmp_path / "src", "d1", tmp_path / "prof", tmp_path / "models")
     rows = read_rows(results_path(tmp_path / "prof", "d1"))
-    assert (s.ok, s.oom, s.descriptions) == (1, 1, 0)
+    assert (s.ok, s.oom, s.descriptions) == (2, 1, 1)
     assert rows[0]["input_shape"] == "3x32x32" and rows[0]["device_mem_used_mb"] == ""
+    assert rows[2]["network"] == "other_0" and rows[2]["input_shape"] == "3x16x16"
     assert "no memory measurement" in rows[0]["message"]
     assert set(rows[0]) == set(COLUMNS)
 
@@ -105,6 +126,7 @@ def test_infinite_figures_are_imported_as_they_are(tmp_path):
     """perf4sight's 'inf' is a number to the importer (the fingerprint passes over it: ``results.number``)."""
     _write(tmp_path / "src" / "dev" / "cifar10" / "memory" / "net_0-gt.csv", "passed|mem_used|bs",
            ["True|inf|8", "True|-inf|16"])
+    _graph(tmp_path / "src", "net_0")
     import_perf4sight(tmp_path / "src", "d", tmp_path / "prof", tmp_path / "models")
     rows = read_rows(results_path(tmp_path / "prof", "d"))
     assert [r["device_mem_used_mb"] for r in rows] == ["inf", "-inf"]
@@ -140,3 +162,55 @@ def test_import_device_name_must_name_a_folder(tmp_path, name):
     from perf4sight.importers.perf4sight_csv import import_source
     with pytest.raises(UserError, match="cannot name a folder"):
         import_source(tmp_path, name, "perf4sight")
+
+
+def _cli_import(tmp_path: Path, source: Path, device: str = "tx3") -> subprocess.CompletedProcess:
+    """``--stage import --format perf4sight`` through the command line, with a config in ``tmp_path``."""
+    config = tmp_path / "config.toml"
+    config.write_text('[networks]\nzoo = ["resnet18"]\n')
+    return subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(config), "--stage", "import",
+                           "--format", "perf4sight", "--source", str(source), "--device", device],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+
+
+def test_source_one_level_too_deep_is_refused_before_anything_is_written(tmp_path, tx2_data):
+    """``--source .../profiling_csvs`` read every CSV, found no graph, imported rows no fingerprint could use and
+    exited 0: now one line says where graphs were looked for and which folder to give, and nothing is written."""
+    src = tmp_path / "tx2-perf4sight"
+    for kind in ("memory", "latency"):
+        part = Path("profiling_csvs") / "tx2" / "imagenet" / kind / "squeezenet_30-gt.csv"
+        (src / part).parent.mkdir(parents=True)
+        shutil.copy(tx2_data / part, src / part)
+    (src / "graphs").mkdir()
+    shutil.copy(tx2_data / "graphs" / "squeezenet_30.json", src / "graphs")
+
+    deep = _cli_import(tmp_path, src / "profiling_csvs")
+    assert deep.returncode == 2 and deep.stdout == "", deep.stderr
+    (line,) = deep.stderr.splitlines()
+    assert line == (f"error: {src / 'profiling_csvs'}: no graphs found for the 1 network read: looked for "
+                    f"{src / 'profiling_csvs' / 'graphs'}/<network>.json; --source should be the folder that holds "
+                    f"both profiling_csvs/ and graphs/ (here: --source {src})")
+    assert not (tmp_path / "profiling_csvs").exists() and not (tmp_path / "models").exists()
+
+    right = _cli_import(tmp_path, src)
+    assert right.returncode == 0, right.stderr
+    rows = read_rows(results_path(tmp_path / "profiling_csvs", "tx3"))
+    ok = sum(r["status"] == "ok" for r in rows)
+    assert right.stdout.startswith(f"tx3: 1 network read from {src}, {len(rows)} new rows in ")
+    assert right.stdout.rstrip().endswith(f"({ok} ok, {len(rows) - ok} oom; 1 description in "
+                                          f"{tmp_path / 'models' / 'imported' / 'tx3'})")
+    again = _cli_import(tmp_path, src)
+    assert again.returncode == 0 and "0 new rows in" in again.stdout, again.stderr
+    assert f"(0 ok, 0 oom, {len(rows)} rows already imported, skipped; 1 description in " in again.stdout
+    assert "_" not in again.stdout.split("(", 1)[1].split(";")[0]  # no snake_case count names
+
+
+def test_source_that_is_a_file_says_so(tmp_path):
+    (tmp_path / "data.csv").write_text("passed|latency|bs\n")
+    proc = _cli_import(tmp_path, tmp_path / "data.csv")
+    assert proc.returncode == 2 and proc.stderr == (f"error: {tmp_path / 'data.csv'}: is a file, not a folder: "
+                                                    "--source takes the folder of the perf4sight data\n"), proc.stderr
+    with pytest.raises(UserError, match="data.csv: is a file, not a folder: --source takes the folder of the PerfSeer"):
+        import_perfseer(tmp_path / "data.csv", "d", tmp_path / "p", tmp_path / "m")
+    with pytest.raises(UserError, match="nope: perf4sight source folder not found"):
+        import_perf4sight(tmp_path / "nope", "d", tmp_path / "p", tmp_path / "m")

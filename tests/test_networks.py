@@ -333,3 +333,25 @@ def test_a_dataset_network_named_as_if_it_were_a_zoo_network_names_its_file(tmp_
         resolve_networks(cfg, ["resnet50_0"], [3, 32, 32])
     with pytest.raises(UserError, match="unknown network 'resnet19'"):
         resolve_networks(cfg, ["resnet19"], [3, 32, 32])
+
+
+def test_a_description_file_at_another_input_shape_is_noted(tmp_path: Path) -> None:
+    """A [networks] description_files entry described at 3x64x64 under input_shape = [3, 32, 32] was rebuilt
+    at 3x32x32 without a word: one note per such file says what shape it had and what it is built at."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                          nn.Linear(8, CLASSES))
+    from perf4sight.ir.schema import save_description
+
+    save_description(describe(model, [3, 64, 64], "wide"), tmp_path / "nets" / "wide.json")
+    save_description(describe(model, SHAPE, "same"), tmp_path / "nets" / "same.json")
+    (tmp_path / "config.toml").write_text(
+        '[networks]\nzoo = []\ndescription_files = ["nets/wide.json", "nets/same.json"]\ninput_shape = [3, 32, 32]\n'
+        'num_classes = 10\n[networks.pruning]\nlevels = [0]\n[networks.generator]\ncount = 1\n')
+    run = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(tmp_path / "config.toml"),
+                          "--stage", "networks"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    notes = [line for line in run.stderr.splitlines() if "description_files" in line]
+    assert notes == ["note: [networks] description_files: nets/wide.json is described at input shape 3x64x64; "
+                     "its networks are built at [networks] input_shape 3x32x32"]
+    assert load_description(tmp_path / "models" / "pruned" / "l1-norm" / "wide_l0.json").input_shape == SHAPE
+    assert "generated 1 network in" in run.stdout  # not "1 networks"

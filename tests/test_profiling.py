@@ -140,7 +140,7 @@ def test_changed_description_is_measured_again_and_its_old_rows_are_passed_over(
     fresh, stale = current_rows(cfg, "local")
     assert (fresh, stale) == ([rows[1]], [rows[0]])
     assert device_measurements(cfg, "local")[0] == [rows[1]]
-    assert "1 rows of 1 networks (tiny)" in stale_note("local", stale)
+    assert "1 row of 1 network (tiny) was measured on an earlier version" in stale_note("local", stale)
     assert "(all measured again since)" in stale_note("local", stale, fresh)
     assert "(1 of them not measured again yet: profile them again)" in stale_note("local", stale, [])
     data = device_dataset(cfg, "local")  # what the fingerprint, export and compare stages read

@@ -35,6 +35,7 @@ from perf4sight.fingerprint.trees import CEILING, MODELS, TREE_FEATURES, TargetM
 from perf4sight.importers.perf4sight_csv import PROTOCOL as PERF4SIGHT_ROWS
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import batch_size_of, number
+from perf4sight.wording import plural
 
 __all__ = ["fit_fingerprint", "memory_column", "memory_replay", "device_kind", "memory_capacity", "capacity_basis",
            "records", "common_input_shape", "LATENCY_COLUMN", "FEATURE_SET"]
@@ -189,7 +190,8 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
     for target, col in (("latency", LATENCY_COLUMN), ("memory", mem_col)):
         rs = [r for r in usable if r.get("status") == "ok" and (number(r.get(col)) or 0) > 0]
         if len(rs) < 3:
-            raise UserError(f"fingerprint: only {len(rs)} ok rows with '{col}' for device '{device}' (need >= 3)")
+            raise UserError(f"fingerprint: only {plural(len(rs), 'ok row')} with '{col}' for device '{device}' "
+                            "(need >= 3)")
         F, y = matrix(rs), np.array([number(r[col]) for r in rs])
         fams = np.array([str(r.get("family") or r["network"]) for r in rs])
         nets = np.array([str(r["network"]) for r in rs])

@@ -27,6 +27,7 @@ from perf4sight.errors import UserError
 from perf4sight.ir.schema import is_file_stem, load_description, save_description
 from perf4sight.profiling.results import (append_row, file_sha, measured_keys, number, read_rows, results_path,
                                           row_key)
+from perf4sight.wording import plural
 
 __all__ = ["ImportSummary", "import_perf4sight", "read_gt_csv", "PROTOCOL"]
 
@@ -70,6 +71,8 @@ class ImportSummary:
 def import_source(source_dir: str | Path, device: str, tool: str) -> Path:
     """The folder to import from; ``UserError`` if it is missing or ``device`` cannot name a folder."""
     source = Path(source_dir)
+    if source.exists() and not source.is_dir():
+        raise UserError(f"{source}: is a file, not a folder: --source takes the folder of the {tool} data")
     if not source.is_dir():
         raise UserError(f"{source}: {tool} source folder not found")
     if not is_file_stem(device):
@@ -157,6 +160,20 @@ def _find_graph(source: Path, variant: str) -> Path | None:
     return cand if cand.is_file() else None
 
 
+def _find_graphs(source: Path, variants: dict[str, tuple]) -> dict[str, Path | None]:
+    """Each variant's graph (``<source>/graphs/<variant>.json``, None where missing); ``UserError`` when no
+    variant has one: ``source`` is not the folder that holds the graphs (e.g. its ``profiling_csvs/``)."""
+    graphs = {variant: _find_graph(source, variant) for variant in variants}
+    if variants and not any(graphs.values()):
+        hint = (f" (here: --source {source.parent})" if source.name == "profiling_csvs"
+                and (source.parent / "graphs").is_dir() else "")
+        raise UserError(f"{source}: no graphs found for {'the' if len(variants) == 1 else 'any of the'} "
+                        f"{plural(len(variants), 'network')} read: looked for "
+                        f"{source / 'graphs'}/<network>.json; --source should be the folder that holds both "
+                        f"profiling_csvs/ and graphs/{hint}")
+    return graphs
+
+
 def import_perf4sight(source_dir: str | Path, device: str, profiling_dir: str | Path,
                       models_dir: str | Path) -> ImportSummary:
     """Import a perf4sight data folder as measurements of ``device``.
@@ -164,7 +181,7 @@ def import_perf4sight(source_dir: str | Path, device: str, profiling_dir: str | 
     Writes tidy rows (backend ``imported``) to ``results_path(profiling_dir, device)`` and copies
     each graph to ``<models_dir>/imported/<device>/<variant>.json``. Rows already on disk (same
     key) are skipped, so importing twice is harmless. Raises ``UserError`` when the folder has no
-    ``-gt.csv`` files or a graph is malformed.
+    ``-gt.csv`` files, no graph of any network read (nothing is written then) or a malformed graph.
     """
     source = import_source(source_dir, device, "perf4sight")
     csv_root = source / "profiling_csvs" if (source / "profiling_csvs").is_dir() else source
@@ -180,10 +197,11 @@ def import_perf4sight(source_dir: str | Path, device: str, profiling_dir: str | 
     out_models = Path(models_dir) / "imported" / device
     summary = ImportSummary(device=device, results_path=str(results_path(profiling_dir, device)),
                             models_path=str(out_models))
+    graphs = _find_graphs(source, variants)  # before anything is written
     info: dict[str, tuple[str, str]] = {}  # variant -> (input shape, description sha)
     for variant, (net, level, dataset, _board) in sorted(variants.items()):
         shape = _DATASET_SHAPES.get(dataset)
-        graph = _find_graph(source, variant)
+        graph = graphs[variant]
         if graph is not None:
             desc = load_description(graph)
             desc.extra.setdefault("source", f"perf4sight import: {graph.name}")

@@ -33,9 +33,10 @@ from perf4sight.networks.factories import build_factory_model, parse_factory
 from perf4sight.networks.generator import GeneratorSettings, forward_flops, generate
 from perf4sight.networks.pruning import PruningPlan, check_level
 from perf4sight.networks.zoo import build_zoo_model
+from perf4sight.wording import plural
 
 __all__ = ["Source", "MANIFEST_COLUMNS", "sources", "prune_source", "make_networks", "variant_name",
-           "write_manifest", "read_manifest"]
+           "write_manifest", "read_manifest", "reshaped_description_notes"]
 
 MANIFEST_COLUMNS: tuple[str, ...] = ("network", "family", "source", "strategy", "target_level", "achieved_level",
                                      "seed", "params", "flops_fwd", "input_shape", "styles", "path")
@@ -67,6 +68,20 @@ def sources(cfg: Config) -> list[Source]:
     if dupes:
         raise UserError(f"{cfg.path}: [networks] names {dupes} more than once (zoo, factories, description_files)")
     return found
+
+
+def reshaped_description_notes(cfg: Config) -> list[str]:
+    """One note per ``[networks] description_files`` entry described at another input shape than
+    ``[networks] input_shape``: the networks stage rebuilds it and describes its variants at the configured one."""
+    want = list(cfg.networks.input_shape)
+    lines = []
+    for fname in cfg.networks.description_files:
+        have = list(load_description(cfg.resolve(fname)).input_shape)
+        if have != want:
+            lines.append(f"note: [networks] description_files: {fname} is described at input shape "
+                         f"{'x'.join(map(str, have))}; its networks are built at [networks] input_shape "
+                         f"{'x'.join(map(str, want))}")
+    return lines
 
 
 def variant_name(network: str, level: float) -> str:
@@ -159,7 +174,7 @@ def make_networks(cfg: Config, progress: Progress | None = None) -> list[dict[st
             gen_rows.append(_row(desc, path, models_dir))
         write_manifest(gen_rows, folder / "manifest.csv")
         if progress:
-            progress(f"generated {len(gen_rows)} networks in {folder}")
+            progress(f"generated {plural(len(gen_rows), 'network')} in {folder}")
         rows += gen_rows
     write_manifest(rows, models_dir / "manifest.csv")
     return rows

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 from perf4sight.config import Config, DeviceConfig
 from perf4sight.errors import UserError
+from perf4sight.wording import plural
 from perf4sight.profiling.local import stop_runners
 from perf4sight.profiling.remote import (PROBE, DeviceSummary, RemoteProfiler, covering, expected_keys,
                                          known_hosts_path, plan_counts, probe_problems, remote_dir_name)
@@ -217,8 +218,8 @@ def format_summaries(summaries: Sequence[DeviceSummary]) -> str:
     lines = []
     for s in summaries:
         counts = ", ".join(f"{k} {v}" for k, v in s.counts.items() if v)
-        extra = "".join([f", {s.reconnects} reconnects" if s.reconnects else "",
-                         f", {s.restarts} restarts" if s.restarts else ""])
+        extra = "".join([f", {plural(s.reconnects, 'reconnect')}" if s.reconnects else "",
+                         f", {plural(s.restarts, 'restart')}" if s.restarts else ""])
         retry = (" (error rows are kept, not measured again: delete them from the CSV to retry)"
                  if s.counts.get("error") else "")
         lines.append(f"{s.device}: {s.status} — {s.rows}/{s.expected} rows ({s.new_rows} new{extra})"

@@ -36,8 +36,9 @@ def check_measurement_settings(s: Any, where: str, quote: str = "") -> None:
     bs = s.batch_sizes
     if not bs or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in bs) or sorted(set(bs)) != bs:
         raise UserError(f"{where}{key('batch_sizes')} must be positive integers in ascending order, got {bs}")
-    if s.timed_steps < 1 or s.warmup_steps < 0:
-        raise UserError(f"{where}{key('timed_steps')} must be >= 1 and {key('warmup_steps')} >= 0")
+    for name, least in (("timed_steps", 1), ("warmup_steps", 0)):
+        if getattr(s, name) < least:
+            raise UserError(f"{where}{key(name)} must be >= {least}, got {getattr(s, name)}")
     if s.repeats < 1:
         raise UserError(f"{where}{key('repeats')} must be >= 1, got {s.repeats}")
     if s.timeout_s <= 0:
