@@ -21,7 +21,7 @@ from perf4sight.dataset import (ZOO_CACHE, dataset_descriptions, device_dataset,
                                 is_description_file, measured_devices, resolve_networks, undescribed_note)
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription
-from perf4sight.profiling.results import results_path
+from perf4sight.profiling.results import incomplete_note, results_path
 from perf4sight.wording import plural
 
 if TYPE_CHECKING:  # the importers are imported by the import stage alone
@@ -117,6 +117,10 @@ def run_profile(cfg: Config, args: argparse.Namespace) -> int:
 
     descriptions = dataset_descriptions(cfg)
     names = _configured(cfg, args.device or cfg.profile.devices or list(cfg.devices))
+    for name in names:
+        note = incomplete_note(results_path(cfg.profiling_dir, name))
+        if note:
+            notes.print(note, markup=False)
     summaries = profile_devices(cfg, names, descriptions)
     console.print(format_summaries(summaries), markup=False)
     for s in summaries:
@@ -141,7 +145,8 @@ def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
     predictor = _predictor(cfg, args)
     for device in devices:
         descriptions, shas, rows, note = device_dataset(cfg, device)  # each description parsed once per device
-        for line in (note, undescribed_note(cfg, device, rows, descriptions)):
+        for line in (incomplete_note(results_path(cfg.profiling_dir, device)), note,
+                     undescribed_note(cfg, device, rows, descriptions)):
             if line:
                 notes.print(line, markup=False)
         if predictor in ("trees", "ensemble"):

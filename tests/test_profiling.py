@@ -442,6 +442,13 @@ def test_a_bad_measurement_csv_is_one_clear_error(tmp_path):
         results.read_rows(tmp_path / "folder.csv")
     path.write_text(text + text.splitlines()[-1][:40])          # a crash cut the last row short
     assert len(results.read_rows(path)) == 2
+    assert results.incomplete_note(path).endswith("1 incomplete line (line 4: no timestamp) passed over; a row "
+                                                  "cut short is measured again by the next profile run")
+    path.write_text(text.replace("\n", "\ngarbage,line\n", 1))   # a line edited in by hand: said too
+    lines: list = []
+    assert len(results.read_rows(path, lines)) == 2 and lines == [2]
+    path.write_text(text)
+    assert results.incomplete_note(path) == "" and results.incomplete_note(tmp_path / "none.csv") == ""
 
 
 def _alive_with(text: str) -> list[int]:

@@ -169,10 +169,12 @@ def _ends_without_newline(p: Path) -> bool:
         return fh.read(1) != b"\n"
 
 
-def read_rows(path: Union[str, Path]) -> List[Dict[str, str]]:
-    """All complete rows of a measurement CSV (a torn last line from a crash is ignored); [] if there is
-    no file. ``UserError`` naming the file (and line) for a folder, a file that is not UTF-8 text, or a
-    complete row with an unknown status or a batch size that is not a positive integer."""
+def read_rows(path: Union[str, Path], incomplete: Optional[List[int]] = None) -> List[Dict[str, str]]:
+    """All complete rows of a measurement CSV; [] if there is no file. A line without a timestamp (a row a
+    crash cut short, or one edited in by hand) is passed over, and its line number appended to
+    ``incomplete`` when a list is given (see :func:`incomplete_note`). ``UserError`` naming the file (and
+    line) for a folder, a file that is not UTF-8 text, or a complete row with an unknown status or a batch
+    size that is not a positive integer."""
     p = Path(path)
     if not p.exists():
         return []
@@ -193,6 +195,8 @@ def read_rows(path: Union[str, Path]) -> List[Dict[str, str]]:
     kept = []
     for line, r in enumerate(rows, start=2):  # line 1 is the header
         if not r.get("timestamp"):
+            if incomplete is not None:
+                incomplete.append(line)
             continue
         if r.get("status") not in STATUSES:
             raise UserError(f"{p}: line {line}: status '{r.get('status')}' is not one of {', '.join(STATUSES)}")
@@ -204,6 +208,18 @@ def read_rows(path: Union[str, Path]) -> List[Dict[str, str]]:
             raise UserError(f"{p}: line {line}: batch_size '{r.get('batch_size')}' is not a positive integer")
         kept.append(r)
     return kept
+
+
+def incomplete_note(path: Union[str, Path]) -> str:
+    """One line naming the lines of ``path`` that :func:`read_rows` passes over ('' if none): a row cut
+    short is measured again by the next profile run; anything else there is not a measurement."""
+    lines: List[int] = []
+    read_rows(path, lines)
+    if not lines:
+        return ""
+    shown = ", ".join(map(str, lines[:5])) + (", ..." if len(lines) > 5 else "")
+    return (f"note: {path}: {len(lines)} incomplete line{'s' if len(lines) != 1 else ''} (line "
+            f"{shown}: no timestamp) passed over; a row cut short is measured again by the next profile run")
 
 
 def measured_keys(rows: Iterable[Dict[str, Any]], with_sha: bool = True) -> Set[Tuple[str, ...]]:
