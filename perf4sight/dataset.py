@@ -10,7 +10,7 @@ from typing import NamedTuple
 from perf4sight.config import Config
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription, load_description
-from perf4sight.profiling.results import file_sha, read_rows, results_path, split_stale
+from perf4sight.profiling.results import file_sha, incomplete_note, read_rows, results_path, split_stale
 from perf4sight.wording import plural
 
 __all__ = ["is_description_file", "dataset_descriptions", "dataset_descriptions_or_empty", "description_shas",
@@ -49,12 +49,14 @@ def description_shas(cfg: Config, device: str) -> dict[str, str]:
     return descriptions_and_shas(cfg, device)[1]
 
 
-def current_rows(cfg: Config, device: str,
-                 shas: dict[str, str] | None = None) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+def current_rows(cfg: Config, device: str, shas: dict[str, str] | None = None,
+                 incomplete: list[int] | None = None) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
     """(rows of ``device`` measured on its descriptions as they are now, stale rows): a row whose network's
     description file changed since it was measured is stale (the profile stage measures it again).
-    ``shas``: ``description_shas`` of the device when the caller has them already (else they are read)."""
-    rows = [r for r in read_rows(results_path(cfg.profiling_dir, device)) if r.get("device", device) == device]
+    ``shas``: ``description_shas`` of the device when the caller has them already (else they are read);
+    ``incomplete``: a list to receive the numbers of the lines ``read_rows`` passed over."""
+    rows = [r for r in read_rows(results_path(cfg.profiling_dir, device), incomplete)
+            if r.get("device", device) == device]
     return split_stale(rows, description_shas(cfg, device) if shas is None else shas)
 
 
@@ -98,15 +100,18 @@ class DeviceDataset(NamedTuple):
     descriptions: dict[str, NetworkDescription]  # every known description by name
     shas: dict[str, str]                          # network name -> ``description_sha`` of its file now
     rows: list[dict[str, str]]                    # rows measured on the descriptions as they are now
-    note: str                                     # ``stale_note`` on the rows passed over ('' if none)
+    note: str  # ``incomplete_note`` and ``stale_note`` on the lines and rows passed over, one a line ('' if none)
 
 
 def device_dataset(cfg: Config, device: str) -> DeviceDataset:
     """``device``'s descriptions and their shas (``descriptions_and_shas``: each file parsed once), its current
-    rows (``current_rows``) and the note on its stale ones (``stale_note``), which the caller prints or not."""
+    rows (``current_rows``) and the notes on the CSV lines and stale rows passed over (``incomplete_note``,
+    ``stale_note``), which the caller prints or not."""
     descriptions, shas = descriptions_and_shas(cfg, device)
-    rows, stale = current_rows(cfg, device, shas)
-    return DeviceDataset(descriptions, shas, rows, stale_note(device, stale, rows))
+    incomplete: list[int] = []
+    rows, stale = current_rows(cfg, device, shas, incomplete)
+    notes = (incomplete_note(results_path(cfg.profiling_dir, device), incomplete), stale_note(device, stale, rows))
+    return DeviceDataset(descriptions, shas, rows, "\n".join(n for n in notes if n))
 
 
 def dataset_descriptions_or_empty(cfg: Config) -> list[Path]:

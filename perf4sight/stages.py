@@ -145,8 +145,7 @@ def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
     predictor = _predictor(cfg, args)
     for device in devices:
         descriptions, shas, rows, note = device_dataset(cfg, device)  # each description parsed once per device
-        for line in (incomplete_note(results_path(cfg.profiling_dir, device)), note,
-                     undescribed_note(cfg, device, rows, descriptions)):
+        for line in (note, undescribed_note(cfg, device, rows, descriptions)):
             if line:
                 notes.print(line, markup=False)
         if predictor in ("trees", "ensemble"):

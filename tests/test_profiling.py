@@ -147,6 +147,11 @@ def test_changed_description_is_measured_again_and_its_old_rows_are_passed_over(
     assert (data.rows, data.note) == ([rows[1]], stale_note("local", stale, fresh))
     assert list(data.descriptions) == ["tiny"] and data.shas == {"tiny": rows[1]["description_sha"]}
     assert device_measurements(cfg, "local", rows=data.rows)[0] is data.rows  # the stage's rows, not read again
+    with first.csv_path.open("a") as fh:  # a line without a timestamp: noted from the same read, first
+        fh.write("garbage,line\n")
+    assert device_dataset(cfg, "local").note.split("\n") == [
+        results.incomplete_note(first.csv_path), stale_note("local", stale, fresh)]
+    assert "(line 4: no timestamp)" in results.incomplete_note(first.csv_path)
     assert (profile_local(cfg, "local", [net], progress=False).already_measured) == 1  # and now it resumes
 
     write_net(cfg.models_dir, "tiny", width=4)  # changed again, not yet measured: nothing current is left
@@ -447,6 +452,7 @@ def test_a_bad_measurement_csv_is_one_clear_error(tmp_path):
     path.write_text(text.replace("\n", "\ngarbage,line\n", 1))   # a line edited in by hand: said too
     lines: list = []
     assert len(results.read_rows(path, lines)) == 2 and lines == [2]
+    assert "2 incomplete lines (lines 2, 4: no timestamp)" in results.incomplete_note(path, [2, 4])
     path.write_text(text)
     assert results.incomplete_note(path) == "" and results.incomplete_note(tmp_path / "none.csv") == ""
 

@@ -210,15 +210,18 @@ def read_rows(path: Union[str, Path], incomplete: Optional[List[int]] = None) ->
     return kept
 
 
-def incomplete_note(path: Union[str, Path]) -> str:
+def incomplete_note(path: Union[str, Path], lines: Optional[List[int]] = None) -> str:
     """One line naming the lines of ``path`` that :func:`read_rows` passes over ('' if none): a row cut
-    short is measured again by the next profile run; anything else there is not a measurement."""
-    lines: List[int] = []
-    read_rows(path, lines)
+    short is measured again by the next profile run; anything else there is not a measurement. ``lines``:
+    what ``read_rows(path, incomplete)`` reported, when the caller has read the file already."""
+    if lines is None:
+        lines = []
+        read_rows(path, lines)
     if not lines:
         return ""
+    many = len(lines) != 1
     shown = ", ".join(map(str, lines[:5])) + (", ..." if len(lines) > 5 else "")
-    return (f"note: {path}: {len(lines)} incomplete line{'s' if len(lines) != 1 else ''} (line "
+    return (f"note: {path}: {len(lines)} incomplete line{'s' if many else ''} (line{'s' if many else ''} "
             f"{shown}: no timestamp) passed over; a row cut short is measured again by the next profile run")
 
 
