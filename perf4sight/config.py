@@ -98,6 +98,7 @@ class DeviceConfig:
     gpu_index: int = 0
     memory_limit_mb: int = 0  # cpu backend: 0 = no limit
     threads: int = 0  # cpu backend: torch threads, 0 = torch's default
+    reconnect_timeout_s: float = 300.0  # SSH: how long profile keeps reconnecting after a dropped connection
     name: str = ""  # filled in from the table name
 
 
@@ -246,6 +247,9 @@ def _check_devices(cfg: Config, f: Path | None) -> None:
         for key in ("memory_limit_mb", "threads", "gpu_index"):
             if getattr(dev, key) < 0:
                 raise UserError(f"{f}: [devices.{name}] {key} must be >= 0, got {getattr(dev, key)}")
+        if not dev.reconnect_timeout_s > 0:
+            raise UserError(f"{f}: [devices.{name}] reconnect_timeout_s must be > 0 (seconds), "
+                            f"got {dev.reconnect_timeout_s}")
         if not 0 < dev.port < 65536:
             raise UserError(f"{f}: [devices.{name}] port must lie in 1..65535, got {dev.port}")
     for d in cfg.profile.devices:

@@ -193,10 +193,11 @@ def run_predict(cfg: Config, args: argparse.Namespace) -> int:
     fp = load_device_predictor(cfg, device, predictor)
     if predictor == "ensemble":
         _ensemble_note(fp)
-    names = args.network or cfg.predict.networks or cfg.networks.zoo
+    names = list(dict.fromkeys(args.network or cfg.predict.networks or cfg.networks.zoo))  # each once, in order
     if getattr(args, "max_batch_size", None) is not None:
         return _predict_max_batch(cfg, args, fp, device, names)
-    batch_sizes = batch_list(args.batch_size or cfg.predict.batch_sizes)  # checked before describing (seconds)
+    # checked before describing (seconds); a size given twice is predicted once
+    batch_sizes = list(dict.fromkeys(batch_list(args.batch_size or cfg.predict.batch_sizes)))
     started = time.perf_counter()
     descs = resolve_networks(cfg, names, fp.input_shape or cfg.networks.input_shape)
     described = time.perf_counter()
@@ -385,6 +386,9 @@ def run_export(cfg: Config, args: argparse.Namespace) -> int:
     from perf4sight.exporters.perfseer import check_exportable, exportable_rows
     from perf4sight.fingerprint.fit import memory_column
 
+    if args.format and args.format != "perfseer":
+        raise UserError(f"export: --format {args.format} cannot be written; perfseer is the only export format "
+                        "(perf4sight's own CSV layout can be imported, not exported)")
     if args.format != "perfseer" or not args.output:
         raise UserError("export needs --format perfseer --output DIR [--device NAME ...]")
     if Path(args.output).exists() and not Path(args.output).is_dir():

@@ -102,6 +102,8 @@ def test_good_config_is_typed(tmp_path):
     (GOOD + "\n[networks.generator]\ncount = -1\n", r"\[networks.generator\] count must be >= 0"),
     (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\nlearning_rate = -0.5"), r"learning_rate must be > 0"),
     (GOOD.replace("memory_limit_mb = 512", "threads = -2"), r"\[devices.local\] threads must be >= 0, got -2"),
+    (GOOD.replace("memory_limit_mb = 512", "reconnect_timeout_s = 0"),
+     r"\[devices.local\] reconnect_timeout_s must be > 0 \(seconds\), got 0.0"),
     (GOOD.replace("levels = [0, 50]", "levels = [30, 30.0]"), r"levels name a level twice"),
     (GOOD.replace("levels = [0, 50]", "levels = [0, 50]\nmin_channels = 0"),
      r"\[networks.pruning\] min_channels must be >= 1"),
@@ -272,3 +274,13 @@ def test_a_device_without_data_is_named_beside_those_with_it(tmp_path):
                        match=r"no trees fingerprint for device\(s\) tx2 under [^(]*\(run --stage fingerprint"):
         fingerprinted_devices(cfg, ["tx2"])  # none has one: nothing to list
     assert measured_devices(cfg, None) == ["local", "tx2"]
+
+
+def test_export_in_perf4sight_format_says_perfseer_is_the_only_one(tmp_path):
+    path = write(tmp_path, GOOD)
+    proc = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(path), "--stage", "export",
+                           "--format", "perf4sight", "--output", str(tmp_path / "out")],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert (proc.returncode == 2 and proc.stderr.count("\n") == 1
+            and "perfseer is the only export format" in proc.stderr), proc.stderr
+    assert not (tmp_path / "out").exists()

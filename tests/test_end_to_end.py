@@ -86,8 +86,8 @@ def test_all_stages_then_predict_json(tmp_path):
     assert len(list((tmp_path / "models" / "zoo-cache").glob("resnet18-3x32x32-*.json"))) == 1
     desc_only = subprocess.run([sys.executable, "-X", "importtime", str(ROOT / "main.py"), "--config",
                                 str(tmp_path / "config.toml"), "--stage", "predict", "--device", "local", "--network",
-                                str(tmp_path / "models" / manifest[0]["path"]), "resnet18",
-                                "--batch-size", "2", "--json"],
+                                str(tmp_path / "models" / manifest[0]["path"]), "resnet18", "resnet18",
+                                "--batch-size", "2", "2", "--json"],  # each given twice: predicted once
                                capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert desc_only.returncode == 0, desc_only.stderr[-3000:]
     imported = {line.rsplit("|", 1)[-1].strip() for line in desc_only.stderr.splitlines()

@@ -117,8 +117,8 @@ def test_native_conv_macs_are_the_convolutions_torch_runs_outside_onednn():
     from perf4sight.ir.from_torch import describe
     nn = torch.nn
     net = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(16, 24, 1), nn.Conv2d(24, 32, 1, stride=2),
-                        nn.Conv2d(32, 32, 1, groups=4), nn.Conv2d(32, 16, 3, padding=1), nn.Conv2d(16, 8, 1, dilation=2),
-                        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+                        nn.Conv2d(32, 32, 1, groups=4), nn.Conv2d(32, 16, 3, padding=1),
+                        nn.Conv2d(16, 8, 1, dilation=2), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
     desc = describe(net, [3, 16, 16], "dispatch")
     shapes = {n.name: n.output_shape for n in desc.nodes}
     threads = torch.get_num_threads()
@@ -134,7 +134,8 @@ def test_native_conv_macs_are_the_convolutions_torch_runs_outside_onednn():
                 backend = select(x, w, None, list(a["stride"]), list(a["padding"]), list(a["dilation"]), False, [0, 0],
                                  a["groups"], None)
                 if not str(backend).endswith("Mkldnn"):  # Slow2d, or SlowDilated2d for a dilated one at batch 1
-                    slow += a["in_channels"] // a["groups"] * int(np.prod(a["kernel_size"])) * int(np.prod(node.output_shape))
+                    slow += (a["in_channels"] // a["groups"] * int(np.prod(a["kernel_size"]))
+                             * int(np.prod(node.output_shape)))
             slow_at[b] = slow
             assert features_for(desc, b)["native_conv_macs"] == pytest.approx(slow * b)
     finally:

@@ -165,7 +165,7 @@ def test_metadata_has_selection_random_split_and_interval(tx2):
     chosen = [line for line in lines if "model chosen by grouped CV" in line]
     # each chosen form says why: the preferred form's margin, or its CV score beside the runner-up's
     assert all("preferred form" in line or "runner-up" in line for line in chosen)
-    assert any("90% interval" in line and "held-out group" in line for line in lines)
+    assert any("90% interval" in line and "of a held-out family's rows" in line for line in lines)
 
 
 def test_accuracy_table_is_nested(tx2, tmp_path):
@@ -185,6 +185,22 @@ def test_accuracy_table_is_nested(tx2, tmp_path):
     assert any("chosen without the held-out family" in line for line in accuracy_lines(meta))
     flat = {**meta, "accuracy": {t: {**a, "nested": False} for t, a in meta["accuracy"].items()}}
     assert sum("a little optimistic" in line for line in accuracy_lines(flat)) == 2  # too many groups to nest
+
+
+def test_two_families_say_why_no_form_was_chosen_and_no_interval_tested(tx2):
+    """With two families the form is kept, not chosen, and the interval is not tested on a held-out
+    family: the table says so instead of leaving the runner-up and the coverage out silently."""
+    _, _, _, meta = tx2
+    two = {**meta, "accuracy": {t: {**a, "per_group": dict(list(a["per_group"].items())[:2]),
+                                    "selection": {**a["selection"], "cv_mean_group_mape": {
+                                        a["selection"]["chosen"]: 5.0}},
+                                    "interval_coverage_held_out": None}
+                                for t, a in meta["accuracy"].items()}}
+    lines = accuracy_lines(two)
+    assert not any("model chosen by grouped CV" in line for line in lines)
+    assert sum("model form kept" in line and "with 2 familys" not in line and "it needs 3 or more" in line
+               for line in lines) == 2
+    assert sum("not tested on a held-out family: that needs 3 or more" in line for line in lines) == 2
 
 
 def test_latency_trees_read_work_per_launch_and_older_trees_still_predict():

@@ -28,7 +28,7 @@ from perf4sight.profiling import results
 from perf4sight.profiling.fleet import check_devices, format_checks, format_summaries, profile_devices
 from perf4sight.profiling.pull import CsvPuller, complete_records, rows_to_csv
 from perf4sight.profiling.remote import RemoteProfiler, probe_problems, remote_dir_name
-from perf4sight.profiling.ssh import DeviceError, HostKeyError, Remote, quote_argv
+from perf4sight.profiling.ssh import DeviceError, HostKeyError, LoginError, Remote, quote_argv
 
 sys.path.insert(0, str(Path(__file__).parent))
 from sshd import SshServer, ensure_sshd, free_port  # noqa: E402
@@ -204,6 +204,37 @@ def test_accept_new_host_key_records_it(servers, tmp_path):
         assert r.run(["true"]).rc == 0
 
 
+def test_login_without_a_key_or_with_a_refused_key_says_so(servers, tmp_path, monkeypatch):
+    """No key anywhere (no key_file, no agent, an empty ~/.ssh) and a key the server does not know: each is
+    its own line, and check labels it LOGIN FAILED, not UNREACHABLE."""
+    import paramiko
+
+    a, _ = servers
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # paramiko looks for default keys under ~/.ssh
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    cfg = _config(tmp_path, {"nokey": {**_device(a, tmp_path), "key_file": ""}})
+    with pytest.raises(LoginError, match=r"no key to log in to .*set key_file in \[devices.nokey\]"):
+        Remote(cfg.device("nokey"), tmp_path / "known_hosts").connect()
+    other = tmp_path / "other_key"
+    paramiko.RSAKey.generate(2048).write_private_key_file(str(other))
+    cfg = _config(tmp_path, {"nokey": {**_device(a, tmp_path), "key_file": ""},
+                             "wrongkey": {**_device(a, tmp_path), "key_file": str(other)}})
+    with pytest.raises(LoginError, match=f"authentication failed for .* with key_file {other}"):
+        Remote(cfg.device("wrongkey"), tmp_path / "known_hosts").connect()
+    lines = format_checks(check_devices(cfg)).splitlines()
+    assert len(lines) == 2 and all(": LOGIN FAILED" in line for line in lines), lines
+    (tmp_path / "not_a_key").write_text("hello\n")
+    locked = tmp_path / "locked_key"
+    paramiko.RSAKey.generate(2048).write_private_key_file(str(locked), password="secret")
+    cfg = _config(tmp_path, {"garbled": {**_device(a, tmp_path), "key_file": str(tmp_path / "not_a_key")},
+                             "locked": {**_device(a, tmp_path), "key_file": str(locked)}})
+    with pytest.raises(LoginError, match="key_file .*not_a_key is not a private key this tool can read"):
+        Remote(cfg.device("garbled"), tmp_path / "known_hosts").connect()
+    with pytest.raises(LoginError, match="key_file .*locked_key is encrypted; load it into ssh-agent"):
+        Remote(cfg.device("locked"), tmp_path / "known_hosts").connect()
+    assert format_checks(check_devices(cfg)).count(": LOGIN FAILED") == 2
+
+
 def test_connection_errors_without_a_message_still_say_something():
     from perf4sight.profiling.ssh import describe_error
     assert describe_error(socket.timeout()) == "timed out waiting for the device"
@@ -301,6 +332,17 @@ def test_unreachable_remote_raises_device_error_quickly(tmp_path):
     with pytest.raises(DeviceError, match="cannot reach 127.0.0.1.*refused"):
         Remote(cfg.device("d"), tmp_path / "kh", timeout_s=3).connect()
     assert time.monotonic() - t0 < 3
+
+
+def test_reconnecting_gives_up_after_the_devices_own_timeout(tmp_path):
+    """[devices.X] reconnect_timeout_s bounds how long a dropped connection is retried."""
+    cfg = _config(tmp_path, {"d": {"host": "127.0.0.1", "port": free_port(), "known_hosts": str(tmp_path / "kh"),
+                                   "accept_new_host_key": True, "reconnect_timeout_s": 1.5}})
+    profiler = RemoteProfiler(cfg, cfg.device("d"), [], connect_timeout_s=1.0)
+    t0 = time.monotonic()
+    with pytest.raises(DeviceError, match=r"refused \(gave up reconnecting after 1.5 s\)"):
+        profiler._reconnect()
+    assert 1.5 <= time.monotonic() - t0 < 10
 
 
 def test_shipped_code_needs_only_torch(tmp_path):

@@ -26,6 +26,7 @@ from perf4sight.features.allocator import REPLAY_PROTOCOLS, STEP_MEAN
 from perf4sight.fingerprint.storage import HeldOut, damaged, load_held_out, load_models
 from perf4sight.fingerprint.trees import TargetModel
 from perf4sight.ir.schema import NetworkDescription, load_description
+from perf4sight.wording import plural
 
 __all__ = ["Fingerprint", "load_fingerprint", "PREDICTION_KEYS", "accuracy_lines"]
 
@@ -296,14 +297,20 @@ def accuracy_lines(metadata: dict[str, Any]) -> list[str]:
         if sel:
             scores, chosen = sel.get("cv_mean_group_mape", {}), sel["chosen"]
             why = ""
-            if sel.get("preferred") == chosen and scores and scores.get(chosen, 0) > min(scores.values()):
+            n_groups = len(acc.get("per_group", {}))
+            if n_groups < 3:
+                groups = plural(n_groups, acc["grouping"], "families" if acc["grouping"] == "family" else "")
+                lines.append(f"  model form kept: {chosen} (with {groups} there is too little to choose a form by "
+                             "grouped CV: it needs 3 or more)")
+            elif sel.get("preferred") == chosen and scores and scores.get(chosen, 0) > min(scores.values()):
                 best = min(scores, key=scores.get)
                 why = (f" (this device kind's preferred form: {scores[chosen]:.1f}% against {best}'s "
                        f"{scores[best]:.1f}%, within one standard error)")
             elif chosen in scores and len(scores) > 1:  # a near tie is a choice the trees' seed can flip
                 runner_up = min((n for n in scores if n != chosen), key=scores.get)
                 why = f" (CV {scores[chosen]:.1f}%; runner-up {runner_up} {scores[runner_up]:.1f}%)"
-            lines.append(f"  model chosen by grouped CV: {chosen}{why}")
+            if n_groups >= 3:
+                lines.append(f"  model chosen by grouped CV: {chosen}{why}")
             for g, form in acc.get("forms_per_fold", {}).items():
                 if form != chosen:
                     lines.append(f"    without {g} the CV chose: {form}")
@@ -311,9 +318,13 @@ def accuracy_lines(metadata: dict[str, Any]) -> list[str]:
                 lines.append(f"  allocator replay: {REPLAY_PROTOCOLS[metadata['memory_replay']]}")
     iv = metadata.get("interval", {})
     for target, (lo, hi) in iv.get("log_ratio_quantiles", {}).items():
-        held = metadata.get("accuracy", {}).get(target, {}).get("interval_coverage_held_out")
+        acc = metadata.get("accuracy", {}).get(target, {})
+        held = acc.get("interval_coverage_held_out")
+        tested = (f"; covers {held:.0f}% of a held-out {acc.get('grouping', 'group')}'s rows" if held is not None
+                  else f"; not tested on a held-out {acc['grouping']}: that needs 3 or more"
+                  if acc.get("grouping") and len(acc.get("per_group", {})) < 3 else "")
         lines.append(f"{target} {100 * iv.get('coverage', 0.9):.0f}% interval: x{np.exp(lo):.2f} .. x{np.exp(hi):.2f} "
-                     "of the prediction" + ("" if held is None else f"; covers {held:.0f}% of a held-out group's rows"))
+                     "of the prediction" + tested)
     if metadata.get("training_domain"):
         from perf4sight.fingerprint.domain import domain_line
         lines.append(domain_line(metadata["training_domain"]))

@@ -23,7 +23,7 @@ from perf4sight.wording import plural
 from perf4sight.profiling.local import stop_runners
 from perf4sight.profiling.remote import (PROBE, DeviceSummary, RemoteProfiler, covering, expected_keys,
                                          known_hosts_path, plan_counts, probe_problems, remote_dir_name)
-from perf4sight.profiling.ssh import CONNECTION_ERRORS, HostKeyError, Remote, describe_error
+from perf4sight.profiling.ssh import CONNECTION_ERRORS, HostKeyError, LoginError, Remote, describe_error
 
 __all__ = ["DeviceCheck", "check_devices", "profile_devices", "format_checks", "format_summaries"]
 
@@ -36,6 +36,7 @@ class DeviceCheck:
     reachable: bool = False
     ok: bool = False
     host_key_refused: bool = False  # not connected because its host key is unknown, changed or unreadable
+    login_failed: bool = False  # no usable key, or the device refused every key offered
     workdir: str = ""  # the device's work folder (the probe checks it can be created and written)
     message: str = ""
     facts: dict[str, Any] = field(default_factory=dict)  # python, torch, cuda, backend_library_version, free_disk_mb
@@ -78,6 +79,7 @@ def _check_one(cfg: Config, dev: DeviceConfig, timeout_s: float) -> DeviceCheck:
         except UserError as exc:
             check.message = str(exc)
             check.host_key_refused = isinstance(exc, HostKeyError)
+            check.login_failed = isinstance(exc, LoginError)
             return check
         except CONNECTION_ERRORS as exc:
             check.message = f"device '{dev.name}': connection lost during check: {describe_error(exc)}"
@@ -98,10 +100,12 @@ def check_devices(cfg: Config, names: Sequence[str] | None = None, timeout_s: fl
 
 
 def _bars():
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    # progress is not output: on stderr, so that stdout piped to a file holds the stage's tables alone
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("{task.fields[note]}"))
+                    TextColumn("{task.fields[note]}"), console=Console(stderr=True))
 
 
 def _profile_local(cfg: Config, dev: DeviceConfig, descriptions: Sequence[Path], progress,
@@ -200,7 +204,7 @@ def format_checks(checks: Sequence[DeviceCheck]) -> str:
     for c in checks:
         f = c.facts
         state = ("ok" if c.ok else "reachable" if c.reachable else "HOST KEY REFUSED" if c.host_key_refused
-                 else "UNREACHABLE")
+                 else "LOGIN FAILED" if c.login_failed else "UNREACHABLE")
         facts = (f"python {f.get('python', '?')}, torch {f.get('torch') or 'missing'}"
                  f"{', cuda' if f.get('cuda') else ''}, {f.get('backend_library') or 'no backend library'}"
                  f" {f.get('backend_library_version') or ''}".rstrip()

@@ -152,10 +152,13 @@ def _events(lines: Any, tail: deque[str]) -> Any:
 
 def _rich_sink(device: str) -> tuple[ProgressSink, Callable[[], None]]:
     """A rich progress bar fed by runner events; returns (sink, close)."""
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    # progress is not output: on stderr, so that stdout piped to a file holds the stage's tables alone
     bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), TextColumn("{task.fields[last]}"), transient=False)
+                   TimeElapsedColumn(), TextColumn("{task.fields[last]}"), transient=False,
+                   console=Console(stderr=True))
     state: dict[str, Any] = {}
 
     def sink(event: dict[str, Any]) -> None:

@@ -31,8 +31,8 @@ from perf4sight.ir.schema import load_description
 from perf4sight.profiling import results
 from perf4sight.profiling.local import make_plan
 from perf4sight.profiling.pull import CsvPuller, csv_with_rows
-from perf4sight.profiling.ssh import (CONNECTION_ERRORS, DeviceError, HostKeyError, Remote, default_known_hosts,
-                                     describe_error)
+from perf4sight.profiling.ssh import (CONNECTION_ERRORS, DeviceError, HostKeyError, LoginError, Remote,
+                                     default_known_hosts, describe_error)
 
 __all__ = ["DeviceSummary", "RemoteProfiler", "code_files", "expected_keys", "covering", "plan_counts",
            "remote_dir_name", "known_hosts_path"]
@@ -135,14 +135,16 @@ class RemoteProfiler:
 
     def __init__(self, cfg: Config, dev: DeviceConfig, descriptions: Sequence[Path], *,
                  progress: Progress | None = None, poll_s: float = 1.0, status_every_s: float = 10.0,
-                 connect_timeout_s: float = 10.0, reconnect_timeout_s: float = 300.0, max_restarts: int = 2,
+                 connect_timeout_s: float = 10.0, reconnect_timeout_s: float | None = None, max_restarts: int = 2,
                  cancel: threading.Event | None = None) -> None:
         self.cfg, self.dev = cfg, dev
         self.cancel = cancel or threading.Event()  # set: stop following (the detached run goes on on the device)
         self.descriptions = [Path(d) for d in descriptions]
         self.progress = progress or (lambda *a: None)
         self.poll_s, self.status_every_s = poll_s, status_every_s
-        self.reconnect_timeout_s, self.max_restarts = reconnect_timeout_s, max_restarts
+        # a reboot can take minutes: the device's own setting unless the caller gives one
+        self.reconnect_timeout_s = dev.reconnect_timeout_s if reconnect_timeout_s is None else reconnect_timeout_s
+        self.max_restarts = max_restarts
         self.remote = Remote(dev, known_hosts_path(cfg, dev), timeout_s=connect_timeout_s)
         self.local_csv = results.results_path(cfg.profiling_dir, dev.name)
         self.summary = DeviceSummary(dev.name, "failed")
@@ -251,7 +253,7 @@ class RemoteProfiler:
             raise DeviceError(f"device '{self.dev.name}': could not start the run: {state}")
 
     def _reconnect(self) -> None:
-        """Reconnect until ``reconnect_timeout_s``; HostKeyError is never retried."""
+        """Reconnect until ``reconnect_timeout_s``; a refused host key or login is never retried."""
         self.remote.close()
         deadline = time.monotonic() + self.reconnect_timeout_s
         delay = 0.5
@@ -260,7 +262,7 @@ class RemoteProfiler:
                 self.remote.connect()
                 self.summary.reconnects += 1
                 return
-            except HostKeyError:
+            except (HostKeyError, LoginError):
                 raise
             except DeviceError as exc:
                 if time.monotonic() > deadline:

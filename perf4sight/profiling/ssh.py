@@ -31,7 +31,7 @@ from paramiko.ssh_exception import NoValidConnectionsError
 from perf4sight.config import DeviceConfig
 from perf4sight.errors import UserError
 
-__all__ = ["DeviceError", "HostKeyError", "Remote", "CommandResult", "quote_argv", "CONNECTION_ERRORS",
+__all__ = ["DeviceError", "HostKeyError", "LoginError", "Remote", "CommandResult", "quote_argv", "CONNECTION_ERRORS",
            "default_known_hosts", "describe_error"]
 
 #: What a dropped or refused connection raises (paramiko, sockets, a closed transport).
@@ -54,6 +54,11 @@ class DeviceError(UserError):
 
 class HostKeyError(DeviceError):
     """The device's host key is unknown or has changed."""
+
+
+class LoginError(DeviceError):
+    """No login: the key file is missing, unreadable or encrypted, there is no key to offer, or the device
+    refused every key offered."""
 
 
 @dataclass
@@ -110,6 +115,20 @@ def _key_algorithms_to_disable(known: set[str]) -> list[str]:
     return [a for a in paramiko.Transport._preferred_keys if key_type(a) not in known]
 
 
+def _load_key(dev: DeviceConfig, key_file: str) -> paramiko.PKey:
+    """The private key in ``key_file``, loaded here so that a refused key reads as a refused login (paramiko,
+    given a file name, tries every key type and reports the last type's parse error instead)."""
+    where = f"device '{dev.name}': key_file {key_file}"
+    if not Path(key_file).is_file():
+        raise LoginError(f"{where} not found")
+    try:
+        return paramiko.PKey.from_path(key_file)
+    except (paramiko.PasswordRequiredException, TypeError):  # TypeError: cryptography's "password-protected"
+        raise LoginError(f"{where} is encrypted; load it into ssh-agent and leave key_file empty") from None
+    except (paramiko.SSHException, ValueError, OSError) as exc:
+        raise LoginError(f"{where} is not a private key this tool can read: {describe_error(exc)}") from None
+
+
 class Remote:
     """An open SSH connection to one device (reconnectable). Use as a context manager.
 
@@ -152,11 +171,10 @@ class Remote:
         policy = _AcceptNewPolicy(self.known_hosts) if dev.accept_new_host_key else _RefusePolicy(dev, self.known_hosts)
         client.set_missing_host_key_policy(policy)
         key_file = str(Path(dev.key_file).expanduser()) if dev.key_file else None
-        if key_file and not Path(key_file).is_file():
-            raise DeviceError(f"device '{dev.name}': key_file {key_file} not found")
+        key = _load_key(dev, key_file) if key_file else None
         try:
-            client.connect(dev.host, port=dev.port, username=dev.user or None, key_filename=key_file,
-                           allow_agent=key_file is None, look_for_keys=key_file is None, password=None,
+            client.connect(dev.host, port=dev.port, username=dev.user or None, pkey=key,
+                           allow_agent=key is None, look_for_keys=key is None, password=None,
                            timeout=self.timeout_s, banner_timeout=self.timeout_s, auth_timeout=self.timeout_s,
                            disabled_algorithms=({"keys": _key_algorithms_to_disable(known_types)} if known_types
                                                 else None))
@@ -171,19 +189,22 @@ class Remote:
                 f"{_fingerprint(exc.key)}, {self.known_hosts} expects {_fingerprint(exc.expected_key)}); refusing to "
                 f"connect. If the device was reinstalled, remove the old entry: ssh-keygen -R '{entry}' "
                 f"-f {self.known_hosts}") from None
-        except paramiko.PasswordRequiredException:
-            client.close()
-            raise DeviceError(f"device '{dev.name}': key_file {key_file} is encrypted; load it into ssh-agent "
-                              "and leave key_file empty") from None
         except paramiko.AuthenticationException as exc:
             client.close()
             how = f"key_file {key_file}" if key_file else "the SSH agent and default keys"
-            raise DeviceError(f"device '{dev.name}': authentication failed for {self.where} with {how} "
-                              f"({exc})") from None
+            raise LoginError(f"device '{dev.name}': authentication failed for {self.where} with {how} "
+                             f"({exc})") from None
         except NoValidConnectionsError:
             client.close()
             raise DeviceError(f"device '{dev.name}': cannot reach {self.where}: connection refused") from None
-        except (paramiko.SSHException, OSError, EOFError) as exc:
+        except paramiko.SSHException as exc:
+            client.close()
+            if "no authentication methods available" in str(exc).lower():  # paramiko: not one key to offer
+                raise LoginError(f"device '{dev.name}': no key to log in to {self.where} with: key_file is not set, "
+                                 f"no SSH agent holds a key and ~/.ssh has no default key; set key_file in "
+                                 f"[devices.{dev.name}] (passwords are never used)") from None
+            raise DeviceError(f"device '{dev.name}': cannot reach {self.where}: {describe_error(exc)}") from None
+        except (OSError, EOFError) as exc:
             client.close()
             why = " ".join(str(exc).split()) or type(exc).__name__
             raise DeviceError(f"device '{dev.name}': cannot reach {self.where}: {why}") from None
