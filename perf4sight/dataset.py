@@ -89,10 +89,13 @@ def undescribed_note(cfg: Config, device: str, rows: list[dict[str, str]],
     if not gone:
         return ""
     nets = sorted({str(r.get("network")) for r in gone})
+    imported = all(r.get("backend") == "imported" for r in gone)
+    why = ("their graphs were not among those imported: to use the rows, put the graphs in the source's graphs/ "
+           "folder and import it again" if imported else
+           "networks removed from the config? to use the rows, add the networks back and rerun --stage networks")
     return (f"{device}: {plural(len(gone), 'row')} of {plural(len(nets), 'network')} ({_named(nets)}) "
             f"{'is' if len(gone) == 1 else 'are'} passed over: no description of them in "
-            f"{cfg.models_dir / 'manifest.csv'} or {cfg.models_dir / 'imported' / device} (networks removed "
-            "from the config? to use the rows, add the networks back and rerun --stage networks)")
+            f"{cfg.models_dir / 'manifest.csv'} or {cfg.models_dir / 'imported' / device} ({why})")
 
 
 class DeviceDataset(NamedTuple):

@@ -367,6 +367,12 @@ def run_import(cfg: Config, args: argparse.Namespace) -> int:
     summary = IMPORTERS[args.format](args.source, device, cfg.profiling_dir, cfg.models_dir)
     console.print(f"{device}: {plural(len(summary.networks), 'network')} read from {args.source}, "
                   f"{plural(summary.rows_written, 'new row')} in {csv_path} ({_import_counts(summary)})", markup=False)
+    if summary.without_graph:
+        missing = summary.without_graph
+        named = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
+        notes.print(f"note: {device}: no graph found for {plural(len(missing), 'network')} ({named}): the rows were "
+                    "imported, but no stage can use them until the graph is in the source's graphs/ folder and the "
+                    "source is imported again", style="yellow", markup=False)
     return 0
 
 
@@ -402,7 +408,15 @@ def run_export(cfg: Config, args: argparse.Namespace) -> int:
         if note:
             notes.print(note, markup=False)
         todo[device] = (rows, descriptions)
-        check_exportable(exportable_rows(*todo[device])[0])
+        pairs, skipped = exportable_rows(rows, descriptions)
+        if not pairs:
+            raise UserError(f"export: device '{device}' has no ok measurement whose network has a description "
+                            f"({plural(skipped, 'ok row')} without one; see --stage fingerprint's notes); "
+                            "nothing written")
+        check_exportable(pairs)
+        out = Path(args.output) / device if len(devices) > 1 else Path(args.output)
+        if out.is_dir() and any(out.iterdir()):  # two exports in one folder would read back as one device
+            raise UserError(f"export: {out} is not empty; export into a new or empty folder; nothing written")
     for device, (rows, descriptions) in todo.items():
         out = Path(args.output) / device if len(devices) > 1 else Path(args.output)
         done = export_perfseer(rows, descriptions, out, memory_column(rows))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -144,10 +145,18 @@ def test_gnn_ensemble_and_perfseer_round_trip_through_the_cli(tmp_path):
                            "--batch-size", "2", "--json").stdout)
     # the ensemble is the geometric mean of trees and GNN (figures printed to 0.001 ms, so within 0.002)
     assert abs(e["latency_ms"] - (t["latency_ms"] * preds[0]["latency_ms"]) ** 0.5) < 2e-3
+    shutil.copytree(fp_dir, tmp_path / "fingerprinting" / "other")  # another device's folder under this name
+    for predictor in ("trees", "gnn", "ensemble"):
+        borrowed = main_py(tmp_path, "--stage", "predict", "--device", "other", "--predictor", predictor,
+                           "--network", "resnet18", "--batch-size", "2")
+        assert borrowed.returncode == 2 and "holds a fingerprint of device 'local', not of 'other'" in borrowed.stderr
 
     exp = main_py(tmp_path, "--stage", "export", "--format", "perfseer", "--output", str(tmp_path / "ds"))
     assert exp.returncode == 0, exp.stderr
     assert len(list((tmp_path / "ds").glob("*.pkl"))) == len(list((tmp_path / "ds").glob("*.txt"))) == 4
+    twice = main_py(tmp_path, "--stage", "export", "--format", "perfseer", "--output", str(tmp_path / "ds"))
+    assert twice.returncode == 2 and "is not empty; export into a new or empty folder" in twice.stderr
+    assert len(list((tmp_path / "ds").iterdir())) == 8
     imp = main_py(tmp_path, "--stage", "import", "--format", "perfseer", "--source", str(tmp_path / "ds"),
                   "--device", "copy")
     assert imp.returncode == 0, imp.stderr
@@ -159,6 +168,11 @@ def test_gnn_ensemble_and_perfseer_round_trip_through_the_cli(tmp_path):
     theirs = list(csv.DictReader((tmp_path / "profiling_csvs" / "copy" / "measurements.csv").open()))
     assert sorted((r["network"], r["batch_size"], float(r["latency_ms_median"])) for r in theirs) == \
         sorted((r["network"], r["batch_size"], float(r["latency_ms_median"])) for r in mine)
+    shutil.rmtree(tmp_path / "models")  # the rows lose their descriptions (the imported ones and the manifest's)
+    empty = main_py(tmp_path, "--stage", "export", "--format", "perfseer", "--output", str(tmp_path / "ds2"),
+                    "--device", "copy")
+    assert empty.returncode == 2 and "device 'copy' has no ok measurement whose network has a description" in \
+        empty.stderr and not (tmp_path / "ds2").exists()
 
 
 def test_all_fits_only_devices_it_measured(tmp_path):

@@ -205,6 +205,28 @@ def test_source_one_level_too_deep_is_refused_before_anything_is_written(tmp_pat
     assert "_" not in again.stdout.split("(", 1)[1].split(";")[0]  # no snake_case count names
 
 
+def test_a_network_without_its_graph_is_named(tmp_path, tx2_data):
+    """Rows of a network whose graph is missing are imported with a note naming it (they were imported
+    silently, and the fingerprint's note then advised the networks stage)."""
+    src = tmp_path / "src"
+    for net in ("squeezenet_30", "resnet18_30"):
+        for kind in ("memory", "latency"):
+            part = Path("profiling_csvs") / "tx2" / "imagenet" / kind / f"{net}-gt.csv"
+            (src / part).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(tx2_data / part, src / part)
+    (src / "graphs").mkdir()
+    shutil.copy(tx2_data / "graphs" / "squeezenet_30.json", src / "graphs")
+    proc = _cli_import(tmp_path, src)
+    assert proc.returncode == 0, proc.stderr
+    assert "note: tx3: no graph found for 1 network (resnet18_30): the rows were imported" in " ".join(
+        proc.stderr.split())
+    from perf4sight.config import load_config
+    from perf4sight.dataset import device_dataset, undescribed_note
+    cfg = load_config(tmp_path / "config.toml")
+    descriptions, _, rows, _ = device_dataset(cfg, "tx3")
+    assert "their graphs were not among those imported" in undescribed_note(cfg, "tx3", rows, descriptions)
+
+
 def test_source_that_is_a_file_says_so(tmp_path):
     (tmp_path / "data.csv").write_text("passed|latency|bs\n")
     proc = _cli_import(tmp_path, tmp_path / "data.csv")

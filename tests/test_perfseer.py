@@ -156,6 +156,28 @@ def test_export_import_round_trip(tmp_path):
     assert got == {2: 20.0, 8: 80.0}
 
 
+def test_rows_of_another_backend_are_refused_before_anything_is_written(tmp_path):
+    """A device whose rows were imported from a foreign dataset takes no rows of this tool's cpu backend (an
+    export of a profiled device): nothing is written, not even the description."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "tiny_bs4.pkl").write_bytes(pickle.dumps(_perfseer_graph()))
+    (src / "tiny_bs4.txt").write_text(LABEL)
+    import_perfseer(src, "gpu", tmp_path / "prof", tmp_path / "models")
+    csv_path = results_path(tmp_path / "prof", "gpu")
+    before = csv_path.read_bytes()
+    desc = describe(_Tiny(), input_shape=[3, 16, 16], name="tiny_l0", network="tiny")
+    rows = [{"device": "local", "backend": "cpu", "network": "tiny_l0", "batch_size": 2, "status": "ok",
+             "phase": "train", "latency_ms_median": 20.0, "peak_rss_mb": 700.0}]
+    export_perfseer(rows, {"tiny_l0": desc}, tmp_path / "ds", "peak_rss_mb")
+    with pytest.raises(UserError, match=r"prof/gpu/measurements.csv holds imported rows and the source brings cpu "
+                                        r"rows for device 'gpu'.*another --device name; nothing written"):
+        import_perfseer(tmp_path / "ds", "gpu", tmp_path / "prof", tmp_path / "models")
+    assert csv_path.read_bytes() == before
+    assert not (tmp_path / "models" / "imported" / "gpu" / "tiny_l0.json").exists()
+    assert import_perfseer(tmp_path / "ds", "cpu-copy", tmp_path / "prof", tmp_path / "models").rows_written == 1
+
+
 def _onnx_views_graph() -> nx.DiGraph:
     """conv -> Transpose(perm) -> Slice(starts/ends/axes) -> Unsqueeze(axes) -> Squeeze(no axes) -> Gather -> Gelu
     -> Swish -> Reshape (an ONNX target shape, batch included) -> Gemm, in ONNX's attribute names only."""

@@ -1,6 +1,9 @@
 """The fingerprint stage's entry points, in config terms: fit a device, load a device's fingerprint."""
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from perf4sight.config import Config
 from perf4sight.dataset import current_rows
 from perf4sight.errors import UserError
@@ -58,7 +61,18 @@ def load_device_fingerprint(cfg: Config, device: str) -> Fingerprint:
     folder = cfg.fingerprint_dir / device
     if not (folder / "metadata.json").is_file():
         raise UserError(f"no fingerprint for device '{device}' in {folder} (run --stage fingerprint first)")
-    return load_fingerprint(folder)
+    return _owned_by(load_fingerprint(folder), device, folder)
+
+
+def _owned_by(predictor: Any, device: str, folder: Path) -> Any:
+    """``predictor`` if it was fitted on ``device``'s measurements; a folder copied or renamed from another
+    device's would predict that device's figures under this one's name."""
+    fitted = getattr(predictor, "device", "")
+    if fitted and fitted != device:
+        raise UserError(f"{folder} holds a fingerprint of device '{fitted}', not of '{device}': fit '{device}' "
+                        f"with --stage fingerprint --device {device}, or predict with --device {fitted} "
+                        f"(from a folder named {fitted})")
+    return predictor
 
 
 def load_device_predictor(cfg: Config, device: str, predictor: str = "trees"):
@@ -70,4 +84,8 @@ def load_device_predictor(cfg: Config, device: str, predictor: str = "trees"):
     if predictor == "ensemble" and not (cfg.fingerprint_dir / device / "metadata.json").is_file():
         raise UserError(f"the ensemble needs the trees as well as the GNN: no trees for device '{device}' in "
                         f"{cfg.fingerprint_dir / device} (run --stage fingerprint --predictor trees or ensemble)")
-    return load_predictor(cfg.fingerprint_dir / device, predictor)
+    loaded = load_predictor(cfg.fingerprint_dir / device, predictor)
+    for part in (getattr(loaded, "trees", None), getattr(loaded, "gnn", None), loaded):
+        if part is not None:
+            _owned_by(part, device, cfg.fingerprint_dir / device)
+    return loaded

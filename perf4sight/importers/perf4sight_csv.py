@@ -29,7 +29,7 @@ from perf4sight.profiling.results import (append_row, file_sha, measured_keys, n
                                           row_key)
 from perf4sight.wording import plural
 
-__all__ = ["ImportSummary", "import_perf4sight", "read_gt_csv", "PROTOCOL"]
+__all__ = ["ImportSummary", "check_backends", "import_perf4sight", "read_gt_csv", "PROTOCOL"]
 
 #: The ``protocol`` cell of an imported row: perf4sight's profiler (latency the mean of 3 timed steps; memory
 #: read as ``features/allocator.py``'s ``perf4sight`` replay protocol describes).
@@ -51,6 +51,7 @@ class ImportSummary:
     duplicates_merged: int = 0
     descriptions: int = 0
     networks: list[str] = field(default_factory=list)
+    without_graph: list[str] = field(default_factory=list)  # networks whose rows came without a description
     results_path: str = ""
     models_path: str = ""
 
@@ -66,6 +67,19 @@ class ImportSummary:
         done.add(row_key(row, with_sha=False))
         self.rows_written += 1
         return True
+
+
+def check_backends(out: Path, device: str, existing_rows: list[dict[str, Any]], incoming: set[str]) -> None:
+    """``UserError`` (before anything is written) unless every row of ``device``, those in ``out`` and those an
+    import brings (their ``backend`` values, ``incoming``), comes from one backend: a fingerprint is fitted on
+    one kind of device, and rows of two cannot be told apart afterwards."""
+    have = {str(r.get("backend") or "") for r in existing_rows} - {""}
+    kinds = have | incoming
+    if len(kinds) > 1:
+        what = (f"{out} holds {'/'.join(sorted(have))} rows" if have else "the source holds rows of several backends")
+        raise UserError(f"import: {what} and the source brings {'/'.join(sorted(incoming))} rows for device "
+                        f"'{device}'; one device's rows come from one backend: import under another --device name; "
+                        "nothing written")
 
 
 def import_source(source_dir: str | Path, device: str, tool: str) -> Path:
@@ -198,6 +212,9 @@ def import_perf4sight(source_dir: str | Path, device: str, profiling_dir: str | 
     summary = ImportSummary(device=device, results_path=str(results_path(profiling_dir, device)),
                             models_path=str(out_models))
     graphs = _find_graphs(source, variants)  # before anything is written
+    out = results_path(profiling_dir, device)
+    existing = read_rows(out)
+    check_backends(out, device, existing, {"imported"})
     info: dict[str, tuple[str, str]] = {}  # variant -> (input shape, description sha)
     for variant, (net, level, dataset, _board) in sorted(variants.items()):
         shape = _DATASET_SHAPES.get(dataset)
@@ -211,12 +228,12 @@ def import_perf4sight(source_dir: str | Path, device: str, profiling_dir: str | 
             sha = file_sha(desc.to_json().encode())  # of the file just written
         else:
             sha = ""
+            summary.without_graph.append(variant)
         if shape is None:
             raise UserError(f"{source}: unknown dataset folder '{dataset}' and no graph for {variant}")
         info[variant] = ("x".join(str(s) for s in shape), sha)
 
-    out = results_path(profiling_dir, device)
-    done = measured_keys(read_rows(out), with_sha=False)
+    done = measured_keys(existing, with_sha=False)
     stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     for (variant, bs), files in sorted(pairs.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         net, level, _, board = variants[variant]

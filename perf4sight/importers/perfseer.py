@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from perf4sight.errors import UserError
-from perf4sight.importers.perf4sight_csv import ImportSummary, import_source
+from perf4sight.importers.perf4sight_csv import ImportSummary, check_backends, import_source
 from perf4sight.ir.schema import OPS, NetworkDescription, save_description
 from perf4sight.profiling.results import COLUMNS, file_sha, measured_keys, read_rows, results_path
 
@@ -526,9 +526,11 @@ def import_perfseer(source_dir: str | Path, device: str, profiling_dir: str | Pa
     out_models = Path(models_dir) / "imported" / device
     out = results_path(profiling_dir, device)
     summary = ImportSummary(device=device, results_path=str(out), models_path=str(out_models))
-    done = measured_keys(read_rows(out), with_sha=False)
+    existing = read_rows(out)
     stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    saved: dict[str, tuple[str, str]] = {}  # network -> (identity text, sha of the file written)
+    # read and check every graph and label first: a bad file or a second backend writes nothing
+    descs: dict[str, tuple[NetworkDescription, str, str]] = {}  # network -> (description, identity, text saved)
+    rows: list[dict[str, Any]] = []
     for pkl in pkls:
         label_path = pkl.with_suffix(".txt")
         if not label_path.is_file():
@@ -538,21 +540,24 @@ def import_perfseer(source_dir: str | Path, device: str, profiling_dir: str | Pa
         desc, batch = graph_to_description(graph, pkl.stem, str(pkl))
         desc.name = _variant_name(graph, pkl.stem, batch)
         identity, text = _description_identity(desc, is_own_export(graph))
-        if desc.name in saved and saved[desc.name][0] != identity:
+        if desc.name in descs and descs[desc.name][1] != identity:
             raise UserError(f"{pkl}: network '{desc.name}' differs from another graph of the same name")
-        if desc.name not in saved:
-            save_description(desc, out_models / f"{desc.name}.json")
-            saved[desc.name] = (identity, file_sha(text.encode()))
-            summary.descriptions += 1
+        descs.setdefault(desc.name, (desc, identity, text))
         for phase in phases:
             if phase not in label:
                 continue
-            row: dict[str, Any] = {
+            rows.append({
                 **_label_row(graph, phase, label[phase], str(pkl)),
                 "device": device, "network": desc.name, "family": desc.network,
                 "pruning_level": desc.pruning_level, "batch_size": batch,
                 "input_shape": "x".join(str(s) for s in desc.input_shape), "phase": phase, "status": "ok",
-                "timestamp": stamp, "description_sha": saved[desc.name][1]}
-            summary.ok += summary.write_new(out, row, done)
-    summary.networks = sorted(saved)
+                "timestamp": stamp, "description_sha": file_sha(text.encode())})
+    check_backends(out, device, existing, {str(r.get("backend") or "") for r in rows} - {""})
+    for desc, _, _ in descs.values():
+        save_description(desc, out_models / f"{desc.name}.json")
+    summary.descriptions = len(descs)
+    done = measured_keys(existing, with_sha=False)
+    for row in rows:
+        summary.ok += summary.write_new(out, row, done)
+    summary.networks = sorted(descs)
     return summary
