@@ -297,6 +297,8 @@ def _check_networks(cfg: Config, f: Path | None) -> None:
                         f"{', '.join(PRUNING_STRATEGIES)}")
     _check_zoo(cfg, f)
     _check_named_networks(cfg, f)
+    if not cfg.predict.batch_sizes:
+        raise UserError(f"{f}: [predict] batch_sizes is empty: give at least one (e.g. [8]), or leave the key out")
     if any(b < 1 for b in cfg.predict.batch_sizes):
         raise UserError(f"{f}: [predict] batch_sizes must be positive integers, got {cfg.predict.batch_sizes}")
     for lvl in cfg.networks.pruning.levels:

@@ -108,6 +108,10 @@ def _configured(cfg: Config, names: list[str]) -> list[str]:
     if not names:
         raise UserError(f"{cfg.path}: no devices configured: add a [devices.<name>] table (e.g. backend = \"cpu\")")
     for name in names:
+        if name not in cfg.devices and results_path(cfg.profiling_dir, name).is_file():
+            raise UserError(f"{cfg.path}: '{name}' has measurements in {results_path(cfg.profiling_dir, name)} "
+                            f"(imported?) but no [devices.{name}] table: only a configured device can be checked or "
+                            f"profiled (devices: {', '.join(cfg.devices) or 'none'})")
         cfg.device(name)
     return names
 
@@ -115,8 +119,8 @@ def _configured(cfg: Config, names: list[str]) -> list[str]:
 def run_profile(cfg: Config, args: argparse.Namespace) -> int:
     from perf4sight.profiling.fleet import format_summaries, profile_devices
 
-    descriptions = dataset_descriptions(cfg)
     names = _configured(cfg, args.device or cfg.profile.devices or list(cfg.devices))
+    descriptions = dataset_descriptions(cfg)
     for name in names:
         note = incomplete_note(results_path(cfg.profiling_dir, name))
         if note:
@@ -234,8 +238,7 @@ def _predict_max_batch(cfg: Config, args: argparse.Namespace, fp: object, device
         raise UserError(f"--max-batch-size: the search limit must be a positive integer, got {args.max_batch_size}")
     limit = args.max_batch_size
     if fp.capacity_mb is None:
-        raise UserError(f"{device}: the memory capacity is unknown (no out-of-memory rows, and no memory_limit_mb in "
-                        f"[devices.{device}]): there is no largest batch size to find")
+        raise UserError(f"{device}: {UNKNOWN_CAPACITY}: there is no largest batch size to find")
     descs = resolve_networks(cfg, names, fp.input_shape or cfg.networks.input_shape)
     _shape_note(fp, descs)
     found = []
@@ -245,9 +248,8 @@ def _predict_max_batch(cfg: Config, args: argparse.Namespace, fp: object, device
         found.append({"network": d.name, "max_batch_size": b or None, "search_limit": limit,
                       "capacity_mb": round(fp.capacity_mb, 3), "latency_ms": round(at["latency_ms"], 3) if at else None,
                       "memory_mb": round(at["memory_mb"], 3) if at else None})
-    fitting = sorted({f["max_batch_size"] for f in found if f["max_batch_size"]})
-    if fitting:  # the batch sizes found may lie beyond the trained ones
-        _domain_note(fp, descs, fitting)
+    # the batch sizes found may lie beyond the trained ones; where none fits, batch 1 was the last query
+    _domain_note(fp, descs, sorted({f["max_batch_size"] for f in found if f["max_batch_size"]}) or [1])
     if args.json:
         for f in found:
             print(json.dumps(f))
@@ -319,8 +321,14 @@ def _print_predictions(preds: list[dict], title: str) -> None:
         table.add_row(p["network"], str(p["batch_size"]),
                       f"{p['latency_ms']:.1f} [{p['latency_ms_low']:.1f}, {p['latency_ms_high']:.1f}]",
                       f"{p['memory_mb']:.0f} [{p['memory_mb_low']:.0f}, {p['memory_mb_high']:.0f}]",
-                      "yes" if p["fits"] else "no")
+                      "?" if p["fits"] is None else "yes" if p["fits"] else "no")
     console.print(table)
+
+
+#: Why a fingerprint has no memory capacity, and how to give it one.
+UNKNOWN_CAPACITY = ("its memory capacity is unknown: its measurements have no out-of-memory row (a cpu device's "
+                    "memory_limit_mb would also set it); profile batch sizes up to the first out-of-memory, or set "
+                    "the limit, and run --stage fingerprint again")
 
 
 def _capacity_note(fp: object, preds: list[dict]) -> None:
@@ -328,8 +336,7 @@ def _capacity_note(fp: object, preds: list[dict]) -> None:
     under the capacity (the capacity is compared with the analytic demand, not with the shown figure)."""
     cap = getattr(fp, "capacity_mb", None)
     if cap is None and preds:
-        notes.print("note: this device's memory capacity is unknown (no out-of-memory rows and no memory_limit_mb): "
-                    "'fits' is yes for every query", markup=False)
+        notes.print(f"note: {UNKNOWN_CAPACITY}: 'fits' is unknown ('?', null in --json)", markup=False)
     elif (getattr(fp, "capacity_basis", "") == "analytic"
           and any(not p["fits"] and p["memory_mb"] <= cap for p in preds)):
         notes.print(f"note: 'fits' compares the capacity learnt from this device's out-of-memory rows ({cap:.0f} MiB) "
@@ -356,7 +363,10 @@ def run_compare(cfg: Config, args: argparse.Namespace) -> int:
 def run_import(cfg: Config, args: argparse.Namespace) -> int:
     from perf4sight.importers import IMPORTERS
 
-    if args.format not in IMPORTERS or not args.source or not args.device or len(args.device) != 1:
+    if args.device and len(args.device) > 1:
+        raise UserError(f"import takes one --device (the name the imported measurements get), got {len(args.device)}: "
+                        f"{' '.join(args.device)}")
+    if args.format not in IMPORTERS or not args.source or not args.device:
         raise UserError(f"import needs --format {{{','.join(IMPORTERS)}}} --source DIR --device NAME")
     device = args.device[0]
     if device in cfg.devices:

@@ -496,6 +496,16 @@ def test_outside_notes_name_the_networks_and_what_training_never_covered():
     assert "depthwise convolutions in none of the networks" in domain_line(domain)
     assert "a linear layer in all" in domain_line(domain) and domain_line({}) == ""
 
+    # given the training networks' descriptions, a kind of layer none of them had is named too
+    domain = training_domain(feature_matrix([nf for nf in train for _ in (2, 4)], [2, 4, 2, 4]),
+                             [nf.description for nf in train])
+    assert "relu" in domain["ops"] and "input" not in domain["ops"] and "reshape" not in domain["ops"]
+    swish = _conv_net("swish", False, True, 12)
+    swish.nodes[2].op = "silu"
+    notes = outside_notes(domain, feature_matrix([network_features(swish), inside], [3, 3]), ["swish", "plain12"],
+                          [swish, inside.description])
+    assert notes == ["swish: with silu layers, which no training network had (no learnt cost of their own)"]
+
 
 def test_fingerprint_stores_its_domain_and_notes_an_unseen_family(tx2, tmp_path):
     """Trained without mobilenetv2, the fingerprint says mobilenetv2's depthwise convolutions were never seen."""
@@ -504,7 +514,8 @@ def test_fingerprint_stores_its_domain_and_notes_an_unseen_family(tx2, tmp_path)
     assert meta["training_domain"]["traits"]["depthwise"] == [False]
     fp = load_fingerprint(tmp_path / "fp")
     notes = fp.outside_training([descs["mobilenetv2_0"], descs["resnet18_0"]], [2, 64])
-    assert notes == ["mobilenetv2_0: with depthwise convolutions, which no training network had"]
+    assert notes == ["mobilenetv2_0: with depthwise convolutions, which no training network had",
+                     "mobilenetv2_0: with relu6 layers, which no training network had (no learnt cost of their own)"]
     assert fp.outside_training(descs["resnet50_0"], [16, 256]) == []
 
 
@@ -580,3 +591,18 @@ def test_too_few_ok_rows_is_one_line_in_the_singular_too(tmp_path):
     rows = read_rows(results_path(tmp_path / "profiling_csvs", "local"))[:1]
     with pytest.raises(UserError, match=r"only 1 ok row with 'latency_ms_median' for device 'local' \(need >= 3\)$"):
         fit_fingerprint(rows, descs, "local", tmp_path / "fp", FAST)
+
+
+def test_one_network_is_refused_as_it_leaves_nothing_to_hold_out(tmp_path):
+    """One network fitted, with exit 0, 'all 0 nan' in its accuracy table and a x1.00 .. x1.00 interval."""
+    from perf4sight.dataset import descriptions_and_shas
+    from perf4sight.config import load_config
+
+    _measured_tiny_networks(tmp_path, {"a": 8}, listed=["a"])
+    (tmp_path / "config.toml").write_text('[networks]\nzoo = []\n[devices.local]\nbackend = "cpu"\n')
+    descs, _ = descriptions_and_shas(load_config(tmp_path / "config.toml"), "local")
+    rows = read_rows(results_path(tmp_path / "profiling_csvs", "local"))
+    with pytest.raises(UserError, match=r"device 'local' has ok rows with 'latency_ms_median' of one network only "
+                                        r"\(a\); a fingerprint needs 2 or more"):
+        fit_fingerprint(rows, descs, "local", tmp_path / "fp", FAST)
+    assert not (tmp_path / "fp").exists()

@@ -154,6 +154,11 @@ def test_bad_sources(tmp_path):
     _write(garbled, "passed|mem_used|bs", ["True|100|8", "True|lots|16", "False|None|32"])
     with pytest.raises(UserError, match=r"net_0-gt.csv: line 3: mem_used 'lots' is not a number"):
         import_perf4sight(tmp_path / "garbled", "d", tmp_path / "p", tmp_path / "m")
+    for line, fields in (("True|100", 2), ("True|100|8|9", 4)):  # a cell short, a cell over
+        short = tmp_path / f"short{fields}" / "b" / "imagenet" / "memory" / "net_0-gt.csv"
+        _write(short, "passed|mem_used|bs", ["True|100|8", line])
+        with pytest.raises(UserError, match=rf"net_0-gt.csv: line 3: {fields} fields where the header has 3$"):
+            import_perf4sight(short.parents[3], "d", tmp_path / "p", tmp_path / "m")
 
 
 @pytest.mark.parametrize("name", ["..", ".", "a/b", "tx2 ", "", ".hidden"])
@@ -225,6 +230,15 @@ def test_a_network_without_its_graph_is_named(tmp_path, tx2_data):
     cfg = load_config(tmp_path / "config.toml")
     descriptions, _, rows, _ = device_dataset(cfg, "tx3")
     assert "their graphs were not among those imported" in undescribed_note(cfg, "tx3", rows, descriptions)
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(tmp_path / "config.toml"),
+                               *args], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    two = cli("--stage", "import", "--format", "perf4sight", "--source", str(src), "--device", "t3", "t4")
+    assert two.returncode == 2 and "import takes one --device" in two.stderr, two.stderr
+    imported = cli("--stage", "profile", "--device", "tx3")  # an imported device has no [devices] table
+    assert imported.returncode == 2 and "'tx3' has measurements in" in imported.stderr and \
+        "no [devices.tx3] table: only a configured device can be checked or profiled" in imported.stderr
 
 
 def test_source_that_is_a_file_says_so(tmp_path):

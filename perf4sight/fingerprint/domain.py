@@ -15,7 +15,7 @@ import numpy as np
 
 from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, feature_matrix
 
-__all__ = ["training_domain", "outside_notes", "query_notes", "domain_line"]
+__all__ = ["training_domain", "op_kinds", "outside_notes", "query_notes", "domain_line"]
 
 #: Ranges stored and checked: key -> (what it is, display scale, display unit).
 _RANGES: dict[str, tuple[str, float, str]] = {
@@ -40,12 +40,25 @@ def _column(F: np.ndarray, name: str) -> np.ndarray:
     return F[:, FEATURE_NAMES.index(name)]
 
 
-def training_domain(F: np.ndarray) -> dict[str, Any]:
-    """The domain of training feature rows ``F``: ``ranges`` (key -> [min, max]) and ``traits`` (key ->
-    the values seen: [false], [true] or [false, true]). JSON-able."""
+#: Ops that cost nothing of their own (the input, views): no note when a query has one the training lacked.
+_FREE_OPS = {"input", "identity", "flatten", "reshape", "squeeze", "unsqueeze", "select", "narrow", "dropout"}
+
+
+def op_kinds(descriptions: Sequence[Any]) -> list[str]:
+    """The ops (``Node.op``) of ``descriptions`` (``NetworkDescription``), sorted, without :data:`_FREE_OPS`."""
+    return sorted({n.op for d in descriptions for n in d.nodes} - _FREE_OPS)
+
+
+def training_domain(F: np.ndarray, descriptions: Sequence[Any] = ()) -> dict[str, Any]:
+    """The domain of training feature rows ``F``: ``ranges`` (key -> [min, max]), ``traits`` (key ->
+    the values seen: [false], [true] or [false, true]) and, given the training networks' ``descriptions``,
+    ``ops`` (:func:`op_kinds`: a query with another kind of layer has no learnt cost for it). JSON-able."""
     ranges = {k: [float(_column(F, k).min()), float(_column(F, k).max())] for k in _RANGES}
     traits = {k: sorted({bool(v) for v in F[:, FEATURE_NAMES.index(col)] > 0}) for k, (col, _) in _TRAITS.items()}
-    return {"ranges": ranges, "traits": traits}
+    domain: dict[str, Any] = {"ranges": ranges, "traits": traits}
+    if descriptions:
+        domain["ops"] = op_kinds(descriptions)
+    return domain
 
 
 def _first(items: Sequence[str], limit: int = 4) -> str:
@@ -59,9 +72,11 @@ def _span(key: str, lo: float, hi: float) -> str:
     return f"{lo / scale:.3g}..{hi / scale:.3g}{unit}"
 
 
-def outside_notes(domain: dict[str, Any] | None, F: np.ndarray, names: Sequence[str]) -> list[str]:
+def outside_notes(domain: dict[str, Any] | None, F: np.ndarray, names: Sequence[str],
+                  descriptions: Sequence[Any] = ()) -> list[str]:
     """One line per way the query rows ``F`` (network ``names[i]`` on row ``i``) leave ``domain``
-    (:func:`training_domain` of the training rows); none when ``domain`` is empty (older fingerprints)."""
+    (:func:`training_domain` of the training rows); none when ``domain`` is empty (older fingerprints).
+    ``descriptions``: the query networks, for the kinds of layer (``ops``) the training networks lacked."""
     if not domain or not len(F):
         return []
     names = np.asarray(names)
@@ -76,6 +91,14 @@ def outside_notes(domain: dict[str, Any] | None, F: np.ndarray, names: Sequence[
             how = (f"without {trait}, which every training network had" if seen[0]
                    else f"with {trait}, which no training network had")
             notes.append(f"{_first(sorted(set(names[odd])))}: {how}")
+    if "ops" in domain:
+        by_new: dict[tuple[str, ...], list[str]] = {}  # the kinds a query lacks in training -> its networks
+        for d in descriptions:
+            new = tuple(op for op in op_kinds([d]) if op not in set(domain["ops"]))
+            if new and d.name not in by_new.setdefault(new, []):
+                by_new[new].append(d.name)
+        notes += [f"{_first(sorted(nets))}: with {', '.join(new)} layers, which no training network had (no learnt "
+                  "cost of their own)" for new, nets in by_new.items()]
     for key, (lo, hi) in domain.get("ranges", {}).items():
         if key not in _RANGES:
             continue
@@ -112,4 +135,5 @@ def query_notes(domain: dict[str, Any] | None, nets: Sequence[NetworkFeatures],
                 batch_sizes: Sequence[int]) -> list[str]:
     """:func:`outside_notes` for every network of ``nets`` at every batch size of ``batch_sizes``."""
     F = feature_matrix([nf for nf in nets for _ in batch_sizes], [b for _ in nets for b in batch_sizes])
-    return outside_notes(domain, F, [nf.name for nf in nets for _ in batch_sizes])
+    return outside_notes(domain, F, [nf.name for nf in nets for _ in batch_sizes],
+                         [nf.description for nf in nets if nf.description is not None])

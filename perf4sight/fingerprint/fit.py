@@ -195,6 +195,10 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         F, y = matrix(rs), np.array([number(r[col]) for r in rs])
         fams = np.array([str(r.get("family") or r["network"]) for r in rs])
         nets = np.array([str(r["network"]) for r in rs])
+        if len(set(nets.tolist())) < 2:  # nothing to hold out: no accuracy, and a zero-width interval
+            raise UserError(f"fingerprint: device '{device}' has ok rows with '{col}' of one network only "
+                            f"({nets[0]}); a fingerprint needs 2 or more, as its accuracy and intervals are "
+                            "measured on networks held out of the fit: profile more networks")
         groups, grouping = choose_groups(fams, nets)
         prefer = PREFERRED.get((target, device_kind(mem_col)))
         cand, cv, scores = select_candidate(target, F, y, groups, grouping, model, n_est, leaf, seed, prefer=prefer)
@@ -244,7 +248,8 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         "networks": sorted(feats),
         "input_shape": common_input_shape(descriptions, feats),
         # what the training rows covered: predict notes queries outside it (domain.py)
-        "training_domain": training_domain(F_ok),
+        "training_domain": training_domain(F_ok, [feats[n].description for n in sorted({str(r["network"])
+                                                                                        for r in ok_rows})]),
         "networks_without_description": missing,
         "training_data_sha256": _data_hash(usable, ("network", "batch_size", "status", LATENCY_COLUMN, mem_col)),
         "accuracy": accuracy,

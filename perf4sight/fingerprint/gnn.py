@@ -114,7 +114,8 @@ def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
         "training": summary | {"seconds": round(t_fit, 2), "cv_seconds": round(t_cv, 2)},
         "networks": sorted(s.templates), "training_rows": len(s.nets), "oom_rows": len(s.oom),
         "input_shape": common_input_shape(descriptions, s.templates),
-        "training_domain": training_domain(s.F),  # what predict notes a query leaves (domain.py)
+        # what predict notes a query leaves (domain.py)
+        "training_domain": training_domain(s.F, [descriptions[n] for n in s.templates]),
         "accuracy": ev["accuracy"],
         "interval": {"coverage": coverage, "log_ratio_quantiles": ev["intervals"],
                      "method": "group-conformal on out-of-fold log(measured/predicted)" if evaluate

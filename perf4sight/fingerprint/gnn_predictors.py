@@ -25,9 +25,10 @@ __all__ = ["GNNPredictor", "EnsemblePredictor"]
 
 def _rows(names: list[str], bss: list[int], pred: np.ndarray, bands: dict[str, list[float]],
           capacity: float | None) -> list[dict[str, Any]]:
-    """Prediction dicts from ``pred`` ([n, 2] latency ms, memory MiB, network-major); fits = memory <= capacity."""
+    """Prediction dicts from ``pred`` ([n, 2] latency ms, memory MiB, network-major); fits = memory <= capacity
+    (None where the capacity is unknown)."""
     return prediction_rows(names, bss, pred[:, 0], pred[:, 1], bands,
-                           [capacity is None or m <= capacity for m in pred[:, 1]])
+                           [None if capacity is None else m <= capacity for m in pred[:, 1]])
 
 
 class GNNPredictor(ModuleQueries):

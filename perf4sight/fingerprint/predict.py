@@ -8,7 +8,7 @@ first traced on the meta device (about 0.5-2 s at 224x224, cached per descriptio
 compares the predicted memory with the device capacity stored in the fingerprint (a configured
 limit, compared with the prediction; or learnt from ``oom`` rows, compared with the memory model's
 analytic part, the demand, as a configured limit is too where the memory form saturates:
-``capacity_basis``); when the capacity is unknown every configuration fits.
+``capacity_basis``); when the capacity is unknown ``fits`` is None (null in JSON): not known.
 """
 from __future__ import annotations
 
@@ -126,9 +126,10 @@ def largest_fitting(over: Callable[[int], bool], limit: int) -> int:
 
 
 def prediction_rows(names: Sequence[str], bss: Sequence[int], lat: np.ndarray, mem: np.ndarray,
-                    bands: dict[str, Sequence[float]], fits: Sequence[bool]) -> list[dict[str, Any]]:
+                    bands: dict[str, Sequence[float]], fits: Sequence[bool | None]) -> list[dict[str, Any]]:
     """One :data:`PREDICTION_KEYS` dict per (network, batch size), network-major: ``lat`` (ms) and
-    ``mem`` (MiB) with their bands (``[low, high]`` of log(measured / predicted) per target)."""
+    ``mem`` (MiB) with their bands (``[low, high]`` of log(measured / predicted) per target); ``fits`` is
+    None where the device's capacity is unknown."""
     (llo, lhi), (mlo, mhi) = bands.get("latency", (0.0, 0.0)), bands.get("memory", (0.0, 0.0))
     out: list[dict[str, Any]] = []
     for i, (name, b) in enumerate((n, b) for n in names for b in bss):
@@ -136,7 +137,8 @@ def prediction_rows(names: Sequence[str], bss: Sequence[int], lat: np.ndarray, m
                     "latency_ms": float(lat[i]), "latency_ms_low": float(lat[i] * np.exp(llo)),
                     "latency_ms_high": float(lat[i] * np.exp(lhi)),
                     "memory_mb": float(mem[i]), "memory_mb_low": float(mem[i] * np.exp(mlo)),
-                    "memory_mb_high": float(mem[i] * np.exp(mhi)), "fits": bool(fits[i])})
+                    "memory_mb_high": float(mem[i] * np.exp(mhi)),
+                    "fits": None if fits[i] is None else bool(fits[i])})
     return out
 
 
@@ -227,7 +229,7 @@ class Fingerprint(ModuleQueries):
         lat = self.models["latency"].predict(F)
         mem = self.models["memory"].predict(F)
         demand = self._demand(F, mem)
-        fits = [self.capacity_mb is None or d <= self.capacity_mb for d in demand]
+        fits = [None if self.capacity_mb is None else d <= self.capacity_mb for d in demand]
         return prediction_rows([nf.name for nf in nfs], bss, lat, mem, self._bands, fits)
 
     def outside_training(self, descs: NetworkDescription | str | Path | Sequence[NetworkDescription | str | Path],

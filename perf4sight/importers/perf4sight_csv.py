@@ -104,13 +104,17 @@ def read_gt_csv(path: Path, kind: str | None = None) -> list[dict[str, str]]:
     latency) its figure (:data:`TARGET`) must be a column, and a number on every passed row."""
     try:
         with path.open(newline="") as fh:
-            rows = list(csv.DictReader(fh, delimiter="|"))
+            reader = csv.DictReader(fh, delimiter="|")
+            rows, header = list(reader), reader.fieldnames or []
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise UserError(f"{path}: cannot read perf4sight CSV ({exc})") from None
     need = {"passed", "bs"} | ({TARGET[kind]} if kind else set())
     if rows and not need <= set(rows[0]):
         raise UserError(f"{path}: not a perf4sight -gt.csv file (columns {sorted(rows[0])}, need {sorted(need)})")
     for i, r in enumerate(rows, start=2):
+        if None in r or None in r.values():  # csv: a short line's missing cells are None, a long one's extras r[None]
+            fields = sum(v is not None for k, v in r.items() if k is not None) + len(r.get(None) or [])
+            raise UserError(f"{path}: line {i}: {fields} fields where the header has {len(header)}")
         if kind and _passed(r) and number(r.get(TARGET[kind]), finite=False) is None:  # inf: imported as it is
             raise UserError(f"{path}: line {i}: {TARGET[kind]} {r.get(TARGET[kind])!r} is not a number")
     return rows

@@ -230,13 +230,13 @@ def _data_json(devs: list[DeviceData], curves: dict[str, dict[str, list[Curve]]]
 
 def _print_summary(console: Console, devs: list[DeviceData], names: list[str], folder: Path) -> None:
     t = RichTable(title="devices compared (held-out accuracy)")
-    for col in ("device", "nets", "ok/oom", "lat MAPE%", "mem MAPE%", "cap MiB"):
+    for col in ("device", "input", "nets", "ok/oom", "lat MAPE%", "mem MAPE%", "cap MiB"):
         t.add_column(col, no_wrap=True)
     for n in names:
         t.add_column(f"max bs\n{n}", justify="right")
     for d in devs:
         acc = d.metadata.get("accuracy", {})
-        t.add_row(d.name, str(len({r["network"] for r in d.rows})),
+        t.add_row(d.name, _shape(d.metadata.get("input_shape")), str(len({r["network"] for r in d.rows})),
                   f"{sum(f.ok for f in d.families)}/{sum(f.oom for f in d.families)}",
                   _fmt(acc.get("latency", {}).get("overall", {}).get("mape")),
                   _fmt(acc.get("memory", {}).get("overall", {}).get("mape")),
