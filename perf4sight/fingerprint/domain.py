@@ -40,13 +40,15 @@ def _column(F: np.ndarray, name: str) -> np.ndarray:
     return F[:, FEATURE_NAMES.index(name)]
 
 
-#: Ops that cost nothing of their own (the input, views): no note when a query has one the training lacked.
-_FREE_OPS = {"input", "identity", "flatten", "reshape", "squeeze", "unsqueeze", "select", "narrow", "dropout"}
+#: Ops with no note of their own when a query has one the training lacked: those that cost nothing (the input,
+#: views; dropout, next to nothing) and those a trait of :data:`_TRAITS` already notes (cat, add, linear).
+_UNNOTED_OPS = {"input", "identity", "flatten", "reshape", "squeeze", "unsqueeze", "select", "narrow", "dropout",
+                "cat", "add", "linear"}
 
 
 def op_kinds(descriptions: Sequence[Any]) -> list[str]:
-    """The ops (``Node.op``) of ``descriptions`` (``NetworkDescription``), sorted, without :data:`_FREE_OPS`."""
-    return sorted({n.op for d in descriptions for n in d.nodes} - _FREE_OPS)
+    """The ops (``Node.op``) of ``descriptions`` (``NetworkDescription``), sorted, without :data:`_UNNOTED_OPS`."""
+    return sorted({n.op for d in descriptions for n in d.nodes} - _UNNOTED_OPS)
 
 
 def training_domain(F: np.ndarray, descriptions: Sequence[Any] = ()) -> dict[str, Any]:
