@@ -47,6 +47,7 @@ from perf4sight.fingerprint import fit_fingerprint, load_fingerprint  # noqa: E4
 from perf4sight.fingerprint.evaluate import metrics  # noqa: E402
 from perf4sight.fingerprint.fit import LATENCY_COLUMN, memory_column  # noqa: E402
 from perf4sight.importers import import_perf4sight  # noqa: E402
+from perf4sight.importers.perf4sight_csv import THRASH_RATIO  # noqa: E402
 from perf4sight.ir.schema import load_description  # noqa: E402
 from perf4sight.profiling.results import batch_size_of, read_rows, results_path  # noqa: E402
 
@@ -69,9 +70,10 @@ def _num(v: Any) -> float | None:
     return x if np.isfinite(x) and x > 0 else None
 
 
-def load_tx2(data: Path, tmp: Path) -> tuple[str, list[dict], dict]:
-    """Import the TX2 folder into ``tmp``; (device, rows, descriptions)."""
-    import_perf4sight(data, "tx2", tmp / "prof", tmp / "models")
+def load_tx2(data: Path, tmp: Path, keep_thrashing: bool = False) -> tuple[str, list[dict], dict]:
+    """Import the TX2 folder into ``tmp``; (device, rows, descriptions). ``keep_thrashing``: a step that thrashed
+    stays ``ok`` (the import records it as ``oom``: ``THRASH_RATIO``)."""
+    import_perf4sight(data, "tx2", tmp / "prof", tmp / "models", thrash_ratio=0 if keep_thrashing else THRASH_RATIO)
     rows = read_rows(results_path(tmp / "prof", "tx2"))
     descs = {p.stem: load_description(p) for p in (tmp / "models" / "imported" / "tx2").glob("*.json")}
     return "tx2", rows, descs
@@ -395,22 +397,24 @@ def measured_reserved(rows: list[dict]):
 
 def run(data: Path = TX2, csv: Path | None = LOCAL_CSV if LOCAL_CSV.is_file() else None,
         models: Path | None = None, trees: int = 200, simulate_memory: bool = True,
-        with_measured_reserved: bool = False, seeds: tuple[int, ...] = SEEDS) -> list[dict]:
+        with_measured_reserved: bool = False, seeds: tuple[int, ...] = SEEDS,
+        keep_thrashing: bool = False) -> list[dict]:
     """Evaluate on the TX2 data (skipped when absent) and on a CPU profiling CSV (the project's own by
     default, when present); print the tables, return the figures. ``with_measured_reserved``: on the TX2
-    data, the evaluation with :func:`measured_reserved` instead."""
+    data, the evaluation with :func:`measured_reserved` instead; ``keep_thrashing``: see :func:`load_tx2`."""
     out: list[dict] = []
-    for res in _evaluations(data, csv, models, trees, simulate_memory, with_measured_reserved, seeds):
+    for res in _evaluations(data, csv, models, trees, simulate_memory, with_measured_reserved, seeds,
+                            keep_thrashing):
         print("\n".join(table(res)), flush=True)
         out += figures(res)
     return out
 
 
 def _evaluations(data: Path, csv: Path | None, models: Path | None, trees: int, simulate_memory: bool,
-                 with_measured_reserved: bool = False, seeds: tuple[int, ...] = SEEDS):
+                 with_measured_reserved: bool = False, seeds: tuple[int, ...] = SEEDS, keep_thrashing: bool = False):
     if (data / "graphs").is_dir():
         with tempfile.TemporaryDirectory() as tmp:
-            device, rows, descs = load_tx2(data, Path(tmp))
+            device, rows, descs = load_tx2(data, Path(tmp), keep_thrashing)
             if with_measured_reserved:
                 with measured_reserved(rows):
                     yield evaluate(device, rows, descs, trees=trees, simulate_memory=True, seeds=seeds,
@@ -444,10 +448,12 @@ def main() -> None:
     ap.add_argument("--measured-reserved", action="store_true",
                     help="TX2 only: the device's measured reserved peak in place of the replay's (what a perfect "
                          "reserved-memory model would leave; not a predictor)")
+    ap.add_argument("--keep-thrashing", action="store_true",
+                    help="TX2: keep a step that thrashed as ok (the import records it as oom: THRASH_RATIO)")
     args = ap.parse_args()
     run(Path("/nonexistent") if args.no_tx2 else args.data, None if args.measured_reserved else args.csv, args.models,
         args.trees, simulate_memory=not args.no_simulate_memory, with_measured_reserved=args.measured_reserved,
-        seeds=tuple(args.seeds))
+        seeds=tuple(args.seeds), keep_thrashing=args.keep_thrashing)
 
 
 if __name__ == "__main__":

@@ -394,6 +394,9 @@ def _import_counts(summary: ImportSummary) -> str:
         done.append(f"{plural(summary.rows_skipped_existing, 'row')} already imported, skipped")
     if summary.duplicates_merged:
         done.append(f"{plural(summary.duplicates_merged, 'row')} merged from repeated runs")
+    if summary.thrashing:
+        done.append(f"{plural(len(summary.thrashing), 'thrashing step')} recorded as oom "
+                    f"({', '.join(summary.thrashing[:3])}{', ...' if len(summary.thrashing) > 3 else ''})")
     return ", ".join(done) + f"; {plural(summary.descriptions, 'description')} in {summary.models_path}"
 
 

@@ -42,6 +42,11 @@ def test_import_tx2_rows(imported):
     assert {r["protocol"] for r in rows} == {"perf4sight_mean3"}
     assert {r["family"] for r in rows} == {"resnet18", "resnet50", "mobilenetv2", "squeezenet"}
     assert summary.descriptions == 58
+    # the one step that thrashed (18.4 s at batch 110 against 2.8 s at 100): oom, its figures kept
+    assert summary.thrashing == ["mobilenetv2_35 at batch 110"]
+    r = _row(rows, "mobilenetv2_35", 110)
+    assert r["status"] == "oom" and r["message"].startswith("thrashing: 6.0x the step time per sample of batch 100")
+    assert float(r["latency_ms_median"]) > 18000 and _row(rows, "mobilenetv2_35", 100)["status"] == "ok"
     # passed=False in both files -> oom with empty figures
     r = _row(rows, "resnet18_50", 230)
     assert r["status"] == "oom" and r["device_mem_used_mb"] == "" and r["latency_ms_median"] == ""
@@ -68,8 +73,8 @@ def test_import_one_sided_rows_and_oom_counts(imported):
     only_latency = [r for r in ok if r["latency_ms_median"] and not r["device_mem_used_mb"]]
     only_memory = [r for r in ok if r["device_mem_used_mb"] and not r["latency_ms_median"]]
     assert only_latency and only_memory  # batch-size sets differ between the two files
-    # 868 passed memory rows, 15 repeated passed pairs merged (resnet18 levels 65-90, bs 220-240)
-    assert sum(1 for r in ok if r["device_mem_used_mb"]) == 868 - 15
+    # 868 passed memory rows, 15 repeated passed pairs merged (resnet18 levels 65-90, bs 220-240), 1 thrashing
+    assert sum(1 for r in ok if r["device_mem_used_mb"]) == 868 - 15 - 1
     assert summary.oom >= 500
 
 
@@ -208,6 +213,25 @@ def test_source_one_level_too_deep_is_refused_before_anything_is_written(tmp_pat
     assert again.returncode == 0 and "0 new rows in" in again.stdout, again.stderr
     assert f"(0 ok, 0 oom, {len(rows)} rows already imported, skipped; 1 description in " in again.stdout
     assert "_" not in again.stdout.split("(", 1)[1].split(";")[0]  # no snake_case count names
+
+
+def test_thrashing_is_judged_against_the_last_sound_batch_size_of_the_same_network():
+    from perf4sight.importers.perf4sight_csv import mark_thrashing
+
+    def rows():
+        return [{"network": "a", "batch_size": b, "status": "ok", "latency_ms_median": ms, "message": ""}
+                for b, ms in ((2, 100.0), (4, 180.0), (8, 900.0), (16, 800.0), (32, 4000.0))] + [
+            {"network": "a", "batch_size": 64, "status": "oom", "latency_ms_median": "", "message": "x"},
+            {"network": "b", "batch_size": 2, "status": "ok", "latency_ms_median": 10.0, "message": ""},
+            {"network": "b", "batch_size": 4, "status": "ok", "latency_ms_median": 39.0, "message": ""}]
+    marked = rows()
+    # a@8: 112.5 ms per sample against 45 at batch 4 (2.5x); a@16: 50 against 45, sound; a@32: 125 against 50
+    assert mark_thrashing(marked) == ["a at batch 8", "a at batch 32"]
+    assert [r["status"] for r in marked] == ["ok", "ok", "oom", "ok", "oom", "oom", "ok", "ok"]
+    assert marked[2]["message"].startswith("thrashing: 2.5x the step time per sample of batch 4")
+    assert marked[2]["latency_ms_median"] == 900.0  # the figures stay
+    untouched = rows()
+    assert mark_thrashing(untouched, 0) == [] and untouched == rows()
 
 
 def test_a_network_without_its_graph_is_named(tmp_path, tx2_data):

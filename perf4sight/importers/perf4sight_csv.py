@@ -29,11 +29,18 @@ from perf4sight.profiling.results import (append_row, file_sha, measured_keys, n
                                           row_key)
 from perf4sight.wording import plural
 
-__all__ = ["ImportSummary", "check_backends", "import_perf4sight", "read_gt_csv", "PROTOCOL"]
+__all__ = ["ImportSummary", "check_backends", "import_perf4sight", "mark_thrashing", "read_gt_csv", "PROTOCOL",
+           "THRASH_RATIO"]
 
 #: The ``protocol`` cell of an imported row: perf4sight's profiler (latency the mean of 3 timed steps; memory
 #: read as ``features/allocator.py``'s ``perf4sight`` replay protocol describes).
 PROTOCOL = "perf4sight_mean3"
+
+#: A step whose time per sample is more than this many times that of the network's next smaller batch size that
+#: ran is thrashing (unified memory swapped out and back in, zram on a Jetson): recorded as ``oom``, as this tool's
+#: own profiler records a step that swapped more than ``[profile] max_swap_in_mb`` back in. perf4sight's data has
+#: no swap counters, so the jump in step time is what shows it (a larger batch costs less per sample, not more).
+THRASH_RATIO = 2.0
 
 _NAME = re.compile(r"^(?P<net>.+)_(?P<level>\d+(?:\.\d+)?)-gt\.csv$")
 _DATASET_SHAPES = {"imagenet": (3, 224, 224), "cifar10": (3, 32, 32), "cifar100": (3, 32, 32)}
@@ -52,6 +59,7 @@ class ImportSummary:
     descriptions: int = 0
     networks: list[str] = field(default_factory=list)
     without_graph: list[str] = field(default_factory=list)  # networks whose rows came without a description
+    thrashing: list[str] = field(default_factory=list)  # "network at batch b": rows recorded as oom (THRASH_RATIO)
     results_path: str = ""
     models_path: str = ""
 
@@ -192,14 +200,41 @@ def _find_graphs(source: Path, variants: dict[str, tuple]) -> dict[str, Path | N
     return graphs
 
 
+def mark_thrashing(rows: list[dict[str, Any]], ratio: float = THRASH_RATIO) -> list[str]:
+    """Record as ``oom`` each ``ok`` row whose step time per sample is more than ``ratio`` times that of the
+    same network's next smaller batch size that ran without thrashing (its figures are kept, its message says
+    why); returns "network at batch b" for each. ``ratio`` 0: none is marked."""
+    marked: list[str] = []
+    if ratio <= 0:
+        return marked
+    last: dict[str, tuple[int, float]] = {}  # network -> (batch size, ms per sample) of the last sound row
+    for r in sorted(rows, key=lambda r: (str(r["network"]), int(r["batch_size"]))):
+        ms = number(r.get("latency_ms_median"))
+        if r["status"] != "ok" or not ms:
+            continue
+        per_sample, before = ms / int(r["batch_size"]), last.get(str(r["network"]))
+        if before and per_sample > ratio * before[1]:
+            r["status"] = "oom"
+            r["message"] = "; ".join(m for m in (
+                f"thrashing: {per_sample / before[1]:.1f}x the step time per sample of batch {before[0]} (more than "
+                f"{ratio:g}x: memory swapped out and back in; this tool's profiler records such a step as oom)",
+                r.get("message", "")) if m)
+            marked.append(f"{r['network']} at batch {r['batch_size']}")
+        else:
+            last[str(r["network"])] = (int(r["batch_size"]), per_sample)
+    return marked
+
+
 def import_perf4sight(source_dir: str | Path, device: str, profiling_dir: str | Path,
-                      models_dir: str | Path) -> ImportSummary:
+                      models_dir: str | Path, thrash_ratio: float = THRASH_RATIO) -> ImportSummary:
     """Import a perf4sight data folder as measurements of ``device``.
 
     Writes tidy rows (backend ``imported``) to ``results_path(profiling_dir, device)`` and copies
     each graph to ``<models_dir>/imported/<device>/<variant>.json``. Rows already on disk (same
-    key) are skipped, so importing twice is harmless. Raises ``UserError`` when the folder has no
-    ``-gt.csv`` files, no graph of any network read (nothing is written then) or a malformed graph.
+    key) are skipped, so importing twice is harmless. A step that thrashed (:data:`THRASH_RATIO`,
+    :func:`mark_thrashing`; ``thrash_ratio`` 0 keeps every passed row ``ok``) is recorded as ``oom``.
+    Raises ``UserError`` when the folder has no ``-gt.csv`` files, no graph of any network read
+    (nothing is written then) or a malformed graph.
     """
     source = import_source(source_dir, device, "perf4sight")
     csv_root = source / "profiling_csvs" if (source / "profiling_csvs").is_dir() else source
@@ -239,22 +274,29 @@ def import_perf4sight(source_dir: str | Path, device: str, profiling_dir: str | 
 
     done = measured_keys(existing, with_sha=False)
     stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    rows, repeated = [], set()
     for (variant, bs), files in sorted(pairs.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         net, level, _, board = variants[variant]
         status, message, figures = _merge(files["memory"], files["latency"])
-        row: dict[str, Any] = {
+        rows.append({
             "device": device, "backend": "imported", "network": variant, "family": net,
             "pruning_level": level if level != int(level) else int(level), "batch_size": bs,
             "input_shape": info[variant][0], "phase": "train", "status": status, "message": message,
             "protocol": PROTOCOL, "device_model": board, "hostname": "", "timestamp": stamp,
             "description_sha": info[variant][1],
             **figures,
-        }
+        })
+        if len(files["memory"]) > 1 or len(files["latency"]) > 1:
+            repeated.add((variant, bs))
+    thrashing = set(mark_thrashing(rows, thrash_ratio))
+    for row in rows:
         if not summary.write_new(out, row, done):
             continue
-        summary.ok += status == "ok"
-        summary.oom += status == "oom"
-        summary.duplicates_merged += len(files["memory"]) > 1 or len(files["latency"]) > 1
+        summary.ok += row["status"] == "ok"
+        summary.oom += row["status"] == "oom"
+        summary.duplicates_merged += (row["network"], row["batch_size"]) in repeated
+        if f"{row['network']} at batch {row['batch_size']}" in thrashing:
+            summary.thrashing.append(f"{row['network']} at batch {row['batch_size']}")
     summary.networks = sorted(variants)
     return summary
 
