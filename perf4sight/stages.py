@@ -387,7 +387,7 @@ def run_import(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def _import_counts(summary: ImportSummary) -> str:
-    """An import's counts in words, e.g. "871 ok, 530 oom, 23 rows merged from repeated runs; 58 descriptions
+    """An import's counts in words, e.g. "870 ok, 531 oom, 23 rows merged from repeated runs; 58 descriptions
     in models/imported/tx2" (rows already on disk, skipped, and merged rows only where there are some)."""
     done = [f"{summary.ok} ok", f"{summary.oom} oom"]
     if summary.rows_skipped_existing:

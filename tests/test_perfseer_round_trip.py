@@ -210,7 +210,8 @@ def test_tx2_descriptions_come_back_byte_identical(tx2_round_trip):
 def test_tx2_rows_come_back_identical(tx2_round_trip):
     rows, done, _, back = tx2_round_trip
     ok = {(r["network"], r["batch_size"]): r for r in rows if r["status"] == "ok"}
-    assert done["graphs_written"] == len(ok) == len(back) == 871
+    # 1,401 rows: 870 ok, 531 oom (one of them the step that thrashed)
+    assert done["graphs_written"] == len(ok) == len(back) == 870
     for r in back:
         orig = ok[(r["network"], r["batch_size"])]
         assert {k: v for k, v in r.items() if k not in ("device", "timestamp")} == \
