@@ -554,6 +554,23 @@ def test_fleet_summary_counts_earlier_rows_and_says_error_rows_are_not_retried(t
     assert "2/2 rows (0 new)" in line and "error 2" in line and "delete them from the CSV to retry" in line
 
 
+def test_devices_of_this_machine_take_turns(tmp_path):
+    """Two local devices profiled side by side shared the cores and slowed each other's steps down (up to 2.5x
+    in a review): they are measured one after the other, so one device's rows all precede the other's."""
+    from perf4sight.profiling.fleet import profile_devices
+
+    path = write_config(tmp_path)
+    path.write_text(path.read_text() + '\n[devices.local2]\nbackend = "cpu"\nthreads = 1\n')
+    cfg = load_config(path)
+    nets = [write_net(tmp_path, "a", 8), write_net(tmp_path, "b", 12)]
+    summaries = profile_devices(cfg, ["local", "local2"], nets, show_progress=False)
+    assert [s.new_rows for s in summaries] == [4, 4], [s.message for s in summaries]
+    times = {d: sorted(r["timestamp"] for r in results.read_rows(results.results_path(cfg.profiling_dir, d)))
+             for d in ("local", "local2")}
+    first, second = sorted(times.values())
+    assert first[-1] <= second[0], times  # seconds resolution: a shared second is allowed, an overlap is not
+
+
 def test_a_runner_started_after_an_interrupt_is_stopped_at_once():
     """The interrupt can land while a device's thread is still writing its plan: the runner it starts
     afterwards sees the cancel event and is stopped, instead of running its whole plan."""

@@ -145,7 +145,9 @@ def _first(messages: list[str], n: int = 3) -> list[str]:
 
 def profile_devices(cfg: Config, names: Sequence[str] | None, descriptions: Sequence[str | Path], *,
                     show_progress: bool = True, **follow: Any) -> list[DeviceSummary]:
-    """Profile ``descriptions`` (network description files) on every named device at once.
+    """Profile ``descriptions`` (network description files) on every named device at once, except that the
+    devices of this machine (no ``host``) take turns: run side by side they would share its cores and memory
+    bandwidth and slow each other's steps down.
 
     ``follow`` tunes the SSH follower (``poll_s``, ``status_every_s``, ``connect_timeout_s``,
     ``reconnect_timeout_s``, ``max_restarts``; see RemoteProfiler). Rows land in
@@ -170,11 +172,20 @@ def profile_devices(cfg: Config, names: Sequence[str] | None, descriptions: Sequ
                 bars.update(tasks[device], note=note)
 
     cancel = threading.Event()  # Ctrl-C / SIGTERM reach the main thread only: it tells the devices' threads
+    this_machine = threading.Lock()  # held by the local device measuring now
 
     def one(dev: DeviceConfig) -> DeviceSummary:
         try:
             if not dev.host:
-                return _profile_local(cfg, dev, descs, progress, cancel)
+                progress(dev.name, -1, 0, "waiting: this machine's devices are measured one after another")
+                while not this_machine.acquire(timeout=0.2):
+                    if cancel.is_set():
+                        return DeviceSummary(dev.name, "failed", message=f"device '{dev.name}': interrupted before "
+                                             "it started")
+                try:
+                    return _profile_local(cfg, dev, descs, progress, cancel)
+                finally:
+                    this_machine.release()
             return RemoteProfiler(cfg, dev, descs, progress=progress, cancel=cancel, **follow).run()
         except UserError as exc:  # e.g. an unreadable description: this device fails, the others go on
             return DeviceSummary(dev.name, "failed", message=str(exc))
