@@ -157,6 +157,13 @@ def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
             meta["folder"] = str(cfg.fingerprint_dir / device)
             _print_accuracy(device, meta)
             ok = sum(r.get("status") == "ok" and r.get("network") in descriptions for r in rows)
+            unused = sorted({str(r["network"]) for r in rows if r.get("network") in descriptions}
+                            - {str(r["network"]) for r in rows if r.get("status") == "ok"})
+            if unused:  # e.g. out of memory at the smallest batch size: nothing to learn from, no row in the table
+                notes.print(f"{device}: no ok row for {plural(len(unused), 'network')} ({', '.join(unused[:5])}"
+                            f"{', ...' if len(unused) > 5 else ''}: out of memory or failed at every batch size "
+                            "measured): not in the fit (their out-of-memory rows still teach the capacity)",
+                            markup=False)
             for target, n in meta["training_rows"].items():
                 if n < ok:
                     notes.print(f"{device}: {ok - n} of {plural(ok, 'ok row')} {'has' if ok - n == 1 else 'have'} "
@@ -195,6 +202,7 @@ def run_predict(cfg: Config, args: argparse.Namespace) -> int:
     predictor = _predictor(cfg, args)
     device = _predict_device(cfg, args.device, predictor)
     fp = load_device_predictor(cfg, device, predictor)
+    _stale_fingerprint_note(cfg, device)
     if predictor == "ensemble":
         _ensemble_note(fp)
     names = list(dict.fromkeys(args.network or cfg.predict.networks or cfg.networks.zoo))  # each once, in order
@@ -356,8 +364,22 @@ def run_compare(cfg: Config, args: argparse.Namespace) -> int:
     if not devices:
         raise UserError(f"no trees fingerprint under {cfg.fingerprint_dir}: run --stage fingerprint first"
                         + (" (--predictor trees or ensemble: a GNN alone is not compared)" if gnn_only else ""))
+    for device in devices:
+        _stale_fingerprint_note(cfg, device)
     compare_devices(cfg, devices, console)
     return 0
+
+
+def _stale_fingerprint_note(cfg: Config, device: str) -> None:
+    """Say when ``device``'s measurements were written after its fingerprint was fitted (rows measured or
+    imported since): the fingerprint does not know them until the fingerprint stage runs again."""
+    fitted = [p.stat().st_mtime for p in (cfg.fingerprint_dir / device / n for n in ("metadata.json", "gnn.json"))
+              if p.is_file()]
+    csv_path = results_path(cfg.profiling_dir, device)
+    if fitted and csv_path.is_file() and csv_path.stat().st_mtime > max(fitted):
+        notes.print(f"note: {device}: {csv_path} changed after its fingerprint was fitted: rows measured or "
+                    f"imported since are not in it; run --stage fingerprint --device {device} to use them",
+                    markup=False)
 
 
 def run_import(cfg: Config, args: argparse.Namespace) -> int:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -74,6 +75,7 @@ def test_all_stages_then_predict_json(tmp_path):
     assert pred.returncode == 0, pred.stderr
     assert "batch size 8: outside the training rows' 2..4" in pred.stderr  # a note, on stderr beside the JSON
     assert "capacity is unknown" in pred.stderr  # no oom row, no memory_limit_mb: 'fits' says nothing
+    assert "changed after its fingerprint was fitted" not in pred.stderr  # the resumed profile wrote nothing
     lines = [json.loads(line) for line in pred.stdout.splitlines()]
     assert [(p["network"], p["batch_size"]) for p in lines] == [
         ("resnet18", 2), ("resnet18", 8), (manifest[0]["network"], 2), (manifest[0]["network"], 8)]
@@ -96,6 +98,10 @@ def test_all_stages_then_predict_json(tmp_path):
     assert "perf4sight.fingerprint" in imported and not {"torch", "torchvision", "scipy"} & imported
     assert [json.loads(line) for line in desc_only.stdout.splitlines()] == [lines[2], lines[0]]
 
+    csv_path = tmp_path / "profiling_csvs" / "local" / "measurements.csv"
+    os.utime(csv_path, (csv_path.stat().st_atime, csv_path.stat().st_mtime + 60))  # as if a row came in since
+    stale = main_py(tmp_path, "--stage", "predict", "--network", "resnet18", "--batch-size", "2")
+    assert "local: " in stale.stderr and "changed after its fingerprint was fitted" in stale.stderr
     unknown = main_py(tmp_path, "--stage", "predict", "--network", "resnet18", "--max-batch-size")
     assert unknown.returncode == 2 and "capacity is unknown" in unknown.stderr  # no oom row, no limit
     (tmp_path / "config.toml").write_text(CONFIG.replace('backend = "cpu"', 'backend = "cpu"\nmemory_limit_mb = 2000'))

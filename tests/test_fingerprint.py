@@ -564,13 +564,19 @@ def test_fingerprint_notes_rows_of_networks_removed_from_the_config(tmp_path):
     import sys
     from pathlib import Path
 
-    _measured_tiny_networks(tmp_path, {"a": 8, "b": 16, "c": 24, "gone": 32}, listed=["a", "b", "c"])
+    _measured_tiny_networks(tmp_path, {"a": 8, "b": 16, "c": 24, "gone": 32, "big": 40},
+                            listed=["a", "b", "c", "big"])
+    csv_path = results_path(tmp_path / "profiling_csvs", "local")  # big: out of memory at every batch size
+    csv_path.write_text("\n".join(line.replace(",ok,", ",oom,") if ",big," in line else line
+                                  for line in csv_path.read_text().splitlines()) + "\n")
     (tmp_path / "config.toml").write_text('[networks]\nzoo = []\ninput_shape = [3, 16, 16]\n'
                                           '[devices.local]\nbackend = "cpu"\n[fingerprint]\nn_estimators = 10\n')
     main = Path(__file__).resolve().parents[1] / "main.py"
     run = subprocess.run([sys.executable, str(main), "--config", str(tmp_path / "config.toml"), "--stage",
                           "fingerprint"], capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
+    assert "local: no ok row for 1 network (big: out of memory or failed at every batch size measured): not in " \
+           "the fit" in " ".join(run.stderr.split())
     (note,) = [line for line in run.stderr.splitlines() if "passed over" in line]
     assert note == (f"local: 3 rows of 1 network (gone) are passed over: no description of them in "
                     f"{tmp_path / 'models' / 'manifest.csv'} or {tmp_path / 'models' / 'imported' / 'local'} "

@@ -96,7 +96,7 @@ def import_source(source_dir: str | Path, device: str, tool: str) -> Path:
     if source.exists() and not source.is_dir():
         raise UserError(f"{source}: is a file, not a folder: --source takes the folder of the {tool} data")
     if not source.is_dir():
-        raise UserError(f"{source}: {tool} source folder not found")
+        raise UserError(f"{source}: {tool} source folder not found (looked for {source.resolve()})")
     if not is_file_stem(device):
         raise UserError(f"import: device name {device!r} cannot name a folder (no path separators, no leading '.', "
                         "no surrounding spaces)")
