@@ -15,7 +15,7 @@ from perf4sight.features.aggregate import network_features
 from perf4sight.importers.perfseer import import_perfseer, read_graph, read_label
 from perf4sight.ir.from_torch import describe
 from perf4sight.ir.schema import load_description
-from perf4sight.profiling.results import read_rows, results_path
+from perf4sight.profiling.results import file_sha, read_rows, results_path
 
 LABEL = "{'train': '12.5|40.0|10.0|900.0|95.0|30.0|1234.5', 'infer': '3.0|20|5|500|50|10|700'}"
 
@@ -70,6 +70,22 @@ def test_import_string_typed_graph(tmp_path):
     assert float(row["latency_ms_median"]) == 12.5 and float(row["device_mem_used_mb"]) == 1234.5
     again = import_perfseer(src, "gpu", tmp_path / "prof", tmp_path / "models")
     assert again.rows_written == 0 and again.rows_skipped_existing == 1
+    # a second graph of the network (another batch size, another file named in its `source`): its row is
+    # measured on the description file saved from the first graph, not on a text that was never saved
+    at4, at8 = _perfseer_graph(), _perfseer_graph()
+    for _, data in at8.nodes(data=True):
+        mi = data["feature"]["memory_info"]
+        mi["batch_size"], mi["output_shape"] = "8", [type(mi["output_shape"][0])(8)] + list(mi["output_shape"][1:])
+        if "input_shape" in mi:
+            mi["input_shape"] = mi["input_shape"].replace("[4,", "[8,")
+    both = tmp_path / "both"
+    both.mkdir()
+    for graph, b in ((at4, 4), (at8, 8)):  # no name in the graphs: the files' stems less the batch size name it
+        (both / f"tiny_bs{b}.pkl").write_bytes(pickle.dumps(graph))
+        (both / f"tiny_bs{b}.txt").write_text(LABEL)
+    import_perfseer(both, "gpu2", tmp_path / "prof", tmp_path / "models")
+    saved = file_sha((tmp_path / "models" / "imported" / "gpu2" / "tiny.json").read_bytes())
+    assert [r["description_sha"] for r in read_rows(results_path(tmp_path / "prof", "gpu2"))] == [saved, saved]
 
 
 class _Evil:

@@ -427,7 +427,9 @@ def graph_to_description(graph: Any, name: str, where: str) -> tuple[NetworkDesc
         d["output"] = sinks[0]
     if batch is None:
         batch = int(_number(meta.get("batch_size", ""), f"{where} batch_size"))
-    d.update({"name": name, "network": str(meta.get("network", meta.get("family", name))), "input_shape": input_shape,
+    # the network without a name of its own: the file's, less its batch-size suffix (one per batch size)
+    network = meta.get("network", meta.get("family", _variant_name(graph, name, batch)))
+    d.update({"name": name, "network": str(network), "input_shape": input_shape,
               "nodes": [{"name": input_node, "op": "input", "inputs": [], "attrs": {}, "output_shape": input_shape}]
               + nodes})
     d.setdefault("num_classes", nodes[-1]["output_shape"][0] if nodes[-1]["output_shape"] else 0)
@@ -529,7 +531,8 @@ def import_perfseer(source_dir: str | Path, device: str, profiling_dir: str | Pa
     existing = read_rows(out)
     stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     # read and check every graph and label first: a bad file or a second backend writes nothing
-    descs: dict[str, tuple[NetworkDescription, str, str]] = {}  # network -> (description, identity, text saved)
+    # network -> (its first graph's description, the identity its other graphs must share, sha of the file saved)
+    descs: dict[str, tuple[NetworkDescription, str, str]] = {}
     rows: list[dict[str, Any]] = []
     for pkl in pkls:
         label_path = pkl.with_suffix(".txt")
@@ -542,7 +545,7 @@ def import_perfseer(source_dir: str | Path, device: str, profiling_dir: str | Pa
         identity, text = _description_identity(desc, is_own_export(graph))
         if desc.name in descs and descs[desc.name][1] != identity:
             raise UserError(f"{pkl}: network '{desc.name}' differs from another graph of the same name")
-        descs.setdefault(desc.name, (desc, identity, text))
+        descs.setdefault(desc.name, (desc, identity, file_sha(text.encode())))
         for phase in phases:
             if phase not in label:
                 continue
@@ -551,7 +554,7 @@ def import_perfseer(source_dir: str | Path, device: str, profiling_dir: str | Pa
                 "device": device, "network": desc.name, "family": desc.network,
                 "pruning_level": desc.pruning_level, "batch_size": batch,
                 "input_shape": "x".join(str(s) for s in desc.input_shape), "phase": phase, "status": "ok",
-                "timestamp": stamp, "description_sha": file_sha(text.encode())})
+                "timestamp": stamp, "description_sha": descs[desc.name][2]})
     check_backends(out, device, existing, {str(r.get("backend") or "") for r in rows} - {""})
     for desc, _, _ in descs.values():
         save_description(desc, out_models / f"{desc.name}.json")
