@@ -7,7 +7,6 @@ bar per device when ``show_progress`` is true. Times in seconds, disk in MiB.
 """
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import threading
@@ -22,7 +21,8 @@ from perf4sight.errors import UserError
 from perf4sight.wording import plural
 from perf4sight.profiling.local import stop_runners
 from perf4sight.profiling.remote import (PROBE, DeviceSummary, RemoteProfiler, covering, expected_keys,
-                                         known_hosts_path, plan_counts, probe_problems, remote_dir_name)
+                                         known_hosts_path, plan_counts, probe_facts, probe_problems,
+                                         remote_dir_name)
 from perf4sight.profiling.ssh import CONNECTION_ERRORS, HostKeyError, LoginError, Remote, describe_error
 
 __all__ = ["DeviceCheck", "check_devices", "profile_devices", "format_checks", "format_summaries"]
@@ -85,9 +85,9 @@ def _check_one(cfg: Config, dev: DeviceConfig, timeout_s: float) -> DeviceCheck:
             check.message = f"device '{dev.name}': connection lost during check: {describe_error(exc)}"
             return check
     try:
-        check.facts = json.loads(out.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        check.message = f"python '{dev.python}' did not run the probe (exit {rc}): {' '.join(err.split())[-300:]}"
+        check.facts = probe_facts(dev.python, rc, out, err)
+    except UserError as exc:
+        check.message = str(exc)
         return check
     return _judge(check)
 

@@ -62,6 +62,16 @@ PROBE = Path(__file__).with_name("probe.py")
 MIN_PYTHON = (3, 6)  # the device's; a Jetson TX2's JetPack 4.6 has 3.6 (see code_files)
 
 
+def probe_facts(python: str, rc: int, stdout: str, stderr: str) -> dict:
+    """The facts ``probe.py`` printed (its last stdout line, JSON); ``UserError`` naming ``python``, its exit
+    status and the tail of its output when it printed none (the interpreter is missing or cannot run it)."""
+    try:
+        return json.loads(stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise UserError(f"python '{python}' did not run the probe (exit {rc}): "
+                        f"{' '.join((stderr or stdout).split())[-300:]}") from None
+
+
 def probe_problems(backend: str, facts: dict, workdir: str) -> list[str]:
     """What would stop a run on a device, from ``probe.py``'s ``facts`` (empty: ready); ``workdir`` names
     the work folder in the message."""
@@ -183,10 +193,9 @@ class RemoteProfiler:
         res = self.remote.run([self._python(), "-c", PROBE.read_text(), self.dev.backend, self.run_dir],
                               timeout_s=120)
         try:
-            facts = json.loads(res.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            raise DeviceError(f"device '{self.dev.name}': python '{self.dev.python}' did not start (exit {res.rc}): "
-                              f"{' '.join((res.stderr or res.stdout).split())[-300:]}") from None
+            facts = probe_facts(self.dev.python, res.rc, res.stdout, res.stderr)
+        except UserError as exc:
+            raise DeviceError(f"device '{self.dev.name}': {exc}") from None
         problems = probe_problems(self.dev.backend, facts, self.run_dir)
         if problems:
             raise DeviceError(f"device '{self.dev.name}' is not ready, nothing was run: {'; '.join(problems)} "
