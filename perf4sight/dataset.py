@@ -11,7 +11,7 @@ from perf4sight.config import Config
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription, load_description
 from perf4sight.profiling.results import file_sha, incomplete_note, read_rows, results_path, split_stale
-from perf4sight.wording import plural
+from perf4sight.wording import named, plural
 
 __all__ = ["is_description_file", "dataset_descriptions", "dataset_descriptions_or_empty", "description_shas",
            "descriptions_and_shas", "current_rows", "stale_note", "undescribed_note", "DeviceDataset",
@@ -70,14 +70,9 @@ def stale_note(device: str, stale: list[dict[str, str]], current: list[dict[str,
     nets = sorted({r["network"] for r in stale})
     action = (f"{len(todo)} of them not measured again yet: profile them again" if todo
               else "all measured again since")
-    return (f"{device}: {plural(len(stale), 'row')} of {plural(len(nets), 'network')} ({_named(nets)}) "
+    return (f"{device}: {plural(len(stale), 'row')} of {plural(len(nets), 'network')} ({named(nets)}) "
             f"{'was' if len(stale) == 1 else 'were'} measured on an earlier version of their description and "
             f"{'is' if len(stale) == 1 else 'are'} passed over ({action})")
-
-
-def _named(names: list[str], shown: int = 3) -> str:
-    """The first ``shown`` of ``names``, comma-separated, with ", ..." when there are more."""
-    return ", ".join(names[:shown]) + (", ..." if len(names) > shown else "")
 
 
 def undescribed_note(cfg: Config, device: str, rows: list[dict[str, str]],
@@ -93,7 +88,7 @@ def undescribed_note(cfg: Config, device: str, rows: list[dict[str, str]],
     why = ("their graphs were not among those imported: to use the rows, put the graphs in the source's graphs/ "
            "folder and import it again" if imported else
            "networks removed from the config? to use the rows, add the networks back and rerun --stage networks")
-    return (f"{device}: {plural(len(gone), 'row')} of {plural(len(nets), 'network')} ({_named(nets)}) "
+    return (f"{device}: {plural(len(gone), 'row')} of {plural(len(nets), 'network')} ({named(nets)}) "
             f"{'is' if len(gone) == 1 else 'are'} passed over: no description of them in "
             f"{cfg.models_dir / 'manifest.csv'} or {cfg.models_dir / 'imported' / device} ({why})")
 

@@ -22,7 +22,7 @@ from perf4sight.dataset import (ZOO_CACHE, dataset_descriptions, device_dataset,
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import incomplete_note, results_path
-from perf4sight.wording import plural
+from perf4sight.wording import named, plural
 
 if TYPE_CHECKING:  # the importers are imported by the import stage alone
     from perf4sight.importers import ImportSummary
@@ -160,10 +160,9 @@ def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
             unused = sorted({str(r["network"]) for r in rows if r.get("network") in descriptions}
                             - {str(r["network"]) for r in rows if r.get("status") == "ok"})
             if unused:  # e.g. out of memory at the smallest batch size: nothing to learn from, no row in the table
-                notes.print(f"{device}: no ok row for {plural(len(unused), 'network')} ({', '.join(unused[:5])}"
-                            f"{', ...' if len(unused) > 5 else ''}: out of memory or failed at every batch size "
-                            "measured): not in the fit (their out-of-memory rows still teach the capacity)",
-                            markup=False)
+                notes.print(f"{device}: no ok row for {plural(len(unused), 'network')} ({named(unused, 5)}: out of "
+                            "memory or failed at every batch size measured): not in the fit (their out-of-memory "
+                            "rows still teach the capacity)", markup=False)
             for target, n in meta["training_rows"].items():
                 if n < ok:
                     notes.print(f"{device}: {ok - n} of {plural(ok, 'ok row')} {'has' if ok - n == 1 else 'have'} "
@@ -401,10 +400,9 @@ def run_import(cfg: Config, args: argparse.Namespace) -> int:
                   f"{plural(summary.rows_written, 'new row')} in {csv_path} ({_import_counts(summary)})", markup=False)
     if summary.without_graph:
         missing = summary.without_graph
-        named = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
-        notes.print(f"note: {device}: no graph found for {plural(len(missing), 'network')} ({named}): the rows were "
-                    "imported, but no stage can use them until the graph is in the source's graphs/ folder and the "
-                    "source is imported again", style="yellow", markup=False)
+        notes.print(f"note: {device}: no graph found for {plural(len(missing), 'network')} ({named(missing, 5)}): "
+                    "the rows were imported, but no stage can use them until the graph is in the source's graphs/ "
+                    "folder and the source is imported again", style="yellow", markup=False)
     return 0
 
 
@@ -418,7 +416,7 @@ def _import_counts(summary: ImportSummary) -> str:
         done.append(f"{plural(summary.duplicates_merged, 'row')} merged from repeated runs")
     if summary.thrashing:
         done.append(f"{plural(len(summary.thrashing), 'thrashing step')} recorded as oom "
-                    f"({', '.join(summary.thrashing[:3])}{', ...' if len(summary.thrashing) > 3 else ''})")
+                    f"({named(summary.thrashing)})")
     return ", ".join(done) + f"; {plural(summary.descriptions, 'description')} in {summary.models_path}"
 
 
@@ -442,7 +440,6 @@ def run_export(cfg: Config, args: argparse.Namespace) -> int:
         descriptions, _, rows, note = device_dataset(cfg, device)
         if note:
             notes.print(note, markup=False)
-        todo[device] = (rows, descriptions)
         pairs, skipped = exportable_rows(rows, descriptions)
         if not pairs:
             raise UserError(f"export: device '{device}' has no ok measurement whose network has a description "
@@ -452,8 +449,8 @@ def run_export(cfg: Config, args: argparse.Namespace) -> int:
         out = Path(args.output) / device if len(devices) > 1 else Path(args.output)
         if out.is_dir() and any(out.iterdir()):  # two exports in one folder would read back as one device
             raise UserError(f"export: {out} is not empty; export into a new or empty folder; nothing written")
-    for device, (rows, descriptions) in todo.items():
-        out = Path(args.output) / device if len(devices) > 1 else Path(args.output)
+        todo[device] = (rows, descriptions, out)
+    for device, (rows, descriptions, out) in todo.items():
         done = export_perfseer(rows, descriptions, out, memory_column(rows))
         console.print(f"{device}: {done['graphs_written']} graph + label pairs in {done['folder']}"
                       + (f" ({plural(done['skipped_no_description'], 'row')} without a description skipped)"

@@ -248,10 +248,9 @@ def import_perf4sight(source_dir: str | Path, device: str, profiling_dir: str | 
         _collect(folder, "latency", pairs, variants)
 
     out_models = Path(models_dir) / "imported" / device
-    summary = ImportSummary(device=device, results_path=str(results_path(profiling_dir, device)),
-                            models_path=str(out_models))
-    graphs = _find_graphs(source, variants)  # before anything is written
     out = results_path(profiling_dir, device)
+    summary = ImportSummary(device=device, results_path=str(out), models_path=str(out_models))
+    graphs = _find_graphs(source, variants)  # before anything is written
     existing = read_rows(out)
     check_backends(out, device, existing, {"imported"})
     info: dict[str, tuple[str, str]] = {}  # variant -> (input shape, description sha)
@@ -295,8 +294,9 @@ def import_perf4sight(source_dir: str | Path, device: str, profiling_dir: str | 
         summary.ok += row["status"] == "ok"
         summary.oom += row["status"] == "oom"
         summary.duplicates_merged += (row["network"], row["batch_size"]) in repeated
-        if f"{row['network']} at batch {row['batch_size']}" in thrashing:
-            summary.thrashing.append(f"{row['network']} at batch {row['batch_size']}")
+        label = f"{row['network']} at batch {row['batch_size']}"  # as mark_thrashing names it
+        if label in thrashing:
+            summary.thrashing.append(label)
     summary.networks = sorted(variants)
     return summary
 
