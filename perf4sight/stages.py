@@ -97,9 +97,17 @@ def run_networks(cfg: Config, args: argparse.Namespace) -> int:
     for line in reshaped_description_notes(cfg):
         notes.print(line, markup=False)
     started = time.perf_counter()
-    rows = make_networks(cfg, progress=lambda message: console.print(f"  {message}", style="dim", markup=False))
-    console.print(f"networks: {len(rows)} description{'' if len(rows) == 1 else 's'} under {cfg.models_dir} "
+    made = make_networks(cfg, progress=lambda message: console.print(f"  {message}", style="dim", markup=False))
+    for line in made.skipped:
+        notes.print(f"note: {line}", markup=False)
+    console.print(f"networks: {plural(len(made.rows), 'description')} under {cfg.models_dir} "
                   f"in {time.perf_counter() - started:.1f} s")
+    changes = [f"{len(made.added)} added ({named(made.added)})"] if made.added else []
+    if made.removed:
+        changes.append(f"{len(made.removed)} no longer made ({named(made.removed)}; their descriptions and "
+                       "measurements stay on disk, and the later stages leave them out)")
+    if changes:
+        console.print(f"manifest changed: {', '.join(changes)}", markup=False)
     return 0
 
 
@@ -117,10 +125,14 @@ def _configured(cfg: Config, names: list[str]) -> list[str]:
 
 
 def run_profile(cfg: Config, args: argparse.Namespace) -> int:
+    from perf4sight.networks.build import changed_settings_note
     from perf4sight.profiling.fleet import format_summaries, profile_devices
 
     names = _configured(cfg, args.device or cfg.profile.devices or list(cfg.devices))
     descriptions = dataset_descriptions(cfg)
+    changed = changed_settings_note(cfg)
+    if changed:
+        notes.print(changed, markup=False)
     for name in names:
         note = incomplete_note(results_path(cfg.profiling_dir, name))
         if note:

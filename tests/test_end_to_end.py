@@ -66,8 +66,13 @@ def test_all_stages_then_predict_json(tmp_path):
     assert "held_out.csv" in meta["files"] and len(held) == sum(meta["training_rows"].values())
 
     again = main_py(tmp_path, "--stage", "profile")  # resume: nothing new, nothing duplicated
-    assert again.returncode == 0
+    assert again.returncode == 0 and "changed since the networks stage" not in again.stderr
     assert len(list(csv.DictReader((tmp_path / "profiling_csvs" / "local" / "measurements.csv").open()))) == 8
+    (tmp_path / "config.toml").write_text(CONFIG.replace("levels = [0, 50]", "levels = [0, 40]"))
+    edited = main_py(tmp_path, "--stage", "profile")  # [networks] edited, networks stage not rerun: said so
+    assert edited.returncode == 0 and "changed since the networks stage wrote" in edited.stderr
+    assert len(list(csv.DictReader((tmp_path / "profiling_csvs" / "local" / "measurements.csv").open()))) == 8
+    (tmp_path / "config.toml").write_text(CONFIG)
 
     pred = main_py(tmp_path, "--stage", "predict", "--device", "local", "--network", "resnet18",
                    manifest[0]["path"] and str(tmp_path / "models" / manifest[0]["path"]),

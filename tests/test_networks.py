@@ -273,7 +273,7 @@ def test_stage_writes_descriptions_and_manifests(tmp_path: Path) -> None:
         '[networks.pruning]\nstrategy = "random"\nlevels = [0, 25]\nseed = 4\n'
         '[networks.generator]\ncount = 3\nseed = 9\nstyles = ["mobilenet", "densenet"]\n')
     cfg = load_config(tmp_path / "config.toml")
-    rows = make_networks(cfg)
+    rows = make_networks(cfg).rows
     assert [r["network"] for r in rows] == ["tiny_resnet_l0", "tiny_resnet_l25", "gen_9_0", "gen_9_1", "gen_9_2"]
     models = tmp_path / "models"
     with (models / "manifest.csv").open() as fh:
@@ -290,6 +290,40 @@ def test_stage_writes_descriptions_and_manifests(tmp_path: Path) -> None:
     assert (models / "pruned" / "random" / "manifest.csv").is_file()
     assert (models / "generated" / "manifest.csv").is_file()
     assert variant_name("resnet18", 12.5) == "resnet18_l12.5"
+
+
+def test_an_unreachable_level_is_left_out_and_a_rerun_says_what_changed(tmp_path: Path) -> None:
+    """A level that min_channels keeps a network from reaching stopped the whole stage, with no manifest: it is
+    left out with a note; a rerun after a config edit says which variants it added and which it no longer makes,
+    and the profile stage's note says when [networks] changed since the manifest was written."""
+    from perf4sight.networks.build import changed_settings_note
+
+    config = tmp_path / "config.toml"
+    text = (f'[networks]\nzoo = []\nfactories = ["{TINY}:tiny_vgg"]\ninput_shape = [3, 32, 32]\nnum_classes = 10\n'
+            '[networks.pruning]\nlevels = [0, 30, 90]\nmin_channels = 32\n')
+    config.write_text(text)
+    cmd = [sys.executable, str(ROOT / "main.py"), "--config", str(config), "--stage", "networks"]
+    first = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "note: tiny_vgg_l90 left out: with min_channels=32 tiny_vgg reaches" in first.stderr
+    assert "manifest changed" not in first.stdout  # a first run: nothing to compare with
+    with (tmp_path / "models" / "manifest.csv").open() as fh:
+        assert [r["network"] for r in csv.DictReader(fh)] == ["tiny_vgg_l0", "tiny_vgg_l30"]
+    assert changed_settings_note(load_config(config)) is None
+
+    config.write_text(text.replace("[0, 30, 90]", "[0, 50]"))
+    assert "changed since the networks stage wrote" in changed_settings_note(load_config(config))
+    second = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "manifest changed: 1 added (tiny_vgg_l50), 1 no longer made (tiny_vgg_l30;" in second.stdout
+    assert changed_settings_note(load_config(config)) is None
+
+    config.write_text(text.replace("[0, 30, 90]", "[90]"))
+    none_left = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert none_left.returncode == 2 and "no network made: every [networks.pruning] level was out of reach" \
+        in none_left.stderr
+    with (tmp_path / "models" / "manifest.csv").open() as fh:  # the last manifest is kept as it was
+        assert [r["network"] for r in csv.DictReader(fh)] == ["tiny_vgg_l0", "tiny_vgg_l50"]
 
 
 def test_stage_reports_a_factory_that_fails_to_import(tmp_path: Path) -> None:

@@ -4,7 +4,9 @@ Outputs, under ``cfg.models_dir``:
 - ``pruned/<strategy>/<network>_l<level>.json`` and ``pruned/<strategy>/manifest.csv``;
 - ``generated/gen_<seed>_<index>.json`` and ``generated/manifest.csv``;
 - ``manifest.csv``: every network this run produced (the list later stages should read;
-  files left from earlier runs with other settings are not deleted, only left out).
+  files left from earlier runs with other settings are not deleted, only left out);
+- ``manifest-settings.json``: a hash of the ``[networks]`` settings (and the factory and description
+  files they name) the manifest was made with, so the profile stage can say when the config changed since.
 
 Manifest columns (``MANIFEST_COLUMNS``): ``network`` (variant name), ``family``, ``source``,
 ``strategy`` (``generated`` for generated networks), ``target_level`` and ``achieved_level``
@@ -16,6 +18,9 @@ Manifest columns (``MANIFEST_COLUMNS``): ``network`` (variant name), ``family``,
 from __future__ import annotations
 
 import csv
+import dataclasses
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -31,16 +36,30 @@ from perf4sight.ir.schema import NetworkDescription, load_description, save_desc
 from perf4sight.ir.to_torch import build_module
 from perf4sight.networks.factories import build_factory_model, parse_factory
 from perf4sight.networks.generator import GeneratorSettings, forward_flops, generate
-from perf4sight.networks.pruning import PruningPlan, check_level
+from perf4sight.networks.pruning import PruningPlan, UnreachableLevel, check_level
 from perf4sight.networks.zoo import build_zoo_model
 from perf4sight.wording import plural
 
-__all__ = ["Source", "MANIFEST_COLUMNS", "sources", "prune_source", "make_networks", "variant_name",
-           "write_manifest", "read_manifest", "reshaped_description_notes"]
+__all__ = ["Source", "MANIFEST_COLUMNS", "SETTINGS_FILE", "NetworksMade", "sources", "prune_source", "make_networks",
+           "variant_name", "write_manifest", "read_manifest", "reshaped_description_notes", "settings_sha",
+           "changed_settings_note"]
 
 MANIFEST_COLUMNS: tuple[str, ...] = ("network", "family", "source", "strategy", "target_level", "achieved_level",
                                      "seed", "params", "flops_fwd", "input_shape", "styles", "path")
+SETTINGS_FILE = "manifest-settings.json"
 Progress = Callable[[str], None]
+
+
+@dataclass
+class NetworksMade:
+    """What one networks stage made: the manifest ``rows``; ``skipped``, one line per pruning level a network
+    could not reach (left out); ``added`` and ``removed``, the variant names the manifest gained and lost
+    against the one it replaced (both empty on a first run)."""
+
+    rows: list[dict[str, Any]]
+    skipped: list[str]
+    added: list[str]
+    removed: list[str]
 
 
 @dataclass
@@ -97,14 +116,25 @@ def _seeded_build(src: Source, seed: int) -> nn.Module:
 
 
 def prune_source(src: Source, input_shape: list[int], levels: list[float], strategy: str, min_channels: int,
-                 seed: int, progress: Progress | None = None) -> list[NetworkDescription]:
-    """One description per level (ascending input order kept), each with its achieved level."""
+                 seed: int, progress: Progress | None = None,
+                 skipped: list[str] | None = None) -> list[NetworkDescription]:
+    """One description per level (ascending input order kept), each with its achieved level.
+
+    A level the network cannot reach raises ``UnreachableLevel``; with a ``skipped`` list it is left out
+    instead and a line saying why is appended to the list."""
     levels = [check_level(lvl, f"[networks.pruning] levels ({src.name})") for lvl in levels]
     base = _seeded_build(src, seed)
     plan = PruningPlan(base, input_shape, strategy, min_channels, seed, src.name)  # traced once for all levels
     out = []
     for lvl in levels:
-        pruned = plan.prune(lvl, meta=True)
+        try:
+            pruned = plan.prune(lvl, meta=True)
+        except UnreachableLevel as exc:
+            if skipped is None:
+                raise
+            skipped.append(f"{variant_name(src.name, lvl)} left out: with min_channels={min_channels} "
+                           f"{src.name} reaches {exc.achieved:.1f}% at most, not {lvl:g}%")
+            continue
         info = dict(name=variant_name(src.name, lvl), network=src.name, pruning_level=pruned.achieved_level,
                     source=src.source, strategy=strategy, seed=seed, target_level=lvl, **pruned.extra)
         try:  # meta weights: shapes only, no real forward pass (seconds per level for large networks at 224x224)
@@ -145,11 +175,54 @@ def read_manifest(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
-def make_networks(cfg: Config, progress: Progress | None = None) -> list[dict[str, Any]]:
-    """Run the networks stage for ``cfg``; returns the manifest rows (also written to disk)."""
+def settings_sha(cfg: Config) -> str:
+    """A hash of what decides the networks stage's output: the ``[networks]`` settings and the bytes of the
+    factory and description files they name (a file that cannot be read counts as missing)."""
+    digest = hashlib.sha256(json.dumps(dataclasses.asdict(cfg.networks), sort_keys=True).encode())
+    for spec in cfg.networks.factories:
+        digest.update(spec.encode())
+        try:
+            digest.update(parse_factory(spec, cfg.root, cfg.models_dir).path.read_bytes())
+        except (UserError, OSError):
+            digest.update(b"missing")
+    for fname in cfg.networks.description_files:
+        try:
+            digest.update(cfg.resolve(fname).read_bytes())
+        except OSError:
+            digest.update(b"missing")
+    return digest.hexdigest()[:16]
+
+
+def changed_settings_note(cfg: Config) -> str | None:
+    """A note when ``[networks]`` (or a file it names) changed since the networks stage wrote the manifest,
+    else ``None`` (also when the manifest or its settings file is absent)."""
+    manifest = cfg.models_dir / "manifest.csv"
+    try:
+        written = json.loads((cfg.models_dir / SETTINGS_FILE).read_text()).get("settings_sha")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not manifest.is_file() or written == settings_sha(cfg):
+        return None
+    return (f"note: [networks] in {cfg.path} (or a factory or description file it names) changed since the networks "
+            f"stage wrote {manifest}; the networks of that manifest are measured: run --stage networks first "
+            "to measure the new ones")
+
+
+def _manifest_names(path: Path) -> list[str]:
+    """The variant names of a manifest on disk (none when it is absent or unreadable)."""
+    try:
+        return [r["network"] for r in read_manifest(path)]
+    except (UserError, OSError, KeyError, csv.Error, UnicodeDecodeError):
+        return []
+
+
+def make_networks(cfg: Config, progress: Progress | None = None) -> NetworksMade:
+    """Run the networks stage for ``cfg``; the manifest rows are also written to disk."""
     net, pr, gen = cfg.networks, cfg.networks.pruning, cfg.networks.generator
     models_dir = cfg.models_dir
+    before = _manifest_names(models_dir / "manifest.csv")
     rows: list[dict[str, Any]] = []
+    skipped: list[str] = []
     # generated networks are drawn first (in memory, seconds): constraints that too few candidates satisfy
     # fail before the pruning (minutes) instead of after it
     generated: list[NetworkDescription] = []
@@ -161,7 +234,7 @@ def make_networks(cfg: Config, progress: Progress | None = None) -> list[dict[st
         pruned_rows = []
         for src in sources(cfg):
             for desc in prune_source(src, list(net.input_shape), list(pr.levels), pr.strategy, pr.min_channels,
-                                     pr.seed, progress):
+                                     pr.seed, progress, skipped):
                 path = save_description(desc, folder / f"{desc.name}.json")
                 pruned_rows.append(_row(desc, path, models_dir))
         write_manifest(pruned_rows, folder / "manifest.csv")
@@ -176,5 +249,13 @@ def make_networks(cfg: Config, progress: Progress | None = None) -> list[dict[st
         if progress:
             progress(f"generated {plural(len(gen_rows), 'network')} in {folder}")
         rows += gen_rows
+    if not rows:
+        why = f"every [networks.pruning] level was out of reach ({skipped[0]}); lower the levels or min_channels" \
+            if skipped else "[networks] names no network"
+        raise UserError(f"{cfg.path}: no network made: {why}")
     write_manifest(rows, models_dir / "manifest.csv")
-    return rows
+    with atomic_path(models_dir / SETTINGS_FILE) as tmp:
+        tmp.write_text(json.dumps({"settings_sha": settings_sha(cfg), "config": str(cfg.path)}, indent=1) + "\n")
+    names = [r["network"] for r in rows]
+    return NetworksMade(rows, skipped, [n for n in names if n not in before] if before else [],
+                        [n for n in before if n not in names])

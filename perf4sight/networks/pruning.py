@@ -47,12 +47,22 @@ from perf4sight.errors import UserError
 from perf4sight.ir.from_torch import forward_error
 from perf4sight.networks import prune_plan as pp
 
-__all__ = ["STRATEGIES", "TOLERANCE", "PrunedModel", "PruningPlan", "prune_model", "check_level", "count_parameters"]
+__all__ = ["STRATEGIES", "TOLERANCE", "PrunedModel", "PruningPlan", "UnreachableLevel", "prune_model", "check_level",
+           "count_parameters"]
 
 STRATEGIES: tuple[str, ...] = PRUNING_STRATEGIES
 #: The achieved level should lie within this many percentage points of the target; more than
 #: twice this is a ``UserError``.
 TOLERANCE = 1.0
+
+
+class UnreachableLevel(UserError):
+    """A pruning level a network cannot reach within ``2 * TOLERANCE`` points (``min_channels`` stops it
+    first); ``achieved`` is the closest level it can reach (percent of parameters removed)."""
+
+    def __init__(self, message: str, achieved: float) -> None:
+        super().__init__(message)
+        self.achieved = achieved
 
 
 def _shufflenet_block_trace(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -232,8 +242,8 @@ class PruningPlan:
         ``meta=True`` cuts a shapes-only copy on the ``meta`` device (no weights; enough to
         describe the network, far faster for large networks).
 
-        Raises ``UserError`` for a level outside 0..99 or one that cannot be reached within
-        ``2 * TOLERANCE`` points (e.g. because of ``min_channels``).
+        Raises ``UserError`` for a level outside 0..99, and ``UnreachableLevel`` for one that cannot be
+        reached within ``2 * TOLERANCE`` points (e.g. because of ``min_channels``).
         """
         level = check_level(level, f"{self.network}: pruning level")
         source = self._meta if meta else self.base
@@ -245,9 +255,9 @@ class PruningPlan:
         counts = min(candidates, key=lambda c: abs(self._level(c) - level))
         achieved = self._level(counts)
         if abs(achieved - level) > 2 * TOLERANCE:
-            raise UserError(f"{self.network}: cannot reach pruning level {level:g}% with strategy {self.strategy} "
-                            f"and min_channels={self.min_channels} (got {achieved:.1f}%); "
-                            "lower the level or min_channels")
+            raise UnreachableLevel(f"{self.network}: cannot reach pruning level {level:g}% with strategy "
+                                   f"{self.strategy} and min_channels={self.min_channels} (got {achieved:.1f}%); "
+                                   "lower the level or min_channels", achieved)
         model = pp.cut(source, pp.removal(self.groups, list(counts)))
         params = count_parameters(model)
         return PrunedModel(model, level, round(100.0 * (1 - params / self.p0), 3), params, self.p0, dict(self.extra))
