@@ -193,6 +193,10 @@ def test_bad_inputs(tiny, tmp_path):
         fit_gnn(rows, descs, "cpu0", tmp_path, arch="transformer")
     with pytest.raises(UserError, match="no measurements"):
         fit_gnn(rows, descs, "other-device", tmp_path)
+    one = [r for r in rows if r["network"] == "deep_w8"]  # nothing to hold out: refused, as by the trees
+    with pytest.raises(UserError, match=r"ok rows of 1 network \(deep_w8\); a GNN needs 2 or more"):
+        fit_gnn(one, descs, "cpu0", tmp_path, max_epochs=2)
+    assert not (tmp_path / "gnn.json").exists()
     bad = NetworkDescription.from_dict(descs["plain_w4"].to_dict())
     bad.nodes[2].op = "lstm"
     with pytest.raises(UserError, match="without a cost formula"):

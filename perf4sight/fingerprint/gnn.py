@@ -56,6 +56,7 @@ from perf4sight.fingerprint.gnn_train import Normaliser, TrainSettings, predict_
 from perf4sight.fingerprint.storage import load_held_out
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import batch_size_of
+from perf4sight.wording import named, plural
 
 __all__ = ["fit_gnn", "load_gnn", "load_predictor", "GNNPredictor", "EnsemblePredictor", "gnn_accuracy_lines",
            "GNN_JSON", "GNN_WEIGHTS", "PREDICTORS"]
@@ -87,6 +88,10 @@ def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
         trees_config = FingerprintConfig(seed=seed)
     st = TrainSettings(arch=arch, hidden=hidden, layers=layers, max_epochs=max_epochs, patience=patience, seed=seed)
     s = Samples(rows, descriptions, device)
+    if len(s.templates) < 2:  # as the trees: nothing to hold out, so no accuracy and a zero-width interval
+        raise UserError(f"gnn: device '{device}' has ok rows of {plural(len(s.templates), 'network')} "
+                        f"({named(sorted(s.templates))}); a GNN needs 2 or more, as its accuracy and intervals are "
+                        "measured on networks held out of the fit: profile more networks")
     t0 = time.perf_counter()
     trees_held_out = load_held_out(out_dir)  # the trees fingerprint beside it, if fitted: its own figures
     ev = (cross_validate(s, st, trees_config, coverage, base, trees_held_out) if evaluate
