@@ -389,3 +389,21 @@ def test_a_description_file_at_another_input_shape_is_noted(tmp_path: Path) -> N
                      "its networks are built at [networks] input_shape 3x32x32"]
     assert load_description(tmp_path / "models" / "pruned" / "l1-norm" / "wide_l0.json").input_shape == SHAPE
     assert "generated 1 network in" in run.stdout  # not "1 networks"
+
+
+def test_a_pruned_description_file_keeps_its_name_and_family(tmp_path: Path) -> None:
+    """A description file of a pruned variant (tiny_vgg_l40) made variants named tiny_vgg_l0, which reads as the
+    unpruned network (and clashed with a zoo or factory tiny_vgg): they are tiny_vgg_l40_l<level> now, in the
+    family of the network it was pruned from."""
+    from perf4sight.ir.schema import save_description
+
+    (pruned,) = prune_source(_tiny("tiny_vgg"), SHAPE, [40], "l1-norm", 4, seed=0)
+    save_description(pruned, tmp_path / "nets" / "tiny_vgg_l40.json")
+    (tmp_path / "config.toml").write_text(
+        f'[networks]\nzoo = []\nfactories = ["{TINY}:tiny_vgg"]\ndescription_files = ["nets/tiny_vgg_l40.json"]\n'
+        'input_shape = [3, 32, 32]\nnum_classes = 10\n[networks.pruning]\nlevels = [0, 20]\n')
+    rows = make_networks(load_config(tmp_path / "config.toml")).rows
+    assert [(r["network"], r["family"]) for r in rows] == [
+        ("tiny_vgg_l0", "tiny_vgg"), ("tiny_vgg_l20", "tiny_vgg"),
+        ("tiny_vgg_l40_l0", "tiny_vgg"), ("tiny_vgg_l40_l20", "tiny_vgg")]
+    assert int(rows[2]["params"]) == pruned.params and int(rows[3]["params"]) < pruned.params

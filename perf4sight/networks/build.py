@@ -64,11 +64,13 @@ class NetworksMade:
 
 @dataclass
 class Source:
-    """A network to prune: its family name, where it comes from and how to build it."""
+    """A network to prune: its name (its variants are ``<name>_l<level>``), where it comes from, how to build
+    it, and its family (the network it derives from; ``name`` when empty)."""
 
     name: str
     source: str
     build: Callable[[], nn.Module]
+    family: str = ""
 
 
 def sources(cfg: Config) -> list[Source]:
@@ -81,7 +83,10 @@ def sources(cfg: Config) -> list[Source]:
         found.append(Source(factory.name, factory.source, lambda f=factory: build_factory_model(f, nc)))
     for fname in cfg.networks.description_files:
         desc = load_description(cfg.resolve(fname))
-        found.append(Source(desc.network or desc.name, f"description:{fname}", lambda d=desc: build_module(d)))
+        # a pruned description keeps its own name (resnet18_l30 -> resnet18_l30_l0, not resnet18_l0, which reads
+        # as the unpruned network) and the family of the network it was pruned from
+        name = desc.name if desc.pruning_level else desc.network or desc.name
+        found.append(Source(name, f"description:{fname}", lambda d=desc: build_module(d), desc.network or desc.name))
     names = [s.name for s in found]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
@@ -135,7 +140,8 @@ def prune_source(src: Source, input_shape: list[int], levels: list[float], strat
             skipped.append(f"{variant_name(src.name, lvl)} left out: with min_channels={min_channels} "
                            f"{src.name} reaches {exc.achieved:.1f}% at most, not {lvl:g}%")
             continue
-        info = dict(name=variant_name(src.name, lvl), network=src.name, pruning_level=pruned.achieved_level,
+        info = dict(name=variant_name(src.name, lvl), network=src.family or src.name,
+                    pruning_level=pruned.achieved_level,
                     source=src.source, strategy=strategy, seed=seed, target_level=lvl, **pruned.extra)
         try:  # meta weights: shapes only, no real forward pass (seconds per level for large networks at 224x224)
             desc = describe(pruned.module, input_shape, **info)
