@@ -23,10 +23,11 @@ UNITS = {"latency": ("predicted training step time", "ms"), "memory": ("predicte
 
 
 class _PlainLogFormatter(matplotlib.ticker.LogFormatter):
-    """Log-axis tick labels as plain numbers (700, not 7x10^2); which ticks get a label stays matplotlib's."""
+    """Log-axis tick labels as plain numbers (700, not 7x10^2); which ticks get a label stays matplotlib's
+    (only the public ``Formatter.__call__`` is overridden)."""
 
-    def _num_to_string(self, x: float, vmin: float, vmax: float) -> str:
-        return f"{x:g}"
+    def __call__(self, x: float, pos: int | None = None) -> str:
+        return f"{x:g}" if super().__call__(x, pos) else ""
 
 
 def _plain_log_ticks(ax: plt.Axes, x_base: float = 10.0) -> None:
