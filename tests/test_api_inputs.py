@@ -110,6 +110,13 @@ def test_batch_list_rejects_with_one_line(bad, expected):
     lambda f: _edit_metadata(f, lambda m: m.update(capacity_mb="big")),
     lambda f: _edit_metadata(f, lambda m: m["models"]["latency"].update(terms=["one", "no_such_feature"])),
     lambda f: _edit_metadata(f, lambda m: m["interval"]["log_ratio_quantiles"].update(latency=[0])),
+    # read only when a query was made (a crash then), or wrong without a word: caught at load
+    lambda f: _edit_metadata(f, lambda m: m.update(training_domain=5)),
+    lambda f: _edit_metadata(f, lambda m: m.update(capacity_mb=-5)),  # every query 'does not fit'
+    lambda f: _edit_metadata(f, lambda m: m.pop("interval")),         # a zero-width band
+    lambda f: _edit_metadata(f, lambda m: m["interval"]["log_ratio_quantiles"].update(memory=[0.1, -0.1])),
+    lambda f: _edit_metadata(f, lambda m: m.update(feature_set="perf4sight-graph-v9")),
+    lambda f: _edit_metadata(f, lambda m: m.update(input_shape="x")),
 ])
 def test_damaged_fingerprint_is_one_line(fitted, tmp_path, damage):
     import shutil

@@ -182,6 +182,11 @@ def test_damaged_or_hostile_files(fitted, tmp_path, monkeypatch):
     (tmp_path / GNN_JSON).write_text(json.dumps(meta))
     with pytest.raises(UserError, match="other features"):
         load_gnn(tmp_path)
+    meta = json.loads((out / GNN_JSON).read_text())
+    meta["training_domain"] = 5  # was read (and crashed) only when a query came
+    (tmp_path / GNN_JSON).write_text(json.dumps(meta))
+    with pytest.raises(UserError, match="damaged or incompatible .*training_domain is not an object"):
+        load_gnn(tmp_path)
     (tmp_path / GNN_JSON).write_text("{not json")
     with pytest.raises(UserError, match="damaged"):
         load_gnn(tmp_path)

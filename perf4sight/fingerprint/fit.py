@@ -30,7 +30,7 @@ from perf4sight.fingerprint.domain import training_domain
 from perf4sight.fingerprint.evaluate import choose_groups
 from perf4sight.fingerprint.select import (PREFERRED, can_nest, describe_choice, group_conformal, held_out_coverage,
                                            nested_cv, random_split_metrics, select_candidate)
-from perf4sight.fingerprint.storage import save_models
+from perf4sight.fingerprint.storage import FEATURE_SET, save_models
 from perf4sight.fingerprint.trees import CEILING, MODELS, TREE_FEATURES, TargetModel, tree_features
 from perf4sight.importers.perf4sight_csv import PROTOCOL as PERF4SIGHT_ROWS
 from perf4sight.ir.schema import NetworkDescription
@@ -41,7 +41,6 @@ __all__ = ["fit_fingerprint", "memory_column", "memory_replay", "device_kind", "
            "records", "common_input_shape", "LATENCY_COLUMN", "FEATURE_SET"]
 
 LATENCY_COLUMN = "latency_ms_median"
-FEATURE_SET = "perf4sight-graph-v1"
 
 
 def memory_column(rows: list[dict[str, Any]]) -> str:

@@ -53,7 +53,7 @@ from perf4sight.fingerprint.gnn_model import GNNModel
 from perf4sight.fingerprint.gnn_predictors import EnsemblePredictor, GNNPredictor
 from perf4sight.fingerprint.gnn_samples import TARGETS, Samples
 from perf4sight.fingerprint.gnn_train import Normaliser, TrainSettings, predict_latency_memory, train_on_samples
-from perf4sight.fingerprint.storage import load_held_out
+from perf4sight.fingerprint.storage import check_metadata, load_held_out
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import batch_size_of
 from perf4sight.wording import named, plural
@@ -147,6 +147,7 @@ def load_gnn(out_dir: str | Path) -> GNNPredictor:
         if meta.get("format") != FORMAT or meta.get("node_features") != list(NODE_FEATURES) \
                 or meta.get("global_features") != list(GLOBAL_FEATURES):
             raise UserError(f"{jp}: GNN made with other features or format; refit the fingerprint")
+        check_metadata(meta)
         st = meta["settings"]
         model = GNNModel(st["arch"], len(NODE_FEATURES), len(EDGE_FEATURES), len(GLOBAL_FEATURES),
                          hidden=int(st["hidden"]), layers=int(st["layers"]), outputs=len(TARGETS))

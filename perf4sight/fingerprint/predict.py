@@ -23,7 +23,7 @@ import numpy as np
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, feature_matrix, network_features
 from perf4sight.features.allocator import REPLAY_PROTOCOLS, STEP_MEAN
-from perf4sight.fingerprint.storage import HeldOut, damaged, load_held_out, load_models
+from perf4sight.fingerprint.storage import FEATURE_SET, HeldOut, check_metadata, damaged, load_held_out, load_models
 from perf4sight.fingerprint.trees import TargetModel
 from perf4sight.ir.schema import NetworkDescription, load_description
 from perf4sight.wording import plural
@@ -266,6 +266,7 @@ def load_fingerprint(folder: str | Path) -> Fingerprint:
         if t not in models:
             raise UserError(f"{folder}: fingerprint lacks the {t} model")
     try:
+        check_metadata(meta, FEATURE_SET)
         fp = Fingerprint(models, meta, load_held_out(folder))
         for t in ("latency", "memory"):  # terms this version computes, one coefficient each
             models[t].analytic(np.ones((1, len(FEATURE_NAMES))))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,11 @@ from perf4sight.errors import UserError
 from perf4sight.fingerprint.trees import TargetModel, TreeEnsemble
 from perf4sight.profiling.results import batch_size_of
 
-__all__ = ["save_models", "load_models", "load_held_out", "stored_predictions", "damaged", "HeldOut",
-           "METADATA_FILE", "MODELS_FILE", "HELD_OUT_FILE"]
+__all__ = ["save_models", "load_models", "load_held_out", "stored_predictions", "damaged", "check_metadata", "HeldOut",
+           "METADATA_FILE", "MODELS_FILE", "HELD_OUT_FILE", "FEATURE_SET"]
+
+#: The features a tree fingerprint is fitted on; a fingerprint stored with another set is refused.
+FEATURE_SET = "perf4sight-graph-v1"
 
 METADATA_FILE = "metadata.json"
 MODELS_FILE = "models.npz"
@@ -100,6 +104,44 @@ def load_models(folder: str | Path) -> tuple[dict[str, TargetModel], dict[str, A
     except (KeyError, ValueError, TypeError, AttributeError, IndexError, OSError, EOFError, zipfile.BadZipFile) as exc:
         raise damaged(d, exc) from None
     return models, meta
+
+
+def check_metadata(meta: Any, feature_set: str | None = None) -> None:
+    """``ValueError`` naming the first field a predictor reads from ``meta`` (a fingerprint's or a GNN's
+    metadata) that does not have the form the fit writes; ``feature_set``: the one a trees fingerprint needs."""
+    if not isinstance(meta, dict):
+        raise ValueError(f"metadata is a {type(meta).__name__}, not an object")
+    if feature_set is not None and meta.get("feature_set") != feature_set:
+        raise ValueError(f"feature_set is {meta.get('feature_set')!r}; this version computes {feature_set!r}")
+    if not isinstance(meta.get("device", ""), str):
+        raise ValueError("device is not a string")
+    shape = meta.get("input_shape")
+    if shape is not None and not (isinstance(shape, list) and len(shape) == 3
+                                  and all(isinstance(v, int) and v > 0 for v in shape)):
+        raise ValueError(f"input_shape {shape!r} is not [C, H, W]")
+    cap = meta.get("capacity_mb")
+    if cap is not None and not (isinstance(cap, (int, float)) and not isinstance(cap, bool)
+                                and math.isfinite(cap) and cap > 0):
+        raise ValueError(f"capacity_mb {cap!r} is not a positive number (or null: unknown)")
+    domain = meta.get("training_domain")
+    if domain is not None and not isinstance(domain, dict):
+        raise ValueError("training_domain is not an object")
+    interval = meta.get("interval")
+    quantiles = interval.get("log_ratio_quantiles") if isinstance(interval, dict) else None
+    if not isinstance(quantiles, dict):
+        raise ValueError("interval.log_ratio_quantiles is missing")
+    for key, band in _bands(quantiles):
+        if not (isinstance(band, list) and len(band) == 2 and all(isinstance(v, (int, float)) for v in band)
+                and band[0] <= band[1]):
+            raise ValueError(f"interval band '{key}' is {band!r}, not [low, high]")
+
+
+def _bands(quantiles: dict[str, Any]) -> list[tuple[str, Any]]:
+    """(name, [low, high]) of a trees fingerprint's ``{target: band}`` or a GNN's ``{predictor: {target: band}}``."""
+    out: list[tuple[str, Any]] = []
+    for key, value in quantiles.items():
+        out += [(f"{key}.{t}", b) for t, b in value.items()] if isinstance(value, dict) else [(key, value)]
+    return out
 
 
 def damaged(folder: str | Path, exc: BaseException) -> UserError:
