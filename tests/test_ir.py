@@ -107,6 +107,70 @@ def test_tensor_indexing_becomes_select_and_narrow():
         describe(Batchwise(), [3, 4, 4], name="batchwise")
 
 
+def test_a_chunk_taken_whole_computes_what_the_module_computes():
+    """``torch.cat(x.chunk(2, 1)[::-1]...)``-style use of a chunk's tuple without indexing it: the cat had no
+    inputs (and predicting raised torch's own error deep inside); each piece is a narrow node now."""
+    class Swap(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+        def forward(self, x):
+            y = torch.cat(self.conv(x).chunk(2, 1), 1)  # the tuple, whole
+            a, b = y.chunk(2, 1)                        # the tuple, indexed
+            return torch.cat([b, a], 1).mean((2, 3))
+
+    original = Swap().eval()
+    desc = NetworkDescription.from_dict(describe(original, [3, 5, 5], name="swap").to_dict())
+    assert [len(n.inputs) for n in desc.nodes if n.op == "cat"] == [2, 2]
+    rebuilt = build_module(desc).eval()
+    for p_new, p_old in zip(rebuilt.parameters(), original.parameters()):
+        p_new.data.copy_(p_old.data)
+    x = torch.randn(2, 3, 5, 5)
+    assert torch.allclose(rebuilt(x), original(x), atol=1e-6)
+
+
+class _Recurrent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.lstm, self.fc = nn.Conv2d(3, 8, 3), nn.LSTM(8, 16, batch_first=True), nn.Linear(16, 10)
+
+    def forward(self, x):
+        out, _ = self.lstm(self.conv(x).flatten(2).transpose(1, 2))
+        return self.fc(out[:, -1])
+
+
+class _Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.attn = nn.Conv2d(3, 16, 3), nn.MultiheadAttention(16, 2, batch_first=True)
+
+    def forward(self, x):
+        y = self.conv(x).flatten(2).transpose(1, 2)
+        return self.attn(y, y, y)[0].mean(1)
+
+
+class _MeanOfAll(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        return self.conv(x).mean()
+
+
+@pytest.mark.parametrize("module, expected", [
+    (_Recurrent(), "rnn: module 'lstm' of type LSTM has no description op"),  # was dropped: its tuple was read
+    (_Attention(), "rnn: module 'attn' of type MultiheadAttention has no description op"),  # as a chunk's
+    (_MeanOfAll(), r"rnn: cannot describe node mean \(ValueError: a mean over every dimension"),  # a TypeError
+    ("resnet18", "rnn: expected a torch nn.Module instance .* got str"),  # an AttributeError
+])
+def test_what_the_schema_cannot_express_is_one_line_naming_it(module, expected):
+    with pytest.raises(UserError, match=expected) as exc:
+        describe(module, [3, 8, 8], name="rnn")
+    assert "\n" not in str(exc.value)
+
+
 def test_untraceable_module_gives_a_clear_error():
     class Branchy(nn.Module):
         def forward(self, x):

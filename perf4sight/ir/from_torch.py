@@ -95,6 +95,8 @@ def _arg(n: fx.Node, i: int, key: str, default: Any = None) -> Any:
 
 
 def _dims(v: Any) -> list[int]:
+    if v is None:  # torch.mean(x): the batch dimension too, which a description leaves out
+        raise ValueError("a mean over every dimension (no dim given) reduces the batch too; give dim=")
     return [int(v)] if isinstance(v, int) else [int(d) for d in v]
 
 
@@ -241,6 +243,9 @@ def describe(module: nn.Module, input_shape: list[int], name: str, network: str 
     trace, a forward that fails at ``input_shape`` (naming the shape and torch's message), and naming the
     first op or module the schema cannot express.
     """
+    if not isinstance(module, nn.Module):
+        raise UserError(f"{name}: expected a torch nn.Module instance (e.g. torchvision.models.resnet18()), "
+                        f"got {type(module).__name__}")
     input_shape = check_input_shape(input_shape, name)
     was_training = module.training
     module.eval()
@@ -257,47 +262,105 @@ def describe(module: nn.Module, input_shape: list[int], name: str, network: str 
     return desc
 
 
+_SPLITS = {torch.chunk, "chunk", torch.split, "split"}  # ops whose tuple of tensors a description can index
+
+
 def _convert(gm: fx.GraphModule, where: str) -> tuple[list[Node], str]:
     nodes: list[Node] = []
     alias: dict[str, str] = {}  # fx node name -> description node name that holds its value
+    pieces: dict[str, list[str]] = {}  # chunk/split node used whole (torch.cat(x.chunk(2, 1))) -> its narrow nodes
     output = ""
     for n in gm.graph.nodes:
         if n.op == "output":
             output = alias[n.args[0].name]
             continue
-        shape = _shape(n)
-        tensor_inputs = _tensor_inputs(n, alias)
-        if n.op == "placeholder":
-            nodes.append(Node("input", "input", [], {}, shape or []))
-            alias[n.name] = "input"
-            continue
-        if n.op == "call_function" and n.target is operator.getitem:
-            converted = _getitem(n, alias)
-            if converted is not None:
-                nodes.append(converted)
-                alias[n.name] = converted.name
-                continue
-        if shape is None:  # sizes, shape arithmetic, tuples from chunk/split: resolved by their consumers
-            continue
-        op, attrs = _op_of(n, gm, where)
-        if op == "alias":
-            alias[n.name] = tensor_inputs[0]
-            continue
-        if op in ("add", "mul") and len(tensor_inputs) == 1:
-            scalar = next(a for a in n.args if not isinstance(a, fx.Node))
-            attrs = {"scalar": float(scalar)}
-        if op == "reshape":
-            tensor_inputs = tensor_inputs[:1]
-        nodes.append(Node(n.name, op, tensor_inputs, attrs, shape))
-        alias[n.name] = n.name
+        try:
+            converted = _convert_node(n, gm, where, alias, pieces)
+        except UserError:
+            raise
+        except Exception as exc:  # an fx pattern this converter does not know: one line naming the node
+            raise UserError(f"{where}: cannot describe node {n.name} ({_root_message(exc)})") from None
+        for node in converted:
+            nodes.append(node)
     return nodes, output
 
 
-def _tensor_inputs(n: fx.Node, alias: dict[str, str]) -> list[str]:
+def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, str],
+                  pieces: dict[str, list[str]]) -> list[Node]:
+    """The description nodes of fx node ``n`` (none for shape queries and aliases); fills ``alias``."""
+    shape = _shape(n)
+    if n.op == "placeholder":
+        alias[n.name] = "input"
+        return [Node("input", "input", [], {}, shape or [])]
+    if n.op == "call_function" and n.target is operator.getitem:
+        converted = _getitem(n, alias)
+        if converted is not None:
+            alias[n.name] = converted.name
+            return [converted]
+    if shape is None and n.op != "call_module":  # sizes, shape arithmetic, tuples from chunk/split: resolved by
+        return []                                # their consumers (a module returning a tuple is no op: below)
+    op, attrs = _op_of(n, gm, where)
+    out = _whole_splits(n, alias, pieces)
+    tensor_inputs = _tensor_inputs(n, alias, pieces)
+    _check_inputs(n, alias, pieces, where)
+    if op == "alias":
+        alias[n.name] = tensor_inputs[0]
+        return out
+    if not tensor_inputs:
+        raise UserError(f"{where}: {op} (node {n.name}) has no tensor input the description can follow")
+    if op in ("add", "mul") and len(tensor_inputs) == 1:
+        scalar = next(a for a in n.args if not isinstance(a, fx.Node))
+        attrs = {"scalar": float(scalar)}
+    if op == "reshape":
+        tensor_inputs = tensor_inputs[:1]
+    alias[n.name] = n.name
+    return out + [Node(n.name, op, tensor_inputs, attrs, shape)]
+
+
+def _whole_splits(n: fx.Node, alias: dict[str, str], pieces: dict[str, list[str]]) -> list[Node]:
+    """Narrow nodes for each piece of a chunk/split that ``n`` takes whole (not indexed), made once."""
+    made: list[Node] = []
+
+    def expand(a: fx.Node) -> None:
+        meta = a.meta.get("tensor_meta")
+        if a.name in alias or a.name in pieces or a.target not in _SPLITS or not isinstance(meta, (tuple, list)) \
+                or hasattr(meta, "shape") or a.args[0].name not in alias:
+            return
+        dim = int(_arg(a, 2, "dim", 0))
+        dim = dim if dim >= 0 else dim + len(meta[0].shape)
+        start, names = 0, []
+        for i, m in enumerate(meta):
+            length = int(m.shape[dim])
+            made.append(Node(f"{a.name}__{i}", "narrow", [alias[a.args[0].name]],
+                             {"dim": dim, "start": start, "length": length}, list(m.shape)[1:]))
+            names.append(made[-1].name)
+            start += length
+        pieces[a.name] = names
+    fx.node.map_arg((n.args, n.kwargs), expand)
+    return made
+
+
+def _tensor_inputs(n: fx.Node, alias: dict[str, str], pieces: dict[str, list[str]] | None = None) -> list[str]:
     """Tensor arguments in argument order, repeats kept (``torch.cat([x, x])`` has two inputs)."""
     found: list[str] = []
-    fx.node.map_arg((n.args, n.kwargs), lambda a: found.append(alias[a.name]) if a.name in alias else None)
+
+    def add(a: fx.Node) -> None:
+        if a.name in alias:
+            found.append(alias[a.name])
+        elif pieces and a.name in pieces:
+            found.extend(pieces[a.name])
+    fx.node.map_arg((n.args, n.kwargs), add)
     return found
+
+
+def _check_inputs(n: fx.Node, alias: dict[str, str], pieces: dict[str, list[str]], where: str) -> None:
+    """``UserError`` when an argument of ``n`` carries tensors the description does not follow (e.g. the
+    tuple a module returned), instead of leaving that input out."""
+    def check(a: fx.Node) -> None:
+        if a.name not in alias and a.name not in pieces and a.meta.get("tensor_meta") is not None:
+            raise UserError(f"{where}: node {n.name} takes {a.name}, a value the description cannot follow "
+                            "(a tuple of tensors, or a tensor made by an op it has no op for)")
+    fx.node.map_arg((n.args, n.kwargs), check)
 
 
 def _getitem(n: fx.Node, alias: dict[str, str]) -> Node | None:
@@ -308,9 +371,10 @@ def _getitem(n: fx.Node, alias: dict[str, str]) -> Node | None:
     meta = source.meta.get("tensor_meta") if isinstance(source, fx.Node) else None
     if hasattr(meta, "shape") and isinstance(index, tuple):
         return _index(n, source, index, meta.shape, alias)
-    # a tuple of tensors (TensorMetadata is itself a named tuple: indexing a tensor is not this case)
+    # a tuple of tensors from chunk/split (TensorMetadata is itself a named tuple: indexing a tensor is not this
+    # case); another op's tuple, such as a module's (output, state), has no description
     if not isinstance(index, int) or not isinstance(meta, (tuple, list)) or hasattr(meta, "shape") \
-            or not hasattr(meta[index], "shape"):
+            or not hasattr(meta[index], "shape") or source.target not in _SPLITS:
         return None
     dim = int(_arg(source, 2, "dim", 0))
     dim = dim if dim >= 0 else dim + len(meta[index].shape)
