@@ -84,7 +84,7 @@ def run_networks(cfg: Config, args: argparse.Namespace) -> int:
     from perf4sight.networks.build import make_networks, reshaped_description_notes
 
     if cfg.networks.pruning.strategy == "random" and cfg.networks.pruning.levels != [0]:
-        notes.print("note: [networks.pruning] strategy 'random' gives the same descriptions as 'l1-norm' (a level "
+        notes.print("note: [networks.pruning] strategy 'random' gives the same shapes as 'l1-norm' (a level "
                     "removes the same share of every group's channels whatever the ranking, and a description holds "
                     "only shapes); 'random-weighted' varies the share per layer", markup=False)
     net = cfg.networks
@@ -103,6 +103,9 @@ def run_networks(cfg: Config, args: argparse.Namespace) -> int:
     console.print(f"networks: {plural(len(made.rows), 'description')} under {cfg.models_dir} "
                   f"in {time.perf_counter() - started:.1f} s")
     changes = [f"{len(made.added)} added ({named(made.added)})"] if made.added else []
+    if made.changed:
+        changes.append(f"{len(made.changed)} changed under the same name ({named(made.changed)}; the profile stage "
+                       "measures them again)")
     if made.removed:
         changes.append(f"{len(made.removed)} no longer made ({named(made.removed)}; their descriptions and "
                        "measurements stay on disk, and the later stages leave them out)")

@@ -318,6 +318,11 @@ def test_an_unreachable_level_is_left_out_and_a_rerun_says_what_changed(tmp_path
     assert "manifest changed: 1 added (tiny_vgg_l50), 1 no longer made (tiny_vgg_l30;" in second.stdout
     assert changed_settings_note(load_config(config)) is None
 
+    config.write_text(text.replace("[0, 30, 90]", "[0, 50]").replace("min_channels = 32", "min_channels = 8"))
+    third = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert third.returncode == 0, third.stderr[-2000:]
+    assert "manifest changed: 1 changed under the same name (tiny_vgg_l50; the profile stage measures" in third.stdout
+
     config.write_text(text.replace("[0, 30, 90]", "[90]"))
     none_left = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert none_left.returncode == 2 and "no network made: every [networks.pruning] level was out of reach" \
@@ -407,3 +412,22 @@ def test_a_pruned_description_file_keeps_its_name_and_family(tmp_path: Path) -> 
         ("tiny_vgg_l0", "tiny_vgg"), ("tiny_vgg_l20", "tiny_vgg"),
         ("tiny_vgg_l40_l0", "tiny_vgg"), ("tiny_vgg_l40_l20", "tiny_vgg")]
     assert int(rows[2]["params"]) == pruned.params and int(rows[3]["params"]) < pruned.params
+
+    # generated networks keep their names too (they were named by their style family, which others share)
+    cfg = load_config(tmp_path / "config.toml")
+    gen = [save_description(d, tmp_path / "nets" / f"{d.name}.json")
+           for d in generate(GeneratorSettings(count=2, seed=1, styles=("vgg",)), SHAPE, CLASSES)]
+    (tmp_path / "config.toml").write_text(
+        f'[networks]\nzoo = []\ndescription_files = ["{gen[0]}", "{gen[1]}"]\n'
+        'input_shape = [3, 32, 32]\nnum_classes = 10\n[networks.pruning]\nlevels = [0]\n')
+    rows = make_networks(load_config(tmp_path / "config.toml")).rows
+    assert [(r["network"], r["family"]) for r in rows] == [("gen_1_0_l0", "gen-vgg-vgg-vgg-vgg"),
+                                                           ("gen_1_1_l0", "gen-vgg-vgg-vgg-vgg")]
+
+    # a description file the stage itself writes: two runs of one config would make different networks
+    (tmp_path / "config.toml").write_text(
+        f'[networks]\nzoo = []\nfactories = ["{TINY}:tiny_vgg"]\n'
+        f'description_files = ["{cfg.models_dir}/pruned/l1-norm/tiny_vgg_l20.json"]\n'
+        'input_shape = [3, 32, 32]\nnum_classes = 10\n[networks.pruning]\nlevels = [0, 20]\n')
+    with pytest.raises(UserError, match=r"tiny_vgg_l20.json is a file this networks stage writes .*copy it out"):
+        make_networks(load_config(tmp_path / "config.toml"))

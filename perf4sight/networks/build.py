@@ -54,12 +54,14 @@ Progress = Callable[[str], None]
 class NetworksMade:
     """What one networks stage made: the manifest ``rows``; ``skipped``, one line per pruning level a network
     could not reach (left out); ``added`` and ``removed``, the variant names the manifest gained and lost
-    against the one it replaced (both empty on a first run)."""
+    against the one it replaced (both empty on a first run); ``changed``, the names whose description file
+    this run rewrote with other content (the profile stage measures them again)."""
 
     rows: list[dict[str, Any]]
     skipped: list[str]
     added: list[str]
     removed: list[str]
+    changed: list[str] = dataclasses.field(default_factory=list)  # same name, other description: measured again
 
 
 @dataclass
@@ -83,9 +85,11 @@ def sources(cfg: Config) -> list[Source]:
         found.append(Source(factory.name, factory.source, lambda f=factory: build_factory_model(f, nc)))
     for fname in cfg.networks.description_files:
         desc = load_description(cfg.resolve(fname))
-        # a pruned description keeps its own name (resnet18_l30 -> resnet18_l30_l0, not resnet18_l0, which reads
-        # as the unpruned network) and the family of the network it was pruned from
-        name = desc.name if desc.pruning_level else desc.network or desc.name
+        # a pruned or generated description keeps its own name (resnet18_l30 -> resnet18_l30_l0, not resnet18_l0,
+        # which reads as the unpruned network; gen_0_1 -> gen_0_1_l0, not its style family's name, which other
+        # generated networks share) and the family of the network it derives from
+        own = desc.pruning_level or desc.extra.get("source") == "generator"
+        name = desc.name if own else desc.network or desc.name
         found.append(Source(name, f"description:{fname}", lambda d=desc: build_module(d), desc.network or desc.name))
     names = [s.name for s in found]
     dupes = sorted({n for n in names if names.count(n) > 1})
@@ -96,15 +100,21 @@ def sources(cfg: Config) -> list[Source]:
 
 def reshaped_description_notes(cfg: Config) -> list[str]:
     """One note per ``[networks] description_files`` entry described at another input shape than
-    ``[networks] input_shape``: the networks stage rebuilds it and describes its variants at the configured one."""
+    ``[networks] input_shape`` (the networks stage rebuilds it and describes its variants at the configured one),
+    and one per entry with another class count than ``[networks] num_classes`` (kept)."""
     want = list(cfg.networks.input_shape)
     lines = []
     for fname in cfg.networks.description_files:
-        have = list(load_description(cfg.resolve(fname)).input_shape)
+        desc = load_description(cfg.resolve(fname))
+        have = list(desc.input_shape)
         if have != want:
             lines.append(f"note: [networks] description_files: {fname} is described at input shape "
                          f"{'x'.join(map(str, have))}; its networks are built at [networks] input_shape "
                          f"{'x'.join(map(str, want))}")
+        if desc.num_classes != cfg.networks.num_classes:
+            lines.append(f"note: [networks] description_files: {fname} has {desc.num_classes} classes, and keeps "
+                         f"them ([networks] num_classes = {cfg.networks.num_classes} applies to zoo and factory "
+                         "networks)")
     return lines
 
 
@@ -222,6 +232,26 @@ def _manifest_names(path: Path) -> list[str]:
         return []
 
 
+def _check_not_an_output(cfg: Config, outputs: list[Path]) -> None:
+    """``UserError`` for a ``[networks] description_files`` entry that this run writes over: it would be read
+    before the run and rewritten by it, so two runs of one config would make different networks."""
+    written = {p.resolve() for p in outputs}
+    for fname in cfg.networks.description_files:
+        if cfg.resolve(fname).resolve() in written:
+            raise UserError(f"{cfg.path}: [networks] description_files: {fname} is a file this networks stage "
+                            "writes (a variant or generated network it makes); copy it out of "
+                            f"{cfg.models_dir} and name the copy")
+
+
+def _save(desc: NetworkDescription, path: Path, changed: list[str]) -> Path:
+    """Save ``desc`` at ``path``; its name goes into ``changed`` when the file held another description."""
+    old = path.read_bytes() if path.is_file() else None
+    save_description(desc, path)
+    if old is not None and old != path.read_bytes():
+        changed.append(desc.name)
+    return path
+
+
 def make_networks(cfg: Config, progress: Progress | None = None) -> NetworksMade:
     """Run the networks stage for ``cfg``; the manifest rows are also written to disk."""
     net, pr, gen = cfg.networks, cfg.networks.pruning, cfg.networks.generator
@@ -229,19 +259,24 @@ def make_networks(cfg: Config, progress: Progress | None = None) -> NetworksMade
     before = _manifest_names(models_dir / "manifest.csv")
     rows: list[dict[str, Any]] = []
     skipped: list[str] = []
+    changed: list[str] = []
     # generated networks are drawn first (in memory, seconds): constraints that too few candidates satisfy
     # fail before the pruning (minutes) instead of after it
     generated: list[NetworkDescription] = []
     if gen.count > 0:
         generated = generate(GeneratorSettings.from_config(gen), list(net.input_shape), net.num_classes,
                              config=cfg.path)
-    if net.zoo or net.factories or net.description_files:
+    found = sources(cfg) if net.zoo or net.factories or net.description_files else []
+    _check_not_an_output(cfg, [models_dir / "pruned" / pr.strategy / f"{variant_name(src.name, lvl)}.json"
+                               for src in found for lvl in pr.levels]
+                         + [models_dir / "generated" / f"{desc.name}.json" for desc in generated])
+    if found:
         folder = models_dir / "pruned" / pr.strategy
         pruned_rows = []
-        for src in sources(cfg):
+        for src in found:
             for desc in prune_source(src, list(net.input_shape), list(pr.levels), pr.strategy, pr.min_channels,
                                      pr.seed, progress, skipped):
-                path = save_description(desc, folder / f"{desc.name}.json")
+                path = _save(desc, folder / f"{desc.name}.json", changed)
                 pruned_rows.append(_row(desc, path, models_dir))
         write_manifest(pruned_rows, folder / "manifest.csv")
         rows += pruned_rows
@@ -249,7 +284,7 @@ def make_networks(cfg: Config, progress: Progress | None = None) -> NetworksMade
         folder = models_dir / "generated"
         gen_rows = []
         for desc in generated:
-            path = save_description(desc, folder / f"{desc.name}.json")
+            path = _save(desc, folder / f"{desc.name}.json", changed)
             gen_rows.append(_row(desc, path, models_dir))
         write_manifest(gen_rows, folder / "manifest.csv")
         if progress:
@@ -264,4 +299,4 @@ def make_networks(cfg: Config, progress: Progress | None = None) -> NetworksMade
         tmp.write_text(json.dumps({"settings_sha": settings_sha(cfg), "config": str(cfg.path)}, indent=1) + "\n")
     names = [r["network"] for r in rows]
     return NetworksMade(rows, skipped, [n for n in names if n not in before] if before else [],
-                        [n for n in before if n not in names])
+                        [n for n in before if n not in names], changed)
