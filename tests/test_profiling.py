@@ -554,6 +554,19 @@ def test_fleet_summary_counts_earlier_rows_and_says_error_rows_are_not_retried(t
     assert "2/2 rows (0 new)" in line and "error 2" in line and "delete them from the CSV to retry" in line
 
 
+def test_a_malformed_description_stops_the_profile_before_any_row(tmp_path):
+    """A description file that is not valid JSON became an `error` row on every device, never retried, and the
+    stage exited 0: it is the user's to fix, one line and exit 2, nothing measured."""
+    from perf4sight.profiling.fleet import profile_devices
+
+    cfg = load_config(write_config(tmp_path))
+    good = write_net(tmp_path, "tiny")
+    (tmp_path / "cut.json").write_text(good.read_text()[:40])
+    with pytest.raises(UserError, match=r"cut\.json.*not valid JSON"):
+        profile_devices(cfg, ["local"], [good, tmp_path / "cut.json"], show_progress=False)
+    assert not results.results_path(cfg.profiling_dir, "local").exists()
+
+
 def test_devices_of_this_machine_take_turns(tmp_path):
     """Two local devices profiled side by side shared the cores and slowed each other's steps down (up to 2.5x
     in a review): they are measured one after the other, so one device's rows all precede the other's."""

@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 from perf4sight.config import Config, DeviceConfig
 from perf4sight.errors import UserError
+from perf4sight.ir.schema import load_description
 from perf4sight.wording import plural
 from perf4sight.profiling.local import stop_runners
 from perf4sight.profiling.remote import (PROBE, DeviceSummary, RemoteProfiler, covering, expected_keys,
@@ -158,6 +159,8 @@ def profile_devices(cfg: Config, names: Sequence[str] | None, descriptions: Sequ
     missing = [str(d) for d in descs if not d.is_file()]
     if missing:
         raise UserError(f"network description not found: {missing[0]}")
+    for d in descs:  # a malformed file is the user's to fix (exit 2), not an error row measured on every device
+        load_description(d)
     bars = _bars() if show_progress else None
     tasks: dict[str, Any] = {}
     lock = threading.Lock()
