@@ -21,7 +21,7 @@ from perf4sight.dataset import (ZOO_CACHE, dataset_descriptions, device_dataset,
                                 is_description_file, measured_devices, resolve_networks, undescribed_note)
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription
-from perf4sight.profiling.results import incomplete_note, results_path
+from perf4sight.profiling.results import incomplete_note, number, results_path
 from perf4sight.wording import named, plural
 
 if TYPE_CHECKING:  # the importers are imported by the import stage alone
@@ -155,6 +155,23 @@ def _predictor(cfg: Config, args: argparse.Namespace) -> str:
 GNN_FEW_ROWS = 200  # below this many training rows the GNN fit is noted as too small to trust
 
 
+def _over_limit_note(cfg: Config, device: str, rows: list[dict[str, str]]) -> str:
+    """A note when ok rows of a cpu device peaked above its ``memory_limit_mb`` (measured before the limit was
+    set or lowered): the fingerprint takes the limit as the capacity, and they say otherwise ('' if none)."""
+    dev = cfg.devices.get(device)
+    limit = dev.memory_limit_mb if dev is not None and dev.backend == "cpu" else 0
+    if not limit:
+        return ""
+    over = [r for r in rows if r.get("status") == "ok" and (number(r.get("peak_rss_mb")) or 0) > limit]
+    if not over:
+        return ""
+    nets = sorted({str(r.get("network")) for r in over})
+    return (f"note: {device}: {plural(len(over), 'ok row')} ({named(nets)}) peaked above [devices.{device}] "
+            f"memory_limit_mb = {limit:g} MiB, so {'it was' if len(over) == 1 else 'they were'} measured under another "
+            "limit; the fingerprint takes the limit as the capacity and predicts such steps not to fit (to record "
+            f"them as oom, delete their lines from {results_path(cfg.profiling_dir, device)} and profile again)")
+
+
 def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
     from perf4sight.fingerprint.api import fit_device
 
@@ -164,7 +181,7 @@ def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
     predictor = _predictor(cfg, args)
     for device in devices:
         descriptions, shas, rows, note = device_dataset(cfg, device)  # each description parsed once per device
-        for line in (note, undescribed_note(cfg, device, rows, descriptions)):
+        for line in (note, undescribed_note(cfg, device, rows, descriptions), _over_limit_note(cfg, device, rows)):
             if line:
                 notes.print(line, markup=False)
         if predictor in ("trees", "ensemble"):

@@ -109,6 +109,10 @@ def test_all_stages_then_predict_json(tmp_path):
     assert "local: " in stale.stderr and "changed after its fingerprint was fitted" in stale.stderr
     unknown = main_py(tmp_path, "--stage", "predict", "--network", "resnet18", "--max-batch-size")
     assert unknown.returncode == 2 and "capacity is unknown" in unknown.stderr  # no oom row, no limit
+    (tmp_path / "config.toml").write_text(CONFIG.replace('backend = "cpu"', 'backend = "cpu"\nmemory_limit_mb = 100'))
+    low = main_py(tmp_path, "--stage", "fingerprint")  # a limit set after the rows were measured under none
+    assert low.returncode == 0 and "8 ok rows (resnet18_l0, resnet18_l50, squeezenet1_1_l0, ...) peaked above " \
+        "[devices.local] memory_limit_mb = 100 MiB" in " ".join(low.stderr.split())
     (tmp_path / "config.toml").write_text(CONFIG.replace('backend = "cpu"', 'backend = "cpu"\nmemory_limit_mb = 2000'))
     refit = main_py(tmp_path, "--stage", "fingerprint")  # the limit is the capacity now
     assert refit.returncode == 0 and "MAPE" in refit.stdout  # without --json the tables are on stdout
