@@ -153,7 +153,9 @@ def test_predict_rejects_what_is_not_a_description(fitted, tmp_path):
     for bad, expected in ((42, "got int$"), ([descs["deep_w8"], 3.5], r"got float \(item 1\)"),
                           ({"deep_w8": descs["deep_w8"]}, "got dict$"), ([], "no networks given"),
                           (_cnn(4, 1), r"got a torch module \(Sequential\); use predict_module"),
-                          (tmp_path / "missing.json", "missing.json: network description file not found")):
+                          (tmp_path / "missing.json", "missing.json: network description file not found"),
+                          ("resnet18", r"'resnet18' is not a description file; for a torchvision network use "
+                                       r"predict_module\(torchvision.models.resnet18\(\)")):
         with pytest.raises(UserError, match=expected) as exc:
             fp.predict(bad, [8])
         _one_line(exc)

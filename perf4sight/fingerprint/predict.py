@@ -86,6 +86,10 @@ def as_descriptions(descs: Any, kinds: tuple[type, ...] = (NetworkDescription, N
     out = []
     for i, d in enumerate(items):
         if isinstance(d, (str, Path)):
+            if isinstance(d, str) and d.isidentifier() and not Path(d).exists():  # 'resnet18': a zoo name?
+                raise UserError(f"predict: '{d}' is not a description file; for a torchvision network use "
+                                f"predict_module(torchvision.models.{d}(), input_shape, batch_sizes), or give the "
+                                "description .json file")
             d = load_description(d)
         if not isinstance(d, kinds):
             where = "" if one else f" (item {i})"
