@@ -77,6 +77,15 @@ def test_residual_concat_and_chunk_are_kept():
     assert tuple(out.shape) == (2, 4 * 6 * 6)
 
 
+def _assert_same_function(desc: NetworkDescription, original: nn.Module, input_shape: list[int]) -> None:
+    """The module rebuilt from ``desc``, given ``original``'s weights, computes what ``original`` computes."""
+    rebuilt = build_module(desc).eval()
+    for p_new, p_old in zip(rebuilt.parameters(), original.parameters()):
+        p_new.data.copy_(p_old.data)
+    x = torch.randn(2, *input_shape)
+    assert torch.allclose(rebuilt(x), original(x), atol=1e-6)
+
+
 def test_tensor_indexing_becomes_select_and_narrow():
     """``x[:, :, 0]`` is a select and ``x[:, 2:6]`` a narrow, computing what the module computes;
     indexing the batch or two dimensions at once is a clear error."""
@@ -93,11 +102,7 @@ def test_tensor_indexing_becomes_select_and_narrow():
     desc = describe(original, [3, 5, 5], name="indexed")
     picked = {n.op: n.attrs for n in desc.nodes if n.op in ("select", "narrow")}
     assert picked == {"narrow": {"dim": 1, "start": 2, "length": 4}, "select": {"dim": 2, "index": 0}}
-    rebuilt = build_module(desc).eval()
-    for p_new, p_old in zip(rebuilt.parameters(), original.parameters()):
-        p_new.data.copy_(p_old.data)
-    x = torch.randn(2, 3, 5, 5)
-    assert torch.allclose(rebuilt(x), original(x), atol=1e-6)
+    _assert_same_function(desc, original, [3, 5, 5])
 
     class Batchwise(nn.Module):
         def forward(self, x):
@@ -123,11 +128,7 @@ def test_a_chunk_taken_whole_computes_what_the_module_computes():
     original = Swap().eval()
     desc = NetworkDescription.from_dict(describe(original, [3, 5, 5], name="swap").to_dict())
     assert [len(n.inputs) for n in desc.nodes if n.op == "cat"] == [2, 2]
-    rebuilt = build_module(desc).eval()
-    for p_new, p_old in zip(rebuilt.parameters(), original.parameters()):
-        p_new.data.copy_(p_old.data)
-    x = torch.randn(2, 3, 5, 5)
-    assert torch.allclose(rebuilt(x), original(x), atol=1e-6)
+    _assert_same_function(desc, original, [3, 5, 5])
 
 
 class _Recurrent(nn.Module):
