@@ -153,22 +153,23 @@ def is_description_file(name: str) -> bool:
     return name.endswith(".json") or Path(name).is_file()
 
 
-def _dataset_file(cfg: Config, name: str) -> Path | None:
-    """The description file of the dataset network (networks stage or import) called ``name``, if any."""
+def _dataset_files(cfg: Config, name: str) -> list[Path]:
+    """The description files of the dataset networks (networks stage, then each device's import) called
+    ``name``: none, one, or several (one per device that imported a graph of that name)."""
     from perf4sight.networks.build import read_manifest  # torch: as describe_zoo, the other way for a name
 
     manifest = cfg.models_dir / "manifest.csv"
+    found = []
     if manifest.is_file():
-        for row in read_manifest(manifest):
-            if row.get("network") == name and row.get("path"):
-                return cfg.models_dir / row["path"]
-    imported = sorted(p for p in (cfg.models_dir / "imported").glob("*/*.json") if p.stem == name)
-    return imported[0] if imported else None
+        found = [cfg.models_dir / row["path"] for row in read_manifest(manifest)
+                 if row.get("network") == name and row.get("path")][:1]
+    return found + sorted(p for p in (cfg.models_dir / "imported").glob("*/*.json") if p.stem == name)
 
 
 def resolve_networks(cfg: Config, names: list[str], input_shape: list[int]) -> list[NetworkDescription]:
     """Zoo names are described at ``input_shape`` (cached under ``<models_dir>/zoo-cache/``); anything
-    ending in .json is a description file."""
+    ending in .json is a description file; another name is a network of the dataset (a variant the networks
+    stage made, or a graph imported for a device), read from its description file."""
     from perf4sight.networks.zoo import ZOO_NAMES, describe_zoo
 
     out = []
@@ -177,9 +178,11 @@ def resolve_networks(cfg: Config, names: list[str], input_shape: list[int]) -> l
             raise UserError(f"{name}: is a folder; give description files (e.g. {Path(name) / '*.json'})")
         if is_description_file(name):
             out.append(load_description(name))
-        elif name not in ZOO_NAMES and (path := _dataset_file(cfg, name)):
-            raise UserError(f"'{name}' is not a zoo network but a network of the dataset: give its description "
-                            f"file, {path}")
+        elif name not in ZOO_NAMES and (paths := _dataset_files(cfg, name)):
+            if len({p.read_bytes() for p in paths}) > 1:
+                raise UserError(f"'{name}' names {len(paths)} different networks of the dataset: give one of their "
+                                f"description files, {', '.join(map(str, paths))}")
+            out.append(load_description(paths[0]))  # a variant the networks stage made, or an imported graph
         else:
             out.append(describe_zoo(name, input_shape, cfg.networks.num_classes, cache_dir=cfg.models_dir / ZOO_CACHE))
     return out

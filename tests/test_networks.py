@@ -355,21 +355,27 @@ def test_stage_reports_a_factory_whose_forward_fails_at_the_input_shape(tmp_path
     assert "forward fails at input shape [3, 32, 32]" in line and "expected input" in line and "1 channels" in line
 
 
-def test_a_dataset_network_named_as_if_it_were_a_zoo_network_names_its_file(tmp_path: Path) -> None:
-    """``--network resnet18_l30`` (a pruned variant, or an imported graph) said only "unknown network": the
-    error names the description file to give instead; zoo names and unknown names are as before."""
+def test_a_dataset_network_is_found_by_its_name(tmp_path: Path) -> None:
+    """``--network resnet18_l30`` (a pruned variant, or an imported graph) said only "give its description file"
+    though it knew the file: the file is read; a name that two devices' imported graphs share with different
+    contents names both files; zoo names and unknown names are as before."""
     from perf4sight.dataset import resolve_networks
+    from perf4sight.ir.schema import save_description
 
     (tmp_path / "config.toml").write_text('[networks]\nzoo = ["resnet18"]\n[devices.local]\nbackend = "cpu"\n')
     cfg = load_config(tmp_path / "config.toml")
-    (cfg.models_dir / "imported" / "tx2").mkdir(parents=True)
-    (cfg.models_dir / "imported" / "tx2" / "resnet50_0.json").write_text("{}")
+    (variant,) = prune_source(_tiny("tiny_vgg"), SHAPE, [30], "l1-norm", 4, seed=0)
+    save_description(variant, cfg.models_dir / "pruned" / "l1-norm" / "tiny_vgg_l30.json")
     (cfg.models_dir / "manifest.csv").write_text("network,family,path\n"
-                                                 "resnet18_l30,resnet18,pruned/l1-norm/resnet18_l30.json\n")
-    with pytest.raises(UserError, match=r"'resnet18_l30' is not a zoo network .*pruned/l1-norm/resnet18_l30\.json"):
-        resolve_networks(cfg, ["resnet18_l30"], [3, 32, 32])
-    with pytest.raises(UserError, match=r"'resnet50_0' is not a zoo network .*imported/tx2/resnet50_0\.json"):
-        resolve_networks(cfg, ["resnet50_0"], [3, 32, 32])
+                                                 "tiny_vgg_l30,tiny_vgg,pruned/l1-norm/tiny_vgg_l30.json\n")
+    graph = describe(build_factory_model(parse_factory(f"{TINY}:tiny_resnet", ROOT), CLASSES), SHAPE, "net_0")
+    for device in ("tx2", "tx3"):
+        save_description(graph, cfg.models_dir / "imported" / device / "net_0.json")
+    found = resolve_networks(cfg, ["tiny_vgg_l30", "net_0"], [3, 32, 32])
+    assert [(d.name, d.params) for d in found] == [("tiny_vgg_l30", variant.params), ("net_0", graph.params)]
+    (cfg.models_dir / "imported" / "tx3" / "net_0.json").write_text(variant.to_json())
+    with pytest.raises(UserError, match=r"'net_0' names 2 different networks .*tx2/net_0\.json, .*tx3/net_0\.json"):
+        resolve_networks(cfg, ["net_0"], [3, 32, 32])
     with pytest.raises(UserError, match="unknown network 'resnet19'"):
         resolve_networks(cfg, ["resnet19"], [3, 32, 32])
 
