@@ -280,8 +280,7 @@ def _convert(gm: fx.GraphModule, where: str) -> tuple[list[Node], str]:
             raise
         except Exception as exc:  # an fx pattern this converter does not know: one line naming the node
             raise UserError(f"{where}: cannot describe node {n.name} ({_root_message(exc)})") from None
-        for node in converted:
-            nodes.append(node)
+        nodes.extend(converted)
     return nodes, output
 
 
@@ -301,8 +300,7 @@ def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, s
         return []                                # their consumers (a module returning a tuple is no op: below)
     op, attrs = _op_of(n, gm, where)
     out = _whole_splits(n, alias, pieces)
-    tensor_inputs = _tensor_inputs(n, alias, pieces)
-    _check_inputs(n, alias, pieces, where)
+    tensor_inputs = _tensor_inputs(n, alias, pieces, where)
     if op == "alias":
         alias[n.name] = tensor_inputs[0]
         return out
@@ -326,41 +324,29 @@ def _whole_splits(n: fx.Node, alias: dict[str, str], pieces: dict[str, list[str]
         if a.name in alias or a.name in pieces or a.target not in _SPLITS or not isinstance(meta, (tuple, list)) \
                 or hasattr(meta, "shape") or a.args[0].name not in alias:
             return
-        dim = int(_arg(a, 2, "dim", 0))
-        dim = dim if dim >= 0 else dim + len(meta[0].shape)
-        start, names = 0, []
-        for i, m in enumerate(meta):
-            length = int(m.shape[dim])
-            made.append(Node(f"{a.name}__{i}", "narrow", [alias[a.args[0].name]],
-                             {"dim": dim, "start": start, "length": length}, list(m.shape)[1:]))
-            names.append(made[-1].name)
-            start += length
-        pieces[a.name] = names
+        new = [_split_piece(a, i, f"{a.name}__{i}", alias) for i in range(len(meta))]
+        made.extend(new)
+        pieces[a.name] = [piece.name for piece in new]
     fx.node.map_arg((n.args, n.kwargs), expand)
     return made
 
 
-def _tensor_inputs(n: fx.Node, alias: dict[str, str], pieces: dict[str, list[str]] | None = None) -> list[str]:
-    """Tensor arguments in argument order, repeats kept (``torch.cat([x, x])`` has two inputs)."""
+def _tensor_inputs(n: fx.Node, alias: dict[str, str], pieces: dict[str, list[str]], where: str) -> list[str]:
+    """Tensor arguments in argument order, repeats kept (``torch.cat([x, x])`` has two inputs); ``UserError``
+    for an argument carrying tensors the description does not follow (e.g. the tuple a module returned),
+    instead of leaving that input out."""
     found: list[str] = []
 
     def add(a: fx.Node) -> None:
         if a.name in alias:
             found.append(alias[a.name])
-        elif pieces and a.name in pieces:
+        elif a.name in pieces:
             found.extend(pieces[a.name])
-    fx.node.map_arg((n.args, n.kwargs), add)
-    return found
-
-
-def _check_inputs(n: fx.Node, alias: dict[str, str], pieces: dict[str, list[str]], where: str) -> None:
-    """``UserError`` when an argument of ``n`` carries tensors the description does not follow (e.g. the
-    tuple a module returned), instead of leaving that input out."""
-    def check(a: fx.Node) -> None:
-        if a.name not in alias and a.name not in pieces and a.meta.get("tensor_meta") is not None:
+        elif a.meta.get("tensor_meta") is not None:
             raise UserError(f"{where}: node {n.name} takes {a.name}, a value the description cannot follow "
                             "(a tuple of tensors, or a tensor made by an op it has no op for)")
-    fx.node.map_arg((n.args, n.kwargs), check)
+    fx.node.map_arg((n.args, n.kwargs), add)
+    return found
 
 
 def _getitem(n: fx.Node, alias: dict[str, str]) -> Node | None:
@@ -376,13 +362,17 @@ def _getitem(n: fx.Node, alias: dict[str, str]) -> Node | None:
     if not isinstance(index, int) or not isinstance(meta, (tuple, list)) or hasattr(meta, "shape") \
             or not hasattr(meta[index], "shape") or source.target not in _SPLITS:
         return None
-    dim = int(_arg(source, 2, "dim", 0))
+    return _split_piece(source, index, n.name, alias)
+
+
+def _split_piece(split: fx.Node, index: int, name: str, alias: dict[str, str]) -> Node:
+    """Piece ``index`` of the chunk/split node ``split`` as a ``narrow`` node called ``name``."""
+    meta = split.meta["tensor_meta"]
+    dim = int(_arg(split, 2, "dim", 0))
     dim = dim if dim >= 0 else dim + len(meta[index].shape)
     start = sum(int(m.shape[dim]) for m in meta[:index])
-    length = int(meta[index].shape[dim])
-    tensor = source.args[0]
-    return Node(n.name, "narrow", [alias[tensor.name]], {"dim": dim, "start": start, "length": length},
-                list(meta[index].shape)[1:])
+    return Node(name, "narrow", [alias[split.args[0].name]],
+                {"dim": dim, "start": start, "length": int(meta[index].shape[dim])}, list(meta[index].shape)[1:])
 
 
 def _index(n: fx.Node, source: fx.Node, index: tuple, shape: Any, alias: dict[str, str]) -> Node | None:
