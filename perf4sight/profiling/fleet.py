@@ -20,7 +20,7 @@ from perf4sight.config import Config, DeviceConfig
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import load_description
 from perf4sight.wording import plural
-from perf4sight.profiling.local import stop_runners
+from perf4sight.profiling.local import progress_bars, stop_runners
 from perf4sight.profiling.remote import (PROBE, DeviceSummary, RemoteProfiler, covering, expected_keys,
                                          known_hosts_path, plan_counts, probe_facts, probe_problems,
                                          remote_dir_name)
@@ -100,15 +100,6 @@ def check_devices(cfg: Config, names: Sequence[str] | None = None, timeout_s: fl
         return list(pool.map(lambda d: _check_one(cfg, d, timeout_s), devices))
 
 
-def _bars():
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    # progress is not output: on stderr, so that stdout piped to a file holds the stage's tables alone
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("{task.fields[note]}"), console=Console(stderr=True))
-
-
 def _profile_local(cfg: Config, dev: DeviceConfig, descriptions: Sequence[Path], progress,
                    cancel: threading.Event | None = None) -> DeviceSummary:
     """A local device goes through the local runner (``perf4sight.profiling.local.profile_local``)."""
@@ -161,7 +152,7 @@ def profile_devices(cfg: Config, names: Sequence[str] | None, descriptions: Sequ
         raise UserError(f"network description not found: {missing[0]}")
     for d in descs:  # a malformed file is the user's to fix (exit 2), not an error row measured on every device
         load_description(d)
-    bars = _bars() if show_progress else None
+    bars = progress_bars() if show_progress else None
     tasks: dict[str, Any] = {}
     lock = threading.Lock()
 

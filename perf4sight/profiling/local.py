@@ -150,27 +150,31 @@ def _events(lines: Any, tail: deque[str]) -> Any:
         yield event
 
 
-def _rich_sink(device: str) -> tuple[ProgressSink, Callable[[], None]]:
-    """A rich progress bar fed by runner events; returns (sink, close)."""
+def progress_bars() -> Any:
+    """Rich progress bars (one task per device: description, bar, done/total, time, its ``note`` field), on
+    stderr: progress is not output, so stdout piped to a file holds the stage's tables alone."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    # progress is not output: on stderr, so that stdout piped to a file holds the stage's tables alone
-    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), TextColumn("{task.fields[last]}"), transient=False,
-                   console=Console(stderr=True))
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("{task.fields[note]}"), console=Console(stderr=True))
+
+
+def _rich_sink(device: str) -> tuple[ProgressSink, Callable[[], None]]:
+    """A rich progress bar fed by runner events; returns (sink, close)."""
+    bar = progress_bars()
     state: dict[str, Any] = {}
 
     def sink(event: dict[str, Any]) -> None:
         kind = event.get("event")
         if kind == "plan":
             bar.start()
-            state["task"] = bar.add_task(f"profile {device}", total=event["total"], last="")
+            state["task"] = bar.add_task(f"profile {device}", total=event["total"], note="")
         elif kind in ("row", "already") and "task" in state:
             status = event.get("status", "already measured")
             extra = f" {event['latency_ms_median']} ms" if event.get("latency_ms_median") not in (None, "") else ""
             bar.update(state["task"], completed=event["index"],
-                       last=f"{event['network']} @ {event['batch_size']}: {status}{extra}")
+                       note=f"{event['network']} @ {event['batch_size']}: {status}{extra}")
 
     return sink, bar.stop
 
