@@ -33,6 +33,13 @@ __all__ = ["run", "STAGE_ORDER"]
 console = Console(stderr=False, highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 #: notes beside a result (stderr: `--stage predict --json` keeps stdout to JSON lines)
 notes = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _print_notes(*lines: str | None) -> None:
+    """Print each note of ``lines`` on stderr, as written (no rich markup); empty ones and None are none."""
+    for line in lines:
+        if line:
+            notes.print(line, markup=False)
 STAGE_ORDER = ("networks", "profile", "fingerprint", "predict", "compare")
 
 
@@ -94,8 +101,7 @@ def run_networks(cfg: Config, args: argparse.Namespace) -> int:
     if not net.pruning.levels and (net.zoo or net.factories or net.description_files):
         raise UserError(f"{cfg.path}: [networks.pruning] levels is empty: no variant of the zoo, factory or "
                         "description-file networks would be made (0 = the unpruned network)")
-    for line in reshaped_description_notes(cfg):
-        notes.print(line, markup=False)
+    _print_notes(*reshaped_description_notes(cfg))
     started = time.perf_counter()
     made = make_networks(cfg, progress=lambda message: console.print(f"  {message}", style="dim", markup=False))
     for line in made.skipped:
@@ -133,13 +139,8 @@ def run_profile(cfg: Config, args: argparse.Namespace) -> int:
 
     names = _configured(cfg, args.device or cfg.profile.devices or list(cfg.devices))
     descriptions = dataset_descriptions(cfg)
-    changed = changed_settings_note(cfg)
-    if changed:
-        notes.print(changed, markup=False)
-    for name in names:
-        note = incomplete_note(results_path(cfg.profiling_dir, name))
-        if note:
-            notes.print(note, markup=False)
+    _print_notes(changed_settings_note(cfg),
+                 *(incomplete_note(results_path(cfg.profiling_dir, name)) for name in names))
     summaries = profile_devices(cfg, names, descriptions)
     console.print(format_summaries(summaries), markup=False)
     for s in summaries:
@@ -181,9 +182,7 @@ def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
     predictor = _predictor(cfg, args)
     for device in devices:
         descriptions, shas, rows, note = device_dataset(cfg, device)  # each description parsed once per device
-        for line in (note, undescribed_note(cfg, device, rows, descriptions), _over_limit_note(cfg, device, rows)):
-            if line:
-                notes.print(line, markup=False)
+        _print_notes(note, undescribed_note(cfg, device, rows, descriptions), _over_limit_note(cfg, device, rows))
         if predictor in ("trees", "ensemble"):
             meta = fit_device(cfg, device, descriptions, shas, rows=rows)  # the rows read above, not read again
             meta["folder"] = str(cfg.fingerprint_dir / device)
@@ -470,8 +469,7 @@ def run_export(cfg: Config, args: argparse.Namespace) -> int:
     todo = {}
     for device in devices:  # every device checked before the first file is written
         descriptions, _, rows, note = device_dataset(cfg, device)
-        if note:
-            notes.print(note, markup=False)
+        _print_notes(note)
         pairs, skipped = exportable_rows(rows, descriptions)
         if not pairs:
             raise UserError(f"export: device '{device}' has no ok measurement whose network has a description "

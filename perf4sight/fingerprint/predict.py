@@ -279,6 +279,20 @@ def load_fingerprint(folder: str | Path) -> Fingerprint:
     return fp
 
 
+def _why_chosen(sel: dict[str, Any]) -> str:
+    """Why grouped CV chose ``sel["chosen"]`` (a model selection of the metadata), in brackets: the device kind's
+    preferred form kept within one standard error, or its CV score beside the runner-up's ('' without scores)."""
+    scores, chosen = sel.get("cv_mean_group_mape", {}), sel["chosen"]
+    if sel.get("preferred") == chosen and scores and scores.get(chosen, 0) > min(scores.values()):
+        best = min(scores, key=scores.get)
+        return (f" (this device kind's preferred form: {scores[chosen]:.1f}% against {best}'s "
+                f"{scores[best]:.1f}%, within one standard error)")
+    if chosen in scores and len(scores) > 1:  # a near tie is a choice the trees' seed can flip
+        runner_up = min((n for n in scores if n != chosen), key=scores.get)
+        return f" (CV {scores[chosen]:.1f}%; runner-up {runner_up} {scores[runner_up]:.1f}%)"
+    return ""
+
+
 def accuracy_lines(metadata: dict[str, Any]) -> list[str]:
     """Human-readable accuracy table of a fingerprint's metadata (for the stage to print)."""
     lines = []
@@ -302,22 +316,13 @@ def accuracy_lines(metadata: dict[str, Any]) -> list[str]:
             lines.append(f"  {'random 5-fold split':<{w}}  not run: fewer than 10 rows")
         sel = acc.get("selection")
         if sel:
-            scores, chosen = sel.get("cv_mean_group_mape", {}), sel["chosen"]
-            why = ""
-            n_groups = len(acc.get("per_group", {}))
+            chosen, n_groups = sel["chosen"], len(acc.get("per_group", {}))
             if n_groups < 3:
                 groups = plural(n_groups, acc["grouping"], "families" if acc["grouping"] == "family" else "")
                 lines.append(f"  model form kept: {chosen} (with {groups} there is too little to choose a form by "
                              "grouped CV: it needs 3 or more)")
-            elif sel.get("preferred") == chosen and scores and scores.get(chosen, 0) > min(scores.values()):
-                best = min(scores, key=scores.get)
-                why = (f" (this device kind's preferred form: {scores[chosen]:.1f}% against {best}'s "
-                       f"{scores[best]:.1f}%, within one standard error)")
-            elif chosen in scores and len(scores) > 1:  # a near tie is a choice the trees' seed can flip
-                runner_up = min((n for n in scores if n != chosen), key=scores.get)
-                why = f" (CV {scores[chosen]:.1f}%; runner-up {runner_up} {scores[runner_up]:.1f}%)"
-            if n_groups >= 3:
-                lines.append(f"  model chosen by grouped CV: {chosen}{why}")
+            else:
+                lines.append(f"  model chosen by grouped CV: {chosen}{_why_chosen(sel)}")
             for g, form in acc.get("forms_per_fold", {}).items():
                 if form != chosen:
                     lines.append(f"    without {g} the CV chose: {form}")

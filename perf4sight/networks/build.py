@@ -245,11 +245,9 @@ def _check_not_an_output(cfg: Config, outputs: list[Path]) -> None:
 
 def _save(desc: NetworkDescription, path: Path, changed: list[str]) -> Path:
     """Save ``desc`` at ``path``; its name goes into ``changed`` when the file held another description."""
-    old = path.read_bytes() if path.is_file() else None
-    save_description(desc, path)
-    if old is not None and old != path.read_bytes():
+    if path.is_file() and path.read_text() != desc.to_json():  # read as save_description writes: locale text
         changed.append(desc.name)
-    return path
+    return save_description(desc, path)
 
 
 def make_networks(cfg: Config, progress: Progress | None = None) -> NetworksMade:
