@@ -17,9 +17,12 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
   weights need a gradient) holds the tensors its backward reads (*saved*); the graph module drops
   a value after its last use (its inputs in order). A tensor's storage is freed when nothing holds
   it any more (values, views, saved tensors, gradient buffers). ReLU and ReLU6 run in place, as in
-  the trace. Views (reshape, flatten, squeeze, transpose, narrow) share their input's storage;
-  strides are followed, so a reshape that no view can express (after a transpose: a channel
-  shuffle) is a contiguous copy, and so is the backward's reshape of a gradient with such strides.
+  the trace; in place, ReLU keeps its result, and ReLU6 keeps its result as PyTorch 1.9 and older
+  did, or (``relu6_clone``) a clone of its input made just before, as PyTorch 1.10 and newer do
+  (``hardtanh_``'s backward reads its input since then: pytorch/pytorch#95432). Views (reshape,
+  flatten, squeeze, transpose, narrow) share their input's storage; strides are followed, so a
+  reshape that no view can express (after a transpose: a channel shuffle) is a contiguous copy, and
+  so is the backward's reshape of a gradient with such strides.
   A narrow's or a select's backward writes its gradient into zeros of the input's shape (a new
   tensor). Max pooling (plain or adaptive) keeps its input and int64 indices; a scalar add keeps
   nothing and hands its gradient on, a scalar multiply scales it (a new tensor).
@@ -226,8 +229,9 @@ class _Step:
     new_id: Callable[[], int]   # a fresh storage id
 
 
-def step_events(desc: NetworkDescription, batch_size: int) -> _Step:
-    """The setup and first-step events of ``desc`` at ``batch_size`` (bytes). Raises :class:`NotCovered`."""
+def step_events(desc: NetworkDescription, batch_size: int, relu6_clone: bool = False) -> _Step:
+    """The setup and first-step events of ``desc`` at ``batch_size`` (bytes); ``relu6_clone``: an in-place
+    ReLU6 keeps a clone of its input (PyTorch >= 1.10), not its result. Raises :class:`NotCovered`."""
     for n in desc.nodes:
         if n.op not in COVERED:
             raise NotCovered(f"op '{n.op}'")
@@ -256,7 +260,8 @@ def step_events(desc: NetworkDescription, batch_size: int) -> _Step:
             mem.events.clear()
             continue
         ins = [values[i] for i in n.inputs]
-        values[n.name] = _forward(n, ins, [shapes[i] for i in n.inputs], b, mem, fns, first_param[n.name])
+        values[n.name] = _forward(n, ins, [shapes[i] for i in n.inputs], b, mem, fns, first_param[n.name],
+                                  relu6_clone)
         for dead in users.get(n.name, []):
             mem.drop(values[dead].sid)
     out = values[desc.output]
@@ -314,14 +319,16 @@ class _OpContext:
     nbytes: int                  # the output's bytes
     full_in: tuple[int, ...]     # the first input's shape with the batch (() without inputs)
     full_out: tuple[int, ...]    # the output's shape with the batch
+    relu6_clone: bool = False    # an in-place ReLU6 keeps a clone of its input (PyTorch >= 1.10)
 
     @classmethod
     def of(cls, n: Node, ins: list[_Value], in_shapes: list[list[int]], b: int, mem: _Memory,
-           fns: list[_GradFn], p0: int) -> _OpContext:
+           fns: list[_GradFn], p0: int, relu6_clone: bool = False) -> _OpContext:
         """The context of node ``n`` (arguments as :func:`_forward`'s)."""
         x = ins[0]
         return cls(n, ins, in_shapes, b, mem, fns, p0, x, _bytes(n, b),
-                   tuple([b] + list(in_shapes[0])) if in_shapes else (), tuple([b] + list(n.output_shape)))
+                   tuple([b] + list(in_shapes[0])) if in_shapes else (), tuple([b] + list(n.output_shape)),
+                   relu6_clone)
 
     def check_strides(self) -> None:
         """:class:`NotCovered` where a strided input reaches an op that does not take one as it is."""
@@ -360,10 +367,11 @@ class _OpContext:
 
 
 def _forward(n: Node, ins: list[_Value], in_shapes: list[list[int]], b: int, mem: _Memory, fns: list[_GradFn],
-             p0: int) -> _Value:
+             p0: int, relu6_clone: bool = False) -> _Value:
     """Run node ``n`` forward (inputs ``ins`` of per-sample shapes ``in_shapes``, batch ``b``; its
-    parameters are ``p0``, ``p0 + 1``...): its allocations, its autograd node (appended to ``fns``), its value."""
-    ctx = _OpContext.of(n, ins, in_shapes, b, mem, fns, p0)
+    parameters are ``p0``, ``p0 + 1``...; ``relu6_clone`` as :func:`step_events`'s): its allocations, its
+    autograd node (appended to ``fns``), its value."""
+    ctx = _OpContext.of(n, ins, in_shapes, b, mem, fns, p0, relu6_clone)
     ctx.check_strides()
     handler = _HANDLERS.get(n.op)
     if handler is None:
@@ -405,11 +413,12 @@ def _with_parameters(ctx: _OpContext) -> _Value:
 def _activation(ctx: _OpContext) -> _Value:
     """relu and relu6 (in place), the out-of-place activations (:data:`_ACTIVATIONS`), dropout."""
     n, x, nbytes, op = ctx.node, ctx.x, ctx.nbytes, ctx.node.op
-    if op in ("relu", "relu6"):  # in place, keeps its result
+    if op in ("relu", "relu6"):  # in place, keeps its result (or a clone of its input: ``relu6_clone``)
         if x.fn is None or x.view or any(x.sid in f.saved for f in ctx.fns):
             raise NotCovered(f"in-place {op} on '{n.inputs[0]}'")
         kernel = "aten.threshold_backward.default" if op == "relu" else "aten.hardtanh_backward.default"
-        return _Value(ctx.mem.hold(x.sid), x.nbytes, ctx.unary_grad_fn(kernel, [x.sid]))
+        kept = ctx.alloc("clone.default", x.nbytes, holders=0) if op == "relu6" and ctx.relu6_clone else x.sid
+        return _Value(ctx.mem.hold(x.sid), x.nbytes, ctx.unary_grad_fn(kernel, [kept]))
     if op in _ACTIVATIONS:
         name, keeps = _ACTIVATIONS[op]
         sid = ctx.alloc(name + ".default")

@@ -68,7 +68,7 @@ def _key(desc: NetworkDescription) -> str:
 
 def record_events(desc: NetworkDescription, batch_size: int, steps: int = 2, lr: float = 0.1,
                   momentum: float = 0.9, weight_decay: float = 5e-4, inplace_relu: bool = True,
-                  fast: bool = True, method: str = "auto") -> list[Event]:
+                  fast: bool = True, method: str = "auto", relu6_clone: bool = False) -> list[Event]:
     """Allocation events (kind, storage id, bytes, aten op) of ``steps`` training steps at ``batch_size``.
 
     ``inplace_relu``: run ReLU/ReLU6 in place as torchvision models do (falls back to out-of-place
@@ -77,21 +77,24 @@ def record_events(desc: NetworkDescription, batch_size: int, steps: int = 2, lr:
     times faster). ``method``: "trace" runs the step on the meta device; "model" writes the events
     down from the description (:mod:`~perf4sight.features.alloc_model`, same events, no torch);
     "auto" uses the model where it covers every op (with ``fast`` and ``inplace_relu``), else the
-    trace. Raises :class:`UserError` if an op cannot run on the meta device.
+    trace. ``relu6_clone``: an in-place ReLU6 keeps a clone of its input, as PyTorch >= 1.10 does (False:
+    its result, as PyTorch <= 1.9 did; see :func:`_inplace_activations`). Raises :class:`UserError` if an
+    op cannot run on the meta device.
     """
-    return record_runs(desc, (batch_size,), steps, lr, momentum, weight_decay, inplace_relu, fast, method)[0]
+    return record_runs(desc, (batch_size,), steps, lr, momentum, weight_decay, inplace_relu, fast, method,
+                       relu6_clone)[0]
 
 
 def record_runs(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: int = 2, lr: float = 0.1,
                 momentum: float = 0.9, weight_decay: float = 5e-4, inplace_relu: bool = True,
-                fast: bool = True, method: str = "auto") -> list[list[Event]]:
+                fast: bool = True, method: str = "auto", relu6_clone: bool = False) -> list[list[Event]]:
     """:func:`record_events` at each of ``batch_sizes``, one fresh run each (no gradients, no momentum)
     on one model built once."""
     if method not in ("auto", "trace", "model"):
         raise ValueError(f"record_runs: method must be auto, trace or model, not {method!r}")
     if method != "trace" and fast and inplace_relu:
         try:
-            return [_modelled(desc, b, steps, momentum, weight_decay) for b in batch_sizes]
+            return [_modelled(desc, b, steps, momentum, weight_decay, relu6_clone) for b in batch_sizes]
         except NotCovered as exc:
             if method == "model":
                 raise UserError(f"{desc.name}: the allocation model does not cover {exc}") from None
@@ -101,30 +104,30 @@ def record_runs(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: i
 
     try:
         with stderr_kept_on_success():  # fx's GraphModule prints the traceback of a failing call
-            return _record(desc, batch_sizes, steps, lr, momentum, weight_decay, inplace_relu, fast)
+            return _record(desc, batch_sizes, steps, lr, momentum, weight_decay, inplace_relu, fast, relu6_clone)
     except RuntimeError as exc:
         if inplace_relu and "inplace" in str(exc).lower():
-            return _record(desc, batch_sizes, steps, lr, momentum, weight_decay, False, fast)
+            return _record(desc, batch_sizes, steps, lr, momentum, weight_decay, False, fast, relu6_clone)
         message = f"{desc.name}: the training step cannot be traced on the meta device ({exc})"
         raise UserError(message.splitlines()[0]) from None
 
 
 def _modelled(desc: NetworkDescription, batch_size: int, steps: int, momentum: float,
-              weight_decay: float) -> list[Event]:
+              weight_decay: float, relu6_clone: bool = False) -> list[Event]:
     """:func:`record_events` with the first step written down by the allocation model (raises NotCovered)."""
-    st = step_events(desc, batch_size)
+    st = step_events(desc, batch_size, relu6_clone)
     return _assemble_steps(st.setup, st.body, st.tail, dict(st.grads), list(st.param_bytes), steps, st.new_id,
                            momentum, weight_decay)
 
 
 def _record(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: int, lr: float, momentum: float,
-            weight_decay: float, inplace_relu: bool, fast: bool) -> list[list[Event]]:
+            weight_decay: float, inplace_relu: bool, fast: bool, relu6_clone: bool = False) -> list[list[Event]]:
     from perf4sight.ir.to_torch import build_module
 
     model = build_module(desc, device="meta")
     _fused_dropout(model)
     if inplace_relu:
-        _inplace_activations(model)
+        _inplace_activations(model, relu6_clone)
     shortcuts = _shape_only_kernels() if fast else {}
     runs = []
     for b in batch_sizes:
@@ -368,12 +371,19 @@ def _fused_dropout(model: Any) -> None:
             setattr(model.get_submodule(parent) if parent else model, attr, _FusedDropout(m.p))
 
 
-def _inplace_activations(model: Any) -> None:
+def _inplace_activations(model: Any, relu6_clone: bool = False) -> None:
     """ReLU in place; ReLU6 in place with a backward that reads the *result* (one ``hardtanh_backward``
-    kernel, one output), as in PyTorch 1.x (today's ``hardtanh_`` saves a clone of its input instead,
-    which the TX2 runs did not pay)."""
+    kernel, one output), as PyTorch 1.9 and older ran it (the TX2 runs did not pay for more), or with
+    ``relu6_clone`` as this torch runs it: ``hardtanh_`` keeps a clone of its input (PyTorch >= 1.10,
+    pytorch/pytorch#95432)."""
     import torch
     from torch import nn
+
+    if relu6_clone:
+        for m in model.modules():
+            if isinstance(m, (nn.ReLU, nn.ReLU6)):
+                m.inplace = True
+        return
 
     class _ClampInplace(torch.autograd.Function):
         @staticmethod
@@ -400,19 +410,21 @@ def _inplace_activations(model: Any) -> None:
             setattr(model.get_submodule(parent) if parent else model, attr, _ReLU6Inplace())
 
 
-def simulate(desc: NetworkDescription, batches: tuple[int, ...] = (PROBE_BATCH,), **kw: Any) -> AllocTrace:
+def simulate(desc: NetworkDescription, batches: tuple[int, ...] = (PROBE_BATCH,), relu6_clone: bool = False,
+             **kw: Any) -> AllocTrace:
     """The training run's :class:`AllocTrace` (cached per description content). Units: bytes.
+    ``relu6_clone``: as :func:`record_events`'s (PyTorch >= 1.10); the trace carries it.
 
     ``batches``: one prime batch size (the default, :data:`PROBE_BATCH`): each size is split into a
     constant or a per-sample part by divisibility; or two batch sizes: the events must match one to
     one (same ops, same order) and each size is solved exactly as ``const + per_sample * batch``.
     """
-    key = _key(desc) + json.dumps([list(batches), kw], sort_keys=True)
+    key = _key(desc) + json.dumps([list(batches), relu6_clone, kw], sort_keys=True)
     with _LOCK:
         hit = _CACHE.get(key)
     if hit is not None:
         return hit
-    runs = record_runs(desc, tuple(batches), **kw)
+    runs = record_runs(desc, tuple(batches), relu6_clone=relu6_clone, **kw)
     first = runs[0]
     if any([(k, t, o) for k, t, _, o in first] != [(k, t, o) for k, t, _, o in e] for e in runs[1:]):
         raise UserError(f"{desc.name}: the traced training step differs between batch sizes {list(batches)}")
@@ -428,31 +440,32 @@ def simulate(desc: NetworkDescription, batches: tuple[int, ...] = (PROBE_BATCH,)
     else:
         raise ValueError(f"simulate: one or two batch sizes, got {list(batches)}")
     trace = AllocTrace(desc.name, np.array([k for k, _, _, _ in first], dtype=np.int8),
-                       np.array([t for _, t, _, _ in first], dtype=np.int64), const, per)
+                       np.array([t for _, t, _, _ in first], dtype=np.int64), const, per, relu6_clone=relu6_clone)
     with _LOCK:
         _CACHE[key] = trace
     return trace
 
 
-def attach_simulation(nf: Any, desc: NetworkDescription, protocol: str = RUN_PEAK) -> Any:
+def attach_simulation(nf: Any, desc: NetworkDescription, protocol: str = RUN_PEAK, relu6_clone: bool = False) -> Any:
     """Give a :class:`~perf4sight.features.aggregate.NetworkFeatures` its allocation trace (``nf.sim``),
-    replayed as a profiler with ``protocol`` reads memory (:data:`~perf4sight.features.allocator.REPLAY_PROTOCOLS`)."""
-    nf.sim = simulate(desc).with_protocol(protocol)
+    replayed as a profiler with ``protocol`` reads memory (:data:`~perf4sight.features.allocator.REPLAY_PROTOCOLS`),
+    of a step run by a torch whose in-place ReLU6 keeps a clone of its input (``relu6_clone``) or not."""
+    nf.sim = simulate(desc, relu6_clone=relu6_clone).with_protocol(protocol)
     return nf
 
 
-def ensure_simulation(nfs: Any, terms: Any, protocol: str = RUN_PEAK) -> None:
-    """Attach the allocation trace (replayed under ``protocol``) to each NetworkFeatures in ``nfs`` lacking
-    one or carrying another protocol's, when ``terms`` (a model's analytic terms) use a simulated feature;
-    the features must carry their ``description``."""
+def ensure_simulation(nfs: Any, terms: Any, protocol: str = RUN_PEAK, relu6_clone: bool = False) -> None:
+    """Attach the allocation trace (replayed under ``protocol``, ``relu6_clone`` as :func:`attach_simulation`'s)
+    to each NetworkFeatures in ``nfs`` lacking one or carrying another, when ``terms`` (a model's analytic
+    terms) use a simulated feature; the features must carry their ``description``."""
     from perf4sight.features.aggregate import SIM_FEATURES
     if not set(SIM_FEATURES) & set(terms):
         return
     for nf in nfs:
-        if nf.sim is not None:
+        if nf.sim is not None and nf.sim.relu6_clone == relu6_clone:
             nf.sim = nf.sim.with_protocol(protocol)  # itself when the protocol is the same
             continue
         if nf.description is None:
             raise UserError(f"network '{nf.name}': the memory model simulates the allocator "
                             "and needs the description")
-        attach_simulation(nf, nf.description, protocol)
+        attach_simulation(nf, nf.description, protocol, relu6_clone)

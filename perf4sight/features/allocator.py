@@ -190,6 +190,7 @@ class AllocTrace:
     Events before the first STEP are the persistent setup (weights, buffers, the input batch).
     ``repeat_last``: how many more times the last step runs (the steady state). ``protocol``: how the
     per-step peaks become one figure (:data:`REPLAY_PROTOCOLS`; :meth:`with_protocol` for another).
+    ``relu6_clone``: the events are of a torch whose in-place ReLU6 keeps a clone of its input (>= 1.10).
     """
 
     name: str
@@ -199,6 +200,7 @@ class AllocTrace:
     per_sample: np.ndarray
     repeat_last: int = 2
     protocol: str = RUN_PEAK
+    relu6_clone: bool = False
     _memo: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False, init=False)
 
     def __post_init__(self) -> None:

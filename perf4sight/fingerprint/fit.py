@@ -17,6 +17,7 @@ import datetime as _dt
 import hashlib
 import json
 import platform
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -37,8 +38,8 @@ from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import batch_size_of, number
 from perf4sight.wording import plural
 
-__all__ = ["fit_fingerprint", "memory_column", "memory_replay", "device_kind", "memory_capacity", "capacity_basis",
-           "records", "common_input_shape", "LATENCY_COLUMN", "FEATURE_SET"]
+__all__ = ["fit_fingerprint", "memory_column", "memory_replay", "relu6_clone", "device_kind", "memory_capacity",
+           "capacity_basis", "records", "common_input_shape", "LATENCY_COLUMN", "FEATURE_SET"]
 
 LATENCY_COLUMN = "latency_ms_median"
 
@@ -61,6 +62,15 @@ def memory_replay(rows: list[dict[str, Any]]) -> str:
     if rows and all(str(r.get("protocol", "")) == PERF4SIGHT_ROWS for r in rows):
         return PERF4SIGHT
     return RUN_PEAK
+
+
+def relu6_clone(rows: list[dict[str, Any]]) -> bool:
+    """Whether these rows' steps ran on a torch whose in-place ReLU6 keeps a clone of its input (1.10 and
+    newer; pytorch/pytorch#95432): every row that names its ``torch_version`` names such a one, and some
+    row does. Rows naming none (imported perf4sight data, whose TX2 runs kept the result) keep the old rule."""
+    versions = [str(r.get("torch_version") or "") for r in rows]
+    parsed = [tuple(int(p) for p in re.findall(r"\d+", v)[:2]) for v in versions if re.match(r"\d+\.\d+", v)]
+    return bool(parsed) and all(v >= (1, 10) for v in parsed)
 
 
 def native_conv_dispatch(rows: list[dict[str, Any]]) -> bool:
@@ -158,7 +168,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
     if not recs:
         raise UserError(f"fingerprint: no measurements for device '{device}'")
     mem_col = memory_column(recs)
-    replay = memory_replay(recs)
+    replay, clone = memory_replay(recs), relu6_clone(recs)
     missing = sorted({str(r["network"]) for r in recs if str(r["network"]) not in descriptions})
     usable = [r for r in recs if str(r["network"]) in descriptions]
     if not usable:
@@ -172,7 +182,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
                             f"{', '.join(nf.unsupported)}")
         if fcfg.simulate_memory:  # caching-allocator replay (features/alloc_trace.py)
             from perf4sight.features.alloc_trace import attach_simulation
-            attach_simulation(nf, descriptions[name], replay)
+            attach_simulation(nf, descriptions[name], replay, clone)
         feats[name] = nf
 
     def matrix(rs: list[dict[str, Any]]) -> np.ndarray:
@@ -241,6 +251,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         "targets": {"latency": {"column": LATENCY_COLUMN, "unit": "ms"}, "memory": {"column": mem_col, "unit": "MiB"}},
         "memory_target": mem_col,
         "memory_replay": replay,
+        "relu6_clone": clone,  # the allocator replay's in-place ReLU6 keeps a clone of its input (torch >= 1.10)
         "native_conv_dispatch": native_conv_dispatch(usable),
         "training_rows": counts,
         "oom_rows": len(oom_rows),

@@ -200,6 +200,8 @@ class Fingerprint(ModuleQueries):
         self.capacity_basis: str = str(metadata.get("capacity_basis", "prediction"))
         # how the allocator replay reads memory: as the training rows' profiler did (older fingerprints: step_mean)
         self.memory_replay: str = str(metadata.get("memory_replay", STEP_MEAN))
+        # whether the replay's in-place ReLU6 keeps a clone of its input (the training rows' torch >= 1.10)
+        self.relu6_clone: bool = bool(metadata.get("relu6_clone", False))
         q = metadata.get("interval", {}).get("log_ratio_quantiles", {})
         self._bands = {t: (float(q.get(t, [0, 0])[0]), float(q.get(t, [0, 0])[1])) for t in ("latency", "memory")}
 
@@ -213,7 +215,7 @@ class Fingerprint(ModuleQueries):
     def _simulate_if_needed(self, nfs: list[NetworkFeatures]) -> None:
         """Attach the allocator replay (traced once per network, cached) when the memory model uses it."""
         from perf4sight.features.alloc_trace import ensure_simulation
-        ensure_simulation(nfs, self.models["memory"].terms, self.memory_replay)
+        ensure_simulation(nfs, self.models["memory"].terms, self.memory_replay, self.relu6_clone)
 
     def _demand(self, F: np.ndarray, mem: np.ndarray | None) -> np.ndarray:
         """Memory figure (MiB) compared with ``capacity_mb`` for feature rows ``F``."""

@@ -123,6 +123,8 @@ def check_metadata(meta: Any, feature_set: str | None = None) -> None:
     if cap is not None and not (isinstance(cap, (int, float)) and not isinstance(cap, bool)
                                 and math.isfinite(cap) and cap > 0):
         raise ValueError(f"capacity_mb {cap!r} is not a positive number (or null: unknown)")
+    if not isinstance(meta.get("relu6_clone", False), bool):
+        raise ValueError("relu6_clone is not true or false")
     domain = meta.get("training_domain")
     if domain is not None and not isinstance(domain, dict):
         raise ValueError("training_domain is not an object")
