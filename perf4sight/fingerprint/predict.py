@@ -344,6 +344,8 @@ def accuracy_lines(metadata: dict[str, Any]) -> list[str]:
         lines.append(domain_line(metadata["training_domain"]))
     if "capacity_mb" in metadata:
         cap = metadata["capacity_mb"]
-        lines.append(f"memory capacity: {'unknown' if cap is None else f'{cap:.0f} MiB'} "
+        scale = (" of the memory model's demand, a threshold, not the device's size"
+                 if cap is not None and metadata.get("capacity_basis") == "analytic" else "")
+        lines.append(f"memory capacity: {'unknown' if cap is None else f'{cap:.0f} MiB'}{scale} "
                      f"({metadata.get('capacity_source', '')})")
     return lines
