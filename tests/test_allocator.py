@@ -368,3 +368,17 @@ def test_every_schema_op_is_written_down_indexing_and_scalars_included():
     desc = describe(Indexed(), [3, 8, 8], "indexed")
     assert {"select", "adaptivemaxpool2d"} <= {n.op for n in desc.nodes}
     assert _as_replayed(record_events(desc, 3, method="model")) == _as_replayed(record_events(desc, 3, method="trace"))
+
+
+def test_the_rows_torch_version_chooses_the_relu6_rule():
+    """The fit replays ReLU6 as the torch that measured the rows ran it; rows without a version (imported
+    perf4sight data) keep the old rule."""
+    from perf4sight.fingerprint.fit import relu6_clone
+
+    def rows(*versions):
+        return [{"torch_version": v} for v in versions]
+    assert relu6_clone(rows("2.11.0+cu130", "1.10.2"))
+    assert not relu6_clone(rows("1.9.0"))
+    assert not relu6_clone(rows("2.14.1", "1.8.1"))  # one older run: the old rule
+    assert not relu6_clone(rows("", "")) and not relu6_clone([{}])
+    assert relu6_clone(rows("", "2.0.1"))
