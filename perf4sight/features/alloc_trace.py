@@ -379,12 +379,6 @@ def _inplace_activations(model: Any, relu6_clone: bool = False) -> None:
     import torch
     from torch import nn
 
-    if relu6_clone:
-        for m in model.modules():
-            if isinstance(m, (nn.ReLU, nn.ReLU6)):
-                m.inplace = True
-        return
-
     class _ClampInplace(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x):  # noqa: ANN001, ANN205
@@ -403,7 +397,7 @@ def _inplace_activations(model: Any, relu6_clone: bool = False) -> None:
             return _ClampInplace.apply(x)
 
     for name, m in list(model.named_modules()):
-        if isinstance(m, nn.ReLU):
+        if isinstance(m, nn.ReLU) or (isinstance(m, nn.ReLU6) and relu6_clone):  # torch's own in-place kernel
             m.inplace = True
         elif isinstance(m, nn.ReLU6) and name:
             parent, _, attr = name.rpartition(".")
