@@ -80,8 +80,11 @@ def sources(cfg: Config) -> list[Source]:
     nc = cfg.networks.num_classes
     found: list[Source] = [Source(n, f"torchvision:{n}", lambda n=n: build_zoo_model(n, nc)) for n in cfg.networks.zoo]
     for spec in cfg.networks.factories:
-        factory = parse_factory(spec, cfg.root, cfg.models_dir)
-        build_factory_model(factory, nc)  # fail early on a file that does not import
+        try:
+            factory = parse_factory(spec, cfg.root, cfg.models_dir)
+            build_factory_model(factory, nc)  # fail early on a file that does not import
+        except UserError as exc:  # say which config and key named it, as the other [networks] errors do
+            raise UserError(f"{cfg.path}: [networks] factories: {exc}") from None
         found.append(Source(factory.name, factory.source, lambda f=factory: build_factory_model(f, nc)))
     for fname in cfg.networks.description_files:
         desc = load_description(cfg.resolve(fname))
