@@ -1,0 +1,232 @@
+"""The allocator replay against torch's own allocation history, recorded on a GPU: what does the replay lack?
+
+The replay's reserved peak is short on resnet18 on both GPUs measured so far (TX2 -17%, H100 -25%) while its
+allocated peak is right to a few percent (docs/accuracy-notes.md). Peaks alone cannot say why. torch can record
+every allocation the caching allocator serves and every segment it asks CUDA for
+(``torch.cuda.memory._record_memory_history``); this script records that on a GPU machine, one fresh process per
+(network, batch size), and compares it on the host with the replay of the same step, step by step:
+
+- the peaks (reserved and allocated, MiB) measured and replayed, as this tool's profiler reads them (``run_peak``);
+- per step, the segments CUDA was asked for (count, MiB), measured and replayed;
+- in the last step (the steady state), the allocations the device made that the replay does not (e.g. cuDNN
+  workspaces), and those the replay makes that the device did not, matched by rounded size, the largest first.
+
+Record (on the GPU machine; only torch and this project are needed; seconds per configuration):
+
+    python3 bench/bench_allocator_history.py record --models bench/h100/models \\
+        --network resnet18_l0 resnet50_l0 squeezenet1_0_l0 --batch-size 64 256 --out DIR
+
+Compare (on the host; ``run()``, as ``./dev.sh bench allocator_history`` calls it, compares the histories kept
+under ``bench/h100/allocator_history/`` when there are any):
+
+    .venv/bin/python bench/bench_allocator_history.py compare DIR --models bench/h100/models
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+KEPT = ROOT / "bench" / "h100" / "allocator_history"
+KEPT_MODELS = ROOT / "bench" / "h100" / "models"
+MIB = 2 ** 20
+STEPS = (2, 5)  # warm-up and timed steps, as the profile stage's defaults
+
+
+def find_description(models: Path, network: str) -> Path:
+    """``<network>.json`` under ``models`` (searched recursively)."""
+    hits = sorted(models.rglob(f"{network}.json"))
+    if not hits:
+        sys.exit(f"no description {network}.json under {models}")
+    return hits[0]
+
+
+# ----------------------------------------------------------------------------------------------- on the GPU
+def record_one(description: Path, batch_size: int, out: Path, lr: float = 0.01, momentum: float = 0.9) -> None:
+    """One configuration in this process: the profiler's training step (SGD with momentum, cross-entropy, random
+    data), warm-up and timed steps, with torch's allocation history on; writes ``out`` (JSON): the history's
+    entries as ``[action, size, address]``, ``step_starts`` (the entry index each step starts at) and the peaks
+    torch's counters read (MiB)."""
+    import torch
+    import torch.nn.functional as F
+
+    from perf4sight.ir.schema import load_description
+    from perf4sight.ir.to_torch import build_module
+
+    desc = load_description(description)
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    model = build_module(desc).to(dev).train()
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    x = torch.randn(batch_size, *desc.input_shape, device=dev)
+    y = torch.randint(0, desc.num_classes, (batch_size,), device=dev)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats(dev)
+    torch.cuda.memory._record_memory_history(enabled="all", context=None, max_entries=10 ** 7)
+    starts = []
+    for _ in range(sum(STEPS)):
+        starts.append(len(torch.cuda.memory._snapshot()["device_traces"][dev.index or 0]))
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        torch.cuda.synchronize()
+    trace = torch.cuda.memory._snapshot()["device_traces"][dev.index or 0]
+    torch.cuda.memory._record_memory_history(enabled=None)
+    out.write_text(json.dumps({
+        "network": desc.name, "batch_size": batch_size, "torch_version": torch.__version__,
+        "cudnn_version": torch.backends.cudnn.version(), "device_name": torch.cuda.get_device_name(dev),
+        "max_reserved_mb": torch.cuda.max_memory_reserved(dev) / MIB,
+        "max_allocated_mb": torch.cuda.max_memory_allocated(dev) / MIB,
+        "step_starts": starts, "entries": [[e["action"], int(e["size"]), int(e["addr"])] for e in trace]}))
+
+
+def record(models: Path, networks: list[str], batch_sizes: list[int], out: Path) -> int:
+    """:func:`record_one` for every (network, batch size), each in a fresh process (cuDNN's plan cache and the
+    allocator start empty, as in a profile); a configuration that fails is reported and skipped. Returns how
+    many failed."""
+    out.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    for net in networks:
+        desc = find_description(models, net)
+        for b in batch_sizes:
+            target = out / f"{net}_bs{b}.json"
+            done = subprocess.run([sys.executable, __file__, "_one", str(desc), str(b), str(target)],
+                                  capture_output=True, text=True)
+            tail = (done.stderr.strip().splitlines() or [""])[-1]
+            print(f"{net} batch {b}: {'ok' if done.returncode == 0 else 'failed: ' + tail}", flush=True)
+            failed += done.returncode != 0
+    return failed
+
+
+# --------------------------------------------------------------------------------------------- on the host
+def step_segments(history: dict[str, Any]) -> list[tuple[int, float]]:
+    """Per step of a recorded history: (segments CUDA was asked for, their MiB)."""
+    entries, starts = history["entries"], history["step_starts"] + [len(history["entries"])]
+    out = []
+    for a, b in zip(starts, starts[1:]):
+        grown = [size for action, size, _ in entries[a:b] if action == "segment_alloc"]
+        out.append((len(grown), sum(grown) / MIB))
+    return out
+
+
+def last_step_sizes(history: dict[str, Any]) -> Counter:
+    """Rounded sizes (bytes) of the allocations of a recorded history's last step."""
+    from perf4sight.features.allocator import round_size
+    entries = history["entries"][history["step_starts"][-1]:]
+    return Counter(int(round_size(size)) for action, size, _ in entries if action == "alloc")
+
+
+def replayed(trace: Any, batch_size: int, steps: int) -> tuple[list[tuple[int, float]], Counter]:
+    """The replay's counterpart of :func:`step_segments` and :func:`last_step_sizes`, for a run of ``steps``
+    steps (its recorded steps, the last one repeated)."""
+    from perf4sight.features.allocator import ALLOC, FREE, STEP, CachingAllocator, round_size
+
+    sizes = [int(round_size(s)) if s > 0 else 0 for s in trace.sizes(batch_size).tolist()]
+    kinds, ids = trace.kind.tolist(), trace.tensor.tolist()
+    marks = [i for i, k in enumerate(kinds) if k == STEP]
+    bounds = [(s, e) for s, e in zip(marks, marks[1:] + [len(kinds)])]
+    bounds = [(0, marks[0])] + bounds + [bounds[-1]] * max(0, steps - len(bounds))
+    alloc, live, per_step, last = CachingAllocator(), {}, [], Counter()
+    for n, (start, end) in enumerate(bounds):
+        before, grown, last = alloc.reserved, 0, Counter()
+        for i in range(start, end):
+            if kinds[i] == ALLOC:
+                new = alloc.reserved
+                live[ids[i]] = alloc.malloc_rounded(sizes[i]) if sizes[i] else None
+                grown += alloc.reserved > new
+                last[sizes[i]] += sizes[i] > 0
+            elif kinds[i] == FREE:
+                alloc.free(live.pop(ids[i], None))
+        if n > 0:
+            per_step.append((grown, (alloc.reserved - before) / MIB))
+    return per_step, +last
+
+
+def compare_one(history: dict[str, Any], description: Path) -> list[str]:
+    """Lines comparing one recorded history with the replay of the same step (see the module docstring)."""
+    from perf4sight.features.alloc_trace import simulate
+    from perf4sight.fingerprint.fit import relu6_clone
+
+    b = int(history["batch_size"])
+    trace = simulate(_load(description), relu6_clone=relu6_clone([{"torch_version": history["torch_version"]}]))
+    res, al = (v / MIB for v in trace.replay(b))
+    seg_measured, measured = step_segments(history), last_step_sizes(history)
+    seg_replay, replay = replayed(trace, b, len(history["step_starts"]))
+    extra, missing = measured - replay, replay - measured
+    lines = [f"{history['network']} batch {b} ({history['device_name']}, torch {history['torch_version']}, cuDNN "
+             f"{history['cudnn_version']}): reserved {history['max_reserved_mb']:.0f} MiB measured, {res:.0f} "
+             f"replayed; allocated {history['max_allocated_mb']:.0f}, {al:.0f}",
+             "  segments per step, measured: " + _steps(seg_measured),
+             "  segments per step, replayed: " + _steps(seg_replay),
+             f"  last step: {sum(measured.values())} allocations measured, {sum(replay.values())} replayed; "
+             f"only measured: {_sizes(extra)}; only replayed: {_sizes(missing)}"]
+    return lines
+
+
+def _load(path: Path) -> Any:
+    from perf4sight.ir.schema import load_description
+    return load_description(path)
+
+
+def _steps(per_step: list[tuple[int, float]]) -> str:
+    return ", ".join(f"{n} ({mb:.0f} MiB)" for n, mb in per_step)
+
+
+def _sizes(counts: Counter, shown: int = 6) -> str:
+    """``total`` allocations and MiB, then the largest sizes (MiB) with their counts."""
+    if not counts:
+        return "none"
+    top = sorted(counts.items(), reverse=True)[:shown]
+    return (f"{sum(counts.values())} ({sum(s * c for s, c in counts.items()) / MIB:.1f} MiB; largest "
+            + ", ".join(f"{s / MIB:.2f} x{c}" for s, c in top) + ")")
+
+
+def compare(folder: Path, models: Path) -> list[str]:
+    """:func:`compare_one` for every history JSON in ``folder``."""
+    lines = []
+    for path in sorted(folder.glob("*.json")):
+        history = json.loads(path.read_text())
+        lines += compare_one(history, find_description(models, history["network"]))
+    return lines
+
+
+def run() -> list[dict]:
+    """For bench/run_all.py: compare the kept histories, if any (no figures rows: the output is the result)."""
+    if not any(KEPT.glob("*.json")):
+        print(f"no recorded allocator histories under {KEPT.relative_to(ROOT)}: record them on a GPU machine "
+              "(see this script's docstring); skipped")
+        return []
+    print("\n".join(compare(KEPT, KEPT_MODELS)))
+    return []
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_one":  # the fresh process of one configuration
+        record_one(Path(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]))
+        return
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="mode", required=True)
+    rec = sub.add_parser("record", help="on a GPU machine: record allocation histories")
+    rec.add_argument("--models", type=Path, required=True)
+    rec.add_argument("--network", nargs="+", required=True)
+    rec.add_argument("--batch-size", type=int, nargs="+", required=True)
+    rec.add_argument("--out", type=Path, required=True)
+    cmp_ = sub.add_parser("compare", help="on the host: compare recorded histories with the replay")
+    cmp_.add_argument("folder", type=Path)
+    cmp_.add_argument("--models", type=Path, required=True)
+    args = ap.parse_args()
+    if args.mode == "record":
+        sys.exit(1 if record(args.models, args.network, args.batch_size, args.out) else 0)
+    else:
+        print("\n".join(compare(args.folder, args.models)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""bench/bench_allocator_history.py's host side: a recorded history compared with the replay, step by step.
+
+No GPU here, so the "recorded" history is written from the replay's own events through the allocator model, in the
+format the record side writes (torch's trace actions); the comparison must then find nothing, and must find exactly
+an allocation added to the device's side (a workspace the replay lacks) in the step it was added to.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+from perf4sight.features.alloc_trace import simulate
+from perf4sight.features.allocator import ALLOC, FREE, STEP, CachingAllocator, round_size
+from perf4sight.ir.schema import save_description
+from perf4sight.networks.zoo import describe_zoo
+
+ROOT = Path(__file__).resolve().parents[1]
+MIB = 2 ** 20
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_allocator_history",
+                                                  ROOT / "bench" / "bench_allocator_history.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _resnet18(folder: Path):
+    """resnet18 at 32x32 (its activations reach the large pool at batch 64), saved as ``folder/<name>.json``."""
+    desc = describe_zoo("resnet18", [3, 32, 32], num_classes=10)
+    return desc, save_description(desc, folder / f"{desc.name}.json")
+
+
+def _history(desc, batch: int, steps: int, extra_in_last: int = 0) -> dict:
+    """A history as the record side writes it, of ``steps`` steps (the trace's last step repeated), the weights and
+    batch allocated before recording starts; ``extra_in_last`` bytes allocated and freed once in the last step."""
+    trace = simulate(desc)
+    sizes = [int(round_size(s)) if s > 0 else 0 for s in trace.sizes(batch).tolist()]
+    kinds, ids = trace.kind.tolist(), trace.tensor.tolist()
+    marks = [i for i, k in enumerate(kinds) if k == STEP]
+    spans = [(s, e) for s, e in zip(marks, marks[1:] + [len(kinds)])]
+    spans = [(0, marks[0])] + spans + [spans[-1]] * (steps - len(spans))
+    alloc, live, entries, starts = CachingAllocator(), {}, [], []
+
+    def malloc(size: int):
+        before = alloc.reserved
+        block = alloc.malloc_rounded(size)
+        if alloc.reserved > before:
+            entries.append(["segment_alloc", alloc.reserved - before, 0])
+        entries.append(["alloc", size, block.ptr])
+        return block
+
+    for n, (start, end) in enumerate(spans):
+        if n > 0:
+            starts.append(len(entries))
+        for i in range(start, end):
+            if kinds[i] == ALLOC and sizes[i]:
+                live[ids[i]] = malloc(sizes[i])
+            elif kinds[i] == FREE and ids[i] in live:
+                block = live.pop(ids[i])
+                entries.append(["free_completed", block.size, block.ptr])
+                alloc.free(block)
+            if n == steps and extra_in_last and i == (start + end) // 2:  # mid-step, as a workspace would be
+                block = malloc(extra_in_last)
+                alloc.free(block)
+                entries.append(["free_completed", block.size, block.ptr])
+        if n == 0:
+            entries.clear()  # recording starts after the setup
+    reserved, allocated = (v / MIB for v in trace.replay(batch))
+    return {"network": desc.name, "batch_size": batch, "torch_version": "2.11.0+cu130", "cudnn_version": 91900,
+            "device_name": "replayed", "max_reserved_mb": reserved, "max_allocated_mb": allocated,
+            "step_starts": starts, "entries": entries}
+
+
+def test_a_history_of_the_replays_own_events_matches_it_step_by_step(tmp_path: Path) -> None:
+    bench, (desc, path) = _bench(), _resnet18(tmp_path)
+    history = _history(desc, 64, 7)
+    assert len(history["step_starts"]) == 7 and history["entries"][0][0] in ("alloc", "segment_alloc")
+    lines = bench.compare_one(history, path)
+    assert lines[1].replace("measured", "") == lines[2].replace("replayed", "")  # the same segments, every step
+    assert lines[3].endswith("only measured: none; only replayed: none")
+    assert "reserved" in lines[0] and lines[1].count("MiB") == 7
+
+
+def test_an_allocation_the_replay_lacks_is_named_with_its_size(tmp_path: Path) -> None:
+    bench, (desc, path) = _bench(), _resnet18(tmp_path)
+    history = _history(desc, 64, 7, extra_in_last=3 * MIB)
+    lines = bench.compare_one(history, path)
+    assert "only measured: 1 (3.0 MiB; largest 3.00 x1); only replayed: none" in lines[3]
+    (tmp_path / "histories").mkdir()
+    (tmp_path / "histories" / "resnet18_bs64.json").write_text(json.dumps(history))
+    assert bench.compare(tmp_path / "histories", tmp_path) == lines  # the description found by the network's name
+    grown = bench.compare_one(_history(desc, 64, 7, extra_in_last=300 * MIB), path)  # past every cached block
+    assert grown[1].endswith(", 1 (300 MiB)") and grown[2].endswith(", 0 (0 MiB)")
