@@ -11,6 +11,11 @@ every allocation the caching allocator serves and every segment it asks CUDA for
 - in the last step (the steady state), the allocations the device made that the replay does not (e.g. cuDNN
   workspaces), and those the replay makes that the device did not, matched by rounded size, the largest first.
 
+The replay compared is the one predictions use. It writes down SGD's weight-decay temporaries (one parameter-sized
+tensor at a time in the optimizer step: perf4sight's TX2 training used weight decay), which this tool's profiler,
+and so the recording, does not have: they show as parameter-sized allocations only the replay made (on the H100's
+peaks they change nothing: replayed without them, no family's mean error moved by more than 0.1 point).
+
 Record (on the GPU machine; only torch and this project are needed; seconds per configuration):
 
     python3 bench/bench_allocator_history.py record --models bench/h100/models \\
@@ -160,14 +165,13 @@ def compare_one(history: dict[str, Any], description: Path) -> list[str]:
     seg_measured, measured = step_segments(history), last_step_sizes(history)
     seg_replay, replay = replayed(trace, b, len(history["step_starts"]))
     extra, missing = measured - replay, replay - measured
-    lines = [f"{history['network']} batch {b} ({history['device_name']}, torch {history['torch_version']}, cuDNN "
+    return [f"{history['network']} batch {b} ({history['device_name']}, torch {history['torch_version']}, cuDNN "
              f"{history['cudnn_version']}): reserved {history['max_reserved_mb']:.0f} MiB measured, {res:.0f} "
              f"replayed; allocated {history['max_allocated_mb']:.0f}, {al:.0f}",
              "  segments per step, measured: " + _steps(seg_measured),
              "  segments per step, replayed: " + _steps(seg_replay),
              f"  last step: {sum(measured.values())} allocations measured, {sum(replay.values())} replayed; "
              f"only measured: {_sizes(extra)}; only replayed: {_sizes(missing)}"]
-    return lines
 
 
 def _load(path: Path) -> Any:
