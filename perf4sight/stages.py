@@ -33,6 +33,7 @@ __all__ = ["run", "STAGE_ORDER"]
 console = Console(stderr=False, highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 #: notes beside a result (stderr: `--stage predict --json` keeps stdout to JSON lines)
 notes = Console(stderr=True, highlight=False, soft_wrap=True)
+STAGE_ORDER = ("networks", "profile", "fingerprint", "predict", "compare")
 
 
 def _print_notes(*lines: str | None) -> None:
@@ -40,7 +41,6 @@ def _print_notes(*lines: str | None) -> None:
     for line in lines:
         if line:
             notes.print(line, markup=False)
-STAGE_ORDER = ("networks", "profile", "fingerprint", "predict", "compare")
 
 
 def run(stage: str, cfg: Config, args: argparse.Namespace) -> int:
