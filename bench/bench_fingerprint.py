@@ -127,6 +127,8 @@ def _oom_checks(fp: Any, test_rows: list[dict], descs: dict) -> tuple[int, int, 
         bad = [batch_size_of(r) for r in rs if r["status"] == "oom"]
         preds = fp.predict(descs[net], sorted(ok + bad))
         for p in preds:
+            if p["fits"] is None:  # no capacity learnt (no out-of-memory row in training): nothing to check
+                continue
             fit_asked += 1
             fit_right += p["fits"] == (p["batch_size"] in ok)
         if not ok or fp.capacity_mb is None:
@@ -311,10 +313,14 @@ def table(res: dict[str, Any]) -> list[str]:
     lines.append("  * oracle diagnostics: held-out predictions rescaled by the factor that best fits the family "
                  "(or each network) itself")
     oom = [res["oom"][f] for f in fams]
-    lines.append("\nout of memory, held-out families (mean over the seeds): max batch size right "
-                 + ", ".join(f"{f} {o[0]:.3g}/{o[1]:.3g}" for f, o in zip(fams, oom))
-                 + f"; within 10 % {sum(o[4] for o in oom):.3g}/{sum(o[1] for o in oom):.3g}"
-                 + f"; `fits` right per row {sum(o[2] for o in oom):.5g}/{sum(o[3] for o in oom):.5g}")
+    if sum(o[3] for o in oom):
+        lines.append("\nout of memory, held-out families (mean over the seeds): max batch size right "
+                     + ", ".join(f"{f} {o[0]:.3g}/{o[1]:.3g}" for f, o in zip(fams, oom))
+                     + f"; within 10 % {sum(o[4] for o in oom):.3g}/{sum(o[1] for o in oom):.3g}"
+                     + f"; `fits` right per row {sum(o[2] for o in oom):.5g}/{sum(o[3] for o in oom):.5g}")
+    else:
+        lines.append("\nout of memory: not evaluated (no fold learnt a memory capacity: its training rows had no "
+                     "out-of-memory row)")
     sp = res["speed"]
     lines.append(f"speed: description -> 4 predictions median {sp['median_ms']:.2f} ms (max {sp['max_ms']:.2f} ms) "
                  f"per network; batched {sp['batched_us_per_query']:.1f} µs per query cold, "
@@ -346,12 +352,13 @@ def figures(res: dict[str, Any]) -> list[dict]:
         out.append({"benchmark": b, "metric": f"{t}_mape_random_split", "value": random_split_mape,
                     "unit": "%", "note": "5-fold over rows"})
     oom = list(res["oom"].values())
-    out.append({"benchmark": b, "metric": "max_batch_right", "value": round(sum(o[0] for o in oom), 1),
-                "unit": "networks", "note": f"of {sum(o[1] for o in oom):.0f} held-out network variants"})
-    out.append({"benchmark": b, "metric": "max_batch_within10pct", "value": round(sum(o[4] for o in oom), 1),
-                "unit": "networks", "note": f"of {sum(o[1] for o in oom):.0f}"})
-    out.append({"benchmark": b, "metric": "fits_right_pct", "value": round(100 * sum(o[2] for o in oom)
-                / max(1, sum(o[3] for o in oom)), 1), "unit": "%", "note": "per measured row (ok/oom)"})
+    if sum(o[3] for o in oom):  # else no fold learnt a capacity (no out-of-memory row): nothing was checked
+        out.append({"benchmark": b, "metric": "max_batch_right", "value": round(sum(o[0] for o in oom), 1),
+                    "unit": "networks", "note": f"of {sum(o[1] for o in oom):.0f} held-out network variants"})
+        out.append({"benchmark": b, "metric": "max_batch_within10pct", "value": round(sum(o[4] for o in oom), 1),
+                    "unit": "networks", "note": f"of {sum(o[1] for o in oom):.0f}"})
+        out.append({"benchmark": b, "metric": "fits_right_pct", "value": round(100 * sum(o[2] for o in oom)
+                    / sum(o[3] for o in oom), 1), "unit": "%", "note": "per measured row (ok/oom)"})
     out.append({"benchmark": b, "metric": "predict_ms_per_network", "value": round(res["speed"]["median_ms"], 2),
                 "unit": "ms", "note": "description -> 4 batch sizes, target < 50 ms"})
     out.append({"benchmark": b, "metric": "predict_us_per_query_batched", "unit": "us",
