@@ -39,10 +39,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from perf4sight.profiling.plan import TestPlan  # noqa: E402
+
 KEPT = ROOT / "bench" / "h100" / "allocator_history"
 KEPT_MODELS = ROOT / "bench" / "h100" / "models"
 MIB = 2 ** 20
-STEPS = (2, 5)  # warm-up and timed steps, as the profile stage's defaults
+#: the profiler's defaults (standard library only, as on a device): warm-up and timed steps, the optimiser
+_PROFILER = TestPlan(device="allocator-history")
+STEPS = (_PROFILER.warmup_steps, _PROFILER.timed_steps)
 
 
 def find_description(models: Path, network: str) -> Path:
@@ -54,7 +58,8 @@ def find_description(models: Path, network: str) -> Path:
 
 
 # ----------------------------------------------------------------------------------------------- on the GPU
-def record_one(description: Path, batch_size: int, out: Path, lr: float = 0.01, momentum: float = 0.9) -> None:
+def record_one(description: Path, batch_size: int, out: Path, lr: float = _PROFILER.learning_rate,
+               momentum: float = _PROFILER.momentum) -> None:
     """One configuration in this process: the profiler's training step (SGD with momentum, cross-entropy, random
     data), warm-up and timed steps, with torch's allocation history on; writes ``out`` (JSON): the history's
     entries as ``[action, size, address]``, ``step_starts`` (the entry index each step starts at) and the peaks
@@ -158,9 +163,10 @@ def compare_one(history: dict[str, Any], description: Path) -> list[str]:
     """Lines comparing one recorded history with the replay of the same step (see the module docstring)."""
     from perf4sight.features.alloc_trace import simulate
     from perf4sight.fingerprint.fit import relu6_clone
+    from perf4sight.ir.schema import load_description
 
     b = int(history["batch_size"])
-    trace = simulate(_load(description), relu6_clone=relu6_clone([{"torch_version": history["torch_version"]}]))
+    trace = simulate(load_description(description), relu6_clone=relu6_clone([{"torch_version": history["torch_version"]}]))
     res, al = (v / MIB for v in trace.replay(b))
     seg_measured, measured = step_segments(history), last_step_sizes(history)
     seg_replay, replay = replayed(trace, b, len(history["step_starts"]))
@@ -172,11 +178,6 @@ def compare_one(history: dict[str, Any], description: Path) -> list[str]:
              "  segments per step, replayed: " + _steps(seg_replay),
              f"  last step: {sum(measured.values())} allocations measured, {sum(replay.values())} replayed; "
              f"only measured: {_sizes(extra)}; only replayed: {_sizes(missing)}"]
-
-
-def _load(path: Path) -> Any:
-    from perf4sight.ir.schema import load_description
-    return load_description(path)
 
 
 def _steps(per_step: list[tuple[int, float]]) -> str:
