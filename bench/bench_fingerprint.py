@@ -313,11 +313,12 @@ def table(res: dict[str, Any]) -> list[str]:
     lines.append("  * oracle diagnostics: held-out predictions rescaled by the factor that best fits the family "
                  "(or each network) itself")
     oom = [res["oom"][f] for f in fams]
-    if sum(o[3] for o in oom):
+    checked = sum(o[3] for o in oom)  # rows whose `fits` was known (0: no fold learnt a capacity)
+    if checked:
         lines.append("\nout of memory, held-out families (mean over the seeds): max batch size right "
                      + ", ".join(f"{f} {o[0]:.3g}/{o[1]:.3g}" for f, o in zip(fams, oom))
                      + f"; within 10 % {sum(o[4] for o in oom):.3g}/{sum(o[1] for o in oom):.3g}"
-                     + f"; `fits` right per row {sum(o[2] for o in oom):.5g}/{sum(o[3] for o in oom):.5g}")
+                     + f"; `fits` right per row {sum(o[2] for o in oom):.5g}/{checked:.5g}")
     else:
         lines.append("\nout of memory: not evaluated (no fold learnt a memory capacity: its training rows had no "
                      "out-of-memory row)")
@@ -352,13 +353,14 @@ def figures(res: dict[str, Any]) -> list[dict]:
         out.append({"benchmark": b, "metric": f"{t}_mape_random_split", "value": random_split_mape,
                     "unit": "%", "note": "5-fold over rows"})
     oom = list(res["oom"].values())
-    if sum(o[3] for o in oom):  # else no fold learnt a capacity (no out-of-memory row): nothing was checked
+    checked = sum(o[3] for o in oom)
+    if checked:  # else no fold learnt a capacity (no out-of-memory row): nothing was checked
         out.append({"benchmark": b, "metric": "max_batch_right", "value": round(sum(o[0] for o in oom), 1),
                     "unit": "networks", "note": f"of {sum(o[1] for o in oom):.0f} held-out network variants"})
         out.append({"benchmark": b, "metric": "max_batch_within10pct", "value": round(sum(o[4] for o in oom), 1),
                     "unit": "networks", "note": f"of {sum(o[1] for o in oom):.0f}"})
-        out.append({"benchmark": b, "metric": "fits_right_pct", "value": round(100 * sum(o[2] for o in oom)
-                    / sum(o[3] for o in oom), 1), "unit": "%", "note": "per measured row (ok/oom)"})
+        out.append({"benchmark": b, "metric": "fits_right_pct", "unit": "%", "note": "per measured row (ok/oom)",
+                    "value": round(100 * sum(o[2] for o in oom) / checked, 1)})
     out.append({"benchmark": b, "metric": "predict_ms_per_network", "value": round(res["speed"]["median_ms"], 2),
                 "unit": "ms", "note": "description -> 4 batch sizes, target < 50 ms"})
     out.append({"benchmark": b, "metric": "predict_us_per_query_batched", "unit": "us",
