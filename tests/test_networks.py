@@ -340,6 +340,15 @@ def test_stage_reports_a_factory_that_fails_to_import(tmp_path: Path) -> None:
         make_networks(load_config(tmp_path / "config.toml"))
 
 
+def test_stage_reports_a_description_file_that_is_not_a_description(tmp_path: Path) -> None:
+    """A description_files entry that is not JSON: the error names the config and its key, then the file."""
+    (tmp_path / "nets").mkdir()
+    (tmp_path / "nets" / "broken.json").write_text('{"name": "broken", ')
+    (tmp_path / "config.toml").write_text('[networks]\nzoo = []\ndescription_files = ["nets/broken.json"]\n')
+    with pytest.raises(UserError, match=r"config.toml: \[networks\] description_files: \S*broken.json"):
+        make_networks(load_config(tmp_path / "config.toml"))
+
+
 def test_stage_reports_a_factory_whose_forward_fails_at_the_input_shape(tmp_path: Path) -> None:
     """A grey-scale model at a 3-channel input shape: one line naming the model, the shape and torch's
     complaint, exit code 2 from the CLI (was a 49-line traceback)."""

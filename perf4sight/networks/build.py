@@ -86,8 +86,7 @@ def sources(cfg: Config) -> list[Source]:
         except UserError as exc:  # say which config and key named it, as the other [networks] errors do
             raise UserError(f"{cfg.path}: [networks] factories: {exc}") from None
         found.append(Source(factory.name, factory.source, lambda f=factory: build_factory_model(f, nc)))
-    for fname in cfg.networks.description_files:
-        desc = load_description(cfg.resolve(fname))
+    for fname, desc in config_descriptions(cfg):
         # a pruned or generated description keeps its own name (resnet18_l30 -> resnet18_l30_l0, not resnet18_l0,
         # which reads as the unpruned network; gen_0_1 -> gen_0_1_l0, not its style family's name, which other
         # generated networks share) and the family of the network it derives from
@@ -101,14 +100,25 @@ def sources(cfg: Config) -> list[Source]:
     return found
 
 
+def config_descriptions(cfg: Config) -> list[tuple[str, NetworkDescription]]:
+    """(entry, description) per ``[networks] description_files`` entry; a file that is missing or not a
+    description raises ``UserError`` naming the config and the key, as the other [networks] errors do."""
+    found = []
+    for fname in cfg.networks.description_files:
+        try:
+            found.append((fname, load_description(cfg.resolve(fname))))
+        except UserError as exc:
+            raise UserError(f"{cfg.path}: [networks] description_files: {exc}") from None
+    return found
+
+
 def reshaped_description_notes(cfg: Config) -> list[str]:
     """One note per ``[networks] description_files`` entry described at another input shape than
     ``[networks] input_shape`` (the networks stage rebuilds it and describes its variants at the configured one),
     and one per entry with another class count than ``[networks] num_classes`` (kept)."""
     want = list(cfg.networks.input_shape)
     lines = []
-    for fname in cfg.networks.description_files:
-        desc = load_description(cfg.resolve(fname))
+    for fname, desc in config_descriptions(cfg):
         have = list(desc.input_shape)
         if have != want:
             lines.append(f"note: [networks] description_files: {fname} is described at input shape "
