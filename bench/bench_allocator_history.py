@@ -166,7 +166,8 @@ def compare_one(history: dict[str, Any], description: Path) -> list[str]:
     from perf4sight.ir.schema import load_description
 
     b = int(history["batch_size"])
-    trace = simulate(load_description(description), relu6_clone=relu6_clone([{"torch_version": history["torch_version"]}]))
+    clone = relu6_clone([{"torch_version": history["torch_version"]}])
+    trace = simulate(load_description(description), relu6_clone=clone)
     res, al = (v / MIB for v in trace.replay(b))
     seg_measured, measured = step_segments(history), last_step_sizes(history)
     seg_replay, replay = replayed(trace, b, len(history["step_starts"]))

@@ -383,9 +383,9 @@ def measured_reserved(rows: list[dict]):
     replay = alloc_trace.simulate
 
     class Measured:
-        def __init__(self, desc: Any) -> None:
-            self.name, self.trace = desc.name, replay(desc)
-            self.protocol = self.trace.protocol
+        def __init__(self, desc: Any, *args: Any, **kwargs: Any) -> None:
+            self.name, self.trace = desc.name, replay(desc, *args, **kwargs)
+            self.protocol, self.relu6_clone = self.trace.protocol, self.trace.relu6_clone
 
         def with_protocol(self, protocol: str) -> "Measured":
             self.trace, self.protocol = self.trace.with_protocol(protocol), protocol
@@ -397,7 +397,7 @@ def measured_reserved(rows: list[dict]):
                 out[i, 0] = measured.get((self.name, int(b))) or out[i, 0]
             return out
 
-    alloc_trace.simulate = lambda desc, *a, **k: Measured(desc)
+    alloc_trace.simulate = Measured
     try:
         yield
     finally:

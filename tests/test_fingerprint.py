@@ -259,6 +259,24 @@ def test_select_candidate_prefers_the_right_form():
     assert scores["analytic only"] < 1e-6 and cv.overall["mape"] < 1e-6
 
 
+def test_forms_for_one_device_kind_are_scored_on_that_kind_only():
+    """The bent replay forms model a GPU's used memory against its allocator's reserved memory: a cpu device's
+    choice never scores them, a gpu device's does (the simulated columns filled in, as the replay does)."""
+    from perf4sight.features.aggregate import FEATURE_NAMES
+    from perf4sight.fingerprint.select import CANDIDATES, FULL_MEMORY_FORM, select_candidate
+    rng = np.random.default_rng(2)
+    F = np.abs(rng.normal(1, 0.5, size=(80, len(FEATURE_NAMES)))) * 100
+    y = 900 + 1.5 * F[:, FEATURE_NAMES.index("sim_reserved_mb")]
+    groups = np.repeat(np.array(["a", "b", "c", "d"]), 20)
+    F[:, FEATURE_NAMES.index("blas_context")] = np.isin(groups, ["a", "b"])  # networks with and without a linear layer
+    gpu_only = {c.name for c in CANDIDATES["memory"] if c.kinds == ("gpu",)}
+    assert FULL_MEMORY_FORM in gpu_only
+    args = ("memory", F, y, groups, "family", "extra-trees", 5, 1, 0)
+    _, _, on_cpu = select_candidate(*args, kind="cpu")
+    _, _, on_gpu = select_candidate(*args, kind="gpu")
+    assert not gpu_only & set(on_cpu) and gpu_only <= set(on_gpu) and set(on_cpu) < set(on_gpu)
+
+
 def test_preferred_form_is_kept_within_one_standard_error_only():
     """The one-standard-error rule, paired over the held-out groups: a preferred form that loses by
     less than the spread of its per-group differences is kept; one that loses in every group is not."""
@@ -445,6 +463,38 @@ def test_saturating_form_recovers_demand_and_ceiling_and_capacity_compares_deman
     back, _ = load_models(tmp_path)
     assert back["memory"].terms == terms
     np.testing.assert_allclose(back["memory"].demand(F), tm.demand(F))
+
+
+def test_hinged_form_learns_the_knot_and_keeps_a_zero_slope_where_there_is_no_bend(tmp_path):
+    """Used memory that grows by 0.8 MiB per reserved MiB up to 2 GB and by 1.0 above (a Jetson's used-minus-
+    reserved gap shrinking at first), saturating at a ceiling: the hinged fit finds the knot near 2 GB and the
+    extra slope near 0.2, and fits better than the same form without the hinge; on memory that does not bend the
+    hinge's slope stays at zero. The knot survives a save/load round trip."""
+    from perf4sight.features.aggregate import FEATURE_NAMES
+    from perf4sight.fingerprint.storage import load_models, save_models
+    from perf4sight.fingerprint.trees import CEILING, CEILING_P, HINGE, KNOT, TargetModel, term_features
+    rng = np.random.default_rng(6)
+    F = np.zeros((400, len(FEATURE_NAMES)))
+    reserved = rng.uniform(50, 8000, 400)
+    F[:, FEATURE_NAMES.index("sim_reserved_mb")] = reserved
+    demand = 1500.0 + 0.8 * reserved + 0.2 * np.maximum(reserved - 2000.0, 0.0)
+    y = (demand ** -CEILING_P + 6300.0 ** -CEILING_P) ** (-1 / CEILING_P)
+    terms = ("one", "sim_reserved_mb", HINGE, KNOT, CEILING)
+    assert term_features(terms) == ["sim_reserved_mb"]
+    tm = TargetModel.fit("memory", F, y, correct=False, terms=terms)
+    one, slope, extra, knot, ceiling = tm.coef
+    assert abs(knot - 2000.0) < 400 and abs(extra - 0.2) < 0.05 and abs(slope - 0.8) < 0.05
+    assert abs(ceiling - 6300.0) < 100
+    straight = TargetModel.fit("memory", F, y, correct=False, terms=("one", "sim_reserved_mb", CEILING))
+    err = {name: np.mean(np.abs(m.predict(F) / y - 1)) for name, m in (("hinged", tm), ("straight", straight))}
+    assert err["hinged"] < 0.01 < err["straight"]
+    save_models(tmp_path, {"memory": tm}, {})
+    back, _ = load_models(tmp_path)
+    np.testing.assert_allclose(back["memory"].predict(F), tm.predict(F))
+
+    no_bend = TargetModel.fit("memory", F, 1500.0 + 0.9 * reserved, correct=False, terms=("one", "sim_reserved_mb",
+                                                                                          HINGE, KNOT))
+    assert no_bend.coef[2] < 1e-3 and abs(no_bend.coef[1] - 0.9) < 1e-3
 
 
 def test_held_out_coverage_sees_a_family_outside_the_others_band():

@@ -182,14 +182,14 @@ def test_stored_held_out_predictions_equal_a_refit_and_are_not_used_for_other_ro
 
 def test_feature_sensitivity(project):
     from perf4sight.profiling.results import read_rows, results_path
-    from perf4sight.fingerprint.trees import CEILING, OVERLAP
+    from perf4sight.fingerprint.trees import term_features
     from perf4sight.dataset import device_dataset
     fp = load_device_fingerprint(project, "tx2a")
     rows = read_rows(results_path(project.profiling_dir, "tx2a"))
     sens = feature_sensitivity(fp, rows, device_dataset(project, "tx2a").descriptions)
     for target, model in fp.models.items():  # the model's analytic terms plus, with a correction, its tree inputs
         trees = fp.metadata["tree_features_by_target"][target] if model.correction is not None else []
-        assert set(sens[target]) == {t for t in model.terms if t not in ("one", OVERLAP, CEILING)} | set(trees)
+        assert set(sens[target]) == set(term_features(model.terms)) | set(trees)
     assert all(v >= 0 for t in sens.values() for v in t.values())
     # memory leans on a byte count (analytic estimate, saved activations, weights), not on e.g. depth
     assert max(sens["memory"], key=sens["memory"].get) in {"mem_analytic_mb", "saved_bytes", "param_bytes",

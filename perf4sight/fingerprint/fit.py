@@ -209,8 +209,10 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
                             f"({nets[0]}); a fingerprint needs 2 or more, as its accuracy and intervals are "
                             "measured on networks held out of the fit: profile more networks")
         groups, grouping = choose_groups(fams, nets)
-        prefer = PREFERRED.get((target, device_kind(mem_col)))
-        cand, cv, scores = select_candidate(target, F, y, groups, grouping, model, n_est, leaf, seed, prefer=prefer)
+        kind = device_kind(mem_col)
+        prefer = PREFERRED.get((target, kind))
+        cand, cv, scores = select_candidate(target, F, y, groups, grouping, model, n_est, leaf, seed, prefer=prefer,
+                                            kind=kind)
         lf = cand.leaf if cand.leaf is not None else leaf
         models[target] = TargetModel.fit(target, F, y, model, n_est, lf, seed, cand.correct, cand.terms)
         log_ratio = np.log(y / cv.predictions)  # out-of-fold residuals: the band and its held-out check
@@ -218,7 +220,8 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         # the table: the form chosen again without each held-out group (nested), where that is affordable
         table, forms = cv, {}
         if nested and can_nest(groups):
-            table, forms = nested_cv(target, F, y, groups, grouping, model, n_est, leaf, seed, prefer=prefer)
+            table, forms = nested_cv(target, F, y, groups, grouping, model, n_est, leaf, seed, prefer=prefer,
+                                     kind=kind)
         accuracy[target] = {"column": col, "grouping": grouping, "overall": table.overall,
                             "per_group": table.per_group, "nested": bool(forms), "forms_per_fold": forms,
                             "random_split": random_split_metrics(target, cand, F, y, model, n_est, lf, seed),

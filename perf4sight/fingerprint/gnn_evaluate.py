@@ -85,11 +85,12 @@ def cross_validate(s: Samples, st: TrainSettings, trees_cfg: Any, coverage: floa
         if cv_t is None:  # the trees evaluated as the fingerprint stage evaluates them (nested where it is)
             args = (target, F_trees[sel], y, groups, s.grouping, trees_cfg.model, int(trees_cfg.n_estimators),
                     int(trees_cfg.min_samples_leaf), int(trees_cfg.seed))
-            prefer = PREFERRED.get((target, device_kind(s.mem_col)))
+            kind = device_kind(s.mem_col)
+            prefer = PREFERRED.get((target, kind))
             if can_nest(groups):
-                cv_t, _ = nested_cv(*args, prefer=prefer)
+                cv_t, _ = nested_cv(*args, prefer=prefer, kind=kind)
             else:
-                _, cv_t, _ = select_candidate(*args, prefer=prefer)
+                _, cv_t, _ = select_candidate(*args, prefer=prefer, kind=kind)
         ens = np.sqrt(cv_g.predictions * cv_t.predictions)
         res = {"gnn": cv_g, "trees": cv_t}
         entry: dict[str, Any] = {k: {"overall": v.overall, "per_group": v.per_group} for k, v in res.items()}

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from perf4sight.fingerprint.evaluate import CVResult, grouped_cv, metrics
-from perf4sight.fingerprint.trees import CEILING, OVERLAP, TargetModel
+from perf4sight.fingerprint.trees import CEILING, HINGE, KNOT, OVERLAP, TargetModel, term_features
 
 __all__ = ["Candidate", "CANDIDATES", "PREFERRED", "select_candidate", "nested_cv", "can_nest", "NESTED_MAX_GROUPS",
            "random_split_metrics", "group_conformal", "held_out_coverage"]
@@ -32,16 +32,18 @@ __all__ = ["Candidate", "CANDIDATES", "PREFERRED", "select_candidate", "nested_c
 
 @dataclass(frozen=True)
 class Candidate:
-    """One model form: analytic ``terms`` (None = default), tree ``correct``ion, ``leaf`` = min samples per leaf."""
+    """One model form: analytic ``terms`` (None = default), tree ``correct``ion, ``leaf`` = min samples per leaf,
+    offered on the device ``kinds`` named ("cpu", "gpu": see :data:`PREFERRED`)."""
 
     name: str
     terms: tuple[str, ...] | None = None
     correct: bool = True
     leaf: int | None = None  # None = the configured min_samples_leaf
+    kinds: tuple[str, ...] = ("cpu", "gpu")
 
 
 OVERLAP_FORM = "host|device overlap (64-tiles) x trees, leaf 3"
-FULL_MEMORY_FORM = "sim reserved + analytic + BLAS context + workspace, saturating x trees"
+FULL_MEMORY_FORM = "sim reserved, bent + analytic + BLAS context + workspace, saturating x trees"
 # the last term: 1x1 convolutions a one-thread CPU step runs outside oneDNN (held at 0 on other devices)
 _KERNEL_TERMS = ("one", "lt_gemm_padded_macs", "lt_dw_bytes", "lt_ew_bytes", "lt_launches", "batch_size",
                  "native_conv_macs")
@@ -69,8 +71,17 @@ CANDIDATES: dict[str, tuple[Candidate, ...]] = {
                # the same sums saturating at a learnt ceiling: used memory stops growing near the device's limit
                Candidate("sim reserved + analytic + workspace, saturating x trees",
                          ("one", "sim_reserved_mb", "mem_analytic_mb", "im2col_mb", CEILING)),
+               Candidate("sim reserved + analytic + BLAS context + workspace, saturating x trees",
+                         ("one", "sim_reserved_mb", "mem_analytic_mb", "blas_context", "im2col_mb", CEILING)),
+               # on a GPU also with the replay's term bent at a learnt knot: a Jetson's used memory grows more slowly
+               # than the allocator's reserved memory over the first gigabytes (a process's peak RSS on a CPU is
+               # not read through that allocator)
+               Candidate("sim reserved, bent + analytic + workspace, saturating x trees",
+                         ("one", "sim_reserved_mb", HINGE, KNOT, "mem_analytic_mb", "im2col_mb", CEILING),
+                         kinds=("gpu",)),
                Candidate(FULL_MEMORY_FORM,
-                         ("one", "sim_reserved_mb", "mem_analytic_mb", "blas_context", "im2col_mb", CEILING))),
+                         ("one", "sim_reserved_mb", HINGE, KNOT, "mem_analytic_mb", "blas_context", "im2col_mb",
+                          CEILING), kinds=("gpu",))),
     # latency: the kernel-terms form first, as it is the one kept when there are too few groups to choose
     # (its per-kernel launch term carries over to families never seen; the FLOP-only forms did not)
     "latency": (Candidate("kernel terms (64-tiles) x trees, leaf 3", _KERNEL_TERMS_64, leaf=3),
@@ -103,7 +114,7 @@ def _has_terms(F: np.ndarray, cand: Candidate) -> bool:
     """Whether every analytic term of ``cand`` is known on all rows of ``F`` (finite; a simulated
     feature is 0 where the network was not simulated)."""
     from perf4sight.features.aggregate import CONTEXT_FEATURES, FEATURE_NAMES, SIM_FEATURES
-    terms = [t for t in (cand.terms or ()) if t not in ("one", OVERLAP, CEILING)]
+    terms = term_features(cand.terms or ())
     sim = [FEATURE_NAMES.index(t) for t in terms if t in SIM_FEATURES]
     cols = [FEATURE_NAMES.index(t) for t in terms]
     # a 0/1 context term means something only where the rows have both values (else it is the constant)
@@ -114,14 +125,17 @@ def _has_terms(F: np.ndarray, cand: Candidate) -> bool:
 
 def select_candidate(target: str, F: np.ndarray, y: np.ndarray, groups: np.ndarray, grouping: str, model: str,
                      n_est: int, leaf: int, seed: int, candidates: tuple[Candidate, ...] | None = None,
-                     prefer: str | None = None) -> tuple[Candidate, CVResult, dict[str, float]]:
+                     prefer: str | None = None,
+                     kind: str | None = None) -> tuple[Candidate, CVResult, dict[str, float]]:
     """(chosen candidate, its grouped-CV result, score per candidate) — score = mean per-group MAPE (%).
 
     The best-scoring candidate is chosen, except that ``prefer`` (a candidate's name) is kept while the
     best beats it by no more than one standard error of their paired per-group MAPE differences. With
     fewer than 3 groups there is too little to choose on: ``prefer`` (or the first candidate) is kept.
+    ``kind``: the device kind, whose candidates alone are scored (None: every candidate).
     """
-    cands = tuple(c for c in (candidates or CANDIDATES[target]) if _has_terms(F, c))
+    cands = tuple(c for c in (candidates or CANDIDATES[target])
+                  if _has_terms(F, c) and (kind is None or kind in c.kinds))
     preferred = next((c for c in cands if c.name == prefer), None)
     if len(set(groups.tolist())) < 3:
         cands = (preferred or cands[0],)
@@ -150,20 +164,21 @@ def can_nest(groups: np.ndarray) -> bool:
 
 
 def nested_cv(target: str, F: np.ndarray, y: np.ndarray, groups: np.ndarray, grouping: str, model: str,
-              n_est: int, leaf: int, seed: int, prefer: str | None = None) -> tuple[CVResult, dict[str, str]]:
+              n_est: int, leaf: int, seed: int, prefer: str | None = None,
+              kind: str | None = None) -> tuple[CVResult, dict[str, str]]:
     """Leave-one-group-out accuracy of the whole procedure: for each held-out group the model form is
     chosen again by :func:`select_candidate` on the other groups alone, then fitted on them, so the
     held-out group takes no part in the choice (the table :func:`select_candidate` returns is a little
     optimistic: every group there helped choose the form). Returns the result and the form chosen per
     held-out group. With three groups the inner choice has two groups and keeps ``prefer`` (or the
-    first candidate), as a fit on two families would."""
+    first candidate), as a fit on two families would; ``kind`` as :func:`select_candidate`'s."""
     forms: dict[str, str] = {}
     pred = np.full(len(y), np.nan)
     per: dict[str, dict[str, float]] = {}
     for g in sorted(set(groups.tolist())):
         test, train = groups == g, groups != g
         cand, _, _ = select_candidate(target, F[train], y[train], groups[train], grouping, model, n_est, leaf,
-                                      seed, prefer=prefer)
+                                      seed, prefer=prefer, kind=kind)
         forms[str(g)] = cand.name
         pred[test] = _fitter(target, cand, model, n_est, leaf, seed)(F[train], y[train], F[test])
         per[str(g)] = metrics(y[test], pred[test])

@@ -22,6 +22,12 @@ learnt ceiling ``C`` (MiB), as the smooth minimum ``(demand^-p + C^-p)^(-1/p)`` 
 unified memory the last batch sizes before an out-of-memory page out (zram) instead, and the measured
 figure flattens under the ceiling while the step's demand keeps growing. The capacity test
 (``fits``) compares the demand, not the saturated figure. Fitted on log(predicted / measured) too.
+
+A sum may also bend once: the term :data:`HINGE` adds a non-negative slope times the allocator replay's reserved
+peak above a knot (the next term, :data:`KNOT`, whose coefficient is the knot itself, MiB), so the sum grows
+more slowly in the reserved memory below the knot than above it. On a Jetson the used memory minus the
+reserved memory shrinks by some 350 MiB over the first 2 GB reserved and then holds. The knot is chosen on a
+grid of the training rows' reserved peaks (:data:`KNOT_QUANTILES`), the lowest loss of the form's own fit.
 """
 from __future__ import annotations
 
@@ -36,7 +42,7 @@ from perf4sight.features.aggregate import CONTEXT_FEATURES, FEATURE_NAMES
 
 __all__ = ["TreeEnsemble", "TargetModel", "make_regressor", "LINEAR_TERMS", "TREE_FEATURES", "TARGET_TREE_FEATURES",
            "tree_features", "MODELS",
-           "OVERLAP", "OVERLAP_P", "CEILING", "CEILING_P"]
+           "OVERLAP", "OVERLAP_P", "CEILING", "CEILING_P", "HINGE", "KNOT", "KNOT_QUANTILES", "term_features"]
 
 MODELS = TREE_MODELS
 
@@ -169,6 +175,17 @@ class TreeEnsemble:
 OVERLAP, OVERLAP_P = "|", 3.0
 #: Last term of a saturating form (its coefficient is the ceiling, MiB); the smooth minimum's exponent.
 CEILING, CEILING_P = "ceiling", 16.0
+#: A hinge term's name (its column is :data:`HINGED`), the knot term's that follows it, and the grid the knot is
+#: chosen on (quantiles of the hinged column over the training rows).
+HINGE, KNOT, HINGED = "sim_reserved_mb over knot", "knot", "sim_reserved_mb"
+KNOT_QUANTILES = np.linspace(0.05, 0.8, 16)
+
+
+def term_features(terms: tuple[str, ...]) -> list[str]:
+    """The feature columns analytic ``terms`` read, each once (a hinge reads :data:`HINGED`; the constant, the
+    ceiling, the knot and the overlap separator read none)."""
+    names = [HINGED if t == HINGE else t for t in terms if t not in ("one", OVERLAP, CEILING, KNOT)]
+    return list(dict.fromkeys(names))
 
 
 def _columns(names: tuple[str, ...]) -> list[int]:
@@ -176,15 +193,36 @@ def _columns(names: tuple[str, ...]) -> list[int]:
 
 
 def _linear_design(F: np.ndarray, terms: tuple[str, ...]) -> np.ndarray:
-    """One column per term (the ceiling's a column of ones: its coefficient is the ceiling itself)."""
-    cols = [np.ones(len(F)) if t in ("one", CEILING) else F[:, FEATURE_NAMES.index(t)] for t in terms if t != OVERLAP]
-    return np.column_stack(cols)
+    """One column per term (the ceiling's and the knot's a column of ones: their coefficients are the ceiling and
+    the knot themselves; a hinge's the column it bends)."""
+    def column(t: str) -> np.ndarray:
+        if t in ("one", CEILING, KNOT):
+            return np.ones(len(F))
+        return F[:, FEATURE_NAMES.index(HINGED if t == HINGE else t)]
+    return np.column_stack([column(t) for t in terms if t != OVERLAP])
+
+
+def _hinged(A: np.ndarray, h: int, knot: float) -> np.ndarray:
+    """Design rows ``A`` with the hinge's column ``h`` replaced by its excess over ``knot`` and the knot's column
+    (``h + 1``) zeroed: a plain linear design."""
+    out = A.copy()
+    out[:, h] = np.maximum(A[:, h] - knot, 0.0)
+    out[:, h + 1] = 0.0
+    return out
+
+
+def _linear_sum(A: np.ndarray, coef: np.ndarray, terms: tuple[str, ...]) -> np.ndarray:
+    """``A @ coef``, the hinge term (if any) bent at its knot."""
+    if HINGE in terms:
+        h = terms.index(HINGE)
+        return _hinged(A, h, float(coef[h + 1])) @ coef
+    return A @ coef
 
 
 def _demand(A: np.ndarray, coef: np.ndarray, terms: tuple[str, ...]) -> np.ndarray:
     """A saturating form's linear sum before the ceiling (the whole analytic value of other forms)."""
     if CEILING in terms:
-        return A[:, :-1] @ coef[:-1]
+        return _linear_sum(A[:, :-1], coef[:-1], terms[:-1])
     return _combine(A, coef, terms)
 
 
@@ -192,10 +230,10 @@ def _combine(A: np.ndarray, coef: np.ndarray, terms: tuple[str, ...]) -> np.ndar
     """The analytic value of design rows ``A``: a linear sum, the overlap form's smooth maximum, or the
     saturating form's smooth minimum of the linear sum and the ceiling."""
     if CEILING in terms:
-        demand, ceiling = np.maximum(A[:, :-1] @ coef[:-1], 1e-9), max(float(coef[-1]), 1e-9)
+        demand, ceiling = np.maximum(_demand(A, coef, terms), 1e-9), max(float(coef[-1]), 1e-9)
         return (demand ** -CEILING_P + ceiling ** -CEILING_P) ** (-1.0 / CEILING_P)
     if OVERLAP not in terms:
-        return A @ coef
+        return _linear_sum(A, coef, terms)
     k = terms.index(OVERLAP)
     host, device = A[:, :k] @ coef[:k], A[:, k:] @ coef[k:]
     return (host ** OVERLAP_P + device ** OVERLAP_P) ** (1.0 / OVERLAP_P)
@@ -245,6 +283,25 @@ def _fit_linear(A: np.ndarray, y: np.ndarray, free: np.ndarray) -> np.ndarray:
     return coef
 
 
+def _fit_sum(A: np.ndarray, y: np.ndarray, terms: tuple[str, ...], free: np.ndarray) -> np.ndarray:
+    """Non-negative coefficients of a linear or saturating form (columns not ``free`` held at zero); with a hinge,
+    the knot is the grid point (:data:`KNOT_QUANTILES` of the hinged column) whose fit has the lowest
+    sum(log(predicted / y)^2)."""
+    if HINGE not in terms:
+        return _fit_ceiling(A, y, terms, free) if CEILING in terms else _fit_linear(A, y, free)
+    h = terms.index(HINGE)
+    plain = tuple("hinged" if t in (HINGE, KNOT) else t for t in terms)  # the same form, the hinge fixed
+    best: tuple[float, np.ndarray] = (np.inf, np.zeros(A.shape[1]))
+    for knot in np.unique(np.quantile(A[:, h], KNOT_QUANTILES)):
+        Ak = _hinged(A, h, float(knot))
+        coef = _fit_sum(Ak, y, plain, free)
+        loss = float(np.sum(np.log(np.maximum(_combine(Ak, coef, plain), 1e-12) / y) ** 2))
+        if loss < best[0]:
+            coef[h + 1] = knot
+            best = (loss, coef)
+    return best[1]
+
+
 def tree_features(target: str | None = None) -> tuple[str, ...]:
     """The tree correction's input features for ``target`` (:data:`TARGET_TREE_FEATURES`; others and None:
     :data:`TREE_FEATURES`)."""
@@ -279,7 +336,7 @@ class TargetModel:
             # a 0/1 context flag with one value on every training row is the constant again: its share
             # of the constant cannot be told apart, so it keeps a zero coefficient (the constant takes it)
             free = np.array([not (t in CONTEXT_FEATURES and np.ptp(A[:, j]) == 0) for j, t in enumerate(terms)])
-            coef = _fit_ceiling(A, y, terms, free) if CEILING in terms else _fit_linear(A, y, free)
+            coef = _fit_sum(A, y, terms, free)
         tm = cls(target, terms, coef, None)
         if correct:
             resid = np.log(y / np.maximum(tm.analytic(F), 1e-9))

@@ -15,11 +15,11 @@ import numpy as np
 
 from perf4sight.features.aggregate import FEATURE_NAMES, feature_matrix, network_features
 from perf4sight.fingerprint.evaluate import choose_groups, grouped_cv
-from perf4sight.fingerprint.fit import LATENCY_COLUMN, hold_native_conv
+from perf4sight.fingerprint.fit import LATENCY_COLUMN, device_kind, hold_native_conv
 from perf4sight.fingerprint.predict import Fingerprint
 from perf4sight.fingerprint.select import can_nest, nested_cv
 from perf4sight.fingerprint.storage import stored_predictions
-from perf4sight.fingerprint.trees import TargetModel
+from perf4sight.fingerprint.trees import TargetModel, term_features
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import batch_size_of, number
 
@@ -158,7 +158,8 @@ def measured_vs_predicted(fp: Fingerprint, rows: list[dict[str, str]], descs: di
             name, n_est = str(settings.get("model", "extra-trees")), int(settings.get("n_estimators", 200))
             seed, leaf = int(settings.get("seed", 0)), int(settings.get("min_samples_leaf", 1))
             if acc.get("nested") and can_nest(groups):  # as the fingerprint stage's table
-                cv, _ = nested_cv(target, F, y, groups, grouping, name, n_est, leaf, seed, chosen.get("preferred"))
+                cv, _ = nested_cv(target, F, y, groups, grouping, name, n_est, leaf, seed, chosen.get("preferred"),
+                                  device_kind(columns["memory"]))
             else:
                 cv = grouped_cv(F, y, groups, grouping, lambda a, b, c: TargetModel.fit(
                     target, a, b, name, n_est, int(chosen.get("leaf") or leaf), seed,
@@ -173,7 +174,7 @@ def _model_features(fp: Fingerprint, target: str) -> list[str]:
     m = fp.models[target]
     by_target = fp.metadata.get("tree_features_by_target", {})  # older fingerprints: one list for both targets
     tree = list(by_target.get(target, fp.metadata.get("tree_features", []))) if m.correction is not None else []
-    names = [t for t in m.terms if t != "one"] + tree
+    names = term_features(m.terms) + tree
     return [n for n in dict.fromkeys(names) if n in FEATURE_NAMES]
 
 
