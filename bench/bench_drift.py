@@ -21,11 +21,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+from perf4sight.blas import pin_openblas_kernels  # noqa: E402
+
+pin_openblas_kernels()  # before numpy loads OpenBLAS: the figures reproduce on any x86-64 host
+import numpy as np  # noqa: E402
 
 from bench_cpu_families import ZOO, run as make_dataset  # noqa: E402
 from bench_fingerprint import evaluate, load_csv  # noqa: E402

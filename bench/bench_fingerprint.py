@@ -35,10 +35,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from perf4sight.blas import pin_openblas_kernels  # noqa: E402
+
+pin_openblas_kernels()  # before numpy loads OpenBLAS: the figures reproduce on any x86-64 host
+import numpy as np  # noqa: E402
 
 from perf4sight.config import FingerprintConfig  # noqa: E402
 from perf4sight.features.aggregate import network_features  # noqa: E402

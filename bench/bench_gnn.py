@@ -18,10 +18,13 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from perf4sight.blas import pin_openblas_kernels  # noqa: E402
+
+pin_openblas_kernels()  # before numpy loads OpenBLAS: the figures reproduce on any x86-64 host
+import numpy as np  # noqa: E402
+
 warnings.filterwarnings("ignore", category=FutureWarning)
 
 from perf4sight.fingerprint.gnn import PREDICTORS, fit_gnn, load_gnn  # noqa: E402
