@@ -2,10 +2,10 @@
 
 numpy and scipy ship OpenBLAS built for many CPUs and pick the kernels of the CPU they load on (AVX-512
 ones on a recent Xeon, AVX2 ones on an AMD EPYC). The kernels round differently in the last bits, and the
-trees break ties between equally good splits by those bits: the same measurements then give per-family
-held-out figures that differ by up to 0.2 points between two hosts (seen on the TX2 folds: an Intel Xeon
-against an AMD EPYC). Naming the kernels removes that. Haswell's (AVX2) run on every x86-64 CPU made since
-2013; on this tool's small matrices they are no slower.
+fit amplifies that (most likely where the trees break a tie between equally good splits): the same
+measurements gave per-family held-out figures up to 0.2 points apart on an Intel Xeon and an AMD EPYC (the
+TX2 folds). Naming the kernels removes that. Haswell's (AVX2) run on every x86-64 CPU made since 2013; on
+this tool's small matrices they are no slower (the TX2 benchmark's fits: 280 s against 284 s on the Xeon).
 
 OpenBLAS reads ``OPENBLAS_CORETYPE`` once, when numpy or scipy loads it, so :func:`pin_openblas_kernels`
 must run before either is imported (``main.py`` and the benchmarks call it first). A value the user has set
