@@ -8,8 +8,8 @@ TX2 folds). Naming the kernels removes that. Haswell's (AVX2) run on every x86-6
 this tool's small matrices they are no slower (the TX2 benchmark's fits: 280 s against 284 s on the Xeon).
 
 OpenBLAS reads ``OPENBLAS_CORETYPE`` once, when numpy or scipy loads it, so :func:`pin_openblas_kernels`
-must run before either is imported (``main.py`` and the benchmarks call it first). A value the user has set
-is kept; other architectures (aarch64, ...) are left to OpenBLAS.
+must run before either is imported (``main.py`` and the benchmarks that fit call it first). A value the user
+has set is kept; other architectures (aarch64, ...) are left to OpenBLAS.
 """
 from __future__ import annotations
 
