@@ -108,7 +108,7 @@ def test_batch_list_rejects_with_one_line(bad, expected):
     lambda f: (f / "models.npz").write_bytes(b""),
     lambda f: (f / "metadata.json").write_text("[]"),
     lambda f: _edit_metadata(f, lambda m: m.update(capacity_mb="big")),
-    lambda f: _edit_metadata(f, lambda m: m["models"]["latency"].update(terms=["one", "no_such_feature"])),
+    lambda f: _edit_metadata(f, lambda m: _one_model(m["models"]["latency"]).update(terms=["one", "no_such_feature"])),
     lambda f: _edit_metadata(f, lambda m: m["interval"]["log_ratio_quantiles"].update(latency=[0])),
     # read only when a query was made (a crash then), or wrong without a word: caught at load
     lambda f: _edit_metadata(f, lambda m: m.update(training_domain=5)),
@@ -126,6 +126,11 @@ def test_damaged_fingerprint_is_one_line(fitted, tmp_path, damage):
     with pytest.raises(UserError, match="damaged or from an incompatible version") as exc:
         load_fingerprint(folder)
     assert _one_line(exc)
+
+
+def _one_model(entry: dict) -> dict:
+    """A model's metadata entry, or its first member's where it is a mean form."""
+    return entry["members"][0] if "members" in entry else entry
 
 
 def _edit_metadata(folder: Path, change) -> None:

@@ -149,7 +149,7 @@ def test_metadata_has_selection_random_split_and_interval(tx2):
         acc = meta["accuracy"][target]
         sel = acc["selection"]
         assert sel["chosen"] in {c.name for c in CANDIDATES[target]}
-        assert set(sel["cv_mean_group_mape"]) == {c.name for c in CANDIDATES[target]}
+        assert set(sel["cv_mean_group_mape"]) == {c.name for c in CANDIDATES[target] if "gpu" in c.kinds}
         # a GPU prefers the overlap form for step time and the form with every physical term for memory
         assert sel["preferred"] == (OVERLAP_FORM if target == "latency" else FULL_MEMORY_FORM)
         best = min(sel["cv_mean_group_mape"].values())
@@ -275,6 +275,44 @@ def test_forms_for_one_device_kind_are_scored_on_that_kind_only():
     _, _, on_cpu = select_candidate(*args, kind="cpu")
     _, _, on_gpu = select_candidate(*args, kind="gpu")
     assert not gpu_only & set(on_cpu) and gpu_only <= set(on_gpu) and set(on_cpu) < set(on_gpu)
+
+
+def test_mean_form_is_its_members_geometric_mean_and_round_trips(tmp_path):
+    """The mean of the step-time forms: the score select_candidate gives it from its members' folds is what
+    fitting it fold by fold gives; it is offered on a CPU only; a fingerprint holding one loads to the same
+    predictions."""
+    from perf4sight.features.aggregate import FEATURE_NAMES
+    from perf4sight.fingerprint.evaluate import grouped_cv
+    from perf4sight.fingerprint.select import CANDIDATES, MEAN_FORM, _mean_cv, fit_form, select_candidate
+    from perf4sight.fingerprint.storage import load_models, save_models
+    from perf4sight.fingerprint.trees import MeanModel
+    rng = np.random.default_rng(3)
+    F = np.abs(rng.normal(1, 0.5, size=(80, len(FEATURE_NAMES)))) * 100
+    y = 20 + 0.3 * F[:, FEATURE_NAMES.index("dense_macs")] + 0.1 * F[:, FEATURE_NAMES.index("lt_launches")]
+    groups = np.repeat(np.array(["a", "b", "c", "d"]), 20)
+    mean = next(c for c in CANDIDATES["latency"] if c.name == MEAN_FORM)
+    assert mean.kinds == ("cpu",) and len(mean.members) == len(CANDIDATES["latency"]) - 1
+
+    def fitter(cand):
+        return lambda a, b, c: fit_form("latency", cand, a, b, "extra-trees", 5, 1, 0).predict(c)
+
+    direct = grouped_cv(F, y, groups, "family", fitter(mean))
+    parts = [grouped_cv(F, y, groups, "family", fitter(m)) for m in mean.members]
+    shortcut = _mean_cv(y, groups, "family", parts)
+    np.testing.assert_allclose(shortcut.predictions, direct.predictions, rtol=1e-12)
+    assert shortcut.per_group["b"]["mape"] == pytest.approx(direct.per_group["b"]["mape"])
+    args = ("latency", F, y, groups, "family", "extra-trees", 5, 1, 0)
+    _, _, on_cpu = select_candidate(*args, kind="cpu")
+    _, _, on_gpu = select_candidate(*args, kind="gpu")
+    assert on_cpu[MEAN_FORM] == pytest.approx(np.mean([m["mape"] for m in direct.per_group.values()]))
+    assert MEAN_FORM not in on_gpu and set(on_gpu) == set(on_cpu) - {MEAN_FORM}
+    model = fit_form("latency", mean, F, y, "extra-trees", 5, 1, 0)
+    logs = np.log([m.predict(F) for m in model.members])
+    np.testing.assert_allclose(model.predict(F), np.exp(logs.mean(axis=0)))
+    save_models(tmp_path, {"latency": model}, {"device": "x"})
+    loaded, meta = load_models(tmp_path)
+    assert isinstance(loaded["latency"], MeanModel) and len(meta["models"]["latency"]["members"]) == len(mean.members)
+    np.testing.assert_allclose(loaded["latency"].predict(F), model.predict(F))
 
 
 def test_preferred_form_is_kept_within_one_standard_error_only():

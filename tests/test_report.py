@@ -188,7 +188,7 @@ def test_feature_sensitivity(project):
     rows = read_rows(results_path(project.profiling_dir, "tx2a"))
     sens = feature_sensitivity(fp, rows, device_dataset(project, "tx2a").descriptions)
     for target, model in fp.models.items():  # the model's analytic terms plus, with a correction, its tree inputs
-        trees = fp.metadata["tree_features_by_target"][target] if model.correction is not None else []
+        trees = fp.metadata["tree_features_by_target"][target] if model.corrected else []
         assert set(sens[target]) == set(term_features(model.terms)) | set(trees)
     assert all(v >= 0 for t in sens.values() for v in t.values())
     # memory leans on a byte count (analytic estimate, saved activations, weights), not on e.g. depth

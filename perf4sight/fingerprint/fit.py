@@ -29,10 +29,10 @@ from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, featur
 from perf4sight.features.allocator import PERF4SIGHT, RUN_PEAK
 from perf4sight.fingerprint.domain import training_domain
 from perf4sight.fingerprint.evaluate import choose_groups
-from perf4sight.fingerprint.select import (PREFERRED, can_nest, describe_choice, group_conformal, held_out_coverage,
-                                           nested_cv, random_split_metrics, select_candidate)
+from perf4sight.fingerprint.select import (PREFERRED, can_nest, describe_choice, fit_form, group_conformal,
+                                           held_out_coverage, nested_cv, random_split_metrics, select_candidate)
 from perf4sight.fingerprint.storage import FEATURE_SET, save_models
-from perf4sight.fingerprint.trees import CEILING, MODELS, TREE_FEATURES, TargetModel, tree_features
+from perf4sight.fingerprint.trees import CEILING, MODELS, TREE_FEATURES, Model, tree_features
 from perf4sight.importers.perf4sight_csv import PROTOCOL as PERF4SIGHT_ROWS
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import batch_size_of, number
@@ -131,7 +131,7 @@ def memory_capacity(limit_mb: float, n_oom: int,
     return float(cands[k]), f"learned from {len(p_oom)} oom and {len(p_ok)} ok rows ({errs[k]} misclassified)"
 
 
-def capacity_basis(capacity: float | None, memory_limit_mb: float, memory_model: TargetModel) -> str:
+def capacity_basis(capacity: float | None, memory_limit_mb: float, memory_model: Model) -> str:
     """What the capacity is compared with: the predicted memory ("prediction") for a configured limit, or
     the memory model's demand ("analytic": its linear sum, before a saturating form's ceiling) for a
     learnt capacity, and for any capacity when the memory form saturates, since a saturated prediction
@@ -191,7 +191,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         return hold_native_conv(feature_matrix([feats[str(r["network"])] for r in rs], [batch_size_of(r) for r in rs]),
                                 usable)
 
-    models: dict[str, TargetModel] = {}
+    models: dict[str, Model] = {}
     accuracy: dict[str, Any] = {}
     intervals: dict[str, list[float]] = {}
     counts: dict[str, int] = {}
@@ -213,8 +213,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         prefer = PREFERRED.get((target, kind))
         cand, cv, scores = select_candidate(target, F, y, groups, grouping, model, n_est, leaf, seed, prefer=prefer,
                                             kind=kind)
-        lf = cand.leaf if cand.leaf is not None else leaf
-        models[target] = TargetModel.fit(target, F, y, model, n_est, lf, seed, cand.correct, cand.terms)
+        models[target] = fit_form(target, cand, F, y, model, n_est, leaf, seed)
         log_ratio = np.log(y / cv.predictions)  # out-of-fold residuals: the band and its held-out check
         intervals[target] = group_conformal(log_ratio, groups, coverage)
         # the table: the form chosen again without each held-out group (nested), where that is affordable
@@ -224,7 +223,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
                                      kind=kind)
         accuracy[target] = {"column": col, "grouping": grouping, "overall": table.overall,
                             "per_group": table.per_group, "nested": bool(forms), "forms_per_fold": forms,
-                            "random_split": random_split_metrics(target, cand, F, y, model, n_est, lf, seed),
+                            "random_split": random_split_metrics(target, cand, F, y, model, n_est, leaf, seed),
                             "selection": describe_choice(cand, scores, prefer),
                             "interval_coverage_held_out": held_out_coverage(log_ratio, groups, coverage),
                             "note": "" if grouping == "family"

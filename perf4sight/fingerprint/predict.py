@@ -24,7 +24,7 @@ from perf4sight.errors import UserError
 from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, feature_matrix, network_features
 from perf4sight.features.allocator import REPLAY_PROTOCOLS, STEP_MEAN
 from perf4sight.fingerprint.storage import FEATURE_SET, HeldOut, check_metadata, damaged, load_held_out, load_models
-from perf4sight.fingerprint.trees import TargetModel
+from perf4sight.fingerprint.trees import Model
 from perf4sight.ir.schema import NetworkDescription, load_description
 from perf4sight.wording import plural
 
@@ -186,7 +186,7 @@ def warn_other_shape(desc: NetworkDescription, trained_at: Sequence[int] | None)
 class Fingerprint(ModuleQueries):
     """A device's fitted latency and memory models plus their metadata."""
 
-    def __init__(self, models: dict[str, TargetModel], metadata: dict[str, Any], held_out: HeldOut | None = None):
+    def __init__(self, models: dict[str, Model], metadata: dict[str, Any], held_out: HeldOut | None = None):
         self.models = models
         self.metadata = metadata
         # target -> (network, batch size, measured) -> out-of-fold prediction of the fingerprint stage

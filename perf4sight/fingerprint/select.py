@@ -11,23 +11,24 @@ A device kind may have a *preferred* form (:data:`PREFERRED`). On a GPU: for ste
 host|device overlap form (its kernels run asynchronously to the host that issues them); for memory
 the form with every physical term (the allocator replay, the analytic estimate, the BLAS library's
 context, the convolution workspaces, saturation near the device's limit), each term learnt with a
-non-negative coefficient, so a term the device does not show costs little. It is kept unless the
+non-negative coefficient, so a term the device does not show costs little. On a CPU, for step time,
+the *mean form*: the geometric mean of every step-time form's prediction. It is kept unless the
 best-scoring form beats it by more than one standard error of their per-group MAPE differences (the
 one-standard-error rule, paired over the held-out groups): with the three or four families a device
 has, a point of CV score is within the noise of which family is out, and of the trees' seed.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from perf4sight.fingerprint.evaluate import CVResult, grouped_cv, metrics
-from perf4sight.fingerprint.trees import CEILING, HINGE, KNOT, OVERLAP, TargetModel, term_features
+from perf4sight.fingerprint.trees import CEILING, HINGE, KNOT, OVERLAP, MeanModel, Model, TargetModel, term_features
 
-__all__ = ["Candidate", "CANDIDATES", "PREFERRED", "select_candidate", "nested_cv", "can_nest", "NESTED_MAX_GROUPS",
-           "random_split_metrics", "group_conformal", "held_out_coverage"]
+__all__ = ["Candidate", "CANDIDATES", "PREFERRED", "MEAN_FORM", "fit_form", "recorded_candidate", "select_candidate",
+           "nested_cv", "can_nest", "NESTED_MAX_GROUPS", "random_split_metrics", "group_conformal", "held_out_coverage"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,8 @@ class Candidate:
     correct: bool = True
     leaf: int | None = None  # None = the configured min_samples_leaf
     kinds: tuple[str, ...] = ("cpu", "gpu")
+    #: a mean form: the geometric mean of these forms' predictions (its own terms, correction and leaf unused)
+    members: tuple["Candidate", ...] = ()
 
 
 OVERLAP_FORM = "host|device overlap (64-tiles) x trees, leaf 3"
@@ -51,6 +54,25 @@ _KERNEL_TERMS_64 = ("one", "lt_gemm_padded64_macs", "lt_dw_bytes", "lt_ew_bytes"
                     "native_conv_macs")
 #: host time (fixed + per-launch issue cost) overlapped with device time (GEMM work, bandwidth)
 _OVERLAP_TERMS_64 = ("one", "lt_launches", OVERLAP, "lt_gemm_padded64_macs", "lt_dw_bytes", "lt_ew_bytes")
+
+#: The step-time forms. The kernel-terms form first, as it is the one kept when there are too few groups to
+#: choose (its per-kernel launch term carries over to families never seen; the FLOP-only forms did not).
+_LATENCY_FORMS: tuple[Candidate, ...] = (
+    Candidate("kernel terms (64-tiles) x trees, leaf 3", _KERNEL_TERMS_64, leaf=3),
+    Candidate("analytic x trees"), Candidate("analytic only", correct=False),
+    Candidate("analytic+odd/norm x trees", ("one", "dense_macs", "depthwise_macs", "activation_elems", "kernels",
+                                            "batch_size", "odd_channel_macs", "norm_elems", "bytes_written")),
+    Candidate("analytic x trees, leaf 3", leaf=3),
+    # kernel-level terms (features/latency_terms.py): tile-padded GEMM work, bandwidth, launches;
+    # always with the tree correction, so the fingerprint still reproduces its own training rows
+    Candidate("kernel terms x trees, leaf 3", _KERNEL_TERMS, leaf=3),
+    # host and device time overlap: a small step is launch-bound, a large one GEMM-bound
+    Candidate(OVERLAP_FORM, _OVERLAP_TERMS_64, leaf=3),
+)
+#: The geometric mean of every step-time form the device's data can fit (docs/accuracy-notes.md, "CPU: averaging
+#: the step-time forms"): on a CPU the form that scores best over the training families often reads worse on a
+#: family never seen than the mean of all of them does.
+MEAN_FORM = "geometric mean of the step-time forms"
 
 CANDIDATES: dict[str, tuple[Candidate, ...]] = {
     "memory": (Candidate("analytic x trees"), Candidate("analytic only", correct=False),
@@ -82,32 +104,49 @@ CANDIDATES: dict[str, tuple[Candidate, ...]] = {
                Candidate(FULL_MEMORY_FORM,
                          ("one", "sim_reserved_mb", HINGE, KNOT, "mem_analytic_mb", "blas_context", "im2col_mb",
                           CEILING), kinds=("gpu",))),
-    # latency: the kernel-terms form first, as it is the one kept when there are too few groups to choose
-    # (its per-kernel launch term carries over to families never seen; the FLOP-only forms did not)
-    "latency": (Candidate("kernel terms (64-tiles) x trees, leaf 3", _KERNEL_TERMS_64, leaf=3),
-                Candidate("analytic x trees"), Candidate("analytic only", correct=False),
-                Candidate("analytic+odd/norm x trees", ("one", "dense_macs", "depthwise_macs", "activation_elems",
-                                                        "kernels", "batch_size", "odd_channel_macs", "norm_elems",
-                                                        "bytes_written")),
-                Candidate("analytic x trees, leaf 3", leaf=3),
-                # kernel-level terms (features/latency_terms.py): tile-padded GEMM work, bandwidth, launches;
-                # always with the tree correction, so the fingerprint still reproduces its own training rows
-                Candidate("kernel terms x trees, leaf 3", _KERNEL_TERMS, leaf=3),
-                # host and device time overlap: a small step is launch-bound, a large one GEMM-bound
-                Candidate(OVERLAP_FORM, _OVERLAP_TERMS_64, leaf=3)),
+    "latency": _LATENCY_FORMS + (Candidate(MEAN_FORM, members=_LATENCY_FORMS, kinds=("cpu",)),),
 }
 
 #: (target, device kind) -> the form kept unless another is better by more than one standard error
 #: (device kind: "gpu" for the nvml and jetson backends and imported GPU data, "cpu" for the cpu backend).
-#: A CPU runs the step synchronously, so its step time is a sum, and its memory (peak RSS) has none of a GPU's
-#: library terms: no preference there. Where the preferred form's terms cannot be learnt (e.g. no training network
-#: without a linear layer, or no replay), the lowest score wins.
-PREFERRED: dict[tuple[str, str], str] = {("latency", "gpu"): OVERLAP_FORM, ("memory", "gpu"): FULL_MEMORY_FORM}
+#: A CPU's memory (peak RSS) has none of a GPU's library terms: no preference there. Its step time is a sum of
+#: the kernels' times, which every step-time form models in its own way; which of them carries over to a family
+#: never seen was left to chance by the scores (their ranking over the training families did not hold on the
+#: held-out one), so the mean of them all is preferred. Where the preferred form's terms cannot be learnt (e.g. no
+#: training network without a linear layer, or no replay), the lowest score wins.
+PREFERRED: dict[tuple[str, str], str] = {("latency", "gpu"): OVERLAP_FORM, ("memory", "gpu"): FULL_MEMORY_FORM,
+                                         ("latency", "cpu"): MEAN_FORM}
+
+
+def fit_form(target: str, cand: Candidate, F: np.ndarray, y: np.ndarray, model: str, n_est: int, leaf: int,
+             seed: int) -> Model:
+    """``cand`` fitted on feature rows ``F`` and targets ``y`` (ms or MiB): a :class:`TargetModel`, or for a mean
+    form the :class:`MeanModel` of its members, each fitted on the same rows; ``leaf`` where ``cand`` names none."""
+    if cand.members:
+        return MeanModel(target, [fit_form(target, m, F, y, model, n_est, leaf, seed) for m in cand.members])
+    lf = cand.leaf if cand.leaf is not None else leaf
+    return TargetModel.fit(target, F, y, model, n_est, lf, seed, cand.correct, cand.terms)
 
 
 def _fitter(target: str, cand: Candidate, model: str, n_est: int, leaf: int, seed: int):
-    lf = cand.leaf if cand.leaf is not None else leaf
-    return lambda a, b, c: TargetModel.fit(target, a, b, model, n_est, lf, seed, cand.correct, cand.terms).predict(c)
+    return lambda a, b, c: fit_form(target, cand, a, b, model, n_est, leaf, seed).predict(c)
+
+
+def _mean_cv(y: np.ndarray, groups: np.ndarray, grouping: str, members: list[CVResult]) -> CVResult:
+    """A mean form's grouped cross-validation from its members' own: in each fold the members are fitted on
+    the same rows, so the mean form's out-of-fold prediction is the geometric mean of theirs."""
+    pred = np.exp(np.mean([np.log(cv.predictions) for cv in members], axis=0))
+    per = {str(g): metrics(y[groups == g], pred[groups == g]) for g in sorted(set(groups.tolist()))}
+    return CVResult(pred, per, metrics(y, pred), grouping)
+
+
+def _fittable(F: np.ndarray, cand: Candidate) -> Candidate | None:
+    """``cand`` if ``F`` can fit it (:func:`_has_terms`), else None; a mean form keeps only the members ``F`` can
+    fit, and needs two of them."""
+    if not cand.members:
+        return cand if _has_terms(F, cand) else None
+    members = tuple(m for m in cand.members if _has_terms(F, m))
+    return replace(cand, members=members) if len(members) >= 2 else None
 
 
 def _has_terms(F: np.ndarray, cand: Candidate) -> bool:
@@ -134,15 +173,18 @@ def select_candidate(target: str, F: np.ndarray, y: np.ndarray, groups: np.ndarr
     fewer than 3 groups there is too little to choose on: ``prefer`` (or the first candidate) is kept.
     ``kind``: the device kind, whose candidates alone are scored (None: every candidate).
     """
-    cands = tuple(c for c in (candidates or CANDIDATES[target])
-                  if _has_terms(F, c) and (kind is None or kind in c.kinds))
+    fittable = (_fittable(F, c) for c in (candidates or CANDIDATES[target]) if kind is None or kind in c.kinds)
+    cands = tuple(c for c in fittable if c is not None)
     preferred = next((c for c in cands if c.name == prefer), None)
     if len(set(groups.tolist())) < 3:
         cands = (preferred or cands[0],)
     results: dict[str, tuple[Candidate, CVResult]] = {}
     scores: dict[str, float] = {}
     for cand in cands:
-        cv = grouped_cv(F, y, groups, grouping, _fitter(target, cand, model, n_est, leaf, seed))
+        if cand.members and all(m.name in results for m in cand.members):  # the members' folds, averaged
+            cv = _mean_cv(y, groups, grouping, [results[m.name][1] for m in cand.members])
+        else:
+            cv = grouped_cv(F, y, groups, grouping, _fitter(target, cand, model, n_est, leaf, seed))
         per = [m["mape"] for m in cv.per_group.values()]
         scores[cand.name] = float(np.mean(per)) if per else float("inf")
         results[cand.name] = (cand, cv)
@@ -254,8 +296,24 @@ def held_out_coverage(log_ratio: np.ndarray, groups: np.ndarray, coverage: float
     return 100.0 * inside / len(r)
 
 
+def _form_record(cand: Candidate) -> dict[str, Any]:
+    record = {"chosen": cand.name, "terms": list(cand.terms) if cand.terms else None, "correct": cand.correct,
+              "leaf": cand.leaf}
+    if cand.members:
+        record["members"] = [_form_record(m) for m in cand.members]
+    return record
+
+
 def describe_choice(cand: Candidate, scores: dict[str, float], prefer: str | None = None) -> dict[str, Any]:
-    """JSON-able record of the choice for the metadata."""
-    return {"chosen": cand.name, "terms": list(cand.terms) if cand.terms else None, "correct": cand.correct,
-            "leaf": cand.leaf, "cv_mean_group_mape": scores, "preferred": prefer,
+    """JSON-able record of the choice for the metadata (a mean form's members under ``members``)."""
+    return {**_form_record(cand), "cv_mean_group_mape": scores, "preferred": prefer,
             "rule": "lowest score; the preferred form unless beaten by more than one standard error"}
+
+
+def recorded_candidate(selection: dict[str, Any]) -> Candidate:
+    """The form a fingerprint's metadata records as chosen (``accuracy.<target>.selection``, see
+    :func:`describe_choice`), to fit it again on other rows."""
+    terms = selection.get("terms")
+    return Candidate(str(selection.get("chosen", "")), tuple(terms) if terms else None,
+                     bool(selection.get("correct", True)), selection.get("leaf"),
+                     members=tuple(recorded_candidate(m) for m in selection.get("members") or ()))

@@ -3,7 +3,8 @@
 Layout of ``<fingerprint_dir>/<device>/``::
 
     metadata.json   device, versions, feature set, training-data hash, targets, accuracy, models' scalars
-    models.npz      flat tree arrays and linear coefficients, loaded with ``allow_pickle=False``
+    models.npz      flat tree arrays and linear coefficients, loaded with ``allow_pickle=False`` (a mean
+                    form's members under ``<target>.<k>.``)
     held_out.csv    each training row's out-of-fold prediction (target, network, batch_size, measured,
                     predicted): what the accuracy table was computed from, reused by the compare stage
 
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from perf4sight.errors import UserError
-from perf4sight.fingerprint.trees import TargetModel, TreeEnsemble
+from perf4sight.fingerprint.trees import MeanModel, Model, TargetModel, TreeEnsemble
 from perf4sight.profiling.results import batch_size_of
 
 __all__ = ["save_models", "load_models", "load_held_out", "stored_predictions", "damaged", "check_metadata", "HeldOut",
@@ -48,7 +49,24 @@ def _write_held_out(tmp: Path, held_out: dict[str, tuple[list[str], list[int], n
                 w.writerow([target, net, int(bs), repr(float(m)), repr(float(p))])
 
 
-def save_models(out_dir: str | Path, models: dict[str, TargetModel], metadata: dict[str, Any],
+def _store_model(prefix: str, m: TargetModel, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Put ``m``'s arrays into ``arrays`` under ``prefix``; returns its metadata entry."""
+    arrays[f"{prefix}.coef"] = np.asarray(m.coef, dtype=np.float64)
+    entry: dict[str, Any] = {"terms": list(m.terms), "correction": None}
+    if m.correction is not None:
+        arr, scalars = m.correction.to_arrays(f"{prefix}.trees")
+        arrays.update(arr)
+        entry["correction"] = scalars
+    return entry
+
+
+def _load_model(target: str, prefix: str, entry: dict[str, Any], arrays: Any) -> TargetModel:
+    corr = entry.get("correction")
+    return TargetModel(target=target, terms=tuple(entry["terms"]), coef=np.asarray(arrays[f"{prefix}.coef"]),
+                       correction=None if corr is None else TreeEnsemble.from_arrays(f"{prefix}.trees", arrays, corr))
+
+
+def save_models(out_dir: str | Path, models: dict[str, Model], metadata: dict[str, Any],
                 held_out: dict[str, tuple[list[str], list[int], np.ndarray, np.ndarray]] | None = None) -> Path:
     """Write ``models`` (target -> model) and ``metadata`` to ``out_dir``; returns the folder.
 
@@ -59,13 +77,11 @@ def save_models(out_dir: str | Path, models: dict[str, TargetModel], metadata: d
     arrays: dict[str, np.ndarray] = {}
     model_meta: dict[str, Any] = {}
     for target, m in models.items():
-        arrays[f"{target}.coef"] = np.asarray(m.coef, dtype=np.float64)
-        entry: dict[str, Any] = {"terms": list(m.terms), "correction": None}
-        if m.correction is not None:
-            arr, scalars = m.correction.to_arrays(f"{target}.trees")
-            arrays.update(arr)
-            entry["correction"] = scalars
-        model_meta[target] = entry
+        if isinstance(m, MeanModel):  # each member under its own prefix: latency.0.coef, latency.0.trees...
+            model_meta[target] = {"members": [_store_model(f"{target}.{k}", one, arrays)
+                                              for k, one in enumerate(m.members)]}
+        else:
+            model_meta[target] = _store_model(target, m, arrays)
     # every file written beside its final name first, then all renamed at once (metadata last): an
     # interrupt while writing leaves the previous fingerprint whole
     tmp_models, tmp_held, tmp_meta = (out / (MODELS_FILE + ".tmp.npz"), out / (HELD_OUT_FILE + ".tmp"),
@@ -86,7 +102,7 @@ def save_models(out_dir: str | Path, models: dict[str, TargetModel], metadata: d
     return out
 
 
-def load_models(folder: str | Path) -> tuple[dict[str, TargetModel], dict[str, Any]]:
+def load_models(folder: str | Path) -> tuple[dict[str, Model], dict[str, Any]]:
     """Read a fingerprint folder; ``UserError`` if it is missing or damaged."""
     d = Path(folder)
     mpath, npath = d / METADATA_FILE, d / MODELS_FILE
@@ -94,13 +110,14 @@ def load_models(folder: str | Path) -> tuple[dict[str, TargetModel], dict[str, A
         raise UserError(f"{d}: no fingerprint here (need {METADATA_FILE} and {MODELS_FILE}; run the fingerprint stage)")
     try:
         meta = json.loads(mpath.read_text())
-        models: dict[str, TargetModel] = {}
+        models: dict[str, Model] = {}
         with np.load(npath, allow_pickle=False) as arrays:
             for target, entry in meta["models"].items():
-                corr = entry.get("correction")
-                models[target] = TargetModel(
-                    target=target, terms=tuple(entry["terms"]), coef=np.asarray(arrays[f"{target}.coef"]),
-                    correction=None if corr is None else TreeEnsemble.from_arrays(f"{target}.trees", arrays, corr))
+                if "members" in entry:
+                    models[target] = MeanModel(target, [_load_model(target, f"{target}.{k}", one, arrays)
+                                                        for k, one in enumerate(entry["members"])])
+                else:
+                    models[target] = _load_model(target, target, entry, arrays)
     except (KeyError, ValueError, TypeError, AttributeError, IndexError, OSError, EOFError, zipfile.BadZipFile) as exc:
         raise damaged(d, exc) from None
     return models, meta

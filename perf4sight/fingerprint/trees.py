@@ -40,7 +40,7 @@ from perf4sight.config import TREE_MODELS
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import CONTEXT_FEATURES, FEATURE_NAMES
 
-__all__ = ["TreeEnsemble", "TargetModel", "make_regressor", "LINEAR_TERMS", "TREE_FEATURES", "TARGET_TREE_FEATURES",
+__all__ = ["TreeEnsemble", "TargetModel", "MeanModel", "Model", "make_regressor", "LINEAR_TERMS", "TREE_FEATURES", "TARGET_TREE_FEATURES",
            "tree_features", "MODELS",
            "OVERLAP", "OVERLAP_P", "CEILING", "CEILING_P", "HINGE", "KNOT", "KNOT_QUANTILES", "term_features"]
 
@@ -354,9 +354,53 @@ class TargetModel:
         the capacity is compared with."""
         return _demand(_linear_design(F, self.terms), self.coef, self.terms)
 
+    @property
+    def corrected(self) -> bool:
+        """Whether the model has a tree correction."""
+        return self.correction is not None
+
     def predict(self, F: np.ndarray) -> np.ndarray:
         """Predicted target (ms or MiB), shape (n,)."""
         base = np.maximum(self.analytic(F), 1e-9)
         if self.correction is None:
             return base
         return base * np.exp(self.correction.predict(tree_inputs(F, self.target)))
+
+
+def _geometric_mean(parts: list[np.ndarray]) -> np.ndarray:
+    return np.exp(np.mean([np.log(np.maximum(p, 1e-9)) for p in parts], axis=0))
+
+
+@dataclass
+class MeanModel:
+    """The geometric mean of several :class:`TargetModel` s for one target, each fitted on the same rows: a
+    *mean form*. Its methods are theirs, averaged in log space."""
+
+    target: str
+    members: list[TargetModel]
+
+    @property
+    def terms(self) -> tuple[str, ...]:
+        """Every member's analytic terms, each once: what the members read of a feature row."""
+        return tuple(dict.fromkeys(t for m in self.members for t in m.terms))
+
+    @property
+    def corrected(self) -> bool:
+        """Whether any member has a tree correction."""
+        return any(m.corrected for m in self.members)
+
+    def analytic(self, F: np.ndarray) -> np.ndarray:
+        """The members' analytic parts, averaged (same unit as the target)."""
+        return _geometric_mean([m.analytic(F) for m in self.members])
+
+    def demand(self, F: np.ndarray) -> np.ndarray:
+        """The members' demands (:meth:`TargetModel.demand`), averaged."""
+        return _geometric_mean([m.demand(F) for m in self.members])
+
+    def predict(self, F: np.ndarray) -> np.ndarray:
+        """Predicted target (ms or MiB), shape (n,)."""
+        return _geometric_mean([m.predict(F) for m in self.members])
+
+
+#: A fitted model of one target: one form, or the mean of several.
+Model = TargetModel | MeanModel

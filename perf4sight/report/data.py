@@ -17,9 +17,9 @@ from perf4sight.features.aggregate import FEATURE_NAMES, feature_matrix, network
 from perf4sight.fingerprint.evaluate import choose_groups, grouped_cv
 from perf4sight.fingerprint.fit import LATENCY_COLUMN, device_kind, hold_native_conv
 from perf4sight.fingerprint.predict import Fingerprint
-from perf4sight.fingerprint.select import can_nest, nested_cv
+from perf4sight.fingerprint.select import can_nest, fit_form, nested_cv, recorded_candidate
 from perf4sight.fingerprint.storage import stored_predictions
-from perf4sight.fingerprint.trees import TargetModel, term_features
+from perf4sight.fingerprint.trees import term_features
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import batch_size_of, number
 
@@ -152,7 +152,6 @@ def measured_vs_predicted(fp: Fingerprint, rows: list[dict[str, str]], descs: di
         groups, grouping = choose_groups(np.array([r.get("family") or r["network"] for r in rs]),
                                          np.array([r["network"] for r in rs]))
         if held_out and len(set(groups.tolist())) >= 2:
-            model = fp.models[target]
             acc = fp.metadata.get("accuracy", {}).get(target, {})
             chosen = acc.get("selection") or {}
             name, n_est = str(settings.get("model", "extra-trees")), int(settings.get("n_estimators", 200))
@@ -161,9 +160,9 @@ def measured_vs_predicted(fp: Fingerprint, rows: list[dict[str, str]], descs: di
                 cv, _ = nested_cv(target, F, y, groups, grouping, name, n_est, leaf, seed, chosen.get("preferred"),
                                   device_kind(columns["memory"]))
             else:
-                cv = grouped_cv(F, y, groups, grouping, lambda a, b, c: TargetModel.fit(
-                    target, a, b, name, n_est, int(chosen.get("leaf") or leaf), seed,
-                    correct=model.correction is not None, terms=model.terms).predict(c))
+                form = recorded_candidate(chosen)
+                cv = grouped_cv(F, y, groups, grouping,
+                                lambda a, b, c: fit_form(target, form, a, b, name, n_est, leaf, seed).predict(c))
             out[target] = (y, cv.predictions, f"held out, leave-one-{grouping}-out")
         else:
             out[target] = (y, fp.models[target].predict(F), "in-sample")
@@ -173,7 +172,7 @@ def measured_vs_predicted(fp: Fingerprint, rows: list[dict[str, str]], descs: di
 def _model_features(fp: Fingerprint, target: str) -> list[str]:
     m = fp.models[target]
     by_target = fp.metadata.get("tree_features_by_target", {})  # older fingerprints: one list for both targets
-    tree = list(by_target.get(target, fp.metadata.get("tree_features", []))) if m.correction is not None else []
+    tree = list(by_target.get(target, fp.metadata.get("tree_features", []))) if m.corrected else []
     names = term_features(m.terms) + tree
     return [n for n in dict.fromkeys(names) if n in FEATURE_NAMES]
 
