@@ -40,8 +40,8 @@ from perf4sight.config import TREE_MODELS
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import CONTEXT_FEATURES, FEATURE_NAMES
 
-__all__ = ["TreeEnsemble", "TargetModel", "MeanModel", "Model", "make_regressor", "LINEAR_TERMS", "TREE_FEATURES", "TARGET_TREE_FEATURES",
-           "tree_features", "MODELS",
+__all__ = ["TreeEnsemble", "TargetModel", "MeanModel", "Model", "make_regressor", "LINEAR_TERMS", "TREE_FEATURES",
+           "TARGET_TREE_FEATURES", "tree_features", "MODELS",
            "OVERLAP", "OVERLAP_P", "CEILING", "CEILING_P", "HINGE", "KNOT", "KNOT_QUANTILES", "term_features"]
 
 MODELS = TREE_MODELS
