@@ -69,9 +69,9 @@ _LATENCY_FORMS: tuple[Candidate, ...] = (
     # host and device time overlap: a small step is launch-bound, a large one GEMM-bound
     Candidate(OVERLAP_FORM, _OVERLAP_TERMS_64, leaf=3),
 )
-#: The geometric mean of every step-time form the device's data can fit (docs/accuracy-notes.md, "CPU: averaging
-#: the step-time forms"): on a CPU the form that scores best over the training families often reads worse on a
-#: family never seen than the mean of all of them does.
+#: The geometric mean of every step-time form the device's data can fit (docs/accuracy-notes.md, "CPU: the mean
+#: of the step-time forms"): on a CPU the form that scores best over the training families often reads worse on
+#: a family never seen than the mean of all of them does.
 MEAN_FORM = "geometric mean of the step-time forms"
 
 CANDIDATES: dict[str, tuple[Candidate, ...]] = {
