@@ -103,6 +103,26 @@ def test_batch_list_rejects_with_one_line(bad, expected):
 
 # ---------------------------------------------------------------- damaged fingerprint files
 
+def test_cpu_fingerprint_keeps_the_mean_step_time_form(fitted):
+    """Two families are too few to choose a form by: a CPU fingerprint keeps its preferred step-time form, the
+    mean of every step-time form, stores each member, and predicts their geometric mean."""
+    from perf4sight.features.aggregate import feature_matrix, network_features
+    from perf4sight.fingerprint.select import MEAN_FORM
+    from perf4sight.fingerprint.trees import MeanModel
+    folder, descs = fitted
+    fp = load_fingerprint(folder)
+    sel = fp.metadata["accuracy"]["latency"]["selection"]
+    assert sel["chosen"] == sel["preferred"] == MEAN_FORM and list(sel["cv_mean_group_mape"]) == [MEAN_FORM]
+    model = fp.models["latency"]
+    assert isinstance(model, MeanModel) and len(model.members) == len(sel["members"]) >= 2
+    out = fp.predict(descs["deep_w8"], [2, 8])
+    F = feature_matrix([network_features(descs["deep_w8"])] * 2, [2, 8])
+    members = np.array([m.predict(F) for m in model.members])
+    assert members.std(axis=0).min() > 0  # the members disagree: the mean is not one of them
+    expected = np.exp(np.log(members).mean(axis=0))
+    np.testing.assert_allclose([p["latency_ms"] for p in out], expected, rtol=1e-9)
+
+
 @pytest.mark.parametrize("damage", [
     lambda f: (f / "models.npz").write_bytes((f / "models.npz").read_bytes()[:1000]),   # truncated
     lambda f: (f / "models.npz").write_bytes(b""),
