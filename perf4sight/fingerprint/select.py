@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from perf4sight.fingerprint.evaluate import CVResult, grouped_cv, metrics
-from perf4sight.fingerprint.trees import CEILING, HINGE, KNOT, OVERLAP, MeanModel, Model, TargetModel, term_features
+from perf4sight.fingerprint.trees import (CEILING, HINGE, KNOT, OVERLAP, MeanModel, Model, TargetModel, geometric_mean,
+                                          term_features)
 
 __all__ = ["Candidate", "CANDIDATES", "PREFERRED", "MEAN_FORM", "fit_form", "recorded_candidate", "select_candidate",
            "nested_cv", "can_nest", "NESTED_MAX_GROUPS", "random_split_metrics", "group_conformal", "held_out_coverage"]
@@ -135,7 +136,7 @@ def _fitter(target: str, cand: Candidate, model: str, n_est: int, leaf: int, see
 def _mean_cv(y: np.ndarray, groups: np.ndarray, grouping: str, members: list[CVResult]) -> CVResult:
     """A mean form's grouped cross-validation from its members' own: in each fold the members are fitted on
     the same rows, so the mean form's out-of-fold prediction is the geometric mean of theirs."""
-    pred = np.exp(np.mean([np.log(cv.predictions) for cv in members], axis=0))
+    pred = geometric_mean([cv.predictions for cv in members])
     per = {str(g): metrics(y[groups == g], pred[groups == g]) for g in sorted(set(groups.tolist()))}
     return CVResult(pred, per, metrics(y, pred), grouping)
 

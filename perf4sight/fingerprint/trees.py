@@ -41,7 +41,7 @@ from perf4sight.errors import UserError
 from perf4sight.features.aggregate import CONTEXT_FEATURES, FEATURE_NAMES
 
 __all__ = ["TreeEnsemble", "TargetModel", "MeanModel", "Model", "make_regressor", "LINEAR_TERMS", "TREE_FEATURES",
-           "TARGET_TREE_FEATURES", "tree_features", "MODELS",
+           "TARGET_TREE_FEATURES", "tree_features", "geometric_mean", "MODELS",
            "OVERLAP", "OVERLAP_P", "CEILING", "CEILING_P", "HINGE", "KNOT", "KNOT_QUANTILES", "term_features"]
 
 MODELS = TREE_MODELS
@@ -367,7 +367,8 @@ class TargetModel:
         return base * np.exp(self.correction.predict(tree_inputs(F, self.target)))
 
 
-def _geometric_mean(parts: list[np.ndarray]) -> np.ndarray:
+def geometric_mean(parts: list[np.ndarray]) -> np.ndarray:
+    """Element-wise geometric mean of positive arrays of one shape (each floored at 1e-9)."""
     return np.exp(np.mean([np.log(np.maximum(p, 1e-9)) for p in parts], axis=0))
 
 
@@ -391,15 +392,15 @@ class MeanModel:
 
     def analytic(self, F: np.ndarray) -> np.ndarray:
         """The members' analytic parts, averaged (same unit as the target)."""
-        return _geometric_mean([m.analytic(F) for m in self.members])
+        return geometric_mean([m.analytic(F) for m in self.members])
 
     def demand(self, F: np.ndarray) -> np.ndarray:
         """The members' demands (:meth:`TargetModel.demand`), averaged."""
-        return _geometric_mean([m.demand(F) for m in self.members])
+        return geometric_mean([m.demand(F) for m in self.members])
 
     def predict(self, F: np.ndarray) -> np.ndarray:
         """Predicted target (ms or MiB), shape (n,)."""
-        return _geometric_mean([m.predict(F) for m in self.members])
+        return geometric_mean([m.predict(F) for m in self.members])
 
 
 #: A fitted model of one target: one form, or the mean of several.
