@@ -38,8 +38,8 @@ from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import batch_size_of, number
 from perf4sight.wording import plural
 
-__all__ = ["fit_fingerprint", "memory_column", "memory_replay", "relu6_clone", "device_kind", "memory_capacity",
-           "capacity_basis", "records", "common_input_shape", "LATENCY_COLUMN", "FEATURE_SET"]
+__all__ = ["fit_fingerprint", "memory_column", "memory_replay", "relu6_clone", "device_kind", "choice_rule",
+           "memory_capacity", "capacity_basis", "records", "common_input_shape", "LATENCY_COLUMN", "FEATURE_SET"]
 
 LATENCY_COLUMN = "latency_ms_median"
 
@@ -90,6 +90,13 @@ def hold_native_conv(F: np.ndarray, rows: list[dict[str, Any]]) -> np.ndarray:
 def device_kind(memory_col: str) -> str:
     """"cpu" for a cpu-backend device (its memory target is the process's peak RSS), else "gpu"."""
     return "cpu" if memory_col == "peak_rss_mb" else "gpu"
+
+
+def choice_rule(target: str, memory_col: str) -> tuple[str, str | None]:
+    """(device kind, preferred form or None) with which ``target``'s model form is chosen on a device whose
+    memory target is ``memory_col`` (:func:`device_kind`, :data:`~perf4sight.fingerprint.select.PREFERRED`)."""
+    kind = device_kind(memory_col)
+    return kind, PREFERRED.get((target, kind))
 
 
 def records(rows: Any) -> list[dict[str, Any]]:
@@ -209,8 +216,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
                             f"({nets[0]}); a fingerprint needs 2 or more, as its accuracy and intervals are "
                             "measured on networks held out of the fit: profile more networks")
         groups, grouping = choose_groups(fams, nets)
-        kind = device_kind(mem_col)
-        prefer = PREFERRED.get((target, kind))
+        kind, prefer = choice_rule(target, mem_col)
         cand, cv, scores = select_candidate(target, F, y, groups, grouping, model, n_est, leaf, seed, prefer=prefer,
                                             kind=kind)
         models[target] = fit_form(target, cand, F, y, model, n_est, leaf, seed)

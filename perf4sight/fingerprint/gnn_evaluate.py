@@ -20,10 +20,10 @@ import numpy as np
 from perf4sight.config import PREDICTORS
 from perf4sight.features.aggregate import feature_matrix
 from perf4sight.fingerprint.evaluate import CVResult, grouped_cv, metrics
-from perf4sight.fingerprint.fit import LATENCY_COLUMN, device_kind, hold_native_conv
+from perf4sight.fingerprint.fit import LATENCY_COLUMN, choice_rule, hold_native_conv
 from perf4sight.fingerprint.gnn_samples import TARGETS, Samples
 from perf4sight.fingerprint.gnn_train import TrainSettings, predict_latency_memory, train_on_samples
-from perf4sight.fingerprint.select import (PREFERRED, can_nest, group_conformal, held_out_coverage, nested_cv,
+from perf4sight.fingerprint.select import (can_nest, group_conformal, held_out_coverage, nested_cv,
                                            select_candidate)
 from perf4sight.fingerprint.storage import HeldOut, stored_predictions
 
@@ -85,8 +85,7 @@ def cross_validate(s: Samples, st: TrainSettings, trees_cfg: Any, coverage: floa
         if cv_t is None:  # the trees evaluated as the fingerprint stage evaluates them (nested where it is)
             args = (target, F_trees[sel], y, groups, s.grouping, trees_cfg.model, int(trees_cfg.n_estimators),
                     int(trees_cfg.min_samples_leaf), int(trees_cfg.seed))
-            kind = device_kind(s.mem_col)
-            prefer = PREFERRED.get((target, kind))
+            kind, prefer = choice_rule(target, s.mem_col)
             if can_nest(groups):
                 cv_t, _ = nested_cv(*args, prefer=prefer, kind=kind)
             else:

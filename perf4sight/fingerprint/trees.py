@@ -178,6 +178,9 @@ CEILING, CEILING_P = "ceiling", 16.0
 #: A hinge term's name (its column is :data:`HINGED`), the knot term's that follows it, and the grid the knot is
 #: chosen on (quantiles of the hinged column over the training rows).
 HINGE, KNOT, HINGED = "sim_reserved_mb over knot", "knot", "sim_reserved_mb"
+#: While the knot is searched: the hinge's and the knot's columns once the hinge is applied at a grid point, plain
+#: linear terms (any name the form's other terms do not use).
+FIXED_HINGE = "hinge at a fixed knot"
 KNOT_QUANTILES = np.linspace(0.05, 0.8, 16)
 
 
@@ -290,7 +293,7 @@ def _fit_sum(A: np.ndarray, y: np.ndarray, terms: tuple[str, ...], free: np.ndar
     if HINGE not in terms:
         return _fit_ceiling(A, y, terms, free) if CEILING in terms else _fit_linear(A, y, free)
     h = terms.index(HINGE)
-    plain = tuple("hinged" if t in (HINGE, KNOT) else t for t in terms)  # the same form, the hinge fixed
+    plain = tuple(FIXED_HINGE if t in (HINGE, KNOT) else t for t in terms)  # the same form, the hinge fixed
     best: tuple[float, np.ndarray] = (np.inf, np.zeros(A.shape[1]))
     for knot in np.unique(np.quantile(A[:, h], KNOT_QUANTILES)):
         Ak = _hinged(A, h, float(knot))
