@@ -315,6 +315,26 @@ def test_mean_form_is_its_members_geometric_mean_and_round_trips(tmp_path):
     np.testing.assert_allclose(loaded["latency"].predict(F), model.predict(F))
 
 
+def test_cpu_mean_form_is_kept_whatever_the_scores(monkeypatch):
+    """The CPU's preferred step-time form, the mean form, is kept even where a member beats it by more than one
+    standard error (under that rule alone the member would win on these rows), and the metadata says so."""
+    import perf4sight.fingerprint.select as select
+    from perf4sight.features.aggregate import FEATURE_NAMES
+    from perf4sight.fingerprint.predict import _why_chosen
+    rng = np.random.default_rng(3)
+    F = np.abs(rng.normal(1, 0.5, size=(80, len(FEATURE_NAMES)))) * 100
+    y = 20 + 0.3 * F[:, FEATURE_NAMES.index("dense_macs")] + 0.1 * F[:, FEATURE_NAMES.index("lt_launches")]
+    groups = np.repeat(np.array(["a", "b", "c", "d"]), 20)
+    args = ("latency", F, y, groups, "family", "extra-trees", 5, 1, 0)
+    cand, _, scores = select.select_candidate(*args, kind="cpu", prefer=select.MEAN_FORM)
+    assert cand.name == select.MEAN_FORM and scores[select.MEAN_FORM] > min(scores.values())
+    record = select.describe_choice(cand, scores, select.MEAN_FORM)
+    assert record["rule"] == select.RULE_KEPT and "kept whatever the scores" in _why_chosen(record)
+    monkeypatch.setattr(select, "KEPT_WHATEVER_THE_SCORES", frozenset())
+    cand, _, _ = select.select_candidate(*args, kind="cpu", prefer=select.MEAN_FORM)
+    assert cand.name == min(scores, key=scores.get) != select.MEAN_FORM
+
+
 def test_preferred_form_is_kept_within_one_standard_error_only():
     """The one-standard-error rule, paired over the held-out groups: a preferred form that loses by
     less than the spread of its per-group differences is kept; one that loses in every group is not."""

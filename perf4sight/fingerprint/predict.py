@@ -23,6 +23,7 @@ import numpy as np
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, feature_matrix, network_features
 from perf4sight.features.allocator import REPLAY_PROTOCOLS, STEP_MEAN
+from perf4sight.fingerprint.select import RULE_KEPT
 from perf4sight.fingerprint.storage import FEATURE_SET, HeldOut, check_metadata, damaged, load_held_out, load_models
 from perf4sight.fingerprint.trees import Model
 from perf4sight.ir.schema import NetworkDescription, load_description
@@ -283,12 +284,14 @@ def load_fingerprint(folder: str | Path) -> Fingerprint:
 
 def _why_chosen(sel: dict[str, Any]) -> str:
     """Why grouped CV chose ``sel["chosen"]`` (a model selection of the metadata), in brackets: the device kind's
-    preferred form kept within one standard error, or its CV score beside the runner-up's ('' without scores)."""
+    preferred form kept within one standard error (or whatever the scores, as its ``rule`` says), or its CV score
+    beside the runner-up's ('' without scores)."""
     scores, chosen = sel.get("cv_mean_group_mape", {}), sel["chosen"]
     if sel.get("preferred") == chosen and scores and scores.get(chosen, 0) > min(scores.values()):
         best = min(scores, key=scores.get)
+        why = "whatever the scores" if sel.get("rule") == RULE_KEPT else "within one standard error"
         return (f" (this device kind's preferred form: {scores[chosen]:.1f}% against {best}'s "
-                f"{scores[best]:.1f}%, within one standard error)")
+                f"{scores[best]:.1f}%, kept {why})")
     if chosen in scores and len(scores) > 1:  # a near tie is a choice the trees' seed can flip
         runner_up = min((n for n in scores if n != chosen), key=scores.get)
         return f" (CV {scores[chosen]:.1f}%; runner-up {runner_up} {scores[runner_up]:.1f}%)"
