@@ -31,8 +31,9 @@ from perf4sight.fingerprint.evaluate import CVResult, grouped_cv, metrics
 from perf4sight.fingerprint.trees import (CEILING, HINGE, KNOT, OVERLAP, MeanModel, Model, TargetModel, geometric_mean,
                                           term_features)
 
-__all__ = ["Candidate", "CANDIDATES", "PREFERRED", "KEPT_WHATEVER_THE_SCORES", "MEAN_FORM", "fit_form", "recorded_candidate", "select_candidate",
-           "nested_cv", "can_nest", "NESTED_MAX_GROUPS", "random_split_metrics", "group_conformal", "held_out_coverage"]
+__all__ = ["Candidate", "CANDIDATES", "PREFERRED", "KEPT_WHATEVER_THE_SCORES", "RULE_ONE_SE", "RULE_KEPT", "MEAN_FORM",
+           "fit_form", "recorded_candidate", "select_candidate", "nested_cv", "can_nest", "NESTED_MAX_GROUPS",
+           "random_split_metrics", "group_conformal", "held_out_coverage"]
 
 
 @dataclass(frozen=True)
