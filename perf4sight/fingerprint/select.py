@@ -112,8 +112,9 @@ CANDIDATES: dict[str, tuple[Candidate, ...]] = {
     "latency": _LATENCY_FORMS + (Candidate(MEAN_FORM, members=_LATENCY_FORMS, kinds=("cpu",)),),
 }
 
-#: (target, device kind) -> the form kept unless another is better by more than one standard error
-#: (device kind: "gpu" for the nvml and jetson backends and imported GPU data, "cpu" for the cpu backend).
+#: (target, device kind) -> the form kept unless another is better by more than one standard error, or kept
+#: always if it is in :data:`KEPT_WHATEVER_THE_SCORES` (device kind: "gpu" for the nvml and jetson backends and
+#: imported GPU data, "cpu" for the cpu backend).
 #: A CPU's memory (peak RSS) has none of a GPU's library terms: no preference there. Its step time is a sum of
 #: the kernels' times, which every step-time form models in its own way; which of them carries over to a family
 #: never seen was left to chance by the scores (their ranking over the training families did not hold on the
