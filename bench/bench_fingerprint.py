@@ -46,7 +46,9 @@ from perf4sight.config import FingerprintConfig  # noqa: E402
 from perf4sight.features.aggregate import network_features  # noqa: E402
 from perf4sight.features.perf4sight_set import perf4sight_matrix, perf4sight_vectors  # noqa: E402
 from perf4sight.fingerprint import fit_fingerprint, load_fingerprint  # noqa: E402
+from perf4sight.fingerprint.drift import normalise_step_times  # noqa: E402
 from perf4sight.fingerprint.evaluate import metrics  # noqa: E402
+from perf4sight.fingerprint.predict import drift_line  # noqa: E402
 from perf4sight.fingerprint.fit import LATENCY_COLUMN, memory_column  # noqa: E402
 from perf4sight.importers import import_perf4sight  # noqa: E402
 from perf4sight.importers.perf4sight_csv import THRASH_RATIO  # noqa: E402
@@ -409,20 +411,22 @@ def measured_reserved(rows: list[dict]):
 def run(data: Path = TX2, csv: Path | None = LOCAL_CSV if LOCAL_CSV.is_file() else None,
         models: Path | None = None, trees: int = 200, simulate_memory: bool = True,
         with_measured_reserved: bool = False, seeds: tuple[int, ...] = SEEDS,
-        keep_thrashing: bool = False) -> list[dict]:
+        keep_thrashing: bool = False, drift_reference: bool = True) -> list[dict]:
     """Evaluate on the TX2 data (skipped when absent) and on a CPU profiling CSV (the project's own by
     default, when present); print the tables, return the figures. ``with_measured_reserved``: on the TX2
-    data, the evaluation with :func:`measured_reserved` instead; ``keep_thrashing``: see :func:`load_tx2`."""
+    data, the evaluation with :func:`measured_reserved` instead; ``keep_thrashing``: see :func:`load_tx2`;
+    ``drift_reference``: correct the CSV's step times by the ``references.csv`` beside it, if there is one."""
     out: list[dict] = []
     for res in _evaluations(data, csv, models, trees, simulate_memory, with_measured_reserved, seeds,
-                            keep_thrashing):
+                            keep_thrashing, drift_reference):
         print("\n".join(table(res)), flush=True)
         out += figures(res)
     return out
 
 
 def _evaluations(data: Path, csv: Path | None, models: Path | None, trees: int, simulate_memory: bool,
-                 with_measured_reserved: bool = False, seeds: tuple[int, ...] = SEEDS, keep_thrashing: bool = False):
+                 with_measured_reserved: bool = False, seeds: tuple[int, ...] = SEEDS, keep_thrashing: bool = False,
+                 drift_reference: bool = True):
     if (data / "graphs").is_dir():
         with tempfile.TemporaryDirectory() as tmp:
             device, rows, descs = load_tx2(data, Path(tmp), keep_thrashing)
@@ -440,8 +444,13 @@ def _evaluations(data: Path, csv: Path | None, models: Path | None, trees: int, 
         if len({r["family"] for r in rows if r["network"] in descs}) < 2:
             print(f"{csv}: fewer than 2 network families with descriptions: skipped")
             return
-        yield evaluate(device, rows, descs, trees=trees, label=f"{device} ({csv.name})",
-                       simulate_memory=simulate_memory, seeds=seeds)
+        label = f"{device} ({csv.name})"
+        refs = csv.parent / "references.csv"  # the profile stage's drift reference ([profile] reference_every)
+        if drift_reference and refs.is_file():
+            rows, drift = normalise_step_times(rows, read_rows(refs), LATENCY_COLUMN)
+            print(drift_line(drift))
+            label += ", step times corrected by its drift reference" if drift["applied"] else ""
+        yield evaluate(device, rows, descs, trees=trees, label=label, simulate_memory=simulate_memory, seeds=seeds)
 
 
 def main() -> None:
@@ -461,10 +470,12 @@ def main() -> None:
                          "reserved-memory model would leave; not a predictor)")
     ap.add_argument("--keep-thrashing", action="store_true",
                     help="TX2: keep a step that thrashed as ok (the import records it as oom: THRASH_RATIO)")
+    ap.add_argument("--no-drift-reference", action="store_true",
+                    help="--csv: the step times as measured, though a references.csv lies beside it")
     args = ap.parse_args()
     run(Path("/nonexistent") if args.no_tx2 else args.data, None if args.measured_reserved else args.csv, args.models,
         args.trees, simulate_memory=not args.no_simulate_memory, with_measured_reserved=args.measured_reserved,
-        seeds=tuple(args.seeds), keep_thrashing=args.keep_thrashing)
+        seeds=tuple(args.seeds), keep_thrashing=args.keep_thrashing, drift_reference=not args.no_drift_reference)
 
 
 if __name__ == "__main__":

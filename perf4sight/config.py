@@ -81,6 +81,10 @@ class ProfileConfig:
     devices: list[str] = field(default_factory=list)  # empty = every device
     learning_rate: float = 0.01
     momentum: float = 0.9
+    # a drift reference: one configuration measured again after every `reference_every` measurements (0 = none)
+    reference_every: int = 0
+    reference_network: str = ""  # a network name of the plan; "" = its first network
+    reference_batch_size: int = 0  # 0 = the smallest of batch_sizes
 
 
 @dataclass
@@ -111,6 +115,7 @@ class FingerprintConfig:
     seed: int = 0
     predictor: str = "trees"           # trees | gnn | ensemble (fits trees and GNN)
     simulate_memory: bool = True       # replay the traced step through the caching-allocator model
+    drift_reference: bool = True       # divide step times by the device's drift reference, where it has one
     gnn_arch: str = "sage"             # sage | seernet
     gnn_hidden: int = 64
     gnn_layers: int = 3

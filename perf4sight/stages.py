@@ -21,7 +21,7 @@ from perf4sight.dataset import (ZOO_CACHE, dataset_descriptions, device_dataset,
                                 is_description_file, measured_devices, resolve_networks, undescribed_note)
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription
-from perf4sight.profiling.results import incomplete_note, number, results_path
+from perf4sight.profiling.results import incomplete_note, number, read_rows, references_path, results_path
 from perf4sight.wording import named, plural
 
 if TYPE_CHECKING:  # the importers are imported by the import stage alone
@@ -146,6 +146,10 @@ def run_profile(cfg: Config, args: argparse.Namespace) -> int:
     for s in summaries:
         if results_path(cfg.profiling_dir, s.device).is_file():
             console.print(f"{s.device}: measurements in {results_path(cfg.profiling_dir, s.device)}", markup=False)
+        refs = references_path(cfg.profiling_dir, s.device)
+        if cfg.profile.reference_every > 0 and refs.is_file():
+            console.print(f"{s.device}: drift reference, {plural(len(read_rows(refs)), 'measurement')} in {refs}",
+                          markup=False)
     return 0 if all(s.status == "done" for s in summaries) else 1
 
 

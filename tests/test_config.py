@@ -56,6 +56,8 @@ def test_good_config_is_typed(tmp_path):
     (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\nmax_swap_in_mb = -1"),
      r"\[profile\] max_swap_in_mb must be >= 0"),
     (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\nrepeats = 0"), r"\[profile\] repeats must be >= 1"),
+    (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\nreference_every = -6"),
+     r"\[profile\] reference_every and reference_batch_size must be >= 0"),
     (GOOD.replace('backend = "cpu"', 'backend = "tpu"'), r"\[devices.local\] backend 'tpu'"),
     (GOOD.replace("memory_limit_mb = 512", 'memory_limit_mb = "lots"'),
      r"\[devices.local\] 'memory_limit_mb' must be an integer"),

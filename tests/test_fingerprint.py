@@ -720,3 +720,24 @@ def test_one_network_is_refused_as_it_leaves_nothing_to_hold_out(tmp_path):
                                         r"\(a\); a fingerprint needs 2 or more"):
         fit_fingerprint(rows, descs, "local", tmp_path / "fp", FAST)
     assert not (tmp_path / "fp").exists()
+
+
+def _timed(network: str, seconds: int, ms: float, status: str = "ok", batch_size: int = 8) -> dict:
+    stamp = f"2026-11-25T10:{seconds // 60:02d}:{seconds % 60:02d}+00:00"
+    return {"device": "d", "network": network, "batch_size": str(batch_size), "input_shape": "3x64x64",
+            "status": status, "latency_ms_median": str(ms), "timestamp": stamp}
+
+
+def test_step_times_are_divided_by_the_drift_reference_inside_its_span():
+    from perf4sight.fingerprint.drift import normalise_step_times
+    refs = [_timed("ref", 0, 100.0), _timed("ref", 100, 120.0), _timed("ref", 200, 100.0),
+            _timed("other", 150, 999.0, batch_size=2), _timed("ref", 190, 50.0, status="error")]
+    rows = [_timed("x", 50, 110.0), _timed("x", 100, 120.0), _timed("y", 300, 80.0), _timed("y", 60, 0, "oom")]
+    out, drift = normalise_step_times(rows, refs, "latency_ms_median")
+    # the reference's median is 100 ms; at 50 s it reads 110 ms (half way from 100 to 120), at 100 s 120 ms
+    assert [float(r["latency_ms_median"]) for r in out] == pytest.approx([100.0, 100.0, 80.0, 0.0])
+    assert out[2] is rows[2] and out[3] is rows[3] and rows[0]["latency_ms_median"] == "110.0"  # inputs kept
+    assert (drift["network"], drift["batch_size"], drift["measurements"]) == ("ref", 8, 3)
+    assert (drift["rows_corrected"], drift["rows_outside_span"], drift["median_ms"]) == (2, 1, 100.0)
+    same, why = normalise_step_times(rows, refs[:1], "latency_ms_median")
+    assert same is rows and not why["applied"] and "2 or more" in why["reason"]

@@ -411,14 +411,16 @@ def test_makedirs_accepts_a_folder_another_client_made_meanwhile(servers, tmp_pa
             r.makedirs(str(tmp_path / "file.txt" / "sub"))
 
 
-def test_device_csv_with_older_columns_is_upgraded_before_the_run_and_repeats_travel(servers, tmp_path):
+def test_device_csv_with_older_columns_is_upgraded_before_the_run_and_repeats_and_references_travel(servers, tmp_path):
     """A device CSV written before `repeats` existed: its rows count as measured and survive, the file
-    gets today's header before the runner starts, and the new row is the median of 2 fresh processes."""
+    gets today's header before the runner starts, and the new row is the median of 2 fresh processes. A drift
+    reference taken before and after that one new measurement comes back beside it."""
     import csv
     a, _ = servers
     (desc,) = _descriptions(tmp_path, ["alpha"])
     cfg = _config(tmp_path, {"dev-old": _device(a, tmp_path)})
     cfg.profile.repeats = 2
+    cfg.profile.reference_every = 1
     old_columns = [c for c in results.COLUMNS if c not in ("repeats", "latency_ms_repeat_cv")]
     remote_csv = tmp_path / "remote work" / "dev-old" / "measurements.csv"
     remote_csv.parent.mkdir(parents=True)
@@ -437,6 +439,9 @@ def test_device_csv_with_older_columns_is_upgraded_before_the_run_and_repeats_tr
     assert set(rows) == {"1", "2"} and rows["1"]["timestamp"] == old_row["timestamp"]
     assert rows["2"]["status"] == "ok" and rows["2"]["repeats"] == "2" and float(rows["2"]["latency_ms_repeat_cv"]) >= 0
     assert {r["batch_size"] for r in results.read_rows(remote_csv)} == {"1", "2"}
+    refs = results.read_rows(results.references_path(cfg.profiling_dir, "dev-old"))
+    assert [(r["network"], r["batch_size"], r["status"]) for r in refs] == [("alpha", "1", "ok")] * 2
+    assert refs == results.read_rows(remote_csv.parent / "references.csv")
 
 
 def test_changed_description_is_measured_again_on_the_device_with_a_warning(servers, tmp_path):

@@ -7,12 +7,14 @@ from typing import Any
 from perf4sight.config import Config
 from perf4sight.dataset import current_rows
 from perf4sight.errors import UserError
-from perf4sight.fingerprint.fit import fit_fingerprint
+from perf4sight.fingerprint.drift import normalise_step_times
+from perf4sight.fingerprint.fit import LATENCY_COLUMN, fit_fingerprint
 from perf4sight.fingerprint.predict import Fingerprint, load_fingerprint
 from perf4sight.ir.schema import NetworkDescription
-from perf4sight.profiling.results import results_path
+from perf4sight.profiling.results import read_rows, references_path, results_path
 
-__all__ = ["device_measurements", "fit_device", "fit_device_gnn", "load_device_fingerprint", "load_device_predictor"]
+__all__ = ["device_measurements", "drift_corrected", "fit_device", "fit_device_gnn", "load_device_fingerprint",
+           "load_device_predictor"]
 
 
 def device_measurements(cfg: Config, device: str, shas: dict[str, str] | None = None, *,
@@ -38,8 +40,19 @@ def fit_device(cfg: Config, device: str, descriptions: dict[str, NetworkDescript
     """Fit and store ``device``'s fingerprint from its measurements; returns the metadata. ``shas`` and
     ``rows``: as for :func:`device_measurements`."""
     rows, limit = device_measurements(cfg, device, shas, rows=rows)
+    rows, drift = drift_corrected(cfg, device, rows)
     return fit_fingerprint(rows, descriptions, device, cfg.fingerprint_dir / device, cfg.fingerprint,
-                           memory_limit_mb=limit)
+                           memory_limit_mb=limit, drift=drift)
+
+
+def drift_corrected(cfg: Config, device: str, rows: list[dict]) -> tuple[list[dict], dict | None]:
+    """``rows`` with their step times corrected by ``device``'s drift reference (``drift.normalise_step_times``)
+    and the correction's summary; unchanged, and None, where the device has no ``references.csv`` or
+    ``[fingerprint] drift_reference`` is off."""
+    path = references_path(cfg.profiling_dir, device)
+    if not cfg.fingerprint.drift_reference or not path.is_file():
+        return rows, None
+    return normalise_step_times(rows, read_rows(path), LATENCY_COLUMN)
 
 
 def fit_device_gnn(cfg: Config, device: str, descriptions: dict[str, NetworkDescription],
@@ -50,10 +63,11 @@ def fit_device_gnn(cfg: Config, device: str, descriptions: dict[str, NetworkDesc
     from perf4sight.fingerprint.gnn import fit_gnn  # torch and torch_geometric: only when a GNN is fitted
 
     rows, limit = device_measurements(cfg, device, shas, rows=rows)
+    rows, drift = drift_corrected(cfg, device, rows)
     f = cfg.fingerprint
     return fit_gnn(rows, descriptions, device, cfg.fingerprint_dir / device, seed=f.seed, arch=f.gnn_arch,
                    hidden=f.gnn_hidden, layers=f.gnn_layers, max_epochs=f.gnn_max_epochs, patience=f.gnn_patience,
-                   memory_limit_mb=limit, trees_config=f)
+                   memory_limit_mb=limit, trees_config=f, drift=drift)
 
 
 def load_device_fingerprint(cfg: Config, device: str) -> Fingerprint:

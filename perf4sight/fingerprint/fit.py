@@ -156,7 +156,7 @@ def common_input_shape(descriptions: dict[str, NetworkDescription], names: Itera
 
 def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
                     out_dir: str | Path, fcfg: Any, memory_limit_mb: float = 0.0,
-                    coverage: float = 0.9, nested: bool = True) -> dict[str, Any]:
+                    coverage: float = 0.9, nested: bool = True, drift: dict[str, Any] | None = None) -> dict[str, Any]:
     """Fit latency and memory models for ``device``, evaluate them, save to ``out_dir``.
 
     ``rows``: tidy measurement dicts or a DataFrame (other devices' rows are ignored);
@@ -164,8 +164,9 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
     (model, n_estimators, min_samples_leaf, seed); ``memory_limit_mb``: the device's memory limit in MiB
     (0 = learn the capacity from ``oom`` rows); ``coverage``: the prediction interval's nominal coverage, a
     fraction; ``nested``: nest the accuracy table (``select.nested_cv``; False: the chosen form's own
-    cross-validation, for callers that evaluate the fit themselves). Returns the metadata written to
-    ``<out_dir>/metadata.json`` (accuracy under ``accuracy``).
+    cross-validation, for callers that evaluate the fit themselves); ``drift``: the summary of a drift reference's
+    correction of the rows' step times (``drift.normalise_step_times``), kept in the metadata. Returns the metadata
+    written to ``<out_dir>/metadata.json`` (accuracy under ``accuracy``).
     """
     model = str(getattr(fcfg, "model", "extra-trees"))
     if model not in MODELS:
@@ -262,6 +263,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         "relu6_clone": clone,  # the allocator replay's in-place ReLU6 keeps a clone of its input (torch >= 1.10)
         "native_conv_dispatch": native_conv_dispatch(usable),
         "training_rows": counts,
+        "drift_reference": drift,
         "oom_rows": len(oom_rows),
         "networks": sorted(feats),
         "input_shape": common_input_shape(descriptions, feats),

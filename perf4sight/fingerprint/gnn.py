@@ -69,7 +69,7 @@ FORMAT = "perf4sight-gnn-v1"
 def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str, out_dir: str | Path,
             seed: int = 0, *, arch: str = "sage", hidden: int = 64, layers: int = 3, max_epochs: int = 300,
             patience: int = 40, base: str = "analytic", evaluate: bool = True, memory_limit_mb: float = 0.0,
-            trees_config: Any = None, coverage: float = 0.9) -> dict[str, Any]:
+            trees_config: Any = None, coverage: float = 0.9, drift: dict[str, Any] | None = None) -> dict[str, Any]:
     """Fit, evaluate and store the GNN of ``device``; returns the JSON metadata written to ``gnn.json``.
 
     ``rows``: tidy measurement dicts or a DataFrame; ``descriptions``: network name -> description.
@@ -77,7 +77,8 @@ def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
     yields the accuracy tables, the intervals and the trees/GNN/ensemble comparison;
     ``trees_config``: the ``cfg.fingerprint`` used for the trees in that comparison (defaults).
     ``base``: ``analytic`` (the GNN corrects the trees' analytic baseline) or ``none`` (it predicts
-    the log targets outright).
+    the log targets outright). ``drift``: the summary of a drift reference's correction of the rows' step times,
+    kept in the metadata.
     """
     if base not in ("analytic", "none"):
         raise UserError(f"gnn: base '{base}' is not one of analytic, none")
@@ -117,7 +118,7 @@ def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
         "target_transform": "log(measured / analytic baseline) (log(measured) with base none), standardised "
                             "with training statistics",
         "training": summary | {"seconds": round(t_fit, 2), "cv_seconds": round(t_cv, 2)},
-        "networks": sorted(s.templates), "training_rows": len(s.nets), "oom_rows": len(s.oom),
+        "networks": sorted(s.templates), "training_rows": len(s.nets), "oom_rows": len(s.oom), "drift_reference": drift,
         "input_shape": common_input_shape(descriptions, s.templates),
         # what predict notes a query leaves (domain.py)
         "training_domain": training_domain(s.F, [descriptions[n] for n in s.templates]),

@@ -47,6 +47,9 @@ def check_measurement_settings(s: Any, where: str, quote: str = "") -> None:
         raise UserError(f"{where}{key('min_timed_s')} must lie in [0, timeout_s), got {s.min_timed_s}")
     if s.max_swap_in_mb < 0:
         raise UserError(f"{where}{key('max_swap_in_mb')} must be >= 0, got {s.max_swap_in_mb}")
+    if s.reference_every < 0 or s.reference_batch_size < 0:
+        raise UserError(f"{where}{key('reference_every')} and {key('reference_batch_size')} must be >= 0, "
+                        f"got {s.reference_every} and {s.reference_batch_size}")
     if not (s.learning_rate > 0 and 0 <= s.momentum < 1):
         raise UserError(f"{where}{key('learning_rate')} must be > 0 and {key('momentum')} in [0, 1), "
                         f"got {s.learning_rate} and {s.momentum}")
@@ -70,6 +73,10 @@ class TestPlan:
     row is recorded as ``oom``, its measured columns kept (0 = no check).
     ``repeats``: fresh processes that measure each (network, batch size) one after another; the row
     written is the one whose step-time median is the median of theirs (see the runner).
+    ``reference_every``: a *drift reference*: the configuration ``reference_network`` (a network name of the
+    plan; "" = its first network) at ``reference_batch_size`` (0 = the smallest of ``batch_sizes``) is measured
+    before the first new measurement, after every ``reference_every`` new ones and after the last, each time
+    appended to ``reference_output``; the fingerprint divides the step times by it (0 = no reference).
     """
 
     __test__ = False  # not a pytest test class, despite the name
@@ -92,6 +99,10 @@ class TestPlan:
     input_shape: Optional[List[int]] = None
     num_classes: Optional[int] = None
     output: str = "measurements.csv"
+    reference_every: int = 0
+    reference_network: str = ""
+    reference_batch_size: int = 0
+    reference_output: str = "references.csv"
     poll_interval_s: float = 0.01
     version: int = PLAN_VERSION
 
@@ -128,6 +139,7 @@ _TYPES: Dict[str, Tuple[Type, ...]] = {
     "max_swap_in_mb": (int, float),
     "threads": (int,), "gpu_index": (int,), "learning_rate": (int, float), "momentum": (int, float),
     "input_shape": (list, type(None)), "num_classes": (int, type(None)), "output": (str,),
+    "reference_every": (int,), "reference_network": (str,), "reference_batch_size": (int,), "reference_output": (str,),
     "poll_interval_s": (int, float), "version": (int,),
 }
 

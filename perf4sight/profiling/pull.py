@@ -17,7 +17,7 @@ from typing import Callable
 
 from perf4sight.profiling import results
 
-__all__ = ["complete_records", "parse_records", "CsvPuller", "rows_to_csv", "csv_with_rows"]
+__all__ = ["complete_records", "parse_records", "CsvPuller", "reference_key", "rows_to_csv", "csv_with_rows"]
 
 
 def complete_records(buf: bytes) -> int:
@@ -75,17 +75,25 @@ def csv_with_rows(current: bytes, rows: list[dict[str, str]]) -> bytes:
     raise ValueError(f"unexpected columns {header}")
 
 
+def reference_key(row: dict) -> tuple[str, ...]:
+    """A drift-reference row's identity: its configuration's key and the time it was written."""
+    return results.row_key(row) + (str(row.get("timestamp", "")),)
+
+
 class CsvPuller:
     """Incremental, duplicate-free copy of one remote CSV into ``local``.
 
     ``read_from(offset) -> bytes`` and ``size() -> int | None`` access the remote file. ``wanted``: the
     only keys to copy (None = all); ``passed_over`` collects the keys of remote rows outside it that
-    are not local either.
+    are not local either. ``key``: a row's identity (default ``results.row_key``; a drift reference's rows
+    repeat one configuration, and :func:`reference_key` adds the time each was written).
     """
 
-    def __init__(self, local: Path, wanted: set[tuple[str, ...]] | None = None) -> None:
+    def __init__(self, local: Path, wanted: set[tuple[str, ...]] | None = None,
+                 key: Callable[[dict], tuple[str, ...]] = results.row_key) -> None:
         self.local = Path(local)
-        self.keys = results.measured_keys(results.read_rows(self.local))
+        self.key = key
+        self.keys = {key(r) for r in results.read_rows(self.local)}
         self.wanted = wanted
         self.offset = 0
         self.header: list[str] | None = None
@@ -114,7 +122,7 @@ class CsvPuller:
         self.offset += end
         fresh = []
         for row in rows:
-            key = results.row_key(row)
+            key = self.key(row)
             self.remote_keys.add(key)
             if self.wanted is not None and key not in self.wanted:
                 if key not in self.keys:

@@ -6,6 +6,7 @@ Remote layout, under the device's ``workdir`` (``~`` = the login user's home)::
     <workdir>/<device name>/nets/<sha>.json      the network descriptions (named by content hash)
     <workdir>/<device name>/plan.json            the test plan
     <workdir>/<device name>/measurements.csv     rows, appended by the runner (only the plan's are pulled)
+    <workdir>/<device name>/references.csv       the drift reference's rows ([profile] reference_every), pulled too
     <workdir>/<device name>/run.json|run.exit|run.log   the detached run (see detach.py)
 
 The run survives a dropped SSH connection (it is detached); the follower reconnects and
@@ -30,7 +31,8 @@ from perf4sight.errors import UserError
 from perf4sight.ir.schema import load_description
 from perf4sight.profiling import results
 from perf4sight.profiling.local import make_plan
-from perf4sight.profiling.pull import CsvPuller, csv_with_rows
+from perf4sight.profiling.plan import TestPlan
+from perf4sight.profiling.pull import CsvPuller, csv_with_rows, reference_key
 from perf4sight.profiling.ssh import (CONNECTION_ERRORS, DeviceError, HostKeyError, LoginError, Remote,
                                      default_known_hosts, describe_error)
 
@@ -162,6 +164,9 @@ class RemoteProfiler:
         self.summary.expected = len(keys)
         self.expected = covering(keys)
         self.puller = CsvPuller(self.local_csv, wanted=self.expected)
+        # the drift reference's rows ([profile] reference_every), pulled beside the measurements
+        self.reference_puller = CsvPuller(results.references_path(cfg.profiling_dir, dev.name), key=reference_key) \
+            if cfg.profile.reference_every > 0 else None
         self.run_dir = ""
         self.code_dir = ""
 
@@ -233,6 +238,10 @@ class RemoteProfiler:
     def _pull(self) -> int:
         csv_path = self._path("measurements.csv")
         fresh = self.puller.pull(lambda: self.remote.size(csv_path), lambda off: self.remote.read_from(csv_path, off))
+        if self.reference_puller is not None:
+            ref_path = self._path(TestPlan.reference_output)
+            self.reference_puller.pull(lambda: self.remote.size(ref_path),
+                                       lambda off: self.remote.read_from(ref_path, off))
         self.summary.new_rows += len(fresh)
         done = len(self.expected & self.puller.keys)
         last = f"last: {fresh[-1]['network']} @ {fresh[-1]['batch_size']} {fresh[-1]['status']}" if fresh else ""

@@ -19,7 +19,7 @@ from perf4sight.errors import UserError
 from perf4sight.files import atomic_path
 
 __all__ = ["COLUMNS", "STATUSES", "append_row", "upgrade_file", "read_rows", "measured_keys", "row_key", "results_path",
-           "file_sha", "split_stale", "number", "batch_size_of"]
+           "references_path", "file_sha", "split_stale", "number", "batch_size_of"]
 
 #: Column order of every measurement CSV. Empty string = not measured / not applicable.
 COLUMNS: List[str] = [
@@ -81,6 +81,12 @@ def batch_size_of(row: Dict[str, Any]) -> int:
 def results_path(profiling_dir: Union[str, Path], device: str) -> Path:
     """Where a device's measurements live: ``<profiling_dir>/<device>/measurements.csv``."""
     return Path(profiling_dir) / device / "measurements.csv"
+
+
+def references_path(profiling_dir: Union[str, Path], device: str) -> Path:
+    """Where a device's drift-reference measurements live (``[profile] reference_every``; the same columns):
+    ``<profiling_dir>/<device>/references.csv``."""
+    return Path(profiling_dir) / device / "references.csv"
 
 
 def row_key(row: Dict[str, Any], with_sha: bool = True) -> Tuple[str, ...]:

@@ -8,10 +8,11 @@ measurement ends. The first ``oom`` stops that network: its larger batch sizes g
 ``skipped_after_oom`` rows. A step whose memory does not fit may not fail at all on a device that
 swaps (a Jetson's zram): it thrashes, many times slower; more than ``plan.max_swap_in_mb`` swapped back
 in during a measurement makes it ``oom`` too. Keys already in the CSV are not measured again, and a
-network with an ``oom`` row on disk is not measured at larger batch sizes.
+network with an ``oom`` row on disk is not measured at larger batch sizes. A plan with ``reference_every``
+also measures its drift reference around the new measurements, into its own CSV (:class:`_Reference`).
 
 Progress goes to stdout as JSON lines, one object per event (``event`` = ``plan``, ``row``,
-``already``, ``warning``, ``done`` or ``error``), for an orchestrator to follow. This process imports no
+``already``, ``reference``, ``warning``, ``done`` or ``error``), for an orchestrator to follow. This process imports no
 torch, so that the peak RSS which a child inherits at spawn (``ru_maxrss`` carries over
 ``exec``) stays far below what the child itself reaches.
 
@@ -314,9 +315,11 @@ def _lean_runner_warning() -> Optional[str]:
 
 
 def _sweep_network(plan: TestPlan, plan_path: Path, net: _Network, backend: Backend, disk: _OnDisk,
-                   env: Dict[str, Any]) -> Iterator[Tuple[int, Optional[Dict[str, Any]], float]]:
+                   env: Dict[str, Any], reference: Optional["_Reference"] = None
+                   ) -> Iterator[Tuple[int, Optional[Dict[str, Any]], float]]:
     """Measure ``net`` at each batch size of the plan: yields (batch size, row without the key columns or
-    None when already measured, wall s). ``env`` gathers the device facts children report."""
+    None when already measured, wall s). ``env`` gathers the device facts children report; ``reference``, when
+    the plan has one, is measured around the measurements (:class:`_Reference`)."""
     not_run = net.problem  # set when the network cannot be built at all
     for bs in plan.batch_sizes:
         if results.row_key(_key_columns(plan, net, bs)) in disk.done:
@@ -329,7 +332,11 @@ def _sweep_network(plan: TestPlan, plan_path: Path, net: _Network, backend: Back
         if not_run:
             yield bs, {"status": "error", "message": not_run}, 0.0
             continue
+        if reference is not None:
+            reference.before_measurement()
         outcome = run_repeats(plan, plan_path, net.index, bs, backend)
+        if reference is not None:
+            reference.after_measurement()
         row = dict(outcome.result)
         row["peak_rss_mb"] = outcome.peak_rss_mb
         if row["status"] == "error" and row.get("stage") in ("setup", "build"):
@@ -338,6 +345,63 @@ def _sweep_network(plan: TestPlan, plan_path: Path, net: _Network, backend: Back
             disk.oom_at[(net.name, net.input_shape, net.sha)] = bs
         env.update({k: row[k] for k in ("torch_version", "threads", "device_model", "clocks") if row.get(k)})
         yield bs, row, outcome.wall_s
+
+
+class _Reference:
+    """The plan's drift reference (``reference_every`` > 0): one configuration measured in a fresh child before
+    the sweep's first new measurement, after every ``reference_every`` new ones and after the last, each row
+    appended to ``reference_output`` (same columns as the measurements; the fingerprint divides the step times by
+    the reference interpolated in time). A reference that does not end ``ok`` is not measured again in this run
+    (a warning says why); the sweep goes on."""
+
+    def __init__(self, plan: TestPlan, plan_path: Path, net: _Network, batch_size: int, backend: Backend,
+                 env: Dict[str, Any], emit: Emit) -> None:
+        self.plan, self.plan_path, self.net, self.batch_size = plan, plan_path, net, batch_size
+        self.backend, self.env, self.emit = backend, env, emit
+        self.csv_path = plan.resolve(plan_path.parent, plan.reference_output)
+        self.since = -1  # new measurements since the last reference; -1: none taken yet
+        self.failed = False
+
+    @classmethod
+    def of(cls, plan: TestPlan, plan_path: Path, nets: List[_Network], backend: Backend, env: Dict[str, Any],
+           emit: Emit) -> Optional["_Reference"]:
+        """The plan's reference, None without one; ``UserError`` for a reference network the plan lacks."""
+        if plan.reference_every <= 0:
+            return None
+        wanted = plan.reference_network or nets[0].name
+        net = next((n for n in nets if n.name == wanted), None)
+        if net is None:
+            raise UserError(f"plan: 'reference_network' {wanted!r} is not one of its networks "
+                            f"({', '.join(n.name for n in nets[:8])}{', ...' if len(nets) > 8 else ''})")
+        return cls(plan, plan_path, net, plan.reference_batch_size or plan.batch_sizes[0], backend, env, emit)
+
+    def before_measurement(self) -> None:
+        if self.since < 0 or self.since >= self.plan.reference_every:
+            self._measure()
+
+    def after_measurement(self) -> None:
+        self.since += 1
+
+    def last(self) -> None:
+        """After the sweep: once more if anything was measured since the last reference."""
+        if self.since > 0:
+            self._measure()
+
+    def _measure(self) -> None:
+        self.since = 0
+        if self.failed:
+            return
+        outcome = run_child(self.plan, self.plan_path, self.net.index, self.batch_size, self.backend)
+        row = dict(outcome.result, peak_rss_mb=outcome.peak_rss_mb)
+        full = _csv_row(self.plan, self.net, self.batch_size, self.env, row)
+        results.append_row(self.csv_path, full)
+        self.emit({"event": "reference", "network": self.net.name, "batch_size": self.batch_size,
+                   "status": full["status"], "latency_ms_median": full.get("latency_ms_median", ""),
+                   "wall_s": outcome.wall_s})
+        if full["status"] != "ok":
+            self.failed = True
+            self.emit({"event": "warning", "message": f"drift reference {self.net.name} @ {self.batch_size}: "
+                       f"{full['status']} ({full.get('message', '')}); not measured again in this run"})
 
 
 def _key_columns(plan: TestPlan, net: _Network, bs: int) -> Dict[str, Any]:
@@ -376,11 +440,12 @@ def run_plan(plan_path: Union[str, Path], emit: Emit = print_event) -> Dict[str,
         env: Dict[str, Any] = {"hostname": socket.gethostname(), "threads": plan.threads or ""}
         position = 0
         t_start = time.monotonic()
+        reference = _Reference.of(plan, plan_path, nets, backend, env, emit)
         for net in nets:
             warning = disk.changed_warning(net, len(plan.batch_sizes), csv_path.name)
             if warning:
                 emit({"event": "warning", "message": warning})
-            for bs, row, wall in _sweep_network(plan, plan_path, net, backend, disk, env):
+            for bs, row, wall in _sweep_network(plan, plan_path, net, backend, disk, env, reference):
                 position += 1
                 if row is None:
                     counts["already_measured"] += 1
@@ -393,6 +458,8 @@ def run_plan(plan_path: Union[str, Path], emit: Emit = print_event) -> Dict[str,
                 emit({"event": "row", "network": net.name, "batch_size": bs, "status": full["status"],
                       "message": full.get("message", ""), "latency_ms_median": full.get("latency_ms_median", ""),
                       "peak_rss_mb": full.get("peak_rss_mb", ""), "wall_s": wall, "index": position, "total": total})
+        if reference is not None:
+            reference.last()
         emit({"event": "done", "summary": counts, "wall_s": round(time.monotonic() - t_start, 3), "csv": str(csv_path)})
     return counts
 
