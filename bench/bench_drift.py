@@ -1,4 +1,8 @@
-"""Does a drift reference help CPU latency fingerprints? A measurement, not a feature of the tool yet.
+"""Does a drift reference help CPU latency fingerprints? The measurement that led to ``[profile] reference_every``.
+
+The profile stage now takes the reference itself (``references.csv``; ``bench_fingerprint.py --csv`` reads it,
+``--no-drift-reference`` for the raw figures); this bench keeps its own sweep so that raw and corrected figures come
+from one profile of the wide CPU set, paired.
 
 On this VM the machine's speed drifts during a sweep (docs/accuracy-notes.md, "CPU: repeats in fresh
 processes"), and a sweep that measures network after network turns a drift into a bias of the family measured while it
