@@ -31,7 +31,6 @@ from perf4sight.errors import UserError
 from perf4sight.ir.schema import load_description
 from perf4sight.profiling import results
 from perf4sight.profiling.local import make_plan
-from perf4sight.profiling.plan import TestPlan
 from perf4sight.profiling.pull import CsvPuller, csv_with_rows, reference_key
 from perf4sight.profiling.ssh import (CONNECTION_ERRORS, DeviceError, HostKeyError, LoginError, Remote,
                                      default_known_hosts, describe_error)
@@ -239,7 +238,7 @@ class RemoteProfiler:
         csv_path = self._path("measurements.csv")
         fresh = self.puller.pull(lambda: self.remote.size(csv_path), lambda off: self.remote.read_from(csv_path, off))
         if self.reference_puller is not None:
-            ref_path = self._path(TestPlan.reference_output)
+            ref_path = self._path(results.REFERENCES_CSV)
             self.reference_puller.pull(lambda: self.remote.size(ref_path),
                                        lambda off: self.remote.read_from(ref_path, off))
         self.summary.new_rows += len(fresh)

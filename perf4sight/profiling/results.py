@@ -19,7 +19,7 @@ from perf4sight.errors import UserError
 from perf4sight.files import atomic_path
 
 __all__ = ["COLUMNS", "STATUSES", "append_row", "upgrade_file", "read_rows", "measured_keys", "row_key", "results_path",
-           "references_path", "file_sha", "split_stale", "number", "batch_size_of"]
+           "references_path", "REFERENCES_CSV", "file_sha", "split_stale", "number", "batch_size_of"]
 
 #: Column order of every measurement CSV. Empty string = not measured / not applicable.
 COLUMNS: List[str] = [
@@ -83,10 +83,14 @@ def results_path(profiling_dir: Union[str, Path], device: str) -> Path:
     return Path(profiling_dir) / device / "measurements.csv"
 
 
+#: The file name of a device's drift-reference measurements, beside its measurements (locally and on the device).
+REFERENCES_CSV = "references.csv"
+
+
 def references_path(profiling_dir: Union[str, Path], device: str) -> Path:
     """Where a device's drift-reference measurements live (``[profile] reference_every``; the same columns):
     ``<profiling_dir>/<device>/references.csv``."""
-    return Path(profiling_dir) / device / "references.csv"
+    return Path(profiling_dir) / device / REFERENCES_CSV
 
 
 def row_key(row: Dict[str, Any], with_sha: bool = True) -> Tuple[str, ...]:

@@ -366,7 +366,7 @@ class _Reference:
     def of(cls, plan: TestPlan, plan_path: Path, nets: List[_Network], backend: Backend, env: Dict[str, Any],
            emit: Emit) -> Optional["_Reference"]:
         """The plan's reference, None without one; ``UserError`` for a reference network the plan lacks."""
-        if plan.reference_every <= 0:
+        if plan.reference_every <= 0 or not nets:
             return None
         wanted = plan.reference_network or nets[0].name
         net = next((n for n in nets if n.name == wanted), None)
