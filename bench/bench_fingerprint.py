@@ -46,9 +46,8 @@ from perf4sight.config import FingerprintConfig  # noqa: E402
 from perf4sight.features.aggregate import network_features  # noqa: E402
 from perf4sight.features.perf4sight_set import perf4sight_matrix, perf4sight_vectors  # noqa: E402
 from perf4sight.fingerprint import fit_fingerprint, load_fingerprint  # noqa: E402
-from perf4sight.fingerprint.drift import normalise_step_times  # noqa: E402
+from perf4sight.fingerprint.drift import drift_line, normalise_step_times  # noqa: E402
 from perf4sight.fingerprint.evaluate import metrics  # noqa: E402
-from perf4sight.fingerprint.predict import drift_line  # noqa: E402
 from perf4sight.fingerprint.fit import LATENCY_COLUMN, memory_column  # noqa: E402
 from perf4sight.importers import import_perf4sight  # noqa: E402
 from perf4sight.importers.perf4sight_csv import THRASH_RATIO  # noqa: E402

@@ -729,7 +729,7 @@ def _timed(network: str, seconds: int, ms: float, status: str = "ok", batch_size
 
 
 def test_step_times_are_divided_by_the_drift_reference_inside_its_span():
-    from perf4sight.fingerprint.drift import normalise_step_times
+    from perf4sight.fingerprint.drift import drift_line, normalise_step_times
     refs = [_timed("ref", 0, 100.0), _timed("ref", 100, 120.0), _timed("ref", 200, 100.0),
             _timed("other", 150, 999.0, batch_size=2), _timed("ref", 190, 50.0, status="error")]
     rows = [_timed("x", 50, 110.0), _timed("x", 100, 120.0), _timed("y", 300, 80.0), _timed("y", 60, 0, "oom")]
@@ -741,3 +741,5 @@ def test_step_times_are_divided_by_the_drift_reference_inside_its_span():
     assert (drift["rows_corrected"], drift["rows_outside_span"], drift["median_ms"]) == (2, 1, 100.0)
     same, why = normalise_step_times(rows, refs[:1], "latency_ms_median")
     assert same is rows and not why["applied"] and "2 or more" in why["reason"]
+    assert "ref @ 8 (3 measurements" in drift_line(drift) and "2 rows scaled by x0.83 .. x0.91" in drift_line(drift)
+    assert drift_line(why).startswith("step times not corrected for drift: 1 ok reference measurement")

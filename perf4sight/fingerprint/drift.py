@@ -20,7 +20,7 @@ import numpy as np
 
 from perf4sight.profiling.results import batch_size_of, number
 
-__all__ = ["normalise_step_times", "MIN_REFERENCES"]
+__all__ = ["normalise_step_times", "drift_line", "MIN_REFERENCES"]
 
 #: References a correction needs: two bound a span to interpolate in.
 MIN_REFERENCES = 2
@@ -74,3 +74,14 @@ def normalise_step_times(rows: list[dict], references: list[dict], column: str
                  "median_ms": round(median, 3), "cv_pct": round(float(100 * np.std(v_ref) / np.mean(v_ref)), 2),
                  "rows_corrected": len(factors), "rows_outside_span": outside,
                  "factor_range": [round(min(factors), 4), round(max(factors), 4)] if factors else None}
+
+
+def drift_line(drift: dict[str, Any]) -> str:
+    """One line on a drift reference's correction of the step times (:func:`normalise_step_times`' summary)."""
+    if not drift.get("applied"):
+        return f"step times not corrected for drift: {drift.get('reason', '')}"
+    lo, hi = drift.get("factor_range") or (1.0, 1.0)
+    return (f"step times corrected for drift by the reference {drift['network']} @ {drift['batch_size']} "
+            f"({drift['measurements']} measurements, median {drift['median_ms']:.1f} ms, CV {drift['cv_pct']:.1f}%): "
+            f"{drift['rows_corrected']} rows scaled by x{lo:.2f} .. x{hi:.2f}, {drift['rows_outside_span']} outside "
+            "its span left as measured")

@@ -128,6 +128,9 @@ def gnn_accuracy_lines(metadata: dict[str, Any]) -> list[str]:
         cov = [e.get(k, {}).get("interval_coverage_held_out") for k in PREDICTORS]
         lines.append(f"  {'90% band, held-out cov.':<{w}}"
                      + "".join(f"{'–' if v is None else f'{v:.1f}':>10}" for v in cov))
+    if metadata.get("drift_reference"):
+        from perf4sight.fingerprint.drift import drift_line
+        lines.append(drift_line(metadata["drift_reference"]))
     if metadata.get("training_domain"):
         from perf4sight.fingerprint.domain import domain_line
         lines.append(domain_line(metadata["training_domain"]))

@@ -298,17 +298,6 @@ def _why_chosen(sel: dict[str, Any]) -> str:
     return ""
 
 
-def drift_line(drift: dict[str, Any]) -> str:
-    """One line on a drift reference's correction of the step times (``drift.normalise_step_times``'s summary)."""
-    if not drift.get("applied"):
-        return f"step times not corrected for drift: {drift.get('reason', '')}"
-    lo, hi = drift.get("factor_range") or (1.0, 1.0)
-    return (f"step times corrected for drift by the reference {drift['network']} @ {drift['batch_size']} "
-            f"({drift['measurements']} measurements, median {drift['median_ms']:.1f} ms, CV {drift['cv_pct']:.1f}%): "
-            f"{drift['rows_corrected']} rows scaled by x{lo:.2f} .. x{hi:.2f}, {drift['rows_outside_span']} outside "
-            "its span left as measured")
-
-
 def accuracy_lines(metadata: dict[str, Any]) -> list[str]:
     """Human-readable accuracy table of a fingerprint's metadata (for the stage to print)."""
     lines = []
@@ -354,6 +343,7 @@ def accuracy_lines(metadata: dict[str, Any]) -> list[str]:
         lines.append(f"{target} {100 * iv.get('coverage', 0.9):.0f}% interval: x{np.exp(lo):.2f} .. x{np.exp(hi):.2f} "
                      "of the prediction" + tested)
     if metadata.get("drift_reference"):
+        from perf4sight.fingerprint.drift import drift_line
         lines.append(drift_line(metadata["drift_reference"]))
     if metadata.get("training_domain"):
         from perf4sight.fingerprint.domain import domain_line
