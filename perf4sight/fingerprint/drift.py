@@ -6,8 +6,9 @@ networks measured meanwhile. With ``[profile] reference_every`` the runner measu
 again and again through the sweep (``references.csv`` beside the measurements). Here each ``ok`` row's step
 time is multiplied by ``median(reference) / reference(t)``, the reference interpolated linearly in time at
 the row's ``timestamp``: the step time the device would have shown at its median speed. Rows outside the
-span of the references (measured before the first or after the last) are left as measured. The CSV keeps the
-raw figures; only the rows handed to the fit are corrected.
+span of the references (measured before the first or after the last) are left as measured; a row measured
+between two sweeps that took references is corrected by the line between the last reference of the one and
+the first of the other. The CSV keeps the raw figures; only the rows handed to the fit are corrected.
 """
 from __future__ import annotations
 
