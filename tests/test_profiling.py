@@ -234,9 +234,15 @@ def test_timeout_gives_error_row(tmp_path):
 
 def test_tiny_limit_ooms_at_first_batch_without_spending_the_timeout(tmp_path):
     net = write_net(tmp_path, "tiny")
-    plan = TestPlan(device="d", networks=[str(net)], batch_sizes=[1, 2, 4], memory_limit_mb=64, output="m.csv")
-    counts = run_plan(save_plan(plan, tmp_path / "plan.json"), emit=lambda e: None)
+    plan = TestPlan(device="d", networks=[str(net)], batch_sizes=[1, 2, 4], memory_limit_mb=64, output="m.csv",
+                    reference_every=1)
+    events: list[dict] = []
+    counts = run_plan(save_plan(plan, tmp_path / "plan.json"), emit=events.append)
     assert counts["oom"] == 1 and counts["skipped_after_oom"] == 2
+    # a drift reference that fails is said once and not taken again; the sweep goes on
+    assert [r["status"] for r in results.read_rows(tmp_path / "references.csv")] == ["oom"]
+    said = [e["message"] for e in events if e["event"] == "warning" and "drift reference" in e["message"]]
+    assert len(said) == 1 and said[0].startswith("drift reference tiny @ 1: oom")
     # the oom row on disk stops the network on a rerun too
     assert run_plan(tmp_path / "plan.json", emit=lambda e: None)["already_measured"] == 3
 
