@@ -52,7 +52,7 @@ from perf4sight.fingerprint.fit import LATENCY_COLUMN, memory_column  # noqa: E4
 from perf4sight.importers import import_perf4sight  # noqa: E402
 from perf4sight.importers.perf4sight_csv import THRASH_RATIO  # noqa: E402
 from perf4sight.ir.schema import load_description  # noqa: E402
-from perf4sight.profiling.results import batch_size_of, read_rows, results_path  # noqa: E402
+from perf4sight.profiling.results import REFERENCES_CSV, batch_size_of, read_rows, results_path  # noqa: E402
 
 TX2 = ROOT.parent / "shared" / "data" / "tx2-perf4sight"
 #: The project's own cpu measurements (profile stage, default config), evaluated too when present.
@@ -444,7 +444,7 @@ def _evaluations(data: Path, csv: Path | None, models: Path | None, trees: int, 
             print(f"{csv}: fewer than 2 network families with descriptions: skipped")
             return
         label = f"{device} ({csv.name})"
-        refs = csv.parent / "references.csv"  # the profile stage's drift reference ([profile] reference_every)
+        refs = csv.parent / REFERENCES_CSV  # the profile stage's drift reference ([profile] reference_every)
         if drift_reference and refs.is_file():
             rows, drift = normalise_step_times(rows, read_rows(refs), LATENCY_COLUMN)
             print(drift_line(drift))

@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple, Type, Union
 
 from perf4sight.errors import UserError, read_json_object
 from perf4sight.files import write_atomically
+from perf4sight.profiling.results import REFERENCES_CSV
 
 __all__ = ["TestPlan", "load_plan", "save_plan", "check_measurement_settings", "PLAN_VERSION"]
 
@@ -102,7 +103,7 @@ class TestPlan:
     reference_every: int = 0
     reference_network: str = ""
     reference_batch_size: int = 0
-    reference_output: str = "references.csv"
+    reference_output: str = REFERENCES_CSV
     poll_interval_s: float = 0.01
     version: int = PLAN_VERSION
 
