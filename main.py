@@ -17,7 +17,7 @@ stages (run in this order by --stage all):
                on each device, stopping a network at its first OOM; CSVs land in profiling_csvs/<device>/
   fingerprint  fit per-device fingerprints for step time and memory (--predictor trees, gnn, or
                ensemble = both), print held-out error (MAPE), store them in fingerprinting/<device>/
-  predict      predict step time and memory for --network (zoo names or description files) at
+  predict      predict step time and memory for --network (zoo names, dataset networks, files) at
                --batch-size on --device (defaults: [predict] networks and batch_sizes)
   compare      a report comparing every fingerprinted device (or --device A B): what was measured,
                held-out accuracy, predicted curves, largest batch that fits; reports/compare-<time>/
@@ -72,8 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "measurements; compare: every device with a fingerprint; predict: one, the first "
                              "configured device with a fingerprint)")
     parser.add_argument("--network", nargs="+", metavar="NET",
-                        help="predict: zoo names (e.g. resnet18) or description JSON files (any other network, "
-                             "e.g. a models/ factory or pruned variant: the JSON the networks stage wrote for it)")
+                        help="predict: zoo names (e.g. resnet18), names of the dataset's networks (a variant the "
+                             "networks stage made, e.g. resnet18_l30, or a graph imported for a device), or "
+                             "description JSON files")
     parser.add_argument("--batch-size", nargs="+", type=int, metavar="N", help="predict: batch sizes")
     parser.add_argument("--max-batch-size", nargs="?", type=int, const=1024, metavar="LIMIT",
                         help="predict: the largest batch size predicted to fit each network in the device's memory "

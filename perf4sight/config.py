@@ -7,6 +7,7 @@ Paths in the config are relative to the config file's folder.
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 import types
 import typing
@@ -335,17 +336,27 @@ def _check_zoo(cfg: Config, f: Path | None) -> None:
                         "networks of your own: [networks] factories or description_files)")
 
 
+#: Names the networks stage gives: a pruned variant (``resnet18_l30``), a generated network (``gen_0_3``).
+_MADE_NAME = re.compile(r".+_l\d+(\.\d+)?|gen_\d+_\d+")
+
+
 def _check_named_networks(cfg: Config, f: Path | None) -> None:
-    """[predict] and [compare] networks: zoo names or description files (made relative to the config file)."""
+    """[predict] and [compare] networks: zoo names, description files (made relative to the config file), or
+    the names of the dataset's networks, as ``--network`` takes them: one on disk (the networks stage's manifest,
+    a device's imported graphs), or a name the networks stage gives (it may not have run yet); anything else is
+    a typo, said at once rather than after a profile."""
+    from perf4sight.dataset import dataset_network_names, unknown_network
     from perf4sight.networks.zoo import ZOO_NAMES  # names only: no torch
     for where, names in (("[predict] networks", cfg.predict.networks), ("[compare] networks", cfg.compare.networks)):
         for i, name in enumerate(names):
-            if name in ZOO_NAMES:
+            if name in ZOO_NAMES or _MADE_NAME.fullmatch(name):
                 continue
-            if not name.endswith(".json") and not cfg.resolve(name).is_file():
-                raise UserError(f"{f}: {where}: '{name}' is neither a zoo network nor a .json description file "
-                                f"(zoo networks: {', '.join(ZOO_NAMES)})")
-            names[i] = str(cfg.resolve(name))  # description files: relative to the config file, like every path
+            if name.endswith(".json") or cfg.resolve(name).is_file():
+                names[i] = str(cfg.resolve(name))  # description files: relative to the config file, like every path
+            elif "/" in name or "\\" in name:
+                raise UserError(f"{f}: {where}: '{name}': no such file ({cfg.resolve(name)})")
+            elif name not in dataset_network_names(cfg):
+                raise UserError(f"{f}: {where}: {unknown_network(cfg, name)}")
 
 
 def _check_generator(cfg: Config, f: Path | None) -> None:
@@ -372,7 +383,8 @@ def load_config(path: str | Path) -> Config:
     if p.is_dir():
         raise UserError(f"{p}: is a directory, not a config file (give the TOML file, e.g. {p / 'config.toml'})")
     if not p.is_file():
-        raise UserError(f"{p}: config file not found")
+        where = "" if p.is_absolute() else f" (looked in {Path.cwd()})"
+        raise UserError(f"{p}: config file not found{where}")
     try:
         raw = tomllib.loads(p.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

@@ -1,9 +1,11 @@
 """What a device's data is, on disk: the networks the profile stage measures, each device's descriptions
 and measured rows (with the rows measured on an earlier version of a description set apart), which
-devices have measurements or fingerprints, and networks named on a command line (zoo names or files).
-Shared by the stages and the Python API."""
+devices have measurements or fingerprints, and networks named on a command line (zoo names, the dataset's
+networks, or files). Shared by the stages and the Python API."""
 from __future__ import annotations
 
+import csv
+import difflib
 from pathlib import Path
 from typing import NamedTuple
 
@@ -119,29 +121,41 @@ def dataset_descriptions_or_empty(cfg: Config) -> list[Path]:
         return []
 
 
-def _devices_having(folder: Path, marker: str, what: str, wanted: list[str] | None, hint: str) -> list[str]:
-    """Devices with ``<folder>/<device>/<marker>`` on disk; ``wanted`` must all have it."""
+def _devices_having(cfg: Config, folder: Path, marker: str, what: str, wanted: list[str] | None,
+                    stage: str) -> list[str]:
+    """Devices with ``<folder>/<device>/<marker>`` on disk; ``wanted`` must all have it. A wanted name that no
+    config section, measurement or fingerprint knows is a typo, and said so; a known device without the file is
+    told to run ``stage`` for it."""
     have = sorted(p.parent.name for p in folder.glob(f"*/{marker}"))
     if not wanted:
         return have
     missing = [d for d in wanted if d not in have]
+    known = sorted({*cfg.devices, *(p.parent.name for p in cfg.profiling_dir.glob("*/measurements.csv")),
+                    *(p.parent.name for p in cfg.fingerprint_dir.glob("*/*.json"))})
+    for name in missing:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=2, cutoff=0.6)
+            guess = f" (did you mean {' or '.join(repr(n) for n in close)}?)" if close else ""
+            raise UserError(f"unknown device '{name}'{guess}: no [devices.{name}] in {cfg.path}, and no measurements "
+                            f"or fingerprint of that name (devices: {', '.join(known) or 'none'})")
     if missing:
-        known = f"found for: {', '.join(have)}; " if have else ""  # a typo'd name: which are there
-        raise UserError(f"no {what} for device(s) {', '.join(missing)} under {folder} ({known}{hint})")
+        found = f"found for: {', '.join(have)}; " if have else ""
+        raise UserError(f"no {what} for device(s) {', '.join(missing)} under {folder} ({found}run "
+                        f"{stage.format(device=' '.join(missing))} first)")
     return list(wanted)
 
 
 def measured_devices(cfg: Config, wanted: list[str] | None) -> list[str]:
     """Devices with measurements on disk (``--device`` narrows the list)."""
-    return _devices_having(cfg.profiling_dir, "measurements.csv", "measurements", wanted,
-                           "run --stage profile or --stage import first")
+    return _devices_having(cfg, cfg.profiling_dir, "measurements.csv", "measurements", wanted,
+                           "--stage profile --device {device} (or --stage import ... --device {device})")
 
 
 def fingerprinted_devices(cfg: Config, wanted: list[str] | None, predictor: str = "trees") -> list[str]:
     """Devices with a fitted fingerprint of ``predictor`` (``--device`` narrows the list)."""
     marker = "metadata.json" if predictor == "trees" else "gnn.json"  # the ensemble needs both; loading checks
-    return _devices_having(cfg.fingerprint_dir, marker, f"{predictor} fingerprint", wanted,
-                           f"run --stage fingerprint --predictor {predictor} first")
+    return _devices_having(cfg, cfg.fingerprint_dir, marker, f"{predictor} fingerprint", wanted,
+                           f"--stage fingerprint --device {{device}} --predictor {predictor}")
 
 
 ZOO_CACHE = "zoo-cache"  # under models_dir: zoo descriptions made for predict and compare, reused
@@ -153,23 +167,28 @@ def is_description_file(name: str) -> bool:
     return name.endswith(".json") or Path(name).is_file()
 
 
+def _manifest_rows(cfg: Config) -> list[dict[str, str]]:
+    """The rows of ``models/manifest.csv`` ([] before the networks stage), read without torch."""
+    manifest = cfg.models_dir / "manifest.csv"
+    if not manifest.is_file():
+        return []
+    with manifest.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
 def _dataset_files(cfg: Config, name: str) -> list[Path]:
     """The description files of the dataset networks (networks stage, then each device's import) called
     ``name``: none, one, or several (one per device that imported a graph of that name)."""
-    from perf4sight.networks.build import read_manifest  # torch: as describe_zoo, the other way for a name
-
-    manifest = cfg.models_dir / "manifest.csv"
-    found = []
-    if manifest.is_file():
-        found = [cfg.models_dir / row["path"] for row in read_manifest(manifest)
-                 if row.get("network") == name and row.get("path")][:1]
+    found = [cfg.models_dir / row["path"] for row in _manifest_rows(cfg)
+             if row.get("network") == name and row.get("path")][:1]
     return found + sorted(p for p in (cfg.models_dir / "imported").glob("*/*.json") if p.stem == name)
 
 
 def resolve_networks(cfg: Config, names: list[str], input_shape: list[int]) -> list[NetworkDescription]:
     """Zoo names are described at ``input_shape`` (cached under ``<models_dir>/zoo-cache/``); anything
     ending in .json is a description file; another name is a network of the dataset (a variant the networks
-    stage made, or a graph imported for a device), read from its description file."""
+    stage made, or a graph imported for a device), read from its description file; any other name raises
+    ``UserError`` (:func:`unknown_network`)."""
     from perf4sight.networks.zoo import ZOO_NAMES, describe_zoo
 
     out = []
@@ -183,6 +202,30 @@ def resolve_networks(cfg: Config, names: list[str], input_shape: list[int]) -> l
                 raise UserError(f"'{name}' names {len(paths)} different networks of the dataset: give one of their "
                                 f"description files, {', '.join(map(str, paths))}")
             out.append(load_description(paths[0]))  # a variant the networks stage made, or an imported graph
-        else:
+        elif name in ZOO_NAMES:
             out.append(describe_zoo(name, input_shape, cfg.networks.num_classes, cache_dir=cfg.models_dir / ZOO_CACHE))
+        else:
+            raise UserError(unknown_network(cfg, name))
     return out
+
+
+def dataset_network_names(cfg: Config) -> list[str]:
+    """Names of the dataset's networks: those of ``models/manifest.csv`` and the graphs imported for a device."""
+    names = [row.get("network") or "" for row in _manifest_rows(cfg)]
+    names += [p.stem for p in (cfg.models_dir / "imported").glob("*/*.json")]
+    return sorted(set(names) - {""})
+
+
+def unknown_network(cfg: Config, name: str) -> str:
+    """The line for a network name that is neither a zoo network, a network of the dataset nor a file: the
+    closest names (a typo, another case), and the three kinds of name a network can be given by."""
+    from perf4sight.networks.zoo import ZOO_NAMES
+
+    dataset = dataset_network_names(cfg)
+    by_lower = {n.lower(): n for n in (*ZOO_NAMES, *dataset)}
+    close = [by_lower[n] for n in difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=0.75)]
+    guess = f" (did you mean {' or '.join(repr(n) for n in close)}?)" if close else ""
+    mine = (f"a network of the dataset ({len(dataset)}: {named(dataset, 4)}), " if dataset
+            else "a network of the dataset (none yet: run --stage networks or --stage import), ")
+    return (f"unknown network '{name}'{guess}: give a zoo network ({', '.join(ZOO_NAMES)}), {mine}"
+            "or a description .json file")

@@ -21,6 +21,7 @@ from perf4sight.dataset import (ZOO_CACHE, dataset_descriptions, device_dataset,
                                 is_description_file, measured_devices, resolve_networks, undescribed_note)
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription
+from perf4sight.networks.zoo import ZOO_NAMES
 from perf4sight.profiling.results import incomplete_note, number, read_rows, references_path, results_path
 from perf4sight.wording import named, plural
 
@@ -263,8 +264,8 @@ def run_predict(cfg: Config, args: argparse.Namespace) -> int:
     _capacity_note(fp, preds)
     shape = "x".join(map(str, fp.input_shape or cfg.networks.input_shape))
     zoo = (f" (zoo networks: described at {shape}, the input shape of the fingerprint's training networks; "
-           f"the first time with torch and torchvision, then from {cfg.models_dir / ZOO_CACHE})") if not all(
-        is_description_file(n) for n in names) else ""
+           f"the first time with torch and torchvision, then from {cfg.models_dir / ZOO_CACHE})") if any(
+        n in ZOO_NAMES and not is_description_file(n) for n in names) else ""
     console.print(f"{len(preds)} prediction{'s' if len(preds) != 1 else ''} in {elapsed * 1000:.0f} ms; "
                   f"describing the networks took {describing * 1000:.0f} ms{zoo}")
     return 0

@@ -217,6 +217,7 @@ def test_predict_module_warns_at_another_input_shape_only(fitted):
         warnings.simplefilter("error")  # no warning at the training shape
         same = fp.predict_module(_cnn(8, 3), (3, 16, 16), 4, name="mine")
     assert [p["network"] for p in same] == ["mine"]
+    assert fp.predict_module(_cnn(8, 3), (3, 16, 16), 4)[0]["network"] == "Sequential"  # unnamed: its class
     assert same[0]["memory_mb"] == pytest.approx(fp.predict(descs["deep_w8"], 4)[0]["memory_mb"])
     for kind in ("trees", "gnn", "ensemble"):
         with pytest.warns(UserWarning, match=r"mine: described at input shape 3x32x32, but this fingerprint's "

@@ -81,7 +81,8 @@ def test_good_config_is_typed(tmp_path):
     (GOOD.replace('zoo = ["resnet18"]', 'zoo = ["models/imagenet/tiny_nets.py:tiny_vgg"]'),
      r"\[networks\] zoo: 'models/imagenet/tiny_nets.py:tiny_vgg' is a factory, not a zoo network: list it under "
      r"\[networks\] factories$"),
-    (GOOD + "\n[compare]\nnetworks = ['mobilnet_v2']\n", r"\[compare\] networks: 'mobilnet_v2'"),
+    (GOOD + "\n[compare]\nnetworks = ['mobilnet_v2']\n",
+     r"\[compare\] networks: unknown network 'mobilnet_v2' \(did you mean 'mobilenet_v2'\?\)"),
     (GOOD + "\n[predict]\nbatch_sizes = [0]\n", r"\[predict\] batch_sizes must be positive"),
     (GOOD.replace('zoo = ["resnet18"]', 'description_files = ["nope.json"]'), r"file not found: nope.json"),
     ("[networks\nzoo=1", r"not valid TOML"),
@@ -157,6 +158,23 @@ def test_predict_and_compare_networks_still_take_zoo_names_and_description_files
     assert cfg.compare.networks == [str(tmp_path / "x.json"), "squeezenet1_1"]
 
 
+def test_predict_and_compare_networks_take_the_datasets_names_too(tmp_path):
+    """As ``--network``: a name the networks stage gives (before it has run), or a network on disk (an imported
+    graph), is looked up when the stage runs; a path to a file that is not there, or a name that is none of these,
+    is an error at once."""
+    cfg = load_config(write(tmp_path, GOOD + '[predict]\nnetworks = ["resnet18_l30", "gen_0_3"]\n'
+                                             '[compare]\nnetworks = ["resnet18_l30"]\n'))
+    assert cfg.predict.networks == ["resnet18_l30", "gen_0_3"] and cfg.compare.networks == ["resnet18_l30"]
+    with pytest.raises(UserError, match=r"\[compare\] networks: 'nets/mine': no such file"):
+        load_config(write(tmp_path, GOOD + '[compare]\nnetworks = ["nets/mine"]\n'))
+    with pytest.raises(UserError, match=r"\[predict\] networks: unknown network 'resnet50_O' \(did you mean"):
+        load_config(write(tmp_path, GOOD + '[predict]\nnetworks = ["resnet50_O"]\n'))
+    (tmp_path / "models" / "imported" / "tx2").mkdir(parents=True)
+    (tmp_path / "models" / "imported" / "tx2" / "resnet50_0.json").write_text("{}")  # imported: found by name
+    assert load_config(write(tmp_path, GOOD + '[predict]\nnetworks = ["resnet50_0"]\n')).predict.networks == [
+        "resnet50_0"]
+
+
 def test_config_that_is_not_utf8_is_one_line(tmp_path):
     path = tmp_path / "c.toml"
     path.write_bytes(b"[project]\nseed = 0 # caf\xe9\n")
@@ -173,6 +191,9 @@ def test_cli_prints_one_line_and_exits_2(tmp_path):
                               cwd=tmp_path)
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
+    proc = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", "other.toml", "--stage", "check"],
+                          capture_output=True, text=True, cwd=tmp_path)  # a relative path: where it was looked for
+    assert proc.stderr == f"error: other.toml: config file not found (looked in {tmp_path})\n"
 
 
 @pytest.mark.parametrize("argv, expected", [
@@ -263,19 +284,28 @@ def test_predict_and_compare_description_files_are_relative_to_the_config_file(t
 
 
 def test_a_device_without_data_is_named_beside_those_with_it(tmp_path):
-    """``--device tx22`` (a typo) said only "no measurements for device(s) tx22": the line names the devices
-    that do have them."""
+    """``--device tx22`` (a typo) said only "no measurements for device(s) tx22": a name no config section,
+    measurement or fingerprint knows is an unknown device, with the closest names; a known device without the data
+    is told the command that makes it, for that device."""
     from perf4sight.dataset import fingerprinted_devices, measured_devices
 
     cfg = load_config(write(tmp_path, GOOD))
     for dev in ("local", "tx2"):
         (cfg.profiling_dir / dev).mkdir(parents=True)
         (cfg.profiling_dir / dev / "measurements.csv").write_text("device\n")
-    with pytest.raises(UserError, match=r"no measurements for device\(s\) tx22 under .*\(found for: local, tx2; run"):
+    with pytest.raises(UserError, match=r"unknown device 'tx22' \(did you mean 'tx2'\?\): no \[devices.tx22\] in "
+                                        r".*\(devices: local, tx2\)"):
         measured_devices(cfg, ["tx22"])
-    with pytest.raises(UserError,
-                       match=r"no trees fingerprint for device\(s\) tx2 under [^(]*\(run --stage fingerprint"):
+    with pytest.raises(UserError, match=r"unknown device 'gpu0': "):
+        fingerprinted_devices(cfg, ["gpu0"])
+    with pytest.raises(UserError, match=r"no trees fingerprint for device\(s\) tx2 under [^(]*\(run --stage "
+                                        r"fingerprint --device tx2 --predictor trees first\)"):
         fingerprinted_devices(cfg, ["tx2"])  # none has one: nothing to list
+    (cfg.fingerprint_dir / "local").mkdir(parents=True)
+    (cfg.fingerprint_dir / "local" / "metadata.json").write_text("{}")
+    with pytest.raises(UserError, match=r"no gnn fingerprint for device\(s\) local .*\(run --stage fingerprint "
+                                        r"--device local --predictor gnn first\)"):
+        fingerprinted_devices(cfg, ["local"], "gnn")
     assert measured_devices(cfg, None) == ["local", "tx2"]
 
 

@@ -387,8 +387,11 @@ def test_a_dataset_network_is_found_by_its_name(tmp_path: Path) -> None:
     (cfg.models_dir / "imported" / "tx3" / "net_0.json").write_text(variant.to_json())
     with pytest.raises(UserError, match=r"'net_0' names 2 different networks .*tx2/net_0\.json, .*tx3/net_0\.json"):
         resolve_networks(cfg, ["net_0"], [3, 32, 32])
-    with pytest.raises(UserError, match="unknown network 'resnet19'"):
+    with pytest.raises(UserError, match="unknown network 'resnet19' \\(did you mean 'resnet18'") as info:
         resolve_networks(cfg, ["resnet19"], [3, 32, 32])
+    assert "a network of the dataset (2: net_0, tiny_vgg_l30)" in str(info.value)  # the kinds of name, and which
+    with pytest.raises(UserError, match="unknown network 'Tiny_VGG_L30' \\(did you mean 'tiny_vgg_l30'"):
+        resolve_networks(cfg, ["Tiny_VGG_L30"], [3, 32, 32])  # another case
 
 
 def test_a_description_file_at_another_input_shape_is_noted(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 
 import networkx as nx
 import pytest
@@ -192,6 +193,14 @@ def test_rows_of_another_backend_are_refused_before_anything_is_written(tmp_path
     assert csv_path.read_bytes() == before
     assert not (tmp_path / "models" / "imported" / "gpu" / "tiny_l0.json").exists()
     assert import_perfseer(tmp_path / "ds", "cpu-copy", tmp_path / "prof", tmp_path / "models").rows_written == 1
+    # an export of several devices (one folder each), imported whole: the line says to take one folder at a time
+    both = tmp_path / "both"
+    shutil.copytree(src, both / "gpu")
+    shutil.copytree(tmp_path / "ds", both / "local")
+    with pytest.raises(UserError, match=r"the source brings rows of 2 backends \(cpu/imported\) for device 'new'; .*"
+                                        r"one folder per device \(gpu, local\).*e.g. --source .*both/gpu; nothing"):
+        import_perfseer(both, "new", tmp_path / "prof", tmp_path / "models")
+    assert not results_path(tmp_path / "prof", "new").exists()
 
 
 def _onnx_views_graph() -> nx.DiGraph:

@@ -134,6 +134,28 @@ def test_report_data(project, report):
     assert "resnet18:" not in md and "mobilenetv2_0:" not in md  # inside: no note
 
 
+def test_devices_trained_at_other_input_shapes_are_said_to_differ(project):
+    """A CPU fingerprint at 3x64x64 beside a TX2 one at 3x224x224 looked like a CPU three times faster than the TX2
+    in the plots: the report says the shapes differ, and each device's curves carry its shape for the legend."""
+    from perf4sight.report.compare import _curves, gather_device
+
+    devs, descs = [], {}
+    for name in SUBSETS:
+        d, descs[name] = gather_device(project, name)
+        devs.append(d)
+    devs[1].fingerprint.input_shape = [3, 112, 112]
+    notes: list[str] = []
+    curves, names = _curves(project, devs, descs, notes)
+    assert "the fingerprints were trained at different input shapes (tx2a 3x224x224, tx2b 3x112x112)" in notes[0]
+    assert {(c.device, c.input_shape) for c in curves["latency"]["resnet18"]} == {("tx2a", "3x224x224"),
+                                                                                    ("tx2b", "3x112x112")}
+    devs[1].fingerprint.input_shape = list(devs[0].fingerprint.input_shape)  # the same shape: no note, no label
+    notes.clear()
+    curves, _ = _curves(project, devs, descs, notes)
+    assert not any("input shapes" in n for n in notes)
+    assert {c.input_shape for c in curves["memory"]["resnet18"]} == {""}
+
+
 def test_held_out_scatter_matches_fingerprint_accuracy(project):
     from perf4sight.profiling.results import read_rows, results_path
     from perf4sight.dataset import device_dataset

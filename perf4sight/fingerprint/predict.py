@@ -155,13 +155,14 @@ class ModuleQueries:
     capacity_mb: float | None = None
 
     def predict_module(self, module: Any, input_shape: Sequence[int], batch_sizes: int | Sequence[int],
-                       name: str = "module") -> list[dict[str, Any]]:
+                       name: str | None = None) -> list[dict[str, Any]]:
         """Predict for a torch ``nn.Module`` at ``input_shape`` (``[C, H, W]`` of one image, no batch),
         traced with :func:`perf4sight.ir.from_torch.describe`; ``name`` is the ``network`` of the returned
-        dicts. Warns (``UserWarning``) when ``input_shape`` is not the one the predictor was trained at."""
+        dicts (default: the module's class name). Warns (``UserWarning``) when ``input_shape`` is not the one the
+        predictor was trained at."""
         from perf4sight.ir.from_torch import describe
         bss = batch_list(batch_sizes)  # checked before describing (up to seconds)
-        desc = describe(module, input_shape=input_shape, name=name)
+        desc = describe(module, input_shape=input_shape, name=name or type(module).__name__)
         warn_other_shape(desc, self.input_shape)
         return self.predict(desc, bss)
 

@@ -77,17 +77,23 @@ class ImportSummary:
         return True
 
 
-def check_backends(out: Path, device: str, existing_rows: list[dict[str, Any]], incoming: set[str]) -> None:
+def check_backends(out: Path, device: str, existing_rows: list[dict[str, Any]], incoming: set[str],
+                   hint: str = "") -> None:
     """``UserError`` (before anything is written) unless every row of ``device``, those in ``out`` and those an
     import brings (their ``backend`` values, ``incoming``), comes from one backend: a fingerprint is fitted on
-    one kind of device, and rows of two cannot be told apart afterwards."""
+    one kind of device, and rows of two cannot be told apart afterwards. ``hint``: what to do when the source
+    itself brings rows of several backends, where the caller knows better than the general advice."""
     have = {str(r.get("backend") or "") for r in existing_rows} - {""}
-    kinds = have | incoming
-    if len(kinds) > 1:
-        what = (f"{out} holds {'/'.join(sorted(have))} rows" if have else "the source holds rows of several backends")
-        raise UserError(f"import: {what} and the source brings {'/'.join(sorted(incoming))} rows for device "
-                        f"'{device}'; one device's rows come from one backend: import under another --device name; "
-                        "nothing written")
+    if len(have | incoming) < 2:
+        return
+    if have - incoming or len(have) > 1:
+        what = f"{out} holds {'/'.join(sorted(have))} rows and the source brings {'/'.join(sorted(incoming))} rows"
+        hint = "import under another --device name"
+    else:
+        what = f"the source brings rows of {len(incoming)} backends ({'/'.join(sorted(incoming))})"
+        hint = hint or "import each backend's rows on their own, under its own --device name"
+    raise UserError(f"import: {what} for device '{device}'; one device's rows come from one backend: {hint}; "
+                    "nothing written")
 
 
 def import_source(source_dir: str | Path, device: str, tool: str) -> Path:

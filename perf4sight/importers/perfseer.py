@@ -555,7 +555,10 @@ def import_perfseer(source_dir: str | Path, device: str, profiling_dir: str | Pa
                 "pruning_level": desc.pruning_level, "batch_size": batch,
                 "input_shape": "x".join(str(s) for s in desc.input_shape), "phase": phase, "status": "ok",
                 "timestamp": stamp, "description_sha": descs[desc.name][2]})
-    check_backends(out, device, existing, {str(r.get("backend") or "") for r in rows} - {""})
+    folders = sorted({p.relative_to(source).parts[0] for p in pkls if len(p.relative_to(source).parts) > 1})
+    per_device = (f"the source holds one folder per device ({', '.join(folders)}), as an export of several devices "
+                  f"writes it: import one at a time, e.g. --source {source / folders[0]}") if len(folders) > 1 else ""
+    check_backends(out, device, existing, {str(r.get("backend") or "") for r in rows} - {""}, per_device)
     for desc, _, _ in descs.values():
         save_description(desc, out_models / f"{desc.name}.json")
     summary.descriptions = len(descs)

@@ -54,6 +54,7 @@ class Curve:
     measured_bs: np.ndarray = field(default_factory=lambda: np.zeros(0))
     measured: np.ndarray = field(default_factory=lambda: np.zeros(0))
     measured_label: str = ""
+    input_shape: str = ""  # "CxHxW" the network was described at, where the compared devices' shapes differ
 
 
 @dataclass

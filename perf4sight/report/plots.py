@@ -62,7 +62,8 @@ def plot_curves(curves: dict[str, list[Curve]], target: str, colours: dict[str, 
     for ax, net in zip(axes.flat, nets):
         for c in curves[net]:
             col = colours[c.device]
-            ax.plot(c.batch_sizes, c.value, color=col, label=f"{c.device} predicted")
+            at = f" at {c.input_shape}" if c.input_shape else ""
+            ax.plot(c.batch_sizes, c.value, color=col, label=f"{c.device} predicted{at}")
             ax.fill_between(c.batch_sizes, c.low, c.high, color=col, alpha=0.18, linewidth=0)
             if c.measured.size:
                 ax.plot(c.measured_bs, c.measured, "o", color=col, markersize=4,
