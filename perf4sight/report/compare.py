@@ -76,7 +76,8 @@ def _curves(cfg: Config, devs: list[DeviceData], all_descs: dict[str, dict[str, 
     out: dict[str, dict[str, list[Curve]]] = {"latency": {}, "memory": {}}
     by_shape: dict[tuple[int, ...], list[NetworkDescription]] = {}
     shapes = {d.name: _shape(d.fingerprint.input_shape or cfg.networks.input_shape) for d in devs}
-    if len(set(shapes.values())) > 1:
+    shapes_differ = len(set(shapes.values())) > 1
+    if shapes_differ:
         notes.append("the fingerprints were trained at different input shapes ("
                      + ", ".join(f"{n} {s}" for n, s in shapes.items()) + "): each network is predicted at its "
                      "device's own shape, so the curves and largest batches compare different workloads (the plots' "
@@ -94,7 +95,7 @@ def _curves(cfg: Config, devs: list[DeviceData], all_descs: dict[str, dict[str, 
                 grid = batch_grid(min(1024, max(8, measured_max, int((mb or 0) * 1.25))))
                 for target in ("latency", "memory"):
                     c = prediction_curve(d.fingerprint, d.name, desc, target, grid, d.rows, all_descs[d.name])
-                    c.input_shape = shapes[d.name] if len(set(shapes.values())) > 1 else ""
+                    c.input_shape = shapes[d.name] if shapes_differ else ""
                     out[target].setdefault(name, []).append(c)
                 outside = getattr(d.fingerprint, "outside_training", None)  # at a trained batch size: the network only
                 notes.extend(f"{d.name}: {line} (expect larger errors)" for line in
