@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from perf4sight.fingerprint.evaluate import CVResult, grouped_cv, metrics
+from perf4sight.fingerprint.evaluate import CVResult, cv_result, grouped_cv, metrics
 from perf4sight.fingerprint.trees import (CEILING, HINGE, KNOT, OVERLAP, MeanModel, Model, TargetModel, geometric_mean,
                                           term_features)
 
@@ -147,9 +147,7 @@ def _fitter(target: str, cand: Candidate, model: str, n_est: int, leaf: int, see
 def _mean_cv(y: np.ndarray, groups: np.ndarray, grouping: str, members: list[CVResult]) -> CVResult:
     """A mean form's grouped cross-validation from its members' own: in each fold the members are fitted on
     the same rows, so the mean form's out-of-fold prediction is the geometric mean of theirs."""
-    pred = geometric_mean([cv.predictions for cv in members])
-    per = {str(g): metrics(y[groups == g], pred[groups == g]) for g in sorted(set(groups.tolist()))}
-    return CVResult(pred, per, metrics(y, pred), grouping)
+    return cv_result(y, geometric_mean([cv.predictions for cv in members]), groups, grouping)
 
 
 def _fittable(F: np.ndarray, cand: Candidate) -> Candidate | None:
