@@ -22,12 +22,10 @@ __all__ = ["is_description_file", "dataset_descriptions", "dataset_descriptions_
 
 def dataset_descriptions(cfg: Config) -> list[Path]:
     """The networks the profile stage measures: those in the networks stage's manifest."""
-    from perf4sight.networks.build import read_manifest
-
     manifest = cfg.models_dir / "manifest.csv"
     if not manifest.is_file():
         raise UserError(f"no network descriptions: {manifest} is missing (run --stage networks first)")
-    return [cfg.models_dir / r["path"] for r in read_manifest(manifest)]
+    return [cfg.models_dir / r["path"] for r in _manifest_rows(cfg)]
 
 
 def _description_paths(cfg: Config, device: str) -> list[Path]:
@@ -130,6 +128,8 @@ def _devices_having(cfg: Config, folder: Path, marker: str, what: str, wanted: l
     if not wanted:
         return have
     missing = [d for d in wanted if d not in have]
+    if not missing:
+        return list(wanted)
     known = sorted({*cfg.devices, *(p.parent.name for p in cfg.profiling_dir.glob("*/measurements.csv")),
                     *(p.parent.name for p in cfg.fingerprint_dir.glob("*/*.json"))})
     for name in missing:
@@ -138,11 +138,9 @@ def _devices_having(cfg: Config, folder: Path, marker: str, what: str, wanted: l
             guess = f" (did you mean {' or '.join(repr(n) for n in close)}?)" if close else ""
             raise UserError(f"unknown device '{name}'{guess}: no [devices.{name}] in {cfg.path}, and no measurements "
                             f"or fingerprint of that name (devices: {', '.join(known) or 'none'})")
-    if missing:
-        found = f"found for: {', '.join(have)}; " if have else ""
-        raise UserError(f"no {what} for device(s) {', '.join(missing)} under {folder} ({found}run "
-                        f"{stage.format(device=' '.join(missing))} first)")
-    return list(wanted)
+    found = f"found for: {', '.join(have)}; " if have else ""
+    raise UserError(f"no {what} for device(s) {', '.join(missing)} under {folder} ({found}run "
+                    f"{stage.format(device=' '.join(missing))} first)")
 
 
 def measured_devices(cfg: Config, wanted: list[str] | None) -> list[str]:
