@@ -82,6 +82,15 @@ def _stage(config: Path, stage: str) -> None:
         sys.exit(f"bench_cpu_families: --stage {stage} failed: {last_line}")
 
 
+def write_config(folder: Path, zoo: tuple[str, ...] = ZOO, generated: int = 12, repeats: int = 1,
+                 levels: tuple[int, ...] = (0, 50), generator_seed: int = 1) -> Path:
+    """The dataset's ``config.toml`` in ``folder`` (see :func:`run` for the settings); its path."""
+    config = folder / "config.toml"
+    config.write_text(CONFIG.format(zoo="[" + ", ".join(f'"{z}"' for z in zoo) + "]", generated=generated,
+                                    repeats=repeats, levels=list(levels), generator_seed=generator_seed))
+    return config
+
+
 def run(generated: int = 12, trees: int = 100, repeats: int = 1, keep: str = "", zoo: tuple[str, ...] = ZOO,
         levels: tuple[int, ...] = (0, 50), generator_seed: int = 1) -> list[dict]:
     """Make, profile and evaluate the dataset (see module doc); rows for bench/run_all.py. ``keep``: a
@@ -91,9 +100,7 @@ def run(generated: int = 12, trees: int = 100, repeats: int = 1, keep: str = "",
     with tempfile.TemporaryDirectory(prefix="p4s-cpu-families-") as scratch:
         tmp = keep or scratch
         Path(tmp).mkdir(parents=True, exist_ok=True)
-        config = Path(tmp) / "config.toml"
-        config.write_text(CONFIG.format(zoo="[" + ", ".join(f'"{z}"' for z in zoo) + "]", generated=generated,
-                                        repeats=repeats, levels=list(levels), generator_seed=generator_seed))
+        config = write_config(Path(tmp), zoo, generated, repeats, levels, generator_seed)
         for stage in ("networks", "profile"):
             _stage(config, stage)
             print(f"  {stage} stage done", flush=True)

@@ -94,11 +94,15 @@ def _child(path: str, batch_sizes: list[int]) -> None:
     print(json.dumps(out))
 
 
-def profile_networks(models: Path, batch_sizes: list[int]) -> list[dict[str, Any]]:
-    """One record per (network, batch size): network, family, batch_size, step_ms, per-category ms (summing to
-    the step), the profiled self time over the step (``profiled_over_step``)."""
+def manifest(models: Path) -> list[dict[str, str]]:
+    """The rows of ``models/manifest.csv`` (network, family, path relative to ``models``, ...)."""
     with (models / "manifest.csv").open(newline="") as f:
-        nets = list(csv.DictReader(f))
+        return list(csv.DictReader(f))
+
+
+def profile_networks(models: Path, nets: list[dict[str, str]], batch_sizes: list[int]) -> list[dict[str, Any]]:
+    """One record per (network of ``nets``, batch size): network, family, batch_size, step_ms, per-category ms
+    (summing to the step), the profiled self time over the step (``profiled_over_step``)."""
     records = []
     for i, net in enumerate(nets, 1):
         proc = subprocess.run([sys.executable, __file__, "--child", str(models / net["path"]),
@@ -117,17 +121,17 @@ def profile_networks(models: Path, batch_sizes: list[int]) -> list[dict[str, Any
     return records
 
 
-def pool_features(models: Path) -> dict[str, tuple[float, float, float]]:
-    """Per network, per sample: the pools' window work (elements), their bytes read and written, and their count."""
+def pool_features(models: Path, nets: list[dict[str, str]]) -> dict[str, tuple[float, float, float]]:
+    """Per network of ``nets``, per sample: the pools' window work (elements), their bytes read and written, and their
+    count."""
     from perf4sight.features.walk import walk
     from perf4sight.ir.schema import load_description
 
-    with (models / "manifest.csv").open(newline="") as f:
-        paths = {r["network"]: models / r["path"] for r in csv.DictReader(f)}
     out = {}
-    for name, path in paths.items():
-        pools = [v.cost for v in walk(load_description(path)) if v.cost is not None and v.cost.kind == "pool"]
-        out[name] = (sum(c.flops_fwd + c.flops_bwd for c in pools),
+    for net in nets:
+        desc = load_description(models / net["path"])
+        pools = [v.cost for v in walk(desc) if v.cost is not None and v.cost.kind == "pool"]
+        out[net["network"]] = (sum(c.flops_fwd + c.flops_bwd for c in pools),
                      sum(c.bytes_read + c.bytes_written for c in pools), float(len(pools)))
     return out
 
@@ -161,15 +165,9 @@ def pool_check(records: list[dict[str, Any]], feats: dict[str, tuple[float, floa
 
 def _dataset(folder: Path) -> Path:
     """The first wide set's networks (bench_cpu_families' config), described by the networks stage in ``folder``."""
-    from bench_cpu_families import CONFIG, ZOO
+    from bench_cpu_families import _stage, write_config
 
-    config = folder / "config.toml"
-    config.write_text(CONFIG.format(zoo="[" + ", ".join(f'"{z}"' for z in ZOO) + "]", generated=12, repeats=1,
-                                    levels=[0, 50], generator_seed=1))
-    proc = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(config), "--stage", "networks"],
-                          cwd=ROOT, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"bench_op_breakdown: --stage networks failed: {(proc.stderr or proc.stdout).strip()[-300:]}")
+    _stage(write_config(folder), "networks")
     return folder / "models"
 
 
@@ -179,8 +177,9 @@ def run(dataset: str = "", batch_sizes: tuple[int, ...] = (2, 8, 32)) -> list[di
 
     with tempfile.TemporaryDirectory(prefix="p4s-ops-") as scratch:
         models = Path(dataset) / "models" if dataset else _dataset(Path(scratch))
-        records = profile_networks(models, list(batch_sizes))
-        checks = pool_check(records, pool_features(models))
+        nets = manifest(models)
+        records = profile_networks(models, nets, list(batch_sizes))
+        checks = pool_check(records, pool_features(models, nets))
     shown = sorted(batch_sizes)[len(batch_sizes) // 2]
     print(f"\nshare of the step by kind of op, % (batch {shown}; profiled self time over the step: "
           f"{np.percentile([r['profiled_over_step'] for r in records], 10):.2f}-"

@@ -43,9 +43,10 @@ def test_a_profiled_step_adds_up_and_its_pools_are_counted(tmp_path):
                                   [5])])
     save_description(desc, tmp_path / "tiny.json")
     (tmp_path / "manifest.csv").write_text("network,family,path\ntiny,tiny,tiny.json\n")
-    (rec,) = bench.profile_networks(tmp_path, [4])
+    nets = bench.manifest(tmp_path)
+    (rec,) = bench.profile_networks(tmp_path, nets, [4])
     assert rec["network"] == "tiny" and rec["batch_size"] == 4 and rec["step_ms"] > 0
     assert sum(rec["ms"].values()) == pytest.approx(rec["step_ms"])
     assert rec["ms"]["conv"] > 0 and rec["ms"]["pooling"] > 0 and rec["ms"]["linear"] > 0
-    window, nbytes, count = bench.pool_features(tmp_path)["tiny"]
+    window, nbytes, count = bench.pool_features(tmp_path, nets)["tiny"]
     assert (window, count) == (2 * 512 * 9, 1.0) and nbytes == 2 * 512 * 4
