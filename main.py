@@ -48,7 +48,7 @@ STAGES = ("networks", "profile", "fingerprint", "predict", "compare", "all", "im
 OPTION_STAGES = {
     "network": ("predict", "all"), "batch_size": ("predict", "all"), "json": ("predict", "all"),
     "max_batch_size": ("predict",),
-    "predictor": ("fingerprint", "predict", "all"),
+    "predictor": ("fingerprint", "predict", "all"), "refit": ("fingerprint", "all"),
     "format": ("import", "export"), "source": ("import",), "output": ("export",),
 }
 
@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--predictor", choices=("trees", "gnn", "ensemble"),
                         help="fingerprint: which predictor to fit (ensemble = trees and GNN); predict: which to use "
                              "(default: [fingerprint] predictor of the config)")
+    parser.add_argument("--refit", action="store_true",
+                        help="fingerprint: fit again even where the stored fingerprint was fitted from the same "
+                             "measurements, networks, settings and code (by default such a fit is skipped)")
     parser.add_argument("--format", choices=("perf4sight", "perfseer"),
                         help="import/export: format of the other tool's data")
     parser.add_argument("--source", metavar="DIR", help="import: folder holding the source measurements")

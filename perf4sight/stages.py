@@ -189,7 +189,8 @@ def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
         descriptions, shas, rows, note = device_dataset(cfg, device)  # each description parsed once per device
         _print_notes(note, undescribed_note(cfg, device, rows, descriptions), _over_limit_note(cfg, device, rows))
         if predictor in ("trees", "ensemble"):
-            meta = fit_device(cfg, device, descriptions, shas, rows=rows)  # the rows read above, not read again
+            # the rows read above, not read again
+            meta = fit_device(cfg, device, descriptions, shas, rows=rows, refit=bool(getattr(args, "refit", False)))
             meta["folder"] = str(cfg.fingerprint_dir / device)
             _print_accuracy(device, meta)
             ok = sum(r.get("status") == "ok" and r.get("network") in descriptions for r in rows)
@@ -209,9 +210,11 @@ def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
             from perf4sight.fingerprint.gnn import gnn_accuracy_lines
 
             started = time.perf_counter()
-            meta = fit_device_gnn(cfg, device, descriptions, shas, rows=rows)
+            meta = fit_device_gnn(cfg, device, descriptions, shas, rows=rows, refit=bool(getattr(args, "refit", False)))
+            done = (_up_to_date(meta) if meta.get("up_to_date")
+                    else f"fitted and cross-validated in {time.perf_counter() - started:.0f} s")
             console.print(f"[bold]{device}[/bold]: GNN ({meta['settings']['arch']}) in {cfg.fingerprint_dir / device}, "
-                          f"fitted and cross-validated in {time.perf_counter() - started:.0f} s")
+                          f"{done}")
             for line in gnn_accuracy_lines(meta):
                 console.print(line, markup=False)
             if meta["training_rows"] < GNN_FEW_ROWS:
@@ -225,9 +228,16 @@ def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
 def _print_accuracy(device: str, meta: dict) -> None:
     from perf4sight.fingerprint.predict import accuracy_lines
 
-    console.print(f"[bold]{device}[/bold]: fingerprint in {meta.get('folder', '')}")
+    done = f", {_up_to_date(meta)}" if meta.get("up_to_date") else ""
+    console.print(f"[bold]{device}[/bold]: fingerprint in {meta.get('folder', '')}{done}")
     for line in accuracy_lines(meta):
         console.print(line, markup=False)
+
+
+def _up_to_date(meta: dict) -> str:
+    """How a fingerprint that was not fitted again is announced."""
+    return (f"up to date (fitted {meta.get('created', '')} from the same measurements, networks, settings and code; "
+            "--refit fits it again)")
 
 
 def run_predict(cfg: Config, args: argparse.Namespace) -> int:

@@ -743,3 +743,57 @@ def test_step_times_are_divided_by_the_drift_reference_inside_its_span():
     assert same is rows and not why["applied"] and "2 or more" in why["reason"]
     assert "ref @ 8 (3 measurements" in drift_line(drift) and "2 rows scaled by x0.83 .. x0.91" in drift_line(drift)
     assert drift_line(why).startswith("step times not corrected for drift: 1 ok reference measurement")
+
+
+def test_a_fingerprint_fitted_from_the_same_inputs_is_not_fitted_again(tmp_path):
+    """The fingerprint stage skips a fit whose measurements, networks, settings and code are those the stored
+    fingerprint was fitted from (``fit_inputs``); a changed setting, a new row, damaged arrays or ``--refit``
+    each fit again."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from perf4sight.config import load_config
+    from perf4sight.dataset import descriptions_and_shas
+    from perf4sight.fingerprint.api import fit_device
+    from perf4sight.profiling.results import append_row
+
+    _measured_tiny_networks(tmp_path, {"a": 8, "b": 16, "c": 24}, listed=["a", "b", "c"])
+    (tmp_path / "config.toml").write_text('[networks]\nzoo = []\ninput_shape = [3, 16, 16]\n'
+                                          '[devices.local]\nbackend = "cpu"\n[fingerprint]\nn_estimators = 10\n')
+    cfg = load_config(tmp_path / "config.toml")
+    descs, shas = descriptions_and_shas(cfg, "local")
+    meta_path = tmp_path / "fingerprinting" / "local" / "metadata.json"
+
+    def fit(**kw):
+        return fit_device(cfg, "local", descs, shas, **kw)
+
+    first = fit(refit=False)
+    assert "up_to_date" not in first and len(first["inputs_sha256"]) == 64
+    again = fit(refit=False)
+    assert again["up_to_date"] and again["created"] == first["created"]
+    assert "up_to_date" not in fit()  # the API's default fits
+    cfg.fingerprint = replace(cfg.fingerprint, n_estimators=11)
+    changed = fit(refit=False)
+    assert "up_to_date" not in changed and changed["inputs_sha256"] != first["inputs_sha256"]
+    assert fit(refit=False)["up_to_date"]
+    append_row(results_path(tmp_path / "profiling_csvs", "local"), {
+        "device": "local", "backend": "cpu", "network": "a", "family": "a", "batch_size": 8, "input_shape": "3x16x16",
+        "phase": "train", "status": "ok", "latency_ms_median": 10, "peak_rss_mb": 700, "threads": 1,
+        "timestamp": "2025-01-01T00:00:00+00:00", "description_sha": shas["a"]})
+    assert "up_to_date" not in fit(refit=False)  # the rows are read again: the new one counts
+    (meta_path.parent / "models.npz").write_bytes(b"not a zip")
+    assert "up_to_date" not in fit(refit=False)  # damaged arrays are fitted again, not kept
+    assert json.loads(meta_path.read_text())["training_rows"] == {"latency": 10, "memory": 10}
+
+    main = Path(__file__).resolve().parents[1] / "main.py"
+
+    def stage(*extra):
+        run = subprocess.run([sys.executable, str(main), "--config", str(tmp_path / "config.toml"), "--stage",
+                              "fingerprint", *extra], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+        assert run.returncode == 0, run.stderr[-3000:]
+        return " ".join(run.stdout.split())
+
+    assert "up to date" not in stage()  # n_estimators as the config says, OpenBLAS's kernels as main.py pins them
+    assert "up to date (fitted " in stage() and "--refit fits it again" in stage()
+    assert "up to date" not in stage("--refit")

@@ -8,8 +8,10 @@ from perf4sight.config import Config
 from perf4sight.dataset import current_rows
 from perf4sight.errors import UserError
 from perf4sight.fingerprint.drift import normalise_step_times
-from perf4sight.fingerprint.fit import LATENCY_COLUMN, fit_fingerprint
+from perf4sight.fingerprint.fit import LATENCY_COLUMN, fit_fingerprint, fit_inputs_sha256
+from perf4sight.fingerprint.fit_inputs import stored_if_current
 from perf4sight.fingerprint.predict import Fingerprint, load_fingerprint
+from perf4sight.fingerprint.storage import METADATA_FILE
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import read_rows, references_path, results_path
 
@@ -36,13 +38,28 @@ def device_measurements(cfg: Config, device: str, shas: dict[str, str] | None = 
 
 
 def fit_device(cfg: Config, device: str, descriptions: dict[str, NetworkDescription],
-               shas: dict[str, str] | None = None, *, rows: list[dict] | None = None) -> dict:
+               shas: dict[str, str] | None = None, *, rows: list[dict] | None = None, refit: bool = True) -> dict:
     """Fit and store ``device``'s fingerprint from its measurements; returns the metadata. ``shas`` and
-    ``rows``: as for :func:`device_measurements`."""
+    ``rows``: as for :func:`device_measurements`. ``refit`` False: where the stored fingerprint was fitted from
+    the same inputs (``fit_inputs``) and loads, return its metadata, marked ``"up_to_date": True``, instead."""
     rows, limit = device_measurements(cfg, device, shas, rows=rows)
     rows, drift = drift_corrected(cfg, device, rows)
-    return fit_fingerprint(rows, descriptions, device, cfg.fingerprint_dir / device, cfg.fingerprint,
-                           memory_limit_mb=limit, drift=drift)
+    folder = cfg.fingerprint_dir / device
+    if not refit:
+        stored = stored_if_current(folder / METADATA_FILE,
+                                   fit_inputs_sha256(rows, descriptions, device, cfg.fingerprint, limit, drift=drift))
+        if stored is not None and _loads(folder):
+            return stored | {"up_to_date": True}
+    return fit_fingerprint(rows, descriptions, device, folder, cfg.fingerprint, memory_limit_mb=limit, drift=drift)
+
+
+def _loads(folder: Path) -> bool:
+    """Whether the trees fingerprint in ``folder`` loads (its arrays whole)."""
+    try:
+        load_fingerprint(folder)
+    except (UserError, OSError, ValueError, KeyError):
+        return False
+    return True
 
 
 def drift_corrected(cfg: Config, device: str, rows: list[dict]) -> tuple[list[dict], dict | None]:
@@ -56,18 +73,23 @@ def drift_corrected(cfg: Config, device: str, rows: list[dict]) -> tuple[list[di
 
 
 def fit_device_gnn(cfg: Config, device: str, descriptions: dict[str, NetworkDescription],
-                   shas: dict[str, str] | None = None, *, rows: list[dict] | None = None) -> dict:
+                   shas: dict[str, str] | None = None, *, rows: list[dict] | None = None, refit: bool = True) -> dict:
     """:func:`fit_gnn` in config terms: ``<profiling_dir>/<device>`` in, ``<fingerprint_dir>/<device>`` out,
     with the ``gnn_*`` settings and ``seed`` of ``[fingerprint]`` and the device's ``memory_limit_mb``.
-    ``shas`` and ``rows``: as for :func:`device_measurements`."""
-    from perf4sight.fingerprint.gnn import fit_gnn  # torch and torch_geometric: only when a GNN is fitted
+    ``shas`` and ``rows``: as for :func:`device_measurements`; ``refit``: as for :func:`fit_device`."""
+    from perf4sight.fingerprint.gnn import GNN_JSON, fit_gnn, gnn_inputs_sha256  # torch, torch_geometric: only here
 
     rows, limit = device_measurements(cfg, device, shas, rows=rows)
     rows, drift = drift_corrected(cfg, device, rows)
-    f = cfg.fingerprint
-    return fit_gnn(rows, descriptions, device, cfg.fingerprint_dir / device, seed=f.seed, arch=f.gnn_arch,
-                   hidden=f.gnn_hidden, layers=f.gnn_layers, max_epochs=f.gnn_max_epochs, patience=f.gnn_patience,
-                   memory_limit_mb=limit, trees_config=f, drift=drift)
+    f, folder = cfg.fingerprint, cfg.fingerprint_dir / device
+    args = (rows, descriptions, device, folder)
+    kwargs = dict(seed=f.seed, arch=f.gnn_arch, hidden=f.gnn_hidden, layers=f.gnn_layers, max_epochs=f.gnn_max_epochs,
+                  patience=f.gnn_patience, memory_limit_mb=limit, trees_config=f, drift=drift)
+    if not refit:
+        stored = stored_if_current(folder / GNN_JSON, gnn_inputs_sha256(*args, **kwargs))
+        if stored is not None:
+            return stored | {"up_to_date": True}
+    return fit_gnn(*args, **kwargs)
 
 
 def load_device_fingerprint(cfg: Config, device: str) -> Fingerprint:

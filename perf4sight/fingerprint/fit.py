@@ -29,6 +29,7 @@ from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, featur
 from perf4sight.features.allocator import PERF4SIGHT, RUN_PEAK
 from perf4sight.fingerprint.domain import training_domain
 from perf4sight.fingerprint.evaluate import choose_groups
+from perf4sight.fingerprint.fit_inputs import INPUTS_KEY, inputs_sha256
 from perf4sight.fingerprint.select import (PREFERRED, can_nest, describe_choice, fit_form, group_conformal,
                                            held_out_coverage, nested_cv, random_split_metrics, select_candidate)
 from perf4sight.fingerprint.storage import FEATURE_SET, save_models
@@ -38,8 +39,9 @@ from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import batch_size_of, number
 from perf4sight.wording import plural
 
-__all__ = ["fit_fingerprint", "memory_column", "memory_replay", "relu6_clone", "device_kind", "choice_rule",
-           "memory_capacity", "capacity_basis", "records", "common_input_shape", "LATENCY_COLUMN", "FEATURE_SET"]
+__all__ = ["fit_fingerprint", "fit_inputs_sha256", "memory_column", "memory_replay", "relu6_clone", "device_kind",
+           "choice_rule", "memory_capacity", "capacity_basis", "records", "software_versions", "common_input_shape",
+           "LATENCY_COLUMN", "FEATURE_SET"]
 
 LATENCY_COLUMN = "latency_ms_median"
 
@@ -111,7 +113,8 @@ def _data_hash(rows: list[dict[str, Any]], cols: Iterable[str]) -> str:
     return hashlib.sha256("\n".join(keep).encode()).hexdigest()
 
 
-def _versions() -> dict[str, str]:
+def software_versions() -> dict[str, str]:
+    """The versions of Python and the libraries a trees fit computes with, and of perf4sight."""
     import scipy
     import sklearn
 
@@ -152,6 +155,17 @@ def common_input_shape(descriptions: dict[str, NetworkDescription], names: Itera
     """The input shape most training networks share: what a zoo name is described at for predict."""
     shapes = Counter(tuple(descriptions[n].input_shape) for n in names)
     return list(shapes.most_common(1)[0][0])
+
+
+def fit_inputs_sha256(rows: Any, descriptions: dict[str, NetworkDescription], device: str, fcfg: Any,
+                      memory_limit_mb: float = 0.0, coverage: float = 0.9, nested: bool = True,
+                      drift: dict[str, Any] | None = None) -> str:
+    """The hash of everything :func:`fit_fingerprint` reads from these arguments (``fit_inputs.inputs_sha256``),
+    stored in its metadata: equal hashes, equal fingerprints."""
+    recs = [r for r in records(rows) if str(r.get("device", device)) == device]
+    settings = {"fingerprint": dict(vars(fcfg)), "memory_limit_mb": float(memory_limit_mb), "coverage": coverage,
+                "nested": nested, "drift": drift, "device": device}
+    return inputs_sha256("trees", recs, descriptions, settings, software_versions())
 
 
 def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
@@ -248,7 +262,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
     meta: dict[str, Any] = {
         "device": device,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "versions": _versions(),
+        "versions": software_versions(),
         "feature_set": FEATURE_SET,
         "feature_names": list(FEATURE_NAMES),
         "linear_terms": {k: list(m.terms) for k, m in models.items()},
@@ -272,6 +286,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
                                                                                         for r in ok_rows})]),
         "networks_without_description": missing,
         "training_data_sha256": _data_hash(usable, ("network", "batch_size", "status", LATENCY_COLUMN, mem_col)),
+        INPUTS_KEY: fit_inputs_sha256(recs, descriptions, device, fcfg, memory_limit_mb, coverage, nested, drift),
         "accuracy": accuracy,
         "interval": {"coverage": coverage, "log_ratio_quantiles": intervals,
                      "method": "group-conformal: widest of the pooled and per-group central quantiles of "

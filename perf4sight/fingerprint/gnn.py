@@ -33,6 +33,8 @@ Files in ``<fingerprint_dir>/<device>/`` (beside the trees' ``metadata.json`` / 
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
+import inspect
 import json
 import pickle
 import time
@@ -46,20 +48,21 @@ from perf4sight.config import GNN_ARCHS, PREDICTORS
 from perf4sight.errors import UserError
 from perf4sight.files import atomic_path, write_atomically
 from perf4sight.fingerprint.domain import training_domain
-from perf4sight.fingerprint.fit import LATENCY_COLUMN, common_input_shape, memory_capacity
+from perf4sight.fingerprint.fit import LATENCY_COLUMN, common_input_shape, memory_capacity, records, software_versions
+from perf4sight.fingerprint.fit_inputs import INPUTS_KEY, inputs_sha256
 from perf4sight.fingerprint.gnn_evaluate import cross_validate, gnn_accuracy_lines
 from perf4sight.fingerprint.gnn_graph import EDGE_FEATURES, GLOBAL_FEATURES, NODE_FEATURES, OP_VOCAB
 from perf4sight.fingerprint.gnn_model import GNNModel
 from perf4sight.fingerprint.gnn_predictors import EnsemblePredictor, GNNPredictor
 from perf4sight.fingerprint.gnn_samples import TARGETS, Samples
 from perf4sight.fingerprint.gnn_train import Normaliser, TrainSettings, predict_latency_memory, train_on_samples
-from perf4sight.fingerprint.storage import check_metadata, load_held_out
+from perf4sight.fingerprint.storage import HELD_OUT_FILE, check_metadata, load_held_out
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import batch_size_of
 from perf4sight.wording import named, plural
 
-__all__ = ["fit_gnn", "load_gnn", "load_predictor", "GNNPredictor", "EnsemblePredictor", "gnn_accuracy_lines",
-           "GNN_JSON", "GNN_WEIGHTS", "PREDICTORS"]
+__all__ = ["fit_gnn", "gnn_inputs_sha256", "load_gnn", "load_predictor", "GNNPredictor", "EnsemblePredictor",
+           "gnn_accuracy_lines", "GNN_JSON", "GNN_WEIGHTS", "PREDICTORS"]
 
 GNN_JSON = "gnn.json"
 GNN_WEIGHTS = "gnn_weights.pt"
@@ -80,6 +83,7 @@ def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
     the log targets outright). ``drift``: the summary of a drift reference's correction of the rows' step times,
     kept in the metadata.
     """
+    key = _inputs_sha256(dict(locals()))  # every argument, before anything else is bound
     if base not in ("analytic", "none"):
         raise UserError(f"gnn: base '{base}' is not one of analytic, none")
     if arch not in GNN_ARCHS:
@@ -126,7 +130,7 @@ def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
         "interval": {"coverage": coverage, "log_ratio_quantiles": ev["intervals"],
                      "method": "group-conformal on out-of-fold log(measured/predicted)" if evaluate
                      else "none (fitted without evaluation): low = high = prediction"},
-        "capacity_mb": capacity, "capacity_source": cap_src,
+        "capacity_mb": capacity, "capacity_source": cap_src, INPUTS_KEY: key,
         "files": [GNN_JSON, GNN_WEIGHTS],
     }
     out = Path(out_dir)
@@ -135,6 +139,28 @@ def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
         torch.save(model.state_dict(), tmp)
     write_atomically(out / GNN_JSON, json.dumps(meta, indent=2))
     return meta
+
+
+def gnn_inputs_sha256(*args: Any, **kwargs: Any) -> str:
+    """The hash of everything ``fit_gnn(*args, **kwargs)`` reads (``fit_inputs.inputs_sha256``), as it stores it
+    in ``gnn.json``: equal hashes, equal GNNs."""
+    bound = inspect.signature(fit_gnn).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return _inputs_sha256(bound.arguments)
+
+
+def _inputs_sha256(arguments: dict[str, Any]) -> str:
+    """:func:`gnn_inputs_sha256` of ``fit_gnn``'s bound arguments; the trees' held-out predictions in its folder,
+    which its comparison table reads, count as an input."""
+    a = dict(arguments)
+    rows, descriptions, device, out_dir = (a.pop(k) for k in ("rows", "descriptions", "device", "out_dir"))
+    trees, held = a.pop("trees_config"), Path(out_dir) / HELD_OUT_FILE
+    settings = a | {"device": device, "trees_config": None if trees is None else dict(vars(trees)),
+                    "trees_held_out": hashlib.sha256(held.read_bytes()).hexdigest() if held.is_file() else ""}
+    versions = software_versions() | {"torch": torch.__version__,
+                                      "torch_geometric": __import__("torch_geometric").__version__}
+    recs = [r for r in records(rows) if str(r.get("device", device)) == device]
+    return inputs_sha256("gnn", recs, descriptions, settings, versions)
 
 
 def load_gnn(out_dir: str | Path) -> GNNPredictor:

@@ -2,7 +2,8 @@
 
 Layout of ``<fingerprint_dir>/<device>/``::
 
-    metadata.json   device, versions, feature set, training-data hash, targets, accuracy, models' scalars
+    metadata.json   device, versions, feature set, training-data hash, inputs hash (``fit_inputs.py``), targets,
+                    accuracy, models' scalars
     models.npz      flat tree arrays and linear coefficients, loaded with ``allow_pickle=False`` (a mean
                     form's members under ``<target>.<k>.``)
     held_out.csv    each training row's out-of-fold prediction (target, network, batch_size, measured,
