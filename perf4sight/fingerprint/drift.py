@@ -47,17 +47,17 @@ def normalise_step_times(rows: list[dict], references: list[dict], column: str
     configuration measured most often is the reference (others are passed over). With fewer than
     :data:`MIN_REFERENCES` usable ones the rows come back unchanged and the summary says why (``applied``
     false). Times in ms; ``cv_pct``: the reference's coefficient of variation over the sweep, %."""
-    usable = [r for r in references if r.get("status") == "ok" and (number(r.get(column)) or 0) > 0
-              and _seconds(r.get("timestamp")) is not None]
-    if not usable:
+    timed = [(t, r) for r in references if r.get("status") == "ok" and (number(r.get(column)) or 0) > 0
+             and (t := _seconds(r.get("timestamp"))) is not None]  # each stamp parsed once
+    if not timed:
         return rows, {"applied": False, "reason": f"no ok reference measurement ({len(references)} rows)"}
-    config, _ = Counter(_configuration(r) for r in usable).most_common(1)[0]
-    usable = sorted((r for r in usable if _configuration(r) == config), key=lambda r: _seconds(r["timestamp"]))
-    if len(usable) < MIN_REFERENCES:
-        return rows, {"applied": False, "reason": f"{len(usable)} ok reference measurement, "
+    config, _ = Counter(_configuration(r) for _, r in timed).most_common(1)[0]
+    timed = sorted(((t, r) for t, r in timed if _configuration(r) == config), key=lambda tr: tr[0])
+    if len(timed) < MIN_REFERENCES:
+        return rows, {"applied": False, "reason": f"{len(timed)} ok reference measurement, "
                                                   f"{MIN_REFERENCES} or more needed"}
-    t_ref = np.array([_seconds(r["timestamp"]) for r in usable])
-    v_ref = np.array([number(r[column]) for r in usable])
+    t_ref = np.array([t for t, _ in timed])
+    v_ref = np.array([number(r[column]) for _, r in timed])
     median = float(statistics.median(v_ref))
     out, factors, outside = [], [], 0
     for r in rows:
@@ -71,7 +71,7 @@ def normalise_step_times(rows: list[dict], references: list[dict], column: str
             factor = median / float(np.interp(t, t_ref, v_ref))
             factors.append(factor)
             out.append({**r, column: v * factor})
-    return out, {"applied": True, "network": config[0], "batch_size": int(config[1]), "measurements": len(usable),
+    return out, {"applied": True, "network": config[0], "batch_size": int(config[1]), "measurements": len(timed),
                  "median_ms": round(median, 3), "cv_pct": round(float(100 * np.std(v_ref) / np.mean(v_ref)), 2),
                  "rows_corrected": len(factors), "rows_outside_span": outside,
                  "factor_range": [round(min(factors), 4), round(max(factors), 4)] if factors else None}
