@@ -614,6 +614,19 @@ def test_outside_notes_name_the_networks_and_what_training_never_covered():
                           [swish, inside.description])
     assert notes == ["swish: with silu layers, which no training network had (no learnt cost of their own)"]
 
+    # a depthwise share beyond the training networks' own (a depthwise cost learnt from a sliver of it) is noted
+    from tiny_graphs import conv_node
+    mixed = [network_features(_conv_net(name, dw, True, 8)) for name, dw in (("plain8", False), ("dw8", True))]
+    domain = training_domain(feature_matrix(mixed, [2, 2]))
+    assert domain["ranges"]["depthwise_share"] == [0.0, pytest.approx(0.2)]  # dw8: 8x9 of 4x8x9 + 8x9 MACs
+    all_dw = _conv_net("all_dw", False, True, 4)
+    all_dw.nodes[1] = conv_node("c1", "input", 4, 4, 3, 4, 8)  # its only convolution depthwise
+    inside = network_features(_conv_net("dw16", True, True, 16))
+    notes = outside_notes(domain, feature_matrix([network_features(all_dw), inside], [2, 2]), ["all_dw", "dw16"])
+    assert [n for n in notes if "depthwise" in n] == [
+        "depthwise share of convolution MACs outside the training networks' 0..20%: all_dw 100%"]
+    assert "depthwise share of convolution MACs 0..20%" in domain_line(domain)
+
 
 def test_fingerprint_stores_its_domain_and_notes_an_unseen_family(tx2, tmp_path):
     """Trained without mobilenetv2, the fingerprint says mobilenetv2's depthwise convolutions were never seen."""
