@@ -113,10 +113,8 @@ def device_dataset(cfg: Config, device: str) -> DeviceDataset:
 
 
 def dataset_descriptions_or_empty(cfg: Config) -> list[Path]:
-    try:
-        return dataset_descriptions(cfg)
-    except UserError:
-        return []
+    """:func:`dataset_descriptions`, or [] before the networks stage (a damaged manifest is still an error)."""
+    return dataset_descriptions(cfg) if (cfg.models_dir / "manifest.csv").is_file() else []
 
 
 def _devices_having(cfg: Config, folder: Path, marker: str, what: str, wanted: list[str] | None,
@@ -170,8 +168,16 @@ def _manifest_rows(cfg: Config) -> list[dict[str, str]]:
     manifest = cfg.models_dir / "manifest.csv"
     if not manifest.is_file():
         return []
-    with manifest.open(newline="") as f:
-        return list(csv.DictReader(f))
+    try:
+        with manifest.open(newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise UserError(f"{manifest}: not a readable manifest ({exc}): run --stage networks again") from None
+    for line, row in enumerate(rows, start=2):  # line 1 is the header
+        if not row.get("network") or not row.get("path") or None in row:  # None: fields beyond the header
+            raise UserError(f"{manifest}: line {line}: incomplete row (the networks stage writes every row with "
+                            "a network and a path): run --stage networks again")
+    return rows
 
 
 def _dataset_files(cfg: Config, name: str) -> list[Path]:
@@ -196,10 +202,11 @@ def resolve_networks(cfg: Config, names: list[str], input_shape: list[int]) -> l
         if is_description_file(name):
             out.append(load_description(name))
         elif name not in ZOO_NAMES and (paths := _dataset_files(cfg, name)):
-            if len({p.read_bytes() for p in paths}) > 1:
+            found = [load_description(p) for p in paths]  # a missing or damaged file: one line naming it
+            if len({d.to_json() for d in found}) > 1:
                 raise UserError(f"'{name}' names {len(paths)} different networks of the dataset: give one of their "
                                 f"description files, {', '.join(map(str, paths))}")
-            out.append(load_description(paths[0]))  # a variant the networks stage made, or an imported graph
+            out.append(found[0])  # a variant the networks stage made, or an imported graph
         elif name in ZOO_NAMES:
             out.append(describe_zoo(name, input_shape, cfg.networks.num_classes, cache_dir=cfg.models_dir / ZOO_CACHE))
         else:

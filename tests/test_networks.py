@@ -392,6 +392,13 @@ def test_a_dataset_network_is_found_by_its_name(tmp_path: Path) -> None:
     assert "a network of the dataset (2: net_0, tiny_vgg_l30)" in str(info.value)  # the kinds of name, and which
     with pytest.raises(UserError, match="unknown network 'Tiny_VGG_L30' \\(did you mean 'tiny_vgg_l30'"):
         resolve_networks(cfg, ["Tiny_VGG_L30"], [3, 32, 32])  # another case
+    manifest = cfg.models_dir / "manifest.csv"
+    manifest.write_text(manifest.read_text()[:-30])  # cut off mid-path: the file it names is not there
+    with pytest.raises(UserError, match=r"models/pru: network description file not found$"):
+        resolve_networks(cfg, ["tiny_vgg_l30"], [3, 32, 32])
+    manifest.write_text(manifest.read_text().rsplit(",", 1)[0])  # cut off before its path: one line, not a traceback
+    with pytest.raises(UserError, match=r"manifest\.csv: line 2: incomplete row .*: run --stage networks again$"):
+        resolve_networks(cfg, ["tiny_vgg_l30"], [3, 32, 32])
 
 
 def test_a_description_file_at_another_input_shape_is_noted(tmp_path: Path) -> None:

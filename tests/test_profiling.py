@@ -151,7 +151,7 @@ def test_changed_description_is_measured_again_and_its_old_rows_are_passed_over(
         fh.write("garbage,line\n")
     assert device_dataset(cfg, "local").note.split("\n") == [
         results.incomplete_note(first.csv_path), stale_note("local", stale, fresh)]
-    assert "(line 4: no timestamp)" in results.incomplete_note(first.csv_path)
+    assert "(line 4: no timestamp, or more fields than the header)" in results.incomplete_note(first.csv_path)
     assert (profile_local(cfg, "local", [net], progress=False).already_measured) == 1  # and now it resumes
 
     write_net(cfg.models_dir, "tiny", width=4)  # changed again, not yet measured: nothing current is left
@@ -483,12 +483,17 @@ def test_a_bad_measurement_csv_is_one_clear_error(tmp_path):
         results.read_rows(tmp_path / "folder.csv")
     path.write_text(text + text.splitlines()[-1][:40])          # a crash cut the last row short
     assert len(results.read_rows(path)) == 2
-    assert results.incomplete_note(path).endswith("1 incomplete line (line 4: no timestamp) passed over; a row "
-                                                  "cut short is measured again by the next profile run")
+    assert results.incomplete_note(path).endswith("1 incomplete line (line 4: no timestamp, or more fields than the "
+                                                  "header) passed over; a row cut short is measured again by the "
+                                                  "next profile run")
     path.write_text(text.replace("\n", "\ngarbage,line\n", 1))   # a line edited in by hand: said too
     lines: list = []
     assert len(results.read_rows(path, lines)) == 2 and lines == [2]
-    assert "2 incomplete lines (lines 2, 4: no timestamp)" in results.incomplete_note(path, [2, 4])
+    assert "2 incomplete lines (lines 2, 4: no timestamp" in results.incomplete_note(path, [2, 4])
+    first, *rest = text.splitlines(keepends=True)
+    path.write_text(first + rest[0].replace("\n", ",EXTRA\n") + "".join(rest[1:]))  # a field beyond the header
+    lines = []
+    assert len(results.read_rows(path, lines)) == 1 and lines == [2]
     path.write_text(text)
     assert results.incomplete_note(path) == "" and results.incomplete_note(tmp_path / "none.csv") == ""
 

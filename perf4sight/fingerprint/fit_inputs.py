@@ -45,7 +45,7 @@ def inputs_sha256(kind: str, rows: Iterable[dict[str, Any]], descriptions: dict[
     names = sorted({str(r.get("network")) for r in rows} & set(descriptions))
     payload = {
         "kind": kind,
-        "rows": sorted(json.dumps(r, sort_keys=True, default=str) for r in rows),
+        "rows": sorted(json.dumps({str(k): v for k, v in r.items()}, sort_keys=True, default=str) for r in rows),
         "descriptions": {n: _description_sha(descriptions[n]) for n in names},
         "settings": settings,
         "versions": versions,

@@ -181,8 +181,9 @@ def _ends_without_newline(p: Path) -> bool:
 
 def read_rows(path: Union[str, Path], incomplete: Optional[List[int]] = None) -> List[Dict[str, str]]:
     """All complete rows of a measurement CSV; [] if there is no file. A line without a timestamp (a row a
-    crash cut short, or one edited in by hand) is passed over, and its line number appended to
-    ``incomplete`` when a list is given (see :func:`incomplete_note`). ``UserError`` naming the file (and
+    crash cut short, or one edited in by hand) or with more fields than the header (a trailing comma a
+    spreadsheet added, files pasted together: its values may have shifted) is passed over, and its line number
+    appended to ``incomplete`` when a list is given (see :func:`incomplete_note`). ``UserError`` naming the file (and
     line) for a folder, a file that is not UTF-8 text, or a complete row with an unknown status or a batch
     size that is not a positive integer."""
     p = Path(path)
@@ -204,7 +205,7 @@ def read_rows(path: Union[str, Path], incomplete: Optional[List[int]] = None) ->
                         "(comma-separated, with the header the profile stage writes)")
     kept = []
     for line, r in enumerate(rows, start=2):  # line 1 is the header
-        if not r.get("timestamp"):
+        if not r.get("timestamp") or None in r:  # None: csv's key for the fields beyond the header
             if incomplete is not None:
                 incomplete.append(line)
             continue
@@ -232,7 +233,8 @@ def incomplete_note(path: Union[str, Path], lines: Optional[List[int]] = None) -
     many = len(lines) != 1
     shown = ", ".join(map(str, lines[:5])) + (", ..." if len(lines) > 5 else "")
     return (f"note: {path}: {len(lines)} incomplete line{'s' if many else ''} (line{'s' if many else ''} "
-            f"{shown}: no timestamp) passed over; a row cut short is measured again by the next profile run")
+            f"{shown}: no timestamp, or more fields than the header) passed over; a row cut short is measured again "
+            "by the next profile run")
 
 
 def measured_keys(rows: Iterable[Dict[str, Any]], with_sha: bool = True) -> Set[Tuple[str, ...]]:
