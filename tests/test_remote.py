@@ -551,3 +551,49 @@ def test_device_without_torch_or_with_too_old_a_python_runs_nothing(servers, tmp
     assert probe_problems("cpu", {"python": "3.5.2", "torch": "1.4.0"}, "w") == [
         "python 3.5.2 is older than 3.6, which the runner needs"]
     assert probe_problems("cpu", {"python": "3.6.9", "torch": "1.10.0"}, "w") == []
+
+
+def test_a_port_that_is_no_ssh_server_is_one_line_without_paramikos_tracebacks(tmp_path, capfd):
+    """A listener on loopback that never speaks, or answers as a web server: one line saying no SSH server
+    answered there, and none of paramiko's own log lines (its transport thread logged two tracebacks)."""
+    import paramiko
+
+    key = tmp_path / "key"
+    paramiko.RSAKey.generate(2048).write_private_key_file(str(key))
+    (tmp_path / "known_hosts").write_text("")
+    held: list[socket.socket] = []
+
+    def listen(speak: bool) -> int:
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        held.append(listener)
+
+        def serve() -> None:
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    return
+                held.append(conn)
+                if speak:
+                    conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+                    conn.close()
+
+        threading.Thread(target=serve, daemon=True).start()
+        return listener.getsockname()[1]
+
+    try:
+        for speak in (False, True):
+            port = listen(speak)
+            cfg = _config(tmp_path, {"d": {"host": "127.0.0.1", "port": port, "key_file": str(key),
+                                           "known_hosts": str(tmp_path / "known_hosts")}})
+            with pytest.raises(DeviceError, match=rf"device 'd': no SSH server answered at 127\.0\.0\.1:{port} "
+                                                  r"within 2 s \(is it an SSH server, on that port\?\)$"):
+                Remote(cfg.device("d"), tmp_path / "known_hosts", timeout_s=2).connect()
+            time.sleep(0.2)  # paramiko's transport thread logs as it ends
+            err = capfd.readouterr().err
+            assert "Traceback" not in err and "paramiko" not in err.lower(), err
+    finally:
+        for sock in held:
+            sock.close()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import os
 import shlex
+import logging
 import socket
 import stat
 import threading
@@ -33,6 +34,10 @@ from perf4sight.errors import UserError
 
 __all__ = ["DeviceError", "HostKeyError", "LoginError", "Remote", "CommandResult", "quote_argv", "CONNECTION_ERRORS",
            "default_known_hosts", "describe_error"]
+
+# paramiko logs a failed handshake from its transport thread, tracebacks included, through logging's last-resort
+# handler (stderr); this module reports each connection error once, as one line
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 #: What a dropped or refused connection raises (paramiko, sockets, a closed transport).
 CONNECTION_ERRORS = (paramiko.SSHException, OSError, EOFError, socket.timeout)
@@ -198,7 +203,12 @@ class Remote:
             client.close()
             raise DeviceError(f"device '{dev.name}': cannot reach {self.where}: connection refused") from None
         except paramiko.SSHException as exc:
+            transport = client.get_transport()
+            banner = getattr(transport, "remote_version", "") if transport is not None else ""
             client.close()
+            if not banner:  # no "SSH-2.0-..." line came back: something else listens there, or nothing answers
+                raise DeviceError(f"device '{dev.name}': no SSH server answered at {self.where} within "
+                                  f"{self.timeout_s:g} s (is it an SSH server, on that port?)") from None
             if "no authentication methods available" in str(exc).lower():  # paramiko: not one key to offer
                 raise LoginError(f"device '{dev.name}': no key to log in to {self.where} with: key_file is not set, "
                                  f"no SSH agent holds a key and ~/.ssh has no default key; set key_file in "
