@@ -55,6 +55,7 @@ class GeneratorConfig:
     max_mflops: float = 1e9
     min_params: int = 0
     max_params: int = 10**12
+    cover_styles: bool = False  # each style leads (takes the first two stages of) the networks in turn
 
 
 @dataclass
@@ -246,8 +247,13 @@ def _check(cfg: Config) -> None:
 
 def _check_devices(cfg: Config, f: Path | None) -> None:
     """[devices.*] tables, and the devices [profile] names."""
+    from perf4sight.ir.schema import is_file_stem  # stdlib only
+
     for name, dev in cfg.devices.items():
         dev.name = name
+        if not is_file_stem(name):  # it names the device's folders under profiling_dir and fingerprint_dir
+            raise UserError(f"{f}: device name {name!r} cannot name a folder (its measurements and fingerprint "
+                            "go in a folder of that name: no path separators, no leading '.', no surrounding spaces)")
         if dev.backend not in BACKENDS:
             raise UserError(f"{f}: [devices.{name}] backend '{dev.backend}' is not one of {', '.join(BACKENDS)}")
         for key in ("memory_limit_mb", "threads", "gpu_index"):

@@ -1,6 +1,7 @@
 """Config validation: every bad input is one clear line naming the key and file, exit code 2."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -317,3 +318,13 @@ def test_export_in_perf4sight_format_says_perfseer_is_the_only_one(tmp_path):
     assert (proc.returncode == 2 and proc.stderr.count("\n") == 1
             and "perfseer is the only export format" in proc.stderr), proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", ["../../escaped", "my dev/x", ".hidden", " padded"])
+def test_a_device_name_that_cannot_name_a_folder_is_refused(tmp_path, name):
+    """[devices."../../escaped"] wrote its measurements outside profiling_dir: refused at load, as import's
+    --device already was."""
+    path = tmp_path / "c.toml"
+    path.write_text(f'[devices."{name}"]\nbackend = "cpu"\n')
+    with pytest.raises(UserError, match=f"device name {re.escape(repr(name))} cannot name a folder"):
+        load_config(path)
