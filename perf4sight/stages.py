@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -147,6 +148,7 @@ def run_profile(cfg: Config, args: argparse.Namespace) -> int:
     for s in summaries:
         if results_path(cfg.profiling_dir, s.device).is_file():
             console.print(f"{s.device}: measurements in {results_path(cfg.profiling_dir, s.device)}", markup=False)
+            _print_notes(_limit_note(cfg, s.device, read_rows(results_path(cfg.profiling_dir, s.device))))
         refs = references_path(cfg.profiling_dir, s.device)
         if cfg.profile.reference_every > 0 and refs.is_file():
             console.print(f"{s.device}: drift reference, {plural(len(read_rows(refs)), 'measurement')} in {refs}",
@@ -159,6 +161,47 @@ def _predictor(cfg: Config, args: argparse.Namespace) -> str:
 
 
 GNN_FEW_ROWS = 200  # below this many training rows the GNN fit is noted as too small to trust
+
+
+#: How the runner words an out-of-memory row that the configured limit caused (``backends/base.py``).
+_LIMIT_OOM = re.compile(r"(\d+(?:\.\d+)?) MiB exceeded memory_limit_mb (\d+)")
+
+
+def _limit_note(cfg: Config, device: str, rows: list[dict[str, str]]) -> str:
+    """A note on ``device``'s ``oom`` rows that its ``memory_limit_mb`` caused ('' if none to make): rows recorded
+    under another limit than the configured one (kept as they are, with the batch sizes skipped after them), or,
+    under this limit, every network out of memory at its smallest batch size (a limit below what torch and a model
+    take before the first step)."""
+    dev = cfg.devices.get(device)
+    limit = dev.memory_limit_mb if dev is not None else 0
+    by_limit: dict[int, list[dict[str, str]]] = {}
+    for r in rows:
+        found = _LIMIT_OOM.search(str(r.get("message") or "")) if r.get("status") == "oom" else None
+        if found:
+            by_limit.setdefault(int(found.group(2)), []).append(r)
+    csv_path = results_path(cfg.profiling_dir, device)
+    other = [r for lim, rs in by_limit.items() if lim != limit for r in rs]
+    if other:
+        nets = sorted({str(r["network"]) for r in other})
+        was = " / ".join(str(lim) for lim in sorted(by_limit) if lim != limit)
+        were = "was" if len(other) == 1 else "were"
+        return (f"note: {device}: {plural(len(other), 'oom row')} ({named(nets)}) {were} recorded under "
+                f"memory_limit_mb = {was}, not the {limit or 'no limit'} set now; they are kept, with "
+                f"the batch sizes skipped after them: to measure them under the new limit, delete their lines from "
+                f"{csv_path} and profile again")
+    first = {}  # each network's smallest batch size measured
+    for r in rows:
+        net, b = str(r.get("network")), int(float(r["batch_size"]))
+        if r.get("status") in ("ok", "oom", "error") and (net not in first or b < int(float(first[net]["batch_size"]))):
+            first[net] = r
+    at_limit = [r for r in first.values() if r in by_limit.get(limit, [])]
+    if limit and first and len(at_limit) == len(first):
+        peak = max(float(_LIMIT_OOM.search(str(r["message"])).group(1)) for r in at_limit)
+        return (f"note: {device}: every network ran out of memory at its smallest batch size under memory_limit_mb = "
+                f"{limit} (RSS up to {peak:.0f} MiB): torch, a model and its optimiser take more than that before "
+                f"the first step; raise the limit in [devices.{device}], then delete these rows from {csv_path} and "
+                "profile again")
+    return ""
 
 
 def _over_limit_note(cfg: Config, device: str, rows: list[dict[str, str]]) -> str:
@@ -187,7 +230,8 @@ def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
     predictor = _predictor(cfg, args)
     for device in devices:
         descriptions, shas, rows, note = device_dataset(cfg, device)  # each description parsed once per device
-        _print_notes(note, undescribed_note(cfg, device, rows, descriptions), _over_limit_note(cfg, device, rows))
+        _print_notes(note, undescribed_note(cfg, device, rows, descriptions), _over_limit_note(cfg, device, rows),
+                     _limit_note(cfg, device, rows))
         if predictor in ("trees", "ensemble"):
             # the rows read above, not read again
             meta = fit_device(cfg, device, descriptions, shas, rows=rows, refit=bool(getattr(args, "refit", False)))

@@ -675,3 +675,31 @@ def test_batch_norm_on_a_1x1_map_at_batch_1_is_explained(tmp_path):
     assert one["status"] == "error" and one["stage"] == "step"
     assert one["message"].startswith("ValueError: batch norm over a 1x1 map cannot train on a batch of 1")
     assert measure(plan_path, 0, 2)["status"] == "ok"  # two images: two values per channel
+
+
+def test_oom_rows_the_memory_limit_caused_are_explained(tmp_path):
+    """A limit typed too low makes every network oom at its smallest batch size, and raising it measured
+    nothing again without a word: the profile and fingerprint stages now say which rows the limit caused."""
+    from perf4sight.config import load_config
+    from perf4sight.stages import _limit_note
+
+    def oom(net, b, limit, rss=118):
+        return {"network": net, "batch_size": str(b), "status": "oom",
+                "message": f"RSS {rss} MiB exceeded memory_limit_mb {limit}"}
+
+    def skipped(net, b):
+        return {"network": net, "batch_size": str(b), "status": "skipped_after_oom", "message": ""}
+
+    (tmp_path / "c.toml").write_text('[devices.local]\nbackend = "cpu"\nmemory_limit_mb = 100\n')
+    cfg = load_config(tmp_path / "c.toml")
+    rows = [oom("a", 1, 100), skipped("a", 2), oom("b", 1, 100, 130), skipped("b", 2)]
+    assert _limit_note(cfg, "local", rows).startswith(
+        "note: local: every network ran out of memory at its smallest batch size under memory_limit_mb = 100 "
+        "(RSS up to 130 MiB)")
+    ok_a = {"network": "a", "batch_size": "1", "status": "ok", "message": ""}
+    assert _limit_note(cfg, "local", [ok_a, oom("a", 2, 100, 990), oom("b", 1, 100)]) == ""  # a trained: no typo
+    cfg.devices["local"].memory_limit_mb = 900
+    assert _limit_note(cfg, "local", rows).startswith(
+        "note: local: 2 oom rows (a, b) were recorded under memory_limit_mb = 100, not the 900 set now; they are "
+        "kept")
+    assert _limit_note(cfg, "local", [ok_a, oom("a", 2, 900, 990)]) == ""  # the limit set now: nothing to say

@@ -37,14 +37,17 @@ def _round8(x: float) -> int:
     return max(8, int(round(x / 8.0)) * 8)
 
 
-def sample_stages(rng: np.random.Generator, styles: tuple[str, ...]) -> list[dict[str, Any]]:
-    """Draw one network spec: four stage dicts (style, depth, width, stride_at and knobs)."""
+def sample_stages(rng: np.random.Generator, styles: tuple[str, ...], lead: str | None = None) -> list[dict[str, Any]]:
+    """Draw one network spec: four stage dicts (style, depth, width, stride_at and knobs); with ``lead``, the
+    first two stages (the largest feature maps) take that style."""
     stages = []
     width = float(_FIRST_WIDTHS[rng.integers(len(_FIRST_WIDTHS))])
     for i in range(4):
         if i:
             width = min(MAX_WIDTH, width * _WIDENING[rng.integers(len(_WIDENING))])
         style = styles[rng.integers(len(styles))]
+        if lead and i < 2:
+            style = lead
         lo, hi = _DEPTHS[style]
         st: dict[str, Any] = {"style": style, "depth": int(rng.integers(lo, hi + 1)), "width": _round8(width),
                               "stride_at": "first" if rng.random() < 0.5 else "last"}
@@ -86,7 +89,8 @@ def generate(settings: GeneratorSettings, input_shape: list[int], num_classes: i
     for _ in range(tries):
         if len(kept) >= settings.count:
             break
-        stages = sample_stages(rng, tuple(settings.styles))
+        lead = settings.styles[len(kept) % len(settings.styles)] if settings.cover_styles else None
+        stages = sample_stages(rng, tuple(settings.styles), lead)
         key = json.dumps(stages, sort_keys=True)
         if key in seen:
             rejected["duplicate"] += 1

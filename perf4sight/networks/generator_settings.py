@@ -23,12 +23,13 @@ class GeneratorSettings:
     max_mflops: float = float("inf")
     min_params: int = 0
     max_params: int = 10**12
+    cover_styles: bool = False
 
     @classmethod
     def from_config(cls, gen: Any) -> "GeneratorSettings":
         """The settings of a config's ``[networks.generator]`` table (``cfg.networks.generator``)."""
         return cls(gen.count, gen.seed, tuple(gen.styles), gen.min_mflops, gen.max_mflops, gen.min_params,
-                   gen.max_params)
+                   gen.max_params, gen.cover_styles)
 
     def check(self, config: str | Path | None = None, input_shape: list[int] | None = None) -> None:
         """``UserError`` naming the setting that cannot work (and ``config``, the file it came from, if given);
