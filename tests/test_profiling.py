@@ -595,6 +595,27 @@ def test_fleet_summary_counts_earlier_rows_and_says_error_rows_are_not_retried(t
     assert "2/2 rows (0 new)" in line and "error 2" in line and "delete them from the CSV to retry" in line
 
 
+def test_a_runner_that_stops_early_is_summarised_with_the_rows_it_left(tmp_path, monkeypatch):
+    """A runner that died after writing rows (the disk filled up) was summarised as "failed — 0/0 rows": the
+    line now counts the plan's rows on disk."""
+    import perf4sight.profiling.local as local
+    from perf4sight.errors import UserError
+    from perf4sight.profiling.fleet import format_summaries, profile_devices
+
+    broken = write_broken(tmp_path)
+    cfg = load_config(write_config(tmp_path))
+    real = local.profile_local
+
+    def stops_early(*args, **kwargs):
+        real(*args, **kwargs)  # a real run writes its rows, then the runner "fails"
+        raise UserError("the profiling runner stopped early: OSError: [Errno 28] No space left on device")
+
+    monkeypatch.setattr(local, "profile_local", stops_early)
+    (summary,) = profile_devices(cfg, ["local"], [broken], show_progress=False)
+    assert summary.status == "failed" and (summary.rows, summary.expected) == (2, 2)
+    assert format_summaries([summary]).startswith("local: failed — 2/2 rows (0 new) [error 2] (error rows are kept")
+
+
 def test_a_malformed_description_stops_the_profile_before_any_row(tmp_path):
     """A description file that is not valid JSON became an `error` row on every device, never retried, and the
     stage exited 0: it is the user's to fix, one line and exit 2, nothing measured."""

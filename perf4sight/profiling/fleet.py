@@ -7,6 +7,7 @@ bar per device when ``show_progress`` is true. Times in seconds, disk in MiB.
 """
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import threading
@@ -21,6 +22,7 @@ from perf4sight.errors import UserError
 from perf4sight.ir.schema import load_description
 from perf4sight.wording import plural
 from perf4sight.profiling.local import progress_bars, stop_runners
+from perf4sight.profiling.results import results_path
 from perf4sight.profiling.remote import (PROBE, DeviceSummary, RemoteProfiler, covering, expected_keys,
                                          known_hosts_path, plan_counts, probe_facts, probe_problems,
                                          remote_dir_name)
@@ -114,8 +116,13 @@ def _profile_local(cfg: Config, dev: DeviceConfig, descriptions: Sequence[Path],
     t0 = time.monotonic()
     try:
         local = profile_local(cfg, dev.name, list(descriptions), progress=on_event, cancel=cancel)
-    except UserError as exc:
-        return DeviceSummary(dev.name, "failed", message=str(exc), elapsed_s=round(time.monotonic() - t0, 2))
+    except UserError as exc:  # the rows the run wrote before it stopped are on disk: the summary counts them
+        failed = DeviceSummary(dev.name, "failed", message=str(exc), elapsed_s=round(time.monotonic() - t0, 2))
+        with contextlib.suppress(UserError, OSError):  # a description or the CSV unreadable now: no counts
+            keys = expected_keys(dev.name, descriptions, cfg.profile.batch_sizes)
+            failed.rows, failed.counts = plan_counts(results_path(cfg.profiling_dir, dev.name), covering(keys))
+            failed.expected = len(keys)
+        return failed
     summary = DeviceSummary(dev.name, "done", new_rows=local.new_rows, elapsed_s=round(time.monotonic() - t0, 2))
     summary.counts = {"ok": local.ok, "oom": local.oom, "skipped_after_oom": local.skipped_after_oom,
                       "error": local.error}
