@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -220,6 +221,18 @@ def test_generator_is_deterministic_distinct_and_constrained() -> None:
     assert len({d.network for d in a}) > 10  # stage styles vary
     other = generate(GeneratorSettings(count=5, seed=3), [3, 64, 64], CLASSES)
     assert [d.to_json() for d in other] != [d.to_json() for d in a[:5]]
+
+
+def test_cover_styles_gives_each_style_the_largest_maps_of_a_network_in_turn() -> None:
+    """With six networks drawn at random, a seed could leave out depthwise (mobilenet) stages on large maps, and a
+    fingerprint then learnt their cost from a sliver of work; with ``cover_styles`` each style leads in turn."""
+    settings = GeneratorSettings(count=7, seed=1, min_mflops=20, max_mflops=600, max_params=12_000_000)
+    plain = generate(settings, [3, 64, 64], CLASSES)
+    covered = generate(replace(settings, cover_styles=True), [3, 64, 64], CLASSES)
+    leads = (STYLES * 2)[:7]
+    assert [d.extra["styles"][:2] for d in covered] == [[s, s] for s in leads]
+    assert all(20 <= forward_flops(d) / 1e6 <= 600 for d in covered)
+    assert [d.extra["styles"][:2] for d in plain] != [[s, s] for s in leads]  # off: drawn as before
 
 
 def test_generator_reaches_the_perfseer_range() -> None:

@@ -207,7 +207,10 @@ def read_manifest(path: Path) -> list[dict[str, str]]:
 def settings_sha(cfg: Config) -> str:
     """A hash of what decides the networks stage's output: the ``[networks]`` settings and the bytes of the
     factory and description files they name (a file that cannot be read counts as missing)."""
-    digest = hashlib.sha256(json.dumps(dataclasses.asdict(cfg.networks), sort_keys=True).encode())
+    settings = dataclasses.asdict(cfg.networks)
+    if not settings["generator"]["cover_styles"]:  # a key added later: off, it hashes as before it existed
+        del settings["generator"]["cover_styles"]
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
     for spec in cfg.networks.factories:
         digest.update(spec.encode())
         try:
