@@ -199,6 +199,10 @@ def resolve_networks(cfg: Config, names: list[str], input_shape: list[int]) -> l
     for name in names:
         if Path(name).is_dir():
             raise UserError(f"{name}: is a folder; give description files (e.g. {Path(name) / '*.json'})")
+        if name.endswith(".py") and Path(name).is_file():  # a factory: built by the networks stage, not here
+            raise UserError(f"{name}: a Python file, not a network description: name its factory in [networks] "
+                            f"factories (\"{name}:function\"), run --stage networks, then predict by the variant's "
+                            "name, or give a description .json file")
         if is_description_file(name):
             out.append(load_description(name))
         elif name not in ZOO_NAMES and (paths := _dataset_files(cfg, name)):

@@ -598,6 +598,8 @@ def test_outside_notes_name_the_networks_and_what_training_never_covered():
     assert "dw: with depthwise convolutions, which no training network had" in notes
     assert any(n.startswith("headless: without a linear layer") for n in notes)
     assert "batch size 8: outside the training rows' 2..4" in notes
+    many = outside_notes(domain, feature_matrix(query[:1] * 40, list(range(5, 45))), ["dw"] * 40)
+    assert "batch size 5, 6, ..., 44 (40 sizes): outside the training rows' 2..4" in many
     assert len(notes) == 3  # the sizes are inside the range: no note about them
     assert outside_notes({}, feature_matrix(query, [8, 8]), ["dw", "headless"]) == []  # older fingerprints
     assert domain_line(domain).startswith("training domain: batch size 2..4, MACs per sample ")

@@ -405,6 +405,9 @@ def test_a_dataset_network_is_found_by_its_name(tmp_path: Path) -> None:
     assert "a network of the dataset (2: net_0, tiny_vgg_l30)" in str(info.value)  # the kinds of name, and which
     with pytest.raises(UserError, match="unknown network 'Tiny_VGG_L30' \\(did you mean 'tiny_vgg_l30'"):
         resolve_networks(cfg, ["Tiny_VGG_L30"], [3, 32, 32])  # another case
+    with pytest.raises(UserError, match=r"tiny_nets\.py: a Python file, not a network description: name its factory "
+                                        r"in \[networks\] factories"):
+        resolve_networks(cfg, [str(TINY)], [3, 32, 32])
     manifest = cfg.models_dir / "manifest.csv"
     manifest.write_text(manifest.read_text()[:-30])  # cut off mid-path: the file it names is not there
     with pytest.raises(UserError, match=r"models/pru: network description file not found$"):

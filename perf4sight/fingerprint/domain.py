@@ -115,7 +115,9 @@ def outside_notes(domain: dict[str, Any] | None, F: np.ndarray, names: Sequence[
         if not odd.any():
             continue
         if key == "batch_size":
-            sizes = ", ".join(str(int(b)) for b in sorted(set(v[odd].tolist())))
+            odd_sizes = [str(int(b)) for b in sorted(set(v[odd].tolist()))]
+            sizes = (", ".join(odd_sizes) if len(odd_sizes) <= 6  # a long sweep: its ends and how many
+                     else f"{', '.join(odd_sizes[:2])}, ..., {odd_sizes[-1]} ({len(odd_sizes)} sizes)")
             notes.append(f"batch size {sizes}: outside the training rows' {_span(key, lo, hi)}")
         else:
             per_net = sorted(dict(zip(names[odd], v[odd])).items())
