@@ -540,7 +540,10 @@ def run_export(cfg: Config, args: argparse.Namespace) -> int:
             raise UserError(f"export: {out} is not empty; export into a new or empty folder; nothing written")
         todo[device] = (rows, descriptions, out)
     for device, (rows, descriptions, out) in todo.items():
-        done = export_perfseer(rows, descriptions, out, memory_column(rows))
+        try:
+            done = export_perfseer(rows, descriptions, out, memory_column(rows))
+        except OSError as exc:  # a folder that cannot be made or written: where, and why
+            raise UserError(f"export: cannot write {exc.filename or out} ({exc.strerror or exc})") from None
         console.print(f"{device}: {done['graphs_written']} graph + label pairs in {done['folder']}"
                       + (f" ({plural(done['skipped_no_description'], 'row')} without a description skipped)"
                          if done["skipped_no_description"] else ""), markup=False)

@@ -4,6 +4,9 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import networkx as nx
 import pytest
@@ -171,6 +174,17 @@ def test_export_import_round_trip(tmp_path):
     got = {int(r["batch_size"]): float(r["latency_ms_median"])
            for r in read_rows(results_path(tmp_path / "prof", "d2"))}
     assert got == {2: 20.0, 8: 80.0}
+
+    # --output where no folder can be made (under a file): one line naming it, exit 2, no traceback
+    (tmp_path / "config.toml").write_text('[project]\nprofiling_dir = "prof"\nmodels_dir = "models"\n'
+                                          '[devices.local]\nbackend = "cpu"\n')
+    (tmp_path / "afile").write_text("x")
+    main = Path(__file__).resolve().parents[1] / "main.py"
+    proc = subprocess.run([sys.executable, str(main), "--config", str(tmp_path / "config.toml"), "--stage", "export",
+                           "--format", "perfseer", "--output", str(tmp_path / "afile" / "sub"), "--device", "d2"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"error: export: cannot write {tmp_path / 'afile' / 'sub'} (")
 
 
 def test_rows_of_another_backend_are_refused_before_anything_is_written(tmp_path):

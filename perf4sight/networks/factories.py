@@ -67,7 +67,7 @@ def _import(factory: Factory) -> ModuleType:
     module = importlib.util.module_from_spec(module_spec)
     try:
         module_spec.loader.exec_module(module)
-    except Exception as exc:  # a user file can raise anything while importing
+    except (Exception, SystemExit) as exc:  # a user file can raise anything while importing, sys.exit() included
         raise UserError(f"factory '{factory.spec}': {factory.path} fails to import "
                         f"({type(exc).__name__}: {exc})") from None
     sys.modules[name] = module
@@ -95,7 +95,7 @@ def build_factory_model(factory: Factory, num_classes: int = 1000) -> nn.Module:
         accepts = False
     try:
         model = fn(num_classes=num_classes) if accepts else fn()
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # sys.exit("msg") in a factory: named, not the CLI's exit
         raise UserError(f"factory '{factory.spec}': calling {factory.function}() failed "
                         f"({type(exc).__name__}: {exc})") from None
     if not isinstance(model, nn.Module):
