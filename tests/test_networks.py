@@ -272,7 +272,8 @@ def test_factory_errors(tmp_path: Path) -> None:
         build_factory_model(parse_factory(f"{TINY}:tiny_vggg", ROOT))
     quits = tmp_path / "quits.py"
     quits.write_text("import sys\ndef net():\n    sys.exit('no GPU here')\n")
-    with pytest.raises(UserError, match=r"factory '.*quits.py:net': calling net\(\) failed \(SystemExit: no GPU here\)"):
+    with pytest.raises(UserError, match=r"factory '.*quits.py:net': calling net\(\) failed "
+                                        r"\(SystemExit: no GPU here\)"):
         build_factory_model(parse_factory(f"{quits}:net", tmp_path))
     notmodel = tmp_path / "notmodel.py"
     notmodel.write_text("def net(num_classes=1000):\n    return 3\n")
