@@ -724,3 +724,28 @@ def test_oom_rows_the_memory_limit_caused_are_explained(tmp_path):
         "note: local: 2 oom rows (a, b) were recorded under memory_limit_mb = 100, not the 900 set now; they are "
         "kept")
     assert _limit_note(cfg, "local", [ok_a, oom("a", 2, 900, 990)]) == ""  # the limit set now: nothing to say
+
+
+def test_a_runner_that_cannot_write_says_so_in_its_error_event(tmp_path, monkeypatch, capsys):
+    """A full disk made the runner die with a traceback whose last line was all the profile stage showed:
+    now one error event says what failed, and that the rows written before are kept (the second row's write
+    fails here, as ENOSPC would)."""
+    from perf4sight.profiling import runner
+
+    net = write_net(tmp_path, "tiny")
+    plan_path = save_plan(TestPlan(device="d", networks=[str(net)], batch_sizes=[1, 2], output="m.csv"),
+                          tmp_path / "plan.json")
+    real, calls = results.append_row, []
+
+    def fills_up(path, row):
+        calls.append(path)
+        if len(calls) > 1:
+            raise OSError(28, "No space left on device")
+        return real(path, row)
+
+    monkeypatch.setattr(results, "append_row", fills_up)
+    assert runner.main([str(plan_path)]) == 1
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert events[-1] == {"event": "error",
+                          "message": "OSError (No space left on device): rows already written are kept"}
+    assert len(results.read_rows(tmp_path / "m.csv")) == 1

@@ -481,6 +481,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         print_event({"event": "error", "message": "interrupted: the measurement in flight was stopped, rows "
                                                   "already written are kept"})
         return 130
+    except OSError as exc:  # e.g. the disk filled up: which file, and that the rows written are kept
+        where = " writing {}".format(exc.filename) if exc.filename else ""
+        message = "{}{} ({}): rows already written are kept".format(type(exc).__name__, where, exc.strerror or exc)
+        print_event({"event": "error", "message": message})
+        print("error: " + message, file=sys.stderr)
+        return 1
     return 0
 
 
