@@ -184,9 +184,9 @@ def _limit_note(cfg: Config, device: str, rows: list[dict[str, str]]) -> str:
     if other:
         nets = sorted({str(r["network"]) for r in other})
         was = " / ".join(str(lim) for lim in sorted(by_limit) if lim != limit)
-        were = "was" if len(other) == 1 else "were"
+        were, now = "was" if len(other) == 1 else "were", f"the {limit} set now" if limit else "without one, as now"
         return (f"note: {device}: {plural(len(other), 'oom row')} ({named(nets)}) {were} recorded under "
-                f"memory_limit_mb = {was}, not the {limit or 'no limit'} set now; they are kept, with "
+                f"memory_limit_mb = {was}, not {now}; they are kept, with "
                 f"the batch sizes skipped after them: to measure them under the new limit, delete their lines from "
                 f"{csv_path} and profile again")
     first = {}  # each network's smallest batch size measured
