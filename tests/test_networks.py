@@ -233,6 +233,8 @@ def test_cover_styles_gives_each_style_the_largest_maps_of_a_network_in_turn() -
     assert [d.extra["styles"][:2] for d in covered] == [[s, s] for s in leads]
     assert all(20 <= forward_flops(d) / 1e6 <= 600 for d in covered)
     assert [d.extra["styles"][:2] for d in plain] != [[s, s] for s in leads]  # off: drawn as before
+    with pytest.raises(UserError, match=r"only 0 of 2 networks .*; with cover_styles, none led by vgg did\); widen"):
+        generate(replace(settings, count=2, min_mflops=0, max_mflops=0.5, cover_styles=True), [3, 64, 64], CLASSES)
 
 
 def test_generator_reaches_the_perfseer_range() -> None:

@@ -107,9 +107,12 @@ def generate(settings: GeneratorSettings, input_shape: list[int], num_classes: i
         kept.append(desc)
     if len(kept) < settings.count:
         worst = rejected.most_common(1)[0][0] if rejected else "none"
+        stuck = (f"; with cover_styles, none led by {settings.styles[len(kept) % len(settings.styles)]} did"
+                 if settings.cover_styles else "")
         raise UserError(f"{where_in_config(config)} only {len(kept)} of {settings.count} networks satisfy the "
                         f"constraints after {tries} candidates (most rejected by {worst}: "
-                        f"{', '.join(f'{k}: {v} candidates' for k, v in rejected.most_common())}); widen that range")
+                        f"{', '.join(f'{k}: {v} candidates' for k, v in rejected.most_common())}{stuck}); "
+                        "widen that range")
     return kept
 
 
