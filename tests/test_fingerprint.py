@@ -278,12 +278,12 @@ def test_forms_for_one_device_kind_are_scored_on_that_kind_only():
 
 
 def test_mean_form_is_its_members_geometric_mean_and_round_trips(tmp_path):
-    """The mean of the step-time forms: the score select_candidate gives it from its members' folds is what
-    fitting it fold by fold gives; it is offered on a CPU only; a fingerprint holding one loads to the same
-    predictions."""
+    """The mean of the step-time forms' analytic parts (no tree corrections): its prediction is the geometric mean
+    of its members', its score is its own grouped CV; it is offered on a CPU only; a fingerprint holding one loads
+    to the same predictions."""
     from perf4sight.features.aggregate import FEATURE_NAMES
     from perf4sight.fingerprint.evaluate import grouped_cv
-    from perf4sight.fingerprint.select import CANDIDATES, MEAN_FORM, _mean_cv, fit_form, select_candidate
+    from perf4sight.fingerprint.select import CANDIDATES, MEAN_FORM, fit_form, select_candidate
     from perf4sight.fingerprint.storage import load_models, save_models
     from perf4sight.fingerprint.trees import MeanModel
     rng = np.random.default_rng(3)
@@ -291,22 +291,19 @@ def test_mean_form_is_its_members_geometric_mean_and_round_trips(tmp_path):
     y = 20 + 0.3 * F[:, FEATURE_NAMES.index("dense_macs")] + 0.1 * F[:, FEATURE_NAMES.index("lt_launches")]
     groups = np.repeat(np.array(["a", "b", "c", "d"]), 20)
     mean = next(c for c in CANDIDATES["latency"] if c.name == MEAN_FORM)
-    assert mean.kinds == ("cpu",) and len(mean.members) == len(CANDIDATES["latency"]) - 1
+    forms = [c for c in CANDIDATES["latency"] if not c.members]
+    assert mean.kinds == ("cpu",) and [m.terms for m in mean.members] == [c.terms for c in forms]
+    assert not any(m.correct for m in mean.members) and any(c.correct for c in forms)
 
-    def fitter(cand):
-        return lambda a, b, c: fit_form("latency", cand, a, b, "extra-trees", 5, 1, 0).predict(c)
-
-    direct = grouped_cv(F, y, groups, "family", fitter(mean))
-    parts = [grouped_cv(F, y, groups, "family", fitter(m)) for m in mean.members]
-    shortcut = _mean_cv(y, groups, "family", parts)
-    np.testing.assert_allclose(shortcut.predictions, direct.predictions, rtol=1e-12)
-    assert shortcut.per_group["b"]["mape"] == pytest.approx(direct.per_group["b"]["mape"])
+    direct = grouped_cv(F, y, groups, "family",
+                        lambda a, b, c: fit_form("latency", mean, a, b, "extra-trees", 5, 1, 0).predict(c))
     args = ("latency", F, y, groups, "family", "extra-trees", 5, 1, 0)
     _, _, on_cpu = select_candidate(*args, kind="cpu")
     _, _, on_gpu = select_candidate(*args, kind="gpu")
     assert on_cpu[MEAN_FORM] == pytest.approx(np.mean([m["mape"] for m in direct.per_group.values()]))
     assert MEAN_FORM not in on_gpu and set(on_gpu) == set(on_cpu) - {MEAN_FORM}
     model = fit_form("latency", mean, F, y, "extra-trees", 5, 1, 0)
+    assert not model.corrected and all(m.correction is None for m in model.members)
     logs = np.log([m.predict(F) for m in model.members])
     np.testing.assert_allclose(model.predict(F), np.exp(logs.mean(axis=0)))
     save_models(tmp_path, {"latency": model}, {"device": "x"})
