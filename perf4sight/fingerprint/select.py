@@ -12,7 +12,8 @@ host|device overlap form (its kernels run asynchronously to the host that issues
 the form with every physical term (the allocator replay, the analytic estimate, the BLAS library's
 context, the convolution workspaces, saturation near the device's limit), each term learnt with a
 non-negative coefficient, so a term the device does not show costs little. On a CPU, for step time,
-the *mean form*: the geometric mean of every step-time form's prediction. A preferred form is kept
+the *mean form*: the geometric mean of every step-time form's analytic part (no tree corrections). A
+preferred form is kept
 unless the best-scoring form beats it by more than one standard error of their per-group MAPE
 differences (the one-standard-error rule, paired over the held-out groups): with the three or four
 families a device has, a point of CV score is within the noise of which family is out, and of the
@@ -125,8 +126,8 @@ CANDIDATES: dict[str, tuple[Candidate, ...]] = {
 #: training network without a linear layer, or no replay), the lowest score wins.
 PREFERRED: dict[tuple[str, str], str] = {("latency", "gpu"): OVERLAP_FORM, ("memory", "gpu"): FULL_MEMORY_FORM,
                                          ("latency", "cpu"): MEAN_FORM}
-#: Preferred forms kept whatever the scores (no one-standard-error rule): the mean form, whose members are scored
-#: beside it for the record. Where it cannot be fitted (fewer than two members' terms known) the lowest score wins.
+#: Preferred forms kept whatever the scores (no one-standard-error rule): the mean form, scored beside the forms
+#: (with their trees) for the record. Where it cannot be fitted (fewer than two members' terms known) the lowest score wins.
 KEPT_WHATEVER_THE_SCORES = frozenset({MEAN_FORM})
 #: The choice rules as the metadata records them (``accuracy.<target>.selection.rule``).
 RULE_ONE_SE = "lowest score; the preferred form unless beaten by more than one standard error"
