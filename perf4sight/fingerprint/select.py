@@ -13,9 +13,8 @@ the form with every physical term (the allocator replay, the analytic estimate, 
 context, the convolution workspaces, saturation near the device's limit), each term learnt with a
 non-negative coefficient, so a term the device does not show costs little. On a CPU, for step time,
 the *mean form*: the geometric mean of every step-time form's analytic part (no tree corrections). A
-preferred form is kept
-unless the best-scoring form beats it by more than one standard error of their per-group MAPE
-differences (the one-standard-error rule, paired over the held-out groups): with the three or four
+preferred form is kept unless the best-scoring form beats it by more than one standard error of their
+per-group MAPE differences (the one-standard-error rule, paired over the held-out groups): with the three or four
 families a device has, a point of CV score is within the noise of which family is out, and of the
 trees' seed. The CPU's mean form is kept whatever the scores (:data:`KEPT_WHATEVER_THE_SCORES`): there,
 a form that beat it on the training families read worse on the held-out one in every fold where the
