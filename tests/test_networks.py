@@ -330,6 +330,11 @@ def test_an_unreachable_level_is_left_out_and_a_rerun_says_what_changed(tmp_path
     with (tmp_path / "models" / "manifest.csv").open() as fh:
         assert [r["network"] for r in csv.DictReader(fh)] == ["tiny_vgg_l0", "tiny_vgg_l30"]
     assert changed_settings_note(load_config(config)) is None
+    # cover_styles (a key added later) off, as written out or left out: the same settings as before it existed
+    config.write_text(text + "[networks.generator]\ncover_styles = false\n")
+    assert changed_settings_note(load_config(config)) is None
+    config.write_text(text + "[networks.generator]\ncover_styles = true\n")
+    assert "changed since the networks stage wrote" in changed_settings_note(load_config(config))
 
     config.write_text(text.replace("[0, 30, 90]", "[0, 50]"))
     assert "changed since the networks stage wrote" in changed_settings_note(load_config(config))
