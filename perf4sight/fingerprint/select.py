@@ -126,7 +126,8 @@ CANDIDATES: dict[str, tuple[Candidate, ...]] = {
 PREFERRED: dict[tuple[str, str], str] = {("latency", "gpu"): OVERLAP_FORM, ("memory", "gpu"): FULL_MEMORY_FORM,
                                          ("latency", "cpu"): MEAN_FORM}
 #: Preferred forms kept whatever the scores (no one-standard-error rule): the mean form, scored beside the forms
-#: (with their trees) for the record. Where it cannot be fitted (fewer than two members' terms known) the lowest score wins.
+#: (with their trees) for the record. Where it cannot be fitted (fewer than two members' terms known) the lowest
+#: score wins.
 KEPT_WHATEVER_THE_SCORES = frozenset({MEAN_FORM})
 #: The choice rules as the metadata records them (``accuracy.<target>.selection.rule``).
 RULE_ONE_SE = "lowest score; the preferred form unless beaten by more than one standard error"
