@@ -256,6 +256,10 @@ def _check_devices(cfg: Config, f: Path | None) -> None:
                             "go in a folder of that name: no path separators, no leading '.', no surrounding spaces)")
         if dev.backend not in BACKENDS:
             raise UserError(f"{f}: [devices.{name}] backend '{dev.backend}' is not one of {', '.join(BACKENDS)}")
+        ssh_only = [k for k in ("user", "key_file", "known_hosts") if getattr(dev, k)]
+        if not dev.host and ssh_only:  # a forgotten host would profile this machine under the device's name
+            raise UserError(f"{f}: [devices.{name}] sets {', '.join(ssh_only)} but no host: without a host the "
+                            "device is this machine; set host for an SSH device, or drop those keys")
         for key in ("memory_limit_mb", "threads", "gpu_index"):
             if getattr(dev, key) < 0:
                 raise UserError(f"{f}: [devices.{name}] {key} must be >= 0, got {getattr(dev, key)}")

@@ -328,3 +328,13 @@ def test_a_device_name_that_cannot_name_a_folder_is_refused(tmp_path, name):
     path.write_text(f'[devices."{name}"]\nbackend = "cpu"\n')
     with pytest.raises(UserError, match=f"device name {re.escape(repr(name))} cannot name a folder"):
         load_config(path)
+
+
+def test_ssh_keys_without_a_host_are_refused(tmp_path):
+    """A device with key_file (or user, known_hosts) but no host was this machine, profiled under the device's
+    name without a word: a forgotten host is one line."""
+    path = tmp_path / "c.toml"
+    path.write_text('[devices.jetson]\nbackend = "jetson"\nuser = "nvidia"\nkey_file = "~/.ssh/id_ed25519"\n')
+    with pytest.raises(UserError, match=r"\[devices.jetson\] sets user, key_file but no host: without a host the "
+                                        r"device is this machine"):
+        load_config(path)

@@ -223,6 +223,10 @@ def test_login_without_a_key_or_with_a_refused_key_says_so(servers, tmp_path, mo
         Remote(cfg.device("wrongkey"), tmp_path / "known_hosts").connect()
     lines = format_checks(check_devices(cfg)).splitlines()
     assert len(lines) == 2 and all(": LOGIN FAILED" in line for line in lines), lines
+    descs = _descriptions(tmp_path, ["net"])  # the profile stage says so too (it said "unreachable")
+    (refused,) = profile_devices(cfg, ["wrongkey"], descs, show_progress=False, **FAST)
+    assert refused.status == "login failed" and "authentication failed" in refused.message
+    assert format_summaries([refused]).startswith("wrongkey: login failed — ")
     (tmp_path / "not_a_key").write_text("hello\n")
     locked = tmp_path / "locked_key"
     paramiko.RSAKey.generate(2048).write_private_key_file(str(locked), password="secret")

@@ -46,7 +46,7 @@ _HOST_ONLY = {"ssh.py", "remote.py", "fleet.py", "pull.py", "probe.py", "local.p
 
 @dataclass
 class DeviceSummary:
-    """How profiling one device ended. ``status``: done | failed | unreachable."""
+    """How profiling one device ended. ``status``: done | failed | unreachable | login failed."""
     device: str
     status: str
     message: str = ""
@@ -378,8 +378,8 @@ class RemoteProfiler:
                 self.remote.connect()
             except HostKeyError:
                 raise
-            except DeviceError as exc:
-                s.status = "unreachable"
+            except DeviceError as exc:  # a refused login reached the device: "login failed", as check says
+                s.status = "login failed" if isinstance(exc, LoginError) else "unreachable"
                 raise exc
             self.run_dir = str(PurePosixPath(self.remote.expand(self.dev.workdir), remote_dir_name(self.dev.name)))
             try:
@@ -412,7 +412,7 @@ class RemoteProfiler:
             s.message = "; ".join(self._log_warnings()[:3] + self._passed_over_note())
         except UserError as exc:
             s.message = str(exc)
-            if s.status != "unreachable":
+            if s.status not in ("unreachable", "login failed"):
                 s.status = "failed"
         except CONNECTION_ERRORS as exc:
             s.status, s.message = "failed", f"device '{self.dev.name}': connection lost: {describe_error(exc)}"
