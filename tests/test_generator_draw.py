@@ -1,18 +1,16 @@
 """bench/bench_generator_draw.py: the config of each draw, written from the shipped one."""
 from __future__ import annotations
 
-import importlib.util
 import tomllib
 from pathlib import Path
+
+from bench_module import load_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_generator_draw", ROOT / "bench" / "bench_generator_draw.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("bench_generator_draw")
 
 
 def test_each_draw_changes_only_the_generators_count_seed_and_cover_styles():

@@ -1,23 +1,16 @@
 """bench/bench_op_breakdown.py: a real training step profiled by op, its categories, and the pools' features."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from perf4sight.ir.schema import Node, save_description
 
+from bench_module import load_bench
 from tiny_graphs import conv_node, tiny_description
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_op_breakdown", ROOT / "bench" / "bench_op_breakdown.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("bench_op_breakdown")
 
 
 def test_ops_fall_in_their_categories():
