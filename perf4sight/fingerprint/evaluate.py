@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["metrics", "grouped_cv", "cv_result", "CVResult", "choose_groups"]
+__all__ = ["metrics", "grouped_cv", "CVResult", "choose_groups"]
 
 
 def metrics(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float]:
@@ -46,16 +46,12 @@ def grouped_cv(F: np.ndarray, y: np.ndarray, groups: np.ndarray, grouping: str,
                fit_predict: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]) -> CVResult:
     """Leave-one-group-out: ``fit_predict(F_train, y_train, F_test)`` for each group held out."""
     pred = np.full(len(y), np.nan)
+    per: dict[str, dict[str, float]] = {}
     labels = sorted(set(groups.tolist()))
     if len(labels) < 2:
         return CVResult(pred, {}, metrics(np.array([]), np.array([])), grouping)
     for g in labels:
         test = groups == g
         pred[test] = fit_predict(F[~test], y[~test], F[test])
-    return cv_result(y, pred, groups, grouping)
-
-
-def cv_result(y: np.ndarray, pred: np.ndarray, groups: np.ndarray, grouping: str) -> CVResult:
-    """The metrics of out-of-fold predictions ``pred``, per group and overall."""
-    per = {str(g): metrics(y[groups == g], pred[groups == g]) for g in sorted(set(groups.tolist()))}
+        per[str(g)] = metrics(y[test], pred[test])
     return CVResult(pred, per, metrics(y, pred), grouping)
