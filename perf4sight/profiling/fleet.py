@@ -7,7 +7,6 @@ bar per device when ``show_progress`` is true. Times in seconds, disk in MiB.
 """
 from __future__ import annotations
 
-import contextlib
 import subprocess
 import sys
 import threading
@@ -118,23 +117,32 @@ def _profile_local(cfg: Config, dev: DeviceConfig, descriptions: Sequence[Path],
         local = profile_local(cfg, dev.name, list(descriptions), progress=on_event, cancel=cancel)
     except UserError as exc:  # the rows the run wrote before it stopped are on disk: the summary counts them
         failed = DeviceSummary(dev.name, "failed", message=str(exc), elapsed_s=round(time.monotonic() - t0, 2))
-        with contextlib.suppress(UserError, OSError):  # a description or the CSV unreadable now: no counts
-            keys = expected_keys(dev.name, descriptions, cfg.profile.batch_sizes)
-            failed.rows, failed.counts = plan_counts(results_path(cfg.profiling_dir, dev.name), covering(keys))
-            failed.expected = len(keys)
+        on_disk = _plan_on_disk(cfg, dev, descriptions)
+        if on_disk:
+            failed.rows, failed.counts, failed.expected = on_disk
         return failed
     summary = DeviceSummary(dev.name, "done", new_rows=local.new_rows, elapsed_s=round(time.monotonic() - t0, 2))
     summary.counts = {"ok": local.ok, "oom": local.oom, "skipped_after_oom": local.skipped_after_oom,
                       "error": local.error}
-    try:  # every row of the plan by status, as for a remote device (a rerun shows what is there)
-        keys = covering(expected_keys(dev.name, descriptions, cfg.profile.batch_sizes))
-        _, summary.counts = plan_counts(local.csv_path, keys)
-    except UserError:  # a description unreadable now: the new rows' counts stay
-        pass
+    on_disk = _plan_on_disk(cfg, dev, descriptions)
+    if on_disk:  # every row of the plan by status, as for a remote device (a rerun shows what is there)
+        summary.counts = on_disk[1]
     summary.rows = local.new_rows + local.already_measured
     summary.expected = summary.rows
     summary.message = "; ".join(_first(local.warnings) + _first(local.errors))
     return summary
+
+
+def _plan_on_disk(cfg: Config, dev: DeviceConfig,
+                  descriptions: Sequence[Path]) -> tuple[int, dict[str, int], int] | None:
+    """(rows of ``dev``'s plan in its CSV, their count per status, rows the plan has); None where a description or
+    the CSV cannot be read now."""
+    try:
+        keys = expected_keys(dev.name, descriptions, cfg.profile.batch_sizes)
+        rows, counts = plan_counts(results_path(cfg.profiling_dir, dev.name), covering(keys))
+    except (UserError, OSError):
+        return None
+    return rows, counts, len(keys)
 
 
 def _first(messages: list[str], n: int = 3) -> list[str]:
