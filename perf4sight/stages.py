@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import re
 import sys
 import time
 from pathlib import Path
@@ -23,7 +22,9 @@ from perf4sight.dataset import (ZOO_CACHE, dataset_descriptions, device_dataset,
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.networks.zoo import ZOO_NAMES
-from perf4sight.profiling.results import incomplete_note, number, read_rows, references_path, results_path
+from perf4sight.profiling.backends.base import LIMIT_OOM
+from perf4sight.profiling.results import (batch_size_of, incomplete_note, number, read_rows, references_path,
+                                         results_path)
 from perf4sight.wording import named, plural
 
 if TYPE_CHECKING:  # the importers are imported by the import stage alone
@@ -163,10 +164,6 @@ def _predictor(cfg: Config, args: argparse.Namespace) -> str:
 GNN_FEW_ROWS = 200  # below this many training rows the GNN fit is noted as too small to trust
 
 
-#: How the runner words an out-of-memory row that the configured limit caused (``backends/base.py``).
-_LIMIT_OOM = re.compile(r"(\d+(?:\.\d+)?) MiB exceeded memory_limit_mb (\d+)")
-
-
 def _limit_note(cfg: Config, device: str, rows: list[dict[str, str]]) -> str:
     """A note on ``device``'s ``oom`` rows that its ``memory_limit_mb`` caused ('' if none to make): rows recorded
     under another limit than the configured one (kept as they are, with the batch sizes skipped after them), or,
@@ -176,7 +173,7 @@ def _limit_note(cfg: Config, device: str, rows: list[dict[str, str]]) -> str:
     limit = dev.memory_limit_mb if dev is not None else 0
     by_limit: dict[int, list[dict[str, str]]] = {}
     for r in rows:
-        found = _LIMIT_OOM.search(str(r.get("message") or "")) if r.get("status") == "oom" else None
+        found = LIMIT_OOM.search(str(r.get("message") or "")) if r.get("status") == "oom" else None
         if found:
             by_limit.setdefault(int(found.group(2)), []).append(r)
     csv_path = results_path(cfg.profiling_dir, device)
@@ -189,14 +186,16 @@ def _limit_note(cfg: Config, device: str, rows: list[dict[str, str]]) -> str:
                 f"memory_limit_mb = {was}, not {now}; they are kept, with "
                 f"the batch sizes skipped after them: to measure them under the new limit, delete their lines from "
                 f"{csv_path} and profile again")
-    first = {}  # each network's smallest batch size measured
+    first: dict[str, dict[str, str]] = {}  # each network's smallest batch size measured
     for r in rows:
-        net, b = str(r.get("network")), int(float(r["batch_size"]))
-        if r.get("status") in ("ok", "oom", "error") and (net not in first or b < int(float(first[net]["batch_size"]))):
+        net = str(r.get("network"))
+        if r.get("status") in ("ok", "oom", "error") and (net not in first
+                                                          or batch_size_of(r) < batch_size_of(first[net])):
             first[net] = r
-    at_limit = [r for r in first.values() if r in by_limit.get(limit, [])]
+    caused = {id(r) for r in by_limit.get(limit, [])}
+    at_limit = [r for r in first.values() if id(r) in caused]
     if limit and first and len(at_limit) == len(first):
-        peak = max(float(_LIMIT_OOM.search(str(r["message"])).group(1)) for r in at_limit)
+        peak = max(float(LIMIT_OOM.search(str(r["message"])).group(1)) for r in at_limit)
         return (f"note: {device}: every network ran out of memory at its smallest batch size under memory_limit_mb = "
                 f"{limit} (RSS up to {peak:.0f} MiB): torch, a model and its optimiser take more than that before "
                 f"the first step; raise the limit in [devices.{device}], then delete these rows from {csv_path} and "

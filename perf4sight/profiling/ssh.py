@@ -15,9 +15,9 @@ Times in seconds.
 from __future__ import annotations
 
 import io
+import logging
 import os
 import shlex
-import logging
 import socket
 import stat
 import threading

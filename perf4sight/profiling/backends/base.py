@@ -17,6 +17,7 @@ allocator's statistics, ``is_oom`` with ``torch.cuda.OutOfMemoryError``) and is 
 """
 import importlib
 import math
+import re
 import socket
 import time
 from typing import Any, Callable, Dict, List, Optional, TYPE_CHECKING
@@ -24,6 +25,9 @@ from typing import Any, Callable, Dict, List, Optional, TYPE_CHECKING
 from perf4sight.errors import UserError
 from perf4sight.profiling.plan import TestPlan
 from perf4sight.profiling.procfs import status_mb
+
+#: An ``oom`` message of :meth:`Backend.over_limit`, read back: (the MiB seen, the memory_limit_mb it exceeded).
+LIMIT_OOM = re.compile(r"(\d+(?:\.\d+)?) MiB exceeded memory_limit_mb (\d+)")
 
 if TYPE_CHECKING:  # torch is imported lazily: the runner side must not load it
     import torch
@@ -103,7 +107,7 @@ class Backend:
         interval escapes :meth:`watch` but is over the limit all the same."""
         limit = self.plan.memory_limit_mb
         if limit > 0 and rss_mb is not None and rss_mb > limit:
-            return f"{what} {rss_mb:.0f} MiB exceeded memory_limit_mb {limit}"
+            return f"{what} {rss_mb:.0f} MiB exceeded memory_limit_mb {limit}"  # read back by LIMIT_OOM
         return None
 
     # ------------------------------------------------------------------ child side
