@@ -227,13 +227,13 @@ def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
     if not devices:
         raise UserError(f"no measurements under {cfg.profiling_dir}: run --stage profile first")
     predictor = _predictor(cfg, args)
+    refit = bool(getattr(args, "refit", False))  # else a fit from the inputs of the stored one is skipped
     for device in devices:
         descriptions, shas, rows, note = device_dataset(cfg, device)  # each description parsed once per device
         _print_notes(note, undescribed_note(cfg, device, rows, descriptions), _over_limit_note(cfg, device, rows),
                      _limit_note(cfg, device, rows))
         if predictor in ("trees", "ensemble"):
-            # the rows read above, not read again
-            meta = fit_device(cfg, device, descriptions, shas, rows=rows, refit=bool(getattr(args, "refit", False)))
+            meta = fit_device(cfg, device, descriptions, shas, rows=rows, refit=refit)  # the rows read above
             meta["folder"] = str(cfg.fingerprint_dir / device)
             _print_accuracy(device, meta)
             ok = sum(r.get("status") == "ok" and r.get("network") in descriptions for r in rows)
@@ -253,7 +253,7 @@ def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
             from perf4sight.fingerprint.gnn import gnn_accuracy_lines
 
             started = time.perf_counter()
-            meta = fit_device_gnn(cfg, device, descriptions, shas, rows=rows, refit=bool(getattr(args, "refit", False)))
+            meta = fit_device_gnn(cfg, device, descriptions, shas, rows=rows, refit=refit)
             done = (_up_to_date(meta) if meta.get("up_to_date")
                     else f"fitted and cross-validated in {time.perf_counter() - started:.0f} s")
             console.print(f"[bold]{device}[/bold]: GNN ({meta['settings']['arch']}) in {cfg.fingerprint_dir / device}, "
