@@ -105,7 +105,10 @@ def test_batch_list_rejects_with_one_line(bad, expected):
 
 def test_cpu_fingerprint_keeps_the_mean_step_time_form(fitted):
     """Two families are too few to choose a form by: a CPU fingerprint keeps its preferred step-time form, the
-    mean of every step-time form, stores each member, and predicts their geometric mean."""
+    mean of every step-time form, stores each member, and predicts their geometric mean: with their tree
+    corrections for a network of a training family, their analytic parts for the same network under a family
+    name the training rows did not have."""
+    from dataclasses import replace
     from perf4sight.features.aggregate import feature_matrix, network_features
     from perf4sight.fingerprint.select import MEAN_FORM
     from perf4sight.fingerprint.trees import MeanModel
@@ -115,12 +118,19 @@ def test_cpu_fingerprint_keeps_the_mean_step_time_form(fitted):
     assert sel["chosen"] == sel["preferred"] == MEAN_FORM and list(sel["cv_mean_group_mape"]) == [MEAN_FORM]
     model = fp.models["latency"]
     assert isinstance(model, MeanModel) and len(model.members) == len(sel["members"]) >= 2
+    assert model.families == ("deep", "shallow")
     out = fp.predict(descs["deep_w8"], [2, 8])
     F = feature_matrix([network_features(descs["deep_w8"])] * 2, [2, 8])
     members = np.array([m.predict(F) for m in model.members])
     assert members.std(axis=0).min() > 0  # the members disagree: the mean is not one of them
     expected = np.exp(np.log(members).mean(axis=0))
     np.testing.assert_allclose([p["latency_ms"] for p in out], expected, rtol=1e-9)
+    stranger = fp.predict(replace(descs["deep_w8"], network="another_family"), [2, 8])
+    analytic = np.exp(np.log([np.maximum(m.analytic(F), 1e-9) for m in model.members]).mean(axis=0))
+    np.testing.assert_allclose([p["latency_ms"] for p in stranger], analytic, rtol=1e-9)
+    assert not np.allclose(analytic, expected)
+    split = fp.metadata["accuracy"]["latency"]["network_split"]
+    assert split["n"] == fp.metadata["accuracy"]["latency"]["overall"]["n"] and split["mape"] > 0
 
 
 @pytest.mark.parametrize("damage", [

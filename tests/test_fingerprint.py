@@ -278,12 +278,13 @@ def test_forms_for_one_device_kind_are_scored_on_that_kind_only():
 
 
 def test_mean_form_is_its_members_geometric_mean_and_round_trips(tmp_path):
-    """The mean of the step-time forms' analytic parts (no tree corrections): its prediction is the geometric mean
-    of its members', its score is its own grouped CV; it is offered on a CPU only; a fingerprint holding one loads
-    to the same predictions."""
+    """The mean of the step-time forms: its prediction is the geometric mean of its members', their tree
+    corrections for a query of a training family only (the analytic parts for any other); its score, over held-out
+    families, is the analytic parts' own grouped CV; it is offered on a CPU only; a fingerprint holding one loads to
+    the same predictions, families included."""
     from perf4sight.features.aggregate import FEATURE_NAMES
     from perf4sight.fingerprint.evaluate import grouped_cv
-    from perf4sight.fingerprint.select import CANDIDATES, MEAN_FORM, fit_form, select_candidate
+    from perf4sight.fingerprint.select import CANDIDATES, MEAN_FORM, analytic_parts, fit_form, select_candidate
     from perf4sight.fingerprint.storage import load_models, save_models
     from perf4sight.fingerprint.trees import MeanModel
     rng = np.random.default_rng(3)
@@ -292,24 +293,32 @@ def test_mean_form_is_its_members_geometric_mean_and_round_trips(tmp_path):
     groups = np.repeat(np.array(["a", "b", "c", "d"]), 20)
     mean = next(c for c in CANDIDATES["latency"] if c.name == MEAN_FORM)
     forms = [c for c in CANDIDATES["latency"] if not c.members]
-    assert mean.kinds == ("cpu",) and [m.terms for m in mean.members] == [c.terms for c in forms]
-    assert not any(m.correct for m in mean.members) and any(c.correct for c in forms)
+    assert mean.kinds == ("cpu",) and list(mean.members) == forms and any(c.correct for c in forms)
+    assert not any(m.correct for m in analytic_parts(mean).members)
 
-    direct = grouped_cv(F, y, groups, "family",
-                        lambda a, b, c: fit_form("latency", mean, a, b, "extra-trees", 5, 1, 0).predict(c))
+    direct = grouped_cv(F, y, groups, "family", lambda a, b, c: fit_form("latency", analytic_parts(mean), a, b,
+                                                                         "extra-trees", 5, 1, 0).predict(c))
     args = ("latency", F, y, groups, "family", "extra-trees", 5, 1, 0)
     _, _, on_cpu = select_candidate(*args, kind="cpu")
     _, _, on_gpu = select_candidate(*args, kind="gpu")
     assert on_cpu[MEAN_FORM] == pytest.approx(np.mean([m["mape"] for m in direct.per_group.values()]))
     assert MEAN_FORM not in on_gpu and set(on_gpu) == set(on_cpu) - {MEAN_FORM}
-    model = fit_form("latency", mean, F, y, "extra-trees", 5, 1, 0)
-    assert not model.corrected and all(m.correction is None for m in model.members)
-    logs = np.log([m.predict(F) for m in model.members])
-    np.testing.assert_allclose(model.predict(F), np.exp(logs.mean(axis=0)))
+    model = fit_form("latency", mean, F, y, "extra-trees", 5, 1, 0, groups)
+    assert model.families == ("a", "b", "c", "d") and model.corrected
+    queries = ["a", "unseen", "d", "b"] * 20  # one family name per row of F
+    trees = model.trees_for(queries)
+    assert trees.tolist() == [q != "unseen" for q in queries]
+    full = np.exp(np.log([m.predict(F) for m in model.members]).mean(axis=0))
+    analytic = np.exp(np.log([np.maximum(m.analytic(F), 1e-9) for m in model.members]).mean(axis=0))
+    gated = model.predict(F, trees)
+    np.testing.assert_allclose(gated[trees], full[trees])
+    np.testing.assert_allclose(gated[~trees], analytic[~trees])
+    assert np.abs(np.log(full / analytic)).max() > 1e-3  # the trees change something: the gate could fail
     save_models(tmp_path, {"latency": model}, {"device": "x"})
     loaded, meta = load_models(tmp_path)
     assert isinstance(loaded["latency"], MeanModel) and len(meta["models"]["latency"]["members"]) == len(mean.members)
-    np.testing.assert_allclose(loaded["latency"].predict(F), model.predict(F))
+    assert loaded["latency"].families == model.families
+    np.testing.assert_allclose(loaded["latency"].predict(F, loaded["latency"].trees_for(queries)), gated)
 
 
 def test_cpu_mean_form_is_kept_whatever_the_scores(monkeypatch):

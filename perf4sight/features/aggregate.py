@@ -94,6 +94,11 @@ class NetworkFeatures:
     description: Any = field(default=None, repr=False)  # the NetworkDescription these features came from
     kernels: KernelTable | None = field(default=None, repr=False)  # per-kernel latency terms (latency_terms.py)
 
+    @property
+    def family(self) -> str:
+        """The network family: the description's ``network`` (what a pruned variant derives from), else the name."""
+        return str(getattr(self.description, "network", "") or self.name)
+
 
 def unsupported_ops(desc: NetworkDescription) -> list[str]:
     """Names of the ops in ``desc`` that have no cost formula (sorted, unique)."""

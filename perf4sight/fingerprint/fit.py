@@ -31,7 +31,8 @@ from perf4sight.fingerprint.domain import training_domain
 from perf4sight.fingerprint.evaluate import choose_groups
 from perf4sight.fingerprint.fit_inputs import INPUTS_KEY, inputs_sha256
 from perf4sight.fingerprint.select import (PREFERRED, can_nest, describe_choice, fit_form, group_conformal,
-                                           held_out_coverage, nested_cv, random_split_metrics, select_candidate)
+                                           held_out_coverage, nested_cv, network_split_metrics,
+                                           random_split_metrics, select_candidate)
 from perf4sight.fingerprint.storage import FEATURE_SET, save_models
 from perf4sight.fingerprint.trees import CEILING, MODELS, TREE_FEATURES, Model, tree_features
 from perf4sight.importers.perf4sight_csv import PROTOCOL as PERF4SIGHT_ROWS
@@ -234,7 +235,9 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         kind, prefer = choice_rule(target, mem_col)
         cand, cv, scores = select_candidate(target, F, y, groups, grouping, model, n_est, leaf, seed, prefer=prefer,
                                             kind=kind)
-        models[target] = fit_form(target, cand, F, y, model, n_est, leaf, seed)
+        # a mean form's trees apply to a query of these families (the name a query's description gives)
+        families = np.array([feats[n].family for n in nets.tolist()])
+        models[target] = fit_form(target, cand, F, y, model, n_est, leaf, seed, families)
         log_ratio = np.log(y / cv.predictions)  # out-of-fold residuals: the band and its held-out check
         intervals[target] = group_conformal(log_ratio, groups, coverage)
         # the table: the form chosen again without each held-out group (nested), where that is affordable
@@ -245,6 +248,8 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         accuracy[target] = {"column": col, "grouping": grouping, "overall": table.overall,
                             "per_group": table.per_group, "nested": bool(forms), "forms_per_fold": forms,
                             "random_split": random_split_metrics(target, cand, F, y, model, n_est, leaf, seed),
+                            "network_split": network_split_metrics(target, cand, F, y, nets, families, model, n_est,
+                                                                   leaf, seed),
                             "selection": describe_choice(cand, scores, prefer),
                             "interval_coverage_held_out": held_out_coverage(log_ratio, groups, coverage),
                             "note": "" if grouping == "family"

@@ -234,8 +234,8 @@ class Fingerprint(ModuleQueries):
         nfs = [self._features(d) for d in as_descriptions(descs)]
         self._simulate_if_needed(nfs)
         F = feature_matrix([nf for nf in nfs for _ in bss], [b for _ in nfs for b in bss])  # one pass for all queries
-        lat = self.models["latency"].predict(F)
-        mem = self.models["memory"].predict(F)
+        families = [nf.family for nf in nfs for _ in bss]
+        lat, mem = (self.models[t].predict(F, self.models[t].trees_for(families)) for t in ("latency", "memory"))
         demand = self._demand(F, mem)
         fits = [None if self.capacity_mb is None else d <= self.capacity_mb for d in demand]
         return prediction_rows([nf.name for nf in nfs], bss, lat, mem, self._bands, fits)
@@ -283,6 +283,10 @@ def load_fingerprint(folder: str | Path) -> Fingerprint:
     return fp
 
 
+#: The accuracy table's row for ``network_split`` (``select.network_split_metrics``).
+NETWORK_SPLIT = "networks held out, 5 folds"
+
+
 def _why_chosen(sel: dict[str, Any]) -> str:
     """Why grouped CV chose ``sel["chosen"]`` (a model selection of the metadata), in brackets: the device kind's
     preferred form kept within one standard error (or whatever the scores, as its ``rule`` says), or its CV score
@@ -314,6 +318,8 @@ def accuracy_lines(metadata: dict[str, Any]) -> list[str]:
         rows = list(acc["per_group"].items()) + [("all", acc["overall"])]
         if acc.get("random_split") and acc["random_split"].get("n"):
             rows.append(("random 5-fold split", acc["random_split"]))
+        if acc.get("network_split") and acc["network_split"].get("n"):  # fingerprints since 2026-11-25
+            rows.append((NETWORK_SPLIT, acc["network_split"]))
         w = max([24] + [len(g) + 2 for g, _ in rows])  # generated families have long names
         lines.append(f"  {'held out':<{w}}{'n':>6}{'MAPE%':>8}{'RMSPE%':>8}{'±10%':>8}")
         for g, m in rows:

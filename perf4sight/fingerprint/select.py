@@ -1,4 +1,4 @@
-"""Model choice by grouped cross-validation, evaluation on random splits, group-conformal intervals.
+"""Model choice by grouped cross-validation, evaluation on random and network splits, group-conformal intervals.
 
 A fingerprint's form for each target (analytic terms, tree correction or not, leaf size) is
 picked among a few :data:`CANDIDATES` by leave-one-group-out cross-validation over the
@@ -12,11 +12,11 @@ host|device overlap form (its kernels run asynchronously to the host that issues
 the form with every physical term (the allocator replay, the analytic estimate, the BLAS library's
 context, the convolution workspaces, saturation near the device's limit), each term learnt with a
 non-negative coefficient, so a term the device does not show costs little. On a CPU, for step time,
-the *mean form*: the geometric mean of every step-time form's analytic part (no tree corrections). A
-preferred form is kept unless the best-scoring form beats it by more than one standard error of their
-per-group MAPE differences (the one-standard-error rule, paired over the held-out groups): with the three or four
-families a device has, a point of CV score is within the noise of which family is out, and of the
-trees' seed. The CPU's mean form is kept whatever the scores (:data:`KEPT_WHATEVER_THE_SCORES`): there,
+the *mean form*: the geometric mean of every step-time form, their tree corrections applied only to a network
+of a family the training rows had (for any other, the members' analytic parts). A preferred form is kept unless
+the best-scoring form beats it by more than one standard error of their per-group MAPE differences (the
+one-standard-error rule, paired over the held-out groups): with the three or four families a device has, a point
+of CV score is within the noise of which family is out, and of the trees' seed. The CPU's mean form is kept whatever the scores (:data:`KEPT_WHATEVER_THE_SCORES`): there,
 a form that beat it on the training families read worse on the held-out one in every fold where the
 rule let one win (docs/accuracy-notes.md, "CPU: the mean form kept whatever the scores").
 """
@@ -32,7 +32,8 @@ from perf4sight.fingerprint.trees import CEILING, HINGE, KNOT, OVERLAP, MeanMode
 
 __all__ = ["Candidate", "CANDIDATES", "PREFERRED", "KEPT_WHATEVER_THE_SCORES", "RULE_ONE_SE", "RULE_KEPT", "MEAN_FORM",
            "fit_form", "recorded_candidate", "select_candidate", "nested_cv", "can_nest", "NESTED_MAX_GROUPS",
-           "random_split_metrics", "group_conformal", "held_out_coverage"]
+           "random_split_metrics", "network_split_metrics", "group_conformal", "held_out_coverage",
+           "analytic_parts", "held_out_fitter"]
 
 
 @dataclass(frozen=True)
@@ -73,14 +74,14 @@ _LATENCY_FORMS: tuple[Candidate, ...] = (
     # host and device time overlap: a small step is launch-bound, a large one GEMM-bound
     Candidate(OVERLAP_FORM, _OVERLAP_TERMS_64, leaf=3),
 )
-#: The geometric mean of every step-time form the device's data can fit, each without its tree correction
-#: (docs/accuracy-notes.md, "CPU: the mean of the step-time forms"): on a CPU the form that scores best over the
-#: training families often reads worse on a family never seen than the mean of all of them does, and a tree
-#: correction learnt on the training families, carried over to a family unlike them, cost more than it brought
-#: ("CPU: the generated networks' draw, and the tree corrections"). Three forms share the analytic terms, so their
-#: analytic part weighs three sevenths.
-MEAN_FORM = "geometric mean of the step-time forms' analytic parts"
-_MEAN_MEMBERS = tuple(replace(c, name=f"{c.name}: analytic part", correct=False) for c in _LATENCY_FORMS)
+#: The geometric mean of every step-time form the device's data can fit (docs/accuracy-notes.md, "CPU: the mean
+#: of the step-time forms"): on a CPU the form that scores best over the training families often reads worse on a
+#: family never seen than the mean of all of them does. The members keep their tree corrections, but these apply
+#: only to a query of a family the training rows had (a pruning level the device never ran of a network it did):
+#: learnt on the training families and carried over to a family unlike them they cost more than they brought
+#: ("CPU: the generated networks' draw, and the tree corrections"; "CPU: tree corrections for the families seen").
+#: Three forms share the analytic terms, so their analytic part weighs three sevenths.
+MEAN_FORM = "geometric mean of the step-time forms, trees for the families seen"
 
 CANDIDATES: dict[str, tuple[Candidate, ...]] = {
     "memory": (Candidate("analytic x trees"), Candidate("analytic only", correct=False),
@@ -112,7 +113,7 @@ CANDIDATES: dict[str, tuple[Candidate, ...]] = {
                Candidate(FULL_MEMORY_FORM,
                          ("one", "sim_reserved_mb", HINGE, KNOT, "mem_analytic_mb", "blas_context", "im2col_mb",
                           CEILING), kinds=("gpu",))),
-    "latency": _LATENCY_FORMS + (Candidate(MEAN_FORM, members=_MEAN_MEMBERS, kinds=("cpu",)),),
+    "latency": _LATENCY_FORMS + (Candidate(MEAN_FORM, members=_LATENCY_FORMS, kinds=("cpu",)),),
 }
 
 #: (target, device kind) -> the form kept unless another is better by more than one standard error, or kept
@@ -135,17 +136,37 @@ RULE_KEPT = "the preferred form whatever the scores"
 
 
 def fit_form(target: str, cand: Candidate, F: np.ndarray, y: np.ndarray, model: str, n_est: int, leaf: int,
-             seed: int) -> Model:
+             seed: int, families: Any = ()) -> Model:
     """``cand`` fitted on feature rows ``F`` and targets ``y`` (ms or MiB): a :class:`TargetModel`, or for a mean
-    form the :class:`MeanModel` of its members, each fitted on the same rows; ``leaf`` where ``cand`` names none."""
+    form the :class:`MeanModel` of its members, each fitted on the same rows, its trees for the rows' ``families``
+    (one name per row); ``leaf`` where ``cand`` names none."""
     if cand.members:
-        return MeanModel(target, [fit_form(target, m, F, y, model, n_est, leaf, seed) for m in cand.members])
+        return MeanModel(target, [fit_form(target, m, F, y, model, n_est, leaf, seed) for m in cand.members],
+                         tuple(sorted(set(str(f) for f in families))))
     lf = cand.leaf if cand.leaf is not None else leaf
     return TargetModel.fit(target, F, y, model, n_est, lf, seed, cand.correct, cand.terms)
 
 
-def _fitter(target: str, cand: Candidate, model: str, n_est: int, leaf: int, seed: int):
-    return lambda a, b, c: fit_form(target, cand, a, b, model, n_est, leaf, seed).predict(c)
+def analytic_parts(cand: Candidate) -> Candidate:
+    """A mean form whose members have no tree correction: what it predicts for a family never seen (its trees
+    apply to the training families only, :class:`MeanModel`); any other form unchanged."""
+    if not cand.members:
+        return cand
+    return replace(cand, members=tuple(replace(m, correct=False) for m in cand.members))
+
+
+def held_out_fitter(target: str, cand: Candidate, model: str, n_est: int, leaf: int, seed: int, seen: bool):
+    """``fit_predict(F_train, y_train, F_test)`` for :func:`grouped_cv`: ``cand`` fitted on the training rows,
+    predicting the held-out ones as the fingerprint would. ``seen``: whether the held-out rows' family is among
+    the training rows' (a held-out network of a family with other networks in training, or a random split of the
+    rows), which a mean form's trees need; not so when a whole family is held out."""
+    form = cand if seen else analytic_parts(cand)
+    return lambda a, b, c: fit_form(target, form, a, b, model, n_est, leaf, seed).predict(c)
+
+
+def _fitter(target: str, cand: Candidate, model: str, n_est: int, leaf: int, seed: int, grouping: str):
+    """:func:`held_out_fitter` for folds that hold out one ``grouping`` ("family" or "network", the only family)."""
+    return held_out_fitter(target, cand, model, n_est, leaf, seed, seen=grouping != "family")
 
 
 def _fittable(F: np.ndarray, cand: Candidate) -> Candidate | None:
@@ -190,7 +211,7 @@ def select_candidate(target: str, F: np.ndarray, y: np.ndarray, groups: np.ndarr
     results: dict[str, tuple[Candidate, CVResult]] = {}
     scores: dict[str, float] = {}
     for cand in cands:
-        cv = grouped_cv(F, y, groups, grouping, _fitter(target, cand, model, n_est, leaf, seed))
+        cv = grouped_cv(F, y, groups, grouping, _fitter(target, cand, model, n_est, leaf, seed, grouping))
         per = [m["mape"] for m in cv.per_group.values()]
         scores[cand.name] = float(np.mean(per)) if per else float("inf")
         results[cand.name] = (cand, cv)
@@ -228,7 +249,7 @@ def nested_cv(target: str, F: np.ndarray, y: np.ndarray, groups: np.ndarray, gro
         cand, _, _ = select_candidate(target, F[train], y[train], groups[train], grouping, model, n_est, leaf,
                                       seed, prefer=prefer, kind=kind)
         forms[str(g)] = cand.name
-        pred[test] = _fitter(target, cand, model, n_est, leaf, seed)(F[train], y[train], F[test])
+        pred[test] = _fitter(target, cand, model, n_est, leaf, seed, grouping)(F[train], y[train], F[test])
         per[str(g)] = metrics(y[test], pred[test])
     return CVResult(pred, per, metrics(y, pred), grouping), forms
 
@@ -244,16 +265,37 @@ def _within_one_se(kept: CVResult, best: CVResult) -> bool:
 
 def random_split_metrics(target: str, cand: Candidate, F: np.ndarray, y: np.ndarray, model: str, n_est: int,
                          leaf: int, seed: int, folds: int = 5) -> dict[str, float]:
-    """Accuracy on ``folds`` random splits of the rows (rows of a network may sit on both sides)."""
+    """Accuracy on ``folds`` random splits of the rows (rows of a network may sit on both sides, so its family
+    is taken as seen)."""
     if len(y) < 2 * folds:
         return metrics(np.array([]), np.array([]))
     order = np.random.default_rng(seed).permutation(len(y))
     pred = np.empty(len(y))
-    fit = _fitter(target, cand, model, n_est, leaf, seed)
+    fit = held_out_fitter(target, cand, model, n_est, leaf, seed, seen=True)
     for k in range(folds):
         test = np.zeros(len(y), dtype=bool)
         test[order[k::folds]] = True
         pred[test] = fit(F[~test], y[~test], F[test])
+    return metrics(y, pred)
+
+
+def network_split_metrics(target: str, cand: Candidate, F: np.ndarray, y: np.ndarray, networks: np.ndarray,
+                          families: np.ndarray, model: str, n_est: int, leaf: int, seed: int,
+                          folds: int = 5) -> dict[str, float]:
+    """Accuracy on networks held out in ``folds`` random groups of whole networks (every row of a network on one
+    side), fitted and predicted as the fingerprint would (a mean form's trees for a held-out network of a family
+    still in training, such as another pruning level): the case of a network the device never ran, of a family it
+    did. ``networks``, ``families``: one name per row. Empty with fewer than two networks."""
+    names = np.array(sorted(set(networks.tolist())))
+    if len(names) < 2:
+        return metrics(np.array([]), np.array([]))
+    fold_of = dict(zip(np.random.default_rng(seed).permutation(names).tolist(), range(len(names))))
+    row_fold = np.array([fold_of[n] % min(folds, len(names)) for n in networks.tolist()])
+    pred = np.empty(len(y))
+    for k in sorted(set(row_fold.tolist())):
+        test = row_fold == k
+        fitted = fit_form(target, cand, F[~test], y[~test], model, n_est, leaf, seed, families[~test])
+        pred[test] = fitted.predict(F[test], fitted.trees_for(families[test].tolist()))
     return metrics(y, pred)
 
 

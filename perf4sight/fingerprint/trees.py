@@ -362,12 +362,18 @@ class TargetModel:
         """Whether the model has a tree correction."""
         return self.correction is not None
 
-    def predict(self, F: np.ndarray) -> np.ndarray:
-        """Predicted target (ms or MiB), shape (n,)."""
+    def predict(self, F: np.ndarray, trees: bool | np.ndarray = True) -> np.ndarray:
+        """Predicted target (ms or MiB), shape (n,). ``trees``: whether the tree correction applies, for all rows
+        or per row (a boolean array, see :meth:`trees_for`); where it does not, the analytic part alone."""
         base = np.maximum(self.analytic(F), 1e-9)
-        if self.correction is None:
+        if self.correction is None or not np.any(trees):
             return base
-        return base * np.exp(self.correction.predict(tree_inputs(F, self.target)))
+        return base * np.exp(np.where(trees, self.correction.predict(tree_inputs(F, self.target)), 0.0))
+
+    def trees_for(self, families: list[str]) -> np.ndarray:
+        """Which of these queries (one network family name per row) the tree correction applies to: all of them,
+        for a single form (its trees were chosen for networks never seen too)."""
+        return np.ones(len(families), dtype=bool)
 
 
 def geometric_mean(parts: list[np.ndarray]) -> np.ndarray:
@@ -378,10 +384,14 @@ def geometric_mean(parts: list[np.ndarray]) -> np.ndarray:
 @dataclass
 class MeanModel:
     """The geometric mean of several :class:`TargetModel` s for one target, each fitted on the same rows: a
-    *mean form*. Its methods are theirs, averaged in log space."""
+    *mean form*. Its methods are theirs, averaged in log space. The members' tree corrections apply only to
+    queries of the ``families`` its training rows came from (:meth:`trees_for`); for any other network the mean
+    is of the members' analytic parts (docs/accuracy-notes.md, "CPU: tree corrections for the families seen")."""
 
     target: str
     members: list[TargetModel]
+    #: the training rows' network families (sorted): the queries the members' tree corrections apply to
+    families: tuple[str, ...] = ()
 
     @property
     def terms(self) -> tuple[str, ...]:
@@ -401,9 +411,15 @@ class MeanModel:
         """The members' demands (:meth:`TargetModel.demand`), averaged."""
         return geometric_mean([m.demand(F) for m in self.members])
 
-    def predict(self, F: np.ndarray) -> np.ndarray:
-        """Predicted target (ms or MiB), shape (n,)."""
-        return geometric_mean([m.predict(F) for m in self.members])
+    def predict(self, F: np.ndarray, trees: bool | np.ndarray = True) -> np.ndarray:
+        """Predicted target (ms or MiB), shape (n,); ``trees`` as :meth:`TargetModel.predict`'s (a query's is
+        :meth:`trees_for` its family)."""
+        return geometric_mean([m.predict(F, trees) for m in self.members])
+
+    def trees_for(self, families: list[str]) -> np.ndarray:
+        """Which of these queries (one network family name per row) the members' tree corrections apply to:
+        those of a family in :attr:`families`."""
+        return np.isin(np.asarray(families, dtype=str), np.asarray(self.families, dtype=str))
 
 
 #: A fitted model of one target: one form, or the mean of several.

@@ -17,7 +17,7 @@ from perf4sight.features.aggregate import FEATURE_NAMES, feature_matrix, network
 from perf4sight.fingerprint.evaluate import choose_groups, grouped_cv
 from perf4sight.fingerprint.fit import LATENCY_COLUMN, device_kind, hold_native_conv
 from perf4sight.fingerprint.predict import Fingerprint
-from perf4sight.fingerprint.select import can_nest, fit_form, nested_cv, recorded_candidate
+from perf4sight.fingerprint.select import can_nest, held_out_fitter, nested_cv, recorded_candidate
 from perf4sight.fingerprint.storage import stored_predictions
 from perf4sight.fingerprint.trees import term_features
 from perf4sight.ir.schema import NetworkDescription
@@ -162,8 +162,8 @@ def measured_vs_predicted(fp: Fingerprint, rows: list[dict[str, str]], descs: di
                                   device_kind(columns["memory"]))
             else:
                 form = recorded_candidate(chosen)
-                cv = grouped_cv(F, y, groups, grouping,
-                                lambda a, b, c: fit_form(target, form, a, b, name, n_est, leaf, seed).predict(c))
+                cv = grouped_cv(F, y, groups, grouping, held_out_fitter(target, form, name, n_est, leaf, seed,
+                                                                        seen=grouping != "family"))
             out[target] = (y, cv.predictions, f"held out, leave-one-{grouping}-out")
         else:
             out[target] = (y, fp.models[target].predict(F), "in-sample")
