@@ -16,9 +16,10 @@ the *mean form*: the geometric mean of every step-time form, their tree correcti
 of a family the training rows had (for any other, the members' analytic parts). A preferred form is kept unless
 the best-scoring form beats it by more than one standard error of their per-group MAPE differences (the
 one-standard-error rule, paired over the held-out groups): with the three or four families a device has, a point
-of CV score is within the noise of which family is out, and of the trees' seed. The CPU's mean form is kept whatever the scores (:data:`KEPT_WHATEVER_THE_SCORES`): there,
-a form that beat it on the training families read worse on the held-out one in every fold where the
-rule let one win (docs/accuracy-notes.md, "CPU: the mean form kept whatever the scores").
+of CV score is within the noise of which family is out, and of the trees' seed. The CPU's mean form is kept
+whatever the scores (:data:`KEPT_WHATEVER_THE_SCORES`): there, a form that beat it on the training families read
+worse on the held-out one in every fold where the rule let one win (docs/accuracy-notes.md, "CPU: the mean form
+kept whatever the scores").
 """
 from __future__ import annotations
 
