@@ -15,7 +15,6 @@ a step's time goes, by op"). About 5 minutes for 24 networks at three batch size
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import subprocess
 import sys
@@ -94,12 +93,6 @@ def _child(path: str, batch_sizes: list[int]) -> None:
     print(json.dumps(out))
 
 
-def manifest(models: Path) -> list[dict[str, str]]:
-    """The rows of ``models/manifest.csv`` (network, family, path relative to ``models``, ...)."""
-    with (models / "manifest.csv").open(newline="") as f:
-        return list(csv.DictReader(f))
-
-
 def profile_networks(models: Path, nets: list[dict[str, str]], batch_sizes: list[int]) -> list[dict[str, Any]]:
     """One record per (network of ``nets``, batch size): network, family, batch_size, step_ms, per-category ms
     (summing to the step), the profiled self time over the step (``profiled_over_step``)."""
@@ -175,9 +168,13 @@ def run(dataset: str = "", batch_sizes: tuple[int, ...] = (2, 8, 32)) -> list[di
     """Profile, print the tables (see module doc); rows for bench/run_all.py."""
     import numpy as np
 
+    from perf4sight.dataset import read_manifest
+
     with tempfile.TemporaryDirectory(prefix="p4s-ops-") as scratch:
         models = Path(dataset) / "models" if dataset else _dataset(Path(scratch))
-        nets = manifest(models)
+        nets = read_manifest(models / "manifest.csv")  # network, family, path relative to models, ...
+        if not nets:
+            sys.exit(f"bench_op_breakdown: no networks in {models / 'manifest.csv'} (missing or empty)")
         records = profile_networks(models, nets, list(batch_sizes))
         checks = pool_check(records, pool_features(models, nets))
     shown = sorted(batch_sizes)[len(batch_sizes) // 2]

@@ -357,6 +357,7 @@ def _check_named_networks(cfg: Config, f: Path | None) -> None:
     a typo, said at once rather than after a profile."""
     from perf4sight.dataset import dataset_network_names, unknown_network
     from perf4sight.networks.zoo import ZOO_NAMES  # names only: no torch
+    dataset: list[str] | None = None  # read at the first name that needs it
     for where, names in (("[predict] networks", cfg.predict.networks), ("[compare] networks", cfg.compare.networks)):
         for i, name in enumerate(names):
             if name in ZOO_NAMES or _MADE_NAME.fullmatch(name):
@@ -365,8 +366,10 @@ def _check_named_networks(cfg: Config, f: Path | None) -> None:
                 names[i] = str(cfg.resolve(name))  # description files: relative to the config file, like every path
             elif "/" in name or "\\" in name:
                 raise UserError(f"{f}: {where}: '{name}': no such file ({cfg.resolve(name)})")
-            elif name not in dataset_network_names(cfg):
-                raise UserError(f"{f}: {where}: {unknown_network(cfg, name)}")
+            else:
+                dataset = dataset_network_names(cfg) if dataset is None else dataset
+                if name not in dataset:
+                    raise UserError(f"{f}: {where}: {unknown_network(cfg, name, dataset)}")
 
 
 def _check_generator(cfg: Config, f: Path | None) -> None:

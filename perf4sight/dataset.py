@@ -15,9 +15,29 @@ from perf4sight.ir.schema import NetworkDescription, load_description
 from perf4sight.profiling.results import file_sha, incomplete_note, read_rows, results_path, split_stale
 from perf4sight.wording import named, plural
 
-__all__ = ["is_description_file", "dataset_descriptions", "dataset_descriptions_or_empty", "description_shas",
-           "descriptions_and_shas", "current_rows", "stale_note", "undescribed_note", "DeviceDataset",
-           "device_dataset", "measured_devices", "fingerprinted_devices", "resolve_networks", "ZOO_CACHE"]
+__all__ = ["read_manifest", "is_description_file", "dataset_descriptions", "dataset_descriptions_or_empty",
+           "description_shas", "descriptions_and_shas", "current_rows", "stale_note", "undescribed_note",
+           "DeviceDataset", "device_dataset", "measured_devices", "fingerprinted_devices", "resolve_networks",
+           "ZOO_CACHE"]
+
+
+def read_manifest(path: Path) -> list[dict[str, str]]:
+    """The rows of a networks manifest (``<models_dir>/manifest.csv``, the columns of
+    ``perf4sight.networks.build.MANIFEST_COLUMNS``, strings), read without torch; [] when there is none (before the
+    networks stage). A damaged one (not UTF-8 CSV, a row without a network or a path, or with fields beyond the
+    header) raises a one-line ``UserError`` naming it."""
+    if not path.is_file():
+        return []
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise UserError(f"{path}: not a readable manifest ({exc}): run --stage networks again") from None
+    for line, row in enumerate(rows, start=2):  # line 1 is the header
+        if not row.get("network") or not row.get("path") or None in row:  # None: fields beyond the header
+            raise UserError(f"{path}: line {line}: incomplete row (the networks stage writes every row with "
+                            "a network and a path): run --stage networks again")
+    return rows
 
 
 def dataset_descriptions(cfg: Config) -> list[Path]:
@@ -25,7 +45,7 @@ def dataset_descriptions(cfg: Config) -> list[Path]:
     manifest = cfg.models_dir / "manifest.csv"
     if not manifest.is_file():
         raise UserError(f"no network descriptions: {manifest} is missing (run --stage networks first)")
-    return [cfg.models_dir / r["path"] for r in _manifest_rows(cfg)]
+    return [cfg.models_dir / r["path"] for r in read_manifest(manifest)]
 
 
 def _description_paths(cfg: Config, device: str) -> list[Path]:
@@ -163,28 +183,11 @@ def is_description_file(name: str) -> bool:
     return name.endswith(".json") or Path(name).is_file()
 
 
-def _manifest_rows(cfg: Config) -> list[dict[str, str]]:
-    """The rows of ``models/manifest.csv`` ([] before the networks stage), read without torch."""
-    manifest = cfg.models_dir / "manifest.csv"
-    if not manifest.is_file():
-        return []
-    try:
-        with manifest.open(newline="", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f))
-    except (UnicodeDecodeError, csv.Error) as exc:
-        raise UserError(f"{manifest}: not a readable manifest ({exc}): run --stage networks again") from None
-    for line, row in enumerate(rows, start=2):  # line 1 is the header
-        if not row.get("network") or not row.get("path") or None in row:  # None: fields beyond the header
-            raise UserError(f"{manifest}: line {line}: incomplete row (the networks stage writes every row with "
-                            "a network and a path): run --stage networks again")
-    return rows
-
-
-def _dataset_files(cfg: Config, name: str) -> list[Path]:
+def _dataset_files(cfg: Config, name: str, manifest: list[dict[str, str]]) -> list[Path]:
     """The description files of the dataset networks (networks stage, then each device's import) called
-    ``name``: none, one, or several (one per device that imported a graph of that name)."""
-    found = [cfg.models_dir / row["path"] for row in _manifest_rows(cfg)
-             if row.get("network") == name and row.get("path")][:1]
+    ``name``: none, one, or several (one per device that imported a graph of that name); ``manifest``: the rows
+    of ``models/manifest.csv`` (:func:`read_manifest`)."""
+    found = [cfg.models_dir / row["path"] for row in manifest if row.get("network") == name and row.get("path")][:1]
     return found + sorted(p for p in (cfg.models_dir / "imported").glob("*/*.json") if p.stem == name)
 
 
@@ -192,10 +195,11 @@ def resolve_networks(cfg: Config, names: list[str], input_shape: list[int]) -> l
     """Zoo names are described at ``input_shape`` (cached under ``<models_dir>/zoo-cache/``); anything
     ending in .json is a description file; another name is a network of the dataset (a variant the networks
     stage made, or a graph imported for a device), read from its description file; any other name raises
-    ``UserError`` (:func:`unknown_network`)."""
+    ``UserError`` (:func:`unknown_network`). The manifest is read once, at the first name of the dataset."""
     from perf4sight.networks.zoo import ZOO_NAMES, describe_zoo
 
     out = []
+    manifest: list[dict[str, str]] | None = None  # read at the first dataset name (zoo names and files need none)
     for name in names:
         if Path(name).is_dir():
             raise UserError(f"{name}: is a folder; give description files (e.g. {Path(name) / '*.json'})")
@@ -205,32 +209,43 @@ def resolve_networks(cfg: Config, names: list[str], input_shape: list[int]) -> l
                             "name, or give a description .json file")
         if is_description_file(name):
             out.append(load_description(name))
-        elif name not in ZOO_NAMES and (paths := _dataset_files(cfg, name)):
-            found = [load_description(p) for p in paths]  # a missing or damaged file: one line naming it
-            if len({d.to_json() for d in found}) > 1:
-                raise UserError(f"'{name}' names {len(paths)} different networks of the dataset: give one of their "
-                                f"description files, {', '.join(map(str, paths))}")
-            out.append(found[0])  # a variant the networks stage made, or an imported graph
         elif name in ZOO_NAMES:
             out.append(describe_zoo(name, input_shape, cfg.networks.num_classes, cache_dir=cfg.models_dir / ZOO_CACHE))
         else:
-            raise UserError(unknown_network(cfg, name))
+            manifest = read_manifest(cfg.models_dir / "manifest.csv") if manifest is None else manifest
+            out.append(_dataset_network(cfg, name, manifest))
     return out
 
 
-def dataset_network_names(cfg: Config) -> list[str]:
-    """Names of the dataset's networks: those of ``models/manifest.csv`` and the graphs imported for a device."""
-    names = [row.get("network") or "" for row in _manifest_rows(cfg)]
+def _dataset_network(cfg: Config, name: str, manifest: list[dict[str, str]]) -> NetworkDescription:
+    """The description of the dataset network ``name`` (a variant the networks stage made, or an imported graph;
+    ``manifest``: the rows of ``models/manifest.csv``); ``UserError`` when there is none, or several that differ."""
+    paths = _dataset_files(cfg, name, manifest)
+    if not paths:
+        raise UserError(unknown_network(cfg, name, dataset_network_names(cfg, manifest)))
+    found = [load_description(p) for p in paths]  # a missing or damaged file: one line naming it
+    if len({d.to_json() for d in found}) > 1:
+        raise UserError(f"'{name}' names {len(paths)} different networks of the dataset: give one of their "
+                        f"description files, {', '.join(map(str, paths))}")
+    return found[0]
+
+
+def dataset_network_names(cfg: Config, manifest: list[dict[str, str]] | None = None) -> list[str]:
+    """Names of the dataset's networks: those of ``models/manifest.csv`` (``manifest``: its rows, when the caller
+    has read them already) and the graphs imported for a device."""
+    rows = read_manifest(cfg.models_dir / "manifest.csv") if manifest is None else manifest
+    names = [row.get("network") or "" for row in rows]
     names += [p.stem for p in (cfg.models_dir / "imported").glob("*/*.json")]
     return sorted(set(names) - {""})
 
 
-def unknown_network(cfg: Config, name: str) -> str:
+def unknown_network(cfg: Config, name: str, dataset: list[str] | None = None) -> str:
     """The line for a network name that is neither a zoo network, a network of the dataset nor a file: the
-    closest names (a typo, another case), and the three kinds of name a network can be given by."""
+    closest names (a typo, another case), and the three kinds of name a network can be given by (``dataset``:
+    :func:`dataset_network_names`, when the caller has them already)."""
     from perf4sight.networks.zoo import ZOO_NAMES
 
-    dataset = dataset_network_names(cfg)
+    dataset = dataset_network_names(cfg) if dataset is None else dataset
     by_lower = {n.lower(): n for n in (*ZOO_NAMES, *dataset)}
     close = [by_lower[n] for n in difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=0.75)]
     guess = f" (did you mean {' or '.join(repr(n) for n in close)}?)" if close else ""

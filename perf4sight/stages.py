@@ -304,6 +304,7 @@ def run_predict(cfg: Config, args: argparse.Namespace) -> int:
     _shape_note(fp, descs)
     preds = fp.predict(descs, batch_sizes)
     _domain_note(fp, descs, batch_sizes)
+    _family_note(fp, descs)
     elapsed, describing = time.perf_counter() - described, described - started
     if args.json:
         for p in preds:  # figures to 0.001 ms / MiB: far below the accuracy, free of float noise
@@ -406,6 +407,21 @@ def _domain_note(fp: object, descs: list[NetworkDescription], batch_sizes: list[
     if lines:
         notes.print("note: outside this fingerprint's training data, expect larger errors:\n  "
                     + "\n  ".join(lines), style="yellow", markup=False)
+
+
+def _family_note(fp: object, descs: list[NetworkDescription]) -> None:
+    """Say which queries a mean step-time form (a CPU fingerprint's) applied its tree corrections to: those of a
+    family the training rows had; any other network gets its members' linear sums alone."""
+    from perf4sight.fingerprint.predict import Fingerprint
+    from perf4sight.fingerprint.trees import MeanModel
+    model = fp.models.get("latency") if isinstance(fp, Fingerprint) else None
+    if not isinstance(model, MeanModel) or not model.corrected:
+        return
+    seen = model.trees_for([d.network for d in descs])
+    if seen.any():
+        names = ", ".join(d.name for d, s in zip(descs, seen) if s)
+        notes.print(f"note: step time with the tree corrections for {names} (of a family this fingerprint was "
+                    "trained on); for any other network, the step-time forms' linear sums alone", markup=False)
 
 
 def _print_predictions(preds: list[dict], title: str) -> None:

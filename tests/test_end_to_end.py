@@ -54,7 +54,7 @@ def test_all_stages_then_predict_json(tmp_path):
     predicted = [json.loads(line) for line in run.stdout.splitlines()]
     assert [(p["network"], p["batch_size"]) for p in predicted] == [("squeezenet1_1", 8), ("resnet18", 8)]
     assert all(set(p) == PREDICTION_KEYS for p in predicted)
-    assert "MAPE" in run.stderr and "summary of --stage all" in run.stderr
+    assert "MAPE" in run.stderr and "summary of --stage all" in run.stderr and "networks held out" in run.stderr
     manifest = list(csv.DictReader((tmp_path / "models" / "manifest.csv").open()))
     assert len(manifest) == 4
     rows = list(csv.DictReader((tmp_path / "profiling_csvs" / "local" / "measurements.csv").open()))
@@ -80,6 +80,8 @@ def test_all_stages_then_predict_json(tmp_path):
     assert pred.returncode == 0, pred.stderr
     assert "batch size 8: outside the training rows' 2..4" in pred.stderr  # a note, on stderr beside the JSON
     assert "capacity is unknown" in pred.stderr  # no oom row, no memory_limit_mb: 'fits' says nothing
+    # both networks are of the two training families: the CPU's mean step-time form applies its tree corrections
+    assert f"tree corrections for resnet18, {manifest[0]['network']} (of a family" in pred.stderr
     assert "changed after its fingerprint was fitted" not in pred.stderr  # the resumed profile wrote nothing
     lines = [json.loads(line) for line in pred.stdout.splitlines()]
     assert [(p["network"], p["batch_size"]) for p in lines] == [

@@ -12,6 +12,7 @@ from perf4sight.config import FingerprintConfig
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import FEATURE_NAMES
 from perf4sight.fingerprint import PREDICTION_KEYS, accuracy_lines, fit_fingerprint, load_fingerprint
+from perf4sight.fingerprint.predict import NETWORK_SPLIT
 from perf4sight.fingerprint.storage import load_held_out
 from perf4sight.fingerprint.trees import TreeEnsemble, make_regressor
 from perf4sight.importers import import_perf4sight
@@ -155,12 +156,16 @@ def test_metadata_has_selection_random_split_and_interval(tx2):
         best = min(sel["cv_mean_group_mape"].values())
         assert sel["cv_mean_group_mape"][sel["chosen"]] == best or sel["chosen"] == sel["preferred"]
         assert acc["random_split"]["n"] == acc["overall"]["n"] and 0 < acc["random_split"]["mape"] < 40
+        # other pruning levels of a family in training are easier to predict than a family never seen
+        split = acc["network_split"]
+        assert split["n"] == acc["overall"]["n"] and 0 < split["mape"] < acc["overall"]["mape"], (target, split)
         lo, hi = meta["interval"]["log_ratio_quantiles"][target]
         assert lo < 0 < hi
         assert meta["linear_terms"][target][0] == "one"
         assert 50 < acc["interval_coverage_held_out"] <= 100  # 4 families: each checked against the others' band
     lines = accuracy_lines(meta)
     assert any("random 5-fold split" in line for line in lines)
+    assert any(line.strip().startswith(NETWORK_SPLIT) for line in lines)
     assert any("model chosen by grouped CV" in line for line in lines)
     chosen = [line for line in lines if "model chosen by grouped CV" in line]
     # each chosen form says why: the preferred form's margin, or its CV score beside the runner-up's

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from perf4sight.dataset import read_manifest
 from perf4sight.ir.schema import Node, save_description
 
 from bench_module import load_bench
@@ -36,7 +37,7 @@ def test_a_profiled_step_adds_up_and_its_pools_are_counted(tmp_path):
                                   [5])])
     save_description(desc, tmp_path / "tiny.json")
     (tmp_path / "manifest.csv").write_text("network,family,path\ntiny,tiny,tiny.json\n")
-    nets = bench.manifest(tmp_path)
+    nets = read_manifest(tmp_path / "manifest.csv")
     (rec,) = bench.profile_networks(tmp_path, nets, [4])
     assert rec["network"] == "tiny" and rec["batch_size"] == 4 and rec["step_ms"] > 0
     assert sum(rec["ms"].values()) == pytest.approx(rec["step_ms"])

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from perf4sight.config import Config
+from perf4sight.dataset import read_manifest
 from perf4sight.errors import UserError
 from perf4sight.files import atomic_path
 from perf4sight.ir.from_torch import describe
@@ -41,7 +42,7 @@ from perf4sight.networks.zoo import build_zoo_model
 from perf4sight.wording import plural
 
 __all__ = ["Source", "MANIFEST_COLUMNS", "SETTINGS_FILE", "NetworksMade", "sources", "prune_source", "make_networks",
-           "variant_name", "write_manifest", "read_manifest", "reshaped_description_notes", "settings_sha",
+           "variant_name", "write_manifest", "reshaped_description_notes", "settings_sha",
            "changed_settings_note"]
 
 MANIFEST_COLUMNS: tuple[str, ...] = ("network", "family", "source", "strategy", "target_level", "achieved_level",
@@ -187,21 +188,14 @@ def _row(desc: NetworkDescription, path: Path, models_dir: Path) -> dict[str, An
 
 
 def write_manifest(rows: list[dict[str, Any]], path: Path) -> Path:
-    """Write ``rows`` as CSV with ``MANIFEST_COLUMNS`` (atomic replace)."""
+    """Write ``rows`` as CSV with ``MANIFEST_COLUMNS`` (atomic replace); ``perf4sight.dataset.read_manifest``
+    reads it back."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp, tmp.open("w", newline="") as fh:
+    with atomic_path(path) as tmp, tmp.open("w", newline="", encoding="utf-8") as fh:
         writer = csv.DictWriter(fh, fieldnames=MANIFEST_COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
     return path
-
-
-def read_manifest(path: Path) -> list[dict[str, str]]:
-    """Rows of a manifest CSV (strings); ``UserError`` if missing."""
-    if not path.is_file():
-        raise UserError(f"{path}: network manifest not found; run the networks stage first")
-    with path.open(newline="") as fh:
-        return list(csv.DictReader(fh))
 
 
 def settings_sha(cfg: Config) -> str:
@@ -241,10 +235,11 @@ def changed_settings_note(cfg: Config) -> str | None:
 
 
 def _manifest_names(path: Path) -> list[str]:
-    """The variant names of a manifest on disk (none when it is absent or unreadable)."""
+    """The variant names of a manifest on disk (none when it is absent, unreadable or damaged: the stage writes it
+    anew)."""
     try:
         return [r["network"] for r in read_manifest(path)]
-    except (UserError, OSError, KeyError, csv.Error, UnicodeDecodeError):
+    except (UserError, OSError):
         return []
 
 
