@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -514,7 +515,6 @@ def test_sigterm_to_the_cli_alone_stops_runner_and_child_and_a_rerun_resumes(tmp
     """`kill PID` of main.py (not its process group): the runner and the measuring child stop with it
     within seconds, the rows written stay, and a rerun measures only what is missing."""
     import signal
-    import time
 
     from perf4sight.networks.build import write_manifest
 
@@ -578,6 +578,30 @@ def test_an_interrupt_while_a_child_starts_stops_that_child_too(tmp_path, monkey
                 proc.wait()
         for s, handler in handlers.items():
             signal.signal(s, handler)
+
+
+def test_a_killed_runners_scratch_files_are_removed_by_the_next_run(tmp_path):
+    """A runner killed with SIGKILL (no cleanup runs) leaves its measuring child's folder beside the CSV, not in the
+    system's temp folder; the next runner of that CSV removes it, and a run that ends leaves no such folder."""
+    import signal
+
+    from perf4sight.profiling import runner
+    net = write_net(tmp_path, "tiny")
+    plan = TestPlan(device="d", networks=[str(net)], batch_sizes=[1, 2], warmup_steps=1, timed_steps=50,
+                    output="m.csv")
+    plan_path = save_plan(plan, tmp_path / "plan.json")
+    scratch = runner.children_dir(tmp_path / "m.csv")
+    proc = subprocess.Popen([sys.executable, "-m", "perf4sight.profiling.runner", str(plan_path)], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    deadline = time.monotonic() + 60
+    while not list(scratch.glob("child-*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the runner and its measuring child, mid-measurement
+    proc.wait()
+    assert [p.name[:6] for p in scratch.glob("child-*")] == ["child-"], "no child folder was left to remove"
+    counts = runner.run_plan(plan_path, emit=lambda event: None)
+    assert counts["ok"] + counts["already_measured"] == 2 and not scratch.exists()
 
 
 def test_fleet_summary_counts_earlier_rows_and_says_error_rows_are_not_retried(tmp_path):
@@ -650,7 +674,6 @@ def test_a_runner_started_after_an_interrupt_is_stopped_at_once():
     """The interrupt can land while a device's thread is still writing its plan: the runner it starts
     afterwards sees the cancel event and is stopped, instead of running its whole plan."""
     import threading
-    import time
 
     from perf4sight.profiling.local import follow_runner
 

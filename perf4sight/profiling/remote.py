@@ -7,6 +7,7 @@ Remote layout, under the device's ``workdir`` (``~`` = the login user's home)::
     <workdir>/<device name>/plan.json            the test plan
     <workdir>/<device name>/measurements.csv     rows, appended by the runner (only the plan's are pulled)
     <workdir>/<device name>/references.csv       the drift reference's rows ([profile] reference_every), pulled too
+    <workdir>/<device name>/.measurements.csv.children/   the measuring children's scratch files, while they run
     <workdir>/<device name>/run.json|run.exit|run.log   the detached run (see detach.py)
 
 The run survives a dropped SSH connection (it is detached); the follower reconnects and

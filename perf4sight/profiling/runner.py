@@ -4,7 +4,7 @@ For every network of the plan and every batch size (ascending) it starts a fresh
 process (:mod:`perf4sight.profiling.child`; ``repeats`` of them in a row when the plan asks, keeping
 the median one), watches it (timeout, the backend's memory watchdog, what the system swaps back in),
 reads the child's peak RSS with ``os.wait4`` and appends one row to the plan's CSV as soon as the
-measurement ends. The first ``oom`` stops that network: its larger batch sizes get
+measurement ends (the child's result file and stderr in a folder beside the CSV, :func:`children_dir`). The first ``oom`` stops that network: its larger batch sizes get
 ``skipped_after_oom`` rows. A step whose memory does not fit may not fail at all on a device that
 swaps (a Jetson's zram): it thrashes, many times slower; more than ``plan.max_swap_in_mb`` swapped back
 in during a measurement makes it ``oom`` too. Keys already in the CSV are not measured again, and a
@@ -21,6 +21,7 @@ Standard library plus ``perf4sight.profiling`` and ``perf4sight.ir.schema`` only
 import fcntl
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -159,7 +160,9 @@ def run_child(plan: TestPlan, plan_path: Path, index: int, batch_size: int, back
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
     if plan.threads > 0:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(plan.threads)
-    with tempfile.TemporaryDirectory(prefix="p4s-child-") as tmp:
+    scratch = children_dir(plan.resolve(plan_path.parent, plan.output))
+    scratch.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="child-", dir=str(scratch)) as tmp:
         result_file = Path(tmp) / "result.json"
         err_file = Path(tmp) / "stderr.txt"
         cmd = [sys.executable, "-m", "perf4sight.profiling.child", str(plan_path), "--network", str(index),
@@ -261,6 +264,13 @@ def _crash_verdict(code: int, err_file: Path) -> Dict[str, str]:
     lines = [ln.strip() for ln in err_file.read_text(errors="replace").splitlines() if ln.strip()]
     tail = f": {lines[-1][:300]}" if lines else ""
     return {"status": "error", "message": f"child exited with code {code} without a result{tail}"}
+
+
+def children_dir(csv_path: Path) -> Path:
+    """The folder of the measuring children's scratch files (result and stderr, one folder per child): beside the
+    plan's CSV, so a runner killed mid-measurement (SIGKILL, a dropped SSH session) leaves its child's folder where
+    the next runner of that CSV, holding its lock, removes it (:func:`run_plan`), not in the system's temp folder."""
+    return csv_path.with_name("." + csv_path.name + ".children")
 
 
 @contextmanager
@@ -430,6 +440,7 @@ def run_plan(plan_path: Union[str, Path], emit: Emit = print_event) -> Dict[str,
     csv_path = plan.resolve(plan_path.parent, plan.output)
     counts = dict({s: 0 for s in results.STATUSES}, already_measured=0)
     with _locked(csv_path):
+        shutil.rmtree(str(children_dir(csv_path)), ignore_errors=True)  # a killed runner's, left behind
         disk = _OnDisk.read(csv_path, plan.device, nets)
         total = len(nets) * len(plan.batch_sizes)
         emit({"event": "plan", "device": plan.device, "backend": plan.backend, "networks": len(nets),
@@ -460,6 +471,7 @@ def run_plan(plan_path: Union[str, Path], emit: Emit = print_event) -> Dict[str,
                       "peak_rss_mb": full.get("peak_rss_mb", ""), "wall_s": wall, "index": position, "total": total})
         if reference is not None:
             reference.last()
+        shutil.rmtree(str(children_dir(csv_path)), ignore_errors=True)
         emit({"event": "done", "summary": counts, "wall_s": round(time.monotonic() - t_start, 3), "csv": str(csv_path)})
     return counts
 
