@@ -30,14 +30,15 @@ def read_manifest(path: Path) -> list[dict[str, str]]:
         return []
     try:
         with path.open(newline="", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f))
+            reader = csv.DictReader(f)
+            numbered = [(reader.line_num, r) for r in reader]  # the file's line where each row ends
     except (UnicodeDecodeError, csv.Error) as exc:
         raise UserError(f"{path}: not a readable manifest ({exc}): run --stage networks again") from None
-    for line, row in enumerate(rows, start=2):  # line 1 is the header
+    for line, row in numbered:
         if not row.get("network") or not row.get("path") or None in row:  # None: fields beyond the header
             raise UserError(f"{path}: line {line}: incomplete row (the networks stage writes every row with "
                             "a network and a path): run --stage networks again")
-    return rows
+    return [row for _, row in numbered]
 
 
 def dataset_descriptions(cfg: Config) -> list[Path]:

@@ -495,6 +495,10 @@ def test_a_bad_measurement_csv_is_one_clear_error(tmp_path):
     path.write_text(first + rest[0].replace("\n", ",EXTRA\n") + "".join(rest[1:]))  # a field beyond the header
     lines = []
     assert len(results.read_rows(path, lines)) == 1 and lines == [2]
+    # a blank line and a stray carriage return are lines of the file too: the number is the line's in an editor
+    path.write_bytes(first.encode() + b"\r\n" + rest[0].encode().replace(b",", b",\r", 1) + "".join(rest[1:]).encode())
+    lines = []
+    assert len(results.read_rows(path, lines)) == 1 and lines == [3, 4]
     path.write_text(text)
     assert results.incomplete_note(path) == "" and results.incomplete_note(tmp_path / "none.csv") == ""
 

@@ -194,17 +194,18 @@ def read_rows(path: Union[str, Path], incomplete: Optional[List[int]] = None) ->
     try:
         with p.open(newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
-            rows, header = list(reader), reader.fieldnames or []
+            # each row with the file's line number where it ends (blank lines and line breaks inside a field count)
+            numbered, header = [(reader.line_num, r) for r in reader], reader.fieldnames or []
     except UnicodeDecodeError as exc:
         raise UserError(f"{p}: not a measurement CSV (not UTF-8 text: byte {exc.start})") from None
     except csv.Error as exc:
         raise UserError(f"{p}: not a readable CSV ({exc})") from None
     missing = [c for c in ("network", "batch_size", "status") if c not in header]
-    if rows and missing:
+    if numbered and missing:
         raise UserError(f"{p}: not a measurement CSV: its header lacks {', '.join(missing)} "
                         "(comma-separated, with the header the profile stage writes)")
     kept = []
-    for line, r in enumerate(rows, start=2):  # line 1 is the header
+    for line, r in numbered:
         if not r.get("timestamp") or None in r:  # None: csv's key for the fields beyond the header
             if incomplete is not None:
                 incomplete.append(line)
