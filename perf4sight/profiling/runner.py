@@ -1,15 +1,15 @@
 """The device-side sweep: ``python -m perf4sight.profiling.runner PLAN.json``.
 
-For every network of the plan and every batch size (ascending) it starts a fresh child
-process (:mod:`perf4sight.profiling.child`; ``repeats`` of them in a row when the plan asks, keeping
-the median one), watches it (timeout, the backend's memory watchdog, what the system swaps back in),
-reads the child's peak RSS with ``os.wait4`` and appends one row to the plan's CSV as soon as the
-measurement ends (the child's result file and stderr in a folder beside the CSV, :func:`children_dir`). The
-first ``oom`` stops that network: its larger batch sizes get ``skipped_after_oom`` rows. A step whose memory
-does not fit may not fail at all on a device that swaps (a Jetson's zram): it thrashes, many times slower; more than ``plan.max_swap_in_mb`` swapped back
-in during a measurement makes it ``oom`` too. Keys already in the CSV are not measured again, and a
-network with an ``oom`` row on disk is not measured at larger batch sizes. A plan with ``reference_every``
-also measures its drift reference around the new measurements, into its own CSV (:class:`_Reference`).
+For every network of the plan and every batch size (ascending) it starts a fresh child process
+(:mod:`perf4sight.profiling.child`; ``repeats`` of them in a row when the plan asks, keeping the median one),
+watches it (timeout, the backend's memory watchdog, what the system swaps back in), reads the child's peak RSS with
+``os.wait4`` and appends one row to the plan's CSV as soon as the measurement ends (the child's result file and
+stderr in a folder beside the CSV, :func:`children_dir`). The first ``oom`` stops that network: its larger batch
+sizes get ``skipped_after_oom`` rows. A step whose memory does not fit may not fail at all on a device that swaps
+(a Jetson's zram): it thrashes, many times slower; more than ``plan.max_swap_in_mb`` swapped back in during a
+measurement makes it ``oom`` too. Keys already in the CSV are not measured again, and a network with an ``oom`` row
+on disk is not measured at larger batch sizes. A plan with ``reference_every`` also measures its drift reference
+around the new measurements, into its own CSV (:class:`_Reference`).
 
 Progress goes to stdout as JSON lines, one object per event (``event`` = ``plan``, ``row``,
 ``already``, ``reference``, ``warning``, ``done`` or ``error``), for an orchestrator to follow. This process imports no
