@@ -14,7 +14,7 @@ from torch import nn
 from perf4sight.config import FingerprintConfig
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import features_for
-from perf4sight.fingerprint import fit_fingerprint, load_fingerprint
+from perf4sight.fingerprint import accuracy_lines, fit_fingerprint, load_fingerprint
 from perf4sight.fingerprint.gnn import fit_gnn, load_predictor
 from perf4sight.fingerprint.predict import batch_list
 from perf4sight.ir.from_torch import describe
@@ -102,6 +102,31 @@ def test_batch_list_rejects_with_one_line(bad, expected):
 
 
 # ---------------------------------------------------------------- damaged fingerprint files
+
+def test_a_query_of_a_training_family_gets_the_network_splits_band(fitted):
+    """A network of a family the training rows had gets the interval calibrated on networks held out with their
+    family in training (the network split); the same network under another family name gets the held-out family's
+    interval. Both bands are stored, checked on held-out networks, and printed."""
+    from dataclasses import replace
+    folder, descs = fitted
+    fp = load_fingerprint(folder)
+    iv = fp.metadata["interval"]
+    assert fp.metadata["training_families"] == ["deep", "shallow"]
+    for ours, stranger in zip(fp.predict(descs["deep_w8"], [2, 8]),
+                              fp.predict(replace(descs["deep_w8"], network="another_family"), [2, 8])):
+        for target, unit in (("latency", "ms"), ("memory", "mb")):
+            seen_lo, seen_hi = iv["log_ratio_quantiles_seen"][target]
+            lo, hi = iv["log_ratio_quantiles"][target]
+            assert (seen_lo, seen_hi) != (lo, hi)
+            value = ours[f"{target}_{unit}"]
+            assert ours[f"{target}_{unit}_low"] == pytest.approx(value * np.exp(seen_lo))
+            assert ours[f"{target}_{unit}_high"] == pytest.approx(value * np.exp(seen_hi))
+            other = stranger[f"{target}_{unit}"]
+            assert stranger[f"{target}_{unit}_high"] == pytest.approx(other * np.exp(hi))
+            held = fp.metadata["accuracy"][target]["interval_seen_coverage_held_out"]
+            assert 0 <= held <= 100
+    assert sum("for a network of a training family" in line for line in accuracy_lines(fp.metadata)) == 2
+
 
 def test_cpu_fingerprint_keeps_the_mean_step_time_form(fitted):
     """Two families are too few to choose a form by: a CPU fingerprint keeps its preferred step-time form, the

@@ -161,6 +161,9 @@ def test_metadata_has_selection_random_split_and_interval(tx2):
         assert split["n"] == acc["overall"]["n"] and 0 < split["mape"] < acc["overall"]["mape"], (target, split)
         lo, hi = meta["interval"]["log_ratio_quantiles"][target]
         assert lo < 0 < hi
+        # another pruning level of a family the TX2 ran: a narrower band, checked on networks held out that way
+        seen_lo, seen_hi = meta["interval"]["log_ratio_quantiles_seen"][target]
+        assert lo < seen_lo < 0 < seen_hi < hi and acc["interval_seen_coverage_held_out"] >= 85, (target, acc)
         assert meta["linear_terms"][target][0] == "one"
         assert 50 < acc["interval_coverage_held_out"] <= 100  # 4 families: each checked against the others' band
     lines = accuracy_lines(meta)

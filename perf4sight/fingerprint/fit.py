@@ -31,8 +31,8 @@ from perf4sight.fingerprint.domain import training_domain
 from perf4sight.fingerprint.evaluate import choose_groups
 from perf4sight.fingerprint.fit_inputs import INPUTS_KEY, inputs_sha256
 from perf4sight.fingerprint.select import (PREFERRED, can_nest, describe_choice, fit_form, group_conformal,
-                                           held_out_coverage, nested_cv, network_split_metrics,
-                                           random_split_metrics, select_candidate)
+                                           held_out_coverage, nested_cv, network_split,
+                                           random_split_metrics, seen_family_band, select_candidate)
 from perf4sight.fingerprint.storage import FEATURE_SET, save_models
 from perf4sight.fingerprint.trees import CEILING, MODELS, TREE_FEATURES, Model, tree_features
 from perf4sight.importers.perf4sight_csv import PROTOCOL as PERF4SIGHT_ROWS
@@ -217,6 +217,8 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
     models: dict[str, Model] = {}
     accuracy: dict[str, Any] = {}
     intervals: dict[str, list[float]] = {}
+    intervals_seen: dict[str, list[float] | None] = {}  # for a query of a training family (network split)
+    training_families: set[str] = set()
     counts: dict[str, int] = {}
     held_out: dict[str, tuple[list[str], list[int], np.ndarray, np.ndarray]] = {}
     for target, col in (("latency", LATENCY_COLUMN), ("memory", mem_col)):
@@ -245,13 +247,16 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         if nested and can_nest(groups):
             table, forms = nested_cv(target, F, y, groups, grouping, model, n_est, leaf, seed, prefer=prefer,
                                      kind=kind)
+        split = network_split(target, cand, F, y, nets, families, model, n_est, leaf, seed)
+        intervals_seen[target], seen_coverage = seen_family_band(y, split, nets, coverage)
+        training_families.update(families.tolist())
         accuracy[target] = {"column": col, "grouping": grouping, "overall": table.overall,
                             "per_group": table.per_group, "nested": bool(forms), "forms_per_fold": forms,
                             "random_split": random_split_metrics(target, cand, F, y, model, n_est, leaf, seed),
-                            "network_split": network_split_metrics(target, cand, F, y, nets, families, model, n_est,
-                                                                   leaf, seed),
+                            "network_split": split.metrics,
                             "selection": describe_choice(cand, scores, prefer),
                             "interval_coverage_held_out": held_out_coverage(log_ratio, groups, coverage),
+                            "interval_seen_coverage_held_out": seen_coverage,
                             "note": "" if grouping == "family"
                             else "only one network family: folds hold out one network variant"}
         counts[target] = len(rs)
@@ -285,6 +290,8 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         "drift_reference": drift,
         "oom_rows": len(oom_rows),
         "networks": sorted(feats),
+        # the families of the training rows (a description's ``network``): a query of one gets the seen band
+        "training_families": sorted(training_families),
         "input_shape": common_input_shape(descriptions, feats),
         # what the training rows covered: predict notes queries outside it (domain.py)
         "training_domain": training_domain(F_ok, [feats[n].description for n in sorted({str(r["network"])
@@ -295,7 +302,12 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         "accuracy": accuracy,
         "interval": {"coverage": coverage, "log_ratio_quantiles": intervals,
                      "method": "group-conformal: widest of the pooled and per-group central quantiles of "
-                               "out-of-fold log(measured/predicted)"},
+                               "out-of-fold log(measured/predicted)",
+                     # a query of a training family: the same, over the network split's rows of such families
+                     "log_ratio_quantiles_seen": {t: b for t, b in intervals_seen.items() if b is not None},
+                     "method_seen": "central quantiles of the out-of-fold log(measured/predicted) of networks "
+                                    "held out (5 folds) whose family had another network in training, pooled, at "
+                                    "the lowest level >= coverage that covers a held-out network's rows at coverage"},
         "capacity_mb": capacity,
         "capacity_source": cap_source,
         "capacity_basis": capacity_basis(capacity, memory_limit_mb, models["memory"]),

@@ -131,13 +131,17 @@ def largest_fitting(over: Callable[[int], bool], limit: int) -> int:
 
 
 def prediction_rows(names: Sequence[str], bss: Sequence[int], lat: np.ndarray, mem: np.ndarray,
-                    bands: dict[str, Sequence[float]], fits: Sequence[bool | None]) -> list[dict[str, Any]]:
+                    bands: dict[str, Sequence[float]], fits: Sequence[bool | None],
+                    seen_bands: dict[str, Sequence[float]] | None = None,
+                    seen: Sequence[bool] | None = None) -> list[dict[str, Any]]:
     """One :data:`PREDICTION_KEYS` dict per (network, batch size), network-major: ``lat`` (ms) and
     ``mem`` (MiB) with their bands (``[low, high]`` of log(measured / predicted) per target); ``fits`` is
-    None where the device's capacity is unknown."""
-    (llo, lhi), (mlo, mhi) = bands.get("latency", (0.0, 0.0)), bands.get("memory", (0.0, 0.0))
+    None where the device's capacity is unknown. ``seen_bands``: the bands for the rows ``seen`` marks (a
+    query of a family the training rows had), per target where there is one."""
     out: list[dict[str, Any]] = []
     for i, (name, b) in enumerate((n, b) for n in names for b in bss):
+        own = seen_bands if seen is not None and seen[i] and seen_bands else {}
+        (llo, lhi), (mlo, mhi) = (own.get(t) or bands.get(t, (0.0, 0.0)) for t in ("latency", "memory"))
         out.append({"network": name, "batch_size": int(b),
                     "latency_ms": float(lat[i]), "latency_ms_low": float(lat[i] * np.exp(llo)),
                     "latency_ms_high": float(lat[i] * np.exp(lhi)),
@@ -206,6 +210,10 @@ class Fingerprint(ModuleQueries):
         self.relu6_clone: bool = bool(metadata.get("relu6_clone", False))
         q = metadata.get("interval", {}).get("log_ratio_quantiles", {})
         self._bands = {t: (float(q.get(t, [0, 0])[0]), float(q.get(t, [0, 0])[1])) for t in ("latency", "memory")}
+        # a query of a training family: its own band (fingerprints since 2026-11-25; none: the band above)
+        seen = metadata.get("interval", {}).get("log_ratio_quantiles_seen", {})
+        self._seen_bands = {t: (float(seen[t][0]), float(seen[t][1])) for t in ("latency", "memory") if t in seen}
+        self.training_families: list[str] = [str(f) for f in metadata.get("training_families", [])]
 
     @staticmethod
     def _features(desc: NetworkDescription | NetworkFeatures) -> NetworkFeatures:
@@ -238,7 +246,8 @@ class Fingerprint(ModuleQueries):
         lat, mem = (self.models[t].predict(F, self.models[t].trees_for(families)) for t in ("latency", "memory"))
         demand = self._demand(F, mem)
         fits = [None if self.capacity_mb is None else d <= self.capacity_mb for d in demand]
-        return prediction_rows([nf.name for nf in nfs], bss, lat, mem, self._bands, fits)
+        seen = [f in self.training_families for f in families]
+        return prediction_rows([nf.name for nf in nfs], bss, lat, mem, self._bands, fits, self._seen_bands, seen)
 
     def outside_training(self, descs: NetworkDescription | str | Path | Sequence[NetworkDescription | str | Path],
                          batch_sizes: int | Sequence[int]) -> list[str]:
@@ -349,6 +358,11 @@ def accuracy_lines(metadata: dict[str, Any]) -> list[str]:
                   if acc.get("grouping") and len(acc.get("per_group", {})) < 3 else "")
         lines.append(f"{target} {100 * iv.get('coverage', 0.9):.0f}% interval: x{np.exp(lo):.2f} .. x{np.exp(hi):.2f} "
                      "of the prediction" + tested)
+        if target in iv.get("log_ratio_quantiles_seen", {}):
+            slo, shi = iv["log_ratio_quantiles_seen"][target]
+            held = acc.get("interval_seen_coverage_held_out")
+            lines.append(f"  for a network of a training family: x{np.exp(slo):.2f} .. x{np.exp(shi):.2f}"
+                         + (f"; covers {held:.0f}% of a held-out network's rows" if held is not None else ""))
     if metadata.get("drift_reference"):
         from perf4sight.fingerprint.drift import drift_line
         lines.append(drift_line(metadata["drift_reference"]))

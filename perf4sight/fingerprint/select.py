@@ -33,8 +33,8 @@ from perf4sight.fingerprint.trees import CEILING, HINGE, KNOT, OVERLAP, MeanMode
 
 __all__ = ["Candidate", "CANDIDATES", "PREFERRED", "KEPT_WHATEVER_THE_SCORES", "RULE_ONE_SE", "RULE_KEPT", "MEAN_FORM",
            "fit_form", "recorded_candidate", "select_candidate", "nested_cv", "can_nest", "NESTED_MAX_GROUPS",
-           "random_split_metrics", "network_split_metrics", "group_conformal", "held_out_coverage",
-           "analytic_parts", "held_out_fitter"]
+           "random_split_metrics", "NetworkSplit", "network_split", "seen_family_band", "group_conformal",
+           "held_out_coverage", "analytic_parts", "held_out_fitter"]
 
 
 @dataclass(frozen=True)
@@ -280,24 +280,64 @@ def random_split_metrics(target: str, cand: Candidate, F: np.ndarray, y: np.ndar
     return metrics(y, pred)
 
 
-def network_split_metrics(target: str, cand: Candidate, F: np.ndarray, y: np.ndarray, networks: np.ndarray,
-                          families: np.ndarray, model: str, n_est: int, leaf: int, seed: int,
-                          folds: int = 5) -> dict[str, float]:
-    """Accuracy on networks held out in ``folds`` random groups of whole networks (every row of a network on one
-    side), fitted and predicted as the fingerprint would (a mean form's trees for a held-out network of a family
-    still in training, such as another pruning level): the case of a network the device never ran, of a family it
-    did. ``networks``, ``families``: one name per row. Empty with fewer than two networks."""
+@dataclass(frozen=True)
+class NetworkSplit:
+    """Whole networks held out (:func:`network_split`): the accuracy table's entry, the out-of-fold predictions (ms
+    or MiB, one per row) and which rows' family had another network in training (``seen``)."""
+
+    metrics: dict[str, float]
+    predictions: np.ndarray
+    seen: np.ndarray
+
+
+def network_split(target: str, cand: Candidate, F: np.ndarray, y: np.ndarray, networks: np.ndarray,
+                  families: np.ndarray, model: str, n_est: int, leaf: int, seed: int, folds: int = 5) -> NetworkSplit:
+    """Networks held out in ``folds`` random groups of whole networks (every row of a network on one side), fitted
+    and predicted as the fingerprint would (a mean form's trees for a held-out network of a family still in
+    training, such as another pruning level): the case of a network the device never ran, of a family it did.
+    ``networks``, ``families``: one name per row. No rows predicted (NaN) with fewer than two networks."""
     names = np.array(sorted(set(networks.tolist())))
+    pred, seen = np.full(len(y), np.nan), np.zeros(len(y), dtype=bool)
     if len(names) < 2:
-        return metrics(np.array([]), np.array([]))
+        return NetworkSplit(metrics(np.array([]), np.array([])), pred, seen)
     fold_of = dict(zip(np.random.default_rng(seed).permutation(names).tolist(), range(len(names))))
     row_fold = np.array([fold_of[n] % min(folds, len(names)) for n in networks.tolist()])
-    pred = np.empty(len(y))
     for k in sorted(set(row_fold.tolist())):
         test = row_fold == k
         fitted = fit_form(target, cand, F[~test], y[~test], model, n_est, leaf, seed, families[~test])
+        seen[test] = np.isin(families[test], families[~test])
         pred[test] = fitted.predict(F[test], fitted.trees_for(families[test].tolist()))
-    return metrics(y, pred)
+    return NetworkSplit(metrics(y, pred), pred, seen)
+
+
+def seen_family_band(y: np.ndarray, split: NetworkSplit, networks: np.ndarray,
+                     coverage: float) -> tuple[list[float] | None, float | None]:
+    """The interval for a query of a family the training rows had, and its coverage on a held-out network (%).
+
+    The band is central quantiles of log(measured / predicted) over the network split's rows whose family was in
+    training, pooled (such a query is one more network of a family already seen, like those rows). A network's
+    rows err together, so the quantiles' level starts at ``coverage`` and is raised (to at most 1: the whole range)
+    until each network, checked against the band of the other networks' rows, is covered at ``coverage`` or more
+    over all rows; that check is the coverage returned. The widest per-group bounds of :func:`group_conformal`
+    would be set by the one worst of dozens of networks. (None, None) with fewer than 3 such networks."""
+    r, g = np.log(y[split.seen] / split.predictions[split.seen]), networks[split.seen]
+    labels = sorted(set(g.tolist()))
+    if len(labels) < 3:
+        return None, None
+    for level in np.linspace(coverage, 1.0, 11):
+        inside = 0
+        for lab in labels:
+            lo, hi = _central_band(r[g != lab], level)
+            inside += int(np.sum((r[g == lab] >= lo) & (r[g == lab] <= hi)))
+        if inside >= coverage * len(r):
+            break
+    return _central_band(r, level), 100.0 * inside / len(r)
+
+
+def _central_band(r: np.ndarray, coverage: float) -> list[float]:
+    """[low, high]: the central ``coverage`` quantiles of ``r``, widened to hold 0 (the prediction itself)."""
+    a = (1 - coverage) / 2
+    return [min(0.0, float(np.quantile(r, a))), max(0.0, float(np.quantile(r, 1 - a)))]
 
 
 def group_conformal(log_ratio: np.ndarray, groups: np.ndarray, coverage: float) -> list[float]:

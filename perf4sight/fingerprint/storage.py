@@ -151,7 +151,13 @@ def check_metadata(meta: Any, feature_set: str | None = None) -> None:
     quantiles = interval.get("log_ratio_quantiles") if isinstance(interval, dict) else None
     if not isinstance(quantiles, dict):
         raise ValueError("interval.log_ratio_quantiles is missing")
-    for key, band in _bands(quantiles):
+    seen = interval.get("log_ratio_quantiles_seen", {})  # fingerprints since 2026-11-25
+    if not isinstance(seen, dict):
+        raise ValueError("interval.log_ratio_quantiles_seen is not an object")
+    families = meta.get("training_families", [])
+    if not (isinstance(families, list) and all(isinstance(f, str) for f in families)):
+        raise ValueError("training_families is not a list of names")
+    for key, band in _bands(quantiles) + [(f"seen.{k}", b) for k, b in _bands(seen)]:
         if not (isinstance(band, list) and len(band) == 2 and all(isinstance(v, (int, float)) for v in band)
                 and band[0] <= band[1]):
             raise ValueError(f"interval band '{key}' is {band!r}, not [low, high]")
