@@ -410,18 +410,19 @@ def _domain_note(fp: object, descs: list[NetworkDescription], batch_sizes: list[
 
 
 def _family_note(fp: object, descs: list[NetworkDescription]) -> None:
-    """Say which queries a mean step-time form (a CPU fingerprint's) applied its tree corrections to: those of a
-    family the training rows had; any other network gets its members' linear sums alone."""
+    """Say which queries are of a family the fingerprint's training rows had (a description's ``network``, e.g.
+    another pruning level): they get the interval of such networks, and a mean step-time form's tree corrections
+    (a CPU fingerprint's; any other network gets its members' linear sums alone)."""
     from perf4sight.fingerprint.predict import Fingerprint
     from perf4sight.fingerprint.trees import MeanModel
-    model = fp.models.get("latency") if isinstance(fp, Fingerprint) else None
-    if not isinstance(model, MeanModel) or not model.corrected:
+    if not isinstance(fp, Fingerprint):
         return
-    seen = model.trees_for([d.network for d in descs])
-    if seen.any():
-        names = ", ".join(d.name for d, s in zip(descs, seen) if s)
-        notes.print(f"note: step time with the tree corrections for {names} (of a family this fingerprint was "
-                    "trained on); for any other network, the step-time forms' linear sums alone", markup=False)
+    names = [d.name for d in descs if d.network in fp.training_families]
+    if names:
+        model = fp.models.get("latency")
+        trees = isinstance(model, MeanModel) and model.corrected
+        notes.print(f"note: {', '.join(names)}: of a family this fingerprint was trained on: the interval of such "
+                    "networks" + ("; the step time with its forms' tree corrections" if trees else ""), markup=False)
 
 
 def _print_predictions(preds: list[dict], title: str) -> None:

@@ -80,8 +80,9 @@ def test_all_stages_then_predict_json(tmp_path):
     assert pred.returncode == 0, pred.stderr
     assert "batch size 8: outside the training rows' 2..4" in pred.stderr  # a note, on stderr beside the JSON
     assert "capacity is unknown" in pred.stderr  # no oom row, no memory_limit_mb: 'fits' says nothing
-    # both networks are of the two training families: the CPU's mean step-time form applies its tree corrections
-    assert f"tree corrections for resnet18, {manifest[0]['network']} (of a family" in pred.stderr
+    # both networks are of the two training families: their interval, and the CPU's mean form's tree corrections
+    assert (f"note: resnet18, {manifest[0]['network']}: of a family this fingerprint was trained on: the interval "
+            "of such networks; the step time with its forms' tree corrections") in pred.stderr
     assert "changed after its fingerprint was fitted" not in pred.stderr  # the resumed profile wrote nothing
     lines = [json.loads(line) for line in pred.stdout.splitlines()]
     assert [(p["network"], p["batch_size"]) for p in lines] == [

@@ -303,7 +303,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         "interval": {"coverage": coverage, "log_ratio_quantiles": intervals,
                      "method": "group-conformal: widest of the pooled and per-group central quantiles of "
                                "out-of-fold log(measured/predicted)",
-                     # a query of a training family: the same, over the network split's rows of such families
+                     # a query of a training family: its own band, from the network split (select.seen_family_band)
                      "log_ratio_quantiles_seen": {t: b for t, b in intervals_seen.items() if b is not None},
                      "method_seen": "central quantiles of the out-of-fold log(measured/predicted) of networks "
                                     "held out (5 folds) whose family had another network in training, pooled, at "

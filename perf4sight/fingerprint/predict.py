@@ -292,7 +292,7 @@ def load_fingerprint(folder: str | Path) -> Fingerprint:
     return fp
 
 
-#: The accuracy table's row for ``network_split`` (``select.network_split_metrics``).
+#: The accuracy table's row for ``network_split`` (``select.network_split``).
 NETWORK_SPLIT = "networks held out, 5 folds"
 
 
