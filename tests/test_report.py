@@ -98,6 +98,7 @@ def test_html_is_self_contained_and_matches_markdown(report):
         assert f"]({pic})" in md
     for dev in SUBSETS:
         assert f"| {dev} |" in md
+    assert md.count("| networks held out, 5 folds |") == 2 * len(SUBSETS)  # latency and memory, each device
 
 
 def test_report_data(project, report):
