@@ -156,6 +156,7 @@ def test_cpu_fingerprint_keeps_the_mean_step_time_form(fitted):
     assert not np.allclose(analytic, expected)
     split = fp.metadata["accuracy"]["latency"]["network_split"]
     assert split["n"] == fp.metadata["accuracy"]["latency"]["overall"]["n"] and split["mape"] > 0
+    assert 0 < fp.metadata["accuracy"]["latency"]["network_split_seen"]["n"] <= split["n"]
 
 
 @pytest.mark.parametrize("damage", [

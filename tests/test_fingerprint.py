@@ -159,6 +159,7 @@ def test_metadata_has_selection_random_split_and_interval(tx2):
         # other pruning levels of a family in training are easier to predict than a family never seen
         split = acc["network_split"]
         assert split["n"] == acc["overall"]["n"] and 0 < split["mape"] < acc["overall"]["mape"], (target, split)
+        assert acc["network_split_seen"] == split  # every TX2 family has other pruning levels in training
         lo, hi = meta["interval"]["log_ratio_quantiles"][target]
         assert lo < 0 < hi
         # another pruning level of a family the TX2 ran: a narrower band, checked on networks held out that way

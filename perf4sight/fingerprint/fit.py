@@ -28,7 +28,7 @@ from perf4sight.errors import UserError
 from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, feature_matrix, network_features
 from perf4sight.features.allocator import PERF4SIGHT, RUN_PEAK
 from perf4sight.fingerprint.domain import training_domain
-from perf4sight.fingerprint.evaluate import choose_groups
+from perf4sight.fingerprint.evaluate import choose_groups, metrics
 from perf4sight.fingerprint.fit_inputs import INPUTS_KEY, inputs_sha256
 from perf4sight.fingerprint.select import (PREFERRED, can_nest, describe_choice, fit_form, group_conformal,
                                            held_out_coverage, nested_cv, network_split,
@@ -254,6 +254,8 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
                             "per_group": table.per_group, "nested": bool(forms), "forms_per_fold": forms,
                             "random_split": random_split_metrics(target, cand, F, y, model, n_est, leaf, seed),
                             "network_split": split.metrics,
+                            # of those, the networks whose family had another network in training
+                            "network_split_seen": metrics(y[split.seen], split.predictions[split.seen]),
                             "selection": describe_choice(cand, scores, prefer),
                             "interval_coverage_held_out": held_out_coverage(log_ratio, groups, coverage),
                             "interval_seen_coverage_held_out": seen_coverage,

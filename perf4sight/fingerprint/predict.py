@@ -294,6 +294,8 @@ def load_fingerprint(folder: str | Path) -> Fingerprint:
 
 #: The accuracy table's row for ``network_split`` (``select.network_split``).
 NETWORK_SPLIT = "networks held out, 5 folds"
+#: ... and its part ``network_split_seen``: the held-out networks whose family had another network in training.
+NETWORK_SPLIT_SEEN = "  of a family in training"
 
 
 def _why_chosen(sel: dict[str, Any]) -> str:
@@ -329,6 +331,8 @@ def accuracy_lines(metadata: dict[str, Any]) -> list[str]:
             rows.append(("random 5-fold split", acc["random_split"]))
         if acc.get("network_split") and acc["network_split"].get("n"):  # fingerprints since 2026-11-25
             rows.append((NETWORK_SPLIT, acc["network_split"]))
+            if (acc.get("network_split_seen") or {}).get("n"):
+                rows.append((NETWORK_SPLIT_SEEN, acc["network_split_seen"]))
         w = max([24] + [len(g) + 2 for g, _ in rows])  # generated families have long names
         lines.append(f"  {'held out':<{w}}{'n':>6}{'MAPE%':>8}{'RMSPE%':>8}{'±10%':>8}")
         for g, m in rows:
