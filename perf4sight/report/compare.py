@@ -19,7 +19,7 @@ from perf4sight.config import Config
 from perf4sight.dataset import device_dataset, resolve_networks
 from perf4sight.errors import UserError
 from perf4sight.fingerprint.evaluate import metrics
-from perf4sight.fingerprint.predict import NETWORK_SPLIT
+from perf4sight.fingerprint.predict import NETWORK_SPLIT, NETWORK_SPLIT_SEEN
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import batch_size_of
 from perf4sight.report import plots
@@ -146,9 +146,10 @@ def _accuracy_blocks(devs: list[DeviceData]) -> list[Block]:
     for d in devs:
         for target, acc in d.metadata.get("accuracy", {}).items():
             groups = list(acc.get("per_group", {}).items()) + [("all", acc.get("overall", {}))]
-            groups += [(label, acc[key]) for key, label in (("random_split", "random 5-fold split"),
-                                                             ("network_split", NETWORK_SPLIT))
-                       if (acc.get(key) or {}).get("n")]  # networks seen in training: the easier cases
+            groups += [(label, acc[key]) for key, label in (
+                ("random_split", "random 5-fold split"), ("network_split", NETWORK_SPLIT),
+                ("network_split_seen", f"{NETWORK_SPLIT}, {NETWORK_SPLIT_SEEN.strip()}"))
+                if (acc.get(key) or {}).get("n")]  # networks, or families, seen in training: the easier cases
             b.append(Table(["held out", "n", "MAPE %", "RMSPE %", "within ±10% (%)"],
                            [[g, str(m.get("n", "")), _fmt(m.get("mape")), _fmt(m.get("rmspe")),
                              _fmt(m.get("within10"))] for g, m in groups],
