@@ -76,7 +76,9 @@ def _curves(cfg: Config, devs: list[DeviceData], all_descs: dict[str, dict[str, 
     names: list[str] = []
     out: dict[str, dict[str, list[Curve]]] = {"latency": {}, "memory": {}}
     by_shape: dict[tuple[int, ...], list[NetworkDescription]] = {}
-    shapes = {d.name: _shape(d.fingerprint.input_shape or cfg.networks.input_shape) for d in devs}
+    # each device's networks are described at the input shape its fingerprint was trained at
+    trained_at = {d.name: tuple(d.fingerprint.input_shape or cfg.networks.input_shape) for d in devs}
+    shapes = {name: _shape(list(shape)) for name, shape in trained_at.items()}
     shapes_differ = len(set(shapes.values())) > 1
     if shapes_differ:
         notes.append("the fingerprints were trained at different input shapes ("
@@ -84,12 +86,12 @@ def _curves(cfg: Config, devs: list[DeviceData], all_descs: dict[str, dict[str, 
                      "device's own shape, so the curves and largest batches compare different workloads (the plots' "
                      "legends say which)")
     for d in devs:
-        shape = list(d.fingerprint.input_shape or cfg.networks.input_shape)
-        if tuple(shape) not in by_shape:
-            by_shape[tuple(shape)] = resolve_networks(cfg, entries, shape)
-            names = names or [desc.name for desc in by_shape[tuple(shape)]]  # labels: zoo name or description name
+        shape = trained_at[d.name]
+        if shape not in by_shape:
+            by_shape[shape] = resolve_networks(cfg, entries, list(shape))
+            names = names or [desc.name for desc in by_shape[shape]]  # labels: zoo name or description name
         measured_max = max((batch_size_of(r) for r in d.rows if r["status"] == "ok"), default=8)
-        for name, desc in zip(names, by_shape[tuple(shape)]):  # same entry order at every shape
+        for name, desc in zip(names, by_shape[shape]):  # same entry order at every shape
             try:
                 mb = d.fingerprint.max_batch_size(desc)
                 d.max_batch[name] = mb
