@@ -24,7 +24,7 @@ kept whatever the scores").
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -321,14 +321,10 @@ def seen_family_band(y: np.ndarray, split: NetworkSplit, networks: np.ndarray,
     over all rows; that check is the coverage returned. The widest per-group bounds of :func:`group_conformal`
     would be set by the one worst of dozens of networks. (None, None) with fewer than 3 such networks."""
     r, g = np.log(y[split.seen] / split.predictions[split.seen]), networks[split.seen]
-    labels = sorted(set(g.tolist()))
-    if len(labels) < 3:
+    if len(set(g.tolist())) < 3:
         return None, None
     for level in np.linspace(coverage, 1.0, 11):
-        inside = 0
-        for lab in labels:
-            lo, hi = _central_band(r[g != lab], level)
-            inside += int(np.sum((r[g == lab] >= lo) & (r[g == lab] <= hi)))
+        inside = _inside_when_left_out(r, g, lambda others, _: _central_band(others, level))
         if inside >= coverage * len(r):
             break
     return _central_band(r, level), 100.0 * inside / len(r)
@@ -374,15 +370,22 @@ def held_out_coverage(log_ratio: np.ndarray, groups: np.ndarray, coverage: float
     None with fewer than 3 groups (a band from one group says little)."""
     ok = np.isfinite(log_ratio)
     r, g = log_ratio[ok], groups[ok]
-    labels = sorted(set(g.tolist()))
-    if len(labels) < 3:
+    if len(set(g.tolist())) < 3:
         return None
+    return 100.0 * _inside_when_left_out(r, g, lambda others, their_groups: group_conformal(others, their_groups,
+                                                                                          coverage)) / len(r)
+
+
+def _inside_when_left_out(r: np.ndarray, g: np.ndarray,
+                          band: Callable[[np.ndarray, np.ndarray], list[float]]) -> int:
+    """How many of the residuals ``r`` fall inside the band ``band(r_others, g_others)`` makes from the *other*
+    groups' residuals, group by group (``g``: one group label per residual)."""
     inside = 0
-    for lab in labels:
-        lo, hi = group_conformal(r[g != lab], g[g != lab], coverage)
+    for lab in sorted(set(g.tolist())):
+        lo, hi = band(r[g != lab], g[g != lab])
         rg = r[g == lab]
         inside += int(np.sum((rg >= lo) & (rg <= hi)))
-    return 100.0 * inside / len(r)
+    return inside
 
 
 def _form_record(cand: Candidate) -> dict[str, Any]:
