@@ -188,7 +188,7 @@ def _dataset_files(cfg: Config, name: str, manifest: list[dict[str, str]]) -> li
     """The description files of the dataset networks (networks stage, then each device's import) called
     ``name``: none, one, or several (one per device that imported a graph of that name); ``manifest``: the rows
     of ``models/manifest.csv`` (:func:`read_manifest`)."""
-    found = [cfg.models_dir / row["path"] for row in manifest if row.get("network") == name and row.get("path")][:1]
+    found = [cfg.models_dir / row["path"] for row in manifest if row["network"] == name][:1]
     return found + sorted(p for p in (cfg.models_dir / "imported").glob("*/*.json") if p.stem == name)
 
 
@@ -235,9 +235,9 @@ def dataset_network_names(cfg: Config, manifest: list[dict[str, str]] | None = N
     """Names of the dataset's networks: those of ``models/manifest.csv`` (``manifest``: its rows, when the caller
     has read them already) and the graphs imported for a device."""
     rows = read_manifest(cfg.models_dir / "manifest.csv") if manifest is None else manifest
-    names = [row.get("network") or "" for row in rows]
+    names = [row["network"] for row in rows]  # read_manifest refuses a row without one
     names += [p.stem for p in (cfg.models_dir / "imported").glob("*/*.json")]
-    return sorted(set(names) - {""})
+    return sorted(set(names))
 
 
 def unknown_network(cfg: Config, name: str, dataset: list[str] | None = None) -> str:
