@@ -417,7 +417,7 @@ def _family_note(fp: object, descs: list[NetworkDescription]) -> None:
     from perf4sight.fingerprint.trees import MeanModel
     if not isinstance(fp, Fingerprint):
         return
-    names = [d.name for d in descs if d.network in fp.training_families]
+    names = [d.name for d in descs if d.family in fp.training_families]
     if names:
         model = fp.models.get("latency")
         trees = isinstance(model, MeanModel) and model.corrected

@@ -96,8 +96,8 @@ class NetworkFeatures:
 
     @property
     def family(self) -> str:
-        """The network family: the description's ``network`` (what a pruned variant derives from), else the name."""
-        return str(getattr(self.description, "network", "") or self.name)
+        """The network family of the description these features came from (its name without one)."""
+        return self.description.family if self.description is not None else self.name
 
 
 def unsupported_ops(desc: NetworkDescription) -> list[str]:

@@ -213,7 +213,7 @@ class Fingerprint(ModuleQueries):
         # a query of a training family: its own band (fingerprints since 2026-11-25; none: the band above)
         seen = metadata.get("interval", {}).get("log_ratio_quantiles_seen", {})
         self._seen_bands = {t: (float(seen[t][0]), float(seen[t][1])) for t in ("latency", "memory") if t in seen}
-        self.training_families: list[str] = [str(f) for f in metadata.get("training_families", [])]
+        self.training_families: frozenset[str] = frozenset(str(f) for f in metadata.get("training_families", []))
 
     @staticmethod
     def _features(desc: NetworkDescription | NetworkFeatures) -> NetworkFeatures:

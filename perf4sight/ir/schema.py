@@ -118,6 +118,11 @@ class NetworkDescription:
     pruning_level: float = 0
     extra: Dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def family(self) -> str:
+        """The network family: ``network`` (what a pruned variant derives from), else the network's own name."""
+        return self.network or self.name
+
     def node(self, name: str) -> Node:
         for n in self.nodes:
             if n.name == name:
