@@ -410,19 +410,26 @@ def _domain_note(fp: object, descs: list[NetworkDescription], batch_sizes: list[
 
 
 def _family_note(fp: object, descs: list[NetworkDescription]) -> None:
-    """Say which queries are of a family the fingerprint's training rows had (a description's ``network``, e.g.
-    another pruning level): they get the interval of such networks, and a mean step-time form's tree corrections
-    (a CPU fingerprint's; any other network gets its members' linear sums alone)."""
+    """Say which queries are of a family the fingerprint's training rows had (a description's ``network`` with
+    the layer structure of one of its training networks, e.g. another pruning level): they get the interval of
+    such networks, and a mean step-time form's tree corrections (a CPU fingerprint's; any other network gets its
+    members' linear sums alone). A query that names a training family but has other layers is said to be
+    predicted as a family never seen."""
     from perf4sight.fingerprint.predict import Fingerprint
     from perf4sight.fingerprint.trees import MeanModel
     if not isinstance(fp, Fingerprint):
         return
-    names = [d.name for d in descs if d.family in fp.training_families]
+    known = fp.training_family_of(descs)
+    names = [d.name for d, f in zip(descs, known) if f]
     if names:
         model = fp.models.get("latency")
         trees = isinstance(model, MeanModel) and model.corrected
         notes.print(f"note: {', '.join(names)}: of a family this fingerprint was trained on: the interval of such "
                     "networks" + ("; the step time with its forms' tree corrections" if trees else ""), markup=False)
+    others = [f"{d.name} ({d.family})" for d, f in zip(descs, known) if not f and d.family in fp.training_families]
+    if others:
+        notes.print(f"note: {', '.join(others)}: named as a training family but with other layers than its "
+                    "training networks: predicted as a family never seen", markup=False)
 
 
 def _print_predictions(preds: list[dict], title: str) -> None:

@@ -105,15 +105,22 @@ def test_batch_list_rejects_with_one_line(bad, expected):
 
 def test_a_query_of_a_training_family_gets_the_network_splits_band(fitted):
     """A network of a family the training rows had gets the interval calibrated on networks held out with their
-    family in training (the network split); the same network under another family name gets the held-out family's
-    interval. Both bands are stored, checked on held-out networks, and printed."""
+    family in training (the network split); the same network under another family name, and a network of other
+    layers under a training family's name, get the held-out family's interval. Both bands are stored, checked on
+    held-out networks, and printed."""
     from dataclasses import replace
     folder, descs = fitted
     fp = load_fingerprint(folder)
     iv = fp.metadata["interval"]
     assert fp.metadata["training_families"] == ["deep", "shallow"]
-    for ours, stranger in zip(fp.predict(descs["deep_w8"], [2, 8]),
-                              fp.predict(replace(descs["deep_w8"], network="another_family"), [2, 8])):
+    structures = fp.metadata["training_structures"]
+    assert structures == {"deep": [descs["deep_w4"].structure], "shallow": [descs["shallow_w4"].structure]}
+    assert structures["deep"] != structures["shallow"]  # three convolutions, not one: whatever the widths
+    impostor = replace(descs["shallow_w8"], network="deep")  # one convolution, named as the deep family
+    assert fp.training_family_of([descs["deep_w8"], impostor, descs["shallow_w16"]]) == ["deep", "", "shallow"]
+    for ours, stranger, named in zip(fp.predict(descs["deep_w8"], [2, 8]),
+                                     fp.predict(replace(descs["deep_w8"], network="another_family"), [2, 8]),
+                                     fp.predict(impostor, [2, 8])):
         for target, unit in (("latency", "ms"), ("memory", "mb")):
             seen_lo, seen_hi = iv["log_ratio_quantiles_seen"][target]
             lo, hi = iv["log_ratio_quantiles"][target]
@@ -121,8 +128,9 @@ def test_a_query_of_a_training_family_gets_the_network_splits_band(fitted):
             value = ours[f"{target}_{unit}"]
             assert ours[f"{target}_{unit}_low"] == pytest.approx(value * np.exp(seen_lo))
             assert ours[f"{target}_{unit}_high"] == pytest.approx(value * np.exp(seen_hi))
-            other = stranger[f"{target}_{unit}"]
-            assert stranger[f"{target}_{unit}_high"] == pytest.approx(other * np.exp(hi))
+            for query in (stranger, named):
+                other = query[f"{target}_{unit}"]
+                assert query[f"{target}_{unit}_high"] == pytest.approx(other * np.exp(hi))
             held = fp.metadata["accuracy"][target]["interval_seen_coverage_held_out"]
             assert 0 <= held <= 100
     assert sum("for a network of a training family" in line for line in accuracy_lines(fp.metadata)) == 2
@@ -154,6 +162,10 @@ def test_cpu_fingerprint_keeps_the_mean_step_time_form(fitted):
     analytic = np.exp(np.log([np.maximum(m.analytic(F), 1e-9) for m in model.members]).mean(axis=0))
     np.testing.assert_allclose([p["latency_ms"] for p in stranger], analytic, rtol=1e-9)
     assert not np.allclose(analytic, expected)
+    impostor = replace(descs["shallow_w8"], network="deep")  # a deep family's name on other layers: no trees
+    F = feature_matrix([network_features(impostor)] * 2, [2, 8])
+    analytic = np.exp(np.log([np.maximum(m.analytic(F), 1e-9) for m in model.members]).mean(axis=0))
+    np.testing.assert_allclose([p["latency_ms"] for p in fp.predict(impostor, [2, 8])], analytic, rtol=1e-9)
     split = fp.metadata["accuracy"]["latency"]["network_split"]
     assert split["n"] == fp.metadata["accuracy"]["latency"]["overall"]["n"] and split["mape"] > 0
     assert 0 < fp.metadata["accuracy"]["latency"]["network_split_seen"]["n"] <= split["n"]

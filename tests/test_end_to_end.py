@@ -110,6 +110,13 @@ def test_all_stages_then_predict_json(tmp_path):
     os.utime(csv_path, (csv_path.stat().st_atime, csv_path.stat().st_mtime + 60))  # as if a row came in since
     stale = main_py(tmp_path, "--stage", "predict", "--network", "resnet18", "--batch-size", "2")
     assert "local: " in stale.stderr and "changed after its fingerprint was fitted" in stale.stderr
+    # squeezenet's layers under resnet18's name: predicted as a family never seen, and told so
+    (squeeze,) = [r for r in manifest if r["network"] == "squeezenet1_1_l0"]
+    impostor = json.loads((tmp_path / "models" / squeeze["path"]).read_text()) | {"name": "sq", "network": "resnet18"}
+    (tmp_path / "sq.json").write_text(json.dumps(impostor))
+    named = main_py(tmp_path, "--stage", "predict", "--network", str(tmp_path / "sq.json"), "--batch-size", "2")
+    assert named.returncode == 0 and ("note: sq (resnet18): named as a training family but with other layers than "
+                                      "its training networks") in " ".join(named.stderr.split())
     unknown = main_py(tmp_path, "--stage", "predict", "--network", "resnet18", "--max-batch-size")
     assert unknown.returncode == 2 and "capacity is unknown" in unknown.stderr  # no oom row, no limit
     (tmp_path / "config.toml").write_text(CONFIG.replace('backend = "cpu"', 'backend = "cpu"\nmemory_limit_mb = 100'))

@@ -64,6 +64,7 @@ def test_each_strategy_reaches_levels_and_trains(strategy: str) -> None:
         assert d.num_classes == CLASSES and d.extra["strategy"] == strategy
         _train_step(d)
     assert descs[2].params < descs[1].params < descs[0].params
+    assert len({d.structure for d in descs}) == 1  # pruning narrows layers: the structure key stays
 
 
 @pytest.mark.parametrize("name", ["mobilenet_v2", "squeezenet1_0", "shufflenet_v2_x1_0"])
@@ -73,6 +74,9 @@ def test_zoo_network_with_coupled_channels(name: str) -> None:
     (desc,) = prune_source(src, SHAPE, [40], "random", 4, seed=0)
     assert abs(desc.pruning_level - 40) <= 2.0
     assert desc.num_classes == CLASSES
+    # the same layers and wiring as the unpruned network (depthwise kept depthwise, the shuffle's slices too)
+    assert desc.structure == describe(build_zoo_model(name, CLASSES), SHAPE, name="whole").structure
+    assert desc.structure != describe(_tiny("tiny_vgg").build(), SHAPE, name="other").structure
     _train_step(desc)
 
 
@@ -138,6 +142,7 @@ def test_grouped_convolutions_are_pruned_uniformly_per_group(strategy: str) -> N
         assert a["in_channels"] % 8 == 0 and a["out_channels"] % 8 == 0
     assert sum(a["in_channels"] + a["out_channels"] for a in after.values()) < sum(
         b["in_channels"] + b["out_channels"] for b in before.values())
+    assert d0.structure == d1.structure  # still grouped convolutions, whatever their widths
     _train_step(d1)
 
 

@@ -99,6 +99,11 @@ class NetworkFeatures:
         """The network family of the description these features came from (its name without one)."""
         return self.description.family if self.description is not None else self.name
 
+    @property
+    def structure(self) -> str:
+        """The layer structure's key of that description (:attr:`NetworkDescription.structure`; "" without one)."""
+        return self.description.structure if self.description is not None else ""
+
 
 def unsupported_ops(desc: NetworkDescription) -> list[str]:
     """Names of the ops in ``desc`` that have no cost formula (sorted, unique)."""

@@ -29,6 +29,7 @@ from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, featur
 from perf4sight.features.allocator import PERF4SIGHT, RUN_PEAK
 from perf4sight.fingerprint.domain import training_domain
 from perf4sight.fingerprint.evaluate import choose_groups, metrics
+from perf4sight.fingerprint.families import structures_by_family
 from perf4sight.fingerprint.fit_inputs import INPUTS_KEY, inputs_sha256
 from perf4sight.fingerprint.select import (PREFERRED, can_nest, describe_choice, fit_form, group_conformal,
                                            held_out_coverage, nested_cv, network_split,
@@ -218,7 +219,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
     accuracy: dict[str, Any] = {}
     intervals: dict[str, list[float]] = {}
     intervals_seen: dict[str, list[float] | None] = {}  # for a query of a training family (network split)
-    training_families: set[str] = set()
+    training_structures: dict[str, set[str]] = {}  # family -> the layer structures of its training networks
     counts: dict[str, int] = {}
     held_out: dict[str, tuple[list[str], list[int], np.ndarray, np.ndarray]] = {}
     for target, col in (("latency", LATENCY_COLUMN), ("memory", mem_col)):
@@ -239,6 +240,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
                                             kind=kind)
         # a mean form's trees apply to a query of these families (the name a query's description gives)
         families = np.array([feats[n].family for n in nets.tolist()])
+        structures = np.array([feats[n].structure for n in nets.tolist()])
         models[target] = fit_form(target, cand, F, y, model, n_est, leaf, seed, families)
         log_ratio = np.log(y / cv.predictions)  # out-of-fold residuals: the band and its held-out check
         intervals[target] = group_conformal(log_ratio, groups, coverage)
@@ -247,9 +249,10 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         if nested and can_nest(groups):
             table, forms = nested_cv(target, F, y, groups, grouping, model, n_est, leaf, seed, prefer=prefer,
                                      kind=kind)
-        split = network_split(target, cand, F, y, nets, families, model, n_est, leaf, seed)
+        split = network_split(target, cand, F, y, nets, families, structures, model, n_est, leaf, seed)
         intervals_seen[target], seen_coverage = seen_family_band(y, split, nets, coverage)
-        training_families.update(families.tolist())
+        for family, keys in structures_by_family(families, structures).items():
+            training_structures.setdefault(family, set()).update(keys)
         accuracy[target] = {"column": col, "grouping": grouping, "overall": table.overall,
                             "per_group": table.per_group, "nested": bool(forms), "forms_per_fold": forms,
                             "random_split": random_split_metrics(target, cand, F, y, model, n_est, leaf, seed),
@@ -292,8 +295,10 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         "drift_reference": drift,
         "oom_rows": len(oom_rows),
         "networks": sorted(feats),
-        # the families of the training rows (a description's ``network``): a query of one gets the seen band
-        "training_families": sorted(training_families),
+        # the families of the training rows (a description's ``network``) and the layer structures of each: a query
+        # of one with one of its structures gets the seen band (families.py)
+        "training_families": sorted(training_structures),
+        "training_structures": {f: sorted(keys) for f, keys in sorted(training_structures.items())},
         "input_shape": common_input_shape(descriptions, feats),
         # what the training rows covered: predict notes queries outside it (domain.py)
         "training_domain": training_domain(F_ok, [feats[n].description for n in sorted({str(r["network"])

@@ -23,6 +23,7 @@ import numpy as np
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, feature_matrix, network_features
 from perf4sight.features.allocator import REPLAY_PROTOCOLS, STEP_MEAN
+from perf4sight.fingerprint.families import known_families
 from perf4sight.fingerprint.select import RULE_KEPT
 from perf4sight.fingerprint.storage import FEATURE_SET, HeldOut, check_metadata, damaged, load_held_out, load_models
 from perf4sight.fingerprint.trees import Model
@@ -214,6 +215,8 @@ class Fingerprint(ModuleQueries):
         seen = metadata.get("interval", {}).get("log_ratio_quantiles_seen", {})
         self._seen_bands = {t: (float(seen[t][0]), float(seen[t][1])) for t in ("latency", "memory") if t in seen}
         self.training_families: frozenset[str] = frozenset(str(f) for f in metadata.get("training_families", []))
+        # the layer structures of each training family (fingerprints since 2026-11-25; none: by the name alone)
+        self._training_structures: dict[str, list[str]] | None = metadata.get("training_structures")
 
     @staticmethod
     def _features(desc: NetworkDescription | NetworkFeatures) -> NetworkFeatures:
@@ -242,12 +245,20 @@ class Fingerprint(ModuleQueries):
         nfs = [self._features(d) for d in as_descriptions(descs)]
         self._simulate_if_needed(nfs)
         F = feature_matrix([nf for nf in nfs for _ in bss], [b for _ in nfs for b in bss])  # one pass for all queries
-        families = [nf.family for nf in nfs for _ in bss]
+        families = [f for f in self.training_family_of(nfs) for _ in bss]
         lat, mem = (self.models[t].predict(F, self.models[t].trees_for(families)) for t in ("latency", "memory"))
         demand = self._demand(F, mem)
         fits = [None if self.capacity_mb is None else d <= self.capacity_mb for d in demand]
-        seen = [f in self.training_families for f in families]
+        seen = [f != "" for f in families]
         return prediction_rows([nf.name for nf in nfs], bss, lat, mem, self._bands, fits, self._seen_bands, seen)
+
+    def training_family_of(self, descs: Sequence[NetworkDescription | NetworkFeatures]) -> list[str]:
+        """Each network's family where it is one this fingerprint was trained on, else "": its name among the
+        training families and its layer structure one of that family's training networks' (:mod:`families`)."""
+        nfs = [self._features(d) for d in descs]
+        if self._training_structures is None:
+            return [nf.family if nf.family in self.training_families else "" for nf in nfs]
+        return known_families([nf.family for nf in nfs], [nf.structure for nf in nfs], self._training_structures)
 
     def outside_training(self, descs: NetworkDescription | str | Path | Sequence[NetworkDescription | str | Path],
                          batch_sizes: int | Sequence[int]) -> list[str]:

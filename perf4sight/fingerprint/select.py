@@ -29,6 +29,7 @@ from typing import Any, Callable
 import numpy as np
 
 from perf4sight.fingerprint.evaluate import CVResult, grouped_cv, metrics
+from perf4sight.fingerprint.families import known_families, structures_by_family
 from perf4sight.fingerprint.trees import CEILING, HINGE, KNOT, OVERLAP, MeanModel, Model, TargetModel, term_features
 
 __all__ = ["Candidate", "CANDIDATES", "PREFERRED", "KEPT_WHATEVER_THE_SCORES", "RULE_ONE_SE", "RULE_KEPT", "MEAN_FORM",
@@ -291,11 +292,13 @@ class NetworkSplit:
 
 
 def network_split(target: str, cand: Candidate, F: np.ndarray, y: np.ndarray, networks: np.ndarray,
-                  families: np.ndarray, model: str, n_est: int, leaf: int, seed: int, folds: int = 5) -> NetworkSplit:
+                  families: np.ndarray, structures: np.ndarray, model: str, n_est: int, leaf: int, seed: int,
+                  folds: int = 5) -> NetworkSplit:
     """Networks held out in ``folds`` random groups of whole networks (every row of a network on one side), fitted
     and predicted as the fingerprint would (a mean form's trees for a held-out network of a family still in
-    training, such as another pruning level): the case of a network the device never ran, of a family it did.
-    ``networks``, ``families``: one name per row. No rows predicted (NaN) with fewer than two networks."""
+    training with its structure, such as another pruning level, :mod:`families`): the case of a network the device
+    never ran, of a family it did. ``networks``, ``families``, ``structures`` (layer structure keys): one per row.
+    No rows predicted (NaN) with fewer than two networks."""
     names = np.array(sorted(set(networks.tolist())))
     pred, seen = np.full(len(y), np.nan), np.zeros(len(y), dtype=bool)
     if len(names) < 2:
@@ -305,8 +308,10 @@ def network_split(target: str, cand: Candidate, F: np.ndarray, y: np.ndarray, ne
     for k in sorted(set(row_fold.tolist())):
         test = row_fold == k
         fitted = fit_form(target, cand, F[~test], y[~test], model, n_est, leaf, seed, families[~test])
-        seen[test] = np.isin(families[test], families[~test])
-        pred[test] = fitted.predict(F[test], fitted.trees_for(families[test].tolist()))
+        known = known_families(families[test], structures[test],
+                               structures_by_family(families[~test], structures[~test]))
+        seen[test] = np.array(known, dtype=str) != ""
+        pred[test] = fitted.predict(F[test], fitted.trees_for(known))
     return NetworkSplit(metrics(y, pred), pred, seen)
 
 

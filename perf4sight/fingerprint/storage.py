@@ -157,6 +157,10 @@ def check_metadata(meta: Any, feature_set: str | None = None) -> None:
     families = meta.get("training_families", [])
     if not (isinstance(families, list) and all(isinstance(f, str) for f in families)):
         raise ValueError("training_families is not a list of names")
+    structures = meta.get("training_structures", {})  # fingerprints since 2026-11-25
+    if not (isinstance(structures, dict) and all(isinstance(v, list) and all(isinstance(k, str) for k in v)
+                                                 for v in structures.values())):
+        raise ValueError("training_structures is not an object of lists of structure keys")
     for key, band in _bands(quantiles) + [(f"seen.{k}", b) for k, b in _bands(seen)]:
         if not (isinstance(band, list) and len(band) == 2 and all(isinstance(v, (int, float)) for v in band)
                 and band[0] <= band[1]):

@@ -5,6 +5,7 @@ extended with optional top-level fields (``schema_version``, ``source``) and a f
 Shapes exclude the batch dimension; ``dim`` attributes count it (``dim: 1`` = channels).
 Nodes are in topological (execution) order and the first node is ``input``.
 """
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +87,18 @@ def _attr_problem(node: "Node") -> str:
     return ""
 
 
+#: Attributes that place a layer in the graph whatever its widths: :attr:`NetworkDescription.structure` keeps
+#: these and drops the widths (channels, features, reshape sizes), which pruning changes.
+_LAYOUT_ATTRS = ("kernel_size", "stride", "padding", "dilation", "ceil_mode", "count_include_pad", "output_size",
+                 "dim", "start_dim", "dims", "keepdim", "dim0", "dim1")
+
+
+def _conv_kind(attrs: Dict[str, Any]) -> str:
+    """A convolution's grouping, whatever its widths: dense, depthwise (a group per input channel) or grouped."""
+    groups = attrs.get("groups", 1)
+    return "dense" if groups == 1 else "depthwise" if groups == attrs.get("in_channels") else "grouped"
+
+
 @dataclass
 class Node:
     """One op of the graph; ``output_shape`` excludes the batch dimension."""
@@ -122,6 +135,22 @@ class NetworkDescription:
     def family(self) -> str:
         """The network family: ``network`` (what a pruned variant derives from), else the network's own name."""
         return self.network or self.name
+
+    @property
+    def structure(self) -> str:
+        """A key of the layers and their wiring, widths aside (12 hex digits): the same for every pruning level of
+        a network (pruning narrows layers, it removes none), different for another architecture. Each node
+        contributes its op, its inputs' positions, its kernel, stride, padding and dimension attributes, and a
+        convolution its grouping (dense, depthwise or grouped)."""
+        position = {n.name: i for i, n in enumerate(self.nodes)}
+        layers = []
+        for n in self.nodes:
+            layout = {a: n.attrs[a] for a in _LAYOUT_ATTRS if a in n.attrs}
+            if n.op == "conv2d":
+                layout["groups"] = _conv_kind(n.attrs)
+            layers.append([n.op, [position.get(i, i) for i in n.inputs], layout])
+        text = json.dumps(layers, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
 
     def node(self, name: str) -> Node:
         for n in self.nodes:
