@@ -2,7 +2,7 @@
 # One entry point that sets itself up: creates .venv from requirements.txt on first use (and again
 # only when requirements.txt changes), then runs the pipeline or the tests inside it.
 #   ./dev.sh run --config config.toml --stage all     # python main.py ARGS
-#   ./dev.sh test [pytest args]                       # the test suite (.ci/run calls this)
+#   ./dev.sh test [pytest args]                       # the test suite in 2 processes (.ci/run calls this)
 #   ./dev.sh bench [name]                             # the benchmarks in bench/
 set -euo pipefail
 root="$(cd "$(dirname "$0")" && pwd)"  # `run` keeps the caller's folder: its paths are the caller's
@@ -31,7 +31,7 @@ ensure_test_tools() {  # SSH tests start their own sshd on 127.0.0.1; report tes
 cmd="${1:-}"; shift || true
 case "$cmd" in
   run)   exec "$venv/bin/python" "$root/main.py" "$@" ;;
-  test)  ensure_test_tools; cd "$root"; exec "$venv/bin/python" -m pytest -q "$@" ;;
+  test)  ensure_test_tools; cd "$root"; exec "$venv/bin/python" -m pytest -q -n 2 --dist loadfile "$@" ;;
   bench) cd "$root"; exec "$venv/bin/python" bench/run_all.py "$@" ;;
   *)     echo "usage: ./dev.sh run MAIN_ARGS... | test [PYTEST_ARGS...] | bench [NAME]" >&2; exit 2 ;;
 esac
