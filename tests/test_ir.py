@@ -254,8 +254,10 @@ def test_integer_pair_attributes_mean_a_square_pair():
 def test_every_shared_tx2_graph_rebuilds(tx2_data):
     """All 58 TX2 graphs: parameter count as recorded, output [1000] at 224x224; one step trains per network."""
     trained: set[str] = set()
+    structures: dict[str, set[str]] = {}
     for path in sorted((tx2_data / "graphs").glob("*.json")):
         desc = load_description(path)
+        structures.setdefault(desc.family, set()).add(desc.structure)
         module = build_module(desc)
         assert sum(p.numel() for p in module.parameters()) == desc.params, path.name
         if desc.network not in trained:
@@ -266,3 +268,5 @@ def test_every_shared_tx2_graph_rebuilds(tx2_data):
                 out = module.eval()(torch.randn(1, *desc.input_shape))
         assert tuple(out.shape) == (1, 1000), path.name
     assert len(trained) == 4
+    # every pruning level of a family has its layers and wiring: one structure key each, four in all
+    assert all(len(keys) == 1 for keys in structures.values()) and len(set.union(*structures.values())) == 4

@@ -254,11 +254,12 @@ class Fingerprint(ModuleQueries):
 
     def training_family_of(self, descs: Sequence[NetworkDescription | NetworkFeatures]) -> list[str]:
         """Each network's family where it is one this fingerprint was trained on, else "": its name among the
-        training families and its layer structure one of that family's training networks' (:mod:`families`)."""
-        nfs = [self._features(d) for d in descs]
+        training families and its layer structure one of that family's training networks' (:mod:`families`).
+        ``descs``: descriptions or their features (each has a family and a structure)."""
+        families = [d.family for d in descs]
         if self._training_structures is None:
-            return [nf.family if nf.family in self.training_families else "" for nf in nfs]
-        return known_families([nf.family for nf in nfs], [nf.structure for nf in nfs], self._training_structures)
+            return [f if f in self.training_families else "" for f in families]
+        return known_families(families, [d.structure for d in descs], self._training_structures)
 
     def outside_training(self, descs: NetworkDescription | str | Path | Sequence[NetworkDescription | str | Path],
                          batch_sizes: int | Sequence[int]) -> list[str]:
