@@ -12,7 +12,7 @@ from typing import NamedTuple
 from perf4sight.config import Config
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription, load_description
-from perf4sight.profiling.results import file_sha, incomplete_note, read_rows, results_path, split_stale
+from perf4sight.profiling.results import file_sha, incomplete_note, latest_rows, read_rows, results_path, split_stale
 from perf4sight.wording import named, plural
 
 __all__ = ["read_manifest", "is_description_file", "dataset_descriptions", "dataset_descriptions_or_empty",
@@ -73,11 +73,12 @@ def description_shas(cfg: Config, device: str) -> dict[str, str]:
 def current_rows(cfg: Config, device: str, shas: dict[str, str] | None = None,
                  incomplete: list[int] | None = None) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
     """(rows of ``device`` measured on its descriptions as they are now, stale rows): a row whose network's
-    description file changed since it was measured is stale (the profile stage measures it again).
+    description file changed since it was measured is stale (the profile stage measures it again), and a row
+    measured again later is left out of both (``latest_rows``: an ``oom`` of a lower memory_limit_mb).
     ``shas``: ``description_shas`` of the device when the caller has them already (else they are read);
     ``incomplete``: a list to receive the numbers of the lines ``read_rows`` passed over."""
-    rows = [r for r in read_rows(results_path(cfg.profiling_dir, device), incomplete)
-            if r.get("device", device) == device]
+    rows = latest_rows(r for r in read_rows(results_path(cfg.profiling_dir, device), incomplete)
+                       if r.get("device", device) == device)
     return split_stale(rows, description_shas(cfg, device) if shas is None else shas)
 
 

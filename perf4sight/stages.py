@@ -23,8 +23,8 @@ from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.networks.zoo import ZOO_NAMES
 from perf4sight.profiling.backends.base import LIMIT_OOM
-from perf4sight.profiling.results import (batch_size_of, incomplete_note, number, read_rows, references_path,
-                                         results_path)
+from perf4sight.profiling.results import (batch_size_of, incomplete_note, latest_rows, number, read_rows,
+                                         references_path, results_path)
 from perf4sight.wording import named, plural
 
 if TYPE_CHECKING:  # the importers are imported by the import stage alone
@@ -149,7 +149,7 @@ def run_profile(cfg: Config, args: argparse.Namespace) -> int:
     for s in summaries:
         if results_path(cfg.profiling_dir, s.device).is_file():
             console.print(f"{s.device}: measurements in {results_path(cfg.profiling_dir, s.device)}", markup=False)
-            _print_notes(_limit_note(cfg, s.device, read_rows(results_path(cfg.profiling_dir, s.device))))
+            _print_notes(_limit_note(cfg, s.device, latest_rows(read_rows(results_path(cfg.profiling_dir, s.device)))))
         refs = references_path(cfg.profiling_dir, s.device)
         if cfg.profile.reference_every > 0 and refs.is_file():
             console.print(f"{s.device}: drift reference, {plural(len(read_rows(refs)), 'measurement')} in {refs}",
@@ -165,10 +165,12 @@ GNN_FEW_ROWS = 200  # below this many training rows the GNN fit is noted as too 
 
 
 def _limit_note(cfg: Config, device: str, rows: list[dict[str, str]]) -> str:
-    """A note on ``device``'s ``oom`` rows that its ``memory_limit_mb`` caused ('' if none to make): rows recorded
-    under another limit than the configured one (kept as they are, with the batch sizes skipped after them), or,
-    under this limit, every network out of memory at its smallest batch size (a limit below what torch and a model
-    take before the first step)."""
+    """A note on ``device``'s ``oom`` rows (its newest, ``latest_rows``) that its ``memory_limit_mb`` caused ('' if
+    none to make): rows recorded under a lower limit than the configured one, not yet measured again (the profile
+    stage does, with the batch sizes skipped after them; one under a higher limit is an oom under this one too),
+    or, under this limit, every network out of memory at its smallest batch size (a limit below what torch and a
+    model take before the first step)."""
+    from perf4sight.profiling.runner import raised_limit
     dev = cfg.devices.get(device)
     limit = dev.memory_limit_mb if dev is not None else 0
     by_limit: dict[int, list[dict[str, str]]] = {}
@@ -177,15 +179,14 @@ def _limit_note(cfg: Config, device: str, rows: list[dict[str, str]]) -> str:
         if found:
             by_limit.setdefault(int(found.group(2)), []).append(r)
     csv_path = results_path(cfg.profiling_dir, device)
-    other = [r for lim, rs in by_limit.items() if lim != limit for r in rs]
-    if other:
-        nets = sorted({str(r["network"]) for r in other})
-        was = " / ".join(str(lim) for lim in sorted(by_limit) if lim != limit)
-        were, now = "was" if len(other) == 1 else "were", f"the {limit} set now" if limit else "without one, as now"
-        return (f"note: {device}: {plural(len(other), 'oom row')} ({named(nets)}) {were} recorded under "
-                f"memory_limit_mb = {was}, not {now}; they are kept, with "
-                f"the batch sizes skipped after them: to measure them under the new limit, delete their lines from "
-                f"{csv_path} and profile again")
+    lower = [r for r in rows if raised_limit(r, limit) is not None]
+    if lower:
+        nets = sorted({str(r["network"]) for r in lower})
+        was = " / ".join(sorted({str(raised_limit(r, limit)) for r in lower}, key=int))
+        were, now = "was" if len(lower) == 1 else "were", f"below the {limit} set now" if limit else "none set now"
+        return (f"note: {device}: {plural(len(lower), 'oom row')} ({named(nets)}) {were} recorded under "
+                f"memory_limit_mb = {was}, {now}: --stage profile measures {'it' if len(lower) == 1 else 'them'} "
+                f"again, with the batch sizes skipped after, and passes over the earlier rows (kept in {csv_path})")
     first: dict[str, dict[str, str]] = {}  # each network's smallest batch size measured
     for r in rows:
         net = str(r.get("network"))

@@ -177,6 +177,24 @@ def test_oom_under_memory_limit_skips_larger_batches(measured, tmp_path):
     cfg.profile.batch_sizes = [1, 1024, 2048, 4096]
     again = profile_local(cfg, "local", [net], progress=False)
     assert (again.skipped_after_oom, again.ok, again.oom, again.already_measured) == (1, 0, 0, 3)
+    # a lower limit leaves the oom an oom: nothing measured again
+    cfg.devices["local"].memory_limit_mb = int(peak_b1) + 100
+    lower = profile_local(cfg, "local", [net], progress=False)
+    assert (lower.ok, lower.oom, lower.skipped_after_oom, lower.already_measured) == (0, 0, 0, 4) and not lower.warnings
+    # no limit now: the step the old one stopped is measured again; the earlier rows stay on disk, passed over
+    cfg.devices["local"].memory_limit_mb = 0
+    cfg.profile.batch_sizes = [1, 1024]
+    raised = profile_local(cfg, "local", [net], progress=False)
+    assert (raised.ok, raised.oom, raised.already_measured) == (1, 0, 1)
+    assert raised.warnings == [f"network '{net.stem}' ran out of memory at batch size 1024 under memory_limit_mb = "
+                               f"{int(peak_b1) + 150} (no limit now): measuring it again from there; the earlier "
+                               "rows stay in measurements.csv and are passed over"]
+    on_disk = results.read_rows(summary.csv_path)
+    assert [(r["batch_size"], r["status"]) for r in on_disk] == [
+        ("1", "ok"), ("1024", "oom"), ("2048", "skipped_after_oom"), ("4096", "skipped_after_oom"), ("1024", "ok")]
+    assert [(r["batch_size"], r["status"]) for r in results.latest_rows(on_disk)] == [
+        ("1", "ok"), ("2048", "skipped_after_oom"), ("4096", "skipped_after_oom"), ("1024", "ok")]
+    assert profile_local(cfg, "local", [net], progress=False).already_measured == 2  # and once only
 
 
 def test_erroring_network_gives_error_rows_and_sweep_continues(tmp_path):
@@ -726,8 +744,9 @@ def test_batch_norm_on_a_1x1_map_at_batch_1_is_explained(tmp_path):
 
 
 def test_oom_rows_the_memory_limit_caused_are_explained(tmp_path):
-    """A limit typed too low makes every network oom at its smallest batch size, and raising it measured
-    nothing again without a word: the profile and fingerprint stages now say which rows the limit caused."""
+    """A limit typed too low makes every network oom at its smallest batch size: the profile and fingerprint
+    stages say which rows the limit caused, and which a higher limit set since has yet to measure again (a lower
+    one leaves an oom an oom: nothing to say)."""
     from perf4sight.config import load_config
     from perf4sight.stages import _limit_note
 
@@ -748,9 +767,13 @@ def test_oom_rows_the_memory_limit_caused_are_explained(tmp_path):
     assert _limit_note(cfg, "local", [ok_a, oom("a", 2, 100, 990), oom("b", 1, 100)]) == ""  # a trained: no typo
     cfg.devices["local"].memory_limit_mb = 900
     assert _limit_note(cfg, "local", rows).startswith(
-        "note: local: 2 oom rows (a, b) were recorded under memory_limit_mb = 100, not the 900 set now; they are "
-        "kept")
+        "note: local: 2 oom rows (a, b) were recorded under memory_limit_mb = 100, below the 900 set now: --stage "
+        "profile measures them again, with the batch sizes skipped after, and passes over the earlier rows")
     assert _limit_note(cfg, "local", [ok_a, oom("a", 2, 900, 990)]) == ""  # the limit set now: nothing to say
+    assert _limit_note(cfg, "local", [ok_a, oom("a", 2, 1000, 990)]) == ""  # over 1000 MiB is over 900 too
+    cfg.devices["local"].memory_limit_mb = 0
+    assert "was recorded under memory_limit_mb = 1000, none set now: --stage profile measures it again" in \
+        _limit_note(cfg, "local", [ok_a, oom("a", 2, 1000, 990)])
 
 
 def test_a_runner_that_cannot_write_says_so_in_its_error_event(tmp_path, monkeypatch, capsys):

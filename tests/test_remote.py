@@ -327,6 +327,11 @@ def test_puller_takes_complete_records_once(tmp_path):
     assert pull() == []
     local = results.read_rows(tmp_path / "local.csv")
     assert [r["message"] for r in local] == [row["message"], ""]
+    again = {**row, "status": "ok", "message": "", "timestamp": "2026-01-02T00:00:00+00:00"}  # measured again
+    remote[:] = data + rows_to_csv([again], with_header=False)
+    assert [r["status"] for r in pull()] == ["ok"] and pull() == []
+    puller.reset()
+    assert pull() == [] and len(results.read_rows(tmp_path / "local.csv")) == 3
 
 
 def test_unreachable_remote_raises_device_error_quickly(tmp_path):
@@ -467,6 +472,28 @@ def test_changed_description_is_measured_again_on_the_device_with_a_warning(serv
     assert [r["description_sha"] for r in results.read_rows(remote_csv)] == [r["description_sha"] for r in rows]
     (third,) = profile_devices(cfg, ["dev-c"], [desc], show_progress=False, **FAST)
     assert third.new_rows == 0 and not third.message  # resumes; the earlier run's warning is not repeated
+
+
+def test_an_oom_a_lower_limit_caused_is_measured_again_on_the_device(servers, tmp_path):
+    """A memory_limit_mb below what torch takes makes batch 1 an oom; with the limit gone, the next profile
+    measures it again on the device and brings the new row over, the earlier one kept on both sides and
+    passed over, the runner's warning in the summary."""
+    a, _ = servers
+    cfg = _config(tmp_path, {"dev-l": _device(a, tmp_path, memory_limit_mb=20)}, batch_sizes=(1,))
+    (desc,) = _descriptions(tmp_path, ["alpha"])
+    (first,) = profile_devices(cfg, ["dev-l"], [desc], show_progress=False, **FAST)
+    assert first.status == "done" and first.counts["oom"] == 1
+    cfg.devices["dev-l"].memory_limit_mb = 0
+    (again,) = profile_devices(cfg, ["dev-l"], [desc], show_progress=False, **FAST)
+    assert again.status == "done" and again.new_rows == 1 and (again.rows, again.expected) == (1, 1)
+    assert "'alpha' ran out of memory at batch size 1 under memory_limit_mb = 20 (no limit now)" in again.message
+    rows = _rows(cfg, "dev-l")
+    assert [r["status"] for r in rows] == ["oom", "ok"] and [r["status"] for r in results.latest_rows(rows)] == ["ok"]
+    remote_csv = tmp_path / "remote work" / "dev-l" / "measurements.csv"
+    assert [r["timestamp"] for r in results.read_rows(remote_csv)] == [r["timestamp"] for r in rows]
+    assert again.counts["ok"] == 1 and again.counts["oom"] == 0  # the plan's rows count by their newest
+    (third,) = profile_devices(cfg, ["dev-l"], [desc], show_progress=False, **FAST)
+    assert third.new_rows == 0 and not third.message
 
 
 def test_interrupted_host_stops_following_and_a_rerun_attaches_to_the_run_that_went_on(servers, tmp_path):

@@ -86,14 +86,18 @@ class CsvPuller:
     ``read_from(offset) -> bytes`` and ``size() -> int | None`` access the remote file. ``wanted``: the
     only keys to copy (None = all); ``passed_over`` collects the keys of remote rows outside it that
     are not local either. ``key``: a row's identity (default ``results.row_key``; a drift reference's rows
-    repeat one configuration, and :func:`reference_key` adds the time each was written).
+    repeat one configuration, and :func:`reference_key` adds the time each was written). A row is copied
+    unless a local row has its key and the time it was written: a measurement taken again (an ``oom`` row of a
+    lower memory_limit_mb, ``results.latest_rows``) comes over beside the earlier one.
     """
 
     def __init__(self, local: Path, wanted: set[tuple[str, ...]] | None = None,
                  key: Callable[[dict], tuple[str, ...]] = results.row_key) -> None:
         self.local = Path(local)
         self.key = key
-        self.keys = {key(r) for r in results.read_rows(self.local)}
+        local_rows = results.read_rows(self.local)
+        self.keys = {key(r) for r in local_rows}
+        self.copied = {self._written(r) for r in local_rows}
         self.wanted = wanted
         self.offset = 0
         self.header: list[str] | None = None
@@ -106,7 +110,7 @@ class CsvPuller:
         self.remote_keys, self.passed_over = set(), set()
 
     def pull(self, size: Callable[[], int | None], read_from: Callable[[int], bytes]) -> list[dict[str, str]]:
-        """Append new complete remote rows whose key is not local yet; returns those rows."""
+        """Append new complete remote rows not local yet (by key and time written); returns those rows."""
         n = size()
         if n is None:
             return []
@@ -128,8 +132,13 @@ class CsvPuller:
                 if key not in self.keys:
                     self.passed_over.add(key)
                 continue
-            if key not in self.keys:
+            if self._written(row) not in self.copied:
                 results.append_row(self.local, row)
                 self.keys.add(key)
+                self.copied.add(self._written(row))
                 fresh.append(row)
         return fresh
+
+    def _written(self, row: dict) -> tuple[str, ...]:
+        """One written row: its key and the time it was written."""
+        return self.key(row) + (str(row.get("timestamp", "")),)

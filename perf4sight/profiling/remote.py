@@ -138,7 +138,7 @@ def covering(keys: set[tuple]) -> set[tuple]:
 
 def plan_counts(csv_path: Path, covered: set[tuple]) -> tuple[int, dict[str, int]]:
     """(rows of the CSV that ``covered`` (:func:`covering`) holds, their count per status)."""
-    rows = [r for r in results.read_rows(csv_path) if results.row_key(r) in covered]
+    rows = [r for r in results.latest_rows(results.read_rows(csv_path)) if results.row_key(r) in covered]
     return len(rows), {st: sum(r["status"] == st for r in rows) for st in results.STATUSES}
 
 

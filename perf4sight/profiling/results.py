@@ -2,7 +2,9 @@
 
 One row per (device, network variant, batch size, input shape, phase, description): a description
 that changes under the same name is a new network, measured again; its earlier rows stay on
-disk, marked by their ``description_sha``, and the host passes over them. Rows are appended
+disk, marked by their ``description_sha``, and the host passes over them. An ``oom`` a lower
+memory_limit_mb caused is measured again under a higher one: the new row is appended under the same
+key, and of two rows of one key the later counts (:func:`latest_rows`). Rows are appended
 and flushed one at a time, so a crash loses at most the measurement in flight. Uses only
 the standard library (and ``perf4sight.errors``, ``perf4sight.files``): this module runs on the devices too.
 
@@ -19,7 +21,7 @@ from perf4sight.errors import UserError
 from perf4sight.files import atomic_path
 
 __all__ = ["COLUMNS", "STATUSES", "append_row", "upgrade_file", "read_rows", "measured_keys", "row_key", "results_path",
-           "references_path", "REFERENCES_CSV", "file_sha", "split_stale", "number", "batch_size_of"]
+           "references_path", "REFERENCES_CSV", "file_sha", "split_stale", "number", "batch_size_of", "latest_rows"]
 
 #: Column order of every measurement CSV. Empty string = not measured / not applicable.
 COLUMNS: List[str] = [
@@ -241,3 +243,12 @@ def incomplete_note(path: Union[str, Path], lines: Optional[List[int]] = None) -
 def measured_keys(rows: Iterable[Dict[str, Any]], with_sha: bool = True) -> Set[Tuple[str, ...]]:
     """Keys already on disk, so a rerun skips them (see :func:`row_key`)."""
     return {row_key(r, with_sha) for r in rows}
+
+
+def latest_rows(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The rows less those measured again later: of the rows with one key (:func:`row_key`), the last in file
+    order. A measurement is repeated only when the runner takes it again (an ``oom`` a lower memory_limit_mb
+    caused, under a higher one); its earlier row stays on disk and is passed over."""
+    rows = list(rows)
+    last = {row_key(r): i for i, r in enumerate(rows)}
+    return [r for i, r in enumerate(rows) if last[row_key(r)] == i]

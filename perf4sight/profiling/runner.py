@@ -38,7 +38,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple, Un
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import load_description
 from perf4sight.profiling import results
-from perf4sight.profiling.backends.base import Backend, get_backend
+from perf4sight.profiling.backends.base import LIMIT_OOM, Backend, get_backend
 from perf4sight.profiling.plan import TestPlan, load_plan
 from perf4sight.profiling.procfs import status_mb, swap_mb
 
@@ -285,25 +285,61 @@ def _locked(csv_path: Path) -> Iterator[None]:
         yield
 
 
+def raised_limit(row: Dict[str, Any], limit: int) -> Optional[int]:
+    """The memory_limit_mb (MiB) that made ``row`` an ``oom`` where it is below ``limit``, the plan's (0: none): the
+    step may fit now, so it is measured again. None for any other row."""
+    found = LIMIT_OOM.search(str(row.get("message") or "")) if row.get("status") == "oom" else None
+    return int(found.group(2)) if found and (limit <= 0 or int(found.group(2)) < limit) else None
+
+
+def _group(row: Dict[str, Any]) -> Tuple[str, str, str]:
+    """The sweep a row belongs to: (network, input shape, description sha)."""
+    return row["network"], row["input_shape"], row["description_sha"]
+
+
 @dataclass
 class _OnDisk:
-    """What a plan's CSV already holds for its device: the rows (an older row without a description sha
-    takes the network's current one), their keys, and each (network, input shape, sha)'s first oom batch."""
+    """What a plan's CSV already holds for its device: its newest rows (``results.latest_rows``; an older row
+    without a description sha takes the network's current one), the keys done, each (network, input shape, sha)'s
+    first oom batch, and the sweeps measured again from an oom batch because the plan's memory_limit_mb is above
+    the one that caused it (group -> (that batch size, that limit)), with the batch sizes skipped after it."""
     rows: List[Dict[str, Any]]
     done: Set[Tuple[str, ...]]
     oom_at: Dict[Tuple[str, str, str], int]
+    again: Dict[Tuple[str, str, str], Tuple[int, int]]
 
     @classmethod
-    def read(cls, csv_path: Path, device: str, nets: List[_Network]) -> "_OnDisk":
+    def read(cls, csv_path: Path, device: str, nets: List[_Network], limit: int = 0) -> "_OnDisk":
         sha_of = {n.name: n.sha for n in nets}
-        rows = [r if r.get("description_sha") else {**r, "description_sha": sha_of.get(r["network"], "")}
-                for r in results.read_rows(csv_path) if r["device"] == device]
+        rows = results.latest_rows(
+            r if r.get("description_sha") else dict(r, description_sha=sha_of.get(r["network"], ""))
+            for r in results.read_rows(csv_path) if r["device"] == device)
         oom_at: Dict[Tuple[str, str, str], int] = {}
+        again: Dict[Tuple[str, str, str], Tuple[int, int]] = {}
         for r in rows:
-            if r["status"] == "oom":
-                k = (r["network"], r["input_shape"], r["description_sha"])
-                oom_at[k] = min(oom_at.get(k, 10**9), results.batch_size_of(r))
-        return cls(rows, results.measured_keys(rows), oom_at)
+            if r["status"] != "oom":
+                continue
+            raised, bs = raised_limit(r, limit), results.batch_size_of(r)
+            if raised is None:
+                oom_at[_group(r)] = min(oom_at.get(_group(r), 10**9), bs)
+            elif bs < again.get(_group(r), (10**9, 0))[0]:
+                again[_group(r)] = (bs, raised)
+
+        def stands(r: Dict[str, Any]) -> bool:
+            """Whether a rerun keeps ``r``: not an oom measured again, nor a batch size no standing oom stopped."""
+            if r["status"] == "skipped_after_oom":
+                return results.batch_size_of(r) > oom_at.get(_group(r), 10**9)
+            return raised_limit(r, limit) is None
+        return cls(rows, results.measured_keys(r for r in rows if stands(r)), oom_at, again)
+
+    def limit_warning(self, net: _Network, limit: int, csv_name: str) -> Optional[str]:
+        """The warning for a network whose oom a lower memory_limit_mb than ``limit`` caused, measured again."""
+        found = self.again.get((net.name, net.input_shape, net.sha))
+        if found is None:
+            return None
+        now = f"{limit} now" if limit > 0 else "no limit now"
+        return (f"network '{net.name}' ran out of memory at batch size {found[0]} under memory_limit_mb = {found[1]} "
+                f"({now}): measuring it again from there; the earlier rows stay in {csv_name} and are passed over")
 
     def changed_warning(self, net: _Network, n_batch_sizes: int, csv_name: str) -> Optional[str]:
         """The warning for a network whose description changed since its rows were measured, if it has
@@ -441,7 +477,7 @@ def run_plan(plan_path: Union[str, Path], emit: Emit = print_event) -> Dict[str,
     counts = dict({s: 0 for s in results.STATUSES}, already_measured=0)
     with _locked(csv_path):
         shutil.rmtree(str(children_dir(csv_path)), ignore_errors=True)  # a killed runner's, left behind
-        disk = _OnDisk.read(csv_path, plan.device, nets)
+        disk = _OnDisk.read(csv_path, plan.device, nets, plan.memory_limit_mb)
         total = len(nets) * len(plan.batch_sizes)
         emit({"event": "plan", "device": plan.device, "backend": plan.backend, "networks": len(nets),
               "batch_sizes": plan.batch_sizes, "total": total, "csv": str(csv_path)})
@@ -453,9 +489,10 @@ def run_plan(plan_path: Union[str, Path], emit: Emit = print_event) -> Dict[str,
         t_start = time.monotonic()
         reference = _Reference.of(plan, plan_path, nets, backend, env, emit)
         for net in nets:
-            warning = disk.changed_warning(net, len(plan.batch_sizes), csv_path.name)
-            if warning:
-                emit({"event": "warning", "message": warning})
+            for warning in (disk.changed_warning(net, len(plan.batch_sizes), csv_path.name),
+                            disk.limit_warning(net, plan.memory_limit_mb, csv_path.name)):
+                if warning:
+                    emit({"event": "warning", "message": warning})
             for bs, row, wall in _sweep_network(plan, plan_path, net, backend, disk, env, reference):
                 position += 1
                 if row is None:
