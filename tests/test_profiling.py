@@ -478,6 +478,16 @@ def test_a_thrashing_step_is_an_oom_and_stops_the_network(tmp_path, monkeypatch,
     assert row["status"] == "ok" and float(row["swap_in_mb"]) > 100   # 0 = no check: recorded, not judged
 
 
+def test_of_two_rows_of_one_measurement_the_later_counts(tmp_path):
+    """``latest_rows``: a measurement taken again counts by its new row, the earlier kept on disk; a CSV of the
+    fewest columns (no device, no input shape) reads the same way."""
+    path = tmp_path / "m.csv"
+    path.write_text("network,batch_size,status,timestamp\nn,1,oom,t1\nm,2,ok,t1\nn,1.0,ok,t2\n")
+    rows = results.read_rows(path)
+    assert [(r["network"], r["status"]) for r in results.latest_rows(rows)] == [("m", "ok"), ("n", "ok")]
+    assert len(results.read_rows(path)) == 3
+
+
 def test_a_bad_measurement_csv_is_one_clear_error(tmp_path):
     """A folder, binary bytes, an unknown status or a batch size that is no positive integer: UserError
     naming the file (and the line), never a traceback; a torn last line is still ignored quietly."""

@@ -98,8 +98,8 @@ def references_path(profiling_dir: Union[str, Path], device: str) -> Path:
 def row_key(row: Dict[str, Any], with_sha: bool = True) -> Tuple[str, ...]:
     """Identity of a measurement: (device, network, batch size, input shape, phase, description sha);
     without the sha for imports (they bring their descriptions with them and measure nothing again)."""
-    key = (str(row["device"]), str(row["network"]), str(batch_size_of(row)),
-           str(row["input_shape"]), str(row.get("phase") or "train"))
+    key = (str(row.get("device", "")), str(row["network"]), str(batch_size_of(row)),
+           str(row.get("input_shape", "")), str(row.get("phase") or "train"))
     return key + (str(row.get("description_sha") or ""),) if with_sha else key
 
 
