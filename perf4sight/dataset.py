@@ -193,11 +193,14 @@ def _dataset_files(cfg: Config, name: str, manifest: list[dict[str, str]]) -> li
     return found + sorted(p for p in (cfg.models_dir / "imported").glob("*/*.json") if p.stem == name)
 
 
-def resolve_networks(cfg: Config, names: list[str], input_shape: list[int]) -> list[NetworkDescription]:
+def resolve_networks(cfg: Config, names: list[str], input_shape: list[int],
+                     notes: list[str] | None = None) -> list[NetworkDescription]:
     """Zoo names are described at ``input_shape`` (cached under ``<models_dir>/zoo-cache/``); anything
     ending in .json is a description file; another name is a network of the dataset (a variant the networks
-    stage made, or a graph imported for a device), read from its description file; any other name raises
-    ``UserError`` (:func:`unknown_network`). The manifest is read once, at the first name of the dataset."""
+    stage made, or a graph imported for a device), read from its description file, else a zoo network's pruned
+    variant (``resnet18_l45``) made now as the networks stage would (:mod:`perf4sight.networks.on_request`; a line
+    saying so appended to ``notes`` when a list is given); any other name raises ``UserError``
+    (:func:`unknown_network`). The manifest is read once, at the first name of the dataset."""
     from perf4sight.networks.zoo import ZOO_NAMES, describe_zoo
 
     out = []
@@ -215,16 +218,27 @@ def resolve_networks(cfg: Config, names: list[str], input_shape: list[int]) -> l
             out.append(describe_zoo(name, input_shape, cfg.networks.num_classes, cache_dir=cfg.models_dir / ZOO_CACHE))
         else:
             manifest = read_manifest(cfg.models_dir / "manifest.csv") if manifest is None else manifest
-            out.append(_dataset_network(cfg, name, manifest))
+            out.append(_dataset_network(cfg, name, manifest, input_shape, notes))
     return out
 
 
-def _dataset_network(cfg: Config, name: str, manifest: list[dict[str, str]]) -> NetworkDescription:
+def _dataset_network(cfg: Config, name: str, manifest: list[dict[str, str]], input_shape: list[int],
+                     notes: list[str] | None) -> NetworkDescription:
     """The description of the dataset network ``name`` (a variant the networks stage made, or an imported graph;
-    ``manifest``: the rows of ``models/manifest.csv``); ``UserError`` when there is none, or several that differ."""
+    ``manifest``: the rows of ``models/manifest.csv``), else of a zoo variant pruned on request (see
+    :func:`resolve_networks`); ``UserError`` when there is none, or several that differ."""
     paths = _dataset_files(cfg, name, manifest)
     if not paths:
-        raise UserError(unknown_network(cfg, name, dataset_network_names(cfg, manifest)))
+        from perf4sight.networks.on_request import pruned_on_request, zoo_variant
+        if zoo_variant(name) is None:  # checked first: a typo is said at once, without importing torch
+            raise UserError(unknown_network(cfg, name, dataset_network_names(cfg, manifest)))
+        desc = pruned_on_request(cfg, name, input_shape)
+        if notes is not None:
+            pr = cfg.networks.pruning
+            notes.append(f"note: {name}: not in the dataset: {desc.network} pruned now as the networks stage would "
+                         f"({pr.strategy}, min_channels {pr.min_channels}, seed {pr.seed}: "
+                         f"{desc.pruning_level:.1f}% of its parameters removed)")
+        return desc
     found = [load_description(p) for p in paths]  # a missing or damaged file: one line naming it
     if len({d.to_json() for d in found}) > 1:
         raise UserError(f"'{name}' names {len(paths)} different networks of the dataset: give one of their "
@@ -253,5 +267,5 @@ def unknown_network(cfg: Config, name: str, dataset: list[str] | None = None) ->
     guess = f" (did you mean {' or '.join(repr(n) for n in close)}?)" if close else ""
     mine = (f"a network of the dataset ({len(dataset)}: {named(dataset, 4)}), " if dataset
             else "a network of the dataset (none yet: run --stage networks or --stage import), ")
-    return (f"unknown network '{name}'{guess}: give a zoo network ({', '.join(ZOO_NAMES)}), {mine}"
-            "or a description .json file")
+    return (f"unknown network '{name}'{guess}: give a zoo network ({', '.join(ZOO_NAMES)}) or its pruned variant "
+            f"(e.g. {ZOO_NAMES[0]}_l30: pruned now as the networks stage would), {mine}or a description .json file")

@@ -300,8 +300,10 @@ def run_predict(cfg: Config, args: argparse.Namespace) -> int:
     # checked before describing (seconds); a size given twice is predicted once
     batch_sizes = list(dict.fromkeys(batch_list(args.batch_size or cfg.predict.batch_sizes)))
     started = time.perf_counter()
-    descs = resolve_networks(cfg, names, fp.input_shape or cfg.networks.input_shape)
+    made: list[str] = []  # zoo variants pruned on request
+    descs = resolve_networks(cfg, names, fp.input_shape or cfg.networks.input_shape, made)
     described = time.perf_counter()
+    _print_notes(*made)
     _shape_note(fp, descs)
     preds = fp.predict(descs, batch_sizes)
     _domain_note(fp, descs, batch_sizes)
@@ -337,7 +339,9 @@ def _predict_max_batch(cfg: Config, args: argparse.Namespace, fp: object, device
     limit = args.max_batch_size
     if fp.capacity_mb is None:
         raise UserError(f"{device}: {UNKNOWN_CAPACITY}: there is no largest batch size to find")
-    descs = resolve_networks(cfg, names, fp.input_shape or cfg.networks.input_shape)
+    made: list[str] = []
+    descs = resolve_networks(cfg, names, fp.input_shape or cfg.networks.input_shape, made)
+    _print_notes(*made)
     _shape_note(fp, descs)
     found = []
     for d in descs:

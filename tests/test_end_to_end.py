@@ -75,36 +75,42 @@ def test_all_stages_then_predict_json(tmp_path):
     (tmp_path / "config.toml").write_text(CONFIG)
 
     pred = main_py(tmp_path, "--stage", "predict", "--device", "local", "--network", "resnet18",
-                   manifest[0]["path"] and str(tmp_path / "models" / manifest[0]["path"]),
+                   manifest[0]["path"] and str(tmp_path / "models" / manifest[0]["path"]), "resnet18_l25",
                    "--batch-size", "2", "8", "--json")
     assert pred.returncode == 0, pred.stderr
     assert "batch size 8: outside the training rows' 2..4" in pred.stderr  # a note, on stderr beside the JSON
     assert "capacity is unknown" in pred.stderr  # no oom row, no memory_limit_mb: 'fits' says nothing
-    # both networks are of the two training families: their interval, and the CPU's mean form's tree corrections
-    assert (f"note: resnet18, {manifest[0]['network']}: of a family this fingerprint was trained on: the interval "
-            "of such networks; the step time with its forms' tree corrections") in pred.stderr
+    # a level no one profiled: pruned on request, as the networks stage would, and said so
+    assert "note: resnet18_l25: not in the dataset: resnet18 pruned now as the networks stage would (l1-norm, " \
+           "min_channels 4, seed 0: 2" in " ".join(pred.stderr.split())
+    # all three are of the two training families: their interval, and the CPU's mean form's tree corrections
+    assert (f"note: resnet18, {manifest[0]['network']}, resnet18_l25: of a family this fingerprint was trained on: "
+            "the interval of such networks; the step time with its forms' tree corrections") \
+        in " ".join(pred.stderr.split())
     assert "changed after its fingerprint was fitted" not in pred.stderr  # the resumed profile wrote nothing
     lines = [json.loads(line) for line in pred.stdout.splitlines()]
     assert [(p["network"], p["batch_size"]) for p in lines] == [
-        ("resnet18", 2), ("resnet18", 8), (manifest[0]["network"], 2), (manifest[0]["network"], 8)]
+        ("resnet18", 2), ("resnet18", 8), (manifest[0]["network"], 2), (manifest[0]["network"], 8),
+        ("resnet18_l25", 2), ("resnet18_l25", 8)]
     for p in lines:
         assert set(p) == PREDICTION_KEYS and p["fits"] is None  # unknown capacity: not known, not 'yes'
         assert p["latency_ms_low"] <= p["latency_ms"] <= p["latency_ms_high"]
         assert p["memory_mb_low"] <= p["memory_mb"] <= p["memory_mb_high"]
 
-    # description files, and zoo names described before (models/zoo-cache/): predicting imports neither
-    # torch nor scipy (seconds to load)
+    # description files, and zoo names and variants described before (models/zoo-cache/): predicting imports
+    # neither torch nor scipy (seconds to load)
     assert len(list((tmp_path / "models" / "zoo-cache").glob("resnet18-3x32x32-*.json"))) == 1
+    assert len(list((tmp_path / "models" / "zoo-cache").glob("resnet18_l25-3x32x32-*.json"))) == 1
     desc_only = subprocess.run([sys.executable, "-X", "importtime", str(ROOT / "main.py"), "--config",
                                 str(tmp_path / "config.toml"), "--stage", "predict", "--device", "local", "--network",
-                                str(tmp_path / "models" / manifest[0]["path"]), "resnet18", "resnet18",
+                                str(tmp_path / "models" / manifest[0]["path"]), "resnet18", "resnet18", "resnet18_l25",
                                 "--batch-size", "2", "2", "--json"],  # each given twice: predicted once
                                capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert desc_only.returncode == 0, desc_only.stderr[-3000:]
     imported = {line.rsplit("|", 1)[-1].strip() for line in desc_only.stderr.splitlines()
                 if line.startswith("import time:")}
     assert "perf4sight.fingerprint" in imported and not {"torch", "torchvision", "scipy"} & imported
-    assert [json.loads(line) for line in desc_only.stdout.splitlines()] == [lines[2], lines[0]]
+    assert [json.loads(line) for line in desc_only.stdout.splitlines()] == [lines[2], lines[0], lines[4]]
 
     csv_path = tmp_path / "profiling_csvs" / "local" / "measurements.csv"
     os.utime(csv_path, (csv_path.stat().st_atime, csv_path.stat().st_mtime + 60))  # as if a row came in since

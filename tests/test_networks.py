@@ -290,6 +290,35 @@ def test_factory_errors(tmp_path: Path) -> None:
         parse_factory("nothere:net", tmp_path, tmp_path / "models")
 
 
+def test_a_zoo_variant_asked_for_by_name_is_pruned_as_the_networks_stage_would(tmp_path: Path) -> None:
+    """``squeezenet1_1_l30`` not in the dataset: pruned on request with the config's [networks.pruning] settings,
+    the same description the networks stage writes, cached for the next request; any other name is none."""
+    from perf4sight.dataset import resolve_networks
+    from perf4sight.networks.on_request import pruned_on_request
+
+    (tmp_path / "config.toml").write_text(
+        '[networks]\nzoo = ["squeezenet1_1"]\ninput_shape = [3, 32, 32]\nnum_classes = 10\n'
+        '[networks.pruning]\nstrategy = "random"\nlevels = [30]\nseed = 4\n[networks.generator]\ncount = 0\n')
+    cfg = load_config(tmp_path / "config.toml")
+    asked = pruned_on_request(cfg, "squeezenet1_1_l30", SHAPE)  # before the networks stage ran
+    make_networks(cfg)
+    made = load_description(tmp_path / "models" / "pruned" / "random" / "squeezenet1_1_l30.json")
+    assert asked.to_json() == made.to_json() and asked.extra["strategy"] == "random" and asked.extra["seed"] == 4
+    (cached,) = (tmp_path / "models" / "zoo-cache").glob("squeezenet1_1_l30-3x32x32-10-*.json")
+    assert load_description(cached).to_json() == made.to_json()
+    notes: list[str] = []
+    (dataset, other) = resolve_networks(cfg, ["squeezenet1_1_l30", "squeezenet1_1_l45.0"], SHAPE, notes)
+    assert dataset.to_json() == made.to_json() and other.name == "squeezenet1_1_l45.0" and other.network == \
+        "squeezenet1_1" and abs(other.pruning_level - 45) <= 2 and other.params < made.params
+    assert notes == [f"note: squeezenet1_1_l45.0: not in the dataset: squeezenet1_1 pruned now as the networks stage "
+                     f"would (random, min_channels 4, seed 4: {other.pruning_level:.1f}% of its parameters removed)"]
+    assert pruned_on_request(cfg, "squeezenet1_1", SHAPE) is None and pruned_on_request(cfg, "mine_l30", SHAPE) is None
+    with pytest.raises(UserError, match="'squeezenet1_1_l150': 150% of squeezenet1_1's parameters cannot be pruned"):
+        resolve_networks(cfg, ["squeezenet1_1_l150"], SHAPE)
+    with pytest.raises(UserError, match=r"unknown network 'squezenet1_1_l30' \(did you mean 'squeezenet1_1_l30'"):
+        resolve_networks(cfg, ["squezenet1_1_l30"], SHAPE)
+
+
 def test_stage_writes_descriptions_and_manifests(tmp_path: Path) -> None:
     (tmp_path / "models" / "imagenet").mkdir(parents=True)
     (tmp_path / "models" / "imagenet" / "mine.py").write_text(TINY.read_text())

@@ -41,20 +41,40 @@ def build_zoo_model(name: str, num_classes: int = 1000) -> nn.Module:
     return builder(weights=None, num_classes=num_classes, **_BUILD_KWARGS[name])
 
 
-def _cache_file(cache_dir: Path, name: str, input_shape: list[int], num_classes: int) -> Path | None:
+def cache_file(cache_dir: Path, name: str, input_shape: list[int], num_classes: int, packages: tuple[str, ...] = (),
+               settings: tuple[Any, ...] = (), code: tuple[Path, ...] = ()) -> Path | None:
     """Where a description is cached: keyed by the network, its shape and class count, the torch and
-    torchvision versions and the source of the code that describes it (None if a version is unknown)."""
+    torchvision versions (and those of ``packages``), ``settings``, and the source of the code that describes it
+    (and of ``code``); None if a version is unknown."""
     try:
-        versions = [metadata.version("torch"), metadata.version("torchvision")]
+        versions = [metadata.version(p) for p in ("torch", "torchvision", *packages)]
     except metadata.PackageNotFoundError:
         return None
     ir = Path(__file__).resolve().parents[1] / "ir"
-    sources = [Path(__file__).resolve(), *sorted(ir.glob("*.py"))]
-    h = hashlib.sha256(repr((name, list(input_shape), num_classes, versions)).encode())
+    sources = [Path(__file__).resolve(), *sorted(ir.glob("*.py")), *code]
+    h = hashlib.sha256(repr((name, list(input_shape), num_classes, versions) + ((settings,) if settings else ()))
+                       .encode())
     for src in sources:
         h.update(src.read_bytes())
     shape = "x".join(str(int(v)) for v in input_shape)
     return cache_dir / f"{name}-{shape}-{num_classes}-{h.hexdigest()[:16]}.json"
+
+
+def cached_description(path: Path | None, make: Callable[[], NetworkDescription]) -> NetworkDescription:
+    """The description cached at ``path`` (:func:`cache_file`), else ``make()``'s, written there. Best effort: an
+    unwritable or damaged file is passed over (and a damaged one made again)."""
+    if path is not None and path.is_file():
+        try:
+            return load_description(path)
+        except UserError:
+            pass  # damaged: made again below and rewritten
+    desc = make()
+    if path is not None:
+        try:
+            save_description(desc, path)
+        except OSError:
+            pass
+    return desc
 
 
 def describe_zoo(name: str, input_shape: list[int], num_classes: int = 1000,
@@ -63,22 +83,10 @@ def describe_zoo(name: str, input_shape: list[int], num_classes: int = 1000,
 
     With ``cache_dir`` a description made before (same network, shape, classes, torch and
     torchvision versions and describing code) is read from there instead of importing torch and
-    tracing the model again (seconds); a new one is written there. The cache is best effort: an
-    unwritable or damaged file is passed over."""
+    tracing the model again (seconds); a new one is written there (:func:`cached_description`)."""
     _check_name(name)
-    cached = None if cache_dir is None else _cache_file(Path(cache_dir), name, input_shape, num_classes)
-    if cached is not None and cached.is_file():
-        try:
-            return load_description(cached)
-        except UserError:
-            pass  # damaged: described again below and rewritten
-    desc = _describe_built(name, input_shape, num_classes)
-    if cached is not None:
-        try:
-            save_description(desc, cached)
-        except OSError:
-            pass
-    return desc
+    path = None if cache_dir is None else cache_file(Path(cache_dir), name, input_shape, num_classes)
+    return cached_description(path, lambda: _describe_built(name, input_shape, num_classes))
 
 
 def _describe_built(name: str, input_shape: list[int], num_classes: int) -> NetworkDescription:
