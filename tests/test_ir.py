@@ -270,3 +270,6 @@ def test_every_shared_tx2_graph_rebuilds(tx2_data):
     assert len(trained) == 4
     # every pruning level of a family has its layers and wiring: one structure key each, four in all
     assert all(len(keys) == 1 for keys in structures.values()) and len(set.union(*structures.values())) == 4
+    # torchvision's resnet18 is perf4sight's (its graphs reshape where torch.fx flattens: one layout)
+    from perf4sight.networks.zoo import describe_zoo
+    assert structures["resnet18"] == {describe_zoo("resnet18", [3, 224, 224]).structure}

@@ -90,7 +90,10 @@ def _attr_problem(node: "Node") -> str:
 #: Attributes that place a layer in the graph whatever its widths: :attr:`NetworkDescription.structure` keeps
 #: these and drops the widths (channels, features, reshape sizes), which pruning changes.
 _LAYOUT_ATTRS = ("kernel_size", "stride", "padding", "dilation", "ceil_mode", "count_include_pad", "output_size",
-                 "dim", "start_dim", "dims", "keepdim", "dim0", "dim1")
+                 "dim", "dims", "keepdim", "dim0", "dim1")
+#: Ops that do the same to a tensor, one name each in the structure key: a classifier's input flattened by
+#: ``flatten`` (torch.fx of torchvision) or ``reshape`` (perf4sight's graphs) is one layout.
+_SAME_OP = {"flatten": "reshape"}
 
 
 def _conv_kind(attrs: Dict[str, Any]) -> str:
@@ -140,15 +143,15 @@ class NetworkDescription:
     def structure(self) -> str:
         """A key of the layers and their wiring, widths aside (12 hex digits): the same for every pruning level of
         a network (pruning narrows layers, it removes none), different for another architecture. Each node
-        contributes its op, its inputs' positions, its kernel, stride, padding and dimension attributes, and a
-        convolution its grouping (dense, depthwise or grouped)."""
+        contributes its op (``flatten`` read as ``reshape``), its inputs' positions, its kernel, stride, padding
+        and dimension attributes, and a convolution its grouping (dense, depthwise or grouped)."""
         position = {n.name: i for i, n in enumerate(self.nodes)}
         layers = []
         for n in self.nodes:
             layout = {a: n.attrs[a] for a in _LAYOUT_ATTRS if a in n.attrs}
             if n.op == "conv2d":
                 layout["groups"] = _conv_kind(n.attrs)
-            layers.append([n.op, [position.get(i, i) for i in n.inputs], layout])
+            layers.append([_SAME_OP.get(n.op, n.op), [position.get(i, i) for i in n.inputs], layout])
         text = json.dumps(layers, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
 
