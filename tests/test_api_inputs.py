@@ -185,6 +185,7 @@ def test_cpu_fingerprint_keeps_the_mean_step_time_form(fitted):
     lambda f: _edit_metadata(f, lambda m: m["interval"]["log_ratio_quantiles"].update(memory=[0.1, -0.1])),
     lambda f: _edit_metadata(f, lambda m: m.update(feature_set="perf4sight-graph-v9")),
     lambda f: _edit_metadata(f, lambda m: m.update(input_shape="x")),
+    lambda f: _edit_metadata(f, lambda m: m.update(training_structures={"deep": "0123456789ab"})),
 ])
 def test_damaged_fingerprint_is_one_line(fitted, tmp_path, damage):
     import shutil
@@ -194,6 +195,23 @@ def test_damaged_fingerprint_is_one_line(fitted, tmp_path, damage):
     with pytest.raises(UserError, match="damaged or from an incompatible version") as exc:
         load_fingerprint(folder)
     assert _one_line(exc)
+
+
+def test_structure_keys_of_another_recipe_are_not_compared(fitted, tmp_path):
+    """A fingerprint whose structure keys were made by another recipe (``structure_version``) tells a training
+    family by its name alone, as one fitted before the keys were stored: its keys would match no query's."""
+    import shutil
+    from dataclasses import replace
+    from perf4sight.ir.schema import STRUCTURE_VERSION
+    folder, descs = fitted
+    impostor = replace(descs["shallow_w8"], network="deep")
+    assert load_fingerprint(folder).metadata["structure_version"] == STRUCTURE_VERSION
+    assert load_fingerprint(folder).training_family_of([descs["deep_w8"], impostor]) == ["deep", ""]
+    for change in (lambda m: m.update(structure_version=STRUCTURE_VERSION + 1), lambda m: m.pop("structure_version")):
+        copy = tmp_path / f"cpu{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(folder, copy)
+        _edit_metadata(copy, change)
+        assert load_fingerprint(copy).training_family_of([descs["deep_w8"], impostor]) == ["deep", "deep"]
 
 
 def _one_model(entry: dict) -> dict:

@@ -37,7 +37,7 @@ from perf4sight.fingerprint.select import (PREFERRED, can_nest, describe_choice,
 from perf4sight.fingerprint.storage import FEATURE_SET, save_models
 from perf4sight.fingerprint.trees import CEILING, MODELS, TREE_FEATURES, Model, tree_features
 from perf4sight.importers.perf4sight_csv import PROTOCOL as PERF4SIGHT_ROWS
-from perf4sight.ir.schema import NetworkDescription
+from perf4sight.ir.schema import STRUCTURE_VERSION, NetworkDescription
 from perf4sight.profiling.results import batch_size_of, number
 from perf4sight.wording import plural
 
@@ -299,6 +299,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         # of one with one of its structures gets the seen band (families.py)
         "training_families": sorted(training_structures),
         "training_structures": {f: sorted(keys) for f, keys in sorted(training_structures.items())},
+        "structure_version": STRUCTURE_VERSION,
         "input_shape": common_input_shape(descriptions, feats),
         # what the training rows covered: predict notes queries outside it (domain.py)
         "training_domain": training_domain(F_ok, [feats[n].description for n in sorted({str(r["network"])

@@ -27,7 +27,7 @@ from perf4sight.fingerprint.families import known_families
 from perf4sight.fingerprint.select import RULE_KEPT
 from perf4sight.fingerprint.storage import FEATURE_SET, HeldOut, check_metadata, damaged, load_held_out, load_models
 from perf4sight.fingerprint.trees import Model
-from perf4sight.ir.schema import NetworkDescription, load_description
+from perf4sight.ir.schema import STRUCTURE_VERSION, NetworkDescription, load_description
 from perf4sight.wording import plural
 
 __all__ = ["Fingerprint", "load_fingerprint", "PREDICTION_KEYS", "accuracy_lines"]
@@ -215,8 +215,10 @@ class Fingerprint(ModuleQueries):
         seen = metadata.get("interval", {}).get("log_ratio_quantiles_seen", {})
         self._seen_bands = {t: (float(seen[t][0]), float(seen[t][1])) for t in ("latency", "memory") if t in seen}
         self.training_families: frozenset[str] = frozenset(str(f) for f in metadata.get("training_families", []))
-        # the layer structures of each training family (fingerprints since 2026-11-25; none: by the name alone)
-        self._training_structures: dict[str, list[str]] | None = metadata.get("training_structures")
+        # the layer structures of each training family, where keyed by today's recipe (fingerprints since
+        # 2026-11-25; none: by the name alone)
+        self._training_structures: dict[str, list[str]] | None = (
+            metadata.get("training_structures") if metadata.get("structure_version") == STRUCTURE_VERSION else None)
 
     @staticmethod
     def _features(desc: NetworkDescription | NetworkFeatures) -> NetworkFeatures:

@@ -161,6 +161,8 @@ def check_metadata(meta: Any, feature_set: str | None = None) -> None:
     if not (isinstance(structures, dict) and all(isinstance(v, list) and all(isinstance(k, str) for k in v)
                                                  for v in structures.values())):
         raise ValueError("training_structures is not an object of lists of structure keys")
+    if not isinstance(meta.get("structure_version", 0), int):
+        raise ValueError("structure_version is not an integer")
     for key, band in _bands(quantiles) + [(f"seen.{k}", b) for k, b in _bands(seen)]:
         if not (isinstance(band, list) and len(band) == 2 and all(isinstance(v, (int, float)) for v in band)
                 and band[0] <= band[1]):

@@ -15,7 +15,8 @@ from perf4sight.errors import UserError, read_json_object
 from perf4sight.files import write_atomically
 from perf4sight.ir.shapes import shape_problem
 
-__all__ = ["Node", "NetworkDescription", "OPS", "load_description", "save_description", "is_file_stem"]
+__all__ = ["Node", "NetworkDescription", "OPS", "load_description", "save_description", "is_file_stem",
+           "STRUCTURE_VERSION"]
 
 SCHEMA_VERSION = 1
 
@@ -87,6 +88,9 @@ def _attr_problem(node: "Node") -> str:
     return ""
 
 
+#: The recipe of :attr:`NetworkDescription.structure`: raised whenever it changes, so that keys stored by another
+#: recipe (a fingerprint's ``training_structures``) are known not to compare with today's.
+STRUCTURE_VERSION = 1
 #: Attributes that place a layer in the graph whatever its widths: :attr:`NetworkDescription.structure` keeps
 #: these and drops the widths (channels, features, reshape sizes), which pruning changes.
 _LAYOUT_ATTRS = ("kernel_size", "stride", "padding", "dilation", "ceil_mode", "count_include_pad", "output_size",
