@@ -52,6 +52,7 @@ def cache_file(cache_dir: Path, name: str, input_shape: list[int], num_classes: 
         return None
     ir = Path(__file__).resolve().parents[1] / "ir"
     sources = [Path(__file__).resolve(), *sorted(ir.glob("*.py")), *code]
+    # without settings, the key a zoo description always had: the files cached before stay valid
     h = hashlib.sha256(repr((name, list(input_shape), num_classes, versions) + ((settings,) if settings else ()))
                        .encode())
     for src in sources:
