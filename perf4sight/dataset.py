@@ -197,9 +197,10 @@ def resolve_networks(cfg: Config, names: list[str], input_shape: list[int],
                      notes: list[str] | None = None) -> list[NetworkDescription]:
     """Zoo names are described at ``input_shape`` (cached under ``<models_dir>/zoo-cache/``); anything
     ending in .json is a description file; another name is a network of the dataset (a variant the networks
-    stage made, or a graph imported for a device), read from its description file, else a zoo network's pruned
-    variant (``resnet18_l45``) made now as the networks stage would (:mod:`perf4sight.networks.on_request`; a line
-    saying so appended to ``notes`` when a list is given); any other name raises ``UserError``
+    stage made, or a graph imported for a device), read from its description file, else the pruned variant
+    (``resnet18_l45``) of a zoo network or of one the config names, made now as the networks stage would
+    (:mod:`perf4sight.networks.on_request`; a line saying so appended to ``notes`` when a list is given); any other
+    name raises ``UserError``
     (:func:`unknown_network`). The manifest is read once, at the first name of the dataset."""
     from perf4sight.networks.zoo import ZOO_NAMES, describe_zoo
 
@@ -225,14 +226,14 @@ def resolve_networks(cfg: Config, names: list[str], input_shape: list[int],
 def _dataset_network(cfg: Config, name: str, manifest: list[dict[str, str]], input_shape: list[int],
                      notes: list[str] | None) -> NetworkDescription:
     """The description of the dataset network ``name`` (a variant the networks stage made, or an imported graph;
-    ``manifest``: the rows of ``models/manifest.csv``), else of a zoo variant pruned on request (see
+    ``manifest``: the rows of ``models/manifest.csv``), else of a variant pruned on request (see
     :func:`resolve_networks`); ``UserError`` when there is none, or several that differ."""
     paths = _dataset_files(cfg, name, manifest)
     if not paths:
-        from perf4sight.networks.on_request import pruned_on_request, zoo_variant
-        if zoo_variant(name) is None:  # checked first: a typo is said at once, without importing torch
-            raise UserError(unknown_network(cfg, name, dataset_network_names(cfg, manifest)))
+        from perf4sight.networks.on_request import pruned_on_request
         desc = pruned_on_request(cfg, name, input_shape)
+        if desc is None:
+            raise UserError(unknown_network(cfg, name, dataset_network_names(cfg, manifest)))
         if notes is not None:
             pr = cfg.networks.pruning
             notes.append(f"note: {name}: not in the dataset: {desc.network} pruned now as the networks stage would "
@@ -267,5 +268,6 @@ def unknown_network(cfg: Config, name: str, dataset: list[str] | None = None) ->
     guess = f" (did you mean {' or '.join(repr(n) for n in close)}?)" if close else ""
     mine = (f"a network of the dataset ({len(dataset)}: {named(dataset, 4)}), " if dataset
             else "a network of the dataset (none yet: run --stage networks or --stage import), ")
-    return (f"unknown network '{name}'{guess}: give a zoo network ({', '.join(ZOO_NAMES)}) or its pruned variant "
-            f"(e.g. {ZOO_NAMES[0]}_l30: pruned now as the networks stage would), {mine}or a description .json file")
+    return (f"unknown network '{name}'{guess}: give a zoo network ({', '.join(ZOO_NAMES)}), a pruned variant of one "
+            f"or of a network [networks] names (e.g. {ZOO_NAMES[0]}_l30: pruned now as the networks stage would), "
+            f"{mine}or a description .json file")

@@ -344,6 +344,17 @@ def test_stage_writes_descriptions_and_manifests(tmp_path: Path) -> None:
     assert (models / "pruned" / "random" / "manifest.csv").is_file()
     assert (models / "generated" / "manifest.csv").is_file()
     assert variant_name("resnet18", 12.5) == "resnet18_l12.5"
+    # a level of the factory's network the stage did not make: pruned on request, as the stage made its own
+    from perf4sight.dataset import resolve_networks
+    from perf4sight.networks.on_request import pruned_on_request
+    assert pruned_on_request(cfg, "tiny_resnet_l25", [3, 32, 32]).to_json() == \
+        load_description(models / on_disk[1]["path"]).to_json()
+    notes: list[str] = []
+    (asked,) = resolve_networks(cfg, ["tiny_resnet_l40"], [3, 32, 32], notes)
+    assert asked.name == "tiny_resnet_l40" and asked.extra["source"].startswith("factory:mine:tiny_resnet")
+    assert abs(asked.pruning_level - 40) <= 2 and notes[0].startswith("note: tiny_resnet_l40: not in the dataset: "
+                                                                      "tiny_resnet pruned now")
+    assert pruned_on_request(cfg, "gen_9_0_l30", [3, 32, 32]) is None  # not a network [networks] names
 
 
 def test_an_unreachable_level_is_left_out_and_a_rerun_says_what_changed(tmp_path: Path) -> None:
