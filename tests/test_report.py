@@ -158,6 +158,24 @@ def test_devices_trained_at_other_input_shapes_are_said_to_differ(project):
     assert {c.input_shape for c in curves["memory"]["resnet18"]} == {""}
 
 
+def test_a_variant_pruned_on_request_is_said_in_the_report(project):
+    """[compare] networks may name a level no one profiled (``resnet18_l45``): pruned as the networks stage would,
+    predicted on every device, and the report's notes say so."""
+    from dataclasses import replace
+    from perf4sight.report.compare import _curves, gather_device
+
+    cfg = replace(project, compare=replace(project.compare, networks=["resnet18_l45"]))
+    devs, descs = [], {}
+    for name in SUBSETS:
+        d, descs[name] = gather_device(cfg, name)
+        devs.append(d)
+    notes: list[str] = []
+    curves, names = _curves(cfg, devs, descs, notes)
+    assert names == ["resnet18_l45"] and {c.device for c in curves["latency"]["resnet18_l45"]} == set(SUBSETS)
+    assert [n for n in notes if "resnet18_l45" in n][0].startswith(
+        "resnet18_l45: not in the dataset: resnet18 pruned now as the networks stage would (l1-norm, min_channels ")
+
+
 def test_held_out_scatter_matches_fingerprint_accuracy(project):
     from perf4sight.profiling.results import read_rows, results_path
     from perf4sight.dataset import device_dataset

@@ -88,7 +88,10 @@ def _curves(cfg: Config, devs: list[DeviceData], all_descs: dict[str, dict[str, 
     for d in devs:
         shape = trained_at[d.name]
         if shape not in by_shape:
-            by_shape[shape] = resolve_networks(cfg, entries, list(shape))
+            made: list[str] = []  # variants pruned on request, said in the report's notes
+            by_shape[shape] = resolve_networks(cfg, entries, list(shape), made)
+            notes.extend(line.removeprefix("note: ") + (f" (at {_shape(list(shape))})" if shapes_differ else "")
+                         for line in made)
             names = names or [desc.name for desc in by_shape[shape]]  # labels: zoo name or description name
         measured_max = max((batch_size_of(r) for r in d.rows if r["status"] == "ok"), default=8)
         for name, desc in zip(names, by_shape[shape]):  # same entry order at every shape
