@@ -300,7 +300,7 @@ def run_predict(cfg: Config, args: argparse.Namespace) -> int:
     # checked before describing (seconds); a size given twice is predicted once
     batch_sizes = list(dict.fromkeys(batch_list(args.batch_size or cfg.predict.batch_sizes)))
     started = time.perf_counter()
-    made: list[str] = []  # zoo variants pruned on request
+    made: list[str] = []  # variants pruned on request (notes)
     descs = resolve_networks(cfg, names, fp.input_shape or cfg.networks.input_shape, made)
     described = time.perf_counter()
     _print_notes(*made)
