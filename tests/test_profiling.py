@@ -478,6 +478,30 @@ def test_a_thrashing_step_is_an_oom_and_stops_the_network(tmp_path, monkeypatch,
     assert row["status"] == "ok" and float(row["swap_in_mb"]) > 100   # 0 = no check: recorded, not judged
 
 
+def test_a_measurement_again_cut_short_resumes_where_it_stopped(tmp_path):
+    """An oom of a lower limit measured again at its batch size, then the run killed: the next run takes that new
+    row as done and measures the batch sizes the old oom had skipped, as none stands before them now; a limit still
+    lower than the old one keeps the old oom and its skipped rows."""
+    from perf4sight.profiling.runner import _OnDisk
+
+    def row(bs, status, message="", t="t1"):
+        return {"device": "d", "network": "n", "batch_size": bs, "input_shape": "3x8x8", "phase": "train",
+                "description_sha": "s", "status": status, "message": message, "timestamp": t}
+    path = tmp_path / "m.csv"
+    for r in (row(1, "ok"), row(64, "oom", "RSS 990 MiB exceeded memory_limit_mb 900"),
+              row(128, "skipped_after_oom"), row(256, "skipped_after_oom"), row(64, "ok", t="t2")):
+        results.append_row(path, r)
+    done = {k[2] for k in _OnDisk.read(path, "d", [], limit=2000).done}
+    assert done == {"1", "64"}  # 128 and 256: measured next
+    path.unlink()
+    for r in (row(1, "ok"), row(64, "oom", "RSS 990 MiB exceeded memory_limit_mb 900"), row(128, "skipped_after_oom")):
+        results.append_row(path, r)
+    lower = _OnDisk.read(path, "d", [], limit=500)
+    assert {k[2] for k in lower.done} == {"1", "64", "128"} and lower.oom_at == {("n", "3x8x8", "s"): 64}
+    raised = _OnDisk.read(path, "d", [], limit=0)
+    assert {k[2] for k in raised.done} == {"1"} and raised.again == {("n", "3x8x8", "s"): (64, 900)}
+
+
 def test_of_two_rows_of_one_measurement_the_later_counts(tmp_path):
     """``latest_rows``: a measurement taken again counts by its new row, the earlier kept on disk; a CSV of the
     fewest columns (no device, no input shape) reads the same way."""
