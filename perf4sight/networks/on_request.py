@@ -19,7 +19,7 @@ from perf4sight.config import Config
 from perf4sight.dataset import ZOO_CACHE
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription
-from perf4sight.networks.zoo import ZOO_NAMES, cache_file, cached_description
+from perf4sight.networks.zoo import ZOO_NAMES, build_zoo_model, cache_file, cached_description
 
 __all__ = ["VARIANT", "pruned_on_request"]
 
@@ -65,7 +65,6 @@ def _check_level(name: str, network: str, level: float) -> None:
 def _zoo_source(network: str, classes: int) -> Any:
     """The networks stage's source of zoo network ``network`` (a ``build.Source``)."""
     from perf4sight.networks.build import Source  # torch: only when a variant is made
-    from perf4sight.networks.zoo import build_zoo_model
 
     return Source(network, f"torchvision:{network}", lambda: build_zoo_model(network, classes))
 
