@@ -236,8 +236,8 @@ def _dataset_network(cfg: Config, name: str, manifest: list[dict[str, str]], inp
             raise UserError(unknown_network(cfg, name, dataset_network_names(cfg, manifest)))
         if notes is not None:
             pr = cfg.networks.pruning
-            notes.append(f"note: {name}: not in the dataset: {desc.network} pruned now as the networks stage would "
-                         f"({pr.strategy}, min_channels {pr.min_channels}, seed {pr.seed}: "
+            notes.append(f"note: {name}: not in the dataset: {desc.network} pruned on request as the networks stage "
+                         f"would ({pr.strategy}, min_channels {pr.min_channels}, seed {pr.seed}: "
                          f"{desc.pruning_level:.1f}% of its parameters removed)")
         return desc
     found = [load_description(p) for p in paths]  # a missing or damaged file: one line naming it
@@ -269,5 +269,5 @@ def unknown_network(cfg: Config, name: str, dataset: list[str] | None = None) ->
     mine = (f"a network of the dataset ({len(dataset)}: {named(dataset, 4)}), " if dataset
             else "a network of the dataset (none yet: run --stage networks or --stage import), ")
     return (f"unknown network '{name}'{guess}: give a zoo network ({', '.join(ZOO_NAMES)}), a pruned variant of one "
-            f"or of a network [networks] names (e.g. {ZOO_NAMES[0]}_l30: pruned now as the networks stage would), "
-            f"{mine}or a description .json file")
+            f"or of a network [networks] names (e.g. {ZOO_NAMES[0]}_l30: pruned on request as the networks stage "
+            f"would), {mine}or a description .json file")

@@ -81,7 +81,7 @@ def test_all_stages_then_predict_json(tmp_path):
     assert "batch size 8: outside the training rows' 2..4" in pred.stderr  # a note, on stderr beside the JSON
     assert "capacity is unknown" in pred.stderr  # no oom row, no memory_limit_mb: 'fits' says nothing
     # a level no one profiled: pruned on request, as the networks stage would, and said so
-    assert "note: resnet18_l25: not in the dataset: resnet18 pruned now as the networks stage would (l1-norm, " \
+    assert "note: resnet18_l25: not in the dataset: resnet18 pruned on request as the networks stage would (l1-norm, " \
            "min_channels 4, seed 0: 2" in " ".join(pred.stderr.split())
     # all three are of the two training families: their interval, and the CPU's mean form's tree corrections
     assert (f"note: resnet18, {manifest[0]['network']}, resnet18_l25: of a family this fingerprint was trained on: "

@@ -173,7 +173,8 @@ def test_a_variant_pruned_on_request_is_said_in_the_report(project):
     curves, names = _curves(cfg, devs, descs, notes)
     assert names == ["resnet18_l45"] and {c.device for c in curves["latency"]["resnet18_l45"]} == set(SUBSETS)
     assert [n for n in notes if "resnet18_l45" in n][0].startswith(
-        "resnet18_l45: not in the dataset: resnet18 pruned now as the networks stage would (l1-norm, min_channels ")
+        "resnet18_l45: not in the dataset: resnet18 pruned on request as the networks stage would (l1-norm, "
+        "min_channels ")
 
 
 def test_held_out_scatter_matches_fingerprint_accuracy(project):
