@@ -199,9 +199,9 @@ def resolve_networks(cfg: Config, names: list[str], input_shape: list[int],
     ending in .json is a description file; another name is a network of the dataset (a variant the networks
     stage made, or a graph imported for a device), read from its description file, else the pruned variant
     (``resnet18_l45``) of a zoo network or of one the config names, made now as the networks stage would
-    (:mod:`perf4sight.networks.on_request`; a line saying so appended to ``notes`` when a list is given); any other
-    name raises ``UserError``
-    (:func:`unknown_network`). The manifest is read once, at the first name of the dataset."""
+    (:mod:`perf4sight.networks.on_request`; a sentence saying so appended to ``notes`` when a list is given); any
+    other name raises ``UserError`` (:func:`unknown_network`). The manifest is read once, at the first name of the
+    dataset."""
     from perf4sight.networks.zoo import ZOO_NAMES, describe_zoo
 
     out = []
@@ -236,7 +236,7 @@ def _dataset_network(cfg: Config, name: str, manifest: list[dict[str, str]], inp
             raise UserError(unknown_network(cfg, name, dataset_network_names(cfg, manifest)))
         if notes is not None:
             pr = cfg.networks.pruning
-            notes.append(f"note: {name}: not in the dataset: {desc.network} pruned on request as the networks stage "
+            notes.append(f"{name}: not in the dataset: {desc.network} pruned on request as the networks stage "
                          f"would ({pr.strategy}, min_channels {pr.min_channels}, seed {pr.seed}: "
                          f"{desc.pruning_level:.1f}% of its parameters removed)")
         return desc

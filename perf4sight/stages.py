@@ -179,10 +179,10 @@ def _limit_note(cfg: Config, device: str, rows: list[dict[str, str]]) -> str:
         if found:
             by_limit.setdefault(int(found.group(2)), []).append(r)
     csv_path = results_path(cfg.profiling_dir, device)
-    lower = [r for r in rows if raised_limit(r, limit) is not None]
+    lower = [(r, lim) for r in rows if (lim := raised_limit(r, limit)) is not None]  # (row, the limit it had)
     if lower:
-        nets = sorted({str(r["network"]) for r in lower})
-        was = " / ".join(sorted({str(raised_limit(r, limit)) for r in lower}, key=int))
+        nets = sorted({str(r["network"]) for r, _ in lower})
+        was = " / ".join(str(lim) for lim in sorted({lim for _, lim in lower}))
         were, now = "was" if len(lower) == 1 else "were", f"below the {limit} set now" if limit else "none set now"
         return (f"note: {device}: {plural(len(lower), 'oom row')} ({named(nets)}) {were} recorded under "
                 f"memory_limit_mb = {was}, {now}: --stage profile measures {'it' if len(lower) == 1 else 'them'} "
@@ -300,11 +300,8 @@ def run_predict(cfg: Config, args: argparse.Namespace) -> int:
     # checked before describing (seconds); a size given twice is predicted once
     batch_sizes = list(dict.fromkeys(batch_list(args.batch_size or cfg.predict.batch_sizes)))
     started = time.perf_counter()
-    made: list[str] = []  # variants pruned on request (notes)
-    descs = resolve_networks(cfg, names, fp.input_shape or cfg.networks.input_shape, made)
+    descs = _described(cfg, fp, names)
     described = time.perf_counter()
-    _print_notes(*made)
-    _shape_note(fp, descs)
     preds = fp.predict(descs, batch_sizes)
     _domain_note(fp, descs, batch_sizes)
     _family_note(fp, descs)
@@ -328,6 +325,16 @@ def run_predict(cfg: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def _described(cfg: Config, fp: object, names: list[str]) -> list[NetworkDescription]:
+    """The queries' descriptions at the fingerprint's input shape (``resolve_networks``), with a note for each
+    variant pruned on request and one when a description's own shape differs from the fingerprint's."""
+    made: list[str] = []
+    descs = resolve_networks(cfg, names, fp.input_shape or cfg.networks.input_shape, made)
+    _print_notes(*(f"note: {line}" for line in made))
+    _shape_note(fp, descs)
+    return descs
+
+
 def _predict_max_batch(cfg: Config, args: argparse.Namespace, fp: object, device: str, names: list[str]) -> int:
     """``--max-batch-size``: per network, the largest batch size predicted to fit the device's memory, with
     the step time (ms) and memory (MiB) predicted there; JSON lines ``network, max_batch_size, search_limit,
@@ -339,10 +346,7 @@ def _predict_max_batch(cfg: Config, args: argparse.Namespace, fp: object, device
     limit = args.max_batch_size
     if fp.capacity_mb is None:
         raise UserError(f"{device}: {UNKNOWN_CAPACITY}: there is no largest batch size to find")
-    made: list[str] = []
-    descs = resolve_networks(cfg, names, fp.input_shape or cfg.networks.input_shape, made)
-    _print_notes(*made)
-    _shape_note(fp, descs)
+    descs = _described(cfg, fp, names)
     found = []
     for d in descs:
         b = fp.max_batch_size(d, limit)

@@ -310,7 +310,7 @@ def test_a_zoo_variant_asked_for_by_name_is_pruned_as_the_networks_stage_would(t
     (dataset, other) = resolve_networks(cfg, ["squeezenet1_1_l30", "squeezenet1_1_l45.0"], SHAPE, notes)
     assert dataset.to_json() == made.to_json() and other.name == "squeezenet1_1_l45.0" and other.network == \
         "squeezenet1_1" and abs(other.pruning_level - 45) <= 2 and other.params < made.params
-    assert notes == [f"note: squeezenet1_1_l45.0: not in the dataset: squeezenet1_1 pruned on request as the networks "
+    assert notes == [f"squeezenet1_1_l45.0: not in the dataset: squeezenet1_1 pruned on request as the networks "
                      f"stage would (random, min_channels 4, seed 4: {other.pruning_level:.1f}% of its parameters "
                      "removed)"]
     assert pruned_on_request(cfg, "squeezenet1_1", SHAPE) is None and pruned_on_request(cfg, "mine_l30", SHAPE) is None
@@ -353,7 +353,7 @@ def test_stage_writes_descriptions_and_manifests(tmp_path: Path) -> None:
     notes: list[str] = []
     (asked,) = resolve_networks(cfg, ["tiny_resnet_l40"], [3, 32, 32], notes)
     assert asked.name == "tiny_resnet_l40" and asked.extra["source"].startswith("factory:mine:tiny_resnet")
-    assert abs(asked.pruning_level - 40) <= 2 and notes[0].startswith("note: tiny_resnet_l40: not in the dataset: "
+    assert abs(asked.pruning_level - 40) <= 2 and notes[0].startswith("tiny_resnet_l40: not in the dataset: "
                                                                       "tiny_resnet pruned on request")
     assert pruned_on_request(cfg, "gen_9_0_l30", [3, 32, 32]) is None  # not a network [networks] names
 

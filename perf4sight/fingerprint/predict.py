@@ -306,6 +306,8 @@ def load_fingerprint(folder: str | Path) -> Fingerprint:
     return fp
 
 
+#: The accuracy table's row for ``random_split`` (``select.random_split_metrics``).
+RANDOM_SPLIT = "random 5-fold split"
 #: The accuracy table's row for ``network_split`` (``select.network_split``).
 NETWORK_SPLIT = "networks held out, 5 folds"
 #: ... and its part ``network_split_seen``: the held-out networks whose family had another network in training.
@@ -342,7 +344,7 @@ def accuracy_lines(metadata: dict[str, Any]) -> list[str]:
         lines.append(head)
         rows = list(acc["per_group"].items()) + [("all", acc["overall"])]
         if acc.get("random_split") and acc["random_split"].get("n"):
-            rows.append(("random 5-fold split", acc["random_split"]))
+            rows.append((RANDOM_SPLIT, acc["random_split"]))
         if acc.get("network_split") and acc["network_split"].get("n"):  # fingerprints since 2026-11-25
             rows.append((NETWORK_SPLIT, acc["network_split"]))
             if (acc.get("network_split_seen") or {}).get("n"):
@@ -352,7 +354,7 @@ def accuracy_lines(metadata: dict[str, Any]) -> list[str]:
         for g, m in rows:
             lines.append(f"  {g:<{w}}{m['n']:>6}{m['mape']:>8.1f}{m['rmspe']:>8.1f}{m['within10']:>8.1f}")
         if acc.get("random_split") and not acc["random_split"].get("n"):
-            lines.append(f"  {'random 5-fold split':<{w}}  not run: fewer than 10 rows")
+            lines.append(f"  {RANDOM_SPLIT:<{w}}  not run: fewer than 10 rows")
         sel = acc.get("selection")
         if sel:
             chosen, n_groups = sel["chosen"], len(acc.get("per_group", {}))

@@ -19,7 +19,7 @@ from perf4sight.config import Config
 from perf4sight.dataset import device_dataset, resolve_networks
 from perf4sight.errors import UserError
 from perf4sight.fingerprint.evaluate import metrics
-from perf4sight.fingerprint.predict import NETWORK_SPLIT, NETWORK_SPLIT_SEEN
+from perf4sight.fingerprint.predict import NETWORK_SPLIT, NETWORK_SPLIT_SEEN, RANDOM_SPLIT
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import batch_size_of
 from perf4sight.report import plots
@@ -90,8 +90,7 @@ def _curves(cfg: Config, devs: list[DeviceData], all_descs: dict[str, dict[str, 
         if shape not in by_shape:
             made: list[str] = []  # variants pruned on request, said in the report's notes
             by_shape[shape] = resolve_networks(cfg, entries, list(shape), made)
-            notes.extend(line.removeprefix("note: ") + (f" (at {_shape(list(shape))})" if shapes_differ else "")
-                         for line in made)
+            notes.extend(line + (f" (at {shapes[d.name]})" if shapes_differ else "") for line in made)
             names = names or [desc.name for desc in by_shape[shape]]  # labels: zoo name or description name
         measured_max = max((batch_size_of(r) for r in d.rows if r["status"] == "ok"), default=8)
         for name, desc in zip(names, by_shape[shape]):  # same entry order at every shape
@@ -152,7 +151,7 @@ def _accuracy_blocks(devs: list[DeviceData]) -> list[Block]:
         for target, acc in d.metadata.get("accuracy", {}).items():
             groups = list(acc.get("per_group", {}).items()) + [("all", acc.get("overall", {}))]
             groups += [(label, acc[key]) for key, label in (
-                ("random_split", "random 5-fold split"), ("network_split", NETWORK_SPLIT),
+                ("random_split", RANDOM_SPLIT), ("network_split", NETWORK_SPLIT),
                 ("network_split_seen", f"{NETWORK_SPLIT}, {NETWORK_SPLIT_SEEN.strip()}"))
                 if (acc.get(key) or {}).get("n")]  # networks, or families, seen in training: the easier cases
             b.append(Table(["held out", "n", "MAPE %", "RMSPE %", "within ±10% (%)"],
