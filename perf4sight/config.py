@@ -346,8 +346,8 @@ def _check_zoo(cfg: Config, f: Path | None) -> None:
                         "networks of your own: [networks] factories or description_files)")
 
 
-#: Names the networks stage gives: a pruned variant (``resnet18_l30``), a generated network (``gen_0_3``).
-_MADE_NAME = re.compile(r".+_l\d+(\.\d+)?|gen_\d+_\d+")
+#: The names the generator gives (``gen_0_3``); a pruned variant's (``resnet18_l30``) is ``on_request.VARIANT``.
+_GENERATED_NAME = re.compile(r"gen_\d+_\d+")
 
 
 def _check_named_networks(cfg: Config, f: Path | None) -> None:
@@ -356,11 +356,12 @@ def _check_named_networks(cfg: Config, f: Path | None) -> None:
     a device's imported graphs), or a name the networks stage gives (it may not have run yet); anything else is
     a typo, said at once rather than after a profile."""
     from perf4sight.dataset import dataset_network_names, unknown_network
+    from perf4sight.networks.on_request import VARIANT  # no torch
     from perf4sight.networks.zoo import ZOO_NAMES  # names only: no torch
     dataset: list[str] | None = None  # read at the first name that needs it
     for where, names in (("[predict] networks", cfg.predict.networks), ("[compare] networks", cfg.compare.networks)):
         for i, name in enumerate(names):
-            if name in ZOO_NAMES or _MADE_NAME.fullmatch(name):
+            if name in ZOO_NAMES or VARIANT.fullmatch(name) or _GENERATED_NAME.fullmatch(name):
                 continue
             if name.endswith(".json") or cfg.resolve(name).is_file():
                 names[i] = str(cfg.resolve(name))  # description files: relative to the config file, like every path
