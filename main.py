@@ -20,7 +20,8 @@ stages (run in this order by --stage all):
   predict      predict step time and memory for --network (zoo names, dataset networks, files) at
                --batch-size on --device (defaults: [predict] networks and batch_sizes)
   compare      a report comparing every fingerprinted device (or --device A B): what was measured,
-               held-out accuracy, predicted curves, largest batch that fits; reports/compare-<time>/
+               held-out accuracy, predicted curves, largest batch that fits, step time and largest
+               batch against the pruning level ([compare] pruning_levels); reports/compare-<time>/
   all          networks, profile, fingerprint (of the devices it profiled), predict, compare
 other stages:
   import       turn another tool's measurements into this tool's schema:

@@ -134,9 +134,12 @@ class PredictConfig:
 
 @dataclass
 class CompareConfig:
-    """Networks to draw predictions for in the compare report (zoo names or files)."""
+    """Networks to draw predictions for in the compare report (zoo names or files); the pruning section's levels
+    (% of parameters removed; empty: no section) and the batch size (images per step) it predicts at."""
     networks: list[str] = field(default_factory=list)
     devices: list[str] = field(default_factory=list)
+    pruning_levels: list[float] = field(default_factory=list)
+    pruning_batch_size: int = 32
 
 
 @dataclass
@@ -317,11 +320,14 @@ def _check_networks(cfg: Config, f: Path | None) -> None:
         raise UserError(f"{f}: [predict] batch_sizes is empty: give at least one (e.g. [8]), or leave the key out")
     if any(b < 1 for b in cfg.predict.batch_sizes):
         raise UserError(f"{f}: [predict] batch_sizes must be positive integers, got {cfg.predict.batch_sizes}")
-    for lvl in cfg.networks.pruning.levels:
-        if not 0 <= lvl <= 99:
-            raise UserError(f"{f}: [networks.pruning] levels must lie in 0..99, got {lvl}")
-    if len(set(cfg.networks.pruning.levels)) != len(cfg.networks.pruning.levels):
-        raise UserError(f"{f}: [networks.pruning] levels name a level twice: {cfg.networks.pruning.levels}")
+    for where, levels in (("[networks.pruning] levels", cfg.networks.pruning.levels),
+                          ("[compare] pruning_levels", cfg.compare.pruning_levels)):
+        if any(not 0 <= lvl <= 99 for lvl in levels):
+            raise UserError(f"{f}: {where} must lie in 0..99, got {levels}")
+        if len(set(levels)) != len(levels):
+            raise UserError(f"{f}: {where} name a level twice: {levels}")
+    if cfg.compare.pruning_batch_size < 1:
+        raise UserError(f"{f}: [compare] pruning_batch_size must be >= 1, got {cfg.compare.pruning_batch_size}")
     if cfg.networks.pruning.min_channels < 1:
         raise UserError(f"{f}: [networks.pruning] min_channels must be >= 1, got {cfg.networks.pruning.min_channels}")
     for fname in cfg.networks.description_files:

@@ -110,6 +110,10 @@ def test_good_config_is_typed(tmp_path):
     (GOOD.replace("memory_limit_mb = 512", "reconnect_timeout_s = 0"),
      r"\[devices.local\] reconnect_timeout_s must be > 0 \(seconds\), got 0.0"),
     (GOOD.replace("levels = [0, 50]", "levels = [30, 30.0]"), r"levels name a level twice"),
+    (GOOD + "\n[compare]\npruning_levels = [0, 100]\n",
+     r"\[compare\] pruning_levels must lie in 0..99, got \[0.0, 100.0\]"),
+    (GOOD + "\n[compare]\npruning_levels = [50, 50]\n", r"\[compare\] pruning_levels name a level twice"),
+    (GOOD + "\n[compare]\npruning_batch_size = 0\n", r"\[compare\] pruning_batch_size must be >= 1, got 0$"),
     (GOOD.replace("levels = [0, 50]", "levels = [0, 50]\nmin_channels = 0"),
      r"\[networks.pruning\] min_channels must be >= 1"),
     # [networks.generator]: refused here, not by the generator after the pruning (without the file), or not at all

@@ -33,6 +33,8 @@ gnn_layers = 2
 gnn_max_epochs = 30
 [compare]
 networks = ["squeezenet1_1"]
+pruning_levels = [75, 0, 50]
+pruning_batch_size = 4
 """
 
 
@@ -64,6 +66,18 @@ def test_all_stages_then_predict_json(tmp_path):
     assert meta["memory_target"] == "peak_rss_mb" and meta["device"] == "local"
     held = list(csv.DictReader((tmp_path / "fingerprinting" / "local" / "held_out.csv").open()))
     assert "held_out.csv" in meta["files"] and len(held) == sum(meta["training_rows"].values())
+    # the compare report's pruning section: the dataset's variants (crosses: their rows at batch 4), and a level
+    # nobody profiled pruned on request
+    (report,) = (tmp_path / "reports").glob("compare-*")
+    pruned = json.loads((report / "data.json").read_text())["pruning"]
+    assert [(p["level"], p["measured_status"]) for p in pruned] == [(0, "ok"), (50, "ok"), (75, "")]
+    assert pruned[0]["measured_latency_ms"] == float(next(
+        r["latency_ms_median"] for r in rows if r["network"] == "squeezenet1_1_l0" and r["batch_size"] == "4"))
+    assert pruned[0]["latency_ms"] > pruned[2]["latency_ms"] and pruned[0]["memory_mb"] > pruned[2]["memory_mb"]
+    assert 70 < pruned[2]["achieved"] < 80 and all(p["max_batch"] is None for p in pruned)  # no capacity known
+    assert (report / "pruning.png").is_file() and "## Pruning" in (report / "report.md").read_text()
+    assert ("pruned on request as the networks stage would (l1-norm, min_channels 4, seed 0): at 3x32x32: "
+            "squeezenet1_1_l75") in " ".join(run.stderr.split())
 
     again = main_py(tmp_path, "--stage", "profile")  # resume: nothing new, nothing duplicated
     assert again.returncode == 0 and "changed since the networks stage" not in again.stderr

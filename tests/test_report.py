@@ -54,6 +54,8 @@ n_estimators = 20
 min_samples_leaf = 2
 [compare]
 networks = ["resnet18", "{TX2_DATA / 'graphs' / 'mobilenetv2_0.json'}", "{TX2_DATA / 'graphs' / 'resnet50_0.json'}"]
+pruning_levels = [50, 0]
+pruning_batch_size = 16
 """)
     cfg = load_config(tmp / "config.toml")
     from perf4sight.dataset import device_dataset
@@ -90,11 +92,12 @@ def test_html_is_self_contained_and_matches_markdown(report):
     html = (folder / "index.html").read_text()
     md = (folder / "report.md").read_text()
     assert 'src="http' not in html and "<link" not in html  # nothing fetched from outside
-    assert html.count('src="data:image/png;base64,') == 3 + len(SUBSETS)
+    assert html.count('src="data:image/png;base64,') == 4 + len(SUBSETS)
     for heading in ("Devices at a glance", "What was measured", "Largest batch that fits",
+                    "Pruning: step time and the largest batch against the pruning level",
                     "Features each fingerprint leans on", "Predicted against measured"):
         assert f">{heading}</h2>" in html and f"## {heading}" in md
-    for pic in ["latency_vs_batch.png", "memory_vs_batch.png", "feature_sensitivity.png"]:
+    for pic in ["latency_vs_batch.png", "memory_vs_batch.png", "feature_sensitivity.png", "pruning.png"]:
         assert f"]({pic})" in md
     for dev in SUBSETS:
         assert f"| {dev} |" in md
@@ -175,6 +178,28 @@ def test_a_variant_pruned_on_request_is_said_in_the_report(project):
     assert [n for n in notes if "resnet18_l45" in n][0].startswith(
         "resnet18_l45: not in the dataset: resnet18 pruned on request as the networks stage would (l1-norm, "
         "min_channels ")
+
+
+def test_pruning_section(project, report):
+    """Every device predicts resnet18 pruned at each [compare] pruning_levels level (sorted); the description files
+    among the compare networks cannot be pruned and are left out with a note; the TX2's own pruned networks have
+    other names (resnet18_50), so nothing is drawn as measured."""
+    folder, text = report
+    pruned = json.loads((folder / "data.json").read_text())["pruning"]
+    assert [(p["network"], p["level"], p["device"]) for p in pruned] == [
+        ("resnet18", level, dev) for level in (0, 50) for dev in SUBSETS]
+    for dev in SUBSETS:
+        whole, half = (p for p in pruned if p["device"] == dev)
+        assert half["latency_ms"] < whole["latency_ms"] and half["memory_mb"] < whole["memory_mb"]
+        assert half["max_batch"] > whole["max_batch"] > 16 and whole["fits"] is True and abs(half["achieved"] - 50) < 2
+        assert not whole["measured_status"] and whole["measured_latency_ms"] is None
+    from conftest import TX2_DATA
+    md = " ".join((folder / "report.md").read_text().split())
+    for name in ("mobilenetv2_0.json", "resnet50_0.json"):
+        assert f"pruning section: {TX2_DATA / 'graphs' / name} left out: only a zoo network" in md
+    assert "pruned on request as the networks stage would (l1-norm, min_channels 4, seed 0): at 3x224x224: " \
+        "resnet18_l0, resnet18_l50" in md
+    assert "pruned: step time at batch 16 (ms) / largest batch" in text  # the terminal's short table
 
 
 def test_held_out_scatter_matches_fingerprint_accuracy(project):

@@ -37,6 +37,7 @@ from perf4sight.ir.schema import NetworkDescription, load_description, save_desc
 from perf4sight.ir.to_torch import build_module
 from perf4sight.networks.factories import build_factory_model, parse_factory
 from perf4sight.networks.generator import GeneratorSettings, forward_flops, generate
+from perf4sight.networks.on_request import variant_name
 from perf4sight.networks.pruning import PruningPlan, UnreachableLevel, check_level
 from perf4sight.networks.zoo import build_zoo_model
 from perf4sight.wording import plural
@@ -130,11 +131,6 @@ def reshaped_description_notes(cfg: Config) -> list[str]:
                          f"them ([networks] num_classes = {cfg.networks.num_classes} applies to zoo and factory "
                          "networks)")
     return lines
-
-
-def variant_name(network: str, level: float) -> str:
-    """``resnet18_l30`` for level 30; ``resnet18_l12.5`` for 12.5."""
-    return f"{network}_l{level:g}"
 
 
 def _seeded_build(src: Source, seed: int) -> nn.Module:

@@ -21,11 +21,16 @@ from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.networks.zoo import ZOO_NAMES, build_zoo_model, cache_file, cached_description
 
-__all__ = ["VARIANT", "pruned_on_request"]
+__all__ = ["VARIANT", "variant_name", "pruned_on_request"]
 
 #: ``<network>_l<level>``: the name the networks stage gives a network pruned to ``level`` percent of parameters.
 VARIANT = re.compile(r"(?P<network>.+)_l(?P<level>\d+(?:\.\d+)?)")
 _NETWORKS = Path(__file__).resolve().parent
+
+
+def variant_name(network: str, level: float) -> str:
+    """``resnet18_l30`` for level 30; ``resnet18_l12.5`` for 12.5 (read back by ``VARIANT``)."""
+    return f"{network}_l{level:g}"
 
 
 def pruned_on_request(cfg: Config, name: str, input_shape: list[int]) -> NetworkDescription | None:

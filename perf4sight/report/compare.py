@@ -25,6 +25,7 @@ from perf4sight.profiling.results import batch_size_of
 from perf4sight.report import plots
 from perf4sight.report.data import (Curve, DeviceData, batch_grid, feature_sensitivity, measured_vs_predicted,
                                     prediction_curve, summarise_measurements)
+from perf4sight.report.pruning import PruningPoint, print_pruning, pruning_blocks, pruning_points
 from perf4sight.report.render import Block, Heading, Image, Table, Text, to_html, to_markdown
 
 __all__ = ["compare_devices", "gather_device", "REPORT_FILES"]
@@ -69,15 +70,24 @@ def _shape(shape: list[int] | None) -> str:
     return "x".join(str(int(v)) for v in shape) if shape else "?"
 
 
+def _entries(cfg: Config) -> list[str]:
+    """The networks the report shows: ``[compare] networks``, else ``[predict]``'s, else ``[networks] zoo``."""
+    return list(cfg.compare.networks or cfg.predict.networks or cfg.networks.zoo)
+
+
+def _trained_at(cfg: Config, devs: list[DeviceData]) -> dict[str, tuple[int, ...]]:
+    """Device -> the input shape its fingerprint was trained at, which its networks are described at."""
+    return {d.name: tuple(d.fingerprint.input_shape or cfg.networks.input_shape) for d in devs}
+
+
 def _curves(cfg: Config, devs: list[DeviceData], all_descs: dict[str, dict[str, NetworkDescription]],
             notes: list[str]) -> tuple[dict[str, dict[str, list[Curve]]], list[str]]:
     """target -> network -> curves (one per device); fills each device's ``max_batch``."""
-    entries = list(cfg.compare.networks or cfg.predict.networks or cfg.networks.zoo)
+    entries = _entries(cfg)
     names: list[str] = []
     out: dict[str, dict[str, list[Curve]]] = {"latency": {}, "memory": {}}
     by_shape: dict[tuple[int, ...], list[NetworkDescription]] = {}
-    # each device's networks are described at the input shape its fingerprint was trained at
-    trained_at = {d.name: tuple(d.fingerprint.input_shape or cfg.networks.input_shape) for d in devs}
+    trained_at = _trained_at(cfg, devs)
     shapes = {name: _shape(list(shape)) for name, shape in trained_at.items()}
     shapes_differ = len(set(shapes.values())) > 1
     if shapes_differ:
@@ -216,7 +226,8 @@ def _scatter_blocks(devs: list[DeviceData], images: dict[str, Path]) -> list[Blo
     return b
 
 
-def _blocks(devs: list[DeviceData], names: list[str], images: dict[str, Path], notes: list[str]) -> list[Block]:
+def _blocks(devs: list[DeviceData], names: list[str], images: dict[str, Path], notes: list[str],
+            pruning: list[PruningPoint]) -> list[Block]:
     """The report, section by section."""
     b: list[Block] = [Text("Latency: one training step (forward, loss, backward, optimiser step) in ms. "
                            "Memory in MiB, the figure each fingerprint was trained on (peak_rss_mb for cpu "
@@ -224,6 +235,7 @@ def _blocks(devs: list[DeviceData], names: list[str], images: dict[str, Path], n
                            "(or leave-one-variant-out) on each device's own measurements.")]
     b += _glance_blocks(devs) + _measured_blocks(devs) + _accuracy_blocks(devs)
     b += _curve_plot_blocks(names, images) + _largest_batch_blocks(devs, names)
+    b += pruning_blocks(pruning, [d.name for d in devs], images)
     b += _sensitivity_blocks(devs, images) + _scatter_blocks(devs, images)
     if notes:
         b.append(Heading("Notes"))
@@ -231,7 +243,8 @@ def _blocks(devs: list[DeviceData], names: list[str], images: dict[str, Path], n
     return b
 
 
-def _data_json(devs: list[DeviceData], curves: dict[str, dict[str, list[Curve]]]) -> dict[str, Any]:
+def _data_json(devs: list[DeviceData], curves: dict[str, dict[str, list[Curve]]],
+               pruning: list[PruningPoint]) -> dict[str, Any]:
     return {
         "devices": {d.name: {
             "input_shape": d.fingerprint.input_shape, "capacity_mb": d.fingerprint.capacity_mb,
@@ -242,6 +255,7 @@ def _data_json(devs: list[DeviceData], curves: dict[str, dict[str, list[Curve]]]
                             "low": c.low.tolist(), "high": c.high.tolist(), "measured_network": c.measured_label,
                             "measured_batch_size": c.measured_bs.tolist(), "measured": c.measured.tolist()}
                            for c in cs] for n, cs in per.items()} for t, per in curves.items()},
+        "pruning": [vars(p) for p in pruning],
     }
 
 
@@ -276,6 +290,7 @@ def compare_devices(cfg: Config, devices: list[str], console: Console) -> Path:
     curves, names = _curves(cfg, devs, all_descs, notes)
     if not any(curves.values()):
         raise UserError("compare: no network could be predicted on any device; " + "; ".join(notes))
+    pruning = pruning_points(cfg, devs, _trained_at(cfg, devs), _entries(cfg), notes)
     now = _dt.datetime.now(_dt.timezone.utc)
     stamp = now.strftime("%Y%m%d-%H%M%S")
     folder = cfg.reports_dir / f"compare-{stamp}"
@@ -293,12 +308,17 @@ def compare_devices(cfg: Config, devices: list[str], console: Console) -> Path:
     for d in devs:
         images[f"scatter:{d.name}"] = plots.plot_scatter(d.name, d.scatter, colours[d.name],
                                                          folder / f"scatter_{d.name}.png")
+    if pruning:
+        shapes = {n: _shape(list(shape)) for n, shape in _trained_at(cfg, devs).items()}
+        labels = {n: f"{n} at {s}" if len(set(shapes.values())) > 1 else n for n, s in shapes.items()}
+        images["pruning"] = plots.plot_pruning(pruning, colours, capacity, labels, folder / "pruning.png")
     title = f"perf4sight: {', '.join(d.name for d in devs)} compared"
-    blocks = _blocks(devs, names, images, notes)
+    blocks = _blocks(devs, names, images, notes, pruning)
     blocks.insert(0, Text(f"Generated {now:%Y-%m-%d %H:%M:%S} UTC from {cfg.fingerprint_dir} and {cfg.profiling_dir}."))
     (folder / "index.html").write_text(to_html(title, blocks), encoding="utf-8")
     (folder / "report.md").write_text(to_markdown(title, blocks), encoding="utf-8")
-    (folder / "data.json").write_text(json.dumps(_data_json(devs, curves), indent=1, default=float))
+    (folder / "data.json").write_text(json.dumps(_data_json(devs, curves, pruning), indent=1, default=float))
+    print_pruning(console, pruning, [d.name for d in devs])
     _print_summary(console, devs, names, folder)
     for note in notes:
         console.print(note, markup=False)

@@ -16,8 +16,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from perf4sight.report.data import Curve  # noqa: E402
+from perf4sight.report.pruning import PruningPoint  # noqa: E402
 
-__all__ = ["plot_curves", "plot_sensitivity", "plot_scatter", "device_colours"]
+__all__ = ["plot_curves", "plot_sensitivity", "plot_scatter", "plot_pruning", "device_colours"]
 
 UNITS = {"latency": ("predicted training step time", "ms"), "memory": ("predicted memory", "MiB")}
 
@@ -137,5 +138,60 @@ def plot_scatter(device: str, scatter: dict[str, tuple[np.ndarray, np.ndarray, s
         ax.set_ylabel(f"predicted {target} ({unit})")
         ax.set_title(f"{device}: {target}, {meas.size} configurations ({how})", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_pruning(points: Sequence[PruningPoint], colours: dict[str, str], capacity: dict[str, float | None],
+                 labels: dict[str, str], path: Path) -> Path:
+    """One row per pruned network, against the share of parameters removed: every device's predicted step time
+    and memory at the section's batch size (band: 90% interval; hollow marker: predicted not to fit at that batch
+    size; cross: the device's measurement of that very variant; dashed: the device's capacity), and the largest
+    batch size predicted to fit (capped at 1024; left out where the capacity is unknown or no batch fits).
+    ``labels``: each device's legend label."""
+    nets = list(dict.fromkeys(p.network for p in points))
+    devices = list(dict.fromkeys(p.device for p in points))
+    batch = points[0].batch_size
+    fig, axes = plt.subplots(len(nets), 3, figsize=(17, 4.2 * len(nets)), squeeze=False)
+    panels = (("latency_ms", "step time", "predicted training step time (ms)"),
+              ("memory_mb", "memory", "predicted memory (MiB)"))
+    for row, net in zip(axes, nets):
+        for device in devices:
+            pts = sorted((p for p in points if p.network == net and p.device == device), key=lambda p: p.achieved)
+            if not pts:
+                continue
+            col, x = colours[device], np.array([p.achieved for p in pts])
+            for ax, (key, _, _) in zip(row, panels):
+                y = np.array([getattr(p, key) for p in pts])
+                ax.plot(x, y, color=col, label=labels.get(device, device))
+                ax.fill_between(x, [getattr(p, f"{key}_low") for p in pts], [getattr(p, f"{key}_high") for p in pts],
+                                color=col, alpha=0.18, linewidth=0)
+                ax.scatter(x, y, s=28, zorder=3, edgecolors=col,
+                           facecolors=[("none" if p.fits is False else col) for p in pts])
+                seen = [p for p in pts if getattr(p, f"measured_{key}") is not None]
+                if seen:
+                    ax.plot([p.achieved for p in seen], [getattr(p, f"measured_{key}") for p in seen], "x", color=col,
+                            markersize=7, label=f"{device} measured")
+            if capacity.get(device):
+                row[1].axhline(capacity[device], color=col, linestyle="--", linewidth=0.9, label=f"{device} capacity")
+            fitting = [p for p in pts if p.max_batch]  # a batch of 1 that does not fit (0) has no place on a log axis
+            if fitting:
+                row[2].plot([p.achieved for p in fitting], [p.max_batch for p in fitting], "o-", color=col,
+                            label=labels.get(device, device))
+        for ax, (_, what, unit) in zip(row, panels):
+            ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(_PlainLogFormatter(base=10.0))
+            ax.yaxis.set_minor_formatter(_PlainLogFormatter(base=10.0, labelOnlyBase=False))
+            ax.set_title(f"{net}: {what} at batch {batch} (hollow: does not fit)", fontsize=10)
+            ax.set_ylabel(unit)
+        row[2].set_yscale("log", base=2)
+        row[2].yaxis.set_major_formatter(_PlainLogFormatter(base=2.0))
+        row[2].set_title(f"{net}: largest batch predicted to fit", fontsize=10)
+        row[2].set_ylabel("batch size (images)")
+        for ax in row:
+            ax.set_xlabel("parameters removed by pruning (%)")
+            ax.grid(True, which="both", alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7)
     fig.tight_layout()
     return _save(fig, path)
