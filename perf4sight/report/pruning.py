@@ -52,25 +52,41 @@ class PruningPoint:
 
 
 def prunable_networks(cfg: Config, entries: Sequence[str], notes: list[str]) -> list[str]:
-    """The entries of ``entries`` that can be pruned: zoo networks and the networks ``[networks]`` names
-    (torch is imported only to look among the config's factories and description files); a sentence for each
-    other one is appended to ``notes``."""
+    """The networks of ``entries`` that can be pruned, each once: zoo networks and the networks ``[networks]`` names
+    (torch is imported only to look among the config's factories and description files); a pruned variant's name
+    (``tiny_resnet_l0``, the way a factory's network is named in the dataset) stands for its network. A sentence
+    for each other entry is appended to ``notes``."""
+    from perf4sight.networks.on_request import VARIANT
     from perf4sight.networks.zoo import ZOO_NAMES
 
     own: list[str] | None = None  # the config's factories and description files, named at the first need
-    out = []
-    for name in entries:
-        if name not in ZOO_NAMES and not is_description_file(name) and own is None:
+
+    def prunable(name: str) -> bool:
+        nonlocal own
+        if name in ZOO_NAMES:
+            return True
+        if own is None:
             own = []
             if cfg.networks.factories or cfg.networks.description_files:
                 from perf4sight.networks.build import sources  # torch
                 own = [s.name for s in sources(cfg)]
-        if name in ZOO_NAMES or name in (own or []):
-            out.append(name)
+        return name in own
+
+    out = []
+    for name in entries:
+        if is_description_file(name):
+            network = None
+        elif prunable(name):
+            network = name
+        else:
+            variant = VARIANT.fullmatch(name)
+            network = variant.group("network") if variant and prunable(variant.group("network")) else None
+        if network:
+            out.append(network)
         else:
             notes.append(f"pruning section: {name} left out: only a zoo network or one [networks] names (a "
-                         "factory, a description file) is pruned there")
-    return out
+                         "factory, a description file), or a pruned variant of one, is pruned there")
+    return list(dict.fromkeys(out))
 
 
 def _variant(cfg: Config, network: str, level: float, shape: list[int]) -> tuple[NetworkDescription, bool]:
