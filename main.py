@@ -18,7 +18,8 @@ stages (run in this order by --stage all):
   fingerprint  fit per-device fingerprints for step time and memory (--predictor trees, gnn, or
                ensemble = both), print held-out error (MAPE), store them in fingerprinting/<device>/
   predict      predict step time and memory for --network (zoo names, dataset networks, files) at
-               --batch-size on --device (defaults: [predict] networks and batch_sizes)
+               --batch-size on --device (defaults: [predict] networks and batch_sizes); or the
+               largest batch that fits (--max-batch-size), or the least pruning that fits (--prune-to-fit)
   compare      a report comparing every fingerprinted device (or --device A B): what was measured,
                held-out accuracy, predicted curves, largest batch that fits, step time and largest
                batch against the pruning level ([compare] pruning_levels); reports/compare-<time>/
@@ -48,7 +49,7 @@ STAGES = ("networks", "profile", "fingerprint", "predict", "compare", "all", "im
 #: the stages that read each option; any other stage would pass over it without a word
 OPTION_STAGES = {
     "network": ("predict", "all"), "batch_size": ("predict", "all"), "json": ("predict", "all"),
-    "max_batch_size": ("predict",),
+    "max_batch_size": ("predict",), "prune_to_fit": ("predict",), "max_latency_ms": ("predict",),
     "predictor": ("fingerprint", "predict", "all"), "refit": ("fingerprint", "all"),
     "format": ("import", "export"), "source": ("import",), "output": ("export",),
 }
@@ -81,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-batch-size", nargs="?", type=int, const=1024, metavar="LIMIT",
                         help="predict: the largest batch size predicted to fit each network in the device's memory "
                              "(searched up to LIMIT, default 1024), instead of predictions at --batch-size")
+    parser.add_argument("--prune-to-fit", action="store_true",
+                        help="predict: the least pruning level (whole %% of parameters, pruned as the networks stage "
+                             "would) at which each network is predicted to fit the device's memory at each "
+                             "--batch-size; the networks: zoo networks or those [networks] names")
+    parser.add_argument("--max-latency-ms", type=float, metavar="MS",
+                        help="predict, with --prune-to-fit: the step must also take at most MS milliseconds")
     parser.add_argument("--json", action="store_true",
                         help="predict: one JSON object per query on stdout, notes on stderr (with --stage all, "
                              "everything the other stages print goes to stderr too)")

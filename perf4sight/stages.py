@@ -297,6 +297,10 @@ def run_predict(cfg: Config, args: argparse.Namespace) -> int:
     names = list(dict.fromkeys(args.network or cfg.predict.networks or cfg.networks.zoo))  # each once, in order
     if getattr(args, "max_batch_size", None) is not None:
         return _predict_max_batch(cfg, args, fp, device, names)
+    if getattr(args, "prune_to_fit", False):
+        return _predict_prune_to_fit(cfg, args, fp, device, names)
+    if getattr(args, "max_latency_ms", None) is not None:
+        raise UserError("--max-latency-ms is the step-time budget of --prune-to-fit: give that too")
     # checked before describing (seconds); a size given twice is predicted once
     batch_sizes = list(dict.fromkeys(batch_list(args.batch_size or cfg.predict.batch_sizes)))
     started = time.perf_counter()
@@ -372,6 +376,84 @@ def _predict_max_batch(cfg: Config, args: argparse.Namespace, fp: object, device
     if any(f["max_batch_size"] == limit for f in found):
         notes.print(f"note: '{limit}+': every batch size up to the search limit fits; raise it with "
                     "--max-batch-size LIMIT", markup=False)
+    return 0
+
+
+def _predict_prune_to_fit(cfg: Config, args: argparse.Namespace, fp: object, device: str, names: list[str]) -> int:
+    """``--prune-to-fit``: per network and batch size, the least pruning level (whole %, pruned as the networks
+    stage would) predicted to fit the device's memory, and to step within ``--max-latency-ms`` when given; JSON
+    lines ``network, batch_size, max_latency_ms, pruning_level, achieved_level, variant``, then the figures of
+    ``--batch-size`` queries at that level (null where no level the network reaches does)."""
+    from perf4sight.fingerprint.predict import batch_list
+    from perf4sight.fingerprint.pruning_search import TOP_LEVEL, least_pruning
+    from perf4sight.networks.on_request import PRUNABLE, prunable_networks, variant_at
+
+    if getattr(args, "max_batch_size", None) is not None:
+        raise UserError("--prune-to-fit keeps the batch size and finds the pruning: give it or --max-batch-size")
+    budget = args.max_latency_ms
+    if budget is not None and not budget > 0:
+        raise UserError(f"--max-latency-ms must be a positive number of milliseconds, got {budget:g}")
+    if fp.capacity_mb is None and budget is None:
+        raise UserError(f"{device}: {UNKNOWN_CAPACITY}: there is no pruning level to find that fits (--max-latency-ms "
+                        "alone searches for a step-time budget)")
+    networks, refused = prunable_networks(cfg, names)
+    if refused:
+        raise UserError(f"--prune-to-fit: {', '.join(refused)}: cannot be pruned here, only {PRUNABLE}")
+    batch_sizes = list(dict.fromkeys(batch_list(args.batch_size or cfg.predict.batch_sizes)))
+    shape = list(fp.input_shape or cfg.networks.input_shape)
+    made: list[str] = []  # variants pruned on request
+    started = time.perf_counter()
+    found, tops = [], []  # tops: the highest level asked about for each answer
+    for network in networks:
+        variants: dict[int, NetworkDescription] = {}  # level -> description, shared by the batch sizes
+
+        def variant(level: int, network: str = network, variants: dict = variants) -> NetworkDescription:
+            if level not in variants:
+                variants[level], pruned = variant_at(cfg, network, level, shape)
+                made.extend([variants[level].name] if pruned else [])
+            return variants[level]
+
+        for b in batch_sizes:
+            r = least_pruning(fp, variant, b, budget)
+            figures = {k: round(v, 3) if isinstance(v, float) else v for k, v in (r.prediction or {}).items()
+                       if k not in ("network", "batch_size")}
+            tops.append(max(r.tried))
+            found.append({"network": network, "batch_size": b, "max_latency_ms": budget, "pruning_level": r.level,
+                          "achieved_level": None if r.variant is None else round(r.variant.pruning_level, 3),
+                          "variant": None if r.variant is None else r.variant.name,
+                          **(figures or dict.fromkeys(("latency_ms", "latency_ms_low", "latency_ms_high", "memory_mb",
+                                                       "memory_mb_low", "memory_mb_high", "fits")))})
+    elapsed = time.perf_counter() - started
+    answers = [f for f in found if f["variant"]]
+    if answers:
+        descs = [variant_at(cfg, f["network"], f["pruning_level"], shape)[0] for f in answers]
+        _domain_note(fp, descs, sorted({f["batch_size"] for f in answers}))
+        _family_note(fp, descs)
+    pr = cfg.networks.pruning
+    _print_notes(f"note: searched by bisection over pruning levels 0..{TOP_LEVEL} (whole percents of the "
+                 "parameters), taking the predicted memory and step time as falling as the level rises; "
+                 + (f"{plural(len(set(made)), 'variant')} not in the dataset pruned on request as the networks "
+                    f"stage would ({pr.strategy}, min_channels {pr.min_channels}, seed {pr.seed}; a zoo network's "
+                    f"read from {cfg.models_dir / ZOO_CACHE} once pruned); " if made else "")
+                 + f"{elapsed:.1f} s")
+    if args.json:
+        for f in found:
+            print(json.dumps(f))
+        return 0
+    wanted = " and".join(filter(None, (f" fit {device}'s {fp.capacity_mb:,.0f} MiB" if fp.capacity_mb else "",
+                                       f" step within {budget:g} ms" if budget else "")))
+    table = Table(title=f"least pruning predicted to{wanted}")
+    for col in ("network", "batch", "level %", "removed %", "step time ms", "memory MiB", "fits"):
+        table.add_column(col, justify="left" if col == "network" else "right")
+    for f, top in zip(found, tops):
+        if f["variant"] is None:
+            table.add_row(f["network"], str(f["batch_size"]), f"none up to {top}", "", "", "", "")
+            continue
+        table.add_row(f["network"], str(f["batch_size"]), str(f["pruning_level"]), f"{f['achieved_level']:.1f}",
+                      f"{f['latency_ms']:,.1f} [{f['latency_ms_low']:,.1f}, {f['latency_ms_high']:,.1f}]",
+                      f"{f['memory_mb']:,.0f} [{f['memory_mb_low']:,.0f}, {f['memory_mb_high']:,.0f}]",
+                      "?" if f["fits"] is None else "yes" if f["fits"] else "no")
+    console.print(table)
     return 0
 
 

@@ -309,3 +309,33 @@ def test_max_batch_size_on_every_predictor(fitted, tmp_path):
                 predictor.max_batch_size(descs["shallow_w4"], limit=bad)
         with pytest.raises(UserError, match="give one network, got 2"):
             predictor.max_batch_size([path, path])
+
+
+def test_least_pruning_on_every_predictor(fitted):
+    """``least_pruning`` over real pruned variants of a 16-wide CNN: the level it finds fits and the level below
+    does not; min_channels stops the network short of 99%, which lowers the top of the search; a batch no level
+    fits has no answer; a step-time budget raises the level."""
+    from perf4sight.fingerprint.pruning_search import least_pruning
+    from perf4sight.networks.build import Source, prune_source
+
+    out, _ = fitted
+    source = Source("deep_w16", "test", lambda: _cnn(16, 3), "deep")
+    made: dict[int, NetworkDescription] = {}
+
+    def variant(level: int) -> NetworkDescription:
+        if level not in made:
+            (made[level],) = prune_source(source, SHAPE, [level], "l1-norm", 4, 0)
+        return made[level]
+
+    for kind in ("trees", "gnn", "ensemble"):
+        fp = load_predictor(out, kind)
+        batch = fp.max_batch_size(variant(0), limit=8192) + 1  # the unpruned network does not fit
+        found = least_pruning(fp, variant, batch)
+        assert found.level is not None and 0 < found.level < 99 and found.prediction["fits"], kind
+        assert found.variant is made[found.level] and found.prediction["batch_size"] == batch
+        assert not fp.predict(variant(found.level - 1), [batch])[0]["fits"], kind
+        assert max(found.tried) < 99 and len(found.tried) <= 10, (kind, found.tried)  # 4 channels: at most ~94%
+        assert least_pruning(fp, variant, 10 ** 6).level is None  # a million images fit at no level
+        budget = fp.predict(variant(found.level), [batch])[0]["latency_ms"] * 0.8
+        faster = least_pruning(fp, variant, batch, max_latency_ms=budget)
+        assert faster.level > found.level and faster.prediction["latency_ms"] <= budget, kind

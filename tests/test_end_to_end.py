@@ -157,6 +157,24 @@ def test_all_stages_then_predict_json(tmp_path):
     assert [json.loads(line)["fits"] for line in over.stdout.splitlines()] == [True, False]
     table = main_py(tmp_path, "--stage", "predict", "--network", "resnet18", "--batch-size", str(b + 1))
     assert table.returncode == 0 and "fits: under 2,000 MiB" in table.stdout  # the table says what 'fits' means
+    # the least pruning at which resnet18 fits a batch it does not fit unpruned: the level below it does not fit
+    prune = main_py(tmp_path, "--stage", "predict", "--network", "resnet18", "--batch-size", str(b), str(b + 1),
+                    "--prune-to-fit", "--json")
+    assert prune.returncode == 0, prune.stderr
+    whole, least = [json.loads(line) for line in prune.stdout.splitlines()]
+    assert set(least) == PREDICTION_KEYS | {"max_latency_ms", "pruning_level", "achieved_level", "variant"}
+    assert whole["pruning_level"] == 0 and whole["variant"] == "resnet18_l0" and whole["fits"] is True
+    level = least["pruning_level"]
+    assert 0 < level < 99 and least["fits"] is True and least["variant"] == f"resnet18_l{level}"
+    assert least["network"] == "resnet18" and abs(least["achieved_level"] - level) <= 2
+    below = main_py(tmp_path, "--stage", "predict", "--network", f"resnet18_l{level - 1}", f"resnet18_l{level}",
+                    "--batch-size", str(b + 1), "--json")
+    assert [json.loads(line)["fits"] for line in below.stdout.splitlines()] == [False, True]
+    assert "searched by bisection over pruning levels 0..99" in " ".join(prune.stderr.split())
+    wrong = main_py(tmp_path, "--stage", "predict", "--network", "gen_0_0", "--batch-size", "2", "--prune-to-fit")
+    assert wrong.returncode == 2 and "--prune-to-fit: gen_0_0: cannot be pruned here" in wrong.stderr
+    alone = main_py(tmp_path, "--stage", "predict", "--network", "resnet18", "--max-latency-ms", "5")
+    assert alone.returncode == 2 and "--max-latency-ms is the step-time budget of --prune-to-fit" in alone.stderr
 
 
 def test_gnn_ensemble_and_perfseer_round_trip_through_the_cli(tmp_path):

@@ -320,6 +320,18 @@ def test_a_zoo_variant_asked_for_by_name_is_pruned_as_the_networks_stage_would(t
         resolve_networks(cfg, ["squezenet1_1_l30"], SHAPE)
 
 
+def test_prunable_networks(tmp_path):
+    """Zoo networks, and a variant's name for its network, each once; a description file or a generated network
+    cannot be pruned (no torch: the config names no factory or description file)."""
+    from perf4sight.networks.on_request import prunable_networks
+
+    (tmp_path / "config.toml").write_text("[networks]\nzoo = ['resnet18']\n")
+    cfg = load_config(tmp_path / "config.toml")
+    assert prunable_networks(cfg, ["resnet18_l30", "mobilenet_v2", "resnet18", "gen_0_1", "x/resnet18_l30.json",
+                                   "squeezenet1_0_l12.5"]) == (["resnet18", "mobilenet_v2", "squeezenet1_0"],
+                                                               ["gen_0_1", "x/resnet18_l30.json"])
+
+
 def test_stage_writes_descriptions_and_manifests(tmp_path: Path) -> None:
     (tmp_path / "models" / "imagenet").mkdir(parents=True)
     (tmp_path / "models" / "imagenet" / "mine.py").write_text(TINY.read_text())
@@ -356,6 +368,13 @@ def test_stage_writes_descriptions_and_manifests(tmp_path: Path) -> None:
     assert abs(asked.pruning_level - 40) <= 2 and notes[0].startswith("tiny_resnet_l40: not in the dataset: "
                                                                       "tiny_resnet pruned on request")
     assert pruned_on_request(cfg, "gen_9_0_l30", [3, 32, 32]) is None  # not a network [networks] names
+    # what compare's pruning section and --prune-to-fit prune: the factory's network, named by a variant too
+    from perf4sight.networks.on_request import prunable_networks, variant_at
+    assert prunable_networks(cfg, ["tiny_resnet_l0", "gen_9_0", "tiny_resnet"]) == (["tiny_resnet"], ["gen_9_0"])
+    same, pruned = variant_at(cfg, "tiny_resnet", 25, [3, 32, 32])  # the dataset's file, at its shape
+    assert not pruned and same.to_json() == load_description(models / on_disk[1]["path"]).to_json()
+    wider, pruned = variant_at(cfg, "tiny_resnet", 25, [3, 48, 48])  # another shape: pruned at it
+    assert pruned and wider.input_shape == [3, 48, 48] and wider.params == same.params
 
 
 def test_an_unreachable_level_is_left_out_and_a_rerun_says_what_changed(tmp_path: Path) -> None:

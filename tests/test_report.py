@@ -202,20 +202,6 @@ def test_pruning_section(project, report):
     assert "pruned: step time at batch 16 (ms) / largest batch" in text  # the terminal's short table
 
 
-def test_prunable_networks(tmp_path):
-    """Zoo networks, and a variant's name for its network, each once; a description file or a generated network is
-    left out with a note (no torch: the config names no factory or description file)."""
-    from perf4sight.report.pruning import prunable_networks
-
-    (tmp_path / "config.toml").write_text("[networks]\nzoo = ['resnet18']\n")
-    cfg = load_config(tmp_path / "config.toml")
-    notes: list[str] = []
-    assert prunable_networks(cfg, ["resnet18_l30", "mobilenet_v2", "resnet18", "gen_0_1", "x/resnet18_l30.json",
-                                   "squeezenet1_0_l12.5"], notes) == ["resnet18", "mobilenet_v2", "squeezenet1_0"]
-    assert [n.split(" left out")[0] for n in notes] == ["pruning section: gen_0_1",
-                                                         "pruning section: x/resnet18_l30.json"]
-
-
 def test_held_out_scatter_matches_fingerprint_accuracy(project):
     from perf4sight.profiling.results import read_rows, results_path
     from perf4sight.dataset import device_dataset

@@ -13,15 +13,15 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from perf4sight.config import Config
-from perf4sight.dataset import ZOO_CACHE
+from perf4sight.dataset import ZOO_CACHE, is_description_file, resolve_networks
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.networks.zoo import ZOO_NAMES, build_zoo_model, cache_file, cached_description
 
-__all__ = ["VARIANT", "variant_name", "pruned_on_request"]
+__all__ = ["VARIANT", "variant_name", "pruned_on_request", "prunable_networks", "variant_at"]
 
 #: ``<network>_l<level>``: the name the networks stage gives a network pruned to ``level`` percent of parameters.
 VARIANT = re.compile(r"(?P<network>.+)_l(?P<level>\d+(?:\.\d+)?)")
@@ -59,6 +59,55 @@ def pruned_on_request(cfg: Config, name: str, input_shape: list[int]) -> Network
         return None
     _check_level(name, network, level)
     return replace(_prune(cfg, source, level, input_shape), name=name)
+
+
+def prunable_networks(cfg: Config, entries: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(the networks of ``entries`` that can be pruned, each once; the entries that cannot). Zoo networks and the
+    networks ``[networks]`` names can (torch is imported only to look among the config's factories and description
+    files); a pruned variant's name (``tiny_resnet_l0``, the way a factory's network is named in the dataset)
+    stands for its network."""
+    own: list[str] | None = None  # the config's factories and description files, named at the first need
+
+    def prunable(name: str) -> bool:
+        nonlocal own
+        if name in ZOO_NAMES:
+            return True
+        if own is None:
+            own = []
+            if cfg.networks.factories or cfg.networks.description_files:
+                from perf4sight.networks.build import sources  # torch
+                own = [s.name for s in sources(cfg)]
+        return name in own
+
+    out, refused = [], []
+    for name in entries:
+        if is_description_file(name):
+            network = None
+        elif prunable(name):
+            network = name
+        else:
+            variant = VARIANT.fullmatch(name)
+            network = variant.group("network") if variant and prunable(variant.group("network")) else None
+        if network:
+            out.append(network)
+        else:
+            refused.append(name)
+    return list(dict.fromkeys(out)), refused
+
+
+#: what :func:`prunable_networks` accepts, for the line that refuses another name
+PRUNABLE = "a zoo network or one [networks] names (a factory, a description file), or a pruned variant of one"
+
+
+def variant_at(cfg: Config, network: str, level: float, shape: list[int]) -> tuple[NetworkDescription, bool]:
+    """``<network>_l<level>`` at ``shape``, and whether it was pruned on request: the dataset's file when it was
+    described at that shape, else pruned as the networks stage would."""
+    name = variant_name(network, level)
+    noted: list[str] = []
+    desc = resolve_networks(cfg, [name], shape, noted)[0]
+    if list(desc.input_shape) != list(shape):  # the dataset's file, made at another device's input shape
+        return pruned_on_request(cfg, name, shape), True
+    return desc, bool(noted)
 
 
 def _check_level(name: str, network: str, level: float) -> None:

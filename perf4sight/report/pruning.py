@@ -19,14 +19,14 @@ from rich.console import Console
 from rich.table import Table as RichTable
 
 from perf4sight.config import Config
-from perf4sight.dataset import is_description_file, resolve_networks
 from perf4sight.errors import UserError
 from perf4sight.fingerprint.fit import LATENCY_COLUMN
 from perf4sight.ir.schema import NetworkDescription
+from perf4sight.networks.on_request import PRUNABLE, prunable_networks, variant_at
 from perf4sight.profiling.results import batch_size_of, number
 from perf4sight.report.render import Block, Heading, Image, Table, Text
 
-__all__ = ["PruningPoint", "prunable_networks", "pruning_points", "pruning_blocks", "print_pruning"]
+__all__ = ["PruningPoint", "pruning_points", "pruning_blocks", "print_pruning"]
 
 
 @dataclass
@@ -49,57 +49,6 @@ class PruningPoint:
     measured_status: str = ""                 # the device's row of this very variant at batch_size ("": none)
     measured_latency_ms: float | None = None  # its step time and memory, where it ran
     measured_memory_mb: float | None = None
-
-
-def prunable_networks(cfg: Config, entries: Sequence[str], notes: list[str]) -> list[str]:
-    """The networks of ``entries`` that can be pruned, each once: zoo networks and the networks ``[networks]`` names
-    (torch is imported only to look among the config's factories and description files); a pruned variant's name
-    (``tiny_resnet_l0``, the way a factory's network is named in the dataset) stands for its network. A sentence
-    for each other entry is appended to ``notes``."""
-    from perf4sight.networks.on_request import VARIANT
-    from perf4sight.networks.zoo import ZOO_NAMES
-
-    own: list[str] | None = None  # the config's factories and description files, named at the first need
-
-    def prunable(name: str) -> bool:
-        nonlocal own
-        if name in ZOO_NAMES:
-            return True
-        if own is None:
-            own = []
-            if cfg.networks.factories or cfg.networks.description_files:
-                from perf4sight.networks.build import sources  # torch
-                own = [s.name for s in sources(cfg)]
-        return name in own
-
-    out = []
-    for name in entries:
-        if is_description_file(name):
-            network = None
-        elif prunable(name):
-            network = name
-        else:
-            variant = VARIANT.fullmatch(name)
-            network = variant.group("network") if variant and prunable(variant.group("network")) else None
-        if network:
-            out.append(network)
-        else:
-            notes.append(f"pruning section: {name} left out: only a zoo network or one [networks] names (a "
-                         "factory, a description file), or a pruned variant of one, is pruned there")
-    return list(dict.fromkeys(out))
-
-
-def _variant(cfg: Config, network: str, level: float, shape: list[int]) -> tuple[NetworkDescription, bool]:
-    """``<network>_l<level>`` at ``shape``, and whether it was pruned on request: the dataset's file when it was
-    described at that shape, else pruned as the networks stage would."""
-    from perf4sight.networks.on_request import pruned_on_request, variant_name
-
-    name = variant_name(network, level)
-    noted: list[str] = []
-    desc = resolve_networks(cfg, [name], shape, noted)[0]
-    if list(desc.input_shape) != list(shape):  # the dataset's file, made at another device's input shape
-        return pruned_on_request(cfg, name, shape), True
-    return desc, bool(noted)
 
 
 def _measured(device: Any, desc: NetworkDescription, batch: int) -> dict[str, Any] | None:
@@ -129,11 +78,13 @@ def pruning_points(cfg: Config, devices: Sequence[Any], trained_at: dict[str, tu
         return []
     points: list[PruningPoint] = []
     made: dict[str, list[str]] = {}  # "CxHxW" -> the variants pruned on request at that shape
-    for network in prunable_networks(cfg, entries, notes):
+    networks, refused = prunable_networks(cfg, entries)
+    notes.extend(f"pruning section: {name} left out: only {PRUNABLE} is pruned there" for name in refused)
+    for network in networks:
         for level in levels:
             for d in devices:
                 try:
-                    desc, pruned = _variant(cfg, network, level, list(trained_at[d.name]))
+                    desc, pruned = variant_at(cfg, network, level, list(trained_at[d.name]))
                 except UserError as exc:  # a level the network cannot reach under min_channels
                     notes.append(f"pruning section: {network} at {level:g}% left out ({exc})")
                     break  # the same at every shape

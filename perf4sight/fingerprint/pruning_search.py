@@ -1,0 +1,77 @@
+"""The least pruning that lets a network train on a device at a batch size, searched over pruning levels.
+
+``least_pruning(fp, variant, batch_size, max_latency_ms)`` asks the fingerprint ``fp`` about a network pruned at
+whole-percent levels (``variant(level)`` makes the description; the predict stage's ``--prune-to-fit`` prunes as
+the networks stage would, :func:`perf4sight.networks.on_request.variant_at`) and returns the least level predicted
+to fit the device's memory at ``batch_size`` and, with ``max_latency_ms``, to run a step in that many milliseconds.
+The predictions are taken as falling as the level rises, so the search bisects: level 0, the highest level the
+network reaches (99, or less where ``min_channels`` stops it), then about log2(100) = 7 levels between.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from perf4sight.errors import UserError
+from perf4sight.ir.schema import NetworkDescription
+
+__all__ = ["LeastPruning", "least_pruning", "TOP_LEVEL"]
+
+TOP_LEVEL = 99  #: the highest level searched (% of parameters removed)
+
+
+@dataclass
+class LeastPruning:
+    """The answer for one network and batch size; ``level`` None where no level the network reaches meets it."""
+
+    level: int | None                                 # least whole-percent level asked for
+    variant: NetworkDescription | None = None         # the network pruned at ``level``
+    prediction: dict[str, Any] | None = None          # ``fp.predict``'s figures for it at the batch size
+    tried: dict[int, bool] = field(default_factory=dict)  # level -> met, every level asked about
+
+
+def least_pruning(fp: Any, variant: Callable[[int], NetworkDescription], batch_size: int,
+                  max_latency_ms: float | None = None) -> LeastPruning:
+    """The least level of ``variant`` predicted by ``fp`` to fit at ``batch_size`` (``fits`` not False: a
+    capacity the fingerprint does not know leaves memory out) and to step within ``max_latency_ms`` when given.
+    A level the network cannot reach under ``min_channels`` (``UnreachableLevel``, which says the most it
+    reaches) lowers the top of the search to the level it reaches."""
+    made: dict[int, tuple[NetworkDescription, dict[str, Any]]] = {}
+    tried: dict[int, bool] = {}
+
+    def meets(level: int) -> bool:
+        desc = variant(level)
+        p = fp.predict(desc, [batch_size])[0]
+        made[level] = desc, p
+        tried[level] = p["fits"] is not False and (max_latency_ms is None or p["latency_ms"] <= max_latency_ms)
+        return tried[level]
+
+    def answer(level: int | None) -> LeastPruning:
+        desc, p = made[level] if level is not None else (None, None)
+        return LeastPruning(level, desc, p, tried)
+
+    if meets(0):
+        return answer(0)
+    top = TOP_LEVEL
+    try:
+        top_meets = meets(top)
+    except UserError as exc:  # UnreachableLevel: the network stops short of 99% (min_channels)
+        reached = getattr(exc, "achieved", None)
+        if reached is None or math.floor(reached) <= 0:
+            raise
+        top = math.floor(reached)
+        top_meets = meets(top)
+    if not top_meets:
+        return answer(None)
+    low, high = 0, top  # low does not meet, high does
+    while high - low > 1:
+        mid = (low + high) // 2
+        try:
+            ok = meets(mid)
+        except UserError as exc:  # a level between that the pruning steps over: taken as not met (searched above)
+            if getattr(exc, "achieved", None) is None:
+                raise
+            ok = False
+        low, high = (low, mid) if ok else (mid, high)
+    return answer(high)
