@@ -43,7 +43,7 @@ from perf4sight.networks.zoo import build_zoo_model
 from perf4sight.wording import plural
 
 __all__ = ["Source", "MANIFEST_COLUMNS", "SETTINGS_FILE", "NetworksMade", "sources", "prune_source", "make_networks",
-           "variant_name", "write_manifest", "reshaped_description_notes", "settings_sha",
+           "variant_name", "pruning_plan", "write_manifest", "reshaped_description_notes", "settings_sha",
            "changed_settings_note"]
 
 MANIFEST_COLUMNS: tuple[str, ...] = ("network", "family", "source", "strategy", "target_level", "achieved_level",
@@ -140,16 +140,22 @@ def _seeded_build(src: Source, seed: int) -> nn.Module:
         return src.build()
 
 
+def pruning_plan(src: Source, input_shape: list[int], strategy: str, min_channels: int, seed: int) -> PruningPlan:
+    """``src`` built with its seeded weights and traced for pruning at ``input_shape``: one plan serves every
+    level (its random choices are drawn here, so a level pruned from it does not depend on the levels before)."""
+    return PruningPlan(_seeded_build(src, seed), input_shape, strategy, min_channels, seed, src.name)
+
+
 def prune_source(src: Source, input_shape: list[int], levels: list[float], strategy: str, min_channels: int,
-                 seed: int, progress: Progress | None = None,
-                 skipped: list[str] | None = None) -> list[NetworkDescription]:
-    """One description per level (ascending input order kept), each with its achieved level.
+                 seed: int, progress: Progress | None = None, skipped: list[str] | None = None,
+                 plan: PruningPlan | None = None) -> list[NetworkDescription]:
+    """One description per level (ascending input order kept), each with its achieved level; ``plan``: the
+    source's :func:`pruning_plan` with these settings, where the caller keeps one (else it is made here).
 
     A level the network cannot reach raises ``UnreachableLevel``; with a ``skipped`` list it is left out
     instead and a line saying why is appended to the list."""
     levels = [check_level(lvl, f"[networks.pruning] levels ({src.name})") for lvl in levels]
-    base = _seeded_build(src, seed)
-    plan = PruningPlan(base, input_shape, strategy, min_channels, seed, src.name)  # traced once for all levels
+    plan = plan or pruning_plan(src, input_shape, strategy, min_channels, seed)  # traced once for all levels
     out = []
     for lvl in levels:
         try:

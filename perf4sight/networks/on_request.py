@@ -124,9 +124,19 @@ def _zoo_source(network: str, classes: int) -> Any:
 
 
 def _prune(cfg: Config, source: Any, level: float, input_shape: list[int]) -> NetworkDescription:
-    """``source`` (a ``build.Source``) pruned to ``level`` percent by :func:`perf4sight.networks.build.prune_source`."""
-    from perf4sight.networks.build import prune_source
+    """``source`` (a ``build.Source``) pruned to ``level`` percent by :func:`perf4sight.networks.build.prune_source`,
+    from a pruning plan kept for the rest of the process (the trace is most of the time a level takes: a search
+    over levels, ``--prune-to-fit``, traces each network once)."""
+    from perf4sight.networks.build import prune_source, pruning_plan
 
     pr = cfg.networks.pruning
-    (desc,) = prune_source(source, list(input_shape), [level], pr.strategy, pr.min_channels, pr.seed)
+    key = (source.source, tuple(input_shape), pr.strategy, pr.min_channels, pr.seed, cfg.networks.num_classes)
+    if key not in _PLANS:
+        _PLANS[key] = pruning_plan(source, list(input_shape), pr.strategy, pr.min_channels, pr.seed)
+    (desc,) = prune_source(source, list(input_shape), [level], pr.strategy, pr.min_channels, pr.seed,
+                           plan=_PLANS[key])
     return desc
+
+
+#: pruning plans traced in this process: (source, shape, strategy, min_channels, seed, classes) -> plan
+_PLANS: dict[tuple[Any, ...], Any] = {}
