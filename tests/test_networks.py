@@ -367,6 +367,10 @@ def test_stage_writes_descriptions_and_manifests(tmp_path: Path) -> None:
     assert asked.name == "tiny_resnet_l40" and asked.extra["source"].startswith("factory:mine:tiny_resnet")
     assert abs(asked.pruning_level - 40) <= 2 and notes[0].startswith("tiny_resnet_l40: not in the dataset: "
                                                                       "tiny_resnet pruned on request")
+    from perf4sight.networks import on_request  # the plan kept since l25 gives what a plan traced anew gives
+    assert any(key[0].startswith("factory:mine:tiny_resnet") for key in on_request._PLANS)
+    on_request._PLANS.clear()
+    assert pruned_on_request(cfg, "tiny_resnet_l40", [3, 32, 32]).to_json() == asked.to_json()
     assert pruned_on_request(cfg, "gen_9_0_l30", [3, 32, 32]) is None  # not a network [networks] names
     # what compare's pruning section and --prune-to-fit prune: the factory's network, named by a variant too
     from perf4sight.networks.on_request import prunable_networks, variant_at
