@@ -50,6 +50,7 @@ STAGES = ("networks", "profile", "fingerprint", "predict", "compare", "all", "im
 OPTION_STAGES = {
     "network": ("predict", "all"), "batch_size": ("predict", "all"), "json": ("predict", "all"),
     "max_batch_size": ("predict",), "prune_to_fit": ("predict",), "max_latency_ms": ("predict",),
+    "retry_errors": ("profile", "all"),
     "predictor": ("fingerprint", "predict", "all"), "refit": ("fingerprint", "all"),
     "format": ("import", "export"), "source": ("import",), "output": ("export",),
 }
@@ -91,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true",
                         help="predict: one JSON object per query on stdout, notes on stderr (with --stage all, "
                              "everything the other stages print goes to stderr too)")
+    parser.add_argument("--retry-errors", action="store_true",
+                        help="profile: measure again the configurations whose row is an error (a crashed or timed-out "
+                             "measurement); the new row is appended and counts, the old one stays in the CSV")
     parser.add_argument("--predictor", choices=("trees", "gnn", "ensemble"),
                         help="fingerprint: which predictor to fit (ensemble = trees and GNN); predict: which to use "
                              "(default: [fingerprint] predictor of the config)")

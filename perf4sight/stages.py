@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import sys
 import time
@@ -144,6 +145,8 @@ def run_profile(cfg: Config, args: argparse.Namespace) -> int:
     descriptions = dataset_descriptions(cfg)
     _print_notes(changed_settings_note(cfg),
                  *(incomplete_note(results_path(cfg.profiling_dir, name)) for name in names))
+    if getattr(args, "retry_errors", False):
+        cfg = dataclasses.replace(cfg, profile=dataclasses.replace(cfg.profile, retry_errors=True))
     summaries = profile_devices(cfg, names, descriptions)
     console.print(format_summaries(summaries), markup=False)
     for s in summaries:
@@ -199,8 +202,8 @@ def _limit_note(cfg: Config, device: str, rows: list[dict[str, str]]) -> str:
         peak = max(float(LIMIT_OOM.search(str(r["message"])).group(1)) for r in at_limit)
         return (f"note: {device}: every network ran out of memory at its smallest batch size under memory_limit_mb = "
                 f"{limit} (RSS up to {peak:.0f} MiB): torch, a model and its optimiser take more than that before "
-                f"the first step; raise the limit in [devices.{device}], then delete these rows from {csv_path} and "
-                "profile again")
+                f"the first step; raise the limit in [devices.{device}] and profile again (the rows of {csv_path} "
+                "that a lower limit caused are measured again)")
     return ""
 
 

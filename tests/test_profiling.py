@@ -251,6 +251,26 @@ def test_timeout_gives_error_row(tmp_path):
                           "csv": str(tmp_path / "m.csv")}
 
 
+def test_retry_errors_measures_an_error_row_again(tmp_path):
+    """A timed-out measurement stays an error on a rerun; with ``retry_errors`` (``--retry-errors``) it is measured
+    again: the new row is appended and counts, the error stays in the CSV; a row that ran is never measured again."""
+    net = write_net(tmp_path, "slow")
+    plan = TestPlan(device="local", networks=[net.name], batch_sizes=[1, 2], timeout_s=0.3, output="m.csv")
+    plan_path = save_plan(plan, tmp_path / "plan.json")
+    run_plan_subprocess(plan_path)
+    assert [r["status"] for r in results.read_rows(tmp_path / "m.csv")] == ["error", "error"]
+    assert run_plan_subprocess(plan_path)[-1]["summary"]["already_measured"] == 2  # an error stands by default
+    save_plan(TestPlan(**{**plan.to_dict(), "timeout_s": 120.0, "batch_sizes": [1, 2, 4], "retry_errors": True}),
+              plan_path)
+    summary = run_plan_subprocess(plan_path)[-1]["summary"]
+    assert summary["ok"] == 3 and summary["already_measured"] == 0
+    rows = results.read_rows(tmp_path / "m.csv")
+    assert [(r["batch_size"], r["status"]) for r in rows] == [("1", "error"), ("2", "error"), ("1", "ok"),
+                                                               ("2", "ok"), ("4", "ok")]
+    assert [r["status"] for r in results.latest_rows(rows)] == ["ok"] * 3
+    assert run_plan_subprocess(plan_path)[-1]["summary"]["already_measured"] == 3  # ok rows stand, retry or not
+
+
 def test_tiny_limit_ooms_at_first_batch_without_spending_the_timeout(tmp_path):
     net = write_net(tmp_path, "tiny")
     plan = TestPlan(device="d", networks=[str(net)], batch_sizes=[1, 2, 4], memory_limit_mb=64, output="m.csv",
@@ -660,9 +680,10 @@ def test_a_killed_runners_scratch_files_are_removed_by_the_next_run(tmp_path):
     assert counts["ok"] + counts["already_measured"] == 2 and not scratch.exists()
 
 
-def test_fleet_summary_counts_earlier_rows_and_says_error_rows_are_not_retried(tmp_path):
+def test_fleet_summary_counts_earlier_rows_and_error_rows_are_retried_when_asked(tmp_path):
     """The profile stage's line for a local device counts every row of the plan by status (as for a remote
-    one), so a rerun that measures nothing still shows the error rows, and says how to retry them."""
+    one), so a rerun that measures nothing still shows the error rows, and says how to retry them; with
+    ``retry_errors`` they are measured again."""
     from perf4sight.profiling.fleet import format_summaries, profile_devices
 
     broken = write_broken(tmp_path)
@@ -672,7 +693,12 @@ def test_fleet_summary_counts_earlier_rows_and_says_error_rows_are_not_retried(t
     assert (first.new_rows, again.new_rows) == (2, 0)
     assert first.counts["error"] == again.counts["error"] == 2
     line = format_summaries([again])
-    assert "2/2 rows (0 new)" in line and "error 2" in line and "delete them from the CSV to retry" in line
+    assert "2/2 rows (0 new)" in line and "error 2" in line and "not measured again unless asked: --retry-errors" \
+        in line
+    cfg.profile.retry_errors = True  # what --stage profile --retry-errors sets for its run
+    (retried,) = profile_devices(cfg, ["local"], [broken], show_progress=False)
+    assert retried.new_rows == 2 and retried.counts["error"] == 2 and retried.rows == 2  # the newest row per key
+    assert len(results.read_rows(results.results_path(cfg.profiling_dir, "local"))) == 4  # the old ones stay
 
 
 def test_a_runner_that_stops_early_is_summarised_with_the_rows_it_left(tmp_path, monkeypatch):
@@ -693,7 +719,8 @@ def test_a_runner_that_stops_early_is_summarised_with_the_rows_it_left(tmp_path,
     monkeypatch.setattr(local, "profile_local", stops_early)
     (summary,) = profile_devices(cfg, ["local"], [broken], show_progress=False)
     assert summary.status == "failed" and (summary.rows, summary.expected) == (2, 2)
-    assert format_summaries([summary]).startswith("local: failed — 2/2 rows (0 new) [error 2] (error rows are kept")
+    assert format_summaries([summary]).startswith("local: failed — 2/2 rows (0 new) [error 2] (error rows are not "
+                                                  "measured again unless asked")
 
 
 def test_a_malformed_description_stops_the_profile_before_any_row(tmp_path):

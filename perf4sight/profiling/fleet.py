@@ -244,7 +244,7 @@ def format_summaries(summaries: Sequence[DeviceSummary]) -> str:
         counts = ", ".join(f"{k} {v}" for k, v in s.counts.items() if v)
         extra = "".join([f", {plural(s.reconnects, 'reconnect')}" if s.reconnects else "",
                          f", {plural(s.restarts, 'restart')}" if s.restarts else ""])
-        retry = (" (error rows are kept, not measured again: delete them from the CSV to retry)"
+        retry = (" (error rows are not measured again unless asked: --retry-errors)"
                  if s.counts.get("error") else "")
         lines.append(f"{s.device}: {s.status} — {s.rows}/{s.expected} rows ({s.new_rows} new{extra})"
                      + (f" [{counts}]{retry}" if counts else "") + (f" — {s.message}" if s.message else ""))

@@ -75,7 +75,7 @@ def make_plan(cfg: Config, device_name: str, descriptions: list[str | Path], out
                     memory_limit_mb=dev.memory_limit_mb, threads=dev.threads, gpu_index=dev.gpu_index,
                     learning_rate=p.learning_rate, momentum=p.momentum, output=output,
                     reference_every=p.reference_every, reference_network=p.reference_network,
-                    reference_batch_size=p.reference_batch_size)
+                    reference_batch_size=p.reference_batch_size, retry_errors=p.retry_errors)
 
 
 def follow_runner(cmd: list[str], on_event: ProgressSink, env: dict[str, str] | None = None,

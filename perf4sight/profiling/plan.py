@@ -78,6 +78,8 @@ class TestPlan:
     plan; "" = its first network) at ``reference_batch_size`` (0 = the smallest of ``batch_sizes``) is measured
     before the first new measurement, after every ``reference_every`` new ones and after the last, each time
     appended to ``reference_output``; the fingerprint divides the step times by it (0 = no reference).
+    ``retry_errors``: measure again the configurations whose newest row is an ``error`` (a crash, a timeout);
+    the new row is appended and counts from then on (``results.latest_rows``), the old one stays.
     """
 
     __test__ = False  # not a pytest test class, despite the name
@@ -104,6 +106,7 @@ class TestPlan:
     reference_network: str = ""
     reference_batch_size: int = 0
     reference_output: str = REFERENCES_CSV
+    retry_errors: bool = False
     poll_interval_s: float = 0.01
     version: int = PLAN_VERSION
 
@@ -141,7 +144,7 @@ _TYPES: Dict[str, Tuple[Type, ...]] = {
     "threads": (int,), "gpu_index": (int,), "learning_rate": (int, float), "momentum": (int, float),
     "input_shape": (list, type(None)), "num_classes": (int, type(None)), "output": (str,),
     "reference_every": (int,), "reference_network": (str,), "reference_batch_size": (int,), "reference_output": (str,),
-    "poll_interval_s": (int, float), "version": (int,),
+    "retry_errors": (bool,), "poll_interval_s": (int, float), "version": (int,),
 }
 
 

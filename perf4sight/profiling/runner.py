@@ -309,7 +309,8 @@ class _OnDisk:
     again: Dict[Tuple[str, str, str], Tuple[int, int]]
 
     @classmethod
-    def read(cls, csv_path: Path, device: str, nets: List[_Network], limit: int = 0) -> "_OnDisk":
+    def read(cls, csv_path: Path, device: str, nets: List[_Network], limit: int = 0,
+             retry_errors: bool = False) -> "_OnDisk":
         sha_of = {n.name: n.sha for n in nets}
         rows = results.latest_rows(
             r if r.get("description_sha") else dict(r, description_sha=sha_of.get(r["network"], ""))
@@ -326,7 +327,10 @@ class _OnDisk:
                 again[_group(r)] = (bs, raised)
 
         def stands(r: Dict[str, Any]) -> bool:
-            """Whether a rerun keeps ``r``: not an oom measured again, nor a batch size no standing oom stopped."""
+            """Whether a rerun keeps ``r``: not an oom measured again, nor a batch size no standing oom stopped, nor
+            an error while ``retry_errors``."""
+            if r["status"] == "error" and retry_errors:
+                return False
             if r["status"] == "skipped_after_oom":
                 return results.batch_size_of(r) > oom_at.get(_group(r), 10**9)
             return raised_limit(r, limit) is None
@@ -477,7 +481,7 @@ def run_plan(plan_path: Union[str, Path], emit: Emit = print_event) -> Dict[str,
     counts = dict({s: 0 for s in results.STATUSES}, already_measured=0)
     with _locked(csv_path):
         shutil.rmtree(str(children_dir(csv_path)), ignore_errors=True)  # a killed runner's, left behind
-        disk = _OnDisk.read(csv_path, plan.device, nets, plan.memory_limit_mb)
+        disk = _OnDisk.read(csv_path, plan.device, nets, plan.memory_limit_mb, plan.retry_errors)
         total = len(nets) * len(plan.batch_sizes)
         emit({"event": "plan", "device": plan.device, "backend": plan.backend, "networks": len(nets),
               "batch_sizes": plan.batch_sizes, "total": total, "csv": str(csv_path)})
