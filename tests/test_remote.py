@@ -496,6 +496,27 @@ def test_an_oom_a_lower_limit_caused_is_measured_again_on_the_device(servers, tm
     assert third.new_rows == 0 and not third.message
 
 
+def test_error_rows_are_measured_again_on_the_device_when_asked(servers, tmp_path):
+    """A measurement that timed out stays an error on a rerun; with retry_errors (``--retry-errors``) the device
+    measures it again and the new row comes over, the error kept on both sides and passed over."""
+    a, _ = servers
+    cfg = _config(tmp_path, {"dev-e": _device(a, tmp_path)}, batch_sizes=(1,))
+    (desc,) = _descriptions(tmp_path, ["alpha"])
+    cfg.profile.timeout_s = 0.3
+    (first,) = profile_devices(cfg, ["dev-e"], [desc], show_progress=False, **FAST)
+    assert first.status == "done" and first.counts["error"] == 1
+    cfg.profile.timeout_s = 120.0
+    (kept,) = profile_devices(cfg, ["dev-e"], [desc], show_progress=False, **FAST)
+    assert kept.new_rows == 0 and kept.counts["error"] == 1 and "--retry-errors" in format_summaries([kept])
+    cfg.profile.retry_errors = True
+    (again,) = profile_devices(cfg, ["dev-e"], [desc], show_progress=False, **FAST)
+    assert again.status == "done" and again.new_rows == 1 and again.counts == {**again.counts, "ok": 1, "error": 0}
+    rows = _rows(cfg, "dev-e")
+    assert [r["status"] for r in rows] == ["error", "ok"] and rows[0]["message"] == "timed out after 0.3 s"
+    remote_csv = tmp_path / "remote work" / "dev-e" / "measurements.csv"
+    assert [r["timestamp"] for r in results.read_rows(remote_csv)] == [r["timestamp"] for r in rows]
+
+
 def test_interrupted_host_stops_following_and_a_rerun_attaches_to_the_run_that_went_on(servers, tmp_path):
     """Ctrl-C on the host (the cancel event fleet sets) ends the follow at once with a message; the detached
     run keeps measuring on the device, and the next profile attaches to it and pulls every row."""
