@@ -9,7 +9,9 @@ from ``oom`` rows) is fitted on the other families and asked about the held-out 
   folds, and on the Jetson TX2 data perf4sight's published figures;
 - coverage of the nominal 90 % interval on the held-out rows;
 - out of memory: is the predicted largest batch size right (between the largest batch that ran and
-  the smallest that failed), and is ``fits`` right per measured row;
+  the smallest that failed), and is ``fits`` right per measured row; and, what ``--prune-to-fit`` answers,
+  the least pruning level of the held-out family that fits at each batch size where its unpruned network
+  did not (among the family's measured variants: the same level, or the next one up or down);
 - random 5-fold splits over rows (from the full fit's metadata);
 - where the held-out error comes from (diagnostics, not predictors): the MAPE left after rescaling the
   held-out predictions by the one factor that best fits the whole family (its bias removed), and by one
@@ -116,11 +118,14 @@ def _conv_baseline(rows: list[dict], descs: dict, col: str, fams: list[str], tre
     return out
 
 
-def _oom_checks(fp: Any, test_rows: list[dict], descs: dict) -> tuple[int, int, int, int, int]:
-    """(max-batch right, max-batch asked, fits right, fits asked, max-batch within 10 %) on one held-out
-    family. Right = between the largest batch that ran and the smallest larger one that failed; within
-    10 % = no more than 10 % outside that range."""
+def _oom_checks(fp: Any, test_rows: list[dict], descs: dict) -> tuple[int, ...]:
+    """(max-batch right, max-batch asked, fits right, fits asked, max-batch within 10 %, least pruning right,
+    least pruning within one level, least pruning asked) on one held-out family. Max-batch right = between the
+    largest batch that ran and the smallest larger one that failed; within 10 % = no more than 10 % outside
+    that range. Least pruning: per batch size at which the family's unpruned network ran out of memory, the
+    least pruning level of its measured variants predicted to fit against the least that ran (:func:`_least_levels`)."""
     right = asked = fit_right = fit_asked = near = 0
+    fitted: dict[tuple[int, float], tuple[bool, bool]] = {}  # (batch size, level) -> (ran, predicted to fit)
     by_net: dict[str, list[dict]] = {}
     for r in test_rows:
         if r["status"] in ("ok", "oom"):
@@ -134,6 +139,7 @@ def _oom_checks(fp: Any, test_rows: list[dict], descs: dict) -> tuple[int, int, 
                 continue
             fit_asked += 1
             fit_right += p["fits"] == (p["batch_size"] in ok)
+            fitted[(p["batch_size"], descs[net].pruning_level)] = (p["batch_size"] in ok, bool(p["fits"]))
         if not ok or fp.capacity_mb is None:
             continue
         lo = max(ok)
@@ -142,7 +148,24 @@ def _oom_checks(fp: Any, test_rows: list[dict], descs: dict) -> tuple[int, int, 
         asked += 1
         right += m is not None and m >= lo and (hi is None or m < hi)
         near += m is not None and m >= 0.9 * lo and (hi is None or m < 1.1 * hi)
-    return right, asked, fit_right, fit_asked, near
+    return (right, asked, fit_right, fit_asked, near) + _least_levels(fitted)
+
+
+def _least_levels(fitted: dict[tuple[int, float], tuple[bool, bool]]) -> tuple[int, int, int]:
+    """(right, within one level, asked): at each batch size where the family's unpruned variant (level 0) ran out
+    of memory, is the least level predicted to fit the least that ran (None = none of the variants)? "Within one
+    level": the two are neighbours in the family's sorted levels at that batch size."""
+    right = near = asked = 0
+    for b in sorted({b for b, _ in fitted}):
+        levels = sorted(lvl for bb, lvl in fitted if bb == b)
+        if not levels or levels[0] != 0 or fitted[(b, 0)][0]:
+            continue  # no unpruned variant measured there, or it ran: no pruning needed
+        ran = next((i for i, lvl in enumerate(levels) if fitted[(b, lvl)][0]), len(levels))
+        fits = next((i for i, lvl in enumerate(levels) if fitted[(b, lvl)][1]), len(levels))
+        asked += 1
+        right += ran == fits
+        near += abs(ran - fits) <= 1
+    return right, near, asked
 
 
 def _lofo(device: str, rows: list[dict], descs: dict, fams: list[str], cols: dict[str, str], fcfg: Any,
@@ -206,7 +229,8 @@ def evaluate(device: str, rows: list[dict], descs: dict, trees: int = 200, basel
                 for s in seeds]
         res["ours"] = _mean_over_seeds([r[0] for r in runs])
         res["coverage"] = {t: {f: float(np.mean([r[1][t][f] for r in runs])) for f in fams} for t in cols}
-        res["oom"] = {f: tuple(float(np.mean([r[2][f][i] for r in runs])) for i in range(5)) for f in fams}
+        res["oom"] = {f: tuple(float(np.mean([r[2][f][i] for r in runs])) for i in range(len(runs[0][2][f])))
+                      for f in fams}
         res["ours_seconds"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         res["conv"] = _mean_over_seeds([{t: _conv_baseline(rows, descs, col, fams, baseline_trees, s)
@@ -324,7 +348,10 @@ def table(res: dict[str, Any]) -> list[str]:
         lines.append("\nout of memory, held-out families (mean over the seeds): max batch size right "
                      + ", ".join(f"{f} {o[0]:.3g}/{o[1]:.3g}" for f, o in zip(fams, oom))
                      + f"; within 10 % {sum(o[4] for o in oom):.3g}/{sum(o[1] for o in oom):.3g}"
-                     + f"; `fits` right per row {sum(o[2] for o in oom):.5g}/{checked:.5g}")
+                     + f"; `fits` right per row {sum(o[2] for o in oom):.5g}/{checked:.5g}"
+                     + "; least pruning that fits (batch sizes where the unpruned network did not), right "
+                     + ", ".join(f"{f} {o[5]:.3g}/{o[7]:.3g}" for f, o in zip(fams, oom))
+                     + f", within one level {sum(o[6] for o in oom):.3g}/{sum(o[7] for o in oom):.3g}")
     else:
         lines.append("\nout of memory: not evaluated (no fold learnt a memory capacity: its training rows had no "
                      "out-of-memory row)")
@@ -370,6 +397,14 @@ def figures(res: dict[str, Any]) -> list[dict]:
                     "unit": "networks", "note": f"of {sum(o[1] for o in oom):.0f}"})
         out.append({"benchmark": b, "metric": "fits_right_pct", "unit": "%", "note": "per measured row (ok/oom)",
                     "value": round(100 * sum(o[2] for o in oom) / checked, 1)})
+        least = sum(o[7] for o in oom)
+        if least:
+            out.append({"benchmark": b, "metric": "least_pruning_right_pct", "unit": "%",
+                        "value": round(100 * sum(o[5] for o in oom) / least, 1),
+                        "note": f"of {least:.0f} (family, batch size) pairs where the unpruned network ran out of "
+                                "memory; --prune-to-fit's answer among the family's measured levels"})
+            out.append({"benchmark": b, "metric": "least_pruning_within_one_level_pct", "unit": "%",
+                        "value": round(100 * sum(o[6] for o in oom) / least, 1), "note": f"of {least:.0f}"})
     out.append({"benchmark": b, "metric": "predict_ms_per_network", "value": round(res["speed"]["median_ms"], 2),
                 "unit": "ms", "note": "description -> 4 batch sizes, target < 50 ms"})
     out.append({"benchmark": b, "metric": "predict_us_per_query_batched", "unit": "us",

@@ -12,7 +12,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from rich.console import Console
 from rich.table import Table
@@ -406,7 +406,7 @@ def _predict_prune_to_fit(cfg: Config, args: argparse.Namespace, fp: object, dev
     shape = list(fp.input_shape or cfg.networks.input_shape)
     made: list[str] = []  # variants pruned on request
     started = time.perf_counter()
-    found, tops = [], []  # tops: the highest level asked about for each answer
+    found: list[tuple[dict, Any]] = []  # (the JSON line, the search's LeastPruning)
     for network in networks:
         variants: dict[int, NetworkDescription] = {}  # level -> description, shared by the batch sizes
 
@@ -420,18 +420,17 @@ def _predict_prune_to_fit(cfg: Config, args: argparse.Namespace, fp: object, dev
             r = least_pruning(fp, variant, b, budget)
             figures = {k: round(v, 3) if isinstance(v, float) else v for k, v in (r.prediction or {}).items()
                        if k not in ("network", "batch_size")}
-            tops.append(max(r.tried))
-            found.append({"network": network, "batch_size": b, "max_latency_ms": budget, "pruning_level": r.level,
-                          "achieved_level": None if r.variant is None else round(r.variant.pruning_level, 3),
-                          "variant": None if r.variant is None else r.variant.name,
-                          **(figures or dict.fromkeys(("latency_ms", "latency_ms_low", "latency_ms_high", "memory_mb",
-                                                       "memory_mb_low", "memory_mb_high", "fits")))})
+            line = {"network": network, "batch_size": b, "max_latency_ms": budget, "pruning_level": r.level,
+                    "achieved_level": None if r.variant is None else round(r.variant.pruning_level, 3),
+                    "variant": None if r.variant is None else r.variant.name,
+                    **(figures or dict.fromkeys(("latency_ms", "latency_ms_low", "latency_ms_high", "memory_mb",
+                                                 "memory_mb_low", "memory_mb_high", "fits")))}
+            found.append((line, r))
     elapsed = time.perf_counter() - started
-    answers = [f for f in found if f["variant"]]
+    answers = [(f, r) for f, r in found if r.variant is not None]
     if answers:
-        descs = [variant_at(cfg, f["network"], f["pruning_level"], shape)[0] for f in answers]
-        _domain_note(fp, descs, sorted({f["batch_size"] for f in answers}))
-        _family_note(fp, descs)
+        _domain_note(fp, [r.variant for _, r in answers], sorted({f["batch_size"] for f, _ in answers}))
+        _family_note(fp, [r.variant for _, r in answers])
     pr = cfg.networks.pruning
     _print_notes(f"note: searched by bisection over pruning levels 0..{TOP_LEVEL} (whole percents of the "
                  "parameters), taking the predicted memory and step time as falling as the level rises; "
@@ -440,7 +439,7 @@ def _predict_prune_to_fit(cfg: Config, args: argparse.Namespace, fp: object, dev
                     f"read from {cfg.models_dir / ZOO_CACHE} once pruned); " if made else "")
                  + f"{elapsed:.1f} s")
     if args.json:
-        for f in found:
+        for f, _ in found:
             print(json.dumps(f))
         return 0
     wanted = " and".join(filter(None, (f" fit {device}'s {fp.capacity_mb:,.0f} MiB" if fp.capacity_mb else "",
@@ -448,9 +447,9 @@ def _predict_prune_to_fit(cfg: Config, args: argparse.Namespace, fp: object, dev
     table = Table(title=f"least pruning predicted to{wanted}")
     for col in ("network", "batch", "level %", "removed %", "step time ms", "memory MiB", "fits"):
         table.add_column(col, justify="left" if col == "network" else "right")
-    for f, top in zip(found, tops):
-        if f["variant"] is None:
-            table.add_row(f["network"], str(f["batch_size"]), f"none up to {top}", "", "", "", "")
+    for f, r in found:
+        if r.variant is None:  # the highest level asked about: 99, or what min_channels lets the network reach
+            table.add_row(f["network"], str(f["batch_size"]), f"none up to {max(r.tried)}", "", "", "", "")
             continue
         table.add_row(f["network"], str(f["batch_size"]), str(f["pruning_level"]), f"{f['achieved_level']:.1f}",
                       f"{f['latency_ms']:,.1f} [{f['latency_ms_low']:,.1f}, {f['latency_ms_high']:,.1f}]",
