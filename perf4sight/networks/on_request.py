@@ -6,7 +6,12 @@ description files) is pruned here to that level exactly as the networks stage wo
 strategy, min_channels and seed; the same seeded build), at the input shape asked for. A zoo network's variant is
 cached under ``<models_dir>/zoo-cache/`` beside the zoo descriptions (keyed by the settings, the library versions
 and the pruning code), so a second request reads a file instead of importing torch; one of the config's own
-networks, whose code or file may change under the same name, is pruned anew each time.
+networks, whose code or file may change under the same name, is pruned anew by each process. Within a process a
+network is traced for pruning once, whatever the number of levels asked of it.
+
+``prunable_networks`` says which names can be pruned so (the compare report's pruning section and
+``--prune-to-fit`` ask), and ``variant_at`` gives a level of one at a device's input shape: the networks stage's
+file where it made it at that shape, else pruned here.
 """
 from __future__ import annotations
 
