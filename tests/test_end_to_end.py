@@ -75,6 +75,7 @@ def test_all_stages_then_predict_json(tmp_path):
         r["latency_ms_median"] for r in rows if r["network"] == "squeezenet1_1_l0" and r["batch_size"] == "4"))
     assert pruned[0]["latency_ms"] > pruned[2]["latency_ms"] and pruned[0]["memory_mb"] > pruned[2]["memory_mb"]
     assert 70 < pruned[2]["achieved"] < 80 and all(p["max_batch"] is None for p in pruned)  # no capacity known
+    assert json.loads((report / "data.json").read_text())["pruning_least"] == []  # nothing to fit under
     assert (report / "pruning.png").is_file() and "## Pruning" in (report / "report.md").read_text()
     assert ("pruned on request as the networks stage would (l1-norm, min_channels 4, seed 0): at 3x32x32: "
             "squeezenet1_1_l75") in " ".join(run.stderr.split())

@@ -202,6 +202,28 @@ def test_pruning_section(project, report):
     assert "pruned: step time at batch 16 (ms) / largest batch" in text  # the terminal's short table
 
 
+def test_least_level_agrees_with_the_sections_own_predictions(project, report):
+    """At a batch size the unpruned resnet18 just misses, the least level that fits (the bisection of
+    --prune-to-fit) lies above 0, and the section's predictions at its levels fit exactly from there on."""
+    from dataclasses import replace
+    from perf4sight.report.compare import _trained_at, gather_device
+    from perf4sight.report.pruning import least_levels, pruning_points
+
+    folder, _ = report
+    data = json.loads((folder / "data.json").read_text())
+    assert [(x["network"], x["device"], x["level"]) for x in data["pruning_least"]] == [
+        ("resnet18", dev, 0) for dev in SUBSETS]  # batch 16 fits unpruned
+    whole = next(p for p in data["pruning"] if p["device"] == "tx2a" and p["level"] == 0)
+    cfg = replace(project, compare=replace(project.compare, pruning_batch_size=whole["max_batch"] + 1,
+                                           pruning_levels=[0, 25, 50, 75]))
+    devs = [gather_device(cfg, "tx2a")[0]]
+    notes: list[str] = []
+    points = pruning_points(cfg, devs, _trained_at(cfg, devs), ["resnet18"], notes)
+    (least,) = least_levels(cfg, devs, _trained_at(cfg, devs), points, notes)
+    assert 0 < least.level < 99 and least.batch_size == whole["max_batch"] + 1 and abs(least.achieved - least.level) < 2
+    assert [p.fits for p in points] == [p.level >= least.level for p in points]
+
+
 def test_held_out_scatter_matches_fingerprint_accuracy(project):
     from perf4sight.profiling.results import read_rows, results_path
     from perf4sight.dataset import device_dataset

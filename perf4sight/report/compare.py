@@ -25,7 +25,8 @@ from perf4sight.profiling.results import batch_size_of
 from perf4sight.report import plots
 from perf4sight.report.data import (Curve, DeviceData, batch_grid, feature_sensitivity, measured_vs_predicted,
                                     prediction_curve, summarise_measurements)
-from perf4sight.report.pruning import PruningPoint, print_pruning, pruning_blocks, pruning_points
+from perf4sight.report.pruning import (LeastLevel, PruningPoint, least_levels, print_pruning, pruning_blocks,
+                                       pruning_points)
 from perf4sight.report.render import Block, Heading, Image, Table, Text, to_html, to_markdown
 
 __all__ = ["compare_devices", "gather_device", "REPORT_FILES"]
@@ -227,7 +228,7 @@ def _scatter_blocks(devs: list[DeviceData], images: dict[str, Path]) -> list[Blo
 
 
 def _blocks(devs: list[DeviceData], names: list[str], images: dict[str, Path], notes: list[str],
-            pruning: list[PruningPoint]) -> list[Block]:
+            pruning: list[PruningPoint], least: list[LeastLevel]) -> list[Block]:
     """The report, section by section."""
     b: list[Block] = [Text("Latency: one training step (forward, loss, backward, optimiser step) in ms. "
                            "Memory in MiB, the figure each fingerprint was trained on (peak_rss_mb for cpu "
@@ -235,7 +236,7 @@ def _blocks(devs: list[DeviceData], names: list[str], images: dict[str, Path], n
                            "(or leave-one-variant-out) on each device's own measurements.")]
     b += _glance_blocks(devs) + _measured_blocks(devs) + _accuracy_blocks(devs)
     b += _curve_plot_blocks(names, images) + _largest_batch_blocks(devs, names)
-    b += pruning_blocks(pruning, [d.name for d in devs], images)
+    b += pruning_blocks(pruning, least, [d.name for d in devs], images)
     b += _sensitivity_blocks(devs, images) + _scatter_blocks(devs, images)
     if notes:
         b.append(Heading("Notes"))
@@ -244,7 +245,7 @@ def _blocks(devs: list[DeviceData], names: list[str], images: dict[str, Path], n
 
 
 def _data_json(devs: list[DeviceData], curves: dict[str, dict[str, list[Curve]]],
-               pruning: list[PruningPoint]) -> dict[str, Any]:
+               pruning: list[PruningPoint], least: list[LeastLevel]) -> dict[str, Any]:
     return {
         "devices": {d.name: {
             "input_shape": d.fingerprint.input_shape, "capacity_mb": d.fingerprint.capacity_mb,
@@ -255,7 +256,7 @@ def _data_json(devs: list[DeviceData], curves: dict[str, dict[str, list[Curve]]]
                             "low": c.low.tolist(), "high": c.high.tolist(), "measured_network": c.measured_label,
                             "measured_batch_size": c.measured_bs.tolist(), "measured": c.measured.tolist()}
                            for c in cs] for n, cs in per.items()} for t, per in curves.items()},
-        "pruning": [vars(p) for p in pruning],
+        "pruning": [vars(p) for p in pruning], "pruning_least": [vars(x) for x in least],
     }
 
 
@@ -291,6 +292,7 @@ def compare_devices(cfg: Config, devices: list[str], console: Console) -> Path:
     if not any(curves.values()):
         raise UserError("compare: no network could be predicted on any device; " + "; ".join(notes))
     pruning = pruning_points(cfg, devs, _trained_at(cfg, devs), _entries(cfg), notes)
+    least = least_levels(cfg, devs, _trained_at(cfg, devs), pruning, notes)
     now = _dt.datetime.now(_dt.timezone.utc)
     stamp = now.strftime("%Y%m%d-%H%M%S")
     folder = cfg.reports_dir / f"compare-{stamp}"
@@ -311,14 +313,14 @@ def compare_devices(cfg: Config, devices: list[str], console: Console) -> Path:
     if pruning:
         shapes = {n: _shape(list(shape)) for n, shape in _trained_at(cfg, devs).items()}
         labels = {n: f"{n} at {s}" if len(set(shapes.values())) > 1 else n for n, s in shapes.items()}
-        images["pruning"] = plots.plot_pruning(pruning, colours, capacity, labels, folder / "pruning.png")
+        images["pruning"] = plots.plot_pruning(pruning, least, colours, capacity, labels, folder / "pruning.png")
     title = f"perf4sight: {', '.join(d.name for d in devs)} compared"
-    blocks = _blocks(devs, names, images, notes, pruning)
+    blocks = _blocks(devs, names, images, notes, pruning, least)
     blocks.insert(0, Text(f"Generated {now:%Y-%m-%d %H:%M:%S} UTC from {cfg.fingerprint_dir} and {cfg.profiling_dir}."))
     (folder / "index.html").write_text(to_html(title, blocks), encoding="utf-8")
     (folder / "report.md").write_text(to_markdown(title, blocks), encoding="utf-8")
-    (folder / "data.json").write_text(json.dumps(_data_json(devs, curves, pruning), indent=1, default=float))
-    print_pruning(console, pruning, [d.name for d in devs])
+    (folder / "data.json").write_text(json.dumps(_data_json(devs, curves, pruning, least), indent=1, default=float))
+    print_pruning(console, pruning, least, [d.name for d in devs])
     _print_summary(console, devs, names, folder)
     for note in notes:
         console.print(note, markup=False)

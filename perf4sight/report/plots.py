@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from perf4sight.report.data import Curve  # noqa: E402
-from perf4sight.report.pruning import PruningPoint  # noqa: E402
+from perf4sight.report.pruning import LeastLevel, PruningPoint  # noqa: E402
 
 __all__ = ["plot_curves", "plot_sensitivity", "plot_scatter", "plot_pruning", "device_colours"]
 
@@ -142,13 +142,13 @@ def plot_scatter(device: str, scatter: dict[str, tuple[np.ndarray, np.ndarray, s
     return _save(fig, path)
 
 
-def plot_pruning(points: Sequence[PruningPoint], colours: dict[str, str], capacity: dict[str, float | None],
-                 labels: dict[str, str], path: Path) -> Path:
+def plot_pruning(points: Sequence[PruningPoint], least: Sequence[LeastLevel], colours: dict[str, str],
+                 capacity: dict[str, float | None], labels: dict[str, str], path: Path) -> Path:
     """One row per pruned network, against the share of parameters removed: every device's predicted step time
     and memory at the section's batch size (band: 90% interval; hollow marker: predicted not to fit at that batch
-    size; cross: the device's measurement of that very variant; dashed: the device's capacity), and the largest
-    batch size predicted to fit (capped at 1024; left out where the capacity is unknown or no batch fits).
-    ``labels``: each device's legend label."""
+    size; cross: the device's measurement of that very variant; dashed: the device's capacity; dotted: the least
+    level predicted to fit, of ``least``), and the largest batch size predicted to fit (capped at 1024; left out
+    where the capacity is unknown or no batch fits). ``labels``: each device's legend label."""
     nets = list(dict.fromkeys(p.network for p in points))
     devices = list(dict.fromkeys(p.device for p in points))
     batch = points[0].batch_size
@@ -174,6 +174,10 @@ def plot_pruning(points: Sequence[PruningPoint], colours: dict[str, str], capaci
                             markersize=7, label=f"{device} measured")
             if capacity.get(device):
                 row[1].axhline(capacity[device], color=col, linestyle="--", linewidth=0.9, label=f"{device} capacity")
+            fit = next((x for x in least if x.network == net and x.device == device and x.achieved is not None), None)
+            if fit is not None:
+                row[1].axvline(fit.achieved, color=col, linestyle=":", linewidth=1.1,
+                               label=f"{device}: fits from {fit.level}%")
             fitting = [p for p in pts if p.max_batch]  # a batch of 1 that does not fit (0) has no place on a log axis
             if fitting:
                 row[2].plot([p.achieved for p in fitting], [p.max_batch for p in fitting], "o-", color=col,

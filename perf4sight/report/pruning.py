@@ -26,7 +26,7 @@ from perf4sight.networks.on_request import PRUNABLE, prunable_networks, variant_
 from perf4sight.profiling.results import batch_size_of, number
 from perf4sight.report.render import Block, Heading, Image, Table, Text
 
-__all__ = ["PruningPoint", "pruning_points", "pruning_blocks", "print_pruning"]
+__all__ = ["PruningPoint", "LeastLevel", "pruning_points", "least_levels", "pruning_blocks", "print_pruning"]
 
 
 @dataclass
@@ -49,6 +49,20 @@ class PruningPoint:
     measured_status: str = ""                 # the device's row of this very variant at batch_size ("": none)
     measured_latency_ms: float | None = None  # its step time and memory, where it ran
     measured_memory_mb: float | None = None
+
+
+@dataclass
+class LeastLevel:
+    """The least whole-percent pruning level predicted to fit one device at the section's batch size (what
+    ``--prune-to-fit`` answers); ``level`` None where no level the network reaches fits."""
+
+    network: str
+    device: str
+    batch_size: int
+    level: int | None
+    achieved: float | None = None
+    latency_ms: float | None = None
+    memory_mb: float | None = None
 
 
 def _measured(device: Any, desc: NetworkDescription, batch: int) -> dict[str, Any] | None:
@@ -107,6 +121,30 @@ def pruning_points(cfg: Config, devices: Sequence[Any], trained_at: dict[str, tu
     return points
 
 
+def least_levels(cfg: Config, devices: Sequence[Any], trained_at: dict[str, tuple[int, ...]],
+                 points: list[PruningPoint], notes: list[str]) -> list[LeastLevel]:
+    """For each network of ``points`` and each device of known capacity, the least level predicted to fit at the
+    section's batch size (:func:`perf4sight.fingerprint.pruning_search.least_pruning`: a bisection over 0..99)."""
+    from perf4sight.fingerprint.pruning_search import least_pruning
+
+    out = []
+    for network in dict.fromkeys(p.network for p in points):
+        for d in devices:
+            if d.fingerprint.capacity_mb is None:
+                continue
+            shape = list(trained_at[d.name])
+            batch = points[0].batch_size
+            try:
+                r = least_pruning(d.fingerprint, lambda level: variant_at(cfg, network, level, shape)[0], batch)
+            except UserError as exc:  # pruning_points has said it of the levels asked
+                notes.append(f"pruning section: no least level that fits for {network} on {d.name} ({exc})")
+                continue
+            p = r.prediction or {}
+            out.append(LeastLevel(network, d.name, batch, r.level, None if r.variant is None else
+                                  r.variant.pruning_level, p.get("latency_ms"), p.get("memory_mb")))
+    return out
+
+
 def _pruning_cell(p: PruningPoint | None) -> str:
     if p is None:
         return "–"
@@ -134,7 +172,16 @@ def _achieved(cells: list[PruningPoint | None]) -> str:
     return "–".join(f"{r:.1f}" for r in (reached[:1] if len(reached) == 1 else [reached[0], reached[-1]]))
 
 
-def pruning_blocks(points: list[PruningPoint], devices: list[str], images: dict[str, Path]) -> list[Block]:
+def _least_cell(found: LeastLevel | None) -> str:
+    if found is None:
+        return "unknown capacity"
+    if found.level is None:
+        return "none up to 99%"
+    return f"{found.level}% ({found.latency_ms:,.1f} ms, {found.memory_mb:,.0f} MiB)"
+
+
+def pruning_blocks(points: list[PruningPoint], least: list[LeastLevel], devices: list[str],
+                   images: dict[str, Path]) -> list[Block]:
     """Step time, memory and the largest batch against the pruning level, per network and device."""
     if not points:
         return []
@@ -153,10 +200,18 @@ def pruning_blocks(points: list[PruningPoint], devices: list[str], images: dict[
                     for net, level, cells in _pruning_rows(points, devices)],
                    f"predicted at batch {batch} (90% interval); largest batch: every batch 1..b predicted to fit "
                    "(capped at 1024)"))
+    if least:
+        at = {(x.network, x.device): x for x in least}
+        b.append(Table(["network"] + list(devices),
+                       [[net] + [_least_cell(at.get((net, d))) for d in devices]
+                        for net in dict.fromkeys(x.network for x in least)],
+                       f"the least pruning level predicted to fit at batch {batch} (whole percents, what "
+                       "--prune-to-fit answers), with the step time and memory there"))
     return b
 
 
-def print_pruning(console: Console, points: list[PruningPoint], devices: list[str]) -> None:
+def print_pruning(console: Console, points: list[PruningPoint], least: list[LeastLevel],
+                  devices: list[str]) -> None:
     """The pruning section in short: step time and largest batch per network, level and device."""
     if not points:
         return
@@ -169,4 +224,8 @@ def print_pruning(console: Console, points: list[PruningPoint], devices: list[st
         t.add_row(net, f"{level:g}", _achieved(cells),
                   *["–" if c is None else f"{c.latency_ms:,.1f}{'' if c.fits is not False else ' (no fit)'} / "
                     f"{'?' if c.max_batch is None else c.max_batch}" for c in cells])
+    at = {(x.network, x.device): x for x in least}
+    for net in dict.fromkeys(x.network for x in least):
+        t.add_row(net, "least fit", "", *["?" if (net, d) not in at else "none" if at[(net, d)].level is None
+                                          else f"{at[(net, d)].level}%" for d in devices])
     console.print(t)
