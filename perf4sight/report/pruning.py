@@ -25,6 +25,7 @@ from perf4sight.ir.schema import NetworkDescription
 from perf4sight.networks.on_request import PRUNABLE, prunable_networks, variant_at
 from perf4sight.profiling.results import batch_size_of, number
 from perf4sight.report.render import Block, Heading, Image, Table, Text
+from perf4sight.wording import plural
 
 __all__ = ["PruningPoint", "LeastLevel", "pruning_points", "least_levels", "pruning_blocks", "print_pruning"]
 
@@ -128,6 +129,14 @@ def least_levels(cfg: Config, devices: Sequence[Any], trained_at: dict[str, tupl
     from perf4sight.fingerprint.pruning_search import least_pruning
 
     out = []
+    made: set[str] = set()  # "<variant> at <shape>", pruned on request by the searches
+
+    def variant(network: str, level: int, shape: list[int]) -> NetworkDescription:
+        desc, pruned = variant_at(cfg, network, level, shape)
+        if pruned:
+            made.add(f"{desc.name} at {'x'.join(map(str, shape))}")
+        return desc
+
     for network in dict.fromkeys(p.network for p in points):
         for d in devices:
             if d.fingerprint.capacity_mb is None:
@@ -135,13 +144,16 @@ def least_levels(cfg: Config, devices: Sequence[Any], trained_at: dict[str, tupl
             shape = list(trained_at[d.name])
             batch = points[0].batch_size
             try:
-                r = least_pruning(d.fingerprint, lambda level: variant_at(cfg, network, level, shape)[0], batch)
+                r = least_pruning(d.fingerprint, lambda level: variant(network, level, shape), batch)
             except UserError as exc:  # pruning_points has said it of the levels asked
                 notes.append(f"pruning section: no least level that fits for {network} on {d.name} ({exc})")
                 continue
             p = r.prediction or {}
             out.append(LeastLevel(network, d.name, batch, r.level, None if r.variant is None else
                                   r.variant.pruning_level, p.get("latency_ms"), p.get("memory_mb")))
+    if made:
+        notes.append(f"pruning section: the search for the least level that fits asked about "
+                     f"{plural(len(made), 'variant')} not in the dataset, pruned on request likewise")
     return out
 
 
