@@ -240,7 +240,8 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
                                             kind=kind)
         # a mean form's trees apply to a query of these families (the name a query's description gives)
         families = np.array([feats[n].family for n in nets.tolist()])
-        structures = np.array([feats[n].structure for n in nets.tolist()])
+        structure_of = {n: feats[n].structure for n in set(nets.tolist())}  # a hash of the graph: once per network
+        structures = np.array([structure_of[n] for n in nets.tolist()])
         models[target] = fit_form(target, cand, F, y, model, n_est, leaf, seed, families)
         log_ratio = np.log(y / cv.predictions)  # out-of-fold residuals: the band and its held-out check
         intervals[target] = group_conformal(log_ratio, groups, coverage)
