@@ -389,7 +389,7 @@ def _predict_prune_to_fit(cfg: Config, args: argparse.Namespace, fp: object, dev
     ``--batch-size`` queries at that level (null where no level the network reaches does)."""
     from perf4sight.fingerprint.predict import batch_list
     from perf4sight.fingerprint.pruning_search import TOP_LEVEL, least_pruning
-    from perf4sight.networks.on_request import PRUNABLE, prunable_networks, variant_at
+    from perf4sight.networks.on_request import PRUNABLE, LevelVariants, prunable_networks
 
     if getattr(args, "max_batch_size", None) is not None:
         raise UserError("--prune-to-fit keeps the batch size and finds the pruning: give it or --max-batch-size")
@@ -408,14 +408,7 @@ def _predict_prune_to_fit(cfg: Config, args: argparse.Namespace, fp: object, dev
     started = time.perf_counter()
     found: list[tuple[dict, Any]] = []  # (the JSON line, the search's LeastPruning)
     for network in networks:
-        variants: dict[int, NetworkDescription] = {}  # level -> description, shared by the batch sizes
-
-        def variant(level: int, network: str = network, variants: dict = variants) -> NetworkDescription:
-            if level not in variants:
-                variants[level], pruned = variant_at(cfg, network, level, shape)
-                made.extend([variants[level].name] if pruned else [])
-            return variants[level]
-
+        variant = LevelVariants(cfg, network, shape)  # shared by the batch sizes
         for b in batch_sizes:
             r = least_pruning(fp, variant, b, budget)
             figures = {k: round(v, 3) if isinstance(v, float) else v for k, v in (r.prediction or {}).items()
@@ -426,6 +419,7 @@ def _predict_prune_to_fit(cfg: Config, args: argparse.Namespace, fp: object, dev
                     **(figures or dict.fromkeys(("latency_ms", "latency_ms_low", "latency_ms_high", "memory_mb",
                                                  "memory_mb_low", "memory_mb_high", "fits")))}
             found.append((line, r))
+        made += variant.pruned
     elapsed = time.perf_counter() - started
     answers = [(f, r) for f, r in found if r.variant is not None]
     if answers:

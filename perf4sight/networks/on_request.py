@@ -26,7 +26,7 @@ from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.networks.zoo import ZOO_NAMES, build_zoo_model, cache_file, cached_description
 
-__all__ = ["VARIANT", "variant_name", "pruned_on_request", "prunable_networks", "variant_at"]
+__all__ = ["VARIANT", "variant_name", "pruned_on_request", "prunable_networks", "variant_at", "LevelVariants"]
 
 #: ``<network>_l<level>``: the name the networks stage gives a network pruned to ``level`` percent of parameters.
 VARIANT = re.compile(r"(?P<network>.+)_l(?P<level>\d+(?:\.\d+)?)")
@@ -113,6 +113,23 @@ def variant_at(cfg: Config, network: str, level: float, shape: list[int]) -> tup
     if list(desc.input_shape) != list(shape):  # the dataset's file, made at another device's input shape
         return pruned_on_request(cfg, name, shape), True
     return desc, bool(noted)
+
+
+class LevelVariants:
+    """``network``'s variants at ``shape`` for a search over levels: called with a level, the description
+    (:func:`variant_at`), each level made once; ``pruned``: the names of those pruned on request, in order."""
+
+    def __init__(self, cfg: Config, network: str, shape: Sequence[int]) -> None:
+        self.cfg, self.network, self.shape = cfg, network, list(shape)
+        self.pruned: list[str] = []
+        self._made: dict[float, NetworkDescription] = {}
+
+    def __call__(self, level: float) -> NetworkDescription:
+        if level not in self._made:
+            self._made[level], pruned = variant_at(self.cfg, self.network, level, self.shape)
+            if pruned:
+                self.pruned.append(self._made[level].name)
+        return self._made[level]
 
 
 def _check_level(name: str, network: str, level: float) -> None:

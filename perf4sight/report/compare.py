@@ -291,8 +291,9 @@ def compare_devices(cfg: Config, devices: list[str], console: Console) -> Path:
     curves, names = _curves(cfg, devs, all_descs, notes)
     if not any(curves.values()):
         raise UserError("compare: no network could be predicted on any device; " + "; ".join(notes))
-    pruning = pruning_points(cfg, devs, _trained_at(cfg, devs), _entries(cfg), notes)
-    least = least_levels(cfg, devs, _trained_at(cfg, devs), pruning, notes)
+    trained_at = _trained_at(cfg, devs)
+    pruning = pruning_points(cfg, devs, trained_at, _entries(cfg), notes)
+    least = least_levels(cfg, devs, trained_at, pruning, notes)
     now = _dt.datetime.now(_dt.timezone.utc)
     stamp = now.strftime("%Y%m%d-%H%M%S")
     folder = cfg.reports_dir / f"compare-{stamp}"
@@ -311,7 +312,7 @@ def compare_devices(cfg: Config, devices: list[str], console: Console) -> Path:
         images[f"scatter:{d.name}"] = plots.plot_scatter(d.name, d.scatter, colours[d.name],
                                                          folder / f"scatter_{d.name}.png")
     if pruning:
-        shapes = {n: _shape(list(shape)) for n, shape in _trained_at(cfg, devs).items()}
+        shapes = {n: _shape(list(shape)) for n, shape in trained_at.items()}
         labels = {n: f"{n} at {s}" if len(set(shapes.values())) > 1 else n for n, s in shapes.items()}
         images["pruning"] = plots.plot_pruning(pruning, least, colours, capacity, labels, folder / "pruning.png")
     title = f"perf4sight: {', '.join(d.name for d in devs)} compared"

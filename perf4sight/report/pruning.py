@@ -22,7 +22,7 @@ from perf4sight.config import Config
 from perf4sight.errors import UserError
 from perf4sight.fingerprint.fit import LATENCY_COLUMN
 from perf4sight.ir.schema import NetworkDescription
-from perf4sight.networks.on_request import PRUNABLE, prunable_networks, variant_at
+from perf4sight.networks.on_request import PRUNABLE, LevelVariants, prunable_networks, variant_at
 from perf4sight.profiling.results import batch_size_of, number
 from perf4sight.report.render import Block, Heading, Image, Table, Text
 from perf4sight.wording import plural
@@ -130,24 +130,19 @@ def least_levels(cfg: Config, devices: Sequence[Any], trained_at: dict[str, tupl
 
     out = []
     made: set[str] = set()  # "<variant> at <shape>", pruned on request by the searches
-
-    def variant(network: str, level: int, shape: list[int]) -> NetworkDescription:
-        desc, pruned = variant_at(cfg, network, level, shape)
-        if pruned:
-            made.add(f"{desc.name} at {'x'.join(map(str, shape))}")
-        return desc
-
+    batch = points[0].batch_size if points else 0
     for network in dict.fromkeys(p.network for p in points):
         for d in devices:
             if d.fingerprint.capacity_mb is None:
                 continue
-            shape = list(trained_at[d.name])
-            batch = points[0].batch_size
+            variant = LevelVariants(cfg, network, trained_at[d.name])
             try:
-                r = least_pruning(d.fingerprint, lambda level: variant(network, level, shape), batch)
+                r = least_pruning(d.fingerprint, variant, batch)
             except UserError as exc:  # pruning_points has said it of the levels asked
                 notes.append(f"pruning section: no least level that fits for {network} on {d.name} ({exc})")
                 continue
+            finally:
+                made.update(f"{name} at {'x'.join(map(str, variant.shape))}" for name in variant.pruned)
             p = r.prediction or {}
             out.append(LeastLevel(network, d.name, batch, r.level, None if r.variant is None else
                                   r.variant.pruning_level, p.get("latency_ms"), p.get("memory_mb")))
