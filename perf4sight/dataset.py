@@ -74,7 +74,8 @@ def current_rows(cfg: Config, device: str, shas: dict[str, str] | None = None,
                  incomplete: list[int] | None = None) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
     """(rows of ``device`` measured on its descriptions as they are now, stale rows): a row whose network's
     description file changed since it was measured is stale (the profile stage measures it again), and a row
-    measured again later is left out of both (``latest_rows``: an ``oom`` of a lower memory_limit_mb).
+    measured again later is left out of both (``latest_rows``: an ``oom`` of a lower memory_limit_mb, an ``error``
+    retried).
     ``shas``: ``description_shas`` of the device when the caller has them already (else they are read);
     ``incomplete``: a list to receive the numbers of the lines ``read_rows`` passed over."""
     rows = latest_rows(r for r in read_rows(results_path(cfg.profiling_dir, device), incomplete)

@@ -88,7 +88,7 @@ class CsvPuller:
     are not local either. ``key``: a row's identity (default ``results.row_key``; a drift reference's rows
     repeat one configuration, and :func:`reference_key` adds the time each was written). A row is copied
     unless a local row has its key and the time it was written: a measurement taken again (an ``oom`` row of a
-    lower memory_limit_mb, ``results.latest_rows``) comes over beside the earlier one.
+    lower memory_limit_mb, an ``error`` retried; ``results.latest_rows``) comes over beside the earlier one.
     """
 
     def __init__(self, local: Path, wanted: set[tuple[str, ...]] | None = None,

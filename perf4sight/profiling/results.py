@@ -3,9 +3,9 @@
 One row per (device, network variant, batch size, input shape, phase, description): a description
 that changes under the same name is a new network, measured again; its earlier rows stay on
 disk, marked by their ``description_sha``, and the host passes over them. An ``oom`` a lower
-memory_limit_mb caused is measured again under a higher one: the new row is appended under the same
-key, and of two rows of one key the later counts (:func:`latest_rows`). Rows are appended
-and flushed one at a time, so a crash loses at most the measurement in flight. Uses only
+memory_limit_mb caused is measured again under a higher one, and an ``error`` with ``retry_errors``: the
+new row is appended under the same key, and of two rows of one key the later counts (:func:`latest_rows`).
+Rows are appended and flushed one at a time, so a crash loses at most the measurement in flight. Uses only
 the standard library (and ``perf4sight.errors``, ``perf4sight.files``): this module runs on the devices too.
 
 Units: times in milliseconds, memory in MiB (2**20 bytes), power in watts.
@@ -248,7 +248,8 @@ def measured_keys(rows: Iterable[Dict[str, Any]], with_sha: bool = True) -> Set[
 def latest_rows(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """The rows less those measured again later: of the rows with one key (:func:`row_key`), the last in file
     order. A measurement is repeated only when the runner takes it again (an ``oom`` a lower memory_limit_mb
-    caused, under a higher one); its earlier row stays on disk and is passed over."""
+    caused, under a higher one; an ``error``, with the plan's ``retry_errors``); its earlier row stays on disk and
+    is passed over."""
     rows = list(rows)
     last = {row_key(r): i for i, r in enumerate(rows)}
     return [r for i, r in enumerate(rows) if last[row_key(r)] == i]
