@@ -1,0 +1,99 @@
+"""The package installs with pip, and its installed copy runs the pipeline as ``main.py`` does.
+
+pip builds a wheel of a copy of the project (so no build folder lands in the working tree) and installs it, without
+its dependencies (they are this environment's), into a folder of its own; every command then runs from another
+folder, with that folder alone on ``PYTHONPATH``, so the working tree's modules cannot stand in for files the
+package forgot to ship (the runner and probe the profile and check stages start as their own processes).
+"""
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CONFIG = """
+[networks]
+zoo = []
+factories = ["{factory}:tiny_vgg"]
+input_shape = [3, 32, 32]
+num_classes = 10
+
+[networks.pruning]
+levels = [0]
+
+[profile]
+batch_sizes = [1, 2]
+warmup_steps = 1
+timed_steps = 1
+
+[devices.here]
+backend = "cpu"
+threads = 1
+"""
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """The folder the package was installed into (``bin/perf4sight`` and ``perf4sight/``)."""
+    work = tmp_path_factory.mktemp("packaging")
+    source = work / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    shutil.copytree(ROOT / "perf4sight", source / "perf4sight", ignore=shutil.ignore_patterns("__pycache__"))
+    target = work / "installed"
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                           "--no-index", "--disable-pip-version-check", "--target", str(target), str(source)],
+                          capture_output=True, text=True, timeout=300)
+    if done.returncode != 0 and "No module named setuptools" in done.stderr:
+        pytest.skip("setuptools is not installed in this environment: pip cannot build the package here")
+    assert done.returncode == 0, done.stderr
+    return target
+
+
+def _run(installed: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(installed)
+    return subprocess.run(list(args), cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_the_installed_copy_is_what_runs(installed, tmp_path):
+    done = _run(installed, tmp_path, sys.executable, "-c", "import perf4sight; print(perf4sight.__file__)")
+    assert Path(done.stdout.strip()).resolve() == (installed / "perf4sight" / "__init__.py").resolve(), done.stderr
+    shipped = {p.relative_to(installed / "perf4sight").as_posix() for p in (installed / "perf4sight").rglob("*.py")}
+    in_tree = {p.relative_to(ROOT / "perf4sight").as_posix() for p in (ROOT / "perf4sight").rglob("*.py")}
+    assert shipped == in_tree
+
+
+def test_the_command_and_python_m_read_the_same_command_line(installed, tmp_path):
+    command = installed / "bin" / "perf4sight"
+    helped = _run(installed, tmp_path, str(command), "--help")
+    assert helped.returncode == 0 and helped.stdout.startswith("usage: perf4sight "), helped.stderr
+    assert "--prune-to-fit" in helped.stdout and "stages (run in this order by --stage all)" in helped.stdout
+    wrong = _run(installed, tmp_path, sys.executable, "-m", "perf4sight", "--stage", "nope")
+    assert wrong.returncode == 2 and "invalid choice: 'nope'" in wrong.stderr
+    missing = _run(installed, tmp_path, str(command), "--config", "absent.toml", "--stage", "check")
+    assert missing.returncode == 2 and missing.stderr.startswith("error: ") and "absent.toml" in missing.stderr
+
+
+def test_the_installed_command_makes_profiles_and_checks_a_network(installed, tmp_path):
+    """networks, check (the probe, a process of its own) and profile (the runner and its measuring child) from the
+    installed copy, in a folder with nothing of the project but a factory file."""
+    shutil.copy(ROOT / "models" / "imagenet" / "tiny_nets.py", tmp_path / "tiny_nets.py")
+    (tmp_path / "config.toml").write_text(CONFIG.format(factory="tiny_nets.py"))
+    command = str(installed / "bin" / "perf4sight")
+    for stage in ("networks", "check", "profile"):
+        done = _run(installed, tmp_path, command, "--config", "config.toml", "--stage", stage)
+        assert done.returncode == 0, f"{stage}: {done.stderr}"
+    with open(tmp_path / "profiling_csvs" / "here" / "measurements.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["network"], r["batch_size"], r["status"]) for r in rows] == [("tiny_vgg_l0", "1", "ok"),
+                                                                             ("tiny_vgg_l0", "2", "ok")]
+    assert all(float(r["latency_ms_median"]) > 0 and float(r["peak_rss_mb"]) > 0 for r in rows)
