@@ -429,7 +429,7 @@ def _predict_prune_to_fit(cfg: Config, args: argparse.Namespace, fp: object, dev
     _print_notes(f"note: searched by bisection over pruning levels 0..{TOP_LEVEL} (whole percents of the "
                  "parameters), taking the predicted memory and step time as falling as the level rises; "
                  + (f"{plural(len(set(made)), 'variant')} not in the dataset pruned on request as the networks "
-                    f"stage would ({pr.strategy}, min_channels {pr.min_channels}, seed {pr.seed}; a zoo network's "
+                    f"stage would ({pr.strategy}, min_channels {pr.min_channels}, seed {pr.seed}; each "
                     f"read from {cfg.models_dir / ZOO_CACHE} once pruned); " if made else "")
                  + f"{elapsed:.1f} s")
     if args.json:

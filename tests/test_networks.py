@@ -370,7 +370,18 @@ def test_stage_writes_descriptions_and_manifests(tmp_path: Path) -> None:
     from perf4sight.networks import on_request  # the plan kept since l25 gives what a plan traced anew gives
     assert any(key[0].startswith("factory:mine:tiny_resnet") for key in on_request._PLANS)
     on_request._PLANS.clear()
+    cache = models / "zoo-cache"
+    (cached,) = cache.glob("tiny_resnet_l40-3x32x32-10-*.json")  # kept for the next process, which reads it
+    cached.unlink()
     assert pruned_on_request(cfg, "tiny_resnet_l40", [3, 32, 32]).to_json() == asked.to_json()
+    assert load_description(cached).to_json() == asked.to_json()
+    on_request._PLANS.clear()
+    assert pruned_on_request(cfg, "tiny_resnet_l40", [3, 32, 32]).to_json() == asked.to_json()
+    assert not on_request._PLANS  # read from the file: nothing traced
+    factory = models / "imagenet" / "mine.py"  # an edited factory file: its variants are pruned anew
+    factory.write_text(factory.read_text().replace("stride: int) -> None:", "stride: int) -> None:  # edited"))
+    assert pruned_on_request(cfg, "tiny_resnet_l40", [3, 32, 32]).to_json() == asked.to_json()
+    assert len(list(cache.glob("tiny_resnet_l40-3x32x32-10-*.json"))) == 2 and on_request._PLANS
     assert pruned_on_request(cfg, "gen_9_0_l30", [3, 32, 32]) is None  # not a network [networks] names
     # what compare's pruning section and --prune-to-fit prune: the factory's network, named by a variant too
     from perf4sight.networks.on_request import prunable_networks, variant_at

@@ -33,10 +33,11 @@ from perf4sight.dataset import read_manifest
 from perf4sight.errors import UserError
 from perf4sight.files import atomic_path
 from perf4sight.ir.from_torch import describe
-from perf4sight.ir.schema import NetworkDescription, load_description, save_description
+from perf4sight.ir.schema import NetworkDescription, save_description
 from perf4sight.ir.to_torch import build_module
 from perf4sight.networks.factories import build_factory_model, parse_factory
 from perf4sight.networks.generator import GeneratorSettings, forward_flops, generate
+from perf4sight.networks.named import config_descriptions, named_networks
 from perf4sight.networks.on_request import variant_name
 from perf4sight.networks.pruning import PruningPlan, UnreachableLevel, check_level
 from perf4sight.networks.zoo import build_zoo_model
@@ -78,39 +79,23 @@ class Source:
 
 
 def sources(cfg: Config) -> list[Source]:
-    """The zoo networks, factories and description files the config names, in that order."""
+    """The zoo networks, factories and description files the config names, in that order (a factory is built
+    here once, to fail early on a file that does not import or a function that fails)."""
     nc = cfg.networks.num_classes
     found: list[Source] = [Source(n, f"torchvision:{n}", lambda n=n: build_zoo_model(n, nc)) for n in cfg.networks.zoo]
-    for spec in cfg.networks.factories:
-        try:
-            factory = parse_factory(spec, cfg.root, cfg.models_dir)
-            build_factory_model(factory, nc)  # fail early on a file that does not import
-        except UserError as exc:  # say which config and key named it, as the other [networks] errors do
-            raise UserError(f"{cfg.path}: [networks] factories: {exc}") from None
-        found.append(Source(factory.name, factory.source, lambda f=factory: build_factory_model(f, nc)))
-    for fname, desc in config_descriptions(cfg):
-        # a pruned or generated description keeps its own name (resnet18_l30 -> resnet18_l30_l0, not resnet18_l0,
-        # which reads as the unpruned network; gen_0_1 -> gen_0_1_l0, not its style family's name, which other
-        # generated networks share) and the family of the network it derives from
-        own = desc.pruning_level or desc.extra.get("source") == "generator"
-        name = desc.name if own else desc.network or desc.name
-        found.append(Source(name, f"description:{fname}", lambda d=desc: build_module(d), desc.network or desc.name))
+    for named in named_networks(cfg):
+        if named.factory is not None:
+            try:
+                build_factory_model(named.factory, nc)
+            except UserError as exc:
+                raise UserError(f"{cfg.path}: [networks] factories: {exc}") from None
+            found.append(Source(named.name, named.source, lambda f=named.factory: build_factory_model(f, nc)))
+        else:
+            found.append(Source(named.name, named.source, lambda d=named.description: build_module(d), named.family))
     names = [s.name for s in found]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise UserError(f"{cfg.path}: [networks] names {dupes} more than once (zoo, factories, description_files)")
-    return found
-
-
-def config_descriptions(cfg: Config) -> list[tuple[str, NetworkDescription]]:
-    """(entry, description) per ``[networks] description_files`` entry; a file that is missing or not a
-    description raises ``UserError`` naming the config and the key, as the other [networks] errors do."""
-    found = []
-    for fname in cfg.networks.description_files:
-        try:
-            found.append((fname, load_description(cfg.resolve(fname))))
-        except UserError as exc:
-            raise UserError(f"{cfg.path}: [networks] description_files: {exc}") from None
     return found
 
 

@@ -15,11 +15,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Callable
-
-from torch import nn
+from typing import TYPE_CHECKING, Callable
 
 from perf4sight.errors import UserError
+
+if TYPE_CHECKING:
+    from torch import nn
 
 __all__ = ["Factory", "parse_factory", "load_factory", "build_factory_model"]
 
@@ -98,6 +99,8 @@ def build_factory_model(factory: Factory, num_classes: int = 1000) -> nn.Module:
     except (Exception, SystemExit) as exc:  # sys.exit("msg") in a factory: named, not the CLI's exit
         raise UserError(f"factory '{factory.spec}': calling {factory.function}() failed "
                         f"({type(exc).__name__}: {exc})") from None
+    from torch import nn  # only here: parsing a spec (parse_factory) needs no torch
+
     if not isinstance(model, nn.Module):
         raise UserError(f"factory '{factory.spec}': {factory.function}() returned {type(model).__name__}, "
                         "not a torch.nn.Module")

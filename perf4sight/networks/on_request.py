@@ -3,11 +3,11 @@
 ``--stage predict --network resnet18_l45`` asks how a pruning level nobody profiled would train. Where the dataset
 has no network of that name, the network (a zoo network, or one of the config's ``[networks]`` factories and
 description files) is pruned here to that level exactly as the networks stage would (``[networks.pruning]``
-strategy, min_channels and seed; the same seeded build), at the input shape asked for. A zoo network's variant is
-cached under ``<models_dir>/zoo-cache/`` beside the zoo descriptions (keyed by the settings, the library versions
-and the pruning code), so a second request reads a file instead of importing torch; one of the config's own
-networks, whose code or file may change under the same name, is pruned anew by each process. Within a process a
-network is traced for pruning once, whatever the number of levels asked of it.
+strategy, min_channels and seed; the same seeded build), at the input shape asked for. The variant is cached under
+``<models_dir>/zoo-cache/`` beside the zoo descriptions, keyed by the settings, the library versions and the pruning
+code, and for one of the config's own networks by the bytes of its factory or description file too (an edited file
+is pruned anew), so a second request reads a file instead of importing torch. Within a process a network is traced
+for pruning once, whatever the number of levels asked of it.
 
 ``prunable_networks`` says which names can be pruned so (the compare report's pruning section and
 ``--prune-to-fit`` ask), and ``variant_at`` gives a level of one at a device's input shape: the networks stage's
@@ -24,6 +24,7 @@ from perf4sight.config import Config
 from perf4sight.dataset import ZOO_CACHE, is_description_file, resolve_networks
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription
+from perf4sight.networks.named import named_networks
 from perf4sight.networks.zoo import ZOO_NAMES, build_zoo_model, cache_file, cached_description
 
 __all__ = ["VARIANT", "variant_name", "pruned_on_request", "prunable_networks", "variant_at", "LevelVariants"]
@@ -40,36 +41,39 @@ def variant_name(network: str, level: float) -> str:
 
 def pruned_on_request(cfg: Config, name: str, input_shape: list[int]) -> NetworkDescription | None:
     """The description of ``name`` = ``<network>_l<level>`` pruned as the networks stage would, at ``input_shape``
-    ([C, H, W]), under that name; None when ``name`` reads otherwise or ``<network>`` is neither a zoo network nor
-    one the config's ``[networks]`` names (torch is imported only to look among the config's factories and
-    description files, where it has any). A level outside 0..99, or one the network cannot reach under
+    ([C, H, W]), under that name (read from the cache where made before: torch is imported only to prune); None
+    when ``name`` reads otherwise or ``<network>`` is neither a zoo network nor one the config's ``[networks]``
+    names (``named.named_networks``). A level outside 0..99, or one the network cannot reach under
     ``min_channels`` (``UnreachableLevel``), raises ``UserError``."""
     found = VARIANT.fullmatch(name)
     if found is None:
         return None
     network, level = found.group("network"), float(found.group("level"))
     pr, classes = cfg.networks.pruning, cfg.networks.num_classes
+    settings: tuple[Any, ...] = (pr.strategy, pr.min_channels, pr.seed)
+    code = tuple(sorted(_NETWORKS.glob("*.py")))
     if network in ZOO_NAMES:
-        _check_level(name, network, level)
-        path = cache_file(cfg.models_dir / ZOO_CACHE, name, input_shape, classes, packages=("torch-pruning",),
-                          settings=(pr.strategy, pr.min_channels, pr.seed),
-                          code=tuple(sorted(_NETWORKS.glob("*.py"))))
-        desc = cached_description(path, lambda: _prune(cfg, _zoo_source(network, classes), level, input_shape))
-        return replace(desc, name=name)
-    if not (cfg.networks.factories or cfg.networks.description_files):
-        return None
-    from perf4sight.networks.build import sources  # torch
-    source = next((s for s in sources(cfg) if s.name == network), None)
-    if source is None:
-        return None
+        named = None
+    else:
+        named = next((n for n in named_networks(cfg) if n.name == network), None)
+        if named is None:
+            return None
+        # the bytes of its own file, and where it comes from, key its variants: an edited file is pruned anew
+        settings, code = settings + (named.source,), code + (named.path,)
     _check_level(name, network, level)
-    return replace(_prune(cfg, source, level, input_shape), name=name)
+
+    def make() -> NetworkDescription:
+        source = _zoo_source(network, classes) if named is None else _own_source(cfg, network)
+        return _prune(cfg, source, level, input_shape)
+
+    path = cache_file(cfg.models_dir / ZOO_CACHE, name, input_shape, classes, packages=("torch-pruning",),
+                      settings=settings, code=code)
+    return replace(cached_description(path, make), name=name)
 
 
 def prunable_networks(cfg: Config, entries: Sequence[str]) -> tuple[list[str], list[str]]:
     """(the networks of ``entries`` that can be pruned, each once; the entries that cannot). Zoo networks and the
-    networks ``[networks]`` names can (torch is imported only to look among the config's factories and description
-    files); a pruned variant's name (``tiny_resnet_l0``, the way a factory's network is named in the dataset)
+    networks ``[networks]`` names can (read without torch: ``named.named_networks``); a pruned variant's name (``tiny_resnet_l0``, the way a factory's network is named in the dataset)
     stands for its network."""
     own: list[str] | None = None  # the config's factories and description files, named at the first need
 
@@ -78,10 +82,7 @@ def prunable_networks(cfg: Config, entries: Sequence[str]) -> tuple[list[str], l
         if name in ZOO_NAMES:
             return True
         if own is None:
-            own = []
-            if cfg.networks.factories or cfg.networks.description_files:
-                from perf4sight.networks.build import sources  # torch
-                own = [s.name for s in sources(cfg)]
+            own = [n.name for n in named_networks(cfg)]
         return name in own
 
     out, refused = [], []
@@ -143,6 +144,13 @@ def _zoo_source(network: str, classes: int) -> Any:
     from perf4sight.networks.build import Source  # torch: only when a variant is made
 
     return Source(network, f"torchvision:{network}", lambda: build_zoo_model(network, classes))
+
+
+def _own_source(cfg: Config, network: str) -> Any:
+    """The networks stage's source of ``network``, one the config's ``[networks]`` names (a ``build.Source``)."""
+    from perf4sight.networks.build import sources  # torch: only when a variant is made
+
+    return next(s for s in sources(cfg) if s.name == network)
 
 
 def _prune(cfg: Config, source: Any, level: float, input_shape: list[int]) -> NetworkDescription:
