@@ -81,7 +81,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                         help="predict: zoo names (e.g. resnet18), names of the dataset's networks (a variant the "
                              "networks stage made, e.g. resnet18_l30, or a graph imported for a device), a variant "
                              "the dataset lacks of a zoo network or of one [networks] names (e.g. resnet18_l45: "
-                             "pruned on request, as the networks stage would), or description JSON files")
+                             "pruned on request, as the networks stage would), a network [networks] names, "
+                             "description JSON files, or FILE.py:FUNCTION (a function that returns the nn.Module)")
     parser.add_argument("--batch-size", nargs="+", type=int, metavar="N", help="predict: batch sizes")
     parser.add_argument("--max-batch-size", nargs="?", type=int, const=1024, metavar="LIMIT",
                         help="predict: the largest batch size predicted to fit each network in the device's memory "

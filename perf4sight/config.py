@@ -316,6 +316,9 @@ def _check_networks(cfg: Config, f: Path | None) -> None:
         raise UserError(f"{f}: [networks.pruning] strategy '{cfg.networks.pruning.strategy}' is not one of "
                         f"{', '.join(PRUNING_STRATEGIES)}")
     _check_zoo(cfg, f)
+    for fname in cfg.networks.description_files:
+        if not cfg.resolve(fname).is_file():
+            raise UserError(f"{f}: [networks] description_files: file not found: {fname}")
     _check_named_networks(cfg, f)
     if not cfg.predict.batch_sizes:
         raise UserError(f"{f}: [predict] batch_sizes is empty: give at least one (e.g. [8]), or leave the key out")
@@ -331,9 +334,6 @@ def _check_networks(cfg: Config, f: Path | None) -> None:
         raise UserError(f"{f}: [compare] pruning_batch_size must be >= 1, got {cfg.compare.pruning_batch_size}")
     if cfg.networks.pruning.min_channels < 1:
         raise UserError(f"{f}: [networks.pruning] min_channels must be >= 1, got {cfg.networks.pruning.min_channels}")
-    for fname in cfg.networks.description_files:
-        if not cfg.resolve(fname).is_file():
-            raise UserError(f"{f}: [networks] description_files: file not found: {fname}")
 
 
 def _check_zoo(cfg: Config, f: Path | None) -> None:
@@ -358,11 +358,14 @@ _GENERATED_NAME = re.compile(r"gen_\d+_\d+")
 
 
 def _check_named_networks(cfg: Config, f: Path | None) -> None:
-    """[predict] and [compare] networks: zoo names, description files (made relative to the config file), or
-    the names of the dataset's networks, as ``--network`` takes them: one on disk (the networks stage's manifest,
-    a device's imported graphs), or a name the networks stage gives (it may not have run yet); anything else is
-    a typo, said at once rather than after a profile."""
+    """[predict] and [compare] networks: zoo names, description files and factories (``file.py:function``; both
+    made relative to the config file), the names of the networks ``[networks]`` names, or the names of the
+    dataset's networks, as ``--network`` takes them: one on disk (the networks stage's manifest, a device's
+    imported graphs), or a name the networks stage gives (it may not have run yet); anything else is a typo, said
+    at once rather than after a profile."""
     from perf4sight.dataset import dataset_network_names, unknown_network
+    from perf4sight.networks.factories import COMMAND_LINE_FACTORY  # no torch
+    from perf4sight.networks.named import named_networks  # no torch
     from perf4sight.networks.on_request import VARIANT  # no torch
     from perf4sight.networks.zoo import ZOO_NAMES  # names only: no torch
     dataset: list[str] | None = None  # read at the first name that needs it
@@ -370,13 +373,19 @@ def _check_named_networks(cfg: Config, f: Path | None) -> None:
         for i, name in enumerate(names):
             if name in ZOO_NAMES or VARIANT.fullmatch(name) or _GENERATED_NAME.fullmatch(name):
                 continue
+            if COMMAND_LINE_FACTORY.fullmatch(name):
+                file, function = name.rsplit(":", 1)
+                if not cfg.resolve(file).is_file():
+                    raise UserError(f"{f}: {where}: '{name}': no such file ({cfg.resolve(file)})")
+                names[i] = f"{cfg.resolve(file)}:{function}"  # relative to the config file, like every path
+                continue
             if name.endswith(".json") or cfg.resolve(name).is_file():
                 names[i] = str(cfg.resolve(name))  # description files: relative to the config file, like every path
             elif "/" in name or "\\" in name:
                 raise UserError(f"{f}: {where}: '{name}': no such file ({cfg.resolve(name)})")
             else:
                 dataset = dataset_network_names(cfg) if dataset is None else dataset
-                if name not in dataset:
+                if name not in dataset and name not in (n.name for n in named_networks(cfg)):
                     raise UserError(f"{f}: {where}: {unknown_network(cfg, name, dataset)}")
 
 

@@ -196,13 +196,15 @@ def _dataset_files(cfg: Config, name: str, manifest: list[dict[str, str]]) -> li
 
 def resolve_networks(cfg: Config, names: list[str], input_shape: list[int],
                      notes: list[str] | None = None) -> list[NetworkDescription]:
-    """Zoo names are described at ``input_shape`` (cached under ``<models_dir>/zoo-cache/``); anything
-    ending in .json is a description file; another name is a network of the dataset (a variant the networks
-    stage made, or a graph imported for a device), read from its description file, else the pruned variant
-    (``resnet18_l45``) of a zoo network or of one the config names, made now as the networks stage would
-    (:mod:`perf4sight.networks.on_request`; a sentence saying so appended to ``notes`` when a list is given); any
-    other name raises ``UserError`` (:func:`unknown_network`). The manifest is read once, at the first name of the
-    dataset."""
+    """Zoo names, and factories given as ``path/to/file.py:function``, are described at ``input_shape`` (cached
+    under ``<models_dir>/zoo-cache/``); anything ending in .json is a description file; another name is a network
+    of the dataset (a variant the networks stage made, or a graph imported for a device), read from its description
+    file, else the pruned variant (``resnet18_l45``) of a zoo network or of one the config names, made now as the
+    networks stage would (:mod:`perf4sight.networks.on_request`; a sentence saying so appended to ``notes`` when a
+    list is given), else a network the config names, unpruned (``tiny_resnet``: its level 0, at ``input_shape``);
+    any other name raises ``UserError`` (:func:`unknown_network`). The manifest is read once, at the first name of
+    the dataset."""
+    from perf4sight.networks.factories import COMMAND_LINE_FACTORY, describe_factory
     from perf4sight.networks.zoo import ZOO_NAMES, describe_zoo
 
     out = []
@@ -210,12 +212,13 @@ def resolve_networks(cfg: Config, names: list[str], input_shape: list[int],
     for name in names:
         if Path(name).is_dir():
             raise UserError(f"{name}: is a folder; give description files (e.g. {Path(name) / '*.json'})")
-        if name.endswith(".py") and Path(name).is_file():  # a factory: built by the networks stage, not here
-            raise UserError(f"{name}: a Python file, not a network description: name its factory in [networks] "
-                            f"factories (\"{name}:function\"), run --stage networks, then predict by the variant's "
-                            "name, or give a description .json file")
+        if name.endswith(".py") and Path(name).is_file():
+            raise UserError(f"{name}: a Python file, not a network: name the function that builds the network, "
+                            f"{name}:function (a factory), or give a description .json file")
         if is_description_file(name):
             out.append(load_description(name))
+        elif COMMAND_LINE_FACTORY.fullmatch(name):
+            out.append(describe_factory(name, input_shape, cfg.networks.num_classes, cfg.models_dir / ZOO_CACHE))
         elif name in ZOO_NAMES:
             out.append(describe_zoo(name, input_shape, cfg.networks.num_classes, cache_dir=cfg.models_dir / ZOO_CACHE))
         else:
@@ -231,10 +234,13 @@ def _dataset_network(cfg: Config, name: str, manifest: list[dict[str, str]], inp
     :func:`resolve_networks`); ``UserError`` when there is none, or several that differ."""
     paths = _dataset_files(cfg, name, manifest)
     if not paths:
-        from perf4sight.networks.on_request import pruned_on_request
+        from perf4sight.networks.on_request import pruned_on_request, unpruned_own
         desc = pruned_on_request(cfg, name, input_shape)
         if desc is None:
-            raise UserError(unknown_network(cfg, name, dataset_network_names(cfg, manifest)))
+            unpruned = unpruned_own(cfg, name, input_shape)
+            if unpruned is None:
+                raise UserError(unknown_network(cfg, name, dataset_network_names(cfg, manifest)))
+            return unpruned
         if notes is not None:
             pr = cfg.networks.pruning
             notes.append(f"{name}: not in the dataset: {desc.network} pruned on request as the networks stage "
@@ -271,4 +277,4 @@ def unknown_network(cfg: Config, name: str, dataset: list[str] | None = None) ->
             else "a network of the dataset (none yet: run --stage networks or --stage import), ")
     return (f"unknown network '{name}'{guess}: give a zoo network ({', '.join(ZOO_NAMES)}), a pruned variant of one "
             f"or of a network [networks] names (e.g. {ZOO_NAMES[0]}_l30: pruned on request as the networks stage "
-            f"would), {mine}or a description .json file")
+            f"would), {mine}a description .json file, or FILE.py:FUNCTION (a function that returns the network)")

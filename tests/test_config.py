@@ -180,6 +180,20 @@ def test_predict_and_compare_networks_take_the_datasets_names_too(tmp_path):
         "resnet50_0"]
 
 
+def test_predict_and_compare_networks_take_factories_and_the_configs_own_networks(tmp_path):
+    """``nets/mine.py:net`` (relative to the config file, made absolute) and the name of a network ``[networks]``
+    names (a factory's function), as ``--network`` takes them; a factory file that is not there is an error."""
+    (tmp_path / "nets").mkdir()
+    (tmp_path / "nets" / "mine.py").write_text("def net():\n    pass\n")
+    own = GOOD.replace("[networks]\n", '[networks]\nfactories = ["nets/mine.py:net"]\n', 1)
+    cfg = load_config(write(tmp_path, own + '[predict]\nnetworks = ["nets/mine.py:net", "net"]\n'))
+    assert cfg.predict.networks == [f"{tmp_path / 'nets' / 'mine.py'}:net", "net"]
+    with pytest.raises(UserError, match=r"\[compare\] networks: 'nets/other.py:net': no such file \(.*other.py\)"):
+        load_config(write(tmp_path, GOOD + '[compare]\nnetworks = ["nets/other.py:net"]\n'))
+    with pytest.raises(UserError, match=r"\[predict\] networks: unknown network 'net'"):  # named by no [networks]
+        load_config(write(tmp_path, GOOD + '[predict]\nnetworks = ["net"]\n'))
+
+
 def test_config_that_is_not_utf8_is_one_line(tmp_path):
     path = tmp_path / "c.toml"
     path.write_bytes(b"[project]\nseed = 0 # caf\xe9\n")

@@ -320,6 +320,43 @@ def test_a_zoo_variant_asked_for_by_name_is_pruned_as_the_networks_stage_would(t
         resolve_networks(cfg, ["squezenet1_1_l30"], SHAPE)
 
 
+def test_a_factory_on_the_command_line_and_a_configs_network_by_its_own_name(tmp_path, monkeypatch):
+    """``nets.py:tiny_vgg`` (a file in the current folder) is described as its function builds it, named after the
+    function and cached by the file's bytes; ``tiny_resnet``, a factory [networks] names, is its unpruned network:
+    the networks stage's ``tiny_resnet_l0`` under its own name, before and after that stage ran."""
+    from perf4sight.dataset import resolve_networks
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "nets.py").write_text(TINY.read_text())
+    (tmp_path / "models" / "imagenet").mkdir(parents=True)
+    (tmp_path / "models" / "imagenet" / "mine.py").write_text(TINY.read_text())
+    (tmp_path / "config.toml").write_text(
+        '[networks]\nzoo = []\nfactories = ["mine:tiny_resnet"]\ninput_shape = [3, 32, 32]\nnum_classes = 10\n'
+        '[networks.pruning]\nlevels = [0, 30]\n[networks.generator]\ncount = 0\n')
+    cfg = load_config(tmp_path / "config.toml")
+    notes: list[str] = []
+    cli, own = resolve_networks(cfg, ["nets.py:tiny_vgg", "tiny_resnet"], SHAPE, notes)
+    built = build_factory_model(parse_factory("nets.py:tiny_vgg", tmp_path), 10)
+    assert cli.to_json() == describe(built, SHAPE, name="tiny_vgg", network="tiny_vgg",
+                                     source="factory:nets.py:tiny_vgg").to_json()
+    assert own.name == "tiny_resnet" and own.pruning_level == 0 and not notes
+    make_networks(cfg)
+    made = load_description(tmp_path / "models" / "pruned" / "l1-norm" / "tiny_resnet_l0.json")
+    (again,) = resolve_networks(cfg, ["tiny_resnet"], SHAPE)
+    assert replace(own, name=made.name).to_json() == replace(again, name=made.name).to_json() == made.to_json()
+    cache = tmp_path / "models" / "zoo-cache"
+    assert len(list(cache.glob("tiny_vgg-3x32x32-10-*.json"))) == 1
+    (tmp_path / "nets.py").write_text(TINY.read_text().replace("128, True)):", "128, True)):  # edited"))
+    assert resolve_networks(cfg, ["nets.py:tiny_vgg"], SHAPE)[0].to_json() == cli.to_json()
+    assert len(list(cache.glob("tiny_vgg-3x32x32-10-*.json"))) == 2  # the edited file: described anew
+    with pytest.raises(UserError, match=r"nets.py: a Python file, not a network: name the function .*nets.py:function"):
+        resolve_networks(cfg, ["nets.py"], SHAPE)
+    with pytest.raises(UserError, match=r"nets.py has no function 'nope' \(functions: tiny_resnet, tiny_vgg\)"):
+        resolve_networks(cfg, ["nets.py:nope"], SHAPE)
+    with pytest.raises(UserError, match="unknown network 'tiny_resnett'"):
+        resolve_networks(cfg, ["tiny_resnett"], SHAPE)
+
+
 def test_prunable_networks(tmp_path):
     """Zoo networks, and a variant's name for its network, each once; a description file or a generated network
     cannot be pruned (no torch: the config names no factory or description file)."""
@@ -497,8 +534,8 @@ def test_a_dataset_network_is_found_by_its_name(tmp_path: Path) -> None:
     assert "a network of the dataset (2: net_0, tiny_vgg_l30)" in str(info.value)  # the kinds of name, and which
     with pytest.raises(UserError, match="unknown network 'Tiny_VGG_L30' \\(did you mean 'tiny_vgg_l30'"):
         resolve_networks(cfg, ["Tiny_VGG_L30"], [3, 32, 32])  # another case
-    with pytest.raises(UserError, match=r"tiny_nets\.py: a Python file, not a network description: name its factory "
-                                        r"in \[networks\] factories"):
+    with pytest.raises(UserError, match=r"tiny_nets\.py: a Python file, not a network: name the function that "
+                                        r"builds the network, .*tiny_nets\.py:function"):
         resolve_networks(cfg, [str(TINY)], [3, 32, 32])
     manifest = cfg.models_dir / "manifest.csv"
     manifest.write_text(manifest.read_text()[:-30])  # cut off mid-path: the file it names is not there

@@ -4,7 +4,8 @@ A description file is plain Python that defines a factory function returning an
 ``nn.Module`` (randomly initialised, no weights downloaded); if the function takes a
 ``num_classes`` argument it receives the configured class count. A spec is either
 ``models/imagenet/tiny_nets.py:tiny_vgg`` (a path relative to the config file) or
-``tiny_nets:tiny_vgg`` (a module in ``<models_dir>/imagenet/``).
+``tiny_nets:tiny_vgg`` (a module in ``<models_dir>/imagenet/``). On the command line (``--network``,
+:func:`describe_factory`) a spec is ``path/to/file.py:function``, relative to the current folder.
 """
 from __future__ import annotations
 
@@ -18,11 +19,13 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Callable
 
 from perf4sight.errors import UserError
+from perf4sight.ir.schema import NetworkDescription
 
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["Factory", "parse_factory", "load_factory", "build_factory_model"]
+__all__ = ["Factory", "parse_factory", "load_factory", "build_factory_model", "COMMAND_LINE_FACTORY",
+           "describe_factory"]
 
 
 @dataclass(frozen=True)
@@ -105,3 +108,36 @@ def build_factory_model(factory: Factory, num_classes: int = 1000) -> nn.Module:
         raise UserError(f"factory '{factory.spec}': {factory.function}() returned {type(model).__name__}, "
                         "not a torch.nn.Module")
     return model
+
+
+#: ``path/to/file.py:function``: a factory named on the command line (``--network``), a file relative to the
+#: current folder (a bare ``module:function`` there would read as a network's name)
+COMMAND_LINE_FACTORY = re.compile(r".+\.py:[A-Za-z_]\w*")
+
+
+def describe_factory(spec: str, input_shape: list[int], num_classes: int,
+                     cache_dir: Path | None = None) -> NetworkDescription:
+    """The description of the network ``spec`` (``path/to/file.py:function``, relative to the current folder)
+    builds, at ``input_shape`` ([C, H, W]), named after the function. With ``cache_dir`` it is cached there,
+    keyed by the file's bytes, the shape, the class count and the library versions (an edited file is described
+    anew), so a second request imports no torch."""
+    from perf4sight.networks.zoo import cache_file, cached_description
+
+    factory = parse_factory(spec, Path.cwd())
+    path = None if cache_dir is None else cache_file(cache_dir, factory.name, input_shape, num_classes,
+                                                     settings=(factory.source,), code=(factory.path,))
+    return cached_description(path, lambda: _describe_built(factory, input_shape, num_classes))
+
+
+def _describe_built(factory: Factory, input_shape: list[int], num_classes: int) -> NetworkDescription:
+    import torch
+
+    from perf4sight.ir.from_torch import describe
+
+    info = dict(name=factory.name, network=factory.name, source=factory.source)
+    try:
+        with torch.device("meta"):  # shapes only: no weights initialised
+            model = build_factory_model(factory, num_classes)
+        return describe(model, input_shape, **info)
+    except UserError:  # a factory or an op that needs real tensors: describe a real model instead
+        return describe(build_factory_model(factory, num_classes), input_shape, **info)

@@ -27,7 +27,8 @@ from perf4sight.ir.schema import NetworkDescription
 from perf4sight.networks.named import named_networks
 from perf4sight.networks.zoo import ZOO_NAMES, build_zoo_model, cache_file, cached_description
 
-__all__ = ["VARIANT", "variant_name", "pruned_on_request", "prunable_networks", "variant_at", "LevelVariants"]
+__all__ = ["VARIANT", "variant_name", "pruned_on_request", "unpruned_own", "prunable_networks", "variant_at",
+           "LevelVariants"]
 
 #: ``<network>_l<level>``: the name the networks stage gives a network pruned to ``level`` percent of parameters.
 VARIANT = re.compile(r"(?P<network>.+)_l(?P<level>\d+(?:\.\d+)?)")
@@ -71,10 +72,19 @@ def pruned_on_request(cfg: Config, name: str, input_shape: list[int]) -> Network
     return replace(cached_description(path, make), name=name)
 
 
+def unpruned_own(cfg: Config, network: str, input_shape: list[int]) -> NetworkDescription | None:
+    """A network the config's ``[networks]`` names (a factory, a description file), asked for by its own name:
+    its level 0 as the networks stage describes it (``<network>_l0``), at ``input_shape``, under ``network``;
+    None for another name."""
+    if network in ZOO_NAMES or network not in (n.name for n in named_networks(cfg)):
+        return None
+    return replace(pruned_on_request(cfg, variant_name(network, 0), input_shape), name=network)
+
+
 def prunable_networks(cfg: Config, entries: Sequence[str]) -> tuple[list[str], list[str]]:
     """(the networks of ``entries`` that can be pruned, each once; the entries that cannot). Zoo networks and the
-    networks ``[networks]`` names can (read without torch: ``named.named_networks``); a pruned variant's name (``tiny_resnet_l0``, the way a factory's network is named in the dataset)
-    stands for its network."""
+    networks ``[networks]`` names can (read without torch: ``named.named_networks``); a pruned variant's name
+    (``tiny_resnet_l0``, the way a factory's network is named in the dataset) stands for its network."""
     own: list[str] | None = None  # the config's factories and description files, named at the first need
 
     def prunable(name: str) -> bool:
