@@ -389,7 +389,7 @@ def _predict_prune_to_fit(cfg: Config, args: argparse.Namespace, fp: object, dev
     ``--batch-size`` queries at that level (null where no level the network reaches does)."""
     from perf4sight.fingerprint.predict import batch_list
     from perf4sight.fingerprint.pruning_search import TOP_LEVEL, least_pruning
-    from perf4sight.networks.on_request import PRUNABLE, LevelVariants, prunable_networks
+    from perf4sight.networks.on_request import PRUNABLE, LevelVariants, prunable_networks, with_command_line_factories
 
     if getattr(args, "max_batch_size", None) is not None:
         raise UserError("--prune-to-fit keeps the batch size and finds the pruning: give it or --max-batch-size")
@@ -399,6 +399,7 @@ def _predict_prune_to_fit(cfg: Config, args: argparse.Namespace, fp: object, dev
     if fp.capacity_mb is None and budget is None:
         raise UserError(f"{device}: {UNKNOWN_CAPACITY}: there is no pruning level to find that fits (--max-latency-ms "
                         "alone searches for a step-time budget)")
+    cfg, names = with_command_line_factories(cfg, names)  # FILE.py:FUNCTION: pruned as [networks] factories are
     networks, refused = prunable_networks(cfg, names)
     if refused:
         raise UserError(f"--prune-to-fit: {', '.join(refused)}: cannot be pruned here, only {PRUNABLE}")

@@ -174,6 +174,14 @@ def test_all_stages_then_predict_json(tmp_path):
     assert "searched by bisection over pruning levels 0..99" in " ".join(prune.stderr.split())
     wrong = main_py(tmp_path, "--stage", "predict", "--network", "gen_0_0", "--batch-size", "2", "--prune-to-fit")
     assert wrong.returncode == 2 and "--prune-to-fit: gen_0_0: cannot be pruned here" in wrong.stderr
+    # your own code, named on the command line (FILE.py:FUNCTION): predicted, and pruned as [networks] factories are
+    shutil.copy(ROOT / "models" / "imagenet" / "tiny_nets.py", tmp_path / "nets.py")
+    mine = main_py(tmp_path, "--stage", "predict", "--network", "nets.py:tiny_vgg", "--batch-size", str(b + 1),
+                   "--prune-to-fit", "--json")
+    assert mine.returncode == 0, mine.stderr
+    (own,) = [json.loads(line) for line in mine.stdout.splitlines()]
+    assert own["network"] == "tiny_vgg" and own["variant"] == f"tiny_vgg_l{own['pruning_level']}" and own["fits"]
+    assert list((tmp_path / "models" / "zoo-cache").glob(f"{own['variant']}-3x32x32-10-*.json"))
     alone = main_py(tmp_path, "--stage", "predict", "--network", "resnet18", "--max-latency-ms", "5")
     assert alone.returncode == 2 and "--max-latency-ms is the step-time budget of --prune-to-fit" in alone.stderr
 

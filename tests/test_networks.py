@@ -357,6 +357,40 @@ def test_a_factory_on_the_command_line_and_a_configs_network_by_its_own_name(tmp
         resolve_networks(cfg, ["tiny_resnett"], SHAPE)
 
 
+def test_a_factory_on_the_command_line_is_pruned_as_the_configs_own_networks(tmp_path, monkeypatch):
+    """``nets.py:tiny_vgg`` joins a copy of the config's [networks] factories (the config itself untouched) under
+    its function's name, and its variants are those of the networks stage naming the same factory; a function the
+    file lacks, or a name a zoo network or another factory has, is one line about the entry."""
+    from perf4sight.networks.on_request import prunable_networks, variant_at, with_command_line_factories
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "nets.py").write_text(TINY.read_text())
+    (tmp_path / "other.py").write_text(TINY.read_text())
+    base = ('[networks]\nzoo = []\ninput_shape = [3, 32, 32]\nnum_classes = 10\n'
+            '[networks.pruning]\nlevels = [30]\n[networks.generator]\ncount = 0\n')
+    (tmp_path / "config.toml").write_text(base)
+    cfg = load_config(tmp_path / "config.toml")
+    own, names = with_command_line_factories(cfg, ["nets.py:tiny_vgg", "resnet18", "nets.py:tiny_vgg"])
+    assert names == ["tiny_vgg", "resnet18", "tiny_vgg"] and cfg.networks.factories == []
+    assert own.networks.factories == [f"{tmp_path / 'nets.py'}:tiny_vgg"]
+    assert prunable_networks(own, names) == (["tiny_vgg", "resnet18"], [])
+    asked, pruned = variant_at(own, "tiny_vgg", 30, SHAPE)
+    (tmp_path / "named.toml").write_text(base.replace("zoo = []", 'zoo = []\nfactories = ["nets.py:tiny_vgg"]'))
+    named = load_config(tmp_path / "named.toml")
+    (made,) = [load_description(named.models_dir / r["path"]) for r in make_networks(named).rows]
+    assert pruned and asked.name == made.name == "tiny_vgg_l30"
+    assert replace(asked, extra={}).to_json() == replace(made, extra={}).to_json()  # but the source's spelling
+    assert with_command_line_factories(named, ["nets.py:tiny_vgg"])[0] is named  # named there already
+    with pytest.raises(UserError, match=r"factory 'nets.py:nope': nets.py has no function 'nope'"):
+        with_command_line_factories(cfg, ["nets.py:nope"])
+    with pytest.raises(UserError, match=r"other.py:tiny_vgg: its network's name, tiny_vgg, is that of "
+                                        r"factory:nets.py:tiny_vgg: name the function otherwise"):
+        with_command_line_factories(named, ["other.py:tiny_vgg"])
+    (tmp_path / "zoo.py").write_text("def resnet18():\n    pass\n")
+    with pytest.raises(UserError, match=r"zoo.py:resnet18: its network's name, resnet18, is a zoo network's"):
+        with_command_line_factories(cfg, ["zoo.py:resnet18"])
+
+
 def test_prunable_networks(tmp_path):
     """Zoo networks, and a variant's name for its network, each once; a description file or a generated network
     cannot be pruned (no torch: the config names no factory or description file)."""

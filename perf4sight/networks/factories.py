@@ -9,6 +9,7 @@ A description file is plain Python that defines a factory function returning an
 """
 from __future__ import annotations
 
+import ast
 import importlib.util
 import inspect
 import re
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from torch import nn
 
 __all__ = ["Factory", "parse_factory", "load_factory", "build_factory_model", "COMMAND_LINE_FACTORY",
-           "describe_factory"]
+           "check_factory", "describe_factory"]
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,29 @@ def build_factory_model(factory: Factory, num_classes: int = 1000) -> nn.Module:
 #: ``path/to/file.py:function``: a factory named on the command line (``--network``), a file relative to the
 #: current folder (a bare ``module:function`` there would read as a network's name)
 COMMAND_LINE_FACTORY = re.compile(r".+\.py:[A-Za-z_]\w*")
+
+
+def check_factory(factory: Factory) -> None:
+    """``UserError`` (that of :func:`load_factory`) unless ``factory``'s file defines its function: seen in the
+    file's syntax tree where it is written there (a ``def``, a class, an assignment or an import: no import of the
+    file, so no torch), else by importing the file."""
+    try:
+        tree = ast.parse(factory.path.read_bytes())
+    except (SyntaxError, ValueError, OSError):
+        tree = ast.Module(body=[], type_ignores=[])
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names = [node.name]
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = [t.id for t in targets if isinstance(t, ast.Name)]
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.asname or a.name.split(".")[0] for a in node.names]
+        else:
+            continue
+        if factory.function in names:
+            return
+    load_factory(factory)
 
 
 def describe_factory(spec: str, input_shape: list[int], num_classes: int,

@@ -24,11 +24,12 @@ from perf4sight.config import Config
 from perf4sight.dataset import ZOO_CACHE, is_description_file, resolve_networks
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription
+from perf4sight.networks.factories import COMMAND_LINE_FACTORY, check_factory, parse_factory
 from perf4sight.networks.named import named_networks
 from perf4sight.networks.zoo import ZOO_NAMES, build_zoo_model, cache_file, cached_description
 
-__all__ = ["VARIANT", "variant_name", "pruned_on_request", "unpruned_own", "prunable_networks", "variant_at",
-           "LevelVariants"]
+__all__ = ["VARIANT", "variant_name", "pruned_on_request", "unpruned_own", "prunable_networks", "PRUNABLE",
+           "with_command_line_factories", "variant_at", "LevelVariants"]
 
 #: ``<network>_l<level>``: the name the networks stage gives a network pruned to ``level`` percent of parameters.
 VARIANT = re.compile(r"(?P<network>.+)_l(?P<level>\d+(?:\.\d+)?)")
@@ -112,7 +113,34 @@ def prunable_networks(cfg: Config, entries: Sequence[str]) -> tuple[list[str], l
 
 
 #: what :func:`prunable_networks` accepts, for the line that refuses another name
-PRUNABLE = "a zoo network or one [networks] names (a factory, a description file), or a pruned variant of one"
+PRUNABLE = ("a zoo network or one [networks] names (a factory, a description file), a pruned variant of one, or "
+            "FILE.py:FUNCTION")
+
+
+def with_command_line_factories(cfg: Config, entries: Sequence[str]) -> tuple[Config, list[str]]:
+    """``entries`` with every ``FILE.py:FUNCTION`` (relative to the current folder) replaced by the function's name,
+    and ``cfg`` with those factories added to ``[networks] factories``, so that they are pruned as the config's own
+    networks are (their variants cached by the file's bytes). A file that is not there, or a function whose name is
+    a zoo network's or another network's that ``[networks]`` names, raises ``UserError``."""
+    own = {n.name: n for n in named_networks(cfg)}
+    added, out = [], []
+    for entry in entries:
+        if not COMMAND_LINE_FACTORY.fullmatch(entry):
+            out.append(entry)
+            continue
+        factory = parse_factory(entry, Path.cwd())
+        check_factory(factory)  # a function the file lacks: said of the entry, not of [networks] factories
+        if factory.name in ZOO_NAMES or (factory.name in own and own[factory.name].path != factory.path):
+            taken = "a zoo network's" if factory.name in ZOO_NAMES else f"that of {own[factory.name].source}"
+            raise UserError(f"{entry}: its network's name, {factory.name}, is {taken}: name the function otherwise "
+                            "to prune it")
+        if factory.name not in own:
+            added.append(f"{factory.path}:{factory.function}")
+        out.append(factory.name)
+    if not added:
+        return cfg, out
+    factories = [*cfg.networks.factories, *dict.fromkeys(added)]
+    return replace(cfg, networks=replace(cfg.networks, factories=factories)), out
 
 
 def variant_at(cfg: Config, network: str, level: float, shape: list[int]) -> tuple[NetworkDescription, bool]:

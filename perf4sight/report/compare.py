@@ -21,6 +21,7 @@ from perf4sight.errors import UserError
 from perf4sight.fingerprint.evaluate import metrics
 from perf4sight.fingerprint.predict import NETWORK_SPLIT, NETWORK_SPLIT_SEEN, RANDOM_SPLIT
 from perf4sight.ir.schema import NetworkDescription
+from perf4sight.networks.on_request import with_command_line_factories
 from perf4sight.profiling.results import batch_size_of
 from perf4sight.report import plots
 from perf4sight.report.data import (Curve, DeviceData, batch_grid, feature_sensitivity, measured_vs_predicted,
@@ -292,8 +293,9 @@ def compare_devices(cfg: Config, devices: list[str], console: Console) -> Path:
     if not any(curves.values()):
         raise UserError("compare: no network could be predicted on any device; " + "; ".join(notes))
     trained_at = _trained_at(cfg, devs)
-    pruning = pruning_points(cfg, devs, trained_at, _entries(cfg), notes)
-    least = least_levels(cfg, devs, trained_at, pruning, notes)
+    pruned_cfg, entries = with_command_line_factories(cfg, _entries(cfg))  # FILE.py:FUNCTION as [networks] factories
+    pruning = pruning_points(pruned_cfg, devs, trained_at, entries, notes)
+    least = least_levels(pruned_cfg, devs, trained_at, pruning, notes)
     now = _dt.datetime.now(_dt.timezone.utc)
     stamp = now.strftime("%Y%m%d-%H%M%S")
     folder = cfg.reports_dir / f"compare-{stamp}"
