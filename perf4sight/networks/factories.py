@@ -159,6 +159,7 @@ def _describe_built(factory: Factory, input_shape: list[int], num_classes: int) 
     from perf4sight.ir.from_torch import describe
 
     info = dict(name=factory.name, network=factory.name, source=factory.source)
+    load_factory(factory)  # its file imported outside the meta device: tensors made at import stay real
     try:
         with torch.device("meta"):  # shapes only: no weights initialised
             model = build_factory_model(factory, num_classes)
