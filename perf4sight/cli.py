@@ -27,6 +27,8 @@ stages (run in this order by --stage all):
                batch against the pruning level ([compare] pruning_levels); reports/compare-<time>/
   all          networks, profile, fingerprint (of the devices it profiled), predict, compare
 other stages:
+  init         write the default configuration (every stage on this machine's CPU) to --config's file,
+               config.toml by default; a file already there is left as it is
   import       turn another tool's measurements into this tool's schema:
                --format perf4sight|perfseer --source DIR --device NAME
   export       write a device's measurements and graphs as a PerfSeer/GAPP-style dataset:
@@ -46,7 +48,7 @@ INTERRUPTED = {
     "compare": "no report was finished",
 }
 
-STAGES = ("networks", "profile", "fingerprint", "predict", "compare", "all", "import", "export", "check")
+STAGES = ("networks", "profile", "fingerprint", "predict", "compare", "all", "import", "export", "check", "init")
 
 #: the stages that read each option; any other stage would pass over it without a word
 OPTION_STAGES = {
@@ -142,9 +144,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminated)
 
     try:
-        from perf4sight.config import load_config
+        from perf4sight.config import load_config, write_default_config
         from perf4sight import stages
 
+        if args.stage == "init":
+            written = write_default_config(args.config)
+            print(f"wrote {written}: the default configuration, every stage on this machine's CPU (each key is "
+                  f"explained in it); next: --config {written} --stage all")
+            return 0
         cfg = load_config(args.config)
         return stages.run(args.stage, cfg, args)
     except UserError as exc:

@@ -407,6 +407,23 @@ def _check_seeds(cfg: Config, f: Path | None) -> None:
             raise UserError(f"{f}: {where} must be >= 0, got {value}")
 
 
+#: the default configuration (the project's own ``config.toml``, shipped in the package for ``--stage init``)
+DEFAULT_CONFIG = Path(__file__).with_name("default_config.toml")
+
+
+def write_default_config(path: str | Path) -> Path:
+    """Writes the default configuration (every stage on this machine's CPU) to ``path``; ``UserError`` where a
+    file is there already (it is left as it is) or the folder does not exist."""
+    p = Path(path)
+    if p.exists():
+        raise UserError(f"{p}: is there already: left as it is (give --config with another file name to write one)")
+    if not p.parent.is_dir():
+        raise UserError(f"{p}: folder {p.parent} does not exist")
+    with open(p, "x", encoding="utf-8") as fh:  # exclusive: never over a file made meanwhile
+        fh.write(DEFAULT_CONFIG.read_text(encoding="utf-8"))
+    return p
+
+
 def load_config(path: str | Path) -> Config:
     """Read and validate a TOML config; raises ``UserError`` naming file and key."""
     p = Path(path)
@@ -414,7 +431,7 @@ def load_config(path: str | Path) -> Config:
         raise UserError(f"{p}: is a directory, not a config file (give the TOML file, e.g. {p / 'config.toml'})")
     if not p.is_file():
         where = "" if p.is_absolute() else f" (looked in {Path.cwd()})"
-        raise UserError(f"{p}: config file not found{where}")
+        raise UserError(f"{p}: config file not found{where}; --stage init writes the default one there")
     try:
         raw = tomllib.loads(p.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

@@ -212,7 +212,30 @@ def test_cli_prints_one_line_and_exits_2(tmp_path):
         assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
     proc = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", "other.toml", "--stage", "check"],
                           capture_output=True, text=True, cwd=tmp_path)  # a relative path: where it was looked for
-    assert proc.stderr == f"error: other.toml: config file not found (looked in {tmp_path})\n"
+    assert proc.stderr == (f"error: other.toml: config file not found (looked in {tmp_path}); --stage init writes "
+                           "the default one there\n")
+
+
+def test_init_writes_the_default_config_and_never_over_a_file(tmp_path):
+    """``--stage init`` writes the project's own config.toml (shipped in the package), which then loads; a file
+    already there is an error and stays as it was."""
+    from perf4sight.config import DEFAULT_CONFIG
+
+    assert DEFAULT_CONFIG.read_bytes() == (ROOT / "config.toml").read_bytes()  # the packaged copy is the project's
+    init = subprocess.run([sys.executable, str(ROOT / "main.py"), "--stage", "init"], capture_output=True, text=True,
+                          cwd=tmp_path)
+    assert init.returncode == 0 and init.stdout.startswith("wrote config.toml: the default configuration"), init.stderr
+    assert (tmp_path / "config.toml").read_bytes() == DEFAULT_CONFIG.read_bytes()
+    assert list(load_config(tmp_path / "config.toml").devices) == ["local"]
+    (tmp_path / "mine.toml").write_text("# mine\n")
+    again = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", "mine.toml", "--stage", "init"],
+                           capture_output=True, text=True, cwd=tmp_path)
+    assert again.returncode == 2 and again.stderr == ("error: mine.toml: is there already: left as it is (give "
+                                                      "--config with another file name to write one)\n")
+    assert (tmp_path / "mine.toml").read_text() == "# mine\n"
+    nowhere = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", "no/such/c.toml", "--stage", "init"],
+                             capture_output=True, text=True, cwd=tmp_path)
+    assert nowhere.returncode == 2 and nowhere.stderr == "error: no/such/c.toml: folder no/such does not exist\n"
 
 
 @pytest.mark.parametrize("argv, expected", [

@@ -73,6 +73,8 @@ def test_the_installed_copy_is_what_runs(installed, tmp_path):
 
 
 def test_the_command_and_python_m_read_the_same_command_line(installed, tmp_path):
+    """``perf4sight`` and ``python -m perf4sight`` are the command line; ``--stage init`` writes the default config
+    (a file the package ships), which then runs."""
     command = installed / "bin" / "perf4sight"
     helped = _run(installed, tmp_path, str(command), "--help")
     assert helped.returncode == 0 and helped.stdout.startswith("usage: perf4sight "), helped.stderr
@@ -80,7 +82,11 @@ def test_the_command_and_python_m_read_the_same_command_line(installed, tmp_path
     wrong = _run(installed, tmp_path, sys.executable, "-m", "perf4sight", "--stage", "nope")
     assert wrong.returncode == 2 and "invalid choice: 'nope'" in wrong.stderr
     missing = _run(installed, tmp_path, str(command), "--config", "absent.toml", "--stage", "check")
-    assert missing.returncode == 2 and missing.stderr.startswith("error: ") and "absent.toml" in missing.stderr
+    assert missing.returncode == 2 and missing.stderr.startswith("error: ") and "--stage init" in missing.stderr
+    init = _run(installed, tmp_path, str(command), "--stage", "init")  # the default config, from the package
+    assert init.returncode == 0 and (tmp_path / "config.toml").read_bytes() == (ROOT / "config.toml").read_bytes()
+    checked = _run(installed, tmp_path, str(command), "--stage", "check")
+    assert checked.returncode == 0 and "local [cpu] this machine: ok" in checked.stdout, checked.stderr
 
 
 def test_the_installed_command_makes_profiles_and_checks_a_network(installed, tmp_path):
