@@ -11,6 +11,8 @@ import os
 import signal
 import sys
 
+from perf4sight import __version__
+
 STAGE_HELP = """\
 stages (run in this order by --stage all):
   networks     make the network dataset: torchvision/models-file networks pruned at the configured
@@ -72,6 +74,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser = _Parser(
         prog=prog, description="perf4sight: predict a CNN training step's time and memory on edge devices.",
         epilog=STAGE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"perf4sight {__version__}")
     parser.add_argument("--config", default="config.toml", help="TOML configuration file (default: config.toml)")
     parser.add_argument("--stage", required=True, choices=STAGES, help="pipeline stage to run (see below)")
     parser.add_argument("--device", nargs="+", metavar="NAME",

@@ -355,6 +355,15 @@ def test_a_factory_on_the_command_line_and_a_configs_network_by_its_own_name(tmp
         resolve_networks(cfg, ["nets.py:nope"], SHAPE)
     with pytest.raises(UserError, match="unknown network 'tiny_resnett'"):
         resolve_networks(cfg, ["tiny_resnett"], SHAPE)
+    (tmp_path / "lib").mkdir()  # a file that imports a module beside it, as a script would
+    (tmp_path / "lib" / "p4s_test_blocks.py").write_text(TINY.read_text())
+    (tmp_path / "lib" / "uses.py").write_text("from p4s_test_blocks import tiny_vgg\n\n\n"
+                                              "def mine(num_classes=1000):\n    return tiny_vgg(num_classes)\n")
+    (mine,) = resolve_networks(cfg, ["lib/uses.py:mine"], SHAPE)
+    assert mine.name == "mine" and mine.params == cli.params
+    (tmp_path / "lib" / "p4s_test_blocks.py").write_text(TINY.read_text() + "\n# edited\n")  # beside it: keyed too
+    resolve_networks(cfg, ["lib/uses.py:mine"], SHAPE)
+    assert len(list(cache.glob("mine-3x32x32-10-*.json"))) == 2
 
 
 def test_a_factory_on_the_command_line_is_pruned_as_the_configs_own_networks(tmp_path, monkeypatch):

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from perf4sight import __version__
+
 ROOT = Path(__file__).resolve().parents[1]
 
 CONFIG = """
@@ -79,6 +81,9 @@ def test_the_command_and_python_m_read_the_same_command_line(installed, tmp_path
     helped = _run(installed, tmp_path, str(command), "--help")
     assert helped.returncode == 0 and helped.stdout.startswith("usage: perf4sight "), helped.stderr
     assert "--prune-to-fit" in helped.stdout and "stages (run in this order by --stage all)" in helped.stdout
+    version = _run(installed, tmp_path, str(command), "--version")  # the package's version, as pip recorded it
+    assert version.returncode == 0 and version.stdout == f"perf4sight {__version__}\n"
+    assert (installed / f"perf4sight-{__version__}.dist-info").is_dir()
     wrong = _run(installed, tmp_path, sys.executable, "-m", "perf4sight", "--stage", "nope")
     assert wrong.returncode == 2 and "invalid choice: 'nope'" in wrong.stderr
     missing = _run(installed, tmp_path, str(command), "--config", "absent.toml", "--stage", "check")

@@ -46,6 +46,12 @@ class Factory:
     def source(self) -> str:
         return f"factory:{self.spec}"
 
+    @property
+    def code_files(self) -> tuple[Path, ...]:
+        """The files whose bytes key what is cached of this factory's network: its own file and the Python files
+        beside it, which it may import (``_import``)."""
+        return tuple(sorted({self.path, *self.path.parent.glob("*.py")}))
+
 
 def parse_factory(spec: str, root: Path, models_dir: Path | None = None) -> Factory:
     """Resolve ``spec`` against ``root`` (the config's folder) or ``models_dir/imagenet``."""
@@ -63,9 +69,14 @@ def parse_factory(spec: str, root: Path, models_dir: Path | None = None) -> Fact
 
 
 def _import(factory: Factory) -> ModuleType:
+    """The factory's file as a module, imported once per process. Its folder is appended to ``sys.path``, so the
+    modules beside it that it imports are found, as when the file is run as a script (after the installed
+    packages: a file named like one of those does not shadow it)."""
     name = "perf4sight_models_" + re.sub(r"\W", "_", str(factory.path))
     if name in sys.modules:
         return sys.modules[name]
+    if str(factory.path.parent) not in sys.path:
+        sys.path.append(str(factory.path.parent))
     module_spec = importlib.util.spec_from_file_location(name, factory.path)
     if module_spec is None or module_spec.loader is None:
         raise UserError(f"factory '{factory.spec}': {factory.path} is not an importable Python file")
@@ -143,13 +154,13 @@ def describe_factory(spec: str, input_shape: list[int], num_classes: int,
                      cache_dir: Path | None = None) -> NetworkDescription:
     """The description of the network ``spec`` (``path/to/file.py:function``, relative to the current folder)
     builds, at ``input_shape`` ([C, H, W]), named after the function. With ``cache_dir`` it is cached there,
-    keyed by the file's bytes, the shape, the class count and the library versions (an edited file is described
-    anew), so a second request imports no torch."""
+    keyed by the bytes of the file and of the Python files beside it (``Factory.code_files``: an edited file is
+    described anew), the shape, the class count and the library versions, so a second request imports no torch."""
     from perf4sight.networks.zoo import cache_file, cached_description
 
     factory = parse_factory(spec, Path.cwd())
     path = None if cache_dir is None else cache_file(cache_dir, factory.name, input_shape, num_classes,
-                                                     settings=(factory.source,), code=(factory.path,))
+                                                     settings=(factory.source,), code=factory.code_files)
     return cached_description(path, lambda: _describe_built(factory, input_shape, num_classes))
 
 

@@ -32,6 +32,12 @@ class NamedNetwork:
     factory: Factory | None = None
     description: NetworkDescription | None = None
 
+    @property
+    def code_files(self) -> tuple[Path, ...]:
+        """The files whose bytes key its variants cached on request: a factory's file and the Python files beside
+        it (``Factory.code_files``), or the description file."""
+        return self.factory.code_files if self.factory is not None else (self.path,)
+
 
 def named_networks(cfg: Config) -> list[NamedNetwork]:
     """The config's factories, then its description files, in the order written. A factory whose file is missing,

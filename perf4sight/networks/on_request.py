@@ -5,9 +5,9 @@ has no network of that name, the network (a zoo network, or one of the config's 
 description files) is pruned here to that level exactly as the networks stage would (``[networks.pruning]``
 strategy, min_channels and seed; the same seeded build), at the input shape asked for. The variant is cached under
 ``<models_dir>/zoo-cache/`` beside the zoo descriptions, keyed by the settings, the library versions and the pruning
-code, and for one of the config's own networks by the bytes of its factory or description file too (an edited file
-is pruned anew), so a second request reads a file instead of importing torch. Within a process a network is traced
-for pruning once, whatever the number of levels asked of it.
+code, and for one of the config's own networks by the bytes of its description file, or of its factory's file and
+the Python files beside it, too (an edited file is pruned anew), so a second request reads a file instead of
+importing torch. Within a process a network is traced for pruning once, whatever the number of levels asked of it.
 
 ``prunable_networks`` says which names can be pruned so (the compare report's pruning section and
 ``--prune-to-fit`` ask), and ``variant_at`` gives a level of one at a device's input shape: the networks stage's
@@ -60,8 +60,8 @@ def pruned_on_request(cfg: Config, name: str, input_shape: list[int]) -> Network
         named = next((n for n in named_networks(cfg) if n.name == network), None)
         if named is None:
             return None
-        # the bytes of its own file, and where it comes from, key its variants: an edited file is pruned anew
-        settings, code = settings + (named.source,), code + (named.path,)
+        # the bytes of its own files, and where it comes from, key its variants: an edited file is pruned anew
+        settings, code = settings + (named.source,), code + named.code_files
     _check_level(name, network, level)
 
     def make() -> NetworkDescription:
