@@ -342,6 +342,10 @@ def test_a_factory_on_the_command_line_and_a_configs_network_by_its_own_name(tmp
     assert own.name == "tiny_resnet" and own.pruning_level == 0 and not notes
     make_networks(cfg)
     made = load_description(tmp_path / "models" / "pruned" / "l1-norm" / "tiny_resnet_l0.json")
+    from perf4sight.networks.build import changed_settings_note
+    assert changed_settings_note(cfg) is None
+    (tmp_path / "models" / "imagenet" / "helpers.py").write_text("X = 1\n")  # a module the factory could import
+    assert "changed since the networks stage wrote" in changed_settings_note(cfg)
     (again,) = resolve_networks(cfg, ["tiny_resnet"], SHAPE)
     assert replace(own, name=made.name).to_json() == replace(again, name=made.name).to_json() == made.to_json()
     cache = tmp_path / "models" / "zoo-cache"

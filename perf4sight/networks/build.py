@@ -187,7 +187,8 @@ def write_manifest(rows: list[dict[str, Any]], path: Path) -> Path:
 
 def settings_sha(cfg: Config) -> str:
     """A hash of what decides the networks stage's output: the ``[networks]`` settings and the bytes of the
-    factory and description files they name (a file that cannot be read counts as missing)."""
+    factory and description files they name, with the Python files beside a factory's, which it may import (a file
+    that cannot be read counts as missing)."""
     settings = dataclasses.asdict(cfg.networks)
     if not settings["generator"]["cover_styles"]:  # a key added later: off, it hashes as before it existed
         del settings["generator"]["cover_styles"]
@@ -195,7 +196,8 @@ def settings_sha(cfg: Config) -> str:
     for spec in cfg.networks.factories:
         digest.update(spec.encode())
         try:
-            digest.update(parse_factory(spec, cfg.root, cfg.models_dir).path.read_bytes())
+            for path in parse_factory(spec, cfg.root, cfg.models_dir).code_files:
+                digest.update(path.read_bytes())
         except (UserError, OSError):
             digest.update(b"missing")
     for fname in cfg.networks.description_files:
