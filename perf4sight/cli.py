@@ -10,6 +10,7 @@ import argparse
 import os
 import signal
 import sys
+import textwrap
 
 from perf4sight import __version__
 
@@ -71,9 +72,13 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     """The command line's parser; ``prog``: the command shown in usage lines (default: the script's name)."""
+    from perf4sight.networks.zoo import ZOO_NAMES  # names only: no torch
+
+    zoo = textwrap.fill(", ".join(ZOO_NAMES), width=100, initial_indent="  ", subsequent_indent="  ")
     parser = _Parser(
         prog=prog, description="perf4sight: predict a CNN training step's time and memory on edge devices.",
-        epilog=STAGE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=f"{STAGE_HELP}zoo networks (torchvision's CNNs, by name: --network, [networks] zoo):\n{zoo}\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"perf4sight {__version__}")
     parser.add_argument("--config", default="config.toml", help="TOML configuration file (default: config.toml)")
     parser.add_argument("--stage", required=True, choices=STAGES, help="pipeline stage to run (see below)")

@@ -231,7 +231,7 @@ def _edge_cases():
 
 @pytest.mark.parametrize("zoo", ["resnet18", "mobilenet_v2", "squeezenet1_0", "densenet121", "googlenet", "vgg11",
                                  "resnext50_32x4d", "mobilenet_v3_small", "efficientnet_b0", "shufflenet_v2_x1_0",
-                                 "edge"])
+                                 "regnet_y_400mf", "edge"])
 def test_allocation_model_writes_down_the_traced_events(zoo):
     """The events worked out from the description (no torch) are the ones the meta-device run records,
     step by step, and replay to the same peaks."""

@@ -29,7 +29,7 @@ def train_one_step(module: nn.Module, input_shape: list[int], num_classes: int, 
 
 
 @pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "googlenet", "densenet121", "shufflenet_v2_x1_0",
-                                  "efficientnet_b0"])
+                                  "efficientnet_b0", "regnet_y_400mf", "efficientnet_v2_s"])
 def test_zoo_round_trip_keeps_params_and_output_shape(name, tmp_path):
     shape = [3, 32, 32]
     original = build_zoo_model(name, num_classes=10)
