@@ -55,6 +55,36 @@ def test_round_trip_computes_the_same_function():
     assert torch.allclose(rebuilt(x), original(x), atol=1e-6)
 
 
+def test_functional_pooling_reads_as_the_pooling_modules():
+    """``F.max_pool2d`` / ``F.avg_pool2d`` (inception_v3 pools so) describe as the modules of the same arguments do,
+    and rebuild to the same function; a divisor the description cannot hold is one line naming the node."""
+    import torch.nn.functional as F
+
+    class Functional(nn.Module):
+        def __init__(self, divisor=None):
+            super().__init__()
+            self.conv, self.divisor = nn.Conv2d(3, 4, 3), divisor
+
+        def forward(self, x):
+            x = F.max_pool2d(self.conv(x), 3, stride=2, padding=1, ceil_mode=True)
+            return F.avg_pool2d(x, kernel_size=3, stride=1, padding=1, count_include_pad=False,
+                                divisor_override=self.divisor)
+
+    modules = nn.Sequential(nn.Conv2d(3, 4, 3), nn.MaxPool2d(3, stride=2, padding=1, ceil_mode=True),
+                            nn.AvgPool2d(3, stride=1, padding=1, count_include_pad=False))
+    functional = Functional().eval()
+    read = describe(functional, [3, 15, 15], name="f")
+    assert [(n.op, n.attrs) for n in read.nodes] == [(n.op, n.attrs) for n in describe(modules, [3, 15, 15],
+                                                                                       name="m").nodes]
+    rebuilt = build_module(read).eval()
+    for p_new, p_old in zip(rebuilt.state_dict().values(), functional.state_dict().values()):
+        p_new.copy_(p_old)
+    x = torch.randn(2, 3, 15, 15)
+    assert torch.allclose(rebuilt(x), functional(x), atol=1e-6)
+    with pytest.raises(UserError, match="divisor_override=2 has no description op"):
+        describe(Functional(divisor=2), [3, 15, 15], name="f")
+
+
 def test_residual_concat_and_chunk_are_kept():
     class Block(nn.Module):
         def __init__(self):

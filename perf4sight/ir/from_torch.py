@@ -57,6 +57,14 @@ def _maxpool(m: nn.MaxPool2d) -> tuple[str, dict]:
     return "maxpool2d", attrs
 
 
+def _avgpool(m: nn.AvgPool2d) -> tuple[str, dict]:
+    if m.divisor_override is not None:
+        raise ValueError(f"average pooling with divisor_override={m.divisor_override} has no description op")
+    return "avgpool2d", {"kernel_size": _pair(m.kernel_size), "stride": _pair(m.stride or m.kernel_size),
+                         "padding": _pair(m.padding), "ceil_mode": bool(m.ceil_mode),
+                         "count_include_pad": bool(m.count_include_pad)}
+
+
 def _inplace(op: str) -> Callable[[nn.Module], tuple[str, dict]]:
     return lambda m: (op, {"inplace": True} if getattr(m, "inplace", False) else {})
 
@@ -77,10 +85,7 @@ MODULE_OPS: list[tuple[type, Callable[[Any], tuple[str, dict]]]] = [
     (nn.Tanh, lambda m: ("tanh", {})),
     (nn.Identity, lambda m: ("identity", {})),
     (nn.MaxPool2d, _maxpool),
-    (nn.AvgPool2d, lambda m: ("avgpool2d", {"kernel_size": _pair(m.kernel_size),
-                                            "stride": _pair(m.stride or m.kernel_size), "padding": _pair(m.padding),
-                                            "ceil_mode": bool(m.ceil_mode),
-                                            "count_include_pad": bool(m.count_include_pad)})),
+    (nn.AvgPool2d, lambda m: _avgpool(m)),
     (nn.AdaptiveAvgPool2d, lambda m: ("adaptiveavgpool2d", {"output_size": _pair(m.output_size)})),
     (nn.AdaptiveMaxPool2d, lambda m: ("adaptivemaxpool2d", {"output_size": _pair(m.output_size)})),
     (nn.Dropout, lambda m: ("dropout", {"p": float(m.p)})),
@@ -127,6 +132,12 @@ for _key in (torch.squeeze, "squeeze"):
 for _key in (torch.unsqueeze, "unsqueeze"):
     FUNCTION_OPS[_key] = lambda n: ("unsqueeze", {"dim": int(_arg(n, 1, "dim"))})
 FUNCTION_OPS[F.adaptive_avg_pool2d] = lambda n: ("adaptiveavgpool2d", {"output_size": _pair(_arg(n, 1, "output_size"))})
+FUNCTION_OPS[F.max_pool2d] = lambda n: _maxpool(nn.MaxPool2d(
+    _arg(n, 1, "kernel_size"), _arg(n, 2, "stride"), _arg(n, 3, "padding", 0), _arg(n, 4, "dilation", 1),
+    ceil_mode=bool(_arg(n, 5, "ceil_mode", False))))  # read as the module of the same arguments
+FUNCTION_OPS[F.avg_pool2d] = lambda n: _avgpool(nn.AvgPool2d(
+    _arg(n, 1, "kernel_size"), _arg(n, 2, "stride"), _arg(n, 3, "padding", 0), bool(_arg(n, 4, "ceil_mode", False)),
+    bool(_arg(n, 5, "count_include_pad", True)), _arg(n, 6, "divisor_override")))
 FUNCTION_OPS[F.dropout] = lambda n: ("dropout", {"p": float(_arg(n, 1, "p", 0.5))})
 _RESHAPES = {"view", "reshape", torch.reshape}
 _ALIASES = {"contiguous", "clone"}  # ops that do not change the value: the node is replaced by its input

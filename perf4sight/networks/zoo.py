@@ -15,8 +15,7 @@ if TYPE_CHECKING:  # torch is imported where a model is built: predicting from d
 __all__ = ["ZOO_NAMES", "build_zoo_model", "describe_zoo"]
 
 #: zoo name -> extra keyword arguments for the torchvision builder: torchvision's image classifiers that are CNNs
-#: (not the transformers, nor ConvNeXt, whose permutes and layer norms the description has no op for; nor
-#: inception_v3, which pools with a function the description does not read)
+#: (not the transformers, nor ConvNeXt, whose permutes and layer norms the description has no op for)
 _BUILD_KWARGS: dict[str, dict[str, Any]] = {
     name: {} for name in (
         "alexnet", "vgg11", "vgg11_bn", "vgg13", "vgg13_bn", "vgg16", "vgg16_bn", "vgg19", "vgg19_bn",
@@ -31,7 +30,7 @@ _BUILD_KWARGS: dict[str, dict[str, Any]] = {
         "regnet_x_400mf", "regnet_x_800mf", "regnet_x_1_6gf", "regnet_x_3_2gf", "regnet_x_8gf", "regnet_x_16gf",
         "regnet_x_32gf", "regnet_y_400mf", "regnet_y_800mf", "regnet_y_1_6gf", "regnet_y_3_2gf", "regnet_y_8gf",
         "regnet_y_16gf", "regnet_y_32gf", "regnet_y_128gf")
-} | {"googlenet": {"aux_logits": False, "init_weights": False}}
+} | {name: {"aux_logits": False, "init_weights": False} for name in ("googlenet", "inception_v3")}
 ZOO_NAMES: tuple[str, ...] = tuple(sorted(_BUILD_KWARGS))
 
 
