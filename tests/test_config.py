@@ -180,6 +180,14 @@ def test_predict_and_compare_networks_take_the_datasets_names_too(tmp_path):
         "resnet50_0"]
 
 
+def test_a_torchvision_transformer_is_said_to_be_left_out_of_the_zoo(tmp_path):
+    with pytest.raises(UserError, match=r"\[networks\] zoo: 'vit_b_16': torchvision's vit_b_16 is a vision "
+                                        r"transformer or a ConvNeXt.*the zoo holds torchvision's 64 CNNs"):
+        load_config(write(tmp_path, GOOD.replace('zoo = ["resnet18"]', 'zoo = ["vit_b_16"]')))
+    with pytest.raises(UserError, match=r"\[predict\] networks: unknown network 'swin_t': torchvision's swin_t is"):
+        load_config(write(tmp_path, GOOD + '[predict]\nnetworks = ["swin_t"]\n'))
+
+
 def test_predict_and_compare_networks_take_factories_and_the_configs_own_networks(tmp_path):
     """``nets/mine.py:net`` (relative to the config file, made absolute) and the name of a network ``[networks]``
     names (a factory's function), as ``--network`` takes them; a factory file that is not there is an error."""

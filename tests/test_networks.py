@@ -119,6 +119,9 @@ def test_the_zoo_is_torchvisions_cnns_and_a_regnet_describes_from_a_real_model()
     real = describe(model, SHAPE, name="regnet_y_400mf", network="regnet_y_400mf",
                     source="torchvision:regnet_y_400mf")
     assert fast.to_json() == real.to_json() and fast.params == sum(p.numel() for p in model.parameters())
+    with pytest.raises(UserError, match="'convnext_tiny': torchvision's convnext_tiny is a vision transformer or a "
+                                        "ConvNeXt, whose permutes and layer norms"):
+        describe_zoo("convnext_tiny", SHAPE)
 
 
 def test_zoo_description_cache_is_reused_keyed_and_survives_damage(tmp_path: Path) -> None:

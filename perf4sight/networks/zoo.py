@@ -12,7 +12,7 @@ from perf4sight.ir.schema import NetworkDescription, load_description, save_desc
 if TYPE_CHECKING:  # torch is imported where a model is built: predicting from description files does without it
     from torch import nn
 
-__all__ = ["ZOO_NAMES", "build_zoo_model", "describe_zoo"]
+__all__ = ["ZOO_NAMES", "left_out_of_zoo", "build_zoo_model", "describe_zoo"]
 
 #: zoo name -> extra keyword arguments for the torchvision builder: torchvision's image classifiers that are CNNs
 #: (not the transformers, nor ConvNeXt, whose permutes and layer norms the description has no op for)
@@ -32,10 +32,22 @@ _BUILD_KWARGS: dict[str, dict[str, Any]] = {
         "regnet_y_16gf", "regnet_y_32gf", "regnet_y_128gf")
 } | {name: {"aux_logits": False, "init_weights": False} for name in ("googlenet", "inception_v3")}
 ZOO_NAMES: tuple[str, ...] = tuple(sorted(_BUILD_KWARGS))
+#: the name prefixes of torchvision's classifiers left out of the zoo
+_LEFT_OUT = ("vit_", "swin_", "maxvit_", "convnext_")
+
+
+def left_out_of_zoo(name: str) -> str:
+    """Why torchvision's classifier ``name`` is not a zoo network ('' for any other name), as a sentence."""
+    if not name.startswith(_LEFT_OUT):
+        return ""
+    return (f"torchvision's {name} is a vision transformer or a ConvNeXt, whose permutes and layer norms the network "
+            f"description has no op for: the zoo holds torchvision's {len(ZOO_NAMES)} CNNs of other layers")
 
 
 def _check_name(name: str) -> None:
     """``UserError`` unless ``name`` is a zoo network, saying what to give instead."""
+    if name not in _BUILD_KWARGS and left_out_of_zoo(name):
+        raise UserError(f"'{name}': {left_out_of_zoo(name)}")
     if name not in _BUILD_KWARGS:
         raise UserError(f"unknown network '{name}' (zoo networks: {', '.join(ZOO_NAMES)}; any other network: "
                         "give its description .json file, e.g. the one the networks stage wrote under models/)")
