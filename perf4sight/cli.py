@@ -157,8 +157,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
         if args.stage == "init":
             written = write_default_config(args.config)
-            print(f"wrote {written}: the default configuration, every stage on this machine's CPU (each key is "
-                  f"explained in it); next: --config {written} --stage all")
+            print(f"wrote {written}: the default configuration, every stage on this machine's CPU; next: "
+                  f"--config {written} --stage all")
             return 0
         cfg = load_config(args.config)
         return stages.run(args.stage, cfg, args)

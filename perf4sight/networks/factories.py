@@ -175,5 +175,5 @@ def _describe_built(factory: Factory, input_shape: list[int], num_classes: int) 
         with torch.device("meta"):  # shapes only: no weights initialised
             model = build_factory_model(factory, num_classes)
         return describe(model, input_shape, **info)
-    except UserError:  # a factory or an op that needs real tensors: describe a real model instead
+    except (UserError, NotImplementedError):  # a factory or an op that needs real tensors: a real model instead
         return describe(build_factory_model(factory, num_classes), input_shape, **info)
