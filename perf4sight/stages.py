@@ -521,13 +521,15 @@ def _family_note(fp: object, descs: list[NetworkDescription]) -> None:
 
 
 def _print_predictions(preds: list[dict], title: str) -> None:
-    """The predictions as a table: step time and memory with their 90% interval, and whether it fits."""
+    """The predictions as a table: step time and memory with their 90% interval, the training images per second
+    that step time gives (the batch size over it), and whether it fits."""
     table = Table(title=title)
-    for col in ("network", "batch", "step time ms", "memory MiB", "fits"):
+    for col in ("network", "batch", "step time ms", "images/s", "memory MiB", "fits"):
         table.add_column(col)
     for p in preds:
         table.add_row(p["network"], str(p["batch_size"]),
                       f"{p['latency_ms']:.1f} [{p['latency_ms_low']:.1f}, {p['latency_ms_high']:.1f}]",
+                      f"{1000 * p['batch_size'] / p['latency_ms']:,.0f}" if p["latency_ms"] > 0 else "–",
                       f"{p['memory_mb']:.0f} [{p['memory_mb_low']:.0f}, {p['memory_mb_high']:.0f}]",
                       "?" if p["fits"] is None else "yes" if p["fits"] else "no")
     console.print(table)
