@@ -246,7 +246,9 @@ def test_predict_rejects_what_is_not_a_description(fitted, tmp_path):
                           (_cnn(4, 1), r"got a torch module \(Sequential\); use predict_module"),
                           (tmp_path / "missing.json", "missing.json: network description file not found"),
                           ("resnet18", r"'resnet18' is not a description file; for a torchvision network use "
-                                       r"predict_module\(torchvision.models.resnet18\(\)")):
+                                       r"predict_module\(torchvision.models.resnet18\(\)"),
+                          ("nets.py:mine", r"'nets.py:mine' names a function in a Python file, which the command "
+                                           r"line reads; here call it and give the module to predict_module")):
         with pytest.raises(UserError, match=expected) as exc:
             fp.predict(bad, [8])
         _one_line(exc)

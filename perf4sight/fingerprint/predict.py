@@ -92,6 +92,9 @@ def as_descriptions(descs: Any, kinds: tuple[type, ...] = (NetworkDescription, N
                 raise UserError(f"predict: '{d}' is not a description file; for a torchvision network use "
                                 f"predict_module(torchvision.models.{d}(), input_shape, batch_sizes), or give the "
                                 "description .json file")
+            if isinstance(d, str) and d.rpartition(":")[0].endswith(".py"):  # the command line's FILE.py:FUNCTION
+                raise UserError(f"predict: '{d}' names a function in a Python file, which the command line reads; "
+                                "here call it and give the module to predict_module(module, input_shape, batch_sizes)")
             d = load_description(d)
         if not isinstance(d, kinds):
             where = "" if one else f" (item {i})"
