@@ -288,6 +288,27 @@ def _up_to_date(meta: dict) -> str:
 
 
 def run_predict(cfg: Config, args: argparse.Namespace) -> int:
+    """Predictions on one device; with several ``--device`` names (``--stage all --device A B`` too), on each in
+    turn, every JSON line then naming its ``device`` first."""
+    devices = list(dict.fromkeys(args.device or []))
+    if len(devices) < 2:
+        return _predict_on_one(cfg, args)
+    for device in devices:  # a device without a fingerprint is said before any is predicted for
+        _predict_device(cfg, [device], _predictor(cfg, args))
+    code = 0
+    for device in devices:
+        code = max(code, _predict_on_one(cfg, argparse.Namespace(**{**vars(args), "device": [device],
+                                                                        "json_device": device})))
+    return code
+
+
+def _json_line(args: argparse.Namespace, fields: dict) -> None:
+    """One JSON object on stdout; ``device`` first where several devices are predicted for."""
+    device = getattr(args, "json_device", None)
+    print(json.dumps({"device": device, **fields} if device else fields))
+
+
+def _predict_on_one(cfg: Config, args: argparse.Namespace) -> int:
     from perf4sight.fingerprint.api import load_device_predictor
     from perf4sight.fingerprint.predict import batch_list
 
@@ -315,7 +336,7 @@ def run_predict(cfg: Config, args: argparse.Namespace) -> int:
     elapsed, describing = time.perf_counter() - described, described - started
     if args.json:
         for p in preds:  # figures to 0.001 ms / MiB: far below the accuracy, free of float noise
-            print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in p.items()}))
+            _json_line(args, {k: round(v, 3) if isinstance(v, float) else v for k, v in p.items()})
         _capacity_note(fp, preds)
         return 0
     cap = getattr(fp, "capacity_mb", None)
@@ -365,7 +386,7 @@ def _predict_max_batch(cfg: Config, args: argparse.Namespace, fp: object, device
     _domain_note(fp, descs, sorted({f["max_batch_size"] for f in found if f["max_batch_size"]}) or [1])
     if args.json:
         for f in found:
-            print(json.dumps(f))
+            _json_line(args, f)
         return 0
     table = Table(title=f"largest batch size predicted to fit {device} ({fp.capacity_mb:,.0f} MiB, searched up to "
                         f"{limit})")
@@ -435,7 +456,7 @@ def _predict_prune_to_fit(cfg: Config, args: argparse.Namespace, fp: object, dev
                  + f"{elapsed:.1f} s")
     if args.json:
         for f, _ in found:
-            print(json.dumps(f))
+            _json_line(args, f)
         return 0
     wanted = " and".join(filter(None, (f" fit {device}'s {fp.capacity_mb:,.0f} MiB" if fp.capacity_mb else "",
                                        f" step within {budget:g} ms" if budget else "")))
@@ -457,8 +478,6 @@ def _predict_prune_to_fit(cfg: Config, args: argparse.Namespace, fp: object, dev
 def _predict_device(cfg: Config, wanted: list[str] | None, predictor: str) -> str:
     """The device to predict for: the one named, else the first configured device with a fingerprint of
     ``predictor``, else the first fingerprinted one."""
-    if wanted and len(wanted) > 1:
-        raise UserError("predict takes one --device (run it once per device, or use --stage compare)")
     have = fingerprinted_devices(cfg, wanted, predictor)
     configured = [d for d in cfg.devices if d in have]
     device = (configured or have or [""])[0]

@@ -404,3 +404,27 @@ def test_run_all_collects_rows_and_printed_output(tmp_path):
     picked = subprocess.run([sys.executable, str(bench / "run_all.py"), "rows", "--out", str(tmp_path / "one")],
                             capture_output=True, text=True, timeout=60)
     assert picked.returncode == 0 and "just printing" not in (tmp_path / "one" / "latest.md").read_text()
+
+
+def test_predict_on_several_devices_names_each_in_its_json_lines(project):
+    """``--stage predict --device tx2a tx2b`` predicts on each in turn (``--stage all --device A B`` runs it so);
+    its JSON lines are the single-device ones with ``device`` first. A device without a fingerprint is said before
+    any line is written."""
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    graph = str(project.models_dir / "imported" / "tx2a" / "resnet18_0.json")
+
+    def predict(*devices: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(root / "main.py"), "--config", str(project.path), "--stage",
+                               "predict", "--device", *devices, "--network", graph, "--batch-size", "8", "--json"],
+                              capture_output=True, text=True, timeout=300)
+
+    both = predict("tx2a", "tx2b", "tx2a")  # a name given twice: predicted once
+    assert both.returncode == 0, both.stderr
+    lines = [json.loads(line) for line in both.stdout.splitlines()]
+    alone = [json.loads(predict(d).stdout) for d in ("tx2a", "tx2b")]
+    assert lines == [{"device": d, **one} for d, one in zip(("tx2a", "tx2b"), alone)]
+    assert alone[0]["latency_ms"] != alone[1]["latency_ms"] and "device" not in alone[0]
+    missing = predict("tx2a", "nowhere")
+    assert missing.returncode == 2 and missing.stdout == "" and "nowhere" in missing.stderr
