@@ -25,7 +25,7 @@ from perf4sight.networks.on_request import with_command_line_factories
 from perf4sight.profiling.results import batch_size_of
 from perf4sight.report import plots
 from perf4sight.report.data import (Curve, DeviceData, batch_grid, feature_sensitivity, measured_vs_predicted,
-                                    prediction_curve, summarise_measurements)
+                                    prediction_curve, shape_text, summarise_measurements)
 from perf4sight.report.pruning import (LeastLevel, PruningPoint, least_levels, print_pruning, pruning_blocks,
                                        pruning_points)
 from perf4sight.report.render import Block, Heading, Image, Table, Text, to_html, to_markdown
@@ -68,10 +68,6 @@ def _range(lo_hi: tuple[int, int] | None) -> str:
     return str(lo_hi[0]) if lo_hi[0] == lo_hi[1] else f"{lo_hi[0]}–{lo_hi[1]}"
 
 
-def _shape(shape: list[int] | None) -> str:
-    return "x".join(str(int(v)) for v in shape) if shape else "?"
-
-
 def _entries(cfg: Config) -> list[str]:
     """The networks the report shows: ``[compare] networks``, else ``[predict]``'s, else ``[networks] zoo``."""
     return list(cfg.compare.networks or cfg.predict.networks or cfg.networks.zoo)
@@ -82,6 +78,13 @@ def _trained_at(cfg: Config, devs: list[DeviceData]) -> dict[str, tuple[int, ...
     return {d.name: tuple(d.fingerprint.input_shape or cfg.networks.input_shape) for d in devs}
 
 
+def _differing_shapes(trained_at: dict[str, tuple[int, ...]]) -> dict[str, str]:
+    """Device -> its input shape as ``CxHxW`` where the devices' shapes differ (the notes and the legends say
+    them); empty where every device has the same."""
+    shapes = {name: shape_text(shape) for name, shape in trained_at.items()}
+    return shapes if len(set(shapes.values())) > 1 else {}
+
+
 def _curves(cfg: Config, devs: list[DeviceData], all_descs: dict[str, dict[str, NetworkDescription]],
             notes: list[str]) -> tuple[dict[str, dict[str, list[Curve]]], list[str]]:
     """target -> network -> curves (one per device); fills each device's ``max_batch``."""
@@ -90,9 +93,8 @@ def _curves(cfg: Config, devs: list[DeviceData], all_descs: dict[str, dict[str, 
     out: dict[str, dict[str, list[Curve]]] = {"latency": {}, "memory": {}}
     by_shape: dict[tuple[int, ...], list[NetworkDescription]] = {}
     trained_at = _trained_at(cfg, devs)
-    shapes = {name: _shape(list(shape)) for name, shape in trained_at.items()}
-    shapes_differ = len(set(shapes.values())) > 1
-    if shapes_differ:
+    shapes = _differing_shapes(trained_at)
+    if shapes:
         notes.append("the fingerprints were trained at different input shapes ("
                      + ", ".join(f"{n} {s}" for n, s in shapes.items()) + "): each network is predicted at its "
                      "device's own shape, so the curves and largest batches compare different workloads (the plots' "
@@ -102,7 +104,7 @@ def _curves(cfg: Config, devs: list[DeviceData], all_descs: dict[str, dict[str, 
         if shape not in by_shape:
             made: list[str] = []  # variants pruned on request, said in the report's notes
             by_shape[shape] = resolve_networks(cfg, entries, list(shape), made)
-            notes.extend(line + (f" (at {shapes[d.name]})" if shapes_differ else "") for line in made)
+            notes.extend(line + (f" (at {shapes[d.name]})" if shapes else "") for line in made)
             names = names or [desc.name for desc in by_shape[shape]]  # labels: zoo name or description name
         measured_max = max((batch_size_of(r) for r in d.rows if r["status"] == "ok"), default=8)
         for name, desc in zip(names, by_shape[shape]):  # same entry order at every shape
@@ -112,7 +114,7 @@ def _curves(cfg: Config, devs: list[DeviceData], all_descs: dict[str, dict[str, 
                 grid = batch_grid(min(1024, max(8, measured_max, int((mb or 0) * 1.25))))
                 for target in ("latency", "memory"):
                     c = prediction_curve(d.fingerprint, d.name, desc, target, grid, d.rows, all_descs[d.name])
-                    c.input_shape = shapes[d.name] if shapes_differ else ""
+                    c.input_shape = shapes.get(d.name, "")
                     out[target].setdefault(name, []).append(c)
                 outside = getattr(d.fingerprint, "outside_training", None)  # at a trained batch size: the network only
                 notes.extend(f"{d.name}: {line} (expect larger errors)" for line in
@@ -132,7 +134,7 @@ def _glance_blocks(devs: list[DeviceData]) -> list[Block]:
         ok = sum(f.ok for f in d.families)
         oom = sum(f.oom for f in d.families)
         rows.append([d.name, ", ".join(sorted({r.get("backend", "") for r in d.rows})) or "?",
-                     str(len({r["network"] for r in d.rows})), f"{ok} / {oom}", _shape(m.get("input_shape")),
+                     str(len({r["network"] for r in d.rows})), f"{ok} / {oom}", shape_text(m.get("input_shape")),
                      m.get("memory_target", "?"),
                      f"{_fmt(la.get('mape'))} / {_fmt(la.get('within10'), '.0f')}",
                      f"{_fmt(me.get('mape'))} / {_fmt(me.get('within10'), '.0f')}",
@@ -269,7 +271,7 @@ def _print_summary(console: Console, devs: list[DeviceData], names: list[str], f
         t.add_column(f"max bs\n{n}", justify="right")
     for d in devs:
         acc = d.metadata.get("accuracy", {})
-        t.add_row(d.name, _shape(d.metadata.get("input_shape")), str(len({r["network"] for r in d.rows})),
+        t.add_row(d.name, shape_text(d.metadata.get("input_shape")), str(len({r["network"] for r in d.rows})),
                   f"{sum(f.ok for f in d.families)}/{sum(f.oom for f in d.families)}",
                   _fmt(acc.get("latency", {}).get("overall", {}).get("mape")),
                   _fmt(acc.get("memory", {}).get("overall", {}).get("mape")),
@@ -314,8 +316,8 @@ def compare_devices(cfg: Config, devices: list[str], console: Console) -> Path:
         images[f"scatter:{d.name}"] = plots.plot_scatter(d.name, d.scatter, colours[d.name],
                                                          folder / f"scatter_{d.name}.png")
     if pruning:
-        shapes = {n: _shape(list(shape)) for n, shape in trained_at.items()}
-        labels = {n: f"{n} at {s}" if len(set(shapes.values())) > 1 else n for n, s in shapes.items()}
+        shapes = _differing_shapes(trained_at)
+        labels = {n: f"{n} at {shapes[n]}" if shapes else n for n in trained_at}
         images["pruning"] = plots.plot_pruning(pruning, least, colours, capacity, labels, folder / "pruning.png")
     title = f"perf4sight: {', '.join(d.name for d in devs)} compared"
     blocks = _blocks(devs, names, images, notes, pruning, least)

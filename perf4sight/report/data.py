@@ -217,6 +217,11 @@ def batch_grid(limit: int) -> np.ndarray:
     return np.unique(np.round(np.geomspace(1, limit, 40)).astype(int))
 
 
+def shape_text(shape: Any) -> str:
+    """An input shape as the measurement CSV writes it, ``CxHxW`` ("?" where unknown)."""
+    return "x".join(str(int(v)) for v in shape) if shape else "?"
+
+
 def _key(s: str) -> str:
     return re.sub(r"[^a-z0-9]", "", s.lower())
 
@@ -225,7 +230,7 @@ def matching_measurements(desc: NetworkDescription, rows: list[dict[str, str]],
                           descs: dict[str, NetworkDescription]) -> tuple[str, list[dict[str, str]]]:
     """The device's ``ok`` rows of the same architecture as ``desc`` (same name, or an unpruned
     variant of the same family with the same parameter count and input shape); (network, rows)."""
-    shape = "x".join(str(int(v)) for v in desc.input_shape)
+    shape = shape_text(desc.input_shape)
     want = _key(desc.network or desc.name)
     candidates: dict[str, list[dict[str, str]]] = defaultdict(list)
     for r in rows:
