@@ -343,8 +343,9 @@ def _check_zoo(cfg: Config, f: Path | None) -> None:
     for name in cfg.networks.zoo:
         if name in ZOO_NAMES:
             continue
-        if left_out_of_zoo(name):
-            raise UserError(f"{f}: [networks] zoo: '{name}': {left_out_of_zoo(name)}")
+        why = left_out_of_zoo(name)
+        if why:
+            raise UserError(f"{f}: [networks] zoo: '{name}': {why}")
         if name.endswith(".json") or cfg.resolve(name).is_file():
             raise UserError(f"{f}: [networks] zoo: '{name}' is a file, not a zoo network: list description files "
                             "under [networks] description_files")

@@ -234,7 +234,7 @@ def _dataset_network(cfg: Config, name: str, manifest: list[dict[str, str]], inp
     :func:`resolve_networks`); ``UserError`` when there is none, or several that differ."""
     paths = _dataset_files(cfg, name, manifest)
     if not paths:
-        from perf4sight.networks.on_request import pruned_on_request, unpruned_own
+        from perf4sight.networks.on_request import pruned_as, pruned_on_request, unpruned_own
         desc = pruned_on_request(cfg, name, input_shape)
         if desc is None:
             unpruned = unpruned_own(cfg, name, input_shape)
@@ -242,10 +242,8 @@ def _dataset_network(cfg: Config, name: str, manifest: list[dict[str, str]], inp
                 raise UserError(unknown_network(cfg, name, dataset_network_names(cfg, manifest)))
             return unpruned
         if notes is not None:
-            pr = cfg.networks.pruning
             notes.append(f"{name}: not in the dataset: {desc.network} pruned on request as the networks stage "
-                         f"would ({pr.strategy}, min_channels {pr.min_channels}, seed {pr.seed}: "
-                         f"{desc.pruning_level:.1f}% of its parameters removed)")
+                         f"would ({pruned_as(cfg)}: {desc.pruning_level:.1f}% of its parameters removed)")
         return desc
     found = [load_description(p) for p in paths]  # a missing or damaged file: one line naming it
     if len({d.to_json() for d in found}) > 1:
@@ -269,8 +267,9 @@ def unknown_network(cfg: Config, name: str, dataset: list[str] | None = None) ->
     :func:`dataset_network_names`, when the caller has them already)."""
     from perf4sight.networks.zoo import ZOO_NAMES, left_out_of_zoo
 
-    if left_out_of_zoo(name):
-        return f"unknown network '{name}': {left_out_of_zoo(name)}"
+    why = left_out_of_zoo(name)
+    if why:
+        return f"unknown network '{name}': {why}"
     dataset = dataset_network_names(cfg) if dataset is None else dataset
     by_lower = {n.lower(): n for n in (*ZOO_NAMES, *dataset)}
     close = [by_lower[n] for n in difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=0.75)]

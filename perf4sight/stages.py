@@ -302,6 +302,11 @@ def run_predict(cfg: Config, args: argparse.Namespace) -> int:
     return code
 
 
+def _rounded(prediction: dict) -> dict:
+    """A prediction's figures to 0.001 ms / MiB for JSON: far below the accuracy, free of float noise."""
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in prediction.items()}
+
+
 def _json_line(args: argparse.Namespace, fields: dict) -> None:
     """One JSON object on stdout; ``device`` first where several devices are predicted for."""
     device = getattr(args, "json_device", None)
@@ -335,8 +340,8 @@ def _predict_on_one(cfg: Config, args: argparse.Namespace) -> int:
     _family_note(fp, descs)
     elapsed, describing = time.perf_counter() - described, described - started
     if args.json:
-        for p in preds:  # figures to 0.001 ms / MiB: far below the accuracy, free of float noise
-            _json_line(args, {k: round(v, 3) if isinstance(v, float) else v for k, v in p.items()})
+        for p in preds:
+            _json_line(args, _rounded(p))
         _capacity_note(fp, preds)
         return 0
     cap = getattr(fp, "capacity_mb", None)
@@ -410,7 +415,8 @@ def _predict_prune_to_fit(cfg: Config, args: argparse.Namespace, fp: object, dev
     ``--batch-size`` queries at that level (null where no level the network reaches does)."""
     from perf4sight.fingerprint.predict import batch_list
     from perf4sight.fingerprint.pruning_search import TOP_LEVEL, least_pruning
-    from perf4sight.networks.on_request import PRUNABLE, LevelVariants, prunable_networks, with_command_line_factories
+    from perf4sight.networks.on_request import (PRUNABLE, LevelVariants, prunable_networks, pruned_as,
+                                                with_command_line_factories)
 
     if getattr(args, "max_batch_size", None) is not None:
         raise UserError("--prune-to-fit keeps the batch size and finds the pruning: give it or --max-batch-size")
@@ -433,8 +439,7 @@ def _predict_prune_to_fit(cfg: Config, args: argparse.Namespace, fp: object, dev
         variant = LevelVariants(cfg, network, shape)  # shared by the batch sizes
         for b in batch_sizes:
             r = least_pruning(fp, variant, b, budget)
-            figures = {k: round(v, 3) if isinstance(v, float) else v for k, v in (r.prediction or {}).items()
-                       if k not in ("network", "batch_size")}
+            figures = {k: v for k, v in _rounded(r.prediction or {}).items() if k not in ("network", "batch_size")}
             line = {"network": network, "batch_size": b, "max_latency_ms": budget, "pruning_level": r.level,
                     "achieved_level": None if r.variant is None else round(r.variant.pruning_level, 3),
                     "variant": None if r.variant is None else r.variant.name,
@@ -447,12 +452,11 @@ def _predict_prune_to_fit(cfg: Config, args: argparse.Namespace, fp: object, dev
     if answers:
         _domain_note(fp, [r.variant for _, r in answers], sorted({f["batch_size"] for f, _ in answers}))
         _family_note(fp, [r.variant for _, r in answers])
-    pr = cfg.networks.pruning
     _print_notes(f"note: searched by bisection over pruning levels 0..{TOP_LEVEL} (whole percents of the "
                  "parameters), taking the predicted memory and step time as falling as the level rises; "
                  + (f"{plural(len(set(made)), 'variant')} not in the dataset pruned on request as the networks "
-                    f"stage would ({pr.strategy}, min_channels {pr.min_channels}, seed {pr.seed}; each "
-                    f"read from {cfg.models_dir / ZOO_CACHE} once pruned); " if made else "")
+                    f"stage would ({pruned_as(cfg)}; each read from {cfg.models_dir / ZOO_CACHE} once pruned); "
+                    if made else "")
                  + f"{elapsed:.1f} s")
     if args.json:
         for f, _ in found:

@@ -85,7 +85,7 @@ MODULE_OPS: list[tuple[type, Callable[[Any], tuple[str, dict]]]] = [
     (nn.Tanh, lambda m: ("tanh", {})),
     (nn.Identity, lambda m: ("identity", {})),
     (nn.MaxPool2d, _maxpool),
-    (nn.AvgPool2d, lambda m: _avgpool(m)),
+    (nn.AvgPool2d, _avgpool),
     (nn.AdaptiveAvgPool2d, lambda m: ("adaptiveavgpool2d", {"output_size": _pair(m.output_size)})),
     (nn.AdaptiveMaxPool2d, lambda m: ("adaptivemaxpool2d", {"output_size": _pair(m.output_size)})),
     (nn.Dropout, lambda m: ("dropout", {"p": float(m.p)})),

@@ -28,7 +28,7 @@ from perf4sight.networks.factories import COMMAND_LINE_FACTORY, check_factory, p
 from perf4sight.networks.named import named_networks
 from perf4sight.networks.zoo import ZOO_NAMES, build_zoo_model, cache_file, cached_description
 
-__all__ = ["VARIANT", "variant_name", "pruned_on_request", "unpruned_own", "prunable_networks", "PRUNABLE",
+__all__ = ["VARIANT", "variant_name", "pruned_as", "pruned_on_request", "unpruned_own", "prunable_networks", "PRUNABLE",
            "with_command_line_factories", "variant_at", "LevelVariants"]
 
 #: ``<network>_l<level>``: the name the networks stage gives a network pruned to ``level`` percent of parameters.
@@ -39,6 +39,12 @@ _NETWORKS = Path(__file__).resolve().parent
 def variant_name(network: str, level: float) -> str:
     """``resnet18_l30`` for level 30; ``resnet18_l12.5`` for 12.5 (read back by ``VARIANT``)."""
     return f"{network}_l{level:g}"
+
+
+def pruned_as(cfg: Config) -> str:
+    """How a variant is pruned on request, for the notes that say so: ``l1-norm, min_channels 4, seed 0``."""
+    pr = cfg.networks.pruning
+    return f"{pr.strategy}, min_channels {pr.min_channels}, seed {pr.seed}"
 
 
 def pruned_on_request(cfg: Config, name: str, input_shape: list[int]) -> NetworkDescription | None:

@@ -46,11 +46,13 @@ def left_out_of_zoo(name: str) -> str:
 
 def _check_name(name: str) -> None:
     """``UserError`` unless ``name`` is a zoo network, saying what to give instead."""
-    if name not in _BUILD_KWARGS and left_out_of_zoo(name):
-        raise UserError(f"'{name}': {left_out_of_zoo(name)}")
-    if name not in _BUILD_KWARGS:
-        raise UserError(f"unknown network '{name}' (zoo networks: {', '.join(ZOO_NAMES)}; any other network: "
-                        "give its description .json file, e.g. the one the networks stage wrote under models/)")
+    if name in _BUILD_KWARGS:
+        return
+    why = left_out_of_zoo(name)
+    if why:
+        raise UserError(f"'{name}': {why}")
+    raise UserError(f"unknown network '{name}' (zoo networks: {', '.join(ZOO_NAMES)}; any other network: "
+                    "give its description .json file, e.g. the one the networks stage wrote under models/)")
 
 
 def build_zoo_model(name: str, num_classes: int = 1000) -> nn.Module:

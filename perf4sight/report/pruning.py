@@ -22,7 +22,7 @@ from perf4sight.config import Config
 from perf4sight.errors import UserError
 from perf4sight.fingerprint.fit import LATENCY_COLUMN
 from perf4sight.ir.schema import NetworkDescription
-from perf4sight.networks.on_request import PRUNABLE, LevelVariants, prunable_networks, variant_at
+from perf4sight.networks.on_request import PRUNABLE, LevelVariants, prunable_networks, pruned_as, variant_at
 from perf4sight.profiling.results import batch_size_of, number
 from perf4sight.report.data import shape_text
 from perf4sight.report.render import Block, Heading, Image, Table, Text
@@ -115,11 +115,9 @@ def pruning_points(cfg: Config, devices: Sequence[Any], trained_at: dict[str, tu
                     memory_mb_high=p["memory_mb_high"], fits=p.get("fits"),
                     max_batch=d.fingerprint.max_batch_size(desc), **(row or {})))
     if made:
-        pr = cfg.networks.pruning
         listed = "; ".join(f"at {shape}: {', '.join(dict.fromkeys(names))}" for shape, names in made.items())
         notes.append(f"pruning section: variants not in the dataset at a device's input shape pruned on request as "
-                     f"the networks stage would ({pr.strategy}, min_channels {pr.min_channels}, seed {pr.seed}): "
-                     f"{listed}")
+                     f"the networks stage would ({pruned_as(cfg)}): {listed}")
     return points
 
 
