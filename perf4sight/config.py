@@ -83,6 +83,7 @@ class ProfileConfig:
     devices: list[str] = field(default_factory=list)  # empty = every device
     learning_rate: float = 0.01
     momentum: float = 0.9
+    optimizer: str = "sgd"  # sgd | adam | adamw (profiling.plan.OPTIMIZERS): the measured step's optimiser
     # a drift reference: one configuration measured again after every `reference_every` measurements (0 = none)
     reference_every: int = 0
     reference_network: str = ""  # a network name of the plan; "" = its first network

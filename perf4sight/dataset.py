@@ -12,11 +12,12 @@ from typing import NamedTuple
 from perf4sight.config import Config
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription, load_description
+from perf4sight.profiling.plan import phase_optimizer, training_phase
 from perf4sight.profiling.results import file_sha, incomplete_note, latest_rows, read_rows, results_path, split_stale
 from perf4sight.wording import named, plural
 
 __all__ = ["read_manifest", "is_description_file", "dataset_descriptions", "dataset_descriptions_or_empty",
-           "description_shas", "descriptions_and_shas", "current_rows", "stale_note", "undescribed_note",
+           "description_shas", "descriptions_and_shas", "current_rows", "other_phases", "stale_note", "undescribed_note",
            "DeviceDataset", "device_dataset", "measured_devices", "fingerprinted_devices", "resolve_networks",
            "ZOO_CACHE"]
 
@@ -72,15 +73,26 @@ def description_shas(cfg: Config, device: str) -> dict[str, str]:
 
 def current_rows(cfg: Config, device: str, shas: dict[str, str] | None = None,
                  incomplete: list[int] | None = None) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
-    """(rows of ``device`` measured on its descriptions as they are now, stale rows): a row whose network's
-    description file changed since it was measured is stale (the profile stage measures it again), and a row
-    measured again later is left out of both (``latest_rows``: an ``oom`` of a lower memory_limit_mb, an ``error``
-    retried).
+    """(rows of ``device`` measured on its descriptions as they are now, stale rows), of the training step with
+    ``[profile] optimizer`` (the rows' ``phase``; :func:`other_phases` says what else the device has): a row whose
+    network's description file changed since it was measured is stale (the profile stage measures it again), and
+    a row measured again later is left out of both (``latest_rows``: an ``oom`` of a lower memory_limit_mb, an
+    ``error`` retried).
     ``shas``: ``description_shas`` of the device when the caller has them already (else they are read);
     ``incomplete``: a list to receive the numbers of the lines ``read_rows`` passed over."""
+    phase = training_phase(cfg.profile.optimizer)
     rows = latest_rows(r for r in read_rows(results_path(cfg.profiling_dir, device), incomplete)
-                       if r.get("device", device) == device)
+                       if r.get("device", device) == device and (r.get("phase") or "train") == phase)
     return split_stale(rows, description_shas(cfg, device) if shas is None else shas)
+
+
+def other_phases(cfg: Config, device: str) -> list[str]:
+    """The phases of ``device``'s rows other than ``[profile] optimizer``'s, sorted: ``sgd``, ``adam`` or ``adamw``
+    for a training step with that optimiser (``profiling.plan.phase_optimizer``), else the phase as written."""
+    phase = training_phase(cfg.profile.optimizer)
+    found = {r.get("phase") or "train" for r in read_rows(results_path(cfg.profiling_dir, device))
+             if r.get("device", device) == device}
+    return sorted(phase_optimizer(p) or p for p in found - {phase})
 
 
 def stale_note(device: str, stale: list[dict[str, str]], current: list[dict[str, str]] = ()) -> str:

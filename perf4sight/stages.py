@@ -21,6 +21,7 @@ from perf4sight.config import Config
 from perf4sight.dataset import (ZOO_CACHE, dataset_descriptions, device_dataset, fingerprinted_devices,
                                 is_description_file, measured_devices, resolve_networks, undescribed_note)
 from perf4sight.errors import UserError
+from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_LABELS
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.networks.zoo import ZOO_NAMES
 from perf4sight.profiling.backends.base import LIMIT_OOM
@@ -346,7 +347,8 @@ def _predict_on_one(cfg: Config, args: argparse.Namespace) -> int:
         return 0
     cap = getattr(fp, "capacity_mb", None)
     fits_against = f"; fits: under {cap:,.0f} MiB" if cap is not None else ""
-    _print_predictions(preds, f"predicted training step on {device} by the {predictor} predictor "
+    optimizer = OPTIMIZER_LABELS.get(getattr(fp, "optimizer", DEFAULT_OPTIMIZER), "?")
+    _print_predictions(preds, f"predicted training step ({optimizer}) on {device} by the {predictor} predictor "
                               f"(90% interval{fits_against})")
     _capacity_note(fp, preds)
     shape = "x".join(map(str, fp.input_shape or cfg.networks.input_shape))

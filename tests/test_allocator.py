@@ -382,3 +382,22 @@ def test_the_rows_torch_version_chooses_the_relu6_rule():
     assert not relu6_clone(rows("2.14.1", "1.8.1"))  # one older run: the old rule
     assert not relu6_clone(rows("", "")) and not relu6_clone([{}])
     assert relu6_clone(rows("", "2.0.1"))
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "adamw"])
+def test_adam_step_is_written_down_as_the_real_foreach_optimizer_runs_it(optimizer):
+    """The events written down for Adam's and AdamW's step (both moments on the first step, a square root of
+    every second moment at each) are those the real optimizer records on the meta device (``foreach``, as a CUDA
+    build runs it; its step counters stay on the host), over three steps; both moments are on top of SGD's
+    momentum, so the replayed peak of the steady state is higher by at least one copy of the parameters."""
+    from perf4sight.networks.zoo import describe_zoo
+    desc = describe_zoo("squeezenet1_0", [3, 32, 32], num_classes=10)
+    for method in ("model", "trace"):
+        fast = record_events(desc, 3, steps=3, method=method, optimizer=optimizer)
+        assert _as_replayed(fast) == _as_replayed(record_events(desc, 3, steps=3, fast=False, optimizer=optimizer))
+    param_bytes = desc.params * 4
+    adam, sgd = simulate(desc, method="model", optimizer=optimizer), simulate(desc, method="model")
+    assert adam.optimizer == optimizer and sgd.optimizer == "sgd"
+    assert (adam.peaks_mb([4])[0, 1] - sgd.peaks_mb([4])[0, 1]) * MIB >= 0.9 * param_bytes > 0
+    with pytest.raises(ValueError, match="unknown optimizer 'lamb'"):
+        record_events(desc, 3, optimizer="lamb")

@@ -6,7 +6,8 @@ Pure Python + numpy (no torch). A network's per-sample totals are computed once
 MiB for ``mem_analytic_mb``; per-step figures are for the whole batch.
 
 The analytic training-memory estimate (``mem_analytic_mb``) is:
-weights + gradients + SGD momentum (3 x params x 4 bytes) + the tensors autograd keeps for
+weights + gradients + the optimiser's state (SGD's momentum: 3 x params x 4 bytes in all; Adam's two moments:
+4 x params x 4 bytes; ``optimizers.py``) + the tensors autograd keeps for
 backward (de-duplicated, views resolved to their base) + the input batch + the largest single
 activation (a stand-in for the backward pass's transient workspace).
 
@@ -27,6 +28,7 @@ import numpy as np
 from perf4sight.features.allocator import K_MIN_BLOCK, K_MIN_LARGE_ALLOC, K_ROUND_LARGE
 from perf4sight.features.formulas import BYTES_PER_ELEMENT, HANDLERS, OUTPUT, OpCost, numel
 from perf4sight.features.latency_terms import LATENCY_FEATURES, KernelTable, kernel_table, latency_columns
+from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, optimizer_cost
 from perf4sight.features.walk import consumer_counts, walk
 from perf4sight.ir.schema import NetworkDescription
 
@@ -93,6 +95,7 @@ class NetworkFeatures:
     sim: Any = field(default=None, repr=False)
     description: Any = field(default=None, repr=False)  # the NetworkDescription these features came from
     kernels: KernelTable | None = field(default=None, repr=False)  # per-kernel latency terms (latency_terms.py)
+    optimizer: str = DEFAULT_OPTIMIZER  # the training step's optimiser (optimizers.py)
 
     @property
     def family(self) -> str:
@@ -110,8 +113,10 @@ def unsupported_ops(desc: NetworkDescription) -> list[str]:
     return sorted({n.op for n in desc.nodes if n.op not in HANDLERS})
 
 
-def network_features(desc: NetworkDescription) -> NetworkFeatures:
-    """Walk the graph once and total every per-op cost (per sample)."""
+def network_features(desc: NetworkDescription, optimizer: str = DEFAULT_OPTIMIZER) -> NetworkFeatures:
+    """Walk the graph once and total every per-op cost (per sample), for a training step with ``optimizer``
+    (``optimizers.OPTIMIZER_COSTS``; ``ValueError`` for another)."""
+    optimizer_cost(optimizer)
     shapes: dict[str, list[int]] = {}
     base: dict[str, str] = {}  # view -> tensor whose storage it shares
     consumers = consumer_counts(desc)
@@ -184,7 +189,7 @@ def network_features(desc: NetworkDescription) -> NetworkFeatures:
     st["blas_context"] = float(any(n.op in BLAS_OPS for n in desc.nodes))
     sizes = np.array(list(saved.values()) + extra_sizes + [ps["input_bytes"]], dtype=float)
     return NetworkFeatures(desc.name, ps, st, unsupported, sizes, description=desc,
-                           kernels=kernel_table(desc) if not unsupported else None)
+                           kernels=kernel_table(desc, optimizer) if not unsupported else None, optimizer=optimizer)
 
 
 def allocator_bytes(sizes: np.ndarray, batch_size: float | np.ndarray) -> float | np.ndarray:
@@ -243,7 +248,8 @@ def feature_matrix(nets: list[NetworkFeatures] | NetworkFeatures, batch_sizes: l
     scaled = per * bs[:, None]
     i_param = STATIC_FEATURES.index("param_bytes")
     i_saved, i_max, i_in = (SCALED_FEATURES.index(k) for k in ("saved_bytes", "max_activation_bytes", "input_bytes"))
-    mem = (3 * stat[:, i_param] + scaled[:, i_saved] + scaled[:, i_max] + scaled[:, i_in]) / MIB
+    copies = 2.0 + np.array([optimizer_cost(n.optimizer).state_copies for n in rows])  # weights, grads, state
+    mem = (copies * stat[:, i_param] + scaled[:, i_saved] + scaled[:, i_max] + scaled[:, i_in]) / MIB
     if isinstance(nets, NetworkFeatures):
         alloc = allocator_bytes(nets.saved_sizes, bs) / MIB
     else:

@@ -11,7 +11,9 @@ of a trace; they are replaced by empty outputs of the same shapes (:func:`_shape
 which records the same events about five times faster.
 
 The SGD step's own events (per parameter: the weight-decay sum, on the first step the momentum
-buffer, then the sum's free) are written down directly instead of dispatched, and ``zero_grad``
+buffer, then the sum's free) are written down directly instead of dispatched, as are Adam's and AdamW's (the
+``foreach`` update a CUDA build runs: on the first step both moments of every parameter, then at every step a
+square root of every second moment, freed together after the update), and ``zero_grad``
 (in place, no events) is skipped. Only the first step is dispatched: a later step repeats its
 events under new ids, except that each parameter gradient is freed where it is accumulated (a
 hook marks the spot) instead of becoming the ``.grad``. Both shortcuts are checked against the
@@ -43,6 +45,7 @@ import numpy as np
 from perf4sight.errors import UserError
 from perf4sight.features.alloc_model import ACCUMULATED, Event, NotCovered, step_events
 from perf4sight.features.allocator import ALLOC, FREE, RUN_PEAK, STEP, AllocTrace
+from perf4sight.features.optimizers import optimizer_cost
 from perf4sight.ir.schema import NetworkDescription
 
 __all__ = ["record_events", "record_runs", "simulate", "attach_simulation", "ensure_simulation", "PROBE_BATCH",
@@ -68,7 +71,8 @@ def _key(desc: NetworkDescription) -> str:
 
 def record_events(desc: NetworkDescription, batch_size: int, steps: int = 2, lr: float = 0.1,
                   momentum: float = 0.9, weight_decay: float = 5e-4, inplace_relu: bool = True,
-                  fast: bool = True, method: str = "auto", relu6_clone: bool = False) -> list[Event]:
+                  fast: bool = True, method: str = "auto", relu6_clone: bool = False,
+                  optimizer: str = "sgd") -> list[Event]:
     """Allocation events (kind, storage id, bytes, aten op) of ``steps`` training steps at ``batch_size``.
 
     ``inplace_relu``: run ReLU/ReLU6 in place as torchvision models do (falls back to out-of-place
@@ -78,23 +82,27 @@ def record_events(desc: NetworkDescription, batch_size: int, steps: int = 2, lr:
     down from the description (:mod:`~perf4sight.features.alloc_model`, same events, no torch);
     "auto" uses the model where it covers every op (with ``fast`` and ``inplace_relu``), else the
     trace. ``relu6_clone``: an in-place ReLU6 keeps a clone of its input, as PyTorch >= 1.10 does (False:
-    its result, as PyTorch <= 1.9 did; see :func:`_inplace_activations`). Raises :class:`UserError` if an
-    op cannot run on the meta device.
+    its result, as PyTorch <= 1.9 did; see :func:`_inplace_activations`). ``optimizer``: ``sgd`` (with ``lr``,
+    ``momentum`` and ``weight_decay``), or ``adam`` / ``adamw`` (torch's defaults, ``foreach``). Raises
+    :class:`UserError` if an op cannot run on the meta device.
     """
     return record_runs(desc, (batch_size,), steps, lr, momentum, weight_decay, inplace_relu, fast, method,
-                       relu6_clone)[0]
+                       relu6_clone, optimizer)[0]
 
 
 def record_runs(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: int = 2, lr: float = 0.1,
                 momentum: float = 0.9, weight_decay: float = 5e-4, inplace_relu: bool = True,
-                fast: bool = True, method: str = "auto", relu6_clone: bool = False) -> list[list[Event]]:
+                fast: bool = True, method: str = "auto", relu6_clone: bool = False,
+                optimizer: str = "sgd") -> list[list[Event]]:
     """:func:`record_events` at each of ``batch_sizes``, one fresh run each (no gradients, no momentum)
     on one model built once."""
     if method not in ("auto", "trace", "model"):
         raise ValueError(f"record_runs: method must be auto, trace or model, not {method!r}")
+    optimizer_cost(optimizer)  # a ValueError naming the known ones
+    step = _OptimizerStep(optimizer, lr, momentum, weight_decay)
     if method != "trace" and fast and inplace_relu:
         try:
-            return [_modelled(desc, b, steps, momentum, weight_decay, relu6_clone) for b in batch_sizes]
+            return [_modelled(desc, b, steps, step, relu6_clone) for b in batch_sizes]
         except NotCovered as exc:
             if method == "model":
                 raise UserError(f"{desc.name}: the allocation model does not cover {exc}") from None
@@ -104,24 +112,23 @@ def record_runs(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: i
 
     try:
         with stderr_kept_on_success():  # fx's GraphModule prints the traceback of a failing call
-            return _record(desc, batch_sizes, steps, lr, momentum, weight_decay, inplace_relu, fast, relu6_clone)
+            return _record(desc, batch_sizes, steps, step, inplace_relu, fast, relu6_clone)
     except RuntimeError as exc:
         if inplace_relu and "inplace" in str(exc).lower():
-            return _record(desc, batch_sizes, steps, lr, momentum, weight_decay, False, fast, relu6_clone)
+            return _record(desc, batch_sizes, steps, step, False, fast, relu6_clone)
         message = f"{desc.name}: the training step cannot be traced on the meta device ({exc})"
         raise UserError(message.splitlines()[0]) from None
 
 
-def _modelled(desc: NetworkDescription, batch_size: int, steps: int, momentum: float,
-              weight_decay: float, relu6_clone: bool = False) -> list[Event]:
+def _modelled(desc: NetworkDescription, batch_size: int, steps: int, step: "_OptimizerStep",
+              relu6_clone: bool = False) -> list[Event]:
     """:func:`record_events` with the first step written down by the allocation model (raises NotCovered)."""
     st = step_events(desc, batch_size, relu6_clone)
-    return _assemble_steps(st.setup, st.body, st.tail, dict(st.grads), list(st.param_bytes), steps, st.new_id,
-                           momentum, weight_decay)
+    return _assemble_steps(st.setup, st.body, st.tail, dict(st.grads), list(st.param_bytes), steps, st.new_id, step)
 
 
-def _record(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: int, lr: float, momentum: float,
-            weight_decay: float, inplace_relu: bool, fast: bool, relu6_clone: bool = False) -> list[list[Event]]:
+def _record(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: int, step: "_OptimizerStep",
+            inplace_relu: bool, fast: bool, relu6_clone: bool = False) -> list[list[Event]]:
     from perf4sight.ir.to_torch import build_module
 
     model = build_module(desc, device="meta")
@@ -133,12 +140,12 @@ def _record(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: int, 
     for b in batch_sizes:
         for p in model.parameters():
             p.grad = None
-        runs.append(_trace(model, desc, b, steps, lr, momentum, weight_decay, shortcuts, fast))
+        runs.append(_trace(model, desc, b, steps, step, shortcuts, fast))
     return runs
 
 
-def _trace(model: Any, desc: NetworkDescription, batch_size: int, steps: int, lr: float, momentum: float,
-           weight_decay: float, shortcuts: dict[Any, Any], fast: bool) -> list[Event]:
+def _trace(model: Any, desc: NetworkDescription, batch_size: int, steps: int, step: "_OptimizerStep",
+           shortcuts: dict[Any, Any], fast: bool) -> list[Event]:
     """One run of ``steps`` training steps of the meta ``model`` with a fresh optimizer; its events.
 
     ``fast``: only the first step runs; the later ones are derived from it (:func:`_later_steps`)."""
@@ -171,6 +178,8 @@ def _trace(model: Any, desc: NetworkDescription, batch_size: int, steps: int, lr
                 events.append((FREE, sid, 0, ""))
 
     def see(t: Any, op: str) -> None:
+        if t.device.type != "meta":  # an optimiser's step counters live on the host, not on the device
+            return
         st = t.untyped_storage()
         cdata = st._cdata
         with lock:
@@ -201,7 +210,7 @@ def _trace(model: Any, desc: NetworkDescription, batch_size: int, steps: int, lr
     params = list(model.parameters())
 
     if not fast:  # the reference: every step run, the real optimizer
-        opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, foreach=False)
+        opt = step.make(params)
         with Recorder():
             for _ in range(steps):
                 record((STEP, 0, 0, "step"))
@@ -234,36 +243,56 @@ def _trace(model: Any, desc: NetworkDescription, batch_size: int, steps: int, lr
         first = list(events)
     param_bytes = [p.numel() * p.element_size() if p.grad is not None else None for p in params]
     return _assemble_steps(first[:begin], first[begin:backward_end], first[backward_end:], grads, param_bytes, steps,
-                           new_id, momentum, weight_decay)
+                           new_id, step)
 
 
-def _assemble_steps(setup: list[Event], body: list[Event], tail: list[Event], grads: dict[int, int | None],
-                    param_bytes: list[int | None], steps: int, new_id: Callable[[], int], momentum: float,
-                    weight_decay: float) -> list[Event]:
-    """The events of a run of ``steps`` steps from its first step: ``setup`` (weights, buffers, batch),
-    the first step's forward and backward (``body``, with :data:`ACCUMULATED` marks), what followed its
-    optimizer step (``tail``); ``grads``: parameter -> id of its ``.grad``; ``param_bytes``: per
-    parameter, None where it has no gradient. The SGD step's own events are written down."""
-    def sgd_events(first: bool) -> list[Event]:
-        """What ``opt.step()`` allocates and frees (torch.optim.SGD, single-tensor loop), per parameter."""
+class _OptimizerStep:
+    """What ``opt.step()`` allocates and frees on the device, per optimiser: :meth:`events` writes them down,
+    :meth:`make` builds the real one (the reference the tests compare them with)."""
+
+    def __init__(self, optimizer: str, lr: float, momentum: float, weight_decay: float):
+        self.optimizer, self.lr, self.momentum, self.weight_decay = optimizer, lr, momentum, weight_decay
+
+    def make(self, params: list[Any]) -> Any:
+        """The optimiser: SGD as perf4sight's runs (single-tensor loop), Adam and AdamW as a CUDA build (foreach)."""
+        import torch
+        if self.optimizer == "sgd":
+            return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay,
+                                   foreach=False)
+        return {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[self.optimizer](params, lr=self.lr, foreach=True)
+
+    def events(self, param_bytes: list[int | None], first: bool, new_id: Callable[[], int]) -> list[Event]:
+        """The step's events; ``param_bytes``: per parameter, None where it has no gradient; ``first``: the first
+        step, which makes the optimiser's state."""
+        sizes = [n for n in param_bytes if n is not None]
         out: list[Event] = []
-        for nbytes in param_bytes:
-            if nbytes is None:
-                continue
-            decayed = new_id() if weight_decay else 0
-            if weight_decay:
+        if self.optimizer != "sgd":  # Adam, AdamW (foreach): both moments, then every second moment's sqrt
+            if first:
+                out += [(ALLOC, new_id(), n, "aten.zeros_like.default") for n in sizes for _ in range(2)]
+            roots = [new_id() for _ in sizes]
+            out += [(ALLOC, i, n, "aten._foreach_sqrt.default") for i, n in zip(roots, sizes)]
+            return out + [(FREE, i, 0, "") for i in reversed(roots)]
+        for nbytes in sizes:  # SGD, single-tensor loop
+            decayed = new_id() if self.weight_decay else 0
+            if self.weight_decay:
                 out.append((ALLOC, decayed, nbytes, "aten.add.Tensor"))  # grad + weight_decay * param
-            if momentum and first:
+            if self.momentum and first:
                 out.append((ALLOC, new_id(), nbytes, "aten.clone.default"))  # the momentum buffer
-            if weight_decay:
+            if self.weight_decay:
                 out.append((FREE, decayed, 0, ""))
         return out
 
-    first = setup + [(STEP, 0, 0, "step")] + body + sgd_events(True) + tail
-    later = _later_steps(body, tail, grads, steps - 1, new_id, lambda: sgd_events(False))
+
+def _assemble_steps(setup: list[Event], body: list[Event], tail: list[Event], grads: dict[int, int | None],
+                    param_bytes: list[int | None], steps: int, new_id: Callable[[], int],
+                    step: _OptimizerStep) -> list[Event]:
+    """The events of a run of ``steps`` steps from its first step: ``setup`` (weights, buffers, batch),
+    the first step's forward and backward (``body``, with :data:`ACCUMULATED` marks), what followed its
+    optimizer step (``tail``); ``grads``: parameter -> id of its ``.grad``; ``param_bytes``: per
+    parameter, None where it has no gradient. The optimiser's own events are written down (``step``)."""
+    first = setup + [(STEP, 0, 0, "step")] + body + step.events(param_bytes, True, new_id) + tail
+    later = _later_steps(body, tail, grads, steps - 1, new_id, lambda: step.events(param_bytes, False, new_id))
     return [e for e in first if e[0] != ACCUMULATED] + later
-
-
 
 
 def _later_steps(body: list[Event], tail: list[Event], grads: dict[int, int | None], count: int,
@@ -434,7 +463,8 @@ def simulate(desc: NetworkDescription, batches: tuple[int, ...] = (PROBE_BATCH,)
     else:
         raise ValueError(f"simulate: one or two batch sizes, got {list(batches)}")
     trace = AllocTrace(desc.name, np.array([k for k, _, _, _ in first], dtype=np.int8),
-                       np.array([t for _, t, _, _ in first], dtype=np.int64), const, per, relu6_clone=relu6_clone)
+                       np.array([t for _, t, _, _ in first], dtype=np.int64), const, per, relu6_clone=relu6_clone,
+                       optimizer=kw.get("optimizer", "sgd"))
     with _LOCK:
         _CACHE[key] = trace
     return trace
@@ -443,8 +473,10 @@ def simulate(desc: NetworkDescription, batches: tuple[int, ...] = (PROBE_BATCH,)
 def attach_simulation(nf: Any, desc: NetworkDescription, protocol: str = RUN_PEAK, relu6_clone: bool = False) -> Any:
     """Give a :class:`~perf4sight.features.aggregate.NetworkFeatures` its allocation trace (``nf.sim``),
     replayed as a profiler with ``protocol`` reads memory (:data:`~perf4sight.features.allocator.REPLAY_PROTOCOLS`),
-    of a step run by a torch whose in-place ReLU6 keeps a clone of its input (``relu6_clone``) or not."""
-    nf.sim = simulate(desc, relu6_clone=relu6_clone).with_protocol(protocol)
+    of a step run by a torch whose in-place ReLU6 keeps a clone of its input (``relu6_clone``) or not, with the
+    features' optimiser (``nf.optimizer``)."""
+    extra = {} if nf.optimizer == "sgd" else {"optimizer": nf.optimizer}  # SGD's traces keep their cache keys
+    nf.sim = simulate(desc, relu6_clone=relu6_clone, **extra).with_protocol(protocol)
     return nf
 
 
@@ -456,7 +488,7 @@ def ensure_simulation(nfs: Any, terms: Any, protocol: str = RUN_PEAK, relu6_clon
     if not set(SIM_FEATURES) & set(terms):
         return
     for nf in nfs:
-        if nf.sim is not None and nf.sim.relu6_clone == relu6_clone:
+        if nf.sim is not None and nf.sim.relu6_clone == relu6_clone and nf.sim.optimizer == nf.optimizer:
             nf.sim = nf.sim.with_protocol(protocol)  # itself when the protocol is the same
             continue
         if nf.description is None:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from perf4sight.features.formulas import BYTES_PER_ELEMENT, numel
+from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, optimizer_cost
 from perf4sight.features.walk import consumer_counts, walk
 from perf4sight.ir.schema import NetworkDescription, Node
 
@@ -44,9 +45,6 @@ GEMM, DEPTHWISE, BANDWIDTH = 0, 1, 2
 TILE = (32, 32, 8)
 #: A coarser tiling (large-tile kernels) for ``lt_gemm_padded64_macs``.
 TILE64 = (64, 64, 8)
-#: SGD with momentum and weight decay, per parameter tensor: weight decay add, momentum update,
-#: parameter update, zero_grad -> 4 kernels, moving ~10 parameter-sized tensors.
-OPT_KERNELS_PER_TENSOR, OPT_TENSOR_PASSES = 4, 10
 
 LATENCY_FEATURES: tuple[str, ...] = (
     "lt_gemm_macs", "lt_gemm_padded_macs", "lt_gemm_waste_macs", "lt_gemm_padded64_macs", "lt_dw_bytes",
@@ -145,9 +143,11 @@ def _elementwise(r: _Rows, node: Node, in_shapes: list[list[int]], fwd_passes: f
 _VIEWS = {"input", "identity", "reshape", "flatten", "squeeze", "unsqueeze", "select", "narrow", "transpose"}
 
 
-def kernel_table(desc: NetworkDescription) -> KernelTable:
-    """Every kernel of one training step of ``desc`` (see the module docstring). Ops this module does
-    not know are costed as one generic bandwidth-bound kernel over their input and output."""
+def kernel_table(desc: NetworkDescription, optimizer: str = DEFAULT_OPTIMIZER) -> KernelTable:
+    """Every kernel of one training step of ``desc`` with ``optimizer`` (see the module docstring and
+    ``optimizers.py``). Ops this module does not know are costed as one generic bandwidth-bound kernel over their
+    input and output."""
+    opt = optimizer_cost(optimizer)
     shapes = {n.name: n.output_shape for n in desc.nodes}
     r = _Rows()
     params = 0
@@ -181,8 +181,8 @@ def kernel_table(desc: NetworkDescription) -> KernelTable:
             for _ in range(k - 1):
                 r.other(BANDWIDTH, float(numel(shapes[name])), 3.0 * numel(shapes[name]) * BYTES_PER_ELEMENT)
     n_params = _param_count(desc)
-    for _ in range(OPT_KERNELS_PER_TENSOR * params):
-        share = OPT_TENSOR_PASSES / OPT_KERNELS_PER_TENSOR * n_params * BYTES_PER_ELEMENT / max(params, 1)
+    for _ in range(opt.kernels_per_tensor * params):
+        share = opt.tensor_passes / opt.kernels_per_tensor * n_params * BYTES_PER_ELEMENT / max(params, 1)
         r.other(BANDWIDTH, 0.0, 0.0, share)
     a = np.array(r.rows, dtype=float).reshape(-1, 8)
     return KernelTable(kind=a[:, 0].astype(np.int64), dims=a[:, 1:4], batch_dim=a[:, 4].astype(np.int64),

@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import Any
 
 from perf4sight.config import Config
-from perf4sight.dataset import current_rows
+from perf4sight.dataset import current_rows, other_phases
 from perf4sight.errors import UserError
 from perf4sight.fingerprint.drift import normalise_step_times
 from perf4sight.fingerprint.fit import LATENCY_COLUMN, fit_fingerprint, fit_inputs_sha256
@@ -13,6 +13,7 @@ from perf4sight.fingerprint.fit_inputs import stored_if_current
 from perf4sight.fingerprint.predict import Fingerprint, load_fingerprint
 from perf4sight.fingerprint.storage import METADATA_FILE
 from perf4sight.ir.schema import NetworkDescription
+from perf4sight.profiling.plan import training_phase
 from perf4sight.profiling.results import read_rows, references_path, results_path
 
 __all__ = ["device_measurements", "drift_corrected", "fit_device", "fit_device_gnn", "load_device_fingerprint",
@@ -31,6 +32,11 @@ def device_measurements(cfg: Config, device: str, shas: dict[str, str] | None = 
         if stale and not rows:
             raise UserError(f"device '{device}': all {len(stale)} rows in {results_path(cfg.profiling_dir, device)} "
                             "were measured on earlier versions of their descriptions; profile them again")
+        others = other_phases(cfg, device) if not rows else []
+        if others:
+            raise UserError(f"device '{device}' has no rows of a training step with {cfg.profile.optimizer} "
+                            f"([profile] optimizer) in {results_path(cfg.profiling_dir, device)}, only with "
+                            f"{' and '.join(others)}: set [profile] optimizer to fit those, or profile it again")
         if not rows:
             raise UserError(f"no measurements for device '{device}' in {results_path(cfg.profiling_dir, device)}")
     limit = cfg.devices[device].memory_limit_mb if device in cfg.devices else 0
@@ -65,11 +71,14 @@ def _loads(folder: Path) -> bool:
 def drift_corrected(cfg: Config, device: str, rows: list[dict]) -> tuple[list[dict], dict | None]:
     """``rows`` with their step times corrected by ``device``'s drift reference (``drift.normalise_step_times``)
     and the correction's summary; unchanged, and None, where the device has no ``references.csv`` or
-    ``[fingerprint] drift_reference`` is off."""
+    ``[fingerprint] drift_reference`` is off. The references of the rows' training step count (``[profile]
+    optimizer``'s phase), as its rows do."""
     path = references_path(cfg.profiling_dir, device)
     if not cfg.fingerprint.drift_reference or not path.is_file():
         return rows, None
-    return normalise_step_times(rows, read_rows(path), LATENCY_COLUMN)
+    phase = training_phase(cfg.profile.optimizer)
+    references = [r for r in read_rows(path) if (r.get("phase") or "train") == phase]
+    return normalise_step_times(rows, references, LATENCY_COLUMN)
 
 
 def fit_device_gnn(cfg: Config, device: str, descriptions: dict[str, NetworkDescription],

@@ -27,6 +27,7 @@ import numpy as np
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, feature_matrix, network_features
 from perf4sight.features.allocator import PERF4SIGHT, RUN_PEAK
+from perf4sight.features.optimizers import DEFAULT_OPTIMIZER
 from perf4sight.fingerprint.domain import training_domain
 from perf4sight.fingerprint.evaluate import choose_groups, metrics
 from perf4sight.fingerprint.families import structures_by_family
@@ -38,12 +39,13 @@ from perf4sight.fingerprint.storage import FEATURE_SET, save_models
 from perf4sight.fingerprint.trees import CEILING, MODELS, TREE_FEATURES, Model, tree_features
 from perf4sight.importers.perf4sight_csv import PROTOCOL as PERF4SIGHT_ROWS
 from perf4sight.ir.schema import STRUCTURE_VERSION, NetworkDescription
+from perf4sight.profiling.plan import OPTIMIZERS, phase_optimizer, training_phase
 from perf4sight.profiling.results import batch_size_of, number
 from perf4sight.wording import plural
 
-__all__ = ["fit_fingerprint", "fit_inputs_sha256", "memory_column", "memory_replay", "relu6_clone", "device_kind",
-           "choice_rule", "memory_capacity", "capacity_basis", "records", "software_versions", "common_input_shape",
-           "LATENCY_COLUMN", "FEATURE_SET"]
+__all__ = ["fit_fingerprint", "fit_inputs_sha256", "memory_column", "memory_replay", "relu6_clone", "rows_optimizer",
+           "device_kind", "choice_rule", "memory_capacity", "capacity_basis", "records", "software_versions",
+           "common_input_shape", "LATENCY_COLUMN", "FEATURE_SET"]
 
 LATENCY_COLUMN = "latency_ms_median"
 
@@ -75,6 +77,20 @@ def relu6_clone(rows: list[dict[str, Any]]) -> bool:
     versions = [str(r.get("torch_version") or "") for r in rows]
     parsed = [tuple(int(p) for p in re.findall(r"\d+", v)[:2]) for v in versions if re.match(r"\d+\.\d+", v)]
     return bool(parsed) and all(v >= (1, 10) for v in parsed)
+
+
+def rows_optimizer(rows: list[dict[str, Any]]) -> str:
+    """The optimiser of these rows' training step, from their ``phase`` (``profiling.plan.training_phase``;
+    an empty phase is SGD's ``train``). ``UserError`` where they mix optimisers or hold another phase."""
+    phases = sorted({str(r.get("phase") or "train") for r in rows})
+    optimizers = [phase_optimizer(p) for p in phases]
+    if None in optimizers:
+        raise UserError(f"fingerprint: rows of phase {phases[optimizers.index(None)]!r}: a fingerprint is of a "
+                        f"training step ({', '.join(training_phase(o) for o in OPTIMIZERS)})")
+    if len(phases) > 1:
+        raise UserError(f"fingerprint: rows of several optimisers ({', '.join(str(o) for o in optimizers)}); fit "
+                        "the rows of one at a time")
+    return str(optimizers[0]) if optimizers else DEFAULT_OPTIMIZER
 
 
 def native_conv_dispatch(rows: list[dict[str, Any]]) -> bool:
@@ -192,7 +208,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
     if not recs:
         raise UserError(f"fingerprint: no measurements for device '{device}'")
     mem_col = memory_column(recs)
-    replay, clone = memory_replay(recs), relu6_clone(recs)
+    replay, clone, optimizer = memory_replay(recs), relu6_clone(recs), rows_optimizer(recs)
     missing = sorted({str(r["network"]) for r in recs if str(r["network"]) not in descriptions})
     usable = [r for r in recs if str(r["network"]) in descriptions]
     if not usable:
@@ -200,7 +216,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
                         f"(e.g. {', '.join(missing[:3])})")
     feats: dict[str, NetworkFeatures] = {}
     for name in sorted({str(r["network"]) for r in usable}):
-        nf = network_features(descriptions[name])
+        nf = network_features(descriptions[name], optimizer)
         if nf.unsupported:
             raise UserError(f"fingerprint: network '{name}' has ops without a cost formula: "
                             f"{', '.join(nf.unsupported)}")
@@ -290,6 +306,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         "targets": {"latency": {"column": LATENCY_COLUMN, "unit": "ms"}, "memory": {"column": mem_col, "unit": "MiB"}},
         "memory_target": mem_col,
         "memory_replay": replay,
+        "optimizer": optimizer,  # the training step's (the rows' phase): the features count its state and passes
         "relu6_clone": clone,  # the allocator replay's in-place ReLU6 keeps a clone of its input (torch >= 1.10)
         "native_conv_dispatch": native_conv_dispatch(usable),
         "training_rows": counts,

@@ -23,6 +23,7 @@ import numpy as np
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, feature_matrix, network_features
 from perf4sight.features.allocator import REPLAY_PROTOCOLS, STEP_MEAN
+from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_LABELS
 from perf4sight.fingerprint.families import known_families
 from perf4sight.fingerprint.select import RULE_KEPT
 from perf4sight.fingerprint.storage import FEATURE_SET, HeldOut, check_metadata, damaged, load_held_out, load_models
@@ -212,6 +213,8 @@ class Fingerprint(ModuleQueries):
         self.memory_replay: str = str(metadata.get("memory_replay", STEP_MEAN))
         # whether the replay's in-place ReLU6 keeps a clone of its input (the training rows' torch >= 1.10)
         self.relu6_clone: bool = bool(metadata.get("relu6_clone", False))
+        # the training step's optimiser (fingerprints before 2026-11-25 name none: they were all SGD's)
+        self.optimizer: str = str(metadata.get("optimizer", DEFAULT_OPTIMIZER))
         q = metadata.get("interval", {}).get("log_ratio_quantiles", {})
         self._bands = {t: (float(q.get(t, [0, 0])[0]), float(q.get(t, [0, 0])[1])) for t in ("latency", "memory")}
         # a query of a training family: its own band (fingerprints since 2026-11-25; none: the band above)
@@ -223,9 +226,15 @@ class Fingerprint(ModuleQueries):
         self._training_structures: dict[str, list[str]] | None = (
             metadata.get("training_structures") if metadata.get("structure_version") == STRUCTURE_VERSION else None)
 
-    @staticmethod
-    def _features(desc: NetworkDescription | NetworkFeatures) -> NetworkFeatures:
-        nf = desc if isinstance(desc, NetworkFeatures) else network_features(desc)
+    def _features(self, desc: NetworkDescription | NetworkFeatures) -> NetworkFeatures:
+        """``desc``'s features for a step with the training rows' optimiser (features of another are computed
+        again from their description)."""
+        if isinstance(desc, NetworkFeatures) and desc.optimizer != self.optimizer and desc.description is not None:
+            desc = desc.description
+        nf = desc if isinstance(desc, NetworkFeatures) else network_features(desc, self.optimizer)
+        if nf.optimizer != self.optimizer:
+            raise UserError(f"predict: the features of '{nf.name}' are for a step with {nf.optimizer}, this "
+                            f"fingerprint's with {self.optimizer}, and carry no description to compute them again")
         if nf.unsupported:
             raise UserError(f"predict: network '{nf.name}' has ops without a cost formula: {', '.join(nf.unsupported)}")
         return nf
@@ -334,8 +343,10 @@ def _why_chosen(sel: dict[str, Any]) -> str:
 
 
 def accuracy_lines(metadata: dict[str, Any]) -> list[str]:
-    """Human-readable accuracy table of a fingerprint's metadata (for the stage to print)."""
-    lines = []
+    """Human-readable accuracy table of a fingerprint's metadata (for the stage to print), after the training
+    step it is of."""
+    optimizer = str(metadata.get("optimizer", DEFAULT_OPTIMIZER))
+    lines = [f"training step: {OPTIMIZER_LABELS.get(optimizer, optimizer)} (the optimiser of its rows)"]
     for target, acc in metadata.get("accuracy", {}).items():
         head = f"{target} ({acc['column']}), leave-one-{acc['grouping']}-out"
         if acc.get("nested"):

@@ -2,7 +2,7 @@
 ``python -m perf4sight.profiling.child PLAN --network I --batch-size B --result OUT``.
 
 Rebuilds network ``I`` of the plan from its description, trains it on random data for the
-plan's warm-up and timed steps (SGD with momentum, cross-entropy) and writes one JSON object
+plan's warm-up and timed steps (cross-entropy, the plan's optimiser) and writes one JSON object
 to ``OUT``: the measurement columns (see ``results.COLUMNS``) plus ``status`` (``ok``, ``oom``
 or ``error``), ``message`` and ``stage`` (``setup``, ``build`` or ``step``: where it stopped).
 Peak RSS is not measured here: the runner reads it with ``os.wait4`` when this process ends.
@@ -21,7 +21,7 @@ from perf4sight.files import write_atomically
 from perf4sight.profiling.plan import load_plan
 from perf4sight.profiling.procfs import status_mb
 
-__all__ = ["measure", "one_line", "failure_message", "main"]
+__all__ = ["measure", "one_line", "failure_message", "make_optimizer", "main"]
 
 MESSAGE_CHARS = 300
 
@@ -42,6 +42,16 @@ def failure_message(exc: BaseException, batch_size: int) -> str:
         return one_line(exc, f"batch norm over a 1x1 map cannot train on a batch of {batch_size} (give a larger "
                              "input_shape or larger batch sizes)")
     return one_line(exc)
+
+
+def make_optimizer(plan: Any, parameters: Any) -> Any:
+    """The plan's optimiser over ``parameters``: SGD with its ``momentum``, or Adam / AdamW with torch's defaults
+    (betas 0.9 and 0.999, eps 1e-8; AdamW's weight decay 0.01); ``learning_rate`` is each one's."""
+    import torch
+
+    if plan.optimizer == "sgd":
+        return torch.optim.SGD(parameters, lr=plan.learning_rate, momentum=plan.momentum)
+    return {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[plan.optimizer](parameters, lr=plan.learning_rate)
 
 
 def measure(plan_path: Union[str, Path], network_index: int, batch_size: int) -> Dict[str, Any]:
@@ -68,7 +78,7 @@ def measure(plan_path: Union[str, Path], network_index: int, batch_size: int) ->
         torch.manual_seed(0)
         device = backend.device
         model = build_module(desc).to(device).train()
-        optimizer = torch.optim.SGD(model.parameters(), lr=plan.learning_rate, momentum=plan.momentum)
+        optimizer = make_optimizer(plan, model.parameters())
         # after the optimiser: its constructor imports torch._dynamo (~1 s, tens of MiB), a constant
         result["baseline_rss_mb"] = round(status_mb("self", "VmRSS") or 0.0, 2)
         x = torch.randn(batch_size, *shape, device=device)

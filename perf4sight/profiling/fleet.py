@@ -21,6 +21,7 @@ from perf4sight.errors import UserError
 from perf4sight.ir.schema import load_description
 from perf4sight.wording import plural
 from perf4sight.profiling.local import progress_bars, stop_runners
+from perf4sight.profiling.plan import training_phase
 from perf4sight.profiling.results import results_path
 from perf4sight.profiling.remote import (PROBE, DeviceSummary, RemoteProfiler, covering, expected_keys,
                                          known_hosts_path, plan_counts, probe_facts, probe_problems,
@@ -138,7 +139,7 @@ def _plan_on_disk(cfg: Config, dev: DeviceConfig,
     """(rows of ``dev``'s plan in its CSV, their count per status, rows the plan has); None where a description or
     the CSV cannot be read now."""
     try:
-        keys = expected_keys(dev.name, descriptions, cfg.profile.batch_sizes)
+        keys = expected_keys(dev.name, descriptions, cfg.profile.batch_sizes, training_phase(cfg.profile.optimizer))
         rows, counts = plan_counts(results_path(cfg.profiling_dir, dev.name), covering(keys))
     except (UserError, OSError):
         return None

@@ -9,7 +9,7 @@ Example (times in seconds, memory in MiB)::
     {"device": "tx2", "backend": "jetson", "networks": ["nets/resnet18_l0.json"],
      "batch_sizes": [1, 2, 4, 8], "warmup_steps": 2, "timed_steps": 5, "timeout_s": 300,
      "memory_limit_mb": 0, "threads": 0, "gpu_index": 0, "learning_rate": 0.01,
-     "momentum": 0.9, "output": "measurements.csv"}
+     "optimizer": "sgd", "momentum": 0.9, "output": "measurements.csv"}
 """
 import dataclasses
 import json
@@ -21,9 +21,28 @@ from perf4sight.errors import UserError, read_json_object
 from perf4sight.files import write_atomically
 from perf4sight.profiling.results import REFERENCES_CSV
 
-__all__ = ["TestPlan", "load_plan", "save_plan", "check_measurement_settings", "PLAN_VERSION"]
+__all__ = ["TestPlan", "load_plan", "save_plan", "check_measurement_settings", "PLAN_VERSION", "OPTIMIZERS",
+           "training_phase", "phase_optimizer"]
 
 PLAN_VERSION = 1
+
+#: The optimisers a measured training step can use (torch.optim.SGD, Adam, AdamW).
+OPTIMIZERS = ("sgd", "adam", "adamw")
+
+
+def training_phase(optimizer: str) -> str:
+    """The ``phase`` column of a training step with ``optimizer``: ``train`` for SGD (the rows measured before the
+    optimiser could be chosen say so), ``train_<optimizer>`` for the others. Part of a row's key, so a device
+    measured with another optimiser is measured again beside its earlier rows."""
+    return "train" if optimizer == "sgd" else "train_" + optimizer
+
+
+def phase_optimizer(phase: str) -> Optional[str]:
+    """The optimiser of a training ``phase`` (an empty phase is ``train``, SGD); None for any other phase."""
+    for name in OPTIMIZERS:
+        if (phase or "train") == training_phase(name):
+            return name
+    return None
 
 
 def check_measurement_settings(s: Any, where: str, quote: str = "") -> None:
@@ -51,6 +70,8 @@ def check_measurement_settings(s: Any, where: str, quote: str = "") -> None:
     if s.reference_every < 0 or s.reference_batch_size < 0:
         raise UserError(f"{where}{key('reference_every')} and {key('reference_batch_size')} must be >= 0, "
                         f"got {s.reference_every} and {s.reference_batch_size}")
+    if s.optimizer not in OPTIMIZERS:
+        raise UserError(f"{where}{key('optimizer')} must be one of {', '.join(OPTIMIZERS)}, got {s.optimizer!r}")
     if not (s.learning_rate > 0 and 0 <= s.momentum < 1):
         raise UserError(f"{where}{key('learning_rate')} must be > 0 and {key('momentum')} in [0, 1), "
                         f"got {s.learning_rate} and {s.momentum}")
@@ -69,6 +90,9 @@ class TestPlan:
     ``input_shape`` / ``num_classes``: override the description's own values (None = use them).
     ``output``: the measurement CSV (relative to the plan's folder or absolute).
     ``poll_interval_s``: how often the runner samples the child's memory (seconds).
+    ``optimizer``: the training step's optimiser (:data:`OPTIMIZERS`): ``sgd`` with ``momentum``, or ``adam`` /
+    ``adamw`` with torch's defaults; ``learning_rate`` is each one's. It names the rows' ``phase``
+    (:func:`training_phase`).
     ``max_swap_in_mb``: MiB the system may swap back in while one measurement runs; more means the
     step's memory did not fit and pages went out and came back (thrashing, e.g. a Jetson's zram): the
     row is recorded as ``oom``, its measured columns kept (0 = no check).
@@ -99,6 +123,7 @@ class TestPlan:
     gpu_index: int = 0
     learning_rate: float = 0.01
     momentum: float = 0.9
+    optimizer: str = "sgd"
     input_shape: Optional[List[int]] = None
     num_classes: Optional[int] = None
     output: str = "measurements.csv"
@@ -142,7 +167,7 @@ _TYPES: Dict[str, Tuple[Type, ...]] = {
     "timeout_s": (int, float), "memory_limit_mb": (int,),
     "max_swap_in_mb": (int, float),
     "threads": (int,), "gpu_index": (int,), "learning_rate": (int, float), "momentum": (int, float),
-    "input_shape": (list, type(None)), "num_classes": (int, type(None)), "output": (str,),
+    "optimizer": (str,), "input_shape": (list, type(None)), "num_classes": (int, type(None)), "output": (str,),
     "reference_every": (int,), "reference_network": (str,), "reference_batch_size": (int,), "reference_output": (str,),
     "retry_errors": (bool,), "poll_interval_s": (int, float), "version": (int,),
 }

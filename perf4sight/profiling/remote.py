@@ -32,6 +32,7 @@ from perf4sight.errors import UserError
 from perf4sight.ir.schema import load_description
 from perf4sight.profiling import results
 from perf4sight.profiling.local import make_plan
+from perf4sight.profiling.plan import training_phase
 from perf4sight.profiling.pull import CsvPuller, csv_with_rows, reference_key
 from perf4sight.profiling.ssh import (CONNECTION_ERRORS, DeviceError, HostKeyError, LoginError, Remote,
                                      default_known_hosts, describe_error)
@@ -118,15 +119,17 @@ def code_files() -> list[tuple[Path, str]]:
     return [(p, str(PurePosixPath("perf4sight") / p.relative_to(root).as_posix())) for p in wanted if p.is_file()]
 
 
-def expected_keys(device: str, descriptions: Sequence[Path], batch_sizes: Sequence[int]) -> set[tuple]:
-    """Measurement keys the plan will produce, as ``results.row_key`` spells them."""
+def expected_keys(device: str, descriptions: Sequence[Path], batch_sizes: Sequence[int],
+                  phase: str = "train") -> set[tuple]:
+    """Measurement keys the plan will produce, as ``results.row_key`` spells them (``phase``: its optimiser's,
+    ``plan.training_phase``)."""
     keys = set()
     for path in descriptions:
         desc = load_description(path)
         shape = "x".join(str(s) for s in desc.input_shape)
         sha = results.file_sha(Path(path).read_bytes())
         keys |= {results.row_key({"device": device, "network": desc.name, "batch_size": bs, "input_shape": shape,
-                                  "phase": "train", "description_sha": sha}) for bs in batch_sizes}
+                                  "phase": phase, "description_sha": sha}) for bs in batch_sizes}
     return keys
 
 
@@ -160,7 +163,8 @@ class RemoteProfiler:
         self.remote = Remote(dev, known_hosts_path(cfg, dev), timeout_s=connect_timeout_s)
         self.local_csv = results.results_path(cfg.profiling_dir, dev.name)
         self.summary = DeviceSummary(dev.name, "failed")
-        keys = expected_keys(dev.name, self.descriptions, cfg.profile.batch_sizes)
+        keys = expected_keys(dev.name, self.descriptions, cfg.profile.batch_sizes,
+                             training_phase(cfg.profile.optimizer))
         self.summary.expected = len(keys)
         self.expected = covering(keys)
         self.puller = CsvPuller(self.local_csv, wanted=self.expected)

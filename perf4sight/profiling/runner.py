@@ -39,7 +39,7 @@ from perf4sight.errors import UserError
 from perf4sight.ir.schema import load_description
 from perf4sight.profiling import results
 from perf4sight.profiling.backends.base import LIMIT_OOM, Backend, get_backend
-from perf4sight.profiling.plan import TestPlan, load_plan
+from perf4sight.profiling.plan import TestPlan, load_plan, training_phase
 from perf4sight.profiling.procfs import status_mb, swap_mb
 
 __all__ = ["run_plan", "run_child", "run_repeats", "swapped", "thrashing", "ChildOutcome", "main"]
@@ -310,11 +310,13 @@ class _OnDisk:
 
     @classmethod
     def read(cls, csv_path: Path, device: str, nets: List[_Network], limit: int = 0,
-             retry_errors: bool = False) -> "_OnDisk":
+             retry_errors: bool = False, phase: str = "train") -> "_OnDisk":
+        """The rows of ``device`` and ``phase`` (``plan.training_phase``: another optimiser's rows, their ooms
+        among them, are another sweep's)."""
         sha_of = {n.name: n.sha for n in nets}
         rows = results.latest_rows(
             r if r.get("description_sha") else dict(r, description_sha=sha_of.get(r["network"], ""))
-            for r in results.read_rows(csv_path) if r["device"] == device)
+            for r in results.read_rows(csv_path) if r["device"] == device and (r.get("phase") or "train") == phase)
         oom_at: Dict[Tuple[str, str, str], int] = {}
         again: Dict[Tuple[str, str, str], Tuple[int, int]] = {}
         for r in rows:
@@ -457,7 +459,8 @@ class _Reference:
 def _key_columns(plan: TestPlan, net: _Network, bs: int) -> Dict[str, Any]:
     """The columns that say which measurement a row is (``results.row_key`` reads its key from them)."""
     return {"device": plan.device, "backend": plan.backend, "network": net.name, "family": net.family,
-            "pruning_level": net.pruning_level, "batch_size": bs, "input_shape": net.input_shape, "phase": "train",
+            "pruning_level": net.pruning_level, "batch_size": bs, "input_shape": net.input_shape,
+            "phase": training_phase(plan.optimizer),
             "description_sha": net.sha}
 
 
@@ -481,7 +484,8 @@ def run_plan(plan_path: Union[str, Path], emit: Emit = print_event) -> Dict[str,
     counts = dict({s: 0 for s in results.STATUSES}, already_measured=0)
     with _locked(csv_path):
         shutil.rmtree(str(children_dir(csv_path)), ignore_errors=True)  # a killed runner's, left behind
-        disk = _OnDisk.read(csv_path, plan.device, nets, plan.memory_limit_mb, plan.retry_errors)
+        disk = _OnDisk.read(csv_path, plan.device, nets, plan.memory_limit_mb, plan.retry_errors,
+                            training_phase(plan.optimizer))
         total = len(nets) * len(plan.batch_sizes)
         emit({"event": "plan", "device": plan.device, "backend": plan.backend, "networks": len(nets),
               "batch_sizes": plan.batch_sizes, "total": total, "csv": str(csv_path)})

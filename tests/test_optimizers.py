@@ -1,0 +1,134 @@
+"""The measured step's optimiser: ``[profile] optimizer`` (sgd, adam, adamw) from the config to the child's real
+optimiser, the rows' ``phase``, the features' state and passes, the fingerprint's metadata and predict."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch.nn as nn
+
+from perf4sight.config import load_config
+from perf4sight.errors import UserError
+from perf4sight.features.aggregate import features_for, network_features
+from perf4sight.fingerprint.fit import rows_optimizer
+from perf4sight.ir.from_torch import describe
+from perf4sight.ir.schema import save_description
+from perf4sight.profiling import results
+from perf4sight.profiling.plan import OPTIMIZERS, TestPlan, phase_optimizer, training_phase
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPE = [3, 32, 32]
+MIB = 2.0**20
+
+
+def wide() -> nn.Module:
+    """12.6 M parameters in one linear layer (48 MiB a copy): Adam's two moments and its scratch stand out."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 4096), nn.ReLU(), nn.Linear(4096, 10))
+
+
+def tiny() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Linear(16, 10))
+
+
+def test_phases_name_the_optimiser_and_sgd_keeps_the_old_one():
+    assert [training_phase(o) for o in OPTIMIZERS] == ["train", "train_adam", "train_adamw"]
+    assert [phase_optimizer(training_phase(o)) for o in OPTIMIZERS] == list(OPTIMIZERS)
+    assert phase_optimizer("") == "sgd" and phase_optimizer("infer") is None
+    with pytest.raises(UserError, match=r"plan: 'optimizer' must be one of sgd, adam, adamw, got 'lamb'"):
+        TestPlan(device="d", optimizer="lamb").validate()
+
+
+def test_a_config_naming_another_optimiser_is_one_line_naming_the_key(tmp_path):
+    (tmp_path / "config.toml").write_text('[profile]\noptimizer = "lamb"\n')
+    with pytest.raises(UserError, match=r"config.toml: \[profile\] optimizer must be one of sgd, adam, adamw, "
+                                        r"got 'lamb'"):
+        load_config(tmp_path / "config.toml")
+
+
+def test_adam_features_count_its_two_moments_and_its_longer_update():
+    desc = describe(wide(), SHAPE, "wide")
+    sgd, adam, adamw = (features_for(network_features(desc, o), 8) for o in OPTIMIZERS)
+    param_mib = desc.params * 4 / MIB
+    assert adam["mem_analytic_mb"] - sgd["mem_analytic_mb"] == pytest.approx(param_mib)  # one more copy
+    assert adam["mem_alloc_mb"] - sgd["mem_alloc_mb"] == pytest.approx(param_mib)
+    # per parameter tensor (4 here): Adam launches 7 kernels, AdamW 8, SGD 4; moving 18, 20 and 10 copies
+    assert (adam["lt_launches"] - sgd["lt_launches"], adamw["lt_launches"] - sgd["lt_launches"]) == (12, 16)
+    assert adam["lt_ew_bytes"] - sgd["lt_ew_bytes"] == pytest.approx(8 * desc.params * 4)
+    assert adam["flops_total"] == sgd["flops_total"] and adam["saved_bytes"] == sgd["saved_bytes"]
+    with pytest.raises(ValueError, match="unknown optimizer 'lamb'"):
+        network_features(desc, "lamb")
+
+
+def test_a_fingerprint_is_of_one_optimisers_rows():
+    assert rows_optimizer([{"phase": "train_adam"}, {"phase": "train_adam"}]) == "adam"
+    assert rows_optimizer([{"phase": ""}, {}]) == "sgd"  # rows written before the optimiser could be chosen
+    with pytest.raises(UserError, match=r"rows of several optimisers \(sgd, adam\)"):
+        rows_optimizer([{"phase": "train_adam"}, {"phase": "train"}])
+    with pytest.raises(UserError, match="rows of phase 'infer': a fingerprint is of a training step"):
+        rows_optimizer([{"phase": "infer"}])
+
+
+CONFIG = """
+[networks]
+zoo = []
+description_files = ["wide.json", "tiny.json"]
+input_shape = [3, 32, 32]
+num_classes = 10
+
+[profile]
+batch_sizes = [1, 2]
+warmup_steps = 1
+timed_steps = 2
+optimizer = "{optimizer}"
+
+[devices.local]
+backend = "cpu"
+threads = 1
+
+[fingerprint]
+n_estimators = 20
+"""
+
+
+def _main(folder: Path, optimizer: str, *args: str) -> subprocess.CompletedProcess:
+    (folder / "config.toml").write_text(CONFIG.format(optimizer=optimizer))
+    return subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(folder / "config.toml"), *args],
+                          capture_output=True, text=True, cwd=folder, timeout=600)
+
+
+def test_profile_fingerprint_and_predict_with_adam_beside_sgd(tmp_path):
+    """One device measured with SGD, then with Adam: the Adam sweep measures every configuration again (the phase
+    is part of a row's key) and its real optimiser's moments and scratch show in the peak RSS; each optimiser's
+    rows fit a fingerprint of their own, which says whose it is, and a config naming a third finds none."""
+    save_description(describe(wide(), SHAPE, "wide"), tmp_path / "wide.json")
+    save_description(describe(tiny(), SHAPE, "tiny"), tmp_path / "tiny.json")
+    for optimizer, stage in (("sgd", "networks"), ("sgd", "profile"), ("adam", "profile"), ("adam", "profile")):
+        run = _main(tmp_path, optimizer, "--stage", stage)
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "4/4 rows (0 new)" in run.stdout  # the second Adam sweep: nothing new
+    rows = results.read_rows(results.results_path(tmp_path / "profiling_csvs", "local"))
+    assert [(r["phase"], r["status"]) for r in rows] == [("train", "ok")] * 4 + [("train_adam", "ok")] * 4
+    peak = {(r["phase"], r["network"], r["batch_size"]): float(r["peak_rss_mb"]) for r in rows}
+    params_mib = describe(wide(), SHAPE, "wide").params * 4 / MIB
+    for bs in ("1", "2"):  # Adam's second moment on top of SGD's momentum, and more: the update's scratch
+        assert peak["train_adam", "wide_l0", bs] - peak["train", "wide_l0", bs] > params_mib
+
+    fitted = _main(tmp_path, "adam", "--stage", "fingerprint")
+    assert fitted.returncode == 0, fitted.stdout[-2000:] + fitted.stderr[-2000:]
+    assert "training step: Adam (the optimiser of its rows)" in fitted.stdout
+    meta = json.loads((tmp_path / "fingerprinting" / "local" / "metadata.json").read_text())
+    assert meta["optimizer"] == "adam" and meta["training_rows"] == {"latency": 4, "memory": 4}
+    table = _main(tmp_path, "adam", "--stage", "predict", "--network", "wide_l0", "--batch-size", "2")
+    assert table.returncode == 0 and "predicted training step (Adam) on local" in table.stdout, table.stderr
+    # the config's optimiser chooses the rows: with SGD's, a fingerprint of SGD's step
+    sgd = _main(tmp_path, "sgd", "--stage", "fingerprint")
+    assert sgd.returncode == 0 and "training step: SGD with momentum" in sgd.stdout, sgd.stderr[-2000:]
+    assert json.loads((tmp_path / "fingerprinting" / "local" / "metadata.json").read_text())["optimizer"] == "sgd"
+    # a config naming AdamW finds no rows of its step, and says which there are
+    none = _main(tmp_path, "adamw", "--stage", "fingerprint")
+    assert none.returncode == 2 and "has no rows of a training step with adamw ([profile] optimizer)" in none.stderr
+    assert "only with adam and sgd: set [profile] optimizer to fit those, or profile it again" in none.stderr
