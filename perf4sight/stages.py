@@ -663,6 +663,10 @@ def run_export(cfg: Config, args: argparse.Namespace) -> int:
     devices = measured_devices(cfg, args.device)
     if not devices:
         raise UserError(f"no measurements under {cfg.profiling_dir}: run --stage profile or --stage import first")
+    if cfg.profile.optimizer != DEFAULT_OPTIMIZER:  # a PerfSeer label has one training figure, read back as SGD's
+        raise UserError(f"export writes the rows of a step with {DEFAULT_OPTIMIZER} (the phase 'train', which an "
+                        f"import reads back as such), and [profile] optimizer is {cfg.profile.optimizer}: set it to "
+                        f"{DEFAULT_OPTIMIZER} to export")
     todo = {}
     for device in devices:  # every device checked before the first file is written
         descriptions, _, rows, note = device_dataset(cfg, device)

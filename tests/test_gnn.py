@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from perf4sight.config import FingerprintConfig
+from perf4sight.config import FingerprintConfig, ProfileConfig
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import features_for
 from perf4sight.fingerprint import PREDICTION_KEYS, fit_fingerprint
@@ -229,7 +229,7 @@ def test_fit_device_gnn_reads_config(tiny, tmp_path):
     fcfg = FingerprintConfig(n_estimators=5, seed=1, gnn_arch="sage", gnn_hidden=8, gnn_layers=1, gnn_max_epochs=3,
                              gnn_patience=3)
     cfg = SimpleNamespace(profiling_dir=tmp_path / "prof", models_dir=tmp_path / "models",
-                          fingerprint_dir=tmp_path / "fp", fingerprint=fcfg,
+                          fingerprint_dir=tmp_path / "fp", fingerprint=fcfg, profile=ProfileConfig(),
                           devices={"cpu0": SimpleNamespace(memory_limit_mb=2048)})
     meta = fit_device_gnn(cfg, "cpu0", descs)
     assert meta["settings"]["arch"] == "sage" and meta["settings"]["seed"] == 1

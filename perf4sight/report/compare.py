@@ -18,6 +18,7 @@ from rich.table import Table as RichTable
 from perf4sight.config import Config
 from perf4sight.dataset import device_dataset, resolve_networks
 from perf4sight.errors import UserError
+from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_LABELS
 from perf4sight.fingerprint.evaluate import metrics
 from perf4sight.fingerprint.predict import NETWORK_SPLIT, NETWORK_SPLIT_SEEN, RANDOM_SPLIT
 from perf4sight.ir.schema import NetworkDescription
@@ -291,6 +292,11 @@ def compare_devices(cfg: Config, devices: list[str], console: Console) -> Path:
         devs.append(d)
         all_descs[name] = descs
     notes: list[str] = []
+    steps = {d.name: OPTIMIZER_LABELS.get(o, o) for d in devs
+             for o in [str(d.metadata.get("optimizer", DEFAULT_OPTIMIZER))]}
+    if len(set(steps.values())) > 1:
+        notes.append("the fingerprints are of training steps with different optimisers ("
+                     + ", ".join(f"{n}: {s}" for n, s in steps.items()) + "): their figures are of different steps")
     curves, names = _curves(cfg, devs, all_descs, notes)
     if not any(curves.values()):
         raise UserError("compare: no network could be predicted on any device; " + "; ".join(notes))
