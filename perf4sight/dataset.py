@@ -17,9 +17,9 @@ from perf4sight.profiling.results import file_sha, incomplete_note, latest_rows,
 from perf4sight.wording import named, plural
 
 __all__ = ["read_manifest", "is_description_file", "dataset_descriptions", "dataset_descriptions_or_empty",
-           "description_shas", "descriptions_and_shas", "current_rows", "other_phases", "stale_note", "undescribed_note",
-           "DeviceDataset", "device_dataset", "measured_devices", "fingerprinted_devices", "resolve_networks",
-           "ZOO_CACHE"]
+           "description_shas", "descriptions_and_shas", "current_rows", "other_phases", "stale_note",
+           "undescribed_note", "DeviceDataset", "device_dataset", "measured_devices", "fingerprinted_devices",
+           "resolve_networks", "ZOO_CACHE"]
 
 
 def read_manifest(path: Path) -> list[dict[str, str]]:

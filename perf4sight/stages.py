@@ -25,6 +25,7 @@ from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_LABELS
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.networks.zoo import ZOO_NAMES
 from perf4sight.profiling.backends.base import LIMIT_OOM
+from perf4sight.profiling.plan import training_phase
 from perf4sight.profiling.results import (batch_size_of, incomplete_note, latest_rows, number, read_rows,
                                          references_path, results_path)
 from perf4sight.wording import named, plural
@@ -148,12 +149,18 @@ def run_profile(cfg: Config, args: argparse.Namespace) -> int:
                  *(incomplete_note(results_path(cfg.profiling_dir, name)) for name in names))
     if getattr(args, "retry_errors", False):
         cfg = dataclasses.replace(cfg, profile=dataclasses.replace(cfg.profile, retry_errors=True))
+    phase = training_phase(cfg.profile.optimizer)
+    if cfg.profile.optimizer != DEFAULT_OPTIMIZER:
+        console.print(f"the measured step's optimiser: {OPTIMIZER_LABELS[cfg.profile.optimizer]} ([profile] "
+                      f"optimizer): its rows are of phase {phase}, beside any of another optimiser", markup=False)
     summaries = profile_devices(cfg, names, descriptions)
     console.print(format_summaries(summaries), markup=False)
     for s in summaries:
         if results_path(cfg.profiling_dir, s.device).is_file():
             console.print(f"{s.device}: measurements in {results_path(cfg.profiling_dir, s.device)}", markup=False)
-            _print_notes(_limit_note(cfg, s.device, latest_rows(read_rows(results_path(cfg.profiling_dir, s.device)))))
+            rows = read_rows(results_path(cfg.profiling_dir, s.device))
+            mine = latest_rows(r for r in rows if (r.get("phase") or "train") == phase)  # this optimiser's sweep
+            _print_notes(_limit_note(cfg, s.device, mine))
         refs = references_path(cfg.profiling_dir, s.device)
         if cfg.profile.reference_every > 0 and refs.is_file():
             console.print(f"{s.device}: drift reference, {plural(len(read_rows(refs)), 'measurement')} in {refs}",

@@ -517,6 +517,23 @@ def test_error_rows_are_measured_again_on_the_device_when_asked(servers, tmp_pat
     assert [r["timestamp"] for r in results.read_rows(remote_csv)] == [r["timestamp"] for r in rows]
 
 
+def test_another_optimiser_is_measured_again_on_the_device_and_its_rows_come_over(servers, tmp_path):
+    """The plan carries [profile] optimizer to the device: an Adam sweep after an SGD one measures again there (the
+    phase is part of the row key), its rows come back as ``train_adam`` and a rerun of either adds nothing."""
+    a, _ = servers
+    cfg = _config(tmp_path, {"dev-o": _device(a, tmp_path)}, batch_sizes=(1,))
+    (desc,) = _descriptions(tmp_path, ["alpha"])
+    (sgd,) = profile_devices(cfg, ["dev-o"], [desc], show_progress=False, **FAST)
+    cfg.profile.optimizer = "adam"
+    (adam,) = profile_devices(cfg, ["dev-o"], [desc], show_progress=False, **FAST)
+    (again,) = profile_devices(cfg, ["dev-o"], [desc], show_progress=False, **FAST)
+    assert (sgd.new_rows, adam.new_rows, again.new_rows) == (1, 1, 0) and adam.status == "done"
+    rows = _rows(cfg, "dev-o")
+    assert [(r["phase"], r["status"]) for r in rows] == [("train", "ok"), ("train_adam", "ok")]
+    remote_csv = tmp_path / "remote work" / "dev-o" / "measurements.csv"
+    assert [r["phase"] for r in results.read_rows(remote_csv)] == ["train", "train_adam"]
+
+
 def test_interrupted_host_stops_following_and_a_rerun_attaches_to_the_run_that_went_on(servers, tmp_path):
     """Ctrl-C on the host (the cancel event fleet sets) ends the follow at once with a message; the detached
     run keeps measuring on the device, and the next profile attaches to it and pulls every row."""

@@ -56,7 +56,8 @@ class Samples:
         for j, t in enumerate(TARGETS):
             if np.isfinite(self.Y[:, j]).sum() < 3:
                 raise UserError(f"gnn: fewer than 3 ok rows with a {t} figure for device '{device}'")
-        self.templates = {n: graph_template(descriptions[n], self.optimizer) for n in sorted({str(r["network"]) for r in recs})}
+        self.templates = {n: graph_template(descriptions[n], self.optimizer)
+                          for n in sorted({str(r["network"]) for r in recs})}
         self.nets = np.array([str(r["network"]) for r in self.ok])
         self.bs = np.array([batch_size_of(r) for r in self.ok])
         fams = np.array([str(r.get("family") or r["network"]) for r in self.ok])
