@@ -5,6 +5,7 @@ import json
 import os
 import pickle
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -237,3 +238,18 @@ def test_fit_device_gnn_reads_config(tiny, tmp_path):
     assert meta["accuracy"]["trees_source"] == {"latency": "refitted", "memory": "refitted"}  # no trees beside it
     with pytest.raises(UserError, match="no measurements"):
         fit_device_gnn(cfg, "nope", descs)
+
+
+def test_the_gnn_leaves_no_generated_source_in_the_temporary_folder():
+    """torch_geometric writes each message-passing layer's generated propagate() to a file in the temporary folder
+    and never removes it: the GNN removes it once loaded, and the layer still runs."""
+    import sys
+
+    from perf4sight.fingerprint.gnn_model import GNNModel
+    model = GNNModel("sage", 5, 2, 3, hidden=8, layers=2)
+    generated = [m for n, m in sys.modules.items() if n.startswith("torch_geometric.") and n.endswith("_propagate")]
+    assert generated and not any(Path(m.__file__).exists() for m in generated)
+    x, edges = torch.randn(4, 5), torch.tensor([[0, 1, 2], [1, 2, 3]])
+    out = model(x, edges, torch.randn(3, 2), torch.randn(1, 3), torch.zeros(4, dtype=torch.long), torch.randn(2, 3),
+                torch.zeros(2, dtype=torch.long))
+    assert out.shape == (2, 2)

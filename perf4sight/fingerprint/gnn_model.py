@@ -9,6 +9,9 @@ step costs one GNN pass per network, not per sample.
 """
 from __future__ import annotations
 
+import os
+import sys
+import tempfile
 import warnings
 
 import torch
@@ -22,6 +25,20 @@ with warnings.catch_warnings():  # torch_geometric calls torch.jit.script at imp
 from perf4sight.config import GNN_ARCHS as ARCHS  # one list of architectures, in the config
 
 __all__ = ["GNNModel", "ARCHS"]
+
+
+def _remove_template_files() -> None:
+    """Delete the Python files torch_geometric writes into the temporary folder for a message-passing layer's
+    generated ``propagate`` (one per layer class and process, never removed: a CI machine collects hundreds). The
+    modules stay loaded; only their source files go, once this process has imported them."""
+    tmp = os.path.realpath(tempfile.gettempdir())
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None) or ""
+        if name.startswith("torch_geometric.") and os.path.dirname(os.path.realpath(path)) == tmp:
+            try:
+                os.unlink(path)
+            except OSError:  # another process's, already gone
+                pass
 
 
 def _mlp(i: int, h: int, o: int) -> nn.Sequential:
@@ -66,6 +83,7 @@ class GNNModel(nn.Module):
             self.layers = nn.ModuleList(_SeerLayer(hidden) for _ in range(layers))
         else:
             self.layers = nn.ModuleList(SAGEConv(hidden, hidden, aggr=["mean", "max"]) for _ in range(layers))
+            _remove_template_files()
         self.global_path = _mlp(global_dim, hidden, hidden)
         self.head = _mlp(4 * hidden, hidden, outputs)
 
