@@ -57,6 +57,7 @@ STAGES = ("networks", "profile", "fingerprint", "predict", "compare", "all", "im
 OPTION_STAGES = {
     "network": ("predict", "all"), "batch_size": ("predict", "all"), "json": ("predict", "all"),
     "max_batch_size": ("predict",), "prune_to_fit": ("predict",), "max_latency_ms": ("predict",),
+    "optimizer": ("predict",),
     "retry_errors": ("profile", "all"),
     "predictor": ("fingerprint", "predict", "all"), "refit": ("fingerprint", "all"),
     "format": ("import", "export"), "source": ("import",), "output": ("export",),
@@ -73,6 +74,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     """The command line's parser; ``prog``: the command shown in usage lines (default: the script's name)."""
     from perf4sight.networks.zoo import ZOO_NAMES  # names only: no torch
+    from perf4sight.profiling.plan import OPTIMIZERS  # standard library only
 
     zoo = textwrap.fill(", ".join(ZOO_NAMES), width=100, initial_indent="  ", subsequent_indent="  ")
     parser = _Parser(
@@ -104,6 +106,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                              "--batch-size; the networks: zoo networks or those [networks] names")
     parser.add_argument("--max-latency-ms", type=float, metavar="MS",
                         help="predict, with --prune-to-fit: the step must also take at most MS milliseconds")
+    parser.add_argument("--optimizer", choices=OPTIMIZERS,
+                        help="predict: the training step's optimiser, where it is not the one the fingerprint's rows "
+                             "were measured with: its models read that step's features (optimiser state, update "
+                             "passes), which no row measured; a note says so (default: the fingerprint's own)")
     parser.add_argument("--json", action="store_true",
                         help="predict: one JSON object per query on stdout, notes on stderr (with --stage all, "
                              "everything the other stages print goes to stderr too)")

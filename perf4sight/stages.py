@@ -327,7 +327,7 @@ def _predict_on_one(cfg: Config, args: argparse.Namespace) -> int:
 
     predictor = _predictor(cfg, args)
     device = _predict_device(cfg, args.device, predictor)
-    fp = load_device_predictor(cfg, device, predictor)
+    fp = _for_optimizer(load_device_predictor(cfg, device, predictor), getattr(args, "optimizer", None), device)
     _stale_fingerprint_note(cfg, device)
     if predictor == "ensemble":
         _ensemble_note(fp)
@@ -354,8 +354,10 @@ def _predict_on_one(cfg: Config, args: argparse.Namespace) -> int:
         return 0
     cap = getattr(fp, "capacity_mb", None)
     fits_against = f"; fits: under {cap:,.0f} MiB" if cap is not None else ""
-    optimizer = OPTIMIZER_LABELS.get(getattr(fp, "optimizer", DEFAULT_OPTIMIZER), "?")
-    _print_predictions(preds, f"predicted training step ({optimizer}) on {device} by the {predictor} predictor "
+    step = OPTIMIZER_LABELS.get(getattr(fp, "optimizer", DEFAULT_OPTIMIZER), "?")
+    if getattr(fp, "optimizer", DEFAULT_OPTIMIZER) != getattr(fp, "fitted_optimizer", DEFAULT_OPTIMIZER):
+        step += f", from a fingerprint of {OPTIMIZER_LABELS.get(fp.fitted_optimizer, '?')}"
+    _print_predictions(preds, f"predicted training step ({step}) on {device} by the {predictor} predictor "
                               f"(90% interval{fits_against})")
     _capacity_note(fp, preds)
     shape = "x".join(map(str, fp.input_shape or cfg.networks.input_shape))
@@ -550,6 +552,21 @@ def _family_note(fp: object, descs: list[NetworkDescription]) -> None:
     if others:
         notes.print(f"note: {', '.join(others)}: named as a training family but with other layers than its "
                     "training networks: predicted as a family never seen", markup=False)
+
+
+def _for_optimizer(fp: Any, optimizer: str | None, device: str) -> Any:
+    """``fp``, or where ``optimizer`` (``--optimizer``) is not the step its rows were measured with, ``fp`` reading
+    the features of a step with ``optimizer`` (``predict.for_optimizer``), with a note saying so."""
+    from perf4sight.fingerprint.predict import for_optimizer
+    fitted = getattr(fp, "optimizer", DEFAULT_OPTIMIZER)
+    if optimizer is None or optimizer == fitted:
+        return fp
+    notes.print(f"note: {device}'s fingerprint was fitted on steps with {OPTIMIZER_LABELS[fitted]}; predicted for "
+                f"{OPTIMIZER_LABELS[optimizer]} by its models reading that step's features (the optimiser's state "
+                "and update passes), which no row measured, so the interval may not hold (README: \"The training "
+                f"step's optimiser\"); profile with [profile] optimizer = \"{optimizer}\" for a fingerprint of that "
+                "step", markup=False)
+    return for_optimizer(fp, optimizer)
 
 
 def _print_predictions(preds: list[dict], title: str) -> None:

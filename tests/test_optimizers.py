@@ -128,6 +128,13 @@ def test_profile_fingerprint_and_predict_with_adam_beside_sgd(tmp_path):
     sgd = _main(tmp_path, "sgd", "--stage", "fingerprint")
     assert sgd.returncode == 0 and "training step: SGD with momentum" in sgd.stdout, sgd.stderr[-2000:]
     assert json.loads((tmp_path / "fingerprinting" / "local" / "metadata.json").read_text())["optimizer"] == "sgd"
+    # asked about Adam's step, the SGD fingerprint reads its features, and says so; the JSON keys are the same
+    plain, told = (_main(tmp_path, "sgd", "--stage", "predict", "--network", "wide_l0", "--batch-size", "2", "--json",
+                         *extra) for extra in ((), ("--optimizer", "adam")))
+    assert plain.returncode == told.returncode == 0, told.stderr[-2000:]
+    assert "local's fingerprint was fitted on steps with SGD with momentum; predicted for Adam" in told.stderr
+    p, t = json.loads(plain.stdout), json.loads(told.stdout)
+    assert set(t) == set(p) and t["memory_mb"] != p["memory_mb"]
     # a config naming AdamW finds no rows of its step, and says which there are
     none = _main(tmp_path, "adamw", "--stage", "fingerprint")
     assert none.returncode == 2 and "has no rows of a training step with adamw ([profile] optimizer)" in none.stderr

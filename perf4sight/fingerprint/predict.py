@@ -12,6 +12,7 @@ analytic part, the demand, as a configured limit is too where the memory form sa
 """
 from __future__ import annotations
 
+import copy
 import sys
 import warnings
 from collections.abc import Mapping
@@ -23,7 +24,7 @@ import numpy as np
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, feature_matrix, network_features
 from perf4sight.features.allocator import REPLAY_PROTOCOLS, STEP_MEAN
-from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_LABELS
+from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_LABELS, optimizer_cost
 from perf4sight.fingerprint.families import known_families
 from perf4sight.fingerprint.select import RULE_KEPT
 from perf4sight.fingerprint.storage import FEATURE_SET, HeldOut, check_metadata, damaged, load_held_out, load_models
@@ -31,7 +32,7 @@ from perf4sight.fingerprint.trees import Model
 from perf4sight.ir.schema import STRUCTURE_VERSION, NetworkDescription, load_description
 from perf4sight.wording import plural
 
-__all__ = ["Fingerprint", "load_fingerprint", "PREDICTION_KEYS", "accuracy_lines"]
+__all__ = ["Fingerprint", "load_fingerprint", "PREDICTION_KEYS", "accuracy_lines", "for_optimizer"]
 
 PREDICTION_KEYS = ("network", "batch_size", "latency_ms", "latency_ms_low", "latency_ms_high",
                    "memory_mb", "memory_mb_low", "memory_mb_high", "fits")
@@ -213,8 +214,10 @@ class Fingerprint(ModuleQueries):
         self.memory_replay: str = str(metadata.get("memory_replay", STEP_MEAN))
         # whether the replay's in-place ReLU6 keeps a clone of its input (the training rows' torch >= 1.10)
         self.relu6_clone: bool = bool(metadata.get("relu6_clone", False))
-        # the training step's optimiser (fingerprints before 2026-11-25 name none: they were all SGD's)
-        self.optimizer: str = str(metadata.get("optimizer", DEFAULT_OPTIMIZER))
+        # the training step's optimiser (fingerprints before 2026-11-25 name none: they were all SGD's), and the one
+        # whose step the queries' features are of (for_optimizer)
+        self.fitted_optimizer: str = str(metadata.get("optimizer", DEFAULT_OPTIMIZER))
+        self.optimizer: str = self.fitted_optimizer
         q = metadata.get("interval", {}).get("log_ratio_quantiles", {})
         self._bands = {t: (float(q.get(t, [0, 0])[0]), float(q.get(t, [0, 0])[1])) for t in ("latency", "memory")}
         # a query of a training family: its own band (fingerprints since 2026-11-25; none: the band above)
@@ -300,6 +303,21 @@ class Fingerprint(ModuleQueries):
         F = feature_matrix(nf, np.arange(1, limit + 1))
         over = np.nonzero(self._demand(F, None) > self.capacity_mb)[0]
         return int(limit if over.size == 0 else over[0])
+
+
+def for_optimizer(predictor: Any, optimizer: str) -> Any:
+    """A shallow copy of ``predictor`` (a trees fingerprint, a GNN or their ensemble) whose queries get the
+    features of a training step with ``optimizer`` (``features.optimizers``): its models, fitted on another
+    optimiser's rows, read that step's state and update passes. An estimate no row measured (bench_optimizers.py
+    measures how far it goes); ``fitted_optimizer`` keeps the rows' own."""
+    optimizer_cost(optimizer)  # a ValueError naming the known ones
+    new = copy.copy(predictor)
+    new.fitted_optimizer = getattr(predictor, "fitted_optimizer", getattr(predictor, "optimizer", DEFAULT_OPTIMIZER))
+    new.optimizer = optimizer
+    for part in ("trees", "gnn"):  # an ensemble's predictors
+        if getattr(new, part, None) is not None:
+            setattr(new, part, for_optimizer(getattr(new, part), optimizer))
+    return new
 
 
 def load_fingerprint(folder: str | Path) -> Fingerprint:
