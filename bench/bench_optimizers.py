@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from perf4sight.profiling.plan import training_phase  # noqa: E402
-from perf4sight.profiling.results import batch_size_of, number, read_rows  # noqa: E402
+from perf4sight.profiling.results import batch_size_of, number, phase_of, read_rows  # noqa: E402
 
 DEVICE = "cpu-optimizers"
 
@@ -62,7 +62,7 @@ def _stage(config: Path, stage: str) -> None:
 
 
 def _by_key(rows: list[dict], phase: str) -> dict[tuple[str, int], dict]:
-    return {(r["network"], batch_size_of(r)): r for r in rows if (r.get("phase") or "train") == phase
+    return {(r["network"], batch_size_of(r)): r for r in rows if phase_of(r) == phase
             and r["status"] == "ok"}
 
 

@@ -13,7 +13,8 @@ from perf4sight.config import Config
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription, load_description
 from perf4sight.profiling.plan import phase_optimizer, training_phase
-from perf4sight.profiling.results import file_sha, incomplete_note, latest_rows, read_rows, results_path, split_stale
+from perf4sight.profiling.results import (file_sha, incomplete_note, latest_rows, phase_of, read_rows, results_path,
+                                         split_stale)
 from perf4sight.wording import named, plural
 
 __all__ = ["read_manifest", "is_description_file", "dataset_descriptions", "dataset_descriptions_or_empty",
@@ -82,7 +83,7 @@ def current_rows(cfg: Config, device: str, shas: dict[str, str] | None = None,
     ``incomplete``: a list to receive the numbers of the lines ``read_rows`` passed over."""
     phase = training_phase(cfg.profile.optimizer)
     rows = latest_rows(r for r in read_rows(results_path(cfg.profiling_dir, device), incomplete)
-                       if r.get("device", device) == device and (r.get("phase") or "train") == phase)
+                       if r.get("device", device) == device and phase_of(r) == phase)
     return split_stale(rows, description_shas(cfg, device) if shas is None else shas)
 
 
@@ -90,7 +91,7 @@ def other_phases(cfg: Config, device: str) -> list[str]:
     """The phases of ``device``'s rows other than ``[profile] optimizer``'s, sorted: ``sgd``, ``adam`` or ``adamw``
     for a training step with that optimiser (``profiling.plan.phase_optimizer``), else the phase as written."""
     phase = training_phase(cfg.profile.optimizer)
-    found = {r.get("phase") or "train" for r in read_rows(results_path(cfg.profiling_dir, device))
+    found = {phase_of(r) for r in read_rows(results_path(cfg.profiling_dir, device))
              if r.get("device", device) == device}
     return sorted(phase_optimizer(p) or p for p in found - {phase})
 

@@ -26,7 +26,7 @@ from perf4sight.ir.schema import NetworkDescription
 from perf4sight.networks.zoo import ZOO_NAMES
 from perf4sight.profiling.backends.base import LIMIT_OOM
 from perf4sight.profiling.plan import training_phase
-from perf4sight.profiling.results import (batch_size_of, incomplete_note, latest_rows, number, read_rows,
+from perf4sight.profiling.results import (batch_size_of, incomplete_note, latest_rows, number, phase_of, read_rows,
                                          references_path, results_path)
 from perf4sight.wording import named, plural
 
@@ -159,7 +159,7 @@ def run_profile(cfg: Config, args: argparse.Namespace) -> int:
         if results_path(cfg.profiling_dir, s.device).is_file():
             console.print(f"{s.device}: measurements in {results_path(cfg.profiling_dir, s.device)}", markup=False)
             rows = read_rows(results_path(cfg.profiling_dir, s.device))
-            mine = latest_rows(r for r in rows if (r.get("phase") or "train") == phase)  # this optimiser's sweep
+            mine = latest_rows(r for r in rows if phase_of(r) == phase)  # this optimiser's sweep
             _print_notes(_limit_note(cfg, s.device, mine))
         refs = references_path(cfg.profiling_dir, s.device)
         if cfg.profile.reference_every > 0 and refs.is_file():

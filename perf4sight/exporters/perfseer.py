@@ -40,7 +40,7 @@ from perf4sight.features.formulas import BYTES_PER_ELEMENT, numel
 from perf4sight.features.walk import walk
 from perf4sight.importers.perfseer import LABEL_FIELDS, OP_TO_ONNX, PERF4SIGHT_SOURCE
 from perf4sight.ir.schema import NetworkDescription
-from perf4sight.profiling.results import batch_size_of
+from perf4sight.profiling.results import batch_size_of, phase_of
 
 __all__ = ["export_perfseer", "description_to_graph", "exportable_rows", "check_exportable"]
 
@@ -99,7 +99,7 @@ def exportable_rows(rows: Iterable[dict[str, Any]],
     """(``ok`` training rows paired with their description, rows skipped for having none)."""
     pairs, skipped = [], 0
     for r in rows:
-        if r.get("status") != "ok" or str(r.get("phase") or "train") != "train":
+        if r.get("status") != "ok" or phase_of(r) != "train":
             continue
         desc = descriptions.get(str(r["network"]))
         if desc is None:

@@ -14,7 +14,7 @@ from perf4sight.fingerprint.predict import Fingerprint, load_fingerprint
 from perf4sight.fingerprint.storage import METADATA_FILE
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.plan import training_phase
-from perf4sight.profiling.results import read_rows, references_path, results_path
+from perf4sight.profiling.results import phase_of, read_rows, references_path, results_path
 
 __all__ = ["device_measurements", "drift_corrected", "fit_device", "fit_device_gnn", "load_device_fingerprint",
            "load_device_predictor"]
@@ -77,7 +77,7 @@ def drift_corrected(cfg: Config, device: str, rows: list[dict]) -> tuple[list[di
     if not cfg.fingerprint.drift_reference or not path.is_file():
         return rows, None
     phase = training_phase(cfg.profile.optimizer)
-    references = [r for r in read_rows(path) if (r.get("phase") or "train") == phase]
+    references = [r for r in read_rows(path) if phase_of(r) == phase]
     return normalise_step_times(rows, references, LATENCY_COLUMN)
 
 

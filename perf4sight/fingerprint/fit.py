@@ -40,7 +40,7 @@ from perf4sight.fingerprint.trees import CEILING, MODELS, TREE_FEATURES, Model, 
 from perf4sight.importers.perf4sight_csv import PROTOCOL as PERF4SIGHT_ROWS
 from perf4sight.ir.schema import STRUCTURE_VERSION, NetworkDescription
 from perf4sight.profiling.plan import OPTIMIZERS, phase_optimizer, training_phase
-from perf4sight.profiling.results import batch_size_of, number
+from perf4sight.profiling.results import batch_size_of, number, phase_of
 from perf4sight.wording import plural
 
 __all__ = ["fit_fingerprint", "fit_inputs_sha256", "memory_column", "memory_replay", "relu6_clone", "rows_optimizer",
@@ -82,7 +82,7 @@ def relu6_clone(rows: list[dict[str, Any]]) -> bool:
 def rows_optimizer(rows: list[dict[str, Any]]) -> str:
     """The optimiser of these rows' training step, from their ``phase`` (``profiling.plan.training_phase``;
     an empty phase is SGD's ``train``). ``UserError`` where they mix optimisers or hold another phase."""
-    phases = sorted({str(r.get("phase") or "train") for r in rows})
+    phases = sorted({phase_of(r) for r in rows})
     optimizers = [phase_optimizer(p) for p in phases]
     if None in optimizers:
         raise UserError(f"fingerprint: rows of phase {phases[optimizers.index(None)]!r}: a fingerprint is of a "

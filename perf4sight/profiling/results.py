@@ -21,7 +21,8 @@ from perf4sight.errors import UserError
 from perf4sight.files import atomic_path
 
 __all__ = ["COLUMNS", "STATUSES", "append_row", "upgrade_file", "read_rows", "measured_keys", "row_key", "results_path",
-           "references_path", "REFERENCES_CSV", "file_sha", "split_stale", "number", "batch_size_of", "latest_rows"]
+           "references_path", "REFERENCES_CSV", "file_sha", "split_stale", "number", "batch_size_of", "latest_rows",
+           "phase_of"]
 
 #: Column order of every measurement CSV. Empty string = not measured / not applicable.
 COLUMNS: List[str] = [
@@ -95,11 +96,16 @@ def references_path(profiling_dir: Union[str, Path], device: str) -> Path:
     return Path(profiling_dir) / device / REFERENCES_CSV
 
 
+def phase_of(row: Dict[str, Any]) -> str:
+    """A row's ``phase``; an empty one is ``train`` (SGD's training step, ``plan.training_phase``)."""
+    return str(row.get("phase") or "train")
+
+
 def row_key(row: Dict[str, Any], with_sha: bool = True) -> Tuple[str, ...]:
     """Identity of a measurement: (device, network, batch size, input shape, phase, description sha);
     without the sha for imports (they bring their descriptions with them and measure nothing again)."""
     key = (str(row.get("device", "")), str(row["network"]), str(batch_size_of(row)),
-           str(row.get("input_shape", "")), str(row.get("phase") or "train"))
+           str(row.get("input_shape", "")), phase_of(row))
     return key + (str(row.get("description_sha") or ""),) if with_sha else key
 
 

@@ -316,7 +316,7 @@ class _OnDisk:
         sha_of = {n.name: n.sha for n in nets}
         rows = results.latest_rows(
             r if r.get("description_sha") else dict(r, description_sha=sha_of.get(r["network"], ""))
-            for r in results.read_rows(csv_path) if r["device"] == device and (r.get("phase") or "train") == phase)
+            for r in results.read_rows(csv_path) if r["device"] == device and results.phase_of(r) == phase)
         oom_at: Dict[Tuple[str, str, str], int] = {}
         again: Dict[Tuple[str, str, str], Tuple[int, int]] = {}
         for r in rows:
