@@ -100,6 +100,23 @@ def test_round_trip_predict(tx2):
     assert fp.predict(descs["squeezenet_90"], 2)[0]["fits"] is True
 
 
+def test_another_optimisers_step_is_read_from_its_features_and_the_fingerprint_is_left_as_it_is(tx2):
+    """``for_optimizer`` (predict --optimizer): the TX2's SGD fingerprint given Adam's features (its second moment
+    in the analytic memory and the allocator replay, its longer update) predicts a slower, larger step; the
+    fingerprint itself still predicts SGD's."""
+    from perf4sight.fingerprint import for_optimizer
+    tmp, _, descs, _ = tx2
+    fp = load_fingerprint(tmp / "fp" / "tx2")
+    adam = for_optimizer(fp, "adam")
+    assert (fp.optimizer, adam.optimizer, adam.fitted_optimizer) == ("sgd", "adam", "sgd")
+    before = fp.predict(descs["resnet50_0"], 8)[0]
+    told = adam.predict(descs["resnet50_0"], 8)[0]
+    assert told["memory_mb"] > before["memory_mb"] and told["latency_ms"] > before["latency_ms"]
+    assert fp.predict(descs["resnet50_0"], 8)[0] == before
+    with pytest.raises(ValueError, match="unknown optimizer 'lamb'"):
+        for_optimizer(fp, "lamb")
+
+
 def test_max_batch_size_follows_the_oom_data(tx2):
     tmp, rows, descs, _ = tx2
     fp = load_fingerprint(tmp / "fp" / "tx2")
