@@ -327,7 +327,8 @@ def _predict_on_one(cfg: Config, args: argparse.Namespace) -> int:
 
     predictor = _predictor(cfg, args)
     device = _predict_device(cfg, args.device, predictor)
-    fp = _for_optimizer(load_device_predictor(cfg, device, predictor), getattr(args, "optimizer", None), device)
+    fp = _for_optimizer(load_device_predictor(cfg, device, predictor), getattr(args, "optimizer", None), device,
+                        cfg.profile.optimizer)
     _stale_fingerprint_note(cfg, device)
     if predictor == "ensemble":
         _ensemble_note(fp)
@@ -554,11 +555,17 @@ def _family_note(fp: object, descs: list[NetworkDescription]) -> None:
                     "training networks: predicted as a family never seen", markup=False)
 
 
-def _for_optimizer(fp: Any, optimizer: str | None, device: str) -> Any:
+def _for_optimizer(fp: Any, optimizer: str | None, device: str, configured: str) -> Any:
     """``fp``, or where ``optimizer`` (``--optimizer``) is not the step its rows were measured with, ``fp`` reading
-    the features of a step with ``optimizer`` (``predict.for_optimizer``), with a note saying so."""
+    the features of a step with ``optimizer`` (``predict.for_optimizer``), with a note saying so. Without
+    ``--optimizer``, a note where the fingerprint's optimiser is not the config's (``configured``)."""
     from perf4sight.fingerprint.predict import for_optimizer
     fitted = getattr(fp, "optimizer", DEFAULT_OPTIMIZER)
+    if optimizer is None and fitted != configured:
+        notes.print(f"note: {device}'s fingerprint is of steps with {OPTIMIZER_LABELS[fitted]}, and [profile] "
+                    f"optimizer is {configured}: predicted for {OPTIMIZER_LABELS[fitted]}; --optimizer {configured} "
+                    f"estimates {OPTIMIZER_LABELS[configured]}'s step from it, and profiling and fitting again with "
+                    "this config measures it", markup=False)
     if optimizer is None or optimizer == fitted:
         return fp
     notes.print(f"note: {device}'s fingerprint was fitted on steps with {OPTIMIZER_LABELS[fitted]}; predicted for "

@@ -135,6 +135,10 @@ def test_profile_fingerprint_and_predict_with_adam_beside_sgd(tmp_path):
     assert "local's fingerprint was fitted on steps with SGD with momentum; predicted for Adam" in told.stderr
     p, t = json.loads(plain.stdout), json.loads(told.stdout)
     assert set(t) == set(p) and t["memory_mb"] != p["memory_mb"]
+    # a config of Adam's step predicting on that SGD fingerprint says so
+    mixed = _main(tmp_path, "adam", "--stage", "predict", "--network", "wide_l0", "--batch-size", "2")
+    assert mixed.returncode == 0 and "and [profile] optimizer is adam: predicted for SGD with momentum; " \
+        "--optimizer adam estimates Adam's step from it" in mixed.stderr, mixed.stderr[-2000:]
     # a config naming AdamW finds no rows of its step, and says which there are
     none = _main(tmp_path, "adamw", "--stage", "fingerprint")
     assert none.returncode == 2 and "has no rows of a training step with adamw ([profile] optimizer)" in none.stderr

@@ -125,6 +125,12 @@ def _curves(cfg: Config, devs: list[DeviceData], all_descs: dict[str, dict[str, 
     return out, names
 
 
+def _step(d: DeviceData) -> str:
+    """The optimiser of the training step ``d``'s fingerprint is of, in words."""
+    optimizer = str(d.metadata.get("optimizer", DEFAULT_OPTIMIZER))
+    return OPTIMIZER_LABELS.get(optimizer, optimizer)
+
+
 def _glance_blocks(devs: list[DeviceData]) -> list[Block]:
     """One row per device: what it measured, held-out accuracy, capacity."""
     b: list[Block] = [Heading("Devices at a glance")]
@@ -135,12 +141,13 @@ def _glance_blocks(devs: list[DeviceData]) -> list[Block]:
         ok = sum(f.ok for f in d.families)
         oom = sum(f.oom for f in d.families)
         rows.append([d.name, ", ".join(sorted({r.get("backend", "") for r in d.rows})) or "?",
-                     str(len({r["network"] for r in d.rows})), f"{ok} / {oom}", shape_text(m.get("input_shape")),
+                     _step(d), str(len({r["network"] for r in d.rows})), f"{ok} / {oom}",
+                     shape_text(m.get("input_shape")),
                      m.get("memory_target", "?"),
                      f"{_fmt(la.get('mape'))} / {_fmt(la.get('within10'), '.0f')}",
                      f"{_fmt(me.get('mape'))} / {_fmt(me.get('within10'), '.0f')}",
                      _fmt(m.get("capacity_mb"), ".0f")])
-    b.append(Table(["device", "backend", "networks", "ok / oom rows", "input", "memory target",
+    b.append(Table(["device", "backend", "optimiser", "networks", "ok / oom rows", "input", "memory target",
                     "latency MAPE % / ±10% share", "memory MAPE % / ±10% share", "capacity MiB"], rows,
                    "held-out accuracy of each fingerprint; capacity: configured limit or learnt from OOM rows"))
     return b
@@ -292,8 +299,7 @@ def compare_devices(cfg: Config, devices: list[str], console: Console) -> Path:
         devs.append(d)
         all_descs[name] = descs
     notes: list[str] = []
-    steps = {d.name: OPTIMIZER_LABELS.get(o, o) for d in devs
-             for o in [str(d.metadata.get("optimizer", DEFAULT_OPTIMIZER))]}
+    steps = {d.name: _step(d) for d in devs}
     if len(set(steps.values())) > 1:
         notes.append("the fingerprints are of training steps with different optimisers ("
                      + ", ".join(f"{n}: {s}" for n, s in steps.items()) + "): their figures are of different steps")
