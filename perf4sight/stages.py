@@ -355,8 +355,8 @@ def _predict_on_one(cfg: Config, args: argparse.Namespace) -> int:
         return 0
     cap = getattr(fp, "capacity_mb", None)
     fits_against = f"; fits: under {cap:,.0f} MiB" if cap is not None else ""
-    step = OPTIMIZER_LABELS.get(getattr(fp, "optimizer", DEFAULT_OPTIMIZER), "?")
-    if getattr(fp, "optimizer", DEFAULT_OPTIMIZER) != getattr(fp, "fitted_optimizer", DEFAULT_OPTIMIZER):
+    step = OPTIMIZER_LABELS.get(fp.optimizer, "?")
+    if fp.optimizer != fp.fitted_optimizer:
         step += f", from a fingerprint of {OPTIMIZER_LABELS.get(fp.fitted_optimizer, '?')}"
     _print_predictions(preds, f"predicted training step ({step}) on {device} by the {predictor} predictor "
                               f"(90% interval{fits_against})")
@@ -560,7 +560,7 @@ def _for_optimizer(fp: Any, optimizer: str | None, device: str, configured: str)
     the features of a step with ``optimizer`` (``predict.for_optimizer``), with a note saying so. Without
     ``--optimizer``, a note where the fingerprint's optimiser is not the config's (``configured``)."""
     from perf4sight.fingerprint.predict import for_optimizer
-    fitted = getattr(fp, "optimizer", DEFAULT_OPTIMIZER)
+    fitted = fp.fitted_optimizer
     if optimizer is None and fitted != configured:
         notes.print(f"note: {device}'s fingerprint is of steps with {OPTIMIZER_LABELS[fitted]}, and [profile] "
                     f"optimizer is {configured}: predicted for {OPTIMIZER_LABELS[fitted]}; --optimizer {configured} "

@@ -91,6 +91,10 @@ threads = 1
 
 [fingerprint]
 n_estimators = 20
+gnn_hidden = 8
+gnn_layers = 1
+gnn_max_epochs = 5
+gnn_patience = 3
 """
 
 
@@ -117,13 +121,16 @@ def test_profile_fingerprint_and_predict_with_adam_beside_sgd(tmp_path):
     for bs in ("1", "2"):  # Adam's second moment on top of SGD's momentum, and more: the update's scratch
         assert peak["train_adam", "wide_l0", bs] - peak["train", "wide_l0", bs] > params_mib
 
-    fitted = _main(tmp_path, "adam", "--stage", "fingerprint")
+    fitted = _main(tmp_path, "adam", "--stage", "fingerprint", "--predictor", "ensemble")
     assert fitted.returncode == 0, fitted.stdout[-2000:] + fitted.stderr[-2000:]
     assert "training step: Adam (the optimiser of its rows)" in fitted.stdout
     meta = json.loads((tmp_path / "fingerprinting" / "local" / "metadata.json").read_text())
     assert meta["optimizer"] == "adam" and meta["training_rows"] == {"latency": 4, "memory": 4}
-    table = _main(tmp_path, "adam", "--stage", "predict", "--network", "wide_l0", "--batch-size", "2")
-    assert table.returncode == 0 and "predicted training step (Adam) on local" in table.stdout, table.stderr
+    assert json.loads((tmp_path / "fingerprinting" / "local" / "gnn.json").read_text())["optimizer"] == "adam"
+    table = _main(tmp_path, "adam", "--stage", "predict", "--network", "wide_l0", "--batch-size", "2",
+                  "--predictor", "ensemble")
+    assert table.returncode == 0 and "predicted training step (Adam) on local by the ensemble" in table.stdout, \
+        table.stderr[-2000:]
     # the config's optimiser chooses the rows: with SGD's, a fingerprint of SGD's step
     sgd = _main(tmp_path, "sgd", "--stage", "fingerprint")
     assert sgd.returncode == 0 and "training step: SGD with momentum" in sgd.stdout, sgd.stderr[-2000:]

@@ -43,7 +43,9 @@ class GNNPredictor(ModuleQueries):
         self.input_shape: list[int] | None = metadata.get("input_shape")
         self.capacity_mb: float | None = metadata.get("capacity_mb")
         self.bands = metadata.get("interval", {}).get("log_ratio_quantiles", {}).get("gnn", {})
-        self.optimizer: str = str(metadata.get("optimizer", DEFAULT_OPTIMIZER))  # the training step's
+        # the training step's optimiser, and the one whose step the queries' features are of (for_optimizer)
+        self.fitted_optimizer: str = str(metadata.get("optimizer", DEFAULT_OPTIMIZER))
+        self.optimizer: str = self.fitted_optimizer
 
     def outside_training(self, descs: Any, batch_sizes: int | Sequence[int]) -> list[str]:
         """As :meth:`perf4sight.fingerprint.predict.Fingerprint.outside_training`, on the GNN's training rows
@@ -78,7 +80,7 @@ class EnsemblePredictor(ModuleQueries):
         if trees.optimizer != gnn.optimizer:
             raise UserError(f"the ensemble's trees were fitted on rows of a step with {trees.optimizer}, its GNN on "
                             f"rows with {gnn.optimizer}: fit both again (--stage fingerprint --predictor ensemble)")
-        self.optimizer = trees.optimizer
+        self.fitted_optimizer, self.optimizer = trees.fitted_optimizer, trees.optimizer
         self.device, self.input_shape = gnn.device, trees.input_shape or gnn.input_shape
         self.capacity_mb = trees.capacity_mb if trees.capacity_mb is not None else gnn.capacity_mb
         self.bands = gnn.metadata.get("interval", {}).get("log_ratio_quantiles", {}).get("ensemble", {})

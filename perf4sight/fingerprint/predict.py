@@ -312,7 +312,6 @@ def for_optimizer(predictor: Any, optimizer: str) -> Any:
     measures how far it goes); ``fitted_optimizer`` keeps the rows' own."""
     optimizer_cost(optimizer)  # a ValueError naming the known ones
     new = copy.copy(predictor)
-    new.fitted_optimizer = getattr(predictor, "fitted_optimizer", getattr(predictor, "optimizer", DEFAULT_OPTIMIZER))
     new.optimizer = optimizer
     for part in ("trees", "gnn"):  # an ensemble's predictors
         if getattr(new, part, None) is not None:
