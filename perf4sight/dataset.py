@@ -72,16 +72,17 @@ def description_shas(cfg: Config, device: str) -> dict[str, str]:
     return descriptions_and_shas(cfg, device)[1]
 
 
-def current_rows(cfg: Config, device: str, shas: dict[str, str] | None = None,
-                 incomplete: list[int] | None = None) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+def current_rows(cfg: Config, device: str, shas: dict[str, str] | None = None, incomplete: list[int] | None = None,
+                 optimizer: str | None = None) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
     """(rows of ``device`` measured on its descriptions as they are now, stale rows), of the training step with
-    ``[profile] optimizer`` (the rows' ``phase``; :func:`other_phases` says what else the device has): a row whose
+    ``optimizer`` (default: ``[profile] optimizer``; the rows' ``phase``; :func:`other_phases` says what else the
+    device has): a row whose
     network's description file changed since it was measured is stale (the profile stage measures it again), and
     a row measured again later is left out of both (``latest_rows``: an ``oom`` of a lower memory_limit_mb, an
     ``error`` retried).
     ``shas``: ``description_shas`` of the device when the caller has them already (else they are read);
     ``incomplete``: a list to receive the numbers of the lines ``read_rows`` passed over."""
-    phase = training_phase(cfg.profile.optimizer)
+    phase = training_phase(optimizer or cfg.profile.optimizer)
     rows = latest_rows(r for r in read_rows(results_path(cfg.profiling_dir, device), incomplete)
                        if r.get("device", device) == device and phase_of(r) == phase)
     return split_stale(rows, description_shas(cfg, device) if shas is None else shas)
@@ -137,13 +138,13 @@ class DeviceDataset(NamedTuple):
     note: str  # ``incomplete_note`` and ``stale_note`` on the lines and rows passed over, one a line ('' if none)
 
 
-def device_dataset(cfg: Config, device: str) -> DeviceDataset:
+def device_dataset(cfg: Config, device: str, optimizer: str | None = None) -> DeviceDataset:
     """``device``'s descriptions and their shas (``descriptions_and_shas``: each file parsed once), its current
-    rows (``current_rows``) and the notes on the CSV lines and stale rows passed over (``incomplete_note``,
-    ``stale_note``), which the caller prints or not."""
+    rows (``current_rows``, of ``optimizer``'s step: default ``[profile] optimizer``'s) and the notes on the CSV
+    lines and stale rows passed over (``incomplete_note``, ``stale_note``), which the caller prints or not."""
     descriptions, shas = descriptions_and_shas(cfg, device)
     incomplete: list[int] = []
-    rows, stale = current_rows(cfg, device, shas, incomplete)
+    rows, stale = current_rows(cfg, device, shas, incomplete, optimizer)
     notes = (incomplete_note(results_path(cfg.profiling_dir, device), incomplete), stale_note(device, stale, rows))
     return DeviceDataset(descriptions, shas, rows, "\n".join(n for n in notes if n))
 

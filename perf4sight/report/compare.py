@@ -39,11 +39,13 @@ TOP_FEATURES = 8
 
 
 def gather_device(cfg: Config, device: str) -> tuple[DeviceData, dict[str, NetworkDescription]]:
-    """Load ``device``'s fingerprint, measurements and descriptions; compute its report figures."""
+    """Load ``device``'s fingerprint, measurements (those of the training step it is of) and descriptions; compute
+    its report figures."""
     from perf4sight.fingerprint.api import load_device_fingerprint
 
     fp = load_device_fingerprint(cfg, device)
-    descs, _, rows, _ = device_dataset(cfg, device)  # compare passes stale rows over without a note
+    # the rows of the step the fingerprint is of; compare passes stale rows over without a note
+    descs, _, rows, _ = device_dataset(cfg, device, fp.optimizer)
     data = DeviceData(name=device, fingerprint=fp, rows=rows, families=summarise_measurements(rows),
                       scatter=measured_vs_predicted(fp, rows, descs),
                       sensitivity=feature_sensitivity(fp, rows, descs, seed=cfg.project.seed))
