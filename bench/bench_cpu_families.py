@@ -22,7 +22,6 @@ generated networks.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -31,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from _stages import run_stage  # noqa: E402
 from bench_fingerprint import evaluate, figures, load_csv, table  # noqa: E402
 
 ZOO = ("resnet18", "mobilenet_v2", "squeezenet1_0", "mnasnet1_0", "shufflenet_v2_x1_0", "googlenet")
@@ -75,11 +75,7 @@ threads = 1
 
 
 def _stage(config: Path, stage: str) -> None:
-    cmd = [sys.executable, str(ROOT / "main.py"), "--config", str(config), "--stage", stage]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    if proc.returncode != 0:
-        last_line = (proc.stderr or proc.stdout).strip().splitlines()[-1:]
-        sys.exit(f"bench_cpu_families: --stage {stage} failed: {last_line}")
+    run_stage(config, stage, "bench_cpu_families")
 
 
 def write_config(folder: Path, zoo: tuple[str, ...] = ZOO, generated: int = 12, repeats: int = 1,

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -32,7 +31,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
+from _stages import run_stage  # noqa: E402
 from perf4sight.profiling.plan import training_phase  # noqa: E402
 from perf4sight.profiling.results import batch_size_of, number, phase_of, read_rows  # noqa: E402
 
@@ -51,14 +52,6 @@ def write_config(folder: Path, optimizer: str) -> Path:
     config = folder / f"config-{optimizer}.toml"
     config.write_text(text)
     return config
-
-
-def _stage(config: Path, stage: str) -> None:
-    cmd = [sys.executable, str(ROOT / "main.py"), "--config", str(config), "--stage", stage]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    if proc.returncode != 0:
-        last_line = (proc.stderr or proc.stdout).strip().splitlines()[-1:]
-        sys.exit(f"bench_optimizers: {config.name} --stage {stage} failed: {last_line}")
 
 
 def _by_key(rows: list[dict], phase: str) -> dict[tuple[str, int], dict]:
@@ -99,10 +92,10 @@ def run(optimizers: tuple[str, ...] = ("sgd", "adam"), keep: str = "") -> list[d
         folder = Path(keep or scratch)
         folder.mkdir(parents=True, exist_ok=True)
         configs = {o: write_config(folder, o) for o in optimizers}
-        _stage(configs[optimizers[0]], "networks")
+        run_stage(configs[optimizers[0]], "networks", "bench_optimizers")
         for o in optimizers:
             for stage in ("profile", "fingerprint"):
-                _stage(configs[o], stage)
+                run_stage(configs[o], stage, "bench_optimizers")
             print(f"  {o}: profiled and fingerprinted", flush=True)
         rows = read_rows(folder / "profiling_csvs" / DEVICE / "measurements.csv")
         base = optimizers[0]
