@@ -57,7 +57,7 @@ STAGES = ("networks", "profile", "fingerprint", "predict", "compare", "all", "im
 OPTION_STAGES = {
     "network": ("predict", "all"), "batch_size": ("predict", "all"), "json": ("predict", "all"),
     "max_batch_size": ("predict",), "prune_to_fit": ("predict",), "max_latency_ms": ("predict",),
-    "optimizer": ("predict",),
+    "optimizer": ("profile", "fingerprint", "predict", "all"),
     "retry_errors": ("profile", "all"),
     "predictor": ("fingerprint", "predict", "all"), "refit": ("fingerprint", "all"),
     "format": ("import", "export"), "source": ("import",), "output": ("export",),
@@ -107,9 +107,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--max-latency-ms", type=float, metavar="MS",
                         help="predict, with --prune-to-fit: the step must also take at most MS milliseconds")
     parser.add_argument("--optimizer", choices=OPTIMIZERS,
-                        help="predict: the training step's optimiser, where it is not the one the fingerprint's rows "
-                             "were measured with: its models read that step's features (optimiser state, update "
-                             "passes), which no row measured; a note says so (default: the fingerprint's own)")
+                        help="the training step's optimiser, for this run instead of [profile] optimizer: profile "
+                             "measures it, fingerprint fits its rows, predict predicts it (from a fingerprint of "
+                             "another optimiser's rows: its models read this step's features, which no row "
+                             "measured, with a note saying so)")
     parser.add_argument("--json", action="store_true",
                         help="predict: one JSON object per query on stdout, notes on stderr (with --stage all, "
                              "everything the other stages print goes to stderr too)")

@@ -50,7 +50,10 @@ def _print_notes(*lines: str | None) -> None:
 
 
 def run(stage: str, cfg: Config, args: argparse.Namespace) -> int:
-    """Run ``stage`` (or every stage of ``STAGE_ORDER`` for ``all``); returns the exit code."""
+    """Run ``stage`` (or every stage of ``STAGE_ORDER`` for ``all``); returns the exit code. ``--optimizer`` stands
+    for ``[profile] optimizer`` in this run."""
+    if getattr(args, "optimizer", None):
+        cfg = dataclasses.replace(cfg, profile=dataclasses.replace(cfg.profile, optimizer=args.optimizer))
     if stage != "all":
         return STAGES[stage](cfg, args)
     json_only = bool(getattr(args, "json", False))  # stdout: the predict stage's JSON lines, nothing else
@@ -327,8 +330,7 @@ def _predict_on_one(cfg: Config, args: argparse.Namespace) -> int:
 
     predictor = _predictor(cfg, args)
     device = _predict_device(cfg, args.device, predictor)
-    fp = _for_optimizer(load_device_predictor(cfg, device, predictor), getattr(args, "optimizer", None), device,
-                        cfg.profile.optimizer)
+    fp = _for_optimizer(load_device_predictor(cfg, device, predictor), cfg.profile.optimizer, device)
     _stale_fingerprint_note(cfg, device)
     if predictor == "ensemble":
         _ensemble_note(fp)
@@ -555,24 +557,19 @@ def _family_note(fp: object, descs: list[NetworkDescription]) -> None:
                     "training networks: predicted as a family never seen", markup=False)
 
 
-def _for_optimizer(fp: Any, optimizer: str | None, device: str, configured: str) -> Any:
-    """``fp``, or where ``optimizer`` (``--optimizer``) is not the step its rows were measured with, ``fp`` reading
-    the features of a step with ``optimizer`` (``predict.for_optimizer``), with a note saying so. Without
-    ``--optimizer``, a note where the fingerprint's optimiser is not the config's (``configured``)."""
+def _for_optimizer(fp: Any, optimizer: str, device: str) -> Any:
+    """``fp``, or where ``optimizer`` (``[profile] optimizer``, or ``--optimizer`` for the run) is not the step its
+    rows were measured with, ``fp`` reading the features of a step with ``optimizer`` (``predict.for_optimizer``),
+    with a note saying so."""
     from perf4sight.fingerprint.predict import for_optimizer
     fitted = fp.fitted_optimizer
-    if optimizer is None and fitted != configured:
-        notes.print(f"note: {device}'s fingerprint is of steps with {OPTIMIZER_LABELS[fitted]}, and [profile] "
-                    f"optimizer is {configured}: predicted for {OPTIMIZER_LABELS[fitted]}; --optimizer {configured} "
-                    f"estimates {OPTIMIZER_LABELS[configured]}'s step from it, and profiling and fitting again with "
-                    "this config measures it", markup=False)
-    if optimizer is None or optimizer == fitted:
+    if optimizer == fitted:
         return fp
     notes.print(f"note: {device}'s fingerprint was fitted on steps with {OPTIMIZER_LABELS[fitted]}; predicted for "
-                f"{OPTIMIZER_LABELS[optimizer]} by its models reading that step's features (the optimiser's state "
-                "and update passes), which no row measured, so the interval may not hold (README: \"The training "
-                f"step's optimiser\"); profile with [profile] optimizer = \"{optimizer}\" for a fingerprint of that "
-                "step", markup=False)
+                f"{OPTIMIZER_LABELS[optimizer]} ([profile] optimizer or --optimizer) by its models reading that "
+                "step's features (the optimiser's state and update passes), which no row measured, so the interval "
+                "may not hold (README: \"The training step's optimiser\"); profile and fit that step for a "
+                f"fingerprint of it, or --optimizer {fitted} for the step it measured", markup=False)
     return for_optimizer(fp, optimizer)
 
 

@@ -110,10 +110,11 @@ def test_profile_fingerprint_and_predict_with_adam_beside_sgd(tmp_path):
     rows fit a fingerprint of their own, which says whose it is, and a config naming a third finds none."""
     save_description(describe(wide(), SHAPE, "wide"), tmp_path / "wide.json")
     save_description(describe(tiny(), SHAPE, "tiny"), tmp_path / "tiny.json")
-    for optimizer, stage in (("sgd", "networks"), ("sgd", "profile"), ("adam", "profile"), ("adam", "profile")):
+    for optimizer, stage in (("sgd", "networks"), ("sgd", "profile"), ("adam", "profile")):
         run = _main(tmp_path, optimizer, "--stage", stage)
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    assert "4/4 rows (0 new)" in run.stdout  # the second Adam sweep: nothing new
+    again = _main(tmp_path, "sgd", "--stage", "profile", "--optimizer", "adam")  # for this run instead of the config's
+    assert "4/4 rows (0 new)" in again.stdout and "phase train_adam" in again.stdout, again.stderr[-2000:]
     rows = results.read_rows(results.results_path(tmp_path / "profiling_csvs", "local"))
     assert [(r["phase"], r["status"]) for r in rows] == [("train", "ok")] * 4 + [("train_adam", "ok")] * 4
     peak = {(r["phase"], r["network"], r["batch_size"]): float(r["peak_rss_mb"]) for r in rows}
@@ -142,10 +143,12 @@ def test_profile_fingerprint_and_predict_with_adam_beside_sgd(tmp_path):
     assert "local's fingerprint was fitted on steps with SGD with momentum; predicted for Adam" in told.stderr
     p, t = json.loads(plain.stdout), json.loads(told.stdout)
     assert set(t) == set(p) and t["memory_mb"] != p["memory_mb"]
-    # a config of Adam's step predicting on that SGD fingerprint says so
-    mixed = _main(tmp_path, "adam", "--stage", "predict", "--network", "wide_l0", "--batch-size", "2")
-    assert mixed.returncode == 0 and "and [profile] optimizer is adam: predicted for SGD with momentum; " \
-        "--optimizer adam estimates Adam's step from it" in mixed.stderr, mixed.stderr[-2000:]
+    # a config of Adam's step on that SGD fingerprint is --optimizer adam; --optimizer sgd asks for SGD's step
+    mixed = _main(tmp_path, "adam", "--stage", "predict", "--network", "wide_l0", "--batch-size", "2", "--json")
+    assert mixed.returncode == 0 and json.loads(mixed.stdout) == t and "predicted for Adam" in mixed.stderr
+    back = _main(tmp_path, "adam", "--stage", "predict", "--network", "wide_l0", "--batch-size", "2", "--json",
+                 "--optimizer", "sgd")
+    assert back.returncode == 0 and json.loads(back.stdout) == p and "predicted for" not in back.stderr
     # a config naming AdamW finds no rows of its step, and says which there are
     none = _main(tmp_path, "adamw", "--stage", "fingerprint")
     assert none.returncode == 2 and "has no rows of a training step with adamw ([profile] optimizer)" in none.stderr
