@@ -19,7 +19,8 @@ from rich.table import Table
 
 from perf4sight.config import Config
 from perf4sight.dataset import (ZOO_CACHE, dataset_descriptions, device_dataset, fingerprinted_devices,
-                                is_description_file, measured_devices, resolve_networks, undescribed_note)
+                                is_description_file, measured_devices, other_phases, resolve_networks,
+                                undescribed_note)
 from perf4sight.errors import UserError
 from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_LABELS
 from perf4sight.ir.schema import NetworkDescription
@@ -243,8 +244,12 @@ def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
         raise UserError(f"no measurements under {cfg.profiling_dir}: run --stage profile first")
     predictor = _predictor(cfg, args)
     refit = bool(getattr(args, "refit", False))  # else a fit from the inputs of the stored one is skipped
+    skipped = []
     for device in devices:
         descriptions, shas, rows, note = device_dataset(cfg, device)  # each description parsed once per device
+        if not rows and not args.device and _other_optimizers_only(cfg, device):
+            skipped.append(device)
+            continue
         _print_notes(note, undescribed_note(cfg, device, rows, descriptions), _over_limit_note(cfg, device, rows),
                      _limit_note(cfg, device, rows))
         if predictor in ("trees", "ensemble"):
@@ -280,7 +285,25 @@ def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
                             f"{plural(len(meta['networks']), 'network')}, too few for a graph network (PerfSeer "
                             "trained on 53k): its figures and intervals mean little; the trees fingerprint is the one "
                             "to use here", markup=False)
+    if skipped and len(skipped) == len(devices):  # nothing fitted: the first one's error says why
+        from perf4sight.fingerprint.api import device_measurements
+        device_measurements(cfg, skipped[0])
     return 0
+
+
+def _other_optimizers_only(cfg: Config, device: str) -> bool:
+    """Whether ``device``'s rows are all of other optimisers' steps than ``[profile] optimizer``'s (imported
+    perf4sight data, say, under a config of Adam's step); if so, a note on what stays as it is."""
+    others = other_phases(cfg, device)
+    if not others:
+        return False
+    step = OPTIMIZER_LABELS[cfg.profile.optimizer]
+    stored = cfg.fingerprint_dir / device / "metadata.json"
+    stays = (f"its fingerprint stays as it is, and predict estimates {step}'s step from it" if stored.is_file()
+             else f"--optimizer {others[0]} fits one of its rows")
+    notes.print(f"note: {device}: not fitted: its rows are of steps with {' and '.join(others)}, none with {step} "
+                f"([profile] optimizer); {stays}", markup=False)
+    return True
 
 
 def _print_accuracy(device: str, meta: dict) -> None:

@@ -149,6 +149,18 @@ def test_profile_fingerprint_and_predict_with_adam_beside_sgd(tmp_path):
     back = _main(tmp_path, "adam", "--stage", "predict", "--network", "wide_l0", "--batch-size", "2", "--json",
                  "--optimizer", "sgd")
     assert back.returncode == 0 and json.loads(back.stdout) == p and "predicted for" not in back.stderr
+    # a device whose rows are all of another optimiser's step (imported data, say) is passed over with a note when
+    # the stage fits every device, and is an error when named
+    other = tmp_path / "profiling_csvs" / "other" / "measurements.csv"
+    other.parent.mkdir()
+    for r in (r for r in rows if r["phase"] == "train"):
+        results.append_row(other, dict(r, device="other"))
+    both = _main(tmp_path, "adam", "--stage", "fingerprint")
+    assert both.returncode == 0 and "training step: Adam" in both.stdout, both.stderr[-2000:]
+    assert "other: not fitted: its rows are of steps with sgd, none with Adam ([profile] optimizer); --optimizer " \
+           "sgd fits one of its rows" in both.stderr and not (tmp_path / "fingerprinting" / "other").exists()
+    named = _main(tmp_path, "adam", "--stage", "fingerprint", "--device", "other")
+    assert named.returncode == 2 and "device 'other' has no rows of a training step with adam" in named.stderr
     # a config naming AdamW finds no rows of its step, and says which there are
     none = _main(tmp_path, "adamw", "--stage", "fingerprint")
     assert none.returncode == 2 and "has no rows of a training step with adamw ([profile] optimizer)" in none.stderr
