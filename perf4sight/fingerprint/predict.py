@@ -230,14 +230,14 @@ class Fingerprint(ModuleQueries):
             metadata.get("training_structures") if metadata.get("structure_version") == STRUCTURE_VERSION else None)
 
     def _features(self, desc: NetworkDescription | NetworkFeatures) -> NetworkFeatures:
-        """``desc``'s features for a step with the training rows' optimiser (features of another are computed
-        again from their description)."""
+        """``desc``'s features for a step with :attr:`optimizer` (the training rows' own, or another's by
+        :func:`for_optimizer`); features of another step are computed again from their description."""
         if isinstance(desc, NetworkFeatures) and desc.optimizer != self.optimizer and desc.description is not None:
             desc = desc.description
         nf = desc if isinstance(desc, NetworkFeatures) else network_features(desc, self.optimizer)
         if nf.optimizer != self.optimizer:
-            raise UserError(f"predict: the features of '{nf.name}' are for a step with {nf.optimizer}, this "
-                            f"fingerprint's with {self.optimizer}, and carry no description to compute them again")
+            raise UserError(f"predict: the features of '{nf.name}' are for a step with {nf.optimizer}, the predictions "
+                            f"for one with {self.optimizer}, and carry no description to compute them again")
         if nf.unsupported:
             raise UserError(f"predict: network '{nf.name}' has ops without a cost formula: {', '.join(nf.unsupported)}")
         return nf
