@@ -19,7 +19,11 @@ peaks they change nothing: replayed without them, no family's mean error moved b
 Record (on the GPU machine; only torch and this project are needed; seconds per configuration):
 
     python3 bench/bench_allocator_history.py record --models bench/h100/models \\
-        --network resnet18_l0 resnet50_l0 squeezenet1_0_l0 --batch-size 64 256 --out DIR
+        --network resnet18_l0 resnet50_l0 squeezenet1_0_l0 --batch-size 64 256 --out DIR [--optimizer adam]
+
+``--optimizer`` (``sgd``, the default, ``adam`` or ``adamw``: ``[profile] optimizer``) trains with that optimiser
+as the profiler does; the history names it, and its replay writes down that optimiser's step (Adam's ``foreach``
+update, checked so far against the real optimiser on the meta device only).
 
 Compare (on the host; ``run()``, as ``./dev.sh bench allocator_history`` calls it, compares the histories kept
 under ``bench/h100/allocator_history/`` when there are any):
@@ -39,7 +43,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from perf4sight.profiling.plan import TestPlan  # noqa: E402
+from perf4sight.profiling.plan import OPTIMIZERS, TestPlan  # noqa: E402
 
 KEPT = ROOT / "bench" / "h100" / "allocator_history"
 KEPT_MODELS = ROOT / "bench" / "h100" / "models"
@@ -58,23 +62,25 @@ def find_description(models: Path, network: str) -> Path:
 
 
 # ----------------------------------------------------------------------------------------------- on the GPU
-def record_one(description: Path, batch_size: int, out: Path, lr: float = _PROFILER.learning_rate,
-               momentum: float = _PROFILER.momentum) -> None:
-    """One configuration in this process: the profiler's training step (SGD with momentum, cross-entropy, random
-    data), warm-up and timed steps, with torch's allocation history on; writes ``out`` (JSON): the history's
-    entries as ``[action, size, address]``, ``step_starts`` (the entry index each step starts at) and the peaks
-    torch's counters read (MiB)."""
+def record_one(description: Path, batch_size: int, out: Path, optimizer: str = "sgd") -> None:
+    """One configuration in this process: the profiler's training step (``optimizer`` as the profiler builds it,
+    cross-entropy, random data), warm-up and timed steps, with torch's allocation history on; writes ``out``
+    (JSON): the history's entries as ``[action, size, address]``, ``step_starts`` (the entry index each step starts
+    at), the optimiser and the peaks torch's counters read (MiB)."""
+    import dataclasses
+
     import torch
     import torch.nn.functional as F
 
     from perf4sight.ir.schema import load_description
     from perf4sight.ir.to_torch import build_module
+    from perf4sight.profiling.child import make_optimizer
 
     desc = load_description(description)
     dev = torch.device("cuda")
     torch.manual_seed(0)
     model = build_module(desc).to(dev).train()
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    opt = make_optimizer(dataclasses.replace(_PROFILER, optimizer=optimizer), model.parameters())
     x = torch.randn(batch_size, *desc.input_shape, device=dev)
     y = torch.randint(0, desc.num_classes, (batch_size,), device=dev)
     torch.cuda.synchronize()
@@ -90,24 +96,24 @@ def record_one(description: Path, batch_size: int, out: Path, lr: float = _PROFI
     trace = torch.cuda.memory._snapshot()["device_traces"][dev.index or 0]
     torch.cuda.memory._record_memory_history(enabled=None)
     out.write_text(json.dumps({
-        "network": desc.name, "batch_size": batch_size, "torch_version": torch.__version__,
+        "network": desc.name, "batch_size": batch_size, "optimizer": optimizer, "torch_version": torch.__version__,
         "cudnn_version": torch.backends.cudnn.version(), "device_name": torch.cuda.get_device_name(dev),
         "max_reserved_mb": torch.cuda.max_memory_reserved(dev) / MIB,
         "max_allocated_mb": torch.cuda.max_memory_allocated(dev) / MIB,
         "step_starts": starts, "entries": [[e["action"], int(e["size"]), int(e["addr"])] for e in trace]}))
 
 
-def record(models: Path, networks: list[str], batch_sizes: list[int], out: Path) -> int:
+def record(models: Path, networks: list[str], batch_sizes: list[int], out: Path, optimizer: str = "sgd") -> int:
     """:func:`record_one` for every (network, batch size), each in a fresh process (cuDNN's plan cache and the
     allocator start empty, as in a profile); a configuration that fails is reported and skipped. Returns how
-    many failed."""
+    many failed. Files are ``<network>_bs<batch>.json``, with ``_<optimizer>`` before ``.json`` but for SGD."""
     out.mkdir(parents=True, exist_ok=True)
     failed = 0
     for net in networks:
         desc = find_description(models, net)
         for b in batch_sizes:
-            target = out / f"{net}_bs{b}.json"
-            done = subprocess.run([sys.executable, __file__, "_one", str(desc), str(b), str(target)],
+            target = out / f"{net}_bs{b}{'' if optimizer == 'sgd' else '_' + optimizer}.json"
+            done = subprocess.run([sys.executable, __file__, "_one", str(desc), str(b), str(target), optimizer],
                                   capture_output=True, text=True)
             tail = (done.stderr.strip().splitlines() or [""])[-1]
             print(f"{net} batch {b}: {'ok' if done.returncode == 0 else 'failed: ' + tail}", flush=True)
@@ -165,16 +171,18 @@ def compare_one(history: dict[str, Any], description: Path) -> list[str]:
     from perf4sight.fingerprint.fit import relu6_clone
     from perf4sight.ir.schema import load_description
 
-    b = int(history["batch_size"])
+    b, optimizer = int(history["batch_size"]), history.get("optimizer", "sgd")  # histories before it: SGD's
     clone = relu6_clone([{"torch_version": history["torch_version"]}])
-    trace = simulate(load_description(description), relu6_clone=clone)
+    trace = simulate(load_description(description), relu6_clone=clone,
+                     **({} if optimizer == "sgd" else {"optimizer": optimizer}))
     res, al = (v / MIB for v in trace.replay(b))
     seg_measured, measured = step_segments(history), last_step_sizes(history)
     seg_replay, replay = replayed(trace, b, len(history["step_starts"]))
     extra, missing = measured - replay, replay - measured
-    return [f"{history['network']} batch {b} ({history['device_name']}, torch {history['torch_version']}, cuDNN "
-             f"{history['cudnn_version']}): reserved {history['max_reserved_mb']:.0f} MiB measured, {res:.0f} "
-             f"replayed; allocated {history['max_allocated_mb']:.0f}, {al:.0f}",
+    return [f"{history['network']} batch {b}, {optimizer} ({history['device_name']}, torch "
+            f"{history['torch_version']}, cuDNN {history['cudnn_version']}): reserved "
+            f"{history['max_reserved_mb']:.0f} MiB measured, {res:.0f} replayed; allocated "
+            f"{history['max_allocated_mb']:.0f}, {al:.0f}",
              "  segments per step, measured: " + _steps(seg_measured),
              "  segments per step, replayed: " + _steps(seg_replay),
              f"  last step: {sum(measured.values())} allocations measured, {sum(replay.values())} replayed; "
@@ -215,7 +223,7 @@ def run() -> list[dict]:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "_one":  # the fresh process of one configuration
-        record_one(Path(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]))
+        record_one(Path(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]), sys.argv[5])
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="mode", required=True)
@@ -224,12 +232,13 @@ def main() -> None:
     rec.add_argument("--network", nargs="+", required=True)
     rec.add_argument("--batch-size", type=int, nargs="+", required=True)
     rec.add_argument("--out", type=Path, required=True)
+    rec.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd", help="the training step's optimiser")
     cmp_ = sub.add_parser("compare", help="on the host: compare recorded histories with the replay")
     cmp_.add_argument("folder", type=Path)
     cmp_.add_argument("--models", type=Path, required=True)
     args = ap.parse_args()
     if args.mode == "record":
-        sys.exit(1 if record(args.models, args.network, args.batch_size, args.out) else 0)
+        sys.exit(1 if record(args.models, args.network, args.batch_size, args.out, args.optimizer) else 0)
     else:
         print("\n".join(compare(args.folder, args.models)))
 
