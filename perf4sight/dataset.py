@@ -88,10 +88,11 @@ def current_rows(cfg: Config, device: str, shas: dict[str, str] | None = None, i
     return split_stale(rows, description_shas(cfg, device) if shas is None else shas)
 
 
-def other_phases(cfg: Config, device: str) -> list[str]:
-    """The phases of ``device``'s rows other than ``[profile] optimizer``'s, sorted: ``sgd``, ``adam`` or ``adamw``
-    for a training step with that optimiser (``profiling.plan.phase_optimizer``), else the phase as written."""
-    phase = training_phase(cfg.profile.optimizer)
+def other_phases(cfg: Config, device: str, optimizer: str | None = None) -> list[str]:
+    """The phases of ``device``'s rows other than ``optimizer``'s (default: ``[profile] optimizer``'s), sorted:
+    ``sgd``, ``adam`` or ``adamw`` for a training step with that optimiser (``profiling.plan.phase_optimizer``),
+    else the phase as written."""
+    phase = training_phase(optimizer or cfg.profile.optimizer)
     found = {phase_of(r) for r in read_rows(results_path(cfg.profiling_dir, device))
              if r.get("device", device) == device}
     return sorted(phase_optimizer(p) or p for p in found - {phase})

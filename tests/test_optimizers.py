@@ -161,7 +161,21 @@ def test_profile_fingerprint_and_predict_with_adam_beside_sgd(tmp_path):
            "sgd fits one of its rows" in both.stderr and not (tmp_path / "fingerprinting" / "other").exists()
     named = _main(tmp_path, "adam", "--stage", "fingerprint", "--device", "other")
     assert named.returncode == 2 and "device 'other' has no rows of a training step with adam" in named.stderr
-    # a config naming AdamW finds no rows of its step, and says which there are
+    # export writes SGD's rows whatever the config's optimiser (a PerfSeer label is read back as SGD's); a device
+    # without any is one line, and nothing is written
+    exported = _main(tmp_path, "adam", "--stage", "export", "--format", "perfseer", "--output", str(tmp_path / "exp"),
+                     "--device", "local")
+    assert exported.returncode == 0 and any((tmp_path / "exp").iterdir()), exported.stderr[-2000:]
+    for r in (r for r in rows if r["phase"] == "train_adam"):
+        results.append_row(tmp_path / "profiling_csvs" / "adam-only" / "measurements.csv", dict(r, device="adam-only"))
+    refused = _main(tmp_path, "sgd", "--stage", "export", "--format", "perfseer", "--output", str(tmp_path / "none"),
+                    "--device", "adam-only")
+    assert refused.returncode == 2 and not (tmp_path / "none").exists()
+    assert "device 'adam-only' has no rows of a step with sgd, the only optimiser a PerfSeer label holds" \
+        in refused.stderr
+    # a config naming AdamW finds no rows of its step on any device: the stage stops, and says which there are
     none = _main(tmp_path, "adamw", "--stage", "fingerprint")
     assert none.returncode == 2 and "has no rows of a training step with adamw ([profile] optimizer)" in none.stderr
-    assert "only with adam and sgd: set [profile] optimizer to fit those, or profile it again" in none.stderr
+    local = _main(tmp_path, "adamw", "--stage", "fingerprint", "--device", "local")
+    assert local.returncode == 2 and "device 'local' has no rows of a training step with adamw" in local.stderr
+    assert "only with adam and sgd: set [profile] optimizer to fit those, or profile it again" in local.stderr
