@@ -384,20 +384,23 @@ def test_the_rows_torch_version_chooses_the_relu6_rule():
     assert relu6_clone(rows("", "2.0.1"))
 
 
-@pytest.mark.parametrize("optimizer", ["adam", "adamw"])
-def test_adam_step_is_written_down_as_the_real_foreach_optimizer_runs_it(optimizer):
-    """The events written down for Adam's and AdamW's step (both moments on the first step, a square root of
-    every second moment at each) are those the real optimizer records on the meta device (``foreach``, as a CUDA
-    build runs it; its step counters stay on the host), over three steps; both moments are on top of SGD's
-    momentum, so the replayed peak of the steady state is higher by at least one copy of the parameters."""
+@pytest.mark.parametrize("optimizer,foreach", [("adam", True), ("adamw", True), ("adam", False), ("adamw", False)])
+def test_adam_step_is_written_down_as_the_real_optimizer_runs_it(optimizer, foreach):
+    """The events written down for Adam's and AdamW's step (both moments on the first step; then a square root of
+    every second moment at once, as a CUDA build's ``foreach`` update makes them, or a root and its quotient per
+    parameter, as a CPU's single-tensor update does) are those the real optimizer records on the meta device (its
+    step counters stay on the host), over three steps; both moments are on top of SGD's momentum, so the replayed
+    peak of the steady state is higher by at least one copy of the parameters."""
     from perf4sight.networks.zoo import describe_zoo
     desc = describe_zoo("squeezenet1_0", [3, 32, 32], num_classes=10)
     for method in ("model", "trace"):
-        fast = record_events(desc, 3, steps=3, method=method, optimizer=optimizer)
-        assert _as_replayed(fast) == _as_replayed(record_events(desc, 3, steps=3, fast=False, optimizer=optimizer))
+        fast = record_events(desc, 3, steps=3, method=method, optimizer=optimizer, foreach=foreach)
+        assert _as_replayed(fast) == _as_replayed(record_events(desc, 3, steps=3, fast=False, optimizer=optimizer,
+                                                                foreach=foreach))
     param_bytes = desc.params * 4
-    adam, sgd = simulate(desc, method="model", optimizer=optimizer), simulate(desc, method="model")
-    assert adam.optimizer == optimizer and sgd.optimizer == "sgd"
+    adam = simulate(desc, method="model", optimizer=optimizer, foreach=foreach)
+    sgd = simulate(desc, method="model")
+    assert adam.optimizer == optimizer and adam.foreach == foreach and sgd.optimizer == "sgd"
     assert (adam.peaks_mb([4])[0, 1] - sgd.peaks_mb([4])[0, 1]) * MIB >= 0.9 * param_bytes > 0
     with pytest.raises(ValueError, match="unknown optimizer 'lamb'"):
         record_events(desc, 3, optimizer="lamb")

@@ -127,6 +127,7 @@ def test_profile_fingerprint_and_predict_with_adam_beside_sgd(tmp_path):
     assert "training step: Adam (the optimiser of its rows)" in fitted.stdout
     meta = json.loads((tmp_path / "fingerprinting" / "local" / "metadata.json").read_text())
     assert meta["optimizer"] == "adam" and meta["training_rows"] == {"latency": 4, "memory": 4}
+    assert meta["optimizer_foreach"] is False  # a CPU's rows: Adam's single-tensor update
     assert json.loads((tmp_path / "fingerprinting" / "local" / "gnn.json").read_text())["optimizer"] == "adam"
     table = _main(tmp_path, "adam", "--stage", "predict", "--network", "wide_l0", "--batch-size", "2",
                   "--predictor", "ensemble")

@@ -11,9 +11,10 @@ of a trace; they are replaced by empty outputs of the same shapes (:func:`_shape
 which records the same events about five times faster.
 
 The SGD step's own events (per parameter: the weight-decay sum, on the first step the momentum
-buffer, then the sum's free) are written down directly instead of dispatched, as are Adam's and AdamW's (the
-``foreach`` update a CUDA build runs: on the first step both moments of every parameter, then at every step a
-square root of every second moment, freed together after the update), and ``zero_grad``
+buffer, then the sum's free) are written down directly instead of dispatched, as are Adam's and AdamW's (on the
+first step both moments of every parameter; then, in the ``foreach`` update a CUDA build runs, a square root of
+every second moment, freed together after the update, or in the single-tensor update a CPU runs, per parameter a
+square root and its quotient, the root freed at once and the quotient once the next one is made), and ``zero_grad``
 (in place, no events) is skipped. Only the first step is dispatched: a later step repeats its
 events under new ids, except that each parameter gradient is freed where it is accumulated (a
 hook marks the spot) instead of becoming the ``.grad``. Both shortcuts are checked against the
@@ -72,7 +73,7 @@ def _key(desc: NetworkDescription) -> str:
 def record_events(desc: NetworkDescription, batch_size: int, steps: int = 2, lr: float = 0.1,
                   momentum: float = 0.9, weight_decay: float = 5e-4, inplace_relu: bool = True,
                   fast: bool = True, method: str = "auto", relu6_clone: bool = False,
-                  optimizer: str = "sgd") -> list[Event]:
+                  optimizer: str = "sgd", foreach: bool = True) -> list[Event]:
     """Allocation events (kind, storage id, bytes, aten op) of ``steps`` training steps at ``batch_size``.
 
     ``inplace_relu``: run ReLU/ReLU6 in place as torchvision models do (falls back to out-of-place
@@ -83,23 +84,23 @@ def record_events(desc: NetworkDescription, batch_size: int, steps: int = 2, lr:
     "auto" uses the model where it covers every op (with ``fast`` and ``inplace_relu``), else the
     trace. ``relu6_clone``: an in-place ReLU6 keeps a clone of its input, as PyTorch >= 1.10 does (False:
     its result, as PyTorch <= 1.9 did; see :func:`_inplace_activations`). ``optimizer``: ``sgd`` (with ``lr``,
-    ``momentum`` and ``weight_decay``), or ``adam`` / ``adamw`` (torch's defaults, ``foreach``). Raises
-    :class:`UserError` if an op cannot run on the meta device.
+    ``momentum`` and ``weight_decay``, single-tensor), or ``adam`` / ``adamw`` (torch's defaults), ``foreach``
+    (a GPU's update) or not (a CPU's). Raises :class:`UserError` if an op cannot run on the meta device.
     """
     return record_runs(desc, (batch_size,), steps, lr, momentum, weight_decay, inplace_relu, fast, method,
-                       relu6_clone, optimizer)[0]
+                       relu6_clone, optimizer, foreach)[0]
 
 
 def record_runs(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: int = 2, lr: float = 0.1,
                 momentum: float = 0.9, weight_decay: float = 5e-4, inplace_relu: bool = True,
                 fast: bool = True, method: str = "auto", relu6_clone: bool = False,
-                optimizer: str = "sgd") -> list[list[Event]]:
+                optimizer: str = "sgd", foreach: bool = True) -> list[list[Event]]:
     """:func:`record_events` at each of ``batch_sizes``, one fresh run each (no gradients, no momentum)
     on one model built once."""
     if method not in ("auto", "trace", "model"):
         raise ValueError(f"record_runs: method must be auto, trace or model, not {method!r}")
     optimizer_cost(optimizer)  # a ValueError naming the known ones
-    step = _OptimizerStep(optimizer, lr, momentum, weight_decay)
+    step = _OptimizerStep(optimizer, lr, momentum, weight_decay, foreach)
     if method != "trace" and fast and inplace_relu:
         try:
             return [_modelled(desc, b, steps, step, relu6_clone) for b in batch_sizes]
@@ -250,28 +251,38 @@ class _OptimizerStep:
     """What ``opt.step()`` allocates and frees on the device, per optimiser: :meth:`events` writes them down,
     :meth:`make` builds the real one (the reference the tests compare them with)."""
 
-    def __init__(self, optimizer: str, lr: float, momentum: float, weight_decay: float):
+    def __init__(self, optimizer: str, lr: float, momentum: float, weight_decay: float, foreach: bool = True):
         self.optimizer, self.lr, self.momentum, self.weight_decay = optimizer, lr, momentum, weight_decay
+        self.foreach = foreach
 
     def make(self, params: list[Any]) -> Any:
-        """The optimiser: SGD as perf4sight's runs (single-tensor loop), Adam and AdamW as a CUDA build (foreach)."""
+        """The optimiser: SGD as perf4sight's runs (single-tensor loop), Adam and AdamW with ``foreach`` or not."""
         import torch
         if self.optimizer == "sgd":
             return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay,
                                    foreach=False)
-        return {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[self.optimizer](params, lr=self.lr, foreach=True)
+        return {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[self.optimizer](params, lr=self.lr,
+                                                                                       foreach=self.foreach)
 
     def events(self, param_bytes: list[int | None], first: bool, new_id: Callable[[], int]) -> list[Event]:
         """The step's events; ``param_bytes``: per parameter, None where it has no gradient; ``first``: the first
         step, which makes the optimiser's state."""
         sizes = [n for n in param_bytes if n is not None]
         out: list[Event] = []
-        if self.optimizer != "sgd":  # Adam, AdamW (foreach): both moments, then every second moment's sqrt
+        if self.optimizer != "sgd":  # Adam, AdamW: both moments, then the square roots of the second ones
             if first:
                 out += [(ALLOC, new_id(), n, "aten.zeros_like.default") for n in sizes for _ in range(2)]
-            roots = [new_id() for _ in sizes]
-            out += [(ALLOC, i, n, "aten._foreach_sqrt.default") for i, n in zip(roots, sizes)]
-            return out + [(FREE, i, 0, "") for i in reversed(roots)]
+            if self.foreach:  # all at once, freed together after the update
+                roots = [new_id() for _ in sizes]
+                out += [(ALLOC, i, n, "aten._foreach_sqrt.default") for i, n in zip(roots, sizes)]
+                return out + [(FREE, i, 0, "") for i in reversed(roots)]
+            kept = 0  # one parameter at a time: the root, its quotient (the denominator, kept until the next one)
+            for n in sizes:
+                root, quotient = new_id(), new_id()
+                out += [(ALLOC, root, n, "aten.sqrt.default"), (ALLOC, quotient, n, "aten.div.Tensor"),
+                        (FREE, root, 0, "")] + ([(FREE, kept, 0, "")] if kept else [])
+                kept = quotient
+            return out + ([(FREE, kept, 0, "")] if kept else [])
         for nbytes in sizes:  # SGD, single-tensor loop
             decayed = new_id() if self.weight_decay else 0
             if self.weight_decay:
@@ -464,34 +475,39 @@ def simulate(desc: NetworkDescription, batches: tuple[int, ...] = (PROBE_BATCH,)
         raise ValueError(f"simulate: one or two batch sizes, got {list(batches)}")
     trace = AllocTrace(desc.name, np.array([k for k, _, _, _ in first], dtype=np.int8),
                        np.array([t for _, t, _, _ in first], dtype=np.int64), const, per, relu6_clone=relu6_clone,
-                       optimizer=kw.get("optimizer", "sgd"))
+                       optimizer=kw.get("optimizer", "sgd"), foreach=kw.get("foreach", True))
     with _LOCK:
         _CACHE[key] = trace
     return trace
 
 
-def attach_simulation(nf: Any, desc: NetworkDescription, protocol: str = RUN_PEAK, relu6_clone: bool = False) -> Any:
+def attach_simulation(nf: Any, desc: NetworkDescription, protocol: str = RUN_PEAK, relu6_clone: bool = False,
+                      foreach: bool = True) -> Any:
     """Give a :class:`~perf4sight.features.aggregate.NetworkFeatures` its allocation trace (``nf.sim``),
     replayed as a profiler with ``protocol`` reads memory (:data:`~perf4sight.features.allocator.REPLAY_PROTOCOLS`),
     of a step run by a torch whose in-place ReLU6 keeps a clone of its input (``relu6_clone``) or not, with the
-    features' optimiser (``nf.optimizer``)."""
-    extra = {} if nf.optimizer == "sgd" else {"optimizer": nf.optimizer}  # SGD's traces keep their cache keys
+    features' optimiser (``nf.optimizer``), its update ``foreach`` (a GPU's) or not (a CPU's)."""
+    extra: dict[str, Any] = {}  # SGD's traces keep their cache keys (its replay is single-tensor either way)
+    if nf.optimizer != "sgd":
+        extra = {"optimizer": nf.optimizer, "foreach": foreach}
     nf.sim = simulate(desc, relu6_clone=relu6_clone, **extra).with_protocol(protocol)
     return nf
 
 
-def ensure_simulation(nfs: Any, terms: Any, protocol: str = RUN_PEAK, relu6_clone: bool = False) -> None:
-    """Attach the allocation trace (replayed under ``protocol``, ``relu6_clone`` as :func:`attach_simulation`'s)
-    to each NetworkFeatures in ``nfs`` lacking one or carrying another, when ``terms`` (a model's analytic
-    terms) use a simulated feature; the features must carry their ``description``."""
+def ensure_simulation(nfs: Any, terms: Any, protocol: str = RUN_PEAK, relu6_clone: bool = False,
+                      foreach: bool = True) -> None:
+    """Attach the allocation trace (replayed under ``protocol``, ``relu6_clone`` and ``foreach`` as
+    :func:`attach_simulation`'s) to each NetworkFeatures in ``nfs`` lacking one or carrying another, when ``terms``
+    (a model's analytic terms) use a simulated feature; the features must carry their ``description``."""
     from perf4sight.features.aggregate import SIM_FEATURES
     if not set(SIM_FEATURES) & set(terms):
         return
     for nf in nfs:
-        if nf.sim is not None and nf.sim.relu6_clone == relu6_clone and nf.sim.optimizer == nf.optimizer:
+        if nf.sim is not None and nf.sim.relu6_clone == relu6_clone and nf.sim.optimizer == nf.optimizer and (
+                nf.optimizer == "sgd" or nf.sim.foreach == foreach):
             nf.sim = nf.sim.with_protocol(protocol)  # itself when the protocol is the same
             continue
         if nf.description is None:
             raise UserError(f"network '{nf.name}': the memory model simulates the allocator "
                             "and needs the description")
-        attach_simulation(nf, nf.description, protocol, relu6_clone)
+        attach_simulation(nf, nf.description, protocol, relu6_clone, foreach)

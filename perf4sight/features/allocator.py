@@ -191,7 +191,8 @@ class AllocTrace:
     ``repeat_last``: how many more times the last step runs (the steady state). ``protocol``: how the
     per-step peaks become one figure (:data:`REPLAY_PROTOCOLS`; :meth:`with_protocol` for another).
     ``relu6_clone``: the events are of a torch whose in-place ReLU6 keeps a clone of its input (>= 1.10).
-    ``optimizer``: the training step's (``optimizers.py``), whose state and scratch the events hold.
+    ``optimizer``: the training step's (``optimizers.py``), whose state and scratch the events hold; ``foreach``:
+    its update all parameters at once (a GPU's) or one at a time (a CPU's).
     """
 
     name: str
@@ -203,6 +204,7 @@ class AllocTrace:
     protocol: str = RUN_PEAK
     relu6_clone: bool = False
     optimizer: str = "sgd"
+    foreach: bool = True
     _memo: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False, init=False)
 
     def __post_init__(self) -> None:

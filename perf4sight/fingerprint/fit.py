@@ -44,8 +44,8 @@ from perf4sight.profiling.results import batch_size_of, number, phase_of
 from perf4sight.wording import plural
 
 __all__ = ["fit_fingerprint", "fit_inputs_sha256", "memory_column", "memory_replay", "relu6_clone", "rows_optimizer",
-           "device_kind", "choice_rule", "memory_capacity", "capacity_basis", "records", "software_versions",
-           "common_input_shape", "LATENCY_COLUMN", "FEATURE_SET"]
+           "optimizer_foreach", "device_kind", "choice_rule", "memory_capacity", "capacity_basis", "records",
+           "software_versions", "common_input_shape", "LATENCY_COLUMN", "FEATURE_SET"]
 
 LATENCY_COLUMN = "latency_ms_median"
 
@@ -91,6 +91,13 @@ def rows_optimizer(rows: list[dict[str, Any]]) -> str:
         raise UserError(f"fingerprint: rows of several optimisers ({', '.join(str(o) for o in optimizers)}); fit "
                         "the rows of one at a time")
     return str(optimizers[0]) if optimizers else DEFAULT_OPTIMIZER
+
+
+def optimizer_foreach(rows: list[dict[str, Any]]) -> bool:
+    """Whether these rows' optimiser updated every parameter at once (``foreach``, torch's default for parameters on
+    a GPU) rather than one at a time (on a CPU): every backend but ``cpu``. The allocator replay writes Adam's
+    scratch down either way (SGD's replay is perf4sight's single-tensor loop whatever this says)."""
+    return not (rows and all(str(r.get("backend")) == "cpu" for r in rows))
 
 
 def native_conv_dispatch(rows: list[dict[str, Any]]) -> bool:
@@ -209,6 +216,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         raise UserError(f"fingerprint: no measurements for device '{device}'")
     mem_col = memory_column(recs)
     replay, clone, optimizer = memory_replay(recs), relu6_clone(recs), rows_optimizer(recs)
+    foreach = optimizer_foreach(recs)
     missing = sorted({str(r["network"]) for r in recs if str(r["network"]) not in descriptions})
     usable = [r for r in recs if str(r["network"]) in descriptions]
     if not usable:
@@ -222,7 +230,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
                             f"{', '.join(nf.unsupported)}")
         if fcfg.simulate_memory:  # caching-allocator replay (features/alloc_trace.py)
             from perf4sight.features.alloc_trace import attach_simulation
-            attach_simulation(nf, descriptions[name], replay, clone)
+            attach_simulation(nf, descriptions[name], replay, clone, foreach)
         feats[name] = nf
 
     def matrix(rs: list[dict[str, Any]]) -> np.ndarray:
@@ -307,6 +315,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         "memory_target": mem_col,
         "memory_replay": replay,
         "optimizer": optimizer,  # the training step's (the rows' phase): the features count its state and passes
+        "optimizer_foreach": foreach,  # its update all parameters at once (a GPU's) or not (a CPU's): the replay's
         "relu6_clone": clone,  # the allocator replay's in-place ReLU6 keeps a clone of its input (torch >= 1.10)
         "native_conv_dispatch": native_conv_dispatch(usable),
         "training_rows": counts,

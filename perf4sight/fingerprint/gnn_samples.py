@@ -17,7 +17,7 @@ from perf4sight.errors import UserError
 from perf4sight.features.aggregate import feature_matrix
 from perf4sight.fingerprint.evaluate import choose_groups
 from perf4sight.fingerprint.fit import (LATENCY_COLUMN, hold_native_conv, memory_column, memory_replay, records,
-                                        relu6_clone, rows_optimizer)
+                                        optimizer_foreach, relu6_clone, rows_optimizer)
 from perf4sight.fingerprint.gnn_graph import GraphTemplate, graph_template
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import batch_size_of, number
@@ -46,6 +46,7 @@ class Samples:
         self.memory_replay = memory_replay(recs)  # how the trees' allocator replay reads memory, as the fit's
         self.relu6_clone = relu6_clone(recs)  # and which torch's in-place ReLU6 it replays
         self.optimizer = rows_optimizer(recs)  # the training step's optimiser, which the features count
+        self.optimizer_foreach = optimizer_foreach(recs)  # and whether it updated all parameters at once
         self.ok = [r for r in recs if r.get("status") == "ok"]
         self.oom = [r for r in recs if r.get("status") == "oom"]
         ylat = np.log([_positive(r.get(LATENCY_COLUMN)) for r in self.ok])

@@ -218,6 +218,8 @@ class Fingerprint(ModuleQueries):
         # whose step the queries' features are of (for_optimizer)
         self.fitted_optimizer: str = str(metadata.get("optimizer", DEFAULT_OPTIMIZER))
         self.optimizer: str = self.fitted_optimizer
+        # whether that optimiser updated all parameters at once (a GPU's foreach; older fingerprints: as a GPU's)
+        self.optimizer_foreach: bool = bool(metadata.get("optimizer_foreach", True))
         q = metadata.get("interval", {}).get("log_ratio_quantiles", {})
         self._bands = {t: (float(q.get(t, [0, 0])[0]), float(q.get(t, [0, 0])[1])) for t in ("latency", "memory")}
         # a query of a training family: its own band (fingerprints since 2026-11-25; none: the band above)
@@ -245,7 +247,8 @@ class Fingerprint(ModuleQueries):
     def _simulate_if_needed(self, nfs: list[NetworkFeatures]) -> None:
         """Attach the allocator replay (traced once per network, cached) when the memory model uses it."""
         from perf4sight.features.alloc_trace import ensure_simulation
-        ensure_simulation(nfs, self.models["memory"].terms, self.memory_replay, self.relu6_clone)
+        ensure_simulation(nfs, self.models["memory"].terms, self.memory_replay, self.relu6_clone,
+                          self.optimizer_foreach)
 
     def _demand(self, F: np.ndarray, mem: np.ndarray | None) -> np.ndarray:
         """Memory figure (MiB) compared with ``capacity_mb`` for feature rows ``F``."""

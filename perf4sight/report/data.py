@@ -147,7 +147,7 @@ def measured_vs_predicted(fp: Fingerprint, rows: list[dict[str, str]], descs: di
                 feats[r["network"]] = network_features(descs[r["network"]], fp.optimizer)
         from perf4sight.features.alloc_trace import ensure_simulation  # memory model may replay the allocator
         ensure_simulation([feats[n] for n in {r["network"] for r in rs}], fp.models[target].terms, fp.memory_replay,
-                          fp.relu6_clone)
+                          fp.relu6_clone, fp.optimizer_foreach)
         F = hold_native_conv(feature_matrix([feats[r["network"]] for r in rs], [batch_size_of(r) for r in rs]), rs)
         y = np.array([float(r[col]) for r in rs])
         groups, grouping = choose_groups(np.array([r.get("family") or r["network"] for r in rs]),
@@ -196,7 +196,7 @@ def feature_sensitivity(fp: Fingerprint, rows: list[dict[str, str]], descs: dict
     feats = {n: network_features(descs[n], fp.optimizer) for n in {r["network"] for r in rs}}
     from perf4sight.features.alloc_trace import ensure_simulation  # memory model may replay the allocator
     ensure_simulation(list(feats.values()), fp.models["memory"].terms if "memory" in fp.models else (),
-                      fp.memory_replay, fp.relu6_clone)
+                      fp.memory_replay, fp.relu6_clone, fp.optimizer_foreach)
     F = feature_matrix([feats[r["network"]] for r in rs], [batch_size_of(r) for r in rs])
     out: dict[str, dict[str, float]] = {}
     for target, model in fp.models.items():
