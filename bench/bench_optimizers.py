@@ -68,10 +68,12 @@ def _errors(pred: np.ndarray, meas: np.ndarray) -> tuple[float, float]:
 def _fingerprint_errors(fp: Any, optimizer: str, descs: dict[str, Any],
                         rows: dict[tuple[str, int], dict]) -> tuple[tuple[float, float], tuple[float, float]]:
     """(time, memory) :func:`_errors` of fingerprint ``fp`` on ``rows`` ((network, batch size) -> row), its features
-    those of ``optimizer``'s step (its own: as fitted; another's: its models read that step's state and passes)."""
+    those of ``optimizer``'s step (its own: as fitted; another's: its models read that step's state and passes,
+    ``fingerprint.for_optimizer``, as ``predict --optimizer`` does)."""
+    from perf4sight.fingerprint.predict import for_optimizer
     keys = sorted(rows)
-    fp.optimizer = optimizer
-    preds = fp.predict([descs[n] for n in sorted({n for n, _ in keys})], sorted({b for _, b in keys}))
+    names, batch_sizes = sorted({n for n, _ in keys}), sorted({b for _, b in keys})
+    preds = for_optimizer(fp, optimizer).predict([descs[n] for n in names], batch_sizes)
     table = {(p["network"], p["batch_size"]): p for p in preds}
     return tuple(_errors(np.array([table[k][p] for k in keys]), np.array([number(rows[k][c]) for k in keys]))
                  for p, c in (("latency_ms", "latency_ms_median"), ("memory_mb", "peak_rss_mb")))
@@ -83,8 +85,8 @@ def _cell(lat: tuple[float, float], mem: tuple[float, float]) -> str:
 
 def run(optimizers: tuple[str, ...] = ("sgd", "adam"), keep: str = "") -> list[dict]:
     """Profile and fingerprint each optimiser (see the module doc); rows for bench/run_all.py."""
-    from perf4sight.dataset import descriptions_and_shas
     from perf4sight.config import load_config
+    from perf4sight.dataset import descriptions_and_shas
     from perf4sight.fingerprint.predict import load_fingerprint
 
     out: list[dict] = []

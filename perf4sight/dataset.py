@@ -76,10 +76,9 @@ def current_rows(cfg: Config, device: str, shas: dict[str, str] | None = None, i
                  optimizer: str | None = None) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
     """(rows of ``device`` measured on its descriptions as they are now, stale rows), of the training step with
     ``optimizer`` (default: ``[profile] optimizer``; the rows' ``phase``; :func:`other_phases` says what else the
-    device has): a row whose
-    network's description file changed since it was measured is stale (the profile stage measures it again), and
-    a row measured again later is left out of both (``latest_rows``: an ``oom`` of a lower memory_limit_mb, an
-    ``error`` retried).
+    device has): a row whose network's description file changed since it was measured is stale (the profile stage
+    measures it again), and a row measured again later is left out of both (``latest_rows``: an ``oom`` of a lower
+    memory_limit_mb, an ``error`` retried).
     ``shas``: ``description_shas`` of the device when the caller has them already (else they are read);
     ``incomplete``: a list to receive the numbers of the lines ``read_rows`` passed over."""
     phase = training_phase(optimizer or cfg.profile.optimizer)

@@ -1,8 +1,8 @@
 """Kernel-level latency terms: one row per GPU kernel of a training step, summed per batch size.
 
 Pure numpy (no torch). :func:`kernel_table` walks a description once and lists, per sample, the
-kernels one SGD training step launches — forward, backward (input and weight gradients as
-separate GEMMs) and the optimizer's per-parameter updates — with their kind, FLOPs, bytes and,
+kernels one training step launches — forward, backward (input and weight gradients as
+separate GEMMs) and the optimizer's per-parameter updates (``optimizers.py``) — with their kind, FLOPs, bytes and,
 for GEMM-like kernels, the implicit-GEMM dimensions. :func:`latency_columns` turns tables into
 the :data:`LATENCY_FEATURES` columns at any batch size. Units: MACs (multiply-accumulates), bytes
 (fp32), kernel launches (counts).

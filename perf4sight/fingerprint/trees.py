@@ -50,7 +50,7 @@ MODELS = TREE_MODELS
 LINEAR_TERMS: dict[str, tuple[str, ...]] = {
     "memory": ("one", "mem_analytic_mb"),  # constant (context, runtime) + scaled analytic estimate
     # step time: compute, activation traffic, launches, per-sample work, the optimizer's pass over the
-    # parameters (momentum and update read and write every parameter once per step, whatever the batch size),
+    # parameters (its state and update read and write every parameter once per step, whatever the batch size),
     # and the 1x1 convolutions a one-thread CPU step runs outside oneDNN at small batches (features/aggregate.py;
     # held at 0 on other devices)
     "latency": ("one", "dense_macs", "depthwise_macs", "activation_elems", "kernels", "batch_size", "param_bytes",

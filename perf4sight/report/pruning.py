@@ -141,7 +141,7 @@ def least_levels(cfg: Config, devices: Sequence[Any], trained_at: dict[str, tupl
                 notes.append(f"pruning section: no least level that fits for {network} on {d.name} ({exc})")
                 continue
             finally:
-                made.update(f"{name} at {'x'.join(map(str, variant.shape))}" for name in variant.pruned)
+                made.update(f"{name} at {shape_text(variant.shape)}" for name in variant.pruned)
             p = r.prediction or {}
             out.append(LeastLevel(network, d.name, batch, r.level, None if r.variant is None else
                                   r.variant.pruning_level, p.get("latency_ms"), p.get("memory_mb")))
