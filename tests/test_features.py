@@ -46,6 +46,31 @@ def test_linear_by_hand():
     assert c.flops_bwd == 2 * 50 + 2 * 50 + 5
 
 
+def test_layer_norm_and_layer_scale_by_hand():
+    """A layer norm over 8 channels of a [4, 4, 8] map (ConvNeXt's, after a permute): 16 rows, each keeping a mean
+    and an inverse deviation; a layer scale of shape [8, 1, 1] on an [8, 4, 4] map keeps its input."""
+    norm = _cost(Node("ln", "layernorm", ["p"], {"normalized_shape": [8]}, [4, 4, 8]), [[4, 4, 8]])
+    assert (norm.params, norm.param_tensors, norm.kind, norm.saved) == (16, 2, "norm", [0])
+    assert norm.extra_saved_bytes == 2 * 16 * 4 and norm.flops_fwd == 5 * 128 and norm.kernels_bwd == 2
+    bare = _cost(Node("ln", "layernorm", ["p"], {"normalized_shape": [8], "elementwise_affine": False}, [4, 4, 8]),
+                 [[4, 4, 8]])
+    assert (bare.params, bare.param_tensors, bare.kernels_bwd) == (0, 0, 1)
+    scale = _cost(Node("s", "scale", ["x"], {"shape": [8, 1, 1]}, [8, 4, 4]), [[8, 4, 4]])
+    assert (scale.params, scale.param_tensors, scale.saved, scale.flops_fwd) == (8, 1, [0], 128)
+    assert scale.bytes_read == (128 + 8) * 4
+    permute = _cost(Node("p", "permute", ["x"], {"dims": [0, 2, 3, 1]}, [4, 4, 8]), [[8, 4, 4]])
+    assert permute.kind == "view" and permute.kernels_fwd == 0
+
+
+def test_convnext_features_count_every_parameter():
+    from perf4sight.networks.zoo import describe_zoo
+
+    desc = describe_zoo("convnext_tiny", [3, 32, 32], num_classes=10)
+    nf = network_features(desc)
+    assert not nf.unsupported and nf.static["params"] == desc.params == 27_827_818
+    assert nf.per_sample["norm_elems"] > 0 and nf.kernels is not None
+
+
 def test_every_schema_op_has_a_formula():
     assert set(OPS) <= set(HANDLERS)
 

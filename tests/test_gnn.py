@@ -96,6 +96,21 @@ def test_graph_template_shapes(tiny):
     assert t.edge_index.max() < len(d.nodes)
 
 
+def test_the_op_vocabulary_stays_and_every_schema_op_reads_as_one_of_it():
+    """A GNN stores its one-hot vocabulary and refuses another: the vocabulary stays as it was stored before ConvNeXt's
+    ops joined the schema, which read as their nearest op (so a GNN fitted before still loads)."""
+    from perf4sight.fingerprint.gnn_graph import OP_TOKEN
+    from perf4sight.ir.schema import OPS
+    from perf4sight.networks.zoo import describe_zoo
+
+    assert len(OP_VOCAB) == 29 and set(OP_TOKEN) == set(OPS) and set(OP_TOKEN.values()) <= set(OP_VOCAB)
+    desc = describe_zoo("convnext_tiny", [3, 32, 32], num_classes=10)
+    t = graph_template(desc)
+    norms = [i for i, n in enumerate(desc.nodes) if n.op == "layernorm"]
+    assert t.x[norms, OP_VOCAB.index("batchnorm2d")].tolist() == [1.0] * len(norms)
+    np.testing.assert_array_equal(t.x[:, :len(OP_VOCAB)].sum(axis=1), 1.0)
+
+
 def test_fit_writes_json_and_weights(fitted):
     out, meta = fitted
     assert (out / GNN_JSON).is_file() and (out / GNN_WEIGHTS).is_file()

@@ -29,7 +29,7 @@ def train_one_step(module: nn.Module, input_shape: list[int], num_classes: int, 
 
 
 @pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "googlenet", "densenet121", "shufflenet_v2_x1_0",
-                                  "efficientnet_b0", "regnet_y_400mf", "efficientnet_v2_s"])
+                                  "efficientnet_b0", "regnet_y_400mf", "efficientnet_v2_s", "convnext_tiny"])
 def test_zoo_round_trip_keeps_params_and_output_shape(name, tmp_path):
     shape = [3, 32, 32]
     original = build_zoo_model(name, num_classes=10)
@@ -114,6 +114,105 @@ def _assert_same_function(desc: NetworkDescription, original: nn.Module, input_s
         p_new.data.copy_(p_old.data)
     x = torch.randn(2, *input_shape)
     assert torch.allclose(rebuilt(x), original(x), atol=1e-6)
+
+
+def _small_convnext(layer_scale: float = 0.5) -> nn.Module:
+    """torchvision's ConvNeXt, two narrow stages (stochastic depth on: it traces as identity in eval mode)."""
+    from torchvision.models.convnext import CNBlockConfig, ConvNeXt
+    return ConvNeXt([CNBlockConfig(16, 32, 2), CNBlockConfig(32, None, 1)], stochastic_depth_prob=0.1,
+                    layer_scale=layer_scale, num_classes=10)
+
+
+def test_convnext_computes_what_torchvisions_computes():
+    """ConvNeXt's permutes, layer norms (the module, and LayerNorm2d's functional call on its own weight and bias)
+    and layer scales (a parameter times the block's output) describe and rebuild to the same function, with the
+    same parameters; the description's shapes are checked when it is read back."""
+    from perf4sight.ir.to_torch import Scale
+
+    torch.manual_seed(0)
+    original = _small_convnext().eval()
+    for name, p in original.named_parameters():
+        if name.endswith("layer_scale"):
+            p.data.uniform_(0.5, 1.5)  # not all alike: a scale applied to the wrong block shows
+    desc = NetworkDescription.from_dict(json.loads(describe(original, [3, 32, 32], name="cnx").to_json()))
+    ops = [n.op for n in desc.nodes]
+    assert ops.count("scale") == 3 and ops.count("layernorm") == 3 + 2 + 1 and ops.count("permute") == 2 * 6
+    assert desc.params == sum(p.numel() for p in original.parameters())
+    rebuilt = build_module(desc).eval()
+    scales = [m.weight for m in rebuilt.modules() if isinstance(m, Scale)]
+    others = [p for p in rebuilt.parameters() if all(p is not s for s in scales)]
+    originals = [p for n, p in original.named_parameters() if not n.endswith("layer_scale")]
+    for new, old in zip(scales + others, [p for n, p in original.named_parameters() if n.endswith("layer_scale")]
+                        + originals):
+        assert new.shape == old.shape
+        new.data.copy_(old.data)
+    x = torch.randn(2, 3, 32, 32)
+    assert torch.allclose(rebuilt(x), original(x), atol=1e-5)
+    assert tuple(train_one_step(rebuilt, [3, 32, 32], 10).shape) == (2, 10)
+
+
+class _BufferScaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.register_buffer("gain", torch.ones(4, 1, 1))
+
+    def forward(self, x):
+        return self.conv(x) * self.gain
+
+
+class _ParameterAdded(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.shift = nn.Conv2d(3, 4, 3), nn.Parameter(torch.zeros(4, 1, 1))
+
+    def forward(self, x):
+        return self.conv(x) + self.shift
+
+
+class _BatchPermuted(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        return self.conv(x).permute(1, 0, 2, 3)
+
+
+@pytest.mark.parametrize("module, expected", [
+    (_BufferScaled(), r"mul \(node mul\) reads gain, a module tensor that is no parameter"),
+    (_ParameterAdded(), r"add \(node add\) reads the module's parameter shift directly"),
+    (_BatchPermuted(), r"a permute that moves the batch dimension \(\[1, 0, 2, 3\]\)"),
+])
+def test_module_tensors_and_permutes_the_description_cannot_hold_are_named(module, expected):
+    with pytest.raises(UserError, match=expected) as exc:
+        describe(module, [3, 8, 8], name="odd")
+    assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("node, expected", [
+    ({"op": "permute", "attrs": {"dims": [0, 1, 3]}, "output_shape": [4, 3, 3]}, r"dims \[0, 1, 3\] are not an order"),
+    ({"op": "permute", "attrs": {"dims": [1, 0, 2, 3]}, "output_shape": [4, 3, 3]}, r"with the batch first"),
+    ({"op": "permute", "attrs": {"dims": [0, 2, 3, 1]}, "output_shape": [4, 3, 3]},
+     r"output_shape \[4, 3, 3\], but its input \[4, 3, 3\] gives \[3, 3, 4\]"),
+    ({"op": "layernorm", "attrs": {"normalized_shape": [4]}, "output_shape": [4, 3, 3]},
+     r"normalized_shape \[4\] is not the last dimensions of its input \[4, 3, 3\]"),
+    ({"op": "layernorm", "attrs": {"normalized_shape": 6}, "output_shape": [4, 3, 3]},
+     r"'normalized_shape' must be a non-empty list of positive integers"),
+    ({"op": "scale", "attrs": {"shape": [6, 1, 1]}, "output_shape": [4, 3, 3]},
+     r"a scale of shape \[6, 1, 1\] does not broadcast onto its input \[4, 3, 3\]"),
+])
+def test_permute_layer_norm_and_scale_shapes_are_checked(node, expected):
+    d = _conv_description()
+    d["nodes"].append({"name": "odd", "inputs": [d["nodes"][1]["name"]], **node})
+    d["output"] = "odd"
+    with pytest.raises(UserError, match=expected):
+        NetworkDescription.from_dict(d, where="conv.json")
+    good = {"permute": {"dims": [0, 2, 3, 1]}, "layernorm": {"normalized_shape": [3]}, "scale": {"shape": [4, 1, 1]}}
+    d["nodes"][-1].update(attrs=good[node["op"]], output_shape=[3, 3, 4] if node["op"] == "permute" else [4, 3, 3])
+    d.pop("params")  # counted from the nodes
+    assert NetworkDescription.from_dict(d).params == 4 * 3 * 3 * 3 + 4 + {"permute": 0, "layernorm": 6, "scale": 4}[
+        node["op"]]
 
 
 def test_tensor_indexing_becomes_select_and_narrow():

@@ -80,7 +80,7 @@ def test_zoo_network_with_coupled_channels(name: str) -> None:
     _train_step(desc)
 
 
-@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "googlenet", "shufflenet_v2_x1_0"])
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "googlenet", "shufflenet_v2_x1_0", "convnext_tiny"])
 def test_zoo_description_from_meta_weights_equals_the_real_model(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """describe_zoo builds on the meta device and propagates meta shapes; a real model's shapes are
     propagated on a weightless twin of it (its weights untouched), or, where an op has no meta
@@ -105,23 +105,22 @@ def test_zoo_description_from_meta_weights_equals_the_real_model(name: str, monk
 
 
 def test_the_zoo_is_torchvisions_cnns_and_a_regnet_describes_from_a_real_model() -> None:
-    """Every zoo name is a torchvision classifier; those left out are the transformers and ConvNeXt. A regnet's
+    """Every zoo name is a torchvision classifier; those left out are the vision transformers. A regnet's
     initialiser copies data, which the meta device cannot: it is described from a real model."""
     import torchvision.models as tvm
 
     from perf4sight.networks.zoo import ZOO_NAMES
 
     classifiers = set(tvm.list_models(module=tvm))
-    assert set(ZOO_NAMES) <= classifiers and len(ZOO_NAMES) == 64
-    assert {n.split("_")[0] for n in classifiers - set(ZOO_NAMES)} == {"convnext", "maxvit", "swin", "vit"}
+    assert set(ZOO_NAMES) <= classifiers and len(ZOO_NAMES) == 68
+    assert {n.split("_")[0] for n in classifiers - set(ZOO_NAMES)} == {"maxvit", "swin", "vit"}
     fast = describe_zoo("regnet_y_400mf", SHAPE, CLASSES)
     model = build_zoo_model("regnet_y_400mf", CLASSES)
     real = describe(model, SHAPE, name="regnet_y_400mf", network="regnet_y_400mf",
                     source="torchvision:regnet_y_400mf")
     assert fast.to_json() == real.to_json() and fast.params == sum(p.numel() for p in model.parameters())
-    with pytest.raises(UserError, match="'convnext_tiny': torchvision's convnext_tiny is a vision transformer or a "
-                                        "ConvNeXt, whose permutes and layer norms"):
-        describe_zoo("convnext_tiny", SHAPE)
+    with pytest.raises(UserError, match="'swin_t': torchvision's swin_t is a vision transformer, whose attention"):
+        describe_zoo("swin_t", SHAPE)
 
 
 def test_zoo_description_cache_is_reused_keyed_and_survives_damage(tmp_path: Path) -> None:
@@ -146,6 +145,28 @@ def _tiny_resnext(num_classes: int = CLASSES) -> nn.Module:
     from torchvision.models.resnet import Bottleneck, ResNet
 
     return ResNet(Bottleneck, [1, 1, 1, 1], groups=8, width_per_group=4, num_classes=num_classes)
+
+
+def test_convnext_prunes_its_blocks_inner_widths_and_leaves_the_layer_scaled_stream() -> None:
+    """ConvNeXt's residual stream is multiplied by each block's layer scale, a parameter outside any layer, which
+    torch-pruning cannot cut with the layers: those groups stay whole (and are counted); the blocks' inner MLP
+    widths are pruned, and the pruned network describes, rebuilds and trains."""
+    import warnings
+
+    base = build_zoo_model("convnext_tiny", num_classes=10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch-pruning's warning about those parameters is not shown
+        plan = PruningPlan(base, SHAPE)
+    pruned = plan.prune(50)
+    assert abs(pruned.achieved_level - 50) <= 1.0
+    assert pruned.extra["pruning_unpruned_groups"] == {"unwrapped parameter": 4}  # the stream of each stage
+    desc = describe(pruned.module, SHAPE, name="convnext_tiny_l50")
+    linears = [n for n in desc.nodes if n.op == "linear"][:-1]
+    full = [n for n in describe(base, SHAPE, name="convnext_tiny").nodes if n.op == "linear"][:-1]
+    assert [n.attrs["in_features"] for n in linears[::2]] == [n.attrs["in_features"] for n in full[::2]]  # stream
+    assert sum(n.attrs["out_features"] for n in linears[::2]) < 0.7 * sum(n.attrs["out_features"] for n in full[::2])
+    assert desc.params == pruned.params
+    _train_step(desc)
 
 
 @pytest.mark.parametrize("strategy", ["l1-norm", "random-weighted"])

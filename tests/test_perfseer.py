@@ -251,6 +251,10 @@ def test_onnx_named_view_ops(tmp_path):
     assert attrs["ge"][0] == "gelu" and attrs["sw"][0] == "silu" and attrs["re"] == ("reshape", {"shape": [48]})
     assert list(build_module(desc)(torch.randn(2, 3, 8, 8)).shape) == [2, 10]
     g = _onnx_views_graph()
-    g.nodes["tr"]["feature"]["args"] = {"perm": [0, 2, 3, 1]}
+    g.nodes["tr"]["feature"]["args"] = {"perm": [0, 2, 3, 1]}  # three axes moved: a permute, whose shape is wrong
+    with pytest.raises(UserError, match=r"'tr' \(permute\): output_shape \[8, 6, 6\], but its input \[8, 6, 6\] "
+                                        r"gives \[6, 6, 8\]"):
+        graph_to_description(g, "v", "v.pkl")
+    g.nodes["tr"]["feature"]["args"] = {"perm": [0, 1, 2, 3]}  # nothing moved
     with pytest.raises(UserError, match="perm swapping two axes"):
         graph_to_description(g, "v", "v.pkl")

@@ -46,8 +46,11 @@ def _rows(desc, batches=(2, 8)) -> list[dict]:
 
 def test_every_schema_op_has_one_onnx_type():
     assert set(OP_TO_ONNX) == set(OPS) - {"input"}
-    assert len(ONNX_TO_OP) == len(OP_TO_ONNX)  # one-to-one: an import maps each type back to its op
+    # one-to-one but for the two ops that share a type with another (an import tells them apart by their args)
+    assert {op: ONNX_TO_OP[t] for op, t in OP_TO_ONNX.items() if ONNX_TO_OP[t] != op} == {
+        "permute": "transpose", "scale": "mul"}
     assert OP_TO_ONNX["silu"] == "Swish" and OP_TO_ONNX["narrow"] == "Slice" and OP_TO_ONNX["select"] == "Gather"
+    assert OP_TO_ONNX["layernorm"] == "LayerNormalization"
 
 
 class _Views(torch.nn.Module):
@@ -76,7 +79,7 @@ def _network(name: str):
 
 #: Together these use every op of the schema.
 ROUND_TRIP = ["views", "shufflenet_v2_x1_0", "efficientnet_b0", "mobilenet_v2", "mobilenet_v3_small", "googlenet",
-              "squeezenet1_1", "resnet18"]
+              "squeezenet1_1", "resnet18", "convnext_tiny"]
 
 
 def test_the_round_trip_networks_cover_the_schema():
@@ -96,7 +99,7 @@ def test_round_trip_keeps_the_description(tmp_path, name):
     assert want == [2, 10] and _output_shape(back) == want
 
 
-@pytest.mark.parametrize("name", ["views", "shufflenet_v2_x1_0", "efficientnet_b0", "mobilenet_v2"])
+@pytest.mark.parametrize("name", ["views", "shufflenet_v2_x1_0", "efficientnet_b0", "mobilenet_v2", "convnext_tiny"])
 def test_foreign_reading_rebuilds_the_same_network(name):
     """Without our metadata (as another tool's file is read): ONNX types and shapes alone rebuild it."""
     desc = _network(name)
@@ -106,10 +109,36 @@ def test_foreign_reading_rebuilds_the_same_network(name):
     assert batch == 4 and [n.name for n in back.nodes] == [n.name for n in desc.nodes]
     assert [(n.op, n.output_shape) for n in back.nodes] == [(n.op, n.output_shape) for n in desc.nodes]
     views = [n for n in desc.nodes
-             if n.op in ("reshape", "flatten", "squeeze", "unsqueeze", "transpose", "select", "narrow")]
+             if n.op in ("reshape", "flatten", "squeeze", "unsqueeze", "transpose", "select", "narrow", "permute",
+                         "layernorm", "scale")]
     assert views and all(back.node(n.name).attrs == n.attrs for n in views)
     assert network_features(back).per_sample == network_features(desc).per_sample
     assert _output_shape(back) == _output_shape(desc) == [2, 10]
+
+
+def test_onnx_names_of_a_permute_and_a_layer_norm_are_read():
+    """A file of another tool, in ONNX's words: a Transpose moving three axes is a permute (two: a transpose), a
+    LayerNormalization over the last axis normalises the channels it finds there."""
+    import networkx as nx
+
+    g = nx.DiGraph(source="another tool")
+    feature = {"conv": ("Conv", {"kernel_shape": [1, 1], "group": 1}, [2, 8, 4, 4]),
+               "perm": ("Transpose", {"perm": [0, 2, 3, 1]}, [2, 4, 4, 8]),
+               "norm": ("LayerNormalization", {"axis": -1, "epsilon": 1e-6}, [2, 4, 4, 8]),
+               "swap": ("Transpose", {"perm": [0, 1, 3, 2]}, [2, 4, 8, 4])}
+    shapes = {"conv": [2, 3, 4, 4], "perm": [2, 8, 4, 4], "norm": [2, 4, 4, 8], "swap": [2, 4, 4, 8]}
+    previous = None
+    for name, (onnx, args, out) in feature.items():
+        g.add_node(name, feature={"type": onnx, "args": args, "memory_info": {
+            "batch_size": 2, "input_shape": shapes[name], "output_shape": out}})
+        if previous:
+            g.add_edge(previous, name)
+        previous = name
+    desc, batch = graph_to_description(g, "foreign", "foreign.pkl")
+    assert batch == 2 and [n.op for n in desc.nodes] == ["input", "conv2d", "permute", "layernorm", "transpose"]
+    assert desc.node("perm").attrs == {"dims": [0, 2, 3, 1]}
+    assert desc.node("norm").attrs == {"normalized_shape": [8], "eps": 1e-6}
+    assert desc.node("swap").attrs == {"dim0": 2, "dim1": 3}
 
 
 class _Squeezer(torch.nn.Module):

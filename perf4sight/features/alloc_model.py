@@ -2,9 +2,10 @@
 
 :mod:`perf4sight.features.alloc_trace` records the events by running the step on the meta device;
 this module writes the same events down from the description, 15-20 times faster. It covers every
-op of the schema (:data:`COVERED`); the few patterns it does not follow raise :class:`NotCovered`
-and go to the trace (an in-place ReLU on a tensor a node keeps, a linear layer on a 3-D tensor, a
-kernel or a view reading a gradient with permuted strides). The two are checked to give the same
+op of the schema but ConvNeXt's (:data:`COVERED`: permute, layer norm and layer scale are left to the
+trace, as ConvNeXt's linear layers on 4-D tensors would be anyway); the few patterns it does not follow
+raise :class:`NotCovered` and go to the trace (an in-place ReLU on a tensor a node keeps, a linear layer
+on a 3-D tensor, a kernel or a view reading a gradient with permuted strides). The two are checked to give the same
 allocations in the same order with the same frees between them (the trace's zero-byte allocations
 aside) on zoo, pruned and generated networks in ``tests/test_allocator.py``.
 

@@ -112,6 +112,32 @@ def _batchnorm2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
                   extra_saved_bytes=2 * c * BYTES_PER_ELEMENT, kernels_fwd=1, kernels_bwd=1, kind="norm")
 
 
+def _layernorm(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """Layer norm over the last dims: like batch norm, ~5 FLOPs/element forward and ~8 backward; it keeps its input,
+    and a mean and an inverse deviation per normalised row; its backward computes the input's gradient and the
+    weight's and bias's (two kernels)."""
+    a = node.attrs
+    width = numel(a["normalized_shape"])
+    n = numel(node.output_shape)
+    rows = n // max(width, 1)
+    params = 2 * width if a.get("elementwise_affine", True) else 0
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    return OpCost(flops_fwd=5.0 * n, flops_bwd=8.0 * n, bytes_read=rd * 2 + params * BYTES_PER_ELEMENT,
+                  bytes_written=wr, params=params, param_tensors=2 if params else 0, saved=[0],
+                  extra_saved_bytes=2.0 * rows * BYTES_PER_ELEMENT, kernels_fwd=1, kernels_bwd=2 if params else 1,
+                  kind="norm")
+
+
+def _scale(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """The input times a learnt tensor (layer scale): 1 FLOP per element forward; backward, the input's gradient
+    (a multiply) and the parameter's (a multiply and a sum down to its shape). It keeps its input."""
+    n = numel(node.output_shape)
+    width = numel(node.attrs["shape"])
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    return OpCost(flops_fwd=float(n), flops_bwd=3.0 * n, bytes_read=rd + width * BYTES_PER_ELEMENT, bytes_written=wr,
+                  params=width, param_tensors=1, saved=[0], kernels_fwd=1, kernels_bwd=3, kind="elementwise")
+
+
 def _pointwise(flops: float, saves: list[int], bwd_flops: float = 1.0) -> Handler:
     """Element-wise activation with ``flops`` FLOPs per output element; ``saves`` for backward."""
     def handler(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
@@ -224,4 +250,7 @@ HANDLERS: dict[str, Handler] = {
     "transpose": _view,
     "mean": _mean,
     "dropout": _dropout,
+    "permute": _view,  # the op after it that needs contiguous memory copies it (see latency_terms)
+    "layernorm": _layernorm,
+    "scale": _scale,
 }

@@ -172,6 +172,14 @@ def kernel_table(desc: NetworkDescription, optimizer: str = DEFAULT_OPTIMIZER) -
             _elementwise(r, node, ins, 1.0, 0.0, 0)
         elif op == "dropout":
             _elementwise(r, node, ins, 1.5, 2.0, 1)
+        elif op == "permute":  # a view, copied by the op after it that needs contiguous memory: a copy each way
+            _elementwise(r, node, ins, 1.0, 1.0, 1)
+        elif op == "layernorm":  # like batch norm; backward: the input's gradient, then the weight's and bias's
+            _elementwise(r, node, ins, 1.5, 4.0, 2)
+            params += 2 if node.attrs.get("elementwise_affine", True) else 0
+        elif op == "scale":  # backward: the input's gradient, the parameter's (a multiply and a sum)
+            _elementwise(r, node, ins, 1.0, 3.0, 3)
+            params += 1
         elif op in ("maxpool2d", "adaptivemaxpool2d"):  # backward: zero fill + scatter
             _elementwise(r, node, ins, 1.0, 3.0, 2)
         else:  # activations, average pooling, mean, mul, ...

@@ -27,12 +27,20 @@ from perf4sight.features.aggregate import (CONTEXT_FEATURES, DISPATCH_FEATURES, 
 from perf4sight.features.formulas import BYTES_PER_ELEMENT, OUTPUT, numel
 from perf4sight.features.optimizers import DEFAULT_OPTIMIZER
 from perf4sight.features.walk import walk
-from perf4sight.ir.schema import OPS, NetworkDescription
+from perf4sight.ir.schema import NetworkDescription
 
-__all__ = ["OP_VOCAB", "NODE_FEATURES", "EDGE_FEATURES", "GLOBAL_FEATURES", "GraphTemplate",
+__all__ = ["OP_VOCAB", "OP_TOKEN", "NODE_FEATURES", "EDGE_FEATURES", "GLOBAL_FEATURES", "GraphTemplate",
            "graph_template", "global_features"]
 
-OP_VOCAB: tuple[str, ...] = tuple(sorted(OPS))
+#: The one-hot op vocabulary, as it stood when the GNN was first stored. Kept fixed, so that a GNN fitted before an
+#: op joined the schema still loads: such an op reads as the op of the vocabulary nearest it (:data:`OP_TOKEN`).
+OP_VOCAB: tuple[str, ...] = (
+    "adaptiveavgpool2d", "adaptivemaxpool2d", "add", "avgpool2d", "batchnorm2d", "cat", "conv2d", "dropout", "flatten",
+    "gelu", "hardsigmoid", "hardswish", "identity", "input", "linear", "maxpool2d", "mean", "mul", "narrow", "relu",
+    "relu6", "reshape", "select", "sigmoid", "silu", "squeeze", "tanh", "transpose", "unsqueeze")
+#: Schema op -> the vocabulary's op it reads as (every op of the schema reads as itself or one of these).
+OP_TOKEN: dict[str, str] = {**{op: op for op in OP_VOCAB},
+                            "layernorm": "batchnorm2d", "permute": "transpose", "scale": "mul"}
 _ATTRS = ("in_ch", "out_ch", "kernel_h", "kernel_w", "stride", "padding", "dilation", "groups", "bias", "depthwise")
 _COSTS = ("out_elems", "out_rank", "macs", "flops_fwd", "flops_bwd", "bytes_read", "bytes_written", "params",
           "kernels_fwd", "kernels_bwd", "saved_bytes", "n_inputs")
@@ -72,8 +80,8 @@ def _attr_vector(op: str, a: dict) -> list[float]:
                 groups, float(bool(a["bias"])), float(groups > 1 and groups == cin)]
     if op == "linear":
         return [float(a["in_features"]), float(a["out_features"]), 0, 0, 0, 0, 0, 1, float(bool(a["bias"])), 0]
-    if op == "batchnorm2d":
-        c = float(a["num_features"])
+    if op in ("batchnorm2d", "layernorm"):
+        c = float(a["num_features"]) if op == "batchnorm2d" else float(np.prod(a["normalized_shape"]))
         return [c, c, 0, 0, 0, 0, 0, 0, 0, 0]
     if op in ("maxpool2d", "avgpool2d"):
         kh, kw = _pair(a["kernel_size"])
@@ -103,7 +111,7 @@ def graph_template(desc: NetworkDescription, optimizer: str = DEFAULT_OPTIMIZER)
         assert cost is not None  # network_features above rejected ops without a formula
         saved = sum(numel(shapes[node.name] if p == OUTPUT else in_shapes[p]) for p in cost.saved) * BYTES_PER_ELEMENT
         oh = [0.0] * len(OP_VOCAB)
-        oh[onehot[node.op]] = 1.0
+        oh[onehot[OP_TOKEN[node.op]]] = 1.0
         costs = [numel(node.output_shape), len(node.output_shape), cost.macs, cost.flops_fwd, cost.flops_bwd,
                  cost.bytes_read, cost.bytes_written, cost.params, cost.kernels_fwd, cost.kernels_bwd,
                  saved + cost.extra_saved_bytes, len(node.inputs)]

@@ -70,9 +70,11 @@ ONNX_TO_OP: dict[str, str] = {
     "Clip": "relu6", "Sigmoid": "sigmoid", "HardSigmoid": "hardsigmoid", "HardSwish": "hardswish",
     "Tanh": "tanh", "Dropout": "dropout", "Identity": "identity", "Reshape": "reshape", "ReduceMean": "mean",
     "Squeeze": "squeeze", "Unsqueeze": "unsqueeze", "Transpose": "transpose", "Gather": "select",
-    "Slice": "narrow", "Gelu": "gelu", "Swish": "silu",
+    "Slice": "narrow", "Gelu": "gelu", "Swish": "silu", "LayerNormalization": "layernorm",
 }
-OP_TO_ONNX: dict[str, str] = {v: k for k, v in ONNX_TO_OP.items()}
+#: Our op -> ONNX op type. Two of ours share a type: ``permute`` is a ``Transpose`` of more than two axes, and
+#: ``scale`` a ``Mul`` by a learnt tensor (an ONNX initializer); an import tells them apart by their args.
+OP_TO_ONNX: dict[str, str] = {**{v: k for k, v in ONNX_TO_OP.items()}, "permute": "Transpose", "scale": "Mul"}
 
 #: Graph attribute ``source`` of the files this tool's exporter writes.
 PERF4SIGHT_SOURCE = "perf4sight"
@@ -219,6 +221,18 @@ def _view_attrs(op: str, args: dict[str, Any], in_shape: list[int], out: list[in
     return {"dim": dim, "start": start, "length": _required(length, op, "length", where)}
 
 
+def _shared_type(op: str, args: dict[str, Any], n_inputs: int) -> str:
+    """Which of our ops an ONNX type two of them share is: a ``Transpose`` with ``dims`` (ours) or a ``perm`` moving
+    more than two axes is a ``permute``; a ``Mul`` of one input with a ``shape`` (ours) is a ``scale``."""
+    if op == "transpose" and "dim0" not in args and ("dims" in args or "perm" in args):
+        perm = _ints(args.get("dims", args.get("perm")) or [], "Transpose perm")
+        if "dims" in args or len([i for i, p in enumerate(perm) if p != i]) > 2:
+            return "permute"
+    if op == "mul" and n_inputs == 1 and "shape" in args:
+        return "scale"
+    return op
+
+
 def _reshape_target(args: dict[str, Any], out: list[int], where: str) -> list[int]:
     """A reshape's ``shape`` without the batch dimension: ``args['shape']`` when it is one (same rank as the
     output, as this tool writes it), else the output shape (an ONNX target shape includes the batch)."""
@@ -276,6 +290,19 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         return {"shape": _reshape_target(args, out, where)}
     if op in ("squeeze", "unsqueeze", "transpose", "select", "narrow"):
         return _view_attrs(op, args, in_shapes[0], out, where)
+    if op == "permute":
+        return {"dims": _ints(args.get("dims", args.get("perm")), f"{where} perm")}
+    if op == "scale":
+        return {"shape": _ints(args["shape"], f"{where} shape")}
+    if op == "layernorm":
+        axis = _first_int(args, ("axis",), where)
+        axis = -1 if axis is None else axis
+        normalized = _ints(args["normalized_shape"], where) if "normalized_shape" in args else \
+            in_shapes[0][axis - 1 if axis > 0 else axis:]
+        a = {"normalized_shape": normalized}
+        if args.get("eps", args.get("epsilon")) is not None:
+            a["eps"] = _number(args.get("eps", args.get("epsilon")), f"{where} epsilon")
+        return a
     if op == "mean":
         return {"dims": _ints(args.get("dims", args.get("axes", [2, 3])), where),
                 "keepdim": flag("keepdim", False, "keepdims")}
@@ -414,6 +441,7 @@ def graph_to_description(graph: Any, name: str, where: str) -> tuple[NetworkDesc
         args = f.get("args") or {}
         if not isinstance(args, dict):
             raise UserError(f"{here}: args must be a dict")
+        op = _shared_type(op, args, len(inputs))
         ours = own and all(a in args for a in OPS[op])
         shapes[names[n]] = out
         nodes.append({"name": names[n], "op": op, "inputs": inputs,

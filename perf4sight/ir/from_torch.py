@@ -65,6 +65,22 @@ def _avgpool(m: nn.AvgPool2d) -> tuple[str, dict]:
                          "count_include_pad": bool(m.count_include_pad)}
 
 
+def _layernorm(m: nn.LayerNorm) -> tuple[str, dict]:
+    if m.elementwise_affine and getattr(m, "bias", True) is None:
+        raise ValueError("a layer norm with a weight but no bias has no description op")
+    return "layernorm", _layernorm_attrs(m.normalized_shape, m.eps, m.elementwise_affine)
+
+
+def _layernorm_attrs(normalized_shape: Any, eps: float, affine: bool) -> dict:
+    shape = [int(normalized_shape)] if isinstance(normalized_shape, int) else [int(s) for s in normalized_shape]
+    attrs: dict[str, Any] = {"normalized_shape": shape}
+    if eps != 1e-5:
+        attrs["eps"] = float(eps)
+    if not affine:
+        attrs["elementwise_affine"] = False
+    return attrs
+
+
 def _inplace(op: str) -> Callable[[nn.Module], tuple[str, dict]]:
     return lambda m: (op, {"inplace": True} if getattr(m, "inplace", False) else {})
 
@@ -90,6 +106,7 @@ MODULE_OPS: list[tuple[type, Callable[[Any], tuple[str, dict]]]] = [
     (nn.AdaptiveMaxPool2d, lambda m: ("adaptivemaxpool2d", {"output_size": _pair(m.output_size)})),
     (nn.Dropout, lambda m: ("dropout", {"p": float(m.p)})),
     (nn.Flatten, lambda m: ("flatten", {"start_dim": m.start_dim})),
+    (nn.LayerNorm, _layernorm),
 ]
 
 
@@ -138,6 +155,29 @@ FUNCTION_OPS[F.max_pool2d] = lambda n: _maxpool(nn.MaxPool2d(
 FUNCTION_OPS[F.avg_pool2d] = lambda n: _avgpool(nn.AvgPool2d(
     _arg(n, 1, "kernel_size"), _arg(n, 2, "stride"), _arg(n, 3, "padding", 0), bool(_arg(n, 4, "ceil_mode", False)),
     bool(_arg(n, 5, "count_include_pad", True)), _arg(n, 6, "divisor_override")))
+def _layer_norm_call(n: fx.Node) -> tuple[str, dict]:
+    """``F.layer_norm(x, shape, weight, bias, eps)``, its weight and bias the module's own (``get_attr``)."""
+    weight, bias = _arg(n, 2, "weight"), _arg(n, 3, "bias")
+    if (weight is None) != (bias is None):
+        raise ValueError("a layer norm with a weight but no bias (or a bias but no weight) has no description op")
+    return "layernorm", _layernorm_attrs(_arg(n, 1, "normalized_shape"), float(_arg(n, 4, "eps", 1e-5)),
+                                         weight is not None)
+
+
+def _permute_call(n: fx.Node) -> tuple[str, dict]:
+    """``x.permute(0, 2, 3, 1)`` or ``torch.permute(x, [0, 2, 3, 1])``: dimensions count the batch, which stays."""
+    rest = list(n.args[1:]) or [n.kwargs.get("dims")]
+    dims = rest[0] if len(rest) == 1 and isinstance(rest[0], (list, tuple)) else rest
+    rank = len(n.args[0].meta["tensor_meta"].shape)
+    dims = [int(d) % rank for d in dims]
+    if dims[0] != 0:
+        raise ValueError(f"a permute that moves the batch dimension ({dims}) has no description op")
+    return "permute", {"dims": dims}
+
+
+FUNCTION_OPS[F.layer_norm] = _layer_norm_call
+for _key in (torch.permute, "permute"):
+    FUNCTION_OPS[_key] = _permute_call
 FUNCTION_OPS[F.dropout] = lambda n: ("dropout", {"p": float(_arg(n, 1, "p", 0.5))})
 _RESHAPES = {"view", "reshape", torch.reshape}
 _ALIASES = {"contiguous", "clone"}  # ops that do not change the value: the node is replaced by its input
@@ -302,6 +342,8 @@ def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, s
     if n.op == "placeholder":
         alias[n.name] = "input"
         return [Node("input", "input", [], {}, shape or [])]
+    if n.op == "get_attr":  # a module's own tensor, read by the op that uses it (a layer scale, a norm's weight)
+        return []
     if n.op == "call_function" and n.target is operator.getitem:
         converted = _getitem(n, alias)
         if converted is not None:
@@ -310,8 +352,9 @@ def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, s
     if shape is None and n.op != "call_module":  # sizes, shape arithmetic, tuples from chunk/split: resolved by
         return []                                # their consumers (a module returning a tuple is no op: below)
     op, attrs = _op_of(n, gm, where)
+    op, attrs, own = _with_own_tensors(n, op, attrs, gm, where)
     out = _whole_splits(n, alias, pieces)
-    tensor_inputs = _tensor_inputs(n, alias, pieces, where)
+    tensor_inputs = _tensor_inputs(n, alias, pieces, where, own)
     if op == "alias":
         alias[n.name] = tensor_inputs[0]
         return out
@@ -324,6 +367,29 @@ def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, s
         tensor_inputs = tensor_inputs[:1]
     alias[n.name] = n.name
     return out + [Node(n.name, op, tensor_inputs, attrs, shape)]
+
+
+def _with_own_tensors(n: fx.Node, op: str, attrs: dict, gm: fx.GraphModule,
+                      where: str) -> tuple[str, dict, set[str]]:
+    """``n``'s op once the module tensors it reads (``get_attr`` nodes) are taken in: a multiply by one parameter
+    is a ``scale`` of that parameter's shape, a layer norm reads its own weight and bias; the names of those
+    nodes come back, so that they are not read as inputs. Any other op reading a module tensor is a ``UserError``."""
+    own: list[fx.Node] = []
+    fx.node.map_arg((n.args, n.kwargs), lambda a: own.append(a) if a.op == "get_attr" else None)
+    if not own:
+        return op, attrs, set()
+    for a in own:
+        try:
+            gm.get_parameter(a.target)
+        except AttributeError:
+            raise UserError(f"{where}: {op} (node {n.name}) reads {a.target}, a module tensor that is no "
+                            "parameter, which the description has no op for") from None
+    if op == "mul" and len(own) == 1 and len(n.args) == 2:
+        return "scale", {"shape": [int(s) for s in own[0].meta["tensor_meta"].shape]}, {own[0].name}
+    if op == "layernorm":
+        return op, attrs, {a.name for a in own}
+    raise UserError(f"{where}: {op} (node {n.name}) reads the module's parameter {own[0].target} directly, "
+                    "which the description has no op for (a multiply by one parameter is a 'scale')")
 
 
 def _whole_splits(n: fx.Node, alias: dict[str, str], pieces: dict[str, list[str]]) -> list[Node]:
@@ -342,13 +408,16 @@ def _whole_splits(n: fx.Node, alias: dict[str, str], pieces: dict[str, list[str]
     return made
 
 
-def _tensor_inputs(n: fx.Node, alias: dict[str, str], pieces: dict[str, list[str]], where: str) -> list[str]:
-    """Tensor arguments in argument order, repeats kept (``torch.cat([x, x])`` has two inputs); ``UserError``
-    for an argument carrying tensors the description does not follow (e.g. the tuple a module returned),
-    instead of leaving that input out."""
+def _tensor_inputs(n: fx.Node, alias: dict[str, str], pieces: dict[str, list[str]], where: str,
+                   own: set[str]) -> list[str]:
+    """Tensor arguments in argument order, repeats kept (``torch.cat([x, x])`` has two inputs), but for the module
+    tensors in ``own``; ``UserError`` for an argument carrying tensors the description does not follow (e.g. the
+    tuple a module returned), instead of leaving that input out."""
     found: list[str] = []
 
     def add(a: fx.Node) -> None:
+        if a.name in own:
+            return
         if a.name in alias:
             found.append(alias[a.name])
         elif a.name in pieces:

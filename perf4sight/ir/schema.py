@@ -43,6 +43,9 @@ OPS: Dict[str, Tuple[str, ...]] = {
     "transpose": ("dim0", "dim1"),
     "mean": ("dims", "keepdim"),
     "dropout": ("p",),
+    "permute": ("dims",),  # every dimension, the batch first (dims[0] = 0)
+    "layernorm": ("normalized_shape",),  # over the last dims; optional eps (1e-5), elementwise_affine (true)
+    "scale": ("shape",),  # times a learnt tensor of this shape (ConvNeXt's layer scale), broadcast
 }
 
 
@@ -52,6 +55,8 @@ _POSITIVE: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("in_channels", "out_channels", "groups"), "linear": ("in_features", "out_features"),
     "batchnorm2d": ("num_features",),
 }
+#: Op -> attributes that must be lists of positive integers (a shape).
+_SHAPES: Dict[str, Tuple[str, ...]] = {"layernorm": ("normalized_shape",), "scale": ("shape",)}
 _PAIRS: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("kernel_size", "stride", "padding", "dilation"),
     "maxpool2d": ("kernel_size", "stride", "padding"), "avgpool2d": ("kernel_size", "stride", "padding"),
@@ -74,6 +79,13 @@ def _attr_problem(node: "Node") -> str:
     for a in _POSITIVE.get(node.op, ()):
         if not _is_int(node.attrs[a], 1):
             return f"attr '{a}' must be a positive integer, got {node.attrs[a]!r}"
+    for a in _SHAPES.get(node.op, ()):
+        v = node.attrs[a]
+        if not (isinstance(v, list) and v and all(_is_int(x, 1) for x in v)):
+            return f"attr '{a}' must be a non-empty list of positive integers, got {v!r}"
+    if node.op == "permute" and not (isinstance(node.attrs["dims"], list) and all(_is_int(x, 0) for x in
+                                                                                    node.attrs["dims"])):
+        return f"attr 'dims' must be a list of dimensions (integers >= 0, the batch first), got {node.attrs['dims']!r}"
     for a in _PAIRS.get(node.op, ()):
         v = node.attrs.get(a)
         if v is None and a == "stride":  # a pool's stride may be null (= its kernel size)
@@ -266,7 +278,8 @@ class NetworkDescription:
 
 
 def count_params(desc: NetworkDescription) -> int:
-    """Trainable parameters implied by the nodes (conv, batch norm, linear), as the schema defines."""
+    """Trainable parameters implied by the nodes (conv, batch norm, linear, layer norm, scale), as the schema
+    defines."""
     total = 0
     for n in desc.nodes:
         a = n.attrs
@@ -278,7 +291,19 @@ def count_params(desc: NetworkDescription) -> int:
             total += 2 * a["num_features"]
         elif n.op == "linear":
             total += a["in_features"] * a["out_features"] + (a["out_features"] if a["bias"] else 0)
+        elif n.op == "layernorm" and a.get("elementwise_affine", True):
+            total += 2 * _product(a["normalized_shape"])
+        elif n.op == "scale":
+            total += _product(a["shape"])
     return total
+
+
+def _product(shape: List[int]) -> int:
+    """Elements of a tensor of ``shape`` (math.prod is Python 3.8+)."""
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
 
 
 def load_description(path: Union[str, Path]) -> NetworkDescription:

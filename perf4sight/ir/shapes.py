@@ -17,7 +17,8 @@ ARITY: Dict[str, Tuple[int, Optional[int]]] = {
     "input": (0, 0), "add": (1, 2), "mul": (1, 2), "cat": (1, None),  # add/mul: two tensors, or one and a scalar
     **{op: (1, 1) for op in _UNARY + ("conv2d", "batchnorm2d", "linear", "maxpool2d", "avgpool2d",
                                       "adaptiveavgpool2d", "adaptivemaxpool2d", "reshape", "flatten", "squeeze",
-                                      "unsqueeze", "select", "narrow", "transpose", "mean")},
+                                      "unsqueeze", "select", "narrow", "transpose", "mean", "permute",
+                                      "layernorm", "scale")},
 }
 
 
@@ -97,6 +98,20 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
         return out if _numel(out) == _numel(x) else f"changes the element count ({x} -> {out})"
     if op == "transpose":
         return out if sorted(out) == sorted(x) else f"is not a transpose of {x} ({out})"
+    if op == "permute":
+        dims = [int(d) for d in a["dims"]]
+        if sorted(dims) != list(range(len(x) + 1)) or dims[0] != 0:
+            return f"dims {dims} are not an order of its input's {len(x) + 1} dimensions with the batch first"
+        return [x[d - 1] for d in dims[1:]]
+    if op == "layernorm":
+        normalized = [int(s) for s in a["normalized_shape"]]
+        if len(normalized) > len(x) or x[len(x) - len(normalized):] != normalized:
+            return f"normalized_shape {normalized} is not the last dimensions of its input {x}"
+        return x
+    if op == "scale":
+        if _broadcast(x, [int(s) for s in a["shape"]]) != x:
+            return f"a scale of shape {a['shape']} does not broadcast onto its input {x}"
+        return x
     if op in ("select", "narrow"):
         axis = _axis(int(a["dim"]), len(x))
         if axis is None:

@@ -14,11 +14,22 @@ from torch import nn
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription, Node
 
-__all__ = ["build_module", "MODULE_BUILDERS", "FUNCTION_BUILDERS"]
+__all__ = ["build_module", "MODULE_BUILDERS", "FUNCTION_BUILDERS", "Scale"]
 
 
 def _pair(v: Any) -> Tuple[int, int]:
     return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+class Scale(nn.Module):
+    """The input times a learnt tensor of ``shape``, broadcast (ConvNeXt's layer scale), initialised to ones."""
+
+    def __init__(self, shape: List[int], device: Optional[Union[torch.device, str]] = None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones([int(s) for s in shape], device=device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.weight
 
 
 #: op -> factory of the nn.Module that executes it, given the node's attrs and the factory keyword
@@ -45,12 +56,19 @@ MODULE_BUILDERS: Dict[str, Callable[..., nn.Module]] = {
     "adaptiveavgpool2d": lambda a, **f: nn.AdaptiveAvgPool2d(_pair(a["output_size"])),
     "adaptivemaxpool2d": lambda a, **f: nn.AdaptiveMaxPool2d(_pair(a["output_size"])),
     "dropout": lambda a, **f: nn.Dropout(float(a["p"])),
+    "layernorm": lambda a, **f: nn.LayerNorm([int(s) for s in a["normalized_shape"]], eps=a.get("eps", 1e-5),
+                                             elementwise_affine=bool(a.get("elementwise_affine", True)), **f),
+    "scale": lambda a, **f: Scale(a["shape"], **f),
 }
 
 
 def _reshape(x: torch.Tensor, shape: List[int]) -> torch.Tensor:
     """Reshape keeping the (implicit) batch dimension first."""
     return x.reshape(x.shape[0], *shape)
+
+
+def _permute(x: torch.Tensor, dims: List[int]) -> torch.Tensor:
+    return x.permute(*dims)
 
 
 def _scalar_add(x: torch.Tensor, scalar: float) -> torch.Tensor:
@@ -82,6 +100,7 @@ FUNCTION_BUILDERS: Dict[str, Callable[[List, Dict], Tuple[Callable, Tuple]]] = {
     "narrow": lambda x, a: (torch.narrow, (x[0], a["dim"], a["start"], a["length"])),
     "transpose": lambda x, a: (torch.transpose, (x[0], a["dim0"], a["dim1"])),
     "mean": lambda x, a: (torch.mean, (x[0], list(a["dims"]), bool(a["keepdim"]))),
+    "permute": lambda x, a: (_permute, (x[0], [int(d) for d in a["dims"]])),
 }
 
 

@@ -12,11 +12,13 @@ Grouped, non-depthwise convolutions (ResNeXt) are pruned *uniformly per group*: 
 removal is one local channel index taken out of every convolution group at once, so each
 group keeps the same width and the cardinality (``groups``) is unchanged. Groups whose
 channels cannot be cut that way, and groups torch-pruning cannot follow (unwrapped
-parameters, ShuffleNetV2's channel shuffle), are left unpruned and listed in ``notes``.
+parameters such as ConvNeXt's layer scale, ShuffleNetV2's channel shuffle), are left unpruned and listed
+in ``notes``.
 """
 from __future__ import annotations
 
 import copy
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -149,7 +151,9 @@ def find_groups(model: nn.Module, example: torch.Tensor, ignored: list[nn.Module
     ``ignored`` layers keep their output channels (the classifier); ``skip(group)`` returns a
     reason to leave a torch-pruning group unpruned ('' to keep it).
     """
-    dg = tp.DependencyGraph().build_dependency(model, example_inputs=example)
+    with warnings.catch_warnings():  # parameters outside a layer (ConvNeXt's layer scale): their groups are skipped
+        warnings.filterwarnings("ignore", message="Unwrapped parameters detected")
+        dg = tp.DependencyGraph().build_dependency(model, example_inputs=example)
     names = {m: n for n, m in model.named_modules()}
     modules = dict(model.named_modules())
     groups: list[CoupledGroup] = []

@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # torch is imported where a model is built: predicting from d
 __all__ = ["ZOO_NAMES", "left_out_of_zoo", "build_zoo_model", "describe_zoo"]
 
 #: zoo name -> extra keyword arguments for the torchvision builder: torchvision's image classifiers that are CNNs
-#: (not the transformers, nor ConvNeXt, whose permutes and layer norms the description has no op for)
+#: (not the vision transformers, whose attention the description has no op for)
 _BUILD_KWARGS: dict[str, dict[str, Any]] = {
     name: {} for name in (
         "alexnet", "vgg11", "vgg11_bn", "vgg13", "vgg13_bn", "vgg16", "vgg16_bn", "vgg19", "vgg19_bn",
@@ -29,19 +29,20 @@ _BUILD_KWARGS: dict[str, dict[str, Any]] = {
         "efficientnet_v2_l",
         "regnet_x_400mf", "regnet_x_800mf", "regnet_x_1_6gf", "regnet_x_3_2gf", "regnet_x_8gf", "regnet_x_16gf",
         "regnet_x_32gf", "regnet_y_400mf", "regnet_y_800mf", "regnet_y_1_6gf", "regnet_y_3_2gf", "regnet_y_8gf",
-        "regnet_y_16gf", "regnet_y_32gf", "regnet_y_128gf")
+        "regnet_y_16gf", "regnet_y_32gf", "regnet_y_128gf",
+        "convnext_tiny", "convnext_small", "convnext_base", "convnext_large")
 } | {name: {"aux_logits": False, "init_weights": False} for name in ("googlenet", "inception_v3")}
 ZOO_NAMES: tuple[str, ...] = tuple(sorted(_BUILD_KWARGS))
 #: the name prefixes of torchvision's classifiers left out of the zoo
-_LEFT_OUT = ("vit_", "swin_", "maxvit_", "convnext_")
+_LEFT_OUT = ("vit_", "swin_", "maxvit_")
 
 
 def left_out_of_zoo(name: str) -> str:
     """Why torchvision's classifier ``name`` is not a zoo network ('' for any other name), as a sentence."""
     if not name.startswith(_LEFT_OUT):
         return ""
-    return (f"torchvision's {name} is a vision transformer or a ConvNeXt, whose permutes and layer norms the network "
-            f"description has no op for: the zoo holds torchvision's {len(ZOO_NAMES)} CNNs of other layers")
+    return (f"torchvision's {name} is a vision transformer, whose attention the network description has no op for: "
+            f"the zoo holds torchvision's {len(ZOO_NAMES)} CNNs")
 
 
 def _check_name(name: str) -> None:
