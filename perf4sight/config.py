@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from perf4sight.errors import UserError
+from perf4sight.networks.design_space import DEFAULT_STYLES
 
 __all__ = ["Config", "DeviceConfig", "load_config", "BACKENDS"]
 
@@ -50,7 +51,7 @@ class GeneratorConfig:
     """Random networks from the multi-style design space (0 = none)."""
     count: int = 0
     seed: int = 0
-    styles: list[str] = field(default_factory=lambda: ["vgg", "inception", "resnext", "densenet", "mobilenet"])
+    styles: list[str] = field(default_factory=lambda: list(DEFAULT_STYLES))
     min_mflops: float = 0.0
     max_mflops: float = 1e9
     min_params: int = 0

@@ -19,7 +19,7 @@ from perf4sight.ir.from_torch import describe
 from perf4sight.ir.schema import NetworkDescription, load_description
 from perf4sight.ir.to_torch import build_module
 from perf4sight.networks.build import Source, make_networks, prune_source, variant_name
-from perf4sight.networks.design_space import STYLES
+from perf4sight.networks.design_space import DEFAULT_STYLES, STYLES
 from perf4sight.networks.factories import build_factory_model, parse_factory
 from perf4sight.networks.generator import GeneratorSettings, forward_flops, generate
 from perf4sight.networks.pruning import STRATEGIES, PruningPlan, prune_model
@@ -275,12 +275,25 @@ def test_cover_styles_gives_each_style_the_largest_maps_of_a_network_in_turn() -
     settings = GeneratorSettings(count=7, seed=1, min_mflops=20, max_mflops=600, max_params=12_000_000)
     plain = generate(settings, [3, 64, 64], CLASSES)
     covered = generate(replace(settings, cover_styles=True), [3, 64, 64], CLASSES)
-    leads = (STYLES * 2)[:7]
+    leads = (DEFAULT_STYLES * 2)[:7]
     assert [d.extra["styles"][:2] for d in covered] == [[s, s] for s in leads]
     assert all(20 <= forward_flops(d) / 1e6 <= 600 for d in covered)
     assert [d.extra["styles"][:2] for d in plain] != [[s, s] for s in leads]  # off: drawn as before
     with pytest.raises(UserError, match=r"only 0 of 2 networks .*; with cover_styles, none led by vgg did\); widen"):
         generate(replace(settings, count=2, min_mflops=0, max_mflops=0.5, cover_styles=True), [3, 64, 64], CLASSES)
+
+
+def test_the_convnext_style_is_drawn_only_where_a_config_names_it() -> None:
+    """A style added to the design space would change every seed's networks: ``convnext`` is drawn only when named,
+    and then leads in its turn; its stages hold ConvNeXt's ops and rebuild to the shapes torch computes."""
+    assert STYLES == DEFAULT_STYLES + ("convnext",)
+    drawn = generate(GeneratorSettings(count=12, seed=0), SHAPE, CLASSES)
+    assert all("convnext" not in d.extra["styles"] for d in drawn)
+    (led,) = generate(GeneratorSettings(count=6, seed=0, styles=STYLES, cover_styles=True), SHAPE, CLASSES)[5:]
+    assert led.extra["styles"][:2] == ["convnext", "convnext"]
+    assert {"permute", "layernorm", "scale", "gelu"} <= {n.op for n in led.nodes}
+    traced = describe(build_module(led), SHAPE, name="traced")
+    assert [n.output_shape for n in traced.nodes] == [n.output_shape for n in led.nodes]
 
 
 def test_generator_reaches_the_perfseer_range() -> None:

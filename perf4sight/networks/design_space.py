@@ -17,6 +17,11 @@ Styles and their knobs (``STYLES``):
 - ``densenet``: one dense block of ``depth`` layers (BN-ReLU-1x1(4k)-BN-ReLU-3x3(k)), growth
   rate ``growth`` = k, and a transition (BN-ReLU-1x1, 2x2 average pool) before or after it.
 - ``mobilenet``: ``depth`` inverted residual blocks; ``expansion`` (1, 3, 6), ``kernel`` (3, 5).
+- ``convnext``: ``depth`` ConvNeXt blocks (a ``kernel`` x ``kernel`` depthwise convolution, then per pixel a
+  layer norm and an MLP of ``expansion`` x width with GELU, between two permutes, a layer scale and the residual
+  add), and a downsampling layer (layer norm over the channels, 2x2 convolution of stride 2 to ``width``) before
+  or after them; ``expansion`` (2, 3, 4), ``kernel`` (3, 5, 7). Not among the default styles
+  (:data:`DEFAULT_STYLES`): a config names it in ``[networks.generator] styles``.
 """
 from __future__ import annotations
 
@@ -25,9 +30,12 @@ from typing import Any
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription, Node, count_params
 
-__all__ = ["STYLES", "STEM_CHANNELS", "MIN_INPUT", "FULL_STEM_INPUT", "build_description"]
+__all__ = ["STYLES", "DEFAULT_STYLES", "STEM_CHANNELS", "MIN_INPUT", "FULL_STEM_INPUT", "build_description"]
 
-STYLES: tuple[str, ...] = ("vgg", "inception", "resnext", "densenet", "mobilenet")
+#: The styles a generator draws from unless its config names others: adding one here would change every
+#: seed's networks, so a newer style joins :data:`STYLES` alone.
+DEFAULT_STYLES: tuple[str, ...] = ("vgg", "inception", "resnext", "densenet", "mobilenet")
+STYLES: tuple[str, ...] = DEFAULT_STYLES + ("convnext",)
 STEM_CHANNELS = 32
 MIN_INPUT = 32  # pixels: four stride-2 steps after a stride-1 stem leave at least 2x2
 FULL_STEM_INPUT = 64  # pixels: from here the stem strides by 2 too (five steps leave at least 2x2)
@@ -51,11 +59,12 @@ class _Builder:
         self.shape[name] = shape
         return name
 
-    def conv(self, name: str, x: str, cout: int, kernel: int = 1, stride: int = 1, groups: int = 1) -> str:
+    def conv(self, name: str, x: str, cout: int, kernel: int = 1, stride: int = 1, groups: int = 1,
+             bias: bool = False, pad: int | None = None) -> str:
         c, h, w = self.shape[x]
-        pad = kernel // 2
+        pad = kernel // 2 if pad is None else pad
         attrs = {"in_channels": c, "out_channels": cout, "kernel_size": [kernel, kernel], "stride": [stride, stride],
-                 "padding": [pad, pad], "dilation": [1, 1], "groups": groups, "bias": False}
+                 "padding": [pad, pad], "dilation": [1, 1], "groups": groups, "bias": bias}
         return self._add(name, "conv2d", [x], attrs, [cout, _out(h, kernel, stride, pad), _out(w, kernel, stride, pad)])
 
     def bn(self, name: str, x: str) -> str:
@@ -77,6 +86,24 @@ class _Builder:
         if op == "avgpool2d":
             attrs["count_include_pad"] = True
         return self._add(name, op, [x], attrs, [c, _out(h, kernel, stride, pad), _out(w, kernel, stride, pad)])
+
+    def permute(self, name: str, x: str, dims: list[int]) -> str:
+        """``dims`` count the batch (first, staying)."""
+        return self._add(name, "permute", [x], {"dims": list(dims)}, [self.shape[x][d - 1] for d in dims[1:]])
+
+    def layernorm(self, name: str, x: str) -> str:
+        """A layer norm over the last dimension (ConvNeXt's epsilon)."""
+        return self._add(name, "layernorm", [x], {"normalized_shape": [self.shape[x][-1]], "eps": 1e-6},
+                         list(self.shape[x]))
+
+    def linear(self, name: str, x: str, cout: int) -> str:
+        """A linear layer (with bias) on the last dimension."""
+        return self._add(name, "linear", [x], {"in_features": self.shape[x][-1], "out_features": cout, "bias": True},
+                         self.shape[x][:-1] + [cout])
+
+    def scale(self, name: str, x: str) -> str:
+        """A learnt scale per channel of a [C, H, W] tensor (ConvNeXt's layer scale)."""
+        return self._add(name, "scale", [x], {"shape": [self.shape[x][0], 1, 1]}, list(self.shape[x]))
 
     def add(self, name: str, a: str, b: str) -> str:
         return self._add(name, "add", [a, b], {}, list(self.shape[a]))
@@ -160,7 +187,27 @@ def _mobilenet(b: _Builder, x: str, p: str, st: dict[str, Any], strides: list[in
     return x
 
 
-_STAGES = {"vgg": _vgg, "inception": _inception, "resnext": _resnext, "densenet": _densenet, "mobilenet": _mobilenet}
+def _convnext(b: _Builder, x: str, p: str, st: dict[str, Any], strides: list[int]) -> str:
+    def downsample(q: str, x: str) -> str:
+        normed = b.permute(f"{q}_nchw", b.layernorm(f"{q}_norm", b.permute(f"{q}_nhwc", x, [0, 2, 3, 1])), [0, 3, 1, 2])
+        return b.conv(f"{q}_conv", normed, st["width"], 2, 2, bias=True, pad=0)
+
+    if st["stride_at"] == "first":
+        x = downsample(f"{p}_down", x)
+    for i in range(st["depth"]):
+        q = f"{p}_b{i}"
+        c = b.shape[x][0]
+        y = b.permute(f"{q}_nhwc", b.conv(f"{q}_dw", x, c, st["kernel"], groups=c, bias=True), [0, 2, 3, 1])
+        y = b.linear(f"{q}_fc1", b.layernorm(f"{q}_norm", y), c * st["expansion"])
+        y = b.linear(f"{q}_fc2", b.act(f"{q}_gelu", y, "gelu"), c)
+        x = b.add(f"{q}_add", b.scale(f"{q}_scale", b.permute(f"{q}_nchw", y, [0, 3, 1, 2])), x)
+    if st["stride_at"] == "last":
+        x = downsample(f"{p}_down", x)
+    return x
+
+
+_STAGES = {"vgg": _vgg, "inception": _inception, "resnext": _resnext, "densenet": _densenet, "mobilenet": _mobilenet,
+           "convnext": _convnext}
 
 
 def build_description(spec: list[dict[str, Any]], input_shape: list[int], num_classes: int, name: str,

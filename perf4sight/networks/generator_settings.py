@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from perf4sight.errors import UserError
-from perf4sight.networks.design_space import MIN_INPUT, STYLES
+from perf4sight.networks.design_space import DEFAULT_STYLES, MIN_INPUT, STYLES
 
 __all__ = ["GeneratorSettings", "where_in_config"]
 
@@ -18,7 +18,7 @@ class GeneratorSettings:
 
     count: int
     seed: int = 0
-    styles: tuple[str, ...] = STYLES
+    styles: tuple[str, ...] = DEFAULT_STYLES
     min_mflops: float = 0.0
     max_mflops: float = float("inf")
     min_params: int = 0
