@@ -147,25 +147,35 @@ def _tiny_resnext(num_classes: int = CLASSES) -> nn.Module:
     return ResNet(Bottleneck, [1, 1, 1, 1], groups=8, width_per_group=4, num_classes=num_classes)
 
 
-def test_convnext_prunes_its_blocks_inner_widths_and_leaves_the_layer_scaled_stream() -> None:
-    """ConvNeXt's residual stream is multiplied by each block's layer scale, a parameter outside any layer, which
-    torch-pruning cannot cut with the layers: those groups stay whole (and are counted); the blocks' inner MLP
-    widths are pruned, and the pruned network describes, rebuilds and trains."""
-    import warnings
+def test_convnext_prunes_its_stream_with_its_layer_scales_and_its_blocks_mlp() -> None:
+    """ConvNeXt's residual stream is multiplied by each block's layer scale, a parameter outside any layer: it is cut
+    with the layers of the stream (and torch-pruning's warning about it is not shown), as are the blocks' MLP
+    widths. The fast parameter count is exact (a meta copy cut the same way agrees), and the pruned network
+    describes, rebuilds and trains."""
+    import numpy as np
+
+    from perf4sight.networks import prune_plan as pp
+    from perf4sight.networks.pruning import count_parameters
 
     base = build_zoo_model("convnext_tiny", num_classes=10)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # torch-pruning's warning about those parameters is not shown
+        warnings.simplefilter("error")
         plan = PruningPlan(base, SHAPE)
+    assert plan._fast_count is not None
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        counts = [int(rng.integers(0, g.max_removed + 1)) for g in plan.groups]
+        assert plan._fast_count(counts) == plan.p0 - count_parameters(pp.cut(plan._meta, pp.removal(plan.groups,
+                                                                                                       counts)))
     pruned = plan.prune(50)
-    assert abs(pruned.achieved_level - 50) <= 1.0
-    assert pruned.extra["pruning_unpruned_groups"] == {"unwrapped parameter": 4}  # the stream of each stage
+    assert abs(pruned.achieved_level - 50) <= 1.0 and "pruning_unpruned_groups" not in pruned.extra
     desc = describe(pruned.module, SHAPE, name="convnext_tiny_l50")
-    linears = [n for n in desc.nodes if n.op == "linear"][:-1]
-    full = [n for n in describe(base, SHAPE, name="convnext_tiny").nodes if n.op == "linear"][:-1]
-    assert [n.attrs["in_features"] for n in linears[::2]] == [n.attrs["in_features"] for n in full[::2]]  # stream
-    assert sum(n.attrs["out_features"] for n in linears[::2]) < 0.7 * sum(n.attrs["out_features"] for n in full[::2])
-    assert desc.params == pruned.params
+    full = describe(base, SHAPE, name="convnext_tiny")
+    widths = [[n.attrs["out_channels"] for n in d.nodes if n.op == "conv2d" and n.attrs["groups"] > 1]
+              for d in (desc, full)]  # the depthwise convolutions: the stream's width
+    assert all(w < f for w, f in zip(*widths))
+    assert [n.attrs["shape"][0] for n in desc.nodes if n.op == "scale"] == widths[0]
+    assert desc.params == pruned.params and desc.structure == full.structure
     _train_step(desc)
 
 

@@ -11,13 +11,15 @@ the parameters of a candidate cut uses a copy on the ``meta`` device (shapes onl
 Grouped, non-depthwise convolutions (ResNeXt) are pruned *uniformly per group*: a unit of
 removal is one local channel index taken out of every convolution group at once, so each
 group keeps the same width and the cardinality (``groups``) is unchanged. Groups whose
-channels cannot be cut that way, and groups torch-pruning cannot follow (unwrapped
-parameters such as ConvNeXt's layer scale, ShuffleNetV2's channel shuffle), are left unpruned and listed
-in ``notes``.
+channels cannot be cut that way, and groups torch-pruning cannot follow (ShuffleNetV2's channel
+shuffle), are left unpruned and listed in ``notes``. A parameter outside any layer that a group
+touches (ConvNeXt's layer scale, shape ``[C, 1, 1]``) is cut along the dimension torch-pruning
+finds for it (its last one of size above 1) and set back on its module.
 """
 from __future__ import annotations
 
 import copy
+import functools
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
@@ -91,7 +93,7 @@ class CoupledGroup:
 
 def _units(deps: list[Dep], channels: int, modules: dict[str, nn.Module]) -> list[Unit] | None:
     """Root channels grouped so that every grouped conv loses whole local indices, or None if impossible."""
-    grouped = [d for d in deps if is_grouped_conv(modules[d.module])]
+    grouped = [d for d in deps if is_grouped_conv(modules.get(d.module))]
     if not grouped:
         return [Unit(np.array([c])) for c in range(channels)]
     keys: dict[int, list[tuple[int, ...]]] = {c: [] for c in range(channels)}
@@ -136,6 +138,26 @@ def _max_removed(group: CoupledGroup, min_channels: int, dims: dict[tuple[str, H
     return limit
 
 
+@functools.lru_cache(maxsize=None)
+def parameter_cut(dim: int) -> Handler:
+    """The cut of a parameter outside any layer along ``dim``: (parameter, indices) -> the parameter without them
+    (a new ``nn.Parameter``; :func:`cut` sets it on its module). One function per ``dim``, so that the cuts of one
+    parameter by several groups meet under one key."""
+    def cut_parameter(p: nn.Parameter, idxs: list[int]) -> nn.Parameter:
+        keep = torch.tensor([i for i in range(p.shape[dim]) if i not in set(idxs)], dtype=torch.long, device=p.device)
+        return nn.Parameter(torch.index_select(p.data, dim, keep), p.requires_grad)
+    cut_parameter.dim = dim  # type: ignore[attr-defined]
+    return cut_parameter
+
+
+def _size(model: nn.Module, d: "Dep", out: bool) -> int:
+    """Channels of the layer dimension (or parameter dimension) ``d`` cuts."""
+    modules = dict(model.named_modules())
+    if d.module not in modules:
+        return int(model.get_parameter(d.module).shape[d.handler.dim])  # type: ignore[attr-defined]
+    return _dim(modules[d.module], out)
+
+
 def _dim(module: nn.Module, out: bool) -> int:
     for attr in (("out_channels", "out_features", "num_features") if out else
                  ("in_channels", "in_features", "num_features")):
@@ -151,17 +173,15 @@ def find_groups(model: nn.Module, example: torch.Tensor, ignored: list[nn.Module
     ``ignored`` layers keep their output channels (the classifier); ``skip(group)`` returns a
     reason to leave a torch-pruning group unpruned ('' to keep it).
     """
-    with warnings.catch_warnings():  # parameters outside a layer (ConvNeXt's layer scale): their groups are skipped
-        warnings.filterwarnings("ignore", message="Unwrapped parameters detected")
+    with warnings.catch_warnings():  # parameters outside a layer (ConvNeXt's layer scale): cut along the dimension
+        warnings.filterwarnings("ignore", message="Unwrapped parameters detected")  # it says, as wanted
         dg = tp.DependencyGraph().build_dependency(model, example_inputs=example)
-    names = {m: n for n, m in model.named_modules()}
+    names = {m: n for n, m in model.named_modules()} | {p: n for n, p in model.named_parameters()}
     modules = dict(model.named_modules())
     groups: list[CoupledGroup] = []
     notes: Counter[str] = Counter()
     for g in dg.get_all_groups(ignored_layers=ignored, root_module_types=[nn.Conv2d, nn.Linear]):
         reason = skip(g)
-        if not reason and any(it.dep.target.type == tp.ops.OPTYPE.PARAMETER for it in g):
-            reason = "unwrapped parameter"
         if reason:
             notes[reason] += 1
             continue
@@ -172,7 +192,9 @@ def find_groups(model: nn.Module, example: torch.Tensor, ignored: list[nn.Module
                 continue
             handler = it.dep.handler
             module = it.dep.target.module
-            if is_grouped_conv(module) and dg.is_in_channel_pruning_fn(handler):
+            if it.dep.target.type == tp.ops.OPTYPE.PARAMETER:
+                handler = parameter_cut(int(it.dep.target.pruning_dim))
+            elif is_grouped_conv(module) and dg.is_in_channel_pruning_fn(handler):
                 handler = prune_grouped_in_channels
             roots, targets = merged.setdefault((name, handler), ([], []))
             roots += list(it.root_idxs)
@@ -190,13 +212,11 @@ def find_groups(model: nn.Module, example: torch.Tensor, ignored: list[nn.Module
 
 def set_limits(groups: list[CoupledGroup], model: nn.Module, min_channels: int) -> None:
     """Set each ordered group's ``max_removed`` (units) from ``min_channels``."""
-    modules = dict(model.named_modules())
     for g in groups:
         dims = {}
         for d in g.deps:
-            m = modules[d.module]
             out = d.handler is not prune_grouped_in_channels and "out" in getattr(d.handler, "__name__", "")
-            dims[(d.module, d.handler)] = _dim(m, out) or len(np.unique(d.targets))
+            dims[(d.module, d.handler)] = _size(model, d, out) or len(np.unique(d.targets))
         g.max_removed = _max_removed(g, min_channels, dims)
 
 
@@ -218,7 +238,11 @@ def cut(base: nn.Module, cuts: dict[tuple[str, Handler], set[int]]) -> nn.Module
     model = copy.deepcopy(base)
     modules = dict(model.named_modules())
     for (name, handler), idxs in cuts.items():
-        handler(modules[name], sorted(idxs))
+        if name in modules:
+            handler(modules[name], sorted(idxs))
+        else:  # a parameter outside any layer: its cut copy replaces it
+            owner, _, attr = name.rpartition(".")
+            setattr(modules[owner], attr, handler(getattr(modules[owner], attr), sorted(idxs)))
     return model
 
 
@@ -243,14 +267,16 @@ def _params_after(m: nn.Module, r_out: int, r_in: int) -> int | None:
     if type(m) is nn.Linear:
         out, cin = m.out_features - r_out, m.in_features - r_in
         return out * cin + bias * out
+    if isinstance(m, nn.LayerNorm) and len(m.normalized_shape) == 1:  # ConvNeXt's, LayerNorm2d included
+        return (m.normalized_shape[0] - max(r_out, r_in)) * len(own)
     return None if own else 0
 
 
 def make_counter(groups: list[CoupledGroup], model: nn.Module) -> Callable[[list[int]], int] | None:
     """A fast ``counts -> parameters removed`` function for ordered groups, or None if it cannot be exact.
 
-    Exact when every touched layer is a Conv2d, BatchNorm2d or Linear (or has no parameters)
-    and no two groups cut the same channel of the same layer dimension.
+    Exact when every touched layer is a Conv2d, BatchNorm2d, Linear or a LayerNorm over one dimension (or has no
+    parameters), or a parameter outside any layer, and no two groups cut the same channel of the same dimension.
     """
     modules = dict(model.named_modules())
     seen: dict[tuple[str, Handler], set[int]] = {}
@@ -269,10 +295,13 @@ def make_counter(groups: list[CoupledGroup], model: nn.Module) -> Callable[[list
                 new.append(len(got))
             per_dep.append(((d.module, d.handler), np.asarray(new)))
         cums.append(per_dep)
-    names = {name for name, _ in seen}
-    base = {n: sum(p.numel() for p in modules[n].parameters(recurse=False) if p.requires_grad) for n in names}
-    if any(_params_after(modules[n], 0, 0) is None for n in names):
+    layers = {name for name, _ in seen if name in modules}
+    if any(_params_after(modules[n], 0, 0) is None for n in layers):
         return None
+    base = {n: sum(p.numel() for p in modules[n].parameters(recurse=False) if p.requires_grad) for n in layers}
+    # a parameter outside any layer: (elements, size of the dimension cut), each cut channel taking its share
+    loose = {name: (model.get_parameter(name).numel(), model.get_parameter(name).shape[handler.dim])
+             for name, handler in seen if name not in modules}
 
     def removed(counts: list[int]) -> int:
         r: dict[str, list[int]] = {}
@@ -281,5 +310,6 @@ def make_counter(groups: list[CoupledGroup], model: nn.Module) -> Callable[[list
                 for (name, handler), cum in per_dep:
                     slot = r.setdefault(name, [0, 0])
                     slot[0 if _is_out(handler) else 1] += int(cum[k])
-        return sum(base[n] - (_params_after(modules[n], o, i) or 0) for n, (o, i) in r.items())
+        return sum(base[n] - (_params_after(modules[n], o, i) or 0) if n in base
+                   else loose[n][0] * (o + i) // loose[n][1] for n, (o, i) in r.items())
     return removed

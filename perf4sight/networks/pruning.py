@@ -23,10 +23,9 @@ late layers (the side drawn per network, recorded as ``pruning_bias``).
 Left alone, with the reason (counted in ``extra["pruning_unpruned_groups"]``): the
 classifier's outputs (the last conv/linear layer run); in torchvision's ShuffleNetV2,
 channels that pass through the channel shuffle (torch-pruning cannot follow it), so only
-the inner channels of each branch and the last 1x1 convolution are pruned; in torchvision's
-ConvNeXt, the channels of the residual stream, which each block's layer scale (a parameter outside
-any layer, "unwrapped") multiplies, so only the blocks' inner MLP widths are pruned; grouped
-convolutions whose channels cannot be removed uniformly per group. Networks with grouped
+the inner channels of each branch and the last 1x1 convolution are pruned; grouped
+convolutions whose channels cannot be removed uniformly per group. A parameter outside any layer
+(ConvNeXt's layer scale) is cut with the channels it multiplies. Networks with grouped
 convolutions record ``extra["grouped_conv_pruning"] = "uniform per group"``.
 """
 from __future__ import annotations
