@@ -290,7 +290,7 @@ def unknown_network(cfg: Config, name: str, dataset: list[str] | None = None) ->
     guess = f" (did you mean {' or '.join(repr(n) for n in close)}?)" if close else ""
     mine = (f"a network of the dataset ({len(dataset)}: {named(dataset, 4)}), " if dataset
             else "a network of the dataset (none yet: run --stage networks or --stage import), ")
-    return (f"unknown network '{name}'{guess}: give a zoo network (one of torchvision's CNNs by name, e.g. resnet18, "
-            f"mobilenet_v2, efficientnet_b0: --help lists the {len(ZOO_NAMES)}), a pruned variant of one "
+    return (f"unknown network '{name}'{guess}: give a zoo network (one of torchvision's classifiers by name, e.g. "
+            f"resnet18, mobilenet_v2, efficientnet_b0: --help lists the {len(ZOO_NAMES)}), a pruned variant of one "
             f"or of a network [networks] names (e.g. {ZOO_NAMES[0]}_l30: pruned on request as the networks stage "
             f"would), {mine}a description .json file, or FILE.py:FUNCTION (a function that returns the network)")

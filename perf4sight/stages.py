@@ -247,7 +247,9 @@ def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
     skipped = []
     for device in devices:
         descriptions, shas, rows, note = device_dataset(cfg, device)  # each description parsed once per device
-        if not rows and not args.device and _other_optimizers_only(cfg, device):
+        passed_over = "" if rows or args.device else _other_optimizers_note(cfg, device)
+        if passed_over:
+            notes.print(passed_over, markup=False)
             skipped.append(device)
             continue
         _print_notes(note, undescribed_note(cfg, device, rows, descriptions), _over_limit_note(cfg, device, rows),
@@ -291,19 +293,18 @@ def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
     return 0
 
 
-def _other_optimizers_only(cfg: Config, device: str) -> bool:
-    """Whether ``device``'s rows are all of other optimisers' steps than ``[profile] optimizer``'s (imported
-    perf4sight data, say, under a config of Adam's step); if so, a note on what stays as it is."""
+def _other_optimizers_note(cfg: Config, device: str) -> str:
+    """Where ``device``'s rows are all of other optimisers' steps than ``[profile] optimizer``'s (imported perf4sight
+    data, say, under a config of Adam's step), the note that passes it over, saying what stays as it is; else ""."""
     others = other_phases(cfg, device)
     if not others:
-        return False
+        return ""
     step = OPTIMIZER_LABELS[cfg.profile.optimizer]
     stored = cfg.fingerprint_dir / device / "metadata.json"
     stays = (f"its fingerprint stays as it is, and predict estimates {step}'s step from it" if stored.is_file()
              else f"--optimizer {others[0]} fits one of its rows")
-    notes.print(f"note: {device}: not fitted: its rows are of steps with {' and '.join(others)}, none with {step} "
-                f"([profile] optimizer); {stays}", markup=False)
-    return True
+    return (f"note: {device}: not fitted: its rows are of steps with {' and '.join(others)}, none with {step} "
+            f"([profile] optimizer); {stays}")
 
 
 def _print_accuracy(device: str, meta: dict) -> None:

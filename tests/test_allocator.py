@@ -299,9 +299,10 @@ def test_linear_layers_on_three_dimensional_tensors_fall_back_to_the_trace():
         record_events(tokens, 2, method="model")
 
 
-def test_convnext_falls_back_to_the_trace():
+def test_convnext_and_vit_fall_back_to_the_trace():
     """ConvNeXt's permutes, layer norms and layer scales (and its linear layers on 4-D tensors) are the trace's: the
-    events are the trace's, on the meta device, and they hold the layer norms' per-row statistics."""
+    events are the trace's, on the meta device, and they hold the layer norms' per-row statistics; so are a ViT's
+    (its attention, class token and position embedding)."""
     from perf4sight.errors import UserError
     from perf4sight.networks.zoo import describe_zoo
 
@@ -311,6 +312,8 @@ def test_convnext_falls_back_to_the_trace():
     assert any(op == "aten.native_layer_norm.default" for _, _, _, op in events)
     with pytest.raises(UserError, match="op 'permute'"):
         record_events(desc, 2, method="model")
+    vit = describe_zoo("vit_b_32", [3, 32, 32], num_classes=10)
+    assert record_events(vit, 2) == record_events(vit, 2, method="trace")
 
 
 def test_an_in_place_relu_on_a_kept_tensor_falls_back_to_the_trace():
@@ -362,8 +365,9 @@ def test_a_view_of_a_gradient_slice_is_copied_as_in_the_trace():
 
 
 def test_every_schema_op_is_written_down_indexing_and_scalars_included():
-    """The model covers every op a description can hold but ConvNeXt's (the trace writes those down); an indexed
-    tensor (select of a max-pooled map: a strided view), scalar add and multiply included, matches the trace."""
+    """The model covers every op a description can hold but ConvNeXt's and ViT's (the trace writes those down); an
+    indexed tensor (select of a max-pooled map: a strided view), scalar add and multiply included, matches the
+    trace."""
     from torch import nn
 
     from perf4sight.features.alloc_model import COVERED
@@ -378,7 +382,7 @@ def test_every_schema_op_is_written_down_indexing_and_scalars_included():
         def forward(self, x):
             return self.fc(((self.pool(self.conv(x))[:, :, 0] + 1.0) * 0.5).mean(2))
 
-    assert COVERED == set(OPS) - {"permute", "layernorm", "scale"}
+    assert COVERED == set(OPS) - {"permute", "layernorm", "scale", "shift", "token", "attention"}
     desc = describe(Indexed(), [3, 8, 8], "indexed")
     assert {"select", "adaptivemaxpool2d"} <= {n.op for n in desc.nodes}
     assert _as_replayed(record_events(desc, 3, method="model")) == _as_replayed(record_events(desc, 3, method="trace"))

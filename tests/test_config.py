@@ -181,9 +181,9 @@ def test_predict_and_compare_networks_take_the_datasets_names_too(tmp_path):
 
 
 def test_a_torchvision_transformer_is_said_to_be_left_out_of_the_zoo(tmp_path):
-    with pytest.raises(UserError, match=r"\[networks\] zoo: 'vit_b_16': torchvision's vit_b_16 is a vision "
-                                        r"transformer, whose attention.*the zoo holds torchvision's 68 CNNs"):
-        load_config(write(tmp_path, GOOD.replace('zoo = ["resnet18"]', 'zoo = ["vit_b_16"]')))
+    with pytest.raises(UserError, match=r"\[networks\] zoo: 'swin_b': torchvision's swin_b is a windowed vision "
+                                        r"transformer.*the zoo holds torchvision's 73 other classifiers"):
+        load_config(write(tmp_path, GOOD.replace('zoo = ["resnet18"]', 'zoo = ["swin_b"]')))
     with pytest.raises(UserError, match=r"\[predict\] networks: unknown network 'swin_t': torchvision's swin_t is"):
         load_config(write(tmp_path, GOOD + '[predict]\nnetworks = ["swin_t"]\n'))
 

@@ -62,6 +62,19 @@ def test_layer_norm_and_layer_scale_by_hand():
     assert permute.kind == "view" and permute.kernels_fwd == 0
 
 
+def test_self_attention_by_hand():
+    """Self-attention over 5 tokens of width 8 in 2 heads: projections 4 x 5 x 8 x 8 MACs, scores and weighted sum
+    2 x 5 x 5 x 8; it keeps its input, the queries, keys, values and heads' output, and the softmax's weights."""
+    node = Node("a", "attention", ["x"], {"embed_dim": 8, "num_heads": 2, "bias": True}, [5, 8])
+    c = _cost(node, [[5, 8]])
+    assert c.macs == 4 * 5 * 8 * 8 + 2 * 5 * 5 * 8 and c.params == 4 * 64 + 4 * 8 and c.param_tensors == 4
+    assert c.saved == [0] and c.extra_saved_bytes == (4 * 5 * 8 + 2 * 5 * 5) * 4
+    assert c.flops_bwd == 4 * c.macs + 2 * 5 * 2 * 25 and _cost(node, [[5, 8]], first=True).flops_bwd < c.flops_bwd
+    token = _cost(Node("t", "token", ["x"], {"shape": [1, 8], "dim": 1}, [6, 8]), [[5, 8]])
+    shift = _cost(Node("s", "shift", ["x"], {"shape": [6, 8]}, [6, 8]), [[6, 8]])
+    assert (token.params, token.flops_fwd, shift.params, shift.flops_fwd) == (8, 0, 48, 48)
+
+
 def test_convnext_features_count_every_parameter():
     from perf4sight.networks.zoo import describe_zoo
 
@@ -69,6 +82,9 @@ def test_convnext_features_count_every_parameter():
     nf = network_features(desc)
     assert not nf.unsupported and nf.static["params"] == desc.params == 27_827_818
     assert nf.per_sample["norm_elems"] > 0 and nf.kernels is not None
+    vit = describe_zoo("vit_b_32", [3, 64, 64], num_classes=10)
+    nf = network_features(vit)
+    assert not nf.unsupported and nf.static["params"] == vit.params and nf.static["blas_context"] == 1.0
 
 
 def test_every_schema_op_has_a_formula():

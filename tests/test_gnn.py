@@ -98,7 +98,7 @@ def test_graph_template_shapes(tiny):
 
 def test_the_op_vocabulary_stays_and_every_schema_op_reads_as_one_of_it():
     """A GNN stores its one-hot vocabulary and refuses another: the vocabulary stays as it was stored before ConvNeXt's
-    ops joined the schema, which read as their nearest op (so a GNN fitted before still loads)."""
+    and ViT's ops joined the schema, which read as their nearest op (so a GNN fitted before still loads)."""
     from perf4sight.fingerprint.gnn_graph import OP_TOKEN
     from perf4sight.ir.schema import OPS
     from perf4sight.networks.zoo import describe_zoo

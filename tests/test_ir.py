@@ -29,10 +29,11 @@ def train_one_step(module: nn.Module, input_shape: list[int], num_classes: int, 
 
 
 @pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "googlenet", "densenet121", "shufflenet_v2_x1_0",
-                                  "efficientnet_b0", "regnet_y_400mf", "efficientnet_v2_s", "convnext_tiny"])
+                                  "efficientnet_b0", "regnet_y_400mf", "efficientnet_v2_s", "convnext_tiny",
+                                  "vit_b_32"])
 def test_zoo_round_trip_keeps_params_and_output_shape(name, tmp_path):
     shape = [3, 32, 32]
-    original = build_zoo_model(name, num_classes=10)
+    original = build_zoo_model(name, num_classes=10, input_shape=shape)
     desc = describe(original, shape, name=name)
     path = save_description(desc, tmp_path / f"{name}.json")
     rebuilt = build_module(load_description(path))
@@ -151,6 +152,54 @@ def test_convnext_computes_what_torchvisions_computes():
     assert tuple(train_one_step(rebuilt, [3, 32, 32], 10).shape) == (2, 10)
 
 
+def test_a_vision_transformer_computes_what_torchvisions_computes():
+    """ViT's patches (a convolution, a reshape and a permute), class token (a parameter expanded over the batch and
+    put first), position embedding (a parameter added) and self-attention describe and rebuild to the same
+    function with the same parameters."""
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(0)
+    original = VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32,
+                                 num_classes=10).eval()
+    with torch.no_grad():
+        original.class_token.normal_()
+        original.encoder.pos_embedding.normal_()
+    desc = NetworkDescription.from_dict(json.loads(describe(original, [3, 32, 32], name="vit").to_json()))
+    ops = [n.op for n in desc.nodes]
+    assert (ops.count("token"), ops.count("shift"), ops.count("attention")) == (1, 1, 2)
+    assert desc.node(next(n.name for n in desc.nodes if n.op == "token")).attrs == {"shape": [1, 16], "dim": 1}
+    assert desc.params == sum(p.numel() for p in original.parameters())
+    rebuilt = build_module(desc).eval()
+    olds = [p for _, p in original.named_parameters()]
+    olds = olds[1:3] + olds[:1] + olds[3:]  # the class token is the model's first parameter, the rebuilt's third
+    for new, old in zip(rebuilt.parameters(), olds):
+        assert new.numel() == old.numel()
+        new.data.copy_(old.data.reshape(new.shape))  # the position embedding without its batch dimension of 1
+    x = torch.randn(2, 3, 32, 32)
+    assert torch.allclose(rebuilt(x), original(x), atol=1e-5)
+    assert tuple(train_one_step(rebuilt, [3, 32, 32], 10).shape) == (2, 10)
+
+
+class _CrossAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.attn = nn.Conv2d(3, 8, 2, 2), nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x):
+        y = self.conv(x).flatten(2).transpose(1, 2)
+        return self.attn(y, y * 2.0, y)[0].mean(1)
+
+
+class _TokenLast(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.token = nn.Conv2d(3, 8, 2, 2), nn.Parameter(torch.zeros(1, 1, 8))
+
+    def forward(self, x):
+        y = self.conv(x).flatten(2).transpose(1, 2)
+        return torch.cat([y, self.token.expand(y.shape[0], -1, -1)], 1).mean(1)
+
+
 class _BufferScaled(nn.Module):
     def __init__(self):
         super().__init__()
@@ -159,15 +208,6 @@ class _BufferScaled(nn.Module):
 
     def forward(self, x):
         return self.conv(x) * self.gain
-
-
-class _ParameterAdded(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv, self.shift = nn.Conv2d(3, 4, 3), nn.Parameter(torch.zeros(4, 1, 1))
-
-    def forward(self, x):
-        return self.conv(x) + self.shift
 
 
 class _BatchPermuted(nn.Module):
@@ -181,8 +221,9 @@ class _BatchPermuted(nn.Module):
 
 @pytest.mark.parametrize("module, expected", [
     (_BufferScaled(), r"mul \(node mul\) reads gain, a module tensor that is no parameter"),
-    (_ParameterAdded(), r"add \(node add\) reads the module's parameter shift directly"),
     (_BatchPermuted(), r"a permute that moves the batch dimension \(\[1, 0, 2, 3\]\)"),
+    (_CrossAttention(), r"attention \(node attn\) is described as self-attention only"),
+    (_TokenLast(), r"cat \(node cat\) reads the module's parameter token directly"),
 ])
 def test_module_tensors_and_permutes_the_description_cannot_hold_are_named(module, expected):
     with pytest.raises(UserError, match=expected) as exc:
@@ -201,6 +242,14 @@ def test_module_tensors_and_permutes_the_description_cannot_hold_are_named(modul
      r"'normalized_shape' must be a non-empty list of positive integers"),
     ({"op": "scale", "attrs": {"shape": [6, 1, 1]}, "output_shape": [4, 3, 3]},
      r"a scale of shape \[6, 1, 1\] does not broadcast onto its input \[4, 3, 3\]"),
+    ({"op": "shift", "attrs": {"shape": [4, 2, 3]}, "output_shape": [4, 3, 3]},
+     r"a shift of shape \[4, 2, 3\] does not broadcast onto its input \[4, 3, 3\]"),
+    ({"op": "token", "attrs": {"shape": [2, 3, 4], "dim": 1}, "output_shape": [6, 3, 3]},
+     r"a token of shape \[2, 3, 4\] cannot go before its input \[4, 3, 3\] along dim 1"),
+    ({"op": "attention", "attrs": {"embed_dim": 3, "num_heads": 1, "bias": True}, "output_shape": [4, 3, 3]},
+     r"embed_dim 3 needs a \[tokens, 3\] input, got \[4, 3, 3\]"),
+    ({"op": "attention", "attrs": {"embed_dim": 3, "num_heads": 2, "bias": True}, "output_shape": [4, 3, 3]},
+     r"num_heads 2 does not divide embed_dim 3"),
 ])
 def test_permute_layer_norm_and_scale_shapes_are_checked(node, expected):
     d = _conv_description()
@@ -208,11 +257,17 @@ def test_permute_layer_norm_and_scale_shapes_are_checked(node, expected):
     d["output"] = "odd"
     with pytest.raises(UserError, match=expected):
         NetworkDescription.from_dict(d, where="conv.json")
-    good = {"permute": {"dims": [0, 2, 3, 1]}, "layernorm": {"normalized_shape": [3]}, "scale": {"shape": [4, 1, 1]}}
-    d["nodes"][-1].update(attrs=good[node["op"]], output_shape=[3, 3, 4] if node["op"] == "permute" else [4, 3, 3])
+    if node["op"] == "attention":  # on a [tokens, width] view of the map
+        d["nodes"].insert(-1, {"name": "tokens", "op": "reshape", "inputs": [d["nodes"][1]["name"]],
+                               "attrs": {"shape": [4, 9]}, "output_shape": [4, 9]})
+        d["nodes"][-1]["inputs"] = ["tokens"]
+    good = {"permute": ({"dims": [0, 2, 3, 1]}, [3, 3, 4], 0), "layernorm": ({"normalized_shape": [3]}, [4, 3, 3], 6),
+            "scale": ({"shape": [4, 1, 1]}, [4, 3, 3], 4), "shift": ({"shape": [3, 3]}, [4, 3, 3], 9),
+            "token": ({"shape": [2, 3, 3], "dim": 1}, [6, 3, 3], 18),
+            "attention": ({"embed_dim": 9, "num_heads": 3, "bias": True}, [4, 9], 4 * 81 + 4 * 9)}[node["op"]]
+    d["nodes"][-1].update(attrs=good[0], output_shape=good[1])
     d.pop("params")  # counted from the nodes
-    assert NetworkDescription.from_dict(d).params == 4 * 3 * 3 * 3 + 4 + {"permute": 0, "layernorm": 6, "scale": 4}[
-        node["op"]]
+    assert NetworkDescription.from_dict(d).params == 4 * 3 * 3 * 3 + 4 + good[2]
 
 
 def test_tensor_indexing_becomes_select_and_narrow():
@@ -273,7 +328,7 @@ class _Recurrent(nn.Module):
 class _Attention(nn.Module):
     def __init__(self):
         super().__init__()
-        self.conv, self.attn = nn.Conv2d(3, 16, 3), nn.MultiheadAttention(16, 2, batch_first=True)
+        self.conv, self.attn = nn.Conv2d(3, 16, 3), nn.MultiheadAttention(16, 2, batch_first=True, add_bias_kv=True)
 
     def forward(self, x):
         y = self.conv(x).flatten(2).transpose(1, 2)
@@ -291,7 +346,8 @@ class _MeanOfAll(nn.Module):
 
 @pytest.mark.parametrize("module, expected", [
     (_Recurrent(), "rnn: module 'lstm' of type LSTM has no description op"),  # was dropped: its tuple was read
-    (_Attention(), "rnn: module 'attn' of type MultiheadAttention has no description op"),  # as a chunk's
+    (_Attention(), r"rnn: cannot describe node attn \(ValueError: multi-head attention is described batch first, "
+                   "with .* no added key/value bias"),  # its tuple was read as a chunk's
     (_MeanOfAll(), r"rnn: cannot describe node mean \(ValueError: a mean over every dimension"),  # a TypeError
     ("resnet18", "rnn: expected a torch nn.Module instance .* got str"),  # an AttributeError
 ])

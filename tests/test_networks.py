@@ -105,22 +105,28 @@ def test_zoo_description_from_meta_weights_equals_the_real_model(name: str, monk
 
 
 def test_the_zoo_is_torchvisions_cnns_and_a_regnet_describes_from_a_real_model() -> None:
-    """Every zoo name is a torchvision classifier; those left out are the vision transformers. A regnet's
-    initialiser copies data, which the meta device cannot: it is described from a real model."""
+    """Every zoo name is a torchvision classifier; those left out are the windowed vision transformers. A regnet's
+    initialiser copies data, which the meta device cannot: it is described from a real model. A ViT is built for
+    the input it is described at: square, a multiple of its patch size."""
     import torchvision.models as tvm
 
     from perf4sight.networks.zoo import ZOO_NAMES
 
     classifiers = set(tvm.list_models(module=tvm))
-    assert set(ZOO_NAMES) <= classifiers and len(ZOO_NAMES) == 68
-    assert {n.split("_")[0] for n in classifiers - set(ZOO_NAMES)} == {"maxvit", "swin", "vit"}
+    assert set(ZOO_NAMES) <= classifiers and len(ZOO_NAMES) == 73
+    assert {n.split("_")[0] for n in classifiers - set(ZOO_NAMES)} == {"maxvit", "swin"}
     fast = describe_zoo("regnet_y_400mf", SHAPE, CLASSES)
     model = build_zoo_model("regnet_y_400mf", CLASSES)
     real = describe(model, SHAPE, name="regnet_y_400mf", network="regnet_y_400mf",
                     source="torchvision:regnet_y_400mf")
     assert fast.to_json() == real.to_json() and fast.params == sum(p.numel() for p in model.parameters())
-    with pytest.raises(UserError, match="'swin_t': torchvision's swin_t is a vision transformer, whose attention"):
+    with pytest.raises(UserError, match="'swin_t': torchvision's swin_t is a windowed vision transformer, whose "
+                                        "shifted windows"):
         describe_zoo("swin_t", SHAPE)
+    assert describe_zoo("vit_b_32", [3, 64, 64]).node("add").output_shape == [5, 768]  # 2x2 patches + class token
+    with pytest.raises(UserError, match=r"'vit_b_16': a ViT takes square images whose side is a multiple of its "
+                                        r"patch size 16; the input shape is \[3, 64, 48\]"):
+        describe_zoo("vit_b_16", [3, 64, 48])
 
 
 def test_zoo_description_cache_is_reused_keyed_and_survives_damage(tmp_path: Path) -> None:
@@ -176,6 +182,21 @@ def test_convnext_prunes_its_stream_with_its_layer_scales_and_its_blocks_mlp() -
     assert all(w < f for w, f in zip(*widths))
     assert [n.attrs["shape"][0] for n in desc.nodes if n.op == "scale"] == widths[0]
     assert desc.params == pruned.params and desc.structure == full.structure
+    _train_step(desc)
+
+
+def test_a_vit_prunes_its_mlps_and_keeps_its_token_width() -> None:
+    """A ViT's token width runs through every attention layer (whose heads would have to shrink alike) and the
+    model reshapes by a width attribute of its own: that group stays whole, said in the description; the MLPs'
+    hidden widths are pruned, and the pruned network describes, rebuilds and trains."""
+    shape = [3, 64, 64]
+    base = build_zoo_model("vit_b_32", num_classes=CLASSES, input_shape=shape)
+    pruned = PruningPlan(base, shape).prune(40)
+    assert abs(pruned.achieved_level - 40) <= 1.0
+    assert pruned.extra["pruning_unpruned_groups"] == {"an attention's embedding width": 1}
+    desc = describe(pruned.module, shape, name="vit_b_32_l40")
+    assert {n.attrs["embed_dim"] for n in desc.nodes if n.op == "attention"} == {768}
+    assert all(n.attrs["out_features"] < 3072 for n in desc.nodes if n.op == "linear" and n.name.endswith("mlp_0"))
     _train_step(desc)
 
 

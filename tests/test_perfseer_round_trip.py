@@ -48,7 +48,7 @@ def test_every_schema_op_has_one_onnx_type():
     assert set(OP_TO_ONNX) == set(OPS) - {"input"}
     # one-to-one but for the two ops that share a type with another (an import tells them apart by their args)
     assert {op: ONNX_TO_OP[t] for op, t in OP_TO_ONNX.items() if ONNX_TO_OP[t] != op} == {
-        "permute": "transpose", "scale": "mul"}
+        "permute": "transpose", "scale": "mul", "shift": "add", "token": "cat"}
     assert OP_TO_ONNX["silu"] == "Swish" and OP_TO_ONNX["narrow"] == "Slice" and OP_TO_ONNX["select"] == "Gather"
     assert OP_TO_ONNX["layernorm"] == "LayerNormalization"
 
@@ -79,7 +79,7 @@ def _network(name: str):
 
 #: Together these use every op of the schema.
 ROUND_TRIP = ["views", "shufflenet_v2_x1_0", "efficientnet_b0", "mobilenet_v2", "mobilenet_v3_small", "googlenet",
-              "squeezenet1_1", "resnet18", "convnext_tiny"]
+              "squeezenet1_1", "resnet18", "convnext_tiny", "vit_b_32"]
 
 
 def test_the_round_trip_networks_cover_the_schema():
@@ -99,7 +99,8 @@ def test_round_trip_keeps_the_description(tmp_path, name):
     assert want == [2, 10] and _output_shape(back) == want
 
 
-@pytest.mark.parametrize("name", ["views", "shufflenet_v2_x1_0", "efficientnet_b0", "mobilenet_v2", "convnext_tiny"])
+@pytest.mark.parametrize("name", ["views", "shufflenet_v2_x1_0", "efficientnet_b0", "mobilenet_v2", "convnext_tiny",
+                                  "vit_b_32"])
 def test_foreign_reading_rebuilds_the_same_network(name):
     """Without our metadata (as another tool's file is read): ONNX types and shapes alone rebuild it."""
     desc = _network(name)
@@ -110,7 +111,7 @@ def test_foreign_reading_rebuilds_the_same_network(name):
     assert [(n.op, n.output_shape) for n in back.nodes] == [(n.op, n.output_shape) for n in desc.nodes]
     views = [n for n in desc.nodes
              if n.op in ("reshape", "flatten", "squeeze", "unsqueeze", "transpose", "select", "narrow", "permute",
-                         "layernorm", "scale")]
+                         "layernorm", "scale", "shift", "token", "attention")]
     assert views and all(back.node(n.name).attrs == n.attrs for n in views)
     assert network_features(back).per_sample == network_features(desc).per_sample
     assert _output_shape(back) == _output_shape(desc) == [2, 10]

@@ -76,7 +76,7 @@ WORKSPACE_FEATURES: tuple[str, ...] = ("im2col_mb",)
 DISPATCH_FEATURES: tuple[str, ...] = ("native_conv_macs",)
 NATIVE_CONV_MAX_BATCH, NATIVE_CONV_MAX_INPUT = 15, 20480
 #: Ops that run on the BLAS library.
-BLAS_OPS = frozenset({"linear"})
+BLAS_OPS = frozenset({"linear", "attention"})
 FEATURE_NAMES: tuple[str, ...] = (("batch_size",) + SCALED_FEATURES + STATIC_FEATURES + ("mem_analytic_mb",)
                                   + ALLOCATOR_FEATURES + SIM_FEATURES + LATENCY_FEATURES + CONTEXT_FEATURES
                                   + WORKSPACE_FEATURES + DISPATCH_FEATURES)

@@ -138,6 +138,40 @@ def _scale(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
                   params=width, param_tensors=1, saved=[0], kernels_fwd=1, kernels_bwd=3, kind="elementwise")
 
 
+def _learnt_tensor(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """``shift`` (plus a learnt tensor, broadcast) and ``token`` (a learnt tensor put first): 1 FLOP per element (the
+    token's copy none), nothing kept; backward, the parameter's gradient is the incoming one summed down (shift)
+    or sliced (token)."""
+    n = numel(node.output_shape)
+    width = numel(node.attrs["shape"])
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    shift = node.op == "shift"
+    return OpCost(flops_fwd=float(n) if shift else 0.0, flops_bwd=float(n) if shift else 0.0,
+                  bytes_read=rd + width * BYTES_PER_ELEMENT, bytes_written=wr, params=width, param_tensors=1,
+                  kernels_fwd=1, kernels_bwd=1 if shift else 0, kind="elementwise" if shift else "other")
+
+
+def _attention(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """Multi-head self-attention over ``L`` tokens of width ``E`` in ``H`` heads (PyTorch's math path): the input
+    projection (``3 L E^2`` MACs), the scores ``Q K^T`` and their weighted sum of ``V`` (``L^2 E`` each), the output
+    projection (``L E^2``); a softmax of ``5 H L^2`` FLOPs. Backward: two passes of every product (one without an
+    input gradient for the network input). Kept for backward: the input, the projected queries, keys and values,
+    the softmax's weights and the heads' output (the projection's input)."""
+    a = node.attrs
+    e, h = int(a["embed_dim"]), int(a["num_heads"])
+    tokens = numel(node.output_shape) // e
+    bias = bool(a["bias"])
+    macs = float(4 * tokens * e * e + 2 * tokens * tokens * e)
+    softmax = 5.0 * h * tokens * tokens
+    params = 4 * e * e + (4 * e if bias else 0)
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    kept = (4 * tokens * e + h * tokens * tokens) * BYTES_PER_ELEMENT
+    return OpCost(macs=macs, flops_fwd=2 * macs + softmax, flops_bwd=(2 if first else 4) * macs + 2 * softmax,
+                  bytes_read=rd + params * BYTES_PER_ELEMENT, bytes_written=wr, params=params,
+                  param_tensors=4 if bias else 2, saved=[0], extra_saved_bytes=float(kept), kernels_fwd=7,
+                  kernels_bwd=12, kind="linear")
+
+
 def _pointwise(flops: float, saves: list[int], bwd_flops: float = 1.0) -> Handler:
     """Element-wise activation with ``flops`` FLOPs per output element; ``saves`` for backward."""
     def handler(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
@@ -253,4 +287,7 @@ HANDLERS: dict[str, Handler] = {
     "permute": _view,  # the op after it that needs contiguous memory copies it (see latency_terms)
     "layernorm": _layernorm,
     "scale": _scale,
+    "shift": _learnt_tensor,
+    "token": _learnt_tensor,
+    "attention": _attention,
 }

@@ -115,6 +115,28 @@ def _conv(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
         r.other(BANDWIDTH, hw_out * cout, b_out, cout * BYTES_PER_ELEMENT)  # backward reduction
 
 
+def _attention(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
+    """Self-attention as its GEMMs (the input projection to queries, keys and values, the scores, the weighted sum,
+    the output projection; each with its backward ones) and its softmax (bandwidth-bound)."""
+    e, h = int(node.attrs["embed_dim"]), int(node.attrs["num_heads"])
+    tokens = numel(node.output_shape) // e
+    d = e // h
+    b_io = 2 * tokens * e * BYTES_PER_ELEMENT
+    w = 4 * e * e * BYTES_PER_ELEMENT
+    scores = h * tokens * tokens * BYTES_PER_ELEMENT
+    # the two projections: in (no input gradient for the network input), out
+    for m, n, k, fixed, grad_in in ((tokens, 3 * e, e, 0.75 * w, not first), (tokens, e, e, 0.25 * w, True)):
+        r.gemm(m, n, k, 0, b_io, fixed)
+        if grad_in:
+            r.gemm(m, k, n, 0, b_io, fixed)
+        r.gemm(n, k, m, 2, b_io, fixed)
+    for _ in range(3):  # scores Q K^T and the weighted sum of V, forward and two backward products each
+        r.gemm(h * tokens, tokens, d, 0, scores, 0.0)
+        r.gemm(h * tokens, d, tokens, 0, scores, 0.0)
+    r.other(BANDWIDTH, 5.0 * h * tokens * tokens, 2 * scores)  # softmax
+    r.other(BANDWIDTH, 5.0 * h * tokens * tokens, 3 * scores)  # its backward
+
+
 def _linear(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
     a = node.attrs
     fin, fout = int(a["in_features"]), int(a["out_features"])
@@ -180,6 +202,15 @@ def kernel_table(desc: NetworkDescription, optimizer: str = DEFAULT_OPTIMIZER) -
         elif op == "scale":  # backward: the input's gradient, the parameter's (a multiply and a sum)
             _elementwise(r, node, ins, 1.0, 3.0, 3)
             params += 1
+        elif op == "shift":  # backward: the parameter's gradient, the incoming one summed down
+            _elementwise(r, node, ins, 1.0, 1.0, 1)
+            params += 1
+        elif op == "token":  # a copy; backward slices
+            _elementwise(r, node, ins, 1.0, 0.0, 0)
+            params += 1
+        elif op == "attention":
+            _attention(r, node, ins[0], first)
+            params += 4 if node.attrs.get("bias") else 2
         elif op in ("maxpool2d", "adaptivemaxpool2d"):  # backward: zero fill + scatter
             _elementwise(r, node, ins, 1.0, 3.0, 2)
         else:  # activations, average pooling, mean, mul, ...

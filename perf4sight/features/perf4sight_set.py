@@ -126,13 +126,16 @@ def perf4sight_vectors(desc: NetworkDescription) -> tuple[np.ndarray, np.ndarray
         elif node.op == "linear":
             scaled[_IDX["fc_macs"]] += int(a["in_features"]) * out
             static[_IDX["fc_weight_bytes"]] += int(a["in_features"]) * int(a["out_features"]) * BYTES_PER_ELEMENT
+        elif node.op == "attention":  # its projections read as fully connected layers
+            scaled[_IDX["fc_macs"]] += 4 * int(a["embed_dim"]) * out
+            static[_IDX["fc_weight_bytes"]] += 4 * int(a["embed_dim"]) ** 2 * BYTES_PER_ELEMENT
         elif node.op in ("batchnorm2d", "layernorm"):
             scaled[_IDX["norm_elems"]] += out
         elif node.op in ("relu", "relu6", "hardswish", "hardsigmoid", "sigmoid", "silu", "gelu", "tanh"):
             scaled[_IDX["act_elems"]] += out
         elif "pool" in node.op:
             scaled[_IDX["pool_elems"]] += numel(shapes[node.inputs[0]])
-        elif node.op in ("add", "mul", "scale"):
+        elif node.op in ("add", "mul", "scale", "shift"):
             scaled[_IDX["add_elems"]] += out
         elif node.op == "cat":
             scaled[_IDX["cat_bytes"]] += out * BYTES_PER_ELEMENT

@@ -70,11 +70,13 @@ ONNX_TO_OP: dict[str, str] = {
     "Clip": "relu6", "Sigmoid": "sigmoid", "HardSigmoid": "hardsigmoid", "HardSwish": "hardswish",
     "Tanh": "tanh", "Dropout": "dropout", "Identity": "identity", "Reshape": "reshape", "ReduceMean": "mean",
     "Squeeze": "squeeze", "Unsqueeze": "unsqueeze", "Transpose": "transpose", "Gather": "select",
-    "Slice": "narrow", "Gelu": "gelu", "Swish": "silu", "LayerNormalization": "layernorm",
+    "Slice": "narrow", "Gelu": "gelu", "Swish": "silu", "LayerNormalization": "layernorm", "Attention": "attention",
 }
-#: Our op -> ONNX op type. Two of ours share a type: ``permute`` is a ``Transpose`` of more than two axes, and
-#: ``scale`` a ``Mul`` by a learnt tensor (an ONNX initializer); an import tells them apart by their args.
-OP_TO_ONNX: dict[str, str] = {**{v: k for k, v in ONNX_TO_OP.items()}, "permute": "Transpose", "scale": "Mul"}
+#: Our op -> ONNX op type. Four of ours share a type with another: ``permute`` is a ``Transpose`` of more than two
+#: axes; ``scale``, ``shift`` and ``token`` are a ``Mul``, an ``Add`` and a ``Concat`` with a learnt tensor (an ONNX
+#: initializer). An import tells them apart by their args.
+OP_TO_ONNX: dict[str, str] = {**{v: k for k, v in ONNX_TO_OP.items()}, "permute": "Transpose", "scale": "Mul",
+                              "shift": "Add", "token": "Concat"}
 
 #: Graph attribute ``source`` of the files this tool's exporter writes.
 PERF4SIGHT_SOURCE = "perf4sight"
@@ -223,13 +225,15 @@ def _view_attrs(op: str, args: dict[str, Any], in_shape: list[int], out: list[in
 
 def _shared_type(op: str, args: dict[str, Any], n_inputs: int) -> str:
     """Which of our ops an ONNX type two of them share is: a ``Transpose`` with ``dims`` (ours) or a ``perm`` moving
-    more than two axes is a ``permute``; a ``Mul`` of one input with a ``shape`` (ours) is a ``scale``."""
+    more than two axes is a ``permute``; a ``Mul``, an ``Add`` or a ``Concat`` of one input with a ``shape`` (ours) is
+    a ``scale``, a ``shift`` or a ``token``."""
     if op == "transpose" and "dim0" not in args and ("dims" in args or "perm" in args):
         perm = _ints(args.get("dims", args.get("perm")) or [], "Transpose perm")
         if "dims" in args or len([i for i, p in enumerate(perm) if p != i]) > 2:
             return "permute"
-    if op == "mul" and n_inputs == 1 and "shape" in args:
-        return "scale"
+    learnt = {"mul": "scale", "add": "shift", "cat": "token"}
+    if op in learnt and n_inputs == 1 and "shape" in args:
+        return learnt[op]
     return op
 
 
@@ -292,8 +296,16 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         return _view_attrs(op, args, in_shapes[0], out, where)
     if op == "permute":
         return {"dims": _ints(args.get("dims", args.get("perm")), f"{where} perm")}
-    if op == "scale":
+    if op in ("scale", "shift"):
         return {"shape": _ints(args["shape"], f"{where} shape")}
+    if op == "token":
+        return {"shape": _ints(args["shape"], f"{where} shape"), "dim": num("dim", "axis", default=1)}
+    if op == "attention":
+        a = {"embed_dim": num("embed_dim", default=in_shapes[0][-1]), "num_heads": num("num_heads", "q_num_heads"),
+             "bias": flag("bias", True)}
+        if args.get("dropout"):
+            a["dropout"] = _number(args["dropout"], f"{where} dropout")
+        return a
     if op == "layernorm":
         axis = _first_int(args, ("axis",), where)
         axis = -1 if axis is None else axis

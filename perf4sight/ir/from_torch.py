@@ -81,6 +81,16 @@ def _layernorm_attrs(normalized_shape: Any, eps: float, affine: bool) -> dict:
     return attrs
 
 
+def _attention(m: nn.MultiheadAttention) -> tuple[str, dict]:
+    if not m.batch_first or not m._qkv_same_embed_dim or m.bias_k is not None or m.add_zero_attn:
+        raise ValueError("multi-head attention is described batch first, with query, key and value of one width and "
+                         "no added key/value bias or zero attention")
+    attrs: dict[str, Any] = {"embed_dim": m.embed_dim, "num_heads": m.num_heads, "bias": m.in_proj_bias is not None}
+    if m.dropout:
+        attrs["dropout"] = float(m.dropout)
+    return "attention", attrs
+
+
 def _inplace(op: str) -> Callable[[nn.Module], tuple[str, dict]]:
     return lambda m: (op, {"inplace": True} if getattr(m, "inplace", False) else {})
 
@@ -107,6 +117,7 @@ MODULE_OPS: list[tuple[type, Callable[[Any], tuple[str, dict]]]] = [
     (nn.Dropout, lambda m: ("dropout", {"p": float(m.p)})),
     (nn.Flatten, lambda m: ("flatten", {"start_dim": m.start_dim})),
     (nn.LayerNorm, _layernorm),
+    (nn.MultiheadAttention, _attention),
 ]
 
 
@@ -320,13 +331,14 @@ def _convert(gm: fx.GraphModule, where: str) -> tuple[list[Node], str]:
     nodes: list[Node] = []
     alias: dict[str, str] = {}  # fx node name -> description node name that holds its value
     pieces: dict[str, list[str]] = {}  # chunk/split node used whole (torch.cat(x.chunk(2, 1))) -> its narrow nodes
+    held: dict[str, fx.Node] = {}  # get_attr node, or a batch expansion of one -> that get_attr node
     output = ""
     for n in gm.graph.nodes:
         if n.op == "output":
             output = alias[n.args[0].name]
             continue
         try:
-            converted = _convert_node(n, gm, where, alias, pieces)
+            converted = _convert_node(n, gm, where, alias, pieces, held)
         except UserError:
             raise
         except Exception as exc:  # an fx pattern this converter does not know: one line naming the node
@@ -336,13 +348,21 @@ def _convert(gm: fx.GraphModule, where: str) -> tuple[list[Node], str]:
 
 
 def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, str],
-                  pieces: dict[str, list[str]]) -> list[Node]:
-    """The description nodes of fx node ``n`` (none for shape queries and aliases); fills ``alias``."""
+                  pieces: dict[str, list[str]], held: dict[str, fx.Node]) -> list[Node]:
+    """The description nodes of fx node ``n`` (none for shape queries and aliases); fills ``alias`` and ``held``."""
     shape = _shape(n)
     if n.op == "placeholder":
         alias[n.name] = "input"
         return [Node("input", "input", [], {}, shape or [])]
     if n.op == "get_attr":  # a module's own tensor, read by the op that uses it (a layer scale, a norm's weight)
+        held[n.name] = n
+        return []
+    if n.op == "call_method" and n.target == "expand" and getattr(n.args[0], "name", None) in held:  # a class token
+        held[n.name] = held[n.args[0].name]
+        return []
+    if n.op == "call_function" and n.target is operator.getitem and _is_attention(n.args[0], gm):
+        if n.args[1] == 0:  # the attention's output (its weights, [1], are not asked for: None)
+            alias[n.name] = alias[n.args[0].name]
         return []
     if n.op == "call_function" and n.target is operator.getitem:
         converted = _getitem(n, alias)
@@ -352,9 +372,11 @@ def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, s
     if shape is None and n.op != "call_module":  # sizes, shape arithmetic, tuples from chunk/split: resolved by
         return []                                # their consumers (a module returning a tuple is no op: below)
     op, attrs = _op_of(n, gm, where)
-    op, attrs, own = _with_own_tensors(n, op, attrs, gm, where)
+    op, attrs, own = _with_own_tensors(n, op, attrs, gm, where, held)
     out = _whole_splits(n, alias, pieces)
     tensor_inputs = _tensor_inputs(n, alias, pieces, where, own)
+    if op == "attention":
+        tensor_inputs, shape = _self_attention(n, tensor_inputs, where)
     if op == "alias":
         alias[n.name] = tensor_inputs[0]
         return out
@@ -369,27 +391,56 @@ def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, s
     return out + [Node(n.name, op, tensor_inputs, attrs, shape)]
 
 
-def _with_own_tensors(n: fx.Node, op: str, attrs: dict, gm: fx.GraphModule,
-                      where: str) -> tuple[str, dict, set[str]]:
-    """``n``'s op once the module tensors it reads (``get_attr`` nodes) are taken in: a multiply by one parameter
-    is a ``scale`` of that parameter's shape, a layer norm reads its own weight and bias; the names of those
+def _is_attention(source: Any, gm: fx.GraphModule) -> bool:
+    return isinstance(source, fx.Node) and source.op == "call_module" and isinstance(
+        gm.get_submodule(source.target), nn.MultiheadAttention)
+
+
+def _self_attention(n: fx.Node, inputs: list[str], where: str) -> tuple[list[str], list[int]]:
+    """An attention module's one input (its query, key and value must be that one tensor) and its output shape."""
+    if len(inputs) != 3 or len(set(inputs)) != 1 or any(
+            k in n.kwargs and n.kwargs[k] is not None for k in ("attn_mask", "key_padding_mask")):
+        raise UserError(f"{where}: attention (node {n.name}) is described as self-attention only: one tensor as "
+                        "query, key and value, no mask")
+    return inputs[:1], list(n.meta["tensor_meta"][0].shape)[1:]
+
+
+def _per_sample(shape: Any, rank: int) -> list[int]:
+    """A parameter's shape as it meets a per-sample tensor of ``rank`` dims: a leading batch dimension of 1 (a
+    parameter of the batched tensor's rank, e.g. a position embedding [1, L, E]) is dropped."""
+    shape = [int(s) for s in shape]
+    return shape[1:] if len(shape) == rank + 1 and shape[0] == 1 else shape
+
+
+def _with_own_tensors(n: fx.Node, op: str, attrs: dict, gm: fx.GraphModule, where: str,
+                      held: dict[str, fx.Node]) -> tuple[str, dict, set[str]]:
+    """``n``'s op once the module tensors it reads (``get_attr`` nodes, or their batch expansions: ``held``) are
+    taken in: a multiply by one parameter is a ``scale`` of that parameter's shape, an add of one a ``shift``, a
+    concatenation that puts one first a ``token``; a layer norm reads its own weight and bias. The names of those
     nodes come back, so that they are not read as inputs. Any other op reading a module tensor is a ``UserError``."""
     own: list[fx.Node] = []
-    fx.node.map_arg((n.args, n.kwargs), lambda a: own.append(a) if a.op == "get_attr" else None)
+    fx.node.map_arg((n.args, n.kwargs), lambda a: own.append(a) if a.name in held else None)
     if not own:
         return op, attrs, set()
     for a in own:
         try:
-            gm.get_parameter(a.target)
+            gm.get_parameter(held[a.name].target)
         except AttributeError:
-            raise UserError(f"{where}: {op} (node {n.name}) reads {a.target}, a module tensor that is no "
+            raise UserError(f"{where}: {op} (node {n.name}) reads {held[a.name].target}, a module tensor that is no "
                             "parameter, which the description has no op for") from None
-    if op == "mul" and len(own) == 1 and len(n.args) == 2:
-        return "scale", {"shape": [int(s) for s in own[0].meta["tensor_meta"].shape]}, {own[0].name}
+    names = {a.name for a in own}
+    rank = len(_shape(n) or [])
+    shape = _per_sample(held[own[0].name].meta["tensor_meta"].shape, rank)
+    if op in ("mul", "add") and len(own) == 1 and len(n.args) == 2 and own[0].op == "get_attr":
+        return ("scale" if op == "mul" else "shift"), {"shape": shape}, names
+    parts = n.args[0] if op == "cat" else []
+    if op == "cat" and len(own) == 1 and len(parts) == 2 and parts[0] is own[0]:
+        return "token", {"shape": shape, "dim": attrs["dim"] % (rank + 1)}, names
     if op == "layernorm":
-        return op, attrs, {a.name for a in own}
-    raise UserError(f"{where}: {op} (node {n.name}) reads the module's parameter {own[0].target} directly, "
-                    "which the description has no op for (a multiply by one parameter is a 'scale')")
+        return op, attrs, names
+    raise UserError(f"{where}: {op} (node {n.name}) reads the module's parameter {held[own[0].name].target} "
+                    "directly, which the description has no op for (a multiply by one parameter is a 'scale', an "
+                    "add of one a 'shift', one concatenated first a 'token')")
 
 
 def _whole_splits(n: fx.Node, alias: dict[str, str], pieces: dict[str, list[str]]) -> list[Node]:

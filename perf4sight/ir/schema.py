@@ -46,17 +46,21 @@ OPS: Dict[str, Tuple[str, ...]] = {
     "permute": ("dims",),  # every dimension, the batch first (dims[0] = 0)
     "layernorm": ("normalized_shape",),  # over the last dims; optional eps (1e-5), elementwise_affine (true)
     "scale": ("shape",),  # times a learnt tensor of this shape (ConvNeXt's layer scale), broadcast
-}
+    "shift": ("shape",),  # plus a learnt tensor of this shape (a vision transformer's position embedding), broadcast
+    "token": ("shape", "dim"),  # a learnt tensor of this shape put before the input along dim (the class token)
+    "attention": ("embed_dim", "num_heads", "bias"),  # self-attention over the tokens of an [L, E] input; optional
+}                                                     # dropout (of the attention weights, 0)
 
 
 #: Op -> attributes that must be positive integers, and those that may be an integer or an [h, w] pair
 #: of non-negative integers (kernel sizes and strides at least 1; an integer is read as [v, v]).
 _POSITIVE: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("in_channels", "out_channels", "groups"), "linear": ("in_features", "out_features"),
-    "batchnorm2d": ("num_features",),
+    "batchnorm2d": ("num_features",), "attention": ("embed_dim", "num_heads"),
 }
 #: Op -> attributes that must be lists of positive integers (a shape).
-_SHAPES: Dict[str, Tuple[str, ...]] = {"layernorm": ("normalized_shape",), "scale": ("shape",)}
+_SHAPES: Dict[str, Tuple[str, ...]] = {"layernorm": ("normalized_shape",), "scale": ("shape",), "shift": ("shape",),
+                                       "token": ("shape",)}
 _PAIRS: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("kernel_size", "stride", "padding", "dilation"),
     "maxpool2d": ("kernel_size", "stride", "padding"), "avgpool2d": ("kernel_size", "stride", "padding"),
@@ -94,6 +98,8 @@ def _attr_problem(node: "Node") -> str:
         least = 0 if a == "padding" else 1
         if not (len(pair) == 2 and all(_is_int(x, least) for x in pair)):
             return f"attr '{a}' must be an integer or an [h, w] pair of integers >= {least}, got {v!r}"
+    if node.op == "attention" and node.attrs["embed_dim"] % node.attrs["num_heads"]:
+        return f"num_heads {node.attrs['num_heads']} does not divide embed_dim {node.attrs['embed_dim']}"
     if node.op == "conv2d" and (node.attrs["in_channels"] % node.attrs["groups"]
                                 or node.attrs["out_channels"] % node.attrs["groups"]):
         return f"groups {node.attrs['groups']} does not divide the channels"
@@ -278,8 +284,8 @@ class NetworkDescription:
 
 
 def count_params(desc: NetworkDescription) -> int:
-    """Trainable parameters implied by the nodes (conv, batch norm, linear, layer norm, scale), as the schema
-    defines."""
+    """Trainable parameters implied by the nodes (conv, batch norm, linear, layer norm, attention, and the learnt
+    tensors of scale, shift and token), as the schema defines."""
     total = 0
     for n in desc.nodes:
         a = n.attrs
@@ -293,8 +299,10 @@ def count_params(desc: NetworkDescription) -> int:
             total += a["in_features"] * a["out_features"] + (a["out_features"] if a["bias"] else 0)
         elif n.op == "layernorm" and a.get("elementwise_affine", True):
             total += 2 * _product(a["normalized_shape"])
-        elif n.op == "scale":
+        elif n.op in ("scale", "shift", "token"):
             total += _product(a["shape"])
+        elif n.op == "attention":  # the input projection (query, key, value) and the output one
+            total += 4 * a["embed_dim"] * a["embed_dim"] + (4 * a["embed_dim"] if a["bias"] else 0)
     return total
 
 

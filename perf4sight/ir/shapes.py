@@ -18,7 +18,7 @@ ARITY: Dict[str, Tuple[int, Optional[int]]] = {
     **{op: (1, 1) for op in _UNARY + ("conv2d", "batchnorm2d", "linear", "maxpool2d", "avgpool2d",
                                       "adaptiveavgpool2d", "adaptivemaxpool2d", "reshape", "flatten", "squeeze",
                                       "unsqueeze", "select", "narrow", "transpose", "mean", "permute",
-                                      "layernorm", "scale")},
+                                      "layernorm", "scale", "shift", "token", "attention")},
 }
 
 
@@ -108,9 +108,18 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
         if len(normalized) > len(x) or x[len(x) - len(normalized):] != normalized:
             return f"normalized_shape {normalized} is not the last dimensions of its input {x}"
         return x
-    if op == "scale":
+    if op in ("scale", "shift"):
         if _broadcast(x, [int(s) for s in a["shape"]]) != x:
-            return f"a scale of shape {a['shape']} does not broadcast onto its input {x}"
+            return f"a {op} of shape {a['shape']} does not broadcast onto its input {x}"
+        return x
+    if op == "token":
+        axis, shape = _axis(int(a["dim"]), len(x)), [int(s) for s in a["shape"]]
+        if axis is None or len(shape) != len(x) or shape[:axis] + shape[axis + 1:] != x[:axis] + x[axis + 1:]:
+            return f"a token of shape {shape} cannot go before its input {x} along dim {a['dim']}"
+        return x[:axis] + [x[axis] + shape[axis]] + x[axis + 1:]
+    if op == "attention":
+        if len(x) != 2 or x[1] != a["embed_dim"]:
+            return f"embed_dim {a['embed_dim']} needs a [tokens, {a['embed_dim']}] input, got {x}"
         return x
     if op in ("select", "narrow"):
         axis = _axis(int(a["dim"]), len(x))

@@ -14,7 +14,7 @@ from torch import nn
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription, Node
 
-__all__ = ["build_module", "MODULE_BUILDERS", "FUNCTION_BUILDERS", "Scale"]
+__all__ = ["build_module", "MODULE_BUILDERS", "FUNCTION_BUILDERS", "Scale", "Shift", "Token", "SelfAttention"]
 
 
 def _pair(v: Any) -> Tuple[int, int]:
@@ -30,6 +30,42 @@ class Scale(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.weight
+
+
+class Shift(nn.Module):
+    """The input plus a learnt tensor of ``shape``, broadcast (a position embedding), initialised to zeros."""
+
+    def __init__(self, shape: List[int], device: Optional[Union[torch.device, str]] = None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros([int(s) for s in shape], device=device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.weight
+
+
+class Token(nn.Module):
+    """A learnt tensor of ``shape`` (per sample) put before the input along ``dim`` (a class token)."""
+
+    def __init__(self, shape: List[int], dim: int, device: Optional[Union[torch.device, str]] = None) -> None:
+        super().__init__()
+        self.dim = int(dim)
+        self.weight = nn.Parameter(torch.zeros([1] + [int(s) for s in shape], device=device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.weight.expand(x.shape[0], *self.weight.shape[1:]), x], self.dim)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention over the tokens of a ``[N, L, E]`` input (query = key = value), its output alone."""
+
+    def __init__(self, embed_dim: int, num_heads: int, bias: bool = True, dropout: float = 0.0,
+                 device: Optional[Union[torch.device, str]] = None) -> None:
+        super().__init__()
+        self.attention = nn.MultiheadAttention(embed_dim, num_heads, dropout=dropout, bias=bias, batch_first=True,
+                                               device=device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attention(x, x, x, need_weights=False)[0]
 
 
 #: op -> factory of the nn.Module that executes it, given the node's attrs and the factory keyword
@@ -59,6 +95,10 @@ MODULE_BUILDERS: Dict[str, Callable[..., nn.Module]] = {
     "layernorm": lambda a, **f: nn.LayerNorm([int(s) for s in a["normalized_shape"]], eps=a.get("eps", 1e-5),
                                              elementwise_affine=bool(a.get("elementwise_affine", True)), **f),
     "scale": lambda a, **f: Scale(a["shape"], **f),
+    "shift": lambda a, **f: Shift(a["shape"], **f),
+    "token": lambda a, **f: Token(a["shape"], a["dim"], **f),
+    "attention": lambda a, **f: SelfAttention(int(a["embed_dim"]), int(a["num_heads"]), bool(a["bias"]),
+                                              float(a.get("dropout", 0.0)), **f),
 }
 
 

@@ -82,7 +82,9 @@ def sources(cfg: Config) -> list[Source]:
     """The zoo networks, factories and description files the config names, in that order (a factory is built
     here once, to fail early on a file that does not import or a function that fails)."""
     nc = cfg.networks.num_classes
-    found: list[Source] = [Source(n, f"torchvision:{n}", lambda n=n: build_zoo_model(n, nc)) for n in cfg.networks.zoo]
+    shape = cfg.networks.input_shape
+    found: list[Source] = [Source(n, f"torchvision:{n}", lambda n=n: build_zoo_model(n, nc, shape))
+                           for n in cfg.networks.zoo]
     for named in named_networks(cfg):
         if named.factory is not None:
             try:

@@ -71,7 +71,7 @@ def pruned_on_request(cfg: Config, name: str, input_shape: list[int]) -> Network
     _check_level(name, network, level)
 
     def make() -> NetworkDescription:
-        source = _zoo_source(network, classes) if named is None else _own_source(cfg, network)
+        source = _zoo_source(network, classes, input_shape) if named is None else _own_source(cfg, network)
         return _prune(cfg, source, level, input_shape)
 
     path = cache_file(cfg.models_dir / ZOO_CACHE, name, input_shape, classes, packages=("torch-pruning",),
@@ -183,11 +183,11 @@ def _check_level(name: str, network: str, level: float) -> None:
         raise UserError(f"'{name}': {level:g}% of {network}'s parameters cannot be pruned (levels: 0..99)")
 
 
-def _zoo_source(network: str, classes: int) -> Any:
-    """The networks stage's source of zoo network ``network`` (a ``build.Source``)."""
+def _zoo_source(network: str, classes: int, input_shape: list[int]) -> Any:
+    """The networks stage's source of zoo network ``network`` at ``input_shape`` (a ``build.Source``)."""
     from perf4sight.networks.build import Source  # torch: only when a variant is made
 
-    return Source(network, f"torchvision:{network}", lambda: build_zoo_model(network, classes))
+    return Source(network, f"torchvision:{network}", lambda: build_zoo_model(network, classes, input_shape))
 
 
 def _own_source(cfg: Config, network: str) -> Any:

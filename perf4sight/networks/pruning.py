@@ -24,8 +24,10 @@ Left alone, with the reason (counted in ``extra["pruning_unpruned_groups"]``): t
 classifier's outputs (the last conv/linear layer run); in torchvision's ShuffleNetV2,
 channels that pass through the channel shuffle (torch-pruning cannot follow it), so only
 the inner channels of each branch and the last 1x1 convolution are pruned; grouped
-convolutions whose channels cannot be removed uniformly per group. A parameter outside any layer
-(ConvNeXt's layer scale) is cut with the channels it multiplies. Networks with grouped
+convolutions whose channels cannot be removed uniformly per group; the embedding width of an
+attention layer (a ViT's whole token width: its heads would have to shrink alike, and the model
+reshapes by a width attribute of its own), so a ViT's MLPs are pruned. A parameter outside any
+layer (ConvNeXt's layer scale) is cut with the channels it multiplies. Networks with grouped
 convolutions record ``extra["grouped_conv_pruning"] = "uniform per group"``.
 """
 from __future__ import annotations
@@ -182,6 +184,8 @@ class PruningPlan:
         def skip(group: Any) -> str:
             if calls and any(d.target.type in (tp.ops.OPTYPE.CONCAT, tp.ops.OPTYPE.SPLIT) for d, _ in group):
                 return f"channels through an untraceable {calls[0]} (e.g. channel shuffle)"
+            if any(isinstance(d.target.module, nn.MultiheadAttention) for d, _ in group):
+                return "an attention's embedding width"  # its heads, and a ViT's own width attribute, stay
             return ""
         with _trace_stand_ins(calls):
             groups, notes = pp.find_groups(traced, example, order[-1:], skip)

@@ -14,8 +14,9 @@ if TYPE_CHECKING:  # torch is imported where a model is built: predicting from d
 
 __all__ = ["ZOO_NAMES", "left_out_of_zoo", "build_zoo_model", "describe_zoo"]
 
-#: zoo name -> extra keyword arguments for the torchvision builder: torchvision's image classifiers that are CNNs
-#: (not the vision transformers, whose attention the description has no op for)
+#: zoo name -> extra keyword arguments for the torchvision builder: torchvision's image classifiers (not the
+#: windowed vision transformers, Swin and MaxViT, whose shifted windows and relative position bias the description
+#: has no op for). A ViT is built for the input size it is described at (``image_size``: its position embedding).
 _BUILD_KWARGS: dict[str, dict[str, Any]] = {
     name: {} for name in (
         "alexnet", "vgg11", "vgg11_bn", "vgg13", "vgg13_bn", "vgg16", "vgg16_bn", "vgg19", "vgg19_bn",
@@ -30,19 +31,23 @@ _BUILD_KWARGS: dict[str, dict[str, Any]] = {
         "regnet_x_400mf", "regnet_x_800mf", "regnet_x_1_6gf", "regnet_x_3_2gf", "regnet_x_8gf", "regnet_x_16gf",
         "regnet_x_32gf", "regnet_y_400mf", "regnet_y_800mf", "regnet_y_1_6gf", "regnet_y_3_2gf", "regnet_y_8gf",
         "regnet_y_16gf", "regnet_y_32gf", "regnet_y_128gf",
-        "convnext_tiny", "convnext_small", "convnext_base", "convnext_large")
+        "convnext_tiny", "convnext_small", "convnext_base", "convnext_large",
+        "vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14")
 } | {name: {"aux_logits": False, "init_weights": False} for name in ("googlenet", "inception_v3")}
 ZOO_NAMES: tuple[str, ...] = tuple(sorted(_BUILD_KWARGS))
 #: the name prefixes of torchvision's classifiers left out of the zoo
-_LEFT_OUT = ("vit_", "swin_", "maxvit_")
+_LEFT_OUT = ("swin_", "maxvit_")
+#: ViT zoo name -> its patch size: the input must be square and a multiple of it
+_VIT_PATCH = {"vit_b_16": 16, "vit_b_32": 32, "vit_l_16": 16, "vit_l_32": 32, "vit_h_14": 14}
 
 
 def left_out_of_zoo(name: str) -> str:
     """Why torchvision's classifier ``name`` is not a zoo network ('' for any other name), as a sentence."""
     if not name.startswith(_LEFT_OUT):
         return ""
-    return (f"torchvision's {name} is a vision transformer, whose attention the network description has no op for: "
-            f"the zoo holds torchvision's {len(ZOO_NAMES)} CNNs")
+    return (f"torchvision's {name} is a windowed vision transformer, whose shifted windows and relative position "
+            f"bias the network description has no op for: the zoo holds torchvision's {len(ZOO_NAMES)} other "
+            "classifiers (CNNs, ConvNeXt and ViT)")
 
 
 def _check_name(name: str) -> None:
@@ -56,13 +61,26 @@ def _check_name(name: str) -> None:
                     "give its description .json file, e.g. the one the networks stage wrote under models/)")
 
 
-def build_zoo_model(name: str, num_classes: int = 1000) -> nn.Module:
-    """A randomly initialised torchvision model (``weights=None``)."""
+def build_zoo_model(name: str, num_classes: int = 1000, input_shape: list[int] | None = None) -> nn.Module:
+    """A randomly initialised torchvision model (``weights=None``); a ViT for images of ``input_shape`` ([C, H, W],
+    square, a multiple of its patch size; 224x224 when not given), else ``UserError``."""
     _check_name(name)
     import torchvision.models as tvm  # host side only: devices never import torchvision
 
     builder: Callable[..., nn.Module] = getattr(tvm, name)
-    return builder(weights=None, num_classes=num_classes, **_BUILD_KWARGS[name])
+    kwargs = dict(_BUILD_KWARGS[name])
+    if name in _VIT_PATCH and input_shape is not None:
+        kwargs["image_size"] = _vit_image_size(name, input_shape)
+    return builder(weights=None, num_classes=num_classes, **kwargs)
+
+
+def _vit_image_size(name: str, input_shape: list[int]) -> int:
+    """The side of the square images ViT ``name`` takes at ``input_shape``; ``UserError`` where it cannot."""
+    _, h, w = input_shape
+    if h != w or h % _VIT_PATCH[name]:
+        raise UserError(f"'{name}': a ViT takes square images whose side is a multiple of its patch size "
+                        f"{_VIT_PATCH[name]}; the input shape is {list(input_shape)}")
+    return int(h)
 
 
 def cache_file(cache_dir: Path, name: str, input_shape: list[int], num_classes: int, packages: tuple[str, ...] = (),
@@ -120,9 +138,11 @@ def _describe_built(name: str, input_shape: list[int], num_classes: int) -> Netw
     from perf4sight.ir.from_torch import describe
 
     info = dict(name=name, network=name, source=f"torchvision:{name}")
+    if name in _VIT_PATCH:
+        _vit_image_size(name, input_shape)  # an input it cannot take is said once, not retried
     try:
         with torch.device("meta"):  # shapes only: no weights initialised (3-10x faster)
-            model = build_zoo_model(name, num_classes)
+            model = build_zoo_model(name, num_classes, input_shape)
         return describe(model, input_shape, **info)
     except (UserError, NotImplementedError):  # an op without a meta kernel, or an initialiser that copies data
-        return describe(build_zoo_model(name, num_classes), input_shape, **info)  # (regnets): a real model
+        return describe(build_zoo_model(name, num_classes, input_shape), input_shape, **info)  # (regnets)
