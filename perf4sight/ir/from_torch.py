@@ -3,7 +3,9 @@
 The module is traced in eval mode, so stochastic layers (dropout, stochastic depth) trace as
 plain calls; dropout is kept as a ``dropout`` node, stochastic depth becomes ``identity``.
 Non-tensor values (``x.size()``, shape arithmetic) are dropped: reshapes are recorded with
-their concrete output shape, so a description is tied to its input size.
+their concrete output shape, so a description is tied to its input size. A module's own parameters
+read outside its layers are taken in by the op that reads them: a layer norm's weight and bias, a
+multiply by one (``scale``), an add of one (``shift``), one put first by a concatenation (``token``).
 """
 from __future__ import annotations
 
@@ -166,6 +168,8 @@ FUNCTION_OPS[F.max_pool2d] = lambda n: _maxpool(nn.MaxPool2d(
 FUNCTION_OPS[F.avg_pool2d] = lambda n: _avgpool(nn.AvgPool2d(
     _arg(n, 1, "kernel_size"), _arg(n, 2, "stride"), _arg(n, 3, "padding", 0), bool(_arg(n, 4, "ceil_mode", False)),
     bool(_arg(n, 5, "count_include_pad", True)), _arg(n, 6, "divisor_override")))
+
+
 def _layer_norm_call(n: fx.Node) -> tuple[str, dict]:
     """``F.layer_norm(x, shape, weight, bias, eps)``, its weight and bias the module's own (``get_attr``)."""
     weight, bias = _arg(n, 2, "weight"), _arg(n, 3, "bias")
@@ -398,8 +402,8 @@ def _is_attention(source: Any, gm: fx.GraphModule) -> bool:
 
 def _self_attention(n: fx.Node, inputs: list[str], where: str) -> tuple[list[str], list[int]]:
     """An attention module's one input (its query, key and value must be that one tensor) and its output shape."""
-    if len(inputs) != 3 or len(set(inputs)) != 1 or any(
-            k in n.kwargs and n.kwargs[k] is not None for k in ("attn_mask", "key_padding_mask")):
+    if len(inputs) != 3 or len(set(inputs)) != 1 or n.kwargs.get("is_causal") or any(
+            n.kwargs.get(k) is not None for k in ("attn_mask", "key_padding_mask")):
         raise UserError(f"{where}: attention (node {n.name}) is described as self-attention only: one tensor as "
                         "query, key and value, no mask")
     return inputs[:1], list(n.meta["tensor_meta"][0].shape)[1:]
