@@ -623,6 +623,28 @@ def test_stage_reports_a_description_file_that_is_not_a_description(tmp_path: Pa
         make_networks(load_config(tmp_path / "config.toml"))
 
 
+def test_stage_makes_a_vit_and_convnext_style_networks(tmp_path: Path) -> None:
+    """The networks stage builds a ViT for the configured input, prunes its MLPs (its token width kept whole, said in
+    the description), and generates networks of the convnext style when named; a ViT at an input it cannot take
+    is one line from the CLI, exit code 2."""
+    text = ('[networks]\nzoo = ["vit_b_32"]\ninput_shape = [3, 32, 32]\nnum_classes = 10\n'
+            '[networks.pruning]\nlevels = [0, 30]\n[networks.generator]\ncount = 1\nstyles = ["convnext"]\n')
+    (tmp_path / "config.toml").write_text(text)
+    rows = make_networks(load_config(tmp_path / "config.toml")).rows
+    assert [r["network"] for r in rows] == ["vit_b_32_l0", "vit_b_32_l30", "gen_0_0"]
+    vit = load_description(tmp_path / "models" / rows[1]["path"])
+    assert vit.extra["pruning_unpruned_groups"] == {"an attention's embedding width": 1}
+    assert {"attention", "token", "shift"} <= {n.op for n in vit.nodes} and abs(vit.pruning_level - 30) <= 2
+    assert rows[2]["styles"] == "convnext|convnext|convnext|convnext"
+    (tmp_path / "config.toml").write_text(text.replace("[3, 32, 32]", "[3, 48, 48]"))
+    run = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "main.py"), "--config",
+                          str(tmp_path / "config.toml"), "--stage", "networks"], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=300)
+    assert run.returncode == 2, run.stderr[-2000:]
+    (line,) = run.stderr.strip().splitlines()
+    assert "'vit_b_32': a ViT takes square images whose side is a multiple of its patch size 32" in line
+
+
 def test_stage_reports_a_factory_whose_forward_fails_at_the_input_shape(tmp_path: Path) -> None:
     """A grey-scale model at a 3-channel input shape: one line naming the model, the shape and torch's
     complaint, exit code 2 from the CLI (was a 49-line traceback)."""
