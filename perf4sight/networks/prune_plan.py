@@ -144,15 +144,16 @@ def parameter_cut(dim: int) -> Handler:
     (a new ``nn.Parameter``; :func:`cut` sets it on its module). One function per ``dim``, so that the cuts of one
     parameter by several groups meet under one key."""
     def cut_parameter(p: nn.Parameter, idxs: list[int]) -> nn.Parameter:
-        keep = torch.tensor([i for i in range(p.shape[dim]) if i not in set(idxs)], dtype=torch.long, device=p.device)
+        gone = set(idxs)
+        keep = torch.tensor([i for i in range(p.shape[dim]) if i not in gone], dtype=torch.long, device=p.device)
         return nn.Parameter(torch.index_select(p.data, dim, keep), p.requires_grad)
     cut_parameter.dim = dim  # type: ignore[attr-defined]
     return cut_parameter
 
 
-def _size(model: nn.Module, d: "Dep", out: bool) -> int:
-    """Channels of the layer dimension (or parameter dimension) ``d`` cuts."""
-    modules = dict(model.named_modules())
+def _size(model: nn.Module, modules: dict[str, nn.Module], d: "Dep", out: bool) -> int:
+    """Channels of the layer dimension (or parameter dimension) ``d`` of ``model`` (``modules``: its named modules)
+    cuts."""
     if d.module not in modules:
         return int(model.get_parameter(d.module).shape[d.handler.dim])  # type: ignore[attr-defined]
     return _dim(modules[d.module], out)
@@ -212,11 +213,12 @@ def find_groups(model: nn.Module, example: torch.Tensor, ignored: list[nn.Module
 
 def set_limits(groups: list[CoupledGroup], model: nn.Module, min_channels: int) -> None:
     """Set each ordered group's ``max_removed`` (units) from ``min_channels``."""
+    modules = dict(model.named_modules())
     for g in groups:
         dims = {}
         for d in g.deps:
             out = d.handler is not prune_grouped_in_channels and "out" in getattr(d.handler, "__name__", "")
-            dims[(d.module, d.handler)] = _size(model, d, out) or len(np.unique(d.targets))
+            dims[(d.module, d.handler)] = _size(model, modules, d, out) or len(np.unique(d.targets))
         g.max_removed = _max_removed(g, min_channels, dims)
 
 
