@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Set, Tuple, Union
 
 from perf4sight.errors import UserError, read_json_object
 from perf4sight.files import write_atomically
-from perf4sight.ir.shapes import shape_problem
+from perf4sight.ir.shapes import element_count, shape_problem
 
 __all__ = ["Node", "NetworkDescription", "OPS", "load_description", "save_description", "is_file_stem",
            "STRUCTURE_VERSION"]
@@ -298,20 +298,12 @@ def count_params(desc: NetworkDescription) -> int:
         elif n.op == "linear":
             total += a["in_features"] * a["out_features"] + (a["out_features"] if a["bias"] else 0)
         elif n.op == "layernorm" and a.get("elementwise_affine", True):
-            total += 2 * _product(a["normalized_shape"])
+            total += 2 * element_count(a["normalized_shape"])
         elif n.op in ("scale", "shift", "token"):
-            total += _product(a["shape"])
+            total += element_count(a["shape"])
         elif n.op == "attention":  # the input projection (query, key, value) and the output one
             total += 4 * a["embed_dim"] * a["embed_dim"] + (4 * a["embed_dim"] if a["bias"] else 0)
     return total
-
-
-def _product(shape: List[int]) -> int:
-    """Elements of a tensor of ``shape`` (math.prod is Python 3.8+)."""
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
 
 
 def load_description(path: Union[str, Path]) -> NetworkDescription:

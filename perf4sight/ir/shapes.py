@@ -8,7 +8,7 @@ has its input count checked.
 """
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-__all__ = ["shape_problem", "ARITY"]
+__all__ = ["shape_problem", "ARITY", "element_count"]
 
 _UNARY = ("relu", "relu6", "hardswish", "sigmoid", "hardsigmoid", "silu", "gelu", "tanh", "identity", "dropout")
 
@@ -46,7 +46,7 @@ def _broadcast(a: List[int], b: List[int]) -> Optional[List[int]]:
     return out[::-1]
 
 
-def _numel(shape: List[int]) -> int:
+def element_count(shape: List[int]) -> int:
     """Elements of a tensor of ``shape`` (math.prod is Python 3.8+)."""
     n = 1
     for s in shape:
@@ -95,7 +95,7 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
             return f"cannot concatenate shapes {ins} along dim {a['dim']}"
         return x[:axis] + [sum(s[axis] for s in ins)] + x[axis + 1:]
     if op in ("reshape", "flatten", "squeeze", "unsqueeze"):
-        return out if _numel(out) == _numel(x) else f"changes the element count ({x} -> {out})"
+        return out if element_count(out) == element_count(x) else f"changes the element count ({x} -> {out})"
     if op == "transpose":
         return out if sorted(out) == sorted(x) else f"is not a transpose of {x} ({out})"
     if op == "permute":
