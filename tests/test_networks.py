@@ -165,7 +165,7 @@ def test_convnext_prunes_its_stream_with_its_layer_scales_and_its_blocks_mlp() -
 
     base = build_zoo_model("convnext_tiny", num_classes=10)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
+        warnings.filterwarnings("error", message="Unwrapped parameters")
         plan = PruningPlan(base, SHAPE)
     assert plan._fast_count is not None
     rng = np.random.default_rng(0)
