@@ -18,7 +18,7 @@ from rich.table import Table as RichTable
 from perf4sight.config import Config
 from perf4sight.dataset import device_dataset, resolve_networks
 from perf4sight.errors import UserError
-from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_LABELS
+from perf4sight.features.optimizers import OPTIMIZER_LABELS
 from perf4sight.fingerprint.evaluate import metrics
 from perf4sight.fingerprint.predict import NETWORK_SPLIT, NETWORK_SPLIT_SEEN, RANDOM_SPLIT
 from perf4sight.ir.schema import NetworkDescription
@@ -129,7 +129,7 @@ def _curves(cfg: Config, devs: list[DeviceData], all_descs: dict[str, dict[str, 
 
 def _step(d: DeviceData) -> str:
     """The optimiser of the training step ``d``'s fingerprint is of, in words."""
-    optimizer = str(d.metadata.get("optimizer", DEFAULT_OPTIMIZER))
+    optimizer = d.fingerprint.fitted_optimizer
     return OPTIMIZER_LABELS.get(optimizer, optimizer)
 
 
