@@ -106,8 +106,8 @@ def _memory_rows(folder: Path, config: Path, csv_dir: str,
     descs = descriptions_and_shas(load_config(config), DEVICE)[0]
     rows = [r for r in read_rows(folder / csv_dir / DEVICE / "measurements.csv")
             if r["status"] == "ok" and r["network"] in descs and (only is None or r["network"] in only)]
-    feats = [dict(zip(FEATURE_NAMES, feature_matrix(network_features(descs[r["network"]]), [batch_size_of(r)])[0]))
-             for r in rows]
+    nets = {name: network_features(descs[name]) for name in {r["network"] for r in rows}}  # once per network
+    feats = [dict(zip(FEATURE_NAMES, feature_matrix(nets[r["network"]], [batch_size_of(r)])[0])) for r in rows]
     copies = np.array([3 * f["param_bytes"] / 2**20 for f in feats])
     return (copies, np.array([f["mem_analytic_mb"] for f in feats]), np.array([number(r["peak_rss_mb"]) for r in rows]),
             [descs[r["network"]].family for r in rows])
@@ -122,6 +122,8 @@ def parameter_copies_lead(folder: Path, networks: tuple[str, ...]) -> list[dict]
     copies, analytic, rss, family = _memory_rows(folder, folder / "config-default.toml", "profiling_csvs-default",
                                                  trained)  # the default fingerprint's networks, no style network
     out = []
+    unseen = {network: _memory_rows(folder, folder / f"config-{network}.toml", f"profiling_csvs-{network}")
+              for network in networks}  # read once, for both lines
     print("\nlead: peak RSS = a + b x analytic estimate, fitted on the default rows (linear, no trees):")
     for name, exact in (("one slope for all", False), ("parameter copies exact", True)):
         offset = copies if exact else 0 * copies
@@ -134,7 +136,7 @@ def parameter_copies_lead(folder: Path, networks: tuple[str, ...]) -> list[dict]
         coef = np.linalg.lstsq(design, rss - offset, rcond=None)[0]
         cells = []
         for network in networks:
-            c, a, y, _ = _memory_rows(folder, folder / f"config-{network}.toml", f"profiling_csvs-{network}")
+            c, a, y, _ = unseen[network]
             c = c if exact else 0 * c
             mape, bias = _errors(np.column_stack([np.ones(len(y)), a - c]) @ coef + c, y)
             cells.append(f"{network} {mape:.1f} ({bias:+.1f})")
