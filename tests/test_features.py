@@ -137,6 +137,23 @@ def test_features_scale_with_batch_size_and_batched_path_agrees():
     np.testing.assert_allclose(M2[0], M[1])
 
 
+def test_analytic_memory_splits_into_the_parameter_copies_and_the_rest():
+    """``param_copies_mb`` is the weights, gradients and optimiser state (3 parameter-sized fp32 copies for SGD
+    with momentum, 4 for Adam's two moments), ``mem_analytic_rest_mb`` the rest of the estimate, at any batch size
+    and in a batched matrix of networks with different optimisers."""
+    sgd, adam = network_features(_tiny()), network_features(_tiny(), "adam")
+    for nf, copies in ((sgd, 3), (adam, 4)):
+        for bs in (1, 16):
+            f = features_for(nf, bs)
+            assert f["param_copies_mb"] == pytest.approx(copies * f["params"] * 4 / 2**20)
+            assert f["param_copies_mb"] + f["mem_analytic_rest_mb"] == pytest.approx(f["mem_analytic_mb"])
+            rest = f["saved_bytes"] + f["max_activation_bytes"] + f["input_bytes"]  # bytes, the whole batch
+            assert f["mem_analytic_rest_mb"] == pytest.approx(rest / 2**20)
+    M = feature_matrix([sgd, adam], [4, 4])
+    col = FEATURE_NAMES.index("param_copies_mb")
+    assert M[1, col] / M[0, col] == pytest.approx(4 / 3)
+
+
 def test_im2col_counts_dense_convolutions_wider_than_1x1_only():
     """The workspace proxy: input channels x kernel area x output positions x 4 bytes, per sample, summed over
     dense and grouped convolutions wider than 1x1 (not depthwise, not 1x1), in MiB at the batch size."""

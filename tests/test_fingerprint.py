@@ -287,20 +287,24 @@ def test_select_candidate_prefers_the_right_form():
 
 def test_forms_for_one_device_kind_are_scored_on_that_kind_only():
     """The bent replay forms model a GPU's used memory against its allocator's reserved memory: a cpu device's
-    choice never scores them, a gpu device's does (the simulated columns filled in, as the replay does)."""
+    choice never scores them, a gpu device's does (the simulated columns filled in, as the replay does); the form
+    with exact parameter copies models a CPU's peak RSS, and the other way round."""
     from perf4sight.features.aggregate import FEATURE_NAMES
-    from perf4sight.fingerprint.select import CANDIDATES, FULL_MEMORY_FORM, select_candidate
+    from perf4sight.fingerprint.select import CANDIDATES, COPIES_FORM, FULL_MEMORY_FORM, select_candidate
     rng = np.random.default_rng(2)
     F = np.abs(rng.normal(1, 0.5, size=(80, len(FEATURE_NAMES)))) * 100
     y = 900 + 1.5 * F[:, FEATURE_NAMES.index("sim_reserved_mb")]
     groups = np.repeat(np.array(["a", "b", "c", "d"]), 20)
     F[:, FEATURE_NAMES.index("blas_context")] = np.isin(groups, ["a", "b"])  # networks with and without a linear layer
     gpu_only = {c.name for c in CANDIDATES["memory"] if c.kinds == ("gpu",)}
-    assert FULL_MEMORY_FORM in gpu_only
+    cpu_only = {c.name for c in CANDIDATES["memory"] if c.kinds == ("cpu",)}
+    assert FULL_MEMORY_FORM in gpu_only and COPIES_FORM in cpu_only
     args = ("memory", F, y, groups, "family", "extra-trees", 5, 1, 0)
     _, _, on_cpu = select_candidate(*args, kind="cpu")
     _, _, on_gpu = select_candidate(*args, kind="gpu")
-    assert not gpu_only & set(on_cpu) and gpu_only <= set(on_gpu) and set(on_cpu) < set(on_gpu)
+    assert not gpu_only & set(on_cpu) and gpu_only <= set(on_gpu)
+    assert not cpu_only & set(on_gpu) and cpu_only <= set(on_cpu)
+    assert set(on_cpu) - cpu_only < set(on_gpu)
 
 
 def test_mean_form_is_its_members_geometric_mean_and_round_trips(tmp_path):
@@ -365,6 +369,40 @@ def test_cpu_mean_form_is_kept_whatever_the_scores(monkeypatch):
     monkeypatch.setattr(select, "KEPT_WHATEVER_THE_SCORES", frozenset())
     cand, _, _ = select.select_candidate(*args, kind="cpu", prefer=select.MEAN_FORM)
     assert cand.name == min(scores, key=scores.get) != select.MEAN_FORM
+
+
+def test_cpu_memory_form_counts_the_parameter_copies_at_their_bytes():
+    """The CPU's memory form holds the parameter copies' coefficient at 1 whatever the rows say (here they rise
+    twice as fast), fits the constant and the slope on the rest, applies its trees to the families seen only, and is
+    kept whatever the scores; an exact term cannot sit in a saturating form."""
+    import perf4sight.fingerprint.select as select
+    from perf4sight.features.aggregate import FEATURE_NAMES
+    from perf4sight.fingerprint.fit import choice_rule
+    from perf4sight.fingerprint.trees import CEILING, TargetModel
+    rng = np.random.default_rng(4)
+    F = np.abs(rng.normal(1, 0.5, size=(80, len(FEATURE_NAMES)))) * 100
+    copies, rest = (F[:, FEATURE_NAMES.index(k)] for k in ("param_copies_mb", "mem_analytic_rest_mb"))
+    terms = ("one", "param_copies_mb", "mem_analytic_rest_mb")
+    exact = TargetModel.fit("memory", F, 600 + copies + 1.4 * rest, correct=False, terms=terms)
+    np.testing.assert_allclose(exact.coef, [600, 1, 1.4], rtol=1e-6)
+    steeper = TargetModel.fit("memory", F, 600 + 2 * copies + 1.4 * rest, correct=False, terms=terms)
+    assert steeper.coef[1] == 1.0
+    with pytest.raises(ValueError, match="plain linear sum"):
+        TargetModel.fit("memory", F, 600 + copies, correct=False, terms=terms + (CEILING,))
+
+    assert choice_rule("memory", "peak_rss_mb") == ("cpu", select.COPIES_FORM)
+    y = 900 + 1.5 * F[:, FEATURE_NAMES.index("sim_reserved_mb")]  # rows another form fits far better
+    groups = np.repeat(np.array(["a", "b", "c", "d"]), 20)
+    args = ("memory", F, y, groups, "family", "extra-trees", 5, 1, 0)
+    cand, _, scores = select.select_candidate(*args, kind="cpu", prefer=select.COPIES_FORM)
+    assert cand.name == select.COPIES_FORM and scores[select.COPIES_FORM] > min(scores.values())
+    model = select.fit_form("memory", cand, F, y, "extra-trees", 5, 1, 0, groups)
+    assert model.members[0].coef[1] == 1.0 and model.corrected
+    queries = ["a", "unseen"] * 40
+    gated = model.predict(F, model.trees_for(queries))
+    analytic = model.members[0].analytic(F)
+    np.testing.assert_allclose(gated[1::2], analytic[1::2])
+    assert np.abs(np.log(gated[::2] / analytic[::2])).max() > 1e-3
 
 
 def test_preferred_form_is_kept_within_one_standard_error_only():

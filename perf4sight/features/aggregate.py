@@ -35,7 +35,8 @@ from perf4sight.ir.schema import NetworkDescription
 __all__ = ["NetworkFeatures", "network_features", "features_for", "feature_matrix", "unsupported_ops",
            "FEATURE_NAMES", "SCALED_FEATURES", "STATIC_FEATURES",
            "ALLOCATOR_FEATURES", "allocator_bytes", "SIM_FEATURES", "LATENCY_FEATURES", "CONTEXT_FEATURES",
-           "WORKSPACE_FEATURES", "DISPATCH_FEATURES", "NATIVE_CONV_MAX_BATCH", "NATIVE_CONV_MAX_INPUT"]
+           "WORKSPACE_FEATURES", "DISPATCH_FEATURES", "COPIES_FEATURES", "NATIVE_CONV_MAX_BATCH",
+           "NATIVE_CONV_MAX_INPUT"]
 
 MIB = float(2**20)
 
@@ -75,11 +76,16 @@ WORKSPACE_FEATURES: tuple[str, ...] = ("im2col_mb",)
 #: threads, a GPU). Appended last.
 DISPATCH_FEATURES: tuple[str, ...] = ("native_conv_macs",)
 NATIVE_CONV_MAX_BATCH, NATIVE_CONV_MAX_INPUT = 15, 20480
+#: ``mem_analytic_mb`` in two parts (MiB): ``param_copies_mb``, the weights, gradients and optimiser state
+#: (``optimizers.py``: 3 parameter-sized copies for SGD with momentum, 4 for Adam), and ``mem_analytic_rest_mb``,
+#: everything else (saved activations, the input batch, the largest activation). The copies are exact bytes, not
+#: a size that a memory form should scale. Appended last.
+COPIES_FEATURES: tuple[str, ...] = ("param_copies_mb", "mem_analytic_rest_mb")
 #: Ops that run on the BLAS library.
 BLAS_OPS = frozenset({"linear", "attention"})
 FEATURE_NAMES: tuple[str, ...] = (("batch_size",) + SCALED_FEATURES + STATIC_FEATURES + ("mem_analytic_mb",)
                                   + ALLOCATOR_FEATURES + SIM_FEATURES + LATENCY_FEATURES + CONTEXT_FEATURES
-                                  + WORKSPACE_FEATURES + DISPATCH_FEATURES)
+                                  + WORKSPACE_FEATURES + DISPATCH_FEATURES + COPIES_FEATURES)
 
 
 @dataclass
@@ -249,7 +255,8 @@ def feature_matrix(nets: list[NetworkFeatures] | NetworkFeatures, batch_sizes: l
     i_param = STATIC_FEATURES.index("param_bytes")
     i_saved, i_max, i_in = (SCALED_FEATURES.index(k) for k in ("saved_bytes", "max_activation_bytes", "input_bytes"))
     copies = 2.0 + np.array([optimizer_cost(n.optimizer).state_copies for n in rows])  # weights, grads, state
-    mem = (copies * stat[:, i_param] + scaled[:, i_saved] + scaled[:, i_max] + scaled[:, i_in]) / MIB
+    copies_mb = copies * stat[:, i_param] / MIB
+    mem = copies_mb + (scaled[:, i_saved] + scaled[:, i_max] + scaled[:, i_in]) / MIB
     if isinstance(nets, NetworkFeatures):
         alloc = allocator_bytes(nets.saved_sizes, bs) / MIB
     else:
@@ -271,7 +278,7 @@ def feature_matrix(nets: list[NetworkFeatures] | NetworkFeatures, batch_sizes: l
                       dtype=float).reshape(len(bs), 2)
     native = np.where(bs <= NATIVE_CONV_MAX_BATCH, bs * native[:, 0], 0.0) + np.where(bs == 1, native[:, 1], 0.0)
     return np.column_stack([bs, scaled, stat, mem, alloc, mem - extra + alloc, sim, lat,
-                            ctx.reshape(len(bs), len(CONTEXT_FEATURES)), im2col, native])
+                            ctx.reshape(len(bs), len(CONTEXT_FEATURES)), im2col, native, copies_mb, mem - copies_mb])
 
 
 def _latency_block(rows: list[NetworkFeatures], bs: np.ndarray) -> np.ndarray:

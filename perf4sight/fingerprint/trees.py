@@ -28,6 +28,10 @@ peak above a knot (the next term, :data:`KNOT`, whose coefficient is the knot it
 more slowly in the reserved memory below the knot than above it. On a Jetson the used memory minus the
 reserved memory shrinks by some 350 MiB over the first 2 GB reserved and then holds. The knot is chosen on a
 grid of the training rows' reserved peaks (:data:`KNOT_QUANTILES`), the lowest loss of the form's own fit.
+
+A linear sum's term may be *exact* (:data:`EXACT_TERMS`): a size already in the target's unit, whose coefficient is
+held at 1 rather than fitted. The parameter copies (weights, gradients, optimiser state) are such a size: the bytes
+they take do not depend on how the rest of the step's memory scales.
 """
 from __future__ import annotations
 
@@ -42,7 +46,8 @@ from perf4sight.features.aggregate import CONTEXT_FEATURES, FEATURE_NAMES
 
 __all__ = ["TreeEnsemble", "TargetModel", "MeanModel", "Model", "make_regressor", "LINEAR_TERMS", "TREE_FEATURES",
            "TARGET_TREE_FEATURES", "tree_features", "geometric_mean", "MODELS",
-           "OVERLAP", "OVERLAP_P", "CEILING", "CEILING_P", "HINGE", "KNOT", "KNOT_QUANTILES", "term_features"]
+           "OVERLAP", "OVERLAP_P", "CEILING", "CEILING_P", "HINGE", "KNOT", "KNOT_QUANTILES", "EXACT_TERMS",
+           "term_features"]
 
 MODELS = TREE_MODELS
 
@@ -182,6 +187,9 @@ HINGE, KNOT, HINGED = "sim_reserved_mb over knot", "knot", "sim_reserved_mb"
 #: linear terms (any name the form's other terms do not use).
 FIXED_HINGE = "hinge at a fixed knot"
 KNOT_QUANTILES = np.linspace(0.05, 0.8, 16)
+#: Terms whose coefficient is 1, not fitted (MiB that need no scale: ``aggregate.COPIES_FEATURES``); only in a plain
+#: linear sum (no overlap, ceiling or hinge).
+EXACT_TERMS = frozenset({"param_copies_mb"})
 
 
 def term_features(terms: tuple[str, ...]) -> list[str]:
@@ -276,12 +284,15 @@ def _fit_ceiling(A: np.ndarray, y: np.ndarray, terms: tuple[str, ...], free: np.
     return np.where(keep, sol, 0.0) / col_scale
 
 
-def _fit_linear(A: np.ndarray, y: np.ndarray, free: np.ndarray) -> np.ndarray:
-    """Non-negative ``c`` minimising sum(((A c - y) / y)^2), columns not ``free`` held at zero."""
+def _fit_linear(A: np.ndarray, y: np.ndarray, free: np.ndarray, exact: np.ndarray | None = None) -> np.ndarray:
+    """Non-negative ``c`` minimising sum(((A c - y) / y)^2), columns not ``free`` held at zero and ``exact`` ones
+    at one."""
     from scipy.optimize import nnls  # fitting only: prediction does without scipy (0.4 s to import)
+    exact = np.zeros(A.shape[1], dtype=bool) if exact is None else exact
+    free = free & ~exact
     col_scale = np.maximum(np.abs(A).max(axis=0), 1e-12)
-    sol, _ = nnls((A[:, free] / col_scale[free]) / y[:, None], np.ones_like(y))
-    coef = np.zeros(A.shape[1])
+    sol, _ = nnls((A[:, free] / col_scale[free]) / y[:, None], 1.0 - A[:, exact].sum(axis=1) / y)
+    coef = np.where(exact, 1.0, 0.0)
     coef[free] = sol / col_scale[free]
     return coef
 
@@ -333,13 +344,16 @@ class TargetModel:
         ``terms`` overrides the analytic terms (default :data:`LINEAR_TERMS`[target])."""
         terms = tuple(terms) if terms else LINEAR_TERMS[target]
         A = _linear_design(F, terms)
+        exact = np.array([t in EXACT_TERMS for t in terms])
+        if exact.any() and {OVERLAP, HINGE, CEILING}.intersection(terms):
+            raise ValueError(f"an exact term ({', '.join(EXACT_TERMS)}) is for a plain linear sum: {terms}")
         if OVERLAP in terms:
             coef = _fit_overlap(A, y, terms)
         else:
             # a 0/1 context flag with one value on every training row is the constant again: its share
             # of the constant cannot be told apart, so it keeps a zero coefficient (the constant takes it)
             free = np.array([not (t in CONTEXT_FEATURES and np.ptp(A[:, j]) == 0) for j, t in enumerate(terms)])
-            coef = _fit_sum(A, y, terms, free)
+            coef = _fit_linear(A, y, free, exact) if exact.any() else _fit_sum(A, y, terms, free)
         tm = cls(target, terms, coef, None)
         if correct:
             resid = np.log(y / np.maximum(tm.analytic(F), 1e-9))
@@ -384,7 +398,8 @@ def geometric_mean(parts: list[np.ndarray]) -> np.ndarray:
 @dataclass
 class MeanModel:
     """The geometric mean of several :class:`TargetModel` s for one target, each fitted on the same rows: a
-    *mean form*. Its methods are theirs, averaged in log space. The members' tree corrections apply only to
+    *mean form* (of one member: that model, its trees for the families seen). Its methods are theirs, averaged in
+    log space. The members' tree corrections apply only to
     queries of the ``families`` its training rows came from (:meth:`trees_for`); for any other network the mean
     is of the members' analytic parts (docs/accuracy-notes.md, "CPU: tree corrections for the families seen")."""
 
