@@ -21,6 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from perf4sight.ir.shapes import shape_text  # noqa: E402
 from perf4sight.networks.build import Source, prune_source  # noqa: E402
 from perf4sight.networks.generator import GeneratorSettings, forward_flops, generate  # noqa: E402
 from perf4sight.networks.zoo import build_zoo_model  # noqa: E402
@@ -35,7 +36,7 @@ def run(networks: list[str] | None = None, shape: list[int] | None = None, strat
     """Prune ``networks`` at 19 levels and generate ``count`` networks; print the table, return rows."""
     warnings.filterwarnings("ignore")
     shape = shape or [3, 224, 224]
-    size = "x".join(map(str, shape))
+    size = shape_text(shape)
     rows: list[dict] = []
 
     def row(metric: str, value: float, unit: str, note: str) -> None:

@@ -18,10 +18,10 @@ stages, in a temporary folder:
    measured and predicted step time and peak RSS; then per fingerprint MAPE, mean signed error (+ = predicted
    above the measurement) and the share of measurements inside the 90% interval, beside the fingerprint's own
    held-out MAPE (leave one family out, from its metadata) for scale.
-5. a lead (:func:`parameter_copies_lead`): the peak RSS as a line in the analytic memory estimate, fitted on the
-   default rows with one slope for all of it, or with the parameter copies (weights, gradients, momentum) counted
-   exactly and the slope on the rest alone; each one's error on the default rows' held-out families and on the
-   unseen networks.
+5. why the CPU's memory form counts the parameter copies at their bytes (:func:`parameter_copies_lines`): the peak
+   RSS as a line in the analytic memory estimate, fitted on the default rows with one slope for all of it, or with
+   the parameter copies (weights, gradients, momentum) counted exactly and the slope on the rest alone; each one's
+   error on the default rows' held-out families and on the unseen networks.
 
     .venv/bin/python bench/bench_unseen_layers.py [--networks convnext_tiny vit_b_16] [--style-networks 3] [--keep DIR]
 
@@ -96,9 +96,9 @@ def _errors(pred: np.ndarray, meas: np.ndarray) -> tuple[float, float]:
 def _memory_rows(folder: Path, config: Path, csv_dir: str,
                  only: set[str] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
     """The rows' (parameter copies MiB, analytic estimate MiB, peak RSS MiB, family) of one project (of the
-    networks ``only`` names, if given): the parameter copies are weights, gradients and momentum (3 x parameters x 4
-    bytes), the analytic estimate is those and the tensors kept for backward, the input batch and the largest
-    activation (``mem_analytic_mb``)."""
+    networks ``only`` names, if given): the parameter copies are weights, gradients and momentum
+    (``param_copies_mb``), the analytic estimate is those and the tensors kept for backward, the input batch and the
+    largest activation (``mem_analytic_mb``)."""
     from perf4sight.config import load_config
     from perf4sight.dataset import descriptions_and_shas
     from perf4sight.features.aggregate import FEATURE_NAMES, feature_matrix, network_features
@@ -108,23 +108,24 @@ def _memory_rows(folder: Path, config: Path, csv_dir: str,
             if r["status"] == "ok" and r["network"] in descs and (only is None or r["network"] in only)]
     nets = {name: network_features(descs[name]) for name in {r["network"] for r in rows}}  # once per network
     feats = [dict(zip(FEATURE_NAMES, feature_matrix(nets[r["network"]], [batch_size_of(r)])[0])) for r in rows]
-    copies = np.array([3 * f["param_bytes"] / 2**20 for f in feats])
-    return (copies, np.array([f["mem_analytic_mb"] for f in feats]), np.array([number(r["peak_rss_mb"]) for r in rows]),
-            [descs[r["network"]].family for r in rows])
+    return (np.array([f["param_copies_mb"] for f in feats]), np.array([f["mem_analytic_mb"] for f in feats]),
+            np.array([number(r["peak_rss_mb"]) for r in rows]), [descs[r["network"]].family for r in rows])
 
 
-def parameter_copies_lead(folder: Path, networks: tuple[str, ...]) -> list[dict]:
-    """A lead (docs/accuracy-notes.md): the peak RSS as a line in the analytic estimate, fitted on the default
+def parameter_copies_lines(folder: Path, networks: tuple[str, ...]) -> list[dict]:
+    """Why a CPU's memory form counts the parameter copies at their bytes (docs/accuracy-notes.md, "CPU: the
+    parameter copies at their bytes"): the peak RSS as a line in the analytic estimate, fitted on the default
     project's rows, either with one slope for all of it (as the forms "analytic only" / "x trees" fit it) or with
-    the parameter copies counted exactly (slope 1) and the slope on the rest alone. Printed: each one's mean
-    held-out-family MAPE on the default rows, and its MAPE on each unseen network."""
+    the parameter copies counted exactly (slope 1) and the slope on the rest alone (the CPU's memory form without
+    its trees, fitted by least squares). Printed: each one's mean held-out-family MAPE on the default rows, and its
+    MAPE on each unseen network."""
     trained = set(json.loads((folder / "fingerprinting-default" / DEVICE / "metadata.json").read_text())["networks"])
     copies, analytic, rss, family = _memory_rows(folder, folder / "config-default.toml", "profiling_csvs-default",
                                                  trained)  # the default fingerprint's networks, no style network
     out = []
     unseen = {network: _memory_rows(folder, folder / f"config-{network}.toml", f"profiling_csvs-{network}")
               for network in networks}  # read once, for both lines
-    print("\nlead: peak RSS = a + b x analytic estimate, fitted on the default rows (linear, no trees):")
+    print("\ntwo lines: peak RSS = a + b x analytic estimate, fitted on the default rows (no trees):")
     for name, exact in (("one slope for all", False), ("parameter copies exact", True)):
         offset = copies if exact else 0 * copies
         design = np.column_stack([np.ones(len(rss)), analytic - offset])
@@ -140,7 +141,7 @@ def parameter_copies_lead(folder: Path, networks: tuple[str, ...]) -> list[dict]
             c = c if exact else 0 * c
             mape, bias = _errors(np.column_stack([np.ones(len(y)), a - c]) @ coef + c, y)
             cells.append(f"{network} {mape:.1f} ({bias:+.1f})")
-            out.append({"benchmark": "unseen_layers", "metric": f"lead, {name}: {network} memory MAPE", "value": mape,
+            out.append({"benchmark": "unseen_layers", "metric": f"line, {name}: {network} memory MAPE", "value": mape,
                         "unit": "%", "note": f"bias {bias:+.1f}%; held-out families of the default rows "
                                              f"{float(np.mean(held)):.2f}%"})
         print(f"  {name:<24} b = {coef[1]:.3f}; held-out families {float(np.mean(held)):.2f}%; unseen, MAPE (bias): "
@@ -165,7 +166,7 @@ def run(networks: tuple[str, ...] = ("convnext_tiny", "vit_b_16"), count: int = 
             for stage in ("networks", "profile"):
                 run_stage(unseen, stage, "bench_unseen_layers")
             out += _predicted(folder, network, unseen)
-        out += parameter_copies_lead(folder, networks)
+        out += parameter_copies_lines(folder, networks)
     return out
 
 

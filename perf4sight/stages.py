@@ -24,6 +24,7 @@ from perf4sight.dataset import (ZOO_CACHE, dataset_descriptions, device_dataset,
 from perf4sight.errors import UserError
 from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_LABELS
 from perf4sight.ir.schema import NetworkDescription
+from perf4sight.ir.shapes import shape_text
 from perf4sight.networks.zoo import ZOO_NAMES
 from perf4sight.profiling.backends.base import LIMIT_OOM
 from perf4sight.profiling.plan import training_phase
@@ -387,7 +388,7 @@ def _predict_on_one(cfg: Config, args: argparse.Namespace) -> int:
     _print_predictions(preds, f"predicted training step ({step}) on {device} by the {predictor} predictor "
                               f"(90% interval{fits_against})")
     _capacity_note(fp, preds)
-    shape = "x".join(map(str, fp.input_shape or cfg.networks.input_shape))
+    shape = shape_text(fp.input_shape or cfg.networks.input_shape)
     zoo = (f" (zoo networks: described at {shape}, the input shape of the fingerprint's training networks; "
            f"the first time with torch and torchvision, then from {cfg.models_dir / ZOO_CACHE})") if any(
         n in ZOO_NAMES and not is_description_file(n) for n in names) else ""
@@ -545,7 +546,7 @@ def _shape_note(fp: object, descs: list[NetworkDescription]) -> None:
     other = sorted({d.name for d in descs if list(d.input_shape) != list(fp.input_shape)})
     if other:
         notes.print(f"note: {', '.join(other[:5])}{' ...' if len(other) > 5 else ''} described at another input "
-                    f"shape than this fingerprint's training networks ({'x'.join(map(str, fp.input_shape))}): "
+                    f"shape than this fingerprint's training networks ({shape_text(fp.input_shape)}): "
                     "expect larger errors", style="yellow", markup=False)
 
 

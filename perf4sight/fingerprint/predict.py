@@ -30,6 +30,7 @@ from perf4sight.fingerprint.select import RULE_KEPT
 from perf4sight.fingerprint.storage import FEATURE_SET, HeldOut, check_metadata, damaged, load_held_out, load_models
 from perf4sight.fingerprint.trees import Model
 from perf4sight.ir.schema import STRUCTURE_VERSION, NetworkDescription, load_description
+from perf4sight.ir.shapes import shape_text
 from perf4sight.wording import plural
 
 __all__ = ["Fingerprint", "load_fingerprint", "PREDICTION_KEYS", "accuracy_lines", "for_optimizer"]
@@ -190,7 +191,7 @@ def warn_other_shape(desc: NetworkDescription, trained_at: Sequence[int] | None)
     """``UserWarning`` when ``desc`` was described at another input shape than the predictor's training
     networks (``trained_at``; nothing when unknown): its predictions are extrapolations."""
     if trained_at and list(desc.input_shape) != list(trained_at):
-        shape, train = "x".join(map(str, desc.input_shape)), "x".join(map(str, trained_at))
+        shape, train = shape_text(desc.input_shape), shape_text(trained_at)
         warnings.warn(f"{desc.name}: described at input shape {shape}, but this fingerprint's training networks "
                       f"were {train}: expect larger errors", UserWarning, stacklevel=3)
 

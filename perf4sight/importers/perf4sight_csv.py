@@ -25,6 +25,7 @@ from typing import Any
 
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import is_file_stem, load_description, save_description
+from perf4sight.ir.shapes import shape_text
 from perf4sight.profiling.results import (append_row, file_sha, measured_keys, number, read_rows, results_path,
                                           row_key)
 from perf4sight.wording import plural
@@ -275,7 +276,7 @@ def import_perf4sight(source_dir: str | Path, device: str, profiling_dir: str | 
             summary.without_graph.append(variant)
         if shape is None:
             raise UserError(f"{source}: unknown dataset folder '{dataset}' and no graph for {variant}")
-        info[variant] = ("x".join(str(s) for s in shape), sha)
+        info[variant] = (shape_text(shape), sha)
 
     done = measured_keys(existing, with_sha=False)
     stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")

@@ -51,6 +51,7 @@ from typing import Any
 from perf4sight.errors import UserError
 from perf4sight.importers.perf4sight_csv import ImportSummary, check_backends, import_source
 from perf4sight.ir.schema import OPS, NetworkDescription, save_description
+from perf4sight.ir.shapes import shape_text
 from perf4sight.profiling.results import COLUMNS, file_sha, measured_keys, read_rows, results_path
 
 __all__ = ["import_perfseer", "read_graph", "read_label", "graph_to_description", "is_own_export", "LABEL_FIELDS",
@@ -593,7 +594,7 @@ def import_perfseer(source_dir: str | Path, device: str, profiling_dir: str | Pa
                 **_label_row(graph, phase, label[phase], str(pkl)),
                 "device": device, "network": desc.name, "family": desc.network,
                 "pruning_level": desc.pruning_level, "batch_size": batch,
-                "input_shape": "x".join(str(s) for s in desc.input_shape), "phase": phase, "status": "ok",
+                "input_shape": shape_text(desc.input_shape), "phase": phase, "status": "ok",
                 "timestamp": stamp, "description_sha": descs[desc.name][2]})
     folders = sorted({p.relative_to(source).parts[0] for p in pkls if len(p.relative_to(source).parts) > 1})
     per_device = (f"the source holds one folder per device ({', '.join(folders)}), as an export of several devices "

@@ -8,7 +8,7 @@ has its input count checked.
 """
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-__all__ = ["shape_problem", "ARITY", "element_count"]
+__all__ = ["shape_problem", "ARITY", "element_count", "shape_text"]
 
 _UNARY = ("relu", "relu6", "hardswish", "sigmoid", "hardsigmoid", "silu", "gelu", "tanh", "identity", "dropout")
 
@@ -20,6 +20,12 @@ ARITY: Dict[str, Tuple[int, Optional[int]]] = {
                                       "unsqueeze", "select", "narrow", "transpose", "mean", "permute",
                                       "layernorm", "scale", "shift", "token", "attention")},
 }
+
+
+def shape_text(shape: Any) -> str:
+    """A shape as the CSVs and messages write it: its sizes joined by "x" (``[3, 224, 224]`` -> "3x224x224"; an
+    empty or missing shape -> "")."""
+    return "x".join(str(int(v)) for v in (shape or ()))
 
 
 def _window_out(size: int, kernel: int, stride: int, pad: int, dilation: int, ceil_mode: bool) -> int:

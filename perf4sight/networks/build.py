@@ -34,6 +34,7 @@ from perf4sight.errors import UserError
 from perf4sight.files import atomic_path
 from perf4sight.ir.from_torch import describe
 from perf4sight.ir.schema import NetworkDescription, save_description
+from perf4sight.ir.shapes import shape_text
 from perf4sight.ir.to_torch import build_module
 from perf4sight.networks.factories import build_factory_model, parse_factory
 from perf4sight.networks.generator import GeneratorSettings, forward_flops, generate
@@ -111,8 +112,8 @@ def reshaped_description_notes(cfg: Config) -> list[str]:
         have = list(desc.input_shape)
         if have != want:
             lines.append(f"note: [networks] description_files: {fname} is described at input shape "
-                         f"{'x'.join(map(str, have))}; its networks are built at [networks] input_shape "
-                         f"{'x'.join(map(str, want))}")
+                         f"{shape_text(have)}; its networks are built at [networks] input_shape "
+                         f"{shape_text(want)}")
         if desc.num_classes != cfg.networks.num_classes:
             lines.append(f"note: [networks] description_files: {fname} has {desc.num_classes} classes, and keeps "
                          f"them ([networks] num_classes = {cfg.networks.num_classes} applies to zoo and factory "
@@ -172,7 +173,7 @@ def _row(desc: NetworkDescription, path: Path, models_dir: Path) -> dict[str, An
             "strategy": ex.get("strategy", "generated" if ex.get("source") == "generator" else ""),
             "target_level": ex.get("target_level", 0), "achieved_level": desc.pruning_level,
             "seed": ex.get("seed", ""), "params": desc.params, "flops_fwd": int(forward_flops(desc)),
-            "input_shape": "x".join(str(s) for s in desc.input_shape), "styles": "|".join(ex.get("styles", [])),
+            "input_shape": shape_text(desc.input_shape), "styles": "|".join(ex.get("styles", [])),
             "path": path.relative_to(models_dir).as_posix()}
 
 

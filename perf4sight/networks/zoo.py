@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription, load_description, save_description
+from perf4sight.ir.shapes import shape_text
 
 if TYPE_CHECKING:  # torch is imported where a model is built: predicting from description files does without it
     from torch import nn
@@ -99,7 +100,7 @@ def cache_file(cache_dir: Path, name: str, input_shape: list[int], num_classes: 
                        .encode())
     for src in sources:
         h.update(src.read_bytes())
-    shape = "x".join(str(int(v)) for v in input_shape)
+    shape = shape_text(input_shape)
     return cache_dir / f"{name}-{shape}-{num_classes}-{h.hexdigest()[:16]}.json"
 
 

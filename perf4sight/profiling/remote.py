@@ -30,6 +30,7 @@ import perf4sight
 from perf4sight.config import Config, DeviceConfig
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import load_description
+from perf4sight.ir.shapes import shape_text
 from perf4sight.profiling import results
 from perf4sight.profiling.local import make_plan
 from perf4sight.profiling.plan import training_phase
@@ -126,7 +127,7 @@ def expected_keys(device: str, descriptions: Sequence[Path], batch_sizes: Sequen
     keys = set()
     for path in descriptions:
         desc = load_description(path)
-        shape = "x".join(str(s) for s in desc.input_shape)
+        shape = shape_text(desc.input_shape)
         sha = results.file_sha(Path(path).read_bytes())
         keys |= {results.row_key({"device": device, "network": desc.name, "batch_size": bs, "input_shape": shape,
                                   "phase": phase, "description_sha": sha}) for bs in batch_sizes}

@@ -37,6 +37,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple, Un
 
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import load_description
+from perf4sight.ir.shapes import shape_text
 from perf4sight.profiling import results
 from perf4sight.profiling.backends.base import LIMIT_OOM, Backend, get_backend
 from perf4sight.profiling.plan import TestPlan, load_plan, training_phase
@@ -92,10 +93,10 @@ def _describe_networks(plan: TestPlan, plan_dir: Path) -> List[_Network]:
             data = path.read_bytes()
             desc = load_description(path)
         except (OSError, UserError) as exc:
-            nets.append(_Network(i, path, path.stem, path.stem, input_shape="x".join(map(str, plan.input_shape or [])),
+            nets.append(_Network(i, path, path.stem, path.stem, input_shape=shape_text(plan.input_shape),
                                  problem=" ".join(str(exc).split())[:300]))
             continue
-        shape = "x".join(str(s) for s in (plan.input_shape or desc.input_shape))
+        shape = shape_text(plan.input_shape or desc.input_shape)
         net = _Network(i, path, desc.name, desc.network, desc.pruning_level, shape, results.file_sha(data))
         nets.append(net)
     for net in nets:

@@ -21,6 +21,7 @@ from perf4sight.fingerprint.select import can_nest, held_out_fitter, nested_cv, 
 from perf4sight.fingerprint.storage import stored_predictions
 from perf4sight.fingerprint.trees import term_features
 from perf4sight.ir.schema import NetworkDescription
+from perf4sight.ir.shapes import shape_text
 from perf4sight.profiling.results import batch_size_of, number
 
 __all__ = ["DeviceData", "FamilySummary", "Curve", "summarise_measurements", "measured_vs_predicted",
@@ -217,9 +218,9 @@ def batch_grid(limit: int) -> np.ndarray:
     return np.unique(np.round(np.geomspace(1, limit, 40)).astype(int))
 
 
-def shape_text(shape: Any) -> str:
+def shape_label(shape: Any) -> str:
     """An input shape as the measurement CSV writes it, ``CxHxW`` ("?" where unknown)."""
-    return "x".join(str(int(v)) for v in shape) if shape else "?"
+    return shape_text(shape) or "?"
 
 
 def _key(s: str) -> str:
@@ -230,7 +231,7 @@ def matching_measurements(desc: NetworkDescription, rows: list[dict[str, str]],
                           descs: dict[str, NetworkDescription]) -> tuple[str, list[dict[str, str]]]:
     """The device's ``ok`` rows of the same architecture as ``desc`` (same name, or an unpruned
     variant of the same family with the same parameter count and input shape); (network, rows)."""
-    shape = shape_text(desc.input_shape)
+    shape = shape_label(desc.input_shape)
     want = _key(desc.network or desc.name)
     candidates: dict[str, list[dict[str, str]]] = defaultdict(list)
     for r in rows:

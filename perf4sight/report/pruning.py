@@ -24,7 +24,7 @@ from perf4sight.fingerprint.fit import LATENCY_COLUMN
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.networks.on_request import PRUNABLE, LevelVariants, prunable_networks, pruned_as, variant_at
 from perf4sight.profiling.results import batch_size_of, number
-from perf4sight.report.data import shape_text
+from perf4sight.report.data import shape_label
 from perf4sight.report.render import Block, Heading, Image, Table, Text
 from perf4sight.wording import plural
 
@@ -72,7 +72,7 @@ def _measured(device: Any, desc: NetworkDescription, batch: int) -> dict[str, An
     ``batch`` (its current row: a stale one is not among ``device.rows``); None where it has none. Only the very
     variant counts: a device's own pruned networks of the family may have other widths at the same level
     (perf4sight's TX2 resnet18_90 keeps 7 stem channels, the l1-norm variant at 90% 20)."""
-    shape = shape_text(desc.input_shape)
+    shape = shape_label(desc.input_shape)
     rows = [r for r in device.rows if r["network"] == desc.name and batch_size_of(r) == batch
             and r.get("input_shape") == shape]
     if not rows:
@@ -106,7 +106,7 @@ def pruning_points(cfg: Config, devices: Sequence[Any], trained_at: dict[str, tu
                     break  # the same at every shape
                 p = d.fingerprint.predict(desc, [batch])[0]
                 if pruned:
-                    made.setdefault(shape_text(trained_at[d.name]), []).append(desc.name)
+                    made.setdefault(shape_label(trained_at[d.name]), []).append(desc.name)
                 row = None if pruned else _measured(d, desc, batch)
                 points.append(PruningPoint(
                     network=network, device=d.name, level=level, achieved=desc.pruning_level, batch_size=batch,
@@ -141,7 +141,7 @@ def least_levels(cfg: Config, devices: Sequence[Any], trained_at: dict[str, tupl
                 notes.append(f"pruning section: no least level that fits for {network} on {d.name} ({exc})")
                 continue
             finally:
-                made.update(f"{name} at {shape_text(variant.shape)}" for name in variant.pruned)
+                made.update(f"{name} at {shape_label(variant.shape)}" for name in variant.pruned)
             p = r.prediction or {}
             out.append(LeastLevel(network, d.name, batch, r.level, None if r.variant is None else
                                   r.variant.pruning_level, p.get("latency_ms"), p.get("memory_mb")))
