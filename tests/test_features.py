@@ -64,15 +64,41 @@ def test_layer_norm_and_layer_scale_by_hand():
 
 def test_self_attention_by_hand():
     """Self-attention over 5 tokens of width 8 in 2 heads: projections 4 x 5 x 8 x 8 MACs, scores and weighted sum
-    2 x 5 x 5 x 8; it keeps its input, the queries, keys, values and heads' output, and the softmax's weights."""
+    2 x 5 x 5 x 8; it keeps its input, the queries, keys and values, the fused kernel's output and a log-sum-exp per
+    head and token; backward computes the scores again."""
     node = Node("a", "attention", ["x"], {"embed_dim": 8, "num_heads": 2, "bias": True}, [5, 8])
     c = _cost(node, [[5, 8]])
     assert c.macs == 4 * 5 * 8 * 8 + 2 * 5 * 5 * 8 and c.params == 4 * 64 + 4 * 8 and c.param_tensors == 4
-    assert c.saved == [0] and c.extra_saved_bytes == (4 * 5 * 8 + 2 * 5 * 5) * 4
-    assert c.flops_bwd == 4 * c.macs + 2 * 5 * 2 * 25 and _cost(node, [[5, 8]], first=True).flops_bwd < c.flops_bwd
+    assert c.saved == [0] and c.extra_saved_bytes == (4 * 5 * 8 + 2 * 5) * 4
+    assert c.flops_bwd == 4 * c.macs + 2 * 5 * 5 * 8 + 2 * 5 * 2 * 25
+    assert _cost(node, [[5, 8]], first=True).flops_bwd < c.flops_bwd
     token = _cost(Node("t", "token", ["x"], {"shape": [1, 8], "dim": 1}, [6, 8]), [[5, 8]])
     shift = _cost(Node("s", "shift", ["x"], {"shape": [6, 8]}, [6, 8]), [[6, 8]])
     assert (token.params, token.flops_fwd, shift.params, shift.flops_fwd) == (8, 0, 48, 48)
+
+
+@pytest.mark.parametrize("tokens, width, heads", [(256, 64, 4), (17, 96, 3)])
+def test_self_attention_keeps_what_torch_keeps(tokens, width, heads):
+    """The bytes the formula keeps for backward (the input and the extra tensors) are what autograd saves for a
+    real ``nn.MultiheadAttention`` self-attention step on this torch, parameters aside."""
+    torch = pytest.importorskip("torch")
+    batch = 2
+    layer = torch.nn.MultiheadAttention(width, heads, batch_first=True)
+    params = {p.data_ptr() for p in layer.parameters()}
+    saved = []
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:  # a weight (or a view of one) is no activation
+            saved.append((t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()))
+        return t
+
+    x = torch.randn(batch, tokens, width, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer(x, x, x, need_weights=False)[0].sum().backward()
+    node = Node("a", "attention", ["x"], {"embed_dim": width, "num_heads": heads, "bias": True}, [tokens, width])
+    c = _cost(node, [[tokens, width]])
+    kept = tokens * width * 4 + c.extra_saved_bytes  # per sample: the input (saved=[0]) and the rest
+    assert sum(dict(saved).values()) == batch * kept  # each storage once (q, k and v share one)
 
 
 def test_convnext_features_count_every_parameter():

@@ -152,21 +152,28 @@ def _learnt_tensor(node: Node, in_shapes: list[list[int]], first: bool) -> OpCos
 
 
 def _attention(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
-    """Multi-head self-attention over ``L`` tokens of width ``E`` in ``H`` heads (PyTorch's math path): the input
-    projection (``3 L E^2`` MACs), the scores ``Q K^T`` and their weighted sum of ``V`` (``L^2 E`` each), the output
-    projection (``L E^2``); a softmax of ``5 H L^2`` FLOPs. Backward: two passes of every product (one without an
-    input gradient for the network input). Kept for backward: the input, the projected queries, keys and values,
-    the softmax's weights and the heads' output (the projection's input)."""
+    """Multi-head self-attention over ``L`` tokens of width ``E`` in ``H`` heads: the input projection (``3 L E^2``
+    MACs), the scores ``Q K^T`` and their weighted sum of ``V`` (``L^2 E`` each), the output projection
+    (``L E^2``); a softmax of ``5 H L^2`` FLOPs. Backward: two passes of every product (one without an input
+    gradient for the network input), and the scores computed again (``L^2 E``).
+
+    Kept for backward as PyTorch 2's fused kernel keeps them (``scaled_dot_product_attention``, which
+    ``nn.MultiheadAttention`` runs where no weights are asked for; flash attention on a CPU, memory-efficient
+    attention on a GPU): the input, the projected queries, keys and values (one tensor), the kernel's output (also
+    the output projection's input), and a log-sum-exp per head and token: ``4 L E + H L`` elements besides the
+    input. The math path of torch 1.x kept the softmax's ``H L^2`` weights instead of the log-sum-exp."""
     a = node.attrs
     e, h = int(a["embed_dim"]), int(a["num_heads"])
     tokens = numel(node.output_shape) // e
     bias = bool(a["bias"])
-    macs = float(4 * tokens * e * e + 2 * tokens * tokens * e)
+    scores = float(tokens * tokens * e)
+    macs = 4 * tokens * e * e + 2 * scores
     softmax = 5.0 * h * tokens * tokens
     params = 4 * e * e + (4 * e if bias else 0)
     rd, wr = _io_bytes(in_shapes, node.output_shape)
-    kept = (4 * tokens * e + h * tokens * tokens) * BYTES_PER_ELEMENT
-    return OpCost(macs=macs, flops_fwd=2 * macs + softmax, flops_bwd=(2 if first else 4) * macs + 2 * softmax,
+    kept = (4 * tokens * e + h * tokens) * BYTES_PER_ELEMENT
+    return OpCost(macs=macs, flops_fwd=2 * macs + softmax,
+                  flops_bwd=(2 if first else 4) * macs + 2 * scores + 2 * softmax,
                   bytes_read=rd + params * BYTES_PER_ELEMENT, bytes_written=wr, params=params,
                   param_tensors=4 if bias else 2, saved=[0], extra_saved_bytes=float(kept), kernels_fwd=7,
                   kernels_bwd=12, kind="linear")
