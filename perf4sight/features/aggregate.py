@@ -119,9 +119,13 @@ def unsupported_ops(desc: NetworkDescription) -> list[str]:
     return sorted({n.op for n in desc.nodes if n.op not in HANDLERS})
 
 
-def network_features(desc: NetworkDescription, optimizer: str = DEFAULT_OPTIMIZER) -> NetworkFeatures:
+def network_features(desc: NetworkDescription, optimizer: str = DEFAULT_OPTIMIZER,
+                     relu6_clone: bool = False) -> NetworkFeatures:
     """Walk the graph once and total every per-op cost (per sample), for a training step with ``optimizer``
-    (``optimizers.OPTIMIZER_COSTS``; ``ValueError`` for another)."""
+    (``optimizers.OPTIMIZER_COSTS``; ``ValueError`` for another). ``relu6_clone``: the step runs on torch 1.10 or
+    newer (``fingerprint.fit.relu6_clone``), where a ReLU6 keeps for backward its input, or a clone of it when in
+    place (pytorch/pytorch#95432), beside the result the next op keeps; else it keeps its result alone, as the
+    allocation replay has it (an in-place ReLU6 on an older torch, the TX2's)."""
     optimizer_cost(optimizer)
     shapes: dict[str, list[int]] = {}
     base: dict[str, str] = {}  # view -> tensor whose storage it shares
@@ -161,7 +165,7 @@ def network_features(desc: NetworkDescription, optimizer: str = DEFAULT_OPTIMIZE
             conv_channels.append(int(node.attrs["out_channels"]))
             if int(node.attrs["out_channels"]) % 8:
                 ps["odd_channel_macs"] += cost.macs
-        for pos in cost.saved:
+        for pos in ([0] if relu6_clone and node.op == "relu6" else cost.saved):
             tensor = node.name if pos == OUTPUT else node.inputs[pos]
             root = base.get(tensor, tensor)
             if root != input_name:  # the input batch is counted once, in input_bytes

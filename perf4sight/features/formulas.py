@@ -26,7 +26,7 @@ from typing import Callable
 
 from perf4sight.ir.schema import Node
 
-__all__ = ["OpCost", "HANDLERS", "OUTPUT", "BYTES_PER_ELEMENT", "numel"]
+__all__ = ["OpCost", "HANDLERS", "OUTPUT", "BYTES_PER_ELEMENT", "numel", "hands_input_back"]
 
 #: Marker in ``OpCost.saved`` for "the op's own output is kept for backward".
 OUTPUT = -1
@@ -248,7 +248,16 @@ def _view(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     return OpCost(kind="view")
 
 
+def hands_input_back(node: Node) -> bool:
+    """Whether ``node`` is a dropout of ``p`` 0, which torch runs by handing its input back (ViT's are such)."""
+    return node.op == "dropout" and float(node.attrs.get("p", 0.5)) == 0.0
+
+
 def _dropout(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """Dropout in training: a mask drawn and applied, kept for backward (one byte an element, as CUDA's fused
+    kernel keeps it); of ``p`` 0, a view of its input (:func:`hands_input_back`)."""
+    if hands_input_back(node):
+        return _view(node, in_shapes, first)
     n = numel(node.output_shape)
     rd, wr = _io_bytes(in_shapes, node.output_shape)
     return OpCost(flops_fwd=2.0 * n, flops_bwd=float(n), bytes_read=rd, bytes_written=wr,
@@ -267,6 +276,8 @@ HANDLERS: dict[str, Handler] = {
     "linear": _linear,
     "batchnorm2d": _batchnorm2d,
     "relu": _pointwise(1, [OUTPUT]),
+    # ReLU6 keeps its result, as an in-place one did before torch 1.10 (the TX2's); on a newer torch
+    # aggregate.network_features keeps its input instead (``relu6_clone``)
     "relu6": _pointwise(2, [OUTPUT]),
     "hardswish": _pointwise(4, [0], 3),
     "hardsigmoid": _pointwise(3, [0], 2),

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perf4sight.features.formulas import BYTES_PER_ELEMENT, numel
+from perf4sight.features.formulas import BYTES_PER_ELEMENT, hands_input_back, numel
 from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, optimizer_cost
 from perf4sight.features.walk import consumer_counts, walk
 from perf4sight.ir.schema import NetworkDescription, Node
@@ -177,7 +177,7 @@ def kernel_table(desc: NetworkDescription, optimizer: str = DEFAULT_OPTIMIZER) -
     for visit in walk(desc):
         node, ins, first = visit.node, visit.in_shapes, visit.first
         op = node.op
-        if op in _VIEWS:
+        if op in _VIEWS or hands_input_back(node):
             continue
         if op == "conv2d":
             _conv(r, node, ins[0], first)

@@ -224,7 +224,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
                         f"(e.g. {', '.join(missing[:3])})")
     feats: dict[str, NetworkFeatures] = {}
     for name in sorted({str(r["network"]) for r in usable}):
-        nf = network_features(descriptions[name], optimizer)
+        nf = network_features(descriptions[name], optimizer, clone)
         if nf.unsupported:
             raise UserError(f"fingerprint: network '{name}' has ops without a cost formula: "
                             f"{', '.join(nf.unsupported)}")

@@ -237,7 +237,7 @@ class Fingerprint(ModuleQueries):
         :func:`for_optimizer`); features of another step are computed again from their description."""
         if isinstance(desc, NetworkFeatures) and desc.optimizer != self.optimizer and desc.description is not None:
             desc = desc.description
-        nf = desc if isinstance(desc, NetworkFeatures) else network_features(desc, self.optimizer)
+        nf = desc if isinstance(desc, NetworkFeatures) else network_features(desc, self.optimizer, self.relu6_clone)
         if nf.optimizer != self.optimizer:
             raise UserError(f"predict: the features of '{nf.name}' are for a step with {nf.optimizer}, the predictions "
                             f"for one with {self.optimizer}, and carry no description to compute them again")
