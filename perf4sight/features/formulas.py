@@ -218,8 +218,9 @@ def _maxpool2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
 
 
 def _avgpool2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """Average pooling keeps its input for backward (autograd's ``avg_pool2d_backward`` reads it)."""
     kh, kw = node.attrs["kernel_size"]
-    return _pool_out(node, in_shapes, kh * kw, False, 0.0)
+    return _pool_out(node, in_shapes, kh * kw, True, 0.0)
 
 
 def _adaptive(max_pool: bool) -> Handler:
