@@ -141,6 +141,17 @@ def test_kept_for_backward_is_what_autograd_keeps():
     assert old.per_sample["saved_bytes"] < 0.8 * network_features(descs[0], relu6_clone=True).per_sample["saved_bytes"]
 
 
+def test_pooling_keeps_what_its_backward_reads():
+    """Max and average pooling keep their input (max pooling its indices too); adaptive average pooling keeps it
+    unless it pools to 1x1, which torch runs as a mean that keeps nothing."""
+    window = {"kernel_size": [2, 2], "stride": [2, 2], "padding": [0, 0], "ceil_mode": False}
+    assert _cost(Node("m", "maxpool2d", ["x"], window, [4, 4, 4]), [[4, 8, 8]]).saved == [0]
+    assert _cost(Node("a", "avgpool2d", ["x"], window, [4, 4, 4]), [[4, 8, 8]]).saved == [0]
+    to = {n: _cost(Node("g", "adaptiveavgpool2d", ["x"], {"output_size": [n, n]}, [4, n, n]), [[4, 8, 8]]).saved
+          for n in (1, 2)}
+    assert to == {1: [], 2: [0]}
+
+
 def test_convnext_features_count_every_parameter():
     from perf4sight.networks.zoo import describe_zoo
 

@@ -224,10 +224,13 @@ def _avgpool2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
 
 
 def _adaptive(max_pool: bool) -> Handler:
+    """Adaptive pooling; the average keeps its input for backward unless it pools to 1x1 (torch runs that as a
+    mean, which keeps nothing)."""
     def handler(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
         inn = numel(in_shapes[0])
         window = max(1, inn // max(1, numel(node.output_shape)))
-        return _pool_out(node, in_shapes, window, max_pool, 8.0 * numel(node.output_shape) if max_pool else 0.0)
+        keeps_input = max_pool or numel(node.output_shape[1:]) > 1
+        return _pool_out(node, in_shapes, window, keeps_input, 8.0 * numel(node.output_shape) if max_pool else 0.0)
     return handler
 
 
