@@ -137,8 +137,9 @@ CANDIDATES: dict[str, tuple[Candidate, ...]] = {
 #: always if it is in :data:`KEPT_WHATEVER_THE_SCORES` (device kind: "gpu" for the nvml and jetson backends and
 #: imported GPU data, "cpu" for the cpu backend).
 #: A CPU's memory (peak RSS) is preferred with the parameter copies at their bytes (:data:`COPIES_FORM`): the
-#: held-out families of small networks score it a little worse than the best form (1.8 against 1.6%) but no fold of
-#: them shows the gain on a network with many more parameters (ViT-B/16: 2.6 against 12-17%). Its step time is a
+#: held-out families of small networks score it a little worse than the best form (1.1 against 0.8% on the default
+#: config's networks) but no fold of them shows the gain on a network with many more parameters (ViT-B/16: 1.3%,
+#: where the form those scores chose read 13%). Its step time is a
 #: sum of the kernels' times, which every step-time form models in its own way; which of them carries over to a
 #: family never seen was left to chance by the scores (their ranking over the training families did not hold on the
 #: held-out one), so the mean of them all is preferred. Where the preferred form's terms cannot be learnt (e.g. no
