@@ -77,30 +77,6 @@ def test_self_attention_by_hand():
     assert (token.params, token.flops_fwd, shift.params, shift.flops_fwd) == (8, 0, 48, 48)
 
 
-@pytest.mark.parametrize("tokens, width, heads", [(256, 64, 4), (17, 96, 3)])
-def test_self_attention_keeps_what_torch_keeps(tokens, width, heads):
-    """The bytes the formula keeps for backward (the input and the extra tensors) are what autograd saves for a
-    real ``nn.MultiheadAttention`` self-attention step on this torch, parameters aside."""
-    torch = pytest.importorskip("torch")
-    batch = 2
-    layer = torch.nn.MultiheadAttention(width, heads, batch_first=True)
-    params = {p.data_ptr() for p in layer.parameters()}
-    saved = []
-
-    def pack(t):
-        if t.untyped_storage().data_ptr() not in params:  # a weight (or a view of one) is no activation
-            saved.append((t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()))
-        return t
-
-    x = torch.randn(batch, tokens, width, requires_grad=True)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        layer(x, x, x, need_weights=False)[0].sum().backward()
-    node = Node("a", "attention", ["x"], {"embed_dim": width, "num_heads": heads, "bias": True}, [tokens, width])
-    c = _cost(node, [[tokens, width]])
-    kept = tokens * width * 4 + c.extra_saved_bytes  # per sample: the input (saved=[0]) and the rest
-    assert sum(dict(saved).values()) == batch * kept  # each storage once (q, k and v share one)
-
-
 def _autograd_saved_bytes(desc, batch: int) -> float:
     """Bytes per sample that autograd keeps for backward in one training forward of ``desc`` built by to_torch:
     each storage once, parameters and buffers aside."""
@@ -119,6 +95,17 @@ def _autograd_saved_bytes(desc, batch: int) -> float:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(torch.randn(batch, *desc.input_shape))
     return sum(saved.values()) / batch
+
+
+@pytest.mark.parametrize("tokens, width, heads", [(256, 64, 4), (17, 96, 3)])
+def test_self_attention_keeps_what_torch_keeps(tokens, width, heads):
+    """The bytes the formula keeps for backward (the input and the extra tensors) are what autograd saves for a
+    real ``nn.MultiheadAttention`` self-attention step on this torch, parameters aside."""
+    pytest.importorskip("torch")
+    node = Node("a", "attention", ["input"], {"embed_dim": width, "num_heads": heads, "bias": True}, [tokens, width])
+    desc = _desc([Node("input", "input", [], {}, [tokens, width]), node], shape=(tokens, width))
+    kept = tokens * width * 4 + _cost(node, [[tokens, width]]).extra_saved_bytes  # the input (saved=[0]), the rest
+    assert _autograd_saved_bytes(desc, 2) == kept  # each storage once (q, k and v share one)
 
 
 def test_kept_for_backward_is_what_autograd_keeps():
