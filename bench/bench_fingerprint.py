@@ -271,7 +271,7 @@ def _speed(fp: Any, descs: dict) -> dict[str, float]:
         t0 = time.perf_counter()
         fp.predict(descs[n], [2, 8, 32, 64])
         times.append(time.perf_counter() - t0)
-    feats = [network_features(descs[n], fp.optimizer, fp.relu6_clone) for n in names]
+    feats = [network_features(descs[n], fp.runtime) for n in names]
     bss = list(range(1, 65))
     per_query = []
     clear_cache()

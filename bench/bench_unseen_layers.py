@@ -102,13 +102,13 @@ def _memory_rows(folder: Path, config: Path, csv_dir: str,
     from perf4sight.config import load_config
     from perf4sight.dataset import descriptions_and_shas
     from perf4sight.features.aggregate import FEATURE_NAMES, feature_matrix, network_features
-    from perf4sight.fingerprint.fit import relu6_clone
+    from perf4sight.fingerprint.fit import step_runtime
 
     descs = descriptions_and_shas(load_config(config), DEVICE)[0]
     rows = [r for r in read_rows(folder / csv_dir / DEVICE / "measurements.csv")
             if r["status"] == "ok" and r["network"] in descs and (only is None or r["network"] in only)]
-    clone = relu6_clone(rows)  # as the fingerprint computes them: the kept tensors of the rows' torch
-    nets = {name: network_features(descs[name], relu6_clone=clone) for name in {r["network"] for r in rows}}
+    runtime = step_runtime(rows)  # as the fingerprint computes them: the kept tensors of the rows' torch
+    nets = {name: network_features(descs[name], runtime) for name in {r["network"] for r in rows}}
     feats = [dict(zip(FEATURE_NAMES, feature_matrix(nets[r["network"]], [batch_size_of(r)])[0])) for r in rows]
     return (np.array([f["param_copies_mb"] for f in feats]), np.array([f["mem_analytic_mb"] for f in feats]),
             np.array([number(r["peak_rss_mb"]) for r in rows]), [descs[r["network"]].family for r in rows])

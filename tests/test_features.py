@@ -1,11 +1,14 @@
 """Per-op formulas on hand-checked tiny graphs, aggregation, batch scaling, TX2 params."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from perf4sight.features import FEATURE_NAMES, feature_matrix, features_for, network_features, unsupported_ops
 from perf4sight.features.formulas import HANDLERS
+from perf4sight.features.step_runtime import StepRuntime
 from perf4sight.ir.schema import OPS, Node, load_description
 
 
@@ -110,22 +113,50 @@ def test_self_attention_keeps_what_torch_keeps(tokens, width, heads):
 
 def test_kept_for_backward_is_what_autograd_keeps():
     """The analytic estimate's activations (the tensors kept for backward and the input batch) against autograd's
-    saved tensors of the same networks on this torch: torchvision's MobileNetV2 (in-place ReLU6, which keeps a
-    clone of its input on torch >= 1.10), ViT (dropouts of p 0, which hand their input back; attention's fused
-    kernel), ConvNeXt, ResNet-18 and generated networks of every style (ReLU6 not in place). Within 4%: batch norm's
-    statistics are per batch, counted per sample (at batch 4)."""
+    saved tensors of the same networks on this torch, under the rules of a CPU step on it: torchvision's MobileNetV2
+    (in-place ReLU6, which keeps a clone of its input on torch >= 1.10), ViT (dropouts of p 0, which hand their input
+    back; attention's fused kernel), ConvNeXt, ResNet-18, AlexNet (dropouts that keep the CPU's float noise) and
+    generated networks of every style (ReLU6 not in place). Within 4%: batch norm's statistics are per batch,
+    counted per sample (at batch 4)."""
     pytest.importorskip("torch")
     from perf4sight.networks.generator import GeneratorSettings, generate
     from perf4sight.networks.zoo import describe_zoo
     descs = [describe_zoo(n, [3, 64, 64], num_classes=10) for n in ("mobilenet_v2", "vit_b_32", "convnext_tiny",
-                                                                   "resnet18")]
+                                                                   "resnet18", "alexnet")]
     descs += generate(GeneratorSettings(count=5, seed=0, cover_styles=True), [3, 64, 64], 10)
+    cpu = StepRuntime(relu6_clone=True, foreach=False, dropout_mask_bytes=4)
     for desc in descs:
-        nf = network_features(desc, relu6_clone=True)
+        nf = network_features(desc, cpu)
         analytic = nf.per_sample["saved_bytes"] + nf.per_sample["input_bytes"]
         assert analytic == pytest.approx(_autograd_saved_bytes(desc, 4), rel=0.04), desc.name
-    old = network_features(descs[0], relu6_clone=False)  # the TX2's torch: one tensor less per ReLU6
-    assert old.per_sample["saved_bytes"] < 0.8 * network_features(descs[0], relu6_clone=True).per_sample["saved_bytes"]
+    old = network_features(descs[0], StepRuntime(relu6_clone=False))  # the TX2's torch: one tensor less per ReLU6
+    assert old.per_sample["saved_bytes"] < 0.8 * network_features(descs[0], cpu).per_sample["saved_bytes"]
+    alexnet = descs[4]  # two dropouts of p 0.5: CUDA's fused kernel keeps a byte an element, the CPU four
+    on_gpu = network_features(alexnet, StepRuntime(relu6_clone=True)).per_sample["saved_bytes"]
+    dropped = sum(np.prod(n.output_shape) for n in alexnet.nodes if n.op == "dropout")
+    assert network_features(alexnet, cpu).per_sample["saved_bytes"] - on_gpu == 3 * dropped > 0
+
+
+def test_step_runtime_is_read_from_the_rows_and_stored_with_the_fingerprint():
+    """A set of rows names the rules its torch ran under: a CPU's single-tensor update and float dropout noise, a
+    GPU's foreach update and one-byte mask, the ReLU6 of torch >= 1.10; stored in a fingerprint's metadata they read
+    back the same, and a fingerprint stored before a rule existed reads that rule's old default."""
+    from perf4sight.fingerprint.fit import step_runtime
+    cpu_rows = [{"backend": "cpu", "threads": 1, "torch_version": "2.14.1", "phase": "train_adam"}] * 2
+    cpu = step_runtime(cpu_rows)
+    assert cpu == StepRuntime(optimizer="adam", relu6_clone=True, foreach=False, dropout_mask_bytes=4,
+                              native_conv=True)
+    gpu = step_runtime([{"backend": "nvml", "torch_version": "1.9.0"}])
+    assert gpu == StepRuntime()  # SGD, an older torch's ReLU6, foreach, a one-byte mask: the rules of before
+    for rt in (cpu, gpu):
+        assert StepRuntime.from_metadata(json.loads(json.dumps(rt.metadata()))) == rt
+    assert StepRuntime.from_metadata({"optimizer": "adam", "relu6_clone": True, "optimizer_foreach": False}) == \
+        StepRuntime(optimizer="adam", relu6_clone=True, foreach=False)  # stored before the dropout rule
+    with pytest.raises(ValueError, match="relu6_clone is not true or false"):
+        StepRuntime.from_metadata({"relu6_clone": "yes"})
+    with pytest.raises(ValueError, match="dropout_mask_bytes must be 1 or 4"):
+        StepRuntime.from_metadata({"dropout_mask_bytes": 2})
+    assert cpu.with_optimizer("sgd").optimizer == "sgd" and cpu.with_optimizer("sgd").dropout_mask_bytes == 4
 
 
 def test_pooling_keeps_what_its_backward_reads():
@@ -205,7 +236,7 @@ def test_analytic_memory_splits_into_the_parameter_copies_and_the_rest():
     """``param_copies_mb`` is the weights, gradients and optimiser state (3 parameter-sized fp32 copies for SGD
     with momentum, 4 for Adam's two moments), ``mem_analytic_rest_mb`` the rest of the estimate, at any batch size
     and in a batched matrix of networks with different optimisers."""
-    sgd, adam = network_features(_tiny()), network_features(_tiny(), "adam")
+    sgd, adam = network_features(_tiny()), network_features(_tiny(), StepRuntime(optimizer="adam"))
     for nf, copies in ((sgd, 3), (adam, 4)):
         for bs in (1, 16):
             f = features_for(nf, bs)

@@ -554,14 +554,14 @@ def test_native_conv_term_is_held_at_zero_off_a_one_thread_cpu():
     """``native_conv_macs`` (1x1 convolutions torch runs outside oneDNN on one CPU thread) stays in the feature rows
     of a one-thread cpu device and is zeroed for any other (more threads, a GPU, imported rows), so a fit there
     cannot give it weight."""
-    from perf4sight.fingerprint.fit import hold_native_conv, native_conv_dispatch
+    from perf4sight.fingerprint.fit import hold_native_conv, native_conv_dispatch, step_runtime
     j = FEATURE_NAMES.index("native_conv_macs")
     one_thread = [{"backend": "cpu", "threads": 1}, {"backend": "cpu", "threads": "1"}]
     for rows, kept in ((one_thread, True), (one_thread + [{"backend": "cpu", "threads": 2}], False),
                        ([{"backend": "nvml", "threads": 1}], False), ([{"backend": "imported"}], False), ([], False)):
         assert native_conv_dispatch(rows) is kept
         F = np.ones((3, len(FEATURE_NAMES)))
-        assert hold_native_conv(F, rows)[:, j].tolist() == ([1.0] * 3 if kept else [0.0] * 3)
+        assert hold_native_conv(F, step_runtime(rows))[:, j].tolist() == ([1.0] * 3 if kept else [0.0] * 3)
         assert F[:, FEATURE_NAMES.index("dense_macs")].tolist() == [1.0] * 3  # nothing else touched
 
 

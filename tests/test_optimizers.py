@@ -13,6 +13,7 @@ import torch.nn as nn
 from perf4sight.config import load_config
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import features_for, network_features
+from perf4sight.features.step_runtime import StepRuntime
 from perf4sight.fingerprint.fit import rows_optimizer
 from perf4sight.ir.from_torch import describe
 from perf4sight.ir.schema import save_description
@@ -51,7 +52,7 @@ def test_a_config_naming_another_optimiser_is_one_line_naming_the_key(tmp_path):
 
 def test_adam_features_count_its_two_moments_and_its_longer_update():
     desc = describe(wide(), SHAPE, "wide")
-    sgd, adam, adamw = (features_for(network_features(desc, o), 8) for o in OPTIMIZERS)
+    sgd, adam, adamw = (features_for(network_features(desc, StepRuntime(optimizer=o)), 8) for o in OPTIMIZERS)
     param_mib = desc.params * 4 / MIB
     assert adam["mem_analytic_mb"] - sgd["mem_analytic_mb"] == pytest.approx(param_mib)  # one more copy
     assert adam["mem_alloc_mb"] - sgd["mem_alloc_mb"] == pytest.approx(param_mib)
@@ -60,7 +61,7 @@ def test_adam_features_count_its_two_moments_and_its_longer_update():
     assert adam["lt_ew_bytes"] - sgd["lt_ew_bytes"] == pytest.approx(8 * desc.params * 4)
     assert adam["flops_total"] == sgd["flops_total"] and adam["saved_bytes"] == sgd["saved_bytes"]
     with pytest.raises(ValueError, match="unknown optimizer 'lamb'"):
-        network_features(desc, "lamb")
+        StepRuntime(optimizer="lamb")
 
 
 def test_a_fingerprint_is_of_one_optimisers_rows():

@@ -28,7 +28,8 @@ import numpy as np
 from perf4sight.features.allocator import K_MIN_BLOCK, K_MIN_LARGE_ALLOC, K_ROUND_LARGE
 from perf4sight.features.formulas import BYTES_PER_ELEMENT, HANDLERS, OUTPUT, OpCost, numel
 from perf4sight.features.latency_terms import LATENCY_FEATURES, KernelTable, kernel_table, latency_columns
-from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, optimizer_cost
+from perf4sight.features.optimizers import optimizer_cost
+from perf4sight.features.step_runtime import StepRuntime
 from perf4sight.features.walk import consumer_counts, walk
 from perf4sight.ir.schema import NetworkDescription
 
@@ -101,7 +102,12 @@ class NetworkFeatures:
     sim: Any = field(default=None, repr=False)
     description: Any = field(default=None, repr=False)  # the NetworkDescription these features came from
     kernels: KernelTable | None = field(default=None, repr=False)  # per-kernel latency terms (latency_terms.py)
-    optimizer: str = DEFAULT_OPTIMIZER  # the training step's optimiser (optimizers.py)
+    runtime: StepRuntime = StepRuntime()  # the rules of the torch whose training step these features are of
+
+    @property
+    def optimizer(self) -> str:
+        """The training step's optimiser (optimizers.py)."""
+        return self.runtime.optimizer
 
     @property
     def family(self) -> str:
@@ -119,14 +125,10 @@ def unsupported_ops(desc: NetworkDescription) -> list[str]:
     return sorted({n.op for n in desc.nodes if n.op not in HANDLERS})
 
 
-def network_features(desc: NetworkDescription, optimizer: str = DEFAULT_OPTIMIZER,
-                     relu6_clone: bool = False) -> NetworkFeatures:
-    """Walk the graph once and total every per-op cost (per sample), for a training step with ``optimizer``
-    (``optimizers.OPTIMIZER_COSTS``; ``ValueError`` for another). ``relu6_clone``: the step runs on torch 1.10 or
-    newer (``fingerprint.fit.relu6_clone``), where a ReLU6 keeps for backward its input, or a clone of it when in
-    place (pytorch/pytorch#95432), beside the result the next op keeps; else it keeps its result alone, as the
-    allocation replay has it (an in-place ReLU6 on an older torch, the TX2's)."""
-    optimizer_cost(optimizer)
+def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> NetworkFeatures:
+    """Walk the graph once and total every per-op cost (per sample), for a training step run under ``runtime``'s
+    rules (``step_runtime.py``: its optimiser's state and update, and what its torch keeps for backward: a ReLU6's
+    input or result, a dropout's mask at one byte or four)."""
     shapes: dict[str, list[int]] = {}
     base: dict[str, str] = {}  # view -> tensor whose storage it shares
     consumers = consumer_counts(desc)
@@ -165,14 +167,15 @@ def network_features(desc: NetworkDescription, optimizer: str = DEFAULT_OPTIMIZE
             conv_channels.append(int(node.attrs["out_channels"]))
             if int(node.attrs["out_channels"]) % 8:
                 ps["odd_channel_macs"] += cost.macs
-        for pos in ([0] if relu6_clone and node.op == "relu6" else cost.saved):
+        for pos in runtime.kept_inputs(node.op, cost.saved):
             tensor = node.name if pos == OUTPUT else node.inputs[pos]
             root = base.get(tensor, tensor)
             if root != input_name:  # the input batch is counted once, in input_bytes
                 saved[root] = numel(shapes[root]) * BYTES_PER_ELEMENT
-        extra_saved += cost.extra_saved_bytes
-        if cost.extra_saved_bytes:
-            extra_sizes.append(cost.extra_saved_bytes)
+        extra = runtime.extra_kept_bytes(node.op, cost.extra_saved_bytes)
+        extra_saved += extra
+        if extra:
+            extra_sizes.append(extra)
         if cost.kind != "view" and node.op != "input":
             elems = numel(node.output_shape)
             ps["activation_elems"] += elems
@@ -199,7 +202,7 @@ def network_features(desc: NetworkDescription, optimizer: str = DEFAULT_OPTIMIZE
     st["blas_context"] = float(any(n.op in BLAS_OPS for n in desc.nodes))
     sizes = np.array(list(saved.values()) + extra_sizes + [ps["input_bytes"]], dtype=float)
     return NetworkFeatures(desc.name, ps, st, unsupported, sizes, description=desc,
-                           kernels=kernel_table(desc, optimizer) if not unsupported else None, optimizer=optimizer)
+                           kernels=kernel_table(desc, runtime.optimizer) if not unsupported else None, runtime=runtime)
 
 
 def allocator_bytes(sizes: np.ndarray, batch_size: float | np.ndarray) -> float | np.ndarray:

@@ -481,33 +481,37 @@ def simulate(desc: NetworkDescription, batches: tuple[int, ...] = (PROBE_BATCH,)
     return trace
 
 
-def attach_simulation(nf: Any, desc: NetworkDescription, protocol: str = RUN_PEAK, relu6_clone: bool = False,
-                      foreach: bool = True) -> Any:
+def attach_simulation(nf: Any, desc: NetworkDescription, protocol: str = RUN_PEAK) -> Any:
     """Give a :class:`~perf4sight.features.aggregate.NetworkFeatures` its allocation trace (``nf.sim``),
     replayed as a profiler with ``protocol`` reads memory (:data:`~perf4sight.features.allocator.REPLAY_PROTOCOLS`),
-    of a step run by a torch whose in-place ReLU6 keeps a clone of its input (``relu6_clone``) or not, with the
-    features' optimiser (``nf.optimizer``), its update ``foreach`` (a GPU's) or not (a CPU's)."""
+    of a step run under the features' rules (``nf.runtime``: its torch's ReLU6, its optimiser and whether that
+    updated all parameters at once). The replay's dropout is CUDA's fused kernel whatever the rules say."""
+    rt = nf.runtime
     extra: dict[str, Any] = {}  # SGD's traces keep their cache keys (its replay is single-tensor either way)
-    if nf.optimizer != "sgd":
-        extra = {"optimizer": nf.optimizer, "foreach": foreach}
-    nf.sim = simulate(desc, relu6_clone=relu6_clone, **extra).with_protocol(protocol)
+    if rt.optimizer != "sgd":
+        extra = {"optimizer": rt.optimizer, "foreach": rt.foreach}
+    nf.sim = simulate(desc, relu6_clone=rt.relu6_clone, **extra).with_protocol(protocol)
     return nf
 
 
-def ensure_simulation(nfs: Any, terms: Any, protocol: str = RUN_PEAK, relu6_clone: bool = False,
-                      foreach: bool = True) -> None:
-    """Attach the allocation trace (replayed under ``protocol``, ``relu6_clone`` and ``foreach`` as
+def _replays_runtime(sim: Any, runtime: Any) -> bool:
+    """Whether the allocation trace ``sim`` was recorded under the rules of ``runtime`` (a StepRuntime)."""
+    return (sim.relu6_clone == runtime.relu6_clone and sim.optimizer == runtime.optimizer
+            and (runtime.optimizer == "sgd" or sim.foreach == runtime.foreach))
+
+
+def ensure_simulation(nfs: Any, terms: Any, protocol: str = RUN_PEAK) -> None:
+    """Attach the allocation trace (replayed under ``protocol`` and each features' rules, as
     :func:`attach_simulation`'s) to each NetworkFeatures in ``nfs`` lacking one or carrying another, when ``terms``
     (a model's analytic terms) use a simulated feature; the features must carry their ``description``."""
     from perf4sight.features.aggregate import SIM_FEATURES
     if not set(SIM_FEATURES) & set(terms):
         return
     for nf in nfs:
-        if nf.sim is not None and nf.sim.relu6_clone == relu6_clone and nf.sim.optimizer == nf.optimizer and (
-                nf.optimizer == "sgd" or nf.sim.foreach == foreach):
+        if nf.sim is not None and _replays_runtime(nf.sim, nf.runtime):
             nf.sim = nf.sim.with_protocol(protocol)  # itself when the protocol is the same
             continue
         if nf.description is None:
             raise UserError(f"network '{nf.name}': the memory model simulates the allocator "
                             "and needs the description")
-        attach_simulation(nf, nf.description, protocol, relu6_clone, foreach)
+        attach_simulation(nf, nf.description, protocol)

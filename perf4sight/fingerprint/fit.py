@@ -28,6 +28,7 @@ from perf4sight.errors import UserError
 from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, feature_matrix, network_features
 from perf4sight.features.allocator import PERF4SIGHT, RUN_PEAK
 from perf4sight.features.optimizers import DEFAULT_OPTIMIZER
+from perf4sight.features.step_runtime import CPU_MASK_BYTES, CUDA_MASK_BYTES, StepRuntime
 from perf4sight.fingerprint.domain import training_domain
 from perf4sight.fingerprint.evaluate import choose_groups, metrics
 from perf4sight.fingerprint.families import structures_by_family
@@ -43,8 +44,9 @@ from perf4sight.profiling.plan import OPTIMIZERS, phase_optimizer, training_phas
 from perf4sight.profiling.results import batch_size_of, number, phase_of
 from perf4sight.wording import plural
 
-__all__ = ["fit_fingerprint", "fit_inputs_sha256", "memory_column", "memory_replay", "relu6_clone", "rows_optimizer",
-           "optimizer_foreach", "device_kind", "choice_rule", "memory_capacity", "capacity_basis", "records",
+__all__ = ["fit_fingerprint", "fit_inputs_sha256", "memory_column", "memory_replay", "step_runtime", "relu6_clone",
+           "rows_optimizer", "optimizer_foreach", "native_conv_dispatch", "hold_native_conv", "device_kind",
+           "choice_rule", "memory_capacity", "capacity_basis", "records",
            "software_versions", "common_input_shape", "LATENCY_COLUMN", "FEATURE_SET"]
 
 LATENCY_COLUMN = "latency_ms_median"
@@ -106,10 +108,20 @@ def native_conv_dispatch(rows: list[dict[str, Any]]) -> bool:
     return bool(rows) and all(str(r.get("backend")) == "cpu" and number(r.get("threads")) == 1 for r in rows)
 
 
-def hold_native_conv(F: np.ndarray, rows: list[dict[str, Any]]) -> np.ndarray:
-    """Feature rows ``F`` with ``native_conv_macs`` zeroed unless ``rows`` ran under that dispatch rule, so a fit
-    on another device keeps the term's coefficient at 0 (in place; returns ``F``)."""
-    if not native_conv_dispatch(rows):
+def step_runtime(rows: list[dict[str, Any]]) -> StepRuntime:
+    """The rules of the torch that ran these rows' training step (``features/step_runtime.py``), read from the rows:
+    their optimiser, their torch's ReLU6, a CPU's update and dropout mask or a GPU's, the CPU's 1x1 dispatch."""
+    on_cpu = bool(rows) and all(str(r.get("backend")) == "cpu" for r in rows)
+    return StepRuntime(optimizer=rows_optimizer(rows), relu6_clone=relu6_clone(rows), foreach=optimizer_foreach(rows),
+                       dropout_mask_bytes=CPU_MASK_BYTES if on_cpu else CUDA_MASK_BYTES,
+                       native_conv=native_conv_dispatch(rows))
+
+
+def hold_native_conv(F: np.ndarray, runtime: StepRuntime) -> np.ndarray:
+    """Feature rows ``F`` with ``native_conv_macs`` zeroed unless their rows ran under that dispatch rule
+    (``runtime.native_conv``), so a fit on another device keeps the term's coefficient at 0 (in place; returns
+    ``F``)."""
+    if not runtime.native_conv:
         F[:, FEATURE_NAMES.index("native_conv_macs")] = 0.0
     return F
 
@@ -215,8 +227,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
     if not recs:
         raise UserError(f"fingerprint: no measurements for device '{device}'")
     mem_col = memory_column(recs)
-    replay, clone, optimizer = memory_replay(recs), relu6_clone(recs), rows_optimizer(recs)
-    foreach = optimizer_foreach(recs)
+    replay, runtime = memory_replay(recs), step_runtime(recs)
     missing = sorted({str(r["network"]) for r in recs if str(r["network"]) not in descriptions})
     usable = [r for r in recs if str(r["network"]) in descriptions]
     if not usable:
@@ -224,20 +235,20 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
                         f"(e.g. {', '.join(missing[:3])})")
     feats: dict[str, NetworkFeatures] = {}
     for name in sorted({str(r["network"]) for r in usable}):
-        nf = network_features(descriptions[name], optimizer, clone)
+        nf = network_features(descriptions[name], runtime)
         if nf.unsupported:
             raise UserError(f"fingerprint: network '{name}' has ops without a cost formula: "
                             f"{', '.join(nf.unsupported)}")
         if fcfg.simulate_memory:  # caching-allocator replay (features/alloc_trace.py)
             from perf4sight.features.alloc_trace import attach_simulation
-            attach_simulation(nf, descriptions[name], replay, clone, foreach)
+            attach_simulation(nf, descriptions[name], replay)
         feats[name] = nf
 
     def matrix(rs: list[dict[str, Any]]) -> np.ndarray:
         if not rs:
             return np.zeros((0, len(FEATURE_NAMES)))
         return hold_native_conv(feature_matrix([feats[str(r["network"])] for r in rs], [batch_size_of(r) for r in rs]),
-                                usable)
+                                runtime)
 
     models: dict[str, Model] = {}
     accuracy: dict[str, Any] = {}
@@ -314,10 +325,9 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         "targets": {"latency": {"column": LATENCY_COLUMN, "unit": "ms"}, "memory": {"column": mem_col, "unit": "MiB"}},
         "memory_target": mem_col,
         "memory_replay": replay,
-        "optimizer": optimizer,  # the training step's (the rows' phase): the features count its state and passes
-        "optimizer_foreach": foreach,  # its update all parameters at once (a GPU's) or not (a CPU's): the replay's
-        "relu6_clone": clone,  # the allocator replay's in-place ReLU6 keeps a clone of its input (torch >= 1.10)
-        "native_conv_dispatch": native_conv_dispatch(usable),
+        # the rules of the rows' torch (step_runtime.py): optimizer, relu6_clone, optimizer_foreach,
+        # dropout_mask_bytes, native_conv_dispatch
+        **runtime.metadata(),
         "training_rows": counts,
         "drift_reference": drift,
         "oom_rows": len(oom_rows),

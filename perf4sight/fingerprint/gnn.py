@@ -122,7 +122,7 @@ def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
         "target_transform": "log(measured / analytic baseline) (log(measured) with base none), standardised "
                             "with training statistics",
         "training": summary | {"seconds": round(t_fit, 2), "cv_seconds": round(t_cv, 2)},
-        "optimizer": s.optimizer,
+        **s.runtime.metadata(),  # the rules of the rows' torch (step_runtime.py), the optimiser among them
         "networks": sorted(s.templates), "training_rows": len(s.nets), "oom_rows": len(s.oom), "drift_reference": drift,
         "input_shape": common_input_shape(descriptions, s.templates),
         # what predict notes a query leaves (domain.py)

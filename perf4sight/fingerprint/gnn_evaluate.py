@@ -40,9 +40,9 @@ def _trees_features(s: Samples, trees_cfg: Any) -> np.ndarray:
     for name, t in s.templates.items():
         nf = dataclasses.replace(t.features)
         if nf.description is not None:
-            attach_simulation(nf, nf.description, s.memory_replay, s.relu6_clone, s.optimizer_foreach)
+            attach_simulation(nf, nf.description, s.memory_replay)
         feats[name] = nf
-    return hold_native_conv(feature_matrix([feats[n] for n in s.nets], s.bs), s.ok)  # as s.F and the fit hold it
+    return hold_native_conv(feature_matrix([feats[n] for n in s.nets], s.bs), s.runtime)  # as s.F and the fit hold it
 
 
 def _stored_trees_cv(s: Samples, sel: np.ndarray, col: str, y: np.ndarray, groups: np.ndarray,

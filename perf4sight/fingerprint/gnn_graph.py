@@ -25,7 +25,7 @@ from perf4sight.errors import UserError
 from perf4sight.features.aggregate import (CONTEXT_FEATURES, COPIES_FEATURES, DISPATCH_FEATURES, FEATURE_NAMES,
                                           WORKSPACE_FEATURES, NetworkFeatures, feature_matrix, network_features)
 from perf4sight.features.formulas import BYTES_PER_ELEMENT, OUTPUT, numel
-from perf4sight.features.optimizers import DEFAULT_OPTIMIZER
+from perf4sight.features.step_runtime import StepRuntime
 from perf4sight.features.walk import walk
 from perf4sight.ir.schema import NetworkDescription
 
@@ -97,10 +97,10 @@ def _attr_vector(op: str, a: dict) -> list[float]:
     return [0.0] * len(_ATTRS)
 
 
-def graph_template(desc: NetworkDescription, optimizer: str = DEFAULT_OPTIMIZER) -> GraphTemplate:
-    """Node and edge tensors of ``desc`` (its global features for a step with ``optimizer``); ``UserError`` naming
-    the ops that have no cost formula."""
-    nf = network_features(desc, optimizer)
+def graph_template(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> GraphTemplate:
+    """Node and edge tensors of ``desc`` (its global features for a step run under ``runtime``'s rules);
+    ``UserError`` naming the ops that have no cost formula."""
+    nf = network_features(desc, runtime)
     if nf.unsupported:
         raise UserError(f"gnn: network '{desc.name}' has ops without a cost formula: {', '.join(nf.unsupported)}")
     index = {n.name: i for i, n in enumerate(desc.nodes)}

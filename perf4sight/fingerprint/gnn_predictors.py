@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from perf4sight.errors import UserError
-from perf4sight.features.optimizers import DEFAULT_OPTIMIZER
+from perf4sight.features.step_runtime import StepRuntime
 from perf4sight.fingerprint.gnn_baseline import AnalyticBaseline
 from perf4sight.fingerprint.gnn_graph import graph_template
 from perf4sight.fingerprint.gnn_model import GNNModel
@@ -43,9 +43,10 @@ class GNNPredictor(ModuleQueries):
         self.input_shape: list[int] | None = metadata.get("input_shape")
         self.capacity_mb: float | None = metadata.get("capacity_mb")
         self.bands = metadata.get("interval", {}).get("log_ratio_quantiles", {}).get("gnn", {})
-        # the training step's optimiser, and the one whose step the queries' features are of (for_optimizer)
-        self.fitted_optimizer: str = str(metadata.get("optimizer", DEFAULT_OPTIMIZER))
-        self.optimizer: str = self.fitted_optimizer
+        # the rules of the training rows' torch (a GNN stored before 2026-11-26 names its optimiser alone: the rules
+        # of before for the rest), whose step the queries' features are of (another optimiser's: for_optimizer)
+        self.runtime = StepRuntime.from_metadata(metadata)
+        self.fitted_optimizer: str = self.runtime.optimizer
 
     def outside_training(self, descs: Any, batch_sizes: int | Sequence[int]) -> list[str]:
         """As :meth:`perf4sight.fingerprint.predict.Fingerprint.outside_training`, on the GNN's training rows
@@ -54,12 +55,12 @@ class GNNPredictor(ModuleQueries):
         from perf4sight.fingerprint.domain import query_notes
         bss = batch_list(batch_sizes)
         descs = as_descriptions(descs, (NetworkDescription,))
-        return query_notes(self.metadata.get("training_domain"), [network_features(d, self.optimizer) for d in descs],
+        return query_notes(self.metadata.get("training_domain"), [network_features(d, self.runtime) for d in descs],
                            bss)
 
     def predict_array(self, descs: Sequence[NetworkDescription], bss: list[int]) -> np.ndarray:
         """[len(descs) * len(bss), 2] latency (ms) and memory (MiB), network-major."""
-        tl = [t for t in (graph_template(d, self.optimizer) for d in descs) for _ in bss]  # one template per network
+        tl = [t for t in (graph_template(d, self.runtime) for d in descs) for _ in bss]  # one template per network
         return predict_latency_memory(self.model, self.norm, self.base, tl, bss * len(descs))
 
     def predict(self, descs: NetworkDescription | str | Path | Sequence[NetworkDescription | str | Path],
@@ -80,7 +81,7 @@ class EnsemblePredictor(ModuleQueries):
         if trees.optimizer != gnn.optimizer:
             raise UserError(f"the ensemble's trees were fitted on rows of a step with {trees.optimizer}, its GNN on "
                             f"rows with {gnn.optimizer}: fit both again (--stage fingerprint --predictor ensemble)")
-        self.fitted_optimizer, self.optimizer = trees.fitted_optimizer, trees.optimizer
+        self.fitted_optimizer, self.runtime = trees.fitted_optimizer, trees.runtime
         self.device, self.input_shape = gnn.device, trees.input_shape or gnn.input_shape
         self.capacity_mb = trees.capacity_mb if trees.capacity_mb is not None else gnn.capacity_mb
         self.bands = gnn.metadata.get("interval", {}).get("log_ratio_quantiles", {}).get("ensemble", {})

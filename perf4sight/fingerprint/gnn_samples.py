@@ -17,7 +17,7 @@ from perf4sight.errors import UserError
 from perf4sight.features.aggregate import feature_matrix
 from perf4sight.fingerprint.evaluate import choose_groups
 from perf4sight.fingerprint.fit import (LATENCY_COLUMN, hold_native_conv, memory_column, memory_replay, records,
-                                        optimizer_foreach, relu6_clone, rows_optimizer)
+                                        step_runtime)
 from perf4sight.fingerprint.gnn_graph import GraphTemplate, graph_template
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import batch_size_of, number
@@ -44,9 +44,7 @@ class Samples:
             raise UserError(f"gnn: no measurements with a network description for device '{device}'")
         self.mem_col = memory_column(recs)
         self.memory_replay = memory_replay(recs)  # how the trees' allocator replay reads memory, as the fit's
-        self.relu6_clone = relu6_clone(recs)  # and which torch's in-place ReLU6 it replays
-        self.optimizer = rows_optimizer(recs)  # the training step's optimiser, which the features count
-        self.optimizer_foreach = optimizer_foreach(recs)  # and whether it updated all parameters at once
+        self.runtime = step_runtime(recs)  # the rules of the rows' torch, which the features count
         self.ok = [r for r in recs if r.get("status") == "ok"]
         self.oom = [r for r in recs if r.get("status") == "oom"]
         ylat = np.log([_positive(r.get(LATENCY_COLUMN)) for r in self.ok])
@@ -57,13 +55,13 @@ class Samples:
         for j, t in enumerate(TARGETS):
             if np.isfinite(self.Y[:, j]).sum() < 3:
                 raise UserError(f"gnn: fewer than 3 ok rows with a {t} figure for device '{device}'")
-        self.templates = {n: graph_template(descriptions[n], self.optimizer)
+        self.templates = {n: graph_template(descriptions[n], self.runtime)
                           for n in sorted({str(r["network"]) for r in recs})}
         self.nets = np.array([str(r["network"]) for r in self.ok])
         self.bs = np.array([batch_size_of(r) for r in self.ok])
         fams = np.array([str(r.get("family") or r["network"]) for r in self.ok])
         self.groups, self.grouping = choose_groups(fams, self.nets)
-        self.F = hold_native_conv(feature_matrix([self.templates[n].features for n in self.nets], self.bs), recs)
+        self.F = hold_native_conv(feature_matrix([self.templates[n].features for n in self.nets], self.bs), self.runtime)
 
     def tmpl(self, idx: np.ndarray) -> list[GraphTemplate]:
         return [self.templates[n] for n in self.nets[idx]]

@@ -24,7 +24,8 @@ import numpy as np
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, feature_matrix, network_features
 from perf4sight.features.allocator import REPLAY_PROTOCOLS, STEP_MEAN
-from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_LABELS, optimizer_cost
+from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_LABELS
+from perf4sight.features.step_runtime import StepRuntime
 from perf4sight.fingerprint.families import known_families
 from perf4sight.fingerprint.select import RULE_KEPT
 from perf4sight.fingerprint.storage import FEATURE_SET, HeldOut, check_metadata, damaged, load_held_out, load_models
@@ -164,6 +165,14 @@ class ModuleQueries:
 
     input_shape: list[int] | None = None
     capacity_mb: float | None = None
+    # the rules of the step the queries' features are of: the training rows' torch, with their optimiser or another
+    # (for_optimizer)
+    runtime: StepRuntime = StepRuntime()
+
+    @property
+    def optimizer(self) -> str:
+        """The optimiser whose step the queries' features are of (``fitted_optimizer``, or another's)."""
+        return self.runtime.optimizer
 
     def predict_module(self, module: Any, input_shape: Sequence[int], batch_sizes: int | Sequence[int],
                        name: str | None = None) -> list[dict[str, Any]]:
@@ -213,14 +222,10 @@ class Fingerprint(ModuleQueries):
         self.capacity_basis: str = str(metadata.get("capacity_basis", "prediction"))
         # how the allocator replay reads memory: as the training rows' profiler did (older fingerprints: step_mean)
         self.memory_replay: str = str(metadata.get("memory_replay", STEP_MEAN))
-        # whether the replay's in-place ReLU6 keeps a clone of its input (the training rows' torch >= 1.10)
-        self.relu6_clone: bool = bool(metadata.get("relu6_clone", False))
-        # the training step's optimiser (fingerprints before 2026-11-25 name none: they were all SGD's), and the one
-        # whose step the queries' features are of (for_optimizer)
-        self.fitted_optimizer: str = str(metadata.get("optimizer", DEFAULT_OPTIMIZER))
-        self.optimizer: str = self.fitted_optimizer
-        # whether that optimiser updated all parameters at once (a GPU's foreach; older fingerprints: as a GPU's)
-        self.optimizer_foreach: bool = bool(metadata.get("optimizer_foreach", True))
+        # the rules of the training rows' torch (older fingerprints: the rules of before, step_runtime.py); the
+        # queries' features are of its step (another optimiser's: for_optimizer)
+        self.runtime = StepRuntime.from_metadata(metadata)
+        self.fitted_optimizer: str = self.runtime.optimizer
         q = metadata.get("interval", {}).get("log_ratio_quantiles", {})
         self._bands = {t: (float(q.get(t, [0, 0])[0]), float(q.get(t, [0, 0])[1])) for t in ("latency", "memory")}
         # a query of a training family: its own band (fingerprints since 2026-11-25; none: the band above)
@@ -233,14 +238,14 @@ class Fingerprint(ModuleQueries):
             metadata.get("training_structures") if metadata.get("structure_version") == STRUCTURE_VERSION else None)
 
     def _features(self, desc: NetworkDescription | NetworkFeatures) -> NetworkFeatures:
-        """``desc``'s features for a step with :attr:`optimizer` (the training rows' own, or another's by
-        :func:`for_optimizer`); features of another step are computed again from their description."""
-        if isinstance(desc, NetworkFeatures) and desc.optimizer != self.optimizer and desc.description is not None:
+        """``desc``'s features for a step run under :attr:`runtime` (the training rows' own rules, with another
+        optimiser by :func:`for_optimizer`); features of another step are computed again from their description."""
+        if isinstance(desc, NetworkFeatures) and desc.runtime != self.runtime and desc.description is not None:
             desc = desc.description
-        nf = desc if isinstance(desc, NetworkFeatures) else network_features(desc, self.optimizer, self.relu6_clone)
-        if nf.optimizer != self.optimizer:
-            raise UserError(f"predict: the features of '{nf.name}' are for a step with {nf.optimizer}, the predictions "
-                            f"for one with {self.optimizer}, and carry no description to compute them again")
+        nf = desc if isinstance(desc, NetworkFeatures) else network_features(desc, self.runtime)
+        if nf.runtime != self.runtime:
+            raise UserError(f"predict: the features of '{nf.name}' are for a step with {nf.runtime}, the predictions "
+                            f"for one with {self.runtime}, and carry no description to compute them again")
         if nf.unsupported:
             raise UserError(f"predict: network '{nf.name}' has ops without a cost formula: {', '.join(nf.unsupported)}")
         return nf
@@ -248,8 +253,7 @@ class Fingerprint(ModuleQueries):
     def _simulate_if_needed(self, nfs: list[NetworkFeatures]) -> None:
         """Attach the allocator replay (traced once per network, cached) when the memory model uses it."""
         from perf4sight.features.alloc_trace import ensure_simulation
-        ensure_simulation(nfs, self.models["memory"].terms, self.memory_replay, self.relu6_clone,
-                          self.optimizer_foreach)
+        ensure_simulation(nfs, self.models["memory"].terms, self.memory_replay)
 
     def _demand(self, F: np.ndarray, mem: np.ndarray | None) -> np.ndarray:
         """Memory figure (MiB) compared with ``capacity_mb`` for feature rows ``F``."""
@@ -314,9 +318,8 @@ def for_optimizer(predictor: Any, optimizer: str) -> Any:
     features of a training step with ``optimizer`` (``features.optimizers``): its models, fitted on another
     optimiser's rows, read that step's state and update passes. An estimate no row measured (bench_optimizers.py
     measures how far it goes); ``fitted_optimizer`` keeps the rows' own."""
-    optimizer_cost(optimizer)  # a ValueError naming the known ones
     new = copy.copy(predictor)
-    new.optimizer = optimizer
+    new.runtime = predictor.runtime.with_optimizer(optimizer)  # a ValueError naming the known ones
     for part in ("trees", "gnn"):  # an ensemble's predictors
         if getattr(new, part, None) is not None:
             setattr(new, part, for_optimizer(getattr(new, part), optimizer))

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from perf4sight.errors import UserError
+from perf4sight.features.step_runtime import StepRuntime
 from perf4sight.fingerprint.trees import MeanModel, Model, TargetModel, TreeEnsemble
 from perf4sight.profiling.results import batch_size_of
 
@@ -142,8 +143,7 @@ def check_metadata(meta: Any, feature_set: str | None = None) -> None:
     if cap is not None and not (isinstance(cap, (int, float)) and not isinstance(cap, bool)
                                 and math.isfinite(cap) and cap > 0):
         raise ValueError(f"capacity_mb {cap!r} is not a positive number (or null: unknown)")
-    if not isinstance(meta.get("relu6_clone", False), bool):
-        raise ValueError("relu6_clone is not true or false")
+    StepRuntime.from_metadata(meta)  # the rules of the rows' torch: a ValueError naming one of another form
     domain = meta.get("training_domain")
     if domain is not None and not isinstance(domain, dict):
         raise ValueError("training_domain is not an object")

@@ -145,11 +145,11 @@ def measured_vs_predicted(fp: Fingerprint, rows: list[dict[str, str]], descs: di
             continue
         for r in rs:
             if r["network"] not in feats:
-                feats[r["network"]] = network_features(descs[r["network"]], fp.optimizer, fp.relu6_clone)
+                feats[r["network"]] = network_features(descs[r["network"]], fp.runtime)
         from perf4sight.features.alloc_trace import ensure_simulation  # memory model may replay the allocator
-        ensure_simulation([feats[n] for n in {r["network"] for r in rs}], fp.models[target].terms, fp.memory_replay,
-                          fp.relu6_clone, fp.optimizer_foreach)
-        F = hold_native_conv(feature_matrix([feats[r["network"]] for r in rs], [batch_size_of(r) for r in rs]), rs)
+        ensure_simulation([feats[n] for n in {r["network"] for r in rs}], fp.models[target].terms,
+                          fp.memory_replay)
+        F = hold_native_conv(feature_matrix([feats[r["network"]] for r in rs], [batch_size_of(r) for r in rs]), fp.runtime)
         y = np.array([float(r[col]) for r in rs])
         groups, grouping = choose_groups(np.array([r.get("family") or r["network"] for r in rs]),
                                          np.array([r["network"] for r in rs]))
@@ -194,10 +194,10 @@ def feature_sensitivity(fp: Fingerprint, rows: list[dict[str, str]], descs: dict
         rs = [rs[i] for i in sorted(rng.choice(len(rs), max_rows, replace=False))]
     if not rs:
         return {t: {} for t in fp.models}
-    feats = {n: network_features(descs[n], fp.optimizer, fp.relu6_clone) for n in {r["network"] for r in rs}}
+    feats = {n: network_features(descs[n], fp.runtime) for n in {r["network"] for r in rs}}
     from perf4sight.features.alloc_trace import ensure_simulation  # memory model may replay the allocator
     ensure_simulation(list(feats.values()), fp.models["memory"].terms if "memory" in fp.models else (),
-                      fp.memory_replay, fp.relu6_clone, fp.optimizer_foreach)
+                      fp.memory_replay)
     F = feature_matrix([feats[r["network"]] for r in rs], [batch_size_of(r) for r in rs])
     out: dict[str, dict[str, float]] = {}
     for target, model in fp.models.items():

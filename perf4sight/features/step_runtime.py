@@ -1,0 +1,85 @@
+"""How the torch that measured a device's rows ran the training step: the rules that change what the step keeps for
+backward, allocates and dispatches, gathered in one object that the features, the allocator replay and a stored
+fingerprint share.
+
+Each rule is a fact about a torch version or a device, not a fitted figure:
+
+- ``optimizer``: the step's optimiser (``optimizers.py``): its state copies and its update's kernels.
+- ``relu6_clone``: torch 1.10 and newer keep a ReLU6's input for backward (a clone of it when the ReLU6 is in
+  place; pytorch/pytorch#95432), where older torch (the TX2's) kept the result of an in-place one.
+- ``foreach``: the optimiser updated every parameter at once (torch's default for parameters on a GPU) or one at a
+  time (on a CPU); the allocator replay's Adam scratch depends on it.
+- ``dropout_mask_bytes``: the bytes per element a dropout keeps for backward: 1 where CUDA's fused kernel keeps a
+  bool mask, 4 where the CPU keeps the float noise it multiplied by.
+- ``native_conv``: the rows ran where torch sends small-batch 1x1 convolutions outside oneDNN (the cpu backend on
+  one thread), so the ``native_conv_macs`` term is theirs.
+
+Which rules a set of rows ran under is read from the rows (``fingerprint.fit.step_runtime``); a stored fingerprint
+keeps them in its metadata (:meth:`StepRuntime.metadata`), and one stored before a rule existed reads that rule's
+old default (:meth:`StepRuntime.from_metadata`). Pure Python (no torch).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, optimizer_cost
+
+__all__ = ["StepRuntime", "CUDA_MASK_BYTES", "CPU_MASK_BYTES"]
+
+#: Bytes per element a dropout keeps: CUDA's fused kernel (a bool mask) and the CPU's (the float noise).
+CUDA_MASK_BYTES = 1
+CPU_MASK_BYTES = 4
+
+#: metadata key -> (field, value of a fingerprint stored before the key existed)
+_METADATA_KEYS: dict[str, tuple[str, Any]] = {
+    "optimizer": ("optimizer", DEFAULT_OPTIMIZER),  # before 2026-11-25: all SGD's
+    "relu6_clone": ("relu6_clone", False),
+    "optimizer_foreach": ("foreach", True),  # replayed as a GPU's
+    "dropout_mask_bytes": ("dropout_mask_bytes", CUDA_MASK_BYTES),  # before 2026-11-26: counted as CUDA's
+    "native_conv_dispatch": ("native_conv", False),
+}
+
+
+@dataclass(frozen=True)
+class StepRuntime:
+    """The rules of one torch on one device for a training step (module docstring). The defaults are the old
+    rules of a GPU: SGD, an older torch's ReLU6, a ``foreach`` update, a one-byte dropout mask."""
+    optimizer: str = DEFAULT_OPTIMIZER
+    relu6_clone: bool = False
+    foreach: bool = True
+    dropout_mask_bytes: int = CUDA_MASK_BYTES
+    native_conv: bool = False
+
+    def __post_init__(self) -> None:
+        optimizer_cost(self.optimizer)  # a ValueError naming the known ones
+        if self.dropout_mask_bytes not in (CUDA_MASK_BYTES, CPU_MASK_BYTES):
+            raise ValueError(f"dropout_mask_bytes must be {CUDA_MASK_BYTES} or {CPU_MASK_BYTES}, "
+                             f"not {self.dropout_mask_bytes!r}")
+
+    def with_optimizer(self, optimizer: str) -> "StepRuntime":
+        """The same rules for a step with another optimiser (``ValueError`` for an unknown one)."""
+        return replace(self, optimizer=optimizer)
+
+    def kept_inputs(self, op: str, formula_kept: list[int]) -> list[int]:
+        """The positions an op of kind ``op`` keeps for backward (an input's index, or ``formulas.OUTPUT``) under
+        these rules, where its cost formula says ``formula_kept`` (the older torch's rule)."""
+        return [0] if self.relu6_clone and op == "relu6" else formula_kept
+
+    def extra_kept_bytes(self, op: str, formula_bytes: float) -> float:
+        """The bytes per sample an op of kind ``op`` keeps beside its inputs and output, where its cost formula
+        says ``formula_bytes`` (a dropout's mask at one byte an element)."""
+        return formula_bytes * self.dropout_mask_bytes if op == "dropout" else formula_bytes
+
+    def metadata(self) -> dict[str, Any]:
+        """The rules as a stored fingerprint's metadata keeps them."""
+        return {key: getattr(self, name) for key, (name, _) in _METADATA_KEYS.items()}
+
+    @classmethod
+    def from_metadata(cls, metadata: dict[str, Any]) -> "StepRuntime":
+        """The rules a stored fingerprint was fitted under; a key it lacks reads the value of before the key."""
+        kw = {name: metadata.get(key, old) for key, (name, old) in _METADATA_KEYS.items()}
+        for name in ("relu6_clone", "foreach", "native_conv"):
+            if not isinstance(kw[name], bool):
+                raise ValueError(f"{name} is not true or false")
+        return cls(optimizer=str(kw.pop("optimizer")), dropout_mask_bytes=int(kw.pop("dropout_mask_bytes")), **kw)
