@@ -61,7 +61,8 @@ class Samples:
         self.bs = np.array([batch_size_of(r) for r in self.ok])
         fams = np.array([str(r.get("family") or r["network"]) for r in self.ok])
         self.groups, self.grouping = choose_groups(fams, self.nets)
-        self.F = hold_native_conv(feature_matrix([self.templates[n].features for n in self.nets], self.bs), self.runtime)
+        self.F = hold_native_conv(feature_matrix([self.templates[n].features for n in self.nets], self.bs),
+                                  self.runtime)
 
     def tmpl(self, idx: np.ndarray) -> list[GraphTemplate]:
         return [self.templates[n] for n in self.nets[idx]]

@@ -149,7 +149,8 @@ def measured_vs_predicted(fp: Fingerprint, rows: list[dict[str, str]], descs: di
         from perf4sight.features.alloc_trace import ensure_simulation  # memory model may replay the allocator
         ensure_simulation([feats[n] for n in {r["network"] for r in rs}], fp.models[target].terms,
                           fp.memory_replay)
-        F = hold_native_conv(feature_matrix([feats[r["network"]] for r in rs], [batch_size_of(r) for r in rs]), fp.runtime)
+        F = hold_native_conv(feature_matrix([feats[r["network"]] for r in rs], [batch_size_of(r) for r in rs]),
+                             fp.runtime)
         y = np.array([float(r[col]) for r in rs])
         groups, grouping = choose_groups(np.array([r.get("family") or r["network"] for r in rs]),
                                          np.array([r["network"] for r in rs]))
