@@ -9,9 +9,11 @@ stages, in a temporary folder:
 1. ``default``: the default config's networks (three torchvision families at three pruning levels, six generated
    networks, 3x64x64) are profiled on the ``cpu`` backend (one thread, no memory limit, batch sizes 2, 8 and 32)
    and fingerprinted, as ``bench_optimizers`` does;
-2. ``+ style nets``: the same dataset and three more generated networks of the design space's ``convnext`` style
-   (``--style-networks``; seed 1, the default config's ranges, given as description files, so pruned at the same
-   levels), profiled and fingerprinted in the same project: generated ConvNeXt blocks, no torchvision network;
+2. ``+ <style> nets``, for each of ``--styles`` (default ``convnext``; ``transformer`` is the design space's other
+   style of layers unlike the default dataset's): the same dataset and three more generated networks of that style
+   alone (``--style-networks``; seed 1, the default config's ranges, given as description files, so pruned at the
+   same levels), profiled and fingerprinted in the same project: generated ConvNeXt blocks or encoder stages, no
+   torchvision network;
 3. each of ``--networks`` (default ``convnext_tiny`` and ``vit_b_16``) at the same pruning levels is profiled the
    same way, in a project of its own (so that neither fingerprint sees it);
 4. each fingerprint predicts every measurement of those networks. Printed per network: per configuration the
@@ -23,9 +25,10 @@ stages, in a temporary folder:
    the parameter copies (weights, gradients, momentum) counted exactly and the slope on the rest alone; each one's
    error on the default rows' held-out families and on the unseen networks.
 
-    .venv/bin/python bench/bench_unseen_layers.py [--networks convnext_tiny vit_b_16] [--style-networks 3] [--keep DIR]
+    .venv/bin/python bench/bench_unseen_layers.py [--networks convnext_tiny vit_b_16] [--styles convnext transformer]
+        [--style-networks 3] [--keep DIR]
 
-Takes about 15 minutes on 2 cores.
+Takes about 15 minutes on 2 cores (a few more per style).
 """
 from __future__ import annotations
 
@@ -72,19 +75,19 @@ def write_config(folder: Path, name: str, dirs: str, zoo: list[str] | None = Non
     return config
 
 
-def style_networks(folder: Path, count: int) -> list[Path]:
-    """``count`` generated networks of the ``convnext`` style alone (seed 1, the default config's ranges), written
-    as description files under ``folder``."""
+def style_networks(folder: Path, count: int, style: str) -> list[Path]:
+    """``count`` generated networks of ``style`` alone (seed 1, the default config's ranges), written as description
+    files under ``folder``."""
     from perf4sight.config import load_config
     from perf4sight.ir.schema import save_description
     from perf4sight.networks.generator import GeneratorSettings, generate
 
     cfg = load_config(ROOT / "config.toml")
     gen = cfg.networks.generator
-    settings = GeneratorSettings(count, 1, ("convnext",), gen.min_mflops, gen.max_mflops, gen.min_params,
+    settings = GeneratorSettings(count, 1, (style,), gen.min_mflops, gen.max_mflops, gen.min_params,
                                  gen.max_params)
     descs = generate(settings, cfg.networks.input_shape, cfg.networks.num_classes)
-    return [save_description(d, folder / "convnext-style" / f"{d.name}.json") for d in descs]
+    return [save_description(d, folder / f"{style}-style" / f"{d.name}.json") for d in descs]
 
 
 def _errors(pred: np.ndarray, meas: np.ndarray) -> tuple[float, float]:
@@ -151,14 +154,16 @@ def parameter_copies_lines(folder: Path, networks: tuple[str, ...]) -> list[dict
     return out
 
 
-def run(networks: tuple[str, ...] = ("convnext_tiny", "vit_b_16"), count: int = 3, keep: str = "") -> list[dict]:
+def run(networks: tuple[str, ...] = ("convnext_tiny", "vit_b_16"), count: int = 3, keep: str = "",
+        styles: tuple[str, ...] = ("convnext",)) -> list[dict]:
     """Profile, fingerprint and predict (see the module doc); rows for bench/run_all.py."""
     out: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="p4s-unseen-") as scratch:
         folder = Path(keep or scratch)
         folder.mkdir(parents=True, exist_ok=True)
-        configs = {"default": write_config(folder, "default", "default"),
-                   "style": write_config(folder, "style", "default", description_files=style_networks(folder, count))}
+        configs = {"default": write_config(folder, "default", "default")}
+        configs |= {f"style-{s}": write_config(folder, f"style-{s}", "default",
+                                               description_files=style_networks(folder, count, s)) for s in styles}
         for key in configs:
             for stage in ("networks", "profile", "fingerprint"):
                 run_stage(configs[key], stage, "bench_unseen_layers")
@@ -167,18 +172,19 @@ def run(networks: tuple[str, ...] = ("convnext_tiny", "vit_b_16"), count: int = 
             unseen = write_config(folder, network, network, [network])
             for stage in ("networks", "profile"):
                 run_stage(unseen, stage, "bench_unseen_layers")
-            out += _predicted(folder, network, unseen)
+            out += _predicted(folder, network, unseen, {k: k.replace("style-", "+ ") + " nets" if k != "default"
+                                                         else k for k in configs})
         out += parameter_copies_lines(folder, networks)
     return out
 
 
-def _predicted(folder: Path, network: str, config: Path) -> list[dict]:
-    """Both fingerprints on ``network``'s measurements (profiled with ``config``): the tables, and rows for run_all."""
+def _predicted(folder: Path, network: str, config: Path, names: dict[str, str]) -> list[dict]:
+    """The fingerprints ``names`` (key -> title) on ``network``'s measurements (profiled with ``config``): the tables,
+    and rows for run_all."""
     from perf4sight.config import load_config
     from perf4sight.dataset import descriptions_and_shas
     from perf4sight.fingerprint.predict import load_fingerprint
 
-    names = {"default": "default", "style": "+ style nets"}
     rows = {(r["network"], batch_size_of(r)): r
             for r in read_rows(folder / f"profiling_csvs-{network}" / DEVICE / "measurements.csv")
             if r["status"] == "ok"}
@@ -192,13 +198,13 @@ def _predicted(folder: Path, network: str, config: Path) -> list[dict]:
                                                  sorted({b for _, b in keys}))
         tables[key] = {(p["network"], p["batch_size"]): p for p in preds}
     columns = ("measured", *names.values())
-    print(f"\n{'':<26}" + "".join(f"  {label:^{14 * len(columns)}}" for _, _, label in TARGETS))
-    print(f"{'network':<20}{'batch':>6}" + "".join("  " + "".join(f"{c:>14}" for c in columns) for _ in TARGETS))
+    print(f"\n{'':<26}" + "".join(f"  {label:^{19 * len(columns)}}" for _, _, label in TARGETS))
+    print(f"{'network':<20}{'batch':>6}" + "".join("  " + "".join(f"{c:>19}" for c in columns) for _ in TARGETS))
     for k in keys:
-        cells = ["  " + f"{number(rows[k][c]):>14.1f}" + "".join(f"{tables[key][k][p]:>14.1f}" for key in names)
+        cells = ["  " + f"{number(rows[k][c]):>19.1f}" + "".join(f"{tables[key][k][p]:>19.1f}" for key in names)
                  for p, c, _ in TARGETS]
         print(f"{k[0]:<20}{k[1]:>6}" + "".join(cells))
-    print(f"\n{len(keys)} measurements of {network}, which neither fingerprint saw:")
+    print(f"\n{len(keys)} measurements of {network}, which no fingerprint saw:")
     out = []
     for key, title in names.items():
         for p, c, label in TARGETS:
@@ -208,7 +214,7 @@ def _predicted(folder: Path, network: str, config: Path) -> list[dict]:
                                    for k in keys]))
             mape, bias = _errors(pred, meas)
             held = metas[key]["accuracy"]["latency" if p == "latency_ms" else "memory"]["overall"]["mape"]
-            print(f"  {title:<14}{label:<15} MAPE {mape:5.1f}%  bias {bias:+6.1f}%  in the 90% interval "
+            print(f"  {title:<20}{label:<15} MAPE {mape:5.1f}%  bias {bias:+6.1f}%  in the 90% interval "
                   f"{100 * cover:5.1f}%   (its own held-out MAPE: {held:.1f}%)", flush=True)
             out.append({"benchmark": "unseen_layers", "metric": f"{network}, {title}: {label.split(',')[0]} MAPE",
                         "value": mape, "unit": "%", "note": f"bias {bias:+.1f}%, interval coverage {100 * cover:.0f}%, "
@@ -219,10 +225,12 @@ def _predicted(folder: Path, network: str, config: Path) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--networks", nargs="+", default=["convnext_tiny", "vit_b_16"], help="zoo networks")
-    ap.add_argument("--style-networks", type=int, default=3, help="generated convnext-style networks added")
+    ap.add_argument("--styles", nargs="+", default=["convnext"], help="generator styles: one fingerprint each with "
+                    "--style-networks networks of the style added to the default dataset")
+    ap.add_argument("--style-networks", type=int, default=3, help="generated networks of each style added")
     ap.add_argument("--keep", default="", help="make the datasets in this folder and keep them (a rerun resumes)")
     args = ap.parse_args()
-    run(tuple(args.networks), args.style_networks, args.keep)
+    run(tuple(args.networks), args.style_networks, args.keep, tuple(args.styles))
 
 
 if __name__ == "__main__":

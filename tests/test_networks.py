@@ -314,15 +314,20 @@ def test_cover_styles_gives_each_style_the_largest_maps_of_a_network_in_turn() -
         generate(replace(settings, count=2, min_mflops=0, max_mflops=0.5, cover_styles=True), [3, 64, 64], CLASSES)
 
 
-def test_the_convnext_style_is_drawn_only_where_a_config_names_it() -> None:
-    """A style added to the design space would change every seed's networks: ``convnext`` is drawn only when named,
-    and then leads in its turn; its stages hold ConvNeXt's ops and rebuild to the shapes torch computes."""
-    assert STYLES == DEFAULT_STYLES + ("convnext",)
+@pytest.mark.parametrize("style, ops", [("convnext", {"permute", "layernorm", "scale", "gelu"}),
+                                       ("transformer", {"reshape", "permute", "shift", "layernorm", "attention"})])
+def test_a_newer_style_is_drawn_only_where_a_config_names_it(style: str, ops: set[str]) -> None:
+    """A style added to the design space would change every seed's networks: ``convnext`` and ``transformer`` are
+    drawn only when named, and then lead in their turn; their stages hold their ops and rebuild to the shapes torch
+    computes."""
+    assert STYLES == DEFAULT_STYLES + ("convnext", "transformer")
     drawn = generate(GeneratorSettings(count=12, seed=0), SHAPE, CLASSES)
-    assert all("convnext" not in d.extra["styles"] for d in drawn)
-    (led,) = generate(GeneratorSettings(count=6, seed=0, styles=STYLES, cover_styles=True), SHAPE, CLASSES)[5:]
-    assert led.extra["styles"][:2] == ["convnext", "convnext"]
-    assert {"permute", "layernorm", "scale", "gelu"} <= {n.op for n in led.nodes}
+    assert all(style not in d.extra["styles"] for d in drawn)
+    turn = STYLES.index(style)
+    (led,) = generate(GeneratorSettings(count=turn + 1, seed=0, styles=STYLES, cover_styles=True), SHAPE,
+                      CLASSES)[turn:]
+    assert led.extra["styles"][:2] == [style, style]
+    assert ops <= {n.op for n in led.nodes}
     traced = describe(build_module(led), SHAPE, name="traced")
     assert [n.output_shape for n in traced.nodes] == [n.output_shape for n in led.nodes]
 
@@ -338,8 +343,8 @@ def test_generator_errors_name_the_constraint() -> None:
         generate(GeneratorSettings(count=3, max_mflops=0.5), SHAPE)
     with pytest.raises(UserError, match="min_params .* exceeds max_params"):
         generate(GeneratorSettings(count=3, min_params=10, max_params=5), SHAPE)
-    with pytest.raises(UserError, match="unknown \\['transformer'\\]"):
-        generate(GeneratorSettings(count=3, styles=("vgg", "transformer")), SHAPE)
+    with pytest.raises(UserError, match="unknown \\['capsule'\\]"):
+        generate(GeneratorSettings(count=3, styles=("vgg", "capsule")), SHAPE)
     with pytest.raises(UserError, match="too small"):
         generate(GeneratorSettings(count=1), [3, 16, 16])
     with pytest.raises(UserError, match="styles is empty"):

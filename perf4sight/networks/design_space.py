@@ -22,6 +22,13 @@ Styles and their knobs (``STYLES``):
   add), and a downsampling layer (layer norm over the channels, 2x2 convolution of stride 2 to ``width``) before
   or after them; ``expansion`` (2, 3, 4), ``kernel`` (3, 5, 7). Not among the default styles
   (:data:`DEFAULT_STYLES`): a config names it in ``[networks.generator] styles``.
+- ``transformer``: ``depth`` pre-norm encoder blocks over the map's pixels as tokens (a hybrid stage, as CoAtNet's
+  and MobileViT's later stages are): the map flattened to ``H x W`` tokens with a learnt position embedding, then
+  per block a layer norm, multi-head self-attention (heads of ``head_dim`` channels, fewer where the width does not
+  divide) and the residual add, a layer norm, an MLP of ``expansion`` x width with GELU and the residual add; the
+  tokens folded back into the map, and a 2x2 convolution of stride 2 to ``width`` before or after the blocks;
+  ``expansion`` (2, 4), ``head_dim`` (16, 32, 64). Its work is mostly matrix products, as a ViT's is. Not among the
+  default styles either.
 """
 from __future__ import annotations
 
@@ -35,7 +42,7 @@ __all__ = ["STYLES", "DEFAULT_STYLES", "STEM_CHANNELS", "MIN_INPUT", "FULL_STEM_
 #: The styles a generator draws from unless its config names others: adding one here would change every
 #: seed's networks, so a newer style joins :data:`STYLES` alone.
 DEFAULT_STYLES: tuple[str, ...] = ("vgg", "inception", "resnext", "densenet", "mobilenet")
-STYLES: tuple[str, ...] = DEFAULT_STYLES + ("convnext",)
+STYLES: tuple[str, ...] = DEFAULT_STYLES + ("convnext", "transformer")
 STEM_CHANNELS = 32
 MIN_INPUT = 32  # pixels: four stride-2 steps after a stride-1 stem leave at least 2x2
 FULL_STEM_INPUT = 64  # pixels: from here the stem strides by 2 too (five steps leave at least 2x2)
@@ -107,6 +114,10 @@ class _Builder:
 
     def add(self, name: str, a: str, b: str) -> str:
         return self._add(name, "add", [a, b], {}, list(self.shape[a]))
+
+    def reshape(self, name: str, x: str, shape: list[int]) -> str:
+        """A view of ``x`` as ``shape`` (per sample)."""
+        return self._add(name, "reshape", [x], {"shape": list(shape)}, list(shape))
 
     def cat(self, name: str, xs: list[str]) -> str:
         _, h, w = self.shape[xs[0]]
@@ -206,8 +217,38 @@ def _convnext(b: _Builder, x: str, p: str, st: dict[str, Any], strides: list[int
     return x
 
 
+def _heads(width: int, head_dim: int) -> int:
+    """Attention heads of about ``head_dim`` channels that divide ``width``."""
+    heads = max(1, width // head_dim)
+    while width % heads:
+        heads -= 1
+    return heads
+
+
+def _transformer(b: _Builder, x: str, p: str, st: dict[str, Any], strides: list[int]) -> str:
+    def downsample(q: str, x: str) -> str:
+        return b.conv(f"{q}_conv", x, st["width"], 2, 2, bias=True, pad=0)
+
+    if st["stride_at"] == "first":
+        x = downsample(f"{p}_down", x)
+    c, h, w = b.shape[x]
+    t = b.permute(f"{p}_tokens", b.reshape(f"{p}_flat", x, [c, h * w]), [0, 2, 1])
+    t = b._add(f"{p}_pos", "shift", [t], {"shape": [h * w, c]}, [h * w, c])
+    for i in range(st["depth"]):
+        q = f"{p}_b{i}"
+        y = b._add(f"{q}_attn", "attention", [b.layernorm(f"{q}_ln1", t)],
+                   {"embed_dim": c, "num_heads": _heads(c, st["head_dim"]), "bias": True}, [h * w, c])
+        t = b.add(f"{q}_add1", y, t)
+        y = b.linear(f"{q}_fc1", b.layernorm(f"{q}_ln2", t), c * st["expansion"])
+        t = b.add(f"{q}_add2", b.linear(f"{q}_fc2", b.act(f"{q}_gelu", y, "gelu"), c), t)
+    x = b.reshape(f"{p}_map", b.permute(f"{p}_channels", t, [0, 2, 1]), [c, h, w])
+    if st["stride_at"] == "last":
+        x = downsample(f"{p}_down", x)
+    return x
+
+
 _STAGES = {"vgg": _vgg, "inception": _inception, "resnext": _resnext, "densenet": _densenet, "mobilenet": _mobilenet,
-           "convnext": _convnext}
+           "convnext": _convnext, "transformer": _transformer}
 
 
 def build_description(spec: list[dict[str, Any]], input_shape: list[int], num_classes: int, name: str,
