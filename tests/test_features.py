@@ -135,6 +135,11 @@ def test_kept_for_backward_is_what_autograd_keeps():
     on_gpu = network_features(alexnet, StepRuntime(relu6_clone=True)).per_sample["saved_bytes"]
     dropped = sum(np.prod(n.output_shape) for n in alexnet.nodes if n.op == "dropout")
     assert network_features(alexnet, cpu).per_sample["saved_bytes"] - on_gpu == 3 * dropped > 0
+    from perf4sight.fingerprint.gnn_graph import NODE_FEATURES, graph_template  # the GNN's nodes follow the rules
+    col = NODE_FEATURES.index("saved_bytes")
+    gpu_nodes = np.expm1(graph_template(alexnet).x[:, col].astype(float)).sum()
+    assert np.expm1(graph_template(alexnet, cpu).x[:, col].astype(float)).sum() - gpu_nodes == \
+        pytest.approx(3 * dropped, rel=1e-4)
 
 
 def test_step_runtime_is_read_from_the_rows_and_stored_with_the_fingerprint():

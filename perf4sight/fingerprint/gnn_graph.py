@@ -98,8 +98,8 @@ def _attr_vector(op: str, a: dict) -> list[float]:
 
 
 def graph_template(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> GraphTemplate:
-    """Node and edge tensors of ``desc`` (its global features for a step run under ``runtime``'s rules);
-    ``UserError`` naming the ops that have no cost formula."""
+    """Node and edge tensors of ``desc`` (each node's kept tensors and the global features for a step run under
+    ``runtime``'s rules); ``UserError`` naming the ops that have no cost formula."""
     nf = network_features(desc, runtime)
     if nf.unsupported:
         raise UserError(f"gnn: network '{desc.name}' has ops without a cost formula: {', '.join(nf.unsupported)}")
@@ -113,12 +113,13 @@ def graph_template(desc: NetworkDescription, runtime: StepRuntime = StepRuntime(
     for visit in walk(desc):
         node, in_shapes, cost = visit.node, visit.in_shapes, visit.cost
         assert cost is not None  # network_features above rejected ops without a formula
-        saved = sum(numel(shapes[node.name] if p == OUTPUT else in_shapes[p]) for p in cost.saved) * BYTES_PER_ELEMENT
+        saved = sum(numel(shapes[node.name] if p == OUTPUT else in_shapes[p])
+                    for p in runtime.kept_inputs(node.op, cost.saved)) * BYTES_PER_ELEMENT
         oh = [0.0] * len(OP_VOCAB)
         oh[onehot[OP_TOKEN[node.op]]] = 1.0
         costs = [numel(node.output_shape), len(node.output_shape), cost.macs, cost.flops_fwd, cost.flops_bwd,
                  cost.bytes_read, cost.bytes_written, cost.params, cost.kernels_fwd, cost.kernels_bwd,
-                 saved + cost.extra_saved_bytes, len(node.inputs)]
+                 saved + runtime.extra_kept_bytes(node.op, cost.extra_saved_bytes), len(node.inputs)]
         rows.append(oh + list(np.log1p(np.abs(_attr_vector(node.op, node.attrs) + costs))))
         for i in node.inputs:
             size = float(np.log1p(numel(shapes[i])))
