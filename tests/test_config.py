@@ -117,8 +117,8 @@ def test_good_config_is_typed(tmp_path):
     (GOOD.replace("levels = [0, 50]", "levels = [0, 50]\nmin_channels = 0"),
      r"\[networks.pruning\] min_channels must be >= 1"),
     # [networks.generator]: refused here, not by the generator after the pruning (without the file), or not at all
-    (GOOD + "\n[networks.generator]\nstyles = ['vgg', 'transformer']\n",
-     r"\[networks.generator\] styles: unknown \['transformer'\]"),
+    (GOOD + "\n[networks.generator]\nstyles = ['vgg', 'capsule']\n",
+     r"\[networks.generator\] styles: unknown \['capsule'\]"),
     (GOOD + "\n[networks.generator]\nstyles = []\n", r"\[networks.generator\] styles is empty"),
     (GOOD + "\n[networks.generator]\nmin_mflops = 100.0\nmax_mflops = 10.0\n",
      r"\[networks.generator\] min_mflops \(100\) exceeds max_mflops \(10\)"),
