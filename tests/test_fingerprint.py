@@ -319,6 +319,7 @@ def test_mean_form_is_its_members_geometric_mean_and_round_trips(tmp_path):
     from perf4sight.fingerprint.trees import MeanModel
     rng = np.random.default_rng(3)
     F = np.abs(rng.normal(1, 0.5, size=(80, len(FEATURE_NAMES)))) * 100
+    F[:, FEATURE_NAMES.index("linear_macs")] *= 0.01  # convolution networks (a classifier's share of the MACs)
     y = 20 + 0.3 * F[:, FEATURE_NAMES.index("dense_macs")] + 0.1 * F[:, FEATURE_NAMES.index("lt_launches")]
     groups = np.repeat(np.array(["a", "b", "c", "d"]), 20)
     mean = next(c for c in CANDIDATES["latency"] if c.name == MEAN_FORM)
@@ -349,6 +350,45 @@ def test_mean_form_is_its_members_geometric_mean_and_round_trips(tmp_path):
     assert isinstance(loaded["latency"], MeanModel) and len(meta["models"]["latency"]["members"]) == len(mean.members)
     assert loaded["latency"].families == model.families
     np.testing.assert_allclose(loaded["latency"].predict(F, loaded["latency"].trees_for(queries)), gated)
+
+
+def test_mean_form_members_blind_to_linear_work_learn_from_the_convolution_rows(tmp_path):
+    """Rows of networks whose work is mostly matrix products beside convolution networks: the mean form's members
+    that count convolutions' MACs and not a linear layer's are fitted on the convolution rows alone (as if the others
+    were not there) and left out of the mean for a matrix-product query; the members that see both are fitted on
+    every row. Rows of one kind leave the mean as it was. A stored model keeps the rule."""
+    from perf4sight.features.aggregate import FEATURE_NAMES
+    from perf4sight.fingerprint.select import CANDIDATES, MEAN_FORM, fit_form
+    from perf4sight.fingerprint.storage import load_models, save_models
+    from perf4sight.fingerprint.trees import blind_to_linear_work, gemm_dominated, geometric_mean
+    rng = np.random.default_rng(4)
+    F = np.abs(rng.normal(1, 0.5, size=(80, len(FEATURE_NAMES)))) * 100
+    col = {n: FEATURE_NAMES.index(n) for n in ("linear_macs", "macs", "dense_macs", "lt_launches")}
+    F[:, col["linear_macs"]] = 0.01 * F[:, col["macs"]]
+    F[60:, col["linear_macs"]] = 0.9 * F[60:, col["macs"]]  # family d: an encoder's matrix products
+    y = 20 + 0.3 * F[:, col["dense_macs"]] + 0.1 * F[:, col["lt_launches"]] + 0.5 * F[:, col["linear_macs"]]
+    groups = np.repeat(np.array(["a", "b", "c", "d"]), 20)
+    gemm = gemm_dominated(F)
+    assert gemm.tolist() == [False] * 60 + [True] * 20
+    mean = next(c for c in CANDIDATES["latency"] if c.name == MEAN_FORM)
+    blind = [blind_to_linear_work(m.terms) for m in mean.members]
+    assert any(blind) and not all(blind)  # the analytic forms, and the kernel-term and overlap forms
+    model = fit_form("latency", mean, F, y, "extra-trees", 5, 1, 0, groups)
+    assert model.gemm_split
+    for m, b, fitted in zip(mean.members, blind, model.members):
+        rows = ~gemm if b else slice(None)
+        alone = fit_form("latency", m, F[rows], y[rows], "extra-trees", 5, 1, 0)
+        np.testing.assert_allclose(fitted.predict(F), alone.predict(F))
+    pred = model.predict(F, np.zeros(len(F), bool))
+    parts = [m.predict(F, np.zeros(len(F), bool)) for m in model.members]
+    np.testing.assert_allclose(pred[~gemm], geometric_mean(parts)[~gemm])
+    np.testing.assert_allclose(pred[gemm], geometric_mean([p for p, b in zip(parts, blind) if not b])[gemm])
+    assert np.abs(np.log(pred[gemm] / geometric_mean(parts)[gemm])).max() > 1e-3  # the rule changes something
+    save_models(tmp_path, {"latency": model}, {"device": "x"})
+    loaded = load_models(tmp_path)[0]["latency"]
+    assert loaded.gemm_split
+    np.testing.assert_allclose(loaded.predict(F, np.zeros(len(F), bool)), pred)
+    assert not fit_form("latency", mean, F[:60], y[:60], "extra-trees", 5, 1, 0, groups[:60]).gemm_split
 
 
 def test_cpu_mean_form_is_kept_whatever_the_scores(monkeypatch):

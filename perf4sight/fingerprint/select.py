@@ -33,7 +33,8 @@ import numpy as np
 
 from perf4sight.fingerprint.evaluate import CVResult, grouped_cv, metrics
 from perf4sight.fingerprint.families import known_families, structures_by_family
-from perf4sight.fingerprint.trees import CEILING, HINGE, KNOT, OVERLAP, MeanModel, Model, TargetModel, term_features
+from perf4sight.fingerprint.trees import (CEILING, HINGE, KNOT, OVERLAP, MeanModel, Model, TargetModel,
+                                          blind_to_linear_work, gemm_dominated, term_features)
 
 __all__ = ["Candidate", "CANDIDATES", "PREFERRED", "KEPT_WHATEVER_THE_SCORES", "RULE_ONE_SE", "RULE_KEPT", "MEAN_FORM",
            "COPIES_FORM",
@@ -161,8 +162,13 @@ def fit_form(target: str, cand: Candidate, F: np.ndarray, y: np.ndarray, model: 
     form the :class:`MeanModel` of its members, each fitted on the same rows, its trees for the rows' ``families``
     (one name per row); ``leaf`` where ``cand`` names none."""
     if cand.members:
-        return MeanModel(target, [fit_form(target, m, F, y, model, n_est, leaf, seed) for m in cand.members],
-                         tuple(sorted(set(str(f) for f in families))))
+        conv = ~gemm_dominated(F)
+        blind = [blind_to_linear_work(m.terms, target) for m in cand.members]
+        # rows of both kinds of work, and members of both kinds: the blind ones learn from the convolution rows
+        split = bool(conv.sum() >= 3 and not conv.all() and any(blind) and not all(blind))
+        return MeanModel(target, [fit_form(target, m, F[conv] if split and b else F, y[conv] if split and b else y,
+                                           model, n_est, leaf, seed) for m, b in zip(cand.members, blind)],
+                         tuple(sorted(set(str(f) for f in families))), split)
     lf = cand.leaf if cand.leaf is not None else leaf
     return TargetModel.fit(target, F, y, model, n_est, lf, seed, cand.correct, cand.terms)
 

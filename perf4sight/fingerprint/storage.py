@@ -81,7 +81,8 @@ def save_models(out_dir: str | Path, models: dict[str, Model], metadata: dict[st
     for target, m in models.items():
         if isinstance(m, MeanModel):  # each member under its own prefix: latency.0.coef, latency.0.trees...
             model_meta[target] = {"members": [_store_model(f"{target}.{k}", one, arrays)
-                                              for k, one in enumerate(m.members)], "families": list(m.families)}
+                                              for k, one in enumerate(m.members)], "families": list(m.families),
+                                  "gemm_split": m.gemm_split}
         else:
             model_meta[target] = _store_model(target, m, arrays)
     # every file written beside its final name first, then all renamed at once (metadata last): an
@@ -118,7 +119,8 @@ def load_models(folder: str | Path) -> tuple[dict[str, Model], dict[str, Any]]:
                 if "members" in entry:
                     models[target] = MeanModel(target, [_load_model(target, f"{target}.{k}", one, arrays)
                                                         for k, one in enumerate(entry["members"])],
-                                               tuple(str(f) for f in entry.get("families", ())))
+                                               tuple(str(f) for f in entry.get("families", ())),
+                                               bool(entry.get("gemm_split", False)))  # since 2026-11-26
                 else:
                     models[target] = _load_model(target, target, entry, arrays)
     except (KeyError, ValueError, TypeError, AttributeError, IndexError, OSError, EOFError, zipfile.BadZipFile) as exc:

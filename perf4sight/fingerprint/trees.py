@@ -47,7 +47,7 @@ from perf4sight.features.aggregate import CONTEXT_FEATURES, FEATURE_NAMES
 __all__ = ["TreeEnsemble", "TargetModel", "MeanModel", "Model", "make_regressor", "LINEAR_TERMS", "TREE_FEATURES",
            "TARGET_TREE_FEATURES", "tree_features", "geometric_mean", "MODELS",
            "OVERLAP", "OVERLAP_P", "CEILING", "CEILING_P", "HINGE", "KNOT", "KNOT_QUANTILES", "EXACT_TERMS",
-           "term_features"]
+           "term_features", "GEMM_SHARE", "gemm_dominated", "blind_to_linear_work"]
 
 MODELS = TREE_MODELS
 
@@ -407,6 +407,10 @@ class MeanModel:
     members: list[TargetModel]
     #: the training rows' network families (sorted): the queries the members' tree corrections apply to
     families: tuple[str, ...] = ()
+    #: fitted on rows of both kinds of work (:func:`gemm_dominated`): the members blind to a linear layer's work
+    #: (:func:`blind_to_linear_work`) were fitted on the convolution-dominated rows and are left out of the mean
+    #: for a matrix-product-dominated query
+    gemm_split: bool = False
 
     @property
     def terms(self) -> tuple[str, ...]:
@@ -418,18 +422,28 @@ class MeanModel:
         """Whether any member has a tree correction."""
         return any(m.corrected for m in self.members)
 
+    def _mean(self, F: np.ndarray, parts: list[np.ndarray]) -> np.ndarray:
+        """The geometric mean of the members' ``parts`` (one array per member) for feature rows ``F``: for a
+        matrix-product-dominated row of a :attr:`gemm_split` model, of the members that see a linear layer's work."""
+        mean = geometric_mean(parts)
+        if self.gemm_split:
+            sees = [p for p, m in zip(parts, self.members) if not blind_to_linear_work(m.terms)]
+            gemm = gemm_dominated(F)
+            mean[gemm] = geometric_mean(sees)[gemm]
+        return mean
+
     def analytic(self, F: np.ndarray) -> np.ndarray:
         """The members' analytic parts, averaged (same unit as the target)."""
-        return geometric_mean([m.analytic(F) for m in self.members])
+        return self._mean(F, [m.analytic(F) for m in self.members])
 
     def demand(self, F: np.ndarray) -> np.ndarray:
         """The members' demands (:meth:`TargetModel.demand`), averaged."""
-        return geometric_mean([m.demand(F) for m in self.members])
+        return self._mean(F, [m.demand(F) for m in self.members])
 
     def predict(self, F: np.ndarray, trees: bool | np.ndarray = True) -> np.ndarray:
         """Predicted target (ms or MiB), shape (n,); ``trees`` as :meth:`TargetModel.predict`'s (a query's is
         :meth:`trees_for` its family)."""
-        return geometric_mean([m.predict(F, trees) for m in self.members])
+        return self._mean(F, [m.predict(F, trees) for m in self.members])
 
     def trees_for(self, families: list[str]) -> np.ndarray:
         """Which of these queries (one network family name per row) the members' tree corrections apply to:
@@ -439,3 +453,25 @@ class MeanModel:
 
 #: A fitted model of one target: one form, or the mean of several.
 Model = TargetModel | MeanModel
+
+#: A row whose linear layers do more than this share of its MACs is dominated by matrix products (a transformer's
+#: encoder, ConvNeXt's per-pixel MLPs), not by convolutions.
+GEMM_SHARE = 0.5
+#: Terms that count convolutions' work and not a linear layer's, and terms that count a linear layer's work.
+_CONV_WORK = frozenset({"dense_macs", "depthwise_macs", "grouped_macs"})
+_LINEAR_WORK = frozenset({"linear_macs", "lt_gemm_macs", "lt_gemm_padded_macs", "lt_gemm_padded64_macs"})
+
+
+def gemm_dominated(F: np.ndarray) -> np.ndarray:
+    """Which feature rows ``F`` are dominated by matrix products: their linear layers' MACs are more than
+    :data:`GEMM_SHARE` of their MACs."""
+    return F[:, FEATURE_NAMES.index("linear_macs")] > GEMM_SHARE * F[:, FEATURE_NAMES.index("macs")]
+
+
+def blind_to_linear_work(terms: tuple[str, ...] | None, target: str = "latency") -> bool:
+    """Whether a form with analytic ``terms`` (None: ``target``'s default, :data:`LINEAR_TERMS`) counts convolutions'
+    work but not a linear layer's: fitted on rows whose time is matrix products, it would give that time to its
+    other terms (activations, launches) and carry it to every network (docs/accuracy-notes.md, "CPU: a transformer
+    style in the generator")."""
+    names = set(terms if terms is not None else LINEAR_TERMS[target])
+    return bool(names & _CONV_WORK) and not names & _LINEAR_WORK
