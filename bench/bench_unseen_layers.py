@@ -76,8 +76,8 @@ def write_config(folder: Path, name: str, dirs: str, zoo: list[str] | None = Non
 
 
 def style_networks(folder: Path, count: int, style: str) -> list[Path]:
-    """``count`` generated networks of ``style`` alone (seed 1, the default config's ranges), written as description
-    files under ``folder``."""
+    """``count`` generated networks of ``style`` alone (seed 1, the default config's ranges), named
+    ``<style>_gen_1_<i>``, written as description files under ``folder``."""
     from perf4sight.config import load_config
     from perf4sight.ir.schema import save_description
     from perf4sight.networks.generator import GeneratorSettings, generate
@@ -87,6 +87,8 @@ def style_networks(folder: Path, count: int, style: str) -> list[Path]:
     settings = GeneratorSettings(count, 1, (style,), gen.min_mflops, gen.max_mflops, gen.min_params,
                                  gen.max_params)
     descs = generate(settings, cfg.networks.input_shape, cfg.networks.num_classes)
+    for d in descs:  # each style's own names: the styles' projects share one models folder and one CSV
+        d.name = f"{style}_{d.name}"
     return [save_description(d, folder / f"{style}-style" / f"{d.name}.json") for d in descs]
 
 
