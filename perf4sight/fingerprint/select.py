@@ -159,8 +159,9 @@ RULE_KEPT = "the preferred form whatever the scores"
 def fit_form(target: str, cand: Candidate, F: np.ndarray, y: np.ndarray, model: str, n_est: int, leaf: int,
              seed: int, families: Any = ()) -> Model:
     """``cand`` fitted on feature rows ``F`` and targets ``y`` (ms or MiB): a :class:`TargetModel`, or for a mean
-    form the :class:`MeanModel` of its members, each fitted on the same rows, its trees for the rows' ``families``
-    (one name per row); ``leaf`` where ``cand`` names none."""
+    form the :class:`MeanModel` of its members, each fitted on the same rows (on rows of both kinds of work, those
+    blind to a linear layer's work on the convolution rows: ``MeanModel.gemm_split``), its trees for the rows'
+    ``families`` (one name per row); ``leaf`` where ``cand`` names none."""
     if cand.members:
         conv = ~gemm_dominated(F)
         blind = [blind_to_linear_work(m.terms, target) for m in cand.members]

@@ -397,9 +397,9 @@ def geometric_mean(parts: list[np.ndarray]) -> np.ndarray:
 
 @dataclass
 class MeanModel:
-    """The geometric mean of several :class:`TargetModel` s for one target, each fitted on the same rows: a
-    *mean form* (of one member: that model, its trees for the families seen). Its methods are theirs, averaged in
-    log space. The members' tree corrections apply only to
+    """The geometric mean of several :class:`TargetModel` s for one target, each fitted on the same rows (but
+    :attr:`gemm_split`): a *mean form* (of one member: that model, its trees for the families seen). Its methods are
+    theirs, averaged in log space. The members' tree corrections apply only to
     queries of the ``families`` its training rows came from (:meth:`trees_for`); for any other network the mean
     is of the members' analytic parts (docs/accuracy-notes.md, "CPU: tree corrections for the families seen")."""
 
