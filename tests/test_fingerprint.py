@@ -739,6 +739,20 @@ def test_outside_notes_name_the_networks_and_what_training_never_covered():
         "depthwise share of convolution MACs outside the training networks' 0..20%: all_dw 100%"]
     assert "depthwise share of convolution MACs 0..20%" in domain_line(domain)
 
+    # a network whose linear layers do most of its work, where no training network's did, is noted
+    from tiny_graphs import tiny_description
+    from perf4sight.ir.schema import Node
+    mlp = tiny_description([Node("input", "input", [], {}, [4, 8, 8]), conv_node("c1", "input", 4, 8, 3, 1, 8),
+                            Node("flat", "reshape", ["c1"], {"shape": [-1]}, [512]),
+                            Node("fc", "linear", ["flat"], {"in_features": 512, "out_features": 64, "bias": True},
+                                 [64])])  # 32768 of 51200 MACs in the linear layer
+    mlp.name = "mlp"
+    assert domain["traits"]["gemm"] == [False]
+    notes = outside_notes(domain, feature_matrix([network_features(mlp), inside], [2, 2]), ["mlp", "dw16"])
+    assert "mlp: with linear layers doing most of the work (over half of the MACs, as in a transformer), which no " \
+           "training network had" in notes
+    assert "linear layers doing most of the work in none" in domain_line(domain)
+
 
 def test_fingerprint_stores_its_domain_and_notes_an_unseen_family(tx2, tmp_path):
     """Trained without mobilenetv2, the fingerprint says mobilenetv2's depthwise convolutions were never seen."""

@@ -9,11 +9,12 @@ it leaves it. Pure numpy on feature rows (columns :data:`FEATURE_NAMES`).
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, feature_matrix
+from perf4sight.fingerprint.trees import gemm_dominated
 
 __all__ = ["training_domain", "op_kinds", "outside_notes", "query_notes", "domain_line"]
 
@@ -28,15 +29,25 @@ _RANGES: dict[str, tuple[str, float, str]] = {
 }
 #: A range not noted where the trait it measures was in no training network (the trait's own note says it).
 _RANGE_TRAIT = {"depthwise_share": "depthwise"}
-#: Traits a training network has or lacks: key -> (feature that is > 0 where it has it, the trait's name).
-_TRAITS: dict[str, tuple[str, str]] = {
+#: Traits a training network has or lacks: key -> (feature that is > 0 where it has it, or a test of feature rows,
+#: the trait's name).
+_TRAITS: dict[str, tuple[str | Callable[[np.ndarray], np.ndarray], str]] = {
     "depthwise": ("n_depthwise", "depthwise convolutions"),
     "grouped": ("grouped_macs", "grouped convolutions"),
     "linear": ("blas_context", "a linear layer (the BLAS library's context in device memory)"),
     "concat": ("n_cat", "concatenations"),
     "residual": ("n_add", "additions (residual branches)"),
+    # a step-time cost learnt on convolution networks, carried to one whose work is matrix products: ViT's step
+    # time read 33% off on a CPU (docs/accuracy-notes.md, "CPU: a transformer style in the generator")
+    "gemm": (gemm_dominated, "linear layers doing most of the work (over half of the MACs, as in a transformer)"),
 }
-_SHORT = {"linear": "a linear layer"}  # the trait's name in the one-line summary
+_SHORT = {"linear": "a linear layer", "gemm": "linear layers doing most of the work"}  # names in the summary line
+
+
+def _has(F: np.ndarray, key: str) -> np.ndarray:
+    """Which feature rows ``F`` have the trait ``key`` of :data:`_TRAITS`."""
+    test = _TRAITS[key][0]
+    return test(F) if callable(test) else F[:, FEATURE_NAMES.index(test)] > 0
 
 
 def _column(F: np.ndarray, name: str) -> np.ndarray:
@@ -61,7 +72,7 @@ def training_domain(F: np.ndarray, descriptions: Sequence[Any] = ()) -> dict[str
     the values seen: [false], [true] or [false, true]) and, given the training networks' ``descriptions``,
     ``ops`` (:func:`op_kinds`: a query with another kind of layer has no learnt cost for it). JSON-able."""
     ranges = {k: [float(_column(F, k).min()), float(_column(F, k).max())] for k in _RANGES}
-    traits = {k: sorted({bool(v) for v in F[:, FEATURE_NAMES.index(col)] > 0}) for k, (col, _) in _TRAITS.items()}
+    traits = {k: sorted({bool(v) for v in _has(F, k)}) for k in _TRAITS}
     domain: dict[str, Any] = {"ranges": ranges, "traits": traits}
     if descriptions:
         domain["ops"] = op_kinds(descriptions)
@@ -91,9 +102,8 @@ def outside_notes(domain: dict[str, Any] | None, F: np.ndarray, names: Sequence[
     for key, seen in domain.get("traits", {}).items():
         if key not in _TRAITS or len(seen) != 1:
             continue
-        col, trait = _TRAITS[key]
-        has = F[:, FEATURE_NAMES.index(col)] > 0
-        odd = has != bool(seen[0])
+        trait = _TRAITS[key][1]
+        odd = _has(F, key) != bool(seen[0])
         if odd.any():
             how = (f"without {trait}, which every training network had" if seen[0]
                    else f"with {trait}, which no training network had")
