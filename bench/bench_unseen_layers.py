@@ -9,8 +9,8 @@ stages, in a temporary folder:
 1. ``default``: the default config's networks (three torchvision families at three pruning levels, six generated
    networks, 3x64x64) are profiled on the ``cpu`` backend (one thread, no memory limit, batch sizes 2, 8 and 32)
    and fingerprinted, as ``bench_optimizers`` does;
-2. ``+ <style> nets``, for each of ``--styles`` (default ``convnext``; ``transformer`` is the design space's other
-   style of layers unlike the default dataset's): the same dataset and three more generated networks of that style
+2. ``+ <style> nets``, for each of ``--styles`` (default: both design-space styles unlike the default dataset's,
+   ``convnext`` and ``transformer``): the same dataset and three more generated networks of that style
    alone (``--style-networks``; seed 1, the default config's ranges, given as description files, so pruned at the
    same levels), profiled and fingerprinted in the same project: generated ConvNeXt blocks or encoder stages, no
    torchvision network;
@@ -28,7 +28,7 @@ stages, in a temporary folder:
     .venv/bin/python bench/bench_unseen_layers.py [--networks convnext_tiny vit_b_16] [--styles convnext transformer]
         [--style-networks 3] [--keep DIR]
 
-Takes about 15 minutes on 2 cores (a few more per style).
+Takes about 15 minutes on 2 cores.
 """
 from __future__ import annotations
 
@@ -157,7 +157,7 @@ def parameter_copies_lines(folder: Path, networks: tuple[str, ...]) -> list[dict
 
 
 def run(networks: tuple[str, ...] = ("convnext_tiny", "vit_b_16"), count: int = 3, keep: str = "",
-        styles: tuple[str, ...] = ("convnext",)) -> list[dict]:
+        styles: tuple[str, ...] = ("convnext", "transformer")) -> list[dict]:
     """Profile, fingerprint and predict (see the module doc); rows for bench/run_all.py."""
     out: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="p4s-unseen-") as scratch:
@@ -227,8 +227,8 @@ def _predicted(folder: Path, network: str, config: Path, names: dict[str, str]) 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--networks", nargs="+", default=["convnext_tiny", "vit_b_16"], help="zoo networks")
-    ap.add_argument("--styles", nargs="+", default=["convnext"], help="generator styles: one fingerprint each with "
-                    "--style-networks networks of the style added to the default dataset")
+    ap.add_argument("--styles", nargs="+", default=["convnext", "transformer"], help="generator styles: one "
+                    "fingerprint each with --style-networks networks of the style added to the default dataset")
     ap.add_argument("--style-networks", type=int, default=3, help="generated networks of each style added")
     ap.add_argument("--keep", default="", help="make the datasets in this folder and keep them (a rerun resumes)")
     args = ap.parse_args()
