@@ -143,7 +143,7 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
     unsupported: list[str] = []
     input_name = desc.nodes[0].name
     conv_channels: list[int] = []
-    for visit in walk(desc):
+    for visit in walk(desc, runtime):
         node, cost = visit.node, visit.cost
         shapes[node.name] = node.output_shape
         base[node.name] = visit.base
@@ -167,15 +167,14 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
             conv_channels.append(int(node.attrs["out_channels"]))
             if int(node.attrs["out_channels"]) % 8:
                 ps["odd_channel_macs"] += cost.macs
-        for pos in runtime.kept_inputs(node.op, cost.saved):
+        for pos in cost.saved:
             tensor = node.name if pos == OUTPUT else node.inputs[pos]
             root = base.get(tensor, tensor)
             if root != input_name:  # the input batch is counted once, in input_bytes
                 saved[root] = numel(shapes[root]) * BYTES_PER_ELEMENT
-        extra = runtime.extra_kept_bytes(node.op, cost.extra_saved_bytes)
-        extra_saved += extra
-        if extra:
-            extra_sizes.append(extra)
+        extra_saved += cost.extra_saved_bytes
+        if cost.extra_saved_bytes:
+            extra_sizes.append(cost.extra_saved_bytes)
         if cost.kind != "view" and node.op != "input":
             elems = numel(node.output_shape)
             ps["activation_elems"] += elems

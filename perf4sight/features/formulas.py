@@ -259,7 +259,7 @@ def hands_input_back(node: Node) -> bool:
 
 def _dropout(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     """Dropout in training: a mask drawn and applied, kept for backward (one byte an element, as CUDA's fused
-    kernel keeps it; a CPU keeps four: step_runtime.StepRuntime.extra_kept_bytes); of ``p`` 0, a view of its input
+    kernel keeps it; a CPU keeps four: step_runtime.StepRuntime.applied); of ``p`` 0, a view of its input
     (:func:`hands_input_back`)."""
     if hands_input_back(node):
         return _view(node, in_shapes, first)
@@ -282,7 +282,7 @@ HANDLERS: dict[str, Handler] = {
     "batchnorm2d": _batchnorm2d,
     "relu": _pointwise(1, [OUTPUT]),
     # ReLU6 keeps its result, as an in-place one did before torch 1.10 (the TX2's); a newer torch keeps its input
-    # instead (step_runtime.StepRuntime.kept_inputs)
+    # instead (step_runtime.StepRuntime.applied)
     "relu6": _pointwise(2, [OUTPUT]),
     "hardswish": _pointwise(4, [0], 3),
     "hardsigmoid": _pointwise(3, [0], 2),

@@ -14,15 +14,18 @@ Each rule is a fact about a torch version or a device, not a fitted figure:
 - ``native_conv``: the rows ran where torch sends small-batch 1x1 convolutions outside oneDNN (the cpu backend on
   one thread), so the ``native_conv_macs`` term is theirs.
 
-Which rules a set of rows ran under is read from the rows (``fingerprint.fit.step_runtime``); a stored fingerprint
-keeps them in its metadata (:meth:`StepRuntime.metadata`), and one stored before a rule existed reads that rule's
-old default (:meth:`StepRuntime.from_metadata`). Pure Python (no torch).
+The shared walk over a description (``walk.py``) hands every consumer the costs under one set of rules
+(:meth:`StepRuntime.applied`). Which rules a set of rows ran under is read from the rows
+(``fingerprint.fit.step_runtime``); a stored fingerprint keeps them in its metadata (:meth:`StepRuntime.metadata`),
+and one stored before a rule existed reads that rule's old default (:meth:`StepRuntime.from_metadata`). Pure
+Python (no torch).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Any
 
+from perf4sight.features.formulas import OpCost
 from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, optimizer_cost
 
 __all__ = ["StepRuntime", "CUDA_MASK_BYTES", "CPU_MASK_BYTES"]
@@ -61,15 +64,15 @@ class StepRuntime:
         """The same rules for a step with another optimiser (``ValueError`` for an unknown one)."""
         return replace(self, optimizer=optimizer)
 
-    def kept_inputs(self, op: str, formula_kept: list[int]) -> list[int]:
-        """The positions an op of kind ``op`` keeps for backward (an input's index, or ``formulas.OUTPUT``) under
-        these rules, where its cost formula says ``formula_kept`` (the older torch's rule)."""
-        return [0] if self.relu6_clone and op == "relu6" else formula_kept
-
-    def extra_kept_bytes(self, op: str, formula_bytes: float) -> float:
-        """The bytes per sample an op of kind ``op`` keeps beside its inputs and output, where its cost formula
-        says ``formula_bytes`` (a dropout's mask at one byte an element)."""
-        return formula_bytes * self.dropout_mask_bytes if op == "dropout" else formula_bytes
+    def applied(self, op: str, cost: OpCost) -> OpCost:
+        """``cost``, an op of kind ``op`` as its formula counts it (``formulas.HANDLERS``: the older torch's ReLU6, a
+        one-byte dropout mask), with what it keeps for backward under these rules: a ReLU6's input (``saved``
+        [0]) on torch >= 1.10, a dropout's mask at :attr:`dropout_mask_bytes` an element (``extra_saved_bytes``)."""
+        if op == "relu6" and self.relu6_clone:
+            return replace(cost, saved=[0])
+        if op == "dropout" and self.dropout_mask_bytes != CUDA_MASK_BYTES:
+            return replace(cost, extra_saved_bytes=cost.extra_saved_bytes * self.dropout_mask_bytes)
+        return cost
 
     def metadata(self) -> dict[str, Any]:
         """The rules as a stored fingerprint's metadata keeps them."""

@@ -3,7 +3,8 @@
 Network features (``aggregate.py``), kernel-level latency terms (``latency_terms.py``), the GNN's
 node tensors (``fingerprint/gnn_graph.py``) and the PerfSeer export all need, per node, the
 shapes of its inputs, its cost from :data:`~perf4sight.features.formulas.HANDLERS`, and whether it
-reads only the network input. The last decides whether an input gradient is computed (none is for
+reads only the network input, with what it keeps for backward under the rules of the torch that ran the step
+(a ``StepRuntime``). The last decides whether an input gradient is computed (none is for
 the network input), and it must hold through views: a conv reading ``flatten(input)`` or an
 ``identity`` of the input computes no input gradient either. Keeping that rule here keeps the four
 consumers in agreement.
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from perf4sight.features.formulas import HANDLERS, OpCost
+from perf4sight.features.step_runtime import StepRuntime
 from perf4sight.ir.schema import NetworkDescription, Node
 
 __all__ = ["Visit", "walk", "consumer_counts"]
@@ -30,8 +32,9 @@ class Visit:
     base: str             # the tensor whose storage this node's output shares (its own name unless a view)
 
 
-def walk(desc: NetworkDescription) -> Iterator[Visit]:
-    """Visit the nodes of ``desc`` in order (the description's order is topological)."""
+def walk(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> Iterator[Visit]:
+    """Visit the nodes of ``desc`` in order (the description's order is topological), each cost with what it keeps
+    for backward under ``runtime``'s rules (``step_runtime.py``; the default: the formulas' own)."""
     shapes: dict[str, list[int]] = {}
     base: dict[str, str] = {}
     input_name = desc.nodes[0].name
@@ -40,7 +43,7 @@ def walk(desc: NetworkDescription) -> Iterator[Visit]:
         shapes[node.name] = node.output_shape
         first = bool(node.inputs) and all(base.get(i, i) == input_name for i in node.inputs)
         handler = HANDLERS.get(node.op)
-        cost = handler(node, in_shapes, first) if handler is not None else None
+        cost = runtime.applied(node.op, handler(node, in_shapes, first)) if handler is not None else None
         is_view = cost is not None and cost.kind == "view" and bool(node.inputs)
         base[node.name] = base.get(node.inputs[0], node.inputs[0]) if is_view else node.name
         yield Visit(node, in_shapes, first, cost, base[node.name])

@@ -110,16 +110,15 @@ def graph_template(desc: NetworkDescription, runtime: StepRuntime = StepRuntime(
     src: list[int] = []
     dst: list[int] = []
     eattr: list[list[float]] = []
-    for visit in walk(desc):
+    for visit in walk(desc, runtime):
         node, in_shapes, cost = visit.node, visit.in_shapes, visit.cost
         assert cost is not None  # network_features above rejected ops without a formula
-        saved = sum(numel(shapes[node.name] if p == OUTPUT else in_shapes[p])
-                    for p in runtime.kept_inputs(node.op, cost.saved)) * BYTES_PER_ELEMENT
+        saved = sum(numel(shapes[node.name] if p == OUTPUT else in_shapes[p]) for p in cost.saved) * BYTES_PER_ELEMENT
         oh = [0.0] * len(OP_VOCAB)
         oh[onehot[OP_TOKEN[node.op]]] = 1.0
         costs = [numel(node.output_shape), len(node.output_shape), cost.macs, cost.flops_fwd, cost.flops_bwd,
                  cost.bytes_read, cost.bytes_written, cost.params, cost.kernels_fwd, cost.kernels_bwd,
-                 saved + runtime.extra_kept_bytes(node.op, cost.extra_saved_bytes), len(node.inputs)]
+                 saved + cost.extra_saved_bytes, len(node.inputs)]
         rows.append(oh + list(np.log1p(np.abs(_attr_vector(node.op, node.attrs) + costs))))
         for i in node.inputs:
             size = float(np.log1p(numel(shapes[i])))
