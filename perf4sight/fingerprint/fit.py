@@ -45,7 +45,7 @@ from perf4sight.profiling.results import batch_size_of, number, phase_of
 from perf4sight.wording import plural
 
 __all__ = ["fit_fingerprint", "fit_inputs_sha256", "memory_column", "memory_replay", "step_runtime", "relu6_clone",
-           "rows_optimizer", "optimizer_foreach", "native_conv_dispatch", "hold_native_conv", "device_kind",
+           "rows_optimizer", "ran_on_cpu", "native_conv_dispatch", "hold_native_conv", "device_kind",
            "choice_rule", "memory_capacity", "capacity_basis", "records",
            "software_versions", "common_input_shape", "LATENCY_COLUMN", "FEATURE_SET"]
 
@@ -95,11 +95,12 @@ def rows_optimizer(rows: list[dict[str, Any]]) -> str:
     return str(optimizers[0]) if optimizers else DEFAULT_OPTIMIZER
 
 
-def optimizer_foreach(rows: list[dict[str, Any]]) -> bool:
-    """Whether these rows' optimiser updated every parameter at once (``foreach``, torch's default for parameters on
-    a GPU) rather than one at a time (on a CPU): every backend but ``cpu``. The allocator replay writes Adam's
-    scratch down either way (SGD's replay is perf4sight's single-tensor loop whatever this says)."""
-    return not (rows and all(str(r.get("backend")) == "cpu" for r in rows))
+def ran_on_cpu(rows: list[dict[str, Any]]) -> bool:
+    """Whether these rows' steps ran on a CPU (the ``cpu`` backend, every row): there the optimiser updates one
+    parameter at a time, where a GPU's updates all at once (``foreach``, torch's default for parameters on a GPU;
+    the allocator replay writes Adam's scratch down either way, SGD's replay is perf4sight's single-tensor loop), and
+    a dropout keeps the float noise it multiplied by, where CUDA's fused kernel keeps a one-byte mask."""
+    return bool(rows) and all(str(r.get("backend")) == "cpu" for r in rows)
 
 
 def native_conv_dispatch(rows: list[dict[str, Any]]) -> bool:
@@ -111,8 +112,8 @@ def native_conv_dispatch(rows: list[dict[str, Any]]) -> bool:
 def step_runtime(rows: list[dict[str, Any]]) -> StepRuntime:
     """The rules of the torch that ran these rows' training step (``features/step_runtime.py``), read from the rows:
     their optimiser, their torch's ReLU6, a CPU's update and dropout mask or a GPU's, the CPU's 1x1 dispatch."""
-    on_cpu = bool(rows) and all(str(r.get("backend")) == "cpu" for r in rows)
-    return StepRuntime(optimizer=rows_optimizer(rows), relu6_clone=relu6_clone(rows), foreach=optimizer_foreach(rows),
+    on_cpu = ran_on_cpu(rows)
+    return StepRuntime(optimizer=rows_optimizer(rows), relu6_clone=relu6_clone(rows), foreach=not on_cpu,
                        dropout_mask_bytes=CPU_MASK_BYTES if on_cpu else CUDA_MASK_BYTES,
                        native_conv=native_conv_dispatch(rows))
 
