@@ -84,6 +84,7 @@ class ProfileConfig:
     devices: list[str] = field(default_factory=list)  # empty = every device
     learning_rate: float = 0.01
     momentum: float = 0.9
+    weight_decay: float | None = None  # the optimiser's; unset: torch's default (AdamW 0.01, SGD and Adam 0)
     optimizer: str = "sgd"  # sgd | adam | adamw (profiling.plan.OPTIMIZERS): the measured step's optimiser
     # a drift reference: one configuration measured again after every `reference_every` measurements (0 = none)
     reference_every: int = 0
@@ -216,6 +217,9 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
         if not isinstance(value, dict):
             raise UserError(f"{where} must be a table, got {value!r}")
         return {k: _convert(v, item, f"{where}.{k}") for k, v in value.items()}
+    if origin in (typing.Union, types.UnionType):  # TOML has no null: a value given is of the other type
+        (given,) = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _convert(value, given, where)
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise UserError(f"{where} must be a table, got {value!r}")

@@ -402,6 +402,29 @@ def test_the_rows_torch_version_chooses_the_relu6_rule():
     assert relu6_clone(rows("", "2.0.1"))
 
 
+@pytest.mark.parametrize("optimizer,momentum,weight_decay,foreach", [
+    ("sgd", 0.0, 0.0, False), ("sgd", 0.9, 0.0, True), ("sgd", 0.9, 5e-4, True), ("sgd", 0.0, 5e-4, False),
+    ("adam", 0.0, 1e-2, False), ("adam", 0.0, 1e-2, True)])
+def test_the_updates_settings_are_written_down_as_the_real_optimizer_runs_them(optimizer, momentum, weight_decay,
+                                                                                foreach):
+    """SGD without momentum (no buffers), SGD's and Adam's weight decay (a decayed copy of each gradient: one at a time
+    in the single-tensor update, all at once in a ``foreach`` one) are written down as the real optimizer records
+    them on the meta device, over three steps; the replay of a runtime's rules traces them (``traced_update``)."""
+    from perf4sight.features.step_runtime import StepRuntime
+    from perf4sight.networks.zoo import describe_zoo
+    desc = describe_zoo("squeezenet1_0", [3, 32, 32], num_classes=10)
+    kw = dict(optimizer=optimizer, momentum=momentum, weight_decay=weight_decay, foreach=foreach)
+    for method in ("model", "trace"):
+        fast = record_events(desc, 3, steps=3, method=method, **kw)
+        assert _as_replayed(fast) == _as_replayed(record_events(desc, 3, steps=3, fast=False, **kw))
+    rt = StepRuntime(optimizer=optimizer, foreach=foreach, momentum=momentum > 0, weight_decay=weight_decay > 0)
+    traced = simulate(desc, method="model", **rt.traced_update())
+    assert np.array_equal(traced.const, simulate(desc, method="model", **kw).const)
+    if weight_decay and foreach:  # every decayed copy at once: a higher peak than one at a time
+        single = simulate(desc, method="model", **dict(kw, foreach=False))
+        assert traced.peaks_mb([4])[0, 1] > single.peaks_mb([4])[0, 1]
+
+
 @pytest.mark.parametrize("optimizer,foreach", [("adam", True), ("adamw", True), ("adam", False), ("adamw", False)])
 def test_adam_step_is_written_down_as_the_real_optimizer_runs_it(optimizer, foreach):
     """The events written down for Adam's and AdamW's step (both moments on the first step; then a square root of

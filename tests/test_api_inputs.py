@@ -154,7 +154,7 @@ def test_cpu_fingerprint_keeps_the_mean_step_time_form(fitted):
     assert isinstance(model, MeanModel) and len(model.members) == len(sel["members"]) >= 2
     assert model.families == ("deep", "shallow")
     out = fp.predict(descs["deep_w8"], [2, 8])
-    F = feature_matrix([network_features(descs["deep_w8"])] * 2, [2, 8])
+    F = feature_matrix([network_features(descs["deep_w8"], fp.runtime)] * 2, [2, 8])  # under the rows' rules
     members = np.array([m.predict(F) for m in model.members])
     assert members.std(axis=0).min() > 0  # the members disagree: the mean is not one of them
     expected = np.exp(np.log(members).mean(axis=0))
@@ -164,7 +164,7 @@ def test_cpu_fingerprint_keeps_the_mean_step_time_form(fitted):
     np.testing.assert_allclose([p["latency_ms"] for p in stranger], analytic, rtol=1e-9)
     assert not np.allclose(analytic, expected)
     impostor = replace(descs["shallow_w8"], network="deep")  # a deep family's name on other layers: no trees
-    F = feature_matrix([network_features(impostor)] * 2, [2, 8])
+    F = feature_matrix([network_features(impostor, fp.runtime)] * 2, [2, 8])
     analytic = np.exp(np.log([np.maximum(m.analytic(F), 1e-9) for m in model.members]).mean(axis=0))
     np.testing.assert_allclose([p["latency_ms"] for p in fp.predict(impostor, [2, 8])], analytic, rtol=1e-9)
     split = fp.metadata["accuracy"]["latency"]["network_split"]

@@ -150,9 +150,11 @@ def test_step_runtime_is_read_from_the_rows_and_stored_with_the_fingerprint():
     cpu_rows = [{"backend": "cpu", "threads": 1, "torch_version": "2.14.1", "phase": "train_adam"}] * 2
     cpu = step_runtime(cpu_rows)
     assert cpu == StepRuntime(optimizer="adam", relu6_clone=True, foreach=False, dropout_mask_bytes=4,
-                              native_conv=True)
-    gpu = step_runtime([{"backend": "nvml", "torch_version": "1.9.0"}])
-    assert gpu == StepRuntime()  # SGD, an older torch's ReLU6, foreach, a one-byte mask: the rules of before
+                              native_conv=True, weight_decay=False)
+    gpu = step_runtime([{"backend": "nvml", "torch_version": "2.1.0"}])
+    # SGD with momentum and no weight decay (this tool's profiler before it recorded them), foreach, a one-byte mask
+    assert gpu == StepRuntime(relu6_clone=True, weight_decay=False)
+    assert not step_runtime([{"backend": "nvml", "torch_version": "1.9.0"}]).foreach  # SGD's loop before torch 2.0
     for rt in (cpu, gpu):
         assert StepRuntime.from_metadata(json.loads(json.dumps(rt.metadata()))) == rt
     assert StepRuntime.from_metadata({"optimizer": "adam", "relu6_clone": True, "optimizer_foreach": False}) == \
@@ -162,6 +164,42 @@ def test_step_runtime_is_read_from_the_rows_and_stored_with_the_fingerprint():
     with pytest.raises(ValueError, match="dropout_mask_bytes must be 1 or 4"):
         StepRuntime.from_metadata({"dropout_mask_bytes": 2})
     assert cpu.with_optimizer("sgd").optimizer == "sgd" and cpu.with_optimizer("sgd").dropout_mask_bytes == 4
+
+
+def test_the_updates_momentum_and_weight_decay_are_read_from_the_rows():
+    """SGD's momentum buffer and an L2 weight decay change the step's state and kernels: the rows record them; rows
+    from before read what their profiler ran (imported perf4sight rows: momentum 0.9 and weight decay 5e-4, as its
+    TX2 profiler; this tool's own: momentum, no decay); rows of two updates are refused."""
+    from perf4sight.errors import UserError
+    from perf4sight.features.optimizers import optimizer_cost
+    from perf4sight.fingerprint.fit import step_runtime
+    from perf4sight.importers.perf4sight_csv import PROTOCOL, UPDATE
+    own = {"backend": "cpu", "torch_version": "2.14.1", "threads": 1}
+    plain = step_runtime([dict(own, momentum="0.0", weight_decay="0.0")] * 2)
+    decayed = step_runtime([dict(own, momentum="0.9", weight_decay="0.0005"), dict(own, momentum="0.5",
+                                                                                   weight_decay="0.01")])
+    assert (plain.momentum, plain.decays, decayed.momentum, decayed.decays) == (False, False, True, True)
+    assert step_runtime([own]) == step_runtime([dict(own, momentum="0.9", weight_decay="0.0")])  # before: defaults
+    imported = [{"backend": "imported", "protocol": PROTOCOL}]
+    assert step_runtime(imported) == step_runtime([dict(imported[0], **UPDATE)])
+    assert step_runtime(imported).decays and UPDATE == {"momentum": "0.9", "weight_decay": "0.0005"}
+    with pytest.raises(UserError, match="rows of several updates"):
+        step_runtime([dict(own, momentum="0.0"), own])
+    # AdamW's decay is its own in-place one: it changes nothing; Adam's L2 decay is one kernel and 3 tensors more
+    adamw = [dict(own, phase="train_adamw", weight_decay=w) for w in ("0.01", "0.0")]
+    assert step_runtime(adamw).update_cost() == optimizer_cost("adamw")
+    adam = step_runtime([dict(own, phase="train_adam", weight_decay="0.01")]).update_cost()
+    assert (adam.kernels_per_tensor, adam.tensor_passes) == (8, 21)
+    # what the features count: SGD without momentum keeps two parameter copies (weights, grads), with it three
+    from perf4sight.networks.zoo import describe_zoo
+    desc = describe_zoo("squeezenet1_0", [3, 32, 32], num_classes=10)
+    col = FEATURE_NAMES.index("param_copies_mb")
+    copies = [feature_matrix(network_features(desc, rt), [4])[0, col] for rt in (plain, decayed)]
+    assert copies[1] == pytest.approx(1.5 * copies[0]) and copies[0] == pytest.approx(2 * desc.params * 4 / 2**20)
+    for rt in (plain, decayed):
+        assert StepRuntime.from_metadata(json.loads(json.dumps(rt.metadata()))) == rt
+    old = StepRuntime.from_metadata({"optimizer": "sgd"})  # stored before: SGD's momentum and perf4sight's decay
+    assert old.momentum and old.decays and old.update_cost() == optimizer_cost("sgd", True, True)
 
 
 def test_pooling_keeps_what_its_backward_reads():

@@ -181,3 +181,41 @@ def test_profile_fingerprint_and_predict_with_adam_beside_sgd(tmp_path):
     local = _main(tmp_path, "adamw", "--stage", "fingerprint", "--device", "local")
     assert local.returncode == 2 and "device 'local' has no rows of a training step with adamw" in local.stderr
     assert "only with adam and sgd: set [profile] optimizer to fit those, or profile it again" in local.stderr
+
+
+def test_a_plain_sgd_step_with_weight_decay_is_measured_again_and_fitted_as_such(tmp_path):
+    """``[profile] momentum = 0`` and ``weight_decay``: the child runs that real update, the rows record both, the
+    sweep measures again the configurations measured with another update (the newest row of a key counts), the peak
+    RSS loses the momentum buffer's copy of the parameters and gains the decayed gradient's, and the fingerprint fits
+    that step."""
+    save_description(describe(wide(), SHAPE, "wide"), tmp_path / "wide.json")
+    save_description(describe(tiny(), SHAPE, "tiny"), tmp_path / "tiny.json")
+    base = CONFIG.format(optimizer="sgd")
+
+    def main(update: str, stage: str) -> subprocess.CompletedProcess:
+        (tmp_path / "config.toml").write_text(base.replace('optimizer = "sgd"', 'optimizer = "sgd"\n' + update))
+        run = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", "config.toml", "--stage", stage],
+                             capture_output=True, text=True, cwd=tmp_path, timeout=600)
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+        return run
+
+    updates = ("", "momentum = 0", "momentum = 0\nweight_decay = 5e-4")
+    for update, stage in zip(("",) + updates, ("networks", "profile", "profile", "profile")):
+        run = main(update, stage)
+        assert stage != "profile" or "4/4 rows (4 new)" in run.stdout
+    rows = results.read_rows(results.results_path(tmp_path / "profiling_csvs", "local"))
+    cells = [("0.9", "0.0"), ("0.0", "0.0"), ("0.0", "0.0005")]
+    assert [(r["momentum"], r["weight_decay"]) for r in rows] == [c for c in cells for _ in range(4)]
+    peak = [{r["batch_size"]: float(r["peak_rss_mb"]) for r in rows if r["network"] == "wide_l0"
+             and (r["momentum"], r["weight_decay"]) == c} for c in cells]
+    params_mib = describe(wide(), SHAPE, "wide").params * 4 / MIB
+    for bs in ("1", "2"):  # no momentum buffer: a copy of the parameters less; the decayed gradients: one more
+        assert peak[0][bs] - peak[1][bs] > 0.5 * params_mib and peak[2][bs] - peak[1][bs] > 0.5 * params_mib
+    fitted = main(updates[2], "fingerprint")
+    assert "training step: SGD with weight decay, no momentum" in fitted.stdout
+    meta = json.loads((tmp_path / "fingerprinting" / "local" / "metadata.json").read_text())
+    assert (meta["sgd_momentum"], meta["weight_decay"]) == (False, True)
+    (tmp_path / "config.toml").write_text(base.replace('optimizer = "sgd"', 'optimizer = "sgd"\nweight_decay = -1'))
+    bad = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", "config.toml", "--stage", "profile"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert bad.returncode != 0 and "weight_decay must lie in [0, 1), got -1" in bad.stderr, bad.stderr[-2000:]

@@ -28,7 +28,6 @@ import numpy as np
 from perf4sight.features.allocator import K_MIN_BLOCK, K_MIN_LARGE_ALLOC, K_ROUND_LARGE
 from perf4sight.features.formulas import BYTES_PER_ELEMENT, HANDLERS, OUTPUT, OpCost, numel
 from perf4sight.features.latency_terms import LATENCY_FEATURES, KernelTable, kernel_table, latency_columns
-from perf4sight.features.optimizers import optimizer_cost
 from perf4sight.features.step_runtime import StepRuntime
 from perf4sight.features.walk import consumer_counts, walk
 from perf4sight.ir.schema import NetworkDescription
@@ -201,7 +200,7 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
     st["blas_context"] = float(any(n.op in BLAS_OPS for n in desc.nodes))
     sizes = np.array(list(saved.values()) + extra_sizes + [ps["input_bytes"]], dtype=float)
     return NetworkFeatures(desc.name, ps, st, unsupported, sizes, description=desc,
-                           kernels=kernel_table(desc, runtime.optimizer) if not unsupported else None, runtime=runtime)
+                           kernels=kernel_table(desc, runtime.update_cost()) if not unsupported else None, runtime=runtime)
 
 
 def allocator_bytes(sizes: np.ndarray, batch_size: float | np.ndarray) -> float | np.ndarray:
@@ -260,7 +259,7 @@ def feature_matrix(nets: list[NetworkFeatures] | NetworkFeatures, batch_sizes: l
     scaled = per * bs[:, None]
     i_param = STATIC_FEATURES.index("param_bytes")
     i_saved, i_max, i_in = (SCALED_FEATURES.index(k) for k in ("saved_bytes", "max_activation_bytes", "input_bytes"))
-    copies = 2.0 + np.array([optimizer_cost(n.optimizer).state_copies for n in rows])  # weights, grads, state
+    copies = 2.0 + np.array([n.runtime.update_cost().state_copies for n in rows])  # weights, grads, state
     copies_mb = copies * stat[:, i_param] / MIB
     mem = copies_mb + (scaled[:, i_saved] + scaled[:, i_max] + scaled[:, i_in]) / MIB
     if isinstance(nets, NetworkFeatures):

@@ -46,12 +46,15 @@ import numpy as np
 from perf4sight.errors import UserError
 from perf4sight.features.alloc_model import ACCUMULATED, Event, NotCovered, step_events
 from perf4sight.features.allocator import ALLOC, FREE, RUN_PEAK, STEP, AllocTrace
-from perf4sight.features.optimizers import optimizer_cost
+from perf4sight.features.optimizers import L2_DECAY, optimizer_cost
 from perf4sight.ir.schema import NetworkDescription
 
 __all__ = ["record_events", "record_runs", "simulate", "attach_simulation", "ensure_simulation", "PROBE_BATCH",
            "clear_cache"]
 
+#: The weight decay of a traced SGD step unless told otherwise: perf4sight's TX2 recipe (its rows are replayed so;
+#: the size does not change the events, only whether there is one).
+SGD_WEIGHT_DECAY = 5e-4
 #: The batch size of the single traced run: a prime, so that it divides exactly the batch-scaled sizes.
 PROBE_BATCH = 65521
 _CACHE: dict[str, AllocTrace] = {}
@@ -71,9 +74,9 @@ def _key(desc: NetworkDescription) -> str:
 
 
 def record_events(desc: NetworkDescription, batch_size: int, steps: int = 2, lr: float = 0.1,
-                  momentum: float = 0.9, weight_decay: float = 5e-4, inplace_relu: bool = True,
+                  momentum: float = 0.9, weight_decay: float | None = None, inplace_relu: bool = True,
                   fast: bool = True, method: str = "auto", relu6_clone: bool = False,
-                  optimizer: str = "sgd", foreach: bool = True) -> list[Event]:
+                  optimizer: str = "sgd", foreach: bool | None = None) -> list[Event]:
     """Allocation events (kind, storage id, bytes, aten op) of ``steps`` training steps at ``batch_size``.
 
     ``inplace_relu``: run ReLU/ReLU6 in place as torchvision models do (falls back to out-of-place
@@ -84,17 +87,19 @@ def record_events(desc: NetworkDescription, batch_size: int, steps: int = 2, lr:
     "auto" uses the model where it covers every op (with ``fast`` and ``inplace_relu``), else the
     trace. ``relu6_clone``: an in-place ReLU6 keeps a clone of its input, as PyTorch >= 1.10 does (False:
     its result, as PyTorch <= 1.9 did; see :func:`_inplace_activations`). ``optimizer``: ``sgd`` (with ``lr``,
-    ``momentum`` and ``weight_decay``, single-tensor), or ``adam`` / ``adamw`` (torch's defaults), ``foreach``
-    (a GPU's update) or not (a CPU's). Raises :class:`UserError` if an op cannot run on the meta device.
+    ``momentum`` and ``weight_decay``), or ``adam`` (with ``weight_decay``) / ``adamw`` (torch's defaults),
+    ``foreach`` (a GPU's update) or not (a CPU's; None: SGD's single-tensor loop, as perf4sight's torch ran it, and
+    the others' ``foreach``); ``weight_decay`` None: :data:`SGD_WEIGHT_DECAY` for SGD (perf4sight's TX2 recipe),
+    none for Adam. Raises :class:`UserError` if an op cannot run on the meta device.
     """
     return record_runs(desc, (batch_size,), steps, lr, momentum, weight_decay, inplace_relu, fast, method,
                        relu6_clone, optimizer, foreach)[0]
 
 
 def record_runs(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: int = 2, lr: float = 0.1,
-                momentum: float = 0.9, weight_decay: float = 5e-4, inplace_relu: bool = True,
+                momentum: float = 0.9, weight_decay: float | None = None, inplace_relu: bool = True,
                 fast: bool = True, method: str = "auto", relu6_clone: bool = False,
-                optimizer: str = "sgd", foreach: bool = True) -> list[list[Event]]:
+                optimizer: str = "sgd", foreach: bool | None = None) -> list[list[Event]]:
     """:func:`record_events` at each of ``batch_sizes``, one fresh run each (no gradients, no momentum)
     on one model built once."""
     if method not in ("auto", "trace", "model"):
@@ -249,48 +254,86 @@ def _trace(model: Any, desc: NetworkDescription, batch_size: int, steps: int, st
 
 class _OptimizerStep:
     """What ``opt.step()`` allocates and frees on the device, per optimiser: :meth:`events` writes them down,
-    :meth:`make` builds the real one (the reference the tests compare them with)."""
+    :meth:`make` builds the real one (the reference the tests compare them with). SGD runs one parameter at a time
+    unless it has weight decay and ``foreach`` (without decay both updates allocate the same: the first step's
+    momentum buffers); weight decay is an L2 term for SGD and Adam (a new tensor per parameter), AdamW's own in-place
+    one for AdamW."""
 
-    def __init__(self, optimizer: str, lr: float, momentum: float, weight_decay: float, foreach: bool = True):
+    def __init__(self, optimizer: str, lr: float, momentum: float, weight_decay: float | None,
+                 foreach: bool | None = None):
+        if weight_decay is None:
+            weight_decay = SGD_WEIGHT_DECAY if optimizer == "sgd" else 0.0
         self.optimizer, self.lr, self.momentum, self.weight_decay = optimizer, lr, momentum, weight_decay
-        self.foreach = foreach
+        self.foreach = optimizer != "sgd" if foreach is None else foreach
+
+    @classmethod
+    def of(cls, kw: dict[str, Any]) -> "_OptimizerStep":
+        """The step :func:`simulate` traces with keywords ``kw`` (``StepRuntime.traced_update``'s)."""
+        return cls(kw.get("optimizer", "sgd"), 0.1, kw.get("momentum", 0.9), kw.get("weight_decay"), kw.get("foreach"))
+
+    def settings(self) -> tuple:
+        """What of these settings changes the events: (optimizer, foreach, momentum, weight decay), each None where
+        it changes nothing (SGD's foreach without weight decay, momentum other than SGD's)."""
+        sgd = self.optimizer == "sgd"
+        return (self.optimizer, None if sgd and not self.weight_decay else self.foreach,
+                bool(self.momentum) if sgd else None, bool(self.weight_decay) and self.optimizer in L2_DECAY)
 
     def make(self, params: list[Any]) -> Any:
-        """The optimiser: SGD as perf4sight's runs (single-tensor loop), Adam and AdamW with ``foreach`` or not."""
+        """The real optimiser with these settings (AdamW with torch's default weight decay)."""
         import torch
         if self.optimizer == "sgd":
             return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay,
-                                   foreach=False)
-        return {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[self.optimizer](params, lr=self.lr,
-                                                                                       foreach=self.foreach)
+                                   foreach=self.foreach and bool(self.weight_decay))
+        if self.optimizer == "adam":
+            return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay, foreach=self.foreach)
+        return torch.optim.AdamW(params, lr=self.lr, foreach=self.foreach)
 
     def events(self, param_bytes: list[int | None], first: bool, new_id: Callable[[], int]) -> list[Event]:
         """The step's events; ``param_bytes``: per parameter, None where it has no gradient; ``first``: the first
         step, which makes the optimiser's state."""
         sizes = [n for n in param_bytes if n is not None]
+        decay = bool(self.weight_decay) and self.optimizer in L2_DECAY
+        if self.optimizer == "sgd":
+            return self._sgd_events(sizes, first, decay, new_id)
         out: list[Event] = []
-        if self.optimizer != "sgd":  # Adam, AdamW: both moments, then the square roots of the second ones
-            if first:
-                out += [(ALLOC, new_id(), n, "aten.zeros_like.default") for n in sizes for _ in range(2)]
-            if self.foreach:  # all at once, freed together after the update
-                roots = [new_id() for _ in sizes]
-                out += [(ALLOC, i, n, "aten._foreach_sqrt.default") for i, n in zip(roots, sizes)]
-                return out + [(FREE, i, 0, "") for i in reversed(roots)]
-            kept = 0  # one parameter at a time: the root, its quotient (the denominator, kept until the next one)
-            for n in sizes:
-                root, quotient = new_id(), new_id()
-                out += [(ALLOC, root, n, "aten.sqrt.default"), (ALLOC, quotient, n, "aten.div.Tensor"),
-                        (FREE, root, 0, "")] + ([(FREE, kept, 0, "")] if kept else [])
-                kept = quotient
-            return out + ([(FREE, kept, 0, "")] if kept else [])
-        for nbytes in sizes:  # SGD, single-tensor loop
-            decayed = new_id() if self.weight_decay else 0
-            if self.weight_decay:
-                out.append((ALLOC, decayed, nbytes, "aten.add.Tensor"))  # grad + weight_decay * param
-            if self.momentum and first:
+        if first:  # Adam, AdamW: both moments, then the square roots of the second ones
+            out += [(ALLOC, new_id(), n, "aten.zeros_like.default") for n in sizes for _ in range(2)]
+        if self.foreach:  # all at once: the decayed gradients, freed after the moments' update; the roots after it
+            decayed = [new_id() for _ in sizes] if decay else []
+            out += [(ALLOC, i, n, "aten._foreach_add.List") for i, n in zip(decayed, sizes)]
+            out += [(FREE, i, 0, "") for i in decayed]
+            roots = [new_id() for _ in sizes]
+            out += [(ALLOC, i, n, "aten._foreach_sqrt.default") for i, n in zip(roots, sizes)]
+            return out + [(FREE, i, 0, "") for i in reversed(roots)]
+        kept = held = 0  # one parameter at a time: its decayed gradient and its denominator held until the next
+        for n in sizes:
+            if held:
+                out.append((FREE, held, 0, ""))
+            held = new_id() if decay else 0
+            if decay:
+                out.append((ALLOC, held, n, "aten.add.Tensor"))  # grad + weight_decay * param
+            root, quotient = new_id(), new_id()
+            out += [(ALLOC, root, n, "aten.sqrt.default"), (ALLOC, quotient, n, "aten.div.Tensor"),
+                    (FREE, root, 0, "")] + ([(FREE, kept, 0, "")] if kept else [])
+            kept = quotient
+        return out + [(FREE, i, 0, "") for i in (kept, held) if i]
+
+    def _sgd_events(self, sizes: list[int], first: bool, decay: bool, new_id: Callable[[], int]) -> list[Event]:
+        out: list[Event] = []
+        buffers = self.momentum and first
+        if decay and self.foreach:  # every decayed gradient at once; the first step's buffers are clones of them
+            decayed = [new_id() for _ in sizes]
+            out += [(ALLOC, i, n, "aten._foreach_add.List") for i, n in zip(decayed, sizes)]
+            out += [(ALLOC, new_id(), n, "aten.clone.default") for n in sizes] if buffers else []
+            return out + [(FREE, i, 0, "") for i in decayed]
+        for nbytes in sizes:  # single-tensor loop
+            held = new_id() if decay else 0
+            if decay:
+                out.append((ALLOC, held, nbytes, "aten.add.Tensor"))  # grad + weight_decay * param
+            if buffers:
                 out.append((ALLOC, new_id(), nbytes, "aten.clone.default"))  # the momentum buffer
-            if self.weight_decay:
-                out.append((FREE, decayed, 0, ""))
+            if decay:
+                out.append((FREE, held, 0, ""))
         return out
 
 
@@ -473,9 +516,10 @@ def simulate(desc: NetworkDescription, batches: tuple[int, ...] = (PROBE_BATCH,)
         const = s1 - per * b1
     else:
         raise ValueError(f"simulate: one or two batch sizes, got {list(batches)}")
+    step = _OptimizerStep.of(kw)
     trace = AllocTrace(desc.name, np.array([k for k, _, _, _ in first], dtype=np.int8),
                        np.array([t for _, t, _, _ in first], dtype=np.int64), const, per, relu6_clone=relu6_clone,
-                       optimizer=kw.get("optimizer", "sgd"), foreach=kw.get("foreach", True))
+                       optimizer=step.optimizer, foreach=step.foreach, update=step.settings())
     with _LOCK:
         _CACHE[key] = trace
     return trace
@@ -487,17 +531,14 @@ def attach_simulation(nf: Any, desc: NetworkDescription, protocol: str = RUN_PEA
     of a step run under the features' rules (``nf.runtime``: its torch's ReLU6, its optimiser and whether that
     updated all parameters at once). The replay's dropout is CUDA's fused kernel whatever the rules say."""
     rt = nf.runtime
-    extra: dict[str, Any] = {}  # SGD's traces keep their cache keys (its replay is single-tensor either way)
-    if rt.optimizer != "sgd":
-        extra = {"optimizer": rt.optimizer, "foreach": rt.foreach}
-    nf.sim = simulate(desc, relu6_clone=rt.relu6_clone, **extra).with_protocol(protocol)
+    nf.sim = simulate(desc, relu6_clone=rt.relu6_clone, **rt.traced_update()).with_protocol(protocol)
     return nf
 
 
 def _replays_runtime(sim: Any, runtime: Any) -> bool:
     """Whether the allocation trace ``sim`` was recorded under the rules of ``runtime`` (a StepRuntime)."""
-    return (sim.relu6_clone == runtime.relu6_clone and sim.optimizer == runtime.optimizer
-            and (runtime.optimizer == "sgd" or sim.foreach == runtime.foreach))
+    return (sim.relu6_clone == runtime.relu6_clone
+            and sim.update == _OptimizerStep.of(runtime.traced_update()).settings())
 
 
 def ensure_simulation(nfs: Any, terms: Any, protocol: str = RUN_PEAK) -> None:

@@ -192,7 +192,8 @@ class AllocTrace:
     per-step peaks become one figure (:data:`REPLAY_PROTOCOLS`; :meth:`with_protocol` for another).
     ``relu6_clone``: the events are of a torch whose in-place ReLU6 keeps a clone of its input (>= 1.10).
     ``optimizer``: the training step's (``optimizers.py``), whose state and scratch the events hold; ``foreach``:
-    its update all parameters at once (a GPU's) or one at a time (a CPU's).
+    its update all parameters at once (a GPU's) or one at a time (a CPU's); ``update``: the settings of the traced
+    optimiser step that change its events (``alloc_trace._OptimizerStep.settings``).
     """
 
     name: str
@@ -205,6 +206,7 @@ class AllocTrace:
     relu6_clone: bool = False
     optimizer: str = "sgd"
     foreach: bool = True
+    update: tuple = ()
     _memo: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False, init=False)
 
     def __post_init__(self) -> None:

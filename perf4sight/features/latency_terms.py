@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from perf4sight.features.formulas import BYTES_PER_ELEMENT, hands_input_back, numel
-from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, optimizer_cost
+from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, OptimizerCost, optimizer_cost
 from perf4sight.features.walk import consumer_counts, walk
 from perf4sight.ir.schema import NetworkDescription, Node
 
@@ -165,11 +165,11 @@ def _elementwise(r: _Rows, node: Node, in_shapes: list[list[int]], fwd_passes: f
 _VIEWS = {"input", "identity", "reshape", "flatten", "squeeze", "unsqueeze", "select", "narrow", "transpose"}
 
 
-def kernel_table(desc: NetworkDescription, optimizer: str = DEFAULT_OPTIMIZER) -> KernelTable:
-    """Every kernel of one training step of ``desc`` with ``optimizer`` (see the module docstring and
-    ``optimizers.py``). Ops this module does not know are costed as one generic bandwidth-bound kernel over their
-    input and output."""
-    opt = optimizer_cost(optimizer)
+def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT_OPTIMIZER) -> KernelTable:
+    """Every kernel of one training step of ``desc`` whose optimiser's update costs ``update`` (an optimiser's name:
+    its default settings; see the module docstring and ``optimizers.py``). Ops this module does not know are costed
+    as one generic bandwidth-bound kernel over their input and output."""
+    opt = optimizer_cost(update) if isinstance(update, str) else update
     shapes = {n.name: n.output_shape for n in desc.nodes}
     r = _Rows()
     params = 0

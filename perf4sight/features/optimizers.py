@@ -2,12 +2,16 @@
 
 Counted per parameter tensor of the single-tensor update (``foreach=False``, what torch runs on a CPU):
 
-- ``sgd`` (momentum): weight-decay add, momentum update, parameter update and the ``zero_grad`` of older
-  torch: 4 kernels moving about 10 parameter-sized tensors; 1 state buffer (the momentum).
+- ``sgd`` (momentum): momentum update, parameter update and the ``zero_grad`` of older torch: 3 kernels moving
+  about 7 parameter-sized tensors; 1 state buffer (the momentum). Without momentum (momentum 0) no buffer and no
+  momentum update (3 tensors fewer): 2 kernels, 4 tensors.
 - ``adam``: the first moment's ``lerp_`` (reads the moment and the gradient, writes the moment), the second's
   ``mul_`` and ``addcmul_``, the denominator's ``sqrt``, ``div`` and ``add_`` (two new parameter-sized tensors)
   and the update's ``addcdiv_``: 7 kernels moving 18 parameter-sized tensors; 2 state buffers (the moments).
 - ``adamw``: Adam's kernels and the decoupled weight decay's ``mul_`` on the parameter: 8 kernels, 20 tensors.
+- weight decay, for SGD and Adam: an L2 term added to the gradient first, 1 kernel more and 3 tensors (it reads
+  the gradient and the parameter and writes their sum, a new parameter-sized tensor). AdamW's decoupled decay is
+  in its own costs.
 
 Pure Python (no torch).
 """
@@ -15,7 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["OptimizerCost", "OPTIMIZER_COSTS", "optimizer_cost", "DEFAULT_OPTIMIZER", "OPTIMIZER_LABELS"]
+__all__ = ["OptimizerCost", "OPTIMIZER_COSTS", "optimizer_cost", "DEFAULT_OPTIMIZER", "OPTIMIZER_LABELS", "L2_DECAY",
+           "adds_decay"]
 
 #: What a fingerprint without an ``optimizer`` in its metadata was measured with.
 DEFAULT_OPTIMIZER = "sgd"
@@ -31,20 +36,44 @@ class OptimizerCost:
     tensor_passes: int
 
 
+#: The costs without weight decay, SGD's with momentum; :func:`optimizer_cost` adjusts them to the update's settings.
 OPTIMIZER_COSTS: dict[str, OptimizerCost] = {
-    "sgd": OptimizerCost(state_copies=1, kernels_per_tensor=4, tensor_passes=10),
+    "sgd": OptimizerCost(state_copies=1, kernels_per_tensor=3, tensor_passes=7),
     "adam": OptimizerCost(state_copies=2, kernels_per_tensor=7, tensor_passes=18),
     "adamw": OptimizerCost(state_copies=2, kernels_per_tensor=8, tensor_passes=20),
 }
 
 
+#: Optimisers whose weight decay is an L2 term added to the gradient (a new tensor), not a decoupled in-place one.
+L2_DECAY = frozenset({"sgd", "adam"})
+#: What the momentum update and the decay's add cost per parameter tensor: (kernels, parameter-sized tensors).
+_MOMENTUM_UPDATE = (1, 3)
+_DECAY_ADD = (1, 3)
+
 #: Each optimiser in words, for what a stage prints.
 OPTIMIZER_LABELS: dict[str, str] = {"sgd": "SGD with momentum", "adam": "Adam", "adamw": "AdamW"}
 
 
-def optimizer_cost(optimizer: str) -> OptimizerCost:
-    """The costs of ``optimizer``; ``ValueError`` naming the known ones for any other."""
+def adds_decay(optimizer: str, weight_decay: bool | None = None) -> bool:
+    """Whether ``optimizer``'s update adds an L2 weight-decay term: ``weight_decay`` for SGD and Adam (None: the rule
+    of before it was told, SGD's with one as perf4sight's recipe, Adam's without), never for AdamW (its decay is
+    its own costs')."""
+    if optimizer not in L2_DECAY:
+        return False
+    return optimizer == "sgd" if weight_decay is None else weight_decay
+
+
+def optimizer_cost(optimizer: str, momentum: bool = True, weight_decay: bool | None = None) -> OptimizerCost:
+    """The costs of ``optimizer``; ``ValueError`` naming the known ones for any other. ``momentum``: SGD keeps a
+    momentum buffer (momentum > 0; other optimisers ignore it); ``weight_decay``: the update adds an L2 decay term
+    (:func:`adds_decay`)."""
     try:
-        return OPTIMIZER_COSTS[optimizer]
+        cost = OPTIMIZER_COSTS[optimizer]
     except KeyError:
         raise ValueError(f"unknown optimizer {optimizer!r} (known: {', '.join(OPTIMIZER_COSTS)})") from None
+    state, kernels, passes = cost.state_copies, cost.kernels_per_tensor, cost.tensor_passes
+    if optimizer == "sgd" and not momentum:
+        state, kernels, passes = state - 1, kernels - _MOMENTUM_UPDATE[0], passes - _MOMENTUM_UPDATE[1]
+    if adds_decay(optimizer, weight_decay):
+        kernels, passes = kernels + _DECAY_ADD[0], passes + _DECAY_ADD[1]
+    return OptimizerCost(state, kernels, passes)

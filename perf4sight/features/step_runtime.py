@@ -5,6 +5,9 @@ fingerprint share.
 Each rule is a fact about a torch version or a device, not a fitted figure:
 
 - ``optimizer``: the step's optimiser (``optimizers.py``): its state copies and its update's kernels.
+- ``momentum``: SGD kept a momentum buffer (momentum > 0). ``weight_decay``: SGD's or Adam's update added an L2
+  decay term (a new parameter-sized tensor per parameter; None: the old rule, SGD's with one as perf4sight's TX2
+  recipe ran it, Adam's without). Both change the update's kernels and what it keeps or allocates.
 - ``relu6_clone``: torch 1.10 and newer keep a ReLU6's input for backward (a clone of it when the ReLU6 is in
   place; pytorch/pytorch#95432), where older torch (the TX2's) kept the result of an in-place one.
 - ``foreach``: the optimiser updated every parameter at once (torch's default for parameters on a GPU) or one at a
@@ -26,7 +29,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from perf4sight.features.formulas import OpCost
-from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, optimizer_cost
+from perf4sight.features.optimizers import (DEFAULT_OPTIMIZER, OPTIMIZER_LABELS, OptimizerCost, adds_decay,
+                                           optimizer_cost)
 
 __all__ = ["StepRuntime", "CUDA_MASK_BYTES", "CPU_MASK_BYTES"]
 
@@ -41,18 +45,27 @@ _METADATA_KEYS: dict[str, tuple[str, Any]] = {
     "optimizer_foreach": ("foreach", True),  # replayed as a GPU's
     "dropout_mask_bytes": ("dropout_mask_bytes", CUDA_MASK_BYTES),  # before 2026-11-26: counted as CUDA's
     "native_conv_dispatch": ("native_conv", False),
+    "sgd_momentum": ("momentum", True),  # before 2026-11-26: every SGD's had momentum
+    "weight_decay": ("weight_decay", None),  # before 2026-11-26: SGD's with, the others' without
 }
+#: The weight decay the allocator replay traces where a step has one (its size changes no event).
+_TRACED_DECAY = 5e-4
+#: The momentum the allocator replay traces where SGD has one.
+_TRACED_MOMENTUM = 0.9
 
 
 @dataclass(frozen=True)
 class StepRuntime:
     """The rules of one torch on one device for a training step (module docstring). The defaults are the old
-    rules of a GPU: SGD, an older torch's ReLU6, a ``foreach`` update, a one-byte dropout mask."""
+    rules of a GPU: SGD with momentum and weight decay, an older torch's ReLU6, a ``foreach`` update, a one-byte
+    dropout mask."""
     optimizer: str = DEFAULT_OPTIMIZER
     relu6_clone: bool = False
     foreach: bool = True
     dropout_mask_bytes: int = CUDA_MASK_BYTES
     native_conv: bool = False
+    momentum: bool = True
+    weight_decay: bool | None = None
 
     def __post_init__(self) -> None:
         optimizer_cost(self.optimizer)  # a ValueError naming the known ones
@@ -63,6 +76,31 @@ class StepRuntime:
     def with_optimizer(self, optimizer: str) -> "StepRuntime":
         """The same rules for a step with another optimiser (``ValueError`` for an unknown one)."""
         return replace(self, optimizer=optimizer)
+
+    @property
+    def decays(self) -> bool:
+        """Whether the update adds an L2 weight-decay term (``optimizers.adds_decay``)."""
+        return adds_decay(self.optimizer, self.weight_decay)
+
+    def update_cost(self) -> OptimizerCost:
+        """What the optimiser's update costs under these rules (``optimizers.optimizer_cost``)."""
+        return optimizer_cost(self.optimizer, self.momentum, self.weight_decay)
+
+    def label(self) -> str:
+        """The step's optimiser in words, with its momentum (SGD) and an L2 weight decay where the rows recorded one."""
+        text = OPTIMIZER_LABELS[self.optimizer]
+        if self.optimizer == "sgd" and not self.momentum:
+            return "SGD with weight decay, no momentum" if self.decays else "SGD without momentum"
+        return text + (" and weight decay" if self.weight_decay and self.decays else "")
+
+    def traced_update(self) -> dict[str, Any]:
+        """The allocator replay's optimiser settings (``alloc_trace.simulate``'s keywords) for this step's update;
+        empty for the old rules' SGD (perf4sight's single-tensor loop with momentum and decay), so that its traces keep
+        their cache keys."""
+        if self.optimizer == "sgd" and self.momentum and self.weight_decay is None:
+            return {}
+        return {"optimizer": self.optimizer, "foreach": self.foreach, "momentum": _TRACED_MOMENTUM * self.momentum,
+                "weight_decay": _TRACED_DECAY * self.decays}
 
     def applied(self, op: str, cost: OpCost) -> OpCost:
         """``cost``, an op of kind ``op`` as its formula counts it (``formulas.HANDLERS``: the older torch's ReLU6, a
@@ -82,7 +120,9 @@ class StepRuntime:
     def from_metadata(cls, metadata: dict[str, Any]) -> "StepRuntime":
         """The rules a stored fingerprint was fitted under; a key it lacks reads the value of before the key."""
         kw = {name: metadata.get(key, old) for key, (name, old) in _METADATA_KEYS.items()}
-        for name in ("relu6_clone", "foreach", "native_conv"):
+        for name in ("relu6_clone", "foreach", "native_conv", "momentum"):
             if not isinstance(kw[name], bool):
                 raise ValueError(f"{name} is not true or false")
+        if kw["weight_decay"] is not None and not isinstance(kw["weight_decay"], bool):
+            raise ValueError("weight_decay is not true, false or null")
         return cls(optimizer=str(kw.pop("optimizer")), dropout_mask_bytes=int(kw.pop("dropout_mask_bytes")), **kw)

@@ -27,7 +27,7 @@ import numpy as np
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, feature_matrix, network_features
 from perf4sight.features.allocator import PERF4SIGHT, RUN_PEAK
-from perf4sight.features.optimizers import DEFAULT_OPTIMIZER
+from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, L2_DECAY
 from perf4sight.features.step_runtime import CPU_MASK_BYTES, CUDA_MASK_BYTES, StepRuntime
 from perf4sight.fingerprint.domain import training_domain
 from perf4sight.fingerprint.evaluate import choose_groups, metrics
@@ -39,13 +39,14 @@ from perf4sight.fingerprint.select import (PREFERRED, can_nest, describe_choice,
 from perf4sight.fingerprint.storage import FEATURE_SET, save_models
 from perf4sight.fingerprint.trees import CEILING, MODELS, TREE_FEATURES, Model, tree_features
 from perf4sight.importers.perf4sight_csv import PROTOCOL as PERF4SIGHT_ROWS
+from perf4sight.importers.perf4sight_csv import UPDATE as PERF4SIGHT_UPDATE
 from perf4sight.ir.schema import STRUCTURE_VERSION, NetworkDescription
-from perf4sight.profiling.plan import OPTIMIZERS, phase_optimizer, training_phase
+from perf4sight.profiling.plan import OPTIMIZERS, phase_optimizer, recorded_update, training_phase
 from perf4sight.profiling.results import batch_size_of, number, phase_of
 from perf4sight.wording import plural
 
 __all__ = ["fit_fingerprint", "fit_inputs_sha256", "memory_column", "memory_replay", "step_runtime", "relu6_clone",
-           "rows_optimizer", "ran_on_cpu", "native_conv_dispatch", "hold_native_conv", "device_kind",
+           "rows_optimizer", "rows_update", "torch_at_least", "ran_on_cpu", "native_conv_dispatch", "hold_native_conv", "device_kind",
            "choice_rule", "memory_capacity", "capacity_basis", "records",
            "software_versions", "common_input_shape", "LATENCY_COLUMN", "FEATURE_SET"]
 
@@ -72,13 +73,39 @@ def memory_replay(rows: list[dict[str, Any]]) -> str:
     return RUN_PEAK
 
 
-def relu6_clone(rows: list[dict[str, Any]]) -> bool:
-    """Whether these rows' steps ran on a torch whose in-place ReLU6 keeps a clone of its input (1.10 and
-    newer; pytorch/pytorch#95432): every row that names its ``torch_version`` names such a one, and some
-    row does. Rows naming none (imported perf4sight data, whose TX2 runs kept the result) keep the old rule."""
+def torch_at_least(rows: list[dict[str, Any]], version: tuple[int, int]) -> bool:
+    """Whether these rows' steps ran on torch ``version`` (major, minor) or newer: every row that names its
+    ``torch_version`` names such a one, and some row does (imported perf4sight data names none)."""
     versions = [str(r.get("torch_version") or "") for r in rows]
     parsed = [tuple(int(p) for p in re.findall(r"\d+", v)[:2]) for v in versions if re.match(r"\d+\.\d+", v)]
-    return bool(parsed) and all(v >= (1, 10) for v in parsed)
+    return bool(parsed) and all(v >= version for v in parsed)
+
+
+def relu6_clone(rows: list[dict[str, Any]]) -> bool:
+    """Whether these rows' steps ran on a torch whose in-place ReLU6 keeps a clone of its input (1.10 and
+    newer; pytorch/pytorch#95432). Rows naming no torch (imported perf4sight data, whose TX2 runs kept the result)
+    keep the old rule."""
+    return torch_at_least(rows, (1, 10))
+
+
+def rows_update(rows: list[dict[str, Any]], optimizer: str) -> tuple[bool, bool]:
+    """(momentum, weight decay) of these rows' update: whether SGD kept a momentum buffer, and whether SGD or Adam
+    added an L2 weight-decay term (``features/optimizers.py``), from their ``momentum`` and ``weight_decay`` cells.
+    An empty cell reads what its profiler ran then: perf4sight's recipe for an imported row (momentum 0.9, weight
+    decay 5e-4), this tool's defaults for its own (``profiling.plan.recorded_update``). ``UserError`` where the rows
+    differ in either."""
+    seen: dict[tuple[bool, bool], str] = {}
+    for r in rows:
+        cells = (PERF4SIGHT_UPDATE if str(r.get("protocol", "")) == PERF4SIGHT_ROWS
+                 and not (r.get("momentum") or r.get("weight_decay")) else recorded_update(r, optimizer))
+        key = (optimizer != "sgd" or float(cells["momentum"]) > 0,
+               optimizer in L2_DECAY and float(cells["weight_decay"]) > 0)
+        seen.setdefault(key, f"momentum {cells['momentum'] or '-'}, weight decay {cells['weight_decay']}")
+    if len(seen) > 1:
+        raise UserError(f"fingerprint: rows of several updates ({'; '.join(sorted(seen.values()))}): momentum and "
+                        "weight decay change what the step keeps and runs; fit the rows of one (profile them again "
+                        "with one [profile] momentum and weight_decay)")
+    return next(iter(seen)) if seen else (True, optimizer == "sgd")
 
 
 def rows_optimizer(rows: list[dict[str, Any]]) -> str:
@@ -111,11 +138,14 @@ def native_conv_dispatch(rows: list[dict[str, Any]]) -> bool:
 
 def step_runtime(rows: list[dict[str, Any]]) -> StepRuntime:
     """The rules of the torch that ran these rows' training step (``features/step_runtime.py``), read from the rows:
-    their optimiser, their torch's ReLU6, a CPU's update and dropout mask or a GPU's, the CPU's 1x1 dispatch."""
-    on_cpu = ran_on_cpu(rows)
-    return StepRuntime(optimizer=rows_optimizer(rows), relu6_clone=relu6_clone(rows), foreach=not on_cpu,
+    their optimiser and its momentum and weight decay, their torch's ReLU6, a CPU's update and dropout mask or a
+    GPU's (whose update is ``foreach`` from torch 2.0 on), the CPU's 1x1 dispatch."""
+    on_cpu, optimizer = ran_on_cpu(rows), rows_optimizer(rows)
+    momentum, decay = rows_update(rows, optimizer)
+    return StepRuntime(optimizer=optimizer, relu6_clone=relu6_clone(rows),
+                       foreach=not on_cpu and torch_at_least(rows, (2, 0)),
                        dropout_mask_bytes=CPU_MASK_BYTES if on_cpu else CUDA_MASK_BYTES,
-                       native_conv=native_conv_dispatch(rows))
+                       native_conv=native_conv_dispatch(rows), momentum=momentum, weight_decay=decay)
 
 
 def hold_native_conv(F: np.ndarray, runtime: StepRuntime) -> np.ndarray:

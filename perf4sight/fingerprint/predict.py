@@ -24,7 +24,7 @@ import numpy as np
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, feature_matrix, network_features
 from perf4sight.features.allocator import REPLAY_PROTOCOLS, STEP_MEAN
-from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_LABELS
+from perf4sight.features.optimizers import DEFAULT_OPTIMIZER
 from perf4sight.features.step_runtime import StepRuntime
 from perf4sight.fingerprint.families import known_families
 from perf4sight.fingerprint.select import RULE_KEPT
@@ -369,8 +369,11 @@ def _why_chosen(sel: dict[str, Any]) -> str:
 def accuracy_lines(metadata: dict[str, Any]) -> list[str]:
     """Human-readable accuracy table of a fingerprint's metadata (for the stage to print), after the training
     step it is of."""
-    optimizer = str(metadata.get("optimizer", DEFAULT_OPTIMIZER))
-    lines = [f"training step: {OPTIMIZER_LABELS.get(optimizer, optimizer)} (the optimiser of its rows)"]
+    try:
+        step = StepRuntime.from_metadata(metadata).label()
+    except ValueError:  # metadata check_metadata refuses; only the Python API gets here with it
+        step = str(metadata.get("optimizer", DEFAULT_OPTIMIZER))
+    lines = [f"training step: {step} (the optimiser of its rows)"]
     for target, acc in metadata.get("accuracy", {}).items():
         head = f"{target} ({acc['column']}), leave-one-{acc['grouping']}-out"
         if acc.get("nested"):

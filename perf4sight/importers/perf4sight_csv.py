@@ -26,6 +26,7 @@ from typing import Any
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import is_file_stem, load_description, save_description
 from perf4sight.ir.shapes import shape_text
+from perf4sight.profiling.plan import update_columns
 from perf4sight.profiling.results import (append_row, file_sha, measured_keys, number, read_rows, results_path,
                                           row_key)
 from perf4sight.wording import plural
@@ -36,6 +37,9 @@ __all__ = ["ImportSummary", "check_backends", "import_perf4sight", "mark_thrashi
 #: The ``protocol`` cell of an imported row: perf4sight's profiler (latency the mean of 3 timed steps; memory
 #: read as ``features/allocator.py``'s ``perf4sight`` replay protocol describes).
 PROTOCOL = "perf4sight_mean3"
+#: The ``momentum`` and ``weight_decay`` cells of an imported row: perf4sight's profiler trains with
+#: ``torch.optim.SGD(lr=0.1, momentum=0.9, weight_decay=5e-4)`` (``profiling/tx2/run_test.py`` in ICIdsl/perf4sight).
+UPDATE = update_columns("sgd", 0.9, 5e-4)
 
 #: A step whose time per sample is more than this many times that of the network's next smaller batch size that
 #: ran is thrashing (unified memory swapped out and back in, zram on a Jetson): recorded as ``oom``, as this tool's
@@ -289,7 +293,7 @@ def import_perf4sight(source_dir: str | Path, device: str, profiling_dir: str | 
             "pruning_level": level if level != int(level) else int(level), "batch_size": bs,
             "input_shape": info[variant][0], "phase": "train", "status": status, "message": message,
             "protocol": PROTOCOL, "device_model": board, "hostname": "", "timestamp": stamp,
-            "description_sha": info[variant][1],
+            "description_sha": info[variant][1], **UPDATE,
             **figures,
         })
         if len(files["memory"]) > 1 or len(files["latency"]) > 1:

@@ -46,12 +46,15 @@ def failure_message(exc: BaseException, batch_size: int) -> str:
 
 def make_optimizer(plan: Any, parameters: Any) -> Any:
     """The plan's optimiser over ``parameters``: SGD with its ``momentum``, or Adam / AdamW with torch's defaults
-    (betas 0.9 and 0.999, eps 1e-8; AdamW's weight decay 0.01); ``learning_rate`` is each one's."""
+    (betas 0.9 and 0.999, eps 1e-8); ``learning_rate`` and ``weight_decay`` are each one's (None: torch's default,
+    AdamW's 0.01, the others' 0)."""
     import torch
 
+    decay = {} if plan.weight_decay is None else {"weight_decay": plan.weight_decay}
     if plan.optimizer == "sgd":
-        return torch.optim.SGD(parameters, lr=plan.learning_rate, momentum=plan.momentum)
-    return {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[plan.optimizer](parameters, lr=plan.learning_rate)
+        return torch.optim.SGD(parameters, lr=plan.learning_rate, momentum=plan.momentum, **decay)
+    return {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[plan.optimizer](parameters, lr=plan.learning_rate,
+                                                                                   **decay)
 
 
 def measure(plan_path: Union[str, Path], network_index: int, batch_size: int) -> Dict[str, Any]:

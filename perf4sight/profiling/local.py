@@ -73,7 +73,8 @@ def make_plan(cfg: Config, device_name: str, descriptions: list[str | Path], out
                     warmup_steps=p.warmup_steps, timed_steps=p.timed_steps, min_timed_s=p.min_timed_s,
                     repeats=p.repeats, timeout_s=p.timeout_s, max_swap_in_mb=p.max_swap_in_mb,
                     memory_limit_mb=dev.memory_limit_mb, threads=dev.threads, gpu_index=dev.gpu_index,
-                    learning_rate=p.learning_rate, momentum=p.momentum, optimizer=p.optimizer, output=output,
+                    learning_rate=p.learning_rate, momentum=p.momentum, weight_decay=p.weight_decay,
+                    optimizer=p.optimizer, output=output,
                     reference_every=p.reference_every, reference_network=p.reference_network,
                     reference_batch_size=p.reference_batch_size, retry_errors=p.retry_errors)
 

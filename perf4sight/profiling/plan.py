@@ -9,7 +9,7 @@ Example (times in seconds, memory in MiB)::
     {"device": "tx2", "backend": "jetson", "networks": ["nets/resnet18_l0.json"],
      "batch_sizes": [1, 2, 4, 8], "warmup_steps": 2, "timed_steps": 5, "timeout_s": 300,
      "memory_limit_mb": 0, "threads": 0, "gpu_index": 0, "learning_rate": 0.01,
-     "optimizer": "sgd", "momentum": 0.9, "output": "measurements.csv"}
+     "optimizer": "sgd", "momentum": 0.9, "weight_decay": 0.0, "output": "measurements.csv"}
 """
 import dataclasses
 import json
@@ -22,7 +22,7 @@ from perf4sight.files import write_atomically
 from perf4sight.profiling.results import REFERENCES_CSV
 
 __all__ = ["TestPlan", "load_plan", "save_plan", "check_measurement_settings", "PLAN_VERSION", "OPTIMIZERS",
-           "training_phase", "phase_optimizer"]
+           "training_phase", "phase_optimizer", "update_columns", "recorded_update"]
 
 PLAN_VERSION = 1
 
@@ -43,6 +43,29 @@ def phase_optimizer(phase: str) -> Optional[str]:
         if (phase or "train") == training_phase(name):
             return name
     return None
+
+
+#: torch's weight decay of each optimiser when none is given.
+_TORCH_WEIGHT_DECAY = {"sgd": 0.0, "adam": 0.0, "adamw": 0.01}
+
+
+def update_columns(optimizer: str, momentum: float, weight_decay: Optional[float]) -> Dict[str, str]:
+    """The ``momentum`` and ``weight_decay`` cells of a row whose step updated with these settings: SGD's momentum
+    (empty for the others, which have none), and the weight decay the optimiser ran with (``weight_decay`` None:
+    torch's default, AdamW's 0.01, the others' 0)."""
+    decay = _TORCH_WEIGHT_DECAY[optimizer] if weight_decay is None else weight_decay
+    return {"momentum": repr(float(momentum)) if optimizer == "sgd" else "", "weight_decay": repr(float(decay))}
+
+
+def recorded_update(row: Dict[str, Any], optimizer: str) -> Dict[str, str]:
+    """:func:`update_columns` of a measurement row of ``optimizer``'s step; an empty cell (a row from before they
+    were recorded) reads the profiler's default then: momentum 0.9, torch's weight decay."""
+    def cell(name: str) -> Optional[float]:
+        value = row.get(name)
+        return None if value in ("", None) else float(value)
+
+    momentum = cell("momentum")
+    return update_columns(optimizer, 0.9 if momentum is None else momentum, cell("weight_decay"))
 
 
 def check_measurement_settings(s: Any, where: str, quote: str = "") -> None:
@@ -75,6 +98,8 @@ def check_measurement_settings(s: Any, where: str, quote: str = "") -> None:
     if not (s.learning_rate > 0 and 0 <= s.momentum < 1):
         raise UserError(f"{where}{key('learning_rate')} must be > 0 and {key('momentum')} in [0, 1), "
                         f"got {s.learning_rate} and {s.momentum}")
+    if s.weight_decay is not None and not 0 <= s.weight_decay < 1:
+        raise UserError(f"{where}{key('weight_decay')} must lie in [0, 1), got {s.weight_decay}")
 
 
 @dataclass
@@ -91,8 +116,9 @@ class TestPlan:
     ``output``: the measurement CSV (relative to the plan's folder or absolute).
     ``poll_interval_s``: how often the runner samples the child's memory (seconds).
     ``optimizer``: the training step's optimiser (:data:`OPTIMIZERS`): ``sgd`` with ``momentum``, or ``adam`` /
-    ``adamw`` with torch's defaults; ``learning_rate`` is each one's. It names the rows' ``phase``
-    (:func:`training_phase`).
+    ``adamw`` with torch's defaults; ``learning_rate`` and ``weight_decay`` are each one's (``weight_decay`` None:
+    torch's default, AdamW's 0.01, the others' 0). It names the rows' ``phase`` (:func:`training_phase`); the rows
+    record the momentum and weight decay (:func:`update_columns`).
     ``max_swap_in_mb``: MiB the system may swap back in while one measurement runs; more means the
     step's memory did not fit and pages went out and came back (thrashing, e.g. a Jetson's zram): the
     row is recorded as ``oom``, its measured columns kept (0 = no check).
@@ -123,6 +149,7 @@ class TestPlan:
     gpu_index: int = 0
     learning_rate: float = 0.01
     momentum: float = 0.9
+    weight_decay: Optional[float] = None
     optimizer: str = "sgd"
     input_shape: Optional[List[int]] = None
     num_classes: Optional[int] = None
@@ -167,7 +194,7 @@ _TYPES: Dict[str, Tuple[Type, ...]] = {
     "timeout_s": (int, float), "memory_limit_mb": (int,),
     "max_swap_in_mb": (int, float),
     "threads": (int,), "gpu_index": (int,), "learning_rate": (int, float), "momentum": (int, float),
-    "optimizer": (str,), "input_shape": (list, type(None)), "num_classes": (int, type(None)), "output": (str,),
+    "weight_decay": (int, float, type(None)), "optimizer": (str,), "input_shape": (list, type(None)), "num_classes": (int, type(None)), "output": (str,),
     "reference_every": (int,), "reference_network": (str,), "reference_batch_size": (int,), "reference_output": (str,),
     "retry_errors": (bool,), "poll_interval_s": (int, float), "version": (int,),
 }

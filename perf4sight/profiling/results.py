@@ -62,6 +62,8 @@ COLUMNS: List[str] = [
     "hostname",
     "timestamp",              # ISO 8601, UTC, when the row was written
     "description_sha",        # sha256 of the description JSON (first 16 hex digits)
+    "momentum",               # SGD's momentum (empty: another optimiser, or a row from before it was recorded)
+    "weight_decay",           # the optimiser's weight decay (empty: a row from before it was recorded)
 ]
 
 STATUSES = ("ok", "oom", "skipped_after_oom", "error")

@@ -40,7 +40,7 @@ from perf4sight.ir.schema import load_description
 from perf4sight.ir.shapes import shape_text
 from perf4sight.profiling import results
 from perf4sight.profiling.backends.base import LIMIT_OOM, Backend, get_backend
-from perf4sight.profiling.plan import TestPlan, load_plan, training_phase
+from perf4sight.profiling.plan import TestPlan, load_plan, recorded_update, training_phase, update_columns
 from perf4sight.profiling.procfs import status_mb, swap_mb
 
 __all__ = ["run_plan", "run_child", "run_repeats", "swapped", "thrashing", "ChildOutcome", "main"]
@@ -311,13 +311,19 @@ class _OnDisk:
 
     @classmethod
     def read(cls, csv_path: Path, device: str, nets: List[_Network], limit: int = 0,
-             retry_errors: bool = False, phase: str = "train") -> "_OnDisk":
-        """The rows of ``device`` and ``phase`` (``plan.training_phase``: another optimiser's rows, their ooms
-        among them, are another sweep's)."""
+             retry_errors: bool = False, plan: Optional[TestPlan] = None) -> "_OnDisk":
+        """The rows of ``device`` and of the step ``plan`` measures (None: the default plan's): its optimiser's
+        ``phase`` (``plan.training_phase``) and, among the newest rows, those of its momentum and weight decay
+        (``plan.recorded_update``): another optimiser's rows or another update's, their ooms among them, are
+        another sweep's."""
+        plan = plan or TestPlan(device=device)
+        phase, update = training_phase(plan.optimizer), update_columns(plan.optimizer, plan.momentum,
+                                                                       plan.weight_decay)
         sha_of = {n.name: n.sha for n in nets}
-        rows = results.latest_rows(
+        rows = [r for r in results.latest_rows(
             r if r.get("description_sha") else dict(r, description_sha=sha_of.get(r["network"], ""))
             for r in results.read_rows(csv_path) if r["device"] == device and results.phase_of(r) == phase)
+            if recorded_update(r, plan.optimizer) == update]
         oom_at: Dict[Tuple[str, str, str], int] = {}
         again: Dict[Tuple[str, str, str], Tuple[int, int]] = {}
         for r in rows:
@@ -466,8 +472,10 @@ def _key_columns(plan: TestPlan, net: _Network, bs: int) -> Dict[str, Any]:
 
 
 def _csv_row(plan: TestPlan, net: _Network, bs: int, env: Dict[str, Any], row: Dict[str, Any]) -> Dict[str, Any]:
-    """A measurement's CSV row: the device facts, its key columns, then what the child reported."""
+    """A measurement's CSV row: the device facts, its key columns, the optimiser's settings, then what the child
+    reported."""
     full = {**env, "warmup_steps": plan.warmup_steps, **_key_columns(plan, net, bs),
+            **update_columns(plan.optimizer, plan.momentum, plan.weight_decay),
             **{k: v for k, v in row.items() if k in results.COLUMNS}, "timestamp": _now()}
     if full["status"] != "ok":
         full.update(warmup_steps="", timed_steps="")
@@ -485,8 +493,7 @@ def run_plan(plan_path: Union[str, Path], emit: Emit = print_event) -> Dict[str,
     counts = dict({s: 0 for s in results.STATUSES}, already_measured=0)
     with _locked(csv_path):
         shutil.rmtree(str(children_dir(csv_path)), ignore_errors=True)  # a killed runner's, left behind
-        disk = _OnDisk.read(csv_path, plan.device, nets, plan.memory_limit_mb, plan.retry_errors,
-                            training_phase(plan.optimizer))
+        disk = _OnDisk.read(csv_path, plan.device, nets, plan.memory_limit_mb, plan.retry_errors, plan)
         total = len(nets) * len(plan.batch_sizes)
         emit({"event": "plan", "device": plan.device, "backend": plan.backend, "networks": len(nets),
               "batch_sizes": plan.batch_sizes, "total": total, "csv": str(csv_path)})
