@@ -200,7 +200,8 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
     st["blas_context"] = float(any(n.op in BLAS_OPS for n in desc.nodes))
     sizes = np.array(list(saved.values()) + extra_sizes + [ps["input_bytes"]], dtype=float)
     return NetworkFeatures(desc.name, ps, st, unsupported, sizes, description=desc,
-                           kernels=kernel_table(desc, runtime.update_cost()) if not unsupported else None, runtime=runtime)
+                           kernels=kernel_table(desc, runtime.update_cost()) if not unsupported else None,
+                           runtime=runtime)
 
 
 def allocator_bytes(sizes: np.ndarray, batch_size: float | np.ndarray) -> float | np.ndarray:

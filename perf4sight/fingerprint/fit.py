@@ -46,8 +46,8 @@ from perf4sight.profiling.results import batch_size_of, number, phase_of
 from perf4sight.wording import plural
 
 __all__ = ["fit_fingerprint", "fit_inputs_sha256", "memory_column", "memory_replay", "step_runtime", "relu6_clone",
-           "rows_optimizer", "rows_update", "torch_at_least", "ran_on_cpu", "native_conv_dispatch", "hold_native_conv", "device_kind",
-           "choice_rule", "memory_capacity", "capacity_basis", "records",
+           "rows_optimizer", "rows_update", "torch_at_least", "ran_on_cpu", "native_conv_dispatch", "hold_native_conv",
+           "device_kind", "choice_rule", "memory_capacity", "capacity_basis", "records",
            "software_versions", "common_input_shape", "LATENCY_COLUMN", "FEATURE_SET"]
 
 LATENCY_COLUMN = "latency_ms_median"

@@ -194,7 +194,8 @@ _TYPES: Dict[str, Tuple[Type, ...]] = {
     "timeout_s": (int, float), "memory_limit_mb": (int,),
     "max_swap_in_mb": (int, float),
     "threads": (int,), "gpu_index": (int,), "learning_rate": (int, float), "momentum": (int, float),
-    "weight_decay": (int, float, type(None)), "optimizer": (str,), "input_shape": (list, type(None)), "num_classes": (int, type(None)), "output": (str,),
+    "weight_decay": (int, float, type(None)), "optimizer": (str,), "input_shape": (list, type(None)),
+    "num_classes": (int, type(None)), "output": (str,),
     "reference_every": (int,), "reference_network": (str,), "reference_batch_size": (int,), "reference_output": (str,),
     "retry_errors": (bool,), "poll_interval_s": (int, float), "version": (int,),
 }
