@@ -101,7 +101,7 @@ def test_html_is_self_contained_and_matches_markdown(report):
         assert f"]({pic})" in md
     for dev in SUBSETS:
         assert f"| {dev} |" in md
-    assert md.count("| SGD with momentum |") == len(SUBSETS)  # the glance table: the step each fingerprint is of
+    assert md.count("| SGD with momentum and weight decay |") == len(SUBSETS)  # the glance table: the TX2s' step
     assert md.count("| networks held out, 5 folds |") == 2 * len(SUBSETS)  # latency and memory, each device
     assert md.count("| networks held out, 5 folds, of a family in training |") == 2 * len(SUBSETS)
 

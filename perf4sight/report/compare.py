@@ -18,7 +18,6 @@ from rich.table import Table as RichTable
 from perf4sight.config import Config
 from perf4sight.dataset import device_dataset, resolve_networks
 from perf4sight.errors import UserError
-from perf4sight.features.optimizers import OPTIMIZER_LABELS
 from perf4sight.fingerprint.evaluate import metrics
 from perf4sight.fingerprint.predict import NETWORK_SPLIT, NETWORK_SPLIT_SEEN, RANDOM_SPLIT
 from perf4sight.ir.schema import NetworkDescription
@@ -128,9 +127,10 @@ def _curves(cfg: Config, devs: list[DeviceData], all_descs: dict[str, dict[str, 
 
 
 def _step(d: DeviceData) -> str:
-    """The optimiser of the training step ``d``'s fingerprint is of, in words."""
-    optimizer = d.fingerprint.fitted_optimizer
-    return OPTIMIZER_LABELS.get(optimizer, optimizer)
+    """The optimiser of the training step ``d``'s fingerprint is of, in words (with its momentum and weight decay
+    where its rows recorded them)."""
+    fp = d.fingerprint
+    return fp.runtime.with_optimizer(fp.fitted_optimizer).label()
 
 
 def _glance_blocks(devs: list[DeviceData]) -> list[Block]:
