@@ -259,6 +259,7 @@ def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
             meta = fit_device(cfg, device, descriptions, shas, rows=rows, refit=refit)  # the rows read above
             meta["folder"] = str(cfg.fingerprint_dir / device)
             _print_accuracy(device, meta)
+            _print_notes(_other_update_note(cfg, device, rows, meta))
             ok = sum(r.get("status") == "ok" and r.get("network") in descriptions for r in rows)
             unused = sorted({str(r["network"]) for r in rows if r.get("network") in descriptions}
                             - {str(r["network"]) for r in rows if r.get("status") == "ok"})
@@ -306,6 +307,27 @@ def _other_optimizers_note(cfg: Config, device: str) -> str:
              else f"--optimizer {others[0]} fits one of its rows")
     return (f"note: {device}: not fitted: its rows are of steps with {' and '.join(others)}, none with {step} "
             f"([profile] optimizer); {stays}")
+
+
+def _other_update_note(cfg: Config, device: str, rows: list[dict], meta: dict) -> str:
+    """Where ``device``'s rows (this tool's own) were measured with another momentum or weight decay than
+    ``[profile]`` gives, the note that the fingerprint is of its rows' step; else ""."""
+    from perf4sight.features.step_runtime import StepRuntime
+    from perf4sight.profiling.plan import recorded_update, update_columns
+
+    p = cfg.profile
+    if not rows or any(r.get("backend") == "imported" for r in rows):
+        return ""
+    wanted = update_columns(p.optimizer, p.momentum, p.weight_decay)
+    if all(recorded_update(r, p.optimizer) == wanted for r in rows):
+        return ""
+    fitted = StepRuntime.from_metadata(meta)
+    asked = StepRuntime(optimizer=p.optimizer, momentum=p.momentum > 0,
+                        weight_decay=float(wanted["weight_decay"]) > 0)
+    if (fitted.momentum, fitted.decays) == (asked.momentum, asked.decays):
+        return ""
+    return (f"note: {device}: its rows' step is {fitted.label()}, where [profile] asks for {asked.label()} "
+            "(momentum, weight_decay): the fingerprint is of its rows' step; --stage profile measures the other")
 
 
 def _print_accuracy(device: str, meta: dict) -> None:

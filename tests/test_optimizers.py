@@ -215,6 +215,9 @@ def test_a_plain_sgd_step_with_weight_decay_is_measured_again_and_fitted_as_such
     assert "training step: SGD with weight decay, no momentum" in fitted.stdout
     meta = json.loads((tmp_path / "fingerprinting" / "local" / "metadata.json").read_text())
     assert (meta["sgd_momentum"], meta["weight_decay"]) == (False, True)
+    other = main("", "fingerprint")  # a config of another update than the rows': a note, the rows' step fitted
+    assert "local: its rows' step is SGD with weight decay, no momentum, where [profile] asks for SGD with " \
+           "momentum" in other.stderr and "note:" not in fitted.stderr
     (tmp_path / "config.toml").write_text(base.replace('optimizer = "sgd"', 'optimizer = "sgd"\nweight_decay = -1'))
     bad = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", "config.toml", "--stage", "profile"],
                          capture_output=True, text=True, cwd=tmp_path, timeout=600)
