@@ -150,10 +150,12 @@ def test_step_runtime_is_read_from_the_rows_and_stored_with_the_fingerprint():
     cpu_rows = [{"backend": "cpu", "threads": 1, "torch_version": "2.14.1", "phase": "train_adam"}] * 2
     cpu = step_runtime(cpu_rows)
     assert cpu == StepRuntime(optimizer="adam", relu6_clone=True, foreach=False, dropout_mask_bytes=4,
-                              native_conv=True, weight_decay=False)
+                              native_conv=True, weight_decay=False, grads_to_none=True)
     gpu = step_runtime([{"backend": "nvml", "torch_version": "2.1.0"}])
-    # SGD with momentum and no weight decay (this tool's profiler before it recorded them), foreach, a one-byte mask
-    assert gpu == StepRuntime(relu6_clone=True, weight_decay=False)
+    # SGD with momentum and no weight decay (this tool's profiler before it recorded them), foreach, a one-byte mask,
+    # the gradients freed by zero_grad (this tool's profiler always did)
+    assert gpu == StepRuntime(relu6_clone=True, weight_decay=False, grads_to_none=True)
+    assert not step_runtime([{"backend": "imported"}]).grads_to_none  # perf4sight's profiler kept them
     assert not step_runtime([{"backend": "nvml", "torch_version": "1.9.0"}]).foreach  # SGD's loop before torch 2.0
     for rt in (cpu, gpu):
         assert StepRuntime.from_metadata(json.loads(json.dumps(rt.metadata()))) == rt

@@ -76,7 +76,8 @@ def _key(desc: NetworkDescription) -> str:
 def record_events(desc: NetworkDescription, batch_size: int, steps: int = 2, lr: float = 0.1,
                   momentum: float = 0.9, weight_decay: float | None = None, inplace_relu: bool = True,
                   fast: bool = True, method: str = "auto", relu6_clone: bool = False,
-                  optimizer: str = "sgd", foreach: bool | None = None) -> list[Event]:
+                  optimizer: str = "sgd", foreach: bool | None = None,
+                  set_to_none: bool = False) -> list[Event]:
     """Allocation events (kind, storage id, bytes, aten op) of ``steps`` training steps at ``batch_size``.
 
     ``inplace_relu``: run ReLU/ReLU6 in place as torchvision models do (falls back to out-of-place
@@ -90,22 +91,25 @@ def record_events(desc: NetworkDescription, batch_size: int, steps: int = 2, lr:
     ``momentum`` and ``weight_decay``), or ``adam`` (with ``weight_decay``) / ``adamw`` (torch's defaults),
     ``foreach`` (a GPU's update) or not (a CPU's; None: SGD's single-tensor loop, as perf4sight's torch ran it, and
     the others' ``foreach``); ``weight_decay`` None: :data:`SGD_WEIGHT_DECAY` for SGD (perf4sight's TX2 recipe),
-    none for Adam. Raises :class:`UserError` if an op cannot run on the meta device.
+    none for Adam. ``set_to_none``: each step starts with ``zero_grad(set_to_none=True)``, which frees the gradients
+    (torch 2.0's default, this tool's profiler), where older torch zeroed them in place and kept them (perf4sight's).
+    Raises :class:`UserError` if an op cannot run on the meta device.
     """
     return record_runs(desc, (batch_size,), steps, lr, momentum, weight_decay, inplace_relu, fast, method,
-                       relu6_clone, optimizer, foreach)[0]
+                       relu6_clone, optimizer, foreach, set_to_none)[0]
 
 
 def record_runs(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: int = 2, lr: float = 0.1,
                 momentum: float = 0.9, weight_decay: float | None = None, inplace_relu: bool = True,
                 fast: bool = True, method: str = "auto", relu6_clone: bool = False,
-                optimizer: str = "sgd", foreach: bool | None = None) -> list[list[Event]]:
+                optimizer: str = "sgd", foreach: bool | None = None,
+                set_to_none: bool = False) -> list[list[Event]]:
     """:func:`record_events` at each of ``batch_sizes``, one fresh run each (no gradients, no momentum)
     on one model built once."""
     if method not in ("auto", "trace", "model"):
         raise ValueError(f"record_runs: method must be auto, trace or model, not {method!r}")
     optimizer_cost(optimizer)  # a ValueError naming the known ones
-    step = _OptimizerStep(optimizer, lr, momentum, weight_decay, foreach)
+    step = _OptimizerStep(optimizer, lr, momentum, weight_decay, foreach, set_to_none)
     if method != "trace" and fast and inplace_relu:
         try:
             return [_modelled(desc, b, steps, step, relu6_clone) for b in batch_sizes]
@@ -220,7 +224,7 @@ def _trace(model: Any, desc: NetworkDescription, batch_size: int, steps: int, st
         with Recorder():
             for _ in range(steps):
                 record((STEP, 0, 0, "step"))
-                opt.zero_grad(set_to_none=False)
+                opt.zero_grad(set_to_none=step.set_to_none)
                 out = model(x)
                 loss = nn.functional.cross_entropy(out.reshape(out.shape[0], -1), y)
                 loss.backward()
@@ -260,23 +264,26 @@ class _OptimizerStep:
     one for AdamW."""
 
     def __init__(self, optimizer: str, lr: float, momentum: float, weight_decay: float | None,
-                 foreach: bool | None = None):
+                 foreach: bool | None = None, set_to_none: bool = False):
         if weight_decay is None:
             weight_decay = SGD_WEIGHT_DECAY if optimizer == "sgd" else 0.0
         self.optimizer, self.lr, self.momentum, self.weight_decay = optimizer, lr, momentum, weight_decay
         self.foreach = optimizer != "sgd" if foreach is None else foreach
+        self.set_to_none = set_to_none  # zero_grad frees the gradients (a property of the loop, kept with the update)
 
     @classmethod
     def of(cls, kw: dict[str, Any]) -> "_OptimizerStep":
         """The step :func:`simulate` traces with keywords ``kw`` (``StepRuntime.traced_update``'s)."""
-        return cls(kw.get("optimizer", "sgd"), 0.1, kw.get("momentum", 0.9), kw.get("weight_decay"), kw.get("foreach"))
+        return cls(kw.get("optimizer", "sgd"), 0.1, kw.get("momentum", 0.9), kw.get("weight_decay"), kw.get("foreach"),
+                   kw.get("set_to_none", False))
 
     def settings(self) -> tuple:
-        """What of these settings changes the events: (optimizer, foreach, momentum, weight decay), each None where
-        it changes nothing (SGD's foreach without weight decay, momentum other than SGD's)."""
+        """What of these settings changes the events: (optimizer, foreach, momentum, weight decay, set_to_none), each
+        None where it changes nothing (SGD's foreach without weight decay, momentum other than SGD's)."""
         sgd = self.optimizer == "sgd"
         return (self.optimizer, None if sgd and not self.weight_decay else self.foreach,
-                bool(self.momentum) if sgd else None, bool(self.weight_decay) and self.optimizer in L2_DECAY)
+                bool(self.momentum) if sgd else None, bool(self.weight_decay) and self.optimizer in L2_DECAY,
+                self.set_to_none)
 
     def make(self, params: list[Any]) -> Any:
         """The real optimiser with these settings (AdamW with torch's default weight decay)."""
@@ -345,24 +352,30 @@ def _assemble_steps(setup: list[Event], body: list[Event], tail: list[Event], gr
     optimizer step (``tail``); ``grads``: parameter -> id of its ``.grad``; ``param_bytes``: per
     parameter, None where it has no gradient. The optimiser's own events are written down (``step``)."""
     first = setup + [(STEP, 0, 0, "step")] + body + step.events(param_bytes, True, new_id) + tail
-    later = _later_steps(body, tail, grads, steps - 1, new_id, lambda: step.events(param_bytes, False, new_id))
+    later = _later_steps(body, tail, grads, steps - 1, new_id, lambda: step.events(param_bytes, False, new_id),
+                         step.set_to_none)
     return [e for e in first if e[0] != ACCUMULATED] + later
 
 
 def _later_steps(body: list[Event], tail: list[Event], grads: dict[int, int | None], count: int,
-                 new_id: Any, optimizer: Any) -> list[Event]:
+                 new_id: Any, optimizer: Any, set_to_none: bool = False) -> list[Event]:
     """The events of ``count`` steps after the first, derived from the first step's forward and backward
     (``body``, with :data:`ACCUMULATED` marks) and what followed its optimizer (``tail``).
 
     A later step allocates and frees the same tensors in the same order (new ids), except that each
     parameter gradient it computes is added into the existing ``.grad`` and freed right there (at
     the mark), where the first step kept it as the ``.grad`` (``grads``: parameter -> its id); and
-    its optimizer makes no momentum buffers (``optimizer()`` gives those events). Checked against
-    running every step in ``tests/test_allocator.py``."""
+    its optimizer makes no momentum buffers (``optimizer()`` gives those events). With ``set_to_none`` the step
+    starts by freeing every ``.grad`` (``zero_grad(set_to_none=True)``) and keeps the gradients it computes, as the
+    first step did. Checked against running every step in ``tests/test_allocator.py``."""
     out: list[Event] = []
+    first = [g for g in grads.values() if g is not None]  # each parameter's .grad, as the first step made it
+    held = first  # the .grads a step starts with
     for _ in range(count):
         out.append((STEP, 0, 0, "step"))
         renamed: dict[int, int] = {}
+        if set_to_none:
+            out.extend((FREE, g, 0, "") for g in held)
 
         def copy(events: list[Event]) -> None:
             for kind, t, size, op in events:
@@ -371,13 +384,14 @@ def _later_steps(body: list[Event], tail: list[Event], grads: dict[int, int | No
                     out.append((ALLOC, renamed[t], size, op))
                 elif kind == FREE:
                     out.append((FREE, renamed.get(t, t), 0, ""))
-                elif kind == ACCUMULATED and grads.get(t) is not None:
+                elif kind == ACCUMULATED and grads.get(t) is not None and not set_to_none:
                     g = grads[t]
                     out.append((FREE, renamed.get(g, g), 0, ""))
 
         copy(body)
         out.extend(optimizer())
         copy(tail)
+        held = [renamed[g] for g in first]  # this step's gradients (kept as the .grads only with set_to_none)
     return out
 
 

@@ -181,6 +181,15 @@ class CachingAllocator:
         self._insert(block)
 
 
+def _carried(kinds: list[int], ids: list[int], start: int, end: int) -> tuple[set[int], list[int]]:
+    """Of the events ``start:end`` (a step): the tensors it frees that it did not allocate, and those it allocates
+    and leaves alive (e.g. the gradients of a step that begins with ``zero_grad(set_to_none=True)``: freed by the
+    next step); a repeat of the step frees the second where its events free the first."""
+    made = {ids[i] for i in range(start, end) if kinds[i] == ALLOC}
+    freed = {ids[i] for i in range(start, end) if kinds[i] == FREE}
+    return freed - made, [ids[i] for i in range(start, end) if kinds[i] == ALLOC and ids[i] not in freed]
+
+
 @dataclass
 class AllocTrace:
     """One training run's ordered allocation events, with sizes linear in the batch size.
@@ -243,6 +252,7 @@ class AllocTrace:
         if steps:
             bounds += [bounds[-1]] * self.repeat_last
         before = None  # the allocator's state before a repeat of the last step
+        carried_in, carried_out = _carried(kinds, ids, *bounds[-1]) if steps else (set(), [])
         for n, (start, end) in enumerate(bounds):
             if n > 0:
                 alloc.reset_peaks()
@@ -255,10 +265,14 @@ class AllocTrace:
                     peaks += [peaks[-1]] * (len(bounds) - n)
                     break
                 before = state
+            repeat = n > len(steps)  # the last step again: it frees what its previous run left, not what it found
             for i in range(start, end):
                 k = kinds[i]
                 if k == ALLOC:
                     live[ids[i]] = malloc(sizes[i]) if sizes[i] else None
+                elif k == FREE and repeat and ids[i] in carried_in:
+                    for t in carried_out:  # at the first of them (frees commute): all of the previous run's
+                        alloc.free(live.pop(t, None))
                 elif k == FREE:
                     alloc.free(live.pop(ids[i], None))
             if n > 0:

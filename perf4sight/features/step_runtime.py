@@ -14,6 +14,9 @@ Each rule is a fact about a torch version or a device, not a fitted figure:
   time (on a CPU); the allocator replay's Adam scratch depends on it.
 - ``dropout_mask_bytes``: the bytes per element a dropout keeps for backward: 1 where CUDA's fused kernel keeps a
   bool mask, 4 where the CPU keeps the float noise it multiplied by.
+- ``grads_to_none``: each step began with ``zero_grad(set_to_none=True)``, which frees the gradients until the
+  backward makes them again (torch 2.0's default; this tool's profiler always did), where perf4sight's torch 1.x
+  zeroed them in place and kept them all step; the allocator replay's peak depends on it.
 - ``native_conv``: the rows ran where torch sends small-batch 1x1 convolutions outside oneDNN (the cpu backend on
   one thread), so the ``native_conv_macs`` term is theirs.
 
@@ -47,6 +50,7 @@ _METADATA_KEYS: dict[str, tuple[str, Any]] = {
     "native_conv_dispatch": ("native_conv", False),
     "sgd_momentum": ("momentum", True),  # before 2026-11-26: every SGD's had momentum
     "weight_decay": ("weight_decay", None),  # before 2026-11-26: SGD's with, the others' without
+    "zero_grad_set_to_none": ("grads_to_none", False),  # before 2026-11-26: replayed with the gradients kept
 }
 #: The weight decay the allocator replay traces where a step has one (its size changes no event).
 _TRACED_DECAY = 5e-4
@@ -58,7 +62,7 @@ _TRACED_MOMENTUM = 0.9
 class StepRuntime:
     """The rules of one torch on one device for a training step (module docstring). The defaults are the old
     rules of a GPU: SGD with momentum and weight decay, an older torch's ReLU6, a ``foreach`` update, a one-byte
-    dropout mask."""
+    dropout mask, the gradients kept between steps."""
     optimizer: str = DEFAULT_OPTIMIZER
     relu6_clone: bool = False
     foreach: bool = True
@@ -66,6 +70,7 @@ class StepRuntime:
     native_conv: bool = False
     momentum: bool = True
     weight_decay: bool | None = None
+    grads_to_none: bool = False
 
     def __post_init__(self) -> None:
         optimizer_cost(self.optimizer)  # a ValueError naming the known ones
@@ -97,10 +102,10 @@ class StepRuntime:
         """The allocator replay's optimiser settings (``alloc_trace.simulate``'s keywords) for this step's update;
         empty for the old rules' SGD (perf4sight's single-tensor loop with momentum and decay), so that its traces keep
         their cache keys."""
-        if self.optimizer == "sgd" and self.momentum and self.weight_decay is None:
+        if self.optimizer == "sgd" and self.momentum and self.weight_decay is None and not self.grads_to_none:
             return {}
         return {"optimizer": self.optimizer, "foreach": self.foreach, "momentum": _TRACED_MOMENTUM * self.momentum,
-                "weight_decay": _TRACED_DECAY * self.decays}
+                "weight_decay": _TRACED_DECAY * self.decays, "set_to_none": self.grads_to_none}
 
     def applied(self, op: str, cost: OpCost) -> OpCost:
         """``cost``, an op of kind ``op`` as its formula counts it (``formulas.HANDLERS``: the older torch's ReLU6, a
@@ -120,7 +125,7 @@ class StepRuntime:
     def from_metadata(cls, metadata: dict[str, Any]) -> "StepRuntime":
         """The rules a stored fingerprint was fitted under; a key it lacks reads the value of before the key."""
         kw = {name: metadata.get(key, old) for key, (name, old) in _METADATA_KEYS.items()}
-        for name in ("relu6_clone", "foreach", "native_conv", "momentum"):
+        for name in ("relu6_clone", "foreach", "native_conv", "momentum", "grads_to_none"):
             if not isinstance(kw[name], bool):
                 raise ValueError(f"{name} is not true or false")
         if kw["weight_decay"] is not None and not isinstance(kw["weight_decay"], bool):
