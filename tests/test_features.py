@@ -202,6 +202,12 @@ def test_the_updates_momentum_and_weight_decay_are_read_from_the_rows():
         assert StepRuntime.from_metadata(json.loads(json.dumps(rt.metadata()))) == rt
     old = StepRuntime.from_metadata({"optimizer": "sgd"})  # stored before: SGD's momentum and perf4sight's decay
     assert old.momentum and old.decays and old.update_cost() == optimizer_cost("sgd", True, True)
+    assert not old.grads_to_none  # and its gradients kept between steps, as perf4sight's torch 1.x did
+    for bad, message in ((("sgd_momentum", 0), "momentum is not true or false"),
+                         (("weight_decay", "yes"), "weight_decay is not true, false or null"),
+                         (("zero_grad_set_to_none", 1), "grads_to_none is not true or false")):
+        with pytest.raises(ValueError, match=message):
+            StepRuntime.from_metadata(dict([bad]))
 
 
 def test_pooling_keeps_what_its_backward_reads():
