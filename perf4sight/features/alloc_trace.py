@@ -1,9 +1,11 @@
 """Record the tensor allocations and frees of a training step without a GPU (meta device).
 
 The network is rebuilt from its description on the ``meta`` device (shapes and dtypes, no
-data, no compute) and put through the profiler's training loop: per step ``zero_grad`` (grads
-kept and zeroed, the PyTorch 1.x default), forward, cross-entropy, backward, SGD step with
-momentum and weight decay (single-tensor loop). A ``TorchDispatchMode`` sees every aten op: an
+data, no compute) and put through the profiler's training loop: per step ``zero_grad`` (by default the
+grads kept and zeroed, the PyTorch 1.x default perf4sight's profiler ran; ``set_to_none``: freed, as this tool's
+profiler does), forward, cross-entropy, backward, and by default an SGD step with momentum and weight decay
+(single-tensor loop; other settings and optimisers as :func:`record_events` says). A ``TorchDispatchMode`` sees
+every aten op: an
 output whose storage was not seen before is an allocation (its bytes); a weak reference on the
 storage reports its free. Weights, buffers and the input batch are allocated first. The meta
 kernels of batch norm and of same-shape elementwise ops are Python decompositions that cost most
@@ -11,7 +13,8 @@ of a trace; they are replaced by empty outputs of the same shapes (:func:`_shape
 which records the same events about five times faster.
 
 The SGD step's own events (per parameter: the weight-decay sum, on the first step the momentum
-buffer, then the sum's free) are written down directly instead of dispatched, as are Adam's and AdamW's (on the
+buffer, then the sum's free; with ``foreach`` and a decay, every sum at once) are written down directly instead of
+dispatched, as are Adam's and AdamW's (on the
 first step both moments of every parameter; then, in the ``foreach`` update a CUDA build runs, a square root of
 every second moment, freed together after the update, or in the single-tensor update a CPU runs, per parameter a
 square root and its quotient, the root freed at once and the quotient once the next one is made), and ``zero_grad``
