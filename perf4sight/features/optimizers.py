@@ -4,7 +4,9 @@ Counted per parameter tensor of the single-tensor update (``foreach=False``, wha
 
 - ``sgd`` (momentum): momentum update, parameter update and the ``zero_grad`` of older torch: 3 kernels moving
   about 7 parameter-sized tensors; 1 state buffer (the momentum). Without momentum (momentum 0) no buffer and no
-  momentum update (3 tensors fewer): 2 kernels, 4 tensors.
+  momentum update (3 tensors fewer): 2 kernels, 4 tensors. An approximation either way: torch runs the momentum
+  update as two kernels (``mul_``, ``add_``), and a ``zero_grad(set_to_none=True)`` (this tool's profiler) runs
+  none.
 - ``adam``: the first moment's ``lerp_`` (reads the moment and the gradient, writes the moment), the second's
   ``mul_`` and ``addcmul_``, the denominator's ``sqrt``, ``div`` and ``add_`` (two new parameter-sized tensors)
   and the update's ``addcdiv_``: 7 kernels moving 18 parameter-sized tensors; 2 state buffers (the moments).
