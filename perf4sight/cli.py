@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import textwrap
+from typing import Callable
 
 from perf4sight import __version__
 
@@ -58,6 +59,7 @@ OPTION_STAGES = {
     "network": ("predict", "all"), "batch_size": ("predict", "all"), "json": ("predict", "all"),
     "max_batch_size": ("predict",), "prune_to_fit": ("predict",), "max_latency_ms": ("predict",),
     "optimizer": ("profile", "fingerprint", "predict", "all"),
+    "momentum": ("profile", "fingerprint", "all"), "weight_decay": ("profile", "fingerprint", "all"),
     "retry_errors": ("profile", "all"),
     "predictor": ("fingerprint", "predict", "all"), "refit": ("fingerprint", "all"),
     "format": ("import", "export"), "source": ("import",), "output": ("export",),
@@ -111,6 +113,13 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                              "measures it, fingerprint fits its rows, predict predicts it (from a fingerprint of "
                              "another optimiser's rows: its models read this step's features, which no row "
                              "measured, with a note saying so)")
+    parser.add_argument("--momentum", type=_unit_interval("--momentum"), metavar="M",
+                        help="SGD's momentum, for this run instead of [profile] momentum (0: no momentum buffer): "
+                             "profile measures that step (a configuration measured with another is measured again), "
+                             "fingerprint says when its rows ran another")
+    parser.add_argument("--weight-decay", type=_unit_interval("--weight-decay"), metavar="WD",
+                        help="the optimiser's weight decay, for this run instead of [profile] weight_decay; as "
+                             "--momentum")
     parser.add_argument("--json", action="store_true",
                         help="predict: one JSON object per query on stdout, notes on stderr (with --stage all, "
                              "everything the other stages print goes to stderr too)")
@@ -130,10 +139,24 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _unit_interval(flag: str) -> Callable[[str], float]:
+    """An argparse type: a number in [0, 1), else the parser's one-line error naming ``flag``."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} takes a number, got {text!r}") from None
+        if not 0 <= value < 1:
+            raise argparse.ArgumentTypeError(f"{flag} must lie in [0, 1), got {text}")
+        return value
+    return parse
+
+
 def unused_option(args: argparse.Namespace) -> str:
     """The first option given that ``args.stage`` does not read, as the line saying so ('' if none)."""
     for dest, stages in OPTION_STAGES.items():
-        if getattr(args, dest) not in (None, False) and args.stage not in stages:
+        value = getattr(args, dest)
+        if value is not None and value is not False and args.stage not in stages:
             names = " or ".join(filter(None, (", ".join(stages[:-1]), stages[-1])))
             return (f"--{dest.replace('_', '-')} is for --stage {names}; "
                     f"--stage {args.stage} does not use it")

@@ -52,10 +52,12 @@ def _print_notes(*lines: str | None) -> None:
 
 
 def run(stage: str, cfg: Config, args: argparse.Namespace) -> int:
-    """Run ``stage`` (or every stage of ``STAGE_ORDER`` for ``all``); returns the exit code. ``--optimizer`` stands
-    for ``[profile] optimizer`` in this run."""
-    if getattr(args, "optimizer", None):
-        cfg = dataclasses.replace(cfg, profile=dataclasses.replace(cfg.profile, optimizer=args.optimizer))
+    """Run ``stage`` (or every stage of ``STAGE_ORDER`` for ``all``); returns the exit code. ``--optimizer``,
+    ``--momentum`` and ``--weight-decay`` stand for their ``[profile]`` keys in this run."""
+    given = {key: getattr(args, key, None) for key in ("optimizer", "momentum", "weight_decay")}
+    given = {key: value for key, value in given.items() if value is not None}
+    if given:
+        cfg = dataclasses.replace(cfg, profile=dataclasses.replace(cfg.profile, **given))
     if stage != "all":
         return STAGES[stage](cfg, args)
     json_only = bool(getattr(args, "json", False))  # stdout: the predict stage's JSON lines, nothing else

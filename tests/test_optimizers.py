@@ -218,6 +218,11 @@ def test_a_plain_sgd_step_with_weight_decay_is_measured_again_and_fitted_as_such
     other = main("", "fingerprint")  # a config of another update than the rows': a note, the rows' step fitted
     assert "local: its rows' step is SGD with weight decay, no momentum, where [profile] asks for SGD with " \
            "momentum" in other.stderr and "note:" not in fitted.stderr
+    (tmp_path / "config.toml").write_text(base)  # the flags stand for the keys: every row is of that update already
+    flags = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", "config.toml", "--stage", "profile",
+                            "--momentum", "0", "--weight-decay", "5e-4"], capture_output=True, text=True,
+                           cwd=tmp_path, timeout=600)
+    assert flags.returncode == 0 and "4/4 rows (0 new)" in flags.stdout, flags.stdout[-2000:] + flags.stderr[-2000:]
     (tmp_path / "config.toml").write_text(base.replace('optimizer = "sgd"', 'optimizer = "sgd"\nweight_decay = -1'))
     bad = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", "config.toml", "--stage", "profile"],
                          capture_output=True, text=True, cwd=tmp_path, timeout=600)
