@@ -49,15 +49,12 @@ import numpy as np
 from perf4sight.errors import UserError
 from perf4sight.features.alloc_model import ACCUMULATED, Event, NotCovered, step_events
 from perf4sight.features.allocator import ALLOC, FREE, RUN_PEAK, STEP, AllocTrace
-from perf4sight.features.optimizers import L2_DECAY, optimizer_cost
+from perf4sight.features.optimizers import PERF4SIGHT_MOMENTUM, PERF4SIGHT_WEIGHT_DECAY, adds_decay, optimizer_cost
 from perf4sight.ir.schema import NetworkDescription
 
 __all__ = ["record_events", "record_runs", "simulate", "attach_simulation", "ensure_simulation", "PROBE_BATCH",
            "clear_cache"]
 
-#: The weight decay of a traced SGD step unless told otherwise: perf4sight's TX2 recipe (its rows are replayed so;
-#: the size does not change the events, only whether there is one).
-SGD_WEIGHT_DECAY = 5e-4
 #: The batch size of the single traced run: a prime, so that it divides exactly the batch-scaled sizes.
 PROBE_BATCH = 65521
 _CACHE: dict[str, AllocTrace] = {}
@@ -77,7 +74,7 @@ def _key(desc: NetworkDescription) -> str:
 
 
 def record_events(desc: NetworkDescription, batch_size: int, steps: int = 2, lr: float = 0.1,
-                  momentum: float = 0.9, weight_decay: float | None = None, inplace_relu: bool = True,
+                  momentum: float = PERF4SIGHT_MOMENTUM, weight_decay: float | None = None, inplace_relu: bool = True,
                   fast: bool = True, method: str = "auto", relu6_clone: bool = False,
                   optimizer: str = "sgd", foreach: bool | None = None,
                   set_to_none: bool = False) -> list[Event]:
@@ -93,7 +90,7 @@ def record_events(desc: NetworkDescription, batch_size: int, steps: int = 2, lr:
     its result, as PyTorch <= 1.9 did; see :func:`_inplace_activations`). ``optimizer``: ``sgd`` (with ``lr``,
     ``momentum`` and ``weight_decay``), or ``adam`` (with ``weight_decay``) / ``adamw`` (torch's defaults),
     ``foreach`` (a GPU's update) or not (a CPU's; None: SGD's single-tensor loop, as perf4sight's torch ran it, and
-    the others' ``foreach``); ``weight_decay`` None: :data:`SGD_WEIGHT_DECAY` for SGD (perf4sight's TX2 recipe),
+    the others' ``foreach``); ``weight_decay`` None: perf4sight's for SGD (``optimizers.PERF4SIGHT_WEIGHT_DECAY``),
     none for Adam. ``set_to_none``: each step starts with ``zero_grad(set_to_none=True)``, which frees the gradients
     (torch 2.0's default, this tool's profiler), where older torch zeroed them in place and kept them (perf4sight's).
     Raises :class:`UserError` if an op cannot run on the meta device.
@@ -103,7 +100,7 @@ def record_events(desc: NetworkDescription, batch_size: int, steps: int = 2, lr:
 
 
 def record_runs(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: int = 2, lr: float = 0.1,
-                momentum: float = 0.9, weight_decay: float | None = None, inplace_relu: bool = True,
+                momentum: float = PERF4SIGHT_MOMENTUM, weight_decay: float | None = None, inplace_relu: bool = True,
                 fast: bool = True, method: str = "auto", relu6_clone: bool = False,
                 optimizer: str = "sgd", foreach: bool | None = None,
                 set_to_none: bool = False) -> list[list[Event]]:
@@ -269,7 +266,7 @@ class _OptimizerStep:
     def __init__(self, optimizer: str, lr: float, momentum: float, weight_decay: float | None,
                  foreach: bool | None = None, set_to_none: bool = False):
         if weight_decay is None:
-            weight_decay = SGD_WEIGHT_DECAY if optimizer == "sgd" else 0.0
+            weight_decay = PERF4SIGHT_WEIGHT_DECAY if optimizer == "sgd" else 0.0
         self.optimizer, self.lr, self.momentum, self.weight_decay = optimizer, lr, momentum, weight_decay
         self.foreach = optimizer != "sgd" if foreach is None else foreach
         self.set_to_none = set_to_none  # zero_grad frees the gradients (a property of the loop, kept with the update)
@@ -277,15 +274,20 @@ class _OptimizerStep:
     @classmethod
     def of(cls, kw: dict[str, Any]) -> "_OptimizerStep":
         """The step :func:`simulate` traces with keywords ``kw`` (``StepRuntime.traced_update``'s)."""
-        return cls(kw.get("optimizer", "sgd"), 0.1, kw.get("momentum", 0.9), kw.get("weight_decay"), kw.get("foreach"),
-                   kw.get("set_to_none", False))
+        return cls(kw.get("optimizer", "sgd"), 0.1, kw.get("momentum", PERF4SIGHT_MOMENTUM), kw.get("weight_decay"),
+                   kw.get("foreach"), kw.get("set_to_none", False))
+
+    @property
+    def decays(self) -> bool:
+        """Whether the update adds an L2 weight-decay term (``optimizers.adds_decay``)."""
+        return adds_decay(self.optimizer, bool(self.weight_decay))
 
     def settings(self) -> tuple:
         """What of these settings changes the events: (optimizer, foreach, momentum, weight decay, set_to_none), each
         None where it changes nothing (SGD's foreach without weight decay, momentum other than SGD's)."""
         sgd = self.optimizer == "sgd"
         return (self.optimizer, None if sgd and not self.weight_decay else self.foreach,
-                bool(self.momentum) if sgd else None, bool(self.weight_decay) and self.optimizer in L2_DECAY,
+                bool(self.momentum) if sgd else None, self.decays,
                 self.set_to_none)
 
     def make(self, params: list[Any]) -> Any:
@@ -302,7 +304,7 @@ class _OptimizerStep:
         """The step's events; ``param_bytes``: per parameter, None where it has no gradient; ``first``: the first
         step, which makes the optimiser's state."""
         sizes = [n for n in param_bytes if n is not None]
-        decay = bool(self.weight_decay) and self.optimizer in L2_DECAY
+        decay = self.decays
         if self.optimizer == "sgd":
             return self._sgd_events(sizes, first, decay, new_id)
         out: list[Event] = []

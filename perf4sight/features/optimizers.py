@@ -22,10 +22,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["OptimizerCost", "OPTIMIZER_COSTS", "optimizer_cost", "DEFAULT_OPTIMIZER", "OPTIMIZER_LABELS", "L2_DECAY",
-           "adds_decay"]
+           "adds_decay", "PERF4SIGHT_MOMENTUM", "PERF4SIGHT_WEIGHT_DECAY"]
 
 #: What a fingerprint without an ``optimizer`` in its metadata was measured with.
 DEFAULT_OPTIMIZER = "sgd"
+#: perf4sight's TX2 profiler's SGD, ``torch.optim.SGD(lr=0.1, momentum=0.9, weight_decay=5e-4)``
+#: (``profiling/tx2/run_test.py`` in ICIdsl/perf4sight): what its imported rows ran, and the sizes the allocator
+#: replay traces where a step has a momentum or a decay (a size changes no event, only whether there is one).
+PERF4SIGHT_MOMENTUM = 0.9
+PERF4SIGHT_WEIGHT_DECAY = 5e-4
 
 
 @dataclass(frozen=True)

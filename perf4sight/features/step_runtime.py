@@ -32,8 +32,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from perf4sight.features.formulas import OpCost
-from perf4sight.features.optimizers import (DEFAULT_OPTIMIZER, OPTIMIZER_LABELS, OptimizerCost, adds_decay,
-                                           optimizer_cost)
+from perf4sight.features.optimizers import (DEFAULT_OPTIMIZER, OPTIMIZER_LABELS, PERF4SIGHT_MOMENTUM,
+                                           PERF4SIGHT_WEIGHT_DECAY, OptimizerCost, adds_decay, optimizer_cost)
 
 __all__ = ["StepRuntime", "CUDA_MASK_BYTES", "CPU_MASK_BYTES"]
 
@@ -52,10 +52,6 @@ _METADATA_KEYS: dict[str, tuple[str, Any]] = {
     "weight_decay": ("weight_decay", None),  # before 2026-11-26: SGD's with, the others' without
     "zero_grad_set_to_none": ("grads_to_none", False),  # before 2026-11-26: replayed with the gradients kept
 }
-#: The weight decay the allocator replay traces where a step has one (its size changes no event).
-_TRACED_DECAY = 5e-4
-#: The momentum the allocator replay traces where SGD has one.
-_TRACED_MOMENTUM = 0.9
 
 
 @dataclass(frozen=True)
@@ -104,8 +100,8 @@ class StepRuntime:
         their cache keys."""
         if self.optimizer == "sgd" and self.momentum and self.weight_decay is None and not self.grads_to_none:
             return {}
-        return {"optimizer": self.optimizer, "foreach": self.foreach, "momentum": _TRACED_MOMENTUM * self.momentum,
-                "weight_decay": _TRACED_DECAY * self.decays, "set_to_none": self.grads_to_none}
+        return {"optimizer": self.optimizer, "foreach": self.foreach, "momentum": PERF4SIGHT_MOMENTUM * self.momentum,
+                "weight_decay": PERF4SIGHT_WEIGHT_DECAY * self.decays, "set_to_none": self.grads_to_none}
 
     def applied(self, op: str, cost: OpCost) -> OpCost:
         """``cost``, an op of kind ``op`` as its formula counts it (``formulas.HANDLERS``: the older torch's ReLU6, a

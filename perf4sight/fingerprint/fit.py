@@ -27,7 +27,7 @@ import numpy as np
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, feature_matrix, network_features
 from perf4sight.features.allocator import PERF4SIGHT, RUN_PEAK
-from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, L2_DECAY
+from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, adds_decay
 from perf4sight.features.step_runtime import CPU_MASK_BYTES, CUDA_MASK_BYTES, StepRuntime
 from perf4sight.fingerprint.domain import training_domain
 from perf4sight.fingerprint.evaluate import choose_groups, metrics
@@ -99,7 +99,7 @@ def rows_update(rows: list[dict[str, Any]], optimizer: str) -> tuple[bool, bool]
         cells = (PERF4SIGHT_UPDATE if str(r.get("protocol", "")) == PERF4SIGHT_ROWS
                  and not (r.get("momentum") or r.get("weight_decay")) else recorded_update(r, optimizer))
         key = (optimizer != "sgd" or float(cells["momentum"]) > 0,
-               optimizer in L2_DECAY and float(cells["weight_decay"]) > 0)
+               adds_decay(optimizer, float(cells["weight_decay"]) > 0))
         seen.setdefault(key, f"momentum {cells['momentum'] or '-'}, weight decay {cells['weight_decay']}")
     if len(seen) > 1:
         raise UserError(f"fingerprint: rows of several updates ({'; '.join(sorted(seen.values()))}): momentum and "

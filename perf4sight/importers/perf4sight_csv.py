@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from perf4sight.errors import UserError
+from perf4sight.features.optimizers import PERF4SIGHT_MOMENTUM, PERF4SIGHT_WEIGHT_DECAY
 from perf4sight.ir.schema import is_file_stem, load_description, save_description
 from perf4sight.ir.shapes import shape_text
 from perf4sight.profiling.plan import update_columns
@@ -37,9 +38,9 @@ __all__ = ["ImportSummary", "check_backends", "import_perf4sight", "mark_thrashi
 #: The ``protocol`` cell of an imported row: perf4sight's profiler (latency the mean of 3 timed steps; memory
 #: read as ``features/allocator.py``'s ``perf4sight`` replay protocol describes).
 PROTOCOL = "perf4sight_mean3"
-#: The ``momentum`` and ``weight_decay`` cells of an imported row: perf4sight's profiler trains with
-#: ``torch.optim.SGD(lr=0.1, momentum=0.9, weight_decay=5e-4)`` (``profiling/tx2/run_test.py`` in ICIdsl/perf4sight).
-UPDATE = update_columns("sgd", 0.9, 5e-4)
+#: The ``momentum`` and ``weight_decay`` cells of an imported row: perf4sight's profiler's SGD
+#: (``features.optimizers.PERF4SIGHT_MOMENTUM``, ``PERF4SIGHT_WEIGHT_DECAY``).
+UPDATE = update_columns("sgd", PERF4SIGHT_MOMENTUM, PERF4SIGHT_WEIGHT_DECAY)
 
 #: A step whose time per sample is more than this many times that of the network's next smaller batch size that
 #: ran is thrashing (unified memory swapped out and back in, zram on a Jetson): recorded as ``oom``, as this tool's
