@@ -312,20 +312,18 @@ def _other_optimizers_note(cfg: Config, device: str) -> str:
 
 
 def _other_update_note(cfg: Config, device: str, rows: list[dict], meta: dict) -> str:
-    """Where ``device``'s rows (this tool's own) were measured with another momentum or weight decay than
-    ``[profile]`` gives, the note that the fingerprint is of its rows' step; else ""."""
+    """Where ``device``'s rows (this tool's own) ran another update than ``[profile]`` asks for (with or without
+    SGD's momentum buffer or an L2 weight decay: the fingerprint's metadata says which they ran), the note that the
+    fingerprint is of its rows' step; else ""."""
     from perf4sight.features.step_runtime import StepRuntime
-    from perf4sight.profiling.plan import recorded_update, update_columns
+    from perf4sight.profiling.plan import effective_weight_decay
 
     p = cfg.profile
     if not rows or any(r.get("backend") == "imported" for r in rows):
         return ""
-    wanted = update_columns(p.optimizer, p.momentum, p.weight_decay)
-    if all(recorded_update(r, p.optimizer) == wanted for r in rows):
-        return ""
     fitted = StepRuntime.from_metadata(meta)
     asked = StepRuntime(optimizer=p.optimizer, momentum=p.momentum > 0,
-                        weight_decay=float(wanted["weight_decay"]) > 0)
+                        weight_decay=effective_weight_decay(p.optimizer, p.weight_decay) > 0)
     if (fitted.momentum, fitted.decays) == (asked.momentum, asked.decays):
         return ""
     return (f"note: {device}: its rows' step is {fitted.label()}, where [profile] asks for {asked.label()} "

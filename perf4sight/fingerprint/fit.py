@@ -124,9 +124,9 @@ def rows_optimizer(rows: list[dict[str, Any]]) -> str:
 
 def ran_on_cpu(rows: list[dict[str, Any]]) -> bool:
     """Whether these rows' steps ran on a CPU (the ``cpu`` backend, every row): there the optimiser updates one
-    parameter at a time, where a GPU's updates all at once (``foreach``, torch's default for parameters on a GPU;
-    the allocator replay writes Adam's scratch down either way, SGD's replay is perf4sight's single-tensor loop), and
-    a dropout keeps the float noise it multiplied by, where CUDA's fused kernel keeps a one-byte mask."""
+    parameter at a time, where a GPU's torch >= 2.0 updates all at once (``foreach``; the allocator replay writes
+    Adam's scratch and a weight decay's down either way), and a dropout keeps the float noise it multiplied by, where
+    CUDA's fused kernel keeps a one-byte mask."""
     return bool(rows) and all(str(r.get("backend")) == "cpu" for r in rows)
 
 
@@ -358,9 +358,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         "targets": {"latency": {"column": LATENCY_COLUMN, "unit": "ms"}, "memory": {"column": mem_col, "unit": "MiB"}},
         "memory_target": mem_col,
         "memory_replay": replay,
-        # the rules of the rows' torch (step_runtime.py): optimizer, relu6_clone, optimizer_foreach,
-        # dropout_mask_bytes, native_conv_dispatch
-        **runtime.metadata(),
+        **runtime.metadata(),  # the rules of the rows' torch (step_runtime.py: its _METADATA_KEYS)
         "training_rows": counts,
         "drift_reference": drift,
         "oom_rows": len(oom_rows),

@@ -22,7 +22,7 @@ from perf4sight.files import write_atomically
 from perf4sight.profiling.results import REFERENCES_CSV
 
 __all__ = ["TestPlan", "load_plan", "save_plan", "check_measurement_settings", "PLAN_VERSION", "OPTIMIZERS",
-           "training_phase", "phase_optimizer", "update_columns", "recorded_update"]
+           "training_phase", "phase_optimizer", "update_columns", "recorded_update", "effective_weight_decay"]
 
 PLAN_VERSION = 1
 
@@ -49,12 +49,18 @@ def phase_optimizer(phase: str) -> Optional[str]:
 _TORCH_WEIGHT_DECAY = {"sgd": 0.0, "adam": 0.0, "adamw": 0.01}
 
 
+def effective_weight_decay(optimizer: str, weight_decay: Optional[float]) -> float:
+    """The weight decay ``optimizer`` runs with given ``weight_decay`` (None: torch's default, AdamW's 0.01, the
+    others' 0)."""
+    return float(_TORCH_WEIGHT_DECAY[optimizer] if weight_decay is None else weight_decay)
+
+
 def update_columns(optimizer: str, momentum: float, weight_decay: Optional[float]) -> Dict[str, str]:
     """The ``momentum`` and ``weight_decay`` cells of a row whose step updated with these settings: SGD's momentum
-    (empty for the others, which have none), and the weight decay the optimiser ran with (``weight_decay`` None:
-    torch's default, AdamW's 0.01, the others' 0)."""
-    decay = _TORCH_WEIGHT_DECAY[optimizer] if weight_decay is None else weight_decay
-    return {"momentum": repr(float(momentum)) if optimizer == "sgd" else "", "weight_decay": repr(float(decay))}
+    (empty for the others, which have none), and the weight decay the optimiser ran with
+    (:func:`effective_weight_decay`)."""
+    return {"momentum": repr(float(momentum)) if optimizer == "sgd" else "",
+            "weight_decay": repr(effective_weight_decay(optimizer, weight_decay))}
 
 
 def recorded_update(row: Dict[str, Any], optimizer: str) -> Dict[str, str]:
