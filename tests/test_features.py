@@ -150,11 +150,11 @@ def test_step_runtime_is_read_from_the_rows_and_stored_with_the_fingerprint():
     cpu_rows = [{"backend": "cpu", "threads": 1, "torch_version": "2.14.1", "phase": "train_adam"}] * 2
     cpu = step_runtime(cpu_rows)
     assert cpu == StepRuntime(optimizer="adam", relu6_clone=True, foreach=False, dropout_mask_bytes=4,
-                              native_conv=True, weight_decay=False, grads_to_none=True)
+                              native_conv=True, weight_decay=False, grads_to_none=True, update_as_run=True)
     gpu = step_runtime([{"backend": "nvml", "torch_version": "2.1.0"}])
     # SGD with momentum and no weight decay (this tool's profiler before it recorded them), foreach, a one-byte mask,
     # the gradients freed by zero_grad (this tool's profiler always did)
-    assert gpu == StepRuntime(relu6_clone=True, weight_decay=False, grads_to_none=True)
+    assert gpu == StepRuntime(relu6_clone=True, weight_decay=False, grads_to_none=True, update_as_run=True)
     assert not step_runtime([{"backend": "imported"}]).grads_to_none  # perf4sight's profiler kept them
     assert not step_runtime([{"backend": "nvml", "torch_version": "1.9.0"}]).foreach  # SGD's loop before torch 2.0
     for rt in (cpu, gpu):
@@ -201,11 +201,17 @@ def test_the_updates_momentum_and_weight_decay_are_read_from_the_rows():
     for rt in (plain, decayed):
         assert StepRuntime.from_metadata(json.loads(json.dumps(rt.metadata()))) == rt
     old = StepRuntime.from_metadata({"optimizer": "sgd"})  # stored before: SGD's momentum and perf4sight's decay
-    assert old.momentum and old.decays and old.update_cost() == optimizer_cost("sgd", True, True)
+    assert old.momentum and old.decays and not old.update_as_run
     assert not old.grads_to_none  # and its gradients kept between steps, as perf4sight's torch 1.x did
+    # counted as it was fitted: the momentum update one kernel, a zero_() whatever the step did; rows of the same
+    # update fitted now count torch's kernels (the momentum's mul_ and add_, the kept gradients' zero_())
+    assert (old.update_cost().kernels_per_tensor, old.update_cost().tensor_passes) == (4, 10)
+    now = step_runtime(imported).update_cost()
+    assert (now.kernels_per_tensor, now.tensor_passes) == (5, 12)
     for bad, message in ((("sgd_momentum", 0), "momentum is not true or false"),
                          (("weight_decay", "yes"), "weight_decay is not true, false or null"),
-                         (("zero_grad_set_to_none", 1), "grads_to_none is not true or false")):
+                         (("zero_grad_set_to_none", 1), "grads_to_none is not true or false"),
+                         (("update_counted_as_run", "no"), "update_as_run is not true or false")):
         with pytest.raises(ValueError, match=message):
             StepRuntime.from_metadata(dict([bad]))
 

@@ -2,13 +2,16 @@
 optimiser, the rows' ``phase``, the features' state and passes, the fingerprint's metadata and predict."""
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 import torch.nn as nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from perf4sight.config import load_config
 from perf4sight.errors import UserError
@@ -62,6 +65,48 @@ def test_adam_features_count_its_two_moments_and_its_longer_update():
     assert adam["flops_total"] == sgd["flops_total"] and adam["saved_bytes"] == sgd["saved_bytes"]
     with pytest.raises(ValueError, match="unknown optimizer 'lamb'"):
         StepRuntime(optimizer="lamb")
+
+
+class _ParameterSizedOps(TorchDispatchMode):
+    """The aten ops dispatched on tensors of ``numel`` elements: (kernels, parameter-sized tensors read or written,
+    each counted once per op, its output once; a zeroing op reads nothing)."""
+
+    def __init__(self, numel: int):
+        super().__init__()
+        self.numel, self.kernels, self.passes = numel, 0, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        read = {a.data_ptr() for a in args if isinstance(a, torch.Tensor) and a.numel() == self.numel}
+        if func is torch.ops.aten.zero_.default:
+            read = set()
+        if read or (isinstance(out, torch.Tensor) and out.numel() == self.numel):  # not the step counter's scalar
+            self.kernels, self.passes = self.kernels + 1, self.passes + len(read) + 1
+        return out
+
+
+@pytest.mark.parametrize("optimizer,kw", [("sgd", {"momentum": 0.9}), ("sgd", {"momentum": 0.0}),
+                                          ("sgd", {"momentum": 0.9, "weight_decay": 5e-4}),
+                                          ("sgd", {"momentum": 0.0, "weight_decay": 5e-4}), ("adam", {}),
+                                          ("adam", {"weight_decay": 0.01}), ("adamw", {})])
+def test_the_update_counts_the_kernels_torch_runs_per_parameter_tensor(optimizer, kw):
+    """``optimizer_cost`` against torch's own single-tensor update (a CPU's), steady state: each kernel on a
+    parameter-sized tensor, and the tensors it moves; zero_grad's zeroing only where the gradients are kept."""
+    from perf4sight.features.optimizers import optimizer_cost
+    param = nn.Parameter(torch.randn(64, 48))
+    opt = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[optimizer](
+        [param], lr=0.01, foreach=False, **kw)
+    for kept in (False, True):
+        counted = _ParameterSizedOps(param.numel())
+        for step in range(3):  # the first step makes the state; the third is the one counted
+            with counted if step == 2 else contextlib.nullcontext():
+                opt.zero_grad(set_to_none=not kept)
+            param.grad = torch.ones_like(param) if param.grad is None else param.grad.add_(1.0)  # the backward's
+            with counted if step == 2 else contextlib.nullcontext():
+                opt.step()
+        cost = optimizer_cost(optimizer, momentum=kw.get("momentum", 0) > 0,
+                              weight_decay=kw.get("weight_decay", 0) > 0, grads_kept=kept)
+        assert (cost.kernels_per_tensor, cost.tensor_passes) == (counted.kernels, counted.passes), kept
 
 
 def test_a_fingerprint_is_of_one_optimisers_rows():

@@ -17,6 +17,9 @@ Each rule is a fact about a torch version or a device, not a fitted figure:
 - ``grads_to_none``: each step began with ``zero_grad(set_to_none=True)``, which frees the gradients until the
   backward makes them again (torch 2.0's default; this tool's profiler always did), where perf4sight's torch 1.x
   zeroed them in place and kept them all step; the allocator replay's peak depends on it.
+- ``update_as_run``: the update's kernels are counted as torch runs them (``optimizers.optimizer_cost``: SGD's
+  momentum update as two kernels, a ``zero_()`` only where the gradients are kept); false in a fingerprint stored
+  before that count, which keeps the count it was fitted with.
 - ``native_conv``: the rows ran where torch sends small-batch 1x1 convolutions outside oneDNN (the cpu backend on
   one thread), so the ``native_conv_macs`` term is theirs.
 
@@ -51,6 +54,7 @@ _METADATA_KEYS: dict[str, tuple[str, Any]] = {
     "sgd_momentum": ("momentum", True),  # before 2026-11-26: every SGD's had momentum
     "weight_decay": ("weight_decay", None),  # before 2026-11-26: SGD's with, the others' without
     "zero_grad_set_to_none": ("grads_to_none", False),  # before 2026-11-26: replayed with the gradients kept
+    "update_counted_as_run": ("update_as_run", False),  # before 2026-11-27: SGD's momentum update one kernel
 }
 
 
@@ -58,7 +62,7 @@ _METADATA_KEYS: dict[str, tuple[str, Any]] = {
 class StepRuntime:
     """The rules of one torch on one device for a training step (module docstring). The defaults are the old
     rules of a GPU: SGD with momentum and weight decay, an older torch's ReLU6, a ``foreach`` update, a one-byte
-    dropout mask, the gradients kept between steps."""
+    dropout mask, the gradients kept between steps, the update's count of before it went kernel by kernel."""
     optimizer: str = DEFAULT_OPTIMIZER
     relu6_clone: bool = False
     foreach: bool = True
@@ -67,6 +71,7 @@ class StepRuntime:
     momentum: bool = True
     weight_decay: bool | None = None
     grads_to_none: bool = False
+    update_as_run: bool = False
 
     def __post_init__(self) -> None:
         optimizer_cost(self.optimizer)  # a ValueError naming the known ones
@@ -85,7 +90,8 @@ class StepRuntime:
 
     def update_cost(self) -> OptimizerCost:
         """What the optimiser's update costs under these rules (``optimizers.optimizer_cost``)."""
-        return optimizer_cost(self.optimizer, self.momentum, self.weight_decay)
+        return optimizer_cost(self.optimizer, self.momentum, self.weight_decay, grads_kept=not self.grads_to_none,
+                              as_run=self.update_as_run)
 
     def label(self) -> str:
         """The step's optimiser in words, with its momentum (SGD) and an L2 weight decay where the rows recorded one."""
@@ -121,7 +127,7 @@ class StepRuntime:
     def from_metadata(cls, metadata: dict[str, Any]) -> "StepRuntime":
         """The rules a stored fingerprint was fitted under; a key it lacks reads the value of before the key."""
         kw = {name: metadata.get(key, old) for key, (name, old) in _METADATA_KEYS.items()}
-        for name in ("relu6_clone", "foreach", "native_conv", "momentum", "grads_to_none"):
+        for name in ("relu6_clone", "foreach", "native_conv", "momentum", "grads_to_none", "update_as_run"):
             if not isinstance(kw[name], bool):
                 raise ValueError(f"{name} is not true or false")
         if kw["weight_decay"] is not None and not isinstance(kw["weight_decay"], bool):

@@ -140,14 +140,16 @@ def step_runtime(rows: list[dict[str, Any]]) -> StepRuntime:
     """The rules of the torch that ran these rows' training step (``features/step_runtime.py``), read from the rows:
     their optimiser and its momentum and weight decay, their torch's ReLU6, a CPU's update and dropout mask or a
     GPU's (whose update is ``foreach`` from torch 2.0 on), the CPU's 1x1 dispatch, and the gradients freed by each
-    step's ``zero_grad`` (this tool's profiler; imported rows keep the rule of perf4sight's, which zeroed them)."""
+    step's ``zero_grad`` (this tool's profiler; imported rows keep the rule of perf4sight's, which zeroed them); the
+    update counted kernel by kernel as torch runs it."""
     on_cpu, optimizer = ran_on_cpu(rows), rows_optimizer(rows)
     momentum, decay = rows_update(rows, optimizer)
     return StepRuntime(optimizer=optimizer, relu6_clone=relu6_clone(rows),
                        foreach=not on_cpu and torch_at_least(rows, (2, 0)),
                        dropout_mask_bytes=CPU_MASK_BYTES if on_cpu else CUDA_MASK_BYTES,
                        native_conv=native_conv_dispatch(rows), momentum=momentum, weight_decay=decay,
-                       grads_to_none=bool(rows) and all(r.get("backend") != "imported" for r in rows))
+                       grads_to_none=bool(rows) and all(r.get("backend") != "imported" for r in rows),
+                       update_as_run=True)
 
 
 def hold_native_conv(F: np.ndarray, runtime: StepRuntime) -> np.ndarray:
