@@ -96,7 +96,7 @@ def test_feature_matrix_carries_latency_columns():
     assert F.shape == (3, len(FEATURE_NAMES))
     for name in LATENCY_FEATURES:
         assert name in FEATURE_NAMES
-    direct = latency_columns(kernel_table(d), [1, 2, 8])
+    direct = latency_columns(kernel_table(d, nf.runtime.update_cost()), [1, 2, 8])  # the update the runtime counts
     cols = [FEATURE_NAMES.index(n) for n in LATENCY_FEATURES]
     np.testing.assert_allclose(F[:, cols], direct)
     many = feature_matrix([nf, network_features(_two_convs()), nf], [2, 2, 8])

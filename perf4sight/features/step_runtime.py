@@ -54,7 +54,7 @@ _METADATA_KEYS: dict[str, tuple[str, Any]] = {
     "sgd_momentum": ("momentum", True),  # before 2026-11-26: every SGD's had momentum
     "weight_decay": ("weight_decay", None),  # before 2026-11-26: SGD's with, the others' without
     "zero_grad_set_to_none": ("grads_to_none", False),  # before 2026-11-26: replayed with the gradients kept
-    "update_counted_as_run": ("update_as_run", False),  # before 2026-11-27: SGD's momentum update one kernel
+    "update_counted_as_run": ("update_as_run", False),  # before 2026-11-26 (evening): momentum one kernel
 }
 
 
