@@ -48,7 +48,7 @@ import numpy as np
 
 from perf4sight.errors import UserError
 from perf4sight.features.alloc_model import ACCUMULATED, Event, NotCovered, step_events
-from perf4sight.features.allocator import ALLOC, FREE, RUN_PEAK, STEP, AllocTrace
+from perf4sight.features.allocator import ALLOC, FREE, RUN_PEAK, STEP, AllocTrace, TracedUpdate
 from perf4sight.features.optimizers import PERF4SIGHT_MOMENTUM, PERF4SIGHT_WEIGHT_DECAY, adds_decay, optimizer_cost
 from perf4sight.ir.schema import NetworkDescription
 
@@ -265,8 +265,8 @@ class _OptimizerStep:
 
     def __init__(self, optimizer: str, lr: float, momentum: float, weight_decay: float | None,
                  foreach: bool | None = None, set_to_none: bool = False):
-        if weight_decay is None:
-            weight_decay = PERF4SIGHT_WEIGHT_DECAY if optimizer == "sgd" else 0.0
+        if weight_decay is None:  # the rule of before the rows recorded it (optimizers.adds_decay)
+            weight_decay = PERF4SIGHT_WEIGHT_DECAY if adds_decay(optimizer) else 0.0
         self.optimizer, self.lr, self.momentum, self.weight_decay = optimizer, lr, momentum, weight_decay
         self.foreach = optimizer != "sgd" if foreach is None else foreach
         self.set_to_none = set_to_none  # zero_grad frees the gradients (a property of the loop, kept with the update)
@@ -282,13 +282,12 @@ class _OptimizerStep:
         """Whether the update adds an L2 weight-decay term (``optimizers.adds_decay``)."""
         return adds_decay(self.optimizer, bool(self.weight_decay))
 
-    def settings(self) -> tuple:
-        """What of these settings changes the events: (optimizer, foreach, momentum, weight decay, set_to_none), each
-        None where it changes nothing (SGD's foreach without weight decay, momentum other than SGD's)."""
+    def settings(self) -> TracedUpdate:
+        """What of these settings changes the events, each None where it changes nothing (SGD's foreach without
+        weight decay, momentum other than SGD's)."""
         sgd = self.optimizer == "sgd"
-        return (self.optimizer, None if sgd and not self.weight_decay else self.foreach,
-                bool(self.momentum) if sgd else None, self.decays,
-                self.set_to_none)
+        return TracedUpdate(self.optimizer, None if sgd and not self.weight_decay else self.foreach,
+                            bool(self.momentum) if sgd else None, self.decays, self.set_to_none)
 
     def make(self, params: list[Any]) -> Any:
         """The real optimiser with these settings (AdamW with torch's default weight decay)."""
@@ -535,10 +534,9 @@ def simulate(desc: NetworkDescription, batches: tuple[int, ...] = (PROBE_BATCH,)
         const = s1 - per * b1
     else:
         raise ValueError(f"simulate: one or two batch sizes, got {list(batches)}")
-    step = _OptimizerStep.of(kw)
     trace = AllocTrace(desc.name, np.array([k for k, _, _, _ in first], dtype=np.int8),
                        np.array([t for _, t, _, _ in first], dtype=np.int64), const, per, relu6_clone=relu6_clone,
-                       optimizer=step.optimizer, foreach=step.foreach, update=step.settings())
+                       update=_OptimizerStep.of(kw).settings())
     with _LOCK:
         _CACHE[key] = trace
     return trace

@@ -41,10 +41,11 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["CachingAllocator", "AllocTrace", "ALLOC", "FREE", "STEP", "round_size", "segment_size",
+__all__ = ["CachingAllocator", "AllocTrace", "TracedUpdate", "ALLOC", "FREE", "STEP", "round_size", "segment_size",
            "REPLAY_PROTOCOLS", "RUN_PEAK", "PERF4SIGHT", "STEP_MEAN"]
 
 K_MIN_BLOCK = 512
@@ -190,6 +191,17 @@ def _carried(kinds: list[int], ids: list[int], start: int, end: int) -> tuple[se
     return freed - made, [ids[i] for i in range(start, end) if kinds[i] == ALLOC and ids[i] not in freed]
 
 
+class TracedUpdate(NamedTuple):
+    """The settings of a traced optimiser step that change its events (``alloc_trace._OptimizerStep.settings``),
+    each None where it changes nothing. The defaults: perf4sight's SGD, one parameter at a time, with momentum and
+    weight decay, the gradients kept between steps."""
+    optimizer: str = "sgd"
+    foreach: bool | None = False  # the update all parameters at once (a GPU's) or one at a time (a CPU's)
+    momentum: bool | None = True
+    decays: bool = True
+    set_to_none: bool = False
+
+
 @dataclass
 class AllocTrace:
     """One training run's ordered allocation events, with sizes linear in the batch size.
@@ -200,9 +212,8 @@ class AllocTrace:
     ``repeat_last``: how many more times the last step runs (the steady state). ``protocol``: how the
     per-step peaks become one figure (:data:`REPLAY_PROTOCOLS`; :meth:`with_protocol` for another).
     ``relu6_clone``: the events are of a torch whose in-place ReLU6 keeps a clone of its input (>= 1.10).
-    ``optimizer``: the training step's (``optimizers.py``), whose state and scratch the events hold; ``foreach``:
-    its update all parameters at once (a GPU's) or one at a time (a CPU's); ``update``: the settings of the traced
-    optimiser step that change its events (``alloc_trace._OptimizerStep.settings``).
+    ``update``: the settings of the traced optimiser step that change its events (:class:`TracedUpdate`), whose
+    ``optimizer`` (``optimizers.py``) holds its state and scratch.
     """
 
     name: str
@@ -213,15 +224,24 @@ class AllocTrace:
     repeat_last: int = 2
     protocol: str = RUN_PEAK
     relu6_clone: bool = False
-    optimizer: str = "sgd"
-    foreach: bool = True
-    update: tuple = ()
+    update: TracedUpdate = TracedUpdate()
     _memo: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False, init=False)
 
     def __post_init__(self) -> None:
         if self.protocol not in REPLAY_PROTOCOLS:
             raise ValueError(f"AllocTrace: protocol must be one of {', '.join(REPLAY_PROTOCOLS)}, "
                              f"not {self.protocol!r}")
+
+    @property
+    def optimizer(self) -> str:
+        """The traced step's optimiser."""
+        return self.update.optimizer
+
+    @property
+    def foreach(self) -> bool | None:
+        """Whether the traced update ran all parameters at once (None: SGD without weight decay, where it is the
+        same either way)."""
+        return self.update.foreach
 
     def with_protocol(self, protocol: str) -> "AllocTrace":
         """The same events replayed under ``protocol`` (shares the arrays; its own memo)."""
