@@ -469,3 +469,49 @@ def test_adam_step_is_written_down_as_the_real_optimizer_runs_it(optimizer, fore
     assert (adam.peaks_mb([4])[0, 1] - sgd.peaks_mb([4])[0, 1]) * MIB >= 0.9 * param_bytes > 0
     with pytest.raises(ValueError, match="unknown optimizer 'lamb'"):
         record_events(desc, 3, optimizer="lamb")
+
+
+def test_attention_is_traced_as_a_cuda_build_runs_it():
+    """A GPU runs 32-bit self-attention as the memory-efficient kernel (the meta device alone would take the math
+    path): the trace records that kernel, and what it leaves alive for the backward is its output and a log-sum-exp
+    per head and token (tokens padded to 32), none of the heads' tokens x tokens weights."""
+    import torch
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    tokens, width, heads = 40, 32, 4
+
+    class Attend(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attention = nn.MultiheadAttention(width, heads, batch_first=True)
+            self.head = nn.Sequential(nn.Flatten(), nn.Linear(tokens * width, 10))
+
+        def forward(self, x):
+            x = x.flatten(2).permute(0, 2, 1)
+            return self.head(self.attention(x, x, x, need_weights=False)[0])
+
+    desc = describe(Attend(), [width, 5, 8], "attend")
+
+    def alive_at_backward(batch):  # op -> bytes of each tensor allocated in the forward and alive when it ends
+        events = record_events(desc, batch, steps=1, method="trace")
+        start = next(i for i, e in enumerate(events) if e[0] == STEP)
+        end = next(i for i, e in enumerate(events) if "backward" in e[3])
+        alive = {}
+        for kind, tensor, size, op in events[start:end]:
+            if kind == ALLOC:
+                alive[tensor] = (op, size)
+            elif kind == FREE:
+                alive.pop(tensor, None)
+        ops = {op for _, _, _, op in events}
+        return sorted(alive.values()), ops
+
+    (two, ops), (three, _) = alive_at_backward(2), alive_at_backward(3)
+    assert "aten._scaled_dot_product_efficient_attention.default" in ops
+    assert not any("softmax" in op and "log_softmax" not in op for op in ops)
+    fused = "aten._scaled_dot_product_efficient_attention.default"
+    per_sample = sorted(b - a for (op, a), (_, b) in zip(two, three) if op == fused and b > a)
+    assert per_sample == sorted([heads * 64 * 4, tokens * width * 4])  # log-sum-exp, output
+    assert all(b - a != heads * tokens * tokens * 4 for (_, a), (_, b) in zip(two, three))
+    assert torch.nn.functional.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention

@@ -34,7 +34,8 @@ tests); either way a trace serves every batch size through the replay.
 Where :mod:`~perf4sight.features.alloc_model` covers every op of a description (the default
 ``method="auto"``), the first step's events are written down from the description instead of
 recorded, 15-20 times faster; the later steps, the SGD events and the split into per-sample and
-constant sizes are shared. Dropout runs as a CUDA build runs it (:func:`_fused_dropout`).
+constant sizes are shared. Dropout and attention run as a CUDA build runs them (:func:`_fused_dropout`,
+:func:`_fused_attention`).
 """
 from __future__ import annotations
 
@@ -143,6 +144,7 @@ def _record(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: int, 
 
     model = build_module(desc, device="meta")
     _fused_dropout(model)
+    _fused_attention(model)
     if inplace_relu:
         _inplace_activations(model, relu6_clone)
     shortcuts = _shape_only_kernels() if fast else {}
@@ -470,6 +472,43 @@ def _fused_dropout(model: Any) -> None:
         if isinstance(m, nn.Dropout) and 0 < m.p < 1 and name:
             parent, _, attr = name.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, attr, _FusedDropout(m.p))
+
+
+def _fused_attention(model: Any) -> None:
+    """Self-attention as a CUDA build of torch >= 2 runs it in 32-bit floats: ``scaled_dot_product_attention`` picks
+    the memory-efficient kernel (flash attention takes 16-bit floats only), which keeps a log-sum-exp per head and
+    token (rows padded to 32) for its backward instead of the heads' ``tokens x tokens`` weights. On the meta
+    device torch takes the math path, so each attention layer's ``nn.MultiheadAttention`` calls that kernel
+    instead while it runs (the analytic estimate keeps the same tensors: ``formulas.py``)."""
+    import torch
+    from torch import nn
+    from torch.nn import functional
+
+    from perf4sight.ir.to_torch import SelfAttention
+
+    def efficient(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,  # noqa: ANN001, ANN202
+                  scale=None, enable_gqa=False):  # noqa: ANN001
+        keep = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+        return torch.ops.aten._scaled_dot_product_efficient_attention(query, key, value, attn_mask, keep, dropout_p,
+                                                                       is_causal, scale=scale)[0]
+
+    class _FusedSelfAttention(nn.Module):
+        def __init__(self, inner: SelfAttention):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):  # noqa: ANN001, ANN202
+            plain = functional.scaled_dot_product_attention
+            functional.scaled_dot_product_attention = efficient  # what multi_head_attention_forward calls
+            try:
+                return self.inner(x)
+            finally:
+                functional.scaled_dot_product_attention = plain
+
+    for name, m in list(model.named_modules()):
+        if isinstance(m, SelfAttention) and name:
+            parent, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, attr, _FusedSelfAttention(m))
 
 
 def _inplace_activations(model: Any, relu6_clone: bool = False) -> None:
