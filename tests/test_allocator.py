@@ -494,7 +494,7 @@ def test_attention_is_traced_as_a_cuda_build_runs_it():
 
     desc = describe(Attend(), [width, 5, 8], "attend")
 
-    def alive_at_backward(batch):  # op -> bytes of each tensor allocated in the forward and alive when it ends
+    def alive_at_backward(batch):  # (op, bytes) of each tensor the forward leaves alive; every op of the run
         events = record_events(desc, batch, steps=1, method="trace")
         start = next(i for i, e in enumerate(events) if e[0] == STEP)
         end = next(i for i, e in enumerate(events) if "backward" in e[3])

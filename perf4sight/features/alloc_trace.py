@@ -477,7 +477,7 @@ def _fused_dropout(model: Any) -> None:
 def _fused_attention(model: Any) -> None:
     """Self-attention as a CUDA build of torch >= 2 runs it in 32-bit floats: ``scaled_dot_product_attention`` picks
     the memory-efficient kernel (flash attention takes 16-bit floats only), which keeps a log-sum-exp per head and
-    token (rows padded to 32) for its backward instead of the heads' ``tokens x tokens`` weights. On the meta
+    token (the tokens padded to 32) for its backward instead of the heads' ``tokens x tokens`` weights. On the meta
     device torch takes the math path, so each attention layer's ``nn.MultiheadAttention`` calls that kernel
     instead while it runs (the analytic estimate keeps the same tensors: ``formulas.py``)."""
     import torch
