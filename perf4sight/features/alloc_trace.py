@@ -453,6 +453,15 @@ def _shape_only_kernels() -> dict[Any, Any]:
             aten.gt.Scalar: same_shape(torch.bool), aten.lt.Scalar: same_shape(torch.bool)}
 
 
+def _replace_modules(model: Any, replacement: Callable[[Any], Any]) -> None:
+    """Each submodule of ``model`` (the root aside) for which ``replacement`` gives a module, replaced by that one
+    (None: kept as it is)."""
+    for name, m in list(model.named_modules()):
+        new = replacement(m) if name else None
+        if new is not None:
+            model.set_submodule(name, new)
+
+
 def _fused_dropout(model: Any) -> None:
     """Dropout as a CUDA build runs it: one fused kernel making the output and a one-byte mask, which
     its backward keeps (on the CPU and the meta device PyTorch instead multiplies by a float noise
@@ -468,10 +477,7 @@ def _fused_dropout(model: Any) -> None:
         def forward(self, x):  # noqa: ANN001, ANN202
             return torch.native_dropout(x, self.p, self.training)[0]
 
-    for name, m in list(model.named_modules()):
-        if isinstance(m, nn.Dropout) and 0 < m.p < 1 and name:
-            parent, _, attr = name.rpartition(".")
-            setattr(model.get_submodule(parent) if parent else model, attr, _FusedDropout(m.p))
+    _replace_modules(model, lambda m: _FusedDropout(m.p) if isinstance(m, nn.Dropout) and 0 < m.p < 1 else None)
 
 
 def _fused_attention(model: Any) -> None:
@@ -505,10 +511,7 @@ def _fused_attention(model: Any) -> None:
             finally:
                 functional.scaled_dot_product_attention = plain
 
-    for name, m in list(model.named_modules()):
-        if isinstance(m, SelfAttention) and name:
-            parent, _, attr = name.rpartition(".")
-            setattr(model.get_submodule(parent) if parent else model, attr, _FusedSelfAttention(m))
+    _replace_modules(model, lambda m: _FusedSelfAttention(m) if isinstance(m, SelfAttention) else None)
 
 
 def _inplace_activations(model: Any, relu6_clone: bool = False) -> None:
@@ -536,12 +539,11 @@ def _inplace_activations(model: Any, relu6_clone: bool = False) -> None:
         def forward(self, x):  # noqa: ANN001, ANN202
             return _ClampInplace.apply(x)
 
-    for name, m in list(model.named_modules()):
+    for m in model.modules():
         if isinstance(m, nn.ReLU) or (isinstance(m, nn.ReLU6) and relu6_clone):  # torch's own in-place kernel
             m.inplace = True
-        elif isinstance(m, nn.ReLU6) and name:
-            parent, _, attr = name.rpartition(".")
-            setattr(model.get_submodule(parent) if parent else model, attr, _ReLU6Inplace())
+    if not relu6_clone:
+        _replace_modules(model, lambda m: _ReLU6Inplace() if isinstance(m, nn.ReLU6) else None)
 
 
 def simulate(desc: NetworkDescription, batches: tuple[int, ...] = (PROBE_BATCH,), relu6_clone: bool = False,
