@@ -55,6 +55,7 @@ def test_nvml_sweep_measures_then_stops_at_first_cuda_oom(simulated_gpu, tmp_pat
     small, big, oom = rows[0], rows[1], rows[2]
     for r in (small, big):
         assert r["protocol"] == "cuda_events" and float(r["latency_ms_median"]) > 0
+        assert 0 < float(r["update_ms_median"]) < float(r["latency_ms_median"])  # between two events in the step
         assert 0 < float(r["torch_alloc_peak_mb"]) <= float(r["torch_reserved_peak_mb"])
         # NVML's figure includes the 300 MiB context of the fake driver plus what the allocator reserved
         assert float(r["device_mem_used_mb"]) == pytest.approx(300 + float(r["torch_reserved_peak_mb"]), abs=0.01)

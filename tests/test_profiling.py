@@ -91,6 +91,7 @@ def test_real_run_writes_ok_rows(measured):
     for r in rows:
         assert float(r["latency_ms_median"]) > 0
         assert float(r["latency_ms_p10"]) <= float(r["latency_ms_median"]) <= float(r["latency_ms_p90"])
+        assert 0 < float(r["update_ms_median"]) < float(r["latency_ms_median"])  # the update, timed inside the step
         assert r["timed_steps"] == "3" and r["warmup_steps"] == "1" and r["protocol"] == "perf_counter"
         assert float(r["peak_rss_mb"]) >= float(r["baseline_rss_mb"]) > 50  # torch alone is well above 50 MiB
         assert r["input_shape"] == "3x32x32" and r["threads"] == "1" and r["device_model"]

@@ -3,7 +3,8 @@
 
 Rebuilds network ``I`` of the plan from its description, trains it on random data for the
 plan's warm-up and timed steps (cross-entropy, the plan's optimiser) and writes one JSON object
-to ``OUT``: the measurement columns (see ``results.COLUMNS``) plus ``status`` (``ok``, ``oom``
+to ``OUT``: the measurement columns (see ``results.COLUMNS``; the optimiser's update is also timed on its own,
+inside each step, ``update_ms_median``) plus ``status`` (``ok``, ``oom``
 or ``error``), ``message`` and ``stage`` (``setup``, ``build`` or ``step``: where it stopped).
 Peak RSS is not measured here: the runner reads it with ``os.wait4`` when this process ends.
 
@@ -13,6 +14,7 @@ Imports only torch, the standard library, ``perf4sight.ir.schema``/``to_torch``,
 import argparse
 import json
 import os
+import statistics
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
@@ -87,14 +89,20 @@ def measure(plan_path: Union[str, Path], network_index: int, batch_size: int) ->
         x = torch.randn(batch_size, *shape, device=device)
         y = torch.randint(0, num_classes, (batch_size,), device=device)
 
+        updates = []  # (start, end) marks of each step's optimiser update
+
         def step() -> None:
             optimizer.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(x), y)
             loss.backward()
+            start = backend.mark()
             optimizer.step()
+            updates.append((start, backend.mark()))
 
         result["stage"] = "step"
         result.update(backend.measure(step, plan.warmup_steps, plan.timed_steps, plan.min_timed_s))
+        timed = updates[-int(result["timed_steps"]):]  # the timed steps come last
+        result["update_ms_median"] = round(statistics.median(backend.span_ms(a, b) for a, b in timed), 4)
         result["status"] = "ok"
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a row, the sweep goes on
         if isinstance(exc, KeyboardInterrupt):

@@ -64,6 +64,7 @@ COLUMNS: List[str] = [
     "description_sha",        # sha256 of the description JSON (first 16 hex digits)
     "momentum",               # SGD's momentum (empty: another optimiser, or a row from before it was recorded)
     "weight_decay",           # the optimiser's weight decay (empty: a row from before it was recorded)
+    "update_ms_median",       # median time of the optimiser's update (optimizer.step) inside the timed steps
 ]
 
 STATUSES = ("ok", "oom", "skipped_after_oom", "error")

@@ -139,6 +139,14 @@ class Backend:
         self.synchronize()
         return (time.perf_counter() - t0) * 1e3
 
+    def mark(self) -> Any:
+        """A point in the device's time, for timing a part of a step (:meth:`span_ms`) without waiting for it."""
+        return time.perf_counter()
+
+    def span_ms(self, start: Any, end: Any) -> float:
+        """Milliseconds between two :meth:`mark` s, read after the step they were taken in has finished."""
+        return (end - start) * 1e3
+
     def memory_columns(self) -> Dict[str, Any]:
         """Device-specific memory columns read after the timed steps (GPU: allocator peaks)."""
         return {}

@@ -67,6 +67,19 @@ class CudaBackend(Backend):
         end.synchronize()
         return float(start.elapsed_time(end))
 
+    def mark(self) -> Any:
+        """A CUDA event recorded on the current stream (nothing waits for it)."""
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def span_ms(self, start: Any, end: Any) -> float:
+        """The device time between two recorded events (both done once the step has been synchronised)."""
+        end.synchronize()
+        return float(start.elapsed_time(end))
+
     def read_device(self) -> Reading:
         """Device-wide readings for the sampler (memory in MiB, utilisation in %, power in W)."""
         return {}
