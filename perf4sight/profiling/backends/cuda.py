@@ -57,15 +57,10 @@ class CudaBackend(Backend):
         torch.cuda.reset_peak_memory_stats(self.device)
 
     def time_step(self, step: Callable[[], None]) -> float:
-        """One step between two CUDA events on the current stream; milliseconds."""
-        import torch
-
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        """One step between two CUDA events on the current stream (:meth:`mark`); milliseconds."""
+        start = self.mark()
         step()
-        end.record()
-        end.synchronize()
-        return float(start.elapsed_time(end))
+        return self.span_ms(start, self.mark())
 
     def mark(self) -> Any:
         """A CUDA event recorded on the current stream (nothing waits for it)."""
@@ -76,7 +71,7 @@ class CudaBackend(Backend):
         return event
 
     def span_ms(self, start: Any, end: Any) -> float:
-        """The device time between two recorded events (both done once the step has been synchronised)."""
+        """The device time between two recorded events, in milliseconds, once the later one is done (waits for it)."""
         end.synchronize()
         return float(start.elapsed_time(end))
 
