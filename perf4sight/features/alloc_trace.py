@@ -62,7 +62,6 @@ _CACHE: dict[str, AllocTrace] = {}
 _LOCK = threading.Lock()
 
 
-
 def clear_cache() -> None:
     """Forget every simulated network (the per-description cache)."""
     _CACHE.clear()
