@@ -14,8 +14,8 @@ stages, in a temporary folder:
    alone (``--style-networks``; seed 1, the default config's ranges, given as description files, so pruned at the
    same levels), profiled and fingerprinted in the same project: generated ConvNeXt blocks or encoder stages, no
    torchvision network;
-3. each of ``--networks`` (default ``convnext_tiny`` and ``vit_b_16``) at the same pruning levels is profiled the
-   same way, in a project of its own (so that neither fingerprint sees it);
+3. each of ``--networks`` (default ``convnext_tiny`` and ``vit_b_16``) at the same pruning levels (a Swin
+   transformer, which cannot be pruned, at level 0 alone) is profiled the same way, in a project of its own (so that neither fingerprint sees it);
 4. each fingerprint predicts every measurement of those networks. Printed per network: per configuration the
    measured and predicted step time and peak RSS; then per fingerprint MAPE, mean signed error (+ = predicted
    above the measurement) and the share of measurements inside the 90% interval, beside the fingerprint's own
@@ -65,6 +65,8 @@ def write_config(folder: Path, name: str, dirs: str, zoo: list[str] | None = Non
     if zoo is not None:
         text = re.sub(r"(?m)^zoo = \[.*$", f"zoo = {json.dumps(zoo)}", text)
         text = re.sub(r"(?m)^count = 6 .*$", "count = 0", text)
+        if any(n.startswith("swin_") for n in zoo):  # a Swin transformer cannot be pruned: its level 0 alone
+            text = re.sub(r"(?m)^levels = \[0, 30, 60\].*$", "levels = [0]", text)
     if description_files:
         text = re.sub(r"(?m)^num_classes = 1000$", "num_classes = 1000\ndescription_files = "
                       + json.dumps([str(f) for f in description_files]), text)

@@ -111,6 +111,32 @@ def test_self_attention_keeps_what_torch_keeps(tokens, width, heads):
     assert _autograd_saved_bytes(desc, 2) == kept  # each storage once (q, k and v share one)
 
 
+def test_window_attention_by_hand():
+    """Windows of 7x7 over a 10x12 map of width 8 in 2 heads: the map is padded to 14x14 (T = 196 positions, N = 49
+    a window); projections 4 T E^2 MACs, scores and weighted sum T N E each; a bias table of 13 x 13 per head; it
+    keeps 5 T E + H T N elements, and a shifted one launches more kernels (the roll, the mask)."""
+    attrs = {"embed_dim": 8, "num_heads": 2, "window_size": [7, 7], "shift_size": [0, 0], "bias": True}
+    plain = _cost(Node("w", "window_attention", ["x"], attrs, [10, 12, 8]), [[10, 12, 8]])
+    shifted = _cost(Node("w", "window_attention", ["x"], {**attrs, "shift_size": [3, 3]}, [10, 12, 8]), [[10, 12, 8]])
+    assert plain.macs == 4 * 196 * 64 + 2 * 196 * 49 * 8 and plain.params == 4 * 64 + 4 * 8 + 13 * 13 * 2
+    assert plain.extra_saved_bytes == (5 * 196 * 8 + 2 * 196 * 49) * 4 and plain.saved == []
+    assert shifted.macs == plain.macs and shifted.kernels_fwd > plain.kernels_fwd
+    merge = _cost(Node("m", "patch_merge", ["x"], {}, [5, 6, 32]), [[10, 12, 8]])
+    assert merge.params == 0 and merge.saved == [] and merge.bytes_written == 2 * 5 * 6 * 32 * 4
+
+
+@pytest.mark.parametrize("shape", [[3, 64, 64], [3, 72, 88]])
+def test_swin_keeps_what_autograd_keeps(shape):
+    """torchvision's Swin-T at two input sizes (at 72x88 no stage's map is a whole number of windows, and the last
+    two stages are one window each, unshifted): the tensors kept for backward are exactly autograd's."""
+    pytest.importorskip("torch")
+    from perf4sight.networks.zoo import describe_zoo
+    desc = describe_zoo("swin_t", shape, num_classes=10)
+    nf = network_features(desc, StepRuntime(relu6_clone=True, foreach=False, dropout_mask_bytes=4))
+    assert nf.unsupported == [] and nf.kernels is not None
+    assert nf.per_sample["saved_bytes"] + nf.per_sample["input_bytes"] == _autograd_saved_bytes(desc, 2)
+
+
 def test_kept_for_backward_is_what_autograd_keeps():
     """The analytic estimate's activations (the tensors kept for backward and the input batch) against autograd's
     saved tensors of the same networks on this torch, under the rules of a CPU step on it: torchvision's MobileNetV2

@@ -152,6 +152,40 @@ def test_convnext_computes_what_torchvisions_computes():
     assert tuple(train_one_step(rebuilt, [3, 32, 32], 10).shape) == (2, 10)
 
 
+@pytest.mark.parametrize("shape", [[3, 64, 64], [3, 72, 88]])
+def test_swin_computes_what_torchvisions_computes(shape):
+    """torchvision's Swin-T (shifted windows, relative position bias, patch merging) describes and rebuilds, with
+    torch alone, to the same function with the same parameters, also where a map is padded to whole windows
+    (72x88) and where one window covers a whole map (no shift); the rebuilt network trains."""
+    from perf4sight.ir.to_torch import WindowAttention
+
+    torch.manual_seed(0)
+    original = build_zoo_model("swin_t", 10).eval()
+    desc = NetworkDescription.from_dict(json.loads(describe(original, shape, name="swin_t").to_json()))
+    ops = [n.op for n in desc.nodes]
+    assert ops.count("window_attention") == 12 and ops.count("patch_merge") == 3
+    assert [n.attrs["shift_size"] for n in desc.nodes if n.op == "window_attention"][:2] == [[0, 0], [3, 3]]
+    assert desc.params == sum(p.numel() for p in original.parameters())
+    rebuilt = build_module(desc).eval()
+    left = list(rebuilt.parameters())
+    for old in original.parameters():  # the same tensors, in an order of their own (a merge's norm, its linear)
+        new = left.pop(next(i for i, p in enumerate(left) if p.shape == old.shape))
+        new.data.copy_(old.data)
+    tables = [m.relative_position_bias_table for m in rebuilt.modules() if isinstance(m, WindowAttention)]
+    assert len(tables) == 12 and all(t.abs().sum() > 0 for t in tables)  # the biases were copied too
+    x = torch.randn(2, *shape)
+    assert torch.equal(rebuilt(x), original(x))
+    assert tuple(train_one_step(rebuilt, shape, 10).shape) == (2, 10)
+
+
+def test_swin_v2_is_refused_naming_the_node():
+    """Swin V2 computes its position bias with an MLP over a buffer of coordinates: one line names that node."""
+    from torchvision.models import swin_v2_t
+    with pytest.raises(UserError, match="v2: linear .*cpb_mlp_0.* reads .*relative_coords_table, a module tensor that "
+                                        "is no parameter"):
+        describe(swin_v2_t(num_classes=10), [3, 32, 32], name="v2")
+
+
 def test_a_vision_transformer_computes_what_torchvisions_computes():
     """ViT's patches (a convolution, a reshape and a permute), class token (a parameter expanded over the batch and
     put first), position embedding (a parameter added) and self-attention describe and rebuild to the same

@@ -82,7 +82,7 @@ NATIVE_CONV_MAX_BATCH, NATIVE_CONV_MAX_INPUT = 15, 20480
 #: a size that a memory form should scale. Appended last.
 COPIES_FEATURES: tuple[str, ...] = ("param_copies_mb", "mem_analytic_rest_mb")
 #: Ops that run on the BLAS library.
-BLAS_OPS = frozenset({"linear", "attention"})
+BLAS_OPS = frozenset({"linear", "attention", "window_attention"})
 FEATURE_NAMES: tuple[str, ...] = (("batch_size",) + SCALED_FEATURES + STATIC_FEATURES + ("mem_analytic_mb",)
                                   + ALLOCATOR_FEATURES + SIM_FEATURES + LATENCY_FEATURES + CONTEXT_FEATURES
                                   + WORKSPACE_FEATURES + DISPATCH_FEATURES + COPIES_FEATURES)

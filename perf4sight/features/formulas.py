@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from perf4sight.ir.schema import Node
+from perf4sight.ir.shapes import window_pair, windows_of
 
 __all__ = ["OpCost", "HANDLERS", "OUTPUT", "BYTES_PER_ELEMENT", "numel", "hands_input_back"]
 
@@ -179,6 +180,44 @@ def _attention(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
                   kernels_bwd=12, kind="linear")
 
 
+def window_geometry(node: Node) -> tuple[int, int, int, int, bool, bool]:
+    """A window attention's ``(tokens T, window tokens N, width E, heads H, padded, shifted)``, ``T`` the padded
+    map's positions (schema: ``window_attention``)."""
+    height, width, e = node.output_shape
+    ph, pw, (wh, ww), shift = windows_of(height, width, node.attrs["window_size"], node.attrs["shift_size"])
+    return ph * pw, wh * ww, int(e), int(node.attrs["num_heads"]), (ph, pw) != (height, width), sum(shift) > 0
+
+
+def _window_attention(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """Self-attention within windows (a Swin block's), as torchvision writes it (no fused kernel): over the padded
+    map's ``T`` positions in windows of ``N``, the projections (``4 T E^2`` MACs), the scores and their weighted sum
+    (``T N E`` each), a softmax of ``5 H T N`` FLOPs; backward two passes of every product. Kept for backward: the
+    windows (the input projection's input), the scaled queries, the keys and the values (copies the batched products
+    make of them), the softmax's output and the output projection's input: ``5 T E + H T N`` elements (the node's
+    own input is not kept: it is padded, rolled and cut into windows first; checked against autograd)."""
+    tokens, n, e, h, _, shifted = window_geometry(node)
+    bias = bool(node.attrs["bias"])
+    scores = float(tokens * n * e)
+    macs = 4.0 * tokens * e * e + 2 * scores
+    softmax = 5.0 * h * tokens * n
+    wh, ww = window_pair(node.attrs["window_size"])
+    params = 4 * e * e + (4 * e if bias else 0) + (2 * wh - 1) * (2 * ww - 1) * h
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    kept = (5 * tokens * e + h * tokens * n) * BYTES_PER_ELEMENT
+    return OpCost(macs=macs, flops_fwd=2 * macs + softmax, flops_bwd=4 * macs + 2 * softmax,
+                  bytes_read=rd + params * BYTES_PER_ELEMENT, bytes_written=wr, params=params,
+                  param_tensors=5 if bias else 3, extra_saved_bytes=float(kept),
+                  kernels_fwd=14 + (16 if shifted else 0), kernels_bwd=16 + (2 if shifted else 0), kind="linear")
+
+
+def _patch_merge(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """Each 2x2 patch's pixels side by side: the map padded to even sides (a copy) and its four strided slices
+    concatenated (a copy); backward, each slice's gradient written into a zeroed tensor of the input's size and the
+    four summed. Nothing kept."""
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    return OpCost(bytes_read=rd + wr, bytes_written=2 * wr, kernels_fwd=2, kernels_bwd=11, kind="other")
+
+
 def _pointwise(flops: float, saves: list[int], bwd_flops: float = 1.0) -> Handler:
     """Element-wise activation with ``flops`` FLOPs per output element; ``saves`` for backward."""
     def handler(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
@@ -313,4 +352,6 @@ HANDLERS: dict[str, Handler] = {
     "shift": _learnt_tensor,
     "token": _learnt_tensor,
     "attention": _attention,
+    "window_attention": _window_attention,
+    "patch_merge": _patch_merge,
 }

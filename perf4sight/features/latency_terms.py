@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perf4sight.features.formulas import BYTES_PER_ELEMENT, hands_input_back, numel
+from perf4sight.features.formulas import BYTES_PER_ELEMENT, hands_input_back, numel, window_geometry
 from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, OptimizerCost, optimizer_cost
 from perf4sight.features.walk import consumer_counts, walk
 from perf4sight.ir.schema import NetworkDescription, Node
@@ -137,6 +137,35 @@ def _attention(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
     r.other(BANDWIDTH, 5.0 * h * tokens * tokens, 3 * scores)  # its backward
 
 
+def _window_attention(r: _Rows, node: Node) -> None:
+    """Self-attention within windows as torchvision runs it: the map padded (a copy), rolled (shifted windows) and
+    cut into windows (a copy), the projections' GEMMs over the ``T`` padded positions, the scores and weighted sum
+    per window and head, the queries scaled, the relative position bias (and the shifted windows' mask) added, the
+    softmax, and every copy again on the way back; each with its backward kernels."""
+    tokens, n, e, h, _, shifted = window_geometry(node)
+    d = e // h
+    b_io = 2 * tokens * e * BYTES_PER_ELEMENT
+    w = 4 * e * e * BYTES_PER_ELEMENT
+    scores = h * tokens * n * BYTES_PER_ELEMENT
+    for m, nn_, k, fixed in ((tokens, 3 * e, e, 0.75 * w), (tokens, e, e, 0.25 * w)):
+        r.gemm(m, nn_, k, 0, b_io, fixed)
+        r.gemm(m, k, nn_, 0, b_io, fixed)
+        r.gemm(nn_, k, m, 2, b_io, fixed)
+    for _ in range(3):  # scores Q K^T and the weighted sum of V, forward and two backward products each
+        r.gemm(h * tokens, n, d, 0, scores, 0.0)
+        r.gemm(h * tokens, d, n, 0, scores, 0.0)
+    copies = 5 + (2 if shifted else 0)  # pad, windows, heads back together, windows back, crop; two rolls
+    for _ in range(2 * copies):  # forward, and each one's backward
+        r.other(BANDWIDTH, 0.0, b_io)
+    r.other(BANDWIDTH, tokens * e, b_io)  # the queries scaled, and its backward
+    r.other(BANDWIDTH, tokens * e, b_io)
+    for _ in range(2 if shifted else 1):  # the bias (and mask) added; backward, the bias's gradient summed
+        r.other(BANDWIDTH, h * tokens * n, 3 * scores)
+    r.other(BANDWIDTH, h * tokens * n, scores)
+    r.other(BANDWIDTH, 5.0 * h * tokens * n, 2 * scores)  # softmax
+    r.other(BANDWIDTH, 5.0 * h * tokens * n, 3 * scores)  # its backward
+
+
 def _linear(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
     a = node.attrs
     fin, fout = int(a["in_features"]), int(a["out_features"])
@@ -211,6 +240,11 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
         elif op == "attention":
             _attention(r, node, ins[0], first)
             params += 4 if node.attrs.get("bias") else 2
+        elif op == "window_attention":
+            _window_attention(r, node)
+            params += 5 if node.attrs.get("bias") else 3
+        elif op == "patch_merge":  # pad and concatenate; backward: four zeroed input-sized gradients summed
+            _elementwise(r, node, ins, 2.0, 15.0, 11)
         elif op in ("maxpool2d", "adaptivemaxpool2d"):  # backward: zero fill + scatter
             _elementwise(r, node, ins, 1.0, 3.0, 2)
         else:  # activations, average pooling, mean, mul, ...

@@ -126,7 +126,7 @@ def perf4sight_vectors(desc: NetworkDescription) -> tuple[np.ndarray, np.ndarray
         elif node.op == "linear":
             scaled[_IDX["fc_macs"]] += int(a["in_features"]) * out
             static[_IDX["fc_weight_bytes"]] += int(a["in_features"]) * int(a["out_features"]) * BYTES_PER_ELEMENT
-        elif node.op == "attention":  # its projections read as fully connected layers
+        elif node.op in ("attention", "window_attention"):  # its projections read as fully connected layers
             scaled[_IDX["fc_macs"]] += 4 * int(a["embed_dim"]) * out
             static[_IDX["fc_weight_bytes"]] += 4 * int(a["embed_dim"]) ** 2 * BYTES_PER_ELEMENT
         elif node.op in ("batchnorm2d", "layernorm"):

@@ -41,7 +41,8 @@ OP_VOCAB: tuple[str, ...] = (
 #: Schema op -> the vocabulary's op it reads as (every op of the schema reads as itself or one of these).
 OP_TOKEN: dict[str, str] = {**{op: op for op in OP_VOCAB},
                             "layernorm": "batchnorm2d", "permute": "transpose", "scale": "mul", "shift": "add",
-                            "token": "cat", "attention": "linear"}
+                            "token": "cat", "attention": "linear", "window_attention": "linear",
+                            "patch_merge": "cat"}
 _ATTRS = ("in_ch", "out_ch", "kernel_h", "kernel_w", "stride", "padding", "dilation", "groups", "bias", "depthwise")
 _COSTS = ("out_elems", "out_rank", "macs", "flops_fwd", "flops_bwd", "bytes_read", "bytes_written", "params",
           "kernels_fwd", "kernels_bwd", "saved_bytes", "n_inputs")
@@ -81,7 +82,7 @@ def _attr_vector(op: str, a: dict) -> list[float]:
                 groups, float(bool(a["bias"])), float(groups > 1 and groups == cin)]
     if op == "linear":
         return [float(a["in_features"]), float(a["out_features"]), 0, 0, 0, 0, 0, 1, float(bool(a["bias"])), 0]
-    if op == "attention":  # groups: its heads
+    if op in ("attention", "window_attention"):  # groups: its heads
         e = float(a["embed_dim"])
         return [e, e, 0, 0, 0, 0, 0, float(a["num_heads"]), float(bool(a["bias"])), 0]
     if op in ("batchnorm2d", "layernorm"):

@@ -72,6 +72,8 @@ ONNX_TO_OP: dict[str, str] = {
     "Tanh": "tanh", "Dropout": "dropout", "Identity": "identity", "Reshape": "reshape", "ReduceMean": "mean",
     "Squeeze": "squeeze", "Unsqueeze": "unsqueeze", "Transpose": "transpose", "Gather": "select",
     "Slice": "narrow", "Gelu": "gelu", "Swish": "silu", "LayerNormalization": "layernorm", "Attention": "attention",
+    # no ONNX op: a Swin transformer's, under types of this tool's own
+    "WindowAttention": "window_attention", "PatchMerging": "patch_merge",
 }
 #: Our op -> ONNX op type. Four of ours share a type with another: ``permute`` is a ``Transpose`` of more than two
 #: axes; ``scale``, ``shift`` and ``token`` are a ``Mul``, an ``Add`` and a ``Concat`` with a learnt tensor (an ONNX
@@ -306,6 +308,14 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
              "bias": flag("bias", True)}
         if args.get("dropout"):
             a["dropout"] = _number(args["dropout"], f"{where} dropout")
+        return a
+    if op == "window_attention":
+        a = {"embed_dim": num("embed_dim", default=in_shapes[0][-1]), "num_heads": num("num_heads"),
+             "window_size": _ints(args["window_size"], f"{where} window_size"),
+             "shift_size": _ints(args["shift_size"], f"{where} shift_size"), "bias": flag("bias", True)}
+        for key in ("attention_dropout", "dropout"):
+            if args.get(key):
+                a[key] = _number(args[key], f"{where} {key}")
         return a
     if op == "layernorm":
         axis = _first_int(args, ("axis",), where)

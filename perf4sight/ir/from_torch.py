@@ -194,6 +194,35 @@ FUNCTION_OPS[F.layer_norm] = _layer_norm_call
 for _key in (torch.permute, "permute"):
     FUNCTION_OPS[_key] = _permute_call
 FUNCTION_OPS[F.dropout] = lambda n: ("dropout", {"p": float(_arg(n, 1, "p", 0.5))})
+
+
+def _window_attention_call(n: fx.Node) -> tuple[str, dict]:
+    """torchvision's ``shifted_window_attention(x, qkv_weight, proj_weight, relative_position_bias, window_size,
+    num_heads, shift_size, attention_dropout, dropout, qkv_bias, proj_bias, logit_scale)`` (a Swin block's, which
+    torch.fx keeps as one call); Swin V2's cosine attention (a ``logit_scale``) has no description op."""
+    if _arg(n, 11, "logit_scale") is not None:
+        raise ValueError("window attention with a logit scale (Swin V2's cosine attention) has no description op")
+    attrs: dict[str, Any] = {"embed_dim": int(n.args[0].meta["tensor_meta"].shape[-1]),
+                             "num_heads": int(_arg(n, 5, "num_heads")),
+                             "window_size": [int(v) for v in _arg(n, 4, "window_size")],
+                             "shift_size": [int(v) for v in _arg(n, 6, "shift_size")],
+                             "bias": _arg(n, 9, "qkv_bias") is not None}
+    if (_arg(n, 10, "proj_bias") is not None) != attrs["bias"]:
+        raise ValueError("window attention with a bias on one projection only has no description op")
+    for key, i in (("attention_dropout", 7), ("dropout", 8)):
+        if float(_arg(n, i, key, 0.0)):
+            attrs[key] = float(_arg(n, i, key, 0.0))
+    return "window_attention", attrs
+
+
+#: torchvision's Swin functions that torch.fx records as one call each (``torch.fx.wrap``), by name
+_NAMED_CALLS: dict[str, Callable[[fx.Node], tuple[str, dict]]] = {
+    "shifted_window_attention": _window_attention_call,
+    "_patch_merging_pad": lambda n: ("patch_merge", {}),
+}
+#: a wrapped call that computes a module's parameter for the op after it: read as that parameter (its first
+#: argument), taken in by that op (Swin's relative position bias, from its table)
+_PARAMETER_CALLS = frozenset({"_get_relative_position_bias"})
 _RESHAPES = {"view", "reshape", torch.reshape}
 _ALIASES = {"contiguous", "clone"}  # ops that do not change the value: the node is replaced by its input
 
@@ -364,6 +393,10 @@ def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, s
     if n.op == "call_method" and n.target == "expand" and getattr(n.args[0], "name", None) in held:  # a class token
         held[n.name] = held[n.args[0].name]
         return []
+    if n.op == "call_function" and getattr(n.target, "__name__", "") in _PARAMETER_CALLS \
+            and getattr(n.args[0], "name", None) in held:
+        held[n.name] = held[n.args[0].name]
+        return []
     if n.op == "call_function" and n.target is operator.getitem and _is_attention(n.args[0], gm):
         if n.args[1] == 0:  # the attention's output (its weights, [1], are not asked for: None)
             alias[n.name] = alias[n.args[0].name]
@@ -440,7 +473,7 @@ def _with_own_tensors(n: fx.Node, op: str, attrs: dict, gm: fx.GraphModule, wher
     parts = n.args[0] if op == "cat" else []
     if op == "cat" and len(own) == 1 and len(parts) == 2 and parts[0] is own[0]:
         return "token", {"shape": shape, "dim": attrs["dim"] % (rank + 1)}, names
-    if op == "layernorm":
+    if op in ("layernorm", "window_attention"):
         return op, attrs, names
     raise UserError(f"{where}: {op} (node {n.name}) reads the module's parameter {held[own[0].name].target} "
                     "directly, which the description has no op for (a multiply by one parameter is a 'scale', an "
@@ -543,5 +576,7 @@ def _op_of(n: fx.Node, gm: fx.GraphModule, where: str) -> tuple[str, dict]:
         return "alias", {}
     if target in FUNCTION_OPS:
         return FUNCTION_OPS[target](n)
+    if n.op == "call_function" and getattr(target, "__name__", "") in _NAMED_CALLS:
+        return _NAMED_CALLS[target.__name__](n)
     label = target if isinstance(target, str) else getattr(target, "__name__", str(target))
     raise UserError(f"{where}: {n.op} '{label}' (node {n.name}) has no description op")

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Set, Tuple, Union
 
 from perf4sight.errors import UserError, read_json_object
 from perf4sight.files import write_atomically
-from perf4sight.ir.shapes import element_count, shape_problem
+from perf4sight.ir.shapes import element_count, shape_problem, window_pair
 
 __all__ = ["Node", "NetworkDescription", "OPS", "load_description", "save_description", "is_file_stem",
            "STRUCTURE_VERSION"]
@@ -49,7 +49,13 @@ OPS: Dict[str, Tuple[str, ...]] = {
     "shift": ("shape",),  # plus a learnt tensor of this shape (a vision transformer's position embedding), broadcast
     "token": ("shape", "dim"),  # a learnt tensor of this shape put before the input along dim (the class token)
     "attention": ("embed_dim", "num_heads", "bias"),  # self-attention over the tokens of an [L, E] input; optional
-}                                                     # dropout (of the attention weights, 0)
+                                                      # dropout (of the attention weights, 0)
+    # self-attention within windows of an [H, W, E] input (a Swin transformer's), the windows shifted by
+    # shift_size [h, w] (rolled back after); a learnt bias per head for each relative position within a window;
+    # optional attention_dropout and dropout (0)
+    "window_attention": ("embed_dim", "num_heads", "window_size", "shift_size", "bias"),
+    "patch_merge": (),  # [H, W, C] -> [ceil(H/2), ceil(W/2), 4C]: each 2x2 patch's pixels side by side (Swin)
+}
 
 
 #: Op -> attributes that must be positive integers, and those that may be an integer or an [h, w] pair
@@ -57,6 +63,7 @@ OPS: Dict[str, Tuple[str, ...]] = {
 _POSITIVE: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("in_channels", "out_channels", "groups"), "linear": ("in_features", "out_features"),
     "batchnorm2d": ("num_features",), "attention": ("embed_dim", "num_heads"),
+    "window_attention": ("embed_dim", "num_heads"),
 }
 #: Op -> attributes that must be lists of positive integers (a shape).
 _SHAPES: Dict[str, Tuple[str, ...]] = {"layernorm": ("normalized_shape",), "scale": ("shape",), "shift": ("shape",),
@@ -64,6 +71,7 @@ _SHAPES: Dict[str, Tuple[str, ...]] = {"layernorm": ("normalized_shape",), "scal
 _PAIRS: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("kernel_size", "stride", "padding", "dilation"),
     "maxpool2d": ("kernel_size", "stride", "padding"), "avgpool2d": ("kernel_size", "stride", "padding"),
+    "window_attention": ("window_size", "shift_size"),
 }
 
 
@@ -95,10 +103,10 @@ def _attr_problem(node: "Node") -> str:
         if v is None and a == "stride":  # a pool's stride may be null (= its kernel size)
             continue
         pair = v if isinstance(v, list) else [v, v]
-        least = 0 if a == "padding" else 1
+        least = 0 if a in ("padding", "shift_size") else 1
         if not (len(pair) == 2 and all(_is_int(x, least) for x in pair)):
             return f"attr '{a}' must be an integer or an [h, w] pair of integers >= {least}, got {v!r}"
-    if node.op == "attention" and node.attrs["embed_dim"] % node.attrs["num_heads"]:
+    if node.op in ("attention", "window_attention") and node.attrs["embed_dim"] % node.attrs["num_heads"]:
         return f"num_heads {node.attrs['num_heads']} does not divide embed_dim {node.attrs['embed_dim']}"
     if node.op == "conv2d" and (node.attrs["in_channels"] % node.attrs["groups"]
                                 or node.attrs["out_channels"] % node.attrs["groups"]):
@@ -303,6 +311,10 @@ def count_params(desc: NetworkDescription) -> int:
             total += element_count(a["shape"])
         elif n.op == "attention":  # the input projection (query, key, value) and the output one
             total += 4 * a["embed_dim"] * a["embed_dim"] + (4 * a["embed_dim"] if a["bias"] else 0)
+        elif n.op == "window_attention":  # the same projections, and a bias per head and relative position
+            wh, ww = window_pair(a["window_size"])
+            total += (4 * a["embed_dim"] * a["embed_dim"] + (4 * a["embed_dim"] if a["bias"] else 0)
+                      + (2 * wh - 1) * (2 * ww - 1) * a["num_heads"])
     return total
 
 

@@ -8,7 +8,7 @@ has its input count checked.
 """
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-__all__ = ["shape_problem", "ARITY", "element_count", "shape_text"]
+__all__ = ["shape_problem", "ARITY", "element_count", "shape_text", "window_pair", "windows_of"]
 
 _UNARY = ("relu", "relu6", "hardswish", "sigmoid", "hardsigmoid", "silu", "gelu", "tanh", "identity", "dropout")
 
@@ -18,7 +18,8 @@ ARITY: Dict[str, Tuple[int, Optional[int]]] = {
     **{op: (1, 1) for op in _UNARY + ("conv2d", "batchnorm2d", "linear", "maxpool2d", "avgpool2d",
                                       "adaptiveavgpool2d", "adaptivemaxpool2d", "reshape", "flatten", "squeeze",
                                       "unsqueeze", "select", "narrow", "transpose", "mean", "permute",
-                                      "layernorm", "scale", "shift", "token", "attention")},
+                                      "layernorm", "scale", "shift", "token", "attention",
+                                      "window_attention", "patch_merge")},
 }
 
 
@@ -62,6 +63,21 @@ def element_count(shape: List[int]) -> int:
 
 def _pair(v: Any) -> List[int]:
     return list(v) if isinstance(v, list) else [v, v]
+
+
+def window_pair(v: Any) -> List[int]:
+    """A window size or shift, an int or an [h, w] pair, as [h, w]."""
+    return [int(x) for x in _pair(v)]
+
+
+def windows_of(height: int, width: int, window_size: Any, shift_size: Any) -> Tuple[int, int, List[int], List[int]]:
+    """How a window attention covers an ``height x width`` map (Swin's rule): the map padded at the bottom and right
+    to whole windows, ``(padded height, padded width, window [h, w], shift [h, w])``, the shift 0 along a dimension
+    that one window spans."""
+    wh, ww = window_pair(window_size)
+    sh, sw = window_pair(shift_size)
+    ph, pw = -(-height // wh) * wh, -(-width // ww) * ww
+    return ph, pw, [wh, ww], [0 if wh >= ph else sh, 0 if ww >= pw else sw]
 
 
 def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) -> Optional[Union[List[int], str]]:
@@ -127,6 +143,14 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
         if len(x) != 2 or x[1] != a["embed_dim"]:
             return f"embed_dim {a['embed_dim']} needs a [tokens, {a['embed_dim']}] input, got {x}"
         return x
+    if op == "window_attention":
+        if len(x) != 3 or x[2] != a["embed_dim"]:
+            return f"embed_dim {a['embed_dim']} needs a [height, width, {a['embed_dim']}] input, got {x}"
+        return x
+    if op == "patch_merge":
+        if len(x) != 3:
+            return f"needs a [height, width, channels] input, got {x}"
+        return [-(-x[0] // 2), -(-x[1] // 2), 4 * x[2]]
     if op in ("select", "narrow"):
         axis = _axis(int(a["dim"]), len(x))
         if axis is None:

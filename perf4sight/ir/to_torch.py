@@ -9,12 +9,15 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 from torch import nn
 
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription, Node
+from perf4sight.ir.shapes import window_pair, windows_of
 
-__all__ = ["build_module", "MODULE_BUILDERS", "FUNCTION_BUILDERS", "Scale", "Shift", "Token", "SelfAttention"]
+__all__ = ["build_module", "MODULE_BUILDERS", "FUNCTION_BUILDERS", "Scale", "Shift", "Token", "SelfAttention",
+           "WindowAttention", "PatchMerge"]
 
 
 def _pair(v: Any) -> Tuple[int, int]:
@@ -68,6 +71,79 @@ class SelfAttention(nn.Module):
         return self.attention(x, x, x, need_weights=False)[0]
 
 
+class WindowAttention(nn.Module):
+    """Multi-head self-attention within windows of a ``[N, H, W, E]`` input, as a Swin transformer's block runs it:
+    the map padded at the bottom and right to whole windows, rolled back by ``shift_size`` (windows that wrap
+    around are masked apart), attention per window with a learnt bias per head and relative position, rolled and
+    cropped back. The same kernels as torchvision's ``shifted_window_attention``, written with torch alone."""
+
+    def __init__(self, embed_dim: int, num_heads: int, window_size: Any, shift_size: Any, bias: bool = True,
+                 attention_dropout: float = 0.0, dropout: float = 0.0,
+                 device: Optional[Union[torch.device, str]] = None) -> None:
+        super().__init__()
+        self.num_heads, self.window_size, self.shift_size = int(num_heads), window_pair(window_size), \
+            window_pair(shift_size)
+        self.attention_dropout, self.dropout = float(attention_dropout), float(dropout)
+        self.qkv = nn.Linear(embed_dim, 3 * embed_dim, bias=bias, device=device)
+        self.proj = nn.Linear(embed_dim, embed_dim, bias=bias, device=device)
+        wh, ww = self.window_size
+        self.relative_position_bias_table = nn.Parameter(
+            torch.zeros((2 * wh - 1) * (2 * ww - 1), self.num_heads, device=device))
+        ys = torch.arange(wh, device=device).repeat_interleave(ww)  # each position's row and column in its window
+        xs = torch.arange(ww, device=device).repeat(wh)
+        index = (ys[:, None] - ys[None, :] + wh - 1) * (2 * ww - 1) + xs[:, None] - xs[None, :] + ww - 1
+        self.register_buffer("relative_position_index", index.flatten())
+
+    def _mask(self, x: torch.Tensor, ph: int, pw: int, shift: List[int]) -> torch.Tensor:
+        """-100 between positions of a window that come from different sides of the roll, else 0."""
+        (wh, ww), (sh, sw) = self.window_size, shift
+        mask = x.new_zeros((ph, pw))
+        count = 0
+        for h in ((0, -wh), (-wh, -sh), (-sh, None)):
+            for w in ((0, -ww), (-ww, -sw), (-sw, None)):
+                mask[h[0]:h[1], w[0]:w[1]] = count
+                count += 1
+        mask = mask.view(ph // wh, wh, pw // ww, ww).permute(0, 2, 1, 3).reshape(-1, wh * ww)
+        mask = mask.unsqueeze(1) - mask.unsqueeze(2)
+        return mask.masked_fill(mask != 0, -100.0).masked_fill(mask == 0, 0.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, height, width, e = x.shape
+        ph, pw, (wh, ww), shift = windows_of(height, width, self.window_size, self.shift_size)
+        x = F.pad(x, (0, 0, 0, pw - width, 0, ph - height))
+        if sum(shift) > 0:
+            x = torch.roll(x, shifts=(-shift[0], -shift[1]), dims=(1, 2))
+        windows = (ph // wh) * (pw // ww)
+        x = x.view(n, ph // wh, wh, pw // ww, ww, e).permute(0, 1, 3, 2, 4, 5).reshape(n * windows, wh * ww, e)
+        tokens, heads = wh * ww, self.num_heads
+        qkv = self.qkv(x).reshape(x.size(0), tokens, 3, heads, e // heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0] * (e // heads) ** -0.5, qkv[1], qkv[2]
+        attn = q.matmul(k.transpose(-2, -1))
+        bias = self.relative_position_bias_table[self.relative_position_index].view(tokens, tokens, -1)
+        attn = attn + bias.permute(2, 0, 1).contiguous().unsqueeze(0)
+        if sum(shift) > 0:
+            attn = attn.view(n, windows, heads, tokens, tokens) + self._mask(x, ph, pw, shift).unsqueeze(1).unsqueeze(0)
+            attn = attn.view(-1, heads, tokens, tokens)
+        attn = F.dropout(F.softmax(attn, dim=-1), p=self.attention_dropout, training=self.training)
+        x = attn.matmul(v).transpose(1, 2).reshape(x.size(0), tokens, e)
+        x = F.dropout(self.proj(x), p=self.dropout, training=self.training)
+        x = x.view(n, ph // wh, pw // ww, wh, ww, e).permute(0, 1, 3, 2, 4, 5).reshape(n, ph, pw, e)
+        if sum(shift) > 0:
+            x = torch.roll(x, shifts=(shift[0], shift[1]), dims=(1, 2))
+        return x[:, :height, :width, :].contiguous()
+
+
+class PatchMerge(nn.Module):
+    """``[N, H, W, C]`` -> ``[N, ceil(H/2), ceil(W/2), 4C]``: the map padded to even sides, each 2x2 patch's four
+    pixels put side by side along the channels (a Swin stage's downsampling, before its norm and linear layer)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        height, width = x.shape[-3], x.shape[-2]
+        x = F.pad(x, (0, 0, 0, width % 2, 0, height % 2))
+        return torch.cat([x[..., 0::2, 0::2, :], x[..., 1::2, 0::2, :], x[..., 0::2, 1::2, :],
+                          x[..., 1::2, 1::2, :]], -1)
+
+
 #: op -> factory of the nn.Module that executes it, given the node's attrs and the factory keyword
 #: arguments for its parameters and buffers (``device``).
 MODULE_BUILDERS: Dict[str, Callable[..., nn.Module]] = {
@@ -99,6 +175,10 @@ MODULE_BUILDERS: Dict[str, Callable[..., nn.Module]] = {
     "token": lambda a, **f: Token(a["shape"], a["dim"], **f),
     "attention": lambda a, **f: SelfAttention(int(a["embed_dim"]), int(a["num_heads"]), bool(a["bias"]),
                                               float(a.get("dropout", 0.0)), **f),
+    "window_attention": lambda a, **f: WindowAttention(
+        int(a["embed_dim"]), int(a["num_heads"]), a["window_size"], a["shift_size"], bool(a["bias"]),
+        float(a.get("attention_dropout", 0.0)), float(a.get("dropout", 0.0)), **f),
+    "patch_merge": lambda a, **f: PatchMerge(),
 }
 
 
