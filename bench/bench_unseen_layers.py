@@ -15,7 +15,8 @@ stages, in a temporary folder:
    same levels), profiled and fingerprinted in the same project: generated ConvNeXt blocks or encoder stages, no
    torchvision network;
 3. each of ``--networks`` (default ``convnext_tiny`` and ``vit_b_16``) at the same pruning levels (a Swin
-   transformer, which cannot be pruned, at level 0 alone) is profiled the same way, in a project of its own (so that neither fingerprint sees it);
+   transformer, which cannot be pruned, at level 0 alone) is profiled the same way, in a project of its own (so
+   that neither fingerprint sees it);
 4. each fingerprint predicts every measurement of those networks. Printed per network: per configuration the
    measured and predicted step time and peak RSS; then per fingerprint MAPE, mean signed error (+ = predicted
    above the measurement) and the share of measurements inside the 90% interval, beside the fingerprint's own
