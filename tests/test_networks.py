@@ -187,12 +187,18 @@ def test_convnext_prunes_its_stream_with_its_layer_scales_and_its_blocks_mlp() -
 
 def test_a_swin_transformer_is_refused_for_pruning_at_once() -> None:
     """torch-pruning's dependency graph of a Swin grew past 24 GiB: the plan says so before tracing, and a level 0
-    needs no plan."""
+    alone needs no plan (the networks stage makes it)."""
     import torchvision
     model = torchvision.models.swin_t(num_classes=10)
     with pytest.raises(UserError, match="swin_t: a Swin transformer cannot be pruned"):
         PruningPlan(model, [3, 64, 64], network="swin_t")
     assert prune_model(model, [3, 64, 64], 0, network="swin_t").achieved_level == 0
+    src = Source("swin_t", "torchvision:swin_t", lambda: build_zoo_model("swin_t", CLASSES))
+    (desc,) = prune_source(src, [3, 64, 64], [0], "l1-norm", 4, 0)
+    assert desc.name == "swin_t_l0" and desc.params == sum(p.numel() for p in build_zoo_model("swin_t", CLASSES)
+                                                           .parameters())
+    with pytest.raises(UserError, match="cannot be pruned"):
+        prune_source(src, [3, 64, 64], [0, 30], "l1-norm", 4, 0)
 
 
 def test_a_vit_prunes_its_mlps_and_keeps_its_token_width() -> None:

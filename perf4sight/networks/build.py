@@ -40,7 +40,7 @@ from perf4sight.networks.factories import build_factory_model, parse_factory
 from perf4sight.networks.generator import GeneratorSettings, forward_flops, generate
 from perf4sight.networks.named import config_descriptions, named_networks
 from perf4sight.networks.on_request import variant_name
-from perf4sight.networks.pruning import PruningPlan, UnreachableLevel, check_level
+from perf4sight.networks.pruning import PrunedModel, PruningPlan, UnreachableLevel, check_level, prune_model
 from perf4sight.networks.zoo import build_zoo_model
 from perf4sight.wording import plural
 
@@ -134,6 +134,16 @@ def pruning_plan(src: Source, input_shape: list[int], strategy: str, min_channel
     return PruningPlan(_seeded_build(src, seed), input_shape, strategy, min_channels, seed, src.name)
 
 
+class _Unpruned:
+    """A network's level 0 in a pruning plan's place: the network as built."""
+
+    def __init__(self, base: nn.Module) -> None:
+        self.base = base
+
+    def prune(self, level: float, meta: bool = False) -> PrunedModel:
+        return prune_model(self.base, [], 0)
+
+
 def prune_source(src: Source, input_shape: list[int], levels: list[float], strategy: str, min_channels: int,
                  seed: int, progress: Progress | None = None, skipped: list[str] | None = None,
                  plan: PruningPlan | None = None) -> list[NetworkDescription]:
@@ -143,6 +153,8 @@ def prune_source(src: Source, input_shape: list[int], levels: list[float], strat
     A level the network cannot reach raises ``UnreachableLevel``; with a ``skipped`` list it is left out
     instead and a line saying why is appended to the list."""
     levels = [check_level(lvl, f"[networks.pruning] levels ({src.name})") for lvl in levels]
+    if not plan and all(lvl == 0 for lvl in levels):  # unpruned alone: nothing to trace (a Swin cannot be)
+        plan = _Unpruned(_seeded_build(src, seed))
     plan = plan or pruning_plan(src, input_shape, strategy, min_channels, seed)  # traced once for all levels
     out = []
     for lvl in levels:
