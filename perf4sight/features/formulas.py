@@ -24,8 +24,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-from perf4sight.ir.schema import Node
-from perf4sight.ir.shapes import window_pair, windows_of
+from perf4sight.ir.schema import Node, window_attention_params
+from perf4sight.ir.shapes import windows_of
 
 __all__ = ["OpCost", "HANDLERS", "OUTPUT", "BYTES_PER_ELEMENT", "numel", "hands_input_back"]
 
@@ -180,12 +180,12 @@ def _attention(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
                   kernels_bwd=12, kind="linear")
 
 
-def window_geometry(node: Node) -> tuple[int, int, int, int, bool, bool]:
-    """A window attention's ``(tokens T, window tokens N, width E, heads H, padded, shifted)``, ``T`` the padded
-    map's positions (schema: ``window_attention``)."""
+def window_geometry(node: Node) -> tuple[int, int, int, int, bool]:
+    """A window attention's ``(tokens T, window tokens N, width E, heads H, shifted)``, ``T`` the padded map's
+    positions (schema: ``window_attention``)."""
     height, width, e = node.output_shape
     ph, pw, (wh, ww), shift = windows_of(height, width, node.attrs["window_size"], node.attrs["shift_size"])
-    return ph * pw, wh * ww, int(e), int(node.attrs["num_heads"]), (ph, pw) != (height, width), sum(shift) > 0
+    return ph * pw, wh * ww, int(e), int(node.attrs["num_heads"]), sum(shift) > 0
 
 
 def _window_attention(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
@@ -195,13 +195,12 @@ def _window_attention(node: Node, in_shapes: list[list[int]], first: bool) -> Op
     windows (the input projection's input), the scaled queries, the keys and the values (copies the batched products
     make of them), the softmax's output and the output projection's input: ``5 T E + H T N`` elements (the node's
     own input is not kept: it is padded, rolled and cut into windows first; checked against autograd)."""
-    tokens, n, e, h, _, shifted = window_geometry(node)
+    tokens, n, e, h, shifted = window_geometry(node)
     bias = bool(node.attrs["bias"])
     scores = float(tokens * n * e)
     macs = 4.0 * tokens * e * e + 2 * scores
     softmax = 5.0 * h * tokens * n
-    wh, ww = window_pair(node.attrs["window_size"])
-    params = 4 * e * e + (4 * e if bias else 0) + (2 * wh - 1) * (2 * ww - 1) * h
+    params = window_attention_params(node.attrs)
     rd, wr = _io_bytes(in_shapes, node.output_shape)
     kept = (5 * tokens * e + h * tokens * n) * BYTES_PER_ELEMENT
     return OpCost(macs=macs, flops_fwd=2 * macs + softmax, flops_bwd=4 * macs + 2 * softmax,

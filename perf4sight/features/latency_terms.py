@@ -115,24 +115,31 @@ def _conv(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
         r.other(BANDWIDTH, hw_out * cout, b_out, cout * BYTES_PER_ELEMENT)  # backward reduction
 
 
-def _attention(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
-    """Self-attention as its GEMMs (the input projection to queries, keys and values, the scores, the weighted sum,
-    the output projection; each with its backward ones) and its softmax (bandwidth-bound)."""
-    e, h = int(node.attrs["embed_dim"]), int(node.attrs["num_heads"])
-    tokens = numel(node.output_shape) // e
+def _attention_gemms(r: _Rows, tokens: int, keys: int, e: int, h: int, first: bool) -> None:
+    """An attention's GEMMs over ``tokens`` of width ``e`` in ``h`` heads, each attending to ``keys`` of them: the
+    input projection to queries, keys and values (no input gradient for the network input, ``first``) and the
+    output projection, then the scores and the weighted sum; each with its backward ones."""
     d = e // h
     b_io = 2 * tokens * e * BYTES_PER_ELEMENT
     w = 4 * e * e * BYTES_PER_ELEMENT
-    scores = h * tokens * tokens * BYTES_PER_ELEMENT
-    # the two projections: in (no input gradient for the network input), out
+    scores = h * tokens * keys * BYTES_PER_ELEMENT
     for m, n, k, fixed, grad_in in ((tokens, 3 * e, e, 0.75 * w, not first), (tokens, e, e, 0.25 * w, True)):
         r.gemm(m, n, k, 0, b_io, fixed)
         if grad_in:
             r.gemm(m, k, n, 0, b_io, fixed)
         r.gemm(n, k, m, 2, b_io, fixed)
     for _ in range(3):  # scores Q K^T and the weighted sum of V, forward and two backward products each
-        r.gemm(h * tokens, tokens, d, 0, scores, 0.0)
-        r.gemm(h * tokens, d, tokens, 0, scores, 0.0)
+        r.gemm(h * tokens, keys, d, 0, scores, 0.0)
+        r.gemm(h * tokens, d, keys, 0, scores, 0.0)
+
+
+def _attention(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
+    """Self-attention as its GEMMs (the input projection to queries, keys and values, the scores, the weighted sum,
+    the output projection; each with its backward ones) and its softmax (bandwidth-bound)."""
+    e, h = int(node.attrs["embed_dim"]), int(node.attrs["num_heads"])
+    tokens = numel(node.output_shape) // e
+    scores = h * tokens * tokens * BYTES_PER_ELEMENT
+    _attention_gemms(r, tokens, tokens, e, h, first)
     r.other(BANDWIDTH, 5.0 * h * tokens * tokens, 2 * scores)  # softmax
     r.other(BANDWIDTH, 5.0 * h * tokens * tokens, 3 * scores)  # its backward
 
@@ -142,18 +149,10 @@ def _window_attention(r: _Rows, node: Node) -> None:
     cut into windows (a copy), the projections' GEMMs over the ``T`` padded positions, the scores and weighted sum
     per window and head, the queries scaled, the relative position bias (and the shifted windows' mask) added, the
     softmax, and every copy again on the way back; each with its backward kernels."""
-    tokens, n, e, h, _, shifted = window_geometry(node)
-    d = e // h
+    tokens, n, e, h, shifted = window_geometry(node)
     b_io = 2 * tokens * e * BYTES_PER_ELEMENT
-    w = 4 * e * e * BYTES_PER_ELEMENT
     scores = h * tokens * n * BYTES_PER_ELEMENT
-    for m, nn_, k, fixed in ((tokens, 3 * e, e, 0.75 * w), (tokens, e, e, 0.25 * w)):
-        r.gemm(m, nn_, k, 0, b_io, fixed)
-        r.gemm(m, k, nn_, 0, b_io, fixed)
-        r.gemm(nn_, k, m, 2, b_io, fixed)
-    for _ in range(3):  # scores Q K^T and the weighted sum of V, forward and two backward products each
-        r.gemm(h * tokens, n, d, 0, scores, 0.0)
-        r.gemm(h * tokens, d, n, 0, scores, 0.0)
+    _attention_gemms(r, tokens, n, e, h, False)
     copies = 5 + (2 if shifted else 0)  # pad, windows, heads back together, windows back, crop; two rolls
     for _ in range(2 * copies):  # forward, and each one's backward
         r.other(BANDWIDTH, 0.0, b_io)

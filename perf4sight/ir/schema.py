@@ -16,7 +16,7 @@ from perf4sight.files import write_atomically
 from perf4sight.ir.shapes import element_count, shape_problem, window_pair
 
 __all__ = ["Node", "NetworkDescription", "OPS", "load_description", "save_description", "is_file_stem",
-           "STRUCTURE_VERSION"]
+           "STRUCTURE_VERSION", "window_attention_params"]
 
 SCHEMA_VERSION = 1
 
@@ -311,11 +311,17 @@ def count_params(desc: NetworkDescription) -> int:
             total += element_count(a["shape"])
         elif n.op == "attention":  # the input projection (query, key, value) and the output one
             total += 4 * a["embed_dim"] * a["embed_dim"] + (4 * a["embed_dim"] if a["bias"] else 0)
-        elif n.op == "window_attention":  # the same projections, and a bias per head and relative position
-            wh, ww = window_pair(a["window_size"])
-            total += (4 * a["embed_dim"] * a["embed_dim"] + (4 * a["embed_dim"] if a["bias"] else 0)
-                      + (2 * wh - 1) * (2 * ww - 1) * a["num_heads"])
+        elif n.op == "window_attention":
+            total += window_attention_params(a)
     return total
+
+
+def window_attention_params(attrs: Dict[str, Any]) -> int:
+    """A window attention's parameters: the projections of an ``attention``, and a bias per head for each of the
+    ``(2 wh - 1) x (2 ww - 1)`` relative positions within a window."""
+    e = int(attrs["embed_dim"])
+    wh, ww = window_pair(attrs["window_size"])
+    return 4 * e * e + (4 * e if attrs["bias"] else 0) + (2 * wh - 1) * (2 * ww - 1) * int(attrs["num_heads"])
 
 
 def load_description(path: Union[str, Path]) -> NetworkDescription:

@@ -110,8 +110,9 @@ class WindowAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, height, width, e = x.shape
         ph, pw, (wh, ww), shift = windows_of(height, width, self.window_size, self.shift_size)
+        shifted = sum(shift) > 0
         x = F.pad(x, (0, 0, 0, pw - width, 0, ph - height))
-        if sum(shift) > 0:
+        if shifted:
             x = torch.roll(x, shifts=(-shift[0], -shift[1]), dims=(1, 2))
         windows = (ph // wh) * (pw // ww)
         x = x.view(n, ph // wh, wh, pw // ww, ww, e).permute(0, 1, 3, 2, 4, 5).reshape(n * windows, wh * ww, e)
@@ -121,14 +122,14 @@ class WindowAttention(nn.Module):
         attn = q.matmul(k.transpose(-2, -1))
         bias = self.relative_position_bias_table[self.relative_position_index].view(tokens, tokens, -1)
         attn = attn + bias.permute(2, 0, 1).contiguous().unsqueeze(0)
-        if sum(shift) > 0:
+        if shifted:
             attn = attn.view(n, windows, heads, tokens, tokens) + self._mask(x, ph, pw, shift).unsqueeze(1).unsqueeze(0)
             attn = attn.view(-1, heads, tokens, tokens)
         attn = F.dropout(F.softmax(attn, dim=-1), p=self.attention_dropout, training=self.training)
         x = attn.matmul(v).transpose(1, 2).reshape(x.size(0), tokens, e)
         x = F.dropout(self.proj(x), p=self.dropout, training=self.training)
         x = x.view(n, ph // wh, pw // ww, wh, ww, e).permute(0, 1, 3, 2, 4, 5).reshape(n, ph, pw, e)
-        if sum(shift) > 0:
+        if shifted:
             x = torch.roll(x, shifts=(shift[0], shift[1]), dims=(1, 2))
         return x[:, :height, :width, :].contiguous()
 
