@@ -181,13 +181,13 @@ def test_predict_and_compare_networks_take_the_datasets_names_too(tmp_path):
 
 
 def test_a_torchvision_transformer_is_said_to_be_left_out_of_the_zoo(tmp_path):
-    with pytest.raises(UserError, match=r"\[networks\] zoo: 'swin_v2_b': torchvision's swin_v2_b is a windowed "
-                                        r"vision transformer.*the zoo holds torchvision's 76 other classifiers"):
-        load_config(write(tmp_path, GOOD.replace('zoo = ["resnet18"]', 'zoo = ["swin_v2_b"]')))
+    with pytest.raises(UserError, match=r"\[networks\] zoo: 'maxvit_t': torchvision's maxvit_t is a windowed "
+                                        r"vision transformer.*the zoo holds torchvision's 79 other classifiers"):
+        load_config(write(tmp_path, GOOD.replace('zoo = ["resnet18"]', 'zoo = ["maxvit_t"]')))
     with pytest.raises(UserError, match=r"\[predict\] networks: unknown network 'maxvit_t': torchvision's maxvit_t "
-                                        r"is a windowed vision transformer whose MaxViT's block and grid attention"):
+                                        r"is a windowed vision transformer whose block and grid attention"):
         load_config(write(tmp_path, GOOD + '[predict]\nnetworks = ["maxvit_t"]\n'))
-    load_config(write(tmp_path, GOOD + '[predict]\nnetworks = ["swin_t"]\n'))  # Swin V1 is a zoo network
+    load_config(write(tmp_path, GOOD + '[predict]\nnetworks = ["swin_t", "swin_v2_b"]\n'))  # zoo networks both
 
 
 def test_predict_and_compare_networks_take_factories_and_the_configs_own_networks(tmp_path):

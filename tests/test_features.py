@@ -121,20 +121,30 @@ def test_window_attention_by_hand():
     assert plain.macs == 4 * 196 * 64 + 2 * 196 * 49 * 8 and plain.params == 4 * 64 + 4 * 8 + 13 * 13 * 2
     assert plain.extra_saved_bytes == (5 * 196 * 8 + 2 * 196 * 49) * 4 and plain.saved == []
     assert shifted.macs == plain.macs and shifted.kernels_fwd > plain.kernels_fwd
+    v2 = _cost(Node("w", "window_attention", ["x"], {**attrs, "cosine": True, "position_bias_mlp": 16}, [10, 12, 8]),
+               [[10, 12, 8]])  # Swin V2: an MLP 2 -> 16 -> 2 heads for the bias table, a scale per head
+    assert v2.macs == plain.macs and v2.params == 4 * 64 + 4 * 8 + 3 * 16 + 16 * 2 + 2
+    assert v2.extra_saved_bytes == (8 * 196 * 8 + 2 * 2 * 196 * 49 + 4 * 2 * 196) * 4
+    assert v2.flops_fwd > plain.flops_fwd and v2.kernels_fwd > plain.kernels_fwd and v2.param_tensors == 8
     merge = _cost(Node("m", "patch_merge", ["x"], {}, [5, 6, 32]), [[10, 12, 8]])
     assert merge.params == 0 and merge.saved == [] and merge.bytes_written == 2 * 5 * 6 * 32 * 4
 
 
-@pytest.mark.parametrize("shape", [[3, 64, 64], [3, 72, 88]])
-def test_swin_keeps_what_autograd_keeps(shape):
-    """torchvision's Swin-T at two input sizes (at 72x88 no stage's map is a whole number of windows, and the last
-    two stages are one window each, unshifted): the tensors kept for backward are exactly autograd's."""
+@pytest.mark.parametrize("name, shape", [("swin_t", [3, 64, 64]), ("swin_t", [3, 72, 88]),
+                                         ("swin_v2_t", [3, 64, 64]), ("swin_v2_t", [3, 72, 88])])
+def test_swin_keeps_what_autograd_keeps(name, shape):
+    """torchvision's Swin-T, V1 and V2, at two input sizes (at 72x88 no stage's map is a whole number of windows, and
+    the last two stages are one window each, unshifted): the tensors kept for backward per sample are exactly
+    autograd's (what a sample adds between batch 2 and 4); V2's position-bias MLPs keep theirs once a step."""
     pytest.importorskip("torch")
     from perf4sight.networks.zoo import describe_zoo
-    desc = describe_zoo("swin_t", shape, num_classes=10)
+    desc = describe_zoo(name, shape, num_classes=10)
     nf = network_features(desc, StepRuntime(relu6_clone=True, foreach=False, dropout_mask_bytes=4))
     assert nf.unsupported == [] and nf.kernels is not None
-    assert nf.per_sample["saved_bytes"] + nf.per_sample["input_bytes"] == _autograd_saved_bytes(desc, 2)
+    at2, at4 = 2 * _autograd_saved_bytes(desc, 2), 4 * _autograd_saved_bytes(desc, 4)
+    assert nf.per_sample["saved_bytes"] + nf.per_sample["input_bytes"] == (at4 - at2) / 2
+    once = at2 - (at4 - at2)  # kept once a step: nothing for V1, the MLPs' hidden layers and more for V2
+    assert once == 0 if name == "swin_t" else 12 * (15 * 15 * 512 * 4) < once < 10e6
 
 
 def test_kept_for_backward_is_what_autograd_keeps():

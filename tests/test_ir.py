@@ -152,38 +152,78 @@ def test_convnext_computes_what_torchvisions_computes():
     assert tuple(train_one_step(rebuilt, [3, 32, 32], 10).shape) == (2, 10)
 
 
-@pytest.mark.parametrize("shape", [[3, 64, 64], [3, 72, 88]])
-def test_swin_computes_what_torchvisions_computes(shape):
-    """torchvision's Swin-T (shifted windows, relative position bias, patch merging) describes and rebuilds, with
-    torch alone, to the same function with the same parameters, also where a map is padded to whole windows
-    (72x88) and where one window covers a whole map (no shift); the rebuilt network trains."""
+def _copy_swin_parameters(original: nn.Module, rebuilt: nn.Module) -> None:
+    """Copy a torchvision Swin's parameters into its rebuilt twin: attention by attention, and layer by layer of each
+    other kind, in the order each model holds them (a V2 block's norm follows its attention in the rebuilt one,
+    precedes it in torchvision's)."""
+    from torchvision.models.swin_transformer import ShiftedWindowAttention
+
+    from perf4sight.ir.to_torch import WindowAttention
+
+    def units(model: nn.Module, attention: type) -> dict[str, list[list[nn.Parameter]]]:
+        found: dict[str, list[list[nn.Parameter]]] = {}
+        inside: list[str] = []
+        for name, m in model.named_modules():
+            if any(name.startswith(a + ".") for a in inside):
+                continue
+            if isinstance(m, attention):
+                inside.append(name)
+                found.setdefault("attention", []).append(list(m.parameters()))
+            elif list(m.parameters(recurse=False)):
+                found.setdefault(type(m).__name__, []).append(list(m.parameters(recurse=False)))
+        return found
+
+    old, new = units(original, ShiftedWindowAttention), units(rebuilt, WindowAttention)
+    assert old.keys() == new.keys() and all(len(old[k]) == len(new[k]) for k in old)
+    for kind in old:
+        for olds, news in zip(old[kind], new[kind]):
+            assert [p.shape for p in olds] == [p.shape for p in news], kind
+            for o, n in zip(olds, news):
+                n.data.copy_(o.data)
+
+
+@pytest.mark.parametrize("name, shape", [("swin_t", [3, 64, 64]), ("swin_t", [3, 72, 88]),
+                                         ("swin_v2_t", [3, 64, 64]), ("swin_v2_t", [3, 72, 88])])
+def test_swin_computes_what_torchvisions_computes(name, shape):
+    """torchvision's Swin-T, V1 and V2 (shifted windows, a relative position bias from a table or an MLP, V2's
+    cosine attention and norms after each branch, patch merging), describes and rebuilds, with torch alone, to the
+    same function with the same parameters, also where a map is padded to whole windows (72x88) and where one window
+    covers a whole map (no shift); the rebuilt network trains."""
     from perf4sight.ir.to_torch import WindowAttention
 
     torch.manual_seed(0)
-    original = build_zoo_model("swin_t", 10).eval()
-    desc = NetworkDescription.from_dict(json.loads(describe(original, shape, name="swin_t").to_json()))
+    original = build_zoo_model(name, 10).eval()
+    for key, p in original.named_parameters():
+        if key.endswith("logit_scale"):  # not all alike: a scale applied to the wrong head shows
+            p.data.uniform_(1.0, 5.0)
+    desc = NetworkDescription.from_dict(json.loads(describe(original, shape, name=name).to_json()))
     ops = [n.op for n in desc.nodes]
     assert ops.count("window_attention") == 12 and ops.count("patch_merge") == 3
-    assert [n.attrs["shift_size"] for n in desc.nodes if n.op == "window_attention"][:2] == [[0, 0], [3, 3]]
+    attentions = [n.attrs for n in desc.nodes if n.op == "window_attention"]
+    window = 8 if name == "swin_v2_t" else 7
+    assert [a["shift_size"] for a in attentions][:2] == [[0, 0], [window // 2] * 2]
+    assert all(a["window_size"] == [window, window] for a in attentions)
+    assert all(a.get("cosine", False) == (name == "swin_v2_t") for a in attentions)
+    assert all(a.get("position_bias_mlp", 0) == (512 if name == "swin_v2_t" else 0) for a in attentions)
     assert desc.params == sum(p.numel() for p in original.parameters())
     rebuilt = build_module(desc).eval()
-    left = list(rebuilt.parameters())
-    for old in original.parameters():  # the same tensors, in an order of their own (a merge's norm, its linear)
-        new = left.pop(next(i for i, p in enumerate(left) if p.shape == old.shape))
-        new.data.copy_(old.data)
-    tables = [m.relative_position_bias_table for m in rebuilt.modules() if isinstance(m, WindowAttention)]
-    assert len(tables) == 12 and all(t.abs().sum() > 0 for t in tables)  # the biases were copied too
+    _copy_swin_parameters(original, rebuilt)
+    if name == "swin_t":
+        tables = [m.relative_position_bias_table for m in rebuilt.modules() if isinstance(m, WindowAttention)]
+        assert len(tables) == 12 and all(t.abs().sum() > 0 for t in tables)  # the biases were copied too
     x = torch.randn(2, *shape)
     assert torch.equal(rebuilt(x), original(x))
     assert tuple(train_one_step(rebuilt, shape, 10).shape) == (2, 10)
 
 
-def test_swin_v2_is_refused_naming_the_node():
-    """Swin V2 computes its position bias with an MLP over a buffer of coordinates: one line names that node."""
+def test_a_position_bias_computed_another_way_is_refused_naming_the_node():
+    """A Swin V2 whose position-bias MLP has another activation: one line names the attention's bias node."""
     from torchvision.models import swin_v2_t
-    with pytest.raises(UserError, match="v2: linear .*cpb_mlp_0.* reads .*relative_coords_table, a module tensor that "
-                                        "is no parameter"):
-        describe(swin_v2_t(num_classes=10), [3, 32, 32], name="v2")
+    model = swin_v2_t(num_classes=10)
+    model.features[1][0].attn.cpb_mlp[1] = nn.GELU()
+    with pytest.raises(UserError, match=r"v2: cannot describe node shifted_window_attention \(window attention's "
+                                        r"position bias \(mul\) is neither a table nor Swin V2's MLP"):
+        describe(model, [3, 32, 32], name="v2")
 
 
 def test_a_vision_transformer_computes_what_torchvisions_computes():

@@ -79,7 +79,7 @@ def _network(name: str):
 
 #: Together these use every op of the schema.
 ROUND_TRIP = ["views", "shufflenet_v2_x1_0", "efficientnet_b0", "mobilenet_v2", "mobilenet_v3_small", "googlenet",
-              "squeezenet1_1", "resnet18", "convnext_tiny", "vit_b_32", "swin_t"]
+              "squeezenet1_1", "resnet18", "convnext_tiny", "vit_b_32", "swin_t", "swin_v2_t"]
 
 
 def test_the_round_trip_networks_cover_the_schema():

@@ -194,19 +194,33 @@ def _window_attention(node: Node, in_shapes: list[list[int]], first: bool) -> Op
     (``T N E`` each), a softmax of ``5 H T N`` FLOPs; backward two passes of every product. Kept for backward: the
     windows (the input projection's input), the scaled queries, the keys and the values (copies the batched products
     make of them), the softmax's output and the output projection's input: ``5 T E + H T N`` elements (the node's
-    own input is not kept: it is padded, rolled and cut into windows first; checked against autograd)."""
+    own input is not kept: it is padded, rolled and cut into windows first; checked against autograd).
+
+    Swin V2's ``cosine`` attention normalises the queries and keys (``4 T E`` FLOPs) and scales the scores (``H T N``)
+    instead of scaling the queries, and keeps ``8 T E + 2 H T N + 4 H T`` elements: the windows, the projection's
+    output (the norms' input), the normalised queries and keys, a copy of the values, the output projection's input,
+    the scores before their scale, the softmax's output, and each query's and key's norm before and after its floor
+    (checked against autograd). Its ``position_bias_mlp`` runs once a step whatever the batch (``(2 wh - 1)(2 ww -
+    1)`` positions through the MLP; about 8 MB kept for ``swin_v2_t``'s twelve), which a per-sample cost leaves out:
+    its parameters and kernels are counted (the kernels as torch.profiler listed them on torch 2.14: 10 and 5 more
+    forward, about 24 and 8 more backward, many of them on a few elements each)."""
     tokens, n, e, h, shifted = window_geometry(node)
-    bias = bool(node.attrs["bias"])
+    bias, cosine = bool(node.attrs["bias"]), bool(node.attrs.get("cosine"))
+    mlp = int(node.attrs.get("position_bias_mlp", 0))
     scores = float(tokens * n * e)
     macs = 4.0 * tokens * e * e + 2 * scores
     softmax = 5.0 * h * tokens * n
+    cosine_flops = 4.0 * tokens * e + h * tokens * n if cosine else 0.0
     params = window_attention_params(node.attrs)
     rd, wr = _io_bytes(in_shapes, node.output_shape)
-    kept = (5 * tokens * e + h * tokens * n) * BYTES_PER_ELEMENT
-    return OpCost(macs=macs, flops_fwd=2 * macs + softmax, flops_bwd=4 * macs + 2 * softmax,
+    kept = 8 * tokens * e + 2 * h * tokens * n + 4 * h * tokens if cosine else 5 * tokens * e + h * tokens * n
+    tensors = (5 if bias else 3) + (1 if cosine else 0) + (3 - 1 if mlp else 0)  # the MLP's three, not a table
+    return OpCost(macs=macs, flops_fwd=2 * macs + softmax + cosine_flops,
+                  flops_bwd=4 * macs + 2 * softmax + 2 * cosine_flops,
                   bytes_read=rd + params * BYTES_PER_ELEMENT, bytes_written=wr, params=params,
-                  param_tensors=5 if bias else 3, extra_saved_bytes=float(kept),
-                  kernels_fwd=14 + (16 if shifted else 0), kernels_bwd=16 + (2 if shifted else 0), kind="linear")
+                  param_tensors=tensors, extra_saved_bytes=float(kept * BYTES_PER_ELEMENT),
+                  kernels_fwd=14 + (16 if shifted else 0) + (10 if cosine else 0) + (5 if mlp else 0),
+                  kernels_bwd=16 + (2 if shifted else 0) + (24 if cosine else 0) + (8 if mlp else 0), kind="linear")
 
 
 def _patch_merge(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:

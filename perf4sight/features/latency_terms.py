@@ -147,8 +147,10 @@ def _attention(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
 def _window_attention(r: _Rows, node: Node) -> None:
     """Self-attention within windows as torchvision runs it: the map padded (a copy), rolled (shifted windows) and
     cut into windows (a copy), the projections' GEMMs over the ``T`` padded positions, the scores and weighted sum
-    per window and head, the queries scaled, the relative position bias (and the shifted windows' mask) added, the
-    softmax, and every copy again on the way back; each with its backward kernels."""
+    per window and head, the queries scaled (Swin V2: the queries and keys normalised, the scores scaled), the
+    relative position bias (and the shifted windows' mask) added, the softmax, and every copy again on the way back;
+    each with its backward kernels. Swin V2's position-bias MLP runs once a step on a few hundred positions: left
+    out."""
     tokens, n, e, h, shifted = window_geometry(node)
     b_io = 2 * tokens * e * BYTES_PER_ELEMENT
     scores = h * tokens * n * BYTES_PER_ELEMENT
@@ -156,8 +158,15 @@ def _window_attention(r: _Rows, node: Node) -> None:
     copies = 5 + (2 if shifted else 0)  # pad, windows, heads back together, windows back, crop; two rolls
     for _ in range(2 * copies):  # forward, and each one's backward
         r.other(BANDWIDTH, 0.0, b_io)
-    r.other(BANDWIDTH, tokens * e, b_io)  # the queries scaled, and its backward
-    r.other(BANDWIDTH, tokens * e, b_io)
+    if node.attrs.get("cosine"):  # Swin V2: the queries and keys normalised (a norm and a division each), the
+        for _ in range(2):        # scores scaled; each with its backward
+            r.other(BANDWIDTH, 2.0 * tokens * e, b_io)
+            r.other(BANDWIDTH, 4.0 * tokens * e, 2 * b_io)
+        r.other(BANDWIDTH, h * tokens * n, 2 * scores)
+        r.other(BANDWIDTH, h * tokens * n, 3 * scores)
+    else:
+        r.other(BANDWIDTH, tokens * e, b_io)  # the queries scaled, and its backward
+        r.other(BANDWIDTH, tokens * e, b_io)
     for _ in range(2 if shifted else 1):  # the bias (and mask) added; backward, the bias's gradient summed
         r.other(BANDWIDTH, h * tokens * n, 3 * scores)
     r.other(BANDWIDTH, h * tokens * n, scores)

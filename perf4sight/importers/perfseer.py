@@ -316,6 +316,10 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         for key in ("attention_dropout", "dropout"):
             if args.get(key):
                 a[key] = _number(args[key], f"{where} {key}")
+        if flag("cosine", False):  # Swin V2's
+            a["cosine"] = True
+        if args.get("position_bias_mlp"):
+            a["position_bias_mlp"] = num("position_bias_mlp")
         return a
     if op == "layernorm":
         axis = _first_int(args, ("axis",), where)

@@ -196,12 +196,11 @@ for _key in (torch.permute, "permute"):
 FUNCTION_OPS[F.dropout] = lambda n: ("dropout", {"p": float(_arg(n, 1, "p", 0.5))})
 
 
-def _window_attention_call(n: fx.Node) -> tuple[str, dict]:
+def _window_attention_call(n: fx.Node, gm: fx.GraphModule) -> tuple[str, dict]:
     """torchvision's ``shifted_window_attention(x, qkv_weight, proj_weight, relative_position_bias, window_size,
     num_heads, shift_size, attention_dropout, dropout, qkv_bias, proj_bias, logit_scale)`` (a Swin block's, which
-    torch.fx keeps as one call); Swin V2's cosine attention (a ``logit_scale``) has no description op."""
-    if _arg(n, 11, "logit_scale") is not None:
-        raise ValueError("window attention with a logit scale (Swin V2's cosine attention) has no description op")
+    torch.fx keeps as one call); a ``logit_scale`` makes it Swin V2's cosine attention, whose position bias an MLP
+    computes (:func:`_position_bias_mlp`)."""
     attrs: dict[str, Any] = {"embed_dim": int(n.args[0].meta["tensor_meta"].shape[-1]),
                              "num_heads": int(_arg(n, 5, "num_heads")),
                              "window_size": [int(v) for v in _arg(n, 4, "window_size")],
@@ -212,13 +211,47 @@ def _window_attention_call(n: fx.Node) -> tuple[str, dict]:
     for key, i in (("attention_dropout", 7), ("dropout", 8)):
         if float(_arg(n, i, key, 0.0)):
             attrs[key] = float(_arg(n, i, key, 0.0))
+    if _arg(n, 11, "logit_scale") is not None:
+        attrs["cosine"] = True
+    hidden, _ = _position_bias_mlp(n, gm)
+    if hidden:
+        attrs["position_bias_mlp"] = hidden
     return "window_attention", attrs
 
 
+def _position_bias_mlp(n: fx.Node, gm: fx.GraphModule) -> tuple[int, list[fx.Node]]:
+    """How Swin V2's window attention ``n`` computes its position bias, ``16 sigmoid`` of a two-layer MLP
+    (``Linear(2, hidden)``, ``ReLU``, ``Linear(hidden, heads, bias=False)``) over a buffer of coordinates: the
+    hidden width and the nodes that do it (none for a table of biases, Swin V1's ``_get_relative_position_bias`` of
+    a parameter). Another way of computing it is a ``ValueError`` naming the node."""
+    bias = _arg(n, 3, "relative_position_bias")
+    if not isinstance(bias, fx.Node):
+        raise ValueError(f"window attention's position bias is {bias!r}, not a tensor")
+    if getattr(bias.target, "__name__", "") in _PARAMETER_CALLS:
+        return 0, []
+    walked = [bias]  # from the bias back to the coordinates
+    if bias.target in (operator.mul, torch.mul) and len(bias.args) == 2 and 16 in bias.args:
+        walked.append(next(a for a in bias.args if isinstance(a, fx.Node)))
+        if walked[-1].target in (torch.sigmoid, "sigmoid"):
+            walked.append(walked[-1].args[0])
+            if getattr(walked[-1].target, "__name__", "") in _PARAMETER_CALLS \
+                    and walked[-1].args[0].target in _RESHAPES:
+                walked.append(walked[-1].args[0])
+                while walked[-1].args and isinstance(walked[-1].args[0], fx.Node) and len(walked) < 8:
+                    walked.append(walked[-1].args[0])
+    layers = [gm.get_submodule(w.target) if w.op == "call_module" else None for w in walked[4:7]]
+    if len(walked) != 8 or walked[7].op != "get_attr" or not (
+            isinstance(layers[0], nn.Linear) and isinstance(layers[1], nn.ReLU) and isinstance(layers[2], nn.Linear)
+            and layers[2].in_features == 2 and layers[2].bias is not None and layers[0].bias is None):
+        raise ValueError(f"window attention's position bias ({bias.name}) is neither a table nor Swin V2's MLP "
+                         "(16 sigmoid of Linear(2, h), ReLU, Linear(h, heads, bias=False) over its coordinates)")
+    return int(layers[2].out_features), walked
+
+
 #: torchvision's Swin functions that torch.fx records as one call each (``torch.fx.wrap``), by name
-_NAMED_CALLS: dict[str, Callable[[fx.Node], tuple[str, dict]]] = {
+_NAMED_CALLS: dict[str, Callable[[fx.Node, fx.GraphModule], tuple[str, dict]]] = {
     "shifted_window_attention": _window_attention_call,
-    "_patch_merging_pad": lambda n: ("patch_merge", {}),
+    "_patch_merging_pad": lambda n, gm: ("patch_merge", {}),
 }
 #: a wrapped call that computes a module's parameter for the op after it: read as that parameter (its first
 #: argument), taken in by that op (Swin's relative position bias, from its table)
@@ -365,6 +398,7 @@ def _convert(gm: fx.GraphModule, where: str) -> tuple[list[Node], str]:
     alias: dict[str, str] = {}  # fx node name -> description node name that holds its value
     pieces: dict[str, list[str]] = {}  # chunk/split node used whole (torch.cat(x.chunk(2, 1))) -> its narrow nodes
     held: dict[str, fx.Node] = {}  # get_attr node, or a batch expansion of one -> that get_attr node
+    held.update(_computed_position_biases(gm, where))
     output = ""
     for n in gm.graph.nodes:
         if n.op == "output":
@@ -380,6 +414,20 @@ def _convert(gm: fx.GraphModule, where: str) -> tuple[list[Node], str]:
     return nodes, output
 
 
+def _computed_position_biases(gm: fx.GraphModule, where: str) -> dict[str, fx.Node]:
+    """The nodes by which Swin V2's window attentions compute their position biases, each by its name: taken in
+    by the attention (its ``position_bias_mlp``), not described apart. A way of computing one that the description
+    has no op for is a ``UserError`` naming the attention."""
+    found: dict[str, fx.Node] = {}
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and getattr(n.target, "__name__", "") == "shifted_window_attention":
+            try:
+                found.update((w.name, w) for w in _position_bias_mlp(n, gm)[1])
+            except ValueError as exc:
+                raise UserError(f"{where}: cannot describe node {n.name} ({exc})") from None
+    return found
+
+
 def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, str],
                   pieces: dict[str, list[str]], held: dict[str, fx.Node]) -> list[Node]:
     """The description nodes of fx node ``n`` (none for shape queries and aliases); fills ``alias`` and ``held``."""
@@ -389,6 +437,8 @@ def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, s
         return [Node("input", "input", [], {}, shape or [])]
     if n.op == "get_attr":  # a module's own tensor, read by the op that uses it (a layer scale, a norm's weight)
         held[n.name] = n
+        return []
+    if n.name in held:  # a Swin V2 attention's position bias, computed from module tensors alone
         return []
     if n.op == "call_method" and n.target == "expand" and getattr(n.args[0], "name", None) in held:  # a class token
         held[n.name] = held[n.args[0].name]
@@ -459,6 +509,8 @@ def _with_own_tensors(n: fx.Node, op: str, attrs: dict, gm: fx.GraphModule, wher
     fx.node.map_arg((n.args, n.kwargs), lambda a: own.append(a) if a.name in held else None)
     if not own:
         return op, attrs, set()
+    if op == "window_attention":  # its weights, its biases' table or MLP, its scale: read from the call itself
+        return op, attrs, {a.name for a in own}
     for a in own:
         try:
             gm.get_parameter(held[a.name].target)
@@ -473,7 +525,7 @@ def _with_own_tensors(n: fx.Node, op: str, attrs: dict, gm: fx.GraphModule, wher
     parts = n.args[0] if op == "cat" else []
     if op == "cat" and len(own) == 1 and len(parts) == 2 and parts[0] is own[0]:
         return "token", {"shape": shape, "dim": attrs["dim"] % (rank + 1)}, names
-    if op in ("layernorm", "window_attention"):
+    if op == "layernorm":
         return op, attrs, names
     raise UserError(f"{where}: {op} (node {n.name}) reads the module's parameter {held[own[0].name].target} "
                     "directly, which the description has no op for (a multiply by one parameter is a 'scale', an "
@@ -577,6 +629,6 @@ def _op_of(n: fx.Node, gm: fx.GraphModule, where: str) -> tuple[str, dict]:
     if target in FUNCTION_OPS:
         return FUNCTION_OPS[target](n)
     if n.op == "call_function" and getattr(target, "__name__", "") in _NAMED_CALLS:
-        return _NAMED_CALLS[target.__name__](n)
+        return _NAMED_CALLS[target.__name__](n, gm)
     label = target if isinstance(target, str) else getattr(target, "__name__", str(target))
     raise UserError(f"{where}: {n.op} '{label}' (node {n.name}) has no description op")

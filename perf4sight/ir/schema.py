@@ -52,7 +52,8 @@ OPS: Dict[str, Tuple[str, ...]] = {
                                                       # dropout (of the attention weights, 0)
     # self-attention within windows of an [H, W, E] input (a Swin transformer's), the windows shifted by
     # shift_size [h, w] (rolled back after); a learnt bias per head for each relative position within a window;
-    # optional attention_dropout and dropout (0)
+    # optional attention_dropout and dropout (0), and Swin V2's cosine (false: scaled dot products) and
+    # position_bias_mlp (0: a table of biases; else the hidden width of an MLP that computes them)
     "window_attention": ("embed_dim", "num_heads", "window_size", "shift_size", "bias"),
     "patch_merge": (),  # [H, W, C] -> [ceil(H/2), ceil(W/2), 4C]: each 2x2 patch's pixels side by side (Swin)
 }
@@ -106,6 +107,10 @@ def _attr_problem(node: "Node") -> str:
         least = 0 if a in ("padding", "shift_size") else 1
         if not (len(pair) == 2 and all(_is_int(x, least) for x in pair)):
             return f"attr '{a}' must be an integer or an [h, w] pair of integers >= {least}, got {v!r}"
+    if node.op == "window_attention" and not isinstance(node.attrs.get("cosine", False), bool):
+        return f"attr 'cosine' must be true or false, got {node.attrs['cosine']!r}"
+    if node.op == "window_attention" and not _is_int(node.attrs.get("position_bias_mlp", 0), 0):
+        return f"attr 'position_bias_mlp' must be an integer >= 0 (0: a table), got {node.attrs['position_bias_mlp']!r}"
     if node.op in ("attention", "window_attention") and node.attrs["embed_dim"] % node.attrs["num_heads"]:
         return f"num_heads {node.attrs['num_heads']} does not divide embed_dim {node.attrs['embed_dim']}"
     if node.op == "conv2d" and (node.attrs["in_channels"] % node.attrs["groups"]
@@ -318,10 +323,13 @@ def count_params(desc: NetworkDescription) -> int:
 
 def window_attention_params(attrs: Dict[str, Any]) -> int:
     """A window attention's parameters: the projections of an ``attention``, and a bias per head for each of the
-    ``(2 wh - 1) x (2 ww - 1)`` relative positions within a window."""
-    e = int(attrs["embed_dim"])
+    ``(2 wh - 1) x (2 ww - 1)`` relative positions within a window, or the MLP that computes them (from 2
+    coordinates to ``position_bias_mlp`` with a bias, then to the heads without); a ``cosine`` one's scale per
+    head."""
+    e, heads, hidden = int(attrs["embed_dim"]), int(attrs["num_heads"]), int(attrs.get("position_bias_mlp", 0))
     wh, ww = window_pair(attrs["window_size"])
-    return 4 * e * e + (4 * e if attrs["bias"] else 0) + (2 * wh - 1) * (2 * ww - 1) * int(attrs["num_heads"])
+    bias = 3 * hidden + hidden * heads if hidden else (2 * wh - 1) * (2 * ww - 1) * heads
+    return 4 * e * e + (4 * e if attrs["bias"] else 0) + bias + (heads if attrs.get("cosine") else 0)
 
 
 def load_description(path: Union[str, Path]) -> NetworkDescription:

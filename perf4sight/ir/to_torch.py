@@ -3,6 +3,7 @@
 This module runs on the devices: it imports only torch, the standard library and the schema.
 Weights are randomly initialised (PyTorch defaults); profiling does not need trained weights.
 """
+import math
 import operator
 import re
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
@@ -75,24 +76,43 @@ class WindowAttention(nn.Module):
     """Multi-head self-attention within windows of a ``[N, H, W, E]`` input, as a Swin transformer's block runs it:
     the map padded at the bottom and right to whole windows, rolled back by ``shift_size`` (windows that wrap
     around are masked apart), attention per window with a learnt bias per head and relative position, rolled and
-    cropped back. The same kernels as torchvision's ``shifted_window_attention``, written with torch alone."""
+    cropped back. The same kernels as torchvision's ``shifted_window_attention``, written with torch alone.
+
+    Swin V2's form: ``cosine`` scores (the queries and keys normalised, times a learnt scale per head, at most 100;
+    the keys' bias held at zero) and a ``position_bias_mlp`` of that hidden width (a two-layer MLP over the relative
+    positions' log-spaced coordinates, ``16 sigmoid`` of its output, in place of a table of biases)."""
 
     def __init__(self, embed_dim: int, num_heads: int, window_size: Any, shift_size: Any, bias: bool = True,
-                 attention_dropout: float = 0.0, dropout: float = 0.0,
-                 device: Optional[Union[torch.device, str]] = None) -> None:
+                 attention_dropout: float = 0.0, dropout: float = 0.0, cosine: bool = False,
+                 position_bias_mlp: int = 0, device: Optional[Union[torch.device, str]] = None) -> None:
         super().__init__()
         self.num_heads, self.window_size, self.shift_size = int(num_heads), window_pair(window_size), \
             window_pair(shift_size)
-        self.attention_dropout, self.dropout = float(attention_dropout), float(dropout)
+        self.attention_dropout, self.dropout, self.cosine = float(attention_dropout), float(dropout), bool(cosine)
         self.qkv = nn.Linear(embed_dim, 3 * embed_dim, bias=bias, device=device)
         self.proj = nn.Linear(embed_dim, embed_dim, bias=bias, device=device)
         wh, ww = self.window_size
-        self.relative_position_bias_table = nn.Parameter(
-            torch.zeros((2 * wh - 1) * (2 * ww - 1), self.num_heads, device=device))
+        if position_bias_mlp:
+            self.register_buffer("relative_coords_table", _log_spaced_coordinates(wh, ww, device))
+        else:
+            self.relative_position_bias_table = nn.Parameter(
+                torch.zeros((2 * wh - 1) * (2 * ww - 1), self.num_heads, device=device))
         ys = torch.arange(wh, device=device).repeat_interleave(ww)  # each position's row and column in its window
         xs = torch.arange(ww, device=device).repeat(wh)
         index = (ys[:, None] - ys[None, :] + wh - 1) * (2 * ww - 1) + xs[:, None] - xs[None, :] + ww - 1
         self.register_buffer("relative_position_index", index.flatten())
+        if self.cosine:
+            self.logit_scale = nn.Parameter(torch.log(10 * torch.ones((self.num_heads, 1, 1), device=device)))
+        self.cpb_mlp = None if not position_bias_mlp else nn.Sequential(
+            nn.Linear(2, int(position_bias_mlp), device=device), nn.ReLU(inplace=True),
+            nn.Linear(int(position_bias_mlp), self.num_heads, bias=False, device=device))
+
+    def _position_bias(self, tokens: int) -> torch.Tensor:
+        """``[1, heads, tokens, tokens]``: each head's bias for each pair of positions within a window."""
+        table = self.relative_position_bias_table if self.cpb_mlp is None else \
+            self.cpb_mlp(self.relative_coords_table).view(-1, self.num_heads)
+        bias = table[self.relative_position_index].view(tokens, tokens, -1).permute(2, 0, 1).contiguous().unsqueeze(0)
+        return bias if self.cpb_mlp is None else 16 * torch.sigmoid(bias)
 
     def _mask(self, x: torch.Tensor, ph: int, pw: int, shift: List[int]) -> torch.Tensor:
         """-100 between positions of a window that come from different sides of the roll, else 0."""
@@ -117,11 +137,19 @@ class WindowAttention(nn.Module):
         windows = (ph // wh) * (pw // ww)
         x = x.view(n, ph // wh, wh, pw // ww, ww, e).permute(0, 1, 3, 2, 4, 5).reshape(n * windows, wh * ww, e)
         tokens, heads = wh * ww, self.num_heads
-        qkv = self.qkv(x).reshape(x.size(0), tokens, 3, heads, e // heads).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv[0] * (e // heads) ** -0.5, qkv[1], qkv[2]
-        attn = q.matmul(k.transpose(-2, -1))
-        bias = self.relative_position_bias_table[self.relative_position_index].view(tokens, tokens, -1)
-        attn = attn + bias.permute(2, 0, 1).contiguous().unsqueeze(0)
+        qkv_bias = self.qkv.bias
+        if self.cosine and qkv_bias is not None:  # the keys' bias held at zero
+            qkv_bias = qkv_bias.clone()
+            qkv_bias[e:2 * e].zero_()
+        qkv = F.linear(x, self.qkv.weight, qkv_bias).reshape(x.size(0), tokens, 3, heads, e // heads)
+        qkv = qkv.permute(2, 0, 3, 1, 4)
+        if self.cosine:
+            attn = F.normalize(qkv[0], dim=-1).matmul(F.normalize(qkv[1], dim=-1).transpose(-2, -1))
+            attn = attn * torch.clamp(self.logit_scale, max=math.log(100.0)).exp()
+        else:
+            attn = (qkv[0] * (e // heads) ** -0.5).matmul(qkv[1].transpose(-2, -1))
+        v = qkv[2]
+        attn = attn + self._position_bias(tokens)
         if shifted:
             attn = attn.view(n, windows, heads, tokens, tokens) + self._mask(x, ph, pw, shift).unsqueeze(1).unsqueeze(0)
             attn = attn.view(-1, heads, tokens, tokens)
@@ -132,6 +160,19 @@ class WindowAttention(nn.Module):
         if shifted:
             x = torch.roll(x, shifts=(shift[0], shift[1]), dims=(1, 2))
         return x[:, :height, :width, :].contiguous()
+
+
+def _log_spaced_coordinates(wh: int, ww: int, device: Optional[Union[torch.device, str]]) -> torch.Tensor:
+    """``[1, 2 wh - 1, 2 ww - 1, 2]``: each relative position's (row, column) offset within a window, scaled to
+    [-8, 8] and taken to ``sign(c) log2(|c| + 1) / 3`` (Swin V2's coordinates)."""
+    rows = torch.arange(-(wh - 1), wh, dtype=torch.float32, device=device)
+    cols = torch.arange(-(ww - 1), ww, dtype=torch.float32, device=device)
+    table = torch.stack([rows[:, None].expand(2 * wh - 1, 2 * ww - 1), cols[None, :].expand(2 * wh - 1, 2 * ww - 1)],
+                        dim=-1).unsqueeze(0).contiguous()
+    table[:, :, :, 0] /= max(wh - 1, 1)
+    table[:, :, :, 1] /= max(ww - 1, 1)
+    table *= 8
+    return torch.sign(table) * torch.log2(torch.abs(table) + 1.0) / 3.0
 
 
 class PatchMerge(nn.Module):
@@ -178,7 +219,8 @@ MODULE_BUILDERS: Dict[str, Callable[..., nn.Module]] = {
                                               float(a.get("dropout", 0.0)), **f),
     "window_attention": lambda a, **f: WindowAttention(
         int(a["embed_dim"]), int(a["num_heads"]), a["window_size"], a["shift_size"], bool(a["bias"]),
-        float(a.get("attention_dropout", 0.0)), float(a.get("dropout", 0.0)), **f),
+        float(a.get("attention_dropout", 0.0)), float(a.get("dropout", 0.0)), bool(a.get("cosine", False)),
+        int(a.get("position_bias_mlp", 0)), **f),
     "patch_merge": lambda a, **f: PatchMerge(),
 }
 

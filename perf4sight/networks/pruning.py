@@ -139,7 +139,7 @@ def _trace_stand_ins(calls: list[str]) -> Iterator[None]:
 
 #: Modules whose networks torch-pruning cannot trace: its dependency graph of a Swin transformer grew past this
 #: machine's 24 GiB (torch-pruning 1.6, swin_t at 64x64).
-_UNPRUNABLE = frozenset({"ShiftedWindowAttention"})
+_UNPRUNABLE = frozenset({"ShiftedWindowAttention", "ShiftedWindowAttentionV2"})
 
 
 def _execution_order(model: nn.Module, example: torch.Tensor) -> list[nn.Module]:

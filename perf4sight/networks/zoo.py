@@ -15,9 +15,8 @@ if TYPE_CHECKING:  # torch is imported where a model is built: predicting from d
 
 __all__ = ["ZOO_NAMES", "left_out_of_zoo", "build_zoo_model", "describe_zoo"]
 
-#: zoo name -> extra keyword arguments for the torchvision builder: torchvision's image classifiers, Swin (V1) among
-#: them (not Swin V2's cosine attention nor MaxViT's block and grid attention, which the description has no op
-#: for). A ViT is built for the input size it is described at (``image_size``: its position embedding).
+#: zoo name -> extra keyword arguments for the torchvision builder: torchvision's image classifiers, Swin V1 and V2
+#: among them (not MaxViT, whose block and grid attention the description has no op for). A ViT is built for the input size it is described at (``image_size``: its position embedding).
 _BUILD_KWARGS: dict[str, dict[str, Any]] = {
     name: {} for name in (
         "alexnet", "vgg11", "vgg11_bn", "vgg13", "vgg13_bn", "vgg16", "vgg16_bn", "vgg19", "vgg19_bn",
@@ -33,11 +32,12 @@ _BUILD_KWARGS: dict[str, dict[str, Any]] = {
         "regnet_x_32gf", "regnet_y_400mf", "regnet_y_800mf", "regnet_y_1_6gf", "regnet_y_3_2gf", "regnet_y_8gf",
         "regnet_y_16gf", "regnet_y_32gf", "regnet_y_128gf",
         "convnext_tiny", "convnext_small", "convnext_base", "convnext_large",
-        "vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14", "swin_t", "swin_s", "swin_b")
+        "vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14", "swin_t", "swin_s", "swin_b",
+        "swin_v2_t", "swin_v2_s", "swin_v2_b")
 } | {name: {"aux_logits": False, "init_weights": False} for name in ("googlenet", "inception_v3")}
 ZOO_NAMES: tuple[str, ...] = tuple(sorted(_BUILD_KWARGS))
 #: the name prefixes of torchvision's classifiers left out of the zoo
-_LEFT_OUT = ("swin_v2_", "maxvit_")
+_LEFT_OUT = ("maxvit_",)
 #: ViT zoo name -> its patch size: the input must be square and a multiple of it
 _VIT_PATCH = {"vit_b_16": 16, "vit_b_32": 32, "vit_l_16": 16, "vit_l_32": 32, "vit_h_14": 14}
 
@@ -46,9 +46,9 @@ def left_out_of_zoo(name: str) -> str:
     """Why torchvision's classifier ``name`` is not a zoo network ('' for any other name), as a sentence."""
     if not name.startswith(_LEFT_OUT):
         return ""
-    what = "Swin V2's cosine attention" if name.startswith("swin_v2_") else "MaxViT's block and grid attention"
-    return (f"torchvision's {name} is a windowed vision transformer whose {what} the network description has no "
-            f"op for: the zoo holds torchvision's {len(ZOO_NAMES)} other classifiers (CNNs, ConvNeXt, ViT and Swin)")
+    return (f"torchvision's {name} is a windowed vision transformer whose block and grid attention the network "
+            f"description has no op for: the zoo holds torchvision's {len(ZOO_NAMES)} other classifiers (CNNs, "
+            "ConvNeXt, ViT and Swin)")
 
 
 def _check_name(name: str) -> None:
