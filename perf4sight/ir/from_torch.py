@@ -229,20 +229,18 @@ def _position_bias_mlp(n: fx.Node, gm: fx.GraphModule) -> tuple[int, list[fx.Nod
         raise ValueError(f"window attention's position bias is {bias!r}, not a tensor")
     if getattr(bias.target, "__name__", "") in _PARAMETER_CALLS:
         return 0, []
-    walked = [bias]  # from the bias back to the coordinates
-    if bias.target in (operator.mul, torch.mul) and len(bias.args) == 2 and 16 in bias.args:
-        walked.append(next(a for a in bias.args if isinstance(a, fx.Node)))
-        if walked[-1].target in (torch.sigmoid, "sigmoid"):
-            walked.append(walked[-1].args[0])
-            if getattr(walked[-1].target, "__name__", "") in _PARAMETER_CALLS \
-                    and walked[-1].args[0].target in _RESHAPES:
-                walked.append(walked[-1].args[0])
-                while walked[-1].args and isinstance(walked[-1].args[0], fx.Node) and len(walked) < 8:
-                    walked.append(walked[-1].args[0])
-    layers = [gm.get_submodule(w.target) if w.op == "call_module" else None for w in walked[4:7]]
-    if len(walked) != 8 or walked[7].op != "get_attr" or not (
-            isinstance(layers[0], nn.Linear) and isinstance(layers[1], nn.ReLU) and isinstance(layers[2], nn.Linear)
-            and layers[2].in_features == 2 and layers[2].bias is not None and layers[0].bias is None):
+    walked = [bias]  # from the bias back to the coordinates, by each node's first tensor argument
+    while len(walked) < 8 and any(isinstance(a, fx.Node) for a in walked[-1].args):
+        walked.append(next(a for a in walked[-1].args if isinstance(a, fx.Node)))
+    walked += [None] * (8 - len(walked))
+    times_16, _sigmoid, _gather, _reshape, *mlp, coordinates = walked
+    targets = [getattr(w, "target", None) for w in walked]
+    layers = [gm.get_submodule(w.target) if w is not None and w.op == "call_module" else None for w in mlp]
+    if not (targets[0] in (operator.mul, torch.mul) and 16 in times_16.args and targets[1] in (torch.sigmoid, "sigmoid")
+            and getattr(targets[2], "__name__", "") in _PARAMETER_CALLS and targets[3] in _RESHAPES
+            and isinstance(layers[0], nn.Linear) and layers[0].bias is None and isinstance(layers[1], nn.ReLU)
+            and isinstance(layers[2], nn.Linear) and layers[2].in_features == 2 and layers[2].bias is not None
+            and getattr(coordinates, "op", None) == "get_attr"):
         raise ValueError(f"window attention's position bias ({bias.name}) is neither a table nor Swin V2's MLP "
                          "(16 sigmoid of Linear(2, h), ReLU, Linear(h, heads, bias=False) over its coordinates)")
     return int(layers[2].out_features), walked

@@ -16,7 +16,8 @@ if TYPE_CHECKING:  # torch is imported where a model is built: predicting from d
 __all__ = ["ZOO_NAMES", "left_out_of_zoo", "build_zoo_model", "describe_zoo"]
 
 #: zoo name -> extra keyword arguments for the torchvision builder: torchvision's image classifiers, Swin V1 and V2
-#: among them (not MaxViT, whose block and grid attention the description has no op for). A ViT is built for the input size it is described at (``image_size``: its position embedding).
+#: among them (not MaxViT, whose block and grid attention the description has no op for). A ViT is built for the
+#: input size it is described at (``image_size``: its position embedding).
 _BUILD_KWARGS: dict[str, dict[str, Any]] = {
     name: {} for name in (
         "alexnet", "vgg11", "vgg11_bn", "vgg13", "vgg13_bn", "vgg16", "vgg16_bn", "vgg19", "vgg19_bn",
