@@ -305,6 +305,10 @@ def test_module_tensors_and_permutes_the_description_cannot_hold_are_named(modul
     assert "\n" not in str(exc.value)
 
 
+#: a window attention over the [4, 3, 3] map of ``_conv_description`` read as [H, W, E]
+_WINDOWS = {"embed_dim": 3, "num_heads": 1, "window_size": [2, 2], "shift_size": [0, 0], "bias": True}
+
+
 @pytest.mark.parametrize("node, expected", [
     ({"op": "permute", "attrs": {"dims": [0, 1, 3]}, "output_shape": [4, 3, 3]}, r"dims \[0, 1, 3\] are not an order"),
     ({"op": "permute", "attrs": {"dims": [1, 0, 2, 3]}, "output_shape": [4, 3, 3]}, r"with the batch first"),
@@ -324,6 +328,10 @@ def test_module_tensors_and_permutes_the_description_cannot_hold_are_named(modul
      r"embed_dim 3 needs a \[tokens, 3\] input, got \[4, 3, 3\]"),
     ({"op": "attention", "attrs": {"embed_dim": 3, "num_heads": 2, "bias": True}, "output_shape": [4, 3, 3]},
      r"num_heads 2 does not divide embed_dim 3"),
+    ({"op": "window_attention", "attrs": {**_WINDOWS, "cosine": "yes"}, "output_shape": [4, 3, 3]},
+     r"attr 'cosine' must be true or false, got 'yes'"),
+    ({"op": "window_attention", "attrs": {**_WINDOWS, "position_bias_mlp": -1}, "output_shape": [4, 3, 3]},
+     r"attr 'position_bias_mlp' must be an integer >= 0 \(0: a table\), got -1"),
 ])
 def test_permute_layer_norm_and_scale_shapes_are_checked(node, expected):
     d = _conv_description()
@@ -338,7 +346,10 @@ def test_permute_layer_norm_and_scale_shapes_are_checked(node, expected):
     good = {"permute": ({"dims": [0, 2, 3, 1]}, [3, 3, 4], 0), "layernorm": ({"normalized_shape": [3]}, [4, 3, 3], 6),
             "scale": ({"shape": [4, 1, 1]}, [4, 3, 3], 4), "shift": ({"shape": [3, 3]}, [4, 3, 3], 9),
             "token": ({"shape": [2, 3, 3], "dim": 1}, [6, 3, 3], 18),
-            "attention": ({"embed_dim": 9, "num_heads": 3, "bias": True}, [4, 9], 4 * 81 + 4 * 9)}[node["op"]]
+            "attention": ({"embed_dim": 9, "num_heads": 3, "bias": True}, [4, 9], 4 * 81 + 4 * 9),
+            # Swin V2's: the projections, an MLP 2 -> 4 -> 1 head for the biases, one scale
+            "window_attention": ({**_WINDOWS, "cosine": True, "position_bias_mlp": 4}, [4, 3, 3],
+                                 4 * 9 + 4 * 3 + 3 * 4 + 4 + 1)}[node["op"]]
     d["nodes"][-1].update(attrs=good[0], output_shape=good[1])
     d.pop("params")  # counted from the nodes
     assert NetworkDescription.from_dict(d).params == 4 * 3 * 3 * 3 + 4 + good[2]
