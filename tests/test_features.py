@@ -141,6 +141,8 @@ def test_swin_keeps_what_autograd_keeps(name, shape):
     desc = describe_zoo(name, shape, num_classes=10)
     nf = network_features(desc, StepRuntime(relu6_clone=True, foreach=False, dropout_mask_bytes=4))
     assert nf.unsupported == [] and nf.kernels is not None
+    from perf4sight.ir.to_torch import build_module  # the update's kernels: one set per parameter tensor torch has
+    assert nf.kernels.param_tensors == nf.static["param_tensors"] == len(list(build_module(desc).parameters()))
     at2, at4 = 2 * _autograd_saved_bytes(desc, 2), 4 * _autograd_saved_bytes(desc, 4)
     assert nf.per_sample["saved_bytes"] + nf.per_sample["input_bytes"] == (at4 - at2) / 2
     once = at2 - (at4 - at2)  # kept once a step: nothing for V1, the MLPs' hidden layers and more for V2

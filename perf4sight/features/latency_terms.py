@@ -216,15 +216,13 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
         op = node.op
         if op in _VIEWS or hands_input_back(node):
             continue
+        params += visit.cost.param_tensors if visit.cost is not None else 0  # each gets its own update kernels
         if op == "conv2d":
             _conv(r, node, ins[0], first)
-            params += 2 if node.attrs.get("bias") else 1
         elif op == "linear":
             _linear(r, node, ins[0], first)
-            params += 2 if node.attrs.get("bias") else 1
         elif op == "batchnorm2d":  # forward: statistics pass + normalise pass; backward: two passes
             _elementwise(r, node, ins, 1.5, 4.0, 1)
-            params += 2
         elif op == "add":  # backward routes the gradient: no kernel
             _elementwise(r, node, ins, 1.0, 0.0, 0)
         elif op == "cat":  # backward slices: views
@@ -235,22 +233,16 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
             _elementwise(r, node, ins, 1.0, 1.0, 1)
         elif op == "layernorm":  # like batch norm; backward: the input's gradient, then the weight's and bias's
             _elementwise(r, node, ins, 1.5, 4.0, 2)
-            params += 2 if node.attrs.get("elementwise_affine", True) else 0
         elif op == "scale":  # backward: the input's gradient, the parameter's (a multiply and a sum)
             _elementwise(r, node, ins, 1.0, 3.0, 3)
-            params += 1
         elif op == "shift":  # backward: the parameter's gradient, the incoming one summed down
             _elementwise(r, node, ins, 1.0, 1.0, 1)
-            params += 1
         elif op == "token":  # a copy; backward slices
             _elementwise(r, node, ins, 1.0, 0.0, 0)
-            params += 1
         elif op == "attention":
             _attention(r, node, ins[0], first)
-            params += 4 if node.attrs.get("bias") else 2
         elif op == "window_attention":
             _window_attention(r, node)
-            params += 5 if node.attrs.get("bias") else 3
         elif op == "patch_merge":  # pad and concatenate; backward: four zeroed input-sized gradients summed
             _elementwise(r, node, ins, 2.0, 15.0, 11)
         elif op in ("maxpool2d", "adaptivemaxpool2d"):  # backward: zero fill + scatter
