@@ -34,9 +34,10 @@ def test_gemm_rows_by_hand():
     assert dims[0].tolist() == [64, 8, 4 * 9] and kt.batch_dim[g][0] == 0  # forward: M = batch*Ho*Wo
     assert dims[1].tolist() == [8, 4 * 9, 64] and kt.batch_dim[g][1] == 2  # weight grad: K = batch*Ho*Wo
     assert dims[3].tolist() == [64, 8, 16 * 9]  # c2 input gradient: M = batch*Hi*Wi, N = Cin, K = Cout*kh*kw
-    # relu: one forward + one backward bandwidth kernel; optimizer: 4 kernels for each of the 2 weights
-    assert int((kt.kind == BANDWIDTH).sum()) == 2 + 4 * 2
-    assert kt.launches == 5 + 2 + 8 and kt.param_tensors == 2
+    # relu: one forward + one backward bandwidth kernel; optimizer: 4 kernels for each of the 2 weights; the loss
+    # over c2's class scores per pixel: log-softmax and likelihood, forward and backward
+    assert int((kt.kind == BANDWIDTH).sum()) == 2 + 4 * 2 + 4
+    assert kt.launches == 5 + 2 + 8 + 4 and kt.param_tensors == 2
 
 
 def test_macs_scale_with_batch_and_match_three_gemms():
@@ -85,8 +86,9 @@ def test_branch_accumulation_and_add_backward():
              Node("a", "relu", ["c"], {}, [4, 8, 8]), Node("b", "relu", ["c"], {}, [4, 8, 8]),
              Node("s", "add", ["a", "b"], {}, [4, 8, 8])]
     kt = kernel_table(_desc(nodes))
-    # c: 2 GEMMs; relus: 2 x 2; add: forward only; c's output read twice: 1 accumulation; optimizer 4
-    assert kt.launches == 2 + 4 + 1 + 1 + 4
+    # c: 2 GEMMs; relus: 2 x 2; add: forward only; c's output read twice: 1 accumulation; optimizer 4; the loss
+    # over the add's class scores per pixel 4
+    assert kt.launches == 2 + 4 + 1 + 1 + 4 + 4
 
 
 def test_feature_matrix_carries_latency_columns():

@@ -105,16 +105,18 @@ def test_zoo_description_from_meta_weights_equals_the_real_model(name: str, monk
 
 
 def test_the_zoo_is_torchvisions_cnns_and_a_regnet_describes_from_a_real_model() -> None:
-    """Every zoo name is a torchvision classifier; those left out are MaxViT's. A regnet's
+    """Every zoo name is a torchvision classifier or segmentation network; the classifiers left out are MaxViT's,
+    no segmentation network is. A regnet's
     initialiser copies data, which the meta device cannot: it is described from a real model. A ViT is built for
     the input it is described at: square, a multiple of its patch size."""
     import torchvision.models as tvm
 
-    from perf4sight.networks.zoo import ZOO_NAMES
+    from perf4sight.networks.zoo import SEGMENTATION_NAMES, ZOO_NAMES
 
     classifiers = set(tvm.list_models(module=tvm))
-    assert set(ZOO_NAMES) <= classifiers and len(ZOO_NAMES) == 79
+    assert set(ZOO_NAMES) - set(SEGMENTATION_NAMES) <= classifiers and len(ZOO_NAMES) == 79 + 6
     assert {n.rsplit("_", 1)[0] for n in classifiers - set(ZOO_NAMES)} == {"maxvit"}
+    assert set(SEGMENTATION_NAMES) == set(tvm.list_models(module=tvm.segmentation))
     fast = describe_zoo("regnet_y_400mf", SHAPE, CLASSES)
     model = build_zoo_model("regnet_y_400mf", CLASSES)
     real = describe(model, SHAPE, name="regnet_y_400mf", network="regnet_y_400mf",

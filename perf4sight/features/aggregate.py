@@ -9,7 +9,10 @@ The analytic training-memory estimate (``mem_analytic_mb``) is:
 weights + gradients + the optimiser's state (SGD's momentum: 3 x params x 4 bytes in all; Adam's two moments:
 4 x params x 4 bytes; ``optimizers.py``) + the tensors autograd keeps for
 backward (de-duplicated, views resolved to their base) + the input batch + the largest single
-activation (a stand-in for the backward pass's transient workspace).
+activation (a stand-in for the backward pass's transient workspace). A network that scores each
+position (a segmentation network: output ``[classes, H, W]``) also counts its loss
+(``formulas.position_loss``: the log-softmax kept, its kernels and FLOPs) and its int64 labels (in
+``input_bytes``); a classifier's loss over its class scores is left out, as it always was.
 
 ``saved_alloc_mb`` models PyTorch's CUDA caching allocator on the same saved tensors at the
 step's batch size: every block is rounded up to 512 bytes; a block of at most 1 MiB lives in
@@ -26,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from perf4sight.features.allocator import K_MIN_BLOCK, K_MIN_LARGE_ALLOC, K_ROUND_LARGE
-from perf4sight.features.formulas import BYTES_PER_ELEMENT, HANDLERS, OUTPUT, OpCost, numel
+from perf4sight.features.formulas import BYTES_PER_ELEMENT, HANDLERS, OUTPUT, OpCost, numel, position_loss
 from perf4sight.features.latency_terms import LATENCY_FEATURES, KernelTable, kernel_table, latency_columns
 from perf4sight.features.step_runtime import StepRuntime
 from perf4sight.features.walk import consumer_counts, walk
@@ -178,12 +181,19 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
             elems = numel(node.output_shape)
             ps["activation_elems"] += elems
             max_act = max(max_act, elems * BYTES_PER_ELEMENT)
-    # gradient accumulation: a tensor read by k ops receives k gradients -> k-1 extra adds
+    loss = position_loss(shapes[desc.output])
+    labels_bytes = 0.0
+    if loss is not None:  # a class score per position (segmentation): the loss is as large as an activation
+        _accumulate(ps, st, loss, "loss")
+        saved[" loss"] = numel(shapes[desc.output]) * BYTES_PER_ELEMENT  # the log-softmax's result
+        ps["activation_elems"] += numel(shapes[desc.output])
+        labels_bytes = 8.0 * numel(desc.label_shape)  # int64, held the whole step beside the input
+        # gradient accumulation: a tensor read by k ops receives k gradients -> k-1 extra adds
     branch = [n for n, k in consumers.items() if k > 1]
     st["kernels_bwd"] += sum(consumers[n] - 1 for n in branch)
     ps["saved_bytes"] = sum(saved.values()) + extra_saved
     ps["max_activation_bytes"] = max_act
-    ps["input_bytes"] = numel(desc.input_shape) * BYTES_PER_ELEMENT
+    ps["input_bytes"] = numel(desc.input_shape) * BYTES_PER_ELEMENT + labels_bytes
     ps["flops_total"] = ps["flops_fwd"] + ps["flops_bwd"]
     st["kernels"] = st["kernels_fwd"] + st["kernels_bwd"]
     st["param_bytes"] = st["params"] * BYTES_PER_ELEMENT
@@ -198,7 +208,8 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
     st["mean_conv_channels"] = float(np.mean(conv_channels)) if conv_channels else 0.0
     st["input_hw"] = float(numel(desc.input_shape[1:]))
     st["blas_context"] = float(any(n.op in BLAS_OPS for n in desc.nodes))
-    sizes = np.array(list(saved.values()) + extra_sizes + [ps["input_bytes"]], dtype=float)
+    sizes = np.array(list(saved.values()) + extra_sizes + [ps["input_bytes"] - labels_bytes]
+                     + ([labels_bytes] if labels_bytes else []), dtype=float)
     return NetworkFeatures(desc.name, ps, st, unsupported, sizes, description=desc,
                            kernels=kernel_table(desc, runtime.update_cost()) if not unsupported else None,
                            runtime=runtime)

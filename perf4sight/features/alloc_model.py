@@ -64,7 +64,7 @@ Event = tuple[int, int, int, str]  # (kind, storage id, bytes, aten op)
 COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6", "maxpool2d", "avgpool2d",
                      "adaptiveavgpool2d", "mean", "add", "mul", "cat", "reshape", "flatten", "squeeze", "unsqueeze",
                      "identity", "dropout", "hardswish", "hardsigmoid", "silu", "gelu", "sigmoid", "tanh",
-                     "transpose", "narrow", "select", "adaptivemaxpool2d"})
+                     "transpose", "narrow", "select", "adaptivemaxpool2d", "interpolate"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
                 "gelu": ("gelu", "input"), "sigmoid": ("sigmoid", "result"), "tanh": ("tanh", "result")}
@@ -256,7 +256,7 @@ def step_events(desc: NetworkDescription, batch_size: int, relu6_clone: bool = F
         if n.op == "input":  # held by the caller too
             nbytes = b * prod(desc.input_shape) * FLOAT
             values[n.name] = _Value(mem.new(nbytes, "input", holders=2), nbytes, None)
-            mem.new(b * INT64, "labels")  # held by the caller for the whole run
+            mem.new(b * prod(desc.label_shape) * INT64, "labels")  # held by the caller for the whole run
             setup = list(mem.events)
             mem.events.clear()
             continue
@@ -266,7 +266,7 @@ def step_events(desc: NetworkDescription, batch_size: int, relu6_clone: bool = F
         for dead in users.get(n.name, []):
             mem.drop(values[dead].sid)
     out = values[desc.output]
-    logits, loss, nll_fn = _loss(out, mem, fns)
+    logits, loss, nll_fn = _loss(out, len(desc.label_shape), mem, fns)
     grads = _backward(fns, nll_fn, mem)
     body = list(mem.events)
     mem.events.clear()
@@ -453,6 +453,13 @@ def _pooling(ctx: _OpContext) -> _Value:
     raise NotCovered(f"op '{op}'")
 
 
+def _interpolate(ctx: _OpContext) -> _Value:
+    """A resize: keeps nothing (its backward needs the sizes alone) and writes the input's gradient anew."""
+    n = ctx.node
+    kernel = "upsample_bilinear2d" if n.attrs["mode"] == "bilinear" else "upsample_nearest2d"
+    return _Value(ctx.alloc(kernel + ".default"), ctx.nbytes, ctx.unary_grad_fn(f"aten.{kernel}_backward.default", []))
+
+
 def _combine(ctx: _OpContext) -> _Value:
     """add, mul (of two tensors, or of a tensor and a scalar), cat."""
     n, ins, nbytes, op = ctx.node, ctx.inputs, ctx.nbytes, ctx.node.op
@@ -518,22 +525,29 @@ _HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
     **dict.fromkeys(("relu", "relu6", "dropout", *_ACTIVATIONS), _activation),
     **dict.fromkeys(("maxpool2d", "adaptivemaxpool2d", "avgpool2d", "adaptiveavgpool2d", "mean"), _pooling),
     **dict.fromkeys(("add", "mul", "cat"), _combine),
+    "interpolate": _interpolate,
     **dict.fromkeys((*_VIEWS, "transpose", "select", "narrow", "identity"), _view_op),
 }
 
 
-def _loss(out: _Value, mem: _Memory, fns: list[_GradFn]) -> tuple[int, int, int]:
-    """Cross entropy of the logits ``out`` (reshaped to [N, -1]); (logits storage, loss storage, NLL node)."""
+def _loss(out: _Value, positions: int, mem: _Memory, fns: list[_GradFn]) -> tuple[int, int, int]:
+    """Cross entropy of the logits ``out``: a classifier's (``positions`` 0: reshaped to [N, -1], a view) or a class
+    score per pixel (2 positions: [N, C, H, W], NLL's 2-D kernels); (logits storage, loss storage, NLL node)."""
     if out.fn is None:
         raise NotCovered("the network's output needs no gradient")
-    fns.append(_GradFn([], [_edge(out)], [out.nbytes], [None], [0], [None], "view"))  # the reshape
+    if positions not in (0, 2):
+        raise NotCovered(f"a loss over {positions} positions per class score")
+    nll = "nll_loss" if positions == 0 else "nll_loss2d"
+    if positions == 0:
+        fns.append(_GradFn([], [_edge(out)], [out.nbytes], [None], [0], [None], "view"))  # the reshape
+    edge = ("fn", len(fns) - 1) if positions == 0 else _edge(out)
     logsm = mem.new(out.nbytes, "aten._log_softmax.default", holders=0)
-    fns.append(_GradFn([mem.hold(logsm)], [("fn", len(fns) - 1)], [out.nbytes],
-                       ["aten._log_softmax_backward_data.default"], [0], [None]))
-    loss = mem.new(FLOAT, "aten.nll_loss_forward.default")
-    total_weight = mem.new(FLOAT, "aten.nll_loss_forward.default", holders=0)
+    fns.append(_GradFn([mem.hold(logsm)], [edge], [out.nbytes], ["aten._log_softmax_backward_data.default"], [0],
+                       [None]))
+    loss = mem.new(FLOAT, f"aten.{nll}_forward.default")
+    total_weight = mem.new(FLOAT, f"aten.{nll}_forward.default", holders=0)
     fns.append(_GradFn([mem.hold(logsm), mem.hold(total_weight)], [("fn", len(fns) - 1)], [out.nbytes],
-                       ["aten.nll_loss_backward.default"], [0], [None]))
+                       [f"aten.{nll}_backward.default"], [0], [None]))
     return out.sid, loss, len(fns) - 1
 
 

@@ -215,7 +215,7 @@ def _trace(model: Any, desc: NetworkDescription, batch_size: int, steps: int, st
     for t in list(model.parameters()) + list(model.buffers()):
         see(t, "setup")
     x = torch.empty(batch_size, *desc.input_shape, device="meta")
-    y = torch.zeros(batch_size, dtype=torch.long, device="meta")
+    y = torch.zeros([batch_size] + desc.label_shape, dtype=torch.long, device="meta")
     see(x, "input")
     see(y, "labels")
     params = list(model.parameters())
@@ -227,7 +227,7 @@ def _trace(model: Any, desc: NetworkDescription, batch_size: int, steps: int, st
                 record((STEP, 0, 0, "step"))
                 opt.zero_grad(set_to_none=step.set_to_none)
                 out = model(x)
-                loss = nn.functional.cross_entropy(out.reshape(out.shape[0], -1), y)
+                loss = _loss(out, y)
                 loss.backward()
                 opt.step()
                 del out, loss
@@ -241,7 +241,7 @@ def _trace(model: Any, desc: NetworkDescription, batch_size: int, steps: int, st
     with Recorder():
         begin = len(events)
         out = model(x)
-        loss = nn.functional.cross_entropy(out.reshape(out.shape[0], -1), y)
+        loss = _loss(out, y)
         loss.backward()
         for h in hooks:
             h.remove()
@@ -255,6 +255,14 @@ def _trace(model: Any, desc: NetworkDescription, batch_size: int, steps: int, st
     param_bytes = [p.numel() * p.element_size() if p.grad is not None else None for p in params]
     return _assemble_steps(first[:begin], first[begin:backward_end], first[backward_end:], grads, param_bytes, steps,
                            new_id, step)
+
+
+def _loss(out: Any, y: Any) -> Any:
+    """The step's loss as the profiler's child computes it: cross entropy of a classifier's scores (read as
+    ``[N, -1]``: a view, as the modelled events have it) or, with labels per position, of each position's scores."""
+    import torch.nn.functional as F
+
+    return F.cross_entropy(out.reshape(out.shape[0], -1), y) if y.dim() == 1 else F.cross_entropy(out, y)
 
 
 class _OptimizerStep:

@@ -27,7 +27,7 @@ from typing import Callable
 from perf4sight.ir.schema import Node, window_attention_params
 from perf4sight.ir.shapes import windows_of
 
-__all__ = ["OpCost", "HANDLERS", "OUTPUT", "BYTES_PER_ELEMENT", "numel", "hands_input_back"]
+__all__ = ["OpCost", "HANDLERS", "OUTPUT", "BYTES_PER_ELEMENT", "numel", "hands_input_back", "position_loss"]
 
 #: Marker in ``OpCost.saved`` for "the op's own output is kept for backward".
 OUTPUT = -1
@@ -231,6 +231,31 @@ def _patch_merge(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     return OpCost(bytes_read=rd + wr, bytes_written=2 * wr, kernels_fwd=2, kernels_bwd=11, kind="other")
 
 
+def _interpolate(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """A resize: bilinear reads four input pixels per output element and blends them (8 FLOPs), nearest copies one;
+    backward, the input's gradient zeroed, then each output gradient weighted and added into the pixels it came from
+    (four for bilinear: 8 FLOPs; nearest: 1). Nothing kept (the backward needs the sizes alone)."""
+    n = numel(node.output_shape)
+    taps = 4 if node.attrs.get("mode") == "bilinear" else 1
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    return OpCost(flops_fwd=8.0 * n if taps > 1 else 0.0, flops_bwd=(8.0 if taps > 1 else 1.0) * n, bytes_read=rd, bytes_written=wr,
+                  kernels_fwd=1, kernels_bwd=2, kind="other")
+
+
+def position_loss(output_shape: list[int]) -> OpCost | None:
+    """The training step's loss where the network scores each position (``[classes, H, W]``: a segmentation
+    network's pixels): cross entropy as log-softmax over the classes (about 4 FLOPs an element; its result kept for
+    backward) and the negative log-likelihood of each position's label; backward, the likelihood's gradient (zeroed,
+    one element per position set) and the log-softmax's. None for a classifier's scores (``[classes]``), whose loss
+    the features leave out (a thousand elements a sample: nothing beside a network's activations)."""
+    if len(output_shape) < 2:
+        return None
+    n = numel(output_shape)
+    nbytes = n * BYTES_PER_ELEMENT
+    return OpCost(flops_fwd=4.0 * n, flops_bwd=3.0 * n, bytes_read=nbytes, bytes_written=nbytes, saved=[OUTPUT],
+                  kernels_fwd=2, kernels_bwd=2, kind="elementwise")
+
+
 def _pointwise(flops: float, saves: list[int], bwd_flops: float = 1.0) -> Handler:
     """Element-wise activation with ``flops`` FLOPs per output element; ``saves`` for backward."""
     def handler(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
@@ -367,4 +392,5 @@ HANDLERS: dict[str, Handler] = {
     "attention": _attention,
     "window_attention": _window_attention,
     "patch_merge": _patch_merge,
+    "interpolate": _interpolate,
 }

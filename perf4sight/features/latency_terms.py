@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perf4sight.features.formulas import BYTES_PER_ELEMENT, hands_input_back, numel, window_geometry
+from perf4sight.features.formulas import BYTES_PER_ELEMENT, hands_input_back, numel, position_loss, window_geometry
 from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, OptimizerCost, optimizer_cost
 from perf4sight.features.walk import consumer_counts, walk
 from perf4sight.ir.schema import NetworkDescription, Node
@@ -199,6 +199,20 @@ def _elementwise(r: _Rows, node: Node, in_shapes: list[list[int]], fwd_passes: f
         r.other(BANDWIDTH, float(n_out), bwd_passes / bwd_kernels * max(n_in, n_out) * BYTES_PER_ELEMENT)
 
 
+def _loss(r: _Rows, output_shape: list[int]) -> None:
+    """The kernels of a loss over a class score per position (formulas.position_loss; none for a classifier's):
+    log-softmax and the likelihood forward; backward, the likelihood's zeroed gradient and the log-softmax's."""
+    cost = position_loss(output_shape)
+    if cost is None:
+        return
+    n = float(numel(output_shape))
+    positions = n / output_shape[0]
+    r.other(BANDWIDTH, cost.flops_fwd, 2 * n * BYTES_PER_ELEMENT)
+    r.other(BANDWIDTH, positions, positions * BYTES_PER_ELEMENT)
+    r.other(BANDWIDTH, 0.0, n * BYTES_PER_ELEMENT)
+    r.other(BANDWIDTH, cost.flops_bwd, 3 * n * BYTES_PER_ELEMENT)
+
+
 _VIEWS = {"input", "identity", "reshape", "flatten", "squeeze", "unsqueeze", "select", "narrow", "transpose"}
 
 
@@ -245,10 +259,11 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
             _window_attention(r, node)
         elif op == "patch_merge":  # pad and concatenate; backward: four zeroed input-sized gradients summed
             _elementwise(r, node, ins, 2.0, 15.0, 11)
-        elif op in ("maxpool2d", "adaptivemaxpool2d"):  # backward: zero fill + scatter
+        elif op in ("maxpool2d", "adaptivemaxpool2d", "interpolate"):  # backward: zero fill + scatter
             _elementwise(r, node, ins, 1.0, 3.0, 2)
         else:  # activations, average pooling, mean, mul, ...
             _elementwise(r, node, ins, 1.0, 3.0, 1)
+    _loss(r, desc.node(desc.output).output_shape)
     for name, k in consumer_counts(desc).items():  # k gradients into one tensor: k-1 accumulation adds
         if k > 1 and name != input_name:
             for _ in range(k - 1):

@@ -50,7 +50,7 @@ from typing import Any
 
 from perf4sight.errors import UserError
 from perf4sight.importers.perf4sight_csv import ImportSummary, check_backends, import_source
-from perf4sight.ir.schema import OPS, NetworkDescription, save_description
+from perf4sight.ir.schema import INTERPOLATE_MODES, OPS, NetworkDescription, save_description
 from perf4sight.ir.shapes import shape_text
 from perf4sight.profiling.results import COLUMNS, file_sha, measured_keys, read_rows, results_path
 
@@ -74,6 +74,7 @@ ONNX_TO_OP: dict[str, str] = {
     "Slice": "narrow", "Gelu": "gelu", "Swish": "silu", "LayerNormalization": "layernorm", "Attention": "attention",
     # no ONNX op: a Swin transformer's, under types of this tool's own
     "WindowAttention": "window_attention", "PatchMerging": "patch_merge",
+    "Resize": "interpolate",
 }
 #: Our op -> ONNX op type. Four of ours share a type with another: ``permute`` is a ``Transpose`` of more than two
 #: axes; ``scale``, ``shift`` and ``token`` are a ``Mul``, an ``Add`` and a ``Concat`` with a learnt tensor (an ONNX
@@ -320,6 +321,16 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
             a["cosine"] = True
         if args.get("position_bias_mlp"):
             a["position_bias_mlp"] = num("position_bias_mlp")
+        return a
+    if op == "interpolate":  # ONNX's Resize: mode "linear" (of a 4-D map: bilinear) or "nearest"
+        mode = str(args.get("mode", "nearest")).lower()
+        mode = "bilinear" if mode in ("linear", "bilinear") else mode
+        if mode not in INTERPOLATE_MODES:
+            raise UserError(f"{where}: a resize of mode '{mode}' has no description op")
+        a = {"size": list(out[1:]), "mode": mode}
+        if mode == "bilinear" and (flag("align_corners", False)
+                                   or args.get("coordinate_transformation_mode") == "align_corners"):
+            a["align_corners"] = True
         return a
     if op == "layernorm":
         axis = _first_int(args, ("axis",), where)

@@ -25,7 +25,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.shape_prop import ShapeProp
 
 from perf4sight.errors import UserError
-from perf4sight.ir.schema import NetworkDescription, Node, count_params
+from perf4sight.ir.schema import INTERPOLATE_MODES, NetworkDescription, Node, count_params
 
 __all__ = ["describe", "check_input_shape", "forward_error", "stderr_kept_on_success"]
 
@@ -190,6 +190,38 @@ def _permute_call(n: fx.Node) -> tuple[str, dict]:
     return "permute", {"dims": dims}
 
 
+def _interpolate_attrs(n: fx.Node, mode: Any, align_corners: Any, scale_factor: Any, recompute: Any,
+                       antialias: Any) -> tuple[str, dict]:
+    """A resize to the size the traced shapes give its output. A scale factor is taken where it gives that size
+    exactly (torch maps the pixels by the scale factor, which is then the same as by the sizes)."""
+    if mode not in INTERPOLATE_MODES:
+        raise ValueError(f"an interpolation of mode '{mode}' has no description op (modes: "
+                         f"{', '.join(INTERPOLATE_MODES)})")
+    if antialias:
+        raise ValueError("an antialiased interpolation has no description op")
+    x, out = n.args[0].meta["tensor_meta"].shape, _shape(n)
+    if out is None or len(x) != 4:
+        raise ValueError("an interpolation of anything but a [N, C, H, W] map has no description op")
+    if scale_factor is not None and not recompute:
+        scales = [float(v) for v in scale_factor] if isinstance(scale_factor, (list, tuple)) \
+            else [float(scale_factor)] * 2
+        if any(float(x[i + 2]) * scales[i] != out[i + 1] for i in range(2)):
+            raise ValueError(f"an interpolation by scale factor {scale_factor} of a {x[2]}x{x[3]} map is no resize "
+                             "to a whole size; give size= (or recompute_scale_factor=True)")
+    attrs: dict[str, Any] = {"size": [int(out[1]), int(out[2])], "mode": mode}
+    if mode == "bilinear" and align_corners:
+        attrs["align_corners"] = True
+    return "interpolate", attrs
+
+
+def _interpolate_call(n: fx.Node) -> tuple[str, dict]:
+    """``F.interpolate(x, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias)``."""
+    return _interpolate_attrs(n, _arg(n, 3, "mode", "nearest"), _arg(n, 4, "align_corners"),
+                              _arg(n, 2, "scale_factor"), _arg(n, 5, "recompute_scale_factor"),
+                              _arg(n, 6, "antialias", False))
+
+
+FUNCTION_OPS[F.interpolate] = _interpolate_call
 FUNCTION_OPS[F.layer_norm] = _layer_norm_call
 for _key in (torch.permute, "permute"):
     FUNCTION_OPS[_key] = _permute_call
@@ -400,7 +432,7 @@ def _convert(gm: fx.GraphModule, where: str) -> tuple[list[Node], str]:
     output = ""
     for n in gm.graph.nodes:
         if n.op == "output":
-            output = alias[n.args[0].name]
+            output = alias[_returned_tensor(n.args[0], where).name]
             continue
         try:
             converted = _convert_node(n, gm, where, alias, pieces, held)
@@ -410,6 +442,17 @@ def _convert(gm: fx.GraphModule, where: str) -> tuple[list[Node], str]:
             raise UserError(f"{where}: cannot describe node {n.name} ({_root_message(exc)})") from None
         nodes.extend(converted)
     return nodes, output
+
+
+def _returned_tensor(value: Any, where: str) -> fx.Node:
+    """The tensor a module returns: the value itself, or the ``out`` of a dict holding nothing else (torchvision's
+    segmentation networks); ``UserError`` for a dict with more (an auxiliary head's ``aux``)."""
+    if not isinstance(value, dict):
+        return value
+    if set(value) != {"out"}:
+        raise UserError(f"{where}: the model returns a dict with {sorted(value)}; a description follows one output, "
+                        "its 'out' (build a torchvision segmentation network with aux_loss=False)")
+    return value["out"]
 
 
 def _computed_position_biases(gm: fx.GraphModule, where: str) -> dict[str, fx.Node]:
@@ -613,6 +656,8 @@ def _index(n: fx.Node, source: fx.Node, index: tuple, shape: Any, alias: dict[st
 def _op_of(n: fx.Node, gm: fx.GraphModule, where: str) -> tuple[str, dict]:
     if n.op == "call_module":
         m = gm.get_submodule(n.target)
+        if isinstance(m, nn.Upsample):  # and its subclasses, UpsamplingNearest2d and UpsamplingBilinear2d
+            return _interpolate_attrs(n, m.mode, m.align_corners, m.scale_factor, m.recompute_scale_factor, False)
         for cls, fn in MODULE_OPS:
             if isinstance(m, cls):
                 return fn(m)

@@ -16,7 +16,7 @@ from perf4sight.files import write_atomically
 from perf4sight.ir.shapes import element_count, shape_problem, window_pair
 
 __all__ = ["Node", "NetworkDescription", "OPS", "load_description", "save_description", "is_file_stem",
-           "STRUCTURE_VERSION", "window_attention_params"]
+           "STRUCTURE_VERSION", "window_attention_params", "INTERPOLATE_MODES"]
 
 SCHEMA_VERSION = 1
 
@@ -56,7 +56,12 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # position_bias_mlp (0: a table of biases; else the hidden width of an MLP that computes them)
     "window_attention": ("embed_dim", "num_heads", "window_size", "shift_size", "bias"),
     "patch_merge": (),  # [H, W, C] -> [ceil(H/2), ceil(W/2), 4C]: each 2x2 patch's pixels side by side (Swin)
+    # a [C, H, W] map resized to size [h, w] (a segmentation network's upsampling): mode "nearest" or "bilinear";
+    # optional align_corners (false; bilinear only)
+    "interpolate": ("size", "mode"),
 }
+#: The modes of ``interpolate``: torch's ``F.interpolate`` modes the description follows.
+INTERPOLATE_MODES = ("nearest", "bilinear")
 
 
 #: Op -> attributes that must be positive integers, and those that may be an integer or an [h, w] pair
@@ -68,7 +73,7 @@ _POSITIVE: Dict[str, Tuple[str, ...]] = {
 }
 #: Op -> attributes that must be lists of positive integers (a shape).
 _SHAPES: Dict[str, Tuple[str, ...]] = {"layernorm": ("normalized_shape",), "scale": ("shape",), "shift": ("shape",),
-                                       "token": ("shape",)}
+                                       "token": ("shape",), "interpolate": ("size",)}
 _PAIRS: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("kernel_size", "stride", "padding", "dilation"),
     "maxpool2d": ("kernel_size", "stride", "padding"), "avgpool2d": ("kernel_size", "stride", "padding"),
@@ -111,6 +116,12 @@ def _attr_problem(node: "Node") -> str:
         return f"attr 'cosine' must be true or false, got {node.attrs['cosine']!r}"
     if node.op == "window_attention" and not _is_int(node.attrs.get("position_bias_mlp", 0), 0):
         return f"attr 'position_bias_mlp' must be an integer >= 0 (0: a table), got {node.attrs['position_bias_mlp']!r}"
+    if node.op == "interpolate" and node.attrs["mode"] not in INTERPOLATE_MODES:
+        return f"attr 'mode' must be one of {', '.join(INTERPOLATE_MODES)}, got {node.attrs['mode']!r}"
+    if node.op == "interpolate" and not isinstance(node.attrs.get("align_corners", False), bool):
+        return f"attr 'align_corners' must be true or false, got {node.attrs['align_corners']!r}"
+    if node.op == "interpolate" and node.attrs.get("align_corners") and node.attrs["mode"] != "bilinear":
+        return "attr 'align_corners' is for mode 'bilinear' only"
     if node.op in ("attention", "window_attention") and node.attrs["embed_dim"] % node.attrs["num_heads"]:
         return f"num_heads {node.attrs['num_heads']} does not divide embed_dim {node.attrs['embed_dim']}"
     if node.op == "conv2d" and (node.attrs["in_channels"] % node.attrs["groups"]
@@ -125,7 +136,7 @@ STRUCTURE_VERSION = 1
 #: Attributes that place a layer in the graph whatever its widths: :attr:`NetworkDescription.structure` keeps
 #: these and drops the widths (channels, features, reshape sizes), which pruning changes.
 _LAYOUT_ATTRS = ("kernel_size", "stride", "padding", "dilation", "ceil_mode", "count_include_pad", "output_size",
-                 "dim", "dims", "keepdim", "dim0", "dim1")
+                 "dim", "dims", "keepdim", "dim0", "dim1", "mode", "align_corners")
 #: Ops that do the same to a tensor, one name each in the structure key: a classifier's input flattened by
 #: ``flatten`` (torch.fx of torchvision) or ``reshape`` (perf4sight's graphs) is one layout.
 _SAME_OP = {"flatten": "reshape"}
@@ -189,6 +200,13 @@ class NetworkDescription:
             layers.append([_SAME_OP.get(n.op, n.op), [position.get(i, i) for i in n.inputs], layout])
         text = json.dumps(layers, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+    @property
+    def label_shape(self) -> List[int]:
+        """The shape of one sample's training labels (no batch): ``[]`` for a classifier (one class per sample),
+        else the output's positions (a segmentation network's ``[H, W]``: one class per pixel). The output's
+        first dimension holds the class scores."""
+        return list(self.node(self.output).output_shape[1:])
 
     def node(self, name: str) -> Node:
         for n in self.nodes:

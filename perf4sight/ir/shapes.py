@@ -19,7 +19,7 @@ ARITY: Dict[str, Tuple[int, Optional[int]]] = {
                                       "adaptiveavgpool2d", "adaptivemaxpool2d", "reshape", "flatten", "squeeze",
                                       "unsqueeze", "select", "narrow", "transpose", "mean", "permute",
                                       "layernorm", "scale", "shift", "token", "attention",
-                                      "window_attention", "patch_merge")},
+                                      "window_attention", "patch_merge", "interpolate")},
 }
 
 
@@ -151,6 +151,11 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
         if len(x) != 3:
             return f"needs a [height, width, channels] input, got {x}"
         return [-(-x[0] // 2), -(-x[1] // 2), 4 * x[2]]
+    if op == "interpolate":
+        size = [int(v) for v in a["size"]]
+        if len(x) != 3 or len(size) != 2:
+            return f"resizes a [channels, height, width] input to a [height, width] size, got {x} and {size}"
+        return [x[0]] + size
     if op in ("select", "narrow"):
         axis = _axis(int(a["dim"]), len(x))
         if axis is None:

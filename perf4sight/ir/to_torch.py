@@ -242,6 +242,12 @@ def _scalar_mul(x: torch.Tensor, scalar: float) -> torch.Tensor:
     return x * scalar
 
 
+def _interpolate(x: torch.Tensor, size: List[int], mode: str, align_corners: bool) -> torch.Tensor:
+    """``x`` ([N, C, H, W]) resized to ``size`` ([h, w]) by ``mode`` ("nearest" or "bilinear")."""
+    return F.interpolate(x, size=(int(size[0]), int(size[1])), mode=mode,
+                         align_corners=align_corners if mode == "bilinear" else None)
+
+
 def _binary(fn: Callable, scalar_fn: Callable) -> Callable[[List, Dict], Tuple[Callable, Tuple]]:
     def build(args: List, a: Dict) -> Tuple[Callable, Tuple]:
         if "scalar" in a:
@@ -264,6 +270,8 @@ FUNCTION_BUILDERS: Dict[str, Callable[[List, Dict], Tuple[Callable, Tuple]]] = {
     "transpose": lambda x, a: (torch.transpose, (x[0], a["dim0"], a["dim1"])),
     "mean": lambda x, a: (torch.mean, (x[0], list(a["dims"]), bool(a["keepdim"]))),
     "permute": lambda x, a: (_permute, (x[0], [int(d) for d in a["dims"]])),
+    "interpolate": lambda x, a: (_interpolate, (x[0], [int(v) for v in a["size"]], str(a["mode"]),
+                                                bool(a.get("align_corners", False)))),
 }
 
 

@@ -13,7 +13,7 @@ from perf4sight.ir.shapes import shape_text
 if TYPE_CHECKING:  # torch is imported where a model is built: predicting from description files does without it
     from torch import nn
 
-__all__ = ["ZOO_NAMES", "left_out_of_zoo", "build_zoo_model", "describe_zoo"]
+__all__ = ["ZOO_NAMES", "SEGMENTATION_NAMES", "left_out_of_zoo", "build_zoo_model", "describe_zoo"]
 
 #: zoo name -> extra keyword arguments for the torchvision builder: torchvision's image classifiers, Swin V1 and V2
 #: among them (not MaxViT, whose block and grid attention the description has no op for). A ViT is built for the
@@ -36,6 +36,11 @@ _BUILD_KWARGS: dict[str, dict[str, Any]] = {
         "vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14", "swin_t", "swin_s", "swin_b",
         "swin_v2_t", "swin_v2_s", "swin_v2_b")
 } | {name: {"aux_logits": False, "init_weights": False} for name in ("googlenet", "inception_v3")}
+#: torchvision's semantic segmentation networks (``torchvision.models.segmentation``): a class score per pixel at the
+#: input's size. Built without their auxiliary head and without a backbone's weights (which would be downloaded).
+SEGMENTATION_NAMES: tuple[str, ...] = ("fcn_resnet50", "fcn_resnet101", "deeplabv3_resnet50", "deeplabv3_resnet101",
+                                       "deeplabv3_mobilenet_v3_large", "lraspp_mobilenet_v3_large")
+_BUILD_KWARGS.update({name: {"weights_backbone": None, "aux_loss": False} for name in SEGMENTATION_NAMES})
 ZOO_NAMES: tuple[str, ...] = tuple(sorted(_BUILD_KWARGS))
 #: the name prefixes of torchvision's classifiers left out of the zoo
 _LEFT_OUT = ("maxvit_",)
@@ -48,8 +53,8 @@ def left_out_of_zoo(name: str) -> str:
     if not name.startswith(_LEFT_OUT):
         return ""
     return (f"torchvision's {name} is a windowed vision transformer whose block and grid attention the network "
-            f"description has no op for: the zoo holds torchvision's {len(ZOO_NAMES)} other classifiers (CNNs, "
-            "ConvNeXt, ViT and Swin)")
+            f"description has no op for: the zoo holds torchvision's {len(ZOO_NAMES) - len(SEGMENTATION_NAMES)} other "
+            f"classifiers (CNNs, ConvNeXt, ViT and Swin) and {len(SEGMENTATION_NAMES)} segmentation networks")
 
 
 def _check_name(name: str) -> None:
@@ -64,12 +69,12 @@ def _check_name(name: str) -> None:
 
 
 def build_zoo_model(name: str, num_classes: int = 1000, input_shape: list[int] | None = None) -> nn.Module:
-    """A randomly initialised torchvision model (``weights=None``); a ViT for images of ``input_shape`` ([C, H, W],
+    """A randomly initialised torchvision model (``weights=None``; a segmentation network's backbone too); a ViT for images of ``input_shape`` ([C, H, W],
     square, a multiple of its patch size; 224x224 when not given), else ``UserError``."""
     _check_name(name)
     import torchvision.models as tvm  # host side only: devices never import torchvision
 
-    builder: Callable[..., nn.Module] = getattr(tvm, name)
+    builder: Callable[..., nn.Module] = getattr(tvm.segmentation if name in SEGMENTATION_NAMES else tvm, name)
     kwargs = dict(_BUILD_KWARGS[name])
     if name in _VIT_PATCH and input_shape is not None:
         kwargs["image_size"] = _vit_image_size(name, input_shape)

@@ -87,7 +87,7 @@ def measure(plan_path: Union[str, Path], network_index: int, batch_size: int) ->
         # after the optimiser: its constructor imports torch._dynamo (~1 s, tens of MiB), a constant
         result["baseline_rss_mb"] = round(status_mb("self", "VmRSS") or 0.0, 2)
         x = torch.randn(batch_size, *shape, device=device)
-        y = torch.randint(0, num_classes, (batch_size,), device=device)
+        y = torch.randint(0, num_classes, [batch_size] + desc.label_shape, device=device)  # a class per pixel too
 
         updates = []  # (start, end) marks of each step's optimiser update
 
