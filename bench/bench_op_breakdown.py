@@ -27,13 +27,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 #: Categories of a step's ops, in print order; :func:`category` says which an aten op falls in.
-CATEGORIES = ("conv", "batch norm", "activation", "pooling", "cat/copy", "linear", "other elementwise", "loss",
-              "framework")
+CATEGORIES = ("conv", "batch norm", "activation", "pooling", "resize", "cat/copy", "linear", "other elementwise",
+              "loss", "framework")
 _RULES = (  # (category, substrings of the lower-cased aten op name), the first match wins
     ("conv", ("conv",)),
     ("batch norm", ("batch_norm",)),
     ("activation", ("relu", "threshold", "hardtanh", "clamp", "sigmoid", "hardswish", "silu", "gelu", "tanh")),
     ("pooling", ("pool",)),
+    ("resize", ("upsample",)),
     ("cat/copy", ("cat", "copy_", "slice", "narrow", "split", "stack", "transpose", "clone", "contiguous")),
     ("linear", ("addmm", "aten::mm", "aten::linear", "matmul")),
     ("loss", ("softmax", "nll_loss", "cross_entropy")),
@@ -68,7 +69,7 @@ def _child(path: str, batch_sizes: list[int]) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     out = []
     for bs in batch_sizes:
-        x, y = torch.randn(bs, *desc.input_shape), torch.randint(0, desc.num_classes, (bs,))
+        x, y = torch.randn(bs, *desc.input_shape), torch.randint(0, desc.num_classes, [bs] + desc.label_shape)
 
         def step() -> None:
             opt.zero_grad(set_to_none=True)

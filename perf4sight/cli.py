@@ -81,7 +81,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     zoo = textwrap.fill(", ".join(ZOO_NAMES), width=100, initial_indent="  ", subsequent_indent="  ")
     parser = _Parser(
         prog=prog, description="perf4sight: predict a CNN training step's time and memory on edge devices.",
-        epilog=f"{STAGE_HELP}zoo networks (torchvision's classifiers, by name: --network, [networks] zoo):\n{zoo}\n",
+        epilog=f"{STAGE_HELP}zoo networks (torchvision's classifiers and segmentation networks, by name: --network, "
+               f"[networks] zoo):\n{zoo}\n",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"perf4sight {__version__}")
     parser.add_argument("--config", default="config.toml", help="TOML configuration file (default: config.toml)")

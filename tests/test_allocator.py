@@ -231,7 +231,7 @@ def _edge_cases():
 
 @pytest.mark.parametrize("zoo", ["resnet18", "mobilenet_v2", "squeezenet1_0", "densenet121", "googlenet", "vgg11",
                                  "resnext50_32x4d", "mobilenet_v3_small", "efficientnet_b0", "shufflenet_v2_x1_0",
-                                 "regnet_y_400mf", "edge"])
+                                 "regnet_y_400mf", "lraspp_mobilenet_v3_large", "edge"])
 def test_allocation_model_writes_down_the_traced_events(zoo):
     """The events worked out from the description (no torch) are the ones the meta-device run records,
     step by step, and replay to the same peaks."""
@@ -387,6 +387,23 @@ def test_every_schema_op_is_written_down_indexing_and_scalars_included():
     desc = describe(Indexed(), [3, 8, 8], "indexed")
     assert {"select", "adaptivemaxpool2d"} <= {n.op for n in desc.nodes}
     assert _as_replayed(record_events(desc, 3, method="model")) == _as_replayed(record_events(desc, 3, method="trace"))
+
+
+def test_a_loss_per_pixel_and_both_resizes_are_written_down_as_traced():
+    """A network that scores every pixel: nearest and bilinear resizes (they keep nothing), and the loss over a
+    class score per pixel (NLL's 2-D kernels, a label per pixel): the model's events are the meta trace's."""
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.ReLU(), nn.Upsample(scale_factor=2),
+                        nn.Conv2d(8, 8, 3, stride=2, padding=1), nn.Conv2d(8, 5, 1),
+                        nn.Upsample(size=(16, 16), mode="bilinear"))
+    desc = describe(net, [3, 16, 16], "seg")
+    model, traced = record_events(desc, 3, steps=2, method="model"), record_events(desc, 3, steps=2, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+    assert {e[3] for e in model} >= {"aten.upsample_nearest2d.default", "aten.upsample_bilinear2d_backward.default",
+                                     "aten.nll_loss2d_forward.default"}
+    assert [e[2] for e in model if e[3] == "labels"] == [3 * 16 * 16 * 8]
 
 
 def test_the_rows_torch_version_chooses_the_relu6_rule():

@@ -80,9 +80,10 @@ def test_self_attention_by_hand():
     assert (token.params, token.flops_fwd, shift.params, shift.flops_fwd) == (8, 0, 48, 48)
 
 
-def _autograd_saved_bytes(desc, batch: int) -> float:
-    """Bytes per sample that autograd keeps for backward in one training forward of ``desc`` built by to_torch:
-    each storage once, parameters and buffers aside."""
+def _autograd_saved_bytes(desc, batch: int, loss: bool = False) -> float:
+    """Bytes per sample that autograd keeps for backward in one training forward of ``desc`` built by to_torch (and
+    with ``loss``, its cross entropy on random labels, as the profiler's child computes it): each storage once,
+    parameters and buffers aside."""
     import torch
     from perf4sight.ir.to_torch import build_module
     torch.manual_seed(0)
@@ -96,7 +97,9 @@ def _autograd_saved_bytes(desc, batch: int) -> float:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(torch.randn(batch, *desc.input_shape))
+        out = model(torch.randn(batch, *desc.input_shape))
+        if loss:
+            torch.nn.functional.cross_entropy(out, torch.randint(0, desc.num_classes, [batch] + desc.label_shape))
     return sum(saved.values()) / batch
 
 
@@ -147,6 +150,29 @@ def test_swin_keeps_what_autograd_keeps(name, shape):
     assert nf.per_sample["saved_bytes"] + nf.per_sample["input_bytes"] == (at4 - at2) / 2
     once = at2 - (at4 - at2)  # kept once a step: nothing for V1, the MLPs' hidden layers and more for V2
     assert once == 0 if name == "swin_t" else 12 * (15 * 15 * 512 * 4) < once < 10e6
+
+
+def test_a_segmentation_step_keeps_what_autograd_keeps():
+    """A network that scores every pixel (a strided convolution, scores per class, a bilinear resize back to the
+    input's size): its tensors kept for backward, the loss's log-softmax and int64 labels included, are exactly
+    autograd's per sample (what a sample adds between batch 2 and 4); the resize keeps nothing, and the loss adds its
+    kernels and FLOPs, which a classifier's leaves out."""
+    pytest.importorskip("torch")
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.ReLU(), nn.Conv2d(8, 5, 1),
+                        nn.Upsample(scale_factor=2, mode="bilinear"))
+    desc = describe(net, [3, 16, 16], "seg")
+    assert desc.label_shape == [16, 16] and desc.num_classes == 5
+    nf = network_features(desc, StepRuntime(relu6_clone=True, foreach=False, dropout_mask_bytes=4))
+    at2, at4 = 2 * _autograd_saved_bytes(desc, 2, loss=True), 4 * _autograd_saved_bytes(desc, 4, loss=True)
+    assert nf.per_sample["saved_bytes"] + nf.per_sample["input_bytes"] == (at4 - at2) / 2
+    assert nf.per_sample["input_bytes"] == (3 * 4 + 8) * 16 * 16  # the images, and a label per pixel
+    resize = _cost(desc.nodes[-1], [[5, 8, 8]])
+    assert resize.saved == [] and resize.extra_saved_bytes == 0 and resize.flops_fwd == 8 * 5 * 16 * 16
+    head = network_features(describe(nn.Sequential(*net, nn.AdaptiveAvgPool2d(1), nn.Flatten()), [3, 16, 16], "cls"))
+    assert nf.static["kernels_fwd"] == head.static["kernels_fwd"] - 1 + 2  # no pooling; log-softmax and likelihood
 
 
 def test_kept_for_backward_is_what_autograd_keeps():

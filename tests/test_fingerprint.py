@@ -725,6 +725,10 @@ def test_outside_notes_name_the_networks_and_what_training_never_covered():
     notes = outside_notes(domain, feature_matrix([network_features(swish), inside], [3, 3]), ["swish", "plain12"],
                           [swish, inside.description])
     assert notes == ["swish: with silu layers, which no training network had (no learnt cost of their own)"]
+    dilated = _conv_net("dilated", False, True, 12)  # a dilated convolution: a kind of its own
+    dilated.nodes[1].attrs["dilation"] = [2, 2]
+    assert outside_notes(domain, feature_matrix([inside], [3]), ["dilated"], [dilated]) == [
+        "dilated: with dilated conv2d layers, which no training network had (no learnt cost of their own)"]
 
     # a depthwise share beyond the training networks' own (a depthwise cost learnt from a sliver of it) is noted
     from tiny_graphs import conv_node

@@ -216,6 +216,102 @@ def test_swin_computes_what_torchvisions_computes(name, shape):
     assert tuple(train_one_step(rebuilt, shape, 10).shape) == (2, 10)
 
 
+def _train_per_pixel(module: nn.Module, shape: list[int], classes: int) -> torch.Tensor:
+    """One SGD step of a segmentation network on a class per pixel; returns the forward's output."""
+    module.train()
+    opt = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9)
+    out = module(torch.randn(2, *shape))
+    nn.functional.cross_entropy(out, torch.randint(0, classes, (2, *shape[1:]))).backward()
+    before = [p.detach().clone() for p in module.parameters()]
+    opt.step()
+    assert any(not torch.equal(b, p) for b, p in zip(before, module.parameters())), "the step changed no weight"
+    return out
+
+
+@pytest.mark.parametrize("name, shape", [("fcn_resnet50", [3, 64, 64]), ("deeplabv3_mobilenet_v3_large", [3, 72, 88]),
+                                         ("lraspp_mobilenet_v3_large", [3, 64, 64])])
+def test_segmentation_networks_compute_what_torchvisions_compute(name, shape):
+    """torchvision's segmentation networks (dilated backbones, ASPP's pooled branch resized back, LR-ASPP's gate,
+    the scores resized to the input: bilinear interpolations; a dict output read by its 'out'), described and
+    rebuilt with torch alone, compute the same function with the same parameters, and train on a class per pixel."""
+    torch.manual_seed(0)
+    original = build_zoo_model(name, 6).eval()
+    desc = NetworkDescription.from_dict(json.loads(describe(original, shape, name=name).to_json()))
+    resizes = [n.attrs for n in desc.nodes if n.op == "interpolate"]
+    assert resizes[-1] == {"size": shape[1:], "mode": "bilinear"} and desc.node(desc.output).output_shape == [6] + \
+        shape[1:] and desc.num_classes == 6 and desc.label_shape == shape[1:]
+    assert desc.params == sum(p.numel() for p in original.parameters())
+    rebuilt = build_module(desc).eval()
+    for old, new in zip(list(original.parameters()) + list(original.buffers()),
+                        list(rebuilt.parameters()) + list(rebuilt.buffers())):
+        assert old.shape == new.shape
+        new.data.copy_(old.data)
+    x = torch.randn(2, *shape)
+    assert torch.equal(rebuilt(x), original(x)["out"])
+    assert tuple(_train_per_pixel(rebuilt, shape, 6).shape) == (2, 6, *shape[1:])
+
+
+class _Resizes(nn.Module):
+    """Every way of resizing a map the description reads: nn.Upsample by a scale factor (nearest), by a size
+    (bilinear, corners aligned), nn.UpsamplingBilinear2d, and F.interpolate by size and by a tuple of factors."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, stride=2, padding=1)
+        self.up = nn.Upsample(scale_factor=2)
+        self.sized = nn.Upsample(size=(5, 7), mode="bilinear", align_corners=True)
+        self.corners = nn.UpsamplingBilinear2d(scale_factor=2)
+
+    def forward(self, x):
+        y = self.corners(self.sized(self.up(self.conv(x))))
+        y = nn.functional.interpolate(y, size=(6, 6), mode="bilinear")
+        return nn.functional.interpolate(y, scale_factor=(2.0, 1.5), mode="nearest")
+
+
+class _Resize(nn.Module):
+    def __init__(self, **kwargs):
+        super().__init__()
+        self.conv, self.kwargs = nn.Conv2d(3, 4, 3), kwargs
+
+    def forward(self, x):
+        return nn.functional.interpolate(self.conv(x), **self.kwargs)
+
+
+class _WithAux(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        return {"out": self.conv(x), "aux": self.conv(x)}
+
+
+def test_every_resize_reads_and_computes_as_torch_does():
+    module = _Resizes().eval()
+    desc = describe(module, [3, 8, 8], name="resizes")
+    assert [n.attrs for n in desc.nodes if n.op == "interpolate"] == [
+        {"size": [8, 8], "mode": "nearest"}, {"size": [5, 7], "mode": "bilinear", "align_corners": True},
+        {"size": [10, 14], "mode": "bilinear", "align_corners": True}, {"size": [6, 6], "mode": "bilinear"},
+        {"size": [12, 9], "mode": "nearest"}]
+    rebuilt = build_module(desc).eval()
+    for old, new in zip(module.parameters(), rebuilt.parameters()):
+        new.data.copy_(old.data)
+    x = torch.randn(2, 3, 8, 8)
+    assert torch.equal(rebuilt(x), module(x))
+
+
+@pytest.mark.parametrize("module, expected", [
+    (_Resize(scale_factor=1.25), r"an interpolation by scale factor 1.25 of a 6x6 map is no resize to a whole size"),
+    (_Resize(size=(9, 9), mode="bicubic"), r"an interpolation of mode 'bicubic' has no description op"),
+    (_Resize(size=(9, 9), mode="bilinear", antialias=True), r"an antialiased interpolation has no description op"),
+    (_WithAux(), r"the model returns a dict with \['aux', 'out'\]; a description follows one output, its 'out'"),
+])
+def test_resizes_and_outputs_the_description_cannot_hold_are_named(module, expected):
+    with pytest.raises(UserError, match=expected) as exc:
+        describe(module, [3, 8, 8], name="odd")
+    assert "\n" not in str(exc.value)
+
+
 def test_a_position_bias_computed_another_way_is_refused_naming_the_node():
     """A Swin V2 whose position-bias MLP has another activation: one line names the attention's bias node."""
     from torchvision.models import swin_v2_t
@@ -332,6 +428,14 @@ _WINDOWS = {"embed_dim": 3, "num_heads": 1, "window_size": [2, 2], "shift_size":
      r"attr 'cosine' must be true or false, got 'yes'"),
     ({"op": "window_attention", "attrs": {**_WINDOWS, "position_bias_mlp": -1}, "output_shape": [4, 3, 3]},
      r"attr 'position_bias_mlp' must be an integer >= 0 \(0: a table\), got -1"),
+    ({"op": "interpolate", "attrs": {"size": [6, 6], "mode": "bicubic"}, "output_shape": [4, 6, 6]},
+     r"attr 'mode' must be one of nearest, bilinear, got 'bicubic'"),
+    ({"op": "interpolate", "attrs": {"size": [6, 6], "mode": "nearest", "align_corners": True},
+      "output_shape": [4, 6, 6]}, r"attr 'align_corners' is for mode 'bilinear' only"),
+    ({"op": "interpolate", "attrs": {"size": 6, "mode": "nearest"}, "output_shape": [4, 6, 6]},
+     r"attr 'size' must be a non-empty list of positive integers, got 6"),
+    ({"op": "interpolate", "attrs": {"size": [6, 6], "mode": "nearest"}, "output_shape": [6, 6, 6]},
+     r"output_shape \[6, 6, 6\], but its input \[4, 3, 3\] gives \[4, 6, 6\]"),
 ])
 def test_permute_layer_norm_and_scale_shapes_are_checked(node, expected):
     d = _conv_description()
@@ -349,7 +453,8 @@ def test_permute_layer_norm_and_scale_shapes_are_checked(node, expected):
             "attention": ({"embed_dim": 9, "num_heads": 3, "bias": True}, [4, 9], 4 * 81 + 4 * 9),
             # Swin V2's: the projections, an MLP 2 -> 4 -> 1 head for the biases, one scale
             "window_attention": ({**_WINDOWS, "cosine": True, "position_bias_mlp": 4}, [4, 3, 3],
-                                 4 * 9 + 4 * 3 + 3 * 4 + 4 + 1)}[node["op"]]
+                                 4 * 9 + 4 * 3 + 3 * 4 + 4 + 1),
+            "interpolate": ({"size": [6, 6], "mode": "bilinear", "align_corners": True}, [4, 6, 6], 0)}[node["op"]]
     d["nodes"][-1].update(attrs=good[0], output_shape=good[1])
     d.pop("params")  # counted from the nodes
     assert NetworkDescription.from_dict(d).params == 4 * 3 * 3 * 3 + 4 + good[2]

@@ -805,6 +805,18 @@ def test_batch_norm_on_a_1x1_map_at_batch_1_is_explained(tmp_path):
     assert measure(plan_path, 0, 2)["status"] == "ok"  # two images: two values per channel
 
 
+def test_a_segmentation_network_trains_on_a_class_per_pixel(tmp_path):
+    """A network whose output scores every pixel ([classes, H, W]) is measured on a label per pixel."""
+    from perf4sight.profiling.child import measure
+    net = nn.Sequential(nn.Conv2d(3, 4, 3, stride=2, padding=1), nn.ReLU(), nn.Conv2d(4, 5, 1),
+                        nn.Upsample(scale_factor=2, mode="bilinear"))
+    path = save_description(describe(net, SHAPE, "seg"), tmp_path / "seg.json")
+    plan_path = save_plan(TestPlan(device="d", networks=[str(path)], batch_sizes=[2], warmup_steps=0,
+                                   timed_steps=1), tmp_path / "plan.json")
+    row = measure(plan_path, 0, 2)
+    assert row["status"] == "ok" and row["latency_ms_median"] > 0, row.get("message")
+
+
 def test_oom_rows_the_memory_limit_caused_are_explained(tmp_path):
     """A limit typed too low makes every network oom at its smallest batch size: the profile and fingerprint
     stages say which rows the limit caused, and which a higher limit set since has yet to measure again (a lower

@@ -28,7 +28,9 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
   tensor). Max pooling (plain or adaptive) keeps its input and int64 indices; a scalar add keeps
   nothing and hands its gradient on, a scalar multiply scales it (a new tensor).
 - **Loss**: cross entropy = log-softmax (keeps its result) + NLL loss (a 4-byte loss and a 4-byte
-  total weight, which it keeps); ``backward`` starts from a 4-byte seed held until it returns.
+  total weight, which it keeps); ``backward`` starts from a 4-byte seed held until it returns. A classifier's
+  scores are read as ``[N, -1]`` (a view); scores per pixel (``[N, C, H, W]``, a segmentation network's) go to
+  NLL's 2-D kernels as they are, against int64 labels of ``[N, H, W]``.
 - **Backward**: nodes run in reverse creation order (the engine runs the ready node with the
   highest sequence number). A node allocates the gradients it computes; the engine sums the
   gradient of a broadcast input down to its shape (a new tensor, the full one freed); then the
@@ -537,10 +539,10 @@ def _loss(out: _Value, positions: int, mem: _Memory, fns: list[_GradFn]) -> tupl
         raise NotCovered("the network's output needs no gradient")
     if positions not in (0, 2):
         raise NotCovered(f"a loss over {positions} positions per class score")
-    nll = "nll_loss" if positions == 0 else "nll_loss2d"
-    if positions == 0:
-        fns.append(_GradFn([], [_edge(out)], [out.nbytes], [None], [0], [None], "view"))  # the reshape
-    edge = ("fn", len(fns) - 1) if positions == 0 else _edge(out)
+    nll, edge = "nll_loss" if positions == 0 else "nll_loss2d", _edge(out)
+    if positions == 0:  # the reshape to [N, -1]
+        fns.append(_GradFn([], [edge], [out.nbytes], [None], [0], [None], "view"))
+        edge = ("fn", len(fns) - 1)
     logsm = mem.new(out.nbytes, "aten._log_softmax.default", holders=0)
     fns.append(_GradFn([mem.hold(logsm)], [edge], [out.nbytes], ["aten._log_softmax_backward_data.default"], [0],
                        [None]))

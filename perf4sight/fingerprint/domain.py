@@ -62,9 +62,17 @@ _UNNOTED_OPS = {"input", "identity", "flatten", "reshape", "squeeze", "unsqueeze
                 "cat", "add", "linear"}
 
 
+def _kind(node: Any) -> str:
+    """A node's kind of layer: its op, a dilated convolution told apart (on this machine's CPU a dilated depthwise
+    convolution took 5-12 times as long as the same one undilated: docs/accuracy-notes.md, "Segmentation networks")."""
+    dilated = node.op == "conv2d" and any(int(d) != 1 for d in node.attrs.get("dilation", [1, 1]))
+    return "dilated conv2d" if dilated else node.op
+
+
 def op_kinds(descriptions: Sequence[Any]) -> list[str]:
-    """The ops (``Node.op``) of ``descriptions`` (``NetworkDescription``), sorted, without :data:`_UNNOTED_OPS`."""
-    return sorted({n.op for d in descriptions for n in d.nodes} - _UNNOTED_OPS)
+    """The kinds of layer (:func:`_kind`: ``Node.op``, ``dilated conv2d`` apart) of ``descriptions``
+    (``NetworkDescription``), sorted, without :data:`_UNNOTED_OPS`."""
+    return sorted({_kind(n) for d in descriptions for n in d.nodes} - _UNNOTED_OPS)
 
 
 def training_domain(F: np.ndarray, descriptions: Sequence[Any] = ()) -> dict[str, Any]:
