@@ -161,7 +161,6 @@ def _trace(model: Any, desc: NetworkDescription, batch_size: int, steps: int, st
 
     ``fast``: only the first step runs; the later ones are derived from it (:func:`_later_steps`)."""
     import torch
-    from torch import nn
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 

@@ -238,8 +238,8 @@ def _interpolate(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     n = numel(node.output_shape)
     taps = 4 if node.attrs.get("mode") == "bilinear" else 1
     rd, wr = _io_bytes(in_shapes, node.output_shape)
-    return OpCost(flops_fwd=8.0 * n if taps > 1 else 0.0, flops_bwd=(8.0 if taps > 1 else 1.0) * n, bytes_read=rd, bytes_written=wr,
-                  kernels_fwd=1, kernels_bwd=2, kind="other")
+    return OpCost(flops_fwd=8.0 * n if taps > 1 else 0.0, flops_bwd=(8.0 if taps > 1 else 1.0) * n, bytes_read=rd,
+                  bytes_written=wr, kernels_fwd=1, kernels_bwd=2, kind="other")
 
 
 def position_loss(output_shape: list[int]) -> OpCost | None:

@@ -69,8 +69,9 @@ def _check_name(name: str) -> None:
 
 
 def build_zoo_model(name: str, num_classes: int = 1000, input_shape: list[int] | None = None) -> nn.Module:
-    """A randomly initialised torchvision model (``weights=None``; a segmentation network's backbone too); a ViT for images of ``input_shape`` ([C, H, W],
-    square, a multiple of its patch size; 224x224 when not given), else ``UserError``."""
+    """A randomly initialised torchvision model (``weights=None``; a segmentation network's backbone too); a ViT for
+    images of ``input_shape`` ([C, H, W], square, a multiple of its patch size; 224x224 when not given), else
+    ``UserError``."""
     _check_name(name)
     import torchvision.models as tvm  # host side only: devices never import torchvision
 
