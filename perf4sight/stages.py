@@ -396,6 +396,7 @@ def _predict_on_one(cfg: Config, args: argparse.Namespace) -> int:
     preds = fp.predict(descs, batch_sizes)
     _domain_note(fp, descs, batch_sizes)
     _family_note(fp, descs)
+    _one_image_note(descs, batch_sizes)
     elapsed, describing = time.perf_counter() - described, described - started
     if args.json:
         for p in preds:
@@ -579,6 +580,20 @@ def _domain_note(fp: object, descs: list[NetworkDescription], batch_sizes: list[
     if lines:
         notes.print("note: outside this fingerprint's training data, expect larger errors:\n  "
                     + "\n  ".join(lines), style="yellow", markup=False)
+
+
+def _one_image_note(descs: list[NetworkDescription], batch_sizes: list[int]) -> None:
+    """Say which queries at batch 1 cannot train at all: a batch norm over a 1x1 map has one value per channel in
+    a batch of one image, which torch refuses in training (DeepLabV3's pooled branch), whatever the memory."""
+    if 1 not in batch_sizes:
+        return
+    shapes = [(d, {n.name: n.output_shape for n in d.nodes}) for d in descs]
+    nets = [d.name for d, shape in shapes
+            if any(n.op == "batchnorm2d" and shape[n.inputs[0]][1:] in ([1, 1], [1], []) for n in d.nodes)]
+    if nets:
+        notes.print(f"note: batch 1 does not train {named(nets)} at all: a batch norm over a 1x1 map has one value "
+                    "per channel (torch refuses it in training), whatever the memory; its profile rows are errors",
+                    style="yellow", markup=False)
 
 
 def _family_note(fp: object, descs: list[NetworkDescription]) -> None:

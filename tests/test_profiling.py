@@ -18,7 +18,7 @@ import torch.nn as nn
 from perf4sight.config import load_config
 from perf4sight.errors import UserError
 from perf4sight.ir.from_torch import describe
-from perf4sight.ir.schema import save_description
+from perf4sight.ir.schema import load_description, save_description
 from perf4sight.profiling import results
 from perf4sight.profiling.backends.base import get_backend, latency_stats
 from perf4sight.profiling.local import make_plan, profile_local
@@ -792,7 +792,7 @@ def test_measurement_csv_with_another_separator_is_named_not_read_as_empty(tmp_p
     assert results.read_rows(path) == []
 
 
-def test_batch_norm_on_a_1x1_map_at_batch_1_is_explained(tmp_path):
+def test_batch_norm_on_a_1x1_map_at_batch_1_is_explained(tmp_path, capsys):
     """A network whose batch norm sees a 1x1 map cannot train on one image: the error row says so."""
     from perf4sight.profiling.child import measure
     net = nn.Sequential(nn.Conv2d(3, 4, 3, stride=32), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4, 10))
@@ -803,6 +803,11 @@ def test_batch_norm_on_a_1x1_map_at_batch_1_is_explained(tmp_path):
     assert one["status"] == "error" and one["stage"] == "step"
     assert one["message"].startswith("ValueError: batch norm over a 1x1 map cannot train on a batch of 1")
     assert measure(plan_path, 0, 2)["status"] == "ok"  # two images: two values per channel
+    from perf4sight.stages import _one_image_note  # and predict says so at batch 1, whatever the memory
+    _one_image_note([load_description(path)], [1, 2])
+    assert "batch 1 does not train pointwise at all: a batch norm over a 1x1 map" in capsys.readouterr().err
+    _one_image_note([load_description(path)], [2, 4])
+    assert capsys.readouterr().err == ""
 
 
 def test_a_segmentation_network_trains_on_a_class_per_pixel(tmp_path):
