@@ -17,7 +17,7 @@ stages, in a temporary folder:
 3. each of ``--networks`` (default ``convnext_tiny`` and ``vit_b_16``) at the same pruning levels (a Swin
    transformer, which cannot be pruned, at level 0 alone) is profiled the same way, in a project of its own (so
    that neither fingerprint sees it); a segmentation network (``fcn_resnet50``, ``lraspp_mobilenet_v3_large``...)
-   scores 21 classes per pixel (:data:`SEGMENTATION_CLASSES`), where a classifier scores 1,000;
+   scores 21 classes per pixel (``[networks] segmentation_classes``' default), where a classifier scores 1,000;
 4. each fingerprint predicts every measurement of those networks. Printed per network: per configuration the
    measured and predicted step time and peak RSS; then per fingerprint MAPE, mean signed error (+ = predicted
    above the measurement) and the share of measurements inside the 90% interval, beside the fingerprint's own
@@ -50,11 +50,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from _stages import run_stage  # noqa: E402
 from perf4sight.profiling.results import batch_size_of, number, read_rows  # noqa: E402
 
-from perf4sight.networks.zoo import SEGMENTATION_NAMES  # noqa: E402
-
 DEVICE = "cpu-unseen"
-#: The class count a segmentation network is profiled with: Pascal VOC's, torchvision's default.
-SEGMENTATION_CLASSES = 21
 TARGETS = (("latency_ms", "latency_ms_median", "time, ms"), ("memory_mb", "peak_rss_mb", "peak RSS, MiB"))
 
 
@@ -70,8 +66,6 @@ def write_config(folder: Path, name: str, dirs: str, zoo: list[str] | None = Non
         text = re.sub(rf'(?m)^{key} = "{value}".*$', f'{key} = "{value}-{suffix}"', text)
     if zoo is not None:
         text = re.sub(r"(?m)^zoo = \[.*$", f"zoo = {json.dumps(zoo)}", text)
-        if set(zoo) <= set(SEGMENTATION_NAMES):  # a class per pixel: Pascal VOC's 21 (torchvision's own default)
-            text = re.sub(r"(?m)^num_classes = 1000$", f"num_classes = {SEGMENTATION_CLASSES}", text)
         text = re.sub(r"(?m)^count = 6 .*$", "count = 0", text)
         if any(n.startswith("swin_") for n in zoo):  # a Swin transformer cannot be pruned: its level 0 alone
             text = re.sub(r"(?m)^levels = \[0, 30, 60\].*$", "levels = [0]", text)

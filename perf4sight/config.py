@@ -67,8 +67,16 @@ class NetworksConfig:
     description_files: list[str] = field(default_factory=list)
     input_shape: list[int] = field(default_factory=lambda: [3, 224, 224])
     num_classes: int = 1000
+    segmentation_classes: int = 21  # a segmentation zoo network's classes per pixel (Pascal VOC's, torchvision's)
     pruning: PruningConfig = field(default_factory=PruningConfig)
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+
+    def classes_of(self, name: str) -> int:
+        """The class count zoo or factory network ``name`` is built with: ``segmentation_classes`` for a segmentation
+        network of the zoo, else ``num_classes``."""
+        from perf4sight.networks.zoo import SEGMENTATION_NAMES
+
+        return self.segmentation_classes if name in SEGMENTATION_NAMES else self.num_classes
 
 
 @dataclass
@@ -313,8 +321,9 @@ def _check_fingerprint(cfg: Config, f: Path | None) -> None:
 
 def _check_networks(cfg: Config, f: Path | None) -> None:
     """[networks] and the networks [predict] and [compare] name (description files made config-relative)."""
-    if cfg.networks.num_classes < 1:
-        raise UserError(f"{f}: [networks] num_classes must be >= 1, got {cfg.networks.num_classes}")
+    for key in ("num_classes", "segmentation_classes"):
+        if getattr(cfg.networks, key) < 1:
+            raise UserError(f"{f}: [networks] {key} must be >= 1, got {getattr(cfg.networks, key)}")
     shape = cfg.networks.input_shape
     if len(shape) != 3 or any(s < 1 for s in shape):
         raise UserError(f"{f}: [networks] input_shape must be [channels, height, width], got {shape}")

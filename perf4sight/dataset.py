@@ -234,7 +234,8 @@ def resolve_networks(cfg: Config, names: list[str], input_shape: list[int],
         elif COMMAND_LINE_FACTORY.fullmatch(name):
             out.append(describe_factory(name, input_shape, cfg.networks.num_classes, cfg.models_dir / ZOO_CACHE))
         elif name in ZOO_NAMES:
-            out.append(describe_zoo(name, input_shape, cfg.networks.num_classes, cache_dir=cfg.models_dir / ZOO_CACHE))
+            out.append(describe_zoo(name, input_shape, cfg.networks.classes_of(name),
+                                    cache_dir=cfg.models_dir / ZOO_CACHE))
         else:
             manifest = read_manifest(cfg.models_dir / "manifest.csv") if manifest is None else manifest
             out.append(_dataset_network(cfg, name, manifest, input_shape, notes))

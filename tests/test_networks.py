@@ -430,6 +430,25 @@ def test_a_zoo_variant_asked_for_by_name_is_pruned_as_the_networks_stage_would(t
         resolve_networks(cfg, ["squezenet1_1_l30"], SHAPE)
 
 
+def test_a_segmentation_network_scores_its_own_class_count_per_pixel(tmp_path: Path) -> None:
+    """A segmentation zoo network, by name, as the networks stage makes it and pruned on request, has
+    ``segmentation_classes`` classes per pixel (21 unless set); the classifier beside it keeps ``num_classes``."""
+    from perf4sight.dataset import resolve_networks
+
+    (tmp_path / "config.toml").write_text(
+        '[networks]\nzoo = ["lraspp_mobilenet_v3_large"]\ninput_shape = [3, 32, 32]\nnum_classes = 10\n'
+        'segmentation_classes = 5\n[networks.pruning]\nlevels = [0]\n[networks.generator]\ncount = 0\n')
+    cfg = load_config(tmp_path / "config.toml")
+    make_networks(cfg)
+    made = load_description(tmp_path / "models" / "pruned" / "l1-norm" / "lraspp_mobilenet_v3_large_l0.json")
+    seg, cls, pruned = resolve_networks(cfg, ["lraspp_mobilenet_v3_large", "resnet18", "lraspp_mobilenet_v3_large_l40"],
+                                        SHAPE)
+    assert made.node(made.output).output_shape == seg.node(seg.output).output_shape == [5, 32, 32]
+    assert (seg.num_classes, cls.num_classes, pruned.num_classes, pruned.label_shape) == (5, 10, 5, [32, 32])
+    (tmp_path / "config.toml").write_text('[networks]\nzoo = ["lraspp_mobilenet_v3_large"]\n')
+    assert load_config(tmp_path / "config.toml").networks.classes_of("lraspp_mobilenet_v3_large") == 21
+
+
 def test_a_factory_on_the_command_line_and_a_configs_network_by_its_own_name(tmp_path, monkeypatch):
     """``nets.py:tiny_vgg`` (a file in the current folder) is described as its function builds it, named after the
     function and cached by the file's bytes; ``tiny_resnet``, a factory [networks] names, is its unpruned network:

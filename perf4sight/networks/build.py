@@ -28,7 +28,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from perf4sight.config import Config
+from perf4sight.config import Config, NetworksConfig
 from perf4sight.dataset import read_manifest
 from perf4sight.errors import UserError
 from perf4sight.files import atomic_path
@@ -84,7 +84,8 @@ def sources(cfg: Config) -> list[Source]:
     here once, to fail early on a file that does not import or a function that fails)."""
     nc = cfg.networks.num_classes
     shape = cfg.networks.input_shape
-    found: list[Source] = [Source(n, f"torchvision:{n}", lambda n=n: build_zoo_model(n, nc, shape))
+    found: list[Source] = [Source(n, f"torchvision:{n}",
+                                  lambda n=n: build_zoo_model(n, cfg.networks.classes_of(n), shape))
                            for n in cfg.networks.zoo]
     for named in named_networks(cfg):
         if named.factory is not None:
@@ -207,6 +208,8 @@ def settings_sha(cfg: Config) -> str:
     settings = dataclasses.asdict(cfg.networks)
     if not settings["generator"]["cover_styles"]:  # a key added later: off, it hashes as before it existed
         del settings["generator"]["cover_styles"]
+    if settings["segmentation_classes"] == NetworksConfig.segmentation_classes:  # likewise, at its default
+        del settings["segmentation_classes"]
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
     for spec in cfg.networks.factories:
         digest.update(spec.encode())

@@ -57,7 +57,7 @@ def pruned_on_request(cfg: Config, name: str, input_shape: list[int]) -> Network
     if found is None:
         return None
     network, level = found.group("network"), float(found.group("level"))
-    pr, classes = cfg.networks.pruning, cfg.networks.num_classes
+    pr, classes = cfg.networks.pruning, cfg.networks.classes_of(network)
     settings: tuple[Any, ...] = (pr.strategy, pr.min_channels, pr.seed)
     code = tuple(sorted(_NETWORKS.glob("*.py")))
     if network in ZOO_NAMES:
@@ -204,7 +204,8 @@ def _prune(cfg: Config, source: Any, level: float, input_shape: list[int]) -> Ne
     from perf4sight.networks.build import prune_source, pruning_plan
 
     pr = cfg.networks.pruning
-    key = (source.source, tuple(input_shape), pr.strategy, pr.min_channels, pr.seed, cfg.networks.num_classes)
+    key = (source.source, tuple(input_shape), pr.strategy, pr.min_channels, pr.seed,
+           cfg.networks.classes_of(source.name))
     if key not in _PLANS:
         _PLANS[key] = pruning_plan(source, list(input_shape), pr.strategy, pr.min_channels, pr.seed)
     (desc,) = prune_source(source, list(input_shape), [level], pr.strategy, pr.min_channels, pr.seed,
