@@ -354,13 +354,10 @@ def _check_networks(cfg: Config, f: Path | None) -> None:
 def _check_zoo(cfg: Config, f: Path | None) -> None:
     """[networks] zoo: torchvision names only (the networks stage builds each with torchvision); a description
     file or a factory listed there is named, with the key that takes it."""
-    from perf4sight.networks.zoo import ZOO_NAMES, left_out_of_zoo  # names only: no torch
+    from perf4sight.networks.zoo import ZOO_NAMES  # names only: no torch
     for name in cfg.networks.zoo:
         if name in ZOO_NAMES:
             continue
-        why = left_out_of_zoo(name)
-        if why:
-            raise UserError(f"{f}: [networks] zoo: '{name}': {why}")
         if name.endswith(".json") or cfg.resolve(name).is_file():
             raise UserError(f"{f}: [networks] zoo: '{name}' is a file, not a zoo network: list description files "
                             "under [networks] description_files")

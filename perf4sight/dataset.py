@@ -280,11 +280,8 @@ def unknown_network(cfg: Config, name: str, dataset: list[str] | None = None) ->
     """The line for a network name that is neither a zoo network, a network of the dataset nor a file: the
     closest names (a typo, another case), and the three kinds of name a network can be given by (``dataset``:
     :func:`dataset_network_names`, when the caller has them already)."""
-    from perf4sight.networks.zoo import ZOO_NAMES, left_out_of_zoo
+    from perf4sight.networks.zoo import ZOO_NAMES
 
-    why = left_out_of_zoo(name)
-    if why:
-        return f"unknown network '{name}': {why}"
     dataset = dataset_network_names(cfg) if dataset is None else dataset
     by_lower = {n.lower(): n for n in (*ZOO_NAMES, *dataset)}
     close = [by_lower[n] for n in difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=0.75)]

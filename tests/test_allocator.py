@@ -383,7 +383,7 @@ def test_every_schema_op_is_written_down_indexing_and_scalars_included():
             return self.fc(((self.pool(self.conv(x))[:, :, 0] + 1.0) * 0.5).mean(2))
 
     assert COVERED == set(OPS) - {"permute", "layernorm", "scale", "shift", "token", "attention", "window_attention",
-                                  "patch_merge"}
+                                  "patch_merge", "group_attention"}
     desc = describe(Indexed(), [3, 8, 8], "indexed")
     assert {"select", "adaptivemaxpool2d"} <= {n.op for n in desc.nodes}
     assert _as_replayed(record_events(desc, 3, method="model")) == _as_replayed(record_events(desc, 3, method="trace"))

@@ -180,14 +180,11 @@ def test_predict_and_compare_networks_take_the_datasets_names_too(tmp_path):
         "resnet50_0"]
 
 
-def test_a_torchvision_transformer_is_said_to_be_left_out_of_the_zoo(tmp_path):
-    with pytest.raises(UserError, match=r"\[networks\] zoo: 'maxvit_t': torchvision's maxvit_t is a windowed "
-                                        r"vision transformer.*the zoo holds torchvision's 79 other classifiers"):
-        load_config(write(tmp_path, GOOD.replace('zoo = ["resnet18"]', 'zoo = ["maxvit_t"]')))
-    with pytest.raises(UserError, match=r"\[predict\] networks: unknown network 'maxvit_t': torchvision's maxvit_t "
-                                        r"is a windowed vision transformer whose block and grid attention"):
-        load_config(write(tmp_path, GOOD + '[predict]\nnetworks = ["maxvit_t"]\n'))
-    load_config(write(tmp_path, GOOD + '[predict]\nnetworks = ["swin_t", "swin_v2_b"]\n'))  # zoo networks both
+def test_every_torchvision_transformer_is_a_zoo_network(tmp_path):
+    load_config(write(tmp_path, GOOD + '[predict]\nnetworks = ["swin_t", "swin_v2_b", "maxvit_t"]\n'))
+    load_config(write(tmp_path, GOOD.replace('zoo = ["resnet18"]', 'zoo = ["maxvit_t"]')))
+    with pytest.raises(UserError, match=r"\[predict\] networks: unknown network 'maxvit_s' \(did you mean 'maxvit_t'"):
+        load_config(write(tmp_path, GOOD + '[predict]\nnetworks = ["maxvit_s"]\n'))
 
 
 def test_predict_and_compare_networks_take_factories_and_the_configs_own_networks(tmp_path):

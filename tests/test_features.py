@@ -133,6 +133,30 @@ def test_window_attention_by_hand():
     assert merge.params == 0 and merge.saved == [] and merge.bytes_written == 2 * 5 * 6 * 32 * 4
 
 
+@pytest.mark.parametrize("groups, window, width, heads", [(4, [7, 7], 32, 2), (9, [3, 5], 48, 4), (16, [3, 3], 16, 1)])
+def test_group_attention_keeps_what_autograd_keeps(groups, window, width, heads):
+    """MaxViT's attention within groups of ``N`` tokens, ``T`` in all, after a linear layer (so that its input is kept
+    as an activation): projections ``4 T E^2`` MACs, scores and weighted sum ``T N E`` each, a bias per head and
+    relative position; it keeps ``5 T E + H T N`` elements per sample (one head: ``6 T E + H T N``), exactly
+    autograd's (what a sample adds between batch 2 and 4)."""
+    pytest.importorskip("torch")
+    n = window[0] * window[1]
+    tokens = groups * n
+    attrs = {"embed_dim": width, "num_heads": heads, "window_size": window, "bias": True}
+    node = Node("g", "group_attention", ["fc"], attrs, [groups, n, width])
+    c = _cost(node, [[groups, n, width]])
+    assert c.macs == 4 * tokens * width ** 2 + 2 * tokens * n * width and c.saved == [0]
+    assert c.params == 4 * width ** 2 + 4 * width + (2 * window[0] - 1) * (2 * window[1] - 1) * heads
+    desc = _desc([Node("input", "input", [], {}, [groups, n, width]),
+                  Node("fc", "linear", ["input"], {"in_features": width, "out_features": width, "bias": True},
+                       [groups, n, width]), node], shape=(groups, n, width))
+    nf = network_features(desc)
+    at2, at4 = 2 * _autograd_saved_bytes(desc, 2), 4 * _autograd_saved_bytes(desc, 4)
+    loss = tokens * width * 4 + n * width * 8  # its output read as scores per position: the log-softmax and labels
+    assert nf.per_sample["saved_bytes"] + nf.per_sample["input_bytes"] - loss == (at4 - at2) / 2
+    assert ((5 if heads > 1 else 6) * tokens * width + heads * tokens * n) * 4 == c.extra_saved_bytes + tokens * width * 4
+
+
 @pytest.mark.parametrize("name, shape", [("swin_t", [3, 64, 64]), ("swin_t", [3, 72, 88]),
                                          ("swin_v2_t", [3, 64, 64]), ("swin_v2_t", [3, 72, 88])])
 def test_swin_keeps_what_autograd_keeps(name, shape):

@@ -216,6 +216,32 @@ def test_swin_computes_what_torchvisions_computes(name, shape):
     assert tuple(train_one_step(rebuilt, shape, 10).shape) == (2, 10)
 
 
+def test_maxvit_computes_what_torchvisions_computes():
+    """torchvision's MaxViT-T (MBConv blocks, then block and grid attention over 7x7 partitions of the map, each
+    attention with a relative position bias table; the partitions as reshapes and permutes, the grid's axes swapped
+    as a transpose) describes and rebuilds, with torch alone, to the same function with the same parameters, and
+    the rebuilt network trains. It takes 224x224 images (or a multiple)."""
+    from perf4sight.ir.to_torch import GroupAttention
+
+    torch.manual_seed(0)
+    original = build_zoo_model("maxvit_t", 10, [3, 224, 224]).eval()
+    desc = NetworkDescription.from_dict(json.loads(describe(original, [3, 224, 224], name="maxvit_t").to_json()))
+    attentions = [n for n in desc.nodes if n.op == "group_attention"]
+    assert len(attentions) == 2 * (2 + 2 + 5 + 2) and all(n.attrs["window_size"] == [7, 7] for n in attentions)
+    assert [n.attrs["num_heads"] for n in attentions][::2] == [2, 2, 4, 4] + [8] * 5 + [16, 16]
+    assert attentions[0].output_shape == [64, 49, 64] and desc.params == sum(p.numel() for p in original.parameters())
+    rebuilt = build_module(desc).eval()
+    for old, new in zip(original.parameters(), rebuilt.parameters()):
+        assert old.shape == new.shape
+        new.data.copy_(old.data)
+    tables = [m.relative_position_bias_table for m in rebuilt.modules() if isinstance(m, GroupAttention)]
+    assert len(tables) == 22 and all(t.abs().sum() > 0 for t in tables)  # the biases were copied too
+    x = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        assert torch.equal(rebuilt(x), original(x))
+    assert tuple(train_one_step(rebuilt, [3, 224, 224], 10).shape) == (2, 10)
+
+
 def _train_per_pixel(module: nn.Module, shape: list[int], classes: int) -> torch.Tensor:
     """One SGD step of a segmentation network on a class per pixel; returns the forward's output."""
     module.train()
@@ -428,6 +454,8 @@ _WINDOWS = {"embed_dim": 3, "num_heads": 1, "window_size": [2, 2], "shift_size":
      r"attr 'cosine' must be true or false, got 'yes'"),
     ({"op": "window_attention", "attrs": {**_WINDOWS, "position_bias_mlp": -1}, "output_shape": [4, 3, 3]},
      r"attr 'position_bias_mlp' must be an integer >= 0 \(0: a table\), got -1"),
+    ({"op": "group_attention", "attrs": {"embed_dim": 3, "num_heads": 1, "window_size": [2, 2], "bias": True},
+      "output_shape": [4, 3, 3]}, r"embed_dim 3 in 2x2 windows needs a \[groups, 4, 3\] input, got \[4, 3, 3\]"),
     ({"op": "interpolate", "attrs": {"size": [6, 6], "mode": "bicubic"}, "output_shape": [4, 6, 6]},
      r"attr 'mode' must be one of nearest, bilinear, got 'bicubic'"),
     ({"op": "interpolate", "attrs": {"size": [6, 6], "mode": "nearest", "align_corners": True},
@@ -454,7 +482,10 @@ def test_permute_layer_norm_and_scale_shapes_are_checked(node, expected):
             # Swin V2's: the projections, an MLP 2 -> 4 -> 1 head for the biases, one scale
             "window_attention": ({**_WINDOWS, "cosine": True, "position_bias_mlp": 4}, [4, 3, 3],
                                  4 * 9 + 4 * 3 + 3 * 4 + 4 + 1),
-            "interpolate": ({"size": [6, 6], "mode": "bilinear", "align_corners": True}, [4, 6, 6], 0)}[node["op"]]
+            "interpolate": ({"size": [6, 6], "mode": "bilinear", "align_corners": True}, [4, 6, 6], 0),
+            # MaxViT's: the projections and a bias per relative position in 1x3 windows (1 x 5 of them)
+            "group_attention": ({"embed_dim": 3, "num_heads": 1, "window_size": [1, 3], "bias": True}, [4, 3, 3],
+                                4 * 9 + 4 * 3 + 5)}[node["op"]]
     d["nodes"][-1].update(attrs=good[0], output_shape=good[1])
     d.pop("params")  # counted from the nodes
     assert NetworkDescription.from_dict(d).params == 4 * 3 * 3 * 3 + 4 + good[2]

@@ -105,25 +105,24 @@ def test_zoo_description_from_meta_weights_equals_the_real_model(name: str, monk
 
 
 def test_the_zoo_is_torchvisions_cnns_and_a_regnet_describes_from_a_real_model() -> None:
-    """Every zoo name is a torchvision classifier or segmentation network; the classifiers left out are MaxViT's,
-    no segmentation network is. A regnet's
-    initialiser copies data, which the meta device cannot: it is described from a real model. A ViT is built for
-    the input it is described at: square, a multiple of its patch size."""
+    """Every zoo name is a torchvision classifier or segmentation network, and every one of those is a zoo name. A
+    regnet's initialiser copies data, which the meta device cannot: it is described from a real model. A ViT and
+    MaxViT are built for the input they are described at: square, a multiple of a patch size or of 224."""
     import torchvision.models as tvm
 
     from perf4sight.networks.zoo import SEGMENTATION_NAMES, ZOO_NAMES
 
     classifiers = set(tvm.list_models(module=tvm))
-    assert set(ZOO_NAMES) - set(SEGMENTATION_NAMES) <= classifiers and len(ZOO_NAMES) == 79 + 6
-    assert {n.rsplit("_", 1)[0] for n in classifiers - set(ZOO_NAMES)} == {"maxvit"}
+    assert set(ZOO_NAMES) - set(SEGMENTATION_NAMES) == classifiers and len(ZOO_NAMES) == 80 + 6
     assert set(SEGMENTATION_NAMES) == set(tvm.list_models(module=tvm.segmentation))
     fast = describe_zoo("regnet_y_400mf", SHAPE, CLASSES)
     model = build_zoo_model("regnet_y_400mf", CLASSES)
     real = describe(model, SHAPE, name="regnet_y_400mf", network="regnet_y_400mf",
                     source="torchvision:regnet_y_400mf")
     assert fast.to_json() == real.to_json() and fast.params == sum(p.numel() for p in model.parameters())
-    with pytest.raises(UserError, match="'maxvit_t': torchvision's maxvit_t is a windowed vision transformer whose "
-                                        "block and grid attention"):
+    with pytest.raises(UserError, match=r"'maxvit_t': MaxViT takes square images whose side is a multiple of 224 "
+                                        r"\(its 7x7 partitions of maps a 32nd of the input's\); the input shape is "
+                                        r"\[3, 32, 32\]"):
         describe_zoo("maxvit_t", SHAPE)
     assert describe_zoo("vit_b_32", [3, 64, 64]).node("add").output_shape == [5, 768]  # 2x2 patches + class token
     with pytest.raises(UserError, match=r"'vit_b_16': a ViT takes square images whose side is a multiple of its "
@@ -188,14 +187,17 @@ def test_convnext_prunes_its_stream_with_its_layer_scales_and_its_blocks_mlp() -
 
 
 def test_a_swin_transformer_is_refused_for_pruning_at_once() -> None:
-    """torch-pruning's dependency graph of a Swin grew past 24 GiB: the plan says so before tracing, and a level 0
-    alone needs no plan (the networks stage makes it)."""
+    """torch-pruning's dependency graph of a Swin grew past 24 GiB: the plan says so before tracing (and for MaxViT,
+    whose attention reshapes its heads by widths of its own), and a level 0 alone needs no plan (the networks stage
+    makes it)."""
     import torchvision
     model = torchvision.models.swin_t(num_classes=10)
-    with pytest.raises(UserError, match="swin_t: a Swin transformer cannot be pruned"):
+    with pytest.raises(UserError, match="swin_t: a Swin or MaxViT transformer cannot be pruned"):
         PruningPlan(model, [3, 64, 64], network="swin_t")
-    with pytest.raises(UserError, match="swin_v2_t: a Swin transformer cannot be pruned"):
+    with pytest.raises(UserError, match="swin_v2_t: a Swin or MaxViT transformer cannot be pruned"):
         PruningPlan(torchvision.models.swin_v2_t(num_classes=10), [3, 64, 64], network="swin_v2_t")
+    with pytest.raises(UserError, match="maxvit_t: a Swin or MaxViT transformer cannot be pruned"):
+        PruningPlan(torchvision.models.maxvit_t(num_classes=10), [3, 224, 224], network="maxvit_t")
     assert prune_model(model, [3, 64, 64], 0, network="swin_t").achieved_level == 0
     src = Source("swin_t", "torchvision:swin_t", lambda: build_zoo_model("swin_t", CLASSES))
     (desc,) = prune_source(src, [3, 64, 64], [0], "l1-norm", 4, 0)

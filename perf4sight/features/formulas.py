@@ -223,6 +223,29 @@ def _window_attention(node: Node, in_shapes: list[list[int]], first: bool) -> Op
                   kernels_bwd=16 + (2 if shifted else 0) + (24 if cosine else 0) + (8 if mlp else 0), kind="linear")
 
 
+def _group_attention(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """Self-attention within each group of ``N`` tokens (MaxViT's block and grid attention), over ``T`` tokens in
+    all: the projections (``4 T E^2`` MACs), the scores and their weighted sum (``T N E`` each, as einsums), the keys
+    scaled (``T E`` FLOPs), the relative position bias added and a softmax (``6 H T N``); backward two passes of every
+    product. Kept for backward, as autograd keeps them (checked): the input (the projection's), copies of the
+    queries, the scaled keys and the values that the batched products make, the softmax's output and the output
+    projection's input: ``5 T E + H T N`` elements (with one head the queries and keys are views of the projection's
+    output, whose whole storage is kept: ``6 T E``)."""
+    groups, n, e = node.output_shape
+    tokens, h = groups * n, int(node.attrs["num_heads"])
+    scores = float(tokens * n * e)
+    macs = 4.0 * tokens * e * e + 2 * scores
+    softmax = 6.0 * h * tokens * n
+    params = window_attention_params(node.attrs)
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    kept = (4 if h > 1 else 5) * tokens * e + h * tokens * n
+    return OpCost(macs=macs, flops_fwd=2 * macs + softmax + tokens * e,
+                  flops_bwd=(2 if first else 4) * macs + 2 * softmax + tokens * e,
+                  bytes_read=rd + params * BYTES_PER_ELEMENT, bytes_written=wr, params=params,
+                  param_tensors=5 if node.attrs["bias"] else 3, saved=[0],
+                  extra_saved_bytes=float(kept * BYTES_PER_ELEMENT), kernels_fwd=14, kernels_bwd=25, kind="linear")
+
+
 def _patch_merge(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     """Each 2x2 patch's pixels side by side: the map padded to even sides (a copy) and its four strided slices
     concatenated (a copy); backward, each slice's gradient written into a zeroed tensor of the input's size and the
@@ -393,4 +416,5 @@ HANDLERS: dict[str, Handler] = {
     "window_attention": _window_attention,
     "patch_merge": _patch_merge,
     "interpolate": _interpolate,
+    "group_attention": _group_attention,
 }

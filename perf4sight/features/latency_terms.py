@@ -174,6 +174,26 @@ def _window_attention(r: _Rows, node: Node) -> None:
     r.other(BANDWIDTH, 5.0 * h * tokens * n, 3 * scores)  # its backward
 
 
+def _group_attention(r: _Rows, node: Node, first: bool) -> None:
+    """Self-attention within groups as torchvision's MaxViT runs it: the projections' GEMMs over the ``T`` tokens,
+    the scores and weighted sum per group and head, copies of the queries, keys and values for the batched products
+    (and the heads back together), the keys scaled, the relative position bias added and the softmax; each with its
+    backward kernels."""
+    groups, n, e = node.output_shape
+    tokens, h = groups * n, int(node.attrs["num_heads"])
+    b_io = 2 * tokens * e * BYTES_PER_ELEMENT
+    scores = h * tokens * n * BYTES_PER_ELEMENT
+    _attention_gemms(r, tokens, n, e, h, first)
+    for _ in range(2 * 4):  # the queries, keys, values and the heads back together copied; each one's backward
+        r.other(BANDWIDTH, 0.0, b_io)
+    r.other(BANDWIDTH, tokens * e, b_io)  # the keys scaled, and its backward
+    r.other(BANDWIDTH, tokens * e, b_io)
+    r.other(BANDWIDTH, h * tokens * n, 3 * scores)  # the bias added; backward, the bias's gradient summed
+    r.other(BANDWIDTH, h * tokens * n, scores)
+    r.other(BANDWIDTH, 5.0 * h * tokens * n, 2 * scores)  # softmax
+    r.other(BANDWIDTH, 5.0 * h * tokens * n, 3 * scores)  # its backward
+
+
 def _linear(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
     a = node.attrs
     fin, fout = int(a["in_features"]), int(a["out_features"])
@@ -257,6 +277,8 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
             _attention(r, node, ins[0], first)
         elif op == "window_attention":
             _window_attention(r, node)
+        elif op == "group_attention":
+            _group_attention(r, node, first)
         elif op == "patch_merge":  # pad and concatenate; backward: four zeroed input-sized gradients summed
             _elementwise(r, node, ins, 2.0, 15.0, 11)
         elif op in ("maxpool2d", "adaptivemaxpool2d", "interpolate"):  # backward: zero fill + scatter

@@ -73,7 +73,7 @@ ONNX_TO_OP: dict[str, str] = {
     "Squeeze": "squeeze", "Unsqueeze": "unsqueeze", "Transpose": "transpose", "Gather": "select",
     "Slice": "narrow", "Gelu": "gelu", "Swish": "silu", "LayerNormalization": "layernorm", "Attention": "attention",
     # no ONNX op: a Swin transformer's, under types of this tool's own
-    "WindowAttention": "window_attention", "PatchMerging": "patch_merge",
+    "WindowAttention": "window_attention", "PatchMerging": "patch_merge", "GroupAttention": "group_attention",
     "Resize": "interpolate",
 }
 #: Our op -> ONNX op type. Four of ours share a type with another: ``permute`` is a ``Transpose`` of more than two
@@ -332,6 +332,9 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
                                    or args.get("coordinate_transformation_mode") == "align_corners"):
             a["align_corners"] = True
         return a
+    if op == "group_attention":
+        return {"embed_dim": num("embed_dim", default=in_shapes[0][-1]), "num_heads": num("num_heads"),
+                "window_size": _ints(args["window_size"], f"{where} window_size"), "bias": flag("bias", True)}
     if op == "layernorm":
         axis = _first_int(args, ("axis",), where)
         axis = -1 if axis is None else axis

@@ -93,6 +93,14 @@ def _attention(m: nn.MultiheadAttention) -> tuple[str, dict]:
     return "attention", attrs
 
 
+def _group_attention(m: nn.Module) -> tuple[str, dict]:
+    """torchvision's MaxViT attention (``RelativePositionalMultiHeadAttention``): over square windows of ``size``."""
+    if m.scale_factor != m.to_qkv.in_features ** -0.5 or m.n_heads * m.head_dim != m.to_qkv.in_features:
+        raise ValueError("a MaxViT attention whose heads or scale differ from torchvision's has no description op")
+    return "group_attention", {"embed_dim": m.to_qkv.in_features, "num_heads": m.n_heads,
+                               "window_size": [m.size, m.size], "bias": m.to_qkv.bias is not None}
+
+
 def _inplace(op: str) -> Callable[[nn.Module], tuple[str, dict]]:
     return lambda m: (op, {"inplace": True} if getattr(m, "inplace", False) else {})
 
@@ -152,7 +160,7 @@ for _key in (torch.cat, torch.concat):
     FUNCTION_OPS[_key] = lambda n: ("cat", {"dim": int(_arg(n, 1, "dim", 0))})
 for _key in (torch.flatten, "flatten"):
     FUNCTION_OPS[_key] = lambda n: ("flatten", {"start_dim": int(_arg(n, 1, "start_dim", 0))})
-for _key in (torch.transpose, "transpose"):
+for _key in (torch.transpose, "transpose", torch.swapaxes, "swapaxes"):
     FUNCTION_OPS[_key] = lambda n: ("transpose", {"dim0": int(_arg(n, 1, "dim0")), "dim1": int(_arg(n, 2, "dim1"))})
 for _key in (torch.mean, "mean"):
     FUNCTION_OPS[_key] = lambda n: ("mean", {"dims": _dims(_arg(n, 1, "dim")),
@@ -370,11 +378,22 @@ def _root_message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
+#: Modules kept as one call (a leaf of the trace) and read as one op: torchvision's MaxViT attention.
+_LEAF_MODULES = frozenset({"RelativePositionalMultiHeadAttention"})
+
+
+class _Tracer(fx.Tracer):
+    """torch.fx's tracer, with the modules of :data:`_LEAF_MODULES` kept whole."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return type(m).__name__ in _LEAF_MODULES or super().is_leaf_module(m, module_qualified_name)
+
+
 def _traced_with_shapes(module: nn.Module, input_shape: list[int], name: str) -> fx.GraphModule:
     """``module`` traced by torch.fx, its nodes carrying their output shapes at ``input_shape``. Tracing
     and forward failures come in many types: each becomes one ``UserError`` line."""
     try:
-        gm = fx.symbolic_trace(module)
+        gm = fx.GraphModule(module, _Tracer().trace(module), type(module).__name__)
     except Exception as exc:
         raise UserError(f"{name}: cannot trace the module with torch.fx ({_root_message(exc)})") from None
     try:
@@ -656,6 +675,8 @@ def _index(n: fx.Node, source: fx.Node, index: tuple, shape: Any, alias: dict[st
 def _op_of(n: fx.Node, gm: fx.GraphModule, where: str) -> tuple[str, dict]:
     if n.op == "call_module":
         m = gm.get_submodule(n.target)
+        if type(m).__name__ == "RelativePositionalMultiHeadAttention":
+            return _group_attention(m)
         if isinstance(m, nn.Upsample):  # and its subclasses, UpsamplingNearest2d and UpsamplingBilinear2d
             return _interpolate_attrs(n, m.mode, m.align_corners, m.scale_factor, m.recompute_scale_factor, False)
         for cls, fn in MODULE_OPS:

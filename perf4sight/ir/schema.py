@@ -56,6 +56,10 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # position_bias_mlp (0: a table of biases; else the hidden width of an MLP that computes them)
     "window_attention": ("embed_dim", "num_heads", "window_size", "shift_size", "bias"),
     "patch_merge": (),  # [H, W, C] -> [ceil(H/2), ceil(W/2), 4C]: each 2x2 patch's pixels side by side (Swin)
+    # self-attention within each group of a [G, P, E] input (MaxViT's block and grid attention, after its partition:
+    # P = wh x ww tokens), a learnt bias per head for each relative position within a wh x ww window; the keys
+    # scaled by embed_dim^-0.5 (MaxViT's scale: the whole width, not a head's)
+    "group_attention": ("embed_dim", "num_heads", "window_size", "bias"),
     # a [C, H, W] map resized to size [h, w] (a segmentation network's upsampling): mode "nearest" or "bilinear";
     # optional align_corners (false; bilinear only)
     "interpolate": ("size", "mode"),
@@ -69,7 +73,7 @@ INTERPOLATE_MODES = ("nearest", "bilinear")
 _POSITIVE: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("in_channels", "out_channels", "groups"), "linear": ("in_features", "out_features"),
     "batchnorm2d": ("num_features",), "attention": ("embed_dim", "num_heads"),
-    "window_attention": ("embed_dim", "num_heads"),
+    "window_attention": ("embed_dim", "num_heads"), "group_attention": ("embed_dim", "num_heads"),
 }
 #: Op -> attributes that must be lists of positive integers (a shape).
 _SHAPES: Dict[str, Tuple[str, ...]] = {"layernorm": ("normalized_shape",), "scale": ("shape",), "shift": ("shape",),
@@ -77,7 +81,7 @@ _SHAPES: Dict[str, Tuple[str, ...]] = {"layernorm": ("normalized_shape",), "scal
 _PAIRS: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("kernel_size", "stride", "padding", "dilation"),
     "maxpool2d": ("kernel_size", "stride", "padding"), "avgpool2d": ("kernel_size", "stride", "padding"),
-    "window_attention": ("window_size", "shift_size"),
+    "window_attention": ("window_size", "shift_size"), "group_attention": ("window_size",),
 }
 
 
@@ -122,7 +126,8 @@ def _attr_problem(node: "Node") -> str:
         return f"attr 'align_corners' must be true or false, got {node.attrs['align_corners']!r}"
     if node.op == "interpolate" and node.attrs.get("align_corners") and node.attrs["mode"] != "bilinear":
         return "attr 'align_corners' is for mode 'bilinear' only"
-    if node.op in ("attention", "window_attention") and node.attrs["embed_dim"] % node.attrs["num_heads"]:
+    if node.op in ("attention", "window_attention", "group_attention") \
+            and node.attrs["embed_dim"] % node.attrs["num_heads"]:
         return f"num_heads {node.attrs['num_heads']} does not divide embed_dim {node.attrs['embed_dim']}"
     if node.op == "conv2d" and (node.attrs["in_channels"] % node.attrs["groups"]
                                 or node.attrs["out_channels"] % node.attrs["groups"]):
@@ -334,7 +339,7 @@ def count_params(desc: NetworkDescription) -> int:
             total += element_count(a["shape"])
         elif n.op == "attention":  # the input projection (query, key, value) and the output one
             total += 4 * a["embed_dim"] * a["embed_dim"] + (4 * a["embed_dim"] if a["bias"] else 0)
-        elif n.op == "window_attention":
+        elif n.op in ("window_attention", "group_attention"):
             total += window_attention_params(a)
     return total
 

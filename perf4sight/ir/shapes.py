@@ -19,7 +19,7 @@ ARITY: Dict[str, Tuple[int, Optional[int]]] = {
                                       "adaptiveavgpool2d", "adaptivemaxpool2d", "reshape", "flatten", "squeeze",
                                       "unsqueeze", "select", "narrow", "transpose", "mean", "permute",
                                       "layernorm", "scale", "shift", "token", "attention",
-                                      "window_attention", "patch_merge", "interpolate")},
+                                      "window_attention", "patch_merge", "interpolate", "group_attention")},
 }
 
 
@@ -146,6 +146,12 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
     if op == "window_attention":
         if len(x) != 3 or x[2] != a["embed_dim"]:
             return f"embed_dim {a['embed_dim']} needs a [height, width, {a['embed_dim']}] input, got {x}"
+        return x
+    if op == "group_attention":
+        wh, ww = window_pair(a["window_size"])
+        if len(x) != 3 or x[1] != wh * ww or x[2] != a["embed_dim"]:
+            return (f"embed_dim {a['embed_dim']} in {wh}x{ww} windows needs a [groups, {wh * ww}, "
+                    f"{a['embed_dim']}] input, got {x}")
         return x
     if op == "patch_merge":
         if len(x) != 3:

@@ -18,7 +18,7 @@ from perf4sight.ir.schema import NetworkDescription, Node
 from perf4sight.ir.shapes import window_pair, windows_of
 
 __all__ = ["build_module", "MODULE_BUILDERS", "FUNCTION_BUILDERS", "Scale", "Shift", "Token", "SelfAttention",
-           "WindowAttention", "PatchMerge"]
+           "WindowAttention", "PatchMerge", "GroupAttention"]
 
 
 def _pair(v: Any) -> Tuple[int, int]:
@@ -72,6 +72,43 @@ class SelfAttention(nn.Module):
         return self.attention(x, x, x, need_weights=False)[0]
 
 
+def _relative_position_index(wh: int, ww: int, device: Optional[Union[torch.device, str]]) -> torch.Tensor:
+    """For each pair of positions of a ``wh x ww`` window (row-major, flattened), the row of its relative position
+    in a ``(2 wh - 1) x (2 ww - 1)`` table of biases."""
+    ys = torch.arange(wh, device=device).repeat_interleave(ww)  # each position's row and column in its window
+    xs = torch.arange(ww, device=device).repeat(wh)
+    return ((ys[:, None] - ys[None, :] + wh - 1) * (2 * ww - 1) + xs[:, None] - xs[None, :] + ww - 1).flatten()
+
+
+class GroupAttention(nn.Module):
+    """Multi-head self-attention within each group of a ``[N, G, P, E]`` input, as MaxViT's block and grid attention
+    run it after partitioning the map (``P = wh x ww`` tokens a group): a learnt bias per head for each relative
+    position within a ``wh x ww`` window, the keys scaled by ``E^-0.5``. The same kernels as torchvision's
+    ``RelativePositionalMultiHeadAttention``, written with torch alone."""
+
+    def __init__(self, embed_dim: int, num_heads: int, window_size: Any, bias: bool = True,
+                 device: Optional[Union[torch.device, str]] = None) -> None:
+        super().__init__()
+        self.num_heads = int(num_heads)
+        wh, ww = window_pair(window_size)
+        self.to_qkv = nn.Linear(embed_dim, 3 * embed_dim, bias=bias, device=device)
+        self.merge = nn.Linear(embed_dim, embed_dim, bias=bias, device=device)
+        self.relative_position_bias_table = nn.Parameter(
+            torch.zeros((2 * wh - 1) * (2 * ww - 1), self.num_heads, device=device))
+        self.register_buffer("relative_position_index", _relative_position_index(wh, ww, device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, groups, tokens, e = x.shape
+        heads = self.num_heads
+        q, k, v = torch.chunk(self.to_qkv(x), 3, dim=-1)
+        q, k, v = (t.reshape(n, groups, tokens, heads, e // heads).permute(0, 1, 3, 2, 4) for t in (q, k, v))
+        scores = torch.einsum("bghid,bghjd->bghij", q, k * e ** -0.5)
+        bias = self.relative_position_bias_table[self.relative_position_index].view(tokens, tokens, -1)
+        weights = F.softmax(scores + bias.permute(2, 0, 1).contiguous().unsqueeze(0), dim=-1)
+        out = torch.einsum("bghij,bghjd->bghid", weights, v)
+        return self.merge(out.permute(0, 1, 3, 2, 4).reshape(n, groups, tokens, e))
+
+
 class WindowAttention(nn.Module):
     """Multi-head self-attention within windows of a ``[N, H, W, E]`` input, as a Swin transformer's block runs it:
     the map padded at the bottom and right to whole windows, rolled back by ``shift_size`` (windows that wrap
@@ -97,10 +134,7 @@ class WindowAttention(nn.Module):
         else:
             self.relative_position_bias_table = nn.Parameter(
                 torch.zeros((2 * wh - 1) * (2 * ww - 1), self.num_heads, device=device))
-        ys = torch.arange(wh, device=device).repeat_interleave(ww)  # each position's row and column in its window
-        xs = torch.arange(ww, device=device).repeat(wh)
-        index = (ys[:, None] - ys[None, :] + wh - 1) * (2 * ww - 1) + xs[:, None] - xs[None, :] + ww - 1
-        self.register_buffer("relative_position_index", index.flatten())
+        self.register_buffer("relative_position_index", _relative_position_index(wh, ww, device))
         if self.cosine:
             self.logit_scale = nn.Parameter(torch.log(10 * torch.ones((self.num_heads, 1, 1), device=device)))
         self.cpb_mlp = None if not position_bias_mlp else nn.Sequential(
@@ -222,6 +256,8 @@ MODULE_BUILDERS: Dict[str, Callable[..., nn.Module]] = {
         float(a.get("attention_dropout", 0.0)), float(a.get("dropout", 0.0)), bool(a.get("cosine", False)),
         int(a.get("position_bias_mlp", 0)), **f),
     "patch_merge": lambda a, **f: PatchMerge(),
+    "group_attention": lambda a, **f: GroupAttention(int(a["embed_dim"]), int(a["num_heads"]), a["window_size"],
+                                                     bool(a["bias"]), **f),
 }
 
 

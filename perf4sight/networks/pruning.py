@@ -137,9 +137,10 @@ def _trace_stand_ins(calls: list[str]) -> Iterator[None]:
         yield
 
 
-#: Modules whose networks torch-pruning cannot trace: its dependency graph of a Swin transformer grew past this
-#: machine's 24 GiB (torch-pruning 1.6, swin_t at 64x64).
-_UNPRUNABLE = frozenset({"ShiftedWindowAttention", "ShiftedWindowAttentionV2"})
+#: Attention modules torch-pruning cannot follow, whose layers' weights they read directly (Swin) or whose heads
+#: they reshape by widths of their own (MaxViT): its dependency graph of a Swin transformer grew past this machine's
+#: 24 GiB (torch-pruning 1.6, swin_t at 64x64).
+_UNPRUNABLE = frozenset({"ShiftedWindowAttention", "ShiftedWindowAttentionV2", "RelativePositionalMultiHeadAttention"})
 
 
 def _execution_order(model: nn.Module, example: torch.Tensor) -> list[nn.Module]:
@@ -175,9 +176,9 @@ class PruningPlan:
         if min_channels < 1:
             raise UserError(f"{network}: min_channels must be >= 1, got {min_channels}")
         if any(type(m).__name__ in _UNPRUNABLE for m in base.modules()):
-            raise UserError(f"{network}: a Swin transformer cannot be pruned (torch-pruning cannot follow its "
-                            "shifted-window attention, whose layers' weights it reads directly); predict or compare "
-                            "it as it is, by its zoo name")
+            raise UserError(f"{network}: a Swin or MaxViT transformer cannot be pruned (torch-pruning cannot follow "
+                            "its windowed attention, which reads its layers' weights directly or reshapes its heads "
+                            "by widths of its own); predict or compare it as it is, by its zoo name")
         self.base, self.network, self.strategy, self.min_channels = base, network, strategy, min_channels
         self.p0 = count_parameters(base)
         self.extra: dict[str, Any] = {}

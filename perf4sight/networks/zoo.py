@@ -13,11 +13,11 @@ from perf4sight.ir.shapes import shape_text
 if TYPE_CHECKING:  # torch is imported where a model is built: predicting from description files does without it
     from torch import nn
 
-__all__ = ["ZOO_NAMES", "SEGMENTATION_NAMES", "left_out_of_zoo", "build_zoo_model", "describe_zoo"]
+__all__ = ["ZOO_NAMES", "SEGMENTATION_NAMES", "build_zoo_model", "describe_zoo"]
 
-#: zoo name -> extra keyword arguments for the torchvision builder: torchvision's image classifiers, Swin V1 and V2
-#: among them (not MaxViT, whose block and grid attention the description has no op for). A ViT is built for the
-#: input size it is described at (``image_size``: its position embedding).
+#: zoo name -> extra keyword arguments for the torchvision builder: every one of torchvision's image classifiers. A
+#: ViT and MaxViT are built for the input size they are described at (``image_size``: ViT's position embedding;
+#: ``input_size``: MaxViT's partitions).
 _BUILD_KWARGS: dict[str, dict[str, Any]] = {
     name: {} for name in (
         "alexnet", "vgg11", "vgg11_bn", "vgg13", "vgg13_bn", "vgg16", "vgg16_bn", "vgg19", "vgg19_bn",
@@ -34,7 +34,7 @@ _BUILD_KWARGS: dict[str, dict[str, Any]] = {
         "regnet_y_16gf", "regnet_y_32gf", "regnet_y_128gf",
         "convnext_tiny", "convnext_small", "convnext_base", "convnext_large",
         "vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14", "swin_t", "swin_s", "swin_b",
-        "swin_v2_t", "swin_v2_s", "swin_v2_b")
+        "swin_v2_t", "swin_v2_s", "swin_v2_b", "maxvit_t")
 } | {name: {"aux_logits": False, "init_weights": False} for name in ("googlenet", "inception_v3")}
 #: torchvision's semantic segmentation networks (``torchvision.models.segmentation``): a class score per pixel at the
 #: input's size. Built without their auxiliary head and without a backbone's weights (which would be downloaded).
@@ -42,28 +42,16 @@ SEGMENTATION_NAMES: tuple[str, ...] = ("fcn_resnet50", "fcn_resnet101", "deeplab
                                        "deeplabv3_mobilenet_v3_large", "lraspp_mobilenet_v3_large")
 _BUILD_KWARGS.update({name: {"weights_backbone": None, "aux_loss": False} for name in SEGMENTATION_NAMES})
 ZOO_NAMES: tuple[str, ...] = tuple(sorted(_BUILD_KWARGS))
-#: the name prefixes of torchvision's classifiers left out of the zoo
-_LEFT_OUT = ("maxvit_",)
+#: MaxViT's input side must be a multiple of this: its 7x7 partitions of a map a 32nd of the input's
+MAXVIT_SIDE = 224
 #: ViT zoo name -> its patch size: the input must be square and a multiple of it
 _VIT_PATCH = {"vit_b_16": 16, "vit_b_32": 32, "vit_l_16": 16, "vit_l_32": 32, "vit_h_14": 14}
-
-
-def left_out_of_zoo(name: str) -> str:
-    """Why torchvision's classifier ``name`` is not a zoo network ('' for any other name), as a sentence."""
-    if not name.startswith(_LEFT_OUT):
-        return ""
-    return (f"torchvision's {name} is a windowed vision transformer whose block and grid attention the network "
-            f"description has no op for: the zoo holds torchvision's {len(ZOO_NAMES) - len(SEGMENTATION_NAMES)} other "
-            f"classifiers (CNNs, ConvNeXt, ViT and Swin) and {len(SEGMENTATION_NAMES)} segmentation networks")
 
 
 def _check_name(name: str) -> None:
     """``UserError`` unless ``name`` is a zoo network, saying what to give instead."""
     if name in _BUILD_KWARGS:
         return
-    why = left_out_of_zoo(name)
-    if why:
-        raise UserError(f"'{name}': {why}")
     raise UserError(f"unknown network '{name}' (zoo networks: {', '.join(ZOO_NAMES)}; any other network: "
                     "give its description .json file, e.g. the one the networks stage wrote under models/)")
 
@@ -79,6 +67,8 @@ def build_zoo_model(name: str, num_classes: int = 1000, input_shape: list[int] |
     kwargs = dict(_BUILD_KWARGS[name])
     if name in _VIT_PATCH and input_shape is not None:
         kwargs["image_size"] = _vit_image_size(name, input_shape)
+    if name.startswith("maxvit_") and input_shape is not None:
+        kwargs["input_size"] = (_maxvit_image_size(name, input_shape),) * 2
     return builder(weights=None, num_classes=num_classes, **kwargs)
 
 
@@ -88,6 +78,15 @@ def _vit_image_size(name: str, input_shape: list[int]) -> int:
     if h != w or h % _VIT_PATCH[name]:
         raise UserError(f"'{name}': a ViT takes square images whose side is a multiple of its patch size "
                         f"{_VIT_PATCH[name]}; the input shape is {list(input_shape)}")
+    return int(h)
+
+
+def _maxvit_image_size(name: str, input_shape: list[int]) -> int:
+    """The side of the square images MaxViT ``name`` takes at ``input_shape``; ``UserError`` where it cannot."""
+    _, h, w = input_shape
+    if h != w or h % MAXVIT_SIDE:
+        raise UserError(f"'{name}': MaxViT takes square images whose side is a multiple of {MAXVIT_SIDE} (its 7x7 "
+                        f"partitions of maps a 32nd of the input's); the input shape is {list(input_shape)}")
     return int(h)
 
 
@@ -148,6 +147,8 @@ def _describe_built(name: str, input_shape: list[int], num_classes: int) -> Netw
     info = dict(name=name, network=name, source=f"torchvision:{name}")
     if name in _VIT_PATCH:
         _vit_image_size(name, input_shape)  # an input it cannot take is said once, not retried
+    if name.startswith("maxvit_"):
+        _maxvit_image_size(name, input_shape)
     try:
         with torch.device("meta"):  # shapes only: no weights initialised (3-10x faster)
             model = build_zoo_model(name, num_classes, input_shape)
