@@ -103,6 +103,21 @@ def _autograd_saved_bytes(desc, batch: int, loss: bool = False) -> float:
     return sum(saved.values()) / batch
 
 
+def test_dilated_depthwise_work_is_a_feature_of_its_own():
+    """The MACs of depthwise convolutions that dilate (this CPU runs them 5-12 times as long as undilated ones) are
+    counted apart, per sample and scaled by the batch size; an undilated depthwise or a dilated dense convolution
+    adds nothing to them."""
+    def dilate(node, d):
+        node.attrs.update(dilation=[d, d], padding=[d, d])
+        return node
+    nodes = [Node("input", "input", [], {}, [4, 8, 8]), dilate(_conv("dw2", "input", 4, 4, 3, 4, 8), 2),
+             _conv("dw", "dw2", 4, 4, 3, 4, 8), dilate(_conv("dense2", "dw", 4, 8, 3, 1, 8), 2)]
+    nf = network_features(_desc(nodes))
+    assert nf.per_sample["dilated_dw_macs"] == _cost(nodes[1], [[4, 8, 8]]).macs == 4 * 8 * 8 * 9
+    row = dict(zip(FEATURE_NAMES, feature_matrix(nf, [3])[0]))
+    assert row["dilated_dw_macs"] == 3 * 4 * 8 * 8 * 9 and FEATURE_NAMES[-1] == "dilated_dw_macs"
+
+
 @pytest.mark.parametrize("tokens, width, heads", [(256, 64, 4), (17, 96, 3)])
 def test_self_attention_keeps_what_torch_keeps(tokens, width, heads):
     """The bytes the formula keeps for backward (the input and the extra tensors) are what autograd saves for a

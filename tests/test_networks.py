@@ -337,12 +337,13 @@ def test_cover_styles_gives_each_style_the_largest_maps_of_a_network_in_turn() -
 
 
 @pytest.mark.parametrize("style, ops", [("convnext", {"permute", "layernorm", "scale", "gelu"}),
-                                       ("transformer", {"reshape", "permute", "shift", "layernorm", "attention"})])
+                                       ("transformer", {"reshape", "permute", "shift", "layernorm", "attention"}),
+                                       ("dilated", {"conv2d", "relu6"})])
 def test_a_newer_style_is_drawn_only_where_a_config_names_it(style: str, ops: set[str]) -> None:
-    """A style added to the design space would change every seed's networks: ``convnext`` and ``transformer`` are
-    drawn only when named, and then lead in their turn; their stages hold their ops and rebuild to the shapes torch
-    computes."""
-    assert STYLES == DEFAULT_STYLES + ("convnext", "transformer")
+    """A style added to the design space would change every seed's networks: ``convnext``, ``transformer`` and
+    ``dilated`` are drawn only when named, and then lead in their turn; their stages hold their ops (a dilated
+    stage's depthwise convolutions dilate) and rebuild to the shapes torch computes."""
+    assert STYLES == DEFAULT_STYLES + ("convnext", "transformer", "dilated")
     drawn = generate(GeneratorSettings(count=12, seed=0), SHAPE, CLASSES)
     assert all(style not in d.extra["styles"] for d in drawn)
     turn = STYLES.index(style)
@@ -350,6 +351,9 @@ def test_a_newer_style_is_drawn_only_where_a_config_names_it(style: str, ops: se
                       CLASSES)[turn:]
     assert led.extra["styles"][:2] == [style, style]
     assert ops <= {n.op for n in led.nodes}
+    dilated = [n for n in led.nodes if n.op == "conv2d" and n.attrs["dilation"] != [1, 1]]
+    assert all(n.attrs["groups"] == n.attrs["in_channels"] and n.attrs["dilation"] == [2, 2] for n in dilated)
+    assert dilated or style != "dilated"
     traced = describe(build_module(led), SHAPE, name="traced")
     assert [n.output_shape for n in traced.nodes] == [n.output_shape for n in led.nodes]
 

@@ -38,7 +38,7 @@ from perf4sight.ir.schema import NetworkDescription
 __all__ = ["NetworkFeatures", "network_features", "features_for", "feature_matrix", "unsupported_ops",
            "FEATURE_NAMES", "SCALED_FEATURES", "STATIC_FEATURES",
            "ALLOCATOR_FEATURES", "allocator_bytes", "SIM_FEATURES", "LATENCY_FEATURES", "CONTEXT_FEATURES",
-           "WORKSPACE_FEATURES", "DISPATCH_FEATURES", "COPIES_FEATURES", "NATIVE_CONV_MAX_BATCH",
+           "WORKSPACE_FEATURES", "DISPATCH_FEATURES", "COPIES_FEATURES", "DILATION_FEATURES", "NATIVE_CONV_MAX_BATCH",
            "NATIVE_CONV_MAX_INPUT"]
 
 MIB = float(2**20)
@@ -86,9 +86,14 @@ NATIVE_CONV_MAX_BATCH, NATIVE_CONV_MAX_INPUT = 15, 20480
 COPIES_FEATURES: tuple[str, ...] = ("param_copies_mb", "mem_analytic_rest_mb")
 #: Ops that run on the BLAS library.
 BLAS_OPS = frozenset({"linear", "attention", "window_attention"})
+#: ``dilated_dw_macs``: MACs of the depthwise convolutions that dilate (times the batch size). This machine's CPU runs
+#: a dilated depthwise convolution 5-12 times as long as the same one undilated (oneDNN for both; a dense one takes no
+#: longer dilated): a cost of its own, which rows of networks with such convolutions can pin (the ``dilated``
+#: generator style; docs/accuracy-notes.md, "Segmentation networks"). Appended last.
+DILATION_FEATURES: tuple[str, ...] = ("dilated_dw_macs",)
 FEATURE_NAMES: tuple[str, ...] = (("batch_size",) + SCALED_FEATURES + STATIC_FEATURES + ("mem_analytic_mb",)
                                   + ALLOCATOR_FEATURES + SIM_FEATURES + LATENCY_FEATURES + CONTEXT_FEATURES
-                                  + WORKSPACE_FEATURES + DISPATCH_FEATURES + COPIES_FEATURES)
+                                  + WORKSPACE_FEATURES + DISPATCH_FEATURES + COPIES_FEATURES + DILATION_FEATURES)
 
 
 @dataclass
@@ -136,7 +141,8 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
     consumers = consumer_counts(desc)
     depth: dict[str, int] = {}
     # im2col: WORKSPACE_FEATURES, native conv (up to batch 15, and the more at batch 1): DISPATCH_FEATURES
-    ps = dict.fromkeys(SCALED_FEATURES + ("im2col_bytes", "native_conv_macs", "native_conv_macs_b1"), 0.0)
+    ps = dict.fromkeys(SCALED_FEATURES + ("im2col_bytes", "native_conv_macs", "native_conv_macs_b1")
+                       + DILATION_FEATURES, 0.0)
     st = dict.fromkeys(STATIC_FEATURES, 0.0)
     saved: dict[str, float] = {}
     extra_saved = 0.0
@@ -166,6 +172,8 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
             elif (node.attrs.get("groups", 1) == 1 and min(kh, kw) <= 3
                   and numel(shapes[node.inputs[0]]) <= NATIVE_CONV_MAX_INPUT):
                 ps["native_conv_macs_b1"] += cost.macs
+            if cost.kind == "depthwise" and any(int(d) != 1 for d in node.attrs.get("dilation", [1, 1])):
+                ps["dilated_dw_macs"] += cost.macs
             conv_channels.append(int(node.attrs["out_channels"]))
             if int(node.attrs["out_channels"]) % 8:
                 ps["odd_channel_macs"] += cost.macs
@@ -294,8 +302,10 @@ def feature_matrix(nets: list[NetworkFeatures] | NetworkFeatures, batch_sizes: l
     native = np.array([[n.per_sample.get(k, 0.0) for k in ("native_conv_macs", "native_conv_macs_b1")] for n in rows],
                       dtype=float).reshape(len(bs), 2)
     native = np.where(bs <= NATIVE_CONV_MAX_BATCH, bs * native[:, 0], 0.0) + np.where(bs == 1, native[:, 1], 0.0)
+    dilated = np.array([n.per_sample.get("dilated_dw_macs", 0.0) for n in rows], dtype=float) * bs
     return np.column_stack([bs, scaled, stat, mem, alloc, mem - extra + alloc, sim, lat,
-                            ctx.reshape(len(bs), len(CONTEXT_FEATURES)), im2col, native, copies_mb, mem - copies_mb])
+                            ctx.reshape(len(bs), len(CONTEXT_FEATURES)), im2col, native, copies_mb, mem - copies_mb,
+                            dilated])
 
 
 def _latency_block(rows: list[NetworkFeatures], bs: np.ndarray) -> np.ndarray:

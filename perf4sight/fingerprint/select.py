@@ -59,11 +59,12 @@ class Candidate:
 
 OVERLAP_FORM = "host|device overlap (64-tiles) x trees, leaf 3"
 FULL_MEMORY_FORM = "sim reserved, bent + analytic + BLAS context + workspace, saturating x trees"
-# the last term: 1x1 convolutions a one-thread CPU step runs outside oneDNN (held at 0 on other devices)
+# the last terms: 1x1 convolutions a one-thread CPU step runs outside oneDNN (held at 0 on other devices), and the
+# dilated depthwise convolutions' MACs (0 where no training network has one: the fit gives it no weight)
 _KERNEL_TERMS = ("one", "lt_gemm_padded_macs", "lt_dw_bytes", "lt_ew_bytes", "lt_launches", "batch_size",
-                 "native_conv_macs")
+                 "native_conv_macs", "dilated_dw_macs")
 _KERNEL_TERMS_64 = ("one", "lt_gemm_padded64_macs", "lt_dw_bytes", "lt_ew_bytes", "lt_launches", "batch_size",
-                    "native_conv_macs")
+                    "native_conv_macs", "dilated_dw_macs")
 #: host time (fixed + per-launch issue cost) overlapped with device time (GEMM work, bandwidth)
 _OVERLAP_TERMS_64 = ("one", "lt_launches", OVERLAP, "lt_gemm_padded64_macs", "lt_dw_bytes", "lt_ew_bytes")
 

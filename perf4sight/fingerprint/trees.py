@@ -56,10 +56,10 @@ LINEAR_TERMS: dict[str, tuple[str, ...]] = {
     "memory": ("one", "mem_analytic_mb"),  # constant (context, runtime) + scaled analytic estimate
     # step time: compute, activation traffic, launches, per-sample work, the optimizer's pass over the
     # parameters (its state and update read and write every parameter once per step, whatever the batch size),
-    # and the 1x1 convolutions a one-thread CPU step runs outside oneDNN at small batches (features/aggregate.py;
-    # held at 0 on other devices)
+    # the 1x1 convolutions a one-thread CPU step runs outside oneDNN at small batches (features/aggregate.py;
+    # held at 0 on other devices), and the dilated depthwise convolutions' MACs (a cost of their own on this CPU)
     "latency": ("one", "dense_macs", "depthwise_macs", "activation_elems", "kernels", "batch_size", "param_bytes",
-                "native_conv_macs"),
+                "native_conv_macs", "dilated_dw_macs"),
 }
 #: Inputs of the tree correction (log1p-transformed). Scale-free shape descriptors plus size.
 TREE_FEATURES: tuple[str, ...] = (

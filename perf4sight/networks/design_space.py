@@ -29,6 +29,9 @@ Styles and their knobs (``STYLES``):
   tokens folded back into the map, and a 2x2 convolution of stride 2 to ``width`` before or after the blocks;
   ``expansion`` (2, 4), ``head_dim`` (16, 32, 64). Its work is mostly matrix products, as a ViT's is. Not among the
   default styles either.
+- ``dilated``: ``mobilenet``'s blocks, the depthwise convolutions of those that do not stride dilated by
+  ``dilation`` (2), as a segmentation backbone's last stages are (torchvision's MobileNetV3 with ``dilated=True``).
+  Not among the default styles either.
 """
 from __future__ import annotations
 
@@ -42,7 +45,7 @@ __all__ = ["STYLES", "DEFAULT_STYLES", "STEM_CHANNELS", "MIN_INPUT", "FULL_STEM_
 #: The styles a generator draws from unless its config names others: adding one here would change every
 #: seed's networks, so a newer style joins :data:`STYLES` alone.
 DEFAULT_STYLES: tuple[str, ...] = ("vgg", "inception", "resnext", "densenet", "mobilenet")
-STYLES: tuple[str, ...] = DEFAULT_STYLES + ("convnext", "transformer")
+STYLES: tuple[str, ...] = DEFAULT_STYLES + ("convnext", "transformer", "dilated")
 STEM_CHANNELS = 32
 MIN_INPUT = 32  # pixels: four stride-2 steps after a stride-1 stem leave at least 2x2
 FULL_STEM_INPUT = 64  # pixels: from here the stem strides by 2 too (five steps leave at least 2x2)
@@ -67,12 +70,13 @@ class _Builder:
         return name
 
     def conv(self, name: str, x: str, cout: int, kernel: int = 1, stride: int = 1, groups: int = 1,
-             bias: bool = False, pad: int | None = None) -> str:
+             bias: bool = False, pad: int | None = None, dilation: int = 1) -> str:
         c, h, w = self.shape[x]
-        pad = kernel // 2 if pad is None else pad
+        pad = dilation * (kernel // 2) if pad is None else pad
+        span = dilation * (kernel - 1) + 1  # the kernel's extent on the map
         attrs = {"in_channels": c, "out_channels": cout, "kernel_size": [kernel, kernel], "stride": [stride, stride],
-                 "padding": [pad, pad], "dilation": [1, 1], "groups": groups, "bias": bias}
-        return self._add(name, "conv2d", [x], attrs, [cout, _out(h, kernel, stride, pad), _out(w, kernel, stride, pad)])
+                 "padding": [pad, pad], "dilation": [dilation, dilation], "groups": groups, "bias": bias}
+        return self._add(name, "conv2d", [x], attrs, [cout, _out(h, span, stride, pad), _out(w, span, stride, pad)])
 
     def bn(self, name: str, x: str) -> str:
         return self._add(name, "batchnorm2d", [x], {"num_features": self.shape[x][0]}, list(self.shape[x]))
@@ -81,9 +85,9 @@ class _Builder:
         return self._add(name, op, [x], {}, list(self.shape[x]))
 
     def cbr(self, name: str, x: str, cout: int, kernel: int = 1, stride: int = 1, groups: int = 1,
-            act: str | None = "relu") -> str:
+            act: str | None = "relu", dilation: int = 1) -> str:
         """conv -> batch norm -> activation (none when ``act`` is None)."""
-        y = self.bn(f"{name}_bn", self.conv(f"{name}_conv", x, cout, kernel, stride, groups))
+        y = self.bn(f"{name}_bn", self.conv(f"{name}_conv", x, cout, kernel, stride, groups, dilation=dilation))
         return self.act(f"{name}_{act}", y, act) if act else y
 
     def pool(self, name: str, x: str, op: str, kernel: int, stride: int, pad: int) -> str:
@@ -187,12 +191,15 @@ def _densenet(b: _Builder, x: str, p: str, st: dict[str, Any], strides: list[int
 
 
 def _mobilenet(b: _Builder, x: str, p: str, st: dict[str, Any], strides: list[int]) -> str:
+    """Inverted residual blocks; a ``dilated`` stage's depthwise convolutions dilate by ``dilation`` where they do
+    not stride."""
     for i, s in enumerate(strides):
         q = f"{p}_b{i}"
         cin = b.shape[x][0]
         hidden = cin * st["expansion"]
         y = b.cbr(f"{q}_expand", x, hidden, act="relu6") if st["expansion"] != 1 else x
-        y = b.cbr(f"{q}_dw", y, hidden, st["kernel"], s, groups=hidden, act="relu6")
+        y = b.cbr(f"{q}_dw", y, hidden, st["kernel"], s, groups=hidden, act="relu6",
+                  dilation=st.get("dilation", 1) if s == 1 else 1)
         y = b.cbr(f"{q}_project", y, st["width"], act=None)
         x = b.add(f"{q}_add", y, x) if s == 1 and cin == st["width"] else y
     return x
@@ -248,7 +255,7 @@ def _transformer(b: _Builder, x: str, p: str, st: dict[str, Any], strides: list[
 
 
 _STAGES = {"vgg": _vgg, "inception": _inception, "resnext": _resnext, "densenet": _densenet, "mobilenet": _mobilenet,
-           "convnext": _convnext, "transformer": _transformer}
+           "convnext": _convnext, "transformer": _transformer, "dilated": _mobilenet}
 
 
 def build_description(spec: list[dict[str, Any]], input_shape: list[int], num_classes: int, name: str,

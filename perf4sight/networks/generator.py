@@ -29,7 +29,7 @@ MAX_WIDTH = 2048
 _FIRST_WIDTHS = (16, 24, 32, 48, 64, 96, 128, 192, 256)
 _WIDENING = (1.25, 1.5, 2.0, 2.5, 3.0)
 _DEPTHS = {"vgg": (1, 4), "inception": (1, 3), "resnext": (1, 4), "densenet": (2, 6), "mobilenet": (1, 4),
-           "convnext": (1, 3), "transformer": (1, 3)}
+           "convnext": (1, 3), "transformer": (1, 3), "dilated": (1, 4)}
 _TRIES_PER_NETWORK = 200  # candidates drawn per requested network before giving up
 _MIN_TRIES = 2000
 
@@ -62,9 +62,11 @@ def sample_stages(rng: np.random.Generator, styles: tuple[str, ...], lead: str |
             st["group_width"] = int(rng.choice([4, 8, 16, 32, 64]))
         elif style == "densenet":
             st["growth"] = int(rng.choice([12, 16, 24, 32]))
-        elif style == "mobilenet":
+        elif style in ("mobilenet", "dilated"):
             st["expansion"] = int(rng.choice([1, 3, 6]))
             st["kernel"] = int(rng.choice([3, 5]))
+            if style == "dilated":
+                st["dilation"] = 2
         elif style == "convnext":
             st["expansion"] = int(rng.choice([2, 3, 4]))
             st["kernel"] = int(rng.choice([3, 5, 7]))
