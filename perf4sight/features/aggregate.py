@@ -88,7 +88,7 @@ COPIES_FEATURES: tuple[str, ...] = ("param_copies_mb", "mem_analytic_rest_mb")
 BLAS_OPS = frozenset({"linear", "attention", "window_attention"})
 #: ``dilated_dw_macs``: MACs of the depthwise convolutions that dilate (times the batch size). This machine's CPU runs
 #: a dilated depthwise convolution 5-12 times as long as the same one undilated (oneDNN for both; a dense one takes no
-#: longer dilated): a cost of its own, which rows of networks with such convolutions can pin (the ``dilated``
+#: longer at dilation 2): a cost of its own, which rows of networks with such convolutions can pin (the ``dilated``
 #: generator style; docs/accuracy-notes.md, "Segmentation networks"). Appended last.
 DILATION_FEATURES: tuple[str, ...] = ("dilated_dw_macs",)
 FEATURE_NAMES: tuple[str, ...] = (("batch_size",) + SCALED_FEATURES + STATIC_FEATURES + ("mem_analytic_mb",)
@@ -196,7 +196,7 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
         saved[" loss"] = numel(shapes[desc.output]) * BYTES_PER_ELEMENT  # the log-softmax's result
         ps["activation_elems"] += numel(shapes[desc.output])
         labels_bytes = 8.0 * numel(desc.label_shape)  # int64, held the whole step beside the input
-        # gradient accumulation: a tensor read by k ops receives k gradients -> k-1 extra adds
+    # gradient accumulation: a tensor read by k ops receives k gradients -> k-1 extra adds
     branch = [n for n, k in consumers.items() if k > 1]
     st["kernels_bwd"] += sum(consumers[n] - 1 for n in branch)
     ps["saved_bytes"] = sum(saved.values()) + extra_saved
