@@ -451,6 +451,7 @@ def _predict_max_batch(cfg: Config, args: argparse.Namespace, fp: object, device
                       "memory_mb": round(at["memory_mb"], 3) if at else None})
     # the batch sizes found may lie beyond the trained ones; where none fits, batch 1 was the last query
     _domain_note(fp, descs, sorted({f["max_batch_size"] for f in found if f["max_batch_size"]}) or [1])
+    _one_image_note([d for d, f in zip(descs, found) if f["max_batch_size"] == 1], [1])
     if args.json:
         for f in found:
             _json_line(args, f)
