@@ -24,7 +24,7 @@ from perf4sight.dataset import (ZOO_CACHE, dataset_descriptions, device_dataset,
 from perf4sight.errors import UserError
 from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_LABELS
 from perf4sight.ir.schema import NetworkDescription
-from perf4sight.ir.shapes import shape_text
+from perf4sight.ir.shapes import element_count, shape_text
 from perf4sight.networks.zoo import ZOO_NAMES
 from perf4sight.profiling.backends.base import LIMIT_OOM
 from perf4sight.profiling.plan import training_phase
@@ -588,9 +588,8 @@ def _one_image_note(descs: list[NetworkDescription], batch_sizes: list[int]) -> 
     a batch of one image, which torch refuses in training (DeepLabV3's pooled branch), whatever the memory."""
     if 1 not in batch_sizes:
         return
-    shapes = [(d, {n.name: n.output_shape for n in d.nodes}) for d in descs]
-    nets = [d.name for d, shape in shapes
-            if any(n.op == "batchnorm2d" and shape[n.inputs[0]][1:] in ([1, 1], [1], []) for n in d.nodes)]
+    nets = [d.name for d in descs  # a batch norm's output has its input's shape
+            if any(n.op == "batchnorm2d" and element_count(n.output_shape[1:]) == 1 for n in d.nodes)]
     if nets:
         notes.print(f"note: batch 1 does not train {named(nets)} at all: a batch norm over a 1x1 map has one value "
                     "per channel (torch refuses it in training), whatever the memory; its profile rows are errors",

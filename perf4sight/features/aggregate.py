@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 
 from perf4sight.features.allocator import K_MIN_BLOCK, K_MIN_LARGE_ALLOC, K_ROUND_LARGE
-from perf4sight.features.formulas import BYTES_PER_ELEMENT, HANDLERS, OUTPUT, OpCost, numel, position_loss
+from perf4sight.features.formulas import (BYTES_PER_ELEMENT, HANDLERS, OUTPUT, OpCost, is_dilated, numel,
+                                         position_loss)
 from perf4sight.features.latency_terms import LATENCY_FEATURES, KernelTable, kernel_table, latency_columns
 from perf4sight.features.step_runtime import StepRuntime
 from perf4sight.features.walk import consumer_counts, walk
@@ -172,7 +173,7 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
             elif (node.attrs.get("groups", 1) == 1 and min(kh, kw) <= 3
                   and numel(shapes[node.inputs[0]]) <= NATIVE_CONV_MAX_INPUT):
                 ps["native_conv_macs_b1"] += cost.macs
-            if cost.kind == "depthwise" and any(int(d) != 1 for d in node.attrs.get("dilation", [1, 1])):
+            if cost.kind == "depthwise" and is_dilated(node):
                 ps["dilated_dw_macs"] += cost.macs
             conv_channels.append(int(node.attrs["out_channels"]))
             if int(node.attrs["out_channels"]) % 8:
@@ -193,8 +194,8 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
     labels_bytes = 0.0
     if loss is not None:  # a class score per position (segmentation): the loss is as large as an activation
         _accumulate(ps, st, loss, "loss")
-        saved[" loss"] = numel(shapes[desc.output]) * BYTES_PER_ELEMENT  # the log-softmax's result
-        ps["activation_elems"] += numel(shapes[desc.output])
+        saved[" loss"] = loss.bytes_written  # the log-softmax's result
+        ps["activation_elems"] += loss.bytes_written / BYTES_PER_ELEMENT
         labels_bytes = 8.0 * numel(desc.label_shape)  # int64, held the whole step beside the input
     # gradient accumulation: a tensor read by k ops receives k gradients -> k-1 extra adds
     branch = [n for n, k in consumers.items() if k > 1]

@@ -27,7 +27,8 @@ from typing import Callable
 from perf4sight.ir.schema import Node, window_attention_params
 from perf4sight.ir.shapes import windows_of
 
-__all__ = ["OpCost", "HANDLERS", "OUTPUT", "BYTES_PER_ELEMENT", "numel", "hands_input_back", "position_loss"]
+__all__ = ["OpCost", "HANDLERS", "OUTPUT", "BYTES_PER_ELEMENT", "numel", "hands_input_back", "position_loss",
+           "is_dilated"]
 
 #: Marker in ``OpCost.saved`` for "the op's own output is kept for backward".
 OUTPUT = -1
@@ -58,6 +59,11 @@ class OpCost:
 
 
 Handler = Callable[[Node, list[list[int]], bool], OpCost]
+
+
+def is_dilated(node: Node) -> bool:
+    """Whether ``node`` is a convolution whose kernel dilates (``dilation`` other than ``[1, 1]``)."""
+    return node.op == "conv2d" and any(int(d) != 1 for d in node.attrs.get("dilation", [1, 1]))
 
 
 def _io_bytes(in_shapes: list[list[int]], out_shape: list[int]) -> tuple[float, float]:
@@ -259,9 +265,9 @@ def _interpolate(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     backward, the input's gradient zeroed, then each output gradient weighted and added into the pixels it came from
     (four for bilinear: 8 FLOPs; nearest: 1). Nothing kept (the backward needs the sizes alone)."""
     n = numel(node.output_shape)
-    taps = 4 if node.attrs.get("mode") == "bilinear" else 1
+    bilinear = node.attrs.get("mode") == "bilinear"
     rd, wr = _io_bytes(in_shapes, node.output_shape)
-    return OpCost(flops_fwd=8.0 * n if taps > 1 else 0.0, flops_bwd=(8.0 if taps > 1 else 1.0) * n, bytes_read=rd,
+    return OpCost(flops_fwd=8.0 * n if bilinear else 0.0, flops_bwd=(8.0 if bilinear else 1.0) * n, bytes_read=rd,
                   bytes_written=wr, kernels_fwd=1, kernels_bwd=2, kind="other")
 
 

@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, feature_matrix
+from perf4sight.features.formulas import is_dilated
 from perf4sight.fingerprint.trees import gemm_dominated
 
 __all__ = ["training_domain", "op_kinds", "outside_notes", "query_notes", "domain_line"]
@@ -65,8 +66,7 @@ _UNNOTED_OPS = {"input", "identity", "flatten", "reshape", "squeeze", "unsqueeze
 def _kind(node: Any) -> str:
     """A node's kind of layer: its op, a dilated convolution told apart (on this machine's CPU a dilated depthwise
     convolution took 5-12 times as long as the same one undilated: docs/accuracy-notes.md, "Segmentation networks")."""
-    dilated = node.op == "conv2d" and any(int(d) != 1 for d in node.attrs.get("dilation", [1, 1]))
-    return "dilated conv2d" if dilated else node.op
+    return "dilated conv2d" if is_dilated(node) else node.op
 
 
 def op_kinds(descriptions: Sequence[Any]) -> list[str]:

@@ -378,8 +378,11 @@ def _root_message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
-#: Modules kept as one call (a leaf of the trace) and read as one op: torchvision's MaxViT attention.
-_LEAF_MODULES = frozenset({"RelativePositionalMultiHeadAttention"})
+#: Modules kept as one call (a leaf of the trace), by class name -> how each reads as one op: torchvision's MaxViT
+#: attention.
+_LEAF_MODULES: dict[str, Callable[[nn.Module], tuple[str, dict]]] = {
+    "RelativePositionalMultiHeadAttention": _group_attention,
+}
 
 
 class _Tracer(fx.Tracer):
@@ -675,8 +678,8 @@ def _index(n: fx.Node, source: fx.Node, index: tuple, shape: Any, alias: dict[st
 def _op_of(n: fx.Node, gm: fx.GraphModule, where: str) -> tuple[str, dict]:
     if n.op == "call_module":
         m = gm.get_submodule(n.target)
-        if type(m).__name__ == "RelativePositionalMultiHeadAttention":
-            return _group_attention(m)
+        if type(m).__name__ in _LEAF_MODULES:
+            return _LEAF_MODULES[type(m).__name__](m)
         if isinstance(m, nn.Upsample):  # and its subclasses, UpsamplingNearest2d and UpsamplingBilinear2d
             return _interpolate_attrs(n, m.mode, m.align_corners, m.scale_factor, m.recompute_scale_factor, False)
         for cls, fn in MODULE_OPS:

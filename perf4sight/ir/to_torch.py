@@ -80,6 +80,12 @@ def _relative_position_index(wh: int, ww: int, device: Optional[Union[torch.devi
     return ((ys[:, None] - ys[None, :] + wh - 1) * (2 * ww - 1) + xs[:, None] - xs[None, :] + ww - 1).flatten()
 
 
+def _relative_bias(table: torch.Tensor, index: torch.Tensor, tokens: int) -> torch.Tensor:
+    """``[1, heads, tokens, tokens]``: each head's bias (``table``'s column) for each pair of a window's positions
+    (``index``: :func:`_relative_position_index`)."""
+    return table[index].view(tokens, tokens, -1).permute(2, 0, 1).contiguous().unsqueeze(0)
+
+
 class GroupAttention(nn.Module):
     """Multi-head self-attention within each group of a ``[N, G, P, E]`` input, as MaxViT's block and grid attention
     run it after partitioning the map (``P = wh x ww`` tokens a group): a learnt bias per head for each relative
@@ -103,8 +109,8 @@ class GroupAttention(nn.Module):
         q, k, v = torch.chunk(self.to_qkv(x), 3, dim=-1)
         q, k, v = (t.reshape(n, groups, tokens, heads, e // heads).permute(0, 1, 3, 2, 4) for t in (q, k, v))
         scores = torch.einsum("bghid,bghjd->bghij", q, k * e ** -0.5)
-        bias = self.relative_position_bias_table[self.relative_position_index].view(tokens, tokens, -1)
-        weights = F.softmax(scores + bias.permute(2, 0, 1).contiguous().unsqueeze(0), dim=-1)
+        bias = _relative_bias(self.relative_position_bias_table, self.relative_position_index, tokens)
+        weights = F.softmax(scores + bias, dim=-1)
         out = torch.einsum("bghij,bghjd->bghid", weights, v)
         return self.merge(out.permute(0, 1, 3, 2, 4).reshape(n, groups, tokens, e))
 
@@ -145,7 +151,7 @@ class WindowAttention(nn.Module):
         """``[1, heads, tokens, tokens]``: each head's bias for each pair of positions within a window."""
         table = self.relative_position_bias_table if self.cpb_mlp is None else \
             self.cpb_mlp(self.relative_coords_table).view(-1, self.num_heads)
-        bias = table[self.relative_position_index].view(tokens, tokens, -1).permute(2, 0, 1).contiguous().unsqueeze(0)
+        bias = _relative_bias(table, self.relative_position_index, tokens)
         return bias if self.cpb_mlp is None else 16 * torch.sigmoid(bias)
 
     def _mask(self, x: torch.Tensor, ph: int, pw: int, shift: List[int]) -> torch.Tensor:
