@@ -58,6 +58,7 @@ STAGES = ("networks", "profile", "fingerprint", "predict", "compare", "all", "im
 OPTION_STAGES = {
     "network": ("predict", "all"), "batch_size": ("predict", "all"), "json": ("predict", "all"),
     "max_batch_size": ("predict",), "prune_to_fit": ("predict",), "max_latency_ms": ("predict",),
+    "input_shape": ("predict",),
     "optimizer": ("profile", "fingerprint", "predict", "all"),
     "momentum": ("profile", "fingerprint", "all"), "weight_decay": ("profile", "fingerprint", "all"),
     "retry_errors": ("profile", "all"),
@@ -107,6 +108,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                         help="predict: the least pruning level (whole %% of parameters, pruned as the networks stage "
                              "would) at which each network is predicted to fit the device's memory at each "
                              "--batch-size; the networks: zoo networks or those [networks] names")
+    parser.add_argument("--input-shape", nargs=3, type=int, metavar=("C", "H", "W"),
+                        help="predict: at this input shape of one training image (e.g. 3 224 224) instead of the "
+                             "fingerprint's training networks' (a network given by file or dataset name is rebuilt "
+                             "and described at it; predictions at another shape than the rows' are extrapolations, "
+                             "see the README's Results)")
     parser.add_argument("--max-latency-ms", type=float, metavar="MS",
                         help="predict, with --prune-to-fit: the step must also take at most MS milliseconds")
     parser.add_argument("--optimizer", choices=OPTIMIZERS,

@@ -391,7 +391,7 @@ def _predict_on_one(cfg: Config, args: argparse.Namespace) -> int:
     # checked before describing (seconds); a size given twice is predicted once
     batch_sizes = list(dict.fromkeys(batch_list(args.batch_size or cfg.predict.batch_sizes)))
     started = time.perf_counter()
-    descs = _described(cfg, fp, names)
+    descs = _described(cfg, args, fp, names)
     described = time.perf_counter()
     preds = fp.predict(descs, batch_sizes)
     _domain_note(fp, descs, batch_sizes)
@@ -411,8 +411,10 @@ def _predict_on_one(cfg: Config, args: argparse.Namespace) -> int:
     _print_predictions(preds, f"predicted training step ({step}) on {device} by the {predictor} predictor "
                               f"(90% interval{fits_against})")
     _capacity_note(fp, preds)
-    shape = shape_text(fp.input_shape or cfg.networks.input_shape)
-    zoo = (f" (zoo networks: described at {shape}, the input shape of the fingerprint's training networks; "
+    shape = shape_text(_query_shape(cfg, args, fp))
+    whose = ("the input shape asked for" if getattr(args, "input_shape", None)
+             else "the input shape of the fingerprint's training networks")
+    zoo = (f" (zoo networks: described at {shape}, {whose}; "
            f"the first time with torch and torchvision, then from {cfg.models_dir / ZOO_CACHE})") if any(
         n in ZOO_NAMES and not is_description_file(n) for n in names) else ""
     console.print(f"{len(preds)} prediction{'s' if len(preds) != 1 else ''} in {elapsed * 1000:.0f} ms; "
@@ -420,11 +422,26 @@ def _predict_on_one(cfg: Config, args: argparse.Namespace) -> int:
     return 0
 
 
-def _described(cfg: Config, fp: object, names: list[str]) -> list[NetworkDescription]:
-    """The queries' descriptions at the fingerprint's input shape (``resolve_networks``), with a note for each
-    variant pruned on request and one when a description's own shape differs from the fingerprint's."""
+def _query_shape(cfg: Config, args: argparse.Namespace, fp: object) -> list[int]:
+    """The input shape ``[C, H, W]`` the queries are described at: ``--input-shape``, else the fingerprint's training
+    networks', else ``[networks] input_shape``."""
+    if getattr(args, "input_shape", None):
+        from perf4sight.ir.from_torch import check_input_shape  # torch: asked only with --input-shape
+
+        return check_input_shape(args.input_shape, "--input-shape")
+    return list(fp.input_shape or cfg.networks.input_shape)
+
+
+def _described(cfg: Config, args: argparse.Namespace, fp: object, names: list[str]) -> list[NetworkDescription]:
+    """The queries' descriptions at the query shape (``resolve_networks``; with ``--input-shape``, description files
+    and dataset networks rebuilt at it too), with a note for each variant pruned on request and one when a
+    description's shape differs from the fingerprint's."""
     made: list[str] = []
-    descs = resolve_networks(cfg, names, fp.input_shape or cfg.networks.input_shape, made)
+    shape = _query_shape(cfg, args, fp)
+    descs = resolve_networks(cfg, names, shape, made)
+    if getattr(args, "input_shape", None):
+        from perf4sight.networks.reshape import query_at  # torch: a description is rebuilt as a module
+        descs = [query_at(cfg, name, d, shape, made) for name, d in zip(names, descs)]
     _print_notes(*(f"note: {line}" for line in made))
     _shape_note(fp, descs)
     return descs
@@ -441,7 +458,7 @@ def _predict_max_batch(cfg: Config, args: argparse.Namespace, fp: object, device
     limit = args.max_batch_size
     if fp.capacity_mb is None:
         raise UserError(f"{device}: {UNKNOWN_CAPACITY}: there is no largest batch size to find")
-    descs = _described(cfg, fp, names)
+    descs = _described(cfg, args, fp, names)
     found = []
     for d in descs:
         b = fp.max_batch_size(d, limit)
@@ -494,7 +511,7 @@ def _predict_prune_to_fit(cfg: Config, args: argparse.Namespace, fp: object, dev
     if refused:
         raise UserError(f"--prune-to-fit: {', '.join(refused)}: cannot be pruned here, only {PRUNABLE}")
     batch_sizes = list(dict.fromkeys(batch_list(args.batch_size or cfg.predict.batch_sizes)))
-    shape = list(fp.input_shape or cfg.networks.input_shape)
+    shape = _query_shape(cfg, args, fp)
     made: list[str] = []  # variants pruned on request
     started = time.perf_counter()
     found: list[tuple[dict, Any]] = []  # (the JSON line, the search's LeastPruning)

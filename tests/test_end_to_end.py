@@ -127,6 +127,21 @@ def test_all_stages_then_predict_json(tmp_path):
     assert "perf4sight.fingerprint" in imported and not {"torch", "torchvision", "scipy"} & imported
     assert [json.loads(line) for line in desc_only.stdout.splitlines()] == [lines[2], lines[0], lines[4]]
 
+    # --input-shape: the zoo name described at it and the dataset's variant rebuilt at it are one network, larger
+    # than at the training shape; a description file of three channels cannot take one
+    at_48 = main_py(tmp_path, "--stage", "predict", "--network", "resnet18", "resnet18_l0", "--batch-size", "2",
+                    "--input-shape", "3", "48", "48", "--json")
+    assert at_48.returncode == 0, at_48.stderr
+    zoo_48, dataset_48 = ({k: v for k, v in json.loads(line).items() if k != "network"}
+                          for line in at_48.stdout.splitlines())
+    assert zoo_48 == dataset_48 and zoo_48["memory_mb"] > lines[0]["memory_mb"]
+    assert ("resnet18, resnet18_l0 described at another input shape than this fingerprint's training networks "
+            "(3x32x32): expect larger errors") in " ".join(at_48.stderr.split())
+    gray = main_py(tmp_path, "--stage", "predict", "--network", str(tmp_path / "models" / manifest[0]["path"]),
+                   "--batch-size", "2", "--input-shape", "1", "32", "32")
+    assert gray.returncode == 2 and gray.stderr.strip().splitlines()[-1].startswith(
+        f"error: {manifest[0]['network']}: takes 3-channel images (described at 3x32x32), not 1-channel ones")
+
     csv_path = tmp_path / "profiling_csvs" / "local" / "measurements.csv"
     os.utime(csv_path, (csv_path.stat().st_atime, csv_path.stat().st_mtime + 60))  # as if a row came in since
     stale = main_py(tmp_path, "--stage", "predict", "--network", "resnet18", "--batch-size", "2")

@@ -41,6 +41,11 @@ def test_zoo_round_trip_keeps_params_and_output_shape(name, tmp_path):
     out = train_one_step(rebuilt, shape, 10)
     assert tuple(out.shape) == (2, 10)
     assert desc.node(desc.output).output_shape == [10]
+    # and the rebuilt module describes back to the same layers (what rebuilding at another input shape relies on:
+    # vit_b_32's class token and its select of that token read back too)
+    again = describe(build_module(desc, device="meta"), shape, name=name)
+    assert [(n.op, n.attrs, n.output_shape) for n in again.nodes] == [(n.op, n.attrs, n.output_shape)
+                                                                       for n in desc.nodes]
 
 
 def test_round_trip_computes_the_same_function():

@@ -178,6 +178,34 @@ FUNCTION_OPS[F.avg_pool2d] = lambda n: _avgpool(nn.AvgPool2d(
     bool(_arg(n, 5, "count_include_pad", True)), _arg(n, 6, "divisor_override")))
 
 
+def _along(n: fx.Node) -> tuple[int, int]:
+    """(the dimension counting the batch's, its size) that ``torch.select``/``torch.narrow`` call ``n`` picks along;
+    ``ValueError`` for the batch dimension, which a description leaves out."""
+    shape = n.args[0].meta["tensor_meta"].shape
+    dim = int(_arg(n, 1, "dim")) % len(shape)
+    if dim == 0:
+        raise ValueError(f"{n.target} along the batch dimension")
+    return dim, int(shape[dim])
+
+
+def _select_call(n: fx.Node) -> tuple[str, dict]:
+    """``torch.select(x, dim, index)`` (a rebuilt description's select; ``x[:, i]`` is read by ``_index``)."""
+    dim, size = _along(n)
+    return "select", {"dim": dim, "index": int(_arg(n, 2, "index")) % size}
+
+
+def _narrow_call(n: fx.Node) -> tuple[str, dict]:
+    """``torch.narrow(x, dim, start, length)`` (a rebuilt description's narrow)."""
+    dim, size = _along(n)
+    return "narrow", {"dim": dim, "start": int(_arg(n, 2, "start")) % size, "length": int(_arg(n, 3, "length"))}
+
+
+for _key in (torch.select, "select"):
+    FUNCTION_OPS[_key] = _select_call
+for _key in (torch.narrow, "narrow"):
+    FUNCTION_OPS[_key] = _narrow_call
+
+
 def _layer_norm_call(n: fx.Node) -> tuple[str, dict]:
     """``F.layer_norm(x, shape, weight, bias, eps)``, its weight and bias the module's own (``get_attr``)."""
     weight, bias = _arg(n, 2, "weight"), _arg(n, 3, "bias")

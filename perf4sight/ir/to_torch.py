@@ -54,9 +54,11 @@ class Token(nn.Module):
         super().__init__()
         self.dim = int(dim)
         self.weight = nn.Parameter(torch.zeros([1] + [int(s) for s in shape], device=device))
+        self.kept = [-1] * len(shape)  # expand's "keep this size", one per dimension after the batch's
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([self.weight.expand(x.shape[0], *self.weight.shape[1:]), x], self.dim)
+        # sizes held in plain Python, so that torch.fx can trace a rebuilt network (described again at a new shape)
+        return torch.cat([self.weight.expand(x.shape[0], *self.kept), x], self.dim)
 
 
 class SelfAttention(nn.Module):

@@ -1,0 +1,74 @@
+"""A network described again at another input shape: what ``--stage predict --input-shape`` asks of a description
+file or a dataset network (a zoo name is described at the asked shape directly).
+
+The description is rebuilt as a module (the same layers and channels) and traced at the new shape, as the networks
+stage does with a ``[networks] description_files`` entry described at another shape than ``[networks]
+input_shape``. What a description fixes as numbers cannot follow the new shape: a reshape to a literal size (a
+classifier fed a flattened map) fails in the trace, and a resize to a literal size (a segmentation network's output
+brought back to its input's size) would run at the old size; both are refused with one line, except for a pruned
+variant of a zoo network or of one ``[networks]`` names (a ViT's, whose position embedding has one entry per patch),
+which is pruned at the new shape instead, as the networks stage would prune it there.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from perf4sight.config import Config
+from perf4sight.errors import UserError
+from perf4sight.ir.from_torch import check_input_shape, describe
+from perf4sight.ir.schema import NetworkDescription
+from perf4sight.ir.shapes import shape_text
+
+__all__ = ["described_at", "query_at"]
+
+
+def described_at(desc: NetworkDescription, input_shape: Sequence[int]) -> NetworkDescription:
+    """``desc`` at ``input_shape`` (``[C, H, W]`` of one image): itself where it is already described at it, else
+    its network rebuilt from the description and traced at that shape, keeping its name, pruning level and
+    metadata. ``UserError`` (one line naming the network) where its layers cannot run at that shape, or where its
+    output kept the input's size and would not at the new one (a resize to a fixed size)."""
+    from perf4sight.ir.to_torch import build_module
+
+    shape = check_input_shape(list(input_shape), desc.name)
+    if list(desc.input_shape) == shape:
+        return desc
+    was, asked = shape_text(desc.input_shape), shape_text(shape)
+    if shape[0] != desc.input_shape[0]:
+        raise UserError(f"{desc.name}: takes {desc.input_shape[0]}-channel images (described at {was}), not "
+                        f"{shape[0]}-channel ones ({asked}): another input shape can change the height and width only")
+    try:
+        out = describe(build_module(desc, device="meta"), shape, desc.name, network=desc.network,
+                       pruning_level=desc.pruning_level, **desc.extra)
+    except UserError as exc:
+        raise UserError(f"{exc} (described at {was}, rebuilt at {asked}: a description fixes some sizes as numbers, "
+                        "such as a reshape's; describe the network at that shape from its module instead)") from None
+    if _follows_input(desc) and not _follows_input(out):
+        raise UserError(f"{desc.name}: described at {was}, its output has the input's size, but rebuilt at {asked} "
+                        f"it keeps {shape_text(out.node(out.output).output_shape[1:])} (a resize to a fixed size): "
+                        "describe the network at that shape from its module instead (a zoo name is)")
+    return out
+
+
+def _follows_input(desc: NetworkDescription) -> bool:
+    """Whether ``desc``'s output keeps positions at its input's height and width (a segmentation network's scores)."""
+    return list(desc.node(desc.output).output_shape[1:]) == list(desc.input_shape[1:])
+
+
+def query_at(cfg: Config, name: str, desc: NetworkDescription, input_shape: Sequence[int],
+             notes: list[str] | None = None) -> NetworkDescription:
+    """The query ``name`` (resolved as ``desc``) at ``input_shape``: :func:`described_at`, else, where the rebuild
+    cannot take the shape and ``name`` is a pruned variant of a zoo network or of one ``[networks]`` names
+    (``resnet18_l30``), that variant pruned at the shape as the networks stage would (a sentence saying so appended
+    to ``notes``); the rebuild's ``UserError`` otherwise."""
+    from perf4sight.networks.on_request import pruned_as, pruned_on_request
+
+    try:
+        return described_at(desc, input_shape)
+    except UserError:
+        remade = pruned_on_request(cfg, name, list(input_shape)) if name == desc.name else None
+        if remade is None:
+            raise
+    if notes is not None:
+        notes.append(f"{name}: its description cannot be rebuilt at {shape_text(input_shape)}: "
+                     f"{remade.network} pruned there as the networks stage would ({pruned_as(cfg)})")
+    return remade

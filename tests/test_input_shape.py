@@ -1,0 +1,77 @@
+"""Networks described again at another input shape (``--stage predict --input-shape``): a description rebuilt and
+traced there is what describing its module there gives; what a description fixes as numbers is refused in one line,
+or, for a pruned variant of a zoo network, pruned at the new shape instead."""
+from __future__ import annotations
+
+import pytest
+import torch.nn.functional as F
+from torch import nn
+
+from perf4sight.config import load_config
+from perf4sight.errors import UserError
+from perf4sight.ir.from_torch import describe
+from perf4sight.networks.reshape import described_at, query_at
+from perf4sight.networks.zoo import build_zoo_model
+
+
+def _layers(desc) -> list:
+    return [(n.op, n.attrs, n.output_shape) for n in desc.nodes]
+
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "squeezenet1_1"])
+def test_a_rebuilt_description_is_the_module_described_at_the_new_shape(name):
+    module = build_zoo_model(name, num_classes=10, input_shape=[3, 32, 32])
+    at_32 = describe(module, [3, 32, 32], name=f"{name}_l30", network=name, pruning_level=30.0)
+    at_48 = described_at(at_32, [3, 48, 48])
+    assert _layers(at_48) == _layers(describe(module, [3, 48, 48], name=name))
+    assert _layers(at_48) != _layers(at_32) and at_48.input_shape == [3, 48, 48]
+    assert (at_48.name, at_48.network, at_48.pruning_level, at_48.params) == (f"{name}_l30", name, 30.0, at_32.params)
+    assert described_at(at_32, (3, 32, 32)) is at_32  # already there
+
+
+class _FixedResize(nn.Module):
+    """A segmentation-like head whose resize back to the input's size was traced as a fixed size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 5, 3, stride=2, padding=1)
+
+    def forward(self, x):
+        return F.interpolate(self.conv(x), size=(16, 16), mode="bilinear", align_corners=False)
+
+
+def test_fixed_sizes_and_another_channel_count_are_one_line():
+    flat = describe(nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Flatten(), nn.Linear(4 * 16 * 16, 10)),
+                    [3, 16, 16], name="flat")
+    with pytest.raises(UserError, match=r"^flat: the model's forward fails at input shape \[3, 24, 24\].*"
+                                        r"\(described at 3x16x16, rebuilt at 3x24x24: a description fixes some sizes"):
+        described_at(flat, [3, 24, 24])
+    resize = describe(_FixedResize(), [3, 16, 16], name="seg")
+    with pytest.raises(UserError, match=r"^seg: described at 3x16x16, its output has the input's size, but rebuilt "
+                                        r"at 3x24x24 it keeps 16x16 \(a resize to a fixed size\)"):
+        described_at(resize, [3, 24, 24])
+    with pytest.raises(UserError, match=r"^flat: takes 3-channel images \(described at 3x16x16\), not 1-channel "
+                                        r"ones \(1x16x16\)"):
+        described_at(flat, [1, 16, 16])
+    with pytest.raises(UserError, match=r"^flat: input shape must be \[C, H, W\]"):
+        described_at(flat, [3, 0, 16])
+
+
+def test_a_pruned_zoo_variant_that_cannot_be_rebuilt_is_pruned_at_the_new_shape(tmp_path):
+    """ShuffleNet's channel shuffle reshapes to its map's height and width as numbers: its rebuild fails at another
+    shape, so ``shufflenet_v2_x0_5_l0`` is made there as the networks stage would make it."""
+    (tmp_path / "config.toml").write_text('[networks]\nzoo = ["shufflenet_v2_x0_5"]\ninput_shape = [3, 32, 32]\n'
+                                          'num_classes = 10\n')
+    cfg = load_config(tmp_path / "config.toml")
+    module = build_zoo_model("shufflenet_v2_x0_5", num_classes=10, input_shape=[3, 32, 32])
+    at_32 = describe(module, [3, 32, 32], name="shufflenet_v2_x0_5_l0", network="shufflenet_v2_x0_5")
+    with pytest.raises(UserError, match="rebuilt at 3x48x48"):
+        described_at(at_32, [3, 48, 48])
+    notes: list[str] = []
+    at_48 = query_at(cfg, "shufflenet_v2_x0_5_l0", at_32, [3, 48, 48], notes)
+    assert at_48.input_shape == [3, 48, 48] and at_48.name == "shufflenet_v2_x0_5_l0"
+    assert _layers(at_48) == _layers(describe(module, [3, 48, 48], name="x"))
+    assert notes == ["shufflenet_v2_x0_5_l0: its description cannot be rebuilt at 3x48x48: shufflenet_v2_x0_5 "
+                     "pruned there as the networks stage would (l1-norm, min_channels 4, seed 0)"]
+    with pytest.raises(UserError, match="rebuilt at 3x48x48"):  # not a variant's name: the rebuild's error
+        query_at(cfg, "mine", at_32, [3, 48, 48])
