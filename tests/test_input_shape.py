@@ -10,6 +10,7 @@ from torch import nn
 from perf4sight.config import load_config
 from perf4sight.errors import UserError
 from perf4sight.ir.from_torch import describe
+from perf4sight.ir.to_torch import build_module
 from perf4sight.networks.reshape import described_at, query_at
 from perf4sight.networks.zoo import build_zoo_model
 
@@ -75,3 +76,15 @@ def test_a_pruned_zoo_variant_that_cannot_be_rebuilt_is_pruned_at_the_new_shape(
                      "pruned there as the networks stage would (l1-norm, min_channels 4, seed 0)"]
     with pytest.raises(UserError, match="rebuilt at 3x48x48"):  # not a variant's name: the rebuild's error
         query_at(cfg, "mine", at_32, [3, 48, 48])
+
+
+def test_a_rebuilt_vit_describes_back_with_torch_geometric_loaded():
+    """torch_geometric replaces ``torch.select`` with a function of its own that torch.fx cannot trace through (the
+    GNN imports it on the host); the rebuilt module's select is the tensor's method, which it leaves alone."""
+    import torch_geometric  # noqa: F401  (its import is the point)
+
+    module = build_zoo_model("vit_b_32", num_classes=10, input_shape=[3, 32, 32])
+    desc = describe(module, [3, 32, 32], name="vit_b_32_l0", network="vit_b_32")
+    assert "select" in {n.op for n in desc.nodes}
+    again = describe(build_module(desc, device="meta"), [3, 32, 32], name="vit_b_32_l0")
+    assert _layers(again) == _layers(desc)

@@ -189,13 +189,14 @@ def _along(n: fx.Node) -> tuple[int, int]:
 
 
 def _select_call(n: fx.Node) -> tuple[str, dict]:
-    """``torch.select(x, dim, index)`` (a rebuilt description's select; ``x[:, i]`` is read by ``_index``)."""
+    """``x.select(dim, index)`` or ``torch.select`` (a rebuilt description's select; ``x[:, i]`` is read by
+    ``_index``)."""
     dim, size = _along(n)
     return "select", {"dim": dim, "index": int(_arg(n, 2, "index")) % size}
 
 
 def _narrow_call(n: fx.Node) -> tuple[str, dict]:
-    """``torch.narrow(x, dim, start, length)`` (a rebuilt description's narrow)."""
+    """``x.narrow(dim, start, length)`` or ``torch.narrow`` (a rebuilt description's narrow)."""
     dim, size = _along(n)
     return "narrow", {"dim": dim, "start": int(_arg(n, 2, "start")) % size, "length": int(_arg(n, 3, "length"))}
 

@@ -286,6 +286,15 @@ def _scalar_mul(x: torch.Tensor, scalar: float) -> torch.Tensor:
     return x * scalar
 
 
+def _select(x: torch.Tensor, dim: int, index: int) -> torch.Tensor:
+    # the method, not torch.select: torch_geometric replaces that function with one torch.fx cannot trace through
+    return x.select(dim, index)
+
+
+def _narrow(x: torch.Tensor, dim: int, start: int, length: int) -> torch.Tensor:
+    return x.narrow(dim, start, length)  # the method, as _select's
+
+
 def _interpolate(x: torch.Tensor, size: List[int], mode: str, align_corners: bool) -> torch.Tensor:
     """``x`` ([N, C, H, W]) resized to ``size`` ([h, w]) by ``mode`` ("nearest" or "bilinear")."""
     return F.interpolate(x, size=(int(size[0]), int(size[1])), mode=mode,
@@ -309,8 +318,8 @@ FUNCTION_BUILDERS: Dict[str, Callable[[List, Dict], Tuple[Callable, Tuple]]] = {
     "flatten": lambda x, a: (torch.flatten, (x[0], a["start_dim"])),
     "squeeze": lambda x, a: (torch.squeeze, (x[0], a["dim"])),
     "unsqueeze": lambda x, a: (torch.unsqueeze, (x[0], a["dim"])),
-    "select": lambda x, a: (torch.select, (x[0], a["dim"], a["index"])),
-    "narrow": lambda x, a: (torch.narrow, (x[0], a["dim"], a["start"], a["length"])),
+    "select": lambda x, a: (_select, (x[0], a["dim"], a["index"])),
+    "narrow": lambda x, a: (_narrow, (x[0], a["dim"], a["start"], a["length"])),
     "transpose": lambda x, a: (torch.transpose, (x[0], a["dim0"], a["dim1"])),
     "mean": lambda x, a: (torch.mean, (x[0], list(a["dims"]), bool(a["keepdim"]))),
     "permute": lambda x, a: (_permute, (x[0], [int(d) for d in a["dims"]])),
