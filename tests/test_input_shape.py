@@ -3,6 +3,8 @@ traced there is what describing its module there gives; what a description fixes
 or, for a pruned variant of a zoo network, pruned at the new shape instead."""
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch.nn.functional as F
 from torch import nn
@@ -81,10 +83,21 @@ def test_a_pruned_zoo_variant_that_cannot_be_rebuilt_is_pruned_at_the_new_shape(
 def test_a_rebuilt_vit_describes_back_with_torch_geometric_loaded():
     """torch_geometric replaces ``torch.select`` with a function of its own that torch.fx cannot trace through (the
     GNN imports it on the host); the rebuilt module's select is the tensor's method, which it leaves alone."""
-    import torch_geometric  # noqa: F401  (its import is the point)
+    importlib.import_module("torch_geometric")  # its import is the point
 
     module = build_zoo_model("vit_b_32", num_classes=10, input_shape=[3, 32, 32])
     desc = describe(module, [3, 32, 32], name="vit_b_32_l0", network="vit_b_32")
     assert "select" in {n.op for n in desc.nodes}
     again = describe(build_module(desc, device="meta"), [3, 32, 32], name="vit_b_32_l0")
     assert _layers(again) == _layers(desc)
+
+
+def test_a_rebuilt_swin_keeps_its_windowed_attention_whole_and_takes_another_shape():
+    """A Swin block's window attention and patch merging branch on the input's shape: the rebuilt modules keep
+    their node (``to_torch.DESCRIBED_WHOLE``), so the network describes back to itself and at another shape as
+    torchvision's does."""
+    module = build_zoo_model("swin_t", num_classes=10, input_shape=[3, 32, 32])
+    desc = describe(module, [3, 32, 32], name="swin_t_l0", network="swin_t")
+    assert _layers(describe(build_module(desc, device="meta"), [3, 32, 32], name="x")) == _layers(desc)
+    at_48 = described_at(desc, [3, 48, 48])
+    assert _layers(at_48) == _layers(describe(module, [3, 48, 48], name="x")) != _layers(desc)

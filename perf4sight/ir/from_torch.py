@@ -414,11 +414,21 @@ _LEAF_MODULES: dict[str, Callable[[nn.Module], tuple[str, dict]]] = {
 }
 
 
+def _described_whole(m: nn.Module) -> tuple[str, dict] | None:
+    """The op and attrs of a rebuilt network's module that stands for one node (``to_torch.DESCRIBED_WHOLE``)."""
+    from perf4sight.ir import to_torch
+
+    whole = getattr(m, "described_as", None)
+    return whole if isinstance(m, (to_torch.WindowAttention, to_torch.PatchMerge, to_torch.GroupAttention)) else None
+
+
 class _Tracer(fx.Tracer):
-    """torch.fx's tracer, with the modules of :data:`_LEAF_MODULES` kept whole."""
+    """torch.fx's tracer, with the modules of :data:`_LEAF_MODULES`, and a rebuilt network's modules that stand for
+    one node, kept whole."""
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return type(m).__name__ in _LEAF_MODULES or super().is_leaf_module(m, module_qualified_name)
+        return (type(m).__name__ in _LEAF_MODULES or _described_whole(m) is not None
+                or super().is_leaf_module(m, module_qualified_name))
 
 
 def _traced_with_shapes(module: nn.Module, input_shape: list[int], name: str) -> fx.GraphModule:
@@ -709,6 +719,9 @@ def _op_of(n: fx.Node, gm: fx.GraphModule, where: str) -> tuple[str, dict]:
         m = gm.get_submodule(n.target)
         if type(m).__name__ in _LEAF_MODULES:
             return _LEAF_MODULES[type(m).__name__](m)
+        whole = _described_whole(m)
+        if whole is not None:
+            return whole[0], dict(whole[1])
         if isinstance(m, nn.Upsample):  # and its subclasses, UpsamplingNearest2d and UpsamplingBilinear2d
             return _interpolate_attrs(n, m.mode, m.align_corners, m.scale_factor, m.recompute_scale_factor, False)
         for cls, fn in MODULE_OPS:

@@ -356,6 +356,12 @@ def build_module(desc: NetworkDescription, device: Optional[Union[torch.device, 
     return gm
 
 
+#: Ops whose module keeps its node's op and attrs (``described_as``), so that a rebuilt network is described again
+#: with the module whole: their forwards branch on the input's shape (a Swin window's padding, MaxViT's partitions),
+#: which torch.fx cannot trace through.
+DESCRIBED_WHOLE = ("window_attention", "patch_merge", "group_attention")
+
+
 def _emit(node: Node, graph: fx.Graph, root: nn.Module, env: Dict[str, fx.Node], taken: Set[str],
           where: str, factory: Dict[str, Any]) -> fx.Node:
     if node.op == "input":
@@ -366,6 +372,8 @@ def _emit(node: Node, graph: fx.Graph, root: nn.Module, env: Dict[str, fx.Node],
             module = MODULE_BUILDERS[node.op](node.attrs, **factory)
         except (TypeError, ValueError, KeyError) as exc:
             raise UserError(f"{where}: node '{node.name}' ({node.op}) has bad attrs: {exc}") from None
+        if node.op in DESCRIBED_WHOLE:
+            module.described_as = (node.op, dict(node.attrs))
         attr = _attr_name(node.name, taken)
         root.add_module(attr, module)
         return graph.call_module(attr, tuple(args))
