@@ -66,6 +66,8 @@ class NetworksConfig:
     factories: list[str] = field(default_factory=list)  # "models/imagenet/file.py:function"
     description_files: list[str] = field(default_factory=list)
     input_shape: list[int] = field(default_factory=lambda: [3, 224, 224])
+    # more shapes to make every network at too (each variant described again there, named <name>_<H>x<W>)
+    extra_input_shapes: list[list[int]] = field(default_factory=list)
     num_classes: int = 1000
     segmentation_classes: int = 21  # a segmentation zoo network's classes per pixel (Pascal VOC's, torchvision's)
     pruning: PruningConfig = field(default_factory=PruningConfig)
@@ -327,6 +329,17 @@ def _check_networks(cfg: Config, f: Path | None) -> None:
     shape = cfg.networks.input_shape
     if len(shape) != 3 or any(s < 1 for s in shape):
         raise UserError(f"{f}: [networks] input_shape must be [channels, height, width], got {shape}")
+    for extra in cfg.networks.extra_input_shapes:
+        if len(extra) != 3 or any(s < 1 for s in extra):
+            raise UserError(f"{f}: [networks] extra_input_shapes: each must be [channels, height, width], got {extra}")
+        if extra[0] != shape[0]:
+            raise UserError(f"{f}: [networks] extra_input_shapes: {extra} has {extra[0]} channels, input_shape "
+                            f"{shape} has {shape[0]}: the networks take one channel count; give other heights and "
+                            "widths")
+    shapes = [tuple(shape)] + [tuple(s) for s in cfg.networks.extra_input_shapes]
+    if len(set(shapes)) != len(shapes):
+        raise UserError(f"{f}: [networks] extra_input_shapes names a shape twice, or input_shape again: "
+                        f"{[list(s) for s in shapes]}")
     if cfg.networks.pruning.strategy not in PRUNING_STRATEGIES:
         raise UserError(f"{f}: [networks.pruning] strategy '{cfg.networks.pruning.strategy}' is not one of "
                         f"{', '.join(PRUNING_STRATEGIES)}")

@@ -581,13 +581,14 @@ def _ensemble_note(fp: object) -> None:
 
 
 def _shape_note(fp: object, descs: list[NetworkDescription]) -> None:
-    """Warn about networks described at another input shape than the fingerprint's training networks."""
-    if not fp.input_shape:
+    """Warn about networks described at none of the input shapes of the fingerprint's training networks."""
+    trained_at = fp.input_shapes
+    if not trained_at:
         return
-    other = sorted({d.name for d in descs if list(d.input_shape) != list(fp.input_shape)})
+    other = sorted({d.name for d in descs if list(d.input_shape) not in [list(s) for s in trained_at]})
     if other:
         notes.print(f"note: {', '.join(other[:5])}{' ...' if len(other) > 5 else ''} described at another input "
-                    f"shape than this fingerprint's training networks ({shape_text(fp.input_shape)}): "
+                    f"shape than this fingerprint's training networks ({' or '.join(map(shape_text, trained_at))}): "
                     "expect larger errors", style="yellow", markup=False)
 
 

@@ -4,15 +4,21 @@ or, for a pruned variant of a zoo network, pruned at the new shape instead."""
 from __future__ import annotations
 
 import importlib
+import re
+import warnings
 
 import pytest
 import torch.nn.functional as F
 from torch import nn
 
-from perf4sight.config import load_config
+from perf4sight.config import FingerprintConfig, load_config
 from perf4sight.errors import UserError
+from perf4sight.features.aggregate import features_for
+from perf4sight.fingerprint import fit_fingerprint, load_fingerprint
 from perf4sight.ir.from_torch import describe
+from perf4sight.ir.schema import load_description
 from perf4sight.ir.to_torch import build_module
+from perf4sight.networks.build import make_networks
 from perf4sight.networks.reshape import described_at, query_at
 from perf4sight.networks.zoo import build_zoo_model
 
@@ -101,3 +107,61 @@ def test_a_rebuilt_swin_keeps_its_windowed_attention_whole_and_takes_another_sha
     assert _layers(describe(build_module(desc, device="meta"), [3, 32, 32], name="x")) == _layers(desc)
     at_48 = described_at(desc, [3, 48, 48])
     assert _layers(at_48) == _layers(describe(module, [3, 48, 48], name="x")) != _layers(desc)
+
+
+# ---------------------------------------------------------------- a dataset at several shapes
+
+def test_the_networks_stage_makes_every_network_at_the_extra_shapes_too(tmp_path):
+    """``[networks] extra_input_shapes``: each pruned and generated network again at each extra shape, named
+    ``<name>_<H>x<W>``, of the same family and layers (ShuffleNet's variants, whose rebuild cannot take another
+    shape, pruned there); bad shapes are one line naming the key."""
+    (tmp_path / "config.toml").write_text(
+        '[networks]\nzoo = ["squeezenet1_1", "shufflenet_v2_x0_5"]\ninput_shape = [3, 32, 32]\n'
+        'extra_input_shapes = [[3, 48, 40]]\nnum_classes = 10\n[networks.pruning]\nlevels = [0, 50]\n'
+        '[networks.generator]\ncount = 1\nmin_mflops = 1\nmax_mflops = 50\n')
+    cfg = load_config(tmp_path / "config.toml")
+    rows = make_networks(cfg).rows
+    names = [r["network"] for r in rows]
+    assert names == ["squeezenet1_1_l0", "squeezenet1_1_l0_48x40", "squeezenet1_1_l50", "squeezenet1_1_l50_48x40",
+                     "shufflenet_v2_x0_5_l0", "shufflenet_v2_x0_5_l0_48x40", "shufflenet_v2_x0_5_l50",
+                     "shufflenet_v2_x0_5_l50_48x40", "gen_0_0", "gen_0_0_48x40"]
+    by_name = {r["network"]: r for r in rows}
+    for name in names[::2]:
+        main, extra = (load_description(cfg.models_dir / by_name[n]["path"]) for n in (name, f"{name}_48x40"))
+        assert (by_name[name]["input_shape"], by_name[f"{name}_48x40"]["input_shape"]) == ("3x32x32", "3x48x40")
+        assert (extra.network, extra.params, extra.structure) == (main.network, main.params, main.structure)
+        assert _layers(extra) != _layers(main) and extra.input_shape == [3, 48, 40]
+    for extra, why in (("[3, 64, 64]", "must be a list of integers"), ("[[1, 64, 64]]", "has 1 channels"),
+                       ("[[3, 32, 32]]", "names a shape twice, or input_shape again")):
+        (tmp_path / "bad.toml").write_text(f"[networks]\ninput_shape = [3, 32, 32]\nextra_input_shapes = {extra}\n")
+        with pytest.raises(UserError, match=rf"bad\.toml: \[networks\] .?extra_input_shapes.*{re.escape(why)}"):
+            load_config(tmp_path / "bad.toml")
+
+
+def _probe(width: int) -> nn.Module:
+    """A small real CNN whose classifier follows an adaptive pool: it runs at any input shape."""
+    return nn.Sequential(nn.Conv2d(3, width, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(width, 10))
+
+
+def test_a_fingerprint_of_two_shapes_names_both_and_warns_at_neither_alone(tmp_path):
+    """Rows at two shapes: the metadata names both (the shape most rows share first), and a query at either is no
+    extrapolation in shape; at a third, the warning names both."""
+    descs, rows = {}, []
+    for width, side in ((4, 16), (8, 16), (16, 16), (4, 24), (8, 24)):  # most at 16x16
+        name = f"net_w{width}_{side}"
+        descs[name] = describe(_probe(width), [3, side, side], name=name, network=f"w{width}")
+        for b in (1, 4, 16):
+            f = features_for(descs[name], b)
+            rows.append({"device": "cpu0", "backend": "cpu", "network": name, "batch_size": b, "status": "ok",
+                         "latency_ms_median": 2.0 + f["flops_total"] / 2e6,
+                         "peak_rss_mb": 20.0 + 40.0 * f["mem_analytic_mb"]})
+    meta = fit_fingerprint(rows, descs, "cpu0", tmp_path / "cpu0", FingerprintConfig(n_estimators=10))
+    assert (meta["input_shape"], meta["input_shapes"]) == ([3, 16, 16], [[3, 16, 16], [3, 24, 24]])
+    fp = load_fingerprint(tmp_path / "cpu0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for side in (16, 24):
+            fp.predict_module(_probe(6), [3, side, side], 4)
+    with pytest.warns(UserWarning, match=r"training networks were 3x16x16 or 3x24x24"):
+        fp.predict_module(_probe(6), [3, 32, 32], 4)

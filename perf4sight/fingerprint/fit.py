@@ -48,7 +48,7 @@ from perf4sight.wording import plural
 __all__ = ["fit_fingerprint", "fit_inputs_sha256", "memory_column", "memory_replay", "step_runtime", "relu6_clone",
            "rows_optimizer", "rows_update", "torch_at_least", "ran_on_cpu", "native_conv_dispatch", "hold_native_conv",
            "device_kind", "choice_rule", "memory_capacity", "capacity_basis", "records",
-           "software_versions", "common_input_shape", "LATENCY_COLUMN", "FEATURE_SET"]
+           "software_versions", "input_shape_metadata", "LATENCY_COLUMN", "FEATURE_SET"]
 
 LATENCY_COLUMN = "latency_ms_median"
 
@@ -223,10 +223,17 @@ def capacity_basis(capacity: float | None, memory_limit_mb: float, memory_model:
     return "analytic"
 
 
-def common_input_shape(descriptions: dict[str, NetworkDescription], names: Iterable[str]) -> list[int]:
-    """The input shape most training networks share: what a zoo name is described at for predict."""
+def training_input_shapes(descriptions: dict[str, NetworkDescription], names: Iterable[str]) -> list[list[int]]:
+    """Every input shape the training networks ``names`` were described at, the one most share first."""
     shapes = Counter(tuple(descriptions[n].input_shape) for n in names)
-    return list(shapes.most_common(1)[0][0])
+    return [list(s) for s, _ in shapes.most_common()]
+
+
+def input_shape_metadata(descriptions: dict[str, NetworkDescription], names: Iterable[str]) -> dict[str, Any]:
+    """A fingerprint's ``input_shape`` (the one most training networks share: what a zoo name is described at for
+    predict) and ``input_shapes`` (every one of them, that first)."""
+    shapes = training_input_shapes(descriptions, names)
+    return {"input_shape": shapes[0], "input_shapes": shapes}
 
 
 def fit_inputs_sha256(rows: Any, descriptions: dict[str, NetworkDescription], device: str, fcfg: Any,
@@ -370,7 +377,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         "training_families": sorted(training_structures),
         "training_structures": {f: sorted(keys) for f, keys in sorted(training_structures.items())},
         "structure_version": STRUCTURE_VERSION,
-        "input_shape": common_input_shape(descriptions, feats),
+        **input_shape_metadata(descriptions, feats),
         # what the training rows covered: predict notes queries outside it (domain.py)
         "training_domain": training_domain(F_ok, [feats[n].description for n in sorted({str(r["network"])
                                                                                         for r in ok_rows})]),

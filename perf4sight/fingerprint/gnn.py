@@ -48,7 +48,8 @@ from perf4sight.config import GNN_ARCHS, PREDICTORS
 from perf4sight.errors import UserError
 from perf4sight.files import atomic_path, write_atomically
 from perf4sight.fingerprint.domain import training_domain
-from perf4sight.fingerprint.fit import LATENCY_COLUMN, common_input_shape, memory_capacity, records, software_versions
+from perf4sight.fingerprint.fit import (LATENCY_COLUMN, input_shape_metadata, memory_capacity, records,
+                                       software_versions)
 from perf4sight.fingerprint.fit_inputs import INPUTS_KEY, inputs_sha256
 from perf4sight.fingerprint.gnn_evaluate import cross_validate, gnn_accuracy_lines
 from perf4sight.fingerprint.gnn_graph import EDGE_FEATURES, GLOBAL_FEATURES, NODE_FEATURES, OP_VOCAB
@@ -124,7 +125,7 @@ def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
         "training": summary | {"seconds": round(t_fit, 2), "cv_seconds": round(t_cv, 2)},
         **s.runtime.metadata(),  # the rules of the rows' torch (step_runtime.py), the optimiser among them
         "networks": sorted(s.templates), "training_rows": len(s.nets), "oom_rows": len(s.oom), "drift_reference": drift,
-        "input_shape": common_input_shape(descriptions, s.templates),
+        **input_shape_metadata(descriptions, s.templates),
         # what predict notes a query leaves (domain.py)
         "training_domain": training_domain(s.F, [descriptions[n] for n in s.templates]),
         "accuracy": ev["accuracy"],

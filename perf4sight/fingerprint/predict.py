@@ -174,6 +174,13 @@ class ModuleQueries:
         """The optimiser whose step the queries' features are of (``fitted_optimizer``, or another's)."""
         return self.runtime.optimizer
 
+    @property
+    def input_shapes(self) -> list[list[int]]:
+        """Every ``[C, H, W]`` its training networks were described at, ``input_shape`` first; [] when unknown (a
+        fingerprint stored before 2026-11-26 names ``input_shape`` alone)."""
+        stored = getattr(self, "metadata", {}).get("input_shapes")
+        return [list(s) for s in stored] if stored else ([list(self.input_shape)] if self.input_shape else [])
+
     def predict_module(self, module: Any, input_shape: Sequence[int], batch_sizes: int | Sequence[int],
                        name: str | None = None) -> list[dict[str, Any]]:
         """Predict for a torch ``nn.Module`` at ``input_shape`` (``[C, H, W]`` of one image, no batch),
@@ -183,7 +190,7 @@ class ModuleQueries:
         from perf4sight.ir.from_torch import describe
         bss = batch_list(batch_sizes)  # checked before describing (up to seconds)
         desc = describe(module, input_shape=input_shape, name=name or type(module).__name__)
-        warn_other_shape(desc, self.input_shape)
+        warn_other_shape(desc, self.input_shapes)
         return self.predict(desc, bss)
 
     def max_batch_size(self, desc: Any, limit: int = 1024) -> int | None:
@@ -196,11 +203,11 @@ class ModuleQueries:
         return largest_fitting(lambda b: not self.predict(d, [b])[0]["fits"], limit)
 
 
-def warn_other_shape(desc: NetworkDescription, trained_at: Sequence[int] | None) -> None:
-    """``UserWarning`` when ``desc`` was described at another input shape than the predictor's training
+def warn_other_shape(desc: NetworkDescription, trained_at: Sequence[Sequence[int]]) -> None:
+    """``UserWarning`` when ``desc`` was described at none of the input shapes of the predictor's training
     networks (``trained_at``; nothing when unknown): its predictions are extrapolations."""
-    if trained_at and list(desc.input_shape) != list(trained_at):
-        shape, train = shape_text(desc.input_shape), shape_text(trained_at)
+    if trained_at and list(desc.input_shape) not in [list(s) for s in trained_at]:
+        shape, train = shape_text(desc.input_shape), " or ".join(shape_text(s) for s in trained_at)
         warnings.warn(f"{desc.name}: described at input shape {shape}, but this fingerprint's training networks "
                       f"were {train}: expect larger errors", UserWarning, stacklevel=3)
 

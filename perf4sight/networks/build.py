@@ -3,6 +3,8 @@
 Outputs, under ``cfg.models_dir``:
 - ``pruned/<strategy>/<network>_l<level>.json`` and ``pruned/<strategy>/manifest.csv``;
 - ``generated/gen_<seed>_<index>.json`` and ``generated/manifest.csv``;
+- with ``[networks] extra_input_shapes``, each of those networks at each such shape too, beside it:
+  ``<name>_<H>x<W>.json`` (the same layers and channels, rebuilt and traced at that shape);
 - ``manifest.csv``: every network this run produced (the list later stages should read;
   files left from earlier runs with other settings are not deleted, only left out);
 - ``manifest-settings.json``: a hash of the ``[networks]`` settings (and the factory and description
@@ -41,6 +43,7 @@ from perf4sight.networks.generator import GeneratorSettings, forward_flops, gene
 from perf4sight.networks.named import config_descriptions, named_networks
 from perf4sight.networks.on_request import variant_name
 from perf4sight.networks.pruning import PrunedModel, PruningPlan, UnreachableLevel, check_level, prune_model
+from perf4sight.networks.reshape import query_at, shaped_name
 from perf4sight.networks.zoo import build_zoo_model
 from perf4sight.wording import plural
 
@@ -180,6 +183,18 @@ def prune_source(src: Source, input_shape: list[int], levels: list[float], strat
     return out
 
 
+def at_extra_shapes(cfg: Config, desc: NetworkDescription, progress: Progress | None = None) -> list[NetworkDescription]:
+    """``desc`` (made at ``[networks] input_shape``) at each of ``[networks] extra_input_shapes``, named
+    ``<name>_<H>x<W>`` (:func:`reshape.query_at`: rebuilt there, or pruned there as a variant of its network)."""
+    out = []
+    for shape in cfg.networks.extra_input_shapes:
+        at = query_at(cfg, desc.name, desc, shape)
+        out.append(dataclasses.replace(at, name=shaped_name(desc.name, shape)))
+        if progress:
+            progress(f"{out[-1].name}: at {shape_text(shape)}")
+    return out
+
+
 def _row(desc: NetworkDescription, path: Path, models_dir: Path) -> dict[str, Any]:
     ex = desc.extra
     return {"network": desc.name, "family": desc.network, "source": ex.get("source", ""),
@@ -206,6 +221,8 @@ def settings_sha(cfg: Config) -> str:
     factory and description files they name, with the Python files beside a factory's, which it may import (a file
     that cannot be read counts as missing)."""
     settings = dataclasses.asdict(cfg.networks)
+    if not settings["extra_input_shapes"]:  # a key added later: empty, it hashes as before it existed
+        del settings["extra_input_shapes"]
     if not settings["generator"]["cover_styles"]:  # a key added later: off, it hashes as before it existed
         del settings["generator"]["cover_styles"]
     if settings["segmentation_classes"] == NetworksConfig.segmentation_classes:  # likewise, at its default
@@ -283,23 +300,27 @@ def make_networks(cfg: Config, progress: Progress | None = None) -> NetworksMade
         generated = generate(GeneratorSettings.from_config(gen), list(net.input_shape), net.num_classes,
                              config=cfg.path)
     found = sources(cfg) if net.zoo or net.factories or net.description_files else []
-    _check_not_an_output(cfg, [models_dir / "pruned" / pr.strategy / f"{variant_name(src.name, lvl)}.json"
-                               for src in found for lvl in pr.levels]
-                         + [models_dir / "generated" / f"{desc.name}.json" for desc in generated])
+    names = [variant_name(src.name, lvl) for src in found for lvl in pr.levels]
+    _check_not_an_output(cfg, [models_dir / "pruned" / pr.strategy / f"{name}.json" for name in names]
+                         + [models_dir / "generated" / f"{desc.name}.json" for desc in generated]
+                         + [models_dir / kind / f"{shaped_name(name, shape)}.json" for shape in net.extra_input_shapes
+                            for kind, name in [(f"pruned/{pr.strategy}", n) for n in names]
+                            + [("generated", d.name) for d in generated]])
     if found:
         folder = models_dir / "pruned" / pr.strategy
         pruned_rows = []
         for src in found:
             for desc in prune_source(src, list(net.input_shape), list(pr.levels), pr.strategy, pr.min_channels,
                                      pr.seed, progress, skipped):
-                path = _save(desc, folder / f"{desc.name}.json", changed)
-                pruned_rows.append(_row(desc, path, models_dir))
+                for each in [desc, *at_extra_shapes(cfg, desc, progress)]:
+                    path = _save(each, folder / f"{each.name}.json", changed)
+                    pruned_rows.append(_row(each, path, models_dir))
         write_manifest(pruned_rows, folder / "manifest.csv")
         rows += pruned_rows
     if generated:
         folder = models_dir / "generated"
         gen_rows = []
-        for desc in generated:
+        for desc in [d for made in generated for d in [made, *at_extra_shapes(cfg, made)]]:
             path = _save(desc, folder / f"{desc.name}.json", changed)
             gen_rows.append(_row(desc, path, models_dir))
         write_manifest(gen_rows, folder / "manifest.csv")

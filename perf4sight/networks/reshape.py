@@ -19,7 +19,13 @@ from perf4sight.ir.from_torch import check_input_shape, describe
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.ir.shapes import shape_text
 
-__all__ = ["described_at", "query_at"]
+__all__ = ["described_at", "query_at", "shaped_name"]
+
+
+def shaped_name(name: str, input_shape: Sequence[int]) -> str:
+    """The name of network ``name`` made at another input shape by the networks stage (``[networks]
+    extra_input_shapes``): ``resnet18_l30`` at ``[3, 128, 96]`` -> ``resnet18_l30_128x96``."""
+    return f"{name}_{int(input_shape[1])}x{int(input_shape[2])}"
 
 
 def described_at(desc: NetworkDescription, input_shape: Sequence[int]) -> NetworkDescription:
