@@ -11,18 +11,23 @@ With the tool's own stages, in a temporary folder:
    training shape measured again, so they give the noise and drift of a second profile beside the others;
 3. the fingerprint predicts every one of those measurements, each network described at its own shape. Printed per
    shape: MAPE, mean signed error (+ = predicted above the measurement) and the share of measurements inside the
-   90% interval, for the step time and the peak RSS; then the rows of the largest shape.
+   90% interval, for the step time and the peak RSS; then the rows of the largest shape;
+4. a second fingerprint, fitted on the default rows and the torchvision rows of ``--second-shape`` (128 by default),
+   named as ``[networks] extra_input_shapes`` names them (``resnet18_l0_128x128``), predicts the same measurements:
+   what rows at two shapes buy. Its rows at that shape are in its training data, so its figures there are not
+   held out.
 
 The networks' families are the fingerprint's own (their tree corrections apply), so this measures the shape alone,
 not a family never seen.
 
-    .venv/bin/python bench/bench_input_shape.py [--shapes 64 96 128 224] [--keep DIR]
+    .venv/bin/python bench/bench_input_shape.py [--shapes 64 96 128 224] [--second-shape 128] [--keep DIR]
 
 Takes about 30 minutes on 2 cores, most of it the 224x224 profile.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import sys
 import tempfile
@@ -36,6 +41,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from _stages import run_stage  # noqa: E402
 from bench_unseen_layers import DEVICE, TARGETS, _errors, write_config  # noqa: E402
+from perf4sight.ir.shapes import shape_text  # noqa: E402
 from perf4sight.profiling.results import batch_size_of, number, read_rows  # noqa: E402
 
 ZOO = ["resnet18", "mobilenet_v2", "squeezenet1_0"]
@@ -51,10 +57,46 @@ def shape_config(folder: Path, side: int) -> Path:
     return config
 
 
-def run(shapes: tuple[int, ...] = (64, 96, 128, 224), keep: str = "") -> list[dict]:
-    """Profile, fingerprint and predict (see the module doc); rows for bench/run_all.py."""
+def _project(folder: Path, config: Path, csv_dir: str) -> tuple[dict, list[dict]]:
+    """A project's descriptions by name, and its rows of those networks (every status)."""
     from perf4sight.config import load_config
     from perf4sight.dataset import descriptions_and_shas
+
+    descs = descriptions_and_shas(load_config(config), DEVICE)[0]
+    return descs, [r for r in read_rows(folder / csv_dir / DEVICE / "measurements.csv") if r["network"] in descs]
+
+
+def two_shape_fingerprint(folder: Path, side: int) -> Path:
+    """The default project's rows and the torchvision rows at ``side`` x ``side``, under the names ``[networks]
+    extra_input_shapes`` gives them (``<name>_<side>x<side>``), fitted as the fingerprint stage fits (the default
+    config's ``[fingerprint]``); its folder."""
+    from perf4sight.config import load_config
+    from perf4sight.fingerprint import fit_fingerprint
+    from perf4sight.networks.reshape import shaped_name
+
+    descs, rows = _project(folder, folder / "config-default.toml", "profiling_csvs-default")
+    more, more_rows = _project(folder, folder / f"config-r{side}.toml", f"profiling_csvs-r{side}")
+    for name, desc in more.items():
+        descs[shaped_name(name, desc.input_shape)] = dataclasses.replace(desc, name=shaped_name(name, desc.input_shape))
+    rows += [dict(r, network=shaped_name(r["network"], more[r["network"]].input_shape)) for r in more_rows]
+    out = folder / f"fingerprinting-two-shapes-{side}" / DEVICE
+    fit_fingerprint(rows, descs, DEVICE, out, load_config(folder / "config-default.toml").fingerprint)
+    return out
+
+
+def _scores(fp: object, descs: dict, rows: list[dict]) -> tuple[dict, list[dict]]:
+    """``fp``'s (MAPE %, mean signed error %, share in the interval) per target on ``rows``, and its predictions."""
+    preds = [fp.predict(descs[r["network"]], batch_size_of(r))[0] for r in rows]
+    cells = {}
+    for p, c, label in TARGETS:
+        meas = np.array([number(r[c]) for r in rows])
+        cover = float(np.mean([q[f"{p}_low"] <= m <= q[f"{p}_high"] for q, m in zip(preds, meas)]))
+        cells[label] = (*_errors(np.array([q[p] for q in preds]), meas), cover)
+    return cells, preds
+
+
+def run(shapes: tuple[int, ...] = (64, 96, 128, 224), keep: str = "", second: int = 128) -> list[dict]:
+    """Profile, fingerprint and predict (see the module doc); rows for bench/run_all.py."""
     from perf4sight.fingerprint.predict import load_fingerprint
 
     out: list[dict] = []
@@ -64,36 +106,34 @@ def run(shapes: tuple[int, ...] = (64, 96, 128, 224), keep: str = "") -> list[di
         default = write_config(folder, "default", "default")
         for stage in ("networks", "profile", "fingerprint"):
             run_stage(default, stage, "bench_input_shape")
-        fp = load_fingerprint(folder / "fingerprinting-default" / DEVICE)
-        print(f"fingerprint of {', '.join(map(str, fp.input_shape))} images: {len(fp.metadata['networks'])} networks",
-              flush=True)
-        table = []
-        for side in shapes:
+        fps = {"64x64 rows": load_fingerprint(folder / "fingerprinting-default" / DEVICE)}
+        print(f"fingerprint of {shape_text(fps['64x64 rows'].input_shape)} images: "
+              f"{len(fps['64x64 rows'].metadata['networks'])} networks", flush=True)
+        projects = {}
+        for side in dict.fromkeys((*shapes, second)):
             config = shape_config(folder, side)
             for stage in ("networks", "profile"):
                 run_stage(config, stage, "bench_input_shape")
-            descs = descriptions_and_shas(load_config(config), DEVICE)[0]
-            rows = [r for r in read_rows(folder / f"profiling_csvs-r{side}" / DEVICE / "measurements.csv")
-                    if r["status"] == "ok" and r["network"] in descs]
-            preds = [fp.predict(descs[r["network"]], batch_size_of(r))[0] for r in rows]
-            cells = {}
-            for p, c, label in TARGETS:
-                meas = np.array([number(r[c]) for r in rows])
-                pred = np.array([q[p] for q in preds])
-                cover = float(np.mean([q[f"{p}_low"] <= m <= q[f"{p}_high"] for q, m in zip(preds, meas)]))
-                mape, bias = _errors(pred, meas)
-                cells[label] = (mape, bias, cover)
-                out.append({"benchmark": "input_shape", "metric": f"{side}x{side}: {label.split(',')[0]} MAPE",
-                            "value": mape, "unit": "%", "note": f"bias {bias:+.1f}%, interval coverage "
-                                                                f"{100 * cover:.0f}%, {len(rows)} measurements"})
-            table.append((side, len(rows), cells))
-            if side == shapes[-1]:
-                _print_rows(side, rows, preds)
-        print("\npredicted by the fingerprint of the default networks (3x64x64), MAPE % (mean signed error), share in "
-              "the 90% interval:")
-        print(f"{'shape':<10}{'rows':>5}" + "".join(f"  {label:^30}" for _, _, label in TARGETS))
-        for side, n, cells in table:
-            print(f"{f'{side}x{side}':<10}{n:>5}" + "".join(
+            descs, rows = _project(folder, config, f"profiling_csvs-r{side}")
+            projects[side] = descs, [r for r in rows if r["status"] == "ok"]
+        fps[f"+ {second}x{second} rows"] = load_fingerprint(two_shape_fingerprint(folder, second))
+        table = []
+        for title, fp in fps.items():
+            for side in shapes:
+                cells, preds = _scores(fp, *projects[side])
+                table.append((title, side, len(projects[side][1]), cells))
+                for label, (mape, bias, cover) in cells.items():
+                    out.append({"benchmark": "input_shape", "metric": f"{title}: {side}x{side}: {label.split(',')[0]} "
+                                "MAPE", "value": mape, "unit": "%", "note": f"bias {bias:+.1f}%, interval coverage "
+                                f"{100 * cover:.0f}%, {len(projects[side][1])} measurements"})
+                if side == shapes[-1] and title == "64x64 rows":
+                    _print_rows(side, projects[side][1], preds)
+        print(f"\npredicted by a fingerprint of the default networks (3x64x64), and by one with the torchvision rows "
+              f"at {second}x{second} too ({second}x{second}: in its training rows), MAPE % (mean signed error), share "
+              "in the 90% interval:")
+        print(f"{'fingerprint':<20}{'shape':<10}{'rows':>5}" + "".join(f"  {label:^30}" for _, _, label in TARGETS))
+        for title, side, n, cells in table:
+            print(f"{title:<20}{f'{side}x{side}':<10}{n:>5}" + "".join(
                 f"  {m:>8.1f} ({b:+6.1f}) {100 * c:>8.0f}%      " for m, b, c in cells.values()), flush=True)
     return out
 
@@ -114,9 +154,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="+", type=int, default=[64, 96, 128, 224],
                     help="image sides to profile the torchvision networks at (square, 3 channels)")
+    ap.add_argument("--second-shape", type=int, default=128,
+                    help="the side of the torchvision rows the second fingerprint is also fitted on")
     ap.add_argument("--keep", default="", help="make the datasets in this folder and keep them (a rerun resumes)")
     args = ap.parse_args()
-    run(tuple(args.shapes), args.keep)
+    run(tuple(args.shapes), args.keep, args.second_shape)
 
 
 if __name__ == "__main__":

@@ -183,7 +183,8 @@ def prune_source(src: Source, input_shape: list[int], levels: list[float], strat
     return out
 
 
-def at_extra_shapes(cfg: Config, desc: NetworkDescription, progress: Progress | None = None) -> list[NetworkDescription]:
+def at_extra_shapes(cfg: Config, desc: NetworkDescription,
+                    progress: Progress | None = None) -> list[NetworkDescription]:
     """``desc`` (made at ``[networks] input_shape``) at each of ``[networks] extra_input_shapes``, named
     ``<name>_<H>x<W>`` (:func:`reshape.query_at`: rebuilt there, or pruned there as a variant of its network)."""
     out = []
