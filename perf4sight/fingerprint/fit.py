@@ -224,7 +224,9 @@ def capacity_basis(capacity: float | None, memory_limit_mb: float, memory_model:
 
 
 def training_input_shapes(descriptions: dict[str, NetworkDescription], names: Iterable[str]) -> list[list[int]]:
-    """Every input shape the training networks ``names`` were described at, the one most share first."""
+    """Every input shape the training networks ``names`` were described at, the one most share first (a tie: the
+    shape of the first network by name, at ``[networks] input_shape`` where the networks stage made the others, whose
+    names extend their network's: ``resnet18_l0`` before ``resnet18_l0_128x128``)."""
     shapes = Counter(tuple(descriptions[n].input_shape) for n in names)
     return [list(s) for s, _ in shapes.most_common()]
 
