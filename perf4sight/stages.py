@@ -617,20 +617,24 @@ def _one_image_note(descs: list[NetworkDescription], batch_sizes: list[int]) -> 
 def _family_note(fp: object, descs: list[NetworkDescription]) -> None:
     """Say which queries are of a family the fingerprint's training rows had (a description's ``network`` with
     the layer structure of one of its training networks, e.g. another pruning level): they get the interval of
-    such networks, and a mean step-time form's tree corrections (a CPU fingerprint's; any other network gets its
-    members' linear sums alone). A query that names a training family but has other layers is said to be
-    predicted as a family never seen."""
+    such networks (at a shape of its rows; at another, the interval of a family never seen), and a mean step-time
+    form's tree corrections (a CPU fingerprint's; any other network gets its members' linear sums alone). A query
+    that names a training family but has other layers is said to be predicted as a family never seen."""
     from perf4sight.fingerprint.predict import Fingerprint
     from perf4sight.fingerprint.trees import MeanModel
     if not isinstance(fp, Fingerprint):
         return
     known = fp.training_family_of(descs)
-    names = [d.name for d, f in zip(descs, known) if f]
-    if names:
-        model = fp.models.get("latency")
-        trees = isinstance(model, MeanModel) and model.corrected
-        notes.print(f"note: {', '.join(names)}: of a family this fingerprint was trained on: the interval of such "
-                    "networks" + ("; the step time with its forms' tree corrections" if trees else ""), markup=False)
+    shaped = [fp.at_training_shape(d) for d in descs]
+    model = fp.models.get("latency")
+    trees = "; the step time with its forms' tree corrections" if isinstance(model, MeanModel) and model.corrected \
+        else ""
+    for at_shape, interval in ((True, "the interval of such networks"),
+                               (False, "at another shape than its rows', the interval of a family never seen")):
+        names = [d.name for d, f, s in zip(descs, known, shaped) if f and s == at_shape]
+        if names:
+            notes.print(f"note: {', '.join(names)}: of a family this fingerprint was trained on: {interval}{trees}",
+                        markup=False)
     others = [f"{d.name} ({d.family})" for d, f in zip(descs, known) if not f and d.family in fp.training_families]
     if others:
         notes.print(f"note: {', '.join(others)}: named as a training family but with other layers than its "

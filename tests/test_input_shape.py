@@ -7,6 +7,7 @@ import importlib
 import re
 import warnings
 
+import numpy as np
 import pytest
 import torch.nn.functional as F
 from torch import nn
@@ -165,3 +166,10 @@ def test_a_fingerprint_of_two_shapes_names_both_and_warns_at_neither_alone(tmp_p
             fp.predict_module(_probe(6), [3, side, side], 4)
     with pytest.warns(UserWarning, match=r"training networks were 3x16x16 or 3x24x24"):
         fp.predict_module(_probe(6), [3, 32, 32], 4)
+    # a network of a family seen gets that band at a training shape, the band of a family never seen at another
+    assert fp._seen_bands["latency"] != fp._bands["latency"]
+    for side, band in ((24, fp._seen_bands), (32, fp._bands)):
+        (p,) = fp.predict(describe(_probe(8), [3, side, side], name="net", network="w8"), 4)
+        for target, key in (("latency", "latency_ms"), ("memory", "memory_mb")):
+            ratios = (np.log(p[f"{key}_low"] / p[key]), np.log(p[f"{key}_high"] / p[key]))
+            assert ratios == pytest.approx(band[target])

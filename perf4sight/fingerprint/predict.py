@@ -281,8 +281,17 @@ class Fingerprint(ModuleQueries):
         lat, mem = (self.models[t].predict(F, self.models[t].trees_for(families)) for t in ("latency", "memory"))
         demand = self._demand(F, mem)
         fits = [None if self.capacity_mb is None else d <= self.capacity_mb for d in demand]
-        seen = [f != "" for f in families]
+        # the narrower band of a family seen holds at the shapes it was seen at; at another, the band of a family never
+        # seen (the queries are extrapolations either way; the trees of a family seen still apply)
+        shaped = [self.at_training_shape(nf) for nf in nfs for _ in bss]
+        seen = [f != "" and s for f, s in zip(families, shaped)]
         return prediction_rows([nf.name for nf in nfs], bss, lat, mem, self._bands, fits, self._seen_bands, seen)
+
+    def at_training_shape(self, net: NetworkDescription | NetworkFeatures) -> bool:
+        """Whether ``net`` (a description, or its features) is described at one of :attr:`input_shapes` (True where
+        either is unknown)."""
+        shape = getattr(net.description if isinstance(net, NetworkFeatures) else net, "input_shape", None)
+        return not self.input_shapes or shape is None or list(shape) in self.input_shapes
 
     def training_family_of(self, descs: Sequence[NetworkDescription | NetworkFeatures]) -> list[str]:
         """Each network's family where it is one this fingerprint was trained on, else "": its name among the
