@@ -25,7 +25,7 @@ from perf4sight.networks.on_request import with_command_line_factories
 from perf4sight.profiling.results import batch_size_of
 from perf4sight.report import plots
 from perf4sight.report.data import (Curve, DeviceData, batch_grid, feature_sensitivity, measured_vs_predicted,
-                                    prediction_curve, shape_label, summarise_measurements)
+                                    prediction_curve, shape_label, summarise_measurements, training_shapes_label)
 from perf4sight.report.pruning import (LeastLevel, PruningPoint, least_levels, print_pruning, pruning_blocks,
                                        pruning_points)
 from perf4sight.report.render import Block, Heading, Image, Table, Text, to_html, to_markdown
@@ -144,7 +144,7 @@ def _glance_blocks(devs: list[DeviceData]) -> list[Block]:
         oom = sum(f.oom for f in d.families)
         rows.append([d.name, ", ".join(sorted({r.get("backend", "") for r in d.rows})) or "?",
                      _step(d), str(len({r["network"] for r in d.rows})), f"{ok} / {oom}",
-                     shape_label(m.get("input_shape")),
+                     training_shapes_label(m),
                      m.get("memory_target", "?"),
                      f"{_fmt(la.get('mape'))} / {_fmt(la.get('within10'), '.0f')}",
                      f"{_fmt(me.get('mape'))} / {_fmt(me.get('within10'), '.0f')}",
@@ -281,7 +281,7 @@ def _print_summary(console: Console, devs: list[DeviceData], names: list[str], f
         t.add_column(f"max bs\n{n}", justify="right")
     for d in devs:
         acc = d.metadata.get("accuracy", {})
-        t.add_row(d.name, shape_label(d.metadata.get("input_shape")), str(len({r["network"] for r in d.rows})),
+        t.add_row(d.name, training_shapes_label(d.metadata), str(len({r["network"] for r in d.rows})),
                   f"{sum(f.ok for f in d.families)}/{sum(f.oom for f in d.families)}",
                   _fmt(acc.get("latency", {}).get("overall", {}).get("mape")),
                   _fmt(acc.get("memory", {}).get("overall", {}).get("mape")),

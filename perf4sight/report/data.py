@@ -224,6 +224,13 @@ def shape_label(shape: Any) -> str:
     return shape_text(shape) or "?"
 
 
+def training_shapes_label(metadata: dict[str, Any]) -> str:
+    """A fingerprint's training input shapes (``input_shapes``, else ``input_shape``), ``CxHxW`` each, the one most
+    of its networks share first ("?" where unknown)."""
+    shapes = metadata.get("input_shapes") or [metadata.get("input_shape")]
+    return ", ".join(shape_label(s) for s in shapes)
+
+
 def _key(s: str) -> str:
     return re.sub(r"[^a-z0-9]", "", s.lower())
 
