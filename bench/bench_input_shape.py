@@ -15,14 +15,16 @@ With the tool's own stages, in a temporary folder:
 4. a second fingerprint, fitted on the default rows and the torchvision rows of ``--second-shape`` (128 by default),
    named as ``[networks] extra_input_shapes`` names them (``resnet18_l0_128x128``), predicts the same measurements:
    what rows at two shapes buy. Its rows at that shape are in its training data, so its figures there are not
-   held out.
+   held out;
+5. each torchvision family held out of both fingerprints' rows (at every shape; the fit without its nested
+   evaluation) and predicted at each shape: a family never seen, at a shape never seen.
 
 The networks' families are the fingerprint's own (their tree corrections apply), so this measures the shape alone,
 not a family never seen.
 
     .venv/bin/python bench/bench_input_shape.py [--shapes 64 96 128 224] [--second-shape 128] [--keep DIR]
 
-Takes about 30 minutes on 2 cores, most of it the 224x224 profile.
+Takes about 15 minutes on 2 cores, most of it the 224x224 profile.
 """
 from __future__ import annotations
 
@@ -66,21 +68,53 @@ def _project(folder: Path, config: Path, csv_dir: str) -> tuple[dict, list[dict]
     return descs, [r for r in read_rows(folder / csv_dir / DEVICE / "measurements.csv") if r["network"] in descs]
 
 
-def two_shape_fingerprint(folder: Path, side: int) -> Path:
-    """The default project's rows and the torchvision rows at ``side`` x ``side``, under the names ``[networks]
-    extra_input_shapes`` gives them (``<name>_<side>x<side>``), fitted as the fingerprint stage fits (the default
-    config's ``[fingerprint]``); its folder."""
-    from perf4sight.config import load_config
-    from perf4sight.fingerprint import fit_fingerprint
+def two_shape_rows(folder: Path, side: int) -> tuple[dict, list[dict]]:
+    """The default project's descriptions and rows, and the torchvision ones at ``side`` x ``side`` under the names
+    ``[networks] extra_input_shapes`` gives them (``<name>_<side>x<side>``)."""
     from perf4sight.networks.reshape import shaped_name
 
     descs, rows = _project(folder, folder / "config-default.toml", "profiling_csvs-default")
     more, more_rows = _project(folder, folder / f"config-r{side}.toml", f"profiling_csvs-r{side}")
     for name, desc in more.items():
         descs[shaped_name(name, desc.input_shape)] = dataclasses.replace(desc, name=shaped_name(name, desc.input_shape))
-    rows += [dict(r, network=shaped_name(r["network"], more[r["network"]].input_shape)) for r in more_rows]
-    out = folder / f"fingerprinting-two-shapes-{side}" / DEVICE
-    fit_fingerprint(rows, descs, DEVICE, out, load_config(folder / "config-default.toml").fingerprint)
+    return descs, rows + [dict(r, network=shaped_name(r["network"], more[r["network"]].input_shape))
+                          for r in more_rows]
+
+
+def _fitted(folder: Path, name: str, descs: dict, rows: list[dict], nested: bool = True) -> object:
+    """``rows`` fitted as the fingerprint stage fits them (the default config's ``[fingerprint]``) into
+    ``fingerprinting-<name>``, loaded."""
+    from perf4sight.config import load_config
+    from perf4sight.fingerprint import fit_fingerprint, load_fingerprint
+
+    out = folder / f"fingerprinting-{name}" / DEVICE
+    fit_fingerprint(rows, descs, DEVICE, out, load_config(folder / "config-default.toml").fingerprint, nested=nested)
+    return load_fingerprint(out)
+
+
+def held_out_families(folder: Path, projects: dict, shapes: tuple[int, ...], second: int) -> list[dict]:
+    """Each torchvision family held out of both fingerprints' rows (at every shape) and predicted at each shape: a
+    family never seen, at a shape never seen."""
+    sets = {"64x64 rows": _project(folder, folder / "config-default.toml", "profiling_csvs-default"),
+            f"+ {second}x{second} rows": two_shape_rows(folder, second)}
+    out, lines = [], []
+    for family in ZOO:
+        for title, (descs, rows) in sets.items():
+            fp = _fitted(folder, f"without-{family}-{len(lines)}", descs,
+                         [r for r in rows if descs[r["network"]].family != family], nested=False)
+            cells = []
+            for side in shapes:
+                d, rs = projects[side]
+                scores = _scores(fp, d, [r for r in rs if d[r["network"]].family == family])[0]
+                (lm, _, lc), (mm, _, mc) = scores.values()
+                cells.append(f"{lm:7.1f} {100 * lc:4.0f}% {mm:6.1f} {100 * mc:4.0f}%")
+                out += [{"benchmark": "input_shape", "metric": f"{family} held out, {title}: {side}x{side}: {what} "
+                         "MAPE", "value": v, "unit": "%", "note": ""} for what, v in (("time", lm), ("peak RSS", mm))]
+            lines.append(f"{family:<15}{title:<16}" + "".join(f"  {c}" for c in cells))
+    print("\neach torchvision family held out (at every shape), step time MAPE % and share in the interval, then peak "
+          "RSS:")
+    print(f"{'held out':<15}{'fingerprint':<16}" + "".join(f"  {f'{s}x{s}':^27}" for s in shapes))
+    print("\n".join(lines), flush=True)
     return out
 
 
@@ -116,7 +150,7 @@ def run(shapes: tuple[int, ...] = (64, 96, 128, 224), keep: str = "", second: in
                 run_stage(config, stage, "bench_input_shape")
             descs, rows = _project(folder, config, f"profiling_csvs-r{side}")
             projects[side] = descs, [r for r in rows if r["status"] == "ok"]
-        fps[f"+ {second}x{second} rows"] = load_fingerprint(two_shape_fingerprint(folder, second))
+        fps[f"+ {second}x{second} rows"] = _fitted(folder, f"two-shapes-{second}", *two_shape_rows(folder, second))
         table = []
         for title, fp in fps.items():
             for side in shapes:
@@ -135,6 +169,7 @@ def run(shapes: tuple[int, ...] = (64, 96, 128, 224), keep: str = "", second: in
         for title, side, n, cells in table:
             print(f"{title:<20}{f'{side}x{side}':<10}{n:>5}" + "".join(
                 f"  {m:>8.1f} ({b:+6.1f}) {100 * c:>8.0f}%      " for m, b, c in cells.values()), flush=True)
+        out += held_out_families(folder, projects, shapes, second)
     return out
 
 
