@@ -173,3 +173,17 @@ def test_a_fingerprint_of_two_shapes_names_both_and_warns_at_neither_alone(tmp_p
         for target, key in (("latency", "latency_ms"), ("memory", "memory_mb")):
             ratios = (np.log(p[f"{key}_low"] / p[key]), np.log(p[f"{key}_high"] / p[key]))
             assert ratios == pytest.approx(band[target])
+
+
+def test_a_network_that_cannot_take_an_extra_shape_is_left_out_there_with_a_note(tmp_path):
+    """A generated transformer stage's position embedding has one entry per pixel: at another shape it is left out
+    (said why), the rest of the dataset is made."""
+    (tmp_path / "config.toml").write_text(
+        '[networks]\nzoo = ["squeezenet1_1"]\ninput_shape = [3, 32, 32]\nextra_input_shapes = [[3, 48, 48]]\n'
+        'num_classes = 10\n[networks.pruning]\nlevels = [0]\n[networks.generator]\ncount = 1\nmin_mflops = 1\n'
+        'max_mflops = 200\nstyles = ["transformer"]\n')
+    made = make_networks(load_config(tmp_path / "config.toml"))
+    assert [r["network"] for r in made.rows] == ["squeezenet1_1_l0", "squeezenet1_1_l0_48x48", "gen_0_0"]
+    (line,) = made.skipped
+    assert line.startswith("gen_0_0_48x48 left out: gen_0_0 cannot be made at 3x48x48 (gen_0_0: the model's forward "
+                           "fails at input shape [3, 48, 48]")

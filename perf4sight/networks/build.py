@@ -183,16 +183,23 @@ def prune_source(src: Source, input_shape: list[int], levels: list[float], strat
     return out
 
 
-def at_extra_shapes(cfg: Config, desc: NetworkDescription,
+def at_extra_shapes(cfg: Config, desc: NetworkDescription, skipped: list[str],
                     progress: Progress | None = None) -> list[NetworkDescription]:
     """``desc`` (made at ``[networks] input_shape``) at each of ``[networks] extra_input_shapes``, named
-    ``<name>_<H>x<W>`` (:func:`reshape.query_at`: rebuilt there, or pruned there as a variant of its network)."""
+    ``<name>_<H>x<W>`` (:func:`reshape.query_at`: rebuilt there, or pruned there as a variant of its network). One
+    that cannot take a shape (a generated transformer stage's position embedding has one entry per pixel) is left out
+    at it, with a line saying why appended to ``skipped``."""
     out = []
     for shape in cfg.networks.extra_input_shapes:
-        at = query_at(cfg, desc.name, desc, shape)
-        out.append(dataclasses.replace(at, name=shaped_name(desc.name, shape)))
+        name = shaped_name(desc.name, shape)
+        try:
+            at = query_at(cfg, desc.name, desc, shape)
+        except UserError as exc:
+            skipped.append(f"{name} left out: {desc.name} cannot be made at {shape_text(shape)} ({exc})")
+            continue
+        out.append(dataclasses.replace(at, name=name))
         if progress:
-            progress(f"{out[-1].name}: at {shape_text(shape)}")
+            progress(f"{name}: at {shape_text(shape)}")
     return out
 
 
@@ -313,7 +320,7 @@ def make_networks(cfg: Config, progress: Progress | None = None) -> NetworksMade
         for src in found:
             for desc in prune_source(src, list(net.input_shape), list(pr.levels), pr.strategy, pr.min_channels,
                                      pr.seed, progress, skipped):
-                for each in [desc, *at_extra_shapes(cfg, desc, progress)]:
+                for each in [desc, *at_extra_shapes(cfg, desc, skipped, progress)]:
                     path = _save(each, folder / f"{each.name}.json", changed)
                     pruned_rows.append(_row(each, path, models_dir))
         write_manifest(pruned_rows, folder / "manifest.csv")
@@ -321,7 +328,7 @@ def make_networks(cfg: Config, progress: Progress | None = None) -> NetworksMade
     if generated:
         folder = models_dir / "generated"
         gen_rows = []
-        for desc in [d for made in generated for d in [made, *at_extra_shapes(cfg, made)]]:
+        for desc in [d for made in generated for d in [made, *at_extra_shapes(cfg, made, skipped)]]:
             path = _save(desc, folder / f"{desc.name}.json", changed)
             gen_rows.append(_row(desc, path, models_dir))
         write_manifest(gen_rows, folder / "manifest.csv")

@@ -1,5 +1,6 @@
 """A network described again at another input shape: what ``--stage predict --input-shape`` asks of a description
-file or a dataset network (a zoo name is described at the asked shape directly).
+file or a dataset network (a zoo name is described at the asked shape directly), and how the networks stage makes
+every network at ``[networks] extra_input_shapes`` (named :func:`shaped_name`).
 
 The description is rebuilt as a module (the same layers and channels) and traced at the new shape, as the networks
 stage does with a ``[networks] description_files`` entry described at another shape than ``[networks]
@@ -7,7 +8,8 @@ input_shape``. What a description fixes as numbers cannot follow the new shape: 
 classifier fed a flattened map) fails in the trace, and a resize to a literal size (a segmentation network's output
 brought back to its input's size) would run at the old size; both are refused with one line, except for a pruned
 variant of a zoo network or of one ``[networks]`` names (a ViT's, whose position embedding has one entry per patch),
-which is pruned at the new shape instead, as the networks stage would prune it there.
+which is pruned at the new shape instead, as the networks stage would prune it there. The same holds for what the
+generator makes: its transformer stages' position embedding has one entry per pixel.
 """
 from __future__ import annotations
 
