@@ -582,14 +582,12 @@ def _ensemble_note(fp: object) -> None:
 
 def _shape_note(fp: object, descs: list[NetworkDescription]) -> None:
     """Warn about networks described at none of the input shapes of the fingerprint's training networks."""
-    trained_at = fp.input_shapes
-    if not trained_at:
-        return
-    other = sorted({d.name for d in descs if list(d.input_shape) not in [list(s) for s in trained_at]})
+    other = sorted({d.name for d in descs if not fp.at_training_shape(d)})
     if other:
+        trained_at = " or ".join(map(shape_text, fp.input_shapes))
         notes.print(f"note: {', '.join(other[:5])}{' ...' if len(other) > 5 else ''} described at another input "
-                    f"shape than this fingerprint's training networks ({' or '.join(map(shape_text, trained_at))}): "
-                    "expect larger errors", style="yellow", markup=False)
+                    f"shape than this fingerprint's training networks ({trained_at}): expect larger errors",
+                    style="yellow", markup=False)
 
 
 def _domain_note(fp: object, descs: list[NetworkDescription], batch_sizes: list[int]) -> None:

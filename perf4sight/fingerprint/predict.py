@@ -181,6 +181,12 @@ class ModuleQueries:
         stored = getattr(self, "metadata", {}).get("input_shapes")
         return [list(s) for s in stored] if stored else ([list(self.input_shape)] if self.input_shape else [])
 
+    def at_training_shape(self, net: NetworkDescription | NetworkFeatures) -> bool:
+        """Whether ``net`` (a description, or its features) is described at one of :attr:`input_shapes` (True where
+        either is unknown)."""
+        shape = getattr(net.description if isinstance(net, NetworkFeatures) else net, "input_shape", None)
+        return not self.input_shapes or shape is None or list(shape) in self.input_shapes
+
     def predict_module(self, module: Any, input_shape: Sequence[int], batch_sizes: int | Sequence[int],
                        name: str | None = None) -> list[dict[str, Any]]:
         """Predict for a torch ``nn.Module`` at ``input_shape`` (``[C, H, W]`` of one image, no batch),
@@ -190,7 +196,10 @@ class ModuleQueries:
         from perf4sight.ir.from_torch import describe
         bss = batch_list(batch_sizes)  # checked before describing (up to seconds)
         desc = describe(module, input_shape=input_shape, name=name or type(module).__name__)
-        warn_other_shape(desc, self.input_shapes)
+        if not self.at_training_shape(desc):  # its predictions are extrapolations
+            shape, train = shape_text(desc.input_shape), " or ".join(shape_text(s) for s in self.input_shapes)
+            warnings.warn(f"{desc.name}: described at input shape {shape}, but this fingerprint's training networks "
+                          f"were {train}: expect larger errors", UserWarning, stacklevel=2)
         return self.predict(desc, bss)
 
     def max_batch_size(self, desc: Any, limit: int = 1024) -> int | None:
@@ -201,15 +210,6 @@ class ModuleQueries:
         if self.capacity_mb is None:
             return None
         return largest_fitting(lambda b: not self.predict(d, [b])[0]["fits"], limit)
-
-
-def warn_other_shape(desc: NetworkDescription, trained_at: Sequence[Sequence[int]]) -> None:
-    """``UserWarning`` when ``desc`` was described at none of the input shapes of the predictor's training
-    networks (``trained_at``; nothing when unknown): its predictions are extrapolations."""
-    if trained_at and list(desc.input_shape) not in [list(s) for s in trained_at]:
-        shape, train = shape_text(desc.input_shape), " or ".join(shape_text(s) for s in trained_at)
-        warnings.warn(f"{desc.name}: described at input shape {shape}, but this fingerprint's training networks "
-                      f"were {train}: expect larger errors", UserWarning, stacklevel=3)
 
 
 class Fingerprint(ModuleQueries):
@@ -283,15 +283,9 @@ class Fingerprint(ModuleQueries):
         fits = [None if self.capacity_mb is None else d <= self.capacity_mb for d in demand]
         # the narrower band of a family seen holds at the shapes it was seen at; at another, the band of a family never
         # seen (the queries are extrapolations either way; the trees of a family seen still apply)
-        shaped = [self.at_training_shape(nf) for nf in nfs for _ in bss]
+        shaped = [s for s in map(self.at_training_shape, nfs) for _ in bss]
         seen = [f != "" and s for f, s in zip(families, shaped)]
         return prediction_rows([nf.name for nf in nfs], bss, lat, mem, self._bands, fits, self._seen_bands, seen)
-
-    def at_training_shape(self, net: NetworkDescription | NetworkFeatures) -> bool:
-        """Whether ``net`` (a description, or its features) is described at one of :attr:`input_shapes` (True where
-        either is unknown)."""
-        shape = getattr(net.description if isinstance(net, NetworkFeatures) else net, "input_shape", None)
-        return not self.input_shapes or shape is None or list(shape) in self.input_shapes
 
     def training_family_of(self, descs: Sequence[NetworkDescription | NetworkFeatures]) -> list[str]:
         """Each network's family where it is one this fingerprint was trained on, else "": its name among the

@@ -415,11 +415,11 @@ _LEAF_MODULES: dict[str, Callable[[nn.Module], tuple[str, dict]]] = {
 
 
 def _described_whole(m: nn.Module) -> tuple[str, dict] | None:
-    """The op and attrs of a rebuilt network's module that stands for one node (``to_torch.DESCRIBED_WHOLE``)."""
+    """The op and attrs of a rebuilt network's module that stands for one node (``to_torch.DESCRIBED_WHOLE`` marks
+    them); None for any other module, a user's own that happens to have such an attribute included."""
     from perf4sight.ir import to_torch
 
-    whole = getattr(m, "described_as", None)
-    return whole if isinstance(m, (to_torch.WindowAttention, to_torch.PatchMerge, to_torch.GroupAttention)) else None
+    return getattr(m, "described_as", None) if type(m).__module__ == to_torch.__name__ else None
 
 
 class _Tracer(fx.Tracer):

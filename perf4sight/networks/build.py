@@ -308,12 +308,10 @@ def make_networks(cfg: Config, progress: Progress | None = None) -> NetworksMade
         generated = generate(GeneratorSettings.from_config(gen), list(net.input_shape), net.num_classes,
                              config=cfg.path)
     found = sources(cfg) if net.zoo or net.factories or net.description_files else []
-    names = [variant_name(src.name, lvl) for src in found for lvl in pr.levels]
-    _check_not_an_output(cfg, [models_dir / "pruned" / pr.strategy / f"{name}.json" for name in names]
-                         + [models_dir / "generated" / f"{desc.name}.json" for desc in generated]
-                         + [models_dir / kind / f"{shaped_name(name, shape)}.json" for shape in net.extra_input_shapes
-                            for kind, name in [(f"pruned/{pr.strategy}", n) for n in names]
-                            + [("generated", d.name) for d in generated]])
+    outputs = [models_dir / "pruned" / pr.strategy / f"{variant_name(src.name, lvl)}.json"
+               for src in found for lvl in pr.levels] + [models_dir / "generated" / f"{d.name}.json" for d in generated]
+    _check_not_an_output(cfg, outputs + [p.with_name(f"{shaped_name(p.stem, shape)}.json") for p in outputs
+                                         for shape in net.extra_input_shapes])
     if found:
         folder = models_dir / "pruned" / pr.strategy
         pruned_rows = []
