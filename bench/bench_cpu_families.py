@@ -32,6 +32,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from _stages import run_stage  # noqa: E402
 from bench_fingerprint import evaluate, figures, load_csv, table  # noqa: E402
+from perf4sight.features.priced_ops import load_op_prices  # noqa: E402
+from perf4sight.profiling.results import OP_PRICES_JSON  # noqa: E402
 
 ZOO = ("resnet18", "mobilenet_v2", "squeezenet1_0", "mnasnet1_0", "shufflenet_v2_x1_0", "googlenet")
 
@@ -100,12 +102,14 @@ def run(generated: int = 12, trees: int = 100, repeats: int = 1, keep: str = "",
         for stage in ("networks", "profile"):
             _stage(config, stage)
             print(f"  {stage} stage done", flush=True)
-        device, rows, descs = load_csv(Path(tmp) / "profiling_csvs" / "cpu-families" / "measurements.csv",
-                                       Path(tmp) / "models")
+        csv = Path(tmp) / "profiling_csvs" / "cpu-families" / "measurements.csv"
+        device, rows, descs = load_csv(csv, Path(tmp) / "models")
+        prices = load_op_prices(csv.parent / OP_PRICES_JSON)  # the profile stage measures them on a CPU
         n_fams = len({r["family"] for r in rows})
-        res = evaluate(device, rows, descs, trees=trees, held_out=list(zoo),
+        res = evaluate(device, rows, descs, trees=trees, held_out=list(zoo), op_prices=prices,
                        label=f"cpu, {len(descs)} networks in {n_fams} families ({generated} generated), "
-                             f"{len(rows)} rows, {repeats} process(es) each; torchvision families held out")
+                             f"{len(rows)} rows, {repeats} process(es) each; torchvision families held out"
+                             + ("; with its op prices" if prices else ""))
     print("\n".join(table(res)), flush=True)
     return figures(res)
 

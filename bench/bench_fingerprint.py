@@ -46,6 +46,7 @@ import numpy as np  # noqa: E402
 
 from perf4sight.config import FingerprintConfig  # noqa: E402
 from perf4sight.features.aggregate import network_features  # noqa: E402
+from perf4sight.features.priced_ops import load_op_prices  # noqa: E402
 from perf4sight.features.perf4sight_set import perf4sight_matrix, perf4sight_vectors  # noqa: E402
 from perf4sight.fingerprint import fit_fingerprint, load_fingerprint  # noqa: E402
 from perf4sight.fingerprint.drift import drift_line, normalise_step_times  # noqa: E402
@@ -54,7 +55,8 @@ from perf4sight.fingerprint.fit import LATENCY_COLUMN, memory_column  # noqa: E4
 from perf4sight.importers import import_perf4sight  # noqa: E402
 from perf4sight.importers.perf4sight_csv import THRASH_RATIO  # noqa: E402
 from perf4sight.ir.schema import load_description  # noqa: E402
-from perf4sight.profiling.results import REFERENCES_CSV, batch_size_of, read_rows, results_path  # noqa: E402
+from perf4sight.profiling.results import (OP_PRICES_JSON, REFERENCES_CSV, batch_size_of, read_rows,  # noqa: E402
+                                         results_path)
 
 TX2 = ROOT.parent / "shared" / "data" / "tx2-perf4sight"
 #: The project's own cpu measurements (profile stage, default config), evaluated too when present.
@@ -169,16 +171,16 @@ def _least_levels(fitted: dict[tuple[int, float], tuple[bool, bool]]) -> tuple[i
 
 
 def _lofo(device: str, rows: list[dict], descs: dict, fams: list[str], cols: dict[str, str], fcfg: Any,
-          tmp: Path) -> tuple[dict, dict, dict]:
+          tmp: Path, op_prices: dict | None = None) -> tuple[dict, dict, dict]:
     """One leave-one-family-out pass with ``fcfg`` (its seed): (metrics, interval coverage, oom checks),
-    per target and held-out family."""
+    per target and held-out family. ``op_prices``: the device's measured op prices (None: none)."""
     ours: dict[str, dict] = {t: {} for t in cols}
     coverage: dict[str, dict] = {t: {} for t in cols}
     oom: dict[str, tuple] = {}
     for fam in fams:
         train = [r for r in rows if r["family"] != fam]
         test = [r for r in rows if r["family"] == fam]
-        fit_fingerprint(train, descs, device, tmp / fam, fcfg, nested=False)  # evaluated here, on `test`
+        fit_fingerprint(train, descs, device, tmp / fam, fcfg, nested=False, op_prices=op_prices)  # scored below
         fp = load_fingerprint(tmp / fam)
         nets = sorted({r["network"] for r in test})
         pred = {(p["network"], p["batch_size"]): p for n in nets
@@ -210,8 +212,9 @@ def _mean_over_seeds(runs: list[dict[str, dict]]) -> dict[str, dict]:
 
 def evaluate(device: str, rows: list[dict], descs: dict, trees: int = 200, baseline_trees: int = 300,
              label: str = "", simulate_memory: bool = True, held_out: list[str] | None = None,
-             seeds: tuple[int, ...] = SEEDS) -> dict[str, Any]:
+             seeds: tuple[int, ...] = SEEDS, op_prices: dict | None = None) -> dict[str, Any]:
     """Leave-one-family-out evaluation of the pipeline and the perf4sight-conv baseline (see module doc);
+    ``op_prices``: the device's measured op prices (``priced_ops.load_op_prices``; None: none);
     ``held_out``: the families to hold out in turn (default all; the others always stay in training);
     ``seeds``: the trees' seeds; every figure of the held-out families is the mean over them (as
     perf4sight's published figures are over seeds 0-2), the MAPE's range over them printed beside it."""
@@ -225,7 +228,7 @@ def evaluate(device: str, rows: list[dict], descs: dict, trees: int = 200, basel
                            "seeds": list(seeds)}
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        runs = [_lofo(device, rows, descs, fams, cols, replace(fcfg, seed=s), Path(tmp) / f"seed{s}")
+        runs = [_lofo(device, rows, descs, fams, cols, replace(fcfg, seed=s), Path(tmp) / f"seed{s}", op_prices)
                 for s in seeds]
         res["ours"] = _mean_over_seeds([r[0] for r in runs])
         res["coverage"] = {t: {f: float(np.mean([r[1][t][f] for r in runs])) for f in fams} for t in cols}
@@ -236,7 +239,8 @@ def evaluate(device: str, rows: list[dict], descs: dict, trees: int = 200, basel
         res["conv"] = _mean_over_seeds([{t: _conv_baseline(rows, descs, col, fams, baseline_trees, s)
                                          for t, col in cols.items()} for s in seeds])
         res["conv_seconds"] = time.perf_counter() - t0
-        meta = fit_fingerprint(rows, descs, device, Path(tmp) / "all", fcfg, nested=False)  # the LOFO table is above
+        meta = fit_fingerprint(rows, descs, device, Path(tmp) / "all", fcfg, nested=False,  # the LOFO table: above
+                               op_prices=op_prices)
         res["random_split"] = {t: meta["accuracy"][t]["random_split"] for t in cols}
         res["network_split"] = {t: meta["accuracy"][t]["network_split"] for t in cols}
         res["selection"] = {t: meta["accuracy"][t]["selection"]["chosen"] for t in cols}
@@ -451,14 +455,15 @@ def measured_reserved(rows: list[dict]):
 def run(data: Path = TX2, csv: Path | None = LOCAL_CSV if LOCAL_CSV.is_file() else None,
         models: Path | None = None, trees: int = 200, simulate_memory: bool = True,
         with_measured_reserved: bool = False, seeds: tuple[int, ...] = SEEDS,
-        keep_thrashing: bool = False, drift_reference: bool = True) -> list[dict]:
+        keep_thrashing: bool = False, drift_reference: bool = True, op_prices: bool = True) -> list[dict]:
     """Evaluate on the TX2 data (skipped when absent) and on a CPU profiling CSV (the project's own by
     default, when present); print the tables, return the figures. ``with_measured_reserved``: on the TX2
     data, the evaluation with :func:`measured_reserved` instead; ``keep_thrashing``: see :func:`load_tx2`;
-    ``drift_reference``: correct the CSV's step times by the ``references.csv`` beside it, if there is one."""
+    ``drift_reference``: correct the CSV's step times by the ``references.csv`` beside it, if there is one;
+    ``op_prices``: fit the CSV's rows with the op prices beside it (``op_prices.json``), if there are some."""
     out: list[dict] = []
     for res in _evaluations(data, csv, models, trees, simulate_memory, with_measured_reserved, seeds,
-                            keep_thrashing, drift_reference):
+                            keep_thrashing, drift_reference, op_prices):
         print("\n".join(table(res)), flush=True)
         out += figures(res)
     return out
@@ -466,7 +471,7 @@ def run(data: Path = TX2, csv: Path | None = LOCAL_CSV if LOCAL_CSV.is_file() el
 
 def _evaluations(data: Path, csv: Path | None, models: Path | None, trees: int, simulate_memory: bool,
                  with_measured_reserved: bool = False, seeds: tuple[int, ...] = SEEDS, keep_thrashing: bool = False,
-                 drift_reference: bool = True):
+                 drift_reference: bool = True, op_prices: bool = True):
     if (data / "graphs").is_dir():
         with tempfile.TemporaryDirectory() as tmp:
             device, rows, descs = load_tx2(data, Path(tmp), keep_thrashing)
@@ -490,7 +495,10 @@ def _evaluations(data: Path, csv: Path | None, models: Path | None, trees: int, 
             rows, drift = normalise_step_times(rows, read_rows(refs), LATENCY_COLUMN)
             print(drift_line(drift))
             label += ", step times corrected by its drift reference" if drift["applied"] else ""
-        yield evaluate(device, rows, descs, trees=trees, label=label, simulate_memory=simulate_memory, seeds=seeds)
+        prices = load_op_prices(csv.parent / OP_PRICES_JSON) if op_prices else None  # a CPU profile measures them
+        label += ", with its op prices" if prices else ""
+        yield evaluate(device, rows, descs, trees=trees, label=label, simulate_memory=simulate_memory, seeds=seeds,
+                       op_prices=prices)
 
 
 def main() -> None:
@@ -510,12 +518,15 @@ def main() -> None:
                          "reserved-memory model would leave; not a predictor)")
     ap.add_argument("--keep-thrashing", action="store_true",
                     help="TX2: keep a step that thrashed as ok (the import records it as oom: THRASH_RATIO)")
+    ap.add_argument("--no-op-prices", action="store_true",
+                    help="--csv: fit without the op prices (op_prices.json) beside it, though there are some")
     ap.add_argument("--no-drift-reference", action="store_true",
                     help="--csv: the step times as measured, though a references.csv lies beside it")
     args = ap.parse_args()
     run(Path("/nonexistent") if args.no_tx2 else args.data, None if args.measured_reserved else args.csv, args.models,
         args.trees, simulate_memory=not args.no_simulate_memory, with_measured_reserved=args.measured_reserved,
-        seeds=tuple(args.seeds), keep_thrashing=args.keep_thrashing, drift_reference=not args.no_drift_reference)
+        seeds=tuple(args.seeds), keep_thrashing=args.keep_thrashing, drift_reference=not args.no_drift_reference,
+        op_prices=not args.no_op_prices)
 
 
 if __name__ == "__main__":

@@ -64,6 +64,11 @@ def test_all_stages_then_predict_json(tmp_path):
     assert all(float(r["peak_rss_mb"]) >= float(r["baseline_rss_mb"]) > 0 for r in rows)
     meta = json.loads((tmp_path / "fingerprinting" / "local" / "metadata.json").read_text())
     assert meta["memory_target"] == "peak_rss_mb" and meta["device"] == "local"
+    # the CPU's op prices, measured after the sweep, are the fingerprint's, and a step-time term of its forms
+    prices = tmp_path / "profiling_csvs" / "local" / "op_prices.json"
+    assert meta["op_prices"] == json.loads(prices.read_text())["ops"]
+    assert "priced_ops_ms" in meta["linear_terms"]["latency"]
+    priced_at = prices.stat().st_mtime_ns
     held = list(csv.DictReader((tmp_path / "fingerprinting" / "local" / "held_out.csv").open()))
     assert "held_out.csv" in meta["files"] and len(held) == sum(meta["training_rows"].values())
     # the compare report's pruning section: the dataset's variants (crosses: their rows at batch 4), and a level
@@ -80,8 +85,9 @@ def test_all_stages_then_predict_json(tmp_path):
     assert ("pruned on request as the networks stage would (l1-norm, min_channels 4, seed 0): at 3x32x32: "
             "squeezenet1_1_l75") in " ".join(run.stderr.split())
 
-    again = main_py(tmp_path, "--stage", "profile")  # resume: nothing new, nothing duplicated
+    again = main_py(tmp_path, "--stage", "profile")  # resume: nothing new, nothing duplicated, the prices kept
     assert again.returncode == 0 and "changed since the networks stage" not in again.stderr
+    assert prices.stat().st_mtime_ns == priced_at
     assert len(list(csv.DictReader((tmp_path / "profiling_csvs" / "local" / "measurements.csv").open()))) == 8
     (tmp_path / "config.toml").write_text(CONFIG.replace("levels = [0, 50]", "levels = [0, 40]"))
     edited = main_py(tmp_path, "--stage", "profile")  # [networks] edited, networks stage not rerun: said so

@@ -35,6 +35,7 @@ levels = [0]
 batch_sizes = [1, 2]
 warmup_steps = 1
 timed_steps = 1
+op_prices = false
 
 [devices.here]
 backend = "cpu"

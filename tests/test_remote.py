@@ -22,10 +22,12 @@ import pytest
 import torch.nn as nn
 
 from perf4sight.config import load_config
+from perf4sight.features.priced_ops import load_op_prices
 from perf4sight.ir.from_torch import describe
 from perf4sight.ir.schema import save_description
 from perf4sight.profiling import results
 from perf4sight.profiling.fleet import check_devices, format_checks, format_summaries, profile_devices
+from perf4sight.profiling.op_prices import PRICED_OPS
 from perf4sight.profiling.pull import CsvPuller, complete_records, rows_to_csv
 from perf4sight.profiling.remote import RemoteProfiler, probe_problems, remote_dir_name
 from perf4sight.profiling.ssh import DeviceError, HostKeyError, LoginError, Remote, quote_argv
@@ -73,8 +75,9 @@ def _descriptions(folder: Path, names: list[str]) -> list[Path]:
     return paths
 
 
-def _config(folder: Path, devices: dict[str, dict], batch_sizes=(1, 2)):
-    lines = [f"[profile]\nbatch_sizes = {list(batch_sizes)}\nwarmup_steps = 1\ntimed_steps = 2\ntimeout_s = 120\n"]
+def _config(folder: Path, devices: dict[str, dict], batch_sizes=(1, 2), op_prices: bool = False):
+    lines = [f"[profile]\nbatch_sizes = {list(batch_sizes)}\nwarmup_steps = 1\ntimed_steps = 2\ntimeout_s = 120\n"
+             f"op_prices = {json.dumps(op_prices)}\n"]
     for name, keys in devices.items():
         lines.append(f"[devices.{json.dumps(name)}]")
         for k, v in keys.items():
@@ -423,11 +426,12 @@ def test_makedirs_accepts_a_folder_another_client_made_meanwhile(servers, tmp_pa
 def test_device_csv_with_older_columns_is_upgraded_before_the_run_and_repeats_and_references_travel(servers, tmp_path):
     """A device CSV written before `repeats` existed: its rows count as measured and survive, the file
     gets today's header before the runner starts, and the new row is the median of 2 fresh processes. A drift
-    reference taken before and after that one new measurement comes back beside it."""
+    reference taken before and after that one new measurement comes back beside it, and so do the CPU's op
+    prices, measured on the device after the sweep."""
     import csv
     a, _ = servers
     (desc,) = _descriptions(tmp_path, ["alpha"])
-    cfg = _config(tmp_path, {"dev-old": _device(a, tmp_path)})
+    cfg = _config(tmp_path, {"dev-old": _device(a, tmp_path)}, op_prices=True)
     cfg.profile.repeats = 2
     cfg.profile.reference_every = 1
     old_columns = [c for c in results.COLUMNS if c not in ("repeats", "latency_ms_repeat_cv")]
@@ -451,6 +455,9 @@ def test_device_csv_with_older_columns_is_upgraded_before_the_run_and_repeats_an
     refs = results.read_rows(results.references_path(cfg.profiling_dir, "dev-old"))
     assert [(r["network"], r["batch_size"], r["status"]) for r in refs] == [("alpha", "1", "ok")] * 2
     assert refs == results.read_rows(remote_csv.parent / "references.csv")
+    pulled = results.op_prices_path(cfg.profiling_dir, "dev-old")
+    assert pulled.read_bytes() == (remote_csv.parent / "op_prices.json").read_bytes()
+    assert set(load_op_prices(pulled)) == set(PRICED_OPS) and json.loads(pulled.read_text())["threads"] >= 1
 
 
 def test_changed_description_is_measured_again_on_the_device_with_a_warning(servers, tmp_path):

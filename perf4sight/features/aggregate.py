@@ -32,6 +32,7 @@ from perf4sight.features.allocator import K_MIN_BLOCK, K_MIN_LARGE_ALLOC, K_ROUN
 from perf4sight.features.formulas import (BYTES_PER_ELEMENT, HANDLERS, OUTPUT, OpCost, is_dilated, numel,
                                          position_loss)
 from perf4sight.features.latency_terms import LATENCY_FEATURES, KernelTable, kernel_table, latency_columns
+from perf4sight.features.priced_ops import priced_ms_per_sample
 from perf4sight.features.step_runtime import StepRuntime
 from perf4sight.features.walk import consumer_counts, walk
 from perf4sight.ir.schema import NetworkDescription
@@ -39,8 +40,8 @@ from perf4sight.ir.schema import NetworkDescription
 __all__ = ["NetworkFeatures", "network_features", "features_for", "feature_matrix", "unsupported_ops",
            "FEATURE_NAMES", "SCALED_FEATURES", "STATIC_FEATURES",
            "ALLOCATOR_FEATURES", "allocator_bytes", "SIM_FEATURES", "LATENCY_FEATURES", "CONTEXT_FEATURES",
-           "WORKSPACE_FEATURES", "DISPATCH_FEATURES", "COPIES_FEATURES", "DILATION_FEATURES", "NATIVE_CONV_MAX_BATCH",
-           "NATIVE_CONV_MAX_INPUT"]
+           "WORKSPACE_FEATURES", "DISPATCH_FEATURES", "COPIES_FEATURES", "DILATION_FEATURES", "PRICED_FEATURES",
+           "NATIVE_CONV_MAX_BATCH", "NATIVE_CONV_MAX_INPUT"]
 
 MIB = float(2**20)
 
@@ -92,9 +93,14 @@ BLAS_OPS = frozenset({"linear", "attention", "window_attention"})
 #: longer at dilation 2): a cost of its own, which rows of networks with such convolutions can pin (the ``dilated``
 #: generator style; docs/accuracy-notes.md, "Segmentation networks"). Appended last.
 DILATION_FEATURES: tuple[str, ...] = ("dilated_dw_macs",)
+#: ``priced_ops_ms``: the ops between the convolutions (batch norm, activations, additions, pools, ...) at the prices
+#: the device charged for each kind in its profile (``priced_ops.py``), ms for the whole batch; 0 where the rows'
+#: device measured none (``StepRuntime.op_prices``). Appended last.
+PRICED_FEATURES: tuple[str, ...] = ("priced_ops_ms",)
 FEATURE_NAMES: tuple[str, ...] = (("batch_size",) + SCALED_FEATURES + STATIC_FEATURES + ("mem_analytic_mb",)
                                   + ALLOCATOR_FEATURES + SIM_FEATURES + LATENCY_FEATURES + CONTEXT_FEATURES
-                                  + WORKSPACE_FEATURES + DISPATCH_FEATURES + COPIES_FEATURES + DILATION_FEATURES)
+                                  + WORKSPACE_FEATURES + DISPATCH_FEATURES + COPIES_FEATURES + DILATION_FEATURES
+                                  + PRICED_FEATURES)
 
 
 @dataclass
@@ -217,6 +223,7 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
     st["mean_conv_channels"] = float(np.mean(conv_channels)) if conv_channels else 0.0
     st["input_hw"] = float(numel(desc.input_shape[1:]))
     st["blas_context"] = float(any(n.op in BLAS_OPS for n in desc.nodes))
+    ps["priced_ops_ms"] = priced_ms_per_sample(desc, runtime.op_prices)
     sizes = np.array(list(saved.values()) + extra_sizes + [ps["input_bytes"] - labels_bytes]
                      + ([labels_bytes] if labels_bytes else []), dtype=float)
     return NetworkFeatures(desc.name, ps, st, unsupported, sizes, description=desc,
@@ -304,9 +311,10 @@ def feature_matrix(nets: list[NetworkFeatures] | NetworkFeatures, batch_sizes: l
                       dtype=float).reshape(len(bs), 2)
     native = np.where(bs <= NATIVE_CONV_MAX_BATCH, bs * native[:, 0], 0.0) + np.where(bs == 1, native[:, 1], 0.0)
     dilated = np.array([n.per_sample.get("dilated_dw_macs", 0.0) for n in rows], dtype=float) * bs
+    priced = np.array([n.per_sample.get("priced_ops_ms", 0.0) for n in rows], dtype=float) * bs
     return np.column_stack([bs, scaled, stat, mem, alloc, mem - extra + alloc, sim, lat,
                             ctx.reshape(len(bs), len(CONTEXT_FEATURES)), im2col, native, copies_mb, mem - copies_mb,
-                            dilated])
+                            dilated, priced])
 
 
 def _latency_block(rows: list[NetworkFeatures], bs: np.ndarray) -> np.ndarray:

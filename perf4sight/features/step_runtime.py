@@ -22,6 +22,9 @@ Each rule is a fact about a torch version or a device, not a fitted figure:
   before that count, which keeps the count it was fitted with.
 - ``native_conv``: the rows ran where torch sends small-batch 1x1 convolutions outside oneDNN (the cpu backend on
   one thread), so the ``native_conv_macs`` term is theirs.
+- ``op_prices``: what the device charged per element for each kind of op between the convolutions, by map side,
+  measured by its profile (``profiling/op_prices.py``; ``features/priced_ops.py`` sums them into the
+  ``priced_ops_ms`` term); () where none were measured (a GPU, imported rows, a profile before 2026-11-26).
 
 The shared walk over a description (``walk.py``) hands every consumer the costs under one set of rules
 (:meth:`StepRuntime.applied`). Which rules a set of rows ran under is read from the rows
@@ -37,6 +40,7 @@ from typing import Any
 from perf4sight.features.formulas import OpCost
 from perf4sight.features.optimizers import (DEFAULT_OPTIMIZER, OPTIMIZER_LABELS, PERF4SIGHT_MOMENTUM,
                                            PERF4SIGHT_WEIGHT_DECAY, OptimizerCost, adds_decay, optimizer_cost)
+from perf4sight.features.priced_ops import check_prices, prices_key
 
 __all__ = ["StepRuntime", "CUDA_MASK_BYTES", "CPU_MASK_BYTES"]
 
@@ -55,6 +59,7 @@ _METADATA_KEYS: dict[str, tuple[str, Any]] = {
     "weight_decay": ("weight_decay", None),  # before 2026-11-26: SGD's with, the others' without
     "zero_grad_set_to_none": ("grads_to_none", False),  # before 2026-11-26: replayed with the gradients kept
     "update_counted_as_run": ("update_as_run", False),  # before 2026-11-26 (evening): momentum one kernel
+    "op_prices": ("op_prices", ()),  # before 2026-11-26 (night): none measured
 }
 
 
@@ -72,6 +77,7 @@ class StepRuntime:
     weight_decay: bool | None = None
     grads_to_none: bool = False
     update_as_run: bool = False
+    op_prices: tuple = ()  # priced_ops.prices_key of the device's table
 
     def __post_init__(self) -> None:
         optimizer_cost(self.optimizer)  # a ValueError naming the known ones
@@ -119,9 +125,16 @@ class StepRuntime:
             return replace(cost, extra_saved_bytes=cost.extra_saved_bytes * self.dropout_mask_bytes)
         return cost
 
+    def with_op_prices(self, table: dict[str, dict[int, float]] | None) -> "StepRuntime":
+        """The same rules with a device's measured op prices (``priced_ops.check_prices``'s table; None: none)."""
+        return replace(self, op_prices=prices_key(table))
+
     def metadata(self) -> dict[str, Any]:
-        """The rules as a stored fingerprint's metadata keeps them."""
-        return {key: getattr(self, name) for key, (name, _) in _METADATA_KEYS.items()}
+        """The rules as a stored fingerprint's metadata keeps them (the op prices as ``{op: {side: ns}}``, or null)."""
+        meta = {key: getattr(self, name) for key, (name, _) in _METADATA_KEYS.items()}
+        meta["op_prices"] = ({op: {str(s): v for s, v in by_side} for op, by_side in self.op_prices}
+                             if self.op_prices else None)
+        return meta
 
     @classmethod
     def from_metadata(cls, metadata: dict[str, Any]) -> "StepRuntime":
@@ -132,4 +145,6 @@ class StepRuntime:
                 raise ValueError(f"{name} is not true or false")
         if kw["weight_decay"] is not None and not isinstance(kw["weight_decay"], bool):
             raise ValueError("weight_decay is not true, false or null")
+        prices = kw.pop("op_prices")
+        kw["op_prices"] = prices_key(check_prices({"ops": prices}, "op_prices")) if prices else ()
         return cls(optimizer=str(kw.pop("optimizer")), dropout_mask_bytes=int(kw.pop("dropout_mask_bytes")), **kw)

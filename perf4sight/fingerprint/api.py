@@ -7,6 +7,7 @@ from typing import Any
 from perf4sight.config import Config
 from perf4sight.dataset import current_rows, other_phases
 from perf4sight.errors import UserError
+from perf4sight.features.priced_ops import load_op_prices
 from perf4sight.fingerprint.drift import normalise_step_times
 from perf4sight.fingerprint.fit import LATENCY_COLUMN, fit_fingerprint, fit_inputs_sha256
 from perf4sight.fingerprint.fit_inputs import stored_if_current
@@ -14,7 +15,7 @@ from perf4sight.fingerprint.predict import Fingerprint, load_fingerprint
 from perf4sight.fingerprint.storage import METADATA_FILE
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.plan import training_phase
-from perf4sight.profiling.results import phase_of, read_rows, references_path, results_path
+from perf4sight.profiling.results import op_prices_path, phase_of, read_rows, references_path, results_path
 
 __all__ = ["device_measurements", "drift_corrected", "fit_device", "fit_device_gnn", "load_device_fingerprint",
            "load_device_predictor"]
@@ -50,13 +51,15 @@ def fit_device(cfg: Config, device: str, descriptions: dict[str, NetworkDescript
     the same inputs (``fit_inputs``) and loads, return its metadata, marked ``"up_to_date": True``, instead."""
     rows, limit = device_measurements(cfg, device, shas, rows=rows)
     rows, drift = drift_corrected(cfg, device, rows)
+    prices = load_op_prices(op_prices_path(cfg.profiling_dir, device))  # a CPU's profile measures them
     folder = cfg.fingerprint_dir / device
     if not refit:
-        stored = stored_if_current(folder / METADATA_FILE,
-                                   fit_inputs_sha256(rows, descriptions, device, cfg.fingerprint, limit, drift=drift))
+        stored = stored_if_current(folder / METADATA_FILE, fit_inputs_sha256(rows, descriptions, device, cfg.fingerprint,
+                                                                             limit, drift=drift, op_prices=prices))
         if stored is not None and _loads(folder):
             return stored | {"up_to_date": True}
-    return fit_fingerprint(rows, descriptions, device, folder, cfg.fingerprint, memory_limit_mb=limit, drift=drift)
+    return fit_fingerprint(rows, descriptions, device, folder, cfg.fingerprint, memory_limit_mb=limit, drift=drift,
+                           op_prices=prices)
 
 
 def _loads(folder: Path) -> bool:

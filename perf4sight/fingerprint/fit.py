@@ -240,18 +240,21 @@ def input_shape_metadata(descriptions: dict[str, NetworkDescription], names: Ite
 
 def fit_inputs_sha256(rows: Any, descriptions: dict[str, NetworkDescription], device: str, fcfg: Any,
                       memory_limit_mb: float = 0.0, coverage: float = 0.9, nested: bool = True,
-                      drift: dict[str, Any] | None = None) -> str:
+                      drift: dict[str, Any] | None = None, op_prices: dict[str, dict[int, float]] | None = None) -> str:
     """The hash of everything :func:`fit_fingerprint` reads from these arguments (``fit_inputs.inputs_sha256``),
     stored in its metadata: equal hashes, equal fingerprints."""
     recs = [r for r in records(rows) if str(r.get("device", device)) == device]
     settings = {"fingerprint": dict(vars(fcfg)), "memory_limit_mb": float(memory_limit_mb), "coverage": coverage,
                 "nested": nested, "drift": drift, "device": device}
+    if op_prices:  # only where measured, so that the hashes of fits without prices stay as they were
+        settings["op_prices"] = StepRuntime().with_op_prices(op_prices).metadata()["op_prices"]
     return inputs_sha256("trees", recs, descriptions, settings, software_versions())
 
 
 def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
                     out_dir: str | Path, fcfg: Any, memory_limit_mb: float = 0.0,
-                    coverage: float = 0.9, nested: bool = True, drift: dict[str, Any] | None = None) -> dict[str, Any]:
+                    coverage: float = 0.9, nested: bool = True, drift: dict[str, Any] | None = None,
+                    op_prices: dict[str, dict[int, float]] | None = None) -> dict[str, Any]:
     """Fit latency and memory models for ``device``, evaluate them, save to ``out_dir``.
 
     ``rows``: tidy measurement dicts or a DataFrame (other devices' rows are ignored);
@@ -260,7 +263,9 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
     (0 = learn the capacity from ``oom`` rows); ``coverage``: the prediction interval's nominal coverage, a
     fraction; ``nested``: nest the accuracy table (``select.nested_cv``; False: the chosen form's own
     cross-validation, for callers that evaluate the fit themselves); ``drift``: the summary of a drift reference's
-    correction of the rows' step times (``drift.normalise_step_times``), kept in the metadata. Returns the metadata
+    correction of the rows' step times (``drift.normalise_step_times``), kept in the metadata; ``op_prices``: what the
+    device charged per element for each kind of op between the convolutions (``priced_ops.check_prices``'s table of
+    its profile's ``op_prices.json``; None: none measured, the ``priced_ops_ms`` term held at 0). Returns the metadata
     written to ``<out_dir>/metadata.json`` (accuracy under ``accuracy``).
     """
     model = str(getattr(fcfg, "model", "extra-trees"))
@@ -271,7 +276,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
     if not recs:
         raise UserError(f"fingerprint: no measurements for device '{device}'")
     mem_col = memory_column(recs)
-    replay, runtime = memory_replay(recs), step_runtime(recs)
+    replay, runtime = memory_replay(recs), step_runtime(recs).with_op_prices(op_prices)
     missing = sorted({str(r["network"]) for r in recs if str(r["network"]) not in descriptions})
     usable = [r for r in recs if str(r["network"]) in descriptions]
     if not usable:
@@ -385,7 +390,8 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
                                                                                         for r in ok_rows})]),
         "networks_without_description": missing,
         "training_data_sha256": _data_hash(usable, ("network", "batch_size", "status", LATENCY_COLUMN, mem_col)),
-        INPUTS_KEY: fit_inputs_sha256(recs, descriptions, device, fcfg, memory_limit_mb, coverage, nested, drift),
+        INPUTS_KEY: fit_inputs_sha256(recs, descriptions, device, fcfg, memory_limit_mb, coverage, nested, drift,
+                                      op_prices),
         "accuracy": accuracy,
         "interval": {"coverage": coverage, "log_ratio_quantiles": intervals,
                      "method": "group-conformal: widest of the pooled and per-group central quantiles of "

@@ -59,12 +59,13 @@ class Candidate:
 
 OVERLAP_FORM = "host|device overlap (64-tiles) x trees, leaf 3"
 FULL_MEMORY_FORM = "sim reserved, bent + analytic + BLAS context + workspace, saturating x trees"
-# the last terms: 1x1 convolutions a one-thread CPU step runs outside oneDNN (held at 0 on other devices), and the
-# dilated depthwise convolutions' MACs (0 where no training network has one: the fit gives it no weight)
+# the last terms: 1x1 convolutions a one-thread CPU step runs outside oneDNN (held at 0 on other devices), the
+# dilated depthwise convolutions' MACs (0 where no training network has one: the fit gives it no weight), and the
+# ops between the convolutions at the device's measured prices (0 where its profile measured none)
 _KERNEL_TERMS = ("one", "lt_gemm_padded_macs", "lt_dw_bytes", "lt_ew_bytes", "lt_launches", "batch_size",
-                 "native_conv_macs", "dilated_dw_macs")
+                 "native_conv_macs", "dilated_dw_macs", "priced_ops_ms")
 _KERNEL_TERMS_64 = ("one", "lt_gemm_padded64_macs", "lt_dw_bytes", "lt_ew_bytes", "lt_launches", "batch_size",
-                    "native_conv_macs", "dilated_dw_macs")
+                    "native_conv_macs", "dilated_dw_macs", "priced_ops_ms")
 #: host time (fixed + per-launch issue cost) overlapped with device time (GEMM work, bandwidth)
 _OVERLAP_TERMS_64 = ("one", "lt_launches", OVERLAP, "lt_gemm_padded64_macs", "lt_dw_bytes", "lt_ew_bytes")
 
@@ -74,7 +75,8 @@ _LATENCY_FORMS: tuple[Candidate, ...] = (
     Candidate("kernel terms (64-tiles) x trees, leaf 3", _KERNEL_TERMS_64, leaf=3),
     Candidate("analytic x trees"), Candidate("analytic only", correct=False),
     Candidate("analytic+odd/norm x trees", ("one", "dense_macs", "depthwise_macs", "activation_elems", "kernels",
-                                            "batch_size", "odd_channel_macs", "norm_elems", "bytes_written")),
+                                            "batch_size", "odd_channel_macs", "norm_elems", "bytes_written",
+                                            "priced_ops_ms")),
     Candidate("analytic x trees, leaf 3", leaf=3),
     # kernel-level terms (features/latency_terms.py): tile-padded GEMM work, bandwidth, launches;
     # always with the tree correction, so the fingerprint still reproduces its own training rows

@@ -57,9 +57,10 @@ LINEAR_TERMS: dict[str, tuple[str, ...]] = {
     # step time: compute, activation traffic, launches, per-sample work, the optimizer's pass over the
     # parameters (its state and update read and write every parameter once per step, whatever the batch size),
     # the 1x1 convolutions a one-thread CPU step runs outside oneDNN at small batches (features/aggregate.py;
-    # held at 0 on other devices), and the dilated depthwise convolutions' MACs (a cost of their own on this CPU)
+    # held at 0 on other devices), the dilated depthwise convolutions' MACs (a cost of their own on this CPU), and
+    # the ops between the convolutions at the prices the device's profile measured (0 where it measured none)
     "latency": ("one", "dense_macs", "depthwise_macs", "activation_elems", "kernels", "batch_size", "param_bytes",
-                "native_conv_macs", "dilated_dw_macs"),
+                "native_conv_macs", "dilated_dw_macs", "priced_ops_ms"),
 }
 #: Inputs of the tree correction (log1p-transformed). Scale-free shape descriptors plus size.
 TREE_FEATURES: tuple[str, ...] = (

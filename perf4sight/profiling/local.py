@@ -20,7 +20,7 @@ from typing import Any, Callable
 from perf4sight.config import Config
 from perf4sight.errors import UserError
 from perf4sight.profiling.plan import TestPlan, save_plan
-from perf4sight.profiling.results import results_path
+from perf4sight.profiling.results import OP_PRICES_JSON, results_path
 
 __all__ = ["ProfileSummary", "make_plan", "profile_local", "follow_runner", "PLAN_NAME"]
 
@@ -76,7 +76,8 @@ def make_plan(cfg: Config, device_name: str, descriptions: list[str | Path], out
                     learning_rate=p.learning_rate, momentum=p.momentum, weight_decay=p.weight_decay,
                     optimizer=p.optimizer, output=output,
                     reference_every=p.reference_every, reference_network=p.reference_network,
-                    reference_batch_size=p.reference_batch_size, retry_errors=p.retry_errors)
+                    reference_batch_size=p.reference_batch_size, retry_errors=p.retry_errors,
+                    op_prices_output=OP_PRICES_JSON if p.op_prices and dev.backend == "cpu" else "")
 
 
 def follow_runner(cmd: list[str], on_event: ProgressSink, env: dict[str, str] | None = None,
@@ -178,6 +179,9 @@ def _rich_sink(device: str) -> tuple[ProgressSink, Callable[[], None]]:
             extra = f" {event['latency_ms_median']} ms" if event.get("latency_ms_median") not in (None, "") else ""
             bar.update(state["task"], completed=event["index"],
                        note=f"{event['network']} @ {event['batch_size']}: {status}{extra}")
+        elif kind == "op_prices" and "task" in state:
+            bar.update(state["task"], note="pricing the ops between the convolutions" if event.get("state") ==
+                       "measuring" else f"ops priced in {event.get('wall_s', 0):.0f} s")
 
     return sink, bar.stop
 

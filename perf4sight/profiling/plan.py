@@ -134,6 +134,9 @@ class TestPlan:
     plan; "" = its first network) at ``reference_batch_size`` (0 = the smallest of ``batch_sizes``) is measured
     before the first new measurement, after every ``reference_every`` new ones and after the last, each time
     appended to ``reference_output``; the fingerprint divides the step times by it (0 = no reference).
+    ``op_prices_output``: where a CPU device writes the prices of the ops between the convolutions
+    (``op_prices.py``), measured once after the sweep (again when the plan's threads or the torch differ from
+    the file's); "" = not measured.
     ``retry_errors``: measure again the configurations whose newest row is an ``error`` (a crash, a timeout);
     the new row is appended and counts from then on (``results.latest_rows``), the old one stays.
     """
@@ -164,6 +167,7 @@ class TestPlan:
     reference_network: str = ""
     reference_batch_size: int = 0
     reference_output: str = REFERENCES_CSV
+    op_prices_output: str = ""
     retry_errors: bool = False
     poll_interval_s: float = 0.01
     version: int = PLAN_VERSION
@@ -203,7 +207,7 @@ _TYPES: Dict[str, Tuple[Type, ...]] = {
     "weight_decay": (int, float, type(None)), "optimizer": (str,), "input_shape": (list, type(None)),
     "num_classes": (int, type(None)), "output": (str,),
     "reference_every": (int,), "reference_network": (str,), "reference_batch_size": (int,), "reference_output": (str,),
-    "retry_errors": (bool,), "poll_interval_s": (int, float), "version": (int,),
+    "op_prices_output": (str,), "retry_errors": (bool,), "poll_interval_s": (int, float), "version": (int,),
 }
 
 

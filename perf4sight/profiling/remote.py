@@ -29,6 +29,7 @@ from typing import Callable, Sequence
 import perf4sight
 from perf4sight.config import Config, DeviceConfig
 from perf4sight.errors import UserError
+from perf4sight.files import write_atomically
 from perf4sight.ir.schema import load_description
 from perf4sight.ir.shapes import shape_text
 from perf4sight.profiling import results
@@ -253,6 +254,12 @@ class RemoteProfiler:
         self.progress(self.dev.name, done, self.summary.expected, last)
         return len(fresh)
 
+    def _pull_op_prices(self) -> None:
+        """The device's op prices (``op_prices.json``, written once at the end of a run), where it has them."""
+        text = self.remote.read_text(self._path(results.OP_PRICES_JSON))
+        if text is not None:
+            write_atomically(results.op_prices_path(self.cfg.profiling_dir, self.dev.name), text.encode())
+
     def _seed_remote(self) -> None:
         """Write local rows of this plan that the device's CSV lacks back into it, and give a CSV with an
         older column list today's header (no run active: a runner rewriting it while we pull would
@@ -312,6 +319,7 @@ class RemoteProfiler:
                 ended = self.remote.read_text(self._path("run.exit"))
                 if ended is not None:
                     self._pull()
+                    self._pull_op_prices()
                     return json.loads(ended)
                 if time.monotonic() - last_status >= self.status_every_s:
                     last_status = time.monotonic()

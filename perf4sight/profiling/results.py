@@ -21,7 +21,7 @@ from perf4sight.errors import UserError
 from perf4sight.files import atomic_path
 
 __all__ = ["COLUMNS", "STATUSES", "append_row", "upgrade_file", "read_rows", "measured_keys", "row_key", "results_path",
-           "references_path", "REFERENCES_CSV", "file_sha", "split_stale", "number", "batch_size_of", "latest_rows",
+           "references_path", "REFERENCES_CSV", "op_prices_path", "OP_PRICES_JSON", "file_sha", "split_stale", "number", "batch_size_of", "latest_rows",
            "phase_of"]
 
 #: Column order of every measurement CSV. Empty string = not measured / not applicable.
@@ -97,6 +97,15 @@ def references_path(profiling_dir: Union[str, Path], device: str) -> Path:
     """Where a device's drift-reference measurements live (``[profile] reference_every``; the same columns):
     ``<profiling_dir>/<device>/references.csv``."""
     return Path(profiling_dir) / device / REFERENCES_CSV
+
+
+#: The file name of a CPU device's op prices (``op_prices.py``), beside its measurements (locally and on the device).
+OP_PRICES_JSON = "op_prices.json"
+
+
+def op_prices_path(profiling_dir: Union[str, Path], device: str) -> Path:
+    """Where a device's measured op prices live (``[profile] op_prices``): ``<profiling_dir>/<device>/op_prices.json``."""
+    return Path(profiling_dir) / device / OP_PRICES_JSON
 
 
 def phase_of(row: Dict[str, Any]) -> str:

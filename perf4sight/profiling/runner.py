@@ -9,10 +9,11 @@ sizes get ``skipped_after_oom`` rows. A step whose memory does not fit may not f
 (a Jetson's zram): it thrashes, many times slower; more than ``plan.max_swap_in_mb`` swapped back in during a
 measurement makes it ``oom`` too. Keys already in the CSV are not measured again, and a network with an ``oom`` row
 on disk is not measured at larger batch sizes. A plan with ``reference_every`` also measures its drift reference
-around the new measurements, into its own CSV (:class:`_Reference`).
+around the new measurements, into its own CSV (:class:`_Reference`). A CPU device's plan with ``op_prices_output``
+then measures what each kind of op between the convolutions costs per element (``op_prices.py``), once.
 
 Progress goes to stdout as JSON lines, one object per event (``event`` = ``plan``, ``row``,
-``already``, ``reference``, ``warning``, ``done`` or ``error``), for an orchestrator to follow. This process imports no
+``already``, ``reference``, ``op_prices``, ``warning``, ``done`` or ``error``), for an orchestrator to follow. This process imports no
 torch, so that the peak RSS which a child inherits at spawn (``ru_maxrss`` carries over
 ``exec``) stays far below what the child itself reaches.
 
@@ -524,9 +525,59 @@ def run_plan(plan_path: Union[str, Path], emit: Emit = print_event) -> Dict[str,
                       "peak_rss_mb": full.get("peak_rss_mb", ""), "wall_s": wall, "index": position, "total": total})
         if reference is not None:
             reference.last()
+        _price_ops(plan, plan_path, emit)
         shutil.rmtree(str(children_dir(csv_path)), ignore_errors=True)
         emit({"event": "done", "summary": counts, "wall_s": round(time.monotonic() - t_start, 3), "csv": str(csv_path)})
     return counts
+
+
+def _prices_current(path: Path, plan: TestPlan) -> bool:
+    """Whether ``path`` holds op prices measured as ``plan`` would measure them now (its threads, this torch)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    from perf4sight.profiling.op_prices import FORMAT_VERSION  # imports no torch
+    threads = plan.threads or data.get("threads")
+    return (isinstance(data, dict) and data.get("format_version") == FORMAT_VERSION and data.get("threads") == threads
+            and data.get("torch_version") == _torch_version())
+
+
+def _torch_version() -> str:
+    """The installed torch's version, read without importing it (this process stays lean)."""
+    out = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__)"], stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, universal_newlines=True)
+    return out.stdout.strip()
+
+
+def _price_ops(plan: TestPlan, plan_path: Path, emit: Emit) -> None:
+    """Measure the plan's op prices (``op_prices.py``) in a fresh process into ``plan.op_prices_output``, unless
+    it holds current ones; a failure is a warning event (the rows stand; the fingerprint does without prices)."""
+    if not plan.op_prices_output:
+        return
+    out = plan.resolve(plan_path.parent, plan.op_prices_output)
+    if _prices_current(out, plan):
+        return
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
+    if plan.threads > 0:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(plan.threads)
+    cmd = [sys.executable, "-m", "perf4sight.profiling.op_prices", str(out), "--threads", str(plan.threads)]
+    emit({"event": "op_prices", "state": "measuring", "path": str(out)})
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              env=env, timeout=plan.timeout_s, universal_newlines=True)
+    except subprocess.TimeoutExpired:
+        emit({"event": "warning", "message": f"op prices: not measured in {plan.timeout_s:g} s (timeout_s); "
+                                             "the fingerprint does without them"})
+        return
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["exit code {}".format(proc.returncode)])[-1]
+        emit({"event": "warning", "message": f"op prices: not measured ({last[:300]}); the fingerprint does "
+                                             "without them"})
+        return
+    emit({"event": "op_prices", "state": "done", "path": str(out), "wall_s": round(time.monotonic() - t0, 3)})
 
 
 def main(argv: Optional[List[str]] = None) -> int:

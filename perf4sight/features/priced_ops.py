@@ -1,0 +1,103 @@
+"""A network's ops between the convolutions at the prices its device charges: milliseconds per sample.
+
+The profile measures, on a CPU, what one element of each kind of op costs forward and backward, by the side of
+its map (``profiling/op_prices.py``; ``op_prices.json`` beside the device's measurements). Here a description's
+nodes of those kinds are priced: an op's elements (its output's; a global pool's input; a windowed pool's output
+times its window) times the price at the measured side nearest its map's (sqrt of height x width; a token layout
+``[tokens, width]`` by its tokens, a flat vector as side 1). Ops of other kinds (convolutions, linear layers,
+attention, views) cost nothing here: the step-time forms' other terms carry them. Pure Python (no torch).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Mapping
+
+from perf4sight.errors import UserError
+from perf4sight.features.formulas import numel
+from perf4sight.ir.schema import NetworkDescription, Node
+
+__all__ = ["priced_ms_per_sample", "check_prices", "load_op_prices", "prices_key"]
+
+#: Pools whose price is per element of their input (a global pool), and those per output element times the window.
+_PER_INPUT = frozenset({"adaptiveavgpool2d", "adaptivemaxpool2d"})
+_PER_WINDOW = frozenset({"maxpool2d", "avgpool2d"})
+
+
+def check_prices(data: Any, where: str) -> dict[str, dict[int, float]]:
+    """The ``ops`` table of an ``op_prices.json`` (``{op: {side: ns}}``, sides as ints); ``ValueError`` naming
+    ``where`` for anything else."""
+    ops = data.get("ops") if isinstance(data, dict) else None
+    if not isinstance(ops, dict) or not ops:
+        raise ValueError(f"{where}: no 'ops' table of prices")
+    table: dict[str, dict[int, float]] = {}
+    for op, by_side in ops.items():
+        try:
+            table[str(op)] = {int(s): float(v) for s, v in dict(by_side).items()}
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: the prices of '{op}' are not a table of map side -> ns") from None
+        if not table[str(op)] or any(not math.isfinite(v) or v < 0 for v in table[str(op)].values()):
+            raise ValueError(f"{where}: the prices of '{op}' must be finite and >= 0 ns")
+    return table
+
+
+def load_op_prices(path: Path) -> dict[str, dict[int, float]] | None:
+    """The prices table of a device's ``op_prices.json`` at ``path`` (:func:`check_prices`); None where there is no
+    such file; ``UserError`` naming the file for one that is not a table of prices."""
+    if not path.is_file():
+        return None
+    try:
+        return check_prices(json.loads(path.read_text()), str(path))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{exc if str(path) in str(exc) else f'{path}: {exc}'}; delete it and profile the device "
+                        "again to measure the prices anew") from None
+
+
+def prices_key(table: Mapping[str, Mapping[int, float]] | None) -> tuple:
+    """``table`` as a hashable, ordered tuple (``StepRuntime.op_prices``); () for none."""
+    if not table:
+        return ()
+    return tuple((op, tuple(sorted((int(s), float(v)) for s, v in table[op].items()))) for op in sorted(table))
+
+
+def _side(node: Node, shape: list[int]) -> float:
+    """The side of ``shape``'s map: sqrt(height x width) of ``[C, H, W]`` (a layer norm's ``[H, W, C]``: channels
+    last), sqrt(tokens) of ``[tokens, width]``, 1 for a flat vector."""
+    if len(shape) == 3:
+        return math.sqrt(numel(shape[:-1]) if node.op == "layernorm" else numel(shape[1:]))
+    if len(shape) == 2:
+        return math.sqrt(shape[0])
+    return 1.0
+
+
+def _price(by_side: tuple[tuple[int, float], ...], side: float) -> float:
+    """The price (ns) at the measured side nearest ``side`` on a log scale."""
+    return min(by_side, key=lambda sv: abs(math.log2(sv[0]) - math.log2(max(side, 1.0))))[1]
+
+
+def _elements(node: Node, shapes: dict[str, list[int]]) -> tuple[float, list[int]]:
+    """(elements priced, the shape whose map sets the price) of ``node``."""
+    if node.op in _PER_INPUT:
+        shape = shapes[node.inputs[0]]
+        return float(numel(shape)), shape
+    if node.op in _PER_WINDOW:
+        kh, kw = node.attrs.get("kernel_size", [1, 1])
+        return float(numel(node.output_shape) * kh * kw), node.output_shape
+    return float(numel(node.output_shape)), node.output_shape
+
+
+def priced_ms_per_sample(desc: NetworkDescription, op_prices: tuple) -> float:
+    """Milliseconds per sample of ``desc``'s priced ops (module docstring) at ``op_prices``
+    (:func:`prices_key` of a device's table); 0 without prices."""
+    if not op_prices:
+        return 0.0
+    table = dict(op_prices)
+    shapes = {n.name: n.output_shape for n in desc.nodes}
+    ns = 0.0
+    for node in desc.nodes:
+        if node.op not in table:
+            continue
+        elements, shape = _elements(node, shapes)
+        ns += elements * _price(table[node.op], _side(node, shape))
+    return ns * 1e-6

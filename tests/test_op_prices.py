@@ -1,0 +1,116 @@
+"""The ops between the convolutions at the device's prices: measured on this CPU (``profiling/op_prices.py``, by the
+runner after a sweep, once), summed per network (``features/priced_ops.py``), a step-time term kept in a fingerprint."""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch.nn as nn
+
+from perf4sight.errors import UserError
+from perf4sight.features.aggregate import FEATURE_NAMES, feature_matrix, network_features
+from perf4sight.features.priced_ops import check_prices, load_op_prices, prices_key, priced_ms_per_sample
+from perf4sight.features.step_runtime import StepRuntime
+from perf4sight.ir.from_torch import describe
+from perf4sight.ir.schema import save_description
+from perf4sight.profiling.op_prices import PRICED_OPS, SIDES, measure_prices
+from perf4sight.profiling.plan import TestPlan, save_plan
+from perf4sight.profiling.runner import run_plan
+
+SHAPE = [3, 16, 16]
+
+
+def small() -> nn.Module:
+    """conv -> batch norm -> ReLU (16x16, 8 channels) -> 3x3 max pool, stride 2 (8x8) -> global pool -> linear."""
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(3, 2, 1),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+
+
+def test_the_prices_of_every_kind_are_measured_at_every_side():
+    data = measure_prices(threads=1, ops=["relu", "batchnorm2d", "maxpool2d", "adaptiveavgpool2d", "layernorm",
+                                          "cat"])
+    table = check_prices(json.loads(json.dumps(data)), "measured")  # JSON-able, and read back as written
+    assert data["threads"] == 1 and data["torch_version"]
+    assert set(table) == {"relu", "batchnorm2d", "maxpool2d", "adaptiveavgpool2d", "layernorm", "cat"}
+    for op, by_side in table.items():
+        assert sorted(by_side) == list(SIDES), op
+        assert all(math.isfinite(v) and v >= 0 for v in by_side.values()) and max(by_side.values()) > 0, op
+
+
+def test_a_network_is_priced_by_its_elements_at_its_maps_sides():
+    desc = describe(small(), SHAPE, name="small")
+    sides = {s: float(s) for s in SIDES}  # a price that names its side
+    table = {"batchnorm2d": sides, "relu": {s: 1.0 for s in SIDES}, "maxpool2d": {s: 2.0 for s in SIDES},
+             "adaptiveavgpool2d": {s: 3.0 for s in SIDES}}
+    ns = (8 * 16 * 16 * 16.0  # batch norm: 8 x 16 x 16 elements at the 16-side price
+          + 8 * 16 * 16 * 1.0  # ReLU
+          + 8 * 8 * 8 * 9 * 2.0  # max pool: its output's elements times its 3x3 window
+          + 8 * 8 * 8 * 3.0)  # global pool: its input's elements; the convolution, flatten and linear: unpriced
+    assert priced_ms_per_sample(desc, prices_key(table)) == pytest.approx(ns * 1e-6)
+    assert priced_ms_per_sample(desc, ()) == 0.0
+    # the nearest side measured, on a log scale: a 16x16 map with the 8 and 32 sides' prices alone reads the 8's
+    # (a log2 distance of 1 to each: the smaller side)
+    coarse = dict(table, batchnorm2d={8: 8.0, 32: 32.0})
+    assert priced_ms_per_sample(desc, prices_key(coarse)) == pytest.approx((ns - 8 * 16 * 16 * 8.0) * 1e-6)
+    # the features: per sample, times the batch size; a column of zeros where no prices were measured
+    nf = network_features(desc, StepRuntime().with_op_prices(table))
+    F = feature_matrix(nf, [1, 4])
+    assert F[:, FEATURE_NAMES.index("priced_ops_ms")] == pytest.approx([ns * 1e-6, 4 * ns * 1e-6])
+    assert not feature_matrix(network_features(desc), [4])[0, FEATURE_NAMES.index("priced_ops_ms")]
+
+
+def test_the_prices_round_trip_through_a_fingerprints_metadata():
+    table = {"relu": {1: 0.5, 32: 1.25}, "add": {1: 2.0}}
+    runtime = StepRuntime().with_op_prices(table)
+    meta = json.loads(json.dumps(runtime.metadata()))
+    assert meta["op_prices"] == {"add": {"1": 2.0}, "relu": {"1": 0.5, "32": 1.25}}
+    assert StepRuntime.from_metadata(meta) == runtime
+    assert StepRuntime.from_metadata({}).op_prices == () and StepRuntime().metadata()["op_prices"] is None
+
+
+def test_a_broken_prices_file_is_one_line_naming_it(tmp_path):
+    assert load_op_prices(tmp_path / "op_prices.json") is None  # none measured
+    bad = tmp_path / "op_prices.json"
+    for text, why in (("{", "Expecting"), ('{"ops": {}}', "no 'ops' table"),
+                      ('{"ops": {"relu": {"2": -1}}}', "finite and >= 0"), ('{"ops": {"relu": [1]}}', "map side")):
+        bad.write_text(text)
+        with pytest.raises(UserError, match=why) as err:
+            load_op_prices(bad)
+        assert str(bad) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_runner_prices_the_ops_once_and_again_for_other_threads(tmp_path):
+    """After its sweep a CPU plan with ``op_prices_output`` measures the prices in a fresh process; a rerun finds
+    them current and leaves the file; a plan with other threads measures them again."""
+    net = save_description(describe(small(), SHAPE, name="small"), tmp_path / "small.json")
+    plan_path = tmp_path / "plan.json"
+    save_plan(TestPlan(device="here", networks=[str(net)], batch_sizes=[2], warmup_steps=1, timed_steps=1, threads=1,
+                       timeout_s=120, op_prices_output="op_prices.json"), plan_path)
+    events: list[dict] = []
+    run_plan(plan_path, events.append)
+    assert [e.get("state") for e in events if e["event"] == "op_prices"] == ["measuring", "done"]
+    prices = tmp_path / "op_prices.json"
+    data = json.loads(prices.read_text())
+    assert data["threads"] == 1 and set(data["ops"]) == set(PRICED_OPS)
+    stamp = prices.stat().st_mtime_ns
+    again: list[dict] = []
+    run_plan(plan_path, again.append)
+    assert not [e for e in again if e["event"] == "op_prices"] and prices.stat().st_mtime_ns == stamp
+    if (os.cpu_count() or 1) > 1:
+        save_plan(TestPlan(device="here", networks=[str(net)], batch_sizes=[2], warmup_steps=1, timed_steps=1,
+                           threads=2, timeout_s=120, op_prices_output="op_prices.json"), plan_path)
+        run_plan(plan_path, lambda e: None)
+        assert json.loads(prices.read_text())["threads"] == 2
+
+
+def test_a_plan_without_an_output_prices_nothing(tmp_path):
+    net = save_description(describe(small(), SHAPE, name="small"), tmp_path / "small.json")
+    plan_path = tmp_path / "plan.json"
+    save_plan(TestPlan(device="here", networks=[str(net)], batch_sizes=[2], warmup_steps=1, timed_steps=1, threads=1,
+                       timeout_s=120), plan_path)
+    events: list[dict] = []
+    run_plan(plan_path, events.append)
+    assert not [e for e in events if e["event"] == "op_prices"] and not list(Path(tmp_path).glob("op_prices*"))
