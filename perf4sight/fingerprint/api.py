@@ -54,8 +54,8 @@ def fit_device(cfg: Config, device: str, descriptions: dict[str, NetworkDescript
     prices = load_op_prices(op_prices_path(cfg.profiling_dir, device))  # a CPU's profile measures them
     folder = cfg.fingerprint_dir / device
     if not refit:
-        stored = stored_if_current(folder / METADATA_FILE, fit_inputs_sha256(rows, descriptions, device, cfg.fingerprint,
-                                                                             limit, drift=drift, op_prices=prices))
+        key = fit_inputs_sha256(rows, descriptions, device, cfg.fingerprint, limit, drift=drift, op_prices=prices)
+        stored = stored_if_current(folder / METADATA_FILE, key)
         if stored is not None and _loads(folder):
             return stored | {"up_to_date": True}
     return fit_fingerprint(rows, descriptions, device, folder, cfg.fingerprint, memory_limit_mb=limit, drift=drift,

@@ -21,7 +21,8 @@ from perf4sight.errors import UserError
 from perf4sight.files import atomic_path
 
 __all__ = ["COLUMNS", "STATUSES", "append_row", "upgrade_file", "read_rows", "measured_keys", "row_key", "results_path",
-           "references_path", "REFERENCES_CSV", "op_prices_path", "OP_PRICES_JSON", "file_sha", "split_stale", "number", "batch_size_of", "latest_rows",
+           "references_path", "REFERENCES_CSV", "op_prices_path", "OP_PRICES_JSON", "file_sha", "split_stale", "number",
+           "batch_size_of", "latest_rows",
            "phase_of"]
 
 #: Column order of every measurement CSV. Empty string = not measured / not applicable.
@@ -104,7 +105,8 @@ OP_PRICES_JSON = "op_prices.json"
 
 
 def op_prices_path(profiling_dir: Union[str, Path], device: str) -> Path:
-    """Where a device's measured op prices live (``[profile] op_prices``): ``<profiling_dir>/<device>/op_prices.json``."""
+    """Where a device's measured op prices live (``[profile] op_prices``):
+    ``<profiling_dir>/<device>/op_prices.json``."""
     return Path(profiling_dir) / device / OP_PRICES_JSON
 
 

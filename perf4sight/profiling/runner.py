@@ -12,9 +12,9 @@ on disk is not measured at larger batch sizes. A plan with ``reference_every`` a
 around the new measurements, into its own CSV (:class:`_Reference`). A CPU device's plan with ``op_prices_output``
 then measures what each kind of op between the convolutions costs per element (``op_prices.py``), once.
 
-Progress goes to stdout as JSON lines, one object per event (``event`` = ``plan``, ``row``,
-``already``, ``reference``, ``op_prices``, ``warning``, ``done`` or ``error``), for an orchestrator to follow. This process imports no
-torch, so that the peak RSS which a child inherits at spawn (``ru_maxrss`` carries over
+Progress goes to stdout as JSON lines, one object per event (``event`` = ``plan``, ``row``, ``already``,
+``reference``, ``op_prices``, ``warning``, ``done`` or ``error``), for an orchestrator to follow. This process imports
+no torch, so that the peak RSS which a child inherits at spawn (``ru_maxrss`` carries over
 ``exec``) stays far below what the child itself reaches.
 
 Standard library plus ``perf4sight.profiling`` and ``perf4sight.ir.schema`` only: it runs on the devices.
