@@ -68,6 +68,7 @@ warmup_steps = 2
 timed_steps = 5
 timeout_s = 300
 repeats = {repeats}
+op_prices = {op_prices}
 
 [devices.cpu-families]
 backend = "cpu"
@@ -81,24 +82,27 @@ def _stage(config: Path, stage: str) -> None:
 
 
 def write_config(folder: Path, zoo: tuple[str, ...] = ZOO, generated: int = 12, repeats: int = 1,
-                 levels: tuple[int, ...] = (0, 50), generator_seed: int = 1) -> Path:
+                 levels: tuple[int, ...] = (0, 50), generator_seed: int = 1, op_prices: bool = False) -> Path:
     """The dataset's ``config.toml`` in ``folder`` (see :func:`run` for the settings); its path."""
     config = folder / "config.toml"
     config.write_text(CONFIG.format(zoo="[" + ", ".join(f'"{z}"' for z in zoo) + "]", generated=generated,
-                                    repeats=repeats, levels=list(levels), generator_seed=generator_seed))
+                                    repeats=repeats, levels=list(levels), generator_seed=generator_seed,
+                                    op_prices=str(op_prices).lower()))
     return config
 
 
 def run(generated: int = 12, trees: int = 100, repeats: int = 1, keep: str = "", zoo: tuple[str, ...] = ZOO,
-        levels: tuple[int, ...] = (0, 50), generator_seed: int = 1) -> list[dict]:
+        levels: tuple[int, ...] = (0, 50), generator_seed: int = 1, op_prices: bool = False) -> list[dict]:
     """Make, profile and evaluate the dataset (see module doc); rows for bench/run_all.py. ``keep``: a
     folder to make it in and leave behind (config, networks, measurements), instead of a temporary one.
     ``zoo``, ``levels``, ``generator_seed``: another set of families, pruning levels (%) and generated networks,
-    for a second dataset to check a conclusion drawn on the first."""
+    for a second dataset to check a conclusion drawn on the first. ``op_prices``: the profile measures the CPU's op
+    prices and the fits use them (``[profile] op_prices``); prices already beside a kept dataset's rows are used
+    either way."""
     with tempfile.TemporaryDirectory(prefix="p4s-cpu-families-") as scratch:
         tmp = keep or scratch
         Path(tmp).mkdir(parents=True, exist_ok=True)
-        config = write_config(Path(tmp), zoo, generated, repeats, levels, generator_seed)
+        config = write_config(Path(tmp), zoo, generated, repeats, levels, generator_seed, op_prices)
         for stage in ("networks", "profile"):
             _stage(config, stage)
             print(f"  {stage} stage done", flush=True)
@@ -123,8 +127,11 @@ def main() -> None:
     ap.add_argument("--zoo", nargs="+", default=list(ZOO), help="torchvision families, each held out in turn")
     ap.add_argument("--levels", type=int, nargs="+", default=[0, 50], help="pruning levels (%%) of each family")
     ap.add_argument("--generator-seed", type=int, default=1, help="seed of the generated networks")
+    ap.add_argument("--op-prices", action="store_true", help="[profile] op_prices: price the ops between the "
+                    "convolutions on this CPU and fit with the prices")
     args = ap.parse_args()
-    run(args.generated, args.trees, args.repeats, args.keep, tuple(args.zoo), tuple(args.levels), args.generator_seed)
+    run(args.generated, args.trees, args.repeats, args.keep, tuple(args.zoo), tuple(args.levels), args.generator_seed,
+        args.op_prices)
 
 
 if __name__ == "__main__":

@@ -101,7 +101,7 @@ class ProfileConfig:
     reference_network: str = ""  # a network name of the plan; "" = its first network
     reference_batch_size: int = 0  # 0 = the smallest of batch_sizes
     retry_errors: bool = False  # measure `error` rows (a crash, a timeout) again; --retry-errors sets it for a run
-    op_prices: bool = True  # a cpu device also prices the ops between the convolutions (op_prices.json), once
+    op_prices: bool = False  # a cpu device also prices the ops between the convolutions (op_prices.json), once
 
 
 @dataclass

@@ -23,6 +23,7 @@ batch_sizes = [2, 4]
 warmup_steps = 1
 timed_steps = 2
 timeout_s = 120
+op_prices = true
 [devices.local]
 backend = "cpu"
 threads = 1

@@ -114,3 +114,18 @@ def test_a_plan_without_an_output_prices_nothing(tmp_path):
     events: list[dict] = []
     run_plan(plan_path, events.append)
     assert not [e for e in events if e["event"] == "op_prices"] and not list(Path(tmp_path).glob("op_prices*"))
+
+
+def test_only_a_cpu_device_that_asks_prices_its_ops(tmp_path):
+    """``[profile] op_prices`` is off by default; on, a cpu device's plan names the file, a GPU's does not."""
+    from perf4sight.config import load_config
+    from perf4sight.profiling.local import make_plan
+
+    net = save_description(describe(small(), SHAPE, name="small"), tmp_path / "small.json")
+    config = tmp_path / "config.toml"
+    config.write_text('[devices.here]\nbackend = "cpu"\n[devices.gpu]\nbackend = "nvml"\n')
+    assert make_plan(load_config(config), "here", [net]).op_prices_output == ""
+    config.write_text('[profile]\nop_prices = true\n' + config.read_text())
+    cfg = load_config(config)
+    assert make_plan(cfg, "here", [net]).op_prices_output == "op_prices.json"
+    assert make_plan(cfg, "gpu", [net]).op_prices_output == ""

@@ -130,7 +130,6 @@ batch_sizes = [1, 2]
 warmup_steps = 1
 timed_steps = 2
 optimizer = "{optimizer}"
-op_prices = false
 
 [devices.local]
 backend = "cpu"

@@ -35,7 +35,6 @@ levels = [0]
 batch_sizes = [1, 2]
 warmup_steps = 1
 timed_steps = 1
-op_prices = false
 
 [devices.here]
 backend = "cpu"

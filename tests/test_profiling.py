@@ -55,7 +55,6 @@ batch_sizes = {list(batch_sizes)}
 warmup_steps = 1
 timed_steps = 3
 timeout_s = 120
-op_prices = false
 
 [devices.local]
 backend = "cpu"

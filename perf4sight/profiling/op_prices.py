@@ -2,16 +2,15 @@
 [--threads N]``.
 
 A CPU's step time is not its convolutions' alone: batch norm, activations, additions, pooling and concatenation
-take 25-60% of it, at prices per element that differ by kind of op by two orders of magnitude (a ReLU about 1 ns
-per element forward and backward on this project's CPU, a batch norm 5, a 3x3 max pool 50 per output element) and
-grow as the map shrinks (a batch norm on 2x2 maps costs three times what it does on 32x32). A fit over a few
-network families cannot tell those prices apart, as the families mix the kinds in similar shares; a network whose
-mix differs (mobilenet_v2's cheap expanded activations) was then predicted 20-30% off (docs/accuracy-notes.md,
-"CPU: the ops between the convolutions priced on the device"). So the profile measures them: each kind alone,
-forward and backward, on maps of side 1 to 32 (:data:`SIDES`), at :data:`CHANNELS` channels and
-:data:`PIXELS` pixels (batch x height x width) per call, and writes the price of one element in nanoseconds:
-of the output for most kinds, of the input for a global average pool, of the output times the window for a pool
-with a window (:data:`PER`). ``features/priced_ops.py`` sums a network's prices.
+take 25-60% of it, at prices per element up to fifty times apart by kind of op (a ReLU about 1 ns per element
+forward and backward on this project's CPU, a batch norm 5, a 3x3 max pool 50 per output element) that grow as the
+map shrinks (a batch norm on 2x2 maps costs twice what it does on 32x32). A fit over a few network families cannot
+tell those prices apart, as the families mix the kinds in similar shares (docs/accuracy-notes.md, "CPU: the ops
+between the convolutions priced on the device"). So a profile can measure them (``[profile] op_prices``): each kind
+alone, forward and backward, on maps of side 1 to 32 (:data:`SIDES`), at :data:`CHANNELS` channels and
+:data:`PIXELS` pixels (batch x height x width) per call, and writes the price of one element in nanoseconds: of the
+output for most kinds, of the input for a global pool, of the output times the window for a pool with a window
+(:data:`PER`). ``features/priced_ops.py`` sums a network's prices.
 
 Measured in the process that writes them, with the plan's thread count; the sum that backs the output (``.sum()``
 and its backward) is timed alone and taken off. Imports only torch and the standard library (Python >= 3.6).
