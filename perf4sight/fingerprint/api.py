@@ -51,7 +51,8 @@ def fit_device(cfg: Config, device: str, descriptions: dict[str, NetworkDescript
     the same inputs (``fit_inputs``) and loads, return its metadata, marked ``"up_to_date": True``, instead."""
     rows, limit = device_measurements(cfg, device, shas, rows=rows)
     rows, drift = drift_corrected(cfg, device, rows)
-    prices = load_op_prices(op_prices_path(cfg.profiling_dir, device))  # a CPU's profile measures them
+    # a CPU's profile measures them where [profile] op_prices asks; the fit uses them under the same key
+    prices = load_op_prices(op_prices_path(cfg.profiling_dir, device)) if cfg.profile.op_prices else None
     folder = cfg.fingerprint_dir / device
     if not refit:
         key = fit_inputs_sha256(rows, descriptions, device, cfg.fingerprint, limit, drift=drift, op_prices=prices)
