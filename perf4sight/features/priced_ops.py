@@ -18,7 +18,7 @@ from perf4sight.errors import UserError
 from perf4sight.features.formulas import numel
 from perf4sight.ir.schema import NetworkDescription, Node
 
-__all__ = ["priced_ms_per_sample", "check_prices", "load_op_prices", "prices_key"]
+__all__ = ["priced_ms_per_sample", "check_prices", "load_op_prices", "prices_key", "prices_table"]
 
 #: Pools whose price is per element of their input (a global pool), and those per output element times the window.
 _PER_INPUT = frozenset({"adaptiveavgpool2d", "adaptivemaxpool2d"})
@@ -59,6 +59,12 @@ def prices_key(table: Mapping[str, Mapping[int, float]] | None) -> tuple:
     if not table:
         return ()
     return tuple((op, tuple(sorted((int(s), float(v)) for s, v in table[op].items()))) for op in sorted(table))
+
+
+def prices_table(op_prices: tuple) -> dict[str, dict[str, float]] | None:
+    """:func:`prices_key`'s tuple as ``op_prices.json`` writes its ``ops`` (``{op: {side: ns}}``, sides as text);
+    None for none."""
+    return {op: {str(s): v for s, v in by_side} for op, by_side in op_prices} if op_prices else None
 
 
 def _side(node: Node, shape: list[int]) -> float:

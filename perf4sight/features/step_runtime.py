@@ -40,7 +40,7 @@ from typing import Any
 from perf4sight.features.formulas import OpCost
 from perf4sight.features.optimizers import (DEFAULT_OPTIMIZER, OPTIMIZER_LABELS, PERF4SIGHT_MOMENTUM,
                                            PERF4SIGHT_WEIGHT_DECAY, OptimizerCost, adds_decay, optimizer_cost)
-from perf4sight.features.priced_ops import check_prices, prices_key
+from perf4sight.features.priced_ops import check_prices, prices_key, prices_table
 
 __all__ = ["StepRuntime", "CUDA_MASK_BYTES", "CPU_MASK_BYTES"]
 
@@ -132,8 +132,7 @@ class StepRuntime:
     def metadata(self) -> dict[str, Any]:
         """The rules as a stored fingerprint's metadata keeps them (the op prices as ``{op: {side: ns}}``, or null)."""
         meta = {key: getattr(self, name) for key, (name, _) in _METADATA_KEYS.items()}
-        meta["op_prices"] = ({op: {str(s): v for s, v in by_side} for op, by_side in self.op_prices}
-                             if self.op_prices else None)
+        meta["op_prices"] = prices_table(self.op_prices)
         return meta
 
     @classmethod

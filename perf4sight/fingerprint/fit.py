@@ -28,6 +28,7 @@ from perf4sight.errors import UserError
 from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, feature_matrix, network_features
 from perf4sight.features.allocator import PERF4SIGHT, RUN_PEAK
 from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, adds_decay
+from perf4sight.features.priced_ops import prices_key, prices_table
 from perf4sight.features.step_runtime import CPU_MASK_BYTES, CUDA_MASK_BYTES, StepRuntime
 from perf4sight.fingerprint.domain import training_domain
 from perf4sight.fingerprint.evaluate import choose_groups, metrics
@@ -247,7 +248,7 @@ def fit_inputs_sha256(rows: Any, descriptions: dict[str, NetworkDescription], de
     settings = {"fingerprint": dict(vars(fcfg)), "memory_limit_mb": float(memory_limit_mb), "coverage": coverage,
                 "nested": nested, "drift": drift, "device": device}
     if op_prices:  # only where measured, so that the hashes of fits without prices stay as they were
-        settings["op_prices"] = StepRuntime().with_op_prices(op_prices).metadata()["op_prices"]
+        settings["op_prices"] = prices_table(prices_key(op_prices))
     return inputs_sha256("trees", recs, descriptions, settings, software_versions())
 
 

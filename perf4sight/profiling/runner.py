@@ -148,6 +148,15 @@ def _watch_child(proc: subprocess.Popen, plan: TestPlan, backend: Backend, t0: f
         time.sleep(plan.poll_interval_s)
 
 
+def _child_env(plan: TestPlan) -> Dict[str, str]:
+    """The environment of a process the runner starts: this package importable, the plan's threads for OpenMP."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
+    if plan.threads > 0:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(plan.threads)
+    return env
+
+
 def run_child(plan: TestPlan, plan_path: Path, index: int, batch_size: int, backend: Backend) -> ChildOutcome:
     """Measure network ``index`` at ``batch_size`` in a fresh child; never raises for child failures.
 
@@ -158,10 +167,7 @@ def run_child(plan: TestPlan, plan_path: Path, index: int, batch_size: int, back
     (SIGKILL not sent by us -> ``oom``, as the kernel's OOM killer does; other signals and exit codes
     -> ``error``).
     """
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
-    if plan.threads > 0:
-        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(plan.threads)
+    env = _child_env(plan)
     scratch = children_dir(plan.resolve(plan_path.parent, plan.output))
     scratch.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="child-", dir=str(scratch)) as tmp:
@@ -558,16 +564,12 @@ def _price_ops(plan: TestPlan, plan_path: Path, emit: Emit) -> None:
     out = plan.resolve(plan_path.parent, plan.op_prices_output)
     if _prices_current(out, plan):
         return
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
-    if plan.threads > 0:
-        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(plan.threads)
     cmd = [sys.executable, "-m", "perf4sight.profiling.op_prices", str(out), "--threads", str(plan.threads)]
     emit({"event": "op_prices", "state": "measuring", "path": str(out)})
     t0 = time.monotonic()
     try:
         proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              env=env, timeout=plan.timeout_s, universal_newlines=True)
+                              env=_child_env(plan), timeout=plan.timeout_s, universal_newlines=True)
     except subprocess.TimeoutExpired:
         emit({"event": "warning", "message": f"op prices: not measured in {plan.timeout_s:g} s (timeout_s); "
                                              "the fingerprint does without them"})
