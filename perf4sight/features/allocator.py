@@ -87,12 +87,17 @@ class _Block:
         self.next: _Block | None = None
 
 
+#: A free block's key in its pool: its size shifted above its address, so that the sorted keys order the blocks by
+#: size, then address (best fit, lowest address first), and compare as plain integers (addresses stay below 2**48).
+_ADDRESS_BITS = 48
+
+
 class CachingAllocator:
     """The caching allocator's bookkeeping (no memory). Sizes in bytes; ``malloc`` returns a handle."""
 
     def __init__(self) -> None:
-        self._pools: tuple[list[tuple[int, int]], list[tuple[int, int]]] = ([], [])  # (large, small): (size, ptr)
-        self._free: dict[tuple[int, int], _Block] = {}
+        self._pools: tuple[list[int], list[int]] = ([], [])  # (large, small): sorted keys of the free blocks
+        self._free: dict[int, _Block] = {}  # key -> free block
         self._next_ptr = 1 << 32
         self.reserved = 0
         self.allocated = 0
@@ -107,8 +112,8 @@ class CachingAllocator:
         """``torch.cuda.empty_cache``: return every segment that is one free block (the peaks keep their values)."""
         for pool in self._pools:
             for key in [k for k in pool if self._free[k].prev is None and self._free[k].next is None]:
+                self.reserved -= self._free[key].size
                 self._remove(self._free[key])
-                self.reserved -= key[0]
 
     def state(self, live: dict[int, "_Block | None"]) -> tuple:
         """Everything the next requests depend on: reserved bytes, the free blocks of both pools and
@@ -116,13 +121,8 @@ class CachingAllocator:
         return (self.reserved, self.allocated, tuple(self._pools[0]), tuple(self._pools[1]),
                 tuple(sorted((t, b.ptr, b.size) for t, b in live.items() if b is not None)))
 
-    def _insert(self, b: _Block) -> None:
-        key = (b.size, b.ptr)
-        insort(self._pools[b.small], key)
-        self._free[key] = b
-
     def _remove(self, b: _Block) -> None:
-        key = (b.size, b.ptr)
+        key = b.size << _ADDRESS_BITS | b.ptr
         pool = self._pools[b.small]
         del pool[bisect_left(pool, key)]
         del self._free[key]
@@ -133,62 +133,107 @@ class CachingAllocator:
 
     def malloc_rounded(self, size: int) -> _Block:
         """Allocate ``size`` bytes, already rounded by :func:`round_size` (the replay rounds them all at once)."""
-        small = size <= K_SMALL_SIZE
-        pool = self._pools[small]
-        i = bisect_left(pool, (size, 0))
-        if i < len(pool):
-            block = self._free.pop(pool.pop(i))
-        else:
-            seg = segment_size(size)
-            block = _Block(self._next_ptr, seg, small)
-            self._next_ptr += seg + K_SMALL_BUFFER  # keep segments apart: no merging across segments
-            self.reserved += seg
-            if self.reserved > self.peak_reserved:
-                self.peak_reserved = self.reserved
-        remaining = block.size - size
-        if remaining >= K_MIN_BLOCK if small else remaining > K_SMALL_SIZE:
-            rest = _Block(block.ptr + size, remaining, small)
-            rest.prev, rest.next = block, block.next
-            if block.next is not None:
-                block.next.prev = rest
-            block.next = rest
-            block.size = size
-            key = (remaining, rest.ptr)
-            insort(pool, key)
-            self._free[key] = rest
-        block.allocated = True
-        self.allocated += block.size
-        if self.allocated > self.peak_allocated:
-            self.peak_allocated = self.allocated
-        return block
+        live: dict[int, _Block | None] = {}
+        self.run([ALLOC], [0], [size], live)
+        return live[0]  # type: ignore[return-value]
 
     def free(self, block: _Block | None) -> None:
         """Return ``block`` to its pool, merged with free neighbours (the segment stays reserved)."""
-        if block is None:
-            return
-        block.allocated = False
-        self.allocated -= block.size
-        prev, nxt = block.prev, block.next
-        if prev is not None and not prev.allocated:
-            self._remove(prev)
-            block.ptr, block.size, block.prev = prev.ptr, block.size + prev.size, prev.prev
-            if block.prev is not None:
-                block.prev.next = block
-        if nxt is not None and not nxt.allocated:
-            self._remove(nxt)
-            block.size, block.next = block.size + nxt.size, nxt.next
-            if block.next is not None:
-                block.next.prev = block
-        self._insert(block)
+        self.run([FREE], [0], [0], {0: block})
+
+    def run(self, kinds: list[int], ids: list[int], sizes: list[int], live: dict[int, _Block | None]) -> None:
+        """Carry out the events ``kinds[i]`` (:data:`ALLOC` or :data:`FREE`; others are passed over) of tensor
+        ``ids[i]``: an ALLOC of ``sizes[i]`` bytes, already rounded (0: no block), puts its block in ``live``; a
+        FREE returns the block ``live`` holds for its tensor, if any. One loop with its state in locals: the
+        replay's hot path (a few thousand events per training step)."""
+        pools, free_blocks, block_of, new_segment = self._pools, self._free, _Block, segment_size
+        alloc_kind, free_kind, small_size, min_block, shift = ALLOC, FREE, K_SMALL_SIZE, K_MIN_BLOCK, _ADDRESS_BITS
+        reserved, allocated = self.reserved, self.allocated
+        peak_reserved, peak_allocated = self.peak_reserved, self.peak_allocated
+        for kind, tensor, size in zip(kinds, ids, sizes):
+            if kind == alloc_kind:
+                if not size:
+                    live[tensor] = None
+                    continue
+                small = size <= small_size
+                pool = pools[small]
+                i = bisect_left(pool, size << shift)  # best fit: the smallest, then lowest, free block
+                if i < len(pool):
+                    block = free_blocks.pop(pool.pop(i))
+                else:  # none fits: a new segment
+                    seg = new_segment(size)
+                    block = block_of(self._next_ptr, seg, small)
+                    self._next_ptr += seg + K_SMALL_BUFFER  # keep segments apart: no merging across segments
+                    reserved += seg
+                    if reserved > peak_reserved:
+                        peak_reserved = reserved
+                remaining = block.size - size
+                if remaining >= min_block if small else remaining > small_size:  # split; else handed out whole
+                    rest = block_of(block.ptr + size, remaining, small)
+                    after = block.next
+                    rest.prev, rest.next = block, after
+                    if after is not None:
+                        after.prev = rest
+                    block.next = rest
+                    block.size = size
+                    key = remaining << shift | rest.ptr
+                    insort(pool, key)
+                    free_blocks[key] = rest
+                block.allocated = True
+                allocated += block.size
+                if allocated > peak_allocated:
+                    peak_allocated = allocated
+                live[tensor] = block
+            elif kind == free_kind:
+                block = live.pop(tensor, None)
+                if block is None:
+                    continue
+                block.allocated = False
+                allocated -= block.size
+                pool = pools[block.small]
+                prev, after = block.prev, block.next
+                if prev is not None and not prev.allocated:  # merged with its free neighbours
+                    key = prev.size << shift | prev.ptr
+                    del pool[bisect_left(pool, key)]
+                    del free_blocks[key]
+                    block.ptr, block.size, block.prev = prev.ptr, block.size + prev.size, prev.prev
+                    if block.prev is not None:
+                        block.prev.next = block
+                if after is not None and not after.allocated:
+                    key = after.size << shift | after.ptr
+                    del pool[bisect_left(pool, key)]
+                    del free_blocks[key]
+                    block.size, block.next = block.size + after.size, after.next
+                    if block.next is not None:
+                        block.next.prev = block
+                key = block.size << shift | block.ptr
+                insort(pool, key)
+                free_blocks[key] = block
+        self.reserved, self.allocated = reserved, allocated
+        self.peak_reserved, self.peak_allocated = peak_reserved, peak_allocated
 
 
-def _carried(kinds: list[int], ids: list[int], start: int, end: int) -> tuple[set[int], list[int]]:
-    """Of the events ``start:end`` (a step): the tensors it frees that it did not allocate, and those it allocates
-    and leaves alive (e.g. the gradients of a step that begins with ``zero_grad(set_to_none=True)``: freed by the
-    next step); a repeat of the step frees the second where its events free the first."""
+def _repeat_plan(kinds: list[int], ids: list[int], start: int, end: int) -> tuple[list[int], list[int], list[int]]:
+    """The events ``start:end`` (a step) as a repeat of the step runs them: (kinds, tensor ids, the index of each
+    event's size among the trace's events, -1 for none). A tensor the step frees without having allocated it (e.g.
+    a gradient of a step that begins with ``zero_grad(set_to_none=True)``) was, on a repeat, allocated by the
+    previous run under another id: each FREE of one frees every tensor the step allocates and leaves alive (frees
+    commute; those already freed are passed over)."""
     made = {ids[i] for i in range(start, end) if kinds[i] == ALLOC}
     freed = {ids[i] for i in range(start, end) if kinds[i] == FREE}
-    return freed - made, [ids[i] for i in range(start, end) if kinds[i] == ALLOC and ids[i] not in freed]
+    carried_in = freed - made
+    carried_out = [ids[i] for i in range(start, end) if kinds[i] == ALLOC and ids[i] not in freed]
+    plan: tuple[list[int], list[int], list[int]] = ([], [], [])
+    for i in range(start, end):
+        if kinds[i] == FREE and ids[i] in carried_in:
+            plan[0].extend([FREE] * len(carried_out))
+            plan[1].extend(carried_out)
+            plan[2].extend([-1] * len(carried_out))
+        else:
+            plan[0].append(kinds[i])
+            plan[1].append(ids[i])
+            plan[2].append(i)
+    return plan
 
 
 class TracedUpdate(NamedTuple):
@@ -226,6 +271,7 @@ class AllocTrace:
     relu6_clone: bool = False
     update: TracedUpdate = TracedUpdate()
     _memo: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False, init=False)
+    _repeat_plan: tuple[list[int], list[int], list[int]] | None = field(default=None, repr=False, init=False)
 
     def __post_init__(self) -> None:
         if self.protocol not in REPLAY_PROTOCOLS:
@@ -262,9 +308,8 @@ class AllocTrace:
         sizes = self.sizes(bs)
         sizes = np.where(sizes > 0, round_size(sizes), 0).tolist()
         kinds, ids = self.kind.tolist(), self.tensor.tolist()
-        steps = [i for i, k in enumerate(kinds) if k == STEP]
+        steps = np.flatnonzero(self.kind == STEP).tolist()
         alloc = CachingAllocator()
-        malloc = alloc.malloc_rounded
         live: dict[int, _Block | None] = {}
         peaks: list[tuple[int, int]] = []
         bounds = [(0, steps[0] if steps else len(kinds))]
@@ -272,7 +317,7 @@ class AllocTrace:
         if steps:
             bounds += [bounds[-1]] * self.repeat_last
         before = None  # the allocator's state before a repeat of the last step
-        carried_in, carried_out = _carried(kinds, ids, *bounds[-1]) if steps else (set(), [])
+        repeated = None  # the sizes of the last step's events as its repeats run them (:func:`_repeat_plan`)
         for n, (start, end) in enumerate(bounds):
             if n > 0:
                 alloc.reset_peaks()
@@ -285,16 +330,14 @@ class AllocTrace:
                     peaks += [peaks[-1]] * (len(bounds) - n)
                     break
                 before = state
-            repeat = n > len(steps)  # the last step again: it frees what its previous run left, not what it found
-            for i in range(start, end):
-                k = kinds[i]
-                if k == ALLOC:
-                    live[ids[i]] = malloc(sizes[i]) if sizes[i] else None
-                elif k == FREE and repeat and ids[i] in carried_in:
-                    for t in carried_out:  # at the first of them (frees commute): all of the previous run's
-                        alloc.free(live.pop(t, None))
-                elif k == FREE:
-                    alloc.free(live.pop(ids[i], None))
+            if n > len(steps):  # the last step again: it frees what its previous run left, not what it found
+                if repeated is None:
+                    plan = self._repeat_plan or _repeat_plan(kinds, ids, start, end)
+                    self._repeat_plan = plan
+                    repeated = [sizes[i] if i >= 0 else 0 for i in plan[2]]
+                alloc.run(plan[0], plan[1], repeated, live)
+            else:
+                alloc.run(kinds[start:end], ids[start:end], sizes[start:end], live)
             if n > 0:
                 peaks.append((alloc.peak_reserved, alloc.peak_allocated))
         if not peaks:
