@@ -57,6 +57,13 @@ def test_empty_cache_returns_only_wholly_free_segments():
     assert a.reserved == 2 * MIB and a.allocated == kept.size
 
 
+def test_a_replay_refuses_addresses_past_its_keys_range():
+    a = CachingAllocator()
+    a._next_ptr = (1 << 48) - 4 * MIB  # a free block's key keeps its address below 2**48: past it, an error
+    with pytest.raises(OverflowError, match="256 TiB"):
+        a.malloc(12 * MIB)
+
+
 def _two_step_trace(protocol: str) -> AllocTrace:
     """Setup 1000 B; step 1 (the warm-up) 16 MiB at batch 8, freed; step 2 4 MiB at batch 8, freed."""
     kind = np.array([ALLOC, STEP, ALLOC, FREE, STEP, ALLOC, FREE], dtype=np.int8)

@@ -164,6 +164,8 @@ class CachingAllocator:
                     seg = new_segment(size)
                     block = block_of(self._next_ptr, seg, small)
                     self._next_ptr += seg + K_SMALL_BUFFER  # keep segments apart: no merging across segments
+                    if self._next_ptr >= 1 << shift:  # a key would no longer order by size first
+                        raise OverflowError("allocator replay: more than 256 TiB of segments made")
                     reserved += seg
                     if reserved > peak_reserved:
                         peak_reserved = reserved
