@@ -333,11 +333,12 @@ class AllocTrace:
                     break
                 before = state
             if n > len(steps):  # the last step again: it frees what its previous run left, not what it found
+                if self._repeat_plan is None:  # the same for every batch size: made once per trace
+                    self._repeat_plan = _repeat_plan(kinds, ids, start, end)
+                repeat_kinds, repeat_ids, size_index = self._repeat_plan
                 if repeated is None:
-                    plan = self._repeat_plan or _repeat_plan(kinds, ids, start, end)
-                    self._repeat_plan = plan
-                    repeated = [sizes[i] if i >= 0 else 0 for i in plan[2]]
-                alloc.run(plan[0], plan[1], repeated, live)
+                    repeated = [sizes[i] if i >= 0 else 0 for i in size_index]
+                alloc.run(repeat_kinds, repeat_ids, repeated, live)
             else:
                 alloc.run(kinds[start:end], ids[start:end], sizes[start:end], live)
             if n > 0:
