@@ -147,7 +147,7 @@ def _configured(cfg: Config, names: list[str]) -> list[str]:
 
 
 def run_profile(cfg: Config, args: argparse.Namespace) -> int:
-    from perf4sight.networks.build import changed_settings_note
+    from perf4sight.networks.settings import changed_settings_note
     from perf4sight.profiling.fleet import format_summaries, profile_devices
 
     names = _configured(cfg, args.device or cfg.profile.devices or list(cfg.devices))

@@ -39,9 +39,14 @@ pruning_batch_size = 4
 """
 
 
-def main_py(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(tmp_path / "config.toml"), *args],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=600)
+def main_py(tmp_path: Path, *args: str, python: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *python, str(ROOT / "main.py"), "--config", str(tmp_path / "config.toml"),
+                           *args], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+
+
+def imported(stderr: str) -> set[str]:
+    """The modules a run under ``python -X importtime`` imported."""
+    return {line.rsplit("|", 1)[-1].strip() for line in stderr.splitlines() if line.startswith("import time:")}
 
 
 PREDICTION_KEYS = {"network", "batch_size", "latency_ms", "latency_ms_low", "latency_ms_high", "memory_mb",
@@ -86,8 +91,10 @@ def test_all_stages_then_predict_json(tmp_path):
     assert ("pruned on request as the networks stage would (l1-norm, min_channels 4, seed 0): at 3x32x32: "
             "squeezenet1_1_l75") in " ".join(run.stderr.split())
 
-    again = main_py(tmp_path, "--stage", "profile")  # resume: nothing new, nothing duplicated, the prices kept
+    # resume: nothing new, nothing duplicated, the prices kept; the host loads no torch for it (seconds on a small one)
+    again = main_py(tmp_path, "--stage", "profile", python=("-X", "importtime"))
     assert again.returncode == 0 and "changed since the networks stage" not in again.stderr
+    assert "perf4sight.profiling.fleet" in imported(again.stderr) and "torch" not in imported(again.stderr)
     assert prices.stat().st_mtime_ns == priced_at
     assert len(list(csv.DictReader((tmp_path / "profiling_csvs" / "local" / "measurements.csv").open()))) == 8
     (tmp_path / "config.toml").write_text(CONFIG.replace("levels = [0, 50]", "levels = [0, 40]"))
@@ -129,9 +136,8 @@ def test_all_stages_then_predict_json(tmp_path):
                                 "--batch-size", "2", "2", "--json"],  # each given twice: predicted once
                                capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert desc_only.returncode == 0, desc_only.stderr[-3000:]
-    imported = {line.rsplit("|", 1)[-1].strip() for line in desc_only.stderr.splitlines()
-                if line.startswith("import time:")}
-    assert "perf4sight.fingerprint" in imported and not {"torch", "torchvision", "scipy"} & imported
+    assert "perf4sight.fingerprint" in imported(desc_only.stderr)
+    assert not {"torch", "torchvision", "scipy"} & imported(desc_only.stderr)
     assert [json.loads(line) for line in desc_only.stdout.splitlines()] == [lines[2], lines[0], lines[4]]
 
     # --input-shape: the zoo name described at it and the dataset's variant rebuilt at it are one network, larger

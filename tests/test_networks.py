@@ -477,7 +477,7 @@ def test_a_factory_on_the_command_line_and_a_configs_network_by_its_own_name(tmp
     assert own.name == "tiny_resnet" and own.pruning_level == 0 and not notes
     make_networks(cfg)
     made = load_description(tmp_path / "models" / "pruned" / "l1-norm" / "tiny_resnet_l0.json")
-    from perf4sight.networks.build import changed_settings_note
+    from perf4sight.networks.settings import changed_settings_note
     assert changed_settings_note(cfg) is None
     (tmp_path / "models" / "imagenet" / "helpers.py").write_text("X = 1\n")  # a module the factory could import
     assert "changed since the networks stage wrote" in changed_settings_note(cfg)
@@ -615,7 +615,7 @@ def test_an_unreachable_level_is_left_out_and_a_rerun_says_what_changed(tmp_path
     """A level that min_channels keeps a network from reaching stopped the whole stage, with no manifest: it is
     left out with a note; a rerun after a config edit says which variants it added and which it no longer makes,
     and the profile stage's note says when [networks] changed since the manifest was written."""
-    from perf4sight.networks.build import changed_settings_note
+    from perf4sight.networks.settings import changed_settings_note
 
     config = tmp_path / "config.toml"
     text = (f'[networks]\nzoo = []\nfactories = ["{TINY}:tiny_vgg"]\ninput_shape = [3, 32, 32]\nnum_classes = 10\n'

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -150,15 +151,27 @@ def _main(folder: Path, optimizer: str, *args: str) -> subprocess.CompletedProce
                           capture_output=True, text=True, cwd=folder, timeout=600)
 
 
-def test_profile_fingerprint_and_predict_with_adam_beside_sgd(tmp_path):
+@pytest.fixture(scope="module")
+def sgd_measured(tmp_path_factory) -> Path:
+    """The start both round trips share: ``wide`` and ``tiny`` described, the networks stage run and the
+    configurations measured with SGD (batch sizes 1 and 2: 4 rows). Each test works on a copy."""
+    folder = tmp_path_factory.mktemp("sgd")
+    save_description(describe(wide(), SHAPE, "wide"), folder / "wide.json")
+    save_description(describe(tiny(), SHAPE, "tiny"), folder / "tiny.json")
+    for stage in ("networks", "profile"):
+        run = _main(folder, "sgd", "--stage", stage)
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "4/4 rows (4 new)" in run.stdout
+    return folder
+
+
+def test_profile_fingerprint_and_predict_with_adam_beside_sgd(sgd_measured, tmp_path):
     """One device measured with SGD, then with Adam: the Adam sweep measures every configuration again (the phase
     is part of a row's key) and its real optimiser's moments and scratch show in the peak RSS; each optimiser's
     rows fit a fingerprint of their own, which says whose it is, and a config naming a third finds none."""
-    save_description(describe(wide(), SHAPE, "wide"), tmp_path / "wide.json")
-    save_description(describe(tiny(), SHAPE, "tiny"), tmp_path / "tiny.json")
-    for optimizer, stage in (("sgd", "networks"), ("sgd", "profile"), ("adam", "profile")):
-        run = _main(tmp_path, optimizer, "--stage", stage)
-        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    shutil.copytree(sgd_measured, tmp_path, dirs_exist_ok=True)
+    run = _main(tmp_path, "adam", "--stage", "profile")
+    assert run.returncode == 0 and "4/4 rows (4 new)" in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]
     again = _main(tmp_path, "sgd", "--stage", "profile", "--optimizer", "adam")  # for this run instead of the config's
     assert "4/4 rows (0 new)" in again.stdout and "phase train_adam" in again.stdout, again.stderr[-2000:]
     rows = results.read_rows(results.results_path(tmp_path / "profiling_csvs", "local"))
@@ -228,13 +241,12 @@ def test_profile_fingerprint_and_predict_with_adam_beside_sgd(tmp_path):
     assert "only with adam and sgd: set [profile] optimizer to fit those, or profile it again" in local.stderr
 
 
-def test_a_plain_sgd_step_with_weight_decay_is_measured_again_and_fitted_as_such(tmp_path):
+def test_a_plain_sgd_step_with_weight_decay_is_measured_again_and_fitted_as_such(sgd_measured, tmp_path):
     """``[profile] momentum = 0`` and ``weight_decay``: the child runs that real update, the rows record both, the
     sweep measures again the configurations measured with another update (the newest row of a key counts), the peak
     RSS loses the momentum buffer's copy of the parameters and gains the decayed gradient's, and the fingerprint fits
     that step."""
-    save_description(describe(wide(), SHAPE, "wide"), tmp_path / "wide.json")
-    save_description(describe(tiny(), SHAPE, "tiny"), tmp_path / "tiny.json")
+    shutil.copytree(sgd_measured, tmp_path, dirs_exist_ok=True)  # measured with momentum 0.9, no weight decay
     base = CONFIG.format(optimizer="sgd")
 
     def main(update: str, stage: str) -> subprocess.CompletedProcess:
@@ -245,9 +257,8 @@ def test_a_plain_sgd_step_with_weight_decay_is_measured_again_and_fitted_as_such
         return run
 
     updates = ("", "momentum = 0", "momentum = 0\nweight_decay = 5e-4")
-    for update, stage in zip(("",) + updates, ("networks", "profile", "profile", "profile")):
-        run = main(update, stage)
-        assert stage != "profile" or "4/4 rows (4 new)" in run.stdout
+    for update in updates[1:]:
+        assert "4/4 rows (4 new)" in main(update, "profile").stdout
     rows = results.read_rows(results.results_path(tmp_path / "profiling_csvs", "local"))
     cells = [("0.9", "0.0"), ("0.0", "0.0"), ("0.0", "0.0005")]
     assert [(r["momentum"], r["weight_decay"]) for r in rows] == [c for c in cells for _ in range(4)]

@@ -299,6 +299,19 @@ def test_device_side_modules_import_no_host_libraries():
     assert light.stdout.strip() == "False"  # the runner stays small: children inherit its peak RSS
 
 
+def test_the_profile_stage_on_the_host_imports_no_torch(tmp_path):
+    """The host's side of the profile stage (its config checks, the networks-changed note, the fleet) and the
+    runner's torch version (for the op prices' freshness) load no torch: seconds saved per run on a small host."""
+    import torch
+    code = ("import sys; from perf4sight.config import load_config; from perf4sight.stages import run_profile;"
+            "from perf4sight.networks.settings import changed_settings_note; import perf4sight.profiling.fleet;"
+            "from perf4sight.profiling.runner import _torch_version;"
+            f"print(changed_settings_note(load_config({str(write_config(tmp_path))!r})), _torch_version(),"
+            "'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["None", torch.__version__, "False"]
+
+
 def test_plan_round_trip_and_errors(tmp_path):
     cfg = load_config(write_config(tmp_path, memory_limit_mb=900))
     net = write_net(tmp_path, "n")

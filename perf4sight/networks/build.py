@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from perf4sight.config import Config, NetworksConfig
+from perf4sight.config import Config
 from perf4sight.dataset import read_manifest
 from perf4sight.errors import UserError
 from perf4sight.files import atomic_path
@@ -38,12 +37,13 @@ from perf4sight.ir.from_torch import describe
 from perf4sight.ir.schema import NetworkDescription, save_description
 from perf4sight.ir.shapes import shape_text
 from perf4sight.ir.to_torch import build_module
-from perf4sight.networks.factories import build_factory_model, parse_factory
+from perf4sight.networks.factories import build_factory_model
 from perf4sight.networks.generator import GeneratorSettings, forward_flops, generate
 from perf4sight.networks.named import config_descriptions, named_networks
 from perf4sight.networks.on_request import variant_name
 from perf4sight.networks.pruning import PrunedModel, PruningPlan, UnreachableLevel, check_level, prune_model
 from perf4sight.networks.reshape import query_at, shaped_name
+from perf4sight.networks.settings import SETTINGS_FILE, changed_settings_note, settings_sha
 from perf4sight.networks.zoo import build_zoo_model
 from perf4sight.wording import plural
 
@@ -53,7 +53,6 @@ __all__ = ["Source", "MANIFEST_COLUMNS", "SETTINGS_FILE", "NetworksMade", "sourc
 
 MANIFEST_COLUMNS: tuple[str, ...] = ("network", "family", "source", "strategy", "target_level", "achieved_level",
                                      "seed", "params", "flops_fwd", "input_shape", "styles", "path")
-SETTINGS_FILE = "manifest-settings.json"
 Progress = Callable[[str], None]
 
 
@@ -222,48 +221,6 @@ def write_manifest(rows: list[dict[str, Any]], path: Path) -> Path:
         writer.writeheader()
         writer.writerows(rows)
     return path
-
-
-def settings_sha(cfg: Config) -> str:
-    """A hash of what decides the networks stage's output: the ``[networks]`` settings and the bytes of the
-    factory and description files they name, with the Python files beside a factory's, which it may import (a file
-    that cannot be read counts as missing)."""
-    settings = dataclasses.asdict(cfg.networks)
-    if not settings["extra_input_shapes"]:  # a key added later: empty, it hashes as before it existed
-        del settings["extra_input_shapes"]
-    if not settings["generator"]["cover_styles"]:  # a key added later: off, it hashes as before it existed
-        del settings["generator"]["cover_styles"]
-    if settings["segmentation_classes"] == NetworksConfig.segmentation_classes:  # likewise, at its default
-        del settings["segmentation_classes"]
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
-    for spec in cfg.networks.factories:
-        digest.update(spec.encode())
-        try:
-            for path in parse_factory(spec, cfg.root, cfg.models_dir).code_files:
-                digest.update(path.read_bytes())
-        except (UserError, OSError):
-            digest.update(b"missing")
-    for fname in cfg.networks.description_files:
-        try:
-            digest.update(cfg.resolve(fname).read_bytes())
-        except OSError:
-            digest.update(b"missing")
-    return digest.hexdigest()[:16]
-
-
-def changed_settings_note(cfg: Config) -> str | None:
-    """A note when ``[networks]`` (or a file it names) changed since the networks stage wrote the manifest,
-    else ``None`` (also when the manifest or its settings file is absent)."""
-    manifest = cfg.models_dir / "manifest.csv"
-    try:
-        written = json.loads((cfg.models_dir / SETTINGS_FILE).read_text()).get("settings_sha")
-    except (OSError, ValueError, AttributeError):
-        return None
-    if not manifest.is_file() or written == settings_sha(cfg):
-        return None
-    return (f"note: [networks] in {cfg.path} (or a factory or description file it names) changed since the networks "
-            f"stage wrote {manifest}; the networks of that manifest are measured: run --stage networks first "
-            "to measure the new ones")
 
 
 def _manifest_names(path: Path) -> list[str]:

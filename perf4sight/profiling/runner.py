@@ -20,8 +20,10 @@ no torch, so that the peak RSS which a child inherits at spawn (``ru_maxrss`` ca
 Standard library plus ``perf4sight.profiling`` and ``perf4sight.ir.schema`` only: it runs on the devices.
 """
 import fcntl
+import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -550,7 +552,18 @@ def _prices_current(path: Path, plan: TestPlan) -> bool:
 
 
 def _torch_version() -> str:
-    """The installed torch's version, read without importing it (this process stays lean)."""
+    """The installed torch's version, read without importing it (this process stays lean; ``import torch`` takes
+    seconds on a small device): ``torch/version.py``'s ``__version__``, which ``torch.__version__`` is made from, or
+    where that file cannot be read, a fresh process's ``torch.__version__``."""
+    spec = importlib.util.find_spec("torch")  # finds the package without running it
+    if spec is not None and spec.origin:
+        try:
+            found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]",
+                              (Path(spec.origin).parent / "version.py").read_text(), re.MULTILINE)
+        except OSError:
+            found = None
+        if found:
+            return found.group(1)
     out = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__)"], stdout=subprocess.PIPE,
                          stderr=subprocess.DEVNULL, universal_newlines=True)
     return out.stdout.strip()
