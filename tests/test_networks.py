@@ -365,8 +365,7 @@ def test_generator_reaches_the_perfseer_range() -> None:
 
 
 def test_generator_errors_name_the_constraint() -> None:
-    with pytest.raises(UserError, match="most rejected by max_mflops"):
-        generate(GeneratorSettings(count=3, max_mflops=0.5), SHAPE)
+    # (no network under max_mflops: 2,000 candidates drawn and built before the error, so it is tried once, below)
     with pytest.raises(UserError, match="min_params .* exceeds max_params"):
         generate(GeneratorSettings(count=3, min_params=10, max_params=5), SHAPE)
     with pytest.raises(UserError, match="unknown \\['capsule'\\]"):

@@ -387,10 +387,11 @@ def _vermin(paths: list) -> subprocess.CompletedProcess:
 
 
 def test_shipped_code_needs_no_python_newer_than_3_6(tmp_path):
-    """A Jetson TX2 on JetPack 4.6 has Python 3.6: what goes to a device must run there."""
-    from perf4sight.profiling.remote import code_files
+    """A Jetson TX2 on JetPack 4.6 has Python 3.6: what goes to a device must run there (the runner's code, and the
+    probe, sent as a ``python -c`` script)."""
+    from perf4sight.profiling.remote import PROBE, code_files
 
-    done = _vermin([local for local, _ in code_files()])
+    done = _vermin([local for local, _ in code_files()] + [PROBE])
     assert done.returncode == 0, done.stdout[-1500:] + done.stderr[-500:]
     newer = tmp_path / "newer.py"  # the check can fail: a builtin generic in an evaluated annotation is 3.9+
     newer.write_text("def f(x: list[int]) -> None:\n    pass\n")
@@ -468,6 +469,9 @@ def test_changed_description_is_measured_again_on_the_device_with_a_warning(serv
     (desc,) = _descriptions(tmp_path, ["alpha"])
     (first,) = profile_devices(cfg, ["dev-c"], [desc], show_progress=False, **FAST)
     assert first.status == "done" and first.new_rows == 1 and not first.message
+    import torch  # the probe's facts of the device's torch, kept for the next profile's probe
+    assert json.loads((tmp_path / "remote work" / "dev-c" / "probe-cache.json").read_text())["torch"] == \
+        torch.__version__
     save_description(describe(_net(9), [3, 16, 16], name="alpha", network="tiny"), desc)  # same name, wider
     (again,) = profile_devices(cfg, ["dev-c"], [desc], show_progress=False, **FAST)
     assert again.status == "done" and again.new_rows == 1 and (again.rows, again.expected) == (1, 1)
@@ -627,6 +631,46 @@ def test_device_without_torch_or_with_too_old_a_python_runs_nothing(servers, tmp
     assert probe_problems("cpu", {"python": "3.5.2", "torch": "1.4.0"}, "w") == [
         "python 3.5.2 is older than 3.6, which the runner needs"]
     assert probe_problems("cpu", {"python": "3.6.9", "torch": "1.10.0"}, "w") == []
+
+
+def test_the_profile_stages_probe_imports_torch_again_only_when_its_install_changed(tmp_path):
+    """The probe before each profile keeps torch's facts in a cache file beside the device's rows: a second probe
+    of the same install reads them instead of importing torch (seconds); a changed torch package, another Python,
+    the nvml backend (CUDA can go without a reinstall) and ``check`` (no cache file) import it again. A stand-in
+    torch package here counts its imports; the real probe script runs in real processes."""
+    from perf4sight.profiling.remote import PROBE
+    fake = tmp_path / "site" / "torch"
+    fake.mkdir(parents=True)
+    imports = tmp_path / "imports.txt"
+    (fake / "__init__.py").write_text(
+        f"with open({str(imports)!r}, 'a') as fh:\n    fh.write('imported\\n')\n"
+        "__version__ = '9.8.7'\n"
+        "class cuda:\n    @staticmethod\n    def is_available():\n        return True\n")
+    (fake / "version.py").write_text("__version__ = '9.8.7'\n")
+    cache = tmp_path / "work" / "probe-cache.json"  # in the work folder, which the profile stage made before
+    cache.parent.mkdir()
+
+    def probe(backend: str = "cpu", *cache_arg: str, python: tuple[str, ...] = ()) -> dict:
+        out = subprocess.run([sys.executable, *python, str(PROBE), backend, str(tmp_path / "work"), *cache_arg],
+                             capture_output=True, text=True, check=True,
+                             env={**os.environ, "PYTHONPATH": str(tmp_path / "site")})
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    def count() -> int:
+        return len(imports.read_text().splitlines()) if imports.exists() else 0
+
+    first = probe("cpu", str(cache))
+    assert (first["torch"], first["cuda"], count()) == ("9.8.7", True, 1) and cache.is_file()
+    again = probe("cpu", str(cache))
+    assert (again["torch"], again["torch_error"], again["cuda"], count()) == ("9.8.7", "", True, 1)  # not imported
+    assert probe("cpu")["torch"] == "9.8.7" and count() == 2  # check: no cache, always imported
+    assert probe("nvml", str(cache))["cuda"] is True and count() == 3
+    assert probe("cpu", str(cache), python=("-X", "utf8"))["torch"] == "9.8.7" and count() == 3  # same install
+    (fake / "version.py").write_text("__version__ = '9.8.8'\n")  # torch reinstalled: imported again
+    assert probe("cpu", str(cache))["torch"] == "9.8.7" and count() == 4
+    assert probe("cpu", str(cache))["torch"] == "9.8.7" and count() == 4
+    cache.write_text("{damaged")
+    assert probe("cpu", str(cache))["torch"] == "9.8.7" and count() == 5 and json.loads(cache.read_text())["cuda"]
 
 
 def test_a_port_that_is_no_ssh_server_is_one_line_without_paramikos_tracebacks(tmp_path, capfd):

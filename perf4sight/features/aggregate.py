@@ -158,7 +158,8 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
     unsupported: list[str] = []
     input_name = desc.nodes[0].name
     conv_channels: list[int] = []
-    for visit in walk(desc, runtime):
+    visits = list(walk(desc, runtime))  # the kernel table below reads them too
+    for visit in visits:
         node, cost = visit.node, visit.cost
         shapes[node.name] = node.output_shape
         base[node.name] = visit.base
@@ -227,7 +228,7 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
     sizes = np.array(list(saved.values()) + extra_sizes + [ps["input_bytes"] - labels_bytes]
                      + ([labels_bytes] if labels_bytes else []), dtype=float)
     return NetworkFeatures(desc.name, ps, st, unsupported, sizes, description=desc,
-                           kernels=kernel_table(desc, runtime.update_cost()) if not unsupported else None,
+                           kernels=kernel_table(desc, runtime.update_cost(), visits) if not unsupported else None,
                            runtime=runtime)
 
 

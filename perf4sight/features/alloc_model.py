@@ -182,6 +182,7 @@ class _Memory:
     def __init__(self) -> None:
         self.events: list[Event] = []
         self.holders: dict[int, int] = {}
+        self.saved: set[int] = set()  # storages an autograd node of the forward keeps for backward
         self.last_id = 0
 
     def new_id(self) -> int:
@@ -353,6 +354,7 @@ class _OpContext:
             for s in saved:
                 self.mem.drop(s)
             return None
+        self.mem.saved.update(saved)
         self.fns.append(_GradFn(saved, edges, sizes, kernels, order if order is not None else list(range(len(edges))),
                                 full or [None] * len(edges), handoff,
                                 [tuple([self.batch] + list(sh)) for sh in self.in_shapes],
@@ -417,7 +419,7 @@ def _activation(ctx: _OpContext) -> _Value:
     """relu and relu6 (in place), the out-of-place activations (:data:`_ACTIVATIONS`), dropout."""
     n, x, nbytes, op = ctx.node, ctx.x, ctx.nbytes, ctx.node.op
     if op in ("relu", "relu6"):  # in place, keeps its result (or a clone of its input: ``relu6_clone``)
-        if x.fn is None or x.view or any(x.sid in f.saved for f in ctx.fns):
+        if x.fn is None or x.view or x.sid in ctx.mem.saved:
             raise NotCovered(f"in-place {op} on '{n.inputs[0]}'")
         kernel = "aten.threshold_backward.default" if op == "relu" else "aten.hardtanh_backward.default"
         kept = ctx.alloc("clone.default", x.nbytes, holders=0) if op == "relu6" and ctx.relu6_clone else x.sid

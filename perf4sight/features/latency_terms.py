@@ -28,12 +28,13 @@ Conventions, stated once:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
 from perf4sight.features.formulas import BYTES_PER_ELEMENT, hands_input_back, numel, position_loss, window_geometry
 from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, OptimizerCost, optimizer_cost
-from perf4sight.features.walk import consumer_counts, walk
+from perf4sight.features.walk import Visit, consumer_counts, walk
 from perf4sight.ir.schema import NetworkDescription, Node
 
 __all__ = ["KernelTable", "kernel_table", "latency_columns", "LATENCY_FEATURES", "TILE", "GEMM", "DEPTHWISE",
@@ -236,16 +237,18 @@ def _loss(r: _Rows, output_shape: list[int]) -> None:
 _VIEWS = {"input", "identity", "reshape", "flatten", "squeeze", "unsqueeze", "select", "narrow", "transpose"}
 
 
-def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT_OPTIMIZER) -> KernelTable:
+def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT_OPTIMIZER,
+                 visits: Sequence[Visit] | None = None) -> KernelTable:
     """Every kernel of one training step of ``desc`` whose optimiser's update costs ``update`` (an optimiser's name:
     its default settings; see the module docstring and ``optimizers.py``). Ops this module does not know are costed
-    as one generic bandwidth-bound kernel over their input and output."""
+    as one generic bandwidth-bound kernel over their input and output. ``visits``: ``walk(desc)``'s, where the
+    caller walked already (under any runtime: the kernels read only the nodes, their input shapes and parameters)."""
     opt = optimizer_cost(update) if isinstance(update, str) else update
     shapes = {n.name: n.output_shape for n in desc.nodes}
     r = _Rows()
     params = 0
     input_name = desc.nodes[0].name
-    for visit in walk(desc):
+    for visit in walk(desc) if visits is None else visits:
         node, ins, first = visit.node, visit.in_shapes, visit.first
         op = node.op
         if op in _VIEWS or hands_input_back(node):

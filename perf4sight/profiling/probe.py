@@ -5,7 +5,14 @@ first. Reports Python and torch versions, CUDA, the backend's library (``pynvml`
 ``jtop`` and its service for jetson), memory and swap (MiB, from ``/proc/meminfo``: a device
 with swap thrashes rather than fails when a step does not fit; see ``max_swap_in_mb``) and free
 disk space (MiB) where the work folder is (or would be).
+
+The profile stage's own probe, before every run, passes a third argument: a cache file in the device's work folder.
+``import torch`` takes seconds (more on a small device), so its facts (version, CUDA) are kept there with the
+identity of the install they came from (this Python, the files torch's package and version are read from: their
+sizes and modification times); while that identity holds, a later probe reads them instead of importing torch
+again. ``check`` always imports it.
 """
+import importlib.util
 import json
 import os
 import platform
@@ -37,13 +44,60 @@ def meminfo_mb(path="/proc/meminfo"):
     return out
 
 
-def probe(backend, workdir):
+def install_identity(module_name):
+    """Where ``module_name`` would be imported from, without importing it: its package files' paths, sizes and
+    modification times (None where it is not found): equal identities, the same install."""
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin or not os.path.isfile(spec.origin):
+        return None
+    files = [spec.origin, os.path.join(os.path.dirname(spec.origin), "version.py")]
+    out = []
+    for path in files:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        out.append([path, st.st_size, st.st_mtime_ns])
+    return out
+
+
+def _torch_facts(cache_path):
+    """(version, import error, CUDA seen): from ``cache_path`` while torch's install is the one cached there, else by
+    importing torch (the cache then rewritten; only a torch that imported is cached)."""
+    key = [sys.executable, platform.python_version(), install_identity("torch")]
+    if cache_path and key[2] is not None:
+        try:
+            with open(cache_path) as fh:
+                cached = json.load(fh)
+            if cached.get("key") == key:
+                return cached["torch"], "", cached["cuda"]
+        except (OSError, ValueError, KeyError, AttributeError):
+            pass
+    version, error = _version("torch")
+    cuda = None
+    if version:
+        import torch
+        cuda = bool(torch.cuda.is_available())
+        if cache_path and key[2] is not None:
+            try:
+                with open(cache_path + ".tmp", "w") as fh:
+                    json.dump({"key": key, "torch": version, "cuda": cuda}, fh)
+                os.replace(cache_path + ".tmp", cache_path)
+            except OSError:  # a work folder that cannot be written is reported below
+                pass
+    return version, error, cuda
+
+
+def probe(backend, workdir, cache_path=None):
     out = {"python": platform.python_version(), "executable": sys.executable, "machine": platform.machine(),
            "hostname": platform.node()}
-    out["torch"], out["torch_error"] = _version("torch")
+    # nvml's check needs CUDA, which a driver or CUDA_VISIBLE_DEVICES can take away without a reinstall: imported
+    out["torch"], out["torch_error"], cuda = _torch_facts(cache_path if backend != "nvml" else None)
     if out["torch"]:
-        import torch
-        out["cuda"] = bool(torch.cuda.is_available())
+        out["cuda"] = cuda
     lib = {"cpu": None, "nvml": "pynvml", "jetson": "jtop"}.get(backend)
     out["backend_library"] = lib or ""
     if lib:
@@ -74,4 +128,5 @@ def probe(backend, workdir):
 
 
 if __name__ == "__main__":
-    print(json.dumps(probe(sys.argv[1] if len(sys.argv) > 1 else "cpu", sys.argv[2] if len(sys.argv) > 2 else "~")))
+    print(json.dumps(probe(sys.argv[1] if len(sys.argv) > 1 else "cpu", sys.argv[2] if len(sys.argv) > 2 else "~",
+                           sys.argv[3] if len(sys.argv) > 3 else None)))

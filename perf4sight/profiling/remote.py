@@ -64,6 +64,7 @@ class DeviceSummary:
 
 
 PROBE = Path(__file__).with_name("probe.py")
+PROBE_CACHE = "probe-cache.json"  # in the device's work folder: torch's facts, kept while its install is unchanged
 MIN_PYTHON = (3, 6)  # the device's; a Jetson TX2's JetPack 4.6 has 3.6 (see code_files)
 
 
@@ -201,8 +202,8 @@ class RemoteProfiler:
     def _preflight(self) -> None:
         """The ``check`` stage's probe: a device whose python cannot run the runner (too old, no torch, no
         backend library) starts nothing, so no row records a missing library as a failed measurement."""
-        res = self.remote.run([self._python(), "-c", PROBE.read_text(), self.dev.backend, self.run_dir],
-                              timeout_s=120)
+        res = self.remote.run([self._python(), "-c", PROBE.read_text(), self.dev.backend, self.run_dir,
+                               self._path(PROBE_CACHE)], timeout_s=120)
         try:
             facts = probe_facts(self.dev.python, res.rc, res.stdout, res.stderr)
         except UserError as exc:
