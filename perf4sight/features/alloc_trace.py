@@ -570,7 +570,8 @@ def simulate(desc: NetworkDescription, batches: tuple[int, ...] = (PROBE_BATCH,)
     first = runs[0]
     if any([(k, t, o) for k, t, _, o in first] != [(k, t, o) for k, t, _, o in e] for e in runs[1:]):
         raise UserError(f"{desc.name}: the traced training step differs between batch sizes {list(batches)}")
-    s1 = np.array([s for _, _, s, _ in first], dtype=np.int64)
+    kinds, tensors, sizes, _ = zip(*first) if first else ((), (), (), ())
+    s1 = np.array(sizes, dtype=np.int64)
     if len(batches) == 1:
         b = batches[0]
         scaled = (s1 % b == 0) & (s1 > 0)
@@ -581,9 +582,8 @@ def simulate(desc: NetworkDescription, batches: tuple[int, ...] = (PROBE_BATCH,)
         const = s1 - per * b1
     else:
         raise ValueError(f"simulate: one or two batch sizes, got {list(batches)}")
-    trace = AllocTrace(desc.name, np.array([k for k, _, _, _ in first], dtype=np.int8),
-                       np.array([t for _, t, _, _ in first], dtype=np.int64), const, per, relu6_clone=relu6_clone,
-                       update=_OptimizerStep.of(kw).settings())
+    trace = AllocTrace(desc.name, np.array(kinds, dtype=np.int8), np.array(tensors, dtype=np.int64), const, per,
+                       relu6_clone=relu6_clone, update=_OptimizerStep.of(kw).settings())
     with _LOCK:
         _CACHE[key] = trace
     return trace

@@ -119,7 +119,7 @@ class CachingAllocator:
         """Everything the next requests depend on: reserved bytes, the free blocks of both pools and
         where each live tensor's block lies (tensor id -> (address, size)); equal states replay equally."""
         return (self.reserved, self.allocated, tuple(self._pools[0]), tuple(self._pools[1]),
-                tuple(sorted((t, b.ptr, b.size) for t, b in live.items() if b is not None)))
+                frozenset((t, b.ptr, b.size) for t, b in live.items() if b is not None))
 
     def _remove(self, b: _Block) -> None:
         key = b.size << _ADDRESS_BITS | b.ptr
@@ -274,6 +274,7 @@ class AllocTrace:
     update: TracedUpdate = TracedUpdate()
     _memo: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False, init=False)
     _repeat_plan: tuple[list[int], list[int], list[int]] | None = field(default=None, repr=False, init=False)
+    _events: tuple[list[int], list[int], list[int]] | None = field(default=None, repr=False, init=False)
 
     def __post_init__(self) -> None:
         if self.protocol not in REPLAY_PROTOCOLS:
@@ -309,8 +310,9 @@ class AllocTrace:
             return self._memo[bs]
         sizes = self.sizes(bs)
         sizes = np.where(sizes > 0, round_size(sizes), 0).tolist()
-        kinds, ids = self.kind.tolist(), self.tensor.tolist()
-        steps = np.flatnonzero(self.kind == STEP).tolist()
+        if self._events is None:  # the same at every batch size: made once per trace
+            self._events = (self.kind.tolist(), self.tensor.tolist(), np.flatnonzero(self.kind == STEP).tolist())
+        kinds, ids, steps = self._events
         alloc = CachingAllocator()
         live: dict[int, _Block | None] = {}
         peaks: list[tuple[int, int]] = []
