@@ -201,7 +201,8 @@ class RemoteProfiler:
     # -- steps ------------------------------------------------------------------------------
     def _preflight(self) -> None:
         """The ``check`` stage's probe: a device whose python cannot run the runner (too old, no torch, no
-        backend library) starts nothing, so no row records a missing library as a failed measurement."""
+        backend library) starts nothing, so no row records a missing library as a failed measurement. Torch's facts
+        come from :data:`PROBE_CACHE` while its install is the one they were read from (``probe.py``)."""
         res = self.remote.run([self._python(), "-c", PROBE.read_text(), self.dev.backend, self.run_dir,
                                self._path(PROBE_CACHE)], timeout_s=120)
         try:

@@ -555,7 +555,10 @@ def _torch_version() -> str:
     """The installed torch's version, read without importing it (this process stays lean; ``import torch`` takes
     seconds on a small device): ``torch/version.py``'s ``__version__``, which ``torch.__version__`` is made from, or
     where that file cannot be read, a fresh process's ``torch.__version__``."""
-    spec = importlib.util.find_spec("torch")  # finds the package without running it
+    try:
+        spec = importlib.util.find_spec("torch")  # finds the package without running it
+    except (ImportError, ValueError):
+        spec = None
     if spec is not None and spec.origin:
         try:
             found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]",
