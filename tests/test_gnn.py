@@ -16,7 +16,8 @@ from perf4sight.config import FingerprintConfig, ProfileConfig
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import features_for
 from perf4sight.fingerprint import PREDICTION_KEYS, fit_fingerprint
-from perf4sight.fingerprint.gnn import GNN_JSON, GNN_WEIGHTS, fit_gnn, gnn_accuracy_lines, load_gnn, load_predictor
+from perf4sight.fingerprint.gnn import (GNN_JSON, GNN_WEIGHTS, OLD_GNN_WEIGHTS, fit_gnn, gnn_accuracy_lines, load_gnn,
+                                        load_predictor)
 from perf4sight.fingerprint.gnn_graph import EDGE_FEATURES, NODE_FEATURES, OP_VOCAB, graph_template
 from perf4sight.ir.from_torch import describe
 from perf4sight.ir.schema import NetworkDescription
@@ -74,11 +75,11 @@ def fitted(tiny, tmp_path_factory):
 def test_normaliser_drops_columns_constant_in_training():
     """A column constant in the training split (even one whose float32 std is ~1e-6, not 0) becomes 0
     for every value, a value never seen in training included; other columns are standardised."""
-    from perf4sight.fingerprint.gnn_train import Normaliser, _norm
+    from perf4sight.fingerprint.gnn_forward import Normaliser, standardise
     u = np.column_stack([np.log1p(np.ones(1000, dtype=np.float32)), np.arange(1000, dtype=np.float32)])
     mu, sd = Normaliser._stats(u, 0.0)
     assert sd[0] == 0.0 and sd[1] > 100
-    z = _norm(np.array([[0.0, 499.5], [5.0, 0.0]], dtype=np.float32), (mu, sd)).numpy()
+    z = standardise(np.array([[0.0, 499.5], [5.0, 0.0]], dtype=np.float32), (mu, sd))
     assert z[0, 0] == 0.0 and z[1, 0] == 0.0 and abs(z[0, 1]) < 1e-6 and z[1, 1] < -1.5
     assert Normaliser._stats(u)[1][0] == 1.0  # targets keep std 1 for a constant column
 
@@ -118,8 +119,9 @@ def test_fit_writes_json_and_weights(fitted):
     on_disk = json.loads((out / GNN_JSON).read_text())
     assert on_disk["targets"]["memory"]["column"] == "peak_rss_mb"
     assert on_disk["settings"]["arch"] == "seernet" and on_disk["op_vocab"] == list(OP_VOCAB)
-    state = torch.load(out / GNN_WEIGHTS, weights_only=True)
-    assert all(isinstance(v, torch.Tensor) for v in state.values())
+    with np.load(out / GNN_WEIGHTS, allow_pickle=False) as state:  # plain arrays, read without torch
+        assert state["enc_x.0.weight"].shape == (16, len(NODE_FEATURES))
+        assert all(state[k].dtype == np.float32 for k in state.files)
     for target in ("latency", "memory"):
         acc = meta["accuracy"][target]
         assert set(acc["gnn"]["per_group"]) == {"plain", "deep", "res"}
@@ -137,6 +139,32 @@ def test_fit_writes_json_and_weights(fitted):
         assert meta["accuracy"][target]["trees"]["overall"]["mape"] == pytest.approx(trees[target]["overall"]["mape"])
         for g, m in trees[target]["per_group"].items():
             assert meta["accuracy"][target]["trees"]["per_group"][g]["mape"] == pytest.approx(m["mape"])
+
+
+@pytest.mark.parametrize("arch", ["sage", "seernet"])
+def test_the_numpy_forward_pass_is_the_torch_models(tiny, arch):
+    """Training runs ``GNNModel`` (torch, torch_geometric); predictions run ``GNNForward`` (numpy) on its weights:
+    the same outputs for the same samples, three networks at two batch sizes each; a weight of another shape is
+    refused."""
+    from perf4sight.fingerprint.gnn_forward import Normaliser, sample_arrays
+    from perf4sight.fingerprint.gnn_graph import GLOBAL_FEATURES, global_features
+    from perf4sight.fingerprint.gnn_model import GNNModel
+    from perf4sight.fingerprint.gnn_train import _forward, forward_of, make_data
+    descs, _ = tiny
+    tl = [graph_template(descs[n]) for n in ("deep_w8", "plain_w4", "res_w16") for _ in (1, 8)]
+    bs = [1, 8] * 3
+    norm = Normaliser.fit(tl[::2], global_features(tl, bs), np.zeros((6, 2)))
+    torch.manual_seed(1)
+    dims = (len(NODE_FEATURES), len(EDGE_FEATURES), len(GLOBAL_FEATURES))
+    model = GNNModel(arch, *dims, hidden=16, layers=2).eval()
+    with torch.no_grad():
+        want, samples = _forward(model, make_data(tl, bs, norm), np.arange(3))
+    assert samples.tolist() == list(range(6))
+    net = forward_of(model)
+    net.check(*dims, hidden=16)
+    np.testing.assert_allclose(net(sample_arrays(tl, bs, norm)), want.numpy(), rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match=r"head.2.bias is \(2,\), expected \(3,\)"):
+        net.check(*dims, hidden=16, outputs=3)
 
 
 def test_load_predict(fitted, tiny):
@@ -164,6 +192,38 @@ def test_load_predict(fitted, tiny):
     assert [p["memory_mb"] for p in from_module] == pytest.approx([preds[0]["memory_mb"], preds[1]["memory_mb"]])
 
 
+def test_stored_gnns_predict_without_torch_and_older_ones_still_load(fitted, tiny, tmp_path):
+    """The GNN and the ensemble load and predict in a process that never imports torch (or torch_geometric); a GNN
+    stored before its weights were plain arrays (``gnn_weights.pt``) loads and predicts the same."""
+    import shutil
+    import subprocess
+    import sys
+
+    from perf4sight.ir.schema import save_description
+    out, _ = fitted
+    descs, _ = tiny
+    save_description(descs["res_w8"], tmp_path / "res_w8.json")
+    script = ("import json, sys; from perf4sight.fingerprint.gnn_predictors import load_predictor; "
+              f"rows = [load_predictor({str(out)!r}, k).predict({str(tmp_path / 'res_w8.json')!r}, [2, 16]) "
+              "for k in ('gnn', 'ensemble')]; "
+              "print(json.dumps([rows, sorted(m for m in sys.modules if m.split('.')[0] in ('torch', "
+              "'torch_geometric'))]))")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert run.returncode == 0, run.stderr[-2000:]
+    (gnn, ensemble), imported = json.loads(run.stdout)
+    assert imported == []
+    assert gnn == load_gnn(out).predict(descs["res_w8"], [2, 16])
+    assert ensemble == load_predictor(out, "ensemble").predict(descs["res_w8"], [2, 16])
+
+    older = tmp_path / "older"
+    shutil.copytree(out, older)
+    with np.load(older / GNN_WEIGHTS, allow_pickle=False) as arrays:
+        torch.save({k: torch.from_numpy(arrays[k]) for k in arrays.files}, older / OLD_GNN_WEIGHTS)
+    (older / GNN_WEIGHTS).unlink()
+    assert load_gnn(older).predict(descs["res_w8"], [2, 16]) == gnn
+
+
 def test_ensemble_is_geometric_mean(fitted, tiny):
     out, _ = fitted
     descs, _ = tiny
@@ -188,10 +248,19 @@ def test_damaged_or_hostile_files(fitted, tmp_path, monkeypatch):
         load_gnn(tmp_path)
     (tmp_path / GNN_JSON).write_text((out / GNN_JSON).read_text())
     (tmp_path / GNN_WEIGHTS).write_bytes(pickle.dumps({"w": _Evil()}))
+    with pytest.raises(UserError, match="damaged or incompatible"):
+        load_gnn(tmp_path)
+    with (tmp_path / GNN_WEIGHTS).open("wb") as f:  # arrays, one of them of Python objects
+        np.savez(f, **{"enc_x.0.weight": np.array([_Evil()], dtype=object)})
+    with pytest.raises(UserError, match="damaged or incompatible"):
+        load_gnn(tmp_path)
+    (tmp_path / GNN_WEIGHTS).unlink()  # an older GNN's file, read by torch: tensors only
+    (tmp_path / OLD_GNN_WEIGHTS).write_bytes(pickle.dumps({"w": _Evil()}))
     with pytest.raises(UserError, match="damaged or incompatible"), warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)  # torch's note on the hostile file
         load_gnn(tmp_path)
     assert not (tmp_path / "pwned_by_weights").exists()
+    (tmp_path / OLD_GNN_WEIGHTS).unlink()
     (tmp_path / GNN_WEIGHTS).write_bytes((out / GNN_WEIGHTS).read_bytes())
     meta = json.loads((out / GNN_JSON).read_text())
     meta["node_features"] = meta["node_features"][:-1]

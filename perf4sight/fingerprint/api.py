@@ -128,7 +128,7 @@ def load_device_predictor(cfg: Config, device: str, predictor: str = "trees"):
     """``device``'s predictor ``trees``, ``gnn`` or ``ensemble``; each has ``predict(descs, batch_sizes)``."""
     if predictor == "trees":
         return load_device_fingerprint(cfg, device)
-    from perf4sight.fingerprint.gnn import load_predictor
+    from perf4sight.fingerprint.gnn_predictors import load_predictor  # numpy: no torch to load or predict
 
     if predictor == "ensemble" and not (cfg.fingerprint_dir / device / "metadata.json").is_file():
         raise UserError(f"the ensemble needs the trees as well as the GNN: no trees for device '{device}' in "

@@ -21,14 +21,16 @@ and re-exports the rest of the public API. The parts, bottom up:
 - ``gnn_model``: the architectures (``sage``, ``seernet``);
 - ``gnn_samples``: a device's (network, batch size) samples and log targets;
 - ``gnn_baseline``: the analytic baseline the GNN corrects;
-- ``gnn_train``: training and inference (log targets, and latency ms / memory MiB with the baseline);
+- ``gnn_train``: training (torch), the model coming back as arrays;
+- ``gnn_forward``: inference in numpy (latency ms / memory MiB with the baseline), the normaliser;
 - ``gnn_evaluate``: cross-validation against the trees and the ensemble, and its printed table;
-- ``gnn_predictors``: :class:`GNNPredictor` and :class:`EnsemblePredictor`.
+- ``gnn_predictors``: :class:`GNNPredictor` and :class:`EnsemblePredictor`, and loading them (no torch).
 
 Files in ``<fingerprint_dir>/<device>/`` (beside the trees' ``metadata.json`` / ``models.npz``)::
 
-    gnn.json         settings, feature names, normalisation statistics, accuracy, intervals (JSON)
-    gnn_weights.pt   the model's state_dict, loaded with ``torch.load(weights_only=True)``
+    gnn.json          settings, feature names, normalisation statistics, accuracy, intervals (JSON)
+    gnn_weights.npz   the model's state_dict as plain arrays, loaded with ``allow_pickle=False`` (a GNN stored
+                      before 2026-11-28: ``gnn_weights.pt``, read with ``torch.load(weights_only=True)``)
 """
 from __future__ import annotations
 
@@ -36,7 +38,6 @@ import datetime as _dt
 import hashlib
 import inspect
 import json
-import pickle
 import time
 from pathlib import Path
 from typing import Any
@@ -53,21 +54,18 @@ from perf4sight.fingerprint.fit import (LATENCY_COLUMN, input_shape_metadata, me
 from perf4sight.fingerprint.fit_inputs import INPUTS_KEY, inputs_sha256
 from perf4sight.fingerprint.gnn_evaluate import cross_validate, gnn_accuracy_lines
 from perf4sight.fingerprint.gnn_graph import EDGE_FEATURES, GLOBAL_FEATURES, NODE_FEATURES, OP_VOCAB
-from perf4sight.fingerprint.gnn_model import GNNModel
-from perf4sight.fingerprint.gnn_predictors import EnsemblePredictor, GNNPredictor
-from perf4sight.fingerprint.gnn_samples import TARGETS, Samples
-from perf4sight.fingerprint.gnn_train import Normaliser, TrainSettings, predict_latency_memory, train_on_samples
-from perf4sight.fingerprint.storage import HELD_OUT_FILE, check_metadata, load_held_out
+from perf4sight.fingerprint.gnn_forward import predict_latency_memory
+from perf4sight.fingerprint.gnn_predictors import (FORMAT, GNN_JSON, GNN_WEIGHTS, OLD_GNN_WEIGHTS, EnsemblePredictor,
+                                                   GNNPredictor, load_gnn, load_predictor)
+from perf4sight.fingerprint.gnn_samples import Samples
+from perf4sight.fingerprint.gnn_train import TrainSettings, train_on_samples
+from perf4sight.fingerprint.storage import HELD_OUT_FILE, load_held_out
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import batch_size_of
 from perf4sight.wording import named, plural
 
 __all__ = ["fit_gnn", "gnn_inputs_sha256", "load_gnn", "load_predictor", "GNNPredictor", "EnsemblePredictor",
            "gnn_accuracy_lines", "GNN_JSON", "GNN_WEIGHTS", "PREDICTORS"]
-
-GNN_JSON = "gnn.json"
-GNN_WEIGHTS = "gnn_weights.pt"
-FORMAT = "perf4sight-gnn-v1"
 
 
 def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str, out_dir: str | Path,
@@ -137,8 +135,9 @@ def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
     }
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out / GNN_WEIGHTS) as tmp:
-        torch.save(model.state_dict(), tmp)
+    with atomic_path(out / GNN_WEIGHTS) as tmp, tmp.open("wb") as f:
+        np.savez(f, **model.state)
+    (out / OLD_GNN_WEIGHTS).unlink(missing_ok=True)  # an older GNN's, fitted again
     write_atomically(out / GNN_JSON, json.dumps(meta, indent=2))
     return meta
 
@@ -163,38 +162,3 @@ def _inputs_sha256(arguments: dict[str, Any]) -> str:
                                       "torch_geometric": __import__("torch_geometric").__version__}
     recs = [r for r in records(rows) if str(r.get("device", device)) == device]
     return inputs_sha256("gnn", recs, descriptions, settings, versions)
-
-
-def load_gnn(out_dir: str | Path) -> GNNPredictor:
-    """Load ``gnn.json`` + ``gnn_weights.pt`` (``weights_only=True``: tensors, no code)."""
-    d = Path(out_dir)
-    jp, wp = d / GNN_JSON, d / GNN_WEIGHTS
-    if not jp.is_file() or not wp.is_file():
-        raise UserError(f"{d}: no GNN here (need {GNN_JSON} and {GNN_WEIGHTS}; fit with --predictor gnn)")
-    try:
-        meta = json.loads(jp.read_text())
-        if meta.get("format") != FORMAT or meta.get("node_features") != list(NODE_FEATURES) \
-                or meta.get("global_features") != list(GLOBAL_FEATURES):
-            raise UserError(f"{jp}: GNN made with other features or format; refit the fingerprint")
-        check_metadata(meta)
-        st = meta["settings"]
-        model = GNNModel(st["arch"], len(NODE_FEATURES), len(EDGE_FEATURES), len(GLOBAL_FEATURES),
-                         hidden=int(st["hidden"]), layers=int(st["layers"]), outputs=len(TARGETS))
-        model.load_state_dict(torch.load(wp, weights_only=True, map_location="cpu"))
-        norm = Normaliser.from_json(meta["normaliser"])
-    except (json.JSONDecodeError, KeyError, RuntimeError, ValueError, OSError, EOFError, pickle.UnpicklingError) as exc:
-        raise UserError(f"{d}: GNN files are damaged or incompatible ({type(exc).__name__}: {exc})") from None
-    model.eval()
-    return GNNPredictor(model, norm, meta)
-
-
-def load_predictor(out_dir: str | Path, kind: str = "trees") -> Any:
-    """The predictor ``kind`` (trees | gnn | ensemble) of a fingerprint folder."""
-    if kind not in PREDICTORS:
-        raise UserError(f"predictor '{kind}' is not one of {', '.join(PREDICTORS)}")
-    from perf4sight.fingerprint.predict import load_fingerprint
-    if kind == "trees":
-        return load_fingerprint(out_dir)
-    if kind == "gnn":
-        return load_gnn(out_dir)
-    return EnsemblePredictor(load_fingerprint(out_dir), load_gnn(out_dir))

@@ -22,7 +22,8 @@ from perf4sight.features.aggregate import feature_matrix
 from perf4sight.fingerprint.evaluate import CVResult, grouped_cv, metrics
 from perf4sight.fingerprint.fit import LATENCY_COLUMN, choice_rule, hold_native_conv
 from perf4sight.fingerprint.gnn_samples import TARGETS, Samples
-from perf4sight.fingerprint.gnn_train import TrainSettings, predict_latency_memory, train_on_samples
+from perf4sight.fingerprint.gnn_forward import predict_latency_memory
+from perf4sight.fingerprint.gnn_train import TrainSettings, train_on_samples
 from perf4sight.fingerprint.select import (can_nest, group_conformal, held_out_coverage, nested_cv,
                                            select_candidate)
 from perf4sight.fingerprint.storage import HeldOut, stored_predictions

@@ -1,4 +1,5 @@
-"""Serving predictions from a loaded GNN, alone (:class:`GNNPredictor`) or with the trees (:class:`EnsemblePredictor`).
+"""Serving predictions from a stored GNN, alone (:class:`GNNPredictor`) or with the trees (:class:`EnsemblePredictor`),
+and loading them (:func:`load_gnn`, :func:`load_predictor`): numpy only, no torch (:mod:`gnn_forward`).
 
 Both return the trees' prediction dicts (:func:`perf4sight.fingerprint.predict.prediction_rows`),
 one per (network, batch size), network-major: ``latency_ms`` (ms), ``memory_mb`` (MiB), their
@@ -8,21 +9,31 @@ predictions.
 """
 from __future__ import annotations
 
+import json
+import zipfile
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
+from perf4sight.config import PREDICTORS
 from perf4sight.errors import UserError
 from perf4sight.features.step_runtime import StepRuntime
 from perf4sight.fingerprint.gnn_baseline import AnalyticBaseline
-from perf4sight.fingerprint.gnn_graph import graph_template
-from perf4sight.fingerprint.gnn_model import GNNModel
-from perf4sight.fingerprint.gnn_train import Normaliser, predict_latency_memory
+from perf4sight.fingerprint.gnn_forward import GNNForward, Normaliser, predict_latency_memory
+from perf4sight.fingerprint.gnn_graph import EDGE_FEATURES, GLOBAL_FEATURES, NODE_FEATURES, graph_template
 from perf4sight.fingerprint.predict import ModuleQueries, as_descriptions, batch_list, prediction_rows
+from perf4sight.fingerprint.storage import check_metadata
 from perf4sight.ir.schema import NetworkDescription
 
-__all__ = ["GNNPredictor", "EnsemblePredictor"]
+__all__ = ["GNNPredictor", "EnsemblePredictor", "load_gnn", "load_predictor", "GNN_JSON", "GNN_WEIGHTS", "FORMAT"]
+
+GNN_JSON = "gnn.json"
+#: the model's ``state_dict`` as plain arrays (``np.load(allow_pickle=False)``: no code); a GNN stored before
+#: 2026-11-28 has :data:`OLD_GNN_WEIGHTS` instead, read with torch
+GNN_WEIGHTS = "gnn_weights.npz"
+OLD_GNN_WEIGHTS = "gnn_weights.pt"
+FORMAT = "perf4sight-gnn-v1"
 
 
 def _rows(names: list[str], bss: list[int], pred: np.ndarray, bands: dict[str, list[float]],
@@ -36,7 +47,7 @@ def _rows(names: list[str], bss: list[int], pred: np.ndarray, bands: dict[str, l
 class GNNPredictor(ModuleQueries):
     """A loaded GNN: ``predict(descs, batch_sizes)`` returns the trees' prediction dicts."""
 
-    def __init__(self, model: GNNModel, norm: Normaliser, metadata: dict[str, Any]):
+    def __init__(self, model: GNNForward, norm: Normaliser, metadata: dict[str, Any]):
         self.model, self.norm, self.metadata = model, norm, metadata
         self.base = AnalyticBaseline(metadata.get("base", {}).get("models"))
         self.device: str = metadata.get("device", "")
@@ -101,3 +112,49 @@ class EnsemblePredictor(ModuleQueries):
         t = self.trees.predict(descs, bss)
         tarr = np.array([[r["latency_ms"], r["memory_mb"]] for r in t])
         return _rows([d.name for d in descs], bss, np.sqrt(g * tarr), self.bands, self.capacity_mb)
+
+
+def _weights(folder: Path) -> dict[str, np.ndarray]:
+    """The stored ``state_dict`` as arrays: :data:`GNN_WEIGHTS`, else an older GNN's :data:`OLD_GNN_WEIGHTS` (torch,
+    ``weights_only=True``: tensors, no code)."""
+    if (folder / GNN_WEIGHTS).is_file():
+        with np.load(folder / GNN_WEIGHTS, allow_pickle=False) as arrays:
+            return {k: arrays[k] for k in arrays.files}
+    import torch  # an older GNN's file only
+    state = torch.load(folder / OLD_GNN_WEIGHTS, weights_only=True, map_location="cpu")
+    return {k: v.numpy() for k, v in state.items()}
+
+
+def load_gnn(out_dir: str | Path) -> GNNPredictor:
+    """Load ``gnn.json`` and its weights (:data:`GNN_WEIGHTS`, or an older GNN's :data:`OLD_GNN_WEIGHTS`)."""
+    import pickle
+    d = Path(out_dir)
+    jp = d / GNN_JSON
+    if not jp.is_file() or not ((d / GNN_WEIGHTS).is_file() or (d / OLD_GNN_WEIGHTS).is_file()):
+        raise UserError(f"{d}: no GNN here (need {GNN_JSON} and {GNN_WEIGHTS}; fit with --predictor gnn)")
+    try:
+        meta = json.loads(jp.read_text())
+        if meta.get("format") != FORMAT or meta.get("node_features") != list(NODE_FEATURES) \
+                or meta.get("global_features") != list(GLOBAL_FEATURES):
+            raise UserError(f"{jp}: GNN made with other features or format; refit the fingerprint")
+        check_metadata(meta)
+        st = meta["settings"]
+        model = GNNForward(st["arch"], _weights(d), int(st["layers"]))
+        model.check(len(NODE_FEATURES), len(EDGE_FEATURES), len(GLOBAL_FEATURES), int(st["hidden"]))
+        norm = Normaliser.from_json(meta["normaliser"])
+    except (json.JSONDecodeError, KeyError, RuntimeError, ValueError, TypeError, AttributeError, OSError, EOFError,
+            pickle.UnpicklingError, zipfile.BadZipFile) as exc:
+        raise UserError(f"{d}: GNN files are damaged or incompatible ({type(exc).__name__}: {exc})") from None
+    return GNNPredictor(model, norm, meta)
+
+
+def load_predictor(out_dir: str | Path, kind: str = "trees") -> Any:
+    """The predictor ``kind`` (trees | gnn | ensemble) of a fingerprint folder."""
+    if kind not in PREDICTORS:
+        raise UserError(f"predictor '{kind}' is not one of {', '.join(PREDICTORS)}")
+    from perf4sight.fingerprint.predict import load_fingerprint
+    if kind == "trees":
+        return load_fingerprint(out_dir)
+    if kind == "gnn":
+        return load_gnn(out_dir)
+    return EnsemblePredictor(load_fingerprint(out_dir), load_gnn(out_dir))

@@ -1,15 +1,15 @@
-"""Training and inference loops of the GNN predictor (CPU).
+"""Training loop of the GNN predictor (CPU, torch); inference is :mod:`gnn_forward`'s, in numpy.
 
 Samples are (network, batch size) pairs with targets ``log(latency ms)`` and ``log(memory MiB)``;
 a missing target is masked out of the loss. Features and targets are standardised with
-statistics of the training split only (:class:`Normaliser`, stored as JSON). Loss: L1 on the
-standardised log targets (close to a relative-error loss). Early stopping watches the loss on a
+statistics of the training split only (:class:`~perf4sight.fingerprint.gnn_forward.Normaliser`, stored as JSON).
+Loss: L1 on the standardised log targets (close to a relative-error loss). Early stopping watches the loss on a
 validation split that holds out whole networks. A training step takes a few networks and all
 their (batch size) samples: the graph part runs once per network.
 
-:func:`train_on_samples` and :func:`predict_latency_memory` wrap these loops with the analytic
-baseline (:mod:`perf4sight.fingerprint.gnn_baseline`): the model learns the log targets less the
-log baseline, and predictions come back as latency (ms) and memory (MiB).
+:func:`train_on_samples` wraps this loop with the analytic baseline (:mod:`perf4sight.fingerprint.gnn_baseline`):
+the model learns the log targets less the log baseline, and comes back as the arrays of its numpy forward pass,
+whose :func:`~perf4sight.fingerprint.gnn_forward.predict_latency_memory` gives latency (ms) and memory (MiB).
 """
 from __future__ import annotations
 
@@ -25,61 +25,14 @@ with warnings.catch_warnings():  # torch_geometric calls torch.jit.script at imp
     warnings.filterwarnings("ignore", message=".*torch.jit.script.* is deprecated", category=FutureWarning)
     from torch_geometric.data import Batch, Data
 
-from perf4sight.features.aggregate import feature_matrix
 from perf4sight.fingerprint.gnn_baseline import AnalyticBaseline
+from perf4sight.fingerprint.gnn_forward import GNNForward, Normaliser, sample_arrays
 from perf4sight.fingerprint.gnn_graph import (EDGE_FEATURES, GLOBAL_FEATURES, NODE_FEATURES, GraphTemplate,
                                               global_features)
 from perf4sight.fingerprint.gnn_model import GNNModel
 from perf4sight.fingerprint.gnn_samples import TARGETS, Samples
 
-__all__ = ["Normaliser", "SampleSet", "TrainSettings", "make_data", "train_model", "predict_log", "train_on_samples",
-           "predict_latency_memory"]
-
-
-@dataclass
-class Normaliser:
-    """Mean and std of node, edge, global features and of the log targets (training split)."""
-
-    x: tuple[list[float], list[float]]
-    e: tuple[list[float], list[float]]
-    u: tuple[list[float], list[float]]
-    y: tuple[list[float], list[float]]
-
-    @staticmethod
-    def _stats(a: np.ndarray, constant_sd: float = 1.0) -> tuple[list[float], list[float]]:
-        """Column mean and std, ignoring NaN; a constant column gets std ``constant_sd`` (0: :func:`_norm`
-        sets the column to 0 everywhere)."""
-        a = np.asarray(a, dtype=np.float64)  # float32 sums leave a constant column a std of ~1e-6
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            mu = np.nan_to_num(np.nanmean(a, axis=0)) if len(a) else np.zeros(a.shape[1])
-            sd = np.nanstd(a, axis=0) if len(a) else np.ones(a.shape[1])
-        sd = np.where(np.isfinite(sd) & (sd > 1e-6), sd, constant_sd)
-        return [float(v) for v in mu], [float(v) for v in sd]
-
-    @classmethod
-    def fit(cls, templates: Sequence[GraphTemplate], u: np.ndarray, y: np.ndarray) -> "Normaliser":
-        """Statistics from the training networks' graphs (each counted once) and training samples. An input
-        column that is constant in training is dropped (std 0): it taught the model nothing, and a value it
-        never took there (a depthwise count on a held-out MobileNet, a network without a linear layer) would
-        otherwise reach the model unscaled."""
-        return cls(cls._stats(np.concatenate([t.x for t in templates]), 0.0),
-                   cls._stats(np.concatenate([t.edge_attr for t in templates]), 0.0),
-                   cls._stats(u, 0.0), cls._stats(y))
-
-    def to_json(self) -> dict[str, Any]:
-        return {"x": list(self.x), "e": list(self.e), "u": list(self.u), "y": list(self.y)}
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "Normaliser":
-        return cls(*(tuple(d[k]) for k in ("x", "e", "u", "y")))  # type: ignore[arg-type]
-
-
-def _norm(a: np.ndarray, stats: tuple[list[float], list[float]]) -> torch.Tensor:
-    """Standardised columns; a column with std 0 (constant in training) is 0."""
-    mu, sd = np.asarray(stats[0]), np.asarray(stats[1])
-    z = np.divide(a - mu, sd, out=np.zeros(np.broadcast_shapes(np.shape(a), sd.shape)), where=sd > 0)
-    return torch.from_numpy(z.astype(np.float32))
+__all__ = ["SampleSet", "TrainSettings", "make_data", "train_model", "train_on_samples", "forward_of"]
 
 
 @dataclass
@@ -96,15 +49,10 @@ class SampleSet:
 def make_data(templates: Sequence[GraphTemplate], batch_sizes: Sequence[int], norm: Normaliser,
               y: np.ndarray | None = None) -> SampleSet:
     """Tensors for the samples (``templates[i]`` at ``batch_sizes[i]``); ``y`` = log targets (NaN = missing)."""
-    order: dict[str, int] = {}
-    graphs: list[Data] = []
-    for t in templates:
-        if t.name not in order:
-            order[t.name] = len(graphs)
-            graphs.append(Data(x=_norm(t.x, norm.x), edge_index=torch.from_numpy(t.edge_index),
-                               edge_attr=_norm(t.edge_attr, norm.e), u0=_norm(global_features([t], [1]), norm.u)))
-    ss = SampleSet(graphs, np.array([order[t.name] for t in templates], dtype=np.int64),
-                   _norm(global_features(list(templates), list(batch_sizes)), norm.u))
+    a = sample_arrays(templates, batch_sizes, norm)
+    graphs = [Data(x=torch.from_numpy(g["x"]), edge_index=torch.from_numpy(g["edge_index"]),
+                   edge_attr=torch.from_numpy(g["edge_attr"]), u0=torch.from_numpy(g["u0"])) for g in a.graphs]
+    ss = SampleSet(graphs, a.graph_of_sample, torch.from_numpy(a.u))
     if y is not None:
         z = (y - np.asarray(norm.y[0])) / np.asarray(norm.y[1])
         ss.y = torch.from_numpy(np.nan_to_num(z).astype(np.float32))
@@ -199,21 +147,16 @@ def _train_model(ss: SampleSet, names: Sequence[str], dims: tuple[int, int, int]
                    "training_samples": int(np.isin(ss.graph_of_sample, train).sum())}
 
 
-def predict_log(model: GNNModel, ss: SampleSet, norm: Normaliser, chunk: int = 32) -> np.ndarray:
-    """Log targets (de-standardised), shape [samples, outputs], in the samples' order."""
-    out = np.zeros((len(ss.graph_of_sample), len(norm.y[0])), dtype=np.float64)
-    model.eval()
-    with torch.no_grad():
-        ids = np.arange(len(ss.graphs))
-        for k in range(0, len(ids), chunk):
-            o, samples = _forward(model, ss, ids[k:k + chunk])
-            out[samples] = o.numpy()
-    return out * np.asarray(norm.y[1]) + np.asarray(norm.y[0])
+def forward_of(model: GNNModel) -> GNNForward:
+    """The trained ``model`` as the arrays of its numpy forward pass (what is stored, and what predicts)."""
+    state = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+    return GNNForward(model.arch, state, len(model.layers))
 
 
 def train_on_samples(s: Samples, idx: np.ndarray, st: TrainSettings,
-                     base_kind: str) -> tuple[GNNModel, Normaliser, AnalyticBaseline, dict[str, Any]]:
-    """Baseline (``base_kind``: analytic | none), normaliser and model fitted on the samples ``idx`` of ``s``."""
+                     base_kind: str) -> tuple[GNNForward, Normaliser, AnalyticBaseline, dict[str, Any]]:
+    """Baseline (``base_kind``: analytic | none), normaliser and model (as :func:`forward_of`) fitted on the samples
+    ``idx`` of ``s``."""
     tl = s.tmpl(idx)
     base = AnalyticBaseline.fit(s.F[idx], s.Y[idx], base_kind)
     R = s.Y[idx] - base.log(s.F[idx])
@@ -223,11 +166,5 @@ def train_on_samples(s: Samples, idx: np.ndarray, st: TrainSettings,
     names = list({t.name: None for t in tl})  # graph order of make_data
     dims = (len(NODE_FEATURES), len(EDGE_FEATURES), len(GLOBAL_FEATURES))
     model, summary = train_model(ss, names, dims, len(TARGETS), st)
-    return model, norm, base, summary
+    return forward_of(model), norm, base, summary
 
-
-def predict_latency_memory(model: GNNModel, norm: Normaliser, base: AnalyticBaseline, tl: list[GraphTemplate],
-                           bs: Sequence[int]) -> np.ndarray:
-    """Predicted latency (ms) and memory (MiB), shape [n, 2]."""
-    F = feature_matrix([t.features for t in tl], list(bs))
-    return np.exp(predict_log(model, make_data(tl, list(bs), norm), norm) + base.log(F))
