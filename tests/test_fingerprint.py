@@ -46,6 +46,40 @@ def tx2(tmp_path_factory):
     return tmp, rows, descs, meta
 
 
+@pytest.mark.parametrize("form", ["overlap", "ceiling"])
+def test_the_nonlinear_forms_fit_with_their_exact_jacobian(form):
+    """The overlap and saturating forms are fitted by least squares with their Jacobian written out: it equals
+    the numerical one (central differences) at the start and at random points, masked columns included; the fit
+    recovers the coefficients of noiseless rows."""
+    from scipy.optimize._numdiff import approx_derivative
+
+    from perf4sight.fingerprint.trees import (_combine, _fit_ceiling, _fit_overlap, _linear_design, ceiling_problem,
+                                              overlap_problem)
+    rng = np.random.default_rng(0)
+    if form == "overlap":
+        terms = ("one", "flops_total", "|", "kernels", "bytes_written", "depthwise_macs")
+        coef = np.array([0.5, 2e-9, 1e-2, 3e-8, 0.0])
+    else:
+        terms = ("one", "sim_reserved_mb", "param_bytes", "ceiling")
+        coef = np.array([300.0, 1.5, 2e-6, 3000.0])
+    F = np.zeros((60, len(FEATURE_NAMES)))
+    for t, hi in zip(terms, (1, 1e11, 1e4, 3e8, 1e4)):
+        if t in FEATURE_NAMES:
+            F[:, FEATURE_NAMES.index(t)] = rng.uniform(0, hi, len(F))
+    if form == "overlap":
+        F[:, FEATURE_NAMES.index("depthwise_macs")] = 0.0  # a column no row has: masked
+    A = _linear_design(F, terms)
+    y = _combine(A, coef, terms)
+    col_max = np.abs(A).max(axis=0)
+    mask = col_max > 0  # coefficients of order one, as the fits scale them
+    scale = np.where(mask, col_max, 1.0) / np.median(y) * rng.uniform(0.5, 2.0, A.shape[1])
+    resid, jac = (overlap_problem if form == "overlap" else ceiling_problem)(A, y, terms, mask, scale)
+    for u in (coef * scale, rng.uniform(0.1, 3.0, A.shape[1]) * coef.clip(min=1e-3) * scale):
+        np.testing.assert_allclose(jac(u), approx_derivative(resid, u, method="3-point"), rtol=1e-4, atol=1e-6)
+    fitted = _fit_overlap(A, y, terms) if form == "overlap" else _fit_ceiling(A, y, terms, np.ones(len(coef), bool))
+    np.testing.assert_allclose(_combine(A, fitted, terms), y, rtol=1e-3)
+
+
 def test_fit_metadata(tx2):
     _, rows, descs, meta = tx2
     assert meta["memory_target"] == "device_mem_used_mb"

@@ -36,7 +36,7 @@ they take do not depend on how the rest of the step's memory scales.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -251,6 +251,53 @@ def _combine(A: np.ndarray, coef: np.ndarray, terms: tuple[str, ...]) -> np.ndar
     return (host ** OVERLAP_P + device ** OVERLAP_P) ** (1.0 / OVERLAP_P)
 
 
+#: The log residuals of a form's fit and their Jacobian, both functions of the scaled coefficients ``u`` that
+#: :func:`scipy.optimize.least_squares` moves.
+Problem = tuple[Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray]]
+
+
+def overlap_problem(A: np.ndarray, y: np.ndarray, terms: tuple[str, ...], mask: np.ndarray,
+                    scale: np.ndarray) -> Problem:
+    """The overlap form's ``log(predicted / y)`` at coefficients ``where(mask, u, 0) / scale``, and its exact
+    Jacobian: the smooth maximum's log moves with each sum by sum^(P-1) / (host^P + device^P)."""
+    k = terms.index(OVERLAP)
+
+    def resid(u: np.ndarray) -> np.ndarray:
+        return np.log(np.maximum(_combine(A, np.where(mask, u, 0.0) / scale, terms), 1e-12) / y)
+
+    def jac(u: np.ndarray) -> np.ndarray:
+        coef = np.where(mask, u, 0.0) / scale
+        host, device = A[:, :k] @ coef[:k], A[:, k:] @ coef[k:]
+        total = np.maximum(host ** OVERLAP_P + device ** OVERLAP_P, 1e-300)
+        J = np.column_stack([(host ** (OVERLAP_P - 1) / total)[:, None] * A[:, :k],
+                             (device ** (OVERLAP_P - 1) / total)[:, None] * A[:, k:]])
+        return J * (mask / scale)
+    return resid, jac
+
+
+def ceiling_problem(A: np.ndarray, y: np.ndarray, terms: tuple[str, ...], mask: np.ndarray,
+                    scale: np.ndarray) -> Problem:
+    """The saturating form's ``log(predicted / y)`` (its demand a plain linear sum: a hinge is bent before, in
+    :func:`_fit_sum`) at coefficients ``where(mask, u, 0) / scale``, and its exact Jacobian: the smooth minimum's
+    log moves with the demand's log by the weight 1 / (1 + (demand / ceiling)^P), with the ceiling's by the rest."""
+    if HINGE in terms:
+        raise ValueError(f"the saturating form's Jacobian is for a linear demand, bend the hinge first: {terms}")
+
+    def resid(u: np.ndarray) -> np.ndarray:
+        return np.log(np.maximum(_combine(A, np.where(mask, u, 0.0) / scale, terms), 1e-12) / y)
+
+    def jac(u: np.ndarray) -> np.ndarray:
+        coef = np.where(mask, u, 0.0) / scale
+        raw = A[:, :-1] @ coef[:-1]
+        demand, ceiling = np.maximum(raw, 1e-9), max(float(coef[-1]), 1e-9)
+        with np.errstate(over="ignore"):
+            w = 1.0 / (1.0 + (demand / ceiling) ** CEILING_P)
+        d_demand = np.where(raw > 1e-9, w / demand, 0.0)
+        d_ceiling = (1.0 - w) / ceiling if coef[-1] > 1e-9 else np.zeros(len(A))
+        return np.column_stack([d_demand[:, None] * A[:, :-1], d_ceiling]) * (mask / scale)
+    return resid, jac
+
+
 def _fit_overlap(A: np.ndarray, y: np.ndarray, terms: tuple[str, ...]) -> np.ndarray:
     """Non-negative coefficients of the overlap form minimising sum(log(predicted / y)^2).
     A column that is zero on every training row (e.g. depthwise work when no training network has
@@ -259,11 +306,8 @@ def _fit_overlap(A: np.ndarray, y: np.ndarray, terms: tuple[str, ...]) -> np.nda
     col_scale = np.abs(A).max(axis=0)
     seen = col_scale > 0
     scale = np.where(seen, col_scale, 1.0) / float(np.median(y))
-
-    def resid(u: np.ndarray) -> np.ndarray:
-        return np.log(np.maximum(_combine(A, np.where(seen, u, 0.0) / scale, terms), 1e-12) / y)
-
-    sol = least_squares(resid, np.full(A.shape[1], 0.3), bounds=(0.0, np.inf)).x
+    resid, jac = overlap_problem(A, y, terms, seen, scale)
+    sol = least_squares(resid, np.full(A.shape[1], 0.3), jac=jac, bounds=(0.0, np.inf)).x
     return np.where(seen, sol, 0.0) / scale
 
 
@@ -277,11 +321,8 @@ def _fit_ceiling(A: np.ndarray, y: np.ndarray, terms: tuple[str, ...], free: np.
     linear = _fit_linear(A[:, :-1], y, keep[:-1])
     col_scale = np.append(np.where(seen > 0, seen, 1.0), 1.0) / float(np.median(y))
     start = np.append(linear, 2.0 * float(y.max())) * col_scale
-
-    def resid(u: np.ndarray) -> np.ndarray:
-        return np.log(np.maximum(_combine(A, np.where(keep, u, 0.0) / col_scale, terms), 1e-12) / y)
-
-    sol = least_squares(resid, start, bounds=(0.0, np.inf)).x
+    resid, jac = ceiling_problem(A, y, terms, keep, col_scale)
+    sol = least_squares(resid, start, jac=jac, bounds=(0.0, np.inf)).x
     return np.where(keep, sol, 0.0) / col_scale
 
 
