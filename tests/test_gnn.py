@@ -322,6 +322,26 @@ def test_fit_device_gnn_reads_config(tiny, tmp_path):
     assert meta["accuracy"]["trees_source"] == {"latency": "refitted", "memory": "refitted"}  # no trees beside it
     with pytest.raises(UserError, match="no measurements"):
         fit_device_gnn(cfg, "nope", descs)
+    again = fit_device_gnn(cfg, "cpu0", descs, refit=False)
+    assert again["up_to_date"] and again["created"] == meta["created"]
+
+
+def test_the_gnn_is_found_up_to_date_without_torch():
+    """The GNN's input hash reads torch's and torch_geometric's versions without importing them (the same strings
+    as their ``__version__``), and its modules import neither: only training does, so the fingerprint stage's
+    "up to date" costs no torch."""
+    import subprocess
+    import sys
+
+    import torch_geometric
+
+    from perf4sight.fingerprint.gnn import gnn_versions
+    assert gnn_versions() == {"torch": torch.__version__, "torch_geometric": torch_geometric.__version__}
+    script = ("import sys; import perf4sight.fingerprint.gnn, perf4sight.fingerprint.api, perf4sight.stages; "
+              "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torch_geometric')))")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert run.returncode == 0 and run.stdout.strip() == "[]", run.stdout + run.stderr[-2000:]
 
 
 def test_the_gnn_leaves_no_generated_source_in_the_temporary_folder():

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import importlib.metadata
 import inspect
 import json
 import time
@@ -43,7 +44,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from perf4sight.config import GNN_ARCHS, PREDICTORS
 from perf4sight.errors import UserError
@@ -58,10 +58,10 @@ from perf4sight.fingerprint.gnn_forward import predict_latency_memory
 from perf4sight.fingerprint.gnn_predictors import (FORMAT, GNN_JSON, GNN_WEIGHTS, OLD_GNN_WEIGHTS, EnsemblePredictor,
                                                    GNNPredictor, load_gnn, load_predictor)
 from perf4sight.fingerprint.gnn_samples import Samples
-from perf4sight.fingerprint.gnn_train import TrainSettings, train_on_samples
 from perf4sight.fingerprint.storage import HELD_OUT_FILE, load_held_out
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import batch_size_of
+from perf4sight.profiling.runner import _torch_version
 from perf4sight.wording import named, plural
 
 __all__ = ["fit_gnn", "gnn_inputs_sha256", "load_gnn", "load_predictor", "GNNPredictor", "EnsemblePredictor",
@@ -83,6 +83,7 @@ def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
     kept in the metadata.
     """
     key = _inputs_sha256(dict(locals()))  # every argument, before anything else is bound
+    from perf4sight.fingerprint.gnn_train import TrainSettings, train_on_samples  # torch: only for a fit
     if base not in ("analytic", "none"):
         raise UserError(f"gnn: base '{base}' is not one of analytic, none")
     if arch not in GNN_ARCHS:
@@ -111,7 +112,7 @@ def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
     meta: dict[str, Any] = {
         "format": FORMAT, "device": device,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "versions": {"torch": torch.__version__, "torch_geometric": __import__("torch_geometric").__version__},
+        "versions": gnn_versions(),
         "settings": dict(st.__dict__),
         "op_vocab": list(OP_VOCAB), "node_features": list(NODE_FEATURES), "edge_features": list(EDGE_FEATURES),
         "global_features": list(GLOBAL_FEATURES), "normaliser": norm.to_json(),
@@ -142,6 +143,17 @@ def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
     return meta
 
 
+def gnn_versions() -> dict[str, str]:
+    """torch's and torch_geometric's versions, read without importing either (``torch.__version__`` from its
+    ``version.py``; torch_geometric's from its installed metadata, "" if none): so an up-to-date check costs no
+    torch."""
+    try:
+        geometric = importlib.metadata.version("torch_geometric")
+    except importlib.metadata.PackageNotFoundError:
+        geometric = ""
+    return {"torch": _torch_version(), "torch_geometric": geometric}
+
+
 def gnn_inputs_sha256(*args: Any, **kwargs: Any) -> str:
     """The hash of everything ``fit_gnn(*args, **kwargs)`` reads (``fit_inputs.inputs_sha256``), as it stores it
     in ``gnn.json``: equal hashes, equal GNNs."""
@@ -158,7 +170,6 @@ def _inputs_sha256(arguments: dict[str, Any]) -> str:
     trees, held = a.pop("trees_config"), Path(out_dir) / HELD_OUT_FILE
     settings = a | {"device": device, "trees_config": None if trees is None else dict(vars(trees)),
                     "trees_held_out": hashlib.sha256(held.read_bytes()).hexdigest() if held.is_file() else ""}
-    versions = software_versions() | {"torch": torch.__version__,
-                                      "torch_geometric": __import__("torch_geometric").__version__}
+    versions = software_versions() | gnn_versions()
     recs = [r for r in records(rows) if str(r.get("device", device)) == device]
     return inputs_sha256("gnn", recs, descriptions, settings, versions)

@@ -13,7 +13,7 @@ measured from the other groups' band (``interval_coverage_held_out``, percent).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,12 +21,14 @@ from perf4sight.config import PREDICTORS
 from perf4sight.features.aggregate import feature_matrix
 from perf4sight.fingerprint.evaluate import CVResult, grouped_cv, metrics
 from perf4sight.fingerprint.fit import LATENCY_COLUMN, choice_rule, hold_native_conv
-from perf4sight.fingerprint.gnn_samples import TARGETS, Samples
 from perf4sight.fingerprint.gnn_forward import predict_latency_memory
-from perf4sight.fingerprint.gnn_train import TrainSettings, train_on_samples
+from perf4sight.fingerprint.gnn_samples import TARGETS, Samples
 from perf4sight.fingerprint.select import (can_nest, group_conformal, held_out_coverage, nested_cv,
                                            select_candidate)
 from perf4sight.fingerprint.storage import HeldOut, stored_predictions
+
+if TYPE_CHECKING:  # training imports torch: only when a fit runs (the accuracy table is read without it)
+    from perf4sight.fingerprint.gnn_train import TrainSettings
 
 __all__ = ["cross_validate", "gnn_accuracy_lines"]
 
@@ -62,6 +64,7 @@ def cross_validate(s: Samples, st: TrainSettings, trees_cfg: Any, coverage: floa
     """Out-of-fold accuracy of the GNN, the trees and their geometric mean on the same folds. The trees'
     figures are the trees fingerprint's own (``trees_held_out``) where it covers the samples, else the
     trees refitted here as the fingerprint stage fits them."""
+    from perf4sight.fingerprint.gnn_train import train_on_samples
     cache: dict[str, np.ndarray] = {}  # held-out group -> GNN predictions for all samples in it
 
     def gnn_fold(test_idx: np.ndarray) -> np.ndarray:
