@@ -305,8 +305,8 @@ def test_the_profile_stage_on_the_host_imports_no_torch(tmp_path):
     import torch
     code = ("import sys; from perf4sight.config import load_config; from perf4sight.stages import run_profile;"
             "from perf4sight.networks.settings import changed_settings_note; import perf4sight.profiling.fleet;"
-            "from perf4sight.profiling.runner import _torch_version;"
-            f"print(changed_settings_note(load_config({str(write_config(tmp_path))!r})), _torch_version(),"
+            "from perf4sight.profiling.runner import torch_version;"
+            f"print(changed_settings_note(load_config({str(write_config(tmp_path))!r})), torch_version(),"
             "'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["None", torch.__version__, "False"]

@@ -61,7 +61,7 @@ from perf4sight.fingerprint.gnn_samples import Samples
 from perf4sight.fingerprint.storage import HELD_OUT_FILE, load_held_out
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import batch_size_of
-from perf4sight.profiling.runner import _torch_version
+from perf4sight.profiling.runner import torch_version
 from perf4sight.wording import named, plural
 
 __all__ = ["fit_gnn", "gnn_inputs_sha256", "load_gnn", "load_predictor", "GNNPredictor", "EnsemblePredictor",
@@ -151,7 +151,7 @@ def gnn_versions() -> dict[str, str]:
         geometric = importlib.metadata.version("torch_geometric")
     except importlib.metadata.PackageNotFoundError:
         geometric = ""
-    return {"torch": _torch_version(), "torch_geometric": geometric}
+    return {"torch": torch_version(), "torch_geometric": geometric}
 
 
 def gnn_inputs_sha256(*args: Any, **kwargs: Any) -> str:

@@ -548,10 +548,10 @@ def _prices_current(path: Path, plan: TestPlan) -> bool:
     from perf4sight.profiling.op_prices import FORMAT_VERSION  # imports no torch
     threads = plan.threads or data.get("threads")
     return (isinstance(data, dict) and data.get("format_version") == FORMAT_VERSION and data.get("threads") == threads
-            and data.get("torch_version") == _torch_version())
+            and data.get("torch_version") == torch_version())
 
 
-def _torch_version() -> str:
+def torch_version() -> str:
     """The installed torch's version, read without importing it (this process stays lean; ``import torch`` takes
     seconds on a small device): ``torch/version.py``'s ``__version__``, which ``torch.__version__`` is made from, or
     where that file cannot be read, a fresh process's ``torch.__version__``."""
