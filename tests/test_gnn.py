@@ -333,9 +333,10 @@ def test_the_gnn_is_found_up_to_date_without_torch():
     import subprocess
     import sys
 
-    import torch_geometric
-
     from perf4sight.fingerprint.gnn import gnn_versions
+    with warnings.catch_warnings():  # torch_geometric calls torch.jit.script at import: a FutureWarning
+        warnings.filterwarnings("ignore", message=".*torch.jit.script.* is deprecated", category=FutureWarning)
+        import torch_geometric
     assert gnn_versions() == {"torch": torch.__version__, "torch_geometric": torch_geometric.__version__}
     script = ("import sys; import perf4sight.fingerprint.gnn, perf4sight.fingerprint.api, perf4sight.stages; "
               "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torch_geometric')))")
