@@ -14,8 +14,9 @@ measured best per target. Prediction intervals: the trees' group-conformal band 
 ``log(measured/predicted)`` (:func:`perf4sight.fingerprint.select.group_conformal`), with its coverage
 on each held-out group measured from the other groups' band (``interval_coverage_held_out``).
 
-This module fits and stores the GNN (:func:`fit_gnn`), loads it (:func:`load_gnn`, :func:`load_predictor`)
-and re-exports the rest of the public API. The parts, bottom up:
+This module fits and stores the GNN (:func:`fit_gnn`; torch is imported only there) and re-exports the rest of
+the public API, loading among it (:func:`load_gnn`, :func:`load_predictor`, from ``gnn_predictors``). The parts,
+bottom up:
 
 - ``gnn_graph``: graph tensors of a network description;
 - ``gnn_model``: the architectures (``sage``, ``seernet``);
