@@ -256,14 +256,19 @@ def _combine(A: np.ndarray, coef: np.ndarray, terms: tuple[str, ...]) -> np.ndar
 Problem = tuple[Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray]]
 
 
+def _log_residual(A: np.ndarray, y: np.ndarray, terms: tuple[str, ...], mask: np.ndarray,
+                  scale: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """``log(predicted / y)`` of a form's analytic value at coefficients ``where(mask, u, 0) / scale``."""
+    def resid(u: np.ndarray) -> np.ndarray:
+        return np.log(np.maximum(_combine(A, np.where(mask, u, 0.0) / scale, terms), 1e-12) / y)
+    return resid
+
+
 def overlap_problem(A: np.ndarray, y: np.ndarray, terms: tuple[str, ...], mask: np.ndarray,
                     scale: np.ndarray) -> Problem:
     """The overlap form's ``log(predicted / y)`` at coefficients ``where(mask, u, 0) / scale``, and its exact
     Jacobian: the smooth maximum's log moves with each sum by sum^(P-1) / (host^P + device^P)."""
     k = terms.index(OVERLAP)
-
-    def resid(u: np.ndarray) -> np.ndarray:
-        return np.log(np.maximum(_combine(A, np.where(mask, u, 0.0) / scale, terms), 1e-12) / y)
 
     def jac(u: np.ndarray) -> np.ndarray:
         coef = np.where(mask, u, 0.0) / scale
@@ -272,7 +277,7 @@ def overlap_problem(A: np.ndarray, y: np.ndarray, terms: tuple[str, ...], mask: 
         J = np.column_stack([(host ** (OVERLAP_P - 1) / total)[:, None] * A[:, :k],
                              (device ** (OVERLAP_P - 1) / total)[:, None] * A[:, k:]])
         return J * (mask / scale)
-    return resid, jac
+    return _log_residual(A, y, terms, mask, scale), jac
 
 
 def ceiling_problem(A: np.ndarray, y: np.ndarray, terms: tuple[str, ...], mask: np.ndarray,
@@ -283,9 +288,6 @@ def ceiling_problem(A: np.ndarray, y: np.ndarray, terms: tuple[str, ...], mask: 
     if HINGE in terms:
         raise ValueError(f"the saturating form's Jacobian is for a linear demand, bend the hinge first: {terms}")
 
-    def resid(u: np.ndarray) -> np.ndarray:
-        return np.log(np.maximum(_combine(A, np.where(mask, u, 0.0) / scale, terms), 1e-12) / y)
-
     def jac(u: np.ndarray) -> np.ndarray:
         coef = np.where(mask, u, 0.0) / scale
         raw = A[:, :-1] @ coef[:-1]
@@ -295,7 +297,7 @@ def ceiling_problem(A: np.ndarray, y: np.ndarray, terms: tuple[str, ...], mask: 
         d_demand = np.where(raw > 1e-9, w / demand, 0.0)
         d_ceiling = (1.0 - w) / ceiling if coef[-1] > 1e-9 else np.zeros(len(A))
         return np.column_stack([d_demand[:, None] * A[:, :-1], d_ceiling]) * (mask / scale)
-    return resid, jac
+    return _log_residual(A, y, terms, mask, scale), jac
 
 
 def _fit_overlap(A: np.ndarray, y: np.ndarray, terms: tuple[str, ...]) -> np.ndarray:
