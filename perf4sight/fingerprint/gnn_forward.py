@@ -100,17 +100,16 @@ def _silu(x: np.ndarray) -> np.ndarray:
     return x * (0.5 + 0.5 * np.tanh(0.5 * x))
 
 
-def _scatter(values: np.ndarray, index: np.ndarray, n: int, reduce: str) -> np.ndarray:
-    """``values`` rows reduced (``mean`` or ``max``) into ``n`` rows by ``index``; a row that receives none is 0."""
+def _mean_and_max(values: np.ndarray, index: np.ndarray, n: int) -> np.ndarray:
+    """``values`` rows gathered into ``n`` rows by ``index``: their mean beside their max, [n, 2 * width] (both
+    layers read them in that order); a row that receives none is 0 in both."""
     count = np.bincount(index, minlength=n)
-    if reduce == "mean":
-        out = np.zeros((n, values.shape[1]), dtype=values.dtype)
-        np.add.at(out, index, values)
-        return out / np.maximum(count, 1).astype(values.dtype)[:, None]
-    out = np.full((n, values.shape[1]), -np.inf, dtype=values.dtype)
-    np.maximum.at(out, index, values)
-    out[count == 0] = 0.0
-    return out
+    total = np.zeros((n, values.shape[1]), dtype=values.dtype)
+    np.add.at(total, index, values)
+    top = np.full((n, values.shape[1]), -np.inf, dtype=values.dtype)
+    np.maximum.at(top, index, values)
+    top[count == 0] = 0.0
+    return np.concatenate([total / np.maximum(count, 1).astype(values.dtype)[:, None], top], axis=1)
 
 
 class GNNForward:
@@ -170,9 +169,8 @@ class GNNForward:
         s, d = edge_index
         n, p = len(x), f"layers.{k}"
         e = e + self._mlp(f"{p}.edge", np.concatenate([e, x[s], x[d], np.repeat(u, len(s), axis=0)], axis=1))
-        agg = [_scatter(e, d, n, "mean"), _scatter(e, d, n, "max")]
-        x = self._layer_norm(f"{p}.norm_x", x + self._mlp(f"{p}.node", np.concatenate([x, *agg, np.repeat(u, n, 0)],
-                                                                                      axis=1)))
+        node_in = np.concatenate([x, _mean_and_max(e, d, n), np.repeat(u, n, axis=0)], axis=1)
+        x = self._layer_norm(f"{p}.norm_x", x + self._mlp(f"{p}.node", node_in))
         u = u + self._mlp(f"{p}.glob", np.concatenate([u, x.mean(axis=0, keepdims=True), x.max(axis=0, keepdims=True)],
                                                       axis=1))
         return x, e, u
@@ -181,7 +179,7 @@ class GNNForward:
         """``SAGEConv(aggr=["mean", "max"])``: the incoming neighbours' mean and max side by side through
         ``lin_l``, plus the node's own state through ``lin_r`` (no bias)."""
         s, d = edge_index
-        agg = np.concatenate([_scatter(h[s], d, len(h), "mean"), _scatter(h[s], d, len(h), "max")], axis=1)
+        agg = _mean_and_max(h[s], d, len(h))
         return self._linear(f"layers.{k}.lin_l", agg) + h @ self.state[f"layers.{k}.lin_r.weight"].T
 
     def embed(self, graph: dict[str, np.ndarray]) -> np.ndarray:
