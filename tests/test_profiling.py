@@ -670,6 +670,38 @@ def test_an_interrupt_while_a_child_starts_stops_that_child_too(tmp_path, monkey
             signal.signal(s, handler)
 
 
+def test_a_runners_lock_is_its_own_not_its_childrens(tmp_path):
+    """Another process's runner lock on a CSV refuses a second runner in one line; once that process is killed the
+    lock is free at once, even while a child it forked (and never exec'd, as in the moment between a fork and its
+    exec) lives on with a copy of the lock file's descriptor."""
+    import signal
+
+    from perf4sight.profiling import runner
+    csv_path = tmp_path / "m.csv"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import os, sys, time; from pathlib import Path; from perf4sight.profiling import runner\n"
+        f"with runner._locked(Path({str(csv_path)!r})):\n"
+        "    child = os.fork()\n"
+        "    if child == 0:\n"
+        "        time.sleep(60); os._exit(0)\n"
+        "    print(child, flush=True); time.sleep(60)\n")],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    child = int(holder.stdout.readline())
+    try:
+        with pytest.raises(UserError, match="m.csv: another runner is writing this file$"):
+            with runner._locked(csv_path):
+                pass
+        holder.kill()
+        holder.wait()
+        os.kill(child, 0)  # the forked child still lives, holding the descriptor
+        with runner._locked(csv_path):
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
+        os.kill(child, signal.SIGKILL)
+
+
 def test_a_killed_runners_scratch_files_are_removed_by_the_next_run(tmp_path):
     """A runner killed with SIGKILL (no cleanup runs) leaves its measuring child's folder beside the CSV, not in the
     system's temp folder; the next runner of that CSV removes it, and a run that ends leaves no such folder."""

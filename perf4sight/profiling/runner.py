@@ -19,6 +19,7 @@ no torch, so that the peak RSS which a child inherits at spawn (``ru_maxrss`` ca
 
 Standard library plus ``perf4sight.profiling`` and ``perf4sight.ir.schema`` only: it runs on the devices.
 """
+import errno
 import fcntl
 import importlib.util
 import json
@@ -285,12 +286,16 @@ def children_dir(csv_path: Path) -> Path:
 
 @contextmanager
 def _locked(csv_path: Path) -> Iterator[None]:
-    """Hold an exclusive lock next to the CSV so two runners never write the same file."""
+    """Hold an exclusive lock next to the CSV so two runners never write the same file. A POSIX record lock
+    (``lockf``), which belongs to this process alone: a child caught between its fork and its exec holds a copy of
+    the lock file's descriptor, and an ``flock`` would stay held through it after this runner was killed."""
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     with open(csv_path.with_name(csv_path.name + ".lock"), "w") as fh:
         try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            fcntl.lockf(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EACCES, errno.EAGAIN):
+                raise
             raise UserError(f"{csv_path}: another runner is writing this file") from None
         yield
 
