@@ -78,13 +78,27 @@ def segment_size(size: int) -> int:
     return K_ROUND_LARGE * ((size + K_ROUND_LARGE - 1) // K_ROUND_LARGE)
 
 
-class _Block:
-    __slots__ = ("ptr", "size", "small", "allocated", "prev", "next")
+#: A block is a list ``[address, size, small, allocated, previous block, next block]`` (the neighbours in its
+#: segment, None at its ends), indexed by these names: a list is made and read faster than an object's attributes,
+#: and the replay makes and reads a block at nearly every one of its thousands of events.
+PTR, SIZE, SMALL, ALLOCATED, PREV, NEXT = range(6)
+_Block = list
 
-    def __init__(self, ptr: int, size: int, small: bool):
-        self.ptr, self.size, self.small, self.allocated = ptr, size, small, False
-        self.prev: _Block | None = None
-        self.next: _Block | None = None
+
+class BlockHandle:
+    """What :meth:`CachingAllocator.malloc` hands out: the block's address and size (bytes) as they are now."""
+    __slots__ = ("block",)
+
+    def __init__(self, block: _Block):
+        self.block = block
+
+    @property
+    def ptr(self) -> int:
+        return self.block[PTR]
+
+    @property
+    def size(self) -> int:
+        return self.block[SIZE]
 
 
 #: A free block's key in its pool: its size shifted above its address, so that the sorted keys order the blocks by
@@ -111,42 +125,43 @@ class CachingAllocator:
     def empty_cache(self) -> None:
         """``torch.cuda.empty_cache``: return every segment that is one free block (the peaks keep their values)."""
         for pool in self._pools:
-            for key in [k for k in pool if self._free[k].prev is None and self._free[k].next is None]:
-                self.reserved -= self._free[key].size
+            for key in [k for k in pool if self._free[k][PREV] is None and self._free[k][NEXT] is None]:
+                self.reserved -= self._free[key][SIZE]
                 self._remove(self._free[key])
 
     def state(self, live: dict[int, "_Block | None"]) -> tuple:
         """Everything the next requests depend on: reserved bytes, the free blocks of both pools and
         where each live tensor's block lies (tensor id -> (address, size)); equal states replay equally."""
         return (self.reserved, self.allocated, tuple(self._pools[0]), tuple(self._pools[1]),
-                frozenset((t, b.ptr, b.size) for t, b in live.items() if b is not None))
+                frozenset((t, b[PTR], b[SIZE]) for t, b in live.items() if b is not None))
 
     def _remove(self, b: _Block) -> None:
-        key = b.size << _ADDRESS_BITS | b.ptr
-        pool = self._pools[b.small]
+        key = b[SIZE] << _ADDRESS_BITS | b[PTR]
+        pool = self._pools[b[SMALL]]
         del pool[bisect_left(pool, key)]
         del self._free[key]
 
-    def malloc(self, nbytes: int) -> _Block | None:
+    def malloc(self, nbytes: int) -> BlockHandle | None:
         """Allocate ``nbytes`` (0 bytes -> no block, as in PyTorch)."""
         return self.malloc_rounded(int(round_size(nbytes))) if nbytes > 0 else None
 
-    def malloc_rounded(self, size: int) -> _Block:
+    def malloc_rounded(self, size: int) -> BlockHandle:
         """Allocate ``size`` bytes, already rounded by :func:`round_size` (the replay rounds them all at once)."""
         live: dict[int, _Block | None] = {}
         self.run([ALLOC], [0], [size], live)
-        return live[0]  # type: ignore[return-value]
+        return BlockHandle(live[0])  # type: ignore[arg-type]
 
-    def free(self, block: _Block | None) -> None:
-        """Return ``block`` to its pool, merged with free neighbours (the segment stays reserved)."""
-        self.run([FREE], [0], [0], {0: block})
+    def free(self, handle: BlockHandle | None) -> None:
+        """Return ``handle``'s block to its pool, merged with free neighbours (the segment stays reserved)."""
+        self.run([FREE], [0], [0], {0: handle.block if handle is not None else None})
 
     def run(self, kinds: list[int], ids: list[int], sizes: list[int], live: dict[int, _Block | None]) -> None:
         """Carry out the events ``kinds[i]`` (:data:`ALLOC` or :data:`FREE`; others are passed over) of tensor
         ``ids[i]``: an ALLOC of ``sizes[i]`` bytes, already rounded (0: no block), puts its block in ``live``; a
         FREE returns the block ``live`` holds for its tensor, if any. One loop with its state in locals: the
         replay's hot path (a few thousand events per training step)."""
-        pools, free_blocks, block_of, new_segment = self._pools, self._free, _Block, segment_size
+        pools, free_blocks, new_segment = self._pools, self._free, segment_size
+        ptr_, size_, small_, allocated_, prev_, next_ = PTR, SIZE, SMALL, ALLOCATED, PREV, NEXT  # locals: fastest
         alloc_kind, free_kind, small_size, min_block, shift = ALLOC, FREE, K_SMALL_SIZE, K_MIN_BLOCK, _ADDRESS_BITS
         reserved, allocated = self.reserved, self.allocated
         peak_reserved, peak_allocated = self.peak_reserved, self.peak_allocated
@@ -162,27 +177,26 @@ class CachingAllocator:
                     block = free_blocks.pop(pool.pop(i))
                 else:  # none fits: a new segment
                     seg = new_segment(size)
-                    block = block_of(self._next_ptr, seg, small)
+                    block = [self._next_ptr, seg, small, False, None, None]
                     self._next_ptr += seg + K_SMALL_BUFFER  # keep segments apart: no merging across segments
                     if self._next_ptr >= 1 << shift:  # a key would no longer order by size first
                         raise OverflowError("allocator replay: more than 256 TiB of segments made")
                     reserved += seg
                     if reserved > peak_reserved:
                         peak_reserved = reserved
-                remaining = block.size - size
+                remaining = block[size_] - size
                 if remaining >= min_block if small else remaining > small_size:  # split; else handed out whole
-                    rest = block_of(block.ptr + size, remaining, small)
-                    after = block.next
-                    rest.prev, rest.next = block, after
+                    after = block[next_]
+                    rest = [block[ptr_] + size, remaining, small, False, block, after]
                     if after is not None:
-                        after.prev = rest
-                    block.next = rest
-                    block.size = size
-                    key = remaining << shift | rest.ptr
+                        after[prev_] = rest
+                    block[next_] = rest
+                    block[size_] = size
+                    key = remaining << shift | rest[ptr_]
                     insort(pool, key)
                     free_blocks[key] = rest
-                block.allocated = True
-                allocated += block.size
+                block[allocated_] = True
+                allocated += block[size_]
                 if allocated > peak_allocated:
                     peak_allocated = allocated
                 live[tensor] = block
@@ -190,25 +204,27 @@ class CachingAllocator:
                 block = live.pop(tensor, None)
                 if block is None:
                     continue
-                block.allocated = False
-                allocated -= block.size
-                pool = pools[block.small]
-                prev, after = block.prev, block.next
-                if prev is not None and not prev.allocated:  # merged with its free neighbours
-                    key = prev.size << shift | prev.ptr
+                block[allocated_] = False
+                allocated -= block[size_]
+                pool = pools[block[small_]]
+                prev, after = block[prev_], block[next_]
+                if prev is not None and not prev[allocated_]:  # merged with its free neighbours
+                    key = prev[size_] << shift | prev[ptr_]
                     del pool[bisect_left(pool, key)]
                     del free_blocks[key]
-                    block.ptr, block.size, block.prev = prev.ptr, block.size + prev.size, prev.prev
-                    if block.prev is not None:
-                        block.prev.next = block
-                if after is not None and not after.allocated:
-                    key = after.size << shift | after.ptr
+                    before = prev[prev_]
+                    block[ptr_], block[size_], block[prev_] = prev[ptr_], block[size_] + prev[size_], before
+                    if before is not None:
+                        before[next_] = block
+                if after is not None and not after[allocated_]:
+                    key = after[size_] << shift | after[ptr_]
                     del pool[bisect_left(pool, key)]
                     del free_blocks[key]
-                    block.size, block.next = block.size + after.size, after.next
-                    if block.next is not None:
-                        block.next.prev = block
-                key = block.size << shift | block.ptr
+                    nxt = after[next_]
+                    block[size_], block[next_] = block[size_] + after[size_], nxt
+                    if nxt is not None:
+                        nxt[prev_] = block
+                key = block[size_] << shift | block[ptr_]
                 insort(pool, key)
                 free_blocks[key] = block
         self.reserved, self.allocated = reserved, allocated
