@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from perf4sight.features.aggregate import feature_matrix, network_features
 from perf4sight.fingerprint.predict import load_fingerprint
 from perf4sight.ir.schema import load_description
@@ -65,10 +67,19 @@ PREDICTION_KEYS = {"network", "batch_size", "latency_ms", "latency_ms_low", "lat
                    "memory_mb_low", "memory_mb_high", "fits"}
 
 
-def test_all_stages_then_predict_json(tmp_path):
-    (tmp_path / "config.toml").write_text(CONFIG)
-    run = main_py(tmp_path, "--stage", "all", "--json")
+@pytest.fixture(scope="module")
+def all_stages(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """``--stage all --json`` with CONFIG in a folder of its own (8 real measurements): the folder and the run. The
+    tests below each work on a copy (``shutil.copytree`` keeps the files' times, which the stages compare)."""
+    folder = tmp_path_factory.mktemp("all")
+    (folder / "config.toml").write_text(CONFIG)
+    return folder, main_py(folder, "--stage", "all", "--json")
+
+
+def test_all_stages_then_predict_json(all_stages, tmp_path):
+    folder, run = all_stages
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    shutil.copytree(folder, tmp_path, dirs_exist_ok=True)
     # --json: stdout is the predict stage's JSON lines alone ([networks] zoo at [predict] batch_sizes' default 8);
     # banners, progress, accuracy tables, the compare table and the summary go to stderr
     predicted = [json.loads(line) for line in run.stdout.splitlines()]
@@ -235,18 +246,19 @@ def test_all_stages_then_predict_json(tmp_path):
     assert alone.returncode == 2 and "--max-latency-ms is the step-time budget of --prune-to-fit" in alone.stderr
 
 
-def test_gnn_ensemble_and_perfseer_round_trip_through_the_cli(tmp_path):
+def test_gnn_ensemble_and_perfseer_round_trip_through_the_cli(all_stages, tmp_path):
     """After the stages: fit the GNN only, predict with it and with the ensemble, export the device's data
     as a PerfSeer dataset and import it back as another device."""
-    (tmp_path / "config.toml").write_text(CONFIG.replace("levels = [0, 50]", "levels = [0]"))
-    for stage in ("networks", "profile"):
-        assert main_py(tmp_path, "--stage", stage).returncode == 0
+    folder, run = all_stages
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    shutil.copytree(folder, tmp_path, dirs_exist_ok=True)
+    shutil.rmtree(tmp_path / "fingerprinting")  # the measured rows alone: the GNN is fitted first
     fit = main_py(tmp_path, "--stage", "fingerprint", "--predictor", "gnn")
     assert fit.returncode == 0, fit.stderr[-3000:]
     fp_dir = tmp_path / "fingerprinting" / "local"
     assert (fp_dir / "gnn.json").is_file() and not (fp_dir / "metadata.json").exists()  # only the GNN was fitted
     assert "gnn" in fit.stdout and "MAPE" in fit.stdout
-    assert "too few for a graph network" in fit.stderr  # 4 rows: the fit says how little it means
+    assert "too few for a graph network" in fit.stderr  # 8 rows: the fit says how little it means
 
     gnn = main_py(tmp_path, "--stage", "predict", "--predictor", "gnn", "--network", "resnet18",
                   "--batch-size", "2", "8", "--json")
@@ -275,14 +287,14 @@ def test_gnn_ensemble_and_perfseer_round_trip_through_the_cli(tmp_path):
 
     exp = main_py(tmp_path, "--stage", "export", "--format", "perfseer", "--output", str(tmp_path / "ds"))
     assert exp.returncode == 0, exp.stderr
-    assert len(list((tmp_path / "ds").glob("*.pkl"))) == len(list((tmp_path / "ds").glob("*.txt"))) == 4
+    assert len(list((tmp_path / "ds").glob("*.pkl"))) == len(list((tmp_path / "ds").glob("*.txt"))) == 8
     twice = main_py(tmp_path, "--stage", "export", "--format", "perfseer", "--output", str(tmp_path / "ds"))
     assert twice.returncode == 2 and "is not empty; export into a new or empty folder" in twice.stderr
-    assert len(list((tmp_path / "ds").iterdir())) == 8
+    assert len(list((tmp_path / "ds").iterdir())) == 16
     imp = main_py(tmp_path, "--stage", "import", "--format", "perfseer", "--source", str(tmp_path / "ds"),
                   "--device", "copy")
     assert imp.returncode == 0, imp.stderr
-    assert "copy: 2 networks read from" in imp.stdout and "4 new rows" in imp.stdout
+    assert "copy: 4 networks read from" in imp.stdout and "8 new rows" in imp.stdout
     into_own = main_py(tmp_path, "--stage", "import", "--format", "perfseer", "--source", str(tmp_path / "ds"),
                        "--device", "local")  # the profiled device's own CSV is never mixed with imported rows
     assert into_own.returncode == 2 and "'local' is a device of" in into_own.stderr
