@@ -73,12 +73,13 @@ def all_stages(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     tests below each work on a copy (``shutil.copytree`` keeps the files' times, which the stages compare)."""
     folder = tmp_path_factory.mktemp("all")
     (folder / "config.toml").write_text(CONFIG)
-    return folder, main_py(folder, "--stage", "all", "--json")
+    run = main_py(folder, "--stage", "all", "--json")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return folder, run
 
 
 def test_all_stages_then_predict_json(all_stages, tmp_path):
     folder, run = all_stages
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     shutil.copytree(folder, tmp_path, dirs_exist_ok=True)
     # --json: stdout is the predict stage's JSON lines alone ([networks] zoo at [predict] batch_sizes' default 8);
     # banners, progress, accuracy tables, the compare table and the summary go to stderr
@@ -249,9 +250,7 @@ def test_all_stages_then_predict_json(all_stages, tmp_path):
 def test_gnn_ensemble_and_perfseer_round_trip_through_the_cli(all_stages, tmp_path):
     """After the stages: fit the GNN only, predict with it and with the ensemble, export the device's data
     as a PerfSeer dataset and import it back as another device."""
-    folder, run = all_stages
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    shutil.copytree(folder, tmp_path, dirs_exist_ok=True)
+    shutil.copytree(all_stages[0], tmp_path, dirs_exist_ok=True)
     shutil.rmtree(tmp_path / "fingerprinting")  # the measured rows alone: the GNN is fitted first
     fit = main_py(tmp_path, "--stage", "fingerprint", "--predictor", "gnn")
     assert fit.returncode == 0, fit.stderr[-3000:]
