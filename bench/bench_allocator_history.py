@@ -9,7 +9,10 @@ every allocation the caching allocator serves and every segment it asks CUDA for
 - the peaks (reserved and allocated, MiB) measured and replayed, as this tool's profiler reads them (``run_peak``);
 - per step, the segments CUDA was asked for (count, MiB), measured and replayed;
 - in the last step (the steady state), the allocations the device made that the replay does not (e.g. cuDNN
-  workspaces), and those the replay makes that the device did not, matched by rounded size, the largest first.
+  workspaces), and those the replay makes that the device did not, matched by rounded size, the largest first;
+- the device's own allocations run through this tool's allocator (after the replay's setup: the weights and the batch
+  exist before the recording starts), with and without those it frees before making any other (workspaces): whether
+  the allocator model or the events fed to it are what differs.
 
 The replay compared is the one predictions use. It writes down SGD's weight-decay temporaries (one parameter-sized
 tensor at a time in the optimizer step: perf4sight's TX2 training used weight decay), which this tool's profiler,
@@ -26,7 +29,7 @@ as the profiler does; the history names it, and its replay writes down that opti
 update, checked so far against the real optimiser on the meta device only).
 
 Compare (on the host; ``run()``, as ``./dev.sh bench allocator_history`` calls it, compares the histories kept
-under ``bench/h100/allocator_history/`` when there are any):
+under ``bench/h100/allocator_history/`` and ``bench/h200/allocator_history/``; ``--models`` takes several folders):
 
     .venv/bin/python bench/bench_allocator_history.py compare DIR --models bench/h100/models
 """
@@ -45,20 +48,25 @@ sys.path.insert(0, str(ROOT))
 
 from perf4sight.profiling.plan import OPTIMIZERS, TestPlan  # noqa: E402
 
-KEPT = ROOT / "bench" / "h100" / "allocator_history"
-KEPT_MODELS = ROOT / "bench" / "h100" / "models"
+#: kept histories: folder -> where their descriptions are (the H200's were recorded on the H100's descriptions and
+#: on five TX2 graphs, read in place from the shared data)
+KEPT = {ROOT / "bench" / "h100" / "allocator_history": [ROOT / "bench" / "h100" / "models"],
+        ROOT / "bench" / "h200" / "allocator_history": [ROOT / "bench" / "h100" / "models",
+                                                        ROOT.parent / "shared" / "data" / "tx2-perf4sight" / "graphs"]}
 MIB = 2 ** 20
 #: the profiler's defaults (standard library only, as on a device): warm-up and timed steps, the optimiser
 _PROFILER = TestPlan(device="allocator-history")
 STEPS = (_PROFILER.warmup_steps, _PROFILER.timed_steps)
 
 
-def find_description(models: Path, network: str) -> Path:
-    """``<network>.json`` under ``models`` (searched recursively)."""
-    hits = sorted(models.rglob(f"{network}.json"))
-    if not hits:
-        sys.exit(f"no description {network}.json under {models}")
-    return hits[0]
+def find_description(models: Path | list[Path], network: str) -> Path | None:
+    """``<network>.json`` under the first of the folders ``models`` that has it (searched recursively); None
+    where none has."""
+    for folder in [models] if isinstance(models, Path) else models:
+        hits = sorted(folder.rglob(f"{network}.json"))
+        if hits:
+            return hits[0]
+    return None
 
 
 # ----------------------------------------------------------------------------------------------- on the GPU
@@ -111,6 +119,8 @@ def record(models: Path, networks: list[str], batch_sizes: list[int], out: Path,
     failed = 0
     for net in networks:
         desc = find_description(models, net)
+        if desc is None:
+            sys.exit(f"no description {net}.json under {models}")
         for b in batch_sizes:
             target = out / f"{net}_bs{b}{'' if optimizer == 'sgd' else '_' + optimizer}.json"
             done = subprocess.run([sys.executable, __file__, "_one", str(desc), str(b), str(target), optimizer],
@@ -137,6 +147,44 @@ def last_step_sizes(history: dict[str, Any]) -> Counter:
     from perf4sight.features.allocator import round_size
     entries = history["entries"][history["step_starts"][-1]:]
     return Counter(int(round_size(size)) for action, size, _ in entries if action == "alloc")
+
+
+def transient_allocations(entries: list) -> set[int]:
+    """Indices of the allocations a history frees before it makes any other: scratch such as cuDNN's workspaces."""
+    out, open_, last = set(), {}, None
+    for i, (action, _, addr) in enumerate(entries):
+        if action == "alloc":
+            open_[addr], last = i, i
+        elif action == "free_completed" and addr in open_ and open_.pop(addr) == last:
+            out.add(last)
+    return out
+
+
+def self_replay(history: dict[str, Any], trace: Any, skip: set[int] = frozenset()) -> tuple[float, float]:
+    """(reserved, allocated) peaks in MiB of the device's own allocations run through this tool's
+    ``CachingAllocator``, after the replay's setup (weights, buffers, batch: made before the recording started),
+    leaving out the allocations at the indices ``skip`` and their frees."""
+    from perf4sight.features.allocator import ALLOC, FREE, STEP, CachingAllocator
+
+    sizes, kinds, ids = trace.sizes(int(history["batch_size"])).tolist(), trace.kind.tolist(), trace.tensor.tolist()
+    alloc, live, skipped = CachingAllocator(), {}, set()
+    for i in range(kinds.index(STEP)):
+        if kinds[i] == ALLOC:
+            live[("setup", ids[i])] = alloc.malloc(sizes[i])
+        elif kinds[i] == FREE:
+            alloc.free(live.pop(("setup", ids[i]), None))
+    for i, (action, size, addr) in enumerate(history["entries"]):
+        if action == "alloc":
+            if i in skip:
+                skipped.add(addr)
+            else:
+                live[addr] = alloc.malloc(size)
+        elif action == "free_completed":
+            if addr in skipped:
+                skipped.discard(addr)
+            else:
+                alloc.free(live.pop(addr, None))
+    return alloc.peak_reserved / MIB, alloc.peak_allocated / MIB
 
 
 def replayed(trace: Any, batch_size: int, steps: int) -> tuple[list[tuple[int, float]], Counter]:
@@ -179,6 +227,8 @@ def compare_one(history: dict[str, Any], description: Path) -> list[str]:
     seg_measured, measured = step_segments(history), last_step_sizes(history)
     seg_replay, replay = replayed(trace, b, len(history["step_starts"]))
     extra, missing = measured - replay, replay - measured
+    scratch = transient_allocations(history["entries"])
+    (own_res, own_al), (bare_res, _) = self_replay(history, trace), self_replay(history, trace, scratch)
     return [f"{history['network']} batch {b}, {optimizer} ({history['device_name']}, torch "
             f"{history['torch_version']}, cuDNN {history['cudnn_version']}): reserved "
             f"{history['max_reserved_mb']:.0f} MiB measured, {res:.0f} replayed; allocated "
@@ -186,7 +236,10 @@ def compare_one(history: dict[str, Any], description: Path) -> list[str]:
              "  segments per step, measured: " + _steps(seg_measured),
              "  segments per step, replayed: " + _steps(seg_replay),
              f"  last step: {sum(measured.values())} allocations measured, {sum(replay.values())} replayed; "
-             f"only measured: {_sizes(extra)}; only replayed: {_sizes(missing)}"]
+             f"only measured: {_sizes(extra)}; only replayed: {_sizes(missing)}",
+             f"  the device's own allocations through this tool's allocator: reserved {own_res:.0f} MiB, allocated "
+             f"{own_al:.0f}; without the {len(scratch)} freed before the next allocation (workspaces): reserved "
+             f"{bare_res:.0f}"]
 
 
 def _steps(per_step: list[tuple[int, float]]) -> str:
@@ -202,22 +255,27 @@ def _sizes(counts: Counter, shown: int = 6) -> str:
             + ", ".join(f"{s / MIB:.2f} x{c}" for s, c in top) + ")")
 
 
-def compare(folder: Path, models: Path) -> list[str]:
-    """:func:`compare_one` for every history JSON in ``folder``."""
+def compare(folder: Path, models: Path | list[Path]) -> list[str]:
+    """:func:`compare_one` for every history JSON in ``folder``; a line saying so for one whose description is
+    under none of ``models``."""
     lines = []
     for path in sorted(folder.glob("*.json")):
         history = json.loads(path.read_text())
-        lines += compare_one(history, find_description(models, history["network"]))
+        description = find_description(models, history["network"])
+        lines += (compare_one(history, description) if description else
+                  [f"{path.name}: no description {history['network']}.json under {', '.join(map(str, models))}: "
+                   "skipped"])
     return lines
 
 
 def run() -> list[dict]:
     """For bench/run_all.py: compare the kept histories, if any (no figures rows: the output is the result)."""
-    if not any(KEPT.glob("*.json")):
-        print(f"no recorded allocator histories under {KEPT.relative_to(ROOT)}: record them on a GPU machine "
-              "(see this script's docstring); skipped")
-        return []
-    print("\n".join(compare(KEPT, KEPT_MODELS)))
+    for folder, models in KEPT.items():
+        if not any(folder.glob("*.json")):
+            print(f"no recorded allocator histories under {folder.relative_to(ROOT)}: record them on a GPU machine "
+                  "(see this script's docstring); skipped")
+            continue
+        print("\n".join(compare(folder, models)))
     return []
 
 
@@ -235,7 +293,7 @@ def main() -> None:
     rec.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd", help="the training step's optimiser")
     cmp_ = sub.add_parser("compare", help="on the host: compare recorded histories with the replay")
     cmp_.add_argument("folder", type=Path)
-    cmp_.add_argument("--models", type=Path, required=True)
+    cmp_.add_argument("--models", type=Path, nargs="+", required=True, help="folders holding the descriptions")
     args = ap.parse_args()
     if args.mode == "record":
         sys.exit(1 if record(args.models, args.network, args.batch_size, args.out, args.optimizer) else 0)
