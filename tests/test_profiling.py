@@ -923,3 +923,43 @@ def test_a_runner_that_cannot_write_says_so_in_its_error_event(tmp_path, monkeyp
     assert events[-1] == {"event": "error",
                           "message": "OSError (No space left on device): rows already written are kept"}
     assert len(results.read_rows(tmp_path / "m.csv")) == 1
+
+
+#: Runs main.py with its arguments after this line, every import of paramiko refused.
+_WITHOUT_PARAMIKO = """
+import os, runpy, sys
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "paramiko":
+            raise ImportError("paramiko refused by the test")
+sys.meta_path.insert(0, Refuse())
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(sys.argv[0]))
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_this_machines_device_is_profiled_without_the_ssh_library(tmp_path):
+    """A GPU machine that runs the profile stage for its own device (no host) needs torch and its backend's library,
+    not paramiko: the stage measures, and paramiko was never imported. A device with a host still needs it."""
+    from perf4sight.networks.build import write_manifest
+
+    cfg = load_config(write_config(tmp_path, batch_sizes=(1,)))
+    net = write_net(cfg.models_dir, "tiny")
+    write_manifest([{"network": "tiny", "family": "tiny", "path": net.name}], cfg.models_dir / "manifest.csv")
+    run = subprocess.run([sys.executable, "-c", _WITHOUT_PARAMIKO, str(ROOT / "main.py"), "--config", str(cfg.path),
+                          "--stage", "profile"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "1/1 rows (1 new) [ok 1]" in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]
+    assert [r["status"] for r in results.read_rows(results.results_path(cfg.profiling_dir, "local"))] == ["ok"]
+    with_host = cfg.path.read_text() + '\n[devices.far]\nbackend = "cpu"\nhost = "127.0.0.1"\n'
+    cfg.path.write_text(with_host)
+    far = subprocess.run([sys.executable, "-c", _WITHOUT_PARAMIKO, str(ROOT / "main.py"), "--config", str(cfg.path),
+                          "--stage", "profile", "--device", "far"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300)
+    assert far.returncode != 0 and "device 'far' is reached over SSH ([devices.far] host), which needs paramiko: " \
+        "paramiko refused by the test (pip install -r requirements.txt)" in far.stdout, far.stdout + far.stderr
+    check = subprocess.run([sys.executable, "-c", _WITHOUT_PARAMIKO, str(ROOT / "main.py"), "--config",
+                            str(cfg.path), "--stage", "check", "--device", "far"], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=300)
+    assert check.returncode != 0 and "far [cpu] 127.0.0.1: UNREACHABLE — device 'far' is reached over SSH" \
+        in check.stdout, check.stdout + check.stderr

@@ -2,7 +2,7 @@
 
 Each SSH device is handled by its own thread (:class:`RemoteProfiler`); one failing device
 never stops the others, and the result is one summary per device. Devices without a host are
-the local machine and go through the local runner. Progress is drawn with one rich progress
+the local machine and go through the local runner; only a device with a host imports the SSH modules (paramiko). Progress is drawn with one rich progress
 bar per device when ``show_progress`` is true. Times in seconds, disk in MiB.
 """
 from __future__ import annotations
@@ -23,10 +23,8 @@ from perf4sight.wording import plural
 from perf4sight.profiling.local import progress_bars, stop_runners
 from perf4sight.profiling.plan import training_phase
 from perf4sight.profiling.results import results_path
-from perf4sight.profiling.remote import (PROBE, DeviceSummary, RemoteProfiler, covering, expected_keys,
-                                         known_hosts_path, plan_counts, probe_facts, probe_problems,
-                                         remote_dir_name)
-from perf4sight.profiling.ssh import CONNECTION_ERRORS, HostKeyError, LoginError, Remote, describe_error
+from perf4sight.profiling.outcome import (PROBE, DeviceSummary, covering, expected_keys, plan_counts, probe_facts,
+                                          probe_problems)
 
 __all__ = ["DeviceCheck", "check_devices", "profile_devices", "format_checks", "format_summaries"]
 
@@ -70,6 +68,13 @@ def _check_one(cfg: Config, dev: DeviceConfig, timeout_s: float) -> DeviceCheck:
                               timeout=max(timeout_s, 120))
         out, err, rc = done.stdout, done.stderr, done.returncode
     else:
+        try:
+            _remote_profiler(dev)  # paramiko, or what to install
+        except UserError as exc:
+            return DeviceCheck(dev.name, dev.backend, dev.host, message=str(exc))
+        from perf4sight.profiling.remote import known_hosts_path, remote_dir_name
+        from perf4sight.profiling.ssh import CONNECTION_ERRORS, HostKeyError, LoginError, Remote, describe_error
+
         remote = Remote(dev, known_hosts_path(cfg, dev), timeout_s=timeout_s)
         run_dir = str(PurePosixPath(dev.workdir) / remote_dir_name(dev.name))  # what profile creates and writes
         check = DeviceCheck(dev.name, dev.backend, remote.where, workdir=run_dir)
@@ -146,6 +151,17 @@ def _plan_on_disk(cfg: Config, dev: DeviceConfig,
     return rows, counts, len(keys)
 
 
+def _remote_profiler(dev: DeviceConfig) -> Any:
+    """:class:`~perf4sight.profiling.remote.RemoteProfiler`, imported for a device with a host only (paramiko);
+    ``UserError`` saying what to install where the SSH library is missing."""
+    try:
+        from perf4sight.profiling.remote import RemoteProfiler
+    except ImportError as exc:
+        raise UserError(f"device '{dev.name}' is reached over SSH ([devices.{dev.name}] host), which needs paramiko: "
+                        f"{exc} (pip install -r requirements.txt)") from None
+    return RemoteProfiler
+
+
 def _first(messages: list[str], n: int = 3) -> list[str]:
     """The first ``n`` messages, and how many more there are."""
     return messages[:n] + ([f"{len(messages) - n} more like it"] if len(messages) > n else [])
@@ -196,7 +212,7 @@ def profile_devices(cfg: Config, names: Sequence[str] | None, descriptions: Sequ
                     return _profile_local(cfg, dev, descs, progress, cancel)
                 finally:
                     this_machine.release()
-            return RemoteProfiler(cfg, dev, descs, progress=progress, cancel=cancel, **follow).run()
+            return _remote_profiler(dev)(cfg, dev, descs, progress=progress, cancel=cancel, **follow).run()
         except UserError as exc:  # e.g. an unreadable description: this device fails, the others go on
             return DeviceSummary(dev.name, "failed", message=str(exc))
         except Exception as exc:  # noqa: BLE001 - a bug on one device must not take down the others

@@ -22,7 +22,6 @@ import json
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Callable, Sequence
 
@@ -30,11 +29,11 @@ import perf4sight
 from perf4sight.config import Config, DeviceConfig
 from perf4sight.errors import UserError
 from perf4sight.files import write_atomically
-from perf4sight.ir.schema import load_description
-from perf4sight.ir.shapes import shape_text
 from perf4sight.profiling import results
 from perf4sight.profiling.local import make_plan
 from perf4sight.profiling.plan import training_phase
+from perf4sight.profiling.outcome import (PROBE, PROBE_CACHE, DeviceSummary, covering, expected_keys, plan_counts,
+                                          probe_facts, probe_problems)
 from perf4sight.profiling.pull import CsvPuller, csv_with_rows, reference_key
 from perf4sight.profiling.ssh import (CONNECTION_ERRORS, DeviceError, HostKeyError, LoginError, Remote,
                                      default_known_hosts, describe_error)
@@ -45,56 +44,7 @@ __all__ = ["DeviceSummary", "RemoteProfiler", "code_files", "expected_keys", "co
 Progress = Callable[[str, int, int, str], None]  # (device, done, total, note)
 
 #: Host-side modules that never go to a device.
-_HOST_ONLY = {"ssh.py", "remote.py", "fleet.py", "pull.py", "probe.py", "local.py"}
-
-
-@dataclass
-class DeviceSummary:
-    """How profiling one device ended. ``status``: done | failed | unreachable | login failed."""
-    device: str
-    status: str
-    message: str = ""
-    new_rows: int = 0
-    rows: int = 0          # plan keys present locally at the end
-    expected: int = 0      # plan keys (networks x batch sizes)
-    counts: dict[str, int] = field(default_factory=dict)  # status -> rows of this plan
-    reconnects: int = 0
-    restarts: int = 0
-    elapsed_s: float = 0.0
-
-
-PROBE = Path(__file__).with_name("probe.py")
-PROBE_CACHE = "probe-cache.json"  # in the device's work folder: torch's facts, kept while its install is unchanged
-MIN_PYTHON = (3, 6)  # the device's; a Jetson TX2's JetPack 4.6 has 3.6 (see code_files)
-
-
-def probe_facts(python: str, rc: int, stdout: str, stderr: str) -> dict:
-    """The facts ``probe.py`` printed (its last stdout line, JSON); ``UserError`` naming ``python``, its exit
-    status and the tail of its output when it printed none (the interpreter is missing or cannot run it)."""
-    try:
-        return json.loads(stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise UserError(f"python '{python}' did not run the probe (exit {rc}): "
-                        f"{' '.join((stderr or stdout).split())[-300:]}") from None
-
-
-def probe_problems(backend: str, facts: dict, workdir: str) -> list[str]:
-    """What would stop a run on a device, from ``probe.py``'s ``facts`` (empty: ready); ``workdir`` names
-    the work folder in the message."""
-    problems = []
-    version = tuple(int(p) for p in str(facts.get("python", "0")).split(".")[:2] if p.isdigit())
-    if version < MIN_PYTHON:
-        problems.append(f"python {facts.get('python', '?')} is older than {'.'.join(map(str, MIN_PYTHON))}, "
-                        "which the runner needs")
-    if not facts.get("torch"):
-        problems.append(f"torch not importable ({facts.get('torch_error', '')})")
-    if facts.get("backend_library") and not facts.get("backend_library_version"):
-        problems.append(f"{facts['backend_library']} not importable ({facts.get('backend_library_error', '')})")
-    if facts.get("workdir_error"):
-        problems.append(f"work folder {workdir} cannot be created or written ({facts['workdir_error']})")
-    if backend == "nvml" and facts.get("torch") and not facts.get("cuda"):
-        problems.append("torch sees no CUDA device")
-    return problems
+_HOST_ONLY = {"ssh.py", "remote.py", "fleet.py", "pull.py", "probe.py", "local.py", "outcome.py"}
 
 
 def known_hosts_path(cfg: Config, dev: DeviceConfig) -> Path:
@@ -120,32 +70,6 @@ def code_files() -> list[tuple[Path, str]]:
               root / "ir" / "schema.py", root / "ir" / "shapes.py", root / "ir" / "to_torch.py"]
     wanted += sorted(p for p in (root / "profiling").rglob("*.py") if p.name not in _HOST_ONLY)
     return [(p, str(PurePosixPath("perf4sight") / p.relative_to(root).as_posix())) for p in wanted if p.is_file()]
-
-
-def expected_keys(device: str, descriptions: Sequence[Path], batch_sizes: Sequence[int],
-                  phase: str = "train") -> set[tuple]:
-    """Measurement keys the plan will produce, as ``results.row_key`` spells them (``phase``: its optimiser's,
-    ``plan.training_phase``)."""
-    keys = set()
-    for path in descriptions:
-        desc = load_description(path)
-        shape = shape_text(desc.input_shape)
-        sha = results.file_sha(Path(path).read_bytes())
-        keys |= {results.row_key({"device": device, "network": desc.name, "batch_size": bs, "input_shape": shape,
-                                  "phase": phase, "description_sha": sha}) for bs in batch_sizes}
-    return keys
-
-
-def covering(keys: set[tuple]) -> set[tuple]:
-    """The row keys that cover plan ``keys``: each as it is and with an empty description sha (a row of an
-    older CSV, which the runner takes as measured)."""
-    return keys | {key[:-1] + ("",) for key in keys}
-
-
-def plan_counts(csv_path: Path, covered: set[tuple]) -> tuple[int, dict[str, int]]:
-    """(rows of the CSV that ``covered`` (:func:`covering`) holds, their count per status)."""
-    rows = [r for r in results.latest_rows(results.read_rows(csv_path)) if results.row_key(r) in covered]
-    return len(rows), {st: sum(r["status"] == st for r in rows) for st in results.STATUSES}
 
 
 class RemoteProfiler:
