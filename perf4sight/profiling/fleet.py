@@ -2,11 +2,13 @@
 
 Each SSH device is handled by its own thread (:class:`RemoteProfiler`); one failing device
 never stops the others, and the result is one summary per device. Devices without a host are
-the local machine and go through the local runner; only a device with a host imports the SSH modules (paramiko). Progress is drawn with one rich progress
-bar per device when ``show_progress`` is true. Times in seconds, disk in MiB.
+the local machine and go through the local runner; only a device with a host imports the SSH modules
+(paramiko). Progress is drawn with one rich progress bar per device when ``show_progress`` is true. Times in
+seconds, disk in MiB.
 """
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 import threading
@@ -69,7 +71,7 @@ def _check_one(cfg: Config, dev: DeviceConfig, timeout_s: float) -> DeviceCheck:
         out, err, rc = done.stdout, done.stderr, done.returncode
     else:
         try:
-            _remote_profiler(dev)  # paramiko, or what to install
+            _require_ssh(dev)
         except UserError as exc:
             return DeviceCheck(dev.name, dev.backend, dev.host, message=str(exc))
         from perf4sight.profiling.remote import known_hosts_path, remote_dir_name
@@ -151,15 +153,14 @@ def _plan_on_disk(cfg: Config, dev: DeviceConfig,
     return rows, counts, len(keys)
 
 
-def _remote_profiler(dev: DeviceConfig) -> Any:
-    """:class:`~perf4sight.profiling.remote.RemoteProfiler`, imported for a device with a host only (paramiko);
-    ``UserError`` saying what to install where the SSH library is missing."""
+def _require_ssh(dev: DeviceConfig) -> None:
+    """Import the SSH modules for ``dev``, a device with a host (they need paramiko, which this machine's own
+    devices do not); ``UserError`` saying what to install where it is missing."""
     try:
-        from perf4sight.profiling.remote import RemoteProfiler
+        importlib.import_module("perf4sight.profiling.remote")  # paramiko, through ssh.py
     except ImportError as exc:
         raise UserError(f"device '{dev.name}' is reached over SSH ([devices.{dev.name}] host), which needs paramiko: "
                         f"{exc} (pip install -r requirements.txt)") from None
-    return RemoteProfiler
 
 
 def _first(messages: list[str], n: int = 3) -> list[str]:
@@ -212,7 +213,10 @@ def profile_devices(cfg: Config, names: Sequence[str] | None, descriptions: Sequ
                     return _profile_local(cfg, dev, descs, progress, cancel)
                 finally:
                     this_machine.release()
-            return _remote_profiler(dev)(cfg, dev, descs, progress=progress, cancel=cancel, **follow).run()
+            _require_ssh(dev)
+            from perf4sight.profiling.remote import RemoteProfiler
+
+            return RemoteProfiler(cfg, dev, descs, progress=progress, cancel=cancel, **follow).run()
         except UserError as exc:  # e.g. an unreadable description: this device fails, the others go on
             return DeviceSummary(dev.name, "failed", message=str(exc))
         except Exception as exc:  # noqa: BLE001 - a bug on one device must not take down the others
