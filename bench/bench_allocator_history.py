@@ -258,7 +258,7 @@ def _sizes(counts: Counter, shown: int = 6) -> str:
 def compare(folder: Path, models: Path | list[Path]) -> list[str]:
     """:func:`compare_one` for every history JSON in ``folder``; a line saying so for one whose description is
     under none of ``models``."""
-    lines = []
+    lines, models = [], [models] if isinstance(models, Path) else list(models)
     for path in sorted(folder.glob("*.json")):
         history = json.loads(path.read_text())
         description = find_description(models, history["network"])

@@ -36,7 +36,7 @@ class DeviceSummary:
 
 PROBE = Path(__file__).with_name("probe.py")
 PROBE_CACHE = "probe-cache.json"  # in the device's work folder: torch's facts, kept while its install is unchanged
-MIN_PYTHON = (3, 6)  # the device's; a Jetson TX2's JetPack 4.6 has 3.6 (see code_files)
+MIN_PYTHON = (3, 6)  # the device's; a Jetson TX2's JetPack 4.6 has 3.6 (see remote.code_files)
 
 
 def probe_facts(python: str, rc: int, stdout: str, stderr: str) -> dict:
