@@ -59,10 +59,10 @@ _PROFILER = TestPlan(device="allocator-history")
 STEPS = (_PROFILER.warmup_steps, _PROFILER.timed_steps)
 
 
-def find_description(models: Path | list[Path], network: str) -> Path | None:
+def find_description(models: list[Path], network: str) -> Path | None:
     """``<network>.json`` under the first of the folders ``models`` that has it (searched recursively); None
     where none has."""
-    for folder in [models] if isinstance(models, Path) else models:
+    for folder in models:
         hits = sorted(folder.rglob(f"{network}.json"))
         if hits:
             return hits[0]
@@ -118,7 +118,7 @@ def record(models: Path, networks: list[str], batch_sizes: list[int], out: Path,
     out.mkdir(parents=True, exist_ok=True)
     failed = 0
     for net in networks:
-        desc = find_description(models, net)
+        desc = find_description([models], net)
         if desc is None:
             sys.exit(f"no description {net}.json under {models}")
         for b in batch_sizes:
