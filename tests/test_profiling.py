@@ -608,7 +608,7 @@ def test_sigterm_to_the_cli_alone_stops_runner_and_child_and_a_rerun_resumes(tmp
 
     from perf4sight.networks.build import write_manifest
 
-    cfg = load_config(write_config(tmp_path, batch_sizes=(1, 2, 4, 8, 16)))
+    cfg = load_config(write_config(tmp_path, batch_sizes=(1, 2, 4)))
     net = write_net(cfg.models_dir, "tiny")
     write_manifest([{"network": "tiny", "family": "tiny", "path": net.name}], cfg.models_dir / "manifest.csv")
     csv_path = results.results_path(cfg.profiling_dir, "local")
@@ -627,11 +627,11 @@ def test_sigterm_to_the_cli_alone_stops_runner_and_child_and_a_rerun_resumes(tmp
     time.sleep(0.5)
     assert _alive_with(str(cfg.profiling_dir)) == [], "the runner or its child outlived the CLI"
     kept = results.read_rows(csv_path)
-    assert 1 <= len(kept) < 5 and all(r["status"] == "ok" for r in kept)
+    assert 1 <= len(kept) < 3 and all(r["status"] == "ok" for r in kept)
     again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
     rows = results.read_rows(csv_path)
-    assert [r["batch_size"] for r in rows] == ["1", "2", "4", "8", "16"] and rows[:len(kept)] == kept
+    assert [r["batch_size"] for r in rows] == ["1", "2", "4"] and rows[:len(kept)] == kept
 
 
 def test_an_interrupt_while_a_child_starts_stops_that_child_too(tmp_path, monkeypatch):

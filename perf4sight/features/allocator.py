@@ -291,6 +291,8 @@ class AllocTrace:
     _memo: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False, init=False)
     _repeat_plan: tuple[list[int], list[int], list[int]] | None = field(default=None, repr=False, init=False)
     _events: tuple[list[int], list[int], list[int]] | None = field(default=None, repr=False, init=False)
+    #: the same events under the other protocols (:meth:`with_protocol`), each keeping its memo across fits
+    _variants: dict[str, "AllocTrace"] = field(default_factory=dict, repr=False, init=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.protocol not in REPLAY_PROTOCOLS:
@@ -309,8 +311,14 @@ class AllocTrace:
         return self.update.foreach
 
     def with_protocol(self, protocol: str) -> "AllocTrace":
-        """The same events replayed under ``protocol`` (shares the arrays; its own memo)."""
-        return self if protocol == self.protocol else replace(self, protocol=protocol)
+        """The same events replayed under ``protocol`` (shares the arrays; its own memo, made once: a second fit of
+        the same network under the same protocol replays nothing again)."""
+        if protocol == self.protocol:
+            return self
+        variant = self._variants.get(protocol)
+        if variant is None:
+            variant = self._variants[protocol] = replace(self, protocol=protocol)
+        return variant
 
     def sizes(self, batch_size: int) -> np.ndarray:
         """Bytes of every event at ``batch_size`` (0 for FREE/STEP)."""
