@@ -6,7 +6,7 @@ For each GNN architecture (``seernet``, ``sage``): MAPE per held-out network for
 training time (the final model, and the cross-validation); and prediction time: graph extraction
 (torch module -> description -> graph tensors) and one prediction, in milliseconds.
 
-    .venv/bin/python bench/bench_gnn.py [--arch seernet sage] [--epochs 300] [--base analytic|none]
+    .venv/bin/python bench/bench_gnn.py [--arch seernet sage] [--epochs 300] [--base analytic|none] [--seed 0]
 """
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def _timing(folder: Path, descs: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def run(archs: tuple[str, ...] = ("seernet", "sage"), epochs: int = 300, data: Path = TX2,
-        base: str = "analytic") -> list[dict[str, Any]]:
+        base: str = "analytic", seed: int = 0) -> list[dict[str, Any]]:
     """Fit and evaluate each architecture; print tables; return figures for bench/run_all.py."""
     if not (data / "graphs").is_dir():
         print(f"TX2 data not found at {data}: skipped")
@@ -102,9 +102,9 @@ def run(archs: tuple[str, ...] = ("seernet", "sage"), epochs: int = 300, data: P
         last = None
         for arch in archs:
             folder = tmp / f"fp_{arch}"
-            meta = fit_gnn(rows, descs, "tx2", folder, seed=0, arch=arch, max_epochs=epochs, base=base)
+            meta = fit_gnn(rows, descs, "tx2", folder, seed=seed, arch=arch, max_epochs=epochs, base=base)
             tr = meta["training"]
-            print(f"\n[{arch}, base {base}] final model: {tr['seconds']:.0f} s "
+            print(f"\n[{arch}, base {base}, seed {seed}] final model: {tr['seconds']:.0f} s "
                   f"({tr['epochs']} epochs, best {tr['best_epoch']}); "
                   f"cross-validation (4 more models): {tr['cv_seconds']:.0f} s; {meta['training_rows']} rows")
             for target in ("latency", "memory"):
@@ -139,8 +139,9 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=300)
     ap.add_argument("--data", type=Path, default=TX2)
     ap.add_argument("--base", default="analytic", choices=["analytic", "none"])
+    ap.add_argument("--seed", type=int, default=0, help="the GNN's seed (its weights' initialisation and batches)")
     args = ap.parse_args()
-    run(tuple(args.arch), args.epochs, args.data, args.base)
+    run(tuple(args.arch), args.epochs, args.data, args.base, args.seed)
 
 
 if __name__ == "__main__":
