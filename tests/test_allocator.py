@@ -92,6 +92,19 @@ def test_trace_replay_follows_the_profilers_protocol():
         tr.with_protocol("max")
 
 
+def test_a_protocol_view_is_made_once_and_keeps_its_replays(monkeypatch):
+    """A trace under another protocol is one object however often it is asked for (each fit asks again), so its
+    memo holds: the second ask replays nothing."""
+    tr = _two_step_trace("run_peak")
+    first = tr.with_protocol("perf4sight").replay(8)
+    runs = []
+    real_run = CachingAllocator.run
+    monkeypatch.setattr(CachingAllocator, "run", lambda self, *a: runs.append(1) or real_run(self, *a))
+    again = tr.with_protocol("perf4sight")
+    assert again is tr.with_protocol("perf4sight") and again.replay(8) == first and runs == []
+    assert again.replay(16) and runs  # a batch size not replayed before is
+
+
 def _tiny(relu: str = "relu") -> NetworkDescription:
     nodes = [Node("input", "input", [], {}, [3, 16, 16]),
              Node("conv", "conv2d", ["input"], {"in_channels": 3, "out_channels": 8, "kernel_size": [3, 3],
