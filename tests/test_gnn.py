@@ -97,6 +97,19 @@ def test_graph_template_shapes(tiny):
     assert t.edge_index.max() < len(d.nodes)
 
 
+def test_the_global_features_stay_as_first_stored():
+    """The network totals a GNN reads are the 48 it stored on 2026-11-24, up to ``lt_work_per_launch``: every feature
+    appended to FEATURE_NAMES after it is left out (the op price was not, for two days: it failed every older GNN's
+    load check and, in new fits, drew other initial weights)."""
+    from perf4sight.features.aggregate import FEATURE_NAMES
+    from perf4sight.fingerprint.gnn_graph import GLOBAL_FEATURES
+
+    assert len(GLOBAL_FEATURES) == 48 and GLOBAL_FEATURES[-1] == "lt_work_per_launch"
+    assert GLOBAL_FEATURES[:3] == ("batch_size", "macs", "dense_macs")
+    appended = FEATURE_NAMES[FEATURE_NAMES.index("lt_work_per_launch") + 1:]
+    assert "priced_ops_ms" in appended and not set(appended) & set(GLOBAL_FEATURES)
+
+
 def test_the_op_vocabulary_stays_and_every_schema_op_reads_as_one_of_it():
     """A GNN stores its one-hot vocabulary and refuses another: the vocabulary stays as it was stored before ConvNeXt's
     and ViT's ops joined the schema, which read as their nearest op (so a GNN fitted before still loads)."""
