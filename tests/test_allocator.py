@@ -103,6 +103,7 @@ def test_a_protocol_view_is_made_once_and_keeps_its_replays(monkeypatch):
     again = tr.with_protocol("perf4sight")
     assert again is tr.with_protocol("perf4sight") and again.replay(8) == first and runs == []
     assert again.replay(16) and runs  # a batch size not replayed before is
+    assert again.with_protocol("run_peak") is tr  # back to the trace itself, from the view
 
 
 def _tiny(relu: str = "relu") -> NetworkDescription:

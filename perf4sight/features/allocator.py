@@ -291,8 +291,9 @@ class AllocTrace:
     _memo: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False, init=False)
     _repeat_plan: tuple[list[int], list[int], list[int]] | None = field(default=None, repr=False, init=False)
     _events: tuple[list[int], list[int], list[int]] | None = field(default=None, repr=False, init=False)
-    #: the same events under the other protocols (:meth:`with_protocol`), each keeping its memo across fits
-    _variants: dict[str, "AllocTrace"] = field(default_factory=dict, repr=False, init=False, compare=False)
+    #: this trace's events under each protocol asked for (:meth:`with_protocol`), one dict shared by all of them: each
+    #: view is made once and keeps its memo across fits
+    _views: dict[str, "AllocTrace"] = field(default_factory=dict, repr=False, init=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.protocol not in REPLAY_PROTOCOLS:
@@ -313,12 +314,13 @@ class AllocTrace:
     def with_protocol(self, protocol: str) -> "AllocTrace":
         """The same events replayed under ``protocol`` (shares the arrays; its own memo, made once: a second fit of
         the same network under the same protocol replays nothing again)."""
-        if protocol == self.protocol:
-            return self
-        variant = self._variants.get(protocol)
-        if variant is None:
-            variant = self._variants[protocol] = replace(self, protocol=protocol)
-        return variant
+        views = self._views
+        views.setdefault(self.protocol, self)
+        view = views.get(protocol)
+        if view is None:
+            view = views[protocol] = replace(self, protocol=protocol)
+            view._views = views  # asked from any view, each protocol gives the same object
+        return view
 
     def sizes(self, batch_size: int) -> np.ndarray:
         """Bytes of every event at ``batch_size`` (0 for FREE/STEP)."""
