@@ -143,6 +143,12 @@ def test_bad_sources(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="no perf4sight"):
         import_perf4sight(tmp_path / "empty", "d", tmp_path, tmp_path)
+    # a folder given by mistake (a home folder, /tmp) is not walked to the bottom: three folders down at most
+    _write(tmp_path / "wide" / "x" / "b" / "imagenet" / "memory" / "net_0-gt.csv", "passed|mem_used|bs", ["True|1|8"])
+    with pytest.raises(UserError, match=r"wide: no perf4sight .* up to three folders down.*--source should be"):
+        import_perf4sight(tmp_path / "wide", "d", tmp_path, tmp_path)
+    with pytest.raises(UserError, match="no graphs found"):  # one level lower, the layout is found
+        import_perf4sight(tmp_path / "wide" / "x", "d", tmp_path / "p", tmp_path / "m")
     bad = tmp_path / "bad" / "b" / "imagenet" / "memory" / "net_0-gt.csv"
     _write(bad, "passed|mem_used|bs", ["True|100|two"])
     with pytest.raises(UserError, match="bad batch size"):

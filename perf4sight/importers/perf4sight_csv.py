@@ -140,6 +140,15 @@ def read_gt_csv(path: Path, kind: str | None = None) -> list[dict[str, str]]:
     return rows
 
 
+def _csv_folders(csv_root: Path) -> list[Path]:
+    """The folders holding ``memory/`` or ``latency/`` ``*-gt.csv`` files, at most three folders below ``csv_root``
+    (perf4sight's ``profiling_csvs/<board>/<dataset>/<kind>/``, or a folder on the way down): a source given by
+    mistake, a home folder or ``/tmp``, is not walked to the bottom."""
+    found = {p.parent.parent for depth in (1, 2, 3) for p in csv_root.glob("*/" * depth + "*-gt.csv")
+             if p.parent.name in ("memory", "latency")}
+    return sorted(found)
+
+
 def _collect(folder: Path, kind: str, pairs: dict, variants: dict) -> None:
     """Add the rows of every ``<folder>/<kind>/*-gt.csv`` to ``pairs[(variant, bs)][kind]``."""
     for f in sorted((folder / kind).glob("*-gt.csv")):
@@ -250,9 +259,11 @@ def import_perf4sight(source_dir: str | Path, device: str, profiling_dir: str | 
     """
     source = import_source(source_dir, device, "perf4sight")
     csv_root = source / "profiling_csvs" if (source / "profiling_csvs").is_dir() else source
-    folders = sorted({p.parent.parent for p in csv_root.rglob("*-gt.csv") if p.parent.name in ("memory", "latency")})
+    folders = _csv_folders(csv_root)
     if not folders:
-        raise UserError(f"{source}: no perf4sight memory/ or latency/ *-gt.csv files found")
+        raise UserError(f"{source}: no perf4sight memory/ or latency/ *-gt.csv files found (looked up to three "
+                        f"folders down, as in {csv_root}/<board>/<dataset>/memory/); --source should be the folder "
+                        "that holds both profiling_csvs/ and graphs/")
     pairs: dict[tuple[str, int], dict[str, list]] = {}
     variants: dict[str, tuple[str, float, str, str]] = {}
     for folder in folders:
