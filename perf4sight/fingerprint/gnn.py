@@ -4,9 +4,9 @@ One multi-output model per device predicts ``log(latency ms)`` and ``log(memory 
 targets and columns as the trees: see :mod:`perf4sight.fingerprint.fit`) as a correction to the
 trees' analytic baseline (``base="analytic"``, the default: on the TX2 data, leave-one-network-out,
 it cut the GNN's error from 40 % / 28 % MAPE (latency / memory, outright log targets) to
-12 % / 10 %). Default architecture ``sage`` (GraphSAGE): on the TX2 data it measured better than
-``seernet`` on latency (12.4 vs 18.3 %) and trains 4x faster; ``seernet`` is better on memory
-(7.6 vs 9.8 %) and stays selectable for larger (e.g. imported PerfSeer) datasets. See bench/bench_gnn.py.
+12 % / 10 %). Default architecture ``sage`` (GraphSAGE): on the TX2 data, the mean over seeds 0-2, it measured a
+little better than ``seernet`` on latency (11.5 vs 12.5 %) and trains about 2x faster; ``seernet`` is a little better
+on memory (7.8 vs 8.4 %) and stays selectable for larger (e.g. imported PerfSeer) datasets. See bench/bench_gnn.py.
 Accuracy comes from the trees' harness (:func:`perf4sight.fingerprint.evaluate.grouped_cv`, leave-one-family-out, or
 leave-one-network-out with a single family); the same folds give out-of-fold predictions of the
 trees, so the geometric-mean ensemble is measured too and the JSON records which of the three
