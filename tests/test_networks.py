@@ -358,6 +358,20 @@ def test_a_newer_style_is_drawn_only_where_a_config_names_it(style: str, ops: se
     assert [n.output_shape for n in traced.nodes] == [n.output_shape for n in led.nodes]
 
 
+def test_forward_flops_is_the_features_forward_flops() -> None:
+    """The generator's FLOPs, summed over the walk alone, are the features' ``flops_fwd``: on a network led by each
+    style, and where the loss is scored per position (a segmentation network's output: its log-softmax counts)."""
+    from tiny_graphs import conv_node, tiny_description
+
+    from perf4sight.features.aggregate import network_features
+    from perf4sight.ir.schema import Node
+    nets = generate(GeneratorSettings(count=len(STYLES), seed=0, styles=STYLES, cover_styles=True), SHAPE, CLASSES)
+    per_position = tiny_description([Node("x", "input", [], {}, [4, 8, 8]), conv_node("c", "x", 4, 5, 3, 1, 8)])
+    for d in nets + [per_position]:
+        assert forward_flops(d) == network_features(d).per_sample["flops_fwd"] > 0, d.name
+    assert forward_flops(per_position) == 2 * 4 * 5 * 9 * 64 + 4 * 5 * 64  # the conv's multiply-adds, the loss's
+
+
 def test_generator_reaches_the_perfseer_range() -> None:
     nets = generate(GeneratorSettings(count=300, seed=0), [3, 224, 224])
     gflops = sorted(forward_flops(d) / 1e9 for d in nets)

@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from perf4sight.errors import UserError
-from perf4sight.features.aggregate import network_features
+from perf4sight.features.formulas import position_loss
+from perf4sight.features.walk import walk
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.networks.design_space import STYLES, build_description
 from perf4sight.networks.generator_settings import GeneratorSettings, where_in_config
@@ -78,8 +79,17 @@ def sample_stages(rng: np.random.Generator, styles: tuple[str, ...], lead: str |
 
 
 def forward_flops(desc: NetworkDescription) -> float:
-    """Forward FLOPs of one sample (one multiply-add = 2 FLOPs), from ``perf4sight.features``."""
-    return float(network_features(desc).per_sample["flops_fwd"])
+    """Forward FLOPs of one sample (one multiply-add = 2 FLOPs): the ``flops_fwd`` feature of ``perf4sight.features``
+    (the ops' cost formulas, and a loss scored per position), from the walk over the nodes alone; the whole feature
+    set costs the generator about three times as much on each candidate it draws."""
+    total, output_shape = 0.0, None
+    for visit in walk(desc):
+        if visit.cost is not None:
+            total += visit.cost.flops_fwd
+        if visit.node.name == desc.output:
+            output_shape = visit.node.output_shape
+    loss = position_loss(output_shape) if output_shape is not None else None
+    return total + (loss.flops_fwd if loss is not None else 0.0)
 
 
 def generate(settings: GeneratorSettings, input_shape: list[int], num_classes: int = 1000,
