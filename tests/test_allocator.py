@@ -7,7 +7,8 @@ import pytest
 from perf4sight.features.aggregate import FEATURE_NAMES, SIM_FEATURES, feature_matrix, network_features
 from perf4sight.features.alloc_trace import (attach_simulation, ensure_simulation, record_events, record_runs,
                                              simulate)
-from perf4sight.features.allocator import ALLOC, FREE, STEP, AllocTrace, CachingAllocator, round_size, segment_size
+from perf4sight.features.allocator import (ALLOC, FREE, STEP, AllocTrace, CachingAllocator, _repeat_plan, round_size,
+                                          segment_size)
 from perf4sight.ir.schema import NetworkDescription, Node
 
 MIB = 1 << 20
@@ -463,6 +464,10 @@ def test_gradients_freed_by_zero_grad_are_written_down_as_torch_runs_them(zoo):
                                np.array([e[1] for e in spelled]), np.array([float(e[2]) for e in spelled]),
                                np.zeros(len(spelled)), repeat_last=0)
     assert freed.replay(8) == spelled_trace.replay(8)
+    # ... writing each left-alive gradient's FREE once, not once per gradient the step frees: linear in the step
+    kinds, ids = freed.kind.tolist(), freed.tensor.tolist()
+    last = int(np.flatnonzero(freed.kind == STEP)[-1])
+    assert len(_repeat_plan(kinds, ids, last, len(kinds))[0]) < 2 * (len(kinds) - last)
 
 
 @pytest.mark.parametrize("optimizer,momentum,weight_decay,foreach", [

@@ -236,21 +236,32 @@ def _repeat_plan(kinds: list[int], ids: list[int], start: int, end: int) -> tupl
     event's size among the trace's events, -1 for none). A tensor the step frees without having allocated it (e.g.
     a gradient of a step that begins with ``zero_grad(set_to_none=True)``) was, on a repeat, allocated by the
     previous run under another id: each FREE of one frees every tensor the step allocates and leaves alive (frees
-    commute; those already freed are passed over)."""
+    commute; those already freed are passed over).
+
+    Only the FREEs that can free something are written: at the first such FREE every tensor the step leaves alive
+    (the previous run's), at a later one those allocated since. The plan is linear in the step's events (writing a
+    FREE of every such tensor at every such FREE made resnet50's 1,145-event step 26,905 events on a GPU with
+    ``set_to_none``) and the allocator sees the same frees in the same order."""
     made = {ids[i] for i in range(start, end) if kinds[i] == ALLOC}
     freed = {ids[i] for i in range(start, end) if kinds[i] == FREE}
     carried_in = freed - made
     carried_out = [ids[i] for i in range(start, end) if kinds[i] == ALLOC and ids[i] not in freed]
+    left_alive = set(carried_out)
+    may_be_live = carried_out  # at the step's start: every tensor the previous run left alive
+    first_done = False
     plan: tuple[list[int], list[int], list[int]] = ([], [], [])
     for i in range(start, end):
         if kinds[i] == FREE and ids[i] in carried_in:
-            plan[0].extend([FREE] * len(carried_out))
-            plan[1].extend(carried_out)
-            plan[2].extend([-1] * len(carried_out))
+            plan[0].extend([FREE] * len(may_be_live))
+            plan[1].extend(may_be_live)
+            plan[2].extend([-1] * len(may_be_live))
+            may_be_live, first_done = [], True
         else:
             plan[0].append(kinds[i])
             plan[1].append(ids[i])
             plan[2].append(i)
+            if first_done and kinds[i] == ALLOC and ids[i] in left_alive:
+                may_be_live.append(ids[i])
     return plan
 
 
