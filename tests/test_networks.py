@@ -154,6 +154,25 @@ def _tiny_resnext(num_classes: int = CLASSES) -> nn.Module:
     return ResNet(Bottleneck, [1, 1, 1, 1], groups=8, width_per_group=4, num_classes=num_classes)
 
 
+@pytest.mark.parametrize("zoo", ["resnext50_32x4d", "mobilenet_v2", "densenet121"])
+def test_the_fast_parameter_count_is_a_cut_copys(zoo: str) -> None:
+    """The parameters a candidate cut removes, as the plan counts them without cutting (each layer dimension's
+    indices cut after the first k units of its group's order), equal those of a meta copy cut the same way: grouped
+    convolutions pruned per group, depthwise ones, a DenseNet's concatenations."""
+    import numpy as np
+
+    from perf4sight.networks import prune_plan as pp
+    from perf4sight.networks.pruning import count_parameters
+
+    plan = PruningPlan(build_zoo_model(zoo, num_classes=10), [3, 32, 32], strategy="random")
+    assert plan._fast_count is not None
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        counts = [int(rng.integers(0, g.max_removed + 1)) for g in plan.groups]
+        cut = pp.cut(plan._meta, pp.removal(plan.groups, counts))
+        assert 0 < plan._fast_count(counts) == plan.p0 - count_parameters(cut)
+
+
 def test_convnext_prunes_its_stream_with_its_layer_scales_and_its_blocks_mlp() -> None:
     """ConvNeXt's residual stream is multiplied by each block's layer scale, a parameter outside any layer: it is cut
     with the layers of the stream (and torch-pruning's warning about it is not shown), as are the blocks' MLP

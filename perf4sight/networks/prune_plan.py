@@ -274,6 +274,21 @@ def _params_after(m: nn.Module, r_out: int, r_in: int) -> int | None:
     return None if own else 0
 
 
+def _cut_so_far(group: CoupledGroup, dep: Dep) -> np.ndarray:
+    """``out[k]``: how many of ``dep``'s indices are cut once the first ``k`` units of the group's removal order are
+    removed (k = 0 .. len(order)); an index goes with the first unit that holds one of its root channels."""
+    n = len(group.order)
+    position = np.full(group.channels, n, dtype=np.int64)  # root channel -> its unit's place in the order
+    for pos, u in enumerate(group.order):
+        position[group.units[u].roots] = pos
+    if not len(dep.targets):
+        return np.zeros(n + 1, dtype=np.int64)
+    first = np.full(int(dep.targets.max()) + 1, n, dtype=np.int64)
+    np.minimum.at(first, dep.targets, position[dep.roots])  # per index: the first unit removed that cuts it
+    cut_at = np.bincount(first[np.unique(dep.targets)], minlength=n + 1)[:n]
+    return np.concatenate([[0], np.cumsum(cut_at)])
+
+
 def make_counter(groups: list[CoupledGroup], model: nn.Module) -> Callable[[list[int]], int] | None:
     """A fast ``counts -> parameters removed`` function for ordered groups, or None if it cannot be exact.
 
@@ -291,11 +306,7 @@ def make_counter(groups: list[CoupledGroup], model: nn.Module) -> Callable[[list
             if used & mine:
                 return None
             used |= mine
-            new, got = [0], set()
-            for u in g.order:
-                got.update(d.targets[np.isin(d.roots, g.units[u].roots)].tolist())
-                new.append(len(got))
-            per_dep.append(((d.module, d.handler), np.asarray(new)))
+            per_dep.append(((d.module, d.handler), _cut_so_far(g, d)))
         cums.append(per_dep)
     layers = {name for name, _ in seen if name in modules}
     if any(_params_after(modules[n], 0, 0) is None for n in layers):
