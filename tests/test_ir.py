@@ -686,3 +686,31 @@ def test_every_shared_tx2_graph_rebuilds(tx2_data):
     # torchvision's resnet18 is perf4sight's (its graphs reshape where torch.fx flattens: one layout)
     from perf4sight.networks.zoo import describe_zoo
     assert structures["resnet18"] == {describe_zoo("resnet18", [3, 224, 224]).structure}
+
+
+@pytest.mark.parametrize("zoo", ["mobilenet_v2", "efficientnet_b0", "vit_b_16"])
+def test_shape_keeping_layers_answered_without_running_record_the_shapes_they_would(zoo: str) -> None:
+    """On the meta device the activations, dropouts and batch norms are answered by an empty tensor like their input
+    instead of run: every node records the shape a plain ``ShapeProp`` run records."""
+    import torch.fx as fx
+    from torch.fx.passes.shape_prop import ShapeProp
+
+    from perf4sight.ir.from_torch import _MetaShapeProp, _meta_twin
+
+    shape = [3, 224, 224] if zoo == "vit_b_16" else [3, 32, 32]
+    model = build_zoo_model(zoo, num_classes=10, input_shape=shape)
+    shapes = []
+    for prop in (ShapeProp, _MetaShapeProp):
+        gm = _meta_twin(fx.symbolic_trace(model))
+        prop(gm).propagate(torch.empty(2, *shape, device="meta"))
+        shapes.append([tuple(n.meta["tensor_meta"].shape) for n in gm.graph.nodes
+                       if hasattr(n.meta.get("tensor_meta"), "shape")])
+    assert len(shapes[0]) > 50 and shapes[0] == shapes[1]
+
+
+def test_a_batch_norm_of_another_width_still_fails_the_forward() -> None:
+    """A batch norm whose width is not its input's is run, not answered: the forward's failure is the one line."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(6), nn.ReLU6())
+    with pytest.raises(UserError, match="forward fails at input shape"):
+        describe(model, [3, 16, 16], name="bad")
+    describe(nn.Sequential(nn.Conv2d(3, 6, 3), nn.BatchNorm2d(6), nn.ReLU6()), [3, 16, 16], name="good")

@@ -346,10 +346,35 @@ def stderr_kept_on_success() -> Iterator[None]:
     sys.stderr.write(held.getvalue())
 
 
+#: Layers whose output is a tensor of their input's shape, strides and type, whatever it holds: on the meta device
+#: their output is made as such instead of run. Their meta kernels are torch's Python references (ReLU6, batch norm:
+#: most of a MobileNet's shape propagation).
+_SHAPE_KEEPING = (nn.ReLU, nn.ReLU6, nn.Hardswish, nn.Hardsigmoid, nn.SiLU, nn.GELU, nn.Sigmoid, nn.Tanh,
+                  nn.LeakyReLU, nn.Dropout, nn.Identity)
+
+
+class _MetaShapeProp(ShapeProp):
+    """``ShapeProp`` on meta tensors, with the layers of :data:`_SHAPE_KEEPING` and a batch norm given a 4-d input of
+    its own channel count answered by an empty tensor like their input (the shapes every node records are the same)."""
+
+    def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
+        m = self.fetch_attr(target)
+        x = args[0] if len(args) == 1 and not kwargs else None
+        if isinstance(x, torch.Tensor) and x.is_meta and (
+                type(m) in _SHAPE_KEEPING or (type(m) is nn.BatchNorm2d and x.dim() == 4
+                                              and x.shape[1] == m.num_features)):
+            return torch.empty_like(x)
+        return super().call_module(target, args, kwargs)
+
+
 def _shape_prop(gm: fx.GraphModule, example: torch.Tensor, fake_mode: Any = None) -> None:
-    """``ShapeProp(gm).propagate(example)`` without the traceback it prints when a node fails."""
+    """``ShapeProp(gm).propagate(example)`` without the traceback it prints when a node fails (on a meta
+    ``example``: :class:`_MetaShapeProp`)."""
     with stderr_kept_on_success():
-        ShapeProp(gm, fake_mode=fake_mode).propagate(example)
+        if example.is_meta and fake_mode is None:
+            _MetaShapeProp(gm).propagate(example)
+        else:
+            ShapeProp(gm, fake_mode=fake_mode).propagate(example)
 
 
 def _propagate_shapes(gm: fx.GraphModule, input_shape: list[int]) -> fx.GraphModule:
