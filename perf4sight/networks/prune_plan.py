@@ -90,6 +90,13 @@ class CoupledGroup:
             return np.zeros(0, dtype=np.int64)
         return np.concatenate([self.units[u].roots for u in self.order[:k]])
 
+    def unit_places(self) -> np.ndarray:
+        """Per root channel, the place of its unit in :attr:`order` (``len(order)`` for a unit not in it)."""
+        places = np.full(self.channels, len(self.order), dtype=np.int64)
+        for pos, u in enumerate(self.order):
+            places[self.units[u].roots] = pos
+        return places
+
 
 def _units(deps: list[Dep], channels: int, modules: dict[str, nn.Module]) -> list[Unit] | None:
     """Root channels grouped so that every grouped conv loses whole local indices, or None if impossible."""
@@ -124,9 +131,7 @@ def _units(deps: list[Dep], channels: int, modules: dict[str, nn.Module]) -> lis
 
 def _max_removed(group: CoupledGroup, min_channels: int, dims: dict[tuple[str, Handler], int]) -> int:
     """Most units removable while the root keeps ``min_channels`` and no touched layer dimension empties."""
-    unit_of = np.empty(group.channels, dtype=np.int64)
-    for pos, u in enumerate(group.order):
-        unit_of[group.units[u].roots] = pos
+    unit_of = group.unit_places()
     limit = len(group.units)
     for i, d in enumerate(group.deps):
         size = dims[(d.module, d.handler)]
@@ -274,17 +279,14 @@ def _params_after(m: nn.Module, r_out: int, r_in: int) -> int | None:
     return None if own else 0
 
 
-def _cut_so_far(group: CoupledGroup, dep: Dep) -> np.ndarray:
-    """``out[k]``: how many of ``dep``'s indices are cut once the first ``k`` units of the group's removal order are
-    removed (k = 0 .. len(order)); an index goes with the first unit that holds one of its root channels."""
-    n = len(group.order)
-    position = np.full(group.channels, n, dtype=np.int64)  # root channel -> its unit's place in the order
-    for pos, u in enumerate(group.order):
-        position[group.units[u].roots] = pos
+def _cut_so_far(dep: Dep, places: np.ndarray, n: int) -> np.ndarray:
+    """``out[k]``: how many of ``dep``'s indices are cut once the first ``k`` of the ``n`` units of its group's
+    removal order are removed (k = 0 .. n); an index goes with the first unit that holds one of its root channels
+    (``places``: :meth:`CoupledGroup.unit_places`)."""
     if not len(dep.targets):
         return np.zeros(n + 1, dtype=np.int64)
     first = np.full(int(dep.targets.max()) + 1, n, dtype=np.int64)
-    np.minimum.at(first, dep.targets, position[dep.roots])  # per index: the first unit removed that cuts it
+    np.minimum.at(first, dep.targets, places[dep.roots])  # per index: the first unit removed that cuts it
     cut_at = np.bincount(first[np.unique(dep.targets)], minlength=n + 1)[:n]
     return np.concatenate([[0], np.cumsum(cut_at)])
 
@@ -300,13 +302,14 @@ def make_counter(groups: list[CoupledGroup], model: nn.Module) -> Callable[[list
     cums: list[list[tuple[tuple[str, Handler], np.ndarray]]] = []
     for g in groups:
         per_dep = []
+        places = g.unit_places()
         for d in g.deps:
             used = seen.setdefault((d.module, d.handler), set())
             mine = set(d.targets.tolist())
             if used & mine:
                 return None
             used |= mine
-            per_dep.append(((d.module, d.handler), _cut_so_far(g, d)))
+            per_dep.append(((d.module, d.handler), _cut_so_far(d, places, len(g.order))))
         cums.append(per_dep)
     layers = {name for name, _ in seen if name in modules}
     if any(_params_after(modules[n], 0, 0) is None for n in layers):
