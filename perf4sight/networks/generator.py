@@ -82,14 +82,9 @@ def forward_flops(desc: NetworkDescription) -> float:
     """Forward FLOPs of one sample (one multiply-add = 2 FLOPs): the ``flops_fwd`` feature of ``perf4sight.features``
     (the ops' cost formulas, and a loss scored per position), from the walk over the nodes alone; the whole feature
     set costs the generator about three times as much on each candidate it draws."""
-    total, output_shape = 0.0, None
-    for visit in walk(desc):
-        if visit.cost is not None:
-            total += visit.cost.flops_fwd
-        if visit.node.name == desc.output:
-            output_shape = visit.node.output_shape
-    loss = position_loss(output_shape) if output_shape is not None else None
-    return total + (loss.flops_fwd if loss is not None else 0.0)
+    total = sum(visit.cost.flops_fwd for visit in walk(desc) if visit.cost is not None)
+    loss = position_loss(desc.node(desc.output).output_shape)
+    return float(total + (loss.flops_fwd if loss is not None else 0.0))
 
 
 def generate(settings: GeneratorSettings, input_shape: list[int], num_classes: int = 1000,
