@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -587,6 +588,9 @@ def test_a_bad_measurement_csv_is_one_clear_error(tmp_path):
     assert len(results.read_rows(path, lines)) == 1 and lines == [3, 4]
     path.write_text(text)
     assert results.incomplete_note(path) == "" and results.incomplete_note(tmp_path / "none.csv") == ""
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())  # saved by a spreadsheet as "CSV UTF-8": a byte-order mark
+    results.append_row(path, dict(good, batch_size="8"))
+    assert [(r["device"], r["batch_size"]) for r in results.read_rows(path)] == [("d", "2"), ("d", "4"), ("d", "8")]
 
 
 def _alive_with(text: str) -> list[int]:
@@ -704,7 +708,8 @@ def test_a_runners_lock_is_its_own_not_its_childrens(tmp_path):
 
 def test_a_killed_runners_scratch_files_are_removed_by_the_next_run(tmp_path):
     """A runner killed with SIGKILL (no cleanup runs) leaves its measuring child's folder beside the CSV, not in the
-    system's temp folder; the next runner of that CSV removes it, and a run that ends leaves no such folder."""
+    system's temp folder; the next runner of that CSV removes it, and a run that ends leaves no such folder. Its
+    children measure the plan it started with, though the plan file is replaced while it runs."""
     import signal
 
     from perf4sight.profiling import runner
@@ -722,8 +727,13 @@ def test_a_killed_runners_scratch_files_are_removed_by_the_next_run(tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)  # the runner and its measuring child, mid-measurement
     proc.wait()
     assert [p.name[:6] for p in scratch.glob("child-*")] == ["child-"], "no child folder was left to remove"
-    counts = runner.run_plan(plan_path, emit=lambda event: None)
+
+    def another_invocation(event: dict) -> None:  # a second profile, refused by the lock, writes its plan all the same
+        if event["event"] == "plan":
+            save_plan(replace(plan, networks=[str(write_net(tmp_path, "other", width=64))], timed_steps=3), plan_path)
+    counts = runner.run_plan(plan_path, emit=another_invocation)
     assert counts["ok"] + counts["already_measured"] == 2 and not scratch.exists()
+    assert {r["timed_steps"] for r in results.read_rows(tmp_path / "m.csv")} == {"50"}  # the run's own plan
 
 
 def test_fleet_summary_counts_earlier_rows_and_error_rows_are_retried_when_asked(tmp_path):

@@ -28,7 +28,7 @@ from perf4sight.ir.schema import save_description
 from perf4sight.profiling import results
 from perf4sight.profiling.fleet import check_devices, format_checks, format_summaries, profile_devices
 from perf4sight.profiling.op_prices import PRICED_OPS
-from perf4sight.profiling.pull import CsvPuller, complete_records, rows_to_csv
+from perf4sight.profiling.pull import CsvPuller, complete_records, csv_with_rows, rows_to_csv
 from perf4sight.profiling.remote import RemoteProfiler, probe_problems, remote_dir_name
 from perf4sight.profiling.ssh import DeviceError, HostKeyError, LoginError, Remote, quote_argv
 
@@ -335,6 +335,30 @@ def test_puller_takes_complete_records_once(tmp_path):
     assert [r["status"] for r in pull()] == ["ok"] and pull() == []
     puller.reset()
     assert pull() == [] and len(results.read_rows(tmp_path / "local.csv")) == 3
+
+
+def test_a_row_cut_short_inside_quotes_hides_no_row_after_it(tmp_path):
+    """A crash or a full disk can leave a row unfinished inside a quoted field (an error's message, a Jetson's
+    clocks). The next row appended, locally or on the device, replaces it; the host's rewrite of a device's CSV drops
+    it too; and a puller whose reads are capped reads on to the end of the file."""
+    row = {c: "" for c in results.COLUMNS}
+    row.update(device="d", network="n", batch_size="1", input_shape="3x8x8", phase="train", status="ok",
+               clocks='{"gpu": 1300}', timestamp="2026-01-01T00:00:00+00:00")
+    path = tmp_path / "m.csv"
+    results.append_row(path, row)
+    whole = path.read_bytes()
+    cut = rows_to_csv([{**row, "batch_size": "2"}], with_header=False)
+    path.write_bytes(whole + cut[:cut.index(b'"') + 4])  # cut short after an opening quote
+    for bs in ("4", "8"):
+        results.append_row(path, {**row, "batch_size": bs})
+    assert [r["batch_size"] for r in results.read_rows(path)] == ["1", "4", "8"]
+    assert path.read_bytes().startswith(whole) and path.read_bytes().count(b"\n") == 4
+    torn = whole + cut[:cut.index(b'"') + 4]
+    assert csv_with_rows(torn, [{**row, "batch_size": "2"}]) == whole + cut
+    remote = path.read_bytes()
+    puller = CsvPuller(tmp_path / "local.csv")
+    capped = lambda off: remote[off:off + 700]  # noqa: E731  (the header's 480 bytes, a row's ~150)
+    assert len(remote) > 700 and [r["batch_size"] for r in puller.pull(lambda: len(remote), capped)] == ["1", "4", "8"]
 
 
 def test_unreachable_remote_raises_device_error_quickly(tmp_path):

@@ -16,19 +16,9 @@ from pathlib import Path
 from typing import Callable
 
 from perf4sight.profiling import results
+from perf4sight.profiling.results import complete_records
 
 __all__ = ["complete_records", "parse_records", "CsvPuller", "reference_key", "rows_to_csv", "csv_with_rows"]
-
-
-def complete_records(buf: bytes) -> int:
-    """Length of the longest prefix of ``buf`` that ends a CSV record (a newline outside quotes)."""
-    end, quoted = 0, False
-    for i, byte in enumerate(buf):
-        if byte == 0x22:  # '"': doubled quotes toggle twice, which leaves the state unchanged
-            quoted = not quoted
-        elif byte == 0x0A and not quoted:
-            end = i + 1
-    return end
 
 
 def parse_records(chunk: bytes, header: list[str] | None) -> tuple[list[str] | None, list[dict[str, str]]]:
@@ -68,8 +58,8 @@ def csv_with_rows(current: bytes, rows: list[dict[str, str]]) -> bytes:
     if not current:
         return rows_to_csv(rows, with_header=True)
     header, old = parse_records(current[:complete_records(current)], None)
-    if header == results.COLUMNS:
-        return current + (b"" if current.endswith(b"\n") else b"\r\n") + rows_to_csv(rows, with_header=False)
+    if header == results.COLUMNS:  # a row left unfinished at the end (a crash) is dropped, as append_row does
+        return current[:complete_records(current)] + rows_to_csv(rows, with_header=False)
     if header is not None and set(header) <= set(results.COLUMNS):
         return rows_to_csv(old + rows, with_header=True)
     raise ValueError(f"unexpected columns {header}")
@@ -116,14 +106,19 @@ class CsvPuller:
             return []
         if n < self.offset:
             self.reset()
-        if n == self.offset:
-            return []
-        data = read_from(self.offset)
-        end = complete_records(data)
-        if end == 0:
-            return []
-        self.header, rows = parse_records(data[:end], self.header)
-        self.offset += end
+        fresh: list[dict[str, str]] = []
+        while self.offset < n:  # ``read_from`` may return less than is there (a limit per read): read on to ``n``
+            data = read_from(self.offset)
+            end = complete_records(data)
+            if end == 0:
+                break
+            self.header, rows = parse_records(data[:end], self.header)
+            self.offset += end
+            fresh += self._take(rows)
+        return fresh
+
+    def _take(self, rows: list[dict[str, str]]) -> list[dict[str, str]]:
+        """Append the rows not copied yet to the local CSV; returns those."""
         fresh = []
         for row in rows:
             key = self.key(row)

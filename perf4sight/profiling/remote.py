@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import socket
+import sys
 import threading
 import time
 from pathlib import Path, PurePosixPath
@@ -196,7 +197,7 @@ class RemoteProfiler:
             return
         csv_path = self._path("measurements.csv")
         try:
-            data = csv_with_rows(self.remote.read_from(csv_path, 0), missing)
+            data = csv_with_rows(self.remote.read_from(csv_path, 0, limit=sys.maxsize), missing)  # all of it
         except ValueError as exc:
             raise DeviceError(f"device '{self.dev.name}': {csv_path}: {exc}; move it away and rerun") from None
         self.remote.put_bytes(data, csv_path)

@@ -154,13 +154,10 @@ def append_row(path: Union[str, Path], row: Dict[str, Any]) -> None:
         raise ValueError(f"unknown measurement columns: {sorted(unknown)}")
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    new = not p.exists() or p.stat().st_size == 0
+    new = not p.exists() or p.stat().st_size == 0 or _drop_torn_tail(p) == 0
     if not new:
         upgrade_file(p)
-    torn = not new and _ends_without_newline(p)
     with p.open("a", newline="") as fh:
-        if torn:  # a crash cut the last row short: start ours on a fresh line
-            fh.write("\r\n")
         writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="raise")
         if new:
             writer.writeheader()
@@ -174,14 +171,14 @@ def upgrade_file(path: Union[str, Path]) -> bool:
     replace; rows kept, new columns empty). True if it was rewritten. A header with columns this
     version does not know raises ``UserError`` naming them (the file is left as it is)."""
     p = Path(path)
-    with p.open(newline="") as fh:
+    with p.open(newline="", encoding="utf-8-sig") as fh:  # -sig: a spreadsheet's byte-order mark
         header = next(csv.reader(fh), [])
     if header == COLUMNS:
         return False
     unknown = [c for c in header if c not in COLUMNS]
     if unknown:
         raise UserError(f"{p}: columns {unknown} are not part of this version's measurement schema; move the file away")
-    with p.open(newline="") as fh:
+    with p.open(newline="", encoding="utf-8-sig") as fh:
         rows = list(csv.DictReader(fh))
     with atomic_path(p, suffix=".upgrade") as tmp, tmp.open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=COLUMNS)
@@ -195,10 +192,31 @@ def upgrade_file(path: Union[str, Path]) -> bool:
     return True
 
 
-def _ends_without_newline(p: Path) -> bool:
-    with p.open("rb") as fh:
+def complete_records(buf: bytes) -> int:
+    """Length of the longest prefix of ``buf`` that ends a CSV record (a newline outside quotes)."""
+    end, quoted = 0, False
+    for i, byte in enumerate(buf):
+        if byte == 0x22:  # '"': doubled quotes toggle twice, which leaves the state unchanged
+            quoted = not quoted
+        elif byte == 0x0A and not quoted:
+            end = i + 1
+    return end
+
+
+def _drop_torn_tail(p: Path) -> int:
+    """Cut a row that a crash or a full disk left unfinished at the end of ``p`` back to the end of the last
+    complete record, and return the file's size. A fresh line after it would not do: where the cut fell inside a
+    quoted field (a Jetson's ``clocks``, an error's message), every row after it would read as part of that field."""
+    with p.open("rb+") as fh:
         fh.seek(-1, os.SEEK_END)
-        return fh.read(1) != b"\n"
+        if fh.read(1) == b"\n":
+            return fh.tell()
+        fh.seek(0)
+        end = complete_records(fh.read())
+        fh.truncate(end)
+        fh.flush()
+        os.fsync(fh.fileno())
+        return end
 
 
 def read_rows(path: Union[str, Path], incomplete: Optional[List[int]] = None) -> List[Dict[str, str]]:
@@ -214,7 +232,7 @@ def read_rows(path: Union[str, Path], incomplete: Optional[List[int]] = None) ->
     if p.is_dir():
         raise UserError(f"{p}: is a folder, not a measurement CSV")
     try:
-        with p.open(newline="", encoding="utf-8") as fh:
+        with p.open(newline="", encoding="utf-8-sig") as fh:  # a byte-order mark (a spreadsheet's) is no column
             reader = csv.DictReader(fh)
             # each row with the file's line number where it ends (blank lines and line breaks inside a field count)
             numbered, header = [(reader.line_num, r) for r in reader], reader.fieldnames or []

@@ -34,7 +34,7 @@ import tempfile
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple, Union
@@ -44,7 +44,7 @@ from perf4sight.ir.schema import load_description
 from perf4sight.ir.shapes import shape_text
 from perf4sight.profiling import results
 from perf4sight.profiling.backends.base import LIMIT_OOM, Backend, get_backend
-from perf4sight.profiling.plan import TestPlan, load_plan, recorded_update, training_phase, update_columns
+from perf4sight.profiling.plan import TestPlan, load_plan, recorded_update, save_plan, training_phase, update_columns
 from perf4sight.profiling.procfs import status_mb, swap_mb
 
 __all__ = ["run_plan", "run_child", "run_repeats", "swapped", "thrashing", "ChildOutcome", "main"]
@@ -507,6 +507,7 @@ def run_plan(plan_path: Union[str, Path], emit: Emit = print_event) -> Dict[str,
     counts = dict({s: 0 for s in results.STATUSES}, already_measured=0)
     with _locked(csv_path):
         shutil.rmtree(str(children_dir(csv_path)), ignore_errors=True)  # a killed runner's, left behind
+        plan, plan_path = _pinned(plan, plan_path, csv_path)
         disk = _OnDisk.read(csv_path, plan.device, nets, plan.memory_limit_mb, plan.retry_errors, plan)
         total = len(nets) * len(plan.batch_sizes)
         emit({"event": "plan", "device": plan.device, "backend": plan.backend, "networks": len(nets),
@@ -542,6 +543,18 @@ def run_plan(plan_path: Union[str, Path], emit: Emit = print_event) -> Dict[str,
         shutil.rmtree(str(children_dir(csv_path)), ignore_errors=True)
         emit({"event": "done", "summary": counts, "wall_s": round(time.monotonic() - t_start, 3), "csv": str(csv_path)})
     return counts
+
+
+def _pinned(plan: TestPlan, plan_path: Path, csv_path: Path) -> Tuple[TestPlan, Path]:
+    """This run's own copy of its plan, in the children's folder (which this runner's lock guards), its paths made
+    absolute: the children read it rather than ``plan_path``, which another invocation refused by the lock may
+    already have replaced with a plan of its own (other networks, other steps)."""
+    def absolute(relative: str) -> str:
+        return str(plan.resolve(plan_path.parent, relative)) if relative else ""
+
+    pinned = replace(plan, networks=[absolute(n) for n in plan.networks], output=absolute(plan.output),
+                     reference_output=absolute(plan.reference_output), op_prices_output=absolute(plan.op_prices_output))
+    return pinned, save_plan(pinned, children_dir(csv_path) / "plan.json")
 
 
 def _prices_current(path: Path, plan: TestPlan) -> bool:
