@@ -64,6 +64,7 @@ OPTION_STAGES = {
     "retry_errors": ("profile", "all"),
     "predictor": ("fingerprint", "predict", "all"), "refit": ("fingerprint", "all"),
     "format": ("import", "export"), "source": ("import",), "output": ("export",),
+    "device": ("profile", "fingerprint", "predict", "compare", "all", "import", "export", "check"),
 }
 
 
@@ -170,6 +171,14 @@ def unused_option(args: argparse.Namespace) -> str:
     return ""
 
 
+def _conflicting_options(args: argparse.Namespace) -> str:
+    """The line saying two options given together ask two questions, one of which would go unanswered ('' if not)."""
+    if getattr(args, "max_batch_size", None) is not None and (args.prune_to_fit or args.max_latency_ms is not None):
+        return ("--max-batch-size answers alone (the largest batch that fits the memory): give it without "
+                "--prune-to-fit and --max-latency-ms, which answer at --batch-size")
+    return ""
+
+
 def _terminated(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # SIGTERM cleans up as Ctrl-C does (the profiling runner and its child stop too)
 
@@ -178,7 +187,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Runs one stage as the command line asks (``argv``: default ``sys.argv[1:]``); the exit code: 0 done, 1 a
     device not ready or an OS error, 2 a user error, 130 interrupted."""
     args = build_parser(prog).parse_args(argv)
-    unused = unused_option(args)
+    unused = unused_option(args) or _conflicting_options(args)
     if unused:  # e.g. --stage profile --network x: it would profile every network of the dataset
         print(f"error: {unused}", file=sys.stderr)
         return 2

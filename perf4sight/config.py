@@ -7,6 +7,7 @@ Paths in the config are relative to the config file's folder.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import tomllib
 import types
@@ -444,6 +445,8 @@ def write_default_config(path: str | Path) -> Path:
     """Writes the default configuration (every stage on this machine's CPU) to ``path``; ``UserError`` where a
     file is there already (it is left as it is) or the folder does not exist."""
     p = Path(path)
+    if p.is_dir() or str(path).endswith(("/", os.sep)):  # a folder given: say so, as load_config does
+        raise UserError(f"{path}: is a folder, not a config file (give the file to write, e.g. {p / 'config.toml'})")
     if p.exists():
         raise UserError(f"{p}: is there already: left as it is (give --config with another file name to write one)")
     if not p.parent.is_dir():

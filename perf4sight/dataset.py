@@ -20,7 +20,7 @@ from perf4sight.wording import named, plural
 __all__ = ["read_manifest", "is_description_file", "dataset_descriptions", "dataset_descriptions_or_empty",
            "description_shas", "descriptions_and_shas", "current_rows", "other_phases", "stale_note",
            "undescribed_note", "DeviceDataset", "device_dataset", "measured_devices", "fingerprinted_devices",
-           "resolve_networks", "ZOO_CACHE"]
+           "resolve_networks", "default_networks", "ZOO_CACHE"]
 
 
 def read_manifest(path: Path) -> list[dict[str, str]]:
@@ -149,6 +149,19 @@ def device_dataset(cfg: Config, device: str, optimizer: str | None = None) -> De
     return DeviceDataset(descriptions, shas, rows, "\n".join(n for n in notes if n))
 
 
+def default_networks(cfg: Config) -> list[str]:
+    """The networks predict and compare show when none are named on the command line: ``[predict] networks``, else
+    ``[networks] zoo``, else the config's factories and description files, else the networks stage's unpruned
+    networks (a dataset of generated networks alone); [] when none of these names one."""
+    from perf4sight.networks.named import named_networks
+
+    names = cfg.predict.networks or cfg.networks.zoo or [n.name for n in named_networks(cfg)]
+    if not names:
+        names = [r["network"] for r in read_manifest(cfg.models_dir / "manifest.csv")
+                 if float(r.get("target_level") or 0) == 0]
+    return list(names)
+
+
 def dataset_descriptions_or_empty(cfg: Config) -> list[Path]:
     """:func:`dataset_descriptions`, or [] before the networks stage (a damaged manifest is still an error)."""
     return dataset_descriptions(cfg) if (cfg.models_dir / "manifest.csv").is_file() else []
@@ -164,7 +177,7 @@ def _devices_having(cfg: Config, folder: Path, marker: str, what: str, wanted: l
         return have
     missing = [d for d in wanted if d not in have]
     if not missing:
-        return list(wanted)
+        return list(dict.fromkeys(wanted))  # a device named twice is one device
     known = sorted({*cfg.devices, *(p.parent.name for p in cfg.profiling_dir.glob("*/measurements.csv")),
                     *(p.parent.name for p in cfg.fingerprint_dir.glob("*/*.json"))})
     for name in missing:

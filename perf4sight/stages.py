@@ -18,9 +18,9 @@ from rich.console import Console
 from rich.table import Table
 
 from perf4sight.config import Config
-from perf4sight.dataset import (ZOO_CACHE, dataset_descriptions, device_dataset, fingerprinted_devices,
-                                is_description_file, measured_devices, other_phases, resolve_networks,
-                                undescribed_note)
+from perf4sight.dataset import (ZOO_CACHE, dataset_descriptions, default_networks, device_dataset,
+                                fingerprinted_devices, is_description_file, measured_devices, other_phases,
+                                resolve_networks, undescribed_note)
 from perf4sight.errors import UserError
 from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_LABELS
 from perf4sight.ir.schema import NetworkDescription
@@ -134,7 +134,9 @@ def run_networks(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def _configured(cfg: Config, names: list[str]) -> list[str]:
-    """``names``, each a configured device (``UserError`` otherwise, or when there are none)."""
+    """``names``, each a configured device and each once (``UserError`` otherwise, or when there are none): a device
+    named twice would be profiled by two followers at once, each pulling its rows into one CSV."""
+    names = list(dict.fromkeys(names))
     if not names:
         raise UserError(f"{cfg.path}: no devices configured: add a [devices.<name>] table (e.g. backend = \"cpu\")")
     for name in names:
@@ -381,7 +383,7 @@ def _predict_on_one(cfg: Config, args: argparse.Namespace) -> int:
     _stale_fingerprint_note(cfg, device)
     if predictor == "ensemble":
         _ensemble_note(fp)
-    names = list(dict.fromkeys(args.network or cfg.predict.networks or cfg.networks.zoo))  # each once, in order
+    names = list(dict.fromkeys(args.network or default_networks(cfg)))  # each once, in order
     if getattr(args, "max_batch_size", None) is not None:
         return _predict_max_batch(cfg, args, fp, device, names)
     if getattr(args, "prune_to_fit", False):
@@ -498,8 +500,8 @@ def _predict_prune_to_fit(cfg: Config, args: argparse.Namespace, fp: object, dev
     from perf4sight.networks.on_request import (PRUNABLE, LevelVariants, prunable_networks, pruned_as,
                                                 with_command_line_factories)
 
-    if getattr(args, "max_batch_size", None) is not None:
-        raise UserError("--prune-to-fit keeps the batch size and finds the pruning: give it or --max-batch-size")
+    if not names:
+        raise UserError("predict: no networks given")
     budget = args.max_latency_ms
     if budget is not None and not budget > 0:
         raise UserError(f"--max-latency-ms must be a positive number of milliseconds, got {budget:g}")

@@ -201,6 +201,38 @@ def test_predict_and_compare_networks_take_factories_and_the_configs_own_network
         load_config(write(tmp_path, GOOD + '[predict]\nnetworks = ["net"]\n'))
 
 
+def test_predict_and_compare_show_the_configs_own_networks_where_no_zoo_network_is_named(tmp_path):
+    """With ``[networks] zoo`` empty, predict and compare (``--stage all`` too) show the factories and description
+    files ``[networks]`` names, else the networks stage's unpruned networks (a dataset of generated networks)."""
+    from perf4sight.dataset import default_networks
+
+    (tmp_path / "nets").mkdir()
+    (tmp_path / "nets" / "mine.py").write_text("def net():\n    pass\n")
+    zoo_less = GOOD.replace('zoo = ["resnet18"]', "zoo = []")
+    cfg = load_config(write(tmp_path, zoo_less.replace("[networks]\n", '[networks]\nfactories = ["nets/mine.py:net"]\n', 1)))
+    assert default_networks(cfg) == ["net"]
+    cfg = load_config(write(tmp_path, zoo_less))
+    assert default_networks(cfg) == []  # before the networks stage: nothing to show, predict says so
+    (cfg.models_dir).mkdir(parents=True)
+    (cfg.models_dir / "manifest.csv").write_text("network,family,target_level,path\ngen_0,gen,0.0,generated/gen_0.json\n"
+                                                 "gen_0_l50,gen,50.0,pruned/gen_0_l50.json\n")
+    assert default_networks(cfg) == ["gen_0"]
+    assert default_networks(load_config(write(tmp_path, GOOD))) == ["resnet18"]
+
+
+def test_a_device_named_twice_is_one_device(tmp_path):
+    """``--device r r`` (or ``[profile] devices``) would have two followers profile one SSH device at once, each
+    pulling its rows into one CSV: each device is taken once, in order."""
+    from perf4sight.dataset import fingerprinted_devices
+    from perf4sight.stages import _configured
+
+    cfg = load_config(write(tmp_path, GOOD + '[devices.other]\nbackend = "cpu"\n'))
+    assert _configured(cfg, ["other", "local", "other"]) == ["other", "local"]
+    (cfg.fingerprint_dir / "local").mkdir(parents=True)
+    (cfg.fingerprint_dir / "local" / "metadata.json").write_text("{}")
+    assert fingerprinted_devices(cfg, ["local", "local"]) == ["local"]
+
+
 def test_config_that_is_not_utf8_is_one_line(tmp_path):
     path = tmp_path / "c.toml"
     path.write_bytes(b"[project]\nseed = 0 # caf\xe9\n")
@@ -243,6 +275,13 @@ def test_init_writes_the_default_config_and_never_over_a_file(tmp_path):
     nowhere = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", "no/such/c.toml", "--stage", "init"],
                              capture_output=True, text=True, cwd=tmp_path)
     assert nowhere.returncode == 2 and nowhere.stderr == "error: no/such/c.toml: folder no/such does not exist\n"
+    for folder in ("sub/", "no"):  # a folder (one to be, one there): said so, nothing written
+        (tmp_path / "no").mkdir(exist_ok=True)
+        into = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", folder, "--stage", "init"],
+                              capture_output=True, text=True, cwd=tmp_path)
+        assert into.returncode == 2 and into.stderr == (f"error: {folder}: is a folder, not a config file (give the "
+                                                        f"file to write, e.g. {folder.rstrip('/')}/config.toml)\n")
+    assert not (tmp_path / "sub").exists() and not any((tmp_path / "no").iterdir())
 
 
 @pytest.mark.parametrize("argv, expected", [
@@ -254,6 +293,10 @@ def test_init_writes_the_default_config_and_never_over_a_file(tmp_path):
     (["--stage", "compare", "--batch-size", "8"], "--batch-size is for --stage predict or all"),
     (["--stage", "check", "--predictor", "gnn"], "--predictor is for --stage fingerprint, predict or all"),
     (["--stage", "import", "--output", "ds"], "--output is for --stage export"),
+    (["--stage", "init", "--device", "jetson"],
+     "--device is for --stage profile, fingerprint, predict, compare, all, import, export or check"),
+    (["--stage", "predict", "--max-batch-size", "--max-latency-ms", "5"], "--max-batch-size answers alone"),
+    (["--stage", "predict", "--max-batch-size", "64", "--prune-to-fit"], "--max-batch-size answers alone"),
 ])
 def test_argument_mistakes_are_one_line(tmp_path, argv, expected):
     """A mistyped argument, and an option the stage would pass over (profile --network x measured every

@@ -217,6 +217,14 @@ def test_all_stages_then_predict_json(all_stages, tmp_path):
     over = main_py(tmp_path, "--stage", "predict", "--network", "resnet18",
                    "--batch-size", str(b), str(b + 1), "--json")
     assert [json.loads(line)["fits"] for line in over.stdout.splitlines()] == [True, False]
+    # a family never seen (no tree corrections): the search reads the memory that predict gives it too
+    import torchvision
+
+    from perf4sight.ir.from_torch import describe
+    unseen = describe(torchvision.models.squeezenet1_0(num_classes=10), [3, 32, 32], "squeezenet1_0")
+    fp = load_fingerprint(tmp_path / "fingerprinting" / "local")
+    b0 = fp.max_batch_size(unseen, 4096)
+    assert [p["fits"] for p in fp.predict(unseen, [b0, b0 + 1])] == [True, False]
     table = main_py(tmp_path, "--stage", "predict", "--network", "resnet18", "--batch-size", str(b + 1))
     assert table.returncode == 0 and "fits: under 2,000 MiB" in table.stdout  # the table says what 'fits' means
     # the least pruning at which resnet18 fits a batch it does not fit unpruned: the level below it does not fit

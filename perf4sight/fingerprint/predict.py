@@ -262,11 +262,14 @@ class Fingerprint(ModuleQueries):
         from perf4sight.features.alloc_trace import ensure_simulation
         ensure_simulation(nfs, self.models["memory"].terms, self.memory_replay)
 
-    def _demand(self, F: np.ndarray, mem: np.ndarray | None) -> np.ndarray:
-        """Memory figure (MiB) compared with ``capacity_mb`` for feature rows ``F``."""
+    def _demand(self, F: np.ndarray, families: list[str], mem: np.ndarray | None = None) -> np.ndarray:
+        """Memory figure (MiB) compared with ``capacity_mb`` for feature rows ``F`` of networks of ``families``
+        (``training_family_of``, one per row): the analytic part, or the memory :meth:`predict` gives (``mem``, where
+        it was computed already)."""
+        model = self.models["memory"]
         if self.capacity_basis == "analytic":
-            return self.models["memory"].demand(F)
-        return self.models["memory"].predict(F) if mem is None else mem
+            return model.demand(F)
+        return model.predict(F, model.trees_for(families)) if mem is None else mem
 
     def predict(self, descs: NetworkDescription | str | Path | Sequence[NetworkDescription | str | Path],
                 batch_sizes: int | Sequence[int]) -> list[dict[str, Any]]:
@@ -279,7 +282,7 @@ class Fingerprint(ModuleQueries):
         F = feature_matrix([nf for nf in nfs for _ in bss], [b for _ in nfs for b in bss])  # one pass for all queries
         families = [f for f in self.training_family_of(nfs) for _ in bss]
         lat, mem = (self.models[t].predict(F, self.models[t].trees_for(families)) for t in ("latency", "memory"))
-        demand = self._demand(F, mem)
+        demand = self._demand(F, families, mem)
         fits = [None if self.capacity_mb is None else d <= self.capacity_mb for d in demand]
         # the narrower band of a family seen holds at the shapes it was seen at; at another, the band of a family never
         # seen (the queries are extrapolations either way; the trees of a family seen still apply)
@@ -315,11 +318,12 @@ class Fingerprint(ModuleQueries):
             return None
         nf = self._features(d)
         self._simulate_if_needed([nf])
+        family = self.training_family_of([nf])  # the memory predict() gives: a family seen gets its trees
         if nf.sim is not None:  # each batch size is an allocator replay: bisect instead of scanning 1..limit
-            return largest_fitting(lambda b: bool(self._demand(feature_matrix(nf, [b]), None)[0] > self.capacity_mb),
-                                 limit)
+            return largest_fitting(
+                lambda b: bool(self._demand(feature_matrix(nf, [b]), family)[0] > self.capacity_mb), limit)
         F = feature_matrix(nf, np.arange(1, limit + 1))
-        over = np.nonzero(self._demand(F, None) > self.capacity_mb)[0]
+        over = np.nonzero(self._demand(F, family * limit) > self.capacity_mb)[0]
         return int(limit if over.size == 0 else over[0])
 
 

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table as RichTable
 
 from perf4sight.config import Config
-from perf4sight.dataset import device_dataset, resolve_networks
+from perf4sight.dataset import default_networks, device_dataset, resolve_networks
 from perf4sight.errors import UserError
 from perf4sight.fingerprint.evaluate import metrics
 from perf4sight.fingerprint.predict import NETWORK_SPLIT, NETWORK_SPLIT_SEEN, RANDOM_SPLIT
@@ -71,8 +71,8 @@ def _range(lo_hi: tuple[int, int] | None) -> str:
 
 
 def _entries(cfg: Config) -> list[str]:
-    """The networks the report shows: ``[compare] networks``, else ``[predict]``'s, else ``[networks] zoo``."""
-    return list(cfg.compare.networks or cfg.predict.networks or cfg.networks.zoo)
+    """The networks the report shows: ``[compare] networks``, else those predict shows (``default_networks``)."""
+    return list(cfg.compare.networks or default_networks(cfg))
 
 
 def _trained_at(cfg: Config, devs: list[DeviceData]) -> dict[str, tuple[int, ...]]:
