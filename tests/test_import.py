@@ -280,3 +280,39 @@ def test_source_that_is_a_file_says_so(tmp_path):
         import_perfseer(tmp_path / "data.csv", "d", tmp_path / "p", tmp_path / "m")
     with pytest.raises(UserError, match="nope: perf4sight source folder not found"):
         import_perf4sight(tmp_path / "nope", "d", tmp_path / "p", tmp_path / "m")
+
+
+def test_a_source_of_two_boards_is_refused_not_averaged(tmp_path):
+    """Rows were keyed by (network, batch size) only: a source holding ``tx2/`` and ``nano/`` had each pair's runs
+    of both boards averaged as repeated runs and labelled with the board that sorted last. Now one line names the
+    folders and nothing is written; ``--source`` naming one board's folder imports it, its graphs read from the
+    ``graphs/`` beside ``profiling_csvs/``."""
+    src = tmp_path / "src"
+    for board, ms in (("tx2", 90.0), ("nano", 10.0)):
+        _write(src / "profiling_csvs" / board / "imagenet" / "latency" / "net_0-gt.csv", "passed|latency|bs",
+               [f"True|{ms}|2"])
+    _graph(src, "net_0")
+    csvs = src / "profiling_csvs"
+    for source in (src, csvs):
+        with pytest.raises(UserError) as err:
+            import_perf4sight(source, "d", tmp_path / "prof", tmp_path / "models")
+        assert str(err.value) == (
+            f"{source}: holds perf4sight measurements of 2 board/dataset folders (nano/imagenet, tx2/imagenet), "
+            f"which one device's rows cannot mix: import one at a time, e.g. --source {csvs / 'nano' / 'imagenet'} "
+            f"(graphs read from {src / 'graphs'}); nothing written")
+    assert not (tmp_path / "prof").exists() and not (tmp_path / "models").exists()
+    # two datasets of one board are two folders as well; outside the profiling_csvs/ layout no --source is named
+    other = tmp_path / "other"
+    for dataset in ("cifar10", "imagenet"):
+        _write(other / "b" / dataset / "memory" / "net_0-gt.csv", "passed|mem_used|bs", ["True|100|8"])
+    with pytest.raises(UserError, match=r"other: holds perf4sight measurements of 2 board/dataset folders \(b/cifar10, "
+                                        r"b/imagenet\), .*each from a folder holding graphs/ and its profiling_csvs/"):
+        import_perf4sight(other, "d", tmp_path / "prof", tmp_path / "models")
+
+    for board, ms in (("nano", 10.0), ("tx2", 90.0)):
+        for source in (csvs / board, csvs / board / "imagenet"):
+            s = import_perf4sight(source, board + source.name, tmp_path / "prof", tmp_path / "models")
+            assert (s.rows_written, s.descriptions, s.duplicates_merged) == (1, 1, 0)
+            (row,) = read_rows(results_path(tmp_path / "prof", board + source.name))
+            assert (row["device_model"], float(row["latency_ms_median"])) == (board, ms)
+            assert row["message"] == "no memory measurement" and row["input_shape"] == "3x16x16"

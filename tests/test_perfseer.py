@@ -258,3 +258,80 @@ def test_onnx_named_view_ops(tmp_path):
     g.nodes["tr"]["feature"]["args"] = {"perm": [0, 1, 2, 3]}  # nothing moved
     with pytest.raises(UserError, match="perm swapping two axes"):
         graph_to_description(g, "v", "v.pkl")
+
+
+def _graph_at(batch: int) -> nx.DiGraph:
+    """:func:`_perfseer_graph` measured at ``batch``."""
+    g = _perfseer_graph()
+    for _, data in g.nodes(data=True):
+        mi = data["feature"]["memory_info"]
+        mi["batch_size"], mi["output_shape"] = str(batch), [batch] + list(mi["output_shape"][1:])
+        if "input_shape" in mi:
+            mi["input_shape"] = mi["input_shape"].replace("[4,", f"[{batch},")
+    return g
+
+
+def test_a_name_ending_in_the_digits_of_its_batch_size_is_kept(tmp_path):
+    """Separator and marker were both optional before the batch size: ``bs8/resnet18.pkl`` at batch 8 was
+    imported as a network ``resnet1``. Only a batch size after a separator or a bs/b/batch marker is dropped."""
+    from perf4sight.importers.perfseer import _variant_name
+    src = tmp_path / "src"
+    for b in (4, 8):  # one folder per batch size, the files named after the network
+        (src / f"bs{b}").mkdir(parents=True)
+        (src / f"bs{b}" / "resnet18.pkl").write_bytes(pickle.dumps(_graph_at(b)))
+        (src / f"bs{b}" / "resnet18.txt").write_text(LABEL)
+    s = import_perfseer(src, "gpu", tmp_path / "prof", tmp_path / "models")
+    assert (s.networks, s.descriptions, s.rows_written) == (["resnet18"], 1, 2)
+    rows = read_rows(results_path(tmp_path / "prof", "gpu"))
+    assert [(r["network"], r["family"], r["batch_size"]) for r in rows] == [("resnet18", "resnet18", "4"),
+                                                                            ("resnet18", "resnet18", "8")]
+    unnamed = nx.DiGraph()
+    for stem, batch, name in (("resnet18", 8, "resnet18"), ("resnet18", 18, "resnet18"), ("net_18", 8, "net_18"),
+                              ("net_b18", 8, "net_b18"), ("net8", 8, "net8"), ("bs8", 8, "bs8"),
+                              ("tiny_bs4", 4, "tiny"), ("tiny_l0_bs8", 8, "tiny_l0"), ("net-8", 8, "net"),
+                              ("net_batch_8", 8, "net"), ("net_b8", 8, "net"), ("netbs8", 8, "net"),
+                              ("resnet18_bs16", 16, "resnet18"), ("tiny_bs4", 8, "tiny_bs4")):
+        assert _variant_name(unnamed, stem, batch) == name, (stem, batch)
+
+
+def test_graphs_pickled_with_protocols_0_and_1_are_read(tmp_path, monkeypatch):
+    """Protocols 0 and 1 make objects with ``copyreg._reconstructor``, which the allow-list refused: such a graph
+    could not be imported at all. It is allowed for the networkx classes on base ``object`` only (where it is
+    ``object.__new__(cls)``); with another class or base, or a forbidden global, a hostile pickle is still refused."""
+    graph = _perfseer_graph()
+    graph.graph["tags"] = {"a", "b"}  # a set: protocols 0 to 2 name it __builtin__.set
+    _ = graph.nodes, graph.adj, graph.pred, graph.in_degree  # cached views, pickled with the graph
+    imported = {}
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+        src = tmp_path / f"p{protocol}"
+        src.mkdir()
+        (src / "tiny_bs4.pkl").write_bytes(pickle.dumps(graph, protocol=protocol))
+        (src / "tiny_bs4.txt").write_text(LABEL)
+        back = read_graph(src / "tiny_bs4.pkl")
+        assert type(back) is nx.DiGraph and nx.utils.graphs_equal(back, graph) and back.graph["tags"] == {"a", "b"}
+        assert list(back.predecessors("add")) == ["relu2", "pool"] and back.nodes["fc"] == graph.nodes["fc"]
+        s = import_perfseer(src, f"gpu{protocol}", tmp_path / "prof", tmp_path / "models")
+        assert (s.networks, s.rows_written) == (["tiny"], 1)
+        (row,) = read_rows(results_path(tmp_path / "prof", f"gpu{protocol}"))
+        desc = (tmp_path / "models" / "imported" / f"gpu{protocol}" / "tiny.json").read_text()
+        imported[protocol] = ({k: v for k, v in row.items() if k not in ("device", "timestamp")}, desc)
+    assert all(v == imported[4] for v in imported.values())
+
+    monkeypatch.chdir(tmp_path)
+    for protocol in (0, 1):
+        (tmp_path / "evil.pkl").write_bytes(pickle.dumps({"graph": _Evil()}, protocol=protocol))
+        with pytest.raises(UserError, match="forbidden type"):
+            read_graph(tmp_path / "evil.pkl")
+    digraph = b"cnetworkx.classes.digraph\nDiGraph\n"
+    for args, what in ((b"c__builtin__\ndict\nc__builtin__\ndict\n(dt", "dict"),  # a base whose __new__ would run
+                       (digraph + digraph + b"(dt", "DiGraph"),  # DiGraph.__init__(obj, state)
+                       (digraph + b"c__builtin__\nobject\n(dt", "DiGraph"),  # a state for object: refused too
+                       (b"c__builtin__\nset\nc__builtin__\nobject\nNt", "set")):
+        (tmp_path / "evil.pkl").write_bytes(b"ccopy_reg\n_reconstructor\n(" + args + b"R.")
+        with pytest.raises(UserError, match=rf"not a safe PerfSeer graph pickle \(UnpicklingError: forbidden "
+                                            rf"copyreg._reconstructor of {what} \(only networkx graph classes"):
+            read_graph(tmp_path / "evil.pkl")
+    (tmp_path / "evil.pkl").write_bytes(b"ccopy_reg\n__newobj__\n.")
+    with pytest.raises(UserError, match=r"forbidden type copyreg.__newobj__"):
+        read_graph(tmp_path / "evil.pkl")
+    assert not (tmp_path / "pwned_by_pickle").exists()

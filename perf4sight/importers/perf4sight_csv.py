@@ -6,6 +6,10 @@ Source layout (see ``shared/data/tx2-perf4sight/README.md``)::
     <source>/profiling_csvs/<board>/<dataset>/latency/<net>_<level>-gt.csv   '|'-separated, ms
     <source>/graphs/<net>_<level>.json                                       network descriptions
 
+One board's measurements on one dataset per import: a source holding several ``<board>/<dataset>/`` folders is
+refused (one device's rows would mix them); ``--source`` may then name one of them, ``profiling_csvs/<board>`` or
+``profiling_csvs/<board>/<dataset>``, its graphs read from the ``graphs/`` beside that ``profiling_csvs/``.
+
 One tidy row per (network variant, batch size): the memory and latency files merge into it
 (``device_mem_used_mb`` = ``mem_used``, ``torch_alloc_peak_mb`` = ``mem_alloc``,
 ``torch_reserved_peak_mb`` = ``mem_reserved``, ``latency_ms_median`` = ``latency_ms_mean`` =
@@ -149,6 +153,21 @@ def _csv_folders(csv_root: Path) -> list[Path]:
     return sorted(found)
 
 
+def _one_folder(source: Path, csv_root: Path, folders: list[Path]) -> Path:
+    """The one ``<board>/<dataset>/`` folder of the source; ``UserError`` naming them when there are several: their
+    rows were keyed by (network, batch size) only, so two boards' runs were averaged as repeated runs of one."""
+    if len(folders) == 1:
+        return folders[0]
+    names = [f.relative_to(csv_root).as_posix() for f in folders]
+    # a folder holding no other one: a --source that reads it alone
+    leaf = next(f for f in folders if not any(f in g.parents for g in folders))
+    graphs = _graphs_dir(leaf)
+    how = (f"import one at a time, e.g. --source {leaf} (graphs read from {graphs})" if graphs.is_dir() else
+           "import one at a time, each from a folder holding graphs/ and its profiling_csvs/<board>/<dataset>/")
+    raise UserError(f"{source}: holds perf4sight measurements of {len(folders)} board/dataset folders "
+                    f"({', '.join(names)}), which one device's rows cannot mix: {how}; nothing written")
+
+
 def _collect(folder: Path, kind: str, pairs: dict, variants: dict) -> None:
     """Add the rows of every ``<folder>/<kind>/*-gt.csv`` to ``pairs[(variant, bs)][kind]``."""
     for f in sorted((folder / kind).glob("*-gt.csv")):
@@ -202,21 +221,28 @@ def _merge(mem: list[dict[str, str]], lat: list[dict[str, str]]) -> tuple[str, s
     return "ok", "; ".join(notes), figures
 
 
-def _find_graph(source: Path, variant: str) -> Path | None:
-    cand = source / "graphs" / f"{variant}.json"
-    return cand if cand.is_file() else None
+def _graphs_dir(source: Path) -> Path:
+    """``<source>/graphs``; for a source inside a ``profiling_csvs/`` folder (one board's or one dataset's folder of
+    it) without a ``graphs/`` of its own, the ``graphs/`` beside that ``profiling_csvs/``."""
+    if not (source / "graphs").is_dir():
+        for up in source.absolute().parents:
+            if up.name == "profiling_csvs" and (up.parent / "graphs").is_dir():
+                return up.parent / "graphs"
+    return source / "graphs"
 
 
 def _find_graphs(source: Path, variants: dict[str, tuple]) -> dict[str, Path | None]:
-    """Each variant's graph (``<source>/graphs/<variant>.json``, None where missing); ``UserError`` when no
-    variant has one: ``source`` is not the folder that holds the graphs (e.g. its ``profiling_csvs/``)."""
-    graphs = {variant: _find_graph(source, variant) for variant in variants}
+    """Each variant's graph (``<graphs>/<variant>.json``, :func:`_graphs_dir`; None where missing); ``UserError``
+    when no variant has one: ``source`` is not the folder that holds the graphs (e.g. its ``profiling_csvs/``)."""
+    folder = _graphs_dir(source)
+    graphs = {variant: folder / f"{variant}.json" for variant in variants}
+    graphs = {variant: path if path.is_file() else None for variant, path in graphs.items()}
     if variants and not any(graphs.values()):
         hint = (f" (here: --source {source.parent})" if source.name == "profiling_csvs"
                 and (source.parent / "graphs").is_dir() else "")
         raise UserError(f"{source}: no graphs found for {'the' if len(variants) == 1 else 'any of the'} "
                         f"{plural(len(variants), 'network')} read: looked for "
-                        f"{source / 'graphs'}/<network>.json; --source should be the folder that holds both "
+                        f"{folder}/<network>.json; --source should be the folder that holds both "
                         f"profiling_csvs/ and graphs/{hint}")
     return graphs
 
@@ -254,8 +280,8 @@ def import_perf4sight(source_dir: str | Path, device: str, profiling_dir: str | 
     each graph to ``<models_dir>/imported/<device>/<variant>.json``. Rows already on disk (same
     key) are skipped, so importing twice is harmless. A step that thrashed (:data:`THRASH_RATIO`,
     :func:`mark_thrashing`; ``thrash_ratio`` 0 keeps every passed row ``ok``) is recorded as ``oom``.
-    Raises ``UserError`` when the folder has no ``-gt.csv`` files, no graph of any network read
-    (nothing is written then) or a malformed graph.
+    Raises ``UserError`` when the folder has no ``-gt.csv`` files, those of several ``<board>/<dataset>/``
+    folders, no graph of any network read (nothing is written then) or a malformed graph.
     """
     source = import_source(source_dir, device, "perf4sight")
     csv_root = source / "profiling_csvs" if (source / "profiling_csvs").is_dir() else source
@@ -264,11 +290,11 @@ def import_perf4sight(source_dir: str | Path, device: str, profiling_dir: str | 
         raise UserError(f"{source}: no perf4sight memory/ or latency/ *-gt.csv files found (looked up to three "
                         f"folders down, as in {csv_root}/<board>/<dataset>/memory/); --source should be the folder "
                         "that holds both profiling_csvs/ and graphs/")
+    folder = _one_folder(source, csv_root, folders)  # before anything is read or written
     pairs: dict[tuple[str, int], dict[str, list]] = {}
     variants: dict[str, tuple[str, float, str, str]] = {}
-    for folder in folders:
-        _collect(folder, "memory", pairs, variants)
-        _collect(folder, "latency", pairs, variants)
+    _collect(folder, "memory", pairs, variants)
+    _collect(folder, "latency", pairs, variants)
 
     out_models = Path(models_dir) / "imported" / device
     out = results_path(profiling_dir, device)

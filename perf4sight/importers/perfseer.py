@@ -20,7 +20,9 @@ in ms, utilisations in %, memory in MiB)::
 
 Safety: graphs are unpickled by an allow-list unpickler (networkx graph classes and their cached views, builtin
 dict/list/tuple/set/str/int/float/bool only) and labels parsed with ``ast.literal_eval``; anything
-else raises ``UserError`` naming the file, so a hostile file cannot run code.
+else raises ``UserError`` naming the file, so a hostile file cannot run code. A pickle of protocol 0 or 1 makes
+its objects with ``copyreg._reconstructor``: allowed for those networkx classes on base ``object`` alone, where it
+is ``object.__new__(cls)``, no more than protocol 2's NEWOBJ does.
 
 Mapping: each graph becomes a network description (an ``input`` node is added, fed to the nodes
 without predecessors; shapes drop the batch dimension) and each label a tidy row (backend
@@ -91,13 +93,38 @@ _NX_MODULES = {"networkx.classes.graph", "networkx.classes.digraph", "networkx.c
                "networkx.classes.multidigraph", "networkx.classes.reportviews", "networkx.classes.coreviews"}
 
 
+#: Python 2's names of the modules above, as pickles of protocols 0 to 2 spell them.
+_PY2_MODULES = {"__builtin__": "builtins", "copy_reg": "copyreg"}
+
+
+def _nx_class(obj: Any) -> bool:
+    """Whether ``obj`` is a class of the networkx modules a pickled graph may hold (:data:`_NX_MODULES`)."""
+    return isinstance(obj, type) and obj.__module__ in _NX_MODULES and not obj.__name__.startswith("__")
+
+
+def _reconstructor(cls: Any, base: Any, state: Any) -> Any:
+    """``copyreg._reconstructor`` (how protocols 0 and 1 make an object) for a networkx class on base ``object``
+    only: ``object.__new__(cls)``, as protocol 2's NEWOBJ makes it; the pickle's BUILD then sets its fields. Any
+    other class or base (whose ``__new__`` and ``__init__`` would run on ``state``) is refused."""
+    if not (_nx_class(cls) and base is object and state is None):
+        what = cls.__qualname__ if isinstance(cls, type) else type(cls).__name__
+        raise pickle.UnpicklingError(f"forbidden copyreg._reconstructor of {what} (only networkx graph classes on "
+                                     "base object)")
+    return object.__new__(cls)
+
+
 class _AllowListUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
+        module = _PY2_MODULES.get(module, module)
         if module == "builtins" and name in _BUILTINS:
             return super().find_class(module, name)
+        if (module, name) == ("builtins", "object"):  # the base a protocol 0 or 1 pickle names
+            return object
+        if (module, name) == ("copyreg", "_reconstructor"):
+            return _reconstructor
         if module in _NX_MODULES and not name.startswith("__"):
             obj = super().find_class(module, name)
-            if isinstance(obj, type) and obj.__module__ == module:
+            if _nx_class(obj) and obj.__module__ == module:
                 return obj
         raise pickle.UnpicklingError(f"forbidden type {module}.{name}")
 
@@ -510,11 +537,13 @@ def graph_to_description(graph: Any, name: str, where: str) -> tuple[NetworkDesc
 
 
 def _variant_name(graph: Any, stem: str, batch: int) -> str:
-    """The network's name: the graph's ``name``, else the file stem without its batch-size suffix."""
+    """The network's name: the graph's ``name``, else the file stem without its batch-size suffix: the batch size
+    after a separator or a ``bs``/``b``/``batch`` marker (``net_bs8``, ``net-8``, ``net_batch_8``, ``netbs8``), so
+    that a name ending in the digits of the batch size (``resnet18`` at batch 8) is kept whole."""
     if graph.graph.get("name"):
         return re.sub(r"[^\w.-]+", "_", str(graph.graph["name"]))
-    m = re.match(rf"^(.*?)[_-]?(?:bs|b|batch)?[_-]?{batch}$", stem)
-    return m.group(1) if m and m.group(1) else stem
+    m = re.match(rf"^(.+?)(?:[_-](?:bs|b|batch)?[_-]?|(?:bs|b|batch)[_-]?){batch}$", stem)
+    return m.group(1) if m else stem
 
 
 def _cell(value: float) -> Any:
