@@ -285,6 +285,10 @@ def _check_devices(cfg: Config, f: Path | None) -> None:
         for key in ("memory_limit_mb", "threads", "gpu_index"):
             if getattr(dev, key) < 0:
                 raise UserError(f"{f}: [devices.{name}] {key} must be >= 0, got {getattr(dev, key)}")
+        if dev.backend == "nvml" and dev.memory_limit_mb:  # it bounds the process's RSS, not the GPU's memory
+            raise UserError(f"{f}: [devices.{name}] memory_limit_mb bounds a process's resident memory (cpu, and a "
+                            "Jetson's memory shared with its GPU); an nvml GPU's capacity is learnt from its oom "
+                            "rows: drop the key")
         if not dev.reconnect_timeout_s > 0:
             raise UserError(f"{f}: [devices.{name}] reconnect_timeout_s must be > 0 (seconds), "
                             f"got {dev.reconnect_timeout_s}")

@@ -106,6 +106,8 @@ def test_good_config_is_typed(tmp_path):
     (GOOD + "\n[networks.generator]\ncount = -1\n", r"\[networks.generator\] count must be >= 0"),
     (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\nlearning_rate = -0.5"), r"learning_rate must be > 0"),
     (GOOD.replace("memory_limit_mb = 512", "threads = -2"), r"\[devices.local\] threads must be >= 0, got -2"),
+    (GOOD.replace('backend = "cpu"', 'backend = "nvml"'),
+     r"\[devices.local\] memory_limit_mb bounds a process's resident memory .*: drop the key$"),
     (GOOD + "\n[predict]\nbatch_sizes = []\n", r"\[predict\] batch_sizes is empty: give at least one"),
     (GOOD.replace("memory_limit_mb = 512", "reconnect_timeout_s = 0"),
      r"\[devices.local\] reconnect_timeout_s must be > 0 \(seconds\), got 0.0"),
