@@ -65,6 +65,21 @@ def test_layer_norm_and_layer_scale_by_hand():
     assert permute.kind == "view" and permute.kernels_fwd == 0
 
 
+def test_batch_norm_without_affine_parameters_by_hand():
+    """A batch norm of 8 channels on an [8, 4, 4] map reads its input twice, its running mean and variance, and its
+    weight and bias: those two are its parameters. With ``affine: false`` it has neither (it counted 2 x 8 params);
+    its work and what it keeps stay."""
+    node = Node("bn", "batchnorm2d", ["x"], {"num_features": 8}, [8, 4, 4])
+    affine = _cost(node, [[8, 4, 4]])
+    assert (affine.params, affine.param_tensors, affine.bytes_read) == (16, 2, (2 * 128 + 4 * 8) * 4)
+    bare = _cost(Node("bn", "batchnorm2d", ["x"], {"num_features": 8, "affine": False}, [8, 4, 4]), [[8, 4, 4]])
+    assert (bare.params, bare.param_tensors, bare.bytes_read) == (0, 0, (2 * 128 + 2 * 8) * 4)
+    assert (bare.flops_fwd, bare.flops_bwd, bare.saved, bare.extra_saved_bytes, bare.kernels_bwd) == (
+        affine.flops_fwd, affine.flops_bwd, affine.saved, affine.extra_saved_bytes, affine.kernels_bwd)
+    tanh = _cost(Node("g", "gelu", ["x"], {"approximate": "tanh"}, [8, 4, 4]), [[8, 4, 4]])
+    assert tanh == _cost(Node("g", "gelu", ["x"], {}, [8, 4, 4]), [[8, 4, 4]])  # the approximation costs the same
+
+
 def test_self_attention_by_hand():
     """Self-attention over 5 tokens of width 8 in 2 heads: projections 4 x 5 x 8 x 8 MACs, scores and weighted sum
     2 x 5 x 5 x 8; it keeps its input, the queries, keys and values, the fused kernel's output and a log-sum-exp per

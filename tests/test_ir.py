@@ -625,7 +625,9 @@ def _conv_description() -> dict:
     (lambda d: d["nodes"][1].update(output_shape=[4, 5, 5]),
      r"output_shape \[4, 5, 5\], but its input \[3, 5, 5\] gives \[4, 3, 3\]"),
     (lambda d: d["nodes"][1]["attrs"].update(kernel_size=[7, 7]), r"kernel \[7, 7\] .* does not fit its 5x5 input"),
-    (lambda d: d["nodes"][2].update(output_shape=[35]), r"changes the element count"),
+    (lambda d: d["nodes"][2].update(output_shape=[35]), r"output_shape \[35\], but its input \[4, 3, 3\] gives \[36\]"),
+    (lambda d: d["nodes"][2].update(op="reshape", attrs={"shape": [35]}, output_shape=[35]),
+     r"changes the element count"),
     (lambda d: d["nodes"][2].update(inputs=[d["nodes"][1]["name"]] * 2), r"takes 1 input, got 2"),
     (lambda d: d["nodes"][2].update(name=d["nodes"][1]["name"]), r"two nodes are named"),
     (lambda d: d["nodes"][0].update(output_shape=[3, 6, 6]), r"the one 'input' node comes first"),
@@ -714,3 +716,167 @@ def test_a_batch_norm_of_another_width_still_fails_the_forward() -> None:
     with pytest.raises(UserError, match="forward fails at input shape"):
         describe(model, [3, 16, 16], name="bad")
     describe(nn.Sequential(nn.Conv2d(3, 6, 3), nn.BatchNorm2d(6), nn.ReLU6()), [3, 16, 16], name="good")
+
+
+class _WeightsAsked(nn.Module):
+    """Self-attention called as ``attn(x, x, x)[0]``: ``need_weights`` left at its default, True."""
+
+    def __init__(self, need_weights: bool = True):
+        super().__init__()
+        self.need_weights = need_weights
+        self.conv, self.attn = nn.Conv2d(3, 8, 2, 2), nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x):
+        y = self.conv(x).flatten(2).transpose(1, 2)
+        return self.attn(y, y, y, need_weights=self.need_weights)[0].mean(1)
+
+
+def test_an_attention_that_asks_for_its_weights_is_refused():
+    """With its weights asked for, torch's training step takes the math path and keeps every head's tokens x tokens
+    weights (3.8x the fused kernel's saved memory in the reviewer's case): the description's attention counts the
+    fused kernel, so the call is refused with one line saying what to pass; without them it is described."""
+    with pytest.raises(UserError, match=r"attention \(node attn\) asks for its weights .* call it with "
+                                        r"need_weights=False") as exc:
+        describe(_WeightsAsked(), [3, 8, 8], name="odd")
+    assert "\n" not in str(exc.value)
+    desc = describe(_WeightsAsked(need_weights=False), [3, 8, 8], name="fused")
+    assert [n.op for n in desc.nodes if n.op == "attention"] == ["attention"]
+
+
+class _FlattenedInside(nn.Module):
+    """A map's channels and rows flattened together (``end_dim`` 2, not the last), the rows of the result linear."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how, self.conv, self.flat, self.fc = how, nn.Conv2d(3, 4, 3), nn.Flatten(1, 2), nn.Linear(6, 5)
+
+    def forward(self, x):
+        y = self.conv(x)
+        y = {"function": lambda: torch.flatten(y, 1, 2), "method": lambda: y.flatten(1, -2),
+             "module": lambda: self.flat(y)}[self.how]()
+        return self.fc(y)
+
+
+@pytest.mark.parametrize("how", ["function", "method", "module"])
+def test_a_flatten_that_stops_before_the_last_dimension_is_a_reshape(how):
+    """``flatten(x, 1, 2)`` of a [4, 6, 6] map is [24, 6]: a description's flatten goes to the last dimension, so it
+    reads as a reshape to the traced shape (it was a flatten to [144] rebuilt, which the linear layer then refused),
+    and the rebuilt module computes what the module computes; a flatten to the end stays a flatten."""
+    original = _FlattenedInside(how).eval()
+    desc = NetworkDescription.from_dict(describe(original, [3, 8, 8], name="flat").to_dict())
+    assert [(n.op, n.attrs, n.output_shape) for n in desc.nodes if n.op in ("reshape", "flatten")] == [
+        ("reshape", {"shape": [24, 6]}, [24, 6])]
+    _assert_same_function(desc, original, [3, 8, 8])
+    whole = describe(nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(1, -1)), [3, 8, 8], name="whole")
+    assert [(n.op, n.attrs) for n in whole.nodes][-1] == ("flatten", {"start_dim": 1})
+
+
+def test_a_convolution_padding_other_than_zeros_is_refused():
+    """A convolution padding by reflection was described as padding zeros: refused with one line naming the node
+    (without padding it computes the same, and is described)."""
+    with pytest.raises(UserError, match=r"cannot describe node _0 \(ValueError: a convolution with "
+                                        r"padding_mode='reflect' has no description op") as exc:
+        describe(nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect")), [3, 8, 8], name="pad")
+    assert "\n" not in str(exc.value)
+    describe(nn.Sequential(nn.Conv2d(3, 4, 3, padding_mode="reflect")), [3, 8, 8], name="unpadded")
+
+
+def test_a_gelu_of_the_tanh_approximation_is_kept():
+    """A GELU of torch's tanh approximation was described as the exact one: it keeps ``approximate: "tanh"``, the
+    rebuilt module computes it and describes back to it; an exact GELU's attrs stay empty."""
+    import torch.nn.functional as F
+
+    class Gelus(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.gelu, self.exact = nn.Conv2d(3, 4, 3), nn.GELU(approximate="tanh"), nn.GELU()
+
+        def forward(self, x):
+            return F.gelu(self.exact(self.gelu(self.conv(x))) * 3.0, approximate="tanh").mean((2, 3))
+
+    original = Gelus().eval()
+    desc = NetworkDescription.from_dict(describe(original, [3, 8, 8], name="gelus").to_dict())
+    assert [n.attrs for n in desc.nodes if n.op == "gelu"] == [{"approximate": "tanh"}, {}, {"approximate": "tanh"}]
+    _assert_same_function(desc, original, [3, 8, 8])
+    again = describe(build_module(desc), [3, 8, 8], name="gelus")
+    assert [(n.op, n.attrs) for n in again.nodes] == [(n.op, n.attrs) for n in desc.nodes]
+    bad = desc.to_dict()
+    next(n for n in bad["nodes"] if n["op"] == "gelu")["attrs"]["approximate"] = "erf"
+    with pytest.raises(UserError, match=r"attr 'approximate' must be 'none' or 'tanh', got 'erf'"):
+        NetworkDescription.from_dict(bad)
+
+
+def test_a_batch_norm_without_affine_parameters_counts_none():
+    """``BatchNorm2d(affine=False)`` has no weight and bias: the description says ``affine: false`` (and nothing for
+    an affine one, whose descriptions read as before), and its parameter count, the features' and the rebuilt
+    module's are the real module's."""
+    from perf4sight.features import network_features
+
+    original = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8, affine=False), nn.BatchNorm2d(8), nn.Flatten(),
+                             nn.Linear(8 * 6 * 6, 10)).eval()
+    desc = NetworkDescription.from_dict(describe(original, [3, 8, 8], name="bn").to_dict())
+    assert [n.attrs for n in desc.nodes if n.op == "batchnorm2d"] == [{"num_features": 8, "affine": False},
+                                                                      {"num_features": 8}]
+    real = sum(p.numel() for p in original.parameters())
+    rebuilt = build_module(desc)
+    assert desc.params == network_features(desc).static["params"] == real == sum(
+        p.numel() for p in rebuilt.parameters())
+    assert [m.affine for m in rebuilt.modules() if isinstance(m, nn.BatchNorm2d)] == [False, True]
+    _assert_same_function(desc, original, [3, 8, 8])
+    counted = desc.to_dict()
+    del counted["params"]
+    assert NetworkDescription.from_dict(counted).params == real
+    next(n for n in counted["nodes"] if n["op"] == "batchnorm2d")["attrs"]["affine"] = "no"
+    with pytest.raises(UserError, match=r"attr 'affine' must be true or false, got 'no'"):
+        NetworkDescription.from_dict(counted)
+
+
+#: (op, attrs, a wrong output_shape of the same elements and, for a transpose, the same sizes, the message, the
+#: right output_shape) for a node after the [4, 3, 3] convolution of ``_conv_description``
+_VIEWS_AND_MEANS = [
+    ("mean", {"dims": [2, 3], "keepdim": False}, [4, 3, 3], r"output_shape \[4, 3, 3\], but its input \[4, 3, 3\] "
+                                                            r"gives \[4\]", [4]),
+    ("mean", {"dims": [-1], "keepdim": True}, [4, 3, 3], r"gives \[4, 3, 1\]", [4, 3, 1]),
+    ("mean", {"dims": [0], "keepdim": False}, [4, 3, 3], r"dims \[0\] are not distinct dimensions of its input", None),
+    ("transpose", {"dim0": 1, "dim1": 2}, [3, 3, 4], r"output_shape \[3, 3, 4\], but its input \[4, 3, 3\] gives "
+                                                     r"\[3, 4, 3\]", [3, 4, 3]),
+    ("transpose", {"dim0": 1, "dim1": 4}, [4, 3, 3], r"dims 1, 4 are not two dimensions of its input", None),
+    ("flatten", {"start_dim": 2}, [36], r"gives \[4, 9\]", [4, 9]),
+    ("flatten", {"start_dim": 0}, [36], r"start_dim 0 is not a dimension of its input after the batch", None),
+    ("squeeze", {"dim": 2}, [4, 9], r"gives \[4, 3, 3\]", [4, 3, 3]),  # a dimension of size 3 stays, as in torch
+    ("unsqueeze", {"dim": 1}, [4, 3, 3, 1], r"gives \[1, 4, 3, 3\]", [1, 4, 3, 3]),
+    ("unsqueeze", {"dim": -1}, [1, 4, 3, 3], r"gives \[4, 3, 3, 1\]", [4, 3, 3, 1]),
+]
+
+
+@pytest.mark.parametrize("op, attrs, wrong, expected, right", _VIEWS_AND_MEANS)
+def test_views_and_means_have_exact_output_shapes(op, attrs, wrong, expected, right):
+    """A mean had no shape rule, a transpose was checked by its sorted sizes and a flatten, squeeze or unsqueeze by
+    its element count: a hand-written output_shape that torch would not give passed, and the features counted it.
+    Now each is refused with the line naming the node; the right one loads and is what the rebuilt module gives."""
+    d = _conv_description()
+    d["nodes"][2] = {"name": "odd", "op": op, "inputs": [d["nodes"][1]["name"]], "attrs": attrs,
+                     "output_shape": wrong}
+    d["output"] = "odd"
+    with pytest.raises(UserError, match=expected) as exc:
+        NetworkDescription.from_dict(d, where="conv.json")
+    assert str(exc.value).startswith("conv.json: node 'odd' (") and "\n" not in str(exc.value)
+    if right is not None:
+        d["nodes"][2]["output_shape"] = right
+        desc = NetworkDescription.from_dict(d)
+        assert list(build_module(desc)(torch.randn(2, 3, 5, 5)).shape[1:]) == right
+
+
+def test_a_pool_with_a_null_stride_strides_by_its_kernel():
+    """``"stride": null`` (torch's default, the kernel size) was accepted but could not be built: it reads as the
+    kernel size, for every reader."""
+    d = {"name": "p", "input_shape": [3, 8, 8], "output": "pool", "nodes": [
+        {"name": "input", "op": "input", "inputs": [], "attrs": {}, "output_shape": [3, 8, 8]},
+        {"name": "pool", "op": "maxpool2d", "inputs": ["input"],
+         "attrs": {"kernel_size": 2, "stride": None, "padding": 0, "ceil_mode": False}, "output_shape": [3, 4, 4]},
+        {"name": "avg", "op": "avgpool2d", "inputs": ["pool"], "attrs": {"kernel_size": [2, 1], "stride": None,
+         "padding": 0, "ceil_mode": False, "count_include_pad": True}, "output_shape": [3, 2, 4]}]}
+    d["output"] = "avg"
+    desc = NetworkDescription.from_dict(d)
+    assert [n.attrs["stride"] for n in desc.nodes[1:]] == [[2, 2], [2, 1]]
+    assert tuple(build_module(desc)(torch.randn(2, 3, 8, 8)).shape) == (2, 3, 2, 4)

@@ -241,6 +241,58 @@ def test_a_vit_prunes_its_mlps_and_keeps_its_token_width() -> None:
     _train_step(desc)
 
 
+class _Halves(nn.Module):
+    """A CSP-style block: one convolution's channels taken apart in halves (by slicing, ``torch.split`` or
+    ``chunk``), one half through another convolution, the halves put back together."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.c0, self.c1 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 32, 3, padding=1)
+        self.c2, self.c3, self.fc = nn.Conv2d(16, 16, 3, padding=1), nn.Conv2d(32, 32, 1), nn.Linear(32, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.c1(torch.relu(self.c0(x))))
+        a, b = {"slice": lambda: (y[:, :16], y[:, 16:]), "split": lambda: torch.split(y, 16, 1),
+                "chunk": lambda: y.chunk(2, 1)}[self.how]()
+        return self.fc(torch.relu(self.c3(torch.cat([a, torch.relu(self.c2(b))], 1))).mean((2, 3)))
+
+
+@pytest.mark.parametrize("how", ["slice", "split", "chunk"])
+def test_channels_taken_apart_at_the_models_own_bounds_stay_whole(how: str) -> None:
+    """The model's code takes ``c1``'s channels apart at 16, wherever a cut left them: cutting that group made the
+    pruned network's forward fail (and the networks stage blamed the model). That group stays whole, said in the
+    description (torch-pruning couples ``c2``'s channels with it); the others (``c0``'s, ``c3``'s) are pruned, and
+    the pruned network describes, rebuilds and trains."""
+    (desc,) = prune_source(Source(how, "test", lambda: _Halves(how)), [3, 16, 16], [25], "l1-norm", 4, seed=0)
+    assert abs(desc.pruning_level - 25) <= 2.0
+    assert desc.extra["pruning_unpruned_groups"] == {
+        "channels a slice, split or unbind takes apart (at bounds of the model's own)": 1}
+    widths = {n.name: n.attrs["out_channels"] for n in desc.nodes if n.op == "conv2d"}
+    assert widths["c1"] == 32 and widths["c2"] == 16 and widths["c0"] < 8 and widths["c3"] < 32
+    _train_step(desc)
+
+
+class _WholeSlice(nn.Module):
+    """``c0``'s 16 channels sliced ``[:, :16]``: the whole dimension, as GhostNet's ``[:, :oup]`` of ``oup``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c0, self.c1 = nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(16, 16, 3, padding=1)
+        self.fc = nn.Linear(16, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.c1(torch.relu(self.c0(x))[:, :16]).mean((2, 3)))
+
+
+def test_a_slice_of_the_whole_dimension_leaves_its_group_prunable() -> None:
+    """A slice to the end of a dimension or past it keeps the whole of it when a cut narrows it: its group is cut."""
+    (desc,) = prune_source(Source("whole", "test", _WholeSlice), [3, 16, 16], [30], "l1-norm", 4, seed=0)
+    assert "pruning_unpruned_groups" not in desc.extra
+    assert {n.name: n.attrs["out_channels"] for n in desc.nodes if n.op == "conv2d"}["c0"] < 16
+    _train_step(desc)
+
+
 @pytest.mark.parametrize("strategy", ["l1-norm", "random-weighted"])
 def test_grouped_convolutions_are_pruned_uniformly_per_group(strategy: str) -> None:
     src = Source("tiny_resnext", "test", _tiny_resnext)

@@ -213,9 +213,9 @@ def _params(node: Node) -> tuple[list[int], list[int]]:
         kh, kw = a["kernel_size"]
         w = a["out_channels"] * (a["in_channels"] // a["groups"]) * kh * kw * FLOAT
         return ([w, a["out_channels"] * FLOAT] if a["bias"] else [w]), []
-    if node.op == "batchnorm2d":
+    if node.op == "batchnorm2d":  # a weight and a bias unless not affine; the running mean, variance and count
         c = a["num_features"] * FLOAT
-        return [c, c], [c, c, INT64]
+        return ([c, c] if a.get("affine", True) else []), [c, c, INT64]
     if node.op == "linear":
         w = a["out_features"] * a["in_features"] * FLOAT
         return ([w, a["out_features"] * FLOAT] if a["bias"] else [w]), []
@@ -395,8 +395,9 @@ def _with_parameters(ctx: _OpContext) -> _Value:
         return _Value(sid, nbytes, ctx.grad_fn([x.sid], [_edge(x)] + pedges, [x.nbytes] + pbytes, grads))
     if n.op == "batchnorm2d":
         sid = ctx.alloc("native_batch_norm.default")
-        stats = [ctx.alloc("native_batch_norm.default", pbytes[0], holders=0) for _ in range(2)]  # mean, 1/std
-        grads = ["aten.native_batch_norm_backward.default"] * 3
+        stats = [ctx.alloc("native_batch_norm.default", n.attrs["num_features"] * FLOAT, holders=0)
+                 for _ in range(2)]  # the batch's mean and 1/std
+        grads = ["aten.native_batch_norm_backward.default"] * (1 + len(pbytes))
         return _Value(sid, nbytes, ctx.grad_fn([x.sid] + stats, [_edge(x)] + pedges, [x.nbytes] + pbytes, grads))
     if n.op == "linear":
         if len(ctx.in_shapes[0]) != 1:

@@ -7,8 +7,10 @@ Conventions, stated once:
   **one multiply-add counts as 2 FLOPs** and an element-wise op counts its documented number
   of FLOPs per output element.
 - ``flops_bwd``: backward FLOPs. Conv and linear: gradient w.r.t. the input (2 x MACs x 2 FLOPs,
-  i.e. one more pass of the same size) plus gradient w.r.t. the weight (same again); a layer fed
-  directly by the network input computes no input gradient (``first`` = True).
+  i.e. one more pass of the same size) plus gradient w.r.t. the weight (same again); a layer whose
+  input needs no gradient (``first`` = True: the network input, a view of it, or what parameter-free ops made
+  of it alone; ``walk.py``) computes no input gradient. A parameter-free op whose inputs need none runs no
+  backward at all: the walk drops its backward FLOPs and kernels and what it keeps.
 - Bytes assume fp32 (4 bytes per element): ``bytes_read`` = input activations + parameters read
   by the forward pass, ``bytes_written`` = output activation written by it.
 - ``saved``: which tensors autograd keeps for the backward pass, as input positions (0, 1, ...)
@@ -110,12 +112,14 @@ def _linear(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
 
 
 def _batchnorm2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
-    """Training-mode batch norm: ~5 FLOPs/element forward (mean, var, normalise, scale, shift), ~8 backward."""
+    """Training-mode batch norm: ~5 FLOPs/element forward (mean, var, normalise, scale, shift), ~8 backward. It reads
+    its running mean and variance and, unless ``affine`` is false, its weight and bias (its parameters)."""
     c = int(node.attrs["num_features"])
+    params = 2 * c if node.attrs.get("affine", True) else 0
     n = numel(node.output_shape)
     rd, wr = _io_bytes(in_shapes, node.output_shape)
-    return OpCost(flops_fwd=5.0 * n, flops_bwd=8.0 * n, bytes_read=rd * 2 + 4 * c * BYTES_PER_ELEMENT,
-                  bytes_written=wr, params=2 * c, param_tensors=2, saved=[0],
+    return OpCost(flops_fwd=5.0 * n, flops_bwd=8.0 * n, bytes_read=rd * 2 + (2 * c + params) * BYTES_PER_ELEMENT,
+                  bytes_written=wr, params=params, param_tensors=2 if params else 0, saved=[0],
                   extra_saved_bytes=2 * c * BYTES_PER_ELEMENT, kernels_fwd=1, kernels_bwd=1, kind="norm")
 
 
@@ -379,8 +383,9 @@ def _input(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     return OpCost(kind="view")
 
 
-#: op name -> handler(node, input shapes (per sample), first) -> OpCost. ``first`` is True when the
-#: node's only input is the network input (so it needs no input gradient).
+#: op name -> handler(node, input shapes (per sample), first) -> OpCost. ``first`` is True when none of the
+#: node's inputs needs a gradient (the network input, or what parameter-free ops made of it alone: ``walk.py``),
+#: so it computes no input gradient.
 HANDLERS: dict[str, Handler] = {
     "input": _input,
     "conv2d": _conv2d,

@@ -39,6 +39,9 @@ def _pair(v: Any) -> list[int]:
 def _conv(m: nn.Conv2d) -> tuple[str, dict]:
     if isinstance(m.padding, str):
         raise UserError(f"conv2d with padding='{m.padding}' is not supported; use explicit padding")
+    if m.padding_mode != "zeros" and any(_pair(m.padding)):
+        raise ValueError(f"a convolution with padding_mode='{m.padding_mode}' has no description op (a conv2d pads "
+                         "with zeros); pad with zeros or not at all")
     return "conv2d", {"in_channels": m.in_channels, "out_channels": m.out_channels,
                       "kernel_size": _pair(m.kernel_size), "stride": _pair(m.stride), "padding": _pair(m.padding),
                       "dilation": _pair(m.dilation), "groups": m.groups, "bias": m.bias is not None}
@@ -48,6 +51,8 @@ def _bn(m: nn.BatchNorm2d) -> tuple[str, dict]:
     attrs: dict[str, Any] = {"num_features": m.num_features}
     if m.eps != 1e-5:
         attrs["eps"] = m.eps
+    if not m.affine:  # written only when false: a description of an affine batch norm reads as it always did
+        attrs["affine"] = False
     return "batchnorm2d", attrs
 
 
@@ -101,6 +106,22 @@ def _group_attention(m: nn.Module) -> tuple[str, dict]:
                                "window_size": [m.size, m.size], "bias": m.to_qkv.bias is not None}
 
 
+def _gelu_attrs(approximate: Any) -> dict:
+    """A GELU's attrs: ``approximate`` only where it is torch's tanh approximation (exact GELU: none)."""
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"a GELU with approximate={approximate!r} has no description op (none or 'tanh')")
+    return {"approximate": "tanh"} if approximate == "tanh" else {}
+
+
+def _flatten(n: fx.Node, start_dim: Any, end_dim: Any) -> tuple[str, dict]:
+    """``flatten(x, start_dim, end_dim)``: a ``flatten`` up to the last dimension, else a ``reshape`` to the shape
+    the trace gives (a description's flatten has no end_dim)."""
+    rank = len(n.args[0].meta["tensor_meta"].shape)
+    if int(end_dim) % rank == rank - 1:
+        return "flatten", {"start_dim": int(start_dim)}
+    return "reshape", {"shape": _shape(n)}
+
+
 def _inplace(op: str) -> Callable[[nn.Module], tuple[str, dict]]:
     return lambda m: (op, {"inplace": True} if getattr(m, "inplace", False) else {})
 
@@ -117,7 +138,7 @@ MODULE_OPS: list[tuple[type, Callable[[Any], tuple[str, dict]]]] = [
     (nn.Hardsigmoid, lambda m: ("hardsigmoid", {})),
     (nn.SiLU, lambda m: ("silu", {})),
     (nn.Sigmoid, lambda m: ("sigmoid", {})),
-    (nn.GELU, lambda m: ("gelu", {})),
+    (nn.GELU, lambda m: ("gelu", _gelu_attrs(m.approximate))),
     (nn.Tanh, lambda m: ("tanh", {})),
     (nn.Identity, lambda m: ("identity", {})),
     (nn.MaxPool2d, _maxpool),
@@ -154,12 +175,13 @@ for _key in (F.relu, torch.relu, "relu", "relu_"):
 for _key in (F.relu6, "relu6"):
     FUNCTION_OPS[_key] = lambda n: ("relu6", {})
 for _key, _op in ((torch.sigmoid, "sigmoid"), ("sigmoid", "sigmoid"), (F.silu, "silu"), (F.hardswish, "hardswish"),
-                  (F.hardsigmoid, "hardsigmoid"), (F.gelu, "gelu"), (torch.tanh, "tanh")):
+                  (F.hardsigmoid, "hardsigmoid"), (torch.tanh, "tanh")):
     FUNCTION_OPS[_key] = (lambda op: lambda n: (op, {}))(_op)
+FUNCTION_OPS[F.gelu] = lambda n: ("gelu", _gelu_attrs(_arg(n, 1, "approximate", "none")))
 for _key in (torch.cat, torch.concat):
     FUNCTION_OPS[_key] = lambda n: ("cat", {"dim": int(_arg(n, 1, "dim", 0))})
 for _key in (torch.flatten, "flatten"):
-    FUNCTION_OPS[_key] = lambda n: ("flatten", {"start_dim": int(_arg(n, 1, "start_dim", 0))})
+    FUNCTION_OPS[_key] = lambda n: _flatten(n, _arg(n, 1, "start_dim", 0), _arg(n, 2, "end_dim", -1))
 for _key in (torch.transpose, "transpose", torch.swapaxes, "swapaxes"):
     FUNCTION_OPS[_key] = lambda n: ("transpose", {"dim0": int(_arg(n, 1, "dim0")), "dim1": int(_arg(n, 2, "dim1"))})
 for _key in (torch.mean, "mean"):
@@ -611,11 +633,17 @@ def _is_attention(source: Any, gm: fx.GraphModule) -> bool:
 
 
 def _self_attention(n: fx.Node, inputs: list[str], where: str) -> tuple[list[str], list[int]]:
-    """An attention module's one input (its query, key and value must be that one tensor) and its output shape."""
+    """An attention module's one input (its query, key and value must be that one tensor) and its output shape.
+    Its weights must not be asked for (``need_weights=False``): with them torch's training step takes the math path,
+    which keeps every head's tokens x tokens weights for backward, not the fused kernel the description counts."""
     if len(inputs) != 3 or len(set(inputs)) != 1 or n.kwargs.get("is_causal") or any(
             n.kwargs.get(k) is not None for k in ("attn_mask", "key_padding_mask")):
         raise UserError(f"{where}: attention (node {n.name}) is described as self-attention only: one tensor as "
                         "query, key and value, no mask")
+    if _arg(n, 4, "need_weights", True):
+        raise UserError(f"{where}: attention (node {n.name}) asks for its weights (need_weights=True, "
+                        "nn.MultiheadAttention's default: torch then keeps every head's weights for backward, which "
+                        "the description's fused attention does not); call it with need_weights=False")
     return inputs[:1], list(n.meta["tensor_meta"][0].shape)[1:]
 
 
@@ -747,6 +775,8 @@ def _op_of(n: fx.Node, gm: fx.GraphModule, where: str) -> tuple[str, dict]:
         whole = _described_whole(m)
         if whole is not None:
             return whole[0], dict(whole[1])
+        if isinstance(m, nn.Flatten):
+            return _flatten(n, m.start_dim, m.end_dim)
         if isinstance(m, nn.Upsample):  # and its subclasses, UpsamplingNearest2d and UpsamplingBilinear2d
             return _interpolate_attrs(n, m.mode, m.align_corners, m.scale_factor, m.recompute_scale_factor, False)
         for cls, fn in MODULE_OPS:

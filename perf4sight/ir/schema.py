@@ -24,10 +24,10 @@ SCHEMA_VERSION = 1
 OPS: Dict[str, Tuple[str, ...]] = {
     "input": (),
     "conv2d": ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups", "bias"),
-    "batchnorm2d": ("num_features",),
+    "batchnorm2d": ("num_features",),  # optional eps (1e-5), momentum (0.1), affine (true: a weight and bias)
     "linear": ("in_features", "out_features", "bias"),
     "relu": (), "relu6": (), "hardswish": (), "sigmoid": (), "hardsigmoid": (), "silu": (),
-    "gelu": (), "tanh": (), "identity": (),
+    "gelu": (), "tanh": (), "identity": (),  # gelu: optional approximate ("none"; "tanh": torch's approximation)
     "maxpool2d": ("kernel_size", "stride", "padding", "ceil_mode"),
     "avgpool2d": ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad"),
     "adaptiveavgpool2d": ("output_size",),
@@ -116,6 +116,10 @@ def _attr_problem(node: "Node") -> str:
         least = 0 if a in ("padding", "shift_size") else 1
         if not (len(pair) == 2 and all(_is_int(x, least) for x in pair)):
             return f"attr '{a}' must be an integer or an [h, w] pair of integers >= {least}, got {v!r}"
+    if node.op == "batchnorm2d" and not isinstance(node.attrs.get("affine", True), bool):
+        return f"attr 'affine' must be true or false, got {node.attrs['affine']!r}"
+    if node.op == "gelu" and node.attrs.get("approximate", "none") not in ("none", "tanh"):
+        return f"attr 'approximate' must be 'none' or 'tanh', got {node.attrs['approximate']!r}"
     if node.op == "window_attention" and not isinstance(node.attrs.get("cosine", False), bool):
         return f"attr 'cosine' must be true or false, got {node.attrs['cosine']!r}"
     if node.op == "window_attention" and not _is_int(node.attrs.get("position_bias_mlp", 0), 0):
@@ -286,6 +290,8 @@ class NetworkDescription:
             for a in _PAIRS.get(node.op, ()):  # an integer means [v, v]: every reader sees the pair
                 if isinstance(node.attrs.get(a), int):
                     node.attrs[a] = [node.attrs[a]] * 2
+            if node.op in ("maxpool2d", "avgpool2d") and node.attrs["stride"] is None:  # null: the kernel size
+                node.attrs["stride"] = list(node.attrs["kernel_size"])
             if node.op != "input" and not node.inputs:
                 raise UserError(f"{where}: node '{node.name}' ({node.op}) has no inputs")
             if node.name in seen:
@@ -320,8 +326,8 @@ class NetworkDescription:
 
 
 def count_params(desc: NetworkDescription) -> int:
-    """Trainable parameters implied by the nodes (conv, batch norm, linear, layer norm, attention, and the learnt
-    tensors of scale, shift and token), as the schema defines."""
+    """Trainable parameters implied by the nodes (conv, batch norm and layer norm unless not affine, linear,
+    attention, and the learnt tensors of scale, shift and token), as the schema defines."""
     total = 0
     for n in desc.nodes:
         a = n.attrs
@@ -329,7 +335,7 @@ def count_params(desc: NetworkDescription) -> int:
             kh, kw = a["kernel_size"]
             total += (a["out_channels"] * (a["in_channels"] // a["groups"]) * kh * kw
                       + (a["out_channels"] if a["bias"] else 0))
-        elif n.op == "batchnorm2d":
+        elif n.op == "batchnorm2d" and a.get("affine", True):
             total += 2 * a["num_features"]
         elif n.op == "linear":
             total += a["in_features"] * a["out_features"] + (a["out_features"] if a["bias"] else 0)

@@ -116,10 +116,33 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
         if axis is None or any(len(s) != len(x) or s[:axis] + s[axis + 1:] != x[:axis] + x[axis + 1:] for s in ins):
             return f"cannot concatenate shapes {ins} along dim {a['dim']}"
         return x[:axis] + [sum(s[axis] for s in ins)] + x[axis + 1:]
-    if op in ("reshape", "flatten", "squeeze", "unsqueeze"):
+    if op == "reshape":
         return out if element_count(out) == element_count(x) else f"changes the element count ({x} -> {out})"
+    if op in ("flatten", "squeeze", "unsqueeze"):  # unsqueeze: a dimension of the output, which has one more
+        key = "start_dim" if op == "flatten" else "dim"
+        axis = _axis(int(a[key]), len(x) + (op == "unsqueeze"))
+        if axis is None:
+            side = "output" if op == "unsqueeze" else "input"
+            return f"{key} {a[key]} is not a dimension of its {side} after the batch"
+        if op == "flatten":
+            return x[:axis] + [element_count(x[axis:])]
+        if op == "squeeze":  # as torch: a dimension of size other than 1 stays
+            return x[:axis] + x[axis + 1:] if x[axis] == 1 else x
+        return x[:axis] + [1] + x[axis:]
     if op == "transpose":
-        return out if sorted(out) == sorted(x) else f"is not a transpose of {x} ({out})"
+        axes = [_axis(int(a[k]), len(x)) for k in ("dim0", "dim1")]
+        if None in axes:
+            return f"dims {a['dim0']}, {a['dim1']} are not two dimensions of its input {x} after the batch"
+        swapped = list(x)
+        swapped[axes[0]], swapped[axes[1]] = x[axes[1]], x[axes[0]]
+        return swapped
+    if op == "mean":
+        axes = [_axis(int(d), len(x)) for d in a["dims"]]
+        if not axes or None in axes or len(set(axes)) != len(axes):
+            return f"dims {a['dims']} are not distinct dimensions of its input {x} after the batch"
+        if a["keepdim"]:
+            return [1 if i in axes else s for i, s in enumerate(x)]
+        return [s for i, s in enumerate(x) if i not in axes]
     if op == "permute":
         dims = [int(d) for d in a["dims"]]
         if sorted(dims) != list(range(len(x) + 1)) or dims[0] != 0:

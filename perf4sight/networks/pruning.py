@@ -23,7 +23,9 @@ late layers (the side drawn per network, recorded as ``pruning_bias``).
 Left alone, with the reason (counted in ``extra["pruning_unpruned_groups"]``): the
 classifier's outputs (the last conv/linear layer run); in torchvision's ShuffleNetV2,
 channels that pass through the channel shuffle (torch-pruning cannot follow it), so only
-the inner channels of each branch and the last 1x1 convolution are pruned; grouped
+the inner channels of each branch and the last 1x1 convolution are pruned; channels that a slice
+(``y[:, :16]``; not one of the whole dimension), split, chunk or unbind takes apart at bounds the model's code
+fixes (a cut would move channels across them, and the cut network's forward would fail); grouped
 convolutions whose channels cannot be removed uniformly per group; the embedding width of an
 attention layer (a ViT's whole token width: its heads would have to shrink alike, and the model
 reshapes by a width attribute of its own), so a ViT's MLPs are pruned. A parameter outside any
@@ -137,6 +139,26 @@ def _trace_stand_ins(calls: list[str]) -> Iterator[None]:
         yield
 
 
+#: torch-pruning's ops that take a tensor apart at positions the model's code fixes (``y[:, :16]``, ``torch.split``,
+#: ``chunk``, ``unbind``): a cut group's channels would move across those bounds.
+_TAKING_APART = frozenset({tp.ops.OPTYPE.SLICE, tp.ops.OPTYPE.SPLIT, tp.ops.OPTYPE.UNBIND})
+
+
+def _takes_apart(node: Any) -> bool:
+    """Whether torch-pruning's dependency-graph node ``node`` is a slice, split or unbind, but for a slice that keeps
+    its whole dimension (from 0, step 1, to its end or past it: GhostNet's ``[:, :oup]`` of ``oup`` channels), which
+    keeps it whole when the dimension shrinks."""
+    if node.type not in _TAKING_APART:
+        return False
+    if node.type != tp.ops.OPTYPE.SLICE:
+        return True
+    m = node.module
+    sizes = getattr(node.grad_fn, "_saved_self_sym_sizes", None)
+    whole = sizes is not None and m.start in (0, None) and m.step in (1, None) and (
+        m.end is None or m.end >= int(sizes[m.dim]))
+    return not whole
+
+
 #: Attention modules torch-pruning cannot follow, whose layers' weights they read directly (Swin) or whose heads
 #: they reshape by widths of their own (MaxViT): its dependency graph of a Swin transformer grew past this machine's
 #: 24 GiB (torch-pruning 1.6, swin_t at 64x64).
@@ -196,6 +218,8 @@ class PruningPlan:
                 return f"channels through an untraceable {calls[0]} (e.g. channel shuffle)"
             if any(isinstance(d.target.module, nn.MultiheadAttention) for d, _ in group):
                 return "an attention's embedding width"  # its heads, and a ViT's own width attribute, stay
+            if any(_takes_apart(d.target) for d, _ in group):
+                return "channels a slice, split or unbind takes apart (at bounds of the model's own)"
             return ""
         with _trace_stand_ins(calls):
             groups, notes = pp.find_groups(traced, example, order[-1:], skip)
