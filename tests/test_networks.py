@@ -490,7 +490,7 @@ def test_factory_errors(tmp_path: Path) -> None:
         parse_factory("nothere:net", tmp_path, tmp_path / "models")
 
 
-def test_a_zoo_variant_asked_for_by_name_is_pruned_as_the_networks_stage_would(tmp_path: Path) -> None:
+def test_a_zoo_variant_asked_for_by_name_is_pruned_as_the_networks_stage_would(tmp_path: Path, monkeypatch) -> None:
     """``squeezenet1_1_l30`` not in the dataset: pruned on request with the config's [networks.pruning] settings,
     the same description the networks stage writes, cached for the next request; any other name is none."""
     from perf4sight.dataset import resolve_networks
@@ -518,6 +518,13 @@ def test_a_zoo_variant_asked_for_by_name_is_pruned_as_the_networks_stage_would(t
         resolve_networks(cfg, ["squeezenet1_1_l150"], SHAPE)
     with pytest.raises(UserError, match=r"unknown network 'squezenet1_1_l30' \(did you mean 'squeezenet1_1_l30'"):
         resolve_networks(cfg, ["squezenet1_1_l30"], SHAPE)
+    # a folder of the working directory named like a zoo network does not hide it; another folder is said to be one
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "squeezenet1_1").mkdir()
+    (tmp_path / "mine").mkdir()
+    assert resolve_networks(cfg, ["squeezenet1_1"], SHAPE)[0].name == "squeezenet1_1"
+    with pytest.raises(UserError, match=r"^mine: is a folder; give description files \(e.g. mine/\*.json\)$"):
+        resolve_networks(cfg, ["mine"], SHAPE)
 
 
 def test_a_segmentation_network_scores_its_own_class_count_per_pixel(tmp_path: Path) -> None:
