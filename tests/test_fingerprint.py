@@ -294,7 +294,9 @@ def test_group_conformal_covers_every_group():
     pooled_hi = np.quantile(r, 0.95)
     assert hi > pooled_hi and np.mean((wide >= lo) & (wide <= hi)) >= 0.9
     assert np.mean((tight >= lo) & (tight <= hi)) >= 0.9
-    assert group_conformal(np.array([0.1, 0.2]), np.array(["a", "a"]), 0.9) == [0.0, 0.0]
+    # under 5 residuals: the largest error both ways, widened by (n + 1) / n (it was [0, 0], a band of no width)
+    assert group_conformal(np.array([0.1, -0.2]), np.array(["a", "b"]), 0.9) == pytest.approx([-0.3, 0.3])
+    assert group_conformal(np.array([np.nan]), np.array(["a"]), 0.9) == [0.0, 0.0]
 
 
 def test_group_conformal_is_symmetric_with_few_groups_and_one_sided_with_many():
@@ -885,6 +887,22 @@ def test_too_few_ok_rows_is_one_line_in_the_singular_too(tmp_path):
     rows = read_rows(results_path(tmp_path / "profiling_csvs", "local"))[:1]
     with pytest.raises(UserError, match=r"only 1 ok row with 'latency_ms_median' for device 'local' \(need >= 3\)$"):
         fit_fingerprint(rows, descs, "local", tmp_path / "fp", FAST)
+
+
+def test_four_rows_of_two_networks_get_an_interval_of_some_width(tmp_path):
+    """Under 5 held-out errors the 90% interval was x1.00 .. x1.00 (it covered no held-out row); it is now the
+    largest error both ways, widened."""
+    from perf4sight.dataset import descriptions_and_shas
+    from perf4sight.config import load_config
+
+    _measured_tiny_networks(tmp_path, {"a": 8, "b": 16}, listed=["a", "b"])
+    (tmp_path / "config.toml").write_text('[networks]\nzoo = []\n[devices.local]\nbackend = "cpu"\n')
+    descs, _ = descriptions_and_shas(load_config(tmp_path / "config.toml"), "local")
+    rows = read_rows(results_path(tmp_path / "profiling_csvs", "local"))[:4]
+    meta = fit_fingerprint(rows, descs, "local", tmp_path / "fp", FAST)
+    for target in ("latency", "memory"):
+        lo, hi = meta["interval"]["log_ratio_quantiles"][target]
+        assert lo < 0 < hi and lo == -hi, (target, lo, hi)
 
 
 def test_one_network_is_refused_as_it_leaves_nothing_to_hold_out(tmp_path):

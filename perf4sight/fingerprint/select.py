@@ -378,11 +378,14 @@ def group_conformal(log_ratio: np.ndarray, groups: np.ndarray, coverage: float) 
     finite-sample factor of split conformal prediction with G calibration groups. Split conformal
     needs G >= coverage / (1 - coverage) groups (9 for 90 %) to promise anything; with fewer, a new
     family's bias may fall on either side, so the band is made symmetric (the larger bound both ways).
+    Under 5 residuals no quantile can be told apart from the extremes: the band is the largest error both ways,
+    widened by (n + 1) / n ([0, 0] only with none at all).
     """
     ok = np.isfinite(log_ratio)
     r, g = log_ratio[ok], groups[ok]
     if r.size < 5:
-        return [0.0, 0.0]
+        widest = float(np.abs(r).max()) * (r.size + 1) / r.size if r.size else 0.0
+        return [-widest, widest]
     a = (1 - coverage) / 2
     lo, hi = float(np.quantile(r, a)), float(np.quantile(r, 1 - a))
     n_groups = 0
