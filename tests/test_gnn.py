@@ -164,7 +164,7 @@ def test_the_numpy_forward_pass_is_the_torch_models(tiny, arch):
     from perf4sight.fingerprint.gnn_model import GNNModel
     from perf4sight.fingerprint.gnn_train import _forward, forward_of, make_data
     descs, _ = tiny
-    tl = [graph_template(descs[n]) for n in ("deep_w8", "plain_w4", "res_w16") for _ in (1, 8)]
+    tl = [t for t in (graph_template(descs[n]) for n in ("deep_w8", "plain_w4", "res_w16")) for _ in (1, 8)]
     bs = [1, 8] * 3
     norm = Normaliser.fit(tl[::2], global_features(tl, bs), np.zeros((6, 2)))
     torch.manual_seed(1)
@@ -193,6 +193,13 @@ def test_load_predict(fitted, tiny):
         assert p["memory_mb_low"] <= p["memory_mb"] <= p["memory_mb_high"] and p["fits"] is True
     again = load_gnn(out).predict(descs["deep_w8"], 16)[0]
     assert again["memory_mb"] == pytest.approx(preds[1]["memory_mb"], rel=1e-6)
+    # another network of the same name asked beside it: each is its own graph, whatever the other
+    import copy
+    namesake = copy.deepcopy(descs["plain_w4"])
+    namesake.name = "deep_w8"
+    beside = gnn.predict([namesake, descs["deep_w8"]], [16])[1]
+    assert [beside[k] for k in ("latency_ms", "memory_mb")] == pytest.approx([again["latency_ms"], again["memory_mb"]],
+                                                                              rel=1e-6)
     # it learnt something: in-sample memory error far below what predicting the mean gives
     ok = [r for r in rows if r["status"] == "ok"]
     y = np.array([r["peak_rss_mb"] for r in ok])

@@ -82,16 +82,17 @@ class SampleArrays:
 
 
 def sample_arrays(templates: Sequence[GraphTemplate], batch_sizes: Sequence[int], norm: Normaliser) -> SampleArrays:
-    """The inputs of the samples ``templates[i]`` at ``batch_sizes[i]``, each network's graph once."""
-    order: dict[str, int] = {}
+    """The inputs of the samples ``templates[i]`` at ``batch_sizes[i]``, each template's graph once (by identity:
+    two networks of one name, e.g. one at two input shapes, are two graphs)."""
+    order: dict[int, int] = {}
     graphs: list[dict[str, np.ndarray]] = []
     for t in templates:
-        if t.name not in order:
-            order[t.name] = len(graphs)
+        if id(t) not in order:
+            order[id(t)] = len(graphs)
             graphs.append({"x": standardise(t.x, norm.x), "edge_index": t.edge_index,
                            "edge_attr": standardise(t.edge_attr, norm.e),
                            "u0": standardise(global_features([t], [1]), norm.u)})
-    return SampleArrays(graphs, np.array([order[t.name] for t in templates], dtype=np.int64),
+    return SampleArrays(graphs, np.array([order[id(t)] for t in templates], dtype=np.int64),
                         standardise(global_features(list(templates), list(batch_sizes)), norm.u))
 
 
