@@ -74,6 +74,33 @@ def report(project):
     return folder, console.export_text()
 
 
+def test_compare_reads_the_step_times_the_fingerprint_was_fitted_on(project, monkeypatch):
+    """With a drift reference (references.csv) the fit reads step times divided by it; the report's dots, scatter
+    and tables read the same figures (they read the raw ones, and its scatter refitted on them)."""
+    from perf4sight.dataset import device_dataset
+    from perf4sight.fingerprint.api import drift_corrected
+    from perf4sight.profiling import results
+    from perf4sight.report import compare
+
+    seen = {}
+    monkeypatch.setattr(compare, "measured_vs_predicted", lambda fp, rows, descs: seen.setdefault("rows", rows))
+    monkeypatch.setattr(compare, "feature_sensitivity", lambda *a, **k: {})
+    _, _, raw, _ = device_dataset(project, "tx2a", load_device_fingerprint(project, "tx2a").optimizer)
+    refs = results.references_path(project.profiling_dir, "tx2a")
+    try:
+        for stamp, ms in (("2000-01-01T00:00:00+00:00", 100.0), ("2100-01-01T00:00:00+00:00", 200.0)):
+            results.append_row(refs, {**raw[0], "status": "ok", "latency_ms_median": ms, "timestamp": stamp})
+        corrected, drift = drift_corrected(project, "tx2a", raw)
+        data, _ = compare.gather_device(project, "tx2a")
+    finally:
+        refs.unlink()
+    assert drift["applied"] and drift["rows_corrected"] > 0
+
+    def latency(rows: list[dict]) -> list[str]:
+        return [r["latency_ms_median"] for r in rows]
+    assert latency(data.rows) == latency(seen["rows"]) == latency(corrected) != latency(raw)
+
+
 def test_report_files(report):
     folder, text = report
     assert folder.parent.name == "reports" and folder.name.startswith("compare-")
@@ -136,6 +163,10 @@ def test_report_data(project, report):
         assert [p["fits"] for p in fp.predict(resnet18, [m, m + 1])] == [True, False]
     # resnet50 is larger than every training network (resnet18, mobilenetv2, squeezenet): the report says so
     md = (folder / "report.md").read_text()
+    # a capacity compared with the demand, not with the curve drawn: said, and not drawn over that curve
+    demand = {d: load_device_fingerprint(project, d) for d in SUBSETS}
+    demand = [f"{d} ({f.capacity_mb:.0f} MiB)" for d, f in demand.items() if f.capacity_basis == "analytic"]
+    assert demand and f"Capacity of {', '.join(demand)}: compared with the memory model's analytic demand" in md
     assert "tx2a: MACs per sample outside the training networks' " in md and "resnet50_0 4.09 G" in md
     assert "resnet18:" not in md and "mobilenetv2_0:" not in md  # inside: no note
 

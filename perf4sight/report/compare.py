@@ -40,11 +40,13 @@ TOP_FEATURES = 8
 def gather_device(cfg: Config, device: str) -> tuple[DeviceData, dict[str, NetworkDescription]]:
     """Load ``device``'s fingerprint, measurements (those of the training step it is of) and descriptions; compute
     its report figures."""
-    from perf4sight.fingerprint.api import load_device_fingerprint
+    from perf4sight.fingerprint.api import drift_corrected, load_device_fingerprint
 
     fp = load_device_fingerprint(cfg, device)
-    # the rows of the step the fingerprint is of; compare passes stale rows over without a note
+    # the rows of the step the fingerprint is of; compare passes stale rows over without a note. Their step times
+    # as the fit read them: divided by the device's drift reference where it has one (held_out.csv holds those)
     descs, _, rows, _ = device_dataset(cfg, device, fp.optimizer)
+    rows, _ = drift_corrected(cfg, device, rows)
     data = DeviceData(name=device, fingerprint=fp, rows=rows, families=summarise_measurements(rows),
                       scatter=measured_vs_predicted(fp, rows, descs),
                       sensitivity=feature_sensitivity(fp, rows, descs, seed=cfg.project.seed))
@@ -192,8 +194,15 @@ def _curve_plot_blocks(names: list[str], images: dict[str, Path]) -> list[Block]
                   "was trained at. Dots are measurements of the same architecture where the device has them (rows the "
                   "fingerprint was trained on: the held-out check is the scatter below)."))
     b.append(Image(images["latency"], "predicted training step time (ms) against batch size, every device"))
-    b.append(Image(images["memory"], "predicted memory (MiB) against batch size, every device; dashed: capacity"))
+    b.append(Image(images["memory"], "predicted memory (MiB) against batch size, every device; dashed: capacity (where "
+                                     "'fits' compares it with this memory: see Largest batch)"))
     return b
+
+
+def _against_demand(d: DeviceData) -> bool:
+    """Whether ``d``'s capacity is compared with its memory model's analytic demand rather than with the memory it
+    predicts (``capacity_basis``: a capacity learnt from out-of-memory rows, or a memory form that saturates)."""
+    return d.fingerprint.capacity_mb is not None and getattr(d.fingerprint, "capacity_basis", "") == "analytic"
 
 
 def _largest_batch_blocks(devs: list[DeviceData], names: list[str]) -> list[Block]:
@@ -203,6 +212,11 @@ def _largest_batch_blocks(devs: list[DeviceData], names: list[str]) -> list[Bloc
                    [[n] + [("unknown capacity" if d.max_batch.get(n, "x") is None else _fmt(d.max_batch.get(n), "d"))
                            for d in devs] for n in names],
                    "largest b with every batch 1..b predicted under the device's capacity (capped at 1024)"))
+    demand = [f"{d.name} ({d.fingerprint.capacity_mb:.0f} MiB)" for d in devs if _against_demand(d)]
+    if demand:
+        b.append(Text(f"Capacity of {', '.join(demand)}: compared with the memory model's analytic demand, which "
+                      "keeps growing where the predicted memory levels off near the limit, so a batch can be "
+                      "predicted under the capacity and not fit; the plots draw no capacity line for it."))
     return b
 
 
@@ -321,7 +335,8 @@ def compare_devices(cfg: Config, devices: list[str], console: Console) -> Path:
         folder = cfg.reports_dir / f"compare-{stamp}-{n}"
     folder.mkdir(parents=True)
     colours = plots.device_colours([d.name for d in devs])
-    capacity = {d.name: d.fingerprint.capacity_mb for d in devs}
+    # a capacity line on the predicted memory only where 'fits' compares the capacity with that memory
+    capacity = {d.name: d.fingerprint.capacity_mb for d in devs if not _against_demand(d)}
     images = {t: plots.plot_curves(curves[t], t, colours, capacity, folder / f"{t}_vs_batch.png")
               for t in ("latency", "memory")}
     images["sensitivity"] = plots.plot_sensitivity({d.name: d.sensitivity for d in devs}, colours,
