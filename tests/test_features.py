@@ -95,15 +95,18 @@ def test_self_attention_by_hand():
     assert (token.params, token.flops_fwd, shift.params, shift.flops_fwd) == (8, 0, 48, 48)
 
 
-def _autograd_saved_bytes(desc, batch: int, loss: bool = False) -> float:
+def _autograd_saved_bytes(desc, batch: int, loss: bool = False, with_input: bool = True) -> float:
     """Bytes per sample that autograd keeps for backward in one training forward of ``desc`` built by to_torch (and
     with ``loss``, its cross entropy on random labels, as the profiler's child computes it): each storage once,
-    parameters and buffers aside."""
+    parameters and buffers aside (and the input batch, unless ``with_input``)."""
     import torch
     from perf4sight.ir.to_torch import build_module
     torch.manual_seed(0)
     model = build_module(desc).train()
+    x = torch.randn(batch, *desc.input_shape)
     own = {t.untyped_storage().data_ptr() for t in list(model.parameters()) + list(model.buffers())}
+    if not with_input:
+        own.add(x.untyped_storage().data_ptr())
     saved = {}
 
     def pack(t):
@@ -112,7 +115,7 @@ def _autograd_saved_bytes(desc, batch: int, loss: bool = False) -> float:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = model(torch.randn(batch, *desc.input_shape))
+        out = model(x)
         if loss:
             torch.nn.functional.cross_entropy(out, torch.randint(0, desc.num_classes, [batch] + desc.label_shape))
     return sum(saved.values()) / batch
@@ -576,3 +579,100 @@ def test_view_of_the_input_counts_as_the_input_everywhere():
     assert len(kernel_table(direct).kind) == len(kernel_table(viewed).kind)
     col = NODE_FEATURES.index("flops_bwd")
     assert graph_template(direct).x[1, col] == graph_template(viewed).x[2, col]
+
+
+def _autograd_backward(desc) -> tuple[list[str], int, int]:
+    """What one training forward of ``desc`` built by to_torch (batch 2) leaves its backward to run, as autograd's
+    graph says: the sorted names of its nodes (one per op that computes a gradient; ``AccumulateGrad``: a
+    parameter's), how many of their edges lead nowhere (an input that gets no gradient, a conv's that it does not
+    compute), and how many gradients meet another at a node (an add each: ``k - 1`` for ``k`` edges into one)."""
+    import torch
+    from perf4sight.ir.to_torch import build_module
+    torch.manual_seed(0)
+    out = build_module(desc).train()(torch.randn(2, *desc.input_shape))
+    into: dict = {}
+    nowhere = 0
+    todo, seen = [out.grad_fn], set()
+    while todo:
+        fn = todo.pop()
+        if fn in seen:
+            continue
+        seen.add(fn)
+        for nxt, _ in fn.next_functions:
+            if nxt is None:
+                nowhere += 1
+            else:
+                into[nxt] = into.get(nxt, 0) + 1
+                todo.append(nxt)
+    return sorted(type(fn).__name__ for fn in seen), nowhere, sum(k - 1 for k in into.values())
+
+
+def test_parameter_free_ops_of_the_input_run_no_backward():
+    """A network that starts with a parameter-free op (a max or average pool, an input normalisation ``x * 4 + (-2)``,
+    a dropout, a batch norm without affine parameters, a bilinear resize, a ReLU) makes a tensor that needs no
+    gradient: torch runs no backward for that op, keeps nothing for it, and the conv after it computes no input
+    gradient. Its features are then those of the same network without that op, described at the op's output shape
+    (where the conv reads the input itself), as autograd's graphs of the two are the same; and the bytes it keeps
+    for backward are autograd's, the input batch aside (a CPU step's rules: a dropout would keep 4 bytes an
+    element)."""
+    pytest.importorskip("torch")
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    class Normalise(nn.Module):
+        def forward(self, x):
+            return x * 4.0 + (-2.0)
+
+    class Resize(nn.Module):
+        def forward(self, x):
+            return nn.functional.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False)
+
+    def net(*first):
+        return nn.Sequential(*first, nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 3, padding=1),
+                             nn.Flatten())
+
+    cpu = StepRuntime(relu6_clone=True, foreach=False, dropout_mask_bytes=4)
+    cases = [(nn.MaxPool2d(2), 8), (nn.AvgPool2d(2), 8), (Normalise(), 16), (nn.Dropout(0.2), 16),
+             (nn.BatchNorm2d(3, affine=False), 16), (Resize(), 32), (nn.ReLU(), 16)]
+    for op, side in cases:
+        desc = describe(net(op), [3, 16, 16], "first")
+        ref = describe(net(), [3, side, side], "ref")
+        assert _autograd_backward(desc) == _autograd_backward(ref), type(op).__name__  # torch: the same backward
+        nf, rf = network_features(desc, cpu), network_features(ref, cpu)
+        assert nf.per_sample["saved_bytes"] == _autograd_saved_bytes(desc, 4, with_input=False), type(op).__name__
+        assert nf.per_sample["saved_bytes"] == rf.per_sample["saved_bytes"] + 3 * side * side * 4  # the conv's input
+        got, want = features_for(nf, 4), features_for(rf, 4)
+        for name in ("flops_bwd", "kernels_bwd", "lt_gemm_macs", "lt_gemm_padded_macs", "lt_dw_bytes"):
+            assert got[name] == want[name], (type(op).__name__, name)
+        assert got["kernels_fwd"] > want["kernels_fwd"] and got["flops_fwd"] >= want["flops_fwd"]
+
+
+def test_a_tensor_that_needs_no_gradient_gets_none_to_accumulate():
+    """A tensor read by ``k`` ops receives ``k`` gradients and adds ``k - 1`` of them, where it needs a gradient: the
+    input (or a max pool of it) added back after a conv gets none, as autograd's graph shows, and counts no more
+    backward kernels than a constant added there; a conv's output added back counts one add."""
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    class Skip(nn.Module):
+        def __init__(self, pool: bool, skip: str):
+            super().__init__()
+            self.pool, self.skip = nn.MaxPool2d(2) if pool else nn.Identity(), skip
+            self.conv, self.fc = nn.Conv2d(3, 3, 3, padding=1), nn.Linear(3 * 8 * 8, 5)
+
+        def forward(self, x):
+            x = self.pool(x)
+            c = self.conv(x)
+            y = torch.relu(c)
+            return self.fc(torch.flatten(y + {"x": x, "c": c, "none": 1.0}[self.skip], 1))
+
+    for pool in (False, True):
+        shape = [3, 16, 16] if pool else [3, 8, 8]
+        descs = {skip: describe(Skip(pool, skip), shape, f"skip_{skip}") for skip in ("none", "x", "c")}
+        torch_adds = {skip: _autograd_backward(d)[2] for skip, d in descs.items()}
+        kernels = {skip: network_features(d).static["kernels_bwd"] for skip, d in descs.items()}
+        assert torch_adds == {"none": 0, "x": 0, "c": 1}, pool
+        assert kernels["x"] == kernels["none"] == kernels["c"] - 1, pool

@@ -91,6 +91,24 @@ def test_branch_accumulation_and_add_backward():
     assert kt.launches == 2 + 4 + 1 + 1 + 4 + 4
 
 
+def test_a_parameter_free_op_of_the_input_runs_its_forward_kernel_alone():
+    """A max pool of the network input makes a tensor that needs no gradient (torch: no parameters, an input that
+    needs none): the pool launches its forward kernel alone (no zero fill or scatter), the conv after it no input
+    gradient GEMM, and the pool's output, read by the conv and an add, gets no accumulation. The table is the same
+    network's reading the input itself (at the pool's output shape; the input gets none either), plus one kernel."""
+    window = {"kernel_size": [2, 2], "stride": [2, 2], "padding": [0, 0], "ceil_mode": False}
+    pooled = _desc([Node("input", "input", [], {}, [4, 16, 16]), Node("p", "maxpool2d", ["input"], window, [4, 8, 8]),
+                    _conv("c", "p", 4, 4, 3, 1, 8), Node("s", "add", ["c", "p"], {}, [4, 8, 8])], shape=(4, 16, 16))
+    direct = _desc([Node("input", "input", [], {}, [4, 8, 8]), _conv("c", "input", 4, 4, 3, 1, 8),
+                    Node("s", "add", ["c", "input"], {}, [4, 8, 8])])
+    kp, kd = kernel_table(pooled), kernel_table(direct)
+    # conv: forward and weight gradient; add: forward; the loss over the add's class scores per pixel 4; optimizer 4
+    assert kd.launches == 2 + 1 + 4 + 4 and kp.launches == kd.launches + 1
+    np.testing.assert_array_equal(kp.dims[kp.kind == GEMM], kd.dims[kd.kind == GEMM])
+    bw = kp.kind == BANDWIDTH
+    assert kp.bytes_ps[bw].sum() - kd.bytes_ps[kd.kind == BANDWIDTH].sum() == (4 * 16 * 16 + 4 * 8 * 8) * 4  # pool
+
+
 def test_feature_matrix_carries_latency_columns():
     d = _two_convs(cout2=33)
     nf = network_features(d)

@@ -204,9 +204,11 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
         saved[" loss"] = loss.bytes_written  # the log-softmax's result
         ps["activation_elems"] += loss.bytes_written / BYTES_PER_ELEMENT
         labels_bytes = 8.0 * numel(desc.label_shape)  # int64, held the whole step beside the input
-    # gradient accumulation: a tensor read by k ops receives k gradients -> k-1 extra adds
+    # gradient accumulation: a tensor read by k ops receives k gradients -> k-1 extra adds; none for a tensor that
+    # needs no gradient (the network input, what parameter-free ops make of it alone: walk.py)
     branch = [n for n, k in consumers.items() if k > 1]
-    st["kernels_bwd"] += sum(consumers[n] - 1 for n in branch)
+    needs_grad = {visit.node.name: visit.needs_grad for visit in visits}
+    st["kernels_bwd"] += sum(consumers[n] - 1 for n in branch if needs_grad[n])
     ps["saved_bytes"] = sum(saved.values()) + extra_saved
     ps["max_activation_bytes"] = max_act
     ps["input_bytes"] = numel(desc.input_shape) * BYTES_PER_ELEMENT + labels_bytes

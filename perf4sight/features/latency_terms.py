@@ -12,7 +12,8 @@ Conventions, stated once:
 - A dense or grouped conv is three implicit GEMMs per group: forward ``M = batch*Ho*Wo,
   N = Cout/g, K = Cin/g*kh*kw``; input gradient ``M = batch*Hi*Wi, N = Cin/g, K = Cout/g*kh*kw``
   (``K`` scaled by ``Ho*Wo / (Hi*Wi)`` so a strided conv's input gradient does the forward's MACs;
-  skipped when the conv reads the network input); weight gradient ``M = Cout/g,
+  skipped when its input needs no gradient: the network input, or what parameter-free ops made of it alone,
+  ``walk.py``); weight gradient ``M = Cout/g,
   N = Cin/g*kh*kw, K = batch*Ho*Wo``. A linear layer likewise (``Ho*Wo`` = 1).
 - Tile quantisation: a GEMM tile computes ``TILE_M x TILE_N`` outputs over ``TILE_K``-deep
   slices, so the work done is ``ceil(M/TM)*TM * ceil(N/TN)*TN * ceil(K/TK)*TK`` MACs. Odd channel
@@ -235,22 +236,41 @@ def _loss(r: _Rows, output_shape: list[int]) -> None:
 
 
 _VIEWS = {"input", "identity", "reshape", "flatten", "squeeze", "unsqueeze", "select", "narrow", "transpose"}
+#: The bandwidth-bound ops' (forward passes, backward passes, backward kernels) for :func:`_elementwise`; an op not
+#: here (activations, average pooling, mean, mul, ...; an op this module does not know): :data:`_DEFAULT_PASSES`.
+_PASSES: dict[str, tuple[float, float, int]] = {
+    "batchnorm2d": (1.5, 4.0, 1),  # forward: statistics pass + normalise pass; backward: two passes
+    "add": (1.0, 0.0, 0),  # backward routes the gradient: no kernel
+    "cat": (1.0, 0.0, 0),  # backward slices: views
+    "dropout": (1.5, 2.0, 1),
+    "permute": (1.0, 1.0, 1),  # a view, copied by the op after it that needs contiguous memory: a copy each way
+    "layernorm": (1.5, 4.0, 2),  # like batch norm; backward: the input's gradient, then the weight's and bias's
+    "scale": (1.0, 3.0, 3),  # backward: the input's gradient, the parameter's (a multiply and a sum)
+    "shift": (1.0, 1.0, 1),  # backward: the parameter's gradient, the incoming one summed down
+    "token": (1.0, 0.0, 0),  # a copy; backward slices
+    "patch_merge": (2.0, 15.0, 11),  # pad and concatenate; backward: four zeroed input-sized gradients summed
+    **dict.fromkeys(("maxpool2d", "adaptivemaxpool2d", "interpolate"), (1.0, 3.0, 2)),  # backward: zero + scatter
+}
+_DEFAULT_PASSES = (1.0, 3.0, 1)
 
 
 def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT_OPTIMIZER,
                  visits: Sequence[Visit] | None = None) -> KernelTable:
     """Every kernel of one training step of ``desc`` whose optimiser's update costs ``update`` (an optimiser's name:
     its default settings; see the module docstring and ``optimizers.py``). Ops this module does not know are costed
-    as one generic bandwidth-bound kernel over their input and output. ``visits``: ``walk(desc)``'s, where the
-    caller walked already (under any runtime: the kernels read only the nodes, their input shapes and parameters)."""
+    as one generic bandwidth-bound kernel over their input and output. An op whose output needs no gradient
+    (``walk.py``: a parameter-free op of the network input alone) runs its forward kernels alone, and a tensor that
+    needs none gets no gradient accumulation. ``visits``: ``walk(desc)``'s, where the caller walked already (under
+    any runtime: the kernels read only the nodes, their input shapes, parameters and which need a gradient)."""
     opt = optimizer_cost(update) if isinstance(update, str) else update
     shapes = {n.name: n.output_shape for n in desc.nodes}
     r = _Rows()
     params = 0
-    input_name = desc.nodes[0].name
+    needs_grad: dict[str, bool] = {}
     for visit in walk(desc) if visits is None else visits:
         node, ins, first = visit.node, visit.in_shapes, visit.first
         op = node.op
+        needs_grad[node.name] = visit.needs_grad
         if op in _VIEWS or hands_input_back(node):
             continue
         params += visit.cost.param_tensors if visit.cost is not None else 0  # each gets its own update kernels
@@ -258,39 +278,18 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
             _conv(r, node, ins[0], first)
         elif op == "linear":
             _linear(r, node, ins[0], first)
-        elif op == "batchnorm2d":  # forward: statistics pass + normalise pass; backward: two passes
-            _elementwise(r, node, ins, 1.5, 4.0, 1)
-        elif op == "add":  # backward routes the gradient: no kernel
-            _elementwise(r, node, ins, 1.0, 0.0, 0)
-        elif op == "cat":  # backward slices: views
-            _elementwise(r, node, ins, 1.0, 0.0, 0)
-        elif op == "dropout":
-            _elementwise(r, node, ins, 1.5, 2.0, 1)
-        elif op == "permute":  # a view, copied by the op after it that needs contiguous memory: a copy each way
-            _elementwise(r, node, ins, 1.0, 1.0, 1)
-        elif op == "layernorm":  # like batch norm; backward: the input's gradient, then the weight's and bias's
-            _elementwise(r, node, ins, 1.5, 4.0, 2)
-        elif op == "scale":  # backward: the input's gradient, the parameter's (a multiply and a sum)
-            _elementwise(r, node, ins, 1.0, 3.0, 3)
-        elif op == "shift":  # backward: the parameter's gradient, the incoming one summed down
-            _elementwise(r, node, ins, 1.0, 1.0, 1)
-        elif op == "token":  # a copy; backward slices
-            _elementwise(r, node, ins, 1.0, 0.0, 0)
         elif op == "attention":
             _attention(r, node, ins[0], first)
         elif op == "window_attention":
             _window_attention(r, node)
         elif op == "group_attention":
             _group_attention(r, node, first)
-        elif op == "patch_merge":  # pad and concatenate; backward: four zeroed input-sized gradients summed
-            _elementwise(r, node, ins, 2.0, 15.0, 11)
-        elif op in ("maxpool2d", "adaptivemaxpool2d", "interpolate"):  # backward: zero fill + scatter
-            _elementwise(r, node, ins, 1.0, 3.0, 2)
-        else:  # activations, average pooling, mean, mul, ...
-            _elementwise(r, node, ins, 1.0, 3.0, 1)
+        else:
+            fwd_passes, bwd_passes, bwd_kernels = _PASSES.get(op, _DEFAULT_PASSES)
+            _elementwise(r, node, ins, fwd_passes, bwd_passes, bwd_kernels if visit.needs_grad else 0)
     _loss(r, desc.node(desc.output).output_shape)
     for name, k in consumer_counts(desc).items():  # k gradients into one tensor: k-1 accumulation adds
-        if k > 1 and name != input_name:
+        if k > 1 and needs_grad[name]:
             for _ in range(k - 1):
                 r.other(BANDWIDTH, float(numel(shapes[name])), 3.0 * numel(shapes[name]) * BYTES_PER_ELEMENT)
     n_params = _param_count(desc)

@@ -2,16 +2,19 @@
 
 Network features (``aggregate.py``), kernel-level latency terms (``latency_terms.py``), the GNN's
 node tensors (``fingerprint/gnn_graph.py``) and the PerfSeer export all need, per node, the
-shapes of its inputs, its cost from :data:`~perf4sight.features.formulas.HANDLERS`, and whether it
-reads only the network input, with what it keeps for backward under the rules of the torch that ran the step
-(a ``StepRuntime``). The last decides whether an input gradient is computed (none is for
-the network input), and it must hold through views: a conv reading ``flatten(input)`` or an
-``identity`` of the input computes no input gradient either. Keeping that rule here keeps the four
-consumers in agreement.
+shapes of its inputs, its cost from :data:`~perf4sight.features.formulas.HANDLERS`, and whether its
+inputs need a gradient, with what it keeps for backward under the rules of the torch that ran the step
+(a ``StepRuntime``). A tensor needs a gradient as torch's ``requires_grad`` says: the network input needs
+none, and an op's output needs one where the op has parameters or any of its inputs needs one. So a view
+of the input, an ``identity`` of it, and the output of any parameter-free op of such tensors alone (a pool,
+a dropout, an input normalisation ``x * a + b``, a resize, a batch norm without affine parameters) need none.
+An op none of whose inputs needs a gradient (``first``) computes no input gradient (a conv or a linear layer
+there runs its weight's GEMM alone); one with no parameters besides runs no backward at all: it keeps
+nothing and counts no backward FLOPs or kernels. Keeping that rule here keeps the four consumers in agreement.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 from perf4sight.features.formulas import HANDLERS, OpCost
@@ -27,30 +30,38 @@ class Visit:
 
     node: Node
     in_shapes: list[list[int]]
-    first: bool           # every input is the network input or a view of it: no input gradient
+    first: bool           # no input needs a gradient (the network input, views of it, what depends on them alone)
     cost: OpCost | None   # None: the op has no cost formula
     base: str             # the tensor whose storage this node's output shares (its own name unless a view)
+    needs_grad: bool = True  # the output needs a gradient (False: the op runs no backward)
 
 
 def walk(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> Iterator[Visit]:
     """Visit the nodes of ``desc`` in order (the description's order is topological), each cost with what it keeps
-    for backward under ``runtime``'s rules (``step_runtime.py``; the default: the formulas' own)."""
+    for backward under ``runtime``'s rules (``step_runtime.py``; the default: the formulas' own); an op whose
+    output needs no gradient (module docstring) with no backward cost (nothing kept, 0 backward FLOPs and
+    kernels). An op without a cost formula is taken to need a gradient (it may have parameters)."""
     shapes: dict[str, list[int]] = {}
     base: dict[str, str] = {}
-    input_name = desc.nodes[0].name
+    grad: dict[str, bool] = {}  # tensor -> it needs a gradient
     for node in desc.nodes:
         in_shapes = [shapes[i] for i in node.inputs]
         shapes[node.name] = node.output_shape
-        first = bool(node.inputs) and all(base.get(i, i) == input_name for i in node.inputs)
+        fed = any(grad[i] for i in node.inputs)  # a gradient flows back into some input
+        first = bool(node.inputs) and not fed
         handler = HANDLERS.get(node.op)
         cost = runtime.applied(node.op, handler(node, in_shapes, first)) if handler is not None else None
+        grad[node.name] = cost is None or cost.params > 0 or fed  # the network input: False
+        if cost is not None and not grad[node.name]:
+            cost = replace(cost, flops_bwd=0.0, kernels_bwd=0, saved=[], extra_saved_bytes=0.0)
         is_view = cost is not None and cost.kind == "view" and bool(node.inputs)
         base[node.name] = base.get(node.inputs[0], node.inputs[0]) if is_view else node.name
-        yield Visit(node, in_shapes, first, cost, base[node.name])
+        yield Visit(node, in_shapes, first, cost, base[node.name], grad[node.name])
 
 
 def consumer_counts(desc: NetworkDescription) -> dict[str, int]:
-    """How many ops read each tensor (by name); a tensor read ``k`` times receives ``k`` gradients."""
+    """How many ops read each tensor (by name); a tensor read ``k`` times receives ``k`` gradients (where it needs
+    one: ``Visit.needs_grad``)."""
     counts: dict[str, int] = {}
     for node in desc.nodes:
         for i in node.inputs:
