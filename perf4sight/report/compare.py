@@ -309,6 +309,9 @@ def compare_devices(cfg: Config, devices: list[str], console: Console) -> Path:
     """Write the compare report for ``devices`` (each must have a fingerprint); returns its folder."""
     if not devices:
         raise UserError("compare: no devices to compare (run --stage fingerprint first)")
+    if not _entries(cfg):
+        raise UserError(f"{cfg.path}: compare: no networks to show: name them in [compare] networks (or [predict] "
+                        "networks, [networks] zoo)")
     devs, all_descs = [], {}
     for name in devices:
         d, descs = gather_device(cfg, name)
