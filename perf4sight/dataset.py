@@ -232,6 +232,7 @@ def resolve_networks(cfg: Config, names: list[str], input_shape: list[int],
     any other name raises ``UserError`` (:func:`unknown_network`). The manifest is read once, at the first name of
     the dataset."""
     from perf4sight.networks.factories import COMMAND_LINE_FACTORY, describe_factory
+    from perf4sight.networks.on_request import own_network
     from perf4sight.networks.zoo import ZOO_NAMES, describe_zoo
 
     out = []
@@ -246,7 +247,7 @@ def resolve_networks(cfg: Config, names: list[str], input_shape: list[int],
             out.append(load_description(name))
         elif COMMAND_LINE_FACTORY.fullmatch(name):
             out.append(describe_factory(name, input_shape, cfg.networks.num_classes, cfg.models_dir / ZOO_CACHE))
-        elif name in ZOO_NAMES:
+        elif name in ZOO_NAMES and own_network(cfg, name) is None:  # the config's own network of the name wins
             out.append(describe_zoo(name, input_shape, cfg.networks.classes_of(name),
                                     cache_dir=cfg.models_dir / ZOO_CACHE))
         else:

@@ -344,3 +344,32 @@ def test_least_pruning_on_every_predictor(fitted):
         budget = fp.predict(variant(found.level), [batch])[0]["latency_ms"] * 0.8
         faster = least_pruning(fp, variant, batch, max_latency_ms=budget)
         assert faster.level > found.level and faster.prediction["latency_ms"] <= budget, kind
+
+
+def test_the_configs_own_network_wins_a_zoo_network_of_its_name(tmp_path):
+    """A ``[networks]`` description file of resnet18 with 100 classes, the zoo listing none: a level asked for by name
+    (``resnet18_l30``) and the name itself are that network, pruned as the networks stage prunes it, not torchvision's
+    resnet18 with the config's 10 classes."""
+    import torchvision
+
+    from perf4sight.config import load_config
+    from perf4sight.dataset import resolve_networks
+    from perf4sight.ir.schema import load_description
+    from perf4sight.networks.build import make_networks
+    from perf4sight.networks.on_request import pruned_on_request
+
+    shape = [3, 32, 32]
+    (tmp_path / "extra").mkdir()
+    save_description(describe(torchvision.models.resnet18(num_classes=100), shape, "resnet18"),
+                     tmp_path / "extra" / "resnet18_100.json")
+    (tmp_path / "config.toml").write_text(
+        '[networks]\nzoo = []\ndescription_files = ["extra/resnet18_100.json"]\ninput_shape = [3, 32, 32]\n'
+        'num_classes = 10\n[networks.pruning]\nlevels = [0, 30]\n[networks.generator]\ncount = 0\n')
+    cfg = load_config(tmp_path / "config.toml")
+    make_networks(cfg)
+    made = load_description(tmp_path / "models" / "pruned" / "l1-norm" / "resnet18_l30.json")
+    asked = pruned_on_request(cfg, "resnet18_l30", shape)
+    assert asked.to_json() == made.to_json() and asked.num_classes == 100
+    (own,) = resolve_networks(cfg, ["resnet18"], shape)
+    assert own.num_classes == 100 and own.params == load_description(
+        tmp_path / "models" / "pruned" / "l1-norm" / "resnet18_l0.json").params

@@ -25,7 +25,7 @@ from perf4sight.dataset import ZOO_CACHE, is_description_file, resolve_networks
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.networks.factories import COMMAND_LINE_FACTORY, check_factory, parse_factory
-from perf4sight.networks.named import named_networks
+from perf4sight.networks.named import NamedNetwork, named_networks
 from perf4sight.networks.zoo import ZOO_NAMES, build_zoo_model, cache_file, cached_description
 
 __all__ = ["VARIANT", "variant_name", "pruned_as", "pruned_on_request", "unpruned_own", "prunable_networks", "PRUNABLE",
@@ -60,12 +60,10 @@ def pruned_on_request(cfg: Config, name: str, input_shape: list[int]) -> Network
     pr, classes = cfg.networks.pruning, cfg.networks.classes_of(network)
     settings: tuple[Any, ...] = (pr.strategy, pr.min_channels, pr.seed)
     code = tuple(sorted(_NETWORKS.glob("*.py")))
-    if network in ZOO_NAMES:
-        named = None
-    else:
-        named = next((n for n in named_networks(cfg) if n.name == network), None)
-        if named is None:
-            return None
+    named = own_network(cfg, network)  # the config's own network of that name before torchvision's
+    if named is None and network not in ZOO_NAMES:
+        return None
+    if named is not None:
         # the bytes of its own files, and where it comes from, key its variants: an edited file is pruned anew
         settings, code = settings + (named.source,), code + named.code_files
     _check_level(name, network, level)
@@ -79,11 +77,20 @@ def pruned_on_request(cfg: Config, name: str, input_shape: list[int]) -> Network
     return replace(cached_description(path, make), name=name)
 
 
+def own_network(cfg: Config, network: str) -> NamedNetwork | None:
+    """The factory or description file of the config's ``[networks]`` named ``network``, else None; it wins a zoo
+    network of the same name (a description file of ``resnet18`` with classes of its own is the dataset's
+    ``resnet18``). Read without torch; nothing is read where the config names no factory or file."""
+    if not (cfg.networks.factories or cfg.networks.description_files):
+        return None
+    return next((n for n in named_networks(cfg) if n.name == network), None)
+
+
 def unpruned_own(cfg: Config, network: str, input_shape: list[int]) -> NetworkDescription | None:
     """A network the config's ``[networks]`` names (a factory, a description file), asked for by its own name:
     its level 0 as the networks stage describes it (``<network>_l0``), at ``input_shape``, under ``network``;
     None for another name."""
-    if network in ZOO_NAMES or network not in (n.name for n in named_networks(cfg)):
+    if own_network(cfg, network) is None:
         return None
     return replace(pruned_on_request(cfg, variant_name(network, 0), input_shape), name=network)
 
