@@ -1,6 +1,8 @@
 """PerfSeer dataset import/export: string-typed fields, hostile pickles and labels, round trip."""
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import pickle
 import shutil
@@ -174,6 +176,11 @@ def test_export_import_round_trip(tmp_path):
     got = {int(r["batch_size"]): float(r["latency_ms_median"])
            for r in read_rows(results_path(tmp_path / "prof", "d2"))}
     assert got == {2: 20.0, 8: 80.0}
+    # two names one file name would hold ('my net', 'my+net' -> my_net_bs2): refused, nothing written
+    twins = {n: dataclasses.replace(desc, name=n) for n in ("my net", "my+net")}
+    with pytest.raises(UserError, match=r"networks 'my net' and 'my\+net' would both be written as my_net_bs2.pkl"):
+        export_perfseer([dict(rows[0], network=n) for n in twins], twins, tmp_path / "twins")
+    assert not (tmp_path / "twins").exists()
 
     # --output where no folder can be made (under a file): one line naming it, exit 2, no traceback
     (tmp_path / "config.toml").write_text('[project]\nprofiling_dir = "prof"\nmodels_dir = "models"\n'

@@ -147,11 +147,16 @@ def export_perfseer(rows: Iterable[dict[str, Any]], descriptions: dict[str, Netw
     """
     pairs, skipped = exportable_rows(rows, descriptions)
     check_exportable(pairs)
+    stems = [re.sub(r"[^\w.-]+", "_", desc.name) + f"_bs{batch_size_of(r)}" for r, desc in pairs]
+    named: dict[str, str] = {}
+    for stem, (_, desc) in zip(stems, pairs):  # two names written as one file: the second would replace the first
+        if named.setdefault(stem, desc.name) != desc.name:
+            raise UserError(f"networks '{named[stem]}' and '{desc.name}' would both be written as {stem}.pkl (a file "
+                            "name keeps letters, digits, '.', '-' and '_'): rename one; nothing written")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for r, desc in pairs:
+    for stem, (r, desc) in zip(stems, pairs):
         b = batch_size_of(r)
-        stem = re.sub(r"[^\w.-]+", "_", desc.name) + f"_bs{b}"
         graph = description_to_graph(desc, b)
         graph.graph["perf4sight_row"] = _row_record(r)
         graph.graph["memory_column"] = memory_column
