@@ -880,3 +880,23 @@ def test_a_pool_with_a_null_stride_strides_by_its_kernel():
     desc = NetworkDescription.from_dict(d)
     assert [n.attrs["stride"] for n in desc.nodes[1:]] == [[2, 2], [2, 1]]
     assert tuple(build_module(desc)(torch.randn(2, 3, 8, 8)).shape) == (2, 3, 2, 4)
+
+
+def test_a_model_of_several_outputs_or_no_parameters_is_one_line():
+    """A forward returning (logits, features) was an AttributeError traceback; a network with no parameters to prune
+    a ZeroDivisionError."""
+    from perf4sight.networks.pruning import PruningPlan
+
+    class TwoOut(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.fc = nn.Conv2d(3, 8, 3), nn.Linear(8, 10)
+
+        def forward(self, x):
+            f = self.conv(x).mean((2, 3))
+            return self.fc(f), f
+    with pytest.raises(UserError, match=r"^two: the model returns a tuple of 2; a description follows one tensor "
+                                        r"output \(return the logits alone\)$"):
+        describe(TwoOut(), [3, 16, 16], "two")
+    with pytest.raises(UserError, match=r"^pool: has no parameters to prune"):
+        PruningPlan(nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten()), [3, 16, 16], network="pool")

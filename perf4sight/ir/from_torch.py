@@ -555,8 +555,12 @@ def _convert(gm: fx.GraphModule, where: str) -> tuple[list[Node], str]:
 def _returned_tensor(value: Any, where: str) -> fx.Node:
     """The tensor a module returns: the value itself, or the ``out`` of a dict holding nothing else (torchvision's
     segmentation networks); ``UserError`` for a dict with more (an auxiliary head's ``aux``)."""
-    if not isinstance(value, dict):
+    if isinstance(value, fx.Node):
         return value
+    if not isinstance(value, dict):
+        what = f"a {type(value).__name__} of {len(value)}" if isinstance(value, (tuple, list)) else repr(value)
+        raise UserError(f"{where}: the model returns {what}; a description follows one tensor output (return the "
+                        "logits alone)")
     if set(value) != {"out"}:
         raise UserError(f"{where}: the model returns a dict with {sorted(value)}; a description follows one output, "
                         "its 'out' (build a torchvision segmentation network with aux_loss=False)")

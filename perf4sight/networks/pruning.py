@@ -203,6 +203,8 @@ class PruningPlan:
                             "by widths of its own); predict or compare it as it is, by its zoo name")
         self.base, self.network, self.strategy, self.min_channels = base, network, strategy, min_channels
         self.p0 = count_parameters(base)
+        if self.p0 == 0:  # a level is a share of the parameters: none to share
+            raise UserError(f"{network}: has no parameters to prune (a network with no layer that learns)")
         self.extra: dict[str, Any] = {}
         self._cache: dict[tuple[int, ...], float] = {}
         example = torch.randn(1, *input_shape)
