@@ -898,3 +898,60 @@ def test_a_pruned_description_file_keeps_its_name_and_family(tmp_path: Path) -> 
         'input_shape = [3, 32, 32]\nnum_classes = 10\n[networks.pruning]\nlevels = [0, 20]\n')
     with pytest.raises(UserError, match=r"tiny_vgg_l20.json is a file this networks stage writes .*copy it out"):
         make_networks(load_config(tmp_path / "config.toml"))
+
+
+def test_a_factory_whose_helper_another_factorys_folder_shadows_is_refused(tmp_path: Path) -> None:
+    """Two factories in two folders that each ``from common import WIDTH``: one process imports ``common`` once, so
+    the second network was built silently from the first folder's helper; it is refused in one line, whether the
+    helper is imported with the file or only when its function is called (``later``)."""
+    for folder, width in (("a", 8), ("b", 64), ("c", 32)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / f"common_{tmp_path.name}.py").write_text(f"WIDTH = {width}\n")
+        (tmp_path / folder / f"later_{tmp_path.name}.py").write_text(f"OUT = {width // 4}\n")
+    for folder in ("a", "b"):
+        (tmp_path / folder / "net.py").write_text(
+            f"from torch import nn\nfrom common_{tmp_path.name} import WIDTH\n\n\ndef net():\n    return "
+            "nn.Sequential(nn.Conv2d(3, WIDTH, 1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(WIDTH, 10))\n")
+    (tmp_path / "c" / "net.py").write_text(
+        f"from torch import nn\n\n\ndef net():\n    from later_{tmp_path.name} import OUT\n    return "
+        "nn.Sequential(nn.Conv2d(3, 4, 1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, OUT))\n")
+    (tmp_path / "a" / "late.py").write_text(
+        f"from torch import nn\n\n\ndef net():\n    from later_{tmp_path.name} import OUT\n    return "
+        "nn.Sequential(nn.Conv2d(3, 4, 1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, OUT))\n")
+    assert build_factory_model(parse_factory("a/net.py:net", tmp_path))[0].out_channels == 8
+    with pytest.raises(UserError, match=rf"factory 'b/net.py:net': its common_{tmp_path.name}.py is shadowed by "
+                                        rf".*/a/common_{tmp_path.name}.py, imported for another factory under the "
+                                        r"same name: give the helper modules distinct names$"):
+        build_factory_model(parse_factory("b/net.py:net", tmp_path))
+    assert build_factory_model(parse_factory("a/late.py:net", tmp_path))[-1].out_features == 2
+    with pytest.raises(UserError, match=rf"factory 'c/net.py:net': its later_{tmp_path.name}.py is shadowed"):
+        build_factory_model(parse_factory("c/net.py:net", tmp_path))
+
+
+def test_a_generated_network_is_left_out_at_an_extra_shape_too_small_for_its_stem(tmp_path: Path) -> None:
+    """A generated network drawn at 64x64 has a stem of stride 2: rebuilt at 32x32 its last maps would be 1x1 and
+    batch size 1 would not train, so it is left out there (said why) and made at 80x64; one drawn at 48x48 (a stem
+    of stride 1) is made at 32x32 and trains at batch size 1 there, and is left out at 16x16."""
+    from perf4sight.networks.build import at_extra_shapes
+
+    (tmp_path / "config.toml").write_text(
+        '[networks]\nzoo = []\ninput_shape = [3, 64, 64]\nextra_input_shapes = [[3, 32, 32], [3, 80, 64]]\n'
+        'num_classes = 10\n[networks.generator]\ncount = 1\nmax_mflops = 50\n')
+    made = make_networks(load_config(tmp_path / "config.toml"))
+    assert [r["network"] for r in made.rows] == ["gen_0_0", "gen_0_0_80x64"]
+    (line,) = made.skipped
+    assert line == ("gen_0_0_32x32 left out: gen_0_0 cannot be made at 3x32x32 (its stem strides by 2, drawn at "
+                    "3x64x64: its last maps would be under 2x2 and batch norm cannot train at batch size 1; it needs "
+                    "at least 64x64)")
+    (tmp_path / "small.toml").write_text(
+        '[networks]\nzoo = []\ninput_shape = [3, 48, 48]\nextra_input_shapes = [[3, 32, 32], [3, 16, 16]]\n'
+        'num_classes = 10\n[networks.generator]\ncount = 1\nmax_mflops = 50\n')
+    cfg = load_config(tmp_path / "small.toml")
+    (desc,) = generate(GeneratorSettings.from_config(cfg.networks.generator), [3, 48, 48], CLASSES)
+    skipped: list[str] = []
+    (at_32,) = at_extra_shapes(cfg, desc, skipped)
+    assert at_32.name == "gen_0_0_32x32" and at_32.input_shape == [3, 32, 32]
+    _train_step(at_32, batch=1)
+    assert skipped == ["gen_0_0_16x16 left out: gen_0_0 cannot be made at 3x16x16 (its stem strides by 1, drawn at "
+                       "3x48x48: its last maps would be under 2x2 and batch norm cannot train at batch size 1; it "
+                       "needs at least 32x32)"]

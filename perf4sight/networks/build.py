@@ -37,6 +37,7 @@ from perf4sight.ir.from_torch import describe
 from perf4sight.ir.schema import NetworkDescription, save_description
 from perf4sight.ir.shapes import shape_text
 from perf4sight.ir.to_torch import build_module
+from perf4sight.networks.design_space import FULL_STEM_INPUT, MIN_INPUT
 from perf4sight.networks.factories import build_factory_model
 from perf4sight.networks.generator import GeneratorSettings, forward_flops, generate
 from perf4sight.networks.named import config_descriptions, named_networks
@@ -186,12 +187,13 @@ def at_extra_shapes(cfg: Config, desc: NetworkDescription, skipped: list[str],
                     progress: Progress | None = None) -> list[NetworkDescription]:
     """``desc`` (made at ``[networks] input_shape``) at each of ``[networks] extra_input_shapes``, named
     ``<name>_<H>x<W>`` (:func:`reshape.query_at`: rebuilt there, or pruned there as a variant of its network). One
-    that cannot take a shape (a generated transformer stage's position embedding has one entry per pixel) is left out
-    at it, with a line saying why appended to ``skipped``."""
+    that cannot take a shape (a generated transformer stage's position embedding has one entry per pixel; a generated
+    network's stem, :func:`_too_small_for_stem`) is left out at it, with a line saying why appended to ``skipped``."""
     out = []
     for shape in cfg.networks.extra_input_shapes:
         name = shaped_name(desc.name, shape)
         try:
+            _too_small_for_stem(desc, shape)
             at = query_at(cfg, desc.name, desc, shape)
         except UserError as exc:
             skipped.append(f"{name} left out: {desc.name} cannot be made at {shape_text(shape)} ({exc})")
@@ -200,6 +202,22 @@ def at_extra_shapes(cfg: Config, desc: NetworkDescription, skipped: list[str],
         if progress:
             progress(f"{name}: at {shape_text(shape)}")
     return out
+
+
+def _too_small_for_stem(desc: NetworkDescription, shape: list[int]) -> None:
+    """``UserError`` where ``desc`` is a generated network and ``shape`` ([C, H, W]) is smaller than its stem
+    allows: at least ``FULL_STEM_INPUT`` (64) pixels a side for a stem of stride 2, ``MIN_INPUT`` (32) for one of
+    stride 1. The generator chose the stride at ``[networks] input_shape`` so that the last maps are at least 2x2;
+    rebuilt smaller, they would be 1x1 and batch norm cannot train on them at batch size 1 (which the profile stage
+    measures). Left out per network, as a transformer stage is: the bound depends on each network's recorded stem."""
+    if desc.extra.get("source") != "generator":
+        return
+    stem = next((n for n in desc.nodes if n.name == "stem_conv"), None)
+    stride = max(stem.attrs.get("stride", [1])) if stem is not None else 1
+    need = FULL_STEM_INPUT if stride > 1 else MIN_INPUT
+    if min(shape[1:]) < need:
+        raise UserError(f"its stem strides by {stride}, drawn at {shape_text(desc.input_shape)}: its last maps would "
+                        f"be under 2x2 and batch norm cannot train at batch size 1; it needs at least {need}x{need}")
 
 
 def _row(desc: NetworkDescription, path: Path, models_dir: Path) -> dict[str, Any]:

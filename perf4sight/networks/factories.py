@@ -68,10 +68,27 @@ def parse_factory(spec: str, root: Path, models_dir: Path | None = None) -> Fact
     return Factory(spec, path.resolve(), function)
 
 
+def _check_own_helpers(factory: Factory) -> None:
+    """``UserError`` where a module beside the factory's file that the file imports (its import statements) was
+    imported from another factory's folder instead (two folders' ``common.py``: one process imports a name once, from
+    the first folder on ``sys.path``), which would build the network from the other folder's code."""
+    folder = factory.path.parent
+    tree = ast.parse(factory.path.read_bytes())
+    imported = {a.name.partition(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.partition(".")[0] for n in ast.walk(tree)
+                 if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module}
+    for helper in sorted(p for p in folder.glob("*.py") if p.stem in imported):
+        loaded = getattr(sys.modules.get(helper.stem), "__file__", None)
+        if loaded and Path(loaded).resolve().parent != folder and str(Path(loaded).resolve().parent) in sys.path:
+            raise UserError(f"factory '{factory.spec}': its {helper.name} is shadowed by {loaded}, imported for "
+                            f"another factory under the same name: give the helper modules distinct names")
+
+
 def _import(factory: Factory) -> ModuleType:
     """The factory's file as a module, imported once per process. Its folder is appended to ``sys.path``, so the
     modules beside it that it imports are found, as when the file is run as a script (after the installed
-    packages: a file named like one of those does not shadow it)."""
+    packages: a file named like one of those does not shadow it; one named like another factory's helper is refused:
+    :func:`_check_own_helpers`)."""
     name = "perf4sight_models_" + re.sub(r"\W", "_", str(factory.path))
     if name in sys.modules:
         return sys.modules[name]
@@ -86,6 +103,7 @@ def _import(factory: Factory) -> ModuleType:
     except (Exception, SystemExit) as exc:  # a user file can raise anything while importing, sys.exit() included
         raise UserError(f"factory '{factory.spec}': {factory.path} fails to import "
                         f"({type(exc).__name__}: {exc})") from None
+    _check_own_helpers(factory)
     sys.modules[name] = module
     return module
 
@@ -114,6 +132,7 @@ def build_factory_model(factory: Factory, num_classes: int = 1000) -> nn.Module:
     except (Exception, SystemExit) as exc:  # sys.exit("msg") in a factory: named, not the CLI's exit
         raise UserError(f"factory '{factory.spec}': calling {factory.function}() failed "
                         f"({type(exc).__name__}: {exc})") from None
+    _check_own_helpers(factory)  # a helper it imports only when called
     from torch import nn  # only here: parsing a spec (parse_factory) needs no torch
 
     if not isinstance(model, nn.Module):
