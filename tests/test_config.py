@@ -211,7 +211,8 @@ def test_predict_and_compare_show_the_configs_own_networks_where_no_zoo_network_
     (tmp_path / "nets").mkdir()
     (tmp_path / "nets" / "mine.py").write_text("def net():\n    pass\n")
     zoo_less = GOOD.replace('zoo = ["resnet18"]', "zoo = []")
-    cfg = load_config(write(tmp_path, zoo_less.replace("[networks]\n", '[networks]\nfactories = ["nets/mine.py:net"]\n', 1)))
+    own = zoo_less.replace("[networks]\n", '[networks]\nfactories = ["nets/mine.py:net"]\n', 1)
+    cfg = load_config(write(tmp_path, own))
     assert default_networks(cfg) == ["net"]
     cfg = load_config(write(tmp_path, zoo_less))
     assert default_networks(cfg) == []  # before the networks stage: nothing to show, predict and compare say so
@@ -221,7 +222,8 @@ def test_predict_and_compare_show_the_configs_own_networks_where_no_zoo_network_
     with pytest.raises(UserError, match=r"compare: no networks to show: name them in \[compare\] networks"):
         compare_devices(cfg, ["local"], Console())
     (cfg.models_dir).mkdir(parents=True)
-    (cfg.models_dir / "manifest.csv").write_text("network,family,target_level,path\ngen_0,gen,0.0,generated/gen_0.json\n"
+    (cfg.models_dir / "manifest.csv").write_text("network,family,target_level,path\n"
+                                                 "gen_0,gen,0.0,generated/gen_0.json\n"
                                                  "gen_0_l50,gen,50.0,pruned/gen_0_l50.json\n")
     assert default_networks(cfg) == ["gen_0"]
     assert default_networks(load_config(write(tmp_path, GOOD))) == ["resnet18"]
