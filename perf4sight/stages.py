@@ -384,6 +384,8 @@ def _predict_on_one(cfg: Config, args: argparse.Namespace) -> int:
     if predictor == "ensemble":
         _ensemble_note(fp)
     names = list(dict.fromkeys(args.network or default_networks(cfg)))  # each once, in order
+    if not names:  # whichever question is asked of them
+        raise UserError("predict: no networks given")
     if getattr(args, "max_batch_size", None) is not None:
         return _predict_max_batch(cfg, args, fp, device, names)
     if getattr(args, "prune_to_fit", False):
@@ -500,8 +502,6 @@ def _predict_prune_to_fit(cfg: Config, args: argparse.Namespace, fp: object, dev
     from perf4sight.networks.on_request import (PRUNABLE, LevelVariants, prunable_networks, pruned_as,
                                                 with_command_line_factories)
 
-    if not names:
-        raise UserError("predict: no networks given")
     budget = args.max_latency_ms
     if budget is not None and not budget > 0:
         raise UserError(f"--max-latency-ms must be a positive number of milliseconds, got {budget:g}")

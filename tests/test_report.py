@@ -174,7 +174,7 @@ def test_report_data(project, report):
 def test_devices_trained_at_other_input_shapes_are_said_to_differ(project):
     """A CPU fingerprint at 3x64x64 beside a TX2 one at 3x224x224 looked like a CPU three times faster than the TX2
     in the plots: the report says the shapes differ, and each device's curves carry its shape for the legend."""
-    from perf4sight.report.compare import _curves, gather_device
+    from perf4sight.report.compare import _curves, _entries, gather_device
 
     devs, descs = [], {}
     for name in SUBSETS:
@@ -182,13 +182,13 @@ def test_devices_trained_at_other_input_shapes_are_said_to_differ(project):
         devs.append(d)
     devs[1].fingerprint.input_shape = [3, 112, 112]
     notes: list[str] = []
-    curves, names = _curves(project, devs, descs, notes)
+    curves, names = _curves(project, devs, descs, _entries(project), notes)
     assert "the fingerprints were trained at different input shapes (tx2a 3x224x224, tx2b 3x112x112)" in notes[0]
     assert {(c.device, c.input_shape) for c in curves["latency"]["resnet18"]} == {("tx2a", "3x224x224"),
                                                                                     ("tx2b", "3x112x112")}
     devs[1].fingerprint.input_shape = list(devs[0].fingerprint.input_shape)  # the same shape: no note, no label
     notes.clear()
-    curves, _ = _curves(project, devs, descs, notes)
+    curves, _ = _curves(project, devs, descs, _entries(project), notes)
     assert not any("input shapes" in n for n in notes)
     assert {c.input_shape for c in curves["memory"]["resnet18"]} == {""}
 
@@ -197,7 +197,7 @@ def test_a_variant_pruned_on_request_is_said_in_the_report(project):
     """[compare] networks may name a level no one profiled (``resnet18_l45``): pruned as the networks stage would,
     predicted on every device, and the report's notes say so."""
     from dataclasses import replace
-    from perf4sight.report.compare import _curves, gather_device
+    from perf4sight.report.compare import _curves, _entries, gather_device
 
     cfg = replace(project, compare=replace(project.compare, networks=["resnet18_l45"]))
     devs, descs = [], {}
@@ -205,7 +205,7 @@ def test_a_variant_pruned_on_request_is_said_in_the_report(project):
         d, descs[name] = gather_device(cfg, name)
         devs.append(d)
     notes: list[str] = []
-    curves, names = _curves(cfg, devs, descs, notes)
+    curves, names = _curves(cfg, devs, descs, _entries(cfg), notes)
     assert names == ["resnet18_l45"] and {c.device for c in curves["latency"]["resnet18_l45"]} == set(SUBSETS)
     assert [n for n in notes if "resnet18_l45" in n][0].startswith(
         "resnet18_l45: not in the dataset: resnet18 pruned on request as the networks stage would (l1-norm, "

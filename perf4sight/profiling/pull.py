@@ -57,9 +57,10 @@ def csv_with_rows(current: bytes, rows: list[dict[str, str]]) -> bytes:
     Other headers raise ``ValueError``."""
     if not current:
         return rows_to_csv(rows, with_header=True)
-    header, old = parse_records(current[:complete_records(current)], None)
-    if header == results.COLUMNS:  # a row left unfinished at the end (a crash) is dropped, as append_row does
-        return current[:complete_records(current)] + rows_to_csv(rows, with_header=False)
+    complete = current[:complete_records(current)]  # a row left unfinished at the end (a crash) is dropped
+    header, old = parse_records(complete, None)
+    if header == results.COLUMNS:  # as append_row drops it
+        return complete + rows_to_csv(rows, with_header=False)
     if header is not None and set(header) <= set(results.COLUMNS):
         return rows_to_csv(old + rows, with_header=True)
     raise ValueError(f"unexpected columns {header}")

@@ -90,9 +90,9 @@ def _differing_shapes(trained_at: dict[str, tuple[int, ...]]) -> dict[str, str]:
 
 
 def _curves(cfg: Config, devs: list[DeviceData], all_descs: dict[str, dict[str, NetworkDescription]],
-            notes: list[str]) -> tuple[dict[str, dict[str, list[Curve]]], list[str]]:
-    """target -> network -> curves (one per device); fills each device's ``max_batch``."""
-    entries = _entries(cfg)
+            entries: list[str], notes: list[str]) -> tuple[dict[str, dict[str, list[Curve]]], list[str]]:
+    """target -> network -> curves (one per device) of ``entries`` (:func:`_entries`); fills each device's
+    ``max_batch``."""
     names: list[str] = []
     out: dict[str, dict[str, list[Curve]]] = {"latency": {}, "memory": {}}
     by_shape: dict[tuple[int, ...], list[NetworkDescription]] = {}
@@ -309,7 +309,8 @@ def compare_devices(cfg: Config, devices: list[str], console: Console) -> Path:
     """Write the compare report for ``devices`` (each must have a fingerprint); returns its folder."""
     if not devices:
         raise UserError("compare: no devices to compare (run --stage fingerprint first)")
-    if not _entries(cfg):
+    entries = _entries(cfg)
+    if not entries:
         raise UserError(f"{cfg.path}: compare: no networks to show: name them in [compare] networks (or [predict] "
                         "networks, [networks] zoo)")
     devs, all_descs = [], {}
@@ -322,11 +323,11 @@ def compare_devices(cfg: Config, devices: list[str], console: Console) -> Path:
     if len(set(steps.values())) > 1:
         notes.append("the fingerprints are of training steps with different optimisers ("
                      + ", ".join(f"{n}: {s}" for n, s in steps.items()) + "): their figures are of different steps")
-    curves, names = _curves(cfg, devs, all_descs, notes)
+    curves, names = _curves(cfg, devs, all_descs, entries, notes)
     if not any(curves.values()):
         raise UserError("compare: no network could be predicted on any device; " + "; ".join(notes))
     trained_at = _trained_at(cfg, devs)
-    pruned_cfg, entries = with_command_line_factories(cfg, _entries(cfg))  # FILE.py:FUNCTION as [networks] factories
+    pruned_cfg, entries = with_command_line_factories(cfg, entries)  # FILE.py:FUNCTION as [networks] factories
     pruning = pruning_points(pruned_cfg, devs, trained_at, entries, notes)
     least = least_levels(pruned_cfg, devs, trained_at, pruning, notes)
     now = _dt.datetime.now(_dt.timezone.utc)
