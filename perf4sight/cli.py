@@ -108,7 +108,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--prune-to-fit", action="store_true",
                         help="predict: the least pruning level (whole %% of parameters, pruned as the networks stage "
                              "would) at which each network is predicted to fit the device's memory at each "
-                             "--batch-size; the networks: zoo networks or those [networks] names")
+                             "--batch-size; the networks: zoo networks, those [networks] names, a variant's name "
+                             "for its network, or FILE.py:FUNCTION")
     parser.add_argument("--input-shape", nargs=3, type=int, metavar=("C", "H", "W"),
                         help="predict: at this input shape of one training image (e.g. 3 224 224) instead of the "
                              "fingerprint's training networks' (a network given by file or dataset name is rebuilt "

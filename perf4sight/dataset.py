@@ -200,8 +200,13 @@ def measured_devices(cfg: Config, wanted: list[str] | None) -> list[str]:
 def fingerprinted_devices(cfg: Config, wanted: list[str] | None, predictor: str = "trees") -> list[str]:
     """Devices with a fitted fingerprint of ``predictor`` (``--device`` narrows the list)."""
     marker = "metadata.json" if predictor == "trees" else "gnn.json"  # the ensemble needs both; loading checks
-    return _devices_having(cfg, cfg.fingerprint_dir, marker, f"{predictor} fingerprint", wanted,
-                           f"--stage fingerprint --device {{device}} --predictor {predictor}")
+    fit = "--stage fingerprint --device {device}" + ("" if predictor == cfg.fingerprint.predictor
+                                                     else f" --predictor {predictor}")
+    unmeasured = [d for d in wanted or [] if not (cfg.fingerprint_dir / d / marker).is_file()
+                  and not results_path(cfg.profiling_dir, d).is_file()]
+    if unmeasured:  # fitting would fail for want of measurements: say the whole way
+        fit = f"--stage all, or --stage profile --device {{device}} (or --stage import) and then {fit},"
+    return _devices_having(cfg, cfg.fingerprint_dir, marker, f"{predictor} fingerprint", wanted, fit)
 
 
 ZOO_CACHE = "zoo-cache"  # under models_dir: zoo descriptions made for predict and compare, reused
@@ -302,7 +307,8 @@ def unknown_network(cfg: Config, name: str, dataset: list[str] | None = None) ->
     guess = f" (did you mean {' or '.join(repr(n) for n in close)}?)" if close else ""
     mine = (f"a network of the dataset ({len(dataset)}: {named(dataset, 4)}), " if dataset
             else "a network of the dataset (none yet: run --stage networks or --stage import), ")
-    return (f"unknown network '{name}'{guess}: give a zoo network (one of torchvision's classifiers by name, e.g. "
-            f"resnet18, mobilenet_v2, efficientnet_b0: --help lists the {len(ZOO_NAMES)}), a pruned variant of one "
+    return (f"unknown network '{name}'{guess}: give a zoo network (one of torchvision's classifiers or segmentation "
+            f"networks by name, e.g. resnet18, mobilenet_v2, efficientnet_b0: --help lists the {len(ZOO_NAMES)}), a "
+            "pruned variant of one "
             f"or of a network [networks] names (e.g. {ZOO_NAMES[0]}_l30: pruned on request as the networks stage "
             f"would), {mine}a description .json file, or FILE.py:FUNCTION (a function that returns the network)")

@@ -409,9 +409,9 @@ def _predict_on_one(cfg: Config, args: argparse.Namespace) -> int:
         return 0
     cap = getattr(fp, "capacity_mb", None)
     fits_against = f"; fits: under {cap:,.0f} MiB" if cap is not None else ""
-    step = OPTIMIZER_LABELS.get(fp.optimizer, "?")
+    step = fp.runtime.label()  # as the fingerprint stage names it: with momentum and weight decay where recorded
     if fp.optimizer != fp.fitted_optimizer:
-        step += f", from a fingerprint of {OPTIMIZER_LABELS.get(fp.fitted_optimizer, '?')}"
+        step += f", from a fingerprint of {fp.runtime.with_optimizer(fp.fitted_optimizer).label()}"
     _print_predictions(preds, f"predicted training step ({step}) on {device} by the {predictor} predictor "
                               f"(90% interval{fits_against})")
     _capacity_note(fp, preds)
@@ -461,7 +461,7 @@ def _predict_max_batch(cfg: Config, args: argparse.Namespace, fp: object, device
         raise UserError(f"--max-batch-size: the search limit must be a positive integer, got {args.max_batch_size}")
     limit = args.max_batch_size
     if fp.capacity_mb is None:
-        raise UserError(f"{device}: {UNKNOWN_CAPACITY}: there is no largest batch size to find")
+        raise UserError(f"{device}: {unknown_capacity(fp)}: there is no largest batch size to find")
     descs = _described(cfg, args, fp, names)
     found = []
     for d in descs:
@@ -506,8 +506,8 @@ def _predict_prune_to_fit(cfg: Config, args: argparse.Namespace, fp: object, dev
     if budget is not None and not budget > 0:
         raise UserError(f"--max-latency-ms must be a positive number of milliseconds, got {budget:g}")
     if fp.capacity_mb is None and budget is None:
-        raise UserError(f"{device}: {UNKNOWN_CAPACITY}: there is no pruning level to find that fits (--max-latency-ms "
-                        "alone searches for a step-time budget)")
+        raise UserError(f"{device}: {unknown_capacity(fp)}: there is no pruning level to find that fits "
+                        "(--max-latency-ms alone searches for a step-time budget)")
     cfg, names = with_command_line_factories(cfg, names)  # FILE.py:FUNCTION: pruned as [networks] factories are
     networks, refused = prunable_networks(cfg, names)
     if refused:
@@ -649,11 +649,12 @@ def _for_optimizer(fp: Any, optimizer: str, device: str) -> Any:
     fitted = fp.fitted_optimizer
     if optimizer == fitted:
         return fp
-    notes.print(f"note: {device}'s fingerprint was fitted on steps with {OPTIMIZER_LABELS[fitted]}; predicted for "
-                f"{OPTIMIZER_LABELS[optimizer]} ([profile] optimizer or --optimizer) by its models reading that "
-                "step's features (the optimiser's state and update passes), which no row measured, so the interval "
-                "may not hold (README: \"The training step's optimiser\"); profile and fit that step for a "
-                f"fingerprint of it, or --optimizer {fitted} for the step it measured", markup=False)
+    asked = fp.runtime.with_optimizer(optimizer).label()
+    notes.print(f"note: {device}'s fingerprint was fitted on steps with {fp.runtime.label()}; predicted for {asked} "
+                "([profile] optimizer or --optimizer) by its models reading that step's features (the optimiser's "
+                "state and update passes), which no row measured, so the interval may not hold (README: \"The "
+                "training step's optimiser\"); profile and fit that step for a fingerprint of it, or --optimizer "
+                f"{fitted} for the step it measured", markup=False)
     return for_optimizer(fp, optimizer)
 
 
@@ -673,9 +674,13 @@ def _print_predictions(preds: list[dict], title: str) -> None:
 
 
 #: Why a fingerprint has no memory capacity, and how to give it one.
-UNKNOWN_CAPACITY = ("its memory capacity is unknown: its measurements have no out-of-memory row (a cpu device's "
-                    "memory_limit_mb would also set it); profile batch sizes up to the first out-of-memory, or set "
-                    "the limit, and run --stage fingerprint again")
+def unknown_capacity(fp: object) -> str:
+    """Why ``fp``'s capacity is unknown and how to learn it: a limit to set is offered where the config takes one (a
+    cpu device's ``memory_limit_mb``; an ``nvml`` GPU's capacity comes from its out-of-memory rows alone)."""
+    on_cpu = getattr(fp, "metadata", {}).get("memory_target") == "peak_rss_mb"
+    limit = ", or set the device's memory_limit_mb," if on_cpu else ""
+    return ("its memory capacity is unknown: its measurements have no out-of-memory row; profile batch sizes up to "
+            f"the first out-of-memory{limit} and run --stage fingerprint again")
 
 
 def _capacity_note(fp: object, preds: list[dict]) -> None:
@@ -683,7 +688,7 @@ def _capacity_note(fp: object, preds: list[dict]) -> None:
     under the capacity (the capacity is compared with the analytic demand, not with the shown figure)."""
     cap = getattr(fp, "capacity_mb", None)
     if cap is None and preds:
-        notes.print(f"note: {UNKNOWN_CAPACITY}: 'fits' is unknown ('?', null in --json)", markup=False)
+        notes.print(f"note: {unknown_capacity(fp)}: 'fits' is unknown ('?', null in --json)", markup=False)
     elif (getattr(fp, "capacity_basis", "") == "analytic"
           and any(not p["fits"] and p["memory_mb"] <= cap for p in preds)):
         notes.print(f"note: 'fits' compares the capacity learnt from this device's out-of-memory rows ({cap:.0f} MiB) "

@@ -400,8 +400,13 @@ def test_a_device_without_data_is_named_beside_those_with_it(tmp_path):
     with pytest.raises(UserError, match=r"unknown device 'gpu0': "):
         fingerprinted_devices(cfg, ["gpu0"])
     with pytest.raises(UserError, match=r"no trees fingerprint for device\(s\) tx2 under [^(]*\(run --stage "
-                                        r"fingerprint --device tx2 --predictor trees first\)"):
+                                        r"fingerprint --device tx2 first\)"):  # the config's predictor: not named
         fingerprinted_devices(cfg, ["tx2"])  # none has one: nothing to list
+    (cfg.profiling_dir / "local" / "measurements.csv").unlink()  # fitting it would fail next: the whole way
+    with pytest.raises(UserError, match=r"\(run --stage all, or --stage profile --device local \(or --stage import\) "
+                                        r"and then --stage fingerprint --device local, first\)"):
+        fingerprinted_devices(cfg, ["local"])
+    (cfg.profiling_dir / "local" / "measurements.csv").write_text("device\n")
     (cfg.fingerprint_dir / "local").mkdir(parents=True)
     (cfg.fingerprint_dir / "local" / "metadata.json").write_text("{}")
     with pytest.raises(UserError, match=r"no gnn fingerprint for device\(s\) local .*\(run --stage fingerprint "

@@ -140,6 +140,7 @@ def test_all_stages_then_predict_json(all_stages, tmp_path):
     assert pred.returncode == 0, pred.stderr
     assert "batch size 8: outside the training rows' 2..4" in pred.stderr  # a note, on stderr beside the JSON
     assert "capacity is unknown" in pred.stderr  # no oom row, no memory_limit_mb: 'fits' says nothing
+    assert "or set the device's memory_limit_mb" in pred.stderr  # a cpu device takes one (an nvml GPU refuses it)
     # a level no one profiled: pruned on request, as the networks stage would, and said so
     assert "note: resnet18_l25: not in the dataset: resnet18 pruned on request as the networks stage would (l1-norm, " \
            "min_channels 4, seed 0: 2" in " ".join(pred.stderr.split())

@@ -995,3 +995,15 @@ def test_a_fingerprint_fitted_from_the_same_inputs_is_not_fitted_again(tmp_path)
     assert "up to date" not in stage()  # n_estimators as the config says, OpenBLAS's kernels as main.py pins them
     assert "up to date (fitted " in stage() and "--refit fits it again" in stage()
     assert "up to date" not in stage("--refit")
+
+
+def test_unknown_capacity_offers_a_limit_only_where_the_config_takes_one():
+    """An nvml GPU's config refuses memory_limit_mb, so its note must not suggest it; a cpu device's takes one."""
+    from types import SimpleNamespace
+
+    from perf4sight.stages import unknown_capacity
+
+    gpu = unknown_capacity(SimpleNamespace(metadata={"memory_target": "device_mem_used_mb"}))
+    cpu = unknown_capacity(SimpleNamespace(metadata={"memory_target": "peak_rss_mb"}))
+    assert "memory_limit_mb" not in gpu and "no out-of-memory row" in gpu
+    assert "or set the device's memory_limit_mb" in cpu

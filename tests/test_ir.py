@@ -633,6 +633,9 @@ def _conv_description() -> dict:
     (lambda d: d["nodes"][0].update(output_shape=[3, 6, 6]), r"the one 'input' node comes first"),
     (lambda d: d.update(name="../../outside"), r"name '../../outside' must be usable as a file name"),
     (lambda d: d.update(num_classes="ten"), r"num_classes must be an integer >= 1, got 'ten'"),
+    (lambda d: d["nodes"][1]["attrs"].update(bias="no"), r"\(conv2d\): attr 'bias' must be true or false, got 'no'"),
+    (lambda d: d.update(params=50_000_000),
+     r"params 50000000 is not the 112 trainable parameters its nodes hold \(leave params out"),
 ])
 def test_bad_node_fields_are_named(change, expected):
     """What used to fail deep inside a stage with an IndexError or ValueError, or pass silently (a node
@@ -643,6 +646,27 @@ def test_bad_node_fields_are_named(change, expected):
     with pytest.raises(UserError, match=expected) as info:
         NetworkDescription.from_dict(d, where="conv.json")
     assert str(info.value).startswith("conv.json: ") and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("op, attrs, expected", [
+    ("mul", {"scalar": "x"}, r"\(mul\): attr 'scalar' must be a number, got 'x'"),
+    ("add", {"scalar": None}, r"\(add\): attr 'scalar' must be a number, got None"),
+    ("dropout", {"p": 1.5}, r"\(dropout\): attr 'p' must be a number in \[0, 1\], got 1.5"),
+    ("relu", {"inplace": "yes"}, r"\(relu\): attr 'inplace' must be true or false, got 'yes'"),
+])
+def test_flags_and_numbers_of_a_node_are_checked_when_read(op, attrs, expected):
+    """A flag written as a string (``"bias": "no"`` read as true) or a scalar that is no number (which failed only
+    when the module was built, naming no node) is refused when the description is read, naming the node."""
+    d = _conv_description()
+    conv = d["nodes"][1]
+    d["nodes"].insert(2, {"name": "odd", "op": op, "inputs": [conv["name"]], "attrs": attrs,
+                          "output_shape": conv["output_shape"]})
+    d["nodes"][3]["inputs"] = ["odd"]
+    with pytest.raises(UserError, match=expected):
+        NetworkDescription.from_dict(d, where="conv.json")
+    d["nodes"][2]["attrs"] = {"mul": {"scalar": 0.5}, "add": {"scalar": 1}, "dropout": {"p": 0.0},
+                              "relu": {"inplace": True}}[op]
+    assert NetworkDescription.from_dict(d).params == 112
 
 
 def test_integer_pair_attributes_mean_a_square_pair():

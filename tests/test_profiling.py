@@ -239,6 +239,10 @@ def test_a_drift_reference_is_measured_around_the_new_measurements_only(tmp_path
     cfg.profile.batch_sizes = [1, 2, 4]
     with pytest.raises(UserError, match="'reference_network' 'c' is not one of its networks"):
         profile_local(cfg, "local", [a, b], progress=False)
+    from perf4sight.profiling.fleet import profile_devices  # the stage names the config's key, before any device
+    with pytest.raises(UserError, match=r"config.toml: \[profile\] reference_network 'c' is not one of the "
+                                        r"networks to profile \(a, b\)"):
+        profile_devices(cfg, ["local"], [a, b], show_progress=False)
 
 
 def test_timeout_gives_error_row(tmp_path):

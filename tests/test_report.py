@@ -460,3 +460,12 @@ def test_predict_on_several_devices_names_each_in_its_json_lines(project):
     assert alone[0]["latency_ms"] != alone[1]["latency_ms"] and "device" not in alone[0]
     missing = predict("tx2a", "nowhere")
     assert missing.returncode == 2 and missing.stdout == "" and "nowhere" in missing.stderr
+
+
+def test_a_largest_batch_at_the_search_limit_reads_as_maybe_more():
+    """compare's tables show a largest batch of 1024 as 1024+, as predict's --max-batch-size does: every batch
+    searched fits, so the device may take more."""
+    from perf4sight.report.compare import BATCH_SEARCH_LIMIT, _batch_label
+
+    assert _batch_label(BATCH_SEARCH_LIMIT) == f"{BATCH_SEARCH_LIMIT}+"
+    assert _batch_label(37) == "37" and _batch_label(0) == "0" and _batch_label(None) == "–"

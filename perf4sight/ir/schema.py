@@ -78,6 +78,23 @@ _POSITIVE: Dict[str, Tuple[str, ...]] = {
 #: Op -> attributes that must be lists of positive integers (a shape).
 _SHAPES: Dict[str, Tuple[str, ...]] = {"layernorm": ("normalized_shape",), "scale": ("shape",), "shift": ("shape",),
                                        "token": ("shape",), "interpolate": ("size",)}
+#: Op -> attributes that must be true or false where given (required or optional).
+_FLAGS: Dict[str, Tuple[str, ...]] = {
+    "conv2d": ("bias",), "linear": ("bias",), "attention": ("bias",), "group_attention": ("bias",),
+    "window_attention": ("bias", "cosine"), "batchnorm2d": ("affine",), "layernorm": ("elementwise_affine",),
+    "maxpool2d": ("ceil_mode",), "avgpool2d": ("ceil_mode", "count_include_pad"), "mean": ("keepdim",),
+    "interpolate": ("align_corners",),
+    **{op: ("inplace",) for op in ("relu", "relu6", "hardswish", "sigmoid", "hardsigmoid", "silu", "gelu", "tanh",
+                                   "identity", "dropout")},
+}
+#: Op -> attributes that must be numbers where given: (name, least, most); None: no bound. A dropout's
+#: probabilities lie in [0, 1]; a norm's eps is above 0 (checked as >= 0 and not 0 below).
+_NUMBERS: Dict[str, Tuple[Tuple[str, Any, Any], ...]] = {
+    "dropout": (("p", 0, 1),), "attention": (("dropout", 0, 1),),
+    "window_attention": (("dropout", 0, 1), ("attention_dropout", 0, 1)),
+    "batchnorm2d": (("eps", 0, None), ("momentum", 0, 1)), "layernorm": (("eps", 0, None),),
+    "add": (("scalar", None, None),), "mul": (("scalar", None, None),),
+}
 _PAIRS: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("kernel_size", "stride", "padding", "dilation"),
     "maxpool2d": ("kernel_size", "stride", "padding"), "avgpool2d": ("kernel_size", "stride", "padding"),
@@ -116,18 +133,23 @@ def _attr_problem(node: "Node") -> str:
         least = 0 if a in ("padding", "shift_size") else 1
         if not (len(pair) == 2 and all(_is_int(x, least) for x in pair)):
             return f"attr '{a}' must be an integer or an [h, w] pair of integers >= {least}, got {v!r}"
-    if node.op == "batchnorm2d" and not isinstance(node.attrs.get("affine", True), bool):
-        return f"attr 'affine' must be true or false, got {node.attrs['affine']!r}"
+    for a in _FLAGS.get(node.op, ()):
+        if a in node.attrs and not isinstance(node.attrs[a], bool):
+            return f"attr '{a}' must be true or false, got {node.attrs[a]!r}"
+    for a, least, most in _NUMBERS.get(node.op, ()):
+        v = node.attrs.get(a)
+        if v is None and (a not in node.attrs or a == "momentum"):  # torch's momentum None: a cumulative average
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v \
+                or (least is not None and v < least) or (most is not None and v > most) or (a == "eps" and v == 0):
+            bounds = (" > 0" if a == "eps" else f" in [{least}, {most}]" if least is not None else "")
+            return f"attr '{a}' must be a number{bounds}, got {v!r}"
     if node.op == "gelu" and node.attrs.get("approximate", "none") not in ("none", "tanh"):
         return f"attr 'approximate' must be 'none' or 'tanh', got {node.attrs['approximate']!r}"
-    if node.op == "window_attention" and not isinstance(node.attrs.get("cosine", False), bool):
-        return f"attr 'cosine' must be true or false, got {node.attrs['cosine']!r}"
     if node.op == "window_attention" and not _is_int(node.attrs.get("position_bias_mlp", 0), 0):
         return f"attr 'position_bias_mlp' must be an integer >= 0 (0: a table), got {node.attrs['position_bias_mlp']!r}"
     if node.op == "interpolate" and node.attrs["mode"] not in INTERPOLATE_MODES:
         return f"attr 'mode' must be one of {', '.join(INTERPOLATE_MODES)}, got {node.attrs['mode']!r}"
-    if node.op == "interpolate" and not isinstance(node.attrs.get("align_corners", False), bool):
-        return f"attr 'align_corners' must be true or false, got {node.attrs['align_corners']!r}"
     if node.op == "interpolate" and node.attrs.get("align_corners") and node.attrs["mode"] != "bilinear":
         return "attr 'align_corners' is for mode 'bilinear' only"
     if node.op in ("attention", "window_attention", "group_attention") \
@@ -320,8 +342,11 @@ class NetworkDescription:
                    num_classes=int(d.get("num_classes", nodes[-1].output_shape[0] if nodes[-1].output_shape else 0)),
                    params=int(d.get("params", 0)), nodes=nodes, output=str(d["output"]),
                    pruning_level=d.get("pruning_level", 0), extra=extra)
-        if "params" not in d:
-            desc.params = count_params(desc)
+        counted = count_params(desc)
+        if "params" in d and desc.params != counted:
+            raise UserError(f"{where}: params {desc.params} is not the {counted} trainable parameters its nodes "
+                            "hold (leave params out to have them counted)")
+        desc.params = counted
         return desc
 
 

@@ -183,8 +183,13 @@ def profile_devices(cfg: Config, names: Sequence[str] | None, descriptions: Sequ
     missing = [str(d) for d in descs if not d.is_file()]
     if missing:
         raise UserError(f"network description not found: {missing[0]}")
-    for d in descs:  # a malformed file is the user's to fix (exit 2), not an error row measured on every device
-        load_description(d)
+    # a malformed file is the user's to fix (exit 2), not an error row measured on every device
+    names_profiled = [load_description(d).name for d in descs]
+    wanted = cfg.profile.reference_network
+    if cfg.profile.reference_every > 0 and wanted and names_profiled and wanted not in names_profiled:
+        listed = ", ".join(names_profiled[:8]) + (", ..." if len(names_profiled) > 8 else "")
+        raise UserError(f"{cfg.path}: [profile] reference_network {wanted!r} is not one of the networks to profile "
+                        f"({listed})")
     bars = progress_bars() if show_progress else None
     tasks: dict[str, Any] = {}
     lock = threading.Lock()

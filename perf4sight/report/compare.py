@@ -35,6 +35,8 @@ __all__ = ["compare_devices", "gather_device", "REPORT_FILES"]
 REPORT_FILES = ("index.html", "report.md", "data.json", "latency_vs_batch.png", "memory_vs_batch.png",
                 "feature_sensitivity.png")
 TOP_FEATURES = 8
+#: how far the largest batch that fits is searched (as predict's --max-batch-size default)
+BATCH_SEARCH_LIMIT = 1024
 
 
 def gather_device(cfg: Config, device: str) -> tuple[DeviceData, dict[str, NetworkDescription]]:
@@ -113,7 +115,7 @@ def _curves(cfg: Config, devs: list[DeviceData], all_descs: dict[str, dict[str, 
         measured_max = max((batch_size_of(r) for r in d.rows if r["status"] == "ok"), default=8)
         for name, desc in zip(names, by_shape[shape]):  # same entry order at every shape
             try:
-                mb = d.fingerprint.max_batch_size(desc)
+                mb = d.fingerprint.max_batch_size(desc, BATCH_SEARCH_LIMIT)
                 d.max_batch[name] = mb
                 grid = batch_grid(min(1024, max(8, measured_max, int((mb or 0) * 1.25))))
                 for target in ("latency", "memory"):
@@ -205,13 +207,21 @@ def _against_demand(d: DeviceData) -> bool:
     return d.fingerprint.capacity_mb is not None and getattr(d.fingerprint, "capacity_basis", "") == "analytic"
 
 
+def _batch_label(mb: int | None) -> str:
+    """A largest batch as shown: ``1024+`` where every batch searched fits (as predict's ``--max-batch-size``)."""
+    if mb is None:
+        return "–"  # a network that was not predicted on this device
+    return f"{mb}+" if mb >= BATCH_SEARCH_LIMIT else str(mb)
+
+
 def _largest_batch_blocks(devs: list[DeviceData], names: list[str]) -> list[Block]:
     """The largest batch that fits, per network and device."""
     b: list[Block] = [Heading("Largest batch that fits")]
     b.append(Table(["network"] + [d.name for d in devs],
-                   [[n] + [("unknown capacity" if d.max_batch.get(n, "x") is None else _fmt(d.max_batch.get(n), "d"))
+                   [[n] + [("unknown capacity" if d.max_batch.get(n, "x") is None else _batch_label(d.max_batch.get(n)))
                            for d in devs] for n in names],
-                   "largest b with every batch 1..b predicted under the device's capacity (capped at 1024)"))
+                   "largest b with every batch 1..b predicted under the device's capacity "
+                   f"({BATCH_SEARCH_LIMIT}+: every batch searched fits)"))
     demand = [f"{d.name} ({d.fingerprint.capacity_mb:.0f} MiB)" for d in devs if _against_demand(d)]
     if demand:
         b.append(Text(f"Capacity of {', '.join(demand)}: compared with the memory model's analytic demand, which "
@@ -300,7 +310,7 @@ def _print_summary(console: Console, devs: list[DeviceData], names: list[str], f
                   _fmt(acc.get("latency", {}).get("overall", {}).get("mape")),
                   _fmt(acc.get("memory", {}).get("overall", {}).get("mape")),
                   _fmt(d.fingerprint.capacity_mb, ".0f"),
-                  *["?" if d.max_batch.get(n) is None else str(d.max_batch[n]) for n in names])
+                  *["?" if d.max_batch.get(n) is None else _batch_label(d.max_batch[n]) for n in names])
     console.print(t)
     console.print(f"report: {folder / 'index.html'} (Markdown: {folder / 'report.md'})")
 
