@@ -41,10 +41,19 @@ def write_net(folder: Path, name: str, width: int = 16) -> Path:
 
 
 def write_broken(folder: Path) -> Path:
-    """A description that loads but cannot be rebuilt: a dropout that drops 150% (torch refuses it)."""
+    """A description the measuring child cannot build: a dropout that drops 150%, refused when it is read (the
+    runner alone does not read the plan's descriptions; the profile stage refuses it before any device)."""
     desc = describe(tiny("broken"), SHAPE, "broken")
     relu = next(n for n in desc.nodes if n.op == "relu")
     relu.op, relu.attrs = "dropout", {"p": 1.5}
+    return save_description(desc, folder / "broken.json")
+
+
+def write_failing_step(folder: Path) -> Path:
+    """A description that loads and builds but whose training step fails: labels drawn from a million classes for
+    an output of ten (cross-entropy's target out of bounds), an error at every batch size."""
+    desc = describe(tiny("broken"), SHAPE, "broken")
+    desc.num_classes = 1_000_000
     return save_description(desc, folder / "broken.json")
 
 
@@ -206,8 +215,9 @@ def test_erroring_network_gives_error_rows_and_sweep_continues(tmp_path):
     rows = results.read_rows(summary.csv_path)
     got = [(r["network"], r["batch_size"], r["status"]) for r in rows]
     assert got == [("broken", "1", "error"), ("broken", "2", "error"), ("good", "1", "ok"), ("good", "2", "ok")]
-    assert "dropout probability" in rows[0]["message"] and "\n" not in rows[0]["message"]
-    assert rows[1]["message"].startswith("not run:")  # a build failure is not retried at every batch size
+    assert "(dropout): attr 'p' must be a number in [0, 1], got 1.5" in rows[0]["message"]
+    assert "\n" not in rows[0]["message"]
+    assert rows[1]["message"] == rows[0]["message"]  # refused when the runner read it: no child at either size
     assert summary.error == 2 and len(summary.errors) == 2
 
 
@@ -746,7 +756,7 @@ def test_fleet_summary_counts_earlier_rows_and_error_rows_are_retried_when_asked
     ``retry_errors`` they are measured again."""
     from perf4sight.profiling.fleet import format_summaries, profile_devices
 
-    broken = write_broken(tmp_path)
+    broken = write_failing_step(tmp_path)
     cfg = load_config(write_config(tmp_path))
     (first,) = profile_devices(cfg, ["local"], [broken], show_progress=False)
     (again,) = profile_devices(cfg, ["local"], [broken], show_progress=False)
@@ -768,7 +778,7 @@ def test_a_runner_that_stops_early_is_summarised_with_the_rows_it_left(tmp_path,
     from perf4sight.errors import UserError
     from perf4sight.profiling.fleet import format_summaries, profile_devices
 
-    broken = write_broken(tmp_path)
+    broken = write_failing_step(tmp_path)
     cfg = load_config(write_config(tmp_path))
     real = local.profile_local
 

@@ -251,9 +251,11 @@ def format_checks(checks: Sequence[DeviceCheck]) -> str:
         f = c.facts
         state = ("ok" if c.ok else "reachable" if c.reachable else "HOST KEY REFUSED" if c.host_key_refused
                  else "LOGIN FAILED" if c.login_failed else "UNREACHABLE")
+        lib = f.get("backend_library")
+        library = (f"{lib} {f['backend_library_version']}" if lib and f.get("backend_library_version")
+                   else f"{lib} missing" if lib else "no backend library")
         facts = (f"python {f.get('python', '?')}, torch {f.get('torch') or 'missing'}"
-                 f"{', cuda' if f.get('cuda') else ''}, {f.get('backend_library') or 'no backend library'}"
-                 f" {f.get('backend_library_version') or ''}".rstrip()
+                 f"{', cuda' if f.get('cuda') else ''}, {library}"
                  + (f", memory {f['memory_mb']:.0f} MiB, swap {f.get('swap_mb', 0):.0f} MiB"
                     if f.get("memory_mb") else "")
                  + (f", free disk {f['free_disk_mb']:.0f} MiB" if isinstance(f.get("free_disk_mb"), (int, float))

@@ -223,7 +223,9 @@ class RemoteProfiler:
                 raise
             except DeviceError as exc:
                 if time.monotonic() > deadline:
-                    raise DeviceError(f"{exc} (gave up reconnecting after {self.reconnect_timeout_s:g} s)") from None
+                    raise DeviceError(f"{exc} (gave up reconnecting after {self.reconnect_timeout_s:g} s; the run "
+                                      "goes on on the device if it was started: rerun the profile stage to follow "
+                                      "it and pull its rows)") from None
                 self.progress(self.dev.name, -1, self.summary.expected, "reconnecting")
                 if self.cancel.wait(delay):
                     self._interrupted()

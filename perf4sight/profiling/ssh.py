@@ -201,7 +201,9 @@ class Remote:
                              f"({exc})") from None
         except NoValidConnectionsError:
             client.close()
-            raise DeviceError(f"device '{dev.name}': cannot reach {self.where}: connection refused") from None
+            raise DeviceError(f"device '{dev.name}': cannot reach {self.where}: connection refused (nothing listens "
+                              f"there: check host and port in [devices.{dev.name}], and that sshd runs on the "
+                              "device)") from None
         except paramiko.SSHException as exc:
             transport = client.get_transport()
             banner = getattr(transport, "remote_version", "") if transport is not None else ""
@@ -217,7 +219,8 @@ class Remote:
         except (OSError, EOFError) as exc:
             client.close()
             why = " ".join(str(exc).split()) or type(exc).__name__
-            raise DeviceError(f"device '{dev.name}': cannot reach {self.where}: {why}") from None
+            raise DeviceError(f"device '{dev.name}': cannot reach {self.where}: {why} (check host and port in "
+                              f"[devices.{dev.name}], and that the device is on and on the network)") from None
         transport = client.get_transport()
         if transport is not None:
             transport.set_keepalive(5)
