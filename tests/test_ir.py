@@ -742,6 +742,16 @@ def test_a_batch_norm_of_another_width_still_fails_the_forward() -> None:
     describe(nn.Sequential(nn.Conv2d(3, 6, 3), nn.BatchNorm2d(6), nn.ReLU6()), [3, 16, 16], name="good")
 
 
+def test_a_map_smaller_than_a_kernel_says_to_give_a_larger_input() -> None:
+    """inception_v3 below 75x75 failed with torch's words alone ("Calculated padded input size per channel"): the
+    line now says first that the maps shrink below a kernel at that size."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2), nn.Conv2d(8, 8, 5))
+    with pytest.raises(UserError, match=r"^small: the model's forward fails at input shape \[3, 8, 8\] \(\[C, H, W\]\) "
+                                        r"\(its maps shrink below a kernel at this size: give a larger input shape\)"):
+        describe(model, [3, 8, 8], name="small")
+    assert describe(model, [3, 16, 16], name="small").nodes[-1].output_shape == [8, 3, 3]
+
+
 class _WeightsAsked(nn.Module):
     """Self-attention called as ``attn(x, x, x)[0]``: ``need_weights`` left at its default, True."""
 

@@ -224,6 +224,15 @@ def test_a_swin_transformer_is_refused_for_pruning_at_once() -> None:
                                                            .parameters())
     with pytest.raises(UserError, match="cannot be pruned"):
         prune_source(src, [3, 64, 64], [0, 30], "l1-norm", 4, 0)
+    # the networks stage (which keeps a list of what it leaves out) makes its level 0 and says why the rest is not
+    skipped: list[str] = []
+    (alone,) = prune_source(src, [3, 64, 64], [0, 30, 60], "l1-norm", 4, 0, skipped=skipped)
+    assert alone.to_json() == desc.to_json()
+    assert skipped == ["swin_t_l30, swin_t_l60 left out: swin_t: a Swin or MaxViT transformer cannot be pruned "
+                       "(torch-pruning cannot follow its windowed attention, which reads its layers' weights directly "
+                       "or reshapes its heads by widths of its own); predict or compare it as it is, by its zoo name"]
+    with pytest.raises(UserError, match="cannot be pruned"):  # no level 0 asked for: nothing to make
+        prune_source(src, [3, 64, 64], [30], "l1-norm", 4, 0, skipped=[])
 
 
 def test_a_vit_prunes_its_mlps_and_keeps_its_token_width() -> None:
@@ -745,6 +754,13 @@ def test_an_unreachable_level_is_left_out_and_a_rerun_says_what_changed(tmp_path
     with (tmp_path / "models" / "manifest.csv").open() as fh:  # the last manifest is kept as it was
         assert [r["network"] for r in csv.DictReader(fh)] == ["tiny_vgg_l0", "tiny_vgg_l50"]
 
+    # back to a level the first run made under other settings: added, not also "changed" (it said both)
+    config.write_text(text.replace("[0, 30, 90]", "[0, 30]").replace("min_channels = 32", "min_channels = 8"))
+    back = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert back.returncode == 0, back.stderr[-2000:]
+    assert "manifest changed: 1 added (tiny_vgg_l30), 1 no longer made (tiny_vgg_l50;" in back.stdout
+    assert "changed under the same name" not in back.stdout
+
 
 def test_stage_reports_a_factory_that_fails_to_import(tmp_path: Path) -> None:
     (tmp_path / "bad.py").write_text("raise RuntimeError('no torch here')\n")
@@ -879,6 +895,15 @@ def test_a_pruned_description_file_keeps_its_name_and_family(tmp_path: Path) -> 
         ("tiny_vgg_l0", "tiny_vgg"), ("tiny_vgg_l20", "tiny_vgg"),
         ("tiny_vgg_l40_l0", "tiny_vgg"), ("tiny_vgg_l40_l20", "tiny_vgg")]
     assert int(rows[2]["params"]) == pruned.params and int(rows[3]["params"]) < pruned.params
+    # a level-0 variant of it given back as a file (under any file name) was named tiny_vgg, which it is not
+    made = load_config(tmp_path / "config.toml").models_dir / "pruned" / "l1-norm" / "tiny_vgg_l40_l0.json"
+    (tmp_path / "nets" / "copy.json").write_bytes(made.read_bytes())
+    (tmp_path / "config.toml").write_text(
+        '[networks]\nzoo = []\ndescription_files = ["nets/copy.json"]\n'
+        'input_shape = [3, 32, 32]\nnum_classes = 10\n[networks.pruning]\nlevels = [0]\n')
+    rows = make_networks(load_config(tmp_path / "config.toml")).rows
+    assert [(r["network"], r["family"], int(r["params"])) for r in rows] == [("tiny_vgg_l40_l0_l0", "tiny_vgg",
+                                                                              pruned.params)]
 
     # generated networks keep their names too (they were named by their style family, which others share)
     cfg = load_config(tmp_path / "config.toml")

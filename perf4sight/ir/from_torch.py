@@ -494,9 +494,18 @@ def _traced_with_shapes(module: nn.Module, input_shape: list[int], name: str) ->
 
 
 def forward_error(name: str, input_shape: list[int], exc: BaseException) -> UserError:
-    """The one-line ``UserError`` for ``name``'s forward failing at ``input_shape`` with ``exc``."""
-    return UserError(f"{name}: the model's forward fails at input shape {list(input_shape)} ([C, H, W]): "
-                     f"{_root_message(exc)}")
+    """The one-line ``UserError`` for ``name``'s forward failing at ``input_shape`` with ``exc``; where torch says a
+    map became smaller than a kernel, the likely fix is said first."""
+    message = _root_message(exc)
+    small = any(s in message for s in _MAP_TOO_SMALL)
+    hint = " (its maps shrink below a kernel at this size: give a larger input shape)" if small else ""
+    return UserError(f"{name}: the model's forward fails at input shape {list(input_shape)} ([C, H, W]){hint}: "
+                     f"{message}")
+
+
+#: torch's words for a feature map that a convolution's or pool's kernel no longer fits
+_MAP_TOO_SMALL = ("Calculated padded input size per channel", "Kernel size can't be greater than actual input size",
+                  "Output size is too small")
 
 
 def describe(module: nn.Module, input_shape: list[int], name: str, network: str | None = None,

@@ -42,7 +42,7 @@ from perf4sight.networks.factories import build_factory_model
 from perf4sight.networks.generator import GeneratorSettings, forward_flops, generate
 from perf4sight.networks.named import config_descriptions, named_networks
 from perf4sight.networks.on_request import variant_name
-from perf4sight.networks.pruning import PrunedModel, PruningPlan, UnreachableLevel, check_level, prune_model
+from perf4sight.networks.pruning import PrunedModel, PruningPlan, Unprunable, UnreachableLevel, check_level, prune_model
 from perf4sight.networks.reshape import query_at, shaped_name
 from perf4sight.networks.settings import SETTINGS_FILE, changed_settings_note, settings_sha
 from perf4sight.networks.zoo import build_zoo_model
@@ -154,12 +154,19 @@ def prune_source(src: Source, input_shape: list[int], levels: list[float], strat
     """One description per level (ascending input order kept), each with its achieved level; ``plan``: the
     source's :func:`pruning_plan` with these settings, where the caller keeps one (else it is made here).
 
-    A level the network cannot reach raises ``UnreachableLevel``; with a ``skipped`` list it is left out
-    instead and a line saying why is appended to the list."""
+    A level the network cannot reach raises ``UnreachableLevel``, and a network that cannot be pruned at all
+    ``Unprunable``; with a ``skipped`` list the level (every level but 0) is left out instead and a line saying why
+    is appended to the list."""
     levels = [check_level(lvl, f"[networks.pruning] levels ({src.name})") for lvl in levels]
     if not plan and all(lvl == 0 for lvl in levels):  # unpruned alone: nothing to trace (a Swin cannot be)
         plan = _Unpruned(_seeded_build(src, seed))
-    plan = plan or pruning_plan(src, input_shape, strategy, min_channels, seed)  # traced once for all levels
+    try:
+        plan = plan or pruning_plan(src, input_shape, strategy, min_channels, seed)  # traced once for all levels
+    except Unprunable as exc:
+        if skipped is None or 0 not in levels:
+            raise
+        skipped.append(f"{', '.join(variant_name(src.name, lvl) for lvl in levels if lvl)} left out: {exc}")
+        levels, plan = [lvl for lvl in levels if lvl == 0], _Unpruned(_seeded_build(src, seed))
     out = []
     for lvl in levels:
         try:
@@ -194,6 +201,7 @@ def at_extra_shapes(cfg: Config, desc: NetworkDescription, skipped: list[str],
         name = shaped_name(desc.name, shape)
         try:
             _too_small_for_stem(desc, shape)
+            _embedding_per_pixel(desc)
             at = query_at(cfg, desc.name, desc, shape)
         except UserError as exc:
             skipped.append(f"{name} left out: {desc.name} cannot be made at {shape_text(shape)} ({exc})")
@@ -218,6 +226,18 @@ def _too_small_for_stem(desc: NetworkDescription, shape: list[int]) -> None:
     if min(shape[1:]) < need:
         raise UserError(f"its stem strides by {stride}, drawn at {shape_text(desc.input_shape)}: its last maps would "
                         f"be under 2x2 and batch norm cannot train at batch size 1; it needs at least {need}x{need}")
+
+
+def _embedding_per_pixel(desc: NetworkDescription) -> None:
+    """``UserError`` where ``desc`` is a generated network with a transformer stage: its position embedding (a
+    ``shift``) holds one entry per pixel of the stage's map at the shape it was drawn at, which no other input shape
+    has (torch's own error, a reshape of the wrong size, says nothing of why)."""
+    if desc.extra.get("source") != "generator":
+        return
+    pos = next((n for n in desc.nodes if n.op == "shift"), None)
+    if pos is not None:
+        raise UserError(f"its transformer stage's position embedding ({pos.name}) holds one entry per pixel of its "
+                        f"map at {shape_text(desc.input_shape)}, {pos.attrs['shape'][0]} of them")
 
 
 def _row(desc: NetworkDescription, path: Path, models_dir: Path) -> dict[str, Any]:
@@ -306,7 +326,9 @@ def make_networks(cfg: Config, progress: Progress | None = None) -> NetworksMade
             gen_rows.append(_row(desc, path, models_dir))
         write_manifest(gen_rows, folder / "manifest.csv")
         if progress:
-            progress(f"generated {plural(len(gen_rows), 'network')} in {folder}")
+            extra = len(gen_rows) - len(generated)
+            progress(f"generated {plural(len(generated), 'network')} in {folder}"
+                     + (f" ({extra} more at the extra input shapes)" if extra else ""))
         rows += gen_rows
     if not rows:
         why = f"every [networks.pruning] level was out of reach ({skipped[0]}); lower the levels or min_channels" \
@@ -316,5 +338,7 @@ def make_networks(cfg: Config, progress: Progress | None = None) -> NetworksMade
     with atomic_path(models_dir / SETTINGS_FILE) as tmp:
         tmp.write_text(json.dumps({"settings_sha": settings_sha(cfg), "config": str(cfg.path)}, indent=1) + "\n")
     names = [r["network"] for r in rows]
-    return NetworksMade(rows, skipped, [n for n in names if n not in before] if before else [],
-                        [n for n in before if n not in names], changed)
+    added = [n for n in names if n not in before] if before else []
+    # a name new to the manifest is said to be added, even where an older run's file of it held another network
+    return NetworksMade(rows, skipped, added, [n for n in before if n not in names],
+                        [n for n in changed if n not in added])

@@ -8,6 +8,7 @@ networks is ``networks/build.py``'s (``sources``), with torch.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,13 +51,25 @@ def named_networks(cfg: Config) -> list[NamedNetwork]:
             raise UserError(f"{cfg.path}: [networks] factories: {exc}") from None
         found.append(NamedNetwork(factory.name, factory.source, factory.path, factory.name, factory=factory))
     for fname, desc in config_descriptions(cfg):
-        # a pruned or generated description keeps its own name (resnet18_l30 -> resnet18_l30_l0, not resnet18_l0,
-        # which reads as the unpruned network; gen_0_1 -> gen_0_1_l0, not its style family's name, which other
-        # generated networks share) and the family of the network it derives from
-        own = desc.pruning_level or desc.extra.get("source") == "generator"
+        # a pruned or generated description, or a variant made of one, keeps its own name (resnet18_l30 ->
+        # resnet18_l30_l0, not resnet18_l0, which reads as the unpruned network; gen_0_1 -> gen_0_1_l0, not its style
+        # family's name, which other generated networks share) and the family of the network it derives from
+        own = desc.pruning_level or desc.extra.get("source") == "generator" or _made_of_own_name(desc)
         found.append(NamedNetwork(desc.name if own else desc.network or desc.name, f"description:{fname}",
                                   cfg.resolve(fname), desc.network or desc.name, description=desc))
     return found
+
+
+#: a variant's suffixes as the networks stage writes them: ``_l<level>``, then ``_<H>x<W>`` at an extra shape
+_MADE_SUFFIX = re.compile(r"_l\d+(?:\.\d+)?(?:_\d+x\d+)?$")
+
+
+def _made_of_own_name(desc: NetworkDescription) -> bool:
+    """Whether ``desc`` is a variant the networks stage made (it records ``target_level``) of a source named other
+    than its family: resnet18_l30_l0, the level 0 of a description file of resnet18_l30, has half resnet18's
+    parameters and must not be read as resnet18."""
+    made_of = _MADE_SUFFIX.sub("", desc.name)
+    return "target_level" in desc.extra and made_of != desc.name and made_of != (desc.network or desc.name)
 
 
 def config_descriptions(cfg: Config) -> list[tuple[str, NetworkDescription]]:

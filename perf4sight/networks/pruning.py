@@ -61,6 +61,10 @@ STRATEGIES: tuple[str, ...] = PRUNING_STRATEGIES
 TOLERANCE = 1.0
 
 
+class Unprunable(UserError):
+    """A network torch-pruning cannot follow (a Swin or MaxViT transformer): its level 0 alone can be made."""
+
+
 class UnreachableLevel(UserError):
     """A pruning level a network cannot reach within ``2 * TOLERANCE`` points (``min_channels`` stops it
     first); ``achieved`` is the closest level it can reach (percent of parameters removed)."""
@@ -198,7 +202,7 @@ class PruningPlan:
         if min_channels < 1:
             raise UserError(f"{network}: min_channels must be >= 1, got {min_channels}")
         if any(type(m).__name__ in _UNPRUNABLE for m in base.modules()):
-            raise UserError(f"{network}: a Swin or MaxViT transformer cannot be pruned (torch-pruning cannot follow "
+            raise Unprunable(f"{network}: a Swin or MaxViT transformer cannot be pruned (torch-pruning cannot follow "
                             "its windowed attention, which reads its layers' weights directly or reshapes its heads "
                             "by widths of its own); predict or compare it as it is, by its zoo name")
         self.base, self.network, self.strategy, self.min_channels = base, network, strategy, min_channels
