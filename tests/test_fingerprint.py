@@ -975,6 +975,8 @@ def test_a_fingerprint_fitted_from_the_same_inputs_is_not_fitted_again(tmp_path)
     changed = fit(refit=False)
     assert "up_to_date" not in changed and changed["inputs_sha256"] != first["inputs_sha256"]
     assert fit(refit=False)["up_to_date"]
+    cfg.fingerprint = replace(cfg.fingerprint, gnn_max_epochs=30, predictor="ensemble")  # the GNN's: not the trees'
+    assert fit(refit=False)["up_to_date"]
     append_row(results_path(tmp_path / "profiling_csvs", "local"), {
         "device": "local", "backend": "cpu", "network": "a", "family": "a", "batch_size": 8, "input_shape": "3x16x16",
         "phase": "train", "status": "ok", "latency_ms_median": 10, "peak_rss_mb": 700, "threads": 1,

@@ -245,7 +245,8 @@ def fit_inputs_sha256(rows: Any, descriptions: dict[str, NetworkDescription], de
     """The hash of everything :func:`fit_fingerprint` reads from these arguments (``fit_inputs.inputs_sha256``),
     stored in its metadata: equal hashes, equal fingerprints."""
     recs = [r for r in records(rows) if str(r.get("device", device)) == device]
-    settings = {"fingerprint": dict(vars(fcfg)), "memory_limit_mb": float(memory_limit_mb), "coverage": coverage,
+    trees = {k: v for k, v in vars(fcfg).items() if not k.startswith("gnn_") and k != "predictor"}  # not the GNN's
+    settings = {"fingerprint": trees, "memory_limit_mb": float(memory_limit_mb), "coverage": coverage,
                 "nested": nested, "drift": drift, "device": device}
     if op_prices:  # only where measured, so that the hashes of fits without prices stay as they were
         settings["op_prices"] = prices_table(prices_key(op_prices))
