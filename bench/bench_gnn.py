@@ -20,9 +20,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from perf4sight.blas import pin_openblas_kernels  # noqa: E402
+from perf4sight.blas import pin_kernels  # noqa: E402
 
-pin_openblas_kernels()  # before numpy loads OpenBLAS: the figures reproduce on any x86-64 host
+pin_kernels()  # before numpy loads (and OpenBLAS): the figures reproduce on any x86-64 host
 import numpy as np  # noqa: E402
 
 warnings.filterwarnings("ignore", category=FutureWarning)

@@ -192,10 +192,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     if unused:  # e.g. --stage profile --network x: it would profile every network of the dataset
         print(f"error: {unused}", file=sys.stderr)
         return 2
-    from perf4sight.blas import pin_openblas_kernels
+    from perf4sight.blas import pin_kernels
     from perf4sight.errors import UserError
 
-    pin_openblas_kernels()  # before numpy loads: the same rows give the same fingerprint on any x86-64 host
+    pin_kernels()  # before numpy loads: the same rows give the same fingerprint on any x86-64 host
 
     signal.signal(signal.SIGTERM, _terminated)
 

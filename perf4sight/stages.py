@@ -408,12 +408,12 @@ def _predict_on_one(cfg: Config, args: argparse.Namespace) -> int:
         _capacity_note(fp, preds)
         return 0
     cap = getattr(fp, "capacity_mb", None)
-    fits_against = f"; fits: under {cap:,.0f} MiB" if cap is not None else ""
+    fits_against = f"; fits: under {_capacity_mib(cap, preds)} MiB" if cap is not None else ""
     step = fp.runtime.label()  # as the fingerprint stage names it: with momentum and weight decay where recorded
     if fp.optimizer != fp.fitted_optimizer:
         step += f", from a fingerprint of {fp.runtime.with_optimizer(fp.fitted_optimizer).label()}"
     _print_predictions(preds, f"predicted training step ({step}) on {device} by the {predictor} predictor "
-                              f"(90% interval{fits_against})")
+                              f"(90% interval{fits_against})", cap)
     _capacity_note(fp, preds)
     shape = shape_text(_query_shape(cfg, args, fp))
     whose = ("the input shape asked for" if getattr(args, "input_shape", None)
@@ -477,14 +477,15 @@ def _predict_max_batch(cfg: Config, args: argparse.Namespace, fp: object, device
         for f in found:
             _json_line(args, f)
         return 0
-    table = Table(title=f"largest batch size predicted to fit {device} ({fp.capacity_mb:,.0f} MiB, searched up to "
-                        f"{limit})")
+    cap, shown = fp.capacity_mb, [f for f in found if f["max_batch_size"]]
+    table = Table(title=f"largest batch size predicted to fit {device} ({_capacity_mib(cap, shown)} MiB, searched "
+                        f"up to {limit})")
     for col in ("network", "largest batch", "step time ms there", "memory MiB there"):
         table.add_column(col, justify="left" if col == "network" else "right")
     for f in found:
         b = f["max_batch_size"]
         table.add_row(f["network"], "none fits" if b is None else f"{b}{'+' if b == limit else ''}",
-                      "" if b is None else f"{f['latency_ms']:,.1f}", "" if b is None else f"{f['memory_mb']:,.0f}")
+                      "" if b is None else f"{f['latency_ms']:,.1f}", "" if b is None else _mib(f["memory_mb"], cap))
     console.print(table)
     if any(f["max_batch_size"] == limit for f in found):
         notes.print(f"note: '{limit}+': every batch size up to the search limit fits; raise it with "
@@ -544,7 +545,8 @@ def _predict_prune_to_fit(cfg: Config, args: argparse.Namespace, fp: object, dev
         for f, _ in found:
             _json_line(args, f)
         return 0
-    wanted = " and".join(filter(None, (f" fit {device}'s {fp.capacity_mb:,.0f} MiB" if fp.capacity_mb else "",
+    cap, shown = fp.capacity_mb, [f for f, r in found if r.variant is not None]
+    wanted = " and".join(filter(None, (f" fit {device}'s {_capacity_mib(cap, shown)} MiB" if cap else "",
                                        f" step within {budget:g} ms" if budget else "")))
     table = Table(title=f"least pruning predicted to{wanted}")
     for col in ("network", "batch", "level %", "removed %", "step time ms", "memory MiB", "fits"):
@@ -555,7 +557,7 @@ def _predict_prune_to_fit(cfg: Config, args: argparse.Namespace, fp: object, dev
             continue
         table.add_row(f["network"], str(f["batch_size"]), str(f["pruning_level"]), f"{f['achieved_level']:.1f}",
                       f"{f['latency_ms']:,.1f} [{f['latency_ms_low']:,.1f}, {f['latency_ms_high']:,.1f}]",
-                      f"{f['memory_mb']:,.0f} [{f['memory_mb_low']:,.0f}, {f['memory_mb_high']:,.0f}]",
+                      f"{_mib(f['memory_mb'], cap)} [{f['memory_mb_low']:,.0f}, {f['memory_mb_high']:,.0f}]",
                       "?" if f["fits"] is None else "yes" if f["fits"] else "no")
     console.print(table)
     return 0
@@ -658,9 +660,23 @@ def _for_optimizer(fp: Any, optimizer: str, device: str) -> Any:
     return for_optimizer(fp, optimizer)
 
 
-def _print_predictions(preds: list[dict], title: str) -> None:
+def _mib(value: float, cap: float | None, sep: str = ",") -> str:
+    """A memory figure in whole MiB (``sep``: the thousands separator, "" for none), or to 0.1 MiB where it would
+    read as the capacity ``cap`` itself (899.8 MiB shown as 900 under a capacity of 900 that it fits)."""
+    text = format(value, f"{sep}.0f")
+    return format(value, f"{sep}.1f") if cap is not None and text == format(cap, f"{sep}.0f") else text
+
+
+def _capacity_mib(cap: float, rows: list[dict]) -> str:
+    """The capacity in a table's title: to 0.1 MiB where a row's memory is shown so (:func:`_mib`)."""
+    near = any(f"{r['memory_mb']:.0f}" == f"{cap:.0f}" for r in rows)
+    return f"{cap:,.1f}" if near else f"{cap:,.0f}"
+
+
+def _print_predictions(preds: list[dict], title: str, cap: float | None = None) -> None:
     """The predictions as a table: step time and memory with their 90% interval, the training images per second
-    that step time gives (the batch size over it), and whether it fits."""
+    that step time gives (the batch size over it), and whether it fits (memory to 0.1 MiB where a whole number
+    would read as the capacity ``cap``)."""
     table = Table(title=title)
     for col in ("network", "batch", "step time ms", "images/s", "memory MiB", "fits"):
         table.add_column(col)
@@ -668,7 +684,7 @@ def _print_predictions(preds: list[dict], title: str) -> None:
         table.add_row(p["network"], str(p["batch_size"]),
                       f"{p['latency_ms']:.1f} [{p['latency_ms_low']:.1f}, {p['latency_ms_high']:.1f}]",
                       f"{1000 * p['batch_size'] / p['latency_ms']:,.0f}" if p["latency_ms"] > 0 else "–",
-                      f"{p['memory_mb']:.0f} [{p['memory_mb_low']:.0f}, {p['memory_mb_high']:.0f}]",
+                      f"{_mib(p['memory_mb'], cap, '')} [{p['memory_mb_low']:.0f}, {p['memory_mb_high']:.0f}]",
                       "?" if p["fits"] is None else "yes" if p["fits"] else "no")
     console.print(table)
 

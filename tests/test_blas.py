@@ -49,3 +49,30 @@ def test_the_kernels_reach_the_openblas_numpy_and_scipy_load():
         X86_KERNELS}
     cli = "import main\nassert main.main(['--config', 'no-such.toml', '--stage', 'fingerprint']) == 2"
     assert set(_loaded_kernels(cli)) == {X86_KERNELS}
+
+
+def test_numpys_targets_above_avx2_are_turned_off_where_numpy_names_them_so():
+    from perf4sight.blas import NUMPY_ABOVE_AVX2, pin_numpy_dispatch
+
+    env: dict[str, str] = {}
+    assert pin_numpy_dispatch(env, "x86_64", "2.4.6") == NUMPY_ABOVE_AVX2 and env == {
+        "NPY_DISABLE_CPU_FEATURES": NUMPY_ABOVE_AVX2}
+    mine = {"NPY_DISABLE_CPU_FEATURES": "AVX512_SPR"}
+    assert pin_numpy_dispatch(mine, "x86_64", "2.4.6") == "AVX512_SPR"  # the user's own choice is kept
+    for machine, version in (("x86_64", "2.3.5"), ("aarch64", "2.4.6")):  # older names, other targets: left
+        env = {}
+        assert pin_numpy_dispatch(env, machine, version) is None and env == {}
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="the targets are named on x86-64")
+def test_the_cli_runs_numpy_on_avx2_loops_and_passes_no_variable_on():
+    """On an AVX-512 host the same rows gave other held-out figures (numpy's AVX-512 loops round otherwise): the CLI
+    turns those targets off before numpy loads, and leaves the variable out of what its child processes inherit."""
+    code = ("import json, os, main\nassert main.main(['--config', 'no-such.toml', '--stage', 'fingerprint']) == 2\n"
+            "from perf4sight.blas import numpy_targets\n"
+            "print(json.dumps([numpy_targets(), os.environ.get('NPY_DISABLE_CPU_FEATURES')]))")
+    env = {k: v for k, v in os.environ.items() if k != "NPY_DISABLE_CPU_FEATURES"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True,
+                         timeout=120)
+    targets, inherited = json.loads(out.stdout.strip().splitlines()[-1])
+    assert inherited is None and "X86_V4" not in targets.split() and "AVX512_ICL" not in targets.split()

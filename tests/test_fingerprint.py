@@ -1009,3 +1009,13 @@ def test_unknown_capacity_offers_a_limit_only_where_the_config_takes_one():
     cpu = unknown_capacity(SimpleNamespace(metadata={"memory_target": "peak_rss_mb"}))
     assert "memory_limit_mb" not in gpu and "no out-of-memory row" in gpu
     assert "or set the device's memory_limit_mb" in cpu
+
+
+def test_a_memory_figure_that_would_read_as_the_capacity_is_shown_to_a_tenth():
+    """--prune-to-fit's table read "900 ... yes" under "fits: under 900 MiB" for 899.765 MiB: a figure whose whole
+    number is the capacity's is shown to 0.1 MiB, and so is the capacity in the title then."""
+    from perf4sight.stages import _capacity_mib, _mib
+
+    assert _mib(899.765, 900.0, "") == "899.8" and _mib(1649.2, 7291.0) == "1,649" and _mib(1649.2, None) == "1,649"
+    assert _capacity_mib(900.0, [{"memory_mb": 899.765}]) == "900.0"
+    assert _capacity_mib(7291.3, [{"memory_mb": 1649.2}]) == "7,291"

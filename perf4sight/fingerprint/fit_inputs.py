@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
+from perf4sight.blas import numpy_targets
 from perf4sight.ir.schema import NetworkDescription
 
 __all__ = ["code_sha256", "inputs_sha256", "stored_if_current", "INPUTS_KEY"]
@@ -50,6 +51,7 @@ def inputs_sha256(kind: str, rows: Iterable[dict[str, Any]], descriptions: dict[
         "settings": settings,
         "versions": versions,
         "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", ""),
+        "numpy_targets": numpy_targets(),
         "code": code_sha256(),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
