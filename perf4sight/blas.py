@@ -49,8 +49,9 @@ NUMPY_ABOVE_AVX2 = "X86_V4 AVX512_ICL AVX512_SPR"
 def pin_numpy_dispatch(environ: MutableMapping[str, str] | None = None, machine: str | None = None,
                        numpy_version: str | None = None) -> str | None:
     """Set ``NPY_DISABLE_CPU_FEATURES`` to :data:`NUMPY_ABOVE_AVX2` on an x86-64 host where it is unset and numpy
-    is 2.4 or later; returns the value numpy will read (None: every target it has). ``environ``, ``machine`` and
-    ``numpy_version`` default to this process's and the installed numpy's (read without importing it)."""
+    is 2.4 or later (not where the user chose the targets with ``NPY_ENABLE_CPU_FEATURES``); returns the value
+    numpy will read (None: every target it has). ``environ``, ``machine`` and ``numpy_version`` default to this
+    process's and the installed numpy's (read without importing it)."""
     env = os.environ if environ is None else environ
     arch = (machine or platform.machine()).lower()
     try:
@@ -58,7 +59,7 @@ def pin_numpy_dispatch(environ: MutableMapping[str, str] | None = None, machine:
         major_minor = tuple(int(part) for part in version.split(".")[:2])
     except (metadata.PackageNotFoundError, ValueError):
         major_minor = (0, 0)
-    if arch in _X86 and major_minor >= (2, 4):
+    if arch in _X86 and major_minor >= (2, 4) and "NPY_ENABLE_CPU_FEATURES" not in env:  # numpy takes one, not both
         env.setdefault("NPY_DISABLE_CPU_FEATURES", NUMPY_ABOVE_AVX2)
     return env.get("NPY_DISABLE_CPU_FEATURES")
 

@@ -693,7 +693,9 @@ def _print_predictions(preds: list[dict], title: str, cap: float | None = None) 
 def unknown_capacity(fp: object) -> str:
     """Why ``fp``'s capacity is unknown and how to learn it: a limit to set is offered where the config takes one (a
     cpu device's ``memory_limit_mb``; an ``nvml`` GPU's capacity comes from its out-of-memory rows alone)."""
-    on_cpu = getattr(fp, "metadata", {}).get("memory_target") == "peak_rss_mb"
+    meta = getattr(fp, "metadata", {})  # the trees' name the column memory_target; a GNN's, its targets' memory
+    column = meta.get("memory_target") or meta.get("targets", {}).get("memory", {}).get("column")
+    on_cpu = column == "peak_rss_mb"
     limit = ", or set the device's memory_limit_mb," if on_cpu else ""
     return ("its memory capacity is unknown: its measurements have no out-of-memory row; profile batch sizes up to "
             f"the first out-of-memory{limit} and run --stage fingerprint again")

@@ -62,6 +62,9 @@ def test_numpys_targets_above_avx2_are_turned_off_where_numpy_names_them_so():
     for machine, version in (("x86_64", "2.3.5"), ("aarch64", "2.4.6")):  # older names, other targets: left
         env = {}
         assert pin_numpy_dispatch(env, machine, version) is None and env == {}
+    chosen = {"NPY_ENABLE_CPU_FEATURES": "X86_V3 X86_V4"}  # numpy refuses to load with both variables set
+    assert pin_numpy_dispatch(chosen, "x86_64", "2.4.6") is None and chosen == {
+        "NPY_ENABLE_CPU_FEATURES": "X86_V3 X86_V4"}
 
 
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="the targets are named on x86-64")

@@ -1009,6 +1009,8 @@ def test_unknown_capacity_offers_a_limit_only_where_the_config_takes_one():
     cpu = unknown_capacity(SimpleNamespace(metadata={"memory_target": "peak_rss_mb"}))
     assert "memory_limit_mb" not in gpu and "no out-of-memory row" in gpu
     assert "or set the device's memory_limit_mb" in cpu
+    gnn_cpu = {"targets": {"memory": {"column": "peak_rss_mb", "unit": "MiB"}}}  # a GNN's (and ensemble's) metadata
+    assert "or set the device's memory_limit_mb" in unknown_capacity(SimpleNamespace(metadata=gnn_cpu))
 
 
 def test_a_memory_figure_that_would_read_as_the_capacity_is_shown_to_a_tenth():

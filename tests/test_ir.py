@@ -653,6 +653,7 @@ def test_bad_node_fields_are_named(change, expected):
     ("add", {"scalar": None}, r"\(add\): attr 'scalar' must be a number, got None"),
     ("dropout", {"p": 1.5}, r"\(dropout\): attr 'p' must be a number in \[0, 1\], got 1.5"),
     ("relu", {"inplace": "yes"}, r"\(relu\): attr 'inplace' must be true or false, got 'yes'"),
+    ("batchnorm2d", {"num_features": 4, "eps": -1}, r"\(batchnorm2d\): attr 'eps' must be a number >= 0, got -1"),
 ])
 def test_flags_and_numbers_of_a_node_are_checked_when_read(op, attrs, expected):
     """A flag written as a string (``"bias": "no"`` read as true) or a scalar that is no number (which failed only
@@ -664,9 +665,11 @@ def test_flags_and_numbers_of_a_node_are_checked_when_read(op, attrs, expected):
     d["nodes"][3]["inputs"] = ["odd"]
     with pytest.raises(UserError, match=expected):
         NetworkDescription.from_dict(d, where="conv.json")
-    d["nodes"][2]["attrs"] = {"mul": {"scalar": 0.5}, "add": {"scalar": 1}, "dropout": {"p": 0.0},
-                              "relu": {"inplace": True}}[op]
-    assert NetworkDescription.from_dict(d).params == 112
+    d["nodes"][2]["attrs"], own = {"mul": ({"scalar": 0.5}, 0), "add": ({"scalar": 1}, 0), "dropout": ({"p": 0.0}, 0),
+                                   "relu": ({"inplace": True}, 0),  # torch takes eps 0 (from_torch writes it so)
+                                   "batchnorm2d": ({"num_features": 4, "eps": 0, "momentum": None}, 8)}[op]
+    d.pop("params")
+    assert NetworkDescription.from_dict(d).params == 112 + own
 
 
 def test_integer_pair_attributes_mean_a_square_pair():

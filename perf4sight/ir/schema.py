@@ -88,7 +88,7 @@ _FLAGS: Dict[str, Tuple[str, ...]] = {
                                    "identity", "dropout")},
 }
 #: Op -> attributes that must be numbers where given: (name, least, most); None: no bound. A dropout's
-#: probabilities lie in [0, 1]; a norm's eps is above 0 (checked as >= 0 and not 0 below).
+#: probabilities lie in [0, 1]; a norm's eps is at least 0 (torch takes 0).
 _NUMBERS: Dict[str, Tuple[Tuple[str, Any, Any], ...]] = {
     "dropout": (("p", 0, 1),), "attention": (("dropout", 0, 1),),
     "window_attention": (("dropout", 0, 1), ("attention_dropout", 0, 1)),
@@ -141,8 +141,9 @@ def _attr_problem(node: "Node") -> str:
         if v is None and (a not in node.attrs or a == "momentum"):  # torch's momentum None: a cumulative average
             continue
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v \
-                or (least is not None and v < least) or (most is not None and v > most) or (a == "eps" and v == 0):
-            bounds = (" > 0" if a == "eps" else f" in [{least}, {most}]" if least is not None else "")
+                or (least is not None and v < least) or (most is not None and v > most):
+            bounds = (f" >= {least}" if most is None and least is not None
+                      else f" in [{least}, {most}]" if least is not None else "")
             return f"attr '{a}' must be a number{bounds}, got {v!r}"
     if node.op == "gelu" and node.attrs.get("approximate", "none") not in ("none", "tanh"):
         return f"attr 'approximate' must be 'none' or 'tanh', got {node.attrs['approximate']!r}"
