@@ -937,3 +937,16 @@ def test_a_model_of_several_outputs_or_no_parameters_is_one_line():
         describe(TwoOut(), [3, 16, 16], "two")
     with pytest.raises(UserError, match=r"^pool: has no parameters to prune"):
         PruningPlan(nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten()), [3, 16, 16], network="pool")
+
+    class IntOut(nn.Module):  # torch-pruning's trace ended in "TypeError: 'int' object is not iterable"
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3)
+
+        def forward(self, x):
+            self.conv(x)
+            return 3
+    with pytest.raises(UserError, match=r"^intout: the model returns int 3, not a tensor; a description follows one "
+                                        r"tensor output \(return the logits\)$"):
+        PruningPlan(IntOut(), [3, 16, 16], network="intout")
+    assert PruningPlan(TwoOut(), [3, 16, 16], network="two").groups  # a tuple of tensors: traced (describe refuses)

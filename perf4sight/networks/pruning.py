@@ -169,18 +169,26 @@ def _takes_apart(node: Any) -> bool:
 _UNPRUNABLE = frozenset({"ShiftedWindowAttention", "ShiftedWindowAttentionV2", "RelativePositionalMultiHeadAttention"})
 
 
-def _execution_order(model: nn.Module, example: torch.Tensor) -> list[nn.Module]:
-    """Conv and linear modules in the order a forward pass runs them."""
+def _execution_order(model: nn.Module, example: torch.Tensor) -> tuple[list[nn.Module], Any]:
+    """Conv and linear modules in the order a forward pass runs them, and what the forward returned."""
     order: list[nn.Module] = []
     hooks = [m.register_forward_hook(lambda mod, i, o: order.append(mod))
              for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
     try:
         with torch.no_grad():
-            model(example)
+            out = model(example)
     finally:
         for h in hooks:
             h.remove()
-    return order
+    return order, out
+
+
+def _holds_a_tensor(value: Any) -> bool:
+    """Whether a forward's output is a tensor, or holds one (a tuple, list or dict of them)."""
+    if isinstance(value, torch.Tensor):
+        return True
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else ()
+    return any(_holds_a_tensor(v) for v in items)
 
 
 def _l1_scores(root: nn.Module) -> np.ndarray:
@@ -214,9 +222,12 @@ class PruningPlan:
         example = torch.randn(1, *input_shape)
         traced = copy.deepcopy(base).eval()
         try:
-            order = _execution_order(traced, example)
+            order, out = _execution_order(traced, example)
         except Exception as exc:  # noqa: BLE001 - the model's own forward: any error is the user's model
             raise forward_error(network, input_shape, exc) from None
+        if not _holds_a_tensor(out):  # torch-pruning's trace would fail on it with a traceback
+            raise UserError(f"{network}: the model returns {type(out).__name__} {out!r:.40}, not a tensor; a "
+                            "description follows one tensor output (return the logits)")
         calls: list[str] = []
 
         def skip(group: Any) -> str:
