@@ -34,7 +34,7 @@ from perf4sight.features.formulas import (BYTES_PER_ELEMENT, HANDLERS, OUTPUT, O
 from perf4sight.features.latency_terms import LATENCY_FEATURES, KernelTable, kernel_table, latency_columns
 from perf4sight.features.priced_ops import priced_ms_per_sample
 from perf4sight.features.step_runtime import StepRuntime
-from perf4sight.features.walk import consumer_counts, walk
+from perf4sight.features.walk import consumer_counts, gradient_accumulations, walk
 from perf4sight.ir.schema import NetworkDescription
 
 __all__ = ["NetworkFeatures", "network_features", "features_for", "feature_matrix", "unsupported_ops",
@@ -204,11 +204,8 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
         saved[" loss"] = loss.bytes_written  # the log-softmax's result
         ps["activation_elems"] += loss.bytes_written / BYTES_PER_ELEMENT
         labels_bytes = 8.0 * numel(desc.label_shape)  # int64, held the whole step beside the input
-    # gradient accumulation: a tensor read by k ops receives k gradients -> k-1 extra adds; none for a tensor that
-    # needs no gradient (the network input, what parameter-free ops make of it alone: walk.py)
     branch = [n for n, k in consumers.items() if k > 1]
-    needs_grad = {visit.node.name: visit.needs_grad for visit in visits}
-    st["kernels_bwd"] += sum(consumers[n] - 1 for n in branch if needs_grad[n])
+    st["kernels_bwd"] += sum(gradient_accumulations(desc, visits).values())  # k gradients into a tensor: k-1 adds
     ps["saved_bytes"] = sum(saved.values()) + extra_saved
     ps["max_activation_bytes"] = max_act
     ps["input_bytes"] = numel(desc.input_shape) * BYTES_PER_ELEMENT + labels_bytes

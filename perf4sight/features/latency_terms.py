@@ -35,7 +35,7 @@ import numpy as np
 
 from perf4sight.features.formulas import BYTES_PER_ELEMENT, hands_input_back, numel, position_loss, window_geometry
 from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, OptimizerCost, optimizer_cost
-from perf4sight.features.walk import Visit, consumer_counts, walk
+from perf4sight.features.walk import Visit, gradient_accumulations, walk
 from perf4sight.ir.schema import NetworkDescription, Node
 
 __all__ = ["KernelTable", "kernel_table", "latency_columns", "LATENCY_FEATURES", "TILE", "GEMM", "DEPTHWISE",
@@ -266,11 +266,10 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
     shapes = {n.name: n.output_shape for n in desc.nodes}
     r = _Rows()
     params = 0
-    needs_grad: dict[str, bool] = {}
-    for visit in walk(desc) if visits is None else visits:
+    visits = list(walk(desc)) if visits is None else visits
+    for visit in visits:
         node, ins, first = visit.node, visit.in_shapes, visit.first
         op = node.op
-        needs_grad[node.name] = visit.needs_grad
         if op in _VIEWS or hands_input_back(node):
             continue
         params += visit.cost.param_tensors if visit.cost is not None else 0  # each gets its own update kernels
@@ -288,10 +287,9 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
             fwd_passes, bwd_passes, bwd_kernels = _PASSES.get(op, _DEFAULT_PASSES)
             _elementwise(r, node, ins, fwd_passes, bwd_passes, bwd_kernels if visit.needs_grad else 0)
     _loss(r, desc.node(desc.output).output_shape)
-    for name, k in consumer_counts(desc).items():  # k gradients into one tensor: k-1 accumulation adds
-        if k > 1 and needs_grad[name]:
-            for _ in range(k - 1):
-                r.other(BANDWIDTH, float(numel(shapes[name])), 3.0 * numel(shapes[name]) * BYTES_PER_ELEMENT)
+    for name, adds in gradient_accumulations(desc, visits).items():  # k gradients into one tensor: k-1 adds
+        for _ in range(adds):
+            r.other(BANDWIDTH, float(numel(shapes[name])), 3.0 * numel(shapes[name]) * BYTES_PER_ELEMENT)
     n_params = _param_count(desc)
     for _ in range(opt.kernels_per_tensor * params):
         share = opt.tensor_passes / opt.kernels_per_tensor * n_params * BYTES_PER_ELEMENT / max(params, 1)

@@ -15,13 +15,13 @@ nothing and counts no backward FLOPs or kernels. Keeping that rule here keeps th
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from perf4sight.features.formulas import HANDLERS, OpCost
 from perf4sight.features.step_runtime import StepRuntime
 from perf4sight.ir.schema import NetworkDescription, Node
 
-__all__ = ["Visit", "walk", "consumer_counts"]
+__all__ = ["Visit", "walk", "consumer_counts", "gradient_accumulations"]
 
 
 @dataclass(frozen=True)
@@ -67,3 +67,11 @@ def consumer_counts(desc: NetworkDescription) -> dict[str, int]:
         for i in node.inputs:
             counts[i] = counts.get(i, 0) + 1
     return counts
+
+
+def gradient_accumulations(desc: NetworkDescription, visits: Iterable[Visit]) -> dict[str, int]:
+    """Per tensor read by ``k`` > 1 ops that needs a gradient (``Visit.needs_grad`` of ``walk(desc)``'s visits): its
+    ``k`` - 1 accumulation adds, in node order. A tensor that needs none (the network input, what parameter-free ops
+    make of it alone) receives no gradients to add up."""
+    needs_grad = {visit.node.name: visit.needs_grad for visit in visits}
+    return {name: k - 1 for name, k in consumer_counts(desc).items() if k > 1 and needs_grad[name]}
