@@ -660,17 +660,20 @@ def _for_optimizer(fp: Any, optimizer: str, device: str) -> Any:
     return for_optimizer(fp, optimizer)
 
 
+def _reads_as(value: float, cap: float | None) -> bool:
+    """Whether a memory figure in whole MiB would read as the capacity ``cap`` in whole MiB."""
+    return cap is not None and round(value) == round(cap)
+
+
 def _mib(value: float, cap: float | None, sep: str = ",") -> str:
     """A memory figure in whole MiB (``sep``: the thousands separator, "" for none), or to 0.1 MiB where it would
     read as the capacity ``cap`` itself (899.8 MiB shown as 900 under a capacity of 900 that it fits)."""
-    text = format(value, f"{sep}.0f")
-    return format(value, f"{sep}.1f") if cap is not None and text == format(cap, f"{sep}.0f") else text
+    return format(value, f"{sep}.1f" if _reads_as(value, cap) else f"{sep}.0f")
 
 
 def _capacity_mib(cap: float, rows: list[dict]) -> str:
     """The capacity in a table's title: to 0.1 MiB where a row's memory is shown so (:func:`_mib`)."""
-    near = any(f"{r['memory_mb']:.0f}" == f"{cap:.0f}" for r in rows)
-    return f"{cap:,.1f}" if near else f"{cap:,.0f}"
+    return format(cap, ",.1f" if any(_reads_as(r["memory_mb"], cap) for r in rows) else ",.0f")
 
 
 def _print_predictions(preds: list[dict], title: str, cap: float | None = None) -> None:
@@ -689,7 +692,6 @@ def _print_predictions(preds: list[dict], title: str, cap: float | None = None) 
     console.print(table)
 
 
-#: Why a fingerprint has no memory capacity, and how to give it one.
 def unknown_capacity(fp: object) -> str:
     """Why ``fp``'s capacity is unknown and how to learn it: a limit to set is offered where the config takes one (a
     cpu device's ``memory_limit_mb``; an ``nvml`` GPU's capacity comes from its out-of-memory rows alone)."""

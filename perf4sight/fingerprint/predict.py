@@ -58,6 +58,8 @@ def _batch_size(v: Any) -> int:
     raise UserError(f"predict: batch size {v!r} ({type(v).__name__}) is not an integer")
 
 
+#: how far :meth:`Fingerprint.max_batch_size` searches unless told (predict's ``--max-batch-size`` default, compare's)
+BATCH_SEARCH_LIMIT = 1024
 MAX_BATCH_SIZE = 10**9  # larger batches overflow the byte counts (int64) of the allocator replay
 
 
@@ -202,7 +204,7 @@ class ModuleQueries:
                           f"were {train}: expect larger errors", UserWarning, stacklevel=2)
         return self.predict(desc, bss)
 
-    def max_batch_size(self, desc: Any, limit: int = 1024) -> int | None:
+    def max_batch_size(self, desc: Any, limit: int = BATCH_SEARCH_LIMIT) -> int | None:
         """Largest batch size b <= ``limit`` with every batch size 1..b predicted to fit (``fits`` of
         :meth:`predict`); 0 if none fits; None when the device capacity is unknown. Predicted memory is
         taken as growing with the batch size (bisection: about log2(limit) predictions)."""
@@ -309,7 +311,8 @@ class Fingerprint(ModuleQueries):
         nets = [self._features(d) for d in as_descriptions(descs)]
         return query_notes(self.metadata.get("training_domain"), nets, bss)
 
-    def max_batch_size(self, desc: NetworkDescription | NetworkFeatures | str | Path, limit: int = 1024) -> int | None:
+    def max_batch_size(self, desc: NetworkDescription | NetworkFeatures | str | Path,
+                       limit: int = BATCH_SEARCH_LIMIT) -> int | None:
         """Largest batch size b <= ``limit`` with every batch size 1..b predicted to fit; 0 if none
         fits; None when the device capacity is unknown. Predicted memory (the analytic part for a
         learnt capacity) is taken as growing with the batch size."""

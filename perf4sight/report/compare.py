@@ -19,7 +19,7 @@ from perf4sight.config import Config
 from perf4sight.dataset import default_networks, device_dataset, resolve_networks
 from perf4sight.errors import UserError
 from perf4sight.fingerprint.evaluate import metrics
-from perf4sight.fingerprint.predict import NETWORK_SPLIT, NETWORK_SPLIT_SEEN, RANDOM_SPLIT
+from perf4sight.fingerprint.predict import BATCH_SEARCH_LIMIT, NETWORK_SPLIT, NETWORK_SPLIT_SEEN, RANDOM_SPLIT
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.networks.on_request import with_command_line_factories
 from perf4sight.profiling.results import batch_size_of
@@ -35,8 +35,6 @@ __all__ = ["compare_devices", "gather_device", "REPORT_FILES"]
 REPORT_FILES = ("index.html", "report.md", "data.json", "latency_vs_batch.png", "memory_vs_batch.png",
                 "feature_sensitivity.png")
 TOP_FEATURES = 8
-#: how far the largest batch that fits is searched (as predict's --max-batch-size default)
-BATCH_SEARCH_LIMIT = 1024
 
 
 def gather_device(cfg: Config, device: str) -> tuple[DeviceData, dict[str, NetworkDescription]]:
@@ -115,9 +113,9 @@ def _curves(cfg: Config, devs: list[DeviceData], all_descs: dict[str, dict[str, 
         measured_max = max((batch_size_of(r) for r in d.rows if r["status"] == "ok"), default=8)
         for name, desc in zip(names, by_shape[shape]):  # same entry order at every shape
             try:
-                mb = d.fingerprint.max_batch_size(desc, BATCH_SEARCH_LIMIT)
+                mb = d.fingerprint.max_batch_size(desc)  # up to BATCH_SEARCH_LIMIT
                 d.max_batch[name] = mb
-                grid = batch_grid(min(1024, max(8, measured_max, int((mb or 0) * 1.25))))
+                grid = batch_grid(min(BATCH_SEARCH_LIMIT, max(8, measured_max, int((mb or 0) * 1.25))))
                 for target in ("latency", "memory"):
                     c = prediction_curve(d.fingerprint, d.name, desc, target, grid, d.rows, all_descs[d.name])
                     c.input_shape = shapes.get(d.name, "")
