@@ -10,6 +10,7 @@ A description file is plain Python that defines a factory function returning an
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import inspect
 import re
@@ -68,15 +69,23 @@ def parse_factory(spec: str, root: Path, models_dir: Path | None = None) -> Fact
     return Factory(spec, path.resolve(), function)
 
 
+@functools.lru_cache(maxsize=None)
+def _imported_modules(path: Path) -> frozenset[str]:
+    """The top-level modules the import statements of the Python file ``path`` name (absolute imports): parsed once
+    per process, as the file itself is imported once (:func:`_import`)."""
+    tree = ast.parse(path.read_bytes())
+    imported = {a.name.partition(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.partition(".")[0] for n in ast.walk(tree)
+                 if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module}
+    return frozenset(imported)
+
+
 def _check_own_helpers(factory: Factory) -> None:
     """``UserError`` where a module beside the factory's file that the file imports (its import statements) was
     imported from another factory's folder instead (two folders' ``common.py``: one process imports a name once, from
     the first folder on ``sys.path``), which would build the network from the other folder's code."""
     folder = factory.path.parent
-    tree = ast.parse(factory.path.read_bytes())
-    imported = {a.name.partition(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    imported |= {n.module.partition(".")[0] for n in ast.walk(tree)
-                 if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module}
+    imported = _imported_modules(factory.path)
     for helper in sorted(p for p in folder.glob("*.py") if p.stem in imported):
         loaded = getattr(sys.modules.get(helper.stem), "__file__", None)
         if loaded and Path(loaded).resolve().parent != folder and str(Path(loaded).resolve().parent) in sys.path:
