@@ -768,13 +768,20 @@ def run_import(cfg: Config, args: argparse.Namespace) -> int:
         notes.print(f"note: {device}: no graph found for {plural(len(missing), 'network')} ({named(missing, 5)}): "
                     "the rows were imported, but no stage can use them until the graph is in the source's graphs/ "
                     "folder and the source is imported again", style="yellow", markup=False)
+    if summary.renamed:
+        notes.print(f"note: {device}: {plural(len(summary.renamed), 'graph')} named otherwise than its file, imported "
+                    f"under the file's name, which its CSV files use ({named(summary.renamed, 3)})", markup=False)
+    if summary.rows_differing:
+        notes.print(f"note: {device}: {plural(summary.rows_differing, 'row')} already imported read otherwise in the "
+                    f"source now; the rows on disk are kept: to import the source's, remove {csv_path} (or those "
+                    "rows) and import again", style="yellow", markup=False)
     return 0
 
 
 def _import_counts(summary: ImportSummary) -> str:
     """An import's counts in words, e.g. "870 ok, 531 oom, 23 rows merged from repeated runs; 58 descriptions
     in models/imported/tx2" (rows already on disk, skipped, and merged rows only where there are some)."""
-    done = [f"{summary.ok} ok", f"{summary.oom} oom"]
+    done = [f"{summary.ok} ok", f"{summary.oom} oom"] + ([f"{summary.error} error"] if summary.error else [])
     if summary.rows_skipped_existing:
         done.append(f"{plural(summary.rows_skipped_existing, 'row')} already imported, skipped")
     if summary.duplicates_merged:

@@ -316,3 +316,85 @@ def test_a_source_of_two_boards_is_refused_not_averaged(tmp_path):
             (row,) = read_rows(results_path(tmp_path / "prof", board + source.name))
             assert (row["device_model"], float(row["latency_ms_median"])) == (board, ms)
             assert row["message"] == "no memory measurement" and row["input_shape"] == "3x16x16"
+
+
+def test_passed_cells_byte_order_marks_and_impossible_figures(tmp_path):
+    """``passed`` written ``1``/``yes`` was read as a failed run (an oom row saying passed=False); a byte-order mark
+    made the first column unknown; a mem_used above the device's capacity and a batch size of 8.5 were imported."""
+    src = tmp_path / "src" / "b" / "imagenet" / "memory" / "net_0-gt.csv"
+    src.parent.mkdir(parents=True)
+    src.write_text("\ufeffpassed|mem_used|capacity|bs\nTrue|100|7859|2\n1|200|7859|4\nyes|300|7859|8\n"
+                   " True |400|7859|16\n0|None|7859|32\n", encoding="utf-8")
+    _graph(tmp_path / "src", "net_0")
+    s = import_perf4sight(tmp_path / "src", "d", tmp_path / "prof", tmp_path / "models")
+    rows = read_rows(results_path(tmp_path / "prof", "d"))
+    assert (s.ok, s.oom) == (4, 1)
+    assert [r["device_mem_used_mb"] for r in rows if r["status"] == "ok"] == ["100.0", "200.0", "300.0", "400.0"]
+    for cells, error in ((["maybe|100|7859|2"], r"net_0-gt.csv: line 2: passed 'maybe' is neither True nor False"),
+                         (["True|100|7859|2", "|100|7859|4"], r"line 3: passed '' is neither True nor False"),
+                         (["True|9000|7859|2"], r"line 2: mem_used 9000 MiB is more than the device's capacity "
+                                                r"\(7859 MiB\)"),
+                         (["True|100|7859|8.5"], r"line 2: bad batch size '8.5'")):
+        bad = tmp_path / "bad" / "b" / "imagenet" / "memory" / "net_0-gt.csv"
+        _write(bad, "passed|mem_used|capacity|bs", cells)
+        _graph(tmp_path / "bad", "net_0")
+        with pytest.raises(UserError, match=error):
+            import_perf4sight(tmp_path / "bad", "e", tmp_path / "prof", tmp_path / "models")
+        assert not results_path(tmp_path / "prof", "e").exists()
+
+
+def test_graphs_are_all_checked_first_and_a_changed_source_is_not_taken_silently(tmp_path):
+    """A malformed graph failed the import after the graphs before it were written; importing again after the
+    source's graph changed tied the rows on disk to the new network, and changed figures were skipped unsaid."""
+    src = tmp_path / "src"
+    for net in ("a_0", "b_0"):
+        _write(src / "profiling_csvs" / "b" / "imagenet" / "latency" / f"{net}-gt.csv", "passed|latency|bs",
+               ["True|10|2", "True|20|4"])
+        _graph(src, net)
+    good = (src / "graphs" / "a_0.json").read_text()
+    (src / "graphs" / "b_0.json").write_text(good[:200])  # cut short
+    models = tmp_path / "models"
+    with pytest.raises(UserError, match=r"b_0.json: network description file is not valid JSON"):
+        import_perf4sight(src, "d", tmp_path / "prof", models)
+    assert not models.exists() and not (tmp_path / "prof").exists()
+
+    _graph(src, "b_0")
+    import_perf4sight(src, "d", tmp_path / "prof", models)
+    csv_path = results_path(tmp_path / "prof", "d")
+    before = (csv_path.read_bytes(), (models / "imported" / "d" / "b_0.json").read_bytes())
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+    from perf4sight.ir.schema import save_description
+    wider = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                          nn.Linear(16, 10))
+    save_description(describe(wider, [3, 16, 16], "b_0"), src / "graphs" / "b_0.json")
+    with pytest.raises(UserError, match=r"the source's description of b_0 differs from the one imported before "
+                                        r"\(.*b_0.json\), which its 2 rows of device 'd' were measured on: import "
+                                        r"under another --device name.*nothing written"):
+        import_perf4sight(src, "d", tmp_path / "prof", models)
+    assert (csv_path.read_bytes(), (models / "imported" / "d" / "b_0.json").read_bytes()) == before
+    assert import_perf4sight(src, "d2", tmp_path / "prof", models).rows_written == 4  # under another name it is new
+
+    _graph(src, "b_0")  # the graph as imported, one figure changed and one row added
+    _write(src / "profiling_csvs" / "b" / "imagenet" / "latency" / "b_0-gt.csv", "passed|latency|bs",
+           ["True|10|2", "True|25|4", "True|40|8"])
+    again = import_perf4sight(src, "d", tmp_path / "prof", models)
+    assert (again.rows_written, again.rows_skipped_existing, again.rows_differing) == (1, 4, 1)
+    assert sorted(float(r["latency_ms_median"]) for r in read_rows(csv_path) if r["network"] == "b_0") == [10, 20, 40]
+
+
+def test_a_graph_named_otherwise_than_its_file_takes_the_files_name(tmp_path):
+    """The rows are named by the CSV files' names, the description by the graph's own ``name``: a graph named
+    otherwise was imported and then never found, and the fingerprint's hint said to import it again."""
+    src = tmp_path / "src"
+    _write(src / "profiling_csvs" / "b" / "imagenet" / "latency" / "net_50-gt.csv", "passed|latency|bs",
+           ["True|10|2"])
+    from perf4sight.ir.schema import save_description
+    desc = load_description(_graph(src, "net_50"))
+    desc.name = "net_l50"
+    save_description(desc, src / "graphs" / "net_50.json")
+    proc = _cli_import(tmp_path, src)
+    assert proc.returncode == 0, proc.stderr
+    assert "1 graph named otherwise than its file, imported under the file's name" in " ".join(proc.stderr.split())
+    assert load_description(tmp_path / "models" / "imported" / "tx3" / "net_50.json").name == "net_50"

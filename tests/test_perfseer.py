@@ -207,8 +207,8 @@ def test_rows_of_another_backend_are_refused_before_anything_is_written(tmp_path
     rows = [{"device": "local", "backend": "cpu", "network": "tiny_l0", "batch_size": 2, "status": "ok",
              "phase": "train", "latency_ms_median": 20.0, "peak_rss_mb": 700.0}]
     export_perfseer(rows, {"tiny_l0": desc}, tmp_path / "ds", "peak_rss_mb")
-    with pytest.raises(UserError, match=r"prof/gpu/measurements.csv holds imported rows and the source brings cpu "
-                                        r"rows for device 'gpu'.*another --device name; nothing written"):
+    with pytest.raises(UserError, match=r"prof/gpu/measurements.csv holds imported \(perfseer\) rows and the source "
+                                        r"brings cpu rows for device 'gpu'.*another --device name; nothing written"):
         import_perfseer(tmp_path / "ds", "gpu", tmp_path / "prof", tmp_path / "models")
     assert csv_path.read_bytes() == before
     assert not (tmp_path / "models" / "imported" / "gpu" / "tiny_l0.json").exists()
@@ -217,8 +217,9 @@ def test_rows_of_another_backend_are_refused_before_anything_is_written(tmp_path
     both = tmp_path / "both"
     shutil.copytree(src, both / "gpu")
     shutil.copytree(tmp_path / "ds", both / "local")
-    with pytest.raises(UserError, match=r"the source brings rows of 2 backends \(cpu/imported\) for device 'new'; .*"
-                                        r"one folder per device \(gpu, local\).*e.g. --source .*both/gpu; nothing"):
+    with pytest.raises(UserError, match=r"the source brings rows of 2 backends \(cpu/imported \(perfseer\)\) for "
+                                        r"device 'new'; .*one folder per device \(gpu, local\).*e.g. --source "
+                                        r".*both/gpu; nothing"):
         import_perfseer(both, "new", tmp_path / "prof", tmp_path / "models")
     assert not results_path(tmp_path / "prof", "new").exists()
 
@@ -341,3 +342,54 @@ def test_graphs_pickled_with_protocols_0_and_1_are_read(tmp_path, monkeypatch):
     with pytest.raises(UserError, match=r"forbidden type copyreg.__newobj__"):
         read_graph(tmp_path / "evil.pkl")
     assert not (tmp_path / "pwned_by_pickle").exists()
+
+
+def test_sources_that_would_mix_or_invent_measurements_are_refused(tmp_path):
+    """Two devices' folders holding one network at one batch size kept one file's row and called the other
+    "already imported"; a PerfSeer source went into a device of perf4sight rows (both `imported`); a file named
+    for batch 4 whose graph says 99 invented a network `tiny_bs4`; an all-nan label was an ok row without figures;
+    a dangling graph link was a bare OS error."""
+    two = tmp_path / "two"
+    for folder, ms in (("rtx3090", "12.5"), ("a100", "5.0")):
+        (two / folder).mkdir(parents=True)
+        (two / folder / "tiny_bs4.pkl").write_bytes(pickle.dumps(_perfseer_graph()))
+        (two / folder / "tiny_bs4.txt").write_text(LABEL.replace("12.5", ms))
+    with pytest.raises(UserError, match=r"rtx3090/tiny_bs4.pkl: tiny at batch size 4 \(train\) is measured in "
+                                        r".*a100/tiny_bs4.pkl too: .*one folder per device \(a100, rtx3090\)"):
+        import_perfseer(two, "gpu", tmp_path / "prof", tmp_path / "models")
+    assert not (tmp_path / "prof").exists() and not (tmp_path / "models").exists()
+
+    from perf4sight.importers.perf4sight_csv import PROTOCOL
+    from perf4sight.profiling.results import append_row
+    append_row(results_path(tmp_path / "prof", "tx2"), {"device": "tx2", "backend": "imported", "protocol": PROTOCOL,
+                                                         "network": "a_0", "batch_size": 2, "status": "ok",
+                                                         "timestamp": "2026-11-29T00:00:00+00:00"})
+    with pytest.raises(UserError, match=r"holds imported \(perf4sight_mean3\) rows and the source brings imported "
+                                        r"\(perfseer\) rows for device 'tx2'"):
+        import_perfseer(two / "a100", "tx2", tmp_path / "prof", tmp_path / "models")
+
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    (odd / "tiny_bs4.pkl").write_bytes(pickle.dumps(_graph_at(99)))
+    (odd / "tiny_bs4.txt").write_text(LABEL)
+    with pytest.raises(UserError, match=r"tiny_bs4.pkl: the file name says batch size 4, its graph's memory_info "
+                                        r"batch_size 99"):
+        import_perfseer(odd, "gpu", tmp_path / "prof", tmp_path / "models")
+
+    failed = tmp_path / "failed"
+    failed.mkdir()
+    for b, label in ((4, LABEL), (8, "{'train': 'nan|nan|nan|nan|nan|nan|nan'}")):
+        (failed / f"tiny_bs{b}.pkl").write_bytes(pickle.dumps(_graph_at(b)))
+        (failed / f"tiny_bs{b}.txt").write_text(label)
+    s = import_perfseer(failed, "gpu", tmp_path / "prof", tmp_path / "models")
+    assert (s.rows_written, s.ok, s.error) == (2, 1, 1)
+    assert [r["status"] for r in read_rows(results_path(tmp_path / "prof", "gpu"))] == ["ok", "error"]
+    (failed / "tiny_bs8.txt").write_text("{'train': '-3|nan|nan|nan|nan|nan|nan'}")
+    with pytest.raises(UserError, match=r"tiny_bs8.txt \[train\]: time is negative \(-3\)"):
+        import_perfseer(failed, "gpu3", tmp_path / "prof", tmp_path / "models")
+
+    (failed / "tiny_bs8.txt").write_text(LABEL)
+    (failed / "tiny_bs8.pkl").unlink()
+    (failed / "tiny_bs8.pkl").symlink_to(failed / "gone.pkl")
+    with pytest.raises(UserError, match=r"tiny_bs8.pkl: cannot read the PerfSeer graph \(No such file"):
+        import_perfseer(failed, "gpu4", tmp_path / "prof", tmp_path / "models")

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import csv
 import datetime as _dt
+import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,15 +31,14 @@ from typing import Any
 
 from perf4sight.errors import UserError
 from perf4sight.features.optimizers import PERF4SIGHT_MOMENTUM, PERF4SIGHT_WEIGHT_DECAY
-from perf4sight.ir.schema import is_file_stem, load_description, save_description
+from perf4sight.ir.schema import NetworkDescription, is_file_stem, load_description, save_description
 from perf4sight.ir.shapes import shape_text
 from perf4sight.profiling.plan import update_columns
-from perf4sight.profiling.results import (append_row, file_sha, measured_keys, number, read_rows, results_path,
-                                          row_key)
+from perf4sight.profiling.results import append_row, file_sha, number, read_rows, results_path, row_key
 from perf4sight.wording import plural
 
-__all__ = ["ImportSummary", "check_backends", "import_perf4sight", "mark_thrashing", "read_gt_csv", "PROTOCOL",
-           "THRASH_RATIO"]
+__all__ = ["ImportSummary", "check_backends", "check_descriptions", "import_perf4sight", "mark_thrashing",
+           "read_gt_csv", "rows_on_disk", "source_kind", "PROTOCOL", "THRASH_RATIO"]
 
 #: The ``protocol`` cell of an imported row: perf4sight's profiler (latency the mean of 3 timed steps; memory
 #: read as ``features/allocator.py``'s ``perf4sight`` replay protocol describes).
@@ -65,35 +66,100 @@ class ImportSummary:
     rows_skipped_existing: int = 0
     ok: int = 0
     oom: int = 0
+    error: int = 0  # rows of runs that failed otherwise than out of memory
     duplicates_merged: int = 0
     descriptions: int = 0
     networks: list[str] = field(default_factory=list)
     without_graph: list[str] = field(default_factory=list)  # networks whose rows came without a description
     thrashing: list[str] = field(default_factory=list)  # "network at batch b": rows recorded as oom (THRASH_RATIO)
+    rows_differing: int = 0  # rows already on disk whose figures the source now gives otherwise (kept as on disk)
+    renamed: list[str] = field(default_factory=list)  # "file: name -> variant": graphs named otherwise than their file
     results_path: str = ""
     models_path: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
-    def write_new(self, out: Path, row: dict[str, Any], done: set) -> bool:
-        """Append ``row`` to ``out`` unless its key is in ``done`` (rows already on disk); count either way."""
-        if row_key(row, with_sha=False) in done:
+    def write_new(self, out: Path, row: dict[str, Any], done: dict[tuple, dict[str, Any]]) -> bool:
+        """Append ``row`` to ``out`` unless its key is in ``done`` (key -> the row already on disk,
+        :func:`rows_on_disk`); count either way, and count a row on disk whose status or figures differ from
+        ``row``'s (the source changed since it was imported: the row on disk is kept)."""
+        key = row_key(row, with_sha=False)
+        if key in done:
             self.rows_skipped_existing += 1
+            self.rows_differing += _differs(done[key], row)
             return False
         append_row(out, row)
-        done.add(row_key(row, with_sha=False))
+        done[key] = row
         self.rows_written += 1
         return True
+
+
+#: The cells of an imported row compared with the row on disk when it is imported again.
+_COMPARED = ("status", "device_mem_used_mb", "torch_alloc_peak_mb", "torch_reserved_peak_mb", "latency_ms_median")
+
+
+def _differs(on_disk: dict[str, Any], row: dict[str, Any]) -> bool:
+    """Whether ``row`` says something else than the row on disk of the same key (text or numbers: ``8`` is
+    ``8.0``)."""
+    for col in _COMPARED:
+        a, b = on_disk.get(col, ""), row.get(col, "")
+        x, y = number(a, finite=False), number(b, finite=False)
+        if (x != y) if x is not None and y is not None else str(a or "") != str(b or ""):
+            return True
+    return False
+
+
+def rows_on_disk(rows: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
+    """The rows already on disk by import key (:func:`row_key` without the sha), for
+    :meth:`ImportSummary.write_new`."""
+    return {row_key(r, with_sha=False): r for r in rows}
+
+
+def _without_source(desc: NetworkDescription) -> str:
+    """``desc`` as JSON less its ``source`` note (which names the file it was read from)."""
+    d = desc.to_dict()
+    d.pop("source", None)
+    return json.dumps(d, sort_keys=True)
+
+
+def check_descriptions(out_models: Path, descs: list[NetworkDescription], existing_rows: list[dict[str, Any]],
+                       device: str) -> None:
+    """``UserError`` (before anything is written) where a network with rows of ``device`` on disk comes in another
+    description than the one imported with them (``<out_models>/<name>.json``): writing it would tie those rows to
+    a network they were not measured on."""
+    measured: dict[str, int] = {}
+    for r in existing_rows:
+        measured[str(r["network"])] = measured.get(str(r["network"]), 0) + 1
+    for desc in descs:
+        path = out_models / f"{desc.name}.json"
+        if desc.name not in measured or not path.is_file():
+            continue
+        try:
+            before = load_description(path)
+        except UserError:
+            continue  # not readable: nothing to keep, it is written anew
+        if _without_source(before) != _without_source(desc):
+            raise UserError(f"import: the source's description of {desc.name} differs from the one imported before "
+                            f"({path}), which its {plural(measured[desc.name], 'row')} of device '{device}' were "
+                            "measured on: import under another --device name, or remove those rows and that file "
+                            "first; nothing written")
+
+
+def source_kind(row: dict[str, Any]) -> str:
+    """What made a row: its backend, and for an imported row also the tool whose data it came from (its protocol,
+    e.g. ``imported (perfseer)``): two tools' data of one device cannot be told apart once mixed either."""
+    backend = str(row.get("backend") or "")
+    return f"{backend} ({row.get('protocol') or '?'})" if backend == "imported" else backend
 
 
 def check_backends(out: Path, device: str, existing_rows: list[dict[str, Any]], incoming: set[str],
                    hint: str = "") -> None:
     """``UserError`` (before anything is written) unless every row of ``device``, those in ``out`` and those an
-    import brings (their ``backend`` values, ``incoming``), comes from one backend: a fingerprint is fitted on
-    one kind of device, and rows of two cannot be told apart afterwards. ``hint``: what to do when the source
-    itself brings rows of several backends, where the caller knows better than the general advice."""
-    have = {str(r.get("backend") or "") for r in existing_rows} - {""}
+    import brings (their kinds, ``incoming``: :func:`source_kind`), comes from one backend, or one tool's import: a
+    fingerprint is fitted on one kind of device, and rows of two cannot be told apart afterwards. ``hint``: what to
+    do when the source itself brings rows of several kinds, where the caller knows better than the general advice."""
+    have = {source_kind(r) for r in existing_rows} - {""}
     if len(have | incoming) < 2:
         return
     if have - incoming or len(have) > 1:
@@ -102,8 +168,8 @@ def check_backends(out: Path, device: str, existing_rows: list[dict[str, Any]], 
     else:
         what = f"the source brings rows of {len(incoming)} backends ({'/'.join(sorted(incoming))})"
         hint = hint or "import each backend's rows on their own, under its own --device name"
-    raise UserError(f"import: {what} for device '{device}'; one device's rows come from one backend: {hint}; "
-                    "nothing written")
+    raise UserError(f"import: {what} for device '{device}'; one device's rows come from one backend (or one tool's "
+                    f"data): {hint}; nothing written")
 
 
 def import_source(source_dir: str | Path, device: str, tool: str) -> Path:
@@ -127,7 +193,7 @@ def read_gt_csv(path: Path, kind: str | None = None) -> list[dict[str, str]]:
     """Rows of one perf4sight ``-gt.csv`` file ('|'-separated, one header line); with ``kind`` (memory or
     latency) its figure (:data:`TARGET`) must be a column, and a number on every passed row."""
     try:
-        with path.open(newline="") as fh:
+        with path.open(newline="", encoding="utf-8-sig") as fh:  # a byte-order mark is not part of the first column
             reader = csv.DictReader(fh, delimiter="|")
             rows, header = list(reader), reader.fieldnames or []
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
@@ -139,8 +205,17 @@ def read_gt_csv(path: Path, kind: str | None = None) -> list[dict[str, str]]:
         if None in r or None in r.values():  # csv: a short line's missing cells are None, a long one's extras r[None]
             fields = sum(v is not None for k, v in r.items() if k is not None) + len(r.get(None) or [])
             raise UserError(f"{path}: line {i}: {fields} fields where the header has {len(header)}")
-        if kind and _passed(r) and number(r.get(TARGET[kind]), finite=False) is None:  # inf: imported as it is
+        if str(r["passed"]).strip().lower() not in _PASSED:
+            raise UserError(f"{path}: line {i}: passed {r['passed']!r} is neither True nor False")
+        if not (kind and _passed(r)):
+            continue
+        figure = number(r.get(TARGET[kind]), finite=False)  # inf: imported as it is
+        if figure is None:
             raise UserError(f"{path}: line {i}: {TARGET[kind]} {r.get(TARGET[kind])!r} is not a number")
+        capacity = number(r.get("capacity"))  # MemTotal: no step uses more than the device has
+        if kind == "memory" and capacity and math.isfinite(figure) and figure > capacity:
+            raise UserError(f"{path}: line {i}: mem_used {figure:g} MiB is more than the device's capacity "
+                            f"({capacity:g} MiB)")
     return rows
 
 
@@ -178,7 +253,7 @@ def _collect(folder: Path, kind: str, pairs: dict, variants: dict) -> None:
         variants[variant] = (m["net"], float(m["level"]), folder.name, folder.parent.name)
         for i, r in enumerate(read_gt_csv(f, kind), start=2):
             bs = number(r.get("bs"))
-            if bs is None or bs < 1:  # None when infinite too: int() could not take it
+            if bs is None or bs < 1 or bs != int(bs):  # None when infinite too: int() could not take it
                 raise UserError(f"{f}: line {i}: bad batch size {r.get('bs')!r}")
             pairs.setdefault((variant, int(bs)), {"memory": [], "latency": []})[kind].append(r)
 
@@ -189,8 +264,13 @@ def _mean(rows: list[dict[str, str]], col: str) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
+#: The spellings of a ``passed`` cell (perf4sight writes ``True``/``False``): any other value is refused with its line.
+_PASSED = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
 def _passed(r: dict[str, str]) -> bool:
-    return str(r.get("passed", "")).strip().lower() == "true"
+    """A row's ``passed`` cell (checked by :func:`read_gt_csv`)."""
+    return _PASSED[str(r.get("passed", "")).strip().lower()]
 
 
 def _merge(mem: list[dict[str, str]], lat: list[dict[str, str]]) -> tuple[str, str, dict[str, Any]]:
@@ -301,26 +381,35 @@ def import_perf4sight(source_dir: str | Path, device: str, profiling_dir: str | 
     summary = ImportSummary(device=device, results_path=str(out), models_path=str(out_models))
     graphs = _find_graphs(source, variants)  # before anything is written
     existing = read_rows(out)
-    check_backends(out, device, existing, {"imported"})
+    check_backends(out, device, existing, {f"imported ({PROTOCOL})"})
+    descs: dict[str, NetworkDescription] = {}  # every graph read and checked before the first file is written
+    for variant, graph in sorted(graphs.items()):
+        if graph is None:
+            continue
+        desc = load_description(graph)
+        if desc.name != variant:  # the file's name is what ties a graph to its CSV files
+            summary.renamed.append(f"{graph.name}: {desc.name} -> {variant}")
+            desc.name = variant
+        desc.extra.setdefault("source", f"perf4sight import: {graph.name}")
+        descs[variant] = desc
+    check_descriptions(out_models, list(descs.values()), existing, device)
     info: dict[str, tuple[str, str]] = {}  # variant -> (input shape, description sha)
     for variant, (net, level, dataset, _board) in sorted(variants.items()):
         shape = _DATASET_SHAPES.get(dataset)
-        graph = graphs[variant]
-        if graph is not None:
-            desc = load_description(graph)
-            desc.extra.setdefault("source", f"perf4sight import: {graph.name}")
-            save_description(desc, out_models / f"{variant}.json")
-            summary.descriptions += 1
+        if variant in descs:
+            desc = descs[variant]
             shape = tuple(desc.input_shape)
-            sha = file_sha(desc.to_json().encode())  # of the file just written
-        else:
-            sha = ""
-            summary.without_graph.append(variant)
-        if shape is None:
+            info[variant] = (shape_text(shape), file_sha(desc.to_json().encode()))  # of the file written below
+        elif shape is None:
             raise UserError(f"{source}: unknown dataset folder '{dataset}' and no graph for {variant}")
-        info[variant] = (shape_text(shape), sha)
+        else:
+            info[variant] = (shape_text(shape), "")
+            summary.without_graph.append(variant)
+    for variant, desc in descs.items():
+        save_description(desc, out_models / f"{variant}.json")
+    summary.descriptions = len(descs)
 
-    done = measured_keys(existing, with_sha=False)
+    done = rows_on_disk(existing)
     stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     rows, repeated = [], set()
     for (variant, bs), files in sorted(pairs.items(), key=lambda kv: (kv[0][0], kv[0][1])):

@@ -51,10 +51,11 @@ from pathlib import Path
 from typing import Any
 
 from perf4sight.errors import UserError
-from perf4sight.importers.perf4sight_csv import ImportSummary, check_backends, import_source
+from perf4sight.importers.perf4sight_csv import (ImportSummary, check_backends, check_descriptions, import_source,
+                                                 rows_on_disk, source_kind)
 from perf4sight.ir.schema import INTERPOLATE_MODES, OPS, NetworkDescription, save_description
 from perf4sight.ir.shapes import shape_text
-from perf4sight.profiling.results import COLUMNS, file_sha, measured_keys, read_rows, results_path
+from perf4sight.profiling.results import COLUMNS, file_sha, read_rows, results_path
 
 __all__ = ["import_perfseer", "read_graph", "read_label", "graph_to_description", "is_own_export", "LABEL_FIELDS",
            "ONNX_TO_OP", "OP_TO_ONNX", "PERF4SIGHT_SOURCE", "safe_unpickle"]
@@ -140,7 +141,11 @@ def safe_unpickle(data: bytes, where: str) -> Any:
 def read_graph(path: str | Path) -> Any:
     """The ``networkx`` graph stored in ``path`` (allow-list unpickling)."""
     p = Path(path)
-    graph = safe_unpickle(p.read_bytes(), str(p))
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise UserError(f"{p}: cannot read the PerfSeer graph ({exc.strerror or exc})") from None
+    graph = safe_unpickle(data, str(p))
     if not hasattr(graph, "nodes") or not hasattr(graph, "predecessors"):
         raise UserError(f"{p}: the pickle holds a {type(graph).__name__}, not a networkx directed graph")
     return graph
@@ -152,9 +157,14 @@ def _floats(text: Any, where: str) -> dict[str, float]:
         raise UserError(f"{where}: expected {len(LABEL_FIELDS)} '|'-separated figures ({'|'.join(LABEL_FIELDS)}), "
                         f"got {len(parts)}")
     try:
-        return {k: float(v) for k, v in zip(LABEL_FIELDS, parts)}
+        figures = {k: float(v) for k, v in zip(LABEL_FIELDS, parts)}
     except ValueError as exc:
         raise UserError(f"{where}: non-numeric figure ({exc})") from None
+    negative = [k for k, v in figures.items() if v < 0]
+    if negative:
+        raise UserError(f"{where}: {negative[0]} is negative ({figures[negative[0]]:g}): a time, a use or a memory "
+                        "figure is at least 0 (nan: not measured)")
+    return figures
 
 
 def read_label(path: str | Path) -> dict[str, dict[str, float]]:
@@ -162,6 +172,8 @@ def read_label(path: str | Path) -> dict[str, dict[str, float]]:
     p = Path(path)
     try:
         raw = ast.literal_eval(p.read_text().strip())
+    except OSError as exc:
+        raise UserError(f"{p}: cannot read the label ({exc.strerror or exc})") from None
     except (ValueError, SyntaxError, MemoryError, RecursionError) as exc:
         raise UserError(f"{p}: label is not a Python dict literal ({type(exc).__name__})") from None
     if not isinstance(raw, dict) or not raw:
@@ -546,6 +558,14 @@ def _variant_name(graph: Any, stem: str, batch: int) -> str:
     return m.group(1) if m else stem
 
 
+def _check_named_batch(stem: str, batch: int, where: str) -> None:
+    """``UserError`` where the file name marks a batch size (``net_bs8``, ``net_batch8``) other than the graph's."""
+    m = re.search(r"(?:^|[_-])(?:bs|batch)[_-]?(\d+)$", stem)
+    if m and int(m.group(1)) != batch:
+        raise UserError(f"{where}: the file name says batch size {m.group(1)}, its graph's memory_info batch_size "
+                        f"{batch}")
+
+
 def _cell(value: float) -> Any:
     """A label figure as a measurement cell: ``nan`` (not measured) is an empty cell."""
     return value if math.isfinite(value) else ""
@@ -632,6 +652,10 @@ def import_perfseer(source_dir: str | Path, device: str, profiling_dir: str | Pa
     # network -> (its first graph's description, the identity its other graphs must share, sha of the file saved)
     descs: dict[str, tuple[NetworkDescription, str, str]] = {}
     rows: list[dict[str, Any]] = []
+    read_from: dict[tuple, Path] = {}  # (network, batch size, phase) -> the graph file its row comes from
+    folders = sorted({p.relative_to(source).parts[0] for p in pkls if len(p.relative_to(source).parts) > 1})
+    per_device = (f"the source holds one folder per device ({', '.join(folders)}), as an export of several devices "
+                  f"writes it: import one at a time, e.g. --source {source / folders[0]}") if len(folders) > 1 else ""
     for pkl in pkls:
         label_path = pkl.with_suffix(".txt")
         if not label_path.is_file():
@@ -639,6 +663,7 @@ def import_perfseer(source_dir: str | Path, device: str, profiling_dir: str | Pa
         graph = read_graph(pkl)
         label = read_label(label_path)
         desc, batch = graph_to_description(graph, pkl.stem, str(pkl))
+        _check_named_batch(pkl.stem, batch, str(pkl))
         desc.name = _variant_name(graph, pkl.stem, batch)
         identity, text = _description_identity(desc, is_own_export(graph))
         if desc.name in descs and descs[desc.name][1] != identity:
@@ -647,21 +672,28 @@ def import_perfseer(source_dir: str | Path, device: str, profiling_dir: str | Pa
         for phase in phases:
             if phase not in label:
                 continue
+            twice = read_from.setdefault((desc.name, batch, phase), pkl)
+            if twice != pkl:
+                raise UserError(f"{pkl}: {desc.name} at batch size {batch} ({phase}) is measured in {twice} too: one "
+                                f"source holds one measurement of it{'; ' + per_device if per_device else ''}")
+            failed = not (math.isfinite(label[phase]["time"]) or math.isfinite(label[phase]["peak_memory_usuage"]))
             rows.append({
                 **_label_row(graph, phase, label[phase], str(pkl)),
                 "device": device, "network": desc.name, "family": desc.network,
                 "pruning_level": desc.pruning_level, "batch_size": batch,
-                "input_shape": shape_text(desc.input_shape), "phase": phase, "status": "ok",
+                "input_shape": shape_text(desc.input_shape), "phase": phase, "status": "error" if failed else "ok",
+                **({"message": "the label has neither a time nor a peak memory (nan): a run that failed"}
+                   if failed else {}),
                 "timestamp": stamp, "description_sha": descs[desc.name][2]})
-    folders = sorted({p.relative_to(source).parts[0] for p in pkls if len(p.relative_to(source).parts) > 1})
-    per_device = (f"the source holds one folder per device ({', '.join(folders)}), as an export of several devices "
-                  f"writes it: import one at a time, e.g. --source {source / folders[0]}") if len(folders) > 1 else ""
-    check_backends(out, device, existing, {str(r.get("backend") or "") for r in rows} - {""}, per_device)
+    check_backends(out, device, existing, {source_kind(r) for r in rows} - {""}, per_device)
+    check_descriptions(out_models, [d for d, _, _ in descs.values()], existing, device)
     for desc, _, _ in descs.values():
         save_description(desc, out_models / f"{desc.name}.json")
     summary.descriptions = len(descs)
-    done = measured_keys(existing, with_sha=False)
+    done = rows_on_disk(existing)
     for row in rows:
-        summary.ok += summary.write_new(out, row, done)
+        if summary.write_new(out, row, done):
+            summary.ok += row["status"] == "ok"
+            summary.error += row["status"] == "error"
     summary.networks = sorted(descs)
     return summary
