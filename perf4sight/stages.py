@@ -448,7 +448,19 @@ def _described(cfg: Config, args: argparse.Namespace, fp: object, names: list[st
         descs = [query_at(cfg, name, d, shape, made) for name, d in zip(names, descs)]
     _print_notes(*(f"note: {line}" for line in made))
     _shape_note(fp, descs)
+    _unused_params_note(descs)
     return descs
+
+
+def _unused_params_note(descs: list[NetworkDescription]) -> None:
+    """Say which queries' modules hold parameters that no layer of their forward reads (``describe`` counts them as
+    ``unused_params``): left out of the description and so of the prediction, though their weights sit on the device."""
+    unused = [f"{d.name} {d.extra['unused_params'] / 1e6:.2f} M ({d.extra['unused_params'] * 4 / 2 ** 20:.0f} MiB as "
+              "fp32)" for d in descs if d.extra.get("unused_params")]
+    if unused:
+        notes.print(f"note: parameters that no layer of the forward reads are left out of the description, and so of "
+                    f"the prediction: {named(unused)}; their weights still take device memory (without gradients or "
+                    "optimiser state)", style="yellow", markup=False)
 
 
 def _predict_max_batch(cfg: Config, args: argparse.Namespace, fp: object, device: str, names: list[str]) -> int:

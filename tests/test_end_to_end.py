@@ -252,6 +252,15 @@ def test_all_stages_then_predict_json(all_stages, tmp_path):
     (own,) = [json.loads(line) for line in mine.stdout.splitlines()]
     assert own["network"] == "tiny_vgg" and own["variant"] == f"tiny_vgg_l{own['pruning_level']}" and own["fits"]
     assert list((tmp_path / "models" / "zoo-cache").glob(f"{own['variant']}-3x32x32-10-*.json"))
+    (tmp_path / "spare.py").write_text(  # weights no layer of the forward reads: said, not silently left out
+        "from torch import nn\n\n\nclass Spare(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.conv, self.fc, self.spare = nn.Conv2d(3, 8, 3), nn.Linear(8, 10), nn.Linear(512, 512)\n\n"
+        "    def forward(self, x):\n        return self.fc(self.conv(x).mean((2, 3)))\n\n\n"
+        "def spare(num_classes=10):\n    return Spare()\n")
+    spare = main_py(tmp_path, "--stage", "predict", "--network", "spare.py:spare", "--batch-size", "2", "--json")
+    assert spare.returncode == 0, spare.stderr
+    assert ("parameters that no layer of the forward reads are left out of the description, and so of the "
+            "prediction: spare 0.26 M (1 MiB as fp32)") in " ".join(spare.stderr.split())
     alone = main_py(tmp_path, "--stage", "predict", "--network", "resnet18", "--max-latency-ms", "5")
     assert alone.returncode == 2 and "--max-latency-ms is the step-time budget of --prune-to-fit" in alone.stderr
 

@@ -311,10 +311,10 @@ class _Resize(nn.Module):
 class _WithAux(nn.Module):
     def __init__(self):
         super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3)
+        self.conv, self.aux = nn.Conv2d(3, 4, 3), nn.Conv2d(3, 4, 3)
 
     def forward(self, x):
-        return {"out": self.conv(x), "aux": self.conv(x)}
+        return {"out": self.conv(x), "aux": self.aux(x)}
 
 
 def test_every_resize_reads_and_computes_as_torch_does():
@@ -950,3 +950,104 @@ def test_a_model_of_several_outputs_or_no_parameters_is_one_line():
                                         r"tensor output \(return the logits\)$"):
         PruningPlan(IntOut(), [3, 16, 16], network="intout")
     assert PruningPlan(TwoOut(), [3, 16, 16], network="two").groups  # a tuple of tensors: traced (describe refuses)
+
+
+class _InPlaceTail(nn.Module):
+    """A block whose in-place writes are not assigned back: ``y.mul_(0.5)`` and the residual ``y.add_(x)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 3, padding=1)
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3))
+
+    def forward(self, x):
+        y = self.conv(x).relu()
+        y.mul_(0.5)
+        y.add_(x)
+        return self.head(torch.sigmoid(y) * y)
+
+
+def test_in_place_writes_that_are_not_assigned_back_are_followed():
+    """torch.fx records ``y.mul_(0.5)`` as a node that later readers of ``y`` do not read: the description left both
+    writes out and computed another function (max |diff| 0.14), with no word said."""
+    torch.manual_seed(0)
+    module = _InPlaceTail().eval()
+    desc = describe(module, [4, 8, 8], "inplace")
+    sigmoid = next(n for n in desc.nodes if n.op == "sigmoid")
+    assert sigmoid.inputs == [next(n.name for n in desc.nodes if n.op == "add")]
+    _assert_same_function(desc, module, [4, 8, 8])
+
+
+class _Shared(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+        self.stem, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8, 10)
+
+    def forward(self, x):
+        x = self.stem(x)
+        for _ in range(3):
+            x = self.block(x)  # one set of weights, three calls
+        return self.fc(x.mean((2, 3)))
+
+
+class _DeepSupervision(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8, 10)
+        self.aux = nn.Linear(8 * 16 * 16, 10)  # read in training only
+        self.unused = nn.Linear(100, 100)
+
+    def forward(self, x):
+        x = self.body(x)
+        if self.training:
+            return self.fc(x.mean((2, 3))) + self.aux(torch.flatten(x, 1))
+        return self.fc(x.mean((2, 3)))
+
+
+class _Leftover(_DeepSupervision):
+    def forward(self, x):
+        return self.fc(self.body(x).mean((2, 3)))
+
+
+class _FlattensTheBatch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(3, 2, 3, padding=1), nn.Linear(2 * 2 * 4 * 4, 10)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self.conv(x)))
+
+
+def test_modules_a_description_cannot_follow_say_so_and_unused_weights_are_counted():
+    """A layer called three times was described with three sets of weights (the networks stage wrote 4x the
+    parameters); an auxiliary head under ``if self.training`` was dropped silently (the forward of evaluation is
+    traced); a flatten over the batch ended in an IndexError traceback; weights no layer reads went unsaid."""
+    with pytest.raises(UserError, match=r"^shared: layer 'block.0' is called 3 times \(and 1 more\), its weights "
+                                        r"shared between the calls"):
+        describe(_Shared(), [3, 16, 16], "shared")
+    with pytest.raises(UserError, match=r"^deepsup: its forward calls aux in training only \(an `if self.training` "
+                                        r"branch\)"):
+        describe(_DeepSupervision(), [3, 16, 16], "deepsup")
+    leftover = describe(_Leftover(), [3, 16, 16], "leftover")
+    assert leftover.extra["unused_params"] == 8 * 16 * 16 * 10 + 10 + 100 * 100 + 100
+    assert "unused_params" not in describe(build_zoo_model("resnet18", 10), [3, 32, 32], "r18").extra
+    with pytest.raises(UserError, match=r"^flat: cannot describe node flatten \(ValueError: a flatten from dimension "
+                                        r"0 merges the batch"):
+        describe(_FlattensTheBatch(), [3, 4, 4], "flat")
+
+
+@pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel")
+def test_same_and_valid_padding_are_described_as_numbers():
+    """``padding='same'`` was refused without naming the network; it is half the dilated kernel each side where that
+    is whole, and refused naming the node where torch pads one side more."""
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Conv2d(3, 4, 5, padding="same", dilation=2), nn.Conv2d(4, 4, 3, padding="valid"),
+                           nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3)).eval()
+    desc = describe(module, [3, 12, 12], "padded")
+    assert [n.attrs["padding"] for n in desc.nodes if n.op == "conv2d"] == [[4, 4], [0, 0]]
+    _assert_same_function(desc, module, [3, 12, 12])
+    uneven = nn.Sequential(nn.Conv2d(3, 4, 4, padding="same"), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+    with pytest.raises(UserError, match=r"^uneven: cannot describe node _0 \(ValueError: a convolution with "
+                                        r"padding='same' and kernel \[4, 4\]"):
+        describe(uneven, [3, 6, 6], "uneven")

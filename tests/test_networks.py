@@ -342,8 +342,17 @@ def test_min_channels_is_kept_and_unreachable_level_is_an_error() -> None:
     convs = [m for m in pruned.module.modules() if isinstance(m, nn.Conv2d)]
     assert min(c.out_channels for c in convs) >= 12
     assert sum(p.numel() for p in base.parameters()) == pruned.params_unpruned  # base left untouched
-    with pytest.raises(UserError, match="cannot reach pruning level 95"):
+    with pytest.raises(UserError, match=r"cannot reach pruning level 95% with strategy l1-norm and min_channels=64 "
+                                        r"\(it reaches [\d.]+% at most\); lower the level or min_channels"):
         prune_model(base, SHAPE, 95, "l1-norm", min_channels=64, network="tiny_vgg")
+    # between two steps of a narrow network (one channel of eight is 8-10% of its parameters): not "at most"
+    small = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+    with pytest.raises(UserError, match=r"^small: cannot reach pruning level 15% .*\(its pruning steps go from 11.1% "
+                                        r"to 19.4% there\); ask for a level near one of those$"):
+        prune_model(small, [3, 8, 8], 15, "l1-norm", min_channels=4, network="small")
+    assert prune_model(small, [3, 8, 8], 45, "l1-norm", min_channels=4, network="small").achieved_level == \
+        pytest.approx(45.9, abs=0.05)
 
 
 def test_pruning_is_deterministic_under_a_seed() -> None:
@@ -724,7 +733,7 @@ def test_an_unreachable_level_is_left_out_and_a_rerun_says_what_changed(tmp_path
     cmd = [sys.executable, str(ROOT / "main.py"), "--config", str(config), "--stage", "networks"]
     first = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
-    assert "note: tiny_vgg_l90 left out: with min_channels=32 tiny_vgg reaches" in first.stderr
+    assert "note: tiny_vgg_l90 left out: with min_channels=32 tiny_vgg cannot reach 90% (it reaches" in first.stderr
     assert "manifest changed" not in first.stdout  # a first run: nothing to compare with
     with (tmp_path / "models" / "manifest.csv").open() as fh:
         assert [r["network"] for r in csv.DictReader(fh)] == ["tiny_vgg_l0", "tiny_vgg_l30"]
@@ -980,3 +989,34 @@ def test_a_generated_network_is_left_out_at_an_extra_shape_too_small_for_its_ste
     assert skipped == ["gen_0_0_16x16 left out: gen_0_0 cannot be made at 3x16x16 (its stem strides by 1, drawn at "
                        "3x48x48: its last maps would be under 2x2 and batch norm cannot train at batch size 1; it "
                        "needs at least 32x32)"]
+
+
+def test_a_factorys_cached_description_follows_the_packages_beside_it(tmp_path):
+    """A factory importing a helper from a package beside it (``from blocks import layers``) kept its cached
+    description after the helper's width was edited: only the Python files beside the factory keyed the cache."""
+    from perf4sight.networks.factories import describe_factory
+
+    (tmp_path / "blocks" / "deep").mkdir(parents=True)
+    (tmp_path / "blocks" / "__init__.py").write_text("")
+    (tmp_path / "blocks" / "deep" / "__init__.py").write_text("")
+    (tmp_path / "blocks" / "layers.py").write_text("from .deep.width import WIDTH\n")
+    (tmp_path / "blocks" / "deep" / "width.py").write_text("WIDTH = 8\n")
+    (tmp_path / "unrelated").mkdir()
+    (tmp_path / "unrelated" / "big.py").write_text("X = 1\n")
+    (tmp_path / "broken.py").write_text("def (:\n")  # a file beside it that does not parse: no imports of its own
+    (tmp_path / "p4s_pkg_net.py").write_text(
+        "from torch import nn\nfrom blocks import layers\n\n\ndef net(num_classes=1000):\n"
+        "    return nn.Sequential(nn.Conv2d(3, layers.WIDTH, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),\n"
+        "                         nn.Linear(layers.WIDTH, num_classes))\n")
+    factory = parse_factory(f"{tmp_path}/p4s_pkg_net.py:net", tmp_path)
+    assert {p.relative_to(tmp_path).as_posix() for p in factory.code_files} == {
+        "p4s_pkg_net.py", "broken.py", "blocks/__init__.py", "blocks/layers.py", "blocks/deep/__init__.py",
+        "blocks/deep/width.py"}
+    cache = tmp_path / "cache"
+    first = describe_factory(f"{tmp_path}/p4s_pkg_net.py:net", [3, 16, 16], 10, cache)
+    (tmp_path / "blocks" / "deep" / "width.py").write_text("WIDTH = 16\n")
+    for module in [m for m in sys.modules if m == "blocks" or m.startswith("blocks.") or "p4s_pkg_net" in m]:
+        del sys.modules[module]  # as a new process would import it
+    second = describe_factory(f"{tmp_path}/p4s_pkg_net.py:net", [3, 16, 16], 10, cache)
+    assert (first.params, second.params) == (3 * 8 * 9 + 8 + 8 * 10 + 10, 3 * 16 * 9 + 16 + 16 * 10 + 10)
+    assert len(list(cache.glob("net-*.json"))) == 2

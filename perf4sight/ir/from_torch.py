@@ -9,6 +9,7 @@ multiply by one (``scale``), an add of one (``shift``), one put first by a conca
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import io
@@ -36,14 +37,29 @@ def _pair(v: Any) -> list[int]:
     return [int(v), int(v)] if isinstance(v, int) else [int(v[0]), int(v[1])]
 
 
+def _padding(m: nn.Conv2d) -> list[int]:
+    """A convolution's padding as two numbers: ``'valid'`` is none, ``'same'`` (stride 1) half the dilated kernel on
+    each side, where that is a whole number (torch pads an even dilated kernel more on one side than the other,
+    which a description's padding cannot say)."""
+    if m.padding == "valid":
+        return [0, 0]
+    if m.padding != "same":
+        return _pair(m.padding)
+    reach = [d * (k - 1) for d, k in zip(_pair(m.dilation), _pair(m.kernel_size))]
+    if any(r % 2 for r in reach):
+        raise ValueError(f"a convolution with padding='same' and kernel {_pair(m.kernel_size)} (dilation "
+                         f"{_pair(m.dilation)}) pads one side more than the other, which a description cannot say; "
+                         "give the padding as numbers")
+    return [r // 2 for r in reach]
+
+
 def _conv(m: nn.Conv2d) -> tuple[str, dict]:
-    if isinstance(m.padding, str):
-        raise UserError(f"conv2d with padding='{m.padding}' is not supported; use explicit padding")
-    if m.padding_mode != "zeros" and any(_pair(m.padding)):
+    padding = _padding(m)
+    if m.padding_mode != "zeros" and any(padding):
         raise ValueError(f"a convolution with padding_mode='{m.padding_mode}' has no description op (a conv2d pads "
                          "with zeros); pad with zeros or not at all")
     return "conv2d", {"in_channels": m.in_channels, "out_channels": m.out_channels,
-                      "kernel_size": _pair(m.kernel_size), "stride": _pair(m.stride), "padding": _pair(m.padding),
+                      "kernel_size": _pair(m.kernel_size), "stride": _pair(m.stride), "padding": padding,
                       "dilation": _pair(m.dilation), "groups": m.groups, "bias": m.bias is not None}
 
 
@@ -117,6 +133,9 @@ def _flatten(n: fx.Node, start_dim: Any, end_dim: Any) -> tuple[str, dict]:
     """``flatten(x, start_dim, end_dim)``: a ``flatten`` up to the last dimension, else a ``reshape`` to the shape
     the trace gives (a description's flatten has no end_dim)."""
     rank = len(n.args[0].meta["tensor_meta"].shape)
+    if int(start_dim) % rank == 0:
+        raise ValueError("a flatten from dimension 0 merges the batch into each sample's features (torch.flatten(x) "
+                         "flattens every dimension); flatten from dimension 1: torch.flatten(x, 1)")
     if int(end_dim) % rank == rank - 1:
         return "flatten", {"start_dim": int(start_dim)}
     return "reshape", {"shape": _shape(n)}
@@ -171,7 +190,8 @@ for _key in (operator.add, operator.iadd, torch.add, "add", "add_"):
 for _key in (operator.mul, operator.imul, torch.mul, "mul", "mul_"):
     FUNCTION_OPS[_key] = lambda n: ("mul", {})
 for _key in (F.relu, torch.relu, "relu", "relu_"):
-    FUNCTION_OPS[_key] = lambda n: ("relu", {"inplace": True} if n.kwargs.get("inplace") else {})
+    FUNCTION_OPS[_key] = lambda n: ("relu", {"inplace": True} if n.kwargs.get("inplace") or n.target == "relu_"
+                                    else {})
 for _key in (F.relu6, "relu6"):
     FUNCTION_OPS[_key] = lambda n: ("relu6", {})
 for _key, _op in ((torch.sigmoid, "sigmoid"), ("sigmoid", "sigmoid"), (F.silu, "silu"), (F.hardswish, "hardswish"),
@@ -478,6 +498,63 @@ class _Tracer(fx.Tracer):
                 or super().is_leaf_module(m, module_qualified_name))
 
 
+#: Python's in-place operators (``x += y``): like a method ending in ``_``, they write their first operand.
+_IN_PLACE_OPERATORS = frozenset({operator.iadd, operator.imul, operator.isub, operator.itruediv})
+
+
+def _writes_in_place(n: fx.Node, gm: fx.GraphModule) -> bool:
+    """Whether ``n`` writes its first argument in place: ``y.mul_(2)``, ``y += x``, ``F.relu(y, inplace=True)``, or a
+    module built with ``inplace=True``."""
+    if n.op == "call_method":
+        return isinstance(n.target, str) and n.target.endswith("_") and not n.target.startswith("_")
+    if n.op == "call_function":
+        return n.target in _IN_PLACE_OPERATORS or n.kwargs.get("inplace") is True
+    return n.op == "call_module" and getattr(gm.get_submodule(n.target), "inplace", False) is True
+
+
+def _follow_in_place(gm: fx.GraphModule) -> None:
+    """Rewire the readers of a tensor written in place. torch.fx records ``y.mul_(2)`` as a node of its own, and a
+    later ``torch.sigmoid(y)`` reads ``y``'s node, not the write's: described as traced, the write (a residual
+    ``y.add_(x)`` too) would be left out of what follows. Every read of ``y`` after the write reads the write,
+    which is what torch computes."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    for n in gm.graph.nodes:
+        written = n.args[0] if n.args else None
+        if isinstance(written, fx.Node) and _writes_in_place(n, gm):
+            for reader in list(written.users):
+                if order[reader] > order[n]:
+                    reader.replace_input_with(written, n)
+    gm.recompile()
+
+
+def _shared_layers(gm: fx.GraphModule, where: str) -> None:
+    """``UserError`` where one layer with weights is called more than once (its weights shared between the calls):
+    a description gives every call its own weights, which would count them once per call."""
+    calls = collections.Counter(n.target for n in gm.graph.nodes if n.op == "call_module")
+    shared = [t for t, k in calls.items() if k > 1 and next(gm.get_submodule(t).parameters(), None) is not None]
+    if shared:
+        more = f" (and {len(shared) - 1} more)" if len(shared) > 1 else ""
+        raise UserError(f"{where}: layer '{shared[0]}' is called {calls[shared[0]]} times{more}, its weights shared "
+                        "between the calls; a description gives each call a layer of its own (one module per call)")
+
+
+def _training_only_layers(module: nn.Module, eval_graph: fx.Graph) -> list[str]:
+    """The layers with weights that ``module``'s forward calls in training only (an auxiliary head under ``if
+    self.training``), which a description of its eval-mode forward leaves out; [] where the training-mode forward
+    cannot be traced."""
+    was_training = module.training
+    module.train()
+    try:
+        graph = _Tracer().trace(module)
+    except Exception:  # a forward torch.fx cannot follow in training: nothing to compare
+        return []
+    finally:
+        module.train(was_training)
+    called = {n.target for n in eval_graph.nodes if n.op == "call_module"}
+    return sorted(n.target for n in graph.nodes if n.op == "call_module" and n.target not in called
+                  and next(module.get_submodule(n.target).parameters(), None) is not None)
+
+
 def _traced_with_shapes(module: nn.Module, input_shape: list[int], name: str) -> fx.GraphModule:
     """``module`` traced by torch.fx, its nodes carrying their output shapes at ``input_shape``. Tracing
     and forward failures come in many types: each becomes one ``UserError`` line."""
@@ -485,6 +562,8 @@ def _traced_with_shapes(module: nn.Module, input_shape: list[int], name: str) ->
         gm = fx.GraphModule(module, _Tracer().trace(module), type(module).__name__)
     except Exception as exc:
         raise UserError(f"{name}: cannot trace the module with torch.fx ({_root_message(exc)})") from None
+    _shared_layers(gm, name)
+    _follow_in_place(gm)
     try:
         return _propagate_shapes(gm, input_shape)
     except UserError:
@@ -532,8 +611,20 @@ def describe(module: nn.Module, input_shape: list[int], name: str, network: str 
     desc = NetworkDescription(name=name, network=network or name, input_shape=list(input_shape),
                               num_classes=0, params=0, nodes=nodes, output=output,
                               pruning_level=pruning_level, extra=dict(extra))
+    if not desc.node(output).output_shape:
+        raise UserError(f"{name}: the model's output ({output}) has no dimension besides the batch's: its forward "
+                        "merges the batch into the features somewhere (a view or flatten over dimension 0)")
     desc.num_classes = int(desc.node(output).output_shape[0])
     desc.params = count_params(desc)
+    unused = sum(p.numel() for p in module.parameters()) - desc.params
+    if unused > 0:  # weights no layer of the (eval-mode) forward reads
+        in_training = _training_only_layers(module, gm.graph)
+        if in_training:
+            raise UserError(f"{name}: its forward calls {', '.join(in_training[:3])}"
+                            f"{' ...' if len(in_training) > 3 else ''} in training only (an `if self.training` "
+                            "branch); a description follows the forward of evaluation: build the model without its "
+                            "training-only layers (e.g. aux_logits=False)")
+        desc.extra["unused_params"] = unused
     return desc
 
 

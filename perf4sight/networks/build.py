@@ -175,7 +175,7 @@ def prune_source(src: Source, input_shape: list[int], levels: list[float], strat
             if skipped is None:
                 raise
             skipped.append(f"{variant_name(src.name, lvl)} left out: with min_channels={min_channels} "
-                           f"{src.name} reaches {exc.achieved:.1f}% at most, not {lvl:g}%")
+                           f"{src.name} cannot reach {lvl:g}% ({exc.reason})")
             continue
         info = dict(name=variant_name(src.name, lvl), network=src.family or src.name,
                     pruning_level=pruned.achieved_level,

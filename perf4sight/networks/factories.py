@@ -49,9 +49,20 @@ class Factory:
 
     @property
     def code_files(self) -> tuple[Path, ...]:
-        """The files whose bytes key what is cached of this factory's network: its own file and the Python files
-        beside it, which it may import (``_import``)."""
-        return tuple(sorted({self.path, *self.path.parent.glob("*.py")}))
+        """The files whose bytes key what is cached of this factory's network: its own file, the Python files beside
+        it, which it may import (``_import``), and those of each package beside it that any of these imports
+        (``from blocks import layers``: ``blocks/**/*.py``)."""
+        folder = self.path.parent
+        files = {self.path, *folder.glob("*.py")}
+        todo, packages = list(files), set()
+        while todo:
+            for name in _imported_modules(todo.pop()) - packages:
+                if (folder / name).is_dir():
+                    packages.add(name)
+                    found = set((folder / name).rglob("*.py")) - files
+                    files |= found
+                    todo.extend(found)
+        return tuple(sorted(files))
 
 
 def parse_factory(spec: str, root: Path, models_dir: Path | None = None) -> Factory:
@@ -72,8 +83,11 @@ def parse_factory(spec: str, root: Path, models_dir: Path | None = None) -> Fact
 @functools.lru_cache(maxsize=None)
 def _imported_modules(path: Path) -> frozenset[str]:
     """The top-level modules the import statements of the Python file ``path`` name (absolute imports): parsed once
-    per process, as the file itself is imported once (:func:`_import`)."""
-    tree = ast.parse(path.read_bytes())
+    per process, as the file itself is imported once (:func:`_import`); none for a file that is not Python."""
+    try:
+        tree = ast.parse(path.read_bytes())
+    except (OSError, SyntaxError, ValueError):  # a helper beside the factory that does not parse imports nothing
+        return frozenset()
     imported = {a.name.partition(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.partition(".")[0] for n in ast.walk(tree)
                  if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module}

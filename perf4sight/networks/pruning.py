@@ -66,12 +66,15 @@ class Unprunable(UserError):
 
 
 class UnreachableLevel(UserError):
-    """A pruning level a network cannot reach within ``2 * TOLERANCE`` points (``min_channels`` stops it
-    first); ``achieved`` is the closest level it can reach (percent of parameters removed)."""
+    """A pruning level a network cannot reach within ``2 * TOLERANCE`` points: beyond the most it reaches
+    (``min_channels`` stops it first), or between two of its pruning steps (a step cuts whole groups of coupled
+    channels). ``achieved`` is the closest level it can reach (percent of parameters removed); ``reason`` says why
+    in words, e.g. "it reaches 27.5% at most"."""
 
-    def __init__(self, message: str, achieved: float) -> None:
+    def __init__(self, message: str, achieved: float, reason: str = "") -> None:
         super().__init__(message)
         self.achieved = achieved
+        self.reason = reason
 
 
 def _shufflenet_block_trace(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -311,9 +314,16 @@ class PruningPlan:
         counts = min(candidates, key=lambda c: abs(self._level(c) - level))
         achieved = self._level(counts)
         if abs(achieved - level) > 2 * TOLERANCE:
+            below, above = (self._level(c) for c in candidates) if len(candidates) == 2 else (achieved, None)
+            if above is None or above < level:  # beyond the last step
+                reason = f"it reaches {max(below, above or 0):.1f}% at most"
+                fix = "lower the level or min_channels"
+            else:
+                reason = f"its pruning steps go from {below:.1f}% to {above:.1f}% there"
+                fix = "ask for a level near one of those"
             raise UnreachableLevel(f"{self.network}: cannot reach pruning level {level:g}% with strategy "
-                                   f"{self.strategy} and min_channels={self.min_channels} (got {achieved:.1f}%); "
-                                   "lower the level or min_channels", achieved)
+                                   f"{self.strategy} and min_channels={self.min_channels} ({reason}); {fix}",
+                                   achieved, reason)
         model = pp.cut(source, pp.removal(self.groups, list(counts)))
         params = count_parameters(model)
         return PrunedModel(model, level, round(100.0 * (1 - params / self.p0), 3), params, self.p0, dict(self.extra))
