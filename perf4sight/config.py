@@ -257,6 +257,13 @@ def _build(cls: type, table: dict[str, Any], where: str) -> Any:
     return cls(**kwargs)
 
 
+#: The most classes a network's output may have: a million (ImageNet-21k has 21,841); more is a typing slip, and its
+#: last layer would not fit in memory to be described.
+MAX_CLASSES = 1_000_000
+#: The largest seed scikit-learn's trees take (``random_state``: 0..2**32 - 1).
+MAX_TREE_SEED = 2**32 - 1
+
+
 def _check(cfg: Config) -> None:
     """Values the types allow but the stages cannot use; ``UserError`` naming the file and key."""
     _check_devices(cfg, cfg.path)
@@ -265,6 +272,15 @@ def _check(cfg: Config) -> None:
     _check_networks(cfg, cfg.path)
     _check_generator(cfg, cfg.path)
     _check_seeds(cfg, cfg.path)
+    _check_folders(cfg, cfg.path)
+
+
+def _check_folders(cfg: Config, f: Path | None) -> None:
+    """[project]'s folders: each a folder where it exists (the stages make the missing ones)."""
+    for key in ("models_dir", "profiling_dir", "fingerprint_dir", "reports_dir"):
+        path = getattr(cfg, key)
+        if path.exists() and not path.is_dir():
+            raise UserError(f"{f}: [project] {key} = {getattr(cfg.project, key)!r} is a file ({path}), not a folder")
 
 
 def _check_devices(cfg: Config, f: Path | None) -> None:
@@ -330,8 +346,8 @@ def _check_fingerprint(cfg: Config, f: Path | None) -> None:
 def _check_networks(cfg: Config, f: Path | None) -> None:
     """[networks] and the networks [predict] and [compare] name (description files made config-relative)."""
     for key in ("num_classes", "segmentation_classes"):
-        if getattr(cfg.networks, key) < 1:
-            raise UserError(f"{f}: [networks] {key} must be >= 1, got {getattr(cfg.networks, key)}")
+        if not 1 <= getattr(cfg.networks, key) <= MAX_CLASSES:
+            raise UserError(f"{f}: [networks] {key} must lie in 1..{MAX_CLASSES:,}, got {getattr(cfg.networks, key)}")
     shape = cfg.networks.input_shape
     if len(shape) != 3 or any(s < 1 for s in shape):
         raise UserError(f"{f}: [networks] input_shape must be [channels, height, width], got {shape}")
@@ -439,6 +455,9 @@ def _check_seeds(cfg: Config, f: Path | None) -> None:
                          ("[fingerprint] seed", cfg.fingerprint.seed)):
         if value < 0:
             raise UserError(f"{f}: {where} must be >= 0, got {value}")
+    if cfg.fingerprint.seed > MAX_TREE_SEED:
+        raise UserError(f"{f}: [fingerprint] seed must lie in 0..{MAX_TREE_SEED} (scikit-learn's random_state), got "
+                        f"{cfg.fingerprint.seed}")
 
 
 #: the default configuration (the project's own ``config.toml``, shipped in the package for ``--stage init``)

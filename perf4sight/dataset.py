@@ -243,6 +243,8 @@ def resolve_networks(cfg: Config, names: list[str], input_shape: list[int],
     out = []
     manifest: list[dict[str, str]] | None = None  # read at the first dataset name (zoo names and files need none)
     for name in names:
+        if not name.strip():
+            raise UserError(f"network name {name!r} is empty: give a zoo name, a description file or FILE.py:FUNCTION")
         if Path(name).is_dir() and name not in ZOO_NAMES:  # a zoo name wins a folder of that name in the cwd
             raise UserError(f"{name}: is a folder; give description files (e.g. {Path(name) / '*.json'})")
         if name.endswith(".py") and Path(name).is_file():

@@ -100,7 +100,18 @@ def test_good_config_is_typed(tmp_path):
      r"\[profile\] warmup_steps must be >= 0, got -1$"),
     # values a stage would otherwise fail on deep inside torch, numpy or scikit-learn, or write error rows for
     (GOOD.replace("input_shape = [3, 32, 32]", "input_shape = [3, 32, 32]\nnum_classes = -1"),
-     r"num_classes must be >= 1"),
+     r"num_classes must lie in 1..1,000,000, got -1"),
+    # values the types allow that ended in a traceback at the stage that used them
+    (GOOD.replace("input_shape = [3, 32, 32]", "input_shape = [3, 32, 32]\nnum_classes = 4611686018427387904"),
+     r"\[networks\] num_classes must lie in 1..1,000,000, got 4611686018427387904$"),
+    (GOOD.replace("input_shape = [3, 32, 32]", "input_shape = [3, 32, 32]\nsegmentation_classes = 100000000000"),
+     r"\[networks\] segmentation_classes must lie in 1..1,000,000"),
+    (GOOD + "\n[fingerprint]\nseed = 4294967296\n",
+     r"\[fingerprint\] seed must lie in 0..4294967295 \(scikit-learn's random_state\), got 4294967296$"),
+    (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\nmax_swap_in_mb = nan"),
+     r"\[profile\] max_swap_in_mb must be >= 0, got nan"),
+    ("[project]\nreports_dir = 'c.toml'\n" + GOOD,
+     r"\[project\] reports_dir = 'c.toml' is a file \(.*c.toml\), not a folder$"),
     (GOOD + "\n[fingerprint]\nseed = -1\n", r"\[fingerprint\] seed must be >= 0, got -1"),
     (GOOD + "\n[networks.generator]\nseed = -1\n", r"\[networks.generator\] seed must be >= 0"),
     (GOOD + "\n[networks.generator]\ncount = -1\n", r"\[networks.generator\] count must be >= 0"),
@@ -443,3 +454,12 @@ def test_ssh_keys_without_a_host_are_refused(tmp_path):
     with pytest.raises(UserError, match=r"\[devices.jetson\] sets user, key_file but no host: without a host the "
                                         r"device is this machine"):
         load_config(path)
+
+
+def test_an_empty_network_name_says_so(tmp_path):
+    """``--network ""`` read as the current folder: ": is a folder; give description files"."""
+    from perf4sight.dataset import resolve_networks
+    cfg = load_config(write(tmp_path, GOOD))
+    for name in ("", "  "):
+        with pytest.raises(UserError, match=rf"^network name '{name}' is empty: give a zoo name"):
+            resolve_networks(cfg, [name], [3, 32, 32])

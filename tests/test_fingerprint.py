@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import zipfile
 from dataclasses import replace
 
@@ -1021,3 +1022,37 @@ def test_a_memory_figure_that_would_read_as_the_capacity_is_shown_to_a_tenth():
     assert _mib(899.765, 900.0, "") == "899.8" and _mib(1649.2, 7291.0) == "1,649" and _mib(1649.2, None) == "1,649"
     assert _capacity_mib(900.0, [{"memory_mb": 899.765}]) == "900.0"
     assert _capacity_mib(7291.3, [{"memory_mb": 1649.2}]) == "7,291"
+
+
+def test_a_step_beyond_the_allocator_replay_is_one_line_and_fits_nowhere(tx2):
+    """Batch 10,000,000 (under the 1e9 guard) ended in the replay's OverflowError; a --max-batch-size of 1e8
+    searched into it."""
+    tmp, _, descs, _ = tx2
+    fp = load_fingerprint(tmp / "fp" / "tx2")
+    with pytest.raises(UserError, match=r"^resnet18_0 at batch size 10000000: its step would need more than 256 TiB "
+                                        r"of device memory"):
+        fp.predict(descs["resnet18_0"], [10**7])
+    assert fp.max_batch_size(descs["resnet18_0"], limit=10**8) == fp.max_batch_size(descs["resnet18_0"]) > 0
+
+
+def test_tree_arrays_edited_by_hand_are_refused_as_damaged(tx2, tmp_path):
+    """Indices out of range or of another shape ended in an IndexError at predict; a coefficient or leaf of inf or
+    NaN gave NaN figures (invalid JSON) or a traceback in the table."""
+    tmp, _, descs, _ = tx2
+    source = tmp / "fp" / "tx2"
+    with np.load(source / "models.npz", allow_pickle=False) as arrays:
+        stored = {k: arrays[k] for k in arrays.files}
+
+    def key(end: str) -> str:
+        return next(k for k in sorted(stored) if k.startswith("latency") and k.endswith(end))
+
+    for name, change in ((".trees.feature", lambda a: a + 10**6), (".trees.left", lambda a: a + a.size),
+                         (".trees.left", lambda a: a[:-1]), (".trees.roots", lambda a: a + 10**9),
+                         (".trees.value", lambda a: a.reshape(1, -1)), (".trees.value", lambda a: a * np.nan),
+                         (".coef", lambda a: a * np.inf)):
+        folder = tmp_path / name.strip(".").replace(".", "_")
+        shutil.copytree(source, folder, dirs_exist_ok=True)
+        np.savez(folder / "models.npz", **dict(stored, **{key(name): change(stored[key(name)])}))
+        with pytest.raises(UserError, match=r"fingerprint files are damaged or from an incompatible version .*"
+                                            r"run the fingerprint stage again"):
+            load_fingerprint(folder).predict(descs["resnet18_0"], [8])

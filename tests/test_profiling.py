@@ -568,12 +568,14 @@ def test_a_bad_measurement_csv_is_one_clear_error(tmp_path):
             "status": "ok", "latency_ms_median": "1.5", "timestamp": "2026-01-01T00:00:00+00:00"}
     path = tmp_path / "m.csv"
     results.append_row(path, good)
-    results.append_row(path, dict(good, batch_size="4"))
+    results.append_row(path, dict(good, batch_size="4", momentum="0.9"))
     assert [r["batch_size"] for r in results.read_rows(path)] == ["2", "4"]
     text = path.read_text()
     for bad, expected in ((text.replace(",4,", ",two,"), "line 3: batch_size 'two' is not a positive integer"),
                           (text.replace(",4,", ",0,"), "line 3: batch_size '0'"),
-                          (text.replace(",ok,", ",done,", 1), "line 2: status 'done' is not one of")):
+                          (text.replace(",ok,", ",done,", 1), "line 2: status 'done' is not one of"),
+                          # the step's update is read back as numbers by the fingerprint stage (a ValueError there)
+                          (text.replace(",0.9,", ",abc,"), "line 3: momentum 'abc' is not a number >= 0")):
         path.write_text(bad)
         with pytest.raises(UserError, match=expected):
             results.read_rows(path)

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from perf4sight.errors import UserError
 from perf4sight.features.allocator import K_MIN_BLOCK, K_MIN_LARGE_ALLOC, K_ROUND_LARGE
 from perf4sight.features.formulas import (BYTES_PER_ELEMENT, HANDLERS, OUTPUT, OpCost, is_dilated, numel,
                                          position_loss)
@@ -37,7 +38,7 @@ from perf4sight.features.step_runtime import StepRuntime
 from perf4sight.features.walk import consumer_counts, gradient_accumulations, walk
 from perf4sight.ir.schema import NetworkDescription
 
-__all__ = ["NetworkFeatures", "network_features", "features_for", "feature_matrix", "unsupported_ops",
+__all__ = ["BeyondReplay", "NetworkFeatures", "network_features", "features_for", "feature_matrix", "unsupported_ops",
            "FEATURE_NAMES", "SCALED_FEATURES", "STATIC_FEATURES",
            "ALLOCATOR_FEATURES", "allocator_bytes", "SIM_FEATURES", "LATENCY_FEATURES", "CONTEXT_FEATURES",
            "WORKSPACE_FEATURES", "DISPATCH_FEATURES", "COPIES_FEATURES", "DILATION_FEATURES", "PRICED_FEATURES",
@@ -101,6 +102,11 @@ FEATURE_NAMES: tuple[str, ...] = (("batch_size",) + SCALED_FEATURES + STATIC_FEA
                                   + ALLOCATOR_FEATURES + SIM_FEATURES + LATENCY_FEATURES + CONTEXT_FEATURES
                                   + WORKSPACE_FEATURES + DISPATCH_FEATURES + COPIES_FEATURES + DILATION_FEATURES
                                   + PRICED_FEATURES)
+
+
+class BeyondReplay(UserError):
+    """A query whose step needs more device memory than the allocator replay can hold (256 TiB): more than any
+    device has, so it fits none (:func:`~perf4sight.fingerprint.predict.largest_fitting` reads it so)."""
 
 
 @dataclass
@@ -303,7 +309,12 @@ def feature_matrix(nets: list[NetworkFeatures] | NetworkFeatures, batch_sizes: l
     sim = np.zeros((len(bs), len(SIM_FEATURES)))  # 0 = not simulated
     for i, n in enumerate(rows):
         if n.sim is not None:
-            sim[i] = n.sim.peaks_mb([bs[i]])[0]
+            try:
+                sim[i] = n.sim.peaks_mb([bs[i]])[0]
+            except OverflowError:  # the replay's addresses run out at 256 TiB of segments
+                raise BeyondReplay(f"{n.name} at batch size {int(bs[i])}: its step would need more than 256 TiB of "
+                                   "device memory, beyond any device and the allocator replay; ask for a smaller "
+                                   "batch size or input shape") from None
     lat = _latency_block(rows, bs)
     ctx = np.array([[n.static.get(k, np.nan) for k in CONTEXT_FEATURES] for n in rows], dtype=float)
     im2col = np.array([n.per_sample.get("im2col_bytes", 0.0) for n in rows], dtype=float) * bs / MIB

@@ -22,7 +22,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from perf4sight.errors import UserError
-from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, feature_matrix, network_features
+from perf4sight.features.aggregate import (FEATURE_NAMES, BeyondReplay, NetworkFeatures, feature_matrix,
+                                          network_features)
 from perf4sight.features.allocator import REPLAY_PROTOCOLS, STEP_MEAN
 from perf4sight.features.optimizers import DEFAULT_OPTIMIZER
 from perf4sight.features.step_runtime import StepRuntime
@@ -130,13 +131,20 @@ def search_limit(limit: Any) -> int:
 
 def largest_fitting(over: Callable[[int], bool], limit: int) -> int:
     """Largest b <= ``limit`` with ``over(b)`` false, by bisection (``over`` taken as monotone in b); 0 when
-    ``over(1)``. Each call of ``over`` is one prediction, so this takes about log2(limit) of them."""
-    if not over(limit):
+    ``over(1)``. Each call of ``over`` is one prediction, so this takes about log2(limit) of them. A batch size
+    whose step is beyond the allocator replay (:class:`BeyondReplay`, more than 256 TiB) is over."""
+    def beyond(b: int) -> bool:
+        try:
+            return over(b)
+        except BeyondReplay:
+            return True
+
+    if not beyond(limit):
         return int(limit)
     lo, hi = 1, limit  # first batch size predicted not to fit
     while lo < hi:
         mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if over(mid) else (mid + 1, hi)
+        lo, hi = (lo, mid) if beyond(mid) else (mid + 1, hi)
     return int(lo - 1)
 
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from perf4sight.errors import UserError
 from perf4sight.features.step_runtime import StepRuntime
-from perf4sight.fingerprint.trees import MeanModel, Model, TargetModel, TreeEnsemble
+from perf4sight.fingerprint.trees import MeanModel, Model, TargetModel, TreeEnsemble, tree_features
 from perf4sight.profiling.results import batch_size_of
 
 __all__ = ["save_models", "load_models", "load_held_out", "stored_predictions", "damaged", "check_metadata", "HeldOut",
@@ -63,9 +63,15 @@ def _store_model(prefix: str, m: TargetModel, arrays: dict[str, np.ndarray]) -> 
 
 
 def _load_model(target: str, prefix: str, entry: dict[str, Any], arrays: Any) -> TargetModel:
+    """One target's model stored under ``prefix``; ``ValueError`` for coefficients that are not numbers, or trees
+    that are not whole (``TreeEnsemble.from_arrays``)."""
     corr = entry.get("correction")
-    return TargetModel(target=target, terms=tuple(entry["terms"]), coef=np.asarray(arrays[f"{prefix}.coef"]),
-                       correction=None if corr is None else TreeEnsemble.from_arrays(f"{prefix}.trees", arrays, corr))
+    coef = np.asarray(arrays[f"{prefix}.coef"])
+    if coef.dtype.kind not in "fiu" or not np.all(np.isfinite(coef)):
+        raise ValueError(f"{prefix}.coef: not finite numbers")
+    trees = None if corr is None else TreeEnsemble.from_arrays(f"{prefix}.trees", arrays, corr,
+                                                               len(tree_features(target)))
+    return TargetModel(target=target, terms=tuple(entry["terms"]), coef=coef, correction=trees)
 
 
 def save_models(out_dir: str | Path, models: dict[str, Model], metadata: dict[str, Any],

@@ -35,6 +35,7 @@ they take do not depend on how the rest of the step's memory scales.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -171,10 +172,24 @@ class TreeEnsemble:
         return arrays, {"max_depth": self.max_depth, "combine": self.combine, "init": self.init, "scale": self.scale}
 
     @classmethod
-    def from_arrays(cls, prefix: str, arrays: Any, meta: dict[str, Any]) -> "TreeEnsemble":
+    def from_arrays(cls, prefix: str, arrays: Any, meta: dict[str, Any], width: int | None = None) -> "TreeEnsemble":
+        """The ensemble stored under ``prefix``; ``ValueError`` where its arrays could not have been written by
+        :meth:`from_sklearn` (a file edited or damaged): node arrays of one length, indices inside them (features
+        inside ``width``, the inputs' count), finite values."""
         get = {k: np.asarray(arrays[f"{prefix}.{k}"]) for k in _ARRAY_FIELDS}
-        return cls(**get, max_depth=int(meta["max_depth"]), combine=str(meta["combine"]),
-                   init=float(meta["init"]), scale=float(meta["scale"]))
+        ensemble = cls(**get, max_depth=int(meta["max_depth"]), combine=str(meta["combine"]),
+                       init=float(meta["init"]), scale=float(meta["scale"]))
+        n = len(ensemble.left)
+        if any(a.ndim != 1 for a in get.values()) or {len(get[k]) for k in _ARRAY_FIELDS if k != "roots"} != {n}:
+            raise ValueError(f"{prefix}: its node arrays are not of one length, one dimension each")
+        for k in ("left", "right", "roots", "feature"):
+            top = width if k == "feature" and width is not None else n
+            if get[k].dtype.kind not in "iu" or (len(get[k]) and not (0 <= get[k].min() and get[k].max() < top)):
+                raise ValueError(f"{prefix}.{k}: not indices in 0..{top - 1}")
+        if not (np.all(np.isfinite(ensemble.value)) and not np.any(np.isnan(ensemble.threshold))
+                and math.isfinite(ensemble.init) and math.isfinite(ensemble.scale)):
+            raise ValueError(f"{prefix}: a value, threshold or scale is not a number")
+        return ensemble
 
 
 #: Separator of the host and device sums in an overlap form's terms; the smooth maximum's exponent.

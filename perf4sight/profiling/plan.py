@@ -94,7 +94,7 @@ def check_measurement_settings(s: Any, where: str, quote: str = "") -> None:
         raise UserError(f"{where}{key('timeout_s')} must be > 0 seconds, got {s.timeout_s}")
     if not 0 <= s.min_timed_s < s.timeout_s:
         raise UserError(f"{where}{key('min_timed_s')} must lie in [0, timeout_s), got {s.min_timed_s}")
-    if s.max_swap_in_mb < 0:
+    if not s.max_swap_in_mb >= 0:  # NaN too: it would turn the thrashing check off
         raise UserError(f"{where}{key('max_swap_in_mb')} must be >= 0, got {s.max_swap_in_mb}")
     if s.reference_every < 0 or s.reference_batch_size < 0:
         raise UserError(f"{where}{key('reference_every')} and {key('reference_batch_size')} must be >= 0, "

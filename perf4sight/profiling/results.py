@@ -219,6 +219,10 @@ def _drop_torn_tail(p: Path) -> int:
         return end
 
 
+#: The cells of a row's optimiser update (``plan.update_columns``), which must read as numbers where not empty.
+_UPDATE_CELLS = ("momentum", "weight_decay")
+
+
 def read_rows(path: Union[str, Path], incomplete: Optional[List[int]] = None) -> List[Dict[str, str]]:
     """All complete rows of a measurement CSV; [] if there is no file. A line without a timestamp (a row a
     crash cut short, or one edited in by hand) or with more fields than the header (a trailing comma a
@@ -258,6 +262,9 @@ def read_rows(path: Union[str, Path], incomplete: Optional[List[int]] = None) ->
             bs = 0.0
         if not (bs >= 1 and bs.is_integer()):
             raise UserError(f"{p}: line {line}: batch_size '{r.get('batch_size')}' is not a positive integer")
+        for col in _UPDATE_CELLS:  # the step's update, read back as numbers (empty: a row from before they were kept)
+            if r.get(col) not in ("", None) and not (number(r[col]) is not None and number(r[col]) >= 0):
+                raise UserError(f"{p}: line {line}: {col} '{r[col]}' is not a number >= 0")
         kept.append(r)
     return kept
 
