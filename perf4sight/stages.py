@@ -455,8 +455,9 @@ def _described(cfg: Config, args: argparse.Namespace, fp: object, names: list[st
 def _unused_params_note(descs: list[NetworkDescription]) -> None:
     """Say which queries' modules hold parameters that no layer of their forward reads (``describe`` counts them as
     ``unused_params``): left out of the description and so of the prediction, though their weights sit on the device."""
-    unused = [f"{d.name} {d.extra['unused_params'] / 1e6:.2f} M ({d.extra['unused_params'] * 4 / 2 ** 20:.0f} MiB as "
-              "fp32)" for d in descs if d.extra.get("unused_params")]
+    counts = {d.name: d.extra.get("unused_params") for d in descs}  # a description file may hold anything there
+    unused = [f"{name} {n / 1e6:.2f} M ({n * 4 / 2 ** 20:.0f} MiB as fp32)" for name, n in counts.items()
+              if isinstance(n, int) and not isinstance(n, bool) and n > 0]
     if unused:
         notes.print(f"note: parameters that no layer of the forward reads are left out of the description, and so of "
                     f"the prediction: {named(unused)}; their weights still take device memory (without gradients or "
@@ -784,9 +785,10 @@ def run_import(cfg: Config, args: argparse.Namespace) -> int:
         notes.print(f"note: {device}: {plural(len(summary.renamed), 'graph')} named otherwise than its file, imported "
                     f"under the file's name, which its CSV files use ({named(summary.renamed, 3)})", markup=False)
     if summary.rows_differing:
-        notes.print(f"note: {device}: {plural(summary.rows_differing, 'row')} already imported read otherwise in the "
-                    f"source now; the rows on disk are kept: to import the source's, remove {csv_path} (or those "
-                    "rows) and import again", style="yellow", markup=False)
+        notes.print(f"note: {device}: {plural(summary.rows_differing, 'row')} already imported read otherwise now (the "
+                    "source changed, or an earlier version of this tool read it otherwise); the rows on disk are "
+                    f"kept: to import the source's, remove {csv_path} (or those rows) and import again",
+                    style="yellow", markup=False)
     return 0
 
 

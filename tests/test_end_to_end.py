@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -261,6 +262,9 @@ def test_all_stages_then_predict_json(all_stages, tmp_path):
     assert spare.returncode == 0, spare.stderr
     assert ("parameters that no layer of the forward reads are left out of the description, and so of the "
             "prediction: spare 0.26 M (1 MiB as fp32)") in " ".join(spare.stderr.split())
+    from perf4sight.stages import _unused_params_note
+    _unused_params_note([SimpleNamespace(name="odd", extra={"unused_params": "1000"}),  # a hand-written file's: none
+                         SimpleNamespace(name="flag", extra={"unused_params": True})])
     alone = main_py(tmp_path, "--stage", "predict", "--network", "resnet18", "--max-latency-ms", "5")
     assert alone.returncode == 2 and "--max-latency-ms is the step-time budget of --prune-to-fit" in alone.stderr
 

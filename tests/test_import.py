@@ -397,4 +397,9 @@ def test_a_graph_named_otherwise_than_its_file_takes_the_files_name(tmp_path):
     proc = _cli_import(tmp_path, src)
     assert proc.returncode == 0, proc.stderr
     assert "1 graph named otherwise than its file, imported under the file's name" in " ".join(proc.stderr.split())
-    assert load_description(tmp_path / "models" / "imported" / "tx3" / "net_50.json").name == "net_50"
+    saved = tmp_path / "models" / "imported" / "tx3" / "net_50.json"
+    assert load_description(saved).name == "net_50"
+    save_description(desc, saved)  # as an earlier version imported it, under the graph's own name: the same network
+    again = _cli_import(tmp_path, src)
+    assert again.returncode == 0 and "differs" not in again.stderr, again.stderr
+    assert load_description(saved).name == "net_50"

@@ -1032,8 +1032,8 @@ def test_modules_a_description_cannot_follow_say_so_and_unused_weights_are_count
     leftover = describe(_Leftover(), [3, 16, 16], "leftover")
     assert leftover.extra["unused_params"] == 8 * 16 * 16 * 10 + 10 + 100 * 100 + 100
     assert "unused_params" not in describe(build_zoo_model("resnet18", 10), [3, 32, 32], "r18").extra
-    with pytest.raises(UserError, match=r"^flat: cannot describe node flatten \(ValueError: a flatten from dimension "
-                                        r"0 merges the batch"):
+    with pytest.raises(UserError, match=r"^flat: cannot describe node flatten \(ValueError: a flatten of every "
+                                        r"dimension merges the batch"):
         describe(_FlattensTheBatch(), [3, 4, 4], "flat")
 
 

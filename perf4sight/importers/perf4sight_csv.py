@@ -37,8 +37,8 @@ from perf4sight.profiling.plan import update_columns
 from perf4sight.profiling.results import append_row, file_sha, number, read_rows, results_path, row_key
 from perf4sight.wording import plural
 
-__all__ = ["ImportSummary", "check_backends", "check_descriptions", "import_perf4sight", "mark_thrashing",
-           "read_gt_csv", "rows_on_disk", "source_kind", "PROTOCOL", "THRASH_RATIO"]
+__all__ = ["ImportSummary", "check_backends", "check_descriptions", "description_identity", "import_perf4sight",
+           "mark_thrashing", "read_gt_csv", "rows_on_disk", "source_kind", "PROTOCOL", "THRASH_RATIO"]
 
 #: The ``protocol`` cell of an imported row: perf4sight's profiler (latency the mean of 3 timed steps; memory
 #: read as ``features/allocator.py``'s ``perf4sight`` replay protocol describes).
@@ -100,12 +100,15 @@ _COMPARED = ("status", "device_mem_used_mb", "torch_alloc_peak_mb", "torch_reser
 
 
 def _differs(on_disk: dict[str, Any], row: dict[str, Any]) -> bool:
-    """Whether ``row`` says something else than the row on disk of the same key (text or numbers: ``8`` is
-    ``8.0``)."""
+    """Whether ``row`` says something else than the row on disk of the same key: numbers compared as numbers
+    (``8`` is ``8.0``), anything else (a status, an empty cell) as text."""
     for col in _COMPARED:
         a, b = on_disk.get(col, ""), row.get(col, "")
         x, y = number(a, finite=False), number(b, finite=False)
-        if (x != y) if x is not None and y is not None else str(a or "") != str(b or ""):
+        if x is not None and y is not None:
+            if x != y:
+                return True
+        elif str(a or "") != str(b or ""):
             return True
     return False
 
@@ -116,11 +119,18 @@ def rows_on_disk(rows: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
     return {row_key(r, with_sha=False): r for r in rows}
 
 
-def _without_source(desc: NetworkDescription) -> str:
-    """``desc`` as JSON less its ``source`` note (which names the file it was read from)."""
+def description_identity(desc: NetworkDescription, ignored: tuple[str, ...] = ("source",)) -> str:
+    """``desc`` as JSON less the keys ``ignored``: by default its ``source`` note, which names the file it was read
+    from, so that two files of one network compare equal."""
     d = desc.to_dict()
-    d.pop("source", None)
+    for key in ignored:
+        d.pop(key, None)
     return json.dumps(d, sort_keys=True)
+
+
+#: What may differ between an import's description of a network and an earlier import's of the same one: the file it
+#: was read from, and its name (an earlier version kept a graph's own name where it differed from its file's).
+_NAME_AND_SOURCE = ("name", "source")
 
 
 def check_descriptions(out_models: Path, descs: list[NetworkDescription], existing_rows: list[dict[str, Any]],
@@ -139,7 +149,7 @@ def check_descriptions(out_models: Path, descs: list[NetworkDescription], existi
             before = load_description(path)
         except UserError:
             continue  # not readable: nothing to keep, it is written anew
-        if _without_source(before) != _without_source(desc):
+        if description_identity(before, _NAME_AND_SOURCE) != description_identity(desc, _NAME_AND_SOURCE):
             raise UserError(f"import: the source's description of {desc.name} differs from the one imported before "
                             f"({path}), which its {plural(measured[desc.name], 'row')} of device '{device}' were "
                             "measured on: import under another --device name, or remove those rows and that file "

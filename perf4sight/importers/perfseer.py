@@ -51,8 +51,8 @@ from pathlib import Path
 from typing import Any
 
 from perf4sight.errors import UserError
-from perf4sight.importers.perf4sight_csv import (ImportSummary, check_backends, check_descriptions, import_source,
-                                                 rows_on_disk, source_kind)
+from perf4sight.importers.perf4sight_csv import (ImportSummary, check_backends, check_descriptions,
+                                                 description_identity, import_source, rows_on_disk, source_kind)
 from perf4sight.ir.schema import INTERPOLATE_MODES, OPS, NetworkDescription, save_description
 from perf4sight.ir.shapes import shape_text
 from perf4sight.profiling.results import COLUMNS, file_sha, read_rows, results_path
@@ -622,12 +622,7 @@ def _description_identity(desc: NetworkDescription, own: bool) -> tuple[str, str
     """(text that must agree across the graphs of one network, the text saved): a foreign file's
     ``source`` names the file, so it is left out of the identity."""
     text = desc.to_json()
-    if own:
-        return text, text
-    source = desc.extra.pop("source", "")
-    identity = desc.to_json()
-    desc.extra["source"] = source
-    return identity, text
+    return (text if own else description_identity(desc)), text
 
 
 def import_perfseer(source_dir: str | Path, device: str, profiling_dir: str | Path, models_dir: str | Path,

@@ -133,9 +133,9 @@ def _flatten(n: fx.Node, start_dim: Any, end_dim: Any) -> tuple[str, dict]:
     """``flatten(x, start_dim, end_dim)``: a ``flatten`` up to the last dimension, else a ``reshape`` to the shape
     the trace gives (a description's flatten has no end_dim)."""
     rank = len(n.args[0].meta["tensor_meta"].shape)
-    if int(start_dim) % rank == 0:
-        raise ValueError("a flatten from dimension 0 merges the batch into each sample's features (torch.flatten(x) "
-                         "flattens every dimension); flatten from dimension 1: torch.flatten(x, 1)")
+    if int(start_dim) % rank == 0 and int(end_dim) % rank == rank - 1:
+        raise ValueError("a flatten of every dimension merges the batch into each sample's features "
+                         "(torch.flatten(x)); flatten from dimension 1: torch.flatten(x, 1)")
     if int(end_dim) % rank == rank - 1:
         return "flatten", {"start_dim": int(start_dim)}
     return "reshape", {"shape": _shape(n)}
@@ -498,17 +498,14 @@ class _Tracer(fx.Tracer):
                 or super().is_leaf_module(m, module_qualified_name))
 
 
-#: Python's in-place operators (``x += y``): like a method ending in ``_``, they write their first operand.
-_IN_PLACE_OPERATORS = frozenset({operator.iadd, operator.imul, operator.isub, operator.itruediv})
-
-
 def _writes_in_place(n: fx.Node, gm: fx.GraphModule) -> bool:
-    """Whether ``n`` writes its first argument in place: ``y.mul_(2)``, ``y += x``, ``F.relu(y, inplace=True)``, or a
-    module built with ``inplace=True``."""
+    """Whether ``n`` writes its first argument in place: ``y.mul_(2)``, ``F.relu(y, inplace=True)``, or a module built
+    with ``inplace=True``. (torch.fx records ``y += x`` as ``y = y + x``: it cannot be told apart, and an alias
+    of ``y`` taken before it reads ``y`` unchanged in the trace.)"""
     if n.op == "call_method":
         return isinstance(n.target, str) and n.target.endswith("_") and not n.target.startswith("_")
     if n.op == "call_function":
-        return n.target in _IN_PLACE_OPERATORS or n.kwargs.get("inplace") is True
+        return n.kwargs.get("inplace") is True
     return n.op == "call_module" and getattr(gm.get_submodule(n.target), "inplace", False) is True
 
 
@@ -516,7 +513,7 @@ def _follow_in_place(gm: fx.GraphModule) -> None:
     """Rewire the readers of a tensor written in place. torch.fx records ``y.mul_(2)`` as a node of its own, and a
     later ``torch.sigmoid(y)`` reads ``y``'s node, not the write's: described as traced, the write (a residual
     ``y.add_(x)`` too) would be left out of what follows. Every read of ``y`` after the write reads the write,
-    which is what torch computes."""
+    which is what torch computes (a write through a view of ``y`` is not followed)."""
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     for n in gm.graph.nodes:
         written = n.args[0] if n.args else None
@@ -617,7 +614,7 @@ def describe(module: nn.Module, input_shape: list[int], name: str, network: str 
     desc.num_classes = int(desc.node(output).output_shape[0])
     desc.params = count_params(desc)
     unused = sum(p.numel() for p in module.parameters()) - desc.params
-    if unused > 0:  # weights no layer of the (eval-mode) forward reads
+    if unused > 0:  # weights no layer of the (eval-mode) forward reads: only then is the forward traced in training
         in_training = _training_only_layers(module, gm.graph)
         if in_training:
             raise UserError(f"{name}: its forward calls {', '.join(in_training[:3])}"

@@ -314,11 +314,10 @@ class PruningPlan:
         counts = min(candidates, key=lambda c: abs(self._level(c) - level))
         achieved = self._level(counts)
         if abs(achieved - level) > 2 * TOLERANCE:
-            below, above = (self._level(c) for c in candidates) if len(candidates) == 2 else (achieved, None)
-            if above is None or above < level:  # beyond the last step
-                reason = f"it reaches {max(below, above or 0):.1f}% at most"
-                fix = "lower the level or min_channels"
+            if len(candidates) == 1:  # beyond the last step
+                reason, fix = f"it reaches {achieved:.1f}% at most", "lower the level or min_channels"
             else:
+                below, above = (self._level(c) for c in candidates)
                 reason = f"its pruning steps go from {below:.1f}% to {above:.1f}% there"
                 fix = "ask for a level near one of those"
             raise UnreachableLevel(f"{self.network}: cannot reach pruning level {level:g}% with strategy "
