@@ -95,6 +95,7 @@ def test_batch_list_accepts_ints_numpy_integers_and_whole_floats():
     ([], "no batch sizes given"),
     (None, r"None \(NoneType\) is not an integer"),
     ([[1, 2]], r"\[1, 2\] \(list\) is not an integer"),
+    ({8: 1}, r"batch sizes as a dict; give an int or a list of ints"),  # its keys were taken
 ])
 def test_batch_list_rejects_with_one_line(bad, expected):
     with pytest.raises(UserError, match=expected) as exc:
@@ -296,6 +297,29 @@ def test_predict_module_warns_at_another_input_shape_only(fitted):
             load_predictor(out, kind).predict_module(_cnn(8, 3), [3, 32, 32], [4], name="mine")
 
 
+class _FixedBatch(nn.Module):
+    """A forward that fixes the batch size (``view(7, -1)``): it runs where the batch's elements divide by 7."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(3, 7, 3, padding=1), nn.Linear(2 * 16 * 16, 10)
+
+    def forward(self, x):
+        return self.fc(self.conv(x).view(7, -1))
+
+
+def test_modules_with_no_training_step_or_a_fixed_batch_say_so(fitted):
+    """A module without parameters failed in the traced step (element 0 of tensors does not require grad); one that
+    fixes its batch size was described (its reshape's per-sample shape read off a batch of 7) and then said to fail
+    at shape [65521, 512], with neither the node nor why."""
+    fp = load_fingerprint(fitted[0])
+    with pytest.raises(UserError, match=r"^pool: has no parameters, so no training step to predict"):
+        fp.predict_module(nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten()), [3, 16, 16], 4, name="pool")
+    with pytest.raises(UserError, match=r"^fixed: view reshapes the batch of 2 images it was traced with into 7 \(a "
+                                        r"view that fixes the batch size, such as x.view\(7, -1\)\); keep the batch"):
+        fp.predict_module(_FixedBatch(), [3, 16, 16], 4, name="fixed")
+
+
 # ---------------------------------------------------------------- largest batch that fits
 
 def test_max_batch_size_on_every_predictor(fitted, tmp_path):
@@ -344,6 +368,9 @@ def test_least_pruning_on_every_predictor(fitted):
         budget = fp.predict(variant(found.level), [batch])[0]["latency_ms"] * 0.8
         faster = least_pruning(fp, variant, batch, max_latency_ms=budget)
         assert faster.level > found.level and faster.prediction["latency_ms"] <= budget, kind
+    for bad in ("5", 0, -1.0, True):  # a TypeError at the first comparison before
+        with pytest.raises(UserError, match=r"least_pruning: max_latency_ms must be a positive number"):
+            least_pruning(fp, variant, batch, max_latency_ms=bad)
 
 
 def test_the_configs_own_network_wins_a_zoo_network_of_its_name(tmp_path):

@@ -148,8 +148,11 @@ def test_another_optimisers_step_is_read_from_its_features_and_the_fingerprint_i
     told = adam.predict(descs["resnet50_0"], 8)[0]
     assert told["memory_mb"] > before["memory_mb"] and told["latency_ms"] > before["latency_ms"]
     assert fp.predict(descs["resnet50_0"], 8)[0] == before
-    with pytest.raises(ValueError, match="unknown optimizer 'lamb'"):
+    with pytest.raises(UserError, match="^for_optimizer: unknown optimizer 'lamb'"):  # a ValueError before
         for_optimizer(fp, "lamb")
+    with pytest.raises(UserError, match="^for_optimizer: unknown optimizer None"):
+        for_optimizer(fp, None)
+    assert for_optimizer(fp, "ADAM").optimizer == "adam"
 
 
 def test_max_batch_size_follows_the_oom_data(tx2):

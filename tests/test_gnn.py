@@ -378,3 +378,17 @@ def test_the_gnn_leaves_no_generated_source_in_the_temporary_folder():
     out = model(x, edges, torch.randn(3, 2), torch.randn(1, 3), torch.zeros(4, dtype=torch.long), torch.randn(2, 3),
                 torch.zeros(2, dtype=torch.long))
     assert out.shape == (2, 2)
+
+
+def test_the_ensemble_fits_where_both_its_predictors_do(fitted, tiny):
+    """The ensemble held the trees' capacity, which they compare with their analytic demand, against its averaged
+    memory: on the TX2 it said resnet50_0 fits at batch 64, where it ran out of memory and both parts said no."""
+    out, _ = fitted
+    descs, _ = tiny
+    trees, gnn, ensemble = (load_predictor(out, kind) for kind in ("trees", "gnn", "ensemble"))
+    sizes = list(range(256, 8192, 256))
+    for name in ("plain_w4", "res_w16", "deep_w8"):
+        t, g, e = (p.predict(descs[name], sizes) for p in (trees, gnn, ensemble))
+        assert [x["fits"] for x in e] == [a["fits"] and b["fits"] for a, b in zip(t, g)]
+        assert ensemble.max_batch_size(descs[name], 8192) == min(trees.max_batch_size(descs[name], 8192),
+                                                                   gnn.max_batch_size(descs[name], 8192))

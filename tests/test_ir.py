@@ -1051,3 +1051,13 @@ def test_same_and_valid_padding_are_described_as_numbers():
     with pytest.raises(UserError, match=r"^uneven: cannot describe node _0 \(ValueError: a convolution with "
                                         r"padding='same' and kernel \[4, 4\]"):
         describe(uneven, [3, 6, 6], "uneven")
+
+
+def test_a_module_with_lazy_layers_is_described_on_a_copy():
+    """Describing made a LazyLinear's weights in the caller's module, at the description's shape, and moved torch's
+    random state."""
+    module = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Flatten(), nn.LazyLinear(10))
+    state = torch.random.get_rng_state()
+    desc = describe(module, [3, 8, 8], "lazy")
+    assert desc.params == 3 * 8 * 9 + 8 + 8 * 6 * 6 * 10 + 10 and "unused_params" not in desc.extra
+    assert isinstance(module[2], nn.LazyLinear) and torch.equal(state, torch.random.get_rng_state())

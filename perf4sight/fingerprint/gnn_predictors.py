@@ -85,7 +85,9 @@ class GNNPredictor(ModuleQueries):
 
 class EnsemblePredictor(ModuleQueries):
     """Geometric mean of the trees' and the GNN's predictions; bands from the ensemble's own
-    out-of-fold residuals; capacity from the trees' fingerprint (else the GNN's)."""
+    out-of-fold residuals. ``fits`` where both predictors say it fits, each against its own capacity (the trees'
+    is compared with their analytic demand, not with a memory figure: the mean's could not be held against it);
+    ``capacity_mb`` is the trees' (else the GNN's), for display."""
 
     def __init__(self, trees: Any, gnn: GNNPredictor):
         self.trees, self.gnn = trees, gnn
@@ -95,6 +97,8 @@ class EnsemblePredictor(ModuleQueries):
         self.fitted_optimizer, self.runtime = trees.fitted_optimizer, trees.runtime
         self.device, self.input_shape = gnn.device, trees.input_shape or gnn.input_shape
         self.capacity_mb = trees.capacity_mb if trees.capacity_mb is not None else gnn.capacity_mb
+        self.capacity_basis = getattr(trees, "capacity_basis", "prediction") if trees.capacity_mb is not None \
+            else "prediction"
         self.bands = gnn.metadata.get("interval", {}).get("log_ratio_quantiles", {}).get("ensemble", {})
         self.metadata = gnn.metadata
 
@@ -111,7 +115,16 @@ class EnsemblePredictor(ModuleQueries):
         g = self.gnn.predict_array(descs, bss)
         t = self.trees.predict(descs, bss)
         tarr = np.array([[r["latency_ms"], r["memory_mb"]] for r in t])
-        return _rows([d.name for d in descs], bss, np.sqrt(g * tarr), self.bands, self.capacity_mb)
+        cap = self.gnn.capacity_mb
+        fits = [_both(r["fits"], None if cap is None else bool(m <= cap)) for r, m in zip(t, g[:, 1])]
+        mean = np.sqrt(g * tarr)
+        return prediction_rows([d.name for d in descs], bss, mean[:, 0], mean[:, 1], self.bands, fits)
+
+
+def _both(a: bool | None, b: bool | None) -> bool | None:
+    """Fits by both of two answers (None: that predictor knows no capacity); None where neither knows one."""
+    known = [x for x in (a, b) if x is not None]
+    return all(known) if known else None
 
 
 def _weights(folder: Path) -> dict[str, np.ndarray]:

@@ -67,6 +67,9 @@ MAX_BATCH_SIZE = 10**9  # larger batches overflow the byte counts (int64) of the
 def batch_list(batch_sizes: int | Sequence[int]) -> list[int]:
     """``batch_sizes`` (an int, or an iterable of ints; numpy integers and whole floats too) as a list of
     ints; ``UserError`` for strings, bools, fractions, values below 1 or no batch size at all."""
+    if isinstance(batch_sizes, Mapping):
+        raise UserError(f"predict: batch sizes as a {type(batch_sizes).__name__}; give an int or a list of ints "
+                        "(e.g. 16 or [8, 16])")
     if isinstance(batch_sizes, (str, bytes)) or not np.iterable(batch_sizes):
         bss = [_batch_size(batch_sizes)]
     else:
@@ -107,6 +110,8 @@ def as_descriptions(descs: Any, kinds: tuple[type, ...] = (NetworkDescription, N
             where = "" if one else f" (item {i})"
             raise UserError(f"predict: expected a {' or '.join(k.__name__ for k in kinds)}, a description file path "
                             f"(str or Path) or a list of them, got {type(d).__name__}{where}")
+        if isinstance(d, NetworkDescription) and d.params == 0:  # backward has nothing to compute gradients of
+            raise UserError(f"{d.name}: has no parameters, so no training step to predict (nothing to learn)")
         out.append(d)
     return out
 
@@ -344,7 +349,10 @@ def for_optimizer(predictor: Any, optimizer: str) -> Any:
     optimiser's rows, read that step's state and update passes. An estimate no row measured (bench_optimizers.py
     measures how far it goes); ``fitted_optimizer`` keeps the rows' own."""
     new = copy.copy(predictor)
-    new.runtime = predictor.runtime.with_optimizer(optimizer)  # a ValueError naming the known ones
+    try:
+        new.runtime = predictor.runtime.with_optimizer(optimizer.lower() if isinstance(optimizer, str) else optimizer)
+    except ValueError as exc:  # naming the known ones
+        raise UserError(f"for_optimizer: {exc}") from None
     for part in ("trees", "gnn"):  # an ensemble's predictors
         if getattr(new, part, None) is not None:
             setattr(new, part, for_optimizer(getattr(new, part), optimizer))

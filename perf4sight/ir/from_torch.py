@@ -552,6 +552,12 @@ def _training_only_layers(module: nn.Module, eval_graph: fx.Graph) -> list[str]:
                   and next(module.get_submodule(n.target).parameters(), None) is not None)
 
 
+def _has_lazy_parameters(module: nn.Module) -> bool:
+    """Whether ``module`` has parameters a lazy layer (``nn.LazyLinear``) makes at its first forward, drawing
+    random numbers."""
+    return any(isinstance(p, nn.parameter.UninitializedParameter) for p in module.parameters())
+
+
 def _traced_with_shapes(module: nn.Module, input_shape: list[int], name: str) -> fx.GraphModule:
     """``module`` traced by torch.fx, its nodes carrying their output shapes at ``input_shape``. Tracing
     and forward failures come in many types: each becomes one ``UserError`` line."""
@@ -588,7 +594,8 @@ def describe(module: nn.Module, input_shape: list[int], name: str, network: str 
              pruning_level: float = 0, **extra: Any) -> NetworkDescription:
     """Trace ``module`` (input ``[C, H, W]``, no batch) into a ``NetworkDescription``. Shapes come from
     meta tensors (no compute; a module with weights is copied without them, and left as it is); a
-    module built on the meta device describes the same, a little faster.
+    module built on the meta device describes the same, a little faster, and one with lazy layers is described on a
+    copy (the caller's stays lazy, torch's random state as it was).
 
     Raises ``UserError`` for an input shape that is not three positive ints, a module torch.fx cannot
     trace, a forward that fails at ``input_shape`` (naming the shape and torch's message), and naming the
@@ -598,6 +605,15 @@ def describe(module: nn.Module, input_shape: list[int], name: str, network: str 
         raise UserError(f"{name}: expected a torch nn.Module instance (e.g. torchvision.models.resnet18()), "
                         f"got {type(module).__name__}")
     input_shape = check_input_shape(input_shape, name)
+    if _has_lazy_parameters(module):  # the first forward makes them, drawing random numbers: on a copy
+        with torch.random.fork_rng(devices=[]):
+            return _described(copy.deepcopy(module), input_shape, name, network, pruning_level, extra)
+    return _described(module, input_shape, name, network, pruning_level, extra)
+
+
+def _described(module: nn.Module, input_shape: list[int], name: str, network: str | None, pruning_level: float,
+               extra: dict[str, Any]) -> NetworkDescription:
+    """:func:`describe`'s description of ``module`` (checked), its parameters made."""
     was_training = module.training
     module.eval()
     try:
@@ -724,6 +740,11 @@ def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, s
         attrs = {"scalar": float(scalar)}
     if op == "reshape":
         tensor_inputs = tensor_inputs[:1]
+        batch = n.meta["tensor_meta"].shape[0]
+        if batch != _TRACE_BATCH:  # traced at batch 2: a description's reshape keeps the batch as it is
+            raise UserError(f"{where}: {n.name} reshapes the batch of {_TRACE_BATCH} images it was traced with into "
+                            f"{batch} (a view that fixes the batch size, such as x.view({batch}, -1)); keep the batch "
+                            "dimension: x.view(x.size(0), -1)")
     alias[n.name] = n.name
     return out + [Node(n.name, op, tensor_inputs, attrs, shape)]
 
