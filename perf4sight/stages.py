@@ -130,6 +130,9 @@ def run_networks(cfg: Config, args: argparse.Namespace) -> int:
                        "measurements stay on disk, and the later stages leave them out)")
     if changes:
         console.print(f"manifest changed: {', '.join(changes)}", markup=False)
+    elif made.had_manifest:
+        console.print("manifest unchanged: every description as the last run wrote it (no file rewritten)",
+                      markup=False)
     return 0
 
 

@@ -770,6 +770,18 @@ def test_an_unreachable_level_is_left_out_and_a_rerun_says_what_changed(tmp_path
     assert "manifest changed: 1 added (tiny_vgg_l30), 1 no longer made (tiny_vgg_l50;" in back.stdout
     assert "changed under the same name" not in back.stdout
 
+    # run again as it is: every file as it was, not rewritten, and said so (it printed nothing and rewrote all)
+    written = {p: p.stat().st_mtime_ns for p in (tmp_path / "models").rglob("*") if p.is_file()}
+    same = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert same.returncode == 0 and "manifest unchanged: every description as the last run wrote it" in same.stdout
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "models").rglob("*") if p.is_file()} == written
+    # another strategy's folder: every variant is another file (its "strategy" differs), measured again: said so
+    config.write_text(text.replace("[0, 30, 90]", "[0, 30]").replace("min_channels = 32", "min_channels = 8")
+                      + 'strategy = "random"\n')
+    other = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert other.returncode == 0, other.stderr[-2000:]
+    assert "manifest changed: 2 changed under the same name (tiny_vgg_l0, tiny_vgg_l30;" in other.stdout
+
 
 def test_stage_reports_a_factory_that_fails_to_import(tmp_path: Path) -> None:
     (tmp_path / "bad.py").write_text("raise RuntimeError('no torch here')\n")
@@ -1020,3 +1032,24 @@ def test_a_factorys_cached_description_follows_the_packages_beside_it(tmp_path):
     second = describe_factory(f"{tmp_path}/p4s_pkg_net.py:net", [3, 16, 16], 10, cache)
     assert (first.params, second.params) == (3 * 8 * 9 + 8 + 8 * 10 + 10, 3 * 16 * 9 + 16 + 16 * 10 + 10)
     assert len(list(cache.glob("net-*.json"))) == 2
+
+
+def test_a_described_channel_shuffle_is_made_unpruned_with_a_note(tmp_path: Path) -> None:
+    """A ShuffleNetV2 description given as a file (its channel shuffle a view, a transpose and a view, not
+    torchvision's blocks, which a stand-in traces) ran torch-pruning's dependency search without end, taking 16 GB:
+    its level 0 is made and the others are left out with a note, as a Swin's are."""
+    from perf4sight.ir.schema import save_description
+    from perf4sight.networks.pruning import Unprunable
+
+    desc = describe_zoo("shufflenet_v2_x0_5", SHAPE, num_classes=CLASSES)
+    with pytest.raises(Unprunable, match=r"shuffle: a channel shuffle .* cannot be pruned"):
+        PruningPlan(build_module(desc), SHAPE, network="shuffle")
+    save_description(replace(desc, name="shuffle", network="shuffle"), tmp_path / "shuffle.json")
+    (tmp_path / "config.toml").write_text(
+        '[networks]\nzoo = []\ndescription_files = ["shuffle.json"]\ninput_shape = [3, 32, 32]\nnum_classes = 10\n'
+        '[networks.pruning]\nlevels = [0, 10]\nmin_channels = 2\n')
+    made = make_networks(load_config(tmp_path / "config.toml"))
+    assert [r["network"] for r in made.rows] == ["shuffle_l0"]
+    assert made.skipped and "shuffle_l10 left out" in made.skipped[0] and "channel shuffle" in made.skipped[0]
+    zoo = PruningPlan(build_zoo_model("shufflenet_v2_x0_5", CLASSES), SHAPE, network="zoo")  # torchvision's: a plan
+    assert zoo.prune(30, meta=True).achieved_level == pytest.approx(30, abs=2)

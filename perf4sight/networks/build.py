@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +70,7 @@ class NetworksMade:
     added: list[str]
     removed: list[str]
     changed: list[str] = dataclasses.field(default_factory=list)  # same name, other description: measured again
+    had_manifest: bool = False  # one was on disk before: nothing added, changed or removed is then "unchanged"
 
 
 @dataclass
@@ -253,21 +255,31 @@ def _row(desc: NetworkDescription, path: Path, models_dir: Path) -> dict[str, An
 def write_manifest(rows: list[dict[str, Any]], path: Path) -> Path:
     """Write ``rows`` as CSV with ``MANIFEST_COLUMNS`` (atomic replace); ``perf4sight.dataset.read_manifest``
     reads it back."""
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=MANIFEST_COLUMNS)
+    writer.writeheader()
+    writer.writerows(rows)
+    return _write_if_changed(path, text.getvalue())
+
+
+def _write_if_changed(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` (UTF-8, atomic replace) unless the file holds it already: a rerun rewrites
+    nothing."""
+    if path.is_file() and path.read_bytes() == text.encode("utf-8"):
+        return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp, tmp.open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=MANIFEST_COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(text.encode("utf-8"))
     return path
 
 
-def _manifest_names(path: Path) -> list[str]:
-    """The variant names of a manifest on disk (none when it is absent, unreadable or damaged: the stage writes it
-    anew)."""
+def _manifest_paths(path: Path) -> dict[str, str]:
+    """The variant names of a manifest on disk, each with its description file's path (relative to the models
+    folder); none when it is absent, unreadable or damaged: the stage writes it anew."""
     try:
-        return [r["network"] for r in read_manifest(path)]
+        return {r["network"]: r.get("path", "") for r in read_manifest(path)}
     except (UserError, OSError):
-        return []
+        return {}
 
 
 def _check_not_an_output(cfg: Config, outputs: list[Path]) -> None:
@@ -281,10 +293,16 @@ def _check_not_an_output(cfg: Config, outputs: list[Path]) -> None:
                             f"{cfg.models_dir} and name the copy")
 
 
-def _save(desc: NetworkDescription, path: Path, changed: list[str]) -> Path:
-    """Save ``desc`` at ``path``; its name goes into ``changed`` when the file held another description."""
-    if path.is_file() and path.read_text() != desc.to_json():  # read as save_description writes: locale text
+def _save(desc: NetworkDescription, path: Path, changed: list[str], before: Path | None = None) -> Path:
+    """Save ``desc`` at ``path`` unless the file holds it already (a rerun rewrites nothing). Its name goes into
+    ``changed`` when the file the last manifest named for it (``before``; else ``path``) held another description:
+    another strategy's folder, for one."""
+    text = desc.to_json()
+    previous = before if before is not None and before.is_file() else path
+    if previous.is_file() and previous.read_text() != text:  # read as save_description writes: locale text
         changed.append(desc.name)
+    if path.is_file() and path.read_text() == text:
+        return path
     return save_description(desc, path)
 
 
@@ -292,7 +310,10 @@ def make_networks(cfg: Config, progress: Progress | None = None) -> NetworksMade
     """Run the networks stage for ``cfg``; the manifest rows are also written to disk."""
     net, pr, gen = cfg.networks, cfg.networks.pruning, cfg.networks.generator
     models_dir = cfg.models_dir
-    before = _manifest_names(models_dir / "manifest.csv")
+    before = _manifest_paths(models_dir / "manifest.csv")
+
+    def was(name: str) -> Path | None:  # the file the last manifest named for ``name``
+        return models_dir / before[name] if before.get(name) else None
     rows: list[dict[str, Any]] = []
     skipped: list[str] = []
     changed: list[str] = []
@@ -314,7 +335,7 @@ def make_networks(cfg: Config, progress: Progress | None = None) -> NetworksMade
             for desc in prune_source(src, list(net.input_shape), list(pr.levels), pr.strategy, pr.min_channels,
                                      pr.seed, progress, skipped):
                 for each in [desc, *at_extra_shapes(cfg, desc, skipped, progress)]:
-                    path = _save(each, folder / f"{each.name}.json", changed)
+                    path = _save(each, folder / f"{each.name}.json", changed, was(each.name))
                     pruned_rows.append(_row(each, path, models_dir))
         write_manifest(pruned_rows, folder / "manifest.csv")
         rows += pruned_rows
@@ -322,7 +343,7 @@ def make_networks(cfg: Config, progress: Progress | None = None) -> NetworksMade
         folder = models_dir / "generated"
         gen_rows = []
         for desc in [d for made in generated for d in [made, *at_extra_shapes(cfg, made, skipped)]]:
-            path = _save(desc, folder / f"{desc.name}.json", changed)
+            path = _save(desc, folder / f"{desc.name}.json", changed, was(desc.name))
             gen_rows.append(_row(desc, path, models_dir))
         write_manifest(gen_rows, folder / "manifest.csv")
         if progress:
@@ -335,10 +356,10 @@ def make_networks(cfg: Config, progress: Progress | None = None) -> NetworksMade
             if skipped else "[networks] names no network"
         raise UserError(f"{cfg.path}: no network made: {why}")
     write_manifest(rows, models_dir / "manifest.csv")
-    with atomic_path(models_dir / SETTINGS_FILE) as tmp:
-        tmp.write_text(json.dumps({"settings_sha": settings_sha(cfg), "config": str(cfg.path)}, indent=1) + "\n")
+    _write_if_changed(models_dir / SETTINGS_FILE,
+                      json.dumps({"settings_sha": settings_sha(cfg), "config": str(cfg.path)}, indent=1) + "\n")
     names = [r["network"] for r in rows]
     added = [n for n in names if n not in before] if before else []
     # a name new to the manifest is said to be added, even where an older run's file of it held another network
     return NetworksMade(rows, skipped, added, [n for n in before if n not in names],
-                        [n for n in changed if n not in added])
+                        [n for n in changed if n not in added], had_manifest=bool(before))
