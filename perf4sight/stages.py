@@ -131,8 +131,7 @@ def run_networks(cfg: Config, args: argparse.Namespace) -> int:
     if changes:
         console.print(f"manifest changed: {', '.join(changes)}", markup=False)
     elif made.had_manifest:
-        console.print("manifest unchanged: every description as the last run wrote it (no file rewritten)",
-                      markup=False)
+        console.print("manifest unchanged: every variant as the last run made it", markup=False)
     return 0
 
 

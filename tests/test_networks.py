@@ -773,7 +773,7 @@ def test_an_unreachable_level_is_left_out_and_a_rerun_says_what_changed(tmp_path
     # run again as it is: every file as it was, not rewritten, and said so (it printed nothing and rewrote all)
     written = {p: p.stat().st_mtime_ns for p in (tmp_path / "models").rglob("*") if p.is_file()}
     same = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
-    assert same.returncode == 0 and "manifest unchanged: every description as the last run wrote it" in same.stdout
+    assert same.returncode == 0 and "manifest unchanged: every variant as the last run made it" in same.stdout
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "models").rglob("*") if p.is_file()} == written
     # another strategy's folder: every variant is another file (its "strategy" differs), measured again: said so
     config.write_text(text.replace("[0, 30, 90]", "[0, 30]").replace("min_channels = 32", "min_channels = 8")
@@ -1042,7 +1042,7 @@ def test_a_described_channel_shuffle_is_made_unpruned_with_a_note(tmp_path: Path
     from perf4sight.networks.pruning import Unprunable
 
     desc = describe_zoo("shufflenet_v2_x0_5", SHAPE, num_classes=CLASSES)
-    with pytest.raises(Unprunable, match=r"shuffle: a channel shuffle .* cannot be pruned"):
+    with pytest.raises(Unprunable, match=r"shuffle: a description with a channel shuffle .* cannot be pruned"):
         PruningPlan(build_module(desc), SHAPE, network="shuffle")
     save_description(replace(desc, name="shuffle", network="shuffle"), tmp_path / "shuffle.json")
     (tmp_path / "config.toml").write_text(
@@ -1053,3 +1053,20 @@ def test_a_described_channel_shuffle_is_made_unpruned_with_a_note(tmp_path: Path
     assert made.skipped and "shuffle_l10 left out" in made.skipped[0] and "channel shuffle" in made.skipped[0]
     zoo = PruningPlan(build_zoo_model("shufflenet_v2_x0_5", CLASSES), SHAPE, network="zoo")  # torchvision's: a plan
     assert zoo.prune(30, meta=True).achieved_level == pytest.approx(30, abs=2)
+    own = PruningPlan(_OwnShuffle(), SHAPE, min_channels=4, network="own")  # a module's own shuffle prunes
+    assert own.prune(40, meta=True).achieved_level == pytest.approx(40, abs=2)
+
+
+class _OwnShuffle(nn.Module):
+    """A stem and a residual block whose channels are shuffled in two groups by a view and a transpose."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.conv = nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(16, 16, 3, padding=1)
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, CLASSES))
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        b, c, h, w = x.shape
+        y = self.conv(x).view(b, 2, c // 2, h, w).transpose(1, 2).reshape(b, c, h, w)
+        return self.head(x + y)

@@ -126,10 +126,8 @@ def record_runs(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: i
     except RuntimeError as exc:
         if inplace_relu and "inplace" in str(exc).lower():
             return _record(desc, batch_sizes, steps, step, False, fast, relu6_clone)
-        message = (f"{desc.name}: its training step at input shape {list(desc.input_shape)} cannot be traced at batch "
-                   f"size {', '.join(map(str, batch_sizes))} on the meta device (a size no network fixes, which tells "
-                   "per-sample sizes apart; a forward that fixes the batch size, such as x.view(2, -1), runs at "
-                   f"that size alone): {exc}")
+        message = (f"{desc.name}: its training step at input shape {list(desc.input_shape)} cannot be traced on the "
+                   f"meta device at batch size {', '.join(map(str, batch_sizes))} ({exc})")
         raise UserError(message.splitlines()[0]) from None
 
 

@@ -10,6 +10,7 @@ network reaches (99, or less where ``min_channels`` stops it), then about log2(1
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -37,10 +38,12 @@ def least_pruning(fp: Any, variant: Callable[[int], NetworkDescription], batch_s
     capacity the fingerprint does not know leaves memory out) and to step within ``max_latency_ms`` when given.
     A level the network cannot reach under ``min_channels`` (``UnreachableLevel``, which says the most it
     reaches) lowers the top of the search to the level it reaches."""
-    if max_latency_ms is not None and not (isinstance(max_latency_ms, (int, float)) and not isinstance(
-            max_latency_ms, bool) and max_latency_ms > 0):
-        raise UserError(f"least_pruning: max_latency_ms must be a positive number of milliseconds (or None), got "
-                        f"{max_latency_ms!r}")
+    if max_latency_ms is not None:
+        if not (isinstance(max_latency_ms, numbers.Real) and not isinstance(max_latency_ms, bool)
+                and max_latency_ms > 0):
+            raise UserError(f"least_pruning: max_latency_ms must be a positive number of milliseconds (or None), got "
+                            f"{max_latency_ms!r}")
+        max_latency_ms = float(max_latency_ms)  # numpy's numbers too
     made: dict[int, tuple[NetworkDescription, dict[str, Any]]] = {}
     tried: dict[int, bool] = {}
 

@@ -743,8 +743,8 @@ def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, s
         batch = n.meta["tensor_meta"].shape[0]
         if batch != _TRACE_BATCH:  # traced at batch 2: a description's reshape keeps the batch as it is
             raise UserError(f"{where}: {n.name} reshapes the batch of {_TRACE_BATCH} images it was traced with into "
-                            f"{batch} (a view that fixes the batch size, such as x.view({batch}, -1)); keep the batch "
-                            "dimension: x.view(x.size(0), -1)")
+                            f"a first dimension of {batch}: it merges the batch into another dimension, or fixes its "
+                            "size (x.view(7, -1)); a description keeps the batch first and whole")
     alias[n.name] = n.name
     return out + [Node(n.name, op, tensor_inputs, attrs, shape)]
 
