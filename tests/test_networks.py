@@ -1070,3 +1070,19 @@ class _OwnShuffle(nn.Module):
         b, c, h, w = x.shape
         y = self.conv(x).view(b, 2, c // 2, h, w).transpose(1, 2).reshape(b, c, h, w)
         return self.head(x + y)
+
+
+def test_a_factory_with_lazy_layers_is_pruned(tmp_path: Path) -> None:
+    """A factory ending in ``nn.LazyLinear`` stopped the networks stage with torch's ValueError (an uninitialised
+    parameter counted): its lazy layers now get their weights from one seeded forward at the input shape."""
+    (tmp_path / "lazy.py").write_text(
+        "from torch import nn\n\n\ndef lazy(num_classes=10):\n"
+        "    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1),\n"
+        "                         nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.LazyLinear(num_classes))\n")
+    (tmp_path / "config.toml").write_text('[networks]\nzoo = []\nfactories = ["lazy.py:lazy"]\n'
+                                          'input_shape = [3, 32, 32]\nnum_classes = 10\n'
+                                          '[networks.pruning]\nlevels = [0, 30]\n')
+    made = make_networks(load_config(tmp_path / "config.toml"))
+    assert [r["network"] for r in made.rows] == ["lazy_l0", "lazy_l30"]
+    assert int(made.rows[0]["params"]) == 3 * 16 * 9 + 16 + 16 * 16 * 9 + 16 + 64 * 10 + 10
+    assert abs(float(made.rows[1]["achieved_level"]) - 30) <= 2

@@ -34,7 +34,7 @@ from perf4sight.config import Config
 from perf4sight.dataset import read_manifest
 from perf4sight.errors import UserError
 from perf4sight.files import atomic_path
-from perf4sight.ir.from_torch import describe
+from perf4sight.ir.from_torch import describe, forward_error
 from perf4sight.ir.schema import NetworkDescription, save_description
 from perf4sight.ir.shapes import shape_text
 from perf4sight.ir.to_torch import build_module
@@ -127,17 +127,27 @@ def reshaped_description_notes(cfg: Config) -> list[str]:
     return lines
 
 
-def _seeded_build(src: Source, seed: int) -> nn.Module:
-    """Build with a fixed weight initialisation (l1-norm rankings depend on it)."""
+def _seeded_build(src: Source, seed: int, input_shape: list[int]) -> nn.Module:
+    """Build with a fixed weight initialisation (l1-norm rankings depend on it); lazy layers (``nn.LazyLinear``) get
+    their weights from one forward pass at ``input_shape`` ([C, H, W]), seeded too, before anything counts them."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return src.build()
+        model = src.build()
+        if any(isinstance(p, nn.parameter.UninitializedParameter) for p in model.parameters()):
+            was_training = model.training
+            try:
+                with torch.no_grad():
+                    model.eval()(torch.zeros(2, *input_shape))
+            except Exception as exc:  # a user's forward can raise anything
+                raise forward_error(src.name, input_shape, exc) from None
+            model.train(was_training)
+        return model
 
 
 def pruning_plan(src: Source, input_shape: list[int], strategy: str, min_channels: int, seed: int) -> PruningPlan:
     """``src`` built with its seeded weights and traced for pruning at ``input_shape``: one plan serves every
     level (its random choices are drawn here, so a level pruned from it does not depend on the levels before)."""
-    return PruningPlan(_seeded_build(src, seed), input_shape, strategy, min_channels, seed, src.name)
+    return PruningPlan(_seeded_build(src, seed, input_shape), input_shape, strategy, min_channels, seed, src.name)
 
 
 class _Unpruned:
@@ -161,14 +171,14 @@ def prune_source(src: Source, input_shape: list[int], levels: list[float], strat
     is appended to the list."""
     levels = [check_level(lvl, f"[networks.pruning] levels ({src.name})") for lvl in levels]
     if not plan and all(lvl == 0 for lvl in levels):  # unpruned alone: nothing to trace (a Swin cannot be)
-        plan = _Unpruned(_seeded_build(src, seed))
+        plan = _Unpruned(_seeded_build(src, seed, input_shape))
     try:
         plan = plan or pruning_plan(src, input_shape, strategy, min_channels, seed)  # traced once for all levels
     except Unprunable as exc:
         if skipped is None or 0 not in levels:
             raise
         skipped.append(f"{', '.join(variant_name(src.name, lvl) for lvl in levels if lvl)} left out: {exc}")
-        levels, plan = [lvl for lvl in levels if lvl == 0], _Unpruned(_seeded_build(src, seed))
+        levels, plan = [lvl for lvl in levels if lvl == 0], _Unpruned(_seeded_build(src, seed, input_shape))
     out = []
     for lvl in levels:
         try:
