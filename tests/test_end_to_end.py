@@ -259,11 +259,14 @@ def test_all_stages_then_predict_json(all_stages, tmp_path):
         "from torch import nn\n\n\nclass Spare(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
         "        self.conv, self.fc, self.spare = nn.Conv2d(3, 8, 3), nn.Linear(8, 10), nn.Linear(512, 512)\n\n"
         "    def forward(self, x):\n        return self.fc(self.conv(x).mean((2, 3)))\n\n\n"
-        "def spare(num_classes=10):\n    return Spare()\n")
+        "def spare(num_classes=10):\n    model = Spare()\n    model.conv.requires_grad_(False)  # a frozen layer\n"
+        "    return model\n")
     spare = main_py(tmp_path, "--stage", "predict", "--network", "spare.py:spare", "--batch-size", "2", "--json")
     assert spare.returncode == 0, spare.stderr
     assert ("parameters that no layer of the forward reads are left out of the description, and so of the "
             "prediction: spare 0.26 M (1 MiB as fp32)") in " ".join(spare.stderr.split())
+    assert "frozen parameters (requires_grad False): spare 224; a description trains every layer" in " ".join(
+        spare.stderr.split())
     from perf4sight.stages import _unused_params_note
     _unused_params_note([SimpleNamespace(name="odd", extra={"unused_params": "1000"}),  # a hand-written file's: none
                          SimpleNamespace(name="flag", extra={"unused_params": True})])

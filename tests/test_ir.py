@@ -1031,6 +1031,9 @@ def test_modules_a_description_cannot_follow_say_so_and_unused_weights_are_count
         describe(_DeepSupervision(), [3, 16, 16], "deepsup")
     leftover = describe(_Leftover(), [3, 16, 16], "leftover")
     assert leftover.extra["unused_params"] == 8 * 16 * 16 * 10 + 10 + 100 * 100 + 100
+    frozen = _Leftover()
+    frozen.body.requires_grad_(False)  # fine-tuning the head alone: counted, so that predict can say so
+    assert describe(frozen, [3, 16, 16], "frozen").extra["frozen_params"] == 3 * 8 * 9 + 8
     assert "unused_params" not in describe(build_zoo_model("resnet18", 10), [3, 32, 32], "r18").extra
     with pytest.raises(UserError, match=r"^flat: cannot describe node flatten \(ValueError: a flatten of every "
                                         r"dimension merges the batch"):

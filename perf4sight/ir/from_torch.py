@@ -638,6 +638,9 @@ def _described(module: nn.Module, input_shape: list[int], name: str, network: st
                             "branch); a description follows the forward of evaluation: build the model without its "
                             "training-only layers (e.g. aux_logits=False)")
         desc.extra["unused_params"] = unused
+    frozen = sum(p.numel() for p in module.parameters() if not p.requires_grad)
+    if frozen:  # a description trains every layer it has: a step that freezes some is predicted as one that does not
+        desc.extra["frozen_params"] = frozen
     return desc
 
 
