@@ -28,7 +28,7 @@ from torch.fx.passes.shape_prop import ShapeProp
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import INTERPOLATE_MODES, NetworkDescription, Node, count_params
 
-__all__ = ["describe", "check_input_shape", "forward_error", "stderr_kept_on_success"]
+__all__ = ["describe", "check_input_shape", "forward_error", "has_lazy_parameters", "stderr_kept_on_success"]
 
 _TRACE_BATCH = 2  # a batch of 2 keeps the batch dimension distinguishable from squeezable 1s
 
@@ -552,7 +552,7 @@ def _training_only_layers(module: nn.Module, eval_graph: fx.Graph) -> list[str]:
                   and next(module.get_submodule(n.target).parameters(), None) is not None)
 
 
-def _has_lazy_parameters(module: nn.Module) -> bool:
+def has_lazy_parameters(module: nn.Module) -> bool:
     """Whether ``module`` has parameters a lazy layer (``nn.LazyLinear``) makes at its first forward, drawing
     random numbers."""
     return any(isinstance(p, nn.parameter.UninitializedParameter) for p in module.parameters())
@@ -605,7 +605,7 @@ def describe(module: nn.Module, input_shape: list[int], name: str, network: str 
         raise UserError(f"{name}: expected a torch nn.Module instance (e.g. torchvision.models.resnet18()), "
                         f"got {type(module).__name__}")
     input_shape = check_input_shape(input_shape, name)
-    if _has_lazy_parameters(module):  # the first forward makes them, drawing random numbers: on a copy
+    if has_lazy_parameters(module):  # the first forward makes them, drawing random numbers: on a copy
         with torch.random.fork_rng(devices=[]):
             return _described(copy.deepcopy(module), input_shape, name, network, pruning_level, extra)
     return _described(module, input_shape, name, network, pruning_level, extra)

@@ -34,7 +34,7 @@ from perf4sight.config import Config
 from perf4sight.dataset import read_manifest
 from perf4sight.errors import UserError
 from perf4sight.files import atomic_path
-from perf4sight.ir.from_torch import describe, forward_error
+from perf4sight.ir.from_torch import describe, forward_error, has_lazy_parameters
 from perf4sight.ir.schema import NetworkDescription, save_description
 from perf4sight.ir.shapes import shape_text
 from perf4sight.ir.to_torch import build_module
@@ -133,7 +133,7 @@ def _seeded_build(src: Source, seed: int, input_shape: list[int]) -> nn.Module:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = src.build()
-        if any(isinstance(p, nn.parameter.UninitializedParameter) for p in model.parameters()):
+        if has_lazy_parameters(model):
             was_training = model.training
             try:
                 with torch.no_grad():
