@@ -450,11 +450,11 @@ def _described(cfg: Config, args: argparse.Namespace, fp: object, names: list[st
         descs = [query_at(cfg, name, d, shape, made) for name, d in zip(names, descs)]
     _print_notes(*(f"note: {line}" for line in made))
     _shape_note(fp, descs)
-    _unused_params_note(descs)
+    _parameter_notes(descs)
     return descs
 
 
-def _unused_params_note(descs: list[NetworkDescription]) -> None:
+def _parameter_notes(descs: list[NetworkDescription]) -> None:
     """Say which queries' modules hold parameters that no layer of their forward reads (``describe`` counts them as
     ``unused_params``): left out of the description and so of the prediction, though their weights sit on the device;
     and which hold frozen ones (``frozen_params``), which the prediction trains."""

@@ -267,8 +267,8 @@ def test_all_stages_then_predict_json(all_stages, tmp_path):
             "prediction: spare 0.26 M (1 MiB as fp32)") in " ".join(spare.stderr.split())
     assert "frozen parameters (requires_grad False): spare 224; a description trains every layer" in " ".join(
         spare.stderr.split())
-    from perf4sight.stages import _unused_params_note
-    _unused_params_note([SimpleNamespace(name="odd", extra={"unused_params": "1000"}),  # a hand-written file's: none
+    from perf4sight.stages import _parameter_notes
+    _parameter_notes([SimpleNamespace(name="odd", extra={"unused_params": "1000"}),  # a hand-written file's: none
                          SimpleNamespace(name="flag", extra={"unused_params": True})])
     alone = main_py(tmp_path, "--stage", "predict", "--network", "resnet18", "--max-latency-ms", "5")
     assert alone.returncode == 2 and "--max-latency-ms is the step-time budget of --prune-to-fit" in alone.stderr

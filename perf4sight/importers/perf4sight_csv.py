@@ -20,6 +20,7 @@ runs that passed). Re-importing skips rows already on disk.
 """
 from __future__ import annotations
 
+import collections
 import csv
 import datetime as _dt
 import json
@@ -138,9 +139,7 @@ def check_descriptions(out_models: Path, descs: list[NetworkDescription], existi
     """``UserError`` (before anything is written) where a network with rows of ``device`` on disk comes in another
     description than the one imported with them (``<out_models>/<name>.json``): writing it would tie those rows to
     a network they were not measured on."""
-    measured: dict[str, int] = {}
-    for r in existing_rows:
-        measured[str(r["network"])] = measured.get(str(r["network"]), 0) + 1
+    measured = collections.Counter(str(r["network"]) for r in existing_rows)
     for desc in descs:
         path = out_models / f"{desc.name}.json"
         if desc.name not in measured or not path.is_file():
@@ -215,9 +214,10 @@ def read_gt_csv(path: Path, kind: str | None = None) -> list[dict[str, str]]:
         if None in r or None in r.values():  # csv: a short line's missing cells are None, a long one's extras r[None]
             fields = sum(v is not None for k, v in r.items() if k is not None) + len(r.get(None) or [])
             raise UserError(f"{path}: line {i}: {fields} fields where the header has {len(header)}")
-        if str(r["passed"]).strip().lower() not in _PASSED:
+        passed = _passed(r)
+        if passed is None:
             raise UserError(f"{path}: line {i}: passed {r['passed']!r} is neither True nor False")
-        if not (kind and _passed(r)):
+        if not (kind and passed):
             continue
         figure = number(r.get(TARGET[kind]), finite=False)  # inf: imported as it is
         if figure is None:
@@ -278,9 +278,9 @@ def _mean(rows: list[dict[str, str]], col: str) -> float | None:
 _PASSED = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
-def _passed(r: dict[str, str]) -> bool:
-    """A row's ``passed`` cell (checked by :func:`read_gt_csv`)."""
-    return _PASSED[str(r.get("passed", "")).strip().lower()]
+def _passed(r: dict[str, str]) -> bool | None:
+    """A row's ``passed`` cell; None for a spelling of neither (which :func:`read_gt_csv` refuses)."""
+    return _PASSED.get(str(r.get("passed", "")).strip().lower())
 
 
 def _merge(mem: list[dict[str, str]], lat: list[dict[str, str]]) -> tuple[str, str, dict[str, Any]]:

@@ -515,13 +515,16 @@ def _follow_in_place(gm: fx.GraphModule) -> None:
     ``y.add_(x)`` too) would be left out of what follows. Every read of ``y`` after the write reads the write,
     which is what torch computes (a write through a view of ``y`` is not followed)."""
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    rewired = False
     for n in gm.graph.nodes:
         written = n.args[0] if n.args else None
         if isinstance(written, fx.Node) and _writes_in_place(n, gm):
             for reader in list(written.users):
                 if order[reader] > order[n]:
                     reader.replace_input_with(written, n)
-    gm.recompile()
+                    rewired = True
+    if rewired:  # the module's code from the graph again (most networks have nothing to rewire)
+        gm.recompile()
 
 
 def _shared_layers(gm: fx.GraphModule, where: str) -> None:

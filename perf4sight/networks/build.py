@@ -33,9 +33,9 @@ from torch import nn
 from perf4sight.config import Config
 from perf4sight.dataset import read_manifest
 from perf4sight.errors import UserError
-from perf4sight.files import atomic_path
+from perf4sight.files import write_atomically
 from perf4sight.ir.from_torch import describe, forward_error, has_lazy_parameters
-from perf4sight.ir.schema import NetworkDescription, save_description
+from perf4sight.ir.schema import NetworkDescription
 from perf4sight.ir.shapes import shape_text
 from perf4sight.ir.to_torch import build_module
 from perf4sight.networks.design_space import FULL_STEM_INPUT, MIN_INPUT
@@ -272,15 +272,16 @@ def write_manifest(rows: list[dict[str, Any]], path: Path) -> Path:
     return _write_if_changed(path, text.getvalue())
 
 
-def _write_if_changed(path: Path, text: str) -> Path:
+def _write_if_changed(path: Path, text: str, on_disk: bytes | None = None) -> Path:
     """Write ``text`` to ``path`` (UTF-8, atomic replace) unless the file holds it already: a rerun rewrites
-    nothing."""
-    if path.is_file() and path.read_bytes() == text.encode("utf-8"):
+    nothing. ``on_disk``: the file's bytes, where the caller has read them."""
+    data = text.encode("utf-8")
+    if on_disk is None and path.is_file():
+        on_disk = path.read_bytes()
+    if on_disk == data:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(text.encode("utf-8"))
-    return path
+    return write_atomically(path, data)
 
 
 def _manifest_paths(path: Path) -> dict[str, str]:
@@ -307,13 +308,12 @@ def _save(desc: NetworkDescription, path: Path, changed: list[str], before: Path
     """Save ``desc`` at ``path`` unless the file holds it already (a rerun rewrites nothing). Its name goes into
     ``changed`` when the file the last manifest named for it (``before``; else ``path``) held another description:
     another strategy's folder, for one."""
-    text = desc.to_json()
-    previous = before if before is not None and before.is_file() else path
-    if previous.is_file() and previous.read_text() != text:  # read as save_description writes: locale text
+    text = desc.to_json()  # JSON's ASCII: the same bytes in any locale, as save_description writes it
+    here = path.read_bytes() if path.is_file() else None
+    previous = before.read_bytes() if before is not None and before != path and before.is_file() else here
+    if previous is not None and previous != text.encode("utf-8"):
         changed.append(desc.name)
-    if path.is_file() and path.read_text() == text:
-        return path
-    return save_description(desc, path)
+    return _write_if_changed(path, text, here)
 
 
 def make_networks(cfg: Config, progress: Progress | None = None) -> NetworksMade:

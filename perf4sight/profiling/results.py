@@ -263,7 +263,8 @@ def read_rows(path: Union[str, Path], incomplete: Optional[List[int]] = None) ->
         if not (bs >= 1 and bs.is_integer()):
             raise UserError(f"{p}: line {line}: batch_size '{r.get('batch_size')}' is not a positive integer")
         for col in _UPDATE_CELLS:  # the step's update, read back as numbers (empty: a row from before they were kept)
-            if r.get(col) not in ("", None) and not (number(r[col]) is not None and number(r[col]) >= 0):
+            value = number(r.get(col))
+            if r.get(col) not in ("", None) and not (value is not None and value >= 0):
                 raise UserError(f"{p}: line {line}: {col} '{r[col]}' is not a number >= 0")
         kept.append(r)
     return kept
