@@ -18,7 +18,7 @@ from perf4sight.ir.schema import NetworkDescription, Node
 from perf4sight.ir.shapes import window_pair, windows_of
 
 __all__ = ["build_module", "MODULE_BUILDERS", "FUNCTION_BUILDERS", "Scale", "Shift", "Token", "SelfAttention",
-           "WindowAttention", "PatchMerge", "GroupAttention"]
+           "WindowAttention", "PatchMerge", "GroupAttention", "batch_reshape"]
 
 
 def _pair(v: Any) -> Tuple[int, int]:
@@ -270,8 +270,9 @@ MODULE_BUILDERS: Dict[str, Callable[..., nn.Module]] = {
 }
 
 
-def _reshape(x: torch.Tensor, shape: List[int]) -> torch.Tensor:
-    """Reshape keeping the (implicit) batch dimension first."""
+def batch_reshape(x: torch.Tensor, shape: List[int]) -> torch.Tensor:
+    """Reshape keeping the (implicit) batch dimension first: a description's `reshape` node, as its rebuilt module
+    calls it (the networks stage recognises a channel shuffle by it)."""
     return x.reshape(x.shape[0], *shape)
 
 
@@ -315,7 +316,7 @@ FUNCTION_BUILDERS: Dict[str, Callable[[List, Dict], Tuple[Callable, Tuple]]] = {
     "add": _binary(operator.add, _scalar_add),
     "mul": _binary(operator.mul, _scalar_mul),
     "cat": lambda x, a: (torch.cat, (list(x), a["dim"])),
-    "reshape": lambda x, a: (_reshape, (x[0], list(a["shape"]))),
+    "reshape": lambda x, a: (batch_reshape, (x[0], list(a["shape"]))),
     "flatten": lambda x, a: (torch.flatten, (x[0], a["start_dim"])),
     "squeeze": lambda x, a: (torch.squeeze, (x[0], a["dim"])),
     "unsqueeze": lambda x, a: (torch.unsqueeze, (x[0], a["dim"])),

@@ -102,7 +102,7 @@ def _shuffles_channels(module: nn.Module) -> bool:
     module's own view-and-transpose shuffle prunes (torchvision's blocks get a stand-in, :data:`_TRACE_STAND_INS`)."""
     import torch.fx as fx
 
-    from perf4sight.ir.to_torch import _reshape as described_reshape  # the reshape of a rebuilt description
+    from perf4sight.ir.to_torch import batch_reshape  # the reshape of a rebuilt description
 
     if not isinstance(module, fx.GraphModule):
         return False
@@ -110,7 +110,7 @@ def _shuffles_channels(module: nn.Module) -> bool:
         if n.target not in (torch.transpose, "transpose") or len(n.args) < 3 or {n.args[1], n.args[2]} != {1, 2}:
             continue
         source = n.args[0]
-        if isinstance(source, fx.Node) and source.target is described_reshape and len(source.args[1]) == 4:
+        if isinstance(source, fx.Node) and source.target is batch_reshape and len(source.args[1]) == 4:
             return True
     return False
 
