@@ -188,3 +188,10 @@ def test_a_network_that_cannot_take_an_extra_shape_is_left_out_there_with_a_note
     # why, in words (it was torch's "shape '[2, 16, 256]' is invalid", with advice for a module of the user's own)
     assert re.fullmatch(r"gen_0_0_48x48 left out: gen_0_0 cannot be made at 3x48x48 \(its transformer stage's position "
                         r"embedding \(\w+\) holds one entry per pixel of its map at 3x32x32, \d+ of them\)", line), line
+
+
+def test_a_shape_given_as_text_is_named_whole():
+    flat = describe(nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Flatten(), nn.Linear(4 * 16 * 16, 10)),
+                    [3, 16, 16], name="flat")
+    with pytest.raises(UserError, match=r"^flat: input shape must be \[C, H, W\].*; got '3x24x24'$"):
+        described_at(flat, "3x24x24")

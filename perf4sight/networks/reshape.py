@@ -37,7 +37,7 @@ def described_at(desc: NetworkDescription, input_shape: Sequence[int]) -> Networ
     output kept the input's size and would not at the new one (a resize to a fixed size)."""
     from perf4sight.ir.to_torch import build_module
 
-    shape = check_input_shape(list(input_shape), desc.name)
+    shape = check_input_shape(input_shape, desc.name)  # a string is refused whole, not read as its characters
     if list(desc.input_shape) == shape:
         return desc
     was, asked = shape_text(desc.input_shape), shape_text(shape)
