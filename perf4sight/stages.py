@@ -24,7 +24,7 @@ from perf4sight.dataset import (ZOO_CACHE, dataset_descriptions, default_network
 from perf4sight.errors import UserError
 from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_LABELS
 from perf4sight.ir.schema import NetworkDescription
-from perf4sight.ir.shapes import element_count, shape_text
+from perf4sight.ir.shapes import shape_text
 from perf4sight.networks.zoo import ZOO_NAMES
 from perf4sight.profiling.backends.base import LIMIT_OOM
 from perf4sight.profiling.plan import training_phase
@@ -119,6 +119,10 @@ def run_networks(cfg: Config, args: argparse.Namespace) -> int:
     made = make_networks(cfg, progress=lambda message: console.print(f"  {message}", style="dim", markup=False))
     for line in made.skipped:
         notes.print(f"note: {line}", markup=False)
+    if made.untrainable_at_batch_one and 1 in cfg.profile.batch_sizes:
+        notes.print(f"note: batch 1 does not train {named(made.untrainable_at_batch_one)} at all: a batch norm over a "
+                    "1x1 map has one value per channel (torch refuses it in training); the profile stage's rows of "
+                    "them at batch 1 ([profile] batch_sizes) will be errors", markup=False)
     console.print(f"networks: {plural(len(made.rows), 'description')} under {cfg.models_dir} "
                   f"in {time.perf_counter() - started:.1f} s")
     changes = [f"{len(made.added)} added ({named(made.added)})"] if made.added else []
@@ -635,8 +639,7 @@ def _one_image_note(descs: list[NetworkDescription], batch_sizes: list[int]) -> 
     a batch of one image, which torch refuses in training (DeepLabV3's pooled branch), whatever the memory."""
     if 1 not in batch_sizes:
         return
-    nets = [d.name for d in descs  # a batch norm's output has its input's shape
-            if any(n.op == "batchnorm2d" and element_count(n.output_shape[1:]) == 1 for n in d.nodes)]
+    nets = [d.name for d in descs if d.untrainable_at_batch_one]
     if nets:
         notes.print(f"note: batch 1 does not train {named(nets)} at all: a batch norm over a 1x1 map has one value "
                     "per channel (torch refuses it in training), whatever the memory; its profile rows are errors",

@@ -1086,3 +1086,29 @@ def test_a_factory_with_lazy_layers_is_pruned(tmp_path: Path) -> None:
     assert [r["network"] for r in made.rows] == ["lazy_l0", "lazy_l30"]
     assert int(made.rows[0]["params"]) == 3 * 16 * 9 + 16 + 16 * 16 * 9 + 16 + 64 * 10 + 10
     assert abs(float(made.rows[1]["achieved_level"]) - 30) <= 2
+
+
+def test_the_stage_says_which_networks_batch_one_cannot_train(tmp_path: Path) -> None:
+    """A batch norm over a 1x1 map has one value per channel in a batch of one image, which torch refuses in
+    training: the stage says so where the profile's batch sizes hold 1 (its rows there are errors), not otherwise."""
+    (tmp_path / "heads.py").write_text(
+        "import torch.nn as nn\n\n"
+        "def pooled_bn():\n"
+        "    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.AdaptiveAvgPool2d(1), nn.Conv2d(8, 8, 1),\n"
+        "                         nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8, 10))\n\n"
+        "def plain():\n"
+        "    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),\n"
+        "                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))\n")
+    text = ('[networks]\nzoo = []\nfactories = ["heads.py:pooled_bn", "heads.py:plain"]\ninput_shape = [3, 16, 16]\n'
+            'num_classes = 10\n[networks.pruning]\nlevels = [0]\n')
+    config = tmp_path / "config.toml"
+    config.write_text(text + "[profile]\nbatch_sizes = [1, 2]\n")
+    made = make_networks(load_config(config))
+    assert made.untrainable_at_batch_one == ["pooled_bn_l0"]
+    cmd = [sys.executable, str(ROOT / "main.py"), "--config", str(config), "--stage", "networks"]
+    run = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "note: batch 1 does not train pooled_bn_l0 at all: a batch norm over a 1x1 map" in run.stderr
+    config.write_text(text + "[profile]\nbatch_sizes = [2, 4]\n")
+    run = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert run.returncode == 0 and "batch 1 does not train" not in run.stderr

@@ -240,6 +240,12 @@ class NetworkDescription:
         first dimension holds the class scores."""
         return list(self.node(self.output).output_shape[1:])
 
+    @property
+    def untrainable_at_batch_one(self) -> bool:
+        """Whether a batch of one image cannot train it at all: a batch norm over a 1x1 map then has one value per
+        channel, which torch refuses in training (DeepLabV3's pooled branch; mobilenet_v2 at 32x32)."""
+        return any(n.op == "batchnorm2d" and all(int(v) == 1 for v in n.output_shape[1:]) for n in self.nodes)
+
     def node(self, name: str) -> Node:
         for n in self.nodes:
             if n.name == name:

@@ -71,6 +71,7 @@ class NetworksMade:
     removed: list[str]
     changed: list[str] = dataclasses.field(default_factory=list)  # same name, other description: measured again
     had_manifest: bool = False  # one was on disk before: nothing added, changed or removed is then "unchanged"
+    untrainable_at_batch_one: list[str] = dataclasses.field(default_factory=list)  # a batch norm over a 1x1 map
 
 
 @dataclass
@@ -327,6 +328,7 @@ def make_networks(cfg: Config, progress: Progress | None = None) -> NetworksMade
     rows: list[dict[str, Any]] = []
     skipped: list[str] = []
     changed: list[str] = []
+    one_image: list[str] = []  # networks a batch of one image cannot train
     # generated networks are drawn first (in memory, seconds): constraints that too few candidates satisfy
     # fail before the pruning (minutes) instead of after it
     generated: list[NetworkDescription] = []
@@ -345,6 +347,7 @@ def make_networks(cfg: Config, progress: Progress | None = None) -> NetworksMade
             for desc in prune_source(src, list(net.input_shape), list(pr.levels), pr.strategy, pr.min_channels,
                                      pr.seed, progress, skipped):
                 for each in [desc, *at_extra_shapes(cfg, desc, skipped, progress)]:
+                    one_image += [each.name] if each.untrainable_at_batch_one else []
                     path = _save(each, folder / f"{each.name}.json", changed, was(each.name))
                     pruned_rows.append(_row(each, path, models_dir))
         write_manifest(pruned_rows, folder / "manifest.csv")
@@ -353,6 +356,7 @@ def make_networks(cfg: Config, progress: Progress | None = None) -> NetworksMade
         folder = models_dir / "generated"
         gen_rows = []
         for desc in [d for made in generated for d in [made, *at_extra_shapes(cfg, made, skipped)]]:
+            one_image += [desc.name] if desc.untrainable_at_batch_one else []
             path = _save(desc, folder / f"{desc.name}.json", changed, was(desc.name))
             gen_rows.append(_row(desc, path, models_dir))
         write_manifest(gen_rows, folder / "manifest.csv")
@@ -372,4 +376,5 @@ def make_networks(cfg: Config, progress: Progress | None = None) -> NetworksMade
     added = [n for n in names if n not in before] if before else []
     # a name new to the manifest is said to be added, even where an older run's file of it held another network
     return NetworksMade(rows, skipped, added, [n for n in before if n not in names],
-                        [n for n in changed if n not in added], had_manifest=bool(before))
+                        [n for n in changed if n not in added], had_manifest=bool(before),
+                        untrainable_at_batch_one=one_image)
