@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import difflib
+from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
 
@@ -82,9 +83,22 @@ def current_rows(cfg: Config, device: str, shas: dict[str, str] | None = None, i
     ``shas``: ``description_shas`` of the device when the caller has them already (else they are read);
     ``incomplete``: a list to receive the numbers of the lines ``read_rows`` passed over."""
     phase = training_phase(optimizer or cfg.profile.optimizer)
-    rows = latest_rows(r for r in read_rows(results_path(cfg.profiling_dir, device), incomplete)
-                       if r.get("device", device) == device and phase_of(r) == phase)
+    rows = latest_rows(r for r in _device_rows(cfg, device, incomplete) if phase_of(r) == phase)
     return split_stale(rows, description_shas(cfg, device) if shas is None else shas)
+
+
+def _device_rows(cfg: Config, device: str, incomplete: list[int] | None = None) -> list[dict[str, str]]:
+    """The rows of ``device``'s measurements file; ``UserError`` where some name another device in their ``device``
+    cell (a device renamed, or rows copied in from another device's file), which would be left out unsaid."""
+    path = results_path(cfg.profiling_dir, device)
+    rows = read_rows(path, incomplete)
+    others = Counter(r.get("device") or "" for r in rows if r.get("device", device) != device)
+    if others:
+        found = ", ".join(f"'{name}' ({n})" if name else f"an empty cell ({n})" for name, n in others.most_common())
+        raise UserError(f"{path}: {plural(sum(others.values()), 'row')} of {len(rows)} name another device than "
+                        f"'{device}' in their device column: {found}; a device's file holds its own rows only (a "
+                        f"renamed device: rename its rows' device cells too)")
+    return rows
 
 
 def other_phases(cfg: Config, device: str, optimizer: str | None = None) -> list[str]:
@@ -92,8 +106,7 @@ def other_phases(cfg: Config, device: str, optimizer: str | None = None) -> list
     ``sgd``, ``adam`` or ``adamw`` for a training step with that optimiser (``profiling.plan.phase_optimizer``),
     else the phase as written."""
     phase = training_phase(optimizer or cfg.profile.optimizer)
-    found = {phase_of(r) for r in read_rows(results_path(cfg.profiling_dir, device))
-             if r.get("device", device) == device}
+    found = {phase_of(r) for r in _device_rows(cfg, device)}
     return sorted(phase_optimizer(p) or p for p in found - {phase})
 
 

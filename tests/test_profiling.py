@@ -172,6 +172,25 @@ def test_changed_description_is_measured_again_and_its_old_rows_are_passed_over(
             device_measurements(cfg, "local", rows=given)
 
 
+def test_rows_of_another_device_in_a_devices_file_are_named(measured, tmp_path):
+    """A device's file whose rows name another device (a device renamed, rows copied in) was read as having no
+    measurements, or fitted on the rest unsaid: one line names the other device and how many rows say it."""
+    from perf4sight.fingerprint.api import device_measurements
+
+    cfg, _, first, _ = measured
+    cfg = replace(cfg, root=tmp_path)
+    path = results.results_path(cfg.profiling_dir, "local")
+    path.parent.mkdir(parents=True)
+    text = first.csv_path.read_text()
+    path.write_text(text)
+    shas = {"tiny": results.read_rows(path)[0]["description_sha"]}  # the descriptions as measured
+    assert len(device_measurements(cfg, "local", shas)[0]) == 2
+    path.write_text(text.replace("\nlocal,", "\njetson,", 1))
+    with pytest.raises(UserError, match=r"measurements.csv: 1 row of 2 name another device than 'local' in their "
+                                        r"device column: 'jetson' \(1\);"):
+        device_measurements(cfg, "local", shas)
+
+
 def test_oom_under_memory_limit_skips_larger_batches(measured, tmp_path):
     _, net, first, _ = measured
     peak_b1 = float(results.read_rows(first.csv_path)[0]["peak_rss_mb"])
