@@ -244,10 +244,11 @@ def read_rows(path: Union[str, Path], incomplete: Optional[List[int]] = None) ->
         raise UserError(f"{p}: not a measurement CSV (not UTF-8 text: byte {exc.start})") from None
     except csv.Error as exc:
         raise UserError(f"{p}: not a readable CSV ({exc})") from None
-    missing = [c for c in ("network", "batch_size", "status") if c not in header]
-    if numbered and missing:
+    missing = [c for c in ("network", "batch_size", "status", "timestamp") if c not in header]
+    if numbered and missing:  # without a timestamp column every row would read as one a crash cut short
         raise UserError(f"{p}: not a measurement CSV: its header lacks {', '.join(missing)} "
-                        "(comma-separated, with the header the profile stage writes)")
+                        "(comma-separated, with the header the profile stage writes; a row's timestamp, any text, "
+                        "marks it complete)")
     kept = []
     for line, r in numbered:
         if not r.get("timestamp") or None in r:  # None: csv's key for the fields beyond the header
