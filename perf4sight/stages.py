@@ -801,6 +801,10 @@ def run_import(cfg: Config, args: argparse.Namespace) -> int:
     if summary.renamed:
         notes.print(f"note: {device}: {plural(len(summary.renamed), 'graph')} named otherwise than its file, imported "
                     f"under the file's name, which its CSV files use ({named(summary.renamed, 3)})", markup=False)
+    if summary.without_phase:
+        notes.print(f"note: {device}: {plural(len(summary.without_phase), 'label file')} held no training step's "
+                    f"figures (no 'train' entry: {named(summary.without_phase, 3)}); no row was made from "
+                    f"{'them' if len(summary.without_phase) > 1 else 'it'}", style="yellow", markup=False)
     if summary.rows_differing:
         notes.print(f"note: {device}: {plural(summary.rows_differing, 'row')} already imported read otherwise now (the "
                     "source changed, or an earlier version of this tool read it otherwise); the rows on disk are "

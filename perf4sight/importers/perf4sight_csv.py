@@ -75,6 +75,7 @@ class ImportSummary:
     thrashing: list[str] = field(default_factory=list)  # "network at batch b": rows recorded as oom (THRASH_RATIO)
     rows_differing: int = 0  # rows already on disk whose figures the source now gives otherwise (kept as on disk)
     renamed: list[str] = field(default_factory=list)  # "file: name -> variant": graphs named otherwise than their file
+    without_phase: list[str] = field(default_factory=list)  # PerfSeer label files with none of the phases imported
     results_path: str = ""
     models_path: str = ""
 

@@ -290,8 +290,29 @@ def _reshape_target(args: dict[str, Any], out: list[int], where: str) -> list[in
     return list(out)
 
 
-def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[int], where: str) -> dict[str, Any]:
-    """Our attributes from the node's ``args`` (ours or ONNX's names), filling gaps from shapes."""
+def _has_bias(args: dict[str, Any], weights: int, outputs: int, weight_bytes: Any) -> bool:
+    """A convolution's or linear layer's ``bias`` flag: its ``bias`` arg; else read off the node's ``weight_size``
+    (``memory_info``, bytes of its weights and bias, fp32 or fp16), as an ONNX graph gives a bias as a third input,
+    never as an attribute; else True (torch's default)."""
+    if "bias" in args:
+        v = args["bias"]
+        return v.strip().lower() in ("1", "true", "yes") if isinstance(v, str) else bool(v)
+    try:
+        size = float(weight_bytes)
+    except (TypeError, ValueError):
+        return True
+    for width in (4, 2):
+        if size == width * weights:
+            return False
+        if size == width * (weights + outputs):
+            return True
+    return True
+
+
+def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[int], where: str,
+           weight_bytes: Any = None) -> dict[str, Any]:
+    """Our attributes from the node's ``args`` (ours or ONNX's names), filling gaps from shapes (and a bias from
+    ``weight_bytes``, the node's ``memory_info.weight_size``: :func:`_has_bias`)."""
     def num(*names: str, default: Any = None) -> Any:
         for n in names:
             if n in args and args[n] is not None:
@@ -306,16 +327,20 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         return v.strip().lower() in ("1", "true", "yes") if isinstance(v, str) else bool(v)
 
     if op == "conv2d":
-        return {"in_channels": num("in_channels", default=in_shapes[0][0]),
-                "out_channels": num("out_channels", default=out[0]),
-                "kernel_size": _pair(args, ("kernel_size", "kernel_shape"), [], where) or num("kernel_size"),
-                "stride": _pair(args, ("stride", "strides"), [1, 1], where),
-                "padding": _pair(args, ("padding", "pads"), [0, 0], where),
-                "dilation": _pair(args, ("dilation", "dilations"), [1, 1], where),
-                "groups": num("groups", "group", default=1), "bias": flag("bias", True)}
+        a = {"in_channels": num("in_channels", default=in_shapes[0][0]),
+             "out_channels": num("out_channels", default=out[0]),
+             "kernel_size": _pair(args, ("kernel_size", "kernel_shape"), [], where) or num("kernel_size"),
+             "stride": _pair(args, ("stride", "strides"), [1, 1], where),
+             "padding": _pair(args, ("padding", "pads"), [0, 0], where),
+             "dilation": _pair(args, ("dilation", "dilations"), [1, 1], where),
+             "groups": num("groups", "group", default=1)}
+        k = a["kernel_size"] if isinstance(a["kernel_size"], list) else [a["kernel_size"]] * 2
+        weights = a["out_channels"] * (a["in_channels"] // max(a["groups"], 1)) * k[0] * k[-1]
+        return {**a, "bias": _has_bias(args, weights, a["out_channels"], weight_bytes)}
     if op == "linear":
-        return {"in_features": num("in_features", default=in_shapes[0][-1]),
-                "out_features": num("out_features", default=out[-1]), "bias": flag("bias", True)}
+        a = {"in_features": num("in_features", default=in_shapes[0][-1]),
+             "out_features": num("out_features", default=out[-1])}
+        return {**a, "bias": _has_bias(args, a["in_features"] * a["out_features"], a["out_features"], weight_bytes)}
     if op == "batchnorm2d":
         return {"num_features": num("num_features", default=out[0])}
     if op in ("maxpool2d", "avgpool2d"):
@@ -525,7 +550,8 @@ def graph_to_description(graph: Any, name: str, where: str) -> tuple[NetworkDesc
         ours = own and all(a in args for a in OPS[op])
         shapes[names[n]] = out
         nodes.append({"name": names[n], "op": op, "inputs": inputs,
-                      "attrs": dict(args) if ours else _attrs(op, args, in_shapes, out, here), "output_shape": out})
+                      "attrs": dict(args) if ours else _attrs(op, args, in_shapes, out, here, mi.get("weight_size")),
+                      "output_shape": out})
     meta = dict(graph.graph)
     d: dict[str, Any] = _own_meta(graph, where) if own else {"source": f"perfseer import: {Path(where).name}"}
     if "output" not in d:
@@ -664,6 +690,8 @@ def import_perfseer(source_dir: str | Path, device: str, profiling_dir: str | Pa
         if desc.name in descs and descs[desc.name][1] != identity:
             raise UserError(f"{pkl}: network '{desc.name}' differs from another graph of the same name")
         descs.setdefault(desc.name, (desc, identity, file_sha(text.encode())))
+        if not any(phase in label for phase in phases):
+            summary.without_phase.append(label_path.name)
         for phase in phases:
             if phase not in label:
                 continue
