@@ -20,7 +20,7 @@ def read_json_object(path: Union[str, Path], what: str) -> Dict[str, Any]:
     if not p.is_file():
         raise UserError(f"{p}: {what} not found")
     try:
-        data = json.loads(p.read_text())
+        data = json.loads(p.read_text(encoding="utf-8-sig"))  # a byte-order mark (Windows' Notepad) is no error
     except (ValueError, RecursionError) as exc:  # bad JSON or text, a number or nesting too large to read
         raise UserError(f"{p}: {what} is not valid JSON ({str(exc).splitlines()[0][:200]})") from None
     if not isinstance(data, dict):

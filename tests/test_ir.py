@@ -599,9 +599,16 @@ def test_malformed_descriptions_are_rejected(tmp_path):
     with pytest.raises(UserError, match="unknown op 'warp_drive'"):
         NetworkDescription.from_dict(bad_op)
     bad_edge = json.loads(json.dumps(good))
-    bad_edge["nodes"][1]["inputs"] = ["nowhere"]
-    with pytest.raises(UserError, match="before they are defined"):
+    bad_edge["nodes"][1]["inputs"] = ["nowhere"]  # a node renamed without its readers: no node is named so
+    with pytest.raises(UserError, match=r"node '\S+' uses \['nowhere'\], which no node is named$"):
         NetworkDescription.from_dict(bad_edge)
+    later = json.loads(json.dumps(good))
+    later["nodes"][1]["inputs"] = [later["nodes"][2]["name"]]  # named, but only further down
+    with pytest.raises(UserError, match="before they are defined"):
+        NetworkDescription.from_dict(later)
+    with_bom = tmp_path / "bom.json"  # as Windows' Notepad saves it: a measurement CSV with one was read
+    with_bom.write_bytes(b"\xef\xbb\xbf" + json.dumps(good).encode())
+    assert load_description(with_bom).to_dict() == NetworkDescription.from_dict(good).to_dict()
     with pytest.raises(UserError, match="not found"):
         load_description(tmp_path / "missing.json")
 

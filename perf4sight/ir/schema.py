@@ -327,7 +327,12 @@ class NetworkDescription:
                 raise UserError(f"{where}: two nodes are named '{node.name}'")
             unknown_inputs = [x for x in node.inputs if x not in seen]
             if unknown_inputs:
-                raise UserError(f"{where}: node '{node.name}' uses {unknown_inputs} before they are defined")
+                later = {str(r.get("name")) for r in d["nodes"][i + 1:] if isinstance(r, dict)}
+                nowhere = [x for x in unknown_inputs if x not in later]
+                if nowhere:  # a node renamed without its readers, say
+                    raise UserError(f"{where}: node '{node.name}' uses {nowhere}, which no node is named")
+                raise UserError(f"{where}: node '{node.name}' uses {unknown_inputs} before they are defined (a node "
+                                "comes after its inputs)")
             if node.op == "input" and (nodes or node.output_shape != shape):
                 raise UserError(f"{where}: node '{node.name}': the one 'input' node comes first and has "
                                 f"output_shape = input_shape {shape}")
