@@ -13,6 +13,7 @@ from typing import NamedTuple
 from perf4sight.config import Config
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription, load_description
+from perf4sight.ir.shapes import shape_text
 from perf4sight.profiling.plan import phase_optimizer, training_phase
 from perf4sight.profiling.results import (file_sha, incomplete_note, latest_rows, phase_of, read_rows, results_path,
                                          split_stale)
@@ -20,8 +21,8 @@ from perf4sight.wording import named, plural
 
 __all__ = ["read_manifest", "is_description_file", "dataset_descriptions", "dataset_descriptions_or_empty",
            "description_shas", "descriptions_and_shas", "current_rows", "other_phases", "stale_note",
-           "undescribed_note", "DeviceDataset", "device_dataset", "measured_devices", "fingerprinted_devices",
-           "resolve_networks", "default_networks", "ZOO_CACHE"]
+           "undescribed_note", "split_other_shapes", "other_shapes_note", "DeviceDataset", "device_dataset",
+           "measured_devices", "fingerprinted_devices", "resolve_networks", "default_networks", "ZOO_CACHE"]
 
 
 def read_manifest(path: Path) -> list[dict[str, str]]:
@@ -143,6 +144,31 @@ def undescribed_note(cfg: Config, device: str, rows: list[dict[str, str]],
             f"{cfg.models_dir / 'manifest.csv'} or {cfg.models_dir / 'imported' / device} ({why})")
 
 
+def split_other_shapes(rows: list[dict[str, str]], descriptions: dict[str, NetworkDescription]
+                       ) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """(rows at their description's input shape, rows measured at another): a description is of one input shape,
+    so a row whose ``input_shape`` cell names another cannot be paired with it (fitted as if measured at the
+    description's, it read 108% off). An empty cell, or a network without a description, counts as the first."""
+    same, other = [], []
+    for r in rows:
+        desc = descriptions.get(str(r.get("network")))
+        shape = str(r.get("input_shape") or "")
+        (other if desc is not None and shape and shape != shape_text(desc.input_shape) else same).append(r)
+    return same, other
+
+
+def other_shapes_note(device: str, other: list[dict[str, str]], descriptions: dict[str, NetworkDescription]) -> str:
+    """One line on the rows :func:`split_other_shapes` set apart ('' if none)."""
+    if not other:
+        return ""
+    first = other[0]
+    was = shape_text(descriptions[str(first["network"])].input_shape)
+    return (f"{device}: {plural(len(other), 'row')} measured at another input shape than their network's description "
+            f"{'is' if len(other) == 1 else 'are'} passed over (e.g. {first['network']} at {first['input_shape']}, "
+            f"described at {was}): a description is of one input shape; measure or import the network at that shape "
+            "under a name of its own ([networks] extra_input_shapes does)")
+
+
 class DeviceDataset(NamedTuple):
     """A device's data as the fingerprint, export and compare stages read it (see :func:`device_dataset`)."""
     descriptions: dict[str, NetworkDescription]  # every known description by name
@@ -158,7 +184,9 @@ def device_dataset(cfg: Config, device: str, optimizer: str | None = None) -> De
     descriptions, shas = descriptions_and_shas(cfg, device)
     incomplete: list[int] = []
     rows, stale = current_rows(cfg, device, shas, incomplete, optimizer)
-    notes = (incomplete_note(results_path(cfg.profiling_dir, device), incomplete), stale_note(device, stale, rows))
+    rows, other = split_other_shapes(rows, descriptions)
+    notes = (incomplete_note(results_path(cfg.profiling_dir, device), incomplete), stale_note(device, stale, rows),
+             other_shapes_note(device, other, descriptions))
     return DeviceDataset(descriptions, shas, rows, "\n".join(n for n in notes if n))
 
 

@@ -180,6 +180,11 @@ def test_export_import_round_trip(tmp_path):
     with pytest.raises(UserError, match=r"networks 'my net' and 'my\+net' would both be written as my_net_bs2.pkl"):
         export_perfseer([dict(rows[0], network=n) for n in twins], twins, tmp_path / "twins")
     assert not (tmp_path / "twins").exists()
+    # one network at one batch size measured at two input shapes: the second replaced the first, counted twice
+    with pytest.raises(UserError, match=r"network 'tiny_l0' has rows at batch size 2 of two input shapes \(\S* and "
+                                        r"3x64x64\), which would both be written as tiny_l0_bs2.pkl"):
+        export_perfseer([rows[0], dict(rows[0], input_shape="3x64x64")], {"tiny_l0": desc}, tmp_path / "shapes")
+    assert not (tmp_path / "shapes").exists()
 
     # --output where no folder can be made (under a file): one line naming it, exit 2, no traceback
     (tmp_path / "config.toml").write_text('[project]\nprofiling_dir = "prof"\nmodels_dir = "models"\n'

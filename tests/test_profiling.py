@@ -191,6 +191,31 @@ def test_rows_of_another_device_in_a_devices_file_are_named(measured, tmp_path):
         device_measurements(cfg, "local", shas)
 
 
+def test_rows_at_another_input_shape_than_their_description_are_set_apart(measured, tmp_path):
+    """A description is of one input shape: a row measured at another (a file edited by hand, or merged from another
+    run) was fitted and exported as if measured at the description's (held-out step time 108% off), unsaid."""
+    from perf4sight.dataset import device_dataset
+    from perf4sight.fingerprint.api import fit_device
+    from perf4sight.networks.build import write_manifest
+
+    _, _, first, _ = measured
+    cfg = load_config(write_config(tmp_path))
+    net = write_net(cfg.models_dir, "tiny")
+    write_manifest([{"network": "tiny", "family": "tiny", "path": net.name}], cfg.models_dir / "manifest.csv")
+    path = results.results_path(cfg.profiling_dir, "local")
+    path.parent.mkdir(parents=True)
+    text = first.csv_path.read_text()
+    assert text.count(",3x32x32,") == 2 and results.file_sha(net.read_bytes()) in text  # the same description
+    path.write_text(text.replace(",3x32x32,", ",3x64x64,", 1))
+    data = device_dataset(cfg, "local")
+    assert [r["batch_size"] for r in data.rows] == ["2"]
+    assert ("local: 1 row measured at another input shape than their network's description is passed over (e.g. "
+            "tiny at 3x64x64, described at 3x32x32)") in data.note
+    path.write_text(text.replace(",3x32x32,", ",3x64x64,"))
+    with pytest.raises(UserError, match=r"^no measurements to fit for local: 2 rows measured at another input shape"):
+        fit_device(cfg, "local", data.descriptions)
+
+
 def test_oom_under_memory_limit_skips_larger_batches(measured, tmp_path):
     _, net, first, _ = measured
     peak_b1 = float(results.read_rows(first.csv_path)[0]["peak_rss_mb"])

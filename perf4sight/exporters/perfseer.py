@@ -148,10 +148,15 @@ def export_perfseer(rows: Iterable[dict[str, Any]], descriptions: dict[str, Netw
     pairs, skipped = exportable_rows(rows, descriptions)
     check_exportable(pairs)
     stems = [re.sub(r"[^\w.-]+", "_", desc.name) + f"_bs{batch_size_of(r)}" for r, desc in pairs]
-    named: dict[str, str] = {}
-    for stem, (_, desc) in zip(stems, pairs):  # two names written as one file: the second would replace the first
-        if named.setdefault(stem, desc.name) != desc.name:
-            raise UserError(f"networks '{named[stem]}' and '{desc.name}' would both be written as {stem}.pkl (a file "
+    named: dict[str, tuple[str, str]] = {}
+    for stem, (r, desc) in zip(stems, pairs):  # two rows written as one file: the second would replace the first
+        first = named.setdefault(stem, (desc.name, str(r.get("input_shape", ""))))
+        if first != (desc.name, str(r.get("input_shape", ""))):
+            if first[0] == desc.name:
+                raise UserError(f"network '{desc.name}' has rows at batch size {batch_size_of(r)} of two input shapes "
+                                f"({first[1]} and {r.get('input_shape')}), which would both be written as {stem}.pkl "
+                                "(a graph is of one input shape); nothing written")
+            raise UserError(f"networks '{first[0]}' and '{desc.name}' would both be written as {stem}.pkl (a file "
                             "name keeps letters, digits, '.', '-' and '_'): rename one; nothing written")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

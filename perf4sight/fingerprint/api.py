@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import Any
 
 from perf4sight.config import Config
-from perf4sight.dataset import current_rows, other_phases
+from perf4sight.dataset import current_rows, other_phases, other_shapes_note, split_other_shapes
 from perf4sight.errors import UserError
 from perf4sight.features.priced_ops import load_op_prices
 from perf4sight.fingerprint.drift import normalise_step_times
@@ -50,7 +50,7 @@ def fit_device(cfg: Config, device: str, descriptions: dict[str, NetworkDescript
     ``rows``: as for :func:`device_measurements`. ``refit`` False: where the stored fingerprint was fitted from
     the same inputs (``fit_inputs``) and loads, return its metadata, marked ``"up_to_date": True``, instead."""
     rows, limit = device_measurements(cfg, device, shas, rows=rows)
-    rows, drift = drift_corrected(cfg, device, rows)
+    rows, drift = drift_corrected(cfg, device, _at_described_shapes(device, rows, descriptions))
     # a CPU's profile measures them where [profile] op_prices asks; the fit uses them under the same key
     prices = load_op_prices(op_prices_path(cfg.profiling_dir, device)) if cfg.profile.op_prices else None
     folder = cfg.fingerprint_dir / device
@@ -61,6 +61,15 @@ def fit_device(cfg: Config, device: str, descriptions: dict[str, NetworkDescript
             return stored | {"up_to_date": True}
     return fit_fingerprint(rows, descriptions, device, folder, cfg.fingerprint, memory_limit_mb=limit, drift=drift,
                            op_prices=prices)
+
+
+def _at_described_shapes(device: str, rows: list[dict], descriptions: dict[str, NetworkDescription]) -> list[dict]:
+    """``rows`` measured at their description's input shape (``dataset.split_other_shapes``); ``UserError`` where
+    none is."""
+    same, other = split_other_shapes(rows, descriptions)
+    if other and not same:
+        raise UserError(f"no measurements to fit for {other_shapes_note(device, other, descriptions)}")
+    return same
 
 
 def _loads(folder: Path) -> bool:
@@ -93,7 +102,7 @@ def fit_device_gnn(cfg: Config, device: str, descriptions: dict[str, NetworkDesc
     from perf4sight.fingerprint.gnn import GNN_JSON, fit_gnn, gnn_inputs_sha256  # torch, torch_geometric: only here
 
     rows, limit = device_measurements(cfg, device, shas, rows=rows)
-    rows, drift = drift_corrected(cfg, device, rows)
+    rows, drift = drift_corrected(cfg, device, _at_described_shapes(device, rows, descriptions))
     f, folder = cfg.fingerprint, cfg.fingerprint_dir / device
     args = (rows, descriptions, device, folder)
     kwargs = dict(seed=f.seed, arch=f.gnn_arch, hidden=f.gnn_hidden, layers=f.gnn_layers, max_epochs=f.gnn_max_epochs,
