@@ -625,6 +625,11 @@ def _conv_description() -> dict:
     (lambda d: d["nodes"][1]["attrs"].update(kernel_size="7x7"),
      r"'kernel_size' must be an integer or an \[h, w\] pair"),
     (lambda d: d["nodes"][1]["attrs"].update(groups=2), r"groups 2 does not divide the channels"),
+    # an attribute the op cannot carry was read past: a misspelt flag left the layer as it was, unsaid
+    (lambda d: d["nodes"][1]["attrs"].update(padding_mode="reflect"),
+     r"\(conv2d\): unknown attr 'padding_mode' \(known: in_channels, out_channels, kernel_size, stride, padding, "
+     r"dilation, groups, bias\)$"),
+    (lambda d: d.update(schema_version=2), r"schema_version 2 is not one this perf4sight reads \(1 to 1;"),
     (lambda d: d["nodes"][1].update(inputs=[]), r"node '.*' \(conv2d\) has no inputs"),
     (lambda d: d["nodes"][1].update(inputs="x"), r"'inputs' must be a list"),
     # numbers that do not fit together: refused when read, never predicted
@@ -1071,3 +1076,19 @@ def test_a_module_with_lazy_layers_is_described_on_a_copy():
     desc = describe(module, [3, 8, 8], "lazy")
     assert desc.params == 3 * 8 * 9 + 8 + 8 * 6 * 6 * 10 + 10 and "unused_params" not in desc.extra
     assert isinstance(module[2], nn.LazyLinear) and torch.equal(state, torch.random.get_rng_state())
+
+
+def test_every_optional_attr_the_readme_names_is_known():
+    """The optional attributes the README lists (and from_torch writes) are read; a typo of one is not."""
+    from perf4sight.ir.schema import known_attrs
+
+    for op, attrs in {"relu": ["inplace"], "relu6": ["inplace"], "batchnorm2d": ["eps", "momentum", "affine"],
+                      "gelu": ["approximate"], "maxpool2d": ["dilation"], "layernorm": ["eps", "elementwise_affine"],
+                      "interpolate": ["align_corners"], "attention": ["dropout"], "add": ["scalar"],
+                      "window_attention": ["attention_dropout", "dropout", "cosine", "position_bias_mlp"]}.items():
+        assert set(attrs) <= set(known_attrs(op)), op
+    bn = describe(nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)), [3, 5, 5], name="bn").to_dict()
+    bn["nodes"][2]["attrs"]["afine"] = False
+    with pytest.raises(UserError, match=r"\(batchnorm2d\): unknown attr 'afine' \(known: num_features, affine, eps, "
+                                        r"momentum\)"):
+        NetworkDescription.from_dict(bn)

@@ -16,7 +16,7 @@ from perf4sight.files import write_atomically
 from perf4sight.ir.shapes import element_count, shape_problem, window_pair
 
 __all__ = ["Node", "NetworkDescription", "OPS", "load_description", "save_description", "is_file_stem",
-           "STRUCTURE_VERSION", "window_attention_params", "INTERPOLATE_MODES"]
+           "STRUCTURE_VERSION", "window_attention_params", "INTERPOLATE_MODES", "known_attrs"]
 
 SCHEMA_VERSION = 1
 
@@ -95,6 +95,10 @@ _NUMBERS: Dict[str, Tuple[Tuple[str, Any, Any], ...]] = {
     "batchnorm2d": (("eps", 0, None), ("momentum", 0, 1)), "layernorm": (("eps", 0, None),),
     "add": (("scalar", None, None),), "mul": (("scalar", None, None),),
 }
+#: Op -> optional attributes no other table here names (a gelu's approximation, a max pool's dilation, Swin V2's
+#: position-bias MLP).
+_OPTIONAL: Dict[str, Tuple[str, ...]] = {"gelu": ("approximate",), "maxpool2d": ("dilation",),
+                                         "window_attention": ("position_bias_mlp",)}
 _PAIRS: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("kernel_size", "stride", "padding", "dilation"),
     "maxpool2d": ("kernel_size", "stride", "padding"), "avgpool2d": ("kernel_size", "stride", "padding"),
@@ -113,8 +117,20 @@ def is_file_stem(v: Any) -> bool:
             and not any(c in v for c in "/\\") and all(ord(c) >= 32 for c in v))
 
 
+def known_attrs(op: str) -> Tuple[str, ...]:
+    """Every attribute a node of ``op`` may carry: its required ones (:data:`OPS`), then the optional ones."""
+    optional = (*_FLAGS.get(op, ()), *(a for a, _, _ in _NUMBERS.get(op, ())), *_PAIRS.get(op, ()),
+                *_OPTIONAL.get(op, ()))
+    return tuple(dict.fromkeys((*OPS[op], *optional)))
+
+
 def _attr_problem(node: "Node") -> str:
-    """What is wrong with ``node``'s numeric attributes ("" if nothing)."""
+    """What is wrong with ``node``'s attributes ("" if nothing): one it cannot carry (a misspelt ``afine`` would
+    leave the batch norm affine, unsaid), or a numeric one out of its range."""
+    unknown = [a for a in node.attrs if a not in known_attrs(node.op)]
+    if unknown:
+        known = ", ".join(known_attrs(node.op)) or "none"
+        return f"unknown attr{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} (known: {known})"
     for a in _POSITIVE.get(node.op, ()):
         if not _is_int(node.attrs[a], 1):
             return f"attr '{a}' must be a positive integer, got {node.attrs[a]!r}"
@@ -285,6 +301,10 @@ class NetworkDescription:
         for key, least in (("num_classes", 1), ("params", 0)):
             if key in d and not _is_int(d[key], least):
                 raise UserError(f"{where}: {key} must be an integer >= {least}, got {d[key]!r}")
+        version = d.get("schema_version", SCHEMA_VERSION)
+        if not _is_int(version, 1) or version > SCHEMA_VERSION:
+            raise UserError(f"{where}: schema_version {version!r} is not one this perf4sight reads (1 to "
+                            f"{SCHEMA_VERSION}; a newer version of the tool wrote it?)")
         level = d.get("pruning_level", 0)
         if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 <= level < 100:
             raise UserError(f"{where}: pruning_level must be a percentage in [0, 100), got {level!r}")
