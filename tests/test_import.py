@@ -403,3 +403,20 @@ def test_a_graph_named_otherwise_than_its_file_takes_the_files_name(tmp_path):
     again = _cli_import(tmp_path, src)
     assert again.returncode == 0 and "differs" not in again.stderr, again.stderr
     assert load_description(saved).name == "net_50"
+
+
+def test_a_source_without_the_dataset_folder_names_its_board(tmp_path):
+    """profiling_csvs/<board>/memory/ without perf4sight's <dataset>/ level: every row read 'profiling_csvs' as its
+    board, and a network without its graph was refused as of an 'unknown dataset folder' named for the board."""
+    src = tmp_path / "src"
+    _write(src / "profiling_csvs" / "nano" / "latency" / "net_0-gt.csv", "passed|latency|bs", ["True|12.5|8"])
+    _write(src / "profiling_csvs" / "nano" / "latency" / "other_0-gt.csv", "passed|latency|bs", ["True|3.5|8"])
+    _graph(src, "net_0")
+    with pytest.raises(UserError, match=r"src: no graph for other_0, and no dataset folder \(imagenet, cifar10, "
+                                        r"cifar100, as in <board>/<dataset>/memory/\) tells its input shape"):
+        import_perf4sight(src, "nano", tmp_path / "prof", tmp_path / "models")
+    assert not results_path(tmp_path / "prof", "nano").exists()
+    _graph(src, "other_0")
+    import_perf4sight(src, "nano", tmp_path / "prof", tmp_path / "models")
+    rows = read_rows(results_path(tmp_path / "prof", "nano"))
+    assert [(r["network"], r["device_model"]) for r in rows] == [("net_0", "nano"), ("other_0", "nano")]

@@ -254,14 +254,21 @@ def _one_folder(source: Path, csv_root: Path, folders: list[Path]) -> Path:
                     f"({', '.join(names)}), which one device's rows cannot mix: {how}; nothing written")
 
 
+def _board_and_dataset(folder: Path) -> tuple[str, str]:
+    """(board, dataset) of the folder holding ``memory/`` and ``latency/``: perf4sight's ``<board>/<dataset>/``; a
+    folder not named for a dataset it knows is the board's own (``profiling_csvs/nano/memory/``), dataset ''."""
+    return (folder.parent.name, folder.name) if folder.name in _DATASET_SHAPES else (folder.name, "")
+
+
 def _collect(folder: Path, kind: str, pairs: dict, variants: dict) -> None:
     """Add the rows of every ``<folder>/<kind>/*-gt.csv`` to ``pairs[(variant, bs)][kind]``."""
+    board, dataset = _board_and_dataset(folder)
     for f in sorted((folder / kind).glob("*-gt.csv")):
         m = _NAME.match(f.name)
         if not m:
             raise UserError(f"{f}: file name is not <network>_<level>-gt.csv")
         variant = f.name[: -len("-gt.csv")]
-        variants[variant] = (m["net"], float(m["level"]), folder.name, folder.parent.name)
+        variants[variant] = (m["net"], float(m["level"]), dataset, board)
         for i, r in enumerate(read_gt_csv(f, kind), start=2):
             bs = number(r.get("bs"))
             if bs is None or bs < 1 or bs != int(bs):  # None when infinite too: int() could not take it
@@ -411,8 +418,10 @@ def import_perf4sight(source_dir: str | Path, device: str, profiling_dir: str | 
             desc = descs[variant]
             shape = tuple(desc.input_shape)
             info[variant] = (shape_text(shape), file_sha(desc.to_json().encode()))  # of the file written below
-        elif shape is None:
-            raise UserError(f"{source}: unknown dataset folder '{dataset}' and no graph for {variant}")
+        elif shape is None:  # no row without its input shape
+            raise UserError(f"{source}: no graph for {variant}, and no dataset folder ({', '.join(_DATASET_SHAPES)}, "
+                            "as in <board>/<dataset>/memory/) tells its input shape: put its graph in the source's "
+                            "graphs/ folder")
         else:
             info[variant] = (shape_text(shape), "")
             summary.without_graph.append(variant)
