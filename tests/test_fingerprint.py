@@ -164,6 +164,30 @@ def test_max_batch_size_follows_the_oom_data(tx2):
     assert big < first_oom * 1.5
 
 
+def test_the_largest_batch_is_checked_one_by_one_below_the_boundary(tx2):
+    """An allocator replay's reserved memory steps up and down as the batch grows: squeezenet_50 fitted at 204 and
+    206, not at 205 or 207, and --max-batch-size said 206 while claiming every batch 1..b fits."""
+    from perf4sight.fingerprint.predict import largest_fitting
+
+    dips = {205, 150}
+    asked: list[int] = []
+
+    def over(b: int) -> bool:
+        asked.append(b)
+        return b in dips or b >= 207
+
+    assert largest_fitting(over, 4096) == 204  # 150 lies outside the window below 204: bisection's assumption
+    assert len(asked) == len(set(asked)) < 40  # each size predicted once
+    assert largest_fitting(lambda b: b >= 5 or b == 3, 100) == 2 and largest_fitting(lambda b: True, 100) == 0
+    assert largest_fitting(lambda b: b == 99, 100) == 98 and largest_fitting(lambda b: False, 100) == 100
+    tmp, rows, descs, _ = tx2
+    fp = load_fingerprint(tmp / "fp" / "tx2")
+    for name in ("squeezenet_50", "resnet18_30"):
+        top = fp.max_batch_size(descs[name])
+        fits = [r["fits"] for r in fp.predict(descs[name], list(range(max(1, top - 12), top + 2)))]
+        assert all(fits[:-1]) and not fits[-1], (name, top, fits)
+
+
 def test_single_family_falls_back_to_network_folds(tx2, tmp_path):
     _, rows, descs, _ = tx2
     sub = [r for r in rows

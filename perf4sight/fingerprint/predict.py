@@ -135,22 +135,42 @@ def search_limit(limit: Any) -> int:
 
 
 def largest_fitting(over: Callable[[int], bool], limit: int) -> int:
-    """Largest b <= ``limit`` with ``over(b)`` false, by bisection (``over`` taken as monotone in b); 0 when
-    ``over(1)``. Each call of ``over`` is one prediction, so this takes about log2(limit) of them. A batch size
-    whose step is beyond the allocator replay (:class:`BeyondReplay`, more than 256 TiB) is over."""
+    """Largest b <= ``limit`` with ``over(b)`` false for every batch size 1..b; 0 when ``over(1)``. Found by
+    bisection, ``over`` taken as growing with b, then checked one by one over the sizes just below the boundary
+    found (:func:`settle_window`), where it need not: an allocator replay's reserved memory steps up and down as
+    the batch grows (squeezenet_50 on the TX2 data: fits at 204 and 206, not at 205 or 207). Each call of ``over``
+    is one prediction: about log2(limit) of them, and the window's. A batch size whose step is beyond the allocator
+    replay (:class:`BeyondReplay`, more than 256 TiB) is over."""
+    asked: dict[int, bool] = {}
+
     def beyond(b: int) -> bool:
-        try:
-            return over(b)
-        except BeyondReplay:
-            return True
+        if b not in asked:
+            try:
+                asked[b] = bool(over(b))
+            except BeyondReplay:
+                asked[b] = True
+        return asked[b]
 
     if not beyond(limit):
-        return int(limit)
-    lo, hi = 1, limit  # first batch size predicted not to fit
-    while lo < hi:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if beyond(mid) else (mid + 1, hi)
-    return int(lo - 1)
+        top = int(limit)
+    else:
+        lo, hi = 1, limit  # first batch size predicted not to fit
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if beyond(mid) else (mid + 1, hi)
+        top = int(lo - 1)
+    while top >= 1:  # a size below the boundary that does not fit moves it down, and its window is checked again
+        first = next((b for b in settle_window(top) if beyond(b)), None)
+        if first is None:
+            return top
+        top = first - 1
+    return 0
+
+
+def settle_window(top: int) -> range:
+    """The batch sizes just below ``top`` (and ``top``) that :func:`largest_fitting` checks one by one: the last
+    6%, at least 8."""
+    return range(max(1, top - max(8, top // 16)), top + 1)
 
 
 def prediction_rows(names: Sequence[str], bss: Sequence[int], lat: np.ndarray, mem: np.ndarray,
@@ -220,7 +240,8 @@ class ModuleQueries:
     def max_batch_size(self, desc: Any, limit: int = BATCH_SEARCH_LIMIT) -> int | None:
         """Largest batch size b <= ``limit`` with every batch size 1..b predicted to fit (``fits`` of
         :meth:`predict`); 0 if none fits; None when the device capacity is unknown. Predicted memory is
-        taken as growing with the batch size (bisection: about log2(limit) predictions)."""
+        taken as growing with the batch size, and checked one by one just below the boundary found
+        (:func:`largest_fitting`)."""
         d, limit = one_description(desc), search_limit(limit)
         if self.capacity_mb is None:
             return None
@@ -328,7 +349,8 @@ class Fingerprint(ModuleQueries):
                        limit: int = BATCH_SEARCH_LIMIT) -> int | None:
         """Largest batch size b <= ``limit`` with every batch size 1..b predicted to fit; 0 if none
         fits; None when the device capacity is unknown. Predicted memory (the analytic part for a
-        learnt capacity) is taken as growing with the batch size."""
+        learnt capacity) is taken as growing with the batch size, and checked one by one just below the
+        boundary found where an allocator replay makes it (:func:`largest_fitting`)."""
         d, limit = one_description(desc), search_limit(limit)
         if self.capacity_mb is None:
             return None
