@@ -452,10 +452,34 @@ def _described(cfg: Config, args: argparse.Namespace, fp: object, names: list[st
     if getattr(args, "input_shape", None):
         from perf4sight.networks.reshape import query_at  # torch: a description is rebuilt as a module
         descs = [query_at(cfg, name, d, shape, made) for name, d in zip(names, descs)]
+    else:
+        descs = [_named_at(cfg, fp, name, d, shape, made) for name, d in zip(names, descs)]
     _print_notes(*(f"note: {line}" for line in made))
     _shape_note(fp, descs)
     _parameter_notes(descs)
     return descs
+
+
+def _named_at(cfg: Config, fp: object, name: str, desc: NetworkDescription, shape: list[int],
+              made: list[str]) -> NetworkDescription:
+    """A network asked for by name (not a description file), as a zoo name is: at the fingerprint's input ``shape``
+    where the dataset's description of it is at another (resnet18_l30 of a 64x64 dataset asked of a 224x224
+    fingerprint read 114 ms against its neighbours' 700), with a sentence in ``made``. A description file, a name
+    of the networks stage's extra shapes (``resnet18_l30_128x96``), a network at one of the fingerprint's shapes,
+    or one whose description cannot be rebuilt at ``shape`` are kept as they are (``_shape_note`` warns)."""
+    from perf4sight.networks.reshape import query_at, shaped_name
+
+    if fp.at_training_shape(desc) or list(desc.input_shape) == shape or is_description_file(name) \
+            or name.endswith(shaped_name("", desc.input_shape)):
+        return desc
+    try:
+        at = query_at(cfg, name, desc, shape, made)
+    except UserError:
+        return desc
+    made.append(f"{name}: described in the dataset at {shape_text(desc.input_shape)}, predicted at "
+                f"{shape_text(shape)}, the fingerprint's (--input-shape {' '.join(map(str, desc.input_shape))} "
+                "predicts it as described)")
+    return at
 
 
 def _parameter_notes(descs: list[NetworkDescription]) -> None:

@@ -1083,3 +1083,36 @@ def test_tree_arrays_edited_by_hand_are_refused_as_damaged(tx2, tmp_path):
         with pytest.raises(UserError, match=r"fingerprint files are damaged or from an incompatible version .*"
                                             r"run the fingerprint stage again"):
             load_fingerprint(folder).predict(descs["resnet18_0"], [8])
+
+
+def test_a_dataset_network_asked_by_name_is_predicted_at_the_fingerprints_shape(tx2, tmp_path, capsys):
+    """resnet18_l30 of a 64x64 dataset asked of the TX2's 224x224 fingerprint was predicted as described, 114 ms
+    against 700 for its neighbours pruned on request at 224x224, with only a note: a name is described at the
+    fingerprint's shape, as a zoo name is; a description file is taken as it is."""
+    import argparse
+
+    from torch import nn
+
+    from perf4sight import stages
+    from perf4sight.config import load_config
+    from perf4sight.ir.from_torch import describe
+    from perf4sight.ir.schema import save_description
+    from perf4sight.networks.build import write_manifest
+
+    tmp, _, _, _ = tx2
+    fp = load_fingerprint(tmp / "fp" / "tx2")
+    (tmp_path / "config.toml").write_text("")
+    cfg = load_config(tmp_path / "config.toml")
+    net = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                        nn.Linear(16, 10))
+    path = save_description(describe(net, [3, 64, 64], "small_l30", network="small", pruning_level=30.0),
+                            cfg.models_dir / "small_l30.json")
+    write_manifest([{"network": "small_l30", "family": "small", "path": path.name}], cfg.models_dir / "manifest.csv")
+    args = argparse.Namespace(input_shape=None)
+    (by_name,) = stages._described(cfg, args, fp, ["small_l30"])
+    assert by_name.input_shape == [3, 224, 224] and by_name.name == "small_l30" and by_name.pruning_level == 30.0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "note: small_l30: described in the dataset at 3x64x64, predicted at 3x224x224, the fingerprint's" in err
+    (as_file,) = stages._described(cfg, args, fp, [str(path)])
+    assert as_file.input_shape == [3, 64, 64]
+    assert "described at another input shape than this fingerprint's" in " ".join(capsys.readouterr().err.split())
