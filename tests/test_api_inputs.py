@@ -247,8 +247,11 @@ def test_predict_rejects_what_is_not_a_description(fitted, tmp_path):
                           ({"deep_w8": descs["deep_w8"]}, "got dict$"), ([], "no networks given"),
                           (_cnn(4, 1), r"got a torch module \(Sequential\); use predict_module"),
                           (tmp_path / "missing.json", "missing.json: network description file not found"),
-                          ("resnet18", r"'resnet18' is not a description file; for a torchvision network use "
-                                       r"predict_module\(torchvision.models.resnet18\(\)"),
+                          ("resnet18", r"'resnet18' is not a description file; give the description .json file, or "
+                                       r"the module to predict_module\(torchvision.models.resnet18\(\)"),
+                          # a dataset's variant is no torchvision builder (it suggested torchvision.models.resnet18_0)
+                          ("resnet18_0", r"give the description .json file, or the module to "
+                                         r"predict_module\(the network's module, input_shape"),
                           ("nets.py:mine", r"'nets.py:mine' names a function in a Python file, which the command "
                                            r"line reads; here call it and give the module to predict_module")):
         with pytest.raises(UserError, match=expected) as exc:
@@ -336,6 +339,8 @@ def test_max_batch_size_on_every_predictor(fitted, tmp_path):
         for bad in (0, [4, 8], "8"):  # the message names the argument
             with pytest.raises(UserError, match="limit must be one positive integer"):
                 predictor.max_batch_size(descs["shallow_w4"], limit=bad)
+        with pytest.raises(UserError, match=r"got 5000000000 \(batch size 5000000000 is above 1,000,000,000"):
+            predictor.max_batch_size(descs["shallow_w4"], limit=5_000_000_000)  # positive, but too large: said so
         with pytest.raises(UserError, match="give one network, got 2"):
             predictor.max_batch_size([path, path])
 

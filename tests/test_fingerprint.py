@@ -779,6 +779,8 @@ def test_outside_notes_name_the_networks_and_what_training_never_covered():
     assert len(notes) == 3  # the sizes are inside the range: no note about them
     assert outside_notes({}, feature_matrix(query, [8, 8]), ["dw", "headless"]) == []  # older fingerprints
     assert domain_line(domain).startswith("training domain: batch size 2..4, MACs per sample ")
+    wide = training_domain(feature_matrix([train[0], train[0]], [8, 1024]))  # it read 8..1.02e+03
+    assert domain_line(wide).startswith("training domain: batch size 8..1,024, MACs per sample ")
     assert "depthwise convolutions in none of the networks" in domain_line(domain)
     assert "a linear layer in all" in domain_line(domain) and domain_line({}) == ""
 

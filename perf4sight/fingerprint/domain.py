@@ -95,6 +95,8 @@ def _first(items: Sequence[str], limit: int = 4) -> str:
 def _span(key: str, lo: float, hi: float) -> str:
     """A stored range in its display unit, e.g. ``0.069..4.09 G``."""
     _, scale, unit = _RANGES[key]
+    if scale == 1.0 and float(lo).is_integer() and float(hi).is_integer():  # batch sizes: 8..1,024, not 8..1.02e+03
+        return f"{int(lo):,}..{int(hi):,}{unit}"
     return f"{lo / scale:.3g}..{hi / scale:.3g}{unit}"
 
 

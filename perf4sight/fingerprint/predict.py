@@ -99,9 +99,11 @@ def as_descriptions(descs: Any, kinds: tuple[type, ...] = (NetworkDescription, N
     for i, d in enumerate(items):
         if isinstance(d, (str, Path)):
             if isinstance(d, str) and d.isidentifier() and not Path(d).exists():  # 'resnet18': a zoo name?
-                raise UserError(f"predict: '{d}' is not a description file; for a torchvision network use "
-                                f"predict_module(torchvision.models.{d}(), input_shape, batch_sizes), or give the "
-                                "description .json file")
+                from perf4sight.networks.zoo import ZOO_NAMES  # torchvision's builders, named without torch
+
+                import_name = f"torchvision.models.{d}()" if d in ZOO_NAMES else "the network's module"
+                raise UserError(f"predict: '{d}' is not a description file; give the description .json file, or "
+                                f"the module to predict_module({import_name}, input_shape, batch_sizes)")
             if isinstance(d, str) and d.rpartition(":")[0].endswith(".py"):  # the command line's FILE.py:FUNCTION
                 raise UserError(f"predict: '{d}' names a function in a Python file, which the command line reads; "
                                 "here call it and give the module to predict_module(module, input_shape, batch_sizes)")
@@ -128,9 +130,10 @@ def search_limit(limit: Any) -> int:
     """``max_batch_size``'s ``limit`` as an int >= 1; ``UserError`` naming the argument otherwise."""
     try:
         (value,) = batch_list(limit)
-    except (UserError, ValueError):
+    except (UserError, ValueError) as exc:
+        above = f" ({str(exc).removeprefix('predict: ')})" if "is above" in str(exc) else ""
         raise UserError(f"max_batch_size: limit must be one positive integer (the largest batch size to try), "
-                        f"got {limit!r}") from None
+                        f"got {limit!r}{above}") from None
     return value
 
 
