@@ -248,61 +248,78 @@ def _over_limit_note(cfg: Config, device: str, rows: list[dict[str, str]]) -> st
 
 
 def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
-    from perf4sight.fingerprint.api import fit_device
-
     devices = measured_devices(cfg, args.device)
     if not devices:
         raise UserError(f"no measurements under {cfg.profiling_dir}: run --stage profile first")
     predictor = _predictor(cfg, args)
     refit = bool(getattr(args, "refit", False))  # else a fit from the inputs of the stored one is skipped
     skipped = []
-    for device in devices:
-        descriptions, shas, rows, note = device_dataset(cfg, device)  # each description parsed once per device
-        passed_over = "" if rows or args.device else _other_optimizers_note(cfg, device)
-        if passed_over:
-            notes.print(passed_over, markup=False)
-            skipped.append(device)
-            continue
-        _print_notes(note, undescribed_note(cfg, device, rows, descriptions), _over_limit_note(cfg, device, rows),
-                     _limit_note(cfg, device, rows))
-        if predictor in ("trees", "ensemble"):
-            meta = fit_device(cfg, device, descriptions, shas, rows=rows, refit=refit)  # the rows read above
-            meta["folder"] = str(cfg.fingerprint_dir / device)
-            _print_accuracy(device, meta)
-            _print_notes(_other_update_note(cfg, device, rows, meta))
-            ok = sum(r.get("status") == "ok" and r.get("network") in descriptions for r in rows)
-            unused = sorted({str(r["network"]) for r in rows if r.get("network") in descriptions}
-                            - {str(r["network"]) for r in rows if r.get("status") == "ok"})
-            if unused:  # e.g. out of memory at the smallest batch size: nothing to learn from, no row in the table
-                notes.print(f"{device}: no ok row for {plural(len(unused), 'network')} ({named(unused, 5)}: out of "
-                            "memory or failed at every batch size measured): not in the fit (their out-of-memory "
-                            "rows still teach the capacity)", markup=False)
-            for target, n in meta["training_rows"].items():
-                if n < ok:
-                    notes.print(f"{device}: {ok - n} of {plural(ok, 'ok row')} {'has' if ok - n == 1 else 'have'} "
-                                f"no usable {target} figure (empty, zero or not a number) and "
-                                f"{'was' if ok - n == 1 else 'were'} left out of its model", markup=False)
-        if predictor in ("gnn", "ensemble"):
-            from perf4sight.fingerprint.api import fit_device_gnn
-            from perf4sight.fingerprint.gnn import gnn_accuracy_lines
-
-            started = time.perf_counter()
-            meta = fit_device_gnn(cfg, device, descriptions, shas, rows=rows, refit=refit)
-            done = (_up_to_date(meta) if meta.get("up_to_date")
-                    else f"fitted and cross-validated in {time.perf_counter() - started:.0f} s")
-            console.print(f"[bold]{device}[/bold]: GNN ({meta['settings']['arch']}) in {cfg.fingerprint_dir / device}, "
-                          f"{done}")
-            for line in gnn_accuracy_lines(meta):
-                console.print(line, markup=False)
-            if meta["training_rows"] < GNN_FEW_ROWS:
-                notes.print(f"{device}: the GNN learnt from {plural(meta['training_rows'], 'row')} of "
-                            f"{plural(len(meta['networks']), 'network')}, too few for a graph network (PerfSeer "
-                            "trained on 53k): its figures and intervals mean little; the trees fingerprint is the one "
-                            "to use here", markup=False)
+    failed = []
+    for device in devices:  # a device that cannot be fitted does not keep the others from theirs
+        try:
+            if not _fingerprint_device(cfg, args, device, predictor, refit):
+                skipped.append(device)
+        except UserError as exc:
+            if len(devices) == 1:
+                raise
+            notes.print(f"error: {exc}", markup=False)
+            failed.append(device)
     if skipped and len(skipped) == len(devices):  # nothing fitted: the first one's error says why
         from perf4sight.fingerprint.api import device_measurements
         device_measurements(cfg, skipped[0])
+    if failed:
+        raise UserError(f"fingerprint: {plural(len(failed), 'device')} of {len(devices)} not fitted ({named(failed)}; "
+                        "the error above says why); the others were")
     return 0
+
+
+def _fingerprint_device(cfg: Config, args: argparse.Namespace, device: str, predictor: str, refit: bool) -> bool:
+    """Fit ``device``'s fingerprint (``predictor``'s) and print its accuracy and notes; False where it is passed
+    over (its rows are all of other optimisers' steps)."""
+    from perf4sight.fingerprint.api import fit_device
+
+    descriptions, shas, rows, note = device_dataset(cfg, device)  # each description parsed once per device
+    passed_over = "" if rows or args.device else _other_optimizers_note(cfg, device)
+    if passed_over:
+        notes.print(passed_over, markup=False)
+        return False
+    _print_notes(note, undescribed_note(cfg, device, rows, descriptions), _over_limit_note(cfg, device, rows),
+                 _limit_note(cfg, device, rows))
+    if predictor in ("trees", "ensemble"):
+        meta = fit_device(cfg, device, descriptions, shas, rows=rows, refit=refit)  # the rows read above
+        meta["folder"] = str(cfg.fingerprint_dir / device)
+        _print_accuracy(device, meta)
+        _print_notes(_other_update_note(cfg, device, rows, meta))
+        ok = sum(r.get("status") == "ok" and r.get("network") in descriptions for r in rows)
+        unused = sorted({str(r["network"]) for r in rows if r.get("network") in descriptions}
+                        - {str(r["network"]) for r in rows if r.get("status") == "ok"})
+        if unused:  # e.g. out of memory at the smallest batch size: nothing to learn from, no row in the table
+            notes.print(f"{device}: no ok row for {plural(len(unused), 'network')} ({named(unused, 5)}: out of "
+                        "memory or failed at every batch size measured): not in the fit (their out-of-memory "
+                        "rows still teach the capacity)", markup=False)
+        for target, n in meta["training_rows"].items():
+            if n < ok:
+                notes.print(f"{device}: {ok - n} of {plural(ok, 'ok row')} {'has' if ok - n == 1 else 'have'} "
+                            f"no usable {target} figure (empty, zero or not a number) and "
+                            f"{'was' if ok - n == 1 else 'were'} left out of its model", markup=False)
+    if predictor in ("gnn", "ensemble"):
+        from perf4sight.fingerprint.api import fit_device_gnn
+        from perf4sight.fingerprint.gnn import gnn_accuracy_lines
+
+        started = time.perf_counter()
+        meta = fit_device_gnn(cfg, device, descriptions, shas, rows=rows, refit=refit)
+        done = (_up_to_date(meta) if meta.get("up_to_date")
+                else f"fitted and cross-validated in {time.perf_counter() - started:.0f} s")
+        console.print(f"[bold]{device}[/bold]: GNN ({meta['settings']['arch']}) in {cfg.fingerprint_dir / device}, "
+                      f"{done}")
+        for line in gnn_accuracy_lines(meta):
+            console.print(line, markup=False)
+        if meta["training_rows"] < GNN_FEW_ROWS:
+            notes.print(f"{device}: the GNN learnt from {plural(meta['training_rows'], 'row')} of "
+                        f"{plural(len(meta['networks']), 'network')}, too few for a graph network (PerfSeer "
+                        "trained on 53k): its figures and intervals mean little; the trees fingerprint is the one "
+                        "to use here", markup=False)
+    return True
 
 
 def _other_optimizers_note(cfg: Config, device: str) -> str:

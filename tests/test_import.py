@@ -420,3 +420,31 @@ def test_a_source_without_the_dataset_folder_names_its_board(tmp_path):
     import_perf4sight(src, "nano", tmp_path / "prof", tmp_path / "models")
     rows = read_rows(results_path(tmp_path / "prof", "nano"))
     assert [(r["network"], r["device_model"]) for r in rows] == [("net_0", "nano"), ("other_0", "nano")]
+
+
+def test_a_device_that_cannot_be_fitted_does_not_stop_the_others(tmp_path):
+    """--stage fingerprint over every device stopped at the first one that could not be fitted (all its rows out of
+    memory, say), and the devices after it were never fitted: each is tried, and the exit says which were not."""
+    for device, figures in (("aa", ["False|None|2", "False|None|4"]), ("bb", ["True|10|2", "True|19|4", "True|37|8"])):
+        src = tmp_path / f"src_{device}"
+        for net in ("net_0", "net_50"):
+            _write(src / device / "cifar10" / "latency" / f"{net}-gt.csv", "passed|latency|bs", figures)
+            _write(src / device / "cifar10" / "memory" / f"{net}-gt.csv", "passed|mem_used|bs",
+                   [line.replace("|10|", "|900|").replace("|19|", "|950|").replace("|37|", "|1100|")
+                    for line in figures])
+            _graph(src, net)
+    config = tmp_path / "config.toml"
+    config.write_text("[fingerprint]\nn_estimators = 10\n")
+    run = [sys.executable, str(ROOT / "main.py"), "--config", str(config)]
+    for device in ("aa", "bb"):
+        done = subprocess.run(run + ["--stage", "import", "--format", "perf4sight", "--source",
+                                     str(tmp_path / f"src_{device}"), "--device", device],
+                              capture_output=True, text=True, cwd=tmp_path, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+    fit = subprocess.run(run + ["--stage", "fingerprint"], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert fit.returncode == 2, fit.stderr[-2000:]
+    assert (tmp_path / "fingerprinting" / "bb" / "metadata.json").is_file()  # fitted after aa failed
+    assert not (tmp_path / "fingerprinting" / "aa").exists()
+    last = fit.stderr.strip().splitlines()
+    assert any(line.startswith("error: ") and "'aa'" in line for line in last[:-1]), fit.stderr
+    assert last[-1] == "error: fingerprint: 1 device of 2 not fitted (aa; the error above says why); the others were"
