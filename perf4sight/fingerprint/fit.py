@@ -308,6 +308,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
     training_structures: dict[str, set[str]] = {}  # family -> the layer structures of its training networks
     counts: dict[str, int] = {}
     held_out: dict[str, tuple[list[str], list[int], np.ndarray, np.ndarray]] = {}
+    saturates = any(r.get("status") == "oom" for r in usable)  # some row reached the device's ceiling
     for target, col in (("latency", LATENCY_COLUMN), ("memory", mem_col)):
         rs = [r for r in usable if r.get("status") == "ok" and (number(r.get(col)) or 0) > 0]
         if len(rs) < 3:
@@ -323,7 +324,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         groups, grouping = choose_groups(fams, nets)
         kind, prefer = choice_rule(target, mem_col)
         cand, cv, scores = select_candidate(target, F, y, groups, grouping, model, n_est, leaf, seed, prefer=prefer,
-                                            kind=kind)
+                                            kind=kind, saturates=saturates)
         # a mean form's trees apply to a query of these families (the name a query's description gives)
         families = np.array([feats[n].family for n in nets.tolist()])
         structure_of = {n: feats[n].structure for n in set(nets.tolist())}  # a hash of the graph: once per network
@@ -335,7 +336,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         table, forms = cv, {}
         if nested and can_nest(groups):
             table, forms = nested_cv(target, F, y, groups, grouping, model, n_est, leaf, seed, prefer=prefer,
-                                     kind=kind)
+                                     kind=kind, saturates=saturates)
         split = network_split(target, cand, F, y, nets, families, structures, model, n_est, leaf, seed)
         intervals_seen[target], seen_coverage = seen_family_band(y, split, nets, coverage)
         for family, keys in structures_by_family(families, structures).items():

@@ -223,20 +223,24 @@ def _has_terms(F: np.ndarray, cand: Candidate) -> bool:
 
 def select_candidate(target: str, F: np.ndarray, y: np.ndarray, groups: np.ndarray, grouping: str, model: str,
                      n_est: int, leaf: int, seed: int, candidates: tuple[Candidate, ...] | None = None,
-                     prefer: str | None = None,
-                     kind: str | None = None) -> tuple[Candidate, CVResult, dict[str, float]]:
+                     prefer: str | None = None, kind: str | None = None,
+                     saturates: bool = True) -> tuple[Candidate, CVResult, dict[str, float]]:
     """(chosen candidate, its grouped-CV result, score per candidate) — score = mean per-group MAPE (%).
 
     The best-scoring candidate is chosen, except that ``prefer`` (a candidate's name) is kept while the
     best beats it by no more than one standard error of their paired per-group MAPE differences, and always
     when it is one of :data:`KEPT_WHATEVER_THE_SCORES`. With
     fewer than 3 groups there is too little to choose on: ``prefer`` (or the first candidate) is kept.
-    ``kind``: the device kind, whose candidates alone are scored (None: every candidate).
+    ``kind``: the device kind, whose candidates alone are scored (None: every candidate). ``saturates`` False (no
+    row ran out of memory, so none came near the device's ceiling): a saturating ``prefer`` kept without a choice
+    gives way to its sum without the ceiling (:func:`_unsaturated`), whose ceiling the rows could not place.
     """
     fittable = (_fittable(F, c) for c in (candidates or CANDIDATES[target]) if kind is None or kind in c.kinds)
     cands = tuple(c for c in fittable if c is not None)
     preferred = next((c for c in cands if c.name == prefer), None)
     if len(set(groups.tolist())) < 3:
+        if not saturates and preferred is not None and CEILING in (preferred.terms or ()):
+            preferred = _unsaturated(preferred, cands)
         cands = (preferred or cands[0],)
     results: dict[str, tuple[Candidate, CVResult]] = {}
     scores: dict[str, float] = {}
@@ -252,6 +256,15 @@ def select_candidate(target: str, F: np.ndarray, y: np.ndarray, groups: np.ndarr
     return results[best][0], results[best][1], scores
 
 
+def _unsaturated(form: Candidate, cands: tuple[Candidate, ...]) -> Candidate | None:
+    """The candidate of ``cands`` summing ``form``'s terms without its ceiling (and without the bend, which comes
+    with it): "sim reserved + analytic + BLAS context + workspace x trees" for the preferred GPU form; else the first
+    without a ceiling; None where there is none."""
+    plain = tuple(t for t in form.terms or () if t not in (CEILING, HINGE, KNOT))
+    return next((c for c in cands if c.terms == plain), None) or next(
+        (c for c in cands if CEILING not in (c.terms or ())), None)
+
+
 #: Above this many groups the accuracy table is not nested (its cost grows with the square of the groups).
 NESTED_MAX_GROUPS = 8
 
@@ -264,20 +277,20 @@ def can_nest(groups: np.ndarray) -> bool:
 
 def nested_cv(target: str, F: np.ndarray, y: np.ndarray, groups: np.ndarray, grouping: str, model: str,
               n_est: int, leaf: int, seed: int, prefer: str | None = None,
-              kind: str | None = None) -> tuple[CVResult, dict[str, str]]:
+              kind: str | None = None, saturates: bool = True) -> tuple[CVResult, dict[str, str]]:
     """Leave-one-group-out accuracy of the whole procedure: for each held-out group the model form is
     chosen again by :func:`select_candidate` on the other groups alone, then fitted on them, so the
     held-out group takes no part in the choice (the table :func:`select_candidate` returns is a little
     optimistic: every group there helped choose the form). Returns the result and the form chosen per
     held-out group. With three groups the inner choice has two groups and keeps ``prefer`` (or the
-    first candidate), as a fit on two families would; ``kind`` as :func:`select_candidate`'s."""
+    first candidate), as a fit on two families would; ``kind`` and ``saturates`` as :func:`select_candidate`'s."""
     forms: dict[str, str] = {}
     pred = np.full(len(y), np.nan)
     per: dict[str, dict[str, float]] = {}
     for g in sorted(set(groups.tolist())):
         test, train = groups == g, groups != g
         cand, _, _ = select_candidate(target, F[train], y[train], groups[train], grouping, model, n_est, leaf,
-                                      seed, prefer=prefer, kind=kind)
+                                      seed, prefer=prefer, kind=kind, saturates=saturates)
         forms[str(g)] = cand.name
         pred[test] = _fitter(target, cand, model, n_est, leaf, seed, grouping)(F[train], y[train], F[test])
         per[str(g)] = metrics(y[test], pred[test])
