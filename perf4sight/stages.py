@@ -314,12 +314,19 @@ def _fingerprint_device(cfg: Config, args: argparse.Namespace, device: str, pred
                       f"{done}")
         for line in gnn_accuracy_lines(meta):
             console.print(line, markup=False)
-        if meta["training_rows"] < GNN_FEW_ROWS:
-            notes.print(f"{device}: the GNN learnt from {plural(meta['training_rows'], 'row')} of "
-                        f"{plural(len(meta['networks']), 'network')}, too few for a graph network (PerfSeer "
-                        "trained on 53k): its figures and intervals mean little; the trees fingerprint is the one "
-                        "to use here", markup=False)
+        _print_notes(_few_rows_note(device, meta))
     return True
+
+
+def _few_rows_note(device: str, meta: dict) -> str:
+    """The note on a GNN fitted on too few rows to trust (:data:`GNN_FEW_ROWS`), '' otherwise: said where it is
+    fitted and again where it predicts."""
+    rows = int(meta.get("training_rows") or 0)
+    if rows >= GNN_FEW_ROWS:
+        return ""
+    nets = plural(len(meta.get("networks", [])), "network")
+    return (f"{device}: the GNN learnt from {plural(rows, 'row')} of {nets}, too few for a graph network (PerfSeer "
+            "trained on 53k): its figures and intervals mean little; the trees fingerprint is the one to use here")
 
 
 def _other_optimizers_note(cfg: Config, device: str) -> str:
@@ -406,6 +413,8 @@ def _predict_on_one(cfg: Config, args: argparse.Namespace) -> int:
     _stale_fingerprint_note(cfg, device)
     if predictor == "ensemble":
         _ensemble_note(fp)
+    if predictor == "gnn":
+        _print_notes(_few_rows_note(device, fp.metadata))
     names = list(dict.fromkeys(args.network or default_networks(cfg)))  # each once, in order
     if not names:  # whichever question is asked of them
         raise UserError("predict: no networks given")

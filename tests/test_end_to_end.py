@@ -290,6 +290,7 @@ def test_gnn_ensemble_and_perfseer_round_trip_through_the_cli(all_stages, tmp_pa
                   "--batch-size", "2", "8", "--json")
     assert gnn.returncode == 0, gnn.stderr
     assert "batch size 8: outside the training rows' 2..4" in gnn.stderr  # the GNN stores its domain too
+    assert "too few for a graph network" in gnn.stderr  # said where it predicts too, not only where it was fitted
     preds = [json.loads(line) for line in gnn.stdout.splitlines()]
     assert [p["batch_size"] for p in preds] == [2, 8] and all(p["latency_ms"] > 0 for p in preds)
     missing = main_py(tmp_path, "--stage", "predict", "--predictor", "ensemble", "--network", "resnet18")
