@@ -852,6 +852,48 @@ def test_a_malformed_description_stops_the_profile_before_any_row(tmp_path):
     assert not results.results_path(cfg.profiling_dir, "local").exists()
 
 
+def test_a_device_profiled_by_another_run_is_refused_and_a_killed_runs_lock_is_free(tmp_path):
+    """Two profile runs of one SSH device at once each pulled its rows into one CSV: 24 rows of 12 keys. While one
+    run profiles a device (here: waiting on an SSH server that never answers), a second naming it is refused in one
+    line naming the first, exit 2, nothing measured for any of its devices; once the first is killed, the device's
+    lock is free at once."""
+    import signal
+    import socket
+
+    from perf4sight.networks.build import write_manifest
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    server.settimeout(60)
+    path = write_config(tmp_path)
+    path.write_text(path.read_text() + f'\n[devices.box]\nbackend = "cpu"\nhost = "127.0.0.1"\n'
+                    f'port = {server.getsockname()[1]}\nknown_hosts = "kh"\naccept_new_host_key = true\n')
+    cfg = load_config(path)
+    net = write_net(cfg.models_dir, "tiny")
+    write_manifest([{"network": "tiny", "family": "tiny", "path": net.name}], cfg.models_dir / "manifest.csv")
+    cmd = [sys.executable, str(ROOT / "main.py"), "--config", str(path), "--stage", "profile", "--device"]
+    first = subprocess.Popen(cmd + ["box"], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        conn, _ = server.accept()  # the first run is connecting to box, and waits for a banner that never comes
+        second = subprocess.run(cmd + ["local", "box"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2 and len(second.stderr.strip().splitlines()) == 1, second.stderr[-2000:]
+        assert f"device 'box' is being profiled by another run on this machine (pid {first.pid}, since " \
+            in second.stderr and "this run did nothing" in second.stderr
+        assert not results.results_path(cfg.profiling_dir, "local").exists()
+        assert not (cfg.profiling_dir / "local" / "plan.json").exists()
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        conn.close()
+        from perf4sight.profiling.fleet import device_lock
+        with device_lock(cfg.profiling_dir, "box"):  # a killed run leaves no stale lock
+            pass
+    finally:
+        first.kill()
+        first.wait()
+        server.close()
+
+
 def test_devices_of_this_machine_take_turns(tmp_path):
     """Two local devices profiled side by side shared the cores and slowed each other's steps down (up to 2.5x
     in a review): they are measured one after the other, so one device's rows all precede the other's."""

@@ -339,6 +339,20 @@ def test_puller_takes_complete_records_once(tmp_path):
     assert pull() == [] and len(results.read_rows(tmp_path / "local.csv")) == 3
 
 
+def test_two_pullers_of_one_device_copy_each_row_once(tmp_path):
+    """Two profiles of one device at once (refused now: the profile lock) each made a puller that read the local CSV
+    once, when it was made, and both appended every row the device wrote: 24 rows of 12 keys. A puller now reads
+    the local file again before appending where someone else wrote it meanwhile."""
+    row = {c: "" for c in results.COLUMNS}
+    row.update(device="d", network="n", input_shape="3x8x8", phase="train", status="ok",
+               timestamp="2026-01-01T00:00:00+00:00")
+    remote = rows_to_csv([{**row, "batch_size": str(b)} for b in (1, 2, 4)], with_header=True)
+    first, second = CsvPuller(tmp_path / "local.csv"), CsvPuller(tmp_path / "local.csv")
+    assert len(first.pull(lambda: len(remote), lambda off: remote[off:])) == 3
+    assert second.pull(lambda: len(remote), lambda off: remote[off:]) == []
+    assert [r["batch_size"] for r in results.read_rows(tmp_path / "local.csv")] == ["1", "2", "4"]
+
+
 def test_a_row_cut_short_inside_quotes_hides_no_row_after_it(tmp_path):
     """A crash or a full disk can leave a row unfinished inside a quoted field (an error's message, a Jetson's
     clocks). The next row appended, locally or on the device, replaces it; the host's rewrite of a device's CSV drops

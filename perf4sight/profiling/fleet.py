@@ -8,15 +8,18 @@ seconds, disk in MiB.
 """
 from __future__ import annotations
 
+import fcntl
 import importlib
+import os
 import subprocess
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from perf4sight.config import Config, DeviceConfig
 from perf4sight.errors import UserError
@@ -28,7 +31,11 @@ from perf4sight.profiling.results import results_path
 from perf4sight.profiling.outcome import (PROBE, DeviceSummary, covering, expected_keys, plan_counts, probe_facts,
                                           probe_problems)
 
-__all__ = ["DeviceCheck", "check_devices", "profile_devices", "format_checks", "format_summaries"]
+__all__ = ["DeviceCheck", "check_devices", "profile_devices", "device_lock", "format_checks", "format_summaries",
+           "PROFILE_LOCK"]
+
+#: The file in ``<profiling_dir>/<device>/`` that a profile of the device holds locked (:func:`device_lock`).
+PROFILE_LOCK = "profile.lock"
 
 @dataclass
 class DeviceCheck:
@@ -163,6 +170,34 @@ def _require_ssh(dev: DeviceConfig) -> None:
                         f"{exc} (pip install -r requirements.txt)") from None
 
 
+@contextmanager
+def device_lock(profiling_dir: Path, device: str) -> Iterator[None]:
+    """Hold ``<profiling_dir>/<device>/profile.lock`` while this process profiles ``device``: a profile of it by
+    another process of this machine meanwhile is refused (``UserError`` naming the process, before it writes
+    anything), since two would each pull or measure the device's rows into one CSV. An ``flock``: the kernel
+    releases it when its holder ends, however it ends, so a killed run leaves no stale lock."""
+    path = Path(profiling_dir) / device / PROFILE_LOCK
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(path, "a+")
+    except OSError as exc:
+        raise UserError(f"device '{device}': cannot open its profile lock {path}: {exc.strerror or exc}") from None
+    with fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "its pid not written yet"
+            raise UserError(f"device '{device}' is being profiled by another run on this machine ({holder}; lock "
+                            f"{path}): let it end or stop it, then profile again; this run did nothing") from None
+        except OSError as exc:
+            raise UserError(f"device '{device}': cannot lock {path}: {exc.strerror or exc}") from None
+        fh.truncate(0)
+        fh.write(f"pid {os.getpid()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        fh.flush()
+        yield
+
+
 def _first(messages: list[str], n: int = 3) -> list[str]:
     """The first ``n`` messages, and how many more there are."""
     return messages[:n] + ([f"{len(messages) - n} more like it"] if len(messages) > n else [])
@@ -190,6 +225,15 @@ def profile_devices(cfg: Config, names: Sequence[str] | None, descriptions: Sequ
         listed = ", ".join(names_profiled[:8]) + (", ..." if len(names_profiled) > 8 else "")
         raise UserError(f"{cfg.path}: [profile] reference_network {wanted!r} is not one of the networks to profile "
                         f"({listed})")
+    with ExitStack() as held:  # every device's lock before any is measured: a refused run writes nothing
+        for dev in devices:
+            held.enter_context(device_lock(cfg.profiling_dir, dev.name))
+        return _profile_all(cfg, devices, descs, show_progress, follow)
+
+
+def _profile_all(cfg: Config, devices: list[DeviceConfig], descs: list[Path], show_progress: bool,
+                 follow: dict[str, Any]) -> list[DeviceSummary]:
+    """:func:`profile_devices` once its checks are passed and its devices' locks held."""
     bars = progress_bars() if show_progress else None
     tasks: dict[str, Any] = {}
     lock = threading.Lock()

@@ -79,16 +79,18 @@ class CsvPuller:
     are not local either. ``key``: a row's identity (default ``results.row_key``; a drift reference's rows
     repeat one configuration, and :func:`reference_key` adds the time each was written). A row is copied
     unless a local row has its key and the time it was written: a measurement taken again (an ``oom`` row of a
-    lower memory_limit_mb, an ``error`` retried; ``results.latest_rows``) comes over beside the earlier one.
+    lower memory_limit_mb, an ``error`` retried; ``results.latest_rows``) comes over beside the earlier one. The
+    local rows are those in the file when a row is appended (read again where someone else wrote it meanwhile).
     """
 
     def __init__(self, local: Path, wanted: set[tuple[str, ...]] | None = None,
                  key: Callable[[dict], tuple[str, ...]] = results.row_key) -> None:
         self.local = Path(local)
         self.key = key
-        local_rows = results.read_rows(self.local)
-        self.keys = {key(r) for r in local_rows}
-        self.copied = {self._written(r) for r in local_rows}
+        self.keys: set[tuple[str, ...]] = set()
+        self.copied: set[tuple[str, ...]] = set()
+        self.seen: tuple[int, ...] | None = None  # the local file as last read or written by this puller
+        self._catch_up()
         self.wanted = wanted
         self.offset = 0
         self.header: list[str] | None = None
@@ -129,11 +131,33 @@ class CsvPuller:
                     self.passed_over.add(key)
                 continue
             if self._written(row) not in self.copied:
+                self._catch_up()
+            if self._written(row) not in self.copied:
                 results.append_row(self.local, row)
+                self.seen = self._state()
                 self.keys.add(key)
                 self.copied.add(self._written(row))
                 fresh.append(row)
         return fresh
+
+    def _state(self) -> tuple[int, ...] | None:
+        """The local file's identity, size and modification time (None while there is none)."""
+        try:
+            st = self.local.stat()
+        except FileNotFoundError:
+            return None
+        return st.st_ino, st.st_size, st.st_mtime_ns
+
+    def _catch_up(self) -> None:
+        """Read the local file again where another writer changed it since this puller last did, so that a row
+        already there (copied by another puller of the device) is never appended a second time."""
+        state = self._state()
+        if state == self.seen and state is not None:
+            return
+        rows = results.read_rows(self.local)
+        self.keys |= {self.key(r) for r in rows}
+        self.copied |= {self._written(r) for r in rows}
+        self.seen = state
 
     def _written(self, row: dict) -> tuple[str, ...]:
         """One written row: its key and the time it was written."""
