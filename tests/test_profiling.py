@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -170,6 +171,29 @@ def test_changed_description_is_measured_again_and_its_old_rows_are_passed_over(
     for given in (None, []):  # none given, or none current (the stage's rows): the file is read to say why
         with pytest.raises(UserError, match="all 2 rows .* earlier versions of their descriptions"):
             device_measurements(cfg, "local", rows=given)
+
+
+def test_a_device_whose_rows_are_of_another_backend_than_its_config_is_refused(measured, tmp_path, monkeypatch):
+    """A device's backend changed in the config (cpu to nvml): its cpu rows counted as measured (a row's key has no
+    backend), so it was never measured under nvml. The profile is refused in one line before measuring anything,
+    the file kept as it is (here on a simulated GPU, as tests/test_backends_gpu.py runs the nvml backend)."""
+    from perf4sight.profiling.fleet import profile_devices
+
+    _, net, first, _ = measured
+    path = write_config(tmp_path)
+    path.write_text(path.read_text().replace('backend = "cpu"\nmemory_limit_mb = 0\nthreads = 1', 'backend = "nvml"'))
+    cfg = load_config(path)
+    csv_path = results.results_path(cfg.profiling_dir, "local")
+    csv_path.parent.mkdir(parents=True)
+    csv_path.write_bytes(first.csv_path.read_bytes())
+    monkeypatch.setenv("PYTHONPATH", str(ROOT / "tests" / "fakes"))
+    monkeypatch.setenv("P4S_SIM_CUDA_MB", "64")
+    n = len(results.read_rows(csv_path))  # 2, or 3 after test_resume_never_duplicates
+    with pytest.raises(UserError, match=rf"^device 'local': its {n} rows in {re.escape(str(csv_path))} were measured "
+                       "by backend cpu, its config says nvml: profile it under another device name, or move the file "
+                       "away$"):
+        profile_devices(cfg, ["local"], [net], show_progress=False)
+    assert csv_path.read_bytes() == first.csv_path.read_bytes() and not (csv_path.parent / "plan.json").exists()
 
 
 def test_rows_of_another_device_in_a_devices_file_are_named(measured, tmp_path):

@@ -27,12 +27,12 @@ from perf4sight.ir.schema import load_description
 from perf4sight.wording import plural
 from perf4sight.profiling.local import progress_bars, stop_runners
 from perf4sight.profiling.plan import training_phase
-from perf4sight.profiling.results import results_path
+from perf4sight.profiling.results import read_rows, results_path
 from perf4sight.profiling.outcome import (PROBE, DeviceSummary, covering, expected_keys, plan_counts, probe_facts,
                                           probe_problems)
 
-__all__ = ["DeviceCheck", "check_devices", "profile_devices", "device_lock", "format_checks", "format_summaries",
-           "PROFILE_LOCK"]
+__all__ = ["DeviceCheck", "check_devices", "profile_devices", "device_lock", "refuse_another_backend", "format_checks",
+           "format_summaries", "PROFILE_LOCK"]
 
 #: The file in ``<profiling_dir>/<device>/`` that a profile of the device holds locked (:func:`device_lock`).
 PROFILE_LOCK = "profile.lock"
@@ -198,6 +198,23 @@ def device_lock(profiling_dir: Path, device: str) -> Iterator[None]:
         yield
 
 
+def refuse_another_backend(cfg: Config, dev: DeviceConfig) -> None:
+    """``UserError`` where ``dev``'s measurements hold rows of another backend than its config names (it was changed,
+    e.g. from cpu to nvml): the profile would count those rows as measured (a row's key has no backend) and never
+    measure the device under the new one, and a fingerprint of rows of two backends means neither. The file stays
+    as it is."""
+    path = results_path(cfg.profiling_dir, dev.name)
+    rows = read_rows(path)
+    others = [r for r in rows if r.get("backend") and r["backend"] != dev.backend]
+    if not others:
+        return
+    n, which = len(others), "/".join(sorted({r["backend"] for r in others}))
+    were = "was" if n == 1 else "were"
+    whose = f"its {plural(n, 'row')}" if n == len(rows) else f"{n} of its {len(rows)} rows"
+    raise UserError(f"device '{dev.name}': {whose} in {path} {were} measured by backend {which}, its config says "
+                    f"{dev.backend}: profile it under another device name, or move the file away")
+
+
 def _first(messages: list[str], n: int = 3) -> list[str]:
     """The first ``n`` messages, and how many more there are."""
     return messages[:n] + ([f"{len(messages) - n} more like it"] if len(messages) > n else [])
@@ -211,7 +228,9 @@ def profile_devices(cfg: Config, names: Sequence[str] | None, descriptions: Sequ
 
     ``follow`` tunes the SSH follower (``poll_s``, ``status_every_s``, ``connect_timeout_s``,
     ``reconnect_timeout_s``, ``max_restarts``; see RemoteProfiler). Rows land in
-    ``<profiling_dir>/<device>/measurements.csv``. Returns one summary per device, in order.
+    ``<profiling_dir>/<device>/measurements.csv``. Returns one summary per device, in order. ``UserError``, before
+    anything is measured, where another process profiles one of the devices (:func:`device_lock`) or one's rows
+    are of another backend than its config's (:func:`refuse_another_backend`).
     """
     devices = _selected(cfg, names)
     descs = [Path(d) for d in descriptions]
@@ -228,6 +247,8 @@ def profile_devices(cfg: Config, names: Sequence[str] | None, descriptions: Sequ
     with ExitStack() as held:  # every device's lock before any is measured: a refused run writes nothing
         for dev in devices:
             held.enter_context(device_lock(cfg.profiling_dir, dev.name))
+        for dev in devices:
+            refuse_another_backend(cfg, dev)
         return _profile_all(cfg, devices, descs, show_progress, follow)
 
 
