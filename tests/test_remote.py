@@ -207,6 +207,35 @@ def test_accept_new_host_key_records_it(servers, tmp_path):
         assert r.run(["true"]).rc == 0
 
 
+def test_known_hosts_markers_and_unreadable_lines(servers, tmp_path):
+    """An ``@cert-authority`` line is passed over (check and connect went down with paramiko's InvalidHostKey); a key
+    on an ``@revoked`` line is refused, also when accepting new keys; a line paramiko cannot parse is one line naming
+    the file and line number."""
+    a, b = servers
+    kh = tmp_path / "known_hosts"
+    cfg = _config(tmp_path, {"d": _device(a, tmp_path)})
+    ca = f"@cert-authority *.example.com {b.host_key_pub.split()[0]} {b.host_key_pub.split()[1]}\n"
+    kh.write_text(ca + a.known_hosts_line)
+    with Remote(cfg.device("d"), kh) as r:
+        assert r.run(["true"]).rc == 0
+    (check,) = check_devices(cfg, ["d"])
+    assert check.reachable, check.message
+    a_key = " ".join(a.host_key_pub.split()[:2])
+    for accept in (False, True):
+        kh.write_text(f"@revoked * {a_key}\n" + a.known_hosts_line)
+        cfg = _config(tmp_path, {"d": {**_device(a, tmp_path), "accept_new_host_key": accept}})
+        kh.write_text(f"@revoked * {a_key}\n" + a.known_hosts_line)
+        with pytest.raises(HostKeyError, match=f"host key of .* is marked @revoked in {kh}; refusing to connect"):
+            Remote(cfg.device("d"), kh).connect()
+        assert kh.read_text() == f"@revoked * {a_key}\n" + a.known_hosts_line  # nothing recorded
+    for bad in (f"[127.0.0.1]:{a.port} ssh-ed25519 not-base64!", "@revoked *", "@trusted * ssh-ed25519 AAAA"):
+        kh.write_text(a.known_hosts_line + bad + "\n")
+        with pytest.raises(HostKeyError, match=f"^device 'd': {kh} line 2[ :]"):
+            Remote(cfg.device("d"), kh).connect()
+    (check,) = check_devices(cfg, ["d"])
+    assert check.host_key_refused and f"{kh} line 2" in check.message
+
+
 def test_login_without_a_key_or_with_a_refused_key_says_so(servers, tmp_path, monkeypatch):
     """No key anywhere (no key_file, no agent, an empty ~/.ssh) and a key the server does not know: each is
     its own line, and check labels it LOGIN FAILED, not UNREACHABLE."""

@@ -4,8 +4,8 @@ Security rules kept here, in one place:
 
 * The server's host key is checked against a known_hosts file (the device's ``known_hosts``,
   else ``~/.ssh/known_hosts``). An unknown key is refused unless the device sets
-  ``accept_new_host_key = true`` (then it is appended to that file); a *changed* key is
-  always refused.
+  ``accept_new_host_key = true`` (then it is appended to that file); a *changed* key, or one on an
+  ``@revoked`` line, is always refused.
 * Authentication is by key file or the SSH agent; never a password.
 * Every command is an argv list joined with ``shlex.quote``; remote files are moved with
   SFTP, which runs no shell. A name with spaces, quotes or ``;`` stays one argument.
@@ -27,6 +27,7 @@ from pathlib import Path, PurePosixPath
 from typing import Sequence
 
 import paramiko
+from paramiko.hostkeys import HostKeyEntry
 from paramiko.ssh_exception import NoValidConnectionsError
 
 from perf4sight.config import DeviceConfig
@@ -87,13 +88,62 @@ def _host_entry(host: str, port: int) -> str:
     return host if port == 22 else f"[{host}]:{port}"
 
 
-class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
-    """Record a never-seen host key in the device's known_hosts file (only when opted in)."""
+def _refuse_revoked(dev: DeviceConfig, path: Path, revoked: set[str], hostname: str, key: paramiko.PKey) -> None:
+    """``HostKeyError`` when ``key`` is one of the keys ``path`` lists on an ``@revoked`` line."""
+    if key.get_base64() in revoked:
+        raise HostKeyError(f"device '{dev.name}': host key of {hostname} ({key.get_name()} {_fingerprint(key)}) is "
+                           f"marked @revoked in {path}; refusing to connect")
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+
+def _load_known_hosts(dev: DeviceConfig, path: Path, into: paramiko.HostKeys) -> set[str]:
+    """Add the host keys of OpenSSH known_hosts file ``path`` to ``into``; returns the keys (base64) its
+    ``@revoked`` lines list, which are left out of ``into`` so that a server presenting one meets the refusing
+    policies. ``@cert-authority`` lines are passed over: paramiko cannot check host certificates, so the device's
+    own key needs its own line. A line paramiko cannot parse is a ``HostKeyError`` naming the file and line."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError as exc:
+        raise HostKeyError(f"device '{dev.name}': cannot read known_hosts {path}: {describe_error(exc)}") from None
+    entries, revoked = [], set()
+    for number, line in enumerate(lines, 1):
+        words = line.split(None, 1)
+        if not words or words[0].startswith("#") or words[0] == "@cert-authority":
+            continue
+        marker = words[0] if words[0].startswith("@") else ""
+        if marker not in ("", "@revoked"):
+            raise HostKeyError(f"device '{dev.name}': {path} line {number}: unknown marker {marker} (OpenSSH knows "
+                               "@cert-authority and @revoked)")
+        fields = line.split()[1 if marker else 0:]
+        try:
+            entry = HostKeyEntry.from_line(" ".join(fields), number)  # None: a key type paramiko does not know
+            unreadable = bool(marker) and len(fields) < 3  # a revoked key is never passed over unread
+        except paramiko.SSHException:  # a key paramiko cannot use: passed over, as paramiko's own loader does
+            entry, unreadable = None, bool(marker)
+        except Exception:  # noqa: BLE001 - paramiko's InvalidHostKey (bad base64), or a key it chokes on
+            entry, unreadable = None, True
+        if unreadable:
+            raise HostKeyError(f"device '{dev.name}': {path} line {number} is not a known_hosts line this tool can "
+                               "read (host names, key type, base64 key); fix or remove it")
+        if entry is not None and marker:
+            revoked.add(entry.key.get_base64())
+        elif entry is not None:
+            entries.append(entry)
+    for entry in entries:
+        if entry.key.get_base64() not in revoked:
+            for name in entry.hostnames:
+                into.add(name, entry.key.get_name(), entry.key)
+    return revoked
+
+
+class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
+    """Record a never-seen host key in the device's known_hosts file (only when opted in); a revoked key is
+    refused."""
+
+    def __init__(self, dev: DeviceConfig, path: Path, revoked: set[str]) -> None:
+        self.dev, self.path, self.revoked = dev, path, revoked
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        _refuse_revoked(self.dev, self.path, self.revoked, hostname, key)
         with _KNOWN_HOSTS_LOCK:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self.path.open("a") as fh:
@@ -102,10 +152,11 @@ class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
 
 
 class _RefusePolicy(paramiko.MissingHostKeyPolicy):
-    def __init__(self, dev: DeviceConfig, path: Path) -> None:
-        self.dev, self.path = dev, path
+    def __init__(self, dev: DeviceConfig, path: Path, revoked: set[str]) -> None:
+        self.dev, self.path, self.revoked = dev, path, revoked
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        _refuse_revoked(self.dev, self.path, self.revoked, hostname, key)
         d = self.dev
         raise HostKeyError(
             f"device '{d.name}': host key of {hostname} ({key.get_name()} {_fingerprint(key)}) is not in "
@@ -162,18 +213,16 @@ class Remote:
         dev = self.dev
         client = paramiko.SSHClient()
         known_types: set[str] = set()
+        revoked: set[str] = set()
         if self.known_hosts.is_file():
-            try:
-                client.load_host_keys(str(self.known_hosts))
-            except (OSError, paramiko.SSHException) as exc:
-                raise DeviceError(f"device '{dev.name}': cannot read known_hosts {self.known_hosts}: {exc}") from None
+            revoked = _load_known_hosts(dev, self.known_hosts, client.get_host_keys())
             known_types = set((client.get_host_keys().lookup(_host_entry(dev.host, dev.port)) or {}).keys())
         elif not dev.accept_new_host_key:
             raise HostKeyError(f"device '{dev.name}': known_hosts file {self.known_hosts} does not exist; create it "
                                f"(mkdir -p {self.known_hosts.parent} && ssh-keyscan -p {dev.port} {dev.host} "
                                f">> {self.known_hosts}) or set "
                                f"accept_new_host_key = true in [devices.{dev.name}]")
-        policy = _AcceptNewPolicy(self.known_hosts) if dev.accept_new_host_key else _RefusePolicy(dev, self.known_hosts)
+        policy = (_AcceptNewPolicy if dev.accept_new_host_key else _RefusePolicy)(dev, self.known_hosts, revoked)
         client.set_missing_host_key_policy(policy)
         key_file = str(Path(dev.key_file).expanduser()) if dev.key_file else None
         key = _load_key(dev, key_file) if key_file else None
