@@ -703,6 +703,38 @@ def test_device_without_torch_or_with_too_old_a_python_runs_nothing(servers, tmp
     assert probe_problems("cpu", {"python": "3.6.9", "torch": "1.10.0"}, "w") == []
 
 
+def _python2() -> str:
+    """A Python 2 interpreter (``PERF4SIGHT_TEST_PYTHON2``, on PATH or under pyenv), or skip."""
+    import glob
+    import shutil
+
+    candidates = [os.environ.get("PERF4SIGHT_TEST_PYTHON2"), shutil.which("python2.7"), shutil.which("python2"),
+                  *sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/2.*/bin/python")))]
+    for python in filter(None, candidates):
+        try:  # a pyenv shim is on PATH even where that version is not selected: it fails
+            if subprocess.run([python, "-c", "import sys; sys.exit(sys.version_info[0] != 2)"],
+                              capture_output=True, timeout=30).returncode == 0:
+                return python
+        except OSError:
+            continue
+    pytest.skip("no Python 2 interpreter here (set PERF4SIGHT_TEST_PYTHON2)")
+
+
+def test_a_device_python_2_is_named_too_old_by_check_and_profile(servers, tmp_path):
+    """The probe reports its version before importing what Python 2 lacks (it said "did not run the probe (exit 1):
+    Traceback ... ImportError: No module named util"), so both stages name the python as too old."""
+    a, _ = servers
+    python2 = _python2()
+    cfg = _config(tmp_path, {"old": {**_device(a, tmp_path), "python": python2}})
+    (check,) = check_devices(cfg, ["old"])
+    assert check.reachable and not check.ok and check.facts["python"].startswith("2.7")
+    assert check.message == f"python {check.facts['python']} is older than 3.6, which the runner needs"
+    (desc,) = _descriptions(tmp_path, ["alpha"])
+    (summary,) = profile_devices(cfg, ["old"], [desc], show_progress=False, **FAST)
+    assert summary.status == "failed" and "is not ready, nothing was run: python 2.7" in summary.message
+    assert "older than 3.6" in summary.message and "Traceback" not in summary.message
+
+
 def test_the_profile_stages_probe_imports_torch_again_only_when_its_install_changed(tmp_path):
     """The probe before each profile keeps torch's facts in a cache file beside the device's rows: a second probe
     of the same install reads them instead of importing torch (seconds); a changed torch package, another Python,

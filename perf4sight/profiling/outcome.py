@@ -54,9 +54,9 @@ def probe_problems(backend: str, facts: dict, workdir: str) -> list[str]:
     the work folder in the message."""
     problems = []
     version = tuple(int(p) for p in str(facts.get("python", "0")).split(".")[:2] if p.isdigit())
-    if version < MIN_PYTHON:
-        problems.append(f"python {facts.get('python', '?')} is older than {'.'.join(map(str, MIN_PYTHON))}, "
-                        "which the runner needs")
+    if version < MIN_PYTHON:  # its probe looked no further: torch and the rest are unknown
+        return [f"python {facts.get('python', '?')} is older than {'.'.join(map(str, MIN_PYTHON))}, "
+                "which the runner needs"]
     if not facts.get("torch"):
         problems.append(f"torch not importable ({facts.get('torch_error', '')})")
     if facts.get("backend_library") and not facts.get("backend_library_version"):

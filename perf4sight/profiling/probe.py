@@ -11,14 +11,22 @@ The profile stage's own probe, before every run, passes a third argument: a cach
 identity of the install they came from (this Python, the files torch's package and version are read from: their
 sizes and modification times); while that identity holds, a later probe reads them instead of importing torch
 again. ``check`` always imports it.
+
+A Python older than the runner needs (3.6) reports its version alone, before this script imports anything newer
+(Python 2.7 has no ``importlib.util``): the caller names it as too old.
 """
-import importlib.util
 import json
-import os
 import platform
-import shutil
 import sys
-import tempfile
+
+if sys.version_info < (3, 6):
+    print(json.dumps({"python": platform.python_version(), "executable": sys.executable}))
+    sys.exit(0)
+
+import importlib.util  # noqa: E402 - after the version check above
+import os  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
 
 
 def _version(module_name):
