@@ -271,6 +271,27 @@ def test_login_without_a_key_or_with_a_refused_key_says_so(servers, tmp_path, mo
     assert format_checks(check_devices(cfg)).count(": LOGIN FAILED") == 2
 
 
+def test_a_relative_key_file_is_found_beside_the_config_as_known_hosts_is(servers, tmp_path, monkeypatch):
+    """``key_file = "keys/id"`` is read from the config file's folder, as a relative known_hosts is, whatever the
+    current folder (it was read from the current folder: "key_file keys/id not found")."""
+    import shutil
+
+    a, _ = servers
+    project = tmp_path / "project"
+    (project / "keys").mkdir(parents=True)
+    shutil.copy(a.client_key, project / "keys" / "id")
+    _device(a, project)  # writes project/known_hosts
+    cfg = _config(project, {"d": {**_device(a, project), "key_file": "keys/id", "known_hosts": "known_hosts"}})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    (check,) = check_devices(cfg, ["d"])
+    assert check.reachable and not check.login_failed, check.message
+    (desc,) = _descriptions(project, ["alpha"])
+    (summary,) = profile_devices(cfg, ["d"], [desc], show_progress=False, **FAST)
+    assert summary.status == "done", format_summaries([summary])
+
+
 def test_connection_errors_without_a_message_still_say_something():
     from perf4sight.profiling.ssh import describe_error
     assert describe_error(socket.timeout()) == "timed out waiting for the device"

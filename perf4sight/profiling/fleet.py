@@ -81,10 +81,10 @@ def _check_one(cfg: Config, dev: DeviceConfig, timeout_s: float) -> DeviceCheck:
             _require_ssh(dev)
         except UserError as exc:
             return DeviceCheck(dev.name, dev.backend, dev.host, message=str(exc))
-        from perf4sight.profiling.remote import known_hosts_path, remote_dir_name
+        from perf4sight.profiling.remote import key_file_path, known_hosts_path, remote_dir_name
         from perf4sight.profiling.ssh import CONNECTION_ERRORS, HostKeyError, LoginError, Remote, describe_error
 
-        remote = Remote(dev, known_hosts_path(cfg, dev), timeout_s=timeout_s)
+        remote = Remote(dev, known_hosts_path(cfg, dev), timeout_s=timeout_s, key_file=key_file_path(cfg, dev))
         run_dir = str(PurePosixPath(dev.workdir) / remote_dir_name(dev.name))  # what profile creates and writes
         check = DeviceCheck(dev.name, dev.backend, remote.where, workdir=run_dir)
         try:

@@ -40,7 +40,7 @@ from perf4sight.profiling.ssh import (CONNECTION_ERRORS, DeviceError, HostKeyErr
                                      default_known_hosts, describe_error)
 
 __all__ = ["DeviceSummary", "RemoteProfiler", "code_files", "expected_keys", "covering", "plan_counts",
-           "remote_dir_name", "known_hosts_path"]
+           "remote_dir_name", "known_hosts_path", "key_file_path"]
 
 Progress = Callable[[str, int, int, str], None]  # (device, done, total, note)
 
@@ -51,6 +51,11 @@ _HOST_ONLY = {"ssh.py", "remote.py", "fleet.py", "pull.py", "probe.py", "local.p
 def known_hosts_path(cfg: Config, dev: DeviceConfig) -> Path:
     """The known_hosts file a device is checked against (config-relative path, else ~/.ssh/known_hosts)."""
     return cfg.resolve(dev.known_hosts) if dev.known_hosts else default_known_hosts()
+
+
+def key_file_path(cfg: Config, dev: DeviceConfig) -> Path | None:
+    """The private key a device logs in with (config-relative path), None where it sets none (the agent's keys)."""
+    return cfg.resolve(dev.key_file) if dev.key_file else None
 
 
 def remote_dir_name(device: str) -> str:
@@ -88,7 +93,8 @@ class RemoteProfiler:
         # a reboot can take minutes: the device's own setting unless the caller gives one
         self.reconnect_timeout_s = dev.reconnect_timeout_s if reconnect_timeout_s is None else reconnect_timeout_s
         self.max_restarts = max_restarts
-        self.remote = Remote(dev, known_hosts_path(cfg, dev), timeout_s=connect_timeout_s)
+        self.remote = Remote(dev, known_hosts_path(cfg, dev), timeout_s=connect_timeout_s,
+                             key_file=key_file_path(cfg, dev))
         self.local_csv = results.results_path(cfg.profiling_dir, dev.name)
         self.summary = DeviceSummary(dev.name, "failed")
         keys = expected_keys(dev.name, self.descriptions, cfg.profile.batch_sizes,

@@ -188,15 +188,20 @@ def _load_key(dev: DeviceConfig, key_file: str) -> paramiko.PKey:
 class Remote:
     """An open SSH connection to one device (reconnectable). Use as a context manager.
 
-    ``known_hosts`` is the absolute path of the file to check against; ``timeout_s`` bounds
-    the TCP connect, the banner and authentication.
+    ``known_hosts`` is the absolute path of the file to check against; ``key_file`` that of the private key
+    (``remote.key_file_path``: relative to the config file), None for the device's ``key_file`` as written;
+    ``timeout_s`` bounds the TCP connect, the banner and authentication.
     """
 
-    def __init__(self, dev: DeviceConfig, known_hosts: Path, timeout_s: float = 10.0) -> None:
+    def __init__(self, dev: DeviceConfig, known_hosts: Path, timeout_s: float = 10.0,
+                 key_file: Path | None = None) -> None:
         if not dev.host:
             raise DeviceError(f"device '{dev.name}' has no host: it is the local machine, not an SSH device")
         self.dev = dev
         self.known_hosts = Path(known_hosts).expanduser()
+        if key_file is None and dev.key_file:
+            key_file = Path(dev.key_file).expanduser()
+        self.key_file = key_file
         self.timeout_s = timeout_s
         self.client: paramiko.SSHClient | None = None
         self._sftp: paramiko.SFTPClient | None = None
@@ -224,7 +229,7 @@ class Remote:
                                f"accept_new_host_key = true in [devices.{dev.name}]")
         policy = (_AcceptNewPolicy if dev.accept_new_host_key else _RefusePolicy)(dev, self.known_hosts, revoked)
         client.set_missing_host_key_policy(policy)
-        key_file = str(Path(dev.key_file).expanduser()) if dev.key_file else None
+        key_file = str(self.key_file) if self.key_file else None
         key = _load_key(dev, key_file) if key_file else None
         try:
             client.connect(dev.host, port=dev.port, username=dev.user or None, pkey=key,
