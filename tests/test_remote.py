@@ -292,6 +292,31 @@ def test_a_relative_key_file_is_found_beside_the_config_as_known_hosts_is(server
     assert summary.status == "done", format_summaries([summary])
 
 
+def test_a_folder_given_as_key_file_or_known_hosts_is_named_a_folder(servers, tmp_path):
+    """A folder as key_file or known_hosts is one line saying so (they read "not found", "does not exist; create
+    it", or, accepting new keys, "Is a directory ... check host and port"); a known_hosts that cannot be written
+    when accepting a new key says which file and why."""
+    a, _ = servers
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    cfg = _config(tmp_path, {"d": {**_device(a, tmp_path), "key_file": str(folder)}})
+    with pytest.raises(LoginError, match=rf"^device 'd': key_file {folder} is a folder, not a file: set key_file"):
+        Remote(cfg.device("d"), tmp_path / "known_hosts").connect()
+    for accept in (False, True):
+        cfg = _config(tmp_path, {"d": {**_device(a, tmp_path), "known_hosts": str(folder),
+                                       "accept_new_host_key": accept}})
+        with pytest.raises(HostKeyError, match=rf"^device 'd': known_hosts {folder} is a folder, not a file: set"):
+            Remote(cfg.device("d"), folder).connect()
+        assert "is a folder, not a file" in format_checks(check_devices(cfg, ["d"]))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    cfg = _config(tmp_path, {"d": {**_device(a, tmp_path), "known_hosts": str(blocker / "known_hosts"),
+                                   "accept_new_host_key": True}})
+    with pytest.raises(HostKeyError, match=rf"cannot record the host key of .* in {blocker}/known_hosts: "
+                                           rf".*File exists: '{blocker}'"):
+        Remote(cfg.device("d"), blocker / "known_hosts").connect()
+
+
 def test_connection_errors_without_a_message_still_say_something():
     from perf4sight.profiling.ssh import describe_error
     assert describe_error(socket.timeout()) == "timed out waiting for the device"

@@ -144,10 +144,14 @@ class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         _refuse_revoked(self.dev, self.path, self.revoked, hostname, key)
-        with _KNOWN_HOSTS_LOCK:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("a") as fh:
-                fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        try:
+            with _KNOWN_HOSTS_LOCK:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                with self.path.open("a") as fh:
+                    fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        except OSError as exc:  # not a connection problem: say so, not "check host and port"
+            raise HostKeyError(f"device '{self.dev.name}': cannot record the host key of {hostname} in "
+                               f"{self.path}: {describe_error(exc)}") from None
         client.get_host_keys().add(hostname, key.get_name(), key)
 
 
@@ -175,6 +179,8 @@ def _load_key(dev: DeviceConfig, key_file: str) -> paramiko.PKey:
     """The private key in ``key_file``, loaded here so that a refused key reads as a refused login (paramiko,
     given a file name, tries every key type and reports the last type's parse error instead)."""
     where = f"device '{dev.name}': key_file {key_file}"
+    if Path(key_file).is_dir():
+        raise LoginError(f"{where} is a folder, not a file: set key_file in [devices.{dev.name}] to the private key")
     if not Path(key_file).is_file():
         raise LoginError(f"{where} not found")
     try:
@@ -219,6 +225,9 @@ class Remote:
         client = paramiko.SSHClient()
         known_types: set[str] = set()
         revoked: set[str] = set()
+        if self.known_hosts.is_dir():
+            raise HostKeyError(f"device '{dev.name}': known_hosts {self.known_hosts} is a folder, not a file: set "
+                               f"known_hosts in [devices.{dev.name}] to the file itself")
         if self.known_hosts.is_file():
             revoked = _load_known_hosts(dev, self.known_hosts, client.get_host_keys())
             known_types = set((client.get_host_keys().lookup(_host_entry(dev.host, dev.port)) or {}).keys())
