@@ -310,6 +310,9 @@ def _check_devices(cfg: Config, f: Path | None) -> None:
                             f"got {dev.reconnect_timeout_s}")
         if not 0 < dev.port < 65536:
             raise UserError(f"{f}: [devices.{name}] port must lie in 1..65535, got {dev.port}")
+        if not dev.python.strip():  # check ran "" and profile python3: name one, or drop the key for python3
+            raise UserError(f"{f}: [devices.{name}] python is empty: name the device's interpreter, or drop the key "
+                            "for python3")
     for d in cfg.profile.devices:
         if d not in cfg.devices:
             raise UserError(f"{f}: [profile] devices names unknown device '{d}' "
