@@ -213,8 +213,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"interrupted: {INTERRUPTED.get(args.stage, 'nothing was written')}", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # the stage's own words where it gave some (fleet: SSH devices' runs go on)
+        print(f"interrupted: {str(exc) or INTERRUPTED.get(args.stage, 'nothing was written')}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader of our output went away (e.g. `| head -1`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit

@@ -689,6 +689,39 @@ def test_interrupted_host_stops_following_and_a_rerun_attaches_to_the_run_that_w
     assert _keys_once(_rows(cfg, "dev-i")) and len(_rows(cfg, "dev-i")) == 2
 
 
+def test_ctrl_c_of_the_cli_says_the_ssh_devices_run_goes_on_and_a_rerun_collects_its_rows(servers, tmp_path):
+    """Ctrl-C of ``--stage profile`` with an SSH device: the last line says its run goes on on the device and a
+    rerun collects its rows (it said only "measurements taken so far are on disk; rerun to resume"), as it does."""
+    from perf4sight.networks.build import write_manifest
+    from perf4sight.profiling.fleet import REMOTE_RUNS_GO_ON
+
+    a, _ = servers
+    cfg = _config(tmp_path, {"dev-c": _device(a, tmp_path)}, batch_sizes=(1, 2, 4))
+    cfg.models_dir.mkdir()
+    descs = _descriptions(cfg.models_dir, ["alpha", "beta"])
+    write_manifest([{"network": d.stem, "family": "tiny", "path": d.name} for d in descs],
+                   cfg.models_dir / "manifest.csv")
+    main = Path(__file__).resolve().parents[1] / "main.py"
+    proc = subprocess.Popen([sys.executable, str(main), "--config", str(cfg.path), "--stage", "profile"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # its own group: the signal reaches main.py only
+    try:
+        deadline = time.monotonic() + 90
+        while not _rows(cfg, "dev-c") and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert 1 <= len(_rows(cfg, "dev-c")) < 6, "no row pulled, or the run ended before the interrupt"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == f"interrupted: {REMOTE_RUNS_GO_ON}", err
+    assert "SSH device goes on measuring there" in REMOTE_RUNS_GO_ON
+    (later,) = profile_devices(cfg, ["dev-c"], descs, show_progress=False, **FAST)
+    assert later.status == "done" and (later.rows, later.expected) == (6, 6), format_summaries([later])
+
+
 def test_work_folder_that_cannot_be_created_fails_check_and_profile_with_its_name(servers, tmp_path):
     """A workdir under a file: `check` says the work folder cannot be created (it used to say ok), and
     `profile` names the folder instead of reporting a lost connection."""

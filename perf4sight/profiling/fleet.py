@@ -32,10 +32,14 @@ from perf4sight.profiling.outcome import (PROBE, DeviceSummary, covering, expect
                                           probe_problems)
 
 __all__ = ["DeviceCheck", "check_devices", "profile_devices", "device_lock", "refuse_another_backend", "format_checks",
-           "format_summaries", "PROFILE_LOCK"]
+           "format_summaries", "PROFILE_LOCK", "REMOTE_RUNS_GO_ON"]
 
 #: The file in ``<profiling_dir>/<device>/`` that a profile of the device holds locked (:func:`device_lock`).
 PROFILE_LOCK = "profile.lock"
+#: What an interrupted profile of SSH devices leaves behind (the words ``KeyboardInterrupt`` carries to the CLI): their
+#: detached runs go on measuring, and their rows come over when the profile stage is run again.
+REMOTE_RUNS_GO_ON = ("measurements taken or pulled so far are on disk; a run started on an SSH device goes on "
+                     "measuring there: rerun to resume and collect its rows")
 
 @dataclass
 class DeviceCheck:
@@ -302,6 +306,8 @@ def _profile_all(cfg: Config, devices: list[DeviceConfig], descs: list[Path], sh
     except KeyboardInterrupt:  # stop local runners, stop following remote runs; measured rows stay on disk
         cancel.set()  # first: a runner registered after stop_runners() sees it and stops itself
         stop_runners()
+        if any(dev.host for dev in devices):
+            raise KeyboardInterrupt(REMOTE_RUNS_GO_ON) from None
         raise
     finally:
         pool.shutdown(wait=True)
