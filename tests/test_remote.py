@@ -738,6 +738,33 @@ def test_work_folder_that_cannot_be_created_fails_check_and_profile_with_its_nam
     assert "connection lost" not in summary.message and str(blocker) in summary.message
 
 
+def test_a_full_disk_at_the_start_is_one_line_naming_the_file(servers, tmp_path):
+    """The device cannot write run.json (its temporary file leads to /dev/full: "No space left on device"): the
+    profile fails in one line naming the file and the reason (it ended in a traceback's last 300 characters), and no
+    untracked run is left going."""
+    a, _ = servers
+    cfg = _config(tmp_path, {"dev-f": _device(a, tmp_path)}, batch_sizes=(1,))
+    run_dir = tmp_path / "remote work" / "dev-f"
+    run_dir.mkdir(parents=True)
+    (run_dir / "run.json.tmp").symlink_to("/dev/full")
+    (desc,) = _descriptions(tmp_path, ["alpha"])
+    (summary,) = profile_devices(cfg, ["dev-f"], [desc], show_progress=False, **FAST)
+    assert summary.status == "failed" and "Traceback" not in summary.message
+    assert summary.message == (f"device 'dev-f': start failed (exit 1): detach start: {run_dir / 'run.json'}: "
+                               "No space left on device")
+    assert not (run_dir / "run.json").exists()
+    time.sleep(0.5)
+    supervisors = [p for p in Path("/proc").glob("[0-9]*") if _cmdline_has(p, f"supervise {run_dir}")]
+    assert not supervisors, "the supervisor started before run.json failed is still running"
+
+
+def _cmdline_has(proc: Path, text: str) -> bool:
+    try:
+        return text in (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return False
+
+
 def test_two_configs_sharing_a_work_folder_pull_only_their_own_rows(servers, tmp_path):
     """Two projects profile the same device name in the same remote work folder: each pulls only the rows
     of its own plan, the other's stay on the device, and the summary says how many it passed over."""

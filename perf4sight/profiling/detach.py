@@ -42,10 +42,21 @@ def _boot_id() -> str:
 
 
 def _write_json(path: Path, obj: Dict) -> None:
-    with atomic_path(path) as tmp, tmp.open("w") as fh:
-        json.dump(obj, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
+    """Write ``obj`` to ``path`` whole or not at all; an ``OSError`` names ``path`` (a failed write names none)."""
+    try:
+        with atomic_path(path) as tmp, tmp.open("w") as fh:
+            json.dump(obj, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:
+        if exc.filename is None:
+            exc.filename = str(path)
+        raise
+
+
+def _os_error_line(exc: OSError) -> str:
+    """``path: reason`` of an ``OSError``, e.g. ``.../run.json: No space left on device``."""
+    return "%s: %s" % (exc.filename, exc.strerror) if exc.filename and exc.strerror else str(exc)
 
 
 def _read_json(path: Path) -> Optional[Dict]:
@@ -107,7 +118,12 @@ def start(run_dir: Path, cmd: List[str]) -> Dict:
                             cwd=str(run_dir), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    _write_json(run_dir / "run.json", {"pid": proc.pid, "boot_id": _boot_id(), "started": started, "cmd": cmd})
+    try:
+        _write_json(run_dir / "run.json", {"pid": proc.pid, "boot_id": _boot_id(), "started": started, "cmd": cmd})
+    except OSError:  # untracked, it would run beside the next start's: ended with its group
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
     return {"state": "started", "pid": proc.pid, "started": started}
 
 
@@ -153,15 +169,19 @@ def main(argv: Optional[List[str]] = None) -> int:
         rest = rest[1:]
     if action == "supervise":
         return supervise(run_dir, rest)
-    if action == "start":
-        if not rest:
-            print("detach start: no command given", file=sys.stderr)
-            return 2
-        result = start(run_dir, rest)
-    elif action == "stop":
-        result = stop(run_dir)
-    else:
-        result = state(run_dir)
+    try:
+        if action == "start":
+            if not rest:
+                print("detach start: no command given", file=sys.stderr)
+                return 2
+            result = start(run_dir, rest)
+        elif action == "stop":
+            result = stop(run_dir)
+        else:
+            result = state(run_dir)
+    except OSError as exc:  # e.g. a full disk: one line naming the file, for the host to show
+        print("detach %s: %s" % (action, _os_error_line(exc)), file=sys.stderr)
+        return 1
     print(json.dumps(result))
     return 0
 
