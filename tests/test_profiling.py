@@ -1103,3 +1103,32 @@ def test_this_machines_device_is_profiled_without_the_ssh_library(tmp_path):
                            text=True, timeout=300)
     assert check.returncode != 0 and "far [cpu] 127.0.0.1: UNREACHABLE — device 'far' is reached over SSH" \
         in check.stdout, check.stdout + check.stderr
+
+
+def test_a_child_that_cannot_write_its_result_says_why_and_the_row_says_so(tmp_path, monkeypatch):
+    """A child whose result file meets a full disk (its temporary file leads to /dev/full) exits with
+    RESULT_NOT_WRITTEN and one stderr line naming the file and "No space left on device", which becomes the row's
+    message (it was "child exited with code 120 without a result"); with stderr empty as well, a nearly full disk
+    where the children write is named."""
+    from types import SimpleNamespace
+
+    from perf4sight.profiling import runner
+    from perf4sight.profiling.child import RESULT_NOT_WRITTEN
+
+    result = tmp_path / "result.json"
+    Path(str(result) + ".tmp").symlink_to("/dev/full")
+    err_file = tmp_path / "stderr.txt"
+    with err_file.open("wb") as err:
+        done = subprocess.run([sys.executable, "-m", "perf4sight.profiling.child", str(tmp_path / "no-plan.json"),
+                               "--network", "0", "--batch-size", "1", "--result", str(result)],
+                              stdout=subprocess.DEVNULL, stderr=err, timeout=120, cwd=ROOT)
+    assert done.returncode == RESULT_NOT_WRITTEN and not result.exists()
+    assert err_file.read_text() == f"cannot write the result file {result}: No space left on device\n"
+    assert runner._crash_verdict(done.returncode, err_file) == {
+        "status": "error", "message": f"child could not write its result: cannot write the result file {result}: "
+                                      "No space left on device"}
+    err_file.write_text("")
+    assert runner._crash_verdict(120, err_file)["message"] == "child exited with code 120 without a result"
+    monkeypatch.setattr(runner.shutil, "disk_usage", lambda path: SimpleNamespace(total=100, used=100, free=0))
+    assert runner._crash_verdict(120, err_file)["message"] == (
+        f"child exited with code 120 without a result: the disk holding {tmp_path} is full (0.0 MiB free)")

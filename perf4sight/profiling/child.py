@@ -5,13 +5,15 @@ Rebuilds network ``I`` of the plan from its description, trains it on random dat
 plan's warm-up and timed steps (cross-entropy, the plan's optimiser) and writes one JSON object
 to ``OUT``: the measurement columns (see ``results.COLUMNS``; the optimiser's update is also timed on its own,
 inside each step, ``update_ms_median``) plus ``status`` (``ok``, ``oom``
-or ``error``), ``message`` and ``stage`` (``setup``, ``build`` or ``step``: where it stopped).
+or ``error``), ``message`` and ``stage`` (``setup``, ``build`` or ``step``: where it stopped). A result that cannot be
+written (a full disk) ends it with :data:`RESULT_NOT_WRITTEN` and the reason on stderr, where that can be written.
 Peak RSS is not measured here: the runner reads it with ``os.wait4`` when this process ends.
 
 Imports only torch, the standard library, ``perf4sight.ir.schema``/``to_torch``, ``perf4sight.files`` and
 ``perf4sight.profiling``. Times in milliseconds, memory in MiB.
 """
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -23,9 +25,11 @@ from perf4sight.files import write_atomically
 from perf4sight.profiling.plan import load_plan
 from perf4sight.profiling.procfs import status_mb
 
-__all__ = ["measure", "one_line", "failure_message", "make_optimizer", "main"]
+__all__ = ["measure", "one_line", "failure_message", "make_optimizer", "main", "RESULT_NOT_WRITTEN"]
 
 MESSAGE_CHARS = 300
+#: the exit status of a child whose result file could not be written
+RESULT_NOT_WRITTEN = 3
 
 
 def one_line(exc: BaseException, cause: str = "") -> str:
@@ -127,14 +131,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--result", required=True, help="where to write the result JSON")
     args = parser.parse_args(argv)
     result = measure(args.plan, args.network, args.batch_size)
-    write_atomically(args.result, json.dumps(result))
+    try:
+        write_atomically(args.result, json.dumps(result))
+    except OSError as exc:  # e.g. a full disk: the runner reads why from stderr (a file beside it, which may fail too)
+        with contextlib.suppress(OSError):
+            print("cannot write the result file %s: %s" % (args.result, exc.strerror or exc), file=sys.stderr,
+                  flush=True)
+        return RESULT_NOT_WRITTEN
     return 0
 
 
 if __name__ == "__main__":
     code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    with contextlib.suppress(OSError):  # a full disk: what is left unflushed is lost, the exit status says why
+        sys.stdout.flush()
+        sys.stderr.flush()
     # Skip interpreter shutdown: tearing torch down pages in ~125 MiB more, which would
     # inflate the peak RSS that the runner reads with os.wait4.
     os._exit(code)

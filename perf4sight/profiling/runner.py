@@ -44,6 +44,7 @@ from perf4sight.ir.schema import load_description
 from perf4sight.ir.shapes import shape_text
 from perf4sight.profiling import results
 from perf4sight.profiling.backends.base import LIMIT_OOM, Backend, get_backend
+from perf4sight.profiling.child import RESULT_NOT_WRITTEN
 from perf4sight.profiling.plan import TestPlan, load_plan, recorded_update, save_plan, training_phase, update_columns
 from perf4sight.profiling.procfs import status_mb, swap_mb
 
@@ -55,6 +56,8 @@ _PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds per
 LEAN_RUNNER_MB = 200.0
 #: seconds between two readings of the system's swap counters while a child runs
 SWAP_POLL_S = 0.5
+#: less free space than this where the children write, and a child without a result is said to have met a full disk
+FULL_DISK_BYTES = 1 << 20
 
 
 @dataclass
@@ -273,8 +276,19 @@ def _crash_verdict(code: int, err_file: Path) -> Dict[str, str]:
     if code < 0:
         return {"status": "error", "message": f"child killed by signal {signal.Signals(-code).name}"}
     lines = [ln.strip() for ln in err_file.read_text(errors="replace").splitlines() if ln.strip()]
-    tail = f": {lines[-1][:300]}" if lines else ""
-    return {"status": "error", "message": f"child exited with code {code} without a result{tail}"}
+    tail = f": {lines[-1][:300]}" if lines else _full_disk_note(err_file.parent)
+    what = "could not write its result" if code == RESULT_NOT_WRITTEN else f"exited with code {code} without a result"
+    return {"status": "error", "message": f"child {what}{tail}"}
+
+
+def _full_disk_note(folder: Path) -> str:
+    """``: the disk holding FOLDER is full (...)`` where it has less than :data:`FULL_DISK_BYTES` free, else "": a
+    child that left no result and an empty stderr may have been unable to write either."""
+    try:
+        free = shutil.disk_usage(str(folder)).free
+    except OSError:
+        return ""
+    return f": the disk holding {folder} is full ({free / 2**20:.1f} MiB free)" if free < FULL_DISK_BYTES else ""
 
 
 def children_dir(csv_path: Path) -> Path:
