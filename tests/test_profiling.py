@@ -164,7 +164,8 @@ def test_changed_description_is_measured_again_and_its_old_rows_are_passed_over(
         fh.write("garbage,line\n")
     assert device_dataset(cfg, "local").note.split("\n") == [
         results.incomplete_note(first.csv_path), stale_note("local", stale, fresh)]
-    assert "(line 4: no timestamp, or more fields than the header)" in results.incomplete_note(first.csv_path)
+    assert "(line 4: no timestamp, or another number of fields than the header)" in results.incomplete_note(
+        first.csv_path)
     assert (profile_local(cfg, "local", [net], progress=False).already_measured) == 1  # and now it resumes
 
     write_net(cfg.models_dir, "tiny", width=4)  # changed again, not yet measured: nothing current is left
@@ -238,6 +239,20 @@ def test_rows_at_another_input_shape_than_their_description_are_set_apart(measur
     path.write_text(text.replace(",3x32x32,", ",3x64x64,"))
     with pytest.raises(UserError, match=r"^no measurements to fit for local: 2 rows measured at another input shape"):
         fit_device(cfg, "local", data.descriptions)
+
+
+def test_a_row_torn_after_its_timestamp_is_measured_again_not_lost(measured, tmp_path):
+    """The timestamp is no longer the last column: a row a full disk cut after it read as complete (its key done),
+    and the next append cut it off as a torn tail, so that configuration was lost until a further run."""
+    _, _, first, _ = measured
+    path = tmp_path / "measurements.csv"
+    lines = first.csv_path.read_text().splitlines(keepends=True)[:3]
+    torn = lines[2][: lines[2].index(results.read_rows(first.csv_path)[1]["description_sha"]) + 4]
+    path.write_text(lines[0] + lines[1] + torn)
+    incomplete: list[int] = []
+    assert [r["batch_size"] for r in results.read_rows(path, incomplete)] == ["1"] and incomplete == [3]
+    results.append_row(path, {**results.read_rows(first.csv_path)[1]})  # the configuration measured again
+    assert [r["batch_size"] for r in results.read_rows(path)] == ["1", "2"]
 
 
 def test_oom_under_memory_limit_skips_larger_batches(measured, tmp_path):

@@ -224,8 +224,8 @@ _UPDATE_CELLS = ("momentum", "weight_decay")
 
 
 def read_rows(path: Union[str, Path], incomplete: Optional[List[int]] = None) -> List[Dict[str, str]]:
-    """All complete rows of a measurement CSV; [] if there is no file. A line without a timestamp (a row a
-    crash cut short, or one edited in by hand) or with more fields than the header (a trailing comma a
+    """All complete rows of a measurement CSV; [] if there is no file. A line without a timestamp or with fewer
+    fields than the header (a row a crash cut short, or one edited in by hand) or with more (a trailing comma a
     spreadsheet added, files pasted together: its values may have shifted) is passed over, and its line number
     appended to ``incomplete`` when a list is given (see :func:`incomplete_note`). ``UserError`` naming the file (and
     line) for a folder, a file that is not UTF-8 text, or a complete row with an unknown status or a batch
@@ -251,7 +251,9 @@ def read_rows(path: Union[str, Path], incomplete: Optional[List[int]] = None) ->
                         "marks it complete)")
     kept = []
     for line, r in numbered:
-        if not r.get("timestamp") or None in r:  # None: csv's key for the fields beyond the header
+        # None: csv's key for the fields beyond the header, and its value for those a row cut short lacks (the
+        # timestamp is no longer the last column: a row torn after it read as complete, and the next append cut it)
+        if not r.get("timestamp") or None in r or None in r.values():
             if incomplete is not None:
                 incomplete.append(line)
             continue
@@ -283,7 +285,7 @@ def incomplete_note(path: Union[str, Path], lines: Optional[List[int]] = None) -
     many = len(lines) != 1
     shown = ", ".join(map(str, lines[:5])) + (", ..." if len(lines) > 5 else "")
     return (f"note: {path}: {len(lines)} incomplete line{'s' if many else ''} (line{'s' if many else ''} "
-            f"{shown}: no timestamp, or more fields than the header) passed over; a row cut short is measured again "
+            f"{shown}: no timestamp, or another number of fields than the header) passed over; a row cut short is measured again "
             "by the next profile run")
 
 
