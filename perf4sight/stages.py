@@ -840,7 +840,10 @@ def run_import(cfg: Config, args: argparse.Namespace) -> int:
                         f"{cfg.devices[device].backend}): its CSV holds this tool's own measurements; "
                         "import under another name")
     csv_path = results_path(cfg.profiling_dir, device)
-    summary = IMPORTERS[args.format](args.source, device, cfg.profiling_dir, cfg.models_dir)
+    from perf4sight.profiling.fleet import import_lock
+
+    with import_lock(cfg.profiling_dir, device):  # two imports at once wrote every row twice
+        summary = IMPORTERS[args.format](args.source, device, cfg.profiling_dir, cfg.models_dir)
     console.print(f"{device}: {plural(len(summary.networks), 'network')} read from {args.source}, "
                   f"{plural(summary.rows_written, 'new row')} in {csv_path} ({_import_counts(summary)})", markup=False)
     if summary.without_graph:

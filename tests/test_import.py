@@ -1,6 +1,7 @@
 """Importing perf4sight -gt.csv data: merged rows, oom rows, duplicates once, descriptions copied."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -448,3 +449,22 @@ def test_a_device_that_cannot_be_fitted_does_not_stop_the_others(tmp_path):
     last = fit.stderr.strip().splitlines()
     assert any(line.startswith("error: ") and "'aa'" in line for line in last[:-1]), fit.stderr
     assert last[-1] == "error: fingerprint: 1 device of 2 not fitted (aa; the error above says why); the others were"
+
+
+def test_an_import_while_another_writes_the_device_is_refused(tmp_path):
+    """Two imports of one device at once each wrote every row (2,802 rows of 1,401 configurations): an import
+    holds the device's lock, as a profile does, and one that finds it held does nothing."""
+    from perf4sight.profiling.fleet import import_lock
+
+    _write(tmp_path / "src" / "dev" / "cifar10" / "latency" / "net_0-gt.csv", "passed|latency|bs", ["True|12.5|8"])
+    _graph(tmp_path / "src", "net_0")
+    (tmp_path / "config.toml").write_text("")
+    cmd = [sys.executable, str(ROOT / "main.py"), "--config", str(tmp_path / "config.toml"), "--stage", "import",
+           "--format", "perf4sight", "--source", str(tmp_path / "src"), "--device", "d"]
+    with import_lock(tmp_path / "profiling_csvs", "d"):
+        busy = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert busy.returncode == 2 and busy.stderr.startswith(
+        f"error: device 'd' is being imported into by another run on this machine (pid {os.getpid()}, since "), busy.stderr
+    assert not results_path(tmp_path / "profiling_csvs", "d").exists()
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0 and len(read_rows(results_path(tmp_path / "profiling_csvs", "d"))) == 1

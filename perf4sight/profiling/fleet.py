@@ -9,10 +9,12 @@ seconds, disk in MiB.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import importlib
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -31,8 +33,8 @@ from perf4sight.profiling.results import read_rows, results_path
 from perf4sight.profiling.outcome import (PROBE, DeviceSummary, covering, expected_keys, plan_counts, probe_facts,
                                           probe_problems)
 
-__all__ = ["DeviceCheck", "check_devices", "profile_devices", "device_lock", "refuse_another_backend", "format_checks",
-           "format_summaries", "PROFILE_LOCK", "REMOTE_RUNS_GO_ON"]
+__all__ = ["DeviceCheck", "check_devices", "profile_devices", "device_lock", "import_lock", "refuse_another_backend",
+           "format_checks", "format_summaries", "PROFILE_LOCK", "REMOTE_RUNS_GO_ON"]
 
 #: The file in ``<profiling_dir>/<device>/`` that a profile of the device holds locked (:func:`device_lock`).
 PROFILE_LOCK = "profile.lock"
@@ -180,20 +182,37 @@ def device_lock(profiling_dir: Path, device: str) -> Iterator[None]:
     another process of this machine meanwhile is refused (``UserError`` naming the process, before it writes
     anything), since two would each pull or measure the device's rows into one CSV. An ``flock``: the kernel
     releases it when its holder ends, however it ends, so a killed run leaves no stale lock."""
-    path = Path(profiling_dir) / device / PROFILE_LOCK
+    with _held(Path(profiling_dir) / device / PROFILE_LOCK, device, "profiled"):
+        yield
+
+
+@contextmanager
+def import_lock(profiling_dir: Path, device: str) -> Iterator[None]:
+    """:func:`device_lock` for an import into ``device`` (two at once wrote every row twice), its file in the
+    system's temporary folder, keyed by the device's folder: an import refused for its source writes nothing into
+    the project, not even a lock."""
+    key = hashlib.sha256(str((Path(profiling_dir) / device).resolve()).encode("utf-8")).hexdigest()[:16]
+    with _held(Path(tempfile.gettempdir()) / f"perf4sight-import-{key}.lock", device, "imported into"):
+        yield
+
+
+@contextmanager
+def _held(path: Path, device: str, doing: str) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` (made where missing) for the block; ``UserError`` naming its holder where
+    another process has it (``doing``: what that process is doing to ``device``)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fh = open(path, "a+")
     except OSError as exc:
-        raise UserError(f"device '{device}': cannot open its profile lock {path}: {exc.strerror or exc}") from None
+        raise UserError(f"device '{device}': cannot open its lock {path}: {exc.strerror or exc}") from None
     with fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             fh.seek(0)
             holder = fh.read().strip() or "its pid not written yet"
-            raise UserError(f"device '{device}' is being profiled by another run on this machine ({holder}; lock "
-                            f"{path}): let it end or stop it, then profile again; this run did nothing") from None
+            raise UserError(f"device '{device}' is being {doing} by another run on this machine ({holder}; lock "
+                            f"{path}): let it end or stop it, then run again; this run did nothing") from None
         except OSError as exc:
             raise UserError(f"device '{device}': cannot lock {path}: {exc.strerror or exc}") from None
         fh.truncate(0)
