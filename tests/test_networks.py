@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import signal
 import subprocess
 import sys
 import warnings
@@ -1112,3 +1114,29 @@ def test_the_stage_says_which_networks_batch_one_cannot_train(tmp_path: Path) ->
     config.write_text(text + "[profile]\nbatch_sizes = [2, 4]\n")
     run = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert run.returncode == 0 and "batch 1 does not train" not in run.stderr
+
+
+class _InterruptedOnce(nn.Module):
+    """A small network whose first forward gets a Ctrl-C (SIGINT to this process) mid-way, as a user's would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.fc, self.calls = nn.Conv2d(3, 8, 3), nn.Linear(8, 4), 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        return self.fc(self.conv(x).mean((2, 3)))
+
+
+def test_ctrl_c_during_torch_prunings_trace_stops_the_stage():
+    """torch-pruning's trace calls the model under a bare except (model(*x), then model(x)), which took a Ctrl-C and
+    went on: 2 of 10 interrupts of a networks stage were lost."""
+    from perf4sight.networks.prune_plan import find_groups
+
+    model = _InterruptedOnce()
+    with pytest.raises(KeyboardInterrupt):
+        find_groups(model, torch.randn(1, 3, 8, 8), [model.fc], lambda g: "")
+    assert model.calls >= 2  # the trace went on past the interrupt, and the stage stops after it
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler put back

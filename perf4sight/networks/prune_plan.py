@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import copy
 import functools
+import signal
+import threading
 import warnings
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -172,6 +175,30 @@ def _dim(module: nn.Module, out: bool) -> int:
     return 0
 
 
+@contextmanager
+def _interrupt_kept() -> Iterator[None]:
+    """Ctrl-C during the block stops the stage even where the code inside catches it: torch-pruning's trace calls
+    the model under a bare ``except:`` (it tries ``model(*x)``, then ``model(x)``), which took the
+    ``KeyboardInterrupt`` and went on (2 of 10 interrupts of a networks stage were lost so). Only in the main
+    thread, where Python handles signals."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        yield
+        return
+    asked: list[int] = []
+
+    def interrupt(signum: int, frame: Any) -> None:
+        asked.append(signum)
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGINT, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+    if asked:
+        raise KeyboardInterrupt
+
+
 def find_groups(model: nn.Module, example: torch.Tensor, ignored: list[nn.Module],
                 skip: Callable[[Any], str]) -> tuple[list[CoupledGroup], Counter[str]]:
     """Trace ``model`` once and return its prunable groups (unordered) and why others were left out.
@@ -179,8 +206,8 @@ def find_groups(model: nn.Module, example: torch.Tensor, ignored: list[nn.Module
     ``ignored`` layers keep their output channels (the classifier); ``skip(group)`` returns a
     reason to leave a torch-pruning group unpruned ('' to keep it).
     """
-    with warnings.catch_warnings():  # parameters outside a layer (ConvNeXt's layer scale): cut along the dimension
-        warnings.filterwarnings("ignore", message="Unwrapped parameters detected")  # it says, as wanted
+    with warnings.catch_warnings(), _interrupt_kept():  # parameters outside a layer (ConvNeXt's layer scale): cut
+        warnings.filterwarnings("ignore", message="Unwrapped parameters detected")  # along the dimension it says
         dg = tp.DependencyGraph().build_dependency(model, example_inputs=example)
     names = {m: n for n, m in model.named_modules()} | {p: n for n, p in model.named_parameters()}
     modules = dict(model.named_modules())
