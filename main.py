@@ -4,7 +4,11 @@ The command line itself is ``perf4sight.cli`` (also ``perf4sight`` and ``python 
 """
 import sys
 
-from perf4sight.cli import main
+try:
+    from perf4sight.cli import main
+except KeyboardInterrupt:  # Ctrl-C while Python reads the command line's code: one line, not a traceback
+    print("interrupted: nothing was written", file=sys.stderr)
+    sys.exit(130)
 
 if __name__ == "__main__":
     sys.exit(main(prog="main.py"))

@@ -187,6 +187,19 @@ def _terminated(signum: int, frame: object) -> None:
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Runs one stage as the command line asks (``argv``: default ``sys.argv[1:]``); the exit code: 0 done, 1 a
     device not ready or an OS error, 2 a user error, 130 interrupted."""
+    try:
+        return _run(argv, prog)
+    except KeyboardInterrupt:  # before a stage began (reading the arguments, pinning the BLAS): a traceback before
+        print(f"interrupted: {INTERRUPTED_EARLY}", file=sys.stderr)
+        return 130
+
+
+#: What an interrupt before any stage began leaves.
+INTERRUPTED_EARLY = "nothing was written"
+
+
+def _run(argv: list[str] | None, prog: str | None) -> int:
+    """:func:`main` but for an interrupt before its stage's own handling of one."""
     args = build_parser(prog).parse_args(argv)
     unused = unused_option(args) or _conflicting_options(args)
     if unused:  # e.g. --stage profile --network x: it would profile every network of the dataset
@@ -214,7 +227,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:  # the stage's own words where it gave some (fleet: SSH devices' runs go on)
-        print(f"interrupted: {str(exc) or INTERRUPTED.get(args.stage, 'nothing was written')}", file=sys.stderr)
+        print(f"interrupted: {str(exc) or INTERRUPTED.get(args.stage, INTERRUPTED_EARLY)}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader of our output went away (e.g. `| head -1`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit

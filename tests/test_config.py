@@ -466,3 +466,17 @@ def test_an_empty_network_name_says_so(tmp_path):
     for name in ("", "  "):
         with pytest.raises(UserError, match=rf"^network name '{name}' is empty: give a zoo name"):
             resolve_networks(cfg, [name], [3, 32, 32])
+
+
+def test_ctrl_c_before_a_stage_begins_is_one_line(tmp_path, monkeypatch, capsys):
+    """Ctrl-C in the command line's first moments (reading the arguments, pinning the BLAS kernels) printed a
+    traceback and exited -2: one line and 130, as later."""
+    import os
+    import signal
+
+    from perf4sight import blas, cli
+
+    monkeypatch.setattr(blas, "pin_kernels", lambda: os.kill(os.getpid(), signal.SIGINT))  # a real SIGINT, then
+    assert cli.main(["--config", str(tmp_path / "config.toml"), "--stage", "init"]) == 130
+    assert capsys.readouterr().err == "interrupted: nothing was written\n"
+    assert not (tmp_path / "config.toml").exists()
