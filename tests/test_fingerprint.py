@@ -1136,3 +1136,23 @@ def test_without_an_out_of_memory_row_two_families_keep_no_ceiling(tx2, tmp_path
     with_oom = few + [r for r in rows if r["network"] == "resnet18_0" and r["status"] == "oom"][:1]
     meta = fit_fingerprint(with_oom, descs, "tx2", tmp_path / "oom", FAST)
     assert meta["accuracy"]["memory"]["selection"]["chosen"].endswith("saturating x trees")  # a ceiling seen
+
+
+def test_a_fingerprint_that_cannot_be_written_leaves_the_previous_one_and_no_scraps(tmp_path):
+    """A full disk while saving: the old fingerprint was kept, but a half-written models.npz.tmp.npz stayed beside
+    it, taking what little space there was. The metadata's file is made to land on /dev/full (ENOSPC)."""
+    from perf4sight.features.aggregate import FEATURE_NAMES
+    from perf4sight.fingerprint.storage import METADATA_FILE, load_models, save_models
+    from perf4sight.fingerprint.trees import TargetModel
+
+    rng = np.random.default_rng(0)
+    F = np.abs(rng.normal(1, 0.5, size=(30, len(FEATURE_NAMES)))) * 100
+    model = TargetModel.fit("memory", F, 500 + F[:, FEATURE_NAMES.index("mem_analytic_mb")], correct=False)
+    save_models(tmp_path, {"memory": model}, {"device": "x"})
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    (tmp_path / (METADATA_FILE + ".tmp")).symlink_to("/dev/full")
+    with pytest.raises(OSError, match="No space left on device"):
+        save_models(tmp_path, {"memory": model}, {"device": "y"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(before)  # nothing half-written left (names first:
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # /dev/full would read without end)
+    assert load_models(tmp_path)[1]["device"] == "x"

@@ -95,13 +95,18 @@ def save_models(out_dir: str | Path, models: dict[str, Model], metadata: dict[st
     # interrupt while writing leaves the previous fingerprint whole
     tmp_models, tmp_held, tmp_meta = (out / (MODELS_FILE + ".tmp.npz"), out / (HELD_OUT_FILE + ".tmp"),
                                       out / (METADATA_FILE + ".tmp"))
-    np.savez_compressed(tmp_models, **arrays)
     meta = dict(metadata)
     meta["models"] = model_meta
     meta["files"] = [METADATA_FILE, MODELS_FILE] + ([HELD_OUT_FILE] if held_out else [])
-    if held_out:
-        _write_held_out(tmp_held, held_out)
-    tmp_meta.write_text(json.dumps(meta, indent=2, sort_keys=False))
+    try:
+        np.savez_compressed(tmp_models, **arrays)
+        if held_out:
+            _write_held_out(tmp_held, held_out)
+        tmp_meta.write_text(json.dumps(meta, indent=2, sort_keys=False))
+    except OSError:  # a full disk: the previous fingerprint stays whole, and no half-written file lies beside it
+        for tmp in (tmp_models, tmp_held, tmp_meta):
+            tmp.unlink(missing_ok=True)
+        raise
     tmp_models.replace(out / MODELS_FILE)
     if held_out:
         tmp_held.replace(out / HELD_OUT_FILE)
