@@ -164,8 +164,8 @@ def test_changed_description_is_measured_again_and_its_old_rows_are_passed_over(
         fh.write("garbage,line\n")
     assert device_dataset(cfg, "local").note.split("\n") == [
         results.incomplete_note(first.csv_path), stale_note("local", stale, fresh)]
-    assert "(line 4: no timestamp, or another number of fields than the header)" in results.incomplete_note(
-        first.csv_path)
+    assert "(line 4: no timestamp, more fields than the header, or a last line cut short)" in \
+        results.incomplete_note(first.csv_path)
     assert (profile_local(cfg, "local", [net], progress=False).already_measured) == 1  # and now it resumes
 
     write_net(cfg.models_dir, "tiny", width=4)  # changed again, not yet measured: nothing current is left
@@ -253,6 +253,12 @@ def test_a_row_torn_after_its_timestamp_is_measured_again_not_lost(measured, tmp
     assert [r["batch_size"] for r in results.read_rows(path, incomplete)] == ["1"] and incomplete == [3]
     results.append_row(path, {**results.read_rows(first.csv_path)[1]})  # the configuration measured again
     assert [r["batch_size"] for r in results.read_rows(path)] == ["1", "2"]
+    for cut in (lines[2][:-3], lines[2][:-1], lines[2].replace("\n", "\r\n")[:-1]):  # in the last field, before
+        path.write_text(lines[0] + lines[1] + cut)                            # its end, between \r and \n
+        assert [r["batch_size"] for r in results.read_rows(path)] == ["1"], repr(cut[-12:])
+    # a row written by hand without its trailing empty cells is whole (the README asks for a timestamp only)
+    path.write_text("device,network,batch_size,status,timestamp,latency_ms_median\nlocal,tiny,2,oom,2026-01-01\n")
+    assert [r["status"] for r in results.read_rows(path)] == ["oom"]
 
 
 def test_oom_under_memory_limit_skips_larger_batches(measured, tmp_path):
@@ -670,9 +676,9 @@ def test_a_bad_measurement_csv_is_one_clear_error(tmp_path):
         results.read_rows(tmp_path / "folder.csv")
     path.write_text(text + text.splitlines()[-1][:40])          # a crash cut the last row short
     assert len(results.read_rows(path)) == 2
-    assert results.incomplete_note(path).endswith("1 incomplete line (line 4: no timestamp, or more fields than the "
-                                                  "header) passed over; a row cut short is measured again by the "
-                                                  "next profile run")
+    assert results.incomplete_note(path).endswith("1 incomplete line (line 4: no timestamp, more fields than the "
+                                                  "header, or a last line cut short) passed over; a row cut short is "
+                                                  "measured again by the next profile run")
     path.write_text(text.replace("\n", "\ngarbage,line\n", 1))   # a line edited in by hand: said too
     lines: list = []
     assert len(results.read_rows(path, lines)) == 2 and lines == [2]

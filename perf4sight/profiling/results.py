@@ -224,9 +224,10 @@ _UPDATE_CELLS = ("momentum", "weight_decay")
 
 
 def read_rows(path: Union[str, Path], incomplete: Optional[List[int]] = None) -> List[Dict[str, str]]:
-    """All complete rows of a measurement CSV; [] if there is no file. A line without a timestamp or with fewer
-    fields than the header (a row a crash cut short, or one edited in by hand) or with more (a trailing comma a
-    spreadsheet added, files pasted together: its values may have shifted) is passed over, and its line number
+    """All complete rows of a measurement CSV; [] if there is no file. A line without a timestamp (one edited in by
+    hand), a last line without its end (a row a crash or a full disk cut short) or a line with more fields than the
+    header (a trailing comma a spreadsheet added, files pasted together: its values may have shifted) is passed
+    over, and its line number
     appended to ``incomplete`` when a list is given (see :func:`incomplete_note`). ``UserError`` naming the file (and
     line) for a folder, a file that is not UTF-8 text, or a complete row with an unknown status or a batch
     size that is not a positive integer."""
@@ -240,6 +241,9 @@ def read_rows(path: Union[str, Path], incomplete: Optional[List[int]] = None) ->
             reader = csv.DictReader(fh)
             # each row with the file's line number where it ends (blank lines and line breaks inside a field count)
             numbered, header = [(reader.line_num, r) for r in reader], reader.fieldnames or []
+        with p.open("rb") as raw:  # a last line without its end is a row a crash or a full disk cut short
+            raw.seek(0, os.SEEK_END)
+            torn = raw.tell() > 0 and raw.seek(-1, os.SEEK_END) >= 0 and raw.read(1) != b"\n"
     except UnicodeDecodeError as exc:
         raise UserError(f"{p}: not a measurement CSV (not UTF-8 text: byte {exc.start})") from None
     except csv.Error as exc:
@@ -250,10 +254,11 @@ def read_rows(path: Union[str, Path], incomplete: Optional[List[int]] = None) ->
                         "(comma-separated, with the header the profile stage writes; a row's timestamp, any text, "
                         "marks it complete)")
     kept = []
-    for line, r in numbered:
-        # None: csv's key for the fields beyond the header, and its value for those a row cut short lacks (the
-        # timestamp is no longer the last column: a row torn after it read as complete, and the next append cut it)
-        if not r.get("timestamp") or None in r or None in r.values():
+    for i, (line, r) in enumerate(numbered):
+        # None: csv's key for the fields beyond the header. A last line without its end is cut short whatever it
+        # holds: the timestamp is no longer the last column, so a row torn after it read as complete (its
+        # configuration done), and the next append cut it off (append_row: _drop_torn_tail)
+        if not r.get("timestamp") or None in r or (torn and i == len(numbered) - 1):
             if incomplete is not None:
                 incomplete.append(line)
             continue
@@ -285,7 +290,7 @@ def incomplete_note(path: Union[str, Path], lines: Optional[List[int]] = None) -
     many = len(lines) != 1
     shown = ", ".join(map(str, lines[:5])) + (", ..." if len(lines) > 5 else "")
     return (f"note: {path}: {len(lines)} incomplete line{'s' if many else ''} (line{'s' if many else ''} "
-            f"{shown}: no timestamp, or another number of fields than the header) passed over; a row cut short is measured again "
+            f"{shown}: no timestamp, more fields than the header, or a last line cut short) passed over; a row cut short is measured again "
             "by the next profile run")
 
 
