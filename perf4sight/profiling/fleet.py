@@ -9,12 +9,10 @@ seconds, disk in MiB.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import importlib
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -188,12 +186,20 @@ def device_lock(profiling_dir: Path, device: str) -> Iterator[None]:
 
 @contextmanager
 def import_lock(profiling_dir: Path, device: str) -> Iterator[None]:
-    """:func:`device_lock` for an import into ``device`` (two at once wrote every row twice), its file in the
-    system's temporary folder, keyed by the device's folder: an import refused for its source writes nothing into
-    the project, not even a lock."""
-    key = hashlib.sha256(str((Path(profiling_dir) / device).resolve()).encode("utf-8")).hexdigest()[:16]
-    with _held(Path(tempfile.gettempdir()) / f"perf4sight-import-{key}.lock", device, "imported into"):
-        yield
+    """:func:`device_lock` for an import into ``device`` (two at once wrote every row twice). An import that fails
+    (its source refused, say) takes back the folders and lock it made, so that it writes nothing into the project."""
+    folder = Path(profiling_dir) / device
+    made = [p for p in (folder, Path(profiling_dir)) if not p.exists()]  # innermost first
+    with _held(folder / PROFILE_LOCK, device, "imported into"):
+        try:
+            yield
+        except BaseException:
+            if made and [p.name for p in folder.iterdir()] == [PROFILE_LOCK]:  # removed while it is still held
+                (folder / PROFILE_LOCK).unlink()
+                for p in made:
+                    if not any(p.iterdir()):
+                        p.rmdir()
+            raise
 
 
 @contextmanager
