@@ -221,6 +221,13 @@ def test_known_hosts_markers_and_unreadable_lines(servers, tmp_path):
     (check,) = check_devices(cfg, ["d"])
     assert check.reachable, check.message
     a_key = " ".join(a.host_key_pub.split()[:2])
+    # a second key of the same type for the host after the right one (two boards once at one address): the first is
+    # kept, as paramiko's own loader keeps it (a later one replaced it, and the host read as CHANGED)
+    b_key = " ".join(b.host_key_pub.split()[:2])
+    assert a_key.split()[0] == b_key.split()[0]
+    kh.write_text(a.known_hosts_line + f"[127.0.0.1]:{a.port} {b_key}\n")
+    with Remote(cfg.device("d"), kh) as r:
+        assert r.run(["true"]).rc == 0
     for accept in (False, True):
         kh.write_text(f"@revoked * {a_key}\n" + a.known_hosts_line)
         cfg = _config(tmp_path, {"d": {**_device(a, tmp_path), "accept_new_host_key": accept}})

@@ -128,10 +128,13 @@ def _load_known_hosts(dev: DeviceConfig, path: Path, into: paramiko.HostKeys) ->
             revoked.add(entry.key.get_base64())
         elif entry is not None:
             entries.append(entry)
+    added: set[tuple[str, str]] = set()
     for entry in entries:
         if entry.key.get_base64() not in revoked:
-            for name in entry.hostnames:
-                into.add(name, entry.key.get_name(), entry.key)
+            for name in entry.hostnames:  # the first key of a type for a host, as paramiko's own loader keeps
+                if (name, entry.key.get_name()) not in added:  # (HostKeys.add would replace it with a later one)
+                    added.add((name, entry.key.get_name()))
+                    into.add(name, entry.key.get_name(), entry.key)
     return revoked
 
 
