@@ -195,6 +195,8 @@ def test_a_device_whose_rows_are_of_another_backend_than_its_config_is_refused(m
                        "away$"):
         profile_devices(cfg, ["local"], [net], show_progress=False)
     assert csv_path.read_bytes() == first.csv_path.read_bytes() and not (csv_path.parent / "plan.json").exists()
+    with pytest.raises(UserError, match=r"^device 'local': its \d+ rows"):  # named twice: once, not "another run"
+        profile_devices(cfg, ["local", "local"], [net], show_progress=False)
 
 
 def test_rows_of_another_device_in_a_devices_file_are_named(measured, tmp_path):
