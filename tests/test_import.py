@@ -421,6 +421,13 @@ def test_a_source_without_the_dataset_folder_names_its_board(tmp_path):
     import_perf4sight(src, "nano", tmp_path / "prof", tmp_path / "models")
     rows = read_rows(results_path(tmp_path / "prof", "nano"))
     assert [(r["network"], r["device_model"]) for r in rows] == [("net_0", "nano"), ("other_0", "nano")]
+    # <board>/<dataset>/ with a dataset of another name than this tool knows: the board is still the board
+    other = tmp_path / "other"
+    _write(other / "profiling_csvs" / "tx2" / "tinyimagenet" / "latency" / "net_0-gt.csv", "passed|latency|bs",
+           ["True|12.5|8"])
+    _graph(other, "net_0")
+    import_perf4sight(other, "t", tmp_path / "prof", tmp_path / "models")
+    assert [r["device_model"] for r in read_rows(results_path(tmp_path / "prof", "t"))] == ["tx2"]
 
 
 def test_a_device_that_cannot_be_fitted_does_not_stop_the_others(tmp_path):

@@ -254,15 +254,20 @@ def _one_folder(source: Path, csv_root: Path, folders: list[Path]) -> Path:
                     f"({', '.join(names)}), which one device's rows cannot mix: {how}; nothing written")
 
 
-def _board_and_dataset(folder: Path) -> tuple[str, str]:
-    """(board, dataset) of the folder holding ``memory/`` and ``latency/``: perf4sight's ``<board>/<dataset>/``; a
-    folder not named for a dataset it knows is the board's own (``profiling_csvs/nano/memory/``), dataset ''."""
-    return (folder.parent.name, folder.name) if folder.name in _DATASET_SHAPES else (folder.name, "")
+def _board_and_dataset(folder: Path, csv_root: Path) -> tuple[str, str]:
+    """(board, dataset) of the folder holding ``memory/`` and ``latency/``: perf4sight's ``<board>/<dataset>/``
+    two levels below ``csv_root``, whatever the dataset's name; one level below, a board's own folder
+    (``profiling_csvs/nano/memory/``, dataset '') unless it is named for a dataset this tool knows; ``csv_root``
+    itself, given as the source, a dataset folder whose parent names the board."""
+    depth = len(folder.relative_to(csv_root).parts)
+    if depth == 1 and folder.name not in _DATASET_SHAPES:
+        return folder.name, ""
+    return folder.parent.name, folder.name
 
 
-def _collect(folder: Path, kind: str, pairs: dict, variants: dict) -> None:
+def _collect(folder: Path, kind: str, pairs: dict, variants: dict, csv_root: Path) -> None:
     """Add the rows of every ``<folder>/<kind>/*-gt.csv`` to ``pairs[(variant, bs)][kind]``."""
-    board, dataset = _board_and_dataset(folder)
+    board, dataset = _board_and_dataset(folder, csv_root)
     for f in sorted((folder / kind).glob("*-gt.csv")):
         m = _NAME.match(f.name)
         if not m:
@@ -391,8 +396,8 @@ def import_perf4sight(source_dir: str | Path, device: str, profiling_dir: str | 
     folder = _one_folder(source, csv_root, folders)  # before anything is read or written
     pairs: dict[tuple[str, int], dict[str, list]] = {}
     variants: dict[str, tuple[str, float, str, str]] = {}
-    _collect(folder, "memory", pairs, variants)
-    _collect(folder, "latency", pairs, variants)
+    _collect(folder, "memory", pairs, variants, csv_root)
+    _collect(folder, "latency", pairs, variants, csv_root)
 
     out_models = Path(models_dir) / "imported" / device
     out = results_path(profiling_dir, device)
