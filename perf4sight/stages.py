@@ -268,8 +268,11 @@ def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
         from perf4sight.fingerprint.api import device_measurements
         device_measurements(cfg, skipped[0])
     if failed:
+        fitted = len(devices) - len(failed) - len(skipped)
+        others = f"; {plural(fitted, 'other')} fitted" if fitted else ""
         raise UserError(f"fingerprint: {plural(len(failed), 'device')} of {len(devices)} not fitted ({named(failed)}; "
-                        "the error above says why); the others were")
+                        f"the {'errors' if len(failed) > 1 else 'error'} above {'say' if len(failed) > 1 else 'says'} "
+                        f"why){others}")
     return 0
 
 
@@ -905,6 +908,9 @@ def run_export(cfg: Config, args: argparse.Namespace) -> int:
                             "optimiser a PerfSeer label holds (its 'train' figure, which an import reads back as "
                             f"{DEFAULT_OPTIMIZER}'s); nothing written")
         pairs, skipped = exportable_rows(rows, descriptions)
+        if not pairs and not skipped:  # every row passed over (another input shape, an earlier description)
+            raise UserError(f"export: device '{device}' has no ok measurement left to export (the note above says "
+                            "which rows were passed over); nothing written")
         if not pairs:
             raise UserError(f"export: device '{device}' has no ok measurement whose network has a description "
                             f"({plural(skipped, 'ok row')} without one; see --stage fingerprint's notes); "

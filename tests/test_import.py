@@ -455,7 +455,7 @@ def test_a_device_that_cannot_be_fitted_does_not_stop_the_others(tmp_path):
     assert not (tmp_path / "fingerprinting" / "aa").exists()
     last = fit.stderr.strip().splitlines()
     assert any(line.startswith("error: ") and "'aa'" in line for line in last[:-1]), fit.stderr
-    assert last[-1] == "error: fingerprint: 1 device of 2 not fitted (aa; the error above says why); the others were"
+    assert last[-1] == "error: fingerprint: 1 device of 2 not fitted (aa; the error above says why); 1 other fitted"
 
 
 def test_an_import_while_another_writes_the_device_is_refused(tmp_path):

@@ -239,8 +239,16 @@ def test_rows_at_another_input_shape_than_their_description_are_set_apart(measur
     assert ("local: 1 row measured at another input shape than their network's description is passed over (e.g. "
             "tiny at 3x64x64, described at 3x32x32)") in data.note
     path.write_text(text.replace(",3x32x32,", ",3x64x64,"))
-    with pytest.raises(UserError, match=r"^no measurements to fit for local: 2 rows measured at another input shape"):
+    with pytest.raises(UserError, match=r"^device 'local': no measurements to fit: every row was measured at another "
+                                        r"input shape than its network's description"):
         fit_device(cfg, "local", data.descriptions)
+    import argparse
+
+    from perf4sight import stages
+    with pytest.raises(UserError, match=r"^export: device 'local' has no ok measurement left to export \(the note "
+                                        r"above says which rows were passed over\)"):  # it said: none described
+        stages.run_export(cfg, argparse.Namespace(format="perfseer", output=str(tmp_path / "out"), device=["local"]))
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_row_torn_after_its_timestamp_is_measured_again_not_lost(measured, tmp_path):

@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import Any
 
 from perf4sight.config import Config
-from perf4sight.dataset import current_rows, other_phases, other_shapes_note, split_other_shapes
+from perf4sight.dataset import current_rows, other_phases, split_other_shapes
 from perf4sight.errors import UserError
 from perf4sight.features.priced_ops import load_op_prices
 from perf4sight.fingerprint.drift import normalise_step_times
@@ -68,7 +68,8 @@ def _at_described_shapes(device: str, rows: list[dict], descriptions: dict[str, 
     none is."""
     same, other = split_other_shapes(rows, descriptions)
     if other and not same:
-        raise UserError(f"no measurements to fit for {other_shapes_note(device, other, descriptions)}")
+        raise UserError(f"device '{device}': no measurements to fit: every row was measured at another input shape "
+                        "than its network's description (a description is of one input shape)")
     return same
 
 

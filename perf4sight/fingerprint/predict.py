@@ -131,9 +131,11 @@ def search_limit(limit: Any) -> int:
     try:
         (value,) = batch_list(limit)
     except (UserError, ValueError) as exc:
-        above = f" ({str(exc).removeprefix('predict: ')})" if "is above" in str(exc) else ""
+        if "is above" in str(exc):  # a positive integer, too large
+            raise UserError(f"max_batch_size: limit {limit!r} is above {MAX_BATCH_SIZE:,}, the largest batch size "
+                            "predicted (sizes in bytes would overflow)") from None
         raise UserError(f"max_batch_size: limit must be one positive integer (the largest batch size to try), "
-                        f"got {limit!r}{above}") from None
+                        f"got {limit!r}") from None
     return value
 
 
