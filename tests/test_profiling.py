@@ -1092,7 +1092,8 @@ def test_a_runner_that_cannot_write_says_so_in_its_error_event(tmp_path, monkeyp
     assert runner.main([str(plan_path)]) == 1
     events = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert events[-1] == {"event": "error",
-                          "message": "OSError (No space left on device): rows already written are kept"}
+                          "message": "OSError (No space left on device): rows already written are kept; free some "
+                                     "space and rerun to measure the rest"}
     assert len(results.read_rows(tmp_path / "m.csv")) == 1
 
 
@@ -1137,14 +1138,14 @@ def test_this_machines_device_is_profiled_without_the_ssh_library(tmp_path):
 
 
 def test_a_child_that_cannot_write_its_result_says_why_and_the_row_says_so(tmp_path, monkeypatch):
-    """A child whose result file meets a full disk (its temporary file leads to /dev/full) exits with
-    RESULT_NOT_WRITTEN and one stderr line naming the file and "No space left on device", which becomes the row's
-    message (it was "child exited with code 120 without a result"); with stderr empty as well, a nearly full disk
-    where the children write is named."""
+    """A child whose result file meets a full disk (its temporary file leads to /dev/full) exits with DISK_FULL and
+    one stderr line naming the file and "No space left on device", which the runner takes for a full disk, as it
+    does a child that left no stderr either where the disk is nearly full; a result that cannot be written for
+    another reason is an error row quoting the child."""
     from types import SimpleNamespace
 
     from perf4sight.profiling import runner
-    from perf4sight.profiling.child import RESULT_NOT_WRITTEN
+    from perf4sight.profiling.child import DISK_FULL, RESULT_NOT_WRITTEN
 
     result = tmp_path / "result.json"
     Path(str(result) + ".tmp").symlink_to("/dev/full")
@@ -1153,13 +1154,84 @@ def test_a_child_that_cannot_write_its_result_says_why_and_the_row_says_so(tmp_p
         done = subprocess.run([sys.executable, "-m", "perf4sight.profiling.child", str(tmp_path / "no-plan.json"),
                                "--network", "0", "--batch-size", "1", "--result", str(result)],
                               stdout=subprocess.DEVNULL, stderr=err, timeout=120, cwd=ROOT)
-    assert done.returncode == RESULT_NOT_WRITTEN and not result.exists()
+    assert done.returncode == DISK_FULL and not result.exists() and runner._disk_full(done.returncode, err_file)
     assert err_file.read_text() == f"cannot write the result file {result}: No space left on device\n"
-    assert runner._crash_verdict(done.returncode, err_file) == {
+    assert runner._crash_verdict(RESULT_NOT_WRITTEN, err_file) == {
         "status": "error", "message": f"child could not write its result: cannot write the result file {result}: "
                                       "No space left on device"}
     err_file.write_text("")
     assert runner._crash_verdict(120, err_file)["message"] == "child exited with code 120 without a result"
+    assert not runner._disk_full(120, err_file)
     monkeypatch.setattr(runner.shutil, "disk_usage", lambda path: SimpleNamespace(total=100, used=100, free=0))
-    assert runner._crash_verdict(120, err_file)["message"] == (
-        f"child exited with code 120 without a result: the disk holding {tmp_path} is full (0.0 MiB free)")
+    assert runner._disk_full(120, err_file) and not runner._disk_full(-9, err_file)
+
+
+def test_a_result_not_written_for_lack_of_space_stops_the_run_without_a_row(tmp_path, monkeypatch, capsys):
+    """The second child's result file leads to /dev/full: the runner stops there in one error event naming the file
+    and the full disk, records no error row for it (a full disk went on measuring, an error row for every
+    configuration left, none measured again by a rerun), and a rerun measures it."""
+    import tempfile
+
+    from perf4sight.profiling import runner
+
+    net = write_net(tmp_path, "tiny")
+    plan_path = save_plan(TestPlan(device="d", networks=[str(net)], batch_sizes=[1, 2, 4], output="m.csv"),
+                          tmp_path / "plan.json")
+    made = []
+
+    class FullFromTheSecond(tempfile.TemporaryDirectory):
+        def __enter__(self):
+            made.append(super().__enter__())
+            if len(made) > 1:
+                Path(made[-1], "result.json.tmp").symlink_to("/dev/full")
+            return made[-1]
+
+    monkeypatch.setattr(tempfile, "TemporaryDirectory", FullFromTheSecond)
+    assert runner.main([str(plan_path)]) == 1
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert events[-1] == {"event": "error", "message": f"OSError writing {made[1]}/result.json (No space left on "
+                          "device): rows already written are kept; free some space and rerun to measure the rest"}
+    assert len(made) == 2 and [r["status"] for r in results.read_rows(tmp_path / "m.csv")] == ["ok"]
+    monkeypatch.undo()
+    again = run_plan(plan_path, emit=lambda event: None)
+    assert (again["ok"], again["error"], again["already_measured"]) == (2, 0, 1)
+
+
+def test_a_disk_filled_mid_profile_stops_it_in_one_line_and_a_rerun_measures_the_rest(tmp_path):
+    """profiling_dir on a 1 MiB tmpfs, filled once the first row is written: the profile stage stops at the next
+    configuration (no error row for it or any after it) in one line naming the full disk; with space freed, a rerun
+    without --retry-errors measures the rest."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    from perf4sight.networks.build import write_manifest
+
+    cfg = load_config(write_config(tmp_path, batch_sizes=(1, 2, 4)))
+    net = write_net(cfg.models_dir, "tiny")
+    write_manifest([{"network": "tiny", "family": "tiny", "path": net.name}], cfg.models_dir / "manifest.csv")
+    cfg.profiling_dir.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(cfg.profiling_dir)]).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        csv_path = results.results_path(cfg.profiling_dir, "local")
+        cmd = [sys.executable, str(ROOT / "main.py"), "--config", str(cfg.path), "--stage", "profile"]
+        proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while not (csv_path.is_file() and results.read_rows(csv_path)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        filler = cfg.profiling_dir / "filler"
+        with filler.open("wb", buffering=0) as fh, pytest.raises(OSError, match="No space left on device"):
+            while True:
+                fh.write(b"x" * 4096)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode != 0 and "Traceback" not in out + err, out + err
+        line = next(ln for ln in out.splitlines() if ln.startswith("local: failed"))
+        assert "(No space left on device): rows already written are kept; free some space and rerun" in line, line
+        assert f"OSError writing {cfg.profiling_dir}/" in line, line
+        assert [r["status"] for r in results.read_rows(csv_path)] == ["ok"]
+        filler.unlink()
+        again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+        assert [(r["batch_size"], r["status"]) for r in results.read_rows(csv_path)] == [
+            ("1", "ok"), ("2", "ok"), ("4", "ok")]
+    finally:
+        subprocess.run(["umount", "-l", str(cfg.profiling_dir)])

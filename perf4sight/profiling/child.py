@@ -6,7 +6,8 @@ plan's warm-up and timed steps (cross-entropy, the plan's optimiser) and writes 
 to ``OUT``: the measurement columns (see ``results.COLUMNS``; the optimiser's update is also timed on its own,
 inside each step, ``update_ms_median``) plus ``status`` (``ok``, ``oom``
 or ``error``), ``message`` and ``stage`` (``setup``, ``build`` or ``step``: where it stopped). A result that cannot be
-written (a full disk) ends it with :data:`RESULT_NOT_WRITTEN` and the reason on stderr, where that can be written.
+written ends it with :data:`RESULT_NOT_WRITTEN` (:data:`DISK_FULL` for lack of space) and the reason on stderr, where
+that can be written.
 Peak RSS is not measured here: the runner reads it with ``os.wait4`` when this process ends.
 
 Imports only torch, the standard library, ``perf4sight.ir.schema``/``to_torch``, ``perf4sight.files`` and
@@ -14,6 +15,7 @@ Imports only torch, the standard library, ``perf4sight.ir.schema``/``to_torch``,
 """
 import argparse
 import contextlib
+import errno
 import json
 import os
 import statistics
@@ -25,11 +27,13 @@ from perf4sight.files import write_atomically
 from perf4sight.profiling.plan import load_plan
 from perf4sight.profiling.procfs import status_mb
 
-__all__ = ["measure", "one_line", "failure_message", "make_optimizer", "main", "RESULT_NOT_WRITTEN"]
+__all__ = ["measure", "one_line", "failure_message", "make_optimizer", "main", "RESULT_NOT_WRITTEN", "DISK_FULL"]
 
 MESSAGE_CHARS = 300
 #: the exit status of a child whose result file could not be written
 RESULT_NOT_WRITTEN = 3
+#: the exit status of a child whose result file could not be written for lack of space: the runner stops there
+DISK_FULL = 4
 
 
 def one_line(exc: BaseException, cause: str = "") -> str:
@@ -137,7 +141,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         with contextlib.suppress(OSError):
             print("cannot write the result file %s: %s" % (args.result, exc.strerror or exc), file=sys.stderr,
                   flush=True)
-        return RESULT_NOT_WRITTEN
+        return DISK_FULL if exc.errno in (errno.ENOSPC, errno.EDQUOT) else RESULT_NOT_WRITTEN
     return 0
 
 

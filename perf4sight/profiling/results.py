@@ -157,13 +157,18 @@ def append_row(path: Union[str, Path], row: Dict[str, Any]) -> None:
     new = not p.exists() or p.stat().st_size == 0 or _drop_torn_tail(p) == 0
     if not new:
         upgrade_file(p)
-    with p.open("a", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="raise")
-        if new:
-            writer.writeheader()
-        writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in COLUMNS})
-        fh.flush()
-        os.fsync(fh.fileno())
+    try:
+        with p.open("a", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="raise")
+            if new:
+                writer.writeheader()
+            writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in COLUMNS})
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:  # a write or fsync error names no file: say which (a full disk)
+        if exc.filename or exc.errno is None:
+            raise
+        raise OSError(exc.errno, exc.strerror, str(p)) from None
 
 
 def upgrade_file(path: Union[str, Path]) -> bool:

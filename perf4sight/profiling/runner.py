@@ -44,7 +44,7 @@ from perf4sight.ir.schema import load_description
 from perf4sight.ir.shapes import shape_text
 from perf4sight.profiling import results
 from perf4sight.profiling.backends.base import LIMIT_OOM, Backend, get_backend
-from perf4sight.profiling.child import RESULT_NOT_WRITTEN
+from perf4sight.profiling.child import DISK_FULL, RESULT_NOT_WRITTEN
 from perf4sight.profiling.plan import TestPlan, load_plan, recorded_update, save_plan, training_phase, update_columns
 from perf4sight.profiling.procfs import status_mb, swap_mb
 
@@ -56,7 +56,7 @@ _PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds per
 LEAN_RUNNER_MB = 200.0
 #: seconds between two readings of the system's swap counters while a child runs
 SWAP_POLL_S = 0.5
-#: less free space than this where the children write, and a child without a result is said to have met a full disk
+#: less free space than this where the children write, and a child that left neither result nor stderr met a full disk
 FULL_DISK_BYTES = 1 << 20
 
 
@@ -171,7 +171,8 @@ def run_child(plan: TestPlan, plan_path: Path, index: int, batch_size: int, back
     than ``plan.max_swap_in_mb`` swapped back in -> ``oom``; timeout -> ``error``), when its peak RSS or
     its swap-in went over the limit after the last poll (``oom``, figures kept) or when it crashed
     (SIGKILL not sent by us -> ``oom``, as the kernel's OOM killer does; other signals and exit codes
-    -> ``error``).
+    -> ``error``). A child that could not write its result for lack of space raises ``OSError`` (ENOSPC) naming
+    its result file: no row can be trusted to be written either, and a rerun measures that configuration.
     """
     env = _child_env(plan)
     scratch = children_dir(plan.resolve(plan_path.parent, plan.output))
@@ -219,6 +220,8 @@ def run_child(plan: TestPlan, plan_path: Path, index: int, batch_size: int, back
         if verdict:
             result.update(verdict)
         elif not result.get("status"):
+            if _disk_full(proc.returncode, err_file):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(result_file))
             result.update(_crash_verdict(proc.returncode, err_file))
     return ChildOutcome(result, peak_mb, round(wall, 3))
 
@@ -276,19 +279,22 @@ def _crash_verdict(code: int, err_file: Path) -> Dict[str, str]:
     if code < 0:
         return {"status": "error", "message": f"child killed by signal {signal.Signals(-code).name}"}
     lines = [ln.strip() for ln in err_file.read_text(errors="replace").splitlines() if ln.strip()]
-    tail = f": {lines[-1][:300]}" if lines else _full_disk_note(err_file.parent)
+    tail = f": {lines[-1][:300]}" if lines else ""
     what = "could not write its result" if code == RESULT_NOT_WRITTEN else f"exited with code {code} without a result"
     return {"status": "error", "message": f"child {what}{tail}"}
 
 
-def _full_disk_note(folder: Path) -> str:
-    """``: the disk holding FOLDER is full (...)`` where it has less than :data:`FULL_DISK_BYTES` free, else "": a
-    child that left no result and an empty stderr may have been unable to write either."""
+def _disk_full(code: int, err_file: Path) -> bool:
+    """Whether a child that exited with ``code`` and no result met a full disk: it says so (:data:`DISK_FULL`), or
+    it left an empty stderr where less than :data:`FULL_DISK_BYTES` are free (it could write neither)."""
+    if code == DISK_FULL:
+        return True
+    if code <= 0 or err_file.read_text(errors="replace").strip():
+        return False
     try:
-        free = shutil.disk_usage(str(folder)).free
+        return shutil.disk_usage(str(err_file.parent)).free < FULL_DISK_BYTES
     except OSError:
-        return ""
-    return f": the disk holding {folder} is full ({free / 2**20:.1f} MiB free)" if free < FULL_DISK_BYTES else ""
+        return False
 
 
 def children_dir(csv_path: Path) -> Path:
@@ -650,6 +656,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     except OSError as exc:  # e.g. the disk filled up: which file, and that the rows written are kept
         where = " writing {}".format(exc.filename) if exc.filename else ""
         message = "{}{} ({}): rows already written are kept".format(type(exc).__name__, where, exc.strerror or exc)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            message += "; free some space and rerun to measure the rest"
         print_event({"event": "error", "message": message})
         print("error: " + message, file=sys.stderr)
         return 1
