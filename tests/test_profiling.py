@@ -1235,3 +1235,84 @@ def test_a_disk_filled_mid_profile_stops_it_in_one_line_and_a_rerun_measures_the
             ("1", "ok"), ("2", "ok"), ("4", "ok")]
     finally:
         subprocess.run(["umount", "-l", str(cfg.profiling_dir)])
+
+
+def test_a_child_killed_by_sigkill_is_an_oom_only_on_evidence_of_it(tmp_path, monkeypatch):
+    """`kill -9` of a measuring child made a permanent oom row ("the kernel's OOM killer?") that skipped the larger
+    batch sizes: with no OOM kill counted by the kernel and its peak RSS within memory_limit_mb it is an error row
+    saying why, the sweep goes on, and retry_errors measures it again. A rise of the kernel's count or a peak over
+    the limit still make it oom."""
+    import signal
+    import threading
+
+    from perf4sight.profiling import runner
+    from perf4sight.profiling.backends.base import LIMIT_OOM
+
+    backend = get_backend(TestPlan(device="d", memory_limit_mb=900))
+    assert runner._sigkill_verdict(5, 5, 768.0, backend) == {
+        "status": "error", "message": "child killed by SIGKILL, not taken for running out of memory: the kernel's "
+        "OOM killer killed nothing while it ran (oom_kill in /proc/vmstat), and its peak RSS 768 MiB is within "
+        "memory_limit_mb 900"}
+    assert runner._sigkill_verdict(None, None, 768.0, get_backend(TestPlan(device="d")))["message"].endswith(
+        "the kernel keeps no count of its OOM kills here (no oom_kill in /proc/vmstat), and no memory_limit_mb to "
+        "hold its peak RSS 768 MiB against")
+    assert runner._sigkill_verdict(5, 6, 768.0, backend)["status"] == "oom"
+    over = runner._sigkill_verdict(None, None, 990.0, backend)
+    assert over["status"] == "oom" and LIMIT_OOM.search(over["message"]).groups() == ("990", "900")
+
+    net = write_net(tmp_path, "tiny")
+    plan = TestPlan(device="d", networks=[str(net)], batch_sizes=[1, 2], output="m.csv", memory_limit_mb=4000)
+    plan_path = save_plan(plan, tmp_path / "plan.json")
+    real_popen, started = subprocess.Popen, []
+
+    def killed_in_a_second(*args, **kwargs):  # the first child only, as `kill -9 PID` would
+        proc = real_popen(*args, **kwargs)
+        if not started:
+            threading.Timer(1.0, os.kill, (proc.pid, signal.SIGKILL)).start()
+        started.append(proc)
+        return proc
+
+    monkeypatch.setattr(subprocess, "Popen", killed_in_a_second)
+    counts = run_plan(plan_path, emit=lambda event: None)
+    monkeypatch.undo()
+    rows = results.read_rows(tmp_path / "m.csv")
+    assert [(r["batch_size"], r["status"]) for r in rows] == [("1", "error"), ("2", "ok")] and counts["oom"] == 0
+    assert rows[0]["message"].startswith("child killed by SIGKILL, not taken for running out of memory: the kernel")
+    again = run_plan(save_plan(replace(plan, retry_errors=True), plan_path), emit=lambda event: None)
+    assert (again["ok"], again["already_measured"]) == (1, 1)
+
+
+def test_a_child_the_kernels_oom_killer_kills_is_an_oom(tmp_path, monkeypatch):
+    """The measuring child started in a memory cgroup of 200 MiB, which importing torch outgrows: the kernel's OOM
+    killer ends it with SIGKILL, its count in /proc/vmstat rises, and the row is oom."""
+    from perf4sight.profiling import runner
+    from perf4sight.profiling.procfs import oom_kills
+
+    if os.geteuid() != 0 or oom_kills() is None:
+        pytest.skip("needs root and a kernel that counts its OOM kills")
+    v1 = Path("/sys/fs/cgroup/memory")  # cgroup v1's memory hierarchy, else v2's one
+    base, limit_file = (v1, "memory.limit_in_bytes") if v1.is_dir() else (v1.parent, "memory.max")
+    cgroup = base / f"p4s-test-{os.getpid()}"
+    try:
+        cgroup.mkdir()
+        (cgroup / limit_file).write_text(str(200 << 20))
+    except OSError as exc:
+        if cgroup.is_dir():
+            cgroup.rmdir()
+        pytest.skip(f"cannot make a memory cgroup: {exc}")
+    try:
+        real_popen = subprocess.Popen
+
+        def in_the_cgroup(*args, **kwargs):
+            procs = str(cgroup / "cgroup.procs")
+            return real_popen(*args, preexec_fn=lambda: open(procs, "w").write(str(os.getpid())), **kwargs)
+
+        monkeypatch.setattr(subprocess, "Popen", in_the_cgroup)
+        plan = TestPlan(device="d", networks=[str(write_net(tmp_path, "tiny"))], batch_sizes=[1], output="m.csv")
+        outcome = runner.run_child(plan, save_plan(plan, tmp_path / "plan.json"), 0, 1, get_backend(plan))
+    finally:
+        monkeypatch.undo()
+        cgroup.rmdir()
+    assert outcome.result["status"] == "oom", outcome.result
+    assert re.fullmatch(r"child killed by SIGKILL: the kernel's OOM killer killed \d+ process\(es\) while it ran "
+                        r"\(oom_kill in /proc/vmstat\)", outcome.result["message"])

@@ -9,7 +9,7 @@ import platform
 from pathlib import Path
 from typing import Dict, Optional, Tuple, Union
 
-__all__ = ["status_mb", "swap_mb", "cpu_model", "cpu_clocks", "KIB_PER_MIB", "VMSTAT"]
+__all__ = ["status_mb", "swap_mb", "oom_kills", "cpu_model", "cpu_clocks", "KIB_PER_MIB", "VMSTAT"]
 
 KIB_PER_MIB = 1024
 VMSTAT = "/proc/vmstat"
@@ -45,6 +45,20 @@ def swap_mb(path: str = VMSTAT) -> Optional[Tuple[float, float]]:
     if len(pages) != 2:
         return None
     return pages["pswpin"] * page_mib, pages["pswpout"] * page_mib
+
+
+def oom_kills(path: str = VMSTAT) -> Optional[int]:
+    """How many processes the kernel's OOM killer has killed since boot (``oom_kill`` of ``/proc/vmstat``, Linux
+    4.13+; a cgroup's memory limit counts too); None if unreadable or absent."""
+    try:
+        with open(path, "rb") as fh:
+            for line in fh:
+                key, _, value = line.partition(b" ")
+                if key == b"oom_kill":
+                    return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def cpu_model() -> str:

@@ -46,7 +46,7 @@ from perf4sight.profiling import results
 from perf4sight.profiling.backends.base import LIMIT_OOM, Backend, get_backend
 from perf4sight.profiling.child import DISK_FULL, RESULT_NOT_WRITTEN
 from perf4sight.profiling.plan import TestPlan, load_plan, recorded_update, save_plan, training_phase, update_columns
-from perf4sight.profiling.procfs import status_mb, swap_mb
+from perf4sight.profiling.procfs import oom_kills, status_mb, swap_mb
 
 __all__ = ["run_plan", "run_child", "run_repeats", "swapped", "thrashing", "ChildOutcome", "main"]
 
@@ -170,9 +170,9 @@ def run_child(plan: TestPlan, plan_path: Path, index: int, batch_size: int, back
     where ``/proc/vmstat`` is readable), and ``status``/``message`` when it was killed (watchdog, or more
     than ``plan.max_swap_in_mb`` swapped back in -> ``oom``; timeout -> ``error``), when its peak RSS or
     its swap-in went over the limit after the last poll (``oom``, figures kept) or when it crashed
-    (SIGKILL not sent by us -> ``oom``, as the kernel's OOM killer does; other signals and exit codes
-    -> ``error``). A child that could not write its result for lack of space raises ``OSError`` (ENOSPC) naming
-    its result file: no row can be trusted to be written either, and a rerun measures that configuration.
+    (SIGKILL not sent by us: :func:`_sigkill_verdict`; other signals and exit codes -> ``error``). A child that
+    could not write its result for lack of space raises ``OSError`` (ENOSPC) naming its result file: no row can be
+    trusted to be written either, and a rerun measures that configuration.
     """
     env = _child_env(plan)
     scratch = children_dir(plan.resolve(plan_path.parent, plan.output))
@@ -182,7 +182,7 @@ def run_child(plan: TestPlan, plan_path: Path, index: int, batch_size: int, back
         err_file = Path(tmp) / "stderr.txt"
         cmd = [sys.executable, "-m", "perf4sight.profiling.child", str(plan_path), "--network", str(index),
                "--batch-size", str(batch_size), "--result", str(result_file)]
-        swap_before = swap_mb()
+        swap_before, kills_before = swap_mb(), oom_kills()
         t0 = time.monotonic()
         proc: Optional[subprocess.Popen] = None
         try:
@@ -222,7 +222,10 @@ def run_child(plan: TestPlan, plan_path: Path, index: int, batch_size: int, back
         elif not result.get("status"):
             if _disk_full(proc.returncode, err_file):
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(result_file))
-            result.update(_crash_verdict(proc.returncode, err_file))
+            if proc.returncode == -signal.SIGKILL:
+                result.update(_sigkill_verdict(kills_before, oom_kills(), peak_mb, backend))
+            else:
+                result.update(_crash_verdict(proc.returncode, err_file))
     return ChildOutcome(result, peak_mb, round(wall, 3))
 
 
@@ -273,9 +276,29 @@ def run_repeats(plan: TestPlan, plan_path: Path, index: int, batch_size: int, ba
     return chosen
 
 
+def _sigkill_verdict(kills_before: Optional[int], kills_after: Optional[int], peak_mb: float,
+                     backend: Backend) -> Dict[str, str]:
+    """The row of a child killed by a SIGKILL the runner did not send: ``oom`` where the kernel's OOM killer killed
+    while it ran (its :func:`~perf4sight.profiling.procfs.oom_kills` count rose) or its peak RSS is over
+    memory_limit_mb; else ``error``, which a rerun with retry_errors measures again (someone's ``kill -9``), saying
+    why it is not taken for running out of memory."""
+    kills = None if kills_before is None or kills_after is None else kills_after - kills_before
+    over = backend.over_limit(peak_mb)
+    if over:
+        return {"status": "oom", "message": f"child killed by SIGKILL: {over}"}  # LIMIT_OOM still reads it
+    if kills:
+        return {"status": "oom", "message": f"child killed by SIGKILL: the kernel's OOM killer killed {kills} "
+                                            "process(es) while it ran (oom_kill in /proc/vmstat)"}
+    why = ("the kernel's OOM killer killed nothing while it ran (oom_kill in /proc/vmstat)" if kills == 0
+           else "the kernel keeps no count of its OOM kills here (no oom_kill in /proc/vmstat)")
+    limit = backend.plan.memory_limit_mb
+    rss = (f"its peak RSS {peak_mb:.0f} MiB is within memory_limit_mb {limit}" if limit > 0
+           else f"no memory_limit_mb to hold its peak RSS {peak_mb:.0f} MiB against")
+    return {"status": "error", "message": f"child killed by SIGKILL, not taken for running out of memory: {why}, "
+                                          f"and {rss}"}
+
+
 def _crash_verdict(code: int, err_file: Path) -> Dict[str, str]:
-    if code == -signal.SIGKILL:
-        return {"status": "oom", "message": "child killed by SIGKILL (the kernel's OOM killer?)"}
     if code < 0:
         return {"status": "error", "message": f"child killed by signal {signal.Signals(-code).name}"}
     lines = [ln.strip() for ln in err_file.read_text(errors="replace").splitlines() if ln.strip()]
