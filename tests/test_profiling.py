@@ -1316,3 +1316,27 @@ def test_a_child_the_kernels_oom_killer_kills_is_an_oom(tmp_path, monkeypatch):
     assert outcome.result["status"] == "oom", outcome.result
     assert re.fullmatch(r"child killed by SIGKILL: the kernel's OOM killer killed \d+ process\(es\) while it ran "
                         r"\(oom_kill in /proc/vmstat\)", outcome.result["message"])
+
+
+def test_a_failed_local_profile_counts_the_rows_on_disk_and_the_new_ones(tmp_path):
+    """A local profile that fails says how many of the plan's rows are on disk and how many it wrote, as one that
+    ends does: its runner killed by SIGKILL after one row said "(0 new)", and a plan it could not write (a full disk
+    here, a read-only folder for the tester) "0/0 rows" as a traceback's last line, though the CSV held a row."""
+    from perf4sight.profiling import local
+    from perf4sight.profiling.fleet import _profile_local, format_summaries
+
+    cfg = load_config(write_config(tmp_path))
+    net, dev = write_net(tmp_path, "tiny"), cfg.device("local")
+
+    def kill_the_runner(device: str, done: int, total: int, note: str) -> None:
+        if done == 1:
+            for proc in list(local._RUNNERS):
+                proc.kill()
+
+    killed = format_summaries([_profile_local(cfg, dev, [net], kill_the_runner)])
+    assert killed == "local: failed — 1/2 rows (1 new) [ok 1] — the profiling runner stopped early: exit code -9"
+    plan_path = results.results_path(cfg.profiling_dir, "local").parent / local.PLAN_NAME
+    Path(str(plan_path) + ".tmp").symlink_to("/dev/full")
+    refused = format_summaries([_profile_local(cfg, dev, [net], lambda *args: None)])
+    assert refused == (f"local: failed — 1/2 rows (0 new) [ok 1] — device 'local': cannot write its plan {plan_path}: "
+                       "No space left on device")

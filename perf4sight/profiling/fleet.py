@@ -127,7 +127,11 @@ def _profile_local(cfg: Config, dev: DeviceConfig, descriptions: Sequence[Path],
     """A local device goes through the local runner (``perf4sight.profiling.local.profile_local``)."""
     from perf4sight.profiling.local import profile_local
 
+    new_rows = 0  # the rows the runner wrote, for a run that fails before its summary
+
     def on_event(event: dict) -> None:
+        nonlocal new_rows
+        new_rows += event.get("event") == "row"
         if event.get("event") in ("row", "already"):
             last = (f"last: {event.get('network', '')} @ {event.get('batch_size', '')} "
                     f"{event.get('status', 'measured before')}")
@@ -137,7 +141,8 @@ def _profile_local(cfg: Config, dev: DeviceConfig, descriptions: Sequence[Path],
     try:
         local = profile_local(cfg, dev.name, list(descriptions), progress=on_event, cancel=cancel)
     except UserError as exc:  # the rows the run wrote before it stopped are on disk: the summary counts them
-        failed = DeviceSummary(dev.name, "failed", message=str(exc), elapsed_s=round(time.monotonic() - t0, 2))
+        failed = DeviceSummary(dev.name, "failed", message=str(exc), new_rows=new_rows,
+                               elapsed_s=round(time.monotonic() - t0, 2))
         on_disk = _plan_on_disk(cfg, dev, descriptions)
         if on_disk:
             failed.rows, failed.counts, failed.expected = on_disk

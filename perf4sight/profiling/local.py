@@ -201,7 +201,11 @@ def profile_local(cfg: Config, device_name: str, descriptions: list[Path],
                         "profile it with the remote profiler")
     csv_path = results_path(cfg.profiling_dir, device_name)
     plan_path = csv_path.parent / PLAN_NAME
-    save_plan(make_plan(cfg, device_name, list(descriptions), output=csv_path.name), plan_path)
+    plan = make_plan(cfg, device_name, list(descriptions), output=csv_path.name)
+    try:
+        save_plan(plan, plan_path)
+    except OSError as exc:  # e.g. a read-only profiling_dir
+        raise UserError(f"device '{device_name}': cannot write its plan {plan_path}: {exc.strerror or exc}") from None
     summary = ProfileSummary(device=device_name, csv_path=csv_path, plan_path=plan_path)
 
     close: Callable[[], None] = lambda: None
