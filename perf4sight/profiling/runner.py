@@ -280,8 +280,9 @@ def _sigkill_verdict(kills_before: Optional[int], kills_after: Optional[int], pe
                      backend: Backend) -> Dict[str, str]:
     """The row of a child killed by a SIGKILL the runner did not send: ``oom`` where the kernel's OOM killer killed
     while it ran (its :func:`~perf4sight.profiling.procfs.oom_kills` count rose) or its peak RSS is over
-    memory_limit_mb; else ``error``, which a rerun with retry_errors measures again (someone's ``kill -9``), saying
-    why it is not taken for running out of memory."""
+    memory_limit_mb, or where the kernel keeps no such count (before Linux 4.13: the OOM killer's kill is the likely
+    one, as it was taken before); else ``error``, which a rerun with retry_errors measures again (someone's
+    ``kill -9``), saying why it is not taken for running out of memory."""
     kills = None if kills_before is None or kills_after is None else kills_after - kills_before
     over = backend.over_limit(peak_mb)
     if over:
@@ -289,8 +290,10 @@ def _sigkill_verdict(kills_before: Optional[int], kills_after: Optional[int], pe
     if kills:
         return {"status": "oom", "message": f"child killed by SIGKILL: the kernel's OOM killer killed {kills} "
                                             "process(es) while it ran (oom_kill in /proc/vmstat)"}
-    why = ("the kernel's OOM killer killed nothing while it ran (oom_kill in /proc/vmstat)" if kills == 0
-           else "the kernel keeps no count of its OOM kills here (no oom_kill in /proc/vmstat)")
+    if kills is None:  # a kernel before 4.13 (a Jetson TX2's 4.9) keeps no count: its OOM killer's kill, as before
+        return {"status": "oom", "message": "child killed by SIGKILL (the kernel's OOM killer? this kernel keeps no "
+                                            "count of its kills to tell: no oom_kill in /proc/vmstat)"}
+    why = "the kernel's OOM killer killed nothing while it ran (oom_kill in /proc/vmstat)"
     limit = backend.plan.memory_limit_mb
     rss = (f"its peak RSS {peak_mb:.0f} MiB is within memory_limit_mb {limit}" if limit > 0
            else f"no memory_limit_mb to hold its peak RSS {peak_mb:.0f} MiB against")
