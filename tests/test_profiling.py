@@ -890,8 +890,8 @@ def test_a_runner_that_stops_early_is_summarised_with_the_rows_it_left(tmp_path,
     monkeypatch.setattr(local, "profile_local", stops_early)
     (summary,) = profile_devices(cfg, ["local"], [broken], show_progress=False)
     assert summary.status == "failed" and (summary.rows, summary.expected) == (2, 2)
-    assert format_summaries([summary]).startswith("local: failed — 2/2 rows (0 new) [error 2] (error rows are not "
-                                                  "measured again unless asked")
+    assert format_summaries([summary]).startswith("local: failed — 2/2 rows (2 new) [error 2] (error rows are not "
+                                                  "measured again unless asked")  # it said 0 new: both were
 
 
 def test_a_malformed_description_stops_the_profile_before_any_row(tmp_path):
