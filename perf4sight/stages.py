@@ -909,8 +909,8 @@ def run_export(cfg: Config, args: argparse.Namespace) -> int:
                             f"{DEFAULT_OPTIMIZER}'s); nothing written")
         pairs, skipped = exportable_rows(rows, descriptions)
         if not pairs and not skipped:  # every row passed over (another input shape, an earlier description)
-            raise UserError(f"export: device '{device}' has no ok measurement left to export (the note above says "
-                            "which rows were passed over); nothing written")
+            raise UserError(f"export: device '{device}' has no ok measurement to export (any rows passed over are "
+                            "named in the note above); nothing written")
         if not pairs:
             raise UserError(f"export: device '{device}' has no ok measurement whose network has a description "
                             f"({plural(skipped, 'ok row')} without one; see --stage fingerprint's notes); "

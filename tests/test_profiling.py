@@ -245,8 +245,8 @@ def test_rows_at_another_input_shape_than_their_description_are_set_apart(measur
     import argparse
 
     from perf4sight import stages
-    with pytest.raises(UserError, match=r"^export: device 'local' has no ok measurement left to export \(the note "
-                                        r"above says which rows were passed over\)"):  # it said: none described
+    with pytest.raises(UserError, match=r"^export: device 'local' has no ok measurement to export \(any rows passed "
+                                        r"over are named in the note above\)"):  # it said: none had a description
         stages.run_export(cfg, argparse.Namespace(format="perfseer", output=str(tmp_path / "out"), device=["local"]))
     assert not (tmp_path / "out").exists()
 
