@@ -95,9 +95,10 @@ def _device_rows(cfg: Config, device: str, incomplete: list[int] | None = None) 
     rows = read_rows(path, incomplete)
     others = Counter(r.get("device") or "" for r in rows if r.get("device", device) != device)
     if others:
-        found = ", ".join(f"'{name}' ({n})" if name else f"an empty cell ({n})" for name, n in others.most_common())
-        raise UserError(f"{path}: {plural(sum(others.values()), 'row')} of {len(rows)} name another device than "
-                        f"'{device}' in their device column: {found}; a device's file holds its own rows only (a "
+        found = ", ".join(f"'{name}' ({k})" if name else f"an empty cell ({k})" for name, k in others.most_common())
+        n = sum(others.values())
+        raise UserError(f"{path}: {plural(n, 'row')} of {len(rows)} {'names' if n == 1 else 'name'} another device "
+                        f"than '{device}' in their device column: {found}; a device's file holds its own rows only (a "
                         f"renamed device: rename its rows' device cells too)")
     return rows
 

@@ -213,7 +213,7 @@ def test_rows_of_another_device_in_a_devices_file_are_named(measured, tmp_path):
     shas = {"tiny": results.read_rows(path)[0]["description_sha"]}  # the descriptions as measured
     assert len(device_measurements(cfg, "local", shas)[0]) == 2
     path.write_text(text.replace("\nlocal,", "\njetson,", 1))
-    with pytest.raises(UserError, match=r"measurements.csv: 1 row of 2 name another device than 'local' in their "
+    with pytest.raises(UserError, match=r"measurements.csv: 1 row of 2 names another device than 'local' in their "
                                         r"device column: 'jetson' \(1\);"):
         device_measurements(cfg, "local", shas)
 
