@@ -470,8 +470,9 @@ def test_an_import_while_another_writes_the_device_is_refused(tmp_path):
            "--format", "perf4sight", "--source", str(tmp_path / "src"), "--device", "d"]
     with import_lock(tmp_path / "profiling_csvs", "d"):
         busy = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
-    assert busy.returncode == 2 and busy.stderr.startswith(
-        f"error: device 'd' is being imported into by another run on this machine (pid {os.getpid()}, since "), busy.stderr
+    assert busy.returncode == 2 and busy.stderr.startswith(  # the lock's holder named
+        f"error: device 'd' is being imported into by another run on this machine (pid {os.getpid()}, since "), \
+        busy.stderr
     assert not results_path(tmp_path / "profiling_csvs", "d").exists()
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert done.returncode == 0 and len(read_rows(results_path(tmp_path / "profiling_csvs", "d"))) == 1

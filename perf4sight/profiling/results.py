@@ -295,8 +295,8 @@ def incomplete_note(path: Union[str, Path], lines: Optional[List[int]] = None) -
     many = len(lines) != 1
     shown = ", ".join(map(str, lines[:5])) + (", ..." if len(lines) > 5 else "")
     return (f"note: {path}: {len(lines)} incomplete line{'s' if many else ''} (line{'s' if many else ''} "
-            f"{shown}: no timestamp, more fields than the header, or a last line cut short) passed over; a row cut short is measured again "
-            "by the next profile run")
+            f"{shown}: no timestamp, more fields than the header, or a last line cut short) passed over; a row cut "
+            "short is measured again by the next profile run")
 
 
 def measured_keys(rows: Iterable[Dict[str, Any]], with_sha: bool = True) -> Set[Tuple[str, ...]]:
