@@ -469,3 +469,20 @@ def test_a_largest_batch_at_the_search_limit_reads_as_maybe_more():
 
     assert _batch_label(BATCH_SEARCH_LIMIT) == f"{BATCH_SEARCH_LIMIT}+"
     assert _batch_label(37) == "37" and _batch_label(0) == "0" and _batch_label(None) == "–"
+
+
+def test_a_fingerprint_without_measurements_in_the_project_is_compared_with_a_note(project, tmp_path, capsys):
+    """A fingerprint copied in from another project was compared with empty tables of what was measured (0 networks,
+    backend '?') and no word why."""
+    import argparse
+    import shutil
+
+    from perf4sight import stages
+
+    (tmp_path / "config.toml").write_text((project.root / "config.toml").read_text())
+    cfg = load_config(tmp_path / "config.toml")
+    shutil.copytree(project.fingerprint_dir / "tx2a", cfg.fingerprint_dir / "tx2a")
+    assert stages.run_compare(cfg, argparse.Namespace(device=["tx2a"])) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"note: tx2a: no measurements in {cfg.profiling_dir / 'tx2a' / 'measurements.csv'}: its fingerprint is " \
+           "compared, and its tables of what was measured are empty" in err
