@@ -496,10 +496,11 @@ def _named_at(cfg: Config, fp: object, name: str, desc: NetworkDescription, shap
     fingerprint read 114 ms against its neighbours' 700), with a sentence in ``made``. A description file, a name
     of the networks stage's extra shapes (``resnet18_l30_128x96``), a network at one of the fingerprint's shapes,
     or one whose description cannot be rebuilt at ``shape`` are kept as they are (``_shape_note`` warns)."""
+    from perf4sight.networks.reshape import query_at, shaped_name  # torch: only where query_at rebuilds
+
     if fp.at_training_shape(desc) or list(desc.input_shape) == shape or is_description_file(name) \
-            or name.endswith(f"_{desc.input_shape[1]}x{desc.input_shape[2]}"):  # networks.reshape.shaped_name
+            or name.endswith(shaped_name("", desc.input_shape)):  # a name of the extra shapes: resnet18_l30_128x96
         return desc
-    from perf4sight.networks.reshape import query_at  # torch: only where a description is rebuilt
 
     try:
         at = query_at(cfg, name, desc, shape, made)

@@ -17,7 +17,6 @@ from typing import Sequence
 
 from perf4sight.config import Config
 from perf4sight.errors import UserError
-from perf4sight.ir.from_torch import check_input_shape, describe
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.ir.shapes import shape_text
 
@@ -35,7 +34,8 @@ def described_at(desc: NetworkDescription, input_shape: Sequence[int]) -> Networ
     its network rebuilt from the description and traced at that shape, keeping its name, pruning level and
     metadata. ``UserError`` (one line naming the network) where its layers cannot run at that shape, or where its
     output kept the input's size and would not at the new one (a resize to a fixed size)."""
-    from perf4sight.ir.to_torch import build_module
+    from perf4sight.ir.from_torch import check_input_shape, describe  # torch: imported here, not by shaped_name's
+    from perf4sight.ir.to_torch import build_module                     # callers (predict)
 
     shape = check_input_shape(input_shape, desc.name)  # a string is refused whole, not read as its characters
     if list(desc.input_shape) == shape:
