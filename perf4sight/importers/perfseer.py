@@ -290,13 +290,10 @@ def _reshape_target(args: dict[str, Any], out: list[int], where: str) -> list[in
     return list(out)
 
 
-def _has_bias(args: dict[str, Any], weights: int, outputs: int, weight_bytes: Any) -> bool:
-    """A convolution's or linear layer's ``bias`` flag: its ``bias`` arg; else read off the node's ``weight_size``
+def _bias_by_size(weights: int, outputs: int, weight_bytes: Any) -> bool:
+    """Whether a convolution or linear layer without a ``bias`` arg has one, read off the node's ``weight_size``
     (``memory_info``, bytes of its weights and bias, fp32 or fp16), as an ONNX graph gives a bias as a third input,
-    never as an attribute; else True (torch's default)."""
-    if "bias" in args:
-        v = args["bias"]
-        return v.strip().lower() in ("1", "true", "yes") if isinstance(v, str) else bool(v)
+    never as an attribute; True (torch's default) where that does not tell."""
     try:
         size = float(weight_bytes)
     except (TypeError, ValueError):
@@ -312,7 +309,7 @@ def _has_bias(args: dict[str, Any], weights: int, outputs: int, weight_bytes: An
 def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[int], where: str,
            weight_bytes: Any = None) -> dict[str, Any]:
     """Our attributes from the node's ``args`` (ours or ONNX's names), filling gaps from shapes (and a bias from
-    ``weight_bytes``, the node's ``memory_info.weight_size``: :func:`_has_bias`)."""
+    ``weight_bytes``, the node's ``memory_info.weight_size``: :func:`_bias_by_size`)."""
     def num(*names: str, default: Any = None) -> Any:
         for n in names:
             if n in args and args[n] is not None:
@@ -336,11 +333,12 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
              "groups": num("groups", "group", default=1)}
         k = a["kernel_size"] if isinstance(a["kernel_size"], list) else [a["kernel_size"]] * 2
         weights = a["out_channels"] * (a["in_channels"] // max(a["groups"], 1)) * k[0] * k[-1]
-        return {**a, "bias": _has_bias(args, weights, a["out_channels"], weight_bytes)}
+        return {**a, "bias": flag("bias", _bias_by_size(weights, a["out_channels"], weight_bytes))}
     if op == "linear":
         a = {"in_features": num("in_features", default=in_shapes[0][-1]),
              "out_features": num("out_features", default=out[-1])}
-        return {**a, "bias": _has_bias(args, a["in_features"] * a["out_features"], a["out_features"], weight_bytes)}
+        weights = a["in_features"] * a["out_features"]
+        return {**a, "bias": flag("bias", _bias_by_size(weights, a["out_features"], weight_bytes))}
     if op == "batchnorm2d":
         return {"num_features": num("num_features", default=out[0])}
     if op in ("maxpool2d", "avgpool2d"):
