@@ -127,9 +127,10 @@ def known_attrs(op: str) -> Tuple[str, ...]:
 def _attr_problem(node: "Node") -> str:
     """What is wrong with ``node``'s attributes ("" if nothing): one it cannot carry (a misspelt ``afine`` would
     leave the batch norm affine, unsaid), or a numeric one out of its range."""
-    unknown = [a for a in node.attrs if a not in known_attrs(node.op)]
+    known_here = known_attrs(node.op)
+    unknown = [a for a in node.attrs if a not in known_here]
     if unknown:
-        known = ", ".join(known_attrs(node.op)) or "none"
+        known = ", ".join(known_here) or "none"
         return f"unknown attr{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} (known: {known})"
     for a in _POSITIVE.get(node.op, ()):
         if not _is_int(node.attrs[a], 1):
