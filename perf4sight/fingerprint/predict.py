@@ -13,6 +13,7 @@ analytic part, the demand, as a configured limit is too where the memory form sa
 from __future__ import annotations
 
 import copy
+import numbers
 import sys
 import warnings
 from collections.abc import Mapping
@@ -130,8 +131,8 @@ def search_limit(limit: Any) -> int:
     """``max_batch_size``'s ``limit`` as an int >= 1; ``UserError`` naming the argument otherwise."""
     try:
         (value,) = batch_list(limit)
-    except (UserError, ValueError) as exc:
-        if "is above" in str(exc):  # a positive integer, too large
+    except (UserError, ValueError):
+        if isinstance(limit, numbers.Real) and float(limit).is_integer() and limit > MAX_BATCH_SIZE:  # too large
             raise UserError(f"max_batch_size: limit {limit!r} is above {MAX_BATCH_SIZE:,}, the largest batch size "
                             "predicted (sizes in bytes would overflow)") from None
         raise UserError(f"max_batch_size: limit must be one positive integer (the largest batch size to try), "
