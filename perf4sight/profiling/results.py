@@ -15,7 +15,7 @@ import hashlib
 import math
 import os
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
+from typing import Any, BinaryIO, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 from perf4sight.errors import UserError
 from perf4sight.files import atomic_path
@@ -208,13 +208,20 @@ def complete_records(buf: bytes) -> int:
     return end
 
 
+def _ends_a_line(fh: BinaryIO) -> bool:
+    """Whether the file open in ``fh`` (binary) is empty or ends with a line break; ``fh`` is left at its end."""
+    if fh.seek(0, os.SEEK_END) == 0:
+        return True
+    fh.seek(-1, os.SEEK_END)
+    return fh.read(1) == b"\n"
+
+
 def _drop_torn_tail(p: Path) -> int:
     """Cut a row that a crash or a full disk left unfinished at the end of ``p`` back to the end of the last
     complete record, and return the file's size. A fresh line after it would not do: where the cut fell inside a
     quoted field (a Jetson's ``clocks``, an error's message), every row after it would read as part of that field."""
     with p.open("rb+") as fh:
-        fh.seek(-1, os.SEEK_END)
-        if fh.read(1) == b"\n":
+        if _ends_a_line(fh):
             return fh.tell()
         fh.seek(0)
         end = complete_records(fh.read())
@@ -247,8 +254,7 @@ def read_rows(path: Union[str, Path], incomplete: Optional[List[int]] = None) ->
             # each row with the file's line number where it ends (blank lines and line breaks inside a field count)
             numbered, header = [(reader.line_num, r) for r in reader], reader.fieldnames or []
         with p.open("rb") as raw:  # a last line without its end is a row a crash or a full disk cut short
-            raw.seek(0, os.SEEK_END)
-            torn = raw.tell() > 0 and raw.seek(-1, os.SEEK_END) >= 0 and raw.read(1) != b"\n"
+            torn = not _ends_a_line(raw)
     except UnicodeDecodeError as exc:
         raise UserError(f"{p}: not a measurement CSV (not UTF-8 text: byte {exc.start})") from None
     except csv.Error as exc:
