@@ -79,9 +79,6 @@ class ImportSummary:
     results_path: str = ""
     models_path: str = ""
 
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
     def write_new(self, out: Path, row: dict[str, Any], done: dict[tuple, dict[str, Any]]) -> bool:
         """Append ``row`` to ``out`` unless its key is in ``done`` (key -> the row already on disk,
         :func:`rows_on_disk`); count either way, and count a row on disk whose status or figures differ from
