@@ -119,9 +119,9 @@ def as_descriptions(descs: Any, kinds: tuple[type, ...] = (NetworkDescription, N
     return out
 
 
-def one_description(desc: Any, kinds: tuple[type, ...] = (NetworkDescription, NetworkFeatures)) -> Any:
+def one_description(desc: Any) -> Any:
     """One network as :func:`as_descriptions` reads it; ``UserError`` for a list of several."""
-    out = as_descriptions(desc, kinds)
+    out = as_descriptions(desc)
     if len(out) != 1:
         raise UserError(f"max_batch_size: give one network, got {len(out)}")
     return out[0]
