@@ -80,10 +80,6 @@ def quote_argv(argv: Sequence[str]) -> str:
     return " ".join(shlex.quote(str(a)) for a in argv)
 
 
-def _fingerprint(key: paramiko.PKey) -> str:
-    return key.fingerprint if hasattr(key, "fingerprint") else key.get_base64()[:32]
-
-
 def _host_entry(host: str, port: int) -> str:
     return host if port == 22 else f"[{host}]:{port}"
 
@@ -91,7 +87,7 @@ def _host_entry(host: str, port: int) -> str:
 def _refuse_revoked(dev: DeviceConfig, path: Path, revoked: set[str], hostname: str, key: paramiko.PKey) -> None:
     """``HostKeyError`` when ``key`` is one of the keys ``path`` lists on an ``@revoked`` line."""
     if key.get_base64() in revoked:
-        raise HostKeyError(f"device '{dev.name}': host key of {hostname} ({key.get_name()} {_fingerprint(key)}) is "
+        raise HostKeyError(f"device '{dev.name}': host key of {hostname} ({key.get_name()} {key.fingerprint}) is "
                            f"marked @revoked in {path}; refusing to connect")
 
 
@@ -166,7 +162,7 @@ class _RefusePolicy(paramiko.MissingHostKeyPolicy):
         _refuse_revoked(self.dev, self.path, self.revoked, hostname, key)
         d = self.dev
         raise HostKeyError(
-            f"device '{d.name}': host key of {hostname} ({key.get_name()} {_fingerprint(key)}) is not in "
+            f"device '{d.name}': host key of {hostname} ({key.get_name()} {key.fingerprint}) is not in "
             f"{self.path}; check it, then add it (ssh-keyscan -p {d.port} {d.host} >> {self.path}) "
             f"or set accept_new_host_key = true in [devices.{d.name}] to record it on first connect")
 
@@ -257,7 +253,7 @@ class Remote:
             entry = _host_entry(dev.host, dev.port)
             raise HostKeyError(
                 f"device '{dev.name}': host key of {entry} has CHANGED (server presents {exc.key.get_name()} "
-                f"{_fingerprint(exc.key)}, {self.known_hosts} expects {_fingerprint(exc.expected_key)}); refusing to "
+                f"{exc.key.fingerprint}, {self.known_hosts} expects {exc.expected_key.fingerprint}); refusing to "
                 f"connect. If the device was reinstalled, remove the old entry: ssh-keygen -R '{entry}' "
                 f"-f {self.known_hosts}") from None
         except paramiko.AuthenticationException as exc:
