@@ -212,6 +212,68 @@ class Node:
                 "attrs": dict(self.attrs), "output_shape": list(self.output_shape)}
 
 
+def _check_top_level(d: Dict[str, Any], where: str) -> None:
+    """``UserError`` naming ``where`` for the first of a description's top-level keys that is absent or wrong."""
+    required = ("name", "input_shape", "nodes", "output")
+    missing = [k for k in required if k not in d]
+    if missing:
+        raise UserError(f"{where}: missing key(s) {', '.join(missing)}")
+    shape = d["input_shape"]
+    if not (isinstance(shape, list) and len(shape) == 3 and all(_is_int(x, 1) for x in shape)):
+        raise UserError(f"{where}: input_shape must be [channels, height, width] (positive integers), got {shape!r}")
+    if not isinstance(d["nodes"], list):
+        raise UserError(f"{where}: nodes must be a list of node objects")
+    for key in ("name", "network"):
+        if key in d and not is_file_stem(d[key]):
+            raise UserError(f"{where}: {key} {d[key]!r} must be usable as a file name (no path separators, "
+                            "not starting with '.', no control characters)")
+    for key, least in (("num_classes", 1), ("params", 0)):
+        if key in d and not _is_int(d[key], least):
+            raise UserError(f"{where}: {key} must be an integer >= {least}, got {d[key]!r}")
+    version = d.get("schema_version", SCHEMA_VERSION)
+    if not _is_int(version, 1) or version > SCHEMA_VERSION:
+        raise UserError(f"{where}: schema_version {version!r} is not one this perf4sight reads (1 to "
+                        f"{SCHEMA_VERSION}; a newer version of the tool wrote it?)")
+    level = d.get("pruning_level", 0)
+    if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 <= level < 100:
+        raise UserError(f"{where}: pruning_level must be a percentage in [0, 100), got {level!r}")
+
+
+def _read_node(raw: Any, i: int, where: str) -> Node:
+    """Node #``i`` of a description from its JSON object ``raw``, checked on its own (its keys, op and attributes;
+    not yet its inputs or shape), with an integer pair attribute made ``[v, v]`` and a pool's null stride its
+    kernel size; ``UserError`` naming ``where`` otherwise."""
+    try:
+        if not isinstance(raw, dict):
+            raise TypeError("not an object")
+        absent_keys = [k for k in ("name", "op", "output_shape") if k not in raw]
+        if absent_keys:
+            raise KeyError(f"no {', '.join(absent_keys)}")
+        if not isinstance(raw.get("inputs", []), list) or not isinstance(raw.get("attrs", {}), dict):
+            raise TypeError("'inputs' must be a list and 'attrs' an object")
+        out_shape = raw["output_shape"]
+        if not isinstance(out_shape, list) or not all(_is_int(x, 0) for x in out_shape):
+            raise ValueError(f"output_shape must be a list of non-negative integers, got {out_shape!r}")
+        node = Node(str(raw["name"]), str(raw["op"]), [str(x) for x in raw.get("inputs", [])],
+                    dict(raw.get("attrs", {})), list(out_shape))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UserError(f"{where}: node #{i} is malformed ({exc.args[0] if exc.args else exc})") from None
+    if node.op not in OPS:
+        raise UserError(f"{where}: node '{node.name}' has unknown op '{node.op}' (known: {', '.join(sorted(OPS))})")
+    absent = [a for a in OPS[node.op] if a not in node.attrs]
+    if absent:
+        raise UserError(f"{where}: node '{node.name}' ({node.op}) lacks attrs {absent}")
+    problem = _attr_problem(node)
+    if problem:
+        raise UserError(f"{where}: node '{node.name}' ({node.op}): {problem}")
+    for a in _PAIRS.get(node.op, ()):  # an integer means [v, v]: every reader sees the pair
+        if isinstance(node.attrs.get(a), int):
+            node.attrs[a] = [node.attrs[a]] * 2
+    if node.op in ("maxpool2d", "avgpool2d") and node.attrs["stride"] is None:  # null: the kernel size
+        node.attrs["stride"] = list(node.attrs["kernel_size"])
+    return node
+
+
 @dataclass
 class NetworkDescription:
     """A whole network: metadata plus nodes in execution order.
@@ -285,63 +347,17 @@ class NetworkDescription:
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any], where: str = "description") -> "NetworkDescription":
-        required = ("name", "input_shape", "nodes", "output")
-        missing = [k for k in required if k not in d]
-        if missing:
-            raise UserError(f"{where}: missing key(s) {', '.join(missing)}")
+        """The description a JSON object ``d`` holds, checked (``UserError`` naming ``where`` and the first
+        problem): its top-level keys (:func:`_check_top_level`), each node on its own (:func:`_read_node`), then
+        each node's place in the graph (its inputs defined before it, its output shape the one its op makes of
+        them). ``params`` is counted from the nodes; a stated one must agree."""
+        _check_top_level(d, where)
         shape = d["input_shape"]
-        if not (isinstance(shape, list) and len(shape) == 3 and all(_is_int(x, 1) for x in shape)):
-            raise UserError(f"{where}: input_shape must be [channels, height, width] (positive integers), "
-                            f"got {shape!r}")
-        if not isinstance(d["nodes"], list):
-            raise UserError(f"{where}: nodes must be a list of node objects")
-        for key in ("name", "network"):
-            if key in d and not is_file_stem(d[key]):
-                raise UserError(f"{where}: {key} {d[key]!r} must be usable as a file name (no path separators, "
-                                "not starting with '.', no control characters)")
-        for key, least in (("num_classes", 1), ("params", 0)):
-            if key in d and not _is_int(d[key], least):
-                raise UserError(f"{where}: {key} must be an integer >= {least}, got {d[key]!r}")
-        version = d.get("schema_version", SCHEMA_VERSION)
-        if not _is_int(version, 1) or version > SCHEMA_VERSION:
-            raise UserError(f"{where}: schema_version {version!r} is not one this perf4sight reads (1 to "
-                            f"{SCHEMA_VERSION}; a newer version of the tool wrote it?)")
-        level = d.get("pruning_level", 0)
-        if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 <= level < 100:
-            raise UserError(f"{where}: pruning_level must be a percentage in [0, 100), got {level!r}")
         nodes = []
         seen: Set[str] = set()
         shapes: Dict[str, List[int]] = {}
         for i, raw in enumerate(d["nodes"]):
-            try:
-                if not isinstance(raw, dict):
-                    raise TypeError("not an object")
-                absent_keys = [k for k in ("name", "op", "output_shape") if k not in raw]
-                if absent_keys:
-                    raise KeyError(f"no {', '.join(absent_keys)}")
-                if not isinstance(raw.get("inputs", []), list) or not isinstance(raw.get("attrs", {}), dict):
-                    raise TypeError("'inputs' must be a list and 'attrs' an object")
-                out_shape = raw["output_shape"]
-                if not isinstance(out_shape, list) or not all(_is_int(x, 0) for x in out_shape):
-                    raise ValueError(f"output_shape must be a list of non-negative integers, got {out_shape!r}")
-                node = Node(str(raw["name"]), str(raw["op"]), [str(x) for x in raw.get("inputs", [])],
-                            dict(raw.get("attrs", {})), list(out_shape))
-            except (KeyError, TypeError, ValueError) as exc:
-                raise UserError(f"{where}: node #{i} is malformed ({exc.args[0] if exc.args else exc})") from None
-            if node.op not in OPS:
-                raise UserError(f"{where}: node '{node.name}' has unknown op '{node.op}' "
-                                f"(known: {', '.join(sorted(OPS))})")
-            absent = [a for a in OPS[node.op] if a not in node.attrs]
-            if absent:
-                raise UserError(f"{where}: node '{node.name}' ({node.op}) lacks attrs {absent}")
-            problem = _attr_problem(node)
-            if problem:
-                raise UserError(f"{where}: node '{node.name}' ({node.op}): {problem}")
-            for a in _PAIRS.get(node.op, ()):  # an integer means [v, v]: every reader sees the pair
-                if isinstance(node.attrs.get(a), int):
-                    node.attrs[a] = [node.attrs[a]] * 2
-            if node.op in ("maxpool2d", "avgpool2d") and node.attrs["stride"] is None:  # null: the kernel size
-                node.attrs["stride"] = list(node.attrs["kernel_size"])
+            node = _read_node(raw, i, where)
             if node.op != "input" and not node.inputs:
                 raise UserError(f"{where}: node '{node.name}' ({node.op}) has no inputs")
             if node.name in seen:
