@@ -84,13 +84,6 @@ def _host_entry(host: str, port: int) -> str:
     return host if port == 22 else f"[{host}]:{port}"
 
 
-def _refuse_revoked(dev: DeviceConfig, path: Path, revoked: set[str], hostname: str, key: paramiko.PKey) -> None:
-    """``HostKeyError`` when ``key`` is one of the keys ``path`` lists on an ``@revoked`` line."""
-    if key.get_base64() in revoked:
-        raise HostKeyError(f"device '{dev.name}': host key of {hostname} ({key.get_name()} {key.fingerprint}) is "
-                           f"marked @revoked in {path}; refusing to connect")
-
-
 def _load_known_hosts(dev: DeviceConfig, path: Path, into: paramiko.HostKeys) -> set[str]:
     """Add the host keys of OpenSSH known_hosts file ``path`` to ``into``; returns the keys (base64) its
     ``@revoked`` lines list, which are left out of ``into`` so that a server presenting one meets the refusing
@@ -134,15 +127,26 @@ def _load_known_hosts(dev: DeviceConfig, path: Path, into: paramiko.HostKeys) ->
     return revoked
 
 
-class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
-    """Record a never-seen host key in the device's known_hosts file (only when opted in); a revoked key is
-    refused."""
+class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
+    """What to do with a host key that the device's known_hosts file ``path`` does not hold; ``revoked``: the keys
+    (base64) its ``@revoked`` lines list, refused by every policy."""
 
     def __init__(self, dev: DeviceConfig, path: Path, revoked: set[str]) -> None:
         self.dev, self.path, self.revoked = dev, path, revoked
 
+    def refuse_revoked(self, hostname: str, key: paramiko.PKey) -> None:
+        """``HostKeyError`` when ``key`` is one of the keys ``path`` lists on an ``@revoked`` line."""
+        if key.get_base64() in self.revoked:
+            raise HostKeyError(f"device '{self.dev.name}': host key of {hostname} ({key.get_name()} "
+                               f"{key.fingerprint}) is marked @revoked in {self.path}; refusing to connect")
+
+
+class _AcceptNewPolicy(_HostKeyPolicy):
+    """Record a never-seen host key in the device's known_hosts file (only when opted in); a revoked key is
+    refused."""
+
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        _refuse_revoked(self.dev, self.path, self.revoked, hostname, key)
+        self.refuse_revoked(hostname, key)
         try:
             with _KNOWN_HOSTS_LOCK:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -154,12 +158,11 @@ class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
         client.get_host_keys().add(hostname, key.get_name(), key)
 
 
-class _RefusePolicy(paramiko.MissingHostKeyPolicy):
-    def __init__(self, dev: DeviceConfig, path: Path, revoked: set[str]) -> None:
-        self.dev, self.path, self.revoked = dev, path, revoked
+class _RefusePolicy(_HostKeyPolicy):
+    """Refuse a never-seen host key, saying how to check and record it."""
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        _refuse_revoked(self.dev, self.path, self.revoked, hostname, key)
+        self.refuse_revoked(hostname, key)
         d = self.dev
         raise HostKeyError(
             f"device '{d.name}': host key of {hostname} ({key.get_name()} {key.fingerprint}) is not in "
