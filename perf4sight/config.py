@@ -178,21 +178,26 @@ class Config:
 
     @property
     def models_dir(self) -> Path:
+        """``[project] models_dir``, absolute (:meth:`resolve`)."""
         return self.resolve(self.project.models_dir)
 
     @property
     def profiling_dir(self) -> Path:
+        """``[project] profiling_dir``, absolute (:meth:`resolve`)."""
         return self.resolve(self.project.profiling_dir)
 
     @property
     def fingerprint_dir(self) -> Path:
+        """``[project] fingerprint_dir``, absolute (:meth:`resolve`)."""
         return self.resolve(self.project.fingerprint_dir)
 
     @property
     def reports_dir(self) -> Path:
+        """``[project] reports_dir``, absolute (:meth:`resolve`)."""
         return self.resolve(self.project.reports_dir)
 
     def device(self, name: str) -> DeviceConfig:
+        """The ``[devices.<name>]`` table; ``UserError`` naming the configured devices where there is none."""
         if name not in self.devices:
             raise UserError(f"{self.path}: unknown device '{name}' (devices: {', '.join(self.devices) or 'none'})")
         return self.devices[name]

@@ -101,6 +101,9 @@ def _stdout_to_stderr(on: bool) -> contextlib.AbstractContextManager:
 # ---------------------------------------------------------------- stages
 
 def run_networks(cfg: Config, args: argparse.Namespace) -> int:
+    """Make the network descriptions ``[networks]`` names (its zoo, factory and description-file networks at each
+    pruning level, and the generated ones) under ``cfg.models_dir``, and print what the manifest gained, changed or
+    lost; 0."""
     from perf4sight.networks.build import make_networks, reshaped_description_notes
 
     if cfg.networks.pruning.strategy == "random" and cfg.networks.pruning.levels != [0]:
@@ -155,6 +158,8 @@ def _configured(cfg: Config, names: list[str]) -> list[str]:
 
 
 def run_profile(cfg: Config, args: argparse.Namespace) -> int:
+    """Profile the dataset's networks on the ``--device`` names (else ``[profile] devices``, else every configured
+    device) and print each one's summary; 0 when every device finished, else 1."""
     from perf4sight.networks.settings import changed_settings_note
     from perf4sight.profiling.fleet import format_summaries, profile_devices
 
@@ -248,6 +253,9 @@ def _over_limit_note(cfg: Config, device: str, rows: list[dict[str, str]]) -> st
 
 
 def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
+    """Fit the fingerprint (``--predictor``'s, else ``[fingerprint] predictor``) of each measured device named (all
+    of them by default), unless its stored one was fitted from the same inputs (``--refit`` fits all the same); 0,
+    or ``UserError`` naming the devices that could not be fitted."""
     devices = measured_devices(cfg, args.device)
     if not devices:
         raise UserError(f"no measurements under {cfg.profiling_dir}: run --stage profile first")
@@ -801,6 +809,8 @@ def _capacity_note(fp: object, preds: list[dict]) -> None:
 
 
 def run_compare(cfg: Config, args: argparse.Namespace) -> int:
+    """Write the compare report (:func:`~perf4sight.report.compare.compare_devices`) of the trees fingerprints of
+    the named devices (else ``[compare] devices``, else every fingerprinted one); 0."""
     from perf4sight.report.compare import compare_devices
 
     gnn_only = sorted(p.parent.name for p in cfg.fingerprint_dir.glob("*/gnn.json")
@@ -834,6 +844,8 @@ def _stale_fingerprint_note(cfg: Config, device: str) -> None:
 
 
 def run_import(cfg: Config, args: argparse.Namespace) -> int:
+    """Import ``--source`` (``--format``: an importer of :data:`~perf4sight.importers.IMPORTERS`) as the
+    measurements of ``--device``, a name no configured device has, and print the counts and notes; 0."""
     from perf4sight.importers import IMPORTERS
 
     if args.device and len(args.device) > 1:
@@ -888,6 +900,8 @@ def _import_counts(summary: ImportSummary) -> str:
 
 
 def run_export(cfg: Config, args: argparse.Namespace) -> int:
+    """Write each named device's ok rows with a description as PerfSeer graph + label pairs under ``--output``
+    (one folder per device when there are several), every device checked before the first file is written; 0."""
     from perf4sight.exporters import export_perfseer
     from perf4sight.exporters.perfseer import check_exportable, exportable_rows
     from perf4sight.fingerprint.fit import memory_column
@@ -936,6 +950,8 @@ def run_export(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def run_check(cfg: Config, args: argparse.Namespace) -> int:
+    """Probe the named configured devices (all by default) and print what each has; 0 when every one is reachable
+    with torch and its backend's library, else 1."""
     from perf4sight.profiling.fleet import check_devices, format_checks
 
     checks = check_devices(cfg, _configured(cfg, args.device or list(cfg.devices)))

@@ -29,6 +29,8 @@ class AnalyticBaseline:
 
     @classmethod
     def fit(cls, F: np.ndarray, Y: np.ndarray, kind: str) -> "AnalyticBaseline":
+        """The baseline of ``kind`` ("none": no baseline) fitted to feature rows ``F`` and ``Y``, their [n, 2] log
+        latency (ms) and log memory (MiB) (NaN where not measured)."""
         if kind == "none":
             return cls(None)
         from perf4sight.fingerprint.trees import TargetModel
@@ -40,7 +42,7 @@ class AnalyticBaseline:
         return cls(parts)
 
     def log(self, F: np.ndarray) -> np.ndarray:
-        """[n, 2] log baseline (0 without one)."""
+        """[n, 2] log of the baseline's latency (ms) and memory (MiB) of feature rows ``F`` (0 without one)."""
         if not self.models:
             return np.zeros((len(F), len(TARGETS)))
         return np.column_stack([np.log(np.maximum(self.models[t].analytic(F), 1e-6)) for t in TARGETS])

@@ -308,8 +308,8 @@ def _within_one_se(kept: CVResult, best: CVResult) -> bool:
 
 def random_split_metrics(target: str, cand: Candidate, F: np.ndarray, y: np.ndarray, model: str, n_est: int,
                          leaf: int, seed: int, folds: int = 5) -> dict[str, float]:
-    """Accuracy on ``folds`` random splits of the rows (rows of a network may sit on both sides, so its family
-    is taken as seen)."""
+    """Accuracy (:func:`~perf4sight.fingerprint.evaluate.metrics`: errors in percent) on ``folds`` random splits of
+    the rows (rows of a network may sit on both sides, so its family is taken as seen)."""
     if len(y) < 2 * folds:
         return metrics(np.array([]), np.array([]))
     order = np.random.default_rng(seed).permutation(len(y))

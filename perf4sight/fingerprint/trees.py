@@ -146,7 +146,8 @@ class TreeEnsemble:
                    depth, combine, init, scale)
 
     def leaf_values(self, X: np.ndarray) -> np.ndarray:
-        """Per-tree outputs, shape (n_samples, n_trees)."""
+        """Per-tree outputs, shape (n_samples, n_trees), in the unit of what the trees were fitted to (a target
+        model's correction: a log ratio)."""
         Xf = np.asarray(X, dtype=np.float32).astype(np.float64)
         out = np.empty((Xf.shape[0], len(self.roots)))
         step = 256  # rows per pass: keeps the (rows x trees) index arrays in cache
@@ -161,7 +162,7 @@ class TreeEnsemble:
         return out
 
     def predict(self, X: np.ndarray) -> np.ndarray:
-        """Ensemble prediction, shape (n_samples,)."""
+        """Ensemble prediction, shape (n_samples,), in the unit of :meth:`leaf_values`."""
         v = self.leaf_values(X)
         agg = v.mean(axis=1) if self.combine == "mean" else v.sum(axis=1)
         return self.init + self.scale * agg

@@ -208,6 +208,7 @@ class Node:
     output_shape: List[int]
 
     def to_dict(self) -> Dict[str, Any]:
+        """The node as the description's JSON holds it (copies of its lists and attributes)."""
         return {"name": self.name, "op": self.op, "inputs": list(self.inputs),
                 "attrs": dict(self.attrs), "output_shape": list(self.output_shape)}
 
@@ -326,12 +327,15 @@ class NetworkDescription:
         return any(n.op == "batchnorm2d" and all(int(v) == 1 for v in n.output_shape[1:]) for n in self.nodes)
 
     def node(self, name: str) -> Node:
+        """The node named ``name``; ``KeyError`` where there is none."""
         for n in self.nodes:
             if n.name == name:
                 return n
         raise KeyError(name)
 
     def to_dict(self) -> Dict[str, Any]:
+        """The description as its JSON file holds it (:meth:`from_dict` reads it back), stamped with this
+        perf4sight's ``schema_version``."""
         d: Dict[str, Any] = {"name": self.name, "network": self.network,
                              "pruning_level": self.pruning_level,
                              "input_shape": list(self.input_shape),
@@ -343,6 +347,7 @@ class NetworkDescription:
         return d
 
     def to_json(self) -> str:
+        """:meth:`to_dict` as compact JSON text."""
         return json.dumps(self.to_dict(), separators=(",", ":"))
 
     @classmethod

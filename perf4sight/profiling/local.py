@@ -49,6 +49,7 @@ class ProfileSummary:
 
     @property
     def new_rows(self) -> int:
+        """Rows this run wrote: ok, oom, skipped after an oom and error."""
         return self.ok + self.oom + self.skipped_after_oom + self.error
 
 

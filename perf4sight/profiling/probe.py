@@ -100,6 +100,8 @@ def _torch_facts(cache_path):
 
 
 def probe(backend, workdir, cache_path=None):
+    """What this device offers ``backend`` (module docstring: memory and free disk in MiB), and whether ``workdir``
+    can be made and written in; torch's facts read from ``cache_path`` while its install is unchanged."""
     out = {"python": platform.python_version(), "executable": sys.executable, "machine": platform.machine(),
            "hostname": platform.node()}
     # nvml's check needs CUDA, which a driver or CUDA_VISIBLE_DEVICES can take away without a reinstall: imported

@@ -38,12 +38,14 @@ class Sampler:
             self._stop.wait(self.interval_s)
 
     def start(self) -> "Sampler":
+        """Take one reading now, then one every ``interval_s`` in a background thread until :meth:`stop`."""
         self._take()  # at least one reading even for very short measurements
         self._thread = threading.Thread(target=self._loop, name="perf4sight-sampler", daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> "Sampler":
+        """Stop the thread and take one last reading."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -51,6 +53,8 @@ class Sampler:
         return self
 
     def values(self, key: str) -> List[float]:
+        """Every reading of ``key``, in order, the missing left out; in the unit ``read()`` gives it, which the key
+        names (``used_mb``: MiB, ``util_pct``: percent, ``power_w``: watts)."""
         return [float(s[key]) for s in self.samples if s.get(key) is not None]
 
     def peak(self, key: str, digits: int = 2) -> Union[float, str]:
