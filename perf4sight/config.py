@@ -19,7 +19,7 @@ from typing import Any
 from perf4sight.errors import UserError
 from perf4sight.networks.design_space import DEFAULT_STYLES
 
-__all__ = ["Config", "DeviceConfig", "load_config", "BACKENDS"]
+__all__ = ["Config", "DeviceConfig", "load_config", "BACKENDS", "expand_home"]
 
 BACKENDS = ("cpu", "nvml", "jetson")
 PRUNING_STRATEGIES = ("l1-norm", "random", "random-weighted")  # perf4sight.networks.pruning
@@ -172,8 +172,12 @@ class Config:
     root: Path = Path(".")
 
     def resolve(self, relative: str | Path) -> Path:
-        """A path from the config, made absolute against the config file's folder."""
-        p = Path(relative).expanduser()
+        """A path from the config, made absolute against the config file's folder (``~`` and ``~user`` expanded;
+        ``UserError`` naming the file where that user has no home here)."""
+        try:
+            p = expand_home(relative)
+        except UserError as exc:
+            raise UserError(f"{self.path}: {exc}") from None
         return p if p.is_absolute() else self.root / p
 
     @property
@@ -204,6 +208,17 @@ class Config:
 
 
 _INTERNAL = {"path", "root", "name"}
+
+
+def expand_home(path: str | Path) -> Path:
+    """``path`` with a leading ``~`` or ``~user`` expanded; ``UserError`` where ``~user`` names no user of this
+    machine (``Path.expanduser``'s RuntimeError, a traceback, before)."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:
+        home = str(path).split("/", 1)[0]
+        raise UserError(f"'{path}': {home} is the home folder of no user of this machine: write the folder out "
+                        "(or ~/ for your own home)") from None
 
 
 #: what a value of each type is called in "'key' must be ...": the singular, and the items of a list
@@ -271,6 +286,7 @@ MAX_TREE_SEED = 2**32 - 1
 
 def _check(cfg: Config) -> None:
     """Values the types allow but the stages cannot use; ``UserError`` naming the file and key."""
+    _check_paths(cfg, cfg.path)
     _check_devices(cfg, cfg.path)
     _check_profile(cfg, cfg.path)
     _check_fingerprint(cfg, cfg.path)
@@ -278,6 +294,24 @@ def _check(cfg: Config) -> None:
     _check_generator(cfg, cfg.path)
     _check_seeds(cfg, cfg.path)
     _check_folders(cfg, cfg.path)
+
+
+def _check_paths(cfg: Config, f: Path | None) -> None:
+    """Every path the config gives can be expanded: a ``~user`` of no user of this machine is named with its key
+    (the first stage to read the path stopped with a traceback)."""
+    paths = [(f"[project] {key}", getattr(cfg.project, key))
+             for key in ("models_dir", "profiling_dir", "fingerprint_dir", "reports_dir")]
+    paths += [(f"[devices.{name}] {key}", getattr(dev, key))
+              for name, dev in cfg.devices.items() for key in ("key_file", "known_hosts")]
+    paths += [(f"[networks] {key}", name) for key in ("factories", "description_files")
+              for name in getattr(cfg.networks, key)]
+    paths += [(f"[{section}] networks", name) for section in ("predict", "compare")
+              for name in getattr(cfg, section).networks]
+    for where, path in paths:
+        try:
+            expand_home(path.rsplit(":", 1)[0] if ".py:" in path else path)  # a factory's file
+        except UserError as exc:
+            raise UserError(f"{f}: {where}: {exc}") from None
 
 
 def _check_folders(cfg: Config, f: Path | None) -> None:

@@ -264,6 +264,29 @@ def test_config_that_is_not_utf8_is_one_line(tmp_path):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("text, key", [
+    ('[project]\nmodels_dir = "~no-such-user-p4s/models"\n', r"\[project\] models_dir"),
+    ('[devices.tx2]\nhost = "10.0.0.2"\nkey_file = "~no-such-user-p4s/.ssh/id"\n', r"\[devices.tx2\] key_file"),
+    ('[devices.tx2]\nhost = "10.0.0.2"\nknown_hosts = "~no-such-user-p4s/kh"\n', r"\[devices.tx2\] known_hosts"),
+    ('[networks]\nfactories = ["~no-such-user-p4s/nets.py:net"]\n', r"\[networks\] factories"),
+    ('[networks]\ndescription_files = ["~no-such-user-p4s/n.json"]\n', r"\[networks\] description_files"),
+    ('[predict]\nnetworks = ["~no-such-user-p4s/n.json"]\n', r"\[predict\] networks"),
+    ('[compare]\nnetworks = ["~no-such-user-p4s/nets.py:net"]\n', r"\[compare\] networks"),
+])
+def test_a_home_of_no_user_is_one_line_naming_the_key(tmp_path, text, key):
+    """``~someone`` of no user of this machine: Path.expanduser's RuntimeError was a traceback from the config check
+    (or from the first stage to read the path, e.g. check's SSH connection for key_file)."""
+    path = write(tmp_path, text + ("" if "devices" in text else '[devices.local]\nbackend = "cpu"\n'))
+    with pytest.raises(UserError, match=rf"c.toml: {key}: '~no-such-user-p4s/[^']*': ~no-such-user-p4s is the home "
+                                        r"folder of no user of this machine: write the folder out \(or ~/ for your "
+                                        r"own home\)$"):
+        load_config(path)
+    from perf4sight.config import Config, expand_home
+    with pytest.raises(UserError, match=r"c.toml: '~no-such-user-p4s/x': ~no-such-user-p4s is the home folder"):
+        Config(path=path).resolve("~no-such-user-p4s/x")  # a path read later, by a stage
+    assert expand_home("~/x") == Path.home() / "x"
+
+
 def test_cli_prints_one_line_and_exits_2(tmp_path):
     path = write(tmp_path, GOOD.replace("batch_sizes", "batch_size"))
     for argv in (["--config", str(path), "--stage", "networks"],

@@ -71,7 +71,9 @@ def parse_factory(spec: str, root: Path, models_dir: Path | None = None) -> Fact
     if not sep or not module or not function.isidentifier():
         raise UserError(f"factory '{spec}': expected 'path/to/file.py:function' or 'module:function'")
     if module.endswith(".py") or "/" in module or "\\" in module:
-        path = Path(module).expanduser()
+        from perf4sight.config import expand_home  # a ~user of no user: one line
+
+        path = expand_home(module)
         path = path if path.is_absolute() else root / path
     else:
         path = (models_dir or root / "models") / "imagenet" / f"{module.replace('.', '/')}.py"
