@@ -6,6 +6,7 @@ Paths in the config are relative to the config file's folder.
 """
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import os
 import re
@@ -521,6 +522,21 @@ def write_default_config(path: str | Path) -> Path:
     return p
 
 
+def _config_text(p: Path) -> str:
+    """The text of config file ``p``: UTF-8, as TOML is, with or without the byte-order mark an editor may put
+    first (Windows' Notepad: "Invalid statement (at line 1, column 1)" before); ``UserError`` for a file in another
+    encoding, naming the line of its first byte that is not UTF-8."""
+    data = p.read_bytes()
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):  # e.g. PowerShell 5's `>` and Out-File
+        raise UserError(f"{p}: is UTF-16 text; TOML is UTF-8: save it as UTF-8")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise UserError(f"{p}: is not UTF-8 text (byte 0x{data[exc.start]:02x} on line {line}: another encoding, "
+                        "such as Latin-1); TOML is UTF-8: save it as UTF-8") from None
+
+
 def load_config(path: str | Path) -> Config:
     """Read and validate a TOML config; raises ``UserError`` naming file and key."""
     p = Path(path)
@@ -530,8 +546,8 @@ def load_config(path: str | Path) -> Config:
         where = "" if p.is_absolute() else f" (looked in {Path.cwd()})"
         raise UserError(f"{p}: config file not found{where}; --stage init writes the default one there")
     try:
-        raw = tomllib.loads(p.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raw = tomllib.loads(_config_text(p))
+    except tomllib.TOMLDecodeError as exc:
         raise UserError(f"{p}: not valid TOML ({exc})") from None
     cfg = Config()
     hints = typing.get_type_hints(Config)

@@ -1,6 +1,7 @@
 """Config validation: every bad input is one clear line naming the key and file, exit code 2."""
 from __future__ import annotations
 
+import codecs
 import re
 import subprocess
 import sys
@@ -257,11 +258,25 @@ def test_a_device_named_twice_is_one_device(tmp_path):
 
 
 def test_config_that_is_not_utf8_is_one_line(tmp_path):
+    """The line of the first byte that is not UTF-8 (a position in bytes, before) and what to do."""
     path = tmp_path / "c.toml"
     path.write_bytes(b"[project]\nseed = 0 # caf\xe9\n")
-    with pytest.raises(UserError, match="not valid TOML") as info:
+    with pytest.raises(UserError, match=r"c.toml: is not UTF-8 text \(byte 0xe9 on line 2: another encoding, such as "
+                                        r"Latin-1\); TOML is UTF-8: save it as UTF-8$") as info:
         load_config(path)
     assert "\n" not in str(info.value)
+
+
+def test_a_config_saved_with_a_byte_order_mark_loads_and_utf16_says_so(tmp_path):
+    """Notepad's UTF-8 with a byte-order mark was "not valid TOML (Invalid statement (at line 1, column 1))"; a
+    UTF-16 file (PowerShell's `>`) was a codec's message."""
+    path = tmp_path / "c.toml"
+    path.write_bytes(codecs.BOM_UTF8 + GOOD.encode())
+    assert load_config(path).devices["local"].memory_limit_mb == 512
+    for encoding in ("utf-16", "utf-16-be"):
+        path.write_bytes((codecs.BOM_UTF16_BE if encoding.endswith("be") else b"") + GOOD.encode(encoding))
+        with pytest.raises(UserError, match=r"c.toml: is UTF-16 text; TOML is UTF-8: save it as UTF-8$"):
+            load_config(path)
 
 
 @pytest.mark.parametrize("text, key", [
