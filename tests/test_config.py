@@ -146,6 +146,12 @@ def test_good_config_is_typed(tmp_path):
     (GOOD + "\n[networks.generator]\nmax_mflops = nan\n", r"\[networks.generator\] max_mflops must be >= 0, got nan"),
     (GOOD.replace("input_shape = [3, 32, 32]", "input_shape = [3, 16, 16]") + "\n[networks.generator]\ncount = 2\n",
      r"\[networks\] input_shape \[3, 16, 16\] is too small for generated networks"),
+    # a NaN timeout read as "min_timed_s must lie in [0, timeout_s)"; inf (or a wait epoll cannot take) stopped the
+    # runner with an OverflowError (at the op prices' measurement)
+    (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\ntimeout_s = nan"),
+     r"\[profile\] timeout_s must be > 0 seconds and at most 1,000,000 \(about 11 days\), got nan$"),
+    (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\ntimeout_s = inf"), r"\[profile\] timeout_s .* inf$"),
+    (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\ntimeout_s = 1e7"), r"\[profile\] timeout_s .* 1"),
 ])
 def test_bad_config_names_file_and_key(tmp_path, text, expected):
     path = write(tmp_path, text)

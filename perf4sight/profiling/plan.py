@@ -22,12 +22,17 @@ from perf4sight.files import write_atomically
 from perf4sight.profiling.results import REFERENCES_CSV
 
 __all__ = ["TestPlan", "load_plan", "save_plan", "check_measurement_settings", "PLAN_VERSION", "OPTIMIZERS",
+           "MAX_TIMEOUT_S",
            "training_phase", "phase_optimizer", "update_columns", "recorded_update", "effective_weight_decay"]
 
 PLAN_VERSION = 1
 
 #: The optimisers a measured training step can use (torch.optim.SGD, Adam, AdamW).
 OPTIMIZERS = ("sgd", "adam", "adamw")
+
+#: The longest ``timeout_s`` (about 11.6 days): the waits it bounds take no more (a longer one, or ``inf``, was an
+#: OverflowError in the runner).
+MAX_TIMEOUT_S = 1_000_000.0
 
 
 def training_phase(optimizer: str) -> str:
@@ -90,8 +95,9 @@ def check_measurement_settings(s: Any, where: str, quote: str = "") -> None:
             raise UserError(f"{where}{key(name)} must be >= {least}, got {getattr(s, name)}")
     if s.repeats < 1:
         raise UserError(f"{where}{key('repeats')} must be >= 1, got {s.repeats}")
-    if s.timeout_s <= 0:
-        raise UserError(f"{where}{key('timeout_s')} must be > 0 seconds, got {s.timeout_s}")
+    if not 0 < s.timeout_s <= MAX_TIMEOUT_S:  # NaN too: it read as "min_timed_s must lie in [0, timeout_s)"
+        raise UserError(f"{where}{key('timeout_s')} must be > 0 seconds and at most {MAX_TIMEOUT_S:,.0f} "
+                        f"(about 11 days), got {s.timeout_s}")
     if not 0 <= s.min_timed_s < s.timeout_s:
         raise UserError(f"{where}{key('min_timed_s')} must lie in [0, timeout_s), got {s.min_timed_s}")
     if not s.max_swap_in_mb >= 0:  # NaN too: it would turn the thrashing check off
