@@ -19,6 +19,7 @@ from typing import Any
 
 from perf4sight.errors import UserError
 from perf4sight.networks.design_space import DEFAULT_STYLES
+from perf4sight.profiling.plan import MAX_BATCH_SIZE
 
 __all__ = ["Config", "DeviceConfig", "load_config", "BACKENDS", "expand_home"]
 
@@ -417,6 +418,9 @@ def _check_networks(cfg: Config, f: Path | None) -> None:
         raise UserError(f"{f}: [predict] batch_sizes is empty: give at least one (e.g. [8]), or leave the key out")
     if any(b < 1 for b in cfg.predict.batch_sizes):
         raise UserError(f"{f}: [predict] batch_sizes must be positive integers, got {cfg.predict.batch_sizes}")
+    if max(cfg.predict.batch_sizes) > MAX_BATCH_SIZE:  # said by the predict stage, at the end of --stage all
+        raise UserError(f"{f}: [predict] batch_sizes must be at most {MAX_BATCH_SIZE:,}, got "
+                        f"{max(cfg.predict.batch_sizes):,}")
     for where, levels in (("[networks.pruning] levels", cfg.networks.pruning.levels),
                           ("[compare] pruning_levels", cfg.compare.pruning_levels)):
         if any(not 0 <= lvl <= 99 for lvl in levels):
@@ -425,6 +429,9 @@ def _check_networks(cfg: Config, f: Path | None) -> None:
             raise UserError(f"{f}: {where} name a level twice: {levels}")
     if cfg.compare.pruning_batch_size < 1:
         raise UserError(f"{f}: [compare] pruning_batch_size must be >= 1, got {cfg.compare.pruning_batch_size}")
+    if cfg.compare.pruning_batch_size > MAX_BATCH_SIZE:  # said by the compare stage, at the end of --stage all
+        raise UserError(f"{f}: [compare] pruning_batch_size must be at most {MAX_BATCH_SIZE:,}, got "
+                        f"{cfg.compare.pruning_batch_size:,}")
     if cfg.networks.pruning.min_channels < 1:
         raise UserError(f"{f}: [networks.pruning] min_channels must be >= 1, got {cfg.networks.pruning.min_channels}")
 

@@ -152,6 +152,14 @@ def test_good_config_is_typed(tmp_path):
      r"\[profile\] timeout_s must be > 0 seconds and at most 1,000,000 \(about 11 days\), got nan$"),
     (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\ntimeout_s = inf"), r"\[profile\] timeout_s .* inf$"),
     (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\ntimeout_s = 1e7"), r"\[profile\] timeout_s .* 1"),
+    # batch sizes past the largest any stage takes: "predict: batch size ... is above 1,000,000,000" from the predict
+    # and compare stages, without the file or the key, at the end of --stage all
+    (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 99_999_999_999]"),
+     r"\[profile\] batch_sizes must be at most 1,000,000,000, got 99,999,999,999$"),
+    (GOOD + "\n[predict]\nbatch_sizes = [8, 2_000_000_000]\n",
+     r"\[predict\] batch_sizes must be at most 1,000,000,000, got 2,000,000,000$"),
+    (GOOD + "\n[compare]\npruning_batch_size = 99_999_999_999\n",
+     r"\[compare\] pruning_batch_size must be at most 1,000,000,000, got 99,999,999,999$"),
 ])
 def test_bad_config_names_file_and_key(tmp_path, text, expected):
     path = write(tmp_path, text)

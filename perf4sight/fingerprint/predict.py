@@ -34,6 +34,7 @@ from perf4sight.fingerprint.storage import FEATURE_SET, HeldOut, check_metadata,
 from perf4sight.fingerprint.trees import Model
 from perf4sight.ir.schema import STRUCTURE_VERSION, NetworkDescription, load_description
 from perf4sight.ir.shapes import shape_text
+from perf4sight.profiling.plan import MAX_BATCH_SIZE
 from perf4sight.wording import plural
 
 __all__ = ["Fingerprint", "load_fingerprint", "PREDICTION_KEYS", "accuracy_lines", "for_optimizer"]
@@ -62,7 +63,6 @@ def _batch_size(v: Any) -> int:
 
 #: how far :meth:`Fingerprint.max_batch_size` searches unless told (predict's ``--max-batch-size`` default, compare's)
 BATCH_SEARCH_LIMIT = 1024
-MAX_BATCH_SIZE = 10**9  # larger batches overflow the byte counts (int64) of the allocator replay
 
 
 def batch_list(batch_sizes: int | Sequence[int]) -> list[int]:

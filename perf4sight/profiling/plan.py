@@ -22,7 +22,7 @@ from perf4sight.files import write_atomically
 from perf4sight.profiling.results import REFERENCES_CSV
 
 __all__ = ["TestPlan", "load_plan", "save_plan", "check_measurement_settings", "PLAN_VERSION", "OPTIMIZERS",
-           "MAX_TIMEOUT_S",
+           "MAX_BATCH_SIZE", "MAX_TIMEOUT_S",
            "training_phase", "phase_optimizer", "update_columns", "recorded_update", "effective_weight_decay"]
 
 PLAN_VERSION = 1
@@ -30,6 +30,8 @@ PLAN_VERSION = 1
 #: The optimisers a measured training step can use (torch.optim.SGD, Adam, AdamW).
 OPTIMIZERS = ("sgd", "adam", "adamw")
 
+#: The largest batch size any stage takes: larger ones overflow the byte counts (int64) of the allocator replay.
+MAX_BATCH_SIZE = 10**9
 #: The longest ``timeout_s`` (about 11.6 days): the waits it bounds take no more (a longer one, or ``inf``, was an
 #: OverflowError in the runner).
 MAX_TIMEOUT_S = 1_000_000.0
@@ -90,6 +92,8 @@ def check_measurement_settings(s: Any, where: str, quote: str = "") -> None:
     bs = s.batch_sizes
     if not bs or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in bs) or sorted(set(bs)) != bs:
         raise UserError(f"{where}{key('batch_sizes')} must be positive integers in ascending order, got {bs}")
+    if bs[-1] > MAX_BATCH_SIZE:
+        raise UserError(f"{where}{key('batch_sizes')} must be at most {MAX_BATCH_SIZE:,}, got {bs[-1]:,}")
     for name, least in (("timed_steps", 1), ("warmup_steps", 0)):
         if getattr(s, name) < least:
             raise UserError(f"{where}{key(name)} must be >= {least}, got {getattr(s, name)}")
