@@ -282,6 +282,12 @@ def _build(cls: type, table: dict[str, Any], where: str) -> Any:
 #: The most classes a network's output may have: a million (ImageNet-21k has 21,841); more is a typing slip, and its
 #: last layer would not fit in memory to be described.
 MAX_CLASSES = 1_000_000
+#: The most trees an ensemble may have (default 200): more is a typing slip, whose fit would not end.
+MAX_TREES = 100_000
+#: The largest GNN settings (defaults: 64 wide, 3 deep, 300 epochs, patience 40): a typing slip beyond, e.g. a
+#: width whose layers would not fit in memory.
+GNN_LIMITS = {"gnn_hidden": 4096, "gnn_layers": 64, "gnn_max_epochs": 1_000_000, "gnn_patience": 1_000_000}
+_FINGERPRINT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(FingerprintConfig)}
 #: The largest seed scikit-learn's trees take (``random_state``: 0..2**32 - 1).
 MAX_TREE_SEED = 2**32 - 1
 
@@ -378,13 +384,19 @@ def _check_fingerprint(cfg: Config, f: Path | None) -> None:
     if fp.n_estimators < 1 or fp.min_samples_leaf < 1:
         raise UserError(f"{f}: [fingerprint] n_estimators and min_samples_leaf must be >= 1, "
                         f"got {fp.n_estimators} and {fp.min_samples_leaf}")
+    if fp.n_estimators > MAX_TREES:
+        raise UserError(f"{f}: [fingerprint] n_estimators must lie in 1..{MAX_TREES:,} (trees per ensemble; "
+                        f"default 200), got {fp.n_estimators:,}")
     if fp.predictor not in PREDICTORS:
         raise UserError(f"{f}: [fingerprint] predictor '{fp.predictor}' is not one of {', '.join(PREDICTORS)}")
     if fp.gnn_arch not in GNN_ARCHS:
         raise UserError(f"{f}: [fingerprint] gnn_arch '{fp.gnn_arch}' is not one of {', '.join(GNN_ARCHS)}")
-    for key in ("gnn_hidden", "gnn_layers", "gnn_max_epochs", "gnn_patience"):
+    for key, most in GNN_LIMITS.items():
         if getattr(fp, key) < 1:
             raise UserError(f"{f}: [fingerprint] {key} must be >= 1, got {getattr(fp, key)}")
+        if getattr(fp, key) > most:  # gnn_hidden = 100000 asked torch for a 40 GB layer: a traceback
+            raise UserError(f"{f}: [fingerprint] {key} must lie in 1..{most:,} (default "
+                            f"{_FINGERPRINT_DEFAULTS[key]}), got {getattr(fp, key):,}")
 
 
 def _check_networks(cfg: Config, f: Path | None) -> None:

@@ -160,6 +160,12 @@ def test_good_config_is_typed(tmp_path):
      r"\[predict\] batch_sizes must be at most 1,000,000,000, got 2,000,000,000$"),
     (GOOD + "\n[compare]\npruning_batch_size = 99_999_999_999\n",
      r"\[compare\] pruning_batch_size must be at most 1,000,000,000, got 99,999,999,999$"),
+    # sizes whose fit would not end, or asked torch for a 40 GB layer (a traceback from the fingerprint stage)
+    (GOOD + "\n[fingerprint]\ngnn_hidden = 100_000\n",
+     r"\[fingerprint\] gnn_hidden must lie in 1..4,096 \(default 64\), got 100,000$"),
+    (GOOD + "\n[fingerprint]\ngnn_layers = 1000\n", r"\[fingerprint\] gnn_layers must lie in 1..64 \(default 3\)"),
+    (GOOD + "\n[fingerprint]\nn_estimators = 1_000_000_000\n",
+     r"\[fingerprint\] n_estimators must lie in 1..100,000 \(trees per ensemble; default 200\), got 1,000,000,000$"),
 ])
 def test_bad_config_names_file_and_key(tmp_path, text, expected):
     path = write(tmp_path, text)
