@@ -166,6 +166,9 @@ def test_good_config_is_typed(tmp_path):
     (GOOD + "\n[fingerprint]\ngnn_layers = 1000\n", r"\[fingerprint\] gnn_layers must lie in 1..64 \(default 3\)"),
     (GOOD + "\n[fingerprint]\nn_estimators = 1_000_000_000\n",
      r"\[fingerprint\] n_estimators must lie in 1..100,000 \(trees per ensemble; default 200\), got 1,000,000,000$"),
+    # a draw without end (the networks stage drew candidates for ever, without a word)
+    (GOOD + "\n[networks.generator]\ncount = 1_000_000_000\n",
+     r"\[networks.generator\] count must be at most 10,000 \(each network is profiled at every batch size\)"),
 ])
 def test_bad_config_names_file_and_key(tmp_path, text, expected):
     path = write(tmp_path, text)

@@ -12,6 +12,10 @@ from perf4sight.networks.design_space import DEFAULT_STYLES, MIN_INPUT, STYLES
 __all__ = ["GeneratorSettings", "where_in_config"]
 
 
+#: The most networks one config may generate: more is a typing slip (their draw alone would take hours).
+MAX_COUNT = 10_000
+
+
 @dataclass
 class GeneratorSettings:
     """What to generate: counts, seed, styles and the accepted ranges (MFLOPs = 1e6 forward FLOPs)."""
@@ -42,6 +46,9 @@ class GeneratorSettings:
             raise UserError(f"{where} styles is empty: allow at least one of {', '.join(STYLES)}")
         if self.count < 0:
             raise UserError(f"{where} count must be >= 0, got {self.count}")
+        if self.count > MAX_COUNT:  # count = 1000000000 drew candidates for ever, without a word
+            raise UserError(f"{where} count must be at most {MAX_COUNT:,} (each network is profiled at every batch "
+                            f"size), got {self.count:,}")
         for key in ("min_mflops", "max_mflops", "min_params", "max_params"):
             if not getattr(self, key) >= 0:  # NaN too: it would accept every network
                 raise UserError(f"{where} {key} must be >= 0, got {getattr(self, key)}")
