@@ -330,6 +330,29 @@ def _check_folders(cfg: Config, f: Path | None) -> None:
             raise UserError(f"{f}: [project] {key} = {getattr(cfg.project, key)!r} is a file ({path}), not a folder")
 
 
+#: the keys of a device reached over SSH alone: set to other than their defaults without a host, they are a sign of
+#: a forgotten host (this machine is profiled instead, under the device's name)
+SSH_ONLY = ("port", "user", "key_file", "known_hosts", "accept_new_host_key", "python", "workdir",
+            "reconnect_timeout_s")
+_DEVICE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(DeviceConfig)}
+
+
+def _check_host(host: str, where: str) -> None:
+    """``UserError`` ``where`` + why, for a host that is no host name or address but has more in it: a user, a port
+    or a scheme (which the SSH connection looked up as a name, to say "Name or service not known"), or spaces."""
+    if any(c.isspace() for c in host):
+        raise UserError(f"{where} has a space in it: give the device's host name or address alone")
+    if "://" in host:
+        raise UserError(f"{where} is a URL: give the device's host name or address alone (port and user have keys "
+                        "of their own)")
+    if "@" in host:
+        user, _, rest = host.rpartition("@")
+        raise UserError(f"{where} holds a user: give host = {rest!r} and user = {user!r}")
+    if host.count(":") == 1:  # an IPv6 address has two or more
+        address, _, port = host.partition(":")
+        raise UserError(f"{where} holds a port: give host = {address!r} and port = {port}")
+
+
 def _check_devices(cfg: Config, f: Path | None) -> None:
     """[devices.*] tables, and the devices [profile] names."""
     from perf4sight.ir.schema import is_file_stem  # stdlib only
@@ -341,10 +364,6 @@ def _check_devices(cfg: Config, f: Path | None) -> None:
                             "go in a folder of that name: no path separators, no leading '.', no surrounding spaces)")
         if dev.backend not in BACKENDS:
             raise UserError(f"{f}: [devices.{name}] backend '{dev.backend}' is not one of {', '.join(BACKENDS)}")
-        ssh_only = [k for k in ("user", "key_file", "known_hosts") if getattr(dev, k)]
-        if not dev.host and ssh_only:  # a forgotten host would profile this machine under the device's name
-            raise UserError(f"{f}: [devices.{name}] sets {', '.join(ssh_only)} but no host: without a host the "
-                            "device is this machine; set host for an SSH device, or drop those keys")
         for key in ("memory_limit_mb", "threads", "gpu_index"):
             if getattr(dev, key) < 0:
                 raise UserError(f"{f}: [devices.{name}] {key} must be >= 0, got {getattr(dev, key)}")
@@ -360,6 +379,15 @@ def _check_devices(cfg: Config, f: Path | None) -> None:
         if not dev.python.strip():  # check ran "" and profile python3: name one, or drop the key for python3
             raise UserError(f"{f}: [devices.{name}] python is empty: name the device's interpreter, or drop the key "
                             "for python3")
+        if not dev.workdir.strip():  # check probed the login folder, profile expanded "" its own way
+            raise UserError(f"{f}: [devices.{name}] workdir is empty: name the device's work folder, or drop the key "
+                            f"for {_DEVICE_DEFAULTS['workdir']}")
+        ssh_only = [k for k in SSH_ONLY if getattr(dev, k) != _DEVICE_DEFAULTS[k]]
+        if not dev.host and ssh_only:  # a forgotten host would profile this machine under the device's name
+            raise UserError(f"{f}: [devices.{name}] sets {', '.join(ssh_only)} but no host: without a host the "
+                            "device is this machine; set host for an SSH device, or drop those keys")
+        if dev.host:
+            _check_host(dev.host, f"{f}: [devices.{name}] host {dev.host!r}")
     for d in cfg.profile.devices:
         if d not in cfg.devices:
             raise UserError(f"{f}: [profile] devices names unknown device '{d}' "

@@ -169,6 +169,23 @@ def test_good_config_is_typed(tmp_path):
     # a draw without end (the networks stage drew candidates for ever, without a word)
     (GOOD + "\n[networks.generator]\ncount = 1_000_000_000\n",
      r"\[networks.generator\] count must be at most 10,000 \(each network is profiled at every batch size\)"),
+    # an SSH device's keys without a host (user, key_file and known_hosts were refused): this machine profiled under
+    # the device's name
+    (GOOD.replace("memory_limit_mb = 512", "port = 2222"), r"\[devices.local\] sets port but no host: without a host"),
+    (GOOD.replace("memory_limit_mb = 512", 'python = "/opt/venv/bin/python"\nworkdir = "/data/p4s"'),
+     r"\[devices.local\] sets python, workdir but no host: without a host the device is this machine"),
+    (GOOD.replace("memory_limit_mb = 512", "accept_new_host_key = true\nreconnect_timeout_s = 600"),
+     r"\[devices.local\] sets accept_new_host_key, reconnect_timeout_s but no host"),
+    (GOOD.replace("memory_limit_mb = 512", 'host = "10.0.0.2"\nworkdir = " "'),
+     r"\[devices.local\] workdir is empty: name the device's work folder, or drop the key for ~/perf4sight-work$"),
+    # a host with more in it, which the connection looked up as a name ("Name or service not known")
+    (GOOD.replace("memory_limit_mb = 512", 'host = "nvidia@10.0.0.2"'),
+     r"\[devices.local\] host 'nvidia@10.0.0.2' holds a user: give host = '10.0.0.2' and user = 'nvidia'$"),
+    (GOOD.replace("memory_limit_mb = 512", 'host = "10.0.0.2:2222"'),
+     r"\[devices.local\] host '10.0.0.2:2222' holds a port: give host = '10.0.0.2' and port = 2222$"),
+    (GOOD.replace("memory_limit_mb = 512", 'host = "ssh://tx2.lan"'), r"\[devices.local\] host 'ssh://tx2.lan' is a"),
+    (GOOD.replace("memory_limit_mb = 512", 'host = " tx2.lan"'), r"\[devices.local\] host ' tx2.lan' has a space"),
+    (GOOD.replace("memory_limit_mb = 512", 'host = "  "'), r"\[devices.local\] host '  ' has a space in it"),
 ])
 def test_bad_config_names_file_and_key(tmp_path, text, expected):
     path = write(tmp_path, text)
