@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import sys
@@ -115,7 +116,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                              "fingerprint's training networks' (a network given by file or dataset name is rebuilt "
                              "and described at it; predictions at another shape than the rows' are extrapolations, "
                              "see the README's Results)")
-    parser.add_argument("--max-latency-ms", type=float, metavar="MS",
+    parser.add_argument("--max-latency-ms", type=_milliseconds, metavar="MS",
                         help="predict, with --prune-to-fit: the step must also take at most MS milliseconds")
     parser.add_argument("--optimizer", choices=OPTIMIZERS,
                         help="the training step's optimiser, for this run instead of [profile] optimizer: profile "
@@ -161,6 +162,18 @@ def _unit_interval(flag: str) -> Callable[[str], float]:
     return parse
 
 
+def _milliseconds(text: str) -> float:
+    """An argparse type: a positive, finite number of milliseconds (``inf`` wrote ``Infinity`` into --json's lines,
+    which is no JSON), else the parser's one-line error."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--max-latency-ms takes a number of milliseconds, got {text!r}") from None
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"--max-latency-ms must be a positive number of milliseconds, got {text}")
+    return value
+
+
 def unused_option(args: argparse.Namespace) -> str:
     """The first option given that ``args.stage`` does not read, as the line saying so ('' if none)."""
     for dest, stages in OPTION_STAGES.items():
@@ -177,6 +190,8 @@ def _conflicting_options(args: argparse.Namespace) -> str:
     if getattr(args, "max_batch_size", None) is not None and (args.prune_to_fit or args.max_latency_ms is not None):
         return ("--max-batch-size answers alone (the largest batch that fits the memory): give it without "
                 "--prune-to-fit and --max-latency-ms, which answer at --batch-size")
+    if getattr(args, "max_latency_ms", None) is not None and not args.prune_to_fit:  # said once a fingerprint loaded
+        return "--max-latency-ms is the step-time budget of --prune-to-fit: give that too"
     return ""
 
 

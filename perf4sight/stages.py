@@ -433,8 +433,6 @@ def _predict_on_one(cfg: Config, args: argparse.Namespace) -> int:
         return _predict_max_batch(cfg, args, fp, device, names)
     if getattr(args, "prune_to_fit", False):
         return _predict_prune_to_fit(cfg, args, fp, device, names)
-    if getattr(args, "max_latency_ms", None) is not None:
-        raise UserError("--max-latency-ms is the step-time budget of --prune-to-fit: give that too")
     # checked before describing (seconds); a size given twice is predicted once
     batch_sizes = list(dict.fromkeys(batch_list(args.batch_size or cfg.predict.batch_sizes)))
     started = time.perf_counter()
@@ -596,9 +594,7 @@ def _predict_prune_to_fit(cfg: Config, args: argparse.Namespace, fp: object, dev
     from perf4sight.networks.on_request import (PRUNABLE, LevelVariants, prunable_networks, pruned_as,
                                                 with_command_line_factories)
 
-    budget = args.max_latency_ms
-    if budget is not None and not budget > 0:
-        raise UserError(f"--max-latency-ms must be a positive number of milliseconds, got {budget:g}")
+    budget = args.max_latency_ms  # positive and finite: the command line's parser checks it
     if fp.capacity_mb is None and budget is None:
         raise UserError(f"{device}: {unknown_capacity(fp)}: there is no pruning level to find that fits "
                         "(--max-latency-ms alone searches for a step-time budget)")

@@ -398,6 +398,17 @@ def test_init_writes_the_default_config_and_never_over_a_file(tmp_path):
      "--device is for --stage profile, fingerprint, predict, compare, all, import, export or check"),
     (["--stage", "predict", "--max-batch-size", "--max-latency-ms", "5"], "--max-batch-size answers alone"),
     (["--stage", "predict", "--max-batch-size", "64", "--prune-to-fit"], "--max-batch-size answers alone"),
+    # inf wrote "max_latency_ms": Infinity into --json's lines, which is no JSON; without --prune-to-fit it was said
+    # only once a fingerprint had loaded (after "unknown device" or "no fingerprint", where there was none)
+    (["--stage", "predict", "--prune-to-fit", "--max-latency-ms", "inf"],
+     "error: argument --max-latency-ms: --max-latency-ms must be a positive number of milliseconds, got inf"),
+    (["--stage", "predict", "--prune-to-fit", "--max-latency-ms", "nan"], "must be a positive number of milliseconds"),
+    (["--stage", "predict", "--prune-to-fit", "--max-latency-ms", "0"], "must be a positive number of milliseconds"),
+    (["--stage", "predict", "--prune-to-fit", "--max-latency-ms", "-5"], "a positive number of milliseconds, got -5"),
+    (["--stage", "predict", "--prune-to-fit", "--max-latency-ms", "fast"],
+     "--max-latency-ms takes a number of milliseconds, got 'fast'"),
+    (["--stage", "predict", "--network", "resnet18", "--max-latency-ms", "5"],
+     "error: --max-latency-ms is the step-time budget of --prune-to-fit: give that too"),
 ])
 def test_argument_mistakes_are_one_line(tmp_path, argv, expected):
     """A mistyped argument, and an option the stage would pass over (profile --network x measured every
