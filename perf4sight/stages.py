@@ -848,7 +848,10 @@ def run_import(cfg: Config, args: argparse.Namespace) -> int:
         raise UserError(f"import takes one --device (the name the imported measurements get), got {len(args.device)}: "
                         f"{' '.join(args.device)}")
     if args.format not in IMPORTERS or not args.source or not args.device:
-        raise UserError(f"import needs --format {{{','.join(IMPORTERS)}}} --source DIR --device NAME")
+        missing = [flag for flag, given in (("--format", args.format), ("--source", args.source),
+                                            ("--device", args.device)) if not given]
+        raise UserError(f"import needs --format {{{','.join(IMPORTERS)}}} --source DIR --device NAME "
+                        f"({' and '.join(missing)} missing)")
     device = args.device[0]
     if device in cfg.devices:
         raise UserError(f"import: '{device}' is a device of {cfg.path} ([devices.{device}], backend "

@@ -569,3 +569,15 @@ def test_ctrl_c_before_a_stage_begins_is_one_line(tmp_path, monkeypatch, capsys)
     assert cli.main(["--config", str(tmp_path / "config.toml"), "--stage", "init"]) == 130
     assert capsys.readouterr().err == "interrupted: nothing was written\n"
     assert not (tmp_path / "config.toml").exists()
+
+
+def test_import_names_the_options_it_misses(tmp_path):
+    """"import needs --format ... --source DIR --device NAME" whichever was missing: now which."""
+    path = write(tmp_path, GOOD)
+    for argv, missing in ((["--source", "data"], "--format and --device"),
+                          (["--format", "perfseer", "--device", "tx2"], "--source"),
+                          ([], "--format and --source and --device")):
+        proc = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(path), "--stage", "import",
+                               *argv], capture_output=True, text=True, cwd=tmp_path)
+        assert proc.returncode == 2 and proc.stderr == (
+            f"error: import needs --format {{perf4sight,perfseer}} --source DIR --device NAME ({missing} missing)\n")
