@@ -15,13 +15,13 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from perf4sight.errors import UserError
 from perf4sight.networks.design_space import DEFAULT_STYLES
 from perf4sight.profiling.plan import MAX_BATCH_SIZE
 
-__all__ = ["Config", "DeviceConfig", "load_config", "BACKENDS", "expand_home"]
+__all__ = ["Config", "DeviceConfig", "load_config", "BACKENDS", "checked_network_names", "expand_home"]
 
 BACKENDS = ("cpu", "nvml", "jetson")
 PRUNING_STRATEGIES = ("l1-norm", "random", "random-weighted")  # perf4sight.networks.pruning
@@ -392,8 +392,8 @@ def _check_devices(cfg: Config, f: Path | None) -> None:
         if d not in cfg.devices:
             raise UserError(f"{f}: [profile] devices names unknown device '{d}' "
                             f"(devices: {', '.join(cfg.devices) or 'none'})")
-    # [compare] devices may also name an imported device (no [devices] table): the compare stage checks
-    # that each has a fingerprint
+    # [compare] devices may also name an imported device (no [devices] table), one to be imported too: the compare
+    # stage checks that each has a fingerprint (and --stage all that each is known before its first stage)
 
 
 def _check_profile(cfg: Config, f: Path | None) -> None:
@@ -498,35 +498,43 @@ _GENERATED_NAME = re.compile(r"gen_\d+_\d+")
 
 
 def _check_named_networks(cfg: Config, f: Path | None) -> None:
-    """[predict] and [compare] networks: zoo names, description files and factories (``file.py:function``; both
-    made relative to the config file), the names of the networks ``[networks]`` names, or the names of the
-    dataset's networks, as ``--network`` takes them: one on disk (the networks stage's manifest, a device's
-    imported graphs), or a name the networks stage gives (it may not have run yet); anything else is a typo, said
-    at once rather than after a profile."""
+    """[predict] and [compare] networks, as :func:`checked_network_names` takes them, their files made relative to
+    the config file like every path of it."""
+    for key, section in (("predict", cfg.predict), ("compare", cfg.compare)):
+        section.networks = checked_network_names(cfg, section.networks, f"{f}: [{key}] networks", cfg.resolve)
+
+
+def checked_network_names(cfg: Config, names: list[str], where: str, resolve: Callable[[str], Path]) -> list[str]:
+    """``names`` as ``--network`` takes them: zoo names, description files and factories (``file.py:function``;
+    their files made absolute by ``resolve``), the names of the networks ``[networks]`` names, or the names of the
+    dataset's networks: one on disk (the networks stage's manifest, a device's imported graphs), or a name the
+    networks stage gives (it may not have run yet); anything else is a typo, a ``UserError`` ``where`` + what is
+    wrong, said at once rather than after a profile."""
     from perf4sight.dataset import dataset_network_names, unknown_network
     from perf4sight.networks.factories import COMMAND_LINE_FACTORY  # no torch
     from perf4sight.networks.named import named_networks  # no torch
     from perf4sight.networks.on_request import VARIANT  # no torch
     from perf4sight.networks.zoo import ZOO_NAMES  # names only: no torch
     dataset: list[str] | None = None  # read at the first name that needs it
-    for where, names in (("[predict] networks", cfg.predict.networks), ("[compare] networks", cfg.compare.networks)):
-        for i, name in enumerate(names):
-            if name in ZOO_NAMES or VARIANT.fullmatch(name) or _GENERATED_NAME.fullmatch(name):
-                continue
-            if COMMAND_LINE_FACTORY.fullmatch(name):
-                file, function = name.rsplit(":", 1)
-                if not cfg.resolve(file).is_file():
-                    raise UserError(f"{f}: {where}: '{name}': no such file ({cfg.resolve(file)})")
-                names[i] = f"{cfg.resolve(file)}:{function}"  # relative to the config file, like every path
-                continue
-            if name.endswith(".json") or cfg.resolve(name).is_file():
-                names[i] = str(cfg.resolve(name))  # description files: relative to the config file, like every path
-            elif "/" in name or "\\" in name:
-                raise UserError(f"{f}: {where}: '{name}': no such file ({cfg.resolve(name)})")
-            else:
-                dataset = dataset_network_names(cfg) if dataset is None else dataset
-                if name not in dataset and name not in (n.name for n in named_networks(cfg)):
-                    raise UserError(f"{f}: {where}: {unknown_network(cfg, name, dataset)}")
+    out = []
+    for name in names:
+        if name in ZOO_NAMES or VARIANT.fullmatch(name) or _GENERATED_NAME.fullmatch(name):
+            out.append(name)
+        elif COMMAND_LINE_FACTORY.fullmatch(name):
+            file, function = name.rsplit(":", 1)
+            if not resolve(file).is_file():
+                raise UserError(f"{where}: '{name}': no such file ({resolve(file)})")
+            out.append(f"{resolve(file)}:{function}")
+        elif name.endswith(".json") or resolve(name).is_file():
+            out.append(str(resolve(name)))  # a description file (the networks stage may write it)
+        elif "/" in name or "\\" in name:
+            raise UserError(f"{where}: '{name}': no such file ({resolve(name)})")
+        else:
+            dataset = dataset_network_names(cfg) if dataset is None else dataset
+            if name not in dataset and name not in (n.name for n in named_networks(cfg)):
+                raise UserError(f"{where}: {unknown_network(cfg, name, dataset)}")
+            out.append(name)
+    return out
 
 
 def _check_generator(cfg: Config, f: Path | None) -> None:

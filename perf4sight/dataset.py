@@ -209,6 +209,21 @@ def dataset_descriptions_or_empty(cfg: Config) -> list[Path]:
     return dataset_descriptions(cfg) if (cfg.models_dir / "manifest.csv").is_file() else []
 
 
+def known_devices(cfg: Config) -> list[str]:
+    """The devices a name may stand for: the config's, and those with measurements or a fingerprint on disk (an
+    imported device has no [devices] table)."""
+    return sorted({*cfg.devices, *(p.parent.name for p in cfg.profiling_dir.glob("*/measurements.csv")),
+                   *(p.parent.name for p in cfg.fingerprint_dir.glob("*/*.json"))})
+
+
+def unknown_device(cfg: Config, name: str, known: list[str]) -> str:
+    """The line saying that device ``name`` is none of ``known`` (:func:`known_devices`), with the closest names."""
+    close = difflib.get_close_matches(name, known, n=2, cutoff=0.6)
+    guess = f" (did you mean {' or '.join(repr(n) for n in close)}?)" if close else ""
+    return (f"unknown device '{name}'{guess}: no [devices.{name}] in {cfg.path}, and no measurements or fingerprint "
+            f"of that name (devices: {', '.join(known) or 'none'})")
+
+
 def _devices_having(cfg: Config, folder: Path, marker: str, what: str, wanted: list[str] | None,
                     stage: str) -> list[str]:
     """Devices with ``<folder>/<device>/<marker>`` on disk; ``wanted`` must all have it. A wanted name that no
@@ -220,14 +235,10 @@ def _devices_having(cfg: Config, folder: Path, marker: str, what: str, wanted: l
     missing = [d for d in wanted if d not in have]
     if not missing:
         return list(dict.fromkeys(wanted))  # a device named twice is one device
-    known = sorted({*cfg.devices, *(p.parent.name for p in cfg.profiling_dir.glob("*/measurements.csv")),
-                    *(p.parent.name for p in cfg.fingerprint_dir.glob("*/*.json"))})
+    known = known_devices(cfg)
     for name in missing:
         if name not in known:
-            close = difflib.get_close_matches(name, known, n=2, cutoff=0.6)
-            guess = f" (did you mean {' or '.join(repr(n) for n in close)}?)" if close else ""
-            raise UserError(f"unknown device '{name}'{guess}: no [devices.{name}] in {cfg.path}, and no measurements "
-                            f"or fingerprint of that name (devices: {', '.join(known) or 'none'})")
+            raise UserError(unknown_device(cfg, name, known))
     found = f"found for: {', '.join(have)}; " if have else ""
     raise UserError(f"no {what} for device(s) {', '.join(missing)} under {folder} ({found}run "
                     f"{stage.format(device=' '.join(missing))} first)")

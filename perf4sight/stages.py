@@ -60,6 +60,7 @@ def run(stage: str, cfg: Config, args: argparse.Namespace) -> int:
         cfg = dataclasses.replace(cfg, profile=dataclasses.replace(cfg.profile, **given))
     if stage != "all":
         return STAGES[stage](cfg, args)
+    _check_all_arguments(cfg, args)
     json_only = bool(getattr(args, "json", False))  # stdout: the predict stage's JSON lines, nothing else
     summary = Table(title="summary of --stage all")
     for col in ("stage", "seconds", "result"):
@@ -79,6 +80,26 @@ def run(stage: str, cfg: Config, args: argparse.Namespace) -> int:
         console.print(f"networks: {cfg.models_dir}  measurements: {cfg.profiling_dir}  "
                       f"fingerprints: {cfg.fingerprint_dir}  reports: {cfg.reports_dir}", markup=False)
     return code
+
+
+def _check_all_arguments(cfg: Config, args: argparse.Namespace) -> None:
+    """What the stages of ``--stage all`` would refuse of its arguments and config only when they come to them,
+    refused before the first (the networks stage, then a profile of minutes): the devices the profile stage takes,
+    the devices [compare] names (configured, or with measurements or a fingerprint: imported), predict's batch
+    sizes and network names (a name the networks stage gives, or a file it writes, passes)."""
+    from perf4sight.config import checked_network_names
+    from perf4sight.dataset import known_devices, unknown_device
+    from perf4sight.fingerprint.predict import batch_list
+
+    _configured(cfg, args.device or cfg.profile.devices or list(cfg.devices))
+    known = known_devices(cfg)
+    for device in cfg.compare.devices:
+        if device not in known:
+            raise UserError(f"{cfg.path}: [compare] devices: {unknown_device(cfg, device, known)}")
+    if args.batch_size:
+        batch_list(args.batch_size)
+    if args.network:
+        checked_network_names(cfg, args.network, "--network", Path)  # relative to the current folder
 
 
 def _stage_args(cfg: Config, args: argparse.Namespace, name: str) -> argparse.Namespace:

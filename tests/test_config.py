@@ -581,3 +581,22 @@ def test_import_names_the_options_it_misses(tmp_path):
                                *argv], capture_output=True, text=True, cwd=tmp_path)
         assert proc.returncode == 2 and proc.stderr == (
             f"error: import needs --format {{perf4sight,perfseer}} --source DIR --device NAME ({missing} missing)\n")
+
+
+@pytest.mark.parametrize("argv, extra, expected", [
+    (["--batch-size", "0"], "", r"^error: predict: batch sizes must be positive integers, got \[0\]$"),
+    (["--network", "resnt18"], "", r"^error: --network: unknown network 'resnt18' \(did you mean 'resnet18'"),
+    (["--network", "nets/mine.py:net"], "", r"^error: --network: 'nets/mine.py:net': no such file \(nets/mine.py\)$"),
+    (["--device", "locl"], "", r"^error: .*c.toml: unknown device 'locl' \(devices: local\)$"),
+    ([], "\n[compare]\ndevices = ['locl']\n",
+     r"^error: .*c.toml: \[compare\] devices: unknown device 'locl' \(did you mean 'local'\?\)"),
+])
+def test_all_refuses_what_a_later_stage_would_before_the_first(tmp_path, argv, extra, expected):
+    """--stage all ran the networks, profile and fingerprint stages (5-10 minutes on the default config) before the
+    predict or compare stage refused a batch size, a network name or a device; the profile stage refused a device
+    only after the networks stage. Now one line before any stage, and nothing written."""
+    path = write(tmp_path, GOOD + extra)
+    proc = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(path), "--stage", "all", *argv],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2 and re.search(expected, proc.stderr) and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stdout == "" and sorted(p.name for p in tmp_path.iterdir()) == ["c.toml"]
