@@ -1092,3 +1092,19 @@ def test_every_optional_attr_the_readme_names_is_known():
     with pytest.raises(UserError, match=r"\(batchnorm2d\): unknown attr 'afine' \(known: num_features, affine, eps, "
                                         r"momentum\)"):
         NetworkDescription.from_dict(bn)
+
+
+def test_describing_leaves_every_layers_mode_as_it_was():
+    """Describing set every layer of the caller's module to the module's own mode afterwards: a model trained with its
+    batch norms frozen in eval mode (fine-tuning) came back with them training, and one in eval mode with a layer
+    left training came back with it in eval. Unused weights trace the forward in training too: the same."""
+    frozen_bn = build_zoo_model("resnet18", 10).train()
+    for m in frozen_bn.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.eval()
+    leftover = _Leftover().eval()
+    leftover.fc.train()  # unused weights: its forward is traced in training as well
+    for module in (frozen_bn, leftover):
+        modes = {name: m.training for name, m in module.named_modules()}
+        describe(module, [3, 16, 16], "mine")
+        assert {name: m.training for name, m in module.named_modules()} == modes

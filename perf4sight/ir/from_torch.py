@@ -538,18 +538,29 @@ def _shared_layers(gm: fx.GraphModule, where: str) -> None:
                         "between the calls; a description gives each call a layer of its own (one module per call)")
 
 
+@contextlib.contextmanager
+def _in_mode(module: nn.Module, training: bool) -> Iterator[None]:
+    """``module`` in training (or evaluation) mode for the block, then every submodule back in the mode it had: a
+    model trained with its batch norms frozen in eval mode keeps them so (``module.train(was_training)`` would set
+    them all alike)."""
+    modes = [(m, m.training) for m in module.modules()]
+    module.train(training)
+    try:
+        yield
+    finally:
+        for m, was_training in modes:
+            m.training = was_training
+
+
 def _training_only_layers(module: nn.Module, eval_graph: fx.Graph) -> list[str]:
     """The layers with weights that ``module``'s forward calls in training only (an auxiliary head under ``if
     self.training``), which a description of its eval-mode forward leaves out; [] where the training-mode forward
     cannot be traced."""
-    was_training = module.training
-    module.train()
     try:
-        graph = _Tracer().trace(module)
+        with _in_mode(module, training=True):
+            graph = _Tracer().trace(module)
     except Exception:  # a forward torch.fx cannot follow in training: nothing to compare
         return []
-    finally:
-        module.train(was_training)
     called = {n.target for n in eval_graph.nodes if n.op == "call_module"}
     return sorted(n.target for n in graph.nodes if n.op == "call_module" and n.target not in called
                   and next(module.get_submodule(n.target).parameters(), None) is not None)
@@ -617,12 +628,8 @@ def describe(module: nn.Module, input_shape: list[int], name: str, network: str 
 def _described(module: nn.Module, input_shape: list[int], name: str, network: str | None, pruning_level: float,
                extra: dict[str, Any]) -> NetworkDescription:
     """:func:`describe`'s description of ``module`` (checked), its parameters made."""
-    was_training = module.training
-    module.eval()
-    try:
+    with _in_mode(module, training=False):
         gm = _traced_with_shapes(module, input_shape, name)
-    finally:
-        module.train(was_training)
     nodes, output = _convert(gm, name)
     desc = NetworkDescription(name=name, network=network or name, input_shape=list(input_shape),
                               num_classes=0, params=0, nodes=nodes, output=output,
