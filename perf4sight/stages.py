@@ -540,27 +540,12 @@ def _named_at(cfg: Config, fp: object, name: str, desc: NetworkDescription, shap
 
 
 def _parameter_notes(descs: list[NetworkDescription]) -> None:
-    """Say which queries' modules hold parameters that no layer of their forward reads (``describe`` counts them as
-    ``unused_params``): left out of the description and so of the prediction, though their weights sit on the device;
-    and which hold frozen ones (``frozen_params``), which the prediction trains."""
-    unused = _counted(descs, "unused_params", lambda n: f" ({n * 4 / 2 ** 20:.0f} MiB as fp32)")
-    if unused:
-        notes.print(f"note: parameters that no layer of the forward reads are left out of the description, and so of "
-                    f"the prediction: {named(unused)}; their weights still take device memory (without gradients or "
-                    "optimiser state)", style="yellow", markup=False)
-    frozen = _counted(descs, "frozen_params")
-    if frozen:
-        notes.print(f"note: frozen parameters (requires_grad False): {named(frozen)}; a description trains every "
-                    "layer, so the prediction is of a step that trains them too (their gradients, optimiser state "
-                    "and backward work included)", style="yellow", markup=False)
+    """Say which queries' modules hold parameters that no layer of their forward reads, or frozen ones
+    (``predict.parameter_notes``)."""
+    from perf4sight.fingerprint.predict import parameter_notes
 
-
-def _counted(descs: list[NetworkDescription], key: str, more: Callable[[int], str] = lambda n: "") -> list[str]:
-    """"name 1.23 M" ("name 224" under ten thousand), and ``more``, for each description whose extra ``key`` is a count
-    above 0 (a description file may hold anything there)."""
-    counts = {d.name: d.extra.get(key) for d in descs}
-    return [f"{name} {f'{n / 1e6:.2f} M' if n >= 10_000 else f'{n:,}'}{more(n)}" for name, n in counts.items()
-            if isinstance(n, int) and not isinstance(n, bool) and n > 0]
+    for line in parameter_notes(descs):
+        notes.print(f"note: {line}", style="yellow", markup=False)
 
 
 def _predict_max_batch(cfg: Config, args: argparse.Namespace, fp: object, device: str, names: list[str]) -> int:

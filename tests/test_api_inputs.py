@@ -300,6 +300,32 @@ def test_predict_module_warns_at_another_input_shape_only(fitted):
             load_predictor(out, kind).predict_module(_cnn(8, 3), [3, 32, 32], [4], name="mine")
 
 
+def test_predict_module_says_what_it_does_with_frozen_and_unused_weights(fitted):
+    """``--stage predict`` notes a module's frozen weights (which its prediction trains) and the weights no layer of
+    its forward reads (left out of it); ``predict_module`` said nothing of either, its figures of a step the module as
+    given does not take."""
+    fp = load_fingerprint(fitted[0])
+    frozen = _cnn(8, 3)
+    frozen[0].requires_grad_(False)
+    with pytest.warns(UserWarning, match=r"^frozen parameters \(requires_grad False\): mine 224; a description trains "
+                                         r"every layer, so the prediction is of a step that trains them too"):
+        fp.predict_module(frozen, SHAPE, 4, name="mine")
+    with pytest.warns(UserWarning, match=r"^parameters that no layer of the forward reads are left out of the "
+                                         r"description, and so of the prediction: mine 0.01 M \(0 MiB as fp32\)"):
+        fp.predict_module(_Spare(), SHAPE, 4, name="mine")
+
+
+class _Spare(nn.Module):
+    """A CNN with a layer its forward never calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.spare = _cnn(8, 3), nn.Linear(100, 100)
+
+    def forward(self, x):
+        return self.body(x)
+
+
 class _FixedBatch(nn.Module):
     """A forward that fixes the batch size (``view(7, -1)``): it runs where the batch's elements divide by 7."""
 

@@ -35,7 +35,7 @@ from perf4sight.fingerprint.trees import Model
 from perf4sight.ir.schema import STRUCTURE_VERSION, NetworkDescription, load_description
 from perf4sight.ir.shapes import shape_text
 from perf4sight.profiling.plan import MAX_BATCH_SIZE
-from perf4sight.wording import plural
+from perf4sight.wording import named, plural
 
 __all__ = ["Fingerprint", "load_fingerprint", "PREDICTION_KEYS", "accuracy_lines", "for_optimizer"]
 
@@ -200,6 +200,32 @@ def prediction_rows(names: Sequence[str], bss: Sequence[int], lat: np.ndarray, m
     return out
 
 
+def parameter_notes(descs: Sequence[NetworkDescription]) -> list[str]:
+    """A line for the descriptions whose module held parameters that no layer of its forward reads (``describe``
+    counts them as ``unused_params``): left out of the description and so of the prediction, though their weights
+    sit on the device; and one for those that held frozen ones (``frozen_params``), which the prediction trains."""
+    lines = []
+    unused = _counted(descs, "unused_params", lambda n: f" ({n * 4 / 2 ** 20:.0f} MiB as fp32)")
+    if unused:
+        lines.append(f"parameters that no layer of the forward reads are left out of the description, and so of the "
+                     f"prediction: {named(unused)}; their weights still take device memory (without gradients or "
+                     "optimiser state)")
+    frozen = _counted(descs, "frozen_params")
+    if frozen:
+        lines.append(f"frozen parameters (requires_grad False): {named(frozen)}; a description trains every layer, so "
+                     "the prediction is of a step that trains them too (their gradients, optimiser state and backward "
+                     "work included)")
+    return lines
+
+
+def _counted(descs: Sequence[NetworkDescription], key: str, more: Callable[[int], str] = lambda n: "") -> list[str]:
+    """"name 1.23 M" ("name 224" under ten thousand), and ``more``, for each description whose extra ``key`` is a count
+    above 0 (a description file may hold anything there)."""
+    counts = {d.name: d.extra.get(key) for d in descs}
+    return [f"{name} {f'{n / 1e6:.2f} M' if n >= 10_000 else f'{n:,}'}{more(n)}" for name, n in counts.items()
+            if isinstance(n, int) and not isinstance(n, bool) and n > 0]
+
+
 class ModuleQueries:
     """``predict_module`` and ``max_batch_size`` for any predictor that has ``predict(descriptions,
     batch_sizes)``, ``input_shape`` (the ``[C, H, W]`` it was trained at, or None) and ``capacity_mb``."""
@@ -241,6 +267,8 @@ class ModuleQueries:
             shape, train = shape_text(desc.input_shape), " or ".join(shape_text(s) for s in self.input_shapes)
             warnings.warn(f"{desc.name}: described at input shape {shape}, but this fingerprint's training networks "
                           f"were {train}: expect larger errors", UserWarning, stacklevel=2)
+        for line in parameter_notes([desc]):  # what --stage predict notes of such a module
+            warnings.warn(line, UserWarning, stacklevel=2)
         return self.predict(desc, bss)
 
     def max_batch_size(self, desc: Any, limit: int = BATCH_SEARCH_LIMIT) -> int | None:
