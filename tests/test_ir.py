@@ -1108,3 +1108,26 @@ def test_describing_leaves_every_layers_mode_as_it_was():
         modes = {name: m.training for name, m in module.named_modules()}
         describe(module, [3, 16, 16], "mine")
         assert {name: m.training for name, m in module.named_modules()} == modes
+
+
+class _TupleOps(nn.Module):
+    """Ops that return a tuple of tensors, one of them taken by index or by name."""
+
+    def __init__(self, pick) -> None:
+        super().__init__()
+        self.conv, self.fc, self.pick = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8, 10), pick
+
+    def forward(self, x):
+        return self.fc(self.pick(self.conv(x).flatten(2)))
+
+
+@pytest.mark.parametrize("pick, named", [
+    (lambda y: y.max(dim=2)[0], r"call_method 'max' \(node max_1\)"),
+    (lambda y: torch.max(y, 2)[0], r"call_function 'max' \(node max_1\)"),
+    (lambda y: y.topk(1, dim=2).values[:, :, 0], r"call_method 'topk' \(node topk\)"),
+    (lambda y: torch.sort(y, dim=2)[0].mean(2), r"call_function 'sort' \(node sort\)")])
+def test_an_op_returning_a_tuple_is_named_itself_where_it_has_no_description_op(pick, named):
+    """The part of a tuple an op returns was named instead of the op: 'call_function getitem (node getitem) has no
+    description op' for ``x.max(dim=2)[0]``, 'getattr' for ``x.topk(1).values``."""
+    with pytest.raises(UserError, match=rf"^tuple: {named} has no description op$"):
+        describe(_TupleOps(pick), [3, 8, 8], "tuple")

@@ -929,5 +929,9 @@ def _op_of(n: fx.Node, gm: fx.GraphModule, where: str) -> tuple[str, dict]:
         return FUNCTION_OPS[target](n)
     if n.op == "call_function" and getattr(target, "__name__", "") in _NAMED_CALLS:
         return _NAMED_CALLS[target.__name__](n, gm)
+    source = n.args[0] if target in (operator.getitem, getattr) and n.args else None
+    if isinstance(source, fx.Node) and source.op != "call_module" and "tensor_meta" in source.meta \
+            and not hasattr(source.meta["tensor_meta"], "shape"):
+        n, target = source, source.target  # a part of a tuple (x.max(2)[0], x.topk(1).values): the op that made it
     label = target if isinstance(target, str) else getattr(target, "__name__", str(target))
     raise UserError(f"{where}: {n.op} '{label}' (node {n.name}) has no description op")
