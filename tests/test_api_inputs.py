@@ -326,6 +326,17 @@ class _Spare(nn.Module):
         return self.body(x)
 
 
+@pytest.mark.parametrize("dtype, named", [(torch.float64, "float64"), (torch.float16, "float16"),
+                                          (torch.bfloat16, "bfloat16")])
+def test_a_module_of_another_float_type_is_refused_naming_it(fitted, dtype, named):
+    """A ``.double()`` model was refused as a forward failing with torch's 'Input type (float) and bias type (double)
+    should be the same', naming neither the model's type nor what to do."""
+    with pytest.raises(UserError, match=rf"^mine: 0.weight is {named}, and a description is of a float32 training "
+                                        r"step, as the profile measures one: give the model in float32 "
+                                        r"\(.float\(\)\)$"):
+        load_fingerprint(fitted[0]).predict_module(_cnn(8, 3).to(dtype), SHAPE, 4, name="mine")
+
+
 class _FixedBatch(nn.Module):
     """A forward that fixes the batch size (``view(7, -1)``): it runs where the batch's elements divide by 7."""
 

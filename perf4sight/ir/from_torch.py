@@ -619,10 +619,22 @@ def describe(module: nn.Module, input_shape: list[int], name: str, network: str 
         raise UserError(f"{name}: expected a torch nn.Module instance (e.g. torchvision.models.resnet18()), "
                         f"got {type(module).__name__}")
     input_shape = check_input_shape(input_shape, name)
+    _check_float32(module, name)
     if has_lazy_parameters(module):  # the first forward makes them, drawing random numbers: on a copy
         with torch.random.fork_rng(devices=[]):
             return _described(copy.deepcopy(module), input_shape, name, network, pruning_level, extra)
     return _described(module, input_shape, name, network, pruning_level, extra)
+
+
+def _check_float32(module: nn.Module, name: str) -> None:
+    """``UserError`` for a module holding floating-point parameters or buffers of another type than float32 (a
+    ``.double()`` or ``.half()`` model): a description is of a float32 training step, as the profile measures it (its
+    forward also failed on the float32 input, saying only that the types differ)."""
+    tensors = (*module.named_parameters(), *module.named_buffers())
+    other = next(((n, t.dtype) for n, t in tensors if t.dtype.is_floating_point and t.dtype != torch.float32), None)
+    if other is not None:
+        raise UserError(f"{name}: {other[0]} is {str(other[1]).replace('torch.', '')}, and a description is of a "
+                        "float32 training step, as the profile measures one: give the model in float32 (.float())")
 
 
 def _described(module: nn.Module, input_shape: list[int], name: str, network: str | None, pruning_level: float,
