@@ -1003,6 +1003,19 @@ class _Shared(nn.Module):
         return self.fc(x.mean((2, 3)))
 
 
+class _Tied(nn.Module):
+    """Two convolutions of one weight (``b.weight = a.weight``): torch keeps one tensor, one gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.a, self.b, self.fc = (nn.Conv2d(3, 8, 1), nn.Conv2d(8, 8, 3, padding=1),
+                                              nn.Conv2d(8, 8, 3, padding=1), nn.Linear(8, 10))
+        self.b.weight = self.a.weight
+
+    def forward(self, x):
+        return self.fc(self.b(self.a(self.stem(x))).mean((2, 3)))
+
+
 class _DeepSupervision(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -1038,6 +1051,9 @@ def test_modules_a_description_cannot_follow_say_so_and_unused_weights_are_count
     with pytest.raises(UserError, match=r"^shared: layer 'block.0' is called 3 times \(and 1 more\), its weights "
                                         r"shared between the calls"):
         describe(_Shared(), [3, 16, 16], "shared")
+    with pytest.raises(UserError, match=r"^tied: layers 'a' and 'b' hold one parameter \(tied weights\); a description "
+                                        r"gives each layer weights of its own, which would count it twice$"):
+        describe(_Tied(), [3, 16, 16], "tied")  # was described with 1,290 parameters of its 714
     with pytest.raises(UserError, match=r"^deepsup: its forward calls aux in training only \(an `if self.training` "
                                         r"branch\)"):
         describe(_DeepSupervision(), [3, 16, 16], "deepsup")

@@ -528,14 +528,22 @@ def _follow_in_place(gm: fx.GraphModule) -> None:
 
 
 def _shared_layers(gm: fx.GraphModule, where: str) -> None:
-    """``UserError`` where one layer with weights is called more than once (its weights shared between the calls):
-    a description gives every call its own weights, which would count them once per call."""
+    """``UserError`` where one layer with weights is called more than once (its weights shared between the calls), or
+    two layers called hold one parameter (tied weights, ``b.weight = a.weight``): a description gives every call its
+    own weights, which would count them once per call."""
     calls = collections.Counter(n.target for n in gm.graph.nodes if n.op == "call_module")
     shared = [t for t, k in calls.items() if k > 1 and next(gm.get_submodule(t).parameters(), None) is not None]
     if shared:
         more = f" (and {len(shared) - 1} more)" if len(shared) > 1 else ""
         raise UserError(f"{where}: layer '{shared[0]}' is called {calls[shared[0]]} times{more}, its weights shared "
                         "between the calls; a description gives each call a layer of its own (one module per call)")
+    holder: dict[int, str] = {}
+    for target in calls:
+        for p in gm.get_submodule(target).parameters():
+            first = holder.setdefault(id(p), target)
+            if first != target:
+                raise UserError(f"{where}: layers '{first}' and '{target}' hold one parameter (tied weights); a "
+                                "description gives each layer weights of its own, which would count it twice")
 
 
 @contextlib.contextmanager
