@@ -337,6 +337,18 @@ def test_a_module_of_another_float_type_is_refused_naming_it(fitted, dtype, name
         load_fingerprint(fitted[0]).predict_module(_cnn(8, 3).to(dtype), SHAPE, 4, name="mine")
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")  # DataParallel without a GPU
+def test_a_wrapped_model_is_refused_naming_where_the_model_is():
+    """A model given compiled or in a DataParallel failed in torch.fx's words: 'Module [OptimizedModule] is missing
+    the required "forward" function', 'Proxy object cannot be iterated'."""
+    for wrapped, words in ((torch.compile(_cnn(8, 3)), r"torch.compile \(OptimizedModule\)"),
+                           (nn.DataParallel(_cnn(8, 3)), r"nn.DataParallel \(DataParallel\)")):
+        attr = "_orig_mod" if "compile" in words else "module"
+        with pytest.raises(UserError, match=rf"^mine: the model is wrapped by {words}; a description is of the model "
+                                            rf"itself, its eager training step on one device: give its .{attr}$"):
+            describe(wrapped, SHAPE, "mine")
+
+
 class _FixedBatch(nn.Module):
     """A forward that fixes the batch size (``view(7, -1)``): it runs where the batch's elements divide by 7."""
 

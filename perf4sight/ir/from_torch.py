@@ -612,6 +612,13 @@ _MAP_TOO_SMALL = ("Calculated padded input size per channel", "Kernel size can't
                   "Output size is too small")
 
 
+#: Modules that wrap a model, by class name -> (what makes them, the attribute holding the model): torch.fx traces
+#: neither (a compiled module "is missing the required forward function"; a DataParallel's "Proxy object cannot be
+#: iterated").
+_WRAPPERS = {"OptimizedModule": ("torch.compile", "_orig_mod"), "DataParallel": ("nn.DataParallel", "module"),
+             "DistributedDataParallel": ("DistributedDataParallel", "module")}
+
+
 def describe(module: nn.Module, input_shape: list[int], name: str, network: str | None = None,
              pruning_level: float = 0, **extra: Any) -> NetworkDescription:
     """Trace ``module`` (input ``[C, H, W]``, no batch) into a ``NetworkDescription``. Shapes come from
@@ -619,13 +626,18 @@ def describe(module: nn.Module, input_shape: list[int], name: str, network: str 
     module built on the meta device describes the same, a little faster, and one with lazy layers is described on a
     copy (the caller's stays lazy, torch's random state as it was).
 
-    Raises ``UserError`` for an input shape that is not three positive ints, a module torch.fx cannot
-    trace, a forward that fails at ``input_shape`` (naming the shape and torch's message), and naming the
-    first op or module the schema cannot express.
+    Raises ``UserError`` for an input shape that is not three positive ints, a model wrapped by torch.compile or
+    DataParallel, a module of weights other than float32, a module torch.fx cannot trace, a forward that fails at
+    ``input_shape`` (naming the shape and torch's message), and naming the first op or module the schema cannot
+    express.
     """
     if not isinstance(module, nn.Module):
         raise UserError(f"{name}: expected a torch nn.Module instance (e.g. torchvision.models.resnet18()), "
                         f"got {type(module).__name__}")
+    wrapped = _WRAPPERS.get(type(module).__name__)
+    if wrapped is not None and isinstance(getattr(module, wrapped[1], None), nn.Module):
+        raise UserError(f"{name}: the model is wrapped by {wrapped[0]} ({type(module).__name__}); a description is of "
+                        f"the model itself, its eager training step on one device: give its .{wrapped[1]}")
     input_shape = check_input_shape(input_shape, name)
     _check_float32(module, name)
     if has_lazy_parameters(module):  # the first forward makes them, drawing random numbers: on a copy
