@@ -1147,3 +1147,18 @@ def test_an_op_returning_a_tuple_is_named_itself_where_it_has_no_description_op(
     description op' for ``x.max(dim=2)[0]``, 'getattr' for ``x.topk(1).values``."""
     with pytest.raises(UserError, match=rf"^tuple: {named} has no description op$"):
         describe(_TupleOps(pick), [3, 8, 8], "tuple")
+
+
+def test_every_kind_of_op_without_a_description_op_is_named_at_once():
+    """Only the first layer of a kind the description has no op for was named: a network of three such kinds took
+    three tries to learn them; a kind met again is counted, not listed."""
+    module = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.Mish(), nn.Conv2d(8, 8, 3, padding=1),
+                           nn.GroupNorm(2, 8), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+    with pytest.raises(UserError, match=r"^mine: module '1' of type GroupNorm \(and 1 more\) and module '2' of type "
+                                        r"Mish have no description op$"):
+        describe(module, [3, 8, 8], "mine")
+    module.extend([nn.Softmax(dim=1), nn.LogSoftmax(dim=1)])  # the last makes the output
+    with pytest.raises(UserError, match=r"^mine: module '1' of type GroupNorm \(and 1 more\), module '2' of type "
+                                        r"Mish, module '8' of type Softmax and module '9' of type LogSoftmax have no "
+                                        r"description op$"):
+        describe(module, [3, 8, 8], "mine")

@@ -696,18 +696,52 @@ def _convert(gm: fx.GraphModule, where: str) -> tuple[list[Node], str]:
     held: dict[str, fx.Node] = {}  # get_attr node, or a batch expansion of one -> that get_attr node
     held.update(_computed_position_biases(gm, where))
     output = ""
+    missing: dict[str, list[str]] = {}  # kind of op without a description op -> the nodes of that kind
+    passed: set[str] = set()  # the nodes of those kinds
     for n in gm.graph.nodes:
-        if n.op == "output":
-            output = alias[_returned_tensor(n.args[0], where).name]
-            continue
         try:
+            if n.op == "output":
+                output = alias[_returned_tensor(n.args[0], where).name]
+                continue
             converted = _convert_node(n, gm, where, alias, pieces, held)
+        except _NoOp as exc:  # the others are named too, at once: read as passing their first input on
+            first = next((a for a in n.all_input_nodes if a.name in alias), None)
+            if not (n.target in (operator.getitem, getattr) and first is not None and first.name in passed):
+                missing.setdefault(exc.kind, []).append(exc.what)  # (not a part of such an op's tuple)
+            passed.add(n.name)
+            if first is None:
+                break
+            alias[n.name] = alias[first.name]
+            continue
         except UserError:
+            if missing:  # from an op read as passing its input on, maybe: the ops missing come first
+                break
             raise
         except Exception as exc:  # an fx pattern this converter does not know: one line naming the node
+            if missing:
+                break
             raise UserError(f"{where}: cannot describe node {n.name} ({_root_message(exc)})") from None
         nodes.extend(converted)
+    if missing:
+        raise UserError(f"{where}: {_missing_ops(list(missing.values()))}")
     return nodes, output
+
+
+def _missing_ops(kinds: list[list[str]]) -> str:
+    """What :class:`_NoOp` says of the first node of each kind of op without a description op (``kinds``: the
+    nodes of each kind, in the order met), with the count of the others of its kind."""
+    named = [f"{whats[0]}{f' (and {len(whats) - 1} more)' if len(whats) > 1 else ''}" for whats in kinds]
+    if len(named) == 1:
+        return f"{named[0]} has no description op"
+    return f"{', '.join(named[:-1])} and {named[-1]} have no description op"
+
+
+class _NoOp(UserError):
+    """A layer or call of a kind the description has no op for: ``what`` names the node, ``kind`` its kind."""
+
+    def __init__(self, what: str, kind: str) -> None:
+        super().__init__(what)
+        self.what, self.kind = what, kind
 
 
 def _returned_tensor(value: Any, where: str) -> fx.Node:
@@ -769,7 +803,7 @@ def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, s
             return [converted]
     if shape is None and n.op != "call_module":  # sizes, shape arithmetic, tuples from chunk/split: resolved by
         return []                                # their consumers (a module returning a tuple is no op: below)
-    op, attrs = _op_of(n, gm, where)
+    op, attrs = _op_of(n, gm)
     op, attrs, own = _with_own_tensors(n, op, attrs, gm, where, held)
     out = _whole_splits(n, alias, pieces)
     tensor_inputs = _tensor_inputs(n, alias, pieces, where, own)
@@ -934,7 +968,8 @@ def _index(n: fx.Node, source: fx.Node, index: tuple, shape: Any, alias: dict[st
     return None
 
 
-def _op_of(n: fx.Node, gm: fx.GraphModule, where: str) -> tuple[str, dict]:
+def _op_of(n: fx.Node, gm: fx.GraphModule) -> tuple[str, dict]:
+    """The description op and attrs of ``n``; :class:`_NoOp` for a layer or call of a kind it has no op for."""
     if n.op == "call_module":
         m = gm.get_submodule(n.target)
         if type(m).__name__ in _LEAF_MODULES:
@@ -949,7 +984,7 @@ def _op_of(n: fx.Node, gm: fx.GraphModule, where: str) -> tuple[str, dict]:
         for cls, fn in MODULE_OPS:
             if isinstance(m, cls):
                 return fn(m)
-        raise UserError(f"{where}: module '{n.target}' of type {type(m).__name__} has no description op")
+        raise _NoOp(f"module '{n.target}' of type {type(m).__name__}", type(m).__name__)
     target = n.target
     if n.op == "call_function" and _is_stochastic_depth(target):
         return "identity", {}
@@ -966,4 +1001,4 @@ def _op_of(n: fx.Node, gm: fx.GraphModule, where: str) -> tuple[str, dict]:
             and not hasattr(source.meta["tensor_meta"], "shape"):
         n, target = source, source.target  # a part of a tuple (x.max(2)[0], x.topk(1).values): the op that made it
     label = target if isinstance(target, str) else getattr(target, "__name__", str(target))
-    raise UserError(f"{where}: {n.op} '{label}' (node {n.name}) has no description op")
+    raise _NoOp(f"{n.op} '{label}' (node {n.name})", f"{n.op} {label}")
