@@ -309,12 +309,12 @@ class _Resize(nn.Module):
 
 
 class _WithAux(nn.Module):
-    def __init__(self):
+    def __init__(self, keys=("out", "aux")):
         super().__init__()
-        self.conv, self.aux = nn.Conv2d(3, 4, 3), nn.Conv2d(3, 4, 3)
+        self.conv, self.aux, self.keys = nn.Conv2d(3, 4, 3), nn.Conv2d(3, 4, 3), keys
 
     def forward(self, x):
-        return {"out": self.conv(x), "aux": self.aux(x)}
+        return dict(zip(self.keys, (self.conv(x), self.aux(x))))
 
 
 def test_every_resize_reads_and_computes_as_torch_does():
@@ -335,7 +335,10 @@ def test_every_resize_reads_and_computes_as_torch_does():
     (_Resize(scale_factor=1.25), r"an interpolation by scale factor 1.25 of a 6x6 map is no resize to a whole size"),
     (_Resize(size=(9, 9), mode="bicubic"), r"an interpolation of mode 'bicubic' has no description op"),
     (_Resize(size=(9, 9), mode="bilinear", antialias=True), r"an antialiased interpolation has no description op"),
-    (_WithAux(), r"the model returns a dict with \['aux', 'out'\]; a description follows one output, its 'out'"),
+    (_WithAux(), r"the model returns a dict with \['aux', 'out'\]; a description follows one output, its 'out' "
+                 r"\(build a torchvision segmentation network with aux_loss=False\)$"),
+    (_WithAux(("logits", "features")), r"the model returns a dict with \['features', 'logits'\]; a description follows "
+                                       r"one output, its 'out' \(return the logits alone\)$"),  # no torchvision hint
 ])
 def test_resizes_and_outputs_the_description_cannot_hold_are_named(module, expected):
     with pytest.raises(UserError, match=expected) as exc:

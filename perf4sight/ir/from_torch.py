@@ -753,9 +753,11 @@ def _returned_tensor(value: Any, where: str) -> fx.Node:
         what = f"a {type(value).__name__} of {len(value)}" if isinstance(value, (tuple, list)) else repr(value)
         raise UserError(f"{where}: the model returns {what}; a description follows one tensor output (return the "
                         "logits alone)")
-    if set(value) != {"out"}:
+    if set(value) != {"out"}:  # torchvision's segmentation networks return 'out' and, with an auxiliary head, 'aux'
+        hint = "build a torchvision segmentation network with aux_loss=False" if "out" in value else \
+            "return the logits alone"
         raise UserError(f"{where}: the model returns a dict with {sorted(value)}; a description follows one output, "
-                        "its 'out' (build a torchvision segmentation network with aux_loss=False)")
+                        f"its 'out' ({hint})")
     return value["out"]
 
 
