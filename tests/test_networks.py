@@ -601,7 +601,8 @@ def test_a_factory_on_the_command_line_and_a_configs_network_by_its_own_name(tmp
     assert len(list(cache.glob("tiny_vgg-3x32x32-10-*.json"))) == 2  # the edited file: described anew
     with pytest.raises(UserError, match=r"nets.py: a Python file, not a network: name the function .*nets.py:function"):
         resolve_networks(cfg, ["nets.py"], SHAPE)
-    with pytest.raises(UserError, match=r"nets.py has no function 'nope' \(functions: tiny_resnet, tiny_vgg\)"):
+    with pytest.raises(UserError, match=r"nets.py has no function 'nope' \(functions: tiny_resnet, tiny_vgg; "
+                                        r"nn.Module classes: TinyResNet\)$"):  # a class builds one too: named
         resolve_networks(cfg, ["nets.py:nope"], SHAPE)
     with pytest.raises(UserError, match="unknown network 'tiny_resnett'"):
         resolve_networks(cfg, ["tiny_resnett"], SHAPE)

@@ -138,10 +138,15 @@ def load_factory(factory: Factory) -> Callable[..., nn.Module]:
     module = _import(factory)
     fn = getattr(module, factory.function, None)
     if not callable(fn):
-        found = sorted(n for n, v in vars(module).items()
-                       if inspect.isfunction(v) and v.__module__ == module.__name__ and not n.startswith("_"))
+        own = {n: v for n, v in vars(module).items() if getattr(v, "__module__", None) == module.__name__
+               and not n.startswith("_")}
+        found = sorted(n for n, v in own.items() if inspect.isfunction(v))
+        from torch import nn  # the file imported it: a class of its own that builds the network is named too
+
+        classes = sorted(n for n, v in own.items() if inspect.isclass(v) and issubclass(v, nn.Module))
+        more = f"; nn.Module classes: {', '.join(classes)}" if classes else ""
         raise UserError(f"factory '{factory.spec}': {factory.path.name} has no function '{factory.function}' "
-                        f"(functions: {', '.join(found) or 'none'})")
+                        f"(functions: {', '.join(found) or 'none'}{more})")
     return fn
 
 
