@@ -1165,3 +1165,26 @@ def test_every_kind_of_op_without_a_description_op_is_named_at_once():
                                         r"Mish, module '8' of type Softmax and module '9' of type LogSoftmax have no "
                                         r"description op$"):
         describe(module, [3, 8, 8], "mine")
+
+
+class _Squeezed(nn.Module):
+    """A 1x1-convolution head squeezed to class scores: ``x.squeeze()``, or ``x.squeeze((2, 3))``."""
+
+    def __init__(self, dims=None) -> None:
+        super().__init__()
+        self.conv, self.head, self.dims = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 10, 1), dims
+
+    def forward(self, x):
+        y = self.head(nn.functional.adaptive_avg_pool2d(self.conv(x), 1))
+        return y.squeeze() if self.dims is None else y.squeeze(self.dims)
+
+
+@pytest.mark.parametrize("dims", [None, (2, 3)])
+def test_a_squeeze_of_every_unit_dimension_or_of_several_is_described(dims):
+    """``x.squeeze()`` at a network's end failed as 'cannot describe node squeeze (TypeError: int() argument must be a
+    string, a bytes-like object or a real number, not 'NoneType')'; it is the view to the shape it made of each
+    image."""
+    module = _Squeezed(dims).eval()
+    desc = describe(module, [3, 8, 8], "squeezed")
+    assert desc.node(desc.output).op == "reshape" and desc.num_classes == 10
+    _assert_same_function(desc, module, [3, 8, 8])

@@ -141,6 +141,12 @@ def _flatten(n: fx.Node, start_dim: Any, end_dim: Any) -> tuple[str, dict]:
     return "reshape", {"shape": _shape(n)}
 
 
+def _squeeze(n: fx.Node, dim: Any) -> tuple[str, dict]:
+    """A squeeze of one dimension; of every size-1 dimension (``x.squeeze()``), or of several, the view to the shape
+    it made of each image (traced at a batch of 2, which it kept: at a batch of 1 torch squeezes that too)."""
+    return ("squeeze", {"dim": int(dim)}) if isinstance(dim, int) else ("reshape", {"shape": _shape(n)})
+
+
 def _inplace(op: str) -> Callable[[nn.Module], tuple[str, dict]]:
     return lambda m: (op, {"inplace": True} if getattr(m, "inplace", False) else {})
 
@@ -208,7 +214,7 @@ for _key in (torch.mean, "mean"):
     FUNCTION_OPS[_key] = lambda n: ("mean", {"dims": _dims(_arg(n, 1, "dim")),
                                              "keepdim": bool(_arg(n, 2, "keepdim", False))})
 for _key in (torch.squeeze, "squeeze"):
-    FUNCTION_OPS[_key] = lambda n: ("squeeze", {"dim": int(_arg(n, 1, "dim"))})
+    FUNCTION_OPS[_key] = lambda n: _squeeze(n, _arg(n, 1, "dim"))
 for _key in (torch.unsqueeze, "unsqueeze"):
     FUNCTION_OPS[_key] = lambda n: ("unsqueeze", {"dim": int(_arg(n, 1, "dim"))})
 FUNCTION_OPS[F.adaptive_avg_pool2d] = lambda n: ("adaptiveavgpool2d", {"output_size": _pair(_arg(n, 1, "output_size"))})
