@@ -1188,3 +1188,33 @@ def test_a_squeeze_of_every_unit_dimension_or_of_several_is_described(dims):
     desc = describe(module, [3, 8, 8], "squeezed")
     assert desc.node(desc.output).op == "reshape" and desc.num_classes == 10
     _assert_same_function(desc, module, [3, 8, 8])
+
+
+class _AlongTheBatch(nn.Module):
+    """A forward that works along the batch dimension (dim 0) at ``where``."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__()
+        self.conv, self.fc, self.where = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8, 10), where
+
+    def forward(self, x):
+        y = self.conv(x)
+        if self.where == "cat":
+            y = torch.cat([y, y])  # two copies of the batch, one after the other
+        if self.where == "transpose":
+            y = y.transpose(0, 1).transpose(0, 1)
+        if self.where == "unsqueeze":
+            y = y.unsqueeze(0).squeeze(0)
+        if self.where == "mean":
+            y = y * y.mean(0, keepdim=True)  # by the batch's mean
+        return self.fc(y.mean((2, 3)))
+
+
+@pytest.mark.parametrize("where, node, first", [("cat", "cat", 4), ("transpose", "transpose", 8),
+                                                ("unsqueeze", "unsqueeze", 1), ("mean", "mean", 1)])
+def test_a_forward_along_the_batch_dimension_is_refused_naming_the_node(where, node, first):
+    """Ops along dim 0 were described silently with the batch of 2 images they were traced with in their shapes (a
+    transpose(0, 1): [2, 8, 8] per image) or the batch counted once where they doubled it (a cat)."""
+    with pytest.raises(UserError, match=rf"^along: {where} \(node {node}\) makes a first dimension of {first} of the "
+                                        r"batch of 2 images it was traced with: it works along the batch dimension"):
+        describe(_AlongTheBatch(where), [3, 8, 8], "along")

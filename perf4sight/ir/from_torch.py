@@ -827,11 +827,16 @@ def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, s
         attrs = {"scalar": float(scalar)}
     if op == "reshape":
         tensor_inputs = tensor_inputs[:1]
-        batch = n.meta["tensor_meta"].shape[0]
-        if batch != _TRACE_BATCH:  # traced at batch 2: a description's reshape keeps the batch as it is
+    meta = n.meta.get("tensor_meta")
+    batch = meta.shape[0] if op != "attention" and hasattr(meta, "shape") and len(meta.shape) else _TRACE_BATCH
+    if batch != _TRACE_BATCH:  # traced at batch 2: a description's node keeps the batch as it is
+        if op == "reshape":
             raise UserError(f"{where}: {n.name} reshapes the batch of {_TRACE_BATCH} images it was traced with into "
                             f"a first dimension of {batch}: it merges the batch into another dimension, or fixes its "
                             "size (x.view(7, -1)); a description keeps the batch first and whole")
+        raise UserError(f"{where}: {op} (node {n.name}) makes a first dimension of {batch} of the batch of "
+                        f"{_TRACE_BATCH} images it was traced with: it works along the batch dimension (dim 0), which "
+                        "a description keeps first and whole")
     alias[n.name] = n.name
     return out + [Node(n.name, op, tensor_inputs, attrs, shape)]
 
