@@ -177,26 +177,39 @@ def _dim(module: nn.Module, out: bool) -> int:
 
 @contextmanager
 def _interrupt_kept() -> Iterator[None]:
-    """Ctrl-C during the block stops the stage even where the code inside catches it: torch-pruning's trace calls
-    the model under a bare ``except:`` (it tries ``model(*x)``, then ``model(x)``), which took the
-    ``KeyboardInterrupt`` and went on (2 of 10 interrupts of a networks stage were lost so). Only in the main
-    thread, where Python handles signals."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    """Ctrl-C (or SIGTERM, which the command line turns into one) during the block stops the stage even where the code
+    inside catches it: torch-pruning's trace calls the model under a bare ``except:`` (it tries ``model(*x)``, then
+    ``model(x)``), which took the ``KeyboardInterrupt`` and went on (2 of 10 interrupts of a networks stage were lost
+    so). What the signal's own handler raised is raised again when the block ends, or in place of another error the
+    block ends with. Only in the main thread, where Python handles signals, and for signals with a handler of
+    Python's (not ignored, not the system's default)."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    asked: list[int] = []
+    raised: list[BaseException] = []
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    handlers = {s: h for s, h in handlers.items() if callable(h)}
 
     def interrupt(signum: int, frame: Any) -> None:
-        asked.append(signum)
-        raise KeyboardInterrupt
+        try:
+            handlers[signum](signum, frame)
+        except BaseException as exc:
+            raised.append(exc)
+            raise
 
-    before = signal.signal(signal.SIGINT, interrupt)
+    for s in handlers:
+        signal.signal(s, interrupt)
     try:
         yield
+    except BaseException as exc:
+        if raised and exc is not raised[0]:  # the interrupt, not what the code that swallowed it ran into next
+            raise raised[0] from None
+        raise
     finally:
-        signal.signal(signal.SIGINT, before)
-    if asked:
-        raise KeyboardInterrupt
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    if raised:
+        raise raised[0]
 
 
 def find_groups(model: nn.Module, example: torch.Tensor, ignored: list[nn.Module],
