@@ -238,8 +238,8 @@ def _run(argv: list[str] | None, prog: str | None) -> int:
             return 0
         cfg = load_config(args.config)
         return stages.run(args.stage, cfg, args)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except UserError as exc:  # one line, whatever a message quotes (a user's exception can span several)
+        print(f"error: {' '.join(line.strip() for line in str(exc).splitlines() if line.strip())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:  # the stage's own words where it gave some (fleet: SSH devices' runs go on)
         print(f"interrupted: {str(exc) or INTERRUPTED.get(args.stage, INTERRUPTED_EARLY)}", file=sys.stderr)

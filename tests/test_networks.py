@@ -510,6 +510,33 @@ def test_factory_errors(tmp_path: Path) -> None:
         parse_factory("nothere:net", tmp_path, tmp_path / "models")
 
 
+def test_a_factorys_error_of_several_lines_is_said_in_one(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A factory that raised (or whose file raised on import) an exception of several lines printed an error of as
+    many lines: its first line is said, and the command line joins any error's lines into one."""
+    (tmp_path / "multi.py").write_text("def net():\n    raise ValueError('no weights here\\nsee the log')\n")
+    with pytest.raises(UserError) as raised:
+        build_factory_model(parse_factory(f"{tmp_path / 'multi.py'}:net", tmp_path))
+    assert str(raised.value).endswith("calling net() failed (ValueError: no weights here)")
+    (tmp_path / "fails.py").write_text("raise ImportError('no module foo\\ninstall it')\n")
+    with pytest.raises(UserError) as raised:
+        build_factory_model(parse_factory(f"{tmp_path / 'fails.py'}:net", tmp_path))
+    assert str(raised.value).endswith("fails to import (ImportError: no module foo)")
+
+    from perf4sight import blas, cli, stages
+
+    def fails(*args) -> int:
+        raise UserError("first line\n  second line\n")
+    monkeypatch.setattr(stages, "run", fails)
+    monkeypatch.setattr(blas, "pin_kernels", lambda: None)  # this test process's BLAS and numpy as they are
+    (tmp_path / "config.toml").write_text("[networks]\nzoo = []\n")
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        assert cli.main(["--config", str(tmp_path / "config.toml"), "--stage", "networks"]) == 2
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    assert capsys.readouterr().err == "error: first line second line\n"
+
+
 def test_a_zoo_variant_asked_for_by_name_is_pruned_as_the_networks_stage_would(tmp_path: Path, monkeypatch) -> None:
     """``squeezenet1_1_l30`` not in the dataset: pruned on request with the config's [networks.pruning] settings,
     the same description the networks stage writes, cached for the next request; any other name is none."""

@@ -127,10 +127,16 @@ def _import(factory: Factory) -> ModuleType:
         module_spec.loader.exec_module(module)
     except (Exception, SystemExit) as exc:  # a user file can raise anything while importing, sys.exit() included
         raise UserError(f"factory '{factory.spec}': {factory.path} fails to import "
-                        f"({type(exc).__name__}: {exc})") from None
+                        f"({_first_line(exc)})") from None
     _check_own_helpers(factory)
     sys.modules[name] = module
     return module
+
+
+def _first_line(exc: BaseException) -> str:
+    """``Type: message`` of a user's exception, its message's first line alone (an error is one line)."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 def load_factory(factory: Factory) -> Callable[..., nn.Module]:
@@ -161,7 +167,7 @@ def build_factory_model(factory: Factory, num_classes: int = 1000) -> nn.Module:
         model = fn(num_classes=num_classes) if accepts else fn()
     except (Exception, SystemExit) as exc:  # sys.exit("msg") in a factory: named, not the CLI's exit
         raise UserError(f"factory '{factory.spec}': calling {factory.function}() failed "
-                        f"({type(exc).__name__}: {exc})") from None
+                        f"({_first_line(exc)})") from None
     _check_own_helpers(factory)  # a helper it imports only when called
     from torch import nn  # only here: parsing a spec (parse_factory) needs no torch
 
