@@ -8,7 +8,8 @@ Outputs, under ``cfg.models_dir``:
 - ``manifest.csv``: every network this run produced (the list later stages should read;
   files left from earlier runs with other settings are not deleted, only left out);
 - ``manifest-settings.json``: a hash of the ``[networks]`` settings (and the factory and description
-  files they name) the manifest was made with, so the profile stage can say when the config changed since.
+  files they name) the manifest was made with, so the profile stage can say when the config changed since, and the
+  ``description_sha`` of each description, so the next run says which changed since (after an interrupted run too).
 
 Manifest columns (``MANIFEST_COLUMNS``): ``network`` (variant name), ``family``, ``source``,
 ``strategy`` (``generated`` for generated networks), ``target_level`` and ``achieved_level``
@@ -47,6 +48,7 @@ from perf4sight.networks.pruning import PrunedModel, PruningPlan, Unprunable, Un
 from perf4sight.networks.reshape import query_at, shaped_name
 from perf4sight.networks.settings import SETTINGS_FILE, changed_settings_note, settings_sha
 from perf4sight.networks.zoo import build_zoo_model
+from perf4sight.profiling.results import file_sha
 from perf4sight.wording import plural
 
 __all__ = ["Source", "MANIFEST_COLUMNS", "SETTINGS_FILE", "NetworksMade", "sources", "prune_source", "make_networks",
@@ -63,7 +65,7 @@ class NetworksMade:
     """What one networks stage made: the manifest ``rows``; ``skipped``, one line per pruning level a network
     could not reach (left out); ``added`` and ``removed``, the variant names the manifest gained and lost
     against the one it replaced (both empty on a first run); ``changed``, the names whose description file
-    this run rewrote with other content (the profile stage measures them again)."""
+    the last complete run made with other content (the profile stage measures them again)."""
 
     rows: list[dict[str, Any]]
     skipped: list[str]
@@ -305,16 +307,37 @@ def _check_not_an_output(cfg: Config, outputs: list[Path]) -> None:
                             f"{cfg.models_dir} and name the copy")
 
 
-def _save(desc: NetworkDescription, path: Path, changed: list[str], before: Path | None = None) -> Path:
+def _save(desc: NetworkDescription, path: Path, changed: list[str], before: Path | None = None,
+          recorded: str | None = None) -> Path:
     """Save ``desc`` at ``path`` unless the file holds it already (a rerun rewrites nothing). Its name goes into
-    ``changed`` when the file the last manifest named for it (``before``; else ``path``) held another description:
-    another strategy's folder, for one."""
+    ``changed`` when the last complete run made another description of it: ``recorded``, the ``description_sha`` that
+    run recorded for it (:func:`_recorded_shas`), else the file the last manifest named for it (``before``; else
+    ``path``): another strategy's folder, for one."""
     text = desc.to_json()  # JSON's ASCII: the same bytes in any locale, as save_description writes it
     here = path.read_bytes() if path.is_file() else None
-    previous = before.read_bytes() if before is not None and before != path and before.is_file() else here
-    if previous is not None and previous != text.encode("utf-8"):
+    if recorded is not None:  # right too where an interrupted run since has rewritten the file
+        differs = recorded != file_sha(text.encode("utf-8"))
+    else:
+        previous = before.read_bytes() if before is not None and before != path and before.is_file() else here
+        differs = previous is not None and previous != text.encode("utf-8")
+    if differs:
         changed.append(desc.name)
     return _write_if_changed(path, text, here)
+
+
+def _recorded_shas(models_dir: Path) -> dict[str, str]:
+    """Variant name -> the ``description_sha`` of its description as the last complete networks stage wrote it (its
+    ``manifest-settings.json``), where that file belongs to the manifest on disk; none otherwise (an older version's
+    file, or one a run stopped between writing the manifest and it)."""
+    try:
+        data = json.loads((models_dir / SETTINGS_FILE).read_text(encoding="utf-8"))
+        manifest = (models_dir / "manifest.csv").read_bytes()
+    except (OSError, ValueError):
+        return {}
+    shas = data.get("descriptions") if isinstance(data, dict) else None
+    if not isinstance(shas, dict) or data.get("manifest_sha") != file_sha(manifest):
+        return {}
+    return {name: sha for name, sha in shas.items() if isinstance(sha, str)}
 
 
 def make_networks(cfg: Config, progress: Progress | None = None) -> NetworksMade:
@@ -322,6 +345,7 @@ def make_networks(cfg: Config, progress: Progress | None = None) -> NetworksMade
     net, pr, gen = cfg.networks, cfg.networks.pruning, cfg.networks.generator
     models_dir = cfg.models_dir
     before = _manifest_paths(models_dir / "manifest.csv")
+    recorded = _recorded_shas(models_dir) if before else {}  # an interrupted run since may have rewritten files
 
     def was(name: str) -> Path | None:  # the file the last manifest named for ``name``
         return models_dir / before[name] if before.get(name) else None
@@ -348,7 +372,8 @@ def make_networks(cfg: Config, progress: Progress | None = None) -> NetworksMade
                                      pr.seed, progress, skipped):
                 for each in [desc, *at_extra_shapes(cfg, desc, skipped, progress)]:
                     one_image += [each.name] if each.untrainable_at_batch_one else []
-                    path = _save(each, folder / f"{each.name}.json", changed, was(each.name))
+                    path = _save(each, folder / f"{each.name}.json", changed, was(each.name),
+                                 recorded.get(each.name))
                     pruned_rows.append(_row(each, path, models_dir))
         write_manifest(pruned_rows, folder / "manifest.csv")
         rows += pruned_rows
@@ -357,7 +382,7 @@ def make_networks(cfg: Config, progress: Progress | None = None) -> NetworksMade
         gen_rows = []
         for desc in [d for made in generated for d in [made, *at_extra_shapes(cfg, made, skipped)]]:
             one_image += [desc.name] if desc.untrainable_at_batch_one else []
-            path = _save(desc, folder / f"{desc.name}.json", changed, was(desc.name))
+            path = _save(desc, folder / f"{desc.name}.json", changed, was(desc.name), recorded.get(desc.name))
             gen_rows.append(_row(desc, path, models_dir))
         write_manifest(gen_rows, folder / "manifest.csv")
         if progress:
@@ -369,9 +394,12 @@ def make_networks(cfg: Config, progress: Progress | None = None) -> NetworksMade
         why = f"every [networks.pruning] level was out of reach ({skipped[0]}); lower the levels or min_channels" \
             if skipped else "[networks] names no network"
         raise UserError(f"{cfg.path}: no network made: {why}")
-    write_manifest(rows, models_dir / "manifest.csv")
-    _write_if_changed(models_dir / SETTINGS_FILE,
-                      json.dumps({"settings_sha": settings_sha(cfg), "config": str(cfg.path)}, indent=1) + "\n")
+    manifest = write_manifest(rows, models_dir / "manifest.csv")
+    # what the manifest was made with, and each description's sha: the next run says what changed since
+    shas = {r["network"]: file_sha((models_dir / r["path"]).read_bytes()) for r in rows}
+    _write_if_changed(models_dir / SETTINGS_FILE, json.dumps(
+        {"settings_sha": settings_sha(cfg), "config": str(cfg.path), "manifest_sha": file_sha(manifest.read_bytes()),
+         "descriptions": shas}, indent=1) + "\n")
     names = [r["network"] for r in rows]
     added = [n for n in names if n not in before] if before else []
     # a name new to the manifest is said to be added, even where an older run's file of it held another network

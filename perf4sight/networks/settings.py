@@ -12,7 +12,7 @@ from perf4sight.networks.factories import parse_factory
 
 __all__ = ["SETTINGS_FILE", "settings_sha", "changed_settings_note"]
 
-SETTINGS_FILE = "manifest-settings.json"  # beside the manifest: {"settings_sha": ..., "config": ...}
+SETTINGS_FILE = "manifest-settings.json"  # beside the manifest: settings_sha, config, manifest_sha, descriptions
 
 
 def settings_sha(cfg: Config) -> str:
