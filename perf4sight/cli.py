@@ -44,7 +44,8 @@ other stages:
 
 #: what an interrupted stage leaves behind (Ctrl-C)
 INTERRUPTED = {
-    "networks": "descriptions written so far are kept, the manifest is written at the end: rerun the networks stage",
+    "networks": "the networks made so far are kept in zoo-cache/ under the models folder, and a rerun reads them "
+                "back; the descriptions and manifest are written at the end: rerun the networks stage",
     "profile": "measurements taken so far are on disk; rerun to resume",
     "all": "what finished is on disk (measurements row by row); rerun to resume",
     "fingerprint": "a fingerprint's files are replaced only after its fit: the previous one, if any, is kept",

@@ -126,6 +126,7 @@ def run_networks(cfg: Config, args: argparse.Namespace) -> int:
     pruning level, and the generated ones) under ``cfg.models_dir``, and print what the manifest gained, changed or
     lost; 0."""
     from perf4sight.networks.build import make_networks, reshaped_description_notes
+    from perf4sight.networks.stage_cache import FOLDER
 
     if cfg.networks.pruning.strategy == "random" and cfg.networks.pruning.levels != [0]:
         notes.print("note: [networks.pruning] strategy 'random' gives the same shapes as 'l1-norm' (a level "
@@ -147,8 +148,10 @@ def run_networks(cfg: Config, args: argparse.Namespace) -> int:
         notes.print(f"note: batch 1 does not train {named(made.untrainable_at_batch_one)} at all: a batch norm over a "
                     "1x1 map has one value per channel (torch refuses it in training); the profile stage's rows of "
                     "them at batch 1 ([profile] batch_sizes) will be errors", markup=False)
+    reused = (f"; {named(made.cached)} read back from {cfg.models_dir / ZOO_CACHE / FOLDER}, as an earlier run "
+              "made them with these settings and files") if made.cached else ""
     console.print(f"networks: {plural(len(made.rows), 'description')} under {cfg.models_dir} "
-                  f"in {time.perf_counter() - started:.1f} s")
+                  f"in {time.perf_counter() - started:.1f} s{reused}", markup=False)
     changes = [f"{len(made.added)} added ({named(made.added)})"] if made.added else []
     if made.changed:
         changes.append(f"{len(made.changed)} changed under the same name ({named(made.changed)}; the profile stage "

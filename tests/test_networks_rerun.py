@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,6 +40,11 @@ def _interrupted_at(monkeypatch: pytest.MonkeyPatch, network: str) -> None:
     monkeypatch.setattr(build, "prune_source", interrupted)
 
 
+def _dataset(tmp_path: Path) -> dict[Path, bytes]:
+    """The bytes of every file the networks stage wrote but those of its cache."""
+    return {p: p.read_bytes() for p in (tmp_path / "models").rglob("*") if p.is_file() and "zoo-cache" not in p.parts}
+
+
 def test_a_rerun_after_an_interrupt_says_what_changed_since_the_last_complete_run(tmp_path, monkeypatch):
     """An interrupted run had rewritten the descriptions it made; the rerun compared with those files and said
     nothing of them (6 of 14 variants said changed, 14 were): it says what changed since the last complete run, the
@@ -48,12 +55,17 @@ def test_a_rerun_after_an_interrupt_says_what_changed_since_the_last_complete_ru
     assert list(settings["descriptions"]) == NAMES  # each description's sha, the next run's reference
 
     config = _config(tmp_path, 40)  # every variant another description under the same name
+    dataset = _dataset(tmp_path)
     with monkeypatch.context() as m:
         _interrupted_at(m, "tiny_resnet")
         with pytest.raises(KeyboardInterrupt):
             make_networks(load_config(config))
+    # the dataset as the last complete run wrote it (descriptions written at the end), tiny_vgg made and kept
+    assert _dataset(tmp_path) == dataset
+    pruned = _counting(monkeypatch)
     made = make_networks(load_config(config))
     assert made.changed == NAMES and not made.added and not made.removed
+    assert pruned == ["tiny_resnet"] and made.cached == ["tiny_vgg"]
 
     config = _config(tmp_path, 48)  # interrupted again, then back to the settings of the last complete run
     with monkeypatch.context() as m:
@@ -67,3 +79,86 @@ def test_a_rerun_after_an_interrupt_says_what_changed_since_the_last_complete_ru
     # an older version's settings file, without the shas: the files on disk are the reference, as before
     (tmp_path / "models" / "manifest-settings.json").write_text('{"settings_sha": "x", "config": "config.toml"}\n')
     assert make_networks(load_config(_config(tmp_path, 32))).changed == NAMES
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the networks the stage prunes from now on, in order."""
+    pruned: list[str] = []
+    prune = build.prune_source
+
+    def counted(src, *args, **kwargs):
+        pruned.append(src.name)
+        return prune(src, *args, **kwargs)
+    monkeypatch.setattr(build, "prune_source", counted)
+    return pruned
+
+
+def _two_folders(tmp_path: Path, networks: str = "", pruning: str = "") -> Path:
+    """A config of tiny_vgg and tiny_resnet, each a factory in a folder of its own, at levels 0 and 30, at 32x32, with
+    10 classes; ``networks`` and ``pruning``: keys of [networks] and [networks.pruning] in their place."""
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir(exist_ok=True)
+        if not (tmp_path / folder / "nets.py").is_file():
+            (tmp_path / folder / "nets.py").write_text(TINY.read_text())
+    keys = {"input_shape": "[3, 32, 32]", "num_classes": "10", "levels": "[0, 30]"}
+    for line in (networks + pruning).splitlines():
+        keys[line.split(" = ")[0]] = line.split(" = ")[1]
+    table = "\n".join(f"{k} = {v}" for k, v in keys.items() if k not in ("levels", "min_channels", "seed", "strategy"))
+    inner = "\n".join(f"{k} = {v}" for k, v in keys.items() if k in ("levels", "min_channels", "seed", "strategy"))
+    config = tmp_path / "config.toml"
+    config.write_text('[networks]\nzoo = []\nfactories = ["a/nets.py:tiny_vgg", "b/nets.py:tiny_resnet"]\n'
+                      f"{table}\n[networks.pruning]\n{inner}\n")
+    return config
+
+
+def test_a_rerun_prunes_again_only_what_a_change_made_another_network(tmp_path, monkeypatch):
+    """A rerun with nothing changed pruned every network again (minutes for a zoo at 224x224) before finding its
+    files unchanged: it reads each network's variants back from the stage's cache, importing no torch, and prunes
+    again exactly the networks whose files, settings, library versions or code changed."""
+    from perf4sight.networks import stage_cache
+
+    pruned = _counting(monkeypatch)
+    config = _two_folders(tmp_path)
+    first = make_networks(load_config(config))
+    assert pruned == ["tiny_vgg", "tiny_resnet"] and first.cached == []
+    files = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (tmp_path / "models").rglob("*") if p.is_file()}
+    again = make_networks(load_config(config))
+    assert pruned == ["tiny_vgg", "tiny_resnet"] and again.cached == ["tiny_vgg", "tiny_resnet"]
+    assert again.rows == first.rows and again.changed == [] and again.skipped == first.skipped
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (tmp_path / "models").rglob("*") if p.is_file()} \
+        == files  # nothing written, the cache's files included
+    code = ("import sys; from perf4sight.config import load_config; from perf4sight.networks.build import "
+            f"make_networks; make_networks(load_config({str(config)!r})); print('torch' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == "False", run.stderr[-2000:]
+
+    def rerun(**patched) -> list[str]:
+        """The networks a run prunes, with ``stage_cache``'s functions patched as given."""
+        del pruned[:]
+        with monkeypatch.context() as m:
+            for name, value in patched.items():
+                m.setattr(stage_cache, name, value)
+            make_networks(load_config(config))
+        return list(pruned)
+
+    (tmp_path / "a" / "nets.py").write_text(TINY.read_text() + "# edited\n")  # a factory's own file
+    assert rerun() == ["tiny_vgg"] and rerun() == []
+    (tmp_path / "b" / "helper.py").write_text("WIDTH = 3\n")  # a file beside a factory, which it may import
+    assert rerun() == ["tiny_resnet"]
+    both = ["tiny_vgg", "tiny_resnet"]
+    assert rerun(_environment=lambda: ("3.11.0", "x86_64", "9.9.9", "0", "0", "0")) == both  # another torch
+    assert rerun(_code_sha=lambda: "another perf4sight") == both
+    config = _two_folders(tmp_path, pruning="levels = [0, 40]")
+    assert rerun() == both
+    config = _two_folders(tmp_path)  # back to the settings before: read back (a few entries are kept per network)
+    assert rerun() == []
+    for networks, pruning in (("", "levels = [30, 0]"), ("", "min_channels = 8"), ("", "seed = 3"),
+                              ("", 'strategy = "random-weighted"'), ("input_shape = [3, 40, 40]", ""),
+                              ("extra_input_shapes = [[3, 48, 48]]", ""), ("num_classes = 7", "")):
+        config = _two_folders(tmp_path, networks, pruning)
+        assert rerun() == both, networks + pruning
+    entries = list((tmp_path / "models" / "zoo-cache" / stage_cache.FOLDER).glob("tiny_vgg-*.json"))
+    assert len(entries) == stage_cache.KEEP
+    for entry in entries:  # damaged: made again, and kept anew
+        entry.write_text('{"format": 1, "key": ')
+    assert rerun() == ["tiny_vgg"] and rerun() == []

@@ -9,7 +9,9 @@ Outputs, under ``cfg.models_dir``:
   files left from earlier runs with other settings are not deleted, only left out);
 - ``manifest-settings.json``: a hash of the ``[networks]`` settings (and the factory and description
   files they name) the manifest was made with, so the profile stage can say when the config changed since, and the
-  ``description_sha`` of each description, so the next run says which changed since (after an interrupted run too).
+  ``description_sha`` of each description, so the next run says which changed since (even after an interrupt);
+- ``zoo-cache/networks-stage/``: what each network's variants were (:mod:`stage_cache`): a rerun reads back those
+  of a network whose settings, files and code did not change, instead of pruning it again.
 
 Manifest columns (``MANIFEST_COLUMNS``): ``network`` (variant name), ``family``, ``source``,
 ``strategy`` (``generated`` for generated networks), ``target_level`` and ``achieved_level``
@@ -26,30 +28,30 @@ import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any, Callable
 
 from perf4sight.config import Config
 from perf4sight.dataset import read_manifest
 from perf4sight.errors import UserError
 from perf4sight.files import write_atomically
-from perf4sight.ir.from_torch import describe, forward_error, has_lazy_parameters
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.ir.shapes import shape_text
-from perf4sight.ir.to_torch import build_module
+from perf4sight.networks import stage_cache
 from perf4sight.networks.design_space import FULL_STEM_INPUT, MIN_INPUT
 from perf4sight.networks.factories import build_factory_model
 from perf4sight.networks.generator import GeneratorSettings, forward_flops, generate
 from perf4sight.networks.named import config_descriptions, named_networks
 from perf4sight.networks.on_request import variant_name
-from perf4sight.networks.pruning import PrunedModel, PruningPlan, Unprunable, UnreachableLevel, check_level, prune_model
 from perf4sight.networks.reshape import query_at, shaped_name
 from perf4sight.networks.settings import SETTINGS_FILE, changed_settings_note, settings_sha
 from perf4sight.networks.zoo import build_zoo_model
 from perf4sight.profiling.results import file_sha
 from perf4sight.wording import plural
+
+if TYPE_CHECKING:  # torch is imported where a network is built: a rerun that reads every network back imports none
+    from torch import nn
+
+    from perf4sight.networks.pruning import PrunedModel, PruningPlan
 
 __all__ = ["Source", "MANIFEST_COLUMNS", "SETTINGS_FILE", "NetworksMade", "sources", "prune_source", "make_networks",
            "variant_name", "pruning_plan", "write_manifest", "reshaped_description_notes", "settings_sha",
@@ -65,7 +67,8 @@ class NetworksMade:
     """What one networks stage made: the manifest ``rows``; ``skipped``, one line per pruning level a network
     could not reach (left out); ``added`` and ``removed``, the variant names the manifest gained and lost
     against the one it replaced (both empty on a first run); ``changed``, the names whose description file
-    the last complete run made with other content (the profile stage measures them again)."""
+    the last complete run made with other content (the profile stage measures them again); ``cached``, the networks
+    whose variants were read back from the stage's cache (:mod:`stage_cache`) instead of made again."""
 
     rows: list[dict[str, Any]]
     skipped: list[str]
@@ -74,6 +77,7 @@ class NetworksMade:
     changed: list[str] = dataclasses.field(default_factory=list)  # same name, other description: measured again
     had_manifest: bool = False  # one was on disk before: nothing added, changed or removed is then "unchanged"
     untrainable_at_batch_one: list[str] = dataclasses.field(default_factory=list)  # a batch norm over a 1x1 map
+    cached: list[str] = dataclasses.field(default_factory=list)  # networks read back from the stage's cache
 
 
 @dataclass
@@ -85,30 +89,54 @@ class Source:
     source: str
     build: Callable[[], nn.Module]
     family: str = ""
+    key: Any = None  # what identifies its network beyond ``source`` (a file's bytes): its variants cached; None: not
+    check: Callable[[], None] | None = None  # builds it once, to fail early (a factory's file, its function)
 
 
-def sources(cfg: Config) -> list[Source]:
-    """The zoo networks, factories and description files the config names, in that order (a factory is built
-    here once, to fail early on a file that does not import or a function that fails)."""
+def sources(cfg: Config, check: bool = True) -> list[Source]:
+    """The zoo networks, factories and description files the config names, in that order. With ``check``, a factory
+    is built here once, to fail early on a file that does not import or a function that fails; else its
+    ``Source.check`` does that when called."""
     nc = cfg.networks.num_classes
     shape = cfg.networks.input_shape
     found: list[Source] = [Source(n, f"torchvision:{n}",
-                                  lambda n=n: build_zoo_model(n, cfg.networks.classes_of(n), shape))
+                                  lambda n=n: build_zoo_model(n, cfg.networks.classes_of(n), shape),
+                                  key=["zoo", cfg.networks.classes_of(n)])
                            for n in cfg.networks.zoo]
     for named in named_networks(cfg):
         if named.factory is not None:
-            try:
-                build_factory_model(named.factory, nc)
-            except UserError as exc:
-                raise UserError(f"{cfg.path}: [networks] factories: {exc}") from None
-            found.append(Source(named.name, named.source, lambda f=named.factory: build_factory_model(f, nc)))
+            def builds(f: Any = named.factory) -> None:
+                try:
+                    build_factory_model(f, nc)
+                except UserError as exc:
+                    raise UserError(f"{cfg.path}: [networks] factories: {exc}") from None
+            if check:
+                builds()
+            found.append(Source(named.name, named.source, lambda f=named.factory: build_factory_model(f, nc),
+                                key=_files_key("factory", named.code_files, nc), check=builds))
         else:
-            found.append(Source(named.name, named.source, lambda d=named.description: build_module(d), named.family))
+            found.append(Source(named.name, named.source, lambda d=named.description: _built(d), named.family,
+                                key=_files_key("description", named.code_files)))
     names = [s.name for s in found]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise UserError(f"{cfg.path}: [networks] names {dupes} more than once (zoo, factories, description_files)")
     return found
+
+
+def _built(desc: NetworkDescription) -> nn.Module:
+    from perf4sight.ir.to_torch import build_module  # torch
+
+    return build_module(desc)
+
+
+def _files_key(kind: str, files: tuple[Path, ...], *more: Any) -> list[Any] | None:
+    """A :class:`Source`'s key: its kind, the bytes of its files (a factory's and those beside it, a description
+    file) and ``more``; None where a file cannot be read (then nothing of it is cached)."""
+    try:
+        return [kind, stage_cache.file_digests(files), *more]
+    except OSError:
+        return None
 
 
 def reshaped_description_notes(cfg: Config) -> list[str]:
@@ -133,6 +161,10 @@ def reshaped_description_notes(cfg: Config) -> list[str]:
 def _seeded_build(src: Source, seed: int, input_shape: list[int]) -> nn.Module:
     """Build with a fixed weight initialisation (l1-norm rankings depend on it); lazy layers (``nn.LazyLinear``) get
     their weights from one forward pass at ``input_shape`` ([C, H, W]), seeded too, before anything counts them."""
+    import torch
+
+    from perf4sight.ir.from_torch import forward_error, has_lazy_parameters
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = src.build()
@@ -150,6 +182,8 @@ def _seeded_build(src: Source, seed: int, input_shape: list[int]) -> nn.Module:
 def pruning_plan(src: Source, input_shape: list[int], strategy: str, min_channels: int, seed: int) -> PruningPlan:
     """``src`` built with its seeded weights and traced for pruning at ``input_shape``: one plan serves every
     level (its random choices are drawn here, so a level pruned from it does not depend on the levels before)."""
+    from perf4sight.networks.pruning import PruningPlan  # torch, torch-pruning
+
     return PruningPlan(_seeded_build(src, seed, input_shape), input_shape, strategy, min_channels, seed, src.name)
 
 
@@ -160,6 +194,8 @@ class _Unpruned:
         self.base = base
 
     def prune(self, level: float, meta: bool = False) -> PrunedModel:
+        from perf4sight.networks.pruning import prune_model
+
         return prune_model(self.base, [], 0)
 
 
@@ -172,6 +208,9 @@ def prune_source(src: Source, input_shape: list[int], levels: list[float], strat
     A level the network cannot reach raises ``UnreachableLevel``, and a network that cannot be pruned at all
     ``Unprunable``; with a ``skipped`` list the level (every level but 0) is left out instead and a line saying why
     is appended to the list."""
+    from perf4sight.ir.from_torch import describe  # torch, torch-pruning: where a network is pruned
+    from perf4sight.networks.pruning import Unprunable, UnreachableLevel, check_level
+
     levels = [check_level(lvl, f"[networks.pruning] levels ({src.name})") for lvl in levels]
     if not plan and all(lvl == 0 for lvl in levels):  # unpruned alone: nothing to trace (a Swin cannot be)
         plan = _Unpruned(_seeded_build(src, seed, input_shape))
@@ -340,63 +379,138 @@ def _recorded_shas(models_dir: Path) -> dict[str, str]:
     return {name: sha for name, sha in shas.items() if isinstance(sha, str)}
 
 
+def _settings_key(cfg: Config) -> dict[str, Any]:
+    """The ``[networks]`` settings that decide what one network's variants are: all but the lists of the other
+    networks and the generator's table (a key added later is in it at once)."""
+    settings = dataclasses.asdict(cfg.networks)
+    for other in ("zoo", "factories", "description_files", "generator"):
+        settings.pop(other)
+    return settings
+
+
+def _entry(cfg: Config, name: str, key: Any) -> Path | None:
+    """Where the stage's cache keeps what it made of network ``name`` (:mod:`stage_cache`), keyed by ``key`` (what
+    identifies the network; None: nothing kept) and :func:`_settings_key`."""
+    return None if key is None else stage_cache.entry_path(cfg.models_dir, name, [key, _settings_key(cfg)])
+
+
+def _made(path: Path | None, make: Callable[[Progress, list[str]], list[NetworkDescription]],
+          progress: Progress | None, kept: stage_cache.Made | None = None) -> tuple[stage_cache.Made, bool]:
+    """``kept`` (read from ``path`` where not given), its progress lines said again, and True; else what
+    ``make(progress, skipped)`` makes, kept at ``path`` for the next run, and False."""
+    kept = kept or stage_cache.read_entry(path)
+    if kept is not None:
+        for line in kept.progress if progress else ():
+            progress(line)
+        return kept, True
+    lines: list[str] = []
+    skipped: list[str] = []
+
+    def said(line: str) -> None:
+        lines.append(line)
+        if progress:
+            progress(line)
+    made = stage_cache.Made(make(said, skipped), skipped, lines)
+    stage_cache.write_entry(path, made)  # before the next network: an interrupted run keeps what it made
+    return made, False
+
+
+def _source_entry(cfg: Config, src: Source) -> Path | None:
+    """Where the stage's cache keeps ``src``'s variants."""
+    return _entry(cfg, src.name, None if src.key is None else ["source", src.name, src.source, src.family, src.key])
+
+
+def _variants(cfg: Config, src: Source, progress: Progress | None,
+              kept: stage_cache.Made | None = None) -> tuple[stage_cache.Made, bool]:
+    """``src`` pruned at every ``[networks.pruning]`` level, each variant at every extra input shape after it (as
+    :func:`_made`), and whether they were read back from the stage's cache."""
+    net, pr = cfg.networks, cfg.networks.pruning
+
+    def make(said: Progress, skipped: list[str]) -> list[NetworkDescription]:
+        return [each for desc in prune_source(src, list(net.input_shape), list(pr.levels), pr.strategy,
+                                              pr.min_channels, pr.seed, said, skipped)
+                for each in [desc, *at_extra_shapes(cfg, desc, skipped, said)]]
+    return _made(_source_entry(cfg, src), make, progress, kept)
+
+
+def _generated_at_extra_shapes(cfg: Config, desc: NetworkDescription) -> tuple[stage_cache.Made, bool]:
+    """Generated network ``desc`` at every extra input shape (none without ``[networks] extra_input_shapes``), and
+    whether they were read back from the stage's cache."""
+    if not cfg.networks.extra_input_shapes:
+        return stage_cache.Made([], [], []), False
+    path = _entry(cfg, desc.name, ["generated", file_sha(desc.to_json().encode("utf-8"))])
+    return _made(path, lambda said, skipped: at_extra_shapes(cfg, desc, skipped), None)
+
+
 def make_networks(cfg: Config, progress: Progress | None = None) -> NetworksMade:
-    """Run the networks stage for ``cfg``; the manifest rows are also written to disk."""
+    """Run the networks stage for ``cfg``; the manifest rows are also written to disk.
+
+    Every network is made first (read back from the stage's cache where an earlier run made it with the same
+    settings and code: :mod:`stage_cache`), then the descriptions and manifests are written: an interrupted or
+    failed run leaves the dataset as the last complete run wrote it."""
     net, pr, gen = cfg.networks, cfg.networks.pruning, cfg.networks.generator
     models_dir = cfg.models_dir
     before = _manifest_paths(models_dir / "manifest.csv")
-    recorded = _recorded_shas(models_dir) if before else {}  # an interrupted run since may have rewritten files
+    recorded = _recorded_shas(models_dir) if before else {}
 
     def was(name: str) -> Path | None:  # the file the last manifest named for ``name``
         return models_dir / before[name] if before.get(name) else None
-    rows: list[dict[str, Any]] = []
-    skipped: list[str] = []
-    changed: list[str] = []
-    one_image: list[str] = []  # networks a batch of one image cannot train
     # generated networks are drawn first (in memory, seconds): constraints that too few candidates satisfy
     # fail before the pruning (minutes) instead of after it
     generated: list[NetworkDescription] = []
     if gen.count > 0:
         generated = generate(GeneratorSettings.from_config(gen), list(net.input_shape), net.num_classes,
                              config=cfg.path)
-    found = sources(cfg) if net.zoo or net.factories or net.description_files else []
+    found = sources(cfg, check=False) if net.zoo or net.factories or net.description_files else []
     outputs = [models_dir / "pruned" / pr.strategy / f"{variant_name(src.name, lvl)}.json"
                for src in found for lvl in pr.levels] + [models_dir / "generated" / f"{d.name}.json" for d in generated]
     _check_not_an_output(cfg, outputs + [p.with_name(f"{shaped_name(p.stem, shape)}.json") for p in outputs
                                          for shape in net.extra_input_shapes])
-    if found:
-        folder = models_dir / "pruned" / pr.strategy
-        pruned_rows = []
-        for src in found:
-            for desc in prune_source(src, list(net.input_shape), list(pr.levels), pr.strategy, pr.min_channels,
-                                     pr.seed, progress, skipped):
-                for each in [desc, *at_extra_shapes(cfg, desc, skipped, progress)]:
-                    one_image += [each.name] if each.untrainable_at_batch_one else []
-                    path = _save(each, folder / f"{each.name}.json", changed, was(each.name),
-                                 recorded.get(each.name))
-                    pruned_rows.append(_row(each, path, models_dir))
-        write_manifest(pruned_rows, folder / "manifest.csv")
-        rows += pruned_rows
-    if generated:
-        folder = models_dir / "generated"
-        gen_rows = []
-        for desc in [d for made in generated for d in [made, *at_extra_shapes(cfg, made, skipped)]]:
-            one_image += [desc.name] if desc.untrainable_at_batch_one else []
-            path = _save(desc, folder / f"{desc.name}.json", changed, was(desc.name), recorded.get(desc.name))
-            gen_rows.append(_row(desc, path, models_dir))
-        write_manifest(gen_rows, folder / "manifest.csv")
-        if progress:
-            extra = len(gen_rows) - len(generated)
-            progress(f"generated {plural(len(generated), 'network')} in {folder}"
-                     + (f" ({extra} more at the extra input shapes)" if extra else ""))
-        rows += gen_rows
-    if not rows:
+    skipped: list[str] = []
+    cached: list[str] = []  # networks read back from the stage's cache
+    pruned: list[NetworkDescription] = []
+    kept = [stage_cache.read_entry(_source_entry(cfg, src)) for src in found]
+    for src, was_kept in zip(found, kept):
+        if was_kept is None and src.check is not None:
+            src.check()  # a factory that fails to build fails before any network is pruned
+    for src, was_kept in zip(found, kept):
+        made, hit = _variants(cfg, src, progress, was_kept)
+        pruned += made.descriptions
+        skipped += made.skipped
+        cached += [src.name] if hit else []
+    made_generated: list[NetworkDescription] = []
+    for desc in generated:
+        made, hit = _generated_at_extra_shapes(cfg, desc)
+        made_generated += [desc, *made.descriptions]
+        skipped += made.skipped
+        cached += [desc.name] if hit else []
+    if not pruned and not made_generated:
         why = f"every [networks.pruning] level was out of reach ({skipped[0]}); lower the levels or min_channels" \
             if skipped else "[networks] names no network"
         raise UserError(f"{cfg.path}: no network made: {why}")
+    # every network made: now the files, the manifest last
+    rows: list[dict[str, Any]] = []
+    shas: dict[str, str] = {}
+    changed: list[str] = []
+    one_image: list[str] = []  # networks a batch of one image cannot train
+    for folder, descs, wanted in ((models_dir / "pruned" / pr.strategy, pruned, bool(found)),
+                                  (models_dir / "generated", made_generated, bool(generated))):
+        if not wanted:
+            continue
+        these = []
+        for desc in descs:
+            one_image += [desc.name] if desc.untrainable_at_batch_one else []
+            path = _save(desc, folder / f"{desc.name}.json", changed, was(desc.name), recorded.get(desc.name))
+            shas[desc.name] = file_sha(desc.to_json().encode("utf-8"))
+            these.append(_row(desc, path, models_dir))
+        write_manifest(these, folder / "manifest.csv")
+        rows += these
+    if generated and progress:
+        extra = len(made_generated) - len(generated)
+        progress(f"generated {plural(len(generated), 'network')} in {models_dir / 'generated'}"
+                 + (f" ({extra} more at the extra input shapes)" if extra else ""))
     manifest = write_manifest(rows, models_dir / "manifest.csv")
     # what the manifest was made with, and each description's sha: the next run says what changed since
-    shas = {r["network"]: file_sha((models_dir / r["path"]).read_bytes()) for r in rows}
     _write_if_changed(models_dir / SETTINGS_FILE, json.dumps(
         {"settings_sha": settings_sha(cfg), "config": str(cfg.path), "manifest_sha": file_sha(manifest.read_bytes()),
          "descriptions": shas}, indent=1) + "\n")
@@ -405,4 +519,4 @@ def make_networks(cfg: Config, progress: Progress | None = None) -> NetworksMade
     # a name new to the manifest is said to be added, even where an older run's file of it held another network
     return NetworksMade(rows, skipped, added, [n for n in before if n not in names],
                         [n for n in changed if n not in added], had_manifest=bool(before),
-                        untrainable_at_batch_one=one_image)
+                        untrainable_at_batch_one=one_image, cached=cached)
