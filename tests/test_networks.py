@@ -868,6 +868,8 @@ def test_stage_reports_a_factory_whose_forward_fails_at_the_input_shape(tmp_path
     assert run.returncode == 2, run.stderr[-2000:]
     (line,) = run.stderr.strip().splitlines()
     assert "forward fails at input shape [3, 32, 32]" in line and "expected input" in line and "1 channels" in line
+    # where: the config and its entry (it said the network alone, which a zoo name or a factory's function gives)
+    assert line.startswith(f"error: {tmp_path / 'config.toml'}: [networks] factories: factory 'gray.py:net': net: ")
 
 
 def test_a_dataset_network_is_found_by_its_name(tmp_path: Path) -> None:

@@ -430,7 +430,18 @@ def _variants(cfg: Config, src: Source, progress: Progress | None,
         return [each for desc in prune_source(src, list(net.input_shape), list(pr.levels), pr.strategy,
                                               pr.min_channels, pr.seed, said, skipped)
                 for each in [desc, *at_extra_shapes(cfg, desc, skipped, said)]]
-    return _made(_source_entry(cfg, src), make, progress, kept)
+    try:
+        return _made(_source_entry(cfg, src), make, progress, kept)
+    except UserError as exc:  # say where the config names the network, as the other [networks] errors do
+        if str(exc).startswith(f"{cfg.path}:"):
+            raise
+        raise UserError(f"{cfg.path}: [networks] {_config_entry(src)}: {exc}") from None
+
+
+def _config_entry(src: Source) -> str:
+    """The ``[networks]`` key that names ``src``, with its entry: ``zoo``, ``factories: factory 'f.py:net'``."""
+    kind, _, entry = src.source.partition(":")
+    return {"factory": f"factories: factory '{entry}'", "description": f"description_files: {entry}"}.get(kind, "zoo")
 
 
 def _generated_at_extra_shapes(cfg: Config, desc: NetworkDescription) -> tuple[stage_cache.Made, bool]:
