@@ -1146,17 +1146,18 @@ def test_the_stage_says_which_networks_batch_one_cannot_train(tmp_path: Path) ->
     assert run.returncode == 0 and "batch 1 does not train" not in run.stderr
 
 
-class _InterruptedOnce(nn.Module):
-    """A small network whose first forward gets a Ctrl-C (SIGINT to this process) mid-way, as a user's would."""
+class _SignalledOnce(nn.Module):
+    """A small network whose first forward gets signal ``signum`` mid-way: a Ctrl-C (SIGINT) or a `kill` (SIGTERM) of
+    a networks stage."""
 
-    def __init__(self) -> None:
+    def __init__(self, signum: int) -> None:
         super().__init__()
-        self.conv, self.fc, self.calls = nn.Conv2d(3, 8, 3), nn.Linear(8, 4), 0
+        self.conv, self.fc, self.calls, self.signum = nn.Conv2d(3, 8, 3), nn.Linear(8, 4), 0, signum
 
     def forward(self, x):
         self.calls += 1
         if self.calls == 1:
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), self.signum)
         return self.fc(self.conv(x).mean((2, 3)))
 
 
@@ -1165,25 +1166,11 @@ def test_ctrl_c_during_torch_prunings_trace_stops_the_stage():
     went on: 2 of 10 interrupts of a networks stage were lost."""
     from perf4sight.networks.prune_plan import find_groups
 
-    model = _InterruptedOnce()
+    model = _SignalledOnce(signal.SIGINT)
     with pytest.raises(KeyboardInterrupt):
         find_groups(model, torch.randn(1, 3, 8, 8), [model.fc], lambda g: "")
     assert model.calls >= 2  # the trace went on past the interrupt, and the stage stops after it
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler put back
-
-
-class _TerminatedOnce(nn.Module):
-    """A small network whose first forward gets a SIGTERM mid-way, as `kill PID` of a networks stage would send."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv, self.fc, self.calls = nn.Conv2d(3, 8, 3), nn.Linear(8, 4), 0
-
-    def forward(self, x):
-        self.calls += 1
-        if self.calls == 1:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return self.fc(self.conv(x).mean((2, 3)))
 
 
 def test_sigterm_during_torch_prunings_trace_stops_the_stage():
@@ -1192,7 +1179,7 @@ def test_sigterm_during_torch_prunings_trace_stops_the_stage():
     from perf4sight.cli import _terminated
     from perf4sight.networks.prune_plan import find_groups
 
-    model = _TerminatedOnce()
+    model = _SignalledOnce(signal.SIGTERM)
     before = signal.signal(signal.SIGTERM, _terminated)
     try:
         with pytest.raises(KeyboardInterrupt):
