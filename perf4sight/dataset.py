@@ -46,11 +46,17 @@ def read_manifest(path: Path) -> list[dict[str, str]]:
 
 
 def dataset_descriptions(cfg: Config) -> list[Path]:
-    """The networks the profile stage measures: those in the networks stage's manifest."""
+    """The networks the profile stage measures: those in the networks stage's manifest (``UserError`` where one of
+    their files is gone: deleted by hand, the networks stage writes it again)."""
     manifest = cfg.models_dir / "manifest.csv"
     if not manifest.is_file():
         raise UserError(f"no network descriptions: {manifest} is missing (run --stage networks first)")
-    return [cfg.models_dir / r["path"] for r in read_manifest(manifest)]
+    paths = [cfg.models_dir / r["path"] for r in read_manifest(manifest)]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise UserError(f"{manifest} lists {plural(len(missing), 'description file')} no longer there "
+                        f"({named(missing)}): run --stage networks again, which writes them")
+    return paths
 
 
 def _description_paths(cfg: Config, device: str) -> list[Path]:

@@ -162,3 +162,23 @@ def test_a_rerun_prunes_again_only_what_a_change_made_another_network(tmp_path, 
     for entry in entries:  # damaged: made again, and kept anew
         entry.write_text('{"format": 1, "key": ')
     assert rerun() == ["tiny_vgg"] and rerun() == []
+
+
+def test_a_description_deleted_by_hand_is_said_and_written_again(tmp_path):
+    """A description the manifest lists, deleted by hand: the profile stage said "network description not found:
+    PATH", nothing of the manifest or of what to do; it says both, and a rerun of the networks stage writes it again
+    (read back from its cache)."""
+    from perf4sight.dataset import dataset_descriptions
+    from perf4sight.errors import UserError
+
+    cfg = load_config(_two_folders(tmp_path))
+    make_networks(cfg)
+    gone = tmp_path / "models" / "pruned" / "l1-norm" / "tiny_resnet_l30.json"
+    kept = gone.read_bytes()
+    gone.unlink()
+    with pytest.raises(UserError, match=rf"^{tmp_path / 'models' / 'manifest.csv'} lists 1 description file no longer "
+                                        rf"there \({gone}\): run --stage networks again, which writes them$"):
+        dataset_descriptions(cfg)
+    again = make_networks(cfg)
+    assert again.cached == ["tiny_vgg", "tiny_resnet"] and again.changed == [] and gone.read_bytes() == kept
+    assert gone in dataset_descriptions(cfg)
