@@ -1321,12 +1321,13 @@ def test_a_child_the_kernels_oom_killer_kills_is_an_oom(tmp_path, monkeypatch):
                         r"\(oom_kill in /proc/vmstat\)", outcome.result["message"])
 
 
-def test_a_failed_local_profile_counts_the_rows_on_disk_and_the_new_ones(tmp_path):
+def test_a_failed_local_profile_counts_the_rows_on_disk_and_the_new_ones(tmp_path, monkeypatch):
     """A local profile that fails says how many of the plan's rows are on disk and how many it wrote, as one that
     ends does: its runner killed by SIGKILL after one row said "(0 new)", and a plan it could not write (a full disk
-    here, a read-only folder for the tester) "0/0 rows" as a traceback's last line, though the CSV held a row."""
+    here, a read-only folder for the tester) "0/0 rows" as a traceback's last line, though the CSV held a row; so
+    did a bug (an exception other than a UserError) after a row was measured."""
     from perf4sight.profiling import local
-    from perf4sight.profiling.fleet import _profile_local, format_summaries
+    from perf4sight.profiling.fleet import _profile_local, format_summaries, profile_devices
 
     cfg = load_config(write_config(tmp_path))
     net, dev = write_net(tmp_path, "tiny"), cfg.device("local")
@@ -1343,3 +1344,11 @@ def test_a_failed_local_profile_counts_the_rows_on_disk_and_the_new_ones(tmp_pat
     refused = format_summaries([_profile_local(cfg, dev, [net], lambda *args: None)])
     assert refused == (f"local: failed — 1/2 rows (0 new) [ok 1] — device 'local': cannot write its plan {plan_path}: "
                        "No space left on device")
+    measure = local.profile_local
+
+    def measure_then_a_bug(*args, **kwargs):
+        measure(*args, **kwargs)
+        raise KeyError("a bug")
+    monkeypatch.setattr(local, "profile_local", measure_then_a_bug)
+    (bug,) = profile_devices(cfg, ["local"], [net], show_progress=False)
+    assert format_summaries([bug]) == "local: failed — 2/2 rows (1 new) [ok 2] — device 'local': KeyError: 'a bug'"

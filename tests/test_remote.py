@@ -696,6 +696,22 @@ def test_interrupted_host_stops_following_and_a_rerun_attaches_to_the_run_that_w
     assert _keys_once(_rows(cfg, "dev-i")) and len(_rows(cfg, "dev-i")) == 2
 
 
+def test_a_bug_on_a_device_after_its_rows_came_over_fails_it_with_the_rows_on_disk(servers, tmp_path, monkeypatch):
+    """An unexpected exception on one device (a bug, not a device problem) fails that device alone, and its summary
+    line says how many of its plan's rows are on disk, as a failed device's does, on one line: it said 0/0."""
+    a, _ = servers
+    cfg = _config(tmp_path, {"dev-x": _device(a, tmp_path)}, batch_sizes=(1, 2))
+    (desc,) = _descriptions(tmp_path, ["alpha"])
+
+    def bug(self) -> None:
+        raise RuntimeError("an unexpected state\nover two lines")
+    monkeypatch.setattr(RemoteProfiler, "_pull_op_prices", bug)  # called once the run ended and its rows came over
+    (summary,) = profile_devices(cfg, ["dev-x"], [desc], show_progress=False, **FAST)
+    assert len(_rows(cfg, "dev-x")) == 2
+    assert format_summaries([summary]) == ("dev-x: failed — 2/2 rows (2 new) [ok 2] — device 'dev-x': RuntimeError: "
+                                           "an unexpected state over two lines")
+
+
 def test_ctrl_c_of_the_cli_says_the_ssh_devices_run_goes_on_and_a_rerun_collects_its_rows(servers, tmp_path):
     """Ctrl-C of ``--stage profile`` with an SSH device: the last line says its run goes on on the device and a
     rerun collects its rows (it said only "measurements taken so far are on disk; rerun to resume"), as it does."""

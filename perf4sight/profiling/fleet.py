@@ -140,13 +140,9 @@ def _profile_local(cfg: Config, dev: DeviceConfig, descriptions: Sequence[Path],
     t0 = time.monotonic()
     try:
         local = profile_local(cfg, dev.name, list(descriptions), progress=on_event, cancel=cancel)
-    except UserError as exc:  # the rows the run wrote before it stopped are on disk: the summary counts them
-        failed = DeviceSummary(dev.name, "failed", message=str(exc), new_rows=new_rows,
-                               elapsed_s=round(time.monotonic() - t0, 2))
-        on_disk = _plan_on_disk(cfg, dev, descriptions)
-        if on_disk:
-            failed.rows, failed.counts, failed.expected = on_disk
-        return failed
+    except Exception as exc:  # noqa: BLE001 - the rows the run wrote before it stopped are on disk: counted
+        ran = DeviceSummary(dev.name, "failed", new_rows=new_rows, elapsed_s=round(time.monotonic() - t0, 2))
+        return _failed(cfg, dev, descriptions, exc, ran)
     summary = DeviceSummary(dev.name, "done", new_rows=local.new_rows, elapsed_s=round(time.monotonic() - t0, 2))
     summary.counts = {"ok": local.ok, "oom": local.oom, "skipped_after_oom": local.skipped_after_oom,
                       "error": local.error}
@@ -156,6 +152,21 @@ def _profile_local(cfg: Config, dev: DeviceConfig, descriptions: Sequence[Path],
     summary.rows = local.new_rows + local.already_measured
     summary.expected = summary.rows
     summary.message = "; ".join(_first(local.warnings) + _first(local.errors))
+    return summary
+
+
+def _failed(cfg: Config, dev: DeviceConfig, descriptions: Sequence[Path], exc: Exception,
+            ran: DeviceSummary | None = None) -> DeviceSummary:
+    """``dev``'s summary of a profile that ``exc`` ended: ``ran`` (what the run counted as it went: new rows,
+    reconnects) or a new one, marked failed, its message on one line (a ``UserError``'s words; anything else, a bug,
+    named by its type), with the rows of its plan on disk (:func:`_plan_on_disk`), which a failure after some were
+    measured keeps."""
+    summary = ran or DeviceSummary(dev.name, "failed")
+    message = str(exc) if isinstance(exc, UserError) else f"device '{dev.name}': {type(exc).__name__}: {exc}"
+    summary.status, summary.message = "failed", " ".join(message.split())
+    on_disk = _plan_on_disk(cfg, dev, descriptions)
+    if on_disk:
+        summary.rows, summary.counts, summary.expected = on_disk
     return summary
 
 
@@ -308,6 +319,7 @@ def _profile_all(cfg: Config, devices: list[DeviceConfig], descs: list[Path], sh
     this_machine = threading.Lock()  # held by the local device measuring now
 
     def one(dev: DeviceConfig) -> DeviceSummary:
+        profiler = None
         try:
             if not dev.host:
                 progress(dev.name, -1, 0, "waiting: this machine's devices are measured one after another")
@@ -322,11 +334,11 @@ def _profile_all(cfg: Config, devices: list[DeviceConfig], descs: list[Path], sh
             _require_ssh(dev)
             from perf4sight.profiling.remote import RemoteProfiler
 
-            return RemoteProfiler(cfg, dev, descs, progress=progress, cancel=cancel, **follow).run()
-        except UserError as exc:  # e.g. an unreadable description: this device fails, the others go on
-            return DeviceSummary(dev.name, "failed", message=str(exc))
+            profiler = RemoteProfiler(cfg, dev, descs, progress=progress, cancel=cancel, **follow)
+            return profiler.run()
+        # a UserError, e.g. an unreadable description: this device fails, the others go on; and so on a bug
         except Exception as exc:  # noqa: BLE001 - a bug on one device must not take down the others
-            return DeviceSummary(dev.name, "failed", message=f"device '{dev.name}': {type(exc).__name__}: {exc}")
+            return _failed(cfg, dev, descs, exc, profiler.summary if profiler is not None else None)
 
     if bars is not None:
         for dev in devices:
