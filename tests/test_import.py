@@ -128,14 +128,22 @@ def test_small_folder_with_a_network_without_graph(tmp_path):
     assert set(rows[0]) == set(COLUMNS)
 
 
-def test_infinite_figures_are_imported_as_they_are(tmp_path):
-    """perf4sight's 'inf' is a number to the importer (the fingerprint passes over it: ``results.number``)."""
-    _write(tmp_path / "src" / "dev" / "cifar10" / "memory" / "net_0-gt.csv", "passed|mem_used|bs",
-           ["True|inf|8", "True|-inf|16"])
+def test_a_figure_that_is_no_measurement_is_refused_with_its_line(tmp_path):
+    """A passed row's figure that is infinite or negative is no measurement: refused with its file, line and column,
+    nothing written. They were imported as they were ('inf', '-inf', '-50.0', 'nan' the mean of inf and -inf), into
+    a file whose rows the measurements' reader refuses (``results.read_rows``)."""
+    memory = tmp_path / "src" / "dev" / "cifar10" / "memory" / "net_0-gt.csv"
     _graph(tmp_path / "src", "net_0")
+    for cells, column in (("inf|5", "mem_used 'inf'"), ("-inf|5", "mem_used '-inf'"), ("-50|5", "mem_used '-50'"),
+                          ("1e400|5", "mem_used '1e400'"), ("100|-3", "mem_alloc '-3'")):
+        _write(memory, "passed|mem_used|mem_alloc|bs", ["True|100|5|8", f"True|{cells}|16"])
+        with pytest.raises(UserError, match=rf"net_0-gt.csv: line 3: {column} is not a finite number >= 0"):
+            import_perf4sight(tmp_path / "src", "d", tmp_path / "prof", tmp_path / "models")
+        assert not results_path(tmp_path / "prof", "d").exists()
+    _write(memory, "passed|mem_used|mem_alloc|bs", ["True|100|None|8", "False|None|None|16"])  # None: not measured
     import_perf4sight(tmp_path / "src", "d", tmp_path / "prof", tmp_path / "models")
     rows = read_rows(results_path(tmp_path / "prof", "d"))
-    assert [r["device_mem_used_mb"] for r in rows] == ["inf", "-inf"]
+    assert [(r["device_mem_used_mb"], r["torch_alloc_peak_mb"]) for r in rows] == [("100.0", ""), ("", "")]
 
 
 def test_bad_sources(tmp_path):

@@ -194,11 +194,15 @@ def import_source(source_dir: str | Path, device: str, tool: str) -> Path:
 
 #: The figure each kind of ``-gt.csv`` file must carry (a number wherever ``passed`` is True).
 TARGET = {"memory": "mem_used", "latency": "latency"}
+#: The figures of each kind of file that become a row's cells (:func:`_merge`), its :data:`TARGET` first.
+FIGURES = {"memory": ("mem_used", "mem_alloc", "mem_reserved"), "latency": ("latency",)}
 
 
 def read_gt_csv(path: Path, kind: str | None = None) -> list[dict[str, str]]:
     """Rows of one perf4sight ``-gt.csv`` file ('|'-separated, one header line); with ``kind`` (memory or
-    latency) its figure (:data:`TARGET`) must be a column, and a number on every passed row."""
+    latency) its figure (:data:`TARGET`) must be a column, and a number on every passed row; that and the other
+    figures it brings (:data:`FIGURES`; any other text there is no measurement) finite and >= 0, as a row's
+    number cells are (``results.read_rows``)."""
     try:
         with path.open(newline="", encoding="utf-8-sig") as fh:  # a byte-order mark is not part of the first column
             reader = csv.DictReader(fh, delimiter="|")
@@ -217,12 +221,17 @@ def read_gt_csv(path: Path, kind: str | None = None) -> list[dict[str, str]]:
             raise UserError(f"{path}: line {i}: passed {r['passed']!r} is neither True nor False")
         if not (kind and passed):
             continue
-        figure = number(r.get(TARGET[kind]), finite=False)  # inf: imported as it is
-        if figure is None:
+        target = number(r.get(TARGET[kind]), finite=False)
+        if target is None:
             raise UserError(f"{path}: line {i}: {TARGET[kind]} {r.get(TARGET[kind])!r} is not a number")
+        for col in FIGURES[kind]:  # the target and the figures beside it (other text there: not measured)
+            figure = number(r.get(col), finite=False)
+            if figure is not None and not 0 <= figure < math.inf:
+                raise UserError(f"{path}: line {i}: {col} {r.get(col)!r} is not a finite number >= 0, as a "
+                                "measurement is")
         capacity = number(r.get("capacity"))  # MemTotal: no step uses more than the device has
-        if kind == "memory" and capacity and math.isfinite(figure) and figure > capacity:
-            raise UserError(f"{path}: line {i}: mem_used {figure:g} MiB is more than the device's capacity "
+        if kind == "memory" and capacity and target > capacity:
+            raise UserError(f"{path}: line {i}: mem_used {target:g} MiB is more than the device's capacity "
                             f"({capacity:g} MiB)")
     return rows
 
@@ -279,8 +288,8 @@ def _collect(folder: Path, kind: str, pairs: dict, variants: dict, csv_root: Pat
 
 
 def _mean(rows: list[dict[str, str]], col: str) -> float | None:
-    """Mean of ``col`` over ``rows`` (infinite figures kept: the row says what perf4sight wrote), None if none."""
-    vals = [v for v in (number(r.get(col), finite=False) for r in rows) if v is not None]
+    """Mean of ``col`` over ``rows`` (finite: :func:`read_gt_csv` refused any other number), None if none."""
+    vals = [v for v in (number(r.get(col)) for r in rows) if v is not None]
     return sum(vals) / len(vals) if vals else None
 
 
