@@ -78,6 +78,10 @@ class JetsonBackend(CudaBackend):
         cols: Dict[str, Any] = {"device_mem_used_mb": sampler.peak("unified_mb"),
                                 "gpu_util_pct": sampler.mean("gpu_load_pct", 1), "power_w": sampler.mean("power_w")}
         notes = [self.jtop_note] if self.jtop_note else []
+        if cols["device_mem_used_mb"] != "" and cols["device_mem_used_mb"] < 0:  # no figure a reader would take
+            notes.insert(0, f"unified memory peaked {-cols['device_mem_used_mb']:g} MiB below its reading before the "
+                            "step (freed by other processes): not measured")
+            cols["device_mem_used_mb"] = ""
         if self.jetson is not None and sampler.values("jtop_ram_mb"):
             notes.append(f"jtop RAM peak {sampler.peak('jtop_ram_mb', 1)} MiB")
         if sampler.failures:
