@@ -335,7 +335,7 @@ def _fingerprint_device(cfg: Config, args: argparse.Namespace, device: str, pred
         for target, n in meta["training_rows"].items():
             if n < ok:
                 notes.print(f"{device}: {ok - n} of {plural(ok, 'ok row')} {'has' if ok - n == 1 else 'have'} "
-                            f"no usable {target} figure (empty, zero or not a number) and "
+                            f"no usable {target} figure (empty: not measured, or 0) and "
                             f"{'was' if ok - n == 1 else 'were'} left out of its model", markup=False)
     if predictor in ("gnn", "ensemble"):
         from perf4sight.fingerprint.api import fit_device_gnn

@@ -674,7 +674,7 @@ def test_a_bad_measurement_csv_is_one_clear_error(tmp_path):
                           (text.replace(",4,", ",0,"), "line 3: batch_size '0'"),
                           (text.replace(",ok,", ",done,", 1), "line 2: status 'done' is not one of"),
                           # the step's update is read back as numbers by the fingerprint stage (a ValueError there)
-                          (text.replace(",0.9,", ",abc,"), "line 3: momentum 'abc' is not a number >= 0")):
+                          (text.replace(",0.9,", ",abc,"), "line 3: momentum 'abc' is not a finite number >= 0")):
         path.write_text(bad)
         with pytest.raises(UserError, match=expected):
             results.read_rows(path)
@@ -706,6 +706,65 @@ def test_a_bad_measurement_csv_is_one_clear_error(tmp_path):
     path.write_bytes(b"\xef\xbb\xbf" + text.encode())  # saved by a spreadsheet as "CSV UTF-8": a byte-order mark
     results.append_row(path, dict(good, batch_size="8"))
     assert [(r["device"], r["batch_size"]) for r in results.read_rows(path)] == [("d", "2"), ("d", "4"), ("d", "8")]
+
+
+@pytest.mark.parametrize("cell", ["abc", "-50", "nan", "inf", "1e400", "-0.5e-3", "12 ms"])
+def test_a_figure_that_is_no_number_is_one_line_naming_file_line_and_column(tmp_path, cell):
+    """A number column's cell of a complete row (a step time, a memory figure, the threads, the pruning level...) is
+    empty (not measured) or a finite number >= 0: anything else, edited in by hand or damaged, is one line naming the
+    file, the line and the column. They read as "not measured" before: the fingerprint and the compare report
+    passed the row over, the export wrote nan, each unsaid."""
+    path = tmp_path / "m.csv"
+    good = {"device": "d", "network": "n", "batch_size": "2", "status": "ok", "latency_ms_median": "1.5",
+            "peak_rss_mb": "700", "timestamp": "t"}
+    for row in (good, dict(good, batch_size="4"),
+                dict(good, batch_size="8", status="oom", latency_ms_median="", peak_rss_mb="")):  # oom: empty figures
+        results.append_row(path, row)
+    text = path.read_text()
+    assert len(results.read_rows(path)) == 3
+    # the columns the stages read as numbers (fingerprint, export, compare; results._NUMBER_COLUMNS has every one)
+    for column in ("latency_ms_median", "peak_rss_mb", "device_mem_used_mb", "torch_reserved_peak_mb", "gpu_util_pct",
+                   "threads", "pruning_level", "momentum", "update_ms_median"):
+        path.write_text(text)
+        results.append_row(path, dict(good, batch_size="16", **{column: cell}))
+        with pytest.raises(UserError) as caught:
+            results.read_rows(path)
+        assert str(caught.value) == (f"{path}: line 5: {column} '{cell}' is not a finite number >= 0 (an empty cell: "
+                                     "not measured)")
+    path.write_text(text)
+    results.append_row(path, dict(good, batch_size="16", status="error", peak_rss_mb=cell))  # whatever the status
+    with pytest.raises(UserError, match=r"line 5: peak_rss_mb"):
+        results.read_rows(path)
+
+
+def test_a_cell_quoted_in_a_message_stays_on_its_one_line(tmp_path):
+    """A status or batch size holding a line break (a quoted field) is quoted escaped, not across two lines."""
+    path = tmp_path / "m.csv"
+    path.write_text('network,batch_size,status,timestamp\nn,1,"o\nk",t\nn,"2\n",ok,t\n')
+    with pytest.raises(UserError) as caught:
+        results.read_rows(path)
+    assert str(caught.value) == f"{path}: line 3: status 'o\\nk' is not one of ok, oom, skipped_after_oom, error"
+    path.write_text('network,batch_size,status,timestamp\nn,"2\nx",ok,t\n')
+    with pytest.raises(UserError, match=r"line 3: batch_size '2\\nx' is not a positive integer$"):
+        results.read_rows(path)
+
+
+def test_the_stages_refuse_a_figure_that_is_no_number_with_exit_2(tmp_path):
+    """fingerprint and export read a device's rows through one check: a hand-edited figure is exit 2 and one line
+    naming the file, the line and the column. The fingerprint passed such a row over with a count, and export wrote
+    '-50.0' into its PerfSeer label, which the PerfSeer importer refuses (a time is at least 0)."""
+    (tmp_path / "config.toml").write_text('[devices.local]\nbackend = "cpu"\n')
+    path = results.results_path(tmp_path / "profiling_csvs", "local")
+    good = {"device": "local", "backend": "cpu", "network": "n", "batch_size": "2", "status": "ok",
+            "latency_ms_median": "1.5", "peak_rss_mb": "700", "timestamp": "t"}
+    results.append_row(path, good)
+    results.append_row(path, dict(good, batch_size="4", latency_ms_median="-50"))
+    for stage in (["fingerprint"], ["export", "--format", "perfseer", "--output", str(tmp_path / "out")]):
+        proc = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(tmp_path / "config.toml"),
+                               "--stage", *stage], capture_output=True, text=True, cwd=tmp_path)
+        assert proc.returncode == 2 and proc.stderr == (f"error: {path}: line 3: latency_ms_median '-50' is not a "
+                                                        "finite number >= 0 (an empty cell: not measured)\n"), proc
+    assert not (tmp_path / "out").exists()
 
 
 def _alive_with(text: str) -> list[int]:

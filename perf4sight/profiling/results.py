@@ -231,8 +231,49 @@ def _drop_torn_tail(p: Path) -> int:
         return end
 
 
-#: The cells of a row's optimiser update (``plan.update_columns``), which must read as numbers where not empty.
-_UPDATE_CELLS = ("momentum", "weight_decay")
+#: The columns of numbers: each cell empty (not measured, not applicable: a cpu device's GPU figures, an ``oom`` or
+#: ``error`` row's figures, an imported row's figure its source lacked, a column an older file did not have) or a
+#: finite number >= 0, whatever the row's status. The stages read them as numbers (the fingerprint: step time, memory,
+#: threads, the update's momentum and weight decay; export: step time, memory, GPU use; compare: those and the
+#: pruning level), and ``number`` turns anything else into "not measured" unsaid: a cell edited by hand or damaged
+#: ('abc', '-50', 'nan', 'inf', '1e400') would leave its row out of a fit, or an export, without a word.
+_NUMBER_COLUMNS = ("pruning_level", "latency_ms_median", "latency_ms_mean", "latency_ms_p10", "latency_ms_p90",
+                   "latency_ms_std", "timed_steps", "warmup_steps", "repeats", "latency_ms_repeat_cv", "peak_rss_mb",
+                   "baseline_rss_mb", "torch_alloc_peak_mb", "torch_reserved_peak_mb", "device_mem_used_mb",
+                   "swap_in_mb", "swap_out_mb", "gpu_util_pct", "power_w", "threads", "momentum", "weight_decay",
+                   "update_ms_median")
+
+
+def _shown(value: Any) -> str:
+    """A cell as a message quotes it: in quotes, on one line (a line break inside a quoted field escaped), cut at 40
+    characters."""
+    text = repr(str(value))
+    return text if len(text) <= 42 else text[:39] + "...'"
+
+
+def _check_row(row: Dict[str, Any], where: str) -> None:
+    """``UserError`` (``where``: the file and line, one line in all) for a row with an unknown ``status``, a
+    ``batch_size`` that is not a positive integer or a cell of :data:`_NUMBER_COLUMNS` that is neither empty nor a
+    finite number >= 0: what :func:`read_rows` checks of every complete row."""
+    if row.get("status") not in STATUSES:
+        raise UserError(f"{where}: status {_shown(row.get('status'))} is not one of {', '.join(STATUSES)}")
+    try:
+        bs = float(row.get("batch_size") or "")
+    except ValueError:
+        bs = 0.0
+    if not (bs >= 1 and bs.is_integer()):  # NaN and infinity fail too
+        raise UserError(f"{where}: batch_size {_shown(row.get('batch_size'))} is not a positive integer")
+    for col in _NUMBER_COLUMNS:
+        cell = row.get(col)
+        if not cell:  # empty: not measured; None: a column the file does not have
+            continue
+        try:
+            x = float(cell)
+        except (TypeError, ValueError):
+            x = -1.0
+        if not 0 <= x < math.inf:  # NaN compares false
+            raise UserError(f"{where}: {col} {_shown(cell)} is not a finite number >= 0 (an empty cell: not "
+                            "measured)")
 
 
 def read_rows(path: Union[str, Path], incomplete: Optional[List[int]] = None) -> List[Dict[str, str]]:
@@ -241,8 +282,8 @@ def read_rows(path: Union[str, Path], incomplete: Optional[List[int]] = None) ->
     header (a trailing comma a spreadsheet added, files pasted together: its values may have shifted) is passed
     over, and its line number
     appended to ``incomplete`` when a list is given (see :func:`incomplete_note`). ``UserError`` naming the file (and
-    line) for a folder, a file that is not UTF-8 text, or a complete row with an unknown status or a batch
-    size that is not a positive integer."""
+    line) for a folder, a file that is not UTF-8 text, or a complete row that :func:`_check_row` refuses (an unknown
+    status, a batch size that is not a positive integer, a number column's cell that is not a finite number >= 0)."""
     p = Path(path)
     if not p.exists():
         return []
@@ -273,18 +314,7 @@ def read_rows(path: Union[str, Path], incomplete: Optional[List[int]] = None) ->
             if incomplete is not None:
                 incomplete.append(line)
             continue
-        if r.get("status") not in STATUSES:
-            raise UserError(f"{p}: line {line}: status '{r.get('status')}' is not one of {', '.join(STATUSES)}")
-        try:
-            bs = float(r.get("batch_size") or "")
-        except ValueError:
-            bs = 0.0
-        if not (bs >= 1 and bs.is_integer()):
-            raise UserError(f"{p}: line {line}: batch_size '{r.get('batch_size')}' is not a positive integer")
-        for col in _UPDATE_CELLS:  # the step's update, read back as numbers (empty: a row from before they were kept)
-            value = number(r.get(col))
-            if r.get(col) not in ("", None) and not (value is not None and value >= 0):
-                raise UserError(f"{p}: line {line}: {col} '{r[col]}' is not a number >= 0")
+        _check_row(r, f"{p}: line {line}")
         kept.append(r)
     return kept
 
