@@ -389,6 +389,24 @@ def test_check_reports_versions_disk_and_unreachable(servers, tmp_path):
     assert f"memory {live.facts['memory_mb']:.0f} MiB, swap {live.facts['swap_mb']:.0f} MiB" in text
 
 
+def test_a_check_that_fails_on_one_device_leaves_the_others_theirs(tmp_path, monkeypatch):
+    """check: a probe of this machine that never answers, or a bug on one device, is that device's line; either
+    raised out of check_devices (a traceback, and no line for the other devices)."""
+    (tmp_path / "kh").write_text("")
+    cfg = _config(tmp_path, {"slow": {}, "odd": {"backend": "nvml"},
+                             "gone": {"host": "127.0.0.1", "port": free_port(), "known_hosts": str(tmp_path / "kh")}})
+
+    def probe(argv, **kwargs):
+        if argv[3] == "cpu":  # slow's probe: python -c PROBE BACKEND WORKDIR
+            raise subprocess.TimeoutExpired(argv, kwargs["timeout"])
+        return subprocess.CompletedProcess(argv, 0, "[]\n", "")  # odd's: facts that are no dict, a bug downstream
+    monkeypatch.setattr(subprocess, "run", probe)
+    slow, odd, gone = check_devices(cfg, ["slow", "odd", "gone"])
+    assert slow.message == f"device 'slow': no reply from the probe ({sys.executable}) within 120 s" and not slow.ok
+    assert odd.message == "device 'odd': AttributeError: 'list' object has no attribute 'get'" and not odd.ok
+    assert "cannot reach" in gone.message and not gone.reachable
+
+
 # --- pieces -------------------------------------------------------------------------------------
 def test_quote_argv_keeps_each_word_whole(tmp_path):
     words = ["a b", "it's", '"q"', "$(touch x)", "; rm -rf /", "`id`", "\\", "", "~"]

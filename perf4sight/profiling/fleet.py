@@ -79,8 +79,13 @@ def _check_one(cfg: Config, dev: DeviceConfig, timeout_s: float) -> DeviceCheck:
     if not dev.host:
         # this machine writes its measurements under profiling_dir (workdir is a remote device's)
         check = DeviceCheck(dev.name, dev.backend, "this machine", reachable=True, workdir=str(cfg.profiling_dir))
-        done = subprocess.run([sys.executable, "-c", src, dev.backend, check.workdir], capture_output=True, text=True,
-                              timeout=max(timeout_s, 120))
+        limit = max(timeout_s, 120)
+        try:
+            done = subprocess.run([sys.executable, "-c", src, dev.backend, check.workdir], capture_output=True,
+                                  text=True, timeout=limit)
+        except subprocess.TimeoutExpired:  # as an SSH device's check says it (ssh.Remote.run)
+            check.message = f"device '{dev.name}': no reply from the probe ({sys.executable}) within {limit:.0f} s"
+            return check
         out, err, rc = done.stdout, done.stderr, done.returncode
     else:
         try:
@@ -118,8 +123,15 @@ def _check_one(cfg: Config, dev: DeviceConfig, timeout_s: float) -> DeviceCheck:
 def check_devices(cfg: Config, names: Sequence[str] | None = None, timeout_s: float = 10.0) -> list[DeviceCheck]:
     """Probe the named devices (default: [profile] devices, else all) in parallel; never raises per device."""
     devices = _selected(cfg, names)
+
+    def one(dev: DeviceConfig) -> DeviceCheck:
+        try:
+            return _check_one(cfg, dev, timeout_s)
+        except Exception as exc:  # noqa: BLE001 - a bug on one device must not take down the others' checks
+            return DeviceCheck(dev.name, dev.backend, dev.host or "this machine", message=_said(dev, exc))
+
     with ThreadPoolExecutor(max_workers=max(1, len(devices))) as pool:
-        return list(pool.map(lambda d: _check_one(cfg, d, timeout_s), devices))
+        return list(pool.map(one, devices))
 
 
 def _profile_local(cfg: Config, dev: DeviceConfig, descriptions: Sequence[Path], progress,
@@ -155,15 +167,19 @@ def _profile_local(cfg: Config, dev: DeviceConfig, descriptions: Sequence[Path],
     return summary
 
 
+def _said(dev: DeviceConfig, exc: Exception) -> str:
+    """What ``exc`` says of ``dev``, on one line: a ``UserError``'s words; anything else (a bug) named by its type."""
+    text = str(exc) if isinstance(exc, UserError) else f"device '{dev.name}': {type(exc).__name__}: {exc}"
+    return " ".join(text.split())
+
+
 def _failed(cfg: Config, dev: DeviceConfig, descriptions: Sequence[Path], exc: Exception,
             ran: DeviceSummary | None = None) -> DeviceSummary:
     """``dev``'s summary of a profile that ``exc`` ended: ``ran`` (what the run counted as it went: new rows,
-    reconnects) or a new one, marked failed, its message on one line (a ``UserError``'s words; anything else, a bug,
-    named by its type), with the rows of its plan on disk (:func:`_plan_on_disk`), which a failure after some were
-    measured keeps."""
+    reconnects) or a new one, marked failed, with what ``exc`` says (:func:`_said`) and the rows of its plan on disk
+    (:func:`_plan_on_disk`), which a failure after some were measured keeps."""
     summary = ran or DeviceSummary(dev.name, "failed")
-    message = str(exc) if isinstance(exc, UserError) else f"device '{dev.name}': {type(exc).__name__}: {exc}"
-    summary.status, summary.message = "failed", " ".join(message.split())
+    summary.status, summary.message = "failed", _said(dev, exc)
     on_disk = _plan_on_disk(cfg, dev, descriptions)
     if on_disk:
         summary.rows, summary.counts, summary.expected = on_disk
