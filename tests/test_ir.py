@@ -1071,6 +1071,28 @@ def test_modules_a_description_cannot_follow_say_so_and_unused_weights_are_count
         describe(_FlattensTheBatch(), [3, 4, 4], "flat")
 
 
+def test_a_reparametrised_weight_is_read_not_unused():
+    """weight_norm splits a weight into gains and directions, which the forward makes one weight of: the gains (one
+    per output channel) were said to be read by no layer, as the description's count lacks them, and predict called
+    them left out of the prediction."""
+    for weight_norm in (nn.utils.parametrizations.weight_norm, nn.utils.weight_norm):
+        module = nn.Sequential(weight_norm(nn.Conv2d(3, 8, 3)), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                               nn.Linear(8, 4), nn.Linear(4, 4))
+        assert "unused_params" not in describe(module, [3, 8, 8], "wn").extra
+        assert describe(_WithSpare(module), [3, 8, 8], "wn").extra["unused_params"] == 4 * 4 + 4
+
+
+class _WithSpare(nn.Module):
+    """``body`` and a layer its forward never calls."""
+
+    def __init__(self, body: nn.Module) -> None:
+        super().__init__()
+        self.body, self.spare = body, nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.body(x)
+
+
 @pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel")
 def test_same_and_valid_padding_are_described_as_numbers():
     """``padding='same'`` was refused without naming the network; it is half the dilated kernel each side where that

@@ -580,6 +580,20 @@ def _training_only_layers(module: nn.Module, eval_graph: fx.Graph) -> list[str]:
                   and next(module.get_submodule(n.target).parameters(), None) is not None)
 
 
+def _unread_params(module: nn.Module, graph: fx.Graph) -> int:
+    """How many of ``module``'s parameters its traced forward reads nowhere: those of no layer it calls and no
+    tensor it fetches. Counted by what the forward reads, not against the description's count, which a layer's
+    reparametrisation makes differ (weight_norm's gains and directions make one weight: its gains are read)."""
+    read: set[int] = set()
+    for n in graph.nodes:
+        if n.op == "call_module":
+            read.update(id(p) for p in module.get_submodule(n.target).parameters())
+        elif n.op == "get_attr":
+            owner, _, attr = n.target.rpartition(".")
+            read.add(id(getattr(module.get_submodule(owner), attr, None)))
+    return sum(p.numel() for p in module.parameters() if id(p) not in read)
+
+
 def has_lazy_parameters(module: nn.Module) -> bool:
     """Whether ``module`` has parameters a lazy layer (``nn.LazyLinear``) makes at its first forward, drawing
     random numbers."""
@@ -677,7 +691,7 @@ def _described(module: nn.Module, input_shape: list[int], name: str, network: st
                         "merges the batch into the features somewhere (a view or flatten over dimension 0)")
     desc.num_classes = int(desc.node(output).output_shape[0])
     desc.params = count_params(desc)
-    unused = sum(p.numel() for p in module.parameters()) - desc.params
+    unused = _unread_params(module, gm.graph)
     if unused > 0:  # weights no layer of the (eval-mode) forward reads: only then is the forward traced in training
         in_training = _training_only_layers(module, gm.graph)
         if in_training:
