@@ -1082,6 +1082,45 @@ def test_a_reparametrised_weight_is_read_not_unused():
         assert describe(_WithSpare(module), [3, 8, 8], "wn").extra["unused_params"] == 4 * 4 + 4
 
 
+class _Scaled(nn.Module):
+    """A network that scales its input in its forward, in one of the ways users write it."""
+
+    def __init__(self, scaling: str) -> None:
+        super().__init__()
+        self.conv, self.fc, self.scaling = nn.Conv2d(3, 4, 3), nn.Linear(4, 2), scaling
+
+    def forward(self, x):
+        if self.scaling == "operators":
+            x = (x.float() - 0.5) / 0.25
+        elif self.scaling == "methods":
+            x = x.to(torch.float32).sub(2).div_(4)
+        elif self.scaling == "number minus tensor":
+            x = 1 - x
+        elif self.scaling == "tensor by tensor":
+            x = x / (x + 1)
+        elif self.scaling == "floor":
+            x = torch.div(x, 2, rounding_mode="floor")
+        elif self.scaling == "half":
+            x = x.to(torch.float16).float()
+        return self.fc(self.conv(x).mean((2, 3)))
+
+
+def test_a_tensor_less_or_over_a_number_and_a_cast_to_float32_are_described():
+    """``(x - 0.5) / 0.25``, ``x.sub(2)``, ``x.float()`` were refused as ops without a description op (sub, truediv,
+    float): they are an add and a multiply by a number and the tensor itself; what they are not is named."""
+    for scaling, scalars in (("operators", [("add", -0.5), ("mul", 4.0)]), ("methods", [("add", -2.0), ("mul", 0.25)])):
+        module = _Scaled(scaling).eval()
+        desc = describe(module, [3, 8, 8], scaling)
+        assert [(n.op, n.attrs["scalar"]) for n in desc.nodes if "scalar" in n.attrs] == scalars
+        _assert_same_function(desc, module, [3, 8, 8])
+    for scaling, words in (("number minus tensor", "a sub of anything but a tensor by a number"),
+                           ("tensor by tensor", "a truediv of anything but a tensor by a number"),
+                           ("floor", "a div of anything but a tensor by a number"),
+                           ("half", "a cast other than to float32")):
+        with pytest.raises(UserError, match=f"cannot describe node .*{words}"):
+            describe(_Scaled(scaling), [3, 8, 8], scaling)
+
+
 class _WithSpare(nn.Module):
     """``body`` and a layer its forward never calls."""
 

@@ -195,6 +195,38 @@ for _key in (operator.add, operator.iadd, torch.add, "add", "add_"):
     FUNCTION_OPS[_key] = lambda n: ("add", {})
 for _key in (operator.mul, operator.imul, torch.mul, "mul", "mul_"):
     FUNCTION_OPS[_key] = lambda n: ("mul", {})
+
+
+def _by_scalar(n: fx.Node) -> tuple[str, dict]:
+    """``x - c`` as ``x + (-c)`` and ``x / c`` as ``x * (1 / c)``: the same elementwise work, on a tensor and a number
+    (a scale of an input, ``x / 255``, ``(x - 0.5) / 0.25``). A difference or quotient of two tensors, or of a number
+    and a tensor, has no description op."""
+    name = n.target if isinstance(n.target, str) else n.target.__name__
+    other = n.args[1] if len(n.args) > 1 else n.kwargs.get("other")
+    if not isinstance(n.args[0], fx.Node) or isinstance(other, fx.Node) or isinstance(other, bool) \
+            or not isinstance(other, (int, float)) or set(n.kwargs) - {"other"}:
+        raise ValueError(f"a {name} of anything but a tensor by a number (x - 2, x / 255) has no description op")
+    if name.rstrip("_") in ("sub", "isub"):
+        return "add", {"scalar": -float(other)}
+    if other == 0:
+        raise ValueError(f"a {name} by zero has no description op")
+    return "mul", {"scalar": 1 / float(other)}
+
+
+for _key in (operator.sub, operator.isub, torch.sub, "sub", "sub_", operator.truediv, operator.itruediv, torch.div,
+             "div", "div_"):
+    FUNCTION_OPS[_key] = _by_scalar
+
+
+def _cast(n: fx.Node) -> tuple[str, dict]:
+    """``x.float()``, ``x.to(torch.float32)``: the float32 tensor it is given (a description is of a float32 step)."""
+    args = [*n.args[1:], *n.kwargs.values()]
+    if n.target == "to" and args != [torch.float32] or n.target == "float" and args:
+        raise ValueError("a cast other than to float32 (x.float(), x.to(torch.float32)) has no description op")
+    return "alias", {}
+
+
+FUNCTION_OPS["float"] = FUNCTION_OPS["to"] = _cast
 for _key in (F.relu, torch.relu, "relu", "relu_"):
     FUNCTION_OPS[_key] = lambda n: ("relu", {"inplace": True} if n.kwargs.get("inplace") or n.target == "relu_"
                                     else {})
@@ -836,7 +868,7 @@ def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, s
         return out
     if not tensor_inputs:
         raise UserError(f"{where}: {op} (node {n.name}) has no tensor input the description can follow")
-    if op in ("add", "mul") and len(tensor_inputs) == 1:
+    if op in ("add", "mul") and len(tensor_inputs) == 1 and "scalar" not in attrs:
         scalar = next(a for a in n.args if not isinstance(a, fx.Node))
         attrs = {"scalar": float(scalar)}
     if op == "reshape":
