@@ -286,6 +286,37 @@ def test_relu6_that_keeps_a_clone_of_its_input_is_written_down_as_this_torch_tra
         assert new.peaks_mb([64])[0][1] > 1.2 * old.peaks_mb([64])[0][1]
 
 
+def _leaky_discriminator(inplace: bool) -> NetworkDescription:
+    """A GAN discriminator's layers: leaky ReLUs in place and not, as a module and as calls."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    class Discriminator(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1, self.c2 = nn.Conv2d(3, 16, 4, 2, 1), nn.Conv2d(16, 32, 4, 2, 1)
+            self.c3, self.bn, self.fc = nn.Conv2d(16, 32, 1, 2), nn.BatchNorm2d(32), nn.Linear(32, 1)
+            self.act = nn.LeakyReLU(0.2, inplace=inplace)
+
+        def forward(self, x):
+            x = self.act(self.c1(x))
+            y = F.leaky_relu(self.bn(self.c2(x)), 0.1)
+            return self.fc(F.leaky_relu(y + self.c3(x), 0.3, inplace=True).mean((2, 3)))
+
+    return describe(Discriminator(), [3, 32, 32], "disc")
+
+
+@pytest.mark.parametrize("inplace", [True, False])
+def test_allocation_model_writes_down_a_leaky_relu_as_traced(inplace):
+    """A leaky ReLU keeps its input for the backward, or its result where it runs in place, as torch runs it."""
+    desc = _leaky_discriminator(inplace)
+    assert [n.attrs.get("inplace", False) for n in desc.nodes if n.op == "leaky_relu"] == [inplace, False, True]
+    model, traced = record_events(desc, 3, steps=3, method="model"), record_events(desc, 3, steps=3, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+
+
 def test_allocation_model_on_generated_networks():
     from perf4sight.networks.generator import STYLES, GeneratorSettings, generate
     descs = generate(GeneratorSettings(count=10, seed=11), [3, 32, 32], 10)

@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from perf4sight.errors import UserError
 from perf4sight.ir.from_torch import describe
@@ -1119,6 +1120,33 @@ def test_a_tensor_less_or_over_a_number_and_a_cast_to_float32_are_described():
                            ("half", "a cast other than to float32")):
         with pytest.raises(UserError, match=f"cannot describe node .*{words}"):
             describe(_Scaled(scaling), [3, 8, 8], scaling)
+
+
+class _Leaky(nn.Module):
+    """Leaky ReLUs as a layer (in place) and as calls (out of place, and in place)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2, self.fc = nn.Conv2d(3, 8, 3), nn.Conv2d(8, 8, 3), nn.Linear(8, 2)
+        self.act = nn.LeakyReLU(0.2, inplace=True)
+
+    def forward(self, x):
+        x = F.leaky_relu(self.c2(self.act(self.c1(x))), negative_slope=0.1)
+        return self.fc(F.leaky_relu(x, 0.3, True).mean((2, 3)))
+
+
+def test_a_leaky_relu_is_described_with_its_slope():
+    """LeakyReLU (a GAN discriminator's, a YOLO backbone's activation) was refused as a layer without a description
+    op; it is one, its slope and in-place flag kept, and the module rebuilt from it computes what the layer did."""
+    module = _Leaky().eval()
+    desc = NetworkDescription.from_dict(describe(module, [3, 10, 10], "leaky").to_dict())
+    assert [n.attrs for n in desc.nodes if n.op == "leaky_relu"] == [
+        {"negative_slope": 0.2, "inplace": True}, {"negative_slope": 0.1}, {"negative_slope": 0.3, "inplace": True}]
+    _assert_same_function(desc, module, [3, 10, 10])
+    broken = desc.to_dict()
+    next(n for n in broken["nodes"] if n["op"] == "leaky_relu")["attrs"]["negative_slope"] = "steep"
+    with pytest.raises(UserError, match="negative_slope"):
+        NetworkDescription.from_dict(broken)
 
 
 class _WithSpare(nn.Module):

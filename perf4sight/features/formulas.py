@@ -401,6 +401,9 @@ HANDLERS: dict[str, Handler] = {
     "silu": _pointwise(5, [0], 4),
     "gelu": _pointwise(8, [0], 8),
     "tanh": _pointwise(4, [OUTPUT], 2),
+    # a compare and a multiply; its backward keeps the input (the result where it runs in place)
+    "leaky_relu": lambda node, in_shapes, first: _pointwise(2, [OUTPUT] if node.attrs.get("inplace") else [0], 2)(
+        node, in_shapes, first),
     "identity": _view,
     "maxpool2d": _maxpool2d,
     "avgpool2d": _avgpool2d,

@@ -23,6 +23,8 @@ __all__ = ["priced_ms_per_sample", "check_prices", "load_op_prices", "prices_key
 #: Pools whose price is per element of their input (a global pool), and those per output element times the window.
 _PER_INPUT = frozenset({"adaptiveavgpool2d", "adaptivemaxpool2d"})
 _PER_WINDOW = frozenset({"maxpool2d", "avgpool2d"})
+#: Ops the profile does not measure, priced as the measured op of the same work per element.
+_PRICED_AS = {"leaky_relu": "relu"}
 
 
 def check_prices(data: Any, where: str) -> dict[str, dict[int, float]]:
@@ -102,8 +104,9 @@ def priced_ms_per_sample(desc: NetworkDescription, op_prices: tuple) -> float:
     shapes = {n.name: n.output_shape for n in desc.nodes}
     ns = 0.0
     for node in desc.nodes:
-        if node.op not in table:
+        op = _PRICED_AS.get(node.op, node.op)
+        if op not in table:
             continue
         elements, shape = _elements(node, shapes)
-        ns += elements * _price(table[node.op], _side(node, shape))
+        ns += elements * _price(table[op], _side(node, shape))
     return ns * 1e-6

@@ -165,6 +165,8 @@ MODULE_OPS: list[tuple[type, Callable[[Any], tuple[str, dict]]]] = [
     (nn.Sigmoid, lambda m: ("sigmoid", {})),
     (nn.GELU, lambda m: ("gelu", _gelu_attrs(m.approximate))),
     (nn.Tanh, lambda m: ("tanh", {})),
+    (nn.LeakyReLU, lambda m: ("leaky_relu", {"negative_slope": float(m.negative_slope),
+                                             **({"inplace": True} if m.inplace else {})})),
     (nn.Identity, lambda m: ("identity", {})),
     (nn.MaxPool2d, _maxpool),
     (nn.AvgPool2d, _avgpool),
@@ -236,6 +238,10 @@ for _key, _op in ((torch.sigmoid, "sigmoid"), ("sigmoid", "sigmoid"), (F.silu, "
                   (F.hardsigmoid, "hardsigmoid"), (torch.tanh, "tanh")):
     FUNCTION_OPS[_key] = (lambda op: lambda n: (op, {}))(_op)
 FUNCTION_OPS[F.gelu] = lambda n: ("gelu", _gelu_attrs(_arg(n, 1, "approximate", "none")))
+for _key in (F.leaky_relu, "leaky_relu", "leaky_relu_"):
+    FUNCTION_OPS[_key] = lambda n: ("leaky_relu", {"negative_slope": float(_arg(n, 1, "negative_slope", 0.01)),
+                                                   **({"inplace": True} if _arg(n, 2, "inplace", False)
+                                                      or n.target == "leaky_relu_" else {})})
 for _key in (torch.cat, torch.concat):
     FUNCTION_OPS[_key] = lambda n: ("cat", {"dim": int(_arg(n, 1, "dim", 0))})
 for _key in (torch.flatten, "flatten"):
