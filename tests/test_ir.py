@@ -1161,6 +1161,30 @@ class _WithSpare(nn.Module):
 
 
 @pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel")
+class _SpareDouble(nn.Module):
+    """A float32 network beside float64 tensors its forward never reads: a step counter, a spare head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.fc, self.spare = nn.Conv2d(3, 8, 3), nn.Linear(8, 10), nn.Linear(8, 10).double()
+        self.register_buffer("steps", torch.zeros((), dtype=torch.float64))
+
+    def forward(self, x):
+        return self.fc(self.conv(x).mean((2, 3)))
+
+
+def test_float64_tensors_the_forward_never_reads_do_not_refuse_a_float32_network():
+    """Only what the forward reads is of the step: a float64 buffer or layer beside it described before the float32
+    check, as the layers it leaves out are (unused_params); one it calls is refused, naming it."""
+    desc = describe(_SpareDouble(), [3, 16, 16], "spare")
+    assert [n.op for n in desc.nodes] == ["input", "conv2d", "mean", "linear"] and desc.extra["unused_params"] == 90
+    model = _SpareDouble()
+    model.fc = model.fc.double()
+    with pytest.raises(UserError, match=r"^spare: fc.weight is float64, and a description is of a float32 training "
+                                        r"step"):
+        describe(model, [3, 16, 16], "spare")
+
+
 def test_same_and_valid_padding_are_described_as_numbers():
     """``padding='same'`` was refused without naming the network; it is half the dilated kernel each side where that
     is whole, and refused naming the node where torch pads one side more."""

@@ -646,6 +646,7 @@ def _traced_with_shapes(module: nn.Module, input_shape: list[int], name: str) ->
     except Exception as exc:
         raise UserError(f"{name}: cannot trace the module with torch.fx ({_root_message(exc)})") from None
     _shared_layers(gm, name)
+    _check_float32(gm, name)
     _follow_in_place(gm)
     try:
         return _propagate_shapes(gm, input_shape)
@@ -685,7 +686,7 @@ def describe(module: nn.Module, input_shape: list[int], name: str, network: str 
     copy (the caller's stays lazy, torch's random state as it was).
 
     Raises ``UserError`` for an input shape that is not three positive ints, a model wrapped by torch.compile or
-    DataParallel, a module of weights other than float32, a module torch.fx cannot trace, a forward that fails at
+    DataParallel, a module torch.fx cannot trace, a forward that reads weights other than float32 or fails at
     ``input_shape`` (naming the shape and torch's message), and naming the first op or module the schema cannot
     express.
     """
@@ -697,19 +698,22 @@ def describe(module: nn.Module, input_shape: list[int], name: str, network: str 
         raise UserError(f"{name}: the model is wrapped by {wrapped[0]} ({type(module).__name__}); a description is of "
                         f"the model itself, its eager training step on one device: give its .{wrapped[1]}")
     input_shape = check_input_shape(input_shape, name)
-    _check_float32(module, name)
     if has_lazy_parameters(module):  # the first forward makes them, drawing random numbers: on a copy
         with torch.random.fork_rng(devices=[]):
             return _described(copy.deepcopy(module), input_shape, name, network, pruning_level, extra)
     return _described(module, input_shape, name, network, pruning_level, extra)
 
 
-def _check_float32(module: nn.Module, name: str) -> None:
-    """``UserError`` for a module holding floating-point parameters or buffers of another type than float32 (a
-    ``.double()`` or ``.half()`` model): a description is of a float32 training step, as the profile measures it (its
-    forward also failed on the float32 input, saying only that the types differ)."""
-    tensors = (*module.named_parameters(), *module.named_buffers())
-    other = next(((n, t.dtype) for n, t in tensors if t.dtype.is_floating_point and t.dtype != torch.float32), None)
+def _check_float32(gm: fx.GraphModule, name: str) -> None:
+    """``UserError`` where a layer the forward calls, or a tensor it reads, holds floating-point parameters or buffers
+    of another type than float32 (a ``.double()`` or ``.half()`` model): a description is of a float32 training step,
+    as the profile measures it (its forward also failed on the float32 input, saying only that the types differ).
+    The tensors of a layer it never calls (a float64 step counter, a spare head) are no part of the description."""
+    read = [(f"{n.target}.{k}", t) for n in gm.graph.nodes if n.op == "call_module"
+            for k, t in (*gm.get_submodule(n.target).named_parameters(), *gm.get_submodule(n.target).named_buffers())]
+    read += [(n.target, operator.attrgetter(n.target)(gm)) for n in gm.graph.nodes if n.op == "get_attr"]
+    other = next(((k, t.dtype) for k, t in read if isinstance(t, torch.Tensor) and t.dtype.is_floating_point
+                  and t.dtype != torch.float32), None)
     if other is not None:
         raise UserError(f"{name}: {other[0]} is {str(other[1]).replace('torch.', '')}, and a description is of a "
                         "float32 training step, as the profile measures one: give the model in float32 (.float())")
