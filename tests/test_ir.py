@@ -1265,6 +1265,26 @@ def test_an_op_returning_a_tuple_is_named_itself_where_it_has_no_description_op(
         describe(_TupleOps(pick), [3, 8, 8], "tuple")
 
 
+class _TupleThenGroupNorm(nn.Module):
+    """An op without a description op that returns a tuple, both its parts used, then a layer without one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.norm, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.Linear(8, 10)
+
+    def forward(self, x):
+        values, indices = self.conv(x).max(dim=2)
+        return self.fc(self.norm((values + indices).unsqueeze(2)).mean((2, 3)))
+
+
+def test_the_ops_after_a_tuple_without_a_description_op_are_named_too():
+    """A part of such a tuple stopped the search at the op that made it: the GroupNorm after it went unnamed, and took
+    another try to learn of; the op is named once, whichever parts are used."""
+    with pytest.raises(UserError, match=r"^tuple: call_method 'max' \(node max_1\) and module 'norm' of type "
+                                        r"GroupNorm have no description op$"):
+        describe(_TupleThenGroupNorm(), [3, 8, 8], "tuple")
+
+
 def test_every_kind_of_op_without_a_description_op_is_named_at_once():
     """Only the first layer of a kind the description has no op for was named: a network of three such kinds took
     three tries to learn them; a kind met again is counted, not listed."""

@@ -767,10 +767,12 @@ def _convert(gm: fx.GraphModule, where: str) -> tuple[list[Node], str]:
                 continue
             converted = _convert_node(n, gm, where, alias, pieces, held)
         except _NoOp as exc:  # the others are named too, at once: read as passing their first input on
-            first = next((a for a in n.all_input_nodes if a.name in alias), None)
-            if not (n.target in (operator.getitem, getattr) and first is not None and first.name in passed):
+            made = exc.node  # n, or the op whose tuple n takes a part of (x.max(2)[0]: max, which has no alias)
+            first = next((a for a in (*n.all_input_nodes, *made.all_input_nodes) if a.name in alias), None)
+            if made.name not in passed and not (n.target in (operator.getitem, getattr) and first is not None
+                                                and first.name in passed):
                 missing.setdefault(exc.kind, []).append(exc.what)  # (not a part of such an op's tuple)
-            passed.add(n.name)
+            passed.update((n.name, made.name))
             if first is None:
                 break
             alias[n.name] = alias[first.name]
@@ -799,11 +801,12 @@ def _missing_ops(kinds: list[list[str]]) -> str:
 
 
 class _NoOp(UserError):
-    """A layer or call of a kind the description has no op for: ``what`` names the node, ``kind`` its kind."""
+    """A layer or call of a kind the description has no op for: ``what`` names the node, ``kind`` its kind, ``node``
+    the fx node of that op (for a part of its tuple, the op that made the tuple)."""
 
-    def __init__(self, what: str, kind: str) -> None:
+    def __init__(self, what: str, kind: str, node: fx.Node) -> None:
         super().__init__(what)
-        self.what, self.kind = what, kind
+        self.what, self.kind, self.node = what, kind, node
 
 
 def _returned_tensor(value: Any, where: str) -> fx.Node:
@@ -1053,7 +1056,7 @@ def _op_of(n: fx.Node, gm: fx.GraphModule) -> tuple[str, dict]:
         for cls, fn in MODULE_OPS:
             if isinstance(m, cls):
                 return fn(m)
-        raise _NoOp(f"module '{n.target}' of type {type(m).__name__}", type(m).__name__)
+        raise _NoOp(f"module '{n.target}' of type {type(m).__name__}", type(m).__name__, n)
     target = n.target
     if n.op == "call_function" and _is_stochastic_depth(target):
         return "identity", {}
@@ -1070,4 +1073,4 @@ def _op_of(n: fx.Node, gm: fx.GraphModule) -> tuple[str, dict]:
             and not hasattr(source.meta["tensor_meta"], "shape"):
         n, target = source, source.target  # a part of a tuple (x.max(2)[0], x.topk(1).values): the op that made it
     label = target if isinstance(target, str) else getattr(target, "__name__", str(target))
-    raise _NoOp(f"{n.op} '{label}' (node {n.name})", f"{n.op} {label}")
+    raise _NoOp(f"{n.op} '{label}' (node {n.name})", f"{n.op} {label}", n)
