@@ -737,6 +737,21 @@ def test_a_figure_that_is_no_number_is_one_line_naming_file_line_and_column(tmp_
         results.read_rows(path)
 
 
+def test_a_jetson_rows_negative_unified_memory_written_before_reads_as_not_measured(tmp_path):
+    """The jetson backend wrote unified memory below its reading before the step as a negative figure until it left
+    that cell empty: a device's file holding one was refused whole (every stage, and the runner at its next start);
+    the row reads as its backend writes it now. Another backend's negative figure is still refused."""
+    path = tmp_path / "m.csv"
+    good = {"device": "tx2", "backend": "jetson", "network": "n", "batch_size": "2", "status": "ok",
+            "latency_ms_median": "12.5", "device_mem_used_mb": "812.4", "timestamp": "t"}
+    results.append_row(path, good)
+    results.append_row(path, dict(good, batch_size="4", device_mem_used_mb="-23.6"))
+    assert [r["device_mem_used_mb"] for r in results.read_rows(path)] == ["812.4", ""]
+    results.append_row(path, dict(good, batch_size="8", backend="nvml", device_mem_used_mb="-23.6"))
+    with pytest.raises(UserError, match=r"line 4: device_mem_used_mb '-23.6' is not a finite number >= 0"):
+        results.read_rows(path)
+
+
 def test_a_cell_quoted_in_a_message_stays_on_its_one_line(tmp_path):
     """A status or batch size holding a line break (a quoted field) is quoted escaped, not across two lines."""
     path = tmp_path / "m.csv"

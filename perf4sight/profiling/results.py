@@ -283,7 +283,9 @@ def read_rows(path: Union[str, Path], incomplete: Optional[List[int]] = None) ->
     over, and its line number
     appended to ``incomplete`` when a list is given (see :func:`incomplete_note`). ``UserError`` naming the file (and
     line) for a folder, a file that is not UTF-8 text, or a complete row that :func:`_check_row` refuses (an unknown
-    status, a batch size that is not a positive integer, a number column's cell that is not a finite number >= 0)."""
+    status, a batch size that is not a positive integer, a number column's cell that is not a finite number >= 0).
+    A jetson row's negative ``device_mem_used_mb`` (what that backend wrote before it left such a figure empty) reads
+    as empty."""
     p = Path(path)
     if not p.exists():
         return []
@@ -314,6 +316,9 @@ def read_rows(path: Union[str, Path], incomplete: Optional[List[int]] = None) ->
             if incomplete is not None:
                 incomplete.append(line)
             continue
+        if r.get("backend") == "jetson" and (number(r.get("device_mem_used_mb")) or 0) < 0:
+            r["device_mem_used_mb"] = ""  # unified memory below its reading before the step, as the jetson backend
+            # wrote it before it left that cell empty (not measured): the device's own file stays readable
         _check_row(r, f"{p}: line {line}")
         kept.append(r)
     return kept
