@@ -85,15 +85,16 @@ def run(stage: str, cfg: Config, args: argparse.Namespace) -> int:
 def _check_all_arguments(cfg: Config, args: argparse.Namespace) -> None:
     """What the stages of ``--stage all`` would refuse of its arguments and config only when they come to them,
     refused before the first (the networks stage, then a profile of minutes): the devices the profile stage takes,
-    the devices [compare] names (configured, or with measurements or a fingerprint: imported), predict's batch
-    sizes and network names (a name the networks stage gives, or a file it writes, passes)."""
+    the devices [compare] names unless --device stands for them (configured, or with measurements or a fingerprint:
+    imported), predict's batch sizes and network names (a name the networks stage gives, or a file it writes,
+    passes)."""
     from perf4sight.config import checked_network_names
     from perf4sight.dataset import known_devices, unknown_device
     from perf4sight.fingerprint.predict import batch_list
 
     _configured(cfg, args.device or cfg.profile.devices or list(cfg.devices))
     known = known_devices(cfg)
-    for device in cfg.compare.devices:
+    for device in [] if args.device else cfg.compare.devices:  # --device: the compare stage compares those instead
         if device not in known:
             raise UserError(f"{cfg.path}: [compare] devices: {unknown_device(cfg, device, known)}")
     if args.batch_size:

@@ -600,3 +600,18 @@ def test_all_refuses_what_a_later_stage_would_before_the_first(tmp_path, argv, e
                           capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 2 and re.search(expected, proc.stderr) and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stdout == "" and sorted(p.name for p in tmp_path.iterdir()) == ["c.toml"]
+
+
+def test_all_checks_compare_devices_only_where_no_device_stands_for_them(tmp_path):
+    """With --device, the compare stage of --stage all compares those devices, not [compare] devices: a name there
+    of a device imported later (tx2) stopped --stage all --device local before its first stage, which ran through."""
+    import argparse
+
+    from perf4sight.cli import build_parser
+    from perf4sight.stages import _check_all_arguments
+
+    cfg = load_config(write(tmp_path, GOOD + "\n[compare]\ndevices = ['local', 'tx2']\n"))
+    args = build_parser().parse_args(["--stage", "all", "--device", "local"])
+    _check_all_arguments(cfg, args)  # nothing to refuse: compare takes --device's local
+    with pytest.raises(UserError, match=r"\[compare\] devices: unknown device 'tx2'"):
+        _check_all_arguments(cfg, argparse.Namespace(**{**vars(args), "device": None}))
