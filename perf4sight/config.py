@@ -513,12 +513,11 @@ def checked_network_names(cfg: Config, names: list[str], where: str, resolve: Ca
     from perf4sight.dataset import dataset_network_names, unknown_network
     from perf4sight.networks.factories import COMMAND_LINE_FACTORY  # no torch
     from perf4sight.networks.named import named_networks  # no torch
-    from perf4sight.networks.on_request import VARIANT  # no torch
     from perf4sight.networks.zoo import ZOO_NAMES  # names only: no torch
     dataset: list[str] | None = None  # read at the first name that needs it
     out = []
     for name in names:
-        if name in ZOO_NAMES or VARIANT.fullmatch(name) or _GENERATED_NAME.fullmatch(name):
+        if name in ZOO_NAMES or _made_name(cfg, name):
             out.append(name)
         elif COMMAND_LINE_FACTORY.fullmatch(name):
             file, function = name.rsplit(":", 1)
@@ -535,6 +534,16 @@ def checked_network_names(cfg: Config, names: list[str], where: str, resolve: Ca
                 raise UserError(f"{where}: {unknown_network(cfg, name, dataset)}")
             out.append(name)
     return out
+
+
+def _made_name(cfg: Config, name: str) -> bool:
+    """Whether ``name`` is one the networks stage gives (it may not have run yet): a pruned variant (``resnet18_l30``),
+    a generated network (``gen_0_3``), or one of them at a ``[networks] extra_input_shapes`` (``resnet18_l30_96x64``)."""
+    from perf4sight.networks.on_request import VARIANT  # no torch
+
+    suffixes = [f"_{h}x{w}" for _, h, w in cfg.networks.extra_input_shapes]
+    bases = [name] + [name[:-len(s)] for s in suffixes if name.endswith(s)]
+    return any(VARIANT.fullmatch(b) or _GENERATED_NAME.fullmatch(b) for b in bases)
 
 
 def _check_generator(cfg: Config, f: Path | None) -> None:

@@ -615,3 +615,17 @@ def test_all_checks_compare_devices_only_where_no_device_stands_for_them(tmp_pat
     _check_all_arguments(cfg, args)  # nothing to refuse: compare takes --device's local
     with pytest.raises(UserError, match=r"\[compare\] devices: unknown device 'tx2'"):
         _check_all_arguments(cfg, argparse.Namespace(**{**vars(args), "device": None}))
+
+
+def test_a_name_the_networks_stage_gives_at_an_extra_input_shape_is_taken_before_it_runs(tmp_path):
+    """--stage all --network resnet18_l50_48x48 (made by its networks stage at [networks] extra_input_shapes) was
+    refused before its first stage as an unknown network, though that stage makes it and the predict stage reads it;
+    a shape the config does not give is still refused."""
+    from perf4sight.config import checked_network_names
+
+    cfg = load_config(write(tmp_path, GOOD.replace("input_shape = [3, 32, 32]", "input_shape = [3, 32, 32]\n"
+                                                   "extra_input_shapes = [[3, 48, 48]]")))
+    names = ["resnet18_l50_48x48", "gen_0_1_48x48", "resnet18_l0"]
+    assert checked_network_names(cfg, names, "--network", Path) == names
+    with pytest.raises(UserError, match=r"^--network: unknown network 'resnet18_l50_64x64'"):
+        checked_network_names(cfg, ["resnet18_l50_64x64"], "--network", Path)
