@@ -182,3 +182,24 @@ def test_a_description_deleted_by_hand_is_said_and_written_again(tmp_path):
     again = make_networks(cfg)
     assert again.cached == ["tiny_vgg", "tiny_resnet"] and again.changed == [] and gone.read_bytes() == kept
     assert gone in dataset_descriptions(cfg)
+
+
+def test_a_file_of_the_code_that_cannot_be_read_makes_the_stage_cache_nothing(tmp_path, monkeypatch):
+    """An editor's lock file in the package (Emacs' .#build.py, a link to nowhere) stopped every networks stage with
+    '[Errno 2] No such file or directory' from the hash of perf4sight's code that keys the stage's cache: the
+    networks are made, and nothing is cached."""
+    from perf4sight.networks import stage_cache
+
+    package = tmp_path / "package"
+    package.mkdir()
+    (package / "build.py").write_text("x = 1\n")
+    (package / ".#build.py").symlink_to(package / "user@host.123:1700000000")
+    monkeypatch.setattr(stage_cache, "_PACKAGE", package)
+    stage_cache._code_sha.cache_clear()
+    try:
+        cfg = load_config(_config(tmp_path, 32))
+        first = make_networks(cfg)
+        assert len(first.rows) == len(NAMES) and first.cached == [] and make_networks(cfg).cached == []
+        assert not (tmp_path / "models" / "zoo-cache" / stage_cache.FOLDER).exists()
+    finally:
+        stage_cache._code_sha.cache_clear()  # the package's own hash for the tests after this one

@@ -49,11 +49,15 @@ class Made:
 
 
 @functools.lru_cache(maxsize=1)
-def _code_sha() -> str:
-    """A hash of every Python file of the perf4sight package (names and bytes): any change of the code is a new key."""
+def _code_sha() -> str | None:
+    """A hash of every Python file of the perf4sight package (names and bytes): any change of the code is a new key;
+    None where one cannot be read (an editor's lock file, ``.#build.py``, is a link to nowhere): nothing is cached."""
     h = hashlib.sha256()
-    for path in sorted(_PACKAGE.rglob("*.py")):
-        h.update(path.relative_to(_PACKAGE).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    try:
+        for path in sorted(_PACKAGE.rglob("*.py")):
+            h.update(path.relative_to(_PACKAGE).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    except OSError:
+        return None
     return h.hexdigest()
 
 
@@ -74,11 +78,12 @@ def file_digests(paths: tuple[Path, ...] | list[Path]) -> list[list[str]]:
 
 def entry_path(models_dir: Path, name: str, key: Any) -> Path | None:
     """Where the entry of network ``name`` under ``key`` (JSON-able: the network's source and settings, as the
-    caller gathers them) is kept; None where it cannot be keyed (a library version unknown)."""
-    env = _environment()
-    if env is None:
+    caller gathers them) is kept; None where it cannot be keyed (a library version unknown, a file of the code
+    unreadable)."""
+    env, code = _environment(), _code_sha()
+    if env is None or code is None:
         return None
-    text = json.dumps([_FORMAT, env, _code_sha(), key], sort_keys=True, separators=(",", ":"), default=str)
+    text = json.dumps([_FORMAT, env, code, key], sort_keys=True, separators=(",", ":"), default=str)
     digest = hashlib.sha256(text.encode()).hexdigest()[:24]
     return models_dir / ZOO_CACHE / FOLDER / f"{_file_stem(name)}-{digest}.json"
 
