@@ -113,7 +113,8 @@ def sources(cfg: Config, check: bool = True) -> list[Source]:
             if check:
                 builds()
             found.append(Source(named.name, named.source, lambda f=named.factory: build_factory_model(f, nc),
-                                key=_files_key("factory", named.code_files, nc), check=builds))
+                                key=_files_key("factory", named.code_files, nc, data=named.path.parent),
+                                check=builds))
         else:
             found.append(Source(named.name, named.source, lambda d=named.description: _built(d), named.family,
                                 key=_files_key("description", named.code_files)))
@@ -130,11 +131,12 @@ def _built(desc: NetworkDescription) -> nn.Module:
     return build_module(desc)
 
 
-def _files_key(kind: str, files: tuple[Path, ...], *more: Any) -> list[Any] | None:
+def _files_key(kind: str, files: tuple[Path, ...], *more: Any, data: Path | None = None) -> list[Any] | None:
     """A :class:`Source`'s key: its kind, the bytes of its files (a factory's and those beside it, a description
-    file) and ``more``; None where a file cannot be read (then nothing of it is cached)."""
+    file), ``more``, and the other files of folder ``data`` (:func:`stage_cache.data_files`: a factory's, which it may
+    read); None where a file cannot be read (then nothing of it is cached)."""
     try:
-        return [kind, stage_cache.file_digests(files), *more]
+        return [kind, stage_cache.file_digests(files), *more, *([stage_cache.data_files(data)] if data else [])]
     except OSError:
         return None
 

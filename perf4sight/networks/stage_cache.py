@@ -3,14 +3,14 @@ interrupt, reads each network's variants back instead of pruning and tracing it 
 
 One entry per network (a zoo network, a factory, a description file; a generated network's variants at ``[networks]
 extra_input_shapes``) under ``<models_dir>/zoo-cache/networks-stage/``: its descriptions, the notes on what was left
-out, and the progress lines it printed. An entry is keyed by everything that decides what it holds, so that a change
-is never read past: the network (its name and source; a factory's file and the Python files beside it, a
-description file's bytes), every ``[networks]`` setting but the lists of other networks and the generator's
-(input shapes, class counts, the whole ``[networks.pruning]`` table), the versions of Python, torch, torchvision,
-torch-pruning and numpy, the machine's architecture, and the bytes of every file of the perf4sight package. What a
-factory imports from outside its own folder is not in the key (as for the variants pruned on request): after an
-edit there, delete ``zoo-cache/``. Best effort: an entry that cannot be read is made again, one that cannot be
-written is passed over.
+out, and the progress lines it printed. An entry is keyed by everything that decides what it holds, so that a change is
+never read past: the network (its name and source; a factory's file and the Python files beside it, the size and time of
+its other files beside it, which it may read; a description file's bytes), every ``[networks]`` setting but the lists of
+other networks and the generator's (input shapes, class counts, the whole ``[networks.pruning]`` table), the versions of
+Python, torch, torchvision, torch-pruning and numpy, the machine's architecture, and the bytes of every file of the
+perf4sight package. What a factory imports or reads from outside its own folder is not in the key (as for the variants
+pruned on request): after an edit there, delete ``zoo-cache/``. Best effort: an entry that cannot be read is made again,
+one that cannot be written is passed over.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from perf4sight.errors import UserError
 from perf4sight.files import write_atomically
 from perf4sight.ir.schema import NetworkDescription
 
-__all__ = ["FOLDER", "KEEP", "Made", "entry_path", "file_digests", "read_entry", "write_entry"]
+__all__ = ["FOLDER", "KEEP", "Made", "data_files", "entry_path", "file_digests", "read_entry", "write_entry"]
 
 FOLDER = "networks-stage"  # under <models_dir>/zoo-cache/ (dataset.ZOO_CACHE)
 KEEP = 4  # entries kept per network: a few settings to go back and forth between, not every one ever run
@@ -74,6 +74,14 @@ def _environment() -> tuple[str, ...] | None:
 def file_digests(paths: tuple[Path, ...] | list[Path]) -> list[list[str]]:
     """[path, sha256 of its bytes] per file, for a key; ``OSError`` where one cannot be read."""
     return [[str(p), hashlib.sha256(Path(p).read_bytes()).hexdigest()] for p in paths]
+
+
+def data_files(folder: Path) -> list[list[Any]]:
+    """[name, size, modification time] of each file of ``folder`` that is not Python (a factory's folder: the widths
+    its function reads from a JSON file beside it), for a key: by size and time, not bytes, as one may be large (a
+    checkpoint); ``OSError`` where the folder cannot be listed."""
+    return sorted([p.name, st.st_size, st.st_mtime_ns] for p in folder.iterdir() if p.suffix != ".py" and p.is_file()
+                  for st in [p.stat()])
 
 
 def entry_path(models_dir: Path, name: str, key: Any) -> Path | None:
