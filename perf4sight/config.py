@@ -538,7 +538,8 @@ def checked_network_names(cfg: Config, names: list[str], where: str, resolve: Ca
 
 def _made_name(cfg: Config, name: str) -> bool:
     """Whether ``name`` is one the networks stage gives (it may not have run yet): a pruned variant (``resnet18_l30``),
-    a generated network (``gen_0_3``), or one of them at a ``[networks] extra_input_shapes`` (``resnet18_l30_96x64``)."""
+    a generated network (``gen_0_3``), or one of them at a ``[networks] extra_input_shapes``
+    (``resnet18_l30_96x64``)."""
     from perf4sight.networks.on_request import VARIANT  # no torch
 
     suffixes = [f"_{h}x{w}" for _, h, w in cfg.networks.extra_input_shapes]
