@@ -5,10 +5,22 @@ half of one: the rename is atomic on one file system. Standard library only: the
 on the devices (the test plan, the runner, the measuring child) import it.
 """
 import contextlib
+import hashlib
 from pathlib import Path
 from typing import Iterator, Union
 
-__all__ = ["atomic_path", "write_atomically"]
+__all__ = ["atomic_path", "write_atomically", "sources_sha256"]
+
+
+def sources_sha256(package: Path) -> str:
+    """sha256 over the Python sources under ``package`` (their relative paths and bytes), in name order. A name that
+    is no file is passed over (an editor's lock file, ``.#build.py``, is a link to nowhere); ``OSError`` where a
+    source cannot be read."""
+    h = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        if path.is_file():
+            h.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 @contextlib.contextmanager

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -186,18 +187,29 @@ def test_a_description_deleted_by_hand_is_said_and_written_again(tmp_path):
 
 def test_a_file_of_the_code_that_cannot_be_read_makes_the_stage_cache_nothing(tmp_path, monkeypatch):
     """An editor's lock file in the package (Emacs' .#build.py, a link to nowhere) stopped every networks stage with
-    '[Errno 2] No such file or directory' from the hash of perf4sight's code that keys the stage's cache: the
-    networks are made, and nothing is cached."""
+    '[Errno 2] No such file or directory' from the hash of perf4sight's code that keys the stage's cache (and the
+    fingerprint stage, whose inputs' hash holds the same): it is no source, and passed over; a source that cannot be
+    read makes the networks all the same, and caches nothing."""
+    from perf4sight import files
     from perf4sight.networks import stage_cache
 
     package = tmp_path / "package"
     package.mkdir()
     (package / "build.py").write_text("x = 1\n")
+    clean = files.sources_sha256(package)
     (package / ".#build.py").symlink_to(package / "user@host.123:1700000000")
+    assert files.sources_sha256(package) == clean
     monkeypatch.setattr(stage_cache, "_PACKAGE", package)
     stage_cache._code_sha.cache_clear()
     try:
         cfg = load_config(_config(tmp_path, 32))
+        assert make_networks(cfg).cached == [] and sorted(make_networks(cfg).cached) == ["tiny_resnet", "tiny_vgg"]
+
+        def unreadable(package):
+            raise PermissionError(13, "Permission denied", str(package / "build.py"))
+        monkeypatch.setattr(stage_cache, "sources_sha256", unreadable)
+        stage_cache._code_sha.cache_clear()
+        shutil.rmtree(tmp_path / "models" / "zoo-cache")
         first = make_networks(cfg)
         assert len(first.rows) == len(NAMES) and first.cached == [] and make_networks(cfg).cached == []
         assert not (tmp_path / "models" / "zoo-cache" / stage_cache.FOLDER).exists()

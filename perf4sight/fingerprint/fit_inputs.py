@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from perf4sight.blas import numpy_targets
+from perf4sight.files import sources_sha256
 from perf4sight.ir.schema import NetworkDescription
 
 __all__ = ["code_sha256", "inputs_sha256", "stored_if_current", "INPUTS_KEY"]
@@ -26,10 +27,7 @@ _PACKAGE = Path(__file__).resolve().parents[1]
 def code_sha256() -> str:
     """sha256 over the perf4sight package's Python sources (their paths and contents): any edit to the code
     that fits, features or describes a network changes it, so a fingerprint is never reused across such edits."""
-    h = hashlib.sha256()
-    for path in sorted(_PACKAGE.rglob("*.py")):
-        h.update(str(path.relative_to(_PACKAGE)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return h.hexdigest()
+    return sources_sha256(_PACKAGE)
 
 
 def _description_sha(desc: NetworkDescription) -> str:

@@ -27,7 +27,7 @@ from typing import Any
 
 from perf4sight.dataset import ZOO_CACHE
 from perf4sight.errors import UserError
-from perf4sight.files import write_atomically
+from perf4sight.files import sources_sha256, write_atomically
 from perf4sight.ir.schema import NetworkDescription
 
 __all__ = ["FOLDER", "KEEP", "Made", "data_files", "entry_path", "file_digests", "read_entry", "write_entry"]
@@ -51,14 +51,11 @@ class Made:
 @functools.lru_cache(maxsize=1)
 def _code_sha() -> str | None:
     """A hash of every Python file of the perf4sight package (names and bytes): any change of the code is a new key;
-    None where one cannot be read (an editor's lock file, ``.#build.py``, is a link to nowhere): nothing is cached."""
-    h = hashlib.sha256()
+    None where one cannot be read: nothing is cached."""
     try:
-        for path in sorted(_PACKAGE.rglob("*.py")):
-            h.update(path.relative_to(_PACKAGE).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+        return sources_sha256(_PACKAGE)
     except OSError:
         return None
-    return h.hexdigest()
 
 
 @functools.lru_cache(maxsize=1)
