@@ -1072,6 +1072,7 @@ def test_modules_a_description_cannot_follow_say_so_and_unused_weights_are_count
         describe(_FlattensTheBatch(), [3, 4, 4], "flat")
 
 
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # torch.nn.utils.weight_norm, the older of the two
 def test_a_reparametrised_weight_is_read_not_unused():
     """weight_norm splits a weight into gains and directions, which the forward makes one weight of: the gains (one
     per output channel) were said to be read by no layer, as the description's count lacks them, and predict called
