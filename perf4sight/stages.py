@@ -828,11 +828,8 @@ def run_compare(cfg: Config, args: argparse.Namespace) -> int:
     if not devices:
         raise UserError(f"no trees fingerprint under {cfg.fingerprint_dir}: run --stage fingerprint first"
                         + (" (--predictor trees or ensemble: a GNN alone is not compared)" if gnn_only else ""))
-    for device in devices:
+    for device in devices:  # a device without measurements here: the report's notes say so
         _stale_fingerprint_note(cfg, device)
-        if not results_path(cfg.profiling_dir, device).is_file():  # a fingerprint copied in from elsewhere
-            notes.print(f"note: {device}: no measurements in {results_path(cfg.profiling_dir, device)}: its "
-                        "fingerprint is compared, and its tables of what was measured are empty", markup=False)
     compare_devices(cfg, devices, console)
     return 0
 

@@ -473,7 +473,7 @@ def test_a_largest_batch_at_the_search_limit_reads_as_maybe_more():
 
 def test_a_fingerprint_without_measurements_in_the_project_is_compared_with_a_note(project, tmp_path, capsys):
     """A fingerprint copied in from another project was compared with empty tables of what was measured (0 networks,
-    backend '?') and no word why."""
+    backend '?') and no word why; the terminal said why, the report itself did not."""
     import argparse
     import shutil
 
@@ -483,6 +483,31 @@ def test_a_fingerprint_without_measurements_in_the_project_is_compared_with_a_no
     cfg = load_config(tmp_path / "config.toml")
     shutil.copytree(project.fingerprint_dir / "tx2a", cfg.fingerprint_dir / "tx2a")
     assert stages.run_compare(cfg, argparse.Namespace(device=["tx2a"])) == 0
-    err = " ".join(capsys.readouterr().err.split())
-    assert f"note: tx2a: no measurements in {cfg.profiling_dir / 'tx2a' / 'measurements.csv'}: its fingerprint is " \
-           "compared, and its tables of what was measured are empty" in err
+    said = f"tx2a: no measurements in {cfg.profiling_dir / 'tx2a' / 'measurements.csv'}: its fingerprint is " \
+           "compared, and its tables of what was measured"
+    captured = capsys.readouterr()
+    assert said in " ".join((captured.out + captured.err).split())
+    (folder,) = cfg.reports_dir.glob("compare-*")
+    md = (folder / "report.md").read_text()
+    assert said in md and "MAPE –%" not in md
+
+
+def test_measurements_of_networks_without_a_description_here_are_said_in_the_report(project, tmp_path):
+    """A device whose fingerprint and measurements come from another config (its descriptions in that config's
+    models folder) was compared with an empty scatter ('MAPE –%'), no feature sensitivity and no measured points,
+    and no word why."""
+    import shutil
+
+    from rich.console import Console
+
+    (tmp_path / "config.toml").write_text((project.root / "config.toml").read_text())
+    cfg = load_config(tmp_path / "config.toml")
+    shutil.copytree(project.fingerprint_dir / "tx2a", cfg.fingerprint_dir / "tx2a")
+    shutil.copytree(project.profiling_dir / "tx2a", cfg.profiling_dir / "tx2a")
+    console = Console(record=True, width=400)
+    folder = compare_devices(cfg, ["tx2a"], console)
+    md = " ".join((folder / "report.md").read_text().split())
+    assert "MAPE –%" not in md and "latency: no ok measurements with a description here (Notes)" in md
+    assert f"are passed over: no description of them in {cfg.models_dir / 'manifest.csv'}" in md
+    assert "the report's measured points, scatter and feature sensitivity of tx2a leave them out" in md
+    assert "leave them out" in console.export_text()

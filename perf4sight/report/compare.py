@@ -16,13 +16,13 @@ from rich.console import Console
 from rich.table import Table as RichTable
 
 from perf4sight.config import Config
-from perf4sight.dataset import default_networks, device_dataset, resolve_networks
+from perf4sight.dataset import default_networks, device_dataset, resolve_networks, undescribed_note
 from perf4sight.errors import UserError
 from perf4sight.fingerprint.evaluate import metrics
 from perf4sight.fingerprint.predict import BATCH_SEARCH_LIMIT, NETWORK_SPLIT, NETWORK_SPLIT_SEEN, RANDOM_SPLIT
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.networks.on_request import with_command_line_factories
-from perf4sight.profiling.results import batch_size_of
+from perf4sight.profiling.results import batch_size_of, results_path
 from perf4sight.report import plots
 from perf4sight.report.data import (Curve, DeviceData, batch_grid, feature_sensitivity, measured_vs_predicted,
                                     prediction_curve, shape_label, summarise_measurements, training_shapes_label)
@@ -51,6 +51,19 @@ def gather_device(cfg: Config, device: str) -> tuple[DeviceData, dict[str, Netwo
                       scatter=measured_vs_predicted(fp, rows, descs),
                       sensitivity=feature_sensitivity(fp, rows, descs, seed=cfg.project.seed))
     return data, descs
+
+
+def _measurement_notes(cfg: Config, d: DeviceData, descs: dict[str, NetworkDescription]) -> list[str]:
+    """The report's notes on what of ``d``'s measurements it cannot show: none in this project (a fingerprint copied
+    or linked in from another), or rows of networks without a description here (measured under another config's
+    models folder), which its dots, scatter and feature sensitivity then leave out."""
+    path = results_path(cfg.profiling_dir, d.name)
+    if not path.is_file():
+        return [f"{d.name}: no measurements in {path}: its fingerprint is compared, and its tables of what was "
+                "measured, its measured points, scatter and feature sensitivity are empty"]
+    gone = undescribed_note(cfg, d.name, d.rows, descs)
+    return [f"{gone}; the report's measured points, scatter and feature sensitivity of {d.name} leave them out"
+            ] if gone else []
 
 
 def _mape(meas: np.ndarray, pred: np.ndarray) -> tuple[float, float]:
@@ -253,6 +266,9 @@ def _scatter_blocks(devs: list[DeviceData], images: dict[str, Path]) -> list[Blo
         ok = sum(r["status"] == "ok" for r in d.rows)
         for target in ("latency", "memory"):
             meas, pred, how = d.scatter[target]
+            if not meas.size:
+                parts.append(f"{target}: no ok measurements with a description here (Notes)")
+                continue
             mape, within = _mape(meas, pred)
             missing = f", {ok - meas.size} ok rows without a {target} figure left out" if 0 < meas.size < ok else ""
             parts.append(f"{target} over {meas.size} measurements ({how}{missing}): MAPE {_fmt(mape)}%, "
@@ -326,7 +342,7 @@ def compare_devices(cfg: Config, devices: list[str], console: Console) -> Path:
         d, descs = gather_device(cfg, name)
         devs.append(d)
         all_descs[name] = descs
-    notes: list[str] = []
+    notes: list[str] = [line for d in devs for line in _measurement_notes(cfg, d, all_descs[d.name])]
     steps = {d.name: _step(d) for d in devs}
     if len(set(steps.values())) > 1:
         notes.append("the fingerprints are of training steps with different optimisers ("
