@@ -511,3 +511,24 @@ def test_measurements_of_networks_without_a_description_here_are_said_in_the_rep
     assert f"are passed over: no description of them in {cfg.models_dir / 'manifest.csv'}" in md
     assert "the report's measured points, scatter and feature sensitivity of tx2a leave them out" in md
     assert "leave them out" in console.export_text()
+
+
+def test_the_pruning_section_shows_a_largest_batch_at_the_search_limit_as_maybe_more():
+    """The pruning table and its terminal table showed a largest batch of 1024 as '1024' where the report's other
+    tables (and predict) show '1024+': every batch searched fits, so the device may take more."""
+    from rich.console import Console
+
+    from perf4sight.report.pruning import PruningPoint, print_pruning, pruning_blocks
+
+    def point(device: str, largest: int) -> PruningPoint:
+        return PruningPoint("resnet18", device, 0.0, 0.0, 32, 11.3, 9.1, 15.1, 2699.0, 2565.0, 2964.0, True, largest,
+                            "", None, None)
+
+    points = [point("big", 1024), point("small", 161)]
+    (table,) = [b for b in pruning_blocks(points, [], ["big", "small"], {"pruning": Path("p.png")})
+                if isinstance(b, Table)]
+    assert "largest batch 1024+" in table.rows[0][3] and table.rows[0][4].endswith("largest batch 161")
+    console = Console(record=True, width=200)
+    print_pruning(console, points, [], ["big", "small"])
+    text = console.export_text()
+    assert "11.3 / 1024+" in text and "11.3 / 161 " in text

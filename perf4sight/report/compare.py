@@ -26,8 +26,8 @@ from perf4sight.profiling.results import batch_size_of, results_path
 from perf4sight.report import plots
 from perf4sight.report.data import (Curve, DeviceData, batch_grid, feature_sensitivity, measured_vs_predicted,
                                     prediction_curve, shape_label, summarise_measurements, training_shapes_label)
-from perf4sight.report.pruning import (LeastLevel, PruningPoint, least_levels, print_pruning, pruning_blocks,
-                                       pruning_points)
+from perf4sight.report.pruning import (LeastLevel, PruningPoint, batch_label, least_levels, print_pruning,
+                                       pruning_blocks, pruning_points)
 from perf4sight.report.render import Block, Heading, Image, Table, Text, to_html, to_markdown
 
 __all__ = ["compare_devices", "gather_device", "REPORT_FILES"]
@@ -220,9 +220,7 @@ def _against_demand(d: DeviceData) -> bool:
 
 def _batch_label(mb: int | None) -> str:
     """A largest batch as shown: ``1024+`` where every batch searched fits (as predict's ``--max-batch-size``)."""
-    if mb is None:
-        return "–"  # a network that was not predicted on this device
-    return f"{mb}+" if mb >= BATCH_SEARCH_LIMIT else str(mb)
+    return "–" if mb is None else batch_label(mb)  # –: a network that was not predicted on this device
 
 
 def _largest_batch_blocks(devs: list[DeviceData], names: list[str]) -> list[Block]:

@@ -21,6 +21,7 @@ from rich.table import Table as RichTable
 from perf4sight.config import Config
 from perf4sight.errors import UserError
 from perf4sight.fingerprint.fit import LATENCY_COLUMN
+from perf4sight.fingerprint.predict import BATCH_SEARCH_LIMIT
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.networks.on_request import PRUNABLE, LevelVariants, prunable_networks, pruned_as, variant_at
 from perf4sight.profiling.results import batch_size_of, number
@@ -151,11 +152,16 @@ def least_levels(cfg: Config, devices: Sequence[Any], trained_at: dict[str, tupl
     return out
 
 
+def batch_label(mb: int) -> str:
+    """A largest batch as shown: ``1024+`` where every batch searched fits (as predict's ``--max-batch-size``)."""
+    return f"{mb}+" if mb >= BATCH_SEARCH_LIMIT else str(mb)
+
+
 def _pruning_cell(p: PruningPoint | None) -> str:
     if p is None:
         return "–"
     fits = ", does not fit" if p.fits is False else ""
-    largest = "unknown capacity" if p.max_batch is None else f"largest batch {p.max_batch}"
+    largest = "unknown capacity" if p.max_batch is None else f"largest batch {batch_label(p.max_batch)}"
     measured = ""
     if p.measured_status:
         measured = (f"; measured {p.measured_latency_ms:,.1f} ms, {p.measured_memory_mb:,.0f} MiB"
@@ -205,7 +211,7 @@ def pruning_blocks(points: list[PruningPoint], least: list[LeastLevel], devices:
                    [[net, f"{level:g}", _achieved(cells)] + [_pruning_cell(c) for c in cells]
                     for net, level, cells in _pruning_rows(points, devices)],
                    f"predicted at batch {batch} (90% interval); largest batch: every batch 1..b predicted to fit "
-                   "(capped at 1024)"))
+                   f"({BATCH_SEARCH_LIMIT}+: every batch searched fits)"))
     if least:
         at = {(x.network, x.device): x for x in least}
         b.append(Table(["network"] + list(devices),
@@ -229,7 +235,7 @@ def print_pruning(console: Console, points: list[PruningPoint], least: list[Leas
     for net, level, cells in _pruning_rows(points, devices):
         t.add_row(net, f"{level:g}", _achieved(cells),
                   *["–" if c is None else f"{c.latency_ms:,.1f}{'' if c.fits is not False else ' (no fit)'} / "
-                    f"{'?' if c.max_batch is None else c.max_batch}" for c in cells])
+                    f"{'?' if c.max_batch is None else batch_label(c.max_batch)}" for c in cells])
     at = {(x.network, x.device): x for x in least}
     for net in dict.fromkeys(x.network for x in least):
         t.add_row(net, "least fit", "", *["?" if (net, d) not in at else "none" if at[(net, d)].level is None
