@@ -317,6 +317,40 @@ def test_allocation_model_writes_down_a_leaky_relu_as_traced(inplace):
     assert _as_replayed(model) == _as_replayed(traced)
 
 
+def _activated(act, call) -> NetworkDescription:
+    """A small network of the layer ``act`` and the calls ``call(x, inplace)``, in place and not, one after a
+    residual add."""
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1, self.c2 = nn.Conv2d(3, 16, 4, 2, 1), nn.Conv2d(16, 32, 4, 2, 1)
+            self.c3, self.bn, self.fc = nn.Conv2d(16, 32, 1, 2), nn.BatchNorm2d(32), nn.Linear(32, 1)
+            self.act = act
+
+        def forward(self, x):
+            x = self.act(self.c1(x))
+            y = call(self.bn(self.c2(x)), False)
+            return self.fc(call(y + self.c3(x), True).mean((2, 3)))
+
+    return describe(Net(), [3, 32, 32], "activated")
+
+
+@pytest.mark.parametrize("inplace", [True, False])
+def test_allocation_model_writes_down_an_elu_as_traced(inplace):
+    """An ELU keeps its input for the backward, or its result where it runs in place, as torch runs it."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    desc = _activated(nn.ELU(0.5, inplace=inplace), lambda x, inplace: F.elu(x, 2.0, inplace))
+    assert [n.attrs.get("inplace", False) for n in desc.nodes if n.op == "elu"] == [inplace, False, True]
+    model, traced = record_events(desc, 3, steps=3, method="model"), record_events(desc, 3, steps=3, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+
+
 def test_allocation_model_on_generated_networks():
     from perf4sight.networks.generator import STYLES, GeneratorSettings, generate
     descs = generate(GeneratorSettings(count=10, seed=11), [3, 32, 32], 10)

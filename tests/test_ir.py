@@ -1150,6 +1150,33 @@ def test_a_leaky_relu_is_described_with_its_slope():
         NetworkDescription.from_dict(broken)
 
 
+class _Elu(nn.Module):
+    """ELUs as a layer (in place) and as calls (out of place, and in place)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2, self.fc = nn.Conv2d(3, 8, 3), nn.Conv2d(8, 8, 3), nn.Linear(8, 2)
+        self.act = nn.ELU(0.5, inplace=True)
+
+    def forward(self, x):
+        x = F.elu(self.c2(self.act(self.c1(x))), alpha=2.0)
+        return self.fc(F.elu(x, 1.5, True).mean((2, 3)))
+
+
+def test_an_elu_is_described_with_its_alpha():
+    """ELU was refused as a layer without a description op; it is one, its alpha and in-place flag kept, and the
+    module rebuilt from it computes what the layer did."""
+    module = _Elu().eval()
+    desc = NetworkDescription.from_dict(describe(module, [3, 10, 10], "elu").to_dict())
+    assert [n.attrs for n in desc.nodes if n.op == "elu"] == [
+        {"alpha": 0.5, "inplace": True}, {"alpha": 2.0}, {"alpha": 1.5, "inplace": True}]
+    _assert_same_function(desc, module, [3, 10, 10])
+    broken = desc.to_dict()
+    next(n for n in broken["nodes"] if n["op"] == "elu")["attrs"]["alpha"] = "steep"
+    with pytest.raises(UserError, match="alpha"):
+        NetworkDescription.from_dict(broken)
+
+
 class _WithSpare(nn.Module):
     """``body`` and a layer its forward never calls."""
 

@@ -55,7 +55,7 @@ def test_every_schema_op_has_one_onnx_type():
 
 class _Views(torch.nn.Module):
     """The ops no zoo network here uses: gelu, avgpool2d, tanh, transpose, narrow, unsqueeze, squeeze,
-    adaptivemaxpool2d, select, mean, silu and leaky_relu (in place)."""
+    adaptivemaxpool2d, select, mean, silu, leaky_relu (in place) and elu."""
 
     def __init__(self):
         super().__init__()
@@ -67,7 +67,7 @@ class _Views(torch.nn.Module):
     def forward(self, x):
         y = torch.tanh(self.pool(torch.nn.functional.gelu(self.conv(x)))).transpose(2, 3)[:, :, 1:3]
         y = self.amax(torch.squeeze(torch.unsqueeze(torch.nn.functional.leaky_relu(y, 0.2, True), 1), 1))[:, :, :, 0]
-        return self.fc(torch.nn.functional.silu(y.mean(2)))
+        return self.fc(torch.nn.functional.silu(torch.nn.functional.elu(y.mean(2), 0.5)))
 
 
 def _network(name: str):

@@ -66,11 +66,11 @@ Event = tuple[int, int, int, str]  # (kind, storage id, bytes, aten op)
 COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6", "maxpool2d", "avgpool2d",
                      "adaptiveavgpool2d", "mean", "add", "mul", "cat", "reshape", "flatten", "squeeze", "unsqueeze",
                      "identity", "dropout", "hardswish", "hardsigmoid", "silu", "gelu", "sigmoid", "tanh",
-                     "transpose", "narrow", "select", "adaptivemaxpool2d", "interpolate", "leaky_relu"})
+                     "transpose", "narrow", "select", "adaptivemaxpool2d", "interpolate", "leaky_relu", "elu"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
                 "gelu": ("gelu", "input"), "sigmoid": ("sigmoid", "result"), "tanh": ("tanh", "result"),
-                "leaky_relu": ("leaky_relu", "input")}
+                "leaky_relu": ("leaky_relu", "input"), "elu": ("elu", "input")}
 _VIEWS = {"reshape", "flatten", "squeeze", "unsqueeze"}
 #: Ops that take a strided (non-contiguous) input as it is; any other op on one is not covered,
 #: except elementwise ones on inputs whose dimensions keep their order (their output is contiguous).
@@ -418,15 +418,15 @@ def _with_parameters(ctx: _OpContext) -> _Value:
 
 
 def _activation(ctx: _OpContext) -> _Value:
-    """relu and relu6 (in place), a leaky relu in place where its node says so, the out-of-place activations
-    (:data:`_ACTIVATIONS`), dropout."""
+    """relu and relu6 (in place), a leaky relu or an elu in place where its node says so, the out-of-place
+    activations (:data:`_ACTIVATIONS`), dropout."""
     n, x, nbytes, op = ctx.node, ctx.x, ctx.nbytes, ctx.node.op
-    if op in ("relu", "relu6") or op == "leaky_relu" and n.attrs.get("inplace"):
+    if op in ("relu", "relu6") or op in ("leaky_relu", "elu") and n.attrs.get("inplace"):
         # in place, keeps its result (or a clone of its input: ``relu6_clone``)
         if x.fn is None or x.view or x.sid in ctx.mem.saved:
             raise NotCovered(f"in-place {op} on '{n.inputs[0]}'")
         kernel = {"relu": "aten.threshold_backward.default", "relu6": "aten.hardtanh_backward.default",
-                  "leaky_relu": "aten.leaky_relu_backward.default"}[op]
+                  "leaky_relu": "aten.leaky_relu_backward.default", "elu": "aten.elu_backward.default"}[op]
         kept = ctx.alloc("clone.default", x.nbytes, holders=0) if op == "relu6" and ctx.relu6_clone else x.sid
         return _Value(ctx.mem.hold(x.sid), x.nbytes, ctx.unary_grad_fn(kernel, [kept]))
     if op in _ACTIVATIONS:

@@ -404,6 +404,10 @@ HANDLERS: dict[str, Handler] = {
     # a compare and a multiply; its backward keeps the input (the result where it runs in place)
     "leaky_relu": lambda node, in_shapes, first: _pointwise(2, [OUTPUT] if node.attrs.get("inplace") else [0], 2)(
         node, in_shapes, first),
+    # a compare, an exp, a subtract and a multiply; backward a compare, a multiply (and an add where it reads its
+    # result); it keeps its input, or its result where it runs in place
+    "elu": lambda node, in_shapes, first: _pointwise(4, [OUTPUT] if node.attrs.get("inplace") else [0], 3)(
+        node, in_shapes, first),
     "identity": _view,
     "maxpool2d": _maxpool2d,
     "avgpool2d": _avgpool2d,

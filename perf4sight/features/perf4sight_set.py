@@ -131,7 +131,8 @@ def perf4sight_vectors(desc: NetworkDescription) -> tuple[np.ndarray, np.ndarray
             static[_IDX["fc_weight_bytes"]] += 4 * int(a["embed_dim"]) ** 2 * BYTES_PER_ELEMENT
         elif node.op in ("batchnorm2d", "layernorm"):
             scaled[_IDX["norm_elems"]] += out
-        elif node.op in ("relu", "relu6", "hardswish", "hardsigmoid", "sigmoid", "silu", "gelu", "tanh", "leaky_relu"):
+        elif node.op in ("relu", "relu6", "hardswish", "hardsigmoid", "sigmoid", "silu", "gelu", "tanh", "leaky_relu",
+                         "elu"):
             scaled[_IDX["act_elems"]] += out
         elif "pool" in node.op:
             scaled[_IDX["pool_elems"]] += numel(shapes[node.inputs[0]])

@@ -77,7 +77,7 @@ ONNX_TO_OP: dict[str, str] = {
     "Slice": "narrow", "Gelu": "gelu", "Swish": "silu", "LayerNormalization": "layernorm", "Attention": "attention",
     # no ONNX op: a Swin transformer's, under types of this tool's own
     "WindowAttention": "window_attention", "PatchMerging": "patch_merge", "GroupAttention": "group_attention",
-    "Resize": "interpolate", "LeakyRelu": "leaky_relu",
+    "Resize": "interpolate", "LeakyRelu": "leaky_relu", "Elu": "elu",
 }
 #: Our op -> ONNX op type. Four of ours share a type with another: ``permute`` is a ``Transpose`` of more than two
 #: axes; ``scale``, ``shift`` and ``token`` are a ``Mul``, an ``Add`` and a ``Concat`` with a learnt tensor (an ONNX
@@ -413,6 +413,8 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         return {"p": _number(args.get("p", args.get("ratio", 0.5)), where)}
     if op == "leaky_relu":  # ONNX's LeakyRelu: its slope is alpha, 0.01 where not given
         return {"negative_slope": _number(args.get("negative_slope", args.get("alpha", 0.01)), f"{where} alpha")}
+    if op == "elu":  # ONNX's Elu: alpha, 1 where not given
+        return {"alpha": _number(args.get("alpha", 1.0), f"{where} alpha")}
     if op in ("add", "mul") and args.get("scalar") is not None:
         return {"scalar": _number(args["scalar"], f"{where} scalar")}
     return {}

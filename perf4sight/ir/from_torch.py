@@ -167,6 +167,7 @@ MODULE_OPS: list[tuple[type, Callable[[Any], tuple[str, dict]]]] = [
     (nn.Tanh, lambda m: ("tanh", {})),
     (nn.LeakyReLU, lambda m: ("leaky_relu", {"negative_slope": float(m.negative_slope),
                                              **({"inplace": True} if m.inplace else {})})),
+    (nn.ELU, lambda m: ("elu", {"alpha": float(m.alpha), **({"inplace": True} if m.inplace else {})})),
     (nn.Identity, lambda m: ("identity", {})),
     (nn.MaxPool2d, _maxpool),
     (nn.AvgPool2d, _avgpool),
@@ -242,6 +243,10 @@ for _key in (F.leaky_relu, "leaky_relu", "leaky_relu_"):
     FUNCTION_OPS[_key] = lambda n: ("leaky_relu", {"negative_slope": float(_arg(n, 1, "negative_slope", 0.01)),
                                                    **({"inplace": True} if _arg(n, 2, "inplace", False)
                                                       or n.target == "leaky_relu_" else {})})
+for _key in (F.elu, F.elu_):
+    FUNCTION_OPS[_key] = lambda n: ("elu", {"alpha": float(_arg(n, 1, "alpha", 1.0)),
+                                            **({"inplace": True} if _arg(n, 2, "inplace", False)
+                                               or n.target is F.elu_ else {})})
 for _key in (torch.cat, torch.concat):
     FUNCTION_OPS[_key] = lambda n: ("cat", {"dim": int(_arg(n, 1, "dim", 0))})
 for _key in (torch.flatten, "flatten"):
@@ -436,7 +441,7 @@ def stderr_kept_on_success() -> Iterator[None]:
 #: their output is made as such instead of run. Their meta kernels are torch's Python references (ReLU6, batch norm:
 #: most of a MobileNet's shape propagation).
 _SHAPE_KEEPING = (nn.ReLU, nn.ReLU6, nn.Hardswish, nn.Hardsigmoid, nn.SiLU, nn.GELU, nn.Sigmoid, nn.Tanh,
-                  nn.LeakyReLU, nn.Dropout, nn.Identity)
+                  nn.LeakyReLU, nn.ELU, nn.Dropout, nn.Identity)
 
 
 class _MetaShapeProp(ShapeProp):

@@ -29,6 +29,7 @@ OPS: Dict[str, Tuple[str, ...]] = {
     "relu": (), "relu6": (), "hardswish": (), "sigmoid": (), "hardsigmoid": (), "silu": (),
     "gelu": (), "tanh": (), "identity": (),  # gelu: optional approximate ("none"; "tanh": torch's approximation)
     "leaky_relu": ("negative_slope",),  # x where x > 0, else negative_slope * x
+    "elu": ("alpha",),  # x where x > 0, else alpha * (exp(x) - 1)
     "maxpool2d": ("kernel_size", "stride", "padding", "ceil_mode"),
     "avgpool2d": ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad"),
     "adaptiveavgpool2d": ("output_size",),
@@ -86,7 +87,7 @@ _FLAGS: Dict[str, Tuple[str, ...]] = {
     "maxpool2d": ("ceil_mode",), "avgpool2d": ("ceil_mode", "count_include_pad"), "mean": ("keepdim",),
     "interpolate": ("align_corners",),
     **{op: ("inplace",) for op in ("relu", "relu6", "hardswish", "sigmoid", "hardsigmoid", "silu", "gelu", "tanh",
-                                   "leaky_relu",
+                                   "leaky_relu", "elu",
                                    "identity", "dropout")},
 }
 #: Op -> attributes that must be numbers where given: (name, least, most); None: no bound. A dropout's
@@ -96,7 +97,7 @@ _NUMBERS: Dict[str, Tuple[Tuple[str, Any, Any], ...]] = {
     "window_attention": (("dropout", 0, 1), ("attention_dropout", 0, 1)),
     "batchnorm2d": (("eps", 0, None), ("momentum", 0, 1)), "layernorm": (("eps", 0, None),),
     "add": (("scalar", None, None),), "mul": (("scalar", None, None),),
-    "leaky_relu": (("negative_slope", None, None),),
+    "leaky_relu": (("negative_slope", None, None),), "elu": (("alpha", None, None),),
 }
 #: Op -> optional attributes no other table here names (a gelu's approximation, a max pool's dilation, Swin V2's
 #: position-bias MLP).
