@@ -351,6 +351,17 @@ def test_allocation_model_writes_down_an_elu_as_traced(inplace):
     assert _as_replayed(model) == _as_replayed(traced)
 
 
+def test_allocation_model_writes_down_a_softplus_as_traced():
+    """A softplus (torch has no in-place one) keeps its input for the backward, as torch runs it."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    desc = _activated(nn.Softplus(2.0, 5.0), lambda x, inplace: F.softplus(x))
+    assert sum(n.op == "softplus" for n in desc.nodes) == 3
+    model, traced = record_events(desc, 3, steps=3, method="model"), record_events(desc, 3, steps=3, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+
+
 def test_allocation_model_on_generated_networks():
     from perf4sight.networks.generator import STYLES, GeneratorSettings, generate
     descs = generate(GeneratorSettings(count=10, seed=11), [3, 32, 32], 10)

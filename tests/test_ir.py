@@ -1177,6 +1177,32 @@ def test_an_elu_is_described_with_its_alpha():
         NetworkDescription.from_dict(broken)
 
 
+class _Softplus(nn.Module):
+    """Softplus as a layer and as a call of torch's defaults."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2, self.fc = nn.Conv2d(3, 8, 3), nn.Conv2d(8, 8, 3), nn.Linear(8, 2)
+        self.act = nn.Softplus(2.0, 5.0)
+
+    def forward(self, x):
+        return self.fc(F.softplus(self.c2(self.act(self.c1(x)))).mean((2, 3)))
+
+
+def test_a_softplus_is_described_with_its_beta_and_threshold():
+    """Softplus was refused as a layer without a description op; it is one, its beta and threshold kept, and the
+    module rebuilt from it computes what the layer did."""
+    module = _Softplus().eval()
+    desc = NetworkDescription.from_dict(describe(module, [3, 10, 10], "softplus").to_dict())
+    assert [n.attrs for n in desc.nodes if n.op == "softplus"] == [
+        {"beta": 2.0, "threshold": 5.0}, {"beta": 1.0, "threshold": 20.0}]
+    _assert_same_function(desc, module, [3, 10, 10])
+    broken = desc.to_dict()
+    next(n for n in broken["nodes"] if n["op"] == "softplus")["attrs"]["beta"] = "steep"
+    with pytest.raises(UserError, match="beta"):
+        NetworkDescription.from_dict(broken)
+
+
 class _WithSpare(nn.Module):
     """``body`` and a layer its forward never calls."""
 

@@ -55,7 +55,8 @@ def test_every_schema_op_has_one_onnx_type():
 
 class _Views(torch.nn.Module):
     """The ops no zoo network here uses: gelu, avgpool2d, tanh, transpose, narrow, unsqueeze, squeeze,
-    adaptivemaxpool2d, select, mean, silu, leaky_relu (in place) and elu."""
+    adaptivemaxpool2d, select, mean, silu, leaky_relu (in place), elu and softplus (torch's defaults, which
+    ONNX's Softplus is)."""
 
     def __init__(self):
         super().__init__()
@@ -67,7 +68,8 @@ class _Views(torch.nn.Module):
     def forward(self, x):
         y = torch.tanh(self.pool(torch.nn.functional.gelu(self.conv(x)))).transpose(2, 3)[:, :, 1:3]
         y = self.amax(torch.squeeze(torch.unsqueeze(torch.nn.functional.leaky_relu(y, 0.2, True), 1), 1))[:, :, :, 0]
-        return self.fc(torch.nn.functional.silu(torch.nn.functional.elu(y.mean(2), 0.5)))
+        y = torch.nn.functional.softplus(torch.nn.functional.elu(y.mean(2), 0.5))
+        return self.fc(torch.nn.functional.silu(y))
 
 
 def _network(name: str):
@@ -165,6 +167,17 @@ def test_an_op_without_onnx_type_stops_before_any_file(tmp_path, monkeypatch):
     with pytest.raises(UserError,
                        match=r"device 'jetson7' network 'squeezer' node '\w+' has op 'squeeze'.*nothing written"):
         export_perfseer(rows, {fine.name: fine, squeezer.name: squeezer}, tmp_path / "ds")
+    assert not (tmp_path / "ds").exists()
+
+
+def test_a_softplus_onnx_cannot_write_stops_the_export(tmp_path):
+    """ONNX's Softplus has no beta or threshold: a softplus of other than torch's defaults (beta 1, threshold 20)
+    stops the export, nothing written."""
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Softplus(2.0), torch.nn.Flatten(),
+                              torch.nn.Linear(144, 10))
+    desc = describe(net, input_shape=[3, 8, 8], name="steep", network="steep")
+    with pytest.raises(UserError, match=r"network 'steep' node '\w+' has op 'softplus'.*nothing written"):
+        export_perfseer(_rows(desc), {desc.name: desc}, tmp_path / "ds")
     assert not (tmp_path / "ds").exists()
 
 

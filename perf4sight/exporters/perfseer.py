@@ -53,6 +53,14 @@ def _graph_meta(desc: NetworkDescription, batch_size: int) -> dict[str, Any]:
             "num_classes": desc.num_classes, "description_extra": dict(desc.extra)}
 
 
+def _onnx_type(node: Any) -> str | None:
+    """The ONNX type ``node`` is written as; None where it has none: ONNX's Softplus has no beta (and no threshold,
+    past which torch's returns x), so only a softplus of beta 1 and threshold 20 (torch's defaults) is one."""
+    if node.op == "softplus" and (float(node.attrs["beta"]), float(node.attrs["threshold"])) != (1.0, 20.0):
+        return None
+    return OP_TO_ONNX.get(node.op)
+
+
 def description_to_graph(desc: NetworkDescription, batch_size: int) -> Any:
     """A ``networkx.DiGraph`` of ``desc`` at ``batch_size`` in the PerfSeer node-feature format."""
     import networkx as nx
@@ -63,13 +71,13 @@ def description_to_graph(desc: NetworkDescription, batch_size: int) -> Any:
         node, in_shapes, cost = visit.node, visit.in_shapes, visit.cost
         if node.name == input_name:
             continue
-        if node.op not in OP_TO_ONNX or cost is None:
+        if _onnx_type(node) is None or cost is None:
             raise UserError(f"export: network '{desc.name}' node '{node.name}' has op '{node.op}' "
                             f"with no PerfSeer (ONNX) type")
         moved = cost.bytes_read + cost.bytes_written
         flops = cost.flops_fwd * b
         g.add_node(node.name, feature={
-            "type": OP_TO_ONNX[node.op],
+            "type": _onnx_type(node),
             "args": {k: (list(v) if isinstance(v, tuple) else v) for k, v in node.attrs.items()},
             "inputs": list(node.inputs),
             "memory_info": {"batch_size": b, "input_shape": [b] + list(in_shapes[0]) if in_shapes else [],
@@ -119,7 +127,7 @@ def check_exportable(pairs: list[tuple[dict[str, Any], NetworkDescription]]) -> 
         seen.add(desc.name)
         for visit in walk(desc):
             node = visit.node
-            if node.name != desc.nodes[0].name and (node.op not in OP_TO_ONNX or visit.cost is None):
+            if node.name != desc.nodes[0].name and (_onnx_type(node) is None or visit.cost is None):
                 raise UserError(f"export: device '{row.get('device', '?')}' network '{desc.name}' node "
                                 f"'{node.name}' has op '{node.op}' with no PerfSeer (ONNX) type; nothing written")
 

@@ -66,11 +66,13 @@ Event = tuple[int, int, int, str]  # (kind, storage id, bytes, aten op)
 COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6", "maxpool2d", "avgpool2d",
                      "adaptiveavgpool2d", "mean", "add", "mul", "cat", "reshape", "flatten", "squeeze", "unsqueeze",
                      "identity", "dropout", "hardswish", "hardsigmoid", "silu", "gelu", "sigmoid", "tanh",
-                     "transpose", "narrow", "select", "adaptivemaxpool2d", "interpolate", "leaky_relu", "elu"})
+                     "transpose", "narrow", "select", "adaptivemaxpool2d", "interpolate", "leaky_relu", "elu",
+                     "softplus"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
                 "gelu": ("gelu", "input"), "sigmoid": ("sigmoid", "result"), "tanh": ("tanh", "result"),
-                "leaky_relu": ("leaky_relu", "input"), "elu": ("elu", "input")}
+                "leaky_relu": ("leaky_relu", "input"), "elu": ("elu", "input"),
+                "softplus": ("softplus", "input")}
 _VIEWS = {"reshape", "flatten", "squeeze", "unsqueeze"}
 #: Ops that take a strided (non-contiguous) input as it is; any other op on one is not covered,
 #: except elementwise ones on inputs whose dimensions keep their order (their output is contiguous).

@@ -408,6 +408,9 @@ HANDLERS: dict[str, Handler] = {
     # result); it keeps its input, or its result where it runs in place
     "elu": lambda node, in_shapes, first: _pointwise(4, [OUTPUT] if node.attrs.get("inplace") else [0], 3)(
         node, in_shapes, first),
+    # a multiply, an exp, a log1p, a divide and the threshold's compare; backward an exp, a divide and a multiply
+    # or so; it keeps its input (torch has no in-place softplus)
+    "softplus": _pointwise(5, [0], 4),
     "identity": _view,
     "maxpool2d": _maxpool2d,
     "avgpool2d": _avgpool2d,

@@ -78,6 +78,7 @@ ONNX_TO_OP: dict[str, str] = {
     # no ONNX op: a Swin transformer's, under types of this tool's own
     "WindowAttention": "window_attention", "PatchMerging": "patch_merge", "GroupAttention": "group_attention",
     "Resize": "interpolate", "LeakyRelu": "leaky_relu", "Elu": "elu",
+    "Softplus": "softplus",
 }
 #: Our op -> ONNX op type. Four of ours share a type with another: ``permute`` is a ``Transpose`` of more than two
 #: axes; ``scale``, ``shift`` and ``token`` are a ``Mul``, an ``Add`` and a ``Concat`` with a learnt tensor (an ONNX
@@ -415,6 +416,9 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         return {"negative_slope": _number(args.get("negative_slope", args.get("alpha", 0.01)), f"{where} alpha")}
     if op == "elu":  # ONNX's Elu: alpha, 1 where not given
         return {"alpha": _number(args.get("alpha", 1.0), f"{where} alpha")}
+    if op == "softplus":  # ONNX's Softplus is log(1 + exp(x)): torch's of beta 1, threshold 20
+        return {"beta": _number(args.get("beta", 1.0), f"{where} beta"),
+                "threshold": _number(args.get("threshold", 20.0), f"{where} threshold")}
     if op in ("add", "mul") and args.get("scalar") is not None:
         return {"scalar": _number(args["scalar"], f"{where} scalar")}
     return {}

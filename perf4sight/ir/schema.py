@@ -30,6 +30,7 @@ OPS: Dict[str, Tuple[str, ...]] = {
     "gelu": (), "tanh": (), "identity": (),  # gelu: optional approximate ("none"; "tanh": torch's approximation)
     "leaky_relu": ("negative_slope",),  # x where x > 0, else negative_slope * x
     "elu": ("alpha",),  # x where x > 0, else alpha * (exp(x) - 1)
+    "softplus": ("beta", "threshold"),  # log(1 + exp(beta * x)) / beta; x where beta * x > threshold
     "maxpool2d": ("kernel_size", "stride", "padding", "ceil_mode"),
     "avgpool2d": ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad"),
     "adaptiveavgpool2d": ("output_size",),
@@ -98,6 +99,7 @@ _NUMBERS: Dict[str, Tuple[Tuple[str, Any, Any], ...]] = {
     "batchnorm2d": (("eps", 0, None), ("momentum", 0, 1)), "layernorm": (("eps", 0, None),),
     "add": (("scalar", None, None),), "mul": (("scalar", None, None),),
     "leaky_relu": (("negative_slope", None, None),), "elu": (("alpha", None, None),),
+    "softplus": (("beta", None, None), ("threshold", None, None)),
 }
 #: Op -> optional attributes no other table here names (a gelu's approximation, a max pool's dilation, Swin V2's
 #: position-bias MLP).
