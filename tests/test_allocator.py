@@ -362,6 +362,44 @@ def test_allocation_model_writes_down_a_softplus_as_traced():
     assert _as_replayed(model) == _as_replayed(traced)
 
 
+@pytest.mark.parametrize("inplace", [True, False])
+def test_allocation_model_writes_down_a_mish_as_traced(inplace):
+    """A mish keeps its input for the backward, a clone of it where it runs in place, as torch runs it; its
+    backward is one kernel with one output, as on a GPU (on the meta device torch decomposes it into several ops,
+    their temporaries recorded), with the trace's shortcuts or without."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    desc = _activated(nn.Mish(inplace=inplace), lambda x, inplace: F.mish(x, inplace))
+    assert [n.attrs.get("inplace", False) for n in desc.nodes if n.op == "mish"] == [inplace, False, True]
+    model, traced = record_events(desc, 3, steps=3, method="model"), record_events(desc, 3, steps=3, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+    assert _as_replayed(traced) == _as_replayed(record_events(desc, 3, steps=3, fast=False))
+    ops = [op for kind, _, _, op in traced if kind == ALLOC]
+    assert ops.count("aten.mish_backward.default") == 3 * 3 and not any("softplus" in op for op in ops)
+
+
+@pytest.mark.parametrize("inplace", [True, False])
+def test_the_traced_mish_computes_what_torch_s_does(inplace):
+    """The trace's stand-in for a mish gives torch's result and gradient, and in place changes its input."""
+    import torch
+    from torch import nn
+
+    from perf4sight.features.alloc_trace import _fused_mish
+
+    model = nn.Sequential(nn.Identity(), nn.Mish(inplace=inplace))
+    x = torch.linspace(-30, 30, 61, dtype=torch.float64, requires_grad=True)
+    want = nn.functional.mish(x * 1)
+    (want_grad,) = torch.autograd.grad(want.sin().sum(), x)
+    _fused_mish(model)
+    assert not any(isinstance(m, nn.Mish) for m in model.modules())
+    y = x * 1
+    got = model(y)
+    assert (got is y) == inplace and torch.equal(got, want)
+    got.sin().sum().backward()
+    assert torch.allclose(x.grad, want_grad)
+
+
 def test_allocation_model_on_generated_networks():
     from perf4sight.networks.generator import STYLES, GeneratorSettings, generate
     descs = generate(GeneratorSettings(count=10, seed=11), [3, 32, 32], 10)

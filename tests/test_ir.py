@@ -1203,6 +1203,34 @@ def test_a_softplus_is_described_with_its_beta_and_threshold():
         NetworkDescription.from_dict(broken)
 
 
+class _Mish(nn.Module):
+    """Mish as a layer (in place) and as calls (out of place, and in place)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2, self.fc = nn.Conv2d(3, 8, 3), nn.Conv2d(8, 8, 3), nn.Linear(8, 2)
+        self.act = nn.Mish(inplace=True)
+
+    def forward(self, x):
+        x = F.mish(self.c2(self.act(self.c1(x))))
+        return self.fc(F.mish(x, inplace=True).mean((2, 3)))
+
+
+def test_a_mish_is_described_with_its_inplace_flag():
+    """Mish was refused as a layer without a description op; it is one, its in-place flag kept, and the module
+    rebuilt from it computes what the layer did."""
+    module = _Mish().eval()
+    desc = NetworkDescription.from_dict(describe(module, [3, 10, 10], "mish").to_dict())
+    assert [n.attrs for n in desc.nodes if n.op == "mish"] == [{"inplace": True}, {}, {"inplace": True}]
+    rebuilt = build_module(desc)
+    assert [m.inplace for m in rebuilt.modules() if isinstance(m, nn.Mish)] == [True, False, True]
+    _assert_same_function(desc, module, [3, 10, 10])
+    broken = desc.to_dict()
+    next(n for n in broken["nodes"] if n["op"] == "mish")["attrs"]["inplace"] = "often"
+    with pytest.raises(UserError, match="inplace"):
+        NetworkDescription.from_dict(broken)
+
+
 class _WithSpare(nn.Module):
     """``body`` and a layer its forward never calls."""
 
@@ -1342,14 +1370,14 @@ def test_the_ops_after_a_tuple_without_a_description_op_are_named_too():
 def test_every_kind_of_op_without_a_description_op_is_named_at_once():
     """Only the first layer of a kind the description has no op for was named: a network of three such kinds took
     three tries to learn them; a kind met again is counted, not listed."""
-    module = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.Mish(), nn.Conv2d(8, 8, 3, padding=1),
+    module = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.SELU(), nn.Conv2d(8, 8, 3, padding=1),
                            nn.GroupNorm(2, 8), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
     with pytest.raises(UserError, match=r"^mine: module '1' of type GroupNorm \(and 1 more\) and module '2' of type "
-                                        r"Mish have no description op$"):
+                                        r"SELU have no description op$"):
         describe(module, [3, 8, 8], "mine")
     module.extend([nn.Softmax(dim=1), nn.LogSoftmax(dim=1)])  # the last makes the output
     with pytest.raises(UserError, match=r"^mine: module '1' of type GroupNorm \(and 1 more\), module '2' of type "
-                                        r"Mish, module '8' of type Softmax and module '9' of type LogSoftmax have no "
+                                        r"SELU, module '8' of type Softmax and module '9' of type LogSoftmax have no "
                                         r"description op$"):
         describe(module, [3, 8, 8], "mine")
 

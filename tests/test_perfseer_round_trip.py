@@ -55,8 +55,8 @@ def test_every_schema_op_has_one_onnx_type():
 
 class _Views(torch.nn.Module):
     """The ops no zoo network here uses: gelu, avgpool2d, tanh, transpose, narrow, unsqueeze, squeeze,
-    adaptivemaxpool2d, select, mean, silu, leaky_relu (in place), elu and softplus (torch's defaults, which
-    ONNX's Softplus is)."""
+    adaptivemaxpool2d, select, mean, silu, leaky_relu (in place), elu, mish (in place) and softplus (torch's
+    defaults, which ONNX's Softplus is)."""
 
     def __init__(self):
         super().__init__()
@@ -68,7 +68,8 @@ class _Views(torch.nn.Module):
     def forward(self, x):
         y = torch.tanh(self.pool(torch.nn.functional.gelu(self.conv(x)))).transpose(2, 3)[:, :, 1:3]
         y = self.amax(torch.squeeze(torch.unsqueeze(torch.nn.functional.leaky_relu(y, 0.2, True), 1), 1))[:, :, :, 0]
-        y = torch.nn.functional.softplus(torch.nn.functional.elu(y.mean(2), 0.5))
+        y = torch.nn.functional.mish(torch.nn.functional.elu(y.mean(2), 0.5), True)
+        y = torch.nn.functional.softplus(y)
         return self.fc(torch.nn.functional.silu(y))
 
 

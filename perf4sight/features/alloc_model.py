@@ -67,12 +67,12 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "adaptiveavgpool2d", "mean", "add", "mul", "cat", "reshape", "flatten", "squeeze", "unsqueeze",
                      "identity", "dropout", "hardswish", "hardsigmoid", "silu", "gelu", "sigmoid", "tanh",
                      "transpose", "narrow", "select", "adaptivemaxpool2d", "interpolate", "leaky_relu", "elu",
-                     "softplus"})
+                     "softplus", "mish"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
                 "gelu": ("gelu", "input"), "sigmoid": ("sigmoid", "result"), "tanh": ("tanh", "result"),
                 "leaky_relu": ("leaky_relu", "input"), "elu": ("elu", "input"),
-                "softplus": ("softplus", "input")}
+                "softplus": ("softplus", "input"), "mish": ("mish", "input")}
 _VIEWS = {"reshape", "flatten", "squeeze", "unsqueeze"}
 #: Ops that take a strided (non-contiguous) input as it is; any other op on one is not covered,
 #: except elementwise ones on inputs whose dimensions keep their order (their output is contiguous).
@@ -420,16 +420,18 @@ def _with_parameters(ctx: _OpContext) -> _Value:
 
 
 def _activation(ctx: _OpContext) -> _Value:
-    """relu and relu6 (in place), a leaky relu or an elu in place where its node says so, the out-of-place
-    activations (:data:`_ACTIVATIONS`), dropout."""
+    """relu and relu6 (in place), a leaky relu, an elu or a mish in place where its node says so, the
+    out-of-place activations (:data:`_ACTIVATIONS`), dropout."""
     n, x, nbytes, op = ctx.node, ctx.x, ctx.nbytes, ctx.node.op
-    if op in ("relu", "relu6") or op in ("leaky_relu", "elu") and n.attrs.get("inplace"):
-        # in place, keeps its result (or a clone of its input: ``relu6_clone``)
+    if op in ("relu", "relu6") or op in ("leaky_relu", "elu", "mish") and n.attrs.get("inplace"):
+        # in place, keeps its result (or a clone of its input: a mish's, ``relu6_clone``'s)
         if x.fn is None or x.view or x.sid in ctx.mem.saved:
             raise NotCovered(f"in-place {op} on '{n.inputs[0]}'")
         kernel = {"relu": "aten.threshold_backward.default", "relu6": "aten.hardtanh_backward.default",
-                  "leaky_relu": "aten.leaky_relu_backward.default", "elu": "aten.elu_backward.default"}[op]
-        kept = ctx.alloc("clone.default", x.nbytes, holders=0) if op == "relu6" and ctx.relu6_clone else x.sid
+                  "leaky_relu": "aten.leaky_relu_backward.default", "elu": "aten.elu_backward.default",
+                  "mish": "aten.mish_backward.default"}[op]
+        clone = op == "mish" or op == "relu6" and ctx.relu6_clone
+        kept = ctx.alloc("clone.default", x.nbytes, holders=0) if clone else x.sid
         return _Value(ctx.mem.hold(x.sid), x.nbytes, ctx.unary_grad_fn(kernel, [kept]))
     if op in _ACTIVATIONS:
         name, keeps = _ACTIVATIONS[op]

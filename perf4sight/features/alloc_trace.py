@@ -34,8 +34,8 @@ tests); either way a trace serves every batch size through the replay.
 Where :mod:`~perf4sight.features.alloc_model` covers every op of a description (the default
 ``method="auto"``), the first step's events are written down from the description instead of
 recorded, 15-20 times faster; the later steps, the SGD events and the split into per-sample and
-constant sizes are shared. Dropout and attention run as a CUDA build runs them (:func:`_fused_dropout`,
-:func:`_fused_attention`).
+constant sizes are shared. Dropout, attention and mish's backward run as a CUDA build runs them
+(:func:`_fused_dropout`, :func:`_fused_attention`, :func:`_fused_mish`).
 """
 from __future__ import annotations
 
@@ -145,6 +145,7 @@ def _record(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: int, 
     model = build_module(desc, device="meta")
     _fused_dropout(model)
     _fused_attention(model)
+    _fused_mish(model)
     if inplace_relu:
         _inplace_activations(model, relu6_clone)
     shortcuts = _shape_only_kernels() if fast else {}
@@ -457,6 +458,7 @@ def _shape_only_kernels() -> dict[Any, Any]:
             aten.clamp_.default: in_place, aten.add_.Tensor: in_place, aten.mul_.Tensor: in_place,
             aten.add.Tensor: same_shape(), aten.mul.Tensor: same_shape(), aten.bitwise_and.Tensor: same_shape(),
             aten.threshold_backward.default: same_shape(), aten.hardtanh_backward.default: same_shape(),
+            aten.mish_backward.default: same_shape(),
             aten.gt.Scalar: same_shape(torch.bool), aten.lt.Scalar: same_shape(torch.bool)}
 
 
@@ -519,6 +521,41 @@ def _fused_attention(model: Any) -> None:
                 functional.scaled_dot_product_attention = plain
 
     _replace_modules(model, lambda m: _FusedSelfAttention(m) if isinstance(m, SelfAttention) else None)
+
+
+def _fused_mish(model: Any) -> None:
+    """Mish as a CUDA build runs it: its backward keeps the input (in place, a clone of the input made first, as
+    ``mish_`` does) and runs one ``mish_backward`` kernel, one output. On the meta device that op has no kernel of
+    its own: torch runs its decomposition (softplus, tanh, sigmoid, ...), whose temporaries the trace would record;
+    called below autograd, the recorder sees the one op (and :func:`_shape_only_kernels` makes its output)."""
+    import torch
+    from torch import nn
+
+    class _Mish(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, inplace):  # noqa: ANN001, ANN205
+            if not inplace:
+                ctx.save_for_backward(x)
+                return torch.ops.aten.mish(x)
+            ctx.save_for_backward(x.clone())
+            ctx.mark_dirty(x)
+            return torch.ops.aten.mish_(x)
+
+        @staticmethod
+        def backward(ctx, grad):  # noqa: ANN001, ANN205
+            (x,) = ctx.saved_tensors
+            with torch._C._AutoDispatchBelowAutograd():  # mish_backward itself, not its decomposition
+                return torch.ops.aten.mish_backward(grad, x), None
+
+    class _FusedMish(nn.Module):
+        def __init__(self, inplace: bool):
+            super().__init__()
+            self.inplace = inplace
+
+        def forward(self, x):  # noqa: ANN001, ANN202
+            return _Mish.apply(x, self.inplace)
+
+    _replace_modules(model, lambda m: _FusedMish(m.inplace) if isinstance(m, nn.Mish) else None)
 
 
 def _inplace_activations(model: Any, relu6_clone: bool = False) -> None:

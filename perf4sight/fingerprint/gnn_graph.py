@@ -42,7 +42,8 @@ OP_TOKEN: dict[str, str] = {**{op: op for op in OP_VOCAB},
                             "layernorm": "batchnorm2d", "permute": "transpose", "scale": "mul", "shift": "add",
                             "token": "cat", "attention": "linear", "window_attention": "linear",
                             "patch_merge": "cat", "interpolate": "adaptiveavgpool2d", "group_attention": "linear",
-                            "leaky_relu": "relu", "elu": "relu", "softplus": "relu"}
+                            "leaky_relu": "relu", "elu": "relu", "softplus": "relu",
+                            "mish": "silu"}
 _ATTRS = ("in_ch", "out_ch", "kernel_h", "kernel_w", "stride", "padding", "dilation", "groups", "bias", "depthwise")
 _COSTS = ("out_elems", "out_rank", "macs", "flops_fwd", "flops_bwd", "bytes_read", "bytes_written", "params",
           "kernels_fwd", "kernels_bwd", "saved_bytes", "n_inputs")

@@ -78,7 +78,7 @@ ONNX_TO_OP: dict[str, str] = {
     # no ONNX op: a Swin transformer's, under types of this tool's own
     "WindowAttention": "window_attention", "PatchMerging": "patch_merge", "GroupAttention": "group_attention",
     "Resize": "interpolate", "LeakyRelu": "leaky_relu", "Elu": "elu",
-    "Softplus": "softplus",
+    "Softplus": "softplus", "Mish": "mish",
 }
 #: Our op -> ONNX op type. Four of ours share a type with another: ``permute`` is a ``Transpose`` of more than two
 #: axes; ``scale``, ``shift`` and ``token`` are a ``Mul``, an ``Add`` and a ``Concat`` with a learnt tensor (an ONNX

@@ -169,6 +169,7 @@ MODULE_OPS: list[tuple[type, Callable[[Any], tuple[str, dict]]]] = [
                                              **({"inplace": True} if m.inplace else {})})),
     (nn.ELU, lambda m: ("elu", {"alpha": float(m.alpha), **({"inplace": True} if m.inplace else {})})),
     (nn.Softplus, lambda m: ("softplus", {"beta": float(m.beta), "threshold": float(m.threshold)})),
+    (nn.Mish, _inplace("mish")),
     (nn.Identity, lambda m: ("identity", {})),
     (nn.MaxPool2d, _maxpool),
     (nn.AvgPool2d, _avgpool),
@@ -250,6 +251,7 @@ for _key in (F.elu, F.elu_):
                                                or n.target is F.elu_ else {})})
 FUNCTION_OPS[F.softplus] = lambda n: ("softplus", {"beta": float(_arg(n, 1, "beta", 1.0)),
                                                    "threshold": float(_arg(n, 2, "threshold", 20.0))})
+FUNCTION_OPS[F.mish] = lambda n: ("mish", {"inplace": True} if _arg(n, 1, "inplace", False) else {})
 for _key in (torch.cat, torch.concat):
     FUNCTION_OPS[_key] = lambda n: ("cat", {"dim": int(_arg(n, 1, "dim", 0))})
 for _key in (torch.flatten, "flatten"):
@@ -444,7 +446,7 @@ def stderr_kept_on_success() -> Iterator[None]:
 #: their output is made as such instead of run. Their meta kernels are torch's Python references (ReLU6, batch norm:
 #: most of a MobileNet's shape propagation).
 _SHAPE_KEEPING = (nn.ReLU, nn.ReLU6, nn.Hardswish, nn.Hardsigmoid, nn.SiLU, nn.GELU, nn.Sigmoid, nn.Tanh,
-                  nn.LeakyReLU, nn.ELU, nn.Softplus, nn.Dropout, nn.Identity)
+                  nn.LeakyReLU, nn.ELU, nn.Softplus, nn.Mish, nn.Dropout, nn.Identity)
 
 
 class _MetaShapeProp(ShapeProp):

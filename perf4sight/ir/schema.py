@@ -31,6 +31,7 @@ OPS: Dict[str, Tuple[str, ...]] = {
     "leaky_relu": ("negative_slope",),  # x where x > 0, else negative_slope * x
     "elu": ("alpha",),  # x where x > 0, else alpha * (exp(x) - 1)
     "softplus": ("beta", "threshold"),  # log(1 + exp(beta * x)) / beta; x where beta * x > threshold
+    "mish": (),  # x * tanh(softplus(x))
     "maxpool2d": ("kernel_size", "stride", "padding", "ceil_mode"),
     "avgpool2d": ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad"),
     "adaptiveavgpool2d": ("output_size",),
@@ -88,7 +89,7 @@ _FLAGS: Dict[str, Tuple[str, ...]] = {
     "maxpool2d": ("ceil_mode",), "avgpool2d": ("ceil_mode", "count_include_pad"), "mean": ("keepdim",),
     "interpolate": ("align_corners",),
     **{op: ("inplace",) for op in ("relu", "relu6", "hardswish", "sigmoid", "hardsigmoid", "silu", "gelu", "tanh",
-                                   "leaky_relu", "elu",
+                                   "leaky_relu", "elu", "mish",
                                    "identity", "dropout")},
 }
 #: Op -> attributes that must be numbers where given: (name, least, most); None: no bound. A dropout's

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 __all__ = ["shape_problem", "ARITY", "element_count", "shape_text", "window_pair", "windows_of"]
 
 _UNARY = ("relu", "relu6", "hardswish", "sigmoid", "hardsigmoid", "silu", "gelu", "tanh", "identity", "dropout",
-          "leaky_relu", "elu", "softplus")
+          "leaky_relu", "elu", "softplus", "mish")
 
 #: op -> (fewest, most) inputs; None = no upper bound
 ARITY: Dict[str, Tuple[int, Optional[int]]] = {

@@ -248,6 +248,7 @@ MODULE_BUILDERS: Dict[str, Callable[..., nn.Module]] = {
     "leaky_relu": lambda a, **f: nn.LeakyReLU(float(a["negative_slope"]), inplace=bool(a.get("inplace", False))),
     "elu": lambda a, **f: nn.ELU(float(a["alpha"]), inplace=bool(a.get("inplace", False))),
     "softplus": lambda a, **f: nn.Softplus(float(a["beta"]), float(a["threshold"])),
+    "mish": lambda a, **f: nn.Mish(inplace=bool(a.get("inplace", False))),
     "identity": lambda a, **f: nn.Identity(),
     "maxpool2d": lambda a, **f: nn.MaxPool2d(_pair(a["kernel_size"]), _pair(a["stride"]), _pair(a["padding"]),
                                              _pair(a.get("dilation", 1)), ceil_mode=bool(a["ceil_mode"])),
