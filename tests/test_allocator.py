@@ -400,6 +400,36 @@ def test_the_traced_mish_computes_what_torch_s_does(inplace):
     assert torch.allclose(x.grad, want_grad)
 
 
+def test_allocation_model_writes_down_a_group_norm_as_traced():
+    """A group norm allocates its output, a mean and a 1/std per sample and group, and keeps its input and those two
+    for the backward, which computes the input's gradient, then the weight's and bias's, as torch runs it: on the
+    network's input (no input gradient), affine and not, after an add, on a flat vector, before an in-place ReLU."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.g0, self.c1, self.g1 = nn.GroupNorm(1, 3), nn.Conv2d(3, 16, 4, 2, 1), nn.GroupNorm(4, 16)
+            self.c2, self.c3, self.g2 = nn.Conv2d(16, 32, 4, 2, 1), nn.Conv2d(16, 32, 1, 2), nn.GroupNorm(8, 32)
+            self.fc, self.g3, self.out = nn.Linear(32, 8), nn.GroupNorm(2, 8, affine=False), nn.Linear(8, 1)
+
+        def forward(self, x):
+            x = F.relu(self.g1(self.c1(self.g0(x))), inplace=True)
+            y = F.group_norm(self.c2(x) + self.c3(x), 4)
+            return self.out(self.g3(self.fc(torch.relu(self.g2(y)).mean((2, 3)))))
+
+    desc = describe(Net(), [3, 32, 32], "grouped")
+    assert [n.attrs["num_groups"] for n in desc.nodes if n.op == "groupnorm"] == [1, 4, 4, 8, 2]
+    model, traced = record_events(desc, 3, steps=3, method="model"), record_events(desc, 3, steps=3, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+    stats = [op == "aten.native_group_norm.default" and size == 3 * 4 * 4 for _, _, size, op in model]
+    assert sum(stats) == 2 * 2 * 3  # the two norms of 4 groups: a mean and a 1/std each, each of 3 steps
+
+
 def test_allocation_model_on_generated_networks():
     from perf4sight.networks.generator import STYLES, GeneratorSettings, generate
     descs = generate(GeneratorSettings(count=10, seed=11), [3, 32, 32], 10)

@@ -1231,6 +1231,43 @@ def test_a_mish_is_described_with_its_inplace_flag():
         NetworkDescription.from_dict(broken)
 
 
+class _GroupNorms(nn.Module):
+    """Group norms as a layer, as calls on the module's own weight and bias and on none, and on a flat vector."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.gn = nn.Conv2d(3, 8, 3), nn.GroupNorm(4, 8)
+        self.c2 = nn.Conv2d(8, 16, 3)
+        self.own = nn.Module()  # the call's weight and bias, in node order (after c2's)
+        self.own.weight, self.own.bias = nn.Parameter(torch.rand(16) + 0.5), nn.Parameter(torch.randn(16))
+        self.fc, self.flat = nn.Linear(16, 6), nn.GroupNorm(3, 6, eps=1e-3)
+        nn.init.uniform_(self.gn.weight, 0.5, 1.5), nn.init.normal_(self.gn.bias)
+
+    def forward(self, x):
+        x = F.group_norm(self.c2(torch.relu(self.gn(self.c1(x)))), 2, self.own.weight, self.own.bias, 1e-4)
+        return self.flat(self.fc(F.group_norm(x, 8).mean((2, 3))))
+
+
+def test_a_group_norm_is_described_with_its_groups_and_channels():
+    """GroupNorm was refused as a layer without a description op; it is one, its groups, channels, eps and affine
+    flag kept, its weight and bias counted, and the module rebuilt from it computes what the layers did. A group
+    count that does not divide the channels, or channels other than the input's, are refused when read."""
+    torch.manual_seed(0)
+    module = _GroupNorms().eval()
+    desc = NetworkDescription.from_dict(describe(module, [3, 10, 10], "groupnorm").to_dict())
+    assert [n.attrs for n in desc.nodes if n.op == "groupnorm"] == [
+        {"num_groups": 4, "num_channels": 8}, {"num_groups": 2, "num_channels": 16, "eps": 1e-4},
+        {"num_groups": 8, "num_channels": 16, "affine": False}, {"num_groups": 3, "num_channels": 6, "eps": 1e-3}]
+    assert desc.params == sum(p.numel() for p in module.parameters())
+    _assert_same_function(desc, module, [3, 10, 10])
+    for attr, value, match in (("num_groups", 3, "does not divide"), ("num_channels", 4, "num_channels 4 but"),
+                               ("eps", "tiny", "eps")):
+        broken = desc.to_dict()
+        next(n for n in broken["nodes"] if n["op"] == "groupnorm")["attrs"][attr] = value
+        with pytest.raises(UserError, match=match):
+            NetworkDescription.from_dict(broken)
+
+
 class _WithSpare(nn.Module):
     """``body`` and a layer its forward never calls."""
 
@@ -1347,36 +1384,36 @@ def test_an_op_returning_a_tuple_is_named_itself_where_it_has_no_description_op(
         describe(_TupleOps(pick), [3, 8, 8], "tuple")
 
 
-class _TupleThenGroupNorm(nn.Module):
+class _TupleThenSoftsign(nn.Module):
     """An op without a description op that returns a tuple, both its parts used, then a layer without one."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.conv, self.norm, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.Linear(8, 10)
+        self.conv, self.act, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Softsign(), nn.Linear(8, 10)
 
     def forward(self, x):
         values, indices = self.conv(x).max(dim=2)
-        return self.fc(self.norm((values + indices).unsqueeze(2)).mean((2, 3)))
+        return self.fc(self.act((values + indices).unsqueeze(2)).mean((2, 3)))
 
 
 def test_the_ops_after_a_tuple_without_a_description_op_are_named_too():
-    """A part of such a tuple stopped the search at the op that made it: the GroupNorm after it went unnamed, and took
+    """A part of such a tuple stopped the search at the op that made it: the Softsign after it went unnamed, and took
     another try to learn of; the op is named once, whichever parts are used."""
-    with pytest.raises(UserError, match=r"^tuple: call_method 'max' \(node max_1\) and module 'norm' of type "
-                                        r"GroupNorm have no description op$"):
-        describe(_TupleThenGroupNorm(), [3, 8, 8], "tuple")
+    with pytest.raises(UserError, match=r"^tuple: call_method 'max' \(node max_1\) and module 'act' of type "
+                                        r"Softsign have no description op$"):
+        describe(_TupleThenSoftsign(), [3, 8, 8], "tuple")
 
 
 def test_every_kind_of_op_without_a_description_op_is_named_at_once():
     """Only the first layer of a kind the description has no op for was named: a network of three such kinds took
     three tries to learn them; a kind met again is counted, not listed."""
-    module = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.SELU(), nn.Conv2d(8, 8, 3, padding=1),
-                           nn.GroupNorm(2, 8), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
-    with pytest.raises(UserError, match=r"^mine: module '1' of type GroupNorm \(and 1 more\) and module '2' of type "
+    module = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.Softsign(), nn.SELU(), nn.Conv2d(8, 8, 3, padding=1),
+                           nn.Softsign(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+    with pytest.raises(UserError, match=r"^mine: module '1' of type Softsign \(and 1 more\) and module '2' of type "
                                         r"SELU have no description op$"):
         describe(module, [3, 8, 8], "mine")
     module.extend([nn.Softmax(dim=1), nn.LogSoftmax(dim=1)])  # the last makes the output
-    with pytest.raises(UserError, match=r"^mine: module '1' of type GroupNorm \(and 1 more\), module '2' of type "
+    with pytest.raises(UserError, match=r"^mine: module '1' of type Softsign \(and 1 more\), module '2' of type "
                                         r"SELU, module '8' of type Softmax and module '9' of type LogSoftmax have no "
                                         r"description op$"):
         describe(module, [3, 8, 8], "mine")

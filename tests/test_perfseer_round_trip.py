@@ -55,18 +55,18 @@ def test_every_schema_op_has_one_onnx_type():
 
 class _Views(torch.nn.Module):
     """The ops no zoo network here uses: gelu, avgpool2d, tanh, transpose, narrow, unsqueeze, squeeze,
-    adaptivemaxpool2d, select, mean, silu, leaky_relu (in place), elu, mish (in place) and softplus (torch's
-    defaults, which ONNX's Softplus is)."""
+    adaptivemaxpool2d, select, mean, silu, leaky_relu (in place), elu, mish (in place), softplus (torch's
+    defaults, which ONNX's Softplus is) and groupnorm."""
 
     def __init__(self):
         super().__init__()
-        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.conv, self.norm = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.GroupNorm(2, 8, eps=1e-3)
         self.pool = torch.nn.AvgPool2d(2)
         self.amax = torch.nn.AdaptiveMaxPool2d(2)
         self.fc = torch.nn.Linear(8, 10)
 
     def forward(self, x):
-        y = torch.tanh(self.pool(torch.nn.functional.gelu(self.conv(x)))).transpose(2, 3)[:, :, 1:3]
+        y = torch.tanh(self.pool(torch.nn.functional.gelu(self.norm(self.conv(x))))).transpose(2, 3)[:, :, 1:3]
         y = self.amax(torch.squeeze(torch.unsqueeze(torch.nn.functional.leaky_relu(y, 0.2, True), 1), 1))[:, :, :, 0]
         y = torch.nn.functional.mish(torch.nn.functional.elu(y.mean(2), 0.5), True)
         y = torch.nn.functional.softplus(y)
@@ -117,7 +117,7 @@ def test_foreign_reading_rebuilds_the_same_network(name):
     assert [(n.op, n.output_shape) for n in back.nodes] == [(n.op, n.output_shape) for n in desc.nodes]
     views = [n for n in desc.nodes
              if n.op in ("reshape", "flatten", "squeeze", "unsqueeze", "transpose", "select", "narrow", "permute",
-                         "layernorm", "scale", "shift", "token", "attention")]
+                         "layernorm", "groupnorm", "scale", "shift", "token", "attention")]
     assert views and all(back.node(n.name).attrs == n.attrs for n in views)
     assert network_features(back).per_sample == network_features(desc).per_sample
     assert _output_shape(back) == _output_shape(desc) == [2, 10]
@@ -146,6 +146,24 @@ def test_onnx_names_of_a_permute_and_a_layer_norm_are_read():
     assert desc.node("perm").attrs == {"dims": [0, 2, 3, 1]}
     assert desc.node("norm").attrs == {"normalized_shape": [8], "eps": 1e-6}
     assert desc.node("swap").attrs == {"dim0": 2, "dim1": 3}
+
+
+def test_onnx_group_normalization_is_read_as_a_group_norm():
+    """ONNX's GroupNormalization (num_groups, epsilon; its scale and bias always there) is a groupnorm over the
+    channels its input has, its parameters counted."""
+    import networkx as nx
+
+    g = nx.DiGraph(source="another tool")
+    g.add_node("conv", feature={"type": "Conv", "args": {"kernel_shape": [1, 1], "group": 1}, "memory_info": {
+        "batch_size": 2, "input_shape": [2, 3, 4, 4], "output_shape": [2, 8, 4, 4]}})
+    g.add_node("norm", feature={"type": "GroupNormalization", "args": {"num_groups": 4, "epsilon": 1e-6},
+                                "memory_info": {"batch_size": 2, "input_shape": [2, 8, 4, 4],
+                                                "output_shape": [2, 8, 4, 4]}})
+    g.add_edge("conv", "norm")
+    desc, _ = graph_to_description(g, "foreign", "foreign.pkl")
+    assert desc.node("norm").op == "groupnorm"
+    assert desc.node("norm").attrs == {"num_groups": 4, "num_channels": 8, "eps": 1e-6}
+    assert desc.params == 3 * 8 + 8 + 2 * 8
 
 
 class _Squeezer(torch.nn.Module):

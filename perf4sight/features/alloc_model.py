@@ -45,7 +45,9 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
   second input's first. Dropout is the fused kernel of a CUDA build (the trace runs it too):
   the output and a one-byte mask, which the backward keeps.
   Out-of-place activations keep their input (hardswish, hardsigmoid, SiLU, GELU) or their result
-  (sigmoid, tanh).
+  (sigmoid, tanh). Group norm allocates its output, then a mean and a 1/std per sample and group; it keeps its
+  input and those two (its weight is a parameter), and its backward allocates the input's gradient, then the
+  weight's and bias's.
 """
 from __future__ import annotations
 
@@ -67,7 +69,7 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "adaptiveavgpool2d", "mean", "add", "mul", "cat", "reshape", "flatten", "squeeze", "unsqueeze",
                      "identity", "dropout", "hardswish", "hardsigmoid", "silu", "gelu", "sigmoid", "tanh",
                      "transpose", "narrow", "select", "adaptivemaxpool2d", "interpolate", "leaky_relu", "elu",
-                     "softplus", "mish"})
+                     "softplus", "mish", "groupnorm"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
                 "gelu": ("gelu", "input"), "sigmoid": ("sigmoid", "result"), "tanh": ("tanh", "result"),
@@ -219,6 +221,9 @@ def _params(node: Node) -> tuple[list[int], list[int]]:
     if node.op == "batchnorm2d":  # a weight and a bias unless not affine; the running mean, variance and count
         c = a["num_features"] * FLOAT
         return ([c, c] if a.get("affine", True) else []), [c, c, INT64]
+    if node.op == "groupnorm":  # a weight and a bias unless not affine; no buffers
+        c = a["num_channels"] * FLOAT
+        return ([c, c] if a.get("affine", True) else []), []
     if node.op == "linear":
         w = a["out_features"] * a["in_features"] * FLOAT
         return ([w, a["out_features"] * FLOAT] if a["bias"] else [w]), []
@@ -388,7 +393,7 @@ def _forward(n: Node, ins: list[_Value], in_shapes: list[list[int]], b: int, mem
 
 
 def _with_parameters(ctx: _OpContext) -> _Value:
-    """conv2d, batchnorm2d, linear: the layers with parameters (each parameter's gradient: its bytes)."""
+    """conv2d, batchnorm2d, groupnorm, linear: the layers with parameters (each parameter's gradient: its bytes)."""
     n, x, nbytes = ctx.node, ctx.x, ctx.nbytes
     pbytes, _ = _params(n)
     pedges = [("param", ctx.first_param + k) for k in range(len(pbytes))]
@@ -401,6 +406,12 @@ def _with_parameters(ctx: _OpContext) -> _Value:
         stats = [ctx.alloc("native_batch_norm.default", n.attrs["num_features"] * FLOAT, holders=0)
                  for _ in range(2)]  # the batch's mean and 1/std
         grads = ["aten.native_batch_norm_backward.default"] * (1 + len(pbytes))
+        return _Value(sid, nbytes, ctx.grad_fn([x.sid] + stats, [_edge(x)] + pedges, [x.nbytes] + pbytes, grads))
+    if n.op == "groupnorm":  # the output, a mean and a 1/std per sample and group; keeps the input and the two
+        sid = ctx.alloc("native_group_norm.default")
+        stats = [ctx.alloc("native_group_norm.default", ctx.batch * n.attrs["num_groups"] * FLOAT, holders=0)
+                 for _ in range(2)]
+        grads = ["aten.native_group_norm_backward.default"] * (1 + len(pbytes))
         return _Value(sid, nbytes, ctx.grad_fn([x.sid] + stats, [_edge(x)] + pedges, [x.nbytes] + pbytes, grads))
     if n.op == "linear":
         if len(ctx.in_shapes[0]) != 1:
@@ -534,7 +545,7 @@ def _view_op(ctx: _OpContext) -> _Value:
 
 #: op -> the handler that runs it forward ("input" is the caller's).
 _HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
-    **dict.fromkeys(("conv2d", "batchnorm2d", "linear"), _with_parameters),
+    **dict.fromkeys(("conv2d", "batchnorm2d", "groupnorm", "linear"), _with_parameters),
     **dict.fromkeys(("relu", "relu6", "dropout", *_ACTIVATIONS), _activation),
     **dict.fromkeys(("maxpool2d", "adaptivemaxpool2d", "avgpool2d", "adaptiveavgpool2d", "mean"), _pooling),
     **dict.fromkeys(("add", "mul", "cat"), _combine),

@@ -379,6 +379,21 @@ def _dropout(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
                   extra_saved_bytes=float(n), kernels_fwd=2, kernels_bwd=1, kind="elementwise")
 
 
+def _groupnorm(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """Group norm: per element, like batch norm, ~5 FLOPs forward (a sum for the mean, a square and sum for the
+    variance, the normalise, the scale and the shift) and ~8 backward; it reads the input twice (the statistics, then
+    the normalise) and, unless ``affine`` is false, its weight and bias. It keeps its input and a mean and a 1/std per
+    sample and group; its backward is one kernel that computes the input's, weight's and bias's gradients."""
+    a = node.attrs
+    params = 2 * int(a["num_channels"]) if a.get("affine", True) else 0
+    n = numel(node.output_shape)
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    return OpCost(flops_fwd=5.0 * n, flops_bwd=8.0 * n, bytes_read=rd * 2 + params * BYTES_PER_ELEMENT,
+                  bytes_written=wr, params=params, param_tensors=2 if params else 0, saved=[0],
+                  extra_saved_bytes=2.0 * int(a["num_groups"]) * BYTES_PER_ELEMENT, kernels_fwd=1, kernels_bwd=1,
+                  kind="norm")
+
+
 def _input(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     return OpCost(kind="view")
 
@@ -434,6 +449,7 @@ HANDLERS: dict[str, Handler] = {
     "dropout": _dropout,
     "permute": _view,  # the op after it that needs contiguous memory copies it (see latency_terms)
     "layernorm": _layernorm,
+    "groupnorm": _groupnorm,
     "scale": _scale,
     "shift": _learnt_tensor,
     "token": _learnt_tensor,

@@ -24,7 +24,8 @@ __all__ = ["priced_ms_per_sample", "check_prices", "load_op_prices", "prices_key
 _PER_INPUT = frozenset({"adaptiveavgpool2d", "adaptivemaxpool2d"})
 _PER_WINDOW = frozenset({"maxpool2d", "avgpool2d"})
 #: Ops the profile does not measure, priced as the measured op of the same work per element.
-_PRICED_AS = {"leaky_relu": "relu", "elu": "sigmoid", "softplus": "sigmoid", "mish": "silu"}
+_PRICED_AS = {"leaky_relu": "relu", "elu": "sigmoid", "softplus": "sigmoid", "mish": "silu",
+              "groupnorm": "batchnorm2d"}
 
 
 def check_prices(data: Any, where: str) -> dict[str, dict[int, float]]:

@@ -78,7 +78,7 @@ ONNX_TO_OP: dict[str, str] = {
     # no ONNX op: a Swin transformer's, under types of this tool's own
     "WindowAttention": "window_attention", "PatchMerging": "patch_merge", "GroupAttention": "group_attention",
     "Resize": "interpolate", "LeakyRelu": "leaky_relu", "Elu": "elu",
-    "Softplus": "softplus", "Mish": "mish",
+    "Softplus": "softplus", "Mish": "mish", "GroupNormalization": "groupnorm",
 }
 #: Our op -> ONNX op type. Four of ours share a type with another: ``permute`` is a ``Transpose`` of more than two
 #: axes; ``scale``, ``shift`` and ``token`` are a ``Mul``, an ``Add`` and a ``Concat`` with a learnt tensor (an ONNX
@@ -406,6 +406,13 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         a = {"normalized_shape": normalized}
         if args.get("eps", args.get("epsilon")) is not None:
             a["eps"] = _number(args.get("eps", args.get("epsilon")), f"{where} epsilon")
+        return a
+    if op == "groupnorm":  # ONNX's GroupNormalization: num_groups, epsilon (1e-5); a scale and a bias always
+        a = {"num_groups": num("num_groups"), "num_channels": num("num_channels", default=in_shapes[0][0])}
+        if args.get("eps", args.get("epsilon")) is not None:
+            a["eps"] = _number(args.get("eps", args.get("epsilon")), f"{where} epsilon")
+        if not flag("affine", True):
+            a["affine"] = False
         return a
     if op == "mean":
         return {"dims": _ints(args.get("dims", args.get("axes", [2, 3])), where),

@@ -104,6 +104,15 @@ def _layernorm_attrs(normalized_shape: Any, eps: float, affine: bool) -> dict:
     return attrs
 
 
+def _groupnorm_attrs(num_groups: Any, num_channels: Any, eps: float, affine: bool) -> dict:
+    attrs: dict[str, Any] = {"num_groups": int(num_groups), "num_channels": int(num_channels)}
+    if eps != 1e-5:
+        attrs["eps"] = float(eps)
+    if not affine:  # written only when false, as a batch norm's
+        attrs["affine"] = False
+    return attrs
+
+
 def _attention(m: nn.MultiheadAttention) -> tuple[str, dict]:
     if not m.batch_first or not m._qkv_same_embed_dim or m.bias_k is not None or m.add_zero_attn:
         raise ValueError("multi-head attention is described batch first, with query, key and value of one width and "
@@ -178,6 +187,7 @@ MODULE_OPS: list[tuple[type, Callable[[Any], tuple[str, dict]]]] = [
     (nn.Dropout, lambda m: ("dropout", {"p": float(m.p)})),
     (nn.Flatten, lambda m: ("flatten", {"start_dim": m.start_dim})),
     (nn.LayerNorm, _layernorm),
+    (nn.GroupNorm, lambda m: ("groupnorm", _groupnorm_attrs(m.num_groups, m.num_channels, m.eps, m.affine))),
     (nn.MultiheadAttention, _attention),
 ]
 
@@ -312,6 +322,17 @@ def _layer_norm_call(n: fx.Node) -> tuple[str, dict]:
                                          weight is not None)
 
 
+def _group_norm_call(n: fx.Node) -> tuple[str, dict]:
+    """``F.group_norm(x, num_groups, weight, bias, eps)``: its channels the input's, its weight and bias the module's
+    own (``get_attr``)."""
+    weight, bias = _arg(n, 2, "weight"), _arg(n, 3, "bias")
+    if (weight is None) != (bias is None):
+        raise ValueError("a group norm with a weight but no bias (or a bias but no weight) has no description op")
+    channels = n.args[0].meta["tensor_meta"].shape[1]
+    return "groupnorm", _groupnorm_attrs(_arg(n, 1, "num_groups"), channels, float(_arg(n, 4, "eps", 1e-5)),
+                                         weight is not None)
+
+
 def _permute_call(n: fx.Node) -> tuple[str, dict]:
     """``x.permute(0, 2, 3, 1)`` or ``torch.permute(x, [0, 2, 3, 1])``: dimensions count the batch, which stays."""
     rest = list(n.args[1:]) or [n.kwargs.get("dims")]
@@ -356,6 +377,7 @@ def _interpolate_call(n: fx.Node) -> tuple[str, dict]:
 
 FUNCTION_OPS[F.interpolate] = _interpolate_call
 FUNCTION_OPS[F.layer_norm] = _layer_norm_call
+FUNCTION_OPS[F.group_norm] = _group_norm_call
 for _key in (torch.permute, "permute"):
     FUNCTION_OPS[_key] = _permute_call
 FUNCTION_OPS[F.dropout] = lambda n: ("dropout", {"p": float(_arg(n, 1, "p", 0.5))})
@@ -941,8 +963,9 @@ def _with_own_tensors(n: fx.Node, op: str, attrs: dict, gm: fx.GraphModule, wher
                       held: dict[str, fx.Node]) -> tuple[str, dict, set[str]]:
     """``n``'s op once the module tensors it reads (``get_attr`` nodes, or their batch expansions: ``held``) are
     taken in: a multiply by one parameter is a ``scale`` of that parameter's shape, an add of one a ``shift``, a
-    concatenation that puts one first a ``token``; a layer norm reads its own weight and bias. The names of those
-    nodes come back, so that they are not read as inputs. Any other op reading a module tensor is a ``UserError``."""
+    concatenation that puts one first a ``token``; a layer or group norm reads its own weight and bias. The names of
+    those nodes come back, so that they are not read as inputs. Any other op reading a module tensor is a
+    ``UserError``."""
     own: list[fx.Node] = []
     fx.node.map_arg((n.args, n.kwargs), lambda a: own.append(a) if a.name in held else None)
     if not own:
@@ -963,7 +986,7 @@ def _with_own_tensors(n: fx.Node, op: str, attrs: dict, gm: fx.GraphModule, wher
     parts = n.args[0] if op == "cat" else []
     if op == "cat" and len(own) == 1 and len(parts) == 2 and parts[0] is own[0]:
         return "token", {"shape": shape, "dim": attrs["dim"] % (rank + 1)}, names
-    if op == "layernorm":
+    if op in ("layernorm", "groupnorm"):
         return op, attrs, names
     raise UserError(f"{where}: {op} (node {n.name}) reads the module's parameter {held[own[0].name].target} "
                     "directly, which the description has no op for (a multiply by one parameter is a 'scale', an "

@@ -49,6 +49,9 @@ OPS: Dict[str, Tuple[str, ...]] = {
     "dropout": ("p",),
     "permute": ("dims",),  # every dimension, the batch first (dims[0] = 0)
     "layernorm": ("normalized_shape",),  # over the last dims; optional eps (1e-5), elementwise_affine (true)
+    # over each of num_groups groups of a [C, ...] input's channels (num_channels = C, a multiple of num_groups);
+    # optional eps (1e-5), affine (true: a weight and bias of num_channels each)
+    "groupnorm": ("num_groups", "num_channels"),
     "scale": ("shape",),  # times a learnt tensor of this shape (ConvNeXt's layer scale), broadcast
     "shift": ("shape",),  # plus a learnt tensor of this shape (a vision transformer's position embedding), broadcast
     "token": ("shape", "dim"),  # a learnt tensor of this shape put before the input along dim (the class token)
@@ -76,7 +79,8 @@ INTERPOLATE_MODES = ("nearest", "bilinear")
 #: of non-negative integers (kernel sizes and strides at least 1; an integer is read as [v, v]).
 _POSITIVE: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("in_channels", "out_channels", "groups"), "linear": ("in_features", "out_features"),
-    "batchnorm2d": ("num_features",), "attention": ("embed_dim", "num_heads"),
+    "batchnorm2d": ("num_features",), "groupnorm": ("num_groups", "num_channels"),
+    "attention": ("embed_dim", "num_heads"),
     "window_attention": ("embed_dim", "num_heads"), "group_attention": ("embed_dim", "num_heads"),
 }
 #: Op -> attributes that must be lists of positive integers (a shape).
@@ -86,6 +90,7 @@ _SHAPES: Dict[str, Tuple[str, ...]] = {"layernorm": ("normalized_shape",), "scal
 _FLAGS: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("bias",), "linear": ("bias",), "attention": ("bias",), "group_attention": ("bias",),
     "window_attention": ("bias", "cosine"), "batchnorm2d": ("affine",), "layernorm": ("elementwise_affine",),
+    "groupnorm": ("affine",),
     "maxpool2d": ("ceil_mode",), "avgpool2d": ("ceil_mode", "count_include_pad"), "mean": ("keepdim",),
     "interpolate": ("align_corners",),
     **{op: ("inplace",) for op in ("relu", "relu6", "hardswish", "sigmoid", "hardsigmoid", "silu", "gelu", "tanh",
@@ -98,6 +103,7 @@ _NUMBERS: Dict[str, Tuple[Tuple[str, Any, Any], ...]] = {
     "dropout": (("p", 0, 1),), "attention": (("dropout", 0, 1),),
     "window_attention": (("dropout", 0, 1), ("attention_dropout", 0, 1)),
     "batchnorm2d": (("eps", 0, None), ("momentum", 0, 1)), "layernorm": (("eps", 0, None),),
+    "groupnorm": (("eps", 0, None),),
     "add": (("scalar", None, None),), "mul": (("scalar", None, None),),
     "leaky_relu": (("negative_slope", None, None),), "elu": (("alpha", None, None),),
     "softplus": (("beta", None, None), ("threshold", None, None)),
@@ -183,6 +189,8 @@ def _attr_problem(node: "Node") -> str:
     if node.op == "conv2d" and (node.attrs["in_channels"] % node.attrs["groups"]
                                 or node.attrs["out_channels"] % node.attrs["groups"]):
         return f"groups {node.attrs['groups']} does not divide the channels"
+    if node.op == "groupnorm" and node.attrs["num_channels"] % node.attrs["num_groups"]:
+        return f"num_groups {node.attrs['num_groups']} does not divide num_channels {node.attrs['num_channels']}"
     return ""
 
 
@@ -412,7 +420,7 @@ class NetworkDescription:
 
 
 def count_params(desc: NetworkDescription) -> int:
-    """Trainable parameters implied by the nodes (conv, batch norm and layer norm unless not affine, linear,
+    """Trainable parameters implied by the nodes (conv, batch, layer and group norm unless not affine, linear,
     attention, and the learnt tensors of scale, shift and token), as the schema defines."""
     total = 0
     for n in desc.nodes:
@@ -423,6 +431,8 @@ def count_params(desc: NetworkDescription) -> int:
                       + (a["out_channels"] if a["bias"] else 0))
         elif n.op == "batchnorm2d" and a.get("affine", True):
             total += 2 * a["num_features"]
+        elif n.op == "groupnorm" and a.get("affine", True):
+            total += 2 * a["num_channels"]
         elif n.op == "linear":
             total += a["in_features"] * a["out_features"] + (a["out_features"] if a["bias"] else 0)
         elif n.op == "layernorm" and a.get("elementwise_affine", True):

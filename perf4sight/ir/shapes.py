@@ -19,7 +19,7 @@ ARITY: Dict[str, Tuple[int, Optional[int]]] = {
     **{op: (1, 1) for op in _UNARY + ("conv2d", "batchnorm2d", "linear", "maxpool2d", "avgpool2d",
                                       "adaptiveavgpool2d", "adaptivemaxpool2d", "reshape", "flatten", "squeeze",
                                       "unsqueeze", "select", "narrow", "transpose", "mean", "permute",
-                                      "layernorm", "scale", "shift", "token", "attention",
+                                      "layernorm", "groupnorm", "scale", "shift", "token", "attention",
                                       "window_attention", "patch_merge", "interpolate", "group_attention")},
 }
 
@@ -149,6 +149,10 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
         if sorted(dims) != list(range(len(x) + 1)) or dims[0] != 0:
             return f"dims {dims} are not an order of its input's {len(x) + 1} dimensions with the batch first"
         return [x[d - 1] for d in dims[1:]]
+    if op == "groupnorm":  # a [C, ...] input, any spatial dims (torch: at least a batch and channels)
+        if len(x) < 1 or x[0] != a["num_channels"]:
+            return f"num_channels {a['num_channels']} but its input has shape {x}"
+        return x
     if op == "layernorm":
         normalized = [int(s) for s in a["normalized_shape"]]
         if len(normalized) > len(x) or x[len(x) - len(normalized):] != normalized:

@@ -259,6 +259,8 @@ MODULE_BUILDERS: Dict[str, Callable[..., nn.Module]] = {
     "dropout": lambda a, **f: nn.Dropout(float(a["p"])),
     "layernorm": lambda a, **f: nn.LayerNorm([int(s) for s in a["normalized_shape"]], eps=a.get("eps", 1e-5),
                                              elementwise_affine=bool(a.get("elementwise_affine", True)), **f),
+    "groupnorm": lambda a, **f: nn.GroupNorm(int(a["num_groups"]), int(a["num_channels"]), eps=a.get("eps", 1e-5),
+                                             affine=bool(a.get("affine", True)), **f),
     "scale": lambda a, **f: Scale(a["shape"], **f),
     "shift": lambda a, **f: Shift(a["shape"], **f),
     "token": lambda a, **f: Token(a["shape"], a["dim"], **f),
