@@ -650,17 +650,21 @@ def _training_only_layers(module: nn.Module, eval_graph: fx.Graph) -> list[str]:
                   and next(module.get_submodule(n.target).parameters(), None) is not None)
 
 
+def _read_tensors(root: nn.Module, graph: fx.Graph) -> list[tuple[str, Any]]:
+    """(name, tensor) of what ``graph``, a trace of ``root``, reads: the parameters and buffers of the layers it
+    calls, and what it fetches (``get_attr``; None for a name ``root`` lacks), as ``root``'s own objects."""
+    read = [(f"{n.target}.{k}", t) for n in graph.nodes if n.op == "call_module"
+            for k, t in (*root.get_submodule(n.target).named_parameters(),
+                         *root.get_submodule(n.target).named_buffers())]
+    fetched = [(n.target, *n.target.rpartition(".")[::2]) for n in graph.nodes if n.op == "get_attr"]
+    return read + [(target, getattr(root.get_submodule(owner), attr, None)) for target, owner, attr in fetched]
+
+
 def _unread_params(module: nn.Module, graph: fx.Graph) -> int:
-    """How many of ``module``'s parameters its traced forward reads nowhere: those of no layer it calls and no
-    tensor it fetches. Counted by what the forward reads, not against the description's count, which a layer's
-    reparametrisation makes differ (weight_norm's gains and directions make one weight: its gains are read)."""
-    read: set[int] = set()
-    for n in graph.nodes:
-        if n.op == "call_module":
-            read.update(id(p) for p in module.get_submodule(n.target).parameters())
-        elif n.op == "get_attr":
-            owner, _, attr = n.target.rpartition(".")
-            read.add(id(getattr(module.get_submodule(owner), attr, None)))
+    """How many of ``module``'s parameters its traced forward reads nowhere (:func:`_read_tensors`). Counted by what
+    the forward reads, not against the description's count, which a layer's reparametrisation makes differ
+    (weight_norm's gains and directions make one weight: its gains are read)."""
+    read = {id(t) for _, t in _read_tensors(module, graph)}
     return sum(p.numel() for p in module.parameters() if id(p) not in read)
 
 
@@ -741,10 +745,7 @@ def _check_float32(gm: fx.GraphModule, name: str) -> None:
     of another type than float32 (a ``.double()`` or ``.half()`` model): a description is of a float32 training step,
     as the profile measures it (its forward also failed on the float32 input, saying only that the types differ).
     The tensors of a layer it never calls (a float64 step counter, a spare head) are no part of the description."""
-    read = [(f"{n.target}.{k}", t) for n in gm.graph.nodes if n.op == "call_module"
-            for k, t in (*gm.get_submodule(n.target).named_parameters(), *gm.get_submodule(n.target).named_buffers())]
-    read += [(n.target, operator.attrgetter(n.target)(gm)) for n in gm.graph.nodes if n.op == "get_attr"]
-    other = next(((k, t.dtype) for k, t in read if isinstance(t, torch.Tensor) and t.dtype.is_floating_point
+    other = next(((k, t.dtype) for k, t in _read_tensors(gm, gm.graph) if isinstance(t, torch.Tensor) and t.dtype.is_floating_point
                   and t.dtype != torch.float32), None)
     if other is not None:
         raise UserError(f"{name}: {other[0]} is {str(other[1]).replace('torch.', '')}, and a description is of a "
