@@ -401,17 +401,12 @@ def _with_parameters(ctx: _OpContext) -> _Value:
         sid = ctx.alloc("convolution.default")
         grads = ["aten.convolution_backward.default"] * (1 + len(pbytes))
         return _Value(sid, nbytes, ctx.grad_fn([x.sid], [_edge(x)] + pedges, [x.nbytes] + pbytes, grads))
-    if n.op == "batchnorm2d":
-        sid = ctx.alloc("native_batch_norm.default")
-        stats = [ctx.alloc("native_batch_norm.default", n.attrs["num_features"] * FLOAT, holders=0)
-                 for _ in range(2)]  # the batch's mean and 1/std
-        grads = ["aten.native_batch_norm_backward.default"] * (1 + len(pbytes))
-        return _Value(sid, nbytes, ctx.grad_fn([x.sid] + stats, [_edge(x)] + pedges, [x.nbytes] + pbytes, grads))
-    if n.op == "groupnorm":  # the output, a mean and a 1/std per sample and group; keeps the input and the two
-        sid = ctx.alloc("native_group_norm.default")
-        stats = [ctx.alloc("native_group_norm.default", ctx.batch * n.attrs["num_groups"] * FLOAT, holders=0)
-                 for _ in range(2)]
-        grads = ["aten.native_group_norm_backward.default"] * (1 + len(pbytes))
+    if n.op in ("batchnorm2d", "groupnorm"):  # the output, a mean and a 1/std; keeps the input and the two
+        kernel, stat = (("native_batch_norm", n.attrs["num_features"]) if n.op == "batchnorm2d"  # per channel
+                        else ("native_group_norm", ctx.batch * n.attrs["num_groups"]))  # per sample and group
+        sid = ctx.alloc(f"{kernel}.default")
+        stats = [ctx.alloc(f"{kernel}.default", stat * FLOAT, holders=0) for _ in range(2)]
+        grads = [f"aten.{kernel}_backward.default"] * (1 + len(pbytes))
         return _Value(sid, nbytes, ctx.grad_fn([x.sid] + stats, [_edge(x)] + pedges, [x.nbytes] + pbytes, grads))
     if n.op == "linear":
         if len(ctx.in_shapes[0]) != 1:

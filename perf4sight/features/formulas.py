@@ -299,6 +299,13 @@ def _pointwise(flops: float, saves: list[int], bwd_flops: float = 1.0) -> Handle
     return handler
 
 
+def _keeps_result_in_place(flops: float, bwd_flops: float) -> Handler:
+    """:func:`_pointwise` of an activation whose backward keeps its input, or its result where it runs in place."""
+    out_of_place, in_place = _pointwise(flops, [0], bwd_flops), _pointwise(flops, [OUTPUT], bwd_flops)
+    return lambda node, in_shapes, first: (in_place if node.attrs.get("inplace") else out_of_place)(
+        node, in_shapes, first)
+
+
 def _binary(saves_inputs: bool) -> Handler:
     """add / mul: 1 FLOP per output element; mul keeps both tensor inputs for backward."""
     def handler(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
@@ -417,12 +424,10 @@ HANDLERS: dict[str, Handler] = {
     "gelu": _pointwise(8, [0], 8),
     "tanh": _pointwise(4, [OUTPUT], 2),
     # a compare and a multiply; its backward keeps the input (the result where it runs in place)
-    "leaky_relu": lambda node, in_shapes, first: _pointwise(2, [OUTPUT] if node.attrs.get("inplace") else [0], 2)(
-        node, in_shapes, first),
+    "leaky_relu": _keeps_result_in_place(2, 2),
     # a compare, an exp, a subtract and a multiply; backward a compare, a multiply (and an add where it reads its
     # result); it keeps its input, or its result where it runs in place
-    "elu": lambda node, in_shapes, first: _pointwise(4, [OUTPUT] if node.attrs.get("inplace") else [0], 3)(
-        node, in_shapes, first),
+    "elu": _keeps_result_in_place(4, 3),
     # a multiply, an exp, a log1p, a divide and the threshold's compare; backward an exp, a divide and a multiply
     # or so; it keeps its input (torch has no in-place softplus)
     "softplus": _pointwise(5, [0], 4),
