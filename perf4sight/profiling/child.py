@@ -27,13 +27,16 @@ from perf4sight.files import write_atomically
 from perf4sight.profiling.plan import load_plan
 from perf4sight.profiling.procfs import status_mb
 
-__all__ = ["measure", "one_line", "failure_message", "make_optimizer", "main", "RESULT_NOT_WRITTEN", "DISK_FULL"]
+__all__ = ["measure", "one_line", "failure_message", "make_optimizer", "main", "RESULT_NOT_WRITTEN", "DISK_FULL",
+           "NO_SPACE"]
 
 MESSAGE_CHARS = 300
 #: the exit status of a child whose result file could not be written
 RESULT_NOT_WRITTEN = 3
 #: the exit status of a child whose result file could not be written for lack of space: the runner stops there
 DISK_FULL = 4
+#: the errnos of a write that found no space left: a full disk, or a quota used up
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
 def one_line(exc: BaseException, cause: str = "") -> str:
@@ -141,7 +144,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         with contextlib.suppress(OSError):
             print("cannot write the result file %s: %s" % (args.result, exc.strerror or exc), file=sys.stderr,
                   flush=True)
-        return DISK_FULL if exc.errno in (errno.ENOSPC, errno.EDQUOT) else RESULT_NOT_WRITTEN
+        return DISK_FULL if exc.errno in NO_SPACE else RESULT_NOT_WRITTEN
     return 0
 
 

@@ -44,7 +44,7 @@ from perf4sight.ir.schema import load_description
 from perf4sight.ir.shapes import shape_text
 from perf4sight.profiling import results
 from perf4sight.profiling.backends.base import LIMIT_OOM, Backend, get_backend
-from perf4sight.profiling.child import DISK_FULL, RESULT_NOT_WRITTEN
+from perf4sight.profiling.child import DISK_FULL, NO_SPACE, RESULT_NOT_WRITTEN
 from perf4sight.profiling.plan import TestPlan, load_plan, recorded_update, save_plan, training_phase, update_columns
 from perf4sight.profiling.procfs import oom_kills, status_mb, swap_mb
 
@@ -682,7 +682,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except OSError as exc:  # e.g. the disk filled up: which file, and that the rows written are kept
         where = " writing {}".format(exc.filename) if exc.filename else ""
         message = "{}{} ({}): rows already written are kept".format(type(exc).__name__, where, exc.strerror or exc)
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if exc.errno in NO_SPACE:
             message += "; free some space and rerun to measure the rest"
         print_event({"event": "error", "message": message})
         print("error: " + message, file=sys.stderr)
