@@ -745,8 +745,8 @@ def _check_float32(gm: fx.GraphModule, name: str) -> None:
     of another type than float32 (a ``.double()`` or ``.half()`` model): a description is of a float32 training step,
     as the profile measures it (its forward also failed on the float32 input, saying only that the types differ).
     The tensors of a layer it never calls (a float64 step counter, a spare head) are no part of the description."""
-    other = next(((k, t.dtype) for k, t in _read_tensors(gm, gm.graph) if isinstance(t, torch.Tensor) and t.dtype.is_floating_point
-                  and t.dtype != torch.float32), None)
+    other = next(((k, t.dtype) for k, t in _read_tensors(gm, gm.graph)
+                  if isinstance(t, torch.Tensor) and t.dtype.is_floating_point and t.dtype != torch.float32), None)
     if other is not None:
         raise UserError(f"{name}: {other[0]} is {str(other[1]).replace('torch.', '')}, and a description is of a "
                         "float32 training step, as the profile measures one: give the model in float32 (.float())")
