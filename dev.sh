@@ -12,8 +12,16 @@ stamp="$venv/.requirements.sha256"
 want="$(sha256sum "$root/requirements.txt" | cut -d' ' -f1)"
 if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "perf4sight: setting up $venv (first run or requirements.txt changed; about 2 minutes)" >&2
-  python3.11 -m venv "$venv" 2>/dev/null || python3 -m venv "$venv"
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$root/requirements.txt" 2> >(grep -v "is ignored: it is neither" >&2)
+  made_here=0; [ -e "$venv" ] || made_here=1
+  if ! { { python3.11 -m venv "$venv" 2>/dev/null || python3 -m venv "$venv"; } &&
+         "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$root/requirements.txt" \
+           2> >(grep -v "is ignored: it is neither" >&2); }; then
+    [ "$made_here" = 0 ] || rm -rf "$venv"  # a half-made new environment: gigabytes that no later run would use
+    free_gb="$(df -Pk "$root" | awk 'NR == 2 {printf "%.1f", $4 / 1048576}')"
+    echo "perf4sight: could not set up $venv (the error is above); $free_gb GB free there, and the pinned" \
+         "requirements take about 6 GB" >&2
+    exit 1
+  fi
   echo "$want" > "$stamp"
 fi
 

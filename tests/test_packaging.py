@@ -109,3 +109,27 @@ def test_the_installed_command_makes_profiles_and_checks_a_network(installed, tm
     assert [(r["network"], r["batch_size"], r["status"]) for r in rows] == [("tiny_vgg_l0", "1", "ok"),
                                                                              ("tiny_vgg_l0", "2", "ok")]
     assert all(float(r["latency_ms_median"]) > 0 and float(r["peak_rss_mb"]) > 0 for r in rows)
+
+
+def test_dev_sh_that_cannot_set_up_its_environment_says_so_in_one_line_and_leaves_no_half_made_one(tmp_path):
+    """``./dev.sh`` on a disk with 4 MiB free: creating the environment fails (offline: ensurepip's own wheel), and
+    the script ends with one line naming the environment and the free space, and removes what it half made (a
+    half-installed torch is gigabytes that the next run would not use)."""
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("mounting a tmpfs needs root")
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(small)]).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        for name in ("dev.sh", "requirements.txt"):
+            shutil.copy(ROOT / name, small / name)
+        done = subprocess.run(["bash", str(small / "dev.sh"), "test"], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 1
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"perf4sight: could not set up {small / '.venv'} (the error is above); "), last
+        assert " GB free there" in last
+        assert not (small / ".venv").exists()
+    finally:
+        subprocess.run(["umount", "-l", str(small)])
