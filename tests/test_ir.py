@@ -1470,3 +1470,51 @@ def test_a_forward_along_the_batch_dimension_is_refused_naming_the_node(where, n
     with pytest.raises(UserError, match=rf"^along: {where} \(node {node}\) makes a first dimension of {first} of the "
                                         r"batch of 2 images it was traced with: it works along the batch dimension"):
         describe(_AlongTheBatch(where), [3, 8, 8], "along")
+
+
+class _SkipJoins(nn.Module):
+    """Concatenations of every form torch.fx records: torch.cat, torch.concat and torch.concatenate, a negative dim,
+    a keyword dim, numpy's keyword axis, a tuple of three."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(3, 6, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.a(x), self.b(x)
+        y = torch.cat([a, b], 1)
+        y = torch.concat((y, a, x), dim=-3)
+        return torch.concatenate([y, b], axis=1)
+
+
+def test_concatenations_are_described_without_torchs_compiler_import_and_their_shapes_are_torchs():
+    """Shape propagation joins meta tensors itself: torch's meta kernel for cat imports torch._dynamo on its first
+    call (2.7 s of a user's first description in a process without torchvision). A fresh process describes a
+    module of concatenations without importing it, and the description's shapes are those torch computes."""
+    import subprocess
+    import sys
+    code = ("import sys, torch; sys.path.insert(0, {tests!r}); from test_ir import _SkipJoins; "
+            "from perf4sight.ir.from_torch import describe; d = describe(_SkipJoins(), [3, 8, 8], 'joins'); "
+            "print([n.output_shape for n in d.nodes if n.op == 'cat'], 'torch._dynamo' in sys.modules)")
+    from pathlib import Path
+    tests = str(Path(__file__).resolve().parent)
+    done = subprocess.run([sys.executable, "-c", code.format(tests=tests)], capture_output=True, text=True,
+                          timeout=300, cwd=Path(tests).parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    shapes, dynamo = done.stdout.split("] ")[0] + "]", done.stdout.split("] ")[-1].strip()
+    m = _SkipJoins()
+    x = torch.randn(2, 3, 8, 8)
+    a, b = m.a(x), m.b(x)
+    y1 = torch.cat([a, b], 1)
+    y2 = torch.cat([y1, a, x], 1)
+    y3 = torch.cat([y2, b], 1)
+    assert shapes == str([list(t.shape[1:]) for t in (y1, y2, y3)]) and dynamo == "False", done.stdout
+    _assert_same_function(describe(m, [3, 8, 8], "joins"), m, [3, 8, 8])
+
+
+def test_a_concatenation_of_tensors_that_disagree_is_refused_with_torchs_own_reason():
+    class Bad(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.cat([x, x[:, :, 1:]], 1)
+    with pytest.raises(UserError, match="Sizes of tensors must match"):
+        describe(Bad(), [3, 8, 8], "bad")
