@@ -1120,6 +1120,23 @@ def test_a_factory_with_lazy_layers_is_pruned(tmp_path: Path) -> None:
     assert abs(float(made.rows[1]["achieved_level"]) - 30) <= 2
 
 
+def test_the_seeded_forward_of_lazy_layers_keeps_each_layers_mode() -> None:
+    """The forward that gives lazy layers their weights set the whole model back with ``model.train(was_training)``:
+    a batch norm the user froze in eval mode inside a training model came back training. Each layer keeps its own."""
+    from perf4sight.networks.build import _seeded_build
+
+    def frozen_norm() -> nn.Module:
+        model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3),
+                              nn.BatchNorm2d(8), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.LazyLinear(CLASSES))
+        model[1].eval()  # frozen: the one batch norm in eval mode, the rest training
+        return model
+    before = [m.training for m in frozen_norm().modules()]
+    model = _seeded_build(Source("frozen", "factory:frozen.py:frozen_norm", frozen_norm), 0, [3, 8, 8])
+    assert [m.training for m in model.modules()] == before
+    assert before[2] is False and before[5] is True  # the frozen norm and a training one (index 0 is the Sequential)
+    assert model[-1].weight.shape == (CLASSES, 8)  # the lazy layer has its weights
+
+
 def test_the_stage_says_which_networks_batch_one_cannot_train(tmp_path: Path) -> None:
     """A batch norm over a 1x1 map has one value per channel in a batch of one image, which torch refuses in
     training: the stage says so where the profile's batch sizes hold 1 (its rows there are errors), not otherwise."""

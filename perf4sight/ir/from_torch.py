@@ -28,7 +28,8 @@ from torch.fx.passes.shape_prop import ShapeProp
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import INTERPOLATE_MODES, NetworkDescription, Node, count_params
 
-__all__ = ["describe", "check_input_shape", "forward_error", "has_lazy_parameters", "stderr_kept_on_success"]
+__all__ = ["describe", "check_input_shape", "forward_error", "has_lazy_parameters", "in_mode",
+           "stderr_kept_on_success"]
 
 _TRACE_BATCH = 2  # a batch of 2 keeps the batch dimension distinguishable from squeezable 1s
 
@@ -654,7 +655,7 @@ def _shared_layers(gm: fx.GraphModule, where: str) -> None:
 
 
 @contextlib.contextmanager
-def _in_mode(module: nn.Module, training: bool) -> Iterator[None]:
+def in_mode(module: nn.Module, training: bool) -> Iterator[None]:
     """``module`` in training (or evaluation) mode for the block, then every submodule back in the mode it had: a
     model trained with its batch norms frozen in eval mode keeps them so (``module.train(was_training)`` would set
     them all alike)."""
@@ -672,7 +673,7 @@ def _training_only_layers(module: nn.Module, eval_graph: fx.Graph) -> list[str]:
     self.training``), which a description of its eval-mode forward leaves out; [] where the training-mode forward
     cannot be traced."""
     try:
-        with _in_mode(module, training=True):
+        with in_mode(module, training=True):
             graph = _Tracer().trace(module)
     except Exception:  # a forward torch.fx cannot follow in training: nothing to compare
         return []
@@ -786,7 +787,7 @@ def _check_float32(gm: fx.GraphModule, name: str) -> None:
 def _described(module: nn.Module, input_shape: list[int], name: str, network: str | None, pruning_level: float,
                extra: dict[str, Any]) -> NetworkDescription:
     """:func:`describe`'s description of ``module`` (checked), its parameters made."""
-    with _in_mode(module, training=False):
+    with in_mode(module, training=False):
         gm = _traced_with_shapes(module, input_shape, name)
     nodes, output = _convert(gm, name)
     desc = NetworkDescription(name=name, network=network or name, input_shape=list(input_shape),

@@ -165,19 +165,17 @@ def _seeded_build(src: Source, seed: int, input_shape: list[int]) -> nn.Module:
     their weights from one forward pass at ``input_shape`` ([C, H, W]), seeded too, before anything counts them."""
     import torch
 
-    from perf4sight.ir.from_torch import forward_error, has_lazy_parameters
+    from perf4sight.ir.from_torch import forward_error, has_lazy_parameters, in_mode
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = src.build()
         if has_lazy_parameters(model):
-            was_training = model.training
-            try:
-                with torch.no_grad():
-                    model.eval()(torch.zeros(2, *input_shape))
+            try:  # each layer back in its own mode after: a batch norm frozen in eval mode stays so
+                with torch.no_grad(), in_mode(model, training=False):
+                    model(torch.zeros(2, *input_shape))
             except Exception as exc:  # a user's forward can raise anything
                 raise forward_error(src.name, input_shape, exc) from None
-            model.train(was_training)
         return model
 
 
