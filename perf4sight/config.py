@@ -15,7 +15,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from perf4sight.errors import UserError
 from perf4sight.networks.design_space import DEFAULT_STYLES
@@ -207,6 +207,11 @@ class Config:
         if name not in self.devices:
             raise UserError(f"{self.path}: unknown device '{name}' (devices: {', '.join(self.devices) or 'none'})")
         return self.devices[name]
+
+    def devices_to_profile(self, names: Sequence[str] | None = None) -> list[str]:
+        """The devices a profile takes: ``names`` where given (``--device``), else ``[profile] devices``, else every
+        configured device."""
+        return list(names or self.profile.devices or self.devices)
 
 
 _INTERNAL = {"path", "root", "name"}

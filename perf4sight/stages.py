@@ -92,7 +92,7 @@ def _check_all_arguments(cfg: Config, args: argparse.Namespace) -> None:
     from perf4sight.dataset import known_devices, unknown_device
     from perf4sight.fingerprint.predict import batch_list
 
-    _configured(cfg, args.device or cfg.profile.devices or list(cfg.devices))
+    _configured(cfg, cfg.devices_to_profile(args.device))
     known = known_devices(cfg)
     for device in [] if args.device else cfg.compare.devices:  # --device: the compare stage compares those instead
         if device not in known:
@@ -108,7 +108,7 @@ def _stage_args(cfg: Config, args: argparse.Namespace, name: str) -> argparse.Na
     run profiled (not every one with measurements on disk) unless ``--device`` names them."""
     if name != "fingerprint" or args.device:
         return args
-    configured = cfg.profile.devices or list(cfg.devices)
+    configured = cfg.devices_to_profile()
     profiled = [d for d in configured if results_path(cfg.profiling_dir, d).is_file()]
     # none measured: name the configured ones, so the stage says which measurements are missing
     return argparse.Namespace(**{**vars(args), "device": profiled or configured})
@@ -188,7 +188,7 @@ def run_profile(cfg: Config, args: argparse.Namespace) -> int:
     from perf4sight.networks.settings import changed_settings_note
     from perf4sight.profiling.fleet import format_summaries, profile_devices
 
-    names = _configured(cfg, args.device or cfg.profile.devices or list(cfg.devices))
+    names = _configured(cfg, cfg.devices_to_profile(args.device))
     descriptions = dataset_descriptions(cfg)
     _print_notes(changed_settings_note(cfg),
                  *(incomplete_note(results_path(cfg.profiling_dir, name)) for name in names))

@@ -59,7 +59,7 @@ class DeviceCheck:
 def _selected(cfg: Config, names: Sequence[str] | None) -> list[DeviceConfig]:
     """The devices named (else ``[profile] devices``, else every configured one), each once: a device named twice
     would be profiled by two threads into one CSV (and refused by its own lock)."""
-    chosen = dict.fromkeys(names or cfg.profile.devices or cfg.devices)
+    chosen = dict.fromkeys(cfg.devices_to_profile(names))
     return [cfg.device(n) for n in chosen]
 
 
