@@ -9,7 +9,7 @@ import hashlib
 from pathlib import Path
 from typing import Iterator, Union
 
-__all__ = ["atomic_path", "write_atomically", "sources_sha256"]
+__all__ = ["atomic_path", "write_atomically", "naming_file", "sources_sha256"]
 
 
 def sources_sha256(package: Path) -> str:
@@ -36,6 +36,18 @@ def atomic_path(path: Union[str, Path], suffix: str = ".tmp") -> Iterator[Path]:
             tmp.unlink()
         raise
     tmp.replace(final)
+
+
+@contextlib.contextmanager
+def naming_file(path: Union[str, Path]) -> Iterator[None]:
+    """An ``OSError`` raised in the block that names no file (a write's or an fsync's: a full disk) names ``path``;
+    one without an errno is left as it is (a file name would turn its message into ``[Errno None] None: ...``)."""
+    try:
+        yield
+    except OSError as exc:
+        if not exc.filename and exc.errno is not None:
+            exc.filename = str(path)
+        raise
 
 
 def write_atomically(path: Union[str, Path], data: Union[bytes, str]) -> Path:

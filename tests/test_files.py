@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from perf4sight.files import atomic_path, write_atomically
+from perf4sight.files import atomic_path, naming_file, write_atomically
 
 
 def test_write_atomically_replaces_the_file_and_leaves_no_temporary(tmp_path):
@@ -27,3 +27,19 @@ def test_atomic_path_is_beside_the_target_and_a_failed_writer_keeps_the_old_file
             tmp.write_text("half")
             raise RuntimeError("writer failed")
     assert target.read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["models.npz"]
+
+
+def test_a_full_disk_names_the_measurement_csv_and_an_error_without_errno_is_left_alone(tmp_path):
+    """A write to a full disk raises an ``OSError`` naming no file: appending a row names the CSV (here a link to
+    /dev/full, whose every write fails with ENOSPC); an ``OSError`` with no errno keeps its own message."""
+    from perf4sight.profiling.results import append_row
+
+    csv_path = tmp_path / "measurements.csv"
+    csv_path.symlink_to("/dev/full")
+    with pytest.raises(OSError, match="No space left on device") as raised:
+        append_row(csv_path, {"network": "alpha", "status": "ok"})
+    assert raised.value.filename == str(csv_path)
+    with pytest.raises(OSError) as bare:
+        with naming_file(csv_path):
+            raise OSError("no errno")
+    assert bare.value.filename is None and str(bare.value) == "no errno"

@@ -26,7 +26,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from perf4sight.files import atomic_path
+from perf4sight.files import atomic_path, naming_file
 from typing import Dict, List, Optional
 
 __all__ = ["state", "start", "stop", "supervise", "main"]
@@ -43,15 +43,10 @@ def _boot_id() -> str:
 
 def _write_json(path: Path, obj: Dict) -> None:
     """Write ``obj`` to ``path`` whole or not at all; an ``OSError`` names ``path`` (a failed write names none)."""
-    try:
-        with atomic_path(path) as tmp, tmp.open("w") as fh:
-            json.dump(obj, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-    except OSError as exc:
-        if exc.filename is None:
-            exc.filename = str(path)
-        raise
+    with naming_file(path), atomic_path(path) as tmp, tmp.open("w") as fh:
+        json.dump(obj, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 def _os_error_line(exc: OSError) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 from perf4sight.errors import UserError
-from perf4sight.files import atomic_path
+from perf4sight.files import atomic_path, naming_file
 
 __all__ = ["COLUMNS", "STATUSES", "append_row", "upgrade_file", "read_rows", "measured_keys", "row_key", "results_path",
            "references_path", "REFERENCES_CSV", "op_prices_path", "OP_PRICES_JSON", "file_sha", "split_stale", "number",
@@ -157,18 +157,13 @@ def append_row(path: Union[str, Path], row: Dict[str, Any]) -> None:
     new = not p.exists() or p.stat().st_size == 0 or _drop_torn_tail(p) == 0
     if not new:
         upgrade_file(p)
-    try:
-        with p.open("a", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="raise")
-            if new:
-                writer.writeheader()
-            writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in COLUMNS})
-            fh.flush()
-            os.fsync(fh.fileno())
-    except OSError as exc:  # a write or fsync error names no file: say which (a full disk)
-        if exc.filename or exc.errno is None:
-            raise
-        raise OSError(exc.errno, exc.strerror, str(p)) from None
+    with naming_file(p), p.open("a", newline="") as fh:  # a write or fsync error names no file: say which
+        writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="raise")
+        if new:
+            writer.writeheader()
+        writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in COLUMNS})
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 def upgrade_file(path: Union[str, Path]) -> bool:
