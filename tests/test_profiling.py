@@ -1228,16 +1228,19 @@ def test_a_child_that_cannot_write_its_result_says_why_and_the_row_says_so(tmp_p
         done = subprocess.run([sys.executable, "-m", "perf4sight.profiling.child", str(tmp_path / "no-plan.json"),
                                "--network", "0", "--batch-size", "1", "--result", str(result)],
                               stdout=subprocess.DEVNULL, stderr=err, timeout=120, cwd=ROOT)
-    assert done.returncode == DISK_FULL and not result.exists() and runner._disk_full(done.returncode, err_file)
+    stderr = runner._stderr_lines(err_file)
+    assert done.returncode == DISK_FULL and not result.exists() and runner._disk_full(done.returncode, stderr, tmp_path)
     assert err_file.read_text() == f"cannot write the result file {result}: No space left on device\n"
-    assert runner._crash_verdict(RESULT_NOT_WRITTEN, err_file) == {
+    assert runner._crash_verdict(RESULT_NOT_WRITTEN, stderr) == {
         "status": "error", "message": f"child could not write its result: cannot write the result file {result}: "
                                       "No space left on device"}
-    err_file.write_text("")
-    assert runner._crash_verdict(120, err_file)["message"] == "child exited with code 120 without a result"
-    assert not runner._disk_full(120, err_file)
+    err_file.write_text(" \n\n")
+    assert runner._stderr_lines(err_file) == []
+    assert runner._crash_verdict(120, [])["message"] == "child exited with code 120 without a result"
+    assert not runner._disk_full(120, [], tmp_path)
     monkeypatch.setattr(runner.shutil, "disk_usage", lambda path: SimpleNamespace(total=100, used=100, free=0))
-    assert runner._disk_full(120, err_file) and not runner._disk_full(-9, err_file)
+    assert runner._disk_full(120, [], tmp_path) and not runner._disk_full(-9, [], tmp_path)
+    assert not runner._disk_full(120, stderr, tmp_path)  # a child that wrote why it failed did not meet a full disk
 
 
 def test_a_result_not_written_for_lack_of_space_stops_the_run_without_a_row(tmp_path, monkeypatch, capsys):

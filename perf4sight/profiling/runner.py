@@ -220,12 +220,13 @@ def run_child(plan: TestPlan, plan_path: Path, index: int, batch_size: int, back
         if verdict:
             result.update(verdict)
         elif not result.get("status"):
-            if _disk_full(proc.returncode, err_file):
+            stderr = _stderr_lines(err_file)  # read once: for the full-disk verdict and the crash's message
+            if _disk_full(proc.returncode, stderr, err_file.parent):
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(result_file))
             if proc.returncode == -signal.SIGKILL:
                 result.update(_sigkill_verdict(kills_before, oom_kills(), peak_mb, backend))
             else:
-                result.update(_crash_verdict(proc.returncode, err_file))
+                result.update(_crash_verdict(proc.returncode, stderr))
     return ChildOutcome(result, peak_mb, round(wall, 3))
 
 
@@ -301,24 +302,31 @@ def _sigkill_verdict(kills_before: Optional[int], kills_after: Optional[int], pe
                                           f"and {rss}"}
 
 
-def _crash_verdict(code: int, err_file: Path) -> Dict[str, str]:
+def _stderr_lines(err_file: Path) -> List[str]:
+    """The lines a child wrote to its stderr file ``err_file`` that are not blank, stripped."""
+    return [ln.strip() for ln in err_file.read_text(errors="replace").splitlines() if ln.strip()]
+
+
+def _crash_verdict(code: int, stderr: List[str]) -> Dict[str, str]:
+    """The error of a child that exited with ``code`` and no result, quoting the last of its ``stderr`` lines
+    (:func:`_stderr_lines`)."""
     if code < 0:
         return {"status": "error", "message": f"child killed by signal {signal.Signals(-code).name}"}
-    lines = [ln.strip() for ln in err_file.read_text(errors="replace").splitlines() if ln.strip()]
-    tail = f": {lines[-1][:300]}" if lines else ""
+    tail = f": {stderr[-1][:300]}" if stderr else ""
     what = "could not write its result" if code == RESULT_NOT_WRITTEN else f"exited with code {code} without a result"
     return {"status": "error", "message": f"child {what}{tail}"}
 
 
-def _disk_full(code: int, err_file: Path) -> bool:
+def _disk_full(code: int, stderr: List[str], folder: Path) -> bool:
     """Whether a child that exited with ``code`` and no result met a full disk: it says so (:data:`DISK_FULL`), or
-    it left an empty stderr where less than :data:`FULL_DISK_BYTES` are free (it could write neither)."""
+    it left no ``stderr`` lines (:func:`_stderr_lines`) where less than :data:`FULL_DISK_BYTES` are free in
+    ``folder``, where it writes (it could write neither)."""
     if code == DISK_FULL:
         return True
-    if code <= 0 or err_file.read_text(errors="replace").strip():
+    if code <= 0 or stderr:
         return False
     try:
-        return shutil.disk_usage(str(err_file.parent)).free < FULL_DISK_BYTES
+        return shutil.disk_usage(str(folder)).free < FULL_DISK_BYTES
     except OSError:
         return False
 
