@@ -5,11 +5,14 @@ half of one: the rename is atomic on one file system. Standard library only: the
 on the devices (the test plan, the runner, the measuring child) import it.
 """
 import contextlib
+import functools
 import hashlib
 from pathlib import Path
 from typing import Iterator, Union
 
-__all__ = ["atomic_path", "write_atomically", "naming_file", "sources_sha256"]
+__all__ = ["atomic_path", "write_atomically", "naming_file", "sources_sha256", "package_sha256"]
+
+_PACKAGE = Path(__file__).resolve().parent  # perf4sight/
 
 
 def sources_sha256(package: Path) -> str:
@@ -21,6 +24,14 @@ def sources_sha256(package: Path) -> str:
         if path.is_file():
             h.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def package_sha256() -> str:
+    """:func:`sources_sha256` of the perf4sight package itself, hashed once per process (the networks stage's cache
+    and the fingerprint stage's inputs both key on it); ``OSError`` where a source cannot be read (not kept: the
+    next call tries again)."""
+    return sources_sha256(_PACKAGE)
 
 
 @contextlib.contextmanager

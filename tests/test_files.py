@@ -43,3 +43,23 @@ def test_a_full_disk_names_the_measurement_csv_and_an_error_without_errno_is_lef
         with naming_file(csv_path):
             raise OSError("no errno")
     assert bare.value.filename is None and str(bare.value) == "no errno"
+
+
+def test_the_package_is_hashed_once_for_the_networks_cache_and_the_fit_inputs(monkeypatch):
+    """The networks stage's cache and the fingerprint stage's inputs both key on the package's code: each kept a hash
+    of its own, so ``--stage all`` read the package twice; one kept hash serves both."""
+    from perf4sight import files
+    from perf4sight.fingerprint.fit_inputs import inputs_sha256
+    from perf4sight.networks import stage_cache
+
+    hashed = []
+    real = files.sources_sha256
+    monkeypatch.setattr(files, "sources_sha256", lambda package: hashed.append(package) or real(package))
+    files.package_sha256.cache_clear()
+    try:
+        code = stage_cache._code_sha()
+        inputs_sha256("trees", [], {}, {}, {})
+        assert hashed == [files._PACKAGE] and code == real(files._PACKAGE)
+    finally:
+        files.package_sha256.cache_clear()  # hashed again, unpatched, where a later test asks
+

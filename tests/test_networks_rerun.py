@@ -199,22 +199,22 @@ def test_a_file_of_the_code_that_cannot_be_read_makes_the_stage_cache_nothing(tm
     clean = files.sources_sha256(package)
     (package / ".#build.py").symlink_to(package / "user@host.123:1700000000")
     assert files.sources_sha256(package) == clean
-    monkeypatch.setattr(stage_cache, "_PACKAGE", package)
-    stage_cache._code_sha.cache_clear()
+    monkeypatch.setattr(files, "_PACKAGE", package)
+    files.package_sha256.cache_clear()
     try:
         cfg = load_config(_config(tmp_path, 32))
         assert make_networks(cfg).cached == [] and sorted(make_networks(cfg).cached) == ["tiny_resnet", "tiny_vgg"]
 
         def unreadable(package):
             raise PermissionError(13, "Permission denied", str(package / "build.py"))
-        monkeypatch.setattr(stage_cache, "sources_sha256", unreadable)
-        stage_cache._code_sha.cache_clear()
+        monkeypatch.setattr(files, "sources_sha256", unreadable)
+        files.package_sha256.cache_clear()
         shutil.rmtree(tmp_path / "models" / "zoo-cache")
         first = make_networks(cfg)
         assert len(first.rows) == len(NAMES) and first.cached == [] and make_networks(cfg).cached == []
         assert not (tmp_path / "models" / "zoo-cache" / stage_cache.FOLDER).exists()
     finally:
-        stage_cache._code_sha.cache_clear()  # the package's own hash for the tests after this one
+        files.package_sha256.cache_clear()  # the package's own hash for the tests after this one (patches undone)
 
 
 def test_a_file_a_factory_reads_beside_it_keys_its_variants(tmp_path):

@@ -4,7 +4,6 @@ would give the same files. The fingerprint stage compares the hash to skip such 
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
@@ -12,23 +11,13 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from perf4sight.blas import numpy_targets
-from perf4sight.files import sources_sha256
+from perf4sight.files import package_sha256
 from perf4sight.ir.schema import NetworkDescription
 
-__all__ = ["code_sha256", "inputs_sha256", "stored_if_current", "INPUTS_KEY"]
+__all__ = ["inputs_sha256", "stored_if_current", "INPUTS_KEY"]
 
 #: The metadata key the hash is stored under, in ``metadata.json`` and ``gnn.json``.
 INPUTS_KEY = "inputs_sha256"
-
-_PACKAGE = Path(__file__).resolve().parents[1]
-
-
-@functools.lru_cache(maxsize=1)
-def code_sha256() -> str:
-    """sha256 over the perf4sight package's Python sources (their paths and contents): any edit to the code
-    that fits, features or describes a network changes it, so a fingerprint is never reused across such edits."""
-    return sources_sha256(_PACKAGE)
-
 
 def _description_sha(desc: NetworkDescription) -> str:
     return hashlib.sha256(desc.to_json().encode()).hexdigest()
@@ -50,7 +39,7 @@ def inputs_sha256(kind: str, rows: Iterable[dict[str, Any]], descriptions: dict[
         "versions": versions,
         "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", ""),
         "numpy_targets": numpy_targets(),
-        "code": code_sha256(),
+        "code": package_sha256(),  # any edit of the code that fits, features or describes: no fingerprint reused
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 

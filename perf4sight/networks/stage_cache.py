@@ -27,7 +27,7 @@ from typing import Any
 
 from perf4sight.dataset import ZOO_CACHE
 from perf4sight.errors import UserError
-from perf4sight.files import sources_sha256, write_atomically
+from perf4sight.files import package_sha256, write_atomically
 from perf4sight.ir.schema import NetworkDescription
 
 __all__ = ["FOLDER", "KEEP", "Made", "data_files", "entry_path", "file_digests", "read_entry", "write_entry"]
@@ -35,7 +35,6 @@ __all__ = ["FOLDER", "KEEP", "Made", "data_files", "entry_path", "file_digests",
 FOLDER = "networks-stage"  # under <models_dir>/zoo-cache/ (dataset.ZOO_CACHE)
 KEEP = 4  # entries kept per network: a few settings to go back and forth between, not every one ever run
 _FORMAT = 1  # of an entry's JSON: a change of it reads no older entry
-_PACKAGE = Path(__file__).resolve().parents[1]  # perf4sight/
 
 
 @dataclass
@@ -48,12 +47,11 @@ class Made:
     progress: list[str]
 
 
-@functools.lru_cache(maxsize=1)
 def _code_sha() -> str | None:
-    """A hash of every Python file of the perf4sight package (names and bytes): any change of the code is a new key;
-    None where one cannot be read: nothing is cached."""
+    """A hash of every Python file of the perf4sight package (names and bytes; :func:`files.package_sha256`, hashed
+    once per process): any change of the code is a new key; None where one cannot be read: nothing is cached."""
     try:
-        return sources_sha256(_PACKAGE)
+        return package_sha256()
     except OSError:
         return None
 
