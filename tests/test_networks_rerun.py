@@ -236,3 +236,29 @@ def test_a_file_a_factory_reads_beside_it_keys_its_variants(tmp_path):
     made = make_networks(load_config(config))
     assert [r["params"] for r in made.rows] == [2442] and made.changed == ["net_l0"] and made.cached == []
     assert make_networks(load_config(config)).cached == ["net"]  # nothing changed since: read back
+
+
+def test_each_network_is_looked_up_in_the_cache_once_and_each_description_serialised_once(tmp_path, monkeypatch):
+    """A first run looked each network's cache entry up twice (keyed and read before the factories' checks, then
+    again when pruned) and serialised and hashed each description twice (to save it, then for
+    manifest-settings.json): once each now, whether the network is made or read back."""
+    from perf4sight.ir.schema import NetworkDescription
+    from perf4sight.networks import stage_cache
+    from perf4sight.profiling.results import file_sha
+
+    keyed, read, serialised = [], [], []
+    entry_path, read_entry, to_json = stage_cache.entry_path, stage_cache.read_entry, NetworkDescription.to_json
+    monkeypatch.setattr(stage_cache, "entry_path", lambda *args: keyed.append(args[1]) or entry_path(*args))
+    monkeypatch.setattr(stage_cache, "read_entry", lambda path: read.append(path.stem) or read_entry(path))
+    monkeypatch.setattr(NetworkDescription, "to_json", lambda self: serialised.append(self.name) or to_json(self))
+    cfg = load_config(_config(tmp_path, 32))
+    for cached in ([], ["tiny_vgg", "tiny_resnet"]):  # made, then read back
+        del keyed[:], read[:], serialised[:]
+        made = make_networks(cfg)
+        assert made.cached == cached and [r["network"] for r in made.rows] == NAMES
+        assert keyed == ["tiny_vgg", "tiny_resnet"] and len(read) == len(set(read)) == 2
+        assert serialised == NAMES
+    shas = json.loads((tmp_path / "models" / "manifest-settings.json").read_text())["descriptions"]
+    for name in NAMES:
+        path = tmp_path / "models" / "pruned" / "l1-norm" / f"{name}.json"
+        assert shas[name] == file_sha(path.read_bytes())  # the sha recorded is of the bytes saved

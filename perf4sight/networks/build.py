@@ -314,10 +314,10 @@ def write_manifest(rows: list[dict[str, Any]], path: Path) -> Path:
     return _write_if_changed(path, text.getvalue())
 
 
-def _write_if_changed(path: Path, text: str, on_disk: bytes | None = None) -> Path:
+def _write_if_changed(path: Path, text: str | bytes, on_disk: bytes | None = None) -> Path:
     """Write ``text`` to ``path`` (UTF-8, atomic replace) unless the file holds it already: a rerun rewrites
     nothing. ``on_disk``: the file's bytes, where the caller has read them."""
-    data = text.encode("utf-8")
+    data = text if isinstance(text, bytes) else text.encode("utf-8")
     if on_disk is None and path.is_file():
         on_disk = path.read_bytes()
     if on_disk == data:
@@ -347,21 +347,22 @@ def _check_not_an_output(cfg: Config, outputs: list[Path]) -> None:
 
 
 def _save(desc: NetworkDescription, path: Path, changed: list[str], before: Path | None = None,
-          recorded: str | None = None) -> Path:
-    """Save ``desc`` at ``path`` unless the file holds it already (a rerun rewrites nothing). Its name goes into
-    ``changed`` when the last complete run made another description of it: ``recorded``, the ``description_sha`` that
-    run recorded for it (:func:`_recorded_shas`), else the file the last manifest named for it (``before``; else
-    ``path``): another strategy's folder, for one."""
-    text = desc.to_json()  # JSON's ASCII: the same bytes in any locale, as save_description writes it
+          recorded: str | None = None) -> tuple[Path, str]:
+    """Save ``desc`` at ``path`` unless the file holds it already (a rerun rewrites nothing); ``path`` and the
+    ``description_sha`` of what it holds. Its name goes into ``changed`` when the last complete run made another
+    description of it: ``recorded``, the ``description_sha`` that run recorded for it (:func:`_recorded_shas`), else
+    the file the last manifest named for it (``before``; else ``path``): another strategy's folder, for one."""
+    data = desc.to_json().encode("utf-8")  # JSON's ASCII: the same bytes in any locale, as save_description writes
+    sha = file_sha(data)
     here = path.read_bytes() if path.is_file() else None
     if recorded is not None:  # right too where an interrupted run since has rewritten the file
-        differs = recorded != file_sha(text.encode("utf-8"))
+        differs = recorded != sha
     else:
         previous = before.read_bytes() if before is not None and before != path and before.is_file() else here
-        differs = previous is not None and previous != text.encode("utf-8")
+        differs = previous is not None and previous != data
     if differs:
         changed.append(desc.name)
-    return _write_if_changed(path, text, here)
+    return _write_if_changed(path, data, here), sha
 
 
 def _recorded_shas(models_dir: Path) -> dict[str, str]:
@@ -394,11 +395,12 @@ def _entry(cfg: Config, name: str, key: Any) -> Path | None:
     return None if key is None else stage_cache.entry_path(cfg.models_dir, name, [key, _settings_key(cfg)])
 
 
-def _made(path: Path | None, make: Callable[[Progress, list[str]], list[NetworkDescription]],
-          progress: Progress | None, kept: stage_cache.Made | None = None) -> tuple[stage_cache.Made, bool]:
-    """``kept`` (read from ``path`` where not given), its progress lines said again, and True; else what
-    ``make(progress, skipped)`` makes, kept at ``path`` for the next run, and False."""
-    kept = kept or stage_cache.read_entry(path)
+def _made(path: Path | None, kept: stage_cache.Made | None,
+          make: Callable[[Progress, list[str]], list[NetworkDescription]],
+          progress: Progress | None) -> tuple[stage_cache.Made, bool]:
+    """``kept``, what the stage's cache holds at ``path`` (:func:`stage_cache.read_entry`, which the caller has
+    looked up), its progress lines said again, and True; on a miss (None) what ``make(progress, skipped)`` makes, kept
+    at ``path`` for the next run, and False."""
     if kept is not None:
         for line in kept.progress if progress else ():
             progress(line)
@@ -420,10 +422,11 @@ def _source_entry(cfg: Config, src: Source) -> Path | None:
     return _entry(cfg, src.name, None if src.key is None else ["source", src.name, src.source, src.family, src.key])
 
 
-def _variants(cfg: Config, src: Source, progress: Progress | None,
-              kept: stage_cache.Made | None = None) -> tuple[stage_cache.Made, bool]:
+def _variants(cfg: Config, src: Source, entry: Path | None, kept: stage_cache.Made | None,
+              progress: Progress | None) -> tuple[stage_cache.Made, bool]:
     """``src`` pruned at every ``[networks.pruning]`` level, each variant at every extra input shape after it (as
-    :func:`_made`), and whether they were read back from the stage's cache."""
+    :func:`_made`: ``kept``, what the cache holds at its ``entry``, :func:`_source_entry`), and whether they were
+    read back from the stage's cache."""
     net, pr = cfg.networks, cfg.networks.pruning
 
     def make(said: Progress, skipped: list[str]) -> list[NetworkDescription]:
@@ -431,7 +434,7 @@ def _variants(cfg: Config, src: Source, progress: Progress | None,
                                               pr.min_channels, pr.seed, said, skipped)
                 for each in [desc, *at_extra_shapes(cfg, desc, skipped, said)]]
     try:
-        return _made(_source_entry(cfg, src), make, progress, kept)
+        return _made(entry, kept, make, progress)
     except UserError as exc:  # say where the config names the network, as the other [networks] errors do
         if str(exc).startswith(f"{cfg.path}:"):
             raise
@@ -450,7 +453,7 @@ def _generated_at_extra_shapes(cfg: Config, desc: NetworkDescription) -> tuple[s
     if not cfg.networks.extra_input_shapes:
         return stage_cache.Made([], [], []), False
     path = _entry(cfg, desc.name, ["generated", file_sha(desc.to_json().encode("utf-8"))])
-    return _made(path, lambda said, skipped: at_extra_shapes(cfg, desc, skipped), None)
+    return _made(path, stage_cache.read_entry(path), lambda said, skipped: at_extra_shapes(cfg, desc, skipped), None)
 
 
 def make_networks(cfg: Config, progress: Progress | None = None) -> NetworksMade:
@@ -480,12 +483,13 @@ def make_networks(cfg: Config, progress: Progress | None = None) -> NetworksMade
     skipped: list[str] = []
     cached: list[str] = []  # networks read back from the stage's cache
     pruned: list[NetworkDescription] = []
-    kept = [stage_cache.read_entry(_source_entry(cfg, src)) for src in found]
+    entries = [_source_entry(cfg, src) for src in found]  # each looked up once: a miss is made, not read again
+    kept = [stage_cache.read_entry(entry) for entry in entries]
     for src, was_kept in zip(found, kept):
         if was_kept is None and src.check is not None:
             src.check()  # a factory that fails to build fails before any network is pruned
-    for src, was_kept in zip(found, kept):
-        made, hit = _variants(cfg, src, progress, was_kept)
+    for src, entry, was_kept in zip(found, entries, kept):
+        made, hit = _variants(cfg, src, entry, was_kept, progress)
         pruned += made.descriptions
         skipped += made.skipped
         cached += [src.name] if hit else []
@@ -511,8 +515,8 @@ def make_networks(cfg: Config, progress: Progress | None = None) -> NetworksMade
         these = []
         for desc in descs:
             one_image += [desc.name] if desc.untrainable_at_batch_one else []
-            path = _save(desc, folder / f"{desc.name}.json", changed, was(desc.name), recorded.get(desc.name))
-            shas[desc.name] = file_sha(desc.to_json().encode("utf-8"))
+            path, shas[desc.name] = _save(desc, folder / f"{desc.name}.json", changed, was(desc.name),
+                                          recorded.get(desc.name))
             these.append(_row(desc, path, models_dir))
         write_manifest(these, folder / "manifest.csv")
         rows += these
