@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -262,3 +263,39 @@ def test_each_network_is_looked_up_in_the_cache_once_and_each_description_serial
     for name in NAMES:
         path = tmp_path / "models" / "pruned" / "l1-norm" / f"{name}.json"
         assert shas[name] == file_sha(path.read_bytes())  # the sha recorded is of the bytes saved
+
+
+def test_a_module_a_factory_imports_from_elsewhere_on_the_path_keys_its_variants(tmp_path):
+    """A factory importing its width from a module of the user's on PYTHONPATH, outside the factory's folder: after
+    an edit of that module, the rerun read the variants back from the stage's cache (314 parameters, not 2,442) and
+    said the manifest unchanged; it makes the network again and says it changed. Modules of Python's own library and
+    of the installed packages (torch) are not read for the key."""
+    (tmp_path / "nets").mkdir()
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "outside_widths.py").write_text("WIDTH = 8\n")
+    (tmp_path / "nets" / "net.py").write_text(
+        "import json\nfrom torch import nn\nfrom outside_widths import WIDTH\n\n\ndef net(num_classes=10):\n"
+        "    return nn.Sequential(nn.Conv2d(3, WIDTH, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),\n"
+        "                         nn.Linear(WIDTH, num_classes))\n")
+    (tmp_path / "config.toml").write_text('[networks]\nzoo = []\nfactories = ["nets/net.py:net"]\n'
+                                          "input_shape = [3, 16, 16]\nnum_classes = 10\n")
+
+    def networks() -> subprocess.CompletedProcess:  # a process per run, as a user's: a module is imported once
+        done = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", "config.toml", "--stage",
+                               "networks"], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                              env={**os.environ, "PYTHONPATH": str(tmp_path / "lib")})
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done
+
+    assert "314 parameters" in networks().stdout
+    (tmp_path / "lib" / "outside_widths.py").write_text("WIDTH = 64\n")
+    again = networks()
+    assert "2,442 parameters" in again.stdout and "1 changed under the same name (net_l0" in again.stdout
+
+    from perf4sight.networks.factories import parse_factory
+    sys.path.insert(0, str(tmp_path / "lib"))
+    try:
+        files = parse_factory("nets/net.py:net", tmp_path).code_files
+    finally:
+        sys.path.remove(str(tmp_path / "lib"))
+    assert files == (tmp_path / "lib" / "outside_widths.py", tmp_path / "nets" / "net.py")

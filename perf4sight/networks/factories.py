@@ -50,18 +50,18 @@ class Factory:
     @property
     def code_files(self) -> tuple[Path, ...]:
         """The files whose bytes key what is cached of this factory's network: its own file, the Python files beside
-        it, which it may import (``_import``), and those of each package beside it that any of these imports
-        (``from blocks import layers``: ``blocks/**/*.py``)."""
+        it, which it may import (``_import``), those of each package beside it that any of these imports (``from
+        blocks import layers``: ``blocks/**/*.py``), and those of each module or package found elsewhere on
+        ``sys.path`` (``PYTHONPATH``, an editable install) that any of them imports: :func:`_own_module_files`."""
         folder = self.path.parent
         files = {self.path, *folder.glob("*.py")}
-        todo, packages = list(files), set()
+        todo, modules = list(files), set()
         while todo:
-            for name in _imported_modules(todo.pop()) - packages:
-                if (folder / name).is_dir():
-                    packages.add(name)
-                    found = set((folder / name).rglob("*.py")) - files
-                    files |= found
-                    todo.extend(found)
+            for name in _imported_modules(todo.pop()) - modules:
+                modules.add(name)
+                found = set(_own_module_files(name, folder)) - files
+                files |= found
+                todo.extend(found)
         return tuple(sorted(files))
 
 
@@ -94,6 +94,42 @@ def _imported_modules(path: Path) -> frozenset[str]:
     imported |= {n.module.partition(".")[0] for n in ast.walk(tree)
                  if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module}
     return frozenset(imported)
+
+
+def _own_module_files(name: str, folder: Path) -> tuple[Path, ...]:
+    """The Python files of the top-level module ``name`` that a file in ``folder`` imports, where they are a user's:
+    a package beside it (``folder/name/**/*.py``; a module beside it is among the files beside it already), and the
+    module or package the import finds on ``sys.path`` outside Python's own library, the installed packages and
+    perf4sight (none for those, for a built-in module, or for a name not found: an import that fails says so)."""
+    beside = tuple((folder / name).rglob("*.py")) if (folder / name).is_dir() else ()
+    try:  # the factory's folder comes last on sys.path (_import): a module of that name elsewhere is the one imported
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):  # a module whose __spec__ is unset, a name that is not one
+        spec = None
+    if spec is None:
+        return beside
+    places = [Path(p) for p in spec.submodule_search_locations or ()] or \
+        ([Path(spec.origin)] if spec.origin and spec.has_location else [])
+    places = [p.resolve() for p in places if not _not_a_users(p.resolve())]
+    return beside + tuple(f for p in places for f in (p.rglob("*.py") if p.is_dir() else [p]))
+
+
+@functools.lru_cache(maxsize=1)
+def _library_folders() -> tuple[Path, ...]:
+    """Where Python's own library, the installed packages (the environment's, the user's site) and perf4sight live."""
+    import site
+    import sysconfig
+
+    folders = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    folders |= set(getattr(site, "getsitepackages", lambda: [])()) | {site.getusersitepackages()}
+    folders |= {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    folders.add(str(Path(__file__).resolve().parents[1]))  # perf4sight/: its code keys the caches already
+    return tuple(Path(f).resolve() for f in folders if f)
+
+
+def _not_a_users(path: Path) -> bool:
+    """True where ``path`` is under one of :func:`_library_folders`."""
+    return any(path == f or f in path.parents for f in _library_folders())
 
 
 def _check_own_helpers(factory: Factory) -> None:
@@ -209,8 +245,9 @@ def describe_factory(spec: str, input_shape: list[int], num_classes: int,
                      cache_dir: Path | None = None) -> NetworkDescription:
     """The description of the network ``spec`` (``path/to/file.py:function``, relative to the current folder)
     builds, at ``input_shape`` ([C, H, W]), named after the function. With ``cache_dir`` it is cached there,
-    keyed by the bytes of the file and of the Python files beside it (``Factory.code_files``: an edited file is
-    described anew), the shape, the class count and the library versions, so a second request imports no torch."""
+    keyed by the bytes of the file, of the Python files beside it and of the user's modules they import
+    (``Factory.code_files``: an edited file is described anew), the shape, the class count and the library versions,
+    so a second request imports no torch."""
     from perf4sight.networks.zoo import cache_file, cached_description
 
     factory = parse_factory(spec, Path.cwd())

@@ -5,9 +5,10 @@ has no network of that name, the network (a zoo network, or one of the config's 
 description files) is pruned here to that level exactly as the networks stage would (``[networks.pruning]``
 strategy, min_channels and seed; the same seeded build), at the input shape asked for. The variant is cached under
 ``<models_dir>/zoo-cache/`` beside the zoo descriptions, keyed by the settings, the library versions and the pruning
-code, and for one of the config's own networks by the bytes of its description file, or of its factory's file and
-the Python files beside it, too (an edited file is pruned anew), so a second request reads a file instead of
-importing torch. Within a process a network is traced for pruning once, whatever the number of levels asked of it.
+code, and for one of the config's own networks by the bytes of its description file, or of its factory's file, the
+Python files beside it and the user's modules they import, too (an edited file is pruned anew), so a second request
+reads a file instead of importing torch. Within a process a network is traced for pruning once, whatever the number
+of levels asked of it.
 
 ``prunable_networks`` says which names can be pruned so (the compare report's pruning section and
 ``--prune-to-fit`` ask), and ``variant_at`` gives a level of one at a device's input shape: the networks stage's

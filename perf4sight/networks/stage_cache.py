@@ -4,13 +4,14 @@ interrupt, reads each network's variants back instead of pruning and tracing it 
 One entry per network (a zoo network, a factory, a description file; a generated network's variants at ``[networks]
 extra_input_shapes``) under ``<models_dir>/zoo-cache/networks-stage/``: its descriptions, the notes on what was left
 out, and the progress lines it printed. An entry is keyed by everything that decides what it holds, so that a change is
-never read past: the network (its name and source; a factory's file and the Python files beside it, the size and time of
-its other files beside it, which it may read; a description file's bytes), every ``[networks]`` setting but the lists of
-other networks and the generator's (input shapes, class counts, the whole ``[networks.pruning]`` table), the versions of
-Python, torch, torchvision, torch-pruning and numpy, the machine's architecture, and the bytes of every file of the
-perf4sight package. What a factory imports or reads from outside its own folder is not in the key (as for the variants
-pruned on request): after an edit there, delete ``zoo-cache/``. Best effort: an entry that cannot be read is made again,
-one that cannot be written is passed over.
+never read past: the network (its name and source; a factory's code files, ``Factory.code_files``: its file, the
+Python files beside it and the user's modules they import; the size and time of its other files beside it, which it
+may read; a description file's bytes), every ``[networks]`` setting but the lists of other networks and the
+generator's (input shapes, class counts, the whole ``[networks.pruning]`` table), the versions of Python, torch,
+torchvision, torch-pruning and numpy, the machine's architecture, and the bytes of every file of the perf4sight
+package. A data file a factory reads from outside its own folder or below it is not in the key (as for the variants
+pruned on request): after an edit there, delete ``zoo-cache/``. Best effort: an entry that cannot be read is made
+again, one that cannot be written is passed over.
 """
 from __future__ import annotations
 
