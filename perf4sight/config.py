@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from perf4sight.errors import UserError
+from perf4sight.ir.shapes import image_size_problem
 from perf4sight.networks.design_space import DEFAULT_STYLES
 from perf4sight.profiling.plan import MAX_BATCH_SIZE
 
@@ -440,9 +441,13 @@ def _check_networks(cfg: Config, f: Path | None) -> None:
     shape = cfg.networks.input_shape
     if len(shape) != 3 or any(s < 1 for s in shape):
         raise UserError(f"{f}: [networks] input_shape must be [channels, height, width], got {shape}")
+    if image_size_problem(shape):
+        raise UserError(f"{f}: [networks] input_shape: {image_size_problem(shape)}")
     for extra in cfg.networks.extra_input_shapes:
         if len(extra) != 3 or any(s < 1 for s in extra):
             raise UserError(f"{f}: [networks] extra_input_shapes: each must be [channels, height, width], got {extra}")
+        if image_size_problem(extra):
+            raise UserError(f"{f}: [networks] extra_input_shapes: {image_size_problem(extra)}")
         if extra[0] != shape[0]:
             raise UserError(f"{f}: [networks] extra_input_shapes: {extra} has {extra[0]} channels, input_shape "
                             f"{shape} has {shape[0]}: the networks take one channel count; give other heights and "

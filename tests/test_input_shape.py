@@ -195,3 +195,19 @@ def test_a_shape_given_as_text_is_named_whole():
                     [3, 16, 16], name="flat")
     with pytest.raises(UserError, match=r"^flat: input shape must be \[C, H, W\].*; got '3x24x24'$"):
         described_at(flat, "3x24x24")
+
+
+def test_an_image_of_more_than_two_billion_elements_is_refused_by_describe_and_the_config(tmp_path):
+    """A typo's extra digits (3x99999999x99999999) were described and predicted, absurd figures with the usual note on
+    extrapolation; one image over 2^31 elements (8 GiB as float32) is now refused in one line, by describe (and so
+    --input-shape and the Python API) and by the config's input shapes. One at the limit is described."""
+    with pytest.raises(UserError, match=r"^net: one image of 3x99999999x99999999 is 29,999,999,400,000,003 elements "
+                                        r"\(111,758,707 GiB as float32\), more than the 2,147,483,648 "):
+        describe(nn.Sequential(nn.Conv2d(3, 2, 3)), [3, 99999999, 99999999], "net")
+    at_limit = describe(nn.Sequential(nn.Conv2d(2, 1, 1)), [2, 2 ** 15, 2 ** 15], "net")  # meta tensors: no memory
+    assert at_limit.nodes[-1].output_shape == [1, 2 ** 15, 2 ** 15]
+    for key, value in (("input_shape", "[3, 65536, 65536]"), ("extra_input_shapes", "[[3, 65536, 65536]]")):
+        config = tmp_path / f"{key}.toml"
+        config.write_text(f"[networks]\nzoo = []\n{key} = {value}\n")
+        with pytest.raises(UserError, match=rf"\[networks\] {key}: one image of 3x65536x65536 is 12,884,901,888 "):
+            load_config(config)

@@ -27,6 +27,7 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import INTERPOLATE_MODES, NetworkDescription, Node, count_params
+from perf4sight.ir.shapes import image_size_problem
 
 __all__ = ["describe", "check_input_shape", "forward_error", "has_lazy_parameters", "in_mode",
            "stderr_kept_on_success"]
@@ -571,7 +572,10 @@ def check_input_shape(input_shape: Any, where: str) -> list[int]:
     if not ok:
         raise UserError(f"{where}: input shape must be [C, H, W], three positive integers for one image "
                         f"(no batch dimension), e.g. [3, 224, 224]; got {input_shape!r}")
-    return [int(v) for v in input_shape]
+    shape = [int(v) for v in input_shape]
+    if image_size_problem(shape):
+        raise UserError(f"{where}: {image_size_problem(shape)}")
+    return shape
 
 
 def _root_message(exc: BaseException) -> str:

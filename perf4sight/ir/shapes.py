@@ -8,7 +8,8 @@ has its input count checked.
 """
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-__all__ = ["shape_problem", "ARITY", "element_count", "shape_text", "window_pair", "windows_of"]
+__all__ = ["shape_problem", "ARITY", "element_count", "image_size_problem", "shape_text", "window_pair",
+           "windows_of"]
 
 _UNARY = ("relu", "relu6", "hardswish", "sigmoid", "hardsigmoid", "silu", "gelu", "tanh", "identity", "dropout",
           "leaky_relu", "elu", "softplus", "mish")
@@ -60,6 +61,20 @@ def element_count(shape: List[int]) -> int:
     for s in shape:
         n *= s
     return n
+
+
+#: The most elements one input image may have: 2^31, 8 GiB as float32 for one image of the batch, more than any
+#: device this tool profiles holds for a training step (a typo's extra digits: 3x99999999x99999999)
+MAX_IMAGE_ELEMENTS = 2 ** 31
+
+
+def image_size_problem(shape: List[int]) -> str:
+    """What is wrong with an input image of ``shape`` ([C, H, W]) for its size ("" if nothing)."""
+    n = element_count(shape)
+    if n <= MAX_IMAGE_ELEMENTS:
+        return ""
+    return (f"one image of {shape_text(shape)} is {n:,} elements ({n * 4 / 2 ** 30:,.0f} GiB as float32), more than "
+            f"the {MAX_IMAGE_ELEMENTS:,} a training step's input may have")
 
 
 def _pair(v: Any) -> List[int]:
