@@ -430,6 +430,38 @@ def test_allocation_model_writes_down_a_group_norm_as_traced():
     assert sum(stats) == 2 * 2 * 3  # the two norms of 4 groups: a mean and a 1/std each, each of 3 steps
 
 
+def test_allocation_model_writes_down_a_transposed_convolution_as_traced():
+    """A transposed convolution allocates its output (aten.convolution) and keeps its input; its backward allocates
+    the input's gradient, the weight's, then the bias's (aten.convolution_backward), as torch runs it: on the
+    network's input (no input gradient), grouped without a bias, on a slice of a tensor (strided), with an output
+    padding, in a U-Net's decoder whose upsampled map is concatenated with the skip."""
+    import torch
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.d1, self.d2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 24, 3, stride=2, padding=1)
+            self.up = nn.ConvTranspose2d(16, 8, 3, stride=2, padding=1, output_padding=1)
+            self.up2 = nn.ConvTranspose2d(16, 8, 4, stride=2, padding=1, groups=8, bias=False)
+            self.first, self.out, self.fc = nn.ConvTranspose2d(3, 4, 2), nn.Conv2d(24, 2, 1), nn.Linear(4, 2)
+
+        def forward(self, x):
+            skip = torch.relu(self.d1(x))
+            low = torch.relu(self.d2(skip))
+            y = self.out(torch.cat([skip, self.up(low[:, :16]), self.up2(low[:, 8:])], 1)).mean((2, 3))
+            return y + self.fc(self.first(x).mean((2, 3)))
+
+    desc = describe(Net(), [3, 16, 16], "decoder")
+    assert sum(n.op == "conv_transpose2d" for n in desc.nodes) == 3
+    model, traced = record_events(desc, 3, steps=3, method="model"), record_events(desc, 3, steps=3, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+    grads = {size for _, _, size, op in model if op == "aten.convolution_backward.default"}
+    assert 3 * 16 * 8 * 8 * 4 in grads  # up's input gradient: of its input, a slice [3, 16, 8, 8], at a batch of 3
+
+
 def test_allocation_model_on_generated_networks():
     from perf4sight.networks.generator import STYLES, GeneratorSettings, generate
     descs = generate(GeneratorSettings(count=10, seed=11), [3, 32, 32], 10)

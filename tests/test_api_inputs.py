@@ -455,3 +455,33 @@ def test_the_configs_own_network_wins_a_zoo_network_of_its_name(tmp_path):
     (own,) = resolve_networks(cfg, ["resnet18"], shape)
     assert own.num_classes == 100 and own.params == load_description(
         tmp_path / "models" / "pruned" / "l1-norm" / "resnet18_l0.json").params
+
+
+class _UpsamplingNet(nn.Module):
+    """A U-Net's shape at 16x16: a convolution down, a transposed convolution back up, the skip concatenated, then a
+    classifier (the fitted predictors' networks are classifiers)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down, self.skip = nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.Conv2d(3, 8, 3, padding=1)
+        self.up = nn.ConvTranspose2d(8, 8, 2, stride=2)
+        self.head = nn.Sequential(nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+
+    def forward(self, x):
+        return self.head(torch.cat([self.skip(x), self.up(torch.relu(self.down(x)))], 1))
+
+
+def test_a_module_with_a_transposed_convolution_is_predicted(fitted):
+    """A module with a ConvTranspose2d was refused ("no description op"); each predictor predicts its step, its
+    transposed convolution costed as a convolution of its MACs (its cost above a module without it)."""
+    out, _ = fitted
+    without = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                            nn.Linear(8, 10))
+    for kind in ("trees", "gnn", "ensemble"):
+        predictor = load_predictor(out, kind)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # a kind of layer the training networks lacked
+            got = predictor.predict_module(_UpsamplingNet(), SHAPE, [4], name="unet")[0]
+            base = predictor.predict_module(without, SHAPE, [4], name="plain")[0]
+        assert got["network"] == "unet" and 0 < got["memory_mb"] and 0 < got["latency_ms"], got
+        assert got["memory_mb"] >= base["memory_mb"]

@@ -676,3 +676,37 @@ def test_a_tensor_that_needs_no_gradient_gets_none_to_accumulate():
         kernels = {skip: network_features(d).static["kernels_bwd"] for skip, d in descs.items()}
         assert torch_adds == {"none": 0, "x": 0, "c": 1}, pool
         assert kernels["x"] == kernels["none"] == kernels["c"] - 1, pool
+
+
+@pytest.mark.parametrize("layer", [(16, 8, 3, 2, 1, 1, 1, 1, True), (8, 8, 4, 2, 1, 0, 8, 1, False),
+                                   (6, 4, 3, 1, 0, 0, 2, 2, True)])
+def test_a_transposed_convolution_costs_what_torch_s_flop_counter_counts(layer):
+    """A transposed convolution's forward is Cin x Cout / groups x kh x kw MACs per input pixel (2 FLOPs each, and an
+    add per output element for its bias), as torch's FlopCounterMode counts it at a batch of 2; its backward the
+    input's gradient and the weight's, the same MACs each, the input's left out for a first layer. (The counter's
+    backward of a grouped convolution, transposed or not, counts the weight's gradient groups times over: compared
+    where groups is 1.) Its weight and bias are the parameters, its input the tensor kept."""
+    import torch
+    from torch import nn
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from perf4sight.ir.from_torch import describe
+
+    cin, cout, k, stride, pad, out_pad, groups, dilation, bias = layer
+    module = nn.ConvTranspose2d(cin, cout, k, stride, pad, out_pad, groups, bias, dilation)
+    node = describe(nn.Sequential(module), [cin, 7, 9], "up").nodes[1]
+    assert node.op == "conv_transpose2d"
+    x = torch.randn(2, cin, 7, 9, requires_grad=True)
+    with FlopCounterMode(display=False) as forward:
+        y = module(x)
+    with FlopCounterMode(display=False) as backward:
+        y.sum().backward()
+    for first in (False, True):
+        c = _cost(node, [[cin, 7, 9]], first=first)
+        bias_flops = cout * node.output_shape[1] * node.output_shape[2] if bias else 0
+        assert c.macs == cin * cout // groups * k * k * 7 * 9 and 2 * 2 * c.macs == forward.get_total_flops()
+        assert c.flops_fwd == 2 * c.macs + bias_flops
+        assert c.flops_bwd - bias_flops == (2 if first else 4) * c.macs
+        assert c.params == sum(p.numel() for p in module.parameters()) and c.saved == [0]
+    if groups == 1:  # at a batch of 2, the input's gradient too
+        assert 2 * (_cost(node, [[cin, 7, 9]]).flops_bwd - bias_flops) == backward.get_total_flops()

@@ -1268,6 +1268,70 @@ def test_a_group_norm_is_described_with_its_groups_and_channels():
             NetworkDescription.from_dict(broken)
 
 
+class _SmallUNet(nn.Module):
+    """A U-Net's levels: convolutions down, transposed convolutions up (a layer given its output size at the call, a
+    grouped call on the module's own weight and bias, a dilated one with an output padding), skips concatenated."""
+
+    def __init__(self, side: int) -> None:
+        super().__init__()
+        self.odd = side % 2  # an odd side: the grouped call pads by 1 and adds an output padding of 1
+        self.down1, self.down2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 16, 3, stride=2, padding=1)
+        self.up = nn.ConvTranspose2d(16, 8, 3, stride=2, padding=1)
+        self.own = nn.Module()  # the call's weight [Cin, Cout / groups, kh, kw] and bias, in node order (after up's)
+        self.own.weight, self.own.bias = nn.Parameter(torch.randn(16, 2, 2, 2)), nn.Parameter(torch.randn(8))
+        self.wide = nn.ConvTranspose2d(24, 4, 3, stride=1, padding=2, output_padding=1, dilation=2, bias=False)
+        self.head = nn.Conv2d(4, 2, 1)
+
+    def forward(self, x):
+        skip = torch.relu(self.down1(x))
+        low = torch.relu(self.down2(skip))
+        up = self.up(low, output_size=skip.shape[2:])  # 15 at an odd side: an output padding of 0; 16: of 1
+        grouped = F.conv_transpose2d(low, self.own.weight, self.own.bias, 2, self.odd, self.odd, 4)
+        return self.head(self.wide(torch.cat([skip, up, grouped], 1)))
+
+
+@pytest.mark.parametrize("side", [15, 16])
+def test_a_transposed_convolution_is_described_and_rebuilt(side):
+    """ConvTranspose2d (a U-Net's, an FCN's or a GAN generator's upsampling) was refused as a layer without a
+    description op; it is the op conv_transpose2d, as a layer and as F.conv_transpose2d on the module's own weight,
+    its channels, kernel, stride, padding, output padding (an output size given at the call read into it), dilation,
+    groups and bias kept and its weight counted, and the module rebuilt from it computes what the layers did."""
+    torch.manual_seed(0)
+    module = _SmallUNet(side).eval()
+    desc = NetworkDescription.from_dict(describe(module, [3, side, side], "unet").to_dict())
+    transposed = [n for n in desc.nodes if n.op == "conv_transpose2d"]
+    assert [n.attrs for n in transposed] == [
+        {"in_channels": 16, "out_channels": 8, "kernel_size": [3, 3], "stride": [2, 2], "padding": [1, 1],
+         "output_padding": [side - 15] * 2, "dilation": [1, 1], "groups": 1, "bias": True},
+        {"in_channels": 16, "out_channels": 8, "kernel_size": [2, 2], "stride": [2, 2], "padding": [side % 2] * 2,
+         "output_padding": [side % 2] * 2, "dilation": [1, 1], "groups": 4, "bias": True},
+        {"in_channels": 24, "out_channels": 4, "kernel_size": [3, 3], "stride": [1, 1], "padding": [2, 2],
+         "output_padding": [1, 1], "dilation": [2, 2], "groups": 1, "bias": False}]
+    assert [n.output_shape for n in transposed] == [[8, side, side], [8, side, side], [4, side + 1, side + 1]]
+    assert desc.params == sum(p.numel() for p in module.parameters())
+    _assert_same_function(desc, module, [3, side, side])
+
+
+def test_a_transposed_convolution_s_attrs_are_checked_when_read():
+    """An output padding torch refuses to run (not smaller than the stride or the dilation), groups that do not
+    divide the channels, channels other than the input's, or a padding that leaves no output, are refused by name."""
+    desc = describe(nn.Sequential(nn.ConvTranspose2d(3, 8, 4, stride=2, padding=1), nn.Conv2d(8, 2, 1)),
+                    [3, 8, 8], "up")
+    assert desc.nodes[1].output_shape == [8, 16, 16]
+    for attr, value, match in (("output_padding", [2, 0], r"output_padding \[2, 0\] must be smaller"),
+                               ("groups", 3, "groups 3 does not divide"), ("in_channels", 4, "in_channels 4 but"),
+                               ("padding", 9, "leaves no output")):
+        broken = desc.to_dict()
+        broken["nodes"][1]["attrs"][attr] = value
+        broken.pop("params")
+        with pytest.raises(UserError, match=match):
+            NetworkDescription.from_dict(broken)
+    # torch's meta kernel, which describe's shapes come from, takes what its CPU and CUDA kernels refuse
+    with pytest.raises(UserError, match=r"output_padding \[1, 1\] must be smaller than either the stride \[1, 1\] "
+                                        r"or the dilation \[1, 1\]"):
+        describe(nn.Sequential(nn.ConvTranspose2d(3, 8, 3, output_padding=1)), [3, 8, 8], "bad")
+
+
 class _WithSpare(nn.Module):
     """``body`` and a layer its forward never calls."""
 

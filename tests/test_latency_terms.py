@@ -1,6 +1,8 @@
 """Kernel-level latency terms: hand-checked GEMM dims, tile padding, kernel counts, batch scaling."""
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 import pytest
 
@@ -127,3 +129,50 @@ def test_feature_matrix_carries_latency_columns():
 def test_row_count_mismatch_is_an_error():
     with pytest.raises(ValueError):
         latency_columns([kernel_table(_two_convs())], [1, 2])
+
+
+def _gradient_pair(groups: int):
+    """(a network with a transposed convolution from 16 channels at 8x8 to 8 at 16x16, the same network with the
+    conv2d it is the input gradient of, from 8 channels at 16x16 to 16 at 8x8), each after a 1x1 conv2d (so that
+    both compute their input's gradient), and the two 1x1 convs alone."""
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    stems = nn.Conv2d(4, 16, 1), nn.Conv2d(4, 8, 1)
+    up = nn.Sequential(stems[0], nn.ConvTranspose2d(16, 8, 3, 2, 1, 1, groups=groups))
+    down = nn.Sequential(stems[1], nn.Conv2d(8, 16, 3, 2, 1, groups=groups))
+    return (describe(up, [4, 8, 8], "up"), describe(down, [4, 16, 16], "down"),
+            describe(nn.Sequential(stems[0]), [4, 8, 8], "up_stem"),
+            describe(nn.Sequential(stems[1]), [4, 16, 16], "down_stem"))
+
+
+def _gemm_rows(desc) -> collections.Counter:
+    """The GEMMs of ``desc``'s kernel table: (M, N, K, the dimension the batch scales), counted."""
+    kt = kernel_table(desc)
+    g = kt.kind == GEMM
+    return collections.Counter(zip(map(tuple, kt.dims[g].round(6).tolist()), kt.batch_dim[g].tolist()))
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_a_transposed_convolution_runs_the_gemms_of_the_conv_it_is_the_gradient_of(groups):
+    """A transposed convolution's forward is the input gradient of a conv2d from its output to its input, and its
+    input gradient that conv's forward: its three GEMMs per group (dims, FLOPs) are that conv's, its forward's rows
+    per sample along M like the conv's input gradient's; the perf4sight-conv set reads its forward as that conv's
+    input gradient and its input gradient as that conv's forward."""
+    from perf4sight.features.perf4sight_set import PERF4SIGHT_FEATURES, perf4sight_vectors
+
+    up, down, up_stem, down_stem = _gradient_pair(groups)
+    transposed, conv = _gemm_rows(up) - _gemm_rows(up_stem), _gemm_rows(down) - _gemm_rows(down_stem)
+    assert sum(transposed.values()) == 3 * groups and transposed == conv
+    cols = {n: i for i, n in enumerate(PERF4SIGHT_FEATURES)}
+    own = [np.concatenate(perf4sight_vectors(net)) - np.concatenate(perf4sight_vectors(stem))
+           for net, stem in ((up, up_stem), (down, down_stem))]
+    algorithms = [n[len("fwd_"):] for n in PERF4SIGHT_FEATURES if n.startswith("fwd_")]
+    for side in (0, len(PERF4SIGHT_FEATURES)):  # the static part, then the per-sample one
+        for a in algorithms:
+            for mine, its in (("fwd", "bwd_data"), ("bwd_data", "fwd"), ("bwd_weight", "bwd_weight")):
+                assert own[0][side + cols[f"{mine}_{a}"]] == own[1][side + cols[f"{its}_{a}"]]
+    assert own[0][cols["n_conv"]] == 1 and own[0][cols["conv_weight_bytes"]] == own[1][cols["conv_weight_bytes"]] > 0
+    assert own[0][len(PERF4SIGHT_FEATURES) + cols["fwd_gemm_c_bytes"]] != own[0][
+        len(PERF4SIGHT_FEATURES) + cols["bwd_data_gemm_c_bytes"]]  # the passes' outputs differ: the swap shows

@@ -56,17 +56,18 @@ def test_every_schema_op_has_one_onnx_type():
 class _Views(torch.nn.Module):
     """The ops no zoo network here uses: gelu, avgpool2d, tanh, transpose, narrow, unsqueeze, squeeze,
     adaptivemaxpool2d, select, mean, silu, leaky_relu (in place), elu, mish (in place), softplus (torch's
-    defaults, which ONNX's Softplus is) and groupnorm."""
+    defaults, which ONNX's Softplus is), groupnorm and conv_transpose2d (without a bias, with an output padding)."""
 
     def __init__(self):
         super().__init__()
         self.conv, self.norm = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.GroupNorm(2, 8, eps=1e-3)
         self.pool = torch.nn.AvgPool2d(2)
+        self.up = torch.nn.ConvTranspose2d(8, 8, 3, stride=2, padding=1, output_padding=1, bias=False)
         self.amax = torch.nn.AdaptiveMaxPool2d(2)
         self.fc = torch.nn.Linear(8, 10)
 
     def forward(self, x):
-        y = torch.tanh(self.pool(torch.nn.functional.gelu(self.norm(self.conv(x))))).transpose(2, 3)[:, :, 1:3]
+        y = torch.tanh(self.pool(torch.nn.functional.gelu(self.up(self.norm(self.conv(x)))))).transpose(2, 3)[:, :, 1:3]
         y = self.amax(torch.squeeze(torch.unsqueeze(torch.nn.functional.leaky_relu(y, 0.2, True), 1), 1))[:, :, :, 0]
         y = torch.nn.functional.mish(torch.nn.functional.elu(y.mean(2), 0.5), True)
         y = torch.nn.functional.softplus(y)
@@ -117,7 +118,7 @@ def test_foreign_reading_rebuilds_the_same_network(name):
     assert [(n.op, n.output_shape) for n in back.nodes] == [(n.op, n.output_shape) for n in desc.nodes]
     views = [n for n in desc.nodes
              if n.op in ("reshape", "flatten", "squeeze", "unsqueeze", "transpose", "select", "narrow", "permute",
-                         "layernorm", "groupnorm", "scale", "shift", "token", "attention")]
+                         "layernorm", "groupnorm", "scale", "shift", "token", "attention", "conv_transpose2d")]
     assert views and all(back.node(n.name).attrs == n.attrs for n in views)
     assert network_features(back).per_sample == network_features(desc).per_sample
     assert _output_shape(back) == _output_shape(desc) == [2, 10]
@@ -164,6 +165,27 @@ def test_onnx_group_normalization_is_read_as_a_group_norm():
     assert desc.node("norm").op == "groupnorm"
     assert desc.node("norm").attrs == {"num_groups": 4, "num_channels": 8, "eps": 1e-6}
     assert desc.params == 3 * 8 + 8 + 2 * 8
+
+
+def test_onnx_conv_transpose_is_read_as_a_transposed_convolution():
+    """ONNX's ConvTranspose (kernel_shape, strides, pads, dilations, group; a bias told by the weights' bytes) is a
+    conv_transpose2d; an output padding it does not give is the one its output shape takes (ONNX's output_shape)."""
+    import networkx as nx
+
+    g = nx.DiGraph(source="another tool")
+    g.add_node("conv", feature={"type": "Conv", "args": {"kernel_shape": [1, 1], "group": 1}, "memory_info": {
+        "batch_size": 2, "input_shape": [2, 3, 5, 5], "output_shape": [2, 8, 5, 5]}})
+    g.add_node("up", feature={"type": "ConvTranspose", "args": {"kernel_shape": [3, 3], "strides": [2, 2],
+                                                                 "pads": [1, 1, 1, 1], "group": 2},
+                              "memory_info": {"batch_size": 2, "input_shape": [2, 8, 5, 5],
+                                              "output_shape": [2, 4, 10, 10], "weight_size": 4 * 8 * 2 * 9}})
+    g.add_edge("conv", "up")
+    desc, _ = graph_to_description(g, "foreign", "foreign.pkl")
+    assert desc.node("up").op == "conv_transpose2d"
+    assert desc.node("up").attrs == {"in_channels": 8, "out_channels": 4, "kernel_size": [3, 3], "stride": [2, 2],
+                                     "padding": [1, 1], "output_padding": [1, 1], "dilation": [1, 1], "groups": 2,
+                                     "bias": False}
+    assert desc.params == 3 * 8 + 8 + 8 * 2 * 9
 
 
 class _Squeezer(torch.nn.Module):

@@ -36,7 +36,7 @@ from perf4sight.features.latency_terms import LATENCY_FEATURES, KernelTable, ker
 from perf4sight.features.priced_ops import priced_ms_per_sample
 from perf4sight.features.step_runtime import StepRuntime
 from perf4sight.features.walk import consumer_counts, gradient_accumulations, walk
-from perf4sight.ir.schema import NetworkDescription
+from perf4sight.ir.schema import NetworkDescription, Node
 
 __all__ = ["BeyondReplay", "NetworkFeatures", "network_features", "features_for", "feature_matrix", "unsupported_ops",
            "FEATURE_NAMES", "SCALED_FEATURES", "STATIC_FEATURES",
@@ -169,7 +169,7 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
         node, cost = visit.node, visit.cost
         shapes[node.name] = node.output_shape
         base[node.name] = visit.base
-        weighted = node.op in ("conv2d", "linear")
+        weighted = node.op in ("conv2d", "linear", "conv_transpose2d")
         depth[node.name] = max((depth[i] for i in node.inputs), default=0) + (1 if weighted else 0)
         if cost is None:
             unsupported.append(f"{node.name} ({node.op})")
@@ -178,12 +178,16 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
         if cost.kind in ("dense", "depthwise", "grouped"):
             ps[f"{cost.kind}_macs"] += cost.macs
             kh, kw = node.attrs["kernel_size"]
-            if cost.kind != "depthwise" and kh * kw > 1:
+            if node.op == "conv_transpose2d":
+                ps["im2col_bytes"] += _transposed_columns_bytes(node, shapes[node.inputs[0]], cost.kind)
+            elif cost.kind != "depthwise" and kh * kw > 1:
                 ps["im2col_bytes"] += (node.attrs["in_channels"] * kh * kw * numel(node.output_shape[1:])
                                        * BYTES_PER_ELEMENT)
-            if (kh, kw) == (1, 1) and all(list(node.attrs.get(k, [1, 1])) == [1, 1] for k in ("stride", "dilation")):
+            native = node.op == "conv2d"  # the dispatch terms were measured on conv2d's paths, not a transposed one's
+            if native and (kh, kw) == (1, 1) and all(list(node.attrs.get(k, [1, 1])) == [1, 1]
+                                                     for k in ("stride", "dilation")):
                 ps["native_conv_macs"] += cost.macs
-            elif (node.attrs.get("groups", 1) == 1 and min(kh, kw) <= 3
+            elif (native and node.attrs.get("groups", 1) == 1 and min(kh, kw) <= 3
                   and numel(shapes[node.inputs[0]]) <= NATIVE_CONV_MAX_INPUT):
                 ps["native_conv_macs_b1"] += cost.macs
             if cost.kind == "depthwise" and is_dilated(node):
@@ -247,6 +251,16 @@ def allocator_bytes(sizes: np.ndarray, batch_size: float | np.ndarray) -> float 
     return float(tot[0]) if bs.ndim == 0 else tot
 
 
+def _transposed_columns_bytes(node: Node, in_shape: list[int], kind: str) -> float:
+    """A transposed convolution's counterpart of a conv2d's im2col buffer (bytes per sample): lowered to a GEMM, it
+    multiplies the input by the weight into columns of ``Cout x kh x kw`` per input pixel, then adds them into the
+    output (col2im). None for a depthwise one or a 1x1 kernel, as for a conv2d."""
+    kh, kw = node.attrs["kernel_size"]
+    if kind == "depthwise" or kh * kw == 1:
+        return 0.0
+    return float(node.attrs["out_channels"] * kh * kw * numel(in_shape[1:]) * BYTES_PER_ELEMENT)
+
+
 def _accumulate(ps: dict[str, float], st: dict[str, float], cost: OpCost, op: str) -> None:
     ps["macs"] += cost.macs
     ps["flops_fwd"] += cost.flops_fwd
@@ -261,7 +275,7 @@ def _accumulate(ps: dict[str, float], st: dict[str, float], cost: OpCost, op: st
     st["param_tensors"] += cost.param_tensors
     st["kernels_fwd"] += cost.kernels_fwd
     st["kernels_bwd"] += cost.kernels_bwd
-    st["n_conv"] += op == "conv2d"
+    st["n_conv"] += op in ("conv2d", "conv_transpose2d")
     st["n_depthwise"] += cost.kind == "depthwise"
     st["n_cat"] += op == "cat"
     st["n_add"] += op == "add"

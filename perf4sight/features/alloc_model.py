@@ -47,7 +47,8 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
   Out-of-place activations keep their input (hardswish, hardsigmoid, SiLU, GELU) or their result
   (sigmoid, tanh). Group norm allocates its output, then a mean and a 1/std per sample and group; it keeps its
   input and those two (its weight is a parameter), and its backward allocates the input's gradient, then the
-  weight's and bias's.
+  weight's and bias's. A transposed convolution is ``aten.convolution`` as a conv2d is: its output; it keeps its input
+  (a strided one as it is), and its backward allocates the input's gradient, the weight's, then the bias's.
 """
 from __future__ import annotations
 
@@ -69,7 +70,8 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "adaptiveavgpool2d", "mean", "add", "mul", "cat", "reshape", "flatten", "squeeze", "unsqueeze",
                      "identity", "dropout", "hardswish", "hardsigmoid", "silu", "gelu", "sigmoid", "tanh",
                      "transpose", "narrow", "select", "adaptivemaxpool2d", "interpolate", "leaky_relu", "elu",
-                     "softplus", "mish", "groupnorm"})
+                     "softplus", "mish", "groupnorm",
+                     "conv_transpose2d"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
                 "gelu": ("gelu", "input"), "sigmoid": ("sigmoid", "result"), "tanh": ("tanh", "result"),
@@ -78,7 +80,7 @@ _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoi
 _VIEWS = {"reshape", "flatten", "squeeze", "unsqueeze"}
 #: Ops that take a strided (non-contiguous) input as it is; any other op on one is not covered,
 #: except elementwise ones on inputs whose dimensions keep their order (their output is contiguous).
-_TAKE_STRIDED = {"conv2d", "cat", "identity", "transpose", "narrow", "select"} | _VIEWS
+_TAKE_STRIDED = {"conv2d", "conv_transpose2d", "cat", "identity", "transpose", "narrow", "select"} | _VIEWS
 _ELEMENTWISE = {"add", "mul"} | set(_ACTIVATIONS)
 
 
@@ -214,7 +216,7 @@ class _Memory:
 def _params(node: Node) -> tuple[list[int], list[int]]:
     """(parameter bytes, buffer bytes) of ``node``'s module, in registration order."""
     a = node.attrs
-    if node.op == "conv2d":
+    if node.op in ("conv2d", "conv_transpose2d"):  # a transposed one's weight: [Cin, Cout / groups, kh, kw]
         kh, kw = a["kernel_size"]
         w = a["out_channels"] * (a["in_channels"] // a["groups"]) * kh * kw * FLOAT
         return ([w, a["out_channels"] * FLOAT] if a["bias"] else [w]), []
@@ -393,11 +395,12 @@ def _forward(n: Node, ins: list[_Value], in_shapes: list[list[int]], b: int, mem
 
 
 def _with_parameters(ctx: _OpContext) -> _Value:
-    """conv2d, batchnorm2d, groupnorm, linear: the layers with parameters (each parameter's gradient: its bytes)."""
+    """conv2d, conv_transpose2d, batchnorm2d, groupnorm, linear: the layers with parameters (each parameter's
+    gradient: its bytes)."""
     n, x, nbytes = ctx.node, ctx.x, ctx.nbytes
     pbytes, _ = _params(n)
     pedges = [("param", ctx.first_param + k) for k in range(len(pbytes))]
-    if n.op == "conv2d":
+    if n.op in ("conv2d", "conv_transpose2d"):  # aten.convolution, transposed or not: keeps its input
         sid = ctx.alloc("convolution.default")
         grads = ["aten.convolution_backward.default"] * (1 + len(pbytes))
         return _Value(sid, nbytes, ctx.grad_fn([x.sid], [_edge(x)] + pedges, [x.nbytes] + pbytes, grads))
@@ -540,7 +543,8 @@ def _view_op(ctx: _OpContext) -> _Value:
 
 #: op -> the handler that runs it forward ("input" is the caller's).
 _HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
-    **dict.fromkeys(("conv2d", "batchnorm2d", "groupnorm", "linear"), _with_parameters),
+    **dict.fromkeys(("conv2d", "batchnorm2d", "groupnorm", "linear",
+                     "conv_transpose2d"), _with_parameters),
     **dict.fromkeys(("relu", "relu6", "dropout", *_ACTIVATIONS), _activation),
     **dict.fromkeys(("maxpool2d", "adaptivemaxpool2d", "avgpool2d", "adaptiveavgpool2d", "mean"), _pooling),
     **dict.fromkeys(("add", "mul", "cat"), _combine),

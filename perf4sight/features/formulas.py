@@ -97,6 +97,32 @@ def _conv2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
                   kind=kind)
 
 
+def _conv_transpose2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """A transposed convolution: the gradient, by its input, of a conv2d from its output to its input. Each input
+    pixel meets the whole ``[Cin / g, Cout / g, kh, kw]`` weight of its group: MACs = ``Cin x Cout / g x kh x kw x
+    Hin x Win`` (FLOPs: 2 a MAC, plus an add an output element for the bias), as torch's FlopCounterMode counts. Its
+    backward, as a conv2d's: the input's gradient (a conv2d of the output's gradient, the same MACs; none for a
+    ``first`` layer) and the weight's (the same MACs), and the bias's (an add an output element). It keeps its input
+    (its weight is a parameter); bytes as a conv2d's: input and parameters read, output written."""
+    a = node.attrs
+    kh, kw = a["kernel_size"]
+    cin, cout, groups = int(a["in_channels"]), int(a["out_channels"]), int(a["groups"])
+    x, out = in_shapes[0], node.output_shape
+    hw_out = numel(out[1:])
+    weights = cin * (cout // groups) * kh * kw
+    bias = cout if a["bias"] else 0
+    macs = float(numel(x[1:]) * weights)
+    rd, wr = _io_bytes(in_shapes, out)
+    kind = "dense" if groups == 1 else "depthwise" if groups == cin and cout % cin == 0 else "grouped"
+    bias_flops = hw_out * cout if bias else 0
+    return OpCost(macs=macs, flops_fwd=2 * macs + bias_flops,
+                  flops_bwd=(0.0 if first else 2 * macs) + 2 * macs + bias_flops,
+                  bytes_read=rd + (weights + bias) * BYTES_PER_ELEMENT, bytes_written=wr,
+                  params=weights + bias, param_tensors=1 + (1 if bias else 0), saved=[0],
+                  kernels_fwd=1 + (1 if bias else 0), kernels_bwd=(1 if first else 2) + (1 if bias else 0),
+                  kind=kind)
+
+
 def _linear(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     a = node.attrs
     fin, fout = int(a["in_features"]), int(a["out_features"])
@@ -411,6 +437,7 @@ def _input(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
 HANDLERS: dict[str, Handler] = {
     "input": _input,
     "conv2d": _conv2d,
+    "conv_transpose2d": _conv_transpose2d,
     "linear": _linear,
     "batchnorm2d": _batchnorm2d,
     "relu": _pointwise(1, [OUTPUT]),

@@ -117,6 +117,35 @@ def _conv(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
         r.other(BANDWIDTH, hw_out * cout, b_out, cout * BYTES_PER_ELEMENT)  # backward reduction
 
 
+def _conv_transpose(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
+    """A transposed convolution: the three GEMMs of a conv2d from its output to its input, their roles swapped. Its
+    forward is that conv's input gradient (``M = batch*Ho*Wo, N = Cout/g, K = Cin/g*kh*kw*Hi*Wi / (Ho*Wo)``: the
+    MACs ``Cin/g x Cout/g x kh x kw x Hi x Wi``), its input gradient that conv's forward (``M = batch*Hi*Wi, N =
+    Cin/g, K = Cout/g*kh*kw``; none for a ``first`` layer), its weight gradient ``M = Cin/g, N = Cout/g*kh*kw, K =
+    batch*Hi*Wi``. Depthwise ones (a group per channel) run bandwidth-bound kernels, as a conv2d's."""
+    a = node.attrs
+    kh, kw = a["kernel_size"]
+    cin, cout, g = int(a["in_channels"]), int(a["out_channels"]), int(a["groups"])
+    out = node.output_shape
+    hw_out, hw_in = numel(out[1:]), numel(in_shape[1:])
+    b_in, b_out = numel(in_shape) * BYTES_PER_ELEMENT, numel(out) * BYTES_PER_ELEMENT
+    w_bytes = cin * (cout // g) * kh * kw * BYTES_PER_ELEMENT
+    if g > 1 and g == cin and cout % cin == 0:
+        macs = float(hw_in * cout * kh * kw)
+        for _ in range(2 if first else 3):
+            r.other(DEPTHWISE, 2 * macs, b_in + b_out, w_bytes)
+    else:
+        cg_in, cg_out = cin // g, cout // g
+        for _ in range(g):
+            r.gemm(hw_out, cg_out, cg_in * kh * kw * hw_in / hw_out, 0, (b_in + b_out) / g, w_bytes / g)
+            if not first:
+                r.gemm(hw_in, cg_in, cg_out * kh * kw, 0, (b_in + b_out) / g, w_bytes / g)
+            r.gemm(cg_in, cg_out * kh * kw, hw_in, 2, (b_in + b_out) / g, w_bytes / g)
+    if a.get("bias"):
+        r.other(BANDWIDTH, hw_out * cout, 2 * b_out, cout * BYTES_PER_ELEMENT)  # forward add
+        r.other(BANDWIDTH, hw_out * cout, b_out, cout * BYTES_PER_ELEMENT)  # backward reduction
+
+
 def _attention_gemms(r: _Rows, tokens: int, keys: int, e: int, h: int, first: bool) -> None:
     """An attention's GEMMs over ``tokens`` of width ``e`` in ``h`` heads, each attending to ``keys`` of them: the
     input projection to queries, keys and values (no input gradient for the network input, ``first``) and the
@@ -276,6 +305,8 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
         params += visit.cost.param_tensors if visit.cost is not None else 0  # each gets its own update kernels
         if op == "conv2d":
             _conv(r, node, ins[0], first)
+        elif op == "conv_transpose2d":
+            _conv_transpose(r, node, ins[0], first)
         elif op == "linear":
             _linear(r, node, ins[0], first)
         elif op == "attention":

@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from perf4sight.features.formulas import BYTES_PER_ELEMENT, numel
-from perf4sight.ir.schema import NetworkDescription
+from perf4sight.ir.schema import NetworkDescription, Node
 
 __all__ = ["FEATURE_SET", "PERF4SIGHT_FEATURES", "perf4sight_vectors", "perf4sight_matrix"]
 
@@ -101,6 +101,26 @@ def _conv_costs(static: np.ndarray, scaled: np.ndarray, cin: int, cout: int, gro
     scaled[_IDX["strided_macs"]] += macs if stride > 1 else 0
 
 
+def _conv_transpose_costs(static: np.ndarray, scaled: np.ndarray, node: Node, in_shape: list[int]) -> None:
+    """Add a transposed convolution's costs: those of the conv2d it is the input gradient of (from its output's
+    ``Cout x Ho x Wo`` to its input's ``Cin x Hi x Wi``, the same weight), the forward and input-gradient passes
+    swapped (its forward is that conv's input gradient, its input gradient that conv's forward); the weight gradient
+    and the layer totals are that conv's."""
+    a, out = node.attrs, node.output_shape
+    k = (int(a["kernel_size"][0]), int(a["kernel_size"][1]))
+    own_static, own_scaled = np.zeros_like(static), np.zeros_like(scaled)
+    _conv_costs(own_static, own_scaled, int(a["out_channels"]), int(a["in_channels"]), int(a["groups"]),
+                (int(out[1]), int(out[2])), (int(in_shape[1]), int(in_shape[2])), k, int(a["stride"][0]))
+    fwd, data = (slice(1 + 11 * _PASSES.index(p), 12 + 11 * _PASSES.index(p)) for p in ("fwd", "bwd_data"))
+    for part in (own_static, own_scaled):
+        part[fwd], part[data] = part[data].copy(), part[fwd].copy()
+    static += own_static
+    scaled += own_scaled
+    macs = numel(in_shape) * int(a["out_channels"]) // int(a["groups"]) * k[0] * k[1]
+    scaled[_IDX["max_layer_macs"]] = max(scaled[_IDX["max_layer_macs"]], macs)
+    scaled[_IDX["max_layer_out_bytes"]] = max(scaled[_IDX["max_layer_out_bytes"]], numel(out) * BYTES_PER_ELEMENT)
+
+
 def perf4sight_vectors(desc: NetworkDescription) -> tuple[np.ndarray, np.ndarray]:
     """(static, per_sample) vectors over :data:`PERF4SIGHT_FEATURES`; row = static + b * per_sample.
 
@@ -123,6 +143,8 @@ def perf4sight_vectors(desc: NetworkDescription) -> tuple[np.ndarray, np.ndarray
             macs = out * int(a["in_channels"]) // int(a["groups"]) * int(k[0]) * int(k[1])
             scaled[_IDX["max_layer_macs"]] = max(scaled[_IDX["max_layer_macs"]], macs)
             scaled[_IDX["max_layer_out_bytes"]] = max(scaled[_IDX["max_layer_out_bytes"]], out * BYTES_PER_ELEMENT)
+        elif node.op == "conv_transpose2d":
+            _conv_transpose_costs(static, scaled, node, shapes[node.inputs[0]])
         elif node.op == "linear":
             scaled[_IDX["fc_macs"]] += int(a["in_features"]) * out
             static[_IDX["fc_weight_bytes"]] += int(a["in_features"]) * int(a["out_features"]) * BYTES_PER_ELEMENT

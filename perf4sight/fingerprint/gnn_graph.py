@@ -43,7 +43,8 @@ OP_TOKEN: dict[str, str] = {**{op: op for op in OP_VOCAB},
                             "token": "cat", "attention": "linear", "window_attention": "linear",
                             "patch_merge": "cat", "interpolate": "adaptiveavgpool2d", "group_attention": "linear",
                             "leaky_relu": "relu", "elu": "relu", "softplus": "relu",
-                            "mish": "silu", "groupnorm": "batchnorm2d"}
+                            "mish": "silu", "groupnorm": "batchnorm2d",
+                            "conv_transpose2d": "conv2d"}
 _ATTRS = ("in_ch", "out_ch", "kernel_h", "kernel_w", "stride", "padding", "dilation", "groups", "bias", "depthwise")
 _COSTS = ("out_elems", "out_rank", "macs", "flops_fwd", "flops_bwd", "bytes_read", "bytes_written", "params",
           "kernels_fwd", "kernels_bwd", "saved_bytes", "n_inputs")
@@ -78,7 +79,7 @@ def _pair(v: object) -> tuple[float, float]:
 
 
 def _attr_vector(op: str, a: dict) -> list[float]:
-    if op == "conv2d":
+    if op in ("conv2d", "conv_transpose2d"):  # a transposed one: read as the convolution it is (no output padding)
         cin, cout, groups = float(a["in_channels"]), float(a["out_channels"]), float(a["groups"])
         kh, kw = _pair(a["kernel_size"])
         return [cin, cout, kh, kw, _pair(a["stride"])[0], _pair(a["padding"])[0], _pair(a["dilation"])[0],

@@ -48,13 +48,13 @@ import math
 import pickle
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from perf4sight.errors import UserError
 from perf4sight.importers.perf4sight_csv import (ImportSummary, check_backends, check_descriptions,
                                                  description_identity, import_source, rows_on_disk, source_kind)
 from perf4sight.ir.schema import INTERPOLATE_MODES, OPS, NetworkDescription, save_description
-from perf4sight.ir.shapes import shape_text
+from perf4sight.ir.shapes import shape_text, transposed_side
 from perf4sight.profiling.results import COLUMNS, file_sha, read_rows, results_path
 
 __all__ = ["import_perfseer", "read_graph", "read_label", "graph_to_description", "is_own_export", "LABEL_FIELDS",
@@ -79,6 +79,7 @@ ONNX_TO_OP: dict[str, str] = {
     "WindowAttention": "window_attention", "PatchMerging": "patch_merge", "GroupAttention": "group_attention",
     "Resize": "interpolate", "LeakyRelu": "leaky_relu", "Elu": "elu",
     "Softplus": "softplus", "Mish": "mish", "GroupNormalization": "groupnorm",
+    "ConvTranspose": "conv_transpose2d",
 }
 #: Our op -> ONNX op type. Four of ours share a type with another: ``permute`` is a ``Transpose`` of more than two
 #: axes; ``scale``, ``shift`` and ``token`` are a ``Mul``, an ``Add`` and a ``Concat`` with a learnt tensor (an ONNX
@@ -307,6 +308,28 @@ def _bias_by_size(weights: int, outputs: int, weight_bytes: Any) -> bool:
     return True
 
 
+def _conv_transpose_attrs(args: dict[str, Any], in_shapes: list[list[int]], out: list[int], where: str,
+                          num: Callable[..., Any], flag: Callable[..., bool], weight_bytes: Any) -> dict[str, Any]:
+    """A ``conv_transpose2d``'s attributes from ours or ONNX's ConvTranspose's (kernel_shape, strides, pads,
+    output_padding, dilations, group); an output padding not given is the one its output shape takes (ONNX's
+    ``output_shape`` says it that way)."""
+    a = {"in_channels": num("in_channels", default=in_shapes[0][0]),
+         "out_channels": num("out_channels", default=out[0]),
+         "kernel_size": _pair(args, ("kernel_size", "kernel_shape"), [], where) or num("kernel_size"),
+         "stride": _pair(args, ("stride", "strides"), [1, 1], where),
+         "padding": _pair(args, ("padding", "pads"), [0, 0], where), "output_padding": [0, 0],
+         "dilation": _pair(args, ("dilation", "dilations"), [1, 1], where),
+         "groups": num("groups", "group", default=1)}
+    k = a["kernel_size"] if isinstance(a["kernel_size"], list) else [a["kernel_size"]] * 2
+    given = _pair(args, ("output_padding",), [], where)
+    a["output_padding"] = given or [
+        int(out[i + 1]) - transposed_side(int(in_shapes[0][i + 1]), k[i], a["stride"][i], a["padding"][i], 0,
+                                          a["dilation"][i]) if len(out) == 3 and len(in_shapes[0]) == 3 else 0
+        for i in range(2)]
+    weights = a["in_channels"] * (a["out_channels"] // max(a["groups"], 1)) * k[0] * k[-1]
+    return {**a, "bias": flag("bias", _bias_by_size(weights, a["out_channels"], weight_bytes))}
+
+
 def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[int], where: str,
            weight_bytes: Any = None) -> dict[str, Any]:
     """Our attributes from the node's ``args`` (ours or ONNX's names), filling gaps from shapes (and a bias from
@@ -335,6 +358,8 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         k = a["kernel_size"] if isinstance(a["kernel_size"], list) else [a["kernel_size"]] * 2
         weights = a["out_channels"] * (a["in_channels"] // max(a["groups"], 1)) * k[0] * k[-1]
         return {**a, "bias": flag("bias", _bias_by_size(weights, a["out_channels"], weight_bytes))}
+    if op == "conv_transpose2d":
+        return _conv_transpose_attrs(args, in_shapes, out, where, num, flag, weight_bytes)
     if op == "linear":
         a = {"in_features": num("in_features", default=in_shapes[0][-1]),
              "out_features": num("out_features", default=out[-1])}

@@ -26,8 +26,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.shape_prop import ShapeProp
 
 from perf4sight.errors import UserError
-from perf4sight.ir.schema import INTERPOLATE_MODES, NetworkDescription, Node, count_params
-from perf4sight.ir.shapes import image_size_problem
+from perf4sight.ir.schema import INTERPOLATE_MODES, NetworkDescription, Node, count_params, output_padding_problem
+from perf4sight.ir.shapes import image_size_problem, transposed_side
 
 __all__ = ["describe", "check_input_shape", "forward_error", "has_lazy_parameters", "in_mode",
            "stderr_kept_on_success"]
@@ -63,6 +63,48 @@ def _conv(m: nn.Conv2d) -> tuple[str, dict]:
     return "conv2d", {"in_channels": m.in_channels, "out_channels": m.out_channels,
                       "kernel_size": _pair(m.kernel_size), "stride": _pair(m.stride), "padding": padding,
                       "dilation": _pair(m.dilation), "groups": m.groups, "bias": m.bias is not None}
+
+
+def _conv_transpose_attrs(cin: int, cout: int, kernel: Any, stride: Any, padding: Any, output_padding: Any,
+                          dilation: Any, groups: int, bias: bool) -> dict:
+    """A ``conv_transpose2d``'s attrs; ``ValueError`` for an output padding torch refuses to run (its meta kernel, which
+    the shapes come from, takes any)."""
+    attrs = {"in_channels": int(cin), "out_channels": int(cout), "kernel_size": _pair(kernel), "stride": _pair(stride),
+             "padding": _pair(padding), "output_padding": _pair(output_padding), "dilation": _pair(dilation),
+             "groups": int(groups), "bias": bool(bias)}
+    problem = output_padding_problem(attrs["output_padding"], attrs["stride"], attrs["dilation"])
+    if problem:
+        raise ValueError(f"a transposed convolution's {problem}")
+    return attrs
+
+
+def _conv_transpose(m: nn.ConvTranspose2d, n: fx.Node) -> tuple[str, dict]:
+    """``nn.ConvTranspose2d``, called as ``m(x)`` or ``m(x, output_size)``: an output size is read as the output
+    padding that makes it (what torch does with it), from the shapes the trace gives."""
+    output_padding = _pair(m.output_padding)
+    if len(n.args) > 1 or n.kwargs.get("output_size") is not None:
+        x, out = n.args[0].meta["tensor_meta"].shape, _shape(n)
+        made = [transposed_side(int(x[i + 2]), k, s, p, 0, d) for i, (k, s, p, d) in
+                enumerate(zip(_pair(m.kernel_size), _pair(m.stride), _pair(m.padding), _pair(m.dilation)))]
+        output_padding = [int(out[i + 1]) - made[i] for i in range(2)]
+    return "conv_transpose2d", _conv_transpose_attrs(m.in_channels, m.out_channels, m.kernel_size, m.stride,
+                                                     m.padding, output_padding, m.dilation, m.groups,
+                                                     m.bias is not None)
+
+
+def _conv_transpose_call(n: fx.Node) -> tuple[str, dict]:
+    """``F.conv_transpose2d(x, weight, bias, stride, padding, output_padding, groups, dilation)``, its weight (and
+    bias) a module's own parameter as it is (``get_attr``): the channels and kernel from the weight's shape,
+    ``[Cin, Cout / groups, kh, kw]``."""
+    weight, bias = _arg(n, 1, "weight"), _arg(n, 2, "bias")
+    if any(isinstance(t, fx.Node) and t.op != "get_attr" for t in (weight, bias)) or not isinstance(weight, fx.Node):
+        raise ValueError("a transposed convolution whose weight or bias is computed, not a module's parameter as it "
+                         "is, has no description op")
+    cin, cout_per_group, kh, kw = (int(v) for v in weight.meta["tensor_meta"].shape)
+    groups = int(_arg(n, 6, "groups", 1))
+    return "conv_transpose2d", _conv_transpose_attrs(
+        cin, cout_per_group * groups, [kh, kw], _arg(n, 3, "stride", 1), _arg(n, 4, "padding", 0),
+        _arg(n, 5, "output_padding", 0), _arg(n, 7, "dilation", 1), groups, bias is not None)
 
 
 def _bn(m: nn.BatchNorm2d) -> tuple[str, dict]:
@@ -380,6 +422,7 @@ def _interpolate_call(n: fx.Node) -> tuple[str, dict]:
 FUNCTION_OPS[F.interpolate] = _interpolate_call
 FUNCTION_OPS[F.layer_norm] = _layer_norm_call
 FUNCTION_OPS[F.group_norm] = _group_norm_call
+FUNCTION_OPS[F.conv_transpose2d] = _conv_transpose_call
 for _key in (torch.permute, "permute"):
     FUNCTION_OPS[_key] = _permute_call
 FUNCTION_OPS[F.dropout] = lambda n: ("dropout", {"p": float(_arg(n, 1, "p", 0.5))})
@@ -1023,7 +1066,7 @@ def _with_own_tensors(n: fx.Node, op: str, attrs: dict, gm: fx.GraphModule, wher
     parts = n.args[0] if op == "cat" else []
     if op == "cat" and len(own) == 1 and len(parts) == 2 and parts[0] is own[0]:
         return "token", {"shape": shape, "dim": attrs["dim"] % (rank + 1)}, names
-    if op in ("layernorm", "groupnorm"):
+    if op in ("layernorm", "groupnorm", "conv_transpose2d"):
         return op, attrs, names
     raise UserError(f"{where}: {op} (node {n.name}) reads the module's parameter {held[own[0].name].target} "
                     "directly, which the description has no op for (a multiply by one parameter is a 'scale', an "
@@ -1121,6 +1164,8 @@ def _op_of(n: fx.Node, gm: fx.GraphModule) -> tuple[str, dict]:
             return whole[0], dict(whole[1])
         if isinstance(m, nn.Flatten):
             return _flatten(n, m.start_dim, m.end_dim)
+        if isinstance(m, nn.ConvTranspose2d):  # its output size, where given at the call, read from the trace
+            return _conv_transpose(m, n)
         if isinstance(m, nn.Upsample):  # and its subclasses, UpsamplingNearest2d and UpsamplingBilinear2d
             return _interpolate_attrs(n, m.mode, m.align_corners, m.scale_factor, m.recompute_scale_factor, False)
         for cls, fn in MODULE_OPS:

@@ -16,7 +16,8 @@ from perf4sight.files import write_atomically
 from perf4sight.ir.shapes import element_count, shape_problem, window_pair
 
 __all__ = ["Node", "NetworkDescription", "OPS", "load_description", "save_description", "is_file_stem",
-           "STRUCTURE_VERSION", "window_attention_params", "INTERPOLATE_MODES", "known_attrs"]
+           "STRUCTURE_VERSION", "window_attention_params", "INTERPOLATE_MODES", "known_attrs",
+           "output_padding_problem"]
 
 SCHEMA_VERSION = 1
 
@@ -70,6 +71,12 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # a [C, H, W] map resized to size [h, w] (a segmentation network's upsampling): mode "nearest" or "bilinear";
     # optional align_corners (false; bilinear only)
     "interpolate": ("size", "mode"),
+    # a transposed convolution (a decoder's upsampling, the gradient of a conv2d of the same attrs by its input):
+    # [Cin, H, W] -> [Cout, (H - 1) stride - 2 padding + dilation (kernel - 1) + output_padding + 1, ...]; its
+    # weight [Cin, Cout / groups, kh, kw]; output_padding (per side, added at the bottom and right) is smaller
+    # than the stride or the dilation, as torch requires
+    "conv_transpose2d": ("in_channels", "out_channels", "kernel_size", "stride", "padding", "output_padding",
+                         "dilation", "groups", "bias"),
 }
 #: The modes of ``interpolate``: torch's ``F.interpolate`` modes the description follows.
 INTERPOLATE_MODES = ("nearest", "bilinear")
@@ -82,6 +89,7 @@ _POSITIVE: Dict[str, Tuple[str, ...]] = {
     "batchnorm2d": ("num_features",), "groupnorm": ("num_groups", "num_channels"),
     "attention": ("embed_dim", "num_heads"),
     "window_attention": ("embed_dim", "num_heads"), "group_attention": ("embed_dim", "num_heads"),
+    "conv_transpose2d": ("in_channels", "out_channels", "groups"),
 }
 #: Op -> attributes that must be lists of positive integers (a shape).
 _SHAPES: Dict[str, Tuple[str, ...]] = {"layernorm": ("normalized_shape",), "scale": ("shape",), "shift": ("shape",),
@@ -93,6 +101,7 @@ _FLAGS: Dict[str, Tuple[str, ...]] = {
     "groupnorm": ("affine",),
     "maxpool2d": ("ceil_mode",), "avgpool2d": ("ceil_mode", "count_include_pad"), "mean": ("keepdim",),
     "interpolate": ("align_corners",),
+    "conv_transpose2d": ("bias",),
     **{op: ("inplace",) for op in ("relu", "relu6", "hardswish", "sigmoid", "hardsigmoid", "silu", "gelu", "tanh",
                                    "leaky_relu", "elu", "mish",
                                    "identity", "dropout")},
@@ -116,7 +125,18 @@ _PAIRS: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("kernel_size", "stride", "padding", "dilation"),
     "maxpool2d": ("kernel_size", "stride", "padding"), "avgpool2d": ("kernel_size", "stride", "padding"),
     "window_attention": ("window_size", "shift_size"), "group_attention": ("window_size",),
+    "conv_transpose2d": ("kernel_size", "stride", "padding", "output_padding", "dilation"),
 }
+
+
+def output_padding_problem(output_padding: Any, stride: Any, dilation: Any) -> str:
+    """What is wrong with a transposed convolution's ``output_padding`` ("" if nothing): torch requires it smaller
+    than the stride or the dilation along each side (its meta kernel does not check, so a description must)."""
+    pad, s, d = (v if isinstance(v, list) else [v, v] for v in (output_padding, stride, dilation))
+    if any(p >= max(si, di) for p, si, di in zip(pad, s, d)):
+        return (f"output_padding {pad} must be smaller than either the stride {s} or the dilation {d} along each "
+                "side (as torch requires)")
+    return ""
 
 
 def _is_int(v: Any, least: int) -> bool:
@@ -160,7 +180,7 @@ def _attr_problem(node: "Node") -> str:
         if v is None and a == "stride":  # a pool's stride may be null (= its kernel size)
             continue
         pair = v if isinstance(v, list) else [v, v]
-        least = 0 if a in ("padding", "shift_size") else 1
+        least = 0 if a in ("padding", "shift_size", "output_padding") else 1
         if not (len(pair) == 2 and all(_is_int(x, least) for x in pair)):
             return f"attr '{a}' must be an integer or an [h, w] pair of integers >= {least}, got {v!r}"
     for a in _FLAGS.get(node.op, ()):
@@ -186,9 +206,11 @@ def _attr_problem(node: "Node") -> str:
     if node.op in ("attention", "window_attention", "group_attention") \
             and node.attrs["embed_dim"] % node.attrs["num_heads"]:
         return f"num_heads {node.attrs['num_heads']} does not divide embed_dim {node.attrs['embed_dim']}"
-    if node.op == "conv2d" and (node.attrs["in_channels"] % node.attrs["groups"]
-                                or node.attrs["out_channels"] % node.attrs["groups"]):
+    if node.op in ("conv2d", "conv_transpose2d") and (node.attrs["in_channels"] % node.attrs["groups"]
+                                                      or node.attrs["out_channels"] % node.attrs["groups"]):
         return f"groups {node.attrs['groups']} does not divide the channels"
+    if node.op == "conv_transpose2d":
+        return output_padding_problem(node.attrs["output_padding"], node.attrs["stride"], node.attrs["dilation"])
     if node.op == "groupnorm" and node.attrs["num_channels"] % node.attrs["num_groups"]:
         return f"num_groups {node.attrs['num_groups']} does not divide num_channels {node.attrs['num_channels']}"
     return ""
@@ -200,7 +222,8 @@ STRUCTURE_VERSION = 1
 #: Attributes that place a layer in the graph whatever its widths: :attr:`NetworkDescription.structure` keeps
 #: these and drops the widths (channels, features, reshape sizes), which pruning changes.
 _LAYOUT_ATTRS = ("kernel_size", "stride", "padding", "dilation", "ceil_mode", "count_include_pad", "output_size",
-                 "dim", "dims", "keepdim", "dim0", "dim1", "mode", "align_corners")
+                 "dim", "dims", "keepdim", "dim0", "dim1", "mode", "align_corners",
+                 "output_padding")
 #: Ops that do the same to a tensor, one name each in the structure key: a classifier's input flattened by
 #: ``flatten`` (torch.fx of torchvision) or ``reshape`` (perf4sight's graphs) is one layout.
 _SAME_OP = {"flatten": "reshape"}
@@ -322,7 +345,7 @@ class NetworkDescription:
         layers = []
         for n in self.nodes:
             layout = {a: n.attrs[a] for a in _LAYOUT_ATTRS if a in n.attrs}
-            if n.op == "conv2d":
+            if n.op in ("conv2d", "conv_transpose2d"):
                 layout["groups"] = _conv_kind(n.attrs)
             layers.append([_SAME_OP.get(n.op, n.op), [position.get(i, i) for i in n.inputs], layout])
         text = json.dumps(layers, sort_keys=True, separators=(",", ":"), default=str)
@@ -425,7 +448,7 @@ def count_params(desc: NetworkDescription) -> int:
     total = 0
     for n in desc.nodes:
         a = n.attrs
-        if n.op == "conv2d":
+        if n.op in ("conv2d", "conv_transpose2d"):  # a transposed one's weight: [Cin, Cout / groups, kh, kw]
             kh, kw = a["kernel_size"]
             total += (a["out_channels"] * (a["in_channels"] // a["groups"]) * kh * kw
                       + (a["out_channels"] if a["bias"] else 0))

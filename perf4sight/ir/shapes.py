@@ -8,8 +8,8 @@ has its input count checked.
 """
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-__all__ = ["shape_problem", "ARITY", "element_count", "image_size_problem", "shape_text", "window_pair",
-           "windows_of"]
+__all__ = ["shape_problem", "ARITY", "element_count", "image_size_problem", "shape_text", "transposed_side",
+           "window_pair", "windows_of"]
 
 _UNARY = ("relu", "relu6", "hardswish", "sigmoid", "hardsigmoid", "silu", "gelu", "tanh", "identity", "dropout",
           "leaky_relu", "elu", "softplus", "mish")
@@ -21,7 +21,8 @@ ARITY: Dict[str, Tuple[int, Optional[int]]] = {
                                       "adaptiveavgpool2d", "adaptivemaxpool2d", "reshape", "flatten", "squeeze",
                                       "unsqueeze", "select", "narrow", "transpose", "mean", "permute",
                                       "layernorm", "groupnorm", "scale", "shift", "token", "attention",
-                                      "window_attention", "patch_merge", "interpolate", "group_attention")},
+                                      "window_attention", "patch_merge", "interpolate", "group_attention",
+                                      "conv_transpose2d")},
 }
 
 
@@ -96,6 +97,27 @@ def windows_of(height: int, width: int, window_size: Any, shift_size: Any) -> Tu
     return ph, pw, [wh, ww], [0 if wh >= ph else sh, 0 if ww >= pw else sw]
 
 
+def transposed_side(size: int, kernel: int, stride: int, pad: int, output_pad: int, dilation: int) -> int:
+    """Output length of a transposed convolution along one side (PyTorch's formula): the input's ``size`` positions
+    spread ``stride`` apart, each reaching ``dilation * (kernel - 1)`` further, less ``pad`` on both ends, plus
+    ``output_pad`` at the far end."""
+    return (size - 1) * stride - 2 * pad + dilation * (kernel - 1) + output_pad + 1
+
+
+def _transposed_out(a: Dict[str, Any], x: List[int]) -> Union[List[int], str]:
+    """A transposed convolution's ``[out_channels, H, W]`` from its ``[in_channels, h, w]`` input ``x``."""
+    if len(x) != 3:
+        return f"needs a [channels, height, width] input, got {x}"
+    if x[0] != a["in_channels"]:
+        return f"in_channels {a['in_channels']} but its input has {x[0]} channels"
+    k, s, p = _pair(a["kernel_size"]), _pair(a["stride"]), _pair(a["padding"])
+    op, d = _pair(a["output_padding"]), _pair(a["dilation"])
+    hw = [transposed_side(x[i + 1], k[i], s[i], p[i], op[i], d[i]) for i in range(2)]
+    if min(hw) < 1:
+        return f"padding {p} leaves no output of its {x[1]}x{x[2]} input (kernel {k}, stride {s})"
+    return [a["out_channels"]] + hw
+
+
 def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) -> Optional[Union[List[int], str]]:
     """The output shape ``op`` makes of ``ins`` (a string says what is wrong; None: no rule)."""
     x = ins[0] if ins else []
@@ -116,6 +138,8 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
         if min(hw) < 1:
             return f"kernel {k} (padding {p}) does not fit its {x[1]}x{x[2]} input"
         return [a["out_channels"] if op == "conv2d" else x[0]] + hw
+    if op == "conv_transpose2d":
+        return _transposed_out(a, x)
     if op in ("adaptiveavgpool2d", "adaptivemaxpool2d"):
         size = _pair(a["output_size"])
         return [x[0]] + [x[i + 1] if size[i] is None else size[i] for i in range(2)] if len(x) == 3 else None

@@ -273,6 +273,9 @@ MODULE_BUILDERS: Dict[str, Callable[..., nn.Module]] = {
     "patch_merge": lambda a, **f: PatchMerge(),
     "group_attention": lambda a, **f: GroupAttention(int(a["embed_dim"]), int(a["num_heads"]), a["window_size"],
                                                      bool(a["bias"]), **f),
+    "conv_transpose2d": lambda a, **f: nn.ConvTranspose2d(
+        a["in_channels"], a["out_channels"], _pair(a["kernel_size"]), _pair(a["stride"]), _pair(a["padding"]),
+        _pair(a["output_padding"]), a["groups"], bool(a["bias"]), _pair(a["dilation"]), **f),
 }
 
 
