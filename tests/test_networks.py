@@ -1205,3 +1205,44 @@ def test_sigterm_during_torch_prunings_trace_stops_the_stage():
         assert signal.getsignal(signal.SIGTERM) is _terminated  # the handler put back
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+class _EncoderDecoder(nn.Module):
+    """A segmentation network's shape: convolutions down, a transposed convolution up (its batch norm after it), the
+    skip concatenated, a convolution, and a GAN generator's last layer, a transposed convolution to the classes."""
+
+    def __init__(self, groups: int = 1) -> None:
+        super().__init__()
+        self.e1 = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+        self.e2 = nn.Sequential(nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.BatchNorm2d(32), nn.ReLU())
+        self.up, self.bn = nn.ConvTranspose2d(32, 16, 2, stride=2, groups=groups), nn.BatchNorm2d(16)
+        self.dec = nn.Sequential(nn.Conv2d(32, 16, 3, padding=1), nn.ReLU())
+        self.head = nn.ConvTranspose2d(16, 5, 3, padding=1)
+
+    def forward(self, x):
+        skip = self.e1(x)
+        return self.head(self.dec(torch.cat([skip, torch.relu(self.bn(self.up(self.e2(skip))))], 1)))
+
+
+def test_an_encoder_decoder_with_transposed_convolutions_is_pruned() -> None:
+    """A transposed convolution's output channels are pruned as a convolution's, by the L1 norms of its filters (its
+    weight [Cin, Cout, kh, kw]: along the second dimension), with the batch norm and the concatenation after it; the
+    last layer, a transposed one, keeps its classes; the parameters are counted without a cut copy, and the pruned
+    network describes with the parameters the plan says. A grouped transposed convolution, whose weight
+    torch-pruning cuts along the wrong dimension, is refused by name."""
+    from perf4sight.networks.pruning import Unprunable
+
+    torch.manual_seed(0)
+    base = _EncoderDecoder()
+    plan = PruningPlan(base, [3, 16, 16], network="unet")
+    assert plan._fast_count is not None  # counted from the layers' sizes
+    pruned = plan.prune(40)
+    up, head = pruned.module.up, pruned.module.head
+    assert abs(pruned.achieved_level - 40) < 2 and up.out_channels < 16 and head.out_channels == 5
+    strongest = base.up.weight.detach().abs().sum(dim=(0, 2, 3)).argsort(descending=True)[:up.out_channels]
+    assert torch.equal(up.bias.detach(), base.up.bias.detach()[strongest.sort().values])  # the filters kept
+    assert pruned.module(torch.randn(2, 3, 16, 16)).shape == (2, 5, 16, 16)
+    desc = describe(pruned.module, [3, 16, 16], "unet_l40")
+    assert desc.params == pruned.params == sum(p.numel() for p in pruned.module.parameters())
+    with pytest.raises(Unprunable, match=r"^grouped: its grouped transposed convolution 'up' cannot be pruned"):
+        PruningPlan(_EncoderDecoder(groups=4), [3, 16, 16], network="grouped")

@@ -226,7 +226,7 @@ def find_groups(model: nn.Module, example: torch.Tensor, ignored: list[nn.Module
     modules = dict(model.named_modules())
     groups: list[CoupledGroup] = []
     notes: Counter[str] = Counter()
-    for g in dg.get_all_groups(ignored_layers=ignored, root_module_types=[nn.Conv2d, nn.Linear]):
+    for g in dg.get_all_groups(ignored_layers=ignored, root_module_types=[nn.Conv2d, nn.Linear, nn.ConvTranspose2d]):
         reason = skip(g)
         if reason:
             notes[reason] += 1
@@ -309,6 +309,10 @@ def _params_after(m: nn.Module, r_out: int, r_in: int) -> int | None:
             return c * kk + bias * c
         out, cin = m.out_channels - r_out, m.in_channels - r_in
         return out * (cin // m.groups) * kk + bias * out
+    if type(m) is nn.ConvTranspose2d and m.groups == 1:  # weight [Cin, Cout, kh, kw]
+        kk = m.kernel_size[0] * m.kernel_size[1]
+        out, cin = m.out_channels - r_out, m.in_channels - r_in
+        return cin * out * kk + bias * out
     if type(m) is nn.BatchNorm2d:
         return (m.num_features - max(r_out, r_in)) * len(own)
     if type(m) is nn.Linear:
@@ -334,8 +338,9 @@ def _cut_so_far(dep: Dep, places: np.ndarray, n: int) -> np.ndarray:
 def make_counter(groups: list[CoupledGroup], model: nn.Module) -> Callable[[list[int]], int] | None:
     """A fast ``counts -> parameters removed`` function for ordered groups, or None if it cannot be exact.
 
-    Exact when every touched layer is a Conv2d, BatchNorm2d, Linear or a LayerNorm over one dimension (or has no
-    parameters), or a parameter outside any layer, and no two groups cut the same channel of the same dimension.
+    Exact when every touched layer is a Conv2d, an ungrouped ConvTranspose2d, BatchNorm2d, Linear or a LayerNorm over
+    one dimension (or has no parameters), or a parameter outside any layer, and no two groups cut the same channel of
+    the same dimension.
     """
     modules = dict(model.named_modules())
     seen: dict[tuple[str, Handler], set[int]] = {}

@@ -62,7 +62,8 @@ TOLERANCE = 1.0
 
 
 class Unprunable(UserError):
-    """A network torch-pruning cannot follow (a Swin or MaxViT transformer): its level 0 alone can be made."""
+    """A network torch-pruning cannot follow (a Swin or MaxViT transformer, a grouped transposed convolution): its
+    level 0 alone can be made."""
 
 
 class UnreachableLevel(UserError):
@@ -193,10 +194,11 @@ _UNPRUNABLE = frozenset({"ShiftedWindowAttention", "ShiftedWindowAttentionV2", "
 
 
 def _execution_order(model: nn.Module, example: torch.Tensor) -> tuple[list[nn.Module], Any]:
-    """Conv and linear modules in the order a forward pass runs them, and what the forward returned."""
+    """Conv (transposed too) and linear modules in the order a forward pass runs them, and what the forward
+    returned."""
     order: list[nn.Module] = []
     hooks = [m.register_forward_hook(lambda mod, i, o: order.append(mod))
-             for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+             for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear, nn.ConvTranspose2d))]
     try:
         with torch.no_grad():
             out = model(example)
@@ -215,8 +217,11 @@ def _holds_a_tensor(value: Any) -> bool:
 
 
 def _l1_scores(root: nn.Module) -> np.ndarray:
-    """L1 norm of each output filter of a conv/linear layer."""
+    """L1 norm of each output filter of a conv/linear layer (a transposed convolution's weight, ungrouped, is
+    ``[Cin, Cout, kh, kw]``: its filters along the second dimension)."""
     w = root.weight.detach()
+    if isinstance(root, nn.ConvTranspose2d):
+        w = w.transpose(0, 1)
     return w.abs().reshape(w.shape[0], -1).sum(dim=1).numpy()
 
 
@@ -236,6 +241,11 @@ class PruningPlan:
             raise Unprunable(f"{network}: a Swin or MaxViT transformer cannot be pruned (torch-pruning cannot follow "
                             "its windowed attention, which reads its layers' weights directly or reshapes its heads "
                             "by widths of its own); predict or compare it as it is, by its zoo name")
+        grouped_up = [n for n, m in base.named_modules() if isinstance(m, nn.ConvTranspose2d) and m.groups > 1]
+        if grouped_up:
+            raise Unprunable(f"{network}: its grouped transposed convolution '{grouped_up[0]}' cannot be pruned "
+                             "(torch-pruning cuts such a layer's weight, [Cin, Cout / groups, kh, kw], along Cout / "
+                             "groups by indices of all Cout channels); predict it as it is")
         if _shuffles_channels(base):
             raise Unprunable(f"{network}: a description with a channel shuffle (a reshape into channel groups, then "
                              "their transpose) cannot be pruned (torch-pruning's dependency search does not end on "
