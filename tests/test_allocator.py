@@ -462,6 +462,130 @@ def test_allocation_model_writes_down_a_transposed_convolution_as_traced():
     assert 3 * 16 * 8 * 8 * 4 in grads  # up's input gradient: of its input, a slice [3, 16, 8, 8], at a batch of 3
 
 
+def _instance_normed(affine_first: bool = True) -> NetworkDescription:
+    """A style-transfer generator's layers: instance norms on the network's input (no input gradient), after a
+    convolution (torch's default: no weight and bias), after an add (a call on the module's own weight and bias),
+    each followed by an activation that keeps its input."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    class Generator(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.n0, self.c1 = nn.InstanceNorm2d(3, affine=affine_first), nn.Conv2d(3, 16, 4, 2, 1)
+            self.n1, self.c2, self.c3 = nn.InstanceNorm2d(16), nn.Conv2d(16, 32, 4, 2, 1), nn.Conv2d(16, 32, 1, 2)
+            self.own = nn.Module()
+            self.own.weight, self.own.bias = nn.Parameter(torch.ones(32)), nn.Parameter(torch.zeros(32))
+            self.fc = nn.Linear(32, 1)
+
+        def forward(self, x):
+            x = F.leaky_relu(self.n1(self.c1(self.n0(x))), 0.2)
+            y = F.instance_norm(self.c2(x) + self.c3(x), weight=self.own.weight, bias=self.own.bias)
+            return self.fc(torch.tanh(y).mean((2, 3)))
+
+    return describe(Generator(), [3, 32, 32], "generator")
+
+
+@pytest.mark.parametrize("affine_first", [True, False])
+def test_allocation_model_writes_down_an_instance_norm_as_traced(affine_first):
+    """An instance norm runs as a batch norm of the input viewed as [1, N x C, H, W]: where affine, its weight and
+    bias repeated per sample first (the bias's freed after the norm, the weight's kept), then the output, a mean and
+    a 1/std per sample and channel; backward the input's gradient, the repeats', each summed down to C floats.
+    The model writes it down as the meta trace records it: on the network's input (affine and not), after a
+    convolution, after an add."""
+    desc = _instance_normed(affine_first)
+    assert [n.attrs.get("affine", False) for n in desc.nodes if n.op == "instancenorm"] == [affine_first, False, True]
+    model, traced = record_events(desc, 3, steps=3, method="model"), record_events(desc, 3, steps=3, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+    repeats = [size for kind, _, size, op in model if kind == ALLOC and op == "aten.repeat.default"]
+    assert repeats == [3 * 3 * 4] * 2 * affine_first + [3 * 32 * 4] * 2 + ([3 * 3 * 4] * 2 * affine_first
+                                                                          + [3 * 32 * 4] * 2) * 2  # 3 steps
+
+
+def test_an_in_place_relu_after_an_instance_norm_falls_back_to_the_trace():
+    """An instance norm's output is a view of its batch norm's: an in-place ReLU on it makes torch's backward
+    write the gradient into a copy of the whole (CopySlices: three temporaries the model does not write down), so
+    the model hands such a network to the trace, which records them."""
+    from torch import nn
+
+    from perf4sight.errors import UserError
+    from perf4sight.ir.from_torch import describe
+
+    block = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.InstanceNorm2d(8, affine=True), nn.ReLU(inplace=True),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+    desc = describe(block, [3, 8, 8], "style")
+    traced = record_events(desc, 2, method="trace")
+    assert record_events(desc, 2) == traced
+    assert sum(op == "aten.new_zeros.default" for _, _, _, op in traced) == 2
+    with pytest.raises(UserError, match="in-place relu"):
+        record_events(desc, 2, method="model")
+
+
+@pytest.mark.parametrize("inplace", [True, False])
+@pytest.mark.parametrize("relu6_clone", [True, False])
+def test_allocation_model_writes_down_a_hardtanh_as_traced(inplace, relu6_clone):
+    """A hardtanh keeps its input for the backward; in place, its result as torch before 1.10 ran ``hardtanh_`` (the
+    trace's stand-in, as for ReLU6), or a clone of its input made first (``relu6_clone``: this torch)."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    desc = _activated(nn.Hardtanh(-2.0, 3.0, inplace=inplace), lambda x, inplace: F.hardtanh(x, -1.0, 0.5, inplace))
+    assert [n.attrs.get("inplace", False) for n in desc.nodes if n.op == "hardtanh"] == [inplace, False, True]
+    model = record_events(desc, 3, steps=3, method="model", relu6_clone=relu6_clone)
+    traced = record_events(desc, 3, steps=3, method="trace", relu6_clone=relu6_clone)
+    assert _as_replayed(model) == _as_replayed(traced)
+    clones = sum(op == "aten.clone.default" for _, _, _, op in traced) - 10  # the 10 parameters' momentum buffers
+    assert clones == 3 * (1 + inplace) * relu6_clone
+
+
+def test_the_traced_hardtanh_in_place_computes_what_torch_s_does():
+    """The trace's stand-in for an in-place hardtanh (and ReLU6) gives torch's result and gradient in place."""
+    import torch
+    from torch import nn
+
+    from perf4sight.features.alloc_trace import _inplace_activations
+
+    model = nn.Sequential(nn.Identity(), nn.Hardtanh(-0.5, 2.0, inplace=True), nn.Hardtanh(-1, 1), nn.ReLU6())
+    x = torch.linspace(-3, 8, 45, dtype=torch.float64, requires_grad=True)
+    want = torch.clamp(torch.clamp(x * 1, -0.5, 2.0), -1, 1).clamp(0, 6)
+    (want_grad,) = torch.autograd.grad((want * x).sum(), x)
+    _inplace_activations(model)
+    assert [type(m).__name__ for m in model] == ["Identity", "_HardtanhInplace", "Hardtanh", "_HardtanhInplace"]
+    got = model(x * 1)
+    assert torch.equal(got, want)
+    (got * x).sum().backward()
+    assert torch.allclose(x.grad, want_grad)
+
+
+def test_allocation_model_writes_down_a_softmax_as_traced():
+    """A softmax keeps its output for the backward, which allocates the input's gradient, as torch runs it: over
+    the channels (an attention gate), over each channel's pixels after a flatten (a view), twice in a row, and as
+    the network's output."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    class SpatialSoftmax(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1, self.c2, self.fc = nn.Conv2d(3, 8, 3, 2, 1), nn.Conv2d(8, 8, 3, padding=1), nn.Linear(8, 5)
+
+        def forward(self, x):
+            f = self.c2(self.c1(x))
+            p = F.softmax((f * f.softmax(1)).flatten(2), -1)
+            return F.softmax(self.fc(F.softmax(p * 10.0, dim=2).mean(2)), 1)
+
+    desc = describe(SpatialSoftmax(), [3, 16, 16], "spatial")
+    assert [n.attrs["dim"] for n in desc.nodes if n.op == "softmax"] == [1, 2, 2, 1]
+    model, traced = record_events(desc, 3, steps=3, method="model"), record_events(desc, 3, steps=3, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+    assert sum(op == "aten._softmax_backward_data.default" for _, _, _, op in model) == 4 * 3
+
+
 def test_allocation_model_on_generated_networks():
     from perf4sight.networks.generator import STYLES, GeneratorSettings, generate
     descs = generate(GeneratorSettings(count=10, seed=11), [3, 32, 32], 10)

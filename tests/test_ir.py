@@ -1332,6 +1332,94 @@ def test_a_transposed_convolution_s_attrs_are_checked_when_read():
         describe(nn.Sequential(nn.ConvTranspose2d(3, 8, 3, output_padding=1)), [3, 8, 8], "bad")
 
 
+class _StyleBlock(nn.Module):
+    """A style-transfer network's blocks: conv, InstanceNorm2d (affine, and torch's default without weights), ReLU;
+    an instance norm call on the module's own weight and bias; a residual; a hardtanh of [-1, 1] in place and of
+    [-0.5, 2] as a call; a ReLU6 written as a hardtanh of [0, 6]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.n1 = nn.Conv2d(3, 8, 3, padding=1), nn.InstanceNorm2d(8, affine=True)
+        self.c2, self.n2 = nn.Conv2d(8, 8, 3, padding=1), nn.InstanceNorm2d(8, eps=1e-3)
+        self.c3 = nn.Conv2d(8, 8, 3, padding=1)
+        self.own = nn.Module()  # the call's weight and bias, in node order (after c3's)
+        self.own.weight, self.own.bias = nn.Parameter(torch.rand(8) + 0.5), nn.Parameter(torch.randn(8))
+        self.clamp, self.six, self.fc = nn.Hardtanh(inplace=True), nn.Hardtanh(0.0, 6.0), nn.Linear(8, 4)
+        nn.init.uniform_(self.n1.weight, 0.5, 1.5), nn.init.normal_(self.n1.bias)
+
+    def forward(self, x):
+        x = torch.relu(self.n1(self.c1(x)))
+        y = F.instance_norm(self.c3(torch.relu(self.n2(self.c2(x)))), weight=self.own.weight, bias=self.own.bias)
+        y = self.six(F.hardtanh(self.clamp(x + y) * 3, -0.5, 2.0))
+        return self.fc(y.mean((2, 3)))
+
+
+def test_instance_norms_and_hardtanhs_are_described_and_rebuilt():
+    """InstanceNorm2d and Hardtanh (of any range) were refused as layers without a description op; they are the
+    ops instancenorm (eps and affine kept, its weight and bias counted) and hardtanh (its range and in-place flag
+    kept), a hardtanh of [0, 6] the op relu6; the module rebuilt from the description computes what the layers
+    did. Channels other than the input's, a range that is empty, are refused when read."""
+    torch.manual_seed(0)
+    module = _StyleBlock().eval()
+    desc = NetworkDescription.from_dict(describe(module, [3, 10, 10], "style").to_dict())
+    assert [n.attrs for n in desc.nodes if n.op == "instancenorm"] == [
+        {"num_features": 8, "affine": True}, {"num_features": 8, "eps": 1e-3}, {"num_features": 8, "affine": True}]
+    assert [n.attrs for n in desc.nodes if n.op == "hardtanh"] == [
+        {"min_val": -1.0, "max_val": 1.0, "inplace": True}, {"min_val": -0.5, "max_val": 2.0}]
+    assert [n.op for n in desc.nodes][-6:] == ["hardtanh", "mul", "hardtanh", "relu6", "mean", "linear"]
+    assert desc.params == sum(p.numel() for p in module.parameters())
+    _assert_same_function(desc, module, [3, 10, 10])
+    for op, attr, value, match in (("instancenorm", "num_features", 4, "num_features 4 needs"),
+                                   ("instancenorm", "affine", "yes", "affine"),
+                                   ("hardtanh", "min_val", 1.0, "is not below max_val"),
+                                   ("hardtanh", "max_val", None, "max_val")):
+        broken = desc.to_dict()
+        next(n for n in broken["nodes"] if n["op"] == op)["attrs"][attr] = value
+        with pytest.raises(UserError, match=match):
+            NetworkDescription.from_dict(broken)
+
+
+def test_an_instance_norm_with_running_statistics_is_refused_by_name():
+    """Running statistics make an instance norm's evaluation differ from its training; not described."""
+    module = nn.Sequential(nn.Conv2d(3, 8, 3), nn.InstanceNorm2d(8, track_running_stats=True))
+    with pytest.raises(UserError, match="track_running_stats"):
+        describe(module, [3, 10, 10], "tracked")
+
+
+class _SpatialSoftmaxHead(nn.Module):
+    """A CNN whose head takes a softmax over each channel's pixels (a spatial softmax: keypoints' expected
+    positions), an attention gate's softmax over the channels, and a softmax call on the features."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1))
+        self.gate, self.spatial = nn.Softmax(dim=1), nn.Softmax(dim=-1)
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x):
+        f = self.body(x)
+        f = f * self.gate(f)
+        p = self.spatial(f.flatten(2))  # [N, C, H*W]
+        return self.fc(F.softmax(p * 10.0, dim=-1).mean(2).softmax(1))
+
+
+def test_a_spatial_softmax_head_is_described_and_rebuilt():
+    """A softmax inside the network (nn.Softmax, F.softmax, x.softmax) was refused as a layer without a description
+    op; it is the op softmax, its dim counted from the front (a negative one normalised), and the rebuilt module
+    computes what the original did. A softmax over the batch is refused, by name."""
+    torch.manual_seed(0)
+    module = _SpatialSoftmaxHead().eval()
+    desc = NetworkDescription.from_dict(describe(module, [3, 6, 6], "spatial").to_dict())
+    assert [n.attrs for n in desc.nodes if n.op == "softmax"] == [{"dim": 1}, {"dim": 2}, {"dim": 2}, {"dim": 1}]
+    _assert_same_function(desc, module, [3, 6, 6])
+    broken = desc.to_dict()
+    next(n for n in broken["nodes"] if n["op"] == "softmax")["attrs"]["dim"] = 0
+    with pytest.raises(UserError, match="dim"):
+        NetworkDescription.from_dict(broken)
+    with pytest.raises(UserError, match="softmax over the batch"):
+        describe(nn.Sequential(nn.Flatten(), nn.Softmax(dim=0)), [3, 6, 6], "batch")
+
+
 class _WithSpare(nn.Module):
     """``body`` and a layer its forward never calls."""
 
@@ -1476,9 +1564,9 @@ def test_every_kind_of_op_without_a_description_op_is_named_at_once():
     with pytest.raises(UserError, match=r"^mine: module '1' of type Softsign \(and 1 more\) and module '2' of type "
                                         r"SELU have no description op$"):
         describe(module, [3, 8, 8], "mine")
-    module.extend([nn.Softmax(dim=1), nn.LogSoftmax(dim=1)])  # the last makes the output
+    module.extend([nn.Softmin(dim=1), nn.LogSoftmax(dim=1)])  # the last makes the output
     with pytest.raises(UserError, match=r"^mine: module '1' of type Softsign \(and 1 more\), module '2' of type "
-                                        r"SELU, module '8' of type Softmax and module '9' of type LogSoftmax have no "
+                                        r"SELU, module '8' of type Softmin and module '9' of type LogSoftmax have no "
                                         r"description op$"):
         describe(module, [3, 8, 8], "mine")
 

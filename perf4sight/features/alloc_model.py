@@ -49,6 +49,9 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
   input and those two (its weight is a parameter), and its backward allocates the input's gradient, then the
   weight's and bias's. A transposed convolution is ``aten.convolution`` as a conv2d is: its output; it keeps its input
   (a strided one as it is), and its backward allocates the input's gradient, the weight's, then the bias's.
+  Instance norm is a batch norm of the input viewed as [1, N x C, H, W] (its weight and bias
+  repeated per sample first, their gradients summed back down after): :func:`_instance_norm`. A softmax keeps
+  its result; a hardtanh is a ReLU6 of another range (in place where its node says so).
 """
 from __future__ import annotations
 
@@ -71,12 +74,13 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "identity", "dropout", "hardswish", "hardsigmoid", "silu", "gelu", "sigmoid", "tanh",
                      "transpose", "narrow", "select", "adaptivemaxpool2d", "interpolate", "leaky_relu", "elu",
                      "softplus", "mish", "groupnorm",
-                     "conv_transpose2d"})
+                     "conv_transpose2d", "instancenorm", "hardtanh", "softmax"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
                 "gelu": ("gelu", "input"), "sigmoid": ("sigmoid", "result"), "tanh": ("tanh", "result"),
                 "leaky_relu": ("leaky_relu", "input"), "elu": ("elu", "input"),
-                "softplus": ("softplus", "input"), "mish": ("mish", "input")}
+                "softplus": ("softplus", "input"), "mish": ("mish", "input"),
+                "hardtanh": ("hardtanh", "input")}
 _VIEWS = {"reshape", "flatten", "squeeze", "unsqueeze"}
 #: Ops that take a strided (non-contiguous) input as it is; any other op on one is not covered,
 #: except elementwise ones on inputs whose dimensions keep their order (their output is contiguous).
@@ -226,6 +230,9 @@ def _params(node: Node) -> tuple[list[int], list[int]]:
     if node.op == "groupnorm":  # a weight and a bias unless not affine; no buffers
         c = a["num_channels"] * FLOAT
         return ([c, c] if a.get("affine", True) else []), []
+    if node.op == "instancenorm":  # a weight and a bias where affine (not by default); no buffers
+        c = a["num_features"] * FLOAT
+        return ([c, c] if a.get("affine", False) else []), []
     if node.op == "linear":
         w = a["out_features"] * a["in_features"] * FLOAT
         return ([w, a["out_features"] * FLOAT] if a["bias"] else [w]), []
@@ -432,14 +439,14 @@ def _activation(ctx: _OpContext) -> _Value:
     """relu and relu6 (in place), a leaky relu, an elu or a mish in place where its node says so, the
     out-of-place activations (:data:`_ACTIVATIONS`), dropout."""
     n, x, nbytes, op = ctx.node, ctx.x, ctx.nbytes, ctx.node.op
-    if op in ("relu", "relu6") or op in ("leaky_relu", "elu", "mish") and n.attrs.get("inplace"):
-        # in place, keeps its result (or a clone of its input: a mish's, ``relu6_clone``'s)
+    if op in ("relu", "relu6") or op in ("leaky_relu", "elu", "mish", "hardtanh") and n.attrs.get("inplace"):
+        # in place, keeps its result (or a clone of its input: a mish's, ``relu6_clone``'s of ReLU6 and hardtanh)
         if x.fn is None or x.view or x.sid in ctx.mem.saved:
             raise NotCovered(f"in-place {op} on '{n.inputs[0]}'")
         kernel = {"relu": "aten.threshold_backward.default", "relu6": "aten.hardtanh_backward.default",
                   "leaky_relu": "aten.leaky_relu_backward.default", "elu": "aten.elu_backward.default",
-                  "mish": "aten.mish_backward.default"}[op]
-        clone = op == "mish" or op == "relu6" and ctx.relu6_clone
+                  "mish": "aten.mish_backward.default", "hardtanh": "aten.hardtanh_backward.default"}[op]
+        clone = op == "mish" or op in ("relu6", "hardtanh") and ctx.relu6_clone
         kept = ctx.alloc("clone.default", x.nbytes, holders=0) if clone else x.sid
         return _Value(ctx.mem.hold(x.sid), x.nbytes, ctx.unary_grad_fn(kernel, [kept]))
     if op in _ACTIVATIONS:
@@ -454,6 +461,37 @@ def _activation(ctx: _OpContext) -> _Value:
         mask = ctx.alloc("native_dropout.default", nbytes // FLOAT, holders=0)
         return _Value(sid, nbytes, ctx.unary_grad_fn("aten.native_dropout_backward.default", [mask]))
     raise NotCovered(f"op '{op}'")
+
+
+def _softmax(ctx: _OpContext) -> _Value:
+    """A softmax along a dim (out of place): its output, which its backward keeps."""
+    sid = ctx.alloc("_softmax.default")
+    return _Value(sid, ctx.nbytes, ctx.unary_grad_fn("aten._softmax_backward_data.default", [sid]))
+
+
+def _instance_norm(ctx: _OpContext) -> _Value:
+    """An instance norm as torch runs it: a batch norm of the input viewed as [1, N x C, H, W]. Where affine, the
+    weight and the bias are first repeated once per sample (N x C floats each; the bias's repeat is freed after the
+    norm, the weight's kept); then the output, a mean and a 1/std per sample and channel, which it keeps with the
+    input (and the repeated weight); the output is a view of the norm's. Backward: the input's gradient, the
+    repeated weight's and bias's, each of these two then summed down to C floats (the bias's first) and accumulated.
+    Bytes at ``ctx.batch``."""
+    n, x, nbytes = ctx.node, ctx.x, ctx.nbytes
+    pbytes, _ = _params(n)
+    rows = ctx.batch * n.attrs["num_features"] * FLOAT  # bytes of a vector per sample and channel
+    repeats = [ctx.alloc("repeat.default", rows) for _ in pbytes]
+    summed = [ctx.grad_fn([], [("param", ctx.first_param + k)], [size], ["aten.sum.dim_IntList"], out_shape=(rows,))
+              for k, size in enumerate(pbytes)]
+    viewed = ctx.grad_fn([], [_edge(x)], [x.nbytes], [None], handoff="view")
+    sid = ctx.alloc("native_batch_norm.default")
+    stats = [ctx.alloc("native_batch_norm.default", rows, holders=0) for _ in range(2)]
+    edges = [None if viewed is None else ("fn", viewed)] + [("fn", k) for k in summed]
+    norm = ctx.grad_fn([x.sid] + repeats[:1] + stats, edges, [x.nbytes] + [rows] * len(pbytes),
+                       ["aten.native_batch_norm_backward.default"] * len(edges))
+    for r in repeats:
+        ctx.mem.drop(r)  # the weight's repeat lives on where the norm keeps it
+    out = ctx.grad_fn([], [None if norm is None else ("fn", norm)], [nbytes], [None], handoff="view")
+    return _Value(sid, nbytes, out, view=True)
 
 
 def _pooling(ctx: _OpContext) -> _Value:
@@ -549,6 +587,8 @@ _HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
     **dict.fromkeys(("maxpool2d", "adaptivemaxpool2d", "avgpool2d", "adaptiveavgpool2d", "mean"), _pooling),
     **dict.fromkeys(("add", "mul", "cat"), _combine),
     "interpolate": _interpolate,
+    "softmax": _softmax,
+    "instancenorm": _instance_norm,
     **dict.fromkeys((*_VIEWS, "transpose", "select", "narrow", "identity"), _view_op),
 }
 

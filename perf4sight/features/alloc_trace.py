@@ -559,35 +559,41 @@ def _fused_mish(model: Any) -> None:
 
 
 def _inplace_activations(model: Any, relu6_clone: bool = False) -> None:
-    """ReLU in place; ReLU6 in place with a backward that reads the *result* (one ``hardtanh_backward``
-    kernel, one output), as PyTorch 1.9 and older ran it (the TX2 runs did not pay for more), or with
-    ``relu6_clone`` as this torch runs it: ``hardtanh_`` keeps a clone of its input (PyTorch >= 1.10,
+    """ReLU in place; ReLU6 in place, and a hardtanh where it runs in place, with a backward that reads the *result*
+    (one ``hardtanh_backward`` kernel, one output), as PyTorch 1.9 and older ran them (the TX2 runs did not pay for
+    more), or with ``relu6_clone`` as this torch runs them: ``hardtanh_`` keeps a clone of its input (PyTorch >= 1.10,
     pytorch/pytorch#95432)."""
     import torch
     from torch import nn
 
     class _ClampInplace(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, x):  # noqa: ANN001, ANN205
-            x.clamp_(0.0, 6.0)
+        def forward(ctx, x, low, high):  # noqa: ANN001, ANN205
+            x.clamp_(low, high)
             ctx.mark_dirty(x)
             ctx.save_for_backward(x)
+            ctx.bounds = (low, high)
             return x
 
         @staticmethod
         def backward(ctx, grad):  # noqa: ANN001, ANN205
             (res,) = ctx.saved_tensors
-            return torch.ops.aten.hardtanh_backward(grad, res, 0.0, 6.0)
+            return torch.ops.aten.hardtanh_backward(grad, res, *ctx.bounds), None, None
 
-    class _ReLU6Inplace(nn.Module):
+    class _HardtanhInplace(nn.Module):
+        def __init__(self, low: float, high: float):
+            super().__init__()
+            self.low, self.high = low, high
+
         def forward(self, x):  # noqa: ANN001, ANN202
-            return _ClampInplace.apply(x)
+            return _ClampInplace.apply(x, self.low, self.high)
 
     for m in model.modules():
         if isinstance(m, nn.ReLU) or (isinstance(m, nn.ReLU6) and relu6_clone):  # torch's own in-place kernel
             m.inplace = True
-    if not relu6_clone:
-        _replace_modules(model, lambda m: _ReLU6Inplace() if isinstance(m, nn.ReLU6) else None)
+    if not relu6_clone:  # ReLU6 (a Hardtanh of [0, 6]) always, any other hardtanh where it runs in place
+        _replace_modules(model, lambda m: _HardtanhInplace(float(m.min_val), float(m.max_val))
+                         if isinstance(m, nn.Hardtanh) and (isinstance(m, nn.ReLU6) or m.inplace) else None)
 
 
 def simulate(desc: NetworkDescription, batches: tuple[int, ...] = (PROBE_BATCH,), relu6_clone: bool = False,

@@ -427,6 +427,24 @@ def _groupnorm(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
                   kind="norm")
 
 
+def _instancenorm(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """Instance norm: a group norm of a group per channel (FLOPs a batch norm's, ~5 an element forward, ~8 backward;
+    the input read twice). torch runs it as a batch norm of the [1, N x C, H, W] input: it keeps the input and a
+    mean and a 1/std per sample and channel and, where ``affine``, its weight repeated once per sample (C floats a
+    sample, bytes in ``extra_saved_bytes``); the repeats (weight and bias) are a kernel each forward, and backward
+    the weight's and bias's gradients are summed down from per sample and channel to per channel (two more)."""
+    a = node.attrs
+    c, affine = int(a["num_features"]), bool(a.get("affine", False))
+    params = 2 * c if affine else 0
+    n = numel(node.output_shape)
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    kept = (2 + affine) * c  # the mean, the 1/std (and the repeated weight), per sample
+    return OpCost(flops_fwd=5.0 * n, flops_bwd=8.0 * n, bytes_read=rd * 2 + params * BYTES_PER_ELEMENT,
+                  bytes_written=wr, params=params, param_tensors=2 if params else 0, saved=[0],
+                  extra_saved_bytes=kept * BYTES_PER_ELEMENT, kernels_fwd=3 if affine else 1,
+                  kernels_bwd=3 if affine else 1, kind="norm")
+
+
 def _input(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     return OpCost(kind="view")
 
@@ -462,6 +480,12 @@ HANDLERS: dict[str, Handler] = {
     # backward recomputes the tanh of the softplus (7), a sigmoid (4, as sigmoid's) and grad * (t + x * s * (1 - t^2)):
     # a square, a subtract, three multiplies and an add, 17 in all. It keeps its input (in place, a clone of it)
     "mish": _pointwise(8, [0], 17),
+    # a clamp to [min_val, max_val]: two compares, as relu6; its backward keeps the input (the result where it
+    # runs in place, as torch before 1.10 did; a newer torch's clone of the input: StepRuntime.applied)
+    "hardtanh": _keeps_result_in_place(2, 1),
+    # along one dim: a max, a subtract, an exp, a sum and a divide an element, as the attention's softmax counts
+    # it (and its backward, twice that); it keeps its result
+    "softmax": _pointwise(5, [OUTPUT], 10),
     "identity": _view,
     "maxpool2d": _maxpool2d,
     "avgpool2d": _avgpool2d,
@@ -482,6 +506,7 @@ HANDLERS: dict[str, Handler] = {
     "permute": _view,  # the op after it that needs contiguous memory copies it (see latency_terms)
     "layernorm": _layernorm,
     "groupnorm": _groupnorm,
+    "instancenorm": _instancenorm,
     "scale": _scale,
     "shift": _learnt_tensor,
     "token": _learnt_tensor,

@@ -275,6 +275,8 @@ _PASSES: dict[str, tuple[float, float, int]] = {
     "permute": (1.0, 1.0, 1),  # a view, copied by the op after it that needs contiguous memory: a copy each way
     "layernorm": (1.5, 4.0, 2),  # like batch norm; backward: the input's gradient, then the weight's and bias's
     "groupnorm": (1.5, 4.0, 1),  # like batch norm: statistics per sample and group, then normalise; one backward
+    "instancenorm": (1.5, 4.0, 1),  # a batch norm of every sample's channels apart: statistics, then normalise
+    "softmax": (2.0, 3.0, 1),  # forward: a max and a sum of exps along dim, then the divide; backward one kernel
     "scale": (1.0, 3.0, 3),  # backward: the input's gradient, the parameter's (a multiply and a sum)
     "shift": (1.0, 1.0, 1),  # backward: the parameter's gradient, the incoming one summed down
     "token": (1.0, 0.0, 0),  # a copy; backward slices

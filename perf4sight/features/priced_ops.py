@@ -25,7 +25,8 @@ _PER_INPUT = frozenset({"adaptiveavgpool2d", "adaptivemaxpool2d"})
 _PER_WINDOW = frozenset({"maxpool2d", "avgpool2d"})
 #: Ops the profile does not measure, priced as the measured op of the same work per element.
 _PRICED_AS = {"leaky_relu": "relu", "elu": "sigmoid", "softplus": "sigmoid", "mish": "silu",
-              "groupnorm": "batchnorm2d"}
+              "groupnorm": "batchnorm2d",
+              "instancenorm": "batchnorm2d", "hardtanh": "relu6", "softmax": "sigmoid"}
 
 
 def check_prices(data: Any, where: str) -> dict[str, dict[int, float]]:

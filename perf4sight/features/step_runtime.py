@@ -117,9 +117,10 @@ class StepRuntime:
 
     def applied(self, op: str, cost: OpCost) -> OpCost:
         """``cost``, an op of kind ``op`` as its formula counts it (``formulas.HANDLERS``: the older torch's ReLU6, a
-        one-byte dropout mask), with what it keeps for backward under these rules: a ReLU6's input (``saved``
-        [0]) on torch >= 1.10, a dropout's mask at :attr:`dropout_mask_bytes` an element (``extra_saved_bytes``)."""
-        if op == "relu6" and self.relu6_clone:
+        one-byte dropout mask), with what it keeps for backward under these rules: a ReLU6's or a hardtanh's
+        input (``saved`` [0]) on torch >= 1.10, a dropout's mask at :attr:`dropout_mask_bytes` an element
+        (``extra_saved_bytes``)."""
+        if op in ("relu6", "hardtanh") and self.relu6_clone:  # hardtanh_ is ReLU6's kernel
             return replace(cost, saved=[0])
         if op == "dropout" and self.dropout_mask_bytes != CUDA_MASK_BYTES:
             return replace(cost, extra_saved_bytes=cost.extra_saved_bytes * self.dropout_mask_bytes)

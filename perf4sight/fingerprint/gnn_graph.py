@@ -44,7 +44,8 @@ OP_TOKEN: dict[str, str] = {**{op: op for op in OP_VOCAB},
                             "patch_merge": "cat", "interpolate": "adaptiveavgpool2d", "group_attention": "linear",
                             "leaky_relu": "relu", "elu": "relu", "softplus": "relu",
                             "mish": "silu", "groupnorm": "batchnorm2d",
-                            "conv_transpose2d": "conv2d"}
+                            "conv_transpose2d": "conv2d", "instancenorm": "batchnorm2d", "hardtanh": "relu6",
+                            "softmax": "sigmoid"}
 _ATTRS = ("in_ch", "out_ch", "kernel_h", "kernel_w", "stride", "padding", "dilation", "groups", "bias", "depthwise")
 _COSTS = ("out_elems", "out_rank", "macs", "flops_fwd", "flops_bwd", "bytes_read", "bytes_written", "params",
           "kernels_fwd", "kernels_bwd", "saved_bytes", "n_inputs")
@@ -89,9 +90,9 @@ def _attr_vector(op: str, a: dict) -> list[float]:
     if op in ("attention", "window_attention"):  # groups: its heads
         e = float(a["embed_dim"])
         return [e, e, 0, 0, 0, 0, 0, float(a["num_heads"]), float(bool(a["bias"])), 0]
-    if op in ("batchnorm2d", "layernorm", "groupnorm"):
-        c = float(a["num_features"] if op == "batchnorm2d" else a["num_channels"] if op == "groupnorm"
-                  else np.prod(a["normalized_shape"]))
+    if op in ("batchnorm2d", "layernorm", "groupnorm", "instancenorm"):
+        c = float(a["num_features"] if op in ("batchnorm2d", "instancenorm")
+                  else a["num_channels"] if op == "groupnorm" else np.prod(a["normalized_shape"]))
         return [c, c, 0, 0, 0, 0, 0, 0, 0, 0]
     if op in ("maxpool2d", "avgpool2d"):
         kh, kw = _pair(a["kernel_size"])

@@ -157,6 +157,30 @@ def _groupnorm_attrs(num_groups: Any, num_channels: Any, eps: float, affine: boo
     return attrs
 
 
+def _instancenorm_attrs(num_features: Any, eps: float, affine: bool) -> dict:
+    attrs: dict[str, Any] = {"num_features": int(num_features)}
+    if eps != 1e-5:
+        attrs["eps"] = float(eps)
+    if affine:  # written only when true: torch's InstanceNorm2d has no weight and bias by default
+        attrs["affine"] = True
+    return attrs
+
+
+def _instancenorm(m: nn.InstanceNorm2d) -> tuple[str, dict]:
+    if m.track_running_stats:
+        raise ValueError("an instance norm that tracks running statistics (track_running_stats=True) has no "
+                         "description op")
+    return "instancenorm", _instancenorm_attrs(m.num_features, m.eps, m.affine)
+
+
+def _hardtanh_attrs(min_val: Any, max_val: Any, inplace: bool) -> tuple[str, dict]:
+    """A clamp to ``[min_val, max_val]``: ReLU6's ``[0, 6]`` is the op relu6, any other range a hardtanh."""
+    flag = {"inplace": True} if inplace else {}
+    if (float(min_val), float(max_val)) == (0.0, 6.0):
+        return "relu6", flag
+    return "hardtanh", {"min_val": float(min_val), "max_val": float(max_val), **flag}
+
+
 def _attention(m: nn.MultiheadAttention) -> tuple[str, dict]:
     if not m.batch_first or not m._qkv_same_embed_dim or m.bias_k is not None or m.add_zero_attn:
         raise ValueError("multi-head attention is described batch first, with query, key and value of one width and "
@@ -232,6 +256,8 @@ MODULE_OPS: list[tuple[type, Callable[[Any], tuple[str, dict]]]] = [
     (nn.Flatten, lambda m: ("flatten", {"start_dim": m.start_dim})),
     (nn.LayerNorm, _layernorm),
     (nn.GroupNorm, lambda m: ("groupnorm", _groupnorm_attrs(m.num_groups, m.num_channels, m.eps, m.affine))),
+    (nn.InstanceNorm2d, _instancenorm),
+    (nn.Hardtanh, lambda m: _hardtanh_attrs(m.min_val, m.max_val, m.inplace)),
     (nn.MultiheadAttention, _attention),
 ]
 
@@ -305,6 +331,9 @@ for _key in (F.elu, F.elu_):
                                                or n.target is F.elu_ else {})})
 FUNCTION_OPS[F.softplus] = lambda n: ("softplus", {"beta": float(_arg(n, 1, "beta", 1.0)),
                                                    "threshold": float(_arg(n, 2, "threshold", 20.0))})
+for _key in (F.hardtanh, F.hardtanh_):
+    FUNCTION_OPS[_key] = lambda n: _hardtanh_attrs(_arg(n, 1, "min_val", -1.0), _arg(n, 2, "max_val", 1.0),
+                                                   bool(_arg(n, 3, "inplace", False)) or n.target is F.hardtanh_)
 FUNCTION_OPS[F.mish] = lambda n: ("mish", {"inplace": True} if _arg(n, 1, "inplace", False) else {})
 for _key in (torch.cat, torch.concat, torch.concatenate):  # each takes its dim as dim= or as axis=
     FUNCTION_OPS[_key] = lambda n: ("cat", {"dim": int(_arg(n, 1, "dim", n.kwargs.get("axis", 0)))})
@@ -419,7 +448,42 @@ def _interpolate_call(n: fx.Node) -> tuple[str, dict]:
                               _arg(n, 6, "antialias", False))
 
 
+def _instance_norm_call(n: fx.Node) -> tuple[str, dict]:
+    """``F.instance_norm(x, running_mean, running_var, weight, bias, use_input_stats, momentum, eps)``: its
+    channels the input's, its weight and bias the module's own (``get_attr``); running statistics refused."""
+    if _arg(n, 1, "running_mean") is not None or _arg(n, 2, "running_var") is not None \
+            or not _arg(n, 5, "use_input_stats", True):
+        raise ValueError("an instance norm with running statistics has no description op")
+    weight, bias = _arg(n, 3, "weight"), _arg(n, 4, "bias")
+    if (weight is None) != (bias is None):
+        raise ValueError("an instance norm with a weight but no bias (or a bias but no weight) has no description op")
+    channels = n.args[0].meta["tensor_meta"].shape[1]
+    return "instancenorm", _instancenorm_attrs(channels, float(_arg(n, 7, "eps", 1e-5)), weight is not None)
+
+
+def _softmax_attrs(n: fx.Node, dim: Any) -> tuple[str, dict]:
+    """A softmax along ``dim`` of ``n``'s input, a negative ``dim`` counted from the last; along the batch, or with
+    no ``dim`` (torch's implicit choice), ``ValueError``."""
+    if dim is None:
+        raise ValueError("a softmax without dim= (torch's implicit choice of dimension) has no description op")
+    rank = len(n.args[0].meta["tensor_meta"].shape)
+    if int(dim) % rank == 0:
+        raise ValueError("a softmax over the batch dimension has no description op")
+    return "softmax", {"dim": int(dim) % rank}
+
+
+def _softmax_call(n: fx.Node) -> tuple[str, dict]:
+    """``F.softmax(x, dim)``, ``torch.softmax(x, dim)``, ``x.softmax(dim)``; one that casts (``dtype=``) refused."""
+    dtype = _arg(n, 3, "dtype") if n.target is F.softmax else _arg(n, 2, "dtype")
+    if dtype is not None and dtype != torch.float32:
+        raise ValueError("a softmax that casts (dtype=) has no description op")
+    return _softmax_attrs(n, _arg(n, 1, "dim"))
+
+
 FUNCTION_OPS[F.interpolate] = _interpolate_call
+FUNCTION_OPS[F.instance_norm] = _instance_norm_call
+for _key in (F.softmax, torch.softmax, "softmax"):
+    FUNCTION_OPS[_key] = _softmax_call
 FUNCTION_OPS[F.layer_norm] = _layer_norm_call
 FUNCTION_OPS[F.group_norm] = _group_norm_call
 FUNCTION_OPS[F.conv_transpose2d] = _conv_transpose_call
@@ -1043,8 +1107,8 @@ def _with_own_tensors(n: fx.Node, op: str, attrs: dict, gm: fx.GraphModule, wher
                       held: dict[str, fx.Node]) -> tuple[str, dict, set[str]]:
     """``n``'s op once the module tensors it reads (``get_attr`` nodes, or their batch expansions: ``held``) are
     taken in: a multiply by one parameter is a ``scale`` of that parameter's shape, an add of one a ``shift``, a
-    concatenation that puts one first a ``token``; a layer or group norm reads its own weight and bias. The names of
-    those nodes come back, so that they are not read as inputs. Any other op reading a module tensor is a
+    concatenation that puts one first a ``token``; a layer, group or instance norm reads its own weight and bias. The
+    names of those nodes come back, so that they are not read as inputs. Any other op reading a module tensor is a
     ``UserError``."""
     own: list[fx.Node] = []
     fx.node.map_arg((n.args, n.kwargs), lambda a: own.append(a) if a.name in held else None)
@@ -1066,7 +1130,7 @@ def _with_own_tensors(n: fx.Node, op: str, attrs: dict, gm: fx.GraphModule, wher
     parts = n.args[0] if op == "cat" else []
     if op == "cat" and len(own) == 1 and len(parts) == 2 and parts[0] is own[0]:
         return "token", {"shape": shape, "dim": attrs["dim"] % (rank + 1)}, names
-    if op in ("layernorm", "groupnorm", "conv_transpose2d"):
+    if op in ("layernorm", "groupnorm", "conv_transpose2d", "instancenorm"):
         return op, attrs, names
     raise UserError(f"{where}: {op} (node {n.name}) reads the module's parameter {held[own[0].name].target} "
                     "directly, which the description has no op for (a multiply by one parameter is a 'scale', an "
@@ -1166,6 +1230,8 @@ def _op_of(n: fx.Node, gm: fx.GraphModule) -> tuple[str, dict]:
             return _flatten(n, m.start_dim, m.end_dim)
         if isinstance(m, nn.ConvTranspose2d):  # its output size, where given at the call, read from the trace
             return _conv_transpose(m, n)
+        if isinstance(m, nn.Softmax):
+            return _softmax_attrs(n, m.dim)
         if isinstance(m, nn.Upsample):  # and its subclasses, UpsamplingNearest2d and UpsamplingBilinear2d
             return _interpolate_attrs(n, m.mode, m.align_corners, m.scale_factor, m.recompute_scale_factor, False)
         for cls, fn in MODULE_OPS:

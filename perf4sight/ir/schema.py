@@ -53,6 +53,11 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # over each of num_groups groups of a [C, ...] input's channels (num_channels = C, a multiple of num_groups);
     # optional eps (1e-5), affine (true: a weight and bias of num_channels each)
     "groupnorm": ("num_groups", "num_channels"),
+    # over each sample's channels one by one (InstanceNorm2d) of a [C, H, W] input (num_features = C); optional
+    # eps (1e-5), affine (false: torch's default; true: a weight and bias of num_features each). No running stats
+    "instancenorm": ("num_features",),
+    "hardtanh": ("min_val", "max_val"),  # x clamped to [min_val, max_val] (ReLU6, [0, 6], is the op relu6)
+    "softmax": ("dim",),  # exp(x) / sum(exp(x)) along dim (counting the batch: 1 = channels; never the batch)
     "scale": ("shape",),  # times a learnt tensor of this shape (ConvNeXt's layer scale), broadcast
     "shift": ("shape",),  # plus a learnt tensor of this shape (a vision transformer's position embedding), broadcast
     "token": ("shape", "dim"),  # a learnt tensor of this shape put before the input along dim (the class token)
@@ -87,6 +92,8 @@ INTERPOLATE_MODES = ("nearest", "bilinear")
 _POSITIVE: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("in_channels", "out_channels", "groups"), "linear": ("in_features", "out_features"),
     "batchnorm2d": ("num_features",), "groupnorm": ("num_groups", "num_channels"),
+    "instancenorm": ("num_features",),
+    "softmax": ("dim",),
     "attention": ("embed_dim", "num_heads"),
     "window_attention": ("embed_dim", "num_heads"), "group_attention": ("embed_dim", "num_heads"),
     "conv_transpose2d": ("in_channels", "out_channels", "groups"),
@@ -99,11 +106,13 @@ _FLAGS: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("bias",), "linear": ("bias",), "attention": ("bias",), "group_attention": ("bias",),
     "window_attention": ("bias", "cosine"), "batchnorm2d": ("affine",), "layernorm": ("elementwise_affine",),
     "groupnorm": ("affine",),
+    "instancenorm": ("affine",),
     "maxpool2d": ("ceil_mode",), "avgpool2d": ("ceil_mode", "count_include_pad"), "mean": ("keepdim",),
     "interpolate": ("align_corners",),
     "conv_transpose2d": ("bias",),
     **{op: ("inplace",) for op in ("relu", "relu6", "hardswish", "sigmoid", "hardsigmoid", "silu", "gelu", "tanh",
                                    "leaky_relu", "elu", "mish",
+                                   "hardtanh",
                                    "identity", "dropout")},
 }
 #: Op -> attributes that must be numbers where given: (name, least, most); None: no bound. A dropout's
@@ -113,6 +122,8 @@ _NUMBERS: Dict[str, Tuple[Tuple[str, Any, Any], ...]] = {
     "window_attention": (("dropout", 0, 1), ("attention_dropout", 0, 1)),
     "batchnorm2d": (("eps", 0, None), ("momentum", 0, 1)), "layernorm": (("eps", 0, None),),
     "groupnorm": (("eps", 0, None),),
+    "instancenorm": (("eps", 0, None),),
+    "hardtanh": (("min_val", None, None), ("max_val", None, None)),
     "add": (("scalar", None, None),), "mul": (("scalar", None, None),),
     "leaky_relu": (("negative_slope", None, None),), "elu": (("alpha", None, None),),
     "softplus": (("beta", None, None), ("threshold", None, None)),
@@ -213,6 +224,8 @@ def _attr_problem(node: "Node") -> str:
         return output_padding_problem(node.attrs["output_padding"], node.attrs["stride"], node.attrs["dilation"])
     if node.op == "groupnorm" and node.attrs["num_channels"] % node.attrs["num_groups"]:
         return f"num_groups {node.attrs['num_groups']} does not divide num_channels {node.attrs['num_channels']}"
+    if node.op == "hardtanh" and not node.attrs["min_val"] < node.attrs["max_val"]:
+        return f"min_val {node.attrs['min_val']} is not below max_val {node.attrs['max_val']}"
     return ""
 
 
@@ -443,8 +456,8 @@ class NetworkDescription:
 
 
 def count_params(desc: NetworkDescription) -> int:
-    """Trainable parameters implied by the nodes (conv, batch, layer and group norm unless not affine, linear,
-    attention, and the learnt tensors of scale, shift and token), as the schema defines."""
+    """Trainable parameters implied by the nodes (conv, batch, layer and group norm unless not affine, an instance
+    norm where affine, linear, attention, and the learnt tensors of scale, shift and token), as the schema defines."""
     total = 0
     for n in desc.nodes:
         a = n.attrs
@@ -456,6 +469,8 @@ def count_params(desc: NetworkDescription) -> int:
             total += 2 * a["num_features"]
         elif n.op == "groupnorm" and a.get("affine", True):
             total += 2 * a["num_channels"]
+        elif n.op == "instancenorm" and a.get("affine", False):
+            total += 2 * a["num_features"]
         elif n.op == "linear":
             total += a["in_features"] * a["out_features"] + (a["out_features"] if a["bias"] else 0)
         elif n.op == "layernorm" and a.get("elementwise_affine", True):

@@ -12,7 +12,8 @@ __all__ = ["shape_problem", "ARITY", "element_count", "image_size_problem", "sha
            "window_pair", "windows_of"]
 
 _UNARY = ("relu", "relu6", "hardswish", "sigmoid", "hardsigmoid", "silu", "gelu", "tanh", "identity", "dropout",
-          "leaky_relu", "elu", "softplus", "mish")
+          "leaky_relu", "elu", "softplus", "mish",
+          "hardtanh")
 
 #: op -> (fewest, most) inputs; None = no upper bound
 ARITY: Dict[str, Tuple[int, Optional[int]]] = {
@@ -22,7 +23,7 @@ ARITY: Dict[str, Tuple[int, Optional[int]]] = {
                                       "unsqueeze", "select", "narrow", "transpose", "mean", "permute",
                                       "layernorm", "groupnorm", "scale", "shift", "token", "attention",
                                       "window_attention", "patch_merge", "interpolate", "group_attention",
-                                      "conv_transpose2d")},
+                                      "conv_transpose2d", "instancenorm", "softmax")},
 }
 
 
@@ -191,6 +192,14 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
     if op == "groupnorm":  # a [C, ...] input, any spatial dims (torch: at least a batch and channels)
         if len(x) < 1 or x[0] != a["num_channels"]:
             return f"num_channels {a['num_channels']} but its input has shape {x}"
+        return x
+    if op == "instancenorm":  # InstanceNorm2d's: a [C, H, W] input
+        if len(x) != 3 or x[0] != a["num_features"]:
+            return f"num_features {a['num_features']} needs a [{a['num_features']}, height, width] input, got {x}"
+        return x
+    if op == "softmax":
+        if _axis(int(a["dim"]), len(x)) is None:
+            return f"dim {a['dim']} is not a dimension of its input {x} after the batch"
         return x
     if op == "layernorm":
         normalized = [int(s) for s in a["normalized_shape"]]
