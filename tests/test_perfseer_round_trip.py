@@ -48,7 +48,7 @@ def test_every_schema_op_has_one_onnx_type():
     assert set(OP_TO_ONNX) == set(OPS) - {"input"}
     # one-to-one but for the two ops that share a type with another (an import tells them apart by their args)
     assert {op: ONNX_TO_OP[t] for op, t in OP_TO_ONNX.items() if ONNX_TO_OP[t] != op} == {
-        "permute": "transpose", "scale": "mul", "shift": "add", "token": "cat"}
+        "permute": "transpose", "scale": "mul", "shift": "add", "token": "cat", "hardtanh": "relu6"}
     assert OP_TO_ONNX["silu"] == "Swish" and OP_TO_ONNX["narrow"] == "Slice" and OP_TO_ONNX["select"] == "Gather"
     assert OP_TO_ONNX["layernorm"] == "LayerNormalization"
 
@@ -56,21 +56,24 @@ def test_every_schema_op_has_one_onnx_type():
 class _Views(torch.nn.Module):
     """The ops no zoo network here uses: gelu, avgpool2d, tanh, transpose, narrow, unsqueeze, squeeze,
     adaptivemaxpool2d, select, mean, silu, leaky_relu (in place), elu, mish (in place), softplus (torch's
-    defaults, which ONNX's Softplus is), groupnorm and conv_transpose2d (without a bias, with an output padding)."""
+    defaults, which ONNX's Softplus is), groupnorm, conv_transpose2d (without a bias, with an output padding),
+    instancenorm (affine), hardtanh and softmax."""
 
     def __init__(self):
         super().__init__()
         self.conv, self.norm = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.GroupNorm(2, 8, eps=1e-3)
+        self.inorm = torch.nn.InstanceNorm2d(8, eps=1e-4, affine=True)
         self.pool = torch.nn.AvgPool2d(2)
         self.up = torch.nn.ConvTranspose2d(8, 8, 3, stride=2, padding=1, output_padding=1, bias=False)
         self.amax = torch.nn.AdaptiveMaxPool2d(2)
         self.fc = torch.nn.Linear(8, 10)
 
     def forward(self, x):
-        y = torch.tanh(self.pool(torch.nn.functional.gelu(self.up(self.norm(self.conv(x)))))).transpose(2, 3)[:, :, 1:3]
+        y = self.up(self.norm(self.inorm(self.conv(x))))
+        y = torch.tanh(self.pool(torch.nn.functional.gelu(y))).transpose(2, 3)[:, :, 1:3]
         y = self.amax(torch.squeeze(torch.unsqueeze(torch.nn.functional.leaky_relu(y, 0.2, True), 1), 1))[:, :, :, 0]
         y = torch.nn.functional.mish(torch.nn.functional.elu(y.mean(2), 0.5), True)
-        y = torch.nn.functional.softplus(y)
+        y = torch.nn.functional.hardtanh(torch.nn.functional.softplus(y).softmax(-1), -0.5, 0.5)
         return self.fc(torch.nn.functional.silu(y))
 
 
@@ -118,7 +121,8 @@ def test_foreign_reading_rebuilds_the_same_network(name):
     assert [(n.op, n.output_shape) for n in back.nodes] == [(n.op, n.output_shape) for n in desc.nodes]
     views = [n for n in desc.nodes
              if n.op in ("reshape", "flatten", "squeeze", "unsqueeze", "transpose", "select", "narrow", "permute",
-                         "layernorm", "groupnorm", "scale", "shift", "token", "attention", "conv_transpose2d")]
+                         "layernorm", "groupnorm", "scale", "shift", "token", "attention", "conv_transpose2d",
+                         "instancenorm", "hardtanh", "softmax")]
     assert views and all(back.node(n.name).attrs == n.attrs for n in views)
     assert network_features(back).per_sample == network_features(desc).per_sample
     assert _output_shape(back) == _output_shape(desc) == [2, 10]
@@ -186,6 +190,34 @@ def test_onnx_conv_transpose_is_read_as_a_transposed_convolution():
                                      "padding": [1, 1], "output_padding": [1, 1], "dilation": [1, 1], "groups": 2,
                                      "bias": False}
     assert desc.params == 3 * 8 + 8 + 8 * 2 * 9
+
+
+def test_onnx_clip_softmax_and_instance_normalization_are_read():
+    """ONNX's Clip is ReLU6 without a range or of [0, 6], a hardtanh of any other (torch's -1 or 1 for a bound left
+    out); Softmax's axis counts the batch (the last where left out); InstanceNormalization (epsilon) is affine where
+    the node has weights."""
+    import networkx as nx
+
+    g = nx.DiGraph(source="another tool")
+    shape = {"batch_size": 2, "input_shape": [2, 8, 4, 4], "output_shape": [2, 8, 4, 4]}
+    feature = {"conv": ("Conv", {"kernel_shape": [1, 1], "group": 1}, {**shape, "input_shape": [2, 3, 4, 4]}),
+               "norm": ("InstanceNormalization", {"epsilon": 1e-3}, {**shape, "weight_size": 2 * 8 * 4}),
+               "plain": ("InstanceNormalization", {}, shape),
+               "six": ("Clip", {"min": 0, "max": 6}, shape), "bare": ("Clip", {}, shape),
+               "clip": ("Clip", {"min": -2.5}, shape), "soft": ("Softmax", {}, shape),
+               "gate": ("Softmax", {"axis": 1}, shape)}
+    previous = None
+    for name, (onnx, args, info) in feature.items():
+        g.add_node(name, feature={"type": onnx, "args": args, "memory_info": info})
+        if previous:
+            g.add_edge(previous, name)
+        previous = name
+    desc, _ = graph_to_description(g, "foreign", "foreign.pkl")
+    assert [(n.op, n.attrs) for n in desc.nodes[2:]] == [
+        ("instancenorm", {"num_features": 8, "eps": 1e-3, "affine": True}), ("instancenorm", {"num_features": 8}),
+        ("relu6", {}), ("relu6", {}), ("hardtanh", {"min_val": -2.5, "max_val": 1.0}), ("softmax", {"dim": 3}),
+        ("softmax", {"dim": 1})]
+    assert desc.params == 3 * 8 + 8 + 2 * 8
 
 
 class _Squeezer(torch.nn.Module):

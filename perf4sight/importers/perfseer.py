@@ -80,12 +80,15 @@ ONNX_TO_OP: dict[str, str] = {
     "Resize": "interpolate", "LeakyRelu": "leaky_relu", "Elu": "elu",
     "Softplus": "softplus", "Mish": "mish", "GroupNormalization": "groupnorm",
     "ConvTranspose": "conv_transpose2d",
+    "InstanceNormalization": "instancenorm", "Softmax": "softmax",
 }
-#: Our op -> ONNX op type. Four of ours share a type with another: ``permute`` is a ``Transpose`` of more than two
+#: Our op -> ONNX op type. Five of ours share a type with another: ``permute`` is a ``Transpose`` of more than two
 #: axes; ``scale``, ``shift`` and ``token`` are a ``Mul``, an ``Add`` and a ``Concat`` with a learnt tensor (an ONNX
-#: initializer). An import tells them apart by their args.
+#: initializer); ``hardtanh`` is a ``Clip`` of a range other than ReLU6's [0, 6]. An import tells them apart by their
+#: args.
 OP_TO_ONNX: dict[str, str] = {**{v: k for k, v in ONNX_TO_OP.items()}, "permute": "Transpose", "scale": "Mul",
-                              "shift": "Add", "token": "Concat"}
+                              "shift": "Add", "token": "Concat",
+                              "hardtanh": "Clip"}
 
 #: Graph attribute ``source`` of the files this tool's exporter writes.
 PERF4SIGHT_SOURCE = "perf4sight"
@@ -279,7 +282,22 @@ def _shared_type(op: str, args: dict[str, Any], n_inputs: int) -> str:
     learnt = {"mul": "scale", "add": "shift", "cat": "token"}
     if op in learnt and n_inputs == 1 and "shape" in args:
         return learnt[op]
+    if op == "relu6" and _is_hardtanh(args):
+        return "hardtanh"
     return op
+
+
+def _is_hardtanh(args: dict[str, Any]) -> bool:
+    """Whether a ``Clip`` is a hardtanh: ours carries ``min_val`` and ``max_val`` (whatever its range); ONNX's
+    ``min`` or ``max`` (torch's hardtanh defaults, -1 and 1, for one left out) give a range other than ReLU6's
+    [0, 6]. A Clip of neither is ReLU6, the only Clip torchvision CNNs export."""
+    if "min_val" in args or "max_val" in args:
+        return True
+    low, high = args.get("min"), args.get("max")
+    if low is None and high is None:
+        return False
+    return (_number(-1.0 if low is None else low, "Clip min"), _number(1.0 if high is None else high, "Clip max")) \
+        != (0.0, 6.0)
 
 
 def _reshape_target(args: dict[str, Any], out: list[int], where: str) -> list[int]:
@@ -439,6 +457,19 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         if not flag("affine", True):
             a["affine"] = False
         return a
+    if op == "instancenorm":  # ONNX's InstanceNormalization: epsilon (1e-5); affine where it has weights
+        a = {"num_features": num("num_features", default=in_shapes[0][0])}
+        if args.get("eps", args.get("epsilon")) is not None:
+            a["eps"] = _number(args.get("eps", args.get("epsilon")), f"{where} epsilon")
+        if flag("affine", _number(weight_bytes or 0, f"{where} weight_size") > 0):
+            a["affine"] = True
+        return a
+    if op == "hardtanh":  # ONNX's Clip of min and max (torch's -1 and 1 where one is left out)
+        low, high = args.get("min_val", args.get("min", -1.0)), args.get("max_val", args.get("max", 1.0))
+        return {"min_val": _number(low, f"{where} min"), "max_val": _number(high, f"{where} max")}
+    if op == "softmax":  # ONNX's Softmax: axis counts the batch (-1, the last, where not given)
+        axis = int(_number(args.get("dim", args.get("axis", -1)), f"{where} axis"))
+        return {"dim": axis % (len(in_shapes[0]) + 1)}
     if op == "mean":
         return {"dims": _ints(args.get("dims", args.get("axes", [2, 3])), where),
                 "keepdim": flag("keepdim", False, "keepdims")}
