@@ -233,6 +233,38 @@ def test_a_segmentation_step_keeps_what_autograd_keeps():
     assert nf.static["kernels_fwd"] == head.static["kernels_fwd"] - 1 + 2  # no pooling; log-softmax and likelihood
 
 
+@pytest.mark.parametrize("relu6_clone", [True, False])
+def test_instance_norm_hardtanh_and_softmax_keep_what_autograd_keeps(relu6_clone):
+    """An instance norm keeps its input, a mean and a 1/std per sample and channel and, where affine, its weight
+    repeated per sample; a hardtanh its input (in place: a clone of it on torch >= 1.10, ``relu6_clone``; its result
+    before); a softmax its result: what a sample adds to autograd's saved tensors between batch 2 and 4, exactly
+    (on this torch; the older rule, one input-sized tensor less per in-place hardtanh)."""
+    pytest.importorskip("torch")
+    import torch.nn.functional as F
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1, self.n1 = nn.Conv2d(3, 8, 3, padding=1), nn.InstanceNorm2d(8, affine=True)
+            self.c2, self.n2, self.fc = nn.Conv2d(8, 16, 3, 2, 1), nn.InstanceNorm2d(16), nn.Linear(16, 10)
+
+        def forward(self, x):
+            x = F.hardtanh(self.n1(self.c1(x)) * 2, -1.0, 1.0, inplace=True)
+            y = F.hardtanh(self.n2(self.c2(x)), -0.5, 0.5).flatten(2).softmax(-1)
+            return self.fc(y.mean(2))
+
+    desc = describe(Net(), [3, 12, 12], "kept")
+    nf = network_features(desc, StepRuntime(relu6_clone=relu6_clone))
+    at2, at4 = 2 * _autograd_saved_bytes(desc, 2), 4 * _autograd_saved_bytes(desc, 4)
+    clamped = 8 * 12 * 12 * 4  # the in-place hardtanh's input (this torch keeps a clone of it)
+    assert nf.per_sample["saved_bytes"] + nf.per_sample["input_bytes"] == (at4 - at2) / 2 - clamped * (not relu6_clone)
+    norm = _cost(desc.nodes[2], [[8, 12, 12]])
+    assert norm.extra_saved_bytes == 3 * 8 * 4 and norm.params == 16 and norm.kernels_bwd == 3
+
+
 def test_kept_for_backward_is_what_autograd_keeps():
     """The analytic estimate's activations (the tensors kept for backward and the input batch) against autograd's
     saved tensors of the same networks on this torch, under the rules of a CPU step on it: torchvision's MobileNetV2
