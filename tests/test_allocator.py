@@ -586,6 +586,40 @@ def test_allocation_model_writes_down_a_softmax_as_traced():
     assert sum(op == "aten._softmax_backward_data.default" for _, _, _, op in model) == 4 * 3
 
 
+def test_allocation_model_writes_down_pads_and_pixel_shuffles_as_traced():
+    """A pad and a pixel shuffle or unshuffle allocate their output; a reflection or replication pad keeps its input,
+    the others nothing; each backward allocates its input's gradient, as torch runs them: on the network's input (no
+    gradient), before an in-place ReLU, into an add, a pad of nothing (a copy) and a constant pad of a value."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1, self.c2 = nn.Conv2d(12, 16, 3), nn.Conv2d(16, 3 * 4, 3, padding=1)
+            self.c3, self.fc = nn.Conv2d(3, 8, 3), nn.Linear(8 * 16, 2)
+
+        def forward(self, x):
+            x = F.relu(self.c1(F.pixel_unshuffle(F.pad(x, (1, 1, 1, 1), mode="reflect"), 2)), inplace=True)
+            y = F.pixel_shuffle(self.c2(F.pad(x, (1, 1, 1, 1), mode="replicate")), 2)
+            inner = F.pad(y, (1, 1, 1, 1), mode="reflect").narrow(2, 1, 16).narrow(3, 1, 16)
+            y = torch.relu(F.pad(y, (0, 0, 0, 0)) + inner)
+            y = F.pixel_unshuffle(self.c3(F.pad(y, (1, 1, 1, 1), value=0.5)), 4)
+            return self.fc(y.mean((2, 3)))
+
+    desc = describe(Net(), [3, 14, 14], "padded")
+    assert [n.attrs["mode"] for n in desc.nodes if n.op == "pad"] == [
+        "reflect", "replicate", "reflect", "constant", "constant"]
+    model, traced = record_events(desc, 3, steps=3, method="model"), record_events(desc, 3, steps=3, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+    kernels = {op for _, _, _, op in model}
+    assert {"aten.reflection_pad2d_backward.default", "aten.replication_pad2d_backward.default",
+            "aten.pixel_shuffle.default", "aten.pixel_unshuffle.default", "aten.constant_pad_nd.default"} <= kernels
+
+
 def test_allocation_model_on_generated_networks():
     from perf4sight.networks.generator import STYLES, GeneratorSettings, generate
     descs = generate(GeneratorSettings(count=10, seed=11), [3, 32, 32], 10)

@@ -742,3 +742,26 @@ def test_a_transposed_convolution_costs_what_torch_s_flop_counter_counts(layer):
         assert c.params == sum(p.numel() for p in module.parameters()) and c.saved == [0]
     if groups == 1:  # at a batch of 2, the input's gradient too
         assert 2 * (_cost(node, [[cin, 7, 9]]).flops_bwd - bias_flops) == backward.get_total_flops()
+
+
+@pytest.mark.parametrize("op, attrs, out", [
+    ("pad", {"pads": [1, 2, 3, 0], "mode": "constant", "value": 0.5}, [8, 11, 11]),
+    ("pad", {"pads": [1, 2, 3, 0], "mode": "reflect"}, [8, 11, 11]),
+    ("pad", {"pads": [1, 2, 3, 0], "mode": "replicate"}, [8, 11, 11]),
+    ("pixel_shuffle", {"upscale_factor": 2}, [2, 16, 16]),
+    ("pixel_unshuffle", {"downscale_factor": 2}, [32, 4, 4])])
+def test_pads_and_pixel_shuffles_keep_what_autograd_keeps(op, attrs, out):
+    """Pads and pixel shuffles are copies: no FLOPs forward, their input read and output written. A reflection or
+    replication pad keeps its input (autograd saves it, though its backward reads only its shape) and adds each
+    border pixel's gradient back (1 FLOP a border element); a constant pad and the shuffles keep nothing: exactly
+    the bytes autograd saves after a convolution, per sample."""
+    pytest.importorskip("torch")
+    node = Node("p", op, ["conv"], attrs, out)
+    desc = _desc([Node("input", "input", [], {}, [4, 8, 8]), _conv("conv", "input", 4, 8, 1, 1, 8), node])
+    c = _cost(node, [[8, 8, 8]])
+    border = op == "pad" and attrs["mode"] != "constant"
+    assert (c.macs, c.flops_fwd, c.params) == (0, 0, 0) and c.flops_bwd == (11 * 11 - 8 * 8) * 8 * border
+    assert (c.bytes_read, c.bytes_written) == (8 * 8 * 8 * 4, 8 * 11 * 11 * 4 if op == "pad" else 8 * 8 * 8 * 4)
+    assert c.saved == ([0] if border else []) and c.extra_saved_bytes == 0
+    assert _autograd_saved_bytes(desc, 2, with_input=False) == 8 * 8 * 8 * 4 * border
+    assert not network_features(desc).unsupported

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 import torch
@@ -1670,3 +1671,105 @@ def test_a_concatenation_of_tensors_that_disagree_is_refused_with_torchs_own_rea
             return torch.cat([x, x[:, :, 1:]], 1)
     with pytest.raises(UserError, match="Sizes of tensors must match"):
         describe(Bad(), [3, 8, 8], "bad")
+
+
+class _Espcn(nn.Module):
+    """An ESPCN-like super-resolution network: convolutions, then a pixel shuffle by 2 (the module and the call);
+    a pixel unshuffle back (the module) and a call of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(3, 16, 5, padding=2), nn.Conv2d(16, 8, 3, padding=1)
+        self.c3, self.shuffle = nn.Conv2d(8, 3 * 4, 3, padding=1), nn.PixelShuffle(2)
+        self.unshuffle = nn.PixelUnshuffle(2)
+
+    def forward(self, x):
+        y = self.shuffle(self.c3(torch.tanh(self.c2(torch.tanh(self.c1(x))))))
+        return F.pixel_shuffle(F.pixel_unshuffle(self.unshuffle(y), 2), 4)
+
+
+class _PaddedStyleBlock(nn.Module):
+    """A style-transfer network's layers: reflection pads before convolutions (the module and F.pad), a
+    replication pad, a zero pad and a constant pad of a value, as modules and calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pad, self.conv = nn.ReflectionPad2d(4), nn.Conv2d(3, 8, 9)
+        self.conv2, self.zero = nn.Conv2d(8, 8, 3), nn.ZeroPad2d((1, 0, 2, 1))
+        self.edge, self.value = nn.ReplicationPad2d((0, 1, 1, 0)), nn.ConstantPad2d(2, 0.5)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(self.pad(x)))
+        y = self.conv2(F.pad(y, (1, 1, 1, 1), mode="reflect"))
+        y = F.pad(self.zero(self.edge(y)), [1, 2], value=-1.0)
+        return F.pad(self.value(y), (0, 1, 1, 0, 0, 0), mode="replicate")
+
+
+def test_super_resolution_and_style_transfer_layers_are_described():
+    """Pixel shuffles and pads (an ESPCN's upsampling, a style-transfer network's reflection pads; each layer of
+    torch's and its functional call) were refused as layers without a description op; they are the ops
+    pixel_shuffle, pixel_unshuffle and pad ([left, right, top, bottom], a mode, a value where it is not 0), and the
+    module rebuilt from the description computes what the network did."""
+    torch.manual_seed(0)
+    sr = _Espcn().eval()
+    desc = NetworkDescription.from_dict(describe(sr, [3, 8, 8], "espcn").to_dict())
+    assert [(n.op, n.attrs, n.output_shape) for n in desc.nodes if n.op.startswith("pixel")] == [
+        ("pixel_shuffle", {"upscale_factor": 2}, [3, 16, 16]), ("pixel_unshuffle", {"downscale_factor": 2}, [12, 8, 8]),
+        ("pixel_unshuffle", {"downscale_factor": 2}, [48, 4, 4]), ("pixel_shuffle", {"upscale_factor": 4}, [3, 16, 16])]
+    _assert_same_function(desc, sr, [3, 8, 8])
+    style = _PaddedStyleBlock().eval()
+    desc = NetworkDescription.from_dict(describe(style, [3, 12, 12], "style").to_dict())
+    assert [n.attrs for n in desc.nodes if n.op == "pad"] == [
+        {"pads": [4, 4, 4, 4], "mode": "reflect"}, {"pads": [1, 1, 1, 1], "mode": "reflect"},
+        {"pads": [0, 1, 1, 0], "mode": "replicate"}, {"pads": [1, 0, 2, 1], "mode": "constant"},
+        {"pads": [1, 2, 0, 0], "mode": "constant", "value": -1.0}, {"pads": [2, 2, 2, 2], "mode": "constant",
+                                                                     "value": 0.5},
+        {"pads": [0, 1, 1, 0], "mode": "replicate"}]
+    assert desc.node(desc.output).output_shape == [8, 12 + 1 + 3 + 4 + 1, 12 + 1 + 1 + 3 + 4 + 1]
+    _assert_same_function(desc, style, [3, 12, 12])
+
+
+class _Padded(nn.Module):
+    def __init__(self, pad: Any) -> None:
+        super().__init__()
+        self.conv, self.pad = nn.Conv2d(3, 4, 1), pad
+
+    def forward(self, x):
+        return self.pad(self.conv(x))
+
+
+@pytest.mark.parametrize("pad, message", [
+    (nn.CircularPad2d(1), "circular pad"), (lambda x: F.pad(x, (1, 1, 1, 1, 1, 0)), "channels or the batch"),
+    (lambda x: F.pad(x, (-1, 0, 0, 0)), "crops"), (lambda x: F.pad(x[:, 0], (1, 1)), r"\[N, C, H, W\]")])
+def test_pads_that_no_op_describes_are_refused_by_name(pad, message):
+    """A circular pad, a pad of the channels, a crop and a pad of anything but a map are refused, each saying why;
+    a circular pad of nothing is a copy, described as a pad of nothing."""
+    with pytest.raises(UserError, match=message):
+        describe(_Padded(pad), [3, 6, 6], "padded")
+    nothing = describe(_Padded(nn.CircularPad2d(0)), [3, 6, 6], "nothing")
+    assert [n.attrs for n in nothing.nodes if n.op == "pad"] == [{"pads": [0, 0, 0, 0], "mode": "constant"}]
+
+
+def test_a_pad_or_shuffle_that_does_not_fit_is_refused_when_read():
+    """A description's pad of an unknown mode or of the wrong length, a reflection as wide as its side, a value of a
+    reflection, a pixel shuffle of channels not divisible by r^2 and an unshuffle of a side not divisible by r are
+    refused when the description is read."""
+    good = describe(_Padded(nn.ReflectionPad2d(2)), [3, 6, 6], "padded").to_dict()
+
+    def broken(**attrs: Any) -> dict:
+        d = json.loads(json.dumps(good))
+        node = next(n for n in d["nodes"] if n["op"] == "pad")
+        node["attrs"].update(attrs)
+        return d
+
+    for attrs, message in (({"mode": "circular"}, "mode"), ({"pads": [1, 1, 1]}, "left, right, top, bottom"),
+                           ({"pads": [6, 0, 0, 0]}, "less than the side"), ({"value": 1.0}, "constant' only")):
+        with pytest.raises(UserError, match=message):
+            NetworkDescription.from_dict(broken(**attrs))
+    shuffled = describe(_Padded(nn.PixelShuffle(2)), [3, 6, 6], "shuffled").to_dict()
+    assert shuffled["nodes"][-1]["output_shape"] == [1, 12, 12]
+    shuffled["nodes"][-1]["attrs"]["upscale_factor"] = 3
+    with pytest.raises(UserError, match="divisible by 9"):
+        NetworkDescription.from_dict(shuffled)
+    with pytest.raises(UserError, match="divisible by 4"):
+        describe(_Padded(nn.PixelUnshuffle(4)), [3, 6, 6], "unshuffled")

@@ -93,6 +93,20 @@ def test_branch_accumulation_and_add_backward():
     assert kt.launches == 2 + 4 + 1 + 1 + 4 + 4
 
 
+@pytest.mark.parametrize("mode, backward", [("constant", 1), ("reflect", 2), ("replicate", 2)])
+def test_a_pad_s_backward_kernels_follow_its_mode(mode, backward):
+    """A pad copies its input into a bordered output (a kernel); its backward copies the gradient's middle out (a
+    constant pad's: a kernel) or zeroes the input's gradient and adds each output pixel's onto the pixel it came
+    from (a reflection's or replication's: two); a pixel shuffle's backward is one unshuffle."""
+    conv = _conv("c", "input", 4, 4, 1, 1, 8)
+    pad = Node("p", "pad", ["c"], {"pads": [1, 1, 1, 1], "mode": mode}, [4, 10, 10])
+    plain = kernel_table(_desc([Node("input", "input", [], {}, [4, 8, 8]), conv]))
+    padded = kernel_table(_desc([Node("input", "input", [], {}, [4, 8, 8]), conv, pad]))
+    shuffled = kernel_table(_desc([Node("input", "input", [], {}, [4, 8, 8]), conv,
+                                   Node("s", "pixel_shuffle", ["c"], {"upscale_factor": 2}, [1, 16, 16])]))
+    assert padded.launches == plain.launches + 1 + backward and shuffled.launches == plain.launches + 2
+
+
 def test_a_parameter_free_op_of_the_input_runs_its_forward_kernel_alone():
     """A max pool of the network input makes a tensor that needs no gradient (torch: no parameters, an input that
     needs none): the pool launches its forward kernel alone (no zero fill or scatter), the conv after it no input

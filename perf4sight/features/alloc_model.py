@@ -52,6 +52,10 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
   Instance norm is a batch norm of the input viewed as [1, N x C, H, W] (its weight and bias
   repeated per sample first, their gradients summed back down after): :func:`_instance_norm`. A softmax keeps
   its result; a hardtanh is a ReLU6 of another range (in place where its node says so).
+  A pad and a pixel shuffle or unshuffle allocate their output; a reflection or replication
+  pad keeps its input (its backward reads the input's shape from it), the others keep nothing; each backward
+  allocates the input's gradient (a constant pad's by a constant pad of negative pads, a shuffle's by an unshuffle,
+  an unshuffle's by a shuffle).
 """
 from __future__ import annotations
 
@@ -74,7 +78,8 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "identity", "dropout", "hardswish", "hardsigmoid", "silu", "gelu", "sigmoid", "tanh",
                      "transpose", "narrow", "select", "adaptivemaxpool2d", "interpolate", "leaky_relu", "elu",
                      "softplus", "mish", "groupnorm",
-                     "conv_transpose2d", "instancenorm", "hardtanh", "softmax"})
+                     "conv_transpose2d", "instancenorm", "hardtanh", "softmax", "pad", "pixel_shuffle",
+                     "pixel_unshuffle"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
                 "gelu": ("gelu", "input"), "sigmoid": ("sigmoid", "result"), "tanh": ("tanh", "result"),
@@ -520,6 +525,25 @@ def _interpolate(ctx: _OpContext) -> _Value:
     return _Value(ctx.alloc(kernel + ".default"), ctx.nbytes, ctx.unary_grad_fn(f"aten.{kernel}_backward.default", []))
 
 
+#: A pad's mode -> (its aten kernel, its backward's kernel, whether it keeps its input), as torch 2 runs them.
+_PAD_KERNELS = {"constant": ("constant_pad_nd", "constant_pad_nd", False),
+                "reflect": ("reflection_pad2d", "reflection_pad2d_backward", True),
+                "replicate": ("replication_pad2d", "replication_pad2d_backward", True)}
+#: A pixel shuffle's kernel -> its backward's: the inverse rearrangement.
+_SHUFFLE_BACKWARD = {"pixel_shuffle": "pixel_unshuffle", "pixel_unshuffle": "pixel_shuffle"}
+
+
+def _rearrange(ctx: _OpContext) -> _Value:
+    """pad, pixel_shuffle, pixel_unshuffle: a new output; the backward writes the input's gradient anew."""
+    n, x, op = ctx.node, ctx.x, ctx.node.op
+    if op == "pad":
+        kernel, backward, keeps_input = _PAD_KERNELS[n.attrs["mode"]]
+    else:
+        kernel, backward, keeps_input = op, _SHUFFLE_BACKWARD[op], False
+    sid = ctx.alloc(kernel + ".default")
+    return _Value(sid, ctx.nbytes, ctx.unary_grad_fn(f"aten.{backward}.default", [x.sid] if keeps_input else []))
+
+
 def _combine(ctx: _OpContext) -> _Value:
     """add, mul (of two tensors, or of a tensor and a scalar), cat."""
     n, ins, nbytes, op = ctx.node, ctx.inputs, ctx.nbytes, ctx.node.op
@@ -589,6 +613,7 @@ _HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
     "interpolate": _interpolate,
     "softmax": _softmax,
     "instancenorm": _instance_norm,
+    **dict.fromkeys(("pad", "pixel_shuffle", "pixel_unshuffle"), _rearrange),
     **dict.fromkeys((*_VIEWS, "transpose", "select", "narrow", "identity"), _view_op),
 }
 

@@ -445,6 +445,27 @@ def _instancenorm(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost
                   kernels_bwd=3 if affine else 1, kind="norm")
 
 
+def _pad(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """A pad: one kernel that copies the input into its output's middle and writes the border around it (the value,
+    or pixels reflected or replicated): no FLOPs; bytes: the input read, the output written. Backward, the input's
+    gradient: a constant pad's is the incoming one's middle copied out (one kernel, no FLOPs); a reflection's or a
+    replication's is zeroed, then each output pixel's gradient added onto the input pixel it came from (two
+    kernels; an add, 1 FLOP, per border element). A constant pad keeps nothing; a reflection or replication keeps
+    its input (autograd saves it, measured on torch 2.14, though its backward reads only its shape)."""
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    border = node.attrs["mode"] != "constant"
+    return OpCost(flops_bwd=float(numel(node.output_shape) - numel(in_shapes[0])) if border else 0.0,
+                  bytes_read=rd, bytes_written=wr, saved=[0] if border else [], kernels_fwd=1,
+                  kernels_bwd=2 if border else 1, kind="other")
+
+
+def _pixel_shuffle(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """A pixel shuffle or unshuffle: a permuted copy (one kernel, no FLOPs; bytes: the input read, the output
+    written); backward, the inverse permuted copy of the incoming gradient (one kernel). It keeps nothing."""
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    return OpCost(bytes_read=rd, bytes_written=wr, kernels_fwd=1, kernels_bwd=1, kind="other")
+
+
 def _input(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     return OpCost(kind="view")
 
@@ -515,4 +536,7 @@ HANDLERS: dict[str, Handler] = {
     "patch_merge": _patch_merge,
     "interpolate": _interpolate,
     "group_attention": _group_attention,
+    "pad": _pad,
+    "pixel_shuffle": _pixel_shuffle,
+    "pixel_unshuffle": _pixel_shuffle,
 }

@@ -282,7 +282,12 @@ _PASSES: dict[str, tuple[float, float, int]] = {
     "token": (1.0, 0.0, 0),  # a copy; backward slices
     "patch_merge": (2.0, 15.0, 11),  # pad and concatenate; backward: four zeroed input-sized gradients summed
     **dict.fromkeys(("maxpool2d", "adaptivemaxpool2d", "interpolate"), (1.0, 3.0, 2)),  # backward: zero + scatter
+    # a copy each way (a constant pad's backward copies the gradient's middle out; a shuffle's is an unshuffle)
+    **dict.fromkeys(("pad", "pixel_shuffle", "pixel_unshuffle"), (1.0, 1.0, 1)),
 }
+#: A reflection or replication pad's: its backward zeroes the input's gradient, then adds each output pixel's onto
+#: the input pixel it came from.
+_BORDER_PAD_PASSES = (1.0, 2.0, 2)
 _DEFAULT_PASSES = (1.0, 3.0, 1)
 
 
@@ -318,7 +323,7 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
         elif op == "group_attention":
             _group_attention(r, node, first)
         else:
-            fwd_passes, bwd_passes, bwd_kernels = _PASSES.get(op, _DEFAULT_PASSES)
+            fwd_passes, bwd_passes, bwd_kernels = _passes(node)
             _elementwise(r, node, ins, fwd_passes, bwd_passes, bwd_kernels if visit.needs_grad else 0)
     _loss(r, desc.node(desc.output).output_shape)
     for name, adds in gradient_accumulations(desc, visits).items():  # k gradients into one tensor: k-1 adds
@@ -331,6 +336,13 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
     a = np.array(r.rows, dtype=float).reshape(-1, 8)
     return KernelTable(kind=a[:, 0].astype(np.int64), dims=a[:, 1:4], batch_dim=a[:, 4].astype(np.int64),
                        flops_ps=a[:, 5], bytes_ps=a[:, 6], bytes_fixed=a[:, 7], param_tensors=params)
+
+
+def _passes(node: Node) -> tuple[float, float, int]:
+    """``node``'s (forward passes, backward passes, backward kernels) for :func:`_elementwise`."""
+    if node.op == "pad" and node.attrs["mode"] != "constant":
+        return _BORDER_PAD_PASSES
+    return _PASSES.get(node.op, _DEFAULT_PASSES)
 
 
 def _param_count(desc: NetworkDescription) -> float:

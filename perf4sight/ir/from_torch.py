@@ -26,7 +26,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.shape_prop import ShapeProp
 
 from perf4sight.errors import UserError
-from perf4sight.ir.schema import INTERPOLATE_MODES, NetworkDescription, Node, count_params, output_padding_problem
+from perf4sight.ir.schema import (INTERPOLATE_MODES, PAD_MODES, NetworkDescription, Node, count_params,
+                                    output_padding_problem)
 from perf4sight.ir.shapes import image_size_problem, transposed_side
 
 __all__ = ["describe", "check_input_shape", "forward_error", "has_lazy_parameters", "in_mode",
@@ -181,6 +182,35 @@ def _hardtanh_attrs(min_val: Any, max_val: Any, inplace: bool) -> tuple[str, dic
     return "hardtanh", {"min_val": float(min_val), "max_val": float(max_val), **flag}
 
 
+def _pad_attrs(pads: Any, mode: str, value: Any) -> tuple[str, dict]:
+    """A ``pad`` of the last two dimensions from torch's ``pad`` ([left, right] or [left, right, top, bottom]; more
+    entries only where they are 0), ``mode`` and ``value``. A crop (a negative pad), a pad of the channels or the
+    batch, and a circular pad of anything are refused by name (a circular pad of nothing is a plain copy)."""
+    pads = [int(p) for p in pads]
+    if any(pads[4:]):
+        raise ValueError(f"a pad of {pads} pads the channels or the batch too, which has no description op (a pad "
+                         "op pads the height and width)")
+    if any(p < 0 for p in pads):
+        raise ValueError(f"a pad of {pads} crops (a negative pad), which has no description op; slice instead")
+    four = (pads + [0, 0, 0, 0])[:4]
+    if mode == "circular" and any(four):
+        raise ValueError("a circular pad has no description op (modes: " + ", ".join(PAD_MODES) + ")")
+    mode = "constant" if mode == "circular" else mode
+    if mode not in PAD_MODES:
+        raise ValueError(f"a pad of mode '{mode}' has no description op (modes: {', '.join(PAD_MODES)})")
+    attrs: dict[str, Any] = {"pads": four, "mode": mode}
+    if mode == "constant" and value:  # written only where it is not 0
+        attrs["value"] = float(value)
+    return "pad", attrs
+
+
+def _pad_call(n: fx.Node) -> tuple[str, dict]:
+    """``F.pad(x, pad, mode, value)`` of a ``[N, C, H, W]`` map."""
+    if len(n.args[0].meta["tensor_meta"].shape) != 4:
+        raise ValueError("a pad of anything but a [N, C, H, W] map has no description op")
+    return _pad_attrs(_arg(n, 1, "pad"), _arg(n, 2, "mode", "constant"), _arg(n, 3, "value"))
+
+
 def _attention(m: nn.MultiheadAttention) -> tuple[str, dict]:
     if not m.batch_first or not m._qkv_same_embed_dim or m.bias_k is not None or m.add_zero_attn:
         raise ValueError("multi-head attention is described batch first, with query, key and value of one width and "
@@ -259,6 +289,12 @@ MODULE_OPS: list[tuple[type, Callable[[Any], tuple[str, dict]]]] = [
     (nn.InstanceNorm2d, _instancenorm),
     (nn.Hardtanh, lambda m: _hardtanh_attrs(m.min_val, m.max_val, m.inplace)),
     (nn.MultiheadAttention, _attention),
+    (nn.ConstantPad2d, lambda m: _pad_attrs(m.padding, "constant", m.value)),  # and ZeroPad2d, its subclass
+    (nn.ReflectionPad2d, lambda m: _pad_attrs(m.padding, "reflect", None)),
+    (nn.ReplicationPad2d, lambda m: _pad_attrs(m.padding, "replicate", None)),
+    (nn.CircularPad2d, lambda m: _pad_attrs(m.padding, "circular", None)),
+    (nn.PixelShuffle, lambda m: ("pixel_shuffle", {"upscale_factor": int(m.upscale_factor)})),
+    (nn.PixelUnshuffle, lambda m: ("pixel_unshuffle", {"downscale_factor": int(m.downscale_factor)})),
 ]
 
 
@@ -490,6 +526,12 @@ FUNCTION_OPS[F.conv_transpose2d] = _conv_transpose_call
 for _key in (torch.permute, "permute"):
     FUNCTION_OPS[_key] = _permute_call
 FUNCTION_OPS[F.dropout] = lambda n: ("dropout", {"p": float(_arg(n, 1, "p", 0.5))})
+for _key in (F.pad, torch._C._nn.pad):
+    FUNCTION_OPS[_key] = _pad_call
+for _key in (torch.pixel_shuffle, "pixel_shuffle"):
+    FUNCTION_OPS[_key] = lambda n: ("pixel_shuffle", {"upscale_factor": int(_arg(n, 1, "upscale_factor"))})
+for _key in (torch.pixel_unshuffle, "pixel_unshuffle"):
+    FUNCTION_OPS[_key] = lambda n: ("pixel_unshuffle", {"downscale_factor": int(_arg(n, 1, "downscale_factor"))})
 
 
 def _window_attention_call(n: fx.Node, gm: fx.GraphModule) -> tuple[str, dict]:

@@ -16,7 +16,7 @@ from perf4sight.files import write_atomically
 from perf4sight.ir.shapes import element_count, shape_problem, window_pair
 
 __all__ = ["Node", "NetworkDescription", "OPS", "load_description", "save_description", "is_file_stem",
-           "STRUCTURE_VERSION", "window_attention_params", "INTERPOLATE_MODES", "known_attrs",
+           "STRUCTURE_VERSION", "window_attention_params", "INTERPOLATE_MODES", "PAD_MODES", "known_attrs",
            "output_padding_problem"]
 
 SCHEMA_VERSION = 1
@@ -82,9 +82,18 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # than the stride or the dilation, as torch requires
     "conv_transpose2d": ("in_channels", "out_channels", "kernel_size", "stride", "padding", "output_padding",
                          "dilation", "groups", "bias"),
+    # a [C, H, W] map padded by pads [left, right, top, bottom] (F.pad's order for the last two dims; each >= 0) in
+    # mode "constant" (optional value, 0), "reflect" (each pad less than its side) or "replicate" (the edge pixel)
+    "pad": ("pads", "mode"),
+    # [C r^2, H, W] -> [C, H r, W r] (torch's pixel_shuffle, ONNX's DepthToSpace of mode CRD; a super-resolution
+    # network's upsampling) and its inverse [C, H r, W r] -> [C r^2, H, W] (torch's pixel_unshuffle)
+    "pixel_shuffle": ("upscale_factor",),
+    "pixel_unshuffle": ("downscale_factor",),
 }
 #: The modes of ``interpolate``: torch's ``F.interpolate`` modes the description follows.
 INTERPOLATE_MODES = ("nearest", "bilinear")
+#: The modes of ``pad``: torch's ``F.pad`` modes the description follows (its "circular" is not one).
+PAD_MODES = ("constant", "reflect", "replicate")
 
 
 #: Op -> attributes that must be positive integers, and those that may be an integer or an [h, w] pair
@@ -97,6 +106,7 @@ _POSITIVE: Dict[str, Tuple[str, ...]] = {
     "attention": ("embed_dim", "num_heads"),
     "window_attention": ("embed_dim", "num_heads"), "group_attention": ("embed_dim", "num_heads"),
     "conv_transpose2d": ("in_channels", "out_channels", "groups"),
+    "pixel_shuffle": ("upscale_factor",), "pixel_unshuffle": ("downscale_factor",),
 }
 #: Op -> attributes that must be lists of positive integers (a shape).
 _SHAPES: Dict[str, Tuple[str, ...]] = {"layernorm": ("normalized_shape",), "scale": ("shape",), "shift": ("shape",),
@@ -127,6 +137,7 @@ _NUMBERS: Dict[str, Tuple[Tuple[str, Any, Any], ...]] = {
     "add": (("scalar", None, None),), "mul": (("scalar", None, None),),
     "leaky_relu": (("negative_slope", None, None),), "elu": (("alpha", None, None),),
     "softplus": (("beta", None, None), ("threshold", None, None)),
+    "pad": (("value", None, None),),
 }
 #: Op -> optional attributes no other table here names (a gelu's approximation, a max pool's dilation, Swin V2's
 #: position-bias MLP).
@@ -226,6 +237,21 @@ def _attr_problem(node: "Node") -> str:
         return f"num_groups {node.attrs['num_groups']} does not divide num_channels {node.attrs['num_channels']}"
     if node.op == "hardtanh" and not node.attrs["min_val"] < node.attrs["max_val"]:
         return f"min_val {node.attrs['min_val']} is not below max_val {node.attrs['max_val']}"
+    if node.op == "pad":
+        return _pad_problem(node.attrs)
+    return ""
+
+
+def _pad_problem(attrs: Dict[str, Any]) -> str:
+    """What is wrong with a ``pad`` node's attributes ("" if nothing): four sides of whole pixels, a known mode, a
+    value only where it pads with one."""
+    pads = attrs["pads"]
+    if not (isinstance(pads, list) and len(pads) == 4 and all(_is_int(p, 0) for p in pads)):
+        return f"attr 'pads' must be [left, right, top, bottom], integers >= 0, got {pads!r}"
+    if attrs["mode"] not in PAD_MODES:
+        return f"attr 'mode' must be one of {', '.join(PAD_MODES)}, got {attrs['mode']!r}"
+    if "value" in attrs and attrs["mode"] != "constant":
+        return "attr 'value' is for mode 'constant' only"
     return ""
 
 
@@ -236,7 +262,7 @@ STRUCTURE_VERSION = 1
 #: these and drops the widths (channels, features, reshape sizes), which pruning changes.
 _LAYOUT_ATTRS = ("kernel_size", "stride", "padding", "dilation", "ceil_mode", "count_include_pad", "output_size",
                  "dim", "dims", "keepdim", "dim0", "dim1", "mode", "align_corners",
-                 "output_padding")
+                 "output_padding", "pads", "upscale_factor", "downscale_factor")
 #: Ops that do the same to a tensor, one name each in the structure key: a classifier's input flattened by
 #: ``flatten`` (torch.fx of torchvision) or ``reshape`` (perf4sight's graphs) is one layout.
 _SAME_OP = {"flatten": "reshape"}

@@ -24,6 +24,7 @@ ARITY: Dict[str, Tuple[int, Optional[int]]] = {
                                       "layernorm", "groupnorm", "scale", "shift", "token", "attention",
                                       "window_attention", "patch_merge", "interpolate", "group_attention",
                                       "conv_transpose2d", "instancenorm", "softmax")},
+    **{op: (1, 1) for op in ("pad", "pixel_shuffle", "pixel_unshuffle")},
 }
 
 
@@ -238,6 +239,10 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
         if len(x) != 3 or len(size) != 2:
             return f"resizes a [channels, height, width] input to a [height, width] size, got {x} and {size}"
         return [x[0]] + size
+    if op == "pad":
+        return _padded(a, x)
+    if op in ("pixel_shuffle", "pixel_unshuffle"):
+        return _shuffled(op, a, x)
     if op in ("select", "narrow"):
         axis = _axis(int(a["dim"]), len(x))
         if axis is None:
@@ -248,6 +253,32 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
             return f"takes {count} from position {first} of a dimension of size {x[axis]}"
         return x[:axis] + ([] if op == "select" else [count]) + x[axis + 1:]
     return None
+
+
+def _padded(a: Dict[str, Any], x: List[int]) -> Union[List[int], str]:
+    """A ``pad``'s output: ``[C, H + top + bottom, W + left + right]``; a reflection needs each pad less than the
+    side it reflects (torch's rule)."""
+    left, right, top, bottom = (int(p) for p in a["pads"])
+    if len(x) != 3:
+        return f"pads a [channels, height, width] input, got {x}"
+    if a["mode"] == "reflect" and (max(top, bottom) >= x[1] or max(left, right) >= x[2]):
+        return f"a reflection pad of {a['pads']} needs each pad less than the side it reflects ({x[1]}x{x[2]})"
+    return [x[0], x[1] + top + bottom, x[2] + left + right]
+
+
+def _shuffled(op: str, a: Dict[str, Any], x: List[int]) -> Union[List[int], str]:
+    """A pixel shuffle's output, ``[C r^2, H, W]`` -> ``[C, H r, W r]``, or an unshuffle's, its inverse."""
+    if len(x) != 3:
+        return f"needs a [channels, height, width] input, got {x}"
+    if op == "pixel_shuffle":
+        r = int(a["upscale_factor"])
+        if x[0] % (r * r):
+            return f"upscale_factor {r} needs channels divisible by {r * r}, its input has {x[0]}"
+        return [x[0] // (r * r), x[1] * r, x[2] * r]
+    r = int(a["downscale_factor"])
+    if x[1] % r or x[2] % r:
+        return f"downscale_factor {r} needs a height and width divisible by {r}, its input is {x[1]}x{x[2]}"
+    return [x[0] * r * r, x[1] // r, x[2] // r]
 
 
 def shape_problem(op: str, attrs: Dict[str, Any], in_shapes: List[List[int]], out_shape: List[int]) -> str:

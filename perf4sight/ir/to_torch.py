@@ -317,6 +317,11 @@ def _interpolate(x: torch.Tensor, size: List[int], mode: str, align_corners: boo
                          align_corners=align_corners if mode == "bilinear" else None)
 
 
+def _pad(x: torch.Tensor, pads: List[int], mode: str, value: float) -> torch.Tensor:
+    """``x`` ([N, C, H, W]) padded by ``pads`` ([left, right, top, bottom]) in ``mode`` (with ``value``: constant)."""
+    return F.pad(x, pads, mode=mode, value=value if mode == "constant" else None)
+
+
 def _binary(fn: Callable, scalar_fn: Callable) -> Callable[[List, Dict], Tuple[Callable, Tuple]]:
     def build(args: List, a: Dict) -> Tuple[Callable, Tuple]:
         if "scalar" in a:
@@ -341,6 +346,9 @@ FUNCTION_BUILDERS: Dict[str, Callable[[List, Dict], Tuple[Callable, Tuple]]] = {
     "permute": lambda x, a: (_permute, (x[0], [int(d) for d in a["dims"]])),
     "interpolate": lambda x, a: (_interpolate, (x[0], [int(v) for v in a["size"]], str(a["mode"]),
                                                 bool(a.get("align_corners", False)))),
+    "pad": lambda x, a: (_pad, (x[0], [int(p) for p in a["pads"]], str(a["mode"]), float(a.get("value", 0.0)))),
+    "pixel_shuffle": lambda x, a: (torch.pixel_shuffle, (x[0], int(a["upscale_factor"]))),
+    "pixel_unshuffle": lambda x, a: (torch.pixel_unshuffle, (x[0], int(a["downscale_factor"]))),
 }
 
 
