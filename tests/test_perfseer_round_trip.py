@@ -57,10 +57,12 @@ class _Views(torch.nn.Module):
     """The ops no zoo network here uses: gelu, avgpool2d, tanh, transpose, narrow, unsqueeze, squeeze,
     adaptivemaxpool2d, select, mean, silu, leaky_relu (in place), elu, mish (in place), softplus (torch's
     defaults, which ONNX's Softplus is), groupnorm, conv_transpose2d (without a bias, with an output padding),
-    instancenorm (affine), hardtanh and softmax."""
+    instancenorm (affine), hardtanh, softmax, pixel_unshuffle (of one channel, which ONNX's SpaceToDepth is),
+    pixel_shuffle and pads of each mode."""
 
     def __init__(self):
         super().__init__()
+        self.gray, self.widen = torch.nn.Conv2d(3, 1, 1), torch.nn.Conv2d(4, 12, 1)
         self.conv, self.norm = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.GroupNorm(2, 8, eps=1e-3)
         self.inorm = torch.nn.InstanceNorm2d(8, eps=1e-4, affine=True)
         self.pool = torch.nn.AvgPool2d(2)
@@ -69,6 +71,9 @@ class _Views(torch.nn.Module):
         self.fc = torch.nn.Linear(8, 10)
 
     def forward(self, x):
+        x = torch.nn.functional.pixel_shuffle(self.widen(torch.nn.functional.pixel_unshuffle(self.gray(x), 2)), 2)
+        x = torch.nn.functional.pad(torch.nn.functional.pad(x, (1, 1, 1, 1), mode="reflect"), (0, 1, 1, 0), "replicate")
+        x = torch.nn.functional.pad(x, (1, 0, 0, 1), value=0.5)
         y = self.up(self.norm(self.inorm(self.conv(x))))
         y = torch.tanh(self.pool(torch.nn.functional.gelu(y))).transpose(2, 3)[:, :, 1:3]
         y = self.amax(torch.squeeze(torch.unsqueeze(torch.nn.functional.leaky_relu(y, 0.2, True), 1), 1))[:, :, :, 0]
@@ -122,7 +127,7 @@ def test_foreign_reading_rebuilds_the_same_network(name):
     views = [n for n in desc.nodes
              if n.op in ("reshape", "flatten", "squeeze", "unsqueeze", "transpose", "select", "narrow", "permute",
                          "layernorm", "groupnorm", "scale", "shift", "token", "attention", "conv_transpose2d",
-                         "instancenorm", "hardtanh", "softmax")]
+                         "instancenorm", "hardtanh", "softmax", "pad", "pixel_shuffle", "pixel_unshuffle")]
     assert views and all(back.node(n.name).attrs == n.attrs for n in views)
     assert network_features(back).per_sample == network_features(desc).per_sample
     assert _output_shape(back) == _output_shape(desc) == [2, 10]
@@ -218,6 +223,67 @@ def test_onnx_clip_softmax_and_instance_normalization_are_read():
         ("relu6", {}), ("relu6", {}), ("hardtanh", {"min_val": -2.5, "max_val": 1.0}), ("softmax", {"dim": 3}),
         ("softmax", {"dim": 1})]
     assert desc.params == 3 * 8 + 8 + 2 * 8
+
+
+def _foreign(nodes: list[tuple[str, str, dict, list[int], list[int]]]):
+    """A graph of another tool: (name, ONNX type, args, input shape, output shape) in a chain, at batch size 2."""
+    import networkx as nx
+
+    g = nx.DiGraph(source="another tool")
+    for i, (name, onnx, args, in_shape, out) in enumerate(nodes):
+        g.add_node(name, feature={"type": onnx, "args": args, "memory_info": {
+            "batch_size": 2, "input_shape": in_shape, "output_shape": out}})
+        if i:
+            g.add_edge(nodes[i - 1][0], name)
+    return g
+
+
+def test_onnx_pads_and_depth_to_space_are_read():
+    """ONNX's Pad (pads as begins then ends of each of the four NCHW axes, or of axes 2 and 3; mode edge is a
+    replication; a constant_value) is a pad of [left, right, top, bottom]; a DepthToSpace of mode CRD is a pixel
+    shuffle, and a SpaceToDepth of one channel a pixel unshuffle."""
+    g = _foreign([("gray", "Conv", {"kernel_shape": [1, 1], "group": 1}, [2, 3, 4, 4], [2, 1, 4, 4]),
+                  ("s2d", "SpaceToDepth", {"blocksize": 2}, [2, 1, 4, 4], [2, 4, 2, 2]),
+                  ("d2s", "DepthToSpace", {"blocksize": 2, "mode": "CRD"}, [2, 4, 2, 2], [2, 1, 4, 4]),
+                  ("edge", "Pad", {"mode": "edge", "pads": [0, 0, 1, 2, 0, 0, 3, 0]}, [2, 1, 4, 4], [2, 1, 8, 6]),
+                  ("value", "Pad", {"pads": [1, 0, 0, 1], "axes": [2, 3], "constant_value": 0.5}, [2, 1, 8, 6],
+                   [2, 1, 9, 7])])
+    desc, _ = graph_to_description(g, "foreign", "foreign.pkl")
+    assert [n.op for n in desc.nodes[2:]] == ["pixel_unshuffle", "pixel_shuffle", "pad", "pad"]
+    assert desc.node("edge").attrs == {"pads": [2, 0, 1, 3], "mode": "replicate"}
+    assert desc.node("value").attrs == {"pads": [0, 1, 1, 0], "mode": "constant", "value": 0.5}
+
+
+@pytest.mark.parametrize("onnx, args, in_shape, out, message", [
+    ("DepthToSpace", {"blocksize": 2}, [2, 8, 2, 2], [2, 2, 4, 4], "mode DCR"),
+    ("SpaceToDepth", {"blocksize": 2}, [2, 2, 4, 4], [2, 8, 2, 2], "more than one channel"),
+    ("Pad", {"mode": "wrap", "pads": [0, 0, 1, 1, 0, 0, 1, 1]}, [2, 2, 4, 4], [2, 2, 6, 6], "mode 'wrap'"),
+    ("Pad", {"pads": [0, 1, 0, 0, 0, 1, 0, 0]}, [2, 2, 4, 4], [2, 4, 4, 4], "more than the height and width")])
+def test_onnx_layers_that_no_description_op_computes_are_refused_by_name(onnx, args, in_shape, out, message):
+    """A DepthToSpace of mode DCR and a SpaceToDepth of more than one channel order their channels as neither of
+    torch's pixel shuffles does; a circular (wrap) pad and a pad of the channels have no op: each refused, saying
+    why."""
+    g = _foreign([("conv", "Conv", {"kernel_shape": [1, 1], "group": 1}, [2, 3] + in_shape[2:], in_shape),
+                  ("layer", onnx, args, in_shape, out)])
+    with pytest.raises(UserError, match=message):
+        graph_to_description(g, "foreign", "foreign.pkl")
+
+
+def test_an_unshuffle_of_several_channels_is_not_exported_as_space_to_depth(tmp_path):
+    """torch's pixel_unshuffle of more than one channel orders its output channels otherwise than ONNX's
+    SpaceToDepth: the export refuses it by name and writes nothing."""
+    class Unshuffled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.fc = torch.nn.Conv2d(3, 2, 1), torch.nn.Linear(8, 10)
+
+        def forward(self, x):
+            return self.fc(torch.nn.functional.pixel_unshuffle(self.conv(x), 2).mean((2, 3)))
+
+    desc = describe(Unshuffled(), [3, 8, 8], "unshuffled")
+    with pytest.raises(UserError, match="'pixel_unshuffle' with no PerfSeer"):
+        export_perfseer(_rows(desc), {desc.name: desc}, tmp_path / "ds")
+    assert not (tmp_path / "ds").exists()
 
 
 class _Squeezer(torch.nn.Module):

@@ -55,8 +55,12 @@ def _graph_meta(desc: NetworkDescription, batch_size: int) -> dict[str, Any]:
 
 def _onnx_type(node: Any) -> str | None:
     """The ONNX type ``node`` is written as; None where it has none: ONNX's Softplus has no beta (and no threshold,
-    past which torch's returns x), so only a softplus of beta 1 and threshold 20 (torch's defaults) is one."""
+    past which torch's returns x), so only a softplus of beta 1 and threshold 20 (torch's defaults) is one; ONNX's
+    SpaceToDepth orders the channels of more than one input channel otherwise than torch's pixel_unshuffle does, so
+    only an unshuffle of one channel (an output of r^2) is one."""
     if node.op == "softplus" and (float(node.attrs["beta"]), float(node.attrs["threshold"])) != (1.0, 20.0):
+        return None
+    if node.op == "pixel_unshuffle" and node.output_shape[0] != int(node.attrs["downscale_factor"]) ** 2:
         return None
     return OP_TO_ONNX.get(node.op)
 

@@ -81,6 +81,9 @@ ONNX_TO_OP: dict[str, str] = {
     "Softplus": "softplus", "Mish": "mish", "GroupNormalization": "groupnorm",
     "ConvTranspose": "conv_transpose2d",
     "InstanceNormalization": "instancenorm", "Softmax": "softmax",
+    # torch's pixel_shuffle is ONNX's DepthToSpace of mode CRD; its pixel_unshuffle orders the channels as no ONNX
+    # op does (SpaceToDepth puts each block's pixels outermost), but for one channel, where the two agree
+    "Pad": "pad", "DepthToSpace": "pixel_shuffle", "SpaceToDepth": "pixel_unshuffle",
 }
 #: Our op -> ONNX op type. Five of ours share a type with another: ``permute`` is a ``Transpose`` of more than two
 #: axes; ``scale``, ``shift`` and ``token`` are a ``Mul``, an ``Add`` and a ``Concat`` with a learnt tensor (an ONNX
@@ -484,7 +487,60 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
                 "threshold": _number(args.get("threshold", 20.0), f"{where} threshold")}
     if op in ("add", "mul") and args.get("scalar") is not None:
         return {"scalar": _number(args["scalar"], f"{where} scalar")}
+    if op == "pad":
+        return _pad_attrs(args, where)
+    if op in ("pixel_shuffle", "pixel_unshuffle"):
+        return _shuffle_attrs(op, args, in_shapes[0], out, where)
     return {}
+
+
+#: ONNX's Pad modes -> ours ("wrap", a circular pad, has none).
+_ONNX_PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "replicate", "replicate": "replicate"}
+
+
+def _pad_attrs(args: dict[str, Any], where: str) -> dict[str, Any]:
+    """A ``pad``'s attrs from ours (``pads`` [left, right, top, bottom]) or ONNX's Pad: ``pads`` as [begin of each
+    axis..., end of each axis...] over the four axes of an NCHW map (the batch's and channels' 0), or over the two
+    ``axes`` 2 and 3; ``mode`` constant, reflect or edge; ``constant_value`` (0)."""
+    mode = _ONNX_PAD_MODES.get(str(args.get("mode", "constant")).lower())
+    if mode is None:
+        raise UserError(f"{where}: a Pad of mode '{args.get('mode')}' has no description op (constant, reflect, edge)")
+    if args.get("pads") is None:
+        raise UserError(f"{where}: Pad lacks 'pads' in args")
+    pads = _ints(args["pads"], f"{where} pads")
+    axes = _ints(args["axes"], f"{where} axes") if args.get("axes") is not None else None
+    if len(pads) == 8 and not any(pads[i] for i in (0, 1, 4, 5)):  # N, C, H, W begins, then ends
+        pads = [pads[3], pads[7], pads[2], pads[6]]
+    elif len(pads) == 4 and axes is not None and [a % 4 for a in axes] == [2, 3]:  # H, W begins, then ends
+        pads = [pads[1], pads[3], pads[0], pads[2]]
+    elif not (len(pads) == 4 and axes is None):  # ours: [left, right, top, bottom]
+        raise UserError(f"{where}: a Pad of pads {pads} (axes {axes}) pads more than the height and width")
+    a: dict[str, Any] = {"pads": pads, "mode": mode}
+    value = args.get("value", args.get("constant_value"))
+    if mode == "constant" and value is not None and _number(value, f"{where} constant_value"):
+        a["value"] = _number(value, f"{where} constant_value")
+    return a
+
+
+def _shuffle_attrs(op: str, args: dict[str, Any], in_shape: list[int], out: list[int],
+                   where: str) -> dict[str, Any]:
+    """A pixel shuffle's or unshuffle's factor from ours or ONNX's ``blocksize``. ONNX's DepthToSpace is torch's
+    pixel shuffle in mode CRD; in its default mode DCR, and as SpaceToDepth, its channels come in another order,
+    the same only where one channel is shuffled: any other is refused by name."""
+    key = "upscale_factor" if op == "pixel_shuffle" else "downscale_factor"
+    if key in args:
+        return {key: int(_number(args[key], f"{where} {key}"))}
+    r = int(_number(args.get("blocksize"), f"{where} blocksize")) if args.get("blocksize") is not None else None
+    if r is None:
+        raise UserError(f"{where}: {op} lacks '{key}' (or ONNX's 'blocksize') in args")
+    single = (out if op == "pixel_shuffle" else in_shape)[:1] == [1]
+    if op == "pixel_shuffle" and str(args.get("mode", "DCR")).upper() != "CRD" and not single:
+        raise UserError(f"{where}: a DepthToSpace of mode {args.get('mode', 'DCR')} orders its channels as no "
+                        "description op does (pixel_shuffle is mode CRD)")
+    if op == "pixel_unshuffle" and not single:
+        raise UserError(f"{where}: a SpaceToDepth of more than one channel orders its channels as no description op "
+                        "does (torch's pixel_unshuffle keeps each channel's block together)")
+    return {key: r}
 
 
 def _feature(graph: Any, n: Any, where: str) -> dict[str, Any]:
