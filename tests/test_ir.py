@@ -1,6 +1,7 @@
 """Network description: torch -> description -> torch round trips, and the shared TX2 graphs."""
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -1640,29 +1641,63 @@ class _SkipJoins(nn.Module):
         return torch.concatenate([y, b], axis=1)
 
 
-def test_concatenations_are_described_without_torchs_compiler_import_and_their_shapes_are_torchs():
-    """Shape propagation joins meta tensors itself: torch's meta kernel for cat imports torch._dynamo on its first
-    call (2.7 s of a user's first description in a process without torchvision). A fresh process describes a
-    module of concatenations without importing it, and the description's shapes are those torch computes."""
+class _CommonCalls(nn.Module):
+    """A user's network of the layers and calls whose meta kernels are torch's Python references: a residual add, a
+    number less and over it, an in-place add, functional ReLU and tanh, a ReLU method, instance, group and layer
+    norms, a hardtanh, a mean, an adaptive average pool (the layer and the call), concatenations."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.joins = _SkipJoins()
+        self.c = nn.Conv2d(23, 8, 3, padding=1)
+        self.inorm, self.gnorm, self.lnorm = nn.InstanceNorm2d(8, affine=True), nn.GroupNorm(2, 8), nn.LayerNorm(8)
+        self.clamp, self.pool, self.fc = nn.Hardtanh(-2.0, 2.0), nn.AdaptiveAvgPool2d((None, 2)), nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu(self.c(self.joins(x)))
+        y = self.gnorm(self.inorm(y)) + y
+        y.add_(y / 2 - 1.0)
+        y = torch.tanh(self.clamp(y * 0.5)).relu()
+        z = self.pool(y)
+        t = self.lnorm(z.mean(3).transpose(1, 2))
+        return self.fc(t.mean(1)) + F.adaptive_avg_pool2d(y, 1).flatten(1)[:, :3]
+
+
+def test_meta_shape_propagation_records_the_shapes_torch_computes():
+    """The layers and calls the meta shape propagation answers itself record each node's shape and type as torch's
+    shape propagation does on a real forward."""
+    from torch.fx.passes.shape_prop import ShapeProp
+
+    from perf4sight.ir.meta_shapes import MetaShapeProp
+
+    module = _CommonCalls().eval()
+    real, meta = torch.fx.symbolic_trace(module), torch.fx.symbolic_trace(copy.deepcopy(module).to("meta"))
+    ShapeProp(real).propagate(torch.randn(2, 3, 8, 8))
+    MetaShapeProp(meta).propagate(torch.empty(2, 3, 8, 8, device="meta"))
+    recorded = [[(n.name, tuple(n.meta["tensor_meta"].shape), n.meta["tensor_meta"].dtype)
+                 for n in gm.graph.nodes if hasattr(n.meta.get("tensor_meta"), "shape")] for gm in (real, meta)]
+    assert len(recorded[0]) == 29 and recorded[0] == recorded[1]
+
+
+def test_a_users_network_is_described_without_torchs_compiler_import():
+    """torch's Python meta kernels (arithmetic, activations, norms, means, adaptive pools, concatenations) import
+    torch._dynamo on their first call: 3-4 s of a user's first description in a process without torchvision. A fresh
+    process describes such a network without importing it, the description the same as this process's."""
     import subprocess
     import sys
-    code = ("import sys, torch; sys.path.insert(0, {tests!r}); from test_ir import _SkipJoins; "
-            "from perf4sight.ir.from_torch import describe; d = describe(_SkipJoins(), [3, 8, 8], 'joins'); "
-            "print([n.output_shape for n in d.nodes if n.op == 'cat'], 'torch._dynamo' in sys.modules)")
     from pathlib import Path
-    tests = str(Path(__file__).resolve().parent)
-    done = subprocess.run([sys.executable, "-c", code.format(tests=tests)], capture_output=True, text=True,
-                          timeout=300, cwd=Path(tests).parent)
+
+    tests = Path(__file__).resolve().parent
+    code = (f"import sys, torch; sys.path.insert(0, {str(tests)!r}); from test_ir import _CommonCalls; "
+            "from perf4sight.ir.from_torch import describe; torch.manual_seed(0); "
+            "print(describe(_CommonCalls(), [3, 8, 8], 'calls').to_json()); print('torch._dynamo' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tests.parent)
     assert done.returncode == 0, done.stderr[-2000:]
-    shapes, dynamo = done.stdout.split("] ")[0] + "]", done.stdout.split("] ")[-1].strip()
-    m = _SkipJoins()
-    x = torch.randn(2, 3, 8, 8)
-    a, b = m.a(x), m.b(x)
-    y1 = torch.cat([a, b], 1)
-    y2 = torch.cat([y1, a, x], 1)
-    y3 = torch.cat([y2, b], 1)
-    assert shapes == str([list(t.shape[1:]) for t in (y1, y2, y3)]) and dynamo == "False", done.stdout
-    _assert_same_function(describe(m, [3, 8, 8], "joins"), m, [3, 8, 8])
+    torch.manual_seed(0)
+    module = _CommonCalls()
+    desc = describe(module, [3, 8, 8], "calls")
+    assert done.stdout.splitlines() == [desc.to_json(), "False"]
+    _assert_same_function(desc, module, [3, 8, 8])
 
 
 def test_a_concatenation_of_tensors_that_disagree_is_refused_with_torchs_own_reason():

@@ -28,6 +28,7 @@ from torch.fx.passes.shape_prop import ShapeProp
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import (INTERPOLATE_MODES, PAD_MODES, NetworkDescription, Node, count_params,
                                     output_padding_problem)
+from perf4sight.ir.meta_shapes import MetaShapeProp
 from perf4sight.ir.shapes import image_size_problem, transposed_side
 
 __all__ = ["describe", "check_input_shape", "forward_error", "has_lazy_parameters", "in_mode",
@@ -204,6 +205,12 @@ def _pad_attrs(pads: Any, mode: str, value: Any) -> tuple[str, dict]:
     return "pad", attrs
 
 
+def _adaptive_pool(op: str, n: fx.Node) -> tuple[str, dict]:
+    """An adaptive pool's op, its output size the traced output's height and width (an output size of None, the
+    input's side kept, is the number it stands for)."""
+    return op, {"output_size": list(_shape(n)[-2:])}
+
+
 def _pad_call(n: fx.Node) -> tuple[str, dict]:
     """``F.pad(x, pad, mode, value)`` of a ``[N, C, H, W]`` map."""
     if len(n.args[0].meta["tensor_meta"].shape) != 4:
@@ -280,8 +287,6 @@ MODULE_OPS: list[tuple[type, Callable[[Any], tuple[str, dict]]]] = [
     (nn.Identity, lambda m: ("identity", {})),
     (nn.MaxPool2d, _maxpool),
     (nn.AvgPool2d, _avgpool),
-    (nn.AdaptiveAvgPool2d, lambda m: ("adaptiveavgpool2d", {"output_size": _pair(m.output_size)})),
-    (nn.AdaptiveMaxPool2d, lambda m: ("adaptivemaxpool2d", {"output_size": _pair(m.output_size)})),
     (nn.Dropout, lambda m: ("dropout", {"p": float(m.p)})),
     (nn.Flatten, lambda m: ("flatten", {"start_dim": m.start_dim})),
     (nn.LayerNorm, _layernorm),
@@ -384,7 +389,7 @@ for _key in (torch.squeeze, "squeeze"):
     FUNCTION_OPS[_key] = lambda n: _squeeze(n, _arg(n, 1, "dim"))
 for _key in (torch.unsqueeze, "unsqueeze"):
     FUNCTION_OPS[_key] = lambda n: ("unsqueeze", {"dim": int(_arg(n, 1, "dim"))})
-FUNCTION_OPS[F.adaptive_avg_pool2d] = lambda n: ("adaptiveavgpool2d", {"output_size": _pair(_arg(n, 1, "output_size"))})
+FUNCTION_OPS[F.adaptive_avg_pool2d] = lambda n: _adaptive_pool("adaptiveavgpool2d", n)
 FUNCTION_OPS[F.max_pool2d] = lambda n: _maxpool(nn.MaxPool2d(
     _arg(n, 1, "kernel_size"), _arg(n, 2, "stride"), _arg(n, 3, "padding", 0), _arg(n, 4, "dilation", 1),
     ceil_mode=bool(_arg(n, 5, "ceil_mode", False))))  # read as the module of the same arguments
@@ -615,64 +620,12 @@ def stderr_kept_on_success() -> Iterator[None]:
     sys.stderr.write(held.getvalue())
 
 
-#: Layers whose output is a tensor of their input's shape, strides and type, whatever it holds: on the meta device
-#: their output is made as such instead of run. Their meta kernels are torch's Python references (ReLU6, batch norm:
-#: most of a MobileNet's shape propagation).
-_SHAPE_KEEPING = (nn.ReLU, nn.ReLU6, nn.Hardswish, nn.Hardsigmoid, nn.SiLU, nn.GELU, nn.Sigmoid, nn.Tanh,
-                  nn.LeakyReLU, nn.ELU, nn.Softplus, nn.Mish, nn.Dropout, nn.Identity)
-
-
-class _MetaShapeProp(ShapeProp):
-    """``ShapeProp`` on meta tensors, with the layers of :data:`_SHAPE_KEEPING` and a batch norm given a 4-d input of
-    its own channel count answered by an empty tensor like their input (the shapes every node records are the same)."""
-
-    def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
-        m = self.fetch_attr(target)
-        x = args[0] if len(args) == 1 and not kwargs else None
-        if isinstance(x, torch.Tensor) and x.is_meta and (
-                type(m) in _SHAPE_KEEPING or (type(m) is nn.BatchNorm2d and x.dim() == 4
-                                              and x.shape[1] == m.num_features)):
-            return torch.empty_like(x)
-        return super().call_module(target, args, kwargs)
-
-    def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
-        if target in _CATS:
-            joined = _meta_cat(*args, **kwargs)
-            if joined is not None:
-                return joined
-        return super().call_function(target, args, kwargs)
-
-
-#: torch's concatenations, whose meta kernel is a Python reference behind a wrapper that imports torch._dynamo on its
-#: first call: 2.7 s of a first description's 2.8 s in a process without torchvision (a U-Net given as FILE.py:FUNCTION)
-_CATS = frozenset({torch.cat, torch.concat, torch.concatenate})
-
-
-def _meta_cat(tensors: Any, dim: int = 0, **rest: Any) -> torch.Tensor | None:
-    """The empty meta tensor that ``torch.cat(tensors, dim)`` returns, where its inputs are meta tensors of one type
-    and rank that agree but along ``dim``; else None (torch's own kernel runs, and raises its own error)."""
-    if set(rest) == {"axis"} and dim == 0:
-        dim = rest.pop("axis")
-    if rest or not isinstance(tensors, (list, tuple)) or not tensors or not isinstance(dim, int):
-        return None
-    first = tensors[0]
-    if not all(isinstance(t, torch.Tensor) and t.is_meta and t.dtype == first.dtype and t.dim() == first.dim()
-               for t in tensors) or not -first.dim() <= dim < first.dim():
-        return None
-    dim %= first.dim()
-    if any(t.shape[:dim] != first.shape[:dim] or t.shape[dim + 1:] != first.shape[dim + 1:] for t in tensors):
-        return None
-    shape = list(first.shape)
-    shape[dim] = sum(t.shape[dim] for t in tensors)
-    return torch.empty(shape, dtype=first.dtype, device="meta")
-
-
 def _shape_prop(gm: fx.GraphModule, example: torch.Tensor, fake_mode: Any = None) -> None:
     """``ShapeProp(gm).propagate(example)`` without the traceback it prints when a node fails (on a meta
-    ``example``: :class:`_MetaShapeProp`)."""
+    ``example``: :class:`MetaShapeProp`)."""
     with stderr_kept_on_success():
         if example.is_meta and fake_mode is None:
-            _MetaShapeProp(gm).propagate(example)
+            MetaShapeProp(gm).propagate(example)
         else:
             ShapeProp(gm, fake_mode=fake_mode).propagate(example)
 
@@ -1274,6 +1227,8 @@ def _op_of(n: fx.Node, gm: fx.GraphModule) -> tuple[str, dict]:
             return _conv_transpose(m, n)
         if isinstance(m, nn.Softmax):
             return _softmax_attrs(n, m.dim)
+        if isinstance(m, (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)):
+            return _adaptive_pool(f"{type(m).__name__.lower()}", n)
         if isinstance(m, nn.Upsample):  # and its subclasses, UpsamplingNearest2d and UpsamplingBilinear2d
             return _interpolate_attrs(n, m.mode, m.align_corners, m.scale_factor, m.recompute_scale_factor, False)
         for cls, fn in MODULE_OPS:

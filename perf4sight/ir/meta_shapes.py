@@ -1,0 +1,177 @@
+"""Shape propagation on meta tensors that answers the common layers and calls itself.
+
+torch's meta kernels for many ops are Python references (elementwise arithmetic, the activations, the norms, a
+mean, an adaptive average pool, a concatenation, a linear layer's addmm) behind a wrapper that imports ``torch._dynamo`` the first time one
+runs: 3-4 s of a process's first description, in a process that has not imported torchvision (a user's
+``FILE.py:FUNCTION``, ``predict_module``). :class:`MetaShapeProp` makes the output of those ops itself, an empty meta
+tensor of the shape and type torch's kernel gives, where its inputs are ones it knows torch accepts; for anything
+else, torch's own kernel runs (and raises its own error). The shapes every node records are the same either way.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.fx.passes.shape_prop import ShapeProp
+
+__all__ = ["MetaShapeProp"]
+
+#: Layers whose output is a tensor of their input's shape and type, whatever it holds.
+_SHAPE_KEEPING = (nn.ReLU, nn.ReLU6, nn.Hardswish, nn.Hardsigmoid, nn.SiLU, nn.GELU, nn.Sigmoid, nn.Tanh,
+                  nn.LeakyReLU, nn.ELU, nn.Softplus, nn.Mish, nn.Dropout, nn.Identity, nn.Hardtanh)
+#: Calls (functions and tensor methods, by name) whose output is a tensor of their first argument's shape and type.
+_SHAPE_KEEPING_CALLS = frozenset({F.relu, F.relu_, torch.relu, torch.relu_, F.relu6, F.hardtanh, F.hardtanh_,
+                                  F.leaky_relu, F.leaky_relu_, F.elu, F.elu_, F.gelu, F.silu, F.hardswish,
+                                  F.hardsigmoid, torch.sigmoid, torch.tanh, F.mish, F.softplus, F.dropout,
+                                  "relu", "relu_", "sigmoid", "sigmoid_", "tanh", "tanh_", "clamp", "clamp_"})
+#: Elementwise arithmetic of two operands (tensors or numbers), broadcast.
+_ARITHMETIC = frozenset({operator.add, operator.sub, operator.mul, operator.truediv, operator.iadd, operator.isub,
+                         operator.imul, operator.itruediv, torch.add, torch.sub, torch.mul, torch.div,
+                         "add", "sub", "mul", "div", "add_", "sub_", "mul_", "div_"})
+_IN_PLACE = frozenset({operator.iadd, operator.isub, operator.imul, operator.itruediv, "add_", "sub_", "mul_", "div_"})
+_CATS = frozenset({torch.cat, torch.concat, torch.concatenate})
+_MEANS = frozenset({torch.mean, "mean"})
+
+
+class MetaShapeProp(ShapeProp):
+    """``ShapeProp`` on meta tensors, the layers and calls above answered without torch's Python meta kernels."""
+
+    def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
+        x = args[0] if len(args) == 1 and not kwargs else None
+        if _is_float_meta(x):
+            out = _module_output(self.fetch_attr(target), x)
+            if out is not None:
+                return out
+        return super().call_module(target, args, kwargs)
+
+    def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+        out = _call_output(target, args, kwargs) if _hashable(target) else None
+        return out if out is not None else super().call_function(target, args, kwargs)
+
+    def call_method(self, target: Any, args: Any, kwargs: Any) -> Any:
+        out = _call_output(target, args, kwargs)
+        return out if out is not None else super().call_method(target, args, kwargs)
+
+
+def _hashable(target: Any) -> bool:
+    try:
+        hash(target)
+    except TypeError:
+        return False
+    return True
+
+
+def _is_float_meta(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) and x.is_meta and x.dtype.is_floating_point
+
+
+def _empty(shape: Any, like: torch.Tensor) -> torch.Tensor:
+    return torch.empty(list(shape), dtype=like.dtype, device="meta")
+
+
+def _module_output(m: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    """What layer ``m`` makes of the meta tensor ``x`` where it is one answered here (None otherwise)."""
+    kind = type(m)
+    if kind in _SHAPE_KEEPING:
+        return _empty(x.shape, x)
+    if kind is nn.BatchNorm2d or kind is nn.InstanceNorm2d:
+        return _empty(x.shape, x) if x.dim() == 4 and x.shape[1] == m.num_features else None
+    if kind is nn.GroupNorm:
+        return _empty(x.shape, x) if x.dim() >= 2 and x.shape[1] == m.num_channels else None
+    if kind is nn.LayerNorm:
+        ok = tuple(x.shape[x.dim() - len(m.normalized_shape):]) == tuple(m.normalized_shape)
+        return _empty(x.shape, x) if ok and x.dim() > len(m.normalized_shape) else None
+    if kind is nn.AdaptiveAvgPool2d:
+        return _adaptive_pool(x, m.output_size)
+    if kind is nn.Linear:  # with a bias, an addmm: a Python decomposition
+        return _empty([*x.shape[:-1], m.out_features], x) if x.dim() >= 1 and x.shape[-1] == m.in_features else None
+    return None
+
+
+def _call_output(target: Any, args: Any, kwargs: Any) -> torch.Tensor | None:
+    """What the call ``target(*args, **kwargs)`` makes where it is one answered here (None otherwise)."""
+    if target in _CATS:
+        return _cat(*args, **kwargs)
+    if target in _ARITHMETIC:
+        return _arithmetic(target, args, kwargs)
+    if not args or not _is_float_meta(args[0]):
+        return None
+    x = args[0]
+    if target in _SHAPE_KEEPING_CALLS:
+        return _empty(x.shape, x)
+    if target in _MEANS:
+        return _mean(*args, **kwargs)
+    if target is F.adaptive_avg_pool2d and len(args) + len(kwargs) == 2:
+        return _adaptive_pool(x, args[1] if len(args) == 2 else kwargs.get("output_size"))
+    return None
+
+
+def _arithmetic(target: Any, args: Any, kwargs: Any) -> torch.Tensor | None:
+    """Two operands of one floating type (tensors, or a tensor and a Python number) broadcast against each other, an
+    in-place one to its first operand's shape; None for anything else (an ``alpha``, a rounding mode, integer
+    tensors, shapes that do not broadcast)."""
+    if len(args) != 2 or kwargs or any(isinstance(a, bool) or not isinstance(a, (torch.Tensor, int, float))
+                                       for a in args):
+        return None
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if not _is_float_meta(tensors[0]) or any(not (t.is_meta and t.dtype == tensors[0].dtype) for t in tensors):
+        return None
+    shape = _broadcast([list(t.shape) for t in tensors])
+    in_place = target in _IN_PLACE
+    if shape is None or in_place and (not isinstance(args[0], torch.Tensor) or shape != list(args[0].shape)):
+        return None
+    return _empty(shape, tensors[0])
+
+
+def _broadcast(shapes: list[list[int]]) -> list[int] | None:
+    """The shape ``shapes`` broadcast to (numpy's rule); None where they do not."""
+    rank = max(len(s) for s in shapes)
+    out = []
+    for sizes in zip(*[[1] * (rank - len(s)) + s for s in shapes]):
+        wide = {v for v in sizes if v != 1}
+        if len(wide) > 1:
+            return None
+        out.append(wide.pop() if wide else 1)
+    return out
+
+
+def _mean(x: torch.Tensor, dim: Any = None, keepdim: bool = False, **rest: Any) -> torch.Tensor | None:
+    """``x.mean(dim, keepdim)`` over the dims given (an int or a sequence of them); None for anything else."""
+    if rest or dim is None or not isinstance(keepdim, bool):
+        return None
+    dims = [dim] if isinstance(dim, int) else list(dim) if isinstance(dim, (list, tuple)) else None
+    if not dims or not all(isinstance(d, int) and -x.dim() <= d < x.dim() for d in dims):
+        return None
+    dims = {d % x.dim() for d in dims}
+    shape = [1 if i in dims else s for i, s in enumerate(x.shape) if keepdim or i not in dims]
+    return _empty(shape, x)
+
+
+def _adaptive_pool(x: torch.Tensor, size: Any) -> torch.Tensor | None:
+    """An adaptive pool of a [N, C, H, W] map to ``size`` (an int, or a pair whose None keeps the input's side)."""
+    pair = (size, size) if isinstance(size, int) else tuple(size) if isinstance(size, (list, tuple)) else ()
+    if x.dim() != 4 or len(pair) != 2 or not all(s is None or (isinstance(s, int) and s > 0) for s in pair):
+        return None
+    return _empty([*x.shape[:2], *(x.shape[2 + i] if s is None else s for i, s in enumerate(pair))], x)
+
+
+def _cat(tensors: Any, dim: int = 0, **rest: Any) -> torch.Tensor | None:
+    """``torch.cat(tensors, dim)`` (numpy's ``axis=`` too) of meta tensors of one type and rank that agree but along
+    ``dim``; None for anything else."""
+    if set(rest) == {"axis"} and dim == 0:
+        dim = rest.pop("axis")
+    if rest or not isinstance(tensors, (list, tuple)) or not tensors or not isinstance(dim, int):
+        return None
+    first = tensors[0]
+    if not all(isinstance(t, torch.Tensor) and t.is_meta and t.dtype == first.dtype and t.dim() == first.dim()
+               for t in tensors) or not -first.dim() <= dim < first.dim():
+        return None
+    dim %= first.dim()
+    if any(t.shape[:dim] != first.shape[:dim] or t.shape[dim + 1:] != first.shape[dim + 1:] for t in tensors):
+        return None
+    shape = list(first.shape)
+    shape[dim] = sum(t.shape[dim] for t in tensors)
+    return _empty(shape, first)
