@@ -1,11 +1,12 @@
 """Shape propagation on meta tensors that answers the common layers and calls itself.
 
 torch's meta kernels for many ops are Python references (elementwise arithmetic, the activations, the norms, a
-mean, an adaptive average pool, a concatenation, a linear layer's addmm) behind a wrapper that imports ``torch._dynamo`` the first time one
-runs: 3-4 s of a process's first description, in a process that has not imported torchvision (a user's
-``FILE.py:FUNCTION``, ``predict_module``). :class:`MetaShapeProp` makes the output of those ops itself, an empty meta
-tensor of the shape and type torch's kernel gives, where its inputs are ones it knows torch accepts; for anything
-else, torch's own kernel runs (and raises its own error). The shapes every node records are the same either way.
+mean, an adaptive average pool, a concatenation, a linear layer's addmm) behind a wrapper that imports
+``torch._dynamo`` the first time one runs: 3-4 s of a process's first description, in a process that has not
+imported torchvision (a user's ``FILE.py:FUNCTION``, ``predict_module``). :class:`MetaShapeProp` makes the output of
+those ops itself, an empty meta tensor of the shape and type torch's kernel gives, where its inputs are ones it knows
+torch accepts; for anything else, torch's own kernel runs (and raises its own error). The shapes every node records
+are the same either way.
 """
 from __future__ import annotations
 
