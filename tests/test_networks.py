@@ -1246,3 +1246,38 @@ def test_an_encoder_decoder_with_transposed_convolutions_is_pruned() -> None:
     assert desc.params == pruned.params == sum(p.numel() for p in pruned.module.parameters())
     with pytest.raises(Unprunable, match=r"^grouped: its grouped transposed convolution 'up' cannot be pruned"):
         PruningPlan(_EncoderDecoder(groups=4), [3, 16, 16], network="grouped")
+
+
+class _StyleBlock(nn.Module):
+    """A style-transfer network's pattern: a convolution, an affine instance norm and an in-place ReLU (the norm's
+    output, a view of torch's batch norm over [1, N x C, H, W], written in place), then a residual block whose
+    instance norm feeds the sum."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.InstanceNorm2d(16, affine=True),
+                                  nn.ReLU(inplace=True))
+        self.body = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.InstanceNorm2d(16, affine=True),
+                                  nn.ReLU(inplace=True), nn.Conv2d(16, 16, 3, padding=1), nn.InstanceNorm2d(16))
+        self.head = nn.Conv2d(16, 3, 3, padding=1)
+
+    def forward(self, x):
+        y = self.stem(x)
+        return torch.tanh(self.head(y + self.body(y)))
+
+
+def test_an_instance_norm_before_an_in_place_relu_is_pruned_with_its_convolution() -> None:
+    """torch-pruning lost an instance norm whose output an in-place ReLU overwrote (the norm's output, a view, took
+    another grad_fn), so its weight kept every channel of the convolution before it and the pruned network failed
+    at its first forward; each norm is now cut with its convolution, and the variant runs and describes with the
+    parameters the plan says."""
+    torch.manual_seed(0)
+    plan = PruningPlan(_StyleBlock(), [3, 16, 16], network="style")
+    pruned = plan.prune(40)
+    m = pruned.module
+    assert m.stem[0].out_channels < 16 and m.stem[1].num_features == m.stem[1].weight.numel() == m.stem[0].out_channels
+    assert m.body[1].num_features == m.body[1].weight.numel() == m.body[0].out_channels < 16
+    assert m(torch.randn(2, 3, 16, 16)).shape == (2, 3, 16, 16)
+    desc = describe(m, [3, 16, 16], "style_l40")
+    assert desc.params == pruned.params == sum(p.numel() for p in m.parameters())
+    assert abs(pruned.achieved_level - 40) < 2

@@ -212,6 +212,26 @@ def _interrupt_kept() -> Iterator[None]:
         raise raised[0]
 
 
+@contextmanager
+def _view_outputs_copied(model: nn.Module) -> Iterator[None]:
+    """While the block runs, a layer with weights of its own whose output is a view returns a copy of it instead.
+
+    torch-pruning finds a layer by its output's ``grad_fn``; an instance norm's output is a view (of torch's batch
+    norm over ``[1, N x C, H, W]``), and an in-place op on it (a style-transfer block's ``ReLU(inplace=True)``) gives
+    the view another ``grad_fn``, so the trace lost the layer and its weight kept every channel of the convolution
+    before it: the pruned network failed at its first forward. A copy keeps the graph's shapes and channels."""
+    def copied(module: nn.Module, inputs: Any, output: Any) -> Any:
+        return output.clone() if isinstance(output, torch.Tensor) and output._is_view() else None
+
+    hooks = [m.register_forward_hook(copied) for m in model.modules()
+             if next(m.parameters(recurse=False), None) is not None]
+    try:
+        yield
+    finally:
+        for h in hooks:
+            h.remove()
+
+
 def find_groups(model: nn.Module, example: torch.Tensor, ignored: list[nn.Module],
                 skip: Callable[[Any], str]) -> tuple[list[CoupledGroup], Counter[str]]:
     """Trace ``model`` once and return its prunable groups (unordered) and why others were left out.
@@ -219,9 +239,9 @@ def find_groups(model: nn.Module, example: torch.Tensor, ignored: list[nn.Module
     ``ignored`` layers keep their output channels (the classifier); ``skip(group)`` returns a
     reason to leave a torch-pruning group unpruned ('' to keep it).
     """
-    with warnings.catch_warnings(), _interrupt_kept():  # parameters outside a layer (ConvNeXt's layer scale): cut
-        warnings.filterwarnings("ignore", message="Unwrapped parameters detected")  # along the dimension it says
-        dg = tp.DependencyGraph().build_dependency(model, example_inputs=example)
+    with warnings.catch_warnings(), _interrupt_kept(), _view_outputs_copied(model):
+        warnings.filterwarnings("ignore", message="Unwrapped parameters detected")  # a parameter outside a layer
+        dg = tp.DependencyGraph().build_dependency(model, example_inputs=example)  # (a layer scale): cut as it says
     names = {m: n for n, m in model.named_modules()} | {p: n for n, p in model.named_parameters()}
     modules = dict(model.named_modules())
     groups: list[CoupledGroup] = []
