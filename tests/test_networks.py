@@ -1270,9 +1270,10 @@ def test_an_instance_norm_before_an_in_place_relu_is_pruned_with_its_convolution
     """torch-pruning lost an instance norm whose output an in-place ReLU overwrote (the norm's output, a view, took
     another grad_fn), so its weight kept every channel of the convolution before it and the pruned network failed
     at its first forward; each norm is now cut with its convolution, and the variant runs and describes with the
-    parameters the plan says."""
+    parameters the plan says, counted from the layers' sizes (an affine instance norm's as a batch norm's)."""
     torch.manual_seed(0)
     plan = PruningPlan(_StyleBlock(), [3, 16, 16], network="style")
+    assert plan._fast_count is not None  # counted from the layers' sizes, the norms' weights and biases too
     pruned = plan.prune(40)
     m = pruned.module
     assert m.stem[0].out_channels < 16 and m.stem[1].num_features == m.stem[1].weight.numel() == m.stem[0].out_channels

@@ -333,7 +333,7 @@ def _params_after(m: nn.Module, r_out: int, r_in: int) -> int | None:
         kk = m.kernel_size[0] * m.kernel_size[1]
         out, cin = m.out_channels - r_out, m.in_channels - r_in
         return cin * out * kk + bias * out
-    if type(m) is nn.BatchNorm2d:
+    if type(m) in (nn.BatchNorm2d, nn.InstanceNorm2d):
         return (m.num_features - max(r_out, r_in)) * len(own)
     if type(m) is nn.Linear:
         out, cin = m.out_features - r_out, m.in_features - r_in
@@ -358,9 +358,9 @@ def _cut_so_far(dep: Dep, places: np.ndarray, n: int) -> np.ndarray:
 def make_counter(groups: list[CoupledGroup], model: nn.Module) -> Callable[[list[int]], int] | None:
     """A fast ``counts -> parameters removed`` function for ordered groups, or None if it cannot be exact.
 
-    Exact when every touched layer is a Conv2d, an ungrouped ConvTranspose2d, BatchNorm2d, Linear or a LayerNorm over
-    one dimension (or has no parameters), or a parameter outside any layer, and no two groups cut the same channel of
-    the same dimension.
+    Exact when every touched layer is a Conv2d, an ungrouped ConvTranspose2d, a BatchNorm2d or InstanceNorm2d, a
+    Linear or a LayerNorm over one dimension (or has no parameters), or a parameter outside any layer, and no two
+    groups cut the same channel of the same dimension.
     """
     modules = dict(model.named_modules())
     seen: dict[tuple[str, Handler], set[int]] = {}
