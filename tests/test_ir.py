@@ -1808,3 +1808,48 @@ def test_a_pad_or_shuffle_that_does_not_fit_is_refused_when_read():
         NetworkDescription.from_dict(shuffled)
     with pytest.raises(UserError, match="divisible by 4"):
         describe(_Padded(nn.PixelUnshuffle(4)), [3, 6, 6], "unshuffled")
+
+
+class _ClampedImageToImage(nn.Module):
+    """An image-to-image network's ends as its users write them: a clamp of the output to the image's range, a
+    softmax over each channel's pixels put back to the map's shape with view_as, and a channel softmax by
+    nn.Softmax2d (an attention gate)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2, self.gate = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 3, 3, padding=1), nn.Softmax2d()
+
+    def forward(self, x):
+        y = self.c1(x)
+        y = y * y.flatten(2).softmax(-1).view_as(y) + y * self.gate(y)
+        y = torch.clamp(y, 0.0, 6.0) + y.clamp(-1.0, 1.0) + y.clip(min=-0.5, max=2.0)
+        return torch.clip(self.c2(y), 0, 1)
+
+
+def test_clamps_view_as_and_softmax2d_are_described_and_rebuilt():
+    """A clamp to both bounds (torch.clamp, x.clamp, clip), a view_as and nn.Softmax2d were refused as calls without
+    a description op; a clamp is the op hardtanh of its range ([0, 6]: relu6), a view_as a reshape to the other
+    tensor's shape, a Softmax2d a softmax over the channels, and the rebuilt module computes what the original
+    did. A clamp to one bound, or to a tensor's, is refused with a line that says so."""
+    torch.manual_seed(0)
+    module = _ClampedImageToImage().eval()
+    desc = NetworkDescription.from_dict(describe(module, [3, 6, 6], "clamped").to_dict())
+    assert [n.attrs for n in desc.nodes if n.op == "softmax"] == [{"dim": 2}, {"dim": 1}]
+    assert [n.attrs["shape"] for n in desc.nodes if n.op == "reshape"] == [[8, 6, 6]]
+    assert [n.attrs for n in desc.nodes if n.op == "hardtanh"] == [
+        {"min_val": -1.0, "max_val": 1.0}, {"min_val": -0.5, "max_val": 2.0}, {"min_val": 0.0, "max_val": 1.0}]
+    assert [n.op for n in desc.nodes].count("relu6") == 1
+    _assert_same_function(desc, module, [3, 6, 6])
+
+    class OneBound(nn.Module):
+        def forward(self, x):
+            return x.clamp(min=0.0)
+
+    class TensorBounds(nn.Module):
+        def forward(self, x):
+            low = x.mean((1, 2, 3), keepdim=True)
+            return torch.clamp(x, low, low + 1.0)
+
+    for body, match in ((OneBound(), "clamp to one bound"), (TensorBounds(), "clamp to a tensor")):
+        with pytest.raises(UserError, match=match):
+            describe(nn.Sequential(nn.Conv2d(3, 4, 3), body), [3, 6, 6], "bounds")

@@ -521,6 +521,19 @@ def _softmax_call(n: fx.Node) -> tuple[str, dict]:
     return _softmax_attrs(n, _arg(n, 1, "dim"))
 
 
+def _clamp_call(n: fx.Node) -> tuple[str, dict]:
+    """``torch.clamp(x, lo, hi)``, ``x.clamp(lo, hi)``, ``clip``: a hardtanh of ``[lo, hi]`` (the same function and
+    gradient, the input kept for backward as torch keeps it for either); to one bound or a tensor's, ``ValueError``."""
+    low, high = _arg(n, 1, "min"), _arg(n, 2, "max")
+    if isinstance(low, fx.Node) or isinstance(high, fx.Node):
+        raise ValueError("a clamp to a tensor's bounds has no description op")
+    if low is None or high is None:
+        raise ValueError("a clamp to one bound (x.clamp(min=0)) has no description op: give both bounds")
+    return _hardtanh_attrs(low, high, False)
+
+
+for _key in (torch.clamp, torch.clip, "clamp", "clip"):
+    FUNCTION_OPS[_key] = _clamp_call
 FUNCTION_OPS[F.interpolate] = _interpolate_call
 FUNCTION_OPS[F.instance_norm] = _instance_norm_call
 for _key in (F.softmax, torch.softmax, "softmax"):
@@ -597,7 +610,7 @@ _NAMED_CALLS: dict[str, Callable[[fx.Node, fx.GraphModule], tuple[str, dict]]] =
 #: a wrapped call that computes a module's parameter for the op after it: read as that parameter (its first
 #: argument), taken in by that op (Swin's relative position bias, from its table)
 _PARAMETER_CALLS = frozenset({"_get_relative_position_bias"})
-_RESHAPES = {"view", "reshape", torch.reshape}
+_RESHAPES = {"view", "reshape", torch.reshape, "view_as", "reshape_as"}  # to the shape the trace gives
 _ALIASES = {"contiguous", "clone"}  # ops that do not change the value: the node is replaced by its input
 
 
@@ -1229,6 +1242,8 @@ def _op_of(n: fx.Node, gm: fx.GraphModule) -> tuple[str, dict]:
             return _softmax_attrs(n, m.dim)
         if isinstance(m, (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)):
             return _adaptive_pool(f"{type(m).__name__.lower()}", n)
+        if isinstance(m, nn.Softmax2d):  # over the channels: torch's dim -3 of a [N, C, H, W] map
+            return _softmax_attrs(n, -3)
         if isinstance(m, nn.Upsample):  # and its subclasses, UpsamplingNearest2d and UpsamplingBilinear2d
             return _interpolate_attrs(n, m.mode, m.align_corners, m.scale_factor, m.recompute_scale_factor, False)
         for cls, fn in MODULE_OPS:
