@@ -1282,3 +1282,38 @@ def test_an_instance_norm_before_an_in_place_relu_is_pruned_with_its_convolution
     desc = describe(m, [3, 16, 16], "style_l40")
     assert desc.params == pruned.params == sum(p.numel() for p in m.parameters())
     assert abs(pruned.achieved_level - 40) < 2
+
+
+class _GroupNormUNet(nn.Module):
+    """A diffusion-style U-Net's blocks: convolutions with group norms of 4 and 8 groups, the skip concatenated
+    after a transposed convolution."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.e1 = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.GroupNorm(4, 32), nn.ReLU(inplace=True))
+        self.e2 = nn.Sequential(nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.GroupNorm(8, 64), nn.SiLU())
+        self.up = nn.ConvTranspose2d(64, 32, 2, stride=2)
+        self.dec = nn.Sequential(nn.Conv2d(64, 32, 3, padding=1), nn.GroupNorm(4, 32), nn.ReLU())
+        self.head = nn.Conv2d(32, 3, 1)
+
+    def forward(self, x):
+        skip = self.e1(x)
+        return self.head(self.dec(torch.cat([self.up(self.e2(skip)), skip], 1)))
+
+
+@pytest.mark.parametrize("level", [20, 60])
+def test_a_network_with_group_norms_is_pruned_a_channel_from_every_group_at_a_time(level: int) -> None:
+    """torch-pruning cut a group norm's channels one by one, leaving a count its groups do not divide (29 of 4
+    groups) and a network that failed at its first forward; a group that touches a group norm now loses one local
+    channel from every one of its groups at a time, as a grouped convolution's does, so each group keeps the same
+    width, and the variant runs and describes with the parameters the plan says, counted from the layers'
+    sizes."""
+    torch.manual_seed(0)
+    plan = PruningPlan(_GroupNormUNet(), [3, 16, 16], network="gn")
+    assert plan._fast_count is not None  # counted from the layers' sizes, the norms' weights and biases too
+    pruned = plan.prune(level)
+    norms = [m for m in pruned.module.modules() if isinstance(m, nn.GroupNorm)]
+    assert all(n.num_channels % n.num_groups == 0 and n.weight.numel() == n.num_channels for n in norms)
+    assert any(n.num_channels < 32 for n in norms) and abs(pruned.achieved_level - level) < 2
+    assert pruned.module(torch.randn(2, 3, 16, 16)).shape == (2, 3, 16, 16)
+    assert describe(pruned.module, [3, 16, 16], "gn").params == pruned.params

@@ -101,16 +101,26 @@ class CoupledGroup:
         return places
 
 
+def _stripes(module: nn.Module | None, handler: Handler) -> tuple[int, int] | None:
+    """(channels, groups) of a layer dimension whose groups must lose the same local channels: a grouped conv's, or
+    a group norm's of more than one group (torch requires its channels a multiple of its groups); None for others."""
+    if is_grouped_conv(module):
+        size = module.in_channels if handler is prune_grouped_in_channels else module.out_channels
+        return size, module.groups
+    if isinstance(module, nn.GroupNorm) and module.num_groups > 1:
+        return module.num_channels, module.num_groups
+    return None
+
+
 def _units(deps: list[Dep], channels: int, modules: dict[str, nn.Module]) -> list[Unit] | None:
-    """Root channels grouped so that every grouped conv loses whole local indices, or None if impossible."""
-    grouped = [d for d in deps if is_grouped_conv(modules.get(d.module))]
+    """Root channels grouped so that every grouped conv and group norm loses whole local indices (one channel of
+    each of its groups at a time), or None if impossible."""
+    grouped = [(d, *shape) for d in deps for shape in [_stripes(modules.get(d.module), d.handler)] if shape]
     if not grouped:
         return [Unit(np.array([c])) for c in range(channels)]
     keys: dict[int, list[tuple[int, ...]]] = {c: [] for c in range(channels)}
-    for d in grouped:
-        m = modules[d.module]
-        size = m.in_channels if d.handler is prune_grouped_in_channels else m.out_channels
-        per_group = size // m.groups
+    for d, size, groups in grouped:
+        per_group = size // groups
         by_root: dict[int, set[int]] = {}
         for r, t in zip(d.roots.tolist(), d.targets.tolist()):
             by_root.setdefault(r, set()).add(t % per_group)
@@ -120,13 +130,11 @@ def _units(deps: list[Dep], channels: int, modules: dict[str, nn.Module]) -> lis
     for c in range(channels):
         classes.setdefault(tuple(keys[c]), []).append(c)
     units = [Unit(np.array(v)) for v in classes.values()]
-    for d in grouped:  # each unit must remove whole stripes (same local index in every group)
-        m = modules[d.module]
-        size = m.in_channels if d.handler is prune_grouped_in_channels else m.out_channels
-        per_group = size // m.groups
+    for d, size, groups in grouped:  # each unit must remove whole stripes (same local index in every group)
+        per_group = size // groups
         for u in units:
             got = set(d.targets[np.isin(d.roots, u.roots)].tolist())
-            want = {j + g * per_group for j in {t % per_group for t in got} for g in range(m.groups)}
+            want = {j + g * per_group for j in {t % per_group for t in got} for g in range(groups)}
             if got != want:
                 return None
     return units
@@ -335,6 +343,8 @@ def _params_after(m: nn.Module, r_out: int, r_in: int) -> int | None:
         return cin * out * kk + bias * out
     if type(m) in (nn.BatchNorm2d, nn.InstanceNorm2d):
         return (m.num_features - max(r_out, r_in)) * len(own)
+    if type(m) is nn.GroupNorm:
+        return (m.num_channels - max(r_out, r_in)) * len(own)
     if type(m) is nn.Linear:
         out, cin = m.out_features - r_out, m.in_features - r_in
         return out * cin + bias * out
@@ -358,9 +368,9 @@ def _cut_so_far(dep: Dep, places: np.ndarray, n: int) -> np.ndarray:
 def make_counter(groups: list[CoupledGroup], model: nn.Module) -> Callable[[list[int]], int] | None:
     """A fast ``counts -> parameters removed`` function for ordered groups, or None if it cannot be exact.
 
-    Exact when every touched layer is a Conv2d, an ungrouped ConvTranspose2d, a BatchNorm2d or InstanceNorm2d, a
-    Linear or a LayerNorm over one dimension (or has no parameters), or a parameter outside any layer, and no two
-    groups cut the same channel of the same dimension.
+    Exact when every touched layer is a Conv2d, an ungrouped ConvTranspose2d, a BatchNorm2d, InstanceNorm2d or
+    GroupNorm, a Linear or a LayerNorm over one dimension (or has no parameters), or a parameter outside any layer,
+    and no two groups cut the same channel of the same dimension.
     """
     modules = dict(model.named_modules())
     seen: dict[tuple[str, Handler], set[int]] = {}
