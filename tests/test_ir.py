@@ -742,12 +742,13 @@ def test_shape_keeping_layers_answered_without_running_record_the_shapes_they_wo
     import torch.fx as fx
     from torch.fx.passes.shape_prop import ShapeProp
 
-    from perf4sight.ir.from_torch import _MetaShapeProp, _meta_twin
+    from perf4sight.ir.from_torch import _meta_twin
+    from perf4sight.ir.meta_shapes import MetaShapeProp
 
     shape = [3, 224, 224] if zoo == "vit_b_16" else [3, 32, 32]
     model = build_zoo_model(zoo, num_classes=10, input_shape=shape)
     shapes = []
-    for prop in (ShapeProp, _MetaShapeProp):
+    for prop in (ShapeProp, MetaShapeProp):
         gm = _meta_twin(fx.symbolic_trace(model))
         prop(gm).propagate(torch.empty(2, *shape, device="meta"))
         shapes.append([tuple(n.meta["tensor_meta"].shape) for n in gm.graph.nodes
