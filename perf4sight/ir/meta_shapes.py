@@ -118,7 +118,7 @@ def _arithmetic(target: Any, args: Any, kwargs: Any) -> torch.Tensor | None:
                                        for a in args):
         return None
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    if not _is_float_meta(tensors[0]) or any(not (t.is_meta and t.dtype == tensors[0].dtype) for t in tensors):
+    if not tensors or not _is_float_meta(tensors[0]) or any(not (t.is_meta and t.dtype == tensors[0].dtype) for t in tensors):
         return None
     shape = _broadcast([list(t.shape) for t in tensors])
     in_place = target in _IN_PLACE
