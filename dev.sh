@@ -13,6 +13,7 @@ want="$(sha256sum "$root/requirements.txt" | cut -d' ' -f1)"
 if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "perf4sight: setting up $venv (first run or requirements.txt changed; about 2 minutes)" >&2
   made_here=0; [ -e "$venv" ] || made_here=1
+  rm -f "$stamp"  # until pip has finished: a failed update must not be taken for the last setup that worked
   if ! { { python3.11 -m venv "$venv" 2>/dev/null || python3 -m venv "$venv"; } &&
          "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$root/requirements.txt" \
            2> >(grep -v "is ignored: it is neither" >&2); }; then

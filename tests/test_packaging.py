@@ -133,3 +133,28 @@ def test_dev_sh_that_cannot_set_up_its_environment_says_so_in_one_line_and_leave
         assert not (small / ".venv").exists()
     finally:
         subprocess.run(["umount", "-l", str(small)])
+
+
+def test_dev_sh_whose_update_of_its_environment_failed_sets_it_up_again_whatever_requirements_txt_says(tmp_path):
+    """An environment set up for requirements.txt, whose update to another requirements.txt failed (a branch that
+    bumps a pin, on a full disk: pip leaves some packages upgraded), is not taken for finished when requirements.txt
+    is back to what it was (the branch left): the stamp of the first setup no longer vouches for it. Offline: the
+    requirements are pip's --no-index, then a package that no index holds."""
+    shutil.copy(ROOT / "dev.sh", tmp_path / "dev.sh")
+    requirements = tmp_path / "requirements.txt"
+
+    def dev_sh() -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(tmp_path / "dev.sh"), "run"], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120)
+
+    requirements.write_text("--no-index\n")
+    first = dev_sh()  # set up; then `python main.py`, which this folder does not hold
+    assert "setting up" in first.stderr and "can't open file" in first.stderr, first.stderr
+    requirements.write_text("--no-index\nno-such-package-perf4sight==0\n")
+    failed = dev_sh()
+    assert failed.returncode == 1 and "could not set up" in failed.stderr, failed.stderr
+    assert (tmp_path / ".venv" / "bin" / "python").exists()  # not made by this run: kept
+    requirements.write_text("--no-index\n")
+    again = dev_sh()
+    assert "setting up" in again.stderr, again.stderr
+    assert "can't open file" in again.stderr
