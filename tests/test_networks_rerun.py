@@ -299,3 +299,31 @@ def test_a_module_a_factory_imports_from_elsewhere_on_the_path_keys_its_variants
     finally:
         sys.path.remove(str(tmp_path / "lib"))
     assert files == (tmp_path / "lib" / "outside_widths.py", tmp_path / "nets" / "net.py")
+
+
+def test_an_editors_lock_file_among_a_factorys_modules_is_no_code_file(tmp_path):
+    """An editor's lock file (Emacs' .#widths.py, a link to nowhere) in a package of the user's that a factory
+    imports from elsewhere on the path, or beside the factory, was among its code files: describing the factory
+    (``--network FILE.py:FUNCTION``, the Python API) ended in '[Errno 2] No such file or directory' from the key of
+    its cached description, and the networks stage cached nothing of it. It is no source, and passed over."""
+    from perf4sight.networks.factories import describe_factory, parse_factory
+
+    (tmp_path / "nets").mkdir()
+    (tmp_path / "lib" / "lockedlib").mkdir(parents=True)
+    (tmp_path / "lib" / "lockedlib" / "__init__.py").write_text("WIDTH = 8\n")
+    (tmp_path / "lib" / "lockedlib" / ".#widths.py").symlink_to(tmp_path / "lib" / "user@host.123:1700000000")
+    (tmp_path / "nets" / ".#net.py").symlink_to(tmp_path / "nets" / "user@host.123:1700000001")
+    (tmp_path / "nets" / "net.py").write_text(
+        "from torch import nn\nfrom lockedlib import WIDTH\n\n\ndef net(num_classes=10):\n"
+        "    return nn.Sequential(nn.Conv2d(3, WIDTH, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),\n"
+        "                         nn.Linear(WIDTH, num_classes))\n")
+    sys.path.insert(0, str(tmp_path / "lib"))
+    try:
+        spec = f"{tmp_path / 'nets' / 'net.py'}:net"
+        assert parse_factory(spec, tmp_path).code_files == (tmp_path / "lib" / "lockedlib" / "__init__.py",
+                                                            tmp_path / "nets" / "net.py")
+        desc = describe_factory(spec, [3, 16, 16], 10, tmp_path / "cache")
+        assert desc.params == 314 and len(list((tmp_path / "cache").glob("*.json"))) == 1
+    finally:
+        sys.path.remove(str(tmp_path / "lib"))
+        sys.modules.pop("lockedlib", None)

@@ -62,7 +62,9 @@ class Factory:
                 found = set(_own_module_files(name, folder)) - files
                 files |= found
                 todo.extend(found)
-        return tuple(sorted(files))
+        # a name that is no file is passed over (an editor's lock file, .#net.py, is a link to nowhere), as
+        # files.sources_sha256 does: the key of what reads them could not be made (describe_factory ended in OSError)
+        return tuple(sorted(f for f in files if f == self.path or f.is_file()))
 
 
 def parse_factory(spec: str, root: Path, models_dir: Path | None = None) -> Factory:
