@@ -327,3 +327,37 @@ def test_an_editors_lock_file_among_a_factorys_modules_is_no_code_file(tmp_path)
     finally:
         sys.path.remove(str(tmp_path / "lib"))
         sys.modules.pop("lockedlib", None)
+
+
+def test_a_factory_that_puts_a_folder_on_the_path_itself_leaves_no_note_that_its_settings_changed(tmp_path):
+    """A factory whose file puts a folder of the user's on ``sys.path`` and imports a module from there: the
+    networks stage hashed its code files after importing it (the module found then) for manifest-settings.json, the
+    profile stage before (not found), so the profile stage said [networks] had changed since the networks stage after
+    every run that made the network. Its code files are found once per process, before the factory is imported in
+    the networks stage as in the profile stage: no note, and the stage cache reads the network back."""
+    (tmp_path / "nets").mkdir()
+    (tmp_path / "third_party").mkdir()
+    (tmp_path / "third_party" / "path_widths.py").write_text("WIDTH = 8\n")
+    (tmp_path / "nets" / "net.py").write_text(
+        "import os\nimport sys\n"
+        "sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'third_party'))\n"
+        "from torch import nn  # noqa: E402\nfrom path_widths import WIDTH  # noqa: E402\n\n\n"
+        "def net(num_classes=10):\n"
+        "    return nn.Sequential(nn.Conv2d(3, WIDTH, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),\n"
+        "                         nn.Linear(WIDTH, num_classes))\n")
+    (tmp_path / "config.toml").write_text('[networks]\nzoo = []\nfactories = ["nets/net.py:net"]\n'
+                                          "input_shape = [3, 16, 16]\nnum_classes = 10\n\n[networks.pruning]\n"
+                                          "levels = [0]\n")
+    note = ("from perf4sight.config import load_config\nfrom perf4sight.networks.settings import "
+            "changed_settings_note\nprint(changed_settings_note(load_config('config.toml')))\n")
+
+    def run(*args: str) -> str:  # a process per stage, as a user's
+        done = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout
+
+    for cached in ("", "read back"):
+        made = run(str(ROOT / "main.py"), "--config", "config.toml", "--stage", "networks")
+        assert "314 parameters" in made and cached in made
+        assert run("-c", note) == "None\n"

@@ -104,16 +104,25 @@ def _own_module_files(name: str, folder: Path) -> tuple[Path, ...]:
     module or package the import finds on ``sys.path`` outside Python's own library, the installed packages and
     perf4sight (none for those, for a built-in module, or for a name not found: an import that fails says so)."""
     beside = tuple((folder / name).rglob("*.py")) if (folder / name).is_dir() else ()
+    return beside + tuple(f for p in _users_places(name) for f in (p.rglob("*.py") if p.is_dir() else [p]))
+
+
+@functools.lru_cache(maxsize=None)
+def _users_places(name: str) -> tuple[Path, ...]:
+    """Where the import finds the top-level module ``name`` on ``sys.path`` (its file, or its package's folders),
+    outside Python's own library, the installed packages and perf4sight. Found once per process, before any factory
+    that imports it is imported in every stage: a module found on a folder a factory's file puts on ``sys.path``
+    itself is found only after, and the networks stage, which imports the factory, hashed other code files for
+    manifest-settings.json than the profile stage, which does not (so that stage said [networks] had changed)."""
     try:  # the factory's folder comes last on sys.path (_import): a module of that name elsewhere is the one imported
         spec = importlib.util.find_spec(name)
     except (ImportError, ValueError):  # a module whose __spec__ is unset, a name that is not one
         spec = None
     if spec is None:
-        return beside
+        return ()
     places = [Path(p) for p in spec.submodule_search_locations or ()] or \
         ([Path(spec.origin)] if spec.origin and spec.has_location else [])
-    places = [p.resolve() for p in places if not _not_a_users(p.resolve())]
-    return beside + tuple(f for p in places for f in (p.rglob("*.py") if p.is_dir() else [p]))
+    return tuple(p.resolve() for p in places if not _not_a_users(p.resolve()))
 
 
 @functools.lru_cache(maxsize=1)
