@@ -211,3 +211,20 @@ def test_an_image_of_more_than_two_billion_elements_is_refused_by_describe_and_t
         config.write_text(f"[networks]\nzoo = []\n{key} = {value}\n")
         with pytest.raises(UserError, match=rf"\[networks\] {key}: one image of 3x65536x65536 is 12,884,901,888 "):
             load_config(config)
+
+
+def test_a_description_file_of_an_image_of_more_than_two_billion_elements_is_refused(tmp_path):
+    """A description file (--network FILE.json, the Python API's predict, [networks] description_files) or an
+    imported graph whose input image is over 2^31 elements was read and predicted (figures of 10^11 ms and 10^13 MB),
+    where describe and the config refuse such a shape: reading it refuses it in one line, naming the file. One at
+    the limit is read."""
+    small = describe(nn.Sequential(nn.Conv2d(3, 2, 1), nn.ReLU()), [3, 8, 8], "net")
+
+    def at(side: int):
+        path = tmp_path / f"net_{side}.json"
+        path.write_text(small.to_json().replace("8, 8]", f"{side}, {side}]").replace("8,8]", f"{side},{side}]"))
+        return path
+    assert load_description(at(26754)).input_shape == [3, 26754, 26754]  # 2,147,329,548 elements
+    with pytest.raises(UserError, match=r"^\S+net_99999999\.json: input_shape: one image of 3x99999999x99999999 is "
+                                        r"29,999,999,400,000,003 elements .*more than the 2,147,483,648 "):
+        load_description(at(99999999))

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Set, Tuple, Union
 
 from perf4sight.errors import UserError, read_json_object
 from perf4sight.files import write_atomically
-from perf4sight.ir.shapes import element_count, shape_problem, window_pair
+from perf4sight.ir.shapes import element_count, image_size_problem, shape_problem, window_pair
 
 __all__ = ["Node", "NetworkDescription", "OPS", "load_description", "save_description", "is_file_stem",
            "STRUCTURE_VERSION", "window_attention_params", "INTERPOLATE_MODES", "PAD_MODES", "known_attrs",
@@ -299,6 +299,8 @@ def _check_top_level(d: Dict[str, Any], where: str) -> None:
     shape = d["input_shape"]
     if not (isinstance(shape, list) and len(shape) == 3 and all(_is_int(x, 1) for x in shape)):
         raise UserError(f"{where}: input_shape must be [channels, height, width] (positive integers), got {shape!r}")
+    if image_size_problem(shape):  # as describe and the config refuse it (a file, an imported graph: predicted)
+        raise UserError(f"{where}: input_shape: {image_size_problem(shape)}")
     if not isinstance(d["nodes"], list):
         raise UserError(f"{where}: nodes must be a list of node objects")
     for key in ("name", "network"):
