@@ -1680,6 +1680,33 @@ def test_meta_shape_propagation_records_the_shapes_torch_computes():
     assert len(recorded[0]) == 29 and recorded[0] == recorded[1]
 
 
+class _ViewedAfter(nn.Module):
+    """A layer or call on a map, then a ``view`` of its result to [N, -1]."""
+
+    def __init__(self, op) -> None:
+        super().__init__()
+        self.c, self.act, self.fc, self.op = nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Linear(4 * 36, 2), op
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.op(self, self.c(x)).view(x.shape[0], -1))
+
+
+@pytest.mark.parametrize("op", [
+    lambda m, y: m.act(y.permute(0, 2, 3, 1)), lambda m, y: F.relu(y.transpose(2, 3)),
+    lambda m, y: torch.sigmoid(y.contiguous(memory_format=torch.channels_last)),
+    lambda m, y: y.permute(0, 2, 3, 1) * 0.5, lambda m, y: y.transpose(2, 3) + y.transpose(2, 3)])
+def test_an_elementwise_op_of_a_permuted_map_keeps_its_layout_as_torch_does(op):
+    """torch's output of an activation or arithmetic on a permuted (transposed, channels-last) map keeps that layout,
+    which a ``view`` of it then refuses: the meta shape propagation answered such an op with a contiguous tensor, and
+    a network torch cannot run was described. Its forward fails now as torch's does; a slice's does not."""
+    module = _ViewedAfter(op)
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        module(torch.randn(2, 3, 6, 6))
+    with pytest.raises(UserError, match="view size is not compatible"):
+        describe(module, [3, 6, 6], "permuted")
+    describe(_ViewedAfter(lambda m, y: F.relu(y[:, :, 1:] + 1.0)), [3, 7, 6], "sliced")
+
+
 def test_a_users_network_is_described_without_torchs_compiler_import():
     """torch's Python meta kernels (arithmetic, activations, norms, means, adaptive pools, concatenations) import
     torch._dynamo on their first call: 3-4 s of a user's first description in a process without torchvision. A fresh

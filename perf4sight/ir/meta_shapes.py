@@ -73,11 +73,21 @@ def _empty(shape: Any, like: torch.Tensor) -> torch.Tensor:
     return torch.empty(list(shape), dtype=like.dtype, device="meta")
 
 
+def _in_order(t: torch.Tensor) -> bool:
+    """Whether ``t``'s dimensions (those of more than one element) lie in memory in their order, each a longer step
+    than the next (a contiguous tensor, a slice of one): torch's output of an elementwise op of such inputs is
+    contiguous, as :func:`_empty` makes it. Of a permuted, transposed or channels-last input, torch's output keeps
+    that layout (a later ``view`` of it may fail), and an op in place returns its input as it is: those are left to
+    torch's kernel (the shape-keeping layers and calls answer a contiguous input only)."""
+    steps = [st for sz, st in zip(t.shape, t.stride()) if sz > 1]
+    return all(a > b for a, b in zip(steps, steps[1:]))
+
+
 def _module_output(m: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
     """What layer ``m`` makes of the meta tensor ``x`` where it is one answered here (None otherwise)."""
     kind = type(m)
     if kind in _SHAPE_KEEPING:
-        return _empty(x.shape, x)
+        return _empty(x.shape, x) if x.is_contiguous() else None
     if kind is nn.BatchNorm2d or kind is nn.InstanceNorm2d:
         return _empty(x.shape, x) if x.dim() == 4 and x.shape[1] == m.num_features else None
     if kind is nn.GroupNorm:
@@ -102,7 +112,7 @@ def _call_output(target: Any, args: Any, kwargs: Any) -> torch.Tensor | None:
         return None
     x = args[0]
     if target in _SHAPE_KEEPING_CALLS:
-        return _empty(x.shape, x)
+        return _empty(x.shape, x) if x.is_contiguous() else None
     if target in _MEANS:
         return _mean(*args, **kwargs)
     if target is F.adaptive_avg_pool2d and len(args) + len(kwargs) == 2:
@@ -113,16 +123,19 @@ def _call_output(target: Any, args: Any, kwargs: Any) -> torch.Tensor | None:
 def _arithmetic(target: Any, args: Any, kwargs: Any) -> torch.Tensor | None:
     """Two operands of one floating type (tensors, or a tensor and a Python number) broadcast against each other, an
     in-place one to its first operand's shape; None for anything else (an ``alpha``, a rounding mode, integer
-    tensors, shapes that do not broadcast)."""
+    tensors, shapes that do not broadcast, two numbers: a shape's sides multiplied, a tensor not
+    :func:`_in_order`)."""
     if len(args) != 2 or kwargs or any(isinstance(a, bool) or not isinstance(a, (torch.Tensor, int, float))
                                        for a in args):
         return None
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    if not tensors or not _is_float_meta(tensors[0]) or any(not (t.is_meta and t.dtype == tensors[0].dtype) for t in tensors):
+    if not tensors or not _is_float_meta(tensors[0]) \
+            or any(not (t.is_meta and t.dtype == tensors[0].dtype and _in_order(t)) for t in tensors):
         return None
     shape = _broadcast([list(t.shape) for t in tensors])
     in_place = target in _IN_PLACE
-    if shape is None or in_place and (not isinstance(args[0], torch.Tensor) or shape != list(args[0].shape)):
+    if shape is None or in_place and (not isinstance(args[0], torch.Tensor) or shape != list(args[0].shape)
+                                      or not args[0].is_contiguous()):
         return None
     return _empty(shape, tensors[0])
 
