@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from typing import Any
 
 import pytest
@@ -1705,6 +1706,53 @@ def test_an_elementwise_op_of_a_permuted_map_keeps_its_layout_as_torch_does(op):
     with pytest.raises(UserError, match="view size is not compatible"):
         describe(module, [3, 6, 6], "permuted")
     describe(_ViewedAfter(lambda m, y: F.relu(y[:, :, 1:] + 1.0)), [3, 7, 6], "sliced")
+
+
+class _Then(nn.Module):
+    """A convolution, then ``op`` of its output, then a linear layer of what it makes."""
+
+    def __init__(self, op, features: int, kernel: int = 3) -> None:
+        super().__init__()
+        self.c, self.norm, self.fc, self.op = nn.Conv2d(3, 4, kernel), nn.InstanceNorm2d(4), nn.LazyLinear(2), op
+        self.fc(torch.zeros(1, features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.op(self, self.c(x)).flatten(1))
+
+
+@pytest.mark.parametrize("op, features, kernel, says", [
+    (lambda m, y: m.norm(y), 4, 6, "more than 1 spatial element"),  # a 1x1 map
+    (lambda m, y: y.mean((2, -2)), 16, 3, "appears multiple times"),
+    (lambda m, y: F.dropout(y, 1.5), 64, 3, "dropout probability has to be between 0 and 1"),
+    (lambda m, y: y.clamp(), 64, 3, "At least one of 'min' or 'max'")])
+def test_the_meta_shape_propagation_refuses_what_torch_refuses(op, features, kernel, says):
+    """An instance norm of a 1x1 map, a mean over a dim named twice, a dropout of a probability over 1, a clamp to
+    no bound: torch refuses each, and the meta shape propagation answered each with a tensor, a network torch cannot
+    run described. Each is left to torch now, whose reason the description's error gives."""
+    module = _Then(op, features, kernel).eval()
+    with pytest.raises((RuntimeError, ValueError), match=re.escape(says)):
+        module(torch.randn(2, 3, 6, 6))
+    with pytest.raises(UserError, match=re.escape(says)):
+        describe(module, [3, 6, 6], "refused")
+
+
+def test_a_clamp_to_a_tensor_s_bound_records_the_shape_it_broadcasts_to():
+    """``x.clamp(min=t)`` broadcasts ``x`` against ``t``: the meta shape propagation records torch's shape for it."""
+    from torch.fx.passes.shape_prop import ShapeProp
+
+    from perf4sight.ir.meta_shapes import MetaShapeProp
+
+    class Clamp(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.mean(1, keepdim=True).clamp(min=torch.zeros(2, 3, 4, 4, device=x.device))
+
+    shapes = []
+    for prop in (ShapeProp, MetaShapeProp):
+        gm = torch.fx.symbolic_trace(Clamp())
+        prop(gm).propagate(torch.empty(2, 3, 4, 4, device="meta"))
+        shapes.append([(n.name, tuple(n.meta["tensor_meta"].shape)) for n in gm.graph.nodes
+                       if n.op != "placeholder" and hasattr(n.meta.get("tensor_meta"), "shape")])
+    assert shapes[0] == shapes[1] and shapes[0][-2:] == [("clamp", (2, 3, 4, 4)), ("output", (2, 3, 4, 4))]
 
 
 def test_a_users_network_is_described_without_torchs_compiler_import():

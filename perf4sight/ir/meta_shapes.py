@@ -89,7 +89,9 @@ def _module_output(m: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
     if kind in _SHAPE_KEEPING:
         return _empty(x.shape, x) if x.is_contiguous() else None
     if kind is nn.BatchNorm2d or kind is nn.InstanceNorm2d:
-        return _empty(x.shape, x) if x.dim() == 4 and x.shape[1] == m.num_features else None
+        ok = x.dim() == 4 and x.shape[1] == m.num_features
+        # an instance norm's statistics need more than one pixel a map (torch refuses a 1x1 map)
+        return _empty(x.shape, x) if ok and (kind is nn.BatchNorm2d or x.shape[2] * x.shape[3] > 1) else None
     if kind is nn.GroupNorm:
         return _empty(x.shape, x) if x.dim() >= 2 and x.shape[1] == m.num_channels else None
     if kind is nn.LayerNorm:
@@ -112,12 +114,27 @@ def _call_output(target: Any, args: Any, kwargs: Any) -> torch.Tensor | None:
         return None
     x = args[0]
     if target in _SHAPE_KEEPING_CALLS:
-        return _empty(x.shape, x) if x.is_contiguous() else None
+        return _empty(x.shape, x) if x.is_contiguous() and _shape_keeping_args(target, args, kwargs) else None
     if target in _MEANS:
         return _mean(*args, **kwargs)
     if target is F.adaptive_avg_pool2d and len(args) + len(kwargs) == 2:
         return _adaptive_pool(x, args[1] if len(args) == 2 else kwargs.get("output_size"))
     return None
+
+
+def _shape_keeping_args(target: Any, args: Any, kwargs: Any) -> bool:
+    """Whether torch takes the arguments after the input of a :data:`_SHAPE_KEEPING_CALLS` call and keeps the input's
+    shape: no tensor among them (a clamp to a tensor's bounds broadcasts), a clamp given a bound, a dropout's
+    probability in [0, 1] (torch's Python function checks it)."""
+    rest = [*args[1:], *kwargs.values()]
+    if any(isinstance(a, torch.Tensor) for a in rest):
+        return False
+    if target in ("clamp", "clamp_"):
+        return any(a is not None for a in (*args[1:3], kwargs.get("min"), kwargs.get("max")))
+    if target is F.dropout:
+        p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
+        return isinstance(p, (int, float)) and 0 <= p <= 1
+    return True
 
 
 def _arithmetic(target: Any, args: Any, kwargs: Any) -> torch.Tensor | None:
@@ -159,8 +176,10 @@ def _mean(x: torch.Tensor, dim: Any = None, keepdim: bool = False, **rest: Any) 
     dims = [dim] if isinstance(dim, int) else list(dim) if isinstance(dim, (list, tuple)) else None
     if not dims or not all(isinstance(d, int) and -x.dim() <= d < x.dim() for d in dims):
         return None
-    dims = {d % x.dim() for d in dims}
-    shape = [1 if i in dims else s for i, s in enumerate(x.shape) if keepdim or i not in dims]
+    axes = {d % x.dim() for d in dims}
+    if len(axes) < len(dims):  # a dim named twice (2 and -2 of a [N, C, H, W] map): torch refuses it
+        return None
+    shape = [1 if i in axes else s for i, s in enumerate(x.shape) if keepdim or i not in axes]
     return _empty(shape, x)
 
 
