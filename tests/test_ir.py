@@ -1902,6 +1902,25 @@ class _ClampedImageToImage(nn.Module):
         return torch.clip(self.c2(y), 0, 1)
 
 
+@pytest.mark.parametrize("call", [lambda y: torch.clamp(y, 1.0, 1.0), lambda y: y.clamp(0.5, -0.5),
+                                  lambda y: F.hardtanh(y, 0.25, 0.25)])
+def test_a_clamp_to_an_empty_range_is_refused_with_a_line_that_says_so(call):
+    """torch runs a clamp whose minimum is not below its maximum (its output a constant); the schema refuses such a
+    hardtanh, and describe wrote one down, a description its own load refused. describe refuses it, naming it."""
+    class Clamped(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c = nn.Conv2d(3, 4, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return call(self.c(x))
+
+    module = Clamped()
+    module(torch.randn(2, 3, 6, 6))
+    with pytest.raises(UserError, match=r"a clamp to \[.*\] \(its minimum not below its maximum"):
+        describe(module, [3, 6, 6], "empty_range")
+
+
 def test_clamps_view_as_and_softmax2d_are_described_and_rebuilt():
     """A clamp to both bounds (torch.clamp, x.clamp, clip), a view_as and nn.Softmax2d were refused as calls without
     a description op; a clamp is the op hardtanh of its range ([0, 6]: relu6), a view_as a reshape to the other

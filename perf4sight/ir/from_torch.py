@@ -176,8 +176,12 @@ def _instancenorm(m: nn.InstanceNorm2d) -> tuple[str, dict]:
 
 
 def _hardtanh_attrs(min_val: Any, max_val: Any, inplace: bool) -> tuple[str, dict]:
-    """A clamp to ``[min_val, max_val]``: ReLU6's ``[0, 6]`` is the op relu6, any other range a hardtanh."""
+    """A clamp to ``[min_val, max_val]``: ReLU6's ``[0, 6]`` is the op relu6, any other range a hardtanh; an empty
+    range (``min_val >= max_val``, whose output torch makes a constant) ``ValueError``, as the schema refuses it."""
     flag = {"inplace": True} if inplace else {}
+    if not float(min_val) < float(max_val):
+        raise ValueError(f"a clamp to [{min_val}, {max_val}] (its minimum not below its maximum: a constant output) "
+                         "has no description op")
     if (float(min_val), float(max_val)) == (0.0, 6.0):
         return "relu6", flag
     return "hardtanh", {"min_val": float(min_val), "max_val": float(max_val), **flag}
