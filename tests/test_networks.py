@@ -1317,3 +1317,36 @@ def test_a_network_with_group_norms_is_pruned_a_channel_from_every_group_at_a_ti
     assert any(n.num_channels < 32 for n in norms) and abs(pruned.achieved_level - level) < 2
     assert pruned.module(torch.randn(2, 3, 16, 16)).shape == (2, 3, 16, 16)
     assert describe(pruned.module, [3, 16, 16], "gn").params == pruned.params
+
+
+class _SuperResolution(nn.Module):
+    """An ESPCN's upsampling (convolutions, then a pixel shuffle: the layer or the call), or a pixel unshuffle's
+    downsampling before a convolution."""
+
+    def __init__(self, unshuffle: bool = False, call: bool = False) -> None:
+        super().__init__()
+        self.unshuffle, self.call = unshuffle, call
+        self.c1 = nn.Conv2d(3, 8 if unshuffle else 16, 3, padding=1)
+        self.c2 = nn.Conv2d(32 if unshuffle else 16, 12, 3, padding=1)
+        self.shuffle, self.head = nn.PixelShuffle(2), nn.Conv2d(12 if unshuffle else 3, 3, 1)
+
+    def forward(self, x):
+        y = torch.relu(self.c1(x))
+        if self.unshuffle:
+            return self.head(torch.relu(self.c2(torch.nn.functional.pixel_unshuffle(y, 2))))
+        y = self.c2(y)
+        return self.head(torch.nn.functional.pixel_shuffle(y, 2) if self.call else self.shuffle(y))
+
+
+@pytest.mark.parametrize("unshuffle, call", [(False, False), (False, True), (True, True)])
+def test_a_network_with_a_pixel_shuffle_is_refused_by_name_as_unprunable(unshuffle: bool, call: bool) -> None:
+    """torch-pruning cut the channels before a pixel shuffle one by one (9 left of 12, which its upscale factor's
+    square does not divide) and those after an unshuffle as if it kept them: the networks stage failed at the first
+    pruned level with torch's error. Such a network is refused by name, as unprunable (its level 0 alone made)."""
+    from perf4sight.networks.pruning import Unprunable
+
+    module = _SuperResolution(unshuffle, call)
+    assert module(torch.randn(2, 3, 16, 16)).shape[1] == 3
+    name = "pixel_unshuffle" if unshuffle else "pixel_shuffle"
+    with pytest.raises(Unprunable, match=rf"^espcn: a network with a {name} cannot be pruned"):
+        PruningPlan(module, [3, 16, 16], network="espcn")

@@ -62,8 +62,8 @@ TOLERANCE = 1.0
 
 
 class Unprunable(UserError):
-    """A network torch-pruning cannot follow (a Swin or MaxViT transformer, a grouped transposed convolution): its
-    level 0 alone can be made."""
+    """A network torch-pruning cannot follow (a Swin or MaxViT transformer, a grouped transposed convolution, a pixel
+    shuffle or unshuffle): its level 0 alone can be made."""
 
 
 class UnreachableLevel(UserError):
@@ -193,6 +193,20 @@ def _takes_apart(node: Any) -> bool:
 _UNPRUNABLE = frozenset({"ShiftedWindowAttention", "ShiftedWindowAttentionV2", "RelativePositionalMultiHeadAttention"})
 
 
+class _PixelShuffles(torch.overrides.TorchFunctionMode):
+    """While it is on, the pixel shuffles and unshuffles a forward runs (the layers, the calls), by name, in
+    ``seen``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func in (torch.pixel_shuffle, torch.pixel_unshuffle):
+            self.seen.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
 def _execution_order(model: nn.Module, example: torch.Tensor) -> tuple[list[nn.Module], Any]:
     """Conv (transposed too) and linear modules in the order a forward pass runs them, and what the forward
     returned."""
@@ -259,9 +273,14 @@ class PruningPlan:
         example = torch.randn(1, *input_shape)
         traced = copy.deepcopy(base).eval()
         try:
-            order, out = _execution_order(traced, example)
+            with _PixelShuffles() as shuffles:
+                order, out = _execution_order(traced, example)
         except Exception as exc:  # noqa: BLE001 - the model's own forward: any error is the user's model
             raise forward_error(network, input_shape, exc) from None
+        if shuffles.seen:
+            raise Unprunable(f"{network}: a network with a {shuffles.seen[0]} cannot be pruned (torch-pruning cuts the "
+                             "channels around it one by one, as if it kept them: the pruned network's shuffle or the "
+                             "convolution after it refuses its channels); predict it as it is")
         if not _holds_a_tensor(out):  # torch-pruning's trace would fail on it with a traceback
             raise UserError(f"{network}: the model returns {type(out).__name__} {out!r:.40}, not a tensor; a "
                             "description follows one tensor output (return the logits)")
