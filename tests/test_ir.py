@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import warnings
 from typing import Any
 
 import pytest
@@ -1381,6 +1382,20 @@ def test_instance_norms_and_hardtanhs_are_described_and_rebuilt():
         next(n for n in broken["nodes"] if n["op"] == op)["attrs"][attr] = value
         with pytest.raises(UserError, match=match):
             NetworkDescription.from_dict(broken)
+
+
+def test_a_plain_instance_norm_of_another_width_is_described_with_its_input_s_channels():
+    """torch leaves a plain (not affine) InstanceNorm2d's num_features unused, a mismatch with its input only warned
+    of, and runs it; describe wrote its num_features down, a description its own load refused. Its channels are its
+    input's now, and the module rebuilt computes what it did."""
+    module = nn.Sequential(nn.Conv2d(3, 8, 3), nn.InstanceNorm2d(4), nn.Conv2d(8, 2, 1)).eval()
+    with pytest.warns(UserWarning, match="does not match num_features"):
+        module(torch.randn(2, 3, 8, 8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        desc = NetworkDescription.from_dict(describe(module, [3, 8, 8], "plain").to_dict())
+        assert [n.attrs for n in desc.nodes if n.op == "instancenorm"] == [{"num_features": 8}]
+        _assert_same_function(desc, module, [3, 8, 8])
 
 
 def test_an_instance_norm_with_running_statistics_is_refused_by_name():

@@ -168,11 +168,14 @@ def _instancenorm_attrs(num_features: Any, eps: float, affine: bool) -> dict:
     return attrs
 
 
-def _instancenorm(m: nn.InstanceNorm2d) -> tuple[str, dict]:
+def _instancenorm(m: nn.InstanceNorm2d, n: fx.Node) -> tuple[str, dict]:
+    """``nn.InstanceNorm2d``: its channels its input's where it is not affine (torch then leaves ``num_features``
+    unused, a mismatch only warned of), its own where it is (torch requires them the input's)."""
     if m.track_running_stats:
         raise ValueError("an instance norm that tracks running statistics (track_running_stats=True) has no "
                          "description op")
-    return "instancenorm", _instancenorm_attrs(m.num_features, m.eps, m.affine)
+    channels = m.num_features if m.affine else n.args[0].meta["tensor_meta"].shape[1]
+    return "instancenorm", _instancenorm_attrs(channels, m.eps, m.affine)
 
 
 def _hardtanh_attrs(min_val: Any, max_val: Any, inplace: bool) -> tuple[str, dict]:
@@ -295,7 +298,6 @@ MODULE_OPS: list[tuple[type, Callable[[Any], tuple[str, dict]]]] = [
     (nn.Flatten, lambda m: ("flatten", {"start_dim": m.start_dim})),
     (nn.LayerNorm, _layernorm),
     (nn.GroupNorm, lambda m: ("groupnorm", _groupnorm_attrs(m.num_groups, m.num_channels, m.eps, m.affine))),
-    (nn.InstanceNorm2d, _instancenorm),
     (nn.Hardtanh, lambda m: _hardtanh_attrs(m.min_val, m.max_val, m.inplace)),
     (nn.MultiheadAttention, _attention),
     (nn.ConstantPad2d, lambda m: _pad_attrs(m.padding, "constant", m.value)),  # and ZeroPad2d, its subclass
@@ -1244,6 +1246,8 @@ def _op_of(n: fx.Node, gm: fx.GraphModule) -> tuple[str, dict]:
             return _conv_transpose(m, n)
         if isinstance(m, nn.Softmax):
             return _softmax_attrs(n, m.dim)
+        if isinstance(m, nn.InstanceNorm2d):
+            return _instancenorm(m, n)
         if isinstance(m, (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)):
             return _adaptive_pool(f"{type(m).__name__.lower()}", n)
         if isinstance(m, nn.Softmax2d):  # over the channels: torch's dim -3 of a [N, C, H, W] map
