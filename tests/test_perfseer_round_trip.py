@@ -198,9 +198,9 @@ def test_onnx_conv_transpose_is_read_as_a_transposed_convolution():
 
 
 def test_onnx_clip_softmax_and_instance_normalization_are_read():
-    """ONNX's Clip is ReLU6 without a range or of [0, 6], a hardtanh of any other (torch's -1 or 1 for a bound left
-    out); Softmax's axis counts the batch (the last where left out); InstanceNormalization (epsilon) is affine where
-    the node has weights."""
+    """ONNX's Clip is ReLU6 without a range or of [0, 6], a hardtanh of any other, a ReLU of a min of 0 alone (ONNX
+    leaves the other bound unbounded); Softmax's axis counts the batch (the last where left out);
+    InstanceNormalization (epsilon) is affine where the node has weights."""
     import networkx as nx
 
     g = nx.DiGraph(source="another tool")
@@ -209,7 +209,8 @@ def test_onnx_clip_softmax_and_instance_normalization_are_read():
                "norm": ("InstanceNormalization", {"epsilon": 1e-3}, {**shape, "weight_size": 2 * 8 * 4}),
                "plain": ("InstanceNormalization", {}, shape),
                "six": ("Clip", {"min": 0, "max": 6}, shape), "bare": ("Clip", {}, shape),
-               "clip": ("Clip", {"min": -2.5}, shape), "soft": ("Softmax", {}, shape),
+               "clip": ("Clip", {"min": -2.5, "max": 1.0}, shape), "relu": ("Clip", {"min": 0.0}, shape),
+               "soft": ("Softmax", {}, shape),
                "gate": ("Softmax", {"axis": 1}, shape)}
     previous = None
     for name, (onnx, args, info) in feature.items():
@@ -220,9 +221,20 @@ def test_onnx_clip_softmax_and_instance_normalization_are_read():
     desc, _ = graph_to_description(g, "foreign", "foreign.pkl")
     assert [(n.op, n.attrs) for n in desc.nodes[2:]] == [
         ("instancenorm", {"num_features": 8, "eps": 1e-3, "affine": True}), ("instancenorm", {"num_features": 8}),
-        ("relu6", {}), ("relu6", {}), ("hardtanh", {"min_val": -2.5, "max_val": 1.0}), ("softmax", {"dim": 3}),
-        ("softmax", {"dim": 1})]
+        ("relu6", {}), ("relu6", {}), ("hardtanh", {"min_val": -2.5, "max_val": 1.0}), ("relu", {}),
+        ("softmax", {"dim": 3}), ("softmax", {"dim": 1})]
     assert desc.params == 3 * 8 + 8 + 2 * 8
+
+
+@pytest.mark.parametrize("args", [{"min": -2.5}, {"max": 6.0}])
+def test_an_onnx_clip_of_one_bound_is_refused_by_name(args):
+    """ONNX's Clip leaves a bound it is not given unbounded (its min and max default to the lowest and highest
+    floats): a Clip of min -2.5 alone was read as a hardtanh of [-2.5, 1] (torch's default max), a function the
+    network does not compute. A one-sided clamp other than a ReLU's has no op: refused, saying why."""
+    g = _foreign([("conv", "Conv", {"kernel_shape": [1, 1], "group": 1}, [2, 3, 4, 4], [2, 8, 4, 4]),
+                  ("clip", "Clip", args, [2, 8, 4, 4], [2, 8, 4, 4])])
+    with pytest.raises(UserError, match=r"a Clip of one bound \((min -2.5|max 6.0); ONNX leaves the other unbounded"):
+        graph_to_description(g, "foreign", "foreign.pkl")
 
 
 def _foreign(nodes: list[tuple[str, str, dict, list[int], list[int]]]):

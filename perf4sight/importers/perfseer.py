@@ -285,22 +285,28 @@ def _shared_type(op: str, args: dict[str, Any], n_inputs: int) -> str:
     learnt = {"mul": "scale", "add": "shift", "cat": "token"}
     if op in learnt and n_inputs == 1 and "shape" in args:
         return learnt[op]
-    if op == "relu6" and _is_hardtanh(args):
-        return "hardtanh"
+    if op == "relu6":
+        return _clip_op(args)
     return op
 
 
-def _is_hardtanh(args: dict[str, Any]) -> bool:
-    """Whether a ``Clip`` is a hardtanh: ours carries ``min_val`` and ``max_val`` (whatever its range); ONNX's
-    ``min`` or ``max`` (torch's hardtanh defaults, -1 and 1, for one left out) give a range other than ReLU6's
-    [0, 6]. A Clip of neither is ReLU6, the only Clip torchvision CNNs export."""
+def _clip_op(args: dict[str, Any]) -> str:
+    """Which op a ``Clip`` is: ours carries ``min_val`` and ``max_val`` (a hardtanh, whatever its range); ONNX's
+    ``min`` and ``max`` of a range other than ReLU6's [0, 6] a hardtanh. A Clip of neither is ReLU6, the only Clip
+    torchvision CNNs export. ONNX leaves the other side unbounded where one is given alone: a ``min`` of 0 alone is
+    a ReLU, any other one-sided clamp has no op (a ``UserError``)."""
     if "min_val" in args or "max_val" in args:
-        return True
+        return "hardtanh"
     low, high = args.get("min"), args.get("max")
     if low is None and high is None:
-        return False
-    return (_number(-1.0 if low is None else low, "Clip min"), _number(1.0 if high is None else high, "Clip max")) \
-        != (0.0, 6.0)
+        return "relu6"
+    if low is not None and high is not None:
+        return "relu6" if (_number(low, "Clip min"), _number(high, "Clip max")) == (0.0, 6.0) else "hardtanh"
+    if high is None and _number(low, "Clip min") == 0.0:
+        return "relu"
+    bound = f"min {low}" if high is None else f"max {high}"
+    raise UserError(f"a Clip of one bound ({bound}; ONNX leaves the other unbounded) has no description op (a "
+                    "hardtanh clamps to both, a ReLU is a min of 0 alone)")
 
 
 def _reshape_target(args: dict[str, Any], out: list[int], where: str) -> list[int]:
