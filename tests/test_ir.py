@@ -1696,6 +1696,31 @@ def test_meta_shape_propagation_records_the_shapes_torch_computes():
     assert len(recorded[0]) == 29 and recorded[0] == recorded[1]
 
 
+class _ChannelsLast(nn.Module):
+    """A map made channels-last (as a permute of an [N, H, W, C] tensor back to [N, C, H, W] makes it), then a layer
+    or call of it, then a ``view`` to [N, -1]."""
+
+    def __init__(self, op) -> None:
+        super().__init__()
+        self.op, self.bn, self.pool = op, nn.BatchNorm2d(3), nn.AdaptiveAvgPool2d(2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.op(self, x.contiguous(memory_format=torch.channels_last)).view(x.shape[0], -1)
+
+
+@pytest.mark.parametrize("op", [lambda m, y: torch.cat([y, y], 1), lambda m, y: m.pool(y),
+                                lambda m, y: F.adaptive_avg_pool2d(y, 2), lambda m, y: m.bn(y)])
+def test_a_concatenation_norm_or_pool_of_a_channels_last_map_keeps_its_layout_as_torch_does(op):
+    """torch's concatenation, batch norm and adaptive average pool of channels-last maps give a channels-last output,
+    which a ``view`` then refuses: the meta shape propagation answered them with a contiguous tensor, and a network
+    torch cannot run was described. Its forward fails now as torch's does."""
+    module = _ChannelsLast(op).eval()
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        module(torch.randn(2, 3, 6, 6))
+    with pytest.raises(UserError, match="view size is not compatible"):
+        describe(module, [3, 6, 6], "channels_last")
+
+
 class _ViewedAfter(nn.Module):
     """A layer or call on a map, then a ``view`` of its result to [N, -1]."""
 

@@ -78,7 +78,8 @@ def _in_order(t: torch.Tensor) -> bool:
     than the next (a contiguous tensor, a slice of one): torch's output of an elementwise op of such inputs is
     contiguous, as :func:`_empty` makes it. Of a permuted, transposed or channels-last input, torch's output keeps
     that layout (a later ``view`` of it may fail), and an op in place returns its input as it is: those are left to
-    torch's kernel (the shape-keeping layers and calls answer a contiguous input only)."""
+    torch's kernel (the shape-keeping layers and calls, the norms but a layer norm, the pools answer a contiguous
+    input only; a layer norm's and a linear layer's output is contiguous whatever their input's layout)."""
     steps = [st for sz, st in zip(t.shape, t.stride()) if sz > 1]
     return all(a > b for a, b in zip(steps, steps[1:]))
 
@@ -88,6 +89,8 @@ def _module_output(m: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
     kind = type(m)
     if kind in _SHAPE_KEEPING:
         return _empty(x.shape, x) if x.is_contiguous() else None
+    if not x.is_contiguous() and kind not in (nn.LayerNorm, nn.Linear):  # a norm's, a pool's: the input's layout
+        return None
     if kind is nn.BatchNorm2d or kind is nn.InstanceNorm2d:
         ok = x.dim() == 4 and x.shape[1] == m.num_features
         # an instance norm's statistics need more than one pixel a map (torch refuses a 1x1 map)
@@ -116,8 +119,8 @@ def _call_output(target: Any, args: Any, kwargs: Any) -> torch.Tensor | None:
     if target in _SHAPE_KEEPING_CALLS:
         return _empty(x.shape, x) if x.is_contiguous() and _shape_keeping_args(target, args, kwargs) else None
     if target in _MEANS:
-        return _mean(*args, **kwargs)
-    if target is F.adaptive_avg_pool2d and len(args) + len(kwargs) == 2:
+        return _mean(*args, **kwargs) if _in_order(x) else None
+    if target is F.adaptive_avg_pool2d and len(args) + len(kwargs) == 2 and x.is_contiguous():
         return _adaptive_pool(x, args[1] if len(args) == 2 else kwargs.get("output_size"))
     return None
 
@@ -200,7 +203,7 @@ def _cat(tensors: Any, dim: int = 0, **rest: Any) -> torch.Tensor | None:
         return None
     first = tensors[0]
     if not all(isinstance(t, torch.Tensor) and t.is_meta and t.dtype == first.dtype and t.dim() == first.dim()
-               for t in tensors) or not -first.dim() <= dim < first.dim():
+               and _in_order(t) for t in tensors) or not -first.dim() <= dim < first.dim():
         return None
     dim %= first.dim()
     if any(t.shape[:dim] != first.shape[:dim] or t.shape[dim + 1:] != first.shape[dim + 1:] for t in tensors):
