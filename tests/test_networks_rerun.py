@@ -361,3 +361,23 @@ def test_a_factory_that_puts_a_folder_on_the_path_itself_leaves_no_note_that_its
         made = run(str(ROOT / "main.py"), "--config", "config.toml", "--stage", "networks")
         assert "314 parameters" in made and cached in made
         assert run("-c", note) == "None\n"
+
+
+def test_the_modules_a_file_imports_are_read_from_its_lines(tmp_path):
+    """Every import statement's top-level module, as Python's parser finds them (indented ones, lists, aliases,
+    parenthesised names; relative imports name none), read from the file's lines: a line of a string that reads like
+    an import adds its name too (a file more in a cache key, never one less)."""
+    import ast
+
+    from perf4sight.networks.factories import _imported_modules
+
+    source = ('"""A factory.\nimport in_a_docstring\n"""\nimport a.b as c, d\nfrom e.f import g\nfrom . import h\n'
+              "from .i import j\nimport os, sys as system  # a comment\n\n\ndef f():\n    import k\n"
+              "    from l import (m,\n                   n)\n")
+    (tmp_path / "x.py").write_text(source)
+    tree = ast.parse(source)
+    parsed = {a.name.partition(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    parsed |= {n.module.partition(".")[0] for n in ast.walk(tree)
+               if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module}
+    assert _imported_modules(tmp_path / "x.py") == parsed | {"in_a_docstring"}
+    assert parsed == {"a", "d", "e", "os", "sys", "k", "l"}
