@@ -893,3 +893,65 @@ def test_attention_is_traced_as_a_cuda_build_runs_it():
     assert per_sample == sorted([heads * 64 * 4, tokens * width * 4])  # log-sum-exp, output
     assert all(b - a != heads * tokens * tokens * 4 for (_, a), (_, b) in zip(two, three))
     assert torch.nn.functional.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention
+
+
+def _super_resolved(first: str = "conv") -> NetworkDescription:
+    """An SRGAN-like generator's layers: PReLU of a slope per channel and of one slope, a call on the module's own
+    slopes after a residual add; Dropout2d (the layer and the call); log-softmaxes over the channels and over each
+    channel's pixels. ``first``: what the input meets first ("conv", or "prelu" / "dropout2d": a layer on the
+    network input, which needs no gradient)."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    class Generator(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.head = {"conv": nn.Identity(), "prelu": nn.PReLU(3), "dropout2d": nn.Dropout2d(0.3)}[first]
+            self.c1, self.a1 = nn.Conv2d(3, 16, 3, padding=1), nn.PReLU(16)
+            self.c2, self.a2 = nn.Conv2d(16, 16, 3, padding=1), nn.PReLU()
+            self.own = nn.Module()
+            self.own.slopes = nn.Parameter(torch.full((16,), 0.25))
+            self.drop, self.fc = nn.Dropout2d(0.2), nn.Linear(16, 5)
+
+        def forward(self, x):
+            x = self.a1(self.c1(self.head(x)))
+            y = F.prelu(self.a2(self.c2(x)) + x, self.own.slopes)
+            y = F.dropout2d(self.drop(y), 0.1, self.training)
+            p = F.log_softmax(y.log_softmax(1).flatten(2), -1)
+            return self.fc(p.mean(2))
+
+    return describe(Generator(), [3, 8, 8], "generator")
+
+
+def test_allocation_model_writes_down_prelu_dropout2d_and_log_softmax_as_traced():
+    """Measured on torch 2.14: a PReLU keeps its input, and its backward (``_prelu_kernel_backward``) allocates the
+    input's gradient and the slopes' per element, which the engine sums down to the slopes; a Dropout2d allocates a
+    float noise per sample and channel (``new_empty``, drawn and scaled in place), then its output (a multiply), and
+    keeps the noise; a log-softmax keeps its result. The model writes them down as the meta trace records them."""
+    desc = _super_resolved()
+    assert [n.op for n in desc.nodes].count("prelu") == 3 and [n.op for n in desc.nodes].count("dropout2d") == 2
+    model, traced = record_events(desc, 3, steps=3, method="model"), record_events(desc, 3, steps=3, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+    allocs = [(op, size) for kind, _, size, op in model if kind == ALLOC]
+    assert allocs.count(("aten._prelu_kernel_backward.default", 3 * 16 * 64 * 4)) == 3 * 2 * 3  # two a PReLU a step
+    assert allocs.count(("aten.new_empty.default", 3 * 16 * 4)) == 2 * 3  # the noise: a float per sample, channel
+    assert sum(op == "aten._log_softmax_backward_data.default" for op, _ in allocs) == (2 + 1) * 3  # the loss's
+
+
+@pytest.mark.parametrize("first", ["prelu", "dropout2d"])
+def test_a_prelu_or_dropout2d_on_the_network_input_is_written_down_as_traced(first):
+    """On the network input (no gradient wanted), a Dropout2d frees its noise at once, which the model writes down;
+    torch's PReLU backward still computes both gradients and frees the input's, which goes to the trace."""
+    from perf4sight.errors import UserError
+
+    desc = _super_resolved(first)
+    traced = record_events(desc, 3, steps=2, method="trace")
+    assert _as_replayed(record_events(desc, 3, steps=2)) == _as_replayed(traced)
+    if first == "dropout2d":
+        assert _as_replayed(record_events(desc, 3, steps=2, method="model")) == _as_replayed(traced)
+    else:
+        with pytest.raises(UserError, match="prelu on a tensor that needs no gradient"):
+            record_events(desc, 3, method="model")

@@ -765,3 +765,34 @@ def test_pads_and_pixel_shuffles_keep_what_autograd_keeps(op, attrs, out):
     assert c.saved == ([0] if border else []) and c.extra_saved_bytes == 0
     assert _autograd_saved_bytes(desc, 2, with_input=False) == 8 * 8 * 8 * 4 * border
     assert not network_features(desc).unsupported
+
+
+def test_prelu_dropout2d_and_log_softmax_keep_what_autograd_keeps():
+    """Measured on this torch: a PReLU keeps its input (its slopes are a parameter), a Dropout2d the float noise it
+    multiplied by (one per sample and channel, on any device: torch has no fused kernel for it), a log-softmax its
+    result: what a sample adds to autograd's saved tensors between batch 2 and 4, exactly."""
+    pytest.importorskip("torch")
+    import torch.nn.functional as F
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1, self.a1, self.drop = nn.Conv2d(3, 8, 3, padding=1), nn.PReLU(8), nn.Dropout2d(0.3)
+            self.c2, self.a2, self.fc = nn.Conv2d(8, 16, 3, 2, 1), nn.PReLU(), nn.Linear(16, 10)
+
+        def forward(self, x):
+            x = self.drop(self.a1(self.c1(x)) * 2)
+            y = F.log_softmax(self.a2(self.c2(x)), 1).flatten(2).log_softmax(-1)
+            return self.fc(y.mean(2))
+
+    desc = describe(Net(), [3, 12, 12], "kept")
+    nf = network_features(desc)
+    at2, at4 = 2 * _autograd_saved_bytes(desc, 2), 4 * _autograd_saved_bytes(desc, 4)
+    assert nf.per_sample["saved_bytes"] + nf.per_sample["input_bytes"] == (at4 - at2) / 2
+    prelu, drop = _cost(desc.nodes[2], [[8, 12, 12]]), _cost(desc.nodes[4], [[8, 12, 12]])
+    assert (prelu.saved, prelu.params, prelu.param_tensors) == ([0], 8, 1)
+    assert (drop.saved, drop.extra_saved_bytes, drop.params) == ([], 8 * 4, 0)
+    assert _cost(Node("d", "dropout2d", ["x"], {"p": 0.0}, [8, 12, 12]), [[8, 12, 12]]).kind == "view"

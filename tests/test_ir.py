@@ -1583,9 +1583,9 @@ def test_every_kind_of_op_without_a_description_op_is_named_at_once():
     with pytest.raises(UserError, match=r"^mine: module '1' of type Softsign \(and 1 more\) and module '2' of type "
                                         r"SELU have no description op$"):
         describe(module, [3, 8, 8], "mine")
-    module.extend([nn.Softmin(dim=1), nn.LogSoftmax(dim=1)])  # the last makes the output
+    module.extend([nn.Softmin(dim=1), nn.LogSigmoid()])  # the last makes the output
     with pytest.raises(UserError, match=r"^mine: module '1' of type Softsign \(and 1 more\), module '2' of type "
-                                        r"SELU, module '8' of type Softmin and module '9' of type LogSoftmax have no "
+                                        r"SELU, module '8' of type Softmin and module '9' of type LogSigmoid have no "
                                         r"description op$"):
         describe(module, [3, 8, 8], "mine")
 
@@ -1795,22 +1795,24 @@ def test_a_clamp_to_a_tensor_s_bound_records_the_shape_it_broadcasts_to():
     assert shapes[0] == shapes[1] and shapes[0][-2:] == [("clamp", (2, 3, 4, 4)), ("output", (2, 3, 4, 4))]
 
 
-def test_a_users_network_is_described_without_torchs_compiler_import():
-    """torch's Python meta kernels (arithmetic, activations, norms, means, adaptive pools, concatenations) import
-    torch._dynamo on their first call: 3-4 s of a user's first description in a process without torchvision. A fresh
-    process describes such a network without importing it, the description the same as this process's."""
+@pytest.mark.parametrize("network", ["_CommonCalls", "_SrganBlock"])
+def test_a_users_network_is_described_without_torchs_compiler_import(network):
+    """torch's Python meta kernels (arithmetic, activations, norms, means, adaptive pools, concatenations; PReLU's
+    and a log-softmax's, the layers and the calls) import torch._dynamo on their first call: 3-4 s of a user's first
+    description in a process without torchvision. A fresh process describes such a network without importing it,
+    the description the same as this process's."""
     import subprocess
     import sys
     from pathlib import Path
 
     tests = Path(__file__).resolve().parent
-    code = (f"import sys, torch; sys.path.insert(0, {str(tests)!r}); from test_ir import _CommonCalls; "
+    code = (f"import sys, torch; sys.path.insert(0, {str(tests)!r}); from test_ir import {network}; "
             "from perf4sight.ir.from_torch import describe; torch.manual_seed(0); "
-            "print(describe(_CommonCalls(), [3, 8, 8], 'calls').to_json()); print('torch._dynamo' in sys.modules)")
+            f"print(describe({network}(), [3, 8, 8], 'calls').to_json()); print('torch._dynamo' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tests.parent)
     assert done.returncode == 0, done.stderr[-2000:]
     torch.manual_seed(0)
-    module = _CommonCalls()
+    module = globals()[network]().eval()  # a dropout the identity, as the rebuilt one is
     desc = describe(module, [3, 8, 8], "calls")
     assert done.stdout.splitlines() == [desc.to_json(), "False"]
     _assert_same_function(desc, module, [3, 8, 8])
@@ -1822,6 +1824,66 @@ def test_a_concatenation_of_tensors_that_disagree_is_refused_with_torchs_own_rea
             return torch.cat([x, x[:, :, 1:]], 1)
     with pytest.raises(UserError, match="Sizes of tensors must match"):
         describe(Bad(), [3, 8, 8], "bad")
+
+
+class _SrganBlock(nn.Module):
+    """An SRGAN generator's and a segmentation head's layers: PReLU of one slope per channel (a residual block's),
+    of one slope (the stem's), a call on the module's own slopes; Dropout2d and a call of it (in eval mode, where
+    the description is traced, the identity); a log-softmax over the channels (the module), over each channel's
+    pixels (a call), a method over the rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.act0 = nn.Conv2d(3, 8, 3, padding=1), nn.PReLU()
+        self.c1, self.act1, self.c2 = nn.Conv2d(8, 8, 3, padding=1), nn.PReLU(8), nn.Conv2d(8, 8, 3, padding=1)
+        self.own = nn.Module()  # the call's slopes, in node order (after c2's)
+        self.own.slopes = nn.Parameter(torch.rand(8) * 0.5)
+        self.drop, self.scores, self.fc = nn.Dropout2d(0.2), nn.LogSoftmax(dim=1), nn.Linear(8, 4)
+        nn.init.uniform_(self.act1.weight, 0.1, 0.4)
+
+    def forward(self, x):
+        x = self.act0(self.stem(x))
+        y = F.prelu(self.c2(self.act1(self.c1(x))) + x, self.own.slopes)
+        y = F.dropout2d(self.drop(y), 0.1, self.training)
+        p = F.log_softmax(self.scores(y).flatten(2), dim=-1).view_as(y)
+        return self.fc(p.log_softmax(2).mean((2, 3)))
+
+
+def test_prelus_dropout2d_and_log_softmaxes_are_described_and_rebuilt():
+    """PReLU, Dropout2d and a log-softmax inside the network (nn.PReLU, F.prelu; nn.Dropout2d, F.dropout2d;
+    nn.LogSoftmax, F.log_softmax, x.log_softmax) were refused as layers without a description op; they are the ops
+    prelu (num_parameters: its slopes counted), dropout2d (p) and log_softmax (dim counted from the front), and the
+    module rebuilt from the description computes what the original did. Slopes neither one nor the channels, a
+    dropout2d of anything but a map, a log-softmax over the batch are refused."""
+    torch.manual_seed(0)
+    module = _SrganBlock().eval()
+    desc = NetworkDescription.from_dict(describe(module, [3, 6, 6], "srgan").to_dict())
+    assert [(n.op, n.attrs) for n in desc.nodes if n.op in ("prelu", "dropout2d", "log_softmax")] == [
+        ("prelu", {"num_parameters": 1}), ("prelu", {"num_parameters": 8}), ("prelu", {"num_parameters": 8}),
+        ("dropout2d", {"p": 0.2}), ("dropout2d", {"p": 0.1}), ("log_softmax", {"dim": 1}),
+        ("log_softmax", {"dim": 2}), ("log_softmax", {"dim": 2})]
+    assert desc.params == sum(p.numel() for p in module.parameters())
+    _assert_same_function(desc, module, [3, 6, 6])
+    assert sum(isinstance(m, nn.Dropout2d) for m in build_module(desc).modules()) == 2
+    for op, attr, value, match in (("prelu", "num_parameters", 4, "neither 1 nor the channels"),
+                                   ("prelu", "num_parameters", 0, "positive integer"),
+                                   ("dropout2d", "p", 1.5, "in \\[0, 1\\]"),
+                                   ("log_softmax", "dim", 0, "dim")):
+        broken = desc.to_dict()
+        next(n for n in broken["nodes"] if n["op"] == op)["attrs"][attr] = value
+        with pytest.raises(UserError, match=match):
+            NetworkDescription.from_dict(broken)
+    with pytest.raises(UserError, match="log-softmax over the batch"):
+        describe(nn.Sequential(nn.Flatten(), nn.LogSoftmax(dim=0)), [3, 6, 6], "batch")
+    with pytest.raises(UserError, match="dropout2d of anything but"):
+        describe(_FlatDropout2d(), [3, 6, 6], "flat")
+
+
+class _FlatDropout2d(nn.Module):
+    """A channel dropout of a [N, C, H x W] tensor, which torch reads otherwise than a map's."""
+
+    def forward(self, x):
+        return F.dropout2d(x.flatten(2), 0.5, self.training).mean(2)
 
 
 class _Espcn(nn.Module):

@@ -190,3 +190,21 @@ def test_a_transposed_convolution_runs_the_gemms_of_the_conv_it_is_the_gradient_
     assert own[0][cols["n_conv"]] == 1 and own[0][cols["conv_weight_bytes"]] == own[1][cols["conv_weight_bytes"]] > 0
     assert own[0][len(PERF4SIGHT_FEATURES) + cols["fwd_gemm_c_bytes"]] != own[0][
         len(PERF4SIGHT_FEATURES) + cols["bwd_data_gemm_c_bytes"]]  # the passes' outputs differ: the swap shows
+
+
+@pytest.mark.parametrize("op, attrs, backward", [("prelu", {"num_parameters": 4}, 2), ("dropout2d", {"p": 0.2}, 1),
+                                                 ("log_softmax", {"dim": 1}, 1)])
+def test_prelu_dropout2d_and_log_softmax_kernels(op, attrs, backward):
+    """A PReLU's backward writes the input's gradient and the slopes' per element (a kernel), then sums the latter
+    down to the slopes (another); a Dropout2d's multiplies the gradient by its noise, a log-softmax's is one kernel.
+    Each is one kernel forward, and moves its input- and output-sized tensors as :data:`_PASSES` says."""
+    from perf4sight.features.latency_terms import _PASSES
+    from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, optimizer_cost
+
+    conv = _conv("c", "input", 4, 4, 1, 1, 8)
+    plain = kernel_table(_desc([Node("input", "input", [], {}, [4, 8, 8]), conv]))
+    table = kernel_table(_desc([Node("input", "input", [], {}, [4, 8, 8]), conv,
+                                Node("a", op, ["c"], attrs, [4, 8, 8])]))
+    assert table.param_tensors - plain.param_tensors == (op == "prelu")  # its slopes, updated as the conv's weight
+    updates = (op == "prelu") * optimizer_cost(DEFAULT_OPTIMIZER).kernels_per_tensor
+    assert table.launches == plain.launches + 1 + backward + updates and _PASSES[op][2] == backward

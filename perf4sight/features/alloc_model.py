@@ -56,6 +56,9 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
   pad keeps its input (its backward reads the input's shape from it), the others keep nothing; each backward
   allocates the input's gradient (a constant pad's by a constant pad of negative pads, a shuffle's by an unshuffle,
   an unshuffle's by a shuffle).
+  A log-softmax keeps its result, as a softmax does. A PReLU keeps its input; its backward allocates the input's
+  gradient and the slopes' per element, summed down to the slopes (:func:`_prelu`). A dropout2d allocates a
+  noise per sample and channel, then its output (the input times the noise); it keeps the noise.
 """
 from __future__ import annotations
 
@@ -79,7 +82,7 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "transpose", "narrow", "select", "adaptivemaxpool2d", "interpolate", "leaky_relu", "elu",
                      "softplus", "mish", "groupnorm",
                      "conv_transpose2d", "instancenorm", "hardtanh", "softmax", "pad", "pixel_shuffle",
-                     "pixel_unshuffle"})
+                     "pixel_unshuffle", "log_softmax", "prelu", "dropout2d"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
                 "gelu": ("gelu", "input"), "sigmoid": ("sigmoid", "result"), "tanh": ("tanh", "result"),
@@ -238,6 +241,8 @@ def _params(node: Node) -> tuple[list[int], list[int]]:
     if node.op == "instancenorm":  # a weight and a bias where affine (not by default); no buffers
         c = a["num_features"] * FLOAT
         return ([c, c] if a.get("affine", False) else []), []
+    if node.op == "prelu":  # its slopes
+        return [a["num_parameters"] * FLOAT], []
     if node.op == "linear":
         w = a["out_features"] * a["in_features"] * FLOAT
         return ([w, a["out_features"] * FLOAT] if a["bias"] else [w]), []
@@ -469,9 +474,38 @@ def _activation(ctx: _OpContext) -> _Value:
 
 
 def _softmax(ctx: _OpContext) -> _Value:
-    """A softmax along a dim (out of place): its output, which its backward keeps."""
-    sid = ctx.alloc("_softmax.default")
-    return _Value(sid, ctx.nbytes, ctx.unary_grad_fn("aten._softmax_backward_data.default", [sid]))
+    """A softmax or a log-softmax along a dim (out of place): its output, which its backward keeps."""
+    kernel = "_" + ctx.node.op
+    sid = ctx.alloc(kernel + ".default")
+    return _Value(sid, ctx.nbytes, ctx.unary_grad_fn(f"aten.{kernel}_backward_data.default", [sid]))
+
+
+def _prelu(ctx: _OpContext) -> _Value:
+    """PReLU: its output; it keeps its input (and its slopes viewed as [1, C, 1, ...], a parameter's storage). Its
+    backward allocates the input's gradient, then the slopes' gradient per element, which the engine sums down to
+    the slopes' view (the full one freed) and hands on through the view to the parameter. On a tensor that needs no
+    gradient (torch still computes both, then frees the input's) not covered."""
+    x = ctx.x
+    if x.fn is None:
+        raise NotCovered("prelu on a tensor that needs no gradient")
+    slopes = ctx.node.attrs["num_parameters"] * FLOAT
+    viewed = ctx.grad_fn([], [("param", ctx.first_param)], [slopes], [None], handoff="view")  # weight.view(...)
+    sid = ctx.alloc("_prelu_kernel.default")
+    kernel = "aten._prelu_kernel_backward.default"
+    return _Value(sid, ctx.nbytes, ctx.grad_fn([x.sid], [_edge(x), ("fn", viewed)], [x.nbytes, slopes],
+                                               [kernel, kernel], full=[None, x.nbytes]))
+
+
+def _dropout2d(ctx: _OpContext) -> _Value:
+    """Dropout of whole channels, as torch runs it on any device: a noise of one float per sample and channel
+    (``new_empty``, then drawn and scaled in place), then the input times it, which allocates the output; the
+    backward keeps the noise and multiplies the incoming gradient by it (a new tensor). Of ``p`` 0 or 1 (torch
+    hands the input back, or multiplies by a zero), not covered."""
+    if not 0 < float(ctx.node.attrs["p"]) < 1:
+        raise NotCovered("dropout2d with p 0 or 1")
+    noise = ctx.alloc("new_empty.default", ctx.full_in[0] * ctx.full_in[1] * FLOAT, holders=0)
+    sid = ctx.alloc("mul.Tensor")
+    return _Value(sid, ctx.nbytes, ctx.unary_grad_fn("aten.mul.Tensor", [noise]))
 
 
 def _instance_norm(ctx: _OpContext) -> _Value:
@@ -611,7 +645,9 @@ _HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
     **dict.fromkeys(("maxpool2d", "adaptivemaxpool2d", "avgpool2d", "adaptiveavgpool2d", "mean"), _pooling),
     **dict.fromkeys(("add", "mul", "cat"), _combine),
     "interpolate": _interpolate,
-    "softmax": _softmax,
+    **dict.fromkeys(("softmax", "log_softmax"), _softmax),
+    "prelu": _prelu,
+    "dropout2d": _dropout2d,
     "instancenorm": _instance_norm,
     **dict.fromkeys(("pad", "pixel_shuffle", "pixel_unshuffle"), _rearrange),
     **dict.fromkeys((*_VIEWS, "transpose", "select", "narrow", "identity"), _view_op),

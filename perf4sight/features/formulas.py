@@ -395,11 +395,6 @@ def _view(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     return OpCost(kind="view")
 
 
-def hands_input_back(node: Node) -> bool:
-    """Whether ``node`` is a dropout of ``p`` 0, which torch runs by handing its input back (ViT's are such)."""
-    return node.op == "dropout" and float(node.attrs.get("p", 0.5)) == 0.0
-
-
 def _dropout(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     """Dropout in training: a mask drawn and applied, kept for backward (one byte an element, as CUDA's fused
     kernel keeps it; a CPU keeps four: step_runtime.StepRuntime.applied); of ``p`` 0, a view of its input
@@ -410,6 +405,41 @@ def _dropout(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     rd, wr = _io_bytes(in_shapes, node.output_shape)
     return OpCost(flops_fwd=2.0 * n, flops_bwd=float(n), bytes_read=rd, bytes_written=wr,
                   extra_saved_bytes=float(n), kernels_fwd=2, kernels_bwd=1, kind="elementwise")
+
+
+def hands_input_back(node: Node) -> bool:
+    """Whether ``node`` is a dropout (plain or of channels) of ``p`` 0, which torch runs by handing its input back
+    (ViT's are such)."""
+    return node.op in ("dropout", "dropout2d") and float(node.attrs.get("p", 0.5)) == 0.0
+
+
+def _dropout2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """Dropout of whole channels in training, as torch runs it on any device (no fused kernel): a noise of one float
+    per sample and channel drawn (bernoulli) and scaled by 1 / (1 - p) in place (two kernels, 2 FLOPs a channel),
+    then the input multiplied by it (one kernel, 1 FLOP an element); the noise is kept for backward (C floats a
+    sample, ``extra_saved_bytes``), whose one kernel multiplies the incoming gradient by it. Of ``p`` 0, a view of
+    its input (:func:`hands_input_back`)."""
+    if hands_input_back(node):
+        return _view(node, in_shapes, first)
+    n, channels = numel(node.output_shape), int(node.output_shape[0])
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    noise = channels * BYTES_PER_ELEMENT
+    return OpCost(flops_fwd=float(n + 2 * channels), flops_bwd=float(n), bytes_read=rd + noise,
+                  bytes_written=wr + noise, extra_saved_bytes=float(noise), kernels_fwd=3, kernels_bwd=1,
+                  kind="elementwise")
+
+
+def _prelu(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """PReLU: x where x > 0, else a learnt slope times x (a compare and a multiply an element; its slopes read).
+    It keeps its input (and its slopes, a parameter). Backward, one kernel writes two input-sized tensors, the
+    input's gradient and the slope's gradient per element (2 FLOPs an element each; torch computes both even where
+    the input needs no gradient), then the latter is summed down to the slopes (1 FLOP an element, a second
+    kernel)."""
+    n, slopes = numel(node.output_shape), int(node.attrs["num_parameters"])
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    return OpCost(flops_fwd=2.0 * n, flops_bwd=5.0 * n, bytes_read=rd + slopes * BYTES_PER_ELEMENT,
+                  bytes_written=wr, params=slopes, param_tensors=1, saved=[0], kernels_fwd=1, kernels_bwd=2,
+                  kind="elementwise")
 
 
 def _groupnorm(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
@@ -507,6 +537,12 @@ HANDLERS: dict[str, Handler] = {
     # along one dim: a max, a subtract, an exp, a sum and a divide an element, as the attention's softmax counts
     # it (and its backward, twice that); it keeps its result
     "softmax": _pointwise(5, [OUTPUT], 10),
+    # along one dim: a max, a subtract, an exp, a sum, a log and a subtract an element, about 4 FLOPs as the loss's
+    # log-softmax counts it (formulas.position_loss), backward 3 (an exp, a multiply by the gradient's sum, a
+    # subtract); it keeps its result
+    "log_softmax": _pointwise(4, [OUTPUT], 3),
+    "prelu": _prelu,
+    "dropout2d": _dropout2d,
     "identity": _view,
     "maxpool2d": _maxpool2d,
     "avgpool2d": _avgpool2d,

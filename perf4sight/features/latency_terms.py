@@ -277,6 +277,11 @@ _PASSES: dict[str, tuple[float, float, int]] = {
     "groupnorm": (1.5, 4.0, 1),  # like batch norm: statistics per sample and group, then normalise; one backward
     "instancenorm": (1.5, 4.0, 1),  # a batch norm of every sample's channels apart: statistics, then normalise
     "softmax": (2.0, 3.0, 1),  # forward: a max and a sum of exps along dim, then the divide; backward one kernel
+    "log_softmax": (2.0, 3.0, 1),  # as softmax: a max and a sum of exps along dim, then the subtract
+    # backward: one kernel reads the gradient and the input and writes two input-sized tensors (the input's gradient,
+    # the slopes' per element), a second sums the latter down to the slopes
+    "prelu": (1.0, 5.0, 2),
+    "dropout2d": (1.0, 2.0, 1),  # a multiply by a noise per channel each way (the noise's own kernels negligible)
     "scale": (1.0, 3.0, 3),  # backward: the input's gradient, the parameter's (a multiply and a sum)
     "shift": (1.0, 1.0, 1),  # backward: the parameter's gradient, the incoming one summed down
     "token": (1.0, 0.0, 0),  # a copy; backward slices

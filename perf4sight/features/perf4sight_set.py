@@ -154,11 +154,11 @@ def perf4sight_vectors(desc: NetworkDescription) -> tuple[np.ndarray, np.ndarray
         elif node.op in ("batchnorm2d", "layernorm", "groupnorm", "instancenorm"):
             scaled[_IDX["norm_elems"]] += out
         elif node.op in ("relu", "relu6", "hardswish", "hardsigmoid", "sigmoid", "silu", "gelu", "tanh", "leaky_relu",
-                         "elu", "softplus", "mish", "hardtanh", "softmax"):
+                         "elu", "softplus", "mish", "hardtanh", "softmax", "log_softmax", "prelu"):
             scaled[_IDX["act_elems"]] += out
         elif "pool" in node.op:
             scaled[_IDX["pool_elems"]] += numel(shapes[node.inputs[0]])
-        elif node.op in ("add", "mul", "scale", "shift"):
+        elif node.op in ("add", "mul", "scale", "shift", "dropout2d"):  # a dropout2d: a multiply by a noise
             scaled[_IDX["add_elems"]] += out
         elif node.op == "cat":
             scaled[_IDX["cat_bytes"]] += out * BYTES_PER_ELEMENT

@@ -58,9 +58,10 @@ def _column(F: np.ndarray, name: str) -> np.ndarray:
 
 
 #: Ops with no note of their own when a query has one the training lacked: those that cost nothing (the input,
-#: views; dropout, next to nothing) and those a trait of :data:`_TRAITS` already notes (cat, add, linear).
+#: views; dropout, of elements or of channels, next to nothing) and those a trait of :data:`_TRAITS` already notes
+#: (cat, add, linear).
 _UNNOTED_OPS = {"input", "identity", "flatten", "reshape", "squeeze", "unsqueeze", "select", "narrow", "dropout",
-                "cat", "add", "linear"}
+                "dropout2d", "cat", "add", "linear"}
 
 
 def _kind(node: Any) -> str:

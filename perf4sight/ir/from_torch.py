@@ -295,6 +295,8 @@ MODULE_OPS: list[tuple[type, Callable[[Any], tuple[str, dict]]]] = [
     (nn.MaxPool2d, _maxpool),
     (nn.AvgPool2d, _avgpool),
     (nn.Dropout, lambda m: ("dropout", {"p": float(m.p)})),
+    (nn.Dropout2d, lambda m: ("dropout2d", {"p": float(m.p)})),
+    (nn.PReLU, lambda m: ("prelu", {"num_parameters": int(m.num_parameters)})),
     (nn.Flatten, lambda m: ("flatten", {"start_dim": m.start_dim})),
     (nn.LayerNorm, _layernorm),
     (nn.GroupNorm, lambda m: ("groupnorm", _groupnorm_attrs(m.num_groups, m.num_channels, m.eps, m.affine))),
@@ -508,23 +510,41 @@ def _instance_norm_call(n: fx.Node) -> tuple[str, dict]:
     return "instancenorm", _instancenorm_attrs(channels, float(_arg(n, 7, "eps", 1e-5)), weight is not None)
 
 
-def _softmax_attrs(n: fx.Node, dim: Any) -> tuple[str, dict]:
-    """A softmax along ``dim`` of ``n``'s input, a negative ``dim`` counted from the last; along the batch, or with
-    no ``dim`` (torch's implicit choice), ``ValueError``."""
+def _softmax_attrs(n: fx.Node, dim: Any, op: str = "softmax") -> tuple[str, dict]:
+    """A softmax (``op``: or a log-softmax) along ``dim`` of ``n``'s input, a negative ``dim`` counted from the last;
+    along the batch, or with no ``dim`` (torch's implicit choice), ``ValueError``."""
+    name = op.replace("_", "-")
     if dim is None:
-        raise ValueError("a softmax without dim= (torch's implicit choice of dimension) has no description op")
+        raise ValueError(f"a {name} without dim= (torch's implicit choice of dimension) has no description op")
     rank = len(n.args[0].meta["tensor_meta"].shape)
     if int(dim) % rank == 0:
-        raise ValueError("a softmax over the batch dimension has no description op")
-    return "softmax", {"dim": int(dim) % rank}
+        raise ValueError(f"a {name} over the batch dimension has no description op")
+    return op, {"dim": int(dim) % rank}
 
 
 def _softmax_call(n: fx.Node) -> tuple[str, dict]:
-    """``F.softmax(x, dim)``, ``torch.softmax(x, dim)``, ``x.softmax(dim)``; one that casts (``dtype=``) refused."""
-    dtype = _arg(n, 3, "dtype") if n.target is F.softmax else _arg(n, 2, "dtype")
+    """``F.softmax(x, dim)``, ``torch.softmax(x, dim)``, ``x.softmax(dim)`` and their log-softmax twins
+    (``F.log_softmax``, ``torch.log_softmax``, ``x.log_softmax``); one that casts (``dtype=``) refused."""
+    op = "log_softmax" if n.target in (F.log_softmax, torch.log_softmax, "log_softmax") else "softmax"
+    dtype = _arg(n, 3, "dtype") if n.target in (F.softmax, F.log_softmax) else _arg(n, 2, "dtype")
     if dtype is not None and dtype != torch.float32:
-        raise ValueError("a softmax that casts (dtype=) has no description op")
-    return _softmax_attrs(n, _arg(n, 1, "dim"))
+        raise ValueError(f"a {op.replace('_', '-')} that casts (dtype=) has no description op")
+    return _softmax_attrs(n, _arg(n, 1, "dim"), op)
+
+
+def _prelu_call(n: fx.Node) -> tuple[str, dict]:
+    """``F.prelu(x, weight)`` on the module's own slopes (a ``get_attr``: one, or one per channel)."""
+    weight = _arg(n, 1, "weight")
+    if not isinstance(weight, fx.Node) or weight.op != "get_attr":
+        raise ValueError("a prelu whose slopes are not a module's own parameter has no description op")
+    return "prelu", {"num_parameters": int(np.prod(weight.meta["tensor_meta"].shape))}
+
+
+def _dropout2d_call(n: fx.Node) -> tuple[str, dict]:
+    """``F.dropout2d(x, p)`` of a ``[N, C, H, W]`` map (torch reads a 3-D input otherwise, with a warning)."""
+    if len(n.args[0].meta["tensor_meta"].shape) != 4:
+        raise ValueError("a dropout2d of anything but a [N, C, H, W] map has no description op")
+    return "dropout2d", {"p": float(_arg(n, 1, "p", 0.5))}
 
 
 def _clamp_call(n: fx.Node) -> tuple[str, dict]:
@@ -542,14 +562,16 @@ for _key in (torch.clamp, torch.clip, "clamp", "clip"):
     FUNCTION_OPS[_key] = _clamp_call
 FUNCTION_OPS[F.interpolate] = _interpolate_call
 FUNCTION_OPS[F.instance_norm] = _instance_norm_call
-for _key in (F.softmax, torch.softmax, "softmax"):
+for _key in (F.softmax, torch.softmax, "softmax", F.log_softmax, torch.log_softmax, "log_softmax"):
     FUNCTION_OPS[_key] = _softmax_call
+FUNCTION_OPS[F.prelu] = FUNCTION_OPS[torch.prelu] = _prelu_call
 FUNCTION_OPS[F.layer_norm] = _layer_norm_call
 FUNCTION_OPS[F.group_norm] = _group_norm_call
 FUNCTION_OPS[F.conv_transpose2d] = _conv_transpose_call
 for _key in (torch.permute, "permute"):
     FUNCTION_OPS[_key] = _permute_call
 FUNCTION_OPS[F.dropout] = lambda n: ("dropout", {"p": float(_arg(n, 1, "p", 0.5))})
+FUNCTION_OPS[F.dropout2d] = _dropout2d_call
 for _key in (F.pad, torch._C._nn.pad):
     FUNCTION_OPS[_key] = _pad_call
 for _key in (torch.pixel_shuffle, "pixel_shuffle"):
@@ -1121,9 +1143,9 @@ def _with_own_tensors(n: fx.Node, op: str, attrs: dict, gm: fx.GraphModule, wher
                       held: dict[str, fx.Node]) -> tuple[str, dict, set[str]]:
     """``n``'s op once the module tensors it reads (``get_attr`` nodes, or their batch expansions: ``held``) are
     taken in: a multiply by one parameter is a ``scale`` of that parameter's shape, an add of one a ``shift``, a
-    concatenation that puts one first a ``token``; a layer, group or instance norm reads its own weight and bias. The
-    names of those nodes come back, so that they are not read as inputs. Any other op reading a module tensor is a
-    ``UserError``."""
+    concatenation that puts one first a ``token``; a layer, group or instance norm reads its own weight and bias, a
+    PReLU its slopes. The names of those nodes come back, so that they are not read as inputs. Any other op reading a
+    module tensor is a ``UserError``."""
     own: list[fx.Node] = []
     fx.node.map_arg((n.args, n.kwargs), lambda a: own.append(a) if a.name in held else None)
     if not own:
@@ -1144,7 +1166,7 @@ def _with_own_tensors(n: fx.Node, op: str, attrs: dict, gm: fx.GraphModule, wher
     parts = n.args[0] if op == "cat" else []
     if op == "cat" and len(own) == 1 and len(parts) == 2 and parts[0] is own[0]:
         return "token", {"shape": shape, "dim": attrs["dim"] % (rank + 1)}, names
-    if op in ("layernorm", "groupnorm", "conv_transpose2d", "instancenorm"):
+    if op in ("layernorm", "groupnorm", "conv_transpose2d", "instancenorm", "prelu"):
         return op, attrs, names
     raise UserError(f"{where}: {op} (node {n.name}) reads the module's parameter {held[own[0].name].target} "
                     "directly, which the description has no op for (a multiply by one parameter is a 'scale', an "
@@ -1248,6 +1270,8 @@ def _op_of(n: fx.Node, gm: fx.GraphModule) -> tuple[str, dict]:
             return _softmax_attrs(n, m.dim)
         if isinstance(m, nn.InstanceNorm2d):
             return _instancenorm(m, n)
+        if isinstance(m, nn.LogSoftmax):
+            return _softmax_attrs(n, m.dim, "log_softmax")
         if isinstance(m, (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)):
             return _adaptive_pool(f"{type(m).__name__.lower()}", n)
         if isinstance(m, nn.Softmax2d):  # over the channels: torch's dim -3 of a [N, C, H, W] map

@@ -22,11 +22,12 @@ __all__ = ["MetaShapeProp"]
 
 #: Layers whose output is a tensor of their input's shape and type, whatever it holds.
 _SHAPE_KEEPING = (nn.ReLU, nn.ReLU6, nn.Hardswish, nn.Hardsigmoid, nn.SiLU, nn.GELU, nn.Sigmoid, nn.Tanh,
-                  nn.LeakyReLU, nn.ELU, nn.Softplus, nn.Mish, nn.Dropout, nn.Identity, nn.Hardtanh)
+                  nn.LeakyReLU, nn.ELU, nn.Softplus, nn.Mish, nn.Dropout, nn.Dropout2d, nn.Identity, nn.Hardtanh)
 #: Calls (functions and tensor methods, by name) whose output is a tensor of their first argument's shape and type.
 _SHAPE_KEEPING_CALLS = frozenset({F.relu, F.relu_, torch.relu, torch.relu_, F.relu6, F.hardtanh, F.hardtanh_,
                                   F.leaky_relu, F.leaky_relu_, F.elu, F.elu_, F.gelu, F.silu, F.hardswish,
                                   F.hardsigmoid, torch.sigmoid, torch.tanh, F.mish, F.softplus, F.dropout,
+                                  F.dropout2d,
                                   "relu", "relu_", "sigmoid", "sigmoid_", "tanh", "tanh_", "clamp", "clamp_"})
 #: Elementwise arithmetic of two operands (tensors or numbers), broadcast.
 _ARITHMETIC = frozenset({operator.add, operator.sub, operator.mul, operator.truediv, operator.iadd, operator.isub,
@@ -35,6 +36,8 @@ _ARITHMETIC = frozenset({operator.add, operator.sub, operator.mul, operator.true
 _IN_PLACE = frozenset({operator.iadd, operator.isub, operator.imul, operator.itruediv, "add_", "sub_", "mul_", "div_"})
 _CATS = frozenset({torch.cat, torch.concat, torch.concatenate})
 _MEANS = frozenset({torch.mean, "mean"})
+_LOG_SOFTMAXES = frozenset({F.log_softmax, torch.log_softmax, "log_softmax"})
+_PRELUS = frozenset({F.prelu, torch.prelu})
 
 
 class MetaShapeProp(ShapeProp):
@@ -97,6 +100,10 @@ def _module_output(m: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
         return _empty(x.shape, x) if ok and (kind is nn.BatchNorm2d or x.shape[2] * x.shape[3] > 1) else None
     if kind is nn.GroupNorm:
         return _empty(x.shape, x) if x.dim() >= 2 and x.shape[1] == m.num_channels else None
+    if kind is nn.PReLU:  # one slope, or one per channel (dim 1)
+        return _empty(x.shape, x) if m.num_parameters == 1 or x.dim() >= 2 and x.shape[1] == m.num_parameters else None
+    if kind is nn.LogSoftmax:
+        return _empty(x.shape, x) if isinstance(m.dim, int) and -x.dim() <= m.dim < x.dim() else None
     if kind is nn.LayerNorm:
         ok = tuple(x.shape[x.dim() - len(m.normalized_shape):]) == tuple(m.normalized_shape)
         return _empty(x.shape, x) if ok and x.dim() > len(m.normalized_shape) else None
@@ -120,6 +127,13 @@ def _call_output(target: Any, args: Any, kwargs: Any) -> torch.Tensor | None:
         return _empty(x.shape, x) if x.is_contiguous() and _shape_keeping_args(target, args, kwargs) else None
     if target in _MEANS:
         return _mean(*args, **kwargs) if _in_order(x) else None
+    if target in _LOG_SOFTMAXES and x.is_contiguous():
+        try:
+            return _log_softmax(*args, **kwargs)
+        except TypeError:  # arguments torch's own kernel will judge
+            return None
+    if target in _PRELUS and x.is_contiguous():
+        return _prelu(*args, **kwargs)
     if target is F.adaptive_avg_pool2d and len(args) + len(kwargs) == 2 and x.is_contiguous():
         return _adaptive_pool(x, args[1] if len(args) == 2 else kwargs.get("output_size"))
     return None
@@ -184,6 +198,21 @@ def _mean(x: torch.Tensor, dim: Any = None, keepdim: bool = False, **rest: Any) 
         return None
     shape = [1 if i in axes else s for i, s in enumerate(x.shape) if keepdim or i not in axes]
     return _empty(shape, x)
+
+
+def _log_softmax(x: torch.Tensor, dim: Any = None, _stacklevel: int = 3, dtype: Any = None) -> torch.Tensor | None:
+    """``log_softmax(x, dim)`` along a dim of ``x``, without a cast (``dtype``); None for anything else."""
+    if dtype is not None or not isinstance(dim, int) or isinstance(dim, bool) or not -x.dim() <= dim < x.dim():
+        return None
+    return _empty(x.shape, x)
+
+
+def _prelu(x: torch.Tensor, weight: Any = None, **rest: Any) -> torch.Tensor | None:
+    """``prelu(x, weight)`` of meta slopes of ``x``'s type: one, or a vector of one per channel (dim 1)."""
+    if rest or not isinstance(weight, torch.Tensor) or not weight.is_meta or weight.dtype != x.dtype \
+            or weight.dim() > 1:
+        return None
+    return _empty(x.shape, x) if weight.numel() == 1 or x.dim() >= 2 and x.shape[1] == weight.numel() else None
 
 
 def _adaptive_pool(x: torch.Tensor, size: Any) -> torch.Tensor | None:

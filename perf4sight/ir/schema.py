@@ -58,6 +58,13 @@ OPS: Dict[str, Tuple[str, ...]] = {
     "instancenorm": ("num_features",),
     "hardtanh": ("min_val", "max_val"),  # x clamped to [min_val, max_val] (ReLU6, [0, 6], is the op relu6)
     "softmax": ("dim",),  # exp(x) / sum(exp(x)) along dim (counting the batch: 1 = channels; never the batch)
+    "log_softmax": ("dim",),  # x - log(sum(exp(x))) along dim, as softmax's dim (a loss's own is not a node)
+    # x where x > 0, else a * x, a learnt slope: one (num_parameters 1) or one per channel of a [C, ...] input
+    # (num_parameters = C); torch's PReLU, SRGAN's and EDSR's activation
+    "prelu": ("num_parameters",),
+    # each channel of each sample of a [C, H, W] map zeroed with probability p in training, the others scaled by
+    # 1 / (1 - p) (Dropout2d); as dropout's, a training step's, traced in eval mode where it is the identity
+    "dropout2d": ("p",),
     "scale": ("shape",),  # times a learnt tensor of this shape (ConvNeXt's layer scale), broadcast
     "shift": ("shape",),  # plus a learnt tensor of this shape (a vision transformer's position embedding), broadcast
     "token": ("shape", "dim"),  # a learnt tensor of this shape put before the input along dim (the class token)
@@ -102,7 +109,7 @@ _POSITIVE: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("in_channels", "out_channels", "groups"), "linear": ("in_features", "out_features"),
     "batchnorm2d": ("num_features",), "groupnorm": ("num_groups", "num_channels"),
     "instancenorm": ("num_features",),
-    "softmax": ("dim",),
+    "softmax": ("dim",), "log_softmax": ("dim",), "prelu": ("num_parameters",),
     "attention": ("embed_dim", "num_heads"),
     "window_attention": ("embed_dim", "num_heads"), "group_attention": ("embed_dim", "num_heads"),
     "conv_transpose2d": ("in_channels", "out_channels", "groups"),
@@ -128,7 +135,7 @@ _FLAGS: Dict[str, Tuple[str, ...]] = {
 #: Op -> attributes that must be numbers where given: (name, least, most); None: no bound. A dropout's
 #: probabilities lie in [0, 1]; a norm's eps is at least 0 (torch takes 0).
 _NUMBERS: Dict[str, Tuple[Tuple[str, Any, Any], ...]] = {
-    "dropout": (("p", 0, 1),), "attention": (("dropout", 0, 1),),
+    "dropout": (("p", 0, 1),), "dropout2d": (("p", 0, 1),), "attention": (("dropout", 0, 1),),
     "window_attention": (("dropout", 0, 1), ("attention_dropout", 0, 1)),
     "batchnorm2d": (("eps", 0, None), ("momentum", 0, 1)), "layernorm": (("eps", 0, None),),
     "groupnorm": (("eps", 0, None),),
@@ -485,7 +492,8 @@ class NetworkDescription:
 
 def count_params(desc: NetworkDescription) -> int:
     """Trainable parameters implied by the nodes (conv, batch, layer and group norm unless not affine, an instance
-    norm where affine, linear, attention, and the learnt tensors of scale, shift and token), as the schema defines."""
+    norm where affine, linear, attention, a PReLU's slopes, and the learnt tensors of scale, shift and token), as the
+    schema defines."""
     total = 0
     for n in desc.nodes:
         a = n.attrs
@@ -499,6 +507,8 @@ def count_params(desc: NetworkDescription) -> int:
             total += 2 * a["num_channels"]
         elif n.op == "instancenorm" and a.get("affine", False):
             total += 2 * a["num_features"]
+        elif n.op == "prelu":  # its slopes
+            total += a["num_parameters"]
         elif n.op == "linear":
             total += a["in_features"] * a["out_features"] + (a["out_features"] if a["bias"] else 0)
         elif n.op == "layernorm" and a.get("elementwise_affine", True):

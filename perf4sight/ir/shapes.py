@@ -23,7 +23,8 @@ ARITY: Dict[str, Tuple[int, Optional[int]]] = {
                                       "unsqueeze", "select", "narrow", "transpose", "mean", "permute",
                                       "layernorm", "groupnorm", "scale", "shift", "token", "attention",
                                       "window_attention", "patch_merge", "interpolate", "group_attention",
-                                      "conv_transpose2d", "instancenorm", "softmax")},
+                                      "conv_transpose2d", "instancenorm", "softmax", "log_softmax", "prelu",
+                                      "dropout2d")},
     **{op: (1, 1) for op in ("pad", "pixel_shuffle", "pixel_unshuffle")},
 }
 
@@ -198,7 +199,13 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
         if len(x) != 3 or x[0] != a["num_features"]:
             return f"num_features {a['num_features']} needs a [{a['num_features']}, height, width] input, got {x}"
         return x
-    if op == "softmax":
+    if op == "prelu":  # one slope, or one per channel (torch's dim 1: the first after the batch)
+        if a["num_parameters"] != 1 and (len(x) < 1 or x[0] != a["num_parameters"]):
+            return f"num_parameters {a['num_parameters']} is neither 1 nor the channels of its input {x}"
+        return x
+    if op == "dropout2d":  # Dropout2d's: a [C, H, W] map, a channel of each sample at a time
+        return x if len(x) == 3 else f"drops channels of a [channels, height, width] input, got {x}"
+    if op in ("softmax", "log_softmax"):
         if _axis(int(a["dim"]), len(x)) is None:
             return f"dim {a['dim']} is not a dimension of its input {x} after the batch"
         return x
