@@ -58,13 +58,14 @@ class _Views(torch.nn.Module):
     adaptivemaxpool2d, select, mean, silu, leaky_relu (in place), elu, mish (in place), softplus (torch's
     defaults, which ONNX's Softplus is), groupnorm, conv_transpose2d (without a bias, with an output padding),
     instancenorm (affine), hardtanh, softmax, pixel_unshuffle (of one channel, which ONNX's SpaceToDepth is),
-    pixel_shuffle and pads of each mode."""
+    pixel_shuffle, pads of each mode, prelu (a slope per channel), dropout2d and log_softmax."""
 
     def __init__(self):
         super().__init__()
         self.gray, self.widen = torch.nn.Conv2d(3, 1, 1), torch.nn.Conv2d(4, 12, 1)
         self.conv, self.norm = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.GroupNorm(2, 8, eps=1e-3)
         self.inorm = torch.nn.InstanceNorm2d(8, eps=1e-4, affine=True)
+        self.prelu, self.drop = torch.nn.PReLU(8), torch.nn.Dropout2d(0.1)
         self.pool = torch.nn.AvgPool2d(2)
         self.up = torch.nn.ConvTranspose2d(8, 8, 3, stride=2, padding=1, output_padding=1, bias=False)
         self.amax = torch.nn.AdaptiveMaxPool2d(2)
@@ -74,11 +75,11 @@ class _Views(torch.nn.Module):
         x = torch.nn.functional.pixel_shuffle(self.widen(torch.nn.functional.pixel_unshuffle(self.gray(x), 2)), 2)
         x = torch.nn.functional.pad(torch.nn.functional.pad(x, (1, 1, 1, 1), mode="reflect"), (0, 1, 1, 0), "replicate")
         x = torch.nn.functional.pad(x, (1, 0, 0, 1), value=0.5)
-        y = self.up(self.norm(self.inorm(self.conv(x))))
+        y = self.up(self.norm(self.inorm(self.drop(self.prelu(self.conv(x))))))
         y = torch.tanh(self.pool(torch.nn.functional.gelu(y))).transpose(2, 3)[:, :, 1:3]
         y = self.amax(torch.squeeze(torch.unsqueeze(torch.nn.functional.leaky_relu(y, 0.2, True), 1), 1))[:, :, :, 0]
         y = torch.nn.functional.mish(torch.nn.functional.elu(y.mean(2), 0.5), True)
-        y = torch.nn.functional.hardtanh(torch.nn.functional.softplus(y).softmax(-1), -0.5, 0.5)
+        y = torch.nn.functional.hardtanh(torch.nn.functional.softplus(y).softmax(-1).log_softmax(1), -0.5, 0.5)
         return self.fc(torch.nn.functional.silu(y))
 
 
@@ -127,7 +128,8 @@ def test_foreign_reading_rebuilds_the_same_network(name):
     views = [n for n in desc.nodes
              if n.op in ("reshape", "flatten", "squeeze", "unsqueeze", "transpose", "select", "narrow", "permute",
                          "layernorm", "groupnorm", "scale", "shift", "token", "attention", "conv_transpose2d",
-                         "instancenorm", "hardtanh", "softmax", "pad", "pixel_shuffle", "pixel_unshuffle")]
+                         "instancenorm", "hardtanh", "softmax", "pad", "pixel_shuffle", "pixel_unshuffle", "prelu",
+                         "dropout2d", "log_softmax")]
     assert views and all(back.node(n.name).attrs == n.attrs for n in views)
     assert network_features(back).per_sample == network_features(desc).per_sample
     assert _output_shape(back) == _output_shape(desc) == [2, 10]
@@ -235,6 +237,33 @@ def test_an_onnx_clip_of_one_bound_is_refused_by_name(args):
                   ("clip", "Clip", args, [2, 8, 4, 4], [2, 8, 4, 4])])
     with pytest.raises(UserError, match=r"a Clip of one bound \((min -2.5|max 6.0); ONNX leaves the other unbounded"):
         graph_to_description(g, "foreign", "foreign.pkl")
+
+
+def test_onnx_prelu_and_log_softmax_are_read():
+    """ONNX's PRelu (its slopes an initializer: as many as its weight_size holds floats, one where it gives none) is
+    a prelu, its slopes counted; LogSoftmax's axis counts the batch (the last where left out); a PRelu whose
+    weight_size is no whole number of floats is refused, naming the node."""
+    import networkx as nx
+
+    def graph(slopes_bytes):
+        g = nx.DiGraph(source="another tool")
+        shape = {"batch_size": 2, "input_shape": [2, 8, 4, 4], "output_shape": [2, 8, 4, 4]}
+        feature = {"conv": ("Conv", {"kernel_shape": [1, 1], "group": 1}, {**shape, "input_shape": [2, 3, 4, 4]}),
+                   "act": ("PRelu", {}, {**shape, "weight_size": slopes_bytes}), "one": ("PRelu", {}, shape),
+                   "scores": ("LogSoftmax", {"axis": 1}, shape), "rows": ("LogSoftmax", {}, shape)}
+        for i, (name, (onnx, args, info)) in enumerate(feature.items()):
+            g.add_node(name, feature={"type": onnx, "args": args, "memory_info": info})
+            if i:
+                g.add_edge(list(feature)[i - 1], name)
+        return g
+
+    desc, _ = graph_to_description(graph(8 * 4), "foreign", "foreign.pkl")
+    assert [(n.op, n.attrs) for n in desc.nodes[2:]] == [
+        ("prelu", {"num_parameters": 8}), ("prelu", {"num_parameters": 1}), ("log_softmax", {"dim": 1}),
+        ("log_softmax", {"dim": 3})]
+    assert desc.params == 3 * 8 + 8 + 8 + 1
+    with pytest.raises(UserError, match="node 'act'.*no whole number of float32 slopes"):
+        graph_to_description(graph(10), "foreign", "foreign.pkl")
 
 
 def _foreign(nodes: list[tuple[str, str, dict, list[int], list[int]]]):

@@ -84,6 +84,10 @@ ONNX_TO_OP: dict[str, str] = {
     # torch's pixel_shuffle is ONNX's DepthToSpace of mode CRD; its pixel_unshuffle orders the channels as no ONNX
     # op does (SpaceToDepth puts each block's pixels outermost), but for one channel, where the two agree
     "Pad": "pad", "DepthToSpace": "pixel_shuffle", "SpaceToDepth": "pixel_unshuffle",
+    "PRelu": "prelu", "LogSoftmax": "log_softmax",
+    # ONNX has no dropout of whole channels (its Dropout drops elements; torch's exporter leaves Dropout2d out, as
+    # eval mode runs it): a type of this tool's own, which keeps the round trip exact
+    "Dropout2d": "dropout2d",
 }
 #: Our op -> ONNX op type. Five of ours share a type with another: ``permute`` is a ``Transpose`` of more than two
 #: axes; ``scale``, ``shift`` and ``token`` are a ``Mul``, an ``Add`` and a ``Concat`` with a learnt tensor (an ONNX
@@ -476,13 +480,15 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
     if op == "hardtanh":  # ONNX's Clip of min and max (torch's -1 and 1 where one is left out)
         low, high = args.get("min_val", args.get("min", -1.0)), args.get("max_val", args.get("max", 1.0))
         return {"min_val": _number(low, f"{where} min"), "max_val": _number(high, f"{where} max")}
-    if op == "softmax":  # ONNX's Softmax: axis counts the batch (-1, the last, where not given)
+    if op == "prelu":  # ONNX's PRelu: its slopes an input (an initializer), counted by the node's weight_size
+        return {"num_parameters": num("num_parameters", default=_slopes(weight_bytes, where))}
+    if op in ("softmax", "log_softmax"):  # ONNX's (Log)Softmax: axis counts the batch (-1, the last, where not given)
         axis = int(_number(args.get("dim", args.get("axis", -1)), f"{where} axis"))
         return {"dim": axis % (len(in_shapes[0]) + 1)}
     if op == "mean":
         return {"dims": _ints(args.get("dims", args.get("axes", [2, 3])), where),
                 "keepdim": flag("keepdim", False, "keepdims")}
-    if op == "dropout":
+    if op in ("dropout", "dropout2d"):
         return {"p": _number(args.get("p", args.get("ratio", 0.5)), where)}
     if op == "leaky_relu":  # ONNX's LeakyRelu: its slope is alpha, 0.01 where not given
         return {"negative_slope": _number(args.get("negative_slope", args.get("alpha", 0.01)), f"{where} alpha")}
@@ -498,6 +504,20 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
     if op in ("pixel_shuffle", "pixel_unshuffle"):
         return _shuffle_attrs(op, args, in_shapes[0], out, where)
     return {}
+
+
+#: Bytes of a PRelu's slope (float32).
+_BYTES_PER_SLOPE = 4
+
+
+def _slopes(weight_bytes: Any, where: str) -> int:
+    """A PRelu's slopes, from its ``weight_size`` (float32 bytes); one where the node gives none."""
+    if weight_bytes is None:
+        return 1
+    size = _number(weight_bytes, f"{where} weight_size")
+    if size <= 0 or size % _BYTES_PER_SLOPE:
+        raise UserError(f"{where}: a PRelu's weight_size {weight_bytes!r} is no whole number of float32 slopes")
+    return int(size // _BYTES_PER_SLOPE)
 
 
 #: ONNX's Pad modes -> ours ("wrap", a circular pad, has none).
