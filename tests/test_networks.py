@@ -1350,3 +1350,42 @@ def test_a_network_with_a_pixel_shuffle_is_refused_by_name_as_unprunable(unshuff
     name = "pixel_unshuffle" if unshuffle else "pixel_shuffle"
     with pytest.raises(Unprunable, match=rf"^espcn: a network with a {name} cannot be pruned"):
         PruningPlan(module, [3, 16, 16], network="espcn")
+
+
+class _SrganBlock(nn.Module):
+    """An SRGAN generator's pattern: a convolution and a PReLU of one slope per channel (the stem), residual blocks
+    of convolution, PReLU per channel, convolution added back, a PReLU of one slope shared by every channel, then a
+    convolution and an up-sampling (not a pixel shuffle, which makes a network unprunable)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.PReLU(32))
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Conv2d(32, 32, 3, padding=1), nn.PReLU(32),
+                                                  nn.Conv2d(32, 32, 3, padding=1)) for _ in range(2))
+        self.shared = nn.PReLU()
+        self.up = nn.Sequential(nn.Conv2d(32, 8, 3, padding=1), nn.Upsample(scale_factor=2), nn.Conv2d(8, 3, 1))
+
+    def forward(self, x):
+        y = self.stem(x)
+        for block in self.blocks:
+            y = y + block(y)
+        return self.up(self.shared(y))
+
+
+def test_a_prelu_with_a_slope_per_channel_is_pruned_with_its_convolution() -> None:
+    """A PReLU of one slope per channel loses the slopes of the channels its convolution loses (torch-pruning's
+    PReLU pruner), and one of a single slope keeps it; the variant at level 30 runs, describes with the
+    parameters the plan says, counted from the layers' sizes (a PReLU's slopes as a batch norm's weight)."""
+    torch.manual_seed(0)
+    plan = PruningPlan(_SrganBlock(), [3, 8, 8], network="srgan")
+    assert plan._fast_count is not None
+    pruned = plan.prune(30)
+    m = pruned.module
+    assert m.stem[1].num_parameters == m.stem[1].weight.numel() == m.stem[0].out_channels < 32
+    assert all(b[1].num_parameters == b[1].weight.numel() == b[0].out_channels < 32 for b in m.blocks)
+    assert m.shared.weight.numel() == 1 and abs(pruned.achieved_level - 30) < 2
+    assert m(torch.randn(2, 3, 8, 8)).shape == (2, 3, 16, 16)
+    desc = describe(m, [3, 8, 8], "srgan_l30")
+    assert desc.params == pruned.params == sum(p.numel() for p in m.parameters())
+    assert [n.attrs["num_parameters"] for n in desc.nodes if n.op == "prelu"] == [
+        m.stem[1].num_parameters, m.blocks[0][1].num_parameters, m.blocks[1][1].num_parameters, 1]

@@ -345,6 +345,8 @@ def _params_after(m: nn.Module, r_out: int, r_in: int) -> int | None:
         return (m.num_features - max(r_out, r_in)) * len(own)
     if type(m) is nn.GroupNorm:
         return (m.num_channels - max(r_out, r_in)) * len(own)
+    if type(m) is nn.PReLU:  # a slope per channel, cut with them (torch-pruning's PReLU pruner); one slope stays
+        return m.num_parameters if m.num_parameters == 1 else (m.num_parameters - max(r_out, r_in)) * len(own)
     if type(m) is nn.Linear:
         out, cin = m.out_features - r_out, m.in_features - r_in
         return out * cin + bias * out
@@ -369,8 +371,8 @@ def make_counter(groups: list[CoupledGroup], model: nn.Module) -> Callable[[list
     """A fast ``counts -> parameters removed`` function for ordered groups, or None if it cannot be exact.
 
     Exact when every touched layer is a Conv2d, an ungrouped ConvTranspose2d, a BatchNorm2d, InstanceNorm2d or
-    GroupNorm, a Linear or a LayerNorm over one dimension (or has no parameters), or a parameter outside any layer,
-    and no two groups cut the same channel of the same dimension.
+    GroupNorm, a PReLU, a Linear or a LayerNorm over one dimension (or has no parameters), or a parameter outside any
+    layer, and no two groups cut the same channel of the same dimension.
     """
     modules = dict(model.named_modules())
     seen: dict[tuple[str, Handler], set[int]] = {}
