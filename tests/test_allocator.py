@@ -620,6 +620,35 @@ def test_allocation_model_writes_down_pads_and_pixel_shuffles_as_traced():
             "aten.pixel_shuffle.default", "aten.pixel_unshuffle.default", "aten.constant_pad_nd.default"} <= kernels
 
 
+def test_a_convolution_padding_other_than_zeros_is_written_down_as_torch_runs_it():
+    """A convolution padding by reflection or replication is described as the pad torch runs first and the
+    convolution after it (one of a padding of nothing too: torch copies its input by the pad): the allocation model
+    writes down what the trace of the rebuilt module records, and that is what torch records for the module itself,
+    every step's events (a description of the convolution alone, as one of a padding of nothing was, leaves the
+    copy out)."""
+    import torch
+    from torch import nn
+
+    from perf4sight.features.alloc_trace import _OptimizerStep, _trace
+    from perf4sight.features.optimizers import PERF4SIGHT_MOMENTUM
+    from perf4sight.ir.from_torch import describe
+
+    torch.manual_seed(0)
+    original = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1, padding_mode="reflect"), nn.ReLU(inplace=True),
+        nn.Conv2d(8, 8, (3, 4), padding="same", padding_mode="replicate"), nn.Tanh(),
+        nn.Conv2d(8, 6, 3, stride=2, padding_mode="reflect", bias=False), nn.Flatten(), nn.Linear(6 * 7 * 7, 5))
+    desc = describe(original, [3, 16, 16], "reflected")
+    assert [n.attrs["mode"] for n in desc.nodes if n.op == "pad"] == ["reflect", "replicate", "reflect"]
+    model, traced = record_events(desc, 3, steps=3, method="model"), record_events(desc, 3, steps=3, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+    rebuilt = record_events(desc, 3, steps=3, fast=False)
+    step = _OptimizerStep("sgd", 0.1, PERF4SIGHT_MOMENTUM, None)
+    own = _trace(original.to("meta").train(), desc, 3, 3, step, {}, False)
+    assert _as_replayed(own) == _as_replayed(rebuilt) == _as_replayed(traced)
+    assert sum(op == "aten.reflection_pad2d.default" for _, _, _, op in own) == 2 * 3
+
+
 def test_allocation_model_on_generated_networks():
     from perf4sight.networks.generator import STYLES, GeneratorSettings, generate
     descs = generate(GeneratorSettings(count=10, seed=11), [3, 32, 32], 10)

@@ -829,14 +829,49 @@ def test_a_flatten_that_stops_before_the_last_dimension_is_a_reshape(how):
     assert [(n.op, n.attrs) for n in whole.nodes][-1] == ("flatten", {"start_dim": 1})
 
 
-def test_a_convolution_padding_other_than_zeros_is_refused():
-    """A convolution padding by reflection was described as padding zeros: refused with one line naming the node
-    (without padding it computes the same, and is described)."""
+class _PaddedConvs(nn.Module):
+    """Convolutions padding other than with zeros (a style-transfer or CycleGAN network's): by reflection, by
+    replication with two paddings, ``'same'`` with a kernel of an even side (torch pads one more at its right), by
+    reflection of nothing; and a module named as the first one's pad would be (its name taken)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = nn.Conv2d(3, 8, 3, padding=1, padding_mode="reflect")
+        self.c_pad = nn.Conv2d(8, 8, (5, 3), padding=(2, 1), padding_mode="replicate", bias=False)
+        self.same = nn.Conv2d(8, 6, (3, 4), padding="same", padding_mode="reflect", dilation=(2, 1))
+        self.unpadded = nn.Conv2d(6, 4, 3, stride=2, padding_mode="reflect")
+
+    def forward(self, x):
+        return self.unpadded(torch.relu(self.same(torch.tanh(self.c_pad(self.c(x))))))
+
+
+def test_a_convolution_padding_other_than_zeros_is_a_pad_then_the_convolution():
+    """A convolution padding by reflection was refused (as one padding with zeros it would compute something else).
+    It is what torch runs (``_conv_forward``): a ``pad`` of its mode by its padding ([left, right, top, bottom]:
+    ``'same'`` of an even kernel one more at the right), then the convolution padding nothing; one of a padding of
+    nothing still copies its input by a pad. The rebuilt module computes what the module computes, with its
+    parameters, and describes back to the same ops; a circular one is refused by name."""
+    torch.manual_seed(0)
+    original = _PaddedConvs().eval()
+    desc = NetworkDescription.from_dict(describe(original, [3, 10, 9], name="padded").to_dict())
+    assert [(n.name, n.op, n.inputs, n.attrs.get("pads", n.attrs.get("padding")), n.attrs.get("mode"),
+             n.output_shape) for n in desc.nodes if n.op in ("pad", "conv2d")] == [
+        ("c_pad_1", "pad", ["input"], [1, 1, 1, 1], "reflect", [3, 12, 11]),
+        ("c", "conv2d", ["c_pad_1"], [0, 0], None, [8, 10, 9]),
+        ("c_pad_pad", "pad", ["c"], [1, 1, 2, 2], "replicate", [8, 14, 11]),
+        ("c_pad", "conv2d", ["c_pad_pad"], [0, 0], None, [8, 10, 9]),
+        ("same_pad", "pad", ["tanh"], [1, 2, 2, 2], "reflect", [8, 14, 12]),
+        ("same", "conv2d", ["same_pad"], [0, 0], None, [6, 10, 9]),
+        ("unpadded_pad", "pad", ["relu"], [0, 0, 0, 0], "reflect", [6, 10, 9]),
+        ("unpadded", "conv2d", ["unpadded_pad"], [0, 0], None, [4, 4, 4])]
+    assert desc.params == sum(p.numel() for p in original.parameters())
+    _assert_same_function(desc, original, [3, 10, 9])
+    again = describe(build_module(desc), [3, 10, 9], name="padded")
+    assert [(n.op, n.attrs) for n in again.nodes] == [(n.op, n.attrs) for n in desc.nodes]
     with pytest.raises(UserError, match=r"cannot describe node _0 \(ValueError: a convolution with "
-                                        r"padding_mode='reflect' has no description op") as exc:
-        describe(nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect")), [3, 8, 8], name="pad")
+                                        r"padding_mode='circular' has no description op") as exc:
+        describe(nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, padding_mode="circular")), [3, 8, 8], name="pad")
     assert "\n" not in str(exc.value)
-    describe(nn.Sequential(nn.Conv2d(3, 4, 3, padding_mode="reflect")), [3, 8, 8], name="unpadded")
 
 
 def test_a_gelu_of_the_tanh_approximation_is_kept():

@@ -1389,3 +1389,64 @@ def test_a_prelu_with_a_slope_per_channel_is_pruned_with_its_convolution() -> No
     assert desc.params == pruned.params == sum(p.numel() for p in m.parameters())
     assert [n.attrs["num_parameters"] for n in desc.nodes if n.op == "prelu"] == [
         m.stem[1].num_parameters, m.blocks[0][1].num_parameters, m.blocks[1][1].num_parameters, 1]
+
+
+_REFLECTED = '''
+import torch
+from torch import nn
+
+
+class Reflected(nn.Module):
+    """A style-transfer network's pattern: convolutions padding by reflection (a 7x7 stem, a residual block) or
+    replication, instance norms, in-place ReLUs, a tanh."""
+
+    def __init__(self, num_classes: int = 3) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 7, padding=3, padding_mode="reflect"),
+                                  nn.InstanceNorm2d(16, affine=True), nn.ReLU(inplace=True))
+        self.body = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, padding_mode="reflect"),
+                                  nn.InstanceNorm2d(16, affine=True), nn.ReLU(inplace=True),
+                                  nn.Conv2d(16, 16, 3, padding=1, padding_mode="replicate"), nn.InstanceNorm2d(16))
+        self.head = nn.Conv2d(16, num_classes, 3, padding=1, padding_mode="reflect")
+
+    def forward(self, x):
+        y = self.stem(x)
+        return torch.tanh(self.head(y + self.body(y)))
+
+
+def reflected(num_classes: int = 3) -> nn.Module:
+    return Reflected(num_classes)
+'''
+
+
+def test_stage_prunes_a_network_whose_convolutions_pad_by_reflection(tmp_path: Path) -> None:
+    """A factory's network of convolutions padding by reflection or replication (a style-transfer network's) stopped
+    the networks stage: describe refused such a convolution. Its level 0 and 30 are made: each convolution a pad of
+    its mode then the convolution, the pruned one's narrower, its parameters those the pruned module holds, each
+    description rebuilt to a module that runs its training step at the input shape."""
+    (tmp_path / "models" / "imagenet").mkdir(parents=True)
+    (tmp_path / "models" / "imagenet" / "style.py").write_text(_REFLECTED)
+    (tmp_path / "config.toml").write_text(
+        '[networks]\nzoo = []\nfactories = ["style:reflected"]\ninput_shape = [3, 16, 16]\nnum_classes = 3\n'
+        '[networks.pruning]\nlevels = [0, 30]\n[networks.generator]\ncount = 0\n')
+    cfg = load_config(tmp_path / "config.toml")
+    rows = make_networks(cfg).rows
+    assert [r["network"] for r in rows] == ["reflected_l0", "reflected_l30"]
+    descs = [load_description(tmp_path / "models" / r["path"]) for r in rows]
+    for desc in descs:
+        pads = [n for n in desc.nodes if n.op == "pad"]
+        assert [(p.attrs["mode"], p.attrs["pads"]) for p in pads] == [
+            ("reflect", [3, 3, 3, 3]), ("reflect", [1] * 4), ("replicate", [1] * 4), ("reflect", [1] * 4)]
+        assert all(desc.node(n.inputs[0]).op == "pad" and n.attrs["padding"] == [0, 0] for n in desc.nodes
+                   if n.op == "conv2d")
+        model = build_module(desc)
+        assert sum(p.numel() for p in model.parameters()) == desc.params
+        out = model(torch.randn(2, 3, 16, 16))
+        assert out.shape == (2, 3, 16, 16)
+        out.square().mean().backward()
+        assert all(p.grad is not None for p in model.parameters())
+    full, pruned = descs
+    assert abs(float(rows[1]["achieved_level"]) - 30) <= 2 and pruned.params < full.params
+    assert pruned.params == int(rows[1]["params"])
+    assert [n.attrs["out_channels"] for n in pruned.nodes if n.op == "conv2d"][-1] == 3
+    assert any(n.attrs["out_channels"] < 16 for n in pruned.nodes if n.op == "conv2d")

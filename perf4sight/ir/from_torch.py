@@ -58,13 +58,27 @@ def _padding(m: nn.Conv2d) -> list[int]:
 
 
 def _conv(m: nn.Conv2d) -> tuple[str, dict]:
-    padding = _padding(m)
-    if m.padding_mode != "zeros" and any(padding):
-        raise ValueError(f"a convolution with padding_mode='{m.padding_mode}' has no description op (a conv2d pads "
-                         "with zeros); pad with zeros or not at all")
+    """``nn.Conv2d``; one padding other than with zeros (``padding_mode``) pads first (:func:`_conv_pad`), the
+    convolution itself then padding nothing, as torch runs it."""
+    _conv_pad(m)  # a circular padding refused here, by name
+    padding = _padding(m) if m.padding_mode == "zeros" else [0, 0]
     return "conv2d", {"in_channels": m.in_channels, "out_channels": m.out_channels,
                       "kernel_size": _pair(m.kernel_size), "stride": _pair(m.stride), "padding": padding,
                       "dilation": _pair(m.dilation), "groups": m.groups, "bias": m.bias is not None}
+
+
+def _conv_pad(m: nn.Conv2d) -> tuple[str, dict] | None:
+    """The ``pad`` a convolution padding other than with zeros runs before it (torch's ``_conv_forward``: ``F.pad`` of
+    its ``_reversed_padding_repeated_twice``, [left, right, top, bottom], in its ``padding_mode``, then the
+    convolution of padding 0; ``'same'`` pads more at the right and bottom where the dilated kernel is even; a padding
+    of nothing still copies the input); None for a convolution padding with zeros. A circular one is refused."""
+    if m.padding_mode == "zeros":
+        return None
+    try:
+        return _pad_attrs(m._reversed_padding_repeated_twice, m.padding_mode, None)
+    except ValueError:
+        raise ValueError(f"a convolution with padding_mode='{m.padding_mode}' has no description op (it pads first, "
+                         f"and a pad op pads in mode {', '.join(PAD_MODES)}); pad with one of those") from None
 
 
 def _conv_transpose_attrs(cin: int, cout: int, kernel: Any, stride: Any, padding: Any, output_padding: Any,
@@ -1108,8 +1122,28 @@ def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, s
         raise UserError(f"{where}: {op} (node {n.name}) makes a first dimension of {batch} of the batch of "
                         f"{_TRACE_BATCH} images it was traced with: it works along the batch dimension (dim 0), which "
                         "a description keeps first and whole")
+    first = _padded_first(n, gm, tensor_inputs)
+    if first is not None:
+        out, tensor_inputs = out + [first], [first.name]
     alias[n.name] = n.name
     return out + [Node(n.name, op, tensor_inputs, attrs, shape)]
+
+
+def _padded_first(n: fx.Node, gm: fx.GraphModule, inputs: list[str]) -> Node | None:
+    """The ``pad`` node that a convolution ``n`` padding other than with zeros runs first (:func:`_conv_pad`), reading
+    ``inputs``; named after the convolution, apart from every node of the trace; None for any other node."""
+    m = gm.get_submodule(n.target) if n.op == "call_module" else None
+    made = _conv_pad(m) if isinstance(m, nn.Conv2d) else None
+    if made is None:
+        return None
+    op, attrs = made
+    left, right, top, bottom = attrs["pads"]
+    c, h, w = (int(v) for v in n.args[0].meta["tensor_meta"].shape[1:])
+    taken = {x.name for x in gm.graph.nodes}
+    name, i = f"{n.name}_pad", 1
+    while name in taken:
+        name, i = f"{n.name}_pad_{i}", i + 1
+    return Node(name, op, inputs, attrs, [c, h + top + bottom, w + left + right])
 
 
 def _is_attention(source: Any, gm: fx.GraphModule) -> bool:
