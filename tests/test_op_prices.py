@@ -16,7 +16,7 @@ from perf4sight.features.priced_ops import check_prices, load_op_prices, prices_
 from perf4sight.features.step_runtime import StepRuntime
 from perf4sight.ir.from_torch import describe
 from perf4sight.ir.schema import save_description
-from perf4sight.profiling.op_prices import PRICED_OPS, SIDES, measure_prices
+from perf4sight.profiling.op_prices import MIN_SIDE, PRICED_OPS, SIDES, measure_prices
 from perf4sight.profiling.plan import TestPlan, save_plan
 from perf4sight.profiling.runner import run_plan
 
@@ -129,3 +129,57 @@ def test_only_a_cpu_device_that_asks_prices_its_ops(tmp_path):
     cfg = load_config(config)
     assert make_plan(cfg, "here", [net]).op_prices_output == "op_prices.json"
     assert make_plan(cfg, "gpu", [net]).op_prices_output == ""
+
+
+#: The ops measured from 2026-11-29, each with the op a table measured before prices it as.
+NEW_OPS = {"elu": "sigmoid", "softplus": "sigmoid", "mish": "silu", "softmax": "sigmoid",
+           "instancenorm": "batchnorm2d", "groupnorm": "batchnorm2d", "pad": "relu", "pad_reflect": "relu",
+           "pad_replicate": "relu", "pixel_shuffle": "relu", "pixel_unshuffle": "relu"}
+
+
+def every_new_op() -> nn.Module:
+    """A reflection pad, an instance norm, a zero pad, a pixel shuffle (an ESPCN's upsampling), a replication pad,
+    an unshuffle, a softmax over the channels, a group norm, elu, softplus and mish, between two convolutions."""
+    return nn.Sequential(nn.ReflectionPad2d(1), nn.Conv2d(3, 8, 3), nn.InstanceNorm2d(8), nn.ReLU(), nn.ZeroPad2d(1),
+                         nn.Conv2d(8, 12, 3), nn.PixelShuffle(2), nn.ReplicationPad2d(1), nn.PixelUnshuffle(2),
+                         nn.Softmax(1), nn.GroupNorm(4, 12), nn.ELU(), nn.Softplus(), nn.Mish())
+
+
+def test_the_ops_added_later_are_measured_each_from_the_side_it_runs_at():
+    """Pads (by mode), pixel shuffles, softmax, instance and group norms, elu, softplus and mish are measured on the
+    device, each at the sides it can run at (an instance norm not on 1x1 maps, a reflection not of a 1-pixel side)."""
+    assert set(NEW_OPS) <= set(PRICED_OPS)
+    data = measure_prices(threads=1, ops=list(NEW_OPS))
+    table = check_prices(json.loads(json.dumps(data)), "measured")
+    assert set(table) == set(NEW_OPS) and data["unmeasured"] == []
+    for op, by_side in table.items():
+        assert sorted(by_side) == [s for s in SIDES if s >= MIN_SIDE.get(op, 1)], op
+        assert all(math.isfinite(v) and v >= 0 for v in by_side.values()) and max(by_side.values()) > 0, op
+
+
+def test_an_op_this_torch_lacks_is_left_unmeasured_and_the_others_are_measured(monkeypatch):
+    """A device's older torch (``nn.Mish`` came in 1.9, ``F.pixel_unshuffle`` in 1.8) measures what it has."""
+    import torch.nn.functional as F
+    monkeypatch.delattr(nn, "Mish")
+    monkeypatch.delattr(F, "pixel_unshuffle")
+    data = measure_prices(threads=1, ops=["relu", "mish", "pixel_unshuffle"])
+    assert set(data["ops"]) == {"relu"} and data["unmeasured"] == ["mish", "pixel_unshuffle"]
+
+
+def test_a_table_measured_before_the_ops_were_added_is_measured_again_and_priced_until_then(tmp_path):
+    """The runner measures a table that lacks an op of PRICED_OPS again (the same threads and torch), and one whose
+    torch lacked it stays; the fingerprint stage reads the older table as it is."""
+    from perf4sight.profiling.runner import _prices_current, torch_version
+
+    plan = TestPlan(device="here", networks=[], batch_sizes=[2], threads=1, op_prices_output="op_prices.json")
+    path = tmp_path / "op_prices.json"
+    before = [op for op in PRICED_OPS if op not in NEW_OPS]
+    data = {"format_version": 1, "threads": 1, "torch_version": torch_version(),
+            "ops": {op: {"1": 1.0, "32": 0.5} for op in before}}
+    path.write_text(json.dumps(data))
+    assert not _prices_current(path, plan)
+    assert set(load_op_prices(path)) == set(before)  # still a table of prices to the fingerprint
+    path.write_text(json.dumps(dict(data, unmeasured=list(NEW_OPS))))
+    assert _prices_current(path, plan)
+    path.write_text(json.dumps(dict(data, ops={op: {"1": 1.0} for op in PRICED_OPS})))
+    assert _prices_current(path, plan)

@@ -146,7 +146,7 @@ class TestPlan:
     appended to ``reference_output``; the fingerprint divides the step times by it (0 = no reference).
     ``op_prices_output``: where a CPU device writes the prices of the ops between the convolutions
     (``op_prices.py``), measured once after the sweep (again when the plan's threads or the torch differ from
-    the file's); "" = not measured.
+    the file's, or the file lacks an op measured now); "" = not measured.
     ``retry_errors``: measure again the configurations whose newest row is an ``error`` (a crash, a timeout);
     the new row is appended and counts from then on (``results.latest_rows``), the old one stays.
     """

@@ -612,15 +612,20 @@ def _pinned(plan: TestPlan, plan_path: Path, csv_path: Path) -> Tuple[TestPlan, 
 
 
 def _prices_current(path: Path, plan: TestPlan) -> bool:
-    """Whether ``path`` holds op prices measured as ``plan`` would measure them now (its threads, this torch)."""
+    """Whether ``path`` holds op prices measured as ``plan`` would measure them now (its threads, this torch, each
+    op of ``PRICED_OPS`` measured or found missing from this torch). A table measured before an op was added to
+    ``PRICED_OPS`` is measured again (the fingerprint prices that op as another until then)."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return False
-    from perf4sight.profiling.op_prices import FORMAT_VERSION  # imports no torch
+    from perf4sight.profiling.op_prices import FORMAT_VERSION, PRICED_OPS  # imports no torch
+    if not isinstance(data, dict) or not isinstance(data.get("ops"), dict):
+        return False
     threads = plan.threads or data.get("threads")
-    return (isinstance(data, dict) and data.get("format_version") == FORMAT_VERSION and data.get("threads") == threads
-            and data.get("torch_version") == torch_version())
+    covered = set(data["ops"]) | set(data.get("unmeasured") or ())
+    return (data.get("format_version") == FORMAT_VERSION and data.get("threads") == threads
+            and data.get("torch_version") == torch_version() and covered >= set(PRICED_OPS))
 
 
 def torch_version() -> str:
