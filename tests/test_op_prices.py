@@ -166,6 +166,28 @@ def test_an_op_this_torch_lacks_is_left_unmeasured_and_the_others_are_measured(m
     assert set(data["ops"]) == {"relu"} and data["unmeasured"] == ["mish", "pixel_unshuffle"]
 
 
+def test_the_ops_added_later_take_their_own_price_and_an_older_tables_borrowed_one():
+    desc = describe(every_new_op(), SHAPE, name="every_new_op")
+    priced = [n for n in desc.nodes if n.op not in ("input", "conv2d", "relu")]
+    own = {op: i + 2.0 for i, op in enumerate(NEW_OPS)}  # a price per op, the same at every side
+    old = {"relu": 1.0, "sigmoid": 0.5, "silu": 0.25, "batchnorm2d": 0.125}  # a table measured before 2026-11-29
+    key = {n.name: n.op if n.op != "pad" or n.attrs["mode"] == "constant" else "pad_" + n.attrs["mode"]
+           for n in priced}
+    assert sorted(key.values()) == sorted(NEW_OPS)  # one node of each
+    relu_ns = 8 * 16 * 16 * 1.0  # the ReLU after the instance norm
+
+    def ms(table: dict) -> float:
+        return priced_ms_per_sample(desc, prices_key({op: {s: v for s in SIDES} for op, v in table.items()}))
+
+    elements = {n.name: math.prod(n.output_shape) for n in priced}
+    assert ms({**old, **own}) == pytest.approx(sum(elements[n] * own[key[n]] for n in key) * 1e-6 + relu_ns * 1e-6)
+    assert ms(old) == pytest.approx(sum(elements[n] * old[NEW_OPS[key[n]]] for n in key) * 1e-6 + relu_ns * 1e-6)
+    # a table of a constant pad's price alone (ops measured one by one) prices the other modes as it
+    with_pad = ms({**old, "pad": 16.0})
+    pads = sum(elements[n] for n in key if key[n].startswith("pad"))
+    assert with_pad == pytest.approx(ms(old) + pads * (16.0 - 1.0) * 1e-6)
+
+
 def test_a_table_measured_before_the_ops_were_added_is_measured_again_and_priced_until_then(tmp_path):
     """The runner measures a table that lacks an op of PRICED_OPS again (the same threads and torch), and one whose
     torch lacked it stays; the fingerprint stage reads the older table as it is."""

@@ -4,8 +4,10 @@ The profile measures, on a CPU, what one element of each kind of op costs forwar
 its map (``profiling/op_prices.py``; ``op_prices.json`` beside the device's measurements). Here a description's
 nodes of those kinds are priced: an op's elements (its output's; a global pool's input; a windowed pool's output
 times its window) times the price at the measured side nearest its map's (sqrt of height x width; a token layout
-``[tokens, width]`` by its tokens, a flat vector as side 1). Ops of other kinds (convolutions, linear layers,
-attention, views) cost nothing here: the step-time forms' other terms carry them. Pure Python (no torch).
+``[tokens, width]`` by its tokens, a flat vector as side 1); a pad at its mode's price; an op the table has no price
+of (one the profile does not measure, or measured since the table was) at another op's (:data:`_PRICED_AS`). Ops of
+other kinds (convolutions, linear layers, attention, views) cost nothing here: the step-time forms' other terms
+carry them. Pure Python (no torch).
 """
 from __future__ import annotations
 
@@ -18,18 +20,20 @@ from perf4sight.errors import UserError
 from perf4sight.features.formulas import numel
 from perf4sight.ir.schema import NetworkDescription, Node
 
-__all__ = ["priced_ms_per_sample", "check_prices", "load_op_prices", "prices_key", "prices_table"]
+__all__ = ["priced_ms_per_sample", "priced_as", "check_prices", "load_op_prices", "prices_key", "prices_table"]
 
 #: Pools whose price is per element of their input (a global pool), and those per output element times the window.
 _PER_INPUT = frozenset({"adaptiveavgpool2d", "adaptivemaxpool2d"})
 _PER_WINDOW = frozenset({"maxpool2d", "avgpool2d"})
-#: Ops the profile does not measure, priced as the measured op of the same work per element.
-_PRICED_AS = {"leaky_relu": "relu", "elu": "sigmoid", "softplus": "sigmoid", "mish": "silu",
-              "groupnorm": "batchnorm2d",
-              "instancenorm": "batchnorm2d", "hardtanh": "relu6", "softmax": "sigmoid",
-              # a copy forward and one back (measured on a 2-core CPU: a constant pad 0.4-0.8 ns an element at sides
-              # 8-32, against relu's 0.4-0.5 and cat's 0.1-0.2, whose backward is views)
-              "pad": "relu", "pixel_shuffle": "relu", "pixel_unshuffle": "relu",
+#: Ops priced as another op where the table has no price of their own: those the profile does not measure
+#: (leaky_relu and hardtanh: the same kernels as relu and relu6; prelu, dropout2d and log_softmax, below), and those
+#: measured from 2026-11-29 (``op_prices.PRICED_OPS``), which a table measured before lacks: priced as then (a
+#: reflect or replicate pad as a constant pad where the table has one: a copy forward and one back).
+_PRICED_AS = {"leaky_relu": "relu", "hardtanh": "relu6",
+              "elu": "sigmoid", "softplus": "sigmoid", "mish": "silu", "softmax": "sigmoid",
+              "groupnorm": "batchnorm2d", "instancenorm": "batchnorm2d",
+              "pad_reflect": "pad", "pad_replicate": "pad", "pad": "relu", "pixel_shuffle": "relu",
+              "pixel_unshuffle": "relu",
               # measured on a 2-core CPU, forward and backward at sides 8-32 (ns an element): PReLU 6.0-7.4 (its
               # backward writes the slopes' gradient per element, then sums it) against batch norm's 4.7, relu's 0.5,
               # dropout's 8.3-8.9; Dropout2d, a multiply by a noise per channel, 1.05-1.19 against mul's 0.85-1.23;
@@ -94,6 +98,17 @@ def _price(by_side: tuple[tuple[int, float], ...], side: float) -> float:
     return min(by_side, key=lambda sv: abs(math.log2(sv[0]) - math.log2(max(side, 1.0))))[1]
 
 
+def priced_as(node: Node, table: Mapping[str, Any]) -> str | None:
+    """The op of ``table`` whose price ``node``'s elements take: its own (a pad's by its mode: ``pad``,
+    ``pad_reflect``, ``pad_replicate``), else :data:`_PRICED_AS`'s (in turn); None for an op priced at nothing."""
+    op = node.op
+    if op == "pad" and node.attrs.get("mode", "constant") != "constant":
+        op = f"pad_{node.attrs['mode']}"
+    while op not in table and op in _PRICED_AS:
+        op = _PRICED_AS[op]
+    return op if op in table else None
+
+
 def _elements(node: Node, shapes: dict[str, list[int]]) -> tuple[float, list[int]]:
     """(elements priced, the shape whose map sets the price) of ``node``."""
     if node.op in _PER_INPUT:
@@ -114,8 +129,8 @@ def priced_ms_per_sample(desc: NetworkDescription, op_prices: tuple) -> float:
     shapes = {n.name: n.output_shape for n in desc.nodes}
     ns = 0.0
     for node in desc.nodes:
-        op = _PRICED_AS.get(node.op, node.op)
-        if op not in table:
+        op = priced_as(node, table)
+        if op is None:
             continue
         elements, shape = _elements(node, shapes)
         ns += elements * _price(table[op], _side(node, shape))
