@@ -2062,7 +2062,7 @@ def test_clamps_view_as_and_softmax2d_are_described_and_rebuilt():
     """A clamp to both bounds (torch.clamp, x.clamp, clip), a view_as and nn.Softmax2d were refused as calls without
     a description op; a clamp is the op hardtanh of its range ([0, 6]: relu6), a view_as a reshape to the other
     tensor's shape, a Softmax2d a softmax over the channels, and the rebuilt module computes what the original
-    did. A clamp to one bound, or to a tensor's, is refused with a line that says so."""
+    did. A clamp to a tensor's bounds is refused with a line that says so."""
     torch.manual_seed(0)
     module = _ClampedImageToImage().eval()
     desc = NetworkDescription.from_dict(describe(module, [3, 6, 6], "clamped").to_dict())
@@ -2073,15 +2073,43 @@ def test_clamps_view_as_and_softmax2d_are_described_and_rebuilt():
     assert [n.op for n in desc.nodes].count("relu6") == 1
     _assert_same_function(desc, module, [3, 6, 6])
 
-    class OneBound(nn.Module):
-        def forward(self, x):
-            return x.clamp(min=0.0)
-
     class TensorBounds(nn.Module):
         def forward(self, x):
             low = x.mean((1, 2, 3), keepdim=True)
             return torch.clamp(x, low, low + 1.0)
 
-    for body, match in ((OneBound(), "clamp to one bound"), (TensorBounds(), "clamp to a tensor")):
-        with pytest.raises(UserError, match=match):
-            describe(nn.Sequential(nn.Conv2d(3, 4, 3), body), [3, 6, 6], "bounds")
+    with pytest.raises(UserError, match="clamp to a tensor"):
+        describe(nn.Sequential(nn.Conv2d(3, 4, 3), TensorBounds()), [3, 6, 6], "bounds")
+
+
+class _OneBound(nn.Module):
+    """Clamps to one bound, as users write a ReLU or a cap: x.clamp(min=0), torch.clamp(x, max=1), clamp_min and
+    clamp_max, the method and the function."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(3, 4, 3), nn.Linear(4, 2)
+
+    def forward(self, x):
+        y = self.conv(x)
+        y = y.clamp(min=0.0) + torch.clamp(y, max=1.0) + y.clamp_min(0.5) + torch.clamp_max(y, 2.0)
+        return self.fc(y.mean((2, 3)))
+
+
+def test_a_clamp_to_one_bound_is_a_hardtanh_whose_other_bound_is_the_largest_float32():
+    """A clamp to one bound (x.clamp(min=0), clamp_min, clamp_max) was refused; it is a hardtanh whose other bound is
+    the largest float32, beyond which no float32 lies: the rebuilt module computes what the original did, and the
+    allocation model writes down what torch records for it (the input kept, as a clamp's backward keeps it)."""
+    import numpy as np
+
+    from perf4sight.features.alloc_trace import record_events
+
+    torch.manual_seed(0)
+    module = _OneBound().eval()
+    desc = NetworkDescription.from_dict(describe(module, [3, 6, 6], "one_bound").to_dict())
+    top = float(np.finfo(np.float32).max)
+    assert [(n.attrs["min_val"], n.attrs["max_val"]) for n in desc.nodes if n.op == "hardtanh"] == [
+        (0.0, top), (-top, 1.0), (0.5, top), (-top, 2.0)]
+    _assert_same_function(desc, module, [3, 6, 6])
+    model, traced = record_events(desc, 2, method="model"), record_events(desc, 2, method="trace")
+    assert model == traced

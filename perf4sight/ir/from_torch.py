@@ -561,18 +561,29 @@ def _dropout2d_call(n: fx.Node) -> tuple[str, dict]:
     return "dropout2d", {"p": float(_arg(n, 1, "p", 0.5))}
 
 
+#: The largest float32: the bound a clamp to one bound leaves open (no float32 lies beyond it)
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 def _clamp_call(n: fx.Node) -> tuple[str, dict]:
     """``torch.clamp(x, lo, hi)``, ``x.clamp(lo, hi)``, ``clip``: a hardtanh of ``[lo, hi]`` (the same function and
-    gradient, the input kept for backward as torch keeps it for either); to one bound or a tensor's, ``ValueError``."""
-    low, high = _arg(n, 1, "min"), _arg(n, 2, "max")
+    gradient, the input kept for backward as torch keeps it for either); a clamp to one bound (``x.clamp(min=0)``,
+    ``clamp_min``, ``clamp_max``) the hardtanh whose other bound is the largest float32 (the same for every finite
+    float32); to a tensor's bounds, or to none, ``ValueError``."""
+    name = getattr(n.target, "__name__", n.target)
+    if name in ("clamp_min", "clamp_max"):
+        bound = _arg(n, 1, "min" if name == "clamp_min" else "max")
+        low, high = (bound, None) if name == "clamp_min" else (None, bound)
+    else:
+        low, high = _arg(n, 1, "min"), _arg(n, 2, "max")
     if isinstance(low, fx.Node) or isinstance(high, fx.Node):
         raise ValueError("a clamp to a tensor's bounds has no description op")
-    if low is None or high is None:
-        raise ValueError("a clamp to one bound (x.clamp(min=0)) has no description op: give both bounds")
-    return _hardtanh_attrs(low, high, False)
+    if low is None and high is None:
+        raise ValueError("a clamp to no bound has no description op")
+    return _hardtanh_attrs(-_FLOAT32_MAX if low is None else low, _FLOAT32_MAX if high is None else high, False)
 
 
-for _key in (torch.clamp, torch.clip, "clamp", "clip"):
+for _key in (torch.clamp, torch.clip, "clamp", "clip", torch.clamp_min, torch.clamp_max, "clamp_min", "clamp_max"):
     FUNCTION_OPS[_key] = _clamp_call
 FUNCTION_OPS[F.interpolate] = _interpolate_call
 FUNCTION_OPS[F.instance_norm] = _instance_norm_call
