@@ -381,3 +381,27 @@ def test_the_modules_a_file_imports_are_read_from_its_lines(tmp_path):
                if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module}
     assert _imported_modules(tmp_path / "x.py") == parsed | {"in_a_docstring"}
     assert parsed == {"a", "d", "e", "os", "sys", "k", "l"}
+
+
+@pytest.mark.parametrize("line", ["import torch; import blocks.layers", "try: import blocks\nexcept ImportError: pass",
+                                  "import os, \\\n    blocks", "if True: from blocks.layers import conv",
+                                  "x = 1; from blocks import layers"])
+def test_an_import_after_a_semicolon_a_colon_or_a_continued_line_keys_the_package_it_imports(tmp_path, line):
+    """The parser finds an import that follows another statement on its line (``import torch; import blocks``,
+    ``try: import blocks``) or continues a line (``import os, \\``); the lines' reading missed it, and the package
+    beside the factory that it imports was left out of the factory's code files (its change cached nothing anew)."""
+    import ast
+
+    from perf4sight.networks.factories import Factory, _imported_modules
+
+    (tmp_path / "blocks").mkdir()
+    (tmp_path / "blocks" / "__init__.py").write_text("")
+    (tmp_path / "blocks" / "layers.py").write_text("conv = None\n")
+    source = f"{line}\n\n\ndef net():\n    return None\n"
+    (tmp_path / "net.py").write_text(source)
+    tree = ast.parse(source)
+    parsed = {a.name.partition(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    parsed |= {n.module.partition(".")[0] for n in ast.walk(tree)
+               if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module}
+    assert "blocks" in parsed and _imported_modules(tmp_path / "net.py") >= parsed
+    assert tmp_path / "blocks" / "layers.py" in Factory("net:net", tmp_path / "net.py", "net").code_files

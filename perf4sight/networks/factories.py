@@ -84,8 +84,11 @@ def parse_factory(spec: str, root: Path, models_dir: Path | None = None) -> Fact
     return Factory(spec, path.resolve(), function)
 
 
-#: An import statement's line: ``from MODULE import ...`` or ``import A.B as C, D``
-_IMPORT_LINE = re.compile(rb"^[ \t]*(?:from[ \t]+([\w.]+)[ \t]+import\b|import[ \t]+([^\n#;]+))", re.M)
+#: An import statement: ``from MODULE import ...`` or ``import A.B as C, D``, at a line's start or after a ``;`` or
+#: a ``:`` (``import a; import b``, ``try: import b``, ``if c: from b import d``), read from lines whose continuations
+#: (a ``\`` at the end) are joined (:data:`_CONTINUED`)
+_IMPORT_LINE = re.compile(rb"(?:^|[;:])[ \t]*(?:from[ \t]+([\w.]+)[ \t]+import\b|import[ \t]+([^\n#;]+))", re.M)
+_CONTINUED = re.compile(rb"\\\r?\n")
 
 
 @functools.lru_cache(maxsize=None)
@@ -99,7 +102,7 @@ def _imported_modules(path: Path) -> frozenset[str]:
     except OSError:
         return frozenset()
     names = set()
-    for module, listed in _IMPORT_LINE.findall(data):
+    for module, listed in _IMPORT_LINE.findall(_CONTINUED.sub(b" ", data)):
         if module:  # from X import ...; a relative import (from . import x, from .x import y) names none
             names.add(module.split(b".")[0])
         else:
