@@ -2113,3 +2113,61 @@ def test_a_clamp_to_one_bound_is_a_hardtanh_whose_other_bound_is_the_largest_flo
     _assert_same_function(desc, module, [3, 6, 6])
     model, traced = record_events(desc, 2, method="model"), record_events(desc, 2, method="trace")
     assert model == traced
+
+
+class _LogSoftmaxCast(nn.Module):
+    """A log-softmax that casts, its dtype given in its place (``torch.log_softmax(x, dim, dtype)``, the method's)."""
+
+    def forward(self, x):
+        return torch.log_softmax(x, 1, torch.float64) + x.log_softmax(2, torch.float64)
+
+
+class _DropoutOutOfRange(nn.Module):
+    def forward(self, x):
+        return F.dropout2d(x, 1.5)
+
+
+class _DropoutOfAVector(nn.Module):
+    def forward(self, x):
+        return F.dropout2d(x.mean((1, 2, 3)), 0.5)  # in training (the call's default): torch refuses it
+
+
+class _DropoutLayerOfAVector(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.drop = nn.Dropout2d(0.5)  # in training mode, as built
+
+    def forward(self, x):
+        return self.drop(x.mean((1, 2, 3)))
+
+
+class _HalfPrelu(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.act = nn.PReLU(3)
+
+    def forward(self, x):
+        return self.act(x.half())  # float32 slopes: torch refuses to promote
+
+
+@pytest.mark.parametrize("network", [_LogSoftmaxCast, _DropoutOutOfRange, _DropoutOfAVector,
+                                     _DropoutLayerOfAVector, _HalfPrelu])
+def test_the_meta_shape_propagation_records_what_torch_records_of_the_new_layers_or_fails_as_it(network):
+    """A log-softmax's dtype given in its place was read as the stack level (the result recorded float32, torch's
+    float64); a dropout2d call of a probability out of [0, 1], one of a vector in training (the call, the layer),
+    and a PReLU of float32 slopes on a half input, were answered where torch refuses them."""
+    from torch.fx.passes.shape_prop import ShapeProp
+
+    from perf4sight.ir.meta_shapes import MetaShapeProp
+
+    recorded = []
+    for prop in (ShapeProp, MetaShapeProp):
+        gm = torch.fx.symbolic_trace(network().to("meta"))
+        try:
+            prop(gm).propagate(torch.empty(2, 3, 4, 4, device="meta"))
+        except Exception as exc:  # noqa: BLE001 (torch's own error, whatever its type)
+            recorded.append(type(exc).__name__)
+            continue
+        recorded.append([(n.name, tuple(n.meta["tensor_meta"].shape), n.meta["tensor_meta"].dtype)
+                         for n in gm.graph.nodes if hasattr(n.meta.get("tensor_meta"), "shape")])
+    assert recorded[0] == recorded[1]

@@ -23,6 +23,9 @@ __all__ = ["MetaShapeProp"]
 #: Layers whose output is a tensor of their input's shape and type, whatever it holds.
 _SHAPE_KEEPING = (nn.ReLU, nn.ReLU6, nn.Hardswish, nn.Hardsigmoid, nn.SiLU, nn.GELU, nn.Sigmoid, nn.Tanh,
                   nn.LeakyReLU, nn.ELU, nn.Softplus, nn.Mish, nn.Dropout, nn.Dropout2d, nn.Identity, nn.Hardtanh)
+#: Dropouts of channels (the layer, the call), answered of a [N, C, L] or [N, C, H, W] input alone: torch refuses a
+#: smaller one in training (it reads a vector as no channels) and warns of any other.
+_CHANNEL_DROPOUTS = (nn.Dropout2d, F.dropout2d)
 #: Calls (functions and tensor methods, by name) whose output is a tensor of their first argument's shape and type.
 _SHAPE_KEEPING_CALLS = frozenset({F.relu, F.relu_, torch.relu, torch.relu_, F.relu6, F.hardtanh, F.hardtanh_,
                                   F.leaky_relu, F.leaky_relu_, F.elu, F.elu_, F.gelu, F.silu, F.hardswish,
@@ -91,7 +94,8 @@ def _module_output(m: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
     """What layer ``m`` makes of the meta tensor ``x`` where it is one answered here (None otherwise)."""
     kind = type(m)
     if kind in _SHAPE_KEEPING:
-        return _empty(x.shape, x) if x.is_contiguous() else None
+        return _empty(x.shape, x) if x.is_contiguous() and (kind not in _CHANNEL_DROPOUTS or x.dim() in (3, 4)) \
+            else None
     if not x.is_contiguous() and kind not in (nn.LayerNorm, nn.Linear):  # a norm's, a pool's: the input's layout
         return None
     if kind is nn.BatchNorm2d or kind is nn.InstanceNorm2d:
@@ -100,8 +104,8 @@ def _module_output(m: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
         return _empty(x.shape, x) if ok and (kind is nn.BatchNorm2d or x.shape[2] * x.shape[3] > 1) else None
     if kind is nn.GroupNorm:
         return _empty(x.shape, x) if x.dim() >= 2 and x.shape[1] == m.num_channels else None
-    if kind is nn.PReLU:  # one slope, or one per channel (dim 1)
-        return _empty(x.shape, x) if m.num_parameters == 1 or x.dim() >= 2 and x.shape[1] == m.num_parameters else None
+    if kind is nn.PReLU:  # one slope, or one per channel (dim 1), of the input's type (torch promotes none)
+        return _prelu(x, m.weight)
     if kind is nn.LogSoftmax:
         return _empty(x.shape, x) if isinstance(m.dim, int) and -x.dim() <= m.dim < x.dim() else None
     if kind is nn.LayerNorm:
@@ -128,8 +132,8 @@ def _call_output(target: Any, args: Any, kwargs: Any) -> torch.Tensor | None:
     if target in _MEANS:
         return _mean(*args, **kwargs) if _in_order(x) else None
     if target in _LOG_SOFTMAXES and x.is_contiguous():
-        try:
-            return _log_softmax(*args, **kwargs)
+        try:  # torch.log_softmax's and the method's third place is the dtype, F.log_softmax's the stack level
+            return _log_softmax(*args, **kwargs) if target is F.log_softmax else _log_softmax_of(*args, **kwargs)
         except TypeError:  # arguments torch's own kernel will judge
             return None
     if target in _PRELUS and x.is_contiguous():
@@ -148,7 +152,9 @@ def _shape_keeping_args(target: Any, args: Any, kwargs: Any) -> bool:
         return False
     if target in ("clamp", "clamp_"):
         return any(a is not None for a in (*args[1:3], kwargs.get("min"), kwargs.get("max")))
-    if target is F.dropout:
+    if target in _CHANNEL_DROPOUTS and args[0].dim() not in (3, 4):
+        return False
+    if target is F.dropout or target is F.dropout2d:
         p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
         return isinstance(p, (int, float)) and 0 <= p <= 1
     return True
@@ -205,6 +211,11 @@ def _log_softmax(x: torch.Tensor, dim: Any = None, _stacklevel: int = 3, dtype: 
     if dtype is not None or not isinstance(dim, int) or isinstance(dim, bool) or not -x.dim() <= dim < x.dim():
         return None
     return _empty(x.shape, x)
+
+
+def _log_softmax_of(x: torch.Tensor, dim: Any = None, dtype: Any = None) -> torch.Tensor | None:
+    """``torch.log_softmax(x, dim, dtype)`` and ``x.log_softmax(dim, dtype)``: :func:`_log_softmax`."""
+    return _log_softmax(x, dim, dtype=dtype)
 
 
 def _prelu(x: torch.Tensor, weight: Any = None, **rest: Any) -> torch.Tensor | None:
