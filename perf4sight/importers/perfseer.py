@@ -54,7 +54,7 @@ from perf4sight.errors import UserError
 from perf4sight.importers.perf4sight_csv import (ImportSummary, check_backends, check_descriptions,
                                                  description_identity, import_source, rows_on_disk, source_kind)
 from perf4sight.ir.schema import INTERPOLATE_MODES, OPS, NetworkDescription, save_description
-from perf4sight.ir.shapes import shape_text, transposed_side
+from perf4sight.ir.shapes import shape_text, transposed_output_padding
 from perf4sight.profiling.results import COLUMNS, file_sha, read_rows, results_path
 
 __all__ = ["import_perfseer", "read_graph", "read_label", "graph_to_description", "is_own_export", "LABEL_FIELDS",
@@ -353,10 +353,9 @@ def _conv_transpose_attrs(args: dict[str, Any], in_shapes: list[list[int]], out:
          "groups": num("groups", "group", default=1)}
     k = a["kernel_size"] if isinstance(a["kernel_size"], list) else [a["kernel_size"]] * 2
     given = _pair(args, ("output_padding",), [], where)
-    a["output_padding"] = given or [
-        int(out[i + 1]) - transposed_side(int(in_shapes[0][i + 1]), k[i], a["stride"][i], a["padding"][i], 0,
-                                          a["dilation"][i]) if len(out) == 3 and len(in_shapes[0]) == 3 else 0
-        for i in range(2)]
+    shaped = len(out) == 3 and len(in_shapes[0]) == 3
+    a["output_padding"] = given or (transposed_output_padding(in_shapes[0], out, k, a["stride"], a["padding"],
+                                                              a["dilation"]) if shaped else [0, 0])
     weights = a["in_channels"] * (a["out_channels"] // max(a["groups"], 1)) * k[0] * k[-1]
     return {**a, "bias": flag("bias", _bias_by_size(weights, a["out_channels"], weight_bytes))}
 

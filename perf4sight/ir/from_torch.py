@@ -29,7 +29,7 @@ from perf4sight.errors import UserError
 from perf4sight.ir.schema import (INTERPOLATE_MODES, PAD_MODES, NetworkDescription, Node, count_params,
                                     output_padding_problem)
 from perf4sight.ir.meta_shapes import MetaShapeProp
-from perf4sight.ir.shapes import image_size_problem, transposed_side
+from perf4sight.ir.shapes import image_size_problem, transposed_output_padding
 
 __all__ = ["describe", "check_input_shape", "forward_error", "has_lazy_parameters", "in_mode",
            "stderr_kept_on_success"]
@@ -99,10 +99,9 @@ def _conv_transpose(m: nn.ConvTranspose2d, n: fx.Node) -> tuple[str, dict]:
     padding that makes it (what torch does with it), from the shapes the trace gives."""
     output_padding = _pair(m.output_padding)
     if len(n.args) > 1 or n.kwargs.get("output_size") is not None:
-        x, out = n.args[0].meta["tensor_meta"].shape, _shape(n)
-        made = [transposed_side(int(x[i + 2]), k, s, p, 0, d) for i, (k, s, p, d) in
-                enumerate(zip(_pair(m.kernel_size), _pair(m.stride), _pair(m.padding), _pair(m.dilation)))]
-        output_padding = [int(out[i + 1]) - made[i] for i in range(2)]
+        output_padding = transposed_output_padding(list(n.args[0].meta["tensor_meta"].shape)[1:], _shape(n),
+                                                   _pair(m.kernel_size), _pair(m.stride), _pair(m.padding),
+                                                   _pair(m.dilation))
     return "conv_transpose2d", _conv_transpose_attrs(m.in_channels, m.out_channels, m.kernel_size, m.stride,
                                                      m.padding, output_padding, m.dilation, m.groups,
                                                      m.bias is not None)

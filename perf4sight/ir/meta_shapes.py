@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.fx.passes.shape_prop import ShapeProp
 
+from perf4sight.ir.shapes import broadcast
+
 __all__ = ["MetaShapeProp"]
 
 #: Layers whose output is a tensor of their input's shape and type, whatever it holds.
@@ -107,7 +109,7 @@ def _module_output(m: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
     if kind is nn.PReLU:  # one slope, or one per channel (dim 1), of the input's type (torch promotes none)
         return _prelu(x, m.weight)
     if kind is nn.LogSoftmax:
-        return _empty(x.shape, x) if isinstance(m.dim, int) and -x.dim() <= m.dim < x.dim() else None
+        return _log_softmax(x, m.dim)
     if kind is nn.LayerNorm:
         ok = tuple(x.shape[x.dim() - len(m.normalized_shape):]) == tuple(m.normalized_shape)
         return _empty(x.shape, x) if ok and x.dim() > len(m.normalized_shape) else None
@@ -172,24 +174,12 @@ def _arithmetic(target: Any, args: Any, kwargs: Any) -> torch.Tensor | None:
     if not tensors or not _is_float_meta(tensors[0]) \
             or any(not (t.is_meta and t.dtype == tensors[0].dtype and _in_order(t)) for t in tensors):
         return None
-    shape = _broadcast([list(t.shape) for t in tensors])
+    shape = list(tensors[0].shape) if len(tensors) == 1 else broadcast(list(args[0].shape), list(args[1].shape))
     in_place = target in _IN_PLACE
     if shape is None or in_place and (not isinstance(args[0], torch.Tensor) or shape != list(args[0].shape)
                                       or not args[0].is_contiguous()):
         return None
     return _empty(shape, tensors[0])
-
-
-def _broadcast(shapes: list[list[int]]) -> list[int] | None:
-    """The shape ``shapes`` broadcast to (numpy's rule); None where they do not."""
-    rank = max(len(s) for s in shapes)
-    out = []
-    for sizes in zip(*[[1] * (rank - len(s)) + s for s in shapes]):
-        wide = {v for v in sizes if v != 1}
-        if len(wide) > 1:
-            return None
-        out.append(wide.pop() if wide else 1)
-    return out
 
 
 def _mean(x: torch.Tensor, dim: Any = None, keepdim: bool = False, **rest: Any) -> torch.Tensor | None:

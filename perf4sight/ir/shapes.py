@@ -8,8 +8,8 @@ has its input count checked.
 """
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-__all__ = ["shape_problem", "ARITY", "element_count", "image_size_problem", "shape_text", "transposed_side",
-           "window_pair", "windows_of"]
+__all__ = ["shape_problem", "ARITY", "broadcast", "element_count", "image_size_problem", "shape_text",
+           "transposed_side", "transposed_output_padding", "window_pair", "windows_of"]
 
 _UNARY = ("relu", "relu6", "hardswish", "sigmoid", "hardsigmoid", "silu", "gelu", "tanh", "identity", "dropout",
           "leaky_relu", "elu", "softplus", "mish",
@@ -50,12 +50,13 @@ def _axis(dim: int, rank: int) -> Optional[int]:
     return d - 1 if 1 <= d <= rank else None
 
 
-def _broadcast(a: List[int], b: List[int]) -> Optional[List[int]]:
+def broadcast(a: List[int], b: List[int]) -> Optional[List[int]]:
+    """The shape ``a`` and ``b`` broadcast to (numpy's rule: a size of 1 takes the other's); None where they do not."""
     out = []
     for x, y in zip(reversed([1] * (len(b) - len(a)) + a), reversed([1] * (len(a) - len(b)) + b)):
         if x != y and 1 not in (x, y):
             return None
-        out.append(max(x, y))
+        out.append(y if x == 1 else x)
     return out[::-1]
 
 
@@ -107,6 +108,14 @@ def transposed_side(size: int, kernel: int, stride: int, pad: int, output_pad: i
     return (size - 1) * stride - 2 * pad + dilation * (kernel - 1) + output_pad + 1
 
 
+def transposed_output_padding(x: List[int], out: List[int], kernel: List[int], stride: List[int],
+                              padding: List[int], dilation: List[int]) -> List[int]:
+    """The output padding that makes a transposed convolution of the ``[C, H, W]`` input ``x`` the ``[C, H, W]``
+    ``out`` (what torch does with an ``output_size`` given at the call; ONNX's ``output_shape``)."""
+    return [int(out[i + 1]) - transposed_side(int(x[i + 1]), kernel[i], stride[i], padding[i], 0, dilation[i])
+            for i in range(2)]
+
+
 def _transposed_out(a: Dict[str, Any], x: List[int]) -> Union[List[int], str]:
     """A transposed convolution's ``[out_channels, H, W]`` from its ``[in_channels, h, w]`` input ``x``."""
     if len(x) != 3:
@@ -153,7 +162,7 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
     if op in ("add", "mul"):
         if len(ins) == 1:
             return x if "scalar" in a else "takes two inputs, or one and a 'scalar' attr"
-        return _broadcast(ins[0], ins[1]) or f"cannot combine inputs of shapes {ins[0]} and {ins[1]}"
+        return broadcast(ins[0], ins[1]) or f"cannot combine inputs of shapes {ins[0]} and {ins[1]}"
     if op == "cat":
         axis = _axis(int(a["dim"]), len(x))
         if axis is None or any(len(s) != len(x) or s[:axis] + s[axis + 1:] != x[:axis] + x[axis + 1:] for s in ins):
@@ -215,7 +224,7 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
             return f"normalized_shape {normalized} is not the last dimensions of its input {x}"
         return x
     if op in ("scale", "shift"):
-        if _broadcast(x, [int(s) for s in a["shape"]]) != x:
+        if broadcast(x, [int(s) for s in a["shape"]]) != x:
             return f"a {op} of shape {a['shape']} does not broadcast onto its input {x}"
         return x
     if op == "token":
