@@ -505,23 +505,45 @@ def test_allocation_model_writes_down_an_instance_norm_as_traced(affine_first):
                                                                           + [3 * 32 * 4] * 2) * 2  # 3 steps
 
 
-def test_an_in_place_relu_after_an_instance_norm_falls_back_to_the_trace():
-    """An instance norm's output is a view of its batch norm's: an in-place ReLU on it makes torch's backward
-    write the gradient into a copy of the whole (CopySlices: three temporaries the model does not write down), so
-    the model hands such a network to the trace, which records them."""
+def _styled() -> NetworkDescription:
+    """A style-transfer network's blocks: instance norms (affine and not) each followed by an in-place activation
+    (ReLU, leaky ReLU, ReLU6, mish), one in a residual block."""
     from torch import nn
 
-    from perf4sight.errors import UserError
     from perf4sight.ir.from_torch import describe
 
-    block = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.InstanceNorm2d(8, affine=True), nn.ReLU(inplace=True),
-                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
-    desc = describe(block, [3, 8, 8], "style")
-    traced = record_events(desc, 2, method="trace")
-    assert record_events(desc, 2) == traced
-    assert sum(op == "aten.new_zeros.default" for _, _, _, op in traced) == 2
-    with pytest.raises(UserError, match="in-place relu"):
-        record_events(desc, 2, method="model")
+    class Styled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1, self.n1, self.a1 = nn.Conv2d(3, 8, 3, padding=1), nn.InstanceNorm2d(8, affine=True), nn.ReLU(True)
+            self.c2, self.n2 = nn.Conv2d(8, 8, 3, padding=1), nn.InstanceNorm2d(8)
+            self.a2 = nn.LeakyReLU(0.2, inplace=True)
+            self.c3, self.n3, self.a3 = nn.Conv2d(8, 8, 1), nn.InstanceNorm2d(8, affine=True), nn.ReLU6(inplace=True)
+            self.c4, self.n4, self.a4 = nn.Conv2d(8, 8, 1), nn.InstanceNorm2d(8), nn.Mish(inplace=True)
+            self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+
+        def forward(self, x):
+            x = self.a1(self.n1(self.c1(x)))
+            z = self.a2(self.n2(self.c2(x))) + x
+            return self.head(self.a4(self.n4(self.c4(self.a3(self.n3(self.c3(z)))))))
+
+    return describe(Styled(), [3, 8, 8], "styled")
+
+
+@pytest.mark.parametrize("relu6_clone", [True, False])
+def test_an_in_place_activation_after_an_instance_norm_is_written_down_as_traced(relu6_clone):
+    """An instance norm's output is a view of its batch norm's: an in-place activation on it makes torch rebase the
+    view's history (CopySlices): backward, the view's node writes its gradient into new zeros of the base's shape,
+    CopySlices copies that into a new tensor and runs the activation's backward on a clone of it. The model writes
+    that down as the meta trace records it, for ReLU, leaky ReLU, ReLU6 (either rule) and mish."""
+    desc = _styled()
+    assert [n.attrs.get("inplace", False) for n in desc.nodes if n.op in ("relu", "leaky_relu", "relu6", "mish")] \
+        == [True] * 4
+    model = record_events(desc, 3, steps=3, method="model", relu6_clone=relu6_clone)
+    traced = record_events(desc, 3, steps=3, method="trace", relu6_clone=relu6_clone)
+    assert _as_replayed(model) == _as_replayed(traced)
+    assert sum(op == "aten.new_zeros.default" for _, _, _, op in model) == 4 * 3  # each norm, each step
+    assert sum(op == "aten.new_empty_strided.default" for _, _, _, op in model) == 4 * 3
 
 
 @pytest.mark.parametrize("inplace", [True, False])

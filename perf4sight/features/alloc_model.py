@@ -50,7 +50,8 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
   weight's and bias's. A transposed convolution is ``aten.convolution`` as a conv2d is: its output; it keeps its input
   (a strided one as it is), and its backward allocates the input's gradient, the weight's, then the bias's.
   Instance norm is a batch norm of the input viewed as [1, N x C, H, W] (its weight and bias
-  repeated per sample first, their gradients summed back down after): :func:`_instance_norm`. A softmax keeps
+  repeated per sample first, their gradients summed back down after): :func:`_instance_norm`; its output is a view,
+  and an in-place activation on it rebases the view's history (:func:`_rebased`). A softmax keeps
   its result; a hardtanh is a ReLU6 of another range (in place where its node says so).
   A pad and a pixel shuffle or unshuffle allocate their output; a reflection or replication
   pad keeps its input (its backward reads the input's shape from it), the others keep nothing; each backward
@@ -169,6 +170,7 @@ class _Value:
     fn: int | None
     view: bool = False
     strides: tuple[int, ...] | None = None  # None: contiguous
+    base_fn: int | None = None  # a view of a tensor no other value holds (an instance norm's): its base's node
 
 
 @dataclass
@@ -179,7 +181,8 @@ class _GradFn:
     ``sizes[j]``: bytes of gradient ``j``; ``kernels[j]``: the aten op that allocates it, None where
     the incoming gradient (or a view of it) is handed on; ``order``: the order the gradients are
     computed in; ``full[j]``: for an input that was broadcast, the bytes of its gradient before the
-    engine sums it down to ``sizes[j]`` (after the node's own kernels), else None; ``handoff``: how
+    engine sums it down to ``sizes[j]`` (after the node's own kernels), else None; ``scratch``: (bytes, aten
+    op) of temporaries the node allocates after its gradients and frees before it returns; ``handoff``: how
     a node without kernels hands the incoming gradient on: "" as it is (add, clone), "slices" (cat:
     views of parts of it), "view" (a view op: reshaped, a copy where the strides do not allow a
     view), "transpose"."""
@@ -193,6 +196,7 @@ class _GradFn:
     shapes: list[tuple[int, ...]] | None = None  # each input's shape (with the batch), for the handoffs
     out_shape: tuple[int, ...] = ()              # the output's shape (with the batch)
     dims: tuple[int, int] = (0, 0)               # a transpose's two dimensions
+    scratch: list[tuple[int, str]] | None = None  # temporaries: (bytes, aten op), in allocation order
 
 
 class _Memory:
@@ -371,7 +375,8 @@ class _OpContext:
 
     def grad_fn(self, saved: list[int], edges: list, sizes: list[int], kernels: list[str | None],
                 order: list[int] | None = None, full: list[int | None] | None = None, handoff: str = "",
-                out_shape: tuple[int, ...] | None = None, dims: tuple[int, int] = (0, 0)) -> int | None:
+                out_shape: tuple[int, ...] | None = None, dims: tuple[int, int] = (0, 0),
+                scratch: list[tuple[int, str]] | None = None) -> int | None:
         """The node's autograd node (fields as :class:`_GradFn`; ``sizes`` and ``full`` in bytes; ``order``
         default: input order; ``out_shape`` default: ``full_out``) appended to ``fns``: its index, or None
         when no input needs a gradient (``saved`` is dropped)."""
@@ -385,7 +390,7 @@ class _OpContext:
         self.fns.append(_GradFn(saved, edges, sizes, kernels, order if order is not None else list(range(len(edges))),
                                 full or [None] * len(edges), handoff,
                                 [tuple([self.batch] + list(sh)) for sh in self.in_shapes],
-                                self.full_out if out_shape is None else out_shape, dims))
+                                self.full_out if out_shape is None else out_shape, dims, scratch))
         return len(self.fns) - 1
 
     def unary_grad_fn(self, kernel: str | None, saved: list[int]) -> int | None:
@@ -451,13 +456,14 @@ def _activation(ctx: _OpContext) -> _Value:
     n, x, nbytes, op = ctx.node, ctx.x, ctx.nbytes, ctx.node.op
     if op in ("relu", "relu6") or op in ("leaky_relu", "elu", "mish", "hardtanh") and n.attrs.get("inplace"):
         # in place, keeps its result (or a clone of its input: a mish's, ``relu6_clone``'s of ReLU6 and hardtanh)
-        if x.fn is None or x.view or x.sid in ctx.mem.saved:
+        rebased = x.view and x.base_fn is not None and x.fn == len(ctx.fns) - 1  # nothing has read the view yet
+        if x.fn is None or (x.view and not rebased) or x.sid in ctx.mem.saved:
             raise NotCovered(f"in-place {op} on '{n.inputs[0]}'")
-        kernel = {"relu": "aten.threshold_backward.default", "relu6": "aten.hardtanh_backward.default",
-                  "leaky_relu": "aten.leaky_relu_backward.default", "elu": "aten.elu_backward.default",
-                  "mish": "aten.mish_backward.default", "hardtanh": "aten.hardtanh_backward.default"}[op]
+        kernel = _INPLACE_BACKWARD[op]
         clone = op == "mish" or op in ("relu6", "hardtanh") and ctx.relu6_clone
         kept = ctx.alloc("clone.default", x.nbytes, holders=0) if clone else x.sid
+        if rebased:
+            return _rebased(ctx, kernel, kept)
         return _Value(ctx.mem.hold(x.sid), x.nbytes, ctx.unary_grad_fn(kernel, [kept]))
     if op in _ACTIVATIONS:
         name, keeps = _ACTIVATIONS[op]
@@ -471,6 +477,29 @@ def _activation(ctx: _OpContext) -> _Value:
         mask = ctx.alloc("native_dropout.default", nbytes // FLOAT, holders=0)
         return _Value(sid, nbytes, ctx.unary_grad_fn("aten.native_dropout_backward.default", [mask]))
     raise NotCovered(f"op '{op}'")
+
+
+#: An in-place activation -> the aten op its backward allocates the input's gradient with.
+_INPLACE_BACKWARD = {"relu": "aten.threshold_backward.default", "relu6": "aten.hardtanh_backward.default",
+                     "leaky_relu": "aten.leaky_relu_backward.default", "elu": "aten.elu_backward.default",
+                     "mish": "aten.mish_backward.default", "hardtanh": "aten.hardtanh_backward.default"}
+
+
+def _rebased(ctx: _OpContext, kernel: str, kept: int) -> _Value:
+    """An in-place activation on an instance norm's output, a view of its batch norm's (``kernel``: the activation's
+    backward; ``kept``: the storage that backward reads). Torch rebases the view's history: the batch norm's output
+    gets a ``CopySlices`` node wrapping the activation's backward, and the view a regenerated ``AsStridedBackward``;
+    the view's own node is reached no more. Backward (bytes of the output each): the view's node writes its gradient
+    into ``new_zeros`` of the base's shape; ``CopySlices`` allocates the base's gradient (``new_empty_strided``),
+    copies the incoming one in, runs the activation's backward on a ``clone`` of the view's part and copies the
+    result back, freeing the clone and the result; it keeps what the activation keeps (the base's geometry alone)."""
+    x = ctx.x
+    ctx.fns.pop()  # the view's node (the last made: nothing has read the view)
+    copy = ctx.grad_fn([kept], [("fn", x.base_fn)], [x.nbytes], ["aten.new_empty_strided.default"],
+                       scratch=[(x.nbytes, "aten.clone.default"), (x.nbytes, kernel)])
+    x.fn = ctx.grad_fn([], [("fn", copy)], [x.nbytes], ["aten.new_zeros.default"])  # later readers of the view too
+    x.base_fn = None
+    return _Value(ctx.mem.hold(x.sid), x.nbytes, x.fn, view=True)
 
 
 def _softmax(ctx: _OpContext) -> _Value:
@@ -530,7 +559,7 @@ def _instance_norm(ctx: _OpContext) -> _Value:
     for r in repeats:
         ctx.mem.drop(r)  # the weight's repeat lives on where the norm keeps it
     out = ctx.grad_fn([], [None if norm is None else ("fn", norm)], [nbytes], [None], handoff="view")
-    return _Value(sid, nbytes, out, view=True)
+    return _Value(sid, nbytes, out, view=True, base_fn=norm)
 
 
 def _pooling(ctx: _OpContext) -> _Value:
@@ -699,6 +728,9 @@ def _backward(fns: list[_GradFn], root: int, mem: _Memory) -> dict[int, int]:
                 outs[j] = (mem.new(fn.full[j] or fn.sizes[j], fn.kernels[j]), None)
             else:
                 outs[j] = _handoff(fn, j, incoming, strides, mem)
+        temporaries = [mem.new(size, kernel) for size, kernel in fn.scratch or []]
+        for sid in temporaries:
+            mem.drop(sid)
         for j in sorted(outs):  # broadcast inputs: their gradients summed down to their shapes (input order)
             if fn.full[j] is not None:
                 summed = mem.new(fn.sizes[j], "aten.sum.dim_IntList")
