@@ -546,6 +546,35 @@ def test_an_in_place_activation_after_an_instance_norm_is_written_down_as_traced
     assert sum(op == "aten.new_empty_strided.default" for _, _, _, op in model) == 4 * 3
 
 
+def test_an_instance_norm_feeding_a_cat_copies_its_gradient_slice_as_traced():
+    """A U-Net's skip (pix2pix's): an instance norm's output concatenated after the skipped tensor. Its gradient is
+    a slice of the cat's, which its backward reshapes to the batch norm's [1, N x C, H, W]: no view has those
+    strides, so torch copies it (the model wrote that reshape as a view, and a copy too few). The model follows the
+    strides to the batch norm's shape, with or without an in-place ReLU on the norm's output."""
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    class Skip(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.down, self.n1 = nn.Conv2d(3, 8, 3, padding=1), nn.InstanceNorm2d(8)
+            self.inner, self.n2 = nn.Conv2d(8, 8, 3, padding=1), nn.InstanceNorm2d(8, affine=True)
+            self.inner2 = nn.Conv2d(8, 8, 1)
+            self.relu, self.head = nn.ReLU(inplace=True), nn.Sequential(nn.Conv2d(24, 4, 1), nn.Flatten())
+
+        def forward(self, x):
+            y = self.down(x)
+            return self.head(torch.cat([y, self.n1(self.inner(y)), self.relu(self.n2(self.inner2(y)))], 1))
+
+    import torch
+    desc = describe(Skip(), [3, 4, 4], "skip")
+    model, traced = record_events(desc, 3, steps=2, method="model"), record_events(desc, 3, steps=2, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+    norm_out = 3 * 8 * 4 * 4 * 4  # bytes of a norm's output at batch 3: its gradient, copied
+    assert sum(op == "aten.clone.default" and size == norm_out for _, _, size, op in model) >= 2
+
+
 @pytest.mark.parametrize("inplace", [True, False])
 @pytest.mark.parametrize("relu6_clone", [True, False])
 def test_allocation_model_writes_down_a_hardtanh_as_traced(inplace, relu6_clone):

@@ -376,10 +376,11 @@ class _OpContext:
     def grad_fn(self, saved: list[int], edges: list, sizes: list[int], kernels: list[str | None],
                 order: list[int] | None = None, full: list[int | None] | None = None, handoff: str = "",
                 out_shape: tuple[int, ...] | None = None, dims: tuple[int, int] = (0, 0),
-                scratch: list[tuple[int, str]] | None = None) -> int | None:
+                scratch: list[tuple[int, str]] | None = None,
+                shapes: list[tuple[int, ...]] | None = None) -> int | None:
         """The node's autograd node (fields as :class:`_GradFn`; ``sizes`` and ``full`` in bytes; ``order``
-        default: input order; ``out_shape`` default: ``full_out``) appended to ``fns``: its index, or None
-        when no input needs a gradient (``saved`` is dropped)."""
+        default: input order; ``out_shape`` default: ``full_out``; ``shapes`` default: the inputs' with the batch)
+        appended to ``fns``: its index, or None when no input needs a gradient (``saved`` is dropped)."""
         for s in saved:
             self.mem.hold(s)
         if all(e is None for e in edges):
@@ -389,7 +390,7 @@ class _OpContext:
         self.mem.saved.update(saved)
         self.fns.append(_GradFn(saved, edges, sizes, kernels, order if order is not None else list(range(len(edges))),
                                 full or [None] * len(edges), handoff,
-                                [tuple([self.batch] + list(sh)) for sh in self.in_shapes],
+                                shapes or [tuple([self.batch] + list(sh)) for sh in self.in_shapes],
                                 self.full_out if out_shape is None else out_shape, dims, scratch))
         return len(self.fns) - 1
 
@@ -558,7 +559,10 @@ def _instance_norm(ctx: _OpContext) -> _Value:
                        ["aten.native_batch_norm_backward.default"] * len(edges))
     for r in repeats:
         ctx.mem.drop(r)  # the weight's repeat lives on where the norm keeps it
-    out = ctx.grad_fn([], [None if norm is None else ("fn", norm)], [nbytes], [None], handoff="view")
+    # the output's backward reshapes its gradient to the batch norm's [1, N x C, H, W]: a copy where it is strided
+    rows_shape = (1, ctx.full_in[0] * ctx.full_in[1], *ctx.full_in[2:])  # (a slice of a cat's gradient)
+    out = ctx.grad_fn([], [None if norm is None else ("fn", norm)], [nbytes], [None], handoff="view",
+                      shapes=[rows_shape])
     return _Value(sid, nbytes, out, view=True, base_fn=norm)
 
 
