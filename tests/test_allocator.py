@@ -1035,3 +1035,33 @@ def test_a_prelu_or_dropout2d_on_the_network_input_is_written_down_as_traced(fir
     else:
         with pytest.raises(UserError, match="prelu on a tensor that needs no gradient"):
             record_events(desc, 3, method="model")
+
+
+def test_a_dropout_of_p_zero_is_the_input_handed_back_as_traced():
+    """A dropout left at p 0 (a configurable one switched off, as many users' heads are): torch hands the input back,
+    no kernel and no autograd node, for a dropout and a dropout2d alike (an in-place ReLU after one writes its input).
+    The model wrote such a network off to the trace; it writes it down as an identity, as the trace records it. A p
+    of 1 (a multiply by a zero) still goes to the trace."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    from perf4sight.errors import UserError
+    from perf4sight.ir.from_torch import describe
+
+    class Off(nn.Module):
+        def __init__(self, p: float) -> None:
+            super().__init__()
+            self.c1, self.bn, self.d2 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.Dropout2d(p)
+            self.c2, self.drop, self.fc = nn.Conv2d(8, 8, 3, padding=1), nn.Dropout(p), nn.Linear(8, 10)
+
+        def forward(self, x):
+            x = self.c2(F.relu(self.d2(self.bn(self.c1(x))), inplace=True))
+            return self.fc(self.drop(x.mean((2, 3))))
+
+    desc = describe(Off(0.0), [3, 8, 8], "off")
+    model, traced = record_events(desc, 3, steps=2, method="model"), record_events(desc, 3, steps=2, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+    assert not any("dropout" in op or op == "aten.new_empty.default" for _, _, _, op in model)
+    ones = describe(Off(1.0), [3, 8, 8], "ones")
+    with pytest.raises(UserError, match="dropout2d with p 1"):
+        record_events(ones, 3, method="model")

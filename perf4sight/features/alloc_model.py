@@ -59,7 +59,8 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
   an unshuffle's by a shuffle).
   A log-softmax keeps its result, as a softmax does. A PReLU keeps its input; its backward allocates the input's
   gradient and the slopes' per element, summed down to the slopes (:func:`_prelu`). A dropout2d allocates a
-  noise per sample and channel, then its output (the input times the noise); it keeps the noise.
+  noise per sample and channel, then its output (the input times the noise); it keeps the noise. A dropout of
+  ``p`` 0 (either kind) is the input handed back, as an identity is.
 """
 from __future__ import annotations
 
@@ -472,8 +473,10 @@ def _activation(ctx: _OpContext) -> _Value:
         return _Value(sid, nbytes, ctx.unary_grad_fn(f"aten.{name}_backward.default",
                                                      [x.sid if keeps == "input" else sid]))
     if op == "dropout":  # the fused CUDA kernel: the output, then a one-byte mask (kept)
+        if float(n.attrs["p"]) == 0:
+            return _handed_back(ctx)
         if not 0 < float(n.attrs["p"]) < 1:
-            raise NotCovered("dropout with p 0 or 1")
+            raise NotCovered("dropout with p 1")
         sid = ctx.alloc("native_dropout.default")
         mask = ctx.alloc("native_dropout.default", nbytes // FLOAT, holders=0)
         return _Value(sid, nbytes, ctx.unary_grad_fn("aten.native_dropout_backward.default", [mask]))
@@ -529,10 +532,12 @@ def _prelu(ctx: _OpContext) -> _Value:
 def _dropout2d(ctx: _OpContext) -> _Value:
     """Dropout of whole channels, as torch runs it on any device: a noise of one float per sample and channel
     (``new_empty``, then drawn and scaled in place), then the input times it, which allocates the output; the
-    backward keeps the noise and multiplies the incoming gradient by it (a new tensor). Of ``p`` 0 or 1 (torch
-    hands the input back, or multiplies by a zero), not covered."""
+    backward keeps the noise and multiplies the incoming gradient by it (a new tensor). Of ``p`` 0 torch hands the
+    input back (:func:`_handed_back`); of ``p`` 1 (a multiply by a zero) not covered."""
+    if float(ctx.node.attrs["p"]) == 0:
+        return _handed_back(ctx)
     if not 0 < float(ctx.node.attrs["p"]) < 1:
-        raise NotCovered("dropout2d with p 0 or 1")
+        raise NotCovered("dropout2d with p 1")
     noise = ctx.alloc("new_empty.default", ctx.full_in[0] * ctx.full_in[1] * FLOAT, holders=0)
     sid = ctx.alloc("mul.Tensor")
     return _Value(sid, ctx.nbytes, ctx.unary_grad_fn("aten.mul.Tensor", [noise]))
@@ -666,8 +671,14 @@ def _view_op(ctx: _OpContext) -> _Value:
         return _Value(ctx.mem.hold(x.sid), nbytes, ctx.unary_grad_fn("aten.slice_backward.default", []), view=True,
                       strides=_normal(full_out, strides))
     if op == "identity":
-        return _Value(ctx.mem.hold(x.sid), x.nbytes, x.fn, x.view, x.strides)
+        return _handed_back(ctx)
     raise NotCovered(f"op '{op}'")
+
+
+def _handed_back(ctx: _OpContext) -> _Value:
+    """identity, and a dropout of ``p`` 0 (torch hands the input back: no kernel, no autograd node): the input."""
+    x = ctx.x
+    return _Value(ctx.mem.hold(x.sid), x.nbytes, x.fn, x.view, x.strides)
 
 
 #: op -> the handler that runs it forward ("input" is the caller's).
