@@ -61,7 +61,7 @@ OPTION_STAGES = {
     "network": ("predict", "all"), "batch_size": ("predict", "all"), "json": ("predict", "all"),
     "max_batch_size": ("predict",), "prune_to_fit": ("predict",), "max_latency_ms": ("predict",),
     "input_shape": ("predict",),
-    "optimizer": ("profile", "fingerprint", "predict", "all"),
+    "optimizer": ("profile", "fingerprint", "predict", "all"), "loss": ("profile", "fingerprint", "predict", "all"),
     "momentum": ("profile", "fingerprint", "all"), "weight_decay": ("profile", "fingerprint", "all"),
     "retry_errors": ("profile", "all"),
     "predictor": ("fingerprint", "predict", "all"), "refit": ("fingerprint", "all"),
@@ -80,7 +80,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     """The command line's parser; ``prog``: the command shown in usage lines (default: the script's name)."""
     from perf4sight.networks.zoo import ZOO_NAMES  # names only: no torch
-    from perf4sight.profiling.plan import OPTIMIZERS  # standard library only
+    from perf4sight.profiling.plan import LOSSES, OPTIMIZERS  # standard library only
 
     zoo = textwrap.fill(", ".join(ZOO_NAMES), width=100, initial_indent="  ", subsequent_indent="  ")
     parser = _Parser(
@@ -124,6 +124,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                              "measures it, fingerprint fits its rows, predict predicts it (from a fingerprint of "
                              "another optimiser's rows: its models read this step's features, which no row "
                              "measured, with a note saying so)")
+    parser.add_argument("--loss", choices=LOSSES,
+                        help="the training step's loss, for this run instead of [profile] loss: profile measures it "
+                             "(mse and l1 against a float target of the output's shape; a configuration measured "
+                             "with another loss is measured again, beside it), fingerprint fits its rows, predict "
+                             "predicts it (from a fingerprint of another loss's rows, with a note saying so)")
     parser.add_argument("--momentum", type=_unit_interval("--momentum"), metavar="M",
                         help="SGD's momentum, for this run instead of [profile] momentum (0: no momentum buffer): "
                              "profile measures that step (a configuration measured with another is measured again), "

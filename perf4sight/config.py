@@ -100,6 +100,7 @@ class ProfileConfig:
     momentum: float = 0.9
     weight_decay: float | None = None  # the optimiser's; unset: torch's default (AdamW 0.01, SGD and Adam 0)
     optimizer: str = "sgd"  # sgd | adam | adamw (profiling.plan.OPTIMIZERS): the measured step's optimiser
+    loss: str = "cross_entropy"  # cross_entropy | mse | l1 (profiling.plan.LOSSES): the measured step's loss
     # a drift reference: one configuration measured again after every `reference_every` measurements (0 = none)
     reference_every: int = 0
     reference_network: str = ""  # a network name of the plan; "" = its first network

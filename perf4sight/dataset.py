@@ -15,12 +15,12 @@ from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription, load_description
 from perf4sight.ir.shapes import shape_text
 from perf4sight.profiling.plan import phase_optimizer, training_phase
-from perf4sight.profiling.results import (file_sha, incomplete_note, latest_rows, phase_of, read_rows, results_path,
-                                         split_stale)
+from perf4sight.profiling.results import (file_sha, incomplete_note, latest_rows, loss_of, phase_of, read_rows,
+                                         results_path, split_stale)
 from perf4sight.wording import named, plural
 
 __all__ = ["read_manifest", "is_description_file", "dataset_descriptions", "dataset_descriptions_or_empty",
-           "description_shas", "descriptions_and_shas", "current_rows", "other_phases", "stale_note",
+           "description_shas", "descriptions_and_shas", "current_rows", "other_phases", "other_losses", "stale_note",
            "undescribed_note", "split_other_shapes", "other_shapes_note", "DeviceDataset", "device_dataset",
            "measured_devices", "fingerprinted_devices", "resolve_networks", "default_networks", "ZOO_CACHE"]
 
@@ -81,16 +81,18 @@ def description_shas(cfg: Config, device: str) -> dict[str, str]:
 
 
 def current_rows(cfg: Config, device: str, shas: dict[str, str] | None = None, incomplete: list[int] | None = None,
-                 optimizer: str | None = None) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+                 optimizer: str | None = None,
+                 loss: str | None = None) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
     """(rows of ``device`` measured on its descriptions as they are now, stale rows), of the training step with
     ``optimizer`` (default: ``[profile] optimizer``; the rows' ``phase``; :func:`other_phases` says what else the
-    device has): a row whose network's description file changed since it was measured is stale (the profile stage
+    device has) and ``loss`` (default: ``[profile] loss``; the rows' ``loss``; :func:`other_losses` says what else
+    the device has): a row whose network's description file changed since it was measured is stale (the profile stage
     measures it again), and a row measured again later is left out of both (``latest_rows``: an ``oom`` of a lower
     memory_limit_mb, an ``error`` retried).
     ``shas``: ``description_shas`` of the device when the caller has them already (else they are read);
     ``incomplete``: a list to receive the numbers of the lines ``read_rows`` passed over."""
-    phase = training_phase(optimizer or cfg.profile.optimizer)
-    rows = latest_rows(r for r in _device_rows(cfg, device, incomplete) if phase_of(r) == phase)
+    phase, loss = training_phase(optimizer or cfg.profile.optimizer), loss or cfg.profile.loss
+    rows = latest_rows(r for r in _device_rows(cfg, device, incomplete) if phase_of(r) == phase and loss_of(r) == loss)
     return split_stale(rows, description_shas(cfg, device) if shas is None else shas)
 
 
@@ -116,6 +118,13 @@ def other_phases(cfg: Config, device: str, optimizer: str | None = None) -> list
     phase = training_phase(optimizer or cfg.profile.optimizer)
     found = {phase_of(r) for r in _device_rows(cfg, device)}
     return sorted(phase_optimizer(p) or p for p in found - {phase})
+
+
+def other_losses(cfg: Config, device: str, optimizer: str | None = None, loss: str | None = None) -> list[str]:
+    """The losses of ``device``'s rows of ``optimizer``'s step (default: ``[profile] optimizer``'s) other than
+    ``loss`` (default: ``[profile] loss``), sorted."""
+    phase, loss = training_phase(optimizer or cfg.profile.optimizer), loss or cfg.profile.loss
+    return sorted({loss_of(r) for r in _device_rows(cfg, device) if phase_of(r) == phase} - {loss})
 
 
 def stale_note(device: str, stale: list[dict[str, str]], current: list[dict[str, str]] = ()) -> str:
@@ -184,13 +193,14 @@ class DeviceDataset(NamedTuple):
     note: str  # ``incomplete_note`` and ``stale_note`` on the lines and rows passed over, one a line ('' if none)
 
 
-def device_dataset(cfg: Config, device: str, optimizer: str | None = None) -> DeviceDataset:
+def device_dataset(cfg: Config, device: str, optimizer: str | None = None,
+                   loss: str | None = None) -> DeviceDataset:
     """``device``'s descriptions and their shas (``descriptions_and_shas``: each file parsed once), its current
-    rows (``current_rows``, of ``optimizer``'s step: default ``[profile] optimizer``'s) and the notes on the CSV
-    lines and stale rows passed over (``incomplete_note``, ``stale_note``), which the caller prints or not."""
+    rows (``current_rows``, of the step with ``optimizer`` and ``loss``: default ``[profile]``'s) and the notes on
+    the CSV lines and stale rows passed over (``incomplete_note``, ``stale_note``), which the caller prints or not."""
     descriptions, shas = descriptions_and_shas(cfg, device)
     incomplete: list[int] = []
-    rows, stale = current_rows(cfg, device, shas, incomplete, optimizer)
+    rows, stale = current_rows(cfg, device, shas, incomplete, optimizer, loss)
     rows, other = split_other_shapes(rows, descriptions)
     notes = (incomplete_note(results_path(cfg.profiling_dir, device), incomplete), stale_note(device, stale, rows),
              other_shapes_note(device, other, descriptions))

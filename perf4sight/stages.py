@@ -19,17 +19,17 @@ from rich.table import Table
 
 from perf4sight.config import Config
 from perf4sight.dataset import (ZOO_CACHE, dataset_descriptions, default_networks, device_dataset,
-                                fingerprinted_devices, is_description_file, measured_devices, other_phases,
-                                resolve_networks, undescribed_note)
+                                fingerprinted_devices, is_description_file, measured_devices, other_losses,
+                                other_phases, resolve_networks, undescribed_note)
 from perf4sight.errors import UserError
 from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_LABELS
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.ir.shapes import shape_text
 from perf4sight.networks.zoo import ZOO_NAMES
 from perf4sight.profiling.backends.base import LIMIT_OOM
-from perf4sight.profiling.plan import training_phase
-from perf4sight.profiling.results import (batch_size_of, incomplete_note, latest_rows, number, phase_of, read_rows,
-                                         references_path, results_path)
+from perf4sight.profiling.plan import DEFAULT_LOSS, training_phase
+from perf4sight.profiling.results import (batch_size_of, incomplete_note, latest_rows, loss_of, number, phase_of,
+                                         read_rows, references_path, results_path)
 from perf4sight.wording import named, plural
 
 if TYPE_CHECKING:  # the importers are imported by the import stage alone
@@ -53,8 +53,8 @@ def _print_notes(*lines: str | None) -> None:
 
 def run(stage: str, cfg: Config, args: argparse.Namespace) -> int:
     """Run ``stage`` (or every stage of ``STAGE_ORDER`` for ``all``); returns the exit code. ``--optimizer``,
-    ``--momentum`` and ``--weight-decay`` stand for their ``[profile]`` keys in this run."""
-    given = {key: getattr(args, key, None) for key in ("optimizer", "momentum", "weight_decay")}
+    ``--loss``, ``--momentum`` and ``--weight-decay`` stand for their ``[profile]`` keys in this run."""
+    given = {key: getattr(args, key, None) for key in ("optimizer", "loss", "momentum", "weight_decay")}
     given = {key: value for key, value in given.items() if value is not None}
     if given:
         cfg = dataclasses.replace(cfg, profile=dataclasses.replace(cfg.profile, **given))
@@ -198,13 +198,17 @@ def run_profile(cfg: Config, args: argparse.Namespace) -> int:
     if cfg.profile.optimizer != DEFAULT_OPTIMIZER:
         console.print(f"the measured step's optimiser: {OPTIMIZER_LABELS[cfg.profile.optimizer]} ([profile] "
                       f"optimizer): its rows are of phase {phase}, beside any of another optimiser", markup=False)
+    if cfg.profile.loss != DEFAULT_LOSS:
+        console.print(f"the measured step's loss: {cfg.profile.loss} ([profile] loss): its rows say so, beside any "
+                      "of another loss", markup=False)
     summaries = profile_devices(cfg, names, descriptions)
     console.print(format_summaries(summaries), markup=False)
     for s in summaries:
         if results_path(cfg.profiling_dir, s.device).is_file():
             console.print(f"{s.device}: measurements in {results_path(cfg.profiling_dir, s.device)}", markup=False)
             rows = read_rows(results_path(cfg.profiling_dir, s.device))
-            mine = latest_rows(r for r in rows if phase_of(r) == phase)  # this optimiser's sweep
+            mine = latest_rows(r for r in rows  # this optimiser's and this loss's sweep
+                               if phase_of(r) == phase and loss_of(r) == cfg.profile.loss)
             _print_notes(_limit_note(cfg, s.device, mine))
         refs = references_path(cfg.profiling_dir, s.device)
         if cfg.profile.reference_every > 0 and refs.is_file():
@@ -367,16 +371,30 @@ def _few_rows_note(device: str, meta: dict) -> str:
 
 def _other_optimizers_note(cfg: Config, device: str) -> str:
     """Where ``device``'s rows are all of other optimisers' steps than ``[profile] optimizer``'s (imported perf4sight
-    data, say, under a config of Adam's step), the note that passes it over, saying what stays as it is; else ""."""
+    data, say, under a config of Adam's step), or of its step with other losses than ``[profile] loss``'s
+    (:func:`_other_losses_note`), the note that passes it over, saying what stays as it is; else ""."""
     others = other_phases(cfg, device)
     if not others:
-        return ""
+        return _other_losses_note(cfg, device)
     step = OPTIMIZER_LABELS[cfg.profile.optimizer]
     stored = cfg.fingerprint_dir / device / "metadata.json"
     stays = (f"its fingerprint stays as it is, and predict estimates {step}'s step from it" if stored.is_file()
              else f"--optimizer {others[0]} fits one of its rows")
     return (f"note: {device}: not fitted: its rows are of steps with {' and '.join(others)}, none with {step} "
             f"([profile] optimizer); {stays}")
+
+
+def _other_losses_note(cfg: Config, device: str) -> str:
+    """Where ``device``'s rows of ``[profile] optimizer``'s step are all of other losses than ``[profile] loss``'s,
+    the note that passes it over, saying what stays as it is; else ""."""
+    others = other_losses(cfg, device)
+    if not others:
+        return ""
+    stored = cfg.fingerprint_dir / device / "metadata.json"
+    stays = (f"its fingerprint stays as it is, and predict estimates the step with {cfg.profile.loss} from it"
+             if stored.is_file() else f"--loss {others[0]} fits those rows")
+    return (f"note: {device}: not fitted: its rows are of steps with loss {' and '.join(others)}, none with "
+            f"{cfg.profile.loss} ([profile] loss); {stays}")
 
 
 def _other_update_note(cfg: Config, device: str, rows: list[dict], meta: dict) -> str:
@@ -445,7 +463,8 @@ def _predict_on_one(cfg: Config, args: argparse.Namespace) -> int:
 
     predictor = _predictor(cfg, args)
     device = _predict_device(cfg, args.device, predictor)
-    fp = _for_optimizer(load_device_predictor(cfg, device, predictor), cfg.profile.optimizer, device)
+    fp = _for_loss(_for_optimizer(load_device_predictor(cfg, device, predictor), cfg.profile.optimizer, device),
+                   cfg.profile.loss, device)
     _stale_fingerprint_note(cfg, device)
     if predictor == "ensemble":
         _ensemble_note(fp)
@@ -476,8 +495,9 @@ def _predict_on_one(cfg: Config, args: argparse.Namespace) -> int:
     cap = getattr(fp, "capacity_mb", None)
     fits_against = f"; fits: under {_capacity_mib(cap, preds)} MiB" if cap is not None else ""
     step = fp.runtime.label()  # as the fingerprint stage names it: with momentum and weight decay where recorded
-    if fp.optimizer != fp.fitted_optimizer:
-        step += f", from a fingerprint of {fp.runtime.with_optimizer(fp.fitted_optimizer).label()}"
+    if (fp.optimizer, fp.loss) != (fp.fitted_optimizer, fp.fitted_loss):
+        fitted = fp.runtime.with_optimizer(fp.fitted_optimizer).with_loss(fp.fitted_loss)
+        step += f", from a fingerprint of {fitted.label()}"
     _print_predictions(preds, f"predicted training step ({step}) on {device} by the {predictor} predictor "
                               f"(90% interval{fits_against})", cap)
     _capacity_note(fp, preds)
@@ -758,6 +778,21 @@ def _for_optimizer(fp: Any, optimizer: str, device: str) -> Any:
     return for_optimizer(fp, optimizer)
 
 
+def _for_loss(fp: Any, loss: str, device: str) -> Any:
+    """``fp``, or where ``loss`` (``[profile] loss``, or ``--loss`` for the run) is not the loss its rows were
+    measured with, ``fp`` reading the features of a step with ``loss`` (``predict.for_loss``), with a note saying
+    so."""
+    from perf4sight.fingerprint.predict import for_loss
+    fitted = fp.fitted_loss
+    if loss == fitted:
+        return fp
+    notes.print(f"note: {device}'s fingerprint was fitted on steps with loss {fitted}; predicted for loss {loss} "
+                "([profile] loss or --loss) by its models reading that step's features (the loss's passes and "
+                "bytes), which no row measured, so the interval may not hold; profile and fit that step for a "
+                f"fingerprint of it, or --loss {fitted} for the step it measured", markup=False)
+    return for_loss(fp, loss)
+
+
 def _reads_as(value: float, cap: float | None) -> bool:
     """Whether a memory figure in whole MiB would read as the capacity ``cap`` in whole MiB."""
     return cap is not None and round(value) == round(cap)
@@ -924,8 +959,9 @@ def run_export(cfg: Config, args: argparse.Namespace) -> int:
         raise UserError(f"no measurements under {cfg.profiling_dir}: run --stage profile or --stage import first")
     todo = {}
     for device in devices:  # every device checked before the first file is written
-        # SGD's rows, whatever [profile] optimizer says: a PerfSeer label holds one training figure, read back as SGD's
-        descriptions, _, rows, note = device_dataset(cfg, device, DEFAULT_OPTIMIZER)
+        # SGD's and cross entropy's rows, whatever [profile] says: a PerfSeer label holds one training figure, read
+        # back as theirs
+        descriptions, _, rows, note = device_dataset(cfg, device, DEFAULT_OPTIMIZER, DEFAULT_LOSS)
         _print_notes(note)
         if not rows and other_phases(cfg, device, DEFAULT_OPTIMIZER):
             raise UserError(f"export: device '{device}' has no rows of a step with {DEFAULT_OPTIMIZER}, the only "

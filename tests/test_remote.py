@@ -147,7 +147,7 @@ def test_two_devices_survive_cut_connection_and_killed_run_then_rerun_adds_nothi
     for dev in ("dev-a", "dev-b"):
         rows = _rows(cfg, dev)
         shas = dict(zip(("alpha", "beta"), (results.file_sha(d.read_bytes()) for d in descs)))
-        assert _keys_once(rows) == {(dev, n, str(bs), "3x16x16", "train", shas[n])
+        assert _keys_once(rows) == {(dev, n, str(bs), "3x16x16", "train", "cross_entropy", shas[n])
                                     for n in ("alpha", "beta") for bs in (1, 2)}
         assert all(r["status"] == "ok" and float(r["latency_ms_median"]) > 0 for r in rows)
         remote_rows = results.read_rows(tmp_path / "remote work" / dev / "measurements.csv")

@@ -40,7 +40,7 @@ from perf4sight.features.formulas import BYTES_PER_ELEMENT, numel
 from perf4sight.features.walk import walk
 from perf4sight.importers.perfseer import LABEL_FIELDS, OP_TO_ONNX, PERF4SIGHT_SOURCE
 from perf4sight.ir.schema import NetworkDescription
-from perf4sight.profiling.results import batch_size_of, phase_of
+from perf4sight.profiling.results import batch_size_of, loss_of, phase_of
 
 __all__ = ["export_perfseer", "description_to_graph", "exportable_rows", "check_exportable"]
 
@@ -108,10 +108,11 @@ def _fig(row: dict[str, Any], col: str) -> str:
 def exportable_rows(rows: Iterable[dict[str, Any]],
                     descriptions: dict[str, NetworkDescription]
                     ) -> tuple[list[tuple[dict[str, Any], NetworkDescription]], int]:
-    """(``ok`` training rows paired with their description, rows skipped for having none)."""
+    """(``ok`` rows of SGD's training step with a cross entropy paired with their description, rows skipped for having
+    none)."""
     pairs, skipped = [], 0
     for r in rows:
-        if r.get("status") != "ok" or phase_of(r) != "train":
+        if r.get("status") != "ok" or phase_of(r) != "train" or loss_of(r) != "cross_entropy":
             continue
         desc = descriptions.get(str(r["network"]))
         if desc is None:

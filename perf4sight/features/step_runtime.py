@@ -8,6 +8,8 @@ Each rule is a fact about a torch version or a device, not a fitted figure:
 - ``momentum``: SGD kept a momentum buffer (momentum > 0). ``weight_decay``: SGD's or Adam's update added an L2
   decay term (a new parameter-sized tensor per parameter; None: the old rule, SGD's with one as perf4sight's TX2
   recipe ran it, Adam's without). Both change the update's kernels and what it keeps or allocates.
+- ``loss``: the step's loss (``profiling.plan.LOSSES``): a cross entropy against int64 labels, or an MSE or L1 loss
+  against a float target of the output's shape (``formulas.output_loss``): its passes, what it keeps and allocates.
 - ``relu6_clone``: torch 1.10 and newer keep a ReLU6's input for backward (a clone of it when the ReLU6 is in
   place; pytorch/pytorch#95432), where older torch (the TX2's) kept the result of an in-place one.
 - ``foreach``: the optimiser updated every parameter at once (torch's default for parameters on a GPU) or one at a
@@ -41,8 +43,12 @@ from perf4sight.features.formulas import OpCost
 from perf4sight.features.optimizers import (DEFAULT_OPTIMIZER, OPTIMIZER_LABELS, PERF4SIGHT_MOMENTUM,
                                            PERF4SIGHT_WEIGHT_DECAY, OptimizerCost, adds_decay, optimizer_cost)
 from perf4sight.features.priced_ops import check_prices, prices_key, prices_table
+from perf4sight.profiling.plan import DEFAULT_LOSS, LOSSES
 
-__all__ = ["StepRuntime", "CUDA_MASK_BYTES", "CPU_MASK_BYTES"]
+__all__ = ["StepRuntime", "CUDA_MASK_BYTES", "CPU_MASK_BYTES", "LOSS_LABELS"]
+
+#: Each loss in words, as a step's label names it.
+LOSS_LABELS = {"cross_entropy": "cross-entropy loss", "mse": "MSE loss", "l1": "L1 loss"}
 
 #: Bytes per element a dropout keeps: CUDA's fused kernel (a bool mask) and the CPU's (the float noise).
 CUDA_MASK_BYTES = 1
@@ -60,6 +66,7 @@ _METADATA_KEYS: dict[str, tuple[str, Any]] = {
     "zero_grad_set_to_none": ("grads_to_none", False),  # before 2026-11-26: replayed with the gradients kept
     "update_counted_as_run": ("update_as_run", False),  # before 2026-11-26 (evening): momentum one kernel
     "op_prices": ("op_prices", ()),  # before 2026-11-26 (night): none measured
+    "loss": ("loss", DEFAULT_LOSS),  # before 2026-11-29: every row's a cross entropy
 }
 
 
@@ -78,9 +85,12 @@ class StepRuntime:
     grads_to_none: bool = False
     update_as_run: bool = False
     op_prices: tuple = ()  # priced_ops.prices_key of the device's table
+    loss: str = DEFAULT_LOSS
 
     def __post_init__(self) -> None:
         optimizer_cost(self.optimizer)  # a ValueError naming the known ones
+        if self.loss not in LOSSES:
+            raise ValueError(f"unknown loss {self.loss!r}: one of {', '.join(LOSSES)}")
         if self.dropout_mask_bytes not in (CUDA_MASK_BYTES, CPU_MASK_BYTES):
             raise ValueError(f"dropout_mask_bytes must be {CUDA_MASK_BYTES} or {CPU_MASK_BYTES}, "
                              f"not {self.dropout_mask_bytes!r}")
@@ -88,6 +98,10 @@ class StepRuntime:
     def with_optimizer(self, optimizer: str) -> "StepRuntime":
         """The same rules for a step with another optimiser (``ValueError`` for an unknown one)."""
         return replace(self, optimizer=optimizer)
+
+    def with_loss(self, loss: str) -> "StepRuntime":
+        """The same rules for a step with another loss (``ValueError`` for an unknown one)."""
+        return replace(self, loss=loss)
 
     @property
     def decays(self) -> bool:
@@ -100,7 +114,12 @@ class StepRuntime:
                               as_run=self.update_as_run)
 
     def label(self) -> str:
-        """The step's optimiser in words, with its momentum (SGD) and an L2 weight decay where the rows recorded one."""
+        """The step's optimiser in words, with its momentum (SGD) and an L2 weight decay where the rows recorded one,
+        then its loss where that is no cross entropy."""
+        return self._optimizer_label() + ("" if self.loss == DEFAULT_LOSS else f", {LOSS_LABELS[self.loss]}")
+
+    def _optimizer_label(self) -> str:
+        """The step's optimiser in words (:meth:`label` without the loss)."""
         text = OPTIMIZER_LABELS[self.optimizer]
         if self.optimizer == "sgd" and not self.momentum:
             return "SGD with weight decay, no momentum" if self.decays else "SGD without momentum"
@@ -147,4 +166,6 @@ class StepRuntime:
             raise ValueError("weight_decay is not true, false or null")
         prices = kw.pop("op_prices")
         kw["op_prices"] = prices_key(check_prices({"ops": prices}, "op_prices")) if prices else ()
+        if not isinstance(kw["loss"], str):
+            raise ValueError("loss is not a name")
         return cls(optimizer=str(kw.pop("optimizer")), dropout_mask_bytes=int(kw.pop("dropout_mask_bytes")), **kw)

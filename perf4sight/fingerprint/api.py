@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import Any
 
 from perf4sight.config import Config
-from perf4sight.dataset import current_rows, other_phases, split_other_shapes
+from perf4sight.dataset import current_rows, other_losses, other_phases, split_other_shapes
 from perf4sight.errors import UserError
 from perf4sight.features.priced_ops import load_op_prices
 from perf4sight.fingerprint.drift import normalise_step_times
@@ -15,7 +15,7 @@ from perf4sight.fingerprint.predict import Fingerprint, load_fingerprint
 from perf4sight.fingerprint.storage import METADATA_FILE
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.plan import training_phase
-from perf4sight.profiling.results import op_prices_path, phase_of, read_rows, references_path, results_path
+from perf4sight.profiling.results import loss_of, op_prices_path, phase_of, read_rows, references_path, results_path
 
 __all__ = ["device_measurements", "drift_corrected", "fit_device", "fit_device_gnn", "load_device_fingerprint",
            "load_device_predictor"]
@@ -38,6 +38,11 @@ def device_measurements(cfg: Config, device: str, shas: dict[str, str] | None = 
             raise UserError(f"device '{device}' has no rows of a training step with {cfg.profile.optimizer} "
                             f"([profile] optimizer) in {results_path(cfg.profiling_dir, device)}, only with "
                             f"{' and '.join(others)}: set [profile] optimizer to fit those, or profile it again")
+        losses = other_losses(cfg, device) if not rows else []
+        if losses:
+            raise UserError(f"device '{device}' has no rows of a training step with loss {cfg.profile.loss} "
+                            f"([profile] loss) in {results_path(cfg.profiling_dir, device)}, only with "
+                            f"{' and '.join(losses)}: set [profile] loss (or --loss) to fit those, or profile it again")
         if not rows:
             raise UserError(f"no measurements for device '{device}' in {results_path(cfg.profiling_dir, device)}")
     limit = cfg.devices[device].memory_limit_mb if device in cfg.devices else 0
@@ -86,12 +91,12 @@ def drift_corrected(cfg: Config, device: str, rows: list[dict]) -> tuple[list[di
     """``rows`` with their step times corrected by ``device``'s drift reference (``drift.normalise_step_times``)
     and the correction's summary; unchanged, and None, where the device has no ``references.csv`` or
     ``[fingerprint] drift_reference`` is off. The references of the rows' training step count (``[profile]
-    optimizer``'s phase), as its rows do."""
+    optimizer``'s phase, ``[profile] loss``'s), as its rows do."""
     path = references_path(cfg.profiling_dir, device)
     if not cfg.fingerprint.drift_reference or not path.is_file():
         return rows, None
     phase = training_phase(cfg.profile.optimizer)
-    references = [r for r in read_rows(path) if phase_of(r) == phase]
+    references = [r for r in read_rows(path) if phase_of(r) == phase and loss_of(r) == cfg.profile.loss]
     return normalise_step_times(rows, references, LATENCY_COLUMN)
 
 

@@ -42,12 +42,13 @@ from perf4sight.fingerprint.trees import CEILING, MODELS, TREE_FEATURES, Model, 
 from perf4sight.importers.perf4sight_csv import PROTOCOL as PERF4SIGHT_ROWS
 from perf4sight.importers.perf4sight_csv import UPDATE as PERF4SIGHT_UPDATE
 from perf4sight.ir.schema import STRUCTURE_VERSION, NetworkDescription
-from perf4sight.profiling.plan import OPTIMIZERS, phase_optimizer, recorded_update, training_phase
-from perf4sight.profiling.results import batch_size_of, number, phase_of
+from perf4sight.profiling.plan import DEFAULT_LOSS, OPTIMIZERS, phase_optimizer, recorded_update, training_phase
+from perf4sight.profiling.results import batch_size_of, loss_of, number, phase_of
 from perf4sight.wording import plural
 
 __all__ = ["fit_fingerprint", "fit_inputs_sha256", "memory_column", "memory_replay", "step_runtime", "relu6_clone",
-           "rows_optimizer", "rows_update", "torch_at_least", "ran_on_cpu", "native_conv_dispatch", "hold_native_conv",
+           "rows_optimizer", "rows_update", "rows_loss", "torch_at_least", "ran_on_cpu", "native_conv_dispatch",
+           "hold_native_conv",
            "device_kind", "choice_rule", "memory_capacity", "capacity_basis", "records",
            "software_versions", "input_shape_metadata", "LATENCY_COLUMN", "FEATURE_SET"]
 
@@ -123,6 +124,15 @@ def rows_optimizer(rows: list[dict[str, Any]]) -> str:
     return str(optimizers[0]) if optimizers else DEFAULT_OPTIMIZER
 
 
+def rows_loss(rows: list[dict[str, Any]]) -> str:
+    """The loss of these rows' training step (their ``loss`` cells; an empty one is a cross entropy's).
+    ``UserError`` where they mix losses."""
+    losses = sorted({loss_of(r) for r in rows})
+    if len(losses) > 1:
+        raise UserError(f"fingerprint: rows of several losses ({', '.join(losses)}); fit the rows of one at a time")
+    return losses[0] if losses else DEFAULT_LOSS
+
+
 def ran_on_cpu(rows: list[dict[str, Any]]) -> bool:
     """Whether these rows' steps ran on a CPU (the ``cpu`` backend, every row): there the optimiser updates one
     parameter at a time, where a GPU's torch >= 2.0 updates all at once (``foreach``; the allocator replay writes
@@ -139,10 +149,10 @@ def native_conv_dispatch(rows: list[dict[str, Any]]) -> bool:
 
 def step_runtime(rows: list[dict[str, Any]]) -> StepRuntime:
     """The rules of the torch that ran these rows' training step (``features/step_runtime.py``), read from the rows:
-    their optimiser and its momentum and weight decay, their torch's ReLU6, a CPU's update and dropout mask or a
-    GPU's (whose update is ``foreach`` from torch 2.0 on), the CPU's 1x1 dispatch, and the gradients freed by each
-    step's ``zero_grad`` (this tool's profiler; imported rows keep the rule of perf4sight's, which zeroed them); the
-    update counted kernel by kernel as torch runs it."""
+    their optimiser and its momentum and weight decay, their loss, their torch's ReLU6, a CPU's update and dropout
+    mask or a GPU's (whose update is ``foreach`` from torch 2.0 on), the CPU's 1x1 dispatch, and the gradients freed
+    by each step's ``zero_grad`` (this tool's profiler; imported rows keep the rule of perf4sight's, which zeroed
+    them); the update counted kernel by kernel as torch runs it."""
     on_cpu, optimizer = ran_on_cpu(rows), rows_optimizer(rows)
     momentum, decay = rows_update(rows, optimizer)
     return StepRuntime(optimizer=optimizer, relu6_clone=relu6_clone(rows),
@@ -150,7 +160,7 @@ def step_runtime(rows: list[dict[str, Any]]) -> StepRuntime:
                        dropout_mask_bytes=CPU_MASK_BYTES if on_cpu else CUDA_MASK_BYTES,
                        native_conv=native_conv_dispatch(rows), momentum=momentum, weight_decay=decay,
                        grads_to_none=bool(rows) and all(r.get("backend") != "imported" for r in rows),
-                       update_as_run=True)
+                       update_as_run=True, loss=rows_loss(rows))
 
 
 def hold_native_conv(F: np.ndarray, runtime: StepRuntime) -> np.ndarray:

@@ -58,6 +58,7 @@ class GNNPredictor(ModuleQueries):
         # of before for the rest), whose step the queries' features are of (another optimiser's: for_optimizer)
         self.runtime = StepRuntime.from_metadata(metadata)
         self.fitted_optimizer: str = self.runtime.optimizer
+        self.fitted_loss: str = self.runtime.loss
 
     def outside_training(self, descs: Any, batch_sizes: int | Sequence[int]) -> list[str]:
         """As :meth:`perf4sight.fingerprint.predict.Fingerprint.outside_training`, on the GNN's training rows
@@ -94,7 +95,10 @@ class EnsemblePredictor(ModuleQueries):
         if trees.optimizer != gnn.optimizer:
             raise UserError(f"the ensemble's trees were fitted on rows of a step with {trees.optimizer}, its GNN on "
                             f"rows with {gnn.optimizer}: fit both again (--stage fingerprint --predictor ensemble)")
-        self.fitted_optimizer, self.runtime = trees.fitted_optimizer, trees.runtime
+        if trees.loss != gnn.loss:
+            raise UserError(f"the ensemble's trees were fitted on rows of a step with loss {trees.loss}, its GNN on "
+                            f"rows with {gnn.loss}: fit both again (--stage fingerprint --predictor ensemble)")
+        self.fitted_optimizer, self.fitted_loss, self.runtime = trees.fitted_optimizer, trees.fitted_loss, trees.runtime
         self.device, self.input_shape = gnn.device, trees.input_shape or gnn.input_shape
         self.capacity_mb = trees.capacity_mb if trees.capacity_mb is not None else gnn.capacity_mb
         self.capacity_basis = getattr(trees, "capacity_basis", "prediction") if trees.capacity_mb is not None \

@@ -37,7 +37,8 @@ from perf4sight.ir.shapes import shape_text
 from perf4sight.profiling.plan import MAX_BATCH_SIZE
 from perf4sight.wording import named, plural
 
-__all__ = ["Fingerprint", "load_fingerprint", "PREDICTION_KEYS", "accuracy_lines", "for_optimizer"]
+__all__ = ["Fingerprint", "load_fingerprint", "PREDICTION_KEYS", "accuracy_lines", "for_optimizer",
+           "for_loss"]
 
 PREDICTION_KEYS = ("network", "batch_size", "latency_ms", "latency_ms_low", "latency_ms_high",
                    "memory_mb", "memory_mb_low", "memory_mb_high", "fits")
@@ -242,6 +243,11 @@ class ModuleQueries:
         return self.runtime.optimizer
 
     @property
+    def loss(self) -> str:
+        """The loss whose step the queries' features are of (``fitted_loss``, or another's: :func:`for_loss`)."""
+        return self.runtime.loss
+
+    @property
     def input_shapes(self) -> list[list[int]]:
         """Every ``[C, H, W]`` its training networks were described at, ``input_shape`` first; [] when unknown (a
         fingerprint stored before 2026-11-26 names ``input_shape`` alone)."""
@@ -303,6 +309,7 @@ class Fingerprint(ModuleQueries):
         # queries' features are of its step (another optimiser's: for_optimizer)
         self.runtime = StepRuntime.from_metadata(metadata)
         self.fitted_optimizer: str = self.runtime.optimizer
+        self.fitted_loss: str = self.runtime.loss
         q = metadata.get("interval", {}).get("log_ratio_quantiles", {})
         self._bands = {t: (float(q.get(t, [0, 0])[0]), float(q.get(t, [0, 0])[1])) for t in ("latency", "memory")}
         # a query of a training family: its own band (fingerprints since 2026-11-25; none: the band above)
@@ -412,6 +419,22 @@ def for_optimizer(predictor: Any, optimizer: str) -> Any:
     for part in ("trees", "gnn"):  # an ensemble's predictors
         if getattr(new, part, None) is not None:
             setattr(new, part, for_optimizer(getattr(new, part), optimizer))
+    return new
+
+
+def for_loss(predictor: Any, loss: str) -> Any:
+    """A shallow copy of ``predictor`` (a trees fingerprint, a GNN or their ensemble) whose queries get the features
+    of a training step with ``loss`` (``profiling.plan.LOSSES``; ``formulas.output_loss``): its models, fitted on
+    another loss's rows, read that step's loss passes and bytes. An estimate no row measured; ``fitted_loss`` keeps
+    the rows' own."""
+    new = copy.copy(predictor)
+    try:
+        new.runtime = predictor.runtime.with_loss(loss.lower() if isinstance(loss, str) else loss)
+    except ValueError as exc:  # naming the known ones
+        raise UserError(f"for_loss: {exc}") from None
+    for part in ("trees", "gnn"):  # an ensemble's predictors
+        if getattr(new, part, None) is not None:
+            setattr(new, part, for_loss(getattr(new, part), loss))
     return new
 
 

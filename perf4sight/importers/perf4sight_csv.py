@@ -34,7 +34,7 @@ from perf4sight.errors import UserError
 from perf4sight.features.optimizers import PERF4SIGHT_MOMENTUM, PERF4SIGHT_WEIGHT_DECAY
 from perf4sight.ir.schema import NetworkDescription, is_file_stem, load_description, save_description
 from perf4sight.ir.shapes import shape_text
-from perf4sight.profiling.plan import update_columns
+from perf4sight.profiling.plan import DEFAULT_LOSS, update_columns
 from perf4sight.profiling.results import append_row, file_sha, number, read_rows, results_path, row_key
 from perf4sight.wording import plural
 
@@ -47,6 +47,8 @@ PROTOCOL = "perf4sight_mean3"
 #: The ``momentum`` and ``weight_decay`` cells of an imported row: perf4sight's profiler's SGD
 #: (``features.optimizers.PERF4SIGHT_MOMENTUM``, ``PERF4SIGHT_WEIGHT_DECAY``).
 UPDATE = update_columns("sgd", PERF4SIGHT_MOMENTUM, PERF4SIGHT_WEIGHT_DECAY)
+#: The ``loss`` cell of an imported row: perf4sight's profiler trained its classifiers with a cross entropy.
+LOSS = DEFAULT_LOSS
 
 #: A step whose time per sample is more than this many times that of the network's next smaller batch size that
 #: ran is thrashing (unified memory swapped out and back in, zram on a Jetson): recorded as ``oom``, as this tool's
@@ -451,7 +453,7 @@ def import_perf4sight(source_dir: str | Path, device: str, profiling_dir: str | 
             "pruning_level": level if level != int(level) else int(level), "batch_size": bs,
             "input_shape": info[variant][0], "phase": "train", "status": status, "message": message,
             "protocol": PROTOCOL, "device_model": board, "hostname": "", "timestamp": stamp,
-            "description_sha": info[variant][1], **UPDATE,
+            "description_sha": info[variant][1], "loss": LOSS, **UPDATE,
             **figures,
         })
         if len(files["memory"]) > 1 or len(files["latency"]) > 1:

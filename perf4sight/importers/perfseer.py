@@ -55,6 +55,7 @@ from perf4sight.importers.perf4sight_csv import (ImportSummary, check_backends, 
                                                  description_identity, import_source, rows_on_disk, source_kind)
 from perf4sight.ir.schema import INTERPOLATE_MODES, OPS, NetworkDescription, save_description
 from perf4sight.ir.shapes import shape_text, transposed_output_padding
+from perf4sight.profiling.plan import DEFAULT_LOSS
 from perf4sight.profiling.results import COLUMNS, file_sha, read_rows, results_path
 
 __all__ = ["import_perfseer", "read_graph", "read_label", "graph_to_description", "is_own_export", "LABEL_FIELDS",
@@ -766,11 +767,12 @@ def _recorded_row(graph: Any, where: str) -> dict[str, str]:
 
 def _label_row(graph: Any, phase: str, fig: dict[str, float], where: str) -> dict[str, Any]:
     """Columns of one label's figures: for our exports over the recorded row of that phase (the label
-    wins the three columns it carries), else the foreign mapping (``latency_ms_mean`` =
-    ``latency_ms_median`` = time)."""
+    wins the three columns it carries; its ``loss`` as recorded, a cross entropy's: export writes no other), else the
+    foreign mapping (``latency_ms_mean`` = ``latency_ms_median`` = time; a cross entropy's step)."""
     recorded = graph.graph.get("perf4sight_row")
     if not (is_own_export(graph) and isinstance(recorded, dict) and recorded.get("phase", "train") == phase):
-        return {"backend": "imported", "protocol": "perfseer", "latency_ms_median": _cell(fig["time"]),
+        return {"backend": "imported", "protocol": "perfseer", "loss": DEFAULT_LOSS,
+                "latency_ms_median": _cell(fig["time"]),
                 "latency_ms_mean": _cell(fig["time"]), "device_mem_used_mb": _cell(fig["peak_memory_usuage"]),
                 "gpu_util_pct": _cell(fig["average_sm_util"])}
     memory = str(graph.graph.get("memory_column", "device_mem_used_mb"))

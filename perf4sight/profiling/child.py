@@ -2,7 +2,7 @@
 ``python -m perf4sight.profiling.child PLAN --network I --batch-size B --result OUT``.
 
 Rebuilds network ``I`` of the plan from its description, trains it on random data for the
-plan's warm-up and timed steps (cross-entropy, the plan's optimiser) and writes one JSON object
+plan's warm-up and timed steps (the plan's loss and optimiser) and writes one JSON object
 to ``OUT``: the measurement columns (see ``results.COLUMNS``; the optimiser's update is also timed on its own,
 inside each step, ``update_ms_median``) plus ``status`` (``ok``, ``oom``
 or ``error``), ``message`` and ``stage`` (``setup``, ``build`` or ``step``: where it stopped). A result that cannot be
@@ -27,8 +27,8 @@ from perf4sight.files import write_atomically
 from perf4sight.profiling.plan import load_plan
 from perf4sight.profiling.procfs import status_mb
 
-__all__ = ["measure", "one_line", "failure_message", "make_optimizer", "main", "RESULT_NOT_WRITTEN", "DISK_FULL",
-           "NO_SPACE"]
+__all__ = ["measure", "one_line", "failure_message", "make_optimizer", "make_target", "loss_function", "main",
+           "RESULT_NOT_WRITTEN", "DISK_FULL", "NO_SPACE"]
 
 MESSAGE_CHARS = 300
 #: the exit status of a child whose result file could not be written
@@ -70,6 +70,41 @@ def make_optimizer(plan: Any, parameters: Any) -> Any:
                                                                                    **decay)
 
 
+def loss_function(loss: str) -> Any:
+    """The ``torch.nn.functional`` function of a plan's ``loss`` (``plan.LOSSES``), each with its mean reduction."""
+    import torch.nn.functional as F
+
+    return {"cross_entropy": F.cross_entropy, "mse": F.mse_loss, "l1": F.l1_loss}[loss]
+
+
+def output_shape(desc: Any, input_shape: List[int]) -> List[int]:
+    """The shape of one sample's output (no batch) of the network ``desc`` at ``input_shape``: the description's
+    where that is its own input shape, else what a forward pass of one image on the meta device gives (no memory)."""
+    if list(input_shape) == list(desc.input_shape):
+        return list(desc.node(desc.output).output_shape)
+    import torch
+
+    from perf4sight.ir.to_torch import build_module
+
+    with torch.no_grad():
+        out = build_module(desc, device="meta")(torch.empty([1] + list(input_shape), device="meta"))
+    return list(out.shape[1:])
+
+
+def make_target(plan: Any, desc: Any, input_shape: List[int], batch_size: int, device: Any) -> Any:
+    """What the step's loss compares the output with, made once before the steps: for ``cross_entropy`` int64
+    labels of ``[batch_size] + desc.label_shape`` (a class per image, or per pixel of an output ``[N, C, H, W]``)
+    drawn below the plan's (or the description's) class count; for ``mse`` and ``l1`` a float32 target
+    ``torch.randn`` of the output's shape, whatever that is: a classifier's target is then a float per class score
+    (``[N, classes]``), as an image-to-image network's is a float per output pixel (``[N, C, H, W]``)."""
+    import torch
+
+    if plan.loss == "cross_entropy":
+        num_classes = int(plan.num_classes or desc.num_classes)
+        return torch.randint(0, num_classes, [batch_size] + desc.label_shape, device=device)
+    return torch.randn([batch_size] + output_shape(desc, input_shape), device=device)
+
+
 def measure(plan_path: Union[str, Path], network_index: int, batch_size: int) -> Dict[str, Any]:
     """Run one (network, batch size) measurement in this process and return its result dict."""
     result: Dict[str, Any] = {"stage": "setup"}
@@ -82,7 +117,6 @@ def measure(plan_path: Union[str, Path], network_index: int, batch_size: int) ->
         backend = get_backend(plan)
         backend.prepare()
         import torch
-        import torch.nn.functional as F
 
         from perf4sight.ir.schema import load_description
         from perf4sight.ir.to_torch import build_module
@@ -90,7 +124,6 @@ def measure(plan_path: Union[str, Path], network_index: int, batch_size: int) ->
         result["stage"] = "build"
         desc = load_description(plan.resolve(plan_path.parent, plan.networks[network_index]))
         shape = list(plan.input_shape or desc.input_shape)
-        num_classes = int(plan.num_classes or desc.num_classes)
         torch.manual_seed(0)
         device = backend.device
         model = build_module(desc).to(device).train()
@@ -98,13 +131,14 @@ def measure(plan_path: Union[str, Path], network_index: int, batch_size: int) ->
         # after the optimiser: its constructor imports torch._dynamo (~1 s, tens of MiB), a constant
         result["baseline_rss_mb"] = round(status_mb("self", "VmRSS") or 0.0, 2)
         x = torch.randn(batch_size, *shape, device=device)
-        y = torch.randint(0, num_classes, [batch_size] + desc.label_shape, device=device)  # a class per pixel too
+        y = make_target(plan, desc, shape, batch_size, device)
+        loss_fn = loss_function(plan.loss)
 
         updates = []  # (start, end) marks of each step's optimiser update
 
         def step() -> None:
             optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(x), y)
+            loss = loss_fn(model(x), y)
             loss.backward()
             start = backend.mark()
             optimizer.step()

@@ -191,7 +191,8 @@ def _plan_on_disk(cfg: Config, dev: DeviceConfig,
     """(rows of ``dev``'s plan in its CSV, their count per status, rows the plan has); None where a description or
     the CSV cannot be read now."""
     try:
-        keys = expected_keys(dev.name, descriptions, cfg.profile.batch_sizes, training_phase(cfg.profile.optimizer))
+        keys = expected_keys(dev.name, descriptions, cfg.profile.batch_sizes, training_phase(cfg.profile.optimizer),
+                             cfg.profile.loss)
         rows, counts = plan_counts(results_path(cfg.profiling_dir, dev.name), covering(keys))
     except (UserError, OSError):
         return None

@@ -75,7 +75,7 @@ def make_plan(cfg: Config, device_name: str, descriptions: list[str | Path], out
                     repeats=p.repeats, timeout_s=p.timeout_s, max_swap_in_mb=p.max_swap_in_mb,
                     memory_limit_mb=dev.memory_limit_mb, threads=dev.threads, gpu_index=dev.gpu_index,
                     learning_rate=p.learning_rate, momentum=p.momentum, weight_decay=p.weight_decay,
-                    optimizer=p.optimizer, output=output,
+                    optimizer=p.optimizer, loss=p.loss, output=output,
                     reference_every=p.reference_every, reference_network=p.reference_network,
                     reference_batch_size=p.reference_batch_size, retry_errors=p.retry_errors,
                     op_prices_output=OP_PRICES_JSON if p.op_prices and dev.backend == "cpu" else "")

@@ -69,16 +69,17 @@ def probe_problems(backend: str, facts: dict, workdir: str) -> list[str]:
 
 
 def expected_keys(device: str, descriptions: Sequence[Path], batch_sizes: Sequence[int],
-                  phase: str = "train") -> set[tuple]:
+                  phase: str = "train", loss: str = "cross_entropy") -> set[tuple]:
     """Measurement keys the plan will produce, as ``results.row_key`` spells them (``phase``: its optimiser's,
-    ``plan.training_phase``)."""
+    ``plan.training_phase``; ``loss``: its loss)."""
     keys = set()
     for path in descriptions:
         desc = load_description(path)
         shape = shape_text(desc.input_shape)
         sha = results.file_sha(Path(path).read_bytes())
         keys |= {results.row_key({"device": device, "network": desc.name, "batch_size": bs, "input_shape": shape,
-                                  "phase": phase, "description_sha": sha}) for bs in batch_sizes}
+                                  "phase": phase, "loss": loss,
+                                  "description_sha": sha}) for bs in batch_sizes}
     return keys
 
 

@@ -9,7 +9,8 @@ Example (times in seconds, memory in MiB)::
     {"device": "tx2", "backend": "jetson", "networks": ["nets/resnet18_l0.json"],
      "batch_sizes": [1, 2, 4, 8], "warmup_steps": 2, "timed_steps": 5, "timeout_s": 300,
      "memory_limit_mb": 0, "threads": 0, "gpu_index": 0, "learning_rate": 0.01,
-     "optimizer": "sgd", "momentum": 0.9, "weight_decay": 0.0, "output": "measurements.csv"}
+     "optimizer": "sgd", "momentum": 0.9, "weight_decay": 0.0, "loss": "cross_entropy",
+     "output": "measurements.csv"}
 """
 import dataclasses
 import json
@@ -21,7 +22,8 @@ from perf4sight.errors import UserError, read_json_object
 from perf4sight.files import write_atomically
 from perf4sight.profiling.results import REFERENCES_CSV
 
-__all__ = ["TestPlan", "load_plan", "save_plan", "check_measurement_settings", "PLAN_VERSION", "OPTIMIZERS",
+__all__ = ["TestPlan", "load_plan", "save_plan", "check_measurement_settings", "PLAN_VERSION", "OPTIMIZERS", "LOSSES",
+           "DEFAULT_LOSS",
            "MAX_BATCH_SIZE", "MAX_TIMEOUT_S",
            "training_phase", "phase_optimizer", "update_columns", "recorded_update", "effective_weight_decay"]
 
@@ -29,6 +31,11 @@ PLAN_VERSION = 1
 
 #: The optimisers a measured training step can use (torch.optim.SGD, Adam, AdamW).
 OPTIMIZERS = ("sgd", "adam", "adamw")
+#: The losses a measured training step can compute (torch.nn.functional's cross_entropy, mse_loss, l1_loss): cross
+#: entropy against int64 labels, the other two against a float target of the output's shape.
+LOSSES = ("cross_entropy", "mse", "l1")
+#: The loss of every row measured before the loss could be chosen, and of every imported row.
+DEFAULT_LOSS = "cross_entropy"
 
 #: The largest batch size any stage takes: larger ones overflow the byte counts (int64) of the allocator replay.
 MAX_BATCH_SIZE = 10**9
@@ -111,6 +118,8 @@ def check_measurement_settings(s: Any, where: str, quote: str = "") -> None:
                         f"got {s.reference_every} and {s.reference_batch_size}")
     if s.optimizer not in OPTIMIZERS:
         raise UserError(f"{where}{key('optimizer')} must be one of {', '.join(OPTIMIZERS)}, got {s.optimizer!r}")
+    if s.loss not in LOSSES:
+        raise UserError(f"{where}{key('loss')} must be one of {', '.join(LOSSES)}, got {s.loss!r}")
     if not (s.learning_rate > 0 and 0 <= s.momentum < 1):
         raise UserError(f"{where}{key('learning_rate')} must be > 0 and {key('momentum')} in [0, 1), "
                         f"got {s.learning_rate} and {s.momentum}")
@@ -135,6 +144,9 @@ class TestPlan:
     ``adamw`` with torch's defaults; ``learning_rate`` and ``weight_decay`` are each one's (``weight_decay`` None:
     torch's default, AdamW's 0.01, the others' 0). It names the rows' ``phase`` (:func:`training_phase`); the rows
     record the momentum and weight decay (:func:`update_columns`).
+    ``loss``: the training step's loss (:data:`LOSSES`): ``cross_entropy`` against int64 labels (a class per image,
+    or per position of an output ``[N, C, H, W]``), or ``mse`` / ``l1`` (mean reduction) against a float target of
+    the output's shape. The rows record it in their ``loss`` column, part of their key.
     ``max_swap_in_mb``: MiB the system may swap back in while one measurement runs; more means the
     step's memory did not fit and pages went out and came back (thrashing, e.g. a Jetson's zram): the
     row is recorded as ``oom``, its measured columns kept (0 = no check).
@@ -170,6 +182,7 @@ class TestPlan:
     momentum: float = 0.9
     weight_decay: Optional[float] = None
     optimizer: str = "sgd"
+    loss: str = DEFAULT_LOSS
     input_shape: Optional[List[int]] = None
     num_classes: Optional[int] = None
     output: str = "measurements.csv"
@@ -214,7 +227,7 @@ _TYPES: Dict[str, Tuple[Type, ...]] = {
     "timeout_s": (int, float), "memory_limit_mb": (int,),
     "max_swap_in_mb": (int, float),
     "threads": (int,), "gpu_index": (int,), "learning_rate": (int, float), "momentum": (int, float),
-    "weight_decay": (int, float, type(None)), "optimizer": (str,), "input_shape": (list, type(None)),
+    "weight_decay": (int, float, type(None)), "optimizer": (str,), "loss": (str,), "input_shape": (list, type(None)),
     "num_classes": (int, type(None)), "output": (str,),
     "reference_every": (int,), "reference_network": (str,), "reference_batch_size": (int,), "reference_output": (str,),
     "op_prices_output": (str,), "retry_errors": (bool,), "poll_interval_s": (int, float), "version": (int,),

@@ -98,7 +98,7 @@ class RemoteProfiler:
         self.local_csv = results.results_path(cfg.profiling_dir, dev.name)
         self.summary = DeviceSummary(dev.name, "failed")
         keys = expected_keys(dev.name, self.descriptions, cfg.profile.batch_sizes,
-                             training_phase(cfg.profile.optimizer))
+                             training_phase(cfg.profile.optimizer), cfg.profile.loss)
         self.summary.expected = len(keys)
         self.expected = covering(keys)
         self.puller = CsvPuller(self.local_csv, wanted=self.expected)

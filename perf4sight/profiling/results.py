@@ -1,6 +1,6 @@
 """The tidy measurement schema shared by every device, backend and importer.
 
-One row per (device, network variant, batch size, input shape, phase, description): a description
+One row per (device, network variant, batch size, input shape, phase, loss, description): a description
 that changes under the same name is a new network, measured again; its earlier rows stay on
 disk, marked by their ``description_sha``, and the host passes over them. An ``oom`` a lower
 memory_limit_mb caused is measured again under a higher one, and an ``error`` with ``retry_errors``: the
@@ -23,7 +23,7 @@ from perf4sight.files import atomic_path, naming_file
 __all__ = ["COLUMNS", "STATUSES", "append_row", "upgrade_file", "read_rows", "measured_keys", "row_key", "results_path",
            "references_path", "REFERENCES_CSV", "op_prices_path", "OP_PRICES_JSON", "file_sha", "split_stale", "number",
            "batch_size_of", "latest_rows",
-           "phase_of"]
+           "phase_of", "loss_of"]
 
 #: Column order of every measurement CSV. Empty string = not measured / not applicable.
 COLUMNS: List[str] = [
@@ -66,6 +66,7 @@ COLUMNS: List[str] = [
     "momentum",               # SGD's momentum (empty: another optimiser, or a row from before it was recorded)
     "weight_decay",           # the optimiser's weight decay (empty: a row from before it was recorded)
     "update_ms_median",       # median time of the optimiser's update (optimizer.step) inside the timed steps
+    "loss",                   # the step's loss: cross_entropy | mse | l1 (empty: a row from before, cross_entropy)
 ]
 
 STATUSES = ("ok", "oom", "skipped_after_oom", "error")
@@ -115,11 +116,17 @@ def phase_of(row: Dict[str, Any]) -> str:
     return str(row.get("phase") or "train")
 
 
+def loss_of(row: Dict[str, Any]) -> str:
+    """A row's ``loss`` (``plan.LOSSES``); an empty one (a row from before the loss could be chosen, an imported
+    row) is ``cross_entropy``."""
+    return str(row.get("loss") or "cross_entropy")
+
+
 def row_key(row: Dict[str, Any], with_sha: bool = True) -> Tuple[str, ...]:
-    """Identity of a measurement: (device, network, batch size, input shape, phase, description sha);
+    """Identity of a measurement: (device, network, batch size, input shape, phase, loss, description sha);
     without the sha for imports (they bring their descriptions with them and measure nothing again)."""
     key = (str(row.get("device", "")), str(row["network"]), str(batch_size_of(row)),
-           str(row.get("input_shape", "")), phase_of(row))
+           str(row.get("input_shape", "")), phase_of(row), loss_of(row))
     return key + (str(row.get("description_sha") or ""),) if with_sha else key
 
 

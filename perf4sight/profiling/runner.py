@@ -381,16 +381,17 @@ class _OnDisk:
     def read(cls, csv_path: Path, device: str, nets: List[_Network], limit: int = 0,
              retry_errors: bool = False, plan: Optional[TestPlan] = None) -> "_OnDisk":
         """The rows of ``device`` and of the step ``plan`` measures (None: the default plan's): its optimiser's
-        ``phase`` (``plan.training_phase``) and, among the newest rows, those of its momentum and weight decay
-        (``plan.recorded_update``): another optimiser's rows or another update's, their ooms among them, are
-        another sweep's."""
+        ``phase`` (``plan.training_phase``), its ``loss`` and, among the newest rows, those of its momentum and weight
+        decay (``plan.recorded_update``): another optimiser's rows, another loss's or another update's, their ooms
+        among them, are another sweep's."""
         plan = plan or TestPlan(device=device)
         phase, update = training_phase(plan.optimizer), update_columns(plan.optimizer, plan.momentum,
                                                                        plan.weight_decay)
         sha_of = {n.name: n.sha for n in nets}
         rows = [r for r in results.latest_rows(
             r if r.get("description_sha") else dict(r, description_sha=sha_of.get(r["network"], ""))
-            for r in results.read_rows(csv_path) if r["device"] == device and results.phase_of(r) == phase)
+            for r in results.read_rows(csv_path)
+            if r["device"] == device and results.phase_of(r) == phase and results.loss_of(r) == plan.loss)
             if recorded_update(r, plan.optimizer) == update]
         oom_at: Dict[Tuple[str, str, str], int] = {}
         again: Dict[Tuple[str, str, str], Tuple[int, int]] = {}
@@ -535,7 +536,7 @@ def _key_columns(plan: TestPlan, net: _Network, bs: int) -> Dict[str, Any]:
     """The columns that say which measurement a row is (``results.row_key`` reads its key from them)."""
     return {"device": plan.device, "backend": plan.backend, "network": net.name, "family": net.family,
             "pruning_level": net.pruning_level, "batch_size": bs, "input_shape": net.input_shape,
-            "phase": training_phase(plan.optimizer),
+            "phase": training_phase(plan.optimizer), "loss": plan.loss,
             "description_sha": net.sha}
 
 

@@ -1,0 +1,141 @@
+"""The measured step's loss: ``[profile] loss`` (cross_entropy, mse, l1) from the config to the child's real loss, the
+rows' ``loss`` column and key, the fingerprint's rows and metadata, the features and the allocation model."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+from perf4sight.config import load_config
+from perf4sight.errors import UserError
+from perf4sight.features.step_runtime import StepRuntime
+from perf4sight.fingerprint.fit import rows_loss, step_runtime
+from perf4sight.ir.from_torch import describe
+from perf4sight.ir.schema import save_description
+from perf4sight.profiling import results
+from perf4sight.profiling.child import loss_function, make_target
+from perf4sight.profiling.plan import LOSSES, TestPlan
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPE = [3, 16, 16]
+
+
+def image_to_image(width: int = 8) -> nn.Module:
+    """A small image-to-image network: its output has the input's shape ([N, 3, H, W])."""
+    return nn.Sequential(nn.Conv2d(3, width, 3, padding=1), nn.ReLU(), nn.Conv2d(width, 3, 3, padding=1))
+
+
+def classifier() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(8, 10))
+
+
+def test_a_plan_or_config_naming_an_unknown_loss_is_one_line_naming_the_allowed_ones(tmp_path):
+    assert LOSSES == ("cross_entropy", "mse", "l1") and TestPlan(device="d").loss == "cross_entropy"
+    with pytest.raises(UserError, match=r"plan: 'loss' must be one of cross_entropy, mse, l1, got 'huber'"):
+        TestPlan(device="d", loss="huber").validate()
+    (tmp_path / "config.toml").write_text('[profile]\nloss = "huber"\n')
+    with pytest.raises(UserError, match=r"config.toml: \[profile\] loss must be one of cross_entropy, mse, l1, "
+                                        r"got 'huber'"):
+        load_config(tmp_path / "config.toml")
+
+
+def test_a_rows_loss_is_part_of_its_key_and_an_empty_cell_reads_cross_entropy():
+    row = {"device": "d", "network": "n", "batch_size": "2", "input_shape": "3x16x16", "phase": "train"}
+    assert results.loss_of(row) == results.loss_of(dict(row, loss="")) == "cross_entropy"
+    assert results.row_key(row) == results.row_key(dict(row, loss="cross_entropy"))
+    assert results.row_key(dict(row, loss="mse")) != results.row_key(row)
+    assert results.latest_rows([dict(row, loss="mse"), row]) == [dict(row, loss="mse"), row]  # both stand
+    assert "loss" in results.COLUMNS
+
+
+def test_the_child_compares_an_image_to_image_output_with_a_float_target_of_its_shape():
+    i2i, cls = describe(image_to_image(), SHAPE, "i2i"), describe(classifier(), SHAPE, "cls")
+    for loss in ("mse", "l1"):
+        plan = TestPlan(device="d", loss=loss)
+        target = make_target(plan, i2i, SHAPE, 2, "cpu")
+        assert target.dtype == torch.float32 and list(target.shape) == [2, 3, 16, 16]
+        assert list(make_target(plan, cls, SHAPE, 2, "cpu").shape) == [2, 10]  # a float per class score
+        # at another input shape than the description's, the output's shape there
+        assert list(make_target(plan, i2i, [3, 8, 12], 2, "cpu").shape) == [2, 3, 8, 12]
+    out = torch.zeros(2, 3, 16, 16)
+    ones = torch.ones(2, 3, 16, 16)
+    assert loss_function("mse")(out, 2 * ones).item() == 4.0 and loss_function("l1")(out, 2 * ones).item() == 2.0
+    labels = make_target(TestPlan(device="d"), i2i, SHAPE, 2, "cpu")
+    assert labels.dtype == torch.int64 and list(labels.shape) == [2, 16, 16]
+
+
+def test_a_fingerprint_is_of_one_losss_rows_and_its_metadata_says_which():
+    rows = [{"phase": "train", "loss": "mse", "backend": "cpu"}] * 2
+    assert rows_loss(rows) == "mse" and rows_loss([{"phase": "train"}]) == "cross_entropy"
+    with pytest.raises(UserError, match=r"rows of several losses \(cross_entropy, mse\)"):
+        rows_loss(rows + [{"loss": ""}])
+    runtime = step_runtime(rows)
+    assert runtime.loss == "mse" and runtime.metadata()["loss"] == "mse"
+    assert StepRuntime.from_metadata(runtime.metadata()) == runtime
+    assert StepRuntime.from_metadata({}).loss == "cross_entropy"  # a fingerprint stored before
+    assert runtime.label() == "SGD with momentum, MSE loss" and StepRuntime().label() == "SGD with momentum"
+
+
+CONFIG = """
+[networks]
+zoo = []
+description_files = ["narrow.json", "wide.json"]
+input_shape = [3, 16, 16]
+
+[profile]
+batch_sizes = {batch_sizes}
+warmup_steps = 1
+timed_steps = 2
+loss = "{loss}"
+
+[devices.local]
+backend = "cpu"
+threads = 1
+
+[fingerprint]
+n_estimators = 10
+"""
+
+
+def _main(folder: Path, loss: str, *args: str, batch_sizes: str = "[1, 2]") -> subprocess.CompletedProcess:
+    (folder / "config.toml").write_text(CONFIG.format(loss=loss, batch_sizes=batch_sizes))
+    run = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(folder / "config.toml"), *args],
+                         capture_output=True, text=True, cwd=folder, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    return run
+
+
+def test_image_to_image_networks_profiled_and_fitted_with_mse_beside_cross_entropy(tmp_path):
+    """Two tiny image-to-image networks measured on this CPU with ``loss = "mse"``: the rows say so, the fingerprint
+    fits them and its metadata says ``mse``, and predict asked for a cross entropy's step says its fingerprint is of
+    another loss; the config's cross entropy measures the configurations again (the loss is part of a row's key),
+    beside the MSE rows, which ``--loss mse`` finds measured already."""
+    save_description(describe(image_to_image(8), SHAPE, "narrow"), tmp_path / "narrow.json")
+    save_description(describe(image_to_image(16), SHAPE, "wide"), tmp_path / "wide.json")
+    _main(tmp_path, "mse", "--stage", "networks")
+    run = _main(tmp_path, "mse", "--stage", "profile")
+    assert "4/4 rows (4 new)" in run.stdout and "the measured step's loss: mse" in run.stdout
+    fitted = _main(tmp_path, "mse", "--stage", "fingerprint")
+    assert "training step: SGD with momentum, MSE loss" in fitted.stdout
+    assert json.loads((tmp_path / "fingerprinting" / "local" / "metadata.json").read_text())["loss"] == "mse"
+    asked = ["--stage", "predict", "--network", "narrow_l0", "--batch-size", "2", "--json"]
+    plain, other = _main(tmp_path, "mse", *asked), _main(tmp_path, "mse", *asked, "--loss", "cross_entropy")
+    assert "fitted on steps with loss mse; predicted for loss cross_entropy" in other.stderr
+    assert "predicted for loss" not in plain.stderr
+
+    again = _main(tmp_path, "cross_entropy", "--stage", "profile", batch_sizes="[1]")
+    assert "2/2 rows (2 new)" in again.stdout
+    told = _main(tmp_path, "cross_entropy", "--stage", "profile", "--loss", "mse")
+    assert "4/4 rows (0 new)" in told.stdout
+    rows = results.read_rows(results.results_path(tmp_path / "profiling_csvs", "local"))
+    assert [(r["loss"], r["network"], r["batch_size"], r["status"]) for r in rows] == [
+        ("mse", "narrow_l0", "1", "ok"), ("mse", "narrow_l0", "2", "ok"), ("mse", "wide_l0", "1", "ok"),
+        ("mse", "wide_l0", "2", "ok"), ("cross_entropy", "narrow_l0", "1", "ok"),
+        ("cross_entropy", "wide_l0", "1", "ok")]
+    assert all(float(r["latency_ms_median"]) > 0 for r in rows)
