@@ -13,6 +13,7 @@ import torch.nn as nn
 
 from perf4sight.config import load_config
 from perf4sight.errors import UserError
+from perf4sight.features.aggregate import network_features
 from perf4sight.features.step_runtime import StepRuntime
 from perf4sight.fingerprint.fit import rows_loss, step_runtime
 from perf4sight.ir.from_torch import describe
@@ -20,6 +21,9 @@ from perf4sight.ir.schema import save_description
 from perf4sight.profiling import results
 from perf4sight.profiling.child import loss_function, make_target
 from perf4sight.profiling.plan import LOSSES, TestPlan
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_allocator import _as_replayed  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = [3, 16, 16]
@@ -128,6 +132,7 @@ def test_image_to_image_networks_profiled_and_fitted_with_mse_beside_cross_entro
     plain, other = _main(tmp_path, "mse", *asked), _main(tmp_path, "mse", *asked, "--loss", "cross_entropy")
     assert "fitted on steps with loss mse; predicted for loss cross_entropy" in other.stderr
     assert "predicted for loss" not in plain.stderr
+    assert json.loads(other.stdout)["memory_mb"] != json.loads(plain.stdout)["memory_mb"]  # its labels, its loss
 
     again = _main(tmp_path, "cross_entropy", "--stage", "profile", batch_sizes="[1]")
     assert "2/2 rows (2 new)" in again.stdout
@@ -139,3 +144,41 @@ def test_image_to_image_networks_profiled_and_fitted_with_mse_beside_cross_entro
         ("mse", "wide_l0", "2", "ok"), ("cross_entropy", "narrow_l0", "1", "ok"),
         ("cross_entropy", "wide_l0", "1", "ok")]
     assert all(float(r["latency_ms_median"]) > 0 for r in rows)
+
+
+def test_the_features_count_an_mse_or_l1_loss_over_the_output_and_its_float_target():
+    """MSE and L1 over an output of E elements: their passes' FLOPs and kernels, no log-softmax, and a float32
+    target of the output's shape in ``input_bytes`` instead of the int64 labels; a classifier's too."""
+    desc = describe(image_to_image(), SHAPE, "i2i")
+    ce, mse, l1 = (network_features(desc, StepRuntime(loss=loss)) for loss in LOSSES)
+    e = 3 * 16 * 16
+    image = 4 * e  # the input batch: 3x16x16 floats, as large as the output here
+    assert (ce.per_sample["input_bytes"], mse.per_sample["input_bytes"], l1.per_sample["input_bytes"]) == (
+        image + 8 * 16 * 16, image + 4 * e, image + 4 * e)
+    network = ce.per_sample["flops_total"] - 7 * e  # the cross entropy: log-softmax 4, its likelihood and backward 3
+    assert mse.per_sample["flops_total"] == l1.per_sample["flops_total"] == network + 6 * e
+    assert mse.static["kernels"] == ce.static["kernels"] - 1 and l1.static["kernels"] == ce.static["kernels"] + 2
+    # each keeps one output-sized tensor: the log-softmax's result, the output itself (MSE), the difference (L1)
+    assert mse.per_sample["saved_bytes"] == l1.per_sample["saved_bytes"] == ce.per_sample["saved_bytes"]
+    assert len(l1.kernels.kind) == len(ce.kernels.kind) + 2 and len(mse.kernels.kind) == len(ce.kernels.kind) - 1
+    cls_ce, cls_mse = (network_features(describe(classifier(), SHAPE, "cls"), StepRuntime(loss=loss))
+                       for loss in ("cross_entropy", "mse"))
+    assert cls_mse.per_sample["input_bytes"] - cls_ce.per_sample["input_bytes"] == 4 * 10  # a float per class
+
+
+@pytest.mark.parametrize("loss", ["mse", "l1"])
+def test_the_allocation_model_writes_down_the_traced_events_of_an_mse_or_l1_loss(loss):
+    """The events the allocation model writes down for an MSE or L1 loss (forward and backward) are the ones the
+    meta-device run of ``F.mse_loss`` / ``F.l1_loss`` records, event for event, on an image-to-image network and a
+    classifier; the replay of a step with that loss carries it."""
+    from perf4sight.features.alloc_trace import attach_simulation, record_events, simulate
+
+    for desc in (describe(image_to_image(), SHAPE, "i2i"), describe(classifier(), SHAPE, "cls")):
+        model = record_events(desc, 3, steps=3, method="model", loss=loss)
+        traced = record_events(desc, 3, steps=3, method="trace", loss=loss)
+        assert _as_replayed(model) == _as_replayed(traced)
+        assert _as_replayed(model) != _as_replayed(record_events(desc, 3, steps=3, method="model"))
+        sims = [simulate(desc, method=m, loss=loss) for m in ("model", "trace")]
+        assert sims[0].peaks_mb([1, 7, 64]).tolist() == sims[1].peaks_mb([1, 7, 64]).tolist()
+    nf = attach_simulation(network_features(desc, StepRuntime(loss=loss)), desc)
+    assert nf.sim.loss == loss

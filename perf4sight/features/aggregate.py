@@ -12,7 +12,10 @@ backward (de-duplicated, views resolved to their base) + the input batch + the l
 activation (a stand-in for the backward pass's transient workspace). A network that scores each
 position (a segmentation network: output ``[classes, H, W]``) also counts its loss
 (``formulas.position_loss``: the log-softmax kept, its kernels and FLOPs) and its int64 labels (in
-``input_bytes``); a classifier's loss over its class scores is left out, as it always was.
+``input_bytes``); a classifier's cross entropy over its class scores is left out, as it always was. A step with an
+MSE or L1 loss (``[profile] loss``, the features' ``runtime.loss``) counts that loss over any output
+(``formulas.output_loss``: its passes, what it keeps) and its float32 target of the output's shape in
+``input_bytes``.
 
 ``saved_alloc_mb`` models PyTorch's CUDA caching allocator on the same saved tensors at the
 step's batch size: every block is rounded up to 512 bytes; a block of at most 1 MiB lives in
@@ -31,7 +34,7 @@ import numpy as np
 from perf4sight.errors import UserError
 from perf4sight.features.allocator import K_MIN_BLOCK, K_MIN_LARGE_ALLOC, K_ROUND_LARGE
 from perf4sight.features.formulas import (BYTES_PER_ELEMENT, HANDLERS, OUTPUT, OpCost, is_dilated, numel,
-                                         position_loss)
+                                         output_loss)
 from perf4sight.features.latency_terms import LATENCY_FEATURES, KernelTable, kernel_table, latency_columns
 from perf4sight.features.priced_ops import priced_ms_per_sample
 from perf4sight.features.step_runtime import StepRuntime
@@ -145,6 +148,21 @@ def unsupported_ops(desc: NetworkDescription) -> list[str]:
     return sorted({n.op for n in desc.nodes if n.op not in HANDLERS})
 
 
+def _loss_keeps(loss: str, output_root: str, output_elems: int) -> dict[str, float]:
+    """What the step's ``loss`` keeps for backward (bytes per sample, by tensor): a cross entropy's log-softmax result
+    and an L1 loss's difference of the output and the target (each the output's size), an MSE's the output itself
+    (its target, like the labels, is counted in ``input_bytes``)."""
+    return {output_root if loss == "mse" else " loss": float(output_elems * BYTES_PER_ELEMENT)}
+
+
+def _target_bytes(desc: NetworkDescription, loss: str) -> float:
+    """Bytes per sample of what ``loss`` compares the output with, held beside the input all step: a cross entropy's
+    int64 labels (one per position), an MSE's or an L1 loss's float32 target of the output's shape."""
+    if loss == "cross_entropy":
+        return 8.0 * numel(desc.label_shape)
+    return float(numel(desc.node(desc.output).output_shape) * BYTES_PER_ELEMENT)
+
+
 def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> NetworkFeatures:
     """Walk the graph once and total every per-op cost (per sample), for a training step run under ``runtime``'s
     rules (``step_runtime.py``: its optimiser's state and update, and what its torch keeps for backward: a ReLU6's
@@ -207,13 +225,13 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
             elems = numel(node.output_shape)
             ps["activation_elems"] += elems
             max_act = max(max_act, elems * BYTES_PER_ELEMENT)
-    loss = position_loss(shapes[desc.output])
+    loss = output_loss(shapes[desc.output], runtime.loss)
     labels_bytes = 0.0
-    if loss is not None:  # a class score per position (segmentation): the loss is as large as an activation
+    if loss is not None:  # a class score per position (segmentation), or an MSE / L1 loss: as large as an activation
         _accumulate(ps, st, loss, "loss")
-        saved[" loss"] = loss.bytes_written  # the log-softmax's result
+        saved.update(_loss_keeps(runtime.loss, base.get(desc.output, desc.output), numel(shapes[desc.output])))
         ps["activation_elems"] += loss.bytes_written / BYTES_PER_ELEMENT
-        labels_bytes = 8.0 * numel(desc.label_shape)  # int64, held the whole step beside the input
+        labels_bytes = _target_bytes(desc, runtime.loss)  # held the whole step beside the input
     branch = [n for n, k in consumers.items() if k > 1]
     st["kernels_bwd"] += sum(gradient_accumulations(desc, visits).values())  # k gradients into a tensor: k-1 adds
     ps["saved_bytes"] = sum(saved.values()) + extra_saved
@@ -237,7 +255,8 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
     sizes = np.array(list(saved.values()) + extra_sizes + [ps["input_bytes"] - labels_bytes]
                      + ([labels_bytes] if labels_bytes else []), dtype=float)
     return NetworkFeatures(desc.name, ps, st, unsupported, sizes, description=desc,
-                           kernels=kernel_table(desc, runtime.update_cost(), visits) if not unsupported else None,
+                           kernels=kernel_table(desc, runtime.update_cost(), visits, runtime.loss)
+                           if not unsupported else None,
                            runtime=runtime)
 
 

@@ -31,6 +31,8 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
   total weight, which it keeps); ``backward`` starts from a 4-byte seed held until it returns. A classifier's
   scores are read as ``[N, -1]`` (a view); scores per pixel (``[N, C, H, W]``, a segmentation network's) go to
   NLL's 2-D kernels as they are, against int64 labels of ``[N, H, W]``.
+  An MSE or L1 loss (``[profile] loss``) compares the output with a float target of its shape, which the caller
+  holds beside the input instead of the labels (:func:`_regression_loss`).
 - **Backward**: nodes run in reverse creation order (the engine runs the ready node with the
   highest sequence number). A node allocates the gradients it computes; the engine sums the
   gradient of a broadcast input down to its shape (a new tensor, the full one freed); then the
@@ -70,6 +72,7 @@ from typing import Callable
 
 from perf4sight.features.allocator import ALLOC, FREE
 from perf4sight.ir.schema import NetworkDescription, Node
+from perf4sight.profiling.plan import DEFAULT_LOSS
 
 __all__ = ["COVERED", "ACCUMULATED", "Event", "NotCovered", "step_events"]
 
@@ -186,7 +189,9 @@ class _GradFn:
     op) of temporaries the node allocates after its gradients and frees before it returns; ``handoff``: how
     a node without kernels hands the incoming gradient on: "" as it is (add, clone), "slices" (cat:
     views of parts of it), "view" (a view op: reshaped, a copy where the strides do not allow a
-    view), "transpose"."""
+    view), "transpose"; ``then``: the op that makes each gradient of a ``full`` one, which is freed after it (the
+    engine's sum down to a broadcast input's shape; an L1 loss's ``mul`` of the incoming gradient by the ``sgn``
+    its kernel allocated)."""
     saved: list[int]
     edges: list[tuple[str, int] | None]
     sizes: list[int]
@@ -198,6 +203,7 @@ class _GradFn:
     out_shape: tuple[int, ...] = ()              # the output's shape (with the batch)
     dims: tuple[int, int] = (0, 0)               # a transpose's two dimensions
     scratch: list[tuple[int, str]] | None = None  # temporaries: (bytes, aten op), in allocation order
+    then: str = "aten.sum.dim_IntList"           # the op that makes a gradient from a full one
 
 
 class _Memory:
@@ -265,9 +271,11 @@ class _Step:
     new_id: Callable[[], int]   # a fresh storage id
 
 
-def step_events(desc: NetworkDescription, batch_size: int, relu6_clone: bool = False) -> _Step:
+def step_events(desc: NetworkDescription, batch_size: int, relu6_clone: bool = False,
+                loss_name: str = DEFAULT_LOSS) -> _Step:
     """The setup and first-step events of ``desc`` at ``batch_size`` (bytes); ``relu6_clone``: an in-place
-    ReLU6 keeps a clone of its input (PyTorch >= 1.10), not its result. Raises :class:`NotCovered`."""
+    ReLU6 keeps a clone of its input (PyTorch >= 1.10), not its result; ``loss_name``: the step's loss
+    (``profiling.plan.LOSSES``). Raises :class:`NotCovered`."""
     for n in desc.nodes:
         if n.op not in COVERED:
             raise NotCovered(f"op '{n.op}'")
@@ -291,7 +299,7 @@ def step_events(desc: NetworkDescription, batch_size: int, relu6_clone: bool = F
         if n.op == "input":  # held by the caller too
             nbytes = b * prod(desc.input_shape) * FLOAT
             values[n.name] = _Value(mem.new(nbytes, "input", holders=2), nbytes, None)
-            mem.new(b * prod(desc.label_shape) * INT64, "labels")  # held by the caller for the whole run
+            mem.new(_target_bytes(desc, b, loss_name), "labels")  # held by the caller for the whole run
             setup = list(mem.events)
             mem.events.clear()
             continue
@@ -301,8 +309,9 @@ def step_events(desc: NetworkDescription, batch_size: int, relu6_clone: bool = F
         for dead in users.get(n.name, []):
             mem.drop(values[dead].sid)
     out = values[desc.output]
-    logits, loss, nll_fn = _loss(out, len(desc.label_shape), mem, fns)
-    grads = _backward(fns, nll_fn, mem)
+    logits, loss, root = _loss(out, len(desc.label_shape), mem, fns) if loss_name == DEFAULT_LOSS else \
+        _regression_loss(out, loss_name, mem, fns)
+    grads = _backward(fns, root, mem)
     body = list(mem.events)
     mem.events.clear()
     mem.drop(logits)  # del out, loss (after the optimizer step)
@@ -719,8 +728,41 @@ def _loss(out: _Value, positions: int, mem: _Memory, fns: list[_GradFn]) -> tupl
     return out.sid, loss, len(fns) - 1
 
 
+def _target_bytes(desc: NetworkDescription, b: int, loss_name: str) -> int:
+    """Bytes of what the loss compares the output with at batch size ``b``: a cross entropy's int64 labels (one per
+    image, or per position), an MSE's or an L1 loss's float32 target of the output's shape."""
+    if loss_name == DEFAULT_LOSS:
+        return b * prod(desc.label_shape) * INT64
+    return b * prod(desc.node(desc.output).output_shape) * FLOAT
+
+
+def _regression_loss(out: _Value, loss_name: str, mem: _Memory, fns: list[_GradFn]) -> tuple[int, int, int]:
+    """An MSE or L1 loss (mean reduction) of the output ``out`` against a float target of its shape, which the caller
+    holds; (output storage, loss storage, the loss's root node). MSE is one kernel each way: a 4-byte loss (it keeps
+    the output and the target), and the output's gradient. L1 is composite: ``sub`` (kept by ``abs``), ``abs`` (freed
+    after the ``mean``), ``mean``; backward, the mean's gradient (``div`` of the seed expanded), ``abs``'s (``sgn`` of
+    the kept difference, then ``mul``, the ``sgn`` freed), handed on through the ``sub`` to the output."""
+    if out.fn is None:
+        raise NotCovered("the network's output needs no gradient")
+    edge = _edge(out)
+    if loss_name == "mse":
+        loss = mem.new(FLOAT, "aten.mse_loss.default")
+        fns.append(_GradFn([mem.hold(out.sid)], [edge], [out.nbytes], ["aten.mse_loss_backward.default"], [0],
+                           [None]))
+        return out.sid, loss, len(fns) - 1
+    diff = mem.new(out.nbytes, "aten.sub.Tensor", holders=0)
+    fns.append(_GradFn([], [edge], [out.nbytes], [None], [0], [None]))  # sub: the gradient handed on as it is
+    fns.append(_GradFn([mem.hold(diff)], [("fn", len(fns) - 1)], [out.nbytes], ["aten.sgn.default"], [0],
+                       [out.nbytes], then="aten.mul.Tensor"))
+    magnitude = mem.new(out.nbytes, "aten.abs.default")
+    loss = mem.new(FLOAT, "aten.mean.default")
+    mem.drop(magnitude)
+    fns.append(_GradFn([], [("fn", len(fns) - 1)], [out.nbytes], ["aten.div.Scalar"], [0], [None]))
+    return out.sid, loss, len(fns) - 1
+
+
 def _backward(fns: list[_GradFn], root: int, mem: _Memory) -> dict[int, int]:
-    """Run the backward pass from the NLL node ``root``; parameter index -> its gradient's storage.
+    """Run the backward pass from the loss's node ``root``; parameter index -> its gradient's storage.
 
     Gradients carry their strides (None: contiguous; :data:`_UNKNOWN` after a sum of two tensors of
     which one is permuted): a view op's backward reshapes its gradient, which copies it where no
@@ -748,7 +790,7 @@ def _backward(fns: list[_GradFn], root: int, mem: _Memory) -> dict[int, int]:
             mem.drop(sid)
         for j in sorted(outs):  # broadcast inputs: their gradients summed down to their shapes (input order)
             if fn.full[j] is not None:
-                summed = mem.new(fn.sizes[j], "aten.sum.dim_IntList")
+                summed = mem.new(fn.sizes[j], fn.then)
                 mem.drop(outs[j][0])
                 outs[j] = (summed, None)
         mem.drop(incoming)

@@ -52,6 +52,7 @@ from perf4sight.features.alloc_model import ACCUMULATED, Event, NotCovered, step
 from perf4sight.features.allocator import ALLOC, FREE, RUN_PEAK, STEP, AllocTrace, TracedUpdate
 from perf4sight.features.optimizers import PERF4SIGHT_MOMENTUM, PERF4SIGHT_WEIGHT_DECAY, adds_decay, optimizer_cost
 from perf4sight.ir.schema import NetworkDescription
+from perf4sight.profiling.plan import DEFAULT_LOSS
 
 __all__ = ["record_events", "record_runs", "simulate", "attach_simulation", "ensure_simulation", "PROBE_BATCH",
            "clear_cache"]
@@ -77,7 +78,7 @@ def record_events(desc: NetworkDescription, batch_size: int, steps: int = 2, lr:
                   momentum: float = PERF4SIGHT_MOMENTUM, weight_decay: float | None = None, inplace_relu: bool = True,
                   fast: bool = True, method: str = "auto", relu6_clone: bool = False,
                   optimizer: str = "sgd", foreach: bool | None = None,
-                  set_to_none: bool = False) -> list[Event]:
+                  set_to_none: bool = False, loss: str = DEFAULT_LOSS) -> list[Event]:
     """Allocation events (kind, storage id, bytes, aten op) of ``steps`` training steps at ``batch_size``.
 
     ``inplace_relu``: run ReLU/ReLU6 in place as torchvision models do (falls back to out-of-place
@@ -93,17 +94,19 @@ def record_events(desc: NetworkDescription, batch_size: int, steps: int = 2, lr:
     the others' ``foreach``); ``weight_decay`` None: perf4sight's for SGD (``optimizers.PERF4SIGHT_WEIGHT_DECAY``),
     none for Adam. ``set_to_none``: each step starts with ``zero_grad(set_to_none=True)``, which frees the gradients
     (torch 2.0's default, this tool's profiler), where older torch zeroed them in place and kept them (perf4sight's).
+    ``loss``: the step's loss (``profiling.plan.LOSSES``): a cross entropy against int64 labels, or an MSE or L1 loss
+    against a float target of the output's shape.
     Raises :class:`UserError` if an op cannot run on the meta device.
     """
     return record_runs(desc, (batch_size,), steps, lr, momentum, weight_decay, inplace_relu, fast, method,
-                       relu6_clone, optimizer, foreach, set_to_none)[0]
+                       relu6_clone, optimizer, foreach, set_to_none, loss)[0]
 
 
 def record_runs(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: int = 2, lr: float = 0.1,
                 momentum: float = PERF4SIGHT_MOMENTUM, weight_decay: float | None = None, inplace_relu: bool = True,
                 fast: bool = True, method: str = "auto", relu6_clone: bool = False,
                 optimizer: str = "sgd", foreach: bool | None = None,
-                set_to_none: bool = False) -> list[list[Event]]:
+                set_to_none: bool = False, loss: str = DEFAULT_LOSS) -> list[list[Event]]:
     """:func:`record_events` at each of ``batch_sizes``, one fresh run each (no gradients, no momentum)
     on one model built once."""
     if method not in ("auto", "trace", "model"):
@@ -112,7 +115,7 @@ def record_runs(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: i
     step = _OptimizerStep(optimizer, lr, momentum, weight_decay, foreach, set_to_none)
     if method != "trace" and fast and inplace_relu:
         try:
-            return [_modelled(desc, b, steps, step, relu6_clone) for b in batch_sizes]
+            return [_modelled(desc, b, steps, step, relu6_clone, loss) for b in batch_sizes]
         except NotCovered as exc:
             if method == "model":
                 raise UserError(f"{desc.name}: the allocation model does not cover {exc}") from None
@@ -122,24 +125,25 @@ def record_runs(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: i
 
     try:
         with stderr_kept_on_success():  # fx's GraphModule prints the traceback of a failing call
-            return _record(desc, batch_sizes, steps, step, inplace_relu, fast, relu6_clone)
+            return _record(desc, batch_sizes, steps, step, inplace_relu, fast, relu6_clone, loss)
     except RuntimeError as exc:
         if inplace_relu and "inplace" in str(exc).lower():
-            return _record(desc, batch_sizes, steps, step, False, fast, relu6_clone)
+            return _record(desc, batch_sizes, steps, step, False, fast, relu6_clone, loss)
         message = (f"{desc.name}: its training step at input shape {list(desc.input_shape)} cannot be traced on the "
                    f"meta device at batch size {', '.join(map(str, batch_sizes))} ({exc})")
         raise UserError(message.splitlines()[0]) from None
 
 
 def _modelled(desc: NetworkDescription, batch_size: int, steps: int, step: "_OptimizerStep",
-              relu6_clone: bool = False) -> list[Event]:
+              relu6_clone: bool = False, loss: str = DEFAULT_LOSS) -> list[Event]:
     """:func:`record_events` with the first step written down by the allocation model (raises NotCovered)."""
-    st = step_events(desc, batch_size, relu6_clone)
+    st = step_events(desc, batch_size, relu6_clone, loss)
     return _assemble_steps(st.setup, st.body, st.tail, dict(st.grads), list(st.param_bytes), steps, st.new_id, step)
 
 
 def _record(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: int, step: "_OptimizerStep",
-            inplace_relu: bool, fast: bool, relu6_clone: bool = False) -> list[list[Event]]:
+            inplace_relu: bool, fast: bool, relu6_clone: bool = False,
+            loss: str = DEFAULT_LOSS) -> list[list[Event]]:
     from perf4sight.ir.to_torch import build_module
 
     model = build_module(desc, device="meta")
@@ -153,13 +157,14 @@ def _record(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: int, 
     for b in batch_sizes:
         for p in model.parameters():
             p.grad = None
-        runs.append(_trace(model, desc, b, steps, step, shortcuts, fast))
+        runs.append(_trace(model, desc, b, steps, step, shortcuts, fast, loss))
     return runs
 
 
 def _trace(model: Any, desc: NetworkDescription, batch_size: int, steps: int, step: "_OptimizerStep",
-           shortcuts: dict[Any, Any], fast: bool) -> list[Event]:
-    """One run of ``steps`` training steps of the meta ``model`` with a fresh optimizer; its events.
+           shortcuts: dict[Any, Any], fast: bool, loss_name: str = DEFAULT_LOSS) -> list[Event]:
+    """One run of ``steps`` training steps of the meta ``model`` with a fresh optimizer and ``loss_name``; its
+    events.
 
     ``fast``: only the first step runs; the later ones are derived from it (:func:`_later_steps`)."""
     import torch
@@ -216,7 +221,7 @@ def _trace(model: Any, desc: NetworkDescription, batch_size: int, steps: int, st
     for t in list(model.parameters()) + list(model.buffers()):
         see(t, "setup")
     x = torch.empty(batch_size, *desc.input_shape, device="meta")
-    y = torch.zeros([batch_size] + desc.label_shape, dtype=torch.long, device="meta")
+    y = _target(desc, batch_size, loss_name)
     see(x, "input")
     see(y, "labels")
     params = list(model.parameters())
@@ -228,7 +233,7 @@ def _trace(model: Any, desc: NetworkDescription, batch_size: int, steps: int, st
                 record((STEP, 0, 0, "step"))
                 opt.zero_grad(set_to_none=step.set_to_none)
                 out = model(x)
-                loss = _loss(out, y)
+                loss = _loss(out, y, loss_name)
                 loss.backward()
                 opt.step()
                 del out, loss
@@ -242,7 +247,7 @@ def _trace(model: Any, desc: NetworkDescription, batch_size: int, steps: int, st
     with Recorder():
         begin = len(events)
         out = model(x)
-        loss = _loss(out, y)
+        loss = _loss(out, y, loss_name)
         loss.backward()
         for h in hooks:
             h.remove()
@@ -258,11 +263,24 @@ def _trace(model: Any, desc: NetworkDescription, batch_size: int, steps: int, st
                            new_id, step)
 
 
-def _loss(out: Any, y: Any) -> Any:
-    """The step's loss as the profiler's child computes it: cross entropy of a classifier's scores (read as
-    ``[N, -1]``: a view, as the modelled events have it) or, with labels per position, of each position's scores."""
+def _target(desc: NetworkDescription, batch_size: int, loss_name: str) -> Any:
+    """What the child's loss compares the output with, on the meta device: int64 labels for a cross entropy (one per
+    image, or per position), a float target of the output's shape for an MSE or L1 loss."""
+    import torch
+
+    if loss_name == DEFAULT_LOSS:
+        return torch.zeros([batch_size] + desc.label_shape, dtype=torch.long, device="meta")
+    return torch.empty([batch_size] + list(desc.node(desc.output).output_shape), device="meta")
+
+
+def _loss(out: Any, y: Any, loss_name: str = DEFAULT_LOSS) -> Any:
+    """The step's loss as the profiler's child computes it (``profiling.child.loss_function``): cross entropy of a
+    classifier's scores (read as ``[N, -1]``: a view, as the modelled events have it) or, with labels per position,
+    of each position's scores; an MSE or L1 loss (mean reduction) of the output against its float target."""
     import torch.nn.functional as F
 
+    if loss_name != DEFAULT_LOSS:
+        return {"mse": F.mse_loss, "l1": F.l1_loss}[loss_name](out, y)
     return F.cross_entropy(out.reshape(out.shape[0], -1), y) if y.dim() == 1 else F.cross_entropy(out, y)
 
 
@@ -627,7 +645,8 @@ def simulate(desc: NetworkDescription, batches: tuple[int, ...] = (PROBE_BATCH,)
     else:
         raise ValueError(f"simulate: one or two batch sizes, got {list(batches)}")
     trace = AllocTrace(desc.name, np.array(kinds, dtype=np.int8), np.array(tensors, dtype=np.int64), const, per,
-                       relu6_clone=relu6_clone, update=_OptimizerStep.of(kw).settings())
+                       relu6_clone=relu6_clone, update=_OptimizerStep.of(kw).settings(),
+                       loss=kw.get("loss", DEFAULT_LOSS))
     with _LOCK:
         _CACHE[key] = trace
     return trace
@@ -639,13 +658,20 @@ def attach_simulation(nf: Any, desc: NetworkDescription, protocol: str = RUN_PEA
     of a step run under the features' rules (``nf.runtime``: its torch's ReLU6, its optimiser and whether that
     updated all parameters at once). The replay's dropout is CUDA's fused kernel whatever the rules say."""
     rt = nf.runtime
-    nf.sim = simulate(desc, relu6_clone=rt.relu6_clone, **rt.traced_update()).with_protocol(protocol)
+    nf.sim = simulate(desc, relu6_clone=rt.relu6_clone, **rt.traced_update(),
+                      **_traced_loss(rt)).with_protocol(protocol)
     return nf
+
+
+def _traced_loss(runtime: Any) -> dict[str, str]:
+    """:func:`simulate`'s ``loss`` keyword for a step under ``runtime``'s rules; empty for a cross entropy's, so that
+    its traces keep their cache keys."""
+    return {} if runtime.loss == DEFAULT_LOSS else {"loss": runtime.loss}
 
 
 def _replays_runtime(sim: Any, runtime: Any) -> bool:
     """Whether the allocation trace ``sim`` was recorded under the rules of ``runtime`` (a StepRuntime)."""
-    return (sim.relu6_clone == runtime.relu6_clone
+    return (sim.relu6_clone == runtime.relu6_clone and sim.loss == runtime.loss
             and sim.update == _OptimizerStep.of(runtime.traced_update()).settings())
 
 

@@ -287,7 +287,8 @@ class AllocTrace:
     per-step peaks become one figure (:data:`REPLAY_PROTOCOLS`; :meth:`with_protocol` for another).
     ``relu6_clone``: the events are of a torch whose in-place ReLU6 keeps a clone of its input (>= 1.10).
     ``update``: the settings of the traced optimiser step that change its events (:class:`TracedUpdate`), whose
-    ``optimizer`` (``optimizers.py``) holds its state and scratch.
+    ``optimizer`` (``optimizers.py``) holds its state and scratch. ``loss``: the traced step's loss
+    (``profiling.plan.LOSSES``).
     """
 
     name: str
@@ -299,6 +300,7 @@ class AllocTrace:
     protocol: str = RUN_PEAK
     relu6_clone: bool = False
     update: TracedUpdate = TracedUpdate()
+    loss: str = "cross_entropy"
     _memo: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False, init=False)
     _repeat_plan: tuple[list[int], list[int], list[int]] | None = field(default=None, repr=False, init=False)
     _events: tuple[list[int], list[int], list[int]] | None = field(default=None, repr=False, init=False)

@@ -30,7 +30,7 @@ from perf4sight.ir.schema import Node, window_attention_params
 from perf4sight.ir.shapes import windows_of
 
 __all__ = ["OpCost", "HANDLERS", "OUTPUT", "BYTES_PER_ELEMENT", "numel", "hands_input_back", "position_loss",
-           "is_dilated"]
+           "output_loss", "REGRESSION_LOSS_KERNELS", "is_dilated"]
 
 #: Marker in ``OpCost.saved`` for "the op's own output is kept for backward".
 OUTPUT = -1
@@ -313,6 +313,36 @@ def position_loss(output_shape: list[int]) -> OpCost | None:
     nbytes = n * BYTES_PER_ELEMENT
     return OpCost(flops_fwd=4.0 * n, flops_bwd=3.0 * n, bytes_read=nbytes, bytes_written=nbytes, saved=[OUTPUT],
                   kernels_fwd=2, kernels_bwd=2, kind="elementwise")
+
+
+#: The kernels of an MSE and an L1 loss (mean reduction) over an output of E elements, as torch runs them: each as
+#: (FLOPs per element, elements it reads and writes per element), forward then backward. MSE: the squared
+#: differences (read the output and the target, write one float each), their mean; backward, one kernel
+#: (2 (x - t) g / E: read both, write the gradient). L1: ``sub``, ``abs``, ``mean``; backward, the mean's gradient
+#: (``div`` of the seed expanded), the ``sgn`` of the kept difference, its ``mul`` by the gradient.
+REGRESSION_LOSS_KERNELS: dict[str, tuple[tuple[tuple[float, float], ...], tuple[tuple[float, float], ...]]] = {
+    "mse": (((2.0, 3.0), (1.0, 1.0)), ((3.0, 3.0),)),
+    "l1": (((1.0, 3.0), (1.0, 2.0), (1.0, 1.0)), ((1.0, 1.0), (1.0, 2.0), (1.0, 3.0))),
+}
+
+
+def output_loss(output_shape: list[int], loss: str = "cross_entropy") -> OpCost | None:
+    """The training step's ``loss`` (``profiling.plan.LOSSES``) over an output of ``output_shape`` (per sample): a
+    cross entropy as :func:`position_loss` counts it (None for a classifier's scores), or an MSE or L1 loss against a
+    float target of the output's shape, whatever that shape (a classifier's too): the passes of
+    :data:`REGRESSION_LOSS_KERNELS`, no log-softmax kept (an L1 loss keeps the difference of the output and the
+    target: ``saved`` [OUTPUT], its ``sub``'s result; an MSE keeps the output and the target themselves, which the
+    aggregator counts as they are)."""
+    if loss == "cross_entropy":
+        return position_loss(output_shape)
+    forward, backward = REGRESSION_LOSS_KERNELS[loss]
+    nbytes = numel(output_shape) * BYTES_PER_ELEMENT
+    elems = float(numel(output_shape))
+    written = 1 if loss == "mse" else 2  # the squared differences; the difference and its magnitude
+    return OpCost(flops_fwd=sum(f for f, _ in forward) * elems, flops_bwd=sum(f for f, _ in backward) * elems,
+                  bytes_read=(sum(m for _, m in forward) - written) * nbytes, bytes_written=written * nbytes,
+                  saved=[OUTPUT] if loss == "l1" else [], kernels_fwd=len(forward), kernels_bwd=len(backward),
+                  kind="elementwise")
 
 
 def _pointwise(flops: float, saves: list[int], bwd_flops: float = 1.0) -> Handler:

@@ -33,7 +33,8 @@ from typing import Sequence
 
 import numpy as np
 
-from perf4sight.features.formulas import BYTES_PER_ELEMENT, hands_input_back, numel, position_loss, window_geometry
+from perf4sight.features.formulas import (BYTES_PER_ELEMENT, REGRESSION_LOSS_KERNELS, hands_input_back, numel,
+                                         position_loss, window_geometry)
 from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, OptimizerCost, optimizer_cost
 from perf4sight.features.walk import Visit, gradient_accumulations, walk
 from perf4sight.ir.schema import NetworkDescription, Node
@@ -250,9 +251,15 @@ def _elementwise(r: _Rows, node: Node, in_shapes: list[list[int]], fwd_passes: f
         r.other(BANDWIDTH, float(n_out), bwd_passes / bwd_kernels * max(n_in, n_out) * BYTES_PER_ELEMENT)
 
 
-def _loss(r: _Rows, output_shape: list[int]) -> None:
-    """The kernels of a loss over a class score per position (formulas.position_loss; none for a classifier's):
-    log-softmax and the likelihood forward; backward, the likelihood's zeroed gradient and the log-softmax's."""
+def _loss(r: _Rows, output_shape: list[int], loss: str = "cross_entropy") -> None:
+    """The kernels of the step's ``loss``: a cross entropy over a class score per position (formulas.position_loss;
+    none for a classifier's): log-softmax and the likelihood forward; backward, the likelihood's zeroed gradient and
+    the log-softmax's; an MSE's or an L1 loss's (formulas.REGRESSION_LOSS_KERNELS), each over the output's elements."""
+    if loss != "cross_entropy":
+        n = float(numel(output_shape))
+        for flops, moved in (k for passes in REGRESSION_LOSS_KERNELS[loss] for k in passes):
+            r.other(BANDWIDTH, flops * n, moved * n * BYTES_PER_ELEMENT)
+        return
     cost = position_loss(output_shape)
     if cost is None:
         return
@@ -297,13 +304,14 @@ _DEFAULT_PASSES = (1.0, 3.0, 1)
 
 
 def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT_OPTIMIZER,
-                 visits: Sequence[Visit] | None = None) -> KernelTable:
+                 visits: Sequence[Visit] | None = None, loss: str = "cross_entropy") -> KernelTable:
     """Every kernel of one training step of ``desc`` whose optimiser's update costs ``update`` (an optimiser's name:
     its default settings; see the module docstring and ``optimizers.py``). Ops this module does not know are costed
     as one generic bandwidth-bound kernel over their input and output. An op whose output needs no gradient
     (``walk.py``: a parameter-free op of the network input alone) runs its forward kernels alone, and a tensor that
     needs none gets no gradient accumulation. ``visits``: ``walk(desc)``'s, where the caller walked already (under
-    any runtime: the kernels read only the nodes, their input shapes, parameters and which need a gradient)."""
+    any runtime: the kernels read only the nodes, their input shapes, parameters and which need a gradient).
+    ``loss``: the step's loss (``profiling.plan.LOSSES``)."""
     opt = optimizer_cost(update) if isinstance(update, str) else update
     shapes = {n.name: n.output_shape for n in desc.nodes}
     r = _Rows()
@@ -330,7 +338,7 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
         else:
             fwd_passes, bwd_passes, bwd_kernels = _passes(node)
             _elementwise(r, node, ins, fwd_passes, bwd_passes, bwd_kernels if visit.needs_grad else 0)
-    _loss(r, desc.node(desc.output).output_shape)
+    _loss(r, desc.node(desc.output).output_shape, loss)
     for name, adds in gradient_accumulations(desc, visits).items():  # k gradients into one tensor: k-1 adds
         for _ in range(adds):
             r.other(BANDWIDTH, float(numel(shapes[name])), 3.0 * numel(shapes[name]) * BYTES_PER_ELEMENT)
