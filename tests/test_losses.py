@@ -107,19 +107,20 @@ n_estimators = 10
 """
 
 
-def _main(folder: Path, loss: str, *args: str, batch_sizes: str = "[1, 2]") -> subprocess.CompletedProcess:
+def _main(folder: Path, loss: str, *args: str, batch_sizes: str = "[1, 2]",
+          code: int = 0) -> subprocess.CompletedProcess:
     (folder / "config.toml").write_text(CONFIG.format(loss=loss, batch_sizes=batch_sizes))
     run = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(folder / "config.toml"), *args],
                          capture_output=True, text=True, cwd=folder, timeout=600)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert run.returncode == code, run.stdout[-2000:] + run.stderr[-2000:]
     return run
 
 
 def test_image_to_image_networks_profiled_and_fitted_with_mse_beside_cross_entropy(tmp_path):
     """Two tiny image-to-image networks measured on this CPU with ``loss = "mse"``: the rows say so, the fingerprint
     fits them and its metadata says ``mse``, and predict asked for a cross entropy's step says its fingerprint is of
-    another loss; the config's cross entropy measures the configurations again (the loss is part of a row's key),
-    beside the MSE rows, which ``--loss mse`` finds measured already."""
+    another loss; ``--loss cross_entropy`` measures the configurations again (the loss is part of a row's key),
+    beside the MSE rows."""
     save_description(describe(image_to_image(8), SHAPE, "narrow"), tmp_path / "narrow.json")
     save_description(describe(image_to_image(16), SHAPE, "wide"), tmp_path / "wide.json")
     _main(tmp_path, "mse", "--stage", "networks")
@@ -134,16 +135,18 @@ def test_image_to_image_networks_profiled_and_fitted_with_mse_beside_cross_entro
     assert "predicted for loss" not in plain.stderr
     assert json.loads(other.stdout)["memory_mb"] != json.loads(plain.stdout)["memory_mb"]  # its labels, its loss
 
-    again = _main(tmp_path, "cross_entropy", "--stage", "profile", batch_sizes="[1]")
+    again = _main(tmp_path, "mse", "--stage", "profile", "--loss", "cross_entropy", batch_sizes="[1]")
     assert "2/2 rows (2 new)" in again.stdout
-    told = _main(tmp_path, "cross_entropy", "--stage", "profile", "--loss", "mse")
-    assert "4/4 rows (0 new)" in told.stdout
     rows = results.read_rows(results.results_path(tmp_path / "profiling_csvs", "local"))
     assert [(r["loss"], r["network"], r["batch_size"], r["status"]) for r in rows] == [
         ("mse", "narrow_l0", "1", "ok"), ("mse", "narrow_l0", "2", "ok"), ("mse", "wide_l0", "1", "ok"),
         ("mse", "wide_l0", "2", "ok"), ("cross_entropy", "narrow_l0", "1", "ok"),
         ("cross_entropy", "wide_l0", "1", "ok")]
     assert all(float(r["latency_ms_median"]) > 0 for r in rows)
+    # a loss no row measured: the device is passed over with a note, and the stage stops saying which losses it has
+    none = _main(tmp_path, "mse", "--stage", "fingerprint", "--loss", "l1", code=2)
+    assert "local: not fitted: its rows are of steps with loss cross_entropy and mse, none with l1" in none.stderr
+    assert "has no rows of a training step with loss l1 ([profile] loss)" in none.stderr
 
 
 def test_the_features_count_an_mse_or_l1_loss_over_the_output_and_its_float_target():
