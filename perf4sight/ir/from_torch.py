@@ -374,6 +374,26 @@ def _cast(n: fx.Node) -> tuple[str, dict]:
 
 
 FUNCTION_OPS["float"] = FUNCTION_OPS["to"] = _cast
+
+#: the calls that broadcast their two tensors (what an expanded operand meets): adds and multiplies
+_BROADCASTING = {operator.add, operator.iadd, torch.add, "add", "add_", operator.mul, operator.imul, torch.mul, "mul",
+                 "mul_"}
+
+
+def _expand(n: fx.Node) -> tuple[str, dict]:
+    """``s.expand_as(x)``, ``s.expand(...)`` read by adds and multiplies only, each of them of the expanded shape (a
+    squeeze-excitation's ``x * s.expand_as(x)``): the tensor itself, which they broadcast to that shape as the
+    expand did (an expand is a view: it computes and allocates nothing). Read by anything else, ``ValueError``."""
+    shape = _shape(n)
+    users = list(n.users)
+    if not users or any(u.op == "call_module" or u.target not in _BROADCASTING or _shape(u) != shape
+                        or n in u.args[2:] or u.kwargs for u in users):
+        raise ValueError(f"an {n.target} read by anything but an add or multiply of its own shape (which broadcasts "
+                         "as it does) has no description op")
+    return "alias", {}
+
+
+FUNCTION_OPS["expand"] = FUNCTION_OPS["expand_as"] = _expand
 for _key in (F.relu, torch.relu, "relu", "relu_"):
     FUNCTION_OPS[_key] = lambda n: ("relu", {"inplace": True} if n.kwargs.get("inplace") or n.target == "relu_"
                                     else {})

@@ -1,0 +1,58 @@
+"""Call patterns of popular CNN research code (squeeze-excitation, CBAM, split attention, Res2Net, GhostNet):
+described as torch computes them, or refused by name."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from perf4sight.errors import UserError
+from perf4sight.ir.from_torch import describe
+from perf4sight.ir.to_torch import build_module
+
+SHAPE = [3, 16, 16]
+
+
+class _Probe(nn.Module):
+    """A convolution, then ``pattern(self, y)`` on its output, then a classifier: one call pattern in a network."""
+
+    def __init__(self, pattern) -> None:
+        super().__init__()
+        self.conv, self.pattern, self.fc = nn.Conv2d(3, 8, 3, padding=1), pattern, nn.Linear(8, 10)
+
+    def forward(self, x):
+        y = self.pattern(self, self.conv(x))
+        return self.fc(F.adaptive_avg_pool2d(y, 1).flatten(1))
+
+
+def _computes_the_same(module: nn.Module, shape: list[int] = SHAPE) -> list[str]:
+    """The ops of ``module``'s description, once the module rebuilt from it, given ``module``'s weights, has computed
+    what ``module`` computes."""
+    desc = describe(module.eval(), shape, name="probe")
+    assert desc.params == sum(p.numel() for p in module.parameters())
+    rebuilt = build_module(desc).eval()
+    for new, old in zip(rebuilt.parameters(), module.parameters()):
+        new.data.copy_(old.data)
+    x = torch.randn(2, *shape)
+    assert torch.allclose(rebuilt(x), module(x), atol=1e-5)
+    return [n.op for n in desc.nodes]
+
+
+@pytest.mark.parametrize("pattern", [
+    lambda s, y: y * y.mean((2, 3), keepdim=True).sigmoid().expand_as(y),
+    lambda s, y: y.mean((2, 3), keepdim=True).expand(-1, -1, y.size(2), y.size(3)) + y,
+    lambda s, y: y * torch.sigmoid(y.mean((2, 3), keepdim=True)).expand_as(y) * y.mean(1, keepdim=True).expand_as(y),
+])
+def test_an_expand_read_by_a_broadcasting_add_or_multiply_is_the_broadcast(pattern):
+    """A squeeze-excitation's (and ECA's) ``x * s.expand_as(x)`` was refused ("call_method 'expand_as' has no
+    description op"): the multiply broadcasts the gate as the expand did."""
+    ops = _computes_the_same(_Probe(pattern))
+    assert "mean" in ops and ("mul" in ops or "add" in ops)
+
+
+def test_an_expand_read_by_anything_else_is_refused_by_name():
+    """Concatenated, an expanded tensor's copies are the op's input: no broadcast can stand for them."""
+    module = _Probe(lambda s, y: torch.cat([y, y.mean((2, 3), keepdim=True).expand_as(y)], 1)[:, :8])
+    with pytest.raises(UserError, match="expand_as.*read by anything but an add or multiply"):
+        describe(module, SHAPE, name="probe")
