@@ -34,7 +34,7 @@ import torch_pruning as tp
 from torch import nn
 
 __all__ = ["Dep", "Unit", "CoupledGroup", "is_grouped_conv", "find_groups", "set_limits", "removal", "cut",
-           "make_counter", "prune_grouped_in_channels"]
+           "make_counter", "prune_grouped_in_channels", "followed_groups", "UNFOLLOWED"]
 
 Handler = Callable[[nn.Module, list[int]], nn.Module]
 
@@ -319,6 +319,39 @@ def cut(base: nn.Module, cuts: dict[tuple[str, Handler], set[int]]) -> nn.Module
             owner, _, attr = name.rpartition(".")
             setattr(modules[owner], attr, handler(getattr(modules[owner], attr), sorted(idxs)))
     return model
+
+
+#: why a group is left out when a cut of it alone leaves a network that does not run
+UNFOLLOWED = "channels torch-pruning's dependency graph does not follow whole (a cut of them does not run)"
+
+
+def _runs_cut(model: nn.Module, example: torch.Tensor, groups: list[CoupledGroup]) -> bool:
+    """Whether ``model`` (eval mode) still runs on ``example`` with the first unit of each of ``groups`` removed."""
+    try:
+        with torch.no_grad():
+            cut(model, removal(groups, [1] * len(groups)))(example)
+    except Exception:  # noqa: BLE001 - whatever the pruned forward raises, the cut is not one that runs
+        return False
+    return True
+
+
+def followed_groups(groups: list[CoupledGroup], model: nn.Module, example: torch.Tensor) -> tuple[
+        list[CoupledGroup], int]:
+    """The groups of ``groups`` (limits set) whose cuts leave ``model`` a network that runs on ``example``, and how
+    many were left out. torch-pruning's graph can miss a layer a group's channels reach by two paths (GhostNet's
+    primary convolution, concatenated both as it is and through its cheap depthwise one: reached by the second path
+    only), and the cut then left that layer whole: the pruned network failed at its first forward. One forward with a
+    unit of every group cut (on the ``meta`` device, ``model`` and ``example`` there: shapes alone); where it fails,
+    one per group, the groups that fail alone left out (and all of them where the others still fail together). A model
+    that does not run there uncut (an op without a meta kernel) keeps its groups unchecked."""
+    cuttable = [g for g in groups if g.max_removed > 0]
+    if not cuttable or _runs_cut(model, example, cuttable) or not _runs_cut(model, example, []):
+        return groups, 0
+    failing = [g for g in cuttable if not _runs_cut(model, example, [g])]
+    kept = [g for g in groups if g.max_removed == 0 or g not in failing] if failing else []
+    if failing and not _runs_cut(model, example, [g for g in kept if g.max_removed > 0]):
+        kept = [g for g in groups if g.max_removed == 0]
+    return kept, len(groups) - len(kept)
 
 
 def _is_out(handler: Handler) -> bool:

@@ -301,12 +301,15 @@ class PruningPlan:
         groups.sort(key=lambda g: position.get(g.root, len(position)))
         self._order_groups(groups, traced, strategy, seed, network)
         pp.set_limits(groups, traced, min_channels)
+        self._meta = traced.to("meta")
+        groups, unfollowed = pp.followed_groups(groups, self._meta, example.to("meta"))
+        if unfollowed:
+            notes[pp.UNFOLLOWED] += unfollowed
         self.groups = groups
         if notes:
             self.extra["pruning_unpruned_groups"] = dict(sorted(notes.items()))
         if any(len(u.roots) > 1 for g in groups for u in g.units):
             self.extra["grouped_conv_pruning"] = "uniform per group"
-        self._meta = traced.to("meta")
         self._fast_count = pp.make_counter(groups, self._meta)
         # One event per unit removed: (scale at which it goes, group position); ties go early layers first.
         events = sorted((k / (g.weight * len(g.units)), i) for i, g in enumerate(groups) if g.weight > 0

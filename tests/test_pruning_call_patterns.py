@@ -1,0 +1,51 @@
+"""Pruning networks built from popular CNN research blocks (GhostNet's ghost module, CBAM, ECA, split attention):
+each pruned so that it runs, or the channels it cannot cut left whole and said so."""
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from perf4sight.networks.build import Source, prune_source
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_networks import CLASSES, _train_step  # noqa: E402
+
+warnings.filterwarnings("ignore", module="torch_pruning")
+
+SHAPE = [3, 16, 16]
+
+
+class _Ghost(nn.Module):
+    """GhostNet's ghost module: a primary convolution, a cheap depthwise one on its output, both concatenated; then a
+    depthwise convolution (GhostNet's strided one), a pointwise one and the classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.primary = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 6, 1)
+        self.cheap = nn.Conv2d(6, 6, 3, padding=1, groups=6)
+        self.down, self.head = nn.Conv2d(12, 12, 3, 2, 1, groups=12), nn.Conv2d(12, 16, 1)
+        self.fc = nn.Linear(16, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.primary(torch.relu(self.stem(x))))
+        y = torch.cat([y, torch.relu(self.cheap(y))], 1)
+        return self.fc(torch.relu(self.head(self.down(y))).mean((2, 3)))
+
+
+def test_a_ghost_module_s_channels_torch_pruning_follows_by_one_path_only_stay_whole() -> None:
+    """From the depthwise convolution after the concatenation, torch-pruning reaches the primary convolution through
+    the cheap one only, not through the concatenation: a cut of the concatenation's first half left the primary
+    convolution whole, and the pruned network failed at its first forward ("expected input to have 11 channels"). That
+    group stays whole, said in the description; the others are cut and the pruned network describes, rebuilds and
+    trains."""
+    (desc,) = prune_source(Source("ghost", "test", _Ghost), SHAPE, [15], "l1-norm", 2, seed=0)
+    assert desc.extra["pruning_unpruned_groups"] == {
+        "channels torch-pruning's dependency graph does not follow whole (a cut of them does not run)": 1}
+    widths = {n.name: n.attrs["out_channels"] for n in desc.nodes if n.op == "conv2d"}
+    assert widths["primary"] == widths["cheap"] == 6 and widths["down"] == 12
+    assert widths["stem"] + widths["head"] < 8 + 16
+    _train_step(desc)
