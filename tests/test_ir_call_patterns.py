@@ -56,3 +56,46 @@ def test_an_expand_read_by_anything_else_is_refused_by_name():
     module = _Probe(lambda s, y: torch.cat([y, y.mean((2, 3), keepdim=True).expand_as(y)], 1)[:, :8])
     with pytest.raises(UserError, match="expand_as.*read by anything but an add or multiply"):
         describe(module, SHAPE, name="probe")
+
+
+@pytest.mark.parametrize("pattern, ops", [
+    (lambda s, y: y * torch.max(y, dim=1, keepdim=True)[0], ["reshape", "adaptivemaxpool2d", "reshape"]),
+    (lambda s, y: y * y.max(1, keepdim=True).values, ["reshape", "adaptivemaxpool2d", "reshape"]),
+    (lambda s, y: y * torch.max(y, 1)[0].unsqueeze(1), ["reshape", "adaptivemaxpool2d", "reshape", "unsqueeze"]),
+    (lambda s, y: y * y.amax((2, 3), keepdim=True), ["reshape", "adaptivemaxpool2d", "reshape"]),
+    (lambda s, y: y * torch.min(y, 1, keepdim=True)[0], ["mul", "reshape", "adaptivemaxpool2d", "reshape", "mul"]),
+    (lambda s, y: y * y.amin(-1, keepdim=True), ["mul", "reshape", "adaptivemaxpool2d", "reshape", "mul"]),
+    (lambda s, y: y * F.adaptive_max_pool2d(y, 1), ["adaptivemaxpool2d"]),
+])
+def test_a_max_or_min_over_dimensions_is_an_adaptive_max_pool_of_a_view(pattern, ops):
+    """CBAM's spatial attention pools ``torch.max(x, 1, keepdim=True)[0]`` (and its channel attention
+    ``F.adaptive_max_pool2d``): refused ("call_function 'max' has no description op"). A max over dimensions is the
+    input viewed as [before, over, after], an adaptive max pool to [before, 1, after] (the values and the indices
+    torch keeps for backward) and a view; a min the max of the negated input, negated."""
+    described = _computes_the_same(_Probe(pattern))
+    assert described[2:2 + len(ops)] == ops
+
+
+@pytest.mark.parametrize("pattern, expected", [
+    (lambda s, y: y * torch.max(y, 1, keepdim=True)[1], "the indices of a max"),
+    (lambda s, y: y * y.max(), "'max' .* has no description op"),
+    (lambda s, y: torch.max(y, y.sigmoid()), "'max' .* has no description op"),
+])
+def test_a_max_the_description_cannot_hold_is_refused_by_name(pattern, expected):
+    with pytest.raises(UserError, match=expected):
+        describe(_Probe(pattern), SHAPE, name="probe")
+
+
+def test_the_indices_of_a_max_that_nothing_reads_are_left_out():
+    """``values, _ = torch.max(x, dim=1, keepdim=True)`` traces the indices too, read by nothing."""
+    class Unpacked(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8, 10)
+
+        def forward(self, x):
+            y = self.conv(x)
+            values, _ = torch.max(y, dim=1, keepdim=True)
+            return self.fc((y * values).mean((2, 3)))
+
+    assert "adaptivemaxpool2d" in _computes_the_same(Unpacked())

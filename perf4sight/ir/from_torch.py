@@ -431,6 +431,7 @@ for _key in (torch.squeeze, "squeeze"):
 for _key in (torch.unsqueeze, "unsqueeze"):
     FUNCTION_OPS[_key] = lambda n: ("unsqueeze", {"dim": int(_arg(n, 1, "dim"))})
 FUNCTION_OPS[F.adaptive_avg_pool2d] = lambda n: _adaptive_pool("adaptiveavgpool2d", n)
+FUNCTION_OPS[F.adaptive_max_pool2d] = lambda n: _adaptive_pool("adaptivemaxpool2d", n)  # its indices: a tuple, no op
 FUNCTION_OPS[F.max_pool2d] = lambda n: _maxpool(nn.MaxPool2d(
     _arg(n, 1, "kernel_size"), _arg(n, 2, "stride"), _arg(n, 3, "padding", 0), _arg(n, 4, "dilation", 1),
     ceil_mode=bool(_arg(n, 5, "ceil_mode", False))))  # read as the module of the same arguments
@@ -1119,6 +1120,9 @@ def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, s
         if n.args[1] == 0:  # the attention's output (its weights, [1], are not asked for: None)
             alias[n.name] = alias[n.args[0].name]
         return []
+    reduced = _max_part(n, gm, alias)
+    if reduced is not None:
+        return reduced
     if n.op == "call_function" and n.target is operator.getitem:
         converted = _getitem(n, alias)
         if converted is not None:
@@ -1174,6 +1178,78 @@ def _padded_first(n: fx.Node, gm: fx.GraphModule, inputs: list[str]) -> Node | N
     while name in taken:
         name, i = f"{n.name}_pad_{i}", i + 1
     return Node(name, op, inputs, attrs, [c, h + top + bottom, w + left + right])
+
+
+#: reductions to the largest (smallest) value over dimensions: those returning values and indices, those values alone
+_MAX_CALLS = {torch.max: False, "max": False, torch.min: True, "min": True}
+_AMAX_CALLS = {torch.amax: False, "amax": False, torch.amin: True, "amin": True}
+
+
+def _is_max_call(source: Any) -> bool:
+    return isinstance(source, fx.Node) and source.op in ("call_function", "call_method") and \
+        source.target in _MAX_CALLS
+
+
+def _reduced_dims(call: fx.Node) -> tuple[list[int], bool]:
+    """The dimensions (counting the batch's) a max, min, amax or amin call ``call`` reduces, and its ``keepdim``;
+    ``ValueError`` for the max of two tensors, one over every dimension or the batch's, or dimensions apart."""
+    other = _arg(call, 1, "dim", _arg(call, 1, "other"))
+    if isinstance(other, fx.Node):
+        raise ValueError(f"a {call.target if isinstance(call.target, str) else call.target.__name__} of two tensors "
+                         "has no description op")
+    rank = len(call.args[0].meta["tensor_meta"].shape)
+    if other is None or other == ():
+        raise ValueError("a max or min over every dimension (no dim given) reduces the batch too; give dim=")
+    dims = sorted({int(d) % rank for d in ([other] if isinstance(other, int) else other)})
+    if dims[0] == 0 or dims != list(range(dims[0], dims[-1] + 1)):
+        raise ValueError(f"a max or min over dimensions {dims} (the batch's, or dimensions apart) has no description "
+                         "op")
+    return dims, bool(_arg(call, 2, "keepdim", False))
+
+
+def _max_values(n: fx.Node, call: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Node]:
+    """The values of ``call``, a max or min over dimensions (``torch.max(x, 1, keepdim=True)[0]``, ``.values``,
+    ``x.amax((2, 3))``), as the ops that compute them: the input viewed as ``[A, B, C]`` (the dimensions before, over
+    and after the reduced ones), an adaptive max pool to ``[A, 1, C]`` (torch's max over a dimension: the values and
+    their int64 indices, kept for backward) and a view to the output's shape; a min is the max of the input times -1,
+    times -1. ``n`` is the node of those values; the nodes made are named after it."""
+    dims, _ = _reduced_dims(call)
+    source = call.args[0]
+    sample = [int(v) for v in source.meta["tensor_meta"].shape[1:]]
+    before, over, after = (int(np.prod(part)) for part in (sample[:dims[0] - 1], sample[dims[0] - 1:dims[-1]],
+                                                              sample[dims[-1]:]))
+    taken = {x.name for x in gm.graph.nodes}
+    names = iter(name for name in (f"{n.name}_{i}" for i in range(1, 99)) if name not in taken)
+    negated = _MAX_CALLS.get(call.target, _AMAX_CALLS.get(call.target))
+    made: list[Node] = []
+
+    def add(op: str, attrs: dict, shape: list[int], name: str | None = None) -> None:
+        made.append(Node(name or next(names), op, [made[-1].name if made else alias[source.name]], attrs, shape))
+    if negated:
+        add("mul", {"scalar": -1.0}, sample)
+    add("reshape", {"shape": [before, over, after]}, [before, over, after])
+    add("adaptivemaxpool2d", {"output_size": [1, after]}, [before, 1, after])
+    add("reshape", {"shape": _shape(n)}, _shape(n), None if negated else n.name)
+    if negated:
+        add("mul", {"scalar": -1.0}, _shape(n), n.name)
+    alias[n.name] = n.name
+    return made
+
+
+def _max_part(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Node] | None:
+    """``n``'s nodes where it is the values of a max or min over dimensions (:func:`_max_values`), none where it is
+    their indices and nothing reads them (``values, _ = x.max(1)``); None where it is neither. Indices that are read
+    are a ``ValueError``: a description's tensors are float32."""
+    if n.op in ("call_function", "call_method") and n.target in _AMAX_CALLS:
+        return _max_values(n, n, gm, alias)
+    if n.op != "call_function" or n.target not in (operator.getitem, getattr) or not _is_max_call(n.args[0]):
+        return None
+    if n.args[1] in (0, "values"):
+        return _max_values(n, n.args[0], gm, alias)
+    if n.users:
+        raise ValueError(f"the indices of a {n.args[0].target if isinstance(n.args[0].target, str) else 'max'} "
+                         "(int64) have no description op")
+    return []
 
 
 def _is_attention(source: Any, gm: fx.GraphModule) -> bool:
