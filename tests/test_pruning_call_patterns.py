@@ -49,3 +49,32 @@ def test_a_ghost_module_s_channels_torch_pruning_follows_by_one_path_only_stay_w
     assert widths["primary"] == widths["cheap"] == 6 and widths["down"] == 12
     assert widths["stem"] + widths["head"] < 8 + 16
     _train_step(desc)
+
+
+class _SpatialGate(nn.Module):
+    """CBAM's spatial attention on a block: the block's map times a one-channel gate, a 7x7 convolution of the
+    channels' max and mean (reductions over the channels, concatenated)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c0, self.c1 = nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(16, 16, 3, padding=1)
+        self.spatial, self.fc = nn.Conv2d(2, 1, 7, padding=3), nn.Linear(16, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.c1(torch.relu(self.c0(x))))
+        pooled = torch.cat([torch.max(y, 1)[0].unsqueeze(1), y.mean(1, keepdim=True)], 1)
+        return self.fc((y * torch.sigmoid(self.spatial(pooled))).mean((2, 3)))
+
+
+def test_a_one_channel_gate_and_reductions_over_the_channels_leave_the_block_prunable() -> None:
+    """torch-pruning coupled the gate's one channel with the block's 16 (a broadcast multiply read as elementwise)
+    and the reductions' input channels with the spatial convolution's two: the gate's group could lose nothing and
+    swallowed the block's, whose 16 channels stayed whole (a level was reached by cutting the first convolution
+    alone). The block's channels are cut now, the gate's convolution keeps its two inputs and one output, and the
+    network describes, rebuilds and trains."""
+    (desc,) = prune_source(Source("gate", "test", _SpatialGate), SHAPE, [40], "l1-norm", 2, seed=0)
+    assert abs(desc.pruning_level - 40) <= 2.0 and "pruning_unpruned_groups" not in desc.extra
+    convs = {n.name: n.attrs for n in desc.nodes if n.op == "conv2d"}
+    assert convs["c1"]["out_channels"] < 16 and (convs["spatial"]["in_channels"], convs["spatial"]["out_channels"]) \
+        == (2, 1)
+    _train_step(desc)

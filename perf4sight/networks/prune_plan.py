@@ -240,6 +240,83 @@ def _view_outputs_copied(model: nn.Module) -> Iterator[None]:
             h.remove()
 
 
+def _made_shape(grad_fn: Any, output_nr: int) -> tuple[int, ...] | None:
+    """The shape of output ``output_nr`` of the autograd node ``grad_fn`` (of the tensor a forward op made); None
+    where torch does not say."""
+    try:
+        return tuple(int(v) for v in grad_fn._input_metadata[output_nr].shape)
+    except (AttributeError, IndexError, RuntimeError, TypeError):
+        return None
+
+
+#: autograd nodes (by the start of their names) of the ops that broadcast their inputs, that reduce over
+#: dimensions, and of an unsqueeze
+_BROADCASTS, _REDUCTIONS = ("MulBackward", "AddBackward", "SubBackward", "DivBackward"), (
+    "MeanBackward", "SumBackward", "MaxBackward", "MinBackward", "AmaxBackward", "AminBackward")
+
+
+def _follows_channels(op: str, source: tuple[int, ...] | None, made: tuple[int, ...] | None) -> bool:
+    """Whether the output of shape ``made`` of the op whose autograd node is named ``op`` has its channels
+    (dimension 1 of a ``[N, C]`` or ``[N, C, H, W]`` tensor) from its input of shape ``source``: not where a
+    broadcast gives it other channels (a ``[N, 1, H, W]`` gate times a ``[N, C, H, W]`` map), a reduction takes
+    them to one or none (``x.mean(1, keepdim=True)``, ``torch.max(x, 1)[0]``: ``[N, H, W]``), or an unsqueeze
+    gives ``[N, H, W]`` a channel. Any other op (a permute, which moves the channels elsewhere, included), and
+    unknown shapes, follow."""
+    if source is None or made is None:
+        return True
+    if op.startswith(_BROADCASTS) and len(source) == len(made) in (2, 4):
+        return source[1] == made[1]
+    if op.startswith(_REDUCTIONS) and len(source) == 4 and source[1] > 1:
+        return not (made == source[:1] + source[2:] or len(made) == 4 and made[1] == 1)
+    if op.startswith("UnsqueezeBackward") and len(source) == 3:
+        return made != (source[0], 1) + source[1:]
+    return True
+
+
+def _uncouple_channel_changes(module2node: dict[Any, Any]) -> None:
+    """Cut the edges of torch-pruning's graph into an op it takes for an elementwise one (it couples the channels of
+    every input and the output) from an input whose channels the output does not follow (:func:`_follows_channels`):
+    a ``[N, 1, H, W]`` gate broadcast over the channels (CBAM's spatial attention, ``x * sigmoid(conv(pooled))``), or
+    the input of a reduction over them (CBAM's ``torch.max(x, 1)[0]`` and ``x.mean(1)``). Coupled, the gate's single
+    channel became its group's root, which could lose no channel, and every channel of the block, whose group it
+    swallowed, stayed whole; the reduction's input channels were cut from the convolution after it by their own
+    indices."""
+    for node in module2node.values():
+        if node.type != tp.ops.OPTYPE.ELEMENTWISE or not hasattr(node.grad_fn, "next_functions"):
+            continue
+        made = _made_shape(node.grad_fn, 0)
+        for fn, nr in node.grad_fn.next_functions:
+            if fn is None or _follows_channels(node.grad_fn.name(), _made_shape(fn, nr), made):
+                continue
+            for source in [i for i in node.inputs if i.grad_fn is fn]:
+                node.inputs.remove(source)
+                source.outputs.remove(node)
+
+
+def _known_concat_sizes(module2node: dict[Any, Any]) -> None:
+    """Give each concatenation of channels in torch-pruning's graph the channels of its inputs as the forward made
+    them. torch-pruning infers them by walking back to a layer, and an input cut off by
+    :func:`_uncouple_channel_changes` (CBAM's ``torch.cat([max, mean], 1)`` of reductions over the channels) has none:
+    its index mapping failed with a ``TypeError``."""
+    for node in module2node.values():
+        if node.type != tp.ops.OPTYPE.CONCAT or getattr(node.grad_fn, "_saved_dim", None) != 1:
+            continue
+        shapes = [_made_shape(fn, nr) for fn, nr in node.grad_fn.next_functions if fn is not None]
+        if len(shapes) == len(node.inputs) and all(s is not None and len(s) in (2, 4) for s in shapes):
+            node.module.concat_sizes = [s[1] for s in shapes]
+
+
+class _DependencyGraph(tp.DependencyGraph):
+    """torch-pruning's dependency graph, but for the couplings :func:`_uncouple_channel_changes` cuts (the
+    concatenations' sizes then known from the forward: :func:`_known_concat_sizes`)."""
+
+    def _trace(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+        module2node = super()._trace(*args, **kwargs)
+        _uncouple_channel_changes(module2node)
+        _known_concat_sizes(module2node)
+        return module2node
+
+
 def find_groups(model: nn.Module, example: torch.Tensor, ignored: list[nn.Module],
                 skip: Callable[[Any], str]) -> tuple[list[CoupledGroup], Counter[str]]:
     """Trace ``model`` once and return its prunable groups (unordered) and why others were left out.
@@ -249,7 +326,7 @@ def find_groups(model: nn.Module, example: torch.Tensor, ignored: list[nn.Module
     """
     with warnings.catch_warnings(), _interrupt_kept(), _view_outputs_copied(model):
         warnings.filterwarnings("ignore", message="Unwrapped parameters detected")  # a parameter outside a layer
-        dg = tp.DependencyGraph().build_dependency(model, example_inputs=example)  # (a layer scale): cut as it says
+        dg = _DependencyGraph().build_dependency(model, example_inputs=example)  # (a layer scale): cut as it says
     names = {m: n for n, m in model.named_modules()} | {p: n for n, p in model.named_parameters()}
     modules = dict(model.named_modules())
     groups: list[CoupledGroup] = []
@@ -326,10 +403,10 @@ UNFOLLOWED = "channels torch-pruning's dependency graph does not follow whole (a
 
 
 def _runs_cut(model: nn.Module, example: torch.Tensor, groups: list[CoupledGroup]) -> bool:
-    """Whether ``model`` (eval mode) still runs on ``example`` with the first unit of each of ``groups`` removed."""
+    """Whether ``model`` (eval mode) still runs on ``example`` with each of ``groups`` cut as deep as its limit lets."""
     try:
         with torch.no_grad():
-            cut(model, removal(groups, [1] * len(groups)))(example)
+            cut(model, removal(groups, [g.max_removed for g in groups]))(example)
     except Exception:  # noqa: BLE001 - whatever the pruned forward raises, the cut is not one that runs
         return False
     return True
@@ -340,8 +417,8 @@ def followed_groups(groups: list[CoupledGroup], model: nn.Module, example: torch
     """The groups of ``groups`` (limits set) whose cuts leave ``model`` a network that runs on ``example``, and how
     many were left out. torch-pruning's graph can miss a layer a group's channels reach by two paths (GhostNet's
     primary convolution, concatenated both as it is and through its cheap depthwise one: reached by the second path
-    only), and the cut then left that layer whole: the pruned network failed at its first forward. One forward with a
-    unit of every group cut (on the ``meta`` device, ``model`` and ``example`` there: shapes alone); where it fails,
+    only), and the cut then left that layer whole: the pruned network failed at its first forward. One forward with
+    every group cut as deep as it may be (on the ``meta`` device, ``model`` and ``example`` there: shapes alone); where it fails,
     one per group, the groups that fail alone left out (and all of them where the others still fail together). A model
     that does not run there uncut (an op without a meta kernel) keeps its groups unchecked."""
     cuttable = [g for g in groups if g.max_removed > 0]
