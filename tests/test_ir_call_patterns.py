@@ -99,3 +99,53 @@ def test_the_indices_of_a_max_that_nothing_reads_are_left_out():
             return self.fc((y * values).mean((2, 3)))
 
     assert "adaptivemaxpool2d" in _computes_the_same(Unpacked())
+
+
+class _RadixSum(nn.Module):
+    """timm's split attention: the radix as a 5-D view, summed over, gated by a softmax over it, summed again."""
+
+    def __init__(self, channels: int = 8, radix: int = 2) -> None:
+        super().__init__()
+        self.radix = radix
+        self.conv = nn.Conv2d(3, channels * radix, 3, padding=1, groups=1)
+        self.fc1, self.fc2 = nn.Conv2d(channels, 4, 1), nn.Conv2d(4, channels * radix, 1)
+        self.fc = nn.Linear(channels, 10)
+
+    def forward(self, x):
+        x = self.conv(x)
+        batch, rc, h, w = x.shape
+        x = x.reshape((batch, self.radix, rc // self.radix, h, w))
+        gap = x.sum(dim=1).mean((2, 3), keepdim=True)
+        attn = self.fc2(torch.relu(self.fc1(gap))).view(batch, 1, self.radix, -1).transpose(1, 2)
+        attn = F.softmax(attn, dim=1).reshape((batch, self.radix, rc // self.radix, 1, 1))
+        out = torch.sum(x * attn, 1)
+        return self.fc(out.sum((2, 3), keepdim=False) / (h * w))
+
+
+def test_a_sum_over_dimensions_is_their_mean_times_their_count():
+    """timm's split attention sums over its radix (``x.sum(dim=1)``): refused ("call_method 'sum' has no description
+    op"). The mean over those dimensions times their elements' count computes the same."""
+    ops = _computes_the_same(_RadixSum())
+    assert ops.count("mean") == 4 and ops.count("mul") >= 4
+
+
+def test_a_sum_over_every_dimension_or_the_batch_is_refused_by_name():
+    for pattern in (lambda s, y: y * y.sum(), lambda s, y: y * y.sum(0, keepdim=True)):
+        with pytest.raises(UserError, match="a sum over"):
+            describe(_Probe(pattern), SHAPE, name="probe")
+
+
+@pytest.mark.parametrize("pattern", [
+    lambda s, y: torch.cat([y[:, :y.shape[1] // 2], y[:, y.size(1) // 2:] * 2], 1),
+    lambda s, y: y / (y.shape[2] * y.shape[3]) + y * y.size(1),
+    lambda s, y: y + y.sum((2, 3), keepdim=True) / (y.size(-1) * y.size(-2)),
+])
+def test_numbers_computed_from_shapes_are_the_numbers_they_are(pattern):
+    """A slice's bounds from a shape (HRNet's ``y[:, :x.shape[1]]``), a tensor over or times a product of sides
+    (``x / (h * w)``): refused ("slice indices must be integers", "a truediv of anything but a tensor by a number")."""
+    _computes_the_same(_Probe(pattern))
+
+
+def test_a_number_that_depends_on_the_batch_s_size_is_refused_by_name():
+    with pytest.raises(UserError, match="depends on the batch's size"):
+        describe(_Probe(lambda s, y: y / y.shape[0]), SHAPE, name="probe")

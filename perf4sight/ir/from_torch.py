@@ -344,12 +344,38 @@ for _key in (operator.mul, operator.imul, torch.mul, "mul", "mul_"):
     FUNCTION_OPS[_key] = lambda n: ("mul", {})
 
 
+def _value_at(a: Any, batch: int) -> Any:
+    """What ``a`` (an fx node of shape arithmetic: ``x.shape[2]``, ``h * w``, ``y.size(1) // 2``, or a constant) is
+    when the batch is ``batch``: the tensors it reads are meta tensors of their traced shapes, but for that batch."""
+    if not isinstance(a, fx.Node):
+        return fx.node.map_aggregate(a, lambda v: _value_at(v, batch) if isinstance(v, fx.Node) else v)
+    meta = a.meta.get("tensor_meta")
+    if hasattr(meta, "shape"):
+        return torch.empty([batch, *meta.shape[1:]], dtype=meta.dtype, device="meta")
+    if a.op not in ("call_function", "call_method"):
+        raise ValueError(f"{a.name} is not computed from tensors' shapes")
+    args, kwargs = _value_at(a.args, batch), _value_at(a.kwargs, batch)
+    return a.target(*args, **kwargs) if a.op == "call_function" else getattr(args[0], a.target)(*args[1:], **kwargs)
+
+
+def _shape_value(a: Any) -> Any:
+    """``a`` itself, or, for an fx node of shape arithmetic (a tensor's side, a product of sides), the number it is
+    (:func:`_value_at`); ``ValueError`` for one that depends on the batch's size (``x.shape[0]``), which a description
+    leaves out, or that is no number."""
+    if not isinstance(a, fx.Node) or hasattr(a.meta.get("tensor_meta"), "shape"):
+        return a
+    value = _value_at(a, _TRACE_BATCH)
+    if isinstance(value, torch.Tensor) or value != _value_at(a, _TRACE_BATCH + 1):
+        raise ValueError(f"{a.name} depends on the batch's size (x.shape[0]), which a description leaves out")
+    return value
+
+
 def _by_scalar(n: fx.Node) -> tuple[str, dict]:
     """``x - c`` as ``x + (-c)`` and ``x / c`` as ``x * (1 / c)``: the same elementwise work, on a tensor and a number
     (a scale of an input, ``x / 255``, ``(x - 0.5) / 0.25``). A difference or quotient of two tensors, or of a number
     and a tensor, has no description op."""
     name = n.target if isinstance(n.target, str) else n.target.__name__
-    other = n.args[1] if len(n.args) > 1 else n.kwargs.get("other")
+    other = _shape_value(n.args[1] if len(n.args) > 1 else n.kwargs.get("other"))
     if not isinstance(n.args[0], fx.Node) or isinstance(other, fx.Node) or isinstance(other, bool) \
             or not isinstance(other, (int, float)) or set(n.kwargs) - {"other"}:
         raise ValueError(f"a {name} of anything but a tensor by a number (x - 2, x / 255) has no description op")
@@ -1142,7 +1168,8 @@ def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, s
     if not tensor_inputs:
         raise UserError(f"{where}: {op} (node {n.name}) has no tensor input the description can follow")
     if op in ("add", "mul") and len(tensor_inputs) == 1 and "scalar" not in attrs:
-        scalar = next(a for a in n.args if not isinstance(a, fx.Node))
+        scalar = next(_shape_value(a) for a in n.args if not hasattr(getattr(a, "meta", {}).get("tensor_meta"),
+                                                                      "shape"))
         attrs = {"scalar": float(scalar)}
     if op == "reshape":
         tensor_inputs = tensor_inputs[:1]
@@ -1236,12 +1263,38 @@ def _max_values(n: fx.Node, call: fx.Node, gm: fx.GraphModule, alias: dict[str, 
     return made
 
 
+_SUM_CALLS = {torch.sum, "sum"}
+
+
+def _sum_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Node]:
+    """``x.sum(dims)``, ``torch.sum(x, dims, keepdim)`` (timm's split attention sums over its radix): the mean over
+    those dimensions times their elements' count, the same work on the same tensors; over none given (every
+    dimension, the batch's too) or over the batch's, ``ValueError``."""
+    dims = _arg(n, 1, "dim")
+    if dims is None or isinstance(dims, fx.Node) or n.kwargs.get("dtype") is not None or len(n.args) > 3:
+        raise ValueError("a sum over every dimension, or of another type (dtype=), has no description op; give dim=")
+    source = n.args[0]
+    shape = [int(v) for v in source.meta["tensor_meta"].shape]
+    dims = sorted({int(d) % len(shape) for d in ([dims] if isinstance(dims, int) else dims)})
+    if 0 in dims:
+        raise ValueError("a sum over the batch dimension (dim 0) has no description op")
+    taken = {x.name for x in gm.graph.nodes}
+    mean = next(name for name in (f"{n.name}_{i}" for i in range(1, 99)) if name not in taken)
+    count = float(np.prod([shape[d] for d in dims]))
+    alias[n.name] = n.name
+    return [Node(mean, "mean", [alias[source.name]], {"dims": dims, "keepdim": bool(_arg(n, 2, "keepdim", False))},
+                 _shape(n)),
+            Node(n.name, "mul", [mean], {"scalar": count}, _shape(n))]
+
+
 def _max_part(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Node] | None:
     """``n``'s nodes where it is the values of a max or min over dimensions (:func:`_max_values`), none where it is
     their indices and nothing reads them (``values, _ = x.max(1)``); None where it is neither. Indices that are read
     are a ``ValueError``: a description's tensors are float32."""
     if n.op in ("call_function", "call_method") and n.target in _AMAX_CALLS:
         return _max_values(n, n, gm, alias)
+    if n.op in ("call_function", "call_method") and n.target in _SUM_CALLS and _shape(n) is not None:
+        return _sum_nodes(n, gm, alias)
     if n.op != "call_function" or n.target not in (operator.getitem, getattr) or not _is_max_call(n.args[0]):
         return None
     if n.args[1] in (0, "values"):
@@ -1385,6 +1438,8 @@ def _index(n: fx.Node, source: fx.Node, index: tuple, shape: Any, alias: dict[st
     dim, i = picked[0]
     if dim == 0:  # the batch dimension is not part of a description
         return None
+    if isinstance(i, slice):  # bounds computed from shapes (y[:, :x.shape[1]]): the numbers they are
+        i = slice(*(_shape_value(b) for b in (i.start, i.stop, i.step)))
     if isinstance(i, int):
         return Node(n.name, "select", [alias[source.name]], {"dim": dim, "index": i % int(shape[dim])}, out)
     if isinstance(i, slice) and i.step in (None, 1):
