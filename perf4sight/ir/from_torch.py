@@ -1290,7 +1290,7 @@ def _sum_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[No
 def _max_part(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Node] | None:
     """``n``'s nodes where it is the values of a max or min over dimensions (:func:`_max_values`), none where it is
     their indices and nothing reads them (``values, _ = x.max(1)``); None where it is neither. Indices that are read
-    are a ``ValueError``: a description's tensors are float32."""
+    are a :class:`_NoOp`: a description's tensors are float32."""
     if n.op in ("call_function", "call_method") and n.target in _AMAX_CALLS:
         return _max_values(n, n, gm, alias)
     if n.op in ("call_function", "call_method") and n.target in _SUM_CALLS and _shape(n) is not None:
@@ -1299,9 +1299,10 @@ def _max_part(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Nod
         return None
     if n.args[1] in (0, "values"):
         return _max_values(n, n.args[0], gm, alias)
-    if n.users:
-        raise ValueError(f"the indices of a {n.args[0].target if isinstance(n.args[0].target, str) else 'max'} "
-                         "(int64) have no description op")
+    if n.users:  # named with the other ops without a description op, as an op of its own (:class:`_NoOp`)
+        call = n.args[0]
+        label = call.target if isinstance(call.target, str) else call.target.__name__
+        raise _NoOp(f"the indices (int64) of {call.op} '{label}' (node {call.name})", f"indices of {label}", n)
     return []
 
 
