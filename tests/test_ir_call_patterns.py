@@ -149,3 +149,35 @@ def test_numbers_computed_from_shapes_are_the_numbers_they_are(pattern):
 def test_a_number_that_depends_on_the_batch_s_size_is_refused_by_name():
     with pytest.raises(UserError, match="depends on the batch's size"):
         describe(_Probe(lambda s, y: y / y.shape[0]), SHAPE, name="probe")
+
+
+class _SplitAttention(nn.Module):
+    """ResNeSt's split attention as its authors wrote it: the radix pieces from ``torch.split``, summed with Python's
+    ``sum``, gated by a softmax over the radix, and put back together with ``zip`` over the pieces."""
+
+    def __init__(self, channels: int = 8, radix: int = 2) -> None:
+        super().__init__()
+        self.radix = radix
+        self.conv = nn.Conv2d(3, channels * radix, 3, padding=1)
+        self.fc1, self.fc2 = nn.Conv2d(channels, 4, 1), nn.Conv2d(4, channels * radix, 1)
+        self.fc = nn.Linear(channels, 10)
+
+    def forward(self, x):
+        x = self.conv(x)
+        batch, rchannel = x.shape[:2]
+        splits = torch.split(x, rchannel // self.radix, dim=1)
+        gap = F.adaptive_avg_pool2d(sum(splits), 1)
+        attn = self.fc2(torch.relu(self.fc1(gap))).view(batch, 1, self.radix, -1).transpose(1, 2)
+        attn = F.softmax(attn, dim=1).reshape(batch, -1, 1, 1)
+        out = sum(a * s for a, s in zip(torch.split(attn, rchannel // self.radix, dim=1), splits))
+        for piece in out.chunk(2, 1):
+            out = out + piece.mean(1, keepdim=True)
+        return self.fc(out.mean((2, 3)))
+
+
+def test_the_pieces_of_a_split_or_chunk_iterated_over_are_as_many_as_the_input_s_shape_makes():
+    """``sum(splits)``, ``zip(attentions, splits)`` and a loop over a chunk's pieces were refused ("Proxy object
+    cannot be iterated"): torch.fx cannot tell how many pieces there are. The trace stops there, counts them from the
+    shapes of what it traced up to the split, and traces again."""
+    ops = _computes_the_same(_SplitAttention())
+    assert ops.count("narrow") >= 6 and "softmax" in ops  # (a piece taken at each iteration: views)

@@ -815,13 +815,67 @@ def _described_whole(m: nn.Module) -> tuple[str, dict] | None:
     return getattr(m, "described_as", None) if type(m).__module__ == to_torch.__name__ else None
 
 
+class _PiecesUnknown(Exception):
+    """Raised by :meth:`_Tracer.iter` for the split, chunk or unbind ``node`` iterated over whose pieces it has not
+    been told the number of."""
+
+    def __init__(self, node: fx.Node) -> None:
+        super().__init__(node.name)
+        self.node = node
+
+
 class _Tracer(fx.Tracer):
     """torch.fx's tracer, with the modules of :data:`_LEAF_MODULES`, and a rebuilt network's modules that stand for
-    one node, kept whole."""
+    one node, kept whole. Given ``pieces`` (the number of tensors of each split, chunk or unbind node, by name), it
+    iterates over them (:meth:`iter`)."""
+
+    def __init__(self, pieces: dict[str, int] | None = None) -> None:
+        super().__init__()
+        self.pieces = pieces
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return (type(m).__name__ in _LEAF_MODULES or _described_whole(m) is not None
                 or super().is_leaf_module(m, module_qualified_name))
+
+    def iter(self, obj: fx.Proxy) -> Iterator[fx.Proxy]:
+        """The pieces of a split, chunk or unbind iterated over (ResNeSt's ``sum(torch.split(x, c, 1))``, a ``zip``
+        or a loop over them), as many as :attr:`pieces` says; :class:`_PiecesUnknown` where it does not say. torch.fx
+        refuses to iterate over any other value, and over these too (it cannot tell how many pieces there are)."""
+        node = obj.node
+        if self.pieces is None or node.op not in ("call_function", "call_method") or \
+                node.target not in _SPLITS | {torch.unbind, "unbind"}:
+            return super().iter(obj)
+        if node.name not in self.pieces:
+            raise _PiecesUnknown(node)
+        return iter([obj[i] for i in range(self.pieces[node.name])])
+
+
+def _pieces_made(tracer: _Tracer, node: fx.Node, input_shape: list[int]) -> int:
+    """How many tensors ``node`` of the graph ``tracer`` had traced when it stopped at ``node`` makes at
+    ``input_shape``: the shapes of that graph up to ``node``, propagated."""
+    graph = fx.Graph()
+    copied: dict[fx.Node, fx.Node] = {}
+    for n in tracer.graph.nodes:
+        copied[n] = graph.node_copy(n, lambda a: copied[a])
+        if n is node:
+            break
+    graph.output(copied[node])
+    partial = _propagate_shapes(fx.GraphModule(tracer.root, graph), input_shape)
+    return len(next(n for n in partial.graph.nodes if n.name == copied[node].name).meta["tensor_meta"])
+
+
+def _trace(module: nn.Module, input_shape: list[int]) -> fx.Graph:
+    """``module``'s graph; where its forward iterates over the pieces of a split, chunk or unbind, traced again,
+    told how many there are at ``input_shape`` (:func:`_pieces_made`), once for each such node."""
+    pieces: dict[str, int] = {}
+    while True:
+        tracer = _Tracer(pieces)
+        try:
+            return tracer.trace(module)
+        except _PiecesUnknown as exc:
+            if exc.node.name in pieces:  # not traced the same way twice: refused as torch.fx refuses it
+                raise fx.proxy.TraceError(f"cannot iterate over the pieces of {exc.node.name}") from None
+            pieces[exc.node.name] = _pieces_made(tracer, exc.node, input_shape)
 
 
 def _writes_in_place(n: fx.Node, gm: fx.GraphModule) -> bool:
@@ -928,7 +982,7 @@ def _traced_with_shapes(module: nn.Module, input_shape: list[int], name: str) ->
     """``module`` traced by torch.fx, its nodes carrying their output shapes at ``input_shape``. Tracing
     and forward failures come in many types: each becomes one ``UserError`` line."""
     try:
-        gm = fx.GraphModule(module, _Tracer().trace(module), type(module).__name__)
+        gm = fx.GraphModule(module, _trace(module, input_shape), type(module).__name__)
     except Exception as exc:
         raise UserError(f"{name}: cannot trace the module with torch.fx ({_root_message(exc)})") from None
     _shared_layers(gm, name)
