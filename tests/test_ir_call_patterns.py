@@ -181,3 +181,21 @@ def test_the_pieces_of_a_split_or_chunk_iterated_over_are_as_many_as_the_input_s
     shapes of what it traced up to the split, and traces again."""
     ops = _computes_the_same(_SplitAttention())
     assert ops.count("narrow") >= 6 and "softmax" in ops  # (a piece taken at each iteration: views)
+
+
+@pytest.mark.parametrize("pattern", [
+    lambda s, y: y - y.mean(1, keepdim=True),
+    lambda s, y: y * (1 - torch.sigmoid(y)) + torch.rsub(y, 0.5),
+    lambda s, y: torch.sub(y, y.sigmoid()),
+])
+def test_a_difference_of_two_tensors_or_of_a_number_and_a_tensor_is_an_add_of_the_negation(pattern):
+    """``x - x.mean(1, keepdim=True)`` and a gated fusion's ``1 - g`` were refused ("a sub of anything but a tensor by
+    a number has no description op"): the subtracted tensor times -1, added."""
+    ops = _computes_the_same(_Probe(pattern))
+    assert "add" in ops and "mul" in ops
+
+
+def test_an_in_place_sigmoid_or_tanh_method_is_the_activation():
+    """``y.sigmoid_()`` and ``y.tanh_()`` were refused ("call_method 'sigmoid_' has no description op")."""
+    ops = _computes_the_same(_Probe(lambda s, y: y.sigmoid_() * y.clone().tanh_()))
+    assert "sigmoid" in ops and "tanh" in ops

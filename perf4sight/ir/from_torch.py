@@ -425,7 +425,8 @@ for _key in (F.relu, torch.relu, "relu", "relu_"):
                                     else {})
 for _key in (F.relu6, "relu6"):
     FUNCTION_OPS[_key] = lambda n: ("relu6", {})
-for _key, _op in ((torch.sigmoid, "sigmoid"), ("sigmoid", "sigmoid"), (F.silu, "silu"), (F.hardswish, "hardswish"),
+for _key, _op in ((torch.sigmoid, "sigmoid"), ("sigmoid", "sigmoid"), ("sigmoid_", "sigmoid"), ("tanh", "tanh"),
+                  ("tanh_", "tanh"), (F.silu, "silu"), (F.hardswish, "hardswish"),
                   (F.hardsigmoid, "hardsigmoid"), (torch.tanh, "tanh")):
     FUNCTION_OPS[_key] = (lambda op: lambda n: (op, {}))(_op)
 FUNCTION_OPS[F.gelu] = lambda n: ("gelu", _gelu_attrs(_arg(n, 1, "approximate", "none")))
@@ -1318,6 +1319,31 @@ def _max_values(n: fx.Node, call: fx.Node, gm: fx.GraphModule, alias: dict[str, 
 
 
 _SUM_CALLS = {torch.sum, "sum"}
+_SUBTRACTIONS = {operator.sub, torch.sub, "sub", torch.rsub}
+
+
+def _is_tensor(a: Any) -> bool:
+    return isinstance(a, fx.Node) and hasattr(a.meta.get("tensor_meta"), "shape")
+
+
+def _difference_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Node] | None:
+    """``x - y`` of two tensors (``x - x.mean(1, keepdim=True)``) or ``1 - g`` of a number and a tensor (a gated
+    fusion's ``x * (1 - g)``): the subtracted tensor times -1, then added (to the other tensor, broadcast, or to the
+    number). None for any other subtraction (a tensor less a number: :func:`_by_scalar`)."""
+    if n.op not in ("call_function", "call_method") or n.target not in _SUBTRACTIONS or n.kwargs or len(n.args) != 2:
+        return None
+    first, second = n.args[::-1] if n.target is torch.rsub else n.args
+    if not _is_tensor(second) or isinstance(first, bool) or not (_is_tensor(first) or isinstance(first, (int, float))):
+        return None
+    taken = {x.name for x in gm.graph.nodes}
+    negated = next(name for name in (f"{n.name}_{i}" for i in range(1, 99)) if name not in taken)
+    alias[n.name] = n.name
+    if _is_tensor(first):
+        added: tuple[list[str], dict] = ([alias[first.name], negated], {})
+    else:
+        added = ([negated], {"scalar": float(first)})
+    return [Node(negated, "mul", [alias[second.name]], {"scalar": -1.0}, _shape(second)),
+            Node(n.name, "add", added[0], added[1], _shape(n))]
 
 
 def _sum_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Node]:
@@ -1349,6 +1375,9 @@ def _max_part(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Nod
         return _max_values(n, n, gm, alias)
     if n.op in ("call_function", "call_method") and n.target in _SUM_CALLS and _shape(n) is not None:
         return _sum_nodes(n, gm, alias)
+    difference = _difference_nodes(n, gm, alias)
+    if difference is not None:
+        return difference
     if n.op != "call_function" or n.target not in (operator.getitem, getattr) or not _is_max_call(n.args[0]):
         return None
     if n.args[1] in (0, "values"):
