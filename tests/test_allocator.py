@@ -700,6 +700,35 @@ def test_a_convolution_padding_other_than_zeros_is_written_down_as_torch_runs_it
     assert sum(op == "aten.reflection_pad2d.default" for _, _, _, op in own) == 2 * 3
 
 
+def test_a_circular_pad_goes_to_the_trace_which_records_what_torch_records():
+    """A circular pad (torch's copies into slices of an empty output, whose backward is a chain of autograd's
+    in-place-copy nodes) is not written down by the allocation model: the default method traces it, and the trace
+    of the rebuilt network records what torch records for the module itself (a convolution of padding_mode
+    'circular', nn.CircularPad2d), every step's events."""
+    import torch
+    from torch import nn
+
+    from perf4sight.errors import UserError
+    from perf4sight.features.alloc_trace import _OptimizerStep, _trace
+    from perf4sight.features.optimizers import PERF4SIGHT_MOMENTUM
+    from perf4sight.ir.from_torch import describe
+
+    torch.manual_seed(0)
+    original = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, padding_mode="circular"), nn.ReLU(inplace=True),
+                             nn.CircularPad2d((1, 0, 2, 1)), nn.Conv2d(8, 6, 3, stride=2), nn.Flatten(),
+                             nn.Linear(6 * 9 * 7, 5))
+    desc = describe(original, [3, 16, 14], "wrapped")
+    assert [n.attrs["mode"] for n in desc.nodes if n.op == "pad"] == ["circular", "circular"]
+    with pytest.raises(UserError, match="does not cover a circular pad"):
+        record_events(desc, 3, method="model")
+    auto, traced = record_events(desc, 3, steps=3), record_events(desc, 3, steps=3, method="trace")
+    assert _as_replayed(auto) == _as_replayed(traced)
+    step = _OptimizerStep("sgd", 0.1, PERF4SIGHT_MOMENTUM, None)
+    own = _trace(original.to("meta").train(), desc, 3, 3, step, {}, False)
+    assert _as_replayed(own) == _as_replayed(traced)
+    assert sum(op == "aten.slice_backward.default" for _, _, _, op in own) > 0
+
+
 def test_allocation_model_on_generated_networks():
     from perf4sight.networks.generator import STYLES, GeneratorSettings, generate
     descs = generate(GeneratorSettings(count=10, seed=11), [3, 32, 32], 10)

@@ -767,6 +767,57 @@ def test_pads_and_pixel_shuffles_keep_what_autograd_keeps(op, attrs, out):
     assert not network_features(desc).unsupported
 
 
+def _circular_pad_run(pads: list[int], shape: list[int]) -> tuple[list, list]:
+    """The aten ops (name, output elements) a circular pad of a [1, *shape] leaf runs forward and backward on this
+    torch, those that only make a view or an empty tensor left out (they launch no kernel)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = func.__name__.split(".")[0]
+            if name not in ("slice", "as_strided", "detach", "new_empty", "new_empty_strided", "alias"):
+                self.seen.append((name, out.numel()))
+            return out
+
+    x = torch.randn(1, *shape, requires_grad=True)
+    with Ops() as forward:
+        y = F.pad(x, pads, mode="circular")
+    seed = torch.ones_like(y)
+    with Ops() as backward:
+        y.backward(seed)
+    return forward.seen, backward.seen
+
+
+@pytest.mark.parametrize("pads", [[1, 2, 1, 1], [0, 0, 2, 0], [3, 0, 0, 0], [0, 0, 0, 0]])
+def test_a_circular_pad_costs_what_torch_runs(pads):
+    """A circular pad has no kernel of its own in torch: copies into slices of an empty output, the border strips
+    copied from the output's far side, and a backward of autograd's in-place-copy nodes. Its cost counts what this
+    torch runs, op by op: a kernel per copy forward (bytes: each copy's elements read and written), a kernel per
+    backward op (a slice backward two: zeros, then a copy), an add's elements as its FLOPs; it keeps nothing."""
+    pytest.importorskip("torch")
+    shape = [4, 5, 6]
+    out = [4, 5 + pads[2] + pads[3], 6 + pads[0] + pads[1]]
+    forward, backward = _circular_pad_run(pads, shape)
+    node = Node("p", "pad", ["conv"], {"pads": pads, "mode": "circular"}, out)
+    desc = _desc([Node("input", "input", [], {}, shape), _conv("conv", "input", 4, 4, 1, 1, 5), node])
+    desc.nodes[1].output_shape = shape
+    c = _cost(node, [shape])
+    assert {name for name, _ in forward} == {"copy_"}
+    assert c.kernels_fwd == len(forward) and c.flops_fwd == 0 and c.params == 0
+    assert c.bytes_read == c.bytes_written == 4 * sum(n for _, n in forward)
+    assert c.kernels_bwd == sum(2 if name == "slice_backward" else 1 for name, _ in backward)
+    assert c.flops_bwd == sum(n for name, n in backward if name == "add")
+    assert c.saved == [] and _autograd_saved_bytes(desc, 2, with_input=False) == 0
+    assert not network_features(desc).unsupported
+
+
 def test_prelu_dropout2d_and_log_softmax_keep_what_autograd_keeps():
     """Measured on this torch: a PReLU keeps its input (its slopes are a parameter), a Dropout2d the float noise it
     multiplied by (one per sample and channel, on any device: torch has no fused kernel for it), a log-softmax its

@@ -850,7 +850,7 @@ def test_a_convolution_padding_other_than_zeros_is_a_pad_then_the_convolution():
     It is what torch runs (``_conv_forward``): a ``pad`` of its mode by its padding ([left, right, top, bottom]:
     ``'same'`` of an even kernel one more at the right), then the convolution padding nothing; one of a padding of
     nothing still copies its input by a pad. The rebuilt module computes what the module computes, with its
-    parameters, and describes back to the same ops; a circular one is refused by name."""
+    parameters, and describes back to the same ops."""
     torch.manual_seed(0)
     original = _PaddedConvs().eval()
     desc = NetworkDescription.from_dict(describe(original, [3, 10, 9], name="padded").to_dict())
@@ -868,10 +868,48 @@ def test_a_convolution_padding_other_than_zeros_is_a_pad_then_the_convolution():
     _assert_same_function(desc, original, [3, 10, 9])
     again = describe(build_module(desc), [3, 10, 9], name="padded")
     assert [(n.op, n.attrs) for n in again.nodes] == [(n.op, n.attrs) for n in desc.nodes]
-    with pytest.raises(UserError, match=r"cannot describe node _0 \(ValueError: a convolution with "
-                                        r"padding_mode='circular' has no description op") as exc:
-        describe(nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, padding_mode="circular")), [3, 8, 8], name="pad")
-    assert "\n" not in str(exc.value)
+
+
+class _Wrapped(nn.Module):
+    """Circular padding as a periodic-boundary network (a climate or physics CNN on a torus) writes it: convolutions
+    of padding_mode='circular' (one of 'same' with an even kernel, one of nothing), nn.CircularPad2d and F.pad of
+    mode 'circular' as wide as the map."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = nn.Conv2d(3, 8, 3, padding=1, padding_mode="circular")
+        self.same = nn.Conv2d(8, 6, (3, 4), padding="same", padding_mode="circular", bias=False)
+        self.wrap = nn.CircularPad2d((2, 0, 1, 3))
+        self.unpadded = nn.Conv2d(6, 4, 3, stride=2, padding_mode="circular")
+
+    def forward(self, x):
+        y = self.wrap(torch.relu(self.same(self.c(x))))
+        return self.unpadded(F.pad(y, (11, 0, 0, 0), mode="circular"))  # its width: it wraps once
+
+
+def test_circular_padding_is_a_pad_of_mode_circular():
+    """A convolution of padding_mode='circular', nn.CircularPad2d and F.pad(mode='circular') were refused: each is
+    a pad of mode circular ([left, right, top, bottom], each at most the side it wraps, as torch requires), a
+    convolution's followed by the convolution padding nothing. The rebuilt module computes what the module computes
+    and describes back to the same ops; a pad wrapping more than once is refused when read."""
+    torch.manual_seed(0)
+    original = _Wrapped().eval()
+    desc = NetworkDescription.from_dict(describe(original, [3, 10, 9], name="wrapped").to_dict())
+    assert [(n.name, n.op, n.attrs.get("pads", n.attrs.get("padding")), n.attrs.get("mode"), n.output_shape)
+            for n in desc.nodes if n.op in ("pad", "conv2d")] == [
+        ("c_pad", "pad", [1, 1, 1, 1], "circular", [3, 12, 11]), ("c", "conv2d", [0, 0], None, [8, 10, 9]),
+        ("same_pad", "pad", [1, 2, 1, 1], "circular", [8, 12, 12]), ("same", "conv2d", [0, 0], None, [6, 10, 9]),
+        ("wrap", "pad", [2, 0, 1, 3], "circular", [6, 14, 11]), ("pad", "pad", [11, 0, 0, 0], "circular", [6, 14, 22]),
+        ("unpadded_pad", "pad", [0, 0, 0, 0], "circular", [6, 14, 22]),
+        ("unpadded", "conv2d", [0, 0], None, [4, 6, 10])]
+    assert desc.params == sum(p.numel() for p in original.parameters())
+    _assert_same_function(desc, original, [3, 10, 9])
+    again = describe(build_module(desc), [3, 10, 9], name="wrapped")
+    assert [(n.op, n.attrs) for n in again.nodes] == [(n.op, n.attrs) for n in desc.nodes]
+    bad = desc.to_dict()
+    next(n for n in bad["nodes"] if n["name"] == "pad")["attrs"]["pads"] = [12, 0, 0, 0]
+    with pytest.raises(UserError, match=r"a circular pad of \[12, 0, 0, 0\] needs each pad at most the side it wraps"):
+        NetworkDescription.from_dict(bad)
 
 
 def test_a_gelu_of_the_tanh_approximation_is_kept():
@@ -1992,15 +2030,15 @@ class _Padded(nn.Module):
 
 
 @pytest.mark.parametrize("pad, message", [
-    (nn.CircularPad2d(1), "circular pad"), (lambda x: F.pad(x, (1, 1, 1, 1, 1, 0)), "channels or the batch"),
+    (lambda x: F.pad(x, (1, 1, 1, 1, 1, 0)), "channels or the batch"),
     (lambda x: F.pad(x, (-1, 0, 0, 0)), "crops"), (lambda x: F.pad(x[:, 0], (1, 1)), r"\[N, C, H, W\]")])
 def test_pads_that_no_op_describes_are_refused_by_name(pad, message):
-    """A circular pad, a pad of the channels, a crop and a pad of anything but a map are refused, each saying why;
-    a circular pad of nothing is a copy, described as a pad of nothing."""
+    """A pad of the channels, a crop and a pad of anything but a map are refused, each saying why; a circular pad of
+    nothing is a pad of nothing in that mode (torch's copy of it)."""
     with pytest.raises(UserError, match=message):
         describe(_Padded(pad), [3, 6, 6], "padded")
     nothing = describe(_Padded(nn.CircularPad2d(0)), [3, 6, 6], "nothing")
-    assert [n.attrs for n in nothing.nodes if n.op == "pad"] == [{"pads": [0, 0, 0, 0], "mode": "constant"}]
+    assert [n.attrs for n in nothing.nodes if n.op == "pad"] == [{"pads": [0, 0, 0, 0], "mode": "circular"}]
 
 
 def test_a_pad_or_shuffle_that_does_not_fit_is_refused_when_read():
@@ -2015,7 +2053,7 @@ def test_a_pad_or_shuffle_that_does_not_fit_is_refused_when_read():
         node["attrs"].update(attrs)
         return d
 
-    for attrs, message in (({"mode": "circular"}, "mode"), ({"pads": [1, 1, 1]}, "left, right, top, bottom"),
+    for attrs, message in (({"mode": "wrap"}, "mode"), ({"pads": [1, 1, 1]}, "left, right, top, bottom"),
                            ({"pads": [6, 0, 0, 0]}, "less than the side"), ({"value": 1.0}, "constant' only")):
         with pytest.raises(UserError, match=message):
             NetworkDescription.from_dict(broken(**attrs))

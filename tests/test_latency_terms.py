@@ -93,18 +93,20 @@ def test_branch_accumulation_and_add_backward():
     assert kt.launches == 2 + 4 + 1 + 1 + 4 + 4
 
 
-@pytest.mark.parametrize("mode, backward", [("constant", 1), ("reflect", 2), ("replicate", 2)])
+@pytest.mark.parametrize("mode, backward", [("constant", 1), ("reflect", 2), ("replicate", 2), ("circular", 34)])
 def test_a_pad_s_backward_kernels_follow_its_mode(mode, backward):
     """A pad copies its input into a bordered output (a kernel); its backward copies the gradient's middle out (a
     constant pad's: a kernel) or zeroes the input's gradient and adds each output pixel's onto the pixel it came
-    from (a reflection's or replication's: two); a pixel shuffle's backward is one unshuffle."""
+    from (a reflection's or replication's: two), or runs autograd's in-place-copy nodes (a circular pad's: 7 kernels
+    a padded side, 6 the middle's; its forward a copy a side too); a pixel shuffle's backward is one unshuffle."""
     conv = _conv("c", "input", 4, 4, 1, 1, 8)
     pad = Node("p", "pad", ["c"], {"pads": [1, 1, 1, 1], "mode": mode}, [4, 10, 10])
     plain = kernel_table(_desc([Node("input", "input", [], {}, [4, 8, 8]), conv]))
     padded = kernel_table(_desc([Node("input", "input", [], {}, [4, 8, 8]), conv, pad]))
     shuffled = kernel_table(_desc([Node("input", "input", [], {}, [4, 8, 8]), conv,
                                    Node("s", "pixel_shuffle", ["c"], {"upscale_factor": 2}, [1, 16, 16])]))
-    assert padded.launches == plain.launches + 1 + backward and shuffled.launches == plain.launches + 2
+    forward = 5 if mode == "circular" else 1
+    assert padded.launches == plain.launches + forward + backward and shuffled.launches == plain.launches + 2
 
 
 def test_a_parameter_free_op_of_the_input_runs_its_forward_kernel_alone():

@@ -134,14 +134,17 @@ def test_only_a_cpu_device_that_asks_prices_its_ops(tmp_path):
 #: The ops measured from 2026-11-29, each with the op a table measured before prices it as.
 NEW_OPS = {"elu": "sigmoid", "softplus": "sigmoid", "mish": "silu", "softmax": "sigmoid",
            "instancenorm": "batchnorm2d", "groupnorm": "batchnorm2d", "pad": "relu", "pad_reflect": "relu",
-           "pad_replicate": "relu", "pixel_shuffle": "relu", "pixel_unshuffle": "relu"}
+           "pad_replicate": "relu", "pixel_shuffle": "relu", "pixel_unshuffle": "relu",
+           "pad_circular": "relu"}  # measured from 2026-11-30; a table of 2026-11-29 prices it as a reflection
 
 
 def every_new_op() -> nn.Module:
-    """A reflection pad, an instance norm, a zero pad, a pixel shuffle (an ESPCN's upsampling), a replication pad,
-    an unshuffle, a softmax over the channels, a group norm, elu, softplus and mish, between two convolutions."""
+    """A reflection pad, an instance norm, a zero pad, a pixel shuffle (an ESPCN's upsampling), a replication pad, a
+    circular pad, an unshuffle, a softmax over the channels, a group norm, elu, softplus and mish, between two
+    convolutions."""
     return nn.Sequential(nn.ReflectionPad2d(1), nn.Conv2d(3, 8, 3), nn.InstanceNorm2d(8), nn.ReLU(), nn.ZeroPad2d(1),
-                         nn.Conv2d(8, 12, 3), nn.PixelShuffle(2), nn.ReplicationPad2d(1), nn.PixelUnshuffle(2),
+                         nn.Conv2d(8, 12, 3), nn.PixelShuffle(2), nn.ReplicationPad2d(1), nn.CircularPad2d(1),
+                         nn.PixelUnshuffle(2),
                          nn.Softmax(1), nn.GroupNorm(4, 12), nn.ELU(), nn.Softplus(), nn.Mish())
 
 
@@ -186,6 +189,11 @@ def test_the_ops_added_later_take_their_own_price_and_an_older_tables_borrowed_o
     with_pad = ms({**old, "pad": 16.0})
     pads = sum(elements[n] for n in key if key[n].startswith("pad"))
     assert with_pad == pytest.approx(ms(old) + pads * (16.0 - 1.0) * 1e-6)
+    # a table of 2026-11-29 (no circular pad) prices a circular pad as a reflection
+    dated = {**old, **{op: price for op, price in own.items() if op != "pad_circular"}}
+    circular = next(n for n in key if key[n] == "pad_circular")
+    assert ms(dated) == pytest.approx(ms({**old, **own}) + elements[circular] * (own["pad_reflect"]
+                                                                                 - own["pad_circular"]) * 1e-6)
 
 
 def test_a_table_measured_before_the_ops_were_added_is_measured_again_and_priced_until_then(tmp_path):

@@ -74,7 +74,7 @@ class _Views(torch.nn.Module):
     def forward(self, x):
         x = torch.nn.functional.pixel_shuffle(self.widen(torch.nn.functional.pixel_unshuffle(self.gray(x), 2)), 2)
         x = torch.nn.functional.pad(torch.nn.functional.pad(x, (1, 1, 1, 1), mode="reflect"), (0, 1, 1, 0), "replicate")
-        x = torch.nn.functional.pad(x, (1, 0, 0, 1), value=0.5)
+        x = torch.nn.functional.pad(torch.nn.functional.pad(x, (1, 0, 0, 1), value=0.5), (1, 0, 0, 1), mode="circular")
         y = self.up(self.norm(self.inorm(self.drop(self.prelu(self.conv(x))))))
         y = torch.tanh(self.pool(torch.nn.functional.gelu(y))).transpose(2, 3)[:, :, 1:3]
         y = self.amax(torch.squeeze(torch.unsqueeze(torch.nn.functional.leaky_relu(y, 0.2, True), 1), 1))[:, :, :, 0]
@@ -282,28 +282,30 @@ def _foreign(nodes: list[tuple[str, str, dict, list[int], list[int]]]):
 def test_onnx_pads_and_depth_to_space_are_read():
     """ONNX's Pad (pads as begins then ends of each of the four NCHW axes, or of axes 2 and 3; mode edge is a
     replication; a constant_value) is a pad of [left, right, top, bottom]; a DepthToSpace of mode CRD is a pixel
-    shuffle, and a SpaceToDepth of one channel a pixel unshuffle."""
+    shuffle, and a SpaceToDepth of one channel a pixel unshuffle; a Pad of mode wrap (opset 19) is a circular pad."""
     g = _foreign([("gray", "Conv", {"kernel_shape": [1, 1], "group": 1}, [2, 3, 4, 4], [2, 1, 4, 4]),
                   ("s2d", "SpaceToDepth", {"blocksize": 2}, [2, 1, 4, 4], [2, 4, 2, 2]),
                   ("d2s", "DepthToSpace", {"blocksize": 2, "mode": "CRD"}, [2, 4, 2, 2], [2, 1, 4, 4]),
                   ("edge", "Pad", {"mode": "edge", "pads": [0, 0, 1, 2, 0, 0, 3, 0]}, [2, 1, 4, 4], [2, 1, 8, 6]),
                   ("value", "Pad", {"pads": [1, 0, 0, 1], "axes": [2, 3], "constant_value": 0.5}, [2, 1, 8, 6],
-                   [2, 1, 9, 7])])
+                   [2, 1, 9, 7]),
+                  ("wrap", "Pad", {"mode": "wrap", "pads": [0, 0, 0, 2, 0, 0, 1, 0]}, [2, 1, 9, 7], [2, 1, 10, 9])])
     desc, _ = graph_to_description(g, "foreign", "foreign.pkl")
-    assert [n.op for n in desc.nodes[2:]] == ["pixel_unshuffle", "pixel_shuffle", "pad", "pad"]
+    assert [n.op for n in desc.nodes[2:]] == ["pixel_unshuffle", "pixel_shuffle", "pad", "pad", "pad"]
     assert desc.node("edge").attrs == {"pads": [2, 0, 1, 3], "mode": "replicate"}
     assert desc.node("value").attrs == {"pads": [0, 1, 1, 0], "mode": "constant", "value": 0.5}
+    assert desc.node("wrap").attrs == {"pads": [2, 0, 0, 1], "mode": "circular"}
 
 
 @pytest.mark.parametrize("onnx, args, in_shape, out, message", [
     ("DepthToSpace", {"blocksize": 2}, [2, 8, 2, 2], [2, 2, 4, 4], "mode DCR"),
     ("SpaceToDepth", {"blocksize": 2}, [2, 2, 4, 4], [2, 8, 2, 2], "more than one channel"),
-    ("Pad", {"mode": "wrap", "pads": [0, 0, 1, 1, 0, 0, 1, 1]}, [2, 2, 4, 4], [2, 2, 6, 6], "mode 'wrap'"),
+    ("Pad", {"mode": "wrap", "pads": [0, 0, 5, 0, 0, 0, 0, 0]}, [2, 2, 4, 4], [2, 2, 9, 4], "wraps"),
     ("Pad", {"pads": [0, 1, 0, 0, 0, 1, 0, 0]}, [2, 2, 4, 4], [2, 4, 4, 4], "more than the height and width")])
 def test_onnx_layers_that_no_description_op_computes_are_refused_by_name(onnx, args, in_shape, out, message):
     """A DepthToSpace of mode DCR and a SpaceToDepth of more than one channel order their channels as neither of
-    torch's pixel shuffles does; a circular (wrap) pad and a pad of the channels have no op: each refused, saying
-    why."""
+    torch's pixel shuffles does; a wrap (circular) pad wider than the map wraps more than once, which torch refuses;
+    a pad of the channels has no op: each refused, saying why."""
     g = _foreign([("conv", "Conv", {"kernel_shape": [1, 1], "group": 1}, [2, 3] + in_shape[2:], in_shape),
                   ("layer", onnx, args, in_shape, out)])
     with pytest.raises(UserError, match=message):

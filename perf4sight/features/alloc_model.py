@@ -58,7 +58,8 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
   A pad and a pixel shuffle or unshuffle allocate their output; a reflection or replication
   pad keeps its input (its backward reads the input's shape from it), the others keep nothing; each backward
   allocates the input's gradient (a constant pad's by a constant pad of negative pads, a shuffle's by an unshuffle,
-  an unshuffle's by a shuffle).
+  an unshuffle's by a shuffle). A circular pad (copies into slices of its output, a chain of autograd nodes) is
+  left to the trace.
   A log-softmax keeps its result, as a softmax does. A PReLU keeps its input; its backward allocates the input's
   gradient and the slopes' per element, summed down to the slopes (:func:`_prelu`). A dropout2d allocates a
   noise per sample and channel, then its output (the input times the noise); it keeps the noise. A dropout of
@@ -617,6 +618,10 @@ _SHUFFLE_BACKWARD = {"pixel_shuffle": "pixel_unshuffle", "pixel_unshuffle": "pix
 def _rearrange(ctx: _OpContext) -> _Value:
     """pad, pixel_shuffle, pixel_unshuffle: a new output; the backward writes the input's gradient anew."""
     n, x, op = ctx.node, ctx.x, ctx.node.op
+    if op == "pad" and n.attrs["mode"] == "circular":
+        # torch's _pad_circular: copies into slices of an empty output, whose backward is a chain of autograd's
+        # in-place-copy and slice nodes (clones, zeros and adds of the output's size per side), left to the trace
+        raise NotCovered("a circular pad")
     if op == "pad":
         kernel, backward, keeps_input = _PAD_KERNELS[n.attrs["mode"]]
     else:

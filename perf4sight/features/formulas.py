@@ -512,11 +512,31 @@ def _pad(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     replication's is zeroed, then each output pixel's gradient added onto the input pixel it came from (two
     kernels; an add, 1 FLOP, per border element). A constant pad keeps nothing; a reflection or replication keeps
     its input (autograd saves it, measured on torch 2.14, though its backward reads only its shape)."""
+    if node.attrs["mode"] == "circular":
+        return _circular_pad(node, in_shapes)
     rd, wr = _io_bytes(in_shapes, node.output_shape)
     border = node.attrs["mode"] != "constant"
     return OpCost(flops_bwd=float(numel(node.output_shape) - numel(in_shapes[0])) if border else 0.0,
                   bytes_read=rd, bytes_written=wr, saved=[0] if border else [], kernels_fwd=1,
                   kernels_bwd=2 if border else 1, kind="other")
+
+
+def _circular_pad(node: Node, in_shapes: list[list[int]]) -> OpCost:
+    """A circular pad as torch 2 runs it (``_pad_circular``, no kernel of its own, on any device: measured on torch
+    2.14): an empty output, the input copied into its middle, then each side of ``k`` non-zero pads copied from the
+    output's far side (left and right columns the output's full height, then top and bottom rows its full width, the
+    corners written twice): ``1 + k`` kernels, no FLOPs; bytes: the input and the border strips read, the same
+    written. It keeps nothing. Backward, autograd's in-place-copy nodes, in reverse: per side, the incoming gradient
+    cloned (output-sized), the strip's gradient cloned out and zeroed in it, the strip's gradient written into zeros
+    of the output's size and added to the clone (an add, 1 FLOP, per output element): 7 kernels; then the middle's:
+    the gradient cloned, its middle cloned out, two slice backwards of the input's size (zeros, then a copy): 6."""
+    left, right, top, bottom = (int(p) for p in node.attrs["pads"])
+    channels, height, width = node.output_shape
+    sides = sum(p > 0 for p in (left, right, top, bottom))
+    strips = channels * (height * (left + right) + width * (top + bottom)) * BYTES_PER_ELEMENT
+    copied = numel(in_shapes[0]) * BYTES_PER_ELEMENT + strips
+    return OpCost(flops_bwd=float(sides * numel(node.output_shape)), bytes_read=copied, bytes_written=copied,
+                  kernels_fwd=1 + sides, kernels_bwd=7 * sides + 6, kind="other")
 
 
 def _pixel_shuffle(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:

@@ -241,12 +241,13 @@ def _linear(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
 
 
 def _elementwise(r: _Rows, node: Node, in_shapes: list[list[int]], fwd_passes: float, bwd_passes: float,
-                 bwd_kernels: int) -> None:
-    """Forward kernel reading its inputs and writing its output ``fwd_passes`` times over; ``bwd_kernels``
-    backward kernels moving ``bwd_passes`` output-sized tensors in all."""
+                 bwd_kernels: int, fwd_kernels: int = 1) -> None:
+    """``fwd_kernels`` forward kernels reading its inputs and writing its output ``fwd_passes`` times over in all;
+    ``bwd_kernels`` backward kernels moving ``bwd_passes`` output-sized tensors in all."""
     n_out = numel(node.output_shape)
     n_in = sum(numel(s) for s in in_shapes)
-    r.other(BANDWIDTH, float(n_out), fwd_passes * (n_in + n_out) * BYTES_PER_ELEMENT)
+    for _ in range(fwd_kernels):
+        r.other(BANDWIDTH, float(n_out) / fwd_kernels, fwd_passes / fwd_kernels * (n_in + n_out) * BYTES_PER_ELEMENT)
     for _ in range(bwd_kernels):
         r.other(BANDWIDTH, float(n_out), bwd_passes / bwd_kernels * max(n_in, n_out) * BYTES_PER_ELEMENT)
 
@@ -303,6 +304,16 @@ _BORDER_PAD_PASSES = (1.0, 2.0, 2)
 _DEFAULT_PASSES = (1.0, 3.0, 1)
 
 
+def _circular_pad_passes(node: Node) -> tuple[float, float, int]:
+    """A circular pad's (formulas._circular_pad): forward, copies of the input and the border strips (about one pass
+    over the input and the output); backward, per padded side the gradient cloned (2 output-sized passes), a strip's
+    gradient written into zeros of the output's size (1) and added to the clone (3), 7 kernels; then the middle's:
+    the gradient cloned (2), its middle cloned out and put through two slice backwards (about 6 input-sized), 6
+    kernels."""
+    sides = sum(int(p) > 0 for p in node.attrs["pads"])
+    return 1.0, 6.0 * sides + 8.0, 7 * sides + 6
+
+
 def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT_OPTIMIZER,
                  visits: Sequence[Visit] | None = None, loss: str = "cross_entropy") -> KernelTable:
     """Every kernel of one training step of ``desc`` whose optimiser's update costs ``update`` (an optimiser's name:
@@ -337,7 +348,8 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
             _group_attention(r, node, first)
         else:
             fwd_passes, bwd_passes, bwd_kernels = _passes(node)
-            _elementwise(r, node, ins, fwd_passes, bwd_passes, bwd_kernels if visit.needs_grad else 0)
+            fwd_kernels = visit.cost.kernels_fwd if op == "pad" and node.attrs["mode"] == "circular" else 1
+            _elementwise(r, node, ins, fwd_passes, bwd_passes, bwd_kernels if visit.needs_grad else 0, fwd_kernels)
     _loss(r, desc.node(desc.output).output_shape, loss)
     for name, adds in gradient_accumulations(desc, visits).items():  # k gradients into one tensor: k-1 adds
         for _ in range(adds):
@@ -353,6 +365,8 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
 
 def _passes(node: Node) -> tuple[float, float, int]:
     """``node``'s (forward passes, backward passes, backward kernels) for :func:`_elementwise`."""
+    if node.op == "pad" and node.attrs["mode"] == "circular":
+        return _circular_pad_passes(node)
     if node.op == "pad" and node.attrs["mode"] != "constant":
         return _BORDER_PAD_PASSES
     return _PASSES.get(node.op, _DEFAULT_PASSES)

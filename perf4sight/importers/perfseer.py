@@ -520,17 +520,19 @@ def _slopes(weight_bytes: Any, where: str) -> int:
     return int(size // _BYTES_PER_SLOPE)
 
 
-#: ONNX's Pad modes -> ours ("wrap", a circular pad, has none).
-_ONNX_PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "replicate", "replicate": "replicate"}
+#: ONNX's Pad modes -> ours (ONNX's "wrap", of opset 19, is torch's circular pad; ours as written by the export).
+_ONNX_PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "replicate", "replicate": "replicate",
+                   "wrap": "circular", "circular": "circular"}
 
 
 def _pad_attrs(args: dict[str, Any], where: str) -> dict[str, Any]:
     """A ``pad``'s attrs from ours (``pads`` [left, right, top, bottom]) or ONNX's Pad: ``pads`` as [begin of each
     axis..., end of each axis...] over the four axes of an NCHW map (the batch's and channels' 0), or over the two
-    ``axes`` 2 and 3; ``mode`` constant, reflect or edge; ``constant_value`` (0)."""
+    ``axes`` 2 and 3; ``mode`` constant, reflect, edge or wrap; ``constant_value`` (0)."""
     mode = _ONNX_PAD_MODES.get(str(args.get("mode", "constant")).lower())
     if mode is None:
-        raise UserError(f"{where}: a Pad of mode '{args.get('mode')}' has no description op (constant, reflect, edge)")
+        raise UserError(f"{where}: a Pad of mode '{args.get('mode')}' has no description op (constant, reflect, edge, "
+                        "wrap)")
     if args.get("pads") is None:
         raise UserError(f"{where}: Pad lacks 'pads' in args")
     pads = _ints(args["pads"], f"{where} pads")

@@ -60,7 +60,7 @@ def _padding(m: nn.Conv2d) -> list[int]:
 def _conv(m: nn.Conv2d) -> tuple[str, dict]:
     """``nn.Conv2d``; one padding other than with zeros (``padding_mode``) pads first (:func:`_conv_pad`), the
     convolution itself then padding nothing, as torch runs it."""
-    _conv_pad(m)  # a circular padding refused here, by name
+    _conv_pad(m)  # a padding mode no pad op has refused here, by name
     padding = _padding(m) if m.padding_mode == "zeros" else [0, 0]
     return "conv2d", {"in_channels": m.in_channels, "out_channels": m.out_channels,
                       "kernel_size": _pair(m.kernel_size), "stride": _pair(m.stride), "padding": padding,
@@ -71,7 +71,7 @@ def _conv_pad(m: nn.Conv2d) -> tuple[str, dict] | None:
     """The ``pad`` a convolution padding other than with zeros runs before it (torch's ``_conv_forward``: ``F.pad`` of
     its ``_reversed_padding_repeated_twice``, [left, right, top, bottom], in its ``padding_mode``, then the
     convolution of padding 0; ``'same'`` pads more at the right and bottom where the dilated kernel is even; a padding
-    of nothing still copies the input); None for a convolution padding with zeros. A circular one is refused."""
+    of nothing still copies the input); None for a convolution padding with zeros."""
     if m.padding_mode == "zeros":
         return None
     try:
@@ -205,8 +205,8 @@ def _hardtanh_attrs(min_val: Any, max_val: Any, inplace: bool) -> tuple[str, dic
 
 def _pad_attrs(pads: Any, mode: str, value: Any) -> tuple[str, dict]:
     """A ``pad`` of the last two dimensions from torch's ``pad`` ([left, right] or [left, right, top, bottom]; more
-    entries only where they are 0), ``mode`` and ``value``. A crop (a negative pad), a pad of the channels or the
-    batch, and a circular pad of anything are refused by name (a circular pad of nothing is a plain copy)."""
+    entries only where they are 0), ``mode`` and ``value``. A crop (a negative pad) and a pad of the channels or the
+    batch are refused by name."""
     pads = [int(p) for p in pads]
     if any(pads[4:]):
         raise ValueError(f"a pad of {pads} pads the channels or the batch too, which has no description op (a pad "
@@ -214,9 +214,6 @@ def _pad_attrs(pads: Any, mode: str, value: Any) -> tuple[str, dict]:
     if any(p < 0 for p in pads):
         raise ValueError(f"a pad of {pads} crops (a negative pad), which has no description op; slice instead")
     four = (pads + [0, 0, 0, 0])[:4]
-    if mode == "circular" and any(four):
-        raise ValueError("a circular pad has no description op (modes: " + ", ".join(PAD_MODES) + ")")
-    mode = "constant" if mode == "circular" else mode
     if mode not in PAD_MODES:
         raise ValueError(f"a pad of mode '{mode}' has no description op (modes: {', '.join(PAD_MODES)})")
     attrs: dict[str, Any] = {"pads": four, "mode": mode}

@@ -90,7 +90,8 @@ OPS: Dict[str, Tuple[str, ...]] = {
     "conv_transpose2d": ("in_channels", "out_channels", "kernel_size", "stride", "padding", "output_padding",
                          "dilation", "groups", "bias"),
     # a [C, H, W] map padded by pads [left, right, top, bottom] (F.pad's order for the last two dims; each >= 0) in
-    # mode "constant" (optional value, 0), "reflect" (each pad less than its side) or "replicate" (the edge pixel)
+    # mode "constant" (optional value, 0), "reflect" (each pad less than its side), "replicate" (the edge pixel) or
+    # "circular" (the far side's pixels, as if the map wrapped around: each pad at most its side)
     "pad": ("pads", "mode"),
     # [C r^2, H, W] -> [C, H r, W r] (torch's pixel_shuffle, ONNX's DepthToSpace of mode CRD; a super-resolution
     # network's upsampling) and its inverse [C, H r, W r] -> [C r^2, H, W] (torch's pixel_unshuffle)
@@ -99,8 +100,8 @@ OPS: Dict[str, Tuple[str, ...]] = {
 }
 #: The modes of ``interpolate``: torch's ``F.interpolate`` modes the description follows.
 INTERPOLATE_MODES = ("nearest", "bilinear")
-#: The modes of ``pad``: torch's ``F.pad`` modes the description follows (its "circular" is not one).
-PAD_MODES = ("constant", "reflect", "replicate")
+#: The modes of ``pad``: torch's ``F.pad`` modes the description follows (ONNX's Pad calls circular "wrap").
+PAD_MODES = ("constant", "reflect", "replicate", "circular")
 
 
 #: Op -> attributes that must be positive integers, and those that may be an integer or an [h, w] pair

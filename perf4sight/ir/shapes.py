@@ -273,12 +273,14 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
 
 def _padded(a: Dict[str, Any], x: List[int]) -> Union[List[int], str]:
     """A ``pad``'s output: ``[C, H + top + bottom, W + left + right]``; a reflection needs each pad less than the
-    side it reflects (torch's rule)."""
+    side it reflects, a circular pad each pad at most its side (it wraps around once: torch's rules)."""
     left, right, top, bottom = (int(p) for p in a["pads"])
     if len(x) != 3:
         return f"pads a [channels, height, width] input, got {x}"
     if a["mode"] == "reflect" and (max(top, bottom) >= x[1] or max(left, right) >= x[2]):
         return f"a reflection pad of {a['pads']} needs each pad less than the side it reflects ({x[1]}x{x[2]})"
+    if a["mode"] == "circular" and (max(top, bottom) > x[1] or max(left, right) > x[2]):
+        return f"a circular pad of {a['pads']} needs each pad at most the side it wraps ({x[1]}x{x[2]})"
     return [x[0], x[1] + top + bottom, x[2] + left + right]
 
 

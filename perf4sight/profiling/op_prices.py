@@ -28,7 +28,8 @@ from perf4sight.files import write_atomically
 __all__ = ["PRICED_OPS", "SIDES", "MIN_SIDE", "CHANNELS", "PIXELS", "PER", "GROUPS", "SHUFFLE_FACTOR", "PAD",
            "POOL_WINDOW", "FORMAT_VERSION", "measure_prices", "main"]
 
-#: The description ops priced (``ir.schema`` op names; a pad by its mode: ``pad``, ``pad_reflect``, ``pad_replicate``).
+#: The description ops priced (``ir.schema`` op names; a pad by its mode: ``pad``, ``pad_reflect``, ``pad_replicate``,
+#: ``pad_circular``).
 PRICED_OPS = ("batchnorm2d", "layernorm", "relu", "relu6", "gelu", "silu", "sigmoid", "hardswish", "hardsigmoid",
               "tanh", "add", "mul", "cat", "dropout", "maxpool2d", "avgpool2d", "adaptiveavgpool2d",
               "adaptivemaxpool2d",
@@ -38,14 +39,16 @@ PRICED_OPS = ("batchnorm2d", "layernorm", "relu", "relu6", "gelu", "silu", "sigm
               # 1.3-11 against sigmoid's, an instance or group norm 13-30 on maps of side 1-2 against a batch norm's
               # 5-9); a table measured before lacks them and prices them as that op (features/priced_ops.py)
               "elu", "softplus", "mish", "softmax", "instancenorm", "groupnorm", "pad", "pad_reflect",
-              "pad_replicate", "pixel_shuffle", "pixel_unshuffle")
+              "pad_replicate", "pixel_shuffle", "pixel_unshuffle",
+              # from 2026-11-30: a circular pad, 4-8 ns an element against a reflection's 1.5-4.3
+              "pad_circular")
 #: Map sides measured (a node's map is priced at the nearest one). An op is not measured at a side below its
 #: :data:`MIN_SIDE`: its table starts at the next side.
 SIDES = (1, 2, 4, 8, 16, 32)
 #: The smallest output side of the ops that cannot run on smaller maps: an instance norm's statistics need two
 #: pixels; a pad (of 1 on each side of an input two pixels smaller) an input of 2, as a reflection's pad must be
 #: smaller than its input's side; a pixel shuffle by 2 makes sides of 2 and more.
-MIN_SIDE = {"instancenorm": 2, "pad": 4, "pad_reflect": 4, "pad_replicate": 4, "pixel_shuffle": 2}
+MIN_SIDE = {"instancenorm": 2, "pad": 4, "pad_reflect": 4, "pad_replicate": 4, "pad_circular": 4, "pixel_shuffle": 2}
 CHANNELS = 64
 PIXELS = 4096
 #: What one priced element is, where it is not an output element.
