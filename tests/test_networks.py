@@ -983,8 +983,8 @@ from torch import nn
 
 
 class Reflected(nn.Module):
-    """A style-transfer network's pattern: convolutions padding by reflection (a 7x7 stem, a residual block) or
-    replication, instance norms, in-place ReLUs, a tanh."""
+    """A style-transfer network's pattern: convolutions padding by reflection (a 7x7 stem, a residual block),
+    replication or wrapping around (circular: the head), instance norms, in-place ReLUs, a tanh."""
 
     def __init__(self, num_classes: int = 3) -> None:
         super().__init__()
@@ -993,7 +993,7 @@ class Reflected(nn.Module):
         self.body = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, padding_mode="reflect"),
                                   nn.InstanceNorm2d(16, affine=True), nn.ReLU(inplace=True),
                                   nn.Conv2d(16, 16, 3, padding=1, padding_mode="replicate"), nn.InstanceNorm2d(16))
-        self.head = nn.Conv2d(16, num_classes, 3, padding=1, padding_mode="reflect")
+        self.head = nn.Conv2d(16, num_classes, 3, padding=1, padding_mode="circular")
 
     def forward(self, x):
         y = self.stem(x)
@@ -1006,10 +1006,10 @@ def reflected(num_classes: int = 3) -> nn.Module:
 
 
 def test_stage_prunes_a_network_whose_convolutions_pad_by_reflection(tmp_path: Path) -> None:
-    """A factory's network of convolutions padding by reflection or replication (a style-transfer network's) stopped
-    the networks stage: describe refused such a convolution. Its level 0 and 30 are made: each convolution a pad of
-    its mode then the convolution, the pruned one's narrower, its parameters those the pruned module holds, each
-    description rebuilt to a module that runs its training step at the input shape."""
+    """A factory's network of convolutions padding by reflection, replication or wrapping (a style-transfer
+    network's) stopped the networks stage: describe refused such a convolution. Its level 0 and 30 are made: each
+    convolution a pad of its mode then the convolution, the pruned one's narrower, its parameters those the pruned
+    module holds, each description rebuilt to a module that runs its training step at the input shape."""
     (tmp_path / "models" / "imagenet").mkdir(parents=True)
     (tmp_path / "models" / "imagenet" / "style.py").write_text(_REFLECTED)
     (tmp_path / "config.toml").write_text(
@@ -1022,7 +1022,7 @@ def test_stage_prunes_a_network_whose_convolutions_pad_by_reflection(tmp_path: P
     for desc in descs:
         pads = [n for n in desc.nodes if n.op == "pad"]
         assert [(p.attrs["mode"], p.attrs["pads"]) for p in pads] == [
-            ("reflect", [3, 3, 3, 3]), ("reflect", [1] * 4), ("replicate", [1] * 4), ("reflect", [1] * 4)]
+            ("reflect", [3, 3, 3, 3]), ("reflect", [1] * 4), ("replicate", [1] * 4), ("circular", [1] * 4)]
         assert all(desc.node(n.inputs[0]).op == "pad" and n.attrs["padding"] == [0, 0] for n in desc.nodes
                    if n.op == "conv2d")
         model = build_module(desc)

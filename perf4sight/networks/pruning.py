@@ -44,6 +44,7 @@ from unittest import mock
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 import torch_pruning as tp
 from torch import nn
 
@@ -150,10 +151,26 @@ def _rng(seed: int, network: str) -> np.random.Generator:
     return np.random.default_rng([int(seed) & 0xFFFFFFFF, zlib.crc32(network.encode())])
 
 
+class _CircularPadsAsConstant(torch.overrides.TorchFunctionMode):
+    """While it is on, a circular pad (``F.pad(..., mode='circular')``: a convolution's of padding_mode 'circular',
+    nn.CircularPad2d's) runs as a constant pad of the same pads: the channels pass either one unchanged, and the
+    circular pad's backward graph (a chain of in-place copies into slices of its output, each reading the output
+    again) kept torch-pruning's dependency search running without end (over 10 minutes on a four-convolution
+    network)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = dict(kwargs or {})
+        if func is F.pad and (args[2:3] or [kwargs.get("mode")])[0] == "circular":
+            args, kwargs = args[:2], {k: v for k, v in kwargs.items() if k not in ("mode", "value")}
+        return func(*args, **kwargs)
+
+
 @contextlib.contextmanager
 def _trace_stand_ins(calls: list[str]) -> Iterator[None]:
-    """Swap in the stand-in forwards of ``_TRACE_STAND_INS``, recording which ones ran."""
+    """Swap in the stand-in forwards of ``_TRACE_STAND_INS``, recording which ones ran, and circular pads'
+    (:class:`_CircularPadsAsConstant`)."""
     with contextlib.ExitStack() as stack:
+        stack.enter_context(_CircularPadsAsConstant())
         for module_path, cls_name, forward in _TRACE_STAND_INS:
             try:
                 cls = getattr(__import__(module_path, fromlist=[cls_name]), cls_name)
