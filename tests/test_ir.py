@@ -912,6 +912,35 @@ def test_circular_padding_is_a_pad_of_mode_circular():
         NetworkDescription.from_dict(bad)
 
 
+def test_a_sync_batch_norm_is_the_batch_norm_it_runs_on_one_device():
+    """nn.SyncBatchNorm (convert_sync_batchnorm's) was refused as a layer without a description op: outside a process
+    group it runs F.batch_norm, a BatchNorm2d's, so it is a batchnorm2d (eps and affine kept); the rebuilt module
+    computes what it computes, in training too. One of a [N, C] vector (a BatchNorm1d's) is refused by name."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8, eps=1e-3), nn.ReLU(), nn.Conv2d(8, 4, 3),
+                        nn.BatchNorm2d(4, affine=False))
+    original = nn.SyncBatchNorm.convert_sync_batchnorm(net)
+    with torch.no_grad():
+        original[1].running_mean.uniform_(-1, 1)
+        original[1].weight.uniform_(0.5, 2)
+    desc = NetworkDescription.from_dict(describe(original, [3, 8, 8], name="synced").to_dict())
+    assert [(n.op, n.attrs) for n in desc.nodes if n.op == "batchnorm2d"] == [
+        ("batchnorm2d", {"num_features": 8, "eps": 1e-3}), ("batchnorm2d", {"num_features": 4, "affine": False})]
+    assert desc.params == sum(p.numel() for p in original.parameters())
+    rebuilt = build_module(desc)
+    for mine, theirs in zip(rebuilt.parameters(), original.parameters()):
+        mine.data.copy_(theirs.data)
+    running = [[b for n, b in m.named_buffers() if "running" in n] for m in (rebuilt, original)]
+    for mine, theirs in zip(*running):
+        mine.copy_(theirs)
+    x = torch.randn(2, 3, 8, 8)
+    assert torch.allclose(rebuilt.eval()(x), original.eval()(x), atol=1e-6)
+    assert torch.allclose(rebuilt.train()(x), original.train()(x), atol=1e-6)
+    flat = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Flatten(2), nn.SyncBatchNorm(8))
+    with pytest.raises(UserError, match=r"a SyncBatchNorm of anything but a \[N, C, H, W\] map"):
+        describe(flat, [3, 8, 8], name="flat")
+
+
 def test_a_gelu_of_the_tanh_approximation_is_kept():
     """A GELU of torch's tanh approximation was described as the exact one: it keeps ``approximate: "tanh"``, the
     rebuilt module computes it and describes back to it; an exact GELU's attrs stay empty."""

@@ -977,6 +977,24 @@ def test_a_prelu_with_a_slope_per_channel_is_pruned_with_its_convolution() -> No
         m.stem[1].num_parameters, m.blocks[0][1].num_parameters, m.blocks[1][1].num_parameters, 1]
 
 
+def test_a_network_converted_to_sync_batch_norms_is_pruned_and_described() -> None:
+    """A network made ready for several GPUs (nn.SyncBatchNorm.convert_sync_batchnorm, a detection or segmentation
+    training script's) was refused: its norms are batch norms on one device. The plan counts their parameters from
+    their sizes (the fast count), the variant at level 30 runs and describes with the parameters the plan says."""
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 16, 3),
+                         nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 5))
+    plan = PruningPlan(nn.SyncBatchNorm.convert_sync_batchnorm(base), [3, 8, 8], network="synced")
+    assert plan._fast_count is not None
+    pruned = plan.prune(30)
+    m = pruned.module
+    assert isinstance(m[1], nn.SyncBatchNorm) and m[1].num_features == m[0].out_channels < 16
+    desc = describe(m.eval(), [3, 8, 8], "synced_l30")
+    assert [n.attrs["num_features"] for n in desc.nodes if n.op == "batchnorm2d"] == [m[1].num_features,
+                                                                                       m[4].num_features]
+    assert desc.params == pruned.params == sum(p.numel() for p in m.parameters())
+
+
 _REFLECTED = '''
 import torch
 from torch import nn

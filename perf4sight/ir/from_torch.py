@@ -131,6 +131,16 @@ def _bn(m: nn.BatchNorm2d) -> tuple[str, dict]:
     return "batchnorm2d", attrs
 
 
+def _sync_bn(m: nn.SyncBatchNorm, n: fx.Node) -> tuple[str, dict]:
+    """``nn.SyncBatchNorm`` (a model made ready for several GPUs by ``convert_sync_batchnorm``) of a
+    ``[N, C, H, W]`` map: a batchnorm2d, which is what it runs in a step on one device (torch syncs its statistics
+    only inside a process group; otherwise its forward is ``F.batch_norm``, a BatchNorm2d's). Of any other input
+    (a BatchNorm1d's or 3d's), ``ValueError``."""
+    if len(n.args[0].meta["tensor_meta"].shape) != 4:
+        raise ValueError("a SyncBatchNorm of anything but a [N, C, H, W] map has no description op")
+    return _bn(m)
+
+
 def _maxpool(m: nn.MaxPool2d) -> tuple[str, dict]:
     attrs = {"kernel_size": _pair(m.kernel_size), "stride": _pair(m.stride or m.kernel_size),
              "padding": _pair(m.padding), "ceil_mode": bool(m.ceil_mode)}
@@ -1546,6 +1556,8 @@ def _op_of(n: fx.Node, gm: fx.GraphModule) -> tuple[str, dict]:
             return _softmax_attrs(n, m.dim)
         if isinstance(m, nn.InstanceNorm2d):
             return _instancenorm(m, n)
+        if isinstance(m, nn.SyncBatchNorm):
+            return _sync_bn(m, n)
         if isinstance(m, nn.LogSoftmax):
             return _softmax_attrs(n, m.dim, "log_softmax")
         if isinstance(m, (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)):
