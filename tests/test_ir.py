@@ -941,6 +941,39 @@ def test_a_sync_batch_norm_is_the_batch_norm_it_runs_on_one_device():
         describe(flat, [3, 8, 8], name="flat")
 
 
+class _Decoder(nn.Module):
+    """An autoencoder's decoder or a DCGAN generator's stem: a vector made a map by nn.Unflatten, then by
+    torch.unflatten and x.unflatten (a negative dim too), between transposed convolutions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.unflat = nn.Linear(3 * 4 * 4, 8 * 4 * 4), nn.Unflatten(1, (8, 4, 4))
+        self.up = nn.ConvTranspose2d(8, 4, 4, stride=2, padding=1)
+
+    def forward(self, x):
+        y = self.up(self.unflat(self.fc(torch.flatten(x, 1))))
+        y = torch.unflatten(y.flatten(1), 1, (4, 64)).unflatten(-1, (8, 8))
+        return y.mean((2, 3))
+
+
+def test_an_unflatten_is_a_reshape_to_the_traced_shape():
+    """nn.Unflatten and its calls (torch.unflatten, x.unflatten) were refused as a layer and calls without a
+    description op: each is a reshape to the shape the trace gives, and the rebuilt module computes what the module
+    computes; an unflatten of the batch dimension is refused by name."""
+    torch.manual_seed(0)
+    original = _Decoder().eval()
+    desc = NetworkDescription.from_dict(describe(original, [3, 4, 4], name="decoder").to_dict())
+    assert [n.attrs["shape"] for n in desc.nodes if n.op == "reshape"] == [[8, 4, 4], [4, 64], [4, 8, 8]]
+    _assert_same_function(desc, original, [3, 4, 4])
+
+    class Batch(nn.Module):
+        def forward(self, x):
+            return torch.unflatten(x, 0, (1, -1))
+
+    with pytest.raises(UserError, match="an unflatten of the batch dimension"):
+        describe(Batch(), [3, 4, 4], name="batch")
+
+
 def test_a_gelu_of_the_tanh_approximation_is_kept():
     """A GELU of torch's tanh approximation was described as the exact one: it keeps ``approximate: "tanh"``, the
     rebuilt module computes it and describes back to it; an exact GELU's attrs stay empty."""

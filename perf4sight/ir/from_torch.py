@@ -282,6 +282,15 @@ def _flatten(n: fx.Node, start_dim: Any, end_dim: Any) -> tuple[str, dict]:
     return "reshape", {"shape": _shape(n)}
 
 
+def _unflatten(n: fx.Node, dim: Any) -> tuple[str, dict]:
+    """``nn.Unflatten(dim, sizes)``, ``torch.unflatten``, ``x.unflatten`` (a decoder's or a generator's vector made a
+    map again): a ``reshape`` to the shape the trace gives; of the batch dimension, ``ValueError``."""
+    rank = len(n.args[0].meta["tensor_meta"].shape)
+    if int(dim) % rank == 0:
+        raise ValueError("an unflatten of the batch dimension has no description op (a description is of one image)")
+    return "reshape", {"shape": _shape(n)}
+
+
 def _squeeze(n: fx.Node, dim: Any) -> tuple[str, dict]:
     """A squeeze of one dimension; of every size-1 dimension (``x.squeeze()``), or of several, the view to the shape
     it made of each image (traced at a batch of 2, which it kept: at a batch of 1 torch squeezes that too)."""
@@ -460,6 +469,8 @@ for _key in (torch.transpose, "transpose", torch.swapaxes, "swapaxes"):
 for _key in (torch.mean, "mean"):
     FUNCTION_OPS[_key] = lambda n: ("mean", {"dims": _dims(_arg(n, 1, "dim")),
                                              "keepdim": bool(_arg(n, 2, "keepdim", False))})
+for _key in (torch.unflatten, "unflatten"):
+    FUNCTION_OPS[_key] = lambda n: _unflatten(n, _arg(n, 1, "dim"))
 for _key in (torch.squeeze, "squeeze"):
     FUNCTION_OPS[_key] = lambda n: _squeeze(n, _arg(n, 1, "dim"))
 for _key in (torch.unsqueeze, "unsqueeze"):
@@ -1558,6 +1569,8 @@ def _op_of(n: fx.Node, gm: fx.GraphModule) -> tuple[str, dict]:
             return _instancenorm(m, n)
         if isinstance(m, nn.SyncBatchNorm):
             return _sync_bn(m, n)
+        if isinstance(m, nn.Unflatten):
+            return _unflatten(n, m.dim)
         if isinstance(m, nn.LogSoftmax):
             return _softmax_attrs(n, m.dim, "log_softmax")
         if isinstance(m, (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)):
