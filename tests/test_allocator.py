@@ -1050,6 +1050,32 @@ def test_allocation_model_writes_down_prelu_dropout2d_and_log_softmax_as_traced(
     assert sum(op == "aten._log_softmax_backward_data.default" for op, _ in allocs) == (2 + 1) * 3  # the loss's
 
 
+def test_allocation_model_writes_down_a_dropout1d_of_flattened_pixels_as_traced():
+    """A Dropout1d of a [N, C, H x W] tensor (a dropout2d of [C, L], rebuilt as nn.Dropout1d) runs torch's channel
+    dropout as a Dropout2d does: a float noise per sample and channel, then its output; the model writes it down as
+    the meta trace records it, after a view and before a mean."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    class Flat(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.drop, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Dropout1d(0.3), nn.Linear(8, 5)
+
+        def forward(self, x):
+            return self.fc(F.dropout1d(self.drop(torch.relu(self.conv(x)).flatten(2)), 0.1, self.training).mean(2))
+
+    desc = describe(Flat(), [3, 8, 8], "flat")
+    assert [n.output_shape for n in desc.nodes if n.op == "dropout2d"] == [[8, 64], [8, 64]]
+    model, traced = record_events(desc, 3, steps=3, method="model"), record_events(desc, 3, steps=3, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+    allocs = [(op, size) for kind, _, size, op in model if kind == ALLOC]
+    assert allocs.count(("aten.new_empty.default", 3 * 8 * 4)) == 2 * 3  # the noise: a float per sample, channel
+
+
 @pytest.mark.parametrize("first", ["prelu", "dropout2d"])
 def test_a_prelu_or_dropout2d_on_the_network_input_is_written_down_as_traced(first):
     """On the network input (no gradient wanted), a Dropout2d frees its noise at once, which the model writes down;

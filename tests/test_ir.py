@@ -2015,8 +2015,52 @@ def test_prelus_dropout2d_and_log_softmaxes_are_described_and_rebuilt():
             NetworkDescription.from_dict(broken)
     with pytest.raises(UserError, match="log-softmax over the batch"):
         describe(nn.Sequential(nn.Flatten(), nn.LogSoftmax(dim=0)), [3, 6, 6], "batch")
-    with pytest.raises(UserError, match="dropout2d of anything but"):
+    with pytest.raises(UserError, match="a dropout2d of a 3-D input has no description op"):
         describe(_FlatDropout2d(), [3, 6, 6], "flat")
+
+
+class _ChannelDropouts(nn.Module):
+    """A channel dropout of the channels' pixels flattened ([N, C, H x W]: nn.Dropout1d, F.dropout1d), and a map's
+    (nn.Dropout2d), between convolutions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.drop1, self.drop2 = nn.Conv2d(3, 8, 3), nn.Dropout1d(0.3), nn.Dropout2d(0.2)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = self.drop2(self.conv(x))
+        return self.fc(F.dropout1d(self.drop1(y.flatten(2)), 0.1, self.training).mean(2))
+
+
+def test_dropout1d_of_n_c_l_is_a_channel_dropout_and_dropout3d_of_a_map_is_refused():
+    """nn.Dropout1d and F.dropout1d were refused as a layer and a call without a description op: of a [N, C, L]
+    input (a map's pixels flattened) torch drops whole channels of each sample, as a Dropout2d does of a map: the op
+    dropout2d of a [C, L] input, rebuilt as nn.Dropout1d, which drops the same channels (the same random draws) in
+    training. nn.Dropout3d and F.dropout3d of a map drop whole samples (torch reads the map as one unbatched
+    [C, D, H, W] volume), and a Dropout1d of a [N, C] vector drops samples too: each refused by name."""
+    torch.manual_seed(0)
+    original = _ChannelDropouts()
+    desc = NetworkDescription.from_dict(describe(original, [3, 8, 8], name="drops").to_dict())
+    assert [(n.attrs, n.output_shape) for n in desc.nodes if n.op == "dropout2d"] == [
+        ({"p": 0.2}, [8, 6, 6]), ({"p": 0.3}, [8, 36]), ({"p": 0.1}, [8, 36])]
+    rebuilt = build_module(desc)
+    assert [type(m).__name__ for m in rebuilt.modules() if "Dropout" in type(m).__name__] == [
+        "Dropout2d", "Dropout1d", "Dropout1d"]
+    for mine, theirs in zip(rebuilt.parameters(), original.parameters()):
+        mine.data.copy_(theirs.data)
+    x = torch.randn(2, 3, 8, 8)
+    torch.manual_seed(1)
+    want = original.train()(x)
+    torch.manual_seed(1)
+    assert torch.allclose(rebuilt.train()(x), want, atol=1e-6)
+    again = describe(rebuilt, [3, 8, 8], name="drops")
+    assert [(n.op, n.attrs) for n in again.nodes] == [(n.op, n.attrs) for n in desc.nodes]
+    for layer, message in ((nn.Dropout3d(0.5), "a dropout3d of a 4-D input .* dropping whole samples"),
+                           (lambda y: F.dropout3d(y, 0.5), "a dropout3d of a 4-D input"),
+                           (lambda y: F.dropout1d(y.mean((2, 3)), 0.5), "a dropout1d of a 2-D input")):
+        with pytest.raises(UserError, match=message):
+            describe(_Padded(layer), [3, 6, 6], "dropped")
 
 
 class _FlatDropout2d(nn.Module):

@@ -324,7 +324,6 @@ MODULE_OPS: list[tuple[type, Callable[[Any], tuple[str, dict]]]] = [
     (nn.MaxPool2d, _maxpool),
     (nn.AvgPool2d, _avgpool),
     (nn.Dropout, lambda m: ("dropout", {"p": float(m.p)})),
-    (nn.Dropout2d, lambda m: ("dropout2d", {"p": float(m.p)})),
     (nn.PReLU, lambda m: ("prelu", {"num_parameters": int(m.num_parameters)})),
     (nn.Flatten, lambda m: ("flatten", {"start_dim": m.start_dim})),
     (nn.LayerNorm, _layernorm),
@@ -619,11 +618,32 @@ def _prelu_call(n: fx.Node) -> tuple[str, dict]:
     return "prelu", {"num_parameters": int(np.prod(weight.meta["tensor_meta"].shape))}
 
 
+#: A channel dropout (torch's name) -> the rank of the input it drops whole channels of, as torch 2 reads them.
+_CHANNEL_DROPOUT_RANKS = {"dropout1d": 3, "dropout2d": 4, "dropout3d": 5}
+
+
+def _channel_dropout(kind: str, rank: int, p: Any) -> tuple[str, dict]:
+    """A channel dropout of torch's (``kind``: dropout1d, 2d or 3d) of an input of ``rank`` dimensions: the op
+    dropout2d (a noise per sample and channel, the input times it) where torch drops the channels of each sample, a
+    Dropout1d's of a ``[N, C, L]`` input, a Dropout2d's of a ``[N, C, H, W]`` map. Of any other rank torch drops
+    something else (a Dropout3d of a map reads it as one unbatched ``[C, D, H, W]`` volume, dropping whole samples;
+    a Dropout1d of a ``[N, C]`` vector its samples; a Dropout2d of ``[N, C, L]`` warns that it will read it
+    unbatched) or refuses it: ``ValueError`` saying which."""
+    want = _CHANNEL_DROPOUT_RANKS[kind]
+    if rank == want and rank in (3, 4):
+        return "dropout2d", {"p": float(p)}
+    if kind == "dropout3d":
+        raise ValueError(f"a dropout3d of a {rank}-D input has no description op (of a [N, C, H, W] map torch reads "
+                         "it as one unbatched [C, D, H, W] volume, dropping whole samples); use nn.Dropout2d")
+    shape = "[N, C, L] input" if want == 3 else "[N, C, H, W] map"
+    raise ValueError(f"a {kind} of a {rank}-D input has no description op (torch drops the channels of a {shape} "
+                     "alone; of another it drops samples, warns or refuses)")
+
+
 def _dropout2d_call(n: fx.Node) -> tuple[str, dict]:
-    """``F.dropout2d(x, p)`` of a ``[N, C, H, W]`` map (torch reads a 3-D input otherwise, with a warning)."""
-    if len(n.args[0].meta["tensor_meta"].shape) != 4:
-        raise ValueError("a dropout2d of anything but a [N, C, H, W] map has no description op")
-    return "dropout2d", {"p": float(_arg(n, 1, "p", 0.5))}
+    """``F.dropout1d``, ``F.dropout2d``, ``F.dropout3d`` (x, p): :func:`_channel_dropout`."""
+    kind = n.target.__name__
+    return _channel_dropout(kind, len(n.args[0].meta["tensor_meta"].shape), _arg(n, 1, "p", 0.5))
 
 
 #: The largest float32: the bound a clamp to one bound leaves open (no float32 lies beyond it)
@@ -661,7 +681,8 @@ FUNCTION_OPS[F.conv_transpose2d] = _conv_transpose_call
 for _key in (torch.permute, "permute"):
     FUNCTION_OPS[_key] = _permute_call
 FUNCTION_OPS[F.dropout] = lambda n: ("dropout", {"p": float(_arg(n, 1, "p", 0.5))})
-FUNCTION_OPS[F.dropout2d] = _dropout2d_call
+for _key in (F.dropout1d, F.dropout2d, F.dropout3d):
+    FUNCTION_OPS[_key] = _dropout2d_call
 for _key in (F.pad, torch._C._nn.pad):
     FUNCTION_OPS[_key] = _pad_call
 for _key in (torch.pixel_shuffle, "pixel_shuffle"):
@@ -1571,6 +1592,8 @@ def _op_of(n: fx.Node, gm: fx.GraphModule) -> tuple[str, dict]:
             return _sync_bn(m, n)
         if isinstance(m, nn.Unflatten):
             return _unflatten(n, m.dim)
+        if isinstance(m, (nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)):
+            return _channel_dropout(type(m).__name__.lower(), len(n.args[0].meta["tensor_meta"].shape), m.p)
         if isinstance(m, nn.LogSoftmax):
             return _softmax_attrs(n, m.dim, "log_softmax")
         if isinstance(m, (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)):

@@ -212,8 +212,9 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
         if a["num_parameters"] != 1 and (len(x) < 1 or x[0] != a["num_parameters"]):
             return f"num_parameters {a['num_parameters']} is neither 1 nor the channels of its input {x}"
         return x
-    if op == "dropout2d":  # Dropout2d's: a [C, H, W] map, a channel of each sample at a time
-        return x if len(x) == 3 else f"drops channels of a [channels, height, width] input, got {x}"
+    if op == "dropout2d":  # Dropout2d's of a [C, H, W] map, Dropout1d's of [C, L]: a channel of each sample at a time
+        return x if len(x) in (2, 3) else f"drops channels of a [channels, height, width] or [channels, length] " \
+            f"input, got {x}"
     if op in ("softmax", "log_softmax"):
         if _axis(int(a["dim"]), len(x)) is None:
             return f"dim {a['dim']} is not a dimension of its input {x} after the batch"

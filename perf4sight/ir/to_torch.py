@@ -394,6 +394,12 @@ def _emit(node: Node, graph: fx.Graph, root: nn.Module, env: Dict[str, fx.Node],
     if node.op == "input":
         return graph.placeholder(_attr_name(node.name, taken))
     args = [env[i] for i in node.inputs]
+    if node.op == "dropout2d" and len(node.output_shape) == 2:
+        # of [C, L]: torch's Dropout1d (from 1.12; a Dropout2d of [N, C, L] dropped the same before, warns since)
+        module = getattr(nn, "Dropout1d", nn.Dropout2d)(float(node.attrs["p"]))
+        attr = _attr_name(node.name, taken)
+        root.add_module(attr, module)
+        return graph.call_module(attr, tuple(args))
     if node.op in MODULE_BUILDERS:
         try:
             module = MODULE_BUILDERS[node.op](node.attrs, **factory)
