@@ -1076,6 +1076,33 @@ def test_allocation_model_writes_down_a_dropout1d_of_flattened_pixels_as_traced(
     assert allocs.count(("aten.new_empty.default", 3 * 8 * 4)) == 2 * 3  # the noise: a float per sample, channel
 
 
+def test_allocation_model_writes_down_selu_and_celu_as_traced():
+    """Measured on torch 2.14: a SELU runs aten.elu (of a scale), a CELU aten.celu; each keeps its input, or in place
+    its result, and its backward is aten.elu_backward. The model writes them down as the meta trace records them."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1, self.c2, self.c3 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3), nn.Conv2d(8, 8, 1)
+            self.a1, self.a2, self.fc = nn.SELU(), nn.CELU(0.5, inplace=True), nn.Linear(8, 5)
+
+        def forward(self, x):
+            y = F.celu(self.c2(self.a1(self.c1(x))), 2.0)
+            return self.fc(F.selu(self.c3(self.a2(y)), inplace=True).mean((2, 3)))
+
+    desc = describe(Net(), [3, 8, 8], "snn")
+    assert [n.op for n in desc.nodes if n.op in ("selu", "celu")] == ["selu", "celu", "celu", "selu"]
+    model, traced = record_events(desc, 3, steps=3, method="model"), record_events(desc, 3, steps=3, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+    kernels = [op for kind, _, _, op in model if kind == ALLOC]
+    assert kernels.count("aten.elu.default") == kernels.count("aten.celu.default") == 3
+    assert kernels.count("aten.elu_backward.default") == 4 * 3
+
+
 @pytest.mark.parametrize("first", ["prelu", "dropout2d"])
 def test_a_prelu_or_dropout2d_on_the_network_input_is_written_down_as_traced(first):
     """On the network input (no gradient wanted), a Dropout2d frees its noise at once, which the model writes down;

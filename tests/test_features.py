@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -765,6 +766,28 @@ def test_pads_and_pixel_shuffles_keep_what_autograd_keeps(op, attrs, out):
     assert c.saved == ([0] if border else []) and c.extra_saved_bytes == 0
     assert _autograd_saved_bytes(desc, 2, with_input=False) == 8 * 8 * 8 * 4 * border
     assert not network_features(desc).unsupported
+
+
+def test_selu_and_celu_keep_what_autograd_keeps():
+    """A SELU and a CELU keep their input, or in place their result: what a sample adds to autograd's saved tensors,
+    exactly; their FLOPs an elu's and one more multiply each way."""
+    pytest.importorskip("torch")
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.SELU(), nn.Conv2d(8, 8, 3), nn.CELU(0.5), nn.Conv2d(8, 8, 3),
+                        nn.SELU(inplace=True), nn.Conv2d(8, 8, 1), nn.CELU(2.0, inplace=True), nn.Conv2d(8, 4, 1),
+                        nn.Flatten(), nn.Linear(64, 10))
+    desc = describe(net, [3, 10, 10], "snn")
+    acts = [n for n in desc.nodes if n.op in ("selu", "celu")]
+    costs = [_cost(n, [desc.node(n.inputs[0]).output_shape]) for n in acts]
+    assert [(c.flops_fwd, c.flops_bwd) for c in costs] == [(5 * math.prod(n.output_shape),
+                                                            4 * math.prod(n.output_shape)) for n in acts]
+    assert [c.saved for c in costs] == [[0], [0], [-1], [-1]]
+    nf = network_features(desc)
+    at2, at4 = 2 * _autograd_saved_bytes(desc, 2), 4 * _autograd_saved_bytes(desc, 4)
+    assert nf.per_sample["saved_bytes"] + nf.per_sample["input_bytes"] == (at4 - at2) / 2
 
 
 def _circular_pad_run(pads: list[int], shape: list[int]) -> tuple[list, list]:

@@ -974,6 +974,42 @@ def test_an_unflatten_is_a_reshape_to_the_traced_shape():
         describe(Batch(), [3, 4, 4], name="batch")
 
 
+class _SelfNormalising(nn.Module):
+    """A self-normalising network's activations: nn.SELU (in place too), F.selu, nn.CELU, F.celu (in place) and
+    torch.celu."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.a1, self.c2 = nn.Conv2d(3, 8, 3), nn.SELU(), nn.Conv2d(8, 8, 3)
+        self.a2, self.a3, self.a4 = nn.CELU(0.5), nn.SELU(inplace=True), nn.CELU(2.0, inplace=True)
+
+    def forward(self, x):
+        y = self.a2(F.selu(self.c2(self.a1(self.c1(x)))))
+        y = F.celu(self.a4(self.a3(y * 2.0)), 1.5, inplace=True)
+        return torch.celu(y, 0.25).mean((2, 3))
+
+
+def test_selu_and_celu_are_described_and_rebuilt():
+    """SELU and CELU (a self-normalising network's activations: the layers, the calls, in place too) were refused
+    as layers without a description op: they are the ops selu and celu (alpha; inplace where given), rebuilt by
+    nn.SELU and nn.CELU, which compute what the module computes and describe back to them; a CELU of alpha 0 (whose
+    forward torch refuses) is refused when read."""
+    torch.manual_seed(0)
+    original = _SelfNormalising().eval()
+    desc = NetworkDescription.from_dict(describe(original, [3, 8, 8], name="snn").to_dict())
+    assert [(n.op, n.attrs) for n in desc.nodes if n.op in ("selu", "celu")] == [
+        ("selu", {}), ("selu", {}), ("celu", {"alpha": 0.5}), ("selu", {"inplace": True}),
+        ("celu", {"alpha": 2.0, "inplace": True}), ("celu", {"alpha": 1.5, "inplace": True}),
+        ("celu", {"alpha": 0.25})]
+    _assert_same_function(desc, original, [3, 8, 8])
+    again = describe(build_module(desc), [3, 8, 8], name="snn")
+    assert [(n.op, n.attrs) for n in again.nodes] == [(n.op, n.attrs) for n in desc.nodes]
+    bad = desc.to_dict()
+    next(n for n in bad["nodes"] if n["op"] == "celu")["attrs"]["alpha"] = 0.0
+    with pytest.raises(UserError, match="alpha' of a celu must not be 0"):
+        NetworkDescription.from_dict(bad)
+
+
 def test_a_gelu_of_the_tanh_approximation_is_kept():
     """A GELU of torch's tanh approximation was described as the exact one: it keeps ``approximate: "tanh"``, the
     rebuilt module computes it and describes back to it; an exact GELU's attrs stay empty."""

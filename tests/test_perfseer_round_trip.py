@@ -58,7 +58,7 @@ class _Views(torch.nn.Module):
     adaptivemaxpool2d, select, mean, silu, leaky_relu (in place), elu, mish (in place), softplus (torch's
     defaults, which ONNX's Softplus is), groupnorm, conv_transpose2d (without a bias, with an output padding),
     instancenorm (affine), hardtanh, softmax, pixel_unshuffle (of one channel, which ONNX's SpaceToDepth is),
-    pixel_shuffle, pads of each mode, prelu (a slope per channel), dropout2d and log_softmax."""
+    pixel_shuffle, pads of each mode, prelu (a slope per channel), dropout2d, log_softmax, selu and celu."""
 
     def __init__(self):
         super().__init__()
@@ -80,7 +80,7 @@ class _Views(torch.nn.Module):
         y = self.amax(torch.squeeze(torch.unsqueeze(torch.nn.functional.leaky_relu(y, 0.2, True), 1), 1))[:, :, :, 0]
         y = torch.nn.functional.mish(torch.nn.functional.elu(y.mean(2), 0.5), True)
         y = torch.nn.functional.hardtanh(torch.nn.functional.softplus(y).softmax(-1).log_softmax(1), -0.5, 0.5)
-        return self.fc(torch.nn.functional.silu(y))
+        return self.fc(torch.nn.functional.celu(torch.nn.functional.selu(torch.nn.functional.silu(y)), 0.5))
 
 
 def _network(name: str):
@@ -129,7 +129,7 @@ def test_foreign_reading_rebuilds_the_same_network(name):
              if n.op in ("reshape", "flatten", "squeeze", "unsqueeze", "transpose", "select", "narrow", "permute",
                          "layernorm", "groupnorm", "scale", "shift", "token", "attention", "conv_transpose2d",
                          "instancenorm", "hardtanh", "softmax", "pad", "pixel_shuffle", "pixel_unshuffle", "prelu",
-                         "dropout2d", "log_softmax")]
+                         "dropout2d", "log_softmax", "selu", "celu")]
     assert views and all(back.node(n.name).attrs == n.attrs for n in views)
     assert network_features(back).per_sample == network_features(desc).per_sample
     assert _output_shape(back) == _output_shape(desc) == [2, 10]
@@ -277,6 +277,23 @@ def _foreign(nodes: list[tuple[str, str, dict, list[int], list[int]]]):
         if i:
             g.add_edge(nodes[i - 1][0], name)
     return g
+
+
+def test_onnx_selu_and_celu_are_read_and_a_selu_of_other_constants_refused():
+    """ONNX's Selu of its default alpha and gamma (float32's of torch's SELU) is a selu, its Celu (alpha, 1 where
+    left out) a celu; a Selu of another gamma computes what no torch SELU does: refused by name."""
+    g = _foreign([("conv", "Conv", {"kernel_shape": [1, 1], "group": 1}, [2, 3, 4, 4], [2, 3, 4, 4]),
+                  ("selu", "Selu", {"alpha": 1.67326319217681884765625, "gamma": 1.05070102214813232421875},
+                   [2, 3, 4, 4], [2, 3, 4, 4]),
+                  ("celu", "Celu", {"alpha": 0.5}, [2, 3, 4, 4], [2, 3, 4, 4]),
+                  ("plain", "Celu", {}, [2, 3, 4, 4], [2, 3, 4, 4])])
+    desc, _ = graph_to_description(g, "foreign", "foreign.pkl")
+    assert [(n.op, n.attrs) for n in desc.nodes[2:]] == [("selu", {}), ("celu", {"alpha": 0.5}),
+                                                         ("celu", {"alpha": 1.0})]
+    g = _foreign([("conv", "Conv", {"kernel_shape": [1, 1], "group": 1}, [2, 3, 4, 4], [2, 3, 4, 4]),
+                  ("selu", "Selu", {"gamma": 2.0}, [2, 3, 4, 4], [2, 3, 4, 4])])
+    with pytest.raises(UserError, match="a Selu of gamma 2.0 is no torch SELU"):
+        graph_to_description(g, "foreign", "foreign.pkl")
 
 
 def test_onnx_pads_and_depth_to_space_are_read():

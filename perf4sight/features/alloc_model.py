@@ -88,13 +88,17 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "transpose", "narrow", "select", "adaptivemaxpool2d", "interpolate", "leaky_relu", "elu",
                      "softplus", "mish", "groupnorm",
                      "conv_transpose2d", "instancenorm", "hardtanh", "softmax", "pad", "pixel_shuffle",
-                     "pixel_unshuffle", "log_softmax", "prelu", "dropout2d"})
+                     "pixel_unshuffle", "log_softmax", "prelu", "dropout2d",
+                     "selu", "celu"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
                 "gelu": ("gelu", "input"), "sigmoid": ("sigmoid", "result"), "tanh": ("tanh", "result"),
                 "leaky_relu": ("leaky_relu", "input"), "elu": ("elu", "input"),
                 "softplus": ("softplus", "input"), "mish": ("mish", "input"),
-                "hardtanh": ("hardtanh", "input")}
+                "hardtanh": ("hardtanh", "input"),
+                "selu": ("elu", "input"), "celu": ("celu", "input")}
+#: Activations whose backward is another kernel's than ``aten.<name>_backward``: a CELU's is an ELU's.
+_BACKWARD_OF = {"celu": "elu"}
 _VIEWS = {"reshape", "flatten", "squeeze", "unsqueeze"}
 #: Ops that take a strided (non-contiguous) input as it is; any other op on one is not covered,
 #: except elementwise ones on inputs whose dimensions keep their order (their output is contiguous).
@@ -466,7 +470,8 @@ def _activation(ctx: _OpContext) -> _Value:
     """relu and relu6 (in place), a leaky relu, an elu or a mish in place where its node says so, the
     out-of-place activations (:data:`_ACTIVATIONS`), dropout."""
     n, x, nbytes, op = ctx.node, ctx.x, ctx.nbytes, ctx.node.op
-    if op in ("relu", "relu6") or op in ("leaky_relu", "elu", "mish", "hardtanh") and n.attrs.get("inplace"):
+    if op in ("relu", "relu6") or op in ("leaky_relu", "elu", "selu", "celu", "mish", "hardtanh") \
+            and n.attrs.get("inplace"):
         # in place, keeps its result (or a clone of its input: a mish's, ``relu6_clone``'s of ReLU6 and hardtanh)
         rebased = x.view and x.base_fn is not None and x.fn == len(ctx.fns) - 1  # nothing has read the view yet
         if x.fn is None or (x.view and not rebased) or x.sid in ctx.mem.saved:
@@ -480,7 +485,7 @@ def _activation(ctx: _OpContext) -> _Value:
     if op in _ACTIVATIONS:
         name, keeps = _ACTIVATIONS[op]
         sid = ctx.alloc(name + ".default")
-        return _Value(sid, nbytes, ctx.unary_grad_fn(f"aten.{name}_backward.default",
+        return _Value(sid, nbytes, ctx.unary_grad_fn(f"aten.{_BACKWARD_OF.get(name, name)}_backward.default",
                                                      [x.sid if keeps == "input" else sid]))
     if op == "dropout":  # the fused CUDA kernel: the output, then a one-byte mask (kept)
         if float(n.attrs["p"]) == 0:
@@ -496,7 +501,8 @@ def _activation(ctx: _OpContext) -> _Value:
 #: An in-place activation -> the aten op its backward allocates the input's gradient with.
 _INPLACE_BACKWARD = {"relu": "aten.threshold_backward.default", "relu6": "aten.hardtanh_backward.default",
                      "leaky_relu": "aten.leaky_relu_backward.default", "elu": "aten.elu_backward.default",
-                     "mish": "aten.mish_backward.default", "hardtanh": "aten.hardtanh_backward.default"}
+                     "mish": "aten.mish_backward.default", "hardtanh": "aten.hardtanh_backward.default",
+                     "selu": "aten.elu_backward.default", "celu": "aten.elu_backward.default"}
 
 
 def _rebased(ctx: _OpContext, kernel: str, kept: int) -> _Value:

@@ -574,6 +574,11 @@ HANDLERS: dict[str, Handler] = {
     # a compare, an exp, a subtract and a multiply; backward a compare, a multiply (and an add where it reads its
     # result); it keeps its input, or its result where it runs in place
     "elu": _keeps_result_in_place(4, 3),
+    # an elu with one more multiply (SELU's scale of the output, CELU's 1 / alpha of the input) each way: torch runs
+    # either as its elu kernel of a scale or an input scale (aten.elu, aten.celu), backward aten.elu_backward; each
+    # keeps its input, or its result where it runs in place (measured on torch 2.14)
+    "selu": _keeps_result_in_place(5, 4),
+    "celu": _keeps_result_in_place(5, 4),
     # a multiply, an exp, a log1p, a divide and the threshold's compare; backward an exp, a divide and a multiply
     # or so; it keeps its input (torch has no in-place softplus)
     "softplus": _pointwise(5, [0], 4),

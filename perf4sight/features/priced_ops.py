@@ -42,7 +42,9 @@ _PRICED_AS = {"leaky_relu": "relu", "hardtanh": "relu6",
               # backward writes the slopes' gradient per element, then sums it) against batch norm's 4.7, relu's 0.5,
               # dropout's 8.3-8.9; Dropout2d, a multiply by a noise per channel, 1.05-1.19 against mul's 0.85-1.23;
               # a log-softmax 1.5-2.1 against silu's 1.27 and sigmoid's 0.84-0.89
-              "prelu": "batchnorm2d", "dropout2d": "mul", "log_softmax": "silu"}
+              "prelu": "batchnorm2d", "dropout2d": "mul", "log_softmax": "silu",
+              # torch runs them as its elu kernel of a scale or an input scale: an elu's price
+              "selu": "elu", "celu": "elu"}
 
 
 def check_prices(data: Any, where: str) -> dict[str, dict[int, float]]:

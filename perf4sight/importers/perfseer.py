@@ -89,6 +89,7 @@ ONNX_TO_OP: dict[str, str] = {
     # ONNX has no dropout of whole channels (its Dropout drops elements; torch's exporter leaves Dropout2d out, as
     # eval mode runs it): a type of this tool's own, which keeps the round trip exact
     "Dropout2d": "dropout2d",
+    "Selu": "selu", "Celu": "celu",
 }
 #: Our op -> ONNX op type. Five of ours share a type with another: ``permute`` is a ``Transpose`` of more than two
 #: axes; ``scale``, ``shift`` and ``token`` are a ``Mul``, an ``Add`` and a ``Concat`` with a learnt tensor (an ONNX
@@ -494,6 +495,10 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         return {"negative_slope": _number(args.get("negative_slope", args.get("alpha", 0.01)), f"{where} alpha")}
     if op == "elu":  # ONNX's Elu: alpha, 1 where not given
         return {"alpha": _number(args.get("alpha", 1.0), f"{where} alpha")}
+    if op == "celu":  # ONNX's Celu: alpha, 1 where not given
+        return {"alpha": _number(args.get("alpha", 1.0), f"{where} alpha")}
+    if op == "selu":
+        return _selu_attrs(args, where)
     if op == "softplus":  # ONNX's Softplus is log(1 + exp(x)): torch's of beta 1, threshold 20
         return {"beta": _number(args.get("beta", 1.0), f"{where} beta"),
                 "threshold": _number(args.get("threshold", 20.0), f"{where} threshold")}
@@ -518,6 +523,20 @@ def _slopes(weight_bytes: Any, where: str) -> int:
     if size <= 0 or size % _BYTES_PER_SLOPE:
         raise UserError(f"{where}: a PRelu's weight_size {weight_bytes!r} is no whole number of float32 slopes")
     return int(size // _BYTES_PER_SLOPE)
+
+
+#: ONNX's Selu defaults (float32), torch's SELU's constants: a Selu of others is no torch SELU.
+_SELU_ALPHA, _SELU_GAMMA = 1.6732632423543772, 1.0507009873554805
+
+
+def _selu_attrs(args: dict[str, Any], where: str) -> dict[str, Any]:
+    """A ``selu``'s attrs (none) from ours or ONNX's Selu, whose alpha and gamma, where given, must be torch's SELU's
+    (to float32's precision, ONNX's defaults); any other is refused by name."""
+    for key, want in (("alpha", _SELU_ALPHA), ("gamma", _SELU_GAMMA)):
+        if args.get(key) is not None and abs(_number(args[key], f"{where} {key}") - want) > 1e-6:
+            raise UserError(f"{where}: a Selu of {key} {args[key]} is no torch SELU (alpha {_SELU_ALPHA}, gamma "
+                            f"{_SELU_GAMMA}): it has no description op")
+    return {}
 
 
 #: ONNX's Pad modes -> ours (ONNX's "wrap", of opset 19, is torch's circular pad; ours as written by the export).

@@ -297,6 +297,11 @@ def _squeeze(n: fx.Node, dim: Any) -> tuple[str, dict]:
     return ("squeeze", {"dim": int(dim)}) if isinstance(dim, int) else ("reshape", {"shape": _shape(n)})
 
 
+def _celu_attrs(alpha: Any, inplace: bool) -> tuple[str, dict]:
+    """A CELU of ``alpha`` (not 0: torch's forward refuses it), in place where ``inplace``."""
+    return "celu", {"alpha": float(alpha), **({"inplace": True} if inplace else {})}
+
+
 def _inplace(op: str) -> Callable[[nn.Module], tuple[str, dict]]:
     return lambda m: (op, {"inplace": True} if getattr(m, "inplace", False) else {})
 
@@ -320,6 +325,8 @@ MODULE_OPS: list[tuple[type, Callable[[Any], tuple[str, dict]]]] = [
     (nn.ELU, lambda m: ("elu", {"alpha": float(m.alpha), **({"inplace": True} if m.inplace else {})})),
     (nn.Softplus, lambda m: ("softplus", {"beta": float(m.beta), "threshold": float(m.threshold)})),
     (nn.Mish, _inplace("mish")),
+    (nn.SELU, _inplace("selu")),
+    (nn.CELU, lambda m: _celu_attrs(m.alpha, m.inplace)),
     (nn.Identity, lambda m: ("identity", {})),
     (nn.MaxPool2d, _maxpool),
     (nn.AvgPool2d, _avgpool),
@@ -458,6 +465,12 @@ FUNCTION_OPS[F.softplus] = lambda n: ("softplus", {"beta": float(_arg(n, 1, "bet
 for _key in (F.hardtanh, F.hardtanh_):
     FUNCTION_OPS[_key] = lambda n: _hardtanh_attrs(_arg(n, 1, "min_val", -1.0), _arg(n, 2, "max_val", 1.0),
                                                    bool(_arg(n, 3, "inplace", False)) or n.target is F.hardtanh_)
+for _key in (F.selu, F.selu_, torch.selu, torch.selu_):
+    FUNCTION_OPS[_key] = lambda n: ("selu", {"inplace": True} if _arg(n, 1, "inplace", False)
+                                    or n.target in (F.selu_, torch.selu_) else {})
+for _key in (F.celu, F.celu_, torch.celu, torch.celu_):
+    FUNCTION_OPS[_key] = lambda n: _celu_attrs(_arg(n, 1, "alpha", 1.0), bool(_arg(n, 2, "inplace", False))
+                                               or n.target in (F.celu_, torch.celu_))
 FUNCTION_OPS[F.mish] = lambda n: ("mish", {"inplace": True} if _arg(n, 1, "inplace", False) else {})
 for _key in (torch.cat, torch.concat, torch.concatenate):  # each takes its dim as dim= or as axis=
     FUNCTION_OPS[_key] = lambda n: ("cat", {"dim": int(_arg(n, 1, "dim", n.kwargs.get("axis", 0)))})

@@ -31,6 +31,10 @@ OPS: Dict[str, Tuple[str, ...]] = {
     "gelu": (), "tanh": (), "identity": (),  # gelu: optional approximate ("none"; "tanh": torch's approximation)
     "leaky_relu": ("negative_slope",),  # x where x > 0, else negative_slope * x
     "elu": ("alpha",),  # x where x > 0, else alpha * (exp(x) - 1)
+    # torch's SELU: 1.0507009873554805 * elu(x, 1.6732632423543772); CELU: x where x > 0, else
+    # alpha * (exp(x / alpha) - 1), alpha not 0 (ONNX's Selu of its default alpha and gamma, and Celu)
+    "selu": (),
+    "celu": ("alpha",),
     "softplus": ("beta", "threshold"),  # log(1 + exp(beta * x)) / beta; x where beta * x > threshold
     "mish": (),  # x * tanh(softplus(x))
     "maxpool2d": ("kernel_size", "stride", "padding", "ceil_mode"),
@@ -131,6 +135,7 @@ _FLAGS: Dict[str, Tuple[str, ...]] = {
     **{op: ("inplace",) for op in ("relu", "relu6", "hardswish", "sigmoid", "hardsigmoid", "silu", "gelu", "tanh",
                                    "leaky_relu", "elu", "mish",
                                    "hardtanh",
+                                   "selu", "celu",
                                    "identity", "dropout")},
 }
 #: Op -> attributes that must be numbers where given: (name, least, most); None: no bound. A dropout's
@@ -145,6 +150,7 @@ _NUMBERS: Dict[str, Tuple[Tuple[str, Any, Any], ...]] = {
     "add": (("scalar", None, None),), "mul": (("scalar", None, None),),
     "leaky_relu": (("negative_slope", None, None),), "elu": (("alpha", None, None),),
     "softplus": (("beta", None, None), ("threshold", None, None)),
+    "celu": (("alpha", None, None),),
     "pad": (("value", None, None),),
 }
 #: Op -> optional attributes no other table here names (a gelu's approximation, a max pool's dilation, Swin V2's
@@ -247,6 +253,8 @@ def _attr_problem(node: "Node") -> str:
         return f"min_val {node.attrs['min_val']} is not below max_val {node.attrs['max_val']}"
     if node.op == "pad":
         return _pad_problem(node.attrs)
+    if node.op == "celu" and node.attrs["alpha"] == 0:
+        return "attr 'alpha' of a celu must not be 0 (its input is divided by it)"
     return ""
 
 

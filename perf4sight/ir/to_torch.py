@@ -247,6 +247,8 @@ MODULE_BUILDERS: Dict[str, Callable[..., nn.Module]] = {
     "tanh": lambda a, **f: nn.Tanh(),
     "leaky_relu": lambda a, **f: nn.LeakyReLU(float(a["negative_slope"]), inplace=bool(a.get("inplace", False))),
     "elu": lambda a, **f: nn.ELU(float(a["alpha"]), inplace=bool(a.get("inplace", False))),
+    "selu": lambda a, **f: nn.SELU(inplace=bool(a.get("inplace", False))),
+    "celu": lambda a, **f: nn.CELU(float(a["alpha"]), inplace=bool(a.get("inplace", False))),
     "softplus": lambda a, **f: nn.Softplus(float(a["beta"]), float(a["threshold"])),
     "mish": lambda a, **f: nn.Mish(inplace=bool(a.get("inplace", False))),
     "identity": lambda a, **f: nn.Identity(),
