@@ -729,6 +729,32 @@ def test_a_circular_pad_goes_to_the_trace_which_records_what_torch_records():
     assert sum(op == "aten.slice_backward.default" for _, _, _, op in own) > 0
 
 
+def test_a_local_response_norm_goes_to_the_trace_which_records_what_torch_records():
+    """A local response norm (seven ops of torch's, each its own autograd node) is not written down by the
+    allocation model: the default method traces it, and the trace of the rebuilt network records what torch
+    records for the module itself."""
+    import torch
+    from torch import nn
+
+    from perf4sight.errors import UserError
+    from perf4sight.features.alloc_trace import _OptimizerStep, _trace
+    from perf4sight.features.optimizers import PERF4SIGHT_MOMENTUM
+    from perf4sight.ir.from_torch import describe
+
+    torch.manual_seed(0)
+    original = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(inplace=True), nn.LocalResponseNorm(5), nn.MaxPool2d(2),
+                             nn.Flatten(), nn.Linear(8 * 7 * 7, 5))
+    desc = describe(original, [3, 16, 16], "alexnet")
+    with pytest.raises(UserError, match="does not cover op 'local_response_norm'"):
+        record_events(desc, 3, method="model")
+    auto, traced = record_events(desc, 3, steps=3), record_events(desc, 3, steps=3, method="trace")
+    assert _as_replayed(auto) == _as_replayed(traced)
+    step = _OptimizerStep("sgd", 0.1, PERF4SIGHT_MOMENTUM, None)
+    own = _trace(original.to("meta").train(), desc, 3, 3, step, {}, False)
+    assert _as_replayed(own) == _as_replayed(traced)
+    assert sum(op == "aten.avg_pool3d_backward.default" for _, _, _, op in own) == 3
+
+
 def test_allocation_model_on_generated_networks():
     from perf4sight.networks.generator import STYLES, GeneratorSettings, generate
     descs = generate(GeneratorSettings(count=10, seed=11), [3, 32, 32], 10)

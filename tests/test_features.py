@@ -768,6 +768,30 @@ def test_pads_and_pixel_shuffles_keep_what_autograd_keeps(op, attrs, out):
     assert not network_features(desc).unsupported
 
 
+def test_a_local_response_norm_costs_what_torch_runs():
+    """A local response norm has no kernel of its own in torch: its cost counts the ops this torch runs (7 forward,
+    15 backward), and it keeps its input, the padded squares, and the power's base and result: exactly the bytes a
+    sample adds to autograd's saved tensors."""
+    pytest.importorskip("torch")
+    import torch.nn.functional as F
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    forward, backward = _ops_run(lambda x: F.local_response_norm(x, 5), [6, 4, 4])
+    node = Node("n", "local_response_norm", ["conv"], {"size": 5, "alpha": 1e-4, "beta": 0.75, "k": 1.0}, [6, 4, 4])
+    c = _cost(node, [[6, 4, 4]])
+    assert (c.kernels_fwd, c.kernels_bwd) == (len(forward), len(backward)) == (7, 15)
+    assert c.saved == [0] and c.extra_saved_bytes == ((6 + 4) * 16 + 2 * 6 * 16) * 4
+    net = nn.Sequential(nn.Conv2d(3, 6, 3), nn.LocalResponseNorm(5), nn.Conv2d(6, 4, 1), nn.Flatten(),
+                        nn.Linear(4 * 4 * 4, 10))
+    desc = describe(net, [3, 6, 6], "alexnet")
+    nf = network_features(desc)
+    at2, at4 = 2 * _autograd_saved_bytes(desc, 2), 4 * _autograd_saved_bytes(desc, 4)
+    assert nf.per_sample["saved_bytes"] + nf.per_sample["input_bytes"] == (at4 - at2) / 2
+    assert not nf.unsupported
+
+
 def test_selu_and_celu_keep_what_autograd_keeps():
     """A SELU and a CELU keep their input, or in place their result: what a sample adds to autograd's saved tensors,
     exactly; their FLOPs an elu's and one more multiply each way."""
@@ -791,10 +815,15 @@ def test_selu_and_celu_keep_what_autograd_keeps():
 
 
 def _circular_pad_run(pads: list[int], shape: list[int]) -> tuple[list, list]:
-    """The aten ops (name, output elements) a circular pad of a [1, *shape] leaf runs forward and backward on this
-    torch, those that only make a view or an empty tensor left out (they launch no kernel)."""
-    import torch
+    """The aten ops a circular pad of a [1, *shape] leaf runs forward and backward: :func:`_ops_run`."""
     import torch.nn.functional as F
+    return _ops_run(lambda x: F.pad(x, pads, mode="circular"), shape)
+
+
+def _ops_run(fn, shape: list[int]) -> tuple[list, list]:
+    """The aten ops (name, output elements) ``fn`` of a [1, *shape] leaf runs forward and backward on this torch,
+    those that only make a view or an empty tensor left out (they launch no kernel)."""
+    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Ops(TorchDispatchMode):
@@ -805,13 +834,14 @@ def _circular_pad_run(pads: list[int], shape: list[int]) -> tuple[list, list]:
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             name = func.__name__.split(".")[0]
-            if name not in ("slice", "as_strided", "detach", "new_empty", "new_empty_strided", "alias"):
+            if name not in ("slice", "as_strided", "detach", "new_empty", "new_empty_strided", "alias", "view",
+                            "squeeze", "unsqueeze"):
                 self.seen.append((name, out.numel()))
             return out
 
     x = torch.randn(1, *shape, requires_grad=True)
     with Ops() as forward:
-        y = F.pad(x, pads, mode="circular")
+        y = fn(x)
     seed = torch.ones_like(y)
     with Ops() as backward:
         y.backward(seed)

@@ -1010,6 +1010,39 @@ def test_selu_and_celu_are_described_and_rebuilt():
         NetworkDescription.from_dict(bad)
 
 
+class _AlexNetStem(nn.Module):
+    """AlexNet's original stem: a convolution, a ReLU, a local response norm (the layer, then the call), a pool."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.norm = nn.Conv2d(3, 8, 5, stride=2), nn.LocalResponseNorm(5, alpha=1e-3, beta=0.5, k=2.0)
+
+    def forward(self, x):
+        y = F.local_response_norm(self.norm(torch.relu(self.conv(x))), 3)
+        return F.max_pool2d(y, 3, 2)
+
+
+def test_a_local_response_norm_is_described_and_rebuilt():
+    """nn.LocalResponseNorm and F.local_response_norm (AlexNet's, GoogLeNet's first) were refused as a layer and a
+    call without a description op: they are the op local_response_norm (size, alpha, beta, k), rebuilt by
+    nn.LocalResponseNorm, which computes what the module computes and describes back to it; one of a [N, C, L]
+    tensor is refused by name, and one of size 0 when read."""
+    torch.manual_seed(0)
+    original = _AlexNetStem().eval()
+    desc = NetworkDescription.from_dict(describe(original, [3, 15, 15], name="alexnet").to_dict())
+    assert [n.attrs for n in desc.nodes if n.op == "local_response_norm"] == [
+        {"size": 5, "alpha": 1e-3, "beta": 0.5, "k": 2.0}, {"size": 3, "alpha": 1e-4, "beta": 0.75, "k": 1.0}]
+    _assert_same_function(desc, original, [3, 15, 15])
+    again = describe(build_module(desc), [3, 15, 15], name="alexnet")
+    assert [(n.op, n.attrs) for n in again.nodes] == [(n.op, n.attrs) for n in desc.nodes]
+    bad = desc.to_dict()
+    next(n for n in bad["nodes"] if n["op"] == "local_response_norm")["attrs"]["size"] = 0
+    with pytest.raises(UserError, match="size"):
+        NetworkDescription.from_dict(bad)
+    with pytest.raises(UserError, match=r"a local response norm of anything but a \[N, C, H, W\] map"):
+        describe(_Padded(lambda y: F.local_response_norm(y.flatten(2), 2)), [3, 6, 6], "flat")
+
+
 def test_a_gelu_of_the_tanh_approximation_is_kept():
     """A GELU of torch's tanh approximation was described as the exact one: it keeps ``approximate: "tanh"``, the
     rebuilt module computes it and describes back to it; an exact GELU's attrs stay empty."""

@@ -58,14 +58,15 @@ class _Views(torch.nn.Module):
     adaptivemaxpool2d, select, mean, silu, leaky_relu (in place), elu, mish (in place), softplus (torch's
     defaults, which ONNX's Softplus is), groupnorm, conv_transpose2d (without a bias, with an output padding),
     instancenorm (affine), hardtanh, softmax, pixel_unshuffle (of one channel, which ONNX's SpaceToDepth is),
-    pixel_shuffle, pads of each mode, prelu (a slope per channel), dropout2d, log_softmax, selu and celu."""
+    pixel_shuffle, pads of each mode, prelu (a slope per channel), dropout2d, log_softmax, selu, celu and
+    local_response_norm."""
 
     def __init__(self):
         super().__init__()
         self.gray, self.widen = torch.nn.Conv2d(3, 1, 1), torch.nn.Conv2d(4, 12, 1)
         self.conv, self.norm = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.GroupNorm(2, 8, eps=1e-3)
         self.inorm = torch.nn.InstanceNorm2d(8, eps=1e-4, affine=True)
-        self.prelu, self.drop = torch.nn.PReLU(8), torch.nn.Dropout2d(0.1)
+        self.prelu, self.drop, self.lrn = torch.nn.PReLU(8), torch.nn.Dropout2d(0.1), torch.nn.LocalResponseNorm(3)
         self.pool = torch.nn.AvgPool2d(2)
         self.up = torch.nn.ConvTranspose2d(8, 8, 3, stride=2, padding=1, output_padding=1, bias=False)
         self.amax = torch.nn.AdaptiveMaxPool2d(2)
@@ -75,7 +76,7 @@ class _Views(torch.nn.Module):
         x = torch.nn.functional.pixel_shuffle(self.widen(torch.nn.functional.pixel_unshuffle(self.gray(x), 2)), 2)
         x = torch.nn.functional.pad(torch.nn.functional.pad(x, (1, 1, 1, 1), mode="reflect"), (0, 1, 1, 0), "replicate")
         x = torch.nn.functional.pad(torch.nn.functional.pad(x, (1, 0, 0, 1), value=0.5), (1, 0, 0, 1), mode="circular")
-        y = self.up(self.norm(self.inorm(self.drop(self.prelu(self.conv(x))))))
+        y = self.up(self.norm(self.inorm(self.drop(self.lrn(self.prelu(self.conv(x)))))))
         y = torch.tanh(self.pool(torch.nn.functional.gelu(y))).transpose(2, 3)[:, :, 1:3]
         y = self.amax(torch.squeeze(torch.unsqueeze(torch.nn.functional.leaky_relu(y, 0.2, True), 1), 1))[:, :, :, 0]
         y = torch.nn.functional.mish(torch.nn.functional.elu(y.mean(2), 0.5), True)
@@ -129,7 +130,7 @@ def test_foreign_reading_rebuilds_the_same_network(name):
              if n.op in ("reshape", "flatten", "squeeze", "unsqueeze", "transpose", "select", "narrow", "permute",
                          "layernorm", "groupnorm", "scale", "shift", "token", "attention", "conv_transpose2d",
                          "instancenorm", "hardtanh", "softmax", "pad", "pixel_shuffle", "pixel_unshuffle", "prelu",
-                         "dropout2d", "log_softmax", "selu", "celu")]
+                         "dropout2d", "log_softmax", "selu", "celu", "local_response_norm")]
     assert views and all(back.node(n.name).attrs == n.attrs for n in views)
     assert network_features(back).per_sample == network_features(desc).per_sample
     assert _output_shape(back) == _output_shape(desc) == [2, 10]
@@ -281,15 +282,18 @@ def _foreign(nodes: list[tuple[str, str, dict, list[int], list[int]]]):
 
 def test_onnx_selu_and_celu_are_read_and_a_selu_of_other_constants_refused():
     """ONNX's Selu of its default alpha and gamma (float32's of torch's SELU) is a selu, its Celu (alpha, 1 where
-    left out) a celu; a Selu of another gamma computes what no torch SELU does: refused by name."""
+    left out) a celu, its LRN (size; alpha, beta and bias, torch's k, defaults where left out) a local_response_norm;
+    a Selu of another gamma computes what no torch SELU does: refused by name."""
     g = _foreign([("conv", "Conv", {"kernel_shape": [1, 1], "group": 1}, [2, 3, 4, 4], [2, 3, 4, 4]),
                   ("selu", "Selu", {"alpha": 1.67326319217681884765625, "gamma": 1.05070102214813232421875},
                    [2, 3, 4, 4], [2, 3, 4, 4]),
                   ("celu", "Celu", {"alpha": 0.5}, [2, 3, 4, 4], [2, 3, 4, 4]),
-                  ("plain", "Celu", {}, [2, 3, 4, 4], [2, 3, 4, 4])])
+                  ("plain", "Celu", {}, [2, 3, 4, 4], [2, 3, 4, 4]),
+                  ("lrn", "LRN", {"size": 3, "bias": 2.0}, [2, 3, 4, 4], [2, 3, 4, 4])])
     desc, _ = graph_to_description(g, "foreign", "foreign.pkl")
-    assert [(n.op, n.attrs) for n in desc.nodes[2:]] == [("selu", {}), ("celu", {"alpha": 0.5}),
-                                                         ("celu", {"alpha": 1.0})]
+    assert [(n.op, n.attrs) for n in desc.nodes[2:]] == [
+        ("selu", {}), ("celu", {"alpha": 0.5}), ("celu", {"alpha": 1.0}),
+        ("local_response_norm", {"size": 3, "alpha": 1e-4, "beta": 0.75, "k": 2.0})]
     g = _foreign([("conv", "Conv", {"kernel_shape": [1, 1], "group": 1}, [2, 3, 4, 4], [2, 3, 4, 4]),
                   ("selu", "Selu", {"gamma": 2.0}, [2, 3, 4, 4], [2, 3, 4, 4])])
     with pytest.raises(UserError, match="a Selu of gamma 2.0 is no torch SELU"):

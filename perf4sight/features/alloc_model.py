@@ -59,7 +59,8 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
   pad keeps its input (its backward reads the input's shape from it), the others keep nothing; each backward
   allocates the input's gradient (a constant pad's by a constant pad of negative pads, a shuffle's by an unshuffle,
   an unshuffle's by a shuffle). A circular pad (copies into slices of its output, a chain of autograd nodes) is
-  left to the trace.
+  left to the trace, as a local response norm is (not in :data:`COVERED`: seven ops of torch's, each its own
+  autograd node).
   A log-softmax keeps its result, as a softmax does. A PReLU keeps its input; its backward allocates the input's
   gradient and the slopes' per element, summed down to the slopes (:func:`_prelu`). A dropout2d allocates a
   noise per sample and channel, then its output (the input times the noise); it keeps the noise. A dropout of

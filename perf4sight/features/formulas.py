@@ -539,6 +539,22 @@ def _circular_pad(node: Node, in_shapes: list[list[int]]) -> OpCost:
                   kernels_fwd=1 + sides, kernels_bwd=7 * sides + 6, kind="other")
 
 
+def _local_response_norm(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """A local response norm as torch 2.14 runs it (F.local_response_norm, no kernel of its own): the input squared,
+    padded by ``size`` - 1 zero channels and averaged over ``size`` channels (avg_pool3d), times alpha, plus k, to the
+    power beta, the input divided by that: 7 kernels; FLOPs an element: 1 square, ``size`` for the mean, 4 for the
+    rest. It keeps its input, the padded squares (the pool's input) and the base and the result of the power (the
+    divide's divisor): ``extra_saved_bytes``. Backward, 15 kernels (the divide's two gradients, the power's, the
+    pool's, the pad's, the square's and their sums): about ``size`` + 13 FLOPs an element (measured op by op)."""
+    n = numel(node.output_shape)
+    padded = (node.output_shape[0] + int(node.attrs["size"]) - 1) * numel(node.output_shape[1:])
+    size = int(node.attrs["size"])
+    return OpCost(flops_fwd=float(n * (size + 5)), flops_bwd=float(n * (size + 13)),
+                  bytes_read=(7 * n + padded) * BYTES_PER_ELEMENT, bytes_written=(6 * n + padded) * BYTES_PER_ELEMENT,
+                  saved=[0], extra_saved_bytes=float((padded + 2 * n) * BYTES_PER_ELEMENT), kernels_fwd=7,
+                  kernels_bwd=15, kind="norm")
+
+
 def _pixel_shuffle(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     """A pixel shuffle or unshuffle: a permuted copy (one kernel, no FLOPs; bytes: the input read, the output
     written); backward, the inverse permuted copy of the incoming gradient (one kernel). It keeps nothing."""
@@ -630,4 +646,5 @@ HANDLERS: dict[str, Handler] = {
     "pad": _pad,
     "pixel_shuffle": _pixel_shuffle,
     "pixel_unshuffle": _pixel_shuffle,
+    "local_response_norm": _local_response_norm,
 }

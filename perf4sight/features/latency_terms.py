@@ -290,6 +290,8 @@ _PASSES: dict[str, tuple[float, float, int]] = {
     # the slopes' per element), a second sums the latter down to the slopes
     "prelu": (1.0, 5.0, 2),
     "dropout2d": (1.0, 2.0, 1),  # a multiply by a noise per channel each way (the noise's own kernels negligible)
+    # seven kernels forward (formulas._local_response_norm), fifteen back, each about a pass over the map
+    "local_response_norm": (7.0, 15.0, 15),
     "scale": (1.0, 3.0, 3),  # backward: the input's gradient, the parameter's (a multiply and a sum)
     "shift": (1.0, 1.0, 1),  # backward: the parameter's gradient, the incoming one summed down
     "token": (1.0, 0.0, 0),  # a copy; backward slices
@@ -348,7 +350,8 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
             _group_attention(r, node, first)
         else:
             fwd_passes, bwd_passes, bwd_kernels = _passes(node)
-            fwd_kernels = visit.cost.kernels_fwd if op == "pad" and node.attrs["mode"] == "circular" else 1
+            composite = op == "local_response_norm" or op == "pad" and node.attrs["mode"] == "circular"
+            fwd_kernels = visit.cost.kernels_fwd if composite else 1  # torch runs these as several ops
             _elementwise(r, node, ins, fwd_passes, bwd_passes, bwd_kernels if visit.needs_grad else 0, fwd_kernels)
     _loss(r, desc.node(desc.output).output_shape, loss)
     for name, adds in gradient_accumulations(desc, visits).items():  # k gradients into one tensor: k-1 adds

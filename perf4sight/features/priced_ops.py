@@ -44,7 +44,9 @@ _PRICED_AS = {"leaky_relu": "relu", "hardtanh": "relu6",
               # a log-softmax 1.5-2.1 against silu's 1.27 and sigmoid's 0.84-0.89
               "prelu": "batchnorm2d", "dropout2d": "mul", "log_softmax": "silu",
               # torch runs them as its elu kernel of a scale or an input scale: an elu's price
-              "selu": "elu", "celu": "elu"}
+              "selu": "elu", "celu": "elu",
+              # not measured: a norm of seven kernels forward and fifteen back, priced as a batch norm
+              "local_response_norm": "batchnorm2d"}
 
 
 def check_prices(data: Any, where: str) -> dict[str, dict[int, float]]:

@@ -90,6 +90,7 @@ ONNX_TO_OP: dict[str, str] = {
     # eval mode runs it): a type of this tool's own, which keeps the round trip exact
     "Dropout2d": "dropout2d",
     "Selu": "selu", "Celu": "celu",
+    "LRN": "local_response_norm",
 }
 #: Our op -> ONNX op type. Five of ours share a type with another: ``permute`` is a ``Transpose`` of more than two
 #: axes; ``scale``, ``shift`` and ``token`` are a ``Mul``, an ``Add`` and a ``Concat`` with a learnt tensor (an ONNX
@@ -499,6 +500,13 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         return {"alpha": _number(args.get("alpha", 1.0), f"{where} alpha")}
     if op == "selu":
         return _selu_attrs(args, where)
+    if op == "local_response_norm":  # ONNX's LRN: size (required), alpha 1e-4, beta 0.75, bias (our k) 1
+        if args.get("size") is None:
+            raise UserError(f"{where}: LRN lacks 'size' in args")
+        return {"size": int(_number(args["size"], f"{where} size")),
+                "alpha": _number(args.get("alpha", 1e-4), f"{where} alpha"),
+                "beta": _number(args.get("beta", 0.75), f"{where} beta"),
+                "k": _number(args.get("k", args.get("bias", 1.0)), f"{where} bias")}
     if op == "softplus":  # ONNX's Softplus is log(1 + exp(x)): torch's of beta 1, threshold 20
         return {"beta": _number(args.get("beta", 1.0), f"{where} beta"),
                 "threshold": _number(args.get("threshold", 20.0), f"{where} threshold")}

@@ -282,6 +282,14 @@ def _flatten(n: fx.Node, start_dim: Any, end_dim: Any) -> tuple[str, dict]:
     return "reshape", {"shape": _shape(n)}
 
 
+def _local_response_norm(n: fx.Node, size: Any, alpha: Any, beta: Any, k: Any) -> tuple[str, dict]:
+    """``nn.LocalResponseNorm`` or ``F.local_response_norm`` of a ``[N, C, H, W]`` map (AlexNet's); of another
+    input (torch pools a ``[N, C, L]`` one otherwise), ``ValueError``."""
+    if len(n.args[0].meta["tensor_meta"].shape) != 4:
+        raise ValueError("a local response norm of anything but a [N, C, H, W] map has no description op")
+    return "local_response_norm", {"size": int(size), "alpha": float(alpha), "beta": float(beta), "k": float(k)}
+
+
 def _unflatten(n: fx.Node, dim: Any) -> tuple[str, dict]:
     """``nn.Unflatten(dim, sizes)``, ``torch.unflatten``, ``x.unflatten`` (a decoder's or a generator's vector made a
     map again): a ``reshape`` to the shape the trace gives; of the batch dimension, ``ValueError``."""
@@ -481,6 +489,8 @@ for _key in (torch.transpose, "transpose", torch.swapaxes, "swapaxes"):
 for _key in (torch.mean, "mean"):
     FUNCTION_OPS[_key] = lambda n: ("mean", {"dims": _dims(_arg(n, 1, "dim")),
                                              "keepdim": bool(_arg(n, 2, "keepdim", False))})
+FUNCTION_OPS[F.local_response_norm] = lambda n: _local_response_norm(
+    n, _arg(n, 1, "size"), _arg(n, 2, "alpha", 1e-4), _arg(n, 3, "beta", 0.75), _arg(n, 4, "k", 1.0))
 for _key in (torch.unflatten, "unflatten"):
     FUNCTION_OPS[_key] = lambda n: _unflatten(n, _arg(n, 1, "dim"))
 for _key in (torch.squeeze, "squeeze"):
@@ -1605,6 +1615,8 @@ def _op_of(n: fx.Node, gm: fx.GraphModule) -> tuple[str, dict]:
             return _sync_bn(m, n)
         if isinstance(m, nn.Unflatten):
             return _unflatten(n, m.dim)
+        if isinstance(m, nn.LocalResponseNorm):
+            return _local_response_norm(n, m.size, m.alpha, m.beta, m.k)
         if isinstance(m, (nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)):
             return _channel_dropout(type(m).__name__.lower(), len(n.args[0].meta["tensor_meta"].shape), m.p)
         if isinstance(m, nn.LogSoftmax):

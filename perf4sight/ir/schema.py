@@ -101,6 +101,9 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # network's upsampling) and its inverse [C, H r, W r] -> [C r^2, H, W] (torch's pixel_unshuffle)
     "pixel_shuffle": ("upscale_factor",),
     "pixel_unshuffle": ("downscale_factor",),
+    # AlexNet's across-channel normalisation of a [C, H, W] map (torch's LocalResponseNorm, ONNX's LRN):
+    # x / (k + alpha * mean of x^2 over ``size`` neighbouring channels, zeros past the ends) ^ beta
+    "local_response_norm": ("size", "alpha", "beta", "k"),
 }
 #: The modes of ``interpolate``: torch's ``F.interpolate`` modes the description follows.
 INTERPOLATE_MODES = ("nearest", "bilinear")
@@ -119,6 +122,7 @@ _POSITIVE: Dict[str, Tuple[str, ...]] = {
     "window_attention": ("embed_dim", "num_heads"), "group_attention": ("embed_dim", "num_heads"),
     "conv_transpose2d": ("in_channels", "out_channels", "groups"),
     "pixel_shuffle": ("upscale_factor",), "pixel_unshuffle": ("downscale_factor",),
+    "local_response_norm": ("size",),
 }
 #: Op -> attributes that must be lists of positive integers (a shape).
 _SHAPES: Dict[str, Tuple[str, ...]] = {"layernorm": ("normalized_shape",), "scale": ("shape",), "shift": ("shape",),
@@ -151,6 +155,7 @@ _NUMBERS: Dict[str, Tuple[Tuple[str, Any, Any], ...]] = {
     "leaky_relu": (("negative_slope", None, None),), "elu": (("alpha", None, None),),
     "softplus": (("beta", None, None), ("threshold", None, None)),
     "celu": (("alpha", None, None),),
+    "local_response_norm": (("alpha", None, None), ("beta", None, None), ("k", None, None)),
     "pad": (("value", None, None),),
 }
 #: Op -> optional attributes no other table here names (a gelu's approximation, a max pool's dilation, Swin V2's

@@ -27,6 +27,7 @@ ARITY: Dict[str, Tuple[int, Optional[int]]] = {
                                       "conv_transpose2d", "instancenorm", "softmax", "log_softmax", "prelu",
                                       "dropout2d")},
     **{op: (1, 1) for op in ("pad", "pixel_shuffle", "pixel_unshuffle")},
+    "local_response_norm": (1, 1),
 }
 
 
@@ -213,6 +214,8 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
         if a["num_parameters"] != 1 and (len(x) < 1 or x[0] != a["num_parameters"]):
             return f"num_parameters {a['num_parameters']} is neither 1 nor the channels of its input {x}"
         return x
+    if op == "local_response_norm":  # across the channels of a [C, H, W] map
+        return x if len(x) == 3 else f"normalises across the channels of a [channels, height, width] map, got {x}"
     if op == "dropout2d":  # Dropout2d's of a [C, H, W] map, Dropout1d's of [C, L]: a channel of each sample at a time
         return x if len(x) in (2, 3) else f"drops channels of a [channels, height, width] or [channels, length] " \
             f"input, got {x}"

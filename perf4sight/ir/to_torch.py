@@ -249,6 +249,8 @@ MODULE_BUILDERS: Dict[str, Callable[..., nn.Module]] = {
     "elu": lambda a, **f: nn.ELU(float(a["alpha"]), inplace=bool(a.get("inplace", False))),
     "selu": lambda a, **f: nn.SELU(inplace=bool(a.get("inplace", False))),
     "celu": lambda a, **f: nn.CELU(float(a["alpha"]), inplace=bool(a.get("inplace", False))),
+    "local_response_norm": lambda a, **f: nn.LocalResponseNorm(int(a["size"]), float(a["alpha"]), float(a["beta"]),
+                                                               float(a["k"])),
     "softplus": lambda a, **f: nn.Softplus(float(a["beta"]), float(a["threshold"])),
     "mish": lambda a, **f: nn.Mish(inplace=bool(a.get("inplace", False))),
     "identity": lambda a, **f: nn.Identity(),
