@@ -995,6 +995,21 @@ def test_a_network_converted_to_sync_batch_norms_is_pruned_and_described() -> No
     assert desc.params == pruned.params == sum(p.numel() for p in m.parameters())
 
 
+def test_a_local_response_norm_is_pruned_through() -> None:
+    """An AlexNet-style local response norm (across neighbouring channels, no parameters) between convolutions: the
+    plan cuts the channels of the convolution before it, the variant at level 30 runs and describes with the
+    parameters the plan says."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 16, 3), nn.ReLU(), nn.LocalResponseNorm(5), nn.Conv2d(16, 16, 3), nn.ReLU(),
+                        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 5))
+    pruned = PruningPlan(net, [3, 12, 12], network="alexnet").prune(30)
+    m = pruned.module
+    assert m[0].out_channels == m[3].in_channels < 16 and m(torch.randn(2, 3, 12, 12)).shape == (2, 5)
+    desc = describe(m.eval(), [3, 12, 12], "alexnet_l30")
+    assert [n.output_shape for n in desc.nodes if n.op == "local_response_norm"] == [[m[0].out_channels, 10, 10]]
+    assert desc.params == pruned.params == sum(p.numel() for p in m.parameters())
+
+
 _REFLECTED = '''
 import torch
 from torch import nn
