@@ -1782,15 +1782,15 @@ def test_the_ops_after_a_tuple_without_a_description_op_are_named_too():
 def test_every_kind_of_op_without_a_description_op_is_named_at_once():
     """Only the first layer of a kind the description has no op for was named: a network of three such kinds took
     three tries to learn them; a kind met again is counted, not listed."""
-    module = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.Softsign(), nn.SELU(), nn.Conv2d(8, 8, 3, padding=1),
+    module = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.Softsign(), nn.Tanhshrink(), nn.Conv2d(8, 8, 3, padding=1),
                            nn.Softsign(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
     with pytest.raises(UserError, match=r"^mine: module '1' of type Softsign \(and 1 more\) and module '2' of type "
-                                        r"SELU have no description op$"):
+                                        r"Tanhshrink have no description op$"):
         describe(module, [3, 8, 8], "mine")
     module.extend([nn.Softmin(dim=1), nn.LogSigmoid()])  # the last makes the output
     with pytest.raises(UserError, match=r"^mine: module '1' of type Softsign \(and 1 more\), module '2' of type "
-                                        r"SELU, module '8' of type Softmin and module '9' of type LogSigmoid have no "
-                                        r"description op$"):
+                                        r"Tanhshrink, module '8' of type Softmin and module '9' of type LogSigmoid "
+                                        r"have no description op$"):
         describe(module, [3, 8, 8], "mine")
 
 
