@@ -856,8 +856,8 @@ def test_a_view_of_a_gradient_slice_is_copied_as_in_the_trace():
 
 
 def test_every_schema_op_is_written_down_indexing_and_scalars_included():
-    """The model covers every op a description can hold but ConvNeXt's and ViT's (the trace writes those down); an
-    indexed tensor (select of a max-pooled map: a strided view), scalar add and multiply included, matches the
+    """The model covers every op a description can hold but ConvNeXt's, ViT's and a local response norm (the trace
+    writes those down); an indexed tensor (select of a max-pooled map: a strided view), scalar add and multiply included, matches the
     trace."""
     from torch import nn
 
@@ -874,7 +874,8 @@ def test_every_schema_op_is_written_down_indexing_and_scalars_included():
             return self.fc(((self.pool(self.conv(x))[:, :, 0] + 1.0) * 0.5).mean(2))
 
     assert COVERED == set(OPS) - {"permute", "layernorm", "scale", "shift", "token", "attention", "window_attention",
-                                  "patch_merge", "group_attention"}
+                                  "patch_merge", "group_attention",
+                                  "local_response_norm"}
     desc = describe(Indexed(), [3, 8, 8], "indexed")
     assert {"select", "adaptivemaxpool2d"} <= {n.op for n in desc.nodes}
     assert _as_replayed(record_events(desc, 3, method="model")) == _as_replayed(record_events(desc, 3, method="trace"))
