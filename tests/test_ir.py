@@ -636,7 +636,7 @@ def _conv_description() -> dict:
     # an attribute the op cannot carry was read past: a misspelt flag left the layer as it was, unsaid
     (lambda d: d["nodes"][1]["attrs"].update(padding_mode="reflect"),
      r"\(conv2d\): unknown attr 'padding_mode' \(known: in_channels, out_channels, kernel_size, stride, padding, "
-     r"dilation, groups, bias\)$"),
+     r"dilation, groups, bias, shares\)$"),
     (lambda d: d.update(schema_version=2), r"schema_version 2 is not one this perf4sight reads \(1 to 1;"),
     (lambda d: d["nodes"][1].update(inputs=[]), r"node '.*' \(conv2d\) has no inputs"),
     (lambda d: d["nodes"][1].update(inputs="x"), r"'inputs' must be a list"),
@@ -1203,19 +1203,6 @@ def test_in_place_writes_that_are_not_assigned_back_are_followed():
     _assert_same_function(desc, module, [4, 8, 8])
 
 
-class _Shared(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.block = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
-        self.stem, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8, 10)
-
-    def forward(self, x):
-        x = self.stem(x)
-        for _ in range(3):
-            x = self.block(x)  # one set of weights, three calls
-        return self.fc(x.mean((2, 3)))
-
-
 class _Tied(nn.Module):
     """Two convolutions of one weight (``b.weight = a.weight``): torch keeps one tensor, one gradient."""
 
@@ -1258,12 +1245,10 @@ class _FlattensTheBatch(nn.Module):
 
 
 def test_modules_a_description_cannot_follow_say_so_and_unused_weights_are_counted():
-    """A layer called three times was described with three sets of weights (the networks stage wrote 4x the
-    parameters); an auxiliary head under ``if self.training`` was dropped silently (the forward of evaluation is
-    traced); a flatten over the batch ended in an IndexError traceback; weights no layer reads went unsaid."""
-    with pytest.raises(UserError, match=r"^shared: layer 'block.0' is called 3 times \(and 1 more\), its weights "
-                                        r"shared between the calls"):
-        describe(_Shared(), [3, 16, 16], "shared")
+    """Two layers holding one parameter were described with two sets of weights; an auxiliary head under ``if
+    self.training`` was dropped silently (the forward of evaluation is traced); a flatten over the batch ended in an
+    IndexError traceback; weights no layer reads went unsaid. (One layer called three times is described:
+    tests/test_shared_layers.py.)"""
     with pytest.raises(UserError, match=r"^tied: layers 'a' and 'b' hold one parameter \(tied weights\); a description "
                                         r"gives each layer weights of its own, which would count it twice$"):
         describe(_Tied(), [3, 16, 16], "tied")  # was described with 1,290 parameters of its 714
@@ -1716,7 +1701,7 @@ def test_every_optional_attr_the_readme_names_is_known():
     bn = describe(nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)), [3, 5, 5], name="bn").to_dict()
     bn["nodes"][2]["attrs"]["afine"] = False
     with pytest.raises(UserError, match=r"\(batchnorm2d\): unknown attr 'afine' \(known: num_features, affine, eps, "
-                                        r"momentum\)"):
+                                        r"momentum, shares\)"):
         NetworkDescription.from_dict(bn)
 
 

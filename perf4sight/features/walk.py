@@ -11,6 +11,8 @@ a dropout, an input normalisation ``x * a + b``, a resize, a batch norm without 
 An op none of whose inputs needs a gradient (``first``) computes no input gradient (a conv or a linear layer
 there runs its weight's GEMM alone); one with no parameters besides runs no backward at all: it keeps
 nothing and counts no backward FLOPs or kernels. Keeping that rule here keeps the four consumers in agreement.
+A node that ``shares`` an earlier node's parameters (one layer called twice) costs its own FLOPs, bytes and saved
+tensors, and holds no parameters (``params`` and ``param_tensors`` 0: its first call's count them, once).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from typing import Iterable, Iterator
 
 from perf4sight.features.formulas import HANDLERS, OpCost
 from perf4sight.features.step_runtime import StepRuntime
-from perf4sight.ir.schema import NetworkDescription, Node
+from perf4sight.ir.schema import SHARES, NetworkDescription, Node
 
 __all__ = ["Visit", "walk", "consumer_counts", "gradient_accumulations"]
 
@@ -52,6 +54,8 @@ def walk(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> Iter
         handler = HANDLERS.get(node.op)
         cost = runtime.applied(node.op, handler(node, in_shapes, first)) if handler is not None else None
         grad[node.name] = cost is None or cost.params > 0 or fed  # the network input: False
+        if cost is not None and SHARES in node.attrs:  # a layer called again: its parameters are its first call's
+            cost = replace(cost, params=0, param_tensors=0)
         if cost is not None and not grad[node.name]:
             cost = replace(cost, flops_bwd=0.0, kernels_bwd=0, saved=[], extra_saved_bytes=0.0)
         is_view = cost is not None and cost.kind == "view" and bool(node.inputs)

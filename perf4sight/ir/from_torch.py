@@ -26,8 +26,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.shape_prop import ShapeProp
 
 from perf4sight.errors import UserError
-from perf4sight.ir.schema import (INTERPOLATE_MODES, PAD_MODES, NetworkDescription, Node, count_params,
-                                    output_padding_problem)
+from perf4sight.ir.schema import (INTERPOLATE_MODES, PAD_MODES, PARAMETER_OPS, SHARES, NetworkDescription, Node,
+                                  count_params, node_params, output_padding_problem)
 from perf4sight.ir.meta_shapes import MetaShapeProp
 from perf4sight.ir.shapes import image_size_problem, transposed_output_padding
 
@@ -971,15 +971,10 @@ def _follow_in_place(gm: fx.GraphModule) -> None:
 
 
 def _shared_layers(gm: fx.GraphModule, where: str) -> None:
-    """``UserError`` where one layer with weights is called more than once (its weights shared between the calls), or
-    two layers called hold one parameter (tied weights, ``b.weight = a.weight``): a description gives every call its
-    own weights, which would count them once per call."""
+    """``UserError`` where two layers called hold one parameter (tied weights, ``b.weight = a.weight``): a description
+    gives every layer weights of its own, which would count it twice. (One layer called more than once is described:
+    its later calls' nodes name the first as the owner of their parameters, :func:`_mark_shared_calls`.)"""
     calls = collections.Counter(n.target for n in gm.graph.nodes if n.op == "call_module")
-    shared = [t for t, k in calls.items() if k > 1 and next(gm.get_submodule(t).parameters(), None) is not None]
-    if shared:
-        more = f" (and {len(shared) - 1} more)" if len(shared) > 1 else ""
-        raise UserError(f"{where}: layer '{shared[0]}' is called {calls[shared[0]]} times{more}, its weights shared "
-                        "between the calls; a description gives each call a layer of its own (one module per call)")
     holder: dict[int, str] = {}
     for target in calls:
         for p in gm.get_submodule(target).parameters():
@@ -1188,7 +1183,22 @@ def _convert(gm: fx.GraphModule, where: str) -> tuple[list[Node], str]:
         nodes.extend(converted)
     if missing:
         raise UserError(f"{where}: {_missing_ops(list(missing.values()))}")
+    _mark_shared_calls(gm, nodes)
     return nodes, output
+
+
+def _mark_shared_calls(gm: fx.GraphModule, nodes: list[Node]) -> None:
+    """Give the node of each later call of a layer with parameters (CBAM's MLP over the average- and the max-pooled
+    descriptors) the attr ``shares``: the name of the node of its first call, which holds the parameters."""
+    first_call: dict[str, str] = {}  # layer (module path) -> the description node of its first call
+    described = {n.name: n for n in nodes}
+    for fx_node in gm.graph.nodes:
+        node = described.get(fx_node.name)
+        if fx_node.op != "call_module" or node is None or node.op not in PARAMETER_OPS or not node_params(node):
+            continue
+        owner = first_call.setdefault(fx_node.target, node.name)
+        if owner != node.name:
+            node.attrs = {**node.attrs, SHARES: owner}
 
 
 def _missing_ops(kinds: list[list[str]]) -> str:

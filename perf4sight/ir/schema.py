@@ -17,7 +17,7 @@ from perf4sight.ir.shapes import element_count, image_size_problem, shape_proble
 
 __all__ = ["Node", "NetworkDescription", "OPS", "load_description", "save_description", "is_file_stem",
            "STRUCTURE_VERSION", "window_attention_params", "INTERPOLATE_MODES", "PAD_MODES", "known_attrs",
-           "output_padding_problem"]
+           "output_padding_problem", "PARAMETER_OPS", "SHARES", "node_params"]
 
 SCHEMA_VERSION = 1
 
@@ -105,6 +105,15 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # x / (k + alpha * mean of x^2 over ``size`` neighbouring channels, zeros past the ends) ^ beta
     "local_response_norm": ("size", "alpha", "beta", "k"),
 }
+#: Ops whose nodes may hold learnt parameters (:func:`node_params`). Such a node may carry the optional attr
+#: ``shares``: the name of an earlier node of the same op and attrs whose parameters it uses (one layer called
+#: more than once in a forward, CBAM's shared MLP, a weight-tied block applied twice). Each call is a node of its
+#: own (its FLOPs, activations, saved tensors); the parameters, their gradient and optimiser state are the owner's,
+#: counted once.
+PARAMETER_OPS = ("conv2d", "conv_transpose2d", "batchnorm2d", "groupnorm", "instancenorm", "prelu", "linear",
+                 "layernorm", "scale", "shift", "token", "attention", "window_attention", "group_attention")
+#: The attr naming the node whose parameters a node of :data:`PARAMETER_OPS` uses.
+SHARES = "shares"
 #: The modes of ``interpolate``: torch's ``F.interpolate`` modes the description follows.
 INTERPOLATE_MODES = ("nearest", "bilinear")
 #: The modes of ``pad``: torch's ``F.pad`` modes the description follows (ONNX's Pad calls circular "wrap").
@@ -194,7 +203,7 @@ def is_file_stem(v: Any) -> bool:
 def known_attrs(op: str) -> Tuple[str, ...]:
     """Every attribute a node of ``op`` may carry: its required ones (:data:`OPS`), then the optional ones."""
     optional = (*_FLAGS.get(op, ()), *(a for a, _, _ in _NUMBERS.get(op, ())), *_PAIRS.get(op, ()),
-                *_OPTIONAL.get(op, ()))
+                *_OPTIONAL.get(op, ()), *((SHARES,) if op in PARAMETER_OPS else ()))
     return tuple(dict.fromkeys((*OPS[op], *optional)))
 
 
@@ -402,13 +411,16 @@ class NetworkDescription:
         """A key of the layers and their wiring, widths aside (12 hex digits): the same for every pruning level of
         a network (pruning narrows layers, it removes none), different for another architecture. Each node
         contributes its op (``flatten`` read as ``reshape``), its inputs' positions, its kernel, stride, padding
-        and dimension attributes, and a convolution its grouping (dense, depthwise or grouped)."""
+        and dimension attributes, a convolution its grouping (dense, depthwise or grouped), and a layer called again
+        the position of its first call (``shares``; a description without one keys as before)."""
         position = {n.name: i for i, n in enumerate(self.nodes)}
         layers = []
         for n in self.nodes:
             layout = {a: n.attrs[a] for a in _LAYOUT_ATTRS if a in n.attrs}
             if n.op in ("conv2d", "conv_transpose2d"):
                 layout["groups"] = _conv_kind(n.attrs)
+            if SHARES in n.attrs:  # a layer called again: which one (its first call's position)
+                layout[SHARES] = position[n.attrs[SHARES]]
             layers.append([_SAME_OP.get(n.op, n.op), [position.get(i, i) for i in n.inputs], layout])
         text = json.dumps(layers, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
@@ -475,6 +487,9 @@ class NetworkDescription:
                     raise UserError(f"{where}: node '{node.name}' uses {nowhere}, which no node is named")
                 raise UserError(f"{where}: node '{node.name}' uses {unknown_inputs} before they are defined (a node "
                                 "comes after its inputs)")
+            problem = _sharing_problem(node, {n.name: n for n in nodes})
+            if problem:
+                raise UserError(f"{where}: node '{node.name}' ({node.op}): {problem}")
             if node.op == "input" and (nodes or node.output_shape != shape):
                 raise UserError(f"{where}: node '{node.name}': the one 'input' node comes first and has "
                                 f"output_shape = input_shape {shape}")
@@ -504,36 +519,57 @@ class NetworkDescription:
         return desc
 
 
+def _sharing_problem(node: Node, earlier: Dict[str, Node]) -> str:
+    """What is wrong with ``node``'s ``shares`` ("" if nothing, or none): it names an earlier node (``earlier``, by
+    name) of the same op and the same attrs that owns its parameters (itself sharing none)."""
+    if SHARES not in node.attrs:
+        return ""
+    owner_name = node.attrs[SHARES]
+    owner = earlier.get(owner_name) if isinstance(owner_name, str) else None
+    if owner is None:
+        return f"attr '{SHARES}' must name an earlier node, got {owner_name!r}"
+    if SHARES in owner.attrs:
+        return f"attr '{SHARES}' names '{owner_name}', which shares the parameters of '{owner.attrs[SHARES]}': name it"
+    own = {k: v for k, v in node.attrs.items() if k != SHARES}
+    if owner.op != node.op or owner.attrs != own:
+        return (f"attr '{SHARES}' names '{owner_name}' ({owner.op} {owner.attrs}), which differs from this node "
+                f"({node.op} {own}): a layer called twice is the same layer")
+    return ""
+
+
 def count_params(desc: NetworkDescription) -> int:
-    """Trainable parameters implied by the nodes (conv, batch, layer and group norm unless not affine, an instance
-    norm where affine, linear, attention, a PReLU's slopes, and the learnt tensors of scale, shift and token), as the
-    schema defines."""
-    total = 0
-    for n in desc.nodes:
-        a = n.attrs
-        if n.op in ("conv2d", "conv_transpose2d"):  # a transposed one's weight: [Cin, Cout / groups, kh, kw]
-            kh, kw = a["kernel_size"]
-            total += (a["out_channels"] * (a["in_channels"] // a["groups"]) * kh * kw
-                      + (a["out_channels"] if a["bias"] else 0))
-        elif n.op == "batchnorm2d" and a.get("affine", True):
-            total += 2 * a["num_features"]
-        elif n.op == "groupnorm" and a.get("affine", True):
-            total += 2 * a["num_channels"]
-        elif n.op == "instancenorm" and a.get("affine", False):
-            total += 2 * a["num_features"]
-        elif n.op == "prelu":  # its slopes
-            total += a["num_parameters"]
-        elif n.op == "linear":
-            total += a["in_features"] * a["out_features"] + (a["out_features"] if a["bias"] else 0)
-        elif n.op == "layernorm" and a.get("elementwise_affine", True):
-            total += 2 * element_count(a["normalized_shape"])
-        elif n.op in ("scale", "shift", "token"):
-            total += element_count(a["shape"])
-        elif n.op == "attention":  # the input projection (query, key, value) and the output one
-            total += 4 * a["embed_dim"] * a["embed_dim"] + (4 * a["embed_dim"] if a["bias"] else 0)
-        elif n.op in ("window_attention", "group_attention"):
-            total += window_attention_params(a)
-    return total
+    """Trainable parameters implied by the nodes, each layer once (a node that ``shares`` another's holds none):
+    :func:`node_params`."""
+    return sum(node_params(n) for n in desc.nodes if SHARES not in n.attrs)
+
+
+def node_params(n: Node) -> int:
+    """Trainable parameters of one node's layer, as the schema defines them (conv, batch, layer and group norm unless
+    not affine, an instance norm where affine, linear, attention, a PReLU's slopes, and the learnt tensors of scale,
+    shift and token), whether it owns them or ``shares`` them."""
+    a = n.attrs
+    if n.op in ("conv2d", "conv_transpose2d"):  # a transposed one's weight: [Cin, Cout / groups, kh, kw]
+        kh, kw = a["kernel_size"]
+        return a["out_channels"] * (a["in_channels"] // a["groups"]) * kh * kw + (a["out_channels"] if a["bias"] else 0)
+    if n.op == "batchnorm2d":
+        return 2 * a["num_features"] if a.get("affine", True) else 0
+    if n.op == "groupnorm":
+        return 2 * a["num_channels"] if a.get("affine", True) else 0
+    if n.op == "instancenorm":
+        return 2 * a["num_features"] if a.get("affine", False) else 0
+    if n.op == "prelu":  # its slopes
+        return a["num_parameters"]
+    if n.op == "linear":
+        return a["in_features"] * a["out_features"] + (a["out_features"] if a["bias"] else 0)
+    if n.op == "layernorm":
+        return 2 * element_count(a["normalized_shape"]) if a.get("elementwise_affine", True) else 0
+    if n.op in ("scale", "shift", "token"):
+        return element_count(a["shape"])
+    if n.op == "attention":  # the input projection (query, key, value) and the output one
+        return 4 * a["embed_dim"] * a["embed_dim"] + (4 * a["embed_dim"] if a["bias"] else 0)
+    if n.op in ("window_attention", "group_attention"):
+        return window_attention_params(a)
+    return 0
 
 
 def window_attention_params(attrs: Dict[str, Any]) -> int:

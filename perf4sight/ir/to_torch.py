@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from perf4sight.errors import UserError
-from perf4sight.ir.schema import NetworkDescription, Node
+from perf4sight.ir.schema import SHARES, NetworkDescription, Node
 from perf4sight.ir.shapes import window_pair, windows_of
 
 __all__ = ["build_module", "MODULE_BUILDERS", "FUNCTION_BUILDERS", "Scale", "Shift", "Token", "SelfAttention",
@@ -379,8 +379,9 @@ def build_module(desc: NetworkDescription, device: Optional[Union[torch.device, 
     env: Dict[str, fx.Node] = {}
     taken: Set[str] = set()
     factory = {} if device is None else {"device": device}
+    layers: Dict[str, str] = {}
     for node in desc.nodes:
-        env[node.name] = _emit(node, graph, root, env, taken, desc.name, factory)
+        env[node.name] = _emit(node, graph, root, env, taken, desc.name, factory, layers)
     graph.output(env[desc.output])
     gm = fx.GraphModule(root, graph, class_name=re.sub(r"\W", "_", desc.name) or "Network")
     gm.train()
@@ -394,10 +395,16 @@ DESCRIBED_WHOLE = ("window_attention", "patch_merge", "group_attention")
 
 
 def _emit(node: Node, graph: fx.Graph, root: nn.Module, env: Dict[str, fx.Node], taken: Set[str],
-          where: str, factory: Dict[str, Any]) -> fx.Node:
+          where: str, factory: Dict[str, Any], layers: Dict[str, str]) -> fx.Node:
+    """The fx node computing ``node`` from its inputs' (``env``), its module (if any) added to ``root`` under a name
+    recorded in ``layers`` (node name -> module name); a node that ``shares`` another's parameters calls that one's
+    module again."""
     if node.op == "input":
         return graph.placeholder(_attr_name(node.name, taken))
     args = [env[i] for i in node.inputs]
+    if SHARES in node.attrs:  # one layer called again: its module, its parameters
+        layers[node.name] = layers[node.attrs[SHARES]]
+        return graph.call_module(layers[node.name], tuple(args))
     if node.op == "dropout2d" and len(node.output_shape) == 2:
         # of [C, L]: torch's Dropout1d (from 1.12; a Dropout2d of [N, C, L] dropped the same before, warns since)
         module = getattr(nn, "Dropout1d", nn.Dropout2d)(float(node.attrs["p"]))
@@ -413,6 +420,7 @@ def _emit(node: Node, graph: fx.Graph, root: nn.Module, env: Dict[str, fx.Node],
             module.described_as = (node.op, dict(node.attrs))
         attr = _attr_name(node.name, taken)
         root.add_module(attr, module)
+        layers[node.name] = attr
         return graph.call_module(attr, tuple(args))
     if node.op in FUNCTION_BUILDERS:
         fn, fn_args = FUNCTION_BUILDERS[node.op](args, node.attrs)

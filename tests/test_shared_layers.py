@@ -1,0 +1,152 @@
+"""A layer with parameters called more than once in one forward (CBAM's shared MLP, a block applied three times, a
+Siamese head): each call a node, the later ones naming the first as the owner of the parameters (``shares``)."""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from perf4sight.errors import UserError
+from perf4sight.features.aggregate import network_features
+from perf4sight.fingerprint.gnn_graph import graph_template
+from perf4sight.ir.from_torch import describe
+from perf4sight.ir.schema import NetworkDescription, count_params
+from perf4sight.ir.to_torch import build_module
+from perf4sight.networks.pruning import prune_model
+
+
+class _ChannelAttention(nn.Module):
+    """CBAM's channel attention: the average- and the max-pooled descriptors through one MLP, summed, a gate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.mlp = nn.Sequential(nn.Conv2d(16, 4, 1), nn.ReLU(), nn.Conv2d(4, 16, 1))
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = self.stem(x)
+        gate = torch.sigmoid(self.mlp(nn.functional.adaptive_avg_pool2d(x, 1))
+                             + self.mlp(nn.functional.adaptive_max_pool2d(x, 1)))
+        return self.fc((x * gate).mean((2, 3)))
+
+
+class _Recurrent(nn.Module):
+    """A block (conv, batch norm, ReLU) applied three times, then a linear layer applied twice (weight-tied)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+        self.stem, self.head, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8, 8), nn.Linear(8, 10)
+
+    def forward(self, x):
+        x = self.stem(x)
+        for _ in range(3):
+            x = self.block(x)
+        return self.fc(self.head(self.head(x.mean((2, 3)))))
+
+
+def _unshared(desc: NetworkDescription) -> NetworkDescription:
+    """``desc`` with every call a layer of its own (no ``shares``): the description such a network got before."""
+    d = desc.to_dict()
+    for n in d["nodes"]:
+        n["attrs"].pop("shares", None)
+    d.pop("params")
+    return NetworkDescription.from_dict(d)
+
+
+def test_a_layer_called_twice_is_one_layer_counted_once_and_rebuilt_as_one_module():
+    """CBAM's shared MLP was refused ("layer 'mlp.0' is called 2 times"): each call is a node now, the second naming
+    the first (``shares``), the parameters counted once, and the rebuilt network calls one module twice, computing
+    the original's outputs with its weights."""
+    original = _ChannelAttention().eval()
+    desc = NetworkDescription.from_dict(describe(original, [3, 32, 32], "cbam").to_dict())
+    assert {n.name: n.attrs["shares"] for n in desc.nodes if "shares" in n.attrs} == {"mlp_3": "mlp_0",
+                                                                                      "mlp_5": "mlp_2"}
+    mlp = 16 * 4 + 4 + 4 * 16 + 16
+    assert desc.params == sum(p.numel() for p in original.parameters()) == 3 * 16 * 9 + 16 + mlp + 16 * 10 + 10
+    assert _unshared(desc).params == desc.params + mlp  # what each call's own weights would be
+    rebuilt = build_module(desc).eval()
+    assert sum(p.numel() for p in rebuilt.parameters()) == desc.params
+    assert sum(n.op == "call_module" and n.target == "mlp_0" for n in rebuilt.graph.nodes) == 2
+    rebuilt.load_state_dict(dict(zip(rebuilt.state_dict(), original.state_dict().values())))
+    x = torch.randn(3, 3, 32, 32)
+    assert torch.allclose(rebuilt(x), original(x), atol=1e-6)
+    recurrent = _Recurrent()
+    again = describe(recurrent, [3, 16, 16], "recurrent")
+    assert again.params == sum(p.numel() for p in recurrent.parameters()) == count_params(again)
+    assert sum("shares" in n.attrs for n in again.nodes) == 2 * 2 + 1  # conv and norm of the 2nd and 3rd, head
+
+
+def test_a_shared_layer_is_named_and_checked():
+    """``shares`` names an earlier node of the same op and attrs that shares nothing itself; anything else is refused
+    by name, and a description without it loads as before."""
+    d = describe(_ChannelAttention(), [3, 32, 32], "cbam").to_dict()
+    d.pop("params")
+
+    def load_with(name: str, **change) -> NetworkDescription:
+        e = copy.deepcopy(d)
+        node = next(n for n in e["nodes"] if n["name"] == name)
+        node["attrs"].update(change)
+        return NetworkDescription.from_dict(e, "cbam")
+
+    cases = [("mlp_3", {"shares": "nowhere"}, r"attr 'shares' must name an earlier node, got 'nowhere'"),
+             ("mlp_0", {"shares": "mlp_3"}, r"attr 'shares' must name an earlier node, got 'mlp_3'"),
+             ("mlp_3", {"shares": "mlp_2"}, r"which differs from this node"),
+             ("mlp_5", {"shares": "mlp_3"}, r"names 'mlp_3', which shares the parameters of 'mlp_0': name it"),
+             ("mlp_3", {"shares": None}, r"attr 'shares' must name an earlier node, got None"),
+             ("mlp_1", {"shares": "mlp_0"}, r"unknown attr 'shares'")]
+    for name, change, message in cases:
+        with pytest.raises(UserError, match=rf"^cbam: node '{name}' \(\w+\): .*{message}"):
+            load_with(name, **change)
+    assert load_with("mlp_3").params == 766
+    assert _unshared(NetworkDescription.from_dict(d)).structure != NetworkDescription.from_dict(d).structure
+
+
+def test_features_count_each_call_and_the_parameters_once():
+    """Every call's FLOPs, bytes and saved tensors are counted, the parameters (and so their gradients and optimiser
+    state) once; the GNN's node of a later call holds no parameters (its first call's node does)."""
+    desc = describe(_Recurrent(), [3, 16, 16], "recurrent")
+    shared, unshared = network_features(desc), network_features(_unshared(desc))
+    assert shared.static["params"] == desc.params < unshared.static["params"]
+    assert shared.static["param_tensors"] == unshared.static["param_tensors"] - 2 * 4 - 2
+    assert shared.per_sample["flops_fwd"] == unshared.per_sample["flops_fwd"] > 0
+    assert shared.per_sample["flops_bwd"] == unshared.per_sample["flops_bwd"]
+    params_column = graph_template(desc).x[:, -5]  # log1p(params), costs' 8th of 12 (the last five after it)
+    names = [n.name for n in desc.nodes]
+    assert params_column[names.index("head")] > 0 and params_column[names.index("head_1")] == 0
+
+
+@pytest.mark.parametrize("level", [20, 37])
+def test_a_network_with_a_shared_layer_prunes_and_runs(level):
+    """torch-pruning prunes a layer called twice once, for both calls: the pruned network (the user's and the one
+    rebuilt from its description) runs and is described with the shared layer counted once."""
+    original = _ChannelAttention()
+    for base in (original, build_module(describe(original, [3, 32, 32], "cbam"))):
+        pruned = prune_model(base, [3, 32, 32], level, network="cbam")
+        out = pruned.module(torch.randn(2, 3, 32, 32))
+        again = describe(pruned.module, [3, 32, 32], "cbam_pruned")
+        assert list(out.shape) == [2, 10] and np.isclose(pruned.achieved_level, level, atol=2)
+        assert again.params == pruned.params == sum(p.numel() for p in pruned.module.parameters())
+        assert again.node("mlp_5").attrs["shares"] == "mlp_2" and again.node("mlp_2").attrs["out_channels"] < 16
+
+
+def test_a_shared_layer_survives_the_perfseer_round_trip(tmp_path):
+    """The export writes each call a node, ``shares`` among its args and no weights for a later call; read back, the
+    description is the one written."""
+    from test_perfseer_round_trip import _rows
+
+    from perf4sight.exporters import export_perfseer
+    from perf4sight.exporters.perfseer import description_to_graph
+    from perf4sight.importers.perfseer import import_perfseer
+    from perf4sight.ir.schema import load_description
+
+    desc = describe(_ChannelAttention(), [3, 32, 32], "cbam")
+    weights = {n: f["feature"]["memory_info"]["weight_size"] for n, f in description_to_graph(desc, 2).nodes.items()}
+    assert weights["mlp_0"] == (16 * 4 + 4) * 4 and weights["mlp_3"] == 0
+    export_perfseer(_rows(desc), {desc.name: desc}, tmp_path / "ds")
+    import_perfseer(tmp_path / "ds", "d2", tmp_path / "prof", tmp_path / "models")
+    assert load_description(tmp_path / "models" / "imported" / "d2" / "cbam.json").to_dict() == desc.to_dict()
