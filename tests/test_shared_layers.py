@@ -11,11 +11,13 @@ from torch import nn
 
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import network_features
+from perf4sight.features.alloc_trace import record_events
 from perf4sight.fingerprint.gnn_graph import graph_template
 from perf4sight.ir.from_torch import describe
 from perf4sight.ir.schema import NetworkDescription, count_params
 from perf4sight.ir.to_torch import build_module
 from perf4sight.networks.pruning import prune_model
+from test_allocator import _as_replayed
 
 
 class _ChannelAttention(nn.Module):
@@ -118,6 +120,20 @@ def test_features_count_each_call_and_the_parameters_once():
     params_column = graph_template(desc).x[:, -5]  # log1p(params), costs' 8th of 12 (the last five after it)
     names = [n.name for n in desc.nodes]
     assert params_column[names.index("head")] > 0 and params_column[names.index("head_1")] == 0
+
+
+def test_the_allocation_model_writes_down_a_shared_layers_gradients_as_the_trace_records_them():
+    """torch sums a shared weight's gradients (one per call) out of place before its AccumulateGrad runs, the later
+    call's kept until the earlier call's arrives: the model writes down those events, one parameter set in the
+    setup, and matches the meta trace event for event (and the trace the real optimizer's run)."""
+    desc = describe(_Recurrent(), [3, 16, 16], "recurrent")
+    model, traced = record_events(desc, 3, steps=3, method="model"), record_events(desc, 3, steps=3, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+    assert _as_replayed(traced) == _as_replayed(record_events(desc, 3, steps=3, fast=False))
+    setup = [e for e in model if e[3] == "setup"]
+    assert len(setup) == 2 + 4 + 3 + 2 + 2  # stem, the block's conv and norm (and its 3 buffers), head, fc
+    sums = [e for e in model[:len(model) // 3] if e[3] == "aten.add.Tensor" and e[2] in (8 * 8 * 9 * 4, 8 * 4)]
+    assert len(sums) >= 2 * 2  # the block's conv weight and bias, each summed over three calls
 
 
 @pytest.mark.parametrize("level", [20, 37])

@@ -40,7 +40,10 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
   empty buffer as is, into a filled one as a new sum (the two addends released). Pass-through
   backwards (add, cat, views) hand on the incoming gradient or views of it. A parameter's
   gradient is kept as its ``.grad`` where it is accumulated (a mark, so that later steps can free
-  it there instead).
+  it there instead). A layer called more than once (its later calls' nodes ``share`` the first's parameters,
+  which are set up once) computes a gradient of each parameter per call: the first to arrive waits in the
+  parameter's buffer, each later one is added to it out of place (the old sum freed at once, the addend with its
+  node's other outputs), and the parameter's gradient is accumulated when the last has arrived.
 - Linear layers are ``t`` + ``addmm`` (the bias gradient is the incoming one summed down, after
   the two matrix products; the weight's reaches it through the ``t`` node) or, without a bias,
   ``t`` + ``mm``, whose backward computes the weight's gradient first, as ``mul`` computes its
@@ -73,7 +76,7 @@ from math import prod
 from typing import Callable
 
 from perf4sight.features.allocator import ALLOC, FREE
-from perf4sight.ir.schema import NetworkDescription, Node
+from perf4sight.ir.schema import SHARES, NetworkDescription, Node
 from perf4sight.profiling.plan import DEFAULT_LOSS
 
 __all__ = ["COVERED", "ACCUMULATED", "Event", "NotCovered", "step_events"]
@@ -291,6 +294,9 @@ def step_events(desc: NetworkDescription, batch_size: int, relu6_clone: bool = F
     first_param: dict[str, int] = {}
     buffers: list[int] = []
     for n in desc.nodes:
+        if SHARES in n.attrs:  # a layer called again: its first call's parameters and buffers
+            first_param[n.name] = first_param[n.attrs[SHARES]]
+            continue
         p, bufs = _params(n)
         first_param[n.name] = len(param_bytes)
         param_bytes += p
@@ -773,6 +779,33 @@ def _regression_loss(out: _Value, loss_name: str, mem: _Memory, fns: list[_GradF
     return out.sid, loss, len(fns) - 1
 
 
+def _gradients_per_parameter(fns: list[_GradFn]) -> dict[int, int]:
+    """Parameter index -> how many backward nodes compute a gradient of it (more than one for a layer called more
+    than once: its ``AccumulateGrad`` waits for them all)."""
+    counts: dict[int, int] = {}
+    for fn in fns:
+        for edge in fn.edges:
+            if edge is not None and edge[0] == "param":
+                counts[edge[1]] = counts.get(edge[1], 0) + 1
+    return counts
+
+
+def _param_gradient(p: int, sid: int, size: int, pending: dict[int, int], buffers: dict[int, int],
+                    mem: _Memory) -> list[int]:
+    """Deliver ``sid`` (``size`` bytes), a gradient of parameter ``p``, to the parameter's input buffer: the first
+    one is kept as it is; a later one (a layer called again) is added to it out of place (the engine's sum, the
+    buffer's old value dropped at once), and is returned: the node that computed it drops it with its other
+    outputs, after all its gradients are delivered (as the meta trace shows)."""
+    pending[p] -= 1
+    if p not in buffers:
+        buffers[p] = sid
+        return []
+    old = buffers[p]
+    buffers[p] = mem.new(size, "aten.add.Tensor")
+    mem.drop(old)
+    return [sid]
+
+
 def _backward(fns: list[_GradFn], root: int, mem: _Memory) -> dict[int, int]:
     """Run the backward pass from the loss's node ``root``; parameter index -> its gradient's storage.
 
@@ -782,6 +815,8 @@ def _backward(fns: list[_GradFn], root: int, mem: _Memory) -> dict[int, int]:
     seed = mem.new(FLOAT, "aten.ones_like.default")
     buffers: dict[int, tuple[int, int, tuple[int, ...] | None]] = {root: (mem.hold(seed), FLOAT, None)}
     grads: dict[int, int] = {}
+    pending = _gradients_per_parameter(fns)
+    buffers_of_params: dict[int, int] = {}  # parameter index -> its gradient so far (a layer called more than once)
     for k in range(len(fns) - 1, -1, -1):
         if k not in buffers:
             raise NotCovered("a node no gradient reaches")
@@ -808,14 +843,16 @@ def _backward(fns: list[_GradFn], root: int, mem: _Memory) -> dict[int, int]:
         mem.drop(incoming)
         for s in fn.saved:
             mem.drop(s)
-        accumulated = []
+        accumulated, released = [], []
         for j, edge in enumerate(fn.edges):
             if edge is None:
                 continue
             kind, target = edge
             sid, out_strides = outs[j]
             if kind == "param":
-                accumulated.append((target, sid))
+                released += _param_gradient(target, sid, fn.sizes[j], pending, buffers_of_params, mem)
+                if pending[target] == 0:
+                    accumulated.append((target, buffers_of_params.pop(target)))
             elif target not in buffers:
                 buffers[target] = (sid, fn.sizes[j], out_strides)
             else:
@@ -825,6 +862,8 @@ def _backward(fns: list[_GradFn], root: int, mem: _Memory) -> dict[int, int]:
                 buffers[target] = (mem.new(size, "aten.add.Tensor"), size, None if plain else _UNKNOWN)
                 mem.drop(old)
                 mem.drop(sid)
+        for sid in released:  # the node's own gradients of a shared parameter, dropped with its outputs
+            mem.drop(sid)
         for p, sid in accumulated:  # AccumulateGrad nodes run first (highest priority)
             mem.events.append((ACCUMULATED, p, 0, ""))
             grads[p] = sid
