@@ -122,6 +122,25 @@ def test_features_count_each_call_and_the_parameters_once():
     assert params_column[names.index("head")] > 0 and params_column[names.index("head_1")] == 0
 
 
+def test_a_later_calls_weight_gradients_are_summed_once_a_step_and_updated_once():
+    """The step's kernels: each later call sums its gradient of each parameter tensor into the earlier one (an add of
+    the tensor's bytes, three passes, whatever the batch), and the optimiser updates the layer's tensors once; the
+    calls' own kernels are those of layers of their own."""
+    from perf4sight.features.latency_terms import BANDWIDTH, kernel_table
+    from perf4sight.features.optimizers import optimizer_cost
+
+    desc = describe(_Recurrent(), [3, 16, 16], "recurrent")
+    shared, unshared = kernel_table(desc, "sgd"), kernel_table(_unshared(desc), "sgd")
+    per_tensor = optimizer_cost("sgd").kernels_per_tensor
+    assert unshared.param_tensors - shared.param_tensors == 2 * 4 + 2  # the block's 2nd and 3rd calls', head's 2nd
+    assert len(shared.kind) == len(unshared.kind) - per_tensor * (2 * 4 + 2) + (2 * 4 + 2)
+    updates = per_tensor * shared.param_tensors  # the optimiser's kernels come last, the sums right before them
+    sums = slice(len(shared.kind) - updates - (2 * 4 + 2), len(shared.kind) - updates)
+    assert (shared.kind[sums] == BANDWIDTH).all() and not shared.bytes_ps[sums].any() and not shared.flops_ps[sums].any()
+    summed = 2 * (8 * 8 * 9 + 8 + 2 * 8) + (8 * 8 + 8)  # parameters summed: the block's twice, the head's once
+    assert np.isclose(shared.bytes_fixed[sums].sum(), 3 * 4 * summed)
+
+
 def test_the_allocation_model_writes_down_a_shared_layers_gradients_as_the_trace_records_them():
     """torch sums a shared weight's gradients (one per call) out of place before its AccumulateGrad runs, the later
     call's kept until the earlier call's arrives: the model writes down those events, one parameter set in the

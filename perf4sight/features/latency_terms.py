@@ -37,7 +37,7 @@ from perf4sight.features.formulas import (BYTES_PER_ELEMENT, REGRESSION_LOSS_KER
                                          position_loss, window_geometry)
 from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, OptimizerCost, optimizer_cost
 from perf4sight.features.walk import Visit, gradient_accumulations, walk
-from perf4sight.ir.schema import NetworkDescription, Node
+from perf4sight.ir.schema import SHARES, NetworkDescription, Node, node_params
 
 __all__ = ["KernelTable", "kernel_table", "latency_columns", "LATENCY_FEATURES", "TILE", "GEMM", "DEPTHWISE",
            "BANDWIDTH"]
@@ -357,6 +357,7 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
     for name, adds in gradient_accumulations(desc, visits).items():  # k gradients into one tensor: k-1 adds
         for _ in range(adds):
             r.other(BANDWIDTH, float(numel(shapes[name])), 3.0 * numel(shapes[name]) * BYTES_PER_ELEMENT)
+    _shared_weight_sums(r, visits)
     n_params = _param_count(desc)
     for _ in range(opt.kernels_per_tensor * params):
         share = opt.tensor_passes / opt.kernels_per_tensor * n_params * BYTES_PER_ELEMENT / max(params, 1)
@@ -364,6 +365,20 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
     a = np.array(r.rows, dtype=float).reshape(-1, 8)
     return KernelTable(kind=a[:, 0].astype(np.int64), dims=a[:, 1:4], batch_dim=a[:, 4].astype(np.int64),
                        flops_ps=a[:, 5], bytes_ps=a[:, 6], bytes_fixed=a[:, 7], param_tensors=params)
+
+
+def _shared_weight_sums(r: _Rows, visits: Sequence[Visit]) -> None:
+    """Each later call of a layer (a node that ``shares`` its first call's parameters) sums its gradient of each
+    parameter tensor into the one before (an add: two tensors read, one written), once a step whatever the batch.
+    The layer's bytes are spread evenly over its tensors, as the update's are."""
+    tensors = {v.node.name: v.cost.param_tensors for v in visits if v.cost is not None}
+    for v in visits:
+        owner = v.node.attrs.get(SHARES)
+        if owner is None or not tensors.get(owner):
+            continue
+        share = 3.0 * node_params(v.node) * BYTES_PER_ELEMENT / tensors[owner]
+        for _ in range(tensors[owner]):
+            r.other(BANDWIDTH, 0.0, 0.0, share)
 
 
 def _passes(node: Node) -> tuple[float, float, int]:
