@@ -20,3 +20,29 @@ def tx2_data() -> Path:
     if not (TX2_DATA / "graphs").is_dir():
         pytest.skip(f"shared TX2 data not found at {TX2_DATA} (set PERF4SIGHT_TX2_DATA)")
     return TX2_DATA
+
+
+#: The test files that take longest (seconds of one worker of ``./dev.sh test`` on a 2-core machine, 2026-11-29):
+#: they go first, the longest first, so that the two workers of ``-n 2 --dist loadfile`` end together. xdist's own
+#: order (files with the most tests first) left test_end_to_end.py (3 tests, 77 s) for last: one worker ran it alone
+#: for about a minute while the other had finished. A file not named here follows them, in collection order.
+LONGEST_FILES = {"test_remote_reruns.py": 95, "test_profiling_signals.py": 91, "test_remote.py": 89,
+                 "test_profiling.py": 84, "test_end_to_end.py": 77, "test_optimizers.py": 69, "test_ir.py": 57,
+                 "test_networks_stage.py": 44, "test_fingerprint.py": 42, "test_networks.py": 39,
+                 "test_allocator.py": 31, "test_packaging.py": 27, "test_report.py": 23,
+                 "test_perfseer_round_trip.py": 20, "test_backends_gpu.py": 15, "test_op_prices.py": 15,
+                 "test_networks_rerun.py": 12, "test_config.py": 11, "test_features.py": 9}
+
+
+def pytest_configure(config) -> None:
+    """Keep the files in the order :func:`pytest_collection_modifyitems` gives them under pytest-xdist (whose
+    default reorders them by their number of tests)."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """The files of :data:`LONGEST_FILES` first, longest first; each file's tests in their own order."""
+    def seconds(item) -> int:
+        return LONGEST_FILES.get(item.path.name, 0)
+    items.sort(key=lambda item: -seconds(item))
