@@ -80,6 +80,29 @@ def test_zoo_network_with_coupled_channels(name: str) -> None:
     _train_step(desc)
 
 
+def test_pruning_imports_torchvision_only_for_its_blocks() -> None:
+    """A process pruning a network of its own imports neither torchvision nor, with it, torch._dynamo (2-3 s of
+    every networks stage of factories and generated networks); a ShuffleNetV2 of torchvision's is still traced with
+    its blocks' stand-in, and their groups left unpruned."""
+    import subprocess
+    import sys
+
+    import torchvision
+
+    code = ("import sys; from torch import nn; from perf4sight.networks.pruning import prune_model\n"
+            "net = nn.Sequential(nn.Conv2d(3, 16, 3), nn.ReLU(), nn.Conv2d(16, 16, 3), nn.AdaptiveAvgPool2d(1), "
+            "nn.Flatten(), nn.Linear(16, 10))\n"
+            "print(round(prune_model(net, [3, 16, 16], 40).achieved_level), "
+            "[m for m in ('torchvision', 'torch._dynamo') if m in sys.modules])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    level, imported = done.stdout.split(" ", 1)
+    assert abs(int(level) - 40) <= 2 and imported.strip() == "[]"
+    plan = PruningPlan(torchvision.models.shufflenet_v2_x0_5(num_classes=CLASSES), SHAPE, "l1-norm", 4, 0, "s")
+    assert plan.extra["pruning_unpruned_groups"]["channels through an untraceable InvertedResidual (e.g. channel "
+                                                 "shuffle)"] > 0
+
+
 @pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "googlenet", "shufflenet_v2_x1_0", "convnext_tiny"])
 def test_zoo_description_from_meta_weights_equals_the_real_model(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """describe_zoo builds on the meta device and propagates meta shapes; a real model's shapes are
