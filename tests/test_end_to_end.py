@@ -342,7 +342,8 @@ def test_all_fits_only_devices_it_measured(tmp_path):
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cfg = CONFIG.replace('zoo = ["squeezenet1_1", "resnet18"]', 'zoo = ["squeezenet1_1"]')
+    tiny = ROOT / "models" / "imagenet" / "tiny_nets.py"  # a network of its own: no torchvision to import for it
+    cfg = CONFIG.replace('zoo = ["squeezenet1_1", "resnet18"]', f'zoo = []\nfactories = ["{tiny}:tiny_vgg"]')
     cfg = cfg.replace("levels = [0, 50]", "levels = [0]")
     cfg = cfg.replace('[devices.local]\nbackend = "cpu"',
                       f'[devices.dead]\nbackend = "cpu"\nhost = "127.0.0.1"\nport = {port}\nuser = "nobody"')
