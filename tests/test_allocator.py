@@ -362,6 +362,22 @@ def test_allocation_model_writes_down_a_softplus_as_traced():
     assert _as_replayed(model) == _as_replayed(traced)
 
 
+@pytest.mark.parametrize("call", [
+    lambda x, inplace: x / (x.pow(2).mean(1, keepdim=True) + 1e-5).sqrt() * (x.abs() + 1).rsqrt(),
+    lambda x, inplace: (x.clamp(min=1e-6).pow(3.0) * -1).exp() + 1 / (x.abs() + 2) + x.square(),
+])
+def test_allocation_model_writes_down_powers_exp_and_abs_as_traced(call):
+    """A power keeps its input and allocates x ** (p - 1) and its times p before the gradient; sqrt and rsqrt (the
+    exponents 0.5 and -0.5) and exp keep their result, abs its input and its sgn for a moment; a quotient is the
+    divisor's power -1 (a normalisation's, broadcast) times the dividend: as torch runs them."""
+    from torch import nn
+
+    desc = _activated(nn.ReLU(), call)
+    assert {"pow", "mul"} <= {n.op for n in desc.nodes}
+    model, traced = record_events(desc, 3, steps=2, method="model"), record_events(desc, 3, steps=2, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+
+
 @pytest.mark.parametrize("inplace", [True, False])
 def test_allocation_model_writes_down_a_mish_as_traced(inplace):
     """A mish keeps its input for the backward, a clone of it where it runs in place, as torch runs it; its

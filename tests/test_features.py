@@ -900,3 +900,18 @@ def test_prelu_dropout2d_and_log_softmax_keep_what_autograd_keeps():
     assert (prelu.saved, prelu.params, prelu.param_tensors) == ([0], 8, 1)
     assert (drop.saved, drop.extra_saved_bytes, drop.params) == ([], 8 * 4, 0)
     assert _cost(Node("d", "dropout2d", ["x"], {"p": 0.0}, [8, 12, 12]), [[8, 12, 12]]).kind == "view"
+
+
+@pytest.mark.parametrize("op,attrs,saved,flops,bwd_flops,bwd_kernels", [
+    ("pow", {"exponent": 3.0}, [0], 3, 5, 3),     # exp(p log x); grad * p * x ** (p - 1): keeps the input
+    ("pow", {"exponent": 2.0}, [0], 1, 3, 3),     # x * x
+    ("pow", {"exponent": 0.5}, ["output"], 1, 2, 2),   # sqrt: grad / (2 * result), keeps its result
+    ("pow", {"exponent": -0.5}, ["output"], 1, 4, 3),  # rsqrt: -0.5 * grad * result ** 3
+    ("exp", {}, ["output"], 1, 1, 1),
+    ("abs", {}, [0], 1, 2, 2),                     # grad * sgn(x)
+])
+def test_powers_exp_and_abs_keep_what_torch_s_backward_reads(op, attrs, saved, flops, bwd_flops, bwd_kernels):
+    from perf4sight.features.formulas import OUTPUT
+    c = _cost(Node("p", op, ["x"], attrs, [4, 8, 8]), [[4, 8, 8]])
+    assert c.saved == [OUTPUT if s == "output" else s for s in saved]
+    assert (c.flops_fwd, c.flops_bwd, c.kernels_fwd, c.kernels_bwd) == (flops * 256, bwd_flops * 256, 1, bwd_kernels)

@@ -199,3 +199,40 @@ def test_an_in_place_sigmoid_or_tanh_method_is_the_activation():
     """``y.sigmoid_()`` and ``y.tanh_()`` were refused ("call_method 'sigmoid_' has no description op")."""
     ops = _computes_the_same(_Probe(lambda s, y: y.sigmoid_() * y.clone().tanh_()))
     assert "sigmoid" in ops and "tanh" in ops
+
+
+class _Gem(nn.Module):
+    """GeM pooling (x.clamp(min=eps).pow(p).mean((2, 3)).pow(1 / p)) of a convolution's map, the map L2-normalised over
+    its channels first (x / x.pow(2).sum(1, keepdim=True).sqrt()) and a hand-written norm over the channels after
+    ((x - mu) * torch.rsqrt(var + eps), over torch.sqrt(var + eps) too), exp and abs on the way."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8, 10)
+
+    def forward(self, x):
+        y = self.conv(x)
+        y = y / y.pow(2).sum(1, keepdim=True).sqrt()
+        centred = y - y.mean(1, keepdim=True)
+        var = torch.square(centred).mean(1, keepdim=True)
+        y = centred * torch.rsqrt(var + 1e-5) + centred / torch.sqrt(var + 1e-5) + torch.exp(-y.abs()) + 1 / (2 + y)
+        pooled = y.clamp(min=1e-6).pow(3.0).mean((2, 3)) ** (1 / 3.0)
+        return self.fc(pooled)
+
+
+def test_powers_quotients_exp_and_abs_are_described_as_torch_computes_them():
+    """A tensor over a tensor (x / y, 1 / y), x.pow(p), x ** p, torch.square, sqrt, rsqrt, exp and abs were refused
+    ("a truediv of anything but a tensor by a number", "call_method 'pow' has no description op", ...): they are
+    the ops pow (sqrt and rsqrt its exponents 0.5 and -0.5), exp and abs, a quotient the divisor to the power -1
+    times the dividend; the rebuilt module computes what GeM, an L2 normalisation and a hand-written norm do."""
+    ops = _computes_the_same(_Gem())
+    assert {"pow", "exp", "abs"} <= set(ops)
+    desc = describe(_Gem().eval(), SHAPE, name="gem")
+    exponents = sorted(n.attrs["exponent"] for n in desc.nodes if n.op == "pow")
+    assert exponents == sorted([2.0, 0.5, -1.0, 2.0, -0.5, 0.5, -1.0, -1.0, 3.0, 1 / 3.0])
+
+
+@pytest.mark.parametrize("pattern", [lambda s, y: 2 ** y, lambda s, y: y ** y.mean(1, keepdim=True)])
+def test_a_power_by_a_tensor_is_refused_by_name(pattern):
+    with pytest.raises(UserError, match="a power of anything but a tensor by a number"):
+        describe(_Probe(pattern), SHAPE, name="probe")

@@ -58,8 +58,8 @@ class _Views(torch.nn.Module):
     adaptivemaxpool2d, select, mean, silu, leaky_relu (in place), elu, mish (in place), softplus (torch's
     defaults, which ONNX's Softplus is), groupnorm, conv_transpose2d (without a bias, with an output padding),
     instancenorm (affine), hardtanh, softmax, pixel_unshuffle (of one channel, which ONNX's SpaceToDepth is),
-    pixel_shuffle, pads of each mode, prelu (a slope per channel), dropout2d, log_softmax, selu, celu and
-    local_response_norm."""
+    pixel_shuffle, pads of each mode, prelu (a slope per channel), dropout2d, log_softmax, selu, celu,
+    local_response_norm, pow (a sqrt and the power -1 of a quotient), exp and abs."""
 
     def __init__(self):
         super().__init__()
@@ -81,7 +81,8 @@ class _Views(torch.nn.Module):
         y = self.amax(torch.squeeze(torch.unsqueeze(torch.nn.functional.leaky_relu(y, 0.2, True), 1), 1))[:, :, :, 0]
         y = torch.nn.functional.mish(torch.nn.functional.elu(y.mean(2), 0.5), True)
         y = torch.nn.functional.hardtanh(torch.nn.functional.softplus(y).softmax(-1).log_softmax(1), -0.5, 0.5)
-        return self.fc(torch.nn.functional.celu(torch.nn.functional.selu(torch.nn.functional.silu(y)), 0.5))
+        z = torch.nn.functional.celu(torch.nn.functional.selu(torch.nn.functional.silu(y)), 0.5)
+        return self.fc(z / torch.exp(y.abs()).sqrt())
 
 
 def _network(name: str):

@@ -93,7 +93,8 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "softplus", "mish", "groupnorm",
                      "conv_transpose2d", "instancenorm", "hardtanh", "softmax", "pad", "pixel_shuffle",
                      "pixel_unshuffle", "log_softmax", "prelu", "dropout2d",
-                     "selu", "celu"})
+                     "selu", "celu",
+                     "pow", "exp", "abs"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
                 "gelu": ("gelu", "input"), "sigmoid": ("sigmoid", "result"), "tanh": ("tanh", "result"),
@@ -107,7 +108,7 @@ _VIEWS = {"reshape", "flatten", "squeeze", "unsqueeze"}
 #: Ops that take a strided (non-contiguous) input as it is; any other op on one is not covered,
 #: except elementwise ones on inputs whose dimensions keep their order (their output is contiguous).
 _TAKE_STRIDED = {"conv2d", "conv_transpose2d", "cat", "identity", "transpose", "narrow", "select"} | _VIEWS
-_ELEMENTWISE = {"add", "mul"} | set(_ACTIVATIONS)
+_ELEMENTWISE = {"add", "mul", "pow", "exp", "abs"} | set(_ACTIVATIONS)
 
 
 def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -212,6 +213,8 @@ class _GradFn:
     out_shape: tuple[int, ...] = ()              # the output's shape (with the batch)
     dims: tuple[int, int] = (0, 0)               # a transpose's two dimensions
     scratch: list[tuple[int, str]] | None = None  # temporaries: (bytes, aten op), in allocation order
+    # temporaries allocated before the gradients (a pow's x ** (p - 1), then its times p), freed once they are
+    before: list[tuple[int, str]] | None = None
     then: str = "aten.sum.dim_IntList"           # the op that makes a gradient from a full one
 
 
@@ -399,7 +402,8 @@ class _OpContext:
                 order: list[int] | None = None, full: list[int | None] | None = None, handoff: str = "",
                 out_shape: tuple[int, ...] | None = None, dims: tuple[int, int] = (0, 0),
                 scratch: list[tuple[int, str]] | None = None,
-                shapes: list[tuple[int, ...]] | None = None) -> int | None:
+                shapes: list[tuple[int, ...]] | None = None,
+                before: list[tuple[int, str]] | None = None) -> int | None:
         """The node's autograd node (fields as :class:`_GradFn`; ``sizes`` and ``full`` in bytes; ``order``
         default: input order; ``out_shape`` default: ``full_out``; ``shapes`` default: the inputs' with the batch)
         appended to ``fns``: its index, or None when no input needs a gradient (``saved`` is dropped)."""
@@ -413,7 +417,7 @@ class _OpContext:
         self.fns.append(_GradFn(saved, edges, sizes, kernels, order if order is not None else list(range(len(edges))),
                                 full or [None] * len(edges), handoff,
                                 shapes or [tuple([self.batch] + list(sh)) for sh in self.in_shapes],
-                                self.full_out if out_shape is None else out_shape, dims, scratch))
+                                self.full_out if out_shape is None else out_shape, dims, scratch, before))
         return len(self.fns) - 1
 
     def unary_grad_fn(self, kernel: str | None, saved: list[int]) -> int | None:
@@ -503,6 +507,36 @@ def _activation(ctx: _OpContext) -> _Value:
         mask = ctx.alloc("native_dropout.default", nbytes // FLOAT, holders=0)
         return _Value(sid, nbytes, ctx.unary_grad_fn("aten.native_dropout_backward.default", [mask]))
     raise NotCovered(f"op '{op}'")
+
+
+#: Elementwise maths of one tensor (op, or pow's exponent) -> (its aten op, what its backward keeps: the "input" or
+#: the "result", the aten ops of the temporaries it allocates before the gradient and frees once that is made, the
+#: aten op of the gradient).
+_MATHS_KERNELS = {
+    "exp": ("exp.default", "result", (), "aten.mul.Tensor"),  # grad * result
+    "abs": ("abs.default", "input", ("aten.sgn.default",), "aten.mul.Tensor"),  # grad * sgn(x)
+    0.5: ("sqrt.default", "result", ("aten.mul.Scalar",), "aten.div.Tensor"),  # grad / (2 * result)
+    -0.5: ("rsqrt.default", "result", ("aten.pow.Tensor_Scalar", "aten.mul.Scalar"), "aten.mul.Tensor"),  # (-0.5 *
+    # grad) * result ** 3
+    "pow": ("pow.Tensor_Scalar", "input", ("aten.pow.Tensor_Scalar", "aten.mul.Scalar"), "aten.mul.Tensor"),  # grad *
+    # (p * x ** (p - 1))
+}
+
+
+def _maths(ctx: _OpContext) -> _Value:
+    """A power (sqrt and rsqrt: their own kernels), exp or abs of a tensor (:data:`_MATHS_KERNELS`)."""
+    n, x = ctx.node, ctx.x
+    key: str | float = n.op
+    if n.op == "pow":
+        exponent = float(n.attrs["exponent"])
+        if exponent == 0:  # torch's backward is zeros of the input's shape
+            raise NotCovered("pow of exponent 0")
+        key = exponent if exponent in (0.5, -0.5) else "pow"
+    kernel, keeps, before, grad = _MATHS_KERNELS[key]
+    sid = ctx.alloc(kernel)
+    fn = ctx.grad_fn([x.sid if keeps == "input" else sid], [_edge(x)], [x.nbytes], [grad],
+                     before=[(ctx.nbytes, k) for k in before])
+    return _Value(sid, ctx.nbytes, fn)
 
 
 #: An in-place activation -> the aten op its backward allocates the input's gradient with.
@@ -713,6 +747,7 @@ _HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
     **dict.fromkeys(("conv2d", "batchnorm2d", "groupnorm", "linear",
                      "conv_transpose2d"), _with_parameters),
     **dict.fromkeys(("relu", "relu6", "dropout", *_ACTIVATIONS), _activation),
+    **dict.fromkeys(("pow", "exp", "abs"), _maths),
     **dict.fromkeys(("maxpool2d", "adaptivemaxpool2d", "avgpool2d", "adaptiveavgpool2d", "mean"), _pooling),
     **dict.fromkeys(("add", "mul", "cat"), _combine),
     "interpolate": _interpolate,
@@ -825,6 +860,7 @@ def _backward(fns: list[_GradFn], root: int, mem: _Memory) -> dict[int, int]:
         if strides == _UNKNOWN or (any(fn.kernels) and not _ordered(fn.out_shape, strides)):
             raise NotCovered("a gradient with permuted strides")
         outs: dict[int, tuple[int, tuple[int, ...] | None]] = {}
+        ahead = [mem.new(size, kernel) for size, kernel in fn.before or []]
         for j in fn.order:
             if fn.edges[j] is None:
                 continue
@@ -832,6 +868,8 @@ def _backward(fns: list[_GradFn], root: int, mem: _Memory) -> dict[int, int]:
                 outs[j] = (mem.new(fn.full[j] or fn.sizes[j], fn.kernels[j]), None)
             else:
                 outs[j] = _handoff(fn, j, incoming, strides, mem)
+        for sid in ahead:
+            mem.drop(sid)
         temporaries = [mem.new(size, kernel) for size, kernel in fn.scratch or []]
         for sid in temporaries:
             mem.drop(sid)

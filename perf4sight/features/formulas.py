@@ -362,6 +362,29 @@ def _keeps_result_in_place(flops: float, bwd_flops: float) -> Handler:
         node, in_shapes, first)
 
 
+def _power(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """x ** p. sqrt (p 0.5): 1 FLOP an element, backward grad / (2 * result): 2 in 2 kernels, it keeps its result;
+    rsqrt (p -0.5): 1, backward -0.5 * grad * result ** 3: 4 in 3 kernels, it keeps its result; any other power
+    (exp(p log x): 3; a square, a reciprocal: 1), backward grad * p * x ** (p - 1): 3 + 2 in 3 kernels, it keeps its
+    input."""
+    exponent = float(node.attrs["exponent"])
+    if exponent in (0.5, -0.5):
+        flops, saves, bwd_flops, bwd_kernels = 1.0, [OUTPUT], (2.0 if exponent > 0 else 4.0), 2 if exponent > 0 else 3
+    else:
+        flops = 1.0 if exponent in (2.0, -1.0) else 3.0
+        saves, bwd_flops, bwd_kernels = [0], flops + 2.0, 3
+    return _backward_kernels(_pointwise(flops, saves, bwd_flops), bwd_kernels)(node, in_shapes, first)
+
+
+def _backward_kernels(handler: Handler, kernels: int) -> Handler:
+    """``handler``'s costs with a backward of ``kernels`` kernels."""
+    def counted(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+        cost = handler(node, in_shapes, first)
+        cost.kernels_bwd = kernels
+        return cost
+    return counted
+
+
 def _binary(saves_inputs: bool) -> Handler:
     """add / mul: 1 FLOP per output element; mul keeps both tensor inputs for backward."""
     def handler(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
@@ -614,6 +637,11 @@ HANDLERS: dict[str, Handler] = {
     "log_softmax": _pointwise(4, [OUTPUT], 3),
     "prelu": _prelu,
     "dropout2d": _dropout2d,
+    "pow": _power,
+    # e ** x: 1 FLOP an element; backward grad * result (1), it keeps its result
+    "exp": _pointwise(1, [OUTPUT], 1),
+    # |x|: 1; backward grad * sgn(x) (2 in 2 kernels), it keeps its input
+    "abs": _backward_kernels(_pointwise(1, [0], 2), 2),
     "identity": _view,
     "maxpool2d": _maxpool2d,
     "avgpool2d": _avgpool2d,

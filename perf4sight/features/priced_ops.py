@@ -46,7 +46,9 @@ _PRICED_AS = {"leaky_relu": "relu", "hardtanh": "relu6",
               # torch runs them as its elu kernel of a scale or an input scale: an elu's price
               "selu": "elu", "celu": "elu",
               # not measured: a norm of seven kernels forward and fifteen back, priced as a batch norm
-              "local_response_norm": "batchnorm2d"}
+              "local_response_norm": "batchnorm2d",
+              # one elementwise kernel forward, two or three back, as a sigmoid's (one, one)
+              "pow": "sigmoid", "exp": "sigmoid", "abs": "sigmoid"}
 
 
 def check_prices(data: Any, where: str) -> dict[str, dict[int, float]]:

@@ -91,6 +91,8 @@ ONNX_TO_OP: dict[str, str] = {
     "Dropout2d": "dropout2d",
     "Selu": "selu", "Celu": "celu",
     "LRN": "local_response_norm",
+    # ONNX's Pow (its exponent a second input: here an arg, as this tool writes it), Exp and Abs
+    "Pow": "pow", "Exp": "exp", "Abs": "abs",
 }
 #: Our op -> ONNX op type. Five of ours share a type with another: ``permute`` is a ``Transpose`` of more than two
 #: axes; ``scale``, ``shift`` and ``token`` are a ``Mul``, an ``Add`` and a ``Concat`` with a learnt tensor (an ONNX
@@ -512,6 +514,10 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
                 "threshold": _number(args.get("threshold", 20.0), f"{where} threshold")}
     if op in ("add", "mul") and args.get("scalar") is not None:
         return {"scalar": _number(args["scalar"], f"{where} scalar")}
+    if op == "pow":  # ONNX's exponent is an input (an initializer) a graph's args may not carry: none, no power
+        if args.get("exponent") is None:
+            raise UserError(f"{where}: a Pow without its exponent (args: exponent)")
+        return {"exponent": _number(args["exponent"], f"{where} exponent")}
     if op == "pad":
         return _pad_attrs(args, where)
     if op in ("pixel_shuffle", "pixel_unshuffle"):

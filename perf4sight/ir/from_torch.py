@@ -480,6 +480,26 @@ for _key in (F.celu, F.celu_, torch.celu, torch.celu_):
     FUNCTION_OPS[_key] = lambda n: _celu_attrs(_arg(n, 1, "alpha", 1.0), bool(_arg(n, 2, "inplace", False))
                                                or n.target in (F.celu_, torch.celu_))
 FUNCTION_OPS[F.mish] = lambda n: ("mish", {"inplace": True} if _arg(n, 1, "inplace", False) else {})
+
+
+def _power(n: fx.Node) -> tuple[str, dict]:
+    """``x ** p``, ``x.pow(p)``, ``torch.pow(x, p)`` of a tensor and a number (a number of shape arithmetic too): the
+    op pow; a power of a number by a tensor (``2 ** x``) or of two tensors (GeM's learnt ``p``) has no description op."""
+    exponent = _shape_value(_arg(n, 1, "exponent"))
+    if not _is_tensor(n.args[0]) or isinstance(exponent, bool) or not isinstance(exponent, (int, float)):
+        raise ValueError("a power of anything but a tensor by a number (x ** 2, x.pow(3.0)) has no description op")
+    return "pow", {"exponent": float(exponent)}
+
+
+for _key in (operator.pow, torch.pow, "pow"):
+    FUNCTION_OPS[_key] = _power
+for _key, _exponent in ((torch.square, 2.0), ("square", 2.0), (torch.sqrt, 0.5), ("sqrt", 0.5), (torch.rsqrt, -0.5),
+                        ("rsqrt", -0.5)):
+    FUNCTION_OPS[_key] = (lambda e: lambda n: ("pow", {"exponent": e}))(_exponent)
+for _key in (operator.neg, torch.neg, "neg"):  # -x: x times -1
+    FUNCTION_OPS[_key] = lambda n: ("mul", {"scalar": -1.0})
+for _key, _op in ((torch.exp, "exp"), ("exp", "exp"), (torch.abs, "abs"), ("abs", "abs"), (operator.abs, "abs")):
+    FUNCTION_OPS[_key] = (lambda op: lambda n: (op, {}))(_op)
 for _key in (torch.cat, torch.concat, torch.concatenate):  # each takes its dim as dim= or as axis=
     FUNCTION_OPS[_key] = lambda n: ("cat", {"dim": int(_arg(n, 1, "dim", n.kwargs.get("axis", 0)))})
 for _key in (torch.flatten, "flatten"):
@@ -1418,6 +1438,31 @@ def _difference_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> 
             Node(n.name, "add", added[0], added[1], _shape(n))]
 
 
+_DIVISIONS = {operator.truediv, torch.div, torch.true_divide, "div", "true_divide"}
+
+
+def _quotient_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Node] | None:
+    """``x / y`` of two tensors (an L2 normalisation's ``x / x.pow(2).sum(1, keepdim=True).sqrt()``, a hand-written
+    norm's) or ``c / y`` of a number and a tensor: the divisor to the power -1 (torch's reciprocal kernel), then
+    multiplied (by the other tensor, broadcast, or by the number). None for any other division (a tensor over a
+    number: :func:`_by_scalar`)."""
+    if n.op not in ("call_function", "call_method") or n.target not in _DIVISIONS or len(n.args) != 2 \
+            or set(n.kwargs) - {"rounding_mode"} or n.kwargs.get("rounding_mode") is not None:
+        return None
+    first, second = n.args
+    if not _is_tensor(second) or isinstance(first, bool) or not (_is_tensor(first) or isinstance(first, (int, float))):
+        return None
+    taken = {x.name for x in gm.graph.nodes}
+    inverse = next(name for name in (f"{n.name}_{i}" for i in range(1, 99)) if name not in taken)
+    alias[n.name] = n.name
+    if _is_tensor(first):
+        multiplied: tuple[list[str], dict] = ([alias[first.name], inverse], {})
+    else:
+        multiplied = ([inverse], {"scalar": float(first)})
+    return [Node(inverse, "pow", [alias[second.name]], {"exponent": -1.0}, _shape(second)),
+            Node(n.name, "mul", multiplied[0], multiplied[1], _shape(n))]
+
+
 def _sum_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Node]:
     """``x.sum(dims)``, ``torch.sum(x, dims, keepdim)`` (timm's split attention sums over its radix): the mean over
     those dimensions times their elements' count, the same work on the same tensors; over none given (every
@@ -1450,6 +1495,9 @@ def _max_part(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Nod
     difference = _difference_nodes(n, gm, alias)
     if difference is not None:
         return difference
+    quotient = _quotient_nodes(n, gm, alias)
+    if quotient is not None:
+        return quotient
     if n.op != "call_function" or n.target not in (operator.getitem, getattr) or not _is_max_call(n.args[0]):
         return None
     if n.args[1] in (0, "values"):

@@ -104,6 +104,11 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # AlexNet's across-channel normalisation of a [C, H, W] map (torch's LocalResponseNorm, ONNX's LRN):
     # x / (k + alpha * mean of x^2 over ``size`` neighbouring channels, zeros past the ends) ^ beta
     "local_response_norm": ("size", "alpha", "beta", "k"),
+    # elementwise powers: x ** exponent (torch's pow, square; exponent 0.5 is torch's sqrt and -0.5 its rsqrt, which
+    # keep their result for backward where pow keeps its input; a quotient x / y is x times y ** -1), e ** x, |x|
+    "pow": ("exponent",),
+    "exp": (),
+    "abs": (),
 }
 #: Ops whose nodes may hold learnt parameters (:func:`node_params`). Such a node may carry the optional attr
 #: ``shares``: the name of an earlier node of the same op and attrs whose parameters it uses (one layer called
@@ -166,6 +171,7 @@ _NUMBERS: Dict[str, Tuple[Tuple[str, Any, Any], ...]] = {
     "celu": (("alpha", None, None),),
     "local_response_norm": (("alpha", None, None), ("beta", None, None), ("k", None, None)),
     "pad": (("value", None, None),),
+    "pow": (("exponent", None, None),),
 }
 #: Op -> optional attributes no other table here names (a gelu's approximation, a max pool's dilation, Swin V2's
 #: position-bias MLP).

@@ -14,7 +14,8 @@ __all__ = ["shape_problem", "ARITY", "broadcast", "element_count", "image_size_p
 _UNARY = ("relu", "relu6", "hardswish", "sigmoid", "hardsigmoid", "silu", "gelu", "tanh", "identity", "dropout",
           "leaky_relu", "elu", "softplus", "mish",
           "hardtanh",
-          "selu", "celu")
+          "selu", "celu",
+          "pow", "exp", "abs")
 
 #: op -> (fewest, most) inputs; None = no upper bound
 ARITY: Dict[str, Tuple[int, Optional[int]]] = {

@@ -329,6 +329,16 @@ def _pad(x: torch.Tensor, pads: List[int], mode: str, value: float) -> torch.Ten
     return F.pad(x, pads, mode=mode, value=value if mode == "constant" else None)
 
 
+def _power(x: torch.Tensor, exponent: float) -> torch.Tensor:
+    """``x ** exponent``, by torch's kernel of that power: sqrt (0.5) and rsqrt (-0.5) keep their result for
+    backward, pow (any other) its input."""
+    if exponent == 0.5:
+        return torch.sqrt(x)
+    if exponent == -0.5:
+        return torch.rsqrt(x)
+    return x.pow(exponent)
+
+
 def _binary(fn: Callable, scalar_fn: Callable) -> Callable[[List, Dict], Tuple[Callable, Tuple]]:
     def build(args: List, a: Dict) -> Tuple[Callable, Tuple]:
         if "scalar" in a:
@@ -356,6 +366,9 @@ FUNCTION_BUILDERS: Dict[str, Callable[[List, Dict], Tuple[Callable, Tuple]]] = {
     "pad": lambda x, a: (_pad, (x[0], [int(p) for p in a["pads"]], str(a["mode"]), float(a.get("value", 0.0)))),
     "pixel_shuffle": lambda x, a: (torch.pixel_shuffle, (x[0], int(a["upscale_factor"]))),
     "pixel_unshuffle": lambda x, a: (torch.pixel_unshuffle, (x[0], int(a["downscale_factor"]))),
+    "pow": lambda x, a: (_power, (x[0], float(a["exponent"]))),
+    "exp": lambda x, a: (torch.exp, (x[0],)),
+    "abs": lambda x, a: (torch.abs, (x[0],)),
 }
 
 
