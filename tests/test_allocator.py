@@ -378,6 +378,30 @@ def test_allocation_model_writes_down_powers_exp_and_abs_as_traced(call):
     assert _as_replayed(model) == _as_replayed(traced)
 
 
+def test_allocation_model_writes_down_an_eca_gate_s_conv1d_as_traced():
+    """ECA's Conv1d along a pooled map's channels ([N, 1, C], a transposed view): a conv2d of kernel (1, 3) of that
+    view unsqueezed to [N, 1, 1, C], squeezed back; the model's events are the meta trace's."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    class Eca(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1, self.eca, self.fc = nn.Conv2d(3, 16, 3, padding=1), nn.Conv1d(1, 1, 3, padding=1), nn.Linear(16, 2)
+
+        def forward(self, x):
+            x = F.relu(self.c1(x))
+            y = self.eca(F.adaptive_avg_pool2d(x, 1).squeeze(-1).transpose(-1, -2)).transpose(-1, -2).unsqueeze(-1)
+            return self.fc((x * y.sigmoid().expand_as(x)).mean((2, 3)))
+
+    desc = describe(Eca(), [3, 16, 16], "eca")
+    assert next(n for n in desc.nodes if n.name == "eca").attrs["kernel_size"] == [1, 3]
+    model, traced = record_events(desc, 3, steps=2, method="model"), record_events(desc, 3, steps=2, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+
+
 @pytest.mark.parametrize("inplace", [True, False])
 def test_allocation_model_writes_down_a_mish_as_traced(inplace):
     """A mish keeps its input for the backward, a clone of it where it runs in place, as torch runs it; its

@@ -236,3 +236,40 @@ def test_powers_quotients_exp_and_abs_are_described_as_torch_computes_them():
 def test_a_power_by_a_tensor_is_refused_by_name(pattern):
     with pytest.raises(UserError, match="a power of anything but a tensor by a number"):
         describe(_Probe(pattern), SHAPE, name="probe")
+
+
+class _Eca(nn.Module):
+    """ECA-Net's gate as its authors wrote it: y = avgpool(x); conv1d(y.squeeze(-1).transpose(-1, -2)) (kernel k,
+    padding k // 2, no bias), transposed back, unsqueezed, a sigmoid; x * y.expand_as(x)."""
+
+    def __init__(self, conv: nn.Conv1d) -> None:
+        super().__init__()
+        self.conv, self.pool, self.eca = nn.Conv2d(3, 8, 3, padding=1), nn.AdaptiveAvgPool2d(1), conv
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x):
+        x = self.conv(x)
+        y = self.eca(self.pool(x).squeeze(-1).transpose(-1, -2)).transpose(-1, -2).unsqueeze(-1)
+        return self.fc((x * y.sigmoid().expand_as(x)).mean((2, 3)))
+
+
+@pytest.mark.parametrize("conv", [nn.Conv1d(1, 1, 3, padding=1, bias=False), nn.Conv1d(1, 1, 5, padding="same"),
+                                  nn.Conv1d(1, 1, 3, padding=2, dilation=2, bias=False)])
+def test_an_eca_gate_s_conv1d_is_a_conv2d_of_a_one_pixel_high_view(conv):
+    """nn.Conv1d was refused ("module 'eca' of type Conv1d has no description op"): it is the convolution of kernel
+    (1, k) of its [N, C, L] input viewed as [N, C, 1, L], viewed back, as torch runs it; the rebuilt module (its
+    weight [1, 1, 1, k], the Conv1d's [1, 1, k] copied in) computes what ECA's gate does."""
+    ops = _computes_the_same(_Eca(conv))
+    assert ops[ops.index("transpose") + 1:ops.index("transpose") + 4] == ["unsqueeze", "conv2d", "squeeze"]
+    eca = next(n for n in describe(_Eca(conv).eval(), SHAPE, name="eca").nodes if n.name == "eca")
+    k, d = conv.kernel_size[0], conv.dilation[0]
+    assert (eca.attrs["kernel_size"], eca.attrs["padding"], eca.attrs["dilation"]) == ([1, k], [0, d * (k - 1) // 2],
+                                                                                        [1, d])
+    assert eca.output_shape == [1, 1, 8]
+
+
+@pytest.mark.parametrize("conv,words", [(nn.Conv1d(1, 1, 4, padding="same"), "pads one side more"),
+                                        (nn.Conv1d(1, 1, 3, padding=1, padding_mode="circular"), "padding_mode")])
+def test_a_conv1d_a_description_cannot_say_is_refused_by_name(conv, words):
+    with pytest.raises(UserError, match=f"cannot describe node eca .*Conv1d.*{words}"):
+        describe(_Eca(conv), SHAPE, name="eca")

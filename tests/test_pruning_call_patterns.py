@@ -78,3 +78,31 @@ def test_a_one_channel_gate_and_reductions_over_the_channels_leave_the_block_pru
     assert convs["c1"]["out_channels"] < 16 and (convs["spatial"]["in_channels"], convs["spatial"]["out_channels"]) \
         == (2, 1)
     _train_step(desc)
+
+
+class _EcaBlock(nn.Module):
+    """ECA-Net's channel attention on a block: the block's map pooled to [N, C, 1, 1], viewed as [N, 1, C], convolved
+    along its channels by a Conv1d of one channel (kernel 3), viewed back and broadcast over the map as a gate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c0, self.c1 = nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(16, 16, 3, padding=1)
+        self.eca, self.fc = nn.Conv1d(1, 1, 3, padding=1, bias=False), nn.Linear(16, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.c1(torch.relu(self.c0(x))))
+        gate = self.eca(nn.functional.adaptive_avg_pool2d(y, 1).squeeze(-1).transpose(-1, -2))
+        return self.fc((y * torch.sigmoid(gate.transpose(-1, -2).unsqueeze(-1)).expand_as(y)).mean((2, 3)))
+
+
+def test_an_eca_gate_leaves_the_block_prunable() -> None:
+    """An ECA network was refused ("module 'eca' of type Conv1d has no description op"), and torch-pruning, which
+    takes a transpose for an elementwise op, coupled the block's 16 channels with the Conv1d's one: the block stayed
+    whole ("channels torch-pruning's dependency graph does not follow whole"). The block's channels are cut now, the
+    Conv1d keeps its one channel (a conv2d of kernel (1, 3) in the description), and the network trains."""
+    (desc,) = prune_source(Source("eca", "test", _EcaBlock), SHAPE, [40], "l1-norm", 2, seed=0)
+    assert abs(desc.pruning_level - 40) <= 2.0 and "pruning_unpruned_groups" not in desc.extra
+    convs = {n.name: n.attrs for n in desc.nodes if n.op == "conv2d"}
+    assert convs["c1"]["out_channels"] < 16
+    assert (convs["eca"]["in_channels"], convs["eca"]["out_channels"], convs["eca"]["kernel_size"]) == (1, 1, [1, 3])
+    _train_step(desc)

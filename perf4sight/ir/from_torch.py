@@ -1463,6 +1463,39 @@ def _quotient_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> li
             Node(n.name, "mul", multiplied[0], multiplied[1], _shape(n))]
 
 
+def _conv1d_attrs(m: nn.Conv1d) -> dict:
+    """A ``conv2d``'s attrs for ``nn.Conv1d`` ``m`` run on its input viewed as [N, C, 1, L]: a kernel of (1, k), the
+    stride, padding and dilation along the width; ``ValueError`` for a padding other than with zeros or a 'same' one
+    that pads one side more."""
+    if m.padding_mode != "zeros":
+        raise ValueError(f"a Conv1d with padding_mode='{m.padding_mode}' has no description op; pad with zeros")
+    (k,), (d,) = m.kernel_size, m.dilation
+    if m.padding == "same" and d * (k - 1) % 2:
+        raise ValueError(f"a Conv1d with padding='same' and kernel {k} (dilation {d}) pads one side more than the "
+                         "other, which a description cannot say; give the padding as a number")
+    p = 0 if m.padding == "valid" else d * (k - 1) // 2 if m.padding == "same" else int(m.padding[0])
+    return {"in_channels": m.in_channels, "out_channels": m.out_channels, "kernel_size": [1, int(k)],
+            "stride": [1, int(m.stride[0])], "padding": [0, p], "dilation": [1, int(d)], "groups": m.groups,
+            "bias": m.bias is not None}
+
+
+def _conv1d_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Node] | None:
+    """``nn.Conv1d`` over a [N, C, L] tensor (ECA-Net's gate: a convolution along the channels of a pooled map, viewed
+    as [N, 1, C]), as torch runs it: its input viewed as [N, C, 1, L], a ``conv2d`` of kernel (1, k) named after the
+    layer, and its output viewed back as [N, C', L']. None for any other node."""
+    if n.op != "call_module" or not isinstance(gm.get_submodule(n.target), nn.Conv1d):
+        return None
+    attrs = _conv1d_attrs(gm.get_submodule(n.target))
+    (c, length), (c_out, out_length) = _shape(n.args[0]), _shape(n)
+    taken = {x.name for x in gm.graph.nodes}
+    viewed, back = (next(name for name in (f"{n.name}_{what}_{i}" for i in range(1, 99)) if name not in taken)
+                    for what in ("2d", "1d"))
+    alias[n.name] = back
+    return [Node(viewed, "unsqueeze", [alias[n.args[0].name]], {"dim": 2}, [c, 1, length]),
+            Node(n.name, "conv2d", [viewed], attrs, [c_out, 1, out_length]),
+            Node(back, "squeeze", [n.name], {"dim": 2}, [c_out, out_length])]
+
+
 def _sum_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Node]:
     """``x.sum(dims)``, ``torch.sum(x, dims, keepdim)`` (timm's split attention sums over its radix): the mean over
     those dimensions times their elements' count, the same work on the same tensors; over none given (every
@@ -1498,6 +1531,9 @@ def _max_part(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Nod
     quotient = _quotient_nodes(n, gm, alias)
     if quotient is not None:
         return quotient
+    convolved = _conv1d_nodes(n, gm, alias)
+    if convolved is not None:
+        return convolved
     if n.op != "call_function" or n.target not in (operator.getitem, getattr) or not _is_max_call(n.args[0]):
         return None
     if n.args[1] in (0, "values"):

@@ -293,6 +293,35 @@ def _uncouple_channel_changes(module2node: dict[Any, Any]) -> None:
                 source.outputs.remove(node)
 
 
+def _swaps_channels_away(node: Any) -> bool:
+    """Whether torch-pruning's ``node`` is a transpose of a ``[N, C, L]`` tensor that moves its channels to the last
+    dimension (``[N, L, C]``), or back."""
+    if not node.grad_fn.name().startswith("TransposeBackward"):
+        return False
+    made = _made_shape(node.grad_fn, 0)
+    sources = [_made_shape(fn, nr) for fn, nr in node.grad_fn.next_functions if fn is not None]
+    return made is not None and len(made) == 3 and len(sources) == 1 and sources[0] == (made[0], made[2], made[1]) \
+        and made[1] != made[2]
+
+
+def _uncouple_convolutions_along_channels(module2node: dict[Any, Any]) -> None:
+    """Cut the edges of torch-pruning's graph between a ``Conv1d`` and a transpose that swaps a map's channels with
+    its length (ECA-Net's gate: a pooled ``[N, C]`` map, ``[N, 1, C]``, convolved along its channels by a ``Conv1d``
+    of one channel, transposed back and broadcast over the block's map). torch-pruning took the transpose for an
+    elementwise op: it coupled the block's channels with the convolution's single channel, their group could lose
+    none, and the block stayed whole; the convolution runs on any number of channels."""
+    for node in module2node.values():
+        if node.type != tp.ops.OPTYPE.ELEMENTWISE or not hasattr(node.grad_fn, "name") \
+                or not _swaps_channels_away(node):
+            continue
+        for other in [i for i in node.inputs if isinstance(i.module, nn.Conv1d)]:
+            node.inputs.remove(other)
+            other.outputs.remove(node)
+        for other in [o for o in node.outputs if isinstance(o.module, nn.Conv1d)]:
+            node.outputs.remove(other)
+            other.inputs.remove(node)
+
+
 def _known_concat_sizes(module2node: dict[Any, Any]) -> None:
     """Give each concatenation of channels in torch-pruning's graph the channels of its inputs as the forward made
     them. torch-pruning infers them by walking back to a layer, and an input cut off by
@@ -313,6 +342,7 @@ class _DependencyGraph(tp.DependencyGraph):
     def _trace(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
         module2node = super()._trace(*args, **kwargs)
         _uncouple_channel_changes(module2node)
+        _uncouple_convolutions_along_channels(module2node)
         _known_concat_sizes(module2node)
         return module2node
 
