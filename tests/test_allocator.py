@@ -378,6 +378,22 @@ def test_allocation_model_writes_down_powers_exp_and_abs_as_traced(call):
     assert _as_replayed(model) == _as_replayed(traced)
 
 
+def test_allocation_model_writes_down_a_selective_kernel_s_stack_and_unbind_as_traced():
+    """SKNet's stacked branches (unsqueezes concatenated), weighted by a softmax over them and summed, and an unbind's
+    pieces (selects): the model's events are the meta trace's."""
+    import sys
+    from pathlib import Path
+
+    from perf4sight.ir.from_torch import describe
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_ir_call_patterns import _SelectiveKernel
+
+    desc = describe(_SelectiveKernel(), [3, 16, 16], "sk")
+    model, traced = record_events(desc, 3, steps=2, method="model"), record_events(desc, 3, steps=2, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+
+
 def test_allocation_model_writes_down_an_eca_gate_s_conv1d_as_traced():
     """ECA's Conv1d along a pooled map's channels ([N, 1, C], a transposed view): a conv2d of kernel (1, 3) of that
     view unsqueezed to [N, 1, 1, C], squeezed back; the model's events are the meta trace's."""

@@ -273,3 +273,48 @@ def test_an_eca_gate_s_conv1d_is_a_conv2d_of_a_one_pixel_high_view(conv):
 def test_a_conv1d_a_description_cannot_say_is_refused_by_name(conv, words):
     with pytest.raises(UserError, match=f"cannot describe node eca .*Conv1d.*{words}"):
         describe(_Eca(conv), SHAPE, name="eca")
+
+
+class _SelectiveKernel(nn.Module):
+    """SKNet's selective kernel: two branches stacked (torch.stack(..., 1): [N, 2, C, H, W]), summed, squeezed to
+    an attention per branch and channel (a softmax over the branches), the stacked branches weighted and summed;
+    then torch.unbind's pieces of the stack, added."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.b1, self.b2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1), nn.Conv2d(
+            8, 8, 3, padding=2, dilation=2)
+        self.squeeze, self.select, self.fc = nn.Conv2d(8, 4, 1), nn.Conv2d(4, 16, 1), nn.Linear(8, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        feats = torch.stack([self.b1(x), self.b2(x)], dim=1)
+        attention = self.select(torch.relu(self.squeeze(feats.sum(1).mean((2, 3), keepdim=True))))
+        y = (feats * attention.view(x.shape[0], 2, 8, 1, 1).softmax(1)).sum(1)
+        first, second = torch.unbind(torch.stack([y, y * 2], -1), -1)
+        return self.fc((first + second).mean((2, 3)))
+
+
+def test_a_stack_and_its_unbind_are_unsqueezes_concatenated_and_selects():
+    """torch.stack and torch.unbind were refused ("call_function 'stack' has no description op"): a stack is each
+    tensor unsqueezed at its dim, concatenated along it (torch's own stack), an unbind's pieces are selects (views)."""
+    ops = _computes_the_same(_SelectiveKernel())
+    assert ops.count("cat") == 2 and ops.count("unsqueeze") == 4 and ops.count("select") == 2
+
+
+@pytest.mark.parametrize("pattern,words", [
+    (lambda s, y: torch.stack([y, y], 0).mean(0), "a stack along the batch dimension"),
+    (lambda s, y: sum(torch.unbind(y, 0)).expand_as(y) * y, "an unbind along the batch dimension"),
+])
+def test_a_stack_or_unbind_of_the_batch_is_refused_by_name(pattern, words):
+    with pytest.raises(UserError, match=words):
+        describe(_Probe(pattern), SHAPE, name="probe")
+
+
+@pytest.mark.parametrize("pattern", [lambda s, y: y.mean(1, keepdim=True).repeat(1, 8, 1, 1) * y,
+                                     lambda s, y: torch.tile(y.mean(1, keepdim=True), (1, 8, 1, 1)) + y])
+def test_a_repeat_is_refused_naming_the_expand_that_describes_it(pattern):
+    """x.repeat(1, c, 1, 1) was refused as "call_method 'repeat' has no description op": the refusal now says what
+    the copy is and that an expand, which a broadcasting add or multiply reads, describes the same."""
+    with pytest.raises(UserError, match=r"(repeat|tile) \(a copy of the tensor tiled\).*x.expand_as\(y\)"):
+        describe(_Probe(pattern), SHAPE, name="probe")

@@ -496,6 +496,15 @@ for _key in (operator.pow, torch.pow, "pow"):
 for _key, _exponent in ((torch.square, 2.0), ("square", 2.0), (torch.sqrt, 0.5), ("sqrt", 0.5), (torch.rsqrt, -0.5),
                         ("rsqrt", -0.5)):
     FUNCTION_OPS[_key] = (lambda e: lambda n: ("pow", {"exponent": e}))(_exponent)
+def _repeat(n: fx.Node) -> tuple[str, dict]:
+    """``x.repeat(...)``, ``x.tile(...)``: refused, naming what describes a tiling read by a broadcasting op."""
+    raise ValueError(f"a {n.target if isinstance(n.target, str) else n.target.__name__} (a copy of the tensor tiled) "
+                     "has no description op; where an add or multiply reads it, x.expand(...) or x.expand_as(y) "
+                     "broadcasts the same without the copy")
+
+
+for _key in ("repeat", "tile", torch.tile):
+    FUNCTION_OPS[_key] = _repeat
 for _key in (operator.neg, torch.neg, "neg"):  # -x: x times -1
     FUNCTION_OPS[_key] = lambda n: ("mul", {"scalar": -1.0})
 for _key, _op in ((torch.exp, "exp"), ("exp", "exp"), (torch.abs, "abs"), ("abs", "abs"), (operator.abs, "abs")):
@@ -1496,6 +1505,27 @@ def _conv1d_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list
             Node(back, "squeeze", [n.name], {"dim": 2}, [c_out, out_length])]
 
 
+def _stack_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Node] | None:
+    """``torch.stack(tensors, dim)`` (SKNet's branches stacked for a softmax over them) as torch computes it: each
+    tensor unsqueezed at ``dim`` (a view), then concatenated along it; ``ValueError`` for a stack along the batch
+    dimension. None for any other node."""
+    if n.op != "call_function" or n.target is not torch.stack:
+        return None
+    tensors, dim = _arg(n, 0, "tensors"), _arg(n, 1, "dim", 0)
+    out = _shape(n)
+    if not isinstance(tensors, (list, tuple)) or not all(_is_tensor(t) for t in tensors) or out is None:
+        raise ValueError("a stack of anything but a list of tensors has no description op")
+    dim = int(dim) % (len(out) + 1)
+    if dim == 0:
+        raise ValueError("a stack along the batch dimension (dim 0) has no description op")
+    taken = {x.name for x in gm.graph.nodes}
+    names = iter(name for name in (f"{n.name}_{i}" for i in range(1, 999)) if name not in taken)
+    unsqueezed = [Node(next(names), "unsqueeze", [alias[t.name]], {"dim": dim}, out[:dim - 1] + [1] + out[dim:])
+                  for t in tensors]
+    alias[n.name] = n.name
+    return unsqueezed + [Node(n.name, "cat", [u.name for u in unsqueezed], {"dim": dim}, out)]
+
+
 def _sum_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Node]:
     """``x.sum(dims)``, ``torch.sum(x, dims, keepdim)`` (timm's split attention sums over its radix): the mean over
     those dimensions times their elements' count, the same work on the same tensors; over none given (every
@@ -1534,6 +1564,9 @@ def _max_part(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Nod
     convolved = _conv1d_nodes(n, gm, alias)
     if convolved is not None:
         return convolved
+    stacked = _stack_nodes(n, gm, alias)
+    if stacked is not None:
+        return stacked
     if n.op != "call_function" or n.target not in (operator.getitem, getattr) or not _is_max_call(n.args[0]):
         return None
     if n.args[1] in (0, "values"):
@@ -1654,9 +1687,25 @@ def _getitem(n: fx.Node, alias: dict[str, str]) -> Node | None:
     # a tuple of tensors from chunk/split (TensorMetadata is itself a named tuple: indexing a tensor is not this
     # case); another op's tuple, such as a module's (output, state), has no description
     if not isinstance(index, int) or not isinstance(meta, (tuple, list)) or hasattr(meta, "shape") \
-            or not hasattr(meta[index], "shape") or source.target not in _SPLITS:
+            or not hasattr(meta[index], "shape") or source.target not in _SPLITS | _UNBINDS:
         return None
+    if source.target in _UNBINDS:
+        return _unbound_piece(source, index, n.name, alias)
     return _split_piece(source, index, n.name, alias)
+
+
+_UNBINDS = {torch.unbind, "unbind"}
+
+
+def _unbound_piece(unbind: fx.Node, index: int, name: str, alias: dict[str, str]) -> Node:
+    """Piece ``index`` of the unbind node ``unbind`` (``torch.unbind(x, 1)``, SKNet's branches taken apart) as a
+    ``select`` node called ``name``, the view torch's unbind makes; ``ValueError`` for an unbind of the batch."""
+    source = unbind.args[0]
+    dim = int(_arg(unbind, 1, "dim", 0)) % len(source.meta["tensor_meta"].shape)
+    if dim == 0:
+        raise ValueError("an unbind along the batch dimension (dim 0) has no description op")
+    return Node(name, "select", [alias[source.name]], {"dim": dim, "index": index},
+                list(unbind.meta["tensor_meta"][index].shape)[1:])
 
 
 def _split_piece(split: fx.Node, index: int, name: str, alias: dict[str, str]) -> Node:
