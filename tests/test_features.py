@@ -915,3 +915,15 @@ def test_powers_exp_and_abs_keep_what_torch_s_backward_reads(op, attrs, saved, f
     c = _cost(Node("p", op, ["x"], attrs, [4, 8, 8]), [[4, 8, 8]])
     assert c.saved == [OUTPUT if s == "output" else s for s in saved]
     assert (c.flops_fwd, c.flops_bwd, c.kernels_fwd, c.kernels_bwd) == (flops * 256, bwd_flops * 256, 1, bwd_kernels)
+
+
+
+def test_powers_exp_and_abs_count_as_activations_in_perf4sight_s_features():
+    """An elementwise function of one tensor (pow, exp, abs) counts its output's elements as an activation's."""
+    from perf4sight.features.perf4sight_set import PERF4SIGHT_FEATURES, perf4sight_vectors
+
+    col = PERF4SIGHT_FEATURES.index("act_elems")
+    base = [Node("input", "input", [], {}, [4, 8, 8]), _conv("c", "input", 4, 4, 1, 1, 8)]
+    plain = perf4sight_vectors(_desc(base))[1][col]
+    for op, attrs in (("pow", {"exponent": 2.0}), ("exp", {}), ("abs", {})):
+        assert perf4sight_vectors(_desc(base + [Node("a", op, ["c"], attrs, [4, 8, 8])]))[1][col] == plain + 256

@@ -210,3 +210,16 @@ def test_prelu_dropout2d_and_log_softmax_kernels(op, attrs, backward):
     assert table.param_tensors - plain.param_tensors == (op == "prelu")  # its slopes, updated as the conv's weight
     updates = (op == "prelu") * optimizer_cost(DEFAULT_OPTIMIZER).kernels_per_tensor
     assert table.launches == plain.launches + 1 + backward + updates and _PASSES[op][2] == backward
+
+
+@pytest.mark.parametrize("op, attrs, backward", [("pow", {"exponent": 3.0}, 3), ("pow", {"exponent": -0.5}, 3),
+                                                 ("pow", {"exponent": 0.5}, 2), ("abs", {}, 2), ("exp", {}, 1)])
+def test_powers_abs_and_exp_kernels(op, attrs, backward):
+    """A power's backward is three kernels (x ** (p - 1), times p, times the gradient; rsqrt's of its result), a
+    square root's two (2 * result, the gradient over it), abs's two (sgn, times the gradient), exp's one; each is one
+    kernel forward."""
+    conv = _conv("c", "input", 4, 4, 1, 1, 8)
+    plain = kernel_table(_desc([Node("input", "input", [], {}, [4, 8, 8]), conv]))
+    table = kernel_table(_desc([Node("input", "input", [], {}, [4, 8, 8]), conv,
+                                Node("a", op, ["c"], attrs, [4, 8, 8])]))
+    assert table.launches == plain.launches + 1 + backward

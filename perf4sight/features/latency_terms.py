@@ -299,7 +299,13 @@ _PASSES: dict[str, tuple[float, float, int]] = {
     **dict.fromkeys(("maxpool2d", "adaptivemaxpool2d", "interpolate"), (1.0, 3.0, 2)),  # backward: zero + scatter
     # a copy each way (a constant pad's backward copies the gradient's middle out; a shuffle's is an unshuffle)
     **dict.fromkeys(("pad", "pixel_shuffle", "pixel_unshuffle"), (1.0, 1.0, 1)),
+    # backward: x ** (p - 1) (a read, a write), times p (the same), times the gradient (two reads, a write); rsqrt's
+    # the same of its result (result ** 3, -0.5 * grad, their product)
+    "pow": (1.0, 7.0, 3),
+    "abs": (1.0, 5.0, 2),  # backward: sgn(x), then times the gradient
 }
+#: A square root's: backward 2 * result, then the gradient over it.
+_SQRT_PASSES = (1.0, 5.0, 2)
 #: A reflection or replication pad's: its backward zeroes the input's gradient, then adds each output pixel's onto
 #: the input pixel it came from.
 _BORDER_PAD_PASSES = (1.0, 2.0, 2)
@@ -387,6 +393,8 @@ def _passes(node: Node) -> tuple[float, float, int]:
         return _circular_pad_passes(node)
     if node.op == "pad" and node.attrs["mode"] != "constant":
         return _BORDER_PAD_PASSES
+    if node.op == "pow" and float(node.attrs["exponent"]) == 0.5:
+        return _SQRT_PASSES
     return _PASSES.get(node.op, _DEFAULT_PASSES)
 
 
