@@ -106,3 +106,28 @@ def test_an_eca_gate_leaves_the_block_prunable() -> None:
     assert convs["c1"]["out_channels"] < 16
     assert (convs["eca"]["in_channels"], convs["eca"]["out_channels"], convs["eca"]["kernel_size"]) == (1, 1, [1, 3])
     _train_step(desc)
+
+
+class _NormalisedGem(nn.Module):
+    """A retrieval network's head: the block's map L2-normalised over its channels (x / x.pow(2).sum(1, keepdim=True)
+    .sqrt()), GeM-pooled (x.clamp(min=eps).pow(3).mean((2, 3)).pow(1 / 3)), then the classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c0, self.c1, self.fc = nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(16, 16, 3, padding=1), nn.Linear(16,
+                                                                                                                CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.c1(torch.relu(self.c0(x)))
+        y = y / y.pow(2).sum(1, keepdim=True).sqrt()
+        return self.fc(y.clamp(min=1e-6).pow(3.0).mean((2, 3)).pow(1 / 3.0))
+
+
+def test_an_l2_normalised_gem_head_leaves_the_block_prunable() -> None:
+    """The powers, the quotient by the channels' norm (a broadcast of one channel) and the sum over the channels leave
+    the block's channels prunable: both convolutions are cut, nothing stays whole, and the network trains."""
+    (desc,) = prune_source(Source("gem", "test", _NormalisedGem), SHAPE, [40], "l1-norm", 2, seed=0)
+    assert abs(desc.pruning_level - 40) <= 2.0 and "pruning_unpruned_groups" not in desc.extra
+    convs = {n.name: n.attrs["out_channels"] for n in desc.nodes if n.op == "conv2d"}
+    assert convs["c0"] < 16 and convs["c1"] < 16 and {"pow", "mean", "mul"} <= {n.op for n in desc.nodes}
+    _train_step(desc)
