@@ -909,10 +909,11 @@ def test_prelu_dropout2d_and_log_softmax_keep_what_autograd_keeps():
     ("pow", {"exponent": -0.5}, ["output"], 1, 4, 3),  # rsqrt: -0.5 * grad * result ** 3
     ("exp", {}, ["output"], 1, 1, 1),
     ("abs", {}, [0], 1, 2, 2),                     # grad * sgn(x)
+    ("div", {}, [0, 1], 1, 5, 5),                  # grad / y; -grad * (x / y) / y
 ])
 def test_powers_exp_and_abs_keep_what_torch_s_backward_reads(op, attrs, saved, flops, bwd_flops, bwd_kernels):
     from perf4sight.features.formulas import OUTPUT
-    c = _cost(Node("p", op, ["x"], attrs, [4, 8, 8]), [[4, 8, 8]])
+    c = _cost(Node("p", op, ["x", "y"][:1 + (op == "div")], attrs, [4, 8, 8]), [[4, 8, 8]] * (1 + (op == "div")))
     assert c.saved == [OUTPUT if s == "output" else s for s in saved]
     assert (c.flops_fwd, c.flops_bwd, c.kernels_fwd, c.kernels_bwd) == (flops * 256, bwd_flops * 256, 1, bwd_kernels)
 
@@ -927,3 +928,6 @@ def test_powers_exp_and_abs_count_as_activations_in_perf4sight_s_features():
     plain = perf4sight_vectors(_desc(base))[1][col]
     for op, attrs in (("pow", {"exponent": 2.0}), ("exp", {}), ("abs", {})):
         assert perf4sight_vectors(_desc(base + [Node("a", op, ["c"], attrs, [4, 8, 8])]))[1][col] == plain + 256
+    add = PERF4SIGHT_FEATURES.index("add_elems")  # a quotient of two tensors, with the adds and multiplies
+    assert perf4sight_vectors(_desc(base + [Node("a", "div", ["c", "c"], {}, [4, 8, 8])]))[1][add] == \
+        perf4sight_vectors(_desc(base + [Node("a", "mul", ["c", "c"], {}, [4, 8, 8])]))[1][add] > 0

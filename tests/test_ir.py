@@ -1306,7 +1306,7 @@ def test_a_tensor_less_or_over_a_number_and_a_cast_to_float32_are_described():
     float): they are an add and a multiply by a number and the tensor itself; what they are not is named."""
     for scaling, scalars in (("operators", [("add", -0.5), ("mul", 4.0)]), ("methods", [("add", -2.0), ("mul", 0.25)]),
                              ("number minus tensor", [("mul", -1.0), ("add", 1.0)]),  # the tensor negated, added
-                             ("tensor by tensor", [("add", 1.0)])):  # times the divisor to the power -1
+                             ("tensor by tensor", [("add", 1.0)])):  # and a div
         module = _Scaled(scaling).eval()
         desc = describe(module, [3, 8, 8], scaling)
         assert [(n.op, n.attrs["scalar"]) for n in desc.nodes if "scalar" in n.attrs] == scalars

@@ -94,7 +94,7 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "conv_transpose2d", "instancenorm", "hardtanh", "softmax", "pad", "pixel_shuffle",
                      "pixel_unshuffle", "log_softmax", "prelu", "dropout2d",
                      "selu", "celu",
-                     "pow", "exp", "abs"})
+                     "pow", "exp", "abs", "div"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
                 "gelu": ("gelu", "input"), "sigmoid": ("sigmoid", "result"), "tanh": ("tanh", "result"),
@@ -108,7 +108,7 @@ _VIEWS = {"reshape", "flatten", "squeeze", "unsqueeze"}
 #: Ops that take a strided (non-contiguous) input as it is; any other op on one is not covered,
 #: except elementwise ones on inputs whose dimensions keep their order (their output is contiguous).
 _TAKE_STRIDED = {"conv2d", "conv_transpose2d", "cat", "identity", "transpose", "narrow", "select"} | _VIEWS
-_ELEMENTWISE = {"add", "mul", "pow", "exp", "abs"} | set(_ACTIVATIONS)
+_ELEMENTWISE = {"add", "mul", "div", "pow", "exp", "abs"} | set(_ACTIVATIONS)
 
 
 def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -213,7 +213,8 @@ class _GradFn:
     out_shape: tuple[int, ...] = ()              # the output's shape (with the batch)
     dims: tuple[int, int] = (0, 0)               # a transpose's two dimensions
     scratch: list[tuple[int, str]] | None = None  # temporaries: (bytes, aten op), in allocation order
-    # temporaries allocated before the gradients (a pow's x ** (p - 1), then its times p), freed once they are
+    # temporaries allocated before the gradients (a pow's x ** (p - 1), then its times p), freed once the first
+    # gradient is allocated
     before: list[tuple[int, str]] | None = None
     then: str = "aten.sum.dim_IntList"           # the op that makes a gradient from a full one
 
@@ -698,6 +699,23 @@ def _combine(ctx: _OpContext) -> _Value:
     return _Value(sid, nbytes, ctx.grad_fn(saved, edges, sizes, ["aten.mul.Tensor"] * 2, [1, 0], full))
 
 
+def _quotient(ctx: _OpContext) -> _Value:
+    """x / y of two tensors, broadcast: its output; it keeps y, and x where y needs a gradient. Backward, y's gradient
+    first (torch's -grad * ((x / y) / y): x / y, over y, -grad, their product), then x's (grad / y); a broadcast
+    input's summed down to its shape."""
+    n, ins, nbytes = ctx.node, ctx.inputs, ctx.nbytes
+    if len(set(n.inputs)) != len(n.inputs):
+        raise NotCovered("div of a value with itself")
+    x, y = ins
+    sid = ctx.alloc("div.Tensor")
+    full = [nbytes if shape != n.output_shape else None for shape in ctx.in_shapes]
+    before = [(nbytes, "aten.div.Tensor"), (nbytes, "aten.div.Tensor"), (nbytes, "aten.neg.default")] \
+        if y.fn is not None else []
+    saved = ([x.sid] if y.fn is not None else []) + [y.sid]
+    return _Value(sid, nbytes, ctx.grad_fn(saved, [_edge(x), _edge(y)], [x.nbytes, y.nbytes],
+                                           ["aten.div.Tensor", "aten.mul.Tensor"], [1, 0], full, before=before))
+
+
 def _view_op(ctx: _OpContext) -> _Value:
     """reshape, flatten, squeeze, unsqueeze, transpose, select, narrow, identity: views of the input's
     storage (a reshape no view can express: a contiguous copy)."""
@@ -748,6 +766,7 @@ _HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
                      "conv_transpose2d"), _with_parameters),
     **dict.fromkeys(("relu", "relu6", "dropout", *_ACTIVATIONS), _activation),
     **dict.fromkeys(("pow", "exp", "abs"), _maths),
+    "div": _quotient,
     **dict.fromkeys(("maxpool2d", "adaptivemaxpool2d", "avgpool2d", "adaptiveavgpool2d", "mean"), _pooling),
     **dict.fromkeys(("add", "mul", "cat"), _combine),
     "interpolate": _interpolate,
@@ -868,8 +887,9 @@ def _backward(fns: list[_GradFn], root: int, mem: _Memory) -> dict[int, int]:
                 outs[j] = (mem.new(fn.full[j] or fn.sizes[j], fn.kernels[j]), None)
             else:
                 outs[j] = _handoff(fn, j, incoming, strides, mem)
-        for sid in ahead:
-            mem.drop(sid)
+            for sid in ahead:
+                mem.drop(sid)
+            ahead = []
         temporaries = [mem.new(size, kernel) for size, kernel in fn.scratch or []]
         for sid in temporaries:
             mem.drop(sid)

@@ -376,6 +376,15 @@ def _power(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     return _backward_kernels(_pointwise(flops, saves, bwd_flops), bwd_kernels)(node, in_shapes, first)
 
 
+def _quotient(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """x / y: 1 FLOP an output element; it keeps both inputs. Backward (torch's): x's gradient grad / y (1), y's
+    -grad * (x / y) / y (4: two divides, a negate, a multiply), in 5 kernels."""
+    n = numel(node.output_shape)
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    return OpCost(flops_fwd=float(n), flops_bwd=5.0 * n, bytes_read=rd, bytes_written=wr, saved=[0, 1], kernels_fwd=1,
+                  kernels_bwd=5, kind="elementwise")
+
+
 def _backward_kernels(handler: Handler, kernels: int) -> Handler:
     """``handler``'s costs with a backward of ``kernels`` kernels."""
     def counted(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
@@ -638,6 +647,7 @@ HANDLERS: dict[str, Handler] = {
     "prelu": _prelu,
     "dropout2d": _dropout2d,
     "pow": _power,
+    "div": _quotient,
     # e ** x: 1 FLOP an element; backward grad * result (1), it keeps its result
     "exp": _pointwise(1, [OUTPUT], 1),
     # |x|: 1; backward grad * sgn(x) (2 in 2 kernels), it keeps its input

@@ -303,6 +303,8 @@ _PASSES: dict[str, tuple[float, float, int]] = {
     # the same of its result (result ** 3, -0.5 * grad, their product)
     "pow": (1.0, 7.0, 3),
     "abs": (1.0, 5.0, 2),  # backward: sgn(x), then times the gradient
+    # backward: grad / y; x / y, over y again, -grad, their product (two reads and a write each but the negate's)
+    "div": (1.0, 14.0, 5),
 }
 #: A square root's: backward 2 * result, then the gradient over it.
 _SQRT_PASSES = (1.0, 5.0, 2)

@@ -92,7 +92,7 @@ ONNX_TO_OP: dict[str, str] = {
     "Selu": "selu", "Celu": "celu",
     "LRN": "local_response_norm",
     # ONNX's Pow (its exponent a second input: here an arg, as this tool writes it), Exp and Abs
-    "Pow": "pow", "Exp": "exp", "Abs": "abs",
+    "Pow": "pow", "Exp": "exp", "Abs": "abs", "Div": "div",
 }
 #: Our op -> ONNX op type. Five of ours share a type with another: ``permute`` is a ``Transpose`` of more than two
 #: axes; ``scale``, ``shift`` and ``token`` are a ``Mul``, an ``Add`` and a ``Concat`` with a learnt tensor (an ONNX

@@ -1452,24 +1452,21 @@ _DIVISIONS = {operator.truediv, torch.div, torch.true_divide, "div", "true_divid
 
 def _quotient_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Node] | None:
     """``x / y`` of two tensors (an L2 normalisation's ``x / x.pow(2).sum(1, keepdim=True).sqrt()``, a hand-written
-    norm's) or ``c / y`` of a number and a tensor: the divisor to the power -1 (torch's reciprocal kernel), then
-    multiplied (by the other tensor, broadcast, or by the number). None for any other division (a tensor over a
-    number: :func:`_by_scalar`)."""
+    norm's): the op div, broadcast; ``c / y`` of a number and a tensor as torch computes it: the divisor's reciprocal
+    (the power -1), times the number. None for any other division (a tensor over a number: :func:`_by_scalar`)."""
     if n.op not in ("call_function", "call_method") or n.target not in _DIVISIONS or len(n.args) != 2 \
             or set(n.kwargs) - {"rounding_mode"} or n.kwargs.get("rounding_mode") is not None:
         return None
     first, second = n.args
     if not _is_tensor(second) or isinstance(first, bool) or not (_is_tensor(first) or isinstance(first, (int, float))):
         return None
-    taken = {x.name for x in gm.graph.nodes}
-    inverse = next(name for name in (f"{n.name}_{i}" for i in range(1, 99)) if name not in taken)
     alias[n.name] = n.name
     if _is_tensor(first):
-        multiplied: tuple[list[str], dict] = ([alias[first.name], inverse], {})
-    else:
-        multiplied = ([inverse], {"scalar": float(first)})
+        return [Node(n.name, "div", [alias[first.name], alias[second.name]], {}, _shape(n))]
+    taken = {x.name for x in gm.graph.nodes}
+    inverse = next(name for name in (f"{n.name}_{i}" for i in range(1, 99)) if name not in taken)
     return [Node(inverse, "pow", [alias[second.name]], {"exponent": -1.0}, _shape(second)),
-            Node(n.name, "mul", multiplied[0], multiplied[1], _shape(n))]
+            Node(n.name, "mul", [inverse], {"scalar": float(first)}, _shape(n))]
 
 
 def _conv1d_attrs(m: nn.Conv1d) -> dict:

@@ -105,10 +105,12 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # x / (k + alpha * mean of x^2 over ``size`` neighbouring channels, zeros past the ends) ^ beta
     "local_response_norm": ("size", "alpha", "beta", "k"),
     # elementwise powers: x ** exponent (torch's pow, square; exponent 0.5 is torch's sqrt and -0.5 its rsqrt, which
-    # keep their result for backward where pow keeps its input; a quotient x / y is x times y ** -1), e ** x, |x|
+    # keep their result for backward where pow keeps its input; a number over a tensor, c / y, is y ** -1 times c),
+    # e ** x, |x|
     "pow": ("exponent",),
     "exp": (),
     "abs": (),
+    "div": (),  # the first input over the second, broadcast (torch's x / y of two tensors; x / c is mul's scalar 1 / c)
 }
 #: Ops whose nodes may hold learnt parameters (:func:`node_params`). Such a node may carry the optional attr
 #: ``shares``: the name of an earlier node of the same op and attrs whose parameters it uses (one layer called

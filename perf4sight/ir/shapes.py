@@ -19,7 +19,7 @@ _UNARY = ("relu", "relu6", "hardswish", "sigmoid", "hardsigmoid", "silu", "gelu"
 
 #: op -> (fewest, most) inputs; None = no upper bound
 ARITY: Dict[str, Tuple[int, Optional[int]]] = {
-    "input": (0, 0), "add": (1, 2), "mul": (1, 2), "cat": (1, None),  # add/mul: two tensors, or one and a scalar
+    "input": (0, 0), "add": (1, 2), "mul": (1, 2), "div": (2, 2), "cat": (1, None),  # add/mul: two tensors, or one and a scalar
     **{op: (1, 1) for op in _UNARY + ("conv2d", "batchnorm2d", "linear", "maxpool2d", "avgpool2d",
                                       "adaptiveavgpool2d", "adaptivemaxpool2d", "reshape", "flatten", "squeeze",
                                       "unsqueeze", "select", "narrow", "transpose", "mean", "permute",
@@ -162,7 +162,7 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
         if not x or x[-1] != a["in_features"]:
             return f"in_features {a['in_features']} but its input has shape {x}"
         return x[:-1] + [a["out_features"]]
-    if op in ("add", "mul"):
+    if op in ("add", "mul", "div"):
         if len(ins) == 1:
             return x if "scalar" in a else "takes two inputs, or one and a 'scalar' attr"
         return broadcast(ins[0], ins[1]) or f"cannot combine inputs of shapes {ins[0]} and {ins[1]}"
