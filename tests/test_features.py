@@ -907,6 +907,7 @@ def test_prelu_dropout2d_and_log_softmax_keep_what_autograd_keeps():
     ("pow", {"exponent": 2.0}, [0], 1, 3, 3),     # x * x
     ("pow", {"exponent": 0.5}, ["output"], 1, 2, 2),   # sqrt: grad / (2 * result), keeps its result
     ("pow", {"exponent": -0.5}, ["output"], 1, 4, 3),  # rsqrt: -0.5 * grad * result ** 3
+    ("pow", {"exponent": -1.0}, ["output"], 1, 3, 3),  # reciprocal: -grad * result ** 2
     ("exp", {}, ["output"], 1, 1, 1),
     ("abs", {}, [0], 1, 2, 2),                     # grad * sgn(x)
     ("div", {}, [0, 1], 1, 5, 5),                  # grad / y; -grad * (x / y) / y

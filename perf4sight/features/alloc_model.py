@@ -517,6 +517,8 @@ _MATHS_KERNELS = {
     "exp": ("exp.default", "result", (), "aten.mul.Tensor"),  # grad * result
     "abs": ("abs.default", "input", ("aten.sgn.default",), "aten.mul.Tensor"),  # grad * sgn(x)
     0.5: ("sqrt.default", "result", ("aten.mul.Scalar",), "aten.div.Tensor"),  # grad / (2 * result)
+    -1.0: ("reciprocal.default", "result", ("aten.mul.Tensor", "aten.neg.default"), "aten.mul.Tensor"),  # -grad *
+    # result ** 2
     -0.5: ("rsqrt.default", "result", ("aten.pow.Tensor_Scalar", "aten.mul.Scalar"), "aten.mul.Tensor"),  # (-0.5 *
     # grad) * result ** 3
     "pow": ("pow.Tensor_Scalar", "input", ("aten.pow.Tensor_Scalar", "aten.mul.Scalar"), "aten.mul.Tensor"),  # grad *
@@ -525,14 +527,14 @@ _MATHS_KERNELS = {
 
 
 def _maths(ctx: _OpContext) -> _Value:
-    """A power (sqrt and rsqrt: their own kernels), exp or abs of a tensor (:data:`_MATHS_KERNELS`)."""
+    """A power (sqrt, rsqrt and reciprocal: their own kernels), exp or abs of a tensor (:data:`_MATHS_KERNELS`)."""
     n, x = ctx.node, ctx.x
     key: str | float = n.op
     if n.op == "pow":
         exponent = float(n.attrs["exponent"])
         if exponent == 0:  # torch's backward is zeros of the input's shape
             raise NotCovered("pow of exponent 0")
-        key = exponent if exponent in (0.5, -0.5) else "pow"
+        key = exponent if exponent in (0.5, -0.5, -1.0) else "pow"
     kernel, keeps, before, grad = _MATHS_KERNELS[key]
     sid = ctx.alloc(kernel)
     fn = ctx.grad_fn([x.sid if keeps == "input" else sid], [_edge(x)], [x.nbytes], [grad],

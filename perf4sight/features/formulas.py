@@ -365,13 +365,14 @@ def _keeps_result_in_place(flops: float, bwd_flops: float) -> Handler:
 def _power(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     """x ** p. sqrt (p 0.5): 1 FLOP an element, backward grad / (2 * result): 2 in 2 kernels, it keeps its result;
     rsqrt (p -0.5): 1, backward -0.5 * grad * result ** 3: 4 in 3 kernels, it keeps its result; any other power
-    (exp(p log x): 3; a square, a reciprocal: 1), backward grad * p * x ** (p - 1): 3 + 2 in 3 kernels, it keeps its
-    input."""
+    (exp(p log x): 3; a square: 1), backward grad * p * x ** (p - 1): 3 + 2 in 3 kernels, it keeps its
+    input; reciprocal (p -1): 1, backward -grad * result ** 2: 3 in 3 kernels, it keeps its result."""
     exponent = float(node.attrs["exponent"])
-    if exponent in (0.5, -0.5):
-        flops, saves, bwd_flops, bwd_kernels = 1.0, [OUTPUT], (2.0 if exponent > 0 else 4.0), 2 if exponent > 0 else 3
+    if exponent in (0.5, -0.5, -1.0):
+        flops, saves = 1.0, [OUTPUT]
+        bwd_flops, bwd_kernels = {0.5: (2.0, 2), -0.5: (4.0, 3), -1.0: (3.0, 3)}[exponent]
     else:
-        flops = 1.0 if exponent in (2.0, -1.0) else 3.0
+        flops = 1.0 if exponent == 2.0 else 3.0
         saves, bwd_flops, bwd_kernels = [0], flops + 2.0, 3
     return _backward_kernels(_pointwise(flops, saves, bwd_flops), bwd_kernels)(node, in_shapes, first)
 

@@ -104,8 +104,9 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # AlexNet's across-channel normalisation of a [C, H, W] map (torch's LocalResponseNorm, ONNX's LRN):
     # x / (k + alpha * mean of x^2 over ``size`` neighbouring channels, zeros past the ends) ^ beta
     "local_response_norm": ("size", "alpha", "beta", "k"),
-    # elementwise powers: x ** exponent (torch's pow, square; exponent 0.5 is torch's sqrt and -0.5 its rsqrt, which
-    # keep their result for backward where pow keeps its input; a number over a tensor, c / y, is y ** -1 times c),
+    # elementwise powers: x ** exponent (torch's pow, square; exponent 0.5 is torch's sqrt, -0.5 its rsqrt and -1 its
+    # reciprocal, which keep their result for backward where pow keeps its input; a number over a tensor, c / y, is
+    # y ** -1 times c, as torch computes it),
     # e ** x, |x|
     "pow": ("exponent",),
     "exp": (),

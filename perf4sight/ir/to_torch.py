@@ -330,8 +330,10 @@ def _pad(x: torch.Tensor, pads: List[int], mode: str, value: float) -> torch.Ten
 
 
 def _power(x: torch.Tensor, exponent: float) -> torch.Tensor:
-    """``x ** exponent``, by torch's kernel of that power: sqrt (0.5) and rsqrt (-0.5) keep their result for
-    backward, pow (any other) its input."""
+    """``x ** exponent``, by torch's kernel of that power: sqrt (0.5), rsqrt (-0.5) and reciprocal (-1, a number over
+    a tensor's) keep their result for backward, pow (any other) its input."""
+    if exponent == -1:
+        return torch.reciprocal(x)
     if exponent == 0.5:
         return torch.sqrt(x)
     if exponent == -0.5:
