@@ -366,16 +366,19 @@ def test_allocation_model_writes_down_a_softplus_as_traced():
     lambda x, inplace: x / (x.pow(2).mean(1, keepdim=True) + 1e-5).sqrt() * (x.abs() + 1).rsqrt(),
     lambda x, inplace: (x.clamp(min=1e-6).pow(3.0) * -1).exp() + 1 / (x.abs() + 2) + x.square(),
     lambda x, inplace: (x.mean(1, keepdim=True) + 2) / (x.abs() + 1) + x / (x.abs() + 1).mean((2, 3), keepdim=True),
+    lambda x, inplace: (x - x.mean(1, keepdim=True)) / (x.var(1, keepdim=True, unbiased=False) + 1e-5).sqrt()
+    + x.var((2, 3), keepdim=True),
 ])
 def test_allocation_model_writes_down_powers_exp_and_abs_as_traced(call):
     """A power keeps its input and allocates x ** (p - 1) and its times p before the gradient; sqrt and rsqrt (the
     exponents 0.5 and -0.5) and exp keep their result, abs its input and its sgn for a moment; a quotient of
     tensors (a normalisation's, its divisor broadcast) keeps both and allocates x / y, over y and -grad before the
-    divisor's gradient, a number over a tensor is the tensor's power -1 times it: as torch runs them."""
+    divisor's gradient, a number over a tensor is the tensor's power -1 times it; a variance keeps its input and
+    allocates the mean, the deviation and the scaled gradient before the input's: as torch runs them."""
     from torch import nn
 
     desc = _activated(nn.ReLU(), call)
-    assert {n.op for n in desc.nodes} & {"pow", "div"}
+    assert {n.op for n in desc.nodes} & {"pow", "div", "var"}
     model, traced = record_events(desc, 3, steps=2, method="model"), record_events(desc, 3, steps=2, method="trace")
     assert _as_replayed(model) == _as_replayed(traced)
 

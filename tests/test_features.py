@@ -911,6 +911,7 @@ def test_prelu_dropout2d_and_log_softmax_keep_what_autograd_keeps():
     ("exp", {}, ["output"], 1, 1, 1),
     ("abs", {}, [0], 1, 2, 2),                     # grad * sgn(x)
     ("div", {}, [0, 1], 1, 5, 5),                  # grad / y; -grad * (x / y) / y
+    ("var", {"dims": [1], "keepdim": True, "correction": 0.0}, [0], 3, 3, 4),  # an input element: x - mean, its square
 ])
 def test_powers_exp_and_abs_keep_what_torch_s_backward_reads(op, attrs, saved, flops, bwd_flops, bwd_kernels):
     from perf4sight.features.formulas import OUTPUT

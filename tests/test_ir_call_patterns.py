@@ -318,3 +318,27 @@ def test_a_repeat_is_refused_naming_the_expand_that_describes_it(pattern):
     the copy is and that an expand, which a broadcasting add or multiply reads, describes the same."""
     with pytest.raises(UserError, match=r"(repeat|tile) \(a copy of the tensor tiled\).*x.expand_as\(y\)"):
         describe(_Probe(pattern), SHAPE, name="probe")
+
+
+class _ChannelNorm(nn.Module):
+    """A layer norm over the channels written by hand, as ConvNeXt's channels-first one and many others are:
+    (x - mu) / torch.sqrt(var + eps) of torch's var (unbiased=False), times a weight, plus a bias."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8, 10)
+
+    def forward(self, x):
+        y = self.conv(x)
+        y = (y - y.mean(1, keepdim=True)) / torch.sqrt(y.var(1, keepdim=True, unbiased=False) + 1e-6)
+        return self.fc(y.var((2, 3)) + torch.var(y, (2, 3), correction=0))
+
+
+def test_a_variance_is_described_as_torch_computes_it():
+    """x.var(1, keepdim=True, unbiased=False) was refused ("call_method 'var' has no description op"): it is the op
+    var, over the dims torch's is, of its correction (torch's default 1, unbiased; 0 biased)."""
+    ops = _computes_the_same(_ChannelNorm())
+    assert ops.count("var") == 3 and "div" in ops
+    desc = describe(_ChannelNorm().eval(), SHAPE, name="norm")
+    assert [(n.attrs["dims"], n.attrs["keepdim"], n.attrs["correction"]) for n in desc.nodes if n.op == "var"] == [
+        ([1], True, 0.0), ([2, 3], False, 1.0), ([2, 3], False, 0.0)]

@@ -214,13 +214,16 @@ def test_prelu_dropout2d_and_log_softmax_kernels(op, attrs, backward):
 
 @pytest.mark.parametrize("op, attrs, backward", [("pow", {"exponent": 3.0}, 3), ("pow", {"exponent": -0.5}, 3),
                                                  ("pow", {"exponent": 0.5}, 2), ("abs", {}, 2), ("exp", {}, 1),
-                                                 ("div", {}, 5)])
+                                                 ("div", {}, 5),
+                                                 ("var", {"dims": [1], "keepdim": False, "correction": 1.0}, 4)])
 def test_powers_abs_and_exp_kernels(op, attrs, backward):
     """A power's backward is three kernels (x ** (p - 1), times p, times the gradient; rsqrt's of its result), a
     square root's two (2 * result, the gradient over it), abs's two (sgn, times the gradient), exp's one, a quotient's
-    five (grad / y; x / y, over y, -grad, their product); each is one kernel forward."""
+    five (grad / y; x / y, over y, -grad, their product), a variance's four (the mean, the deviation, the scaled
+    gradient, its product with the deviation); each is one kernel forward."""
     conv = _conv("c", "input", 4, 4, 1, 1, 8)
     plain = kernel_table(_desc([Node("input", "input", [], {}, [4, 8, 8]), conv]))
     table = kernel_table(_desc([Node("input", "input", [], {}, [4, 8, 8]), conv,
-                                Node("a", op, ["c", "c"][:1 + (op == "div")], attrs, [4, 8, 8])]))
+                                Node("a", op, ["c", "c"][:1 + (op == "div")], attrs, [8, 8] if op == "var" else
+                                     [4, 8, 8])]))
     assert table.launches == plain.launches + 1 + backward + (op == "div")  # a div of c by c: its gradients added

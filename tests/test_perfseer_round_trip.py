@@ -59,7 +59,7 @@ class _Views(torch.nn.Module):
     defaults, which ONNX's Softplus is), groupnorm, conv_transpose2d (without a bias, with an output padding),
     instancenorm (affine), hardtanh, softmax, pixel_unshuffle (of one channel, which ONNX's SpaceToDepth is),
     pixel_shuffle, pads of each mode, prelu (a slope per channel), dropout2d, log_softmax, selu, celu,
-    local_response_norm, pow (a sqrt and the power -1 of a quotient), exp and abs."""
+    local_response_norm, pow (a sqrt and the power -1 of a quotient), exp, abs, div and var."""
 
     def __init__(self):
         super().__init__()
@@ -82,7 +82,7 @@ class _Views(torch.nn.Module):
         y = torch.nn.functional.mish(torch.nn.functional.elu(y.mean(2), 0.5), True)
         y = torch.nn.functional.hardtanh(torch.nn.functional.softplus(y).softmax(-1).log_softmax(1), -0.5, 0.5)
         z = torch.nn.functional.celu(torch.nn.functional.selu(torch.nn.functional.silu(y)), 0.5)
-        return self.fc(z / torch.exp(y.abs()).sqrt())
+        return self.fc(z / torch.exp(y.abs()).sqrt() + y.var(1, keepdim=True))
 
 
 def _network(name: str):

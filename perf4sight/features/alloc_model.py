@@ -94,7 +94,7 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "conv_transpose2d", "instancenorm", "hardtanh", "softmax", "pad", "pixel_shuffle",
                      "pixel_unshuffle", "log_softmax", "prelu", "dropout2d",
                      "selu", "celu",
-                     "pow", "exp", "abs", "div"})
+                     "pow", "exp", "abs", "div", "var"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
                 "gelu": ("gelu", "input"), "sigmoid": ("sigmoid", "result"), "tanh": ("tanh", "result"),
@@ -718,6 +718,15 @@ def _quotient(ctx: _OpContext) -> _Value:
                                            ["aten.div.Tensor", "aten.mul.Tensor"], [1, 0], full, before=before))
 
 
+def _variance(ctx: _OpContext) -> _Value:
+    """A variance over dims: its (reduced) output; it keeps its input. Backward, torch's 2 / (n - correction) * grad *
+    (x - x.mean(dims)): the mean, the deviation and the scaled gradient allocated before the product."""
+    x, nbytes = ctx.x, ctx.nbytes
+    sid = ctx.alloc("var.correction")
+    before = [(nbytes, "aten.mean.dim"), (x.nbytes, "aten.sub.Tensor"), (nbytes, "aten.mul.Scalar")]
+    return _Value(sid, nbytes, ctx.grad_fn([x.sid], [_edge(x)], [x.nbytes], ["aten.mul.Tensor"], before=before))
+
+
 def _view_op(ctx: _OpContext) -> _Value:
     """reshape, flatten, squeeze, unsqueeze, transpose, select, narrow, identity: views of the input's
     storage (a reshape no view can express: a contiguous copy)."""
@@ -769,6 +778,7 @@ _HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
     **dict.fromkeys(("relu", "relu6", "dropout", *_ACTIVATIONS), _activation),
     **dict.fromkeys(("pow", "exp", "abs"), _maths),
     "div": _quotient,
+    "var": _variance,
     **dict.fromkeys(("maxpool2d", "adaptivemaxpool2d", "avgpool2d", "adaptiveavgpool2d", "mean"), _pooling),
     **dict.fromkeys(("add", "mul", "cat"), _combine),
     "interpolate": _interpolate,

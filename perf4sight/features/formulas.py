@@ -447,6 +447,16 @@ def _mean(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
                   kernels_fwd=1, kernels_bwd=1, kind="pool")
 
 
+def _variance(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """A variance over dims: 3 FLOPs an input element (a deviation, its square, the sum), one kernel; it keeps its
+    input. Backward (torch's 2 / (n - correction) * grad * (x - mean)): the mean (1), the deviation (1), the scaled
+    gradient and its product with the deviation (1): 3 an input element in 4 kernels."""
+    inn = numel(in_shapes[0])
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    return OpCost(flops_fwd=3.0 * inn, flops_bwd=3.0 * inn, bytes_read=rd, bytes_written=wr, saved=[0],
+                  kernels_fwd=1, kernels_bwd=4, kind="pool")
+
+
 def _cat(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     """Concatenation copies every input once; its backward is slicing (views, no kernel)."""
     rd, wr = _io_bytes(in_shapes, node.output_shape)
@@ -649,6 +659,7 @@ HANDLERS: dict[str, Handler] = {
     "dropout2d": _dropout2d,
     "pow": _power,
     "div": _quotient,
+    "var": _variance,
     # e ** x: 1 FLOP an element; backward grad * result (1), it keeps its result
     "exp": _pointwise(1, [OUTPUT], 1),
     # |x|: 1; backward grad * sgn(x) (2 in 2 kernels), it keeps its input

@@ -305,6 +305,7 @@ _PASSES: dict[str, tuple[float, float, int]] = {
     "abs": (1.0, 5.0, 2),  # backward: sgn(x), then times the gradient
     # backward: grad / y; x / y, over y again, -grad, their product (two reads and a write each but the negate's)
     "div": (1.0, 14.0, 5),
+    "var": (1.0, 5.0, 4),  # backward: the mean (a read), the deviation (a read, a write), the scaled product (the same)
 }
 #: A square root's: backward 2 * result, then the gradient over it.
 _SQRT_PASSES = (1.0, 5.0, 2)

@@ -48,7 +48,8 @@ _PRICED_AS = {"leaky_relu": "relu", "hardtanh": "relu6",
               # not measured: a norm of seven kernels forward and fifteen back, priced as a batch norm
               "local_response_norm": "batchnorm2d",
               # one elementwise kernel forward, two or three back, as a sigmoid's (one, one)
-              "pow": "sigmoid", "exp": "sigmoid", "abs": "sigmoid", "div": "mul"}
+              "pow": "sigmoid", "exp": "sigmoid", "abs": "sigmoid", "div": "mul",
+              "var": "batchnorm2d"}  # a variance: a statistics pass, as a batch norm's first
 
 
 def check_prices(data: Any, where: str) -> dict[str, dict[int, float]]:

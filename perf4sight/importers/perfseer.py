@@ -93,6 +93,7 @@ ONNX_TO_OP: dict[str, str] = {
     "LRN": "local_response_norm",
     # ONNX's Pow (its exponent a second input: here an arg, as this tool writes it), Exp and Abs
     "Pow": "pow", "Exp": "exp", "Abs": "abs", "Div": "div",
+    "ReduceVariance": "var",  # no ONNX op: a type of this tool's own
 }
 #: Our op -> ONNX op type. Five of ours share a type with another: ``permute`` is a ``Transpose`` of more than two
 #: axes; ``scale``, ``shift`` and ``token`` are a ``Mul``, an ``Add`` and a ``Concat`` with a learnt tensor (an ONNX
@@ -489,6 +490,9 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
     if op in ("softmax", "log_softmax"):  # ONNX's (Log)Softmax: axis counts the batch (-1, the last, where not given)
         axis = int(_number(args.get("dim", args.get("axis", -1)), f"{where} axis"))
         return {"dim": axis % (len(in_shapes[0]) + 1)}
+    if op == "var":
+        return {"dims": _ints(args["dims"], where), "keepdim": flag("keepdim", False),
+                "correction": _number(args.get("correction", 1.0), f"{where} correction")}
     if op == "mean":
         return {"dims": _ints(args.get("dims", args.get("axes", [2, 3])), where),
                 "keepdim": flag("keepdim", False, "keepdims")}

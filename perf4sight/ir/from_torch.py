@@ -522,6 +522,21 @@ FUNCTION_OPS[F.local_response_norm] = lambda n: _local_response_norm(
     n, _arg(n, 1, "size"), _arg(n, 2, "alpha", 1e-4), _arg(n, 3, "beta", 0.75), _arg(n, 4, "k", 1.0))
 for _key in (torch.unflatten, "unflatten"):
     FUNCTION_OPS[_key] = lambda n: _unflatten(n, _arg(n, 1, "dim"))
+
+
+def _variance(n: fx.Node) -> tuple[str, dict]:
+    """``x.var(dims, unbiased=False, keepdim=True)``, ``torch.var(x, dims, correction=0)``: the op var (torch's
+    default correction 1, unbiased)."""
+    unbiased = _arg(n, 2, "unbiased", None) if not isinstance(_arg(n, 2, "unbiased"), fx.Node) else None
+    correction = n.kwargs.get("correction", 1 if unbiased in (None, True) else 0)
+    keepdim = n.kwargs.get("keepdim", n.args[3] if len(n.args) > 3 else False)
+    if isinstance(correction, bool) or not isinstance(correction, (int, float)) or not isinstance(keepdim, bool):
+        raise ValueError("a variance of another correction than a number has no description op")
+    return "var", {"dims": _dims(_arg(n, 1, "dim")), "keepdim": keepdim, "correction": float(correction)}
+
+
+for _key in (torch.var, "var"):
+    FUNCTION_OPS[_key] = _variance
 for _key in (torch.squeeze, "squeeze"):
     FUNCTION_OPS[_key] = lambda n: _squeeze(n, _arg(n, 1, "dim"))
 for _key in (torch.unsqueeze, "unsqueeze"):

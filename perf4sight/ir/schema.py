@@ -111,6 +111,9 @@ OPS: Dict[str, Tuple[str, ...]] = {
     "pow": ("exponent",),
     "exp": (),
     "abs": (),
+    # the variance over dims (as mean's), its squared deviations summed over their count less correction (torch's
+    # var: 1, unbiased; 0 a hand-written norm's); a standard deviation is its pow 0.5
+    "var": ("dims", "keepdim", "correction"),
     "div": (),  # the first input over the second, broadcast (torch's x / y of two tensors; x / c is mul's scalar 1 / c)
 }
 #: Ops whose nodes may hold learnt parameters (:func:`node_params`). Such a node may carry the optional attr
@@ -150,7 +153,7 @@ _FLAGS: Dict[str, Tuple[str, ...]] = {
     "window_attention": ("bias", "cosine"), "batchnorm2d": ("affine",), "layernorm": ("elementwise_affine",),
     "groupnorm": ("affine",),
     "instancenorm": ("affine",),
-    "maxpool2d": ("ceil_mode",), "avgpool2d": ("ceil_mode", "count_include_pad"), "mean": ("keepdim",),
+    "maxpool2d": ("ceil_mode",), "avgpool2d": ("ceil_mode", "count_include_pad"), "mean": ("keepdim",), "var": ("keepdim",),
     "interpolate": ("align_corners",),
     "conv_transpose2d": ("bias",),
     **{op: ("inplace",) for op in ("relu", "relu6", "hardswish", "sigmoid", "hardsigmoid", "silu", "gelu", "tanh",
@@ -175,6 +178,7 @@ _NUMBERS: Dict[str, Tuple[Tuple[str, Any, Any], ...]] = {
     "local_response_norm": (("alpha", None, None), ("beta", None, None), ("k", None, None)),
     "pad": (("value", None, None),),
     "pow": (("exponent", None, None),),
+    "var": (("correction", 0, None),),
 }
 #: Op -> optional attributes no other table here names (a gelu's approximation, a max pool's dilation, Swin V2's
 #: position-bias MLP).

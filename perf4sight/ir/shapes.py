@@ -22,7 +22,7 @@ ARITY: Dict[str, Tuple[int, Optional[int]]] = {
     "input": (0, 0), "add": (1, 2), "mul": (1, 2), "div": (2, 2), "cat": (1, None),  # add/mul: two tensors, or one and a scalar
     **{op: (1, 1) for op in _UNARY + ("conv2d", "batchnorm2d", "linear", "maxpool2d", "avgpool2d",
                                       "adaptiveavgpool2d", "adaptivemaxpool2d", "reshape", "flatten", "squeeze",
-                                      "unsqueeze", "select", "narrow", "transpose", "mean", "permute",
+                                      "unsqueeze", "select", "narrow", "transpose", "mean", "var", "permute",
                                       "layernorm", "groupnorm", "scale", "shift", "token", "attention",
                                       "window_attention", "patch_merge", "interpolate", "group_attention",
                                       "conv_transpose2d", "instancenorm", "softmax", "log_softmax", "prelu",
@@ -191,7 +191,7 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
         swapped = list(x)
         swapped[axes[0]], swapped[axes[1]] = x[axes[1]], x[axes[0]]
         return swapped
-    if op == "mean":
+    if op in ("mean", "var"):
         axes = [_axis(int(d), len(x)) for d in a["dims"]]
         if not axes or None in axes or len(set(axes)) != len(axes):
             return f"dims {a['dims']} are not distinct dimensions of its input {x} after the batch"

@@ -341,6 +341,11 @@ def _power(x: torch.Tensor, exponent: float) -> torch.Tensor:
     return x.pow(exponent)
 
 
+def _variance(x: torch.Tensor, dims: List[int], correction: float, keepdim: bool) -> torch.Tensor:
+    """The variance of ``x`` over ``dims``: squared deviations summed over their count less ``correction``."""
+    return torch.var(x, dims, correction=correction, keepdim=keepdim)
+
+
 def _binary(fn: Callable, scalar_fn: Callable) -> Callable[[List, Dict], Tuple[Callable, Tuple]]:
     def build(args: List, a: Dict) -> Tuple[Callable, Tuple]:
         if "scalar" in a:
@@ -372,6 +377,7 @@ FUNCTION_BUILDERS: Dict[str, Callable[[List, Dict], Tuple[Callable, Tuple]]] = {
     "exp": lambda x, a: (torch.exp, (x[0],)),
     "abs": lambda x, a: (torch.abs, (x[0],)),
     "div": lambda x, a: (operator.truediv, (x[0], x[1])),
+    "var": lambda x, a: (_variance, (x[0], [int(d) for d in a["dims"]], float(a["correction"]), bool(a["keepdim"]))),
 }
 
 
