@@ -342,3 +342,8 @@ def test_a_variance_is_described_as_torch_computes_it():
     desc = describe(_ChannelNorm().eval(), SHAPE, name="norm")
     assert [(n.attrs["dims"], n.attrs["keepdim"], n.attrs["correction"]) for n in desc.nodes if n.op == "var"] == [
         ([1], True, 0.0), ([2, 3], False, 1.0), ([2, 3], False, 0.0)]
+
+
+def test_a_variance_over_every_dimension_is_refused_by_name():
+    with pytest.raises(UserError, match="a variance over every dimension"):
+        describe(_Probe(lambda s, y: y * y.var()), SHAPE, name="probe")

@@ -532,6 +532,8 @@ def _variance(n: fx.Node) -> tuple[str, dict]:
     keepdim = n.kwargs.get("keepdim", n.args[3] if len(n.args) > 3 else False)
     if isinstance(correction, bool) or not isinstance(correction, (int, float)) or not isinstance(keepdim, bool):
         raise ValueError("a variance of another correction than a number has no description op")
+    if _arg(n, 1, "dim") is None:
+        raise ValueError("a variance over every dimension (no dim given) reduces the batch too; give dim=")
     return "var", {"dims": _dims(_arg(n, 1, "dim")), "keepdim": keepdim, "correction": float(correction)}
 
 
