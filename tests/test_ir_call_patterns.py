@@ -322,7 +322,7 @@ def test_a_repeat_is_refused_naming_the_expand_that_describes_it(pattern):
 
 class _ChannelNorm(nn.Module):
     """A layer norm over the channels written by hand, as ConvNeXt's channels-first one and many others are:
-    (x - mu) / torch.sqrt(var + eps) of torch's var (unbiased=False), times a weight, plus a bias."""
+    (x - mu) / torch.sqrt(var + eps) of torch's var (unbiased=False); then variances and a standard deviation."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -331,19 +331,22 @@ class _ChannelNorm(nn.Module):
     def forward(self, x):
         y = self.conv(x)
         y = (y - y.mean(1, keepdim=True)) / torch.sqrt(y.var(1, keepdim=True, unbiased=False) + 1e-6)
-        return self.fc(y.var((2, 3)) + torch.var(y, (2, 3), correction=0))
+        return self.fc(y.var((2, 3)) + torch.var(y, (2, 3), correction=0) + y.std((2, 3)))
 
 
 def test_a_variance_is_described_as_torch_computes_it():
     """x.var(1, keepdim=True, unbiased=False) was refused ("call_method 'var' has no description op"): it is the op
-    var, over the dims torch's is, of its correction (torch's default 1, unbiased; 0 biased)."""
+    var, over the dims torch's is, of its correction (torch's default 1, unbiased; 0 biased); x.std(dims) its square
+    root."""
     ops = _computes_the_same(_ChannelNorm())
-    assert ops.count("var") == 3 and "div" in ops
+    assert ops.count("var") == 4 and "div" in ops
     desc = describe(_ChannelNorm().eval(), SHAPE, name="norm")
     assert [(n.attrs["dims"], n.attrs["keepdim"], n.attrs["correction"]) for n in desc.nodes if n.op == "var"] == [
-        ([1], True, 0.0), ([2, 3], False, 1.0), ([2, 3], False, 0.0)]
+        ([1], True, 0.0), ([2, 3], False, 1.0), ([2, 3], False, 0.0), ([2, 3], False, 1.0)]
 
 
-def test_a_variance_over_every_dimension_is_refused_by_name():
-    with pytest.raises(UserError, match="a variance over every dimension"):
-        describe(_Probe(lambda s, y: y * y.var()), SHAPE, name="probe")
+@pytest.mark.parametrize("pattern,words", [(lambda s, y: y * y.var(), "a variance"),
+                                           (lambda s, y: y * y.std(), "a standard deviation")])
+def test_a_variance_over_every_dimension_is_refused_by_name(pattern, words):
+    with pytest.raises(UserError, match=f"{words} over every dimension"):
+        describe(_Probe(pattern), SHAPE, name="probe")

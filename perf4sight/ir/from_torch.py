@@ -533,7 +533,8 @@ def _variance(n: fx.Node) -> tuple[str, dict]:
     if isinstance(correction, bool) or not isinstance(correction, (int, float)) or not isinstance(keepdim, bool):
         raise ValueError("a variance of another correction than a number has no description op")
     if _arg(n, 1, "dim") is None:
-        raise ValueError("a variance over every dimension (no dim given) reduces the batch too; give dim=")
+        raise ValueError(f"a {'standard deviation' if n.target in _STD_CALLS else 'variance'} over every dimension "
+                         "(no dim given) reduces the batch too; give dim=")
     return "var", {"dims": _dims(_arg(n, 1, "dim")), "keepdim": keepdim, "correction": float(correction)}
 
 
@@ -1540,6 +1541,23 @@ def _stack_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[
     return unsqueezed + [Node(n.name, "cat", [u.name for u in unsqueezed], {"dim": dim}, out)]
 
 
+_STD_CALLS = {torch.std, "std"}
+
+
+def _std_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Node] | None:
+    """``x.std(dims, ...)``: the variance (:func:`_variance`), then its square root (torch's std: one kernel keeping
+    its input and its result, these two: the input and the root kept, a reduced tensor's kernel more). None for any
+    other node."""
+    if n.op not in ("call_function", "call_method") or n.target not in _STD_CALLS or _shape(n) is None:
+        return None
+    _, attrs = _variance(n)
+    taken = {x.name for x in gm.graph.nodes}
+    variance = next(name for name in (f"{n.name}_{i}" for i in range(1, 99)) if name not in taken)
+    alias[n.name] = n.name
+    return [Node(variance, "var", [alias[n.args[0].name]], attrs, _shape(n)),
+            Node(n.name, "pow", [variance], {"exponent": 0.5}, _shape(n))]
+
+
 def _sum_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Node]:
     """``x.sum(dims)``, ``torch.sum(x, dims, keepdim)`` (timm's split attention sums over its radix): the mean over
     those dimensions times their elements' count, the same work on the same tensors; over none given (every
@@ -1581,6 +1599,9 @@ def _max_part(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Nod
     stacked = _stack_nodes(n, gm, alias)
     if stacked is not None:
         return stacked
+    deviation = _std_nodes(n, gm, alias)
+    if deviation is not None:
+        return deviation
     if n.op != "call_function" or n.target not in (operator.getitem, getattr) or not _is_max_call(n.args[0]):
         return None
     if n.args[1] in (0, "values"):
