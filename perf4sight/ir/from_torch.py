@@ -484,7 +484,8 @@ FUNCTION_OPS[F.mish] = lambda n: ("mish", {"inplace": True} if _arg(n, 1, "inpla
 
 def _power(n: fx.Node) -> tuple[str, dict]:
     """``x ** p``, ``x.pow(p)``, ``torch.pow(x, p)`` of a tensor and a number (a number of shape arithmetic too): the
-    op pow; a power of a number by a tensor (``2 ** x``) or of two tensors (GeM's learnt ``p``) has no description op."""
+    op pow; a power of a number by a tensor (``2 ** x``) or of two tensors (GeM's learnt ``p``) has no description
+    op."""
     exponent = _shape_value(_arg(n, 1, "exponent"))
     if not _is_tensor(n.args[0]) or isinstance(exponent, bool) or not isinstance(exponent, (int, float)):
         raise ValueError("a power of anything but a tensor by a number (x ** 2, x.pow(3.0)) has no description op")

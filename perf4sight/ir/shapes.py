@@ -19,7 +19,8 @@ _UNARY = ("relu", "relu6", "hardswish", "sigmoid", "hardsigmoid", "silu", "gelu"
 
 #: op -> (fewest, most) inputs; None = no upper bound
 ARITY: Dict[str, Tuple[int, Optional[int]]] = {
-    "input": (0, 0), "add": (1, 2), "mul": (1, 2), "div": (2, 2), "cat": (1, None),  # add/mul: two tensors, or one and a scalar
+    "input": (0, 0), "add": (1, 2), "mul": (1, 2), "cat": (1, None),  # add/mul: two tensors, or one and a scalar
+    "div": (2, 2),
     **{op: (1, 1) for op in _UNARY + ("conv2d", "batchnorm2d", "linear", "maxpool2d", "avgpool2d",
                                       "adaptiveavgpool2d", "adaptivemaxpool2d", "reshape", "flatten", "squeeze",
                                       "unsqueeze", "select", "narrow", "transpose", "mean", "var", "permute",
