@@ -918,8 +918,8 @@ def test_a_view_of_a_gradient_slice_is_copied_as_in_the_trace():
 
 def test_every_schema_op_is_written_down_indexing_and_scalars_included():
     """The model covers every op a description can hold but ConvNeXt's, ViT's and a local response norm (the trace
-    writes those down); an indexed tensor (select of a max-pooled map: a strided view), scalar add and multiply included, matches the
-    trace."""
+    writes those down); an indexed tensor (select of a max-pooled map: a strided view), scalar add and multiply
+    included, matches the trace."""
     from torch import nn
 
     from perf4sight.features.alloc_model import COVERED

@@ -136,7 +136,8 @@ def test_a_later_calls_weight_gradients_are_summed_once_a_step_and_updated_once(
     assert len(shared.kind) == len(unshared.kind) - per_tensor * (2 * 4 + 2) + (2 * 4 + 2)
     updates = per_tensor * shared.param_tensors  # the optimiser's kernels come last, the sums right before them
     sums = slice(len(shared.kind) - updates - (2 * 4 + 2), len(shared.kind) - updates)
-    assert (shared.kind[sums] == BANDWIDTH).all() and not shared.bytes_ps[sums].any() and not shared.flops_ps[sums].any()
+    assert (shared.kind[sums] == BANDWIDTH).all()
+    assert not shared.bytes_ps[sums].any() and not shared.flops_ps[sums].any()
     summed = 2 * (8 * 8 * 9 + 8 + 2 * 8) + (8 * 8 + 8)  # parameters summed: the block's twice, the head's once
     assert np.isclose(shared.bytes_fixed[sums].sum(), 3 * 4 * summed)
 

@@ -448,8 +448,8 @@ def followed_groups(groups: list[CoupledGroup], model: nn.Module, example: torch
     many were left out. torch-pruning's graph can miss a layer a group's channels reach by two paths (GhostNet's
     primary convolution, concatenated both as it is and through its cheap depthwise one: reached by the second path
     only), and the cut then left that layer whole: the pruned network failed at its first forward. One forward with
-    every group cut as deep as it may be (on the ``meta`` device, ``model`` and ``example`` there: shapes alone); where it fails,
-    one per group, the groups that fail alone left out (and all of them where the others still fail together). A model
+    every group cut as deep as it may be (on the ``meta`` device, ``model`` and ``example`` there: shapes alone);
+    where it fails, one per group, the groups that fail alone left out (and all of them where the others still fail together). A model
     that does not run there uncut (an op without a meta kernel) keeps its groups unchecked."""
     cuttable = [g for g in groups if g.max_removed > 0]
     if not cuttable or _runs_cut(model, example, cuttable) or not _runs_cut(model, example, []):
