@@ -101,6 +101,38 @@ def test_compare_reads_the_step_times_the_fingerprint_was_fitted_on(project, mon
     assert latency(data.rows) == latency(seen["rows"]) == latency(corrected) != latency(raw)
 
 
+def test_compare_corrects_a_fingerprints_rows_by_its_own_steps_references_whatever_profile_loss_says(project,
+                                                                                                       monkeypatch):
+    """Under a config of another step than the fingerprint's (``--stage all --loss mse`` comparing a device fitted on
+    cross entropy's rows), compare reads the rows the fit read: divided by the references of the fingerprint's step,
+    not by the config's step's (none here: the rows were left uncorrected)."""
+    import dataclasses
+
+    from perf4sight.dataset import device_dataset
+    from perf4sight.fingerprint.api import drift_corrected
+    from perf4sight.profiling import results
+    from perf4sight.report import compare
+
+    monkeypatch.setattr(compare, "measured_vs_predicted", lambda fp, rows, descs: {})
+    monkeypatch.setattr(compare, "feature_sensitivity", lambda *a, **k: {})
+    assert load_device_fingerprint(project, "tx2a").loss == "cross_entropy"
+    _, _, raw, _ = device_dataset(project, "tx2a")
+    refs = results.references_path(project.profiling_dir, "tx2a")
+    mse = dataclasses.replace(project, profile=dataclasses.replace(project.profile, loss="mse"))
+    try:
+        for stamp, ms in (("2000-01-01T00:00:00+00:00", 100.0), ("2100-01-01T00:00:00+00:00", 200.0)):
+            results.append_row(refs, {**raw[0], "status": "ok", "latency_ms_median": ms, "timestamp": stamp})
+        corrected, drift = drift_corrected(project, "tx2a", raw)
+        data, _ = compare.gather_device(mse, "tx2a")
+    finally:
+        refs.unlink()
+    assert drift["applied"] and drift["rows_corrected"] > 0
+
+    def latency(rows: list[dict]) -> list[str]:
+        return [r["latency_ms_median"] for r in rows]
+    assert latency(data.rows) == latency(corrected) != latency(raw)
+
+
 def test_report_files(report):
     folder, text = report
     assert folder.parent.name == "reports" and folder.name.startswith("compare-")

@@ -87,16 +87,17 @@ def _loads(folder: Path) -> bool:
     return True
 
 
-def drift_corrected(cfg: Config, device: str, rows: list[dict]) -> tuple[list[dict], dict | None]:
+def drift_corrected(cfg: Config, device: str, rows: list[dict], optimizer: str | None = None,
+                    loss: str | None = None) -> tuple[list[dict], dict | None]:
     """``rows`` with their step times corrected by ``device``'s drift reference (``drift.normalise_step_times``)
     and the correction's summary; unchanged, and None, where the device has no ``references.csv`` or
-    ``[fingerprint] drift_reference`` is off. The references of the rows' training step count (``[profile]
-    optimizer``'s phase, ``[profile] loss``'s), as its rows do."""
+    ``[fingerprint] drift_reference`` is off. The references of the rows' training step count (the phase of
+    ``optimizer`` and ``loss``: default ``[profile]``'s; a fingerprint's own for its rows), as its rows do."""
     path = references_path(cfg.profiling_dir, device)
     if not cfg.fingerprint.drift_reference or not path.is_file():
         return rows, None
-    phase = training_phase(cfg.profile.optimizer)
-    references = [r for r in read_rows(path) if phase_of(r) == phase and loss_of(r) == cfg.profile.loss]
+    phase, loss = training_phase(optimizer or cfg.profile.optimizer), loss or cfg.profile.loss
+    references = [r for r in read_rows(path) if phase_of(r) == phase and loss_of(r) == loss]
     return normalise_step_times(rows, references, LATENCY_COLUMN)
 
 

@@ -46,7 +46,7 @@ def gather_device(cfg: Config, device: str) -> tuple[DeviceData, dict[str, Netwo
     # the rows of the step the fingerprint is of; compare passes stale rows over without a note. Their step times
     # as the fit read them: divided by the device's drift reference where it has one (held_out.csv holds those)
     descs, _, rows, _ = device_dataset(cfg, device, fp.optimizer, fp.loss)
-    rows, _ = drift_corrected(cfg, device, rows)
+    rows, _ = drift_corrected(cfg, device, rows, fp.optimizer, fp.loss)  # the fit's references
     data = DeviceData(name=device, fingerprint=fp, rows=rows, families=summarise_measurements(rows),
                       scatter=measured_vs_predicted(fp, rows, descs),
                       sensitivity=feature_sensitivity(fp, rows, descs, seed=cfg.project.seed))
