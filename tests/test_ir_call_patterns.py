@@ -51,6 +51,28 @@ def test_an_expand_read_by_a_broadcasting_add_or_multiply_is_the_broadcast(patte
     assert "mean" in ops and ("mul" in ops or "add" in ops)
 
 
+@pytest.mark.parametrize("pattern", [
+    lambda s, y: torch.cat([y, y.mean((2, 3), keepdim=True).expand_as(y) * 2], 1)[:, :8],
+    lambda s, y: torch.cat([y, y.mean((2, 3), keepdim=True).expand_as(y) + 0.5], 1)[:, 8:],
+    lambda s, y: torch.cat([y, y.mean((2, 3), keepdim=True).expand_as(y) * y.mean((2, 3), keepdim=True).expand_as(y)],
+                           1)[:, 8:],
+])
+def test_an_expand_whose_shape_no_other_operand_broadcasts_to_is_refused_by_name(pattern):
+    """An expand times a number, plus a number or times another expand of the same small tensor: nothing broadcasts
+    the small tensor back to the expand's shape, so the tensor itself cannot stand for the expand (the rebuilt
+    network's multiply gave [N, 8, 1, 1] where the description said [8, 16, 16], and its concatenation failed)."""
+    with pytest.raises(UserError, match="expand_as.*read by anything but an add or multiply"):
+        describe(_Probe(pattern), SHAPE, name="probe")
+
+
+def test_expands_of_two_tensors_broadcasting_each_other_to_the_shape_are_the_broadcast():
+    """Two expands whose tensors broadcast each other to the expanded shape (a channel gate and a spatial gate) are
+    the broadcast of the two tensors."""
+    ops = _computes_the_same(_Probe(lambda s, y: torch.cat([y, y.mean((2, 3), keepdim=True).expand_as(y)
+                                                            * y.mean(1, keepdim=True).expand_as(y)], 1)[:, 8:]))
+    assert ops.count("mean") == 2 and "cat" in ops
+
+
 def test_an_expand_read_by_anything_else_is_refused_by_name():
     """Concatenated, an expanded tensor's copies are the op's input: no broadcast can stand for them."""
     module = _Probe(lambda s, y: torch.cat([y, y.mean((2, 3), keepdim=True).expand_as(y)], 1)[:, :8])

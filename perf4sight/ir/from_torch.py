@@ -437,16 +437,29 @@ _BROADCASTING = {operator.add, operator.iadd, torch.add, "add", "add_", operator
 
 
 def _expand(n: fx.Node) -> tuple[str, dict]:
-    """``s.expand_as(x)``, ``s.expand(...)`` read by adds and multiplies only, each of them of the expanded shape (a
-    squeeze-excitation's ``x * s.expand_as(x)``): the tensor itself, which they broadcast to that shape as the
-    expand did (an expand is a view: it computes and allocates nothing). Read by anything else, ``ValueError``."""
+    """``s.expand_as(x)``, ``s.expand(...)`` read by adds and multiplies only, each of them of the expanded shape and
+    broadcasting its operands to it (a squeeze-excitation's ``x * s.expand_as(x)``): the tensor itself, which they
+    broadcast to that shape as the expand did (an expand is a view: it computes and allocates nothing). Read by
+    anything else, or by an add or multiply that would not broadcast the tensor back (``s.expand_as(x) * 2``),
+    ``ValueError``."""
     shape = _shape(n)
     users = list(n.users)
     if not users or any(u.op == "call_module" or u.target not in _BROADCASTING or _shape(u) != shape
-                        or n in u.args[2:] or u.kwargs for u in users):
+                        or n in u.args[2:] or u.kwargs or not _broadcasts_to_its_shape(u) for u in users):
         raise ValueError(f"an {n.target} read by anything but an add or multiply of its own shape (which broadcasts "
                          "as it does) has no description op")
     return "alias", {}
+
+
+def _is_expand(a: Any) -> bool:
+    return isinstance(a, fx.Node) and a.op == "call_method" and a.target in ("expand", "expand_as")
+
+
+def _broadcasts_to_its_shape(u: fx.Node) -> bool:
+    """Whether ``u``'s tensor operands, each expand among them read as the tensor it expands, broadcast to ``u``'s
+    shape (batch included)."""
+    shapes = [list((a.args[0] if _is_expand(a) else a).meta["tensor_meta"].shape) for a in u.args[:2] if _is_tensor(a)]
+    return bool(shapes) and list(torch.broadcast_shapes(*shapes)) == list(u.meta["tensor_meta"].shape)
 
 
 FUNCTION_OPS["expand"] = FUNCTION_OPS["expand_as"] = _expand
