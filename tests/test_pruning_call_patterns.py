@@ -130,4 +130,32 @@ def test_an_l2_normalised_gem_head_leaves_the_block_prunable() -> None:
     assert abs(desc.pruning_level - 40) <= 2.0 and "pruning_unpruned_groups" not in desc.extra
     convs = {n.name: n.attrs["out_channels"] for n in desc.nodes if n.op == "conv2d"}
     assert convs["c0"] < 16 and convs["c1"] < 16 and {"pow", "mean", "mul"} <= {n.op for n in desc.nodes}
+
+
+class _RowColumnGate(nn.Module):
+    """A coordinate-attention-like gate: the block's means over its rows and over its columns (no keepdim: [N, C, H]
+    and [N, C, W]), each through a 1x1 convolution of its own, gate the block's map. 16 channels at 16 x 16: a mean's
+    output [N, 16, 16] has the shape the channels' reduction ([N, H, W]) would have."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c0, self.rows, self.columns = nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(16, 16, 1), nn.Conv2d(16, 16, 1)
+        self.fc = nn.Linear(16, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.c0(x))
+        rows, columns = y.mean(3).unsqueeze(-1), y.mean(2).unsqueeze(-2)
+        return self.fc((y * torch.sigmoid(self.rows(rows) + self.columns(columns))).mean((2, 3)))
+
+
+def test_a_mean_over_rows_or_columns_keeps_the_channels_whatever_the_sides() -> None:
+    """A reduction over a side was taken for one over the channels where its output's shape matched ([N, C, H] and
+    [N, H, W] at C == H == W): the mean's input was cut from the gate's convolutions, which then kept their 16 inputs
+    when the block lost channels; the cut did not run and the block stayed whole ("cannot reach pruning level 30%:
+    it reaches 0.0% at most"). The reduced dimensions are the reduction's own: the block is cut, the gate with it."""
+    (desc,) = prune_source(Source("rows", "test", _RowColumnGate), SHAPE, [25], "l1-norm", 2, seed=0)
+    assert abs(desc.pruning_level - 25) <= 2.0 and "pruning_unpruned_groups" not in desc.extra
+    convs = {n.name: n.attrs for n in desc.nodes if n.op == "conv2d"}
+    assert convs["c0"]["out_channels"] < 16
+    assert convs["rows"]["in_channels"] == convs["columns"]["in_channels"] == convs["c0"]["out_channels"]
     _train_step(desc)

@@ -255,18 +255,36 @@ _BROADCASTS, _REDUCTIONS = ("MulBackward", "AddBackward", "SubBackward", "DivBac
     "MeanBackward", "SumBackward", "MaxBackward", "MinBackward", "AmaxBackward", "AminBackward")
 
 
-def _follows_channels(op: str, source: tuple[int, ...] | None, made: tuple[int, ...] | None) -> bool:
+def _saved_dims(grad_fn: Any) -> tuple[int, ...] | None:
+    """The dimensions a reduction's autograd node says it reduced (``_saved_dim``: a mean's, sum's, max's over
+    dimensions; torch keeps a negative one as an unsigned 64-bit number); None where it does not say (over all)."""
+    try:
+        dims = getattr(grad_fn, "_saved_dim", None)
+        if dims is None:
+            return None
+        return tuple(int(d) - (1 << 64) if int(d) >= 1 << 63 else int(d)
+                     for d in (dims if isinstance(dims, (tuple, list)) else (dims,)))
+    except (AttributeError, RuntimeError, TypeError, ValueError):
+        return None
+
+
+def _follows_channels(op: str, source: tuple[int, ...] | None, made: tuple[int, ...] | None,
+                      reduced: tuple[int, ...] | None = None) -> bool:
     """Whether the output of shape ``made`` of the op whose autograd node is named ``op`` has its channels
     (dimension 1 of a ``[N, C]`` or ``[N, C, H, W]`` tensor) from its input of shape ``source``: not where a
     broadcast gives it other channels (a ``[N, 1, H, W]`` gate times a ``[N, C, H, W]`` map), a reduction takes
     them to one or none (``x.mean(1, keepdim=True)``, ``torch.max(x, 1)[0]``: ``[N, H, W]``), or an unsqueeze
-    gives ``[N, H, W]`` a channel. Any other op (a permute, which moves the channels elsewhere, included), and
-    unknown shapes, follow."""
+    gives ``[N, H, W]`` a channel. ``reduced``: the dimensions a reduction reduced (:func:`_saved_dims`), which decide
+    where known (a mean over the rows of 16 channels at 16 x 16 makes the [N, H, W] a mean over the channels would);
+    else the shapes. Any other op (a permute, which moves the channels elsewhere, included), and unknown shapes,
+    follow."""
     if source is None or made is None:
         return True
     if op.startswith(_BROADCASTS) and len(source) == len(made) in (2, 4):
         return source[1] == made[1]
     if op.startswith(_REDUCTIONS) and len(source) == 4 and source[1] > 1:
+        if reduced is not None:
+            return 1 not in {d % 4 for d in reduced}
         return not (made == source[:1] + source[2:] or len(made) == 4 and made[1] == 1)
     if op.startswith("UnsqueezeBackward") and len(source) == 3:
         return made != (source[0], 1) + source[1:]
@@ -286,7 +304,7 @@ def _uncouple_channel_changes(module2node: dict[Any, Any]) -> None:
             continue
         made = _made_shape(node.grad_fn, 0)
         for fn, nr in node.grad_fn.next_functions:
-            if fn is None or _follows_channels(node.grad_fn.name(), _made_shape(fn, nr), made):
+            if fn is None or _follows_channels(node.grad_fn.name(), _made_shape(fn, nr), made, _saved_dims(node.grad_fn)):
                 continue
             for source in [i for i in node.inputs if i.grad_fn is fn]:
                 node.inputs.remove(source)
