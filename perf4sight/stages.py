@@ -967,6 +967,11 @@ def run_export(cfg: Config, args: argparse.Namespace) -> int:
             raise UserError(f"export: device '{device}' has no rows of a step with {DEFAULT_OPTIMIZER}, the only "
                             "optimiser a PerfSeer label holds (its 'train' figure, which an import reads back as "
                             f"{DEFAULT_OPTIMIZER}'s); nothing written")
+        losses = other_losses(cfg, device, DEFAULT_OPTIMIZER, DEFAULT_LOSS) if not rows else []
+        if losses:
+            raise UserError(f"export: device '{device}' has no rows of a step with a cross entropy ({DEFAULT_LOSS}), "
+                            f"the only loss a PerfSeer label holds; its rows are of {' and '.join(losses)}; nothing "
+                            "written")
         pairs, skipped = exportable_rows(rows, descriptions)
         if not pairs and not skipped:  # every row passed over (another input shape, an earlier description)
             raise UserError(f"export: device '{device}' has no ok measurement to export (any rows passed over are "

@@ -185,3 +185,24 @@ def test_the_allocation_model_writes_down_the_traced_events_of_an_mse_or_l1_loss
         assert sims[0].peaks_mb([1, 7, 64]).tolist() == sims[1].peaks_mb([1, 7, 64]).tolist()
     nf = attach_simulation(network_features(desc, StepRuntime(loss=loss)), desc)
     assert nf.sim.loss == loss
+
+
+def test_export_of_a_device_with_rows_of_another_loss_only_says_so(tmp_path):
+    """A PerfSeer label holds a cross entropy's step: a device measured with MSE alone has nothing to export, and the
+    error says that its rows are of another loss (it said "no ok measurement to export (any rows passed over are named
+    in the note above)", and no note named them)."""
+    import argparse
+
+    from perf4sight import stages
+
+    (tmp_path / "config.toml").write_text('[devices.d]\nbackend = "cpu"\n')
+    cfg = load_config(tmp_path / "config.toml")
+    row = {"device": "d", "backend": "cpu", "network": "net_l0", "batch_size": 2, "input_shape": "3x16x16",
+           "phase": "train", "loss": "mse", "status": "ok", "latency_ms_median": 5.0,
+           "timestamp": "2026-11-29T00:00:00+00:00"}
+    results.append_row(results.results_path(cfg.profiling_dir, "d"), row)
+    args = argparse.Namespace(format="perfseer", output=str(tmp_path / "out"), device=["d"])
+    with pytest.raises(UserError, match=r"export: device 'd' has no rows of a step with a cross entropy \(cross_entropy"
+                                        r"\), the only loss a PerfSeer label holds; its rows are of mse"):
+        stages.run_export(cfg, args)
+    assert not (tmp_path / "out").exists()
