@@ -372,3 +372,28 @@ def test_a_variance_is_described_as_torch_computes_it():
 def test_a_variance_over_every_dimension_is_refused_by_name(pattern, words):
     with pytest.raises(UserError, match=f"{words} over every dimension"):
         describe(_Probe(pattern), SHAPE, name="probe")
+
+
+class _LessModuleTensor(nn.Module):
+    """An input normalised by the module's own tensors, ``(x - mean) / std`` (buffers), or less a learnt parameter."""
+
+    def __init__(self, less: str) -> None:
+        super().__init__()
+        self.less = less
+        self.register_buffer("mean", torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1))
+        self.offset = nn.Parameter(torch.zeros(1, 3, 1, 1))
+        self.conv, self.fc = nn.Conv2d(3, 8, 3), nn.Linear(8, 10)
+
+    def forward(self, x):
+        x = {"buffer": lambda: x - self.mean, "parameter": lambda: x - self.offset,
+             "from parameter": lambda: self.offset - x}[self.less]()
+        return self.fc(self.conv(x).mean((2, 3)))
+
+
+@pytest.mark.parametrize("less", ["buffer", "parameter", "from parameter"])
+def test_a_difference_with_a_module_tensor_is_refused_naming_it(less):
+    """A difference of a tensor and the module's own tensor (a buffer's mean, a parameter) was refused with "cannot
+    describe node sub (KeyError: 'mean')": it is refused naming the module tensor."""
+    with pytest.raises(UserError, match=r"node sub \(ValueError: a sub of the module's tensor (mean|offset) has no "
+                                        r"description op"):
+        describe(_LessModuleTensor(less), SHAPE, name="probe")

@@ -1462,12 +1462,19 @@ def _is_tensor(a: Any) -> bool:
 def _difference_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Node] | None:
     """``x - y`` of two tensors (``x - x.mean(1, keepdim=True)``) or ``1 - g`` of a number and a tensor (a gated
     fusion's ``x * (1 - g)``): the subtracted tensor times -1, then added (to the other tensor, broadcast, or to the
-    number). None for any other subtraction (a tensor less a number: :func:`_by_scalar`)."""
+    number). None for any other subtraction (a tensor less a number: :func:`_by_scalar`); ``ValueError`` for one of a
+    module's own tensor (a buffer's mean, a parameter), which no description node is."""
     if n.op not in ("call_function", "call_method") or n.target not in _SUBTRACTIONS or n.kwargs or len(n.args) != 2:
         return None
     first, second = n.args[::-1] if n.target is torch.rsub else n.args
     if not _is_tensor(second) or isinstance(first, bool) or not (_is_tensor(first) or isinstance(first, (int, float))):
         return None
+    module_tensors = [a for a in (first, second) if _is_tensor(a) and a.name not in alias]  # get_attr and its views
+    if module_tensors:
+        held = module_tensors[0]
+        raise ValueError(f"a sub of the module's tensor {held.target if held.op == 'get_attr' else held.name} has no "
+                         "description op (a difference of the network's own tensors, or of one and a number, has; a "
+                         "parameter added is a 'shift')")
     taken = {x.name for x in gm.graph.nodes}
     negated = next(name for name in (f"{n.name}_{i}" for i in range(1, 99)) if name not in taken)
     alias[n.name] = n.name
