@@ -397,3 +397,24 @@ def test_a_difference_with_a_module_tensor_is_refused_naming_it(less):
     with pytest.raises(UserError, match=r"node sub \(ValueError: a sub of the module's tensor (mean|offset) has no "
                                         r"description op"):
         describe(_LessModuleTensor(less), SHAPE, name="probe")
+
+
+class _ReducedParameter(nn.Module):
+    """A map times a sum or a max over the channels of the module's own parameter."""
+
+    def __init__(self, reduce) -> None:
+        super().__init__()
+        self.reduce, self.weights = reduce, nn.Parameter(torch.randn(1, 8, 4, 4))
+        self.conv, self.fc = nn.Conv2d(3, 8, 3, stride=4, padding=1), nn.Linear(8, 10)
+
+    def forward(self, x):
+        return self.fc((self.conv(x) * self.reduce(self.weights)).mean((2, 3)))
+
+
+@pytest.mark.parametrize("reduce, call", [(lambda p: p.sum(1, keepdim=True), "sum"),
+                                          (lambda p: p.amax(1, keepdim=True), "max or min"),
+                                          (lambda p: torch.max(p, 1, keepdim=True)[0], "max or min")])
+def test_a_sum_or_max_of_a_module_tensor_is_refused_naming_it(reduce, call):
+    """A sum or max over the module's own parameter stopped with "cannot describe node sum_1 (KeyError: 'weights')"."""
+    with pytest.raises(UserError, match=f"a {call} of the module's tensor weights has no description op"):
+        describe(_ReducedParameter(reduce), SHAPE, name="probe")

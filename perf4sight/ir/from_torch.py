@@ -1430,6 +1430,7 @@ def _max_values(n: fx.Node, call: fx.Node, gm: fx.GraphModule, alias: dict[str, 
     times -1. ``n`` is the node of those values; the nodes made are named after it."""
     dims, _ = _reduced_dims(call)
     source = call.args[0]
+    _network_tensor(source, alias, "max or min")
     sample = [int(v) for v in source.meta["tensor_meta"].shape[1:]]
     before, over, after = (int(np.prod(part)) for part in (sample[:dims[0] - 1], sample[dims[0] - 1:dims[-1]],
                                                               sample[dims[-1]:]))
@@ -1459,6 +1460,15 @@ def _is_tensor(a: Any) -> bool:
     return isinstance(a, fx.Node) and hasattr(a.meta.get("tensor_meta"), "shape")
 
 
+def _network_tensor(a: Any, alias: dict[str, str], call: str) -> None:
+    """``ValueError`` where ``a``, read by ``call``, is a module's own tensor (a buffer, a parameter, or a view of one:
+    a tensor no description node computes) rather than one of the network's or a number."""
+    if _is_tensor(a) and a.name not in alias:
+        raise ValueError(f"a {call} of the module's tensor {a.target if a.op == 'get_attr' else a.name} has no "
+                         "description op (one of the network's own tensors has; a parameter added is a 'shift', one "
+                         "multiplied a 'scale')")
+
+
 def _difference_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Node] | None:
     """``x - y`` of two tensors (``x - x.mean(1, keepdim=True)``) or ``1 - g`` of a number and a tensor (a gated
     fusion's ``x * (1 - g)``): the subtracted tensor times -1, then added (to the other tensor, broadcast, or to the
@@ -1469,12 +1479,8 @@ def _difference_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> 
     first, second = n.args[::-1] if n.target is torch.rsub else n.args
     if not _is_tensor(second) or isinstance(first, bool) or not (_is_tensor(first) or isinstance(first, (int, float))):
         return None
-    module_tensors = [a for a in (first, second) if _is_tensor(a) and a.name not in alias]  # get_attr and its views
-    if module_tensors:
-        held = module_tensors[0]
-        raise ValueError(f"a sub of the module's tensor {held.target if held.op == 'get_attr' else held.name} has no "
-                         "description op (a difference of the network's own tensors, or of one and a number, has; a "
-                         "parameter added is a 'shift')")
+    for operand in (first, second):
+        _network_tensor(operand, alias, "sub")
     taken = {x.name for x in gm.graph.nodes}
     negated = next(name for name in (f"{n.name}_{i}" for i in range(1, 99)) if name not in taken)
     alias[n.name] = n.name
@@ -1587,6 +1593,7 @@ def _sum_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[No
     if dims is None or isinstance(dims, fx.Node) or n.kwargs.get("dtype") is not None or len(n.args) > 3:
         raise ValueError("a sum over every dimension, or of another type (dtype=), has no description op; give dim=")
     source = n.args[0]
+    _network_tensor(source, alias, "sum")
     shape = [int(v) for v in source.meta["tensor_meta"].shape]
     dims = sorted({int(d) % len(shape) for d in ([dims] if isinstance(dims, int) else dims)})
     if 0 in dims:
