@@ -418,3 +418,25 @@ def test_a_sum_or_max_of_a_module_tensor_is_refused_naming_it(reduce, call):
     """A sum or max over the module's own parameter stopped with "cannot describe node sum_1 (KeyError: 'weights')"."""
     with pytest.raises(UserError, match=f"a {call} of the module's tensor weights has no description op"):
         describe(_ReducedParameter(reduce), SHAPE, name="probe")
+
+
+@pytest.mark.parametrize("pattern", [
+    lambda s, y: torch.add(y, other=2),
+    lambda s, y: torch.mul(y, other=3),
+    lambda s, y: y.add(other=0.5),
+    lambda s, y: torch.mul(y, other=y.shape[2]),
+])
+def test_a_number_given_as_other_is_the_scalar(pattern):
+    """An add or multiply of a tensor and a number given as ``other=`` stopped with "cannot describe node add
+    (StopIteration)": the number was looked for among the positional arguments alone."""
+    assert "add" in _computes_the_same(_Probe(pattern)) or "mul" in _computes_the_same(_Probe(pattern))
+
+
+@pytest.mark.parametrize("pattern", [lambda s, y: torch.add(y, 2, alpha=3),
+                                     lambda s, y: torch.add(y, y * 2, alpha=3),
+                                     lambda s, y: y.add(y, alpha=0.5)])
+def test_an_add_of_another_alpha_than_1_is_refused_by_name(pattern):
+    """``torch.add(x, y, alpha=a)`` is x + a y: it was described as x + y, the rebuilt network computing something
+    else."""
+    with pytest.raises(UserError, match=r"an add of alpha 3|an add of alpha 0.5"):
+        describe(_Probe(pattern), SHAPE, name="probe")

@@ -368,8 +368,18 @@ def _dims(v: Any) -> list[int]:
 
 #: function or method name -> (fx node) -> (op, attrs).
 FUNCTION_OPS: dict[Any, Callable[[fx.Node], tuple[str, dict]]] = {}
+
+
+def _add(n: fx.Node) -> tuple[str, dict]:
+    """An add; one of ``alpha`` other than 1 (``torch.add(x, y, alpha=a)``: x + a y), ``ValueError``."""
+    alpha = n.kwargs.get("alpha", 1)
+    if alpha != 1:
+        raise ValueError(f"an add of alpha {alpha} (x + alpha * y) has no description op; multiply y first")
+    return "add", {}
+
+
 for _key in (operator.add, operator.iadd, torch.add, "add", "add_"):
-    FUNCTION_OPS[_key] = lambda n: ("add", {})
+    FUNCTION_OPS[_key] = _add
 for _key in (operator.mul, operator.imul, torch.mul, "mul", "mul_"):
     FUNCTION_OPS[_key] = lambda n: ("mul", {})
 
@@ -1356,8 +1366,9 @@ def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, s
     if not tensor_inputs:
         raise UserError(f"{where}: {op} (node {n.name}) has no tensor input the description can follow")
     if op in ("add", "mul") and len(tensor_inputs) == 1 and "scalar" not in attrs:
-        scalar = next(_shape_value(a) for a in n.args if not hasattr(getattr(a, "meta", {}).get("tensor_meta"),
-                                                                      "shape"))
+        operands = [*n.args, *(n.kwargs[k] for k in ("other",) if k in n.kwargs)]  # the number: x + 2, other=2
+        scalar = next(_shape_value(a) for a in operands if not hasattr(getattr(a, "meta", {}).get("tensor_meta"),
+                                                                        "shape"))
         attrs = {"scalar": float(scalar)}
     if op == "reshape":
         tensor_inputs = tensor_inputs[:1]
