@@ -374,7 +374,7 @@ def _other_optimizers_note(cfg: Config, device: str) -> str:
     data, say, under a config of Adam's step), or of its step with other losses than ``[profile] loss``'s
     (:func:`_other_losses_note`), the note that passes it over, saying what stays as it is; else ""."""
     others = other_phases(cfg, device)
-    if not others:
+    if not others or other_losses(cfg, device):  # rows of [profile] optimizer's step there are, of other losses
         return _other_losses_note(cfg, device)
     step = OPTIMIZER_LABELS[cfg.profile.optimizer]
     stored = cfg.fingerprint_dir / device / "metadata.json"

@@ -206,3 +206,19 @@ def test_export_of_a_device_with_rows_of_another_loss_only_says_so(tmp_path):
                                         r"\), the only loss a PerfSeer label holds; its rows are of mse"):
         stages.run_export(cfg, args)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_device_with_the_optimisers_rows_of_another_loss_is_passed_over_naming_the_loss(tmp_path):
+    """A device whose rows are of Adam's step and of SGD's with an MSE loss, under a config of SGD's step with a cross
+    entropy: the note passing it over said its rows were of Adam's steps, "none with SGD", and told to fit Adam's; it
+    names the loss its SGD rows were measured with."""
+    from perf4sight import stages
+
+    (tmp_path / "config.toml").write_text('[devices.d]\nbackend = "cpu"\n')
+    cfg = load_config(tmp_path / "config.toml")
+    row = {"device": "d", "backend": "cpu", "network": "net_l0", "batch_size": 2, "input_shape": "3x16x16",
+           "status": "ok", "latency_ms_median": 5.0, "timestamp": "2026-11-29T00:00:00+00:00"}
+    for phase, loss in (("train_adam", "cross_entropy"), ("train", "mse")):
+        results.append_row(results.results_path(cfg.profiling_dir, "d"), dict(row, phase=phase, loss=loss))
+    note = stages._other_optimizers_note(cfg, "d")
+    assert "its rows are of steps with loss mse, none with cross_entropy" in note and "adam" not in note
