@@ -304,7 +304,8 @@ def _uncouple_channel_changes(module2node: dict[Any, Any]) -> None:
             continue
         made = _made_shape(node.grad_fn, 0)
         for fn, nr in node.grad_fn.next_functions:
-            if fn is None or _follows_channels(node.grad_fn.name(), _made_shape(fn, nr), made, _saved_dims(node.grad_fn)):
+            if fn is None or _follows_channels(node.grad_fn.name(), _made_shape(fn, nr), made,
+                                               _saved_dims(node.grad_fn)):
                 continue
             for source in [i for i in node.inputs if i.grad_fn is fn]:
                 node.inputs.remove(source)
@@ -467,8 +468,8 @@ def followed_groups(groups: list[CoupledGroup], model: nn.Module, example: torch
     primary convolution, concatenated both as it is and through its cheap depthwise one: reached by the second path
     only), and the cut then left that layer whole: the pruned network failed at its first forward. One forward with
     every group cut as deep as it may be (on the ``meta`` device, ``model`` and ``example`` there: shapes alone);
-    where it fails, one per group, the groups that fail alone left out (and all of them where the others still fail together). A model
-    that does not run there uncut (an op without a meta kernel) keeps its groups unchecked."""
+    where it fails, one per group, the groups that fail alone left out (and all of them where the others still fail
+    together). A model that does not run there uncut (an op without a meta kernel) keeps its groups unchecked."""
     cuttable = [g for g in groups if g.max_removed > 0]
     if not cuttable or _runs_cut(model, example, cuttable) or not _runs_cut(model, example, []):
         return groups, 0
