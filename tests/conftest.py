@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -36,7 +37,12 @@ LONGEST_FILES = {"test_remote_reruns.py": 95, "test_profiling_signals.py": 91, "
 
 def pytest_configure(config) -> None:
     """Keep the files in the order :func:`pytest_collection_modifyitems` gives them under pytest-xdist (whose
-    default reorders them by their number of tests)."""
+    default reorders them by their number of tests). Ctrl-C raises KeyboardInterrupt here and in the processes the
+    tests start, as in a terminal, though the suite itself was started in the background by a shell without job
+    control (``./dev.sh test &`` in a script), which ignores SIGINT in it and in every process it starts: the tests
+    of Ctrl-C then failed."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
 
