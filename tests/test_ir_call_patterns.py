@@ -399,6 +399,31 @@ def test_a_difference_with_a_module_tensor_is_refused_naming_it(less):
         describe(_LessModuleTensor(less), SHAPE, name="probe")
 
 
+class _OverModuleTensor(nn.Module):
+    """An input over the module's own tensor (``x / std``, a buffer; a number over a parameter)."""
+
+    def __init__(self, over: str) -> None:
+        super().__init__()
+        self.over = over
+        self.register_buffer("std", torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1))
+        self.spread = nn.Parameter(torch.ones(1, 3, 1, 1))
+        self.conv, self.fc = nn.Conv2d(3, 8, 3), nn.Linear(8, 10)
+
+    def forward(self, x):
+        x = {"buffer": lambda: x / self.std, "by parameter": lambda: x * (2 / self.spread),
+             "parameter over": lambda: self.spread / x}[self.over]()
+        return self.fc(self.conv(x).mean((2, 3)))
+
+
+@pytest.mark.parametrize("over", ["buffer", "by parameter", "parameter over"])
+def test_a_quotient_with_a_module_tensor_is_refused_naming_it(over):
+    """A quotient of a tensor and the module's own tensor (an input normalised by a buffer's std) stopped with
+    "cannot describe node truediv (KeyError: 'std')", as a difference did: it is refused naming the module tensor."""
+    with pytest.raises(UserError, match=r"node truediv\w* \(ValueError: a div of the module's tensor (std|spread) has "
+                                        r"no description op"):
+        describe(_OverModuleTensor(over), SHAPE, name="probe")
+
+
 class _ReducedParameter(nn.Module):
     """A map times a sum or a max over the channels of the module's own parameter."""
 

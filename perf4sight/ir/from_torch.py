@@ -1509,13 +1509,16 @@ _DIVISIONS = {operator.truediv, torch.div, torch.true_divide, "div", "true_divid
 def _quotient_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Node] | None:
     """``x / y`` of two tensors (an L2 normalisation's ``x / x.pow(2).sum(1, keepdim=True).sqrt()``, a hand-written
     norm's): the op div, broadcast; ``c / y`` of a number and a tensor as torch computes it: the divisor's reciprocal
-    (the power -1), times the number. None for any other division (a tensor over a number: :func:`_by_scalar`)."""
+    (the power -1), times the number. None for any other division (a tensor over a number: :func:`_by_scalar`);
+    ``ValueError`` for one of a module's own tensor (``x / self.std``, a buffer), which no description node is."""
     if n.op not in ("call_function", "call_method") or n.target not in _DIVISIONS or len(n.args) != 2 \
             or set(n.kwargs) - {"rounding_mode"} or n.kwargs.get("rounding_mode") is not None:
         return None
     first, second = n.args
     if not _is_tensor(second) or isinstance(first, bool) or not (_is_tensor(first) or isinstance(first, (int, float))):
         return None
+    for operand in (first, second):
+        _network_tensor(operand, alias, "div")
     alias[n.name] = n.name
     if _is_tensor(first):
         return [Node(n.name, "div", [alias[first.name], alias[second.name]], {}, _shape(n))]
