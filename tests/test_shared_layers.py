@@ -186,3 +186,38 @@ def test_a_shared_layer_survives_the_perfseer_round_trip(tmp_path):
     export_perfseer(_rows(desc), {desc.name: desc}, tmp_path / "ds")
     import_perfseer(tmp_path / "ds", "d2", tmp_path / "prof", tmp_path / "models")
     assert load_description(tmp_path / "models" / "imported" / "d2" / "cbam.json").to_dict() == desc.to_dict()
+
+
+class _TwiceNormed(nn.Module):
+    """A batch norm applied to a map and to its double, the two summed: the norm's backward adds its input's
+    gradient into the one the multiply's left, then its weight's and bias's into the first call's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn, self.fc = nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6), nn.Linear(6, 4)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.fc((self.bn(y) + self.bn(y * 2)).mean((2, 3)))
+
+
+class _ProductAndSum(nn.Module):
+    """a * b + a + b: the product's backward adds both its gradients into buffers the sums filled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.fc = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(3, 4, 3, padding=1), nn.Linear(4, 2)
+
+    def forward(self, x):
+        a, b = self.a(x), self.b(x)
+        return self.fc((a * b + a + b).mean((2, 3)))
+
+
+@pytest.mark.parametrize("network", [_TwiceNormed, _ProductAndSum])
+def test_a_gradient_added_into_a_buffer_is_freed_when_its_node_is_done(network):
+    """A node's gradient added into a filled buffer is its output, which the engine holds till the node has handed on
+    all its gradients: the model freed it right after the sum, before the node's next sum (a shared layer's weight
+    gradient, the other input's), where the trace frees it after them."""
+    desc = describe(network(), [3, 8, 8], "net")
+    assert _as_replayed(record_events(desc, 2, steps=1, method="model")) == _as_replayed(
+        record_events(desc, 2, steps=1, method="trace"))

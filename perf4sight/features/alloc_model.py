@@ -37,7 +37,8 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
   highest sequence number). A node allocates the gradients it computes; the engine sums the
   gradient of a broadcast input down to its shape (a new tensor, the full one freed); then the
   node releases its incoming gradient and its saved tensors and hands each gradient on: into an
-  empty buffer as is, into a filled one as a new sum (the two addends released). Pass-through
+  empty buffer as is, into a filled one as a new sum (the buffer's old value released at once, the
+  node's addend once the node has handed on all its gradients: it holds its outputs till then). Pass-through
   backwards (add, cat, views) hand on the incoming gradient or views of it. A parameter's
   gradient is kept as its ``.grad`` where it is accumulated (a mark, so that later steps can free
   it there instead). A layer called more than once (its later calls' nodes ``share`` the first's parameters,
@@ -931,8 +932,8 @@ def _backward(fns: list[_GradFn], root: int, mem: _Memory) -> dict[int, int]:
                 plain = _ordered(shape, old_strides) and _ordered(shape, out_strides)
                 buffers[target] = (mem.new(size, "aten.add.Tensor"), size, None if plain else _UNKNOWN)
                 mem.drop(old)
-                mem.drop(sid)
-        for sid in released:  # the node's own gradients of a shared parameter, dropped with its outputs
+                released.append(sid)
+        for sid in released:  # the node's gradients added into a buffer: its outputs, dropped when it is done
             mem.drop(sid)
         for p, sid in accumulated:  # AccumulateGrad nodes run first (highest priority)
             mem.events.append((ACCUMULATED, p, 0, ""))
