@@ -221,3 +221,33 @@ def test_a_gradient_added_into_a_buffer_is_freed_when_its_node_is_done(network):
     desc = describe(network(), [3, 8, 8], "net")
     assert _as_replayed(record_events(desc, 2, steps=1, method="model")) == _as_replayed(
         record_events(desc, 2, steps=1, method="trace"))
+
+
+class _TwiceNormedWithoutAffine(nn.Module):
+    """A batch norm without affine parameters applied twice: one set of running statistics, updated by both calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn, self.fc = nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6, affine=False), nn.Linear(6, 4)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.fc((self.bn(y) + self.bn(y * 2)).mean((2, 3)))
+
+
+def test_a_batch_norm_without_parameters_called_twice_keeps_one_set_of_running_statistics():
+    """Only a layer with parameters was marked shared: a batch norm without affine ones, called twice, was rebuilt as
+    two norms of their own running statistics (each updated by one call, where the network's are by both) and its
+    buffers set up twice by the allocation model. Its later call now shares the first's buffers."""
+    original = _TwiceNormedWithoutAffine()
+    desc = describe(original, [3, 8, 8], "bn")
+    assert desc.node("bn_1").attrs.get("shares") == "bn"
+    rebuilt = build_module(desc)
+    rebuilt.load_state_dict(dict(zip(rebuilt.state_dict(), original.state_dict().values())))
+    x = torch.randn(2, 3, 8, 8)
+    assert torch.allclose(rebuilt(x), original(x), atol=1e-6)  # training: both update their running statistics
+    assert torch.allclose(rebuilt.state_dict()["bn.running_var"], original.bn.running_var)
+    assert sum(b.numel() for b in rebuilt.buffers()) == sum(b.numel() for b in original.buffers())
+    model = record_events(desc, 2, steps=1, method="model")
+    assert _as_replayed(model) == _as_replayed(record_events(desc, 2, steps=1, method="trace"))
+    assert len([e for e in model if e[3] == "setup"]) == 2 + 3 + 2  # conv, the norm's 3 buffers once, fc

@@ -1259,13 +1259,17 @@ def _convert(gm: fx.GraphModule, where: str) -> tuple[list[Node], str]:
 
 
 def _mark_shared_calls(gm: fx.GraphModule, nodes: list[Node]) -> None:
-    """Give the node of each later call of a layer with parameters (CBAM's MLP over the average- and the max-pooled
-    descriptors) the attr ``shares``: the name of the node of its first call, which holds the parameters."""
+    """Give the node of each later call of a layer with parameters or buffers (CBAM's MLP over the average- and the
+    max-pooled descriptors; a batch norm without affine parameters, whose running statistics both calls update) the
+    attr ``shares``: the name of the node of its first call, which holds them."""
     first_call: dict[str, str] = {}  # layer (module path) -> the description node of its first call
     described = {n.name: n for n in nodes}
     for fx_node in gm.graph.nodes:
         node = described.get(fx_node.name)
-        if fx_node.op != "call_module" or node is None or node.op not in PARAMETER_OPS or not node_params(node):
+        if fx_node.op != "call_module" or node is None or node.op not in PARAMETER_OPS:
+            continue
+        layer = gm.get_submodule(fx_node.target)
+        if not node_params(node) and next(layer.buffers(), None) is None:  # nothing of its own: layers alike
             continue
         owner = first_call.setdefault(fx_node.target, node.name)
         if owner != node.name:
