@@ -374,6 +374,16 @@ def test_a_variance_over_every_dimension_is_refused_by_name(pattern, words):
         describe(_Probe(pattern), SHAPE, name="probe")
 
 
+@pytest.mark.parametrize("pattern,words", [(lambda s, y: y * y.var(False), "a variance over every dimension"),
+                                           (lambda s, y: y * y.std(True), "a standard deviation over every dimension"),
+                                           (lambda s, y: y * y.std(0), "a standard deviation over the batch")])
+def test_a_deviation_over_the_batch_is_refused_by_name(pattern, words):
+    """x.var(False) (torch's unbiased over every dimension) was described as a variance over dimension 0 (computing
+    another value), x.std(True) over dimension 1, and x.std(0) over the batch described whole: each is refused."""
+    with pytest.raises(UserError, match=words):
+        describe(_Probe(pattern), SHAPE, name="probe")
+
+
 class _LessModuleTensor(nn.Module):
     """An input normalised by the module's own tensors, ``(x - mean) / std`` (buffers), or less a learnt parameter."""
 

@@ -550,13 +550,14 @@ for _key in (torch.unflatten, "unflatten"):
 
 def _variance(n: fx.Node) -> tuple[str, dict]:
     """``x.var(dims, unbiased=False, keepdim=True)``, ``torch.var(x, dims, correction=0)``: the op var (torch's
-    default correction 1, unbiased)."""
+    default correction 1, unbiased); ``ValueError`` over every dimension (no dim, or ``x.var(False)``: a bool first is
+    torch's ``unbiased``)."""
     unbiased = _arg(n, 2, "unbiased", None) if not isinstance(_arg(n, 2, "unbiased"), fx.Node) else None
     correction = n.kwargs.get("correction", 1 if unbiased in (None, True) else 0)
     keepdim = n.kwargs.get("keepdim", n.args[3] if len(n.args) > 3 else False)
     if isinstance(correction, bool) or not isinstance(correction, (int, float)) or not isinstance(keepdim, bool):
         raise ValueError("a variance of another correction than a number has no description op")
-    if _arg(n, 1, "dim") is None:
+    if _arg(n, 1, "dim") is None or isinstance(_arg(n, 1, "dim"), bool):  # x.var(False): unbiased, every dimension
         raise ValueError(f"a {'standard deviation' if n.target in _STD_CALLS else 'variance'} over every dimension "
                          "(no dim given) reduces the batch too; give dim=")
     return "var", {"dims": _dims(_arg(n, 1, "dim")), "keepdim": keepdim, "correction": float(correction)}
@@ -1596,6 +1597,9 @@ def _std_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[No
     if n.op not in ("call_function", "call_method") or n.target not in _STD_CALLS or _shape(n) is None:
         return None
     _, attrs = _variance(n)
+    rank = len(_shape(n.args[0])) + 1  # the batch's dimension included
+    if 0 in {d % rank for d in attrs["dims"]}:
+        raise ValueError("a standard deviation over the batch dimension (dim 0) has no description op")
     taken = {x.name for x in gm.graph.nodes}
     variance = next(name for name in (f"{n.name}_{i}" for i in range(1, 99)) if name not in taken)
     alias[n.name] = n.name
