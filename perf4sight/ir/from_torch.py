@@ -1579,6 +1579,8 @@ def _stack_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[
     dim = int(dim) % (len(out) + 1)
     if dim == 0:
         raise ValueError("a stack along the batch dimension (dim 0) has no description op")
+    for t in tensors:
+        _network_tensor(t, alias, "stack")
     taken = {x.name for x in gm.graph.nodes}
     names = iter(name for name in (f"{n.name}_{i}" for i in range(1, 999)) if name not in taken)
     unsqueezed = [Node(next(names), "unsqueeze", [alias[t.name]], {"dim": dim}, out[:dim - 1] + [1] + out[dim:])
@@ -1597,6 +1599,7 @@ def _std_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[No
     if n.op not in ("call_function", "call_method") or n.target not in _STD_CALLS or _shape(n) is None:
         return None
     _, attrs = _variance(n)
+    _network_tensor(n.args[0], alias, "standard deviation")
     rank = len(_shape(n.args[0])) + 1  # the batch's dimension included
     if 0 in {d % rank for d in attrs["dims"]}:
         raise ValueError("a standard deviation over the batch dimension (dim 0) has no description op")
@@ -1789,6 +1792,7 @@ def _unbound_piece(unbind: fx.Node, index: int, name: str, alias: dict[str, str]
     dim = int(_arg(unbind, 1, "dim", 0)) % len(source.meta["tensor_meta"].shape)
     if dim == 0:
         raise ValueError("an unbind along the batch dimension (dim 0) has no description op")
+    _network_tensor(source, alias, "unbind")
     return Node(name, "select", [alias[source.name]], {"dim": dim, "index": index},
                 list(unbind.meta["tensor_meta"][index].shape)[1:])
 
