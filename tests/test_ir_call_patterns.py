@@ -471,6 +471,16 @@ def test_a_number_given_as_other_is_the_scalar(pattern):
     assert "add" in _computes_the_same(_Probe(pattern)) or "mul" in _computes_the_same(_Probe(pattern))
 
 
+@pytest.mark.parametrize("pattern, op", [(lambda s, y: torch.sub(y, other=y.mean(1, keepdim=True)), "add"),
+                                         (lambda s, y: torch.rsub(y, other=y.sigmoid()), "add"),
+                                         (lambda s, y: torch.div(y, other=y.abs() + 1), "div"),
+                                         (lambda s, y: y.div(other=y.abs() + 1, rounding_mode=None), "div")])
+def test_a_tensor_given_as_other_is_subtracted_or_divided_by(pattern, op):
+    """A difference or quotient of two tensors, the second given as ``other=``, was refused ("a sub of anything but
+    a tensor by a number"): the second tensor was looked for among the positional arguments alone."""
+    assert op in _computes_the_same(_Probe(pattern))
+
+
 @pytest.mark.parametrize("pattern", [lambda s, y: torch.add(y, 2, alpha=3),
                                      lambda s, y: torch.add(y, y * 2, alpha=3),
                                      lambda s, y: y.add(y, alpha=0.5)])

@@ -1485,14 +1485,24 @@ def _network_tensor(a: Any, alias: dict[str, str], call: str) -> None:
                          "multiplied a 'scale')")
 
 
+def _operand_pair(n: fx.Node, *allowed: str) -> tuple[Any, Any] | None:
+    """The two operands of the call ``n``, the second given as it is or as ``other=`` (``torch.sub(x, other=y)``);
+    None where it has not two, or a keyword argument besides ``other`` and ``allowed`` (``alpha``)."""
+    operands = [*n.args, *(n.kwargs[k] for k in ("other",) if k in n.kwargs)]
+    if set(n.kwargs) - {"other", *allowed} or len(operands) != 2:
+        return None
+    return operands[0], operands[1]
+
+
 def _difference_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Node] | None:
     """``x - y`` of two tensors (``x - x.mean(1, keepdim=True)``) or ``1 - g`` of a number and a tensor (a gated
     fusion's ``x * (1 - g)``): the subtracted tensor times -1, then added (to the other tensor, broadcast, or to the
     number). None for any other subtraction (a tensor less a number: :func:`_by_scalar`); ``ValueError`` for one of a
     module's own tensor (a buffer's mean, a parameter), which no description node is."""
-    if n.op not in ("call_function", "call_method") or n.target not in _SUBTRACTIONS or n.kwargs or len(n.args) != 2:
+    pair = _operand_pair(n) if n.op in ("call_function", "call_method") and n.target in _SUBTRACTIONS else None
+    if pair is None:
         return None
-    first, second = n.args[::-1] if n.target is torch.rsub else n.args
+    first, second = pair[::-1] if n.target is torch.rsub else pair
     if not _is_tensor(second) or isinstance(first, bool) or not (_is_tensor(first) or isinstance(first, (int, float))):
         return None
     for operand in (first, second):
@@ -1516,10 +1526,11 @@ def _quotient_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> li
     norm's): the op div, broadcast; ``c / y`` of a number and a tensor as torch computes it: the divisor's reciprocal
     (the power -1), times the number. None for any other division (a tensor over a number: :func:`_by_scalar`);
     ``ValueError`` for one of a module's own tensor (``x / self.std``, a buffer), which no description node is."""
-    if n.op not in ("call_function", "call_method") or n.target not in _DIVISIONS or len(n.args) != 2 \
-            or set(n.kwargs) - {"rounding_mode"} or n.kwargs.get("rounding_mode") is not None:
+    pair = _operand_pair(n, "rounding_mode") if n.op in ("call_function", "call_method") and n.target in _DIVISIONS \
+        else None
+    if pair is None or n.kwargs.get("rounding_mode") is not None:
         return None
-    first, second = n.args
+    first, second = pair
     if not _is_tensor(second) or isinstance(first, bool) or not (_is_tensor(first) or isinstance(first, (int, float))):
         return None
     for operand in (first, second):
