@@ -446,16 +446,16 @@ class _ReducedParameter(nn.Module):
         return self.fc((self.conv(x) * self.reduce(self.weights)).mean((2, 3)))
 
 
-@pytest.mark.parametrize("reduce, call", [(lambda p: p.sum(1, keepdim=True), "sum"),
-                                          (lambda p: p.amax(1, keepdim=True), "max or min"),
-                                          (lambda p: torch.max(p, 1, keepdim=True)[0], "max or min"),
-                                          (lambda p: p.std(1, keepdim=True), "standard deviation"),
-                                          (lambda p: torch.stack([p, p], 1).sum(1), "stack"),
-                                          (lambda p: torch.unbind(p, 1)[0].unsqueeze(1), "unbind")])
-def test_a_sum_or_max_of_a_module_tensor_is_refused_naming_it(reduce, call):
+@pytest.mark.parametrize("reduce, words", [(lambda p: p.sum(1, keepdim=True), "a sum"),
+                                           (lambda p: p.amax(1, keepdim=True), "a max or min"),
+                                           (lambda p: torch.max(p, 1, keepdim=True)[0], "a max or min"),
+                                           (lambda p: p.std(1, keepdim=True), "a standard deviation"),
+                                           (lambda p: torch.stack([p, p], 1).sum(1), "a stack"),
+                                           (lambda p: torch.unbind(p, 1)[0].unsqueeze(1), "an unbind")])
+def test_a_sum_or_max_of_a_module_tensor_is_refused_naming_it(reduce, words):
     """A sum or max over the module's own parameter stopped with "cannot describe node sum_1 (KeyError: 'weights')",
-    and so did a standard deviation of it, a stack or an unbind."""
-    with pytest.raises(UserError, match=f"a {call} of the module's tensor weights has no description op"):
+    and so did a standard deviation of it, a stack or an unbind (whose refusal read "a unbind")."""
+    with pytest.raises(UserError, match=f"{words} of the module's tensor weights has no description op"):
         describe(_ReducedParameter(reduce), SHAPE, name="probe")
 
 

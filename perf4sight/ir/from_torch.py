@@ -1480,7 +1480,8 @@ def _network_tensor(a: Any, alias: dict[str, str], call: str) -> None:
     """``ValueError`` where ``a``, read by ``call``, is a module's own tensor (a buffer, a parameter, or a view of one:
     a tensor no description node computes) rather than one of the network's or a number."""
     if _is_tensor(a) and a.name not in alias:
-        raise ValueError(f"a {call} of the module's tensor {a.target if a.op == 'get_attr' else a.name} has no "
+        article = "an" if call[0] in "aeiou" else "a"
+        raise ValueError(f"{article} {call} of the module's tensor {a.target if a.op == 'get_attr' else a.name} has no "
                          "description op (one of the network's own tensors has; a parameter added is a 'shift', one "
                          "multiplied a 'scale')")
 
