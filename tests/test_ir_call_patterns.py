@@ -489,3 +489,24 @@ def test_an_add_of_another_alpha_than_1_is_refused_by_name(pattern):
     else."""
     with pytest.raises(UserError, match=r"an add of alpha 3|an add of alpha 0.5"):
         describe(_Probe(pattern), SHAPE, name="probe")
+
+
+@pytest.mark.parametrize("pattern, words", [(lambda s, y: torch.sub(y, y.sigmoid(), alpha=2),
+                                             r"a sub of alpha 2 \(x - alpha \* y\)"),
+                                            (lambda s, y: torch.sub(y, 0.5, alpha=2), r"a sub of alpha 2 \(x - alpha"),
+                                            (lambda s, y: y.sub(y.mean(1, keepdim=True), alpha=0.5),
+                                             r"a sub of alpha 0.5 \(x - alpha \* y\)"),
+                                            (lambda s, y: torch.rsub(y, y.sigmoid(), alpha=3),
+                                             r"an rsub of alpha 3 \(y - alpha \* x\)")])
+def test_a_sub_of_another_alpha_than_1_is_refused_naming_alpha(pattern, words):
+    """``torch.sub(x, y, alpha=a)`` (x - a y) was refused with the scalar rule's "a sub of anything but a tensor by a
+    number", which names neither alpha nor what to do; it is refused as an add of alpha is."""
+    with pytest.raises(UserError, match=rf"{words}.* has no description op; multiply y first"):
+        describe(_Probe(pattern), SHAPE, name="probe")
+
+
+@pytest.mark.parametrize("pattern", [lambda s, y: torch.sub(y, y.sigmoid(), alpha=1),
+                                     lambda s, y: y.sub(0.5, alpha=1)])
+def test_a_sub_of_alpha_1_is_a_sub(pattern):
+    """An alpha of 1, torch's default, leaves a difference a difference (it was refused as any keyword was)."""
+    assert "add" in _computes_the_same(_Probe(pattern))

@@ -370,11 +370,17 @@ def _dims(v: Any) -> list[int]:
 FUNCTION_OPS: dict[Any, Callable[[fx.Node], tuple[str, dict]]] = {}
 
 
-def _add(n: fx.Node) -> tuple[str, dict]:
-    """An add; one of ``alpha`` other than 1 (``torch.add(x, y, alpha=a)``: x + a y), ``ValueError``."""
+def _refuse_alpha(n: fx.Node, call: str, formula: str) -> None:
+    """``ValueError`` naming ``alpha`` for the add or sub ``n`` (``call``, computing ``formula``) given one other
+    than 1 (``torch.sub(x, y, alpha=a)``: x - a y), which no description op scales the second operand by."""
     alpha = n.kwargs.get("alpha", 1)
     if alpha != 1:
-        raise ValueError(f"an add of alpha {alpha} (x + alpha * y) has no description op; multiply y first")
+        raise ValueError(f"{call} of alpha {alpha} ({formula}) has no description op; multiply y first")
+
+
+def _add(n: fx.Node) -> tuple[str, dict]:
+    """An add; one of ``alpha`` other than 1 (``torch.add(x, y, alpha=a)``: x + a y), ``ValueError``."""
+    _refuse_alpha(n, "an add", "x + alpha * y")
     return "add", {}
 
 
@@ -415,11 +421,14 @@ def _by_scalar(n: fx.Node) -> tuple[str, dict]:
     (a scale of an input, ``x / 255``, ``(x - 0.5) / 0.25``). A difference or quotient of two tensors, or of a number
     and a tensor, has no description op."""
     name = n.target if isinstance(n.target, str) else n.target.__name__
+    subtraction = name.rstrip("_") in ("sub", "isub")
+    if subtraction:
+        _refuse_alpha(n, f"a {name}", "x - alpha * y")
     other = _shape_value(n.args[1] if len(n.args) > 1 else n.kwargs.get("other"))
     if not isinstance(n.args[0], fx.Node) or isinstance(other, fx.Node) or isinstance(other, bool) \
-            or not isinstance(other, (int, float)) or set(n.kwargs) - {"other"}:
+            or not isinstance(other, (int, float)) or set(n.kwargs) - {"other", *(("alpha",) if subtraction else ())}:
         raise ValueError(f"a {name} of anything but a tensor by a number (x - 2, x / 255) has no description op")
-    if name.rstrip("_") in ("sub", "isub"):
+    if subtraction:
         return "add", {"scalar": -float(other)}
     if other == 0:
         raise ValueError(f"a {name} by zero has no description op")
@@ -1500,7 +1509,10 @@ def _difference_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> 
     fusion's ``x * (1 - g)``): the subtracted tensor times -1, then added (to the other tensor, broadcast, or to the
     number). None for any other subtraction (a tensor less a number: :func:`_by_scalar`); ``ValueError`` for one of a
     module's own tensor (a buffer's mean, a parameter), which no description node is."""
-    pair = _operand_pair(n) if n.op in ("call_function", "call_method") and n.target in _SUBTRACTIONS else None
+    if n.op not in ("call_function", "call_method") or n.target not in _SUBTRACTIONS:
+        return None
+    _refuse_alpha(n, *(("an rsub", "y - alpha * x") if n.target is torch.rsub else ("a sub", "x - alpha * y")))
+    pair = _operand_pair(n, "alpha")
     if pair is None:
         return None
     first, second = pair[::-1] if n.target is torch.rsub else pair
