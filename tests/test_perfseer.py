@@ -441,3 +441,20 @@ def test_a_label_without_a_training_step_is_noted(tmp_path):
                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "note: gpu2: 1 label file held no training step's figures (no 'train' entry: tiny_bs8.txt)" in run.stderr
+
+
+@pytest.mark.parametrize("args", [{"keepdim": False}, {"dims": None}])
+def test_a_variance_without_its_dims_is_refused_naming_file_and_node(args):
+    """A ReduceVariance node (this tool's own type) without ``dims`` stopped the import with a bare KeyError: 'dims'.
+    A variance's dimensions are never implied (a mean's are), so it is refused naming the file and the node."""
+    from perf4sight.importers.perfseer import graph_to_description
+
+    g = nx.DiGraph()
+    _node(g, "conv", "Conv", [4, 8, 6, 6], {"kernel_shape": [3, 3], "bias": False}, input_shape="[4, 3, 8, 8]")
+    _node(g, "var", "ReduceVariance", [4, 8], args)
+    _node(g, "fc", "Gemm", [4, 10])
+    g.add_edges_from([("conv", "var"), ("var", "fc")])
+    with pytest.raises(UserError, match=r"^v.pkl node 'var': ReduceVariance lacks 'dims' in args$"):
+        graph_to_description(g, "v", "v.pkl")
+    g.nodes["var"]["feature"]["args"] = {"dims": [2, 3]}
+    assert graph_to_description(g, "v", "v.pkl")[0].node("var").attrs["dims"] == [2, 3]

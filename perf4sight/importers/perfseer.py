@@ -490,7 +490,9 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
     if op in ("softmax", "log_softmax"):  # ONNX's (Log)Softmax: axis counts the batch (-1, the last, where not given)
         axis = int(_number(args.get("dim", args.get("axis", -1)), f"{where} axis"))
         return {"dim": axis % (len(in_shapes[0]) + 1)}
-    if op == "var":
+    if op == "var":  # our own type: its dims are never implied (a mean's are)
+        if args.get("dims") is None:
+            raise UserError(f"{where}: ReduceVariance lacks 'dims' in args")
         return {"dims": _ints(args["dims"], where), "keepdim": flag("keepdim", False),
                 "correction": _number(args.get("correction", 1.0), f"{where} correction")}
     if op == "mean":
