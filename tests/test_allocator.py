@@ -566,6 +566,37 @@ def test_allocation_model_writes_down_an_instance_norm_as_traced(affine_first):
                                                                           + [3 * 32 * 4] * 2) * 2  # 3 steps
 
 
+def _affine_instance_normed() -> NetworkDescription:
+    """conv -> affine instance norm of 8 channels -> conv, then a classifier."""
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    class Normed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1, self.norm = nn.Conv2d(3, 8, 3, padding=1), nn.InstanceNorm2d(8, affine=True)
+            self.c2, self.fc = nn.Conv2d(8, 8, 3), nn.Linear(8, 1)
+
+        def forward(self, x):
+            return self.fc(self.c2(self.norm(self.c1(x))).mean((2, 3)))
+
+    return describe(Normed(), [3, 8, 8], "normed")
+
+
+@pytest.mark.parametrize("batch, sums", [(1, 0), (3, 2)])
+def test_an_affine_instance_norm_at_batch_1_sums_no_parameter_gradient(batch, sums):
+    """At a batch of 1 the weight and bias are repeated once: the repeat's backward sums over no dimension, the
+    norm's gradients of them are the parameters' own. The model wrote down a sum of each (4 events a step the meta
+    trace lacks); it now follows torch at a batch of 1 and sums each (8 floats) at any other batch."""
+    desc = _affine_instance_normed()
+    model, traced = record_events(desc, batch, steps=2, method="model"), record_events(desc, batch, steps=2,
+                                                                                     method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+    assert sum(kind == ALLOC and op == "aten.sum.dim_IntList" and size == 8 * 4
+               for kind, _, size, op in model) == sums * 2  # each step
+
+
 def _styled() -> NetworkDescription:
     """A style-transfer network's blocks: instance norms (affine and not) each followed by an in-place activation
     (ReLU, leaky ReLU, ReLU6, mish), one in a residual block."""

@@ -604,23 +604,32 @@ def _dropout2d(ctx: _OpContext) -> _Value:
     return _Value(sid, ctx.nbytes, ctx.unary_grad_fn("aten.mul.Tensor", [noise]))
 
 
+def _summed(ctx: _OpContext, param: int, size: int, rows: int) -> tuple[str, int]:
+    """The edge an instance norm's gradient of its repeated weight or bias (``rows`` bytes, one vector per sample)
+    takes to parameter ``param`` (``size`` bytes): through a sum down to ``size`` bytes, or, at a batch of 1 (the
+    repeat's backward sums over no repeated dimension), straight to the parameter."""
+    if ctx.batch == 1:
+        return "param", param
+    return "fn", ctx.grad_fn([], [("param", param)], [size], ["aten.sum.dim_IntList"], out_shape=(rows,))
+
+
 def _instance_norm(ctx: _OpContext) -> _Value:
     """An instance norm as torch runs it: a batch norm of the input viewed as [1, N x C, H, W]. Where affine, the
     weight and the bias are first repeated once per sample (N x C floats each; the bias's repeat is freed after the
     norm, the weight's kept); then the output, a mean and a 1/std per sample and channel, which it keeps with the
     input (and the repeated weight); the output is a view of the norm's. Backward: the input's gradient, the
-    repeated weight's and bias's, each of these two then summed down to C floats (the bias's first) and accumulated.
+    repeated weight's and bias's, each of these two then summed down to C floats (the bias's first) and accumulated;
+    at a batch of 1 (a repeat once) torch sums nothing, the norm's gradients are the parameters' own (:func:`_summed`).
     Bytes at ``ctx.batch``."""
     n, x, nbytes = ctx.node, ctx.x, ctx.nbytes
     pbytes, _ = _params(n)
     rows = ctx.batch * n.attrs["num_features"] * FLOAT  # bytes of a vector per sample and channel
     repeats = [ctx.alloc("repeat.default", rows) for _ in pbytes]
-    summed = [ctx.grad_fn([], [("param", ctx.first_param + k)], [size], ["aten.sum.dim_IntList"], out_shape=(rows,))
-              for k, size in enumerate(pbytes)]
+    summed = [_summed(ctx, ctx.first_param + k, size, rows) for k, size in enumerate(pbytes)]
     viewed = ctx.grad_fn([], [_edge(x)], [x.nbytes], [None], handoff="view")
     sid = ctx.alloc("native_batch_norm.default")
     stats = [ctx.alloc("native_batch_norm.default", rows, holders=0) for _ in range(2)]
-    edges = [None if viewed is None else ("fn", viewed)] + [("fn", k) for k in summed]
+    edges = [None if viewed is None else ("fn", viewed)] + summed
     norm = ctx.grad_fn([x.sid] + repeats[:1] + stats, edges, [x.nbytes] + [rows] * len(pbytes),
                        ["aten.native_batch_norm_backward.default"] * len(edges))
     for r in repeats:
