@@ -411,15 +411,8 @@ def for_optimizer(predictor: Any, optimizer: str) -> Any:
     features of a training step with ``optimizer`` (``features.optimizers``): its models, fitted on another
     optimiser's rows, read that step's state and update passes. An estimate no row measured (bench_optimizers.py
     measures how far it goes); ``fitted_optimizer`` keeps the rows' own."""
-    new = copy.copy(predictor)
-    try:
-        new.runtime = predictor.runtime.with_optimizer(optimizer.lower() if isinstance(optimizer, str) else optimizer)
-    except ValueError as exc:  # naming the known ones
-        raise UserError(f"for_optimizer: {exc}") from None
-    for part in ("trees", "gnn"):  # an ensemble's predictors
-        if getattr(new, part, None) is not None:
-            setattr(new, part, for_optimizer(getattr(new, part), optimizer))
-    return new
+    return _for_step(predictor, "for_optimizer", lambda runtime: runtime.with_optimizer(
+        optimizer.lower() if isinstance(optimizer, str) else optimizer))
 
 
 def for_loss(predictor: Any, loss: str) -> Any:
@@ -427,14 +420,22 @@ def for_loss(predictor: Any, loss: str) -> Any:
     of a training step with ``loss`` (``profiling.plan.LOSSES``; ``formulas.output_loss``): its models, fitted on
     another loss's rows, read that step's loss passes and bytes. An estimate no row measured; ``fitted_loss`` keeps
     the rows' own."""
+    return _for_step(predictor, "for_loss", lambda runtime: runtime.with_loss(
+        loss.lower() if isinstance(loss, str) else loss))
+
+
+def _for_step(predictor: Any, caller: str, change: Any) -> Any:
+    """A shallow copy of ``predictor`` whose ``runtime`` is ``change(runtime)``, and so each of an ensemble's
+    predictors; a ``ValueError`` of ``change`` (an unknown optimiser or loss, naming the known ones) is a
+    ``UserError`` of ``caller``."""
     new = copy.copy(predictor)
     try:
-        new.runtime = predictor.runtime.with_loss(loss.lower() if isinstance(loss, str) else loss)
-    except ValueError as exc:  # naming the known ones
-        raise UserError(f"for_loss: {exc}") from None
+        new.runtime = change(predictor.runtime)
+    except ValueError as exc:
+        raise UserError(f"{caller}: {exc}") from None
     for part in ("trees", "gnn"):  # an ensemble's predictors
         if getattr(new, part, None) is not None:
-            setattr(new, part, for_loss(getattr(new, part), loss))
+            setattr(new, part, _for_step(getattr(new, part), caller, change))
     return new
 
 

@@ -1664,21 +1664,10 @@ def _max_part(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Nod
         return _max_values(n, n, gm, alias)
     if n.op in ("call_function", "call_method") and n.target in _SUM_CALLS and _shape(n) is not None:
         return _sum_nodes(n, gm, alias)
-    difference = _difference_nodes(n, gm, alias)
-    if difference is not None:
-        return difference
-    quotient = _quotient_nodes(n, gm, alias)
-    if quotient is not None:
-        return quotient
-    convolved = _conv1d_nodes(n, gm, alias)
-    if convolved is not None:
-        return convolved
-    stacked = _stack_nodes(n, gm, alias)
-    if stacked is not None:
-        return stacked
-    deviation = _std_nodes(n, gm, alias)
-    if deviation is not None:
-        return deviation
+    for rewrite in (_difference_nodes, _quotient_nodes, _conv1d_nodes, _stack_nodes, _std_nodes):
+        nodes = rewrite(n, gm, alias)
+        if nodes is not None:
+            return nodes
     if n.op != "call_function" or n.target not in (operator.getitem, getattr) or not _is_max_call(n.args[0]):
         return None
     if n.args[1] in (0, "values"):
