@@ -408,7 +408,7 @@ def _shape_value(a: Any) -> Any:
     """``a`` itself, or, for an fx node of shape arithmetic (a tensor's side, a product of sides), the number it is
     (:func:`_value_at`); ``ValueError`` for one that depends on the batch's size (``x.shape[0]``), which a description
     leaves out, or that is no number."""
-    if not isinstance(a, fx.Node) or hasattr(a.meta.get("tensor_meta"), "shape"):
+    if not isinstance(a, fx.Node) or _is_tensor(a):
         return a
     value = _value_at(a, _TRACE_BATCH)
     if isinstance(value, torch.Tensor) or value != _value_at(a, _TRACE_BATCH + 1):
@@ -1381,8 +1381,7 @@ def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, s
         raise UserError(f"{where}: {op} (node {n.name}) has no tensor input the description can follow")
     if op in ("add", "mul") and len(tensor_inputs) == 1 and "scalar" not in attrs:
         operands = [*n.args, *(n.kwargs[k] for k in ("other",) if k in n.kwargs)]  # the number: x + 2, other=2
-        scalar = next(_shape_value(a) for a in operands if not hasattr(getattr(a, "meta", {}).get("tensor_meta"),
-                                                                        "shape"))
+        scalar = next(_shape_value(a) for a in operands if not _is_tensor(a))
         attrs = {"scalar": float(scalar)}
     if op == "reshape":
         tensor_inputs = tensor_inputs[:1]
