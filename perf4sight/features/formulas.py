@@ -589,9 +589,8 @@ def _local_response_norm(node: Node, in_shapes: list[list[int]], first: bool) ->
     rest. It keeps its input, the padded squares (the pool's input) and the base and the result of the power (the
     divide's divisor): ``extra_saved_bytes``. Backward, 15 kernels (the divide's two gradients, the power's, the
     pool's, the pad's, the square's and their sums): about ``size`` + 13 FLOPs an element (measured op by op)."""
-    n = numel(node.output_shape)
-    padded = (node.output_shape[0] + int(node.attrs["size"]) - 1) * numel(node.output_shape[1:])
-    size = int(node.attrs["size"])
+    n, size = numel(node.output_shape), int(node.attrs["size"])
+    padded = (node.output_shape[0] + size - 1) * numel(node.output_shape[1:])
     return OpCost(flops_fwd=float(n * (size + 5)), flops_bwd=float(n * (size + 13)),
                   bytes_read=(7 * n + padded) * BYTES_PER_ELEMENT, bytes_written=(6 * n + padded) * BYTES_PER_ELEMENT,
                   saved=[0], extra_saved_bytes=float((padded + 2 * n) * BYTES_PER_ELEMENT), kernels_fwd=7,
