@@ -52,6 +52,7 @@ from perf4sight.features.alloc_model import ACCUMULATED, Event, NotCovered, step
 from perf4sight.features.allocator import ALLOC, FREE, RUN_PEAK, STEP, AllocTrace, TracedUpdate
 from perf4sight.features.optimizers import PERF4SIGHT_MOMENTUM, PERF4SIGHT_WEIGHT_DECAY, adds_decay, optimizer_cost
 from perf4sight.ir.schema import NetworkDescription
+from perf4sight.profiling.child import loss_function
 from perf4sight.profiling.plan import DEFAULT_LOSS
 
 __all__ = ["record_events", "record_runs", "simulate", "attach_simulation", "ensure_simulation", "PROBE_BATCH",
@@ -277,11 +278,9 @@ def _loss(out: Any, y: Any, loss_name: str = DEFAULT_LOSS) -> Any:
     """The step's loss as the profiler's child computes it (``profiling.child.loss_function``): cross entropy of a
     classifier's scores (read as ``[N, -1]``: a view, as the modelled events have it) or, with labels per position,
     of each position's scores; an MSE or L1 loss (mean reduction) of the output against its float target."""
-    import torch.nn.functional as F
-
-    if loss_name != DEFAULT_LOSS:
-        return {"mse": F.mse_loss, "l1": F.l1_loss}[loss_name](out, y)
-    return F.cross_entropy(out.reshape(out.shape[0], -1), y) if y.dim() == 1 else F.cross_entropy(out, y)
+    if loss_name == DEFAULT_LOSS and y.dim() == 1:
+        out = out.reshape(out.shape[0], -1)
+    return loss_function(loss_name)(out, y)
 
 
 class _OptimizerStep:
