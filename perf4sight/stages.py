@@ -373,9 +373,9 @@ def _other_optimizers_note(cfg: Config, device: str) -> str:
     """Where ``device``'s rows are all of other optimisers' steps than ``[profile] optimizer``'s (imported perf4sight
     data, say, under a config of Adam's step), or of its step with other losses than ``[profile] loss``'s
     (:func:`_other_losses_note`), the note that passes it over, saying what stays as it is; else ""."""
-    others = other_phases(cfg, device)
-    if not others or other_losses(cfg, device):  # rows of [profile] optimizer's step there are, of other losses
-        return _other_losses_note(cfg, device)
+    others, losses = other_phases(cfg, device), other_losses(cfg, device)
+    if not others or losses:  # rows of [profile] optimizer's step there are, of other losses
+        return _other_losses_note(cfg, device, losses)
     step = OPTIMIZER_LABELS[cfg.profile.optimizer]
     stored = cfg.fingerprint_dir / device / "metadata.json"
     stays = (f"its fingerprint stays as it is, and predict estimates {step}'s step from it" if stored.is_file()
@@ -384,10 +384,9 @@ def _other_optimizers_note(cfg: Config, device: str) -> str:
             f"([profile] optimizer); {stays}")
 
 
-def _other_losses_note(cfg: Config, device: str) -> str:
-    """Where ``device``'s rows of ``[profile] optimizer``'s step are all of other losses than ``[profile] loss``'s,
-    the note that passes it over, saying what stays as it is; else ""."""
-    others = other_losses(cfg, device)
+def _other_losses_note(cfg: Config, device: str, others: list[str]) -> str:
+    """Where ``device``'s rows of ``[profile] optimizer``'s step are all of ``others``, losses other than ``[profile]
+    loss``'s (:func:`dataset.other_losses`), the note that passes it over, saying what stays as it is; else ""."""
     if not others:
         return ""
     stored = cfg.fingerprint_dir / device / "metadata.json"
