@@ -22,11 +22,13 @@ peaks they change nothing: replayed without them, no family's mean error moved b
 Record (on the GPU machine; only torch and this project are needed; seconds per configuration):
 
     python3 bench/bench_allocator_history.py record --models bench/h100/models \\
-        --network resnet18_l0 resnet50_l0 squeezenet1_0_l0 --batch-size 64 256 --out DIR [--optimizer adam]
+        --network resnet18_l0 resnet50_l0 squeezenet1_0_l0 --batch-size 64 256 --out DIR [--optimizer adam] \\
+        [--loss l1]
 
-``--optimizer`` (``sgd``, the default, ``adam`` or ``adamw``: ``[profile] optimizer``) trains with that optimiser
-as the profiler does; the history names it, and its replay writes down that optimiser's step (Adam's ``foreach``
-update, checked so far against the real optimiser on the meta device only).
+``--loss`` (``cross_entropy``, the default, ``mse`` or ``l1``: ``[profile] loss``) compares the output with the
+target the profiler makes for it. ``--optimizer`` (``sgd``, the default, ``adam`` or ``adamw``: ``[profile]
+optimizer``) trains with that optimiser as the profiler does; the history names it, and its replay writes down that
+optimiser's step (Adam's ``foreach`` update, checked so far against the real optimiser on the meta device only).
 
 Compare (on the host; ``run()``, as ``./dev.sh bench allocator_history`` calls it, compares the histories kept
 under ``bench/h100/allocator_history/`` and ``bench/h200/allocator_history/``; ``--models`` takes several folders):
@@ -46,7 +48,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from perf4sight.profiling.plan import OPTIMIZERS, TestPlan  # noqa: E402
+from perf4sight.profiling.plan import DEFAULT_LOSS, LOSSES, OPTIMIZERS, TestPlan  # noqa: E402
 
 #: kept histories: folder -> where their descriptions are (the H200's were recorded on the H100's descriptions and
 #: on five TX2 graphs, read in place from the shared data)
@@ -70,27 +72,28 @@ def find_description(models: list[Path], network: str) -> Path | None:
 
 
 # ----------------------------------------------------------------------------------------------- on the GPU
-def record_one(description: Path, batch_size: int, out: Path, optimizer: str = "sgd") -> None:
-    """One configuration in this process: the profiler's training step (``optimizer`` as the profiler builds it,
-    cross-entropy, random data), warm-up and timed steps, with torch's allocation history on; writes ``out``
-    (JSON): the history's entries as ``[action, size, address]``, ``step_starts`` (the entry index each step starts
-    at), the optimiser and the peaks torch's counters read (MiB)."""
+def record_one(description: Path, batch_size: int, out: Path, optimizer: str = "sgd",
+               loss: str = DEFAULT_LOSS) -> None:
+    """One configuration in this process: the profiler's training step (``optimizer`` and ``loss`` with its
+    target as the profiler builds them, random data), warm-up and timed steps, with torch's allocation history on;
+    writes ``out`` (JSON): the history's entries as ``[action, size, address]``, ``step_starts`` (the entry index
+    each step starts at), the optimiser, the loss and the peaks torch's counters read (MiB)."""
     import dataclasses
 
     import torch
-    import torch.nn.functional as F
 
     from perf4sight.ir.schema import load_description
     from perf4sight.ir.to_torch import build_module
-    from perf4sight.profiling.child import make_optimizer
+    from perf4sight.profiling.child import loss_function, make_optimizer, make_target
 
     desc = load_description(description)
     dev = torch.device("cuda")
     torch.manual_seed(0)
     model = build_module(desc).to(dev).train()
-    opt = make_optimizer(dataclasses.replace(_PROFILER, optimizer=optimizer), model.parameters())
+    plan = dataclasses.replace(_PROFILER, optimizer=optimizer, loss=loss)
+    opt, criterion = make_optimizer(plan, model.parameters()), loss_function(loss)
     x = torch.randn(batch_size, *desc.input_shape, device=dev)
-    y = torch.randint(0, desc.num_classes, (batch_size,), device=dev)
+    y = make_target(plan, desc, list(desc.input_shape), batch_size, dev)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats(dev)
     torch.cuda.memory._record_memory_history(enabled="all", context=None, max_entries=10 ** 7)
@@ -98,23 +101,26 @@ def record_one(description: Path, batch_size: int, out: Path, optimizer: str = "
     for _ in range(sum(STEPS)):
         starts.append(len(torch.cuda.memory._snapshot()["device_traces"][dev.index or 0]))
         opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x), y).backward()
+        criterion(model(x), y).backward()
         opt.step()
         torch.cuda.synchronize()
     trace = torch.cuda.memory._snapshot()["device_traces"][dev.index or 0]
     torch.cuda.memory._record_memory_history(enabled=None)
     out.write_text(json.dumps({
-        "network": desc.name, "batch_size": batch_size, "optimizer": optimizer, "torch_version": torch.__version__,
+        "network": desc.name, "batch_size": batch_size, "optimizer": optimizer, "loss": loss,
+        "torch_version": torch.__version__,
         "cudnn_version": torch.backends.cudnn.version(), "device_name": torch.cuda.get_device_name(dev),
         "max_reserved_mb": torch.cuda.max_memory_reserved(dev) / MIB,
         "max_allocated_mb": torch.cuda.max_memory_allocated(dev) / MIB,
         "step_starts": starts, "entries": [[e["action"], int(e["size"]), int(e["addr"])] for e in trace]}))
 
 
-def record(models: Path, networks: list[str], batch_sizes: list[int], out: Path, optimizer: str = "sgd") -> int:
+def record(models: Path, networks: list[str], batch_sizes: list[int], out: Path, optimizer: str = "sgd",
+           loss: str = DEFAULT_LOSS) -> int:
     """:func:`record_one` for every (network, batch size), each in a fresh process (cuDNN's plan cache and the
     allocator start empty, as in a profile); a configuration that fails is reported and skipped. Returns how
-    many failed. Files are ``<network>_bs<batch>.json``, with ``_<optimizer>`` before ``.json`` but for SGD."""
+    many failed. Files are ``<network>_bs<batch>.json``, with ``_<optimizer>`` before ``.json`` but for SGD and
+    ``_<loss>`` but for a cross entropy."""
     out.mkdir(parents=True, exist_ok=True)
     failed = 0
     for net in networks:
@@ -122,8 +128,9 @@ def record(models: Path, networks: list[str], batch_sizes: list[int], out: Path,
         if desc is None:
             sys.exit(f"no description {net}.json under {models}")
         for b in batch_sizes:
-            target = out / f"{net}_bs{b}{'' if optimizer == 'sgd' else '_' + optimizer}.json"
-            done = subprocess.run([sys.executable, __file__, "_one", str(desc), str(b), str(target), optimizer],
+            suffix = ('' if optimizer == 'sgd' else '_' + optimizer) + ('' if loss == DEFAULT_LOSS else '_' + loss)
+            target = out / f"{net}_bs{b}{suffix}.json"
+            done = subprocess.run([sys.executable, __file__, "_one", str(desc), str(b), str(target), optimizer, loss],
                                   capture_output=True, text=True)
             tail = (done.stderr.strip().splitlines() or [""])[-1]
             print(f"{net} batch {b}: {'ok' if done.returncode == 0 else 'failed: ' + tail}", flush=True)
@@ -220,16 +227,19 @@ def compare_one(history: dict[str, Any], description: Path) -> list[str]:
     from perf4sight.ir.schema import load_description
 
     b, optimizer = int(history["batch_size"]), history.get("optimizer", "sgd")  # histories before it: SGD's
+    loss = history.get("loss", DEFAULT_LOSS)  # and a cross entropy's
     clone = relu6_clone([{"torch_version": history["torch_version"]}])
     trace = simulate(load_description(description), relu6_clone=clone,
-                     **({} if optimizer == "sgd" else {"optimizer": optimizer}))
+                     **({} if optimizer == "sgd" else {"optimizer": optimizer}),
+                     **({} if loss == DEFAULT_LOSS else {"loss": loss}))
     res, al = (v / MIB for v in trace.replay(b))
     seg_measured, measured = step_segments(history), last_step_sizes(history)
     seg_replay, replay = replayed(trace, b, len(history["step_starts"]))
     extra, missing = measured - replay, replay - measured
     scratch = transient_allocations(history["entries"])
     (own_res, own_al), (bare_res, _) = self_replay(history, trace), self_replay(history, trace, scratch)
-    return [f"{history['network']} batch {b}, {optimizer} ({history['device_name']}, torch "
+    return [f"{history['network']} batch {b}, {optimizer}{'' if loss == DEFAULT_LOSS else ', ' + loss} "
+            f"({history['device_name']}, torch "
             f"{history['torch_version']}, cuDNN {history['cudnn_version']}): reserved "
             f"{history['max_reserved_mb']:.0f} MiB measured, {res:.0f} replayed; allocated "
             f"{history['max_allocated_mb']:.0f}, {al:.0f}",
@@ -281,7 +291,7 @@ def run() -> list[dict]:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "_one":  # the fresh process of one configuration
-        record_one(Path(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]), sys.argv[5])
+        record_one(Path(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]), *sys.argv[5:7])
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="mode", required=True)
@@ -291,12 +301,14 @@ def main() -> None:
     rec.add_argument("--batch-size", type=int, nargs="+", required=True)
     rec.add_argument("--out", type=Path, required=True)
     rec.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd", help="the training step's optimiser")
+    rec.add_argument("--loss", choices=LOSSES, default=DEFAULT_LOSS, help="the training step's loss")
     cmp_ = sub.add_parser("compare", help="on the host: compare recorded histories with the replay")
     cmp_.add_argument("folder", type=Path)
     cmp_.add_argument("--models", type=Path, nargs="+", required=True, help="folders holding the descriptions")
     args = ap.parse_args()
     if args.mode == "record":
-        sys.exit(1 if record(args.models, args.network, args.batch_size, args.out, args.optimizer) else 0)
+        sys.exit(1 if record(args.models, args.network, args.batch_size, args.out, args.optimizer,
+                            args.loss) else 0)
     else:
         print("\n".join(compare(args.folder, args.models)))
 
