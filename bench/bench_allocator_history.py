@@ -50,10 +50,11 @@ sys.path.insert(0, str(ROOT))
 
 from perf4sight.profiling.plan import DEFAULT_LOSS, LOSSES, OPTIMIZERS, TestPlan  # noqa: E402
 
-#: kept histories: folder -> where their descriptions are (the H200's were recorded on the H100's descriptions and
-#: on five TX2 graphs, read in place from the shared data)
+#: kept histories: folder -> where their descriptions are (the H200's were recorded on the H100's descriptions, on
+#: five TX2 graphs, read in place from the shared data, and on two of research code: bench/h200/research_nets.py)
 KEPT = {ROOT / "bench" / "h100" / "allocator_history": [ROOT / "bench" / "h100" / "models"],
         ROOT / "bench" / "h200" / "allocator_history": [ROOT / "bench" / "h100" / "models",
+                                                        ROOT / "bench" / "h200" / "models",
                                                         ROOT.parent / "shared" / "data" / "tx2-perf4sight" / "graphs"]}
 MIB = 2 ** 20
 #: the profiler's defaults (standard library only, as on a device): warm-up and timed steps, the optimiser
