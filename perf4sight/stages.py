@@ -492,7 +492,7 @@ def _predict_on_one(cfg: Config, args: argparse.Namespace) -> int:
         _capacity_note(fp, preds)
         return 0
     cap = getattr(fp, "capacity_mb", None)
-    fits_against = f"; fits: under {_capacity_mib(cap, preds)} MiB" if cap is not None else ""
+    fits_against = f"; fits: under {capacity_words(fp, preds)}" if cap is not None else ""
     step = fp.runtime.label()  # as the fingerprint stage names it: with momentum and weight decay where recorded
     if (fp.optimizer, fp.loss) != (fp.fitted_optimizer, fp.fitted_loss):
         fitted = fp.runtime.with_optimizer(fp.fitted_optimizer).with_loss(fp.fitted_loss)
@@ -598,8 +598,8 @@ def _predict_max_batch(cfg: Config, args: argparse.Namespace, fp: object, device
             _json_line(args, f)
         return 0
     cap, shown = fp.capacity_mb, [f for f in found if f["max_batch_size"]]
-    table = Table(title=f"largest batch size predicted to fit {device} ({_capacity_mib(cap, shown)} MiB, searched "
-                        f"up to {limit})")
+    table = Table(title=f"largest batch size predicted to fit {device} ({capacity_words(fp, shown)}; searched up to "
+                        f"{limit})")
     for col in ("network", "largest batch", "step time ms there", "memory MiB there"):
         table.add_column(col, justify="left" if col == "network" else "right")
     for f in found:
@@ -664,7 +664,7 @@ def _predict_prune_to_fit(cfg: Config, args: argparse.Namespace, fp: object, dev
             _json_line(args, f)
         return 0
     cap, shown = fp.capacity_mb, [f for f, r in found if r.variant is not None]
-    wanted = " and".join(filter(None, (f" fit {device}'s {_capacity_mib(cap, shown)} MiB" if cap else "",
+    wanted = " and".join(filter(None, (f" fit {device}'s {capacity_words(fp, shown)}" if cap else "",
                                        f" step within {budget:g} ms" if budget else "")))
     table = Table(title=f"least pruning predicted to{wanted}")
     for col in ("network", "batch", "level %", "removed %", "step time ms", "memory MiB", "fits"):
@@ -801,6 +801,16 @@ def _mib(value: float, cap: float | None, sep: str = ",") -> str:
     """A memory figure in whole MiB (``sep``: the thousands separator, "" for none), or to 0.1 MiB where it would
     read as the capacity ``cap`` itself (899.8 MiB shown as 900 under a capacity of 900 that it fits)."""
     return format(value, f"{sep}.1f" if _reads_as(value, cap) else f"{sep}.0f")
+
+
+def capacity_words(fp: object, rows: list[dict]) -> str:
+    """``fp``'s capacity as a table's title says it: its MiB where predicted memory is compared with it (a configured
+    limit), else what it is, a threshold on the memory model's demand learnt from out-of-memory rows, which a
+    reader would otherwise take for the device's size and compare with the memory shown (MiB)."""
+    mib = f"{_capacity_mib(fp.capacity_mb, rows)} MiB"
+    if getattr(fp, "capacity_basis", "") == "analytic":
+        return f"{mib} of the memory model's demand, learnt from out-of-memory rows, not the device's size"
+    return mib
 
 
 def _capacity_mib(cap: float, rows: list[dict]) -> str:

@@ -1053,6 +1053,23 @@ def test_a_memory_figure_that_would_read_as_the_capacity_is_shown_to_a_tenth():
     assert _capacity_mib(7291.3, [{"memory_mb": 1649.2}]) == "7,291"
 
 
+def test_a_learnt_capacity_is_not_shown_as_the_device_s_size():
+    """--max-batch-size's title on the H200's fingerprint read "fit h200 (163,259 MiB, ...)" above memory figures of
+    141,496 MiB: a capacity learnt from out-of-memory rows is a threshold on the memory model's demand, and the
+    tables now say so; a configured limit, compared with the memory shown, reads as its MiB alone."""
+    from types import SimpleNamespace
+
+    from perf4sight.stages import capacity_words
+
+    learnt = SimpleNamespace(capacity_mb=163259.2, capacity_basis="analytic")
+    configured = SimpleNamespace(capacity_mb=2000.0, capacity_basis="prediction")
+    rows = [{"memory_mb": 141496.0}]
+    assert capacity_words(learnt, rows) == ("163,259 MiB of the memory model's demand, learnt from out-of-memory rows, "
+                                            "not the device's size")
+    assert capacity_words(configured, rows) == "2,000 MiB"
+    assert capacity_words(SimpleNamespace(capacity_mb=900.0), [{"memory_mb": 899.765}]) == "900.0 MiB"  # a GNN's
+
+
 def test_a_step_beyond_the_allocator_replay_is_one_line_and_fits_nowhere(tx2):
     """Batch 10,000,000 (under the 1e9 guard) ended in the replay's OverflowError; a --max-batch-size of 1e8
     searched into it."""
