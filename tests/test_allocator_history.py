@@ -33,11 +33,14 @@ def _resnet18(folder: Path):
     return desc, save_description(desc, folder / f"{desc.name}.json")
 
 
-def _history(desc, batch: int, steps: int, extra_in_last: int = 0, optimizer: str = "sgd") -> dict:
+def _history(desc, batch: int, steps: int, extra_in_last: int = 0, optimizer: str = "sgd",
+             loss: str = "cross_entropy") -> dict:
     """A history as the record side writes it, of ``steps`` steps (the trace's last step repeated), the weights and
     batch allocated before recording starts; ``extra_in_last`` bytes allocated and freed once in the last step;
-    ``optimizer``: the step's (a history of SGD's, as those recorded before it could be chosen, does not say)."""
-    trace = simulate(desc, **({} if optimizer == "sgd" else {"optimizer": optimizer}))
+    ``optimizer`` and ``loss``: the step's (a history of SGD's or of a cross entropy's, as those recorded before
+    either could be chosen, does not say)."""
+    trace = simulate(desc, **({} if optimizer == "sgd" else {"optimizer": optimizer}),
+                     **({} if loss == "cross_entropy" else {"loss": loss}))
     sizes = [int(round_size(s)) if s > 0 else 0 for s in trace.sizes(batch).tolist()]
     kinds, ids = trace.kind.tolist(), trace.tensor.tolist()
     marks = [i for i, k in enumerate(kinds) if k == STEP]
@@ -72,7 +75,8 @@ def _history(desc, batch: int, steps: int, extra_in_last: int = 0, optimizer: st
     reserved, allocated = (v / MIB for v in trace.replay(batch))
     return {"network": desc.name, "batch_size": batch, "torch_version": "2.11.0+cu130", "cudnn_version": 91900,
             "device_name": "replayed", "max_reserved_mb": reserved, "max_allocated_mb": allocated,
-            "step_starts": starts, "entries": entries, **({} if optimizer == "sgd" else {"optimizer": optimizer})}
+            "step_starts": starts, "entries": entries, **({} if optimizer == "sgd" else {"optimizer": optimizer}),
+            **({} if loss == "cross_entropy" else {"loss": loss})}
 
 
 def test_a_history_of_the_replays_own_events_matches_it_step_by_step(tmp_path: Path) -> None:
@@ -111,6 +115,20 @@ def test_a_history_of_adams_step_is_compared_with_adams_replay(tmp_path: Path) -
     as_sgd = bench.compare_one({k: v for k, v in history.items() if k != "optimizer"}, path)
     measured, replayed = (float(v) for v in re.search(r"allocated (\d+), (\d+)", as_sgd[0]).groups())
     assert "batch 64, sgd (" in as_sgd[0] and measured - replayed >= 0.9 * desc.params * 4 / MIB
+
+
+def test_a_history_of_an_l1_loss_is_compared_with_the_replay_of_that_loss(tmp_path: Path) -> None:
+    """A history that names its loss (record --loss) is replayed with that loss: nothing differs; read as a cross
+    entropy's (a history recorded before the loss could be chosen), the last step's small allocations differ (the
+    loss's own tensors: a log-softmax of the scores against the difference from a target)."""
+    bench = _bench()
+    desc, path = _resnet18(tmp_path)
+    history = _history(desc, 64, 7, loss="l1")
+    lines = bench.compare_one(history, path)
+    assert "batch 64, sgd, l1 (" in lines[0] and lines[3].endswith("only measured: none; only replayed: none")
+    as_cross_entropy = bench.compare_one({k: v for k, v in history.items() if k != "loss"}, path)
+    assert "batch 64, sgd (" in as_cross_entropy[0]
+    assert not as_cross_entropy[3].endswith("only measured: none; only replayed: none")
 
 
 def test_the_devices_own_allocations_run_through_the_allocator_with_and_without_its_workspaces(tmp_path: Path) -> None:
