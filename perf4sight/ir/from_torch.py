@@ -32,7 +32,7 @@ from perf4sight.ir.meta_shapes import MetaShapeProp
 from perf4sight.ir.shapes import image_size_problem, transposed_output_padding
 
 __all__ = ["describe", "check_input_shape", "forward_error", "has_lazy_parameters", "in_mode",
-           "stderr_kept_on_success"]
+           "stderr_kept_on_success", "run_on_meta"]
 
 _TRACE_BATCH = 2  # a batch of 2 keeps the batch dimension distinguishable from squeezable 1s
 
@@ -910,6 +910,20 @@ def _propagate_shapes(gm: fx.GraphModule, input_shape: list[int]) -> fx.GraphMod
         with torch.no_grad():
             _shape_prop(gm, example)
     return gm
+
+
+def run_on_meta(module: nn.Module, example: torch.Tensor) -> None:
+    """Run ``module`` (its weights on the meta device) on the meta tensor ``example`` ([N, C, H, W]) for shapes alone,
+    raising what its forward raises (a layer refusing its input's channels). Its traced graph runs under
+    :class:`MetaShapeProp`, which answers the common layers itself: torch's Python meta kernels, which a plain forward
+    runs, import ``torch._dynamo`` on their first call (2-3 s of a process). A module torch.fx cannot trace runs its
+    own forward."""
+    try:
+        graph = _trace(module, list(example.shape[1:]))
+    except Exception:  # noqa: BLE001 - not traceable (or its pieces' count fails): the forward tells
+        module(example)
+        return
+    _shape_prop(fx.GraphModule(module, graph), example)
 
 
 def _meta_twin(gm: fx.GraphModule) -> fx.GraphModule:

@@ -33,6 +33,8 @@ import torch
 import torch_pruning as tp
 from torch import nn
 
+from perf4sight.ir.from_torch import run_on_meta
+
 __all__ = ["Dep", "Unit", "CoupledGroup", "is_grouped_conv", "find_groups", "set_limits", "removal", "cut",
            "make_counter", "prune_grouped_in_channels", "followed_groups", "UNFOLLOWED"]
 
@@ -452,10 +454,11 @@ UNFOLLOWED = "channels torch-pruning's dependency graph does not follow whole (a
 
 
 def _runs_cut(model: nn.Module, example: torch.Tensor, groups: list[CoupledGroup]) -> bool:
-    """Whether ``model`` (eval mode) still runs on ``example`` with each of ``groups`` cut as deep as its limit lets."""
+    """Whether ``model`` (eval mode, on the meta device) still runs on the meta ``example`` with each of ``groups`` cut
+    as deep as its limit lets (:func:`from_torch.run_on_meta`: without importing ``torch._dynamo``)."""
     try:
         with torch.no_grad():
-            cut(model, removal(groups, [g.max_removed for g in groups]))(example)
+            run_on_meta(cut(model, removal(groups, [g.max_removed for g in groups])), example)
     except Exception:  # noqa: BLE001 - whatever the pruned forward raises, the cut is not one that runs
         return False
     return True
