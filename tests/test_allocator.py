@@ -351,6 +351,24 @@ def test_allocation_model_writes_down_an_elu_as_traced(inplace):
     assert _as_replayed(model) == _as_replayed(traced)
 
 
+@pytest.mark.parametrize("method", ["sigmoid", "tanh"])
+def test_allocation_model_writes_down_an_in_place_sigmoid_or_tanh_as_traced(method):
+    """``y.sigmoid_()`` and ``y.tanh_()`` write their input and keep it as their result for the backward, allocating
+    nothing: they were described as the out-of-place activations, which the model gave a new output each. Described
+    in place now, rebuilt in place, and written down as the trace records them (one output fewer than the layer
+    and the call out of place)."""
+    import torch
+    from torch import nn
+
+    layer = nn.Sigmoid() if method == "sigmoid" else nn.Tanh()
+    desc = _activated(layer, lambda x, inplace: getattr(x, method + "_")() if inplace else getattr(torch, method)(x))
+    assert [n.attrs.get("inplace", False) for n in desc.nodes if n.op == method] == [False, False, True]
+    model, traced = record_events(desc, 3, steps=3, method="model"), record_events(desc, 3, steps=3, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+    made = [op for kind, _, size, op in traced if kind == ALLOC and size and op == f"aten.{method}.default"]
+    assert len(made) == 2 * 3  # the two out of place, each of the three steps
+
+
 def test_allocation_model_writes_down_a_softplus_as_traced():
     """A softplus (torch has no in-place one) keeps its input for the backward, as torch runs it."""
     import torch.nn.functional as F

@@ -483,8 +483,7 @@ def _activation(ctx: _OpContext) -> _Value:
     """relu and relu6 (in place), a leaky relu, an elu or a mish in place where its node says so, the
     out-of-place activations (:data:`_ACTIVATIONS`), dropout."""
     n, x, nbytes, op = ctx.node, ctx.x, ctx.nbytes, ctx.node.op
-    if op in ("relu", "relu6") or op in ("leaky_relu", "elu", "selu", "celu", "mish", "hardtanh") \
-            and n.attrs.get("inplace"):
+    if op in ("relu", "relu6") or op in _INPLACE_BACKWARD and n.attrs.get("inplace"):
         # in place, keeps its result (or a clone of its input: a mish's, ``relu6_clone``'s of ReLU6 and hardtanh)
         rebased = x.view and x.base_fn is not None and x.fn == len(ctx.fns) - 1  # nothing has read the view yet
         if x.fn is None or (x.view and not rebased) or x.sid in ctx.mem.saved:
@@ -547,7 +546,8 @@ def _maths(ctx: _OpContext) -> _Value:
 _INPLACE_BACKWARD = {"relu": "aten.threshold_backward.default", "relu6": "aten.hardtanh_backward.default",
                      "leaky_relu": "aten.leaky_relu_backward.default", "elu": "aten.elu_backward.default",
                      "mish": "aten.mish_backward.default", "hardtanh": "aten.hardtanh_backward.default",
-                     "selu": "aten.elu_backward.default", "celu": "aten.elu_backward.default"}
+                     "selu": "aten.elu_backward.default", "celu": "aten.elu_backward.default",
+                     "sigmoid": "aten.sigmoid_backward.default", "tanh": "aten.tanh_backward.default"}
 
 
 def _rebased(ctx: _OpContext, kernel: str, kept: int) -> _Value:

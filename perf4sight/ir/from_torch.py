@@ -487,10 +487,12 @@ for _key in (F.relu, torch.relu, "relu", "relu_"):
                                     else {})
 for _key in (F.relu6, "relu6"):
     FUNCTION_OPS[_key] = lambda n: ("relu6", {})
-for _key, _op in ((torch.sigmoid, "sigmoid"), ("sigmoid", "sigmoid"), ("sigmoid_", "sigmoid"), ("tanh", "tanh"),
-                  ("tanh_", "tanh"), (F.silu, "silu"), (F.hardswish, "hardswish"),
-                  (F.hardsigmoid, "hardsigmoid"), (torch.tanh, "tanh")):
+for _key, _op in ((torch.sigmoid, "sigmoid"), ("sigmoid", "sigmoid"), ("tanh", "tanh"), (F.silu, "silu"),
+                  (F.hardswish, "hardswish"), (F.hardsigmoid, "hardsigmoid"), (torch.tanh, "tanh")):
     FUNCTION_OPS[_key] = (lambda op: lambda n: (op, {}))(_op)
+# in place (y.sigmoid_(), torch.tanh_(y)): torch writes the input and keeps it as the result for backward
+for _key, _op in (("sigmoid_", "sigmoid"), (torch.sigmoid_, "sigmoid"), ("tanh_", "tanh"), (torch.tanh_, "tanh")):
+    FUNCTION_OPS[_key] = (lambda op: lambda n: (op, {"inplace": True}))(_op)
 FUNCTION_OPS[F.gelu] = lambda n: ("gelu", _gelu_attrs(_arg(n, 1, "approximate", "none")))
 for _key in (F.leaky_relu, "leaky_relu", "leaky_relu_"):
     FUNCTION_OPS[_key] = lambda n: ("leaky_relu", {"negative_slope": float(_arg(n, 1, "negative_slope", 0.01)),
@@ -1037,14 +1039,21 @@ def _trace(module: nn.Module, input_shape: list[int]) -> fx.Graph:
 
 
 def _writes_in_place(n: fx.Node, gm: fx.GraphModule) -> bool:
-    """Whether ``n`` writes its first argument in place: ``y.mul_(2)``, ``F.relu(y, inplace=True)``, or a module built
-    with ``inplace=True``. (torch.fx records ``y += x`` as ``y = y + x``: it cannot be told apart, and an alias
-    of ``y`` taken before it reads ``y`` unchanged in the trace.)"""
+    """Whether ``n`` writes its first argument in place: ``y.mul_(2)``, ``torch.sigmoid_(y)``,
+    ``F.relu(y, inplace=True)``, or a module built with ``inplace=True``. (torch.fx records ``y += x`` as
+    ``y = y + x``: it cannot be told apart, and an alias of ``y`` taken before it reads ``y`` unchanged in the
+    trace.)"""
     if n.op == "call_method":
-        return isinstance(n.target, str) and n.target.endswith("_") and not n.target.startswith("_")
+        return _in_place_name(n.target)
     if n.op == "call_function":
-        return n.kwargs.get("inplace") is True
+        return n.kwargs.get("inplace") is True or _in_place_name(getattr(n.target, "__name__", None))
     return n.op == "call_module" and getattr(gm.get_submodule(n.target), "inplace", False) is True
+
+
+def _in_place_name(name: Any) -> bool:
+    """Whether a method's or a function's ``name`` is torch's for one that writes its first argument (``mul_``,
+    ``sigmoid_``: a trailing underscore, not a private name)."""
+    return isinstance(name, str) and name.endswith("_") and not name.startswith("_")
 
 
 def _follow_in_place(gm: fx.GraphModule) -> None:
@@ -1282,6 +1291,14 @@ def _convert(gm: fx.GraphModule, where: str) -> tuple[list[Node], str]:
     return nodes, output
 
 
+def _writes_a_clone(n: fx.Node) -> bool:
+    """Whether ``n`` writes in place into a clone (``y.clone().tanh_()``, ``F.leaky_relu(y.clone(), 0.1, True)``): the
+    clone, described as ``y`` itself (an alias), is a copy of its own, so the pair is the activation out of place; an
+    in-place node would write ``y``, which the rebuilt network's later readers of ``y`` would then read written."""
+    written = n.args[0] if n.args else None
+    return isinstance(written, fx.Node) and written.target in ("clone", torch.clone)
+
+
 def _mark_shared_calls(gm: fx.GraphModule, nodes: list[Node]) -> None:
     """Give the node of each later call of a layer with parameters or buffers (CBAM's MLP over the average- and the
     max-pooled descriptors; a batch norm without affine parameters, whose running statistics both calls update) the
@@ -1383,6 +1400,8 @@ def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, s
     if shape is None and n.op != "call_module":  # sizes, shape arithmetic, tuples from chunk/split: resolved by
         return []                                # their consumers (a module returning a tuple is no op: below)
     op, attrs = _op_of(n, gm)
+    if attrs.get("inplace") and _writes_a_clone(n):
+        attrs = {k: v for k, v in attrs.items() if k != "inplace"}
     op, attrs, own = _with_own_tensors(n, op, attrs, gm, where, held)
     out = _whole_splits(n, alias, pieces)
     tensor_inputs = _tensor_inputs(n, alias, pieces, where, own)

@@ -18,7 +18,7 @@ from perf4sight.ir.schema import SHARES, NetworkDescription, Node
 from perf4sight.ir.shapes import window_pair, windows_of
 
 __all__ = ["build_module", "MODULE_BUILDERS", "FUNCTION_BUILDERS", "Scale", "Shift", "Token", "SelfAttention",
-           "WindowAttention", "PatchMerge", "GroupAttention", "batch_reshape"]
+           "WindowAttention", "PatchMerge", "GroupAttention", "InPlace", "batch_reshape"]
 
 
 def _pair(v: Any) -> Tuple[int, int]:
@@ -217,6 +217,18 @@ def _log_spaced_coordinates(wh: int, ww: int, device: Optional[Union[torch.devic
     return torch.sign(table) * torch.log2(torch.abs(table) + 1.0) / 3.0
 
 
+class InPlace(nn.Module):
+    """An activation written into its input, as the tensor method ``method`` (``sigmoid_``, ``tanh_``) runs it:
+    torch.nn has no in-place Sigmoid or Tanh."""
+
+    def __init__(self, method: str) -> None:
+        super().__init__()
+        self.method = method
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return getattr(x, self.method)()
+
+
 class PatchMerge(nn.Module):
     """``[N, H, W, C]`` -> ``[N, ceil(H/2), ceil(W/2), 4C]``: the map padded to even sides, each 2x2 patch's four
     pixels put side by side along the channels (a Swin stage's downsampling, before its norm and linear layer)."""
@@ -241,10 +253,10 @@ MODULE_BUILDERS: Dict[str, Callable[..., nn.Module]] = {
     "relu6": lambda a, **f: nn.ReLU6(inplace=bool(a.get("inplace", False))),
     "hardswish": lambda a, **f: nn.Hardswish(),
     "hardsigmoid": lambda a, **f: nn.Hardsigmoid(),
-    "sigmoid": lambda a, **f: nn.Sigmoid(),
+    "sigmoid": lambda a, **f: InPlace("sigmoid_") if a.get("inplace") else nn.Sigmoid(),
     "silu": lambda a, **f: nn.SiLU(),
     "gelu": lambda a, **f: nn.GELU(approximate=str(a.get("approximate", "none"))),
-    "tanh": lambda a, **f: nn.Tanh(),
+    "tanh": lambda a, **f: InPlace("tanh_") if a.get("inplace") else nn.Tanh(),
     "leaky_relu": lambda a, **f: nn.LeakyReLU(float(a["negative_slope"]), inplace=bool(a.get("inplace", False))),
     "elu": lambda a, **f: nn.ELU(float(a["alpha"]), inplace=bool(a.get("inplace", False))),
     "selu": lambda a, **f: nn.SELU(inplace=bool(a.get("inplace", False))),
