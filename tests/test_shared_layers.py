@@ -122,6 +122,25 @@ def test_features_count_each_call_and_the_parameters_once():
     assert params_column[names.index("head")] > 0 and params_column[names.index("head_1")] == 0
 
 
+def test_the_perf4sight_set_counts_each_call_and_the_weights_once():
+    """The perf4sight-conv baseline counted a layer called three times (a block) or twice (a linear layer) with its
+    weight bytes per call; the weights exist once (4 bytes a weight, biases aside), each call's work and traffic
+    counted as before."""
+    from perf4sight.features.perf4sight_set import PERF4SIGHT_FEATURES, perf4sight_vectors
+
+    desc = describe(_Recurrent(), [3, 16, 16], "recurrent")
+    (static, scaled), (static_u, scaled_u) = perf4sight_vectors(desc), perf4sight_vectors(_unshared(desc))
+    column = dict(zip(PERF4SIGHT_FEATURES, static))
+    assert column["conv_weight_bytes"] == 4 * (3 * 8 * 9 + 8 * 8 * 9)  # the stem and the block's convolution
+    assert column["fc_weight_bytes"] == 4 * (8 * 8 + 8 * 10)  # the head and the classifier
+    assert column["n_conv"] == 4 and np.array_equal(scaled, scaled_u)
+    weights = [PERF4SIGHT_FEATURES.index(k) for k in ("conv_weight_bytes", "fc_weight_bytes")]
+    others = [i for i in range(len(static)) if i not in weights]
+    assert np.array_equal(static[others], static_u[others])
+    per_call = [column["conv_weight_bytes"] + 2 * 4 * 8 * 8 * 9, column["fc_weight_bytes"] + 4 * 8 * 8]
+    assert static_u[weights].tolist() == per_call  # the block's two later calls, the head's one
+
+
 def test_a_later_calls_weight_gradients_are_summed_once_a_step_and_updated_once():
     """The step's kernels: each later call sums its gradient of each parameter tensor into the earlier one (an add of
     the tensor's bytes, three passes, whatever the batch), and the optimiser updates the layer's tensors once; the

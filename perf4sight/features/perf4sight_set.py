@@ -10,6 +10,8 @@ the same harness as the graph features, as a baseline. It is our own formulation
 Every feature is ``static + batch_size * per_sample`` for each layer, summed; units are MACs or
 FLOPs (counts), bytes (fp32) and plain counts. Layers other than conv2d / linear / batch norm /
 element-wise ops contribute nothing (perf4sight looked at convolutions only, plus the classifier).
+A layer called more than once (its later calls' nodes ``share`` the first's parameters) counts each call's work
+and traffic, and its weights (``conv_weight_bytes``, ``fc_weight_bytes``) once: they exist once.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import math
 import numpy as np
 
 from perf4sight.features.formulas import BYTES_PER_ELEMENT, numel
-from perf4sight.ir.schema import NetworkDescription, Node
+from perf4sight.ir.schema import SHARES, NetworkDescription, Node
 
 __all__ = ["FEATURE_SET", "PERF4SIGHT_FEATURES", "perf4sight_vectors", "perf4sight_matrix"]
 
@@ -44,8 +46,10 @@ def _fft_side(n: int, k: int) -> int:
 
 
 def _conv_costs(static: np.ndarray, scaled: np.ndarray, cin: int, cout: int, groups: int,
-                hw_in: tuple[int, int], hw_out: tuple[int, int], k: tuple[int, int], stride: int) -> None:
-    """Add one conv layer's per-pass algorithm costs (static part, per-sample part)."""
+                hw_in: tuple[int, int], hw_out: tuple[int, int], k: tuple[int, int], stride: int,
+                own_weights: bool = True) -> None:
+    """Add one conv layer's per-pass algorithm costs (static part, per-sample part); its weight bytes only where it
+    holds ``own_weights`` (not a later call of a layer called before)."""
     kh, kw = k
     cg = cin // groups
     pin, pout, kk = hw_in[0] * hw_in[1], hw_out[0] * hw_out[1], kh * kw
@@ -85,7 +89,7 @@ def _conv_costs(static: np.ndarray, scaled: np.ndarray, cin: int, cout: int, gro
             scaled[o + 9] += tiles * 16.0 * cin * cout
             scaled[o + 10] += tiles * 16.0 * (cin + cout) * BYTES_PER_ELEMENT
             static[o + 10] += 16.0 * cin * cout * BYTES_PER_ELEMENT
-    static[_IDX["conv_weight_bytes"]] += w_bytes
+    static[_IDX["conv_weight_bytes"]] += w_bytes if own_weights else 0
     scaled[_IDX["conv_in_bytes"]] += cin * pin * BYTES_PER_ELEMENT
     scaled[_IDX["conv_out_bytes"]] += cout * pout * BYTES_PER_ELEMENT
     static[_IDX["n_conv"]] += 1
@@ -110,7 +114,8 @@ def _conv_transpose_costs(static: np.ndarray, scaled: np.ndarray, node: Node, in
     k = (int(a["kernel_size"][0]), int(a["kernel_size"][1]))
     own_static, own_scaled = np.zeros_like(static), np.zeros_like(scaled)
     _conv_costs(own_static, own_scaled, int(a["out_channels"]), int(a["in_channels"]), int(a["groups"]),
-                (int(out[1]), int(out[2])), (int(in_shape[1]), int(in_shape[2])), k, int(a["stride"][0]))
+                (int(out[1]), int(out[2])), (int(in_shape[1]), int(in_shape[2])), k, int(a["stride"][0]),
+                SHARES not in a)
     fwd, data = (slice(1 + 11 * _PASSES.index(p), 12 + 11 * _PASSES.index(p)) for p in ("fwd", "bwd_data"))
     for part in (own_static, own_scaled):
         part[fwd], part[data] = part[data].copy(), part[fwd].copy()
@@ -134,12 +139,13 @@ def perf4sight_vectors(desc: NetworkDescription) -> tuple[np.ndarray, np.ndarray
         shapes[node.name] = node.output_shape
         out = numel(node.output_shape)
         a = node.attrs
+        own = SHARES not in a  # a later call of a layer: its weights are the first call's
         if node.op == "conv2d":
             ins = shapes[node.inputs[0]]
             k, st = a["kernel_size"], int(a["stride"][0])
             _conv_costs(static, scaled, int(a["in_channels"]), int(a["out_channels"]), int(a["groups"]),
                         (int(ins[1]), int(ins[2])), (int(node.output_shape[1]), int(node.output_shape[2])),
-                        (int(k[0]), int(k[1])), st)
+                        (int(k[0]), int(k[1])), st, own)
             macs = out * int(a["in_channels"]) // int(a["groups"]) * int(k[0]) * int(k[1])
             scaled[_IDX["max_layer_macs"]] = max(scaled[_IDX["max_layer_macs"]], macs)
             scaled[_IDX["max_layer_out_bytes"]] = max(scaled[_IDX["max_layer_out_bytes"]], out * BYTES_PER_ELEMENT)
@@ -147,10 +153,10 @@ def perf4sight_vectors(desc: NetworkDescription) -> tuple[np.ndarray, np.ndarray
             _conv_transpose_costs(static, scaled, node, shapes[node.inputs[0]])
         elif node.op == "linear":
             scaled[_IDX["fc_macs"]] += int(a["in_features"]) * out
-            static[_IDX["fc_weight_bytes"]] += int(a["in_features"]) * int(a["out_features"]) * BYTES_PER_ELEMENT
+            static[_IDX["fc_weight_bytes"]] += own * int(a["in_features"]) * int(a["out_features"]) * BYTES_PER_ELEMENT
         elif node.op in ("attention", "window_attention"):  # its projections read as fully connected layers
             scaled[_IDX["fc_macs"]] += 4 * int(a["embed_dim"]) * out
-            static[_IDX["fc_weight_bytes"]] += 4 * int(a["embed_dim"]) ** 2 * BYTES_PER_ELEMENT
+            static[_IDX["fc_weight_bytes"]] += own * 4 * int(a["embed_dim"]) ** 2 * BYTES_PER_ELEMENT
         elif node.op in ("batchnorm2d", "layernorm", "groupnorm", "instancenorm", "local_response_norm"):
             scaled[_IDX["norm_elems"]] += out
         elif node.op in ("relu", "relu6", "hardswish", "hardsigmoid", "sigmoid", "silu", "gelu", "tanh", "leaky_relu",
