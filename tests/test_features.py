@@ -921,6 +921,39 @@ def test_powers_exp_and_abs_keep_what_torch_s_backward_reads(op, attrs, saved, f
 
 
 
+@pytest.mark.parametrize("case, torch_run, saved", [
+    ("divisor", lambda x: x / (x.detach().abs() + 1), [1]),
+    ("dividend", lambda x: (x.detach().abs() + 1) / x, [0, 1]),
+    ("both", lambda x: x / (x.detach().abs() + 1).requires_grad_(), [0, 1]),
+])
+def test_a_quotient_counts_the_gradients_of_the_inputs_that_need_one(case, torch_run, saved):
+    """x / y computed 5 backward kernels (x's gradient, y's) where y needs no gradient (a divisor made of the network
+    input alone): torch computes x's alone, grad / y, and keeps y alone; where x needs none, y's 4. The quotient's cost
+    in the walk counts the kernels and FLOPs this torch runs for the inputs that need a gradient ("divisor": the
+    divisor needs none)."""
+    pytest.importorskip("torch")
+    from torch import nn
+
+    from perf4sight.features.walk import walk
+    from perf4sight.ir.from_torch import describe
+
+    class Quotient(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.fc = nn.Conv2d(3, 4, 3, padding=1), nn.Linear(4, 10)
+
+        def forward(self, x):
+            y, plain = self.conv(x), x.abs().mean(1, keepdim=True) + 1  # plain: the input's alone, no gradient
+            q = {"divisor": lambda: y / plain, "dividend": lambda: plain / y, "both": lambda: y / (y.abs() + 1)}[case]()
+            return self.fc(q.mean((2, 3)))
+
+    desc = describe(Quotient(), [3, 6, 6], "quotient")
+    (visit,) = [v for v in walk(desc) if v.node.op == "div"]
+    backward = _ops_run(torch_run, [4, 6, 6])[1]
+    assert (visit.cost.kernels_bwd, visit.cost.saved) == (len(backward), saved)
+    assert visit.cost.flops_bwd == len(backward) * 4 * 6 * 6 == sum(elements for _, elements in backward)
+
+
 def test_powers_exp_and_abs_count_as_activations_in_perf4sight_s_features():
     """An elementwise function of one tensor (pow, exp, abs) counts its output's elements as an activation's."""
     from perf4sight.features.perf4sight_set import PERF4SIGHT_FEATURES, perf4sight_vectors

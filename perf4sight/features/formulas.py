@@ -23,14 +23,14 @@ An op missing from :data:`HANDLERS` is reported by name by the aggregator, never
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from perf4sight.ir.schema import Node, window_attention_params
 from perf4sight.ir.shapes import windows_of
 
-__all__ = ["OpCost", "HANDLERS", "OUTPUT", "BYTES_PER_ELEMENT", "numel", "hands_input_back", "position_loss",
-           "output_loss", "REGRESSION_LOSS_KERNELS", "is_dilated"]
+__all__ = ["OpCost", "HANDLERS", "INPUT_GRADIENTS", "OUTPUT", "BYTES_PER_ELEMENT", "numel", "hands_input_back",
+           "position_loss", "output_loss", "REGRESSION_LOSS_KERNELS", "is_dilated"]
 
 #: Marker in ``OpCost.saved`` for "the op's own output is kept for backward".
 OUTPUT = -1
@@ -379,11 +379,24 @@ def _power(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
 
 def _quotient(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     """x / y: 1 FLOP an output element; it keeps both inputs. Backward (torch's): x's gradient grad / y (1), y's
-    -grad * (x / y) / y (4: two divides, a negate, a multiply), in 5 kernels."""
+    -grad * (x / y) / y (4: two divides, a negate, a multiply), in 5 kernels (both inputs needing a gradient:
+    :func:`_quotient_gradients` for one of them alone)."""
     n = numel(node.output_shape)
     rd, wr = _io_bytes(in_shapes, node.output_shape)
     return OpCost(flops_fwd=float(n), flops_bwd=5.0 * n, bytes_read=rd, bytes_written=wr, saved=[0, 1], kernels_fwd=1,
                   kernels_bwd=5, kind="elementwise")
+
+
+def _quotient_gradients(cost: OpCost, node: Node, needs: list[bool]) -> OpCost:
+    """x / y's ``cost`` where ``needs`` says which of x and y need a gradient: torch computes only theirs. y's alone:
+    its 4 kernels and FLOPs an element, both inputs kept; x's alone: grad / y (1 kernel, 1 FLOP an element), y alone
+    kept (x's value is read by y's gradient only)."""
+    n = numel(node.output_shape)
+    if needs == [False, True]:
+        return replace(cost, flops_bwd=4.0 * n, kernels_bwd=4)
+    if needs == [True, False]:
+        return replace(cost, flops_bwd=float(n), kernels_bwd=1, saved=[1])
+    return cost
 
 
 def _backward_kernels(handler: Handler, kernels: int) -> Handler:
@@ -607,6 +620,11 @@ def _pixel_shuffle(node: Node, in_shapes: list[list[int]], first: bool) -> OpCos
 def _input(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     return OpCost(kind="view")
 
+
+#: op name -> (cost, node, whether each input needs a gradient) -> the cost of a backward that computes those
+#: inputs' gradients alone, for an op whose backward computes each input's apart (``walk.py`` applies it where some
+#: input needs one).
+INPUT_GRADIENTS: dict[str, Callable[[OpCost, Node, list[bool]], OpCost]] = {"div": _quotient_gradients}
 
 #: op name -> handler(node, input shapes (per sample), first) -> OpCost. ``first`` is True when none of the
 #: node's inputs needs a gradient (the network input, or what parameter-free ops made of it alone: ``walk.py``),

@@ -10,7 +10,9 @@ of the input, an ``identity`` of it, and the output of any parameter-free op of 
 a dropout, an input normalisation ``x * a + b``, a resize, a batch norm without affine parameters) need none.
 An op none of whose inputs needs a gradient (``first``) computes no input gradient (a conv or a linear layer
 there runs its weight's GEMM alone); one with no parameters besides runs no backward at all: it keeps
-nothing and counts no backward FLOPs or kernels. Keeping that rule here keeps the four consumers in agreement.
+nothing and counts no backward FLOPs or kernels; one whose backward computes each input's gradient apart (a
+quotient: ``formulas.INPUT_GRADIENTS``) costs the gradients of the inputs that need one. Keeping that rule here keeps
+the four consumers in agreement.
 A node that ``shares`` an earlier node's parameters (one layer called twice) costs its own FLOPs, bytes and saved
 tensors, and holds no parameters (``params`` and ``param_tensors`` 0: its first call's count them, once).
 """
@@ -19,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterable, Iterator
 
-from perf4sight.features.formulas import HANDLERS, OpCost
+from perf4sight.features.formulas import HANDLERS, INPUT_GRADIENTS, OpCost
 from perf4sight.features.step_runtime import StepRuntime
 from perf4sight.ir.schema import SHARES, NetworkDescription, Node
 
@@ -53,6 +55,8 @@ def walk(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> Iter
         first = bool(node.inputs) and not fed
         handler = HANDLERS.get(node.op)
         cost = runtime.applied(node.op, handler(node, in_shapes, first)) if handler is not None else None
+        if cost is not None and fed and node.op in INPUT_GRADIENTS:  # the gradients of those inputs that need one
+            cost = INPUT_GRADIENTS[node.op](cost, node, [grad[i] for i in node.inputs])
         grad[node.name] = cost is None or cost.params > 0 or fed  # the network input: False
         if cost is not None and SHARES in node.attrs:  # a layer called again: its parameters are its first call's
             cost = replace(cost, params=0, param_tensors=0)
