@@ -940,6 +940,34 @@ def test_an_in_place_relu_on_a_kept_tensor_falls_back_to_the_trace():
         record_events(desc, 2, method="model")
 
 
+@pytest.mark.parametrize("read", [
+    lambda y, r: y + r(y),
+    lambda y, r: r(y).sigmoid() * y,
+    lambda y, r: r(y) * 2 + y.mean(1, keepdim=True),
+])
+def test_an_in_place_relu_on_a_tensor_read_again_later_is_written_down_as_traced(read):
+    """A ReLU (run in place, the project's convention) on a tensor that a node after it reads too (``y + y.relu()``):
+    that node reads the written tensor, whose history torch has rebased onto the ReLU's backward, so both of its
+    gradients go through the ReLU's node (summed first). The model sent the later reader's gradient to the
+    convolution as if the tensor were unwritten: its events disagreed with the trace's in the backward."""
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    class Reread(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem, self.relu, self.fc = nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Linear(4, 10)
+
+        def forward(self, x):
+            return self.fc(read(self.stem(x), self.relu).mean((2, 3)))
+    desc = describe(Reread(), [3, 8, 8], "reread")
+    (relu,) = [n for n in desc.nodes if n.op == "relu"]
+    assert any("stem" in n.inputs for n in desc.nodes[desc.nodes.index(relu) + 1:])
+    model, traced = record_events(desc, 3, steps=2, method="model"), record_events(desc, 3, steps=2, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+
+
 def test_a_view_of_a_gradient_slice_is_copied_as_in_the_trace():
     """Channels split into groups, concatenated inside the groups: the backward reshapes a slice of a
     gradient, which PyTorch copies (no view has those strides); the model follows the strides."""

@@ -493,7 +493,8 @@ def _activation(ctx: _OpContext) -> _Value:
         kept = ctx.alloc("clone.default", x.nbytes, holders=0) if clone else x.sid
         if rebased:
             return _rebased(ctx, kernel, kept)
-        return _Value(ctx.mem.hold(x.sid), x.nbytes, ctx.unary_grad_fn(kernel, [kept]))
+        x.fn = ctx.unary_grad_fn(kernel, [kept])  # the input's later readers read the result (``y + y.relu()``)
+        return _Value(ctx.mem.hold(x.sid), x.nbytes, x.fn)
     if op in _ACTIVATIONS:
         name, keeps = _ACTIVATIONS[op]
         sid = ctx.alloc(name + ".default")
