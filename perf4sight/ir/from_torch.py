@@ -1291,12 +1291,19 @@ def _convert(gm: fx.GraphModule, where: str) -> tuple[list[Node], str]:
     return nodes, output
 
 
-def _writes_a_clone(n: fx.Node) -> bool:
-    """Whether ``n`` writes in place into a clone (``y.clone().tanh_()``, ``F.leaky_relu(y.clone(), 0.1, True)``): the
-    clone, described as ``y`` itself (an alias), is a copy of its own, so the pair is the activation out of place; an
-    in-place node would write ``y``, which the rebuilt network's later readers of ``y`` would then read written."""
+def _writes_a_copy(n: fx.Node) -> bool:
+    """Whether ``n`` writes in place into a copy: a clone (``y.clone().tanh_()``, ``F.leaky_relu(y.clone(), 0.1,
+    True)``), or a contiguous copy of a tensor that is not (``y.transpose(2, 3).contiguous()``). The copy, described
+    as ``y`` itself (an alias), is a tensor of its own, so the pair is the activation out of place; an in-place node
+    would write ``y``, which the rebuilt network's later readers of ``y`` would then read written."""
     written = n.args[0] if n.args else None
-    return isinstance(written, fx.Node) and written.target in ("clone", torch.clone)
+    if not isinstance(written, fx.Node):
+        return False
+    if written.target in ("clone", torch.clone):
+        return True
+    source = written.args[0] if written.target == "contiguous" and written.args else None
+    meta = source.meta.get("tensor_meta") if isinstance(source, fx.Node) else None
+    return hasattr(meta, "memory_format") and meta.memory_format is not torch.contiguous_format
 
 
 def _mark_shared_calls(gm: fx.GraphModule, nodes: list[Node]) -> None:
@@ -1400,7 +1407,7 @@ def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, s
     if shape is None and n.op != "call_module":  # sizes, shape arithmetic, tuples from chunk/split: resolved by
         return []                                # their consumers (a module returning a tuple is no op: below)
     op, attrs = _op_of(n, gm)
-    if attrs.get("inplace") and _writes_a_clone(n):
+    if attrs.get("inplace") and _writes_a_copy(n):
         attrs = {k: v for k, v in attrs.items() if k != "inplace"}
     op, attrs, own = _with_own_tensors(n, op, attrs, gm, where, held)
     out = _whole_splits(n, alias, pieces)
