@@ -814,6 +814,56 @@ def test_selu_and_celu_keep_what_autograd_keeps():
     assert nf.per_sample["saved_bytes"] + nf.per_sample["input_bytes"] == (at4 - at2) / 2
 
 
+def test_an_activation_in_place_on_a_copy_keeps_what_autograd_keeps():
+    """An ELU in place, then a leaky ReLU in place on a clone of its result (or a contiguous copy of a transposed map):
+    torch keeps the ELU's result and the leaky ReLU's, two tensors. The copy was read as the ELU's result itself, so
+    the description held two in-place activations in a row on one tensor, and its rebuilt network kept one storage
+    for both (and failed its backward: the second wrote what the first keeps), where the saved bytes counted two.
+    Described now as the step torch trains, the saved bytes are autograd's of the original network and of the
+    rebuilt one (what a sample adds between batch 2 and 4)."""
+    pytest.importorskip("torch")
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+    from perf4sight.ir.to_torch import build_module
+
+    class Copied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)
+            self.c3, self.fc = nn.Conv2d(8, 8, 1), nn.Linear(8, 10)
+
+        def forward(self, x):
+            y = F.leaky_relu(F.elu(self.c1(x), inplace=True).clone(), 0.1, True)
+            y = F.leaky_relu(F.elu(self.c2(y), inplace=True).transpose(2, 3).contiguous(), 0.2, True)
+            return self.fc(self.c3(y).mean((2, 3)))
+
+    network = Copied()
+    desc = describe(network, [3, 6, 6], "copied")
+    assert [(n.op, n.attrs.get("inplace")) for n in desc.nodes if "elu" in n.op] == [
+        ("elu", True), ("leaky_relu", None), ("elu", True), ("leaky_relu", None)]
+    nf = network_features(desc)
+    at2, at4 = 2 * _autograd_saved_bytes(desc, 2), 4 * _autograd_saved_bytes(desc, 4)
+    kept = (3 + 4 * 8) * 36 * 4 + 8 * 4  # the input; each ELU's result and each leaky ReLU's; the pooled features
+    assert nf.per_sample["saved_bytes"] + nf.per_sample["input_bytes"] == (at4 - at2) / 2 == kept
+    build_module(desc).train()(torch.randn(2, 3, 6, 6)).sum().backward()  # the rebuilt network trains
+    network(torch.randn(2, 3, 6, 6)).sum().backward()  # as the original does, keeping as much
+
+    def original_keeps(batch: int) -> int:
+        own, kept_storages = {p.untyped_storage().data_ptr() for p in network.parameters()}, {}
+
+        def pack(t):
+            if t.untyped_storage().data_ptr() not in own:
+                kept_storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            network(torch.randn(batch, 3, 6, 6))
+        return sum(kept_storages.values())
+    assert (original_keeps(4) - original_keeps(2)) / 2 == kept
+
+
 def _circular_pad_run(pads: list[int], shape: list[int]) -> tuple[list, list]:
     """The aten ops a circular pad of a [1, *shape] leaf runs forward and backward: :func:`_ops_run`."""
     import torch.nn.functional as F
