@@ -51,7 +51,9 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
   second input's first. Dropout is the fused kernel of a CUDA build (the trace runs it too):
   the output and a one-byte mask, which the backward keeps.
   Out-of-place activations keep their input (hardswish, hardsigmoid, SiLU, GELU) or their result
-  (sigmoid, tanh). Group norm allocates its output, then a mean and a 1/std per sample and group; it keeps its
+  (sigmoid, tanh; in place, ``y.sigmoid_()``, no output). An in-place activation rebases its input's history: a
+  later reader of the input reads its result (``y + y.relu()``: both gradients through the activation's node).
+  Group norm allocates its output, then a mean and a 1/std per sample and group; it keeps its
   input and those two (its weight is a parameter), and its backward allocates the input's gradient, then the
   weight's and bias's. A transposed convolution is ``aten.convolution`` as a conv2d is: its output; it keeps its input
   (a strided one as it is), and its backward allocates the input's gradient, the weight's, then the bias's.
@@ -480,8 +482,9 @@ def _with_parameters(ctx: _OpContext) -> _Value:
 
 
 def _activation(ctx: _OpContext) -> _Value:
-    """relu and relu6 (in place), a leaky relu, an elu or a mish in place where its node says so, the
-    out-of-place activations (:data:`_ACTIVATIONS`), dropout."""
+    """relu and relu6 (in place), any activation of :data:`_INPLACE_BACKWARD` in place where its node says so (a
+    leaky relu, an elu, a mish, ``y.sigmoid_()``; the input's later readers then read its result), the out-of-place
+    activations (:data:`_ACTIVATIONS`), dropout."""
     n, x, nbytes, op = ctx.node, ctx.x, ctx.nbytes, ctx.node.op
     if op in ("relu", "relu6") or op in _INPLACE_BACKWARD and n.attrs.get("inplace"):
         # in place, keeps its result (or a clone of its input: a mish's, ``relu6_clone``'s of ReLU6 and hardtanh)
