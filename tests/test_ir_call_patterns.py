@@ -223,17 +223,19 @@ def test_a_difference_of_two_tensors_or_of_a_number_and_a_tensor_is_an_add_of_th
     (lambda s, y: y * F.leaky_relu(y.clone(), 0.1, True), [("leaky_relu", None)]),
     (lambda s, y: y * F.leaky_relu(y.transpose(2, 3).contiguous(), 0.1, True).transpose(2, 3), [("leaky_relu", None)]),
     (lambda s, y: F.leaky_relu(y.contiguous(), 0.1, True), [("leaky_relu", True)]),  # y itself: written in place
+    (lambda s, y: (F.relu_(y), torch.sigmoid_(y), y)[-1], [("relu", True), ("sigmoid", True)]),
 ])
 def test_an_in_place_sigmoid_or_tanh_is_the_activation_in_place(pattern, acts):
     """``y.sigmoid_()`` and ``y.tanh_()`` were refused ("call_method 'sigmoid_' has no description op"), then
     described as the activations out of place (a new output each, where torch writes the input); ``torch.sigmoid_(y)``
-    and ``torch.tanh_(y)`` not assigned back were left out of what reads ``y`` after them. Each is its activation in
-    place, and the readers after it read it. An activation in place on a clone, or on a contiguous copy of a transposed
-    map (an alias of ``y`` in a description), writes a copy of its own: it is the activation out of place (described
-    in place, the rebuilt network wrote ``y``, which its later readers then read written: another function)."""
+    and ``torch.tanh_(y)`` not assigned back were left out of what reads ``y`` after them, and ``F.relu_(y)`` was
+    refused. Each is its activation in place, and the readers after it read it. An activation in place on a clone,
+    or on a contiguous copy of a transposed map (an alias of ``y`` in a description), writes a copy of its own: it is
+    the activation out of place (described in place, the rebuilt network wrote ``y``, which its later readers then
+    read written: another function)."""
     ops = _computes_the_same(_Probe(pattern))
     desc = describe(_Probe(pattern).eval(), SHAPE, name="probe")
-    written = [n for n in desc.nodes if n.op in ("sigmoid", "tanh", "leaky_relu")]
+    written = [n for n in desc.nodes if n.op in ("sigmoid", "tanh", "leaky_relu", "relu")]
     assert [(n.op, n.attrs.get("inplace")) for n in written] == acts
     assert all(any(n.name in m.inputs for m in desc.nodes) for n in written) and acts[0][0] in ops
 

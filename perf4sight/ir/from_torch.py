@@ -482,9 +482,9 @@ def _broadcasts_to_its_shape(u: fx.Node) -> bool:
 
 
 FUNCTION_OPS["expand"] = FUNCTION_OPS["expand_as"] = _expand
-for _key in (F.relu, torch.relu, "relu", "relu_"):
+for _key in (F.relu, torch.relu, "relu", "relu_", torch.relu_):  # torch.relu_ is F.relu_
     FUNCTION_OPS[_key] = lambda n: ("relu", {"inplace": True} if n.kwargs.get("inplace") or n.target == "relu_"
-                                    else {})
+                                    or n.target is torch.relu_ else {})
 for _key in (F.relu6, "relu6"):
     FUNCTION_OPS[_key] = lambda n: ("relu6", {})
 for _key, _op in ((torch.sigmoid, "sigmoid"), ("sigmoid", "sigmoid"), ("tanh", "tanh"), (F.silu, "silu"),
