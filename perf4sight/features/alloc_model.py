@@ -1,13 +1,14 @@
 """The allocation events of a training step worked out from the description alone (no torch).
 
 :mod:`perf4sight.features.alloc_trace` records the events by running the step on the meta device;
-this module writes the same events down from the description, 15-20 times faster. It covers every
-op of the schema but ConvNeXt's (:data:`COVERED`: permute, layer norm and layer scale are left to the
-trace, as ConvNeXt's linear layers on 4-D tensors would be anyway); the few patterns it does not follow
+this module writes the same events down from the description, 15-20 times faster (ConvNeXt's 30). It covers every
+op of the schema but the transformers' (:data:`COVERED`: a position embedding, a class token, attention, Swin's and
+MaxViT's blocks and a local response norm are left to the trace); the few patterns it does not follow
 raise :class:`NotCovered` and go to the trace (an in-place ReLU on a tensor a node keeps, a linear layer
-on a 3-D tensor, a kernel or a view reading a gradient with permuted strides). The two are checked to give the same
-allocations in the same order with the same frees between them (the trace's zero-byte allocations
-aside) on zoo, pruned and generated networks in ``tests/test_allocator.py``.
+on a strided tensor or without a bias on one of more than two dimensions, a kernel or a view reading a gradient with
+permuted strides, a layout torch decides by strides along dimensions of size 1 after a permute). The two are checked
+to give the same allocations in the same order with the same frees between them (the trace's zero-byte allocations
+aside) on zoo, pruned and generated networks and ConvNeXt in ``tests/test_allocator.py``.
 
 Sizes are bytes at one batch size (float32 tensors, int64 pooling indices, labels and counters).
 The rules, as PyTorch runs a training step (and as the meta trace shows them):
@@ -67,6 +68,14 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
   an unshuffle's by a shuffle). A circular pad (copies into slices of its output, a chain of autograd nodes) is
   left to the trace, as a local response norm is (not in :data:`COVERED`: seven ops of torch's, each its own
   autograd node).
+  ConvNeXt's layouts, as the meta device lays them out: a permute is a view (its backward permutes back); a layer
+  norm allocates a contiguous output, then a mean and a 1/std per row, and keeps its input as it is; a linear layer
+  on a contiguous tensor of more than two dimensions is ``addmm`` of its rows, viewed back (:func:`_linear_folded`);
+  a layer scale (``scale``) is a multiply by a broadcast weight, laid out with an add of two tensors as torch's
+  TensorIterator lays them out (:func:`_iterated`). A convolution's output is contiguous, but its backward computes
+  channels-last gradients of a channels-last input (:func:`_convolution_layouts`), and AccumulateGrad copies a weight's
+  gradient whose strides are not its parameter's into a new tensor (``new_empty_strided``); the mean of an adaptive
+  pool of a channels-last input is restrided in place, and its backward writes the gradient into new zeros first.
   A log-softmax keeps its result, as a softmax does. A PReLU keeps its input; its backward allocates the input's
   gradient and the slopes' per element, summed down to the slopes (:func:`_prelu`). A dropout2d allocates a
   noise per sample and channel, then its output (the input times the noise); it keeps the noise. A dropout of
@@ -97,7 +106,7 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "conv_transpose2d", "instancenorm", "hardtanh", "softmax", "pad", "pixel_shuffle",
                      "pixel_unshuffle", "log_softmax", "prelu", "dropout2d",
                      "selu", "celu",
-                     "pow", "exp", "abs", "div", "var"})
+                     "pow", "exp", "abs", "div", "var", "permute", "layernorm", "scale"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
                 "gelu": ("gelu", "input"), "sigmoid": ("sigmoid", "result"), "tanh": ("tanh", "result"),
@@ -110,7 +119,11 @@ _BACKWARD_OF = {"celu": "elu"}
 _VIEWS = {"reshape", "flatten", "squeeze", "unsqueeze"}
 #: Ops that take a strided (non-contiguous) input as it is; any other op on one is not covered,
 #: except elementwise ones on inputs whose dimensions keep their order (their output is contiguous).
-_TAKE_STRIDED = {"conv2d", "conv_transpose2d", "cat", "identity", "transpose", "narrow", "select"} | _VIEWS
+_TAKE_STRIDED = {"conv2d", "conv_transpose2d", "cat", "identity", "transpose", "narrow", "select", "permute",
+                 "layernorm"} | _VIEWS
+#: Ops that take a dense input of any layout (a channels-last one, a permuted one): their outputs' strides follow
+#: the inputs' as torch's TensorIterator lays them out (:func:`_iterated`).
+_TAKE_DENSE = {"add", "scale"}
 _ELEMENTWISE = {"add", "mul", "div", "pow", "exp", "abs"} | set(_ACTIVATIONS)
 
 
@@ -174,6 +187,85 @@ def _view(shape: tuple[int, ...], strides: tuple[int, ...] | None,
     return True, _normal(new, tuple(out))
 
 
+def _dense(shape: tuple[int, ...], strides: tuple[int, ...] | None) -> bool:
+    """Whether a tensor of ``shape`` and ``strides`` (elements) covers its storage once, in some order of its
+    dimensions (contiguous, channels-last, any permutation of a contiguous tensor)."""
+    if strides is None:
+        return True
+    step = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(shape, strides) if sz > 1):
+        if stride != step:
+            return False
+        step *= size
+    return True
+
+
+def _channels_last_like(shape: tuple[int, ...], strides: tuple[int, ...] | None) -> bool:
+    """Whether torch suggests the channels-last format for a tensor of ``shape`` and ``strides`` (its
+    ``suggest_memory_format``: 4-D, the channels' stride the smallest, then the width's, the height's, the batch's;
+    ambiguous cases are contiguous)."""
+    if len(shape) != 4:
+        return False
+    strides = strides or _strides(shape)
+    if strides[1] == 0:
+        return False
+    least = 0
+    for d in (1, 3, 2, 0):
+        if shape[d] == 0 or strides[d] < least or (d == 0 and least == strides[1]):
+            return False
+        least = strides[d] * shape[d]
+    return True
+
+
+def _channels_last(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Strides (elements) of a 4-D tensor of ``shape`` in the channels-last format."""
+    n, c, h, w = shape
+    return (h * w * c, 1, w * c, c)
+
+
+def _iterated(shape: tuple[int, ...], operands: list[tuple[int, ...] | None]) -> tuple[int, ...] | None:
+    """Strides of the output of an elementwise kernel over ``operands`` (their strides broadcast to ``shape``, 0
+    along a broadcast dimension; None: contiguous), as torch's TensorIterator lays it out: the dimensions sorted
+    by the first operand whose strides tell them apart; None where that is the contiguous order."""
+    ndim = len(shape)
+    given = [st or _strides(shape) for st in operands]
+
+    def should_swap(d0: int, d1: int) -> int:
+        for st in given:
+            s0, s1 = st[d0], st[d1]
+            if s0 == 0 or s1 == 0:
+                continue
+            if s0 != s1:
+                return -1 if s0 < s1 else 1
+            if shape[d0] > shape[d1]:
+                return 1
+        return 0
+
+    perm = list(range(ndim - 1, -1, -1))  # perm[0]: the fastest-varying dimension
+    for i in range(1, ndim):
+        d1 = i
+        for d0 in range(i - 1, -1, -1):
+            comparison = should_swap(perm[d0], perm[d1])
+            if comparison > 0:
+                perm[d0], perm[d1] = perm[d1], perm[d0]
+                d1 = d0
+            elif comparison < 0:
+                break
+    out, step = [0] * ndim, 1
+    for d in perm:
+        out[d] = step
+        step *= shape[d]
+    return _normal(shape, tuple(out))
+
+
+def _broadcast_strides(shape: tuple[int, ...], full: tuple[int, ...]) -> tuple[int, ...]:
+    """Strides of a contiguous tensor of ``shape`` broadcast to ``full`` (right-aligned; 0 along each dimension it
+    is expanded over)."""
+    own = (0,) * (len(full) - len(shape)) + _strides(shape)
+    padded = (1,) * (len(full) - len(shape)) + tuple(shape)
+    return tuple(0 if size == 1 and target != 1 else st for size, target, st in zip(padded, full, own))
+
+
 class NotCovered(Exception):
     """The description has an op or a pattern this model does not cover: use the meta trace."""
 
@@ -220,6 +312,14 @@ class _GradFn:
     # gradient is allocated
     before: list[tuple[int, str]] | None = None
     then: str = "aten.sum.dim_IntList"           # the op that makes a gradient from a full one
+    perm: tuple[int, ...] = ()                   # a permute's dimensions (its backward permutes back)
+    # the strides of each gradient its kernel allocates: None contiguous, ("fixed", strides), or ("iterated", the
+    # other operands' strides): an elementwise kernel of the incoming gradient (first) and those (:func:`_iterated`)
+    layouts: list | None = None
+    any_strides: bool = False  # its kernels take an incoming gradient of any strides (their outputs' do not follow)
+    # per gradient: whether it reaches its parameter with strides other than the parameter's, which AccumulateGrad
+    # copies into a new tensor of the parameter's strides (``new_empty_strided``) before keeping it
+    restride: list[bool] | None = None
 
 
 class _Memory:
@@ -229,6 +329,9 @@ class _Memory:
         self.events: list[Event] = []
         self.holders: dict[int, int] = {}
         self.saved: set[int] = set()  # storages an autograd node of the forward keeps for backward
+        # whether a tensor's strides along its dimensions of size 1 may be other than a contiguous tensor's (the
+        # description permutes); the model does not follow those (:meth:`_OpContext.channels_last`)
+        self.loose_ones = False
         self.last_id = 0
 
     def new_id(self) -> int:
@@ -270,6 +373,11 @@ def _params(node: Node) -> tuple[list[int], list[int]]:
         return ([c, c] if a.get("affine", False) else []), []
     if node.op == "prelu":  # its slopes
         return [a["num_parameters"] * FLOAT], []
+    if node.op == "layernorm":  # a weight and a bias over the normalised shape unless not elementwise affine
+        c = prod(a["normalized_shape"]) * FLOAT
+        return ([c, c] if a.get("elementwise_affine", True) else []), []
+    if node.op == "scale":
+        return [prod(a["shape"]) * FLOAT], []
     if node.op == "linear":
         w = a["out_features"] * a["in_features"] * FLOAT
         return ([w, a["out_features"] * FLOAT] if a["bias"] else [w]), []
@@ -296,6 +404,7 @@ def step_events(desc: NetworkDescription, batch_size: int, relu6_clone: bool = F
         if n.op not in COVERED:
             raise NotCovered(f"op '{n.op}'")
     mem = _Memory()
+    mem.loose_ones = any(n.op == "permute" for n in desc.nodes)
     b = int(batch_size)
     param_bytes: list[int] = []
     first_param: dict[str, int] = {}
@@ -399,18 +508,32 @@ class _OpContext:
         op = self.node.op
         strided = [(tuple([self.batch] + list(sh)), i.strides)
                    for sh, i in zip(self.in_shapes, self.inputs) if i.strides is not None]
-        if strided and op not in _TAKE_STRIDED and not (op in _ELEMENTWISE and all(_ordered(*st) for st in strided)):
-            raise NotCovered(f"{op} of a strided tensor")
+        if not strided or op in _TAKE_STRIDED or (op in _ELEMENTWISE and all(_ordered(*st) for st in strided)):
+            return
+        if op in _TAKE_DENSE and self.node.attrs.get("scalar") is None and all(_dense(*st) for st in strided):
+            return
+        if op == "adaptiveavgpool2d" and self.channels_last(*strided[0]):  # a mean, then restrided (_pooling)
+            return
+        raise NotCovered(f"{op} of a strided tensor")
+
+    def channels_last(self, shape: tuple[int, ...], strides: tuple[int, ...] | None) -> bool:
+        """Whether torch suggests the channels-last format for a tensor of ``shape`` and ``strides``
+        (:func:`_channels_last_like`); :class:`NotCovered` where that turns on strides along dimensions of size 1
+        that the model does not follow (after a permute: ConvNeXt's last stage at a small input)."""
+        if self.mem.loose_ones and 1 in shape:
+            raise NotCovered("the layout of a tensor with a dimension of size 1 after a permute")
+        return _channels_last_like(shape, strides)
 
     def grad_fn(self, saved: list[int], edges: list, sizes: list[int], kernels: list[str | None],
                 order: list[int] | None = None, full: list[int | None] | None = None, handoff: str = "",
                 out_shape: tuple[int, ...] | None = None, dims: tuple[int, int] = (0, 0),
                 scratch: list[tuple[int, str]] | None = None,
                 shapes: list[tuple[int, ...]] | None = None,
-                before: list[tuple[int, str]] | None = None) -> int | None:
+                before: list[tuple[int, str]] | None = None, **layout) -> int | None:
         """The node's autograd node (fields as :class:`_GradFn`; ``sizes`` and ``full`` in bytes; ``order``
-        default: input order; ``out_shape`` default: ``full_out``; ``shapes`` default: the inputs' with the batch)
-        appended to ``fns``: its index, or None when no input needs a gradient (``saved`` is dropped)."""
+        default: input order; ``out_shape`` default: ``full_out``; ``shapes`` default: the inputs' with the batch;
+        ``layout``: ``perm``, ``layouts``, ``any_strides``, ``restride``) appended to ``fns``: its index, or None when
+        no input needs a gradient (``saved`` is dropped)."""
         for s in saved:
             self.mem.hold(s)
         if all(e is None for e in edges):
@@ -421,7 +544,8 @@ class _OpContext:
         self.fns.append(_GradFn(saved, edges, sizes, kernels, order if order is not None else list(range(len(edges))),
                                 full or [None] * len(edges), handoff,
                                 shapes or [tuple([self.batch] + list(sh)) for sh in self.in_shapes],
-                                self.full_out if out_shape is None else out_shape, dims, scratch, before))
+                                self.full_out if out_shape is None else out_shape, dims, scratch, before,
+                                **layout))
         return len(self.fns) - 1
 
     def unary_grad_fn(self, kernel: str | None, saved: list[int]) -> int | None:
@@ -456,7 +580,9 @@ def _with_parameters(ctx: _OpContext) -> _Value:
     if n.op in ("conv2d", "conv_transpose2d"):  # aten.convolution, transposed or not: keeps its input
         sid = ctx.alloc("convolution.default")
         grads = ["aten.convolution_backward.default"] * (1 + len(pbytes))
-        return _Value(sid, nbytes, ctx.grad_fn([x.sid], [_edge(x)] + pedges, [x.nbytes] + pbytes, grads))
+        layouts, restride = _convolution_layouts(ctx)
+        return _Value(sid, nbytes, ctx.grad_fn([x.sid], [_edge(x)] + pedges, [x.nbytes] + pbytes, grads,
+                                               layouts=layouts, restride=restride, any_strides=True))
     if n.op in ("batchnorm2d", "groupnorm"):  # the output, a mean and a 1/std; keeps the input and the two
         kernel, stat = (("native_batch_norm", n.attrs["num_features"]) if n.op == "batchnorm2d"  # per channel
                         else ("native_group_norm", ctx.batch * n.attrs["num_groups"]))  # per sample and group
@@ -466,7 +592,7 @@ def _with_parameters(ctx: _OpContext) -> _Value:
         return _Value(sid, nbytes, ctx.grad_fn([x.sid] + stats, [_edge(x)] + pedges, [x.nbytes] + pbytes, grads))
     if n.op == "linear":
         if len(ctx.in_shapes[0]) != 1:
-            raise NotCovered("linear on a tensor of more than two dimensions")
+            return _linear_folded(ctx, pedges, pbytes)
         t = ctx.grad_fn([], [pedges[0]], [pbytes[0]], [None], handoff="view")  # weight.t()
         if n.attrs["bias"]:  # addmm(bias, x, weight.t()): the bias gradient is the incoming one summed down
             sid = ctx.alloc("addmm.default")
@@ -479,6 +605,54 @@ def _with_parameters(ctx: _OpContext) -> _Value:
         edges, sizes, order = [_edge(x), ("fn", t)], [x.nbytes, pbytes[0]], [1, 0]
         return _Value(sid, nbytes, ctx.grad_fn([x.sid], edges, sizes, grads, order))
     raise NotCovered(f"op '{n.op}'")
+
+
+def _convolution_layouts(ctx: _OpContext) -> tuple[list, list[bool]]:
+    """The strides of a convolution's gradients (input, weight, bias) as the meta kernel lays them out, and which
+    of them AccumulateGrad copies to its parameter's strides. The forward's output is contiguous whatever the input;
+    the backward's input and weight gradients are channels-last where the input (or the weight) suggests it, the
+    bias's contiguous; a channels-last gradient of a weight whose channels-last strides are not its own (a kernel
+    wider than 1 x 1 over more than one input channel per group) is copied."""
+    weight = _weight_shape(ctx.node)
+    if not (ctx.channels_last(ctx.full_in, ctx.x.strides) or _channels_last_like(weight, None)):
+        return [None] * (1 + len(_params(ctx.node)[0])), [False] * (1 + len(_params(ctx.node)[0]))
+    layouts = [("fixed", _normal(ctx.full_in, _channels_last(ctx.full_in))),
+               ("fixed", _normal(weight, _channels_last(weight)))]
+    restride = [False, layouts[1][1] is not None]
+    if ctx.node.attrs["bias"]:
+        layouts.append(None)
+        restride.append(False)
+    return layouts, restride
+
+
+def _weight_shape(node: Node) -> tuple[int, int, int, int]:
+    """A convolution's weight shape: [Cout, Cin / groups, kh, kw] ([Cin, Cout / groups, kh, kw] transposed)."""
+    a = node.attrs
+    kh, kw = a["kernel_size"]
+    if node.op == "conv_transpose2d":
+        return a["in_channels"], a["out_channels"] // a["groups"], kh, kw
+    return a["out_channels"], a["in_channels"] // a["groups"], kh, kw
+
+
+def _linear_folded(ctx: _OpContext, pedges: list, pbytes: list[int]) -> _Value:
+    """A linear layer on a tensor of more than two dimensions, as torch folds it where the input is contiguous and
+    there is a bias: the input viewed as [rows, in_features], ``addmm``, the result viewed back. Backward: the
+    output's view reshapes the incoming gradient to [rows, out_features] (a copy where it is permuted), then
+    ``addmm``'s as a 2-D linear layer's. Other cases (``matmul``) not covered."""
+    x, nbytes = ctx.x, ctx.nbytes
+    if x.strides is not None or not ctx.node.attrs["bias"]:
+        raise NotCovered("linear on a tensor of more than two dimensions, strided or without a bias")
+    rows = prod(ctx.full_in[:-1])
+    folded_in, folded_out = (rows, ctx.full_in[-1]), (rows, ctx.full_out[-1])
+    viewed = ctx.grad_fn([], [_edge(x)], [x.nbytes], [None], handoff="view", out_shape=folded_in)
+    t = ctx.grad_fn([], [pedges[0]], [pbytes[0]], [None], handoff="view")  # weight.t()
+    sid = ctx.alloc("addmm.default")
+    edge = None if viewed is None else ("fn", viewed)
+    addmm = ctx.grad_fn([x.sid], [pedges[1], edge, ("fn", t)], [pbytes[1], x.nbytes, pbytes[0]],
+                        [None, "aten.mm.default", "aten.mm.default"], [0, 1, 2], [nbytes, None, None],
+                        out_shape=folded_out, shapes=[folded_out[1:], folded_in, folded_in[1:] + folded_out[1:]])
+    out = ctx.grad_fn([], [("fn", addmm)], [nbytes], [None], handoff="view", shapes=[folded_out])
+    return _Value(sid, nbytes, out, view=True)
 
 
 def _activation(ctx: _OpContext) -> _Value:
@@ -660,7 +834,14 @@ def _pooling(ctx: _OpContext) -> _Value:
         return _Value(ctx.alloc("_adaptive_avg_pool2d.default"), nbytes,
                       ctx.unary_grad_fn("aten._adaptive_avg_pool2d_backward.default", [x.sid]))
     if op in ("adaptiveavgpool2d", "mean"):  # a mean over H and W: keeps nothing, its backward divides
-        return _Value(ctx.alloc("mean.dim"), nbytes, ctx.unary_grad_fn("aten.div.Scalar", []))
+        sid, mean = ctx.alloc("mean.dim"), ctx.unary_grad_fn("aten.div.Scalar", [])
+        if op == "mean" or not ctx.channels_last(ctx.full_in, x.strides):
+            return _Value(sid, nbytes, mean)
+        # torch restrides the mean of a channels-last input in place (as_strided_): its backward writes the incoming
+        # gradient into new zeros of the output's size, which the mean's then reads
+        restrided = ctx.grad_fn([], [None if mean is None else ("fn", mean)], [nbytes], ["aten.new_zeros.default"],
+                                any_strides=True)
+        return _Value(sid, nbytes, restrided)
     raise NotCovered(f"op '{op}'")
 
 
@@ -706,13 +887,65 @@ def _combine(ctx: _OpContext) -> _Value:
     sid = ctx.alloc({"add": "add.Tensor", "mul": "mul.Tensor", "cat": "cat.default"}[op])
     edges, sizes = [_edge(i) for i in ins], [i.nbytes for i in ins]
     if op != "mul":  # the incoming gradient handed on (cat: views of it)
+        strides = _sum_strides(ctx) if op == "add" else None
         return _Value(sid, nbytes, ctx.grad_fn([], edges, sizes, [None] * len(ins), None, full,
-                                               "slices" if op == "cat" and len(ins) > 1 else ""))
+                                               "slices" if op == "cat" and len(ins) > 1 else ""), strides=strides)
     # each input's gradient is the incoming one times the other input (kept when that input needs it);
     # the second input's is computed first
     saved = [ins[0].sid] if ins[1].fn is not None else []
     saved += [ins[1].sid] if ins[0].fn is not None else []
     return _Value(sid, nbytes, ctx.grad_fn(saved, edges, sizes, ["aten.mul.Tensor"] * 2, [1, 0], full))
+
+
+def _sum_strides(ctx: _OpContext) -> tuple[int, ...] | None:
+    """The strides of an add's output: contiguous where its inputs lie in their own order, else (dense inputs of the
+    same shape: channels-last ones, permuted ones) as torch's TensorIterator lays them out."""
+    if all(_ordered(ctx.full_out, i.strides) for i in ctx.inputs):
+        return None
+    if any(list(shape) != list(ctx.node.output_shape) for shape in ctx.in_shapes):
+        raise NotCovered("add of a strided tensor broadcast")
+    return _iterated(ctx.full_out, [i.strides for i in ctx.inputs])
+
+
+def _permute(ctx: _OpContext) -> _Value:
+    """A permute: a view of the input's storage with its strides permuted; its backward permutes the gradient back
+    (a view)."""
+    x, dims = ctx.x, tuple(int(d) for d in ctx.node.attrs["dims"])
+    strides = x.strides or _strides(ctx.full_in)
+    fn = ctx.grad_fn([], [_edge(x)], [x.nbytes], [None], handoff="permute", perm=dims)
+    return _Value(ctx.mem.hold(x.sid), x.nbytes, fn, view=True,
+                  strides=_normal(ctx.full_out, tuple(strides[d] for d in dims)))
+
+
+def _layer_norm(ctx: _OpContext) -> _Value:
+    """A layer norm over the last dims (``native_layer_norm``): its output (contiguous, whatever the input's strides),
+    a mean and a 1/std per row (the dims before the normalised ones); it keeps its input as it is and the two.
+    Backward: the input's gradient, then the weight's and the bias's."""
+    n, x, nbytes = ctx.node, ctx.x, ctx.nbytes
+    pbytes, _ = _params(n)
+    rows = prod(ctx.full_in[:len(ctx.full_in) - len(n.attrs["normalized_shape"])]) * FLOAT
+    sid = ctx.alloc("native_layer_norm.default")
+    stats = [ctx.alloc("native_layer_norm.default", rows, holders=0) for _ in range(2)]
+    pedges = [("param", ctx.first_param + k) for k in range(len(pbytes))]
+    grads = ["aten.native_layer_norm_backward.default"] * (1 + len(pbytes))
+    return _Value(sid, nbytes, ctx.grad_fn([x.sid] + stats, [_edge(x)] + pedges, [x.nbytes] + pbytes, grads))
+
+
+def _scale(ctx: _OpContext) -> _Value:
+    """The input times a learnt tensor, broadcast (``mul.Tensor``; its output laid out as TensorIterator lays it
+    out): it keeps the input. Backward, as a multiply of two tensors: the weight's gradient first (the incoming one
+    times the input, full size, summed down to the weight's shape after), then the input's (the incoming one times
+    the weight, laid out as the incoming one)."""
+    x, nbytes, shape = ctx.x, ctx.nbytes, tuple(int(s) for s in ctx.node.attrs["shape"])
+    if ctx.full_in != ctx.full_out:
+        raise NotCovered("a scale that broadcasts its input")
+    weight = _broadcast_strides(shape, ctx.full_out)
+    sid = ctx.alloc("mul.Tensor")
+    strides = _iterated(ctx.full_out, [x.strides, weight])
+    fn = ctx.grad_fn([x.sid], [_edge(x), ("param", ctx.first_param)], [x.nbytes, prod(shape) * FLOAT],
+                     ["aten.mul.Tensor"] * 2, [1, 0], [None, nbytes], layouts=[("iterated", [weight]), None],
+                     any_strides=True)
+    return _Value(sid, nbytes, fn, strides=strides)
 
 
 def _quotient(ctx: _OpContext) -> _Value:
@@ -800,6 +1033,9 @@ _HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
     "prelu": _prelu,
     "dropout2d": _dropout2d,
     "instancenorm": _instance_norm,
+    "permute": _permute,
+    "layernorm": _layer_norm,
+    "scale": _scale,
     **dict.fromkeys(("pad", "pixel_shuffle", "pixel_unshuffle"), _rearrange),
     **dict.fromkeys((*_VIEWS, "transpose", "select", "narrow", "identity"), _view_op),
 }
@@ -902,7 +1138,7 @@ def _backward(fns: list[_GradFn], root: int, mem: _Memory) -> dict[int, int]:
             raise NotCovered("a node no gradient reaches")
         incoming, _, strides = buffers.pop(k)
         fn = fns[k]
-        if strides == _UNKNOWN or (any(fn.kernels) and not _ordered(fn.out_shape, strides)):
+        if strides == _UNKNOWN or (any(fn.kernels) and not fn.any_strides and not _ordered(fn.out_shape, strides)):
             raise NotCovered("a gradient with permuted strides")
         outs: dict[int, tuple[int, tuple[int, ...] | None]] = {}
         ahead = [mem.new(size, kernel) for size, kernel in fn.before or []]
@@ -910,7 +1146,7 @@ def _backward(fns: list[_GradFn], root: int, mem: _Memory) -> dict[int, int]:
             if fn.edges[j] is None:
                 continue
             if fn.kernels[j]:
-                outs[j] = (mem.new(fn.full[j] or fn.sizes[j], fn.kernels[j]), None)
+                outs[j] = (mem.new(fn.full[j] or fn.sizes[j], fn.kernels[j]), _laid_out(fn, j, strides))
             else:
                 outs[j] = _handoff(fn, j, incoming, strides, mem)
             for sid in ahead:
@@ -934,21 +1170,28 @@ def _backward(fns: list[_GradFn], root: int, mem: _Memory) -> dict[int, int]:
             kind, target = edge
             sid, out_strides = outs[j]
             if kind == "param":
+                restrided = bool(fn.restride and fn.restride[j])
+                if restrided and pending[target] > 1:
+                    raise NotCovered("a gradient of a shared parameter with other strides than the parameter's")
                 released += _param_gradient(target, sid, fn.sizes[j], pending, buffers_of_params, mem)
                 if pending[target] == 0:
-                    accumulated.append((target, buffers_of_params.pop(target)))
+                    accumulated.append((target, buffers_of_params.pop(target), restrided, fn.sizes[j]))
             elif target not in buffers:
                 buffers[target] = (sid, fn.sizes[j], out_strides)
             else:
                 old, size, old_strides = buffers[target]
                 shape = fn.shapes[j] if fn.shapes else ()
-                plain = _ordered(shape, old_strides) and _ordered(shape, out_strides)
-                buffers[target] = (mem.new(size, "aten.add.Tensor"), size, None if plain else _UNKNOWN)
+                buffers[target] = (mem.new(size, "aten.add.Tensor"), size, _summed_strides(shape, old_strides,
+                                                                                         out_strides))
                 mem.drop(old)
                 released.append(sid)
         for sid in released:  # the node's gradients added into a buffer: its outputs, dropped when it is done
             mem.drop(sid)
-        for p, sid in accumulated:  # AccumulateGrad nodes run first (highest priority)
+        for p, sid, restrided, size in accumulated:  # AccumulateGrad nodes run first (highest priority)
+            if restrided:  # copied into a tensor of the parameter's strides, which becomes the .grad
+                kept = mem.new(size, "aten.new_empty_strided.default")
+                mem.drop(sid)
+                sid = kept
             mem.events.append((ACCUMULATED, p, 0, ""))
             grads[p] = sid
     if buffers:
@@ -961,6 +1204,31 @@ def _backward(fns: list[_GradFn], root: int, mem: _Memory) -> dict[int, int]:
 _UNKNOWN: tuple[int, ...] = ()
 
 
+def _summed_strides(shape: tuple[int, ...], old: tuple[int, ...] | None,
+                    new: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """The strides of the engine's sum ``old + new`` of two gradients of ``shape``: contiguous where both lie in
+    their own order, as TensorIterator lays out two dense ones, else :data:`_UNKNOWN`."""
+    if _ordered(shape, old) and _ordered(shape, new):
+        return None
+    if _UNKNOWN in (old, new) or not (_dense(shape, old) and _dense(shape, new)):
+        return _UNKNOWN
+    return _iterated(shape, [old, new])
+
+
+def _laid_out(fn: _GradFn, j: int, incoming: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """The strides of gradient ``j`` that ``fn``'s kernel allocates (:attr:`_GradFn.layouts`), the incoming gradient's
+    strides being ``incoming``."""
+    layout = fn.layouts[j] if fn.layouts else None
+    if layout is None:
+        return None
+    kind, strides = layout
+    if kind == "fixed":
+        return strides
+    if not _dense(fn.out_shape, incoming):
+        raise NotCovered("an elementwise kernel of a gradient that is not dense")
+    return _iterated(fn.out_shape, [incoming] + list(strides))
+
+
 def _handoff(fn: _GradFn, j: int, incoming: int, strides: tuple[int, ...] | None,
              mem: _Memory) -> tuple[int, tuple[int, ...] | None]:
     """Gradient ``j`` of a node without kernels: the incoming one (``strides``) or a view of it, or a
@@ -971,6 +1239,11 @@ def _handoff(fn: _GradFn, j: int, incoming: int, strides: tuple[int, ...] | None
         raise NotCovered("a strided gradient through the loss")
     if fn.handoff == "slices":
         return mem.hold(incoming), strides or _strides(fn.out_shape)
+    if fn.handoff == "permute":  # permuted back: dimension perm[i] of the input is dimension i of the output
+        back = [0] * len(fn.perm)
+        for i, d in enumerate(fn.perm):
+            back[d] = (strides or _strides(fn.out_shape))[i]
+        return mem.hold(incoming), _normal(fn.shapes[j], tuple(back))
     if fn.handoff == "transpose":
         d0, d1 = fn.dims
         swapped = list(strides or _strides(fn.out_shape))
