@@ -174,6 +174,24 @@ def test_more_derived_steps_match_more_run_steps():
     assert sum(e[0] == STEP for e in fast) == 3 and fast == full
 
 
+@pytest.mark.parametrize("set_to_none", [False, True])
+def test_derived_steps_add_a_restrided_gradient_into_the_grad_as_run_steps_do(set_to_none):
+    """A ConvNeXt downsampling convolution's weight gradient is channels-last: the first step copies it to the
+    weight's strides to make the ``.grad`` (``new_empty_strided``); a later step adds it into the ``.grad`` (no copy),
+    unless ``zero_grad(set_to_none=True)`` freed that. The derived later steps are the run ones, event for event."""
+    desc = _small_convnext()
+    fast = record_events(desc, 2, steps=3, method="trace", set_to_none=set_to_none)
+    full = record_events(desc, 2, steps=3, fast=False, set_to_none=set_to_none)
+    copies = []  # per step
+    for kind, _, _, op in fast:
+        if kind == STEP:
+            copies.append(0)
+        elif op == "aten.new_empty_strided.default":
+            copies[-1] += 1
+    assert copies == ([1, 1, 1] if set_to_none else [1, 0, 0])
+    assert fast == full
+
+
 @pytest.mark.parametrize("zoo", ["mobilenet_v2", "squeezenet1_0", "shufflenet_v2_x1_0"])
 def test_one_prime_batch_trace_equals_two_batch_solve(zoo):
     """The default trace (one run at a prime batch, sizes split by divisibility, SGD events written down)

@@ -388,6 +388,10 @@ def _assemble_steps(setup: list[Event], body: list[Event], tail: list[Event], gr
     return [e for e in first if e[0] != ACCUMULATED] + later
 
 
+#: The op by which AccumulateGrad copies a gradient into a tensor of its parameter's strides (the ``.grad``).
+_RESTRIDED = "aten.new_empty_strided.default"
+
+
 def _later_steps(body: list[Event], tail: list[Event], grads: dict[int, int | None], count: int,
                  new_id: Any, optimizer: Any, set_to_none: bool = False) -> list[Event]:
     """The events of ``count`` steps after the first, derived from the first step's forward and backward
@@ -396,11 +400,16 @@ def _later_steps(body: list[Event], tail: list[Event], grads: dict[int, int | No
     A later step allocates and frees the same tensors in the same order (new ids), except that each
     parameter gradient it computes is added into the existing ``.grad`` and freed right there (at
     the mark), where the first step kept it as the ``.grad`` (``grads``: parameter -> its id); and
-    its optimizer makes no momentum buffers (``optimizer()`` gives those events). With ``set_to_none`` the step
-    starts by freeing every ``.grad`` (``zero_grad(set_to_none=True)``) and keeps the gradients it computes, as the
-    first step did. Checked against running every step in ``tests/test_allocator.py``."""
+    its optimizer makes no momentum buffers (``optimizer()`` gives those events). A gradient whose strides were not
+    its parameter's was copied into a new tensor of the parameter's strides (``new_empty_strided``, a ConvNeXt
+    weight's) to become the ``.grad``; a later step adds it into the ``.grad`` instead: no copy, the gradient freed
+    where the first step freed it. With ``set_to_none`` the step starts by freeing every ``.grad``
+    (``zero_grad(set_to_none=True)``) and keeps the gradients it computes, as the first step did. Checked against
+    running every step in ``tests/test_allocator.py``."""
     out: list[Event] = []
     first = [g for g in grads.values() if g is not None]  # each parameter's .grad, as the first step made it
+    copies = set() if set_to_none else {t for kind, t, _, op in body
+                                        if kind == ALLOC and op == _RESTRIDED and t in set(first)}
     held = first  # the .grads a step starts with
     for _ in range(count):
         out.append((STEP, 0, 0, "step"))
@@ -410,19 +419,21 @@ def _later_steps(body: list[Event], tail: list[Event], grads: dict[int, int | No
 
         def copy(events: list[Event]) -> None:
             for kind, t, size, op in events:
+                if t in copies and kind != ACCUMULATED:
+                    continue  # no copy: the gradient is added into the .grad, and freed where the first step freed it
                 if kind == ALLOC:
                     renamed[t] = new_id()
                     out.append((ALLOC, renamed[t], size, op))
                 elif kind == FREE:
                     out.append((FREE, renamed.get(t, t), 0, ""))
-                elif kind == ACCUMULATED and grads.get(t) is not None and not set_to_none:
+                elif kind == ACCUMULATED and grads.get(t) is not None and not set_to_none and grads[t] not in copies:
                     g = grads[t]
                     out.append((FREE, renamed.get(g, g), 0, ""))
 
         copy(body)
         out.extend(optimizer())
         copy(tail)
-        held = [renamed[g] for g in first]  # this step's gradients (kept as the .grads only with set_to_none)
+        held = [renamed.get(g, g) for g in first]  # this step's gradients (kept as the .grads only with set_to_none)
     return out
 
 
