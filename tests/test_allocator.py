@@ -953,10 +953,10 @@ def test_allocation_model_writes_down_convnext_as_traced(zoo):
     assert sims[0].peaks_mb([1, 7, 64]).tolist() == sims[1].peaks_mb([1, 7, 64]).tolist()
 
 
-def test_convnext_at_a_small_input_and_vit_fall_back_to_the_trace():
+def test_convnext_at_a_small_input_and_swin_fall_back_to_the_trace():
     """ConvNeXt at 32 x 32 (its last stage of 1 x 1 maps, whose layout torch decides by strides along dimensions of
-    size 1 that the model does not follow) and a ViT (its attention, class token and position embedding) are the
-    trace's: the events are the trace's, on the meta device."""
+    size 1 that the model does not follow) and a Swin transformer (its window attention) are the trace's: the events
+    are the trace's, on the meta device."""
     from perf4sight.errors import UserError
     from perf4sight.networks.zoo import describe_zoo
 
@@ -966,8 +966,66 @@ def test_convnext_at_a_small_input_and_vit_fall_back_to_the_trace():
     assert any(op == "aten.native_layer_norm.default" for _, _, _, op in events)
     with pytest.raises(UserError, match="dimension of size 1 after a permute"):
         record_events(desc, 2, method="model")
-    vit = describe_zoo("vit_b_32", [3, 32, 32], num_classes=10)
-    assert record_events(vit, 2) == record_events(vit, 2, method="trace")
+    swin = describe_zoo("swin_t", [3, 32, 32], num_classes=10)
+    assert record_events(swin, 2) == record_events(swin, 2, method="trace")
+    with pytest.raises(UserError, match="op 'window_attention'"):
+        record_events(swin, 2, method="model")
+
+
+def _small_vit() -> NetworkDescription:
+    """torchvision's VisionTransformer of two layers (16 features, 2 heads) over 4 patches of a 3 x 16 x 16 image:
+    its class token, position embedding, attention and layer norms of a residual stream laid out transposed."""
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    from perf4sight.ir.from_torch import describe
+    module = VisionTransformer(image_size=16, patch_size=8, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32,
+                               num_classes=10)
+    return describe(module, [3, 16, 16], "small_vit")
+
+
+@pytest.mark.parametrize("zoo", ["small", "vit_b_32"])
+def test_allocation_model_writes_down_a_vision_transformer_as_traced(zoo):
+    """A ViT's events as the meta trace records them (attention as a CUDA build runs it: the memory-efficient
+    kernel), event for event and step by step: the class token's cat and its gradient summed down, the position
+    embedding's add, the attention's copies (the transposed input, the packed query, key and value, the heads, and
+    each of their gradients), its kernel's log-sum-exp, seed and offset, the output's transposed layout that the
+    residual adds carry on, and the class token's select."""
+    from perf4sight.networks.zoo import describe_zoo
+    desc = _small_vit() if zoo == "small" else describe_zoo("vit_b_32", [3, 64, 64], num_classes=10)
+    model, traced = record_events(desc, 3, steps=3, method="model"), record_events(desc, 3, steps=3, method="trace")
+    ops = {op for _, _, _, op in traced}
+    assert {"aten._scaled_dot_product_efficient_attention.default", "aten.select_backward.default"} <= ops
+    assert _as_replayed(model) == _as_replayed(traced)
+    sims = [simulate(desc, method=m) for m in ("model", "trace")]
+    assert sims[0].peaks_mb([1, 7, 64]).tolist() == sims[1].peaks_mb([1, 7, 64]).tolist()
+
+
+def test_an_attention_the_model_does_not_follow_goes_to_the_trace():
+    """Attention of a strided input (tokens permuted from a map: no copy before the projection's product), or with
+    a dropout of its weights, is the trace's."""
+    from torch import nn
+
+    from perf4sight.errors import UserError
+    from perf4sight.ir.from_torch import describe
+
+    class Attend(nn.Module):
+        def __init__(self, dropout: float, norm: bool):
+            super().__init__()
+            self.norm = nn.LayerNorm(8) if norm else nn.Identity()
+            self.attention = nn.MultiheadAttention(8, 2, dropout=dropout, batch_first=True)
+            self.head = nn.Sequential(nn.Flatten(), nn.Linear(6 * 8, 10))
+
+        def forward(self, x):
+            x = self.norm(x.flatten(2).permute(0, 2, 1))
+            return self.head(self.attention(x, x, x, need_weights=False)[0])
+
+    for dropout, norm, reason in ((0.0, False, "attention of a strided"), (0.1, True, "dropout")):
+        desc = describe(Attend(dropout, norm), [8, 2, 3], "attend")
+        assert record_events(desc, 2) == record_events(desc, 2, method="trace")
+        with pytest.raises(UserError, match=reason):
+            record_events(desc, 2, method="model")
+    desc = describe(Attend(0.0, True), [8, 2, 3], "attend")
+    assert _as_replayed(record_events(desc, 2, method="model")) == _as_replayed(record_events(desc, 2, method="trace"))
 
 
 @pytest.mark.parametrize("layouts", [("channels_last", "contiguous"), ("contiguous", "channels_last"),
@@ -1094,8 +1152,7 @@ def test_every_schema_op_is_written_down_indexing_and_scalars_included():
         def forward(self, x):
             return self.fc(((self.pool(self.conv(x))[:, :, 0] + 1.0) * 0.5).mean(2))
 
-    assert COVERED == set(OPS) - {"shift", "token", "attention", "window_attention", "patch_merge", "group_attention",
-                                  "local_response_norm"}
+    assert COVERED == set(OPS) - {"window_attention", "patch_merge", "group_attention", "local_response_norm"}
     desc = describe(Indexed(), [3, 8, 8], "indexed")
     assert {"select", "adaptivemaxpool2d"} <= {n.op for n in desc.nodes}
     assert _as_replayed(record_events(desc, 3, method="model")) == _as_replayed(record_events(desc, 3, method="trace"))

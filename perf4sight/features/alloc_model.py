@@ -1,14 +1,14 @@
 """The allocation events of a training step worked out from the description alone (no torch).
 
 :mod:`perf4sight.features.alloc_trace` records the events by running the step on the meta device;
-this module writes the same events down from the description, 15-20 times faster (ConvNeXt's 30). It covers every
-op of the schema but the transformers' (:data:`COVERED`: a position embedding, a class token, attention, Swin's and
-MaxViT's blocks and a local response norm are left to the trace); the few patterns it does not follow
-raise :class:`NotCovered` and go to the trace (an in-place ReLU on a tensor a node keeps, a linear layer
-on a strided tensor or without a bias on one of more than two dimensions, a kernel or a view reading a gradient with
-permuted strides, a layout torch decides by strides along dimensions of size 1 after a permute). The two are checked
-to give the same allocations in the same order with the same frees between them (the trace's zero-byte allocations
-aside) on zoo, pruned and generated networks and ConvNeXt in ``tests/test_allocator.py``.
+this module writes the same events down from the description, 15-30 times faster. It covers every op of the schema
+but Swin's and MaxViT's blocks and a local response norm (:data:`COVERED`; those are left to the trace); the few
+patterns it does not follow raise :class:`NotCovered` and go to the trace (an in-place ReLU on a tensor a node keeps,
+a linear layer on a strided tensor or without a bias on one of more than two dimensions, a kernel or a view reading a
+gradient with permuted strides, a layout torch decides by strides along dimensions of size 1 after a permute,
+attention of a strided input, without a bias or with a dropout). The two are checked to give the same allocations in
+the same order with the same frees between them (the trace's zero-byte allocations aside) on zoo, pruned and
+generated networks, ConvNeXt and ViT in ``tests/test_allocator.py``.
 
 Sizes are bytes at one batch size (float32 tensors, int64 pooling indices, labels and counters).
 The rules, as PyTorch runs a training step (and as the meta trace shows them):
@@ -76,6 +76,10 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
   channels-last gradients of a channels-last input (:func:`_convolution_layouts`), and AccumulateGrad copies a weight's
   gradient whose strides are not its parameter's into a new tensor (``new_empty_strided``); the mean of an adaptive
   pool of a channels-last input is restrided in place, and its backward writes the gradient into new zeros first.
+  A ViT's: a class token is a ``cat`` of the weight expanded to the batch (its gradient summed down), a position
+  embedding an add of a broadcast weight, a linear layer on a strided 2-D tensor (the class token's select) an
+  ``addmm`` as on a contiguous one, and attention ``nn.MultiheadAttention``'s ops around the memory-efficient kernel
+  a CUDA build runs (:func:`_attention`), whose output is laid out transposed (so are the residual adds after it).
   A log-softmax keeps its result, as a softmax does. A PReLU keeps its input; its backward allocates the input's
   gradient and the slopes' per element, summed down to the slopes (:func:`_prelu`). A dropout2d allocates a
   noise per sample and channel, then its output (the input times the noise); it keeps the noise. A dropout of
@@ -106,7 +110,8 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "conv_transpose2d", "instancenorm", "hardtanh", "softmax", "pad", "pixel_shuffle",
                      "pixel_unshuffle", "log_softmax", "prelu", "dropout2d",
                      "selu", "celu",
-                     "pow", "exp", "abs", "div", "var", "permute", "layernorm", "scale"})
+                     "pow", "exp", "abs", "div", "var", "permute", "layernorm", "scale", "shift", "token",
+                     "attention"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
                 "gelu": ("gelu", "input"), "sigmoid": ("sigmoid", "result"), "tanh": ("tanh", "result"),
@@ -120,10 +125,10 @@ _VIEWS = {"reshape", "flatten", "squeeze", "unsqueeze"}
 #: Ops that take a strided (non-contiguous) input as it is; any other op on one is not covered,
 #: except elementwise ones on inputs whose dimensions keep their order (their output is contiguous).
 _TAKE_STRIDED = {"conv2d", "conv_transpose2d", "cat", "identity", "transpose", "narrow", "select", "permute",
-                 "layernorm"} | _VIEWS
+                 "layernorm", "token"} | _VIEWS
 #: Ops that take a dense input of any layout (a channels-last one, a permuted one): their outputs' strides follow
 #: the inputs' as torch's TensorIterator lays them out (:func:`_iterated`).
-_TAKE_DENSE = {"add", "scale"}
+_TAKE_DENSE = {"add", "scale", "shift"}
 _ELEMENTWISE = {"add", "mul", "div", "pow", "exp", "abs"} | set(_ACTIVATIONS)
 
 
@@ -376,8 +381,11 @@ def _params(node: Node) -> tuple[list[int], list[int]]:
     if node.op == "layernorm":  # a weight and a bias over the normalised shape unless not elementwise affine
         c = prod(a["normalized_shape"]) * FLOAT
         return ([c, c] if a.get("elementwise_affine", True) else []), []
-    if node.op == "scale":
+    if node.op in ("scale", "shift", "token"):
         return [prod(a["shape"]) * FLOAT], []
+    if node.op == "attention":  # the packed input projection's weight and bias, the output projection's
+        e = a["embed_dim"]
+        return ([3 * e * e * FLOAT, 3 * e * FLOAT, e * e * FLOAT, e * FLOAT] if a["bias"] else []), []
     if node.op == "linear":
         w = a["out_features"] * a["in_features"] * FLOAT
         return ([w, a["out_features"] * FLOAT] if a["bias"] else [w]), []
@@ -513,6 +521,10 @@ class _OpContext:
         if op in _TAKE_DENSE and self.node.attrs.get("scalar") is None and all(_dense(*st) for st in strided):
             return
         if op == "adaptiveavgpool2d" and self.channels_last(*strided[0]):  # a mean, then restrided (_pooling)
+            return
+        if op == "linear" and len(self.in_shapes[0]) == 1:  # addmm reads a strided 2-D input as it is
+            return
+        if op in ("dropout", "dropout2d") and float(self.node.attrs["p"]) == 0:  # the input handed back
             return
         raise NotCovered(f"{op} of a strided tensor")
 
@@ -928,7 +940,8 @@ def _layer_norm(ctx: _OpContext) -> _Value:
     stats = [ctx.alloc("native_layer_norm.default", rows, holders=0) for _ in range(2)]
     pedges = [("param", ctx.first_param + k) for k in range(len(pbytes))]
     grads = ["aten.native_layer_norm_backward.default"] * (1 + len(pbytes))
-    return _Value(sid, nbytes, ctx.grad_fn([x.sid] + stats, [_edge(x)] + pedges, [x.nbytes] + pbytes, grads))
+    return _Value(sid, nbytes, ctx.grad_fn([x.sid] + stats, [_edge(x)] + pedges, [x.nbytes] + pbytes, grads,
+                                           any_strides=True))
 
 
 def _scale(ctx: _OpContext) -> _Value:
@@ -946,6 +959,35 @@ def _scale(ctx: _OpContext) -> _Value:
                      ["aten.mul.Tensor"] * 2, [1, 0], [None, nbytes], layouts=[("iterated", [weight]), None],
                      any_strides=True)
     return _Value(sid, nbytes, fn, strides=strides)
+
+
+def _shift(ctx: _OpContext) -> _Value:
+    """The input plus a learnt tensor, broadcast (a position embedding): ``add.Tensor``, laid out as the input; it
+    keeps nothing. Backward: the incoming gradient handed on, and summed down to the weight's shape."""
+    x, nbytes, shape = ctx.x, ctx.nbytes, tuple(int(s) for s in ctx.node.attrs["shape"])
+    if ctx.full_in != ctx.full_out:
+        raise NotCovered("a shift that broadcasts its input")
+    sid = ctx.alloc("add.Tensor")
+    strides = _iterated(ctx.full_out, [x.strides, _broadcast_strides(shape, ctx.full_out)])
+    fn = ctx.grad_fn([], [_edge(x), ("param", ctx.first_param)], [x.nbytes, prod(shape) * FLOAT], [None, None],
+                     full=[None, nbytes], shapes=[ctx.full_in, shape])
+    return _Value(sid, nbytes, fn, strides=strides)
+
+
+def _token(ctx: _OpContext) -> _Value:
+    """A learnt tensor put before the input along a dim (a class token): the weight expanded to the batch (a view),
+    then ``cat``. Backward: the cat hands on slices of its gradient; the expand's sums the token's down to the
+    weight (``sum.dim_IntList``). At a batch of 1 (no sum: the slice itself reaches the weight) not covered."""
+    x, nbytes, n = ctx.x, ctx.nbytes, ctx.node
+    if ctx.batch == 1:
+        raise NotCovered("a class token at batch 1")
+    shape = (ctx.batch, *(int(s) for s in n.attrs["shape"]))
+    token = prod(n.attrs["shape"]) * FLOAT
+    expanded = ctx.grad_fn([], [("param", ctx.first_param)], [token], ["aten.sum.dim_IntList"], out_shape=shape)
+    sid = ctx.alloc("cat.default")
+    fn = ctx.grad_fn([], [("fn", expanded), _edge(x)], [ctx.batch * token, x.nbytes], [None, None],
+                     handoff="slices", shapes=[shape, ctx.full_in])
+    return _Value(sid, nbytes, fn)
 
 
 def _quotient(ctx: _OpContext) -> _Value:
@@ -1012,6 +1054,144 @@ def _view_op(ctx: _OpContext) -> _Value:
     raise NotCovered(f"op '{op}'")
 
 
+#: The fused attention kernel's aten op (its outputs: the result, a log-sum-exp, a seed and an offset).
+_EFFICIENT = "_scaled_dot_product_efficient_attention.default"
+
+
+def _attention(ctx: _OpContext) -> _Value:
+    """Self-attention of a contiguous [N, L, E] input as ``nn.MultiheadAttention`` runs it (batch first, bias, no
+    dropout) with a CUDA build's memory-efficient kernel (``alloc_trace._fused_attention``). Forward: the input
+    transposed to [L, N, E] and copied for the packed projection's ``mm`` (the copy kept), the bias added (the
+    product freed), the [3, L, N, E] query, key and value made contiguous (the sum freed; kept by the kernel), the
+    kernel's result (kept), a log-sum-exp per head and token (tokens padded to 32; kept), an 8-byte seed and offset
+    (kept), the result's heads made contiguous (kept by the output projection), the output projection's ``addmm``,
+    viewed back and transposed to [N, L, E]. Backward: the output projection's,
+    the kernel's three gradients, each copied twice as its views are reshaped back, each written into zeros of
+    [3, L, N, E] and summed, copied again as the projection's reshape, the bias's summed down, then the packed
+    projection's weight's and input's."""
+    n, x, xb = ctx.node, ctx.x, ctx.nbytes
+    e, heads = int(n.attrs["embed_dim"]), int(n.attrs["num_heads"])
+    if x.strides is not None or x.fn is None or not n.attrs["bias"] or float(n.attrs.get("dropout", 0)) != 0:
+        raise NotCovered("attention of a strided input, without a bias or with a dropout")
+    batch, tokens = ctx.full_in[0], ctx.full_in[1]
+    shape = _AttentionShape(batch, tokens, e, heads)
+    p = ctx.first_param
+    transposed = ctx.grad_fn([], [_edge(x)], [xb], [None], handoff="transpose", dims=(0, 1),
+                             out_shape=shape.seq, shapes=[ctx.full_in])
+    weight_t = ctx.grad_fn([], [("param", p)], [3 * e * e * FLOAT], [None], handoff="view")
+    copied = ctx.alloc("clone.default")
+    copy_fn = ctx.grad_fn([], [("fn", transposed)], [xb], [None], out_shape=shape.seq, shapes=[shape.seq])
+    rows = ctx.grad_fn([], [("fn", copy_fn)], [xb], [None], handoff="view", out_shape=(tokens * batch, e),
+                       shapes=[shape.seq])
+    product = ctx.alloc("mm.default", 3 * xb)
+    mm = ctx.grad_fn([copied], [("fn", rows), ("fn", weight_t)], [xb, 3 * e * e * FLOAT], ["aten.mm.default"] * 2,
+                     [1, 0], out_shape=(tokens * batch, 3 * e), shapes=[(tokens * batch, e), (e, 3 * e)])
+    ctx.mem.drop(copied)
+    packed = ctx.grad_fn([], [("fn", mm)], [3 * xb], [None], handoff="view", out_shape=shape.packed,
+                         shapes=[(tokens * batch, 3 * e)])
+    biased = ctx.alloc("add.Tensor", 3 * xb)
+    ctx.mem.drop(product)
+    add = ctx.grad_fn([], [("fn", packed), ("param", p + 1)], [3 * xb, 3 * e * FLOAT], [None, None],
+                      full=[None, 3 * xb], out_shape=shape.packed, shapes=[shape.packed, (3 * e,)])
+    qkv, selected = _attention_qkv(ctx, shape, add, biased)
+    return _attention_output(ctx, shape, _attention_kernel(ctx, shape, qkv, selected))
+
+
+@dataclass(frozen=True)
+class _AttentionShape:
+    """The shapes of a self-attention's tensors (N samples of L tokens of E features, ``heads`` heads)."""
+    batch: int
+    tokens: int
+    embed: int
+    heads: int
+
+    @property
+    def seq(self) -> tuple[int, int, int]:
+        """[L, N, E]: the input as ``nn.MultiheadAttention`` reads it."""
+        return self.tokens, self.batch, self.embed
+
+    @property
+    def packed(self) -> tuple[int, int, int]:
+        """[L, N, 3E]: the packed projection's result."""
+        return self.tokens, self.batch, 3 * self.embed
+
+    @property
+    def split(self) -> tuple[int, int, int, int]:
+        """[N, heads, L, E / heads]: a query, key or value as the kernel reads it."""
+        return self.batch, self.heads, self.tokens, self.embed // self.heads
+
+
+def _attention_qkv(ctx: _OpContext, shape: _AttentionShape, add: int | None, biased: int) -> tuple[int, list]:
+    """The packed projection unflattened to [L, N, 3, E], permuted to [3, L, N, E] (views) and made contiguous (the
+    projection freed); the query, key and value selected, viewed as [L, N x heads, E / heads], transposed and viewed
+    as [N, heads, L, E / heads]: (the contiguous copy's storage, the three views' autograd nodes)."""
+    xb, (batch, heads, tokens, dim) = ctx.nbytes, shape.split
+    stacked = (3, *shape.seq)
+    unflattened = ctx.grad_fn([], [_fn_edge(add)], [3 * xb], [None], handoff="view",
+                              out_shape=(*shape.seq[:2], 3, shape.embed), shapes=[shape.packed])
+    permuted = ctx.grad_fn([], [_fn_edge(unflattened)], [3 * xb], [None], handoff="permute", perm=(2, 0, 1, 3),
+                           out_shape=stacked, shapes=[(*shape.seq[:2], 3, shape.embed)])
+    qkv = ctx.alloc("clone.default", 3 * xb)
+    ctx.mem.drop(biased)
+    copy_fn = ctx.grad_fn([], [_fn_edge(permuted)], [3 * xb], [None], out_shape=stacked, shapes=[stacked])
+    picked = [ctx.grad_fn([], [_fn_edge(copy_fn)], [3 * xb], ["aten.select_backward.default"], out_shape=shape.seq,
+                          shapes=[stacked]) for _ in range(3)]
+    transposed = []
+    for sel in picked:
+        viewed = ctx.grad_fn([], [_fn_edge(sel)], [xb], [None], handoff="view", out_shape=(tokens, batch * heads, dim),
+                             shapes=[shape.seq])
+        transposed.append(ctx.grad_fn([], [_fn_edge(viewed)], [xb], [None], handoff="transpose", dims=(0, 1),
+                                      out_shape=(batch * heads, tokens, dim), shapes=[(tokens, batch * heads, dim)]))
+    split = [ctx.grad_fn([], [_fn_edge(t)], [xb], [None], handoff="view", out_shape=shape.split,
+                         shapes=[(batch * heads, tokens, dim)]) for t in transposed]
+    return qkv, split
+
+
+def _attention_kernel(ctx: _OpContext, shape: _AttentionShape, qkv: int, split: list) -> int | None:
+    """The memory-efficient kernel: its result (laid out as [N, L, heads, E / heads]), a log-sum-exp per head and
+    token (the tokens padded to 32), a seed and an offset (8 bytes each), all kept with the query, key and value (in
+    the order its node frees them); backward, a gradient of each laid out as the result: its autograd node."""
+    xb, (batch, heads, tokens, dim) = ctx.nbytes, shape.split
+    out = ctx.alloc(_EFFICIENT, xb, holders=0)
+    lse = ctx.alloc(_EFFICIENT, batch * heads * -(-tokens // 32) * 32 * FLOAT, holders=0)
+    seed, offset = (ctx.alloc(_EFFICIENT, INT64, holders=0) for _ in range(2))
+    laid_out = ("fixed", (tokens * heads * dim, dim, heads * dim, 1))
+    kernel = ctx.grad_fn([qkv, lse, out, offset, seed], [_fn_edge(f) for f in split], [xb] * 3,
+                         [f"aten.{_EFFICIENT.replace('.default', '_backward.default')}"] * 3,
+                         out_shape=shape.split, shapes=[shape.split] * 3, layouts=[laid_out] * 3, any_strides=True)
+    ctx.mem.drop(qkv)  # the query, key and value: views the kernel's node keeps
+    return kernel
+
+
+def _attention_output(ctx: _OpContext, shape: _AttentionShape, kernel: int | None) -> _Value:
+    """The kernel's result permuted to [L, N, heads, E / heads] and made contiguous (kept by the projection), viewed
+    as rows for the output projection (``addmm``), viewed back as [L, N, E] and transposed to [N, L, E]."""
+    xb, p, e = ctx.nbytes, ctx.first_param, shape.embed
+    heads_first = (shape.tokens, shape.batch, shape.heads, e // shape.heads)
+    permuted = ctx.grad_fn([], [_fn_edge(kernel)], [xb], [None], handoff="permute", perm=(2, 0, 1, 3),
+                           out_shape=heads_first, shapes=[shape.split])
+    copied = ctx.alloc("clone.default")
+    copy_fn = ctx.grad_fn([], [_fn_edge(permuted)], [xb], [None], out_shape=heads_first, shapes=[heads_first])
+    rows = ctx.grad_fn([], [_fn_edge(copy_fn)], [xb], [None], handoff="view", out_shape=(shape.tokens * shape.batch, e),
+                       shapes=[heads_first])
+    weight_t = ctx.grad_fn([], [("param", p + 2)], [e * e * FLOAT], [None], handoff="view")
+    sid = ctx.alloc("addmm.default")
+    flat = (shape.tokens * shape.batch, e)
+    addmm = ctx.grad_fn([copied], [("param", p + 3), _fn_edge(rows), ("fn", weight_t)], [e * FLOAT, xb, e * e * FLOAT],
+                        [None, "aten.mm.default", "aten.mm.default"], [0, 1, 2], [xb, None, None],
+                        out_shape=flat, shapes=[(e,), flat, (e, e)])
+    ctx.mem.drop(copied)
+    viewed = ctx.grad_fn([], [_fn_edge(addmm)], [xb], [None], handoff="view", out_shape=shape.seq,
+                         shapes=[(shape.tokens * shape.batch, e)])
+    fn = ctx.grad_fn([], [_fn_edge(viewed)], [xb], [None], handoff="transpose", dims=(0, 1), shapes=[shape.seq])
+    return _Value(sid, xb, fn, view=True, strides=_normal(ctx.full_out, (e, shape.batch * e, 1)))
+
+
+def _fn_edge(fn: int | None) -> tuple[str, int] | None:
+    """The edge to autograd node ``fn`` (None: no gradient needed)."""
+    return None if fn is None else ("fn", fn)
+
+
 def _handed_back(ctx: _OpContext) -> _Value:
     """identity, and a dropout of ``p`` 0 (torch hands the input back: no kernel, no autograd node): the input."""
     x = ctx.x
@@ -1036,6 +1216,9 @@ _HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
     "permute": _permute,
     "layernorm": _layer_norm,
     "scale": _scale,
+    "shift": _shift,
+    "token": _token,
+    "attention": _attention,
     **dict.fromkeys(("pad", "pixel_shuffle", "pixel_unshuffle"), _rearrange),
     **dict.fromkeys((*_VIEWS, "transpose", "select", "narrow", "identity"), _view_op),
 }
