@@ -935,16 +935,18 @@ def _small_convnext() -> NetworkDescription:
     return describe(module, [3, 32, 32], "small_convnext")
 
 
-@pytest.mark.parametrize("zoo", ["small", "convnext_tiny"])
+@pytest.mark.parametrize("zoo", ["small", "convnext_tiny", "convnext_tiny_32"])
 def test_allocation_model_writes_down_convnext_as_traced(zoo):
     """ConvNeXt's events as the meta trace records them, event for event and step by step: the permutes are views,
     a layer norm keeps its permuted input and allocates a contiguous output, a linear layer on a 4-D tensor is an
     ``addmm`` of its rows (its gradient reshaped first, a copy where it is permuted), the layer scales and residual
     adds lay their outputs out as their inputs are laid out, a convolution of a channels-last input computes
     channels-last gradients (a 2 x 2 weight's then copied to its parameter's strides), and the head's mean of a
-    channels-last map writes its gradient into new zeros first."""
+    channels-last map writes its gradient into new zeros first. At 32 x 32 the last stage's maps are 1 x 1, whose
+    layout torch decides by strides along dimensions of size 1: the model follows those after a permute."""
     from perf4sight.networks.zoo import describe_zoo
-    desc = _small_convnext() if zoo == "small" else describe_zoo("convnext_tiny", [3, 64, 64], num_classes=10)
+    side = 32 if zoo == "convnext_tiny_32" else 64
+    desc = _small_convnext() if zoo == "small" else describe_zoo("convnext_tiny", [3, side, side], num_classes=10)
     model, traced = record_events(desc, 3, steps=3, method="model"), record_events(desc, 3, steps=3, method="trace")
     ops = {op for _, _, _, op in traced}
     assert {"aten.new_empty_strided.default", "aten.new_zeros.default", "aten.clone.default"} <= ops
@@ -953,17 +955,27 @@ def test_allocation_model_writes_down_convnext_as_traced(zoo):
     assert sims[0].peaks_mb([1, 7, 64]).tolist() == sims[1].peaks_mb([1, 7, 64]).tolist()
 
 
-def test_convnext_at_a_small_input_and_swin_fall_back_to_the_trace():
-    """ConvNeXt at 32 x 32 (its last stage of 1 x 1 maps, whose layout torch decides by strides along dimensions of
-    size 1 that the model does not follow) and a Swin transformer (its window attention) are the trace's: the events
-    are the trace's, on the meta device."""
+def test_an_unfollowed_layout_and_swin_fall_back_to_the_trace():
+    """A convolution of 1 x 1 maps permuted to channels-last, activated (an op the model does not follow the
+    layout of along dimensions of size 1) and permuted back, whose layout torch decides by strides along those
+    dimensions, and a Swin transformer (its window attention) are the trace's: the events are the trace's, on the
+    meta device."""
+    from torch import nn
+
     from perf4sight.errors import UserError
+    from perf4sight.ir.from_torch import describe
     from perf4sight.networks.zoo import describe_zoo
 
-    desc = describe_zoo("convnext_tiny", [3, 32, 32], num_classes=10)
-    events = record_events(desc, 2)
-    assert events == record_events(desc, 2, method="trace")
-    assert any(op == "aten.native_layer_norm.default" for _, _, _, op in events)
+    class Pixels(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.act, self.b, self.fc = nn.Conv2d(3, 8, 1), nn.GELU(), nn.Conv2d(8, 8, 1), nn.Linear(8, 10)
+
+        def forward(self, x):
+            return self.fc(self.b(self.act(self.a(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)).flatten(1))
+
+    desc = describe(Pixels(), [3, 1, 1], "pixels")
+    assert record_events(desc, 2) == record_events(desc, 2, method="trace")
     with pytest.raises(UserError, match="dimension of size 1 after a permute"):
         record_events(desc, 2, method="model")
     swin = describe_zoo("swin_t", [3, 32, 32], num_classes=10)

@@ -5,8 +5,9 @@ this module writes the same events down from the description, 15-30 times faster
 but Swin's and MaxViT's blocks and a local response norm (:data:`COVERED`; those are left to the trace); the few
 patterns it does not follow raise :class:`NotCovered` and go to the trace (an in-place ReLU on a tensor a node keeps,
 a linear layer on a strided tensor or without a bias on one of more than two dimensions, a kernel or a view reading a
-gradient with permuted strides, a layout torch decides by strides along dimensions of size 1 after a permute,
-attention of a strided input, without a bias or with a dropout). The two are checked to give the same allocations in
+gradient with permuted strides, a layout torch decides by strides along dimensions of size 1 that the model does not
+follow: after a permute, through an op other than those of :data:`_LAID_OUT`; attention of a strided input, without a
+bias or with a dropout). The two are checked to give the same allocations in
 the same order with the same frees between them (the trace's zero-byte allocations aside) on zoo, pruned and
 generated networks, ConvNeXt and ViT in ``tests/test_allocator.py``.
 
@@ -76,6 +77,8 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
   channels-last gradients of a channels-last input (:func:`_convolution_layouts`), and AccumulateGrad copies a weight's
   gradient whose strides are not its parameter's into a new tensor (``new_empty_strided``); the mean of an adaptive
   pool of a channels-last input is restrided in place, and its backward writes the gradient into new zeros first.
+  Torch tells channels-last from contiguous by strides along dimensions of size 1 too (ConvNeXt's 1 x 1 maps at
+  32 x 32): a permuted value and what the ops of :data:`_LAID_OUT` make of it carry those (:attr:`_Value.raw`).
   A ViT's: a class token is a ``cat`` of the weight expanded to the batch (its gradient summed down), a position
   embedding an add of a broadcast weight, a linear layer on a strided 2-D tensor (the class token's select) an
   ``addmm`` as on a contiguous one, and attention ``nn.MultiheadAttention``'s ops around the memory-efficient kernel
@@ -232,6 +235,11 @@ def _iterated(shape: tuple[int, ...], operands: list[tuple[int, ...] | None]) ->
     """Strides of the output of an elementwise kernel over ``operands`` (their strides broadcast to ``shape``, 0
     along a broadcast dimension; None: contiguous), as torch's TensorIterator lays it out: the dimensions sorted
     by the first operand whose strides tell them apart; None where that is the contiguous order."""
+    return _normal(shape, _iterated_full(shape, operands))
+
+
+def _iterated_full(shape: tuple[int, ...], operands: list[tuple[int, ...] | None]) -> tuple[int, ...]:
+    """:func:`_iterated`'s strides along every dimension, those of size 1 included."""
     ndim = len(shape)
     given = [st or _strides(shape) for st in operands]
 
@@ -260,7 +268,7 @@ def _iterated(shape: tuple[int, ...], operands: list[tuple[int, ...] | None]) ->
     for d in perm:
         out[d] = step
         step *= shape[d]
-    return _normal(shape, tuple(out))
+    return tuple(out)
 
 
 def _broadcast_strides(shape: tuple[int, ...], full: tuple[int, ...]) -> tuple[int, ...]:
@@ -285,6 +293,21 @@ class _Value:
     view: bool = False
     strides: tuple[int, ...] | None = None  # None: contiguous
     base_fn: int | None = None  # a view of a tensor no other value holds (an instance norm's): its base's node
+    # torch's strides along every dimension, those of size 1 included, where a permute made them other than a
+    # contiguous tensor's (``strides`` leaves those out); ``loose``: not followed there (:func:`_full_strides`)
+    raw: tuple[int, ...] | None = None
+    loose: bool = False
+
+
+def _full_strides(v: _Value, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Torch's strides of ``v`` (of ``shape``) along every dimension, those of size 1 included, or None where the
+    model does not follow them (a value of size-1 dimensions after a permute, through an op that lays its output out
+    as its input)."""
+    if v.raw is not None:
+        return v.raw
+    if v.loose:
+        return None
+    return v.strides or _strides(shape)
 
 
 @dataclass
@@ -334,9 +357,6 @@ class _Memory:
         self.events: list[Event] = []
         self.holders: dict[int, int] = {}
         self.saved: set[int] = set()  # storages an autograd node of the forward keeps for backward
-        # whether a tensor's strides along its dimensions of size 1 may be other than a contiguous tensor's (the
-        # description permutes); the model does not follow those (:meth:`_OpContext.channels_last`)
-        self.loose_ones = False
         self.last_id = 0
 
     def new_id(self) -> int:
@@ -412,7 +432,6 @@ def step_events(desc: NetworkDescription, batch_size: int, relu6_clone: bool = F
         if n.op not in COVERED:
             raise NotCovered(f"op '{n.op}'")
     mem = _Memory()
-    mem.loose_ones = any(n.op == "permute" for n in desc.nodes)
     b = int(batch_size)
     param_bytes: list[int] = []
     first_param: dict[str, int] = {}
@@ -520,7 +539,7 @@ class _OpContext:
             return
         if op in _TAKE_DENSE and self.node.attrs.get("scalar") is None and all(_dense(*st) for st in strided):
             return
-        if op == "adaptiveavgpool2d" and self.channels_last(*strided[0]):  # a mean, then restrided (_pooling)
+        if op == "adaptiveavgpool2d" and self.channels_last(self.x):  # a mean, then restrided (_pooling)
             return
         if op == "linear" and len(self.in_shapes[0]) == 1:  # addmm reads a strided 2-D input as it is
             return
@@ -528,13 +547,13 @@ class _OpContext:
             return
         raise NotCovered(f"{op} of a strided tensor")
 
-    def channels_last(self, shape: tuple[int, ...], strides: tuple[int, ...] | None) -> bool:
-        """Whether torch suggests the channels-last format for a tensor of ``shape`` and ``strides``
-        (:func:`_channels_last_like`); :class:`NotCovered` where that turns on strides along dimensions of size 1
-        that the model does not follow (after a permute: ConvNeXt's last stage at a small input)."""
-        if self.mem.loose_ones and 1 in shape:
+    def channels_last(self, x: _Value) -> bool:
+        """Whether torch suggests the channels-last format for the first input ``x`` (:func:`_channels_last_like`);
+        :class:`NotCovered` where that turns on strides along dimensions of size 1 that the model does not follow."""
+        strides = _full_strides(x, self.full_in)
+        if strides is None:
             raise NotCovered("the layout of a tensor with a dimension of size 1 after a permute")
-        return _channels_last_like(shape, strides)
+        return _channels_last_like(self.full_in, strides)
 
     def grad_fn(self, saved: list[int], edges: list, sizes: list[int], kernels: list[str | None],
                 order: list[int] | None = None, full: list[int | None] | None = None, handoff: str = "",
@@ -580,7 +599,24 @@ def _forward(n: Node, ins: list[_Value], in_shapes: list[list[int]], b: int, mem
     handler = _HANDLERS.get(n.op)
     if handler is None:
         raise NotCovered(f"op '{n.op}'")
-    return handler(ctx)
+    out = handler(ctx)
+    if out.raw is None and not out.loose and 1 in ctx.full_out and not _lays_out(n) and \
+            any(i.raw is not None or i.loose for i in ins):
+        out.loose = True  # its output may be laid out as its input, along dimensions of size 1 too
+    return out
+
+
+#: Ops whose handlers lay out their outputs along every dimension (:attr:`_Value.raw`): fresh contiguous outputs
+#: (a convolution's on the meta device, a layer norm's, a linear layer's, attention's), or the input's own layout.
+_LAID_OUT = {"conv2d", "conv_transpose2d", "layernorm", "linear", "attention", "permute", "scale", "shift",
+             "identity"}
+
+
+def _lays_out(n: Node) -> bool:
+    """Whether node ``n``'s handler follows its output's strides along dimensions of size 1 (:data:`_LAID_OUT`, an
+    add of two tensors, an input handed back by a dropout of ``p`` 0)."""
+    return n.op in _LAID_OUT or (n.op == "add" and n.attrs.get("scalar") is None) or \
+        (n.op in ("dropout", "dropout2d") and float(n.attrs["p"]) == 0)
 
 
 def _with_parameters(ctx: _OpContext) -> _Value:
@@ -626,7 +662,7 @@ def _convolution_layouts(ctx: _OpContext) -> tuple[list, list[bool]]:
     bias's contiguous; a channels-last gradient of a weight whose channels-last strides are not its own (a kernel
     wider than 1 x 1 over more than one input channel per group) is copied."""
     weight = _weight_shape(ctx.node)
-    if not (ctx.channels_last(ctx.full_in, ctx.x.strides) or _channels_last_like(weight, None)):
+    if not (ctx.channels_last(ctx.x) or _channels_last_like(weight, None)):
         return [None] * (1 + len(_params(ctx.node)[0])), [False] * (1 + len(_params(ctx.node)[0]))
     layouts = [("fixed", _normal(ctx.full_in, _channels_last(ctx.full_in))),
                ("fixed", _normal(weight, _channels_last(weight)))]
@@ -847,13 +883,14 @@ def _pooling(ctx: _OpContext) -> _Value:
                       ctx.unary_grad_fn("aten._adaptive_avg_pool2d_backward.default", [x.sid]))
     if op in ("adaptiveavgpool2d", "mean"):  # a mean over H and W: keeps nothing, its backward divides
         sid, mean = ctx.alloc("mean.dim"), ctx.unary_grad_fn("aten.div.Scalar", [])
-        if op == "mean" or not ctx.channels_last(ctx.full_in, x.strides):
+        if op == "mean" or not ctx.channels_last(x):
             return _Value(sid, nbytes, mean)
         # torch restrides the mean of a channels-last input in place (as_strided_): its backward writes the incoming
         # gradient into new zeros of the output's size, which the mean's then reads
         restrided = ctx.grad_fn([], [None if mean is None else ("fn", mean)], [nbytes], ["aten.new_zeros.default"],
                                 any_strides=True)
-        return _Value(sid, nbytes, restrided)
+        n, c = ctx.full_in[:2]
+        return _Value(sid, nbytes, restrided, raw=(c, 1, c, c) if 1 in ctx.full_out else None)
     raise NotCovered(f"op '{op}'")
 
 
@@ -899,9 +936,9 @@ def _combine(ctx: _OpContext) -> _Value:
     sid = ctx.alloc({"add": "add.Tensor", "mul": "mul.Tensor", "cat": "cat.default"}[op])
     edges, sizes = [_edge(i) for i in ins], [i.nbytes for i in ins]
     if op != "mul":  # the incoming gradient handed on (cat: views of it)
-        strides = _sum_strides(ctx) if op == "add" else None
+        layout = _sum_layout(ctx) if op == "add" else {}
         return _Value(sid, nbytes, ctx.grad_fn([], edges, sizes, [None] * len(ins), None, full,
-                                               "slices" if op == "cat" and len(ins) > 1 else ""), strides=strides)
+                                               "slices" if op == "cat" and len(ins) > 1 else ""), **layout)
     # each input's gradient is the incoming one times the other input (kept when that input needs it);
     # the second input's is computed first
     saved = [ins[0].sid] if ins[1].fn is not None else []
@@ -909,24 +946,39 @@ def _combine(ctx: _OpContext) -> _Value:
     return _Value(sid, nbytes, ctx.grad_fn(saved, edges, sizes, ["aten.mul.Tensor"] * 2, [1, 0], full))
 
 
-def _sum_strides(ctx: _OpContext) -> tuple[int, ...] | None:
-    """The strides of an add's output: contiguous where its inputs lie in their own order, else (dense inputs of the
-    same shape: channels-last ones, permuted ones) as torch's TensorIterator lays them out."""
-    if all(_ordered(ctx.full_out, i.strides) for i in ctx.inputs):
-        return None
+def _sum_layout(ctx: _OpContext) -> dict:
+    """The layout of an add's output (``_Value`` fields): contiguous where its inputs lie in their own order, else
+    (dense inputs of the same shape: channels-last ones, permuted ones) as torch's TensorIterator lays them out."""
+    followed = any(i.raw is not None or i.loose for i in ctx.inputs)
+    if not followed and all(_ordered(ctx.full_out, i.strides) for i in ctx.inputs):
+        return {}
     if any(list(shape) != list(ctx.node.output_shape) for shape in ctx.in_shapes):
         raise NotCovered("add of a strided tensor broadcast")
-    return _iterated(ctx.full_out, [i.strides for i in ctx.inputs])
+    return _iterated_layout(ctx.full_out, [_full_strides(i, ctx.full_out) for i in ctx.inputs],
+                            [i.strides for i in ctx.inputs])
+
+
+def _iterated_layout(shape: tuple[int, ...], full: list[tuple[int, ...] | None],
+                     strides: list[tuple[int, ...] | None]) -> dict:
+    """The layout (``_Value`` fields: ``strides``, and ``raw`` or ``loose``) of an elementwise kernel's output over
+    operands of torch's strides ``full`` (None: not followed along dimensions of size 1) and the model's
+    ``strides``."""
+    if all(f is not None for f in full):
+        raw = _iterated_full(shape, full)
+        return {"strides": _normal(shape, raw), "raw": raw if 1 in shape else None}
+    return {"strides": _iterated(shape, strides), "loose": 1 in shape}
 
 
 def _permute(ctx: _OpContext) -> _Value:
     """A permute: a view of the input's storage with its strides permuted; its backward permutes the gradient back
     (a view)."""
     x, dims = ctx.x, tuple(int(d) for d in ctx.node.attrs["dims"])
-    strides = x.strides or _strides(ctx.full_in)
+    strides, full = x.strides or _strides(ctx.full_in), _full_strides(x, ctx.full_in)
     fn = ctx.grad_fn([], [_edge(x)], [x.nbytes], [None], handoff="permute", perm=dims)
+    raw = None if full is None else tuple(full[d] for d in dims)
     return _Value(ctx.mem.hold(x.sid), x.nbytes, fn, view=True,
-                  strides=_normal(ctx.full_out, tuple(strides[d] for d in dims)))
+                  strides=_normal(ctx.full_out, tuple(strides[d] for d in dims)),
+                  raw=raw if 1 in ctx.full_out else None, loose=raw is None and 1 in ctx.full_out)
 
 
 def _layer_norm(ctx: _OpContext) -> _Value:
@@ -954,11 +1006,11 @@ def _scale(ctx: _OpContext) -> _Value:
         raise NotCovered("a scale that broadcasts its input")
     weight = _broadcast_strides(shape, ctx.full_out)
     sid = ctx.alloc("mul.Tensor")
-    strides = _iterated(ctx.full_out, [x.strides, weight])
+    layout = _iterated_layout(ctx.full_out, [_full_strides(x, ctx.full_in), weight], [x.strides, weight])
     fn = ctx.grad_fn([x.sid], [_edge(x), ("param", ctx.first_param)], [x.nbytes, prod(shape) * FLOAT],
                      ["aten.mul.Tensor"] * 2, [1, 0], [None, nbytes], layouts=[("iterated", [weight]), None],
                      any_strides=True)
-    return _Value(sid, nbytes, fn, strides=strides)
+    return _Value(sid, nbytes, fn, **layout)
 
 
 def _shift(ctx: _OpContext) -> _Value:
@@ -968,10 +1020,11 @@ def _shift(ctx: _OpContext) -> _Value:
     if ctx.full_in != ctx.full_out:
         raise NotCovered("a shift that broadcasts its input")
     sid = ctx.alloc("add.Tensor")
-    strides = _iterated(ctx.full_out, [x.strides, _broadcast_strides(shape, ctx.full_out)])
+    weight = _broadcast_strides(shape, ctx.full_out)
+    layout = _iterated_layout(ctx.full_out, [_full_strides(x, ctx.full_in), weight], [x.strides, weight])
     fn = ctx.grad_fn([], [_edge(x), ("param", ctx.first_param)], [x.nbytes, prod(shape) * FLOAT], [None, None],
                      full=[None, nbytes], shapes=[ctx.full_in, shape])
-    return _Value(sid, nbytes, fn, strides=strides)
+    return _Value(sid, nbytes, fn, **layout)
 
 
 def _token(ctx: _OpContext) -> _Value:
@@ -1184,7 +1237,8 @@ def _attention_output(ctx: _OpContext, shape: _AttentionShape, kernel: int | Non
     viewed = ctx.grad_fn([], [_fn_edge(addmm)], [xb], [None], handoff="view", out_shape=shape.seq,
                          shapes=[(shape.tokens * shape.batch, e)])
     fn = ctx.grad_fn([], [_fn_edge(viewed)], [xb], [None], handoff="transpose", dims=(0, 1), shapes=[shape.seq])
-    return _Value(sid, xb, fn, view=True, strides=_normal(ctx.full_out, (e, shape.batch * e, 1)))
+    raw = (e, shape.batch * e, 1)
+    return _Value(sid, xb, fn, view=True, strides=_normal(ctx.full_out, raw), raw=raw if 1 in ctx.full_out else None)
 
 
 def _fn_edge(fn: int | None) -> tuple[str, int] | None:
@@ -1195,7 +1249,7 @@ def _fn_edge(fn: int | None) -> tuple[str, int] | None:
 def _handed_back(ctx: _OpContext) -> _Value:
     """identity, and a dropout of ``p`` 0 (torch hands the input back: no kernel, no autograd node): the input."""
     x = ctx.x
-    return _Value(ctx.mem.hold(x.sid), x.nbytes, x.fn, x.view, x.strides)
+    return _Value(ctx.mem.hold(x.sid), x.nbytes, x.fn, x.view, x.strides, raw=x.raw, loose=x.loose)
 
 
 #: op -> the handler that runs it forward ("input" is the caller's).
