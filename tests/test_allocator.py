@@ -1392,6 +1392,31 @@ def test_allocation_model_writes_down_a_dropout1d_of_flattened_pixels_as_traced(
     assert allocs.count(("aten.new_empty.default", 3 * 8 * 4)) == 2 * 3  # the noise: a float per sample, channel
 
 
+def test_allocation_model_writes_down_softsign_tanhshrink_and_softmin_as_traced():
+    """Softsign, Tanhshrink and Softmin, described as the ops torch computes them from (abs, add, div; tanh, times -1,
+    add; times -1, softmax), are written down by the model as the meta trace records them, event for event."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1, self.c2, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3), nn.Linear(8, 5)
+            self.sign, self.shrink, self.soft = nn.Softsign(), nn.Tanhshrink(), nn.Softmin(1)
+
+        def forward(self, x):
+            y = self.c2(self.shrink(self.sign(self.c1(x))))
+            return self.fc(F.softsign(F.tanhshrink(self.soft(y))).mean((2, 3)))
+
+    desc = describe(Net(), [3, 8, 8], "composed")
+    model, traced = record_events(desc, 3, steps=3, method="model"), record_events(desc, 3, steps=3, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+    kernels = [op for kind, _, _, op in model if kind == ALLOC]
+    assert kernels.count("aten.div.Tensor") >= 2 * 3 and kernels.count("aten._softmax.default") == 3
+
+
 def test_allocation_model_writes_down_selu_and_celu_as_traced():
     """Measured on torch 2.14: a SELU runs aten.elu (of a scale), a CELU aten.celu; each keeps its input, or in place
     its result, and its backward is aten.elu_backward. The model writes them down as the meta trace records them."""

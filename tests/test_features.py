@@ -864,6 +864,43 @@ def test_an_activation_in_place_on_a_copy_keeps_what_autograd_keeps():
     assert (original_keeps(4) - original_keeps(2)) / 2 == kept
 
 
+def _module_saved_bytes(module, input_shape: list[int], batch: int) -> int:
+    """Bytes that autograd keeps for backward in one training forward of the torch ``module`` itself (not a
+    description's rebuilt one) on a batch of ``batch``: each storage once, the input batch's included, parameters
+    aside."""
+    import torch
+    torch.manual_seed(0)
+    own = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    saved = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in own:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        module.train()(torch.randn(batch, *input_shape))
+    return sum(saved.values())
+
+
+def test_softsign_tanhshrink_and_softmin_keep_what_torch_keeps_for_them():
+    """Softsign, Tanhshrink and Softmin, described as the ops torch computes them from, keep per sample exactly what
+    autograd keeps for the layers themselves: a softsign its input and the divisor (abs keeps the input, the division
+    both operands), a tanhshrink its tanh's result, a softmin its softmax's result."""
+    pytest.importorskip("torch")
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Softsign(), nn.Conv2d(8, 8, 3), nn.Tanhshrink(), nn.Conv2d(8, 8, 3),
+                        nn.Softmin(1), nn.Conv2d(8, 4, 1), nn.Flatten(), nn.Linear(64, 10))
+    desc = describe(net, [3, 10, 10], "composed")
+    nf = network_features(desc)
+    at2, at4 = _module_saved_bytes(net, [3, 10, 10], 2), _module_saved_bytes(net, [3, 10, 10], 4)
+    assert nf.per_sample["saved_bytes"] + nf.per_sample["input_bytes"] == (at4 - at2) / 2
+    assert not nf.unsupported
+
+
 def _circular_pad_run(pads: list[int], shape: list[int]) -> tuple[list, list]:
     """The aten ops a circular pad of a [1, *shape] leaf runs forward and backward: :func:`_ops_run`."""
     import torch.nn.functional as F

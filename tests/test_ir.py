@@ -1043,6 +1043,42 @@ def test_a_local_response_norm_is_described_and_rebuilt():
         describe(_Padded(lambda y: F.local_response_norm(y.flatten(2), 2)), [3, 6, 6], "flat")
 
 
+class _Composed(nn.Module):
+    """Softsign, Tanhshrink and Softmin as layers and as calls (F.softsign, F.tanhshrink, F.softmin)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(3, 8, 3), nn.Linear(8, 4)
+        self.sign, self.shrink, self.soft = nn.Softsign(), nn.Tanhshrink(), nn.Softmin(1)
+
+    def forward(self, x):
+        y = self.soft(self.shrink(self.sign(self.conv(x))))
+        return self.fc(F.softmin(F.tanhshrink(F.softsign(y * 3.0)), dim=-1).mean((2, 3)))
+
+
+def test_softsign_tanhshrink_and_softmin_are_described_as_torch_computes_them():
+    """Softsign, Tanhshrink and Softmin were refused as layers and calls without a description op. Torch computes each
+    in Python from elementwise ops the description has: x / (x.abs() + 1), x - x.tanh() (a difference: times -1,
+    added) and (-x).softmax(dim); they are described so, the rebuilt module computes what the original computes and
+    describes back to the same ops. A softmin of torch's implicit dimension, or over the batch, is refused as a
+    softmax's is."""
+    torch.manual_seed(0)
+    original = _Composed().eval()
+    desc = NetworkDescription.from_dict(describe(original, [3, 8, 8], name="composed").to_dict())
+    unit = [("abs", {}), ("add", {"scalar": 1.0}), ("div", {}), ("tanh", {}), ("mul", {"scalar": -1.0}), ("add", {}),
+            ("mul", {"scalar": -1.0})]
+    ops = [(n.op, n.attrs) for n in desc.nodes if n.op not in ("input", "conv2d", "mean", "linear")]
+    assert ops == [*unit, ("softmax", {"dim": 1}), ("mul", {"scalar": 3.0}), *unit, ("softmax", {"dim": 3})]
+    assert [desc.node(name).inputs for name in ("sign", "shrink")] == [["conv", "sign_2"], ["sign", "shrink_2"]]
+    _assert_same_function(desc, original, [3, 8, 8])
+    again = describe(build_module(desc), [3, 8, 8], name="composed")
+    assert [(n.op, n.attrs) for n in again.nodes] == [(n.op, n.attrs) for n in desc.nodes]
+    for layer, message in ((nn.Softmin(), "without dim="), (nn.Softmin(0), "over the batch dimension")):
+        with pytest.raises(UserError, match=f"a softmin {message}"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            describe(nn.Sequential(nn.Conv2d(3, 8, 3), layer), [3, 8, 8], name="softmin")
+
+
 def test_a_gelu_of_the_tanh_approximation_is_kept():
     """A GELU of torch's tanh approximation was described as the exact one: it keeps ``approximate: "tanh"``, the
     rebuilt module computes it and describes back to it; an exact GELU's attrs stay empty."""
@@ -1744,12 +1780,12 @@ def test_an_op_returning_a_tuple_is_named_itself_where_it_has_no_description_op(
         describe(_TupleOps(pick), [3, 8, 8], "tuple")
 
 
-class _TupleThenSoftsign(nn.Module):
+class _TupleThenRReLU(nn.Module):
     """An op without a description op that returns a tuple, both its parts used, then a layer without one."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.conv, self.act, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Softsign(), nn.Linear(8, 10)
+        self.conv, self.act, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.RReLU(), nn.Linear(8, 10)
 
     def forward(self, x):
         values, indices = self.conv(x).median(dim=2)  # (a max's values are described, its indices not)
@@ -1757,25 +1793,26 @@ class _TupleThenSoftsign(nn.Module):
 
 
 def test_the_ops_after_a_tuple_without_a_description_op_are_named_too():
-    """A part of such a tuple stopped the search at the op that made it: the Softsign after it went unnamed, and took
+    """A part of such a tuple stopped the search at the op that made it: the RReLU after it went unnamed, and took
     another try to learn of; the op is named once, whichever parts are used."""
     with pytest.raises(UserError, match=r"^tuple: call_method 'median' \(node median\) and module 'act' of type "
-                                        r"Softsign have no description op$"):
-        describe(_TupleThenSoftsign(), [3, 8, 8], "tuple")
+                                        r"RReLU have no description op$"):
+        describe(_TupleThenRReLU(), [3, 8, 8], "tuple")
 
 
 def test_every_kind_of_op_without_a_description_op_is_named_at_once():
     """Only the first layer of a kind the description has no op for was named: a network of three such kinds took
     three tries to learn them; a kind met again is counted, not listed."""
-    module = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.Softsign(), nn.Tanhshrink(), nn.Conv2d(8, 8, 3, padding=1),
-                           nn.Softsign(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
-    with pytest.raises(UserError, match=r"^mine: module '1' of type Softsign \(and 1 more\) and module '2' of type "
-                                        r"Tanhshrink have no description op$"):
+    module = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.RReLU(), nn.ChannelShuffle(2),
+                           nn.Conv2d(8, 8, 3, padding=1), nn.RReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                           nn.Linear(8, 10))
+    with pytest.raises(UserError, match=r"^mine: module '1' of type RReLU \(and 1 more\) and module '2' of type "
+                                        r"ChannelShuffle have no description op$"):
         describe(module, [3, 8, 8], "mine")
-    module.extend([nn.Softmin(dim=1), nn.LogSigmoid()])  # the last makes the output
-    with pytest.raises(UserError, match=r"^mine: module '1' of type Softsign \(and 1 more\), module '2' of type "
-                                        r"Tanhshrink, module '8' of type Softmin and module '9' of type LogSigmoid "
-                                        r"have no description op$"):
+    module.extend([nn.AlphaDropout(0.1), nn.FeatureAlphaDropout(0.1)])  # the last makes the output
+    with pytest.raises(UserError, match=r"^mine: module '1' of type RReLU \(and 1 more\), module '2' of type "
+                                        r"ChannelShuffle, module '8' of type AlphaDropout and module '9' of type "
+                                        r"FeatureAlphaDropout have no description op$"):
         describe(module, [3, 8, 8], "mine")
 
 

@@ -1673,6 +1673,59 @@ def _std_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[No
             Node(n.name, "pow", [variance], {"exponent": 0.5}, _shape(n))]
 
 
+#: Activations torch computes as a few elementwise ops in Python (torch.nn.functional), by their layer and their call:
+#: Softsign ``x / (x.abs() + 1)``, Tanhshrink ``x - x.tanh()``, Softmin ``(-x).softmax(dim)``.
+_COMPOSED_LAYERS = {nn.Softsign: "softsign", nn.Tanhshrink: "tanhshrink", nn.Softmin: "softmin"}
+_COMPOSED_CALLS = {F.softsign: "softsign", F.tanhshrink: "tanhshrink", F.softmin: "softmin"}
+
+
+def _composed_kind(n: fx.Node, gm: fx.GraphModule) -> str | None:
+    """Which of :data:`_COMPOSED_LAYERS` (or their calls) ``n`` is; None for any other node."""
+    if n.op == "call_module":
+        layer = gm.get_submodule(n.target)
+        return next((kind for cls, kind in _COMPOSED_LAYERS.items() if isinstance(layer, cls)), None)
+    return _COMPOSED_CALLS.get(n.target) if n.op == "call_function" else None
+
+
+def _softmin_dim(n: fx.Node, gm: fx.GraphModule) -> Any:
+    """The ``dim`` of Softmin ``n`` (the layer's, or the call's; a call that casts, ``dtype=``, ``ValueError``)."""
+    if n.op == "call_module":
+        return gm.get_submodule(n.target).dim
+    dtype = _arg(n, 3, "dtype")
+    if dtype is not None and dtype != torch.float32:
+        raise ValueError("a softmin that casts (dtype=) has no description op")
+    return _arg(n, 1, "dim")
+
+
+def _composed_activation_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Node] | None:
+    """Softsign, Tanhshrink and Softmin (the layers and the calls) as torch computes them, op by op: a softsign the
+    input over its absolute value plus 1 (abs, add, div), a tanhshrink the input less its tanh (tanh, then the
+    difference as every ``x - y`` is described: times -1, added), a softmin the softmax of the input times -1 (along
+    a dimension as a softmax's: not the batch's, not torch's implicit choice). The last node is named after ``n``.
+    None for any other node."""
+    kind = _composed_kind(n, gm)
+    if kind is None:
+        return None
+    source = n.args[0] if n.args else n.kwargs.get("input")
+    _network_tensor(source, alias, kind)
+    x, shape = alias[source.name], _shape(n)
+    taken = {node.name for node in gm.graph.nodes}
+    names = (name for name in (f"{n.name}_{i}" for i in range(1, 99)) if name not in taken)
+    first, second = next(names), next(names)
+    alias[n.name] = n.name
+    if kind == "softsign":
+        return [Node(first, "abs", [x], {}, shape), Node(second, "add", [first], {"scalar": 1.0}, shape),
+                Node(n.name, "div", [x, second], {}, shape)]
+    if kind == "tanhshrink":
+        return [Node(first, "tanh", [x], {}, shape), Node(second, "mul", [first], {"scalar": -1.0}, shape),
+                Node(n.name, "add", [x, second], {}, shape)]
+    try:
+        op, attrs = _softmax_attrs(n, _softmin_dim(n, gm))
+    except ValueError as exc:  # named as the layer or call it is
+        raise ValueError(str(exc).replace("a softmax", "a softmin")) from None
+    return [Node(first, "mul", [x], {"scalar": -1.0}, shape), Node(n.name, op, [first], attrs, shape)]
+
+
 def _sum_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Node]:
     """``x.sum(dims)``, ``torch.sum(x, dims, keepdim)`` (timm's split attention sums over its radix): the mean over
     those dimensions times their elements' count, the same work on the same tensors; over none given (every
@@ -1703,7 +1756,8 @@ def _max_part(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Nod
         return _max_values(n, n, gm, alias)
     if n.op in ("call_function", "call_method") and n.target in _SUM_CALLS and _shape(n) is not None:
         return _sum_nodes(n, gm, alias)
-    for rewrite in (_difference_nodes, _quotient_nodes, _conv1d_nodes, _stack_nodes, _std_nodes):
+    for rewrite in (_difference_nodes, _quotient_nodes, _conv1d_nodes, _stack_nodes, _std_nodes,
+                    _composed_activation_nodes):
         nodes = rewrite(n, gm, alias)
         if nodes is not None:
             return nodes
