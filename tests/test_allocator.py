@@ -1417,6 +1417,32 @@ def test_allocation_model_writes_down_softsign_tanhshrink_and_softmin_as_traced(
     assert kernels.count("aten.div.Tensor") >= 2 * 3 and kernels.count("aten._softmax.default") == 3
 
 
+def test_allocation_model_writes_down_a_glu_as_traced():
+    """A GLU (measured on torch 2.14 on the CPU and the meta device, 2.11 on CUDA): aten.glu makes its output, half
+    its input, which it keeps; aten.glu_backward writes the input's gradient. The model writes it down as the meta
+    trace records it, over the channels (a gated convolution) and over the features of a vector."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    class Gated(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1, self.c2, self.fc = nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(8, 8, 3), nn.Linear(4, 5)
+            self.gate = nn.GLU(1)
+
+        def forward(self, x):
+            return self.fc(F.glu(self.c2(self.gate(self.c1(x))).mean((2, 3))))
+
+    desc = describe(Gated(), [3, 8, 8], "gated")
+    model, traced = record_events(desc, 3, steps=3, method="model"), record_events(desc, 3, steps=3, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+    allocs = [(op, size) for kind, _, size, op in model if kind == ALLOC]
+    assert allocs.count(("aten.glu.default", 3 * 8 * 8 * 8 * 4)) == 3
+    assert allocs.count(("aten.glu_backward.default", 3 * 16 * 8 * 8 * 4)) == 3
+
+
 def test_allocation_model_writes_down_selu_and_celu_as_traced():
     """Measured on torch 2.14: a SELU runs aten.elu (of a scale), a CELU aten.celu; each keeps its input, or in place
     its result, and its backward is aten.elu_backward. The model writes them down as the meta trace records them."""

@@ -901,6 +901,28 @@ def test_softsign_tanhshrink_and_softmin_keep_what_torch_keeps_for_them():
     assert not nf.unsupported
 
 
+def test_a_glu_keeps_what_torch_keeps_for_it():
+    """A GLU keeps its input (twice its output), exactly what autograd keeps for nn.GLU per sample; its FLOPs a
+    sigmoid's and a multiply an output element forward, 9 backward, its input read and its output written."""
+    pytest.importorskip("torch")
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    net = nn.Sequential(nn.Conv2d(3, 16, 3), nn.GLU(1), nn.Conv2d(8, 8, 3), nn.GLU(-1), nn.Conv2d(8, 4, 1),
+                        nn.Flatten(), nn.Linear(72, 10))
+    desc = describe(net, [3, 10, 10], "gated")
+    glus = [n for n in desc.nodes if n.op == "glu"]
+    costs = [_cost(n, [desc.node(n.inputs[0]).output_shape]) for n in glus]
+    assert [(c.flops_fwd, c.flops_bwd, c.saved) for c in costs] == [(5 * 8 * 8 * 8, 9 * 8 * 8 * 8, [0]),
+                                                                     (5 * 8 * 6 * 3, 9 * 8 * 6 * 3, [0])]
+    assert [c.bytes_read for c in costs] == [4 * 16 * 8 * 8, 4 * 8 * 6 * 6]
+    nf = network_features(desc)
+    at2, at4 = _module_saved_bytes(net, [3, 10, 10], 2), _module_saved_bytes(net, [3, 10, 10], 4)
+    assert nf.per_sample["saved_bytes"] + nf.per_sample["input_bytes"] == (at4 - at2) / 2
+    assert not nf.unsupported
+
+
 def _circular_pad_run(pads: list[int], shape: list[int]) -> tuple[list, list]:
     """The aten ops a circular pad of a [1, *shape] leaf runs forward and backward: :func:`_ops_run`."""
     import torch.nn.functional as F

@@ -1043,6 +1043,40 @@ def test_a_local_response_norm_is_described_and_rebuilt():
         describe(_Padded(lambda y: F.local_response_norm(y.flatten(2), 2)), [3, 6, 6], "flat")
 
 
+class _Gated(nn.Module):
+    """A gated convolution block: nn.GLU over the channels, F.glu over its default (the last) dim and over the
+    height."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2, self.gate, self.fc = nn.Conv2d(3, 16, 3), nn.Conv2d(8, 8, 1), nn.GLU(1), nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = self.c2(self.gate(self.c1(x)))
+        return self.fc(F.glu(F.glu(y, dim=2)).mean((2, 3)))
+
+
+def test_a_glu_is_described_and_halves_its_dim():
+    """GLU (a gated convolution's: nn.GLU, F.glu) was refused as a layer without a description op: it is the op glu
+    (dim, counted from the front as a softmax's), whose output halves its input along dim; the rebuilt module computes
+    what the original computes and describes back to it. A GLU along the batch is refused by name, and one of a dim
+    of odd size when read."""
+    torch.manual_seed(0)
+    original = _Gated().eval()
+    desc = NetworkDescription.from_dict(describe(original, [3, 10, 10], name="gated").to_dict())
+    assert [(n.op, n.attrs, n.output_shape) for n in desc.nodes if n.op == "glu"] == [
+        ("glu", {"dim": 1}, [8, 8, 8]), ("glu", {"dim": 2}, [8, 4, 8]), ("glu", {"dim": 3}, [8, 4, 4])]
+    _assert_same_function(desc, original, [3, 10, 10])
+    again = describe(build_module(desc), [3, 10, 10], name="gated")
+    assert [(n.op, n.attrs) for n in again.nodes] == [(n.op, n.attrs) for n in desc.nodes]
+    bad = describe(nn.Sequential(nn.Conv2d(3, 16, 3), nn.GLU(1)), [3, 7, 7], name="odd").to_dict()
+    bad["nodes"][-1]["attrs"]["dim"] = 2  # of a [16, 5, 5] map
+    with pytest.raises(UserError, match="halves its input along dim 2, of odd size 5"):
+        NetworkDescription.from_dict(bad)
+    with pytest.raises(UserError, match="a GLU along the batch dimension has no description op"):
+        describe(nn.Sequential(nn.Conv2d(3, 4, 3), nn.GLU(0)), [3, 8, 8], name="batch")
+
+
 class _Composed(nn.Module):
     """Softsign, Tanhshrink and Softmin as layers and as calls (F.softsign, F.tanhshrink, F.softmin)."""
 

@@ -1019,6 +1019,26 @@ def test_a_network_converted_to_sync_batch_norms_is_pruned_and_described() -> No
     assert desc.params == pruned.params == sum(p.numel() for p in m.parameters())
 
 
+def test_a_glu_over_the_channels_keeps_its_channels_and_one_over_the_width_is_pruned_through() -> None:
+    """torch-pruning reads a GLU as elementwise: it cut the same channels of the convolution before a GLU over the
+    channels and of the one after it, where the GLU pairs channel i with i + C / 2 (the variant's convolutions
+    disagreed with it). That group is left whole, named in the plan's notes; a GLU over the width is pruned through.
+    The variant at level 30 runs and describes with the parameters the plan says."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.GLU(1), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
+                        nn.Conv2d(32, 32, 3, padding=1), nn.GLU(-1), nn.Conv2d(32, 16, 1), nn.AdaptiveAvgPool2d(1),
+                        nn.Flatten(), nn.Linear(16, 5))
+    plan = PruningPlan(net, [3, 12, 12], network="gated")
+    assert plan.extra["pruning_unpruned_groups"] == {
+        "channels a GLU halves (a channel and its gate, half the channels apart)": 1}
+    pruned = plan.prune(30)
+    m = pruned.module
+    assert m[0].out_channels == 32 and m[2].in_channels == 16 and m[4].out_channels == m[6].in_channels < 32
+    assert m(torch.randn(2, 3, 12, 12)).shape == (2, 5) and abs(pruned.achieved_level - 30) < 2
+    desc = describe(m.eval(), [3, 12, 12], "gated_l30")
+    assert desc.params == pruned.params == sum(p.numel() for p in m.parameters())
+
+
 def test_a_local_response_norm_is_pruned_through() -> None:
     """An AlexNet-style local response norm (across neighbouring channels, no parameters) between convolutions: the
     plan cuts the channels of the convolution before it, the variant at level 30 runs and describes with the

@@ -59,7 +59,7 @@ class _Views(torch.nn.Module):
     defaults, which ONNX's Softplus is), groupnorm, conv_transpose2d (without a bias, with an output padding),
     instancenorm (affine), hardtanh, softmax, pixel_unshuffle (of one channel, which ONNX's SpaceToDepth is),
     pixel_shuffle, pads of each mode, prelu (a slope per channel), dropout2d, log_softmax, selu, celu,
-    local_response_norm, pow (a sqrt and the power -1 of a quotient), exp, abs, div and var."""
+    local_response_norm, pow (a sqrt and the power -1 of a quotient), exp, abs, div, var and glu."""
 
     def __init__(self):
         super().__init__()
@@ -82,7 +82,8 @@ class _Views(torch.nn.Module):
         y = torch.nn.functional.mish(torch.nn.functional.elu(y.mean(2), 0.5), True)
         y = torch.nn.functional.hardtanh(torch.nn.functional.softplus(y).softmax(-1).log_softmax(1), -0.5, 0.5)
         z = torch.nn.functional.celu(torch.nn.functional.selu(torch.nn.functional.silu(y)), 0.5)
-        return self.fc(z / torch.exp(y.abs()).sqrt() + y.var(1, keepdim=True))
+        w = z / torch.exp(y.abs()).sqrt() + y.var(1, keepdim=True)
+        return self.fc(torch.nn.functional.glu(torch.cat([w, w], 1)))
 
 
 def _network(name: str):
@@ -131,7 +132,8 @@ def test_foreign_reading_rebuilds_the_same_network(name):
              if n.op in ("reshape", "flatten", "squeeze", "unsqueeze", "transpose", "select", "narrow", "permute",
                          "layernorm", "groupnorm", "scale", "shift", "token", "attention", "conv_transpose2d",
                          "instancenorm", "hardtanh", "softmax", "pad", "pixel_shuffle", "pixel_unshuffle", "prelu",
-                         "dropout2d", "log_softmax", "selu", "celu", "local_response_norm")]
+                         "dropout2d", "log_softmax", "selu", "celu", "local_response_norm",
+                         "glu")]
     assert views and all(back.node(n.name).attrs == n.attrs for n in views)
     assert network_features(back).per_sample == network_features(desc).per_sample
     assert _output_shape(back) == _output_shape(desc) == [2, 10]

@@ -114,7 +114,8 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "pixel_unshuffle", "log_softmax", "prelu", "dropout2d",
                      "selu", "celu",
                      "pow", "exp", "abs", "div", "var", "permute", "layernorm", "scale", "shift", "token",
-                     "attention"})
+                     "attention",
+                     "glu"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
                 "gelu": ("gelu", "input"), "sigmoid": ("sigmoid", "result"), "tanh": ("tanh", "result"),
@@ -800,6 +801,13 @@ def _softmax(ctx: _OpContext) -> _Value:
     return _Value(sid, ctx.nbytes, ctx.unary_grad_fn(f"aten.{kernel}_backward_data.default", [sid]))
 
 
+def _glu(ctx: _OpContext) -> _Value:
+    """A GLU: its output (half its input, ``aten.glu``); it keeps its input, from which its backward
+    (``aten.glu_backward``, measured on torch 2.14 on the CPU and 2.11 on CUDA) writes the input's gradient."""
+    sid = ctx.alloc("glu.default")
+    return _Value(sid, ctx.nbytes, ctx.unary_grad_fn("aten.glu_backward.default", [ctx.x.sid]))
+
+
 def _prelu(ctx: _OpContext) -> _Value:
     """PReLU: its output; it keeps its input (and its slopes viewed as [1, C, 1, ...], a parameter's storage). Its
     backward allocates the input's gradient, then the slopes' gradient per element, which the engine sums down to
@@ -1265,6 +1273,7 @@ _HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
     "interpolate": _interpolate,
     **dict.fromkeys(("softmax", "log_softmax"), _softmax),
     "prelu": _prelu,
+    "glu": _glu,
     "dropout2d": _dropout2d,
     "instancenorm": _instance_norm,
     "permute": _permute,

@@ -673,6 +673,10 @@ HANDLERS: dict[str, Handler] = {
     # subtract); it keeps its result
     "log_softmax": _pointwise(4, [OUTPUT], 3),
     "prelu": _prelu,
+    # a * sigmoid(b) of the input's halves: a sigmoid (4 FLOPs, as sigmoid's) and a multiply an output element;
+    # backward one kernel (aten.glu_backward) of the sigmoid again, grad * sigmoid(b) and grad * a * s * (1 - s), 9 an
+    # output element, writing the input's gradient (twice the output). It keeps its input (measured on torch 2.14)
+    "glu": _pointwise(5, [0], 9),
     "dropout2d": _dropout2d,
     "pow": _power,
     "div": _quotient,

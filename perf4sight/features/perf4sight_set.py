@@ -162,7 +162,8 @@ def perf4sight_vectors(desc: NetworkDescription) -> tuple[np.ndarray, np.ndarray
         elif node.op in ("relu", "relu6", "hardswish", "hardsigmoid", "sigmoid", "silu", "gelu", "tanh", "leaky_relu",
                          "elu", "softplus", "mish", "hardtanh", "softmax", "log_softmax", "prelu",
                          "selu", "celu",
-                         "pow", "exp", "abs"):
+                         "pow", "exp", "abs",
+                         "glu"):
             scaled[_IDX["act_elems"]] += out
         elif "pool" in node.op:
             scaled[_IDX["pool_elems"]] += numel(shapes[node.inputs[0]])

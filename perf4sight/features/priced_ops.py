@@ -49,7 +49,9 @@ _PRICED_AS = {"leaky_relu": "relu", "hardtanh": "relu6",
               "local_response_norm": "batchnorm2d",
               # one elementwise kernel forward, two or three back, as a sigmoid's (one, one)
               "pow": "sigmoid", "exp": "sigmoid", "abs": "sigmoid", "div": "mul",
-              "var": "batchnorm2d"}  # a variance: a statistics pass, as a batch norm's first
+              "var": "batchnorm2d",  # a variance: a statistics pass, as a batch norm's first
+              # not measured: a half of the input times the sigmoid of the other, silu's work an output element
+              "glu": "silu"}
 
 
 def check_prices(data: Any, where: str) -> dict[str, dict[int, float]]:

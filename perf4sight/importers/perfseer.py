@@ -94,6 +94,8 @@ ONNX_TO_OP: dict[str, str] = {
     # ONNX's Pow (its exponent a second input: here an arg, as this tool writes it), Exp and Abs
     "Pow": "pow", "Exp": "exp", "Abs": "abs", "Div": "div",
     "ReduceVariance": "var",  # no ONNX op: a type of this tool's own
+    # no ONNX op (torch's exporter writes a GLU as a Split, a Sigmoid and a Mul): a type of this tool's own
+    "Glu": "glu",
 }
 #: Our op -> ONNX op type. Five of ours share a type with another: ``permute`` is a ``Transpose`` of more than two
 #: axes; ``scale``, ``shift`` and ``token`` are a ``Mul``, an ``Add`` and a ``Concat`` with a learnt tensor (an ONNX
@@ -487,7 +489,8 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         return {"min_val": _number(low, f"{where} min"), "max_val": _number(high, f"{where} max")}
     if op == "prelu":  # ONNX's PRelu: its slopes an input (an initializer), counted by the node's weight_size
         return {"num_parameters": num("num_parameters", default=_slopes(weight_bytes, where))}
-    if op in ("softmax", "log_softmax"):  # ONNX's (Log)Softmax: axis counts the batch (-1, the last, where not given)
+    if op in ("softmax", "log_softmax", "glu"):  # ONNX's (Log)Softmax, our Glu: axis counts the batch (-1 where not
+        # given: the last, torch's default for a GLU too)
         axis = int(_number(args.get("dim", args.get("axis", -1)), f"{where} axis"))
         return {"dim": axis % (len(in_shapes[0]) + 1)}
     if op == "var":  # our own type: its dims are never implied (a mean's are)

@@ -706,6 +706,15 @@ def _softmax_attrs(n: fx.Node, dim: Any, op: str = "softmax") -> tuple[str, dict
     return op, {"dim": int(dim) % rank}
 
 
+def _glu_attrs(n: fx.Node, dim: Any) -> tuple[str, dict]:
+    """A GLU of ``n``'s input along ``dim`` (torch's default -1, the last), counted from the front; along the batch,
+    ``ValueError``."""
+    rank = len(n.args[0].meta["tensor_meta"].shape)
+    if int(dim) % rank == 0:
+        raise ValueError("a GLU along the batch dimension has no description op")
+    return "glu", {"dim": int(dim) % rank}
+
+
 def _softmax_call(n: fx.Node) -> tuple[str, dict]:
     """``F.softmax(x, dim)``, ``torch.softmax(x, dim)``, ``x.softmax(dim)`` and their log-softmax twins
     (``F.log_softmax``, ``torch.log_softmax``, ``x.log_softmax``); one that casts (``dtype=``) refused."""
@@ -784,6 +793,7 @@ FUNCTION_OPS[F.prelu] = FUNCTION_OPS[torch.prelu] = _prelu_call
 FUNCTION_OPS[F.layer_norm] = _layer_norm_call
 FUNCTION_OPS[F.group_norm] = _group_norm_call
 FUNCTION_OPS[F.conv_transpose2d] = _conv_transpose_call
+FUNCTION_OPS[F.glu] = lambda n: _glu_attrs(n, _arg(n, 1, "dim", -1))
 for _key in (torch.permute, "permute"):
     FUNCTION_OPS[_key] = _permute_call
 FUNCTION_OPS[F.dropout] = lambda n: ("dropout", {"p": float(_arg(n, 1, "p", 0.5))})
@@ -1959,6 +1969,8 @@ def _op_of(n: fx.Node, gm: fx.GraphModule) -> tuple[str, dict]:
             return _channel_dropout(type(m).__name__.lower(), len(n.args[0].meta["tensor_meta"].shape), m.p)
         if isinstance(m, nn.LogSoftmax):
             return _softmax_attrs(n, m.dim, "log_softmax")
+        if isinstance(m, nn.GLU):
+            return _glu_attrs(n, m.dim)
         if isinstance(m, (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)):
             return _adaptive_pool(f"{type(m).__name__.lower()}", n)
         if isinstance(m, nn.Softmax2d):  # over the channels: torch's dim -3 of a [N, C, H, W] map

@@ -63,6 +63,9 @@ OPS: Dict[str, Tuple[str, ...]] = {
     "hardtanh": ("min_val", "max_val"),  # x clamped to [min_val, max_val] (ReLU6, [0, 6], is the op relu6)
     "softmax": ("dim",),  # exp(x) / sum(exp(x)) along dim (counting the batch: 1 = channels; never the batch)
     "log_softmax": ("dim",),  # x - log(sum(exp(x))) along dim, as softmax's dim (a loss's own is not a node)
+    # a * sigmoid(b), a and b the first and second halves of the input along dim (as softmax's dim; its size even,
+    # halved): torch's GLU, a gated convolution's
+    "glu": ("dim",),
     # x where x > 0, else a * x, a learnt slope: one (num_parameters 1) or one per channel of a [C, ...] input
     # (num_parameters = C); torch's PReLU, SRGAN's and EDSR's activation
     "prelu": ("num_parameters",),
@@ -138,6 +141,7 @@ _POSITIVE: Dict[str, Tuple[str, ...]] = {
     "batchnorm2d": ("num_features",), "groupnorm": ("num_groups", "num_channels"),
     "instancenorm": ("num_features",),
     "softmax": ("dim",), "log_softmax": ("dim",), "prelu": ("num_parameters",),
+    "glu": ("dim",),
     "attention": ("embed_dim", "num_heads"),
     "window_attention": ("embed_dim", "num_heads"), "group_attention": ("embed_dim", "num_heads"),
     "conv_transpose2d": ("in_channels", "out_channels", "groups"),

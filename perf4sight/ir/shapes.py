@@ -29,6 +29,7 @@ ARITY: Dict[str, Tuple[int, Optional[int]]] = {
                                       "conv_transpose2d", "instancenorm", "softmax", "log_softmax", "prelu",
                                       "dropout2d")},
     **{op: (1, 1) for op in ("pad", "pixel_shuffle", "pixel_unshuffle")},
+    "glu": (1, 1),
     "local_response_norm": (1, 1),
 }
 
@@ -52,6 +53,17 @@ def _axis(dim: int, rank: int) -> Optional[int]:
     """Index into a per-sample shape of ``rank`` dims for a ``dim`` that counts the batch (None: the batch)."""
     d = dim + rank + 1 if dim < 0 else dim
     return d - 1 if 1 <= d <= rank else None
+
+
+def _glu_shape(x: List[int], dim: int) -> Union[List[int], str]:
+    """A GLU's output: its input ``x`` (per sample) halved along ``dim`` (counting the batch), whose size must be
+    even; else what is wrong."""
+    axis = _axis(dim, len(x))
+    if axis is None:
+        return f"dim {dim} is not a dimension of its input {x} after the batch"
+    if x[axis] % 2:
+        return f"a GLU halves its input along dim {dim}, of odd size {x[axis]}"
+    return x[:axis] + [x[axis] // 2] + x[axis + 1:]
 
 
 def broadcast(a: List[int], b: List[int]) -> Optional[List[int]]:
@@ -221,6 +233,8 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
     if op == "dropout2d":  # Dropout2d's of a [C, H, W] map, Dropout1d's of [C, L]: a channel of each sample at a time
         return x if len(x) in (2, 3) else f"drops channels of a [channels, height, width] or [channels, length] " \
             f"input, got {x}"
+    if op == "glu":
+        return _glu_shape(x, int(a["dim"]))
     if op in ("softmax", "log_softmax"):
         if _axis(int(a["dim"]), len(x)) is None:
             return f"dim {a['dim']} is not a dimension of its input {x} after the batch"

@@ -283,6 +283,7 @@ MODULE_BUILDERS: Dict[str, Callable[..., nn.Module]] = {
                                            inplace=bool(a.get("inplace", False))),
     "softmax": lambda a, **f: nn.Softmax(dim=int(a["dim"])),
     "log_softmax": lambda a, **f: nn.LogSoftmax(dim=int(a["dim"])),
+    "glu": lambda a, **f: nn.GLU(dim=int(a["dim"])),
     "prelu": lambda a, **f: nn.PReLU(int(a["num_parameters"]), **f),
     "dropout2d": lambda a, **f: nn.Dropout2d(float(a["p"])),
     "scale": lambda a, **f: Scale(a["shape"], **f),

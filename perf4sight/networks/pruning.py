@@ -205,6 +205,16 @@ def _takes_apart(node: Any) -> bool:
     return not whole
 
 
+def _halves_channels(node: Any) -> bool:
+    """Whether torch-pruning's dependency-graph node ``node`` is a GLU along the channels (torch's ``GluBackward0``,
+    its dim 1): it multiplies channel ``i`` by the sigmoid of channel ``i + C / 2``, where torch-pruning, which reads
+    it as an elementwise op, would cut the same indices of its input and its output."""
+    if type(node.grad_fn).__name__ != "GluBackward0":
+        return False
+    rank = len(node.grad_fn._saved_self.shape)
+    return int(node.grad_fn._saved_dim) % rank == 1
+
+
 #: Attention modules torch-pruning cannot follow, whose layers' weights they read directly (Swin) or whose heads
 #: they reshape by widths of their own (MaxViT): its dependency graph of a Swin transformer grew past this machine's
 #: 24 GiB (torch-pruning 1.6, swin_t at 64x64).
@@ -311,6 +321,8 @@ class PruningPlan:
                 return "an attention's embedding width"  # its heads, and a ViT's own width attribute, stay
             if any(_takes_apart(d.target) for d, _ in group):
                 return "channels a slice, split or unbind takes apart (at bounds of the model's own)"
+            if any(_halves_channels(d.target) for d, _ in group):
+                return "channels a GLU halves (a channel and its gate, half the channels apart)"
             return ""
         with _trace_stand_ins(calls):
             groups, notes = pp.find_groups(traced, example, order[-1:], skip)
