@@ -1443,6 +1443,36 @@ def test_allocation_model_writes_down_a_glu_as_traced():
     assert allocs.count(("aten.glu_backward.default", 3 * 16 * 8 * 8 * 4)) == 3
 
 
+def test_allocation_model_writes_down_shrinks_and_thresholds_as_traced():
+    """Measured on torch 2.14 (the CPU, the meta device) and 2.11 (CUDA): aten.hardshrink, aten.softshrink and
+    aten.threshold keep their input, their backward aten.<op>_backward (threshold_backward); a threshold in place
+    keeps a clone of its input, made before it runs. The model writes them down as the meta trace records them."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1, self.c2, self.c3 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3), nn.Conv2d(8, 8, 1)
+            self.hard, self.cut, self.fc = nn.Hardshrink(0.3), nn.Threshold(0.1, -1.0, inplace=True), nn.Linear(8, 5)
+
+        def forward(self, x):
+            y = self.c3(self.cut(self.c2(self.hard(self.c1(x)))))
+            return self.fc(F.threshold(F.softshrink(y, 0.2), 0.0, 2.0).mean((2, 3)))
+
+    desc = describe(Net(), [3, 8, 8], "shrinks")
+    model, traced = record_events(desc, 3, steps=3, method="model"), record_events(desc, 3, steps=3, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+    kernels = [op for kind, _, _, op in model if kind == ALLOC]
+    allocs = [(op, size) for kind, _, size, op in model if kind == ALLOC]
+    cloned = allocs.count(("aten.clone.default", 3 * 8 * 6 * 6 * 4))  # c2's output, before the in-place threshold
+    assert cloned == kernels.count("aten.threshold.default") == 3
+    assert kernels.count("aten.threshold_backward.default") == 2 * 3
+    assert kernels.count("aten.hardshrink_backward.default") == kernels.count("aten.softshrink_backward.default") == 3
+
+
 def test_allocation_model_writes_down_selu_and_celu_as_traced():
     """Measured on torch 2.14: a SELU runs aten.elu (of a scale), a CELU aten.celu; each keeps its input, or in place
     its result, and its backward is aten.elu_backward. The model writes them down as the meta trace records them."""

@@ -923,6 +923,28 @@ def test_a_glu_keeps_what_torch_keeps_for_it():
     assert not nf.unsupported
 
 
+def test_shrinks_and_thresholds_keep_what_torch_keeps_for_them():
+    """A hardshrink, a softshrink and a threshold keep their input, a threshold in place a clone of it (torch's
+    autograd for threshold_): exactly what autograd keeps for the layers per sample; one kernel each way."""
+    pytest.importorskip("torch")
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Hardshrink(0.3), nn.Conv2d(8, 8, 3), nn.Softshrink(0.2),
+                        nn.Conv2d(8, 8, 3), nn.Threshold(0.1, 2.0), nn.Conv2d(8, 8, 1), nn.Threshold(0.0, -1.0, True),
+                        nn.Conv2d(8, 4, 1), nn.Flatten(), nn.Linear(64, 10))
+    desc = describe(net, [3, 10, 10], "shrinks")
+    acts = [n for n in desc.nodes if n.op in ("hardshrink", "softshrink", "threshold")]
+    costs = [_cost(n, [desc.node(n.inputs[0]).output_shape]) for n in acts]
+    assert [(c.flops_fwd / math.prod(n.output_shape), c.kernels_fwd, c.kernels_bwd, c.saved)
+            for c, n in zip(costs, acts)] == [(2, 1, 1, [0]), (3, 1, 1, [0]), (1, 1, 1, [0]), (1, 1, 1, [0])]
+    nf = network_features(desc)
+    at2, at4 = _module_saved_bytes(net, [3, 10, 10], 2), _module_saved_bytes(net, [3, 10, 10], 4)
+    assert nf.per_sample["saved_bytes"] + nf.per_sample["input_bytes"] == (at4 - at2) / 2
+    assert not nf.unsupported
+
+
 def _circular_pad_run(pads: list[int], shape: list[int]) -> tuple[list, list]:
     """The aten ops a circular pad of a [1, *shape] leaf runs forward and backward: :func:`_ops_run`."""
     import torch.nn.functional as F

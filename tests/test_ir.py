@@ -1077,6 +1077,45 @@ def test_a_glu_is_described_and_halves_its_dim():
         describe(nn.Sequential(nn.Conv2d(3, 4, 3), nn.GLU(0)), [3, 8, 8], name="batch")
 
 
+class _Shrinks(nn.Module):
+    """nn.Hardshrink, nn.Softshrink and nn.Threshold (in place), and their calls: torch.hardshrink, x.hardshrink,
+    F.softshrink, F.threshold (in place too) and torch.threshold_."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(3, 8, 3), nn.Linear(8, 4)
+        self.hard, self.soft, self.cut = nn.Hardshrink(0.3), nn.Softshrink(0.2), nn.Threshold(0.1, -1.0, True)
+
+    def forward(self, x):
+        y = self.cut(self.soft(self.hard(self.conv(x))))
+        y = F.threshold(torch.hardshrink(F.softshrink(y * 2.0, 0.1)), 0.0, 2.0)
+        y = F.threshold(y.hardshrink(0.2) + 1.0, 0.5, 0.25, True)
+        return self.fc(torch.threshold_(y * 0.5, 0.3, 0.0).mean((2, 3)))
+
+
+def test_hardshrink_softshrink_and_threshold_are_described_and_rebuilt():
+    """Hardshrink, Softshrink and Threshold (the layers, the calls, a threshold in place too) were refused as layers
+    without a description op: they are the ops hardshrink and softshrink (lambd) and threshold (threshold, value;
+    inplace where given), rebuilt by nn.Hardshrink, nn.Softshrink and nn.Threshold, which compute what the module
+    computes and describe back to them. A softshrink of a negative lambd (torch refuses it) is refused when read."""
+    torch.manual_seed(0)
+    original = _Shrinks().eval()
+    desc = NetworkDescription.from_dict(describe(original, [3, 8, 8], name="shrinks").to_dict())
+    assert [(n.op, n.attrs) for n in desc.nodes if n.op in ("hardshrink", "softshrink", "threshold")] == [
+        ("hardshrink", {"lambd": 0.3}), ("softshrink", {"lambd": 0.2}),
+        ("threshold", {"threshold": 0.1, "value": -1.0, "inplace": True}), ("softshrink", {"lambd": 0.1}),
+        ("hardshrink", {"lambd": 0.5}), ("threshold", {"threshold": 0.0, "value": 2.0}),
+        ("hardshrink", {"lambd": 0.2}), ("threshold", {"threshold": 0.5, "value": 0.25, "inplace": True}),
+        ("threshold", {"threshold": 0.3, "value": 0.0, "inplace": True})]
+    _assert_same_function(desc, original, [3, 8, 8])
+    again = describe(build_module(desc), [3, 8, 8], name="shrinks")
+    assert [(n.op, n.attrs) for n in again.nodes] == [(n.op, n.attrs) for n in desc.nodes]
+    bad = desc.to_dict()
+    next(n for n in bad["nodes"] if n["op"] == "softshrink")["attrs"]["lambd"] = -0.5
+    with pytest.raises(UserError, match="lambd"):
+        NetworkDescription.from_dict(bad)
+
+
 class _Composed(nn.Module):
     """Softsign, Tanhshrink and Softmin as layers and as calls (F.softsign, F.tanhshrink, F.softmin)."""
 

@@ -59,7 +59,8 @@ class _Views(torch.nn.Module):
     defaults, which ONNX's Softplus is), groupnorm, conv_transpose2d (without a bias, with an output padding),
     instancenorm (affine), hardtanh, softmax, pixel_unshuffle (of one channel, which ONNX's SpaceToDepth is),
     pixel_shuffle, pads of each mode, prelu (a slope per channel), dropout2d, log_softmax, selu, celu,
-    local_response_norm, pow (a sqrt and the power -1 of a quotient), exp, abs, div, var and glu."""
+    local_response_norm, pow (a sqrt and the power -1 of a quotient), exp, abs, div, var, glu, hardshrink,
+    softshrink and threshold (in place)."""
 
     def __init__(self):
         super().__init__()
@@ -70,7 +71,7 @@ class _Views(torch.nn.Module):
         self.pool = torch.nn.AvgPool2d(2)
         self.up = torch.nn.ConvTranspose2d(8, 8, 3, stride=2, padding=1, output_padding=1, bias=False)
         self.amax = torch.nn.AdaptiveMaxPool2d(2)
-        self.fc = torch.nn.Linear(8, 10)
+        self.fc, self.cut = torch.nn.Linear(8, 10), torch.nn.Threshold(0.0625, -1.0, inplace=True)
 
     def forward(self, x):
         x = torch.nn.functional.pixel_shuffle(self.widen(torch.nn.functional.pixel_unshuffle(self.gray(x), 2)), 2)
@@ -83,7 +84,8 @@ class _Views(torch.nn.Module):
         y = torch.nn.functional.hardtanh(torch.nn.functional.softplus(y).softmax(-1).log_softmax(1), -0.5, 0.5)
         z = torch.nn.functional.celu(torch.nn.functional.selu(torch.nn.functional.silu(y)), 0.5)
         w = z / torch.exp(y.abs()).sqrt() + y.var(1, keepdim=True)
-        return self.fc(torch.nn.functional.glu(torch.cat([w, w], 1)))
+        g = torch.nn.functional.hardshrink(torch.nn.functional.glu(torch.cat([w, w], 1)), 0.25)
+        return self.fc(self.cut(torch.nn.functional.softshrink(g, 0.125)))
 
 
 def _network(name: str):
@@ -133,7 +135,7 @@ def test_foreign_reading_rebuilds_the_same_network(name):
                          "layernorm", "groupnorm", "scale", "shift", "token", "attention", "conv_transpose2d",
                          "instancenorm", "hardtanh", "softmax", "pad", "pixel_shuffle", "pixel_unshuffle", "prelu",
                          "dropout2d", "log_softmax", "selu", "celu", "local_response_norm",
-                         "glu")]
+                         "glu", "hardshrink", "softshrink")]
     assert views and all(back.node(n.name).attrs == n.attrs for n in views)
     assert network_features(back).per_sample == network_features(desc).per_sample
     assert _output_shape(back) == _output_shape(desc) == [2, 10]
@@ -300,6 +302,26 @@ def test_onnx_selu_and_celu_are_read_and_a_selu_of_other_constants_refused():
     g = _foreign([("conv", "Conv", {"kernel_shape": [1, 1], "group": 1}, [2, 3, 4, 4], [2, 3, 4, 4]),
                   ("selu", "Selu", {"gamma": 2.0}, [2, 3, 4, 4], [2, 3, 4, 4])])
     with pytest.raises(UserError, match="a Selu of gamma 2.0 is no torch SELU"):
+        graph_to_description(g, "foreign", "foreign.pkl")
+
+
+def test_onnx_shrinks_and_a_thresholded_relu_are_read_and_a_shrink_of_another_bias_refused():
+    """ONNX's Shrink of bias 0 (its default) is a hardshrink, of a bias of its lambd a softshrink (lambd 0.5 where
+    left out); its ThresholdedRelu (alpha, 1 where left out) a threshold of value 0. A Shrink of another bias shifts
+    what no torch shrink does: refused by name."""
+    g = _foreign([("conv", "Conv", {"kernel_shape": [1, 1], "group": 1}, [2, 3, 4, 4], [2, 3, 4, 4]),
+                  ("hard", "Shrink", {"lambd": 0.25}, [2, 3, 4, 4], [2, 3, 4, 4]),
+                  ("soft", "Shrink", {"lambd": 0.25, "bias": 0.25}, [2, 3, 4, 4], [2, 3, 4, 4]),
+                  ("plain", "Shrink", {}, [2, 3, 4, 4], [2, 3, 4, 4]),
+                  ("thr", "ThresholdedRelu", {"alpha": 0.5}, [2, 3, 4, 4], [2, 3, 4, 4]),
+                  ("thr1", "ThresholdedRelu", {}, [2, 3, 4, 4], [2, 3, 4, 4])])
+    desc, _ = graph_to_description(g, "foreign", "foreign.pkl")
+    assert [(n.op, n.attrs) for n in desc.nodes[2:]] == [
+        ("hardshrink", {"lambd": 0.25}), ("softshrink", {"lambd": 0.25}), ("hardshrink", {"lambd": 0.5}),
+        ("threshold", {"threshold": 0.5, "value": 0.0}), ("threshold", {"threshold": 1.0, "value": 0.0})]
+    g = _foreign([("conv", "Conv", {"kernel_shape": [1, 1], "group": 1}, [2, 3, 4, 4], [2, 3, 4, 4]),
+                  ("odd", "Shrink", {"lambd": 0.25, "bias": 0.5}, [2, 3, 4, 4], [2, 3, 4, 4])])
+    with pytest.raises(UserError, match="a Shrink of bias 0.5 and lambd 0.25 has no description op"):
         graph_to_description(g, "foreign", "foreign.pkl")
 
 

@@ -115,14 +115,17 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "selu", "celu",
                      "pow", "exp", "abs", "div", "var", "permute", "layernorm", "scale", "shift", "token",
                      "attention",
-                     "glu"})
+                     "glu",
+                     "hardshrink", "softshrink", "threshold"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
                 "gelu": ("gelu", "input"), "sigmoid": ("sigmoid", "result"), "tanh": ("tanh", "result"),
                 "leaky_relu": ("leaky_relu", "input"), "elu": ("elu", "input"),
                 "softplus": ("softplus", "input"), "mish": ("mish", "input"),
                 "hardtanh": ("hardtanh", "input"),
-                "selu": ("elu", "input"), "celu": ("celu", "input")}
+                "selu": ("elu", "input"), "celu": ("celu", "input"),
+                "hardshrink": ("hardshrink", "input"), "softshrink": ("softshrink", "input"),
+                "threshold": ("threshold", "input")}
 #: Activations whose backward is another kernel's than ``aten.<name>_backward``: a CELU's is an ELU's.
 _BACKWARD_OF = {"celu": "elu"}
 _VIEWS = {"reshape", "flatten", "squeeze", "unsqueeze"}
@@ -710,12 +713,13 @@ def _activation(ctx: _OpContext) -> _Value:
     activations (:data:`_ACTIVATIONS`), dropout."""
     n, x, nbytes, op = ctx.node, ctx.x, ctx.nbytes, ctx.node.op
     if op in ("relu", "relu6") or op in _INPLACE_BACKWARD and n.attrs.get("inplace"):
-        # in place, keeps its result (or a clone of its input: a mish's, ``relu6_clone``'s of ReLU6 and hardtanh)
+        # in place, keeps its result (or a clone of its input: a mish's, a threshold's, ``relu6_clone``'s of ReLU6
+        # and hardtanh)
         rebased = x.view and x.base_fn is not None and x.fn == len(ctx.fns) - 1  # nothing has read the view yet
         if x.fn is None or (x.view and not rebased) or x.sid in ctx.mem.saved:
             raise NotCovered(f"in-place {op} on '{n.inputs[0]}'")
         kernel = _INPLACE_BACKWARD[op]
-        clone = op == "mish" or op in ("relu6", "hardtanh") and ctx.relu6_clone
+        clone = op in ("mish", "threshold") or op in ("relu6", "hardtanh") and ctx.relu6_clone
         kept = ctx.alloc("clone.default", x.nbytes, holders=0) if clone else x.sid
         if rebased:
             return _rebased(ctx, kernel, kept)
@@ -774,7 +778,8 @@ _INPLACE_BACKWARD = {"relu": "aten.threshold_backward.default", "relu6": "aten.h
                      "leaky_relu": "aten.leaky_relu_backward.default", "elu": "aten.elu_backward.default",
                      "mish": "aten.mish_backward.default", "hardtanh": "aten.hardtanh_backward.default",
                      "selu": "aten.elu_backward.default", "celu": "aten.elu_backward.default",
-                     "sigmoid": "aten.sigmoid_backward.default", "tanh": "aten.tanh_backward.default"}
+                     "sigmoid": "aten.sigmoid_backward.default", "tanh": "aten.tanh_backward.default",
+                     "threshold": "aten.threshold_backward.default"}
 
 
 def _rebased(ctx: _OpContext, kernel: str, kept: int) -> _Value:

@@ -655,6 +655,13 @@ HANDLERS: dict[str, Handler] = {
     # keeps its input, or its result where it runs in place (measured on torch 2.14)
     "selu": _keeps_result_in_place(5, 4),
     "celu": _keeps_result_in_place(5, 4),
+    # torch's own kernels (aten.hardshrink, aten.softshrink, aten.threshold; backward aten.<op>_backward, or
+    # threshold_backward), each keeping its input, a threshold in place a clone of its input (measured on torch 2.14
+    # and, on CUDA, 2.11): two compares (|x| against lambd) and a select; the compares and a subtract or add; one
+    # compare and a select. Each backward the compares again and a select of the gradient
+    "hardshrink": _pointwise(2, [0], 2),
+    "softshrink": _pointwise(3, [0], 2),
+    "threshold": _pointwise(1, [0], 1),
     # a multiply, an exp, a log1p, a divide and the threshold's compare; backward an exp, a divide and a multiply
     # or so; it keeps its input (torch has no in-place softplus)
     "softplus": _pointwise(5, [0], 4),

@@ -163,7 +163,8 @@ def perf4sight_vectors(desc: NetworkDescription) -> tuple[np.ndarray, np.ndarray
                          "elu", "softplus", "mish", "hardtanh", "softmax", "log_softmax", "prelu",
                          "selu", "celu",
                          "pow", "exp", "abs",
-                         "glu"):
+                         "glu",
+                         "hardshrink", "softshrink", "threshold"):
             scaled[_IDX["act_elems"]] += out
         elif "pool" in node.op:
             scaled[_IDX["pool_elems"]] += numel(shapes[node.inputs[0]])

@@ -51,7 +51,9 @@ _PRICED_AS = {"leaky_relu": "relu", "hardtanh": "relu6",
               "pow": "sigmoid", "exp": "sigmoid", "abs": "sigmoid", "div": "mul",
               "var": "batchnorm2d",  # a variance: a statistics pass, as a batch norm's first
               # not measured: a half of the input times the sigmoid of the other, silu's work an output element
-              "glu": "silu"}
+              "glu": "silu",
+              # not measured: one elementwise kernel of compares and a select each way, keeping the input, as relu's
+              "hardshrink": "relu", "softshrink": "relu", "threshold": "relu"}
 
 
 def check_prices(data: Any, where: str) -> dict[str, dict[int, float]]:

@@ -96,6 +96,12 @@ ONNX_TO_OP: dict[str, str] = {
     "ReduceVariance": "var",  # no ONNX op: a type of this tool's own
     # no ONNX op (torch's exporter writes a GLU as a Split, a Sigmoid and a Mul): a type of this tool's own
     "Glu": "glu",
+    # ONNX's Shrink is a hardshrink of its bias 0 (its default) and a softshrink of a bias of its lambd
+    # (:func:`_shrink_op`); a softshrink is written as a type of this tool's own, which keeps the round trip exact
+    "Shrink": "hardshrink", "Softshrink": "softshrink",
+    # ONNX's ThresholdedRelu (alpha, 1 where not given) is a threshold of value 0; ours of any value a type of this
+    # tool's own
+    "ThresholdedRelu": "threshold", "Threshold": "threshold",
 }
 #: Our op -> ONNX op type. Five of ours share a type with another: ``permute`` is a ``Transpose`` of more than two
 #: axes; ``scale``, ``shift`` and ``token`` are a ``Mul``, an ``Add`` and a ``Concat`` with a learnt tensor (an ONNX
@@ -299,7 +305,21 @@ def _shared_type(op: str, args: dict[str, Any], n_inputs: int) -> str:
         return learnt[op]
     if op == "relu6":
         return _clip_op(args)
+    if op == "hardshrink":
+        return _shrink_op(args)
     return op
+
+
+def _shrink_op(args: dict[str, Any]) -> str:
+    """Which op a ``Shrink`` is: ONNX's of a bias of 0 (its default) a hardshrink, of a bias equal to its lambd a
+    softshrink; any other bias shifts what no torch shrink does (a ``UserError``)."""
+    bias = _number(args.get("bias", 0.0), "Shrink bias")
+    if bias == 0.0:
+        return "hardshrink"
+    if bias == _number(args.get("lambd", 0.5), "Shrink lambd"):
+        return "softshrink"
+    raise UserError(f"a Shrink of bias {bias} and lambd {args.get('lambd', 0.5)} has no description op (a bias of 0 "
+                    "is a hardshrink, one of lambd a softshrink)")
 
 
 def _clip_op(args: dict[str, Any]) -> str:
@@ -511,6 +531,11 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         return {"alpha": _number(args.get("alpha", 1.0), f"{where} alpha")}
     if op == "selu":
         return _selu_attrs(args, where)
+    if op in ("hardshrink", "softshrink"):  # ONNX's Shrink: lambd, 0.5 where not given
+        return {"lambd": _number(args.get("lambd", 0.5), f"{where} lambd")}
+    if op == "threshold":  # ONNX's ThresholdedRelu: alpha (1 where not given), a value of 0
+        return {"threshold": _number(args.get("threshold", args.get("alpha", 1.0)), f"{where} alpha"),
+                "value": _number(args.get("value", 0.0), f"{where} value")}
     if op == "local_response_norm":  # ONNX's LRN: size (required), alpha 1e-4, beta 0.75, bias (our k) 1
         if args.get("size") is None:
             raise UserError(f"{where}: LRN lacks 'size' in args")

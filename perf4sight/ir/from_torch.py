@@ -310,6 +310,11 @@ def _celu_attrs(alpha: Any, inplace: bool) -> tuple[str, dict]:
     return "celu", {"alpha": float(alpha), **({"inplace": True} if inplace else {})}
 
 
+def _threshold_attrs(threshold: Any, value: Any, inplace: bool) -> tuple[str, dict]:
+    """A threshold (x where x > ``threshold``, else ``value``), in place where ``inplace``."""
+    return "threshold", {"threshold": float(threshold), "value": float(value), **({"inplace": True} if inplace else {})}
+
+
 def _inplace(op: str) -> Callable[[nn.Module], tuple[str, dict]]:
     return lambda m: (op, {"inplace": True} if getattr(m, "inplace", False) else {})
 
@@ -335,6 +340,9 @@ MODULE_OPS: list[tuple[type, Callable[[Any], tuple[str, dict]]]] = [
     (nn.Mish, _inplace("mish")),
     (nn.SELU, _inplace("selu")),
     (nn.CELU, lambda m: _celu_attrs(m.alpha, m.inplace)),
+    (nn.Hardshrink, lambda m: ("hardshrink", {"lambd": float(m.lambd)})),
+    (nn.Softshrink, lambda m: ("softshrink", {"lambd": float(m.lambd)})),
+    (nn.Threshold, lambda m: _threshold_attrs(m.threshold, m.value, m.inplace)),
     (nn.Identity, lambda m: ("identity", {})),
     (nn.MaxPool2d, _maxpool),
     (nn.AvgPool2d, _avgpool),
@@ -513,6 +521,11 @@ for _key in (F.selu, F.selu_, torch.selu, torch.selu_):
 for _key in (F.celu, F.celu_, torch.celu, torch.celu_):
     FUNCTION_OPS[_key] = lambda n: _celu_attrs(_arg(n, 1, "alpha", 1.0), bool(_arg(n, 2, "inplace", False))
                                                or n.target in (F.celu_, torch.celu_))
+for _key, _op in ((torch.hardshrink, "hardshrink"), ("hardshrink", "hardshrink"), (F.softshrink, "softshrink")):
+    FUNCTION_OPS[_key] = (lambda op: lambda n: (op, {"lambd": float(_arg(n, 1, "lambd", 0.5))}))(_op)
+for _key in (F.threshold, torch.threshold, torch.threshold_):  # F.threshold_ is torch.threshold_
+    FUNCTION_OPS[_key] = lambda n: _threshold_attrs(_arg(n, 1, "threshold"), _arg(n, 2, "value"),
+                                                    bool(_arg(n, 3, "inplace", False)) or n.target is torch.threshold_)
 FUNCTION_OPS[F.mish] = lambda n: ("mish", {"inplace": True} if _arg(n, 1, "inplace", False) else {})
 
 

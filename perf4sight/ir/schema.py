@@ -36,6 +36,12 @@ OPS: Dict[str, Tuple[str, ...]] = {
     "selu": (),
     "celu": ("alpha",),
     "softplus": ("beta", "threshold"),  # log(1 + exp(beta * x)) / beta; x where beta * x > threshold
+    # torch's Hardshrink: x where |x| > lambd, else 0; Softshrink: x - lambd where x > lambd, x + lambd where
+    # x < -lambd, else 0 (lambd at least 0); Threshold: x where x > threshold, else value (ONNX's Shrink is either
+    # shrink, of a bias of 0 or of lambd)
+    "hardshrink": ("lambd",),
+    "softshrink": ("lambd",),
+    "threshold": ("threshold", "value"),
     "mish": (),  # x * tanh(softplus(x))
     "maxpool2d": ("kernel_size", "stride", "padding", "ceil_mode"),
     "avgpool2d": ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad"),
@@ -165,6 +171,7 @@ _FLAGS: Dict[str, Tuple[str, ...]] = {
                                    "leaky_relu", "elu", "mish",
                                    "hardtanh",
                                    "selu", "celu",
+                                   "threshold",
                                    "identity", "dropout")},
 }
 #: Op -> attributes that must be numbers where given: (name, least, most); None: no bound. A dropout's
@@ -180,6 +187,8 @@ _NUMBERS: Dict[str, Tuple[Tuple[str, Any, Any], ...]] = {
     "leaky_relu": (("negative_slope", None, None),), "elu": (("alpha", None, None),),
     "softplus": (("beta", None, None), ("threshold", None, None)),
     "celu": (("alpha", None, None),),
+    "hardshrink": (("lambd", None, None),), "softshrink": (("lambd", 0, None),),
+    "threshold": (("threshold", None, None), ("value", None, None)),
     "local_response_norm": (("alpha", None, None), ("beta", None, None), ("k", None, None)),
     "pad": (("value", None, None),),
     "pow": (("exponent", None, None),),

@@ -15,6 +15,7 @@ _UNARY = ("relu", "relu6", "hardswish", "sigmoid", "hardsigmoid", "silu", "gelu"
           "leaky_relu", "elu", "softplus", "mish",
           "hardtanh",
           "selu", "celu",
+          "hardshrink", "softshrink", "threshold",
           "pow", "exp", "abs")
 
 #: op -> (fewest, most) inputs; None = no upper bound
