@@ -1473,6 +1473,31 @@ def test_allocation_model_writes_down_shrinks_and_thresholds_as_traced():
     assert kernels.count("aten.hardshrink_backward.default") == kernels.count("aten.softshrink_backward.default") == 3
 
 
+def test_allocation_model_writes_down_a_log_sigmoid_as_cuda_runs_it():
+    """aten.log_sigmoid_forward makes its output and a buffer that its backward keeps with its input: empty on CUDA
+    (measured on torch 2.11), of the input's size on the meta device, whose trace took it for CUDA's. The trace now
+    makes it empty, as CUDA does; the model writes the log-sigmoid down as the trace records it."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1, self.c2, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3), nn.Linear(8, 5)
+            self.act = nn.LogSigmoid()
+
+        def forward(self, x):
+            return self.fc(F.logsigmoid(self.c2(self.act(self.c1(x)))).mean((2, 3)))
+
+    desc = describe(Net(), [3, 8, 8], "logsig")
+    model, traced = record_events(desc, 3, steps=3, method="model"), record_events(desc, 3, steps=3, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+    made = sorted(size for kind, _, size, op in traced if kind == ALLOC and op == "aten.log_sigmoid_forward.default")
+    assert made == sorted([0, 0, 3 * 8 * 8 * 8 * 4, 3 * 8 * 6 * 6 * 4] * 3)  # outputs, and empty buffers
+
+
 def test_allocation_model_writes_down_selu_and_celu_as_traced():
     """Measured on torch 2.14: a SELU runs aten.elu (of a scale), a CELU aten.celu; each keeps its input, or in place
     its result, and its backward is aten.elu_backward. The model writes them down as the meta trace records them."""

@@ -945,6 +945,25 @@ def test_shrinks_and_thresholds_keep_what_torch_keeps_for_them():
     assert not nf.unsupported
 
 
+def test_a_log_sigmoid_keeps_its_input_and_on_a_cpu_its_buffer():
+    """A log-sigmoid keeps its input and a buffer, which CUDA leaves empty (measured on torch 2.11) and a CPU makes of
+    the input's size: under a CPU's rules the description keeps per sample exactly what autograd keeps here, under a
+    GPU's one output fewer."""
+    pytest.importorskip("torch")
+    from torch import nn
+
+    from perf4sight.features.step_runtime import CPU_MASK_BYTES, StepRuntime
+    from perf4sight.ir.from_torch import describe
+
+    net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.LogSigmoid(), nn.Conv2d(8, 4, 3), nn.Flatten(), nn.Linear(144, 10))
+    desc = describe(net, [3, 10, 10], "logsig")
+    at2, at4 = _module_saved_bytes(net, [3, 10, 10], 2), _module_saved_bytes(net, [3, 10, 10], 4)
+    cpu, gpu = network_features(desc, runtime=StepRuntime(dropout_mask_bytes=CPU_MASK_BYTES)), network_features(desc)
+    assert cpu.per_sample["saved_bytes"] + cpu.per_sample["input_bytes"] == (at4 - at2) / 2
+    assert cpu.per_sample["saved_bytes"] - gpu.per_sample["saved_bytes"] == 8 * 8 * 8 * 4
+    assert not gpu.unsupported
+
+
 def _circular_pad_run(pads: list[int], shape: list[int]) -> tuple[list, list]:
     """The aten ops a circular pad of a [1, *shape] leaf runs forward and backward: :func:`_ops_run`."""
     import torch.nn.functional as F

@@ -1116,6 +1116,33 @@ def test_hardshrink_softshrink_and_threshold_are_described_and_rebuilt():
         NetworkDescription.from_dict(bad)
 
 
+def test_a_log_sigmoid_is_described_and_rebuilt():
+    """LogSigmoid (nn.LogSigmoid, F.logsigmoid) was refused as a layer without a description op: it is the op
+    log_sigmoid, rebuilt by nn.LogSigmoid, which computes what the module computes and describes back to it."""
+    torch.manual_seed(0)
+    original = nn.Sequential(nn.Conv2d(3, 8, 3), nn.LogSigmoid(), nn.Conv2d(8, 4, 3), nn.Flatten(), nn.Linear(64, 5),
+                             nn.LogSigmoid()).eval()
+    desc = NetworkDescription.from_dict(describe(original, [3, 8, 8], name="logsig").to_dict())
+    assert [n.op for n in desc.nodes] == ["input", "conv2d", "log_sigmoid", "conv2d", "flatten", "linear",
+                                          "log_sigmoid"]
+    _assert_same_function(desc, original, [3, 8, 8])
+    again = describe(build_module(desc), [3, 8, 8], name="logsig")
+    assert [(n.op, n.attrs) for n in again.nodes] == [(n.op, n.attrs) for n in desc.nodes]
+    called = describe(_Called(F.logsigmoid), [3, 8, 8], name="called")
+    assert [n.op for n in called.nodes] == ["input", "conv2d", "log_sigmoid"]
+
+
+class _Called(nn.Module):
+    """A convolution, then ``call`` of its output."""
+
+    def __init__(self, call: Any) -> None:
+        super().__init__()
+        self.conv, self.call = nn.Conv2d(3, 8, 3), call
+
+    def forward(self, x):
+        return self.call(self.conv(x))
+
+
 class _Composed(nn.Module):
     """Softsign, Tanhshrink and Softmin as layers and as calls (F.softsign, F.tanhshrink, F.softmin)."""
 

@@ -1039,6 +1039,25 @@ def test_a_glu_over_the_channels_keeps_its_channels_and_one_over_the_width_is_pr
     assert desc.params == pruned.params == sum(p.numel() for p in m.parameters())
 
 
+def test_the_elementwise_activations_and_a_softmin_over_the_channels_are_pruned_through() -> None:
+    """Softsign, Tanhshrink (described as the ops torch computes them from), Hardshrink, Softshrink, Threshold (in
+    place), LogSigmoid and a Softmin over the channels between convolutions: the plan cuts the channels of the
+    convolutions around them, the variant at level 30 runs and describes with the parameters the plan says."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.Softsign(), nn.Conv2d(16, 16, 3, padding=1),
+                        nn.Tanhshrink(), nn.Hardshrink(0.1), nn.Conv2d(16, 16, 3, padding=1), nn.Softshrink(0.1),
+                        nn.Threshold(0.0, -0.5, inplace=True), nn.Conv2d(16, 16, 1), nn.LogSigmoid(), nn.Softmin(1),
+                        nn.Conv2d(16, 16, 1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 5))
+    pruned = PruningPlan(net, [3, 12, 12], network="acts").prune(30)
+    m = pruned.module
+    assert all(m[i].out_channels < 16 for i in (0, 2, 5, 8, 11)) and abs(pruned.achieved_level - 30) < 2
+    assert m(torch.randn(2, 3, 12, 12)).shape == (2, 5)
+    desc = describe(m.eval(), [3, 12, 12], "acts_l30")
+    assert {"abs", "div", "tanh", "hardshrink", "softshrink", "threshold", "log_sigmoid", "softmax"} <= {
+        n.op for n in desc.nodes}
+    assert desc.params == pruned.params == sum(p.numel() for p in m.parameters())
+
+
 def test_a_local_response_norm_is_pruned_through() -> None:
     """An AlexNet-style local response norm (across neighbouring channels, no parameters) between convolutions: the
     plan cuts the channels of the convolution before it, the variant at level 30 runs and describes with the

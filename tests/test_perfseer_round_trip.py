@@ -60,7 +60,7 @@ class _Views(torch.nn.Module):
     instancenorm (affine), hardtanh, softmax, pixel_unshuffle (of one channel, which ONNX's SpaceToDepth is),
     pixel_shuffle, pads of each mode, prelu (a slope per channel), dropout2d, log_softmax, selu, celu,
     local_response_norm, pow (a sqrt and the power -1 of a quotient), exp, abs, div, var, glu, hardshrink,
-    softshrink and threshold (in place)."""
+    softshrink, threshold (in place) and log_sigmoid."""
 
     def __init__(self):
         super().__init__()
@@ -85,7 +85,7 @@ class _Views(torch.nn.Module):
         z = torch.nn.functional.celu(torch.nn.functional.selu(torch.nn.functional.silu(y)), 0.5)
         w = z / torch.exp(y.abs()).sqrt() + y.var(1, keepdim=True)
         g = torch.nn.functional.hardshrink(torch.nn.functional.glu(torch.cat([w, w], 1)), 0.25)
-        return self.fc(self.cut(torch.nn.functional.softshrink(g, 0.125)))
+        return self.fc(torch.nn.functional.logsigmoid(self.cut(torch.nn.functional.softshrink(g, 0.125))))
 
 
 def _network(name: str):

@@ -116,7 +116,8 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "pow", "exp", "abs", "div", "var", "permute", "layernorm", "scale", "shift", "token",
                      "attention",
                      "glu",
-                     "hardshrink", "softshrink", "threshold"})
+                     "hardshrink", "softshrink", "threshold",
+                     "log_sigmoid"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
                 "gelu": ("gelu", "input"), "sigmoid": ("sigmoid", "result"), "tanh": ("tanh", "result"),
@@ -125,9 +126,12 @@ _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoi
                 "hardtanh": ("hardtanh", "input"),
                 "selu": ("elu", "input"), "celu": ("celu", "input"),
                 "hardshrink": ("hardshrink", "input"), "softshrink": ("softshrink", "input"),
-                "threshold": ("threshold", "input")}
+                "threshold": ("threshold", "input"),
+                # aten.log_sigmoid_forward: its output and a buffer it keeps with its input, which CUDA leaves empty
+                # (no block; the meta trace makes it so: alloc_trace._cuda_outputs)
+                "log_sigmoid": ("log_sigmoid_forward", "input")}
 #: Activations whose backward is another kernel's than ``aten.<name>_backward``: a CELU's is an ELU's.
-_BACKWARD_OF = {"celu": "elu"}
+_BACKWARD_OF = {"celu": "elu", "log_sigmoid_forward": "log_sigmoid"}
 _VIEWS = {"reshape", "flatten", "squeeze", "unsqueeze"}
 #: Ops that take a strided (non-contiguous) input as it is; any other op on one is not covered,
 #: except elementwise ones on inputs whose dimensions keep their order (their output is contiguous).

@@ -153,7 +153,7 @@ def _record(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: int, 
     _fused_mish(model)
     if inplace_relu:
         _inplace_activations(model, relu6_clone)
-    shortcuts = _shape_only_kernels() if fast else {}
+    shortcuts = {**_cuda_outputs(), **(_shape_only_kernels() if fast else {})}
     runs = []
     for b in batch_sizes:
         for p in model.parameters():
@@ -488,6 +488,18 @@ def _shape_only_kernels() -> dict[Any, Any]:
             aten.threshold_backward.default: same_shape(), aten.hardtanh_backward.default: same_shape(),
             aten.mish_backward.default: same_shape(),
             aten.gt.Scalar: same_shape(torch.bool), aten.lt.Scalar: same_shape(torch.bool)}
+
+
+def _cuda_outputs() -> dict[Any, Any]:
+    """Kernels whose outputs on CUDA differ from the meta kernel's (applied in every trace, as
+    :func:`_shape_only_kernels`'s stand-ins are): ``log_sigmoid_forward``'s buffer, which its backward keeps, is
+    empty on CUDA (measured on torch 2.11), of the input's size on the CPU and the meta device."""
+    import torch
+
+    def log_sigmoid_forward(x):  # noqa: ANN001, ANN202
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device), x.new_empty((0,))
+
+    return {torch.ops.aten.log_sigmoid_forward.default: log_sigmoid_forward}
 
 
 def _replace_modules(model: Any, replacement: Callable[[Any], Any]) -> None:

@@ -659,6 +659,10 @@ HANDLERS: dict[str, Handler] = {
     # threshold_backward), each keeping its input, a threshold in place a clone of its input (measured on torch 2.14
     # and, on CUDA, 2.11): two compares (|x| against lambd) and a select; the compares and a subtract or add; one
     # compare and a select. Each backward the compares again and a select of the gradient
+    # min(x, 0) - log1p(exp(-|x|)), about 5 FLOPs an element as softplus's; backward (aten.log_sigmoid_backward)
+    # the exp again, a divide and the selects, about 4. It keeps its input and a buffer, which CUDA leaves empty
+    # (measured on torch 2.11: 0 elements) and a CPU makes of the input's size (StepRuntime.applied)
+    "log_sigmoid": _pointwise(5, [0], 4),
     "hardshrink": _pointwise(2, [0], 2),
     "softshrink": _pointwise(3, [0], 2),
     "threshold": _pointwise(1, [0], 1),

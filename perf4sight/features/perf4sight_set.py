@@ -164,7 +164,8 @@ def perf4sight_vectors(desc: NetworkDescription) -> tuple[np.ndarray, np.ndarray
                          "selu", "celu",
                          "pow", "exp", "abs",
                          "glu",
-                         "hardshrink", "softshrink", "threshold"):
+                         "hardshrink", "softshrink", "threshold",
+                         "log_sigmoid"):
             scaled[_IDX["act_elems"]] += out
         elif "pool" in node.op:
             scaled[_IDX["pool_elems"]] += numel(shapes[node.inputs[0]])

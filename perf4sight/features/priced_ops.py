@@ -53,7 +53,9 @@ _PRICED_AS = {"leaky_relu": "relu", "hardtanh": "relu6",
               # not measured: a half of the input times the sigmoid of the other, silu's work an output element
               "glu": "silu",
               # not measured: one elementwise kernel of compares and a select each way, keeping the input, as relu's
-              "hardshrink": "relu", "softshrink": "relu", "threshold": "relu"}
+              "hardshrink": "relu", "softshrink": "relu", "threshold": "relu",
+              # not measured: -softplus(-x), a softplus's kernel each way
+              "log_sigmoid": "softplus"}
 
 
 def check_prices(data: Any, where: str) -> dict[str, dict[int, float]]:

@@ -138,11 +138,14 @@ class StepRuntime:
         """``cost``, an op of kind ``op`` as its formula counts it (``formulas.HANDLERS``: the older torch's ReLU6, a
         one-byte dropout mask), with what it keeps for backward under these rules: a ReLU6's or a hardtanh's
         input (``saved`` [0]) on torch >= 1.10, a dropout's mask at :attr:`dropout_mask_bytes` an element
-        (``extra_saved_bytes``)."""
+        (``extra_saved_bytes``), and on a CPU (its four-byte mask) a log-sigmoid's buffer, of its output's bytes,
+        which CUDA leaves empty."""
         if op in ("relu6", "hardtanh") and self.relu6_clone:  # hardtanh_ is ReLU6's kernel
             return replace(cost, saved=[0])
         if op == "dropout" and self.dropout_mask_bytes != CUDA_MASK_BYTES:
             return replace(cost, extra_saved_bytes=cost.extra_saved_bytes * self.dropout_mask_bytes)
+        if op == "log_sigmoid" and self.dropout_mask_bytes == CPU_MASK_BYTES:  # a CPU's: its buffer, output-sized
+            return replace(cost, extra_saved_bytes=cost.extra_saved_bytes + cost.bytes_written)
         return cost
 
     def with_op_prices(self, table: dict[str, dict[int, float]] | None) -> "StepRuntime":

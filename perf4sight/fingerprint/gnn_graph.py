@@ -57,7 +57,8 @@ OP_TOKEN: dict[str, str] = {**{op: op for op in OP_VOCAB},
                             # a half of the input times the sigmoid of the other: silu's work an output element
                             "glu": "silu",
                             # a value kept or replaced by a compare, as relu's
-                            "hardshrink": "relu", "softshrink": "relu", "threshold": "relu"}
+                            "hardshrink": "relu", "softshrink": "relu", "threshold": "relu",
+                            "log_sigmoid": "sigmoid"}
 _ATTRS = ("in_ch", "out_ch", "kernel_h", "kernel_w", "stride", "padding", "dilation", "groups", "bias", "depthwise")
 _COSTS = ("out_elems", "out_rank", "macs", "flops_fwd", "flops_bwd", "bytes_read", "bytes_written", "params",
           "kernels_fwd", "kernels_bwd", "saved_bytes", "n_inputs")

@@ -102,6 +102,7 @@ ONNX_TO_OP: dict[str, str] = {
     # ONNX's ThresholdedRelu (alpha, 1 where not given) is a threshold of value 0; ours of any value a type of this
     # tool's own
     "ThresholdedRelu": "threshold", "Threshold": "threshold",
+    "LogSigmoid": "log_sigmoid",  # no ONNX op (torch's exporter writes a Sigmoid and a Log): a type of our own
 }
 #: Our op -> ONNX op type. Five of ours share a type with another: ``permute`` is a ``Transpose`` of more than two
 #: axes; ``scale``, ``shift`` and ``token`` are a ``Mul``, an ``Add`` and a ``Concat`` with a learnt tensor (an ONNX

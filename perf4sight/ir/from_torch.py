@@ -340,6 +340,7 @@ MODULE_OPS: list[tuple[type, Callable[[Any], tuple[str, dict]]]] = [
     (nn.Mish, _inplace("mish")),
     (nn.SELU, _inplace("selu")),
     (nn.CELU, lambda m: _celu_attrs(m.alpha, m.inplace)),
+    (nn.LogSigmoid, lambda m: ("log_sigmoid", {})),
     (nn.Hardshrink, lambda m: ("hardshrink", {"lambd": float(m.lambd)})),
     (nn.Softshrink, lambda m: ("softshrink", {"lambd": float(m.lambd)})),
     (nn.Threshold, lambda m: _threshold_attrs(m.threshold, m.value, m.inplace)),
@@ -521,6 +522,7 @@ for _key in (F.selu, F.selu_, torch.selu, torch.selu_):
 for _key in (F.celu, F.celu_, torch.celu, torch.celu_):
     FUNCTION_OPS[_key] = lambda n: _celu_attrs(_arg(n, 1, "alpha", 1.0), bool(_arg(n, 2, "inplace", False))
                                                or n.target in (F.celu_, torch.celu_))
+FUNCTION_OPS[F.logsigmoid] = lambda n: ("log_sigmoid", {})
 for _key, _op in ((torch.hardshrink, "hardshrink"), ("hardshrink", "hardshrink"), (F.softshrink, "softshrink")):
     FUNCTION_OPS[_key] = (lambda op: lambda n: (op, {"lambd": float(_arg(n, 1, "lambd", 0.5))}))(_op)
 for _key in (F.threshold, torch.threshold, torch.threshold_):  # F.threshold_ is torch.threshold_

@@ -42,6 +42,7 @@ OPS: Dict[str, Tuple[str, ...]] = {
     "hardshrink": ("lambd",),
     "softshrink": ("lambd",),
     "threshold": ("threshold", "value"),
+    "log_sigmoid": (),  # log(sigmoid(x)): torch's LogSigmoid
     "mish": (),  # x * tanh(softplus(x))
     "maxpool2d": ("kernel_size", "stride", "padding", "ceil_mode"),
     "avgpool2d": ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad"),

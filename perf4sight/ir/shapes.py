@@ -16,6 +16,7 @@ _UNARY = ("relu", "relu6", "hardswish", "sigmoid", "hardsigmoid", "silu", "gelu"
           "hardtanh",
           "selu", "celu",
           "hardshrink", "softshrink", "threshold",
+          "log_sigmoid",
           "pow", "exp", "abs")
 
 #: op -> (fewest, most) inputs; None = no upper bound

@@ -261,6 +261,7 @@ MODULE_BUILDERS: Dict[str, Callable[..., nn.Module]] = {
     "elu": lambda a, **f: nn.ELU(float(a["alpha"]), inplace=bool(a.get("inplace", False))),
     "selu": lambda a, **f: nn.SELU(inplace=bool(a.get("inplace", False))),
     "celu": lambda a, **f: nn.CELU(float(a["alpha"]), inplace=bool(a.get("inplace", False))),
+    "log_sigmoid": lambda a, **f: nn.LogSigmoid(),
     "hardshrink": lambda a, **f: nn.Hardshrink(float(a["lambd"])),
     "softshrink": lambda a, **f: nn.Softshrink(float(a["lambd"])),
     "threshold": lambda a, **f: nn.Threshold(float(a["threshold"]), float(a["value"]),
