@@ -1116,31 +1116,28 @@ def test_hardshrink_softshrink_and_threshold_are_described_and_rebuilt():
         NetworkDescription.from_dict(bad)
 
 
+class _LogSigmoids(nn.Module):
+    """nn.LogSigmoid and F.logsigmoid."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.act, self.c2, self.fc = nn.Conv2d(3, 8, 3), nn.LogSigmoid(), nn.Conv2d(8, 4, 3), nn.Linear(64, 5)
+
+    def forward(self, x):
+        return F.logsigmoid(self.fc(self.c2(self.act(self.c1(x))).flatten(1)))
+
+
 def test_a_log_sigmoid_is_described_and_rebuilt():
     """LogSigmoid (nn.LogSigmoid, F.logsigmoid) was refused as a layer without a description op: it is the op
     log_sigmoid, rebuilt by nn.LogSigmoid, which computes what the module computes and describes back to it."""
     torch.manual_seed(0)
-    original = nn.Sequential(nn.Conv2d(3, 8, 3), nn.LogSigmoid(), nn.Conv2d(8, 4, 3), nn.Flatten(), nn.Linear(64, 5),
-                             nn.LogSigmoid()).eval()
+    original = _LogSigmoids().eval()
     desc = NetworkDescription.from_dict(describe(original, [3, 8, 8], name="logsig").to_dict())
     assert [n.op for n in desc.nodes] == ["input", "conv2d", "log_sigmoid", "conv2d", "flatten", "linear",
                                           "log_sigmoid"]
     _assert_same_function(desc, original, [3, 8, 8])
     again = describe(build_module(desc), [3, 8, 8], name="logsig")
     assert [(n.op, n.attrs) for n in again.nodes] == [(n.op, n.attrs) for n in desc.nodes]
-    called = describe(_Called(F.logsigmoid), [3, 8, 8], name="called")
-    assert [n.op for n in called.nodes] == ["input", "conv2d", "log_sigmoid"]
-
-
-class _Called(nn.Module):
-    """A convolution, then ``call`` of its output."""
-
-    def __init__(self, call: Any) -> None:
-        super().__init__()
-        self.conv, self.call = nn.Conv2d(3, 8, 3), call
-
-    def forward(self, x):
-        return self.call(self.conv(x))
 
 
 class _Composed(nn.Module):
@@ -2090,11 +2087,14 @@ class _Then(nn.Module):
     (lambda m, y: m.norm(y), 4, 6, "more than 1 spatial element"),  # a 1x1 map
     (lambda m, y: y.mean((2, -2)), 16, 3, "appears multiple times"),
     (lambda m, y: F.dropout(y, 1.5), 64, 3, "dropout probability has to be between 0 and 1"),
-    (lambda m, y: y.clamp(), 64, 3, "At least one of 'min' or 'max'")])
+    (lambda m, y: y.clamp(), 64, 3, "At least one of 'min' or 'max'"),
+    (lambda m, y: F.glu(y, 2), 18, 4, "Halving dimension must be even"),
+    (lambda m, y: F.softshrink(y, -0.5), 64, 3, "lambda must be in range")])
 def test_the_meta_shape_propagation_refuses_what_torch_refuses(op, features, kernel, says):
     """An instance norm of a 1x1 map, a mean over a dim named twice, a dropout of a probability over 1, a clamp to
-    no bound: torch refuses each, and the meta shape propagation answered each with a tensor, a network torch cannot
-    run described. Each is left to torch now, whose reason the description's error gives."""
+    no bound, a GLU along a dim of odd size, a softshrink of a negative lambd: torch refuses each, and the meta shape
+    propagation must not answer it with a tensor (a network torch cannot run described). Each is left to torch,
+    whose reason the description's error gives."""
     module = _Then(op, features, kernel).eval()
     with pytest.raises((RuntimeError, ValueError), match=re.escape(says)):
         module(torch.randn(2, 3, 6, 6))
@@ -2122,8 +2122,9 @@ def test_a_clamp_to_a_tensor_s_bound_records_the_shape_it_broadcasts_to():
 
 
 def test_a_users_network_is_described_without_torchs_compiler_import():
-    """torch's Python meta kernels (arithmetic, activations, norms, means, adaptive pools, concatenations; PReLU's
-    and a log-softmax's, the layers and the calls) import torch._dynamo on their first call: 3-4 s of a user's first
+    """torch's Python meta kernels (arithmetic, activations, norms, means, adaptive pools, concatenations; PReLU's,
+    a log-softmax's, a GLU's, the shrinks', a threshold's, a log-sigmoid's, Softsign's, Tanhshrink's and Softmin's, the
+    layers and the calls) import torch._dynamo on their first call: 3-4 s of a user's first
     description in a process without torchvision. A fresh process describes such networks without importing it
     (asked after each), each description the same as this process's."""
     import subprocess
@@ -2131,7 +2132,7 @@ def test_a_users_network_is_described_without_torchs_compiler_import():
     from pathlib import Path
 
     tests = Path(__file__).resolve().parent
-    networks = ["_CommonCalls", "_SrganBlock"]
+    networks = ["_CommonCalls", "_SrganBlock", "_Gated", "_Shrinks", "_Composed", "_LogSigmoids"]
     code = (f"import sys, torch; sys.path.insert(0, {str(tests)!r}); from test_ir import {', '.join(networks)}; "
             "from perf4sight.ir.from_torch import describe\n"
             f"for network in ({', '.join(networks)}):\n"

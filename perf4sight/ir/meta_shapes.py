@@ -24,7 +24,8 @@ __all__ = ["MetaShapeProp"]
 
 #: Layers whose output is a tensor of their input's shape and type, whatever it holds.
 _SHAPE_KEEPING = (nn.ReLU, nn.ReLU6, nn.Hardswish, nn.Hardsigmoid, nn.SiLU, nn.GELU, nn.Sigmoid, nn.Tanh,
-                  nn.LeakyReLU, nn.ELU, nn.Softplus, nn.Mish, nn.Dropout, nn.Dropout2d, nn.Identity, nn.Hardtanh)
+                  nn.LeakyReLU, nn.ELU, nn.Softplus, nn.Mish, nn.Dropout, nn.Dropout2d, nn.Identity, nn.Hardtanh,
+                  nn.LogSigmoid, nn.Hardshrink, nn.Threshold, nn.Softsign, nn.Tanhshrink)
 #: Dropouts of channels (the layer, the call), answered of a [N, C, L] or [N, C, H, W] input alone: torch refuses a
 #: smaller one in training (it reads a vector as no channels) and warns of any other.
 _CHANNEL_DROPOUTS = (nn.Dropout2d, F.dropout2d)
@@ -33,6 +34,8 @@ _SHAPE_KEEPING_CALLS = frozenset({F.relu, F.relu_, torch.relu, torch.relu_, F.re
                                   F.leaky_relu, F.leaky_relu_, F.elu, F.elu_, F.gelu, F.silu, F.hardswish,
                                   F.hardsigmoid, torch.sigmoid, torch.tanh, F.mish, F.softplus, F.dropout,
                                   F.dropout2d,
+                                  F.logsigmoid, torch.hardshrink, "hardshrink", F.threshold, torch.threshold,
+                                  torch.threshold_, F.softsign, F.tanhshrink,
                                   "relu", "relu_", "sigmoid", "sigmoid_", "tanh", "tanh_", "clamp", "clamp_"})
 #: Elementwise arithmetic of two operands (tensors or numbers), broadcast.
 _ARITHMETIC = frozenset({operator.add, operator.sub, operator.mul, operator.truediv, operator.iadd, operator.isub,
@@ -106,6 +109,12 @@ def _module_output(m: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
         return _empty(x.shape, x) if ok and (kind is nn.BatchNorm2d or x.shape[2] * x.shape[3] > 1) else None
     if kind is nn.GroupNorm:
         return _empty(x.shape, x) if x.dim() >= 2 and x.shape[1] == m.num_channels else None
+    if kind is nn.Softshrink:  # torch refuses a negative lambd
+        return _empty(x.shape, x) if m.lambd >= 0 else None
+    if kind is nn.GLU:
+        return _glu(x, m.dim)
+    if kind is nn.Softmin:
+        return _softmin(x, m.dim)
     if kind is nn.PReLU:  # one slope, or one per channel (dim 1), of the input's type (torch promotes none)
         return _prelu(x, m.weight)
     if kind is nn.LogSoftmax:
@@ -140,9 +149,36 @@ def _call_output(target: Any, args: Any, kwargs: Any) -> torch.Tensor | None:
             return None
     if target in _PRELUS and x.is_contiguous():
         return _prelu(*args, **kwargs)
+    if target is F.glu and x.is_contiguous():
+        try:
+            return _glu(*args, **kwargs)
+        except TypeError:  # arguments torch's own kernel will judge
+            return None
+    if target is F.softmin and x.is_contiguous() and len(args) <= 2 and kwargs.get("dtype") is None \
+            and set(kwargs) <= {"dim", "_stacklevel", "dtype"}:  # the call's keywords as fx records them
+        return _softmin(x, args[1] if len(args) > 1 else kwargs.get("dim"))
+    if target is F.softshrink and x.is_contiguous() and len(args) + len(kwargs) <= 2:
+        lambd = args[1] if len(args) > 1 else kwargs.get("lambd", 0.5)
+        return _empty(x.shape, x) if isinstance(lambd, (int, float)) and lambd >= 0 else None
     if target is F.adaptive_avg_pool2d and len(args) + len(kwargs) == 2 and x.is_contiguous():
         return _adaptive_pool(x, args[1] if len(args) == 2 else kwargs.get("output_size"))
     return None
+
+
+def _glu(x: torch.Tensor, dim: Any = -1) -> torch.Tensor | None:
+    """``glu(x, dim)``: ``x`` halved along ``dim``, whose size must be even; None for anything else."""
+    if not isinstance(dim, int) or isinstance(dim, bool) or not -x.dim() <= dim < x.dim() or x.shape[dim] % 2:
+        return None
+    shape = list(x.shape)
+    shape[dim] //= 2
+    return _empty(shape, x)
+
+
+def _softmin(x: torch.Tensor, dim: Any) -> torch.Tensor | None:
+    """``softmin(x, dim)`` along a dim of ``x`` (its shape kept); None for anything else (torch's implicit dim)."""
+    if not isinstance(dim, int) or isinstance(dim, bool) or not -x.dim() <= dim < x.dim():
+        return None
+    return _empty(x.shape, x)
 
 
 def _shape_keeping_args(target: Any, args: Any, kwargs: Any) -> bool:
