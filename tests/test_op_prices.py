@@ -196,6 +196,23 @@ def test_the_ops_added_later_take_their_own_price_and_an_older_tables_borrowed_o
                                                                                  - own["pad_circular"]) * 1e-6)
 
 
+def test_the_activations_the_profile_does_not_measure_take_a_measured_ops_price():
+    """A GLU takes silu's price per element of its input (it reads two an output element), a hardshrink, a
+    softshrink and a threshold relu's, a log-sigmoid softplus's (and where the table lacks it, sigmoid's), each per
+    element of its output at its map's side."""
+    net = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.GLU(1), nn.Hardshrink(), nn.Softshrink(),
+                        nn.Threshold(0.1, 0.0), nn.LogSigmoid())
+    desc = describe(net, SHAPE, name="acts")
+    sides = {s: float(s) for s in SIDES}  # a price that names its side
+    table = {"silu": sides, "relu": {s: 1.0 for s in SIDES}, "softplus": {s: 3.0 for s in SIDES},
+             "sigmoid": {s: 5.0 for s in SIDES}}
+    out = 8 * 16 * 16
+    ns = 2 * out * 16.0 + 3 * out * 1.0 + out * 3.0
+    assert priced_ms_per_sample(desc, prices_key(table)) == pytest.approx(ns * 1e-6)
+    without = {op: v for op, v in table.items() if op != "softplus"}
+    assert priced_ms_per_sample(desc, prices_key(without)) == pytest.approx((ns + out * 2.0) * 1e-6)
+
+
 def test_a_table_measured_before_the_ops_were_added_is_measured_again_and_priced_until_then(tmp_path):
     """The runner measures a table that lacks an op of PRICED_OPS again (the same threads and torch), and one whose
     torch lacked it stays; the fingerprint stage reads the older table as it is."""
