@@ -87,6 +87,10 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
   gradient and the slopes' per element, summed down to the slopes (:func:`_prelu`). A dropout2d allocates a
   noise per sample and channel, then its output (the input times the noise); it keeps the noise. A dropout of
   ``p`` 0 (either kind) is the input handed back, as an identity is.
+  A GLU allocates its output (half its input) and keeps its input; its backward allocates the input's gradient
+  (:func:`_glu`). A hardshrink, a softshrink and a threshold keep their input, a threshold in place a clone of its
+  input (made before it runs, as a mish's). A log-sigmoid keeps its input and a buffer that CUDA leaves empty (no
+  block; a CPU's is of the input's size).
 """
 from __future__ import annotations
 
