@@ -1569,3 +1569,27 @@ def test_a_dropout_of_p_zero_is_the_input_handed_back_as_traced():
     ones = describe(Off(1.0), [3, 8, 8], "ones")
     with pytest.raises(UserError, match="dropout2d with p 1"):
         record_events(ones, 3, method="model")
+
+
+def test_a_channel_shuffle_allocates_what_torchs_channel_shuffle_does():
+    """A channel shuffle is described as a view, a transpose and a reshape (a copy): the allocation model writes it
+    down as the meta trace records it, and the trace of the rebuilt network allocates and frees the same sizes in the
+    same order as torch's own aten.channel_shuffle of the module (one output-sized copy forward, one backward)."""
+    import torch
+    from torch import nn
+
+    from perf4sight.features.alloc_trace import _OptimizerStep, _trace
+    from perf4sight.features.optimizers import PERF4SIGHT_MOMENTUM
+    from perf4sight.ir.from_torch import describe
+
+    torch.manual_seed(0)
+    original = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(inplace=True), nn.ChannelShuffle(4),
+                             nn.Conv2d(8, 6, 3, groups=2), nn.ChannelShuffle(3), nn.Flatten(), nn.Linear(6 * 6 * 6, 5))
+    desc = describe(original, [3, 8, 8], "shuffled")
+    model, traced = record_events(desc, 3, steps=3, method="model"), record_events(desc, 3, steps=3, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+    step = _OptimizerStep("sgd", 0.1, PERF4SIGHT_MOMENTUM, None)
+    own = _trace(original.to("meta").train(), desc, 3, 3, step, {}, False)
+    assert sum(op == "aten.channel_shuffle.default" for _, _, _, op in own) == 2 * 2 * 3  # forward and backward
+    sizes = [event[:2] for event in _as_replayed(traced)]  # the allocating op left out: torch's is channel_shuffle
+    assert sizes == [event[:2] for event in _as_replayed(own)]

@@ -2512,3 +2512,36 @@ def test_the_meta_shape_propagation_records_what_torch_records_of_the_new_layers
         recorded.append([(n.name, tuple(n.meta["tensor_meta"].shape), n.meta["tensor_meta"].dtype)
                          for n in gm.graph.nodes if hasattr(n.meta.get("tensor_meta"), "shape")])
     assert recorded[0] == recorded[1]
+
+
+class _Shuffled(nn.Module):
+    """ShuffleNet's shuffle as the layer (nn.ChannelShuffle), the call (F.channel_shuffle) and torch's, of a map and
+    of a [N, C, L] sequence."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.shuffle, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.ChannelShuffle(2), nn.Conv2d(8, 6, 1)
+
+    def forward(self, x):
+        y = self.c2(F.channel_shuffle(self.shuffle(self.c1(x)), 4))
+        return torch.channel_shuffle(y.flatten(2), 3).mean(2)
+
+
+def test_a_channel_shuffle_is_a_view_a_transpose_and_a_reshape():
+    """nn.ChannelShuffle and F.channel_shuffle were refused as layers without a description op: each is the view into
+    [g, C / g, *] groups, the swap of the two and the reshape back torch's math_channel_shuffle computes (ShuffleNet's
+    hand-written shuffle), which the rebuilt network computes as the original does, and the view describes back to."""
+    torch.manual_seed(0)
+    original = _Shuffled().eval()
+    desc = NetworkDescription.from_dict(describe(original, [3, 6, 6], name="shuffled").to_dict())
+    assert [(n.op, n.attrs, n.output_shape) for n in desc.nodes if n.op in ("reshape", "transpose")] == [
+        ("reshape", {"shape": [2, 4, 6, 6]}, [2, 4, 6, 6]), ("transpose", {"dim0": 1, "dim1": 2}, [4, 2, 6, 6]),
+        ("reshape", {"shape": [8, 6, 6]}, [8, 6, 6]),
+        ("reshape", {"shape": [4, 2, 6, 6]}, [4, 2, 6, 6]), ("transpose", {"dim0": 1, "dim1": 2}, [2, 4, 6, 6]),
+        ("reshape", {"shape": [8, 6, 6]}, [8, 6, 6]),
+        ("reshape", {"shape": [3, 2, 36]}, [3, 2, 36]), ("transpose", {"dim0": 1, "dim1": 2}, [2, 3, 36]),
+        ("reshape", {"shape": [6, 36]}, [6, 36])]
+    assert desc.node("shuffle").inputs == ["shuffle_swapped_1"] and desc.node("c2").inputs == ["channel_shuffle"]
+    _assert_same_function(desc, original, [3, 6, 6])
+    again = describe(build_module(desc), [3, 6, 6], name="shuffled")
+    assert [(n.op, n.attrs) for n in again.nodes] == [(n.op, n.attrs) for n in desc.nodes]

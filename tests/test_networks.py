@@ -1132,3 +1132,32 @@ def test_stage_prunes_a_network_whose_convolutions_pad_by_reflection(tmp_path: P
     assert pruned.params == int(rows[1]["params"])
     assert [n.attrs["out_channels"] for n in pruned.nodes if n.op == "conv2d"][-1] == 3
     assert any(n.attrs["out_channels"] < 16 for n in pruned.nodes if n.op == "conv2d")
+
+
+class _ShuffledBlock(nn.Module):
+    """A stem and a residual block whose convolution's output is shuffled in four groups by nn.ChannelShuffle."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.conv = nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(16, 16, 3, padding=1)
+        self.shuffle, self.mix = nn.ChannelShuffle(4), nn.Conv2d(16, 16, 1)
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, CLASSES))
+
+    def forward(self, x):
+        x = self.stem(x)
+        return self.head(self.mix(self.shuffle(torch.relu(self.conv(x)))) + x)
+
+
+def test_a_network_with_a_channel_shuffle_layer_is_pruned_with_the_shuffled_channels_whole() -> None:
+    """torch-pruning does not follow a channel shuffle (it moves channel i of a group to another place): the layer
+    it reads keeps its channels whole, so that its groups stay whole, and the rest is cut; each pruned network runs
+    and describes (its shuffle a view, a transpose and a reshape of 16 channels)."""
+    plan = PruningPlan(_ShuffledBlock(), [3, 16, 16], min_channels=2, network="shuffled")
+    for level in (20, 50):
+        pruned = plan.prune(level)
+        assert pruned.achieved_level == pytest.approx(level, abs=2)
+        conv = pruned.module.conv
+        assert conv.out_channels == 16 and conv.in_channels < 16 and pruned.module.mix.in_channels == 16
+        assert pruned.module(torch.randn(2, 3, 16, 16)).shape == (2, CLASSES)
+        desc = describe(pruned.module, [3, 16, 16], name=f"shuffled_l{level}")
+        assert [n.attrs["shape"] for n in desc.nodes if n.op == "reshape"] == [[4, 4, 16, 16], [16, 16, 16]]

@@ -1677,6 +1677,36 @@ def _stack_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[
     return unsqueezed + [Node(n.name, "cat", [u.name for u in unsqueezed], {"dim": dim}, out)]
 
 
+_CHANNEL_SHUFFLES = {torch.channel_shuffle, torch.native_channel_shuffle, F.channel_shuffle,
+                     F.native_channel_shuffle}
+
+
+def _channel_shuffle_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Node] | None:
+    """``nn.ChannelShuffle(g)``, ``F.channel_shuffle(x, g)`` (ShuffleNet's shuffle of a [N, C, *] map) as torch's
+    math_channel_shuffle computes it: a view into [g, C / g, *] groups, the two group dimensions swapped, and a
+    reshape back to [C, *] (a copy). Its one output-sized copy forward and one backward are aten.channel_shuffle's
+    (no tensor kept), so the description is that of a view-and-transpose shuffle written by hand. None for any other
+    node."""
+    if n.op == "call_module" and isinstance(gm.get_submodule(n.target), nn.ChannelShuffle):
+        groups = gm.get_submodule(n.target).groups
+    elif n.op == "call_function" and n.target in _CHANNEL_SHUFFLES:
+        groups = _arg(n, 1, "groups")
+    else:
+        return None
+    source, out = n.args[0], _shape(n)
+    _network_tensor(source, alias, "channel shuffle")
+    channels, rest = out[0], out[1:]
+    taken = {x.name for x in gm.graph.nodes}
+    grouped, swapped = (next(name for name in (f"{n.name}_{what}_{i}" for i in range(1, 99)) if name not in taken)
+                        for what in ("groups", "swapped"))
+    alias[n.name] = n.name
+    g = int(groups)
+    return [Node(grouped, "reshape", [alias[source.name]], {"shape": [g, channels // g, *rest]},
+                 [g, channels // g, *rest]),
+            Node(swapped, "transpose", [grouped], {"dim0": 1, "dim1": 2}, [channels // g, g, *rest]),
+            Node(n.name, "reshape", [swapped], {"shape": out}, out)]
+
+
 _STD_CALLS = {torch.std, "std"}
 
 
@@ -1782,7 +1812,7 @@ def _max_part(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Nod
     if n.op in ("call_function", "call_method") and n.target in _SUM_CALLS and _shape(n) is not None:
         return _sum_nodes(n, gm, alias)
     for rewrite in (_difference_nodes, _quotient_nodes, _conv1d_nodes, _stack_nodes, _std_nodes,
-                    _composed_activation_nodes):
+                    _composed_activation_nodes, _channel_shuffle_nodes):
         nodes = rewrite(n, gm, alias)
         if nodes is not None:
             return nodes
