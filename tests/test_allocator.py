@@ -1593,3 +1593,31 @@ def test_a_channel_shuffle_allocates_what_torchs_channel_shuffle_does():
     assert sum(op == "aten.channel_shuffle.default" for _, _, _, op in own) == 2 * 2 * 3  # forward and backward
     sizes = [event[:2] for event in _as_replayed(traced)]  # the allocating op left out: torch's is channel_shuffle
     assert sizes == [event[:2] for event in _as_replayed(own)]
+
+
+def test_allocation_model_writes_down_rms_norms_as_a_cuda_build_runs_them():
+    """An RMS norm runs on a CUDA build of torch >= 2.8 as its fused kernel: the output and a 1/rms per row, the input
+    and the latter kept; backward one op making the input's gradient and the weight's. The trace runs it so (on the
+    meta device torch runs it op by op), and the model writes it down as the trace records it: over the whole map, of
+    the network input (no input gradient), over the rows without a weight."""
+    from torch import nn
+
+    from perf4sight.features.alloc_trace import _OptimizerStep, _trace
+    from perf4sight.features.optimizers import PERF4SIGHT_MOMENTUM
+    from perf4sight.ir.from_torch import describe
+
+    original = nn.Sequential(nn.RMSNorm([3, 8, 8]), nn.Conv2d(3, 8, 3, padding=1), nn.RMSNorm([8, 8, 8]),
+                             nn.ReLU(), nn.Conv2d(8, 8, 3), nn.RMSNorm(6, elementwise_affine=False), nn.Flatten(),
+                             nn.Linear(8 * 6 * 6, 5))
+    desc = describe(original, [3, 8, 8], "rms")
+    model, traced = record_events(desc, 3, steps=3, method="model"), record_events(desc, 3, steps=3, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+    kernels = [(op, size) for kind, _, size, op in model if kind == ALLOC]
+    rows = [3, 3, 3 * 8 * 6]  # a 1/rms per sample, per sample, per sample, channel and row
+    first_step = [size for op, size in kernels if op == "aten._fused_rms_norm.default"][:6]  # output, 1/rms each
+    assert first_step == [3 * 192 * 4, rows[0] * 4, 3 * 512 * 4, rows[1] * 4, 3 * 288 * 4, rows[2] * 4]
+    assert sum(op == "aten._fused_rms_norm_backward.default" for op, _ in kernels) == (1 + 2 + 1) * 3
+    step = _OptimizerStep("sgd", 0.1, PERF4SIGHT_MOMENTUM, None)
+    own = _trace(original.to("meta").train(), desc, 3, 3, step, {}, False)  # torch's own, op by op
+    assert sum(op == "aten._fused_rms_norm.default" for _, _, _, op in own) == 0
+    assert sum(op == "aten.rsqrt.default" for _, _, _, op in own) == 3 * 3

@@ -96,14 +96,19 @@ def test_self_attention_by_hand():
     assert (token.params, token.flops_fwd, shift.params, shift.flops_fwd) == (8, 0, 48, 48)
 
 
-def _autograd_saved_bytes(desc, batch: int, loss: bool = False, with_input: bool = True) -> float:
+def _autograd_saved_bytes(desc, batch: int, loss: bool = False, with_input: bool = True,
+                          fused_rms_norm: bool = False) -> float:
     """Bytes per sample that autograd keeps for backward in one training forward of ``desc`` built by to_torch (and
     with ``loss``, its cross entropy on random labels, as the profiler's child computes it): each storage once,
-    parameters and buffers aside (and the input batch, unless ``with_input``)."""
+    parameters and buffers aside (and the input batch, unless ``with_input``); with ``fused_rms_norm``, its RMS norms
+    run as a CUDA build runs them (the trace's stand-in), not op by op as on this CPU."""
     import torch
+    from perf4sight.features.alloc_trace import _fused_rms_norm
     from perf4sight.ir.to_torch import build_module
     torch.manual_seed(0)
     model = build_module(desc).train()
+    if fused_rms_norm:
+        _fused_rms_norm(model)
     x = torch.randn(batch, *desc.input_shape)
     own = {t.untyped_storage().data_ptr() for t in list(model.parameters()) + list(model.buffers())}
     if not with_input:
@@ -1116,3 +1121,35 @@ def test_powers_exp_and_abs_count_as_activations_in_perf4sight_s_features():
     add = PERF4SIGHT_FEATURES.index("add_elems")  # a quotient of two tensors, with the adds and multiplies
     assert perf4sight_vectors(_desc(base + [Node("a", "div", ["c", "c"], {}, [4, 8, 8])]))[1][add] == \
         perf4sight_vectors(_desc(base + [Node("a", "mul", ["c", "c"], {}, [4, 8, 8])]))[1][add] > 0
+
+
+def test_an_rms_norm_keeps_what_a_cuda_build_keeps():
+    """An RMS norm keeps its input and a 1/rms per row: exactly what a sample adds to autograd's saved tensors where it
+    runs as CUDA's fused kernel, and, without a weight, on this CPU too (op by op: the square keeps the input, the
+    product the input and the 1/rms); with a weight this CPU keeps the normalised tensor as well. Its FLOPs: 4 an
+    element forward and 9 back with a weight, 3 and 5 without; its weight counted."""
+    pytest.importorskip("torch")
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.RMSNorm([8, 8, 8]), nn.Conv2d(8, 8, 3), nn.RMSNorm(6),
+                        nn.Conv2d(8, 8, 1), nn.RMSNorm([6, 6], elementwise_affine=False), nn.Flatten(),
+                        nn.Linear(8 * 36, 10))
+    desc = describe(net, [3, 10, 10], "rms")
+    norms = [n for n in desc.nodes if n.op == "rmsnorm"]
+    costs = [_cost(n, [desc.node(n.inputs[0]).output_shape]) for n in norms]
+    sizes = [8 * 64, 8 * 36, 8 * 36]
+    assert [(c.flops_fwd, c.flops_bwd, c.params) for c in costs] == [(4 * sizes[0], 9 * sizes[0], 512),
+                                                                     (4 * sizes[1], 9 * sizes[1], 6),
+                                                                     (3 * sizes[2], 5 * sizes[2], 0)]
+    assert [(c.saved, c.extra_saved_bytes) for c in costs] == [([0], 4.0), ([0], 8 * 6 * 4.0), ([0], 8 * 4.0)]
+    nf = network_features(desc)
+    at2, at4 = (b * _autograd_saved_bytes(desc, b, fused_rms_norm=True) for b in (2, 4))
+    assert nf.per_sample["saved_bytes"] + nf.per_sample["input_bytes"] == (at4 - at2) / 2
+    plain = describe(nn.Sequential(nn.Conv2d(3, 8, 3), nn.RMSNorm([8, 8], elementwise_affine=False), nn.Flatten(),
+                                   nn.Linear(8 * 64, 10)), [3, 10, 10], "plain")
+    at2, at4 = (b * _autograd_saved_bytes(plain, b) for b in (2, 4))  # torch's own, op by op
+    nf = network_features(plain)
+    assert nf.per_sample["saved_bytes"] + nf.per_sample["input_bytes"] == (at4 - at2) / 2
+    assert not nf.unsupported

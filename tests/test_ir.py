@@ -2545,3 +2545,53 @@ def test_a_channel_shuffle_is_a_view_a_transpose_and_a_reshape():
     _assert_same_function(desc, original, [3, 6, 6])
     again = describe(build_module(desc), [3, 6, 6], name="shuffled")
     assert [(n.op, n.attrs) for n in again.nodes] == [(n.op, n.attrs) for n in desc.nodes]
+
+
+class _ChannelRMSNorm(nn.Module):
+    """An RMS norm over a map's channels, channels last, by F.rms_norm on its own weight (as ConvNeXt's LayerNorm2d
+    calls F.layer_norm)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(channels) + 0.5)
+
+    def forward(self, x):
+        return F.rms_norm(x.permute(0, 2, 3, 1), (x.shape[1],), self.weight, 1e-5).permute(0, 3, 1, 2)
+
+
+class _RMSNormed(nn.Module):
+    """nn.RMSNorm over a whole map (a weight per element), over its rows without a weight (eps 1e-6), F.rms_norm over
+    the channels on a weight of its own, and over the rows and columns without one (torch's eps)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.n1 = nn.Conv2d(3, 8, 3, padding=1), nn.RMSNorm([8, 6, 6])
+        self.n2, self.n3 = nn.RMSNorm(6, eps=1e-6, elementwise_affine=False), _ChannelRMSNorm(8)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = self.n3(self.n2(self.n1(self.c1(x))))
+        return self.fc(F.rms_norm(y, (6, 6)).mean((2, 3)))
+
+
+def test_an_rms_norm_is_described_and_rebuilt():
+    """nn.RMSNorm and F.rms_norm (torch >= 2.4) were refused as layers without a description op: they are the op
+    rmsnorm (normalized_shape; eps where given, torch's None otherwise; elementwise_affine where false), its weight
+    counted, rebuilt by nn.RMSNorm, which computes what the module computes and describes back to it; a
+    normalized_shape that is not its input's last dimensions is refused when read."""
+    torch.manual_seed(0)
+    original = _RMSNormed().eval()
+    desc = NetworkDescription.from_dict(describe(original, [3, 6, 6], name="rms").to_dict())
+    assert [(n.op, n.attrs, n.output_shape) for n in desc.nodes if n.op == "rmsnorm"] == [
+        ("rmsnorm", {"normalized_shape": [8, 6, 6]}, [8, 6, 6]),
+        ("rmsnorm", {"normalized_shape": [6], "eps": 1e-6, "elementwise_affine": False}, [8, 6, 6]),
+        ("rmsnorm", {"normalized_shape": [8], "eps": 1e-5}, [6, 6, 8]),
+        ("rmsnorm", {"normalized_shape": [6, 6], "elementwise_affine": False}, [8, 6, 6])]
+    assert desc.params == sum(p.numel() for p in original.parameters()) == 3 * 8 * 9 + 8 + 8 * 36 + 8 + 8 * 4 + 4
+    _assert_same_function(desc, original, [3, 6, 6])
+    again = describe(build_module(desc), [3, 6, 6], name="rms")
+    assert [(n.op, n.attrs) for n in again.nodes] == [(n.op, n.attrs) for n in desc.nodes]
+    bad = desc.to_dict()
+    next(n for n in bad["nodes"] if n["op"] == "rmsnorm")["attrs"]["normalized_shape"] = [6, 8]
+    with pytest.raises(UserError, match=r"normalized_shape \[6, 8\] is not the last dimensions"):
+        NetworkDescription.from_dict(bad)

@@ -60,7 +60,7 @@ class _Views(torch.nn.Module):
     instancenorm (affine), hardtanh, softmax, pixel_unshuffle (of one channel, which ONNX's SpaceToDepth is),
     pixel_shuffle, pads of each mode, prelu (a slope per channel), dropout2d, log_softmax, selu, celu,
     local_response_norm, pow (a sqrt and the power -1 of a quotient), exp, abs, div, var, glu, hardshrink,
-    softshrink, threshold (in place) and log_sigmoid."""
+    softshrink, threshold (in place), log_sigmoid and rmsnorm."""
 
     def __init__(self):
         super().__init__()
@@ -72,6 +72,7 @@ class _Views(torch.nn.Module):
         self.up = torch.nn.ConvTranspose2d(8, 8, 3, stride=2, padding=1, output_padding=1, bias=False)
         self.amax = torch.nn.AdaptiveMaxPool2d(2)
         self.fc, self.cut = torch.nn.Linear(8, 10), torch.nn.Threshold(0.0625, -1.0, inplace=True)
+        self.rms = torch.nn.RMSNorm(8, eps=1e-4)
 
     def forward(self, x):
         x = torch.nn.functional.pixel_shuffle(self.widen(torch.nn.functional.pixel_unshuffle(self.gray(x), 2)), 2)
@@ -83,7 +84,7 @@ class _Views(torch.nn.Module):
         y = torch.nn.functional.mish(torch.nn.functional.elu(y.mean(2), 0.5), True)
         y = torch.nn.functional.hardtanh(torch.nn.functional.softplus(y).softmax(-1).log_softmax(1), -0.5, 0.5)
         z = torch.nn.functional.celu(torch.nn.functional.selu(torch.nn.functional.silu(y)), 0.5)
-        w = z / torch.exp(y.abs()).sqrt() + y.var(1, keepdim=True)
+        w = self.rms(z) / torch.exp(y.abs()).sqrt() + y.var(1, keepdim=True)
         g = torch.nn.functional.hardshrink(torch.nn.functional.glu(torch.cat([w, w], 1)), 0.25)
         return self.fc(torch.nn.functional.logsigmoid(self.cut(torch.nn.functional.softshrink(g, 0.125))))
 
@@ -135,7 +136,7 @@ def test_foreign_reading_rebuilds_the_same_network(name):
                          "layernorm", "groupnorm", "scale", "shift", "token", "attention", "conv_transpose2d",
                          "instancenorm", "hardtanh", "softmax", "pad", "pixel_shuffle", "pixel_unshuffle", "prelu",
                          "dropout2d", "log_softmax", "selu", "celu", "local_response_norm",
-                         "glu", "hardshrink", "softshrink")]
+                         "glu", "hardshrink", "softshrink", "rmsnorm")]
     assert views and all(back.node(n.name).attrs == n.attrs for n in views)
     assert network_features(back).per_sample == network_features(desc).per_sample
     assert _output_shape(back) == _output_shape(desc) == [2, 10]
@@ -492,3 +493,19 @@ def test_tx2_rows_come_back_identical(tx2_round_trip):
                {k: v for k, v in orig.items() if k not in ("device", "timestamp")}
         assert not any(v == "nan" or (v and v.lower() == "nan") for v in r.values())
     assert not math.isnan(float(back[0]["latency_ms_median"]))
+
+
+def test_onnx_rms_normalization_is_read():
+    """ONNX's RMSNormalization (opset 23) is an rmsnorm over the dimensions from its axis (-1 where left out), of its
+    epsilon (ONNX's 1e-5 where left out, not torch's None); this tool's own export keeps torch's None by leaving eps
+    out beside its normalized_shape, and a norm without a weight."""
+    g = _foreign([("conv", "Conv", {"kernel_shape": [1, 1], "group": 1}, [2, 3, 4, 4], [2, 3, 4, 4]),
+                  ("last", "RMSNormalization", {}, [2, 3, 4, 4], [2, 3, 4, 4]),
+                  ("map", "RMSNormalization", {"axis": 1, "epsilon": 1e-6}, [2, 3, 4, 4], [2, 3, 4, 4]),
+                  ("ours", "RMSNormalization", {"normalized_shape": [4, 4], "elementwise_affine": False},
+                   [2, 3, 4, 4], [2, 3, 4, 4])])
+    desc, _ = graph_to_description(g, "foreign", "foreign.pkl")
+    assert [(n.op, n.attrs) for n in desc.nodes[2:]] == [
+        ("rmsnorm", {"normalized_shape": [4], "eps": 1e-5}), ("rmsnorm", {"normalized_shape": [3, 4, 4], "eps": 1e-6}),
+        ("rmsnorm", {"normalized_shape": [4, 4], "elementwise_affine": False})]
+    assert desc.params == 3 * 3 + 3 + 4 + 48

@@ -121,7 +121,8 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "attention",
                      "glu",
                      "hardshrink", "softshrink", "threshold",
-                     "log_sigmoid"})
+                     "log_sigmoid",
+                     "rmsnorm"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
                 "gelu": ("gelu", "input"), "sigmoid": ("sigmoid", "result"), "tanh": ("tanh", "result"),
@@ -418,6 +419,8 @@ def _params(node: Node) -> tuple[list[int], list[int]]:
     if node.op == "attention":  # the packed input projection's weight and bias, the output projection's
         e = a["embed_dim"]
         return ([3 * e * e * FLOAT, 3 * e * FLOAT, e * e * FLOAT, e * FLOAT] if a["bias"] else []), []
+    if node.op == "rmsnorm":  # a weight of normalized_shape unless not elementwise_affine; no bias, no buffers
+        return ([prod(a["normalized_shape"]) * FLOAT] if a.get("elementwise_affine", True) else []), []
     if node.op == "linear":
         w = a["out_features"] * a["in_features"] * FLOAT
         return ([w, a["out_features"] * FLOAT] if a["bias"] else [w]), []
@@ -632,7 +635,7 @@ def _lays_out(n: Node) -> bool:
 
 
 def _with_parameters(ctx: _OpContext) -> _Value:
-    """conv2d, conv_transpose2d, batchnorm2d, groupnorm, linear: the layers with parameters (each parameter's
+    """conv2d, conv_transpose2d, batchnorm2d, groupnorm, rmsnorm, linear: the layers with parameters (each parameter's
     gradient: its bytes)."""
     n, x, nbytes = ctx.node, ctx.x, ctx.nbytes
     pbytes, _ = _params(n)
@@ -650,6 +653,12 @@ def _with_parameters(ctx: _OpContext) -> _Value:
         stats = [ctx.alloc(f"{kernel}.default", stat * FLOAT, holders=0) for _ in range(2)]
         grads = [f"aten.{kernel}_backward.default"] * (1 + len(pbytes))
         return _Value(sid, nbytes, ctx.grad_fn([x.sid] + stats, [_edge(x)] + pedges, [x.nbytes] + pbytes, grads))
+    if n.op == "rmsnorm":  # CUDA's _fused_rms_norm: the output and a 1/rms per row; keeps the input and the latter
+        rows = ctx.batch * prod(ctx.in_shapes[0][:len(ctx.in_shapes[0]) - len(n.attrs["normalized_shape"])])
+        sid = ctx.alloc("_fused_rms_norm.default")
+        rstd = ctx.alloc("_fused_rms_norm.default", rows * FLOAT, holders=0)
+        grads = ["aten._fused_rms_norm_backward.default"] * (1 + len(pbytes))
+        return _Value(sid, nbytes, ctx.grad_fn([x.sid, rstd], [_edge(x)] + pedges, [x.nbytes] + pbytes, grads))
     if n.op == "linear":
         if len(ctx.in_shapes[0]) != 1:
             return _linear_folded(ctx, pedges, pbytes)
@@ -1277,6 +1286,7 @@ def _handed_back(ctx: _OpContext) -> _Value:
 _HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
     **dict.fromkeys(("conv2d", "batchnorm2d", "groupnorm", "linear",
                      "conv_transpose2d"), _with_parameters),
+    "rmsnorm": _with_parameters,
     **dict.fromkeys(("relu", "relu6", "dropout", *_ACTIVATIONS), _activation),
     **dict.fromkeys(("pow", "exp", "abs"), _maths),
     "div": _quotient,

@@ -151,6 +151,7 @@ def _record(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: int, 
     _fused_dropout(model)
     _fused_attention(model)
     _fused_mish(model)
+    _fused_rms_norm(model)
     if inplace_relu:
         _inplace_activations(model, relu6_clone)
     shortcuts = {**_cuda_outputs(), **(_shape_only_kernels() if fast else {})}
@@ -596,6 +597,43 @@ def _fused_mish(model: Any) -> None:
             return _Mish.apply(x, self.inplace)
 
     _replace_modules(model, lambda m: _FusedMish(m.inplace) if isinstance(m, nn.Mish) else None)
+
+
+def _fused_rms_norm(model: Any) -> None:
+    """RMS norm as a CUDA build of torch >= 2.8 runs it: ``rms_norm`` calls the fused ``_fused_rms_norm`` kernel,
+    whose outputs are the result and a 1/rms per normalised row and whose backward (``_fused_rms_norm_backward``, one
+    op) keeps the input and that 1/rms and makes the input's and the weight's gradients. On the CPU and the meta
+    device torch instead runs it op by op (a square, a mean, an add, an rsqrt and one or two multiplies), keeping the
+    normalised tensor too where it has a weight; called below autograd, the recorder sees the one op."""
+    import torch
+    from torch import nn
+
+    class _RMSNorm(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, weight, shape, eps):  # noqa: ANN001, ANN205
+            with torch._C._AutoDispatchBelowAutograd():
+                out, rstd = torch.ops.aten._fused_rms_norm(x, shape, weight, eps)
+            ctx.save_for_backward(x, rstd, weight)
+            ctx.shape = shape
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):  # noqa: ANN001, ANN205
+            x, rstd, weight = ctx.saved_tensors
+            mask = [ctx.needs_input_grad[0], weight is not None and ctx.needs_input_grad[1]]
+            with torch._C._AutoDispatchBelowAutograd():
+                grad_x, grad_weight = torch.ops.aten._fused_rms_norm_backward(grad, x, ctx.shape, rstd, weight, mask)
+            return grad_x, grad_weight, None, None
+
+    class _FusedRMSNorm(nn.Module):
+        def __init__(self, inner: nn.Module):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):  # noqa: ANN001, ANN202
+            return _RMSNorm.apply(x, self.inner.weight, list(self.inner.normalized_shape), self.inner.eps)
+
+    _replace_modules(model, lambda m: _FusedRMSNorm(m) if isinstance(m, getattr(nn, "RMSNorm", ())) else None)
 
 
 def _inplace_activations(model: Any, relu6_clone: bool = False) -> None:

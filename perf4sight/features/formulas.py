@@ -165,6 +165,25 @@ def _layernorm(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
                   kind="norm")
 
 
+def _rmsnorm(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """RMS norm over the last dims as a CUDA build of torch >= 2.8 runs it, one fused kernel (``_fused_rms_norm``)
+    each way but for the weight's gradient, a kernel of its own (the CPU runs it op by op instead). FLOPs an element:
+    forward a square, a sum and the normalising multiply, and the weight's multiply where affine (3 or 4); backward
+    the input's gradient (a multiply by the weight where affine, by the input, a sum, a multiply, a subtract and a
+    multiply by 1/rms: 5 or 6) and the weight's (a multiply by the input and 1/rms, a sum over the rows: 3). It
+    reads its input twice (the statistics, then the normalising pass) and keeps it, and a float 1/rms per row."""
+    a = node.attrs
+    width = numel(a["normalized_shape"])
+    n = numel(node.output_shape)
+    rows = n // max(width, 1)
+    params = width if a.get("elementwise_affine", True) else 0
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    return OpCost(flops_fwd=(4.0 if params else 3.0) * n, flops_bwd=(9.0 if params else 5.0) * n,
+                  bytes_read=rd * 2 + params * BYTES_PER_ELEMENT, bytes_written=wr, params=params,
+                  param_tensors=1 if params else 0, saved=[0], extra_saved_bytes=float(rows * BYTES_PER_ELEMENT),
+                  kernels_fwd=1, kernels_bwd=2 if params else 1, kind="norm")
+
+
 def _scale(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     """The input times a learnt tensor (layer scale): 1 FLOP per element forward; backward, the input's gradient
     (a multiply) and the parameter's (a multiply and a sum down to its shape). It keeps its input."""
@@ -715,6 +734,7 @@ HANDLERS: dict[str, Handler] = {
     "dropout": _dropout,
     "permute": _view,  # the op after it that needs contiguous memory copies it (see latency_terms)
     "layernorm": _layernorm,
+    "rmsnorm": _rmsnorm,
     "groupnorm": _groupnorm,
     "instancenorm": _instancenorm,
     "scale": _scale,

@@ -282,6 +282,9 @@ _PASSES: dict[str, tuple[float, float, int]] = {
     "dropout": (1.5, 2.0, 1),
     "permute": (1.0, 1.0, 1),  # a view, copied by the op after it that needs contiguous memory: a copy each way
     "layernorm": (1.5, 4.0, 2),  # like batch norm; backward: the input's gradient, then the weight's and bias's
+    # one fused kernel each way (statistics, then normalise), the weight's gradient a kernel of its own (as a layer
+    # norm's); without a weight, _PLAIN_RMSNORM_PASSES
+    "rmsnorm": (1.5, 4.0, 2),
     "groupnorm": (1.5, 4.0, 1),  # like batch norm: statistics per sample and group, then normalise; one backward
     "instancenorm": (1.5, 4.0, 1),  # a batch norm of every sample's channels apart: statistics, then normalise
     "softmax": (2.0, 3.0, 1),  # forward: a max and a sum of exps along dim, then the divide; backward one kernel
@@ -313,6 +316,8 @@ _SQRT_PASSES = (1.0, 5.0, 2)
 #: the input pixel it came from.
 _BORDER_PAD_PASSES = (1.0, 2.0, 2)
 _DEFAULT_PASSES = (1.0, 3.0, 1)
+#: An RMS norm without a weight: its input's gradient alone, one kernel (reads the gradient and the input, writes one).
+_PLAIN_RMSNORM_PASSES = (1.5, 3.0, 1)
 
 
 def _circular_pad_passes(node: Node) -> tuple[float, float, int]:
@@ -398,6 +403,8 @@ def _passes(node: Node) -> tuple[float, float, int]:
         return _BORDER_PAD_PASSES
     if node.op == "pow" and float(node.attrs["exponent"]) == 0.5:
         return _SQRT_PASSES
+    if node.op == "rmsnorm" and not node.attrs.get("elementwise_affine", True):
+        return _PLAIN_RMSNORM_PASSES
     return _PASSES.get(node.op, _DEFAULT_PASSES)
 
 

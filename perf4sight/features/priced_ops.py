@@ -58,7 +58,10 @@ _PRICED_AS = {"leaky_relu": "relu", "hardtanh": "relu6",
               # against relu's 0.6-0.9 (one kernel of compares and a select each way); a log-sigmoid, -softplus(-x),
               # 30-34 against softplus's 31-37
               "glu": "silu", "hardshrink": "relu", "softshrink": "relu", "threshold": "relu",
-              "log_sigmoid": "softplus"}
+              "log_sigmoid": "softplus",
+              # not measured: a fused norm over the last dims, a statistics pass then a normalising one (a layer
+              # norm's without the mean), priced as a layer norm
+              "rmsnorm": "layernorm"}
 
 
 def check_prices(data: Any, where: str) -> dict[str, dict[int, float]]:
@@ -107,7 +110,7 @@ def _side(node: Node, shape: list[int]) -> float:
     """The side of ``shape``'s map: sqrt(height x width) of ``[C, H, W]`` (a layer norm's ``[H, W, C]``: channels
     last), sqrt(tokens) of ``[tokens, width]``, 1 for a flat vector."""
     if len(shape) == 3:
-        return math.sqrt(numel(shape[:-1]) if node.op == "layernorm" else numel(shape[1:]))
+        return math.sqrt(numel(shape[:-1]) if node.op in ("layernorm", "rmsnorm") else numel(shape[1:]))
     if len(shape) == 2:
         return math.sqrt(shape[0])
     return 1.0

@@ -51,6 +51,7 @@ OP_TOKEN: dict[str, str] = {**{op: op for op in OP_VOCAB},
                             "pad": "cat", "pixel_shuffle": "cat", "pixel_unshuffle": "cat",
                             "prelu": "relu", "dropout2d": "dropout", "log_softmax": "sigmoid",
                             "selu": "relu", "celu": "relu",
+                            "rmsnorm": "batchnorm2d",
                             "local_response_norm": "batchnorm2d",
                             # elementwise maths of one tensor, as sigmoid's is
                             "pow": "sigmoid", "exp": "sigmoid", "abs": "sigmoid", "div": "mul", "var": "mean",
@@ -103,7 +104,7 @@ def _attr_vector(op: str, a: dict) -> list[float]:
     if op in ("attention", "window_attention"):  # groups: its heads
         e = float(a["embed_dim"])
         return [e, e, 0, 0, 0, 0, 0, float(a["num_heads"]), float(bool(a["bias"])), 0]
-    if op in ("batchnorm2d", "layernorm", "groupnorm", "instancenorm"):
+    if op in ("batchnorm2d", "layernorm", "groupnorm", "instancenorm", "rmsnorm"):
         c = float(a["num_features"] if op in ("batchnorm2d", "instancenorm")
                   else a["num_channels"] if op == "groupnorm" else np.prod(a["normalized_shape"]))
         return [c, c, 0, 0, 0, 0, 0, 0, 0, 0]

@@ -103,6 +103,7 @@ ONNX_TO_OP: dict[str, str] = {
     # tool's own
     "ThresholdedRelu": "threshold", "Threshold": "threshold",
     "LogSigmoid": "log_sigmoid",  # no ONNX op (torch's exporter writes a Sigmoid and a Log): a type of our own
+    "RMSNormalization": "rmsnorm",  # ONNX opset 23's
 }
 #: Our op -> ONNX op type. Five of ours share a type with another: ``permute`` is a ``Transpose`` of more than two
 #: axes; ``scale``, ``shift`` and ``token`` are a ``Mul``, an ``Add`` and a ``Concat`` with a learnt tensor (an ONNX
@@ -491,6 +492,8 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         if args.get("eps", args.get("epsilon")) is not None:
             a["eps"] = _number(args.get("eps", args.get("epsilon")), f"{where} epsilon")
         return a
+    if op == "rmsnorm":
+        return _rmsnorm_attrs(args, in_shapes, where)
     if op == "groupnorm":  # ONNX's GroupNormalization: num_groups, epsilon (1e-5); a scale and a bias always
         a = {"num_groups": num("num_groups"), "num_channels": num("num_channels", default=in_shapes[0][0])}
         if args.get("eps", args.get("epsilon")) is not None:
@@ -572,6 +575,26 @@ def _slopes(weight_bytes: Any, where: str) -> int:
     if size <= 0 or size % _BYTES_PER_SLOPE:
         raise UserError(f"{where}: a PRelu's weight_size {weight_bytes!r} is no whole number of float32 slopes")
     return int(size // _BYTES_PER_SLOPE)
+
+
+def _rmsnorm_attrs(args: dict[str, Any], in_shapes: list[list[int]], where: str) -> dict[str, Any]:
+    """An ``rmsnorm``'s attrs from ours (normalized_shape; eps where given, torch's None otherwise; elementwise_affine
+    where false) or ONNX's RMSNormalization (opset 23: over the dimensions from ``axis``, -1 where left out, and an
+    epsilon of 1e-5 where left out; a scale always)."""
+    ours = "normalized_shape" in args
+    if ours:
+        normalized = _ints(args["normalized_shape"], where)
+    else:
+        axis = _first_int(args, ("axis",), where)
+        axis = -1 if axis is None else axis
+        normalized = in_shapes[0][axis - 1 if axis > 0 else axis:]
+    eps = args.get("eps", args.get("epsilon", None if ours else 1e-5))
+    a: dict[str, Any] = {"normalized_shape": normalized}
+    if eps is not None:
+        a["eps"] = _number(eps, f"{where} epsilon")
+    if args.get("elementwise_affine") is False:
+        a["elementwise_affine"] = False
+    return a
 
 
 #: ONNX's Selu defaults (float32), torch's SELU's constants: a Selu of others is no torch SELU.

@@ -173,6 +173,14 @@ def _layernorm_attrs(normalized_shape: Any, eps: float, affine: bool) -> dict:
     return attrs
 
 
+def _rmsnorm_attrs(normalized_shape: Any, eps: float | None, affine: bool) -> dict:
+    """An RMS norm's attrs: eps only where given (torch's None is float32's machine epsilon), elementwise_affine only
+    where false."""
+    shape = [int(normalized_shape)] if isinstance(normalized_shape, int) else [int(s) for s in normalized_shape]
+    return {"normalized_shape": shape, **({"eps": float(eps)} if eps is not None else {}),
+            **({} if affine else {"elementwise_affine": False})}
+
+
 def _groupnorm_attrs(num_groups: Any, num_channels: Any, eps: float, affine: bool) -> dict:
     attrs: dict[str, Any] = {"num_groups": int(num_groups), "num_channels": int(num_channels)}
     if eps != 1e-5:
@@ -351,6 +359,7 @@ MODULE_OPS: list[tuple[type, Callable[[Any], tuple[str, dict]]]] = [
     (nn.PReLU, lambda m: ("prelu", {"num_parameters": int(m.num_parameters)})),
     (nn.Flatten, lambda m: ("flatten", {"start_dim": m.start_dim})),
     (nn.LayerNorm, _layernorm),
+    (nn.RMSNorm, lambda m: ("rmsnorm", _rmsnorm_attrs(m.normalized_shape, m.eps, m.elementwise_affine))),
     (nn.GroupNorm, lambda m: ("groupnorm", _groupnorm_attrs(m.num_groups, m.num_channels, m.eps, m.affine))),
     (nn.Hardtanh, lambda m: _hardtanh_attrs(m.min_val, m.max_val, m.inplace)),
     (nn.MultiheadAttention, _attention),
@@ -643,6 +652,14 @@ def _layer_norm_call(n: fx.Node) -> tuple[str, dict]:
                                          weight is not None)
 
 
+def _rms_norm_call(n: fx.Node) -> tuple[str, dict]:
+    """``F.rms_norm(x, shape, weight, eps)``, its weight (where given) the module's own (``get_attr``); its shape
+    may be read off the input (``(x.shape[1],)``)."""
+    eps, shape = _arg(n, 3, "eps"), _arg(n, 1, "normalized_shape")
+    shape = _shape_value(shape) if isinstance(shape, (fx.Node, int)) else [_shape_value(s) for s in shape]
+    return "rmsnorm", _rmsnorm_attrs(shape, None if eps is None else float(eps), _arg(n, 2, "weight") is not None)
+
+
 def _group_norm_call(n: fx.Node) -> tuple[str, dict]:
     """``F.group_norm(x, num_groups, weight, bias, eps)``: its channels the input's, its weight and bias the module's
     own (``get_attr``)."""
@@ -806,6 +823,8 @@ for _key in (F.softmax, torch.softmax, "softmax", F.log_softmax, torch.log_softm
     FUNCTION_OPS[_key] = _softmax_call
 FUNCTION_OPS[F.prelu] = FUNCTION_OPS[torch.prelu] = _prelu_call
 FUNCTION_OPS[F.layer_norm] = _layer_norm_call
+for _key in (F.rms_norm, torch.rms_norm):
+    FUNCTION_OPS[_key] = _rms_norm_call
 FUNCTION_OPS[F.group_norm] = _group_norm_call
 FUNCTION_OPS[F.conv_transpose2d] = _conv_transpose_call
 FUNCTION_OPS[F.glu] = lambda n: _glu_attrs(n, _arg(n, 1, "dim", -1))
@@ -1881,7 +1900,8 @@ def _with_own_tensors(n: fx.Node, op: str, attrs: dict, gm: fx.GraphModule, wher
     parts = n.args[0] if op == "cat" else []
     if op == "cat" and len(own) == 1 and len(parts) == 2 and parts[0] is own[0]:
         return "token", {"shape": shape, "dim": attrs["dim"] % (rank + 1)}, names
-    if op in ("layernorm", "groupnorm", "conv_transpose2d", "instancenorm", "prelu"):
+    if op in ("layernorm", "groupnorm", "conv_transpose2d", "instancenorm", "prelu",
+              "rmsnorm"):
         return op, attrs, names
     raise UserError(f"{where}: {op} (node {n.name}) reads the module's parameter {held[own[0].name].target} "
                     "directly, which the description has no op for (a multiply by one parameter is a 'scale', an "

@@ -61,6 +61,9 @@ OPS: Dict[str, Tuple[str, ...]] = {
     "dropout": ("p",),
     "permute": ("dims",),  # every dimension, the batch first (dims[0] = 0)
     "layernorm": ("normalized_shape",),  # over the last dims; optional eps (1e-5), elementwise_affine (true)
+    # x / sqrt(mean(x^2) + eps) over the last dims (torch's RMSNorm, >= 2.4), times a weight of normalized_shape
+    # where elementwise_affine (true; no bias); optional eps (torch's default None: float32's machine epsilon)
+    "rmsnorm": ("normalized_shape",),
     # over each of num_groups groups of a [C, ...] input's channels (num_channels = C, a multiple of num_groups);
     # optional eps (1e-5), affine (true: a weight and bias of num_channels each)
     "groupnorm": ("num_groups", "num_channels"),
@@ -132,7 +135,8 @@ OPS: Dict[str, Tuple[str, ...]] = {
 #: own (its FLOPs, activations, saved tensors); the parameters, their gradient and optimiser state are the owner's,
 #: counted once.
 PARAMETER_OPS = ("conv2d", "conv_transpose2d", "batchnorm2d", "groupnorm", "instancenorm", "prelu", "linear",
-                 "layernorm", "scale", "shift", "token", "attention", "window_attention", "group_attention")
+                 "layernorm", "scale", "shift", "token", "attention", "window_attention", "group_attention",
+                 "rmsnorm")
 #: The attr naming the node whose parameters a node of :data:`PARAMETER_OPS` uses.
 SHARES = "shares"
 #: The modes of ``interpolate``: torch's ``F.interpolate`` modes the description follows.
@@ -157,13 +161,15 @@ _POSITIVE: Dict[str, Tuple[str, ...]] = {
 }
 #: Op -> attributes that must be lists of positive integers (a shape).
 _SHAPES: Dict[str, Tuple[str, ...]] = {"layernorm": ("normalized_shape",), "scale": ("shape",), "shift": ("shape",),
-                                       "token": ("shape",), "interpolate": ("size",)}
+                                       "token": ("shape",), "interpolate": ("size",),
+                                       "rmsnorm": ("normalized_shape",)}
 #: Op -> attributes that must be true or false where given (required or optional).
 _FLAGS: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("bias",), "linear": ("bias",), "attention": ("bias",), "group_attention": ("bias",),
     "window_attention": ("bias", "cosine"), "batchnorm2d": ("affine",), "layernorm": ("elementwise_affine",),
     "groupnorm": ("affine",),
     "instancenorm": ("affine",),
+    "rmsnorm": ("elementwise_affine",),
     "maxpool2d": ("ceil_mode",), "avgpool2d": ("ceil_mode", "count_include_pad"), "mean": ("keepdim",),
     "var": ("keepdim",),
     "interpolate": ("align_corners",),
@@ -183,6 +189,7 @@ _NUMBERS: Dict[str, Tuple[Tuple[str, Any, Any], ...]] = {
     "batchnorm2d": (("eps", 0, None), ("momentum", 0, 1)), "layernorm": (("eps", 0, None),),
     "groupnorm": (("eps", 0, None),),
     "instancenorm": (("eps", 0, None),),
+    "rmsnorm": (("eps", 0, None),),
     "hardtanh": (("min_val", None, None), ("max_val", None, None)),
     "add": (("scalar", None, None),), "mul": (("scalar", None, None),),
     "leaky_relu": (("negative_slope", None, None),), "elu": (("alpha", None, None),),
@@ -591,6 +598,8 @@ def node_params(n: Node) -> int:
         return a["in_features"] * a["out_features"] + (a["out_features"] if a["bias"] else 0)
     if n.op == "layernorm":
         return 2 * element_count(a["normalized_shape"]) if a.get("elementwise_affine", True) else 0
+    if n.op == "rmsnorm":  # a weight, no bias
+        return element_count(a["normalized_shape"]) if a.get("elementwise_affine", True) else 0
     if n.op in ("scale", "shift", "token"):
         return element_count(a["shape"])
     if n.op == "attention":  # the input projection (query, key, value) and the output one

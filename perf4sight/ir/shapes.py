@@ -33,6 +33,7 @@ ARITY: Dict[str, Tuple[int, Optional[int]]] = {
     **{op: (1, 1) for op in ("pad", "pixel_shuffle", "pixel_unshuffle")},
     "glu": (1, 1),
     "local_response_norm": (1, 1),
+    "rmsnorm": (1, 1),
 }
 
 
@@ -241,7 +242,7 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
         if _axis(int(a["dim"]), len(x)) is None:
             return f"dim {a['dim']} is not a dimension of its input {x} after the batch"
         return x
-    if op == "layernorm":
+    if op in ("layernorm", "rmsnorm"):
         normalized = [int(s) for s in a["normalized_shape"]]
         if len(normalized) > len(x) or x[len(x) - len(normalized):] != normalized:
             return f"normalized_shape {normalized} is not the last dimensions of its input {x}"

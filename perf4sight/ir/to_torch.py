@@ -280,6 +280,8 @@ MODULE_BUILDERS: Dict[str, Callable[..., nn.Module]] = {
     "dropout": lambda a, **f: nn.Dropout(float(a["p"])),
     "layernorm": lambda a, **f: nn.LayerNorm([int(s) for s in a["normalized_shape"]], eps=a.get("eps", 1e-5),
                                              elementwise_affine=bool(a.get("elementwise_affine", True)), **f),
+    "rmsnorm": lambda a, **f: nn.RMSNorm([int(s) for s in a["normalized_shape"]], eps=a.get("eps"),
+                                         elementwise_affine=bool(a.get("elementwise_affine", True)), **f),
     "groupnorm": lambda a, **f: nn.GroupNorm(int(a["num_groups"]), int(a["num_channels"]), eps=a.get("eps", 1e-5),
                                              affine=bool(a.get("affine", True)), **f),
     "instancenorm": lambda a, **f: nn.InstanceNorm2d(int(a["num_features"]), eps=a.get("eps", 1e-5),
