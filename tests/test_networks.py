@@ -1161,3 +1161,54 @@ def test_a_network_with_a_channel_shuffle_layer_is_pruned_with_the_shuffled_chan
         assert pruned.module(torch.randn(2, 3, 16, 16)).shape == (2, CLASSES)
         desc = describe(pruned.module, [3, 16, 16], name=f"shuffled_l{level}")
         assert [n.attrs["shape"] for n in desc.nodes if n.op == "reshape"] == [[4, 4, 16, 16], [16, 16, 16]]
+
+
+class _ChannelsLastRMSNorm(nn.Module):
+    """An RMS norm over a map's channels, channels last (a weight per channel)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.norm = nn.RMSNorm(channels)
+
+    def forward(self, x):
+        return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+class _RMSNormBlocks(nn.Module):
+    """Three convolutions, the first's output normalised over its channels (channels last), the second's over its
+    rows (a weight per column: 8 wide)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.n1 = nn.Conv2d(3, 16, 3, padding=1), _ChannelsLastRMSNorm(16)
+        self.c2, self.n2 = nn.Conv2d(16, 16, 3, padding=1), nn.RMSNorm(8)
+        self.c3 = nn.Conv2d(16, 16, 3, padding=1)
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, CLASSES))
+
+    def forward(self, x):
+        return self.head(self.c3(torch.relu(self.n2(self.c2(torch.relu(self.n1(self.c1(x))))))))
+
+
+def test_a_network_with_rms_norms_is_pruned_through_them() -> None:
+    """torch-pruning has no pruner of RMS norms: the channels an RMS norm reads were left whole (a cut of them left
+    its weight whole, and the network did not run). An RMS norm over a map's channels (channels last: a weight per
+    channel) now loses the channels cut with the convolution before it, and one over a map's rows (a weight per
+    column) passes them on; the parameters of a cut are counted without a cut copy, as exactly as on one. Each pruned
+    network runs and describes, its norms' shapes as cut."""
+    from perf4sight.networks import prune_plan as pp
+    from perf4sight.networks.pruning import count_parameters
+
+    plan = PruningPlan(_RMSNormBlocks(), [3, 8, 8], min_channels=2, network="rms")
+    assert "pruning_unpruned_groups" not in plan.extra
+    counter = pp.make_counter(plan.groups, plan._meta)
+    for counts in ([3, 0, 0], [0, 5, 0], [2, 4, 6]):
+        cut = pp.cut(plan._meta, pp.removal(plan.groups, counts))
+        assert counter(counts) == plan.p0 - count_parameters(cut) > 0
+    pruned = plan.prune(plan.prune(40, meta=True).achieved_level)
+    m = pruned.module
+    assert m.c1.out_channels < 16 and m.n1.norm.weight.shape == (m.c1.out_channels,) == m.n1.norm.normalized_shape
+    assert m.c2.out_channels < 16 and m.n2.weight.shape == (8,) and m.c3.in_channels == m.c2.out_channels
+    assert pruned.params == sum(p.numel() for p in m.parameters())
+    assert m(torch.randn(2, 3, 8, 8)).shape == (2, CLASSES)
+    desc = describe(m, [3, 8, 8], name="rms_l40")
+    assert [n.attrs["normalized_shape"] for n in desc.nodes if n.op == "rmsnorm"] == [[m.c1.out_channels], [8]]

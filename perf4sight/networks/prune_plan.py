@@ -356,6 +356,67 @@ def _known_concat_sizes(module2node: dict[Any, Any]) -> None:
             node.module.concat_sizes = [s[1] for s in shapes]
 
 
+_RMS_NORM = getattr(nn, "RMSNorm", ())  # torch >= 2.4
+
+
+class RMSNormPruner(tp.pruner.function.BasePruningFunc):
+    """nn.RMSNorm as torch-pruning's dependency graph needs it, which lacks it (the channels an RMS norm reads were
+    left whole: a cut of them did not run): a layer that passes its input's channels on. Its cut is
+    :func:`rms_norm_cut`'s, along the dimension :func:`_rms_norm_cuts` finds."""
+
+    def prune_out_channels(self, layer: nn.Module, idxs: list[int]) -> nn.Module:
+        return rms_norm_cut(None)(layer, idxs)
+
+    prune_in_channels = prune_out_channels
+
+    def get_out_channels(self, layer: nn.Module) -> int | None:
+        return None  # not known here: which of its dimensions is over the channels, if any
+
+    get_in_channels = get_out_channels
+
+
+@functools.lru_cache(maxsize=None)
+def rms_norm_cut(dim: int | None) -> Handler:
+    """The cut of an nn.RMSNorm whose weight's dimension ``dim`` is over the channels: its weight and
+    normalized_shape lose the cut channels there; of one over none (None: a map's rows), nothing. One function per
+    ``dim`` (its ``dim`` attribute), named as an output cut (a norm's input and output channels are the same)."""
+    def prune_out_channels(layer: nn.Module, idxs: list[int]) -> nn.Module:
+        if dim is None:
+            return layer
+        gone = set(idxs)
+        keep = [i for i in range(layer.normalized_shape[dim]) if i not in gone]
+        layer.normalized_shape = tuple(len(keep) if i == dim else s for i, s in enumerate(layer.normalized_shape))
+        if layer.weight is not None:
+            index = torch.tensor(keep, dtype=torch.long, device=layer.weight.device)
+            layer.weight = nn.Parameter(torch.index_select(layer.weight.data, dim, index), layer.weight.requires_grad)
+        return layer
+    prune_out_channels.dim = dim  # type: ignore[attr-defined]
+    return prune_out_channels
+
+
+def _rms_norm_cuts(groups: list["CoupledGroup"], modules: dict[str, nn.Module]) -> None:
+    """Each nn.RMSNorm the groups reach gets the cut (:func:`rms_norm_cut`) along the first dimension of its
+    normalized_shape as long as the channels that reach it (a norm over a permuted map's channels, (C,); over a whole
+    [C, H, W] map, its first), or none (a norm over a map's rows, (W,): a weight per column, which passes the
+    channels on). Where a map is as wide as it has channels, a norm over its rows is taken for one over the channels:
+    that cut does not run, and :func:`followed_groups` leaves it out."""
+    reached: dict[str, set[int]] = {}
+    for g in groups:
+        for d in g.deps:
+            if isinstance(modules.get(d.module), _RMS_NORM):
+                reached.setdefault(d.module, set()).update(d.targets.tolist())
+    dims = {name: next((i for i, s in enumerate(modules[name].normalized_shape) if s == len(targets)), None)
+            for name, targets in reached.items()}
+    for g in groups:
+        for d in g.deps:
+            if d.module in dims:
+                d.handler = rms_norm_cut(dims[d.module])
+
+
+#: torch-pruning's pruners this tool adds.
+_PRUNERS = {_RMS_NORM: RMSNormPruner()} if _RMS_NORM else {}
+
+
 class _DependencyGraph(tp.DependencyGraph):
     """torch-pruning's dependency graph, but for the couplings :func:`_uncouple_channel_changes` cuts (the
     concatenations' sizes then known from the forward: :func:`_known_concat_sizes`)."""
@@ -377,7 +438,8 @@ def find_groups(model: nn.Module, example: torch.Tensor, ignored: list[nn.Module
     """
     with warnings.catch_warnings(), _interrupt_kept(), _view_outputs_copied(model):
         warnings.filterwarnings("ignore", message="Unwrapped parameters detected")  # a parameter outside a layer
-        dg = _DependencyGraph().build_dependency(model, example_inputs=example)  # (a layer scale): cut as it says
+        dg = _DependencyGraph().build_dependency(model, example_inputs=example,  # (a layer scale): cut as it says
+                                                 customized_pruners=dict(_PRUNERS))
     names = {m: n for n, m in model.named_modules()} | {p: n for n, p in model.named_parameters()}
     modules = dict(model.named_modules())
     groups: list[CoupledGroup] = []
@@ -409,6 +471,7 @@ def find_groups(model: nn.Module, example: torch.Tensor, ignored: list[nn.Module
             notes["grouped convolution not prunable uniformly per group"] += 1
             continue
         groups.append(CoupledGroup(names[g[0].dep.target.module], channels, deps, units))
+    _rms_norm_cuts(groups, modules)
     return groups, notes
 
 
@@ -488,7 +551,7 @@ def _is_out(handler: Handler) -> bool:
     return name.startswith("prune_out") or name.startswith("prune_depthwise")
 
 
-def _params_after(m: nn.Module, r_out: int, r_in: int) -> int | None:
+def _params_after(m: nn.Module, r_out: int, r_in: int, handler: Handler | None = None) -> int | None:
     """Trainable parameters of ``m`` without ``r_out`` output and ``r_in`` input channels; None for other types."""
     own = [p for p in m.parameters(recurse=False) if p.requires_grad]
     bias = int(getattr(m, "bias", None) is not None and m.bias.requires_grad)
@@ -514,6 +577,9 @@ def _params_after(m: nn.Module, r_out: int, r_in: int) -> int | None:
         return out * cin + bias * out
     if isinstance(m, nn.LayerNorm) and len(m.normalized_shape) == 1:  # ConvNeXt's, LayerNorm2d included
         return (m.normalized_shape[0] - max(r_out, r_in)) * len(own)
+    if isinstance(m, _RMS_NORM):  # its weight loses a slice per channel cut along its cut's dimension, if any
+        dim, total = getattr(handler, "dim", None), sum(p.numel() for p in own)
+        return total if dim is None else total // m.normalized_shape[dim] * (m.normalized_shape[dim] - max(r_out, r_in))
     return None if own else 0
 
 
@@ -533,8 +599,8 @@ def make_counter(groups: list[CoupledGroup], model: nn.Module) -> Callable[[list
     """A fast ``counts -> parameters removed`` function for ordered groups, or None if it cannot be exact.
 
     Exact when every touched layer is a Conv2d, an ungrouped ConvTranspose2d, a BatchNorm2d (or SyncBatchNorm),
-    InstanceNorm2d or GroupNorm, a PReLU, a Linear or a LayerNorm over one dimension (or has no parameters), or a
-    parameter outside any layer, and no two groups cut the same channel of the same dimension.
+    InstanceNorm2d or GroupNorm, a PReLU, a Linear, a LayerNorm over one dimension, an RMSNorm (or has no
+    parameters), or a parameter outside any layer, and no two groups cut the same channel of the same dimension.
     """
     modules = dict(model.named_modules())
     seen: dict[tuple[str, Handler], set[int]] = {}
@@ -551,7 +617,8 @@ def make_counter(groups: list[CoupledGroup], model: nn.Module) -> Callable[[list
             per_dep.append(((d.module, d.handler), _cut_so_far(d, places, len(g.order))))
         cums.append(per_dep)
     layers = {name for name, _ in seen if name in modules}
-    if any(_params_after(modules[n], 0, 0) is None for n in layers):
+    handlers = {name: handler for name, handler in seen}  # a layer's cut (an RMS norm's says its dimension)
+    if any(_params_after(modules[n], 0, 0, handlers[n]) is None for n in layers):
         return None
     base = {n: sum(p.numel() for p in modules[n].parameters(recurse=False) if p.requires_grad) for n in layers}
     # a parameter outside any layer: (elements, size of the dimension cut), each cut channel taking its share
@@ -565,6 +632,6 @@ def make_counter(groups: list[CoupledGroup], model: nn.Module) -> Callable[[list
                 for (name, handler), cum in per_dep:
                     slot = r.setdefault(name, [0, 0])
                     slot[0 if _is_out(handler) else 1] += int(cum[k])
-        return sum(base[n] - (_params_after(modules[n], o, i) or 0) if n in base
+        return sum(base[n] - (_params_after(modules[n], o, i, handlers[n]) or 0) if n in base
                    else loose[n][0] * (o + i) // loose[n][1] for n, (o, i) in r.items())
     return removed
