@@ -1621,3 +1621,40 @@ def test_allocation_model_writes_down_rms_norms_as_a_cuda_build_runs_them():
     own = _trace(original.to("meta").train(), desc, 3, 3, step, {}, False)  # torch's own, op by op
     assert sum(op == "aten._fused_rms_norm.default" for _, _, _, op in own) == 0
     assert sum(op == "aten.rsqrt.default" for _, _, _, op in own) == 3 * 3
+
+
+def _tiled(*repeats: int):
+    """A layer that tiles its input ``repeats`` times along each dimension after the batch (x.repeat)."""
+    from torch import nn
+
+    class Tile(nn.Module):
+        def forward(self, x):
+            return x.repeat(1, *repeats)
+
+    return Tile()
+
+
+def test_allocation_model_writes_down_repeats_as_torch_runs_them():
+    """A repeat is torch's aten.repeat: a copy, nothing kept; backward the gradient viewed as (count, size) pairs
+    and summed over the counts (aten.sum.dim_IntList), or handed on where every count is 1. The model writes it down
+    as the meta trace records it, and the trace of the rebuilt network records what torch records for the module."""
+    import torch
+    from torch import nn
+
+    from perf4sight.features.alloc_trace import _OptimizerStep, _trace
+    from perf4sight.features.optimizers import PERF4SIGHT_MOMENTUM
+    from perf4sight.ir.from_torch import describe
+
+    torch.manual_seed(0)
+    original = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(inplace=True), _tiled(2, 1, 1),
+                             nn.Conv2d(8, 8, 3, padding=1), _tiled(1, 2, 3), nn.Conv2d(8, 6, 3, stride=2),
+                             _tiled(1, 1, 1), nn.Flatten(), nn.Linear(6 * 3 * 5, 5))
+    desc = describe(original, [3, 4, 4], "tiled")
+    assert [n.attrs["repeats"] for n in desc.nodes if n.op == "repeat"] == [[2, 1, 1], [1, 2, 3], [1, 1, 1]]
+    model, traced = record_events(desc, 3, steps=3, method="model"), record_events(desc, 3, steps=3, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+    kernels = [op for kind, _, _, op in model if kind == ALLOC]
+    assert kernels.count("aten.repeat.default") == 3 * 3
+    step = _OptimizerStep("sgd", 0.1, PERF4SIGHT_MOMENTUM, None)
+    own = _trace(original.to("meta").train(), desc, 3, 3, step, {}, False)
+    assert _as_replayed(own) == _as_replayed(traced)

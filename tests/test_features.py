@@ -1153,3 +1153,34 @@ def test_an_rms_norm_keeps_what_a_cuda_build_keeps():
     nf = network_features(plain)
     assert nf.per_sample["saved_bytes"] + nf.per_sample["input_bytes"] == (at4 - at2) / 2
     assert not nf.unsupported
+
+
+def test_a_repeat_keeps_nothing_and_sums_its_gradient_back():
+    """A repeat (torch's aten.repeat) is a copy that keeps nothing: a sample adds no saved tensor of it to autograd's;
+    no FLOPs forward, an add per output element but one per input element back (the sum over its tiles), and no
+    backward kernel where every count is 1."""
+    pytest.importorskip("torch")
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    class Tile(nn.Module):
+        def __init__(self, *repeats: int) -> None:
+            super().__init__()
+            self.repeats = repeats
+
+        def forward(self, x):
+            return x.repeat(1, *self.repeats)
+
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), Tile(2, 1, 1), nn.Conv2d(8, 8, 3), Tile(1, 2, 3), Tile(1, 1, 1),
+                        nn.Flatten(), nn.Linear(8 * 8 * 12, 10))
+    desc = describe(net, [3, 8, 8], "tiled")
+    tiles = [n for n in desc.nodes if n.op == "repeat"]
+    costs = [_cost(n, [desc.node(n.inputs[0]).output_shape]) for n in tiles]
+    assert [(c.flops_fwd, c.flops_bwd, c.kernels_bwd, c.saved) for c in costs] == [
+        (0.0, 4 * 36.0, 1, []), (0.0, 768.0 - 128, 1, []), (0.0, 0.0, 0, [])]
+    assert [c.bytes_written for c in costs] == [4.0 * 8 * 36, 4.0 * 768, 4.0 * 768]
+    nf = network_features(desc)
+    at2, at4 = (b * _autograd_saved_bytes(desc, b) for b in (2, 4))
+    assert nf.per_sample["saved_bytes"] + nf.per_sample["input_bytes"] == (at4 - at2) / 2
+    assert not nf.unsupported

@@ -350,12 +350,28 @@ def test_a_stack_or_unbind_of_the_batch_is_refused_by_name(pattern, words):
         describe(_Probe(pattern), SHAPE, name="probe")
 
 
-@pytest.mark.parametrize("pattern", [lambda s, y: y.mean(1, keepdim=True).repeat(1, 8, 1, 1) * y,
-                                     lambda s, y: torch.tile(y.mean(1, keepdim=True), (1, 8, 1, 1)) + y])
-def test_a_repeat_is_refused_naming_the_expand_that_describes_it(pattern):
-    """x.repeat(1, c, 1, 1) was refused as "call_method 'repeat' has no description op": the refusal now says what
-    the copy is and that an expand, which a broadcasting add or multiply reads, describes the same."""
-    with pytest.raises(UserError, match=r"(repeat|tile) \(a copy of the tensor tiled\).*x.expand_as\(y\)"):
+@pytest.mark.parametrize("pattern,repeats", [
+    (lambda s, y: y.mean(1, keepdim=True).repeat(1, 8, 1, 1) * y, [8, 1, 1]),
+    (lambda s, y: torch.tile(y.mean(1, keepdim=True), (8, 1, 1)) + y, [8, 1, 1]),  # dims filled with ones in front
+    (lambda s, y: y.repeat((1, 1, 2, 3))[:, :, :, :16], [1, 2, 3]),
+    (lambda s, y: y[:, :4].unsqueeze(2).tile((1, 1, y.shape[1] // 4, 1, 1)).flatten(1, 2), [1, 2, 1, 1]),
+    (lambda s, y: y.repeat(1, 1, 1, 1), [1, 1, 1])])
+def test_a_repeat_or_tile_is_described(pattern, repeats):
+    """x.repeat(1, c, 1, 1), x.tile and torch.tile (a channel gate tiled over the channels, a map tiled in space) were
+    refused, naming the expand that describes a tiling read by a broadcasting add or multiply: they are the op repeat
+    (its counts after the batch's), rebuilt by x.repeat, which computes what the module computes."""
+    assert "repeat" in _computes_the_same(_Probe(pattern))
+    assert [n.attrs["repeats"] for n in describe(_Probe(pattern), SHAPE, name="probe").nodes
+            if n.op == "repeat"] == [repeats]
+
+
+@pytest.mark.parametrize("pattern,words", [
+    (lambda s, y: y.repeat(2, 1, 1, 1)[:1], r"a repeat of \[2, 1, 1, 1\] tiles the batch"),
+    (lambda s, y: y.repeat(1, 1, 1, 1, 1)[0], r"a repeat of \[1, 1, 1, 1, 1\] .*adds dimensions before it"),
+    (lambda s, y: torch.tile(y, (2, 1, 1, 1, 1))[0], r"a tile of \[2, 1, 1, 1, 1\]"),
+    (lambda s, y: torch.cat([y, y.repeat(1, 0, 1, 1)], 1), "repeats nothing")])
+def test_a_repeat_of_the_batch_is_refused_by_name(pattern, words):
+    with pytest.raises(UserError, match=words):
         describe(_Probe(pattern), SHAPE, name="probe")
 
 

@@ -1212,3 +1212,33 @@ def test_a_network_with_rms_norms_is_pruned_through_them() -> None:
     assert m(torch.randn(2, 3, 8, 8)).shape == (2, CLASSES)
     desc = describe(m, [3, 8, 8], name="rms_l40")
     assert [n.attrs["normalized_shape"] for n in desc.nodes if n.op == "rmsnorm"] == [[m.c1.out_channels], [8]]
+
+
+class _TiledChannels(nn.Module):
+    """A convolution's channels tiled twice (x.repeat(1, 2, 1, 1)) into the next, then a third convolution."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(16, 16, 3, padding=1)
+        self.c3 = nn.Conv2d(16, 16, 3, padding=1)
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, CLASSES))
+
+    def forward(self, x):
+        return self.head(self.c3(torch.relu(self.c2(torch.relu(self.c1(x)).repeat(1, 2, 1, 1)))))
+
+
+def test_a_network_with_a_repeat_over_channels_is_pruned_with_the_tiled_channels_whole() -> None:
+    """A repeat over the channels ties channel i of its input to channels i and i + C of its output, which
+    torch-pruning does not follow (a cut of them does not run): those channels stay whole, with a note, and the
+    rest is cut, in the module and in the one rebuilt from its description. Each pruned network runs and describes,
+    its repeat as it was."""
+    for module in (_TiledChannels(), build_module(describe(_TiledChannels(), [3, 8, 8], name="tiled"))):
+        plan = PruningPlan(module, [3, 8, 8], min_channels=2, network="tiled")
+        assert plan.extra["pruning_unpruned_groups"]
+        pruned = plan.prune(plan.prune(30, meta=True).achieved_level)
+        m = pruned.module
+        assert (m.c1.out_channels, m.c2.in_channels) == (8, 16) and m.c3.out_channels < 16
+        assert m(torch.randn(2, 3, 8, 8)).shape == (2, CLASSES)
+        desc = describe(m, [3, 8, 8], name="tiled_l30")
+        assert [(n.attrs["repeats"], n.output_shape) for n in desc.nodes if n.op == "repeat"] == [([2, 1, 1],
+                                                                                                   [16, 8, 8])]

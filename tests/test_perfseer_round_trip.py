@@ -60,7 +60,7 @@ class _Views(torch.nn.Module):
     instancenorm (affine), hardtanh, softmax, pixel_unshuffle (of one channel, which ONNX's SpaceToDepth is),
     pixel_shuffle, pads of each mode, prelu (a slope per channel), dropout2d, log_softmax, selu, celu,
     local_response_norm, pow (a sqrt and the power -1 of a quotient), exp, abs, div, var, glu, hardshrink,
-    softshrink, threshold (in place), log_sigmoid and rmsnorm."""
+    softshrink, threshold (in place), log_sigmoid, rmsnorm and repeat."""
 
     def __init__(self):
         super().__init__()
@@ -84,7 +84,7 @@ class _Views(torch.nn.Module):
         y = torch.nn.functional.mish(torch.nn.functional.elu(y.mean(2), 0.5), True)
         y = torch.nn.functional.hardtanh(torch.nn.functional.softplus(y).softmax(-1).log_softmax(1), -0.5, 0.5)
         z = torch.nn.functional.celu(torch.nn.functional.selu(torch.nn.functional.silu(y)), 0.5)
-        w = self.rms(z) / torch.exp(y.abs()).sqrt() + y.var(1, keepdim=True)
+        w = self.rms(z) / torch.exp(y[:, :4].repeat(1, 2).abs()).sqrt() + y.var(1, keepdim=True)
         g = torch.nn.functional.hardshrink(torch.nn.functional.glu(torch.cat([w, w], 1)), 0.25)
         return self.fc(torch.nn.functional.logsigmoid(self.cut(torch.nn.functional.softshrink(g, 0.125))))
 
@@ -136,7 +136,7 @@ def test_foreign_reading_rebuilds_the_same_network(name):
                          "layernorm", "groupnorm", "scale", "shift", "token", "attention", "conv_transpose2d",
                          "instancenorm", "hardtanh", "softmax", "pad", "pixel_shuffle", "pixel_unshuffle", "prelu",
                          "dropout2d", "log_softmax", "selu", "celu", "local_response_norm",
-                         "glu", "hardshrink", "softshrink", "rmsnorm")]
+                         "glu", "hardshrink", "softshrink", "rmsnorm", "repeat")]
     assert views and all(back.node(n.name).attrs == n.attrs for n in views)
     assert network_features(back).per_sample == network_features(desc).per_sample
     assert _output_shape(back) == _output_shape(desc) == [2, 10]
@@ -509,3 +509,18 @@ def test_onnx_rms_normalization_is_read():
         ("rmsnorm", {"normalized_shape": [4], "eps": 1e-5}), ("rmsnorm", {"normalized_shape": [3, 4, 4], "eps": 1e-6}),
         ("rmsnorm", {"normalized_shape": [4, 4], "elementwise_affine": False})]
     assert desc.params == 3 * 3 + 3 + 4 + 48
+
+
+def test_onnx_tile_is_read_and_one_of_the_batch_refused():
+    """ONNX's Tile (its repeats an input there, an arg here: one per dimension, the batch's first) is a repeat of the
+    counts after the batch's, as this tool's own export writes them; a Tile of the batch is refused by name."""
+    g = _foreign([("conv", "Conv", {"kernel_shape": [1, 1], "group": 1}, [2, 3, 4, 4], [2, 3, 4, 4]),
+                  ("tile", "Tile", {"repeats": [1, 2, 1, 3]}, [2, 3, 4, 4], [2, 6, 4, 12]),
+                  ("ours", "Tile", {"repeats": [1, 2, 1]}, [2, 6, 4, 12], [2, 6, 8, 12])])
+    desc, _ = graph_to_description(g, "foreign", "foreign.pkl")
+    assert [(n.op, n.attrs, n.output_shape) for n in desc.nodes[2:]] == [
+        ("repeat", {"repeats": [2, 1, 3]}, [6, 4, 12]), ("repeat", {"repeats": [1, 2, 1]}, [6, 8, 12])]
+    g = _foreign([("conv", "Conv", {"kernel_shape": [1, 1], "group": 1}, [2, 3, 4, 4], [2, 3, 4, 4]),
+                  ("tile", "Tile", {"repeats": [2, 1, 1, 1]}, [2, 3, 4, 4], [4, 3, 4, 4])])
+    with pytest.raises(UserError, match=r"a Tile of \[2, 1, 1, 1\] tiles the batch"):
+        graph_to_description(g, "foreign", "foreign.pkl")

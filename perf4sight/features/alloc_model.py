@@ -122,7 +122,8 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "glu",
                      "hardshrink", "softshrink", "threshold",
                      "log_sigmoid",
-                     "rmsnorm"})
+                     "rmsnorm",
+                     "repeat"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
                 "gelu": ("gelu", "input"), "sigmoid": ("sigmoid", "result"), "tanh": ("tanh", "result"),
@@ -954,6 +955,15 @@ def _rearrange(ctx: _OpContext) -> _Value:
     return _Value(sid, ctx.nbytes, ctx.unary_grad_fn(f"aten.{backward}.default", [x.sid] if keeps_input else []))
 
 
+def _tiling(ctx: _OpContext) -> _Value:
+    """A repeat (torch's aten.repeat: a copy, nothing kept). Backward torch views the gradient as (count, size)
+    pairs and sums over the counts (aten.sum.dim_IntList: the input's gradient); of counts all 1 it hands the
+    gradient on (a view of the same shape)."""
+    tiles = any(int(r) > 1 for r in ctx.node.attrs["repeats"])
+    sid = ctx.alloc("repeat.default")
+    return _Value(sid, ctx.nbytes, ctx.unary_grad_fn("aten.sum.dim_IntList" if tiles else None, []))
+
+
 def _combine(ctx: _OpContext) -> _Value:
     """add, mul (of two tensors, or of a tensor and a scalar), cat."""
     n, ins, nbytes, op = ctx.node, ctx.inputs, ctx.nbytes, ctx.node.op
@@ -1306,6 +1316,7 @@ _HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
     "token": _token,
     "attention": _attention,
     **dict.fromkeys(("pad", "pixel_shuffle", "pixel_unshuffle"), _rearrange),
+    "repeat": _tiling,
     **dict.fromkeys((*_VIEWS, "transpose", "select", "narrow", "identity"), _view_op),
 }
 

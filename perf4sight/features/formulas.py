@@ -636,6 +636,17 @@ def _pixel_shuffle(node: Node, in_shapes: list[list[int]], first: bool) -> OpCos
     return OpCost(bytes_read=rd, bytes_written=wr, kernels_fwd=1, kernels_bwd=1, kind="other")
 
 
+def _repeat(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """A tiling (torch's aten.repeat): one kernel copying the input into each tile, no FLOPs; bytes: the input read
+    (once per tile), the output written. It keeps nothing. Backward, the incoming gradient summed over the tiles
+    (aten.sum.dim_IntList: an add per output element but one per input element, one kernel; bytes: the output's
+    gradient read, the input's written), or handed on where every count is 1 (no kernel)."""
+    n_out, n_in = numel(node.output_shape), numel(in_shapes[0])
+    tiles = n_out != n_in
+    return OpCost(flops_bwd=float(n_out - n_in), bytes_read=n_out * BYTES_PER_ELEMENT,
+                  bytes_written=n_out * BYTES_PER_ELEMENT, kernels_fwd=1, kernels_bwd=1 if tiles else 0, kind="other")
+
+
 def _input(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     return OpCost(kind="view")
 
@@ -748,5 +759,6 @@ HANDLERS: dict[str, Handler] = {
     "pad": _pad,
     "pixel_shuffle": _pixel_shuffle,
     "pixel_unshuffle": _pixel_shuffle,
+    "repeat": _repeat,
     "local_response_norm": _local_response_norm,
 }

@@ -302,6 +302,9 @@ _PASSES: dict[str, tuple[float, float, int]] = {
     **dict.fromkeys(("maxpool2d", "adaptivemaxpool2d", "interpolate"), (1.0, 3.0, 2)),  # backward: zero + scatter
     # a copy each way (a constant pad's backward copies the gradient's middle out; a shuffle's is an unshuffle)
     **dict.fromkeys(("pad", "pixel_shuffle", "pixel_unshuffle"), (1.0, 1.0, 1)),
+    # a tiling: a copy forward; backward a sum over the tiles (the output-sized gradient read, the input's written);
+    # repeats all 1 hand the gradient on: _PLAIN_REPEAT_PASSES
+    "repeat": (1.0, 1.0, 1),
     # backward: x ** (p - 1) (a read, a write), times p (the same), times the gradient (two reads, a write); rsqrt's
     # the same of its result (result ** 3, -0.5 * grad, their product)
     "pow": (1.0, 7.0, 3),
@@ -318,6 +321,8 @@ _BORDER_PAD_PASSES = (1.0, 2.0, 2)
 _DEFAULT_PASSES = (1.0, 3.0, 1)
 #: An RMS norm without a weight: its input's gradient alone, one kernel (reads the gradient and the input, writes one).
 _PLAIN_RMSNORM_PASSES = (1.5, 3.0, 1)
+#: A repeat of counts all 1: a copy forward; backward the gradient handed on (no kernel).
+_PLAIN_REPEAT_PASSES = (1.0, 0.0, 0)
 
 
 def _circular_pad_passes(node: Node) -> tuple[float, float, int]:
@@ -405,6 +410,8 @@ def _passes(node: Node) -> tuple[float, float, int]:
         return _SQRT_PASSES
     if node.op == "rmsnorm" and not node.attrs.get("elementwise_affine", True):
         return _PLAIN_RMSNORM_PASSES
+    if node.op == "repeat" and all(int(r) == 1 for r in node.attrs["repeats"]):
+        return _PLAIN_REPEAT_PASSES
     return _PASSES.get(node.op, _DEFAULT_PASSES)
 
 

@@ -174,7 +174,7 @@ def perf4sight_vectors(desc: NetworkDescription) -> tuple[np.ndarray, np.ndarray
             scaled[_IDX["add_elems"]] += out
         elif node.op == "cat":
             scaled[_IDX["cat_bytes"]] += out * BYTES_PER_ELEMENT
-        elif node.op in ("pad", "pixel_shuffle", "pixel_unshuffle"):  # copies, as a concatenation is
+        elif node.op in ("pad", "pixel_shuffle", "pixel_unshuffle", "repeat"):  # copies, as a concatenation is
             scaled[_IDX["cat_bytes"]] += out * BYTES_PER_ELEMENT
     return static, scaled
 

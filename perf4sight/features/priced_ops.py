@@ -61,7 +61,9 @@ _PRICED_AS = {"leaky_relu": "relu", "hardtanh": "relu6",
               "log_sigmoid": "softplus",
               # not measured: a fused norm over the last dims, a statistics pass then a normalising one (a layer
               # norm's without the mean), priced as a layer norm
-              "rmsnorm": "layernorm"}
+              "rmsnorm": "layernorm",
+              # not measured: a copy into the output (a concatenation's of its input with itself), backward a sum
+              "repeat": "cat"}
 
 
 def check_prices(data: Any, where: str) -> dict[str, dict[int, float]]:

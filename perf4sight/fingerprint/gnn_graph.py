@@ -52,6 +52,7 @@ OP_TOKEN: dict[str, str] = {**{op: op for op in OP_VOCAB},
                             "prelu": "relu", "dropout2d": "dropout", "log_softmax": "sigmoid",
                             "selu": "relu", "celu": "relu",
                             "rmsnorm": "batchnorm2d",
+                            "repeat": "cat",  # a copy that places its input anew, as a concatenation of it
                             "local_response_norm": "batchnorm2d",
                             # elementwise maths of one tensor, as sigmoid's is
                             "pow": "sigmoid", "exp": "sigmoid", "abs": "sigmoid", "div": "mul", "var": "mean",

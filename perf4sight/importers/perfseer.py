@@ -104,6 +104,7 @@ ONNX_TO_OP: dict[str, str] = {
     "ThresholdedRelu": "threshold", "Threshold": "threshold",
     "LogSigmoid": "log_sigmoid",  # no ONNX op (torch's exporter writes a Sigmoid and a Log): a type of our own
     "RMSNormalization": "rmsnorm",  # ONNX opset 23's
+    "Tile": "repeat",
 }
 #: Our op -> ONNX op type. Five of ours share a type with another: ``permute`` is a ``Transpose`` of more than two
 #: axes; ``scale``, ``shift`` and ``token`` are a ``Mul``, an ``Add`` and a ``Concat`` with a learnt tensor (an ONNX
@@ -494,6 +495,8 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         return a
     if op == "rmsnorm":
         return _rmsnorm_attrs(args, in_shapes, where)
+    if op == "repeat":
+        return _repeat_attrs(args, in_shapes, where)
     if op == "groupnorm":  # ONNX's GroupNormalization: num_groups, epsilon (1e-5); a scale and a bias always
         a = {"num_groups": num("num_groups"), "num_channels": num("num_channels", default=in_shapes[0][0])}
         if args.get("eps", args.get("epsilon")) is not None:
@@ -595,6 +598,17 @@ def _rmsnorm_attrs(args: dict[str, Any], in_shapes: list[list[int]], where: str)
     if args.get("elementwise_affine") is False:
         a["elementwise_affine"] = False
     return a
+
+
+def _repeat_attrs(args: dict[str, Any], in_shapes: list[list[int]], where: str) -> dict[str, Any]:
+    """A ``repeat``'s attrs from ours (repeats after the batch) or ONNX's Tile (its repeats, an input there, an arg
+    here: one per dimension, the batch's first, which must be 1); a tiling of the batch is refused by name."""
+    repeats = _ints(args.get("repeats"), f"{where} repeats")
+    if len(repeats) == len(in_shapes[0]) + 1:
+        if repeats[0] != 1:
+            raise UserError(f"{where}: a Tile of {repeats} tiles the batch, which has no description op")
+        repeats = repeats[1:]
+    return {"repeats": repeats}
 
 
 #: ONNX's Selu defaults (float32), torch's SELU's constants: a Selu of others is no torch SELU.

@@ -556,10 +556,21 @@ for _key, _exponent in ((torch.square, 2.0), ("square", 2.0), (torch.sqrt, 0.5),
                         ("rsqrt", -0.5)):
     FUNCTION_OPS[_key] = (lambda e: lambda n: ("pow", {"exponent": e}))(_exponent)
 def _repeat(n: fx.Node) -> tuple[str, dict]:
-    """``x.repeat(...)``, ``x.tile(...)``: refused, naming what describes a tiling read by a broadcasting op."""
-    raise ValueError(f"a {n.target if isinstance(n.target, str) else n.target.__name__} (a copy of the tensor tiled) "
-                     "has no description op; where an add or multiply reads it, x.expand(...) or x.expand_as(y) "
-                     "broadcasts the same without the copy")
+    """``x.repeat(*sizes)``, ``x.tile(dims)``, ``torch.tile(x, dims)`` (a tile's dims shorter than the input's filled
+    with ones in front, as torch's): the op repeat of the counts after the batch's. One that tiles the batch or adds
+    dimensions before it is refused by name, as a tiling of none (0) is."""
+    call = n.target if isinstance(n.target, str) else n.target.__name__
+    sizes = n.args[1:] if call == "repeat" else (_arg(n, 1, "dims"),)
+    if len(sizes) == 1 and isinstance(sizes[0], (list, tuple)):
+        sizes = sizes[0]
+    sizes = [int(_shape_value(s)) for s in sizes]
+    rank = len(n.args[0].meta["tensor_meta"].shape)
+    if call == "tile":
+        sizes = [1] * (rank - len(sizes)) + sizes
+    if len(sizes) != rank or sizes[0] != 1 or min(sizes) < 1:
+        raise ValueError(f"a {call} of {sizes} tiles the batch, adds dimensions before it or repeats nothing "
+                         f"(of a tensor of {rank} dimensions, the batch's first), which has no description op")
+    return "repeat", {"repeats": sizes[1:]}
 
 
 for _key in ("repeat", "tile", torch.tile):

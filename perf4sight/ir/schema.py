@@ -64,6 +64,9 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # x / sqrt(mean(x^2) + eps) over the last dims (torch's RMSNorm, >= 2.4), times a weight of normalized_shape
     # where elementwise_affine (true; no bias); optional eps (torch's default None: float32's machine epsilon)
     "rmsnorm": ("normalized_shape",),
+    # the input tiled: repeats[i] copies along each dimension after the batch (torch's x.repeat(1, *repeats),
+    # x.tile; ONNX's Tile)
+    "repeat": ("repeats",),
     # over each of num_groups groups of a [C, ...] input's channels (num_channels = C, a multiple of num_groups);
     # optional eps (1e-5), affine (true: a weight and bias of num_channels each)
     "groupnorm": ("num_groups", "num_channels"),
@@ -162,7 +165,8 @@ _POSITIVE: Dict[str, Tuple[str, ...]] = {
 #: Op -> attributes that must be lists of positive integers (a shape).
 _SHAPES: Dict[str, Tuple[str, ...]] = {"layernorm": ("normalized_shape",), "scale": ("shape",), "shift": ("shape",),
                                        "token": ("shape",), "interpolate": ("size",),
-                                       "rmsnorm": ("normalized_shape",)}
+                                       "rmsnorm": ("normalized_shape",),
+                                       "repeat": ("repeats",)}
 #: Op -> attributes that must be true or false where given (required or optional).
 _FLAGS: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("bias",), "linear": ("bias",), "attention": ("bias",), "group_attention": ("bias",),

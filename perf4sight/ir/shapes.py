@@ -34,6 +34,7 @@ ARITY: Dict[str, Tuple[int, Optional[int]]] = {
     "glu": (1, 1),
     "local_response_norm": (1, 1),
     "rmsnorm": (1, 1),
+    "repeat": (1, 1),
 }
 
 
@@ -283,6 +284,11 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
         return _padded(a, x)
     if op in ("pixel_shuffle", "pixel_unshuffle"):
         return _shuffled(op, a, x)
+    if op == "repeat":
+        repeats = [int(r) for r in a["repeats"]]
+        if len(repeats) != len(x):
+            return f"repeats {repeats} must give one count per dimension of its input {x}"
+        return [s * r for s, r in zip(x, repeats)]
     if op in ("select", "narrow"):
         axis = _axis(int(a["dim"]), len(x))
         if axis is None:

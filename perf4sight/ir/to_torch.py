@@ -344,6 +344,11 @@ def _interpolate(x: torch.Tensor, size: List[int], mode: str, align_corners: boo
                          align_corners=align_corners if mode == "bilinear" else None)
 
 
+def _repeat(x: torch.Tensor, repeats: List[int]) -> torch.Tensor:
+    """``x`` tiled ``repeats`` times along each dimension after the batch (torch's repeat: a copy)."""
+    return x.repeat(1, *repeats)
+
+
 def _pad(x: torch.Tensor, pads: List[int], mode: str, value: float) -> torch.Tensor:
     """``x`` ([N, C, H, W]) padded by ``pads`` ([left, right, top, bottom]) in ``mode`` (with ``value``: constant)."""
     return F.pad(x, pads, mode=mode, value=value if mode == "constant" else None)
@@ -392,6 +397,7 @@ FUNCTION_BUILDERS: Dict[str, Callable[[List, Dict], Tuple[Callable, Tuple]]] = {
                                                 bool(a.get("align_corners", False)))),
     "pad": lambda x, a: (_pad, (x[0], [int(p) for p in a["pads"]], str(a["mode"]), float(a.get("value", 0.0)))),
     "pixel_shuffle": lambda x, a: (torch.pixel_shuffle, (x[0], int(a["upscale_factor"]))),
+    "repeat": lambda x, a: (_repeat, (x[0], [int(r) for r in a["repeats"]])),
     "pixel_unshuffle": lambda x, a: (torch.pixel_unshuffle, (x[0], int(a["downscale_factor"]))),
     "pow": lambda x, a: (_power, (x[0], float(a["exponent"]))),
     "exp": lambda x, a: (torch.exp, (x[0],)),
