@@ -1658,3 +1658,31 @@ def test_allocation_model_writes_down_repeats_as_torch_runs_them():
     step = _OptimizerStep("sgd", 0.1, PERF4SIGHT_MOMENTUM, None)
     own = _trace(original.to("meta").train(), desc, 3, 3, step, {}, False)
     assert _as_replayed(own) == _as_replayed(traced)
+
+
+def test_allocation_model_writes_down_rrelus_as_traced():
+    """An RReLU in training (measured on torch 2.14): a noise of the input's size (empty_like), then its output or in
+    place its input; it keeps the noise and its input, or its result; backward rrelu_with_noise_backward. The model
+    writes it down as the meta trace records it, on the network input too (no gradient: the noise freed at once)."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1, self.c2, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3), nn.Linear(8, 5)
+            self.a0, self.a1, self.a2 = nn.RReLU(), nn.RReLU(0.1, 0.3), nn.RReLU(inplace=True)
+
+        def forward(self, x):
+            y = self.c2(self.a1(self.c1(self.a0(x))))
+            return self.fc(F.rrelu(self.a2(y), training=True).mean((2, 3)))
+
+    desc = describe(Net(), [3, 8, 8], "randomised")
+    assert [n.attrs.get("inplace", False) for n in desc.nodes if n.op == "rrelu"] == [False, False, True, False]
+    model, traced = record_events(desc, 3, steps=3, method="model"), record_events(desc, 3, steps=3, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+    kernels = [op for kind, _, _, op in model if kind == ALLOC]
+    assert kernels.count("aten.empty_like.default") == 4 * 3 and kernels.count("aten.rrelu_with_noise.default") == 9
+    assert kernels.count("aten.rrelu_with_noise_backward.default") == 3 * 3

@@ -2595,3 +2595,35 @@ def test_an_rms_norm_is_described_and_rebuilt():
     next(n for n in bad["nodes"] if n["op"] == "rmsnorm")["attrs"]["normalized_shape"] = [6, 8]
     with pytest.raises(UserError, match=r"normalized_shape \[6, 8\] is not the last dimensions"):
         NetworkDescription.from_dict(bad)
+
+
+class _Randomised(nn.Module):
+    """RReLU as the layer (in place too), the call (of a fixed slope: F.rrelu's training=False) and torch's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.a1, self.c2 = nn.Conv2d(3, 8, 3), nn.RReLU(), nn.Conv2d(8, 8, 3)
+        self.a2 = nn.RReLU(0.1, 0.3, inplace=True)
+
+    def forward(self, x):
+        y = self.a2(F.rrelu(self.c2(self.a1(self.c1(x))), 0.2, 0.25))
+        return torch.rrelu(y * 2.0, 0.05, 0.5).mean((2, 3))
+
+
+def test_an_rrelu_is_described_and_rebuilt():
+    """RReLU (nn.RReLU, F.rrelu, torch.rrelu, in place too) was refused as a layer without a description op: it is the
+    op rrelu (lower, upper; inplace where given), rebuilt by nn.RReLU, which computes what the module computes (in
+    eval mode, a fixed slope) and describes back to it; one of lower above upper is refused when read."""
+    torch.manual_seed(0)
+    original = _Randomised().eval()
+    desc = NetworkDescription.from_dict(describe(original, [3, 8, 8], name="rrelu").to_dict())
+    assert [n.attrs for n in desc.nodes if n.op == "rrelu"] == [
+        {"lower": 1 / 8, "upper": 1 / 3}, {"lower": 0.2, "upper": 0.25}, {"lower": 0.1, "upper": 0.3, "inplace": True},
+        {"lower": 0.05, "upper": 0.5}]
+    _assert_same_function(desc, original, [3, 8, 8])
+    again = describe(build_module(desc), [3, 8, 8], name="rrelu")
+    assert [(n.op, n.attrs) for n in again.nodes] == [(n.op, n.attrs) for n in desc.nodes]
+    bad = desc.to_dict()
+    next(n for n in bad["nodes"] if n["op"] == "rrelu")["attrs"]["lower"] = 0.5
+    with pytest.raises(UserError, match="lower 0.5 is above upper"):
+        NetworkDescription.from_dict(bad)

@@ -1242,3 +1242,19 @@ def test_a_network_with_a_repeat_over_channels_is_pruned_with_the_tiled_channels
         desc = describe(m, [3, 8, 8], name="tiled_l30")
         assert [(n.attrs["repeats"], n.output_shape) for n in desc.nodes if n.op == "repeat"] == [([2, 1, 1],
                                                                                                    [16, 8, 8])]
+
+
+def test_a_network_with_rrelus_is_pruned_through_them() -> None:
+    """An RReLU keeps no weights: its channels are cut with the convolution before it, in place or not, and the pruned
+    network runs and describes."""
+    module = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.RReLU(), nn.Conv2d(16, 16, 3, padding=1),
+                           nn.RReLU(0.1, 0.3, inplace=True), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                           nn.Linear(16, CLASSES))
+    plan = PruningPlan(module, [3, 8, 8], min_channels=2, network="rrelu")
+    assert "pruning_unpruned_groups" not in plan.extra
+    pruned = plan.prune(plan.prune(40, meta=True).achieved_level)
+    assert pruned.module[0].out_channels < 16 and pruned.module[2].out_channels < 16
+    assert pruned.module(torch.randn(2, 3, 8, 8)).shape == (2, CLASSES)
+    desc = describe(pruned.module, [3, 8, 8], name="rrelu_l40")
+    assert [n.output_shape[0] for n in desc.nodes if n.op == "rrelu"] == [pruned.module[0].out_channels,
+                                                                           pruned.module[2].out_channels]

@@ -123,7 +123,8 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "hardshrink", "softshrink", "threshold",
                      "log_sigmoid",
                      "rmsnorm",
-                     "repeat"})
+                     "repeat",
+                     "rrelu"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
                 "gelu": ("gelu", "input"), "sigmoid": ("sigmoid", "result"), "tanh": ("tanh", "result"),
@@ -817,6 +818,20 @@ def _rebased(ctx: _OpContext, kernel: str, kept: int) -> _Value:
     return _Value(ctx.mem.hold(x.sid), x.nbytes, x.fn, view=True)
 
 
+def _rrelu(ctx: _OpContext) -> _Value:
+    """RReLU as torch runs it (aten.rrelu, on any device): a noise of the input's size (``empty_like``; the kernel
+    writes each element's slope into it), then its output, or in place its input; it keeps the noise, and its input
+    or, in place, its result. Backward ``rrelu_with_noise_backward``: the input's gradient. In place on a view, or
+    on a tensor that needs no gradient or that another node keeps, not covered."""
+    n, x = ctx.node, ctx.x
+    inplace = bool(n.attrs.get("inplace"))
+    if inplace and (x.fn is None or x.view or x.sid in ctx.mem.saved):
+        raise NotCovered(f"in-place rrelu on '{n.inputs[0]}'")
+    noise = ctx.alloc("empty_like.default", x.nbytes, holders=0)
+    sid = ctx.mem.hold(x.sid) if inplace else ctx.alloc("rrelu_with_noise.default")
+    return _Value(sid, ctx.nbytes, ctx.unary_grad_fn("aten.rrelu_with_noise_backward.default", [x.sid, noise]))
+
+
 def _softmax(ctx: _OpContext) -> _Value:
     """A softmax or a log-softmax along a dim (out of place): its output, which its backward keeps."""
     kernel = "_" + ctx.node.op
@@ -1317,6 +1332,7 @@ _HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
     "attention": _attention,
     **dict.fromkeys(("pad", "pixel_shuffle", "pixel_unshuffle"), _rearrange),
     "repeat": _tiling,
+    "rrelu": _rrelu,
     **dict.fromkeys((*_VIEWS, "transpose", "select", "narrow", "identity"), _view_op),
 }
 

@@ -305,6 +305,8 @@ _PASSES: dict[str, tuple[float, float, int]] = {
     # a tiling: a copy forward; backward a sum over the tiles (the output-sized gradient read, the input's written);
     # repeats all 1 hand the gradient on: _PLAIN_REPEAT_PASSES
     "repeat": (1.0, 1.0, 1),
+    # forward the input read, the output and the noise written; backward the gradient and the noise read, one written
+    "rrelu": (1.5, 3.0, 1),
     # backward: x ** (p - 1) (a read, a write), times p (the same), times the gradient (two reads, a write); rsqrt's
     # the same of its result (result ** 3, -0.5 * grad, their product)
     "pow": (1.0, 7.0, 3),

@@ -162,7 +162,7 @@ def perf4sight_vectors(desc: NetworkDescription) -> tuple[np.ndarray, np.ndarray
             scaled[_IDX["norm_elems"]] += out
         elif node.op in ("relu", "relu6", "hardswish", "hardsigmoid", "sigmoid", "silu", "gelu", "tanh", "leaky_relu",
                          "elu", "softplus", "mish", "hardtanh", "softmax", "log_softmax", "prelu",
-                         "selu", "celu",
+                         "selu", "celu", "rrelu",
                          "pow", "exp", "abs",
                          "glu",
                          "hardshrink", "softshrink", "threshold",

@@ -63,7 +63,9 @@ _PRICED_AS = {"leaky_relu": "relu", "hardtanh": "relu6",
               # norm's without the mean), priced as a layer norm
               "rmsnorm": "layernorm",
               # not measured: a copy into the output (a concatenation's of its input with itself), backward a sum
-              "repeat": "cat"}
+              "repeat": "cat",
+              # not measured: a random draw per element and a noise tensor written, as a dropout's
+              "rrelu": "dropout"}
 
 
 def check_prices(data: Any, where: str) -> dict[str, dict[int, float]]:

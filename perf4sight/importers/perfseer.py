@@ -105,6 +105,8 @@ ONNX_TO_OP: dict[str, str] = {
     "LogSigmoid": "log_sigmoid",  # no ONNX op (torch's exporter writes a Sigmoid and a Log): a type of our own
     "RMSNormalization": "rmsnorm",  # ONNX opset 23's
     "Tile": "repeat",
+    # ONNX has no RReLU (torch's exporter writes its eval-mode LeakyRelu): a type of this tool's own
+    "RRelu": "rrelu",
 }
 #: Our op -> ONNX op type. Five of ours share a type with another: ``permute`` is a ``Transpose`` of more than two
 #: axes; ``scale``, ``shift`` and ``token`` are a ``Mul``, an ``Add`` and a ``Concat`` with a learnt tensor (an ONNX
@@ -534,6 +536,9 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         return {"negative_slope": _number(args.get("negative_slope", args.get("alpha", 0.01)), f"{where} alpha")}
     if op == "elu":  # ONNX's Elu: alpha, 1 where not given
         return {"alpha": _number(args.get("alpha", 1.0), f"{where} alpha")}
+    if op == "rrelu":  # torch's defaults where left out
+        return {"lower": _number(args.get("lower", 1 / 8), f"{where} lower"),
+                "upper": _number(args.get("upper", 1 / 3), f"{where} upper")}
     if op == "celu":  # ONNX's Celu: alpha, 1 where not given
         return {"alpha": _number(args.get("alpha", 1.0), f"{where} alpha")}
     if op == "selu":

@@ -323,6 +323,13 @@ def _threshold_attrs(threshold: Any, value: Any, inplace: bool) -> tuple[str, di
     return "threshold", {"threshold": float(threshold), "value": float(value), **({"inplace": True} if inplace else {})}
 
 
+def _rrelu_attrs(lower: Any, upper: Any, inplace: bool) -> tuple[str, dict]:
+    """An RReLU of slopes drawn from [lower, upper], in place where ``inplace``. A call of training=False (F.rrelu's
+    default: a fixed slope, (lower + upper) / 2) makes and keeps the same noise tensor (torch's rrelu_with_noise
+    either way): described as the layer in training, whose slopes are drawn."""
+    return "rrelu", {"lower": float(lower), "upper": float(upper), **({"inplace": True} if inplace else {})}
+
+
 def _inplace(op: str) -> Callable[[nn.Module], tuple[str, dict]]:
     return lambda m: (op, {"inplace": True} if getattr(m, "inplace", False) else {})
 
@@ -352,6 +359,7 @@ MODULE_OPS: list[tuple[type, Callable[[Any], tuple[str, dict]]]] = [
     (nn.Hardshrink, lambda m: ("hardshrink", {"lambd": float(m.lambd)})),
     (nn.Softshrink, lambda m: ("softshrink", {"lambd": float(m.lambd)})),
     (nn.Threshold, lambda m: _threshold_attrs(m.threshold, m.value, m.inplace)),
+    (nn.RReLU, lambda m: _rrelu_attrs(m.lower, m.upper, m.inplace)),
     (nn.Identity, lambda m: ("identity", {})),
     (nn.MaxPool2d, _maxpool),
     (nn.AvgPool2d, _avgpool),
@@ -537,6 +545,9 @@ for _key, _op in ((torch.hardshrink, "hardshrink"), ("hardshrink", "hardshrink")
 for _key in (F.threshold, torch.threshold, torch.threshold_):  # F.threshold_ is torch.threshold_
     FUNCTION_OPS[_key] = lambda n: _threshold_attrs(_arg(n, 1, "threshold"), _arg(n, 2, "value"),
                                                     bool(_arg(n, 3, "inplace", False)) or n.target is torch.threshold_)
+for _key in (F.rrelu, F.rrelu_, torch.rrelu, torch.rrelu_):
+    FUNCTION_OPS[_key] = lambda n: _rrelu_attrs(_arg(n, 1, "lower", 1 / 8), _arg(n, 2, "upper", 1 / 3),
+                                                bool(_arg(n, 4, "inplace", False)) or n.target is torch.rrelu_)
 FUNCTION_OPS[F.mish] = lambda n: ("mish", {"inplace": True} if _arg(n, 1, "inplace", False) else {})
 
 

@@ -35,6 +35,9 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # alpha * (exp(x / alpha) - 1), alpha not 0 (ONNX's Selu of its default alpha and gamma, and Celu)
     "selu": (),
     "celu": ("alpha",),
+    # RReLU in training: x where x >= 0, else a * x, a drawn per element uniformly from [lower, upper] (torch's
+    # rrelu_with_noise, which writes the slopes into a noise tensor of the input's size and keeps it)
+    "rrelu": ("lower", "upper"),
     "softplus": ("beta", "threshold"),  # log(1 + exp(beta * x)) / beta; x where beta * x > threshold
     # torch's Hardshrink: x where |x| > lambd, else 0; Softshrink: x - lambd where x > lambd, x + lambd where
     # x < -lambd, else 0 (lambd at least 0); Threshold: x where x > threshold, else value (ONNX's Shrink is either
@@ -183,6 +186,7 @@ _FLAGS: Dict[str, Tuple[str, ...]] = {
                                    "hardtanh",
                                    "selu", "celu",
                                    "threshold",
+                                   "rrelu",
                                    "identity", "dropout")},
 }
 #: Op -> attributes that must be numbers where given: (name, least, most); None: no bound. A dropout's
@@ -201,6 +205,7 @@ _NUMBERS: Dict[str, Tuple[Tuple[str, Any, Any], ...]] = {
     "celu": (("alpha", None, None),),
     "hardshrink": (("lambd", None, None),), "softshrink": (("lambd", 0, None),),
     "threshold": (("threshold", None, None), ("value", None, None)),
+    "rrelu": (("lower", None, None), ("upper", None, None)),
     "local_response_norm": (("alpha", None, None), ("beta", None, None), ("k", None, None)),
     "pad": (("value", None, None),),
     "pow": (("exponent", None, None),),
@@ -306,6 +311,8 @@ def _attr_problem(node: "Node") -> str:
         return f"min_val {node.attrs['min_val']} is not below max_val {node.attrs['max_val']}"
     if node.op == "pad":
         return _pad_problem(node.attrs)
+    if node.op == "rrelu" and node.attrs["lower"] > node.attrs["upper"]:
+        return f"lower {node.attrs['lower']} is above upper {node.attrs['upper']} (its slopes are drawn between them)"
     if node.op == "celu" and node.attrs["alpha"] == 0:
         return "attr 'alpha' of a celu must not be 0 (its input is divided by it)"
     return ""

@@ -17,6 +17,7 @@ _UNARY = ("relu", "relu6", "hardswish", "sigmoid", "hardsigmoid", "silu", "gelu"
           "selu", "celu",
           "hardshrink", "softshrink", "threshold",
           "log_sigmoid",
+          "rrelu",
           "pow", "exp", "abs")
 
 #: op -> (fewest, most) inputs; None = no upper bound
