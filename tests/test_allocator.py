@@ -1686,3 +1686,32 @@ def test_allocation_model_writes_down_rrelus_as_traced():
     kernels = [op for kind, _, _, op in model if kind == ALLOC]
     assert kernels.count("aten.empty_like.default") == 4 * 3 and kernels.count("aten.rrelu_with_noise.default") == 9
     assert kernels.count("aten.rrelu_with_noise_backward.default") == 3 * 3
+
+
+def test_allocation_model_writes_down_alpha_dropouts_as_torch_runs_them():
+    """An alpha dropout in training (no kernel of its own, measured on torch 2.14): a noise (of the input's size, or a
+    float per sample and channel), a shift made of it, the output, the shift freed; the noise kept, the backward's
+    product allocated. The model writes it down as the meta trace records it, on the network input (no gradient: the
+    noise freed at once) and of p 0 (its input handed back) too, and the trace records what torch records for the
+    module."""
+    import torch
+    from torch import nn
+
+    from perf4sight.features.alloc_trace import _OptimizerStep, _trace
+    from perf4sight.features.optimizers import PERF4SIGHT_MOMENTUM
+    from perf4sight.ir.from_torch import describe
+
+    torch.manual_seed(0)
+    original = nn.Sequential(nn.AlphaDropout(0.1), nn.Conv2d(3, 8, 3, padding=1), nn.SELU(), nn.AlphaDropout(0.2),
+                             nn.Conv2d(8, 8, 3), nn.SELU(), nn.FeatureAlphaDropout(0.1), nn.AlphaDropout(0.0),
+                             nn.Flatten(), nn.Linear(8 * 6 * 6, 5))
+    desc = describe(original, [3, 8, 8], "snn")
+    assert [n.attrs.get("feature", False) for n in desc.nodes if n.op == "alpha_dropout"] == [False, False, True, False]
+    model, traced = record_events(desc, 3, steps=3, method="model"), record_events(desc, 3, steps=3, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+    kernels = [(op, size) for kind, _, size, op in model if kind == ALLOC]
+    assert [size for op, size in kernels if op == "aten.new_empty.default"] == [3 * 8 * 4] * 3  # the channels' noise
+    assert sum(op == "aten.add.Scalar" for op, _ in kernels) == 3 * 3
+    step = _OptimizerStep("sgd", 0.1, PERF4SIGHT_MOMENTUM, None)
+    own = _trace(original.to("meta").train(), desc, 3, 3, step, {}, False)
+    assert _as_replayed(own) == _as_replayed(traced)

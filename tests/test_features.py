@@ -1205,3 +1205,24 @@ def test_an_rrelu_keeps_its_noise_and_its_input_or_result():
     at2, at4 = (b * _autograd_saved_bytes(desc, b) for b in (2, 4))
     assert nf.per_sample["saved_bytes"] + nf.per_sample["input_bytes"] == (at4 - at2) / 2
     assert not nf.unsupported
+
+
+def test_an_alpha_dropout_keeps_its_noise():
+    """An alpha dropout keeps its noise alone (an element's size, or a float per sample and channel): exactly what a
+    sample adds to autograd's saved tensors; seven kernels forward, one back; of p 0 a view of its input."""
+    pytest.importorskip("torch")
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.SELU(), nn.AlphaDropout(0.1), nn.Conv2d(8, 8, 3), nn.SELU(),
+                        nn.FeatureAlphaDropout(0.2), nn.AlphaDropout(0.0), nn.Flatten(), nn.Linear(8 * 36, 10))
+    desc = describe(net, [3, 10, 10], "snn")
+    drops = [n for n in desc.nodes if n.op == "alpha_dropout"]
+    costs = [_cost(n, [desc.node(n.inputs[0]).output_shape]) for n in drops]
+    assert [(c.flops_fwd, c.flops_bwd, c.extra_saved_bytes, c.kernels_fwd) for c in costs] == [
+        (7.0 * 8 * 64, 8.0 * 64, 4.0 * 8 * 64, 7), (2.0 * 8 * 36 + 5 * 8, 8.0 * 36, 4.0 * 8, 7), (0.0, 0.0, 0.0, 0)]
+    nf = network_features(desc)
+    at2, at4 = (b * _autograd_saved_bytes(desc, b) for b in (2, 4))
+    assert nf.per_sample["saved_bytes"] + nf.per_sample["input_bytes"] == (at4 - at2) / 2
+    assert not nf.unsupported

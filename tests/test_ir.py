@@ -2627,3 +2627,39 @@ def test_an_rrelu_is_described_and_rebuilt():
     next(n for n in bad["nodes"] if n["op"] == "rrelu")["attrs"]["lower"] = 0.5
     with pytest.raises(UserError, match="lower 0.5 is above upper"):
         NetworkDescription.from_dict(bad)
+
+
+class _SelfNormalisingDropouts(nn.Module):
+    """A self-normalising network's dropouts: nn.AlphaDropout, nn.FeatureAlphaDropout, F.alpha_dropout given its
+    training flag (as self.training: False when traced in eval mode) and without it, F.feature_alpha_dropout in
+    place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.d1, self.c2 = nn.Conv2d(3, 8, 3), nn.AlphaDropout(0.1), nn.Conv2d(8, 8, 3)
+        self.d2 = nn.FeatureAlphaDropout(0.2)
+
+    def forward(self, x):
+        y = self.d2(self.c2(self.d1(torch.selu(self.c1(x)))))
+        y = F.alpha_dropout(F.alpha_dropout(y, 0.3, self.training), 0.4)
+        return F.feature_alpha_dropout(y * 2.0, 0.05, self.training, True).mean((2, 3))
+
+
+def test_an_alpha_dropout_is_described_and_rebuilt():
+    """AlphaDropout and FeatureAlphaDropout (a self-normalising network's dropouts: the layers, the calls) were
+    refused as layers without a description op: they are the op alpha_dropout (p; feature for whole channels;
+    inplace where given), rebuilt by nn.AlphaDropout or nn.FeatureAlphaDropout, which compute what the module
+    computes and describe back to them; a call is the layer in training whatever its training flag (fx passes
+    self.training, False in the eval-mode trace, as torch's default). A p above 1 is refused when read."""
+    torch.manual_seed(0)
+    original = _SelfNormalisingDropouts().eval()
+    desc = NetworkDescription.from_dict(describe(original, [3, 8, 8], name="snn").to_dict())
+    assert [n.attrs for n in desc.nodes if n.op == "alpha_dropout"] == [
+        {"p": 0.1}, {"p": 0.2, "feature": True}, {"p": 0.3}, {"p": 0.4}, {"p": 0.05, "feature": True, "inplace": True}]
+    _assert_same_function(desc, original, [3, 8, 8])
+    again = describe(build_module(desc), [3, 8, 8], name="snn")
+    assert [(n.op, n.attrs) for n in again.nodes] == [(n.op, n.attrs) for n in desc.nodes]
+    bad = desc.to_dict()
+    next(n for n in bad["nodes"] if n["op"] == "alpha_dropout")["attrs"]["p"] = 1.5
+    with pytest.raises(UserError, match="alpha_dropout"):
+        NetworkDescription.from_dict(bad)

@@ -1258,3 +1258,19 @@ def test_a_network_with_rrelus_is_pruned_through_them() -> None:
     desc = describe(pruned.module, [3, 8, 8], name="rrelu_l40")
     assert [n.output_shape[0] for n in desc.nodes if n.op == "rrelu"] == [pruned.module[0].out_channels,
                                                                            pruned.module[2].out_channels]
+
+
+def test_a_self_normalising_network_with_alpha_dropouts_is_pruned_through_them() -> None:
+    """Alpha dropouts keep no weights (a channel dropout's noise is drawn per step): their channels are cut with the
+    convolution before them, and the pruned network runs and describes."""
+    module = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.SELU(), nn.AlphaDropout(0.1),
+                           nn.Conv2d(16, 16, 3, padding=1), nn.SELU(), nn.FeatureAlphaDropout(0.1),
+                           nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, CLASSES))
+    plan = PruningPlan(module, [3, 8, 8], min_channels=2, network="snn")
+    assert "pruning_unpruned_groups" not in plan.extra
+    pruned = plan.prune(plan.prune(40, meta=True).achieved_level)
+    assert pruned.module[0].out_channels < 16 and pruned.module[3].out_channels < 16
+    assert pruned.module.train()(torch.randn(2, 3, 8, 8)).shape == (2, CLASSES)
+    desc = describe(pruned.module, [3, 8, 8], name="snn_l40")
+    assert [n.output_shape[0] for n in desc.nodes if n.op == "alpha_dropout"] == [pruned.module[0].out_channels,
+                                                                                   pruned.module[3].out_channels]

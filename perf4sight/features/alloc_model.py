@@ -124,7 +124,8 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "log_sigmoid",
                      "rmsnorm",
                      "repeat",
-                     "rrelu"})
+                     "rrelu",
+                     "alpha_dropout"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
                 "gelu": ("gelu", "input"), "sigmoid": ("sigmoid", "result"), "tanh": ("tanh", "result"),
@@ -876,6 +877,27 @@ def _dropout2d(ctx: _OpContext) -> _Value:
     return _Value(sid, ctx.nbytes, ctx.unary_grad_fn("aten.mul.Tensor", [noise]))
 
 
+def _alpha_dropout(ctx: _OpContext) -> _Value:
+    """Alpha dropout (of elements, or of whole channels: feature) as torch runs it on any device (no kernel of its
+    own): a noise (of the input's size, ``empty_like``; of a float per sample and channel, ``new_empty``) drawn in
+    place, a shift made of it (``add.Scalar``: the b of a x + b), both scaled in place, the input times the noise (the
+    output) and the shift added to it in place, the shift then freed. It keeps the noise, by which its backward
+    multiplies the incoming gradient (a new tensor). Of ``p`` 0 torch hands the input back (:func:`_handed_back`); of
+    ``p`` 1 (the input times a zero), or in place, not covered."""
+    n = ctx.node
+    if float(n.attrs["p"]) == 0:
+        return _handed_back(ctx)
+    if float(n.attrs["p"]) == 1 or n.attrs.get("inplace"):
+        raise NotCovered("alpha_dropout of p 1 or in place")
+    feature = bool(n.attrs.get("feature"))
+    size = ctx.full_in[0] * ctx.full_in[1] * FLOAT if feature else ctx.x.nbytes
+    noise = ctx.alloc("new_empty.default" if feature else "empty_like.default", size, holders=0)
+    shift = ctx.alloc("add.Scalar", size)
+    sid = ctx.alloc("mul.Tensor")
+    ctx.mem.drop(shift)
+    return _Value(sid, ctx.nbytes, ctx.unary_grad_fn("aten.mul.Tensor", [noise]))
+
+
 def _summed(ctx: _OpContext, param: int, size: int, rows: int) -> tuple[str, int]:
     """The edge an instance norm's gradient of its repeated weight or bias (``rows`` bytes, one vector per sample)
     takes to parameter ``param`` (``size`` bytes): through a sum down to ``size`` bytes, or, at a batch of 1 (the
@@ -1333,6 +1355,7 @@ _HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
     **dict.fromkeys(("pad", "pixel_shuffle", "pixel_unshuffle"), _rearrange),
     "repeat": _tiling,
     "rrelu": _rrelu,
+    "alpha_dropout": _alpha_dropout,
     **dict.fromkeys((*_VIEWS, "transpose", "select", "narrow", "identity"), _view_op),
 }
 

@@ -525,10 +525,28 @@ def _dropout(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
                   extra_saved_bytes=float(n), kernels_fwd=2, kernels_bwd=1, kind="elementwise")
 
 
+def _alpha_dropout(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """Alpha dropout in training as torch runs it on any device (no kernel of its own; measured on torch 2.14): a
+    noise (an element's size, or a float per sample and channel: feature) drawn, a shift made of it and both scaled
+    (five kernels of the noise's size, a FLOP an element each), then the input times the noise and the shift added in
+    place (two kernels, a FLOP an element each). It keeps the noise (``extra_saved_bytes``), by which its one backward
+    kernel multiplies the gradient. Of ``p`` 0, a view of its input (:func:`hands_input_back`)."""
+    if hands_input_back(node):
+        return _view(node, in_shapes, first)
+    n = numel(node.output_shape)
+    noise = int(node.output_shape[0]) if node.attrs.get("feature") else n
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    return OpCost(flops_fwd=float(2 * n + 5 * noise), flops_bwd=float(n),
+                  bytes_read=rd + (6 * noise + n) * BYTES_PER_ELEMENT,
+                  bytes_written=2 * wr + 5 * noise * BYTES_PER_ELEMENT,
+                  extra_saved_bytes=float(noise * BYTES_PER_ELEMENT), kernels_fwd=7, kernels_bwd=1,
+                  kind="elementwise")
+
+
 def hands_input_back(node: Node) -> bool:
     """Whether ``node`` is a dropout (plain or of channels) of ``p`` 0, which torch runs by handing its input back
     (ViT's are such)."""
-    return node.op in ("dropout", "dropout2d") and float(node.attrs.get("p", 0.5)) == 0.0
+    return node.op in ("dropout", "dropout2d", "alpha_dropout") and float(node.attrs.get("p", 0.5)) == 0.0
 
 
 def _dropout2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
@@ -710,6 +728,7 @@ HANDLERS: dict[str, Handler] = {
     "softshrink": _pointwise(3, [0], 2),
     "threshold": _pointwise(1, [0], 1),
     "rrelu": _rrelu,
+    "alpha_dropout": _alpha_dropout,
     # a multiply, an exp, a log1p, a divide and the threshold's compare; backward an exp, a divide and a multiply
     # or so; it keeps its input (torch has no in-place softplus)
     "softplus": _pointwise(5, [0], 4),

@@ -307,6 +307,9 @@ _PASSES: dict[str, tuple[float, float, int]] = {
     "repeat": (1.0, 1.0, 1),
     # forward the input read, the output and the noise written; backward the gradient and the noise read, one written
     "rrelu": (1.5, 3.0, 1),
+    # seven kernels forward (formulas._alpha_dropout): five over a noise of the input's size, the multiply and the
+    # add (two reads and a write each); backward the gradient times the noise; of whole channels: _FEATURE_PASSES
+    "alpha_dropout": (7.5, 3.0, 1),
     # backward: x ** (p - 1) (a read, a write), times p (the same), times the gradient (two reads, a write); rsqrt's
     # the same of its result (result ** 3, -0.5 * grad, their product)
     "pow": (1.0, 7.0, 3),
@@ -323,6 +326,8 @@ _BORDER_PAD_PASSES = (1.0, 2.0, 2)
 _DEFAULT_PASSES = (1.0, 3.0, 1)
 #: An RMS norm without a weight: its input's gradient alone, one kernel (reads the gradient and the input, writes one).
 _PLAIN_RMSNORM_PASSES = (1.5, 3.0, 1)
+#: An alpha dropout of whole channels: its noise's kernels negligible, the multiply and the add each way.
+_FEATURE_ALPHA_DROPOUT_PASSES = (2.0, 2.0, 1)
 #: A repeat of counts all 1: a copy forward; backward the gradient handed on (no kernel).
 _PLAIN_REPEAT_PASSES = (1.0, 0.0, 0)
 
@@ -371,7 +376,8 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
             _group_attention(r, node, first)
         else:
             fwd_passes, bwd_passes, bwd_kernels = _passes(node)
-            composite = op == "local_response_norm" or op == "pad" and node.attrs["mode"] == "circular"
+            composite = op in ("local_response_norm", "alpha_dropout") \
+                or op == "pad" and node.attrs["mode"] == "circular"
             fwd_kernels = visit.cost.kernels_fwd if composite else 1  # torch runs these as several ops
             _elementwise(r, node, ins, fwd_passes, bwd_passes, bwd_kernels if visit.needs_grad else 0, fwd_kernels)
     _loss(r, desc.node(desc.output).output_shape, loss)
@@ -412,6 +418,8 @@ def _passes(node: Node) -> tuple[float, float, int]:
         return _SQRT_PASSES
     if node.op == "rmsnorm" and not node.attrs.get("elementwise_affine", True):
         return _PLAIN_RMSNORM_PASSES
+    if node.op == "alpha_dropout" and node.attrs.get("feature"):
+        return _FEATURE_ALPHA_DROPOUT_PASSES
     if node.op == "repeat" and all(int(r) == 1 for r in node.attrs["repeats"]):
         return _PLAIN_REPEAT_PASSES
     return _PASSES.get(node.op, _DEFAULT_PASSES)

@@ -65,7 +65,9 @@ _PRICED_AS = {"leaky_relu": "relu", "hardtanh": "relu6",
               # not measured: a copy into the output (a concatenation's of its input with itself), backward a sum
               "repeat": "cat",
               # not measured: a random draw per element and a noise tensor written, as a dropout's
-              "rrelu": "dropout"}
+              "rrelu": "dropout",
+              # not measured: a noise drawn, then a multiply and an add, as a dropout's
+              "alpha_dropout": "dropout"}
 
 
 def check_prices(data: Any, where: str) -> dict[str, dict[int, float]]:

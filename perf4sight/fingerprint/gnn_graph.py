@@ -50,7 +50,7 @@ OP_TOKEN: dict[str, str] = {**{op: op for op in OP_VOCAB},
                             # as patch_merge's are
                             "pad": "cat", "pixel_shuffle": "cat", "pixel_unshuffle": "cat",
                             "prelu": "relu", "dropout2d": "dropout", "log_softmax": "sigmoid",
-                            "selu": "relu", "celu": "relu", "rrelu": "relu",
+                            "selu": "relu", "celu": "relu", "rrelu": "relu", "alpha_dropout": "dropout",
                             "rmsnorm": "batchnorm2d",
                             "repeat": "cat",  # a copy that places its input anew, as a concatenation of it
                             "local_response_norm": "batchnorm2d",

@@ -107,6 +107,7 @@ ONNX_TO_OP: dict[str, str] = {
     "Tile": "repeat",
     # ONNX has no RReLU (torch's exporter writes its eval-mode LeakyRelu): a type of this tool's own
     "RRelu": "rrelu",
+    "AlphaDropout": "alpha_dropout",  # no ONNX op (torch's exporter leaves it out, as eval mode runs it)
 }
 #: Our op -> ONNX op type. Five of ours share a type with another: ``permute`` is a ``Transpose`` of more than two
 #: axes; ``scale``, ``shift`` and ``token`` are a ``Mul``, an ``Add`` and a ``Concat`` with a learnt tensor (an ONNX
@@ -536,6 +537,8 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         return {"negative_slope": _number(args.get("negative_slope", args.get("alpha", 0.01)), f"{where} alpha")}
     if op == "elu":  # ONNX's Elu: alpha, 1 where not given
         return {"alpha": _number(args.get("alpha", 1.0), f"{where} alpha")}
+    if op == "alpha_dropout":
+        return {"p": _number(args.get("p", 0.5), f"{where} p"), **({"feature": True} if flag("feature", False) else {})}
     if op == "rrelu":  # torch's defaults where left out
         return {"lower": _number(args.get("lower", 1 / 8), f"{where} lower"),
                 "upper": _number(args.get("upper", 1 / 3), f"{where} upper")}

@@ -330,6 +330,22 @@ def _rrelu_attrs(lower: Any, upper: Any, inplace: bool) -> tuple[str, dict]:
     return "rrelu", {"lower": float(lower), "upper": float(upper), **({"inplace": True} if inplace else {})}
 
 
+def _alpha_dropout_attrs(p: Any, feature: bool, inplace: bool) -> tuple[str, dict]:
+    """An alpha dropout of ``p``, of whole channels where ``feature``, in place where ``inplace``."""
+    return "alpha_dropout", {"p": float(p), **({"feature": True} if feature else {}),
+                             **({"inplace": True} if inplace else {})}
+
+
+def _alpha_dropout_call(n: fx.Node) -> tuple[str, dict]:
+    """``F.alpha_dropout(x, p, training, inplace)``, ``F.feature_alpha_dropout``, ``torch.alpha_dropout(x, p, train)``
+    and their in-place forms, whatever their training flag, as a dropout's: the layer in training (describe traces
+    the eval-mode forward, where ``training=self.training`` reads False, as F.alpha_dropout's default does: fx
+    passes either to torch.alpha_dropout as False)."""
+    name = n.target.__name__
+    inplace = bool(_arg(n, 3, "inplace", False)) or name.endswith("_")
+    return _alpha_dropout_attrs(_arg(n, 1, "p", 0.5), "feature" in name, inplace)
+
+
 def _inplace(op: str) -> Callable[[nn.Module], tuple[str, dict]]:
     return lambda m: (op, {"inplace": True} if getattr(m, "inplace", False) else {})
 
@@ -360,6 +376,8 @@ MODULE_OPS: list[tuple[type, Callable[[Any], tuple[str, dict]]]] = [
     (nn.Softshrink, lambda m: ("softshrink", {"lambd": float(m.lambd)})),
     (nn.Threshold, lambda m: _threshold_attrs(m.threshold, m.value, m.inplace)),
     (nn.RReLU, lambda m: _rrelu_attrs(m.lower, m.upper, m.inplace)),
+    (nn.AlphaDropout, lambda m: _alpha_dropout_attrs(m.p, False, m.inplace)),
+    (nn.FeatureAlphaDropout, lambda m: _alpha_dropout_attrs(m.p, True, m.inplace)),
     (nn.Identity, lambda m: ("identity", {})),
     (nn.MaxPool2d, _maxpool),
     (nn.AvgPool2d, _avgpool),
@@ -545,6 +563,9 @@ for _key, _op in ((torch.hardshrink, "hardshrink"), ("hardshrink", "hardshrink")
 for _key in (F.threshold, torch.threshold, torch.threshold_):  # F.threshold_ is torch.threshold_
     FUNCTION_OPS[_key] = lambda n: _threshold_attrs(_arg(n, 1, "threshold"), _arg(n, 2, "value"),
                                                     bool(_arg(n, 3, "inplace", False)) or n.target is torch.threshold_)
+for _key in (F.alpha_dropout, F.feature_alpha_dropout, torch.alpha_dropout, torch.alpha_dropout_,
+             torch.feature_alpha_dropout, torch.feature_alpha_dropout_):
+    FUNCTION_OPS[_key] = _alpha_dropout_call
 for _key in (F.rrelu, F.rrelu_, torch.rrelu, torch.rrelu_):
     FUNCTION_OPS[_key] = lambda n: _rrelu_attrs(_arg(n, 1, "lower", 1 / 8), _arg(n, 2, "upper", 1 / 3),
                                                 bool(_arg(n, 4, "inplace", False)) or n.target is torch.rrelu_)

@@ -38,6 +38,10 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # RReLU in training: x where x >= 0, else a * x, a drawn per element uniformly from [lower, upper] (torch's
     # rrelu_with_noise, which writes the slopes into a noise tensor of the input's size and keeps it)
     "rrelu": ("lower", "upper"),
+    # a self-normalising network's dropout (torch's AlphaDropout): dropped elements set to SELU's negative saturation,
+    # then an affine map keeping the mean and variance; feature (optional, false): whole channels of each sample
+    # (FeatureAlphaDropout); inplace optional
+    "alpha_dropout": ("p",),
     "softplus": ("beta", "threshold"),  # log(1 + exp(beta * x)) / beta; x where beta * x > threshold
     # torch's Hardshrink: x where |x| > lambd, else 0; Softshrink: x - lambd where x > lambd, x + lambd where
     # x < -lambd, else 0 (lambd at least 0); Threshold: x where x > threshold, else value (ONNX's Shrink is either
@@ -188,6 +192,7 @@ _FLAGS: Dict[str, Tuple[str, ...]] = {
                                    "threshold",
                                    "rrelu",
                                    "identity", "dropout")},
+    "alpha_dropout": ("feature", "inplace"),
 }
 #: Op -> attributes that must be numbers where given: (name, least, most); None: no bound. A dropout's
 #: probabilities lie in [0, 1]; a norm's eps is at least 0 (torch takes 0).
@@ -206,6 +211,7 @@ _NUMBERS: Dict[str, Tuple[Tuple[str, Any, Any], ...]] = {
     "hardshrink": (("lambd", None, None),), "softshrink": (("lambd", 0, None),),
     "threshold": (("threshold", None, None), ("value", None, None)),
     "rrelu": (("lower", None, None), ("upper", None, None)),
+    "alpha_dropout": (("p", 0, 1),),
     "local_response_norm": (("alpha", None, None), ("beta", None, None), ("k", None, None)),
     "pad": (("value", None, None),),
     "pow": (("exponent", None, None),),

@@ -18,6 +18,7 @@ _UNARY = ("relu", "relu6", "hardswish", "sigmoid", "hardsigmoid", "silu", "gelu"
           "hardshrink", "softshrink", "threshold",
           "log_sigmoid",
           "rrelu",
+          "alpha_dropout",
           "pow", "exp", "abs")
 
 #: op -> (fewest, most) inputs; None = no upper bound

@@ -266,6 +266,8 @@ MODULE_BUILDERS: Dict[str, Callable[..., nn.Module]] = {
     "softshrink": lambda a, **f: nn.Softshrink(float(a["lambd"])),
     "threshold": lambda a, **f: nn.Threshold(float(a["threshold"]), float(a["value"]),
                                              inplace=bool(a.get("inplace", False))),
+    "alpha_dropout": lambda a, **f: (nn.FeatureAlphaDropout if a.get("feature") else nn.AlphaDropout)(
+        float(a["p"]), inplace=bool(a.get("inplace", False))),
     "rrelu": lambda a, **f: nn.RReLU(float(a["lower"]), float(a["upper"]), inplace=bool(a.get("inplace", False))),
     "local_response_norm": lambda a, **f: nn.LocalResponseNorm(int(a["size"]), float(a["alpha"]), float(a["beta"]),
                                                                float(a["k"])),
