@@ -543,3 +543,14 @@ def test_a_sub_of_another_alpha_than_1_is_refused_naming_alpha(pattern, words):
 def test_a_sub_of_alpha_1_is_a_sub(pattern):
     """An alpha of 1, torch's default, leaves a difference a difference (it was refused as any keyword was)."""
     assert "add" in _computes_the_same(_Probe(pattern))
+
+
+@pytest.mark.parametrize("module", [_Probe(lambda s, y: F.lp_pool2d(y, 2.0, 2)),
+                                    _Probe(lambda s, y: F.lp_pool1d(y.flatten(2), 2.0, 4).unsqueeze(3)),
+                                    nn.Sequential(nn.Conv2d(3, 8, 3), nn.LPPool2d(3, 2), nn.Flatten())])
+def test_an_lp_pool_is_refused_saying_why(module):
+    """An LP pool was refused as any layer without a description op is: it now says why (torch runs it op by op,
+    with a sign no description op has, and a root a rebuild would run as a square root) and what describes nearly
+    the same."""
+    with pytest.raises(UserError, match=r"an LP pool has no description op: .*sign.*F.avg_pool2d\(x.pow\(p\), k\)"):
+        describe(module, SHAPE, name="probe")

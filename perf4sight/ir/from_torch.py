@@ -346,6 +346,16 @@ def _alpha_dropout_call(n: fx.Node) -> tuple[str, dict]:
     return _alpha_dropout_attrs(_arg(n, 1, "p", 0.5), "feature" in name, inplace)
 
 
+def _lp_pool(_: Any) -> tuple[str, dict]:
+    """An LP pool (nn.LPPool2d, F.lp_pool2d, and their 1-D and 3-D forms): refused, saying why and what describes
+    nearly the same."""
+    raise ValueError("an LP pool has no description op: torch runs it op by op (x ** p, an average pool, sign(y) * "
+                     "relu(|y|), times the window, then ** (1 / p)), a description has no sign op, and its root of p 2 "
+                     "would be rebuilt as a square root, which keeps another tensor than torch's pow; where the powers "
+                     "are not negative (an even p), F.avg_pool2d(x.pow(p), k).mul(k * k).pow(1 / p) describes the same "
+                     "but for the sign's kernels")
+
+
 def _inplace(op: str) -> Callable[[nn.Module], tuple[str, dict]]:
     return lambda m: (op, {"inplace": True} if getattr(m, "inplace", False) else {})
 
@@ -376,6 +386,7 @@ MODULE_OPS: list[tuple[type, Callable[[Any], tuple[str, dict]]]] = [
     (nn.Softshrink, lambda m: ("softshrink", {"lambd": float(m.lambd)})),
     (nn.Threshold, lambda m: _threshold_attrs(m.threshold, m.value, m.inplace)),
     (nn.RReLU, lambda m: _rrelu_attrs(m.lower, m.upper, m.inplace)),
+    *((cls, _lp_pool) for cls in (nn.LPPool1d, nn.LPPool2d, getattr(nn, "LPPool3d", nn.LPPool2d))),
     (nn.AlphaDropout, lambda m: _alpha_dropout_attrs(m.p, False, m.inplace)),
     (nn.FeatureAlphaDropout, lambda m: _alpha_dropout_attrs(m.p, True, m.inplace)),
     (nn.Identity, lambda m: ("identity", {})),
@@ -566,6 +577,8 @@ for _key in (F.threshold, torch.threshold, torch.threshold_):  # F.threshold_ is
 for _key in (F.alpha_dropout, F.feature_alpha_dropout, torch.alpha_dropout, torch.alpha_dropout_,
              torch.feature_alpha_dropout, torch.feature_alpha_dropout_):
     FUNCTION_OPS[_key] = _alpha_dropout_call
+for _key in (F.lp_pool1d, F.lp_pool2d, getattr(F, "lp_pool3d", F.lp_pool2d)):
+    FUNCTION_OPS[_key] = _lp_pool
 for _key in (F.rrelu, F.rrelu_, torch.rrelu, torch.rrelu_):
     FUNCTION_OPS[_key] = lambda n: _rrelu_attrs(_arg(n, 1, "lower", 1 / 8), _arg(n, 2, "upper", 1 / 3),
                                                 bool(_arg(n, 4, "inplace", False)) or n.target is torch.rrelu_)
