@@ -1715,3 +1715,30 @@ def test_allocation_model_writes_down_alpha_dropouts_as_torch_runs_them():
     step = _OptimizerStep("sgd", 0.1, PERF4SIGHT_MOMENTUM, None)
     own = _trace(original.to("meta").train(), desc, 3, 3, step, {}, False)
     assert _as_replayed(own) == _as_replayed(traced)
+
+
+def test_an_rms_norm_of_a_channels_last_map_is_traced_op_by_op():
+    """A CUDA build's rms_norm runs a channels-last map (here a map permuted back from channels last) op by op, as
+    torch does on the meta device, not as its fused kernel: the trace records an rsqrt for it (and fused kernels for
+    the norms of contiguous tensors), and the allocation model, which does not cover a strided input, leaves the
+    network to it."""
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    class ChannelsLast(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1, self.n1 = nn.Conv2d(3, 8, 3, padding=1), nn.RMSNorm(8)
+            self.c2, self.n2, self.n3 = nn.Conv2d(8, 8, 3, padding=1), nn.RMSNorm(8), nn.RMSNorm([8, 8])
+            self.fc = nn.Linear(8, 5)
+
+        def forward(self, x):
+            y = self.n1(self.c1(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+            return self.fc(self.n3(self.c2(self.n2(y))).mean((2, 3)))
+
+    desc = describe(ChannelsLast(), [3, 8, 8], "channels_last")
+    traced = [op for kind, _, _, op in record_events(desc, 3, steps=1, method="trace") if kind == ALLOC]
+    assert traced.count("aten.rsqrt.default") == 1 and traced.count("aten._fused_rms_norm.default") == 2 * 2
+    assert _as_replayed(record_events(desc, 3, steps=2)) == _as_replayed(record_events(desc, 3, steps=2,
+                                                                                      method="trace"))

@@ -604,9 +604,11 @@ def _fused_rms_norm(model: Any) -> None:
     whose outputs are the result and a 1/rms per normalised row and whose backward (``_fused_rms_norm_backward``, one
     op) keeps the input and that 1/rms and makes the input's and the weight's gradients. On the CPU and the meta
     device torch instead runs it op by op (a square, a mean, an add, an rsqrt and one or two multiplies), keeping the
-    normalised tensor too where it has a weight; called below autograd, the recorder sees the one op."""
+    normalised tensor too where it has a weight; called below autograd, the recorder sees the one op. A CUDA build
+    runs the norm of a channels-last map op by op too (rms_norm's fallback), which the stand-in leaves to torch."""
     import torch
     from torch import nn
+    from torch._prims_common import suggest_memory_format
 
     class _RMSNorm(torch.autograd.Function):
         @staticmethod
@@ -631,6 +633,8 @@ def _fused_rms_norm(model: Any) -> None:
             self.inner = inner
 
         def forward(self, x):  # noqa: ANN001, ANN202
+            if x.dim() in (4, 5) and suggest_memory_format(x) != torch.contiguous_format:
+                return self.inner(x)
             return _RMSNorm.apply(x, self.inner.weight, list(self.inner.normalized_shape), self.inner.eps)
 
     _replace_modules(model, lambda m: _FusedRMSNorm(m) if isinstance(m, getattr(nn, "RMSNorm", ())) else None)
