@@ -1877,12 +1877,12 @@ def test_an_op_returning_a_tuple_is_named_itself_where_it_has_no_description_op(
         describe(_TupleOps(pick), [3, 8, 8], "tuple")
 
 
-class _TupleThenRReLU(nn.Module):
+class _TupleThenLrn(nn.Module):
     """An op without a description op that returns a tuple, both its parts used, then a layer without one."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.conv, self.act, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.RReLU(), nn.Linear(8, 10)
+        self.conv, self.act, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.CrossMapLRN2d(3), nn.Linear(8, 10)
 
     def forward(self, x):
         values, indices = self.conv(x).median(dim=2)  # (a max's values are described, its indices not)
@@ -1890,26 +1890,26 @@ class _TupleThenRReLU(nn.Module):
 
 
 def test_the_ops_after_a_tuple_without_a_description_op_are_named_too():
-    """A part of such a tuple stopped the search at the op that made it: the RReLU after it went unnamed, and took
+    """A part of such a tuple stopped the search at the op that made it: the layer after it went unnamed, and took
     another try to learn of; the op is named once, whichever parts are used."""
     with pytest.raises(UserError, match=r"^tuple: call_method 'median' \(node median\) and module 'act' of type "
-                                        r"RReLU have no description op$"):
-        describe(_TupleThenRReLU(), [3, 8, 8], "tuple")
+                                        r"CrossMapLRN2d have no description op$"):
+        describe(_TupleThenLrn(), [3, 8, 8], "tuple")
 
 
 def test_every_kind_of_op_without_a_description_op_is_named_at_once():
     """Only the first layer of a kind the description has no op for was named: a network of three such kinds took
     three tries to learn them; a kind met again is counted, not listed."""
-    module = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.RReLU(), nn.ChannelShuffle(2),
-                           nn.Conv2d(8, 8, 3, padding=1), nn.RReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+    module = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.CrossMapLRN2d(3), nn.FractionalMaxPool2d(2, output_size=6),
+                           nn.Conv2d(8, 8, 3, padding=1), nn.CrossMapLRN2d(3), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
                            nn.Linear(8, 10))
-    with pytest.raises(UserError, match=r"^mine: module '1' of type RReLU \(and 1 more\) and module '2' of type "
-                                        r"ChannelShuffle have no description op$"):
+    with pytest.raises(UserError, match=r"^mine: module '1' of type CrossMapLRN2d \(and 1 more\) and module '2' of "
+                                        r"type FractionalMaxPool2d have no description op$"):
         describe(module, [3, 8, 8], "mine")
-    module.extend([nn.AlphaDropout(0.1), nn.FeatureAlphaDropout(0.1)])  # the last makes the output
-    with pytest.raises(UserError, match=r"^mine: module '1' of type RReLU \(and 1 more\), module '2' of type "
-                                        r"ChannelShuffle, module '8' of type AlphaDropout and module '9' of type "
-                                        r"FeatureAlphaDropout have no description op$"):
+    module.extend([nn.BatchNorm1d(10), nn.Unflatten(1, (10, 1, 1)), nn.MaxPool3d(1)])  # the last makes the output
+    with pytest.raises(UserError, match=r"^mine: module '1' of type CrossMapLRN2d \(and 1 more\), module '2' of "
+                                        r"type FractionalMaxPool2d, module '8' of type BatchNorm1d and module '10' of "
+                                        r"type MaxPool3d have no description op$"):
         describe(module, [3, 8, 8], "mine")
 
 
