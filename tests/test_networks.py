@@ -1039,6 +1039,39 @@ def test_a_glu_over_the_channels_keeps_its_channels_and_one_over_the_width_is_pr
     assert desc.params == pruned.params == sum(p.numel() for p in m.parameters())
 
 
+class _GatedMLP(nn.Module):
+    """A gated MLP over tokens (an MLP-Mixer's, a transformer's GLU feed-forward): a linear layer to twice the hidden
+    width, F.glu over its features (the last dim of [N, T, F]), a linear layer back, added to its input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.up, self.down = nn.Conv2d(3, 32, 4, 4), nn.Linear(32, 128), nn.Linear(64, 32)
+        self.head = nn.Linear(32, 5)
+
+    def forward(self, x):
+        tokens = self.stem(x).flatten(2).transpose(1, 2)
+        tokens = tokens + self.down(nn.functional.glu(self.up(tokens), -1))
+        return self.head(tokens.mean(1))
+
+
+def test_a_glu_over_a_linear_layer_s_features_keeps_them_whole() -> None:
+    """A GLU along the last dim of a linear layer's [N, T, F] features pairs feature i with i + F / 2, as one over a
+    map's channels does; its dim, which autograd saves unsigned (-1 read 2 ** 64 - 1, 0 modulo a rank of 3), was read
+    as the batch's, and the group was pruned through: the trial cut let it pass where its random order happened to
+    keep as many features on each side, and the variant's second layer refused the first's (mat1 and mat2 shapes
+    cannot be multiplied). The group is left whole, named in the plan's notes; the variants run and describe."""
+    torch.manual_seed(0)
+    plan = PruningPlan(_GatedMLP(), [3, 32, 32], network="gated_mlp")
+    assert plan.extra["pruning_unpruned_groups"] == {
+        "channels a GLU halves (a channel and its gate, half the channels apart)": 1}
+    for level in (10, 20):
+        pruned = plan.prune(level)
+        m = pruned.module.eval()
+        assert m.up.out_features == 128 and m.down.in_features == 64 and m.down.out_features < 32
+        assert m(torch.randn(2, 3, 32, 32)).shape == (2, 5)
+        assert describe(m, [3, 32, 32], f"gated_mlp_l{level}").params == pruned.params
+
+
 def test_the_elementwise_activations_and_a_softmin_over_the_channels_are_pruned_through() -> None:
     """Softsign, Tanhshrink (described as the ops torch computes them from), Hardshrink, Softshrink, Threshold (in
     place), LogSigmoid and a Softmin over the channels between convolutions: the plan cuts the channels of the

@@ -206,13 +206,42 @@ def _takes_apart(node: Any) -> bool:
 
 
 def _halves_channels(node: Any) -> bool:
-    """Whether torch-pruning's dependency-graph node ``node`` is a GLU along the channels (torch's ``GluBackward0``,
-    its dim 1): it multiplies channel ``i`` by the sigmoid of channel ``i + C / 2``, where torch-pruning, which reads
-    it as an elementwise op, would cut the same indices of its input and its output."""
+    """Whether torch-pruning's dependency-graph node ``node`` is a GLU along the channels (torch's ``GluBackward0``):
+    along dim 1 (a map's channels, a vector's features), or along the last dim of a linear layer's features (a gated
+    MLP's ``F.glu(fc(tokens), -1)``). It multiplies channel ``i`` by the sigmoid of channel ``i + C / 2``, where
+    torch-pruning, which reads it as an elementwise op, would cut the same indices of its input and its output."""
     if type(node.grad_fn).__name__ != "GluBackward0":
         return False
     rank = len(node.grad_fn._saved_self.shape)
-    return int(node.grad_fn._saved_dim) % rank == 1
+    dim = _signed_int64(int(node.grad_fn._saved_dim)) % rank
+    return dim == 1 or (dim == rank - 1 and _next_to_a_linear_layer(node))
+
+
+def _signed_int64(value: int) -> int:
+    """``value`` read back as the signed 64-bit integer autograd saved: a saved dim of -1 reads 2 ** 64 - 1, which
+    counted modulo a rank of 3 would be 0, not the last."""
+    return value - 2 ** 64 if value >= 2 ** 63 else value
+
+
+#: torch-pruning's node types that keep a tensor's channels where they are (an activation, a norm over them, an RMS
+#: norm's pruner of our own): a linear layer reached through them reads or writes the same last dimension.
+_CHANNEL_KEEPING = frozenset({tp.ops.OPTYPE.ELEMENTWISE, tp.ops.OPTYPE.LN, tp.ops.OPTYPE.CUSTOMIZED})
+
+
+def _next_to_a_linear_layer(node: Any) -> bool:
+    """Whether a linear layer writes ``node``'s input or reads its output, through nodes that keep the channels in
+    place (:data:`_CHANNEL_KEEPING`): then its last dimension holds the features torch-pruning cuts."""
+    todo, seen = list(node.inputs) + list(node.outputs), {node}
+    while todo:
+        near = todo.pop()
+        if near in seen:
+            continue
+        seen.add(near)
+        if near.type == tp.ops.OPTYPE.LINEAR:
+            return True
+        if near.type in _CHANNEL_KEEPING:
+            todo += list(near.inputs) + list(near.outputs)
+    return False
 
 
 #: Attention modules torch-pruning cannot follow, whose layers' weights they read directly (Swin) or whose heads
