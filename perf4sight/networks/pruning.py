@@ -213,14 +213,8 @@ def _halves_channels(node: Any) -> bool:
     if type(node.grad_fn).__name__ != "GluBackward0":
         return False
     rank = len(node.grad_fn._saved_self.shape)
-    dim = _signed_int64(int(node.grad_fn._saved_dim)) % rank
+    dim = pp._saved_dims(node.grad_fn)[0] % rank  # saved unsigned: -1 as 2 ** 64 - 1, 0 modulo a rank of 3
     return dim == 1 or (dim == rank - 1 and _next_to_a_linear_layer(node))
-
-
-def _signed_int64(value: int) -> int:
-    """``value`` read back as the signed 64-bit integer autograd saved: a saved dim of -1 reads 2 ** 64 - 1, which
-    counted modulo a rank of 3 would be 0, not the last."""
-    return value - 2 ** 64 if value >= 2 ** 63 else value
 
 
 #: torch-pruning's node types that keep a tensor's channels where they are (an activation, a norm over them, an RMS
