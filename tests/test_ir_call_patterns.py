@@ -224,6 +224,10 @@ def test_a_difference_of_two_tensors_or_of_a_number_and_a_tensor_is_an_add_of_th
     (lambda s, y: y * F.leaky_relu(y.transpose(2, 3).contiguous(), 0.1, True).transpose(2, 3), [("leaky_relu", None)]),
     (lambda s, y: F.leaky_relu(y.contiguous(), 0.1, True), [("leaky_relu", True)]),  # y itself: written in place
     (lambda s, y: (F.relu_(y), torch.sigmoid_(y), y)[-1], [("relu", True), ("sigmoid", True)]),
+    # a view of a copy: of a clone, of a contiguous copy transposed back (both descriptions' views of y itself)
+    (lambda s, y: y * y.clone().flatten(2).relu_().view_as(y), [("relu", None)]),
+    (lambda s, y: y * y.transpose(2, 3).contiguous().transpose(2, 3).tanh_(), [("tanh", None)]),
+    (lambda s, y: y * y.flatten(2).sigmoid_().view_as(y), [("sigmoid", True)]),  # a view of y: y written
 ])
 def test_an_in_place_sigmoid_or_tanh_is_the_activation_in_place(pattern, acts):
     """``y.sigmoid_()`` and ``y.tanh_()`` were refused ("call_method 'sigmoid_' has no description op"), then
@@ -232,7 +236,8 @@ def test_an_in_place_sigmoid_or_tanh_is_the_activation_in_place(pattern, acts):
     refused. Each is its activation in place, and the readers after it read it. An activation in place on a clone,
     or on a contiguous copy of a transposed map (an alias of ``y`` in a description), writes a copy of its own: it is
     the activation out of place (described in place, the rebuilt network wrote ``y``, which its later readers then
-    read written: another function)."""
+    read written: another function), as one on a view of such a copy is (``y.clone().flatten(2).relu_()``: in place
+    on the view of an alias, the rebuilt network wrote ``y`` through it)."""
     ops = _computes_the_same(_Probe(pattern))
     desc = describe(_Probe(pattern).eval(), SHAPE, name="probe")
     written = [n for n in desc.nodes if n.op in ("sigmoid", "tanh", "leaky_relu", "relu")]

@@ -1391,19 +1391,33 @@ def _convert(gm: fx.GraphModule, where: str) -> tuple[list[Node], str]:
     return nodes, output
 
 
+#: Calls whose result is a view of their first argument (a reshape of a contiguous tensor among them): an in-place
+#: write into it writes that argument.
+_VIEWING = {*_RESHAPES, "flatten", torch.flatten, "transpose", torch.transpose, "swapaxes", torch.swapaxes, "t",
+            "permute", torch.permute, "unsqueeze", torch.unsqueeze, "squeeze", torch.squeeze, operator.getitem,
+            "narrow", torch.narrow, "select", torch.select, "chunk", torch.chunk, "split", torch.split, "unbind",
+            torch.unbind, "expand", "expand_as", "view_as"}
+
+
 def _writes_a_copy(n: fx.Node) -> bool:
-    """Whether ``n`` writes in place into a copy: a clone (``y.clone().tanh_()``, ``F.leaky_relu(y.clone(), 0.1,
-    True)``), or a contiguous copy of a tensor that is not (``y.transpose(2, 3).contiguous()``). The copy, described
-    as ``y`` itself (an alias), is a tensor of its own, so the pair is the activation out of place; an in-place node
-    would write ``y``, which the rebuilt network's later readers of ``y`` would then read written."""
+    """Whether ``n`` writes in place into a copy, or into a view of one: a clone (``y.clone().tanh_()``,
+    ``F.leaky_relu(y.clone(), 0.1, True)``, ``y.clone().flatten(2).relu_()``), or a contiguous copy of a tensor that
+    is not (``y.transpose(2, 3).contiguous()``, and a view of it). The copy, described as ``y`` itself (an alias), is
+    a tensor of its own, so the pair is the activation out of place; an in-place node would write ``y``, which the
+    rebuilt network's later readers of ``y`` would then read written."""
     written = n.args[0] if n.args else None
-    if not isinstance(written, fx.Node):
-        return False
-    if written.target in ("clone", torch.clone):
-        return True
-    source = written.args[0] if written.target == "contiguous" and written.args else None
-    meta = source.meta.get("tensor_meta") if isinstance(source, fx.Node) else None
-    return hasattr(meta, "memory_format") and meta.memory_format is not torch.contiguous_format
+    while isinstance(written, fx.Node) and written.args:
+        if written.target in ("clone", torch.clone):
+            return True
+        source = written.args[0]
+        if written.target == "contiguous":
+            meta = source.meta.get("tensor_meta") if isinstance(source, fx.Node) else None
+            if hasattr(meta, "memory_format") and meta.memory_format is not torch.contiguous_format:
+                return True
+        elif written.op not in ("call_method", "call_function") or written.target not in _VIEWING:
+            return False
+        written = source
+    return False
 
 
 def _mark_shared_calls(gm: fx.GraphModule, nodes: list[Node]) -> None:
