@@ -806,11 +806,19 @@ def _mib(value: float, cap: float | None, sep: str = ",") -> str:
 def capacity_words(fp: object, rows: list[dict]) -> str:
     """``fp``'s capacity as a table's title says it: its MiB where predicted memory is compared with it (a configured
     limit), else what it is, a threshold on the memory model's demand learnt from out-of-memory rows, which a
-    reader would otherwise take for the device's size and compare with the memory shown (MiB)."""
+    reader would otherwise take for the device's size and compare with the memory shown (MiB); a configured limit
+    compared with the demand (a memory model whose form saturates: ``fit.capacity_basis``) is said to be one."""
     mib = f"{_capacity_mib(fp.capacity_mb, rows)} MiB"
-    if getattr(fp, "capacity_basis", "") == "analytic":
-        return f"{mib} of the memory model's demand, learnt from out-of-memory rows, not the device's size"
-    return mib
+    if getattr(fp, "capacity_basis", "") != "analytic":
+        return mib
+    if _configured_capacity(fp):  # a saturating memory form's
+        return f"{mib}, the configured limit, against the memory model's demand"
+    return f"{mib} of the memory model's demand, learnt from out-of-memory rows, not the device's size"
+
+
+def _configured_capacity(fp: object) -> bool:
+    """Whether ``fp``'s capacity is the configured ``memory_limit_mb`` (not learnt from out-of-memory rows)."""
+    return str(getattr(fp, "metadata", {}).get("capacity_source", "")).startswith("configured")
 
 
 def _capacity_mib(cap: float, rows: list[dict]) -> str:
@@ -853,7 +861,8 @@ def _capacity_note(fp: object, preds: list[dict]) -> None:
         notes.print(f"note: {unknown_capacity(fp)}: 'fits' is unknown ('?', null in --json)", markup=False)
     elif (getattr(fp, "capacity_basis", "") == "analytic"
           and any(not p["fits"] and p["memory_mb"] <= cap for p in preds)):
-        notes.print(f"note: 'fits' compares the capacity learnt from this device's out-of-memory rows ({cap:.0f} MiB) "
+        learnt = "configured" if _configured_capacity(fp) else "learnt from this device's out-of-memory rows"
+        notes.print(f"note: 'fits' compares the capacity {learnt} ({cap:.0f} MiB) "
                     "with the memory model's analytic demand, which keeps growing where measured memory levels off "
                     "near the limit: a row can show memory under the capacity and not fit", markup=False)
 

@@ -1068,6 +1068,11 @@ def test_a_learnt_capacity_is_not_shown_as_the_device_s_size():
                                             "not the device's size")
     assert capacity_words(configured, rows) == "2,000 MiB"
     assert capacity_words(SimpleNamespace(capacity_mb=900.0), [{"memory_mb": 899.765}]) == "900.0 MiB"  # a GNN's
+    # a configured limit compared with the demand of a saturating memory form (capacity_basis "analytic" too): it
+    # was said to be learnt from out-of-memory rows
+    saturating = SimpleNamespace(capacity_mb=7000.0, capacity_basis="analytic",
+                                 metadata={"capacity_source": "configured memory_limit_mb"})
+    assert capacity_words(saturating, rows) == "7,000 MiB, the configured limit, against the memory model's demand"
 
 
 def test_a_step_beyond_the_allocator_replay_is_one_line_and_fits_nowhere(tx2):
