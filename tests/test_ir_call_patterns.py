@@ -205,6 +205,39 @@ def test_the_pieces_of_a_split_or_chunk_iterated_over_are_as_many_as_the_input_s
     assert ops.count("narrow") >= 6 and "softmax" in ops  # (a piece taken at each iteration: views)
 
 
+class _TokenViT(nn.Module):
+    """Patches, a class token put before them as research code often does (``tile(token, batch)`` one of
+    ``token.repeat(B, 1, 1)``, ``token.tile((B, 1, 1))``, ``torch.tile(token, (B, 1, 1))``, ``token.expand(B, -1,
+    -1)``), a layer norm and a classifier of the class token."""
+
+    def __init__(self, tile) -> None:
+        super().__init__()
+        self.patches, self.tile = nn.Conv2d(3, 8, 4, 4), tile
+        self.token, self.norm, self.fc = nn.Parameter(torch.randn(1, 1, 8)), nn.LayerNorm(8), nn.Linear(8, 10)
+
+    def forward(self, x):
+        tokens = self.patches(x).flatten(2).transpose(1, 2)
+        tokens = torch.cat([self.tile(self.token, tokens.shape[0]), tokens], dim=1)
+        return self.fc(self.norm(tokens)[:, 0])
+
+
+@pytest.mark.parametrize("tile", [lambda t, b: t.repeat(b, 1, 1), lambda t, b: t.tile((b, 1, 1)),
+                                  lambda t, b: torch.tile(t, (b, 1, 1)), lambda t, b: t.expand(b, -1, -1)])
+def test_a_class_token_tiled_over_the_batch_is_a_token(tile):
+    """A class token repeated or tiled over the batch (``self.cls_token.repeat(x.shape[0], 1, 1)``) was refused
+    ("getitem depends on the batch's size (x.shape[0]), which a description leaves out"), where its expand was a
+    token: each is the token now, and the rebuilt network computes what the original does."""
+    original = _TokenViT(tile).eval()
+    desc = describe(original, SHAPE, name="token_vit")
+    assert [n.op for n in desc.nodes if n.op in ("token", "repeat")] == ["token"]
+    rebuilt = build_module(desc).eval()
+    weights = [*original.patches.parameters(), original.token, *original.norm.parameters(), *original.fc.parameters()]
+    for new, old in zip(rebuilt.parameters(), weights, strict=True):
+        new.data.copy_(old.data.reshape(new.shape))
+    x = torch.randn(2, *SHAPE)
+    assert torch.allclose(rebuilt(x), original(x), atol=1e-5)
+
+
 @pytest.mark.parametrize("pattern", [
     lambda s, y: y - y.mean(1, keepdim=True),
     lambda s, y: y * (1 - torch.sigmoid(y)) + torch.rsub(y, 0.5),

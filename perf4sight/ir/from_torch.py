@@ -1487,6 +1487,22 @@ def _computed_position_biases(gm: fx.GraphModule, where: str) -> dict[str, fx.No
     return found
 
 
+def _tiles_a_parameter_over_the_batch(n: fx.Node, held: dict[str, fx.Node]) -> bool:
+    """Whether ``n`` tiles a module's tensor of batch size 1 over the batch alone, as a ViT's class token often is
+    (``self.cls_token.repeat(x.shape[0], 1, 1)``, ``.tile((B, 1, 1))``, ``torch.tile(token, (B, 1, 1))``): its first
+    count read off the input's batch size, every other 1. Read as the tensor itself, as an ``expand`` of it is (a
+    copy of the batch's few tokens aside)."""
+    if n.target not in ("repeat", "tile", torch.tile) or getattr(n.args[0], "name", None) not in held:
+        return False
+    counts = n.args[1:] if n.target == "repeat" else (_arg(n, 1, "dims"),)
+    if len(counts) == 1 and isinstance(counts[0], (list, tuple)):
+        counts = counts[0]
+    source, made = n.args[0].meta.get("tensor_meta"), n.meta.get("tensor_meta")
+    shapes = [list(getattr(t, "shape", [])) for t in (source, made)]
+    return bool(counts) and isinstance(counts[0], fx.Node) and all(c == 1 for c in counts[1:]) \
+        and len(counts) == len(shapes[0]) == len(shapes[1]) > 0 and shapes[0][0] == 1 and shapes[0][1:] == shapes[1][1:]
+
+
 def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, str],
                   pieces: dict[str, list[str]], held: dict[str, fx.Node]) -> list[Node]:
     """The description nodes of fx node ``n`` (none for shape queries and aliases); fills ``alias`` and ``held``."""
@@ -1499,7 +1515,8 @@ def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, s
         return []
     if n.name in held:  # a Swin V2 attention's position bias, computed from module tensors alone
         return []
-    if n.op == "call_method" and n.target == "expand" and getattr(n.args[0], "name", None) in held:  # a class token
+    if (n.op == "call_method" and n.target == "expand" and getattr(n.args[0], "name", None) in held) \
+            or _tiles_a_parameter_over_the_batch(n, held):  # a class token
         held[n.name] = held[n.args[0].name]
         return []
     if n.op == "call_function" and getattr(n.target, "__name__", "") in _PARAMETER_CALLS \
