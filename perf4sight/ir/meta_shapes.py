@@ -113,6 +113,8 @@ def _module_output(m: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
         return _empty(x.shape, x) if m.lambd >= 0 else None
     if kind is nn.GLU:
         return _glu(x, m.dim)
+    if kind is _RMS_NORM:
+        return _rms_norm(m, x)
     if kind is nn.Softmin:
         return _softmin(x, m.dim)
     if kind is nn.PReLU:  # one slope, or one per channel (dim 1), of the input's type (torch promotes none)
@@ -163,6 +165,17 @@ def _call_output(target: Any, args: Any, kwargs: Any) -> torch.Tensor | None:
     if target is F.adaptive_avg_pool2d and len(args) + len(kwargs) == 2 and x.is_contiguous():
         return _adaptive_pool(x, args[1] if len(args) == 2 else kwargs.get("output_size"))
     return None
+
+
+_RMS_NORM = getattr(nn, "RMSNorm", None)  # torch >= 2.4
+
+
+def _rms_norm(m: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    """nn.RMSNorm ``m`` of ``x``: its shape, where its last dimensions are ``m``'s normalized_shape and its weight
+    (where it has one) of that shape too (a cut that left one of them whole does not run); None for anything else."""
+    shape = tuple(m.normalized_shape)
+    ok = x.dim() > len(shape) and tuple(x.shape[x.dim() - len(shape):]) == shape
+    return _empty(x.shape, x) if ok and (m.weight is None or tuple(m.weight.shape) == shape) else None
 
 
 def _glu(x: torch.Tensor, dim: Any = -1) -> torch.Tensor | None:
