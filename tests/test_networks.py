@@ -1073,6 +1073,32 @@ def test_a_glu_over_a_linear_layer_s_features_keeps_them_whole() -> None:
         assert describe(m, [3, 32, 32], f"gated_mlp_l{level}").params == pruned.params
 
 
+class _GatedPatches(nn.Module):
+    """A map's patches as tokens ([N, T, C], the channels last: flatten(2).transpose(1, 2)), gated by F.glu over
+    their channels, and a linear layer over the half kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.mix, self.head = nn.Conv2d(3, 64, 4, 4), nn.Linear(32, 32), nn.Linear(32, 5)
+
+    def forward(self, x):
+        tokens = self.stem(x).flatten(2).transpose(1, 2)
+        return self.head(self.mix(nn.functional.glu(tokens, -1)).mean(1))
+
+
+def test_a_glu_over_tokens_channels_keeps_them_whole() -> None:
+    """A GLU along the last dim of [N, T, C] tokens made of a map's patches (no linear layer before it) halves the
+    convolution's channels: the group was pruned through, and where the trial cut's random order kept as many
+    channels on either side (seed 2 here) the variants at levels 10 and 20 failed their forward. It is left whole."""
+    torch.manual_seed(2)
+    plan = PruningPlan(_GatedPatches(), [3, 32, 32], network="gated_patches")
+    assert plan.extra["pruning_unpruned_groups"] == {
+        "channels a GLU halves (a channel and its gate, half the channels apart)": 1}
+    for level in (10, 20):
+        m = plan.prune(level).module.eval()
+        assert m.stem.out_channels == 64 and m(torch.randn(2, 3, 32, 32)).shape == (2, 5)
+
+
 def test_the_elementwise_activations_and_a_softmin_over_the_channels_are_pruned_through() -> None:
     """Softsign, Tanhshrink (described as the ops torch computes them from), Hardshrink, Softshrink, Threshold (in
     place), LogSigmoid and a Softmin over the channels between convolutions: the plan cuts the channels of the

@@ -207,14 +207,15 @@ def _takes_apart(node: Any) -> bool:
 
 def _halves_channels(node: Any) -> bool:
     """Whether torch-pruning's dependency-graph node ``node`` is a GLU along the channels (torch's ``GluBackward0``):
-    along dim 1 (a map's channels, a vector's features), or along the last dim of a linear layer's features (a gated
-    MLP's ``F.glu(fc(tokens), -1)``). It multiplies channel ``i`` by the sigmoid of channel ``i + C / 2``, where
-    torch-pruning, which reads it as an elementwise op, would cut the same indices of its input and its output."""
+    along dim 1 (a map's channels, a vector's features), or along the last dim of tokens' features ([N, T, F]: a
+    gated MLP's ``F.glu(fc(tokens), -1)``, one of a map's patches) or of a linear layer's (a channels-last map's). It
+    multiplies channel ``i`` by the sigmoid of channel ``i + C / 2``, where torch-pruning, which reads it as an
+    elementwise op, would cut the same indices of its input and its output."""
     if type(node.grad_fn).__name__ != "GluBackward0":
         return False
     rank = len(node.grad_fn._saved_self.shape)
     dim = pp._saved_dims(node.grad_fn)[0] % rank  # saved unsigned: -1 as 2 ** 64 - 1, 0 modulo a rank of 3
-    return dim == 1 or (dim == rank - 1 and _next_to_a_linear_layer(node))
+    return dim == 1 or (dim == rank - 1 and (rank == 3 or _next_to_a_linear_layer(node)))
 
 
 #: torch-pruning's node types that keep a tensor's channels where they are (an activation, a norm over them, an RMS
