@@ -1099,6 +1099,31 @@ def test_a_glu_over_tokens_channels_keeps_them_whole() -> None:
         assert m.stem.out_channels == 64 and m(torch.randn(2, 3, 32, 32)).shape == (2, 5)
 
 
+class _SpatialGated(nn.Module):
+    """CBAM's spatial attention: the channels' max and mean concatenated (``dim``: 1, or -3 as some code writes it),
+    a 7x7 convolution to one gate, the map times its sigmoid, between two convolutions."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dim, self.c1, self.gate = dim, nn.Conv2d(3, 32, 3, padding=1), nn.Conv2d(2, 1, 7, padding=3)
+        self.c2, self.fc = nn.Conv2d(32, 32, 3, padding=1), nn.Linear(32, 10)
+
+    def forward(self, x):
+        y = torch.relu(self.c1(x))
+        pooled = torch.cat([y.max(1, keepdim=True)[0], y.mean(1, keepdim=True)], dim=self.dim)
+        return self.fc(self.c2(y * torch.sigmoid(self.gate(pooled))).mean((2, 3)))
+
+
+@pytest.mark.parametrize("dim", [1, -3])
+def test_a_spatial_gate_s_concatenation_along_dim_minus_3_prunes(dim) -> None:
+    """A CBAM spatial gate whose pooled maps are concatenated along dim -3 failed the plan with a TypeError
+    (unsupported operand type(s) for +: 'int' and 'NoneType'): the cat's dim, which autograd keeps unsigned, was not
+    read as the channels', and its inputs' channels were left unknown. It prunes as the one along dim 1 does."""
+    torch.manual_seed(0)
+    pruned = PruningPlan(_SpatialGated(dim), [3, 16, 16], network="spatial").prune(30)
+    assert pruned.module(torch.randn(2, 3, 16, 16)).shape == (2, 10) and abs(pruned.achieved_level - 30) < 2
+
+
 def test_the_elementwise_activations_and_a_softmin_over_the_channels_are_pruned_through() -> None:
     """Softsign, Tanhshrink (described as the ops torch computes them from), Hardshrink, Softshrink, Threshold (in
     place), LogSigmoid and a Softmin over the channels between convolutions: the plan cuts the channels of the

@@ -347,12 +347,14 @@ def _known_concat_sizes(module2node: dict[Any, Any]) -> None:
     """Give each concatenation of channels in torch-pruning's graph the channels of its inputs as the forward made
     them. torch-pruning infers them by walking back to a layer, and an input cut off by
     :func:`_uncouple_channel_changes` (CBAM's ``torch.cat([max, mean], 1)`` of reductions over the channels) has none:
-    its index mapping failed with a ``TypeError``."""
+    its index mapping failed with a ``TypeError``. Its dim read signed (autograd keeps ``dim=-3`` unsigned)."""
     for node in module2node.values():
-        if node.type != tp.ops.OPTYPE.CONCAT or getattr(node.grad_fn, "_saved_dim", None) != 1:
+        dims = _saved_dims(node.grad_fn) if node.type == tp.ops.OPTYPE.CONCAT else None
+        if not dims:
             continue
         shapes = [_made_shape(fn, nr) for fn, nr in node.grad_fn.next_functions if fn is not None]
-        if len(shapes) == len(node.inputs) and all(s is not None and len(s) in (2, 4) for s in shapes):
+        if len(shapes) == len(node.inputs) and all(s is not None and len(s) in (2, 4) for s in shapes) \
+                and dims[0] % len(shapes[0]) == 1:  # along the channels: dim 1, or -3 of a map (-1 of a vector)
             node.module.concat_sizes = [s[1] for s in shapes]
 
 
