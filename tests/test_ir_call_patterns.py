@@ -590,5 +590,6 @@ def test_an_lp_pool_is_refused_saying_why(module):
     """An LP pool was refused as any layer without a description op is: it now says why (torch runs it op by op,
     with a sign no description op has, and a root a rebuild would run as a square root) and what describes nearly
     the same."""
-    with pytest.raises(UserError, match=r"an LP pool has no description op: .*sign.*F.avg_pool2d\(x.pow\(p\), k\)"):
+    with pytest.raises(UserError, match=r"an LP pool has no description op: .*sign.*F.avg_pool2d\(x.pow\(p\), k, "
+                                        r"s\).*s the stride"):
         describe(module, SHAPE, name="probe")

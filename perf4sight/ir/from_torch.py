@@ -352,8 +352,8 @@ def _lp_pool(_: Any) -> tuple[str, dict]:
     raise ValueError("an LP pool has no description op: torch runs it op by op (x ** p, an average pool, sign(y) * "
                      "relu(|y|), times the window, then ** (1 / p)), a description has no sign op, and its root of p 2 "
                      "would be rebuilt as a square root, which keeps another tensor than torch's pow; where the powers "
-                     "are not negative (an even p), F.avg_pool2d(x.pow(p), k).mul(k * k).pow(1 / p) describes the same "
-                     "but for the sign's kernels")
+                     "are not negative (an even p), F.avg_pool2d(x.pow(p), k, s).mul(k * k).pow(1 / p) (k the window, "
+                     "s the stride) describes the same but for the sign's kernels")
 
 
 def _inplace(op: str) -> Callable[[nn.Module], tuple[str, dict]]:
