@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -96,6 +97,20 @@ def test_self_attention_by_hand():
     assert (token.params, token.flops_fwd, shift.params, shift.flops_fwd) == (8, 0, 48, 48)
 
 
+def _kept_storages(own: set[int]) -> tuple[Any, dict[int, int]]:
+    """A saved-tensors hooks context that records each storage autograd keeps for backward (bytes, by address),
+    those at the addresses ``own`` aside, and the dict it fills. (The hooks skip torch's version-counter check: a
+    network torch would refuse at backward is counted as if it trained.)"""
+    import torch
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in own:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+    return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), saved
+
+
 def _autograd_saved_bytes(desc, batch: int, loss: bool = False, with_input: bool = True,
                           fused_rms_norm: bool = False) -> float:
     """Bytes per sample that autograd keeps for backward in one training forward of ``desc`` built by to_torch (and
@@ -113,14 +128,8 @@ def _autograd_saved_bytes(desc, batch: int, loss: bool = False, with_input: bool
     own = {t.untyped_storage().data_ptr() for t in list(model.parameters()) + list(model.buffers())}
     if not with_input:
         own.add(x.untyped_storage().data_ptr())
-    saved = {}
-
-    def pack(t):
-        if t.untyped_storage().data_ptr() not in own:
-            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    hooks, saved = _kept_storages(own)
+    with hooks:
         out = model(x)
         if loss:
             torch.nn.functional.cross_entropy(out, torch.randint(0, desc.num_classes, [batch] + desc.label_shape))
@@ -864,15 +873,8 @@ def _module_saved_bytes(module, input_shape: list[int], batch: int) -> int:
     aside."""
     import torch
     torch.manual_seed(0)
-    own = {p.untyped_storage().data_ptr() for p in module.parameters()}
-    saved = {}
-
-    def pack(t):
-        if t.untyped_storage().data_ptr() not in own:
-            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    hooks, saved = _kept_storages({p.untyped_storage().data_ptr() for p in module.parameters()})
+    with hooks:
         module.train()(torch.randn(batch, *input_shape))
     return sum(saved.values())
 
