@@ -178,9 +178,14 @@ def _rms_norm(m: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
     return _empty(x.shape, x) if ok and (m.weight is None or tuple(m.weight.shape) == shape) else None
 
 
+def _is_dim(x: torch.Tensor, dim: Any) -> bool:
+    """Whether ``dim`` names one of ``x``'s dimensions: an int (not a bool), negative ones counted from the end."""
+    return isinstance(dim, int) and not isinstance(dim, bool) and -x.dim() <= dim < x.dim()
+
+
 def _glu(x: torch.Tensor, dim: Any = -1) -> torch.Tensor | None:
     """``glu(x, dim)``: ``x`` halved along ``dim``, whose size must be even; None for anything else."""
-    if not isinstance(dim, int) or isinstance(dim, bool) or not -x.dim() <= dim < x.dim() or x.shape[dim] % 2:
+    if not _is_dim(x, dim) or x.shape[dim] % 2:
         return None
     shape = list(x.shape)
     shape[dim] //= 2
@@ -189,9 +194,7 @@ def _glu(x: torch.Tensor, dim: Any = -1) -> torch.Tensor | None:
 
 def _softmin(x: torch.Tensor, dim: Any) -> torch.Tensor | None:
     """``softmin(x, dim)`` along a dim of ``x`` (its shape kept); None for anything else (torch's implicit dim)."""
-    if not isinstance(dim, int) or isinstance(dim, bool) or not -x.dim() <= dim < x.dim():
-        return None
-    return _empty(x.shape, x)
+    return _empty(x.shape, x) if _is_dim(x, dim) else None
 
 
 def _shape_keeping_args(target: Any, args: Any, kwargs: Any) -> bool:
@@ -247,9 +250,7 @@ def _mean(x: torch.Tensor, dim: Any = None, keepdim: bool = False, **rest: Any) 
 
 def _log_softmax(x: torch.Tensor, dim: Any = None, _stacklevel: int = 3, dtype: Any = None) -> torch.Tensor | None:
     """``log_softmax(x, dim)`` along a dim of ``x``, without a cast (``dtype``); None for anything else."""
-    if dtype is not None or not isinstance(dim, int) or isinstance(dim, bool) or not -x.dim() <= dim < x.dim():
-        return None
-    return _empty(x.shape, x)
+    return _empty(x.shape, x) if dtype is None and _is_dim(x, dim) else None
 
 
 def _log_softmax_of(x: torch.Tensor, dim: Any = None, dtype: Any = None) -> torch.Tensor | None:
