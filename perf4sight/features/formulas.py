@@ -364,13 +364,14 @@ def output_loss(output_shape: list[int], loss: str = "cross_entropy") -> OpCost 
                   kind="elementwise")
 
 
-def _pointwise(flops: float, saves: list[int], bwd_flops: float = 1.0) -> Handler:
-    """Element-wise activation with ``flops`` FLOPs per output element; ``saves`` for backward."""
+def _pointwise(flops: float, saves: list[int], bwd_flops: float = 1.0, bwd_kernels: int = 1) -> Handler:
+    """Element-wise activation with ``flops`` FLOPs per output element; ``saves`` for backward, which runs
+    ``bwd_kernels`` kernels."""
     def handler(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
         n = numel(node.output_shape)
         rd, wr = _io_bytes(in_shapes, node.output_shape)
         return OpCost(flops_fwd=flops * n, flops_bwd=bwd_flops * n, bytes_read=rd, bytes_written=wr,
-                      saved=list(saves), kernels_fwd=1, kernels_bwd=1, kind="elementwise")
+                      saved=list(saves), kernels_fwd=1, kernels_bwd=bwd_kernels, kind="elementwise")
     return handler
 
 
@@ -406,7 +407,7 @@ def _power(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     else:
         flops = 1.0 if exponent == 2.0 else 3.0
         saves, bwd_flops, bwd_kernels = [0], flops + 2.0, 3
-    return _backward_kernels(_pointwise(flops, saves, bwd_flops), bwd_kernels)(node, in_shapes, first)
+    return _pointwise(flops, saves, bwd_flops, bwd_kernels)(node, in_shapes, first)
 
 
 def _quotient(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
@@ -429,15 +430,6 @@ def _quotient_gradients(cost: OpCost, node: Node, needs: list[bool]) -> OpCost:
     if needs == [True, False]:
         return replace(cost, flops_bwd=float(n), kernels_bwd=1, saved=[1])
     return cost
-
-
-def _backward_kernels(handler: Handler, kernels: int) -> Handler:
-    """``handler``'s costs with a backward of ``kernels`` kernels."""
-    def counted(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
-        cost = handler(node, in_shapes, first)
-        cost.kernels_bwd = kernels
-        return cost
-    return counted
 
 
 def _binary(saves_inputs: bool) -> Handler:
@@ -758,7 +750,7 @@ HANDLERS: dict[str, Handler] = {
     # e ** x: 1 FLOP an element; backward grad * result (1), it keeps its result
     "exp": _pointwise(1, [OUTPUT], 1),
     # |x|: 1; backward grad * sgn(x) (2 in 2 kernels), it keeps its input
-    "abs": _backward_kernels(_pointwise(1, [0], 2), 2),
+    "abs": _pointwise(1, [0], 2, 2),
     "identity": _view,
     "maxpool2d": _maxpool2d,
     "avgpool2d": _avgpool2d,
