@@ -335,6 +335,22 @@ def test_allocation_model_writes_down_a_leaky_relu_as_traced(inplace):
     assert _as_replayed(model) == _as_replayed(traced)
 
 
+@pytest.mark.parametrize("op", ["leaky_relu", "elu", "selu", "celu", "hardtanh", "mish"])
+def test_allocation_model_writes_down_an_activation_in_place_on_a_copy_as_traced(op):
+    """An activation in place on a copy of its input (``on_copy``) is the copy (a clone, whose backward hands the
+    gradient on), then the activation written into it, keeping the copy (a mish's, and a hardtanh's under
+    ``relu6_clone``, a clone of it), as the meta trace records the rebuilt network (it was written down as the
+    activation out of place, keeping its input)."""
+    from test_features import on_copy_network
+
+    from perf4sight.ir.from_torch import describe
+    desc = describe(on_copy_network(op), [3, 6, 6], "on_copy")
+    for relu6_clone in (False, True):
+        model = record_events(desc, 3, steps=3, method="model", relu6_clone=relu6_clone)
+        traced = record_events(desc, 3, steps=3, method="trace", relu6_clone=relu6_clone)
+        assert _as_replayed(model) == _as_replayed(traced)
+
+
 def _activated(act, call) -> NetworkDescription:
     """A small network of the layer ``act`` and the calls ``call(x, inplace)``, in place and not, one after a
     residual add."""

@@ -879,6 +879,68 @@ def _module_saved_bytes(module, input_shape: list[int], batch: int) -> int:
     return sum(saved.values())
 
 
+#: An activation run in place, by its description op: its torch.nn layer, the layer's keywords, and a call of it in
+#: place given torch and a tensor.
+ON_COPY_ACTIVATIONS = {
+    "leaky_relu": ("LeakyReLU", {"negative_slope": 0.1}, lambda torch, y: torch.nn.functional.leaky_relu_(y, 0.1)),
+    "elu": ("ELU", {"alpha": 0.5}, lambda torch, y: torch.nn.functional.elu_(y, 0.5)),
+    "selu": ("SELU", {}, lambda torch, y: torch.selu_(y)),
+    "celu": ("CELU", {"alpha": 0.5}, lambda torch, y: torch.nn.functional.celu(y, 0.5, True)),
+    "hardtanh": ("Hardtanh", {"min_val": -0.5, "max_val": 0.5},
+                 lambda torch, y: torch.nn.functional.hardtanh_(y, -0.5, 0.5)),
+    "mish": ("Mish", {}, lambda torch, y: torch.nn.functional.mish(y, inplace=True)),
+}
+
+
+def on_copy_network(op: str):
+    """A network of the activation ``op`` run in place on copies: as a layer on a contiguous copy of a transposed
+    map, whose result a convolution keeps, and as a call on a clone of a sigmoid's result (kept by the sigmoid),
+    whose result nothing keeps."""
+    import torch
+    from torch import nn
+    layer, kwargs, call = ON_COPY_ACTIVATIONS[op]
+
+    class OnCopies(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1, self.c2, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 1), nn.Linear(8, 10)
+            self.act = getattr(nn, layer)(**kwargs, inplace=True)
+
+        def forward(self, x):
+            e = self.c1(x).sigmoid()
+            y = self.c2(self.act(e.transpose(2, 3).contiguous()))
+            return self.fc((call(torch, e.clone()) + y + e).mean((2, 3)))
+    return OnCopies()
+
+
+@pytest.mark.parametrize("op", sorted(ON_COPY_ACTIVATIONS))
+def test_an_activation_in_place_on_a_copy_keeps_the_copy(op):
+    """Leaky ReLU, ELU, SELU, CELU, hardtanh and mish in place on a copy of their input are described out of place
+    (``on_copy``): backward keeps the copy (a mish, and this torch's hardtanh, a clone of it), not the input, which
+    the sigmoid keeps anyway. The saved bytes counted the input, one input-sized tensor short of autograd's where
+    nothing else keeps the result (the call's); they are autograd's of the original network and of the rebuilt one
+    (what a sample adds between batch 2 and 4)."""
+    pytest.importorskip("torch")
+    import torch
+
+    from perf4sight.ir.from_torch import describe
+    from perf4sight.ir.to_torch import build_module
+
+    network = on_copy_network(op)
+    desc = describe(network, [3, 6, 6], "on_copy")
+    assert [(n.attrs.get("inplace"), n.attrs.get("on_copy")) for n in desc.nodes if n.op == op] == [(None, True)] * 2
+    runtime = StepRuntime(relu6_clone=True)  # this torch's hardtanh_ keeps a clone of its input
+    nf = network_features(desc, runtime)
+    at2, at4 = 2 * _autograd_saved_bytes(desc, 2), 4 * _autograd_saved_bytes(desc, 4)
+    original = (_module_saved_bytes(network, [3, 6, 6], 4) - _module_saved_bytes(network, [3, 6, 6], 2)) / 2
+    assert nf.per_sample["saved_bytes"] + nf.per_sample["input_bytes"] == (at4 - at2) / 2 == original
+    x = torch.randn(2, 3, 6, 6)
+    rebuilt = build_module(desc)
+    rebuilt.load_state_dict(network.state_dict())
+    assert torch.allclose(rebuilt(x), network(x))  # the rebuilt network computes what the original does
+    rebuilt(x).sum().backward()
+
+
 def test_softsign_tanhshrink_and_softmin_keep_what_torch_keeps_for_them():
     """Softsign, Tanhshrink and Softmin, described as the ops torch computes them from, keep per sample exactly what
     autograd keeps for the layers themselves: a softsign its input and the divisor (abs keeps the input, the division

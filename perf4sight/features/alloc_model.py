@@ -555,6 +555,8 @@ class _OpContext:
                    for sh, i in zip(self.in_shapes, self.inputs) if i.strides is not None]
         if not strided or op in _TAKE_STRIDED or (op in _ELEMENTWISE and all(_ordered(*st) for st in strided)):
             return
+        if self.node.attrs.get("on_copy"):  # a contiguous copy, first
+            return
         if op in _TAKE_DENSE and self.node.attrs.get("scalar") is None and all(_dense(*st) for st in strided):
             return
         if op == "adaptiveavgpool2d" and self.channels_last(self.x):  # a mean, then restrided (_pooling)
@@ -732,6 +734,8 @@ def _activation(ctx: _OpContext) -> _Value:
     leaky relu, an elu, a mish, ``y.sigmoid_()``; the input's later readers then read its result), the out-of-place
     activations (:data:`_ACTIVATIONS`), dropout."""
     n, x, nbytes, op = ctx.node, ctx.x, ctx.nbytes, ctx.node.op
+    if n.attrs.get("on_copy"):
+        return _on_copy(ctx)
     if op in ("relu", "relu6") or op in _INPLACE_BACKWARD and n.attrs.get("inplace"):
         # in place, keeps its result (or a clone of its input: a mish's, a threshold's, ``relu6_clone``'s of ReLU6
         # and hardtanh)
@@ -759,6 +763,19 @@ def _activation(ctx: _OpContext) -> _Value:
         mask = ctx.alloc("native_dropout.default", nbytes // FLOAT, holders=0)
         return _Value(sid, nbytes, ctx.unary_grad_fn("aten.native_dropout_backward.default", [mask]))
     raise NotCovered(f"op '{op}'")
+
+
+def _on_copy(ctx: _OpContext) -> _Value:
+    """An activation in place on a copy of its input (``on_copy``: ``y.clone().leaky_relu_()``): the copy
+    (``clone``, whose backward hands the gradient on), then the activation written into it, keeping the copy, or a
+    clone of it (a mish's, ``relu6_clone``'s hardtanh's) made before it runs."""
+    op = ctx.node.op
+    copy = ctx.alloc("clone.default")
+    copied = ctx.unary_grad_fn(None, [])
+    clone = op == "mish" or op == "hardtanh" and ctx.relu6_clone
+    kept = ctx.alloc("clone.default", holders=0) if clone else copy
+    fn = ctx.grad_fn([kept], [("fn", copied)], [ctx.nbytes], [_INPLACE_BACKWARD[op]])
+    return _Value(copy, ctx.nbytes, fn)
 
 
 #: Elementwise maths of one tensor (op, or pow's exponent) -> (its aten op, what its backward keeps: the "input" or

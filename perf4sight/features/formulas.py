@@ -376,10 +376,22 @@ def _pointwise(flops: float, saves: list[int], bwd_flops: float = 1.0, bwd_kerne
 
 
 def _keeps_result_in_place(flops: float, bwd_flops: float) -> Handler:
-    """:func:`_pointwise` of an activation whose backward keeps its input, or its result where it runs in place."""
+    """:func:`_pointwise` of an activation whose backward keeps its input, or its result where it runs in place, on
+    its input or on a copy of it (``on_copy``: the copy, which the input is not: one tensor of the input's size more
+    where something else keeps the input, as autograd counts it)."""
     out_of_place, in_place = _pointwise(flops, [0], bwd_flops), _pointwise(flops, [OUTPUT], bwd_flops)
-    return lambda node, in_shapes, first: (in_place if node.attrs.get("inplace") else out_of_place)(
-        node, in_shapes, first)
+    return lambda node, in_shapes, first: (in_place if node.attrs.get("inplace") or node.attrs.get("on_copy")
+                                           else out_of_place)(node, in_shapes, first)
+
+
+def _mish(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """Mish (FLOPs: the table's comment). It keeps its input, in place a clone of it; on a copy of its input
+    (``on_copy``) that clone is a tensor of its own, neither the input nor the result: its bytes (4 an element) are
+    ``extra_saved_bytes`` (as autograd counts it on torch 2.x)."""
+    cost = _pointwise(8, [0], 17)(node, in_shapes, first)
+    if node.attrs.get("on_copy"):
+        return replace(cost, saved=[], extra_saved_bytes=float(numel(in_shapes[0]) * BYTES_PER_ELEMENT))
+    return cost
 
 
 def _rrelu(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
@@ -727,7 +739,7 @@ HANDLERS: dict[str, Handler] = {
     # x * tanh(log1p(exp(x))): an exp, a log1p (an add and a log), a tanh (4, as tanh's) and a multiply: 8. Its
     # backward recomputes the tanh of the softplus (7), a sigmoid (4, as sigmoid's) and grad * (t + x * s * (1 - t^2)):
     # a square, a subtract, three multiplies and an add, 17 in all. It keeps its input (in place, a clone of it)
-    "mish": _pointwise(8, [0], 17),
+    "mish": _mish,
     # a clamp to [min_val, max_val]: two compares, as relu6; its backward keeps the input (the result where it
     # runs in place, as torch before 1.10 did; a newer torch's clone of the input: StepRuntime.applied)
     "hardtanh": _keeps_result_in_place(2, 1),

@@ -134,12 +134,15 @@ class StepRuntime:
         return {"optimizer": self.optimizer, "foreach": self.foreach, "momentum": PERF4SIGHT_MOMENTUM * self.momentum,
                 "weight_decay": PERF4SIGHT_WEIGHT_DECAY * self.decays, "set_to_none": self.grads_to_none}
 
-    def applied(self, op: str, cost: OpCost) -> OpCost:
+    def applied(self, op: str, cost: OpCost, on_copy: bool = False) -> OpCost:
         """``cost``, an op of kind ``op`` as its formula counts it (``formulas.HANDLERS``: the older torch's ReLU6, a
         one-byte dropout mask), with what it keeps for backward under these rules: a ReLU6's or a hardtanh's
-        input (``saved`` [0]) on torch >= 1.10, a dropout's mask at :attr:`dropout_mask_bytes` an element
-        (``extra_saved_bytes``), and on a CPU (its four-byte mask) a log-sigmoid's buffer, of its output's bytes,
-        which CUDA leaves empty."""
+        input (``saved`` [0]) on torch >= 1.10 (run in place on a copy of its input, ``on_copy``: a clone of the
+        copy, a tensor of its own: its output's bytes in ``extra_saved_bytes``), a dropout's mask at
+        :attr:`dropout_mask_bytes` an element (``extra_saved_bytes``), and on a CPU (its four-byte mask) a
+        log-sigmoid's buffer, of its output's bytes, which CUDA leaves empty."""
+        if op in ("relu6", "hardtanh") and self.relu6_clone and on_copy:
+            return replace(cost, saved=[], extra_saved_bytes=cost.extra_saved_bytes + cost.bytes_written)
         if op in ("relu6", "hardtanh") and self.relu6_clone:  # hardtanh_ is ReLU6's kernel
             return replace(cost, saved=[0])
         if op == "dropout" and self.dropout_mask_bytes != CUDA_MASK_BYTES:

@@ -54,7 +54,8 @@ def walk(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> Iter
         fed = any(grad[i] for i in node.inputs)  # a gradient flows back into some input
         first = bool(node.inputs) and not fed
         handler = HANDLERS.get(node.op)
-        cost = runtime.applied(node.op, handler(node, in_shapes, first)) if handler is not None else None
+        cost = None if handler is None else runtime.applied(node.op, handler(node, in_shapes, first),
+                                                            on_copy=bool(node.attrs.get("on_copy")))
         if cost is not None and fed and node.op in INPUT_GRADIENTS:  # the gradients of those inputs that need one
             cost = INPUT_GRADIENTS[node.op](cost, node, [grad[i] for i in node.inputs])
         grad[node.name] = cost is None or cost.params > 0 or fed  # the network input: False

@@ -26,8 +26,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.shape_prop import ShapeProp
 
 from perf4sight.errors import UserError
-from perf4sight.ir.schema import (INTERPOLATE_MODES, PAD_MODES, PARAMETER_OPS, SHARES, NetworkDescription, Node,
-                                  count_params, node_params, output_padding_problem)
+from perf4sight.ir.schema import (INTERPOLATE_MODES, ON_COPY_OPS, PAD_MODES, PARAMETER_OPS, SHARES, NetworkDescription,
+                                  Node, count_params, node_params, output_padding_problem)
 from perf4sight.ir.meta_shapes import MetaShapeProp
 from perf4sight.ir.shapes import image_size_problem, transposed_output_padding
 
@@ -549,10 +549,10 @@ for _key, _op in ((torch.sigmoid, "sigmoid"), ("sigmoid", "sigmoid"), ("tanh", "
 for _key, _op in (("sigmoid_", "sigmoid"), (torch.sigmoid_, "sigmoid"), ("tanh_", "tanh"), (torch.tanh_, "tanh")):
     FUNCTION_OPS[_key] = (lambda op: lambda n: (op, {"inplace": True}))(_op)
 FUNCTION_OPS[F.gelu] = lambda n: ("gelu", _gelu_attrs(_arg(n, 1, "approximate", "none")))
-for _key in (F.leaky_relu, "leaky_relu", "leaky_relu_"):
+for _key in (F.leaky_relu, F.leaky_relu_, "leaky_relu", "leaky_relu_"):
     FUNCTION_OPS[_key] = lambda n: ("leaky_relu", {"negative_slope": float(_arg(n, 1, "negative_slope", 0.01)),
                                                    **({"inplace": True} if _arg(n, 2, "inplace", False)
-                                                      or n.target == "leaky_relu_" else {})})
+                                                      or n.target in ("leaky_relu_", F.leaky_relu_) else {})})
 for _key in (F.elu, F.elu_):
     FUNCTION_OPS[_key] = lambda n: ("elu", {"alpha": float(_arg(n, 1, "alpha", 1.0)),
                                             **({"inplace": True} if _arg(n, 2, "inplace", False)
@@ -1540,6 +1540,8 @@ def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, s
     op, attrs = _op_of(n, gm)
     if attrs.get("inplace") and _writes_a_copy(n):
         attrs = {k: v for k, v in attrs.items() if k != "inplace"}
+        if op in ON_COPY_OPS:  # it keeps the copy (or a clone of it), not its input
+            attrs["on_copy"] = True
     op, attrs, own = _with_own_tensors(n, op, attrs, gm, where, held)
     out = _whole_splits(n, alias, pieces)
     tensor_inputs = _tensor_inputs(n, alias, pieces, where, own)

@@ -17,7 +17,7 @@ from perf4sight.ir.shapes import element_count, image_size_problem, shape_proble
 
 __all__ = ["Node", "NetworkDescription", "OPS", "load_description", "save_description", "is_file_stem",
            "STRUCTURE_VERSION", "window_attention_params", "INTERPOLATE_MODES", "PAD_MODES", "known_attrs",
-           "output_padding_problem", "PARAMETER_OPS", "SHARES", "node_params"]
+           "output_padding_problem", "PARAMETER_OPS", "SHARES", "node_params", "ON_COPY_OPS"]
 
 SCHEMA_VERSION = 1
 
@@ -194,6 +194,13 @@ _FLAGS: Dict[str, Tuple[str, ...]] = {
                                    "identity", "dropout")},
     "alpha_dropout": ("feature", "inplace"),
 }
+#: Activations that may run in place on a copy of their input (``y.clone().leaky_relu_()``, ``F.elu(y.contiguous(),
+#: inplace=True)`` of a strided y): ``on_copy`` (optional, false) says so. The result is a tensor of its own, as out of
+#: place, and backward keeps what the in-place op keeps (its result; a mish's, and a newer torch's hardtanh's, a
+#: clone of the copy), not the input; ``inplace`` then is false.
+ON_COPY_OPS = ("leaky_relu", "elu", "selu", "celu", "hardtanh", "mish")
+for _op in ON_COPY_OPS:
+    _FLAGS[_op] = (*_FLAGS[_op], "on_copy")
 #: Op -> attributes that must be numbers where given: (name, least, most); None: no bound. A dropout's
 #: probabilities lie in [0, 1]; a norm's eps is at least 0 (torch takes 0).
 _NUMBERS: Dict[str, Tuple[Tuple[str, Any, Any], ...]] = {
@@ -319,6 +326,8 @@ def _attr_problem(node: "Node") -> str:
         return _pad_problem(node.attrs)
     if node.op == "rrelu" and node.attrs["lower"] > node.attrs["upper"]:
         return f"lower {node.attrs['lower']} is above upper {node.attrs['upper']} (its slopes are drawn between them)"
+    if node.attrs.get("on_copy") and node.attrs.get("inplace"):
+        return "attrs 'on_copy' and 'inplace' exclude each other (on a copy, the input itself is not written)"
     if node.op == "celu" and node.attrs["alpha"] == 0:
         return "attr 'alpha' of a celu must not be 0 (its input is divided by it)"
     return ""

@@ -462,9 +462,13 @@ def _emit(node: Node, graph: fx.Graph, root: nn.Module, env: Dict[str, fx.Node],
         attr = _attr_name(node.name, taken)
         root.add_module(attr, module)
         return graph.call_module(attr, tuple(args))
+    attrs = node.attrs
+    if attrs.get("on_copy"):  # in place on a (contiguous) copy of its input: the copy, then the in-place activation
+        copy = graph.call_method("clone", (args[0],), {"memory_format": torch.contiguous_format})
+        args, attrs = [copy, *args[1:]], {**attrs, "inplace": True}
     if node.op in MODULE_BUILDERS:
         try:
-            module = MODULE_BUILDERS[node.op](node.attrs, **factory)
+            module = MODULE_BUILDERS[node.op](attrs, **factory)
         except (TypeError, ValueError, KeyError) as exc:
             raise UserError(f"{where}: node '{node.name}' ({node.op}) has bad attrs: {exc}") from None
         if node.op in DESCRIBED_WHOLE:
