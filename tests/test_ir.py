@@ -2629,6 +2629,32 @@ def test_an_rrelu_is_described_and_rebuilt():
         NetworkDescription.from_dict(bad)
 
 
+class _SeededRReLUs(nn.Module):
+    """torch.rrelu given its own random generator, by keyword and in the fifth place (where F.rrelu takes its in-place
+    flag), and torch.rrelu_ given one: or without (``seeded`` false), the same calls."""
+
+    def __init__(self, seeded: bool) -> None:
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(3, 8, 3), nn.Conv2d(8, 8, 3)
+        self.g = torch.Generator().manual_seed(0) if seeded else None
+
+    def forward(self, x):
+        y = self.c2(torch.rrelu(self.c1(x), 0.1, 0.3, True, generator=self.g))
+        y = torch.rrelu(y, 0.2, 0.25, True, self.g) + y
+        return torch.rrelu_(y * 2.0, 0.05, 0.5, True, self.g).mean((2, 3))
+
+
+def test_an_rrelu_drawing_from_its_own_generator_is_described_as_one_drawing_from_torch_s():
+    """torch.rrelu(x, ..., generator=g) was refused as reading '_opaque_obj0, a module tensor that is no parameter':
+    a generator picks the stream the slopes are drawn from, not how many, so the description is the one of the same
+    calls without it (and a generator in the fifth place is no in-place flag, as F.rrelu's fifth argument is)."""
+    seeded = describe(_SeededRReLUs(True), [3, 8, 8], name="seeded")
+    plain = describe(_SeededRReLUs(False), [3, 8, 8], name="seeded")
+    assert [(n.op, n.inputs, n.attrs) for n in seeded.nodes] == [(n.op, n.inputs, n.attrs) for n in plain.nodes]
+    assert [n.attrs.get("inplace") for n in seeded.nodes if n.op == "rrelu"] == [None, None, True]
+    build_module(seeded).train()(torch.randn(2, 3, 8, 8)).sum().backward()
+
+
 class _SelfNormalisingDropouts(nn.Module):
     """A self-normalising network's dropouts: nn.AlphaDropout, nn.FeatureAlphaDropout, F.alpha_dropout given its
     training flag (as self.training: False when traced in eval mode) and without it, F.feature_alpha_dropout in

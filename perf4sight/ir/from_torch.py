@@ -579,9 +579,10 @@ for _key in (F.alpha_dropout, F.feature_alpha_dropout, torch.alpha_dropout, torc
     FUNCTION_OPS[_key] = _alpha_dropout_call
 for _key in (F.lp_pool1d, F.lp_pool2d, getattr(F, "lp_pool3d", F.lp_pool2d)):
     FUNCTION_OPS[_key] = _lp_pool
-for _key in (F.rrelu, F.rrelu_, torch.rrelu, torch.rrelu_):
+for _key in (F.rrelu, F.rrelu_, torch.rrelu, torch.rrelu_):  # F.rrelu_ is torch.rrelu_; torch's 5th: a generator
     FUNCTION_OPS[_key] = lambda n: _rrelu_attrs(_arg(n, 1, "lower", 1 / 8), _arg(n, 2, "upper", 1 / 3),
-                                                bool(_arg(n, 4, "inplace", False)) or n.target is torch.rrelu_)
+                                                bool(_arg(n, 4, "inplace", False)) if n.target is F.rrelu
+                                                else n.target is torch.rrelu_)
 FUNCTION_OPS[F.mish] = lambda n: ("mish", {"inplace": True} if _arg(n, 1, "inplace", False) else {})
 
 
@@ -1962,17 +1963,28 @@ def _per_sample(shape: Any, rank: int) -> list[int]:
     return shape[1:] if len(shape) == rank + 1 and shape[0] == 1 else shape
 
 
+def _is_generator(gm: fx.GraphModule, read: fx.Node) -> bool:
+    """Whether the module object that the ``get_attr`` node ``read`` reads is a random generator (``torch.rrelu(x,
+    generator=g)``): it picks the stream the numbers are drawn from, not how many, so the op costs the same."""
+    value: Any = gm
+    for part in str(read.target).split("."):
+        value = getattr(value, part, None)
+    return isinstance(value, torch.Generator)
+
+
 def _with_own_tensors(n: fx.Node, op: str, attrs: dict, gm: fx.GraphModule, where: str,
                       held: dict[str, fx.Node]) -> tuple[str, dict, set[str]]:
     """``n``'s op once the module tensors it reads (``get_attr`` nodes, or their batch expansions: ``held``) are
     taken in: a multiply by one parameter is a ``scale`` of that parameter's shape, an add of one a ``shift``, a
     concatenation that puts one first a ``token``; a layer, group or instance norm reads its own weight and bias, a
-    PReLU its slopes. The names of those nodes come back, so that they are not read as inputs. Any other op reading a
-    module tensor is a ``UserError``."""
+    PReLU its slopes; a random generator read is left out (:func:`_is_generator`). The names of those nodes come back,
+    so that they are not read as inputs. Any other op reading a module tensor is a ``UserError``."""
     own: list[fx.Node] = []
     fx.node.map_arg((n.args, n.kwargs), lambda a: own.append(a) if a.name in held else None)
+    generators = {a.name for a in own if _is_generator(gm, held[a.name])}
+    own = [a for a in own if a.name not in generators]
     if not own:
-        return op, attrs, set()
+        return op, attrs, generators
     if op == "window_attention":  # its weights, its biases' table or MLP, its scale: read from the call itself
         return op, attrs, {a.name for a in own}
     for a in own:
