@@ -209,10 +209,16 @@ def _instancenorm(m: nn.InstanceNorm2d, n: fx.Node) -> tuple[str, dict]:
     return "instancenorm", _instancenorm_attrs(channels, m.eps, m.affine)
 
 
+def _inplace_attr(inplace: Any) -> dict:
+    """A node's in-place flag: ``{"inplace": True}`` where ``inplace`` holds (truthy), else nothing (out of place: no
+    flag)."""
+    return {"inplace": True} if inplace else {}
+
+
 def _hardtanh_attrs(min_val: Any, max_val: Any, inplace: bool) -> tuple[str, dict]:
     """A clamp to ``[min_val, max_val]``: ReLU6's ``[0, 6]`` is the op relu6, any other range a hardtanh; an empty
     range (``min_val >= max_val``, whose output torch makes a constant) ``ValueError``, as the schema refuses it."""
-    flag = {"inplace": True} if inplace else {}
+    flag = _inplace_attr(inplace)
     if not float(min_val) < float(max_val):
         raise ValueError(f"a clamp to [{min_val}, {max_val}] (its minimum not below its maximum: a constant output) "
                          "has no description op")
@@ -315,25 +321,25 @@ def _squeeze(n: fx.Node, dim: Any) -> tuple[str, dict]:
 
 def _celu_attrs(alpha: Any, inplace: bool) -> tuple[str, dict]:
     """A CELU of ``alpha`` (not 0: torch's forward refuses it), in place where ``inplace``."""
-    return "celu", {"alpha": float(alpha), **({"inplace": True} if inplace else {})}
+    return "celu", {"alpha": float(alpha), **_inplace_attr(inplace)}
 
 
 def _threshold_attrs(threshold: Any, value: Any, inplace: bool) -> tuple[str, dict]:
     """A threshold (x where x > ``threshold``, else ``value``), in place where ``inplace``."""
-    return "threshold", {"threshold": float(threshold), "value": float(value), **({"inplace": True} if inplace else {})}
+    return "threshold", {"threshold": float(threshold), "value": float(value), **_inplace_attr(inplace)}
 
 
 def _rrelu_attrs(lower: Any, upper: Any, inplace: bool) -> tuple[str, dict]:
     """An RReLU of slopes drawn from [lower, upper], in place where ``inplace``. A call of training=False (F.rrelu's
     default: a fixed slope, (lower + upper) / 2) makes and keeps the same noise tensor (torch's rrelu_with_noise
     either way): described as the layer in training, whose slopes are drawn."""
-    return "rrelu", {"lower": float(lower), "upper": float(upper), **({"inplace": True} if inplace else {})}
+    return "rrelu", {"lower": float(lower), "upper": float(upper), **_inplace_attr(inplace)}
 
 
 def _alpha_dropout_attrs(p: Any, feature: bool, inplace: bool) -> tuple[str, dict]:
     """An alpha dropout of ``p``, of whole channels where ``feature``, in place where ``inplace``."""
     return "alpha_dropout", {"p": float(p), **({"feature": True} if feature else {}),
-                             **({"inplace": True} if inplace else {})}
+                             **_inplace_attr(inplace)}
 
 
 def _alpha_dropout_call(n: fx.Node) -> tuple[str, dict]:
@@ -357,7 +363,7 @@ def _lp_pool(_: Any) -> tuple[str, dict]:
 
 
 def _inplace(op: str) -> Callable[[nn.Module], tuple[str, dict]]:
-    return lambda m: (op, {"inplace": True} if getattr(m, "inplace", False) else {})
+    return lambda m: (op, _inplace_attr(getattr(m, "inplace", False)))
 
 
 #: module type -> (op, attrs). Order matters: subclasses (ReLU6 < Hardtanh) come first.
@@ -374,9 +380,8 @@ MODULE_OPS: list[tuple[type, Callable[[Any], tuple[str, dict]]]] = [
     (nn.Sigmoid, lambda m: ("sigmoid", {})),
     (nn.GELU, lambda m: ("gelu", _gelu_attrs(m.approximate))),
     (nn.Tanh, lambda m: ("tanh", {})),
-    (nn.LeakyReLU, lambda m: ("leaky_relu", {"negative_slope": float(m.negative_slope),
-                                             **({"inplace": True} if m.inplace else {})})),
-    (nn.ELU, lambda m: ("elu", {"alpha": float(m.alpha), **({"inplace": True} if m.inplace else {})})),
+    (nn.LeakyReLU, lambda m: ("leaky_relu", {"negative_slope": float(m.negative_slope), **_inplace_attr(m.inplace)})),
+    (nn.ELU, lambda m: ("elu", {"alpha": float(m.alpha), **_inplace_attr(m.inplace)})),
     (nn.Softplus, lambda m: ("softplus", {"beta": float(m.beta), "threshold": float(m.threshold)})),
     (nn.Mish, _inplace("mish")),
     (nn.SELU, _inplace("selu")),
@@ -538,8 +543,8 @@ def _broadcasts_to_its_shape(u: fx.Node) -> bool:
 
 FUNCTION_OPS["expand"] = FUNCTION_OPS["expand_as"] = _expand
 for _key in (F.relu, torch.relu, "relu", "relu_", torch.relu_):  # torch.relu_ is F.relu_
-    FUNCTION_OPS[_key] = lambda n: ("relu", {"inplace": True} if n.kwargs.get("inplace") or n.target == "relu_"
-                                    or n.target is torch.relu_ else {})
+    FUNCTION_OPS[_key] = lambda n: ("relu", _inplace_attr(n.kwargs.get("inplace") or n.target == "relu_"
+                                                          or n.target is torch.relu_))
 for _key in (F.relu6, "relu6"):
     FUNCTION_OPS[_key] = lambda n: ("relu6", {})
 for _key, _op in ((torch.sigmoid, "sigmoid"), ("sigmoid", "sigmoid"), ("tanh", "tanh"), (F.silu, "silu"),
@@ -551,20 +556,19 @@ for _key, _op in (("sigmoid_", "sigmoid"), (torch.sigmoid_, "sigmoid"), ("tanh_"
 FUNCTION_OPS[F.gelu] = lambda n: ("gelu", _gelu_attrs(_arg(n, 1, "approximate", "none")))
 for _key in (F.leaky_relu, F.leaky_relu_, "leaky_relu", "leaky_relu_"):
     FUNCTION_OPS[_key] = lambda n: ("leaky_relu", {"negative_slope": float(_arg(n, 1, "negative_slope", 0.01)),
-                                                   **({"inplace": True} if _arg(n, 2, "inplace", False)
-                                                      or n.target in ("leaky_relu_", F.leaky_relu_) else {})})
+                                                   **_inplace_attr(_arg(n, 2, "inplace", False)
+                                                                   or n.target in ("leaky_relu_", F.leaky_relu_))})
 for _key in (F.elu, F.elu_):
     FUNCTION_OPS[_key] = lambda n: ("elu", {"alpha": float(_arg(n, 1, "alpha", 1.0)),
-                                            **({"inplace": True} if _arg(n, 2, "inplace", False)
-                                               or n.target is F.elu_ else {})})
+                                            **_inplace_attr(_arg(n, 2, "inplace", False) or n.target is F.elu_)})
 FUNCTION_OPS[F.softplus] = lambda n: ("softplus", {"beta": float(_arg(n, 1, "beta", 1.0)),
                                                    "threshold": float(_arg(n, 2, "threshold", 20.0))})
 for _key in (F.hardtanh, F.hardtanh_):
     FUNCTION_OPS[_key] = lambda n: _hardtanh_attrs(_arg(n, 1, "min_val", -1.0), _arg(n, 2, "max_val", 1.0),
                                                    bool(_arg(n, 3, "inplace", False)) or n.target is F.hardtanh_)
 for _key in (F.selu, F.selu_, torch.selu, torch.selu_):
-    FUNCTION_OPS[_key] = lambda n: ("selu", {"inplace": True} if _arg(n, 1, "inplace", False)
-                                    or n.target in (F.selu_, torch.selu_) else {})
+    FUNCTION_OPS[_key] = lambda n: ("selu", _inplace_attr(_arg(n, 1, "inplace", False)
+                                                          or n.target in (F.selu_, torch.selu_)))
 for _key in (F.celu, F.celu_, torch.celu, torch.celu_):
     FUNCTION_OPS[_key] = lambda n: _celu_attrs(_arg(n, 1, "alpha", 1.0), bool(_arg(n, 2, "inplace", False))
                                                or n.target in (F.celu_, torch.celu_))
@@ -583,7 +587,7 @@ for _key in (F.rrelu, F.rrelu_, torch.rrelu, torch.rrelu_):  # F.rrelu_ is torch
     FUNCTION_OPS[_key] = lambda n: _rrelu_attrs(_arg(n, 1, "lower", 1 / 8), _arg(n, 2, "upper", 1 / 3),
                                                 bool(_arg(n, 4, "inplace", False)) if n.target is F.rrelu
                                                 else n.target is torch.rrelu_)
-FUNCTION_OPS[F.mish] = lambda n: ("mish", {"inplace": True} if _arg(n, 1, "inplace", False) else {})
+FUNCTION_OPS[F.mish] = lambda n: ("mish", _inplace_attr(_arg(n, 1, "inplace", False)))
 
 
 def _power(n: fx.Node) -> tuple[str, dict]:
