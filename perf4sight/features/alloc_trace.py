@@ -637,7 +637,7 @@ def _fused_rms_norm(model: Any) -> None:
                 return self.inner(x)
             return _RMSNorm.apply(x, self.inner.weight, list(self.inner.normalized_shape), self.inner.eps)
 
-    _replace_modules(model, lambda m: _FusedRMSNorm(m) if isinstance(m, getattr(nn, "RMSNorm", ())) else None)
+    _replace_modules(model, lambda m: _FusedRMSNorm(m) if isinstance(m, nn.RMSNorm) else None)
 
 
 def _inplace_activations(model: Any, relu6_clone: bool = False) -> None:

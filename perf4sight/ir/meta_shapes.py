@@ -113,7 +113,7 @@ def _module_output(m: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
         return _empty(x.shape, x) if m.lambd >= 0 else None
     if kind is nn.GLU:
         return _glu(x, m.dim)
-    if kind is _RMS_NORM:
+    if kind is nn.RMSNorm:
         return _rms_norm(m, x)
     if kind is nn.Softmin:
         return _softmin(x, m.dim)
@@ -165,9 +165,6 @@ def _call_output(target: Any, args: Any, kwargs: Any) -> torch.Tensor | None:
     if target is F.adaptive_avg_pool2d and len(args) + len(kwargs) == 2 and x.is_contiguous():
         return _adaptive_pool(x, args[1] if len(args) == 2 else kwargs.get("output_size"))
     return None
-
-
-_RMS_NORM = getattr(nn, "RMSNorm", None)  # torch >= 2.4
 
 
 def _rms_norm(m: nn.Module, x: torch.Tensor) -> torch.Tensor | None:

@@ -358,9 +358,6 @@ def _known_concat_sizes(module2node: dict[Any, Any]) -> None:
             node.module.concat_sizes = [s[1] for s in shapes]
 
 
-_RMS_NORM = getattr(nn, "RMSNorm", ())  # torch >= 2.4
-
-
 class RMSNormPruner(tp.pruner.function.BasePruningFunc):
     """nn.RMSNorm as torch-pruning's dependency graph needs it, which lacks it (the channels an RMS norm reads were
     left whole: a cut of them did not run): a layer that passes its input's channels on. Its cut is
@@ -405,7 +402,7 @@ def _rms_norm_cuts(groups: list["CoupledGroup"], modules: dict[str, nn.Module]) 
     reached: dict[str, set[int]] = {}
     for g in groups:
         for d in g.deps:
-            if isinstance(modules.get(d.module), _RMS_NORM):
+            if isinstance(modules.get(d.module), nn.RMSNorm):
                 reached.setdefault(d.module, set()).update(d.targets.tolist())
     dims = {name: next((i for i, s in enumerate(modules[name].normalized_shape) if s == len(targets)), None)
             for name, targets in reached.items()}
@@ -416,7 +413,7 @@ def _rms_norm_cuts(groups: list["CoupledGroup"], modules: dict[str, nn.Module]) 
 
 
 #: torch-pruning's pruners this tool adds.
-_PRUNERS = {_RMS_NORM: RMSNormPruner()} if _RMS_NORM else {}
+_PRUNERS = {nn.RMSNorm: RMSNormPruner()}
 
 
 class _DependencyGraph(tp.DependencyGraph):
@@ -579,7 +576,7 @@ def _params_after(m: nn.Module, r_out: int, r_in: int, handler: Handler | None =
         return out * cin + bias * out
     if isinstance(m, nn.LayerNorm) and len(m.normalized_shape) == 1:  # ConvNeXt's, LayerNorm2d included
         return (m.normalized_shape[0] - max(r_out, r_in)) * len(own)
-    if isinstance(m, _RMS_NORM):  # its weight loses a slice per channel cut along its cut's dimension, if any
+    if isinstance(m, nn.RMSNorm):  # its weight loses a slice per channel cut along its cut's dimension, if any
         dim, total = getattr(handler, "dim", None), sum(p.numel() for p in own)
         return total if dim is None else total // m.normalized_shape[dim] * (m.normalized_shape[dim] - max(r_out, r_in))
     return None if own else 0
