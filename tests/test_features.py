@@ -1208,6 +1208,57 @@ def test_an_rms_norm_keeps_what_a_cuda_build_keeps():
     assert not nf.unsupported
 
 
+def _channels_last_rms_norm(affine: bool, channels_last_conv: bool):
+    """A ConvNeXt-style block: a convolution (its output laid out channels last where ``channels_last_conv``), an RMS
+    norm over the channels of the map permuted to [N, H, W, C] (with a weight where ``affine``), permuted back."""
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8, 10)
+            self.norm = nn.RMSNorm(8, elementwise_affine=affine)
+
+        def forward(self, x):
+            y = self.conv(x.contiguous(memory_format=torch.channels_last) if channels_last_conv else x)
+            return self.fc(self.norm(y.permute(0, 2, 3, 1)).permute(0, 3, 1, 2).mean((2, 3)))
+    return Block()
+
+
+@pytest.mark.parametrize("affine, channels_last_conv", [(True, False), (False, False), (True, True)])
+def test_an_rms_norm_of_a_channels_last_map_keeps_what_a_cuda_build_keeps(affine, channels_last_conv):
+    """An RMS norm of a map permuted to [N, H, W, C] (ConvNeXt's layout): its strides are not channels-last-like (so
+    torch's rms_norm runs CUDA's fused kernel on it, not its channels-last fallback), and its saved bytes are what
+    autograd keeps for the original block and for the rebuilt one run as a CUDA build runs them (what a sample adds
+    between batch 2 and 4). This CPU runs it op by op, keeping the normalised map as well where it has a weight: one
+    map more (measured on torch 2.14), the CPU's difference for any RMS norm with a weight, not the layout's."""
+    pytest.importorskip("torch")
+    import copy
+
+    import torch
+    from torch._prims_common import suggest_memory_format
+
+    from perf4sight.features.alloc_trace import _fused_rms_norm
+    from perf4sight.ir.from_torch import describe
+
+    maps = (torch.empty(2, 8, 6, 6), torch.empty(2, 8, 6, 6).contiguous(memory_format=torch.channels_last))
+    assert all(suggest_memory_format(m.permute(0, 2, 3, 1)) == torch.contiguous_format for m in maps)
+    network = _channels_last_rms_norm(affine, channels_last_conv)
+    desc = describe(network, [3, 6, 6], "rms_nhwc")
+    assert [n.op for n in desc.nodes][1:5] == ["conv2d", "permute", "rmsnorm", "permute"]
+    nf = network_features(desc)
+    kept = nf.per_sample["saved_bytes"] + nf.per_sample["input_bytes"]
+    fused = copy.deepcopy(network)
+    _fused_rms_norm(fused)
+    original = (_module_saved_bytes(fused, [3, 6, 6], 4) - _module_saved_bytes(fused, [3, 6, 6], 2)) / 2
+    rebuilt = (4 * _autograd_saved_bytes(desc, 4, fused_rms_norm=True)
+               - 2 * _autograd_saved_bytes(desc, 2, fused_rms_norm=True)) / 2
+    assert kept == original == rebuilt
+    on_cpu = (_module_saved_bytes(network, [3, 6, 6], 4) - _module_saved_bytes(network, [3, 6, 6], 2)) / 2
+    assert on_cpu - kept == (8 * 6 * 6 * 4 if affine else 0)
+
+
 def test_a_repeat_keeps_nothing_and_sums_its_gradient_back():
     """A repeat (torch's aten.repeat) is a copy that keeps nothing: a sample adds no saved tensor of it to autograd's;
     no FLOPs forward, an add per output element but one per input element back (the sum over its tiles), and no
