@@ -2629,6 +2629,23 @@ def test_an_rrelu_is_described_and_rebuilt():
         NetworkDescription.from_dict(bad)
 
 
+@pytest.mark.parametrize("op", ["leaky_relu", "elu", "selu", "celu", "hardtanh", "mish"])
+def test_an_activation_in_place_on_a_copy_rebuilds_and_describes_back(op):
+    """An activation in place on a copy of its input is the op with ``on_copy`` (not ``inplace``): rebuilt as a
+    contiguous clone and the layer in place, which describes back to the same nodes; a node claiming both is refused
+    when read."""
+    from test_features import on_copy_network
+
+    desc = NetworkDescription.from_dict(describe(on_copy_network(op), [3, 6, 6], name="copied").to_dict())
+    assert [n.attrs.get("on_copy") for n in desc.nodes if n.op == op] == [True, True]
+    again = describe(build_module(desc), [3, 6, 6], name="copied")
+    assert [(n.op, n.attrs) for n in again.nodes] == [(n.op, n.attrs) for n in desc.nodes]
+    bad = desc.to_dict()
+    next(n for n in bad["nodes"] if n["op"] == op)["attrs"]["inplace"] = True
+    with pytest.raises(UserError, match="'on_copy' and 'inplace' exclude each other"):
+        NetworkDescription.from_dict(bad)
+
+
 class _SeededRReLUs(nn.Module):
     """torch.rrelu given its own random generator, by keyword and in the fifth place (where F.rrelu takes its in-place
     flag), and torch.rrelu_ given one: or without (``seeded`` false), the same calls."""
