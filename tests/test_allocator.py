@@ -543,6 +543,31 @@ def test_allocation_model_writes_down_a_group_norm_as_traced():
     assert sum(stats) == 2 * 2 * 3  # the two norms of 4 groups: a mean and a 1/std each, each of 3 steps
 
 
+def test_allocation_model_sums_the_gradients_of_a_vector_two_linear_layers_read():
+    """A [N, C] vector read by two linear layers with biases (a two-branch head) gets two gradients that autograd adds:
+    the allocation model looked up the vector's shape at the linear layer's second backward edge, of which it held
+    none (an IndexError); the events are the meta trace's."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    class TwoBranches(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1, self.fc1, self.fc2 = nn.Conv2d(3, 16, 4, 2, 1), nn.Linear(16, 24), nn.Linear(16, 24)
+            self.out = nn.Linear(24, 5)
+
+        def forward(self, x):
+            y = self.c1(x).mean((2, 3))
+            return self.out(F.relu(self.fc1(y) + self.fc2(y)))
+
+    desc = describe(TwoBranches(), [3, 16, 16], "two_branches")
+    model, traced = record_events(desc, 3, steps=2, method="model"), record_events(desc, 3, steps=2, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+    assert sum(op == "aten.add.Tensor" and size == 3 * 16 * 4 for _, _, size, op in model) == 2
+
+
 def test_allocation_model_writes_down_a_transposed_convolution_as_traced():
     """A transposed convolution allocates its output (aten.convolution) and keeps its input; its backward allocates
     the input's gradient, the weight's, then the bias's (aten.convolution_backward), as torch runs it: on the

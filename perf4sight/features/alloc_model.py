@@ -670,10 +670,12 @@ def _with_parameters(ctx: _OpContext) -> _Value:
         t = ctx.grad_fn([], [pedges[0]], [pbytes[0]], [None], handoff="view")  # weight.t()
         if n.attrs["bias"]:  # addmm(bias, x, weight.t()): the bias gradient is the incoming one summed down
             sid = ctx.alloc("addmm.default")
+            fin, fout = n.attrs["in_features"], n.attrs["out_features"]  # each edge's shape: the bias's, x's, w.t()'s
             return _Value(sid, nbytes, ctx.grad_fn([x.sid], [pedges[1], _edge(x), ("fn", t)],
                                                    [pbytes[1], x.nbytes, pbytes[0]],
                                                    [None, "aten.mm.default", "aten.mm.default"], [0, 1, 2],
-                                                   [nbytes, None, None]))
+                                                   [nbytes, None, None],
+                                                   shapes=[(fout,), tuple(ctx.full_in), (fin, fout)]))
         sid = ctx.alloc("mm.default")  # mm(x, weight.t()): the weight's gradient comes first
         grads = ["aten.mm.default", "aten.mm.default"]
         edges, sizes, order = [_edge(x), ("fn", t)], [x.nbytes, pbytes[0]], [1, 0]
