@@ -568,6 +568,38 @@ def test_allocation_model_sums_the_gradients_of_a_vector_two_linear_layers_read(
     assert sum(op == "aten.add.Tensor" and size == 3 * 16 * 4 for _, _, size, op in model) == 2
 
 
+def test_allocation_model_writes_down_a_heads_batch_norm_as_traced():
+    """A batch norm of [N, C] features (a BNNeck's BatchNorm1d) or of an [N, C, L] map's rows allocates its output
+    and a mean and a 1/std per channel, and keeps its input and the two, as a BatchNorm2d's: affine and not, after an
+    add, before an in-place ReLU, as F.batch_norm, each event the meta trace's."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1, self.rows = nn.Conv2d(3, 16, 4, 2, 1), nn.BatchNorm1d(16, affine=False)
+            self.fc1, self.fc2, self.neck = nn.Linear(16, 24), nn.Linear(16, 24), nn.BatchNorm1d(24)
+            self.out = nn.Linear(24, 5)
+            self.register_buffer("mean", torch.zeros(5))
+            self.register_buffer("var", torch.ones(5))
+
+        def forward(self, x):
+            y = self.rows(self.c1(x).flatten(2)).mean(2)
+            y = F.relu(self.neck(self.fc1(y) + self.fc2(y)), inplace=True)
+            return F.batch_norm(self.out(y), self.mean, self.var, training=True)
+
+    desc = describe(Net(), [3, 16, 16], "bnneck")
+    assert [n.output_shape for n in desc.nodes if n.op == "batchnorm2d"] == [[16, 64], [24], [5]]
+    model, traced = record_events(desc, 3, steps=3, method="model"), record_events(desc, 3, steps=3, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+    stats = [op == "aten.native_batch_norm.default" and size == 24 * 4 for _, _, size, op in model]
+    assert sum(stats) == 2 * 3  # the neck's mean and 1/std, each of 3 steps
+
+
 def test_allocation_model_writes_down_a_transposed_convolution_as_traced():
     """A transposed convolution allocates its output (aten.convolution) and keeps its input; its backward allocates
     the input's gradient, the weight's, then the bias's (aten.convolution_backward), as torch runs it: on the

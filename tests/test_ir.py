@@ -941,6 +941,62 @@ def test_a_sync_batch_norm_is_the_batch_norm_it_runs_on_one_device():
         describe(flat, [3, 8, 8], name="flat")
 
 
+class _Bnneck(nn.Module):
+    """A re-ID or metric-learning network's head: a batch norm of the pooled [N, C] features (a BNNeck), one of an
+    [N, C, L] map's rows (nn.BatchNorm1d, not affine), and F.batch_norm with the module's own buffers and parameters."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.rows = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm1d(8, affine=False)
+        self.embed, self.neck = nn.Linear(8, 16, bias=False), nn.BatchNorm1d(16, eps=1e-3)
+        self.fc = nn.Linear(16, 10)
+        self.weight, self.bias = nn.Parameter(torch.rand(10) + 0.5), nn.Parameter(torch.rand(10))
+        self.register_buffer("running_mean", torch.rand(10))
+        self.register_buffer("running_var", torch.rand(10) + 0.5)
+
+    def forward(self, x):
+        y = self.rows(self.conv(x).flatten(2)).mean(2)
+        y = self.fc(self.neck(self.embed(y)))
+        return F.batch_norm(y, self.running_mean, self.running_var, self.weight, self.bias, self.training, 0.1, 1e-4)
+
+
+def test_a_batch_norm_of_a_heads_features_is_a_batchnorm2d():
+    """nn.BatchNorm1d and F.batch_norm were refused as a layer and a call without a description op: of [N, C] or
+    [N, C, L] they run the F.batch_norm of a BatchNorm2d, its running statistics per channel, so they are a
+    batchnorm2d of a [C] or [C, L] input (eps and affine kept); the rebuilt module (a BatchNorm1d there) computes
+    what the original computes, in eval mode and in training, where both update their running statistics alike.
+    A batch norm call without running statistics is refused by name."""
+    torch.manual_seed(0)
+    original = _Bnneck()
+    desc = NetworkDescription.from_dict(describe(original, [3, 8, 8], name="bnneck").to_dict())
+    assert [(n.op, n.attrs, n.output_shape) for n in desc.nodes if n.op == "batchnorm2d"] == [
+        ("batchnorm2d", {"num_features": 8, "affine": False}, [8, 64]),
+        ("batchnorm2d", {"num_features": 16, "eps": 1e-3}, [16]),
+        ("batchnorm2d", {"num_features": 10, "eps": 1e-4}, [10])]
+    assert desc.params == sum(p.numel() for p in original.parameters()) == 8 * 3 * 9 + 8 + 8 * 16 + 32 + 170 + 20
+    assert desc.untrainable_at_batch_one  # torch refuses a training batch norm of one value per channel
+    rebuilt = build_module(desc)
+    assert sum(isinstance(m, nn.BatchNorm1d) for m in rebuilt.modules()) == 3
+    in_order = [p for m in (original.conv, original.embed, original.neck, original.fc) for p in m.parameters()]
+    for mine, theirs in zip(rebuilt.parameters(), in_order + [original.weight, original.bias], strict=True):
+        mine.data.copy_(theirs.data)
+    mine_stats = [b for n, b in rebuilt.named_buffers() if "running" in n]
+    theirs_stats = [original.rows.running_mean, original.rows.running_var, original.neck.running_mean,
+                    original.neck.running_var, original.running_mean, original.running_var]
+    for mine, theirs in zip(mine_stats, theirs_stats, strict=True):
+        mine.copy_(theirs)
+    x = torch.randn(4, 3, 8, 8)
+    assert torch.allclose(rebuilt.eval()(x), original.eval()(x), atol=1e-5)
+    assert torch.allclose(rebuilt.train()(x), original.train()(x), atol=1e-5)
+    assert all(torch.allclose(mine, theirs) for mine, theirs in zip(mine_stats, theirs_stats))
+
+    class Unkept(nn.Module):
+        def forward(self, x):
+            return F.batch_norm(x, None, None, training=True)
+    with pytest.raises(UserError, match="a batch norm without running statistics has no description op"):
+        describe(Unkept(), [3, 8, 8], name="unkept")
+
+
 class _Decoder(nn.Module):
     """An autoencoder's decoder or a DCGAN generator's stem: a vector made a map by nn.Unflatten, then by
     torch.unflatten and x.unflatten (a negative dim too), between transposed convolutions."""
@@ -1906,9 +1962,9 @@ def test_every_kind_of_op_without_a_description_op_is_named_at_once():
     with pytest.raises(UserError, match=r"^mine: module '1' of type CrossMapLRN2d \(and 1 more\) and module '2' of "
                                         r"type FractionalMaxPool2d have no description op$"):
         describe(module, [3, 8, 8], "mine")
-    module.extend([nn.BatchNorm1d(10), nn.Unflatten(1, (10, 1, 1)), nn.MaxPool3d(1)])  # the last makes the output
+    module.extend([nn.MaxPool1d(1), nn.Unflatten(1, (10, 1, 1)), nn.MaxPool3d(1)])  # the last makes the output
     with pytest.raises(UserError, match=r"^mine: module '1' of type CrossMapLRN2d \(and 1 more\), module '2' of "
-                                        r"type FractionalMaxPool2d, module '8' of type BatchNorm1d and module '10' of "
+                                        r"type FractionalMaxPool2d, module '8' of type MaxPool1d and module '10' of "
                                         r"type MaxPool3d have no description op$"):
         describe(module, [3, 8, 8], "mine")
 

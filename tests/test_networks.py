@@ -198,6 +198,32 @@ def test_the_fast_parameter_count_is_a_cut_copys(zoo: str) -> None:
         assert 0 < plan._fast_count(counts) == plan.p0 - count_parameters(cut)
 
 
+def test_a_bnneck_prunes_with_the_linear_layer_before_it_and_counts_fast() -> None:
+    """A BatchNorm1d of a head's [N, C] features (a BNNeck) loses the channels of the linear layer before it, as
+    torch-pruning couples them; the fast parameter count, which knew no BatchNorm1d (none: every level then counted
+    on a cut copy), is exact, and the pruned network describes with its batch norm as wide as the linear layer."""
+    import numpy as np
+
+    from perf4sight.networks import prune_plan as pp
+    from perf4sight.networks.pruning import count_parameters
+
+    base = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 32, 3, 2, 1),
+                         nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 64), nn.BatchNorm1d(64),
+                         nn.ReLU(), nn.Linear(64, 10))
+    plan = PruningPlan(base, [3, 16, 16], strategy="random")
+    assert plan._fast_count is not None
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        counts = [int(rng.integers(0, g.max_removed + 1)) for g in plan.groups]
+        cut = pp.cut(plan._meta, pp.removal(plan.groups, counts))
+        assert plan._fast_count(counts) == plan.p0 - count_parameters(cut)
+    pruned = plan.prune(50)
+    desc = describe(pruned.module, [3, 16, 16], name="bnneck_l50")
+    linears = [n.attrs["out_features"] for n in desc.nodes if n.op == "linear"]
+    necks = [n.attrs["num_features"] for n in desc.nodes if n.op == "batchnorm2d" and len(n.output_shape) == 1]
+    assert necks == linears[:1] and linears[0] < 64 and desc.params == pruned.params
+
+
 def test_convnext_prunes_its_stream_with_its_layer_scales_and_its_blocks_mlp() -> None:
     """ConvNeXt's residual stream is multiplied by each block's layer scale, a parameter outside any layer: it is cut
     with the layers of the stream (and torch-pruning's warning about it is not shown), as are the blocks' MLP

@@ -370,6 +370,7 @@ def _inplace(op: str) -> Callable[[nn.Module], tuple[str, dict]]:
 MODULE_OPS: list[tuple[type, Callable[[Any], tuple[str, dict]]]] = [
     (nn.Conv2d, _conv),
     (nn.BatchNorm2d, _bn),
+    (nn.BatchNorm1d, _bn),  # of [N, C] or [N, C, L] (a re-ID or metric-learning head's): the same F.batch_norm
     (nn.Linear, lambda m: ("linear", {"in_features": m.in_features, "out_features": m.out_features,
                                       "bias": m.bias is not None})),
     (nn.ReLU, _inplace("relu")),
@@ -732,6 +733,24 @@ def _group_norm_call(n: fx.Node) -> tuple[str, dict]:
                                          weight is not None)
 
 
+def _batch_norm_call(n: fx.Node) -> tuple[str, dict]:
+    """``F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)`` of a ``[N, C]``,
+    ``[N, C, L]`` or ``[N, C, H, W]`` input: a batchnorm2d, its channels the input's, its running statistics,
+    weight and bias the module's own (``get_attr``). Without running statistics (torch then normalises by the
+    batch's even in eval mode), ``ValueError``."""
+    if _arg(n, 1, "running_mean") is None or _arg(n, 2, "running_var") is None:
+        raise ValueError("a batch norm without running statistics has no description op")
+    weight, bias = _arg(n, 3, "weight"), _arg(n, 4, "bias")
+    if (weight is None) != (bias is None):
+        raise ValueError("a batch norm with a weight but no bias (or a bias but no weight) has no description op")
+    attrs: dict[str, Any] = {"num_features": int(n.args[0].meta["tensor_meta"].shape[1])}
+    if float(_arg(n, 7, "eps", 1e-5)) != 1e-5:
+        attrs["eps"] = float(_arg(n, 7, "eps", 1e-5))
+    if weight is None:
+        attrs["affine"] = False
+    return "batchnorm2d", attrs
+
+
 def _permute_call(n: fx.Node) -> tuple[str, dict]:
     """``x.permute(0, 2, 3, 1)`` or ``torch.permute(x, [0, 2, 3, 1])``: dimensions count the batch, which stays."""
     rest = list(n.args[1:]) or [n.kwargs.get("dims")]
@@ -887,6 +906,7 @@ FUNCTION_OPS[F.layer_norm] = _layer_norm_call
 for _key in (F.rms_norm, torch.rms_norm):
     FUNCTION_OPS[_key] = _rms_norm_call
 FUNCTION_OPS[F.group_norm] = _group_norm_call
+FUNCTION_OPS[F.batch_norm] = _batch_norm_call
 FUNCTION_OPS[F.conv_transpose2d] = _conv_transpose_call
 FUNCTION_OPS[F.glu] = lambda n: _glu_attrs(n, _arg(n, 1, "dim", -1))
 for _key in (torch.permute, "permute"):
@@ -1981,7 +2001,8 @@ def _with_own_tensors(n: fx.Node, op: str, attrs: dict, gm: fx.GraphModule, wher
     """``n``'s op once the module tensors it reads (``get_attr`` nodes, or their batch expansions: ``held``) are
     taken in: a multiply by one parameter is a ``scale`` of that parameter's shape, an add of one a ``shift``, a
     concatenation that puts one first a ``token``; a layer, group or instance norm reads its own weight and bias, a
-    PReLU its slopes; a random generator read is left out (:func:`_is_generator`). The names of those nodes come back,
+    PReLU its slopes, a batch norm call its weight, bias and running statistics; a random generator read is left out
+    (:func:`_is_generator`). The names of those nodes come back,
     so that they are not read as inputs. Any other op reading a module tensor is a ``UserError``."""
     own: list[fx.Node] = []
     fx.node.map_arg((n.args, n.kwargs), lambda a: own.append(a) if a.name in held else None)
@@ -1990,6 +2011,8 @@ def _with_own_tensors(n: fx.Node, op: str, attrs: dict, gm: fx.GraphModule, wher
     if not own:
         return op, attrs, generators
     if op == "window_attention":  # its weights, its biases' table or MLP, its scale: read from the call itself
+        return op, attrs, {a.name for a in own}
+    if op == "batchnorm2d":  # F.batch_norm's running statistics (buffers), weight and bias: the call's own
         return op, attrs, {a.name for a in own}
     for a in own:
         try:

@@ -25,6 +25,7 @@ SCHEMA_VERSION = 1
 OPS: Dict[str, Tuple[str, ...]] = {
     "input": (),
     "conv2d": ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups", "bias"),
+    # batchnorm2d: of a [C, H, W] map, or of a [C] or [C, L] input (a head's BatchNorm1d: the same F.batch_norm)
     "batchnorm2d": ("num_features",),  # optional eps (1e-5), momentum (0.1), affine (true: a weight and bias)
     "linear": ("in_features", "out_features", "bias"),
     "relu": (), "relu6": (), "hardswish": (), "sigmoid": (), "hardsigmoid": (), "silu": (),

@@ -240,14 +240,19 @@ class PatchMerge(nn.Module):
                           x[..., 1::2, 1::2, :]], -1)
 
 
+def _batch_norm(cls: type, a: Dict[str, Any], factory: Dict[str, Any]) -> nn.Module:
+    """A batch norm of class ``cls`` (BatchNorm2d, or BatchNorm1d of a [C] or [C, L] input) made of a batchnorm2d's
+    attrs."""
+    return cls(a["num_features"], eps=a.get("eps", 1e-5), momentum=a.get("momentum", 0.1),
+               affine=bool(a.get("affine", True)), **factory)
+
+
 #: op -> factory of the nn.Module that executes it, given the node's attrs and the factory keyword
 #: arguments for its parameters and buffers (``device``).
 MODULE_BUILDERS: Dict[str, Callable[..., nn.Module]] = {
     "conv2d": lambda a, **f: nn.Conv2d(a["in_channels"], a["out_channels"], _pair(a["kernel_size"]), _pair(a["stride"]),
                                        _pair(a["padding"]), _pair(a["dilation"]), a["groups"], bool(a["bias"]), **f),
-    "batchnorm2d": lambda a, **f: nn.BatchNorm2d(a["num_features"], eps=a.get("eps", 1e-5),
-                                                 momentum=a.get("momentum", 0.1), affine=bool(a.get("affine", True)),
-                                                 **f),
+    "batchnorm2d": lambda a, **f: _batch_norm(nn.BatchNorm2d, a, f),
     "linear": lambda a, **f: nn.Linear(a["in_features"], a["out_features"], bool(a["bias"]), **f),
     "relu": lambda a, **f: nn.ReLU(inplace=bool(a.get("inplace", False))),
     "relu6": lambda a, **f: nn.ReLU6(inplace=bool(a.get("inplace", False))),
@@ -445,6 +450,14 @@ def build_module(desc: NetworkDescription, device: Optional[Union[torch.device, 
 DESCRIBED_WHOLE = ("window_attention", "patch_merge", "group_attention")
 
 
+def _built(node: Node, attrs: Dict[str, Any], factory: Dict[str, Any]) -> nn.Module:
+    """The module :data:`MODULE_BUILDERS` makes of ``node`` with ``attrs``; of a batchnorm2d of a ``[C]`` or ``[C, L]`` input (a
+    head's BatchNorm1d, which BatchNorm2d refuses: it takes ``[N, C, H, W]`` alone), torch's BatchNorm1d."""
+    if node.op == "batchnorm2d" and len(node.output_shape) < 3:
+        return _batch_norm(nn.BatchNorm1d, attrs, factory)
+    return MODULE_BUILDERS[node.op](attrs, **factory)
+
+
 def _emit(node: Node, graph: fx.Graph, root: nn.Module, env: Dict[str, fx.Node], taken: Set[str],
           where: str, factory: Dict[str, Any], layers: Dict[str, str]) -> fx.Node:
     """The fx node computing ``node`` from its inputs' (``env``), its module (if any) added to ``root`` under a name
@@ -468,7 +481,7 @@ def _emit(node: Node, graph: fx.Graph, root: nn.Module, env: Dict[str, fx.Node],
         args, attrs = [copy, *args[1:]], {**attrs, "inplace": True}
     if node.op in MODULE_BUILDERS:
         try:
-            module = MODULE_BUILDERS[node.op](attrs, **factory)
+            module = _built(node, attrs, factory)
         except (TypeError, ValueError, KeyError) as exc:
             raise UserError(f"{where}: node '{node.name}' ({node.op}) has bad attrs: {exc}") from None
         if node.op in DESCRIBED_WHOLE:

@@ -565,7 +565,8 @@ def _params_after(m: nn.Module, r_out: int, r_in: int, handler: Handler | None =
         kk = m.kernel_size[0] * m.kernel_size[1]
         out, cin = m.out_channels - r_out, m.in_channels - r_in
         return cin * out * kk + bias * out
-    if type(m) in (nn.BatchNorm2d, nn.InstanceNorm2d, nn.SyncBatchNorm):
+    if type(m) in (nn.BatchNorm2d, nn.InstanceNorm2d, nn.SyncBatchNorm,
+                   nn.BatchNorm1d):
         return (m.num_features - max(r_out, r_in)) * len(own)
     if type(m) is nn.GroupNorm:
         return (m.num_channels - max(r_out, r_in)) * len(own)
@@ -597,8 +598,8 @@ def _cut_so_far(dep: Dep, places: np.ndarray, n: int) -> np.ndarray:
 def make_counter(groups: list[CoupledGroup], model: nn.Module) -> Callable[[list[int]], int] | None:
     """A fast ``counts -> parameters removed`` function for ordered groups, or None if it cannot be exact.
 
-    Exact when every touched layer is a Conv2d, an ungrouped ConvTranspose2d, a BatchNorm2d (or SyncBatchNorm),
-    InstanceNorm2d or GroupNorm, a PReLU, a Linear, a LayerNorm over one dimension, an RMSNorm (or has no
+    Exact when every touched layer is a Conv2d, an ungrouped ConvTranspose2d, a BatchNorm2d (or SyncBatchNorm,
+    BatchNorm1d), InstanceNorm2d or GroupNorm, a PReLU, a Linear, a LayerNorm over one dimension, an RMSNorm (or has no
     parameters), or a parameter outside any layer, and no two groups cut the same channel of the same dimension.
     """
     modules = dict(model.named_modules())
