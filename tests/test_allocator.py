@@ -600,6 +600,36 @@ def test_allocation_model_writes_down_a_heads_batch_norm_as_traced():
     assert sum(stats) == 2 * 3  # the neck's mean and 1/std, each of 3 steps
 
 
+def test_allocation_model_writes_down_a_fractional_max_pool_as_traced():
+    """A fractional max pool draws a uniform sample pair per sample and channel (freed once read), allocates its
+    output and int64 indices, and keeps its input and the indices; its backward allocates the input's gradient, as
+    torch runs it: on the network's input (no input gradient), after a convolution, of an output ratio and of an
+    output size, before an in-place ReLU."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.p0, self.c1 = nn.FractionalMaxPool2d(2, output_size=(12, 13)), nn.Conv2d(3, 16, 3, padding=1)
+            self.p1, self.fc = nn.FractionalMaxPool2d(3, output_ratio=0.5), nn.Linear(16, 4)
+
+        def forward(self, x):
+            y = F.relu(self.p1(self.c1(self.p0(x))), inplace=True)
+            return self.fc(F.fractional_max_pool2d(y, 2, output_size=3).mean((2, 3)))
+
+    desc = describe(Net(), [3, 16, 16], "fractional")
+    assert [n.output_shape for n in desc.nodes if n.op == "fractional_maxpool2d"] == [[3, 12, 13], [16, 6, 6],
+                                                                                    [16, 3, 3]]
+    model, traced = record_events(desc, 3, steps=3, method="model"), record_events(desc, 3, steps=3, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+    ops = [(op, size) for kind, _, size, op in model if kind == ALLOC]
+    assert ops.count(("aten.rand.default", 3 * 16 * 2 * 4)) == 2 * 3  # the two pools of 16 channels, each step
+    assert ops.count(("aten.fractional_max_pool2d_backward.default", 3 * 16 * 12 * 13 * 4)) == 3
+
+
 def test_allocation_model_writes_down_a_transposed_convolution_as_traced():
     """A transposed convolution allocates its output (aten.convolution) and keeps its input; its backward allocates
     the input's gradient, the weight's, then the bias's (aten.convolution_backward), as torch runs it: on the

@@ -997,6 +997,62 @@ def test_a_batch_norm_of_a_heads_features_is_a_batchnorm2d():
         describe(Unkept(), [3, 8, 8], name="unkept")
 
 
+class _Fractional(nn.Module):
+    """Fractional max pools (Graham's): a layer of an output ratio, a call of an output size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.pool = nn.Conv2d(3, 8, 3, padding=1), nn.FractionalMaxPool2d(3, output_ratio=(0.5, 0.7))
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x):
+        return self.fc(F.fractional_max_pool2d(self.pool(self.conv(x)), 2, output_size=(4, 5)).mean((2, 3)))
+
+
+def test_a_fractional_max_pool_is_the_op_fractional_maxpool2d():
+    """nn.FractionalMaxPool2d and F.fractional_max_pool2d were refused as a layer and a call without a description
+    op: they are a fractional_maxpool2d of its windows and the output size the trace gives (of an output ratio too).
+    Its windows' places are drawn at each forward, so the rebuilt module makes the same shapes, and given the same
+    random samples as the original computes the same. One returning its indices, of fixed samples, or an output
+    size whose windows do not fit the input is refused by name."""
+    torch.manual_seed(0)
+    original = _Fractional()
+    desc = NetworkDescription.from_dict(describe(original, [3, 16, 16], name="fractional").to_dict())
+    assert [(n.attrs, n.output_shape) for n in desc.nodes if n.op == "fractional_maxpool2d"] == [
+        ({"kernel_size": [3, 3], "output_size": [8, 11]}, [8, 8, 11]),
+        ({"kernel_size": [2, 2], "output_size": [4, 5]}, [8, 4, 5])]
+    rebuilt = build_module(desc)
+    rebuilt.load_state_dict(original.state_dict())
+    x = torch.randn(2, 3, 16, 16)
+    assert rebuilt(x).shape == original(x).shape == (2, 10)
+    pools = [m for m in rebuilt.modules() if isinstance(m, nn.FractionalMaxPool2d)]
+    samples = torch.rand(2, 8, 2)
+    original.pool._random_samples = pools[0]._random_samples = samples
+    y = original.pool(original.conv(x))
+    assert torch.equal(pools[0](original.conv(x)), y)
+    pools[1]._random_samples = samples
+    assert torch.equal(pools[1](y), F.fractional_max_pool2d(y, 2, output_size=(4, 5), _random_samples=samples))
+    original.pool._random_samples = None
+
+    class Indexed(nn.Module):
+        def __init__(self, layer: nn.Module) -> None:
+            super().__init__()
+            self.conv, self.layer = nn.Conv2d(3, 8, 1), layer
+
+        def forward(self, x):
+            y = self.layer(self.conv(x))
+            return y[0] if isinstance(y, tuple) else y
+    for layer in (nn.FractionalMaxPool2d(2, output_size=4, return_indices=True),
+                  nn.FractionalMaxPool2d(2, output_size=4, _random_samples=samples)):
+        with pytest.raises(UserError, match="a fractional max pool that returns its indices or takes fixed random "
+                                            "samples has no description op"):
+            describe(Indexed(layer), [3, 8, 8], name="fixed")
+    bad = desc.to_dict()
+    next(n for n in bad["nodes"] if n["op"] == "fractional_maxpool2d")["attrs"]["output_size"] = [15, 11]
+    with pytest.raises(UserError, match=r"output_size \[15, 11\] of windows \[3, 3\] does not fit its 16x16 input"):
+        NetworkDescription.from_dict(bad)
+
+
 class _Decoder(nn.Module):
     """An autoencoder's decoder or a DCGAN generator's stem: a vector made a map by nn.Unflatten, then by
     torch.unflatten and x.unflatten (a negative dim too), between transposed convolutions."""
@@ -1956,15 +2012,15 @@ def test_the_ops_after_a_tuple_without_a_description_op_are_named_too():
 def test_every_kind_of_op_without_a_description_op_is_named_at_once():
     """Only the first layer of a kind the description has no op for was named: a network of three such kinds took
     three tries to learn them; a kind met again is counted, not listed."""
-    module = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.CrossMapLRN2d(3), nn.FractionalMaxPool2d(2, output_size=6),
+    module = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.CrossMapLRN2d(3), nn.AvgPool3d(1),
                            nn.Conv2d(8, 8, 3, padding=1), nn.CrossMapLRN2d(3), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
                            nn.Linear(8, 10))
     with pytest.raises(UserError, match=r"^mine: module '1' of type CrossMapLRN2d \(and 1 more\) and module '2' of "
-                                        r"type FractionalMaxPool2d have no description op$"):
+                                        r"type AvgPool3d have no description op$"):
         describe(module, [3, 8, 8], "mine")
     module.extend([nn.MaxPool1d(1), nn.Unflatten(1, (10, 1, 1)), nn.MaxPool3d(1)])  # the last makes the output
     with pytest.raises(UserError, match=r"^mine: module '1' of type CrossMapLRN2d \(and 1 more\), module '2' of "
-                                        r"type FractionalMaxPool2d, module '8' of type MaxPool1d and module '10' of "
+                                        r"type AvgPool3d, module '8' of type MaxPool1d and module '10' of "
                                         r"type MaxPool3d have no description op$"):
         describe(module, [3, 8, 8], "mine")
 

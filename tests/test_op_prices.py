@@ -213,6 +213,15 @@ def test_the_activations_the_profile_does_not_measure_take_a_measured_ops_price(
     assert priced_ms_per_sample(desc, prices_key(without)) == pytest.approx((ns + out * 2.0) * 1e-6)
 
 
+def test_a_fractional_max_pool_takes_a_max_pools_price_per_window_element():
+    """A fractional max pool, which the profile does not measure, takes the max pool's price, each element of its
+    output times its window, at its output's side."""
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.FractionalMaxPool2d(3, output_size=(8, 8)))
+    desc = describe(net, SHAPE, name="fractional")
+    table = {"maxpool2d": {s: float(s) for s in SIDES}, "relu": {s: 1.0 for s in SIDES}}
+    assert priced_ms_per_sample(desc, prices_key(table)) == pytest.approx(8 * 8 * 8 * 9 * 8.0 * 1e-6)
+
+
 def test_a_table_measured_before_the_ops_were_added_is_measured_again_and_priced_until_then(tmp_path):
     """The runner measures a table that lacks an op of PRICED_OPS again (the same threads and torch), and one whose
     torch lacked it stays; the fingerprint stage reads the older table as it is."""

@@ -60,7 +60,8 @@ class _Views(torch.nn.Module):
     instancenorm (affine), hardtanh, softmax, pixel_unshuffle (of one channel, which ONNX's SpaceToDepth is),
     pixel_shuffle, pads of each mode, prelu (a slope per channel), dropout2d, log_softmax, selu, celu,
     local_response_norm, pow (a sqrt and the power -1 of a quotient), exp, abs, div, var, glu, hardshrink,
-    softshrink, threshold (in place), log_sigmoid, rmsnorm, repeat, rrelu and alpha_dropout (of whole channels)."""
+    softshrink, threshold (in place), log_sigmoid, rmsnorm, repeat, rrelu, alpha_dropout (of whole channels) and
+    fractional_maxpool2d."""
 
     def __init__(self):
         super().__init__()
@@ -79,6 +80,7 @@ class _Views(torch.nn.Module):
         x = torch.nn.functional.pad(torch.nn.functional.pad(x, (1, 1, 1, 1), mode="reflect"), (0, 1, 1, 0), "replicate")
         x = torch.nn.functional.pad(torch.nn.functional.pad(x, (1, 0, 0, 1), value=0.5), (1, 0, 0, 1), mode="circular")
         y = self.up(self.norm(self.inorm(self.drop(self.lrn(self.prelu(self.conv(x)))))))
+        y = torch.nn.functional.fractional_max_pool2d(y, 3, output_size=(20, 21))
         y = torch.nn.functional.feature_alpha_dropout(y, 0.1, True)
         y = torch.tanh(self.pool(torch.nn.functional.gelu(y))).transpose(2, 3)[:, :, 1:3]
         y = self.amax(torch.squeeze(torch.unsqueeze(torch.nn.functional.leaky_relu(y, 0.2, True), 1), 1))[:, :, :, 0]
@@ -138,7 +140,8 @@ def test_foreign_reading_rebuilds_the_same_network(name):
                          "layernorm", "groupnorm", "scale", "shift", "token", "attention", "conv_transpose2d",
                          "instancenorm", "hardtanh", "softmax", "pad", "pixel_shuffle", "pixel_unshuffle", "prelu",
                          "dropout2d", "log_softmax", "selu", "celu", "local_response_norm",
-                         "glu", "hardshrink", "softshrink", "rmsnorm", "repeat", "rrelu", "alpha_dropout")]
+                         "glu", "hardshrink", "softshrink", "rmsnorm", "repeat", "rrelu", "alpha_dropout",
+                         "fractional_maxpool2d")]
     assert views and all(back.node(n.name).attrs == n.attrs for n in views)
     assert network_features(back).per_sample == network_features(desc).per_sample
     assert _output_shape(back) == _output_shape(desc) == [2, 10]

@@ -125,7 +125,8 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "rmsnorm",
                      "repeat",
                      "rrelu",
-                     "alpha_dropout"})
+                     "alpha_dropout",
+                     "fractional_maxpool2d"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
                 "gelu": ("gelu", "input"), "sigmoid": ("sigmoid", "result"), "tanh": ("tanh", "result"),
@@ -955,13 +956,19 @@ def _instance_norm(ctx: _OpContext) -> _Value:
 
 
 def _pooling(ctx: _OpContext) -> _Value:
-    """maxpool2d, adaptivemaxpool2d, avgpool2d, adaptiveavgpool2d, mean (over H and W)."""
+    """maxpool2d, adaptivemaxpool2d, fractional_maxpool2d, avgpool2d, adaptiveavgpool2d, mean (over H and W)."""
     n, x, nbytes, op = ctx.node, ctx.x, ctx.nbytes, ctx.node.op
     if op in ("maxpool2d", "adaptivemaxpool2d"):  # the output and int64 indices, both kept with the input
         kernel = "max_pool2d_with_indices" if op == "maxpool2d" else "adaptive_max_pool2d"
         sid = ctx.alloc(kernel + ".default")
         indices = ctx.alloc(kernel + ".default", nbytes // FLOAT * INT64, holders=0)
         return _Value(sid, nbytes, ctx.unary_grad_fn(f"aten.{kernel}_backward.default", [x.sid, indices]))
+    if op == "fractional_maxpool2d":  # F.fractional_max_pool2d draws its windows' places: [N, C, 2] uniform samples
+        samples = ctx.alloc("rand.default", ctx.full_in[0] * ctx.full_in[1] * 2 * FLOAT)
+        sid = ctx.alloc("fractional_max_pool2d.default")
+        indices = ctx.alloc("fractional_max_pool2d.default", nbytes // FLOAT * INT64, holders=0)
+        ctx.mem.drop(samples)  # freed once the pool has read them; the output and indices kept with the input
+        return _Value(sid, nbytes, ctx.unary_grad_fn("aten.fractional_max_pool2d_backward.default", [x.sid, indices]))
     if op == "avgpool2d":
         return _Value(ctx.alloc("avg_pool2d.default"), nbytes,
                       ctx.unary_grad_fn("aten.avg_pool2d_backward.default", [x.sid]))
@@ -1358,6 +1365,7 @@ _HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
     "div": _quotient,
     "var": _variance,
     **dict.fromkeys(("maxpool2d", "adaptivemaxpool2d", "avgpool2d", "adaptiveavgpool2d", "mean"), _pooling),
+    "fractional_maxpool2d": _pooling,
     **dict.fromkeys(("add", "mul", "cat"), _combine),
     "interpolate": _interpolate,
     **dict.fromkeys(("softmax", "log_softmax"), _softmax),

@@ -472,6 +472,15 @@ def _maxpool2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     return _pool_out(node, in_shapes, kh * kw, True, 8.0 * numel(node.output_shape))
 
 
+def _fractional_maxpool2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """A fractional max pool: a max pool's compares (kernel_size elements an output element), its input and int64
+    indices kept; forward two kernels, the draw of a uniform sample pair per channel (written: 2 floats a channel)
+    and the pool; backward one, the gradient scattered to the maxima."""
+    kh, kw = node.attrs["kernel_size"]
+    cost = _pool_out(node, in_shapes, kh * kw, True, 8.0 * numel(node.output_shape))
+    return replace(cost, bytes_written=cost.bytes_written + 2 * in_shapes[0][0] * BYTES_PER_ELEMENT, kernels_fwd=2)
+
+
 def _avgpool2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     """Average pooling keeps its input for backward (autograd's ``avg_pool2d_backward`` reads it)."""
     kh, kw = node.attrs["kernel_size"]
@@ -765,6 +774,7 @@ HANDLERS: dict[str, Handler] = {
     "abs": _pointwise(1, [0], 2, 2),
     "identity": _view,
     "maxpool2d": _maxpool2d,
+    "fractional_maxpool2d": _fractional_maxpool2d,
     "avgpool2d": _avgpool2d,
     "adaptiveavgpool2d": _adaptive(False),
     "adaptivemaxpool2d": _adaptive(True),

@@ -26,7 +26,7 @@ __all__ = ["priced_ms_per_sample", "priced_as", "check_prices", "load_op_prices"
 #: silu's price an input element, 2.4-3.1 ns an output element against silu's 1.6 on this 2-core CPU, forward and
 #: backward), and those per output element times the window.
 _PER_INPUT = frozenset({"adaptiveavgpool2d", "adaptivemaxpool2d", "glu"})
-_PER_WINDOW = frozenset({"maxpool2d", "avgpool2d"})
+_PER_WINDOW = frozenset({"maxpool2d", "avgpool2d", "fractional_maxpool2d"})
 #: Ops priced as another op where the table has no price of their own: those the profile does not measure
 #: (leaky_relu and hardtanh: the same kernels as relu and relu6; prelu, dropout2d and log_softmax, below), and those
 #: measured from 2026-11-29 (``op_prices.PRICED_OPS``), which a table measured before lacks: priced as then (a
@@ -67,7 +67,9 @@ _PRICED_AS = {"leaky_relu": "relu", "hardtanh": "relu6",
               # not measured: a random draw per element and a noise tensor written, as a dropout's
               "rrelu": "dropout",
               # not measured: a noise drawn, then a multiply and an add, as a dropout's
-              "alpha_dropout": "dropout"}
+              "alpha_dropout": "dropout",
+              # not measured: a max pool's compares an output element times the window (:data:`_PER_WINDOW`)
+              "fractional_maxpool2d": "maxpool2d"}
 
 
 def check_prices(data: Any, where: str) -> dict[str, dict[int, float]]:

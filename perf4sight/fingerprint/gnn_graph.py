@@ -60,7 +60,8 @@ OP_TOKEN: dict[str, str] = {**{op: op for op in OP_VOCAB},
                             "glu": "silu",
                             # a value kept or replaced by a compare, as relu's
                             "hardshrink": "relu", "softshrink": "relu", "threshold": "relu",
-                            "log_sigmoid": "sigmoid"}
+                            "log_sigmoid": "sigmoid",
+                            "fractional_maxpool2d": "maxpool2d"}
 _ATTRS = ("in_ch", "out_ch", "kernel_h", "kernel_w", "stride", "padding", "dilation", "groups", "bias", "depthwise")
 _COSTS = ("out_elems", "out_rank", "macs", "flops_fwd", "flops_bwd", "bytes_read", "bytes_written", "params",
           "kernels_fwd", "kernels_bwd", "saved_bytes", "n_inputs")
@@ -113,6 +114,9 @@ def _attr_vector(op: str, a: dict) -> list[float]:
         kh, kw = _pair(a["kernel_size"])
         stride = a.get("stride") or a["kernel_size"]
         return [0, 0, kh, kw, _pair(stride)[0], _pair(a["padding"])[0], 0, 0, 0, 0]
+    if op == "fractional_maxpool2d":  # its windows; its strides vary (input / output size, on average)
+        kh, kw = _pair(a["kernel_size"])
+        return [0, 0, kh, kw, 0, 0, 0, 0, 0, 0]
     if op in ("adaptiveavgpool2d", "adaptivemaxpool2d"):
         oh, ow = _pair(a["output_size"]) if a["output_size"] is not None else (0.0, 0.0)
         return [0, 0, oh, ow, 0, 0, 0, 0, 0, 0]

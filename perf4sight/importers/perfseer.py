@@ -108,6 +108,7 @@ ONNX_TO_OP: dict[str, str] = {
     # ONNX has no RReLU (torch's exporter writes its eval-mode LeakyRelu): a type of this tool's own
     "RRelu": "rrelu",
     "AlphaDropout": "alpha_dropout",  # no ONNX op (torch's exporter leaves it out, as eval mode runs it)
+    "FractionalMaxPool": "fractional_maxpool2d",  # no ONNX op (torch's exporter refuses it): a type of our own
 }
 #: Our op -> ONNX op type. Five of ours share a type with another: ``permute`` is a ``Transpose`` of more than two
 #: axes; ``scale``, ``shift`` and ``token`` are a ``Mul``, an ``Add`` and a ``Concat`` with a learnt tensor (an ONNX
@@ -442,6 +443,11 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         return a
     if op in ("adaptiveavgpool2d", "adaptivemaxpool2d"):
         return {"output_size": _pair(args, ("output_size",), [1, 1], where)}
+    if op == "fractional_maxpool2d":  # its windows (required); its output size the node's where not given
+        k = _pair(args, ("kernel_size", "kernel_shape"), [], where)
+        if not k:
+            raise UserError(f"{where}: {op} lacks 'kernel_size' in args")
+        return {"kernel_size": k, "output_size": _pair(args, ("output_size",), out[1:3], where)}
     if op == "cat":
         return {"dim": num("dim", "axis", default=1)}
     if op == "flatten":

@@ -157,6 +157,19 @@ def _avgpool(m: nn.AvgPool2d) -> tuple[str, dict]:
                          "count_include_pad": bool(m.count_include_pad)}
 
 
+def _fractional_maxpool(n: fx.Node, kernel_size: Any, return_indices: Any, samples: Any) -> tuple[str, dict]:
+    """``nn.FractionalMaxPool2d`` or ``F.fractional_max_pool2d`` of a ``[N, C, H, W]`` map: its windows and the
+    output size the trace gives (of an ``output_size`` or an ``output_ratio``). With its indices asked for, or with
+    fixed ``_random_samples`` (torch then draws none), ``ValueError``."""
+    if return_indices or samples is not None:
+        raise ValueError("a fractional max pool that returns its indices or takes fixed random samples has no "
+                         "description op")
+    out = _shape(n)
+    if len(n.args[0].meta["tensor_meta"].shape) != 4 or out is None:
+        raise ValueError("a fractional max pool of anything but a [N, C, H, W] map has no description op")
+    return "fractional_maxpool2d", {"kernel_size": _pair(kernel_size), "output_size": [int(v) for v in out[1:]]}
+
+
 def _layernorm(m: nn.LayerNorm) -> tuple[str, dict]:
     if m.elementwise_affine and getattr(m, "bias", True) is None:
         raise ValueError("a layer norm with a weight but no bias has no description op")
@@ -907,6 +920,8 @@ for _key in (F.rms_norm, torch.rms_norm):
     FUNCTION_OPS[_key] = _rms_norm_call
 FUNCTION_OPS[F.group_norm] = _group_norm_call
 FUNCTION_OPS[F.batch_norm] = _batch_norm_call
+FUNCTION_OPS[F.fractional_max_pool2d] = lambda n: _fractional_maxpool(
+    n, _arg(n, 1, "kernel_size"), _arg(n, 4, "return_indices", False), _arg(n, 5, "_random_samples"))
 FUNCTION_OPS[F.conv_transpose2d] = _conv_transpose_call
 FUNCTION_OPS[F.glu] = lambda n: _glu_attrs(n, _arg(n, 1, "dim", -1))
 for _key in (torch.permute, "permute"):
@@ -2158,6 +2173,8 @@ def _op_of(n: fx.Node, gm: fx.GraphModule) -> tuple[str, dict]:
             return _unflatten(n, m.dim)
         if isinstance(m, nn.LocalResponseNorm):
             return _local_response_norm(n, m.size, m.alpha, m.beta, m.k)
+        if isinstance(m, nn.FractionalMaxPool2d):
+            return _fractional_maxpool(n, m.kernel_size, m.return_indices, m._random_samples)
         if isinstance(m, (nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)):
             return _channel_dropout(type(m).__name__.lower(), len(n.args[0].meta["tensor_meta"].shape), m.p)
         if isinstance(m, nn.LogSoftmax):

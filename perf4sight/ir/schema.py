@@ -55,6 +55,10 @@ OPS: Dict[str, Tuple[str, ...]] = {
     "maxpool2d": ("kernel_size", "stride", "padding", "ceil_mode"),
     "avgpool2d": ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad"),
     "adaptiveavgpool2d": ("output_size",),
+    # a max pool of kernel_size windows at pseudo-random places, drawn per sample and channel at each forward, that
+    # makes an [h, w] output_size of a [C, H, W] map (torch's FractionalMaxPool2d; h + kernel - 1 <= H, as torch
+    # requires)
+    "fractional_maxpool2d": ("kernel_size", "output_size"),
     "adaptivemaxpool2d": ("output_size",),
     "add": (), "mul": (),
     "cat": ("dim",),
@@ -171,7 +175,8 @@ _POSITIVE: Dict[str, Tuple[str, ...]] = {
     "local_response_norm": ("size",),
 }
 #: Op -> attributes that must be lists of positive integers (a shape).
-_SHAPES: Dict[str, Tuple[str, ...]] = {"layernorm": ("normalized_shape",), "scale": ("shape",), "shift": ("shape",),
+_SHAPES: Dict[str, Tuple[str, ...]] = {"fractional_maxpool2d": ("output_size",),
+                                       "layernorm": ("normalized_shape",), "scale": ("shape",), "shift": ("shape",),
                                        "token": ("shape",), "interpolate": ("size",),
                                        "rmsnorm": ("normalized_shape",),
                                        "repeat": ("repeats",)}
@@ -234,6 +239,7 @@ _PAIRS: Dict[str, Tuple[str, ...]] = {
     "maxpool2d": ("kernel_size", "stride", "padding"), "avgpool2d": ("kernel_size", "stride", "padding"),
     "window_attention": ("window_size", "shift_size"), "group_attention": ("window_size",),
     "conv_transpose2d": ("kernel_size", "stride", "padding", "output_padding", "dilation"),
+    "fractional_maxpool2d": ("kernel_size",),
 }
 
 

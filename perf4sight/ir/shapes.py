@@ -37,6 +37,7 @@ ARITY: Dict[str, Tuple[int, Optional[int]]] = {
     "local_response_norm": (1, 1),
     "rmsnorm": (1, 1),
     "repeat": (1, 1),
+    "fractional_maxpool2d": (1, 1),
 }
 
 
@@ -152,6 +153,17 @@ def _transposed_out(a: Dict[str, Any], x: List[int]) -> Union[List[int], str]:
     return [a["out_channels"]] + hw
 
 
+def _fractional_out(a: Dict[str, Any], x: List[int]) -> Union[List[int], str]:
+    """A fractional max pool's output shape: ``[C, h, w]`` of its ``output_size``, where each side's last window
+    (``kernel_size``) ends inside the ``[C, H, W]`` input (torch's check: ``h + kernel - 1 <= H``)."""
+    if len(x) != 3:
+        return f"needs a [channels, height, width] input, got {x}"
+    k, size = _pair(a["kernel_size"]), [int(v) for v in a["output_size"]]
+    if len(size) != 2 or any(size[i] + k[i] - 1 > x[i + 1] for i in range(2)):
+        return f"output_size {size} of windows {k} does not fit its {x[1]}x{x[2]} input"
+    return [x[0]] + size
+
+
 def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) -> Optional[Union[List[int], str]]:
     """The output shape ``op`` makes of ``ins`` (a string says what is wrong; None: no rule)."""
     x = ins[0] if ins else []
@@ -174,6 +186,8 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
         return [a["out_channels"] if op == "conv2d" else x[0]] + hw
     if op == "conv_transpose2d":
         return _transposed_out(a, x)
+    if op == "fractional_maxpool2d":
+        return _fractional_out(a, x)
     if op in ("adaptiveavgpool2d", "adaptivemaxpool2d"):
         size = _pair(a["output_size"])
         return [x[0]] + [x[i + 1] if size[i] is None else size[i] for i in range(2)] if len(x) == 3 else None

@@ -285,6 +285,8 @@ MODULE_BUILDERS: Dict[str, Callable[..., nn.Module]] = {
                                              bool(a["ceil_mode"]), bool(a["count_include_pad"])),
     "adaptiveavgpool2d": lambda a, **f: nn.AdaptiveAvgPool2d(_pair(a["output_size"])),
     "adaptivemaxpool2d": lambda a, **f: nn.AdaptiveMaxPool2d(_pair(a["output_size"])),
+    "fractional_maxpool2d": lambda a, **f: nn.FractionalMaxPool2d(_pair(a["kernel_size"]),
+                                                                  output_size=_pair(a["output_size"])),
     "dropout": lambda a, **f: nn.Dropout(float(a["p"])),
     "layernorm": lambda a, **f: nn.LayerNorm([int(s) for s in a["normalized_shape"]], eps=a.get("eps", 1e-5),
                                              elementwise_affine=bool(a.get("elementwise_affine", True)), **f),
