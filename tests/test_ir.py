@@ -1934,6 +1934,22 @@ def test_a_module_with_lazy_layers_is_described_on_a_copy():
     assert isinstance(module[2], nn.LazyLinear) and torch.equal(state, torch.random.get_rng_state())
 
 
+def test_a_module_with_lazy_batch_norms_is_described_on_a_copy():
+    """Describing a LazyBatchNorm2d failed with torch's ValueError (it cannot deep-copy an uninitialised buffer), and
+    a LazyBatchNorm1d that is not affine (lazy buffers, no lazy parameter) was made in the caller's module: both are
+    described on a copy, the caller's layers left lazy and torch's random state as it was."""
+    module = nn.Sequential(nn.Conv2d(3, 8, 3), nn.LazyBatchNorm2d(eps=1e-3), nn.Flatten(), nn.Linear(8 * 6 * 6, 16),
+                           nn.LazyBatchNorm1d(affine=False), nn.Linear(16, 10))
+    state = torch.random.get_rng_state()
+    desc = describe(module, [3, 8, 8], "lazy_norms")
+    assert [(n.attrs, n.output_shape) for n in desc.nodes if n.op == "batchnorm2d"] == [
+        ({"num_features": 8, "eps": 1e-3}, [8, 6, 6]), ({"num_features": 16, "affine": False}, [16])]
+    assert desc.params == 3 * 8 * 9 + 8 + 2 * 8 + 8 * 6 * 6 * 16 + 16 + 16 * 10 + 10
+    assert isinstance(module[1].running_mean, nn.parameter.UninitializedBuffer)
+    assert isinstance(module[4].running_var, nn.parameter.UninitializedBuffer)
+    assert torch.equal(state, torch.random.get_rng_state())
+
+
 def test_every_optional_attr_the_readme_names_is_known():
     """The optional attributes the README lists (and from_torch writes) are read; a typo of one is not."""
     from perf4sight.ir.schema import known_attrs

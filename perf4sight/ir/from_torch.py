@@ -1275,9 +1275,19 @@ def _unread_params(module: nn.Module, graph: fx.Graph) -> int:
 
 
 def has_lazy_parameters(module: nn.Module) -> bool:
-    """Whether ``module`` has parameters a lazy layer (``nn.LazyLinear``) makes at its first forward, drawing
-    random numbers."""
-    return any(isinstance(p, nn.parameter.UninitializedParameter) for p in module.parameters())
+    """Whether ``module`` has parameters or buffers a lazy layer (``nn.LazyLinear``, ``nn.LazyBatchNorm2d``) makes at
+    its first forward, drawing random numbers for its parameters."""
+    return any(nn.parameter.is_lazy(t) for t in (*module.parameters(), *module.buffers()))
+
+
+def _lazy_copy(module: nn.Module) -> nn.Module:
+    """A deep copy of ``module`` whose lazy layers are still to be made. torch cannot deep-copy a lazy layer's
+    uninitialised buffer (a LazyBatchNorm2d's running statistics: "Attempted to use an uninitialized parameter"):
+    each is copied as a new one of its type and device."""
+    memo: dict[int, Any] = {id(b): nn.parameter.UninitializedBuffer(requires_grad=b.requires_grad, device=b.device,
+                                                                    dtype=b.dtype)
+                            for b in module.buffers() if isinstance(b, nn.parameter.UninitializedBuffer)}
+    return copy.deepcopy(module, memo)
 
 
 def _traced_with_shapes(module: nn.Module, input_shape: list[int], name: str) -> fx.GraphModule:
@@ -1342,7 +1352,7 @@ def describe(module: nn.Module, input_shape: list[int], name: str, network: str 
     input_shape = check_input_shape(input_shape, name)
     if has_lazy_parameters(module):  # the first forward makes them, drawing random numbers: on a copy
         with torch.random.fork_rng(devices=[]):
-            return _described(copy.deepcopy(module), input_shape, name, network, pruning_level, extra)
+            return _described(_lazy_copy(module), input_shape, name, network, pruning_level, extra)
     return _described(module, input_shape, name, network, pruning_level, extra)
 
 
