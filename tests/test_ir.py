@@ -915,7 +915,8 @@ def test_circular_padding_is_a_pad_of_mode_circular():
 def test_a_sync_batch_norm_is_the_batch_norm_it_runs_on_one_device():
     """nn.SyncBatchNorm (convert_sync_batchnorm's) was refused as a layer without a description op: outside a process
     group it runs F.batch_norm, a BatchNorm2d's, so it is a batchnorm2d (eps and affine kept); the rebuilt module
-    computes what it computes, in training too. One of a [N, C] vector (a BatchNorm1d's) is refused by name."""
+    computes what it computes, in training too; of an [N, C, L] map's rows (a BatchNorm1d's input: converted from
+    one) it is one too. One of a volume (a BatchNorm3d's) is refused by name."""
     torch.manual_seed(0)
     net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8, eps=1e-3), nn.ReLU(), nn.Conv2d(8, 4, 3),
                         nn.BatchNorm2d(4, affine=False))
@@ -936,9 +937,13 @@ def test_a_sync_batch_norm_is_the_batch_norm_it_runs_on_one_device():
     x = torch.randn(2, 3, 8, 8)
     assert torch.allclose(rebuilt.eval()(x), original.eval()(x), atol=1e-6)
     assert torch.allclose(rebuilt.train()(x), original.train()(x), atol=1e-6)
-    flat = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Flatten(2), nn.SyncBatchNorm(8))
-    with pytest.raises(UserError, match=r"a SyncBatchNorm of anything but a \[N, C, H, W\] map"):
-        describe(flat, [3, 8, 8], name="flat")
+    flat = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(nn.Conv2d(3, 8, 3), nn.Flatten(2),
+                                                                 nn.BatchNorm1d(8, affine=False)))
+    assert [(n.op, n.attrs, n.output_shape) for n in describe(flat, [3, 8, 8], name="flat").nodes][-1] == (
+        "batchnorm2d", {"num_features": 8, "affine": False}, [8, 36])
+    volume = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Unflatten(2, (2, 3)), nn.SyncBatchNorm(8))
+    with pytest.raises(UserError, match=r"a SyncBatchNorm of anything but a \[N, C, H, W\] map, \[N, C\] or "):
+        describe(volume, [3, 8, 8], name="volume")
 
 
 class _Bnneck(nn.Module):

@@ -133,11 +133,12 @@ def _bn(m: nn.BatchNorm2d) -> tuple[str, dict]:
 
 def _sync_bn(m: nn.SyncBatchNorm, n: fx.Node) -> tuple[str, dict]:
     """``nn.SyncBatchNorm`` (a model made ready for several GPUs by ``convert_sync_batchnorm``) of a
-    ``[N, C, H, W]`` map: a batchnorm2d, which is what it runs in a step on one device (torch syncs its statistics
-    only inside a process group; otherwise its forward is ``F.batch_norm``, a BatchNorm2d's). Of any other input
-    (a BatchNorm1d's or 3d's), ``ValueError``."""
-    if len(n.args[0].meta["tensor_meta"].shape) != 4:
-        raise ValueError("a SyncBatchNorm of anything but a [N, C, H, W] map has no description op")
+    ``[N, C, H, W]`` map, or of ``[N, C]`` or ``[N, C, L]`` (a BatchNorm1d's input): a batchnorm2d, which is what it
+    runs in a step on one device (torch syncs its statistics only inside a process group; otherwise its forward is
+    ``F.batch_norm``, a BatchNorm2d's). Of a volume (a BatchNorm3d's), ``ValueError``."""
+    if len(n.args[0].meta["tensor_meta"].shape) not in (2, 3, 4):
+        raise ValueError("a SyncBatchNorm of anything but a [N, C, H, W] map, [N, C] or [N, C, L] has no description "
+                         "op")
     return _bn(m)
 
 
