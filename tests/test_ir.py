@@ -1955,6 +1955,32 @@ def test_a_module_with_lazy_batch_norms_is_described_on_a_copy():
     assert torch.equal(state, torch.random.get_rng_state())
 
 
+class _Normalized(nn.Module):
+    """A cosine classifier's head: its embedding scaled to unit length by ``norm`` (a function of the embedding)."""
+
+    def __init__(self, norm) -> None:
+        super().__init__()
+        self.conv, self.embed, self.norm = nn.Conv2d(3, 8, 3), nn.Linear(8, 16), norm
+
+    def forward(self, x):
+        return self.norm(self.embed(self.conv(x).mean((2, 3))))
+
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_a_normalisation_is_refused_naming_the_ops_that_describe_it(p):
+    """F.normalize was refused as a call without a description op, saying no more: its refusal names the ops that
+    compute the same (as F.normalize does, to float32's rounding) and describe."""
+    with pytest.raises(UserError) as refused:
+        describe(_Normalized(lambda y: F.normalize(y, p=p, dim=1)), [3, 8, 8], "normalized")
+    rewrite = re.search(r"; x / (.+?) computes the same", str(refused.value)).group(1)
+    hinted = eval(f"lambda x, p, dim=1: x / {rewrite}")  # the refusal's own words, as a user would paste them
+    torch.manual_seed(0)
+    y = torch.randn(4, 16)
+    assert torch.allclose(hinted(y, p), F.normalize(y, p=p, dim=1), atol=1e-6)
+    ops = [n.op for n in describe(_Normalized(lambda y: hinted(y, p)), [3, 8, 8], "rewritten").nodes]
+    assert ops[-2:] == ["hardtanh", "div"] and "pow" in ops
+
+
 def test_every_optional_attr_the_readme_names_is_known():
     """The optional attributes the README lists (and from_torch writes) are read; a typo of one is not."""
     from perf4sight.ir.schema import known_attrs

@@ -376,6 +376,18 @@ def _lp_pool(_: Any) -> tuple[str, dict]:
                      "s the stride) describes the same but for the sign's kernels")
 
 
+def _normalize_call(n: fx.Node) -> tuple[str, dict]:
+    """``F.normalize(x, p, dim, eps)`` (a metric-learning or cosine classifier's features scaled to unit length):
+    refused, naming the ops that describe the same: torch runs its norm as one kernel (linalg_vector_norm) that no
+    description op is, then a clamp and a divide."""
+    p, dim, eps = _arg(n, 1, "p", 2.0), _arg(n, 2, "dim", 1), _arg(n, 3, "eps", 1e-12)
+    norm = "x.pow(2).sum(dim, keepdim=True).sqrt()" if float(p) == 2 else \
+        "x.abs().pow(p).sum(dim, keepdim=True).pow(1 / p)"
+    raise ValueError(f"a normalisation F.normalize(x, p={p}, dim={dim}) has no description op (torch runs its norm "
+                     f"as one kernel); x / {norm}.clamp_min({eps}) computes the same, its norm as a power and a sum, "
+                     "and describes")
+
+
 def _inplace(op: str) -> Callable[[nn.Module], tuple[str, dict]]:
     return lambda m: (op, _inplace_attr(getattr(m, "inplace", False)))
 
@@ -921,6 +933,7 @@ for _key in (F.rms_norm, torch.rms_norm):
     FUNCTION_OPS[_key] = _rms_norm_call
 FUNCTION_OPS[F.group_norm] = _group_norm_call
 FUNCTION_OPS[F.batch_norm] = _batch_norm_call
+FUNCTION_OPS[F.normalize] = _normalize_call
 FUNCTION_OPS[F.fractional_max_pool2d] = lambda n: _fractional_maxpool(
     n, _arg(n, 1, "kernel_size"), _arg(n, 4, "return_indices", False), _arg(n, 5, "_random_samples"))
 FUNCTION_OPS[F.conv_transpose2d] = _conv_transpose_call
