@@ -453,8 +453,9 @@ DESCRIBED_WHOLE = ("window_attention", "patch_merge", "group_attention")
 
 
 def _built(node: Node, attrs: Dict[str, Any], factory: Dict[str, Any]) -> nn.Module:
-    """The module :data:`MODULE_BUILDERS` makes of ``node`` with ``attrs``; of a batchnorm2d of a ``[C]`` or ``[C, L]`` input (a
-    head's BatchNorm1d, which BatchNorm2d refuses: it takes ``[N, C, H, W]`` alone), torch's BatchNorm1d."""
+    """The module :data:`MODULE_BUILDERS` makes of ``node`` with ``attrs``; of a batchnorm2d of a ``[C]`` or
+    ``[C, L]`` input (a head's BatchNorm1d, which BatchNorm2d refuses: it takes ``[N, C, H, W]`` alone), torch's
+    BatchNorm1d."""
     if node.op == "batchnorm2d" and len(node.output_shape) < 3:
         return _batch_norm(nn.BatchNorm1d, attrs, factory)
     return MODULE_BUILDERS[node.op](attrs, **factory)
