@@ -1058,11 +1058,11 @@ def test_allocation_model_writes_down_convnext_as_traced(zoo):
     assert sims[0].peaks_mb([1, 7, 64]).tolist() == sims[1].peaks_mb([1, 7, 64]).tolist()
 
 
-def test_an_unfollowed_layout_and_swin_fall_back_to_the_trace():
+def test_an_unfollowed_layout_and_swin_v2_fall_back_to_the_trace():
     """A convolution of 1 x 1 maps permuted to channels-last, activated (an op the model does not follow the
     layout of along dimensions of size 1) and permuted back, whose layout torch decides by strides along those
-    dimensions, and a Swin transformer (its window attention) are the trace's: the events are the trace's, on the
-    meta device."""
+    dimensions, and a Swin V2 transformer (its window attention's cosine scores and bias MLP) are the trace's: the
+    events are the trace's, on the meta device."""
     from torch import nn
 
     from perf4sight.errors import UserError
@@ -1081,10 +1081,59 @@ def test_an_unfollowed_layout_and_swin_fall_back_to_the_trace():
     assert record_events(desc, 2) == record_events(desc, 2, method="trace")
     with pytest.raises(UserError, match="dimension of size 1 after a permute"):
         record_events(desc, 2, method="model")
-    swin = describe_zoo("swin_t", [3, 32, 32], num_classes=10)
+    swin = describe_zoo("swin_v2_t", [3, 32, 32], num_classes=10)
     assert record_events(swin, 2) == record_events(swin, 2, method="trace")
-    with pytest.raises(UserError, match="op 'window_attention'"):
+    with pytest.raises(UserError, match="window attention of Swin V2's form"):
         record_events(swin, 2, method="model")
+
+
+def _small_swin(side: int) -> NetworkDescription:
+    """torchvision's Swin transformer of two small stages (16 and 32 features, 2 heads, 4 x 4 windows, 2 blocks
+    each: one shifted) at 3 x ``side`` x ``side``: its window attentions (padded to whole windows where the map is
+    not, rolled and masked where shifted), its patch merge (padded to even sides where the map is odd) and the
+    merge's linear layer without a bias."""
+    from torchvision.models.swin_transformer import SwinTransformer
+
+    from perf4sight.ir.from_torch import describe
+    module = SwinTransformer([4, 4], 16, [2, 2], [2, 2], [4, 4], num_classes=10)
+    return describe(module, [3, side, side], f"small_swin_{side}")
+
+
+@pytest.mark.parametrize("zoo, side, batch", [("small", 32, 1), ("small", 36, 3), ("swin_t", 64, 3),
+                                              ("swin_t", 224, 2)])
+def test_allocation_model_writes_down_swin_as_traced(zoo, side, batch):
+    """A Swin transformer's events as the meta trace records them, event for event and step by step: each window
+    attention's pad (a copy), roll, windows (copies where no view can: of the map, of the scaled queries, of the
+    keys, values and heads for their ``bmm``), bias table ``index``, shifted windows' mask, softmax and
+    projections, and their gradients' copies, ``select_backward`` sums and ``index_put``; each patch merge's pad,
+    strided slices and cat; a layer norm's gradient laid out as its incoming one (the head's permuted mean's). At
+    36 x 36 the maps are padded to whole windows and to even sides; at a batch of 1 a permuted gradient folds into
+    the rows of a linear layer as a view."""
+    from perf4sight.networks.zoo import describe_zoo
+    desc = _small_swin(side) if zoo == "small" else describe_zoo(zoo, [3, side, side], num_classes=10)
+    model = record_events(desc, batch, steps=3, method="model")
+    traced = record_events(desc, batch, steps=3, method="trace")
+    ops = {op for _, _, _, op in traced}
+    assert {"aten.roll.default", "aten.index_put.default", "aten.masked_fill.Scalar", "aten.bmm.default",
+            "aten.slice_backward.default", "aten.constant_pad_nd.default"} <= ops
+    assert _as_replayed(model) == _as_replayed(traced)
+    if zoo == "small":
+        sims = [simulate(desc, method=m) for m in ("model", "trace")]
+        assert sims[0].peaks_mb([1, 7, 64]).tolist() == sims[1].peaks_mb([1, 7, 64]).tolist()
+
+
+def test_a_window_attention_with_a_dropout_goes_to_the_trace():
+    """A window attention with a dropout of its weights (which the model does not write down) is the trace's."""
+    import dataclasses
+
+    from perf4sight.errors import UserError
+    desc = _small_swin(32)
+    nodes = [Node(n.name, n.op, list(n.inputs), {**n.attrs, "attention_dropout": 0.1} if n.op == "window_attention"
+                  else dict(n.attrs), list(n.output_shape)) for n in desc.nodes]
+    dropped = dataclasses.replace(desc, name=desc.name + "_dropout", nodes=nodes)
+    assert _as_replayed(record_events(dropped, 2)) == _as_replayed(record_events(dropped, 2, method="trace"))
+    with pytest.raises(UserError, match="with a dropout"):
+        record_events(dropped, 2, method="model")
 
 
 def _small_vit() -> NetworkDescription:
@@ -1250,7 +1299,7 @@ def test_a_view_of_a_gradient_slice_is_copied_as_in_the_trace():
 
 
 def test_every_schema_op_is_written_down_indexing_and_scalars_included():
-    """The model covers every op a description can hold but ConvNeXt's, ViT's and a local response norm (the trace
+    """The model covers every op a description can hold but MaxViT's attention and a local response norm (the trace
     writes those down); an indexed tensor (select of a max-pooled map: a strided view), scalar add and multiply
     included, matches the trace."""
     from torch import nn
@@ -1267,7 +1316,7 @@ def test_every_schema_op_is_written_down_indexing_and_scalars_included():
         def forward(self, x):
             return self.fc(((self.pool(self.conv(x))[:, :, 0] + 1.0) * 0.5).mean(2))
 
-    assert COVERED == set(OPS) - {"window_attention", "patch_merge", "group_attention", "local_response_norm"}
+    assert COVERED == set(OPS) - {"group_attention", "local_response_norm"}
     desc = describe(Indexed(), [3, 8, 8], "indexed")
     assert {"select", "adaptivemaxpool2d"} <= {n.op for n in desc.nodes}
     assert _as_replayed(record_events(desc, 3, method="model")) == _as_replayed(record_events(desc, 3, method="trace"))

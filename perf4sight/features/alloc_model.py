@@ -2,14 +2,14 @@
 
 :mod:`perf4sight.features.alloc_trace` records the events by running the step on the meta device;
 this module writes the same events down from the description, 15-30 times faster. It covers every op of the schema
-but Swin's and MaxViT's blocks and a local response norm (:data:`COVERED`; those are left to the trace); the few
+but MaxViT's attention and a local response norm (:data:`COVERED`; those are left to the trace); the few
 patterns it does not follow raise :class:`NotCovered` and go to the trace (an in-place ReLU on a tensor a node keeps,
-a linear layer on a strided tensor or without a bias on one of more than two dimensions, a kernel or a view reading a
+a linear layer on a strided tensor of more than two dimensions, a kernel or a view reading a
 gradient with permuted strides, a layout torch decides by strides along dimensions of size 1 that the model does not
 follow: after a permute, through an op other than those of :data:`_LAID_OUT`; attention of a strided input, without a
-bias or with a dropout). The two are checked to give the same allocations in
-the same order with the same frees between them (the trace's zero-byte allocations aside) on zoo, pruned and
-generated networks, ConvNeXt and ViT in ``tests/test_allocator.py``.
+bias or with a dropout; a window attention of Swin V2's form or with a dropout). The two are checked to give the same
+allocations in the same order with the same frees between them (the trace's zero-byte allocations aside) on zoo,
+pruned and generated networks, ConvNeXt, ViT and Swin (V1) in ``tests/test_allocator.py``.
 
 Sizes are bytes at one batch size (float32 tensors, int64 pooling indices, labels and counters).
 The rules, as PyTorch runs a training step (and as the meta trace shows them):
@@ -83,6 +83,14 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
   embedding an add of a broadcast weight, a linear layer on a strided 2-D tensor (the class token's select) an
   ``addmm`` as on a contiguous one, and attention ``nn.MultiheadAttention``'s ops around the memory-efficient kernel
   a CUDA build runs (:func:`_attention`), whose output is laid out transposed (so are the residual adds after it).
+  A Swin's (V1): a window attention is the ops ``to_torch.WindowAttention`` runs, each with its autograd node as torch
+  makes it (:func:`_window_attention`, :class:`_Composite`): pads, rolls, the windows' and heads' copies where a
+  reshape cannot be a view, ``bmm`` of 3-D copies, the bias table's ``index`` (backward ``new_zeros`` and
+  ``index_put``), a shifted window's mask (no gradient); a patch merge a pad, strided slices and a ``cat``
+  (:func:`_patch_merge`); a linear layer without a bias on a contiguous N-D tensor ``mm`` of its rows
+  (:func:`_matmul_folded`). A layer norm's input gradient is laid out as its incoming gradient (the meta kernel's),
+  and a folded linear layer's ``mm`` reads a gradient of any strides (a permuted one folds into rows as a view at a
+  batch of 1).
   A log-softmax keeps its result, as a softmax does. A PReLU keeps its input; its backward allocates the input's
   gradient and the slopes' per element, summed down to the slopes (:func:`_prelu`). A dropout2d allocates a
   noise per sample and channel, then its output (the input times the noise); it keeps the noise. A dropout of
@@ -100,6 +108,7 @@ from typing import Callable
 
 from perf4sight.features.allocator import ALLOC, FREE
 from perf4sight.ir.schema import SHARES, NetworkDescription, Node
+from perf4sight.ir.shapes import window_pair, windows_of
 from perf4sight.profiling.plan import DEFAULT_LOSS
 
 __all__ = ["COVERED", "ACCUMULATED", "Event", "NotCovered", "step_events"]
@@ -126,7 +135,8 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "repeat",
                      "rrelu",
                      "alpha_dropout",
-                     "fractional_maxpool2d"})
+                     "fractional_maxpool2d",
+                     "window_attention", "patch_merge"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
                 "gelu": ("gelu", "input"), "sigmoid": ("sigmoid", "result"), "tanh": ("tanh", "result"),
@@ -423,6 +433,10 @@ def _params(node: Node) -> tuple[list[int], list[int]]:
     if node.op == "attention":  # the packed input projection's weight and bias, the output projection's
         e = a["embed_dim"]
         return ([3 * e * e * FLOAT, 3 * e * FLOAT, e * e * FLOAT, e * FLOAT] if a["bias"] else []), []
+    if node.op == "window_attention":  # its bias table, then the packed projection's weight and bias, the output's;
+        e, (wh, ww) = node.attrs["embed_dim"], window_pair(node.attrs["window_size"])  # a buffer: the index
+        table = (2 * wh - 1) * (2 * ww - 1) * node.attrs["num_heads"] * FLOAT
+        return [table, 3 * e * e * FLOAT, 3 * e * FLOAT, e * e * FLOAT, e * FLOAT], [wh * ww * wh * ww * INT64]
     if node.op == "rmsnorm":  # a weight of normalized_shape unless not elementwise_affine; no bias, no buffers
         return ([prod(a["normalized_shape"]) * FLOAT] if a.get("elementwise_affine", True) else []), []
     if node.op == "linear":
@@ -666,6 +680,8 @@ def _with_parameters(ctx: _OpContext) -> _Value:
         grads = ["aten._fused_rms_norm_backward.default"] * (1 + len(pbytes))
         return _Value(sid, nbytes, ctx.grad_fn([x.sid, rstd], [_edge(x)] + pedges, [x.nbytes] + pbytes, grads))
     if n.op == "linear":
+        if len(ctx.in_shapes[0]) != 1 and not n.attrs["bias"]:
+            return _matmul_folded(ctx, pedges, pbytes)
         if len(ctx.in_shapes[0]) != 1:
             return _linear_folded(ctx, pedges, pbytes)
         t = ctx.grad_fn([], [pedges[0]], [pbytes[0]], [None], handoff="view")  # weight.t()
@@ -711,14 +727,34 @@ def _weight_shape(node: Node) -> tuple[int, int, int, int]:
     return a["out_channels"], a["in_channels"] // a["groups"], kh, kw
 
 
+def _matmul_folded(ctx: _OpContext, pedges: list, pbytes: list[int]) -> _Value:
+    """A linear layer without a bias on a contiguous tensor of more than two dimensions: torch's ``matmul(x,
+    weight.t())``, the weight transposed first (a view), the input folded into rows (a view), ``mm`` (it keeps the
+    rows), the result viewed back. Backward: the output's view reshapes the incoming gradient into rows (a copy where
+    it is permuted), then ``mm``'s: the weight's gradient first, then the input's. A strided input not covered."""
+    x, nbytes = ctx.x, ctx.nbytes
+    if x.strides is not None:
+        raise NotCovered("linear without a bias on a strided tensor of more than two dimensions")
+    rows = prod(ctx.full_in[:-1])
+    folded_in, folded_out = (rows, ctx.full_in[-1]), (rows, ctx.full_out[-1])
+    t = ctx.grad_fn([], [pedges[0]], [pbytes[0]], [None], handoff="view")  # weight.t()
+    viewed = ctx.grad_fn([], [_edge(x)], [x.nbytes], [None], handoff="view", out_shape=folded_in)
+    sid = ctx.alloc("mm.default")
+    mm = ctx.grad_fn([x.sid], [_fn_edge(viewed), ("fn", t)], [x.nbytes, pbytes[0]], ["aten.mm.default"] * 2, [1, 0],
+                     out_shape=folded_out, shapes=[folded_in, folded_in[1:] + folded_out[1:]], any_strides=True)
+    out = ctx.grad_fn([], [_fn_edge(mm)], [nbytes], [None], handoff="view", shapes=[folded_out])
+    return _Value(sid, nbytes, out, view=True)
+
+
 def _linear_folded(ctx: _OpContext, pedges: list, pbytes: list[int]) -> _Value:
     """A linear layer on a tensor of more than two dimensions, as torch folds it where the input is contiguous and
     there is a bias: the input viewed as [rows, in_features], ``addmm``, the result viewed back. Backward: the
-    output's view reshapes the incoming gradient to [rows, out_features] (a copy where it is permuted), then
-    ``addmm``'s as a 2-D linear layer's. Other cases (``matmul``) not covered."""
+    output's view reshapes the incoming gradient to [rows, out_features] (a copy where no view can: a permuted one,
+    but at a batch of 1), then ``addmm``'s as a 2-D linear layer's (its products read any strides). Without a bias:
+    :func:`_matmul_folded`; a strided input not covered."""
     x, nbytes = ctx.x, ctx.nbytes
     if x.strides is not None or not ctx.node.attrs["bias"]:
-        raise NotCovered("linear on a tensor of more than two dimensions, strided or without a bias")
+        raise NotCovered("linear on a strided tensor of more than two dimensions")
     rows = prod(ctx.full_in[:-1])
     folded_in, folded_out = (rows, ctx.full_in[-1]), (rows, ctx.full_out[-1])
     viewed = ctx.grad_fn([], [_edge(x)], [x.nbytes], [None], handoff="view", out_shape=folded_in)
@@ -727,7 +763,8 @@ def _linear_folded(ctx: _OpContext, pedges: list, pbytes: list[int]) -> _Value:
     edge = None if viewed is None else ("fn", viewed)
     addmm = ctx.grad_fn([x.sid], [pedges[1], edge, ("fn", t)], [pbytes[1], x.nbytes, pbytes[0]],
                         [None, "aten.mm.default", "aten.mm.default"], [0, 1, 2], [nbytes, None, None],
-                        out_shape=folded_out, shapes=[folded_out[1:], folded_in, folded_in[1:] + folded_out[1:]])
+                        out_shape=folded_out, shapes=[folded_out[1:], folded_in, folded_in[1:] + folded_out[1:]],
+                        any_strides=True)
     out = ctx.grad_fn([], [("fn", addmm)], [nbytes], [None], handoff="view", shapes=[folded_out])
     return _Value(sid, nbytes, out, view=True)
 
@@ -1087,7 +1124,8 @@ def _permute(ctx: _OpContext) -> _Value:
 def _layer_norm(ctx: _OpContext) -> _Value:
     """A layer norm over the last dims (``native_layer_norm``): its output (contiguous, whatever the input's strides),
     a mean and a 1/std per row (the dims before the normalised ones); it keeps its input as it is and the two.
-    Backward: the input's gradient, then the weight's and the bias's."""
+    Backward: the input's gradient (laid out as the incoming one, as the meta kernel lays it out), then the weight's
+    and the bias's."""
     n, x, nbytes = ctx.node, ctx.x, ctx.nbytes
     pbytes, _ = _params(n)
     rows = prod(ctx.full_in[:len(ctx.full_in) - len(n.attrs["normalized_shape"])]) * FLOAT
@@ -1095,8 +1133,9 @@ def _layer_norm(ctx: _OpContext) -> _Value:
     stats = [ctx.alloc("native_layer_norm.default", rows, holders=0) for _ in range(2)]
     pedges = [("param", ctx.first_param + k) for k in range(len(pbytes))]
     grads = ["aten.native_layer_norm_backward.default"] * (1 + len(pbytes))
+    layouts = [("iterated", [])] + [None] * len(pbytes)  # the input's gradient laid out as the incoming one
     return _Value(sid, nbytes, ctx.grad_fn([x.sid] + stats, [_edge(x)] + pedges, [x.nbytes] + pbytes, grads,
-                                           any_strides=True))
+                                           any_strides=True, layouts=layouts))
 
 
 def _scale(ctx: _OpContext) -> _Value:
@@ -1344,6 +1383,336 @@ def _attention_output(ctx: _OpContext, shape: _AttentionShape, kernel: int | Non
     return _Value(sid, xb, fn, view=True, strides=_normal(ctx.full_out, raw), raw=raw if 1 in ctx.full_out else None)
 
 
+@dataclass
+class _Tensor:
+    """A tensor inside a composite op (a window attention, a patch merge): its value (one reference to its storage,
+    dropped with :meth:`_Composite.drop` where the Python local dies) and its shape with the batch."""
+    value: _Value
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensor (float32)."""
+        return prod(self.shape) * FLOAT
+
+
+class _Composite:
+    """The torch ops a composite op runs, one by one, each with its autograd node as torch makes it (views, copies
+    where a reshape cannot be a view, fresh kernels), on the op's memory and nodes (``ctx``)."""
+
+    def __init__(self, ctx: _OpContext) -> None:
+        self.ctx, self.mem = ctx, ctx.mem
+
+    def drop(self, *tensors: _Tensor) -> None:
+        """The Python locals of ``tensors`` die: one reference each dropped."""
+        for t in tensors:
+            self.mem.drop(t.value.sid)
+
+    def node(self, saved: list[int], edges: list, sizes: list[int], kernels: list[str | None], out_shape: tuple,
+             shapes: list[tuple], **kw) -> int | None:
+        """An autograd node (:meth:`_OpContext.grad_fn`) of output ``out_shape`` and inputs of ``shapes``."""
+        return self.ctx.grad_fn(saved, edges, sizes, kernels, out_shape=out_shape, shapes=shapes, **kw)
+
+    def fresh(self, t: _Tensor, kernel: str, shape: tuple[int, ...], backward: str | None, keep: bool = False,
+              any_strides: bool = False) -> _Tensor:
+        """A one-input kernel ``aten.<kernel>`` that allocates a contiguous output of ``shape``; its backward's
+        ``backward`` allocates the input's gradient (None: hands the incoming one on); ``keep``: it keeps its
+        result."""
+        sid = self.mem.new(prod(shape) * FLOAT, "aten." + kernel)
+        fn = self.node([sid] if keep else [], [_edge(t.value)], [t.nbytes], [backward], shape, [t.shape],
+                       any_strides=any_strides)
+        return _Tensor(_Value(sid, prod(shape) * FLOAT, fn), shape)
+
+    def view(self, t: _Tensor, shape: tuple[int, ...]) -> _Tensor:
+        """``reshape``: a view where the strides allow one, else a contiguous copy (``clone``) viewed."""
+        v = t.value
+        viewable, strides = _view(t.shape, v.strides, shape)
+        if viewable:
+            fn = self.node([], [_edge(v)], [t.nbytes], [None], shape, [t.shape], handoff="view")
+            return _Tensor(_Value(self.mem.hold(v.sid), t.nbytes, fn, view=True, strides=strides), shape)
+        sid = self.mem.new(t.nbytes, "aten.clone.default")
+        copied = self.node([], [_edge(v)], [t.nbytes], [None], t.shape, [t.shape])
+        fn = self.node([], [_fn_edge(copied)], [t.nbytes], [None], shape, [t.shape], handoff="view")
+        return _Tensor(_Value(sid, t.nbytes, fn), shape)
+
+    def contiguous(self, t: _Tensor) -> _Tensor:
+        """``.contiguous()``: the tensor itself (a new reference) where it is contiguous, else a ``clone``."""
+        if t.value.strides is None:
+            return _Tensor(_Value(self.mem.hold(t.value.sid), t.nbytes, t.value.fn, view=t.value.view), t.shape)
+        sid = self.mem.new(t.nbytes, "aten.clone.default")
+        return _Tensor(_Value(sid, t.nbytes, self.node([], [_edge(t.value)], [t.nbytes], [None], t.shape,
+                                                       [t.shape])), t.shape)
+
+    def permute(self, t: _Tensor, dims: tuple[int, ...]) -> _Tensor:
+        """A permute: a view; its backward permutes the gradient back."""
+        strides = t.value.strides or _strides(t.shape)
+        shape = tuple(t.shape[d] for d in dims)
+        fn = self.node([], [_edge(t.value)], [t.nbytes], [None], shape, [t.shape], handoff="permute", perm=dims)
+        return _Tensor(_Value(self.mem.hold(t.value.sid), t.nbytes, fn, view=True,
+                              strides=_normal(shape, tuple(strides[d] for d in dims))), shape)
+
+    def transpose(self, t: _Tensor, d0: int, d1: int) -> _Tensor:
+        """A transpose of two dimensions: a view."""
+        dims = list(range(len(t.shape)))
+        dims[d0], dims[d1] = dims[d1], dims[d0]
+        strides = t.value.strides or _strides(t.shape)
+        shape = tuple(t.shape[d] for d in dims)
+        fn = self.node([], [_edge(t.value)], [t.nbytes], [None], shape, [t.shape], handoff="transpose", dims=(d0, d1))
+        return _Tensor(_Value(self.mem.hold(t.value.sid), t.nbytes, fn, view=True,
+                              strides=_normal(shape, tuple(strides[d] for d in dims))), shape)
+
+    def select(self, t: _Tensor, dim: int) -> _Tensor:
+        """One index of dimension ``dim``: a view; its backward writes the gradient into zeros of the input's
+        shape (``select_backward``, contiguous whatever the gradient's strides)."""
+        strides = list(t.value.strides or _strides(t.shape))
+        del strides[dim]
+        shape = t.shape[:dim] + t.shape[dim + 1:]
+        fn = self.node([], [_edge(t.value)], [t.nbytes], ["aten.select_backward.default"], shape, [t.shape],
+                       any_strides=True)
+        return _Tensor(_Value(self.mem.hold(t.value.sid), prod(shape) * FLOAT, fn, view=True,
+                              strides=_normal(shape, tuple(strides))), shape)
+
+    def narrow(self, t: _Tensor, dim: int, length: int) -> _Tensor:
+        """The first ``length`` of dimension ``dim`` (a slice; none where it is the whole dimension): a view; its
+        backward writes the gradient into zeros of the input's shape (``slice_backward``)."""
+        if length == t.shape[dim]:
+            return _Tensor(_Value(self.mem.hold(t.value.sid), t.nbytes, t.value.fn, view=True,
+                                  strides=t.value.strides), t.shape)
+        strides = t.value.strides or _strides(t.shape)
+        shape = t.shape[:dim] + (length,) + t.shape[dim + 1:]
+        fn = self.node([], [_edge(t.value)], [t.nbytes], ["aten.slice_backward.default"], shape, [t.shape],
+                       any_strides=True)
+        return _Tensor(_Value(self.mem.hold(t.value.sid), prod(shape) * FLOAT, fn, view=True,
+                              strides=_normal(shape, strides)), shape)
+
+    def every_other(self, t: _Tensor, dim: int, start: int) -> _Tensor:
+        """``start::2`` of dimension ``dim`` (a strided slice): a view; its backward writes the gradient into zeros
+        of the input's shape (``slice_backward``)."""
+        strides = list(t.value.strides or _strides(t.shape))
+        strides[dim] *= 2
+        shape = t.shape[:dim] + ((t.shape[dim] - start + 1) // 2,) + t.shape[dim + 1:]
+        fn = self.node([], [_edge(t.value)], [t.nbytes], ["aten.slice_backward.default"], shape, [t.shape],
+                       any_strides=True)
+        return _Tensor(_Value(self.mem.hold(t.value.sid), prod(shape) * FLOAT, fn, view=True,
+                              strides=_normal(shape, tuple(strides))), shape)
+
+    def scaled(self, t: _Tensor) -> _Tensor:
+        """The tensor times a Python number (``mul.Tensor``, laid out as TensorIterator lays out its input); its
+        backward scales the incoming gradient (laid out as that)."""
+        sid = self.mem.new(t.nbytes, "aten.mul.Tensor")
+        fn = self.node([], [_edge(t.value)], [t.nbytes], ["aten.mul.Tensor"], t.shape, [t.shape],
+                       layouts=[("iterated", [])], any_strides=True)
+        return _Tensor(_Value(sid, t.nbytes, fn, strides=_iterated(t.shape, [t.value.strides])), t.shape)
+
+    def add(self, a: _Tensor, b: _Tensor) -> _Tensor:
+        """``a + b`` (contiguous; ``b`` broadcast to ``a``'s shape): the incoming gradient handed on to ``a``, and
+        summed down to ``b``'s shape (where ``b`` needs one)."""
+        if a.value.strides is not None or b.value.strides is not None:
+            raise NotCovered("an add of strided tensors in a composite op")
+        sid = self.mem.new(a.nbytes, "aten.add.Tensor")
+        full = [None, a.nbytes if b.shape != a.shape else None]
+        fn = self.node([], [_edge(a.value), _edge(b.value)], [a.nbytes, b.nbytes], [None, None], a.shape,
+                       [a.shape, b.shape], full=full)
+        return _Tensor(_Value(sid, a.nbytes, fn), a.shape)
+
+    def matmul(self, a: _Tensor, b: _Tensor) -> _Tensor:
+        """``a.matmul(b)`` of two 4-D tensors of the same leading dimensions, as torch runs it: each reshaped to 3-D
+        (a copy where no view can), ``bmm`` (which keeps both), the result viewed back. Backward: the second's
+        gradient, then the first's (``bmm`` each)."""
+        lead = a.shape[:-2]
+        rows_a = self.view(a, (prod(lead), *a.shape[-2:]))
+        rows_b = self.view(b, (prod(lead), *b.shape[-2:]))
+        shape = (prod(lead), a.shape[-2], b.shape[-1])
+        sid = self.mem.new(prod(shape) * FLOAT, "aten.bmm.default")
+        fn = self.node([rows_a.value.sid, rows_b.value.sid], [_edge(rows_a.value), _edge(rows_b.value)],
+                       [rows_a.nbytes, rows_b.nbytes], ["aten.bmm.default"] * 2, shape, [rows_a.shape, rows_b.shape],
+                       order=[1, 0], any_strides=True)
+        self.drop(rows_a, rows_b)
+        product = _Tensor(_Value(sid, prod(shape) * FLOAT, fn), shape)
+        out = self.view(product, (*lead, a.shape[-2], b.shape[-1]))
+        self.drop(product)
+        return out
+
+    def linear(self, t: _Tensor, out_features: int, bias: bool, p0: int) -> _Tensor:
+        """``F.linear`` of a contiguous tensor of three or more dimensions with a bias (parameters ``p0``, ``p0 +
+        1``): :func:`_linear_folded`."""
+        shape = (*t.shape[:-1], out_features)
+        node = Node(self.ctx.node.name, "linear", [self.ctx.node.name],
+                    {"in_features": t.shape[-1], "out_features": out_features, "bias": bias}, list(shape[1:]))
+        sub = _OpContext(node, [t.value], [list(t.shape[1:])], t.shape[0], self.mem, self.ctx.fns, p0, t.value,
+                         prod(shape) * FLOAT, t.shape, shape, self.ctx.relu6_clone)
+        pbytes, _ = _params(node)
+        return _Tensor(_linear_folded(sub, [("param", p0 + k) for k in range(len(pbytes))], pbytes), shape)
+
+
+def _window_attention(ctx: _OpContext) -> _Value:
+    """A Swin (V1) window attention as ``to_torch.WindowAttention`` runs it, op by op (:class:`_Composite`): the map
+    padded (a copy, even of no padding), rolled where shifted, cut into windows (a copy), the packed projection
+    (``addmm`` of the rows), the queries scaled, the scores (``bmm`` of copies), each head's bias per relative
+    position (``index`` of the table, made contiguous) and, where shifted, the mask between rolled regions added,
+    a softmax, the values weighted (``bmm``), the projection, the windows put back (a copy), rolled back and cropped.
+    Parameters: the bias table, the packed projection's weight and bias, the output projection's. Swin V2's form
+    (cosine scores, a bias MLP) and dropouts are not covered."""
+    a = ctx.node.attrs
+    if a.get("cosine") or a.get("position_bias_mlp") or not a["bias"] or \
+            float(a.get("dropout", 0)) or float(a.get("attention_dropout", 0)) or ctx.x.strides is not None:
+        raise NotCovered("a window attention of Swin V2's form, with a dropout, without a bias or of a strided input")
+    g = _Composite(ctx)
+    batch, height, width, e = ctx.full_in
+    ph, pw, (wh, ww), shift = windows_of(height, width, a["window_size"], a["shift_size"])
+    heads, tokens, windows = int(a["num_heads"]), wh * ww, (ph // wh) * (pw // ww)
+    rows = batch * windows
+    x = g.fresh(_Tensor(ctx.x, ctx.full_in), "constant_pad_nd.default", (batch, ph, pw, e),
+                "aten.constant_pad_nd.default")
+    if sum(shift) > 0:
+        x = _rolled(g, x)
+    x = _windows(g, x, (batch, ph // wh, wh, pw // ww, ww, e), (rows, tokens, e))
+    qkv = g.linear(x, 3 * e, True, ctx.first_param + 1)
+    split = g.view(qkv, (rows, tokens, 3, heads, e // heads))
+    g.drop(qkv)
+    qkv = g.permute(split, (2, 0, 3, 1, 4))
+    g.drop(split)
+    attn = _scores(g, qkv)
+    v = g.select(qkv, 0)
+    attn = _biased(g, attn, ctx.first_param, heads, tokens, (wh, ww))
+    if sum(shift) > 0:
+        attn = _masked(g, attn, (batch, windows, heads, tokens, tokens), (ph, pw), (wh, ww))
+    weights = g.fresh(attn, "_softmax.default", attn.shape, "aten._softmax_backward_data.default", keep=True)
+    g.drop(attn)
+    out = g.matmul(weights, v)
+    moved = g.transpose(out, 1, 2)
+    g.drop(out)
+    merged = g.view(moved, (rows, tokens, e))
+    g.drop(moved, x)
+    projected = g.linear(merged, e, True, ctx.first_param + 3)
+    g.drop(merged)
+    y = _windows(g, projected, (batch, ph // wh, pw // ww, wh, ww, e), (batch, ph, pw, e))
+    if sum(shift) > 0:
+        y = _rolled(g, y)
+    cropped = g.narrow(y, 1, height)
+    g.drop(y)
+    y = g.narrow(cropped, 2, width)
+    g.drop(cropped)
+    out = g.contiguous(y)
+    g.drop(y, qkv, v, weights)
+    return out.value
+
+
+
+def _patch_merge(ctx: _OpContext) -> _Value:
+    """A Swin patch merge as ``to_torch.PatchMerge`` runs it: the map padded to even sides (a copy, even of no
+    padding), each 2 x 2 patch's pixels taken by two strided slices each (views; backward: ``slice_backward`` into
+    zeros of the slice's input, then of the map, the four summed by the engine), put side by side (``cat``)."""
+    g = _Composite(ctx)
+    batch, height, width, c = ctx.full_in
+    padded = g.fresh(_Tensor(ctx.x, ctx.full_in), "constant_pad_nd.default",
+                     (batch, height + height % 2, width + width % 2, c), "aten.constant_pad_nd.default")
+    parts = []
+    for row, column in ((0, 0), (1, 0), (0, 1), (1, 1)):
+        rows = g.every_other(padded, 1, row)
+        parts.append(g.every_other(rows, 2, column))
+        g.drop(rows)
+    sid = g.mem.new(ctx.nbytes, "aten.cat.default")
+    fn = g.node([], [_edge(p.value) for p in parts], [p.nbytes for p in parts], [None] * 4, ctx.full_out,
+                [p.shape for p in parts], handoff="slices")
+    g.drop(*parts, padded)
+    return _Value(sid, ctx.nbytes, fn)
+
+def _rolled(g: _Composite, x: _Tensor) -> _Tensor:
+    """``torch.roll`` of ``x`` (the local rebound): a new tensor; its backward rolls the gradient back (a new
+    contiguous one, whatever the gradient's strides)."""
+    out = g.fresh(x, "roll.default", x.shape, "aten.roll.default", any_strides=True)
+    g.drop(x)
+    return out
+
+
+def _windows(g: _Composite, x: _Tensor, split: tuple[int, ...], shape: tuple[int, ...]) -> _Tensor:
+    """``x.view(split).permute(0, 1, 3, 2, 4, 5).reshape(shape)`` (the local ``x`` rebound): a map cut into windows,
+    or windows put back into a map (a copy where no view can)."""
+    viewed = g.view(x, split)
+    g.drop(x)
+    permuted = g.permute(viewed, (0, 1, 3, 2, 4, 5))
+    g.drop(viewed)
+    out = g.view(permuted, shape)
+    g.drop(permuted)
+    return out
+
+
+def _scores(g: _Composite, qkv: _Tensor) -> _Tensor:
+    """``(qkv[0] * scale).matmul(qkv[1].transpose(-2, -1))``: the queries scaled (a new tensor), the keys
+    transposed (a view), the scores."""
+    q = g.select(qkv, 0)
+    scaled = g.scaled(q)
+    k = g.select(qkv, 0)
+    keys = g.transpose(k, 2, 3)
+    scores = g.matmul(scaled, keys)
+    g.drop(q, scaled, k, keys)
+    return scores
+
+
+def _biased(g: _Composite, attn: _Tensor, table: int, heads: int, tokens: int, window: tuple[int, int]) -> _Tensor:
+    """``attn + table[index].view(T, T, -1).permute(2, 0, 1).contiguous().unsqueeze(0)`` (parameter ``table``): the
+    biases picked (``index``; backward: ``new_zeros`` of the table, ``index_put`` into it), made contiguous (a copy),
+    added (the old ``attn`` dropped)."""
+    (wh, ww), mem = window, g.mem
+    table_bytes = (2 * wh - 1) * (2 * ww - 1) * heads * FLOAT
+    picked_shape = (tokens * tokens, heads)
+    sid = mem.new(prod(picked_shape) * FLOAT, "aten.index.Tensor")
+    fn = g.node([], [("param", table)], [table_bytes], ["aten.index_put.default"], picked_shape,
+                [((2 * wh - 1) * (2 * ww - 1), heads)], before=[(table_bytes, "aten.new_zeros.default")],
+                any_strides=True)
+    picked = _Tensor(_Value(sid, prod(picked_shape) * FLOAT, fn), picked_shape)
+    square = g.view(picked, (tokens, tokens, heads))
+    g.drop(picked)
+    permuted = g.permute(square, (2, 0, 1))
+    g.drop(square)
+    bias = g.contiguous(permuted)
+    g.drop(permuted)
+    batched = g.view(bias, (1, heads, tokens, tokens))
+    g.drop(bias)
+    out = g.add(attn, batched)
+    g.drop(attn, batched)
+    return out
+
+
+def _masked(g: _Composite, attn: _Tensor, split: tuple[int, ...], padded: tuple[int, int],
+            window: tuple[int, int]) -> _Tensor:
+    """A shifted window's mask added: ``attn.view(N, windows, heads, T, T) + mask``, viewed back. The mask needs no
+    gradient: zeros of the padded map (``new_zeros``), nine regions filled (a 4-byte ``scalar_tensor`` each, freed at
+    once), cut into windows (a copy where no view can), the pairwise difference (``sub``), then ``masked_fill`` of
+    ``ne`` and of ``eq`` (one-byte masks), all freed after the add."""
+    mem, (ph, pw), (wh, ww) = g.mem, padded, window
+    _, windows, heads, tokens, _ = split
+    viewed = g.view(attn, split)
+    g.drop(attn)
+    zeros = mem.new(ph * pw * FLOAT, "aten.new_zeros.default")
+    for _ in range(9):
+        mem.drop(mem.new(FLOAT, "aten.scalar_tensor.default"))
+    cut_shape = (ph // wh, pw // ww, wh, ww)  # the mask viewed as windows, permuted: (rows, columns, wh, ww)
+    cut = _view(cut_shape, _normal(cut_shape, (wh * pw, ww, pw, 1)), (windows, tokens))[0]
+    if not cut:
+        mask = mem.new(ph * pw * FLOAT, "aten.clone.default")
+        mem.drop(zeros)
+    else:
+        mask = zeros
+    pairs = windows * tokens * tokens
+    diff = mem.new(pairs * FLOAT, "aten.sub.Tensor")
+    mem.drop(mask)
+    differs = mem.new(pairs, "aten.ne.Scalar")
+    first = mem.new(pairs * FLOAT, "aten.masked_fill.Scalar")
+    mem.drop(differs)
+    equal = mem.new(pairs, "aten.eq.Scalar")
+    second = mem.new(pairs * FLOAT, "aten.masked_fill.Scalar")
+    for sid in (equal, first, diff):
+        mem.drop(sid)
+    mask_value = _Tensor(_Value(second, pairs * FLOAT, None), (1, windows, 1, tokens, tokens))
+    summed = g.add(viewed, mask_value)
+    g.drop(mask_value, viewed)
+    out = g.view(summed, (split[0] * windows, heads, tokens, tokens))
+    g.drop(summed)
+    return out
+
+
 def _fn_edge(fn: int | None) -> tuple[str, int] | None:
     """The edge to autograd node ``fn`` (None: no gradient needed)."""
     return None if fn is None else ("fn", fn)
@@ -1379,6 +1748,8 @@ _HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
     "shift": _shift,
     "token": _token,
     "attention": _attention,
+    "window_attention": _window_attention,
+    "patch_merge": _patch_merge,
     **dict.fromkeys(("pad", "pixel_shuffle", "pixel_unshuffle"), _rearrange),
     "repeat": _tiling,
     "rrelu": _rrelu,
