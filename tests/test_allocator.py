@@ -1058,16 +1058,14 @@ def test_allocation_model_writes_down_convnext_as_traced(zoo):
     assert sims[0].peaks_mb([1, 7, 64]).tolist() == sims[1].peaks_mb([1, 7, 64]).tolist()
 
 
-def test_an_unfollowed_layout_and_swin_v2_fall_back_to_the_trace():
+def test_an_unfollowed_layout_falls_back_to_the_trace():
     """A convolution of 1 x 1 maps permuted to channels-last, activated (an op the model does not follow the
     layout of along dimensions of size 1) and permuted back, whose layout torch decides by strides along those
-    dimensions, and a Swin V2 transformer (its window attention's cosine scores and bias MLP) are the trace's: the
-    events are the trace's, on the meta device."""
+    dimensions, is the trace's: the events are the trace's, on the meta device."""
     from torch import nn
 
     from perf4sight.errors import UserError
     from perf4sight.ir.from_torch import describe
-    from perf4sight.networks.zoo import describe_zoo
 
     class Pixels(nn.Module):
         def __init__(self):
@@ -1081,26 +1079,23 @@ def test_an_unfollowed_layout_and_swin_v2_fall_back_to_the_trace():
     assert record_events(desc, 2) == record_events(desc, 2, method="trace")
     with pytest.raises(UserError, match="dimension of size 1 after a permute"):
         record_events(desc, 2, method="model")
-    swin = describe_zoo("swin_v2_t", [3, 32, 32], num_classes=10)
-    assert record_events(swin, 2) == record_events(swin, 2, method="trace")
-    with pytest.raises(UserError, match="window attention of Swin V2's form"):
-        record_events(swin, 2, method="model")
 
 
-def _small_swin(side: int) -> NetworkDescription:
-    """torchvision's Swin transformer of two small stages (16 and 32 features, 2 heads, 4 x 4 windows, 2 blocks
-    each: one shifted) at 3 x ``side`` x ``side``: its window attentions (padded to whole windows where the map is
-    not, rolled and masked where shifted), its patch merge (padded to even sides where the map is odd) and the
-    merge's linear layer without a bias."""
-    from torchvision.models.swin_transformer import SwinTransformer
+def _small_swin(side: int, v2: bool = False) -> NetworkDescription:
+    """torchvision's Swin transformer (``v2``: Swin V2's blocks and patch merging) of two small stages (16 and 32
+    features, 2 heads, 4 x 4 windows, 2 blocks each: one shifted) at 3 x ``side`` x ``side``: its window attentions
+    (padded to whole windows where the map is not, rolled and masked where shifted; V2's cosine scores and bias MLP),
+    its patch merge (padded to even sides where the map is odd) and the merge's linear layer without a bias."""
+    from torchvision.models.swin_transformer import PatchMergingV2, SwinTransformer, SwinTransformerBlockV2
 
     from perf4sight.ir.from_torch import describe
-    module = SwinTransformer([4, 4], 16, [2, 2], [2, 2], [4, 4], num_classes=10)
-    return describe(module, [3, side, side], f"small_swin_{side}")
+    v2_parts = {"block": SwinTransformerBlockV2, "downsample_layer": PatchMergingV2} if v2 else {}
+    module = SwinTransformer([4, 4], 16, [2, 2], [2, 2], [4, 4], num_classes=10, **v2_parts)
+    return describe(module, [3, side, side], f"small_swin{'_v2' if v2 else ''}_{side}")
 
 
 @pytest.mark.parametrize("zoo, side, batch", [("small", 32, 1), ("small", 36, 3), ("swin_t", 64, 3),
-                                              ("swin_t", 224, 2)])
+                                              ("swin_t", 224, 2), ("small_v2", 36, 1), ("swin_v2_t", 64, 2)])
 def test_allocation_model_writes_down_swin_as_traced(zoo, side, batch):
     """A Swin transformer's events as the meta trace records them, event for event and step by step: each window
     attention's pad (a copy), roll, windows (copies where no view can: of the map, of the scaled queries, of the
@@ -1108,16 +1103,22 @@ def test_allocation_model_writes_down_swin_as_traced(zoo, side, batch):
     projections, and their gradients' copies, ``select_backward`` sums and ``index_put``; each patch merge's pad,
     strided slices and cat; a layer norm's gradient laid out as its incoming one (the head's permuted mean's). At
     36 x 36 the maps are padded to whole windows and to even sides; at a batch of 1 a permuted gradient folds into
-    the rows of a linear layer as a view."""
+    the rows of a linear layer as a view. V2's: the packed bias copied and its keys' third zeroed in place (a
+    ``CopySlices``), the queries and keys normalised (norms, clamps, divisions), the logit scale's clamp and exp,
+    the bias MLP (its in-place ReLU on a view rebased) and its ``16 sigmoid``."""
     from perf4sight.networks.zoo import describe_zoo
-    desc = _small_swin(side) if zoo == "small" else describe_zoo(zoo, [3, side, side], num_classes=10)
+    small = zoo.startswith("small")
+    desc = _small_swin(side, zoo == "small_v2") if small else describe_zoo(zoo, [3, side, side], num_classes=10)
     model = record_events(desc, batch, steps=3, method="model")
     traced = record_events(desc, batch, steps=3, method="trace")
     ops = {op for _, _, _, op in traced}
     assert {"aten.roll.default", "aten.index_put.default", "aten.masked_fill.Scalar", "aten.bmm.default",
             "aten.slice_backward.default", "aten.constant_pad_nd.default"} <= ops
+    if "v2" in zoo:
+        assert {"aten.linalg_vector_norm.default", "aten.zeros_like.default", "aten.threshold_backward.default",
+                "aten.sigmoid_backward.default"} <= ops
     assert _as_replayed(model) == _as_replayed(traced)
-    if zoo == "small":
+    if small:
         sims = [simulate(desc, method=m) for m in ("model", "trace")]
         assert sims[0].peaks_mb([1, 7, 64]).tolist() == sims[1].peaks_mb([1, 7, 64]).tolist()
 

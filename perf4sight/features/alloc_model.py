@@ -7,9 +7,9 @@ patterns it does not follow raise :class:`NotCovered` and go to the trace (an in
 a linear layer on a strided tensor of more than two dimensions, a kernel or a view reading a
 gradient with permuted strides, a layout torch decides by strides along dimensions of size 1 that the model does not
 follow: after a permute, through an op other than those of :data:`_LAID_OUT`; attention of a strided input, without a
-bias or with a dropout; a window attention of Swin V2's form or with a dropout). The two are checked to give the same
-allocations in the same order with the same frees between them (the trace's zero-byte allocations aside) on zoo,
-pruned and generated networks, ConvNeXt, ViT and Swin (V1) in ``tests/test_allocator.py``.
+bias or with a dropout; a window attention with a dropout). The two are checked to give the same allocations in the
+same order with the same frees between them (the trace's zero-byte allocations aside) on zoo, pruned and generated
+networks, ConvNeXt, ViT and Swin (V1 and V2) in ``tests/test_allocator.py``.
 
 Sizes are bytes at one batch size (float32 tensors, int64 pooling indices, labels and counters).
 The rules, as PyTorch runs a training step (and as the meta trace shows them):
@@ -83,14 +83,15 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
   embedding an add of a broadcast weight, a linear layer on a strided 2-D tensor (the class token's select) an
   ``addmm`` as on a contiguous one, and attention ``nn.MultiheadAttention``'s ops around the memory-efficient kernel
   a CUDA build runs (:func:`_attention`), whose output is laid out transposed (so are the residual adds after it).
-  A Swin's (V1): a window attention is the ops ``to_torch.WindowAttention`` runs, each with its autograd node as torch
+  A Swin's: a window attention is the ops ``to_torch.WindowAttention`` runs, each with its autograd node as torch
   makes it (:func:`_window_attention`, :class:`_Composite`): pads, rolls, the windows' and heads' copies where a
   reshape cannot be a view, ``bmm`` of 3-D copies, the bias table's ``index`` (backward ``new_zeros`` and
-  ``index_put``), a shifted window's mask (no gradient); a patch merge a pad, strided slices and a ``cat``
-  (:func:`_patch_merge`); a linear layer without a bias on a contiguous N-D tensor ``mm`` of its rows
-  (:func:`_matmul_folded`). A layer norm's input gradient is laid out as its incoming gradient (the meta kernel's),
-  and a folded linear layer's ``mm`` reads a gradient of any strides (a permuted one folds into rows as a view at a
-  batch of 1).
+  ``index_put``), a shifted window's mask (no gradient); V2's cosine scores (:func:`_cosine_scores`), its packed
+  bias's keys zeroed in place (:func:`_keys_unbiased`) and its bias MLP (:func:`_bias_mlp`); a patch merge a pad,
+  strided slices and a ``cat`` (:func:`_patch_merge`); a linear layer without a bias on a contiguous N-D tensor
+  ``mm`` of its rows (:func:`_matmul_folded`). A layer norm's input gradient is laid out as its incoming gradient
+  (the meta kernel's), and a folded linear layer's ``mm`` reads a gradient of any strides (a permuted one folds into
+  rows as a view at a batch of 1).
   A log-softmax keeps its result, as a softmax does. A PReLU keeps its input; its backward allocates the input's
   gradient and the slopes' per element, summed down to the slopes (:func:`_prelu`). A dropout2d allocates a
   noise per sample and channel, then its output (the input times the noise); it keeps the noise. A dropout of
@@ -433,10 +434,8 @@ def _params(node: Node) -> tuple[list[int], list[int]]:
     if node.op == "attention":  # the packed input projection's weight and bias, the output projection's
         e = a["embed_dim"]
         return ([3 * e * e * FLOAT, 3 * e * FLOAT, e * e * FLOAT, e * FLOAT] if a["bias"] else []), []
-    if node.op == "window_attention":  # its bias table, then the packed projection's weight and bias, the output's;
-        e, (wh, ww) = node.attrs["embed_dim"], window_pair(node.attrs["window_size"])  # a buffer: the index
-        table = (2 * wh - 1) * (2 * ww - 1) * node.attrs["num_heads"] * FLOAT
-        return [table, 3 * e * e * FLOAT, 3 * e * FLOAT, e * e * FLOAT, e * FLOAT], [wh * ww * wh * ww * INT64]
+    if node.op == "window_attention":
+        return _window_parameter_bytes(node)
     if node.op == "rmsnorm":  # a weight of normalized_shape unless not elementwise_affine; no bias, no buffers
         return ([prod(a["normalized_shape"]) * FLOAT] if a.get("elementwise_affine", True) else []), []
     if node.op == "linear":
@@ -1533,31 +1532,36 @@ class _Composite:
         self.drop(product)
         return out
 
-    def linear(self, t: _Tensor, out_features: int, bias: bool, p0: int) -> _Tensor:
-        """``F.linear`` of a contiguous tensor of three or more dimensions with a bias (parameters ``p0``, ``p0 +
-        1``): :func:`_linear_folded`."""
+    def linear(self, t: _Tensor, out_features: int, bias: bool, p0: int,
+               bias_edge: tuple[str, int] | None = None) -> _Tensor:
+        """``F.linear`` of a contiguous tensor of three or more dimensions (parameters ``p0``, and ``p0 + 1`` the bias
+        unless ``bias_edge`` says where its gradient goes): :func:`_linear_folded`, :func:`_matmul_folded`."""
         shape = (*t.shape[:-1], out_features)
         node = Node(self.ctx.node.name, "linear", [self.ctx.node.name],
                     {"in_features": t.shape[-1], "out_features": out_features, "bias": bias}, list(shape[1:]))
         sub = _OpContext(node, [t.value], [list(t.shape[1:])], t.shape[0], self.mem, self.ctx.fns, p0, t.value,
                          prod(shape) * FLOAT, t.shape, shape, self.ctx.relu6_clone)
         pbytes, _ = _params(node)
-        return _Tensor(_linear_folded(sub, [("param", p0 + k) for k in range(len(pbytes))], pbytes), shape)
+        pedges = [("param", p0 + k) for k in range(len(pbytes))]
+        if bias_edge is not None:
+            pedges[1] = bias_edge
+        folded = _linear_folded if bias else _matmul_folded
+        return _Tensor(folded(sub, pedges, pbytes), shape)
 
 
 def _window_attention(ctx: _OpContext) -> _Value:
-    """A Swin (V1) window attention as ``to_torch.WindowAttention`` runs it, op by op (:class:`_Composite`): the map
+    """A Swin window attention as ``to_torch.WindowAttention`` runs it, op by op (:class:`_Composite`): the map
     padded (a copy, even of no padding), rolled where shifted, cut into windows (a copy), the packed projection
-    (``addmm`` of the rows), the queries scaled, the scores (``bmm`` of copies), each head's bias per relative
-    position (``index`` of the table, made contiguous) and, where shifted, the mask between rolled regions added,
-    a softmax, the values weighted (``bmm``), the projection, the windows put back (a copy), rolled back and cropped.
-    Parameters: the bias table, the packed projection's weight and bias, the output projection's. Swin V2's form
-    (cosine scores, a bias MLP) and dropouts are not covered."""
+    (``addmm`` of the rows), the scores (:func:`_scores`, :func:`_cosine_scores`), each head's bias per relative
+    position (:func:`_biased`) and, where shifted, the mask between rolled regions added, a softmax, the values
+    weighted (``bmm``), the projection, the windows put back (a copy), rolled back and cropped. Parameters
+    (:func:`_window_parameters`): the bias table or Swin V2's logit scale, the packed projection's weight and bias, the
+    output projection's, V2's bias MLP's. Dropouts are not covered."""
     a = ctx.node.attrs
-    if a.get("cosine") or a.get("position_bias_mlp") or not a["bias"] or \
-            float(a.get("dropout", 0)) or float(a.get("attention_dropout", 0)) or ctx.x.strides is not None:
-        raise NotCovered("a window attention of Swin V2's form, with a dropout, without a bias or of a strided input")
-    g = _Composite(ctx)
+    if not a["bias"] or float(a.get("dropout", 0)) or float(a.get("attention_dropout", 0)) or \
+            ctx.x.strides is not None:
+        raise NotCovered("a window attention with a dropout, without a bias or of a strided input")
+    g, p = _Composite(ctx), _window_parameters(ctx.node, ctx.first_param)
     batch, height, width, e = ctx.full_in
     ph, pw, (wh, ww), shift = windows_of(height, width, a["window_size"], a["shift_size"])
     heads, tokens, windows = int(a["num_heads"]), wh * ww, (ph // wh) * (pw // ww)
@@ -1567,14 +1571,15 @@ def _window_attention(ctx: _OpContext) -> _Value:
     if sum(shift) > 0:
         x = _rolled(g, x)
     x = _windows(g, x, (batch, ph // wh, wh, pw // ww, ww, e), (rows, tokens, e))
-    qkv = g.linear(x, 3 * e, True, ctx.first_param + 1)
+    bias = _keys_unbiased(g, p["qkv"] + 1, e) if a.get("cosine") else None
+    qkv = g.linear(x, 3 * e, True, p["qkv"], None if bias is None else _fn_edge(bias[1]))
     split = g.view(qkv, (rows, tokens, 3, heads, e // heads))
     g.drop(qkv)
     qkv = g.permute(split, (2, 0, 3, 1, 4))
     g.drop(split)
-    attn = _scores(g, qkv)
+    attn = _cosine_scores(g, qkv, p["logit_scale"]) if a.get("cosine") else _scores(g, qkv)
     v = g.select(qkv, 0)
-    attn = _biased(g, attn, ctx.first_param, heads, tokens, (wh, ww))
+    attn = _biased(g, attn, p, heads, tokens, (wh, ww), int(a.get("position_bias_mlp", 0)))
     if sum(shift) > 0:
         attn = _masked(g, attn, (batch, windows, heads, tokens, tokens), (ph, pw), (wh, ww))
     weights = g.fresh(attn, "_softmax.default", attn.shape, "aten._softmax_backward_data.default", keep=True)
@@ -1584,7 +1589,7 @@ def _window_attention(ctx: _OpContext) -> _Value:
     g.drop(out)
     merged = g.view(moved, (rows, tokens, e))
     g.drop(moved, x)
-    projected = g.linear(merged, e, True, ctx.first_param + 3)
+    projected = g.linear(merged, e, True, p["proj"])
     g.drop(merged)
     y = _windows(g, projected, (batch, ph // wh, pw // ww, wh, ww, e), (batch, ph, pw, e))
     if sum(shift) > 0:
@@ -1595,8 +1600,102 @@ def _window_attention(ctx: _OpContext) -> _Value:
     g.drop(cropped)
     out = g.contiguous(y)
     g.drop(y, qkv, v, weights)
+    if bias is not None:
+        g.mem.drop(bias[0])
     return out.value
 
+
+def _window_parameters(node: Node, p0: int) -> dict[str, int]:
+    """The index of each of a window attention's parameters (its module's own first: the bias table, or V2's logit
+    scale; then its children's: the packed projection's weight and bias, the output projection's, the bias MLP's
+    first layer's weight and bias and its second's weight), from ``p0``."""
+    a, names = node.attrs, []
+    names += [] if a.get("position_bias_mlp") else ["table"]
+    names += ["logit_scale"] if a.get("cosine") else []
+    names += ["qkv", "qkv_bias", "proj", "proj_bias"]
+    names += ["mlp", "mlp_bias", "mlp_out"] if a.get("position_bias_mlp") else []
+    return {name: p0 + k for k, name in enumerate(names)}
+
+
+def _window_parameter_bytes(node: Node) -> tuple[list[int], list[int]]:
+    """A window attention's parameter bytes (:func:`_window_parameters`' order) and buffer bytes (V2's coordinates
+    table, then the relative position index, int64)."""
+    a = node.attrs
+    e, heads, hidden = int(a["embed_dim"]), int(a["num_heads"]), int(a.get("position_bias_mlp", 0))
+    wh, ww = window_pair(a["window_size"])
+    positions = (2 * wh - 1) * (2 * ww - 1)
+    params = [] if hidden else [positions * heads * FLOAT]
+    params += [heads * FLOAT] if a.get("cosine") else []
+    params += [3 * e * e * FLOAT, 3 * e * FLOAT, e * e * FLOAT, e * FLOAT]
+    params += [2 * hidden * FLOAT, hidden * FLOAT, hidden * heads * FLOAT] if hidden else []
+    buffers = [positions * 2 * FLOAT] if hidden else []
+    return params, buffers + [wh * ww * wh * ww * INT64]
+
+
+def _keys_unbiased(g: _Composite, bias: int, e: int) -> tuple[int, int | None]:
+    """V2's ``qkv_bias = bias.clone(); qkv_bias[e:2e].zero_()``: a copy of the packed bias (parameter ``bias``), the
+    keys' third zeroed in place through a slice, which torch rebases: the copy's node becomes a ``CopySlices`` (its
+    backward: ``new_empty_strided`` of the bias, a ``clone`` of the slice's gradient and ``zeros_like`` of it, both
+    freed). (The copy's storage, the ``CopySlices`` node.)"""
+    sid = g.mem.new(3 * e * FLOAT, "aten.clone.default")
+    copied = g.node([], [("param", bias)], [3 * e * FLOAT], [None], (3 * e,), [(3 * e,)])
+    rebased = g.node([], [_fn_edge(copied)], [3 * e * FLOAT], ["aten.new_empty_strided.default"], (3 * e,),
+                     [(3 * e,)], scratch=[(e * FLOAT, "aten.clone.default"), (e * FLOAT, "aten.zeros_like.default")])
+    return sid, rebased
+
+
+def _normalized(g: _Composite, t: _Tensor) -> _Tensor:
+    """``F.normalize(t, dim=-1)``: the norm per row (``linalg_vector_norm``, keeping ``t`` and itself; backward
+    ``t / norm`` and ``norm == 0`` freed after ``grad * that``), clamped below (``clamp_min``, keeping its input;
+    backward ``scalar_tensor``, ``gt`` and ``where``), expanded (a view; backward summed down) and divided by
+    (``div.Tensor``, laid out as ``t``; backward as :func:`_quotient`'s). The gradients' strides are not followed
+    past the division (their readers, a select's backward and the engine's sums, take any)."""
+    mem, rows = g.mem, t.shape[:-1] + (1,)
+    nbytes, count = prod(rows) * FLOAT, prod(rows)
+    norm = mem.new(nbytes, "aten.linalg_vector_norm.default")
+    norm_fn = g.node([t.value.sid, norm], [_edge(t.value)], [t.nbytes], ["aten.mul.Tensor"], rows, [t.shape],
+                     before=[(t.nbytes, "aten.div.Tensor"), (count, "aten.eq.Scalar")], any_strides=True)
+    clamped = mem.new(nbytes, "aten.clamp_min.default")
+    clamp_fn = g.node([norm], [_fn_edge(norm_fn)], [nbytes], ["aten.where.self"], rows, [rows],
+                      before=[(FLOAT, "aten.scalar_tensor.default"), (count, "aten.gt.Scalar")], any_strides=True)
+    mem.drop(norm)
+    expanded = g.node([], [_fn_edge(clamp_fn)], [nbytes], ["aten.sum.dim_IntList"], t.shape, [rows],
+                      any_strides=True)
+    sid = mem.new(t.nbytes, "aten.div.Tensor")
+    before = [(t.nbytes, "aten.div.Tensor"), (t.nbytes, "aten.div.Tensor"), (t.nbytes, "aten.neg.default")]
+    fn = g.node([t.value.sid, clamped], [_edge(t.value), _fn_edge(expanded)], [t.nbytes, t.nbytes],
+                ["aten.div.Tensor", "aten.mul.Tensor"], t.shape, [t.shape, t.shape], order=[1, 0], before=before,
+                any_strides=True)
+    mem.drop(clamped)
+    return _Tensor(_Value(sid, t.nbytes, fn, strides=_iterated(t.shape, [t.value.strides])), t.shape)
+
+
+def _cosine_scores(g: _Composite, qkv: _Tensor, logit_scale: int) -> _Tensor:
+    """V2's scores: ``normalize(q).matmul(normalize(k).transpose(-2, -1))`` times ``clamp(logit_scale,
+    max=log 100).exp()`` (parameter ``logit_scale``, one per head: ``clamp``, freed after the ``exp``, which keeps its
+    result; the product keeps both its inputs, its scale's gradient summed down)."""
+    mem, heads = g.mem, qkv.shape[2]
+    q = g.select(qkv, 0)
+    queries = _normalized(g, q)
+    k = g.select(qkv, 0)
+    keys = _normalized(g, k)
+    moved = g.transpose(keys, 2, 3)
+    scores = g.matmul(queries, moved)
+    g.drop(q, queries, k, keys, moved)
+    clamped = mem.new(heads * FLOAT, "aten.clamp.default")
+    clamp_fn = g.node([], [("param", logit_scale)], [heads * FLOAT], ["aten.where.self"], (heads, 1, 1),
+                      [(heads, 1, 1)], before=[(FLOAT, "aten.scalar_tensor.default"), (heads, "aten.lt.Scalar")])
+    scale = mem.new(heads * FLOAT, "aten.exp.default")
+    exp_fn = g.node([scale], [_fn_edge(clamp_fn)], [heads * FLOAT], ["aten.mul.Tensor"], (heads, 1, 1),
+                    [(heads, 1, 1)])
+    mem.drop(clamped)
+    sid = mem.new(scores.nbytes, "aten.mul.Tensor")
+    fn = g.node([scores.value.sid, scale], [_edge(scores.value), _fn_edge(exp_fn)], [scores.nbytes, heads * FLOAT],
+                ["aten.mul.Tensor"] * 2, scores.shape, [scores.shape, (heads, 1, 1)], order=[1, 0],
+                full=[None, scores.nbytes])
+    mem.drop(scale)
+    g.drop(scores)
+    return _Tensor(_Value(sid, scores.nbytes, fn), scores.shape)
 
 
 def _patch_merge(ctx: _OpContext) -> _Value:
@@ -1650,17 +1749,21 @@ def _scores(g: _Composite, qkv: _Tensor) -> _Tensor:
     return scores
 
 
-def _biased(g: _Composite, attn: _Tensor, table: int, heads: int, tokens: int, window: tuple[int, int]) -> _Tensor:
-    """``attn + table[index].view(T, T, -1).permute(2, 0, 1).contiguous().unsqueeze(0)`` (parameter ``table``): the
-    biases picked (``index``; backward: ``new_zeros`` of the table, ``index_put`` into it), made contiguous (a copy),
-    added (the old ``attn`` dropped)."""
+def _biased(g: _Composite, attn: _Tensor, p: dict[str, int], heads: int, tokens: int, window: tuple[int, int],
+            hidden: int) -> _Tensor:
+    """``attn + bias`` (the old ``attn`` dropped), the bias each head's per pair of a window's positions: V1's
+    ``table[index].view(T, T, -1).permute(2, 0, 1).contiguous().unsqueeze(0)`` (parameter ``table``), or V2's with
+    the table made by the bias MLP (:func:`_bias_mlp`) and ``16 * sigmoid`` of the result (the sigmoid keeps its
+    result; both freed with the table after). The pick is ``index`` (backward: ``new_zeros`` of the table,
+    ``index_put`` into it), made contiguous (a copy)."""
     (wh, ww), mem = window, g.mem
-    table_bytes = (2 * wh - 1) * (2 * ww - 1) * heads * FLOAT
+    positions = (2 * wh - 1) * (2 * ww - 1)
+    table = _bias_mlp(g, p, positions, heads, hidden) if hidden else None
+    edge = ("param", p["table"]) if table is None else _edge(table.value)
     picked_shape = (tokens * tokens, heads)
     sid = mem.new(prod(picked_shape) * FLOAT, "aten.index.Tensor")
-    fn = g.node([], [("param", table)], [table_bytes], ["aten.index_put.default"], picked_shape,
-                [((2 * wh - 1) * (2 * ww - 1), heads)], before=[(table_bytes, "aten.new_zeros.default")],
-                any_strides=True)
+    fn = g.node([], [edge], [positions * heads * FLOAT], ["aten.index_put.default"], picked_shape,
+                [(positions, heads)], before=[(positions * heads * FLOAT, "aten.new_zeros.default")], any_strides=True)
     picked = _Tensor(_Value(sid, prod(picked_shape) * FLOAT, fn), picked_shape)
     square = g.view(picked, (tokens, tokens, heads))
     g.drop(picked)
@@ -1670,9 +1773,42 @@ def _biased(g: _Composite, attn: _Tensor, table: int, heads: int, tokens: int, w
     g.drop(permuted)
     batched = g.view(bias, (1, heads, tokens, tokens))
     g.drop(bias)
+    if table is not None:
+        squashed = g.fresh(batched, "sigmoid.default", batched.shape, "aten.sigmoid_backward.default", keep=True)
+        scaled = g.scaled(squashed)
+        g.drop(squashed, table, batched)
+        batched = scaled
     out = g.add(attn, batched)
     g.drop(attn, batched)
     return out
+
+
+def _bias_mlp(g: _Composite, p: dict[str, int], positions: int, heads: int, hidden: int) -> _Tensor:
+    """V2's table of biases: ``cpb_mlp(relative_coords_table).view(-1, heads)``, the coordinates a buffer (no
+    gradient): a linear layer (``addmm`` of the rows, viewed back), a ReLU in place on that view (torch rebases it:
+    :func:`_rebased_view`), a linear layer without a bias (``mm``), the view."""
+    coords = _Tensor(_Value(g.mem.new_id(), positions * 2 * FLOAT, None), (1, positions, 2))
+    g.mem.holders[coords.value.sid] = 1  # a buffer of the setup's: never freed here
+    hidden_out = g.linear(coords, hidden, True, p["mlp"])
+    _rebased_view(g, hidden_out, "aten.threshold_backward.default")
+    out = g.linear(hidden_out, heads, False, p["mlp_out"])
+    g.drop(hidden_out)
+    table = g.view(out, (positions, heads))
+    g.drop(out)
+    return table
+
+
+def _rebased_view(g: _Composite, t: _Tensor, kernel: str) -> None:
+    """An in-place activation (backward ``kernel``, which reads its result) on ``t``, a folded linear layer's view of
+    its ``addmm`` that nothing has read yet, as :func:`_rebased` writes one down: the view's node replaced by a
+    ``new_zeros`` one, the ``addmm``'s output's by a ``CopySlices`` that keeps the result."""
+    fns = g.ctx.fns
+    if t.value.fn != len(fns) - 1:
+        raise NotCovered("an in-place activation on a view read before")
+    base = fns.pop().edges[0]
+    copy = g.node([t.value.sid], [base], [t.nbytes], ["aten.new_empty_strided.default"], t.shape, [t.shape],
+                  scratch=[(t.nbytes, "aten.clone.default"), (t.nbytes, kernel)])
+    t.value.fn = g.node([], [_fn_edge(copy)], [t.nbytes], ["aten.new_zeros.default"], t.shape, [t.shape])
 
 
 def _masked(g: _Composite, attn: _Tensor, split: tuple[int, ...], padded: tuple[int, int],
