@@ -1,15 +1,15 @@
 """The allocation events of a training step worked out from the description alone (no torch).
 
 :mod:`perf4sight.features.alloc_trace` records the events by running the step on the meta device;
-this module writes the same events down from the description, 15-30 times faster. It covers every op of the schema
-but MaxViT's attention and a local response norm (:data:`COVERED`; those are left to the trace); the few
+this module writes the same events down from the description, 10-30 times faster. It covers every op of the schema
+but a local response norm (:data:`COVERED`; it is left to the trace); the few
 patterns it does not follow raise :class:`NotCovered` and go to the trace (an in-place ReLU on a tensor a node keeps,
 a linear layer on a strided tensor of more than two dimensions, a kernel or a view reading a
 gradient with permuted strides, a layout torch decides by strides along dimensions of size 1 that the model does not
 follow: after a permute, through an op other than those of :data:`_LAID_OUT`; attention of a strided input, without a
 bias or with a dropout; a window attention with a dropout). The two are checked to give the same allocations in the
 same order with the same frees between them (the trace's zero-byte allocations aside) on zoo, pruned and generated
-networks, ConvNeXt, ViT and Swin (V1 and V2) in ``tests/test_allocator.py``.
+networks, ConvNeXt, ViT, Swin (V1 and V2) and MaxViT in ``tests/test_allocator.py``.
 
 Sizes are bytes at one batch size (float32 tensors, int64 pooling indices, labels and counters).
 The rules, as PyTorch runs a training step (and as the meta trace shows them):
@@ -88,7 +88,9 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
   reshape cannot be a view, ``bmm`` of 3-D copies, the bias table's ``index`` (backward ``new_zeros`` and
   ``index_put``), a shifted window's mask (no gradient); V2's cosine scores (:func:`_cosine_scores`), its packed
   bias's keys zeroed in place (:func:`_keys_unbiased`) and its bias MLP (:func:`_bias_mlp`); a patch merge a pad,
-  strided slices and a ``cat`` (:func:`_patch_merge`); a linear layer without a bias on a contiguous N-D tensor
+  strided slices and a ``cat`` (:func:`_patch_merge`); a MaxViT's group attention the ops ``to_torch.GroupAttention``
+  runs (:func:`_group_attention`: its chunk one split node whose backward gathers its parts' gradients into a
+  ``cat``); a linear layer without a bias on a contiguous N-D tensor
   ``mm`` of its rows (:func:`_matmul_folded`). A layer norm's input gradient is laid out as its incoming gradient
   (the meta kernel's), and a folded linear layer's ``mm`` reads a gradient of any strides (a permuted one folds into
   rows as a view at a batch of 1).
@@ -137,7 +139,8 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "rrelu",
                      "alpha_dropout",
                      "fractional_maxpool2d",
-                     "window_attention", "patch_merge"})
+                     "window_attention", "patch_merge",
+                     "group_attention"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
                 "gelu": ("gelu", "input"), "sigmoid": ("sigmoid", "result"), "tanh": ("tanh", "result"),
@@ -376,6 +379,9 @@ class _GradFn:
     # per gradient: whether it reaches its parameter with strides other than the parameter's, which AccumulateGrad
     # copies into a new tensor of the parameter's strides (``new_empty_strided``) before keeping it
     restride: list[bool] | None = None
+    # a split's node (``torch.chunk``): the gradients of its parts, each from its own node, gathered as they arrive
+    # (no sum), all freed once its kernel (``cat``) has allocated the input's gradient
+    gathers: int = 0
 
 
 class _Memory:
@@ -436,6 +442,11 @@ def _params(node: Node) -> tuple[list[int], list[int]]:
         return ([3 * e * e * FLOAT, 3 * e * FLOAT, e * e * FLOAT, e * FLOAT] if a["bias"] else []), []
     if node.op == "window_attention":
         return _window_parameter_bytes(node)
+    if node.op == "group_attention":  # its bias table (its own), the packed projection's weight and bias, the merge's
+        e, heads, (wh, ww) = node.attrs["embed_dim"], node.attrs["num_heads"], window_pair(node.attrs["window_size"])
+        params = [(2 * wh - 1) * (2 * ww - 1) * heads * FLOAT, 3 * e * e * FLOAT, 3 * e * FLOAT, e * e * FLOAT,
+                  e * FLOAT]
+        return params, [wh * ww * wh * ww * INT64]
     if node.op == "rmsnorm":  # a weight of normalized_shape unless not elementwise_affine; no bias, no buffers
         return ([prod(a["normalized_shape"]) * FLOAT] if a.get("elementwise_affine", True) else []), []
     if node.op == "linear":
@@ -1605,6 +1616,71 @@ def _window_attention(ctx: _OpContext) -> _Value:
     return out.value
 
 
+
+def _group_attention(ctx: _OpContext) -> _Value:
+    """A MaxViT attention within groups as ``to_torch.GroupAttention`` runs it, op by op (:class:`_Composite`): the
+    packed projection (``addmm`` of the rows) chunked in three (one split node: its backward gathers the three
+    gradients into a ``cat``), each part reshaped into heads and permuted (views), the scores
+    ``einsum(q, k * scale)`` (the keys scaled, a new tensor laid out as they are; then as a ``matmul``: ``bmm`` of
+    copies), the bias per relative position (:func:`_position_bias`) added, a softmax, ``einsum(weights, v)``, the
+    heads put back (a copy) and the merging projection. The scores, the bias, the weighted values and the projection
+    are freed at the return. Parameters: the bias table (the module's own), the packed projection's weight and bias,
+    the merging one's."""
+    a = ctx.node.attrs
+    if not a.get("bias", True) or ctx.x.strides is not None:
+        raise NotCovered("a group attention without a bias or of a strided input")
+    g = _Composite(ctx)
+    n, groups, tokens, e = ctx.full_in
+    heads = int(a["num_heads"])
+    wh, ww = window_pair(a["window_size"])
+    if wh * ww != tokens:
+        raise NotCovered("a group attention whose window is not its groups' tokens")
+    qkv = g.linear(_Tensor(ctx.x, ctx.full_in), 3 * e, True, ctx.first_param + 1)
+    q, k, v = _chunked(g, qkv, 3)
+    g.drop(qkv)
+    q, k, v = (_heads_first(g, t, heads) for t in (q, k, v))
+    scaled = g.scaled(k)
+    keys = g.transpose(scaled, 3, 4)
+    scores = g.matmul(q, keys)
+    g.drop(keys, scaled)
+    bias = _position_bias(g, ("param", ctx.first_param), (2 * wh - 1) * (2 * ww - 1), heads, tokens)
+    summed = g.add(scores, bias)
+    weights = g.fresh(summed, "_softmax.default", summed.shape, "aten._softmax_backward_data.default", keep=True)
+    g.drop(summed)
+    out = g.matmul(weights, v)
+    moved = g.permute(out, (0, 1, 3, 2, 4))
+    merged = g.view(moved, ctx.full_in)
+    g.drop(moved)
+    projected = g.linear(merged, e, True, ctx.first_param + 3)
+    g.drop(merged, q, k, v, scores, bias, weights, out)
+    return projected.value
+
+
+def _chunked(g: _Composite, t: _Tensor, parts: int) -> list[_Tensor]:
+    """``torch.chunk(t, parts, dim=-1)``: views of equal parts of the last dimension, of one split node (each part's
+    gradient reaches it through a node of its own; :attr:`_GradFn.gathers`), whose backward allocates the input's
+    gradient (``cat``)."""
+    size = t.shape[-1] // parts
+    shape, strides = t.shape[:-1] + (size,), t.value.strides or _strides(t.shape)
+    split = g.node([], [_edge(t.value)], [t.nbytes], ["aten.cat.default"], t.shape, [t.shape], any_strides=True,
+                   gathers=parts)
+    out = []
+    for _ in range(parts):
+        fn = g.node([], [_fn_edge(split)], [prod(shape) * FLOAT], [None], shape, [shape])
+        out.append(_Tensor(_Value(g.mem.hold(t.value.sid), prod(shape) * FLOAT, fn, view=True,
+                                  strides=_normal(shape, strides)), shape))
+    return out
+
+
+def _heads_first(g: _Composite, t: _Tensor, heads: int) -> _Tensor:
+    """``t.reshape(n, groups, tokens, heads, e / heads).permute(0, 1, 3, 2, 4)`` (the local ``t`` rebound)."""
+    n, groups, tokens, e = t.shape
+    split = g.view(t, (n, groups, tokens, heads, e // heads))
+    g.drop(t)
+    out = g.permute(split, (0, 1, 3, 2, 4))
+    g.drop(split)
+    return out
+
 def _window_parameters(node: Node, p0: int) -> dict[str, int]:
     """The index of each of a window attention's parameters (its module's own first: the bias table, or V2's logit
     scale; then its children's: the packed projection's weight and bias, the output projection's, the bias MLP's
@@ -1751,18 +1827,31 @@ def _scores(g: _Composite, qkv: _Tensor) -> _Tensor:
 
 def _biased(g: _Composite, attn: _Tensor, p: dict[str, int], heads: int, tokens: int, window: tuple[int, int],
             hidden: int) -> _Tensor:
-    """``attn + bias`` (the old ``attn`` dropped), the bias each head's per pair of a window's positions: V1's
-    ``table[index].view(T, T, -1).permute(2, 0, 1).contiguous().unsqueeze(0)`` (parameter ``table``), or V2's with
-    the table made by the bias MLP (:func:`_bias_mlp`) and ``16 * sigmoid`` of the result (the sigmoid keeps its
-    result; both freed with the table after). The pick is ``index`` (backward: ``new_zeros`` of the table,
-    ``index_put`` into it), made contiguous (a copy)."""
-    (wh, ww), mem = window, g.mem
-    positions = (2 * wh - 1) * (2 * ww - 1)
+    """``attn + bias`` (the old ``attn`` dropped), the bias each head's per pair of a window's positions
+    (:func:`_position_bias`): V1's, or V2's with the table made by the bias MLP (:func:`_bias_mlp`) and ``16 sigmoid``
+    of the result (the sigmoid keeps its result; both freed with the table after)."""
+    positions = (2 * window[0] - 1) * (2 * window[1] - 1)
     table = _bias_mlp(g, p, positions, heads, hidden) if hidden else None
-    edge = ("param", p["table"]) if table is None else _edge(table.value)
+    batched = _position_bias(g, ("param", p["table"]) if table is None else _edge(table.value), positions, heads,
+                             tokens)
+    if table is not None:
+        squashed = g.fresh(batched, "sigmoid.default", batched.shape, "aten.sigmoid_backward.default", keep=True)
+        scaled = g.scaled(squashed)
+        g.drop(squashed, table, batched)
+        batched = scaled
+    out = g.add(attn, batched)
+    g.drop(attn, batched)
+    return out
+
+
+def _position_bias(g: _Composite, table: tuple[str, int] | None, positions: int, heads: int,
+                   tokens: int) -> _Tensor:
+    """``table[index].view(T, T, -1).permute(2, 0, 1).contiguous().unsqueeze(0)`` (the table's gradient goes to
+    ``table``): the pick is ``index`` (backward: ``new_zeros`` of the table, ``index_put`` into it), made contiguous
+    (a copy, the pick freed)."""
     picked_shape = (tokens * tokens, heads)
-    sid = mem.new(prod(picked_shape) * FLOAT, "aten.index.Tensor")
-    fn = g.node([], [edge], [positions * heads * FLOAT], ["aten.index_put.default"], picked_shape,
+    sid = g.mem.new(prod(picked_shape) * FLOAT, "aten.index.Tensor")
+    fn = g.node([], [table], [positions * heads * FLOAT], ["aten.index_put.default"], picked_shape,
                 [(positions, heads)], before=[(positions * heads * FLOAT, "aten.new_zeros.default")], any_strides=True)
     picked = _Tensor(_Value(sid, prod(picked_shape) * FLOAT, fn), picked_shape)
     square = g.view(picked, (tokens, tokens, heads))
@@ -1773,14 +1862,7 @@ def _biased(g: _Composite, attn: _Tensor, p: dict[str, int], heads: int, tokens:
     g.drop(permuted)
     batched = g.view(bias, (1, heads, tokens, tokens))
     g.drop(bias)
-    if table is not None:
-        squashed = g.fresh(batched, "sigmoid.default", batched.shape, "aten.sigmoid_backward.default", keep=True)
-        scaled = g.scaled(squashed)
-        g.drop(squashed, table, batched)
-        batched = scaled
-    out = g.add(attn, batched)
-    g.drop(attn, batched)
-    return out
+    return batched
 
 
 def _bias_mlp(g: _Composite, p: dict[str, int], positions: int, heads: int, hidden: int) -> _Tensor:
@@ -1886,6 +1968,7 @@ _HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
     "attention": _attention,
     "window_attention": _window_attention,
     "patch_merge": _patch_merge,
+    "group_attention": _group_attention,
     **dict.fromkeys(("pad", "pixel_shuffle", "pixel_unshuffle"), _rearrange),
     "repeat": _tiling,
     "rrelu": _rrelu,
@@ -1986,6 +2069,7 @@ def _backward(fns: list[_GradFn], root: int, mem: _Memory) -> dict[int, int]:
     grads: dict[int, int] = {}
     pending = _gradients_per_parameter(fns)
     buffers_of_params: dict[int, int] = {}  # parameter index -> its gradient so far (a layer called more than once)
+    gathered: dict[int, list[int]] = {}  # a split's node -> its parts' gradients after the first (``gathers``)
     for k in range(len(fns) - 1, -1, -1):
         if k not in buffers:
             raise NotCovered("a node no gradient reaches")
@@ -2014,6 +2098,10 @@ def _backward(fns: list[_GradFn], root: int, mem: _Memory) -> dict[int, int]:
                 mem.drop(outs[j][0])
                 outs[j] = (summed, None)
         mem.drop(incoming)
+        if len(gathered.get(k, [])) + 1 != max(fn.gathers, 1):
+            raise NotCovered("a split whose parts' gradients do not all arrive")
+        for sid in gathered.pop(k, []):
+            mem.drop(sid)
         for s in fn.saved:
             mem.drop(s)
         accumulated, released = [], []
@@ -2031,6 +2119,8 @@ def _backward(fns: list[_GradFn], root: int, mem: _Memory) -> dict[int, int]:
                     accumulated.append((target, buffers_of_params.pop(target), restrided, fn.sizes[j]))
             elif target not in buffers:
                 buffers[target] = (sid, fn.sizes[j], out_strides)
+            elif fns[target].gathers:
+                gathered.setdefault(target, []).append(sid)
             else:
                 old, size, old_strides = buffers[target]
                 shape = fn.shapes[j] if fn.shapes else ()
