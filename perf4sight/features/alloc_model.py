@@ -373,7 +373,8 @@ class _GradFn:
     then: str = "aten.sum.dim_IntList"           # the op that makes a gradient from a full one
     perm: tuple[int, ...] = ()                   # a permute's dimensions (its backward permutes back)
     # the strides of each gradient its kernel allocates: None contiguous, ("fixed", strides), or ("iterated", the
-    # other operands' strides): an elementwise kernel of the incoming gradient (first) and those (:func:`_iterated`)
+    # other operands' strides): an elementwise kernel of the incoming gradient (first) and those (:func:`_iterated`);
+    # ("like", []): as the incoming gradient, which has no dimension of size 1 where it is strided (a layer norm's)
     layouts: list | None = None
     any_strides: bool = False  # its kernels take an incoming gradient of any strides (their outputs' do not follow)
     # per gradient: whether it reaches its parameter with strides other than the parameter's, which AccumulateGrad
@@ -1134,8 +1135,9 @@ def _permute(ctx: _OpContext) -> _Value:
 def _layer_norm(ctx: _OpContext) -> _Value:
     """A layer norm over the last dims (``native_layer_norm``): its output (contiguous, whatever the input's strides),
     a mean and a 1/std per row (the dims before the normalised ones); it keeps its input as it is and the two.
-    Backward: the input's gradient (laid out as the incoming one, as the meta kernel lays it out), then the weight's
-    and the bias's."""
+    Backward: the input's gradient (laid out as the incoming one, as the meta kernel lays it out; where that is
+    strided and has a dimension of size 1, whose strides the meta kernel's layout turns on, not covered), then the
+    weight's and the bias's."""
     n, x, nbytes = ctx.node, ctx.x, ctx.nbytes
     pbytes, _ = _params(n)
     rows = prod(ctx.full_in[:len(ctx.full_in) - len(n.attrs["normalized_shape"])]) * FLOAT
@@ -1143,7 +1145,7 @@ def _layer_norm(ctx: _OpContext) -> _Value:
     stats = [ctx.alloc("native_layer_norm.default", rows, holders=0) for _ in range(2)]
     pedges = [("param", ctx.first_param + k) for k in range(len(pbytes))]
     grads = ["aten.native_layer_norm_backward.default"] * (1 + len(pbytes))
-    layouts = [("iterated", [])] + [None] * len(pbytes)  # the input's gradient laid out as the incoming one
+    layouts = [("like", [])] + [None] * len(pbytes)  # the input's gradient laid out as the incoming one
     return _Value(sid, nbytes, ctx.grad_fn([x.sid] + stats, [_edge(x)] + pedges, [x.nbytes] + pbytes, grads,
                                            any_strides=True, layouts=layouts))
 
@@ -2167,6 +2169,8 @@ def _laid_out(fn: _GradFn, j: int, incoming: tuple[int, ...] | None) -> tuple[in
     kind, strides = layout
     if kind == "fixed":
         return strides
+    if kind == "like" and incoming is not None and 1 in fn.out_shape:
+        raise NotCovered("a layer norm's gradient laid out by strides along dimensions of size 1")
     if not _dense(fn.out_shape, incoming):
         raise NotCovered("an elementwise kernel of a gradient that is not dense")
     return _iterated(fn.out_shape, [incoming] + list(strides))
