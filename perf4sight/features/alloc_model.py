@@ -6,8 +6,9 @@ but a local response norm (:data:`COVERED`; it is left to the trace); the few
 patterns it does not follow raise :class:`NotCovered` and go to the trace (an in-place ReLU on a tensor a node keeps,
 a linear layer on a strided tensor of more than two dimensions, a kernel or a view reading a
 gradient with permuted strides, a layout torch decides by strides along dimensions of size 1 that the model does not
-follow: after a permute, through an op other than those of :data:`_LAID_OUT`; attention of a strided input, without a
-bias or with a dropout; a window attention with a dropout). The two are checked to give the same allocations in the
+follow: after a permute, through an op other than those of :data:`_LAID_OUT`, or a layer norm's input gradient of a
+strided incoming one; attention of a strided input, without a bias or with a dropout; a window attention with a
+dropout). The two are checked to give the same allocations in the
 same order with the same frees between them (the trace's zero-byte allocations aside) on zoo, pruned and generated
 networks, ConvNeXt, ViT, Swin (V1 and V2) and MaxViT in ``tests/test_allocator.py``.
 
