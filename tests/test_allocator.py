@@ -335,12 +335,13 @@ def test_allocation_model_writes_down_a_leaky_relu_as_traced(inplace):
     assert _as_replayed(model) == _as_replayed(traced)
 
 
-@pytest.mark.parametrize("op", ["leaky_relu", "elu", "selu", "celu", "hardtanh", "mish"])
+@pytest.mark.parametrize("op", ["leaky_relu", "elu", "selu", "celu", "hardtanh", "mish",
+                                "threshold", "rrelu"])
 def test_allocation_model_writes_down_an_activation_in_place_on_a_copy_as_traced(op):
     """An activation in place on a copy of its input (``on_copy``) is the copy (a clone, whose backward hands the
-    gradient on), then the activation written into it, keeping the copy (a mish's, and a hardtanh's under
-    ``relu6_clone``, a clone of it), as the meta trace records the rebuilt network (it was written down as the
-    activation out of place, keeping its input)."""
+    gradient on), then the activation written into it, keeping the copy (a mish's, a threshold's, and a hardtanh's
+    under ``relu6_clone``, a clone of it; an rrelu's, and its noise), as the meta trace records the rebuilt network
+    (it was written down as the activation out of place, keeping its input)."""
     from test_features import on_copy_network
 
     from perf4sight.ir.from_torch import describe

@@ -889,6 +889,9 @@ ON_COPY_ACTIVATIONS = {
     "hardtanh": ("Hardtanh", {"min_val": -0.5, "max_val": 0.5},
                  lambda torch, y: torch.nn.functional.hardtanh_(y, -0.5, 0.5)),
     "mish": ("Mish", {}, lambda torch, y: torch.nn.functional.mish(y, inplace=True)),
+    "threshold": ("Threshold", {"threshold": 0.4, "value": -1.0},
+                  lambda torch, y: torch.nn.functional.threshold_(y, 0.4, -1.0)),
+    "rrelu": ("RReLU", {"lower": 0.1, "upper": 0.3}, lambda torch, y: torch.nn.functional.rrelu_(y, 0.1, 0.3, True)),
 }
 
 
@@ -915,11 +918,11 @@ def on_copy_network(op: str):
 
 @pytest.mark.parametrize("op", sorted(ON_COPY_ACTIVATIONS))
 def test_an_activation_in_place_on_a_copy_keeps_the_copy(op):
-    """Leaky ReLU, ELU, SELU, CELU, hardtanh and mish in place on a copy of their input are described out of place
-    (``on_copy``): backward keeps the copy (a mish, and this torch's hardtanh, a clone of it), not the input, which
-    the sigmoid keeps anyway. The saved bytes counted the input, one input-sized tensor short of autograd's where
-    nothing else keeps the result (the call's); they are autograd's of the original network and of the rebuilt one
-    (what a sample adds between batch 2 and 4)."""
+    """Leaky ReLU, ELU, SELU, CELU, hardtanh, mish, threshold and RReLU in place on a copy of their input are described
+    out of place (``on_copy``): backward keeps the copy (a mish, a threshold and this torch's hardtanh, a clone of it;
+    an RReLU, its noise too), not the input, which the sigmoid keeps anyway. The saved bytes counted the input, one
+    input-sized tensor short of autograd's where nothing else keeps the result (the call's); they are autograd's of
+    the original network and of the rebuilt one (what a sample adds between batch 2 and 4)."""
     pytest.importorskip("torch")
     import torch
 

@@ -2788,7 +2788,8 @@ def test_an_rrelu_is_described_and_rebuilt():
         NetworkDescription.from_dict(bad)
 
 
-@pytest.mark.parametrize("op", ["leaky_relu", "elu", "selu", "celu", "hardtanh", "mish"])
+@pytest.mark.parametrize("op", ["leaky_relu", "elu", "selu", "celu", "hardtanh", "mish",
+                                "threshold", "rrelu"])
 def test_an_activation_in_place_on_a_copy_rebuilds_and_describes_back(op):
     """An activation in place on a copy of its input is the op with ``on_copy`` (not ``inplace``): rebuilt as a
     contiguous clone and the layer in place, which describes back to the same nodes; a node claiming both is refused

@@ -820,11 +820,16 @@ def _activation(ctx: _OpContext) -> _Value:
 def _on_copy(ctx: _OpContext) -> _Value:
     """An activation in place on a copy of its input (``on_copy``: ``y.clone().leaky_relu_()``): the copy
     (``clone``, whose backward hands the gradient on), then the activation written into it, keeping the copy, or a
-    clone of it (a mish's, ``relu6_clone``'s hardtanh's) made before it runs."""
+    clone of it (a mish's, a threshold's, ``relu6_clone``'s hardtanh's) made before it runs; an rrelu keeps the copy
+    and its noise (``empty_like``, allocated before it runs)."""
     op = ctx.node.op
     copy = ctx.alloc("clone.default")
     copied = ctx.unary_grad_fn(None, [])
-    clone = op == "mish" or op == "hardtanh" and ctx.relu6_clone
+    if op == "rrelu":
+        noise = ctx.alloc("empty_like.default", holders=0)
+        fn = ctx.grad_fn([copy, noise], [("fn", copied)], [ctx.nbytes], ["aten.rrelu_with_noise_backward.default"])
+        return _Value(copy, ctx.nbytes, fn)
+    clone = op in ("mish", "threshold") or op == "hardtanh" and ctx.relu6_clone
     kept = ctx.alloc("clone.default", holders=0) if clone else copy
     fn = ctx.grad_fn([kept], [("fn", copied)], [ctx.nbytes], [_INPLACE_BACKWARD[op]])
     return _Value(copy, ctx.nbytes, fn)
@@ -892,8 +897,10 @@ def _rrelu(ctx: _OpContext) -> _Value:
     """RReLU as torch runs it (aten.rrelu, on any device): a noise of the input's size (``empty_like``; the kernel
     writes each element's slope into it), then its output, or in place its input; it keeps the noise, and its input
     or, in place, its result. Backward ``rrelu_with_noise_backward``: the input's gradient. In place on a view, or
-    on a tensor that needs no gradient or that another node keeps, not covered."""
+    on a tensor that needs no gradient or that another node keeps, not covered. On a copy: :func:`_on_copy`."""
     n, x = ctx.node, ctx.x
+    if n.attrs.get("on_copy"):
+        return _on_copy(ctx)
     inplace = bool(n.attrs.get("inplace"))
     if inplace and (x.fn is None or x.view or x.sid in ctx.mem.saved):
         raise NotCovered(f"in-place rrelu on '{n.inputs[0]}'")

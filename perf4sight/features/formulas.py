@@ -384,26 +384,29 @@ def _keeps_result_in_place(flops: float, bwd_flops: float) -> Handler:
                                            else out_of_place)(node, in_shapes, first)
 
 
-def _mish(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
-    """Mish (FLOPs: the table's comment). It keeps its input, in place a clone of it; on a copy of its input
-    (``on_copy``) that clone is a tensor of its own, neither the input nor the result: its bytes (4 an element) are
-    ``extra_saved_bytes`` (as autograd counts it on torch 2.x)."""
-    cost = _pointwise(8, [0], 17)(node, in_shapes, first)
-    if node.attrs.get("on_copy"):
-        return replace(cost, saved=[], extra_saved_bytes=float(numel(in_shapes[0]) * BYTES_PER_ELEMENT))
-    return cost
+def _keeps_a_clone_in_place(flops: float, bwd_flops: float) -> Handler:
+    """:func:`_pointwise` of an activation that keeps its input, in place a clone of it (mish, threshold); on a copy
+    of its input (``on_copy``) that clone is a tensor of its own, neither the input nor the result: its bytes (4 an
+    element) are ``extra_saved_bytes`` (as autograd counts it on torch 2.x)."""
+    def handler(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+        cost = _pointwise(flops, [0], bwd_flops)(node, in_shapes, first)
+        if node.attrs.get("on_copy"):
+            return replace(cost, saved=[], extra_saved_bytes=float(numel(in_shapes[0]) * BYTES_PER_ELEMENT))
+        return cost
+    return handler
 
 
 def _rrelu(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     """RReLU in training as torch runs it (aten.rrelu_with_noise, one kernel): each element's slope drawn from
     [lower, upper] (a draw, a scale and a shift) and written into a noise tensor of the input's size, then a compare
     and a multiply: 5 FLOPs an element; backward the gradient times the noise (1 FLOP, one kernel). It keeps the
-    noise (its bytes: ``extra_saved_bytes``), and its input, or its result where it runs in place: exactly what a
-    sample adds to autograd's saved tensors (measured on torch 2.14)."""
+    noise (its bytes: ``extra_saved_bytes``), and its input, or its result where it runs in place on its input or on
+    a copy of it (``on_copy``): exactly what a sample adds to autograd's saved tensors (measured on torch 2.14)."""
     n = numel(node.output_shape)
     rd, wr = _io_bytes(in_shapes, node.output_shape)
     return OpCost(flops_fwd=5.0 * n, flops_bwd=float(n), bytes_read=rd, bytes_written=wr + n * BYTES_PER_ELEMENT,
-                  saved=[OUTPUT] if node.attrs.get("inplace") else [0], extra_saved_bytes=float(n * BYTES_PER_ELEMENT),
+                  saved=[OUTPUT] if node.attrs.get("inplace") or node.attrs.get("on_copy") else [0],
+                  extra_saved_bytes=float(n * BYTES_PER_ELEMENT),
                   kernels_fwd=1, kernels_bwd=1, kind="elementwise")
 
 
@@ -739,7 +742,7 @@ HANDLERS: dict[str, Handler] = {
     "log_sigmoid": _pointwise(5, [0], 4),
     "hardshrink": _pointwise(2, [0], 2),
     "softshrink": _pointwise(3, [0], 2),
-    "threshold": _pointwise(1, [0], 1),
+    "threshold": _keeps_a_clone_in_place(1, 1),
     "rrelu": _rrelu,
     "alpha_dropout": _alpha_dropout,
     # a multiply, an exp, a log1p, a divide and the threshold's compare; backward an exp, a divide and a multiply
@@ -748,7 +751,7 @@ HANDLERS: dict[str, Handler] = {
     # x * tanh(log1p(exp(x))): an exp, a log1p (an add and a log), a tanh (4, as tanh's) and a multiply: 8. Its
     # backward recomputes the tanh of the softplus (7), a sigmoid (4, as sigmoid's) and grad * (t + x * s * (1 - t^2)):
     # a square, a subtract, three multiplies and an add, 17 in all. It keeps its input (in place, a clone of it)
-    "mish": _mish,
+    "mish": _keeps_a_clone_in_place(8, 17),
     # a clamp to [min_val, max_val]: two compares, as relu6; its backward keeps the input (the result where it
     # runs in place, as torch before 1.10 did; a newer torch's clone of the input: StepRuntime.applied)
     "hardtanh": _keeps_result_in_place(2, 1),

@@ -202,9 +202,10 @@ _FLAGS: Dict[str, Tuple[str, ...]] = {
 }
 #: Activations that may run in place on a copy of their input (``y.clone().leaky_relu_()``, ``F.elu(y.contiguous(),
 #: inplace=True)`` of a strided y): ``on_copy`` (optional, false) says so. The result is a tensor of its own, as out of
-#: place, and backward keeps what the in-place op keeps (its result; a mish's, and a newer torch's hardtanh's, a
-#: clone of the copy), not the input; ``inplace`` then is false.
-ON_COPY_OPS = ("leaky_relu", "elu", "selu", "celu", "hardtanh", "mish")
+#: place, and backward keeps what the in-place op keeps (its result; a mish's, a threshold's and a newer torch's
+#: hardtanh's, a clone of the copy; an rrelu's, its result and its noise), not the input; ``inplace`` then is false.
+ON_COPY_OPS = ("leaky_relu", "elu", "selu", "celu", "hardtanh", "mish",
+               "threshold", "rrelu")
 for _op in ON_COPY_OPS:
     _FLAGS[_op] = (*_FLAGS[_op], "on_copy")
 #: Op -> attributes that must be numbers where given: (name, least, most); None: no bound. A dropout's
