@@ -1949,3 +1949,21 @@ def test_an_rms_norm_of_a_channels_last_map_is_traced_op_by_op():
     assert traced.count("aten.rsqrt.default") == 1 and traced.count("aten._fused_rms_norm.default") == 2 * 2
     assert _as_replayed(record_events(desc, 3, steps=2)) == _as_replayed(record_events(desc, 3, steps=2,
                                                                                       method="trace"))
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_allocation_model_writes_down_a_frozen_batch_norm_as_traced(batch):
+    """A frozen batch norm's four [C] buffers are set up after the parameters; each forward makes its [C] scale and
+    shift (five [C] tensors, three freed at once), then the product and the sum on the map, keeping the scale where
+    its input needs a gradient (not the network input's): the meta trace's events, event for event."""
+    from test_features import frozen_backbone
+
+    from perf4sight.ir.from_torch import describe
+    desc = describe(frozen_backbone(), [3, 8, 8], "frozen")
+    model = record_events(desc, batch, steps=3, method="model")
+    traced = record_events(desc, batch, steps=3, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+    setup = [size for kind, _, size, op in model if op == "setup"]
+    assert setup[-12:] == [3 * 4] * 4 + [16 * 4] * 8  # the buffers, after the parameters
+    rsqrt = [size for kind, _, size, op in model if op == "aten.rsqrt.default"]
+    assert rsqrt == [12, 64, 64] * 3  # each norm's 1/sqrt(running_var + eps), each of 3 steps

@@ -1333,3 +1333,54 @@ def test_an_alpha_dropout_keeps_its_noise():
     at2, at4 = (b * _autograd_saved_bytes(desc, b) for b in (2, 4))
     assert nf.per_sample["saved_bytes"] + nf.per_sample["input_bytes"] == (at4 - at2) / 2
     assert not nf.unsupported
+
+
+def frozen_backbone():
+    """A detection backbone's stem and block of frozen batch norms (torchvision's FrozenBatchNorm2d, their buffers
+    drawn at random): one of the input (which needs no gradient), one after a convolution, one of eps 0 before a
+    residual add."""
+    import torch
+    from torch import nn
+    from torchvision.ops.misc import FrozenBatchNorm2d
+
+    class Frozen(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.f0 = FrozenBatchNorm2d(3)
+            self.c1, self.f1 = nn.Conv2d(3, 16, 3, 2, 1, bias=False), FrozenBatchNorm2d(16)
+            self.c2, self.f2 = nn.Conv2d(16, 16, 3, 1, 1, bias=False), FrozenBatchNorm2d(16, eps=0.0)
+            self.fc = nn.Linear(16, 5)
+            for norm in (self.f0, self.f1, self.f2):
+                for name in ("weight", "bias", "running_mean"):
+                    getattr(norm, name).copy_(torch.randn_like(getattr(norm, name)))
+                norm.running_var.copy_(torch.rand_like(norm.running_var) + 0.5)
+
+        def forward(self, x):
+            x = torch.relu(self.f1(self.c1(self.f0(x))))
+            y = self.f2(self.c2(x)) + x
+            return self.fc(y.relu().mean((2, 3)))
+    return Frozen()
+
+
+def test_a_frozen_batch_norm_keeps_what_autograd_keeps():
+    """A frozen batch norm keeps its [1, C, 1, 1] scale alone, once a batch: what a sample adds to autograd's saved
+    tensors (between batch 2 and 4) is the features', the original network's and the rebuilt one's alike; it has no
+    parameters, and its costs are a multiply and an add an element forward, a multiply back (none where its input
+    needs no gradient, the network input's: nor does the convolution after it compute its input's gradient)."""
+    pytest.importorskip("torch")
+    from perf4sight.features.walk import walk
+    from perf4sight.ir.from_torch import describe
+    from perf4sight.ir.schema import count_params
+
+    network = frozen_backbone()
+    desc = describe(network, [3, 8, 8], "frozen")
+    nf = network_features(desc)
+    at2, at4 = 2 * _autograd_saved_bytes(desc, 2), 4 * _autograd_saved_bytes(desc, 4)
+    original = (_module_saved_bytes(network, [3, 8, 8], 4) - _module_saved_bytes(network, [3, 8, 8], 2)) / 2
+    # nothing keeps the input (the first norm's multiply keeps its scale alone): the saved bytes are all autograd's
+    assert nf.per_sample["saved_bytes"] == (at4 - at2) / 2 == original
+    assert count_params(desc) == sum(p.numel() for p in network.parameters()) == 16 * 27 + 16 * 144 + 16 * 5 + 5
+    assert not nf.unsupported
+    costs = {visit.node.name: visit.cost for visit in walk(desc)}
+    assert (costs["f1"].flops_fwd, costs["f1"].flops_bwd, costs["f1"].params) == (2 * 16 * 16, 16 * 16, 0)
+    assert costs["f0"].flops_bwd == 0 and costs["f0"].kernels_bwd == 0  # its input needs no gradient

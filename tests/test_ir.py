@@ -2866,3 +2866,38 @@ def test_an_alpha_dropout_is_described_and_rebuilt():
     next(n for n in bad["nodes"] if n["op"] == "alpha_dropout")["attrs"]["p"] = 1.5
     with pytest.raises(UserError, match="alpha_dropout"):
         NetworkDescription.from_dict(bad)
+
+
+def test_a_frozen_batch_norm_is_the_op_frozen_batchnorm2d():
+    """torchvision's FrozenBatchNorm2d (a detection backbone's) was refused as reading '_tensor_constant0' (torch.fx
+    folds the scale and shift it makes of its buffers into constants): it is a frozen_batchnorm2d of its channels
+    and eps, without parameters, rebuilt as a FrozenBatchNorm2d that, given the same buffers, computes what the
+    original computes and describes back to the same nodes; a ResNet of them (resnet_fpn_backbone's) describes."""
+    from test_features import frozen_backbone
+    from torchvision.models import resnet18
+    from torchvision.ops.misc import FrozenBatchNorm2d
+
+    from perf4sight.ir.schema import count_params
+
+    torch.manual_seed(0)
+    original = frozen_backbone()
+    desc = NetworkDescription.from_dict(describe(original, [3, 8, 8], name="frozen").to_dict())
+    assert [n.attrs for n in desc.nodes if n.op == "frozen_batchnorm2d"] == [
+        {"num_features": 3}, {"num_features": 16}, {"num_features": 16, "eps": 0.0}]
+    rebuilt = build_module(desc)
+    rebuilt.load_state_dict(original.state_dict())
+    x = torch.randn(2, 3, 8, 8)
+    assert torch.allclose(rebuilt(x), original(x))
+    default = build_module(desc)  # the same weights, the buffers' defaults (a batch norm of running mean 0, var 1)
+    default.load_state_dict({k: v for k, v in original.state_dict().items() if not k.startswith("f")}, strict=False)
+    assert not torch.allclose(default(x), original(x))
+    again = describe(rebuilt, [3, 8, 8], name="frozen")
+    assert [(n.op, n.attrs) for n in again.nodes] == [(n.op, n.attrs) for n in desc.nodes]
+    net = resnet18(norm_layer=FrozenBatchNorm2d, num_classes=10)
+    backbone = describe(net, [3, 64, 64], name="frozen_resnet")
+    assert sum(n.op == "frozen_batchnorm2d" for n in backbone.nodes) == 20
+    assert count_params(backbone) == sum(p.numel() for p in net.parameters())
+    bad = desc.to_dict()
+    bad["nodes"][1]["attrs"]["num_features"] = 4
+    with pytest.raises(UserError, match="num_features 4"):
+        NetworkDescription.from_dict(bad)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torchvision.ops.misc import FrozenBatchNorm2d
 
 from perf4sight.errors import UserError
 from perf4sight.exporters import export_perfseer
@@ -61,7 +62,8 @@ class _Views(torch.nn.Module):
     pixel_shuffle, pads of each mode, prelu (a slope per channel), dropout2d, log_softmax, selu, celu,
     local_response_norm, pow (a sqrt and the power -1 of a quotient), exp, abs, div, var, glu, hardshrink,
     softshrink, threshold (in place), log_sigmoid, rmsnorm, repeat, rrelu, alpha_dropout (of whole channels) and
-    fractional_maxpool2d."""
+    fractional_maxpool2d.
+    Also frozen_batchnorm2d (torchvision's FrozenBatchNorm2d, an eps of its own)."""
 
     def __init__(self):
         super().__init__()
@@ -74,12 +76,13 @@ class _Views(torch.nn.Module):
         self.amax = torch.nn.AdaptiveMaxPool2d(2)
         self.fc, self.cut = torch.nn.Linear(8, 10), torch.nn.Threshold(0.0625, -1.0, inplace=True)
         self.rms = torch.nn.RMSNorm(8, eps=1e-4)
+        self.frozen = FrozenBatchNorm2d(8, eps=1e-3)
 
     def forward(self, x):
         x = torch.nn.functional.pixel_shuffle(self.widen(torch.nn.functional.pixel_unshuffle(self.gray(x), 2)), 2)
         x = torch.nn.functional.pad(torch.nn.functional.pad(x, (1, 1, 1, 1), mode="reflect"), (0, 1, 1, 0), "replicate")
         x = torch.nn.functional.pad(torch.nn.functional.pad(x, (1, 0, 0, 1), value=0.5), (1, 0, 0, 1), mode="circular")
-        y = self.up(self.norm(self.inorm(self.drop(self.lrn(self.prelu(self.conv(x)))))))
+        y = self.up(self.norm(self.inorm(self.drop(self.lrn(self.prelu(self.frozen(self.conv(x))))))))
         y = torch.nn.functional.fractional_max_pool2d(y, 3, output_size=(20, 21))
         y = torch.nn.functional.feature_alpha_dropout(y, 0.1, True)
         y = torch.tanh(self.pool(torch.nn.functional.gelu(y))).transpose(2, 3)[:, :, 1:3]
@@ -141,7 +144,8 @@ def test_foreign_reading_rebuilds_the_same_network(name):
                          "instancenorm", "hardtanh", "softmax", "pad", "pixel_shuffle", "pixel_unshuffle", "prelu",
                          "dropout2d", "log_softmax", "selu", "celu", "local_response_norm",
                          "glu", "hardshrink", "softshrink", "rmsnorm", "repeat", "rrelu", "alpha_dropout",
-                         "fractional_maxpool2d")]
+                         "fractional_maxpool2d",
+                         "frozen_batchnorm2d")]
     assert views and all(back.node(n.name).attrs == n.attrs for n in views)
     assert network_features(back).per_sample == network_features(desc).per_sample
     assert _output_shape(back) == _output_shape(desc) == [2, 10]

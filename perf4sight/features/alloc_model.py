@@ -141,7 +141,8 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "alpha_dropout",
                      "fractional_maxpool2d",
                      "window_attention", "patch_merge",
-                     "group_attention"})
+                     "group_attention",
+                     "frozen_batchnorm2d"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
                 "gelu": ("gelu", "input"), "sigmoid": ("sigmoid", "result"), "tanh": ("tanh", "result"),
@@ -426,6 +427,9 @@ def _params(node: Node) -> tuple[list[int], list[int]]:
     if node.op == "batchnorm2d":  # a weight and a bias unless not affine; the running mean, variance and count
         c = a["num_features"] * FLOAT
         return ([c, c] if a.get("affine", True) else []), [c, c, INT64]
+    if node.op == "frozen_batchnorm2d":  # no parameters; a weight, a bias, a running mean and variance as buffers
+        c = a["num_features"] * FLOAT
+        return [], [c, c, c, c]
     if node.op == "groupnorm":  # a weight and a bias unless not affine; no buffers
         c = a["num_channels"] * FLOAT
         return ([c, c] if a.get("affine", True) else []), []
@@ -1187,6 +1191,29 @@ def _shift(ctx: _OpContext) -> _Value:
     fn = ctx.grad_fn([], [_edge(x), ("param", ctx.first_param)], [x.nbytes, prod(shape) * FLOAT], [None, None],
                      full=[None, nbytes], shapes=[ctx.full_in, shape])
     return _Value(sid, nbytes, fn, **layout)
+
+
+def _frozen_batch_norm(ctx: _OpContext) -> _Value:
+    """A frozen batch norm as torchvision's FrozenBatchNorm2d runs it: its [C] scale, ``weight * (running_var +
+    eps).rsqrt()``, and shift, ``bias - running_mean * scale`` (five [C] tensors, each freed once read, but for the
+    two), then ``x * scale`` and ``+ shift`` on the map (the product freed once added). It keeps the scale (the
+    ``mul``'s other operand; its buffers need no gradient), freed with the shift once the forward leaves it.
+    Backward (``add`` hands the gradient on): the incoming gradient times the scale, the input's."""
+    c = ctx.node.attrs["num_features"] * FLOAT
+    shifted = ctx.alloc("add.Tensor", c)  # running_var + eps
+    root = ctx.alloc("rsqrt.default", c)
+    ctx.mem.drop(shifted)
+    scale = ctx.alloc("mul.Tensor", c)
+    ctx.mem.drop(root)
+    product = ctx.alloc("mul.Tensor", c)  # running_mean * scale
+    shift = ctx.alloc("sub.Tensor", c)
+    ctx.mem.drop(product)
+    scaled = ctx.alloc("mul.Tensor")
+    sid = ctx.alloc("add.Tensor")
+    fn = ctx.unary_grad_fn("aten.mul.Tensor", [scale])
+    for temporary in (scaled, shift, scale):
+        ctx.mem.drop(temporary)
+    return _Value(sid, ctx.nbytes, fn)
 
 
 def _token(ctx: _OpContext) -> _Value:
@@ -1983,6 +2010,7 @@ _HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
     "repeat": _tiling,
     "rrelu": _rrelu,
     "alpha_dropout": _alpha_dropout,
+    "frozen_batchnorm2d": _frozen_batch_norm,
     **dict.fromkeys((*_VIEWS, "transpose", "select", "narrow", "identity"), _view_op),
 }
 

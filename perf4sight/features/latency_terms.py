@@ -301,6 +301,7 @@ _PASSES: dict[str, tuple[float, float, int]] = {
     "patch_merge": (2.0, 15.0, 11),  # pad and concatenate; backward: four zeroed input-sized gradients summed
     **dict.fromkeys(("maxpool2d", "adaptivemaxpool2d", "interpolate"), (1.0, 3.0, 2)),  # backward: zero + scatter
     "fractional_maxpool2d": (1.0, 3.0, 2),  # a max pool's (its draw of 2 floats a channel negligible)
+    "frozen_batchnorm2d": (2.0, 1.0, 1),  # x * scale, then + shift; backward: the gradient times the scale
     # a copy each way (a constant pad's backward copies the gradient's middle out; a shuffle's is an unshuffle)
     **dict.fromkeys(("pad", "pixel_shuffle", "pixel_unshuffle"), (1.0, 1.0, 1)),
     # a tiling: a copy forward; backward a sum over the tiles (the output-sized gradient read, the input's written);

@@ -171,7 +171,8 @@ def perf4sight_vectors(desc: NetworkDescription) -> tuple[np.ndarray, np.ndarray
         elif "pool" in node.op:
             scaled[_IDX["pool_elems"]] += numel(shapes[node.inputs[0]])
         # a dropout2d, an alpha dropout: a multiply by a noise (an alpha dropout's add besides)
-        elif node.op in ("add", "mul", "div", "scale", "shift", "dropout2d", "alpha_dropout"):
+        elif node.op in ("add", "mul", "div", "scale", "shift", "dropout2d", "alpha_dropout",
+                         "frozen_batchnorm2d"):  # a multiply and an add of [C] constants
             scaled[_IDX["add_elems"]] += out
         elif node.op == "cat":
             scaled[_IDX["cat_bytes"]] += out * BYTES_PER_ELEMENT

@@ -69,7 +69,9 @@ _PRICED_AS = {"leaky_relu": "relu", "hardtanh": "relu6",
               # not measured: a noise drawn, then a multiply and an add, as a dropout's
               "alpha_dropout": "dropout",
               # not measured: a max pool's compares an output element times the window (:data:`_PER_WINDOW`)
-              "fractional_maxpool2d": "maxpool2d"}
+              "fractional_maxpool2d": "maxpool2d",
+              # not measured: a multiply and an add of [C] constants broadcast, one multiply back, as a mul's
+              "frozen_batchnorm2d": "mul"}
 
 
 def check_prices(data: Any, where: str) -> dict[str, dict[int, float]]:

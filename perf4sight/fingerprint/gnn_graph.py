@@ -61,7 +61,8 @@ OP_TOKEN: dict[str, str] = {**{op: op for op in OP_VOCAB},
                             # a value kept or replaced by a compare, as relu's
                             "hardshrink": "relu", "softshrink": "relu", "threshold": "relu",
                             "log_sigmoid": "sigmoid",
-                            "fractional_maxpool2d": "maxpool2d"}
+                            "fractional_maxpool2d": "maxpool2d",
+                            "frozen_batchnorm2d": "batchnorm2d"}
 _ATTRS = ("in_ch", "out_ch", "kernel_h", "kernel_w", "stride", "padding", "dilation", "groups", "bias", "depthwise")
 _COSTS = ("out_elems", "out_rank", "macs", "flops_fwd", "flops_bwd", "bytes_read", "bytes_written", "params",
           "kernels_fwd", "kernels_bwd", "saved_bytes", "n_inputs")
@@ -106,8 +107,8 @@ def _attr_vector(op: str, a: dict) -> list[float]:
     if op in ("attention", "window_attention"):  # groups: its heads
         e = float(a["embed_dim"])
         return [e, e, 0, 0, 0, 0, 0, float(a["num_heads"]), float(bool(a["bias"])), 0]
-    if op in ("batchnorm2d", "layernorm", "groupnorm", "instancenorm", "rmsnorm"):
-        c = float(a["num_features"] if op in ("batchnorm2d", "instancenorm")
+    if op in ("batchnorm2d", "layernorm", "groupnorm", "instancenorm", "rmsnorm", "frozen_batchnorm2d"):
+        c = float(a["num_features"] if op in ("batchnorm2d", "instancenorm", "frozen_batchnorm2d")
                   else a["num_channels"] if op == "groupnorm" else np.prod(a["normalized_shape"]))
         return [c, c, 0, 0, 0, 0, 0, 0, 0, 0]
     if op in ("maxpool2d", "avgpool2d"):

@@ -109,6 +109,8 @@ ONNX_TO_OP: dict[str, str] = {
     "RRelu": "rrelu",
     "AlphaDropout": "alpha_dropout",  # no ONNX op (torch's exporter leaves it out, as eval mode runs it)
     "FractionalMaxPool": "fractional_maxpool2d",  # no ONNX op (torch's exporter refuses it): a type of our own
+    # no ONNX op (torch's exporter writes its scale and shift as a Mul and an Add of constants): a type of our own
+    "FrozenBatchNormalization": "frozen_batchnorm2d",
 }
 #: Our op -> ONNX op type. Five of ours share a type with another: ``permute`` is a ``Transpose`` of more than two
 #: axes; ``scale``, ``shift`` and ``token`` are a ``Mul``, an ``Add`` and a ``Concat`` with a learnt tensor (an ONNX
@@ -512,6 +514,11 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
             a["eps"] = _number(args.get("eps", args.get("epsilon")), f"{where} epsilon")
         if not flag("affine", True):
             a["affine"] = False
+        return a
+    if op == "frozen_batchnorm2d":  # its channels, its epsilon (1e-5)
+        a = {"num_features": num("num_features", default=in_shapes[0][0])}
+        if args.get("eps", args.get("epsilon")) is not None:
+            a["eps"] = _number(args.get("eps", args.get("epsilon")), f"{where} epsilon")
         return a
     if op == "instancenorm":  # ONNX's InstanceNormalization: epsilon (1e-5); affine where it has weights
         a = {"num_features": num("num_features", default=in_shapes[0][0])}

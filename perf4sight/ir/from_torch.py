@@ -1114,10 +1114,22 @@ def _root_message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
+def _frozen_bn(m: nn.Module) -> tuple[str, dict]:
+    """A batch norm frozen (torchvision's FrozenBatchNorm2d; DETR's and others' of the same name and forward): its
+    channels its weight buffer's, its eps where other than 1e-5. Traced through, torch.fx keeps the scale and shift
+    it computes from its buffers as constants, which no description op reads."""
+    attrs: dict[str, Any] = {"num_features": int(m.weight.shape[0])}
+    eps = float(getattr(m, "eps", 1e-5))
+    if eps != 1e-5:
+        attrs["eps"] = eps
+    return "frozen_batchnorm2d", attrs
+
+
 #: Modules kept as one call (a leaf of the trace), by class name -> how each reads as one op: torchvision's MaxViT
-#: attention.
+#: attention, and a frozen batch norm.
 _LEAF_MODULES: dict[str, Callable[[nn.Module], tuple[str, dict]]] = {
     "RelativePositionalMultiHeadAttention": _group_attention,
+    "FrozenBatchNorm2d": _frozen_bn,
 }
 
 

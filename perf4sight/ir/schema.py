@@ -27,6 +27,10 @@ OPS: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups", "bias"),
     # batchnorm2d: of a [C, H, W] map, or of a [C] or [C, L] input (a head's BatchNorm1d: the same F.batch_norm)
     "batchnorm2d": ("num_features",),  # optional eps (1e-5), momentum (0.1), affine (true: a weight and bias)
+    # a batch norm frozen (torchvision's FrozenBatchNorm2d, a detection backbone's) of a [C, H, W] map: x * scale +
+    # shift, scale = weight / sqrt(running_var + eps) and shift = bias - running_mean * scale made of four [C]
+    # buffers (not trained); optional eps (1e-5). No parameters
+    "frozen_batchnorm2d": ("num_features",),
     "linear": ("in_features", "out_features", "bias"),
     "relu": (), "relu6": (), "hardswish": (), "sigmoid": (), "hardsigmoid": (), "silu": (),
     "gelu": (), "tanh": (), "identity": (),  # gelu: optional approximate ("none"; "tanh": torch's approximation)
@@ -166,6 +170,7 @@ _POSITIVE: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("in_channels", "out_channels", "groups"), "linear": ("in_features", "out_features"),
     "batchnorm2d": ("num_features",), "groupnorm": ("num_groups", "num_channels"),
     "instancenorm": ("num_features",),
+    "frozen_batchnorm2d": ("num_features",),
     "softmax": ("dim",), "log_softmax": ("dim",), "prelu": ("num_parameters",),
     "glu": ("dim",),
     "attention": ("embed_dim", "num_heads"),
@@ -216,6 +221,7 @@ _NUMBERS: Dict[str, Tuple[Tuple[str, Any, Any], ...]] = {
     "batchnorm2d": (("eps", 0, None), ("momentum", 0, 1)), "layernorm": (("eps", 0, None),),
     "groupnorm": (("eps", 0, None),),
     "instancenorm": (("eps", 0, None),),
+    "frozen_batchnorm2d": (("eps", 0, None),),
     "rmsnorm": (("eps", 0, None),),
     "hardtanh": (("min_val", None, None), ("max_val", None, None)),
     "add": (("scalar", None, None),), "mul": (("scalar", None, None),),

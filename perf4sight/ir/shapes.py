@@ -38,6 +38,7 @@ ARITY: Dict[str, Tuple[int, Optional[int]]] = {
     "rmsnorm": (1, 1),
     "repeat": (1, 1),
     "fractional_maxpool2d": (1, 1),
+    "frozen_batchnorm2d": (1, 1),
 }
 
 
@@ -170,6 +171,10 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
     if op in _UNARY or op == "batchnorm2d":
         if op == "batchnorm2d" and (len(x) < 1 or x[0] != a["num_features"]):
             return f"num_features {a['num_features']} but its input has shape {x}"
+        return x
+    if op == "frozen_batchnorm2d":  # a [C, H, W] map (its [C] buffers viewed as [1, C, 1, 1])
+        if len(x) != 3 or x[0] != a["num_features"]:
+            return f"num_features {a['num_features']} needs a [{a['num_features']}, height, width] input, got {x}"
         return x
     if op == "conv2d" or op in ("maxpool2d", "avgpool2d"):
         if len(x) != 3:

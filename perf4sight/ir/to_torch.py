@@ -247,12 +247,20 @@ def _batch_norm(cls: type, a: Dict[str, Any], factory: Dict[str, Any]) -> nn.Mod
                affine=bool(a.get("affine", True)), **factory)
 
 
+def _frozen_batch_norm(a: Dict[str, Any], factory: Dict[str, Any]) -> nn.Module:
+    """torchvision's FrozenBatchNorm2d of a frozen_batchnorm2d's attrs, its four buffers on ``factory``'s device."""
+    from torchvision.ops.misc import FrozenBatchNorm2d
+
+    return FrozenBatchNorm2d(int(a["num_features"]), eps=float(a.get("eps", 1e-5))).to(**factory)
+
+
 #: op -> factory of the nn.Module that executes it, given the node's attrs and the factory keyword
 #: arguments for its parameters and buffers (``device``).
 MODULE_BUILDERS: Dict[str, Callable[..., nn.Module]] = {
     "conv2d": lambda a, **f: nn.Conv2d(a["in_channels"], a["out_channels"], _pair(a["kernel_size"]), _pair(a["stride"]),
                                        _pair(a["padding"]), _pair(a["dilation"]), a["groups"], bool(a["bias"]), **f),
     "batchnorm2d": lambda a, **f: _batch_norm(nn.BatchNorm2d, a, f),
+    "frozen_batchnorm2d": lambda a, **f: _frozen_batch_norm(a, f),
     "linear": lambda a, **f: nn.Linear(a["in_features"], a["out_features"], bool(a["bias"]), **f),
     "relu": lambda a, **f: nn.ReLU(inplace=bool(a.get("inplace", False))),
     "relu6": lambda a, **f: nn.ReLU6(inplace=bool(a.get("inplace", False))),
