@@ -1967,3 +1967,20 @@ def test_allocation_model_writes_down_a_frozen_batch_norm_as_traced(batch):
     assert setup[-12:] == [3 * 4] * 4 + [16 * 4] * 8  # the buffers, after the parameters
     rsqrt = [size for kind, _, size, op in model if op == "aten.rsqrt.default"]
     assert rsqrt == [12, 64, 64] * 3  # each norm's 1/sqrt(running_var + eps), each of 3 steps
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_allocation_model_writes_down_an_instance_norm_with_running_statistics_as_traced(batch):
+    """An instance norm that tracks running statistics sets up its running mean, variance and count after the
+    parameters; each forward repeats the running mean and variance once per sample (kept by the norm where anything
+    needs a gradient) and then makes their means over the batch (C floats each, freed once copied back): the meta
+    trace's events, event for event, of one on the input (no gradient), one affine and one plain."""
+    from test_ir import tracked_instance_norms
+
+    from perf4sight.ir.from_torch import describe
+    desc = describe(tracked_instance_norms(), [3, 8, 8], "tracked")
+    model = record_events(desc, batch, steps=3, method="model")
+    traced = record_events(desc, batch, steps=3, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+    means = [size for _, _, size, op in model if op == "aten.mean.dim"]  # the head's mean last, [N, 8] floats
+    assert means == [12, 12, 32, 32, 32, 32, 32 * batch] * 3  # two of each of the three norms, each of 3 steps

@@ -1384,3 +1384,29 @@ def test_a_frozen_batch_norm_keeps_what_autograd_keeps():
     costs = {visit.node.name: visit.cost for visit in walk(desc)}
     assert (costs["f1"].flops_fwd, costs["f1"].flops_bwd, costs["f1"].params) == (2 * 16 * 16, 16 * 16, 0)
     assert costs["f0"].flops_bwd == 0 and costs["f0"].kernels_bwd == 0  # its input needs no gradient
+
+
+def test_an_instance_norm_with_running_statistics_keeps_what_autograd_keeps():
+    """An instance norm that tracks running statistics keeps its running mean and variance repeated once per sample
+    (C floats a sample each) besides what any instance norm keeps: what a sample adds to autograd's saved tensors is
+    the features', the original network's and the rebuilt one's alike."""
+    pytest.importorskip("torch")
+    from test_ir import tracked_instance_norms
+
+    from perf4sight.ir.from_torch import describe
+
+    network = tracked_instance_norms()
+    desc = describe(network, [3, 8, 8], "tracked")
+    nf = network_features(desc)
+    at2, at4 = 2 * _autograd_saved_bytes(desc, 2), 4 * _autograd_saved_bytes(desc, 4)
+    original = (_module_saved_bytes(network, [3, 8, 8], 4) - _module_saved_bytes(network, [3, 8, 8], 2)) / 2
+    assert nf.per_sample["saved_bytes"] == (at4 - at2) / 2 == original  # the first norm's input needs no gradient:
+    plain = describe(tracked_instance_norms().apply(_untracked), [3, 8, 8], "plain")  # nothing keeps it
+    assert nf.per_sample["saved_bytes"] - network_features(plain).per_sample["saved_bytes"] == 2 * (8 + 8) * 4
+
+
+def _untracked(module) -> None:
+    """An instance norm ``module`` made one that tracks no running statistics (others left as they are)."""
+    from torch import nn
+    if isinstance(module, nn.InstanceNorm2d):
+        module.track_running_stats, module.running_mean, module.running_var = False, None, None

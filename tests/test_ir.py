@@ -1837,11 +1837,53 @@ def test_a_plain_instance_norm_of_another_width_is_described_with_its_input_s_ch
         _assert_same_function(desc, module, [3, 8, 8])
 
 
-def test_an_instance_norm_with_running_statistics_is_refused_by_name():
-    """Running statistics make an instance norm's evaluation differ from its training; not described."""
-    module = nn.Sequential(nn.Conv2d(3, 8, 3), nn.InstanceNorm2d(8, track_running_stats=True))
-    with pytest.raises(UserError, match="track_running_stats"):
-        describe(module, [3, 10, 10], "tracked")
+def tracked_instance_norms() -> nn.Module:
+    """Instance norms that track running statistics: one of the input (momentum None, torch's 0), one affine after a
+    convolution, one plain of momentum 0.3 before a residual add."""
+    class Tracked(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.n0 = nn.InstanceNorm2d(3, track_running_stats=True, momentum=None)
+            self.c1, self.n1 = nn.Conv2d(3, 8, 3), nn.InstanceNorm2d(8, affine=True, track_running_stats=True)
+            self.c2, self.n2 = nn.Conv2d(8, 8, 1), nn.InstanceNorm2d(8, track_running_stats=True, momentum=0.3)
+            self.fc = nn.Linear(8, 4)
+
+        def forward(self, x):
+            x = torch.relu(self.n1(self.c1(self.n0(x))))
+            return self.fc((self.n2(self.c2(x)) + x).mean((2, 3)))
+    return Tracked()
+
+
+def test_an_instance_norm_with_running_statistics_is_described_and_rebuilt():
+    """An instance norm that tracks running statistics was refused by name: in training it normalises each sample by
+    its own statistics as any instance norm, and updates its running mean and variance by its momentum from their
+    mean over the batch; it is an instancenorm with track_running_stats (its momentum where not 0.1; None, which it
+    runs as 0, is 0), rebuilt as one that computes what the original computes, its running statistics included, in
+    training and then in evaluation, and describes back to the same nodes."""
+    torch.manual_seed(0)
+    original = tracked_instance_norms()
+    desc = NetworkDescription.from_dict(describe(original, [3, 8, 8], "tracked").to_dict())
+    assert [n.attrs for n in desc.nodes if n.op == "instancenorm"] == [
+        {"num_features": 3, "track_running_stats": True, "momentum": 0.0},
+        {"num_features": 8, "affine": True, "track_running_stats": True},
+        {"num_features": 8, "track_running_stats": True, "momentum": 0.3}]
+    assert desc.params == sum(p.numel() for p in original.parameters())
+    rebuilt = build_module(desc)
+    rebuilt.load_state_dict(original.state_dict())
+    x = torch.randn(2, 3, 8, 8) * 2 + 1
+    assert torch.allclose(rebuilt.train()(x), original.train()(x), atol=1e-6)
+    for name in ("n0", "n1", "n2"):
+        assert torch.allclose(rebuilt.get_submodule(name).running_mean, original.get_submodule(name).running_mean)
+        assert torch.allclose(rebuilt.get_submodule(name).running_var, original.get_submodule(name).running_var)
+    assert not torch.equal(original.n2.running_mean, torch.zeros(8)) and torch.equal(original.n0.running_var,
+                                                                                     torch.ones(3))
+    assert torch.allclose(rebuilt.eval()(x), original.eval()(x), atol=1e-6)
+    again = describe(rebuilt, [3, 8, 8], "tracked")
+    assert [(n.op, n.attrs) for n in again.nodes] == [(n.op, n.attrs) for n in desc.nodes]
+    broken = desc.to_dict()
+    next(n for n in broken["nodes"] if n["op"] == "instancenorm")["attrs"]["momentum"] = 2
+    with pytest.raises(UserError, match="momentum"):
+        NetworkDescription.from_dict(broken)
 
 
 class _SpatialSoftmaxHead(nn.Module):

@@ -63,13 +63,14 @@ class _Views(torch.nn.Module):
     local_response_norm, pow (a sqrt and the power -1 of a quotient), exp, abs, div, var, glu, hardshrink,
     softshrink, threshold (in place), log_sigmoid, rmsnorm, repeat, rrelu, alpha_dropout (of whole channels) and
     fractional_maxpool2d.
-    Also frozen_batchnorm2d (torchvision's FrozenBatchNorm2d, an eps of its own)."""
+    Also frozen_batchnorm2d (torchvision's FrozenBatchNorm2d, an eps of its own); the instance norm tracks running
+    statistics."""
 
     def __init__(self):
         super().__init__()
         self.gray, self.widen = torch.nn.Conv2d(3, 1, 1), torch.nn.Conv2d(4, 12, 1)
         self.conv, self.norm = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.GroupNorm(2, 8, eps=1e-3)
-        self.inorm = torch.nn.InstanceNorm2d(8, eps=1e-4, affine=True)
+        self.inorm = torch.nn.InstanceNorm2d(8, eps=1e-4, affine=True, track_running_stats=True, momentum=0.2)
         self.prelu, self.drop, self.lrn = torch.nn.PReLU(8), torch.nn.Dropout2d(0.1), torch.nn.LocalResponseNorm(3)
         self.pool = torch.nn.AvgPool2d(2)
         self.up = torch.nn.ConvTranspose2d(8, 8, 3, stride=2, padding=1, output_padding=1, bias=False)

@@ -433,9 +433,9 @@ def _params(node: Node) -> tuple[list[int], list[int]]:
     if node.op == "groupnorm":  # a weight and a bias unless not affine; no buffers
         c = a["num_channels"] * FLOAT
         return ([c, c] if a.get("affine", True) else []), []
-    if node.op == "instancenorm":  # a weight and a bias where affine (not by default); no buffers
-        c = a["num_features"] * FLOAT
-        return ([c, c] if a.get("affine", False) else []), []
+    if node.op == "instancenorm":  # a weight and a bias where affine (not by default); the running mean, variance
+        c = a["num_features"] * FLOAT  # and count where it tracks running statistics
+        return ([c, c] if a.get("affine", False) else []), ([c, c, INT64] if a.get("track_running_stats") else [])
     if node.op == "prelu":  # its slopes
         return [a["num_parameters"] * FLOAT], []
     if node.op == "layernorm":  # a weight and a bias over the normalised shape unless not elementwise affine
@@ -994,20 +994,25 @@ def _instance_norm(ctx: _OpContext) -> _Value:
     input (and the repeated weight); the output is a view of the norm's. Backward: the input's gradient, the
     repeated weight's and bias's, each of these two then summed down to C floats (the bias's first) and accumulated;
     at a batch of 1 (a repeat once) torch sums nothing, the norm's gradients are the parameters' own (:func:`_summed`).
-    Bytes at ``ctx.batch``."""
+    Tracking running statistics, it repeats the running mean and variance too (after the weight and bias), which the
+    norm keeps, and once it has run makes the mean over the batch of each (C floats), copied into the buffer and
+    freed. Bytes at ``ctx.batch``."""
     n, x, nbytes = ctx.node, ctx.x, ctx.nbytes
-    pbytes, _ = _params(n)
+    pbytes, buffers = _params(n)
     rows = ctx.batch * n.attrs["num_features"] * FLOAT  # bytes of a vector per sample and channel
     repeats = [ctx.alloc("repeat.default", rows) for _ in pbytes]
+    running = [ctx.alloc("repeat.default", rows) for _ in buffers[:2]]  # the running mean's and variance's
     summed = [_summed(ctx, ctx.first_param + k, size, rows) for k, size in enumerate(pbytes)]
     viewed = ctx.grad_fn([], [_edge(x)], [x.nbytes], [None], handoff="view")
     sid = ctx.alloc("native_batch_norm.default")
     stats = [ctx.alloc("native_batch_norm.default", rows, holders=0) for _ in range(2)]
     edges = [None if viewed is None else ("fn", viewed)] + summed
-    norm = ctx.grad_fn([x.sid] + repeats[:1] + stats, edges, [x.nbytes] + [rows] * len(pbytes),
+    norm = ctx.grad_fn([x.sid] + repeats[:1] + running + stats, edges, [x.nbytes] + [rows] * len(pbytes),
                        ["aten.native_batch_norm_backward.default"] * len(edges))
-    for r in repeats:
-        ctx.mem.drop(r)  # the weight's repeat lives on where the norm keeps it
+    for size in buffers[:2]:  # the mean over the batch of a running statistic, copied into the buffer
+        ctx.mem.drop(ctx.alloc("mean.dim", size))
+    for r in repeats + running:
+        ctx.mem.drop(r)  # those the norm keeps live on
     # the output's backward reshapes its gradient to the batch norm's [1, N x C, H, W]: a copy where it is strided
     rows_shape = (1, ctx.full_in[0] * ctx.full_in[1], *ctx.full_in[2:])  # (a slice of a cat's gradient)
     out = ctx.grad_fn([], [None if norm is None else ("fn", norm)], [nbytes], [None], handoff="view",

@@ -628,16 +628,22 @@ def _instancenorm(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost
     the input read twice). torch runs it as a batch norm of the [1, N x C, H, W] input: it keeps the input and a
     mean and a 1/std per sample and channel and, where ``affine``, its weight repeated once per sample (C floats a
     sample, bytes in ``extra_saved_bytes``); the repeats (weight and bias) are a kernel each forward, and backward
-    the weight's and bias's gradients are summed down from per sample and channel to per channel (two more)."""
+    the weight's and bias's gradients are summed down from per sample and channel to per channel (two more).
+    Tracking running statistics (``track_running_stats``), it repeats its running mean and variance once per sample
+    too (two kernels), which the norm updates by momentum (3 FLOPs a value) and keeps (C floats a sample each: what
+    autograd keeps more, measured on torch 2.14), then copies their mean over the batch back (a mean, 1 FLOP a
+    value, and a copy each: four kernels)."""
     a = node.attrs
     c, affine = int(a["num_features"]), bool(a.get("affine", False))
+    tracks = bool(a.get("track_running_stats", False))
     params = 2 * c if affine else 0
     n = numel(node.output_shape)
     rd, wr = _io_bytes(in_shapes, node.output_shape)
-    kept = (2 + affine) * c  # the mean, the 1/std (and the repeated weight), per sample
-    return OpCost(flops_fwd=5.0 * n, flops_bwd=8.0 * n, bytes_read=rd * 2 + params * BYTES_PER_ELEMENT,
+    kept = (2 + affine + 2 * tracks) * c  # the mean, the 1/std (the repeated weight, running statistics), a sample
+    return OpCost(flops_fwd=5.0 * n + 8.0 * c * tracks, flops_bwd=8.0 * n,
+                  bytes_read=rd * 2 + (params + 2 * c * tracks) * BYTES_PER_ELEMENT,
                   bytes_written=wr, params=params, param_tensors=2 if params else 0, saved=[0],
-                  extra_saved_bytes=kept * BYTES_PER_ELEMENT, kernels_fwd=3 if affine else 1,
+                  extra_saved_bytes=kept * BYTES_PER_ELEMENT, kernels_fwd=(3 if affine else 1) + 6 * tracks,
                   kernels_bwd=3 if affine else 1, kind="norm")
 
 

@@ -526,6 +526,10 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
             a["eps"] = _number(args.get("eps", args.get("epsilon")), f"{where} epsilon")
         if flag("affine", _number(weight_bytes or 0, f"{where} weight_size") > 0):
             a["affine"] = True
+        if flag("track_running_stats", False):  # our own args (ONNX's has no running statistics)
+            a["track_running_stats"] = True
+            if args.get("momentum") is not None:
+                a["momentum"] = _number(args["momentum"], f"{where} momentum")
         return a
     if op == "hardtanh":  # ONNX's Clip of min and max (torch's -1 and 1 where one is left out)
         low, high = args.get("min_val", args.get("min", -1.0)), args.get("max_val", args.get("max", 1.0))

@@ -204,23 +204,31 @@ def _groupnorm_attrs(num_groups: Any, num_channels: Any, eps: float, affine: boo
     return attrs
 
 
-def _instancenorm_attrs(num_features: Any, eps: float, affine: bool) -> dict:
+def _instancenorm_attrs(num_features: Any, eps: float, affine: bool, momentum: float | None = None) -> dict:
+    """An instance norm's attrs; ``momentum`` given (a float, or None for torch's cumulative average, which an
+    instance norm runs as 0), one that tracks running statistics (written only then, as its momentum where not
+    0.1)."""
     attrs: dict[str, Any] = {"num_features": int(num_features)}
     if eps != 1e-5:
         attrs["eps"] = float(eps)
     if affine:  # written only when true: torch's InstanceNorm2d has no weight and bias by default
         attrs["affine"] = True
+    if momentum is not None:
+        attrs["track_running_stats"] = True
+        if momentum != 0.1:
+            attrs["momentum"] = float(momentum)
     return attrs
 
 
 def _instancenorm(m: nn.InstanceNorm2d, n: fx.Node) -> tuple[str, dict]:
-    """``nn.InstanceNorm2d``: its channels its input's where it is not affine (torch then leaves ``num_features``
-    unused, a mismatch only warned of), its own where it is (torch requires them the input's)."""
-    if m.track_running_stats:
-        raise ValueError("an instance norm that tracks running statistics (track_running_stats=True) has no "
-                         "description op")
-    channels = m.num_features if m.affine else n.args[0].meta["tensor_meta"].shape[1]
-    return "instancenorm", _instancenorm_attrs(channels, m.eps, m.affine)
+    """``nn.InstanceNorm2d``: its channels its input's where it is neither affine nor tracks running statistics
+    (torch then leaves ``num_features`` unused, a mismatch only warned of), its own where it is (torch requires them
+    the input's); where it tracks running statistics, their momentum (training normalises each sample by its own
+    statistics all the same)."""
+    own = m.affine or m.track_running_stats
+    channels = m.num_features if own else n.args[0].meta["tensor_meta"].shape[1]
+    momentum = (0.0 if m.momentum is None else m.momentum) if m.track_running_stats else None
+    return "instancenorm", _instancenorm_attrs(channels, m.eps, m.affine, momentum)
 
 
 def _inplace_attr(inplace: Any) -> dict:

@@ -87,7 +87,9 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # optional eps (1e-5), affine (true: a weight and bias of num_channels each)
     "groupnorm": ("num_groups", "num_channels"),
     # over each sample's channels one by one (InstanceNorm2d) of a [C, H, W] input (num_features = C); optional
-    # eps (1e-5), affine (false: torch's default; true: a weight and bias of num_features each). No running stats
+    # eps (1e-5), affine (false: torch's default; true: a weight and bias of num_features each),
+    # track_running_stats (false; true: a running mean and variance of num_features, buffers, that training updates
+    # by momentum (0.1) from the batch's mean of each sample's statistics)
     "instancenorm": ("num_features",),
     "hardtanh": ("min_val", "max_val"),  # x clamped to [min_val, max_val] (ReLU6, [0, 6], is the op relu6)
     "softmax": ("dim",),  # exp(x) / sum(exp(x)) along dim (counting the batch: 1 = channels; never the batch)
@@ -190,7 +192,7 @@ _FLAGS: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("bias",), "linear": ("bias",), "attention": ("bias",), "group_attention": ("bias",),
     "window_attention": ("bias", "cosine"), "batchnorm2d": ("affine",), "layernorm": ("elementwise_affine",),
     "groupnorm": ("affine",),
-    "instancenorm": ("affine",),
+    "instancenorm": ("affine", "track_running_stats"),
     "rmsnorm": ("elementwise_affine",),
     "maxpool2d": ("ceil_mode",), "avgpool2d": ("ceil_mode", "count_include_pad"), "mean": ("keepdim",),
     "var": ("keepdim",),
@@ -220,7 +222,7 @@ _NUMBERS: Dict[str, Tuple[Tuple[str, Any, Any], ...]] = {
     "window_attention": (("dropout", 0, 1), ("attention_dropout", 0, 1)),
     "batchnorm2d": (("eps", 0, None), ("momentum", 0, 1)), "layernorm": (("eps", 0, None),),
     "groupnorm": (("eps", 0, None),),
-    "instancenorm": (("eps", 0, None),),
+    "instancenorm": (("eps", 0, None), ("momentum", 0, 1)),
     "frozen_batchnorm2d": (("eps", 0, None),),
     "rmsnorm": (("eps", 0, None),),
     "hardtanh": (("min_val", None, None), ("max_val", None, None)),
