@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -28,6 +29,7 @@ from perf4sight.ir.schema import save_description
 from perf4sight.profiling import results
 from perf4sight.profiling.fleet import check_devices, format_checks, format_summaries, profile_devices
 from perf4sight.profiling.op_prices import PRICED_OPS
+from perf4sight.profiling.outcome import PROBE, PROBE_CACHE
 from perf4sight.profiling.pull import CsvPuller, complete_records, csv_with_rows, rows_to_csv
 from perf4sight.profiling.remote import RemoteProfiler, remote_dir_name
 from perf4sight.profiling.ssh import DeviceError, HostKeyError, LoginError, Remote, quote_argv
@@ -75,7 +77,10 @@ def _descriptions(folder: Path, names: list[str]) -> list[Path]:
     return paths
 
 
-def _config(folder: Path, devices: dict[str, dict], batch_sizes=(1, 2), op_prices: bool = False):
+def _config(folder: Path, devices: dict[str, dict], batch_sizes=(1, 2), op_prices: bool = False,
+            probe_cached: bool = True):
+    """The config of ``devices`` written into ``folder`` and loaded; with ``probe_cached``, each device run by
+    DEVICE_PYTHON gets the probe's cache of torch's facts in its work folder (:func:`_seed_probe_cache`)."""
     lines = [f"[profile]\nbatch_sizes = {list(batch_sizes)}\nwarmup_steps = 1\ntimed_steps = 2\ntimeout_s = 120\n"
              f"op_prices = {json.dumps(op_prices)}\n"]
     for name, keys in devices.items():
@@ -83,7 +88,38 @@ def _config(folder: Path, devices: dict[str, dict], batch_sizes=(1, 2), op_price
         for k, v in keys.items():
             lines.append(f"{k} = {json.dumps(v)}")
     (folder / "config.toml").write_text("\n".join(lines) + "\n")
+    if probe_cached:
+        for name, keys in devices.items():
+            _seed_probe_cache(name, keys)
     return load_config(folder / "config.toml")
+
+
+#: probe-cache.json as the profile stage's probe writes it for DEVICE_PYTHON: made once per test process.
+_PROBE_CACHE: dict[str, bytes] = {}
+
+
+def _seed_probe_cache(name: str, keys: dict) -> None:
+    """Puts the probe's cache into the work folder of device ``name`` (``keys``: its config table), as a device
+    profiled before has it, so that each test's first profile does not import torch in its preflight probe only to
+    learn the version (3 s of CPU a test). The probe still runs over SSH and reads the cache: the cache is keyed by
+    this Python and torch's files, which the real probe wrote here. Devices of another Python, or whose work folder
+    cannot be made, are left as they are. Tests that check the probe's own import pass ``probe_cached=False``."""
+    if keys.get("python") != DEVICE_PYTHON or "workdir" not in keys:
+        return
+    if "bytes" not in _PROBE_CACHE:
+        with tempfile.TemporaryDirectory() as scratch:
+            cache = Path(scratch) / PROBE_CACHE
+            done = subprocess.run([DEVICE_PYTHON, "-c", PROBE.read_text(), "cpu", scratch, str(cache)],
+                                  capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0 and cache.is_file(), done.stderr[-2000:]
+            _PROBE_CACHE["bytes"] = cache.read_bytes()
+    target = Path(keys["workdir"]) / remote_dir_name(name) / PROBE_CACHE
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not target.exists():
+            target.write_bytes(_PROBE_CACHE["bytes"])
+    except OSError:  # a work folder under a file: the test is about that
+        pass
 
 
 def _device(server: SshServer, folder: Path, **extra) -> dict:
@@ -578,7 +614,7 @@ def test_device_csv_with_older_columns_is_upgraded_before_the_run_and_repeats_an
     cfg.profile.reference_every = 1
     old_columns = [c for c in results.COLUMNS if c not in ("repeats", "latency_ms_repeat_cv")]
     remote_csv = tmp_path / "remote work" / "dev-old" / "measurements.csv"
-    remote_csv.parent.mkdir(parents=True)
+    remote_csv.parent.mkdir(parents=True, exist_ok=True)  # the probe cache made it
     old_row = {"device": "dev-old", "network": "alpha", "family": "tiny", "batch_size": "1",
                "input_shape": "3x16x16", "phase": "train", "status": "ok", "latency_ms_median": "1.5",
                "timestamp": "2026-01-01T00:00:00+00:00"}

@@ -36,7 +36,7 @@ def test_changed_description_is_measured_again_on_the_device_with_a_warning(serv
     """A description rewritten under the same name is a new network on a remote device too: measured
     again, the earlier row kept on both sides, the runner's warning in the summary."""
     a, _ = servers
-    cfg = _config(tmp_path, {"dev-c": _device(a, tmp_path)}, batch_sizes=(1,))
+    cfg = _config(tmp_path, {"dev-c": _device(a, tmp_path)}, batch_sizes=(1,), probe_cached=False)
     (desc,) = _descriptions(tmp_path, ["alpha"])
     (first,) = profile_devices(cfg, ["dev-c"], [desc], show_progress=False, **FAST)
     assert first.status == "done" and first.new_rows == 1 and not first.message
@@ -216,7 +216,7 @@ def test_a_full_disk_at_the_start_is_one_line_naming_the_file(servers, tmp_path)
     a, _ = servers
     cfg = _config(tmp_path, {"dev-f": _device(a, tmp_path)}, batch_sizes=(1,))
     run_dir = tmp_path / "remote work" / "dev-f"
-    run_dir.mkdir(parents=True)
+    run_dir.mkdir(parents=True, exist_ok=True)  # the probe cache made it
     (run_dir / "run.json.tmp").symlink_to("/dev/full")
     (desc,) = _descriptions(tmp_path, ["alpha"])
     (summary,) = profile_devices(cfg, ["dev-f"], [desc], show_progress=False, **FAST)
