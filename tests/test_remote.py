@@ -324,7 +324,8 @@ def test_a_relative_key_file_is_found_beside_the_config_as_known_hosts_is(server
     (project / "keys").mkdir(parents=True)
     shutil.copy(a.client_key, project / "keys" / "id")
     _device(a, project)  # writes project/known_hosts
-    cfg = _config(project, {"d": {**_device(a, project), "key_file": "keys/id", "known_hosts": "known_hosts"}})
+    cfg = _config(project, {"d": {**_device(a, project), "key_file": "keys/id", "known_hosts": "known_hosts"}},
+                  batch_sizes=(1,))  # one measurement: the key file is what is tested
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
