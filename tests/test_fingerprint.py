@@ -1025,7 +1025,8 @@ def test_a_fingerprint_fitted_from_the_same_inputs_is_not_fitted_again(tmp_path)
         return " ".join(run.stdout.split())
 
     assert "up to date" not in stage()  # n_estimators as the config says, OpenBLAS's kernels as main.py pins them
-    assert "up to date (fitted " in stage() and "--refit fits it again" in stage()
+    up_to_date = stage()
+    assert "up to date (fitted " in up_to_date and "--refit fits it again" in up_to_date
     assert "up to date" not in stage("--refit")
 
 
