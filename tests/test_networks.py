@@ -264,15 +264,17 @@ def test_a_swin_transformer_is_refused_for_pruning_at_once() -> None:
     model = torchvision.models.swin_t(num_classes=10)
     with pytest.raises(UserError, match="swin_t: a Swin or MaxViT transformer cannot be pruned"):
         PruningPlan(model, [3, 64, 64], network="swin_t")
+    with torch.device("meta"):  # the refusal reads the modules alone: no weights drawn (2.5 s for swin_v2_t)
+        swin_v2, maxvit = torchvision.models.swin_v2_t(num_classes=10), torchvision.models.maxvit_t(num_classes=10)
+        zoo_params = sum(p.numel() for p in build_zoo_model("swin_t", CLASSES).parameters())
     with pytest.raises(UserError, match="swin_v2_t: a Swin or MaxViT transformer cannot be pruned"):
-        PruningPlan(torchvision.models.swin_v2_t(num_classes=10), [3, 64, 64], network="swin_v2_t")
+        PruningPlan(swin_v2, [3, 64, 64], network="swin_v2_t")
     with pytest.raises(UserError, match="maxvit_t: a Swin or MaxViT transformer cannot be pruned"):
-        PruningPlan(torchvision.models.maxvit_t(num_classes=10), [3, 224, 224], network="maxvit_t")
+        PruningPlan(maxvit, [3, 224, 224], network="maxvit_t")
     assert prune_model(model, [3, 64, 64], 0, network="swin_t").achieved_level == 0
     src = Source("swin_t", "torchvision:swin_t", lambda: build_zoo_model("swin_t", CLASSES))
     (desc,) = prune_source(src, [3, 64, 64], [0], "l1-norm", 4, 0)
-    assert desc.name == "swin_t_l0" and desc.params == sum(p.numel() for p in build_zoo_model("swin_t", CLASSES)
-                                                           .parameters())
+    assert desc.name == "swin_t_l0" and desc.params == zoo_params
     with pytest.raises(UserError, match="cannot be pruned"):
         prune_source(src, [3, 64, 64], [0, 30], "l1-norm", 4, 0)
     # the networks stage (which keeps a list of what it leaves out) makes its level 0 and says why the rest is not
