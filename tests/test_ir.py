@@ -192,6 +192,17 @@ def _copy_swin_parameters(original: nn.Module, rebuilt: nn.Module) -> None:
                 n.data.copy_(o.data)
 
 
+#: torchvision's Swin of each name, built once for the shapes it is tested at (2-3 s of weight init a build).
+_SWINS: dict[str, nn.Module] = {}
+
+
+def _swin(name: str) -> nn.Module:
+    """A copy of the zoo's ``name`` (10 classes, randomly initialised) in eval mode, built once per test process."""
+    if name not in _SWINS:
+        _SWINS[name] = build_zoo_model(name, 10).eval()
+    return copy.deepcopy(_SWINS[name])
+
+
 @pytest.mark.parametrize("name, shape", [("swin_t", [3, 64, 64]), ("swin_t", [3, 72, 88]),
                                          ("swin_v2_t", [3, 64, 64]), ("swin_v2_t", [3, 72, 88])])
 def test_swin_computes_what_torchvisions_computes(name, shape):
@@ -202,7 +213,7 @@ def test_swin_computes_what_torchvisions_computes(name, shape):
     from perf4sight.ir.to_torch import WindowAttention
 
     torch.manual_seed(0)
-    original = build_zoo_model(name, 10).eval()
+    original = _swin(name)
     for key, p in original.named_parameters():
         if key.endswith("logit_scale"):  # not all alike: a scale applied to the wrong head shows
             p.data.uniform_(1.0, 5.0)
