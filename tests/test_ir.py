@@ -2921,6 +2921,27 @@ def test_an_alpha_dropout_is_described_and_rebuilt():
         NetworkDescription.from_dict(bad)
 
 
+def test_a_frozen_batch_norm_rebuilds_without_torchvision(monkeypatch):
+    """A device has torch alone: the rebuilt frozen batch norm was torchvision's class, imported when built, so a
+    network with one failed to build there. It is the rebuilder's own now, built with every torchvision module
+    hidden, and computes what torchvision's does from the same buffers."""
+    import sys
+
+    from test_features import frozen_backbone
+
+    torch.manual_seed(0)
+    original = frozen_backbone()
+    desc = describe(original, [3, 8, 8], name="frozen")
+    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    rebuilt = build_module(desc)
+    monkeypatch.undo()
+    assert not any(type(m).__module__.startswith("torchvision") for m in rebuilt.modules())
+    rebuilt.load_state_dict(original.state_dict())
+    x = torch.randn(2, 3, 8, 8)
+    assert torch.equal(rebuilt(x), original(x))
+
+
 def test_a_frozen_batch_norm_is_the_op_frozen_batchnorm2d():
     """torchvision's FrozenBatchNorm2d (a detection backbone's) was refused as reading '_tensor_constant0' (torch.fx
     folds the scale and shift it makes of its buffers into constants): it is a frozen_batchnorm2d of its channels

@@ -247,11 +247,29 @@ def _batch_norm(cls: type, a: Dict[str, Any], factory: Dict[str, Any]) -> nn.Mod
                affine=bool(a.get("affine", True)), **factory)
 
 
-def _frozen_batch_norm(a: Dict[str, Any], factory: Dict[str, Any]) -> nn.Module:
-    """torchvision's FrozenBatchNorm2d of a frozen_batchnorm2d's attrs, its four buffers on ``factory``'s device."""
-    from torchvision.ops.misc import FrozenBatchNorm2d
+class FrozenBatchNorm2d(nn.Module):
+    """A batch norm whose weight, bias and running statistics are constant buffers of ``[num_features]`` (no
+    parameters): ``x * scale + shift`` per channel, ``scale = weight / sqrt(running_var + eps)`` and ``shift = bias -
+    running_mean * scale``. The kernels of torchvision's class of this name, in its order, written with torch alone (a
+    device has no torchvision); its buffers in torchvision's order and defaults, so its state dict loads."""
 
-    return FrozenBatchNorm2d(int(a["num_features"]), eps=float(a.get("eps", 1e-5))).to(**factory)
+    def __init__(self, num_features: int, eps: float = 1e-5, device: Any = None) -> None:
+        super().__init__()
+        self.eps = eps
+        for name, fill in (("weight", 1.0), ("bias", 0.0), ("running_mean", 0.0), ("running_var", 1.0)):
+            self.register_buffer(name, torch.full((num_features,), fill, device=device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight, bias = self.weight.reshape(1, -1, 1, 1), self.bias.reshape(1, -1, 1, 1)
+        mean, var = self.running_mean.reshape(1, -1, 1, 1), self.running_var.reshape(1, -1, 1, 1)
+        scale = weight * (var + self.eps).rsqrt()
+        shift = bias - mean * scale
+        return x * scale + shift
+
+
+def _frozen_batch_norm(a: Dict[str, Any], factory: Dict[str, Any]) -> nn.Module:
+    """The :class:`FrozenBatchNorm2d` of a frozen_batchnorm2d's attrs, its four buffers on ``factory``'s device."""
+    return FrozenBatchNorm2d(int(a["num_features"]), eps=float(a.get("eps", 1e-5)), **factory)
 
 
 #: op -> factory of the nn.Module that executes it, given the node's attrs and the factory keyword
