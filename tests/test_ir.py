@@ -1013,6 +1013,37 @@ def test_a_batch_norm_of_a_heads_features_is_a_batchnorm2d():
         describe(Unkept(), [3, 8, 8], name="unkept")
 
 
+class _BatchNormOfVolume(nn.Module):
+    """F.batch_norm of an [N, C, D, H, W] volume (a BatchNorm3d's input) with a BatchNorm3d's buffers and
+    parameters."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm3d(3)
+
+    def forward(self, x):
+        x = x.reshape(x.shape[0], 3, 4, 4, 4)
+        return F.batch_norm(x, self.bn.running_mean, self.bn.running_var, self.bn.weight, self.bn.bias, True)
+
+
+def test_a_batch_norm_call_of_a_volume_is_refused_by_name():
+    """F.batch_norm of a volume was described as a batchnorm2d of a [C, D, H, W] input, which torch's BatchNorm2d
+    refuses: the description did not rebuild (torch's ValueError at its first forward). It is refused by name as
+    nn.BatchNorm3d and a SyncBatchNorm of a volume are, and so is a batchnorm2d of one in a description written by
+    hand."""
+    with pytest.raises(UserError, match=r"a batch norm call of anything but a \[N, C, H, W\] map, \[N, C\] or "):
+        describe(_BatchNormOfVolume(), [3, 8, 8], name="volume")
+    desc = describe(nn.Sequential(nn.Flatten(2), nn.BatchNorm1d(3)), [3, 8, 8], name="rows").to_dict()
+    norm = next(n for n in desc["nodes"] if n["op"] == "batchnorm2d")
+    assert norm["output_shape"] == [3, 64]
+    build_module(NetworkDescription.from_dict(desc))  # a [C, L] input: a BatchNorm1d's
+    norm["output_shape"] = [3, 4, 4, 4]
+    previous = next(n for n in desc["nodes"] if n["name"] == norm["inputs"][0])
+    previous["op"], previous["attrs"], previous["output_shape"] = "reshape", {"shape": [3, 4, 4, 4]}, [3, 4, 4, 4]
+    with pytest.raises(UserError, match=r"\(batchnorm2d\): needs an input of \[C\], \[C, L\] or \[C, H, W\], got "):
+        NetworkDescription.from_dict(desc)
+
+
 class _Fractional(nn.Module):
     """Fractional max pools (Graham's): a layer of an output ratio, a call of an output size."""
 

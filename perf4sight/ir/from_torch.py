@@ -774,6 +774,9 @@ def _batch_norm_call(n: fx.Node) -> tuple[str, dict]:
     batch's even in eval mode), ``ValueError``."""
     if _arg(n, 1, "running_mean") is None or _arg(n, 2, "running_var") is None:
         raise ValueError("a batch norm without running statistics has no description op")
+    if len(n.args[0].meta["tensor_meta"].shape) not in (2, 3, 4):  # a volume's: BatchNorm2d and 1d refuse it
+        raise ValueError("a batch norm call of anything but a [N, C, H, W] map, [N, C] or [N, C, L] has no "
+                         "description op")
     weight, bias = _arg(n, 3, "weight"), _arg(n, 4, "bias")
     if (weight is None) != (bias is None):
         raise ValueError("a batch norm with a weight but no bias (or a bias but no weight) has no description op")

@@ -171,6 +171,8 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
     if op in _UNARY or op == "batchnorm2d":
         if op == "batchnorm2d" and (len(x) < 1 or x[0] != a["num_features"]):
             return f"num_features {a['num_features']} but its input has shape {x}"
+        if op == "batchnorm2d" and len(x) > 3:  # a volume's: torch's BatchNorm2d and BatchNorm1d refuse it
+            return f"needs an input of [C], [C, L] or [C, H, W], got {x}"
         return x
     if op == "frozen_batchnorm2d":  # a [C, H, W] map (its [C] buffers viewed as [1, C, 1, 1])
         if len(x) != 3 or x[0] != a["num_features"]:
