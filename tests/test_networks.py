@@ -923,6 +923,29 @@ def test_an_instance_norm_before_an_in_place_relu_is_pruned_with_its_convolution
     assert abs(pruned.achieved_level - 40) < 2
 
 
+@pytest.mark.parametrize("level", [20, 50])
+def test_instance_norms_with_running_statistics_are_pruned_with_them(level: int) -> None:
+    """torch-pruning cut an instance norm's weight and bias but not the running mean and variance it tracks
+    (track_running_stats=True): the pruned network failed at its first forward ("running_mean should contain 14
+    elements not 16"), in training and when described. Their running statistics are now cut with their channels:
+    the variant runs in training and in eval, and describes with the parameters the plan says."""
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.InstanceNorm2d(16, track_running_stats=True), nn.ReLU(),
+                         nn.Conv2d(16, 16, 3, padding=1), nn.InstanceNorm2d(16, affine=True, track_running_stats=True),
+                         nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 4))
+    plan = PruningPlan(base, [3, 8, 8], strategy="random")
+    pruned = plan.prune(level)
+    m = pruned.module
+    for conv, norm in ((m[0], m[1]), (m[3], m[4])):
+        assert norm.num_features == norm.running_mean.numel() == norm.running_var.numel() == conv.out_channels < 16
+    x = torch.randn(2, 3, 8, 8)
+    assert m.train()(x).shape == m.eval()(x).shape == (2, 4)
+    desc = describe(m, [3, 8, 8], f"tracked_l{level}")
+    assert desc.params == pruned.params == sum(p.numel() for p in m.parameters())
+    assert [n.attrs["num_features"] for n in desc.nodes if n.op == "instancenorm"] == [m[1].num_features,
+                                                                                       m[4].num_features]
+
+
 class _GroupNormUNet(nn.Module):
     """A diffusion-style U-Net's blocks: convolutions with group norms of 4 and 8 groups, the skip concatenated
     after a transposed convolution."""

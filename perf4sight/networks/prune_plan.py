@@ -412,6 +412,31 @@ def _rms_norm_cuts(groups: list["CoupledGroup"], modules: dict[str, nn.Module]) 
                 d.handler = rms_norm_cut(dims[d.module])
 
 
+def prune_out_channels_with_running_stats(layer: nn.Module, idxs: list[int]) -> nn.Module:
+    """The cut of an instance norm that tracks running statistics (``track_running_stats=True``): torch-pruning's
+    (its weight and bias where affine, its ``num_features``), and its running mean and variance, which torch-pruning
+    leaves whole (the pruned norm then failed at its first forward: "running_mean should contain 28 elements not
+    32"). Named as an output cut (a norm's input and output channels are the same)."""
+    tp.pruner.function.prune_instancenorm_out_channels(layer, idxs)
+    gone = set(idxs)
+    for name in ("running_mean", "running_var"):
+        stats = getattr(layer, name)
+        keep = torch.tensor([i for i in range(stats.shape[0]) if i not in gone], dtype=torch.long,
+                            device=stats.device)
+        setattr(layer, name, torch.index_select(stats, 0, keep))
+    return layer
+
+
+def _instance_norm_cuts(groups: list["CoupledGroup"], modules: dict[str, nn.Module]) -> None:
+    """Each instance norm that tracks running statistics the groups reach gets the cut that cuts them too
+    (:func:`prune_out_channels_with_running_stats`)."""
+    for g in groups:
+        for d in g.deps:
+            m = modules.get(d.module)
+            if isinstance(m, nn.modules.instancenorm._InstanceNorm) and m.track_running_stats:
+                d.handler = prune_out_channels_with_running_stats
+
+
 #: torch-pruning's pruners this tool adds.
 _PRUNERS = {nn.RMSNorm: RMSNormPruner()}
 
@@ -471,6 +496,7 @@ def find_groups(model: nn.Module, example: torch.Tensor, ignored: list[nn.Module
             continue
         groups.append(CoupledGroup(names[g[0].dep.target.module], channels, deps, units))
     _rms_norm_cuts(groups, modules)
+    _instance_norm_cuts(groups, modules)
     return groups, notes
 
 
