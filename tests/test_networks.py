@@ -946,6 +946,38 @@ def test_instance_norms_with_running_statistics_are_pruned_with_them(level: int)
                                                                                        m[4].num_features]
 
 
+def test_a_resnet_with_frozen_batch_norms_is_pruned_with_their_buffers() -> None:
+    """A torchvision ResNet built with FrozenBatchNorm2d (a detection backbone's) could not be pruned at all
+    ("cannot reach pruning level 20% ... it reaches 0.0% at most"): torch-pruning read its scale and shift, made of
+    buffers, as constants, so a cut of any group through it left its buffers whole and did not run. Its four buffers
+    are now cut with its convolution's channels, the same channels from each; the variant runs, counts fast and
+    describes with the parameters the plan says."""
+    import torchvision
+    from torchvision.ops import FrozenBatchNorm2d
+
+    torch.manual_seed(0)
+    base = torchvision.models.resnet18(norm_layer=FrozenBatchNorm2d, num_classes=10)
+    for norm in (m for m in base.modules() if isinstance(m, FrozenBatchNorm2d)):
+        channels = torch.arange(norm.weight.numel(), dtype=torch.float32)
+        norm.running_mean.copy_(channels)
+        norm.weight.copy_(channels + 1)
+        norm.bias.copy_(channels + 2)
+        norm.running_var.copy_(channels + 3)
+    plan = PruningPlan(base, [3, 32, 32], strategy="random")
+    assert plan._fast_count is not None
+    pruned = plan.prune(30)
+    m = pruned.module
+    assert m.conv1.out_channels == m.bn1.weight.numel() < 64
+    for norm in (m for m in m.modules() if isinstance(m, FrozenBatchNorm2d)):  # the same channels cut from each
+        kept = norm.running_mean
+        assert torch.equal(norm.weight, kept + 1) and torch.equal(norm.bias, kept + 2)
+        assert torch.equal(norm.running_var, kept + 3)
+    assert m(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    desc = describe(m, [3, 32, 32], "frozen_l30")
+    assert desc.params == pruned.params == sum(p.numel() for p in m.parameters())
+    assert abs(pruned.achieved_level - 30) < 2
+
+
 class _GroupNormUNet(nn.Module):
     """A diffusion-style U-Net's blocks: convolutions with group norms of 4 and 8 groups, the skip concatenated
     after a transposed convolution."""

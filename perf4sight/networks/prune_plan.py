@@ -437,6 +437,43 @@ def _instance_norm_cuts(groups: list["CoupledGroup"], modules: dict[str, nn.Modu
                 d.handler = prune_out_channels_with_running_stats
 
 
+class FrozenBatchNormPruner(tp.pruner.function.BasePruningFunc):
+    """A frozen batch norm (torchvision's FrozenBatchNorm2d, a detection backbone's; DETR's and others' of that name)
+    as torch-pruning's dependency graph needs it, which lacks it (its scale and shift, made of buffers, read as
+    constants: a cut of its channels did not run, so every group through one was left out): a layer that passes its
+    input's channels on, its four [C] buffers cut with them."""
+
+    def prune_out_channels(self, layer: nn.Module, idxs: list[int]) -> nn.Module:
+        gone = set(idxs)
+        for name in ("weight", "bias", "running_mean", "running_var"):
+            kept = getattr(layer, name)
+            index = torch.tensor([i for i in range(kept.shape[0]) if i not in gone], dtype=torch.long,
+                                 device=kept.device)
+            setattr(layer, name, torch.index_select(kept, 0, index))
+        return layer
+
+    prune_in_channels = prune_out_channels
+
+    def get_out_channels(self, layer: nn.Module) -> int:
+        return int(layer.weight.shape[0])
+
+    get_in_channels = get_out_channels
+
+
+def _is_frozen_batch_norm(m: nn.Module) -> bool:
+    """Whether ``m`` is a frozen batch norm: a class named FrozenBatchNorm2d (torchvision's, or this tool's rebuilt
+    one: torchvision is not imported to ask) without parameters, holding a [C] weight buffer."""
+    return (type(m).__name__ == "FrozenBatchNorm2d" and next(m.parameters(), None) is None
+            and isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 1)
+
+
+def _pruners(model: nn.Module) -> dict[Any, tp.pruner.function.BasePruningFunc]:
+    """torch-pruning's pruners this tool adds for ``model``: :data:`_PRUNERS`, and one per class of frozen batch
+    norm it holds."""
+    frozen = {type(m): FrozenBatchNormPruner() for m in model.modules() if _is_frozen_batch_norm(m)}
+    return {**_PRUNERS, **frozen}
+
+
 #: torch-pruning's pruners this tool adds.
 _PRUNERS = {nn.RMSNorm: RMSNormPruner()}
 
@@ -463,7 +500,7 @@ def find_groups(model: nn.Module, example: torch.Tensor, ignored: list[nn.Module
     with warnings.catch_warnings(), _interrupt_kept(), _view_outputs_copied(model):
         warnings.filterwarnings("ignore", message="Unwrapped parameters detected")  # a parameter outside a layer
         dg = _DependencyGraph().build_dependency(model, example_inputs=example,  # (a layer scale): cut as it says
-                                                 customized_pruners=dict(_PRUNERS))
+                                                 customized_pruners=_pruners(model))
     names = {m: n for n, m in model.named_modules()} | {p: n for n, p in model.named_parameters()}
     modules = dict(model.named_modules())
     groups: list[CoupledGroup] = []
