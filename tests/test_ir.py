@@ -1044,6 +1044,33 @@ def test_a_batch_norm_call_of_a_volume_is_refused_by_name():
         NetworkDescription.from_dict(desc)
 
 
+class _BatchNormOfBuffers(nn.Module):
+    """A batch norm frozen as some code bases write one: F.batch_norm in evaluation of four [C] buffers, its weight
+    and bias among them (no parameters)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        for name, value in (("weight", torch.ones(channels)), ("bias", torch.zeros(channels)),
+                            ("running_mean", torch.zeros(channels)), ("running_var", torch.ones(channels))):
+            self.register_buffer(name, value)
+
+    def forward(self, x):
+        return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, 1e-5)
+
+
+def test_a_batch_norm_call_of_a_buffer_weight_is_refused_by_name():
+    """F.batch_norm given buffers as its weight and bias (a frozen batch norm) was described as a batchnorm2d with
+    parameters, trained: the description counted 2 C parameters the network does not have (276 for its 260). It is
+    refused naming the buffer, as a layer norm call of one is; a weight and bias that are parameters still describe."""
+    frozen = nn.Sequential(nn.Conv2d(3, 8, 3), _BatchNormOfBuffers(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                           nn.Flatten(), nn.Linear(8, 4))
+    with pytest.raises(UserError, match=r"batch norm call \(node batch_norm\) reads 1.weight, a module tensor that is "
+                                        r"no parameter"):
+        describe(frozen, [3, 8, 8], name="frozen")
+    desc = describe(_Bnneck(), [3, 8, 8], name="bnneck")
+    assert desc.params == sum(p.numel() for p in _Bnneck().parameters())
+
+
 class _Fractional(nn.Module):
     """Fractional max pools (Graham's): a layer of an output ratio, a call of an output size."""
 

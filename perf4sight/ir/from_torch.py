@@ -2058,6 +2058,21 @@ def _is_generator(gm: fx.GraphModule, read: fx.Node) -> bool:
     return isinstance(value, torch.Generator)
 
 
+def _batch_norm_affine_trained(n: fx.Node, gm: fx.GraphModule, where: str) -> None:
+    """Check that an ``F.batch_norm`` call's weight and bias, where it has them, are parameters, as a batchnorm2d's
+    are: of buffers (a frozen batch norm written as ``F.batch_norm(x, mean, var, weight, bias, False)``) it would be
+    described with parameters the network does not have, trained; ``UserError`` naming the buffer."""
+    for read in (_arg(n, 3, "weight"), _arg(n, 4, "bias")):
+        if not isinstance(read, fx.Node) or read.op != "get_attr":
+            continue
+        try:
+            gm.get_parameter(read.target)
+        except AttributeError:
+            raise UserError(f"{where}: batch norm call (node {n.name}) reads {read.target}, a module tensor that is "
+                            "no parameter, as its weight or bias (a batch norm frozen: torchvision's "
+                            "FrozenBatchNorm2d describes as one), which the description has no op for") from None
+
+
 def _with_own_tensors(n: fx.Node, op: str, attrs: dict, gm: fx.GraphModule, where: str,
                       held: dict[str, fx.Node]) -> tuple[str, dict, set[str]]:
     """``n``'s op once the module tensors it reads (``get_attr`` nodes, or their batch expansions: ``held``) are
@@ -2075,6 +2090,7 @@ def _with_own_tensors(n: fx.Node, op: str, attrs: dict, gm: fx.GraphModule, wher
     if op == "window_attention":  # its weights, its biases' table or MLP, its scale: read from the call itself
         return op, attrs, {a.name for a in own}
     if op == "batchnorm2d":  # F.batch_norm's running statistics (buffers), weight and bias: the call's own
+        _batch_norm_affine_trained(n, gm, where)
         return op, attrs, {a.name for a in own}
     for a in own:
         try:
