@@ -352,6 +352,36 @@ def test_allocation_model_writes_down_an_activation_in_place_on_a_copy_as_traced
         assert _as_replayed(model) == _as_replayed(traced)
 
 
+@pytest.mark.parametrize("op", ["leaky_relu", "elu", "selu", "celu", "hardtanh", "mish",
+                                "threshold", "rrelu"])
+def test_allocation_model_writes_down_an_activation_on_a_copy_of_the_input_as_traced(op):
+    """An activation in place on a copy of the network input (``call(torch, x.clone())``, which needs no gradient)
+    was refused by the model ('gradients left undelivered': its autograd node pointed at the copy's, which there is
+    none of) and went to the trace. Nothing is kept there: the copy, the activation written into it, a mish's clone
+    (its kernel's) and an rrelu's noise freed once it has run, as the meta trace records the rebuilt network."""
+    import torch
+    from torch import nn
+
+    from test_features import ON_COPY_ACTIVATIONS
+
+    from perf4sight.ir.from_torch import describe
+    call = ON_COPY_ACTIVATIONS[op][2]
+
+    class OnTheInput(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.fc = nn.Conv2d(3, 3, 3, padding=1), nn.Linear(3, 10)
+
+        def forward(self, x):
+            return self.fc((call(torch, x.clone()) + self.conv(x)).mean((2, 3)))
+    desc = describe(OnTheInput(), [3, 6, 6], "on_the_input")
+    assert [n.attrs.get("on_copy") for n in desc.nodes if n.op == op] == [True]
+    for relu6_clone in (False, True):
+        model = record_events(desc, 3, steps=3, method="model", relu6_clone=relu6_clone)
+        traced = record_events(desc, 3, steps=3, method="trace", relu6_clone=relu6_clone)
+        assert _as_replayed(model) == _as_replayed(traced)
+
+
 def _activated(act, call) -> NetworkDescription:
     """A small network of the layer ``act`` and the calls ``call(x, inplace)``, in place and not, one after a
     residual add."""

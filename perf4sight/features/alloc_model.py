@@ -825,17 +825,19 @@ def _on_copy(ctx: _OpContext) -> _Value:
     """An activation in place on a copy of its input (``on_copy``: ``y.clone().leaky_relu_()``): the copy
     (``clone``, whose backward hands the gradient on), then the activation written into it, keeping the copy, or a
     clone of it (a mish's, a threshold's, ``relu6_clone``'s hardtanh's) made before it runs; an rrelu keeps the copy
-    and its noise (``empty_like``, allocated before it runs)."""
+    and its noise (``empty_like``, allocated before it runs). Of an input that needs no gradient (the network's),
+    nothing is kept: a threshold's and a hardtanh's clone is not made, a mish's (its kernel's) and an rrelu's noise
+    are, freed once it has run."""
     op = ctx.node.op
     copy = ctx.alloc("clone.default")
     copied = ctx.unary_grad_fn(None, [])
     if op == "rrelu":
         noise = ctx.alloc("empty_like.default", holders=0)
-        fn = ctx.grad_fn([copy, noise], [("fn", copied)], [ctx.nbytes], ["aten.rrelu_with_noise_backward.default"])
+        fn = ctx.grad_fn([copy, noise], [_fn_edge(copied)], [ctx.nbytes], ["aten.rrelu_with_noise_backward.default"])
         return _Value(copy, ctx.nbytes, fn)
-    clone = op in ("mish", "threshold") or op == "hardtanh" and ctx.relu6_clone
+    clone = op == "mish" or copied is not None and (op == "threshold" or op == "hardtanh" and ctx.relu6_clone)
     kept = ctx.alloc("clone.default", holders=0) if clone else copy
-    fn = ctx.grad_fn([kept], [("fn", copied)], [ctx.nbytes], [_INPLACE_BACKWARD[op]])
+    fn = ctx.grad_fn([kept], [_fn_edge(copied)], [ctx.nbytes], [_INPLACE_BACKWARD[op]])
     return _Value(copy, ctx.nbytes, fn)
 
 
