@@ -1410,3 +1410,43 @@ def _untracked(module) -> None:
     from torch import nn
     if isinstance(module, nn.InstanceNorm2d):
         module.track_running_stats, module.running_mean, module.running_var = False, None, None
+
+
+def _matmul_description(case: str):
+    """An [8, 6] input (per sample; [2, 8, 6] for ``broadcast``), two linear layers of it and their matmul: ``both``,
+    fc1 [8, 5] times fc2 transposed [5, 8]; ``first``, fc1 [8, 6] times the input transposed [6, 8] (the input needs
+    no gradient); ``broadcast``, fc1 [2, 8, 5] times the first of fc2's two [5, 8] matrices ([1, 5, 8])."""
+    def fc(name, fin, fout, shape):
+        return Node(name, "linear", ["input"], {"in_features": fin, "out_features": fout, "bias": True}, shape)
+    lead = [2] if case == "broadcast" else []
+    width = 6 if case == "first" else 5
+    nodes = [Node("input", "input", [], {}, lead + [8, 6]), fc("fc1", 6, width, lead + [8, width])]
+    if case == "first":
+        nodes.append(Node("t", "transpose", ["input"], {"dim0": 1, "dim1": 2}, [6, 8]))
+    else:
+        dims = {"dim0": 2, "dim1": 3} if lead else {"dim0": 1, "dim1": 2}
+        nodes += [fc("fc2", 6, 5, lead + [8, 5]), Node("t", "transpose", ["fc2"], dims, lead + [5, 8])]
+    if lead:
+        nodes.append(Node("n", "narrow", ["t"], {"dim": 1, "start": 0, "length": 1}, [1, 5, 8]))
+    nodes.append(Node("mm", "matmul", ["fc1", nodes[-1].name], {}, lead + [8, 8]))
+    return _desc(nodes, shape=lead + [8, 6])
+
+
+@pytest.mark.parametrize("case, kept", [("both", [0, 1]), ("first", [1]), ("broadcast", [0, 1])])
+def test_a_matmul_keeps_what_autograd_keeps(case, kept):
+    """A product of two activations: 2 M N K FLOPs per matrix forward, twice that backward for both inputs' gradients
+    (half for one alone); it keeps each input that the other's gradient reads (the input transposed alone where only
+    fc1 needs a gradient), a broadcast one as torch's bmm keeps it, expanded and copied. The bytes kept are what
+    autograd saves in a training forward of the rebuilt module (linear layers keep the network input, counted here
+    only where the matmul keeps it too)."""
+    pytest.importorskip("torch")
+    from perf4sight.features.walk import walk
+    desc = _matmul_description(case)
+    visit = next(v for v in walk(desc) if v.node.op == "matmul")
+    c, a = visit.cost, visit.in_shapes[0]
+    matrices = 2 if case == "broadcast" else 1
+    assert c.macs == matrices * 8 * 8 * a[-1] and c.flops_fwd == 2 * c.macs
+    assert c.flops_bwd == (4 if len(kept) == 2 else 2) * c.macs and c.saved == kept
+    kept_bytes = sum(math.prod(visit.in_shapes[i]) * 4 for i in c.saved) + c.extra_saved_bytes
+    assert c.extra_saved_bytes == (5 * 8 * 4 if case == "broadcast" else 0)
+    assert _autograd_saved_bytes(desc, 3, with_input=case == "first") == kept_bytes

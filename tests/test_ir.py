@@ -3033,3 +3033,83 @@ def test_a_frozen_batch_norm_is_the_op_frozen_batchnorm2d():
     bad["nodes"][1]["attrs"]["num_features"] = 4
     with pytest.raises(UserError, match="num_features 4"):
         NetworkDescription.from_dict(bad)
+
+
+class _NonLocal(nn.Module):
+    """Wang et al. 2018's non-local block (embedded Gaussian) on a [16, 8, 8] map, its products of activations
+    written as ``form``: ``@``, torch.bmm and torch.matmul, or a batched einsum; then a classifier."""
+
+    def __init__(self, form: str) -> None:
+        super().__init__()
+        self.form = form
+        self.theta, self.phi, self.g = nn.Conv2d(16, 8, 1), nn.Conv2d(16, 8, 1), nn.Conv2d(16, 8, 1)
+        self.out, self.fc = nn.Conv2d(8, 16, 1), nn.Linear(16, 10)
+
+    def product(self, a: torch.Tensor, b: torch.Tensor, second: bool) -> torch.Tensor:
+        if self.form == "einsum":
+            return torch.einsum("bij,bjk->bik", a, b) if second else torch.einsum("nlc, ncm -> nlm", [a, b])
+        if self.form == "bmm":
+            return torch.matmul(a, b) if second else torch.bmm(a, b)
+        return a @ b
+
+    def forward(self, x):
+        n, _, h, w = x.shape
+        theta = self.theta(x).flatten(2).transpose(1, 2)
+        attn = torch.softmax(self.product(theta, self.phi(x).flatten(2), False), -1)
+        y = self.product(attn, self.g(x).flatten(2).transpose(1, 2), True).transpose(1, 2).reshape(n, -1, h, w)
+        return self.fc((x + self.out(y)).mean((2, 3)))
+
+
+@pytest.mark.parametrize("form", ["@", "bmm", "einsum"])
+def test_a_non_local_block_s_products_of_activations_are_the_op_matmul(form):
+    """A non-local block was refused ("call_function 'matmul' ... has no description op"): each product of two
+    activations (theta^T phi, [64, 8] x [8, 64]; its softmax times g^T, [64, 64] x [64, 8]) is the op matmul, and the
+    module rebuilt from the description computes what the block did."""
+    torch.manual_seed(0)
+    module = _NonLocal(form).eval()
+    desc = NetworkDescription.from_dict(describe(module, [16, 8, 8], "nonlocal").to_dict())
+    products = [(n.inputs, n.output_shape) for n in desc.nodes if n.op == "matmul"]
+    assert [shape for _, shape in products] == [[64, 64], [64, 8]]
+    assert [desc.node(i).output_shape for i in products[0][0]] == [[64, 8], [8, 64]]
+    assert desc.params == sum(p.numel() for p in module.parameters())
+    _assert_same_function(desc, module, [16, 8, 8])
+
+
+class _Product(nn.Module):
+    """A conv's map flattened to [N, 8, 16] (``rows`` of it, ``n c l`` in einsum's letters), multiplied by itself as
+    ``product`` does."""
+
+    def __init__(self, product) -> None:
+        super().__init__()
+        self.conv, self.product = nn.Conv2d(3, 8, 3, padding=1), product
+        self.weight = nn.Parameter(torch.randn(16, 16))
+
+    def forward(self, x):
+        y = self.conv(x).flatten(2)
+        return self.product(self, y).flatten(1)
+
+
+@pytest.mark.parametrize("product, match", [
+    (lambda m, y: torch.einsum("ncl,ndl->ncd", y, y), r"an einsum of the form 'ncl,ndl->ncd' has no description op"),
+    (lambda m, y: torch.einsum("ncl,nlc->nc", y, y.transpose(1, 2)), r"einsum of the form 'ncl,nlc->nc'"),
+    (lambda m, y: y @ m.weight, r"a matmul of the module's tensor weight has no description op"),
+    (lambda m, y: y.unsqueeze(1) @ y.transpose(1, 2), r"a matmul of tensors of ranks \[4, 3\]"),
+])
+def test_products_the_op_matmul_is_not_are_refused_by_name(product, match):
+    """An einsum that is no plain batched matrix product (a contraction over the last letters of both, a diagonal) is
+    refused naming its form; a product with a module's own tensor, or of ranks that mix the batch
+    into the matrices, is refused saying so."""
+    with pytest.raises(UserError, match=match):
+        describe(_Product(product), [3, 4, 4], "product")
+
+
+def test_a_matmul_of_other_shapes_is_refused_when_read():
+    """A matmul whose inner sizes differ, whose leading dims do not broadcast, or whose inputs' ranks differ (or are
+    less than 2: a vector) is refused when the description is read; leading dims of 1 broadcast, as torch's do."""
+    from perf4sight.ir.shapes import shape_problem
+    assert shape_problem("matmul", {}, [[3, 64, 8], [1, 8, 5]], [3, 64, 5]) == ""
+    for ins, match in (([[64, 7], [8, 64]], r"cannot multiply matrices of shapes \[64, 7\] and \[8, 64\]"),
+                       ([[2, 4, 8], [3, 8, 4]], r"cannot multiply matrices of shapes \[2, 4, 8\] and \[3, 8, 4\]"),
+                       ([[2, 4, 8], [8, 4]], "multiplies matrices of equal ranks of at least 2"),
+                       ([[8], [8]], "multiplies matrices of equal ranks of at least 2")):
+        assert re.search(match, shape_problem("matmul", {}, ins, [4, 4]))

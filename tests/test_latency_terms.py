@@ -227,3 +227,24 @@ def test_powers_abs_and_exp_kernels(op, attrs, backward):
                                 Node("a", op, ["c", "c"][:1 + (op == "div")], attrs, [8, 8] if op == "var" else
                                      [4, 8, 8])]))
     assert table.launches == plain.launches + 1 + backward + (op == "div")  # a div of c by c: its gradients added
+
+
+def test_a_matmul_is_its_batched_gemms():
+    """A product of two activations (fc1 [3, 8, 5] times fc2 transposed [3, 5, 8]; 3 matrices a sample) was one
+    elementwise kernel of its output forward and one back: it is its GEMMs, the matrices stacked along the rows (the
+    rows scale with the batch): forward [24, 5] x [5, 8]; backward a's gradient [24, 8] x [8, 5] and b's [15, 8] x
+    [8, 8]; b's alone where the first operand is the network input transposed, which needs no gradient."""
+    def fc(name):
+        return Node(name, "linear", ["input"], {"in_features": 7, "out_features": 5, "bias": True}, [3, 8, 5])
+    head = [Node("input", "input", [], {}, [3, 8, 7]), fc("fc1"), fc("fc2")]
+    t = Node("t", "transpose", ["fc2"], {"dim0": 2, "dim1": 3}, [3, 5, 8])
+    both = kernel_table(_desc(head + [t, Node("mm", "matmul", ["fc1", "t"], {}, [3, 8, 8])], shape=(3, 8, 7)))
+    second = kernel_table(_desc(head + [t, Node("mm", "matmul", ["t", "fc1"], {}, [3, 5, 5])], shape=(3, 8, 7)))
+    only_b = kernel_table(_desc(head[:2] + [Node("t", "transpose", ["input"], {"dim0": 2, "dim1": 3}, [3, 7, 8]),
+                                            Node("mm", "matmul", ["t", "fc1"], {}, [3, 7, 5])], shape=(3, 8, 7)))
+
+    def products(kt, layers):  # the GEMM rows after the linear layers' (two each: forward, weight gradient)
+        return [(d.tolist(), int(b)) for d, b, k in zip(kt.dims, kt.batch_dim, kt.kind) if k == GEMM][2 * layers:]
+    assert products(both, 2) == [([24, 8, 5], 0), ([24, 5, 8], 0), ([15, 8, 8], 0)]
+    assert products(second, 2) == [([15, 5, 8], 0), ([15, 8, 5], 0), ([24, 5, 5], 0)]
+    assert products(only_b, 1) == [([21, 5, 8], 0), ([24, 5, 7], 0)]

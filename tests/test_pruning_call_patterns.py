@@ -159,3 +159,41 @@ def test_a_mean_over_rows_or_columns_keeps_the_channels_whatever_the_sides() -> 
     assert convs["c0"]["out_channels"] < 16
     assert convs["rows"]["in_channels"] == convs["columns"]["in_channels"] == convs["c0"]["out_channels"]
     _train_step(desc)
+
+
+class _NonLocalResNet(nn.Module):
+    """A ResNet-like network with one non-local block (Wang et al. 2018, embedded Gaussian) after its residual block:
+    theta^T phi over the 8x8 map's positions, softmax, times g^T, back to a map, a 1x1 convolution, added to the
+    block's input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+        self.block = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                                   nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16))
+        self.theta, self.phi, self.g = nn.Conv2d(16, 8, 1), nn.Conv2d(16, 8, 1), nn.Conv2d(16, 8, 1)
+        self.out, self.fc = nn.Conv2d(8, 16, 1), nn.Linear(16, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        x = torch.relu(x + self.block(x))
+        n, _, h, w = x.shape
+        attn = torch.softmax(self.theta(x).flatten(2).transpose(1, 2) @ self.phi(x).flatten(2), -1)
+        y = (attn @ self.g(x).flatten(2).transpose(1, 2)).transpose(1, 2).reshape(n, -1, h, w)
+        return self.fc((x + self.out(y)).mean((2, 3)))
+
+
+def test_a_non_local_block_s_products_leave_the_network_prunable() -> None:
+    """A non-local block was refused (its products of two activations had no description op). Its inner channels are
+    cut, theta's and phi's alike (the product sums over them) and g's with the output convolution's input, with the
+    residual channels; the pruned network describes with its two matmuls and trains."""
+    descs = prune_source(Source("nonlocal", "test", _NonLocalResNet), [3, 8, 8], [0, 40], "l1-norm", 2, seed=0)
+    for desc in descs:
+        assert "pruning_unpruned_groups" not in desc.extra
+        assert [n.op for n in desc.nodes].count("matmul") == 2
+        _train_step(desc)
+    convs = {n.name: n.attrs for n in descs[1].nodes if n.op == "conv2d"}
+    assert abs(descs[1].pruning_level - 40) <= 2.0
+    assert convs["theta"]["out_channels"] == convs["phi"]["out_channels"] < 8
+    assert convs["g"]["out_channels"] == convs["out"]["in_channels"] < 8
+    assert convs["stem_0"]["out_channels"] == convs["out"]["out_channels"] < 16

@@ -449,7 +449,7 @@ def _quotient(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
                   kernels_bwd=5, kind="elementwise")
 
 
-def _quotient_gradients(cost: OpCost, node: Node, needs: list[bool]) -> OpCost:
+def _quotient_gradients(cost: OpCost, node: Node, needs: list[bool], _: list[list[int]]) -> OpCost:
     """x / y's ``cost`` where ``needs`` says which of x and y need a gradient: torch computes only theirs. y's alone:
     its 4 kernels and FLOPs an element, both inputs kept; x's alone: grad / y (1 kernel, 1 FLOP an element), y alone
     kept (x's value is read by y's gradient only)."""
@@ -714,14 +714,48 @@ def _repeat(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
                   bytes_written=n_out * BYTES_PER_ELEMENT, kernels_fwd=1, kernels_bwd=1 if tiles else 0, kind="other")
 
 
+def _matrix_product(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """a @ b of [..., M, K] and [..., K, N] activations (per sample, the leading dims broadcast to the output's B
+    matrices): B M N K MACs, 2 B M N K FLOPs forward in one batched GEMM; backward (both inputs needing a gradient:
+    :func:`_matrix_product_gradients` for one alone) grad @ b^T and a^T @ grad, 4 B M N K FLOPs in 2 GEMMs. It keeps
+    both inputs (torch 2's bmm: each for the other's gradient); an input broadcast along a leading dim is kept as
+    torch keeps it, expanded to the output's B matrices and copied (the bytes beyond the input's in
+    ``extra_saved_bytes``). The sum of a broadcast input's gradient down to its shape is not counted."""
+    (a, _), out = in_shapes, node.output_shape
+    macs = float(numel(out) * a[-1])
+    rd, wr = _io_bytes(in_shapes, out)
+    return OpCost(macs=macs, flops_fwd=2 * macs, flops_bwd=4 * macs, bytes_read=rd, bytes_written=wr, saved=[0, 1],
+                  extra_saved_bytes=_broadcast_copy_bytes(in_shapes, out, [0, 1]), kernels_fwd=1, kernels_bwd=2,
+                  kind="linear")
+
+
+def _broadcast_copy_bytes(in_shapes: list[list[int]], out: list[int], kept: list[int]) -> float:
+    """Bytes (per sample) by which the kept inputs ``kept`` of a matmul, expanded to the output's leading dims and
+    copied where a leading dim broadcasts, exceed the inputs themselves."""
+    batches = numel(out[:-2])
+    return float(sum((batches - numel(in_shapes[i][:-2])) * numel(in_shapes[i][-2:]) for i in kept)
+                 * BYTES_PER_ELEMENT)
+
+
+def _matrix_product_gradients(cost: OpCost, node: Node, needs: list[bool], in_shapes: list[list[int]]) -> OpCost:
+    """a @ b's ``cost`` where ``needs`` says which of a and b need a gradient: torch computes only theirs, one GEMM
+    of 2 B M N K FLOPs, and keeps only the other input (a's gradient reads b, b's reads a)."""
+    if needs[0] == needs[1]:
+        return cost
+    kept = [1] if needs[0] else [0]
+    return replace(cost, flops_bwd=cost.flops_bwd / 2, kernels_bwd=1, saved=kept,
+                   extra_saved_bytes=_broadcast_copy_bytes(in_shapes, node.output_shape, kept))
+
+
 def _input(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     return OpCost(kind="view")
 
 
-#: op name -> (cost, node, whether each input needs a gradient) -> the cost of a backward that computes those
+#: op name -> (cost, node, whether each input needs a gradient, input shapes) -> the cost of a backward that computes those
 #: inputs' gradients alone, for an op whose backward computes each input's apart (``walk.py`` applies it where some
 #: input needs one).
-INPUT_GRADIENTS: dict[str, Callable[[OpCost, Node, list[bool]], OpCost]] = {"div": _quotient_gradients}
+INPUT_GRADIENTS: dict[str, Callable[[OpCost, Node, list[bool], list[list[int]]], OpCost]] = {
+    "div": _quotient_gradients, "matmul": _matrix_product_gradients}
 
 #: op name -> handler(node, input shapes (per sample), first) -> OpCost. ``first`` is True when none of the
 #: node's inputs needs a gradient (the network input, or what parameter-free ops made of it alone: ``walk.py``),
@@ -791,6 +825,7 @@ HANDLERS: dict[str, Handler] = {
     "dropout2d": _dropout2d,
     "pow": _power,
     "div": _quotient,
+    "matmul": _matrix_product,
     "var": _variance,
     # e ** x: 1 FLOP an element; backward grad * result (1), it keeps its result
     "exp": _pointwise(1, [OUTPUT], 1),

@@ -240,6 +240,20 @@ def _linear(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
         r.other(BANDWIDTH, rows * fout, numel(node.output_shape) * BYTES_PER_ELEMENT, fout * BYTES_PER_ELEMENT)
 
 
+def _matrix_product(r: _Rows, node: Node, in_shapes: list[list[int]], needs: list[bool]) -> None:
+    """a @ b of [..., M, K] and [..., K, N] activations as its batched GEMMs, the B = the output's leading dims
+    matrices of a sample stacked along the rows: forward [B M, K] x [K, N]; backward, for the inputs that need a
+    gradient (``needs``), grad @ b^T ([B M, N] x [N, K]) and a^T @ grad ([B K, M] x [M, N])."""
+    (a, _), out = in_shapes, node.output_shape
+    batches, m, k, n = numel(out[:-2]), a[-2], a[-1], out[-1]
+    b_io = (sum(numel(s) for s in in_shapes) + numel(out)) * BYTES_PER_ELEMENT
+    r.gemm(batches * m, n, k, 0, b_io, 0.0)
+    if needs[0]:
+        r.gemm(batches * m, k, n, 0, b_io, 0.0)
+    if needs[1]:
+        r.gemm(batches * k, n, m, 0, b_io, 0.0)
+
+
 def _elementwise(r: _Rows, node: Node, in_shapes: list[list[int]], fwd_passes: float, bwd_passes: float,
                  bwd_kernels: int, fwd_kernels: int = 1) -> None:
     """``fwd_kernels`` forward kernels reading its inputs and writing its output ``fwd_passes`` times over in all;
@@ -358,6 +372,7 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
     r = _Rows()
     params = 0
     visits = list(walk(desc)) if visits is None else visits
+    needs_grad = {v.node.name: v.needs_grad for v in visits}
     for visit in visits:
         node, ins, first = visit.node, visit.in_shapes, visit.first
         op = node.op
@@ -372,6 +387,8 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
             _linear(r, node, ins[0], first)
         elif op == "attention":
             _attention(r, node, ins[0], first)
+        elif op == "matmul":
+            _matrix_product(r, node, ins, [needs_grad[i] for i in node.inputs])
         elif op == "window_attention":
             _window_attention(r, node)
         elif op == "group_attention":

@@ -157,6 +157,8 @@ def perf4sight_vectors(desc: NetworkDescription) -> tuple[np.ndarray, np.ndarray
         elif node.op in ("attention", "window_attention"):  # its projections read as fully connected layers
             scaled[_IDX["fc_macs"]] += 4 * int(a["embed_dim"]) * out
             static[_IDX["fc_weight_bytes"]] += own * 4 * int(a["embed_dim"]) ** 2 * BYTES_PER_ELEMENT
+        elif node.op == "matmul":  # a product of two activations: its MACs read as a fully connected layer's
+            scaled[_IDX["fc_macs"]] += out * shapes[node.inputs[0]][-1]
         elif node.op in ("batchnorm2d", "layernorm", "groupnorm", "instancenorm", "local_response_norm",
                          "rmsnorm"):
             scaled[_IDX["norm_elems"]] += out

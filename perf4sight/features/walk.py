@@ -57,7 +57,7 @@ def walk(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> Iter
         cost = None if handler is None else runtime.applied(node.op, handler(node, in_shapes, first),
                                                             on_copy=bool(node.attrs.get("on_copy")))
         if cost is not None and fed and node.op in INPUT_GRADIENTS:  # the gradients of those inputs that need one
-            cost = INPUT_GRADIENTS[node.op](cost, node, [grad[i] for i in node.inputs])
+            cost = INPUT_GRADIENTS[node.op](cost, node, [grad[i] for i in node.inputs], in_shapes)
         grad[node.name] = cost is None or cost.params > 0 or fed  # the network input: False
         if cost is not None and SHARES in node.attrs:  # a layer called again: its parameters are its first call's
             cost = replace(cost, params=0, param_tensors=0)

@@ -42,6 +42,7 @@ OP_TOKEN: dict[str, str] = {**{op: op for op in OP_VOCAB},
                             "layernorm": "batchnorm2d", "permute": "transpose", "scale": "mul", "shift": "add",
                             "token": "cat", "attention": "linear", "window_attention": "linear",
                             "patch_merge": "cat", "interpolate": "adaptiveavgpool2d", "group_attention": "linear",
+                            "matmul": "linear",  # a product of two activations: a GEMM
                             "leaky_relu": "relu", "elu": "relu", "softplus": "relu",
                             "mish": "silu", "groupnorm": "batchnorm2d",
                             "conv_transpose2d": "conv2d", "instancenorm": "batchnorm2d", "hardtanh": "relu6",

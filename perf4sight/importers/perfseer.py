@@ -105,6 +105,7 @@ ONNX_TO_OP: dict[str, str] = {
     "LogSigmoid": "log_sigmoid",  # no ONNX op (torch's exporter writes a Sigmoid and a Log): a type of our own
     "RMSNormalization": "rmsnorm",  # ONNX opset 23's
     "Tile": "repeat",
+    "MatMul": "matmul",  # of two activations (a weight's is a Gemm: linear)
     # ONNX has no RReLU (torch's exporter writes its eval-mode LeakyRelu): a type of this tool's own
     "RRelu": "rrelu",
     "AlphaDropout": "alpha_dropout",  # no ONNX op (torch's exporter leaves it out, as eval mode runs it)

@@ -1998,6 +1998,50 @@ def _sum_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[No
             Node(n.name, "mul", [mean], {"scalar": count}, _shape(n))]
 
 
+_MATRIX_PRODUCTS = {operator.matmul, torch.matmul, torch.bmm, "matmul", "bmm"}
+_EINSUMS = {torch.einsum}
+
+
+def _batched_matmul_form(equation: str) -> bool:
+    """Whether the einsum ``equation`` is a plain batched matrix product: ``"bij,bjk->bik"`` (leading letters, the
+    batch's first, the same in both operands and the result; then the rows of the first by the columns of the
+    second over a letter they share), each letter once per operand."""
+    terms = equation.replace(" ", "").split("->")
+    operands = terms[0].split(",")
+    if len(terms) != 2 or len(operands) != 2 or not all(t.isalpha() for t in (*operands, terms[1])):
+        return False
+    a, b, out = operands[0], operands[1], terms[1]
+    lead = a[:-2]
+    return (len(a) == len(b) == len(out) >= 3 and len(set(a + b[-1])) == len(a) + 1
+            and b[:-2] == lead and out == lead + a[-2] + b[-1] and b[-2] == a[-1])
+
+
+def _matrix_product_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Node] | None:
+    """``a @ b`` of two of the network's tensors (torch.matmul, bmm, an einsum of a plain batched matrix product: a
+    non-local block's, a hand-written self-attention's): the op matmul. None for any other call; ``ValueError`` for
+    an einsum of another form (named), a product of ranks the op does not take, or one of a module's own tensor."""
+    if n.op not in ("call_function", "call_method") or n.target not in _MATRIX_PRODUCTS | _EINSUMS or n.kwargs:
+        return None
+    operands = list(n.args)
+    if n.target in _EINSUMS:
+        equation, operands = operands[0], operands[1:]
+        if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+            operands = list(operands[0])
+        if not (isinstance(equation, str) and _batched_matmul_form(equation)) or len(operands) != 2:
+            raise ValueError(f"an einsum of the form {equation!r} has no description op (only a batched matrix "
+                             "product of two tensors, e.g. 'bij,bjk->bik', is the op matmul)")
+    if len(operands) != 2 or not all(_is_tensor(a) for a in operands):
+        return None
+    for operand in operands:
+        _network_tensor(operand, alias, "matmul")
+    ranks = [len(a.meta["tensor_meta"].shape) for a in operands]
+    if ranks[0] != ranks[1] or ranks[0] < 3:
+        raise ValueError(f"a matmul of tensors of ranks {ranks} (the batch counted) has no description op: the op "
+                         "multiplies batched matrices of one rank, at least 3")
+    alias[n.name] = n.name
+    return [Node(n.name, "matmul", [alias[a.name] for a in operands], {}, _shape(n))]
+
+
 def _max_part(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Node] | None:
     """``n``'s nodes where it is the values of a max or min over dimensions (:func:`_max_values`), none where it is
     their indices and nothing reads them (``values, _ = x.max(1)``); None where it is neither. Indices that are read
@@ -2007,7 +2051,7 @@ def _max_part(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Nod
     if n.op in ("call_function", "call_method") and n.target in _SUM_CALLS and _shape(n) is not None:
         return _sum_nodes(n, gm, alias)
     for rewrite in (_difference_nodes, _quotient_nodes, _conv1d_nodes, _stack_nodes, _std_nodes,
-                    _composed_activation_nodes, _channel_shuffle_nodes):
+                    _composed_activation_nodes, _channel_shuffle_nodes, _matrix_product_nodes):
         nodes = rewrite(n, gm, alias)
         if nodes is not None:
             return nodes

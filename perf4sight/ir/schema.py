@@ -149,6 +149,10 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # var: 1, unbiased; 0 a hand-written norm's); a standard deviation is its pow 0.5
     "var": ("dims", "keepdim", "correction"),
     "div": (),  # the first input over the second, broadcast (torch's x / y of two tensors; x / c is mul's scalar 1 / c)
+    # the matrix product of two activations of [..., M, K] and [..., K, N] (equal ranks of at least 2; the dims
+    # before the last two broadcast, as torch's matmul's do): [..., M, N] (torch's matmul, @, bmm, a batched einsum;
+    # a non-local block's, a hand-written self-attention's)
+    "matmul": (),
 }
 #: Ops whose nodes may hold learnt parameters (:func:`node_params`). Such a node may carry the optional attr
 #: ``shares``: the name of an earlier node of the same op and attrs whose parameters it uses (one layer called

@@ -25,6 +25,7 @@ _UNARY = ("relu", "relu6", "hardswish", "sigmoid", "hardsigmoid", "silu", "gelu"
 ARITY: Dict[str, Tuple[int, Optional[int]]] = {
     "input": (0, 0), "add": (1, 2), "mul": (1, 2), "cat": (1, None),  # add/mul: two tensors, or one and a scalar
     "div": (2, 2),
+    "matmul": (2, 2),
     **{op: (1, 1) for op in _UNARY + ("conv2d", "batchnorm2d", "linear", "maxpool2d", "avgpool2d",
                                       "adaptiveavgpool2d", "adaptivemaxpool2d", "reshape", "flatten", "squeeze",
                                       "unsqueeze", "select", "narrow", "transpose", "mean", "var", "permute",
@@ -82,6 +83,17 @@ def broadcast(a: List[int], b: List[int]) -> Optional[List[int]]:
             return None
         out.append(y if x == 1 else x)
     return out[::-1]
+
+
+def _matmul_out(a: List[int], b: List[int]) -> Union[List[int], str]:
+    """The shape of the matrix product of ``a`` [..., M, K] and ``b`` [..., K, N] (no batch: torch's batch is a
+    dim before these, so both have it): [..., M, N], the leading dims broadcast; else what is wrong."""
+    if len(a) != len(b) or len(a) < 2:
+        return f"multiplies matrices of equal ranks of at least 2, got shapes {a} and {b}"
+    lead = broadcast(a[:-2], b[:-2])
+    if a[-1] != b[-2] or lead is None:
+        return f"cannot multiply matrices of shapes {a} and {b}"
+    return lead + [a[-2], b[-1]]
 
 
 def element_count(shape: List[int]) -> int:
@@ -206,6 +218,8 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
         if len(ins) == 1:
             return x if "scalar" in a else "takes two inputs, or one and a 'scalar' attr"
         return broadcast(ins[0], ins[1]) or f"cannot combine inputs of shapes {ins[0]} and {ins[1]}"
+    if op == "matmul":
+        return _matmul_out(ins[0], ins[1])
     if op == "cat":
         axis = _axis(int(a["dim"]), len(x))
         if axis is None or any(len(s) != len(x) or s[:axis] + s[axis + 1:] != x[:axis] + x[axis + 1:] for s in ins):

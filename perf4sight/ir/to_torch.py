@@ -441,6 +441,7 @@ FUNCTION_BUILDERS: Dict[str, Callable[[List, Dict], Tuple[Callable, Tuple]]] = {
     "exp": lambda x, a: (torch.exp, (x[0],)),
     "abs": lambda x, a: (torch.abs, (x[0],)),
     "div": lambda x, a: (operator.truediv, (x[0], x[1])),
+    "matmul": lambda x, a: (torch.matmul, (x[0], x[1])),
     "var": lambda x, a: (_variance, (x[0], [int(d) for d in a["dims"]], float(a["correction"]), bool(a["keepdim"]))),
 }
 
