@@ -2014,3 +2014,67 @@ def test_allocation_model_writes_down_an_instance_norm_with_running_statistics_a
     assert _as_replayed(model) == _as_replayed(traced)
     means = [size for _, _, size, op in model if op == "aten.mean.dim"]  # the head's mean last, [N, 8] floats
     assert means == [12, 12, 32, 32, 32, 32, 32 * batch] * 3  # two of each of the three norms, each of 3 steps
+
+
+class _Products:
+    """Products of two activations on a conv's [N, 4, 16] and [N, 6, 16] maps (flattened): ``plain`` a @ b^T (b
+    transposed, a view); ``of_the_input`` the network input (which needs no gradient) times b^T; ``transposed_grad``
+    the product transposed after (its incoming gradient a transposed view); ``sliced`` of a narrowed input;
+    ``heads`` of [N, 2, 2, 16] maps (two matrices a sample)."""
+
+    @staticmethod
+    def module(case: str):
+        from torch import nn
+
+        class Products(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.a, self.b = nn.Conv2d(3, 4, 1), nn.Conv2d(3, 6, 1)
+
+            def forward(self, x):
+                b = self.b(x).flatten(2)
+                if case == "of_the_input":
+                    return (x.flatten(2) @ b.transpose(1, 2)).flatten(1)
+                a = self.a(x).flatten(2)
+                y = {"plain": lambda: a @ b.transpose(1, 2), "transposed_grad": lambda: (a @ b.transpose(1, 2)).transpose(1, 2),
+                     "sliced": lambda: a.transpose(1, 2) @ b[:, :4],
+                     "heads": lambda: a.unflatten(1, (2, 2)) @ b[:, :4].unflatten(1, (2, 2)).transpose(2, 3)}[case]()
+                return y.flatten(1)
+        return Products()
+
+
+@pytest.mark.parametrize("case", ["plain", "of_the_input", "transposed_grad", "non_local"])
+def test_allocation_model_writes_down_a_matmul_as_traced(case):
+    """A product of two activations, one matrix a sample, each input contiguous or a transposed view: torch's bmm of
+    the output; it keeps each input the other's gradient reads; backward b's gradient first, then a's (a bmm each,
+    of an incoming gradient as it lies). Also a non-local block (Wang et al. 2018) in a ResNet-like network: the
+    model's events are the meta trace's."""
+    import sys
+    from pathlib import Path
+
+    from perf4sight.ir.from_torch import describe
+
+    if case == "non_local":
+        sys.path.insert(0, str(Path(__file__).parent))
+        from test_pruning_call_patterns import _NonLocalResNet
+        desc = describe(_NonLocalResNet(), [3, 8, 8], "nonlocal")
+    else:
+        desc = describe(_Products.module(case), [3, 4, 4], case)
+    assert "matmul" in {n.op for n in desc.nodes}
+    model, traced = record_events(desc, 3, steps=2, method="model"), record_events(desc, 3, steps=2, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+
+
+@pytest.mark.parametrize("case, match", [("sliced", "matmul of an input strided other than transposed"),
+                                         ("heads", "matmul of more than one matrix a sample")])
+def test_a_matmul_the_allocation_model_does_not_follow_goes_to_the_trace(case, match):
+    """A product of a narrowed input, or of more matrices a sample than one (torch expands and reshapes them to three
+    dimensions, copying some layouts), is not written down by the model, saying why; the trace takes the network."""
+    from perf4sight.errors import UserError
+    from perf4sight.ir.from_torch import describe
+
+    desc = describe(_Products.module(case), [3, 4, 4], case)
+    with pytest.raises(UserError, match=match):
+        record_events(desc, 3, method="model")
+    auto, traced = record_events(desc, 3, steps=2), record_events(desc, 3, steps=2, method="trace")
+    assert _as_replayed(auto) == _as_replayed(traced)

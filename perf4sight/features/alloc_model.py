@@ -142,7 +142,8 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "fractional_maxpool2d",
                      "window_attention", "patch_merge",
                      "group_attention",
-                     "frozen_batchnorm2d"})
+                     "frozen_batchnorm2d",
+                     "matmul"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
                 "gelu": ("gelu", "input"), "sigmoid": ("sigmoid", "result"), "tanh": ("tanh", "result"),
@@ -161,7 +162,8 @@ _VIEWS = {"reshape", "flatten", "squeeze", "unsqueeze"}
 #: Ops that take a strided (non-contiguous) input as it is; any other op on one is not covered,
 #: except elementwise ones on inputs whose dimensions keep their order (their output is contiguous).
 _TAKE_STRIDED = {"conv2d", "conv_transpose2d", "cat", "identity", "transpose", "narrow", "select", "permute",
-                 "layernorm", "token"} | _VIEWS
+                 "layernorm", "token",
+                 "matmul"} | _VIEWS
 #: Ops that take a dense input of any layout (a channels-last one, a permuted one): their outputs' strides follow
 #: the inputs' as torch's TensorIterator lays them out (:func:`_iterated`).
 _TAKE_DENSE = {"add", "scale", "shift"}
@@ -1256,6 +1258,29 @@ def _quotient(ctx: _OpContext) -> _Value:
                                            ["aten.div.Tensor", "aten.mul.Tensor"], [1, 0], full, before=before))
 
 
+def _matrix_product(ctx: _OpContext) -> _Value:
+    """a @ b of one [M, K] and one [K, N] matrix a sample, as torch runs it (aten.bmm over the batch, each input as it
+    lies: contiguous, or a transposed view): its output; it keeps each input whose other input needs a gradient.
+    Backward, b's gradient a^T @ grad first, then a's grad @ b^T (aten.bmm each, contiguous; the incoming gradient taken
+    as it lies). Not covered: more matrices a sample or a broadcast (torch expands and reshapes the inputs to
+    three dimensions, copying some layouts), an input strided otherwise (a permuted one), a value times itself."""
+    n, ins = ctx.node, ctx.inputs
+    if len(n.output_shape) != 2:
+        raise NotCovered("matmul of more than one matrix a sample")
+    if len(set(n.inputs)) != len(n.inputs):
+        raise NotCovered("matmul of a value with itself")
+    for shape, value in zip(ctx.in_shapes, ins):
+        full = (ctx.batch, *shape)
+        transposed = (full[1] * full[2], 1, full[1])  # [N, K, M] viewed as [N, M, K]
+        if value.raw is not None or value.loose or value.strides not in (None, transposed):
+            raise NotCovered("matmul of an input strided other than transposed")
+    a, b = ins
+    sid = ctx.alloc("bmm.default")
+    saved = ([a.sid] if b.fn is not None else []) + ([b.sid] if a.fn is not None else [])
+    return _Value(sid, ctx.nbytes, ctx.grad_fn(saved, [_edge(a), _edge(b)], [a.nbytes, b.nbytes],
+                                               ["aten.bmm.default"] * 2, [1, 0], any_strides=True))
+
+
 def _variance(ctx: _OpContext) -> _Value:
     """A variance over dims: its (reduced) output; it keeps its input. Backward, torch's 2 / (n - correction) * grad *
     (x - x.mean(dims)): the mean, the deviation and the scaled gradient allocated before the product."""
@@ -1994,6 +2019,7 @@ _HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
     **dict.fromkeys(("relu", "relu6", "dropout", *_ACTIVATIONS), _activation),
     **dict.fromkeys(("pow", "exp", "abs"), _maths),
     "div": _quotient,
+    "matmul": _matrix_product,
     "var": _variance,
     **dict.fromkeys(("maxpool2d", "adaptivemaxpool2d", "avgpool2d", "adaptiveavgpool2d", "mean"), _pooling),
     "fractional_maxpool2d": _pooling,
