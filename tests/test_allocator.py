@@ -2019,36 +2019,53 @@ def test_allocation_model_writes_down_an_instance_norm_with_running_statistics_a
 class _Products:
     """Products of two activations on a conv's [N, 4, 16] and [N, 6, 16] maps (flattened): ``plain`` a @ b^T (b
     transposed, a view); ``of_the_input`` the network input (which needs no gradient) times b^T; ``transposed_grad``
-    the product transposed after (its incoming gradient a transposed view); ``sliced`` of a narrowed input;
-    ``heads`` of [N, 2, 2, 16] maps (two matrices a sample)."""
+    the product transposed after (its incoming gradient a transposed view); ``sliced`` of a narrowed input. Of
+    [N, 2, 2, 16] maps (two heads of two channels each): ``heads`` a @ b^T; ``permuted_heads`` of a and b
+    permuted to [N, 2, 2, 16] and [N, 2, 16, 2] (torch copies them to view them as three dimensions), and
+    ``attention`` softmax(a^T b) b^T of a's and b's heads permuted so; ``heads_transposed_after`` the product of
+    heads transposed after; ``broadcast`` a's heads times one b^T of [N, 1, 16, 4]."""
 
     @staticmethod
     def module(case: str):
+        import torch
         from torch import nn
 
         class Products(nn.Module):
             def __init__(self) -> None:
                 super().__init__()
-                self.a, self.b = nn.Conv2d(3, 4, 1), nn.Conv2d(3, 6, 1)
+                self.a, self.b = nn.Conv2d(3, 4, 1), nn.Conv2d(3, 6 if case in _Products.THREE_DIMS else 4, 1)
 
             def forward(self, x):
                 b = self.b(x).flatten(2)
                 if case == "of_the_input":
                     return (x.flatten(2) @ b.transpose(1, 2)).flatten(1)
                 a = self.a(x).flatten(2)
-                y = {"plain": lambda: a @ b.transpose(1, 2), "transposed_grad": lambda: (a @ b.transpose(1, 2)).transpose(1, 2),
+                heads = {} if case in _Products.THREE_DIMS else {"a": a.unflatten(1, (2, 2))}
+                if heads and case != "broadcast":
+                    heads["b"] = b.unflatten(1, (2, 2))
+                y = {"plain": lambda: a @ b.transpose(1, 2),
+                     "transposed_grad": lambda: (a @ b.transpose(1, 2)).transpose(1, 2),
                      "sliced": lambda: a.transpose(1, 2) @ b[:, :4],
-                     "heads": lambda: a.unflatten(1, (2, 2)) @ b[:, :4].unflatten(1, (2, 2)).transpose(2, 3)}[case]()
+                     "heads": lambda: heads["a"] @ heads["b"].transpose(2, 3),
+                     "permuted_heads": lambda: heads["a"].permute(0, 2, 1, 3) @ heads["b"].permute(0, 2, 3, 1),
+                     "attention": lambda: torch.softmax(heads["a"].transpose(2, 3) @ heads["b"], -1)
+                     @ heads["b"].permute(0, 1, 3, 2),
+                     "heads_transposed_after": lambda: (heads["a"] @ heads["b"].transpose(2, 3)).transpose(1, 2),
+                     "broadcast": lambda: heads["a"] @ b.transpose(1, 2).unsqueeze(1)}[case]()
                 return y.flatten(1)
         return Products()
 
+    THREE_DIMS = ("plain", "of_the_input", "transposed_grad", "sliced")
 
-@pytest.mark.parametrize("case", ["plain", "of_the_input", "transposed_grad", "non_local"])
+
+@pytest.mark.parametrize("case", ["plain", "of_the_input", "transposed_grad", "heads", "permuted_heads", "attention",
+                                  "non_local"])
 def test_allocation_model_writes_down_a_matmul_as_traced(case):
-    """A product of two activations, one matrix a sample, each input contiguous or a transposed view: torch's bmm of
-    the output; it keeps each input the other's gradient reads; backward b's gradient first, then a's (a bmm each,
-    of an incoming gradient as it lies). Also a non-local block (Wang et al. 2018) in a ResNet-like network: the
-    model's events are the meta trace's."""
+    """A product of two activations, each input contiguous or a transposed view, or copied (aten.clone) where its
+    leading dims do not view as one (a permuted one), then torch's bmm of the output; it keeps each input (or its
+    copy) that the other's gradient reads; backward b's gradient first, then a's (a bmm each; of one matrix a
+    sample, of an incoming gradient as it lies). Also a non-local block (Wang et al. 2018) in a ResNet-like network:
+    the model's events are the meta trace's."""
     import sys
     from pathlib import Path
 
@@ -2066,10 +2083,12 @@ def test_allocation_model_writes_down_a_matmul_as_traced(case):
 
 
 @pytest.mark.parametrize("case, match", [("sliced", "matmul of an input strided other than transposed"),
-                                         ("heads", "matmul of more than one matrix a sample")])
+                                         ("broadcast", "matmul of a broadcast input"),
+                                         ("heads_transposed_after", "a gradient with permuted strides")])
 def test_a_matmul_the_allocation_model_does_not_follow_goes_to_the_trace(case, match):
-    """A product of a narrowed input, or of more matrices a sample than one (torch expands and reshapes them to three
-    dimensions, copying some layouts), is not written down by the model, saying why; the trace takes the network."""
+    """A product of a narrowed input, of an input broadcast (torch expands it and copies it), or of more matrices a
+    sample than one whose gradient arrives transposed (torch copies some such to view them as three dimensions) is
+    not written down by the model, saying why; the trace takes the network."""
     from perf4sight.errors import UserError
     from perf4sight.ir.from_torch import describe
 

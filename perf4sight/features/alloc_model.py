@@ -1259,26 +1259,55 @@ def _quotient(ctx: _OpContext) -> _Value:
 
 
 def _matrix_product(ctx: _OpContext) -> _Value:
-    """a @ b of one [M, K] and one [K, N] matrix a sample, as torch runs it (aten.bmm over the batch, each input as it
-    lies: contiguous, or a transposed view): its output; it keeps each input whose other input needs a gradient.
-    Backward, b's gradient a^T @ grad first, then a's grad @ b^T (aten.bmm each, contiguous; the incoming gradient taken
-    as it lies). Not covered: more matrices a sample or a broadcast (torch expands and reshapes the inputs to
-    three dimensions, copying some layouts), an input strided otherwise (a permuted one), a value times itself."""
+    """a @ b of [..., M, K] and [..., K, N] matrices of the same leading dims, as torch runs it: each input viewed as
+    [B, M, K] and [B, K, N] (B the batch times the leading dims), copied first (aten.clone, in input order) where
+    its leading dims do not merge into one (a permuted input: a hand-written attention's heads), then aten.bmm of
+    the output (viewed back); it keeps each input, or its copy, whose other input needs a gradient (a copy no one
+    keeps is freed after the product). Backward, b's gradient a^T @ grad first, then a's grad @ b^T (aten.bmm each,
+    contiguous), of an incoming gradient as it lies where there is one matrix a sample (more: a contiguous one,
+    which views as [B, M, N]; other strides are not covered, as torch copies some). Not covered: a broadcast (torch
+    expands the input and copies it), an input not copied strided other than contiguous or transposed (a narrowed
+    one), a value times itself."""
     n, ins = ctx.node, ctx.inputs
-    if len(n.output_shape) != 2:
-        raise NotCovered("matmul of more than one matrix a sample")
     if len(set(n.inputs)) != len(n.inputs):
         raise NotCovered("matmul of a value with itself")
-    for shape, value in zip(ctx.in_shapes, ins):
-        full = (ctx.batch, *shape)
-        transposed = (full[1] * full[2], 1, full[1])  # [N, K, M] viewed as [N, M, K]
-        if value.raw is not None or value.loose or value.strides not in (None, transposed):
-            raise NotCovered("matmul of an input strided other than transposed")
+    if any(shape[:-2] != n.output_shape[:-2] for shape in ctx.in_shapes):
+        raise NotCovered("matmul of a broadcast input")
+    kept = [_matmul_operand(ctx, shape, value) for shape, value in zip(ctx.in_shapes, ins)]
     a, b = ins
     sid = ctx.alloc("bmm.default")
-    saved = ([a.sid] if b.fn is not None else []) + ([b.sid] if a.fn is not None else [])
-    return _Value(sid, ctx.nbytes, ctx.grad_fn(saved, [_edge(a), _edge(b)], [a.nbytes, b.nbytes],
-                                               ["aten.bmm.default"] * 2, [1, 0], any_strides=True))
+    saved = ([kept[0]] if b.fn is not None else []) + ([kept[1]] if a.fn is not None else [])
+    fn = ctx.grad_fn(saved, [_edge(a), _edge(b)], [a.nbytes, b.nbytes], ["aten.bmm.default"] * 2, [1, 0],
+                     any_strides=len(n.output_shape) == 2)
+    for copy, value in zip(kept, ins):
+        if copy != value.sid:  # the copy's own hold: autograd's, where it keeps it, is the last
+            ctx.mem.drop(copy)
+    return _Value(sid, ctx.nbytes, fn)
+
+
+def _matmul_operand(ctx: _OpContext, shape: list[int], value: _Value) -> int:
+    """The storage torch's matmul multiplies of ``value`` (per-sample ``shape``): its own, where it is contiguous or
+    a transposed view; a contiguous copy of it (aten.clone), where its leading dims do not merge into one."""
+    full = (ctx.batch, *shape)
+    if value.raw is None and not value.loose and value.strides in (None, _transposed_strides(full)):
+        return value.sid
+    strides = _full_strides(value, full)
+    if strides is None or _leading_dims_merge(full, strides):
+        raise NotCovered("matmul of an input strided other than transposed")
+    return ctx.mem.new(value.nbytes, "aten.clone.default")
+
+
+def _transposed_strides(full: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides (elements) of a contiguous [..., K, M] tensor viewed as [..., M, K] (``full``)."""
+    swapped = _strides(full[:-2] + (full[-1], full[-2]))
+    return swapped[:-2] + (swapped[-1], swapped[-2])
+
+
+def _leading_dims_merge(full: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether the dims of ``full`` before its last two (strides ``strides``, elements) view as one: each dim's stride
+    its next one's times that one's size (dims of size 1 aside)."""
+    dims = [(size, stride) for size, stride in zip(full[:-2], strides[:-2]) if size != 1]
+    return all(outer[1] == inner[1] * inner[0] for outer, inner in zip(dims, dims[1:]))
 
 
 def _variance(ctx: _OpContext) -> _Value:
