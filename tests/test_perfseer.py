@@ -458,3 +458,17 @@ def test_a_variance_without_its_dims_is_refused_naming_file_and_node(args):
         graph_to_description(g, "v", "v.pkl")
     g.nodes["var"]["feature"]["args"] = {"dims": [2, 3]}
     assert graph_to_description(g, "v", "v.pkl")[0].node("var").attrs["dims"] == [2, 3]
+
+
+def test_a_foreign_matmul_by_a_weight_is_a_linear_layer_without_a_bias(tmp_path):
+    """ONNX's MatMul of two activations is the op matmul; one of an activation alone (its weight an initializer, not
+    a graph node: an exporter's linear layer without a bias) is a linear layer of the shapes' features, no bias
+    whatever its weight_size says (a MatMul adds none: ONNX's Gemm may)."""
+    g = _perfseer_graph()
+    g.nodes["fc"]["feature"].update(type="MatMul", args={})
+    g.nodes["fc"]["feature"]["memory_info"]["weight_size"] = 4 * (16 * 10 + 10)
+    (tmp_path / "tiny_bs4.pkl").write_bytes(pickle.dumps(g))
+    (tmp_path / "tiny_bs4.txt").write_text(LABEL)
+    import_perfseer(tmp_path, "gpu", tmp_path / "prof", tmp_path / "models")
+    fc = load_description(tmp_path / "models" / "imported" / "gpu" / "tiny.json").node("fc")
+    assert (fc.op, fc.attrs) == ("linear", {"in_features": 16, "out_features": 10, "bias": False})

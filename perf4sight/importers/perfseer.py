@@ -305,7 +305,7 @@ def _view_attrs(op: str, args: dict[str, Any], in_shape: list[int], out: list[in
 def _shared_type(op: str, args: dict[str, Any], n_inputs: int) -> str:
     """Which of our ops an ONNX type two of them share is: a ``Transpose`` with ``dims`` (ours) or a ``perm`` moving
     more than two axes is a ``permute``; a ``Mul``, an ``Add`` or a ``Concat`` of one input with a ``shape`` (ours) is
-    a ``scale``, a ``shift`` or a ``token``."""
+    a ``scale``, a ``shift`` or a ``token``; a ``MatMul`` of one input (by a weight) a ``linear`` layer."""
     if op == "transpose" and "dim0" not in args and ("dims" in args or "perm" in args):
         perm = _ints(args.get("dims", args.get("perm")) or [], "Transpose perm")
         if "dims" in args or len([i for i, p in enumerate(perm) if p != i]) > 2:
@@ -313,6 +313,8 @@ def _shared_type(op: str, args: dict[str, Any], n_inputs: int) -> str:
     learnt = {"mul": "scale", "add": "shift", "cat": "token"}
     if op in learnt and n_inputs == 1 and "shape" in args:
         return learnt[op]
+    if op == "matmul" and n_inputs == 1:  # by a weight, an initializer: an exporter's linear layer without a bias
+        return "linear"
     if op == "relu6":
         return _clip_op(args)
     if op == "hardshrink":
@@ -831,6 +833,8 @@ def graph_to_description(graph: Any, name: str, where: str) -> tuple[NetworkDesc
         if not isinstance(args, dict):
             raise UserError(f"{here}: args must be a dict")
         op = _shared_type(op, args, len(inputs))
+        if onnx == "MatMul" and op == "linear":  # no bias, whatever its weight_size says
+            args = {**args, "bias": False}
         ours = own and all(a in args for a in OPS[op])
         shapes[names[n]] = out
         nodes.append({"name": names[n], "op": op, "inputs": inputs,
