@@ -1263,11 +1263,10 @@ def _matrix_product(ctx: _OpContext) -> _Value:
     [B, M, K] and [B, K, N] (B the batch times the leading dims), copied first (aten.clone, in input order) where
     its leading dims do not merge into one (a permuted input: a hand-written attention's heads), then aten.bmm of
     the output (viewed back); it keeps each input, or its copy, whose other input needs a gradient (a copy no one
-    keeps is freed after the product). Backward, b's gradient a^T @ grad first, then a's grad @ b^T (aten.bmm each,
-    contiguous), of an incoming gradient as it lies where there is one matrix a sample (more: a contiguous one,
-    which views as [B, M, N]; other strides are not covered, as torch copies some). Not covered: a broadcast (torch
-    expands the input and copies it), an input not copied strided other than contiguous or transposed (a narrowed
-    one), a value times itself."""
+    keeps is freed after the product). Backward, the incoming gradient viewed as [B, M, N] (copied, aten.clone,
+    where its leading dims do not view as one: a product of heads transposed after), then b's gradient a^T @ grad,
+    then a's grad @ b^T (aten.bmm each, contiguous). Not covered: a broadcast (torch expands the input and copies
+    it), an input not copied strided other than contiguous or transposed (a narrowed one), a value times itself."""
     n, ins = ctx.node, ctx.inputs
     if len(set(n.inputs)) != len(n.inputs):
         raise NotCovered("matmul of a value with itself")
@@ -1277,11 +1276,14 @@ def _matrix_product(ctx: _OpContext) -> _Value:
     a, b = ins
     sid = ctx.alloc("bmm.default")
     saved = ([kept[0]] if b.fn is not None else []) + ([kept[1]] if a.fn is not None else [])
+    stacked = (ctx.batch * prod(n.output_shape[:-2]), *n.output_shape[-2:])
     fn = ctx.grad_fn(saved, [_edge(a), _edge(b)], [a.nbytes, b.nbytes], ["aten.bmm.default"] * 2, [1, 0],
-                     any_strides=len(n.output_shape) == 2)
+                     out_shape=stacked, any_strides=True)
     for copy, value in zip(kept, ins):
         if copy != value.sid:  # the copy's own hold: autograd's, where it keeps it, is the last
             ctx.mem.drop(copy)
+    if fn is not None and len(n.output_shape) > 2:  # the output viewed back from [B, M, N]: its gradient viewed so
+        fn = ctx.grad_fn([], [("fn", fn)], [ctx.nbytes], [None], handoff="view", shapes=[stacked])
     return _Value(sid, ctx.nbytes, fn)
 
 
