@@ -2023,7 +2023,8 @@ class _Products:
     [N, 2, 2, 16] maps (two heads of two channels each): ``heads`` a @ b^T; ``permuted_heads`` of a and b
     permuted to [N, 2, 2, 16] and [N, 2, 16, 2] (torch copies them to view them as three dimensions), and
     ``attention`` softmax(a^T b) b^T of a's and b's heads permuted so; ``heads_transposed_after`` the product of
-    heads transposed after; ``broadcast`` a's heads times one b^T of [N, 1, 16, 4]."""
+    heads transposed after; ``broadcast`` a's heads times one b^T of [N, 1, 16, 4] (a transposed view);
+    ``broadcast_first`` one b of [N, 1, 4, 16] times a's heads transposed."""
 
     @staticmethod
     def module(case: str):
@@ -2041,7 +2042,7 @@ class _Products:
                     return (x.flatten(2) @ b.transpose(1, 2)).flatten(1)
                 a = self.a(x).flatten(2)
                 heads = {} if case in _Products.THREE_DIMS else {"a": a.unflatten(1, (2, 2))}
-                if heads and case != "broadcast":
+                if heads and not case.startswith("broadcast"):
                     heads["b"] = b.unflatten(1, (2, 2))
                 y = {"plain": lambda: a @ b.transpose(1, 2),
                      "transposed_grad": lambda: (a @ b.transpose(1, 2)).transpose(1, 2),
@@ -2051,7 +2052,8 @@ class _Products:
                      "attention": lambda: torch.softmax(heads["a"].transpose(2, 3) @ heads["b"], -1)
                      @ heads["b"].permute(0, 1, 3, 2),
                      "heads_transposed_after": lambda: (heads["a"] @ heads["b"].transpose(2, 3)).transpose(1, 2),
-                     "broadcast": lambda: heads["a"] @ b.transpose(1, 2).unsqueeze(1)}[case]()
+                     "broadcast": lambda: heads["a"] @ b.transpose(1, 2).unsqueeze(1),
+                     "broadcast_first": lambda: b.unsqueeze(1) @ heads["a"].transpose(2, 3)}[case]()
                 return y.flatten(1)
         return Products()
 
@@ -2082,11 +2084,23 @@ def test_allocation_model_writes_down_a_matmul_as_traced(case):
     assert _as_replayed(model) == _as_replayed(traced)
 
 
+@pytest.mark.parametrize("batch", [3, 1])
+def test_allocation_model_writes_down_a_matmul_of_a_broadcast_input_as_traced(batch):
+    """A product of one [4, 16] matrix a sample, broadcast, and two heads: torch expands the broadcast input and
+    copies it at its expanded size (at batch 1 its expanded dims still view as one: no copy), keeps the copy, and
+    sums its gradient down after the product's backward: the model's events are the meta trace's."""
+    from perf4sight.ir.from_torch import describe
+
+    desc = describe(_Products.module("broadcast_first"), [3, 4, 4], "broadcast_first")
+    model = record_events(desc, batch, steps=2, method="model")
+    assert _as_replayed(model) == _as_replayed(record_events(desc, batch, steps=2, method="trace"))
+
+
 @pytest.mark.parametrize("case, match", [("sliced", "matmul of an input strided other than transposed"),
-                                         ("broadcast", "matmul of a broadcast input")])
+                                         ("broadcast", "matmul of a strided broadcast input")])
 def test_a_matmul_the_allocation_model_does_not_follow_goes_to_the_trace(case, match):
-    """A product of a narrowed input, or of an input broadcast (torch expands it and copies it), is not written down
-    by the model, saying why; the trace takes the network."""
+    """A product of a narrowed input, or of a broadcast input that is a transposed view, is not written down by the
+    model, saying why; the trace takes the network."""
     from perf4sight.errors import UserError
     from perf4sight.ir.from_torch import describe
 

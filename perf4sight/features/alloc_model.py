@@ -1259,26 +1259,27 @@ def _quotient(ctx: _OpContext) -> _Value:
 
 
 def _matrix_product(ctx: _OpContext) -> _Value:
-    """a @ b of [..., M, K] and [..., K, N] matrices of the same leading dims, as torch runs it: each input viewed as
-    [B, M, K] and [B, K, N] (B the batch times the leading dims), copied first (aten.clone, in input order) where
-    its leading dims do not merge into one (a permuted input: a hand-written attention's heads), then aten.bmm of
-    the output (viewed back); it keeps each input, or its copy, whose other input needs a gradient (a copy no one
-    keeps is freed after the product). Backward, the incoming gradient viewed as [B, M, N] (copied, aten.clone,
-    where its leading dims do not view as one: a product of heads transposed after), then b's gradient a^T @ grad,
-    then a's grad @ b^T (aten.bmm each, contiguous). Not covered: a broadcast (torch expands the input and copies
-    it), an input not copied strided other than contiguous or transposed (a narrowed one), a value times itself."""
+    """a @ b of [..., M, K] and [..., K, N] matrices, as torch runs it: each input expanded to the output's leading
+    dims and viewed as [B, M, K] and [B, K, N] (B the batch times those dims), copied first (aten.clone, in input
+    order) where its leading dims do not merge into one (a permuted input: a hand-written attention's heads; a
+    broadcast one, copied at its expanded size), then aten.bmm of the output (viewed back); it keeps each input, or
+    its copy, whose other input needs a gradient (a copy no one keeps is freed after the product). Backward, the
+    incoming gradient viewed as [B, M, N] (copied, aten.clone, where its leading dims do not view as one: a product
+    of heads transposed after), then b's gradient a^T @ grad, then a's grad @ b^T (aten.bmm each, contiguous, of
+    the expanded sizes), a broadcast input's then summed down to its shape (aten.sum, torch's expand's backward).
+    Not covered: an input not copied strided other than contiguous or transposed (a narrowed one), a broadcast one
+    strided at all, a value times itself."""
     n, ins = ctx.node, ctx.inputs
     if len(set(n.inputs)) != len(n.inputs):
         raise NotCovered("matmul of a value with itself")
-    if any(shape[:-2] != n.output_shape[:-2] for shape in ctx.in_shapes):
-        raise NotCovered("matmul of a broadcast input")
-    kept = [_matmul_operand(ctx, shape, value) for shape, value in zip(ctx.in_shapes, ins)]
+    operands = [_matmul_operand(ctx, shape, value) for shape, value in zip(ctx.in_shapes, ins)]
     a, b = ins
     sid = ctx.alloc("bmm.default")
+    kept = [storage for storage, _, _ in operands]
     saved = ([kept[0]] if b.fn is not None else []) + ([kept[1]] if a.fn is not None else [])
     stacked = (ctx.batch * prod(n.output_shape[:-2]), *n.output_shape[-2:])
-    fn = ctx.grad_fn(saved, [_edge(a), _edge(b)], [a.nbytes, b.nbytes], ["aten.bmm.default"] * 2, [1, 0],
-                     out_shape=stacked, any_strides=True)
+    fn = ctx.grad_fn(saved, [edge for _, edge, _ in operands], [size for _, _, size in operands],
+                     ["aten.bmm.default"] * 2, [1, 0], out_shape=stacked, any_strides=True)
     for copy, value in zip(kept, ins):
         if copy != value.sid:  # the copy's own hold: autograd's, where it keeps it, is the last
             ctx.mem.drop(copy)
@@ -1287,16 +1288,31 @@ def _matrix_product(ctx: _OpContext) -> _Value:
     return _Value(sid, ctx.nbytes, fn)
 
 
-def _matmul_operand(ctx: _OpContext, shape: list[int], value: _Value) -> int:
-    """The storage torch's matmul multiplies of ``value`` (per-sample ``shape``): its own, where it is contiguous or
-    a transposed view; a contiguous copy of it (aten.clone), where its leading dims do not merge into one."""
+def _matmul_operand(ctx: _OpContext, shape: list[int], value: _Value) -> tuple[int, tuple[str, int] | None, int]:
+    """What torch's matmul multiplies of ``value`` (per-sample ``shape``), as (storage, the edge its gradient takes,
+    its gradient's bytes): its own storage, where it is contiguous or a transposed view (or a broadcast whose
+    expanded leading dims still merge); a contiguous copy of it (aten.clone) of its expanded size, where its leading
+    dims do not merge into one. A broadcast input's gradient goes through an autograd node of its own that sums it
+    down (aten.sum.dim_IntList), run right after the product's."""
     full = (ctx.batch, *shape)
+    lead = ctx.node.output_shape[:-2]
+    if list(shape[:-2]) != list(lead):
+        if value.raw is not None or value.loose or value.strides is not None:
+            raise NotCovered("matmul of a strided broadcast input")
+        expanded = (ctx.batch, *lead, *shape[-2:])
+        strides = tuple(0 if size == 1 and wide != 1 else stride
+                        for size, wide, stride in zip(full, expanded, _strides(full)))
+        nbytes = value.nbytes * prod(expanded) // prod(full)
+        summed = ctx.grad_fn([], [_edge(value)], [value.nbytes], ["aten.sum.dim_IntList"], out_shape=expanded,
+                             shapes=[full])
+        storage = value.sid if _leading_dims_merge(expanded, strides) else ctx.mem.new(nbytes, "aten.clone.default")
+        return storage, None if summed is None else ("fn", summed), nbytes
     if value.raw is None and not value.loose and value.strides in (None, _transposed_strides(full)):
-        return value.sid
+        return value.sid, _edge(value), value.nbytes
     strides = _full_strides(value, full)
     if strides is None or _leading_dims_merge(full, strides):
         raise NotCovered("matmul of an input strided other than transposed")
-    return ctx.mem.new(value.nbytes, "aten.clone.default")
+    return ctx.mem.new(value.nbytes, "aten.clone.default"), _edge(value), value.nbytes
 
 
 def _transposed_strides(full: tuple[int, ...]) -> tuple[int, ...]:
