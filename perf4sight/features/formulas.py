@@ -751,9 +751,9 @@ def _input(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     return OpCost(kind="view")
 
 
-#: op name -> (cost, node, whether each input needs a gradient, input shapes) -> the cost of a backward that computes those
-#: inputs' gradients alone, for an op whose backward computes each input's apart (``walk.py`` applies it where some
-#: input needs one).
+#: op name -> (cost, node, whether each input needs a gradient, input shapes) -> the cost of a backward that computes
+#: those inputs' gradients alone, for an op whose backward computes each input's apart (``walk.py`` applies it where
+#: some input needs one).
 INPUT_GRADIENTS: dict[str, Callable[[OpCost, Node, list[bool], list[list[int]]], OpCost]] = {
     "div": _quotient_gradients, "matmul": _matrix_product_gradients}
 
