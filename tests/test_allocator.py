@@ -2066,8 +2066,8 @@ def test_allocation_model_writes_down_a_matmul_as_traced(case):
     """A product of two activations, each input contiguous or a transposed view, or copied (aten.clone) where its
     leading dims do not view as one (a permuted one), then torch's bmm of the output; it keeps each input (or its
     copy) that the other's gradient reads; backward the incoming gradient viewed as three dimensions (copied where it
-    cannot be: heads transposed after), then b's gradient, then a's (a bmm each). Also a non-local block (Wang et al. 2018) in a ResNet-like network:
-    the model's events are the meta trace's."""
+    cannot be: heads transposed after), then b's gradient, then a's (a bmm each). Also a non-local block (Wang et
+    al. 2018) in a ResNet-like network: the model's events are the meta trace's."""
     import sys
     from pathlib import Path
 
