@@ -2123,8 +2123,8 @@ def _with_own_tensors(n: fx.Node, op: str, attrs: dict, gm: fx.GraphModule, wher
     taken in: a multiply by one parameter is a ``scale`` of that parameter's shape, an add of one a ``shift``, a
     concatenation that puts one first a ``token``; a layer, group or instance norm reads its own weight and bias, a
     PReLU its slopes, a batch norm call its weight, bias and running statistics; a random generator read is left out
-    (:func:`_is_generator`). The names of those nodes come back,
-    so that they are not read as inputs. Any other op reading a module tensor is a ``UserError``."""
+    (:func:`_is_generator`). The names of those nodes come back, so that they are not read as inputs. Any other op
+    reading a module tensor is a ``UserError``."""
     own: list[fx.Node] = []
     fx.node.map_arg((n.args, n.kwargs), lambda a: own.append(a) if a.name in held else None)
     generators = {a.name for a in own if _is_generator(gm, held[a.name])}
