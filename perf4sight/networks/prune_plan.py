@@ -628,8 +628,7 @@ def _params_after(m: nn.Module, r_out: int, r_in: int, handler: Handler | None =
         kk = m.kernel_size[0] * m.kernel_size[1]
         out, cin = m.out_channels - r_out, m.in_channels - r_in
         return cin * out * kk + bias * out
-    if type(m) in (nn.BatchNorm2d, nn.InstanceNorm2d, nn.SyncBatchNorm,
-                   nn.BatchNorm1d):
+    if type(m) in (nn.BatchNorm2d, nn.InstanceNorm2d, nn.SyncBatchNorm, nn.BatchNorm1d):
         return (m.num_features - max(r_out, r_in)) * len(own)
     if type(m) is nn.GroupNorm:
         return (m.num_channels - max(r_out, r_in)) * len(own)
