@@ -418,13 +418,17 @@ def prune_out_channels_with_running_stats(layer: nn.Module, idxs: list[int]) -> 
     leaves whole (the pruned norm then failed at its first forward: "running_mean should contain 28 elements not
     32"). Named as an output cut (a norm's input and output channels are the same)."""
     tp.pruner.function.prune_instancenorm_out_channels(layer, idxs)
-    gone = set(idxs)
-    for name in ("running_mean", "running_var"):
-        stats = getattr(layer, name)
-        keep = torch.tensor([i for i in range(stats.shape[0]) if i not in gone], dtype=torch.long,
-                            device=stats.device)
-        setattr(layer, name, torch.index_select(stats, 0, keep))
+    _cut_buffers(layer, ("running_mean", "running_var"), idxs)
     return layer
+
+
+def _cut_buffers(layer: nn.Module, names: tuple[str, ...], idxs: list[int]) -> None:
+    """``layer``'s [C] buffers ``names``, each without its entries ``idxs`` (the channels cut)."""
+    gone = set(idxs)
+    for name in names:
+        whole = getattr(layer, name)
+        kept = torch.tensor([i for i in range(whole.shape[0]) if i not in gone], dtype=torch.long, device=whole.device)
+        setattr(layer, name, torch.index_select(whole, 0, kept))
 
 
 def _instance_norm_cuts(groups: list["CoupledGroup"], modules: dict[str, nn.Module]) -> None:
@@ -444,12 +448,7 @@ class FrozenBatchNormPruner(tp.pruner.function.BasePruningFunc):
     input's channels on, its four [C] buffers cut with them."""
 
     def prune_out_channels(self, layer: nn.Module, idxs: list[int]) -> nn.Module:
-        gone = set(idxs)
-        for name in ("weight", "bias", "running_mean", "running_var"):
-            kept = getattr(layer, name)
-            index = torch.tensor([i for i in range(kept.shape[0]) if i not in gone], dtype=torch.long,
-                                 device=kept.device)
-            setattr(layer, name, torch.index_select(kept, 0, index))
+        _cut_buffers(layer, ("weight", "bias", "running_mean", "running_var"), idxs)
         return layer
 
     prune_in_channels = prune_out_channels
