@@ -417,6 +417,11 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         v = next((args[n] for n in (name, *aliases) if n in args), default)
         return v.strip().lower() in ("1", "true", "yes") if isinstance(v, str) else bool(v)
 
+    def with_eps(a: dict[str, Any]) -> dict[str, Any]:
+        """``a`` and a norm's ``eps`` where the args give one (ours, or ONNX's ``epsilon``)."""
+        eps = args.get("eps", args.get("epsilon"))
+        return a if eps is None else {**a, "eps": _number(eps, f"{where} epsilon")}
+
     if op == "conv2d":
         a = {"in_channels": num("in_channels", default=in_shapes[0][0]),
              "out_channels": num("out_channels", default=out[0]),
@@ -503,30 +508,20 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         axis = -1 if axis is None else axis
         normalized = _ints(args["normalized_shape"], where) if "normalized_shape" in args else \
             in_shapes[0][axis - 1 if axis > 0 else axis:]
-        a = {"normalized_shape": normalized}
-        if args.get("eps", args.get("epsilon")) is not None:
-            a["eps"] = _number(args.get("eps", args.get("epsilon")), f"{where} epsilon")
-        return a
+        return with_eps({"normalized_shape": normalized})
     if op == "rmsnorm":
         return _rmsnorm_attrs(args, in_shapes, where)
     if op == "repeat":
         return _repeat_attrs(args, in_shapes, where)
     if op == "groupnorm":  # ONNX's GroupNormalization: num_groups, epsilon (1e-5); a scale and a bias always
-        a = {"num_groups": num("num_groups"), "num_channels": num("num_channels", default=in_shapes[0][0])}
-        if args.get("eps", args.get("epsilon")) is not None:
-            a["eps"] = _number(args.get("eps", args.get("epsilon")), f"{where} epsilon")
+        a = with_eps({"num_groups": num("num_groups"), "num_channels": num("num_channels", default=in_shapes[0][0])})
         if not flag("affine", True):
             a["affine"] = False
         return a
     if op == "frozen_batchnorm2d":  # its channels, its epsilon (1e-5)
-        a = {"num_features": num("num_features", default=in_shapes[0][0])}
-        if args.get("eps", args.get("epsilon")) is not None:
-            a["eps"] = _number(args.get("eps", args.get("epsilon")), f"{where} epsilon")
-        return a
+        return with_eps({"num_features": num("num_features", default=in_shapes[0][0])})
     if op == "instancenorm":  # ONNX's InstanceNormalization: epsilon (1e-5); affine where it has weights
-        a = {"num_features": num("num_features", default=in_shapes[0][0])}
-        if args.get("eps", args.get("epsilon")) is not None:
-            a["eps"] = _number(args.get("eps", args.get("epsilon")), f"{where} epsilon")
+        a = with_eps({"num_features": num("num_features", default=in_shapes[0][0])})
         if flag("affine", _number(weight_bytes or 0, f"{where} weight_size") > 0):
             a["affine"] = True
         if flag("track_running_stats", False):  # our own args (ONNX's has no running statistics)
