@@ -771,7 +771,7 @@ def _linear_folded(ctx: _OpContext, pedges: list, pbytes: list[int]) -> _Value:
     but at a batch of 1), then ``addmm``'s as a 2-D linear layer's (its products read any strides). Without a bias:
     :func:`_matmul_folded`; a strided input not covered."""
     x, nbytes = ctx.x, ctx.nbytes
-    if x.strides is not None or not ctx.node.attrs["bias"]:
+    if x.strides is not None:
         raise NotCovered("linear on a strided tensor of more than two dimensions")
     rows = prod(ctx.full_in[:-1])
     folded_in, folded_out = (rows, ctx.full_in[-1]), (rows, ctx.full_out[-1])
@@ -1732,7 +1732,6 @@ def _window_attention(ctx: _OpContext) -> _Value:
     return out.value
 
 
-
 def _group_attention(ctx: _OpContext) -> _Value:
     """A MaxViT attention within groups as ``to_torch.GroupAttention`` runs it, op by op (:class:`_Composite`): the
     packed projection (``addmm`` of the rows) chunked in three (one split node: its backward gathers the three
@@ -1797,6 +1796,7 @@ def _heads_first(g: _Composite, t: _Tensor, heads: int) -> _Tensor:
     g.drop(split)
     return out
 
+
 def _window_parameters(node: Node, p0: int) -> dict[str, int]:
     """The index of each of a window attention's parameters (its module's own first: the bias table, or V2's logit
     scale; then its children's: the packed projection's weight and bias, the output projection's, the bias MLP's
@@ -1816,10 +1816,9 @@ def _window_parameter_bytes(node: Node) -> tuple[list[int], list[int]]:
     e, heads, hidden = int(a["embed_dim"]), int(a["num_heads"]), int(a.get("position_bias_mlp", 0))
     wh, ww = window_pair(a["window_size"])
     positions = (2 * wh - 1) * (2 * ww - 1)
-    params = [] if hidden else [positions * heads * FLOAT]
-    params += [heads * FLOAT] if a.get("cosine") else []
-    params += [3 * e * e * FLOAT, 3 * e * FLOAT, e * e * FLOAT, e * FLOAT]
-    params += [2 * hidden * FLOAT, hidden * FLOAT, hidden * heads * FLOAT] if hidden else []
+    sizes = {"table": positions * heads, "logit_scale": heads, "qkv": 3 * e * e, "qkv_bias": 3 * e, "proj": e * e,
+             "proj_bias": e, "mlp": 2 * hidden, "mlp_bias": hidden, "mlp_out": hidden * heads}
+    params = [sizes[name] * FLOAT for name in _window_parameters(node, 0)]
     buffers = [positions * 2 * FLOAT] if hidden else []
     return params, buffers + [wh * ww * wh * ww * INT64]
 
@@ -1908,6 +1907,7 @@ def _patch_merge(ctx: _OpContext) -> _Value:
                 [p.shape for p in parts], handoff="slices")
     g.drop(*parts, padded)
     return _Value(sid, ctx.nbytes, fn)
+
 
 def _rolled(g: _Composite, x: _Tensor) -> _Tensor:
     """``torch.roll`` of ``x`` (the local rebound): a new tensor; its backward rolls the gradient back (a new
@@ -2068,8 +2068,8 @@ _HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
     "div": _quotient,
     "matmul": _matrix_product,
     "var": _variance,
-    **dict.fromkeys(("maxpool2d", "adaptivemaxpool2d", "avgpool2d", "adaptiveavgpool2d", "mean"), _pooling),
-    "fractional_maxpool2d": _pooling,
+    **dict.fromkeys(("maxpool2d", "adaptivemaxpool2d", "fractional_maxpool2d", "avgpool2d", "adaptiveavgpool2d",
+                     "mean"), _pooling),
     **dict.fromkeys(("add", "mul", "cat"), _combine),
     "interpolate": _interpolate,
     **dict.fromkeys(("softmax", "log_softmax"), _softmax),
