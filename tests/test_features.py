@@ -439,7 +439,8 @@ def test_network_aggregation_by_hand():
     assert nf.static["branch_nodes"] == 1 and nf.static["n_add"] == 1  # r feeds dw and add
     # saved for backward: c1 out (bn input), r out (relu output, dw input), flat->pool (fc input,
     # a view resolved to pool); the network input is counted in input_bytes, not here
-    assert nf.per_sample["saved_bytes"] == (512 + 512 + 8) * 4 + 2 * 8 * 4  # + bn mean/invstd
+    assert nf.per_sample["saved_bytes"] == (512 + 512 + 8) * 4  # bn mean/invstd: once a batch
+    assert nf.batch_saved_sizes.tolist() == [8 * 4, 8 * 4]
     assert nf.per_sample["max_activation_bytes"] == 512 * 4
 
 
@@ -448,7 +449,7 @@ def test_features_scale_with_batch_size_and_batched_path_agrees():
     f1, f8 = features_for(nf, 1), features_for(nf, 8)
     assert f8["macs"] == 8 * f1["macs"] and f8["saved_bytes"] == 8 * f1["saved_bytes"]
     assert f8["params"] == f1["params"] and f8["kernels"] == f1["kernels"] > 0
-    expected_mem = (3 * f1["params"] * 4
+    expected_mem = (3 * f1["params"] * 4 + nf.batch_saved_sizes.sum()  # the batch norm's statistics, once a batch
                     + 8 * (f1["saved_bytes"] + f1["max_activation_bytes"] + f1["input_bytes"])) / 2**20
     assert f8["mem_analytic_mb"] == pytest.approx(expected_mem)
     M = feature_matrix(nf, [1, 8, 32])
@@ -468,7 +469,7 @@ def test_analytic_memory_splits_into_the_parameter_copies_and_the_rest():
             f = features_for(nf, bs)
             assert f["param_copies_mb"] == pytest.approx(copies * f["params"] * 4 / 2**20)
             assert f["param_copies_mb"] + f["mem_analytic_rest_mb"] == pytest.approx(f["mem_analytic_mb"])
-            rest = f["saved_bytes"] + f["max_activation_bytes"] + f["input_bytes"]  # bytes, the whole batch
+            rest = f["saved_bytes"] + nf.batch_saved_sizes.sum() + f["max_activation_bytes"] + f["input_bytes"]
             assert f["mem_analytic_rest_mb"] == pytest.approx(rest / 2**20)
     M = feature_matrix([sgd, adam], [4, 4])
     col = FEATURE_NAMES.index("param_copies_mb")
@@ -1384,6 +1385,39 @@ def test_a_frozen_batch_norm_keeps_what_autograd_keeps():
     costs = {visit.node.name: visit.cost for visit in walk(desc)}
     assert (costs["f1"].flops_fwd, costs["f1"].flops_bwd, costs["f1"].params) == (2 * 16 * 16, 16 * 16, 0)
     assert costs["f0"].flops_bwd == 0 and costs["f0"].kernels_bwd == 0  # its input needs no gradient
+
+
+def _bn_neck():
+    """A re-ID network's head: a convolution and a BatchNorm2d, pooled, then a BatchNorm1d of the [C] features (a
+    BNNeck) before the classifier."""
+    from torch import nn
+    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Linear(16, 48), nn.BatchNorm1d(48), nn.Linear(48, 5))
+
+
+def test_a_batch_norm_keeps_its_mean_and_inverse_deviation_once_a_batch():
+    """A batch norm keeps its input a sample and the batch's mean and 1/std (torch's save_mean and save_invstd, [C]
+    floats each) once a batch: the features counted them once a sample (a BatchNorm1d of 48 features 384 bytes a
+    sample where autograd keeps 384 a batch). What autograd keeps at batch b is b x the features' bytes a sample plus
+    what they keep once a batch (measured at batches 2 and 4), and the analytic memory estimate counts that once."""
+    pytest.importorskip("torch")
+    from perf4sight.features.aggregate import MIB
+    from perf4sight.ir.from_torch import describe
+
+    desc = describe(_bn_neck(), [3, 6, 6], "bn_neck")
+    nf = network_features(desc)
+    at2, at4 = (b * _autograd_saved_bytes(desc, b) for b in (2, 4))
+    per_sample, once = (at4 - at2) / 2, at2 - (at4 - at2)
+    assert once == 2 * (16 + 48) * 4
+    assert nf.per_sample["saved_bytes"] + nf.per_sample["input_bytes"] == per_sample
+    assert sorted(nf.batch_saved_sizes) == [64.0, 64.0, 192.0, 192.0]
+    mem = {b: features_for(nf, b) for b in (2, 4)}
+    intercept = 2 * mem[2]["mem_analytic_mb"] - mem[4]["mem_analytic_mb"]  # the copies and what is kept once
+    assert intercept * MIB == pytest.approx(mem[2]["param_copies_mb"] * MIB + once)
+    # the caching allocator rounds each of the four [C] tensors up to a 512-byte block, whatever the batch
+    alloc = {b: features_for(nf, b)["saved_alloc_mb"] * MIB for b in (2, 4)}
+    assert alloc[2] == pytest.approx(
+        sum(math.ceil(2 * s / 512) * 512 for s in nf.saved_sizes) + 4 * 512)
 
 
 def test_an_instance_norm_with_running_statistics_keeps_what_autograd_keeps():

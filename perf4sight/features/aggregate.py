@@ -8,7 +8,8 @@ MiB for ``mem_analytic_mb``; per-step figures are for the whole batch.
 The analytic training-memory estimate (``mem_analytic_mb``) is:
 weights + gradients + the optimiser's state (SGD's momentum: 3 x params x 4 bytes in all; Adam's two moments:
 4 x params x 4 bytes; ``optimizers.py``) + the tensors autograd keeps for
-backward (de-duplicated, views resolved to their base) + the input batch + the largest single
+backward (de-duplicated, views resolved to their base; those kept once a batch, a batch norm's mean and 1/std,
+counted once, not in the per-sample ``saved_bytes``) + the input batch + the largest single
 activation (a stand-in for the backward pass's transient workspace). A network that scores each
 position (a segmentation network: output ``[classes, H, W]``) also counts its loss
 (``formulas.position_loss``: the log-softmax kept, its kernels and FLOPs) and its int64 labels (in
@@ -121,6 +122,8 @@ class NetworkFeatures:
     static: dict[str, float]
     unsupported: list[str] = field(default_factory=list)  # "node (op)" for ops without a formula
     saved_sizes: np.ndarray = field(default_factory=lambda: np.zeros(0))  # bytes per sample of each saved tensor
+    # bytes of each tensor kept for backward once a batch, whatever its size (formulas.OpCost.batch_saved)
+    batch_saved_sizes: np.ndarray = field(default_factory=lambda: np.zeros(0))
     # allocator.AllocTrace, attached on demand (alloc_trace.attach_simulation)
     sim: Any = field(default=None, repr=False)
     description: Any = field(default=None, repr=False)  # the NetworkDescription these features came from
@@ -178,6 +181,7 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
     saved: dict[str, float] = {}
     extra_saved = 0.0
     extra_sizes: list[float] = []
+    batch_saved: list[float] = []  # once a batch (OpCost.batch_saved)
     max_act = 0.0
     unsupported: list[str] = []
     input_name = desc.nodes[0].name
@@ -221,6 +225,7 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
         extra_saved += cost.extra_saved_bytes
         if cost.extra_saved_bytes:
             extra_sizes.append(cost.extra_saved_bytes)
+        batch_saved += cost.batch_saved
         if cost.kind != "view" and node.op != "input":
             elems = numel(node.output_shape)
             ps["activation_elems"] += elems
@@ -254,7 +259,8 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
     ps["priced_ops_ms"] = priced_ms_per_sample(desc, runtime.op_prices)
     sizes = np.array(list(saved.values()) + extra_sizes + [ps["input_bytes"] - labels_bytes]
                      + ([labels_bytes] if labels_bytes else []), dtype=float)
-    return NetworkFeatures(desc.name, ps, st, unsupported, sizes, description=desc,
+    return NetworkFeatures(desc.name, ps, st, unsupported, sizes, np.array(batch_saved, dtype=float),
+                           description=desc,
                            kernels=kernel_table(desc, runtime.update_cost(), visits, runtime.loss)
                            if not unsupported else None,
                            runtime=runtime)
@@ -328,7 +334,8 @@ def feature_matrix(nets: list[NetworkFeatures] | NetworkFeatures, batch_sizes: l
     i_saved, i_max, i_in = (SCALED_FEATURES.index(k) for k in ("saved_bytes", "max_activation_bytes", "input_bytes"))
     copies = 2.0 + np.array([n.runtime.update_cost().state_copies for n in rows])  # weights, grads, state
     copies_mb = copies * stat[:, i_param] / MIB
-    mem = copies_mb + (scaled[:, i_saved] + scaled[:, i_max] + scaled[:, i_in]) / MIB
+    once = np.array([n.batch_saved_sizes.sum() for n in rows], dtype=float)  # kept once a batch (bytes)
+    mem = copies_mb + (scaled[:, i_saved] + once + scaled[:, i_max] + scaled[:, i_in]) / MIB
     if isinstance(nets, NetworkFeatures):
         alloc = allocator_bytes(nets.saved_sizes, bs) / MIB
     else:
@@ -338,7 +345,8 @@ def feature_matrix(nets: list[NetworkFeatures] | NetworkFeatures, batch_sizes: l
             rows_of.setdefault(id(n), []).append(i)
         for idx in rows_of.values():
             alloc[idx] = allocator_bytes(nets[idx[0]].saved_sizes, bs[idx]) / MIB
-    extra = (scaled[:, i_saved] + scaled[:, i_in]) / MIB  # what alloc replaces (saved + input, exact bytes)
+    alloc += _once_a_batch_alloc(rows) / MIB
+    extra = (scaled[:, i_saved] + once + scaled[:, i_in]) / MIB  # what alloc replaces (saved + input, exact bytes)
     sim = np.zeros((len(bs), len(SIM_FEATURES)))  # 0 = not simulated
     for i, n in enumerate(rows):
         if n.sim is not None:
@@ -359,6 +367,16 @@ def feature_matrix(nets: list[NetworkFeatures] | NetworkFeatures, batch_sizes: l
     return np.column_stack([bs, scaled, stat, mem, alloc, mem - extra + alloc, sim, lat,
                             ctx.reshape(len(bs), len(CONTEXT_FEATURES)), im2col, native, copies_mb, mem - copies_mb,
                             dilated, priced])
+
+
+def _once_a_batch_alloc(rows: list[NetworkFeatures]) -> np.ndarray:
+    """Bytes the caching allocator hands out for what each row's network keeps once a batch
+    (:attr:`NetworkFeatures.batch_saved_sizes`), one figure a row."""
+    of_network: dict[int, float] = {}
+    for n in rows:
+        if id(n) not in of_network:
+            of_network[id(n)] = allocator_bytes(n.batch_saved_sizes, 1.0)
+    return np.array([of_network[id(n)] for n in rows], dtype=float)
 
 
 def _latency_block(rows: list[NetworkFeatures], bs: np.ndarray) -> np.ndarray:

@@ -16,6 +16,9 @@ Conventions, stated once:
 - ``saved``: which tensors autograd keeps for the backward pass, as input positions (0, 1, ...)
   or ``OUTPUT``; the aggregator de-duplicates them by tensor name. ``extra_saved_bytes``: other
   buffers kept (max-pool indices as int64, dropout masks as bool).
+- ``batch_saved``: the bytes of each tensor kept for backward once a batch, whatever its size (not per sample: a
+  batch norm's mean and 1/std over the batch, ``[C]`` floats each); the aggregator adds them to the step's memory
+  once.
 - ``kernels_fwd`` / ``kernels_bwd``: approximate GPU kernel launches (views launch none).
 
 An op missing from :data:`HANDLERS` is reported by name by the aggregator, never costed as zero.
@@ -55,6 +58,7 @@ class OpCost:
     param_tensors: int = 0
     saved: list[int] = field(default_factory=list)
     extra_saved_bytes: float = 0.0
+    batch_saved: tuple[float, ...] = ()  # bytes of each tensor kept once a batch (module docstring)
     kernels_fwd: int = 0
     kernels_bwd: int = 0
     kind: str = "other"  # dense | depthwise | grouped | linear | norm | pool | elementwise | view | other
@@ -139,14 +143,18 @@ def _linear(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
 
 def _batchnorm2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     """Training-mode batch norm: ~5 FLOPs/element forward (mean, var, normalise, scale, shift), ~8 backward. It reads
-    its running mean and variance and, unless ``affine`` is false, its weight and bias (its parameters)."""
+    its running mean and variance and, unless ``affine`` is false, its weight and bias (its parameters). It keeps its
+    input (per sample) and the batch's mean and 1/std (torch's ``save_mean``, ``save_invstd``: ``[C]`` floats each,
+    once a batch; measured with saved-tensor hooks on torch 2.14, BatchNorm1d and 2d at batches 2 and 5); the weight
+    and running statistics it also hands autograd are its own tensors, no new memory."""
     c = int(node.attrs["num_features"])
     params = 2 * c if node.attrs.get("affine", True) else 0
     n = numel(node.output_shape)
     rd, wr = _io_bytes(in_shapes, node.output_shape)
     return OpCost(flops_fwd=5.0 * n, flops_bwd=8.0 * n, bytes_read=rd * 2 + (2 * c + params) * BYTES_PER_ELEMENT,
                   bytes_written=wr, params=params, param_tensors=2 if params else 0, saved=[0],
-                  extra_saved_bytes=2 * c * BYTES_PER_ELEMENT, kernels_fwd=1, kernels_bwd=1, kind="norm")
+                  batch_saved=(c * BYTES_PER_ELEMENT, c * BYTES_PER_ELEMENT), kernels_fwd=1, kernels_bwd=1,
+                  kind="norm")
 
 
 def _frozen_batchnorm2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
@@ -154,13 +162,14 @@ def _frozen_batchnorm2d(node: Node, in_shapes: list[list[int]], first: bool) -> 
     weight / sqrt(running_var + eps), and shift, bias - running_mean * scale: once a batch, not a sample, so their
     FLOPs are left out), then x * scale and + shift on the map: 2 FLOPs an element, two kernels, the product written
     and read again. Backward the input's gradient alone (its buffers are not trained): the incoming one times the
-    scale, 1 FLOP an element, one kernel. It keeps the [1, C, 1, 1] scale alone, once a batch (none a sample: measured
-    on torch 2.14). It reads its four [C] buffers; no parameters."""
+    scale, 1 FLOP an element, one kernel. It keeps the [1, C, 1, 1] scale alone, once a batch (``batch_saved``; none a
+    sample: measured on torch 2.14). It reads its four [C] buffers; no parameters."""
     c = int(node.attrs["num_features"])
     n = numel(node.output_shape)
     rd, wr = _io_bytes(in_shapes, node.output_shape)
     return OpCost(flops_fwd=2.0 * n, flops_bwd=float(n), bytes_read=rd * 2 + 4 * c * BYTES_PER_ELEMENT,
-                  bytes_written=wr * 2, kernels_fwd=7, kernels_bwd=1, kind="elementwise")
+                  bytes_written=wr * 2, batch_saved=(c * BYTES_PER_ELEMENT,), kernels_fwd=7, kernels_bwd=1,
+                  kind="elementwise")
 
 
 def _layernorm(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:

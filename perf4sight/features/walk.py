@@ -62,7 +62,7 @@ def walk(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> Iter
         if cost is not None and SHARES in node.attrs:  # a layer called again: its parameters are its first call's
             cost = replace(cost, params=0, param_tensors=0)
         if cost is not None and not grad[node.name]:
-            cost = replace(cost, flops_bwd=0.0, kernels_bwd=0, saved=[], extra_saved_bytes=0.0)
+            cost = replace(cost, flops_bwd=0.0, kernels_bwd=0, saved=[], extra_saved_bytes=0.0, batch_saved=())
         is_view = cost is not None and cost.kind == "view" and bool(node.inputs)
         base[node.name] = base.get(node.inputs[0], node.inputs[0]) if is_view else node.name
         yield Visit(node, in_shapes, first, cost, base[node.name], grad[node.name])
