@@ -1999,6 +1999,45 @@ def test_allocation_model_writes_down_a_frozen_batch_norm_as_traced(batch):
     assert rsqrt == [12, 64, 64] * 3  # each norm's 1/sqrt(running_var + eps), each of 3 steps
 
 
+def test_a_frozen_batch_norm_called_twice_holds_its_buffers_once():
+    """One FrozenBatchNorm2d called at two places in forward was described as two norms, each with its four [C]
+    buffers: rebuilt with two modules and set up twice by the allocation model and the trace (eight buffers where the
+    network holds four). Its second call shares the first's, as a layer with parameters called twice does: rebuilt
+    as the one module (computing what the original computes), its buffers set up once, the trace's events."""
+    import torch
+    from torch import nn
+    from torchvision.ops.misc import FrozenBatchNorm2d
+
+    from perf4sight.ir.from_torch import describe
+    from perf4sight.ir.to_torch import build_module
+
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1, self.c2 = nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(16, 16, 3, padding=1)
+            self.f, self.fc = FrozenBatchNorm2d(16), nn.Linear(16, 5)
+            self.f.running_var.copy_(torch.rand(16) + 0.5)
+            self.f.running_mean.copy_(torch.randn(16))
+
+        def forward(self, x):
+            x = self.f(self.c1(x)).relu()
+            return self.fc(self.f(self.c2(x)).relu().mean((2, 3)))
+
+    torch.manual_seed(0)
+    original = Twice()
+    desc = describe(original, [3, 8, 8], "twice")
+    assert [n.attrs.get("shares") for n in desc.nodes if n.op == "frozen_batchnorm2d"] == [None, "f"]
+    rebuilt = build_module(desc)
+    assert sum(b.numel() for b in rebuilt.buffers()) == sum(b.numel() for b in original.buffers()) == 4 * 16
+    rebuilt.load_state_dict(original.state_dict(), strict=False)
+    x = torch.randn(2, 3, 8, 8)
+    assert torch.allclose(rebuilt(x), original(x))
+    model = record_events(desc, 2, steps=2, method="model")
+    assert _as_replayed(model) == _as_replayed(record_events(desc, 2, steps=2, method="trace"))
+    setup = [size for kind, _, size, op in model if op == "setup"]
+    assert setup[-4:] == [16 * 4] * 4 and len(setup) == 6 + 4  # three layers' weights and biases, then the buffers
+
+
 @pytest.mark.parametrize("batch", [1, 3])
 def test_allocation_model_writes_down_an_instance_norm_with_running_statistics_as_traced(batch):
     """An instance norm that tracks running statistics sets up its running mean, variance and count after the

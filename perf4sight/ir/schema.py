@@ -154,14 +154,15 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # a non-local block's, a hand-written self-attention's)
     "matmul": (),
 }
-#: Ops whose nodes may hold learnt parameters (:func:`node_params`). Such a node may carry the optional attr
-#: ``shares``: the name of an earlier node of the same op and attrs whose parameters it uses (one layer called
-#: more than once in a forward, CBAM's shared MLP, a weight-tied block applied twice). Each call is a node of its
-#: own (its FLOPs, activations, saved tensors); the parameters, their gradient and optimiser state are the owner's,
-#: counted once.
+#: Ops whose nodes may hold learnt parameters (:func:`node_params`) or buffers (a frozen batch norm's four [C]
+#: ones). Such a node may carry the optional attr ``shares``: the name of an earlier node of the same op and attrs
+#: whose parameters and buffers it uses (one layer called more than once in a forward, CBAM's shared MLP, a
+#: weight-tied block applied twice). Each call is a node of its own (its FLOPs, activations, saved tensors); the
+#: parameters, their gradient and optimiser state, and the buffers are the owner's, counted once.
 PARAMETER_OPS = ("conv2d", "conv_transpose2d", "batchnorm2d", "groupnorm", "instancenorm", "prelu", "linear",
                  "layernorm", "scale", "shift", "token", "attention", "window_attention", "group_attention",
-                 "rmsnorm")
+                 "rmsnorm",
+                 "frozen_batchnorm2d")
 #: The attr naming the node whose parameters a node of :data:`PARAMETER_OPS` uses.
 SHARES = "shares"
 #: The modes of ``interpolate``: torch's ``F.interpolate`` modes the description follows.
