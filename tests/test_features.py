@@ -945,6 +945,37 @@ def test_an_activation_in_place_on_a_copy_keeps_the_copy(op):
     rebuilt(x).sum().backward()
 
 
+@pytest.mark.parametrize("op", ["celu", "elu", "leaky_relu", "rrelu", "selu"])
+def test_an_activation_in_place_on_a_copy_costs_the_copys_kernel(op):
+    """An activation in place on a copy of its input (``on_copy``) runs the copy (aten.clone: the input read and
+    written) before its own kernel, which neither its cost nor the latency terms counted: its forward kernels are
+    those this torch runs (an rrelu's empty noise launches none), its bytes the copy's more, and the kernel table
+    has one bandwidth-bound kernel of 2 x 4 bytes an element more than out of place; backward the copy hands the
+    gradient on."""
+    pytest.importorskip("torch")
+    import torch
+
+    from perf4sight.features.walk import walk
+    from perf4sight.ir.from_torch import describe
+    from perf4sight.ir.schema import NetworkDescription
+
+    desc = describe(on_copy_network(op), [3, 6, 6], "on_copy")
+    call = ON_COPY_ACTIVATIONS[op][2]
+    forward, backward = _ops_run(lambda x: call(torch, x.clone()), [8, 6, 6])
+    copies = [v for v in walk(desc) if v.node.attrs.get("on_copy")]
+    assert len(copies) == 2
+    for visit in copies:
+        assert visit.cost.kernels_fwd == len([name for name, _ in forward if name != "empty_like"]) == 2
+        assert visit.cost.kernels_bwd == len(backward) == 1
+    plain = NetworkDescription.from_dict(desc.to_dict())
+    for node in plain.nodes:
+        node.attrs.pop("on_copy", None)
+    lat = {name: dict(zip(FEATURE_NAMES, feature_matrix(network_features(d), [4])[0])) for name, d in
+           (("on_copy", desc), ("plain", plain))}
+    assert lat["on_copy"]["lt_launches"] - lat["plain"]["lt_launches"] == 2
+    assert lat["on_copy"]["lt_ew_bytes"] - lat["plain"]["lt_ew_bytes"] == 2 * (2 * 8 * 36 * 4) * 4
+
+
 def test_softsign_tanhshrink_and_softmin_keep_what_torch_keeps_for_them():
     """Softsign, Tanhshrink and Softmin, described as the ops torch computes them from, keep per sample exactly what
     autograd keeps for the layers themselves: a softsign its input and the divisor (abs keeps the input, the division

@@ -33,7 +33,7 @@ from perf4sight.ir.schema import Node, window_attention_params
 from perf4sight.ir.shapes import windows_of
 
 __all__ = ["OpCost", "HANDLERS", "INPUT_GRADIENTS", "OUTPUT", "BYTES_PER_ELEMENT", "numel", "hands_input_back",
-           "position_loss", "output_loss", "REGRESSION_LOSS_KERNELS", "is_dilated"]
+           "position_loss", "output_loss", "REGRESSION_LOSS_KERNELS", "is_dilated", "copied_first"]
 
 #: Marker in ``OpCost.saved`` for "the op's own output is kept for backward".
 OUTPUT = -1
@@ -405,6 +405,15 @@ def _keeps_result_in_place(flops: float, bwd_flops: float) -> Handler:
     out_of_place, in_place = _pointwise(flops, [0], bwd_flops), _pointwise(flops, [OUTPUT], bwd_flops)
     return lambda node, in_shapes, first: (in_place if node.attrs.get("inplace") or node.attrs.get("on_copy")
                                            else out_of_place)(node, in_shapes, first)
+
+
+def copied_first(cost: OpCost, in_shape: list[int]) -> OpCost:
+    """``cost`` of an activation run in place on a copy of its input (``on_copy``: ``y.clone().leaky_relu_()``) with
+    the copy's kernel (aten.clone: the input's elements read and written, 4 bytes each, no FLOPs) counted; its
+    backward hands the gradient on (no kernel)."""
+    moved = float(numel(in_shape) * BYTES_PER_ELEMENT)
+    return replace(cost, kernels_fwd=cost.kernels_fwd + 1, bytes_read=cost.bytes_read + moved,
+                   bytes_written=cost.bytes_written + moved)
 
 
 def _keeps_a_clone_in_place(flops: float, bwd_flops: float) -> Handler:

@@ -13,6 +13,8 @@ there runs its weight's GEMM alone); one with no parameters besides runs no back
 nothing and counts no backward FLOPs or kernels; one whose backward computes each input's gradient apart (a
 quotient: ``formulas.INPUT_GRADIENTS``) costs the gradients of the inputs that need one. Keeping that rule here keeps
 the four consumers in agreement.
+An activation run in place on a copy of its input (``on_copy``) costs the copy's kernel too
+(``formulas.copied_first``).
 A node that ``shares`` an earlier node's parameters (one layer called twice) costs its own FLOPs, bytes and saved
 tensors, and holds no parameters (``params`` and ``param_tensors`` 0: its first call's count them, once).
 """
@@ -21,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterable, Iterator
 
-from perf4sight.features.formulas import HANDLERS, INPUT_GRADIENTS, OpCost
+from perf4sight.features.formulas import HANDLERS, INPUT_GRADIENTS, OpCost, copied_first
 from perf4sight.features.step_runtime import StepRuntime
 from perf4sight.ir.schema import SHARES, NetworkDescription, Node
 
@@ -54,8 +56,10 @@ def walk(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> Iter
         fed = any(grad[i] for i in node.inputs)  # a gradient flows back into some input
         first = bool(node.inputs) and not fed
         handler = HANDLERS.get(node.op)
-        cost = None if handler is None else runtime.applied(node.op, handler(node, in_shapes, first),
-                                                            on_copy=bool(node.attrs.get("on_copy")))
+        on_copy = bool(node.attrs.get("on_copy"))
+        cost = None if handler is None else runtime.applied(node.op, handler(node, in_shapes, first), on_copy=on_copy)
+        if cost is not None and on_copy:  # the copy's kernel, after the runtime's rules (which read the op's bytes)
+            cost = copied_first(cost, in_shapes[0])
         if cost is not None and fed and node.op in INPUT_GRADIENTS:  # the gradients of those inputs that need one
             cost = INPUT_GRADIENTS[node.op](cost, node, [grad[i] for i in node.inputs], in_shapes)
         grad[node.name] = cost is None or cost.params > 0 or fed  # the network input: False
