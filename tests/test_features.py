@@ -976,6 +976,75 @@ def test_an_activation_in_place_on_a_copy_costs_the_copys_kernel(op):
     assert lat["on_copy"]["lt_ew_bytes"] - lat["plain"]["lt_ew_bytes"] == 2 * (2 * 8 * 36 * 4) * 4
 
 
+def _tokens_read_transposed():
+    """A hand-written attention over a convolution's map: its tokens are the map flattened and transposed (a strided
+    [N, C] view), read by three linear layers (queries, keys, values); then the scores' softmax, the weighted sum of
+    the values, a mean over the tokens and a classifier."""
+    from torch import nn
+
+    class Attention(nn.Module):
+        def __init__(self, c: int = 16) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, c, 3, padding=1)
+            self.q, self.k, self.v, self.fc = nn.Linear(c, c), nn.Linear(c, c), nn.Linear(c, c, bias=False), \
+                nn.Linear(c, 5)
+
+        def forward(self, x):
+            tokens = self.conv(x).flatten(2).transpose(1, 2)
+            q, k, v = self.q(tokens), self.k(tokens), self.v(tokens)
+            return self.fc(((q @ k.transpose(1, 2)).softmax(-1) @ v).mean(1))
+    return Attention()
+
+
+def test_linear_layers_reading_a_strided_view_keep_a_copy_each():
+    """A linear layer of tokens that do not view as rows (a map's [C, N] transposed to [N, C], at a batch of more than
+    one) copies them into rows and keeps its copy: three layers reading the same transposed tokens keep three copies,
+    where the features counted the map once (14,464 bytes a sample against autograd's 19,072). What a sample adds
+    to autograd's saved tensors between batches 2 and 4 is the features', the original network's and the rebuilt
+    one's alike. (At a batch of 1 the tokens view as rows and nothing is copied: the features count a batch's.)"""
+    pytest.importorskip("torch")
+    from perf4sight.ir.from_torch import describe
+
+    network = _tokens_read_transposed()
+    desc = describe(network, [3, 6, 6], "tokens")
+    nf = network_features(desc)
+    at2, at4 = 2 * _autograd_saved_bytes(desc, 2), 4 * _autograd_saved_bytes(desc, 4)
+    original = (_module_saved_bytes(network, [3, 6, 6], 4) - _module_saved_bytes(network, [3, 6, 6], 2)) / 2
+    assert nf.per_sample["saved_bytes"] + nf.per_sample["input_bytes"] == (at4 - at2) / 2 == original
+    tokens = 36 * 16 * 4
+    assert sorted(nf.saved_sizes.tolist()).count(tokens) >= 3  # a copy each
+
+
+@pytest.mark.parametrize("chain", [
+    [("transpose", {"dim0": 1, "dim1": 2}, [36, 16])],
+    [("permute", {"dims": [0, 2, 1]}, [36, 16]), ("unsqueeze", {"dim": 1}, [1, 36, 16])],
+    [("transpose", {"dim0": -1, "dim1": -2}, [36, 16]), ("flatten", {"start_dim": 1}, [576])],
+    [("reshape", {"shape": [4, 4, 36]}, [4, 4, 36]), ("select", {"dim": 1, "index": 2}, [4, 36]),
+     ("transpose", {"dim0": 1, "dim1": 2}, [36, 4])],
+    [("narrow", {"dim": 2, "start": 3, "length": 20}, [16, 20]), ("transpose", {"dim0": 1, "dim1": 2}, [20, 16])],
+])
+def test_a_views_strides_are_torchs(chain):
+    """The strides a chain of view nodes gives a [2, 16, 36] tensor (strided_views.view_layout) are torch's, and a
+    linear layer's rows fold where torch's reshape to [-1, K] makes a view of them."""
+    pytest.importorskip("torch")
+    import torch
+
+    from perf4sight.features.strided_views import rows_fold, view_layout
+
+    nodes = [Node(f"v{i}", op, [f"v{i - 1}"], attrs, shape) for i, (op, attrs, shape) in enumerate(chain)]
+    t = torch.empty(2, 16, 36)
+    for op, attrs, shape in chain:
+        t = {"transpose": lambda: t.transpose(attrs.get("dim0"), attrs.get("dim1")),
+             "permute": lambda: t.permute(*attrs.get("dims", [])), "unsqueeze": lambda: t.unsqueeze(attrs.get("dim")),
+             "flatten": lambda: t.flatten(attrs.get("start_dim", 1)), "reshape": lambda: t.reshape(2, *shape),
+             "select": lambda: t.select(attrs.get("dim"), attrs.get("index", 0)),
+             "narrow": lambda: t.narrow(attrs.get("dim"), attrs.get("start", 0), attrs.get("length", 1))}[op]()
+    shape, strides = view_layout(nodes, [16, 36])
+    assert (shape, strides) == (list(t.shape), list(t.stride()))
+    rows = t.reshape(-1, t.shape[-1])
+    assert rows_fold(shape, strides) == (rows.data_ptr() == t.data_ptr() and rows._base is not None)
+
+
 def test_softsign_tanhshrink_and_softmin_keep_what_torch_keeps_for_them():
     """Softsign, Tanhshrink and Softmin, described as the ops torch computes them from, keep per sample exactly what
     autograd keeps for the layers themselves: a softsign its input and the divisor (abs keeps the input, the division
