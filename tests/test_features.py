@@ -976,6 +976,25 @@ def test_an_activation_in_place_on_a_copy_costs_the_copys_kernel(op):
     assert lat["on_copy"]["lt_ew_bytes"] - lat["plain"]["lt_ew_bytes"] == 2 * (2 * 8 * 36 * 4) * 4
 
 
+def _forward_ops(network, shape: list[int]) -> list[str]:
+    """The aten ops (names) one training forward of ``network`` on a batch of ``shape`` runs."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(func.__name__.split(".")[0])
+            return func(*args, **(kwargs or {}))
+
+    with Ops() as ops:
+        network.train()(torch.randn(*shape))
+    return ops.seen
+
+
 def _tokens_read_transposed():
     """A hand-written attention over a convolution's map: its tokens are the map flattened and transposed (a strided
     [N, C] view), read by three linear layers (queries, keys, values); then the scores' softmax, the weighted sum of
@@ -1003,6 +1022,7 @@ def test_linear_layers_reading_a_strided_view_keep_a_copy_each():
     to autograd's saved tensors between batches 2 and 4 is the features', the original network's and the rebuilt
     one's alike. (At a batch of 1 the tokens view as rows and nothing is copied: the features count a batch's.)"""
     pytest.importorskip("torch")
+    from perf4sight.features.walk import walk
     from perf4sight.ir.from_torch import describe
 
     network = _tokens_read_transposed()
@@ -1013,6 +1033,12 @@ def test_linear_layers_reading_a_strided_view_keep_a_copy_each():
     assert nf.per_sample["saved_bytes"] + nf.per_sample["input_bytes"] == (at4 - at2) / 2 == original
     tokens = 36 * 16 * 4
     assert sorted(nf.saved_sizes.tolist()).count(tokens) >= 3  # a copy each
+    # each copy is a kernel of the tokens read and written, as many as torch runs (aten.clone, at batch 2)
+    visits = {v.node.name: v for v in walk(desc)}
+    assert [name for name, v in visits.items() if v.copies_input] == ["q", "k", "v"]
+    assert [visits[name].cost.kernels_fwd for name in ("q", "k", "v", "fc")] == [2, 2, 2, 1]
+    assert visits["q"].cost.bytes_read == (2 * 576 + 16 * 16 + 16) * 4  # the tokens twice, the weight and bias
+    assert _forward_ops(network, [2, 3, 6, 6]).count("clone") == 3
 
 
 @pytest.mark.parametrize("chain", [

@@ -39,7 +39,6 @@ from perf4sight.features.formulas import (BYTES_PER_ELEMENT, HANDLERS, OUTPUT, O
 from perf4sight.features.latency_terms import LATENCY_FEATURES, KernelTable, kernel_table, latency_columns
 from perf4sight.features.priced_ops import priced_ms_per_sample
 from perf4sight.features.step_runtime import StepRuntime
-from perf4sight.features.strided_views import rows_fold, view_layout
 from perf4sight.features.walk import consumer_counts, gradient_accumulations, walk
 from perf4sight.ir.schema import NetworkDescription, Node
 
@@ -188,7 +187,6 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
     input_name = desc.nodes[0].name
     conv_channels: list[int] = []
     visits = list(walk(desc, runtime))  # the kernel table below reads them too
-    by_name = {n.name: n for n in desc.nodes}
     for visit in visits:
         node, cost = visit.node, visit.cost
         shapes[node.name] = node.output_shape
@@ -222,8 +220,8 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
         for pos in cost.saved:
             tensor = node.name if pos == OUTPUT else node.inputs[pos]
             root = base.get(tensor, tensor)
-            if node.op == "linear" and _copied_into_rows(by_name, tensor, root, shapes):  # its own copy
-                saved[f"{node.name} rows"] = numel(shapes[tensor]) * BYTES_PER_ELEMENT
+            if pos == 0 and visit.copies_input:  # a copy of its own (a linear layer's rows: walk.py)
+                saved[f"{node.name} copy"] = numel(shapes[tensor]) * BYTES_PER_ELEMENT
             elif root != input_name:  # the input batch is counted once, in input_bytes
                 saved[root] = numel(shapes[root]) * BYTES_PER_ELEMENT
         extra_saved += cost.extra_saved_bytes
@@ -268,21 +266,6 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
                            kernels=kernel_table(desc, runtime.update_cost(), visits, runtime.loss)
                            if not unsupported else None,
                            runtime=runtime)
-
-
-def _copied_into_rows(nodes: dict[str, Node], tensor: str, root: str, shapes: dict[str, list[int]]) -> bool:
-    """Whether a linear layer reading ``tensor``, a view of ``root`` (``nodes`` by name; ``shapes``: per sample),
-    copies it into rows (torch's reshape to ``[-1, K]`` where its other dims do not fold: tokens transposed out of a
-    map) and keeps the copy, one of its own however many layers read the view (measured with saved-tensor hooks on
-    torch 2.14; at a batch of 1 such a view may fold, which per-sample features cannot tell)."""
-    if tensor == root or len(shapes[tensor]) < 2:
-        return False
-    chain = []
-    while tensor != root:
-        chain.append(nodes[tensor])
-        tensor = chain[-1].inputs[0]
-    layout = view_layout(chain[::-1], shapes[root])
-    return layout is not None and not rows_fold(*layout)
 
 
 def allocator_bytes(sizes: np.ndarray, batch_size: float | np.ndarray) -> float | np.ndarray:

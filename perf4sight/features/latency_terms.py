@@ -20,8 +20,9 @@ Conventions, stated once:
   counts after pruning waste the padding; ``lt_gemm_padded_macs`` counts it, ``lt_gemm_macs`` not.
 - Depthwise convs run their own (bandwidth-bound) kernels: counted in ``lt_dw_bytes``.
 - Bandwidth-bound kernels (batch norm, activations, adds, pooling, concatenation, bias,
-  gradient accumulation at branches, the optimizer): ``lt_ew_bytes`` = bytes read + written. An activation run in
-  place on a copy of its input (``on_copy``) runs the copy first: one kernel more, the input read and written.
+  gradient accumulation at branches, the optimizer): ``lt_ew_bytes`` = bytes read + written. An op that copies its
+  input first (``walk.Visit.copies_input``: an activation in place on a copy, a linear layer of rows that do not
+  fold) runs the copy first: one kernel more, the input read and written.
 - ``lt_launches`` = all kernel launches of a step (forward + backward + optimizer);
   ``lt_work_per_launch`` = step FLOPs per launch, which tells a
   launch-bound step (small batch, many small kernels) from a compute-bound one.
@@ -380,6 +381,8 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
         if op in _VIEWS or hands_input_back(node):
             continue
         params += visit.cost.param_tensors if visit.cost is not None else 0  # each gets its own update kernels
+        if visit.copies_input:  # its input copied first (walk.Visit): read and written
+            r.other(BANDWIDTH, 0.0, 2.0 * numel(ins[0]) * BYTES_PER_ELEMENT)
         if op == "conv2d":
             _conv(r, node, ins[0], first)
         elif op == "conv_transpose2d":
@@ -400,8 +403,6 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
                 or op == "pad" and node.attrs["mode"] == "circular"
             fwd_kernels = visit.cost.kernels_fwd if composite else 1  # torch runs these as several ops
             _elementwise(r, node, ins, fwd_passes, bwd_passes, bwd_kernels if visit.needs_grad else 0, fwd_kernels)
-            if node.attrs.get("on_copy"):  # in place on a copy of its input: the copy's kernel first
-                r.other(BANDWIDTH, 0.0, 2.0 * numel(ins[0]) * BYTES_PER_ELEMENT)
     _loss(r, desc.node(desc.output).output_shape, loss)
     for name, adds in gradient_accumulations(desc, visits).items():  # k gradients into one tensor: k-1 adds
         for _ in range(adds):

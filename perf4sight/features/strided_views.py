@@ -11,7 +11,7 @@ import math
 
 from perf4sight.ir.schema import Node
 
-__all__ = ["BATCH", "view_layout", "rows_fold"]
+__all__ = ["BATCH", "view_layout", "rows_fold", "rows_copied"]
 
 #: The batch size the strides are worked out at.
 BATCH = 2
@@ -93,3 +93,19 @@ def rows_fold(shape: list[int], strides: list[int]) -> bool:
     """Whether a tensor of ``shape`` and ``strides`` views as rows of its last dimension (its other dimensions folded
     into one without a copy), as a linear layer reads N-D input."""
     return len(shape) <= 2 or _viewed(shape, strides, [math.prod(shape[:-1]), shape[-1]]) is not None
+
+
+def rows_copied(nodes: dict[str, Node], tensor: str, base: dict[str, str], shapes: dict[str, list[int]]) -> bool:
+    """Whether a linear layer reading ``tensor`` (``nodes`` by name, ``base``: each view's base tensor, ``shapes``
+    per sample) copies it into rows first: torch's reshape to ``[-1, K]`` where the other dims of a view do not fold
+    (tokens transposed out of a map), a copy each layer keeps (measured with saved-tensor hooks on torch 2.14). At a
+    batch of 1 such a view may fold, which per-sample features cannot tell."""
+    root = base.get(tensor, tensor)
+    if tensor == root or len(shapes[tensor]) < 2:
+        return False
+    chain = []
+    while tensor != root:
+        chain.append(nodes[tensor])
+        tensor = chain[-1].inputs[0]
+    layout = view_layout(chain[::-1], shapes[root])
+    return layout is not None and not rows_fold(*layout)

@@ -13,8 +13,9 @@ there runs its weight's GEMM alone); one with no parameters besides runs no back
 nothing and counts no backward FLOPs or kernels; one whose backward computes each input's gradient apart (a
 quotient: ``formulas.INPUT_GRADIENTS``) costs the gradients of the inputs that need one. Keeping that rule here keeps
 the four consumers in agreement.
-An activation run in place on a copy of its input (``on_copy``) costs the copy's kernel too
-(``formulas.copied_first``).
+An activation run in place on a copy of its input (``on_copy``), and a linear layer of N-D input whose rows do not
+fold (a view of tokens transposed out of a map: ``strided_views.rows_copied``), cost the copy's kernel too
+(``formulas.copied_first``); the linear layer keeps its copy (``Visit.copies_input``).
 A node that ``shares`` an earlier node's parameters (one layer called twice) costs its own FLOPs, bytes and saved
 tensors, and holds no parameters (``params`` and ``param_tensors`` 0: its first call's count them, once).
 """
@@ -25,6 +26,7 @@ from typing import Iterable, Iterator
 
 from perf4sight.features.formulas import HANDLERS, INPUT_GRADIENTS, OpCost, copied_first
 from perf4sight.features.step_runtime import StepRuntime
+from perf4sight.features.strided_views import rows_copied
 from perf4sight.ir.schema import SHARES, NetworkDescription, Node
 
 __all__ = ["Visit", "walk", "consumer_counts", "gradient_accumulations"]
@@ -40,6 +42,9 @@ class Visit:
     cost: OpCost | None   # None: the op has no cost formula
     base: str             # the tensor whose storage this node's output shares (its own name unless a view)
     needs_grad: bool = True  # the output needs a gradient (False: the op runs no backward)
+    # the op copies its first input before it runs, a forward kernel of the input read and written: an activation in
+    # place on a copy (on_copy), a linear layer of rows that do not fold (strided_views.rows_copied), which keeps it
+    copies_input: bool = False
 
 
 def walk(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> Iterator[Visit]:
@@ -50,15 +55,17 @@ def walk(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> Iter
     shapes: dict[str, list[int]] = {}
     base: dict[str, str] = {}
     grad: dict[str, bool] = {}  # tensor -> it needs a gradient
+    nodes: dict[str, Node] = {}
     for node in desc.nodes:
         in_shapes = [shapes[i] for i in node.inputs]
-        shapes[node.name] = node.output_shape
+        shapes[node.name], nodes[node.name] = node.output_shape, node
         fed = any(grad[i] for i in node.inputs)  # a gradient flows back into some input
         first = bool(node.inputs) and not fed
         handler = HANDLERS.get(node.op)
         on_copy = bool(node.attrs.get("on_copy"))
         cost = None if handler is None else runtime.applied(node.op, handler(node, in_shapes, first), on_copy=on_copy)
-        if cost is not None and on_copy:  # the copy's kernel, after the runtime's rules (which read the op's bytes)
+        copies = on_copy or node.op == "linear" and rows_copied(nodes, node.inputs[0], base, shapes)
+        if cost is not None and copies:  # the copy's kernel, after the runtime's rules (which read the op's bytes)
             cost = copied_first(cost, in_shapes[0])
         if cost is not None and fed and node.op in INPUT_GRADIENTS:  # the gradients of those inputs that need one
             cost = INPUT_GRADIENTS[node.op](cost, node, [grad[i] for i in node.inputs], in_shapes)
@@ -69,7 +76,7 @@ def walk(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> Iter
             cost = replace(cost, flops_bwd=0.0, kernels_bwd=0, saved=[], extra_saved_bytes=0.0, batch_saved=())
         is_view = cost is not None and cost.kind == "view" and bool(node.inputs)
         base[node.name] = base.get(node.inputs[0], node.inputs[0]) if is_view else node.name
-        yield Visit(node, in_shapes, first, cost, base[node.name], grad[node.name])
+        yield Visit(node, in_shapes, first, cost, base[node.name], grad[node.name], copies)
 
 
 def consumer_counts(desc: NetworkDescription) -> dict[str, int]:
