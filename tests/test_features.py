@@ -945,13 +945,13 @@ def test_an_activation_in_place_on_a_copy_keeps_the_copy(op):
     rebuilt(x).sum().backward()
 
 
-@pytest.mark.parametrize("op", ["celu", "elu", "leaky_relu", "rrelu", "selu"])
+@pytest.mark.parametrize("op", sorted(ON_COPY_ACTIVATIONS))
 def test_an_activation_in_place_on_a_copy_costs_the_copys_kernel(op):
     """An activation in place on a copy of its input (``on_copy``) runs the copy (aten.clone: the input read and
-    written) before its own kernel, which neither its cost nor the latency terms counted: its forward kernels are
-    those this torch runs (an rrelu's empty noise launches none), its bytes the copy's more, and the kernel table
-    has one bandwidth-bound kernel of 2 x 4 bytes an element more than out of place; backward the copy hands the
-    gradient on."""
+    written) before its own kernel, and a mish, a threshold and this torch's hardtanh then clone the copy for backward,
+    which neither its cost nor the latency terms counted: its forward kernels are those this torch runs (an rrelu's
+    empty noise launches none), and the kernel table has a bandwidth-bound kernel of 2 x 4 bytes an element more a
+    copy than out of place; backward the copy hands the gradient on."""
     pytest.importorskip("torch")
     import torch
 
@@ -960,20 +960,54 @@ def test_an_activation_in_place_on_a_copy_costs_the_copys_kernel(op):
     from perf4sight.ir.schema import NetworkDescription
 
     desc = describe(on_copy_network(op), [3, 6, 6], "on_copy")
+    runtime = StepRuntime(relu6_clone=True)  # this torch's hardtanh_ clones its input
     call = ON_COPY_ACTIVATIONS[op][2]
     forward, backward = _ops_run(lambda x: call(torch, x.clone()), [8, 6, 6])
-    copies = [v for v in walk(desc) if v.node.attrs.get("on_copy")]
+    kernels = [name for name, _ in forward if name != "empty_like"]
+    copies = [v for v in walk(desc, runtime) if v.node.attrs.get("on_copy")]
     assert len(copies) == 2
     for visit in copies:
-        assert visit.cost.kernels_fwd == len([name for name, _ in forward if name != "empty_like"]) == 2
+        assert visit.cost.kernels_fwd == len(kernels) == 1 + kernels.count("clone")
         assert visit.cost.kernels_bwd == len(backward) == 1
     plain = NetworkDescription.from_dict(desc.to_dict())
     for node in plain.nodes:
         node.attrs.pop("on_copy", None)
-    lat = {name: dict(zip(FEATURE_NAMES, feature_matrix(network_features(d), [4])[0])) for name, d in
+    lat = {name: dict(zip(FEATURE_NAMES, feature_matrix(network_features(d, runtime), [4])[0])) for name, d in
            (("on_copy", desc), ("plain", plain))}
-    assert lat["on_copy"]["lt_launches"] - lat["plain"]["lt_launches"] == 2
-    assert lat["on_copy"]["lt_ew_bytes"] - lat["plain"]["lt_ew_bytes"] == 2 * (2 * 8 * 36 * 4) * 4
+    assert lat["on_copy"]["lt_launches"] - lat["plain"]["lt_launches"] == 2 * kernels.count("clone")
+    assert lat["on_copy"]["lt_ew_bytes"] - lat["plain"]["lt_ew_bytes"] == 2 * kernels.count("clone") * (
+        2 * 8 * 36 * 4) * 4
+
+
+@pytest.mark.parametrize("op, clone_rule", [("mish", False), ("threshold", False), ("hardtanh", True),
+                                            ("relu6", True), ("leaky_relu", True)])
+def test_an_activation_in_place_counts_the_clone_it_keeps(op, clone_rule):
+    """A mish and a threshold in place clone their input first (the clone kept for backward), and so do a hardtanh and
+    a ReLU6 on torch >= 1.10 (relu6_clone): an aten.clone kernel, the input read and written, which their cost and
+    the latency terms did not count; a leaky ReLU in place clones nothing. Forward kernels are what this torch runs."""
+    pytest.importorskip("torch")
+    import torch.nn.functional as F
+
+    from perf4sight.features.walk import walk
+
+    calls = {"mish": lambda x: F.mish(x, inplace=True), "threshold": lambda x: F.threshold_(x, 0.4, -1.0),
+             "hardtanh": lambda x: F.hardtanh_(x, -0.5, 0.5), "relu6": lambda x: F.relu6(x, inplace=True),
+             "leaky_relu": lambda x: F.leaky_relu_(x, 0.1)}
+    attrs = {"mish": {}, "threshold": {"threshold": 0.4, "value": -1.0}, "hardtanh": {"min_val": -0.5, "max_val": 0.5},
+             "relu6": {}, "leaky_relu": {"negative_slope": 0.1}}[op]
+    forward, _ = _ops_run(lambda x: calls[op](x * 1.0), [8, 6, 6])
+    kernels = [name for name, _ in forward][1:]  # after the multiply that makes the input no leaf
+    desc = _desc([Node("input", "input", [], {}, [3, 6, 6]), _conv("c", "input", 3, 8, 3, 1, 6),
+                  Node("a", op, ["c"], {**attrs, "inplace": True}, [8, 6, 6])])
+    desc.nodes[1].attrs["padding"] = [1, 1]
+    new, old = StepRuntime(relu6_clone=True), StepRuntime(relu6_clone=False)
+    costs = {rt: next(v.cost for v in walk(desc, rt) if v.node.name == "a") for rt in (new, old)}
+    assert costs[new].kernels_fwd == len(kernels) == 1 + kernels.count("clone")
+    assert costs[old].kernels_fwd == (1 + kernels.count("clone") if not clone_rule else 1)
+    n = 8 * 36 * 4
+    assert costs[new].bytes_read == n * (1 + kernels.count("clone"))
+    table = {rt: network_features(desc, rt).kernels.launches for rt in (new, old)}
+    assert table[new] - table[old] == (kernels.count("clone") if clone_rule else 0)
 
 
 def _forward_ops(network, shape: list[int]) -> list[str]:
@@ -1035,7 +1069,7 @@ def test_linear_layers_reading_a_strided_view_keep_a_copy_each():
     assert sorted(nf.saved_sizes.tolist()).count(tokens) >= 3  # a copy each
     # each copy is a kernel of the tokens read and written, as many as torch runs (aten.clone, at batch 2)
     visits = {v.node.name: v for v in walk(desc)}
-    assert [name for name, v in visits.items() if v.copies_input] == ["q", "k", "v"]
+    assert [name for name, v in visits.items() if v.input_copies] == ["q", "k", "v"]
     assert [visits[name].cost.kernels_fwd for name in ("q", "k", "v", "fc")] == [2, 2, 2, 1]
     assert visits["q"].cost.bytes_read == (2 * 576 + 16 * 16 + 16) * 4  # the tokens twice, the weight and bias
     assert _forward_ops(network, [2, 3, 6, 6]).count("clone") == 3

@@ -220,7 +220,7 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
         for pos in cost.saved:
             tensor = node.name if pos == OUTPUT else node.inputs[pos]
             root = base.get(tensor, tensor)
-            if pos == 0 and visit.copies_input:  # a copy of its own (a linear layer's rows: walk.py)
+            if pos == 0 and node.op == "linear" and visit.input_copies:  # its rows copied, a copy of its own
                 saved[f"{node.name} copy"] = numel(shapes[tensor]) * BYTES_PER_ELEMENT
             elif root != input_name:  # the input batch is counted once, in input_bytes
                 saved[root] = numel(shapes[root]) * BYTES_PER_ELEMENT

@@ -21,8 +21,8 @@ Conventions, stated once:
 - Depthwise convs run their own (bandwidth-bound) kernels: counted in ``lt_dw_bytes``.
 - Bandwidth-bound kernels (batch norm, activations, adds, pooling, concatenation, bias,
   gradient accumulation at branches, the optimizer): ``lt_ew_bytes`` = bytes read + written. An op that copies its
-  input first (``walk.Visit.copies_input``: an activation in place on a copy, a linear layer of rows that do not
-  fold) runs the copy first: one kernel more, the input read and written.
+  input first (``walk.Visit.input_copies``: an activation in place on a copy, a linear layer of rows that do not
+  fold, an in-place activation's clone kept for backward) runs each copy first: a kernel, the input read and written.
 - ``lt_launches`` = all kernel launches of a step (forward + backward + optimizer);
   ``lt_work_per_launch`` = step FLOPs per launch, which tells a
   launch-bound step (small batch, many small kernels) from a compute-bound one.
@@ -381,7 +381,7 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
         if op in _VIEWS or hands_input_back(node):
             continue
         params += visit.cost.param_tensors if visit.cost is not None else 0  # each gets its own update kernels
-        if visit.copies_input:  # its input copied first (walk.Visit): read and written
+        for _ in range(visit.input_copies):  # its input copied first (walk.Visit): read and written
             r.other(BANDWIDTH, 0.0, 2.0 * numel(ins[0]) * BYTES_PER_ELEMENT)
         if op == "conv2d":
             _conv(r, node, ins[0], first)

@@ -151,6 +151,12 @@ class StepRuntime:
             return replace(cost, extra_saved_bytes=cost.extra_saved_bytes + cost.bytes_written)
         return cost
 
+    def clones_input(self, op: str, in_place: bool) -> bool:
+        """Whether ``op`` run in place (on its input, or on a copy of it: ``in_place``) first clones its input, the
+        clone it keeps for backward (an aten.clone kernel: the input read and written): a mish's and a threshold's
+        always, a ReLU6's and a hardtanh's on torch >= 1.10 (``relu6_clone``); measured on torch 2.14."""
+        return in_place and (op in ("mish", "threshold") or op in ("relu6", "hardtanh") and self.relu6_clone)
+
     def with_op_prices(self, table: dict[str, dict[int, float]] | None) -> "StepRuntime":
         """The same rules with a device's measured op prices (``priced_ops.check_prices``'s table; None: none)."""
         return replace(self, op_prices=prices_key(table))

@@ -13,9 +13,10 @@ there runs its weight's GEMM alone); one with no parameters besides runs no back
 nothing and counts no backward FLOPs or kernels; one whose backward computes each input's gradient apart (a
 quotient: ``formulas.INPUT_GRADIENTS``) costs the gradients of the inputs that need one. Keeping that rule here keeps
 the four consumers in agreement.
-An activation run in place on a copy of its input (``on_copy``), and a linear layer of N-D input whose rows do not
-fold (a view of tokens transposed out of a map: ``strided_views.rows_copied``), cost the copy's kernel too
-(``formulas.copied_first``); the linear layer keeps its copy (``Visit.copies_input``).
+An activation run in place on a copy of its input (``on_copy``), a linear layer of N-D input whose rows do not fold
+(a view of tokens transposed out of a map: ``strided_views.rows_copied``) and an activation in place that keeps a
+clone of its input (``StepRuntime.clones_input``) cost each copy's kernel too (``formulas.copied_first``); the linear
+layer keeps its copy (``Visit.input_copies``).
 A node that ``shares`` an earlier node's parameters (one layer called twice) costs its own FLOPs, bytes and saved
 tensors, and holds no parameters (``params`` and ``param_tensors`` 0: its first call's count them, once).
 """
@@ -42,9 +43,10 @@ class Visit:
     cost: OpCost | None   # None: the op has no cost formula
     base: str             # the tensor whose storage this node's output shares (its own name unless a view)
     needs_grad: bool = True  # the output needs a gradient (False: the op runs no backward)
-    # the op copies its first input before it runs, a forward kernel of the input read and written: an activation in
-    # place on a copy (on_copy), a linear layer of rows that do not fold (strided_views.rows_copied), which keeps it
-    copies_input: bool = False
+    # copies of its first input the op makes before it runs, each a forward kernel of the input read and written: an
+    # activation in place on a copy (on_copy), a linear layer of rows that do not fold (strided_views.rows_copied),
+    # which keeps its copy, an activation in place that keeps a clone of its input (StepRuntime.clones_input)
+    input_copies: int = 0
 
 
 def walk(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> Iterator[Visit]:
@@ -64,8 +66,8 @@ def walk(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> Iter
         handler = HANDLERS.get(node.op)
         on_copy = bool(node.attrs.get("on_copy"))
         cost = None if handler is None else runtime.applied(node.op, handler(node, in_shapes, first), on_copy=on_copy)
-        copies = on_copy or node.op == "linear" and rows_copied(nodes, node.inputs[0], base, shapes)
-        if cost is not None and copies:  # the copy's kernel, after the runtime's rules (which read the op's bytes)
+        copies = _input_copies(node, runtime, nodes, base, shapes)
+        for _ in range(copies if cost is not None else 0):  # after the runtime's rules (which read the op's bytes)
             cost = copied_first(cost, in_shapes[0])
         if cost is not None and fed and node.op in INPUT_GRADIENTS:  # the gradients of those inputs that need one
             cost = INPUT_GRADIENTS[node.op](cost, node, [grad[i] for i in node.inputs], in_shapes)
@@ -77,6 +79,16 @@ def walk(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> Iter
         is_view = cost is not None and cost.kind == "view" and bool(node.inputs)
         base[node.name] = base.get(node.inputs[0], node.inputs[0]) if is_view else node.name
         yield Visit(node, in_shapes, first, cost, base[node.name], grad[node.name], copies)
+
+
+def _input_copies(node: Node, runtime: StepRuntime, nodes: dict[str, Node], base: dict[str, str],
+                  shapes: dict[str, list[int]]) -> int:
+    """Copies of its first input ``node`` makes before it runs (:attr:`Visit.input_copies`; ``nodes``, ``base`` and
+    ``shapes``: the walk's so far)."""
+    on_copy = bool(node.attrs.get("on_copy"))
+    rows = node.op == "linear" and rows_copied(nodes, node.inputs[0], base, shapes)
+    clone = runtime.clones_input(node.op, on_copy or bool(node.attrs.get("inplace")))
+    return int(on_copy) + int(rows) + int(clone)
 
 
 def consumer_counts(desc: NetworkDescription) -> dict[str, int]:
