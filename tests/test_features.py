@@ -1540,6 +1540,8 @@ def test_a_frozen_batch_norm_keeps_what_autograd_keeps():
     original = (_module_saved_bytes(network, [3, 8, 8], 4) - _module_saved_bytes(network, [3, 8, 8], 2)) / 2
     # nothing keeps the input (the first norm's multiply keeps its scale alone): the saved bytes are all autograd's
     assert nf.per_sample["saved_bytes"] == (at4 - at2) / 2 == original
+    # and once a batch, the [1, 16, 1, 1] scales of the two norms whose input needs a gradient
+    assert nf.batch_saved_sizes.tolist() == [16 * 4, 16 * 4] and sum(nf.batch_saved_sizes) == at2 - (at4 - at2)
     assert count_params(desc) == sum(p.numel() for p in network.parameters()) == 16 * 27 + 16 * 144 + 16 * 5 + 5
     assert not nf.unsupported
     costs = {visit.node.name: visit.cost for visit in walk(desc)}
