@@ -788,14 +788,21 @@ def _batch_norm_call(n: fx.Node) -> tuple[str, dict]:
     return "batchnorm2d", attrs
 
 
-def _permute_call(n: fx.Node) -> tuple[str, dict]:
-    """``x.permute(0, 2, 3, 1)`` or ``torch.permute(x, [0, 2, 3, 1])``: dimensions count the batch, which stays."""
+def _permuted_dims(n: fx.Node) -> list[int]:
+    """The dimensions, counting the batch's, that permute call ``n`` (``x.permute(0, 2, 3, 1)``,
+    ``torch.permute(x, [0, 2, 3, 1])``) puts in order, each in [0, rank)."""
     rest = list(n.args[1:]) or [n.kwargs.get("dims")]
     dims = rest[0] if len(rest) == 1 and isinstance(rest[0], (list, tuple)) else rest
     rank = len(n.args[0].meta["tensor_meta"].shape)
-    dims = [int(d) % rank for d in dims]
+    return [int(d) % rank for d in dims]
+
+
+def _permute_call(n: fx.Node) -> tuple[str, dict]:
+    """``x.permute(0, 2, 3, 1)`` or ``torch.permute(x, [0, 2, 3, 1])``: dimensions count the batch, which stays."""
+    dims = _permuted_dims(n)
     if dims[0] != 0:
-        raise ValueError(f"a permute that moves the batch dimension ({dims}) has no description op")
+        raise ValueError(f"a permute that moves the batch dimension ({dims}) has no description op unless each of "
+                         "its readers takes one entry of its first dimension (q, k, v = qkv.unbind(0), qkv[0])")
     return "permute", {"dims": dims}
 
 
@@ -1614,6 +1621,12 @@ def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, s
         if n.args[1] == 0:  # the attention's output (its weights, [1], are not asked for: None)
             alias[n.name] = alias[n.args[0].name]
         return []
+    if _moves_the_batch_for_picks(n):  # read by its picks alone, each a select and a permute of its input
+        return []
+    picked = _picked_after_a_moved_batch(n, alias)
+    if picked is not None:
+        alias[n.name] = n.name
+        return picked
     reduced = _max_part(n, gm, alias)
     if reduced is not None:
         return reduced
@@ -2226,6 +2239,71 @@ def _unbound_piece(unbind: fx.Node, index: int, name: str, alias: dict[str, str]
     _network_tensor(source, alias, "unbind")
     return Node(name, "select", [alias[source.name]], {"dim": dim, "index": index},
                 list(unbind.meta["tensor_meta"][index].shape)[1:])
+
+
+_PERMUTES = {torch.permute, "permute"}
+
+
+def _picks_one_entry(user: fx.Node) -> bool:
+    """Whether ``user`` takes one entry of its input's first dimension: ``x[i]`` (an integer), ``x.select(0, i)``,
+    or ``x.unbind(0)`` each of whose readers takes one of its pieces (``q, k, v = x.unbind(0)``)."""
+    if user.op not in ("call_method", "call_function"):
+        return False
+    if user.target is operator.getitem:
+        return isinstance(user.args[1], int)
+    rank = len(user.args[0].meta["tensor_meta"].shape)
+    if user.target in (torch.select, "select"):
+        return int(_arg(user, 1, "dim")) % rank == 0
+    if user.target in _UNBINDS:
+        return int(_arg(user, 1, "dim", 0)) % rank == 0 and all(
+            u.target is operator.getitem and isinstance(u.args[1], int) for u in user.users)
+    return False
+
+
+def _moves_the_batch_for_picks(n: fx.Node) -> bool:
+    """Whether ``n`` is a permute that moves the batch dimension from first, each of its readers taking one entry of
+    its first dimension: a packed projection's queries, keys and values
+    (``qkv.reshape(B, N, 3, h, d).permute(2, 0, 3, 1, 4)``, then ``q, k, v = qkv.unbind(0)``, timm's attention)."""
+    return isinstance(n, fx.Node) and n.op in ("call_method", "call_function") and n.target in _PERMUTES \
+        and _permuted_dims(n)[0] != 0 and bool(n.users) and all(_picks_one_entry(u) for u in n.users)
+
+
+def _picked_after_a_moved_batch(n: fx.Node, alias: dict[str, str]) -> list[Node] | None:
+    """The nodes of ``n`` where it takes entry i of a permute that moved the batch (:func:`_moves_the_batch_for_picks`):
+    the permute's input's entry i along the dimension the permute put first (a select), then the other dimensions
+    in the permute's order (a permute of the batch first; none where they stay in order). None for another node."""
+    if n.op not in ("call_method", "call_function"):
+        return None
+    if n.target is operator.getitem and isinstance(n.args[0], fx.Node) and isinstance(n.args[1], int):
+        source, index = n.args
+        if source.target in _UNBINDS and isinstance(source.args[0], fx.Node):
+            source = source.args[0]
+    elif n.target in (torch.select, "select") and isinstance(n.args[0], fx.Node):
+        source, index = n.args[0], int(_arg(n, 2, "index"))
+    else:
+        return None
+    if not _moves_the_batch_for_picks(source):
+        return None
+    return _select_then_permute(n, source, index, alias)
+
+
+def _select_then_permute(n: fx.Node, permute: fx.Node, index: int, alias: dict[str, str]) -> list[Node]:
+    """Entry ``index`` of ``permute``'s first dimension, which ``n`` takes, as a select of ``permute``'s input and a
+    permute of what is left (``x.permute(2, 0, 3, 1, 4)[i]`` is ``x.select(2, i).permute(0, 2, 1, 3)``)."""
+    dims, source = _permuted_dims(permute), permute.args[0]
+    picked = dims[0]
+    rest = [d - (d > picked) for d in dims[1:]]
+    if rest[0] != 0:
+        raise ValueError(f"a permute {dims} whose entries put the batch dimension elsewhere than first has no "
+                         "description op")
+    _network_tensor(source, alias, "permute")
+    shape = [int(s) for s in source.meta["tensor_meta"].shape]
+    attrs = {"dim": picked, "index": index % shape[picked]}
+    kept = shape[1:picked] + shape[picked + 1:]
+    if rest == sorted(rest):
+        return [Node(n.name, "select", [alias[source.name]], attrs, kept)]
+    select = Node(f"{n.name}__picked", "select", [alias[source.name]], attrs, kept)
+    return [select, Node(n.name, "permute", [select.name], {"dims": rest}, _shape(n))]
 
 
 def _split_piece(split: fx.Node, index: int, name: str, alias: dict[str, str]) -> Node:

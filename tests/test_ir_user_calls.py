@@ -1,0 +1,110 @@
+"""Calls users write most that the description once refused: timm's packed attention, ``.mT``, ``torch.mm``,
+fractional max pools returning indices, ``torch.maximum``, ``torch.flip``, ``torch.roll``: described as torch computes
+them (the module rebuilt from the description computes the original's output), or refused by name."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from perf4sight.errors import UserError
+from perf4sight.ir.from_torch import describe
+from perf4sight.ir.schema import NetworkDescription
+from perf4sight.ir.to_torch import build_module
+
+SHAPE = [3, 16, 16]
+
+
+def _computes_the_same(module: nn.Module, shape: list[int] = SHAPE) -> NetworkDescription:
+    """``module``'s description, read back, once the module rebuilt from it, given ``module``'s weights, has computed
+    what ``module`` computes at a fixed seed."""
+    torch.manual_seed(0)
+    desc = NetworkDescription.from_dict(describe(module.eval(), shape, name="probe").to_dict())
+    assert desc.params == sum(p.numel() for p in module.parameters())
+    rebuilt = build_module(desc).eval()
+    for new, old in zip(rebuilt.parameters(), module.parameters()):
+        new.data.copy_(old.data)
+    x = torch.randn(2, *shape)
+    assert torch.allclose(rebuilt(x), module(x), atol=1e-5)
+    return desc
+
+
+class _PackedAttention(nn.Module):
+    """timm's ``Attention``: one linear layer makes the queries, keys and values of ``heads`` heads, reshaped to
+    [B, N, 3, heads, d] and permuted to [3, B, heads, N, d], taken apart as ``picks`` says (``unbind``: ``q, k, v =
+    qkv.unbind(0)``; ``index``: ``qkv[0], qkv[1], qkv[2]``; ``select``: ``qkv.select(0, i)``)."""
+
+    def __init__(self, dim: int, heads: int, picks: str) -> None:
+        super().__init__()
+        self.heads, self.scale, self.picks = heads, (dim // heads) ** -0.5, picks
+        self.qkv, self.proj = nn.Linear(dim, dim * 3), nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        qkv = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        if self.picks == "unbind":
+            q, k, v = qkv.unbind(0)
+        elif self.picks == "index":
+            q, k, v = qkv[0], qkv[1], qkv[2]
+        else:
+            q, k, v = (qkv.select(0, i) for i in range(3))
+        attn = ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1)
+        return self.proj((attn @ v).transpose(1, 2).reshape(b, n, c))
+
+
+class _Tokens(nn.Module):
+    """A convolution's map of [32, 16] as 32 tokens of 16 features (contiguous), a pre-norm residual block of
+    ``attention`` on them, the tokens' mean and a classifier."""
+
+    def __init__(self, attention: nn.Module) -> None:
+        super().__init__()
+        self.conv, self.norm, self.attn, self.head = nn.Conv2d(3, 32, 4, 4), nn.LayerNorm(16), attention, \
+            nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = self.conv(x).flatten(2)
+        x = x + self.attn(self.norm(x))
+        return self.head(x.mean(1))
+
+
+@pytest.mark.parametrize("picks", ["unbind", "index", "select"])
+def test_timm_s_packed_attention_is_described(picks):
+    """The permute(2, 0, 3, 1, 4) that puts q, k and v first was refused (it moves the batch dimension): each pick of
+    it is the reshaped projection's entry along its third dimension (a select) with the heads put before the tokens
+    (a permute), so the whole block describes (two matmuls, the scale, the softmax) and rebuilds to the same
+    function."""
+    desc = _computes_the_same(_Tokens(_PackedAttention(16, 4, picks)))
+    selects = [(n.attrs, n.output_shape) for n in desc.nodes if n.op == "select"]
+    assert selects == [({"dim": 2, "index": i}, [32, 4, 4]) for i in range(3)]
+    assert [n.attrs["dims"] for n in desc.nodes if n.op == "permute"] == [[0, 2, 1, 3]] * 3
+    assert [n.output_shape for n in desc.nodes if n.op == "matmul"] == [[4, 32, 32], [4, 32, 4]]
+
+
+def test_a_permute_that_moves_the_batch_and_is_read_whole_is_refused_by_name():
+    """A permute moving the batch read otherwise than by picks of its first dimension still has no description op,
+    and the message says which reads would have one."""
+    class Moved(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+        def forward(self, x):
+            y = self.conv(x).permute(1, 0, 2, 3)
+            return (y * 2).permute(1, 0, 2, 3).flatten(1)
+    with pytest.raises(UserError, match=r"moves the batch dimension .* unless each of its readers takes one entry"):
+        describe(Moved(), SHAPE, name="moved")
+
+
+def test_packed_attention_costs_as_traced_and_the_allocation_model_names_what_it_does_not_cover():
+    """The allocation model does not follow the picks' strides (a select of the packed projection, permuted: torch
+    copies it before the product, and its gradient arrives in permuted strides): it refuses the network by name,
+    and the meta trace, which the default takes, records it."""
+    from test_allocator import _as_replayed
+
+    from perf4sight.features.alloc_trace import record_events
+
+    desc = describe(_Tokens(_PackedAttention(16, 4, "unbind")), SHAPE, name="packed")
+    with pytest.raises(UserError, match="allocation model does not cover"):
+        record_events(desc, 3, method="model")
+    assert _as_replayed(record_events(desc, 3, steps=2)) == _as_replayed(record_events(desc, 3, steps=2,
+                                                                                       method="trace"))
