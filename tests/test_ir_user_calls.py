@@ -108,3 +108,41 @@ def test_packed_attention_costs_as_traced_and_the_allocation_model_names_what_it
         record_events(desc, 3, method="model")
     assert _as_replayed(record_events(desc, 3, steps=2)) == _as_replayed(record_events(desc, 3, steps=2,
                                                                                        method="trace"))
+
+
+class _Probe(nn.Module):
+    """A convolution, then ``pattern(y)`` on its output, then a classifier of the result flattened."""
+
+    def __init__(self, pattern, width: int) -> None:
+        super().__init__()
+        self.conv, self.pattern, self.fc = nn.Conv2d(3, 8, 3, padding=1), pattern, nn.Linear(width, 10)
+
+    def forward(self, x):
+        return self.fc(self.pattern(self.conv(x)).flatten(1))
+
+
+@pytest.mark.parametrize("pattern", [lambda y: y.flatten(2) @ y.flatten(2).mT,
+                                     lambda y: y.flatten(2).mH @ y.flatten(2),
+                                     lambda y: y.mT.contiguous()[:, :, 2:10] * 2])
+def test_a_matrix_transpose_attribute_is_the_transpose_of_the_last_two_dims(pattern):
+    """``x.mT`` and ``x.mH`` (torch.fx records them as getattr) were refused, while ``x.transpose(-2, -1)``
+    described: each is that transpose."""
+    width = int(pattern(torch.zeros(1, 8, 16, 16)).numel())
+    desc = _computes_the_same(_Probe(pattern, width))
+    assert [n.attrs for n in desc.nodes if n.op == "transpose"] == [{"dim0": -2, "dim1": -1}]
+
+
+@pytest.mark.parametrize("pattern, match", [(lambda y: y.mean((2, 3)).T.T, r"x.T of a tensor of 2 dimensions"),
+                                            (lambda y: y.mean((2, 3)).mT.mT, r"x.mT of a tensor of 2 dimensions")])
+def test_a_matrix_transpose_of_the_batch_is_refused_by_name(pattern, match):
+    """``x.T`` (every dimension reversed) and ``x.mT`` of a [B, F] tensor swap the batch dimension: refused naming
+    the attribute and what to write instead."""
+    with pytest.raises(UserError, match=match + r".*moves the batch dimension.*x.transpose\(-2, -1\)"):
+        describe(_Probe(pattern, 8), SHAPE, name="probe")
+
+
+def test_an_activation_in_place_on_a_matrix_transpose_of_a_copy_is_out_of_place():
+    """``y.clone().mT.relu_()`` writes the copy, not ``y``: the walk back from the written tensor passes ``.mT`` as
+    it passes ``.transpose``, so the rebuilt network leaves ``y`` unwritten for its other reader."""
+    desc = _computes_the_same(_Probe(lambda y: y.clone().mT.relu_() + y, 8 * 16 * 16))
+    assert [n.attrs for n in desc.nodes if n.op == "relu"] == [{}]

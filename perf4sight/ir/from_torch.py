@@ -670,6 +670,21 @@ for _key in (torch.flatten, "flatten"):
     FUNCTION_OPS[_key] = lambda n: _flatten(n, _arg(n, 1, "start_dim", 0), _arg(n, 2, "end_dim", -1))
 for _key in (torch.transpose, "transpose", torch.swapaxes, "swapaxes"):
     FUNCTION_OPS[_key] = lambda n: ("transpose", {"dim0": int(_arg(n, 1, "dim0")), "dim1": int(_arg(n, 2, "dim1"))})
+
+
+def _matrix_transpose_attr(n: fx.Node) -> tuple[str, dict]:
+    """``x.mT`` (and ``x.mH``, the same for the real tensors a description holds; torch.fx records either as a
+    ``getattr``): the last two dimensions swapped, as ``x.transpose(-2, -1)``; ``ValueError`` for ``x.T``/``x.H``
+    and for ``x.mT`` of a [B, F] tensor, which swap the batch dimension with another."""
+    name, rank = n.args[1], len(n.args[0].meta["tensor_meta"].shape)
+    if name in ("T", "H") or rank < 3:
+        raise ValueError(f"x.{name} of a tensor of {rank} dimensions moves the batch dimension and has no description "
+                         "op; swap two dimensions after the batch's (x.mT or x.transpose(-2, -1) of 3 or more)")
+    return "transpose", {"dim0": -2, "dim1": -1}
+
+
+_MATRIX_TRANSPOSES = ("mT", "mH", "T", "H")
+
 for _key in (torch.mean, "mean"):
     FUNCTION_OPS[_key] = lambda n: ("mean", {"dims": _dims(_arg(n, 1, "dim")),
                                              "keepdim": bool(_arg(n, 2, "keepdim", False))})
@@ -1490,7 +1505,8 @@ def _convert(gm: fx.GraphModule, where: str) -> tuple[list[Node], str]:
 _VIEWING = {*_RESHAPES, "flatten", torch.flatten, "transpose", torch.transpose, "swapaxes", torch.swapaxes, "t",
             "permute", torch.permute, "unsqueeze", torch.unsqueeze, "squeeze", torch.squeeze, operator.getitem,
             "narrow", torch.narrow, "select", torch.select, "chunk", torch.chunk, "split", torch.split, "unbind",
-            torch.unbind, "expand", "expand_as", "view_as"}
+            torch.unbind, "expand", "expand_as", "view_as",
+            getattr}  # a tensor's attribute: x.mT, x.mH (views)
 
 
 def _writes_a_copy(n: fx.Node) -> bool:
@@ -2383,6 +2399,8 @@ def _op_of(n: fx.Node, gm: fx.GraphModule) -> tuple[str, dict]:
         return "reshape", {"shape": _shape(n)}
     if target in _ALIASES:
         return "alias", {}
+    if target is getattr and n.args[1] in _MATRIX_TRANSPOSES:
+        return _matrix_transpose_attr(n)
     if target in FUNCTION_OPS:
         return FUNCTION_OPS[target](n)
     if n.op == "call_function" and getattr(target, "__name__", "") in _NAMED_CALLS:
