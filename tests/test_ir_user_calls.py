@@ -146,3 +146,44 @@ def test_an_activation_in_place_on_a_matrix_transpose_of_a_copy_is_out_of_place(
     it passes ``.transpose``, so the rebuilt network leaves ``y`` unwritten for its other reader."""
     desc = _computes_the_same(_Probe(lambda y: y.clone().mT.relu_() + y, 8 * 16 * 16))
     assert [n.attrs for n in desc.nodes if n.op == "relu"] == [{}]
+
+
+class _Products(nn.Module):
+    """A convolution's [8, 16] map (flattened) and its [8] channel means, then ``product(self, means, map)``."""
+
+    def __init__(self, product) -> None:
+        super().__init__()
+        self.conv, self.product, self.weight = nn.Conv2d(3, 8, 4, 4), product, nn.Parameter(torch.randn(8, 8))
+
+    def forward(self, x):
+        y = self.conv(x).flatten(2)
+        return self.product(self, y.mean(2), y).flatten(1)
+
+
+@pytest.mark.parametrize("product, match", [
+    (lambda s, v, y: torch.mm(v, s.weight), r"torch.mm multiplies 2-D matrices.*nn.Linear\(K, N, bias=False\)"),
+    (lambda s, v, y: v.mm(s.weight), r"torch.mm multiplies 2-D matrices, the batch the first one's rows"),
+    (lambda s, v, y: torch.addmm(v, v, s.weight), r"torch.addmm multiplies 2-D matrices.*nn.Linear\(K, N\),"),
+    (lambda s, v, y: torch.baddbmm(y @ y.mT, y, y.mT, alpha=0.5),
+     r"torch.baddbmm \(beta \* input \+ alpha \* the product, one GEMM\).*torch.bmm\(b1, b2\) \* alpha \+ input"),
+    (lambda s, v, y: torch.addbmm(s.weight, y, y.mT), r"torch.addbmm .* has no description op; write"),
+])
+def test_products_of_2_d_matrices_and_fused_sums_are_refused_by_name(product, match):
+    """torch.mm and addmm (their batch is the first matrix's rows: no per-sample node multiplies so) and baddbmm and
+    addbmm (one GEMM adding a scaled input) were refused as any call without a description op, saying nothing of
+    what to write: the refusal names the call and what describes instead."""
+    with pytest.raises(UserError, match=match):
+        describe(_Products(product), SHAPE, name="products")
+
+
+def test_the_rewrite_a_refused_baddbmm_names_describes():
+    """torch.bmm(b1, b2) * alpha + input, the rewrite the refusal names, describes as a matmul, a multiply by the
+    number and an add, and rebuilds to the same function as torch.baddbmm computes."""
+    def rewritten(y):
+        y = y.flatten(2)
+        return torch.bmm(y, y.mT) * 0.5 + y @ y.mT
+    module = _Probe(rewritten, 64)
+    desc = _computes_the_same(module)
+    assert [n.op for n in desc.nodes if n.op in ("matmul", "mul", "add")] == ["matmul", "mul", "matmul", "add"]
+    y = module.conv(torch.randn(2, *SHAPE)).flatten(2)
+    assert torch.allclose(rewritten(y), torch.baddbmm(y @ y.mT, y, y.mT, alpha=0.5), atol=1e-5)

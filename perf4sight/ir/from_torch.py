@@ -2028,6 +2028,24 @@ def _sum_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[No
 
 
 _MATRIX_PRODUCTS = {operator.matmul, torch.matmul, torch.bmm, "matmul", "bmm"}
+
+
+def _unbatched_product(n: fx.Node) -> tuple[str, dict]:
+    """``torch.mm``/``addmm`` (2-D matrices: the batch is the first one's rows, which a description's per-sample
+    nodes cannot contract over) and ``baddbmm``/``addbmm`` (one GEMM that adds its input, scaled, to the product,
+    which no description op runs as one): ``ValueError`` naming the call and what describes instead."""
+    name = getattr(n.target, "__name__", n.target)
+    if name in ("mm", "addmm"):
+        layer = "nn.Linear(K, N, bias=False)" if name == "mm" else "nn.Linear(K, N)"
+        raise ValueError(f"torch.{name} multiplies 2-D matrices, the batch the first one's rows, and has no description "
+                         f"op; a [B, K] activation times a layer's weight is {layer}, a product of two activations "
+                         "batched matrices ([B, M, K] @ [B, K, N], torch.matmul)")
+    raise ValueError(f"torch.{name} (beta * input + alpha * the product, one GEMM) has no description op; write "
+                     "torch.bmm(b1, b2) * alpha + input, three nodes of their own")
+
+
+for _key in (torch.mm, "mm", torch.addmm, "addmm", torch.baddbmm, "baddbmm", torch.addbmm, "addbmm"):
+    FUNCTION_OPS[_key] = _unbatched_product
 _EINSUMS = {torch.einsum}
 
 
