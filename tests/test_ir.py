@@ -1087,8 +1087,8 @@ def test_a_fractional_max_pool_is_the_op_fractional_maxpool2d():
     """nn.FractionalMaxPool2d and F.fractional_max_pool2d were refused as a layer and a call without a description
     op: they are a fractional_maxpool2d of its windows and the output size the trace gives (of an output ratio too).
     Its windows' places are drawn at each forward, so the rebuilt module makes the same shapes, and given the same
-    random samples as the original computes the same. One returning its indices, of fixed samples, or an output
-    size whose windows do not fit the input is refused by name."""
+    random samples as the original computes the same. One of fixed samples, or an output size whose windows do not
+    fit the input, is refused by name (one returning its indices: tests/test_ir_user_calls.py)."""
     torch.manual_seed(0)
     original = _Fractional()
     desc = NetworkDescription.from_dict(describe(original, [3, 16, 16], name="fractional").to_dict())
@@ -1116,10 +1116,9 @@ def test_a_fractional_max_pool_is_the_op_fractional_maxpool2d():
         def forward(self, x):
             y = self.layer(self.conv(x))
             return y[0] if isinstance(y, tuple) else y
-    for layer in (nn.FractionalMaxPool2d(2, output_size=4, return_indices=True),
-                  nn.FractionalMaxPool2d(2, output_size=4, _random_samples=samples)):
-        with pytest.raises(UserError, match="a fractional max pool that returns its indices or takes fixed random "
-                                            "samples has no description op"):
+    for layer in (nn.FractionalMaxPool2d(2, output_size=4, _random_samples=samples),):
+        with pytest.raises(UserError, match="a fractional max pool that takes fixed random samples has no "
+                                            "description op"):
             describe(Indexed(layer), [3, 8, 8], name="fixed")
     bad = desc.to_dict()
     next(n for n in bad["nodes"] if n["op"] == "fractional_maxpool2d")["attrs"]["output_size"] = [15, 11]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from perf4sight.errors import UserError
@@ -187,3 +188,67 @@ def test_the_rewrite_a_refused_baddbmm_names_describes():
     assert [n.op for n in desc.nodes if n.op in ("matmul", "mul", "add")] == ["matmul", "mul", "matmul", "add"]
     y = module.conv(torch.randn(2, *SHAPE)).flatten(2)
     assert torch.allclose(rewritten(y), torch.baddbmm(y @ y.mT, y, y.mT, alpha=0.5), atol=1e-5)
+
+
+class _Pooled(nn.Module):
+    """A convolution, then ``pool(self, y)`` on its [8, 16, 16] map, then a classifier of the channels' means."""
+
+    def __init__(self, pool, layer: nn.Module | None = None) -> None:
+        super().__init__()
+        self.conv, self.pool, self.layer, self.fc = nn.Conv2d(3, 8, 3, padding=1), pool, layer, nn.Linear(8, 10)
+
+    def forward(self, x):
+        return self.fc(self.pool(self, self.conv(x)).mean((2, 3)))
+
+
+def _values_unpacked(pooled):
+    """The values of ``pooled``, a (values, indices) pair, unpacked with the indices left unread."""
+    values, _ = pooled
+    return values
+
+
+@pytest.mark.parametrize("module, op", [
+    (_Pooled(lambda s, y: s.layer(y)[0], nn.FractionalMaxPool2d(2, output_size=5, return_indices=True)),
+     "fractional_maxpool2d"),
+    (_Pooled(lambda s, y: F.fractional_max_pool2d(y, 3, output_ratio=(0.5, 0.6), return_indices=True)[0]),
+     "fractional_maxpool2d"),
+    (_Pooled(lambda s, y: _values_unpacked(F.fractional_max_pool2d(y, 2, output_size=(6, 7), return_indices=True))),
+     "fractional_maxpool2d"),
+    (_Pooled(lambda s, y: s.layer(y)[0], nn.MaxPool2d(3, 2, 1, return_indices=True)), "maxpool2d"),
+    (_Pooled(lambda s, y: _values_unpacked(F.max_pool2d(y, 2, return_indices=True))), "maxpool2d"),
+    (_Pooled(lambda s, y: s.layer(y)[0], nn.AdaptiveMaxPool2d(3, return_indices=True)), "adaptivemaxpool2d"),
+])
+def test_the_values_of_a_pool_returning_its_indices_are_the_pool(module, op):
+    """A fractional max pool with return_indices=True (torch.fx records fractional_max_pool2d_with_indices) was
+    refused, and so was a max pool's: read as its values alone (the tuple's [0], the indices unread), it is the pool,
+    which torch computes alike (keeping the indices for backward either way); the module rebuilt from the
+    description computes the same output as the original at the same seed (a fractional pool draws its windows)."""
+    desc = NetworkDescription.from_dict(describe(module.eval(), SHAPE, name="pooled").to_dict())
+    assert [n.op for n in desc.nodes] == ["input", "conv2d", op, "mean", "linear"]
+    rebuilt = build_module(desc).eval()
+    for new, old in zip(rebuilt.parameters(), module.parameters()):
+        new.data.copy_(old.data)
+    x = torch.randn(2, *SHAPE)
+    torch.manual_seed(1)
+    expected = module(x)
+    torch.manual_seed(1)
+    assert torch.allclose(rebuilt(x), expected, atol=1e-6)
+    if op == "fractional_maxpool2d":  # the windows' draws matter: another seed's differ
+        torch.manual_seed(2)
+        assert not torch.allclose(rebuilt(x), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("module, match", [
+    (_Pooled(lambda s, y: F.fractional_max_pool2d(y, 2, output_size=8, return_indices=True)[1].float()),
+     r"the indices \(int64\) of fractional_max_pool2d\(..., return_indices=True\) \(node "
+     r"fractional_max_pool2d_with_indices; a description follows its values alone, read as its \[0\]\) has no"),
+    (_Pooled(lambda s, y: s.layer(y)[1].float(), nn.FractionalMaxPool2d(2, output_size=8, return_indices=True)),
+     r"the indices \(int64\) of FractionalMaxPool2d\(..., return_indices=True\) \(node layer;"),
+    (_Pooled(lambda s, y: y + s.layer(y)[1].float(), nn.MaxPool2d(3, 1, 1, return_indices=True)),
+     r"the indices \(int64\) of MaxPool2d\(..., return_indices=True\)"),
+])
+def test_the_indices_of_a_pool_read_are_refused_by_name(module, match):
+    """Indices that are read (an unpool's, a gather's) have no description: the refusal names the pool and says that
+    its values alone describe."""
+    with pytest.raises(UserError, match=match):
+        describe(module, SHAPE, name="pooled")

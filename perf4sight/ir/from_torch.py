@@ -143,6 +143,8 @@ def _sync_bn(m: nn.SyncBatchNorm, n: fx.Node) -> tuple[str, dict]:
 
 
 def _maxpool(m: nn.MaxPool2d) -> tuple[str, dict]:
+    if m.return_indices:  # its values alone, read as its tuple's [0], are the op: _pool_part
+        raise ValueError("a max pool's (values, indices) read whole has no description op; read its values ([0])")
     attrs = {"kernel_size": _pair(m.kernel_size), "stride": _pair(m.stride or m.kernel_size),
              "padding": _pair(m.padding), "ceil_mode": bool(m.ceil_mode)}
     if _pair(m.dilation) != [1, 1]:
@@ -158,15 +160,25 @@ def _avgpool(m: nn.AvgPool2d) -> tuple[str, dict]:
                          "count_include_pad": bool(m.count_include_pad)}
 
 
+_FIXED_SAMPLES = "a fractional max pool that takes fixed random samples has no description op"
+
+
 def _fractional_maxpool(n: fx.Node, kernel_size: Any, return_indices: Any, samples: Any) -> tuple[str, dict]:
     """``nn.FractionalMaxPool2d`` or ``F.fractional_max_pool2d`` of a ``[N, C, H, W]`` map: its windows and the
     output size the trace gives (of an ``output_size`` or an ``output_ratio``). With its indices asked for, or with
-    fixed ``_random_samples`` (torch then draws none), ``ValueError``."""
-    if return_indices or samples is not None:
-        raise ValueError("a fractional max pool that returns its indices or takes fixed random samples has no "
-                         "description op")
-    out = _shape(n)
-    if len(n.args[0].meta["tensor_meta"].shape) != 4 or out is None:
+    fixed ``_random_samples`` (torch then draws none), ``ValueError`` (the values of one that returns its indices:
+    :func:`_pool_part`)."""
+    if return_indices:
+        raise ValueError("a fractional max pool's (values, indices) read whole has no description op; read its "
+                         "values ([0])")
+    if samples is not None:
+        raise ValueError(_FIXED_SAMPLES)
+    return _fractional_maxpool_attrs(n.args[0], _shape(n), kernel_size)
+
+
+def _fractional_maxpool_attrs(source: fx.Node, out: list[int] | None, kernel_size: Any) -> tuple[str, dict]:
+    """The op of a fractional max pool of ``source`` whose values are of per-sample shape ``out``."""
+    if len(source.meta["tensor_meta"].shape) != 4 or out is None:
         raise ValueError("a fractional max pool of anything but a [N, C, H, W] map has no description op")
     return "fractional_maxpool2d", {"kernel_size": _pair(kernel_size), "output_size": [int(v) for v in out[1:]]}
 
@@ -1643,6 +1655,9 @@ def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, s
     if picked is not None:
         alias[n.name] = n.name
         return picked
+    pooled = _pool_part(n, gm, alias)
+    if pooled is not None:
+        return pooled
     reduced = _max_part(n, gm, alias)
     if reduced is not None:
         return reduced
@@ -2111,6 +2126,66 @@ def _max_part(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Nod
         label = call.target if isinstance(call.target, str) else call.target.__name__
         raise _NoOp(f"the indices (int64) of {call.op} '{label}' (node {call.name})", f"indices of {label}", n)
     return []
+
+
+_POOLS_WITH_INDICES = {F.max_pool2d_with_indices: "max_pool2d", F.fractional_max_pool2d_with_indices:
+                       "fractional_max_pool2d", F.adaptive_max_pool2d_with_indices: "adaptive_max_pool2d"}
+
+
+def _pool_with_indices(call: Any, gm: fx.GraphModule) -> str | None:
+    """The name of the pool ``call`` is where it returns its values and their indices (``return_indices=True``: a
+    max pool's, a fractional or an adaptive one's, the module or the function, which torch.fx records as
+    ``max_pool2d_with_indices``); None for any other node."""
+    if not isinstance(call, fx.Node):
+        return None
+    if call.op == "call_function":
+        return _POOLS_WITH_INDICES.get(call.target)
+    module = gm.get_submodule(call.target) if call.op == "call_module" else None
+    pools = (nn.MaxPool2d, nn.FractionalMaxPool2d, nn.AdaptiveMaxPool2d)
+    return type(module).__name__ if isinstance(module, pools) and module.return_indices else None
+
+
+def _pooled_values(values: fx.Node, call: fx.Node, gm: fx.GraphModule) -> tuple[str, dict]:
+    """The op and attrs of pool ``call``'s values, read as ``values`` (its tuple's [0]): the pool without indices,
+    which torch computes alike (its backward reads the indices it keeps either way)."""
+    if call.op == "call_module":
+        m = gm.get_submodule(call.target)
+        if isinstance(m, nn.FractionalMaxPool2d):
+            if m._random_samples is not None:
+                raise ValueError(_FIXED_SAMPLES)
+            return _fractional_maxpool_attrs(call.args[0], _shape(values), m.kernel_size)
+        if isinstance(m, nn.AdaptiveMaxPool2d):
+            return _adaptive_pool("adaptivemaxpool2d", values)
+        return _maxpool(nn.MaxPool2d(m.kernel_size, m.stride, m.padding, m.dilation, ceil_mode=m.ceil_mode))
+    if call.target is F.fractional_max_pool2d_with_indices:
+        if _arg(call, 5, "_random_samples") is not None:
+            raise ValueError(_FIXED_SAMPLES)
+        return _fractional_maxpool_attrs(call.args[0], _shape(values), _arg(call, 1, "kernel_size"))
+    if call.target is F.adaptive_max_pool2d_with_indices:
+        return _adaptive_pool("adaptivemaxpool2d", values)
+    return _maxpool(nn.MaxPool2d(_arg(call, 1, "kernel_size"), _arg(call, 2, "stride"), _arg(call, 3, "padding", 0),
+                                 _arg(call, 4, "dilation", 1), ceil_mode=bool(_arg(call, 5, "ceil_mode", False))))
+
+
+def _pool_part(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Node] | None:
+    """``n``'s nodes where it is a pool that returns its indices (none: its parts are read apart), the values of one
+    (the pool's op) or their indices read by nothing; None for any other node. Indices that are read are a
+    :class:`_NoOp`: a description's tensors are float32, and no op reads indices."""
+    if _pool_with_indices(n, gm) is not None and all(u.target is operator.getitem for u in n.users):
+        return []
+    if n.op != "call_function" or n.target is not operator.getitem or _pool_with_indices(n.args[0], gm) is None:
+        return None
+    call = n.args[0]
+    if n.args[1] == 1:
+        if n.users:
+            name = _pool_with_indices(call, gm)
+            raise _NoOp(f"the indices (int64) of {name}(..., return_indices=True) (node {call.name}; a description "
+                        f"follows its values alone, read as its [0])", f"indices of {name}", n)
+        return []
+    op, attrs = _pooled_values(n, call, gm)
+    _network_tensor(call.args[0], alias, op)
+    alias[n.name] = n.name
+    return [Node(n.name, op, [alias[call.args[0].name]], attrs, _shape(n))]
 
 
 def _is_attention(source: Any, gm: fx.GraphModule) -> bool:
