@@ -252,3 +252,137 @@ def test_the_indices_of_a_pool_read_are_refused_by_name(module, match):
     its values alone describe."""
     with pytest.raises(UserError, match=match):
         describe(module, SHAPE, name="pooled")
+
+
+class _TwoMaps(nn.Module):
+    """Two convolutions' [8, 8, 8] maps of an image, ``combine(a, b, x)`` of them (x the network input), then a
+    classifier of the channels' means."""
+
+    def __init__(self, combine) -> None:
+        super().__init__()
+        self.a, self.b, self.combine = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(3, 8, 1), combine
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x):
+        return self.fc(self.combine(self.a(x), self.b(x), x).mean((2, 3)))
+
+
+_COMBINED = {
+    "maximum": (lambda a, b, x: torch.maximum(a, b), "maximum", {}),
+    "max_of_two": (lambda a, b, x: torch.max(a, b.mean(1, keepdim=True)), "maximum", {}),  # broadcast
+    "minimum": (lambda a, b, x: a.minimum(b), "minimum", {}),
+    "min_of_the_input": (lambda a, b, x: torch.min(a, x.mean(1, keepdim=True)) * b, "minimum", {}),  # one gradient
+    "flip": (lambda a, b, x: a.flip(2, 3) * b, "flip", {"dims": [2, 3]}),
+    "flip_last": (lambda a, b, x: torch.flip(a, (-1,)) + b, "flip", {"dims": [3]}),
+    "fliplr": (lambda a, b, x: torch.fliplr(a) + b, "flip", {"dims": [1]}),
+    "roll": (lambda a, b, x: torch.roll(a, (2, -3), (2, 3)) + b, "roll", {"shifts": [2, -3], "dims": [2, 3]}),
+    "roll_channels": (lambda a, b, x: a.roll(5, 1) * b, "roll", {"shifts": [5], "dims": [1]}),
+}
+
+
+@pytest.mark.parametrize("case", list(_COMBINED))
+def test_maximum_minimum_flip_and_roll_are_described(case):
+    """torch.maximum and minimum (and torch.max, torch.min of two tensors), torch.flip (fliplr) and torch.roll were
+    refused as calls without a description op: they are the ops maximum, minimum, flip and roll, and the module
+    rebuilt from the description computes what the original computes."""
+    combine, op, attrs = _COMBINED[case]
+    desc = _computes_the_same(_TwoMaps(combine), [3, 8, 8])
+    assert [n.attrs for n in desc.nodes if n.op == op] == [attrs]
+
+
+@pytest.mark.parametrize("combine, match", [
+    (lambda a, b, x: torch.roll(a, 2) + b, r"a roll without dims moves elements across the batch.*give dims"),
+    (lambda a, b, x: torch.roll(a, (1, 1), (0, 2)) + b, r"a roll along the batch dimension \(dims \[0, 2\]\)"),
+    (lambda a, b, x: torch.flipud(a) + b, r"a flipud along the batch dimension \(dims \[0\]\)"),
+    (lambda a, b, x: a.flip(0) + b, r"a flip along the batch dimension"),
+])
+def test_a_flip_or_roll_of_the_batch_is_refused_by_name(combine, match):
+    """A roll without dims (torch rolls the tensor flattened, the batch with it) and a flip or roll along the batch's
+    dimension move elements between samples: refused naming the call and what to give instead."""
+    with pytest.raises(UserError, match=match):
+        describe(_TwoMaps(combine), [3, 8, 8], name="moved")
+
+
+def test_a_maximum_of_a_module_s_own_tensor_is_refused_by_name():
+    """A maximum of a parameter (a learnt floor) is no node's output: refused naming the tensor."""
+    class Floor(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.floor = nn.Conv2d(3, 8, 1), nn.Parameter(torch.zeros(1, 8, 1, 1))
+
+        def forward(self, x):
+            return torch.maximum(self.conv(x), self.floor).flatten(1)
+    with pytest.raises(UserError, match=r"a maximum of the module's tensor floor has no description op"):
+        describe(Floor(), [3, 4, 4], name="floor")
+
+
+@pytest.mark.parametrize("case", ["maximum", "max_of_two", "minimum", "min_of_the_input", "flip", "roll",
+                                  "roll_channels"])
+@pytest.mark.parametrize("batch", [3, 1])
+def test_the_allocation_model_writes_down_maximum_minimum_flip_and_roll_as_traced(case, batch):
+    """A flip or roll: a copy forward (aten.flip, aten.roll), nothing kept, backward the gradient flipped or rolled
+    back. A maximum or minimum keeps both inputs; backward, the second input's gradient first (a compare of the two,
+    a bool an element; the gradient halved; an equality compare; a where; then the gradient, a masked_fill, the four
+    freed after it, last first), then the first's (one alone where the other needs none), a broadcast one's summed
+    down: the model's events are the meta trace's."""
+    from test_allocator import _as_replayed
+
+    from perf4sight.features.alloc_trace import record_events
+
+    desc = describe(_TwoMaps(_COMBINED[case][0]), [3, 8, 8], name=case)
+    model = record_events(desc, batch, steps=2, method="model")
+    assert _as_replayed(model) == _as_replayed(record_events(desc, batch, steps=2, method="trace"))
+    if case in ("maximum", "minimum"):
+        fills = [size for kind, _, size, op in model if op == "aten.masked_fill.Scalar"]
+        assert fills == [batch * 8 * 8 * 8 * 4] * 4  # two gradients a step, two steps
+
+
+@pytest.mark.parametrize("case, torch_run", [
+    ("maximum", lambda x: torch.maximum(x, (x.detach().abs() + 1).requires_grad_())),
+    ("min_of_the_input", lambda x: torch.minimum(x, x.detach().abs() + 1)),
+    ("flip", lambda x: x.flip(2, 3)),
+    ("roll", lambda x: torch.roll(x, (2, -3), (2, 3))),
+])
+def test_maximum_minimum_flip_and_roll_cost_the_kernels_torch_runs(case, torch_run):
+    """The walk's cost of each counts the kernels and FLOPs this torch runs backward (a dispatch log): a maximum's
+    ten of two gradients, a minimum's five of one (the other input needs none), both inputs kept; a flip's or roll's
+    one (no FLOPs), nothing kept."""
+    from test_features import _ops_run
+
+    from perf4sight.features.walk import walk
+
+    desc = describe(_TwoMaps(_COMBINED[case][0]), [3, 8, 8], name=case)
+    op = _COMBINED[case][1]
+    (visit,) = [v for v in walk(desc) if v.node.op == op]
+    forward, backward = _ops_run(torch_run, [8, 8, 8])
+    assert visit.cost.kernels_bwd == len(backward) and visit.cost.kernels_fwd == sum(name == op for name, _ in forward)
+    if op in ("maximum", "minimum"):
+        assert visit.cost.saved == [0, 1]
+        assert visit.cost.flops_bwd == sum(elements for _, elements in backward) == len(backward) * 8 * 8 * 8
+    else:
+        assert (visit.cost.saved, visit.cost.flops_bwd) == ([], 0)
+
+
+def test_a_network_of_maximum_minimum_flip_and_roll_prunes_and_trains():
+    """Pruning ties the channels of a maximum's and a minimum's two inputs (as an add's) and keeps a flip's and a
+    roll's shapes (along the channels too): the pruned network describes, and a training step runs."""
+    from test_networks import _train_step
+
+    from perf4sight.networks.build import Source, prune_source
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(3, 16, 1)
+            self.c, self.fc = nn.Conv2d(16, 16, 3, padding=1), nn.Linear(16, 10)
+
+        def forward(self, x):
+            y = torch.maximum(self.a(x), self.b(x)).flip(1)
+            y = torch.roll(self.c(y), (1, 2), (1, 3)).minimum(y)
+            return self.fc(y.mean((2, 3)))
+    (desc,) = prune_source(Source("net", "test", Net), [3, 16, 16], [30], "l1-norm", 2, seed=0)
+    widths = {n.attrs["out_channels"] for n in desc.nodes if n.op == "conv2d"}
+    assert len(widths) == 1 and widths.pop() < 16
+    assert [n.op for n in desc.nodes if n.op in ("maximum", "flip", "roll", "minimum")] == [
+        "maximum", "flip", "roll", "minimum"]
+    _train_step(desc)

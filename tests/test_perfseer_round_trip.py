@@ -62,7 +62,8 @@ class _Views(torch.nn.Module):
     pixel_shuffle, pads of each mode, prelu (a slope per channel), dropout2d, log_softmax, selu, celu,
     local_response_norm, pow (a sqrt and the power -1 of a quotient), exp, abs, div, var, glu, hardshrink,
     softshrink, threshold (in place), log_sigmoid, rmsnorm, repeat, rrelu, alpha_dropout (of whole channels) and
-    fractional_maxpool2d, and matmul (a product of two activations, ONNX's MatMul).
+    fractional_maxpool2d, and matmul (a product of two activations, ONNX's MatMul); maximum and minimum (ONNX's Max
+    and Min), flip and roll.
     Also frozen_batchnorm2d (torchvision's FrozenBatchNorm2d, an eps of its own); the instance norm tracks running
     statistics."""
 
@@ -89,6 +90,7 @@ class _Views(torch.nn.Module):
         y = torch.tanh(self.pool(torch.nn.functional.gelu(y))).transpose(2, 3)[:, :, 1:3]
         y = self.amax(torch.squeeze(torch.unsqueeze(torch.nn.functional.leaky_relu(y, 0.2, True), 1), 1))[:, :, :, 0]
         y = y @ y.transpose(1, 2) @ y  # matmul
+        y = torch.maximum(y.flip(2), torch.roll(y, (1, -2), (1, 2))).minimum(y)  # maximum, minimum, flip, roll
         y = torch.nn.functional.mish(torch.nn.functional.elu(torch.nn.functional.rrelu(y.mean(2), 0.1, 0.3), 0.5),
                                      True)
         y = torch.nn.functional.hardtanh(torch.nn.functional.softplus(y).softmax(-1).log_softmax(1), -0.5, 0.5)

@@ -143,6 +143,8 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "window_attention", "patch_merge",
                      "group_attention",
                      "frozen_batchnorm2d",
+                     "flip", "roll",
+                     "maximum", "minimum",
                      "matmul"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
@@ -387,6 +389,9 @@ class _GradFn:
     # a split's node (``torch.chunk``): the gradients of its parts, each from its own node, gathered as they arrive
     # (no sum), all freed once its kernel (``cat``) has allocated the input's gradient
     gathers: int = 0
+    # per gradient: temporaries (bytes, aten op) allocated, in order, right before its kernel and freed, last first,
+    # right after it (a maximum's compares, halved gradient and where)
+    around: list[list[tuple[int, str]]] | None = None
 
 
 class _Memory:
@@ -1096,6 +1101,14 @@ def _tiling(ctx: _OpContext) -> _Value:
     return _Value(sid, ctx.nbytes, ctx.unary_grad_fn("aten.sum.dim_IntList" if tiles else None, []))
 
 
+def _reordered_copy(ctx: _OpContext) -> _Value:
+    """A flip or a roll (torch's aten.flip, aten.roll: a copy in another order, nothing kept). Backward the incoming
+    gradient flipped or rolled back, a new tensor of the input's size (the same kernel)."""
+    kernel = f"{ctx.node.op}.default"
+    sid = ctx.alloc(kernel)
+    return _Value(sid, ctx.nbytes, ctx.unary_grad_fn("aten." + kernel, []))
+
+
 def _combine(ctx: _OpContext) -> _Value:
     """add, mul (of two tensors, or of a tensor and a scalar), cat."""
     n, ins, nbytes, op = ctx.node, ctx.inputs, ctx.nbytes, ctx.node.op
@@ -1256,6 +1269,27 @@ def _quotient(ctx: _OpContext) -> _Value:
     saved = ([x.sid] if y.fn is not None else []) + [y.sid]
     return _Value(sid, nbytes, ctx.grad_fn(saved, [_edge(x), _edge(y)], [x.nbytes, y.nbytes],
                                            ["aten.div.Tensor", "aten.mul.Tensor"], [1, 0], full, before=before))
+
+
+def _extreme(ctx: _OpContext) -> _Value:
+    """maximum / minimum of two tensors, broadcast (aten.maximum, aten.minimum): its output; it keeps both inputs.
+    Backward (torch 2's, the meta trace's), the second input's gradient first: a compare of the two (a bool an
+    element), the incoming gradient halved (for ties), an equality compare, a where, then the gradient, a
+    masked_fill of the where (the temporaries freed after it, last first); then the first input's, alike; a broadcast
+    input's summed down to its shape. A value with itself is not covered."""
+    n, nbytes = ctx.node, ctx.nbytes
+    if len(set(n.inputs)) != len(n.inputs):
+        raise NotCovered(f"{n.op} of a value with itself")
+    x, y = ctx.inputs
+    sid = ctx.alloc(f"{n.op}.default")
+    full = [nbytes if shape != n.output_shape else None for shape in ctx.in_shapes]
+    masks = nbytes // FLOAT  # a bool an output element
+    # maximum: x's gradient masked where x < y, y's where x > y; minimum the other way round
+    compares = ("lt", "gt") if n.op == "maximum" else ("gt", "lt")
+    around = [[(masks, f"aten.{compare}.Tensor"), (nbytes, "aten.div.Scalar"), (masks, "aten.eq.Tensor"),
+               (nbytes, "aten.where.self")] for compare in compares]
+    return _Value(sid, nbytes, ctx.grad_fn([x.sid, y.sid], [_edge(x), _edge(y)], [x.nbytes, y.nbytes],
+                                           ["aten.masked_fill.Scalar"] * 2, [1, 0], full, around=around))
 
 
 def _matrix_product(ctx: _OpContext) -> _Value:
@@ -2088,6 +2122,8 @@ _HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
     "group_attention": _group_attention,
     **dict.fromkeys(("pad", "pixel_shuffle", "pixel_unshuffle"), _rearrange),
     "repeat": _tiling,
+    **dict.fromkeys(("flip", "roll"), _reordered_copy),
+    **dict.fromkeys(("maximum", "minimum"), _extreme),
     "rrelu": _rrelu,
     "alpha_dropout": _alpha_dropout,
     "frozen_batchnorm2d": _frozen_batch_norm,
@@ -2200,10 +2236,13 @@ def _backward(fns: list[_GradFn], root: int, mem: _Memory) -> dict[int, int]:
         for j in fn.order:
             if fn.edges[j] is None:
                 continue
+            temporaries = [mem.new(size, kernel) for size, kernel in (fn.around[j] if fn.around else [])]
             if fn.kernels[j]:
                 outs[j] = (mem.new(fn.full[j] or fn.sizes[j], fn.kernels[j]), _laid_out(fn, j, strides))
             else:
                 outs[j] = _handoff(fn, j, incoming, strides, mem)
+            for sid in reversed(temporaries):
+                mem.drop(sid)
             for sid in ahead:
                 mem.drop(sid)
             ahead = []

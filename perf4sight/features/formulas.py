@@ -479,6 +479,25 @@ def _quotient_gradients(cost: OpCost, node: Node, needs: list[bool], _: list[lis
     return cost
 
 
+def _extreme(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """maximum / minimum of two tensors: 1 FLOP (a compare) an output element, one kernel; it keeps both inputs.
+    Backward (torch 2's, measured with a dispatch log), for each input: a compare of the two (gt or lt), the
+    gradient halved (for ties), an equality compare, a where and a masked_fill: 5 kernels and 5 FLOPs an element
+    each, the second input's first (a broadcast input's gradient summed down is not counted)."""
+    n = numel(node.output_shape)
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    return OpCost(flops_fwd=float(n), flops_bwd=10.0 * n, bytes_read=rd, bytes_written=wr, saved=[0, 1],
+                  kernels_fwd=1, kernels_bwd=10, kind="elementwise")
+
+
+def _extreme_gradients(cost: OpCost, node: Node, needs: list[bool], _: list[list[int]]) -> OpCost:
+    """maximum / minimum's ``cost`` where ``needs`` says which input needs a gradient: torch computes only its (5
+    kernels, 5 FLOPs an element), both inputs kept (its compare reads both)."""
+    if sum(needs) == 1:
+        return replace(cost, flops_bwd=cost.flops_bwd / 2, kernels_bwd=5)
+    return cost
+
+
 def _binary(saves_inputs: bool) -> Handler:
     """add / mul: 1 FLOP per output element; mul keeps both tensor inputs for backward."""
     def handler(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
@@ -765,6 +784,14 @@ def _matrix_product_gradients(cost: OpCost, node: Node, needs: list[bool], in_sh
                    extra_saved_bytes=_broadcast_copy_bytes(in_shapes, node.output_shape, kept))
 
 
+def _reordered_copy(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """A flip or a roll (torch's aten.flip, aten.roll): a copy of the input in another order (one kernel, no FLOPs;
+    bytes: the input read, the output written); backward, the incoming gradient flipped or rolled back (one
+    kernel). It keeps nothing."""
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    return OpCost(bytes_read=rd, bytes_written=wr, kernels_fwd=1, kernels_bwd=1, kind="other")
+
+
 def _input(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     return OpCost(kind="view")
 
@@ -773,7 +800,8 @@ def _input(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
 #: those inputs' gradients alone, for an op whose backward computes each input's apart (``walk.py`` applies it where
 #: some input needs one).
 INPUT_GRADIENTS: dict[str, Callable[[OpCost, Node, list[bool], list[list[int]]], OpCost]] = {
-    "div": _quotient_gradients, "matmul": _matrix_product_gradients}
+    "div": _quotient_gradients, "matmul": _matrix_product_gradients,
+    "maximum": _extreme_gradients, "minimum": _extreme_gradients}
 
 #: op name -> handler(node, input shapes (per sample), first) -> OpCost. ``first`` is True when none of the
 #: node's inputs needs a gradient (the network input, or what parameter-free ops made of it alone: ``walk.py``),
@@ -885,4 +913,8 @@ HANDLERS: dict[str, Handler] = {
     "pixel_unshuffle": _pixel_shuffle,
     "repeat": _repeat,
     "local_response_norm": _local_response_norm,
+    "maximum": _extreme,
+    "minimum": _extreme,
+    "flip": _reordered_copy,
+    "roll": _reordered_copy,
 }

@@ -335,6 +335,10 @@ _PASSES: dict[str, tuple[float, float, int]] = {
     # backward: grad / y; x / y, over y again, -grad, their product (two reads and a write each but the negate's)
     "div": (1.0, 14.0, 5),
     "var": (1.0, 5.0, 4),  # backward: the mean (a read), the deviation (a read, a write), the scaled product (the same)
+    # backward, each input's: a compare of the two (2 reads, a 1-byte write: 2.25), the gradient halved (2), an
+    # equality compare (2.25), a where (a mask and 2 reads, a write: 3.25), a masked_fill (2.25): 12 passes, 5 kernels
+    **dict.fromkeys(("maximum", "minimum"), (1.0, 24.0, 10)),
+    **dict.fromkeys(("flip", "roll"), (1.0, 1.0, 1)),  # a copy each way (backward: the gradient flipped or rolled back)
 }
 #: A square root's: backward 2 * result, then the gradient over it.
 _SQRT_PASSES = (1.0, 5.0, 2)

@@ -174,11 +174,13 @@ def perf4sight_vectors(desc: NetworkDescription) -> tuple[np.ndarray, np.ndarray
             scaled[_IDX["pool_elems"]] += numel(shapes[node.inputs[0]])
         # a dropout2d, an alpha dropout: a multiply by a noise (an alpha dropout's add besides)
         elif node.op in ("add", "mul", "div", "scale", "shift", "dropout2d", "alpha_dropout",
-                         "frozen_batchnorm2d"):  # a multiply and an add of [C] constants
+                         "frozen_batchnorm2d",  # a multiply and an add of [C] constants
+                         "maximum", "minimum"):
             scaled[_IDX["add_elems"]] += out
         elif node.op == "cat":
             scaled[_IDX["cat_bytes"]] += out * BYTES_PER_ELEMENT
-        elif node.op in ("pad", "pixel_shuffle", "pixel_unshuffle", "repeat"):  # copies, as a concatenation is
+        elif node.op in ("pad", "pixel_shuffle", "pixel_unshuffle", "repeat",
+                         "flip", "roll"):  # copies, as a concatenation is
             scaled[_IDX["cat_bytes"]] += out * BYTES_PER_ELEMENT
     return static, scaled
 

@@ -64,6 +64,10 @@ _PRICED_AS = {"leaky_relu": "relu", "hardtanh": "relu6",
               "rmsnorm": "layernorm",
               # not measured: a copy into the output (a concatenation's of its input with itself), backward a sum
               "repeat": "cat",
+              # not measured: one elementwise kernel of two inputs forward (ten back), priced as a product's
+              "maximum": "mul", "minimum": "mul",
+              # not measured: a copy in another order each way, priced as a pad's
+              "flip": "pad", "roll": "pad",
               # not measured: a random draw per element and a noise tensor written, as a dropout's
               "rrelu": "dropout",
               # not measured: a noise drawn, then a multiply and an add, as a dropout's

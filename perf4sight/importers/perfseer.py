@@ -112,6 +112,9 @@ ONNX_TO_OP: dict[str, str] = {
     "FractionalMaxPool": "fractional_maxpool2d",  # no ONNX op (torch's exporter refuses it): a type of our own
     # no ONNX op (torch's exporter writes its scale and shift as a Mul and an Add of constants): a type of our own
     "FrozenBatchNormalization": "frozen_batchnorm2d",
+    "Max": "maximum", "Min": "minimum",  # ONNX's of two inputs (of more: refused as a description is read)
+    # no ONNX op (torch's exporter writes a flip as a Slice of step -1, a roll as Slices and a Concat): types of our own
+    "Flip": "flip", "Roll": "roll",
 }
 #: Our op -> ONNX op type. Five of ours share a type with another: ``permute`` is a ``Transpose`` of more than two
 #: axes; ``scale``, ``shift`` and ``token`` are a ``Mul``, an ``Add`` and a ``Concat`` with a learnt tensor (an ONNX
@@ -584,6 +587,9 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         return {"exponent": _number(args["exponent"], f"{where} exponent")}
     if op == "pad":
         return _pad_attrs(args, where)
+    if op in ("flip", "roll"):  # our own types: dims count the batch, as ours do
+        a = {"dims": _ints(args.get("dims"), f"{where} dims")}
+        return {"shifts": _ints(args.get("shifts"), f"{where} shifts"), **a} if op == "roll" else a
     if op in ("pixel_shuffle", "pixel_unshuffle"):
         return _shuffle_attrs(op, args, in_shapes[0], out, where)
     return {}

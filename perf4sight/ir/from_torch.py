@@ -697,6 +697,48 @@ def _matrix_transpose_attr(n: fx.Node) -> tuple[str, dict]:
 
 _MATRIX_TRANSPOSES = ("mT", "mH", "T", "H")
 
+
+def _dims_after_the_batch(n: fx.Node, dims: Any, call: str) -> list[int]:
+    """``dims`` (an int or a sequence) of call ``n`` as dimensions in [1, rank) of its input; ``ValueError`` naming
+    ``call`` where one is the batch's."""
+    rank = len(n.args[0].meta["tensor_meta"].shape)
+    dims = [int(d) % rank for d in ([dims] if isinstance(dims, int) else dims)]
+    if not dims or 0 in dims:
+        raise ValueError(f"a {call} along the batch dimension (dims {dims}) has no description op (a description "
+                         "keeps the batch whole); give dims after the batch's")
+    return dims
+
+
+def _flip_call(n: fx.Node) -> tuple[str, dict]:
+    """``torch.flip(x, dims)``, ``x.flip(*dims)``, ``torch.fliplr`` (dim 1) and ``flipud`` (dim 0, the batch's:
+    refused)."""
+    name = n.target if isinstance(n.target, str) else n.target.__name__
+    if name in ("fliplr", "flipud"):
+        return "flip", {"dims": _dims_after_the_batch(n, 1 if name == "fliplr" else 0, name)}
+    rest = list(n.args[1:]) or [n.kwargs.get("dims")]
+    dims = rest[0] if len(rest) == 1 else rest
+    return "flip", {"dims": _dims_after_the_batch(n, dims, "flip")}
+
+
+def _roll_call(n: fx.Node) -> tuple[str, dict]:
+    """``torch.roll(x, shifts, dims)``/``x.roll``: the op roll of a shift per dim; one without dims (torch rolls the
+    tensor flattened, the batch with it) or of the batch's dimension is refused by name."""
+    shifts, dims = _arg(n, 1, "shifts"), _arg(n, 2, "dims")
+    if dims is None or dims == ():
+        raise ValueError("a roll without dims moves elements across the batch (torch rolls the tensor flattened) and "
+                         "has no description op; give dims after the batch's")
+    shifts = [int(_shape_value(s)) for s in ([shifts] if not isinstance(shifts, (list, tuple)) else shifts)]
+    dims = _dims_after_the_batch(n, dims, "roll")
+    if len(shifts) != len(dims):
+        raise ValueError(f"a roll of shifts {shifts} along dims {dims} (not one each) has no description op")
+    return "roll", {"shifts": shifts, "dims": dims}
+
+
+for _key in (torch.flip, "flip", torch.fliplr, "fliplr", torch.flipud, "flipud"):
+    FUNCTION_OPS[_key] = _flip_call
+for _key in (torch.roll, "roll"):
+    FUNCTION_OPS[_key] = _roll_call
+
 for _key in (torch.mean, "mean"):
     FUNCTION_OPS[_key] = lambda n: ("mean", {"dims": _dims(_arg(n, 1, "dim")),
                                              "keepdim": bool(_arg(n, 2, "keepdim", False))})
@@ -1733,6 +1775,26 @@ def _is_max_call(source: Any) -> bool:
         source.target in _MAX_CALLS
 
 
+_EXTREMES = {torch.maximum: "maximum", "maximum": "maximum", torch.minimum: "minimum", "minimum": "minimum",
+             torch.max: "maximum", "max": "maximum", torch.min: "minimum", "min": "minimum"}
+
+
+def _extreme_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Node] | None:
+    """``torch.maximum(x, y)``, ``torch.minimum``, ``x.maximum(y)``, and ``torch.max(x, y)``/``torch.min`` of two
+    tensors: the op maximum or minimum of the two, broadcast; ``ValueError`` where one is a module's own tensor. None
+    for any other call (a max over dimensions: :func:`_max_values`)."""
+    if n.op not in ("call_function", "call_method") or n.target not in _EXTREMES or len(n.args) + len(n.kwargs) != 2:
+        return None
+    other = n.args[1] if len(n.args) == 2 else n.kwargs.get("other")
+    if not _is_tensor(other):
+        return None
+    op, first = _EXTREMES[n.target], n.args[0]
+    for operand in (first, other):
+        _network_tensor(operand, alias, op)
+    alias[n.name] = n.name
+    return [Node(n.name, op, [alias[first.name], alias[other.name]], {}, _shape(n))]
+
+
 def _reduced_dims(call: fx.Node) -> tuple[list[int], bool]:
     """The dimensions (counting the batch's) a max, min, amax or amin call ``call`` reduces, and its ``keepdim``;
     ``ValueError`` for the max of two tensors, one over every dimension or the batch's, or dimensions apart."""
@@ -2113,7 +2175,8 @@ def _max_part(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Nod
     if n.op in ("call_function", "call_method") and n.target in _SUM_CALLS and _shape(n) is not None:
         return _sum_nodes(n, gm, alias)
     for rewrite in (_difference_nodes, _quotient_nodes, _conv1d_nodes, _stack_nodes, _std_nodes,
-                    _composed_activation_nodes, _channel_shuffle_nodes, _matrix_product_nodes):
+                    _composed_activation_nodes, _channel_shuffle_nodes, _matrix_product_nodes,
+                    _extreme_nodes):
         nodes = rewrite(n, gm, alias)
         if nodes is not None:
             return nodes

@@ -153,6 +153,16 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # before the last two broadcast, as torch's matmul's do): [..., M, N] (torch's matmul, @, bmm, a batched einsum;
     # a non-local block's, a hand-written self-attention's)
     "matmul": (),
+    # the larger (maximum) or the smaller (minimum) of two inputs, element by element, broadcast (torch's maximum and
+    # minimum, torch.max and torch.min of two tensors; ONNX's Max and Min of two)
+    "maximum": (),
+    "minimum": (),
+    # the input's elements in reverse order along each of dims (they count the batch's, never among them: >= 1;
+    # torch's flip, flipud and fliplr; a copy)
+    "flip": ("dims",),
+    # the input's elements moved shifts[i] places along dims[i] (as flip's), those past the end brought round to the
+    # start (torch's roll of as many shifts as dims; a copy)
+    "roll": ("shifts", "dims"),
 }
 #: Ops whose nodes may hold learnt parameters (:func:`node_params`) or buffers (a frozen batch norm's four [C]
 #: ones). Such a node may carry the optional attr ``shares``: the name of an earlier node of the same op and attrs
@@ -191,7 +201,8 @@ _SHAPES: Dict[str, Tuple[str, ...]] = {"fractional_maxpool2d": ("output_size",),
                                        "layernorm": ("normalized_shape",), "scale": ("shape",), "shift": ("shape",),
                                        "token": ("shape",), "interpolate": ("size",),
                                        "rmsnorm": ("normalized_shape",),
-                                       "repeat": ("repeats",)}
+                                       "repeat": ("repeats",),
+                                       "flip": ("dims",), "roll": ("dims",)}
 #: Op -> attributes that must be true or false where given (required or optional).
 _FLAGS: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("bias",), "linear": ("bias",), "attention": ("bias",), "group_attention": ("bias",),
@@ -303,6 +314,9 @@ def _attr_problem(node: "Node") -> str:
     if node.op == "permute" and not (isinstance(node.attrs["dims"], list) and all(_is_int(x, 0) for x in
                                                                                     node.attrs["dims"])):
         return f"attr 'dims' must be a list of dimensions (integers >= 0, the batch first), got {node.attrs['dims']!r}"
+    if node.op == "roll" and not (isinstance(node.attrs["shifts"], list) and all(_is_int(x, -2 ** 62) for x in
+                                                                             node.attrs["shifts"])):
+        return f"attr 'shifts' must be a list of integers, got {node.attrs['shifts']!r}"
     for a in _PAIRS.get(node.op, ()):
         v = node.attrs.get(a)
         if v is None and a == "stride":  # a pool's stride may be null (= its kernel size)

@@ -26,6 +26,8 @@ ARITY: Dict[str, Tuple[int, Optional[int]]] = {
     "input": (0, 0), "add": (1, 2), "mul": (1, 2), "cat": (1, None),  # add/mul: two tensors, or one and a scalar
     "div": (2, 2),
     "matmul": (2, 2),
+    "maximum": (2, 2), "minimum": (2, 2),
+    "flip": (1, 1), "roll": (1, 1),
     **{op: (1, 1) for op in _UNARY + ("conv2d", "batchnorm2d", "linear", "maxpool2d", "avgpool2d",
                                       "adaptiveavgpool2d", "adaptivemaxpool2d", "reshape", "flatten", "squeeze",
                                       "unsqueeze", "select", "narrow", "transpose", "mean", "var", "permute",
@@ -62,6 +64,17 @@ def _axis(dim: int, rank: int) -> Optional[int]:
     """Index into a per-sample shape of ``rank`` dims for a ``dim`` that counts the batch (None: the batch)."""
     d = dim + rank + 1 if dim < 0 else dim
     return d - 1 if 1 <= d <= rank else None
+
+
+def _flipped_or_rolled(op: str, a: Dict[str, Any], x: List[int]) -> Union[List[int], str]:
+    """A flip's or a roll's output: its input ``x`` (per sample) as it is, where its ``dims`` (counting the batch,
+    never it) are distinct dimensions of it and a roll has a shift for each; else what is wrong."""
+    axes = [_axis(int(d), len(x)) for d in a["dims"]]
+    if not axes or None in axes or len(set(axes)) != len(axes):
+        return f"dims {a['dims']} are not distinct dimensions of its input {x} after the batch"
+    if op == "roll" and len(a["shifts"]) != len(axes):
+        return f"shifts {a['shifts']} must give one shift per dim of {a['dims']}"
+    return list(x)
 
 
 def _glu_shape(x: List[int], dim: int) -> Union[List[int], str]:
@@ -252,6 +265,10 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
         if a["keepdim"]:
             return [1 if i in axes else s for i, s in enumerate(x)]
         return [s for i, s in enumerate(x) if i not in axes]
+    if op in ("maximum", "minimum"):
+        return broadcast(ins[0], ins[1]) or f"cannot combine inputs of shapes {ins[0]} and {ins[1]}"
+    if op in ("flip", "roll"):
+        return _flipped_or_rolled(op, a, x)
     if op == "permute":
         dims = [int(d) for d in a["dims"]]
         if sorted(dims) != list(range(len(x) + 1)) or dims[0] != 0:

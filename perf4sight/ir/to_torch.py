@@ -442,6 +442,11 @@ FUNCTION_BUILDERS: Dict[str, Callable[[List, Dict], Tuple[Callable, Tuple]]] = {
     "abs": lambda x, a: (torch.abs, (x[0],)),
     "div": lambda x, a: (operator.truediv, (x[0], x[1])),
     "matmul": lambda x, a: (torch.matmul, (x[0], x[1])),
+    # torch.max and torch.min of two tensors: torch's maximum and minimum (before torch 1.7 too)
+    "maximum": lambda x, a: (torch.max, (x[0], x[1])),
+    "minimum": lambda x, a: (torch.min, (x[0], x[1])),
+    "flip": lambda x, a: (torch.flip, (x[0], [int(d) for d in a["dims"]])),
+    "roll": lambda x, a: (torch.roll, (x[0], [int(s) for s in a["shifts"]], [int(d) for d in a["dims"]])),
     "var": lambda x, a: (_variance, (x[0], [int(d) for d in a["dims"]], float(a["correction"]), bool(a["keepdim"]))),
 }
 
