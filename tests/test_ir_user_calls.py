@@ -386,3 +386,16 @@ def test_a_network_of_maximum_minimum_flip_and_roll_prunes_and_trains():
     assert [n.op for n in desc.nodes if n.op in ("maximum", "flip", "roll", "minimum")] == [
         "maximum", "flip", "roll", "minimum"]
     _train_step(desc)
+
+
+def test_a_fused_attention_is_refused_naming_the_products_that_describe():
+    """timm's attention calls F.scaled_dot_product_attention where its fused attention is on (its default): the
+    refusal names the hand-written products the packed attention above describes with, and how timm writes them."""
+    class Fused(_PackedAttention):
+        def forward(self, x):
+            b, n, c = x.shape
+            q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+            return self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, c))
+    with pytest.raises(UserError, match=r"F.scaled_dot_product_attention .* has no description op; write "
+                                        r"softmax\(q @ k.transpose\(-2, -1\) \* scale\) @ v.*TIMM_FUSED_ATTN=0"):
+        describe(_Tokens(Fused(16, 4, "unbind")), SHAPE, name="fused")

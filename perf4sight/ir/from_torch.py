@@ -2123,6 +2123,18 @@ def _unbatched_product(n: fx.Node) -> tuple[str, dict]:
 
 for _key in (torch.mm, "mm", torch.addmm, "addmm", torch.baddbmm, "baddbmm", torch.addbmm, "addbmm"):
     FUNCTION_OPS[_key] = _unbatched_product
+
+
+def _fused_attention(n: fx.Node) -> tuple[str, dict]:
+    """``F.scaled_dot_product_attention`` (timm's attention where its fused attention is on): ``ValueError`` naming
+    the hand-written products that describe (its kernel, flash or memory-efficient on a GPU, the math one
+    elsewhere, keeps what no description op follows)."""
+    raise ValueError("F.scaled_dot_product_attention (a fused kernel: flash or memory-efficient on a GPU) has no "
+                     "description op; write softmax(q @ k.transpose(-2, -1) * scale) @ v, which describes (timm: set "
+                     "TIMM_FUSED_ATTN=0 before importing it)")
+
+
+FUNCTION_OPS[F.scaled_dot_product_attention] = _fused_attention
 _EINSUMS = {torch.einsum}
 
 
