@@ -2058,7 +2058,8 @@ def test_allocation_model_writes_down_an_instance_norm_with_running_statistics_a
 class _Products:
     """Products of two activations on a conv's [N, 4, 16] and [N, 6, 16] maps (flattened): ``plain`` a @ b^T (b
     transposed, a view); ``of_the_input`` the network input (which needs no gradient) times b^T; ``transposed_grad``
-    the product transposed after (its incoming gradient a transposed view); ``sliced`` of a narrowed input. Of
+    the product transposed after (its incoming gradient a transposed view); ``sliced`` of a narrowed input (its rows
+    a row apart: a GEMM reads it as it lies); ``every_other`` of every other element of a and b (no GEMM's). Of
     [N, 2, 2, 16] maps (two heads of two channels each): ``heads`` a @ b^T; ``permuted_heads`` of a and b
     permuted to [N, 2, 2, 16] and [N, 2, 16, 2] (torch copies them to view them as three dimensions), and
     ``attention`` softmax(a^T b) b^T of a's and b's heads permuted so; ``heads_transposed_after`` the product of
@@ -2086,6 +2087,8 @@ class _Products:
                 y = {"plain": lambda: a @ b.transpose(1, 2),
                      "transposed_grad": lambda: (a @ b.transpose(1, 2)).transpose(1, 2),
                      "sliced": lambda: a.transpose(1, 2) @ b[:, :4],
+                     "every_other": lambda: a.unflatten(2, (8, 2)).select(3, 0)
+                     @ b.unflatten(2, (8, 2)).select(3, 1).transpose(1, 2),
                      "heads": lambda: heads["a"] @ heads["b"].transpose(2, 3),
                      "permuted_heads": lambda: heads["a"].permute(0, 2, 1, 3) @ heads["b"].permute(0, 2, 3, 1),
                      "attention": lambda: torch.softmax(heads["a"].transpose(2, 3) @ heads["b"], -1)
@@ -2096,14 +2099,16 @@ class _Products:
                 return y.flatten(1)
         return Products()
 
-    THREE_DIMS = ("plain", "of_the_input", "transposed_grad", "sliced")
+    THREE_DIMS = ("plain", "of_the_input", "transposed_grad", "sliced", "every_other")
 
 
 @pytest.mark.parametrize("case", ["plain", "of_the_input", "transposed_grad", "heads", "permuted_heads", "attention",
-                                  "heads_transposed_after", "non_local"])
+                                  "heads_transposed_after", "non_local",
+                                  "sliced"])
 def test_allocation_model_writes_down_a_matmul_as_traced(case):
-    """A product of two activations, each input contiguous or a transposed view, or copied (aten.clone) where its
-    leading dims do not view as one (a permuted one), then torch's bmm of the output; it keeps each input (or its
+    """A product of two activations, each input contiguous, a transposed view or one a GEMM reads as it lies (a
+    narrowed one), or copied (aten.clone) where its leading dims do not view as one (a permuted one), then torch's
+    bmm of the output; it keeps each input (or its
     copy) that the other's gradient reads; backward the incoming gradient viewed as three dimensions (copied where it
     cannot be: heads transposed after), then b's gradient, then a's (a bmm each). Also a non-local block (Wang et
     al. 2018) in a ResNet-like network: the model's events are the meta trace's."""
@@ -2135,11 +2140,11 @@ def test_allocation_model_writes_down_a_matmul_of_a_broadcast_input_as_traced(ba
     assert _as_replayed(model) == _as_replayed(record_events(desc, batch, steps=2, method="trace"))
 
 
-@pytest.mark.parametrize("case, match", [("sliced", "matmul of an input strided other than transposed"),
+@pytest.mark.parametrize("case, match", [("every_other", "matmul of an input strided other than transposed"),
                                          ("broadcast", "matmul of a strided broadcast input")])
 def test_a_matmul_the_allocation_model_does_not_follow_goes_to_the_trace(case, match):
-    """A product of a narrowed input, or of a broadcast input that is a transposed view, is not written down by the
-    model, saying why; the trace takes the network."""
+    """A product of every other element of its inputs (matrices no GEMM reads as they lie), or of a broadcast input
+    that is a transposed view, is not written down by the model, saying why; the trace takes the network."""
     from perf4sight.errors import UserError
     from perf4sight.ir.from_torch import describe
 

@@ -96,19 +96,22 @@ def test_a_permute_that_moves_the_batch_and_is_read_whole_is_refused_by_name():
         describe(Moved(), SHAPE, name="moved")
 
 
-def test_packed_attention_costs_as_traced_and_the_allocation_model_names_what_it_does_not_cover():
-    """The allocation model does not follow the picks' strides (a select of the packed projection, permuted: torch
-    copies it before the product, and its gradient arrives in permuted strides): it refuses the network by name,
-    and the meta trace, which the default takes, records it."""
+@pytest.mark.parametrize("picks", ["unbind", "index"])
+@pytest.mark.parametrize("batch", [3, 1])
+def test_the_allocation_model_writes_down_packed_attention_as_traced(picks, batch):
+    """The picks' strides went to the meta trace ("a gradient with permuted strides": a select's backward, which
+    writes the gradient into zeros of the input's shape whatever its strides; at a batch of 1 "matmul of an input
+    strided other than transposed": the product reads a pick as it lies, its rows a packed row apart). The model
+    writes the block down: its events are the meta trace's."""
     from test_allocator import _as_replayed
 
     from perf4sight.features.alloc_trace import record_events
 
-    desc = describe(_Tokens(_PackedAttention(16, 4, "unbind")), SHAPE, name="packed")
-    with pytest.raises(UserError, match="allocation model does not cover"):
-        record_events(desc, 3, method="model")
-    assert _as_replayed(record_events(desc, 3, steps=2)) == _as_replayed(record_events(desc, 3, steps=2,
-                                                                                       method="trace"))
+    desc = describe(_Tokens(_PackedAttention(16, 4, picks)), SHAPE, name="packed")
+    model = record_events(desc, batch, steps=2, method="model")
+    assert _as_replayed(model) == _as_replayed(record_events(desc, batch, steps=2, method="trace"))
+    picked = [size for _, _, size, op in model if op == "aten.select_backward.default"]
+    assert picked == [batch * 32 * 48 * 4] * 6  # each pick's gradient of the packed projection's size, 2 steps
 
 
 class _Probe(nn.Module):

@@ -1301,7 +1301,7 @@ def _matrix_product(ctx: _OpContext) -> _Value:
     incoming gradient viewed as [B, M, N] (copied, aten.clone, where its leading dims do not view as one: a product
     of heads transposed after), then b's gradient a^T @ grad, then a's grad @ b^T (aten.bmm each, contiguous, of
     the expanded sizes), a broadcast input's then summed down to its shape (aten.sum, torch's expand's backward).
-    Not covered: an input not copied strided other than contiguous or transposed (a narrowed one), a broadcast one
+    Not covered: an input not copied whose matrices no GEMM reads as they lie (every other element), a broadcast one
     strided at all, a value times itself."""
     n, ins = ctx.node, ctx.inputs
     if len(set(n.inputs)) != len(n.inputs):
@@ -1325,7 +1325,9 @@ def _matrix_product(ctx: _OpContext) -> _Value:
 def _matmul_operand(ctx: _OpContext, shape: list[int], value: _Value) -> tuple[int, tuple[str, int] | None, int]:
     """What torch's matmul multiplies of ``value`` (per-sample ``shape``), as (storage, the edge its gradient takes,
     its gradient's bytes): its own storage, where it is contiguous or a transposed view (or a broadcast whose
-    expanded leading dims still merge); a contiguous copy of it (aten.clone) of its expanded size, where its leading
+    expanded leading dims still merge), or where its leading dims merge and a GEMM reads its matrices as they lie
+    (a narrowed input; a pick of packed heads at a batch of 1, its batch's dimension of size 1 strided unsure, which
+    no check reads); a contiguous copy of it (aten.clone) of its expanded size, where its leading
     dims do not merge into one. A broadcast input's gradient goes through an autograd node of its own that sums it
     down (aten.sum.dim_IntList), run right after the product's."""
     full = (ctx.batch, *shape)
@@ -1344,9 +1346,20 @@ def _matmul_operand(ctx: _OpContext, shape: list[int], value: _Value) -> tuple[i
     if value.raw is None and not value.loose and value.strides in (None, _transposed_strides(full)):
         return value.sid, _edge(value), value.nbytes
     strides = _full_strides(value, full)
+    if strides is None and value.raw is None and value.loose and min(full[-2:]) > 1:
+        strides = value.strides or _strides(full)  # only its dims of size 1 strided unsure, which no check reads
+    if strides is not None and _leading_dims_merge(full, strides) and _blas_strides(full, strides):
+        return value.sid, _edge(value), value.nbytes  # read as it lies (a pick of packed heads at a batch of 1)
     if strides is None or _leading_dims_merge(full, strides):
         raise NotCovered("matmul of an input strided other than transposed")
     return ctx.mem.new(value.nbytes, "aten.clone.default"), _edge(value), value.nbytes
+
+
+def _blas_strides(full: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether each matrix of ``full`` (strides ``strides``, elements) is one a GEMM reads as it lies: its rows
+    (or its columns) of consecutive elements, each at least a row (a column) apart."""
+    rows, cols = full[-2:]
+    return (strides[-1] == 1 and strides[-2] >= max(cols, 1)) or (strides[-2] == 1 and strides[-1] >= max(rows, 1))
 
 
 def _transposed_strides(full: tuple[int, ...]) -> tuple[int, ...]:
@@ -1398,8 +1411,8 @@ def _view_op(ctx: _OpContext) -> _Value:
         d = n.attrs["dim"] % len(full_in)
         strides = list(x.strides or _strides(full_in))
         del strides[d]
-        return _Value(ctx.mem.hold(x.sid), nbytes, ctx.unary_grad_fn("aten.select_backward.default", []), view=True,
-                      strides=_normal(full_out, tuple(strides)))
+        fn = ctx.grad_fn([], [_edge(x)], [x.nbytes], ["aten.select_backward.default"], any_strides=True)
+        return _Value(ctx.mem.hold(x.sid), nbytes, fn, view=True, strides=_normal(full_out, tuple(strides)))
     if op == "narrow":  # a slice: its backward writes the gradient into zeros of the input's shape
         strides = x.strides or _strides(full_in)
         return _Value(ctx.mem.hold(x.sid), nbytes, ctx.unary_grad_fn("aten.slice_backward.default", []), view=True,
