@@ -402,3 +402,29 @@ def test_a_fused_attention_is_refused_naming_the_products_that_describe():
     with pytest.raises(UserError, match=r"F.scaled_dot_product_attention .* has no description op; write "
                                         r"softmax\(q @ k.transpose\(-2, -1\) \* scale\) @ v.*TIMM_FUSED_ATTN=0"):
         describe(_Tokens(Fused(16, 4, "unbind")), SHAPE, name="fused")
+
+
+@pytest.mark.parametrize("pattern, op, attrs", [
+    (lambda y: y.swapdims(2, 3), "transpose", {"dim0": 2, "dim1": 3}),
+    (lambda y: torch.movedim(y, 1, 3), "permute", {"dims": [0, 2, 3, 1]}),
+    (lambda y: y.moveaxis((1, 2), (2, 3)), "permute", {"dims": [0, 3, 1, 2]}),
+    (lambda y: torch.movedim(y, -1, 1), "permute", {"dims": [0, 3, 1, 2]}),
+])
+def test_swapdims_and_movedim_are_a_transpose_and_a_permute(pattern, op, attrs):
+    """x.swapdims (transpose's other name) and torch.movedim/moveaxis (a permute named by where dimensions go) were
+    refused as calls without a description op: they are a transpose and the permute that puts each source at its
+    destination, the others in their order."""
+    desc = _computes_the_same(_Probe(lambda y: pattern(y) * 2, 8 * 16 * 16))
+    assert [n.attrs for n in desc.nodes if n.op == op] == [attrs]
+
+
+@pytest.mark.parametrize("pattern, match", [
+    (lambda y: torch.movedim(y, 0, 1).movedim(1, 0).mean((2, 3)),
+     r"a movedim of dims \[0\] to \[1\] moves the batch dimension"),
+    (lambda y: y.mean((2, 3)).t().t(), r"x.t\(\) swaps the batch dimension of a \[B, F\] tensor.*x.mT"),
+])
+def test_a_movedim_or_t_of_the_batch_is_refused_by_name(pattern, match):
+    """A movedim of the batch dimension and x.t() (of at most two dimensions: the batch's swapped) are refused
+    naming the call and what to write."""
+    with pytest.raises(UserError, match=match):
+        describe(_Probe(pattern, 8), SHAPE, name="moved")

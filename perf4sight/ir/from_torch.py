@@ -680,7 +680,7 @@ for _key in (torch.cat, torch.concat, torch.concatenate):  # each takes its dim 
     FUNCTION_OPS[_key] = lambda n: ("cat", {"dim": int(_arg(n, 1, "dim", n.kwargs.get("axis", 0)))})
 for _key in (torch.flatten, "flatten"):
     FUNCTION_OPS[_key] = lambda n: _flatten(n, _arg(n, 1, "start_dim", 0), _arg(n, 2, "end_dim", -1))
-for _key in (torch.transpose, "transpose", torch.swapaxes, "swapaxes"):
+for _key in (torch.transpose, "transpose", torch.swapaxes, "swapaxes", torch.swapdims, "swapdims"):
     FUNCTION_OPS[_key] = lambda n: ("transpose", {"dim0": int(_arg(n, 1, "dim0")), "dim1": int(_arg(n, 2, "dim1"))})
 
 
@@ -696,6 +696,35 @@ def _matrix_transpose_attr(n: fx.Node) -> tuple[str, dict]:
 
 
 _MATRIX_TRANSPOSES = ("mT", "mH", "T", "H")
+
+
+def _moved_dims(n: fx.Node) -> tuple[str, dict]:
+    """``torch.movedim(x, source, destination)``/``moveaxis``: the permute that puts each source dimension at its
+    destination, the others in their order; ``ValueError`` where it moves the batch's."""
+    rank = len(n.args[0].meta["tensor_meta"].shape)
+    source, destination = (_arg(n, 1, "source"), _arg(n, 2, "destination"))
+    source, destination = ([int(d) % rank for d in ([v] if isinstance(v, int) else v)] for v in (source, destination))
+    dims: list[int | None] = [None] * rank
+    for s, d in zip(source, destination):
+        dims[d] = s
+    rest = iter(i for i in range(rank) if i not in source)
+    dims = [next(rest) if d is None else d for d in dims]
+    if dims[0] != 0:
+        raise ValueError(f"a movedim of dims {source} to {destination} moves the batch dimension and has no "
+                         "description op; move dimensions after the batch's")
+    return "permute", {"dims": dims}
+
+
+def _refuse_t(n: fx.Node) -> tuple[str, dict]:
+    """``x.t()``/``torch.t``: of a tensor of at most two dimensions, the batch's among them: ``ValueError``."""
+    raise ValueError("x.t() swaps the batch dimension of a [B, F] tensor and has no description op; swap dimensions "
+                     "after the batch's (x.mT or x.transpose(-2, -1) of 3 or more)")
+
+
+for _key in (torch.movedim, "movedim", torch.moveaxis, "moveaxis"):
+    FUNCTION_OPS[_key] = _moved_dims
+for _key in (torch.t, "t"):
+    FUNCTION_OPS[_key] = _refuse_t
 
 
 def _dims_after_the_batch(n: fx.Node, dims: Any, call: str) -> list[int]:
@@ -1560,6 +1589,7 @@ _VIEWING = {*_RESHAPES, "flatten", torch.flatten, "transpose", torch.transpose, 
             "permute", torch.permute, "unsqueeze", torch.unsqueeze, "squeeze", torch.squeeze, operator.getitem,
             "narrow", torch.narrow, "select", torch.select, "chunk", torch.chunk, "split", torch.split, "unbind",
             torch.unbind, "expand", "expand_as", "view_as",
+            torch.swapdims, "swapdims", torch.movedim, "movedim", torch.moveaxis, "moveaxis",
             getattr}  # a tensor's attribute: x.mT, x.mH (views)
 
 
@@ -2114,9 +2144,9 @@ def _unbatched_product(n: fx.Node) -> tuple[str, dict]:
     name = getattr(n.target, "__name__", n.target)
     if name in ("mm", "addmm"):
         layer = "nn.Linear(K, N, bias=False)" if name == "mm" else "nn.Linear(K, N)"
-        raise ValueError(f"torch.{name} multiplies 2-D matrices, the batch the first one's rows, and has no description "
-                         f"op; a [B, K] activation times a layer's weight is {layer}, a product of two activations "
-                         "batched matrices ([B, M, K] @ [B, K, N], torch.matmul)")
+        raise ValueError(f"torch.{name} multiplies 2-D matrices, the batch the first one's rows, and has no "
+                         f"description op; a [B, K] activation times a layer's weight is {layer}, a product of two "
+                         "activations batched matrices ([B, M, K] @ [B, K, N], torch.matmul)")
     raise ValueError(f"torch.{name} (beta * input + alpha * the product, one GEMM) has no description op; write "
                      "torch.bmm(b1, b2) * alpha + input, three nodes of their own")
 
