@@ -7,8 +7,8 @@ import pytest
 from perf4sight.features.aggregate import FEATURE_NAMES, SIM_FEATURES, feature_matrix, network_features
 from perf4sight.features.alloc_trace import (attach_simulation, ensure_simulation, record_events, record_runs,
                                              simulate)
-from perf4sight.features.allocator import (ALLOC, FREE, STEP, AllocTrace, CachingAllocator, _repeat_plan, round_size,
-                                          segment_size)
+from perf4sight.features.allocator import (_ALLOC_FREE, ALLOC, FREE, STEP, AllocTrace, CachingAllocator, _fused,
+                                          _repeat_plan, round_size, segment_size)
 from perf4sight.ir.schema import NetworkDescription, Node
 
 MIB = 1 << 20
@@ -63,6 +63,82 @@ def test_a_replay_refuses_addresses_past_its_keys_range():
     a._next_ptr = (1 << 48) - 4 * MIB  # a free block's key keeps its address below 2**48: past it, an error
     with pytest.raises(OverflowError, match="256 TiB"):
         a.malloc(12 * MIB)
+
+
+def test_an_allocation_freed_at_once_is_one_event_of_the_replay():
+    """An ALLOC whose next event frees its tensor is one event of the replay, with the ALLOC's size; an ALLOC freed
+    later, or followed by another tensor's FREE, is not."""
+    kinds = [STEP, ALLOC, FREE, ALLOC, ALLOC, FREE, FREE, ALLOC, FREE]
+    ids = [0, 1, 1, 2, 3, 2, 3, 4, 4]
+    fused_kinds, fused_ids, index = _fused(kinds, ids, list(range(9)))
+    assert fused_kinds == [STEP, _ALLOC_FREE, ALLOC, ALLOC, FREE, FREE, _ALLOC_FREE]
+    assert fused_ids == [0, 1, 2, 3, 2, 3, 4] and index.tolist() == [0, 1, 3, 4, 5, 6, 7]
+
+
+def test_an_allocation_freed_at_once_leaves_the_allocator_as_the_two_events_do():
+    """Random requests of both pools, each either kept a while or freed at once: run as an ALLOC and a FREE, or as
+    one :data:`_ALLOC_FREE`, the allocator ends in the same state with the same peaks after every event, new
+    segments (cached whole), blocks handed out whole and zero-byte requests included."""
+    rng = np.random.default_rng(7)
+    apart, fused = CachingAllocator(), CachingAllocator()
+    live_apart: dict = {}
+    live_fused: dict = {}
+    kept: list[int] = []
+    pairs = 0
+    for t in range(1, 3000):
+        size = int(round_size(int(rng.choice([0, 300, 5000, 700_000, 3 * MIB, 15 * MIB + 7, 40 * MIB])
+                                  * rng.uniform(0.5, 1.0)))) if rng.random() > 0.02 else 0
+        if kept and rng.random() < 0.45:
+            gone = kept.pop(int(rng.integers(len(kept))))
+            apart.run([FREE], [gone], [0], live_apart)
+            fused.run([FREE], [gone], [0], live_fused)
+        elif rng.random() < 0.4:
+            pairs += 1
+            apart.run([ALLOC, FREE], [t, t], [size, 0], live_apart)
+            fused.run([_ALLOC_FREE], [t], [size], live_fused)
+        else:
+            kept.append(t)
+            apart.run([ALLOC], [t], [size], live_apart)
+            fused.run([ALLOC], [t], [size], live_fused)
+        assert fused.state(live_fused) == apart.state(live_apart)
+        assert (fused.peak_reserved, fused.peak_allocated) == (apart.peak_reserved, apart.peak_allocated)
+        assert fused._next_ptr == apart._next_ptr
+    assert pairs > 500 and apart.peak_reserved > 100 * MIB
+
+
+def _replayed_event_by_event(trace: AllocTrace, batch: int) -> tuple[float, float]:
+    """The trace's ``run_peak`` figures (bytes) with each event run on its own through ``malloc_rounded`` and
+    ``free``, every repeat of the last step spelled out (a step that frees only what it allocates)."""
+    sizes = [int(round_size(s)) if s > 0 else 0 for s in trace.sizes(batch).tolist()]
+    kinds, ids = trace.kind.tolist(), trace.tensor.tolist()
+    marks = [i for i, k in enumerate(kinds) if k == STEP]
+    spans = [(0, marks[0])] + list(zip(marks, marks[1:] + [len(kinds)]))
+    spans += [spans[-1]] * trace.repeat_last
+    alloc, live, peaks = CachingAllocator(), {}, []
+    for n, (start, end) in enumerate(spans):
+        alloc.reset_peaks()
+        for i in range(start, end):
+            if kinds[i] == ALLOC and sizes[i]:
+                live[ids[i]] = alloc.malloc_rounded(sizes[i])
+            elif kinds[i] == FREE and ids[i] in live:
+                alloc.free(live.pop(ids[i]))
+        if n > 0:
+            peaks.append((alloc.peak_reserved, alloc.peak_allocated))
+    return float(max(p[0] for p in peaks)), float(max(p[1] for p in peaks))
+
+
+@pytest.mark.parametrize("zoo, side", [("small_swin_v2", 36), ("small_maxvit", 64), ("resnet18", 32)])
+def test_the_replay_gives_the_figures_of_its_events_run_one_by_one(zoo, side):
+    """The replay (its steps' allocations freed at once as single events, a steady step's repeats cut short) gives
+    the peaks of every event run on its own through the allocator, at batch sizes that put the activations in
+    either pool."""
+    from perf4sight.networks.zoo import describe_zoo
+    small = {"small_swin_v2": lambda: _small_swin(side, True), "small_maxvit": lambda: _small_maxvit(side)}
+    desc = small[zoo]() if zoo in small else describe_zoo(zoo, [3, side, side], num_classes=10)
+    trace = simulate(desc, method="model")
+    assert sum(kinds.count(_ALLOC_FREE) for kinds, _, _ in trace._fused_runs()) > 20
+    for batch in (1, 6, 40):
+        assert trace.replay(batch) == _replayed_event_by_event(trace, batch)
 
 
 def _two_step_trace(protocol: str) -> AllocTrace:

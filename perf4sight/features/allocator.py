@@ -56,6 +56,9 @@ K_MIN_LARGE_ALLOC = 10 << 20
 K_ROUND_LARGE = 2 << 20
 
 ALLOC, FREE, STEP = 0, 1, 2  # trace event kinds (STEP: start of a training step; peaks are reset there)
+#: An ALLOC whose tensor the very next event FREEs, as the replay runs the pair (:func:`_fused`; never in a trace): the
+#: allocator ends as it began, bar a new segment, so the pair is a best-fit look-up and the peaks it reaches.
+_ALLOC_FREE = 3
 
 RUN_PEAK, PERF4SIGHT, STEP_MEAN = "run_peak", "perf4sight", "step_mean"
 #: How a profiler's memory figure is made from the steps of a run (see the module docstring): name -> in short.
@@ -156,13 +159,14 @@ class CachingAllocator:
         self.run([FREE], [0], [0], {0: handle.block if handle is not None else None})
 
     def run(self, kinds: list[int], ids: list[int], sizes: list[int], live: dict[int, _Block | None]) -> None:
-        """Carry out the events ``kinds[i]`` (:data:`ALLOC` or :data:`FREE`; others are passed over) of tensor
-        ``ids[i]``: an ALLOC of ``sizes[i]`` bytes, already rounded (0: no block), puts its block in ``live``; a
-        FREE returns the block ``live`` holds for its tensor, if any. One loop with its state in locals: the
-        replay's hot path (a few thousand events per training step)."""
-        pools, free_blocks, new_segment = self._pools, self._free, segment_size
+        """Carry out the events ``kinds[i]`` (:data:`ALLOC`, :data:`FREE` or :data:`_ALLOC_FREE`; others are passed
+        over) of tensor ``ids[i]``: an ALLOC of ``sizes[i]`` bytes, already rounded (0: no block), puts its block in
+        ``live``; a FREE returns the block ``live`` holds for its tensor, if any; an _ALLOC_FREE does both at once.
+        One loop with its state in locals: the replay's hot path (a few thousand events per training step)."""
+        pools, free_blocks = self._pools, self._free
         ptr_, size_, small_, allocated_, prev_, next_ = PTR, SIZE, SMALL, ALLOCATED, PREV, NEXT  # locals: fastest
         alloc_kind, free_kind, small_size, min_block, shift = ALLOC, FREE, K_SMALL_SIZE, K_MIN_BLOCK, _ADDRESS_BITS
+        pair_kind = _ALLOC_FREE
         reserved, allocated = self.reserved, self.allocated
         peak_reserved, peak_allocated = self.peak_reserved, self.peak_allocated
         for kind, tensor, size in zip(kinds, ids, sizes):
@@ -176,12 +180,8 @@ class CachingAllocator:
                 if i < len(pool):
                     block = free_blocks.pop(pool.pop(i))
                 else:  # none fits: a new segment
-                    seg = new_segment(size)
-                    block = [self._next_ptr, seg, small, False, None, None]
-                    self._next_ptr += seg + K_SMALL_BUFFER  # keep segments apart: no merging across segments
-                    if self._next_ptr >= 1 << shift:  # a key would no longer order by size first
-                        raise OverflowError("allocator replay: more than 256 TiB of segments made")
-                    reserved += seg
+                    block = self._segment(size, small)
+                    reserved += block[size_]
                     if reserved > peak_reserved:
                         peak_reserved = reserved
                 remaining = block[size_] - size
@@ -227,8 +227,41 @@ class CachingAllocator:
                 key = block[size_] << shift | block[ptr_]
                 insort(pool, key)
                 free_blocks[key] = block
+            elif kind == pair_kind:  # the block the ALLOC takes goes back whole at once: no split, no merge
+                live.pop(tensor, None)
+                if not size:
+                    continue
+                small = size <= small_size
+                pool = pools[small]
+                i = bisect_left(pool, size << shift)
+                if i < len(pool):
+                    held = pool[i] >> shift
+                else:  # the new segment stays, one free block
+                    block = self._segment(size, small)
+                    held = block[size_]
+                    key = held << shift | block[ptr_]
+                    insort(pool, key)
+                    free_blocks[key] = block
+                    reserved += held
+                    if reserved > peak_reserved:
+                        peak_reserved = reserved
+                remaining = held - size
+                if remaining >= min_block if small else remaining > small_size:  # split: only ``size`` handed out
+                    held = size
+                if allocated + held > peak_allocated:
+                    peak_allocated = allocated + held
         self.reserved, self.allocated = reserved, allocated
         self.peak_reserved, self.peak_allocated = peak_reserved, peak_allocated
+
+    def _segment(self, size: int, small: bool) -> _Block:
+        """A free block that is a new segment ``cudaMalloc``-ed for a request of ``size`` bytes (rounded), in no pool
+        yet; the caller counts its bytes as reserved."""
+        seg = segment_size(size)
+        block = [self._next_ptr, seg, small, False, None, None]
+        self._next_ptr += seg + K_SMALL_BUFFER  # keep segments apart: no merging across segments
+        if self._next_ptr >= 1 << _ADDRESS_BITS:  # a key would no longer order by size first
+            raise OverflowError("allocator replay: more than 256 TiB of segments made")
+        return block
 
 
 def _repeat_plan(kinds: list[int], ids: list[int], start: int, end: int) -> tuple[list[int], list[int], list[int]]:
@@ -263,6 +296,18 @@ def _repeat_plan(kinds: list[int], ids: list[int], start: int, end: int) -> tupl
             if first_done and kinds[i] == ALLOC and ids[i] in left_alive:
                 may_be_live.append(ids[i])
     return plan
+
+
+def _fused(kinds: np.ndarray, ids: np.ndarray, index: np.ndarray) -> tuple[list[int], list[int], np.ndarray]:
+    """The events (kinds, tensor ids, the index of each one's size, -1 for none) as the replay runs them: every ALLOC
+    whose next event FREEs its tensor written as one :data:`_ALLOC_FREE` (the ALLOC's id and size). The same replay,
+    with less to do (a scratch buffer, a gradient summed away at once: a tenth of a Swin's or a MaxViT's events)."""
+    kinds, ids, index = np.asarray(kinds), np.asarray(ids), np.asarray(index, dtype=np.intp)
+    paired = np.zeros(len(kinds), dtype=bool)  # an ALLOC freed by the next event (a pair's FREE is no pair's ALLOC)
+    paired[:-1] = (kinds[:-1] == ALLOC) & (kinds[1:] == FREE) & (ids[:-1] == ids[1:])
+    kept = np.ones(len(kinds), dtype=bool)
+    kept[1:] = ~paired[:-1]
+    return np.where(paired, _ALLOC_FREE, kinds)[kept].tolist(), ids[kept].tolist(), index[kept]
 
 
 class TracedUpdate(NamedTuple):
@@ -302,8 +347,10 @@ class AllocTrace:
     update: TracedUpdate = TracedUpdate()
     loss: str = "cross_entropy"
     _memo: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False, init=False)
-    _repeat_plan: tuple[list[int], list[int], list[int]] | None = field(default=None, repr=False, init=False)
-    _events: tuple[list[int], list[int], list[int]] | None = field(default=None, repr=False, init=False)
+    #: the events of the setup and of each step, and of a repeat of the last step, as the replay runs them (kinds,
+    #: tensor ids, each one's index among the trace's sizes, -1 for none; :func:`_fused`): made once per trace
+    _runs: list[tuple[list[int], list[int], np.ndarray]] | None = field(default=None, repr=False, init=False)
+    _repeat_plan: tuple[list[int], list[int], np.ndarray] | None = field(default=None, repr=False, init=False)
     #: this trace's events under each protocol asked for (:meth:`with_protocol`), one dict shared by all of them: each
     #: view is made once and keeps its memo across fits
     _views: dict[str, "AllocTrace"] = field(default_factory=dict, repr=False, init=False, compare=False)
@@ -348,40 +395,35 @@ class AllocTrace:
         if bs in self._memo:
             return self._memo[bs]
         sizes = self.sizes(bs)
-        sizes = np.where(sizes > 0, round_size(sizes), 0).tolist()
-        if self._events is None:  # the same at every batch size: made once per trace
-            self._events = (self.kind.tolist(), self.tensor.tolist(), np.flatnonzero(self.kind == STEP).tolist())
-        kinds, ids, steps = self._events
+        sizes = np.append(np.where(sizes > 0, round_size(sizes), 0), 0)  # and a 0 last: the size at index -1
+        runs = self._fused_runs()
+        steps = len(runs) - 1
         alloc = CachingAllocator()
         live: dict[int, _Block | None] = {}
         peaks: list[tuple[int, int]] = []
-        bounds = [(0, steps[0] if steps else len(kinds))]
-        bounds += [(s, e) for s, e in zip(steps, steps[1:] + [len(kinds)])]
-        if steps:
-            bounds += [bounds[-1]] * self.repeat_last
+        total = len(runs) + (self.repeat_last if steps else 0)
         before = None  # the allocator's state before a repeat of the last step
         repeated = None  # the sizes of the last step's events as its repeats run them (:func:`_repeat_plan`)
-        for n, (start, end) in enumerate(bounds):
+        for n in range(total):
             if n > 0:
                 alloc.reset_peaks()
                 if self.protocol == PERF4SIGHT:  # the cache emptied; used memory read later is the step's own
                     alloc.empty_cache()
                     alloc.reset_peaks()
-            if steps and n >= len(steps):  # the last step and its repeats
+            if steps and n >= steps:  # the last step and its repeats
                 state = alloc.state(live)
                 if state == before:  # the step left the allocator as it found it: every repeat is the same
-                    peaks += [peaks[-1]] * (len(bounds) - n)
+                    peaks += [peaks[-1]] * (total - n)
                     break
                 before = state
-            if n > len(steps):  # the last step again: it frees what its previous run left, not what it found
-                if self._repeat_plan is None:  # the same for every batch size: made once per trace
-                    self._repeat_plan = _repeat_plan(kinds, ids, start, end)
-                repeat_kinds, repeat_ids, size_index = self._repeat_plan
+            if n > steps:  # the last step again: it frees what its previous run left, not what it found
+                repeat_kinds, repeat_ids, size_index = self._repeat_run()
                 if repeated is None:
-                    repeated = [sizes[i] if i >= 0 else 0 for i in size_index]
+                    repeated = sizes[size_index].tolist()
                 alloc.run(repeat_kinds, repeat_ids, repeated, live)
             else:
-                alloc.run(kinds[start:end], ids[start:end], sizes[start:end], live)
+                run_kinds, run_ids, size_index = runs[n]
+                alloc.run(run_kinds, run_ids, sizes[size_index].tolist(), live)
             if n > 0:
                 peaks.append((alloc.peak_reserved, alloc.peak_allocated))
         if not peaks:
@@ -397,6 +439,26 @@ class AllocTrace:
         out = (float(figure[0]), float(figure[1]))
         self._memo[bs] = out
         return out
+
+    def _fused_runs(self) -> list[tuple[list[int], list[int], np.ndarray]]:
+        """The setup's and each step's events as the replay runs them (:attr:`_runs`; the same at every batch size)."""
+        if self._runs is None:
+            kinds, ids, index = _fused(self.kind, self.tensor, np.arange(len(self.kind)))  # no pair spans a STEP
+            starts = [0] + np.flatnonzero(self.kind[index] == STEP).tolist() + [len(kinds)]
+            self._runs = [(kinds[s:e], ids[s:e], index[s:e]) for s, e in zip(starts, starts[1:])]
+        return self._runs
+
+    def _repeat_run(self) -> tuple[list[int], list[int], np.ndarray]:
+        """A repeat of the last step as the replay runs it (:func:`_repeat_plan`, :func:`_fused`), made once."""
+        if self._repeat_plan is None:
+            start = int(np.flatnonzero(self.kind == STEP)[-1])
+            kinds, ids = self.kind[start:], self.tensor[start:]
+            if np.isin(ids[kinds == FREE], ids[kinds == ALLOC]).all():  # it frees only its own: run as it is
+                self._repeat_plan = self._fused_runs()[-1]
+            else:
+                plan = _repeat_plan(self.kind.tolist(), self.tensor.tolist(), start, len(self.kind))
+                self._repeat_plan = _fused(*plan)
+        return self._repeat_plan
 
     def peaks_mb(self, batch_sizes: np.ndarray | list[int]) -> np.ndarray:
         """Array (n, 2): [peak reserved, peak allocated] in MiB per batch size."""
