@@ -1689,22 +1689,16 @@ class _Composite:
         return _Tensor(_Value(sid, a.nbytes, fn), a.shape)
 
     def matmul(self, a: _Tensor, b: _Tensor) -> _Tensor:
-        """``a.matmul(b)`` of two 4-D tensors of the same leading dimensions, as torch runs it: each reshaped to 3-D
-        (a copy where no view can), ``bmm`` (which keeps both), the result viewed back. Backward: the second's
-        gradient, then the first's (``bmm`` each)."""
-        lead = a.shape[:-2]
-        rows_a = self.view(a, (prod(lead), *a.shape[-2:]))
-        rows_b = self.view(b, (prod(lead), *b.shape[-2:]))
-        shape = (prod(lead), a.shape[-2], b.shape[-1])
-        sid = self.mem.new(prod(shape) * FLOAT, "aten.bmm.default")
-        fn = self.node([rows_a.value.sid, rows_b.value.sid], [_edge(rows_a.value), _edge(rows_b.value)],
-                       [rows_a.nbytes, rows_b.nbytes], ["aten.bmm.default"] * 2, shape, [rows_a.shape, rows_b.shape],
-                       order=[1, 0], any_strides=True)
-        self.drop(rows_a, rows_b)
-        product = _Tensor(_Value(sid, prod(shape) * FLOAT, fn), shape)
-        out = self.view(product, (*lead, a.shape[-2], b.shape[-1]))
-        self.drop(product)
-        return out
+        """``a.matmul(b)`` of two tensors of the same leading dimensions, as the ``matmul`` op runs it
+        (:func:`_matrix_product`: each input viewed as 3-D, or copied where no view can, ``bmm``, the result viewed
+        back; its backward the second's gradient, then the first's)."""
+        shape = (*a.shape[:-1], b.shape[-1])
+        name = self.ctx.node.name
+        node = Node(name, "matmul", [f"{name}.a", f"{name}.b"], {}, list(shape[1:]))
+        sub = _OpContext(node, [a.value, b.value], [list(a.shape[1:]), list(b.shape[1:])], a.shape[0], self.mem,
+                         self.ctx.fns, self.ctx.first_param, a.value, prod(shape) * FLOAT, a.shape, shape,
+                         self.ctx.relu6_clone)
+        return _Tensor(_matrix_product(sub), shape)
 
     def linear(self, t: _Tensor, out_features: int, bias: bool, p0: int,
                bias_edge: tuple[str, int] | None = None) -> _Tensor:
