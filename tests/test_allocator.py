@@ -141,6 +141,30 @@ def test_the_replay_gives_the_figures_of_its_events_run_one_by_one(zoo, side):
         assert trace.replay(batch) == _replayed_event_by_event(trace, batch)
 
 
+def test_the_collector_is_paused_while_the_model_writes_events_and_the_replay_runs(monkeypatch):
+    """The cyclic garbage collector does not run while the allocation model writes a step down or the replay runs it
+    (tens of thousands of small objects: a collection every few hundred), and runs again after, unless it was off."""
+    import gc
+
+    from perf4sight.features import alloc_trace
+    from perf4sight.networks.zoo import describe_zoo
+    seen = []
+    real_run, real_modelled = CachingAllocator.run, alloc_trace._modelled
+    monkeypatch.setattr(CachingAllocator, "run", lambda self, *a: seen.append(gc.isenabled()) or real_run(self, *a))
+    monkeypatch.setattr(alloc_trace, "_modelled", lambda *a: seen.append(gc.isenabled()) or real_modelled(*a))
+    desc = describe_zoo("resnet18", [3, 32, 32], num_classes=10)
+    assert gc.isenabled()
+    record_events(desc, 2, method="model")
+    simulate(desc, method="model").replay(37)  # a batch size no other test replays: not in the trace's memo
+    assert len(seen) > 2 and not any(seen) and gc.isenabled()
+    gc.disable()
+    try:
+        simulate(desc, method="model").replay(38)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 def _two_step_trace(protocol: str) -> AllocTrace:
     """Setup 1000 B; step 1 (the warm-up) 16 MiB at batch 8, freed; step 2 4 MiB at batch 8, freed."""
     kind = np.array([ALLOC, STEP, ALLOC, FREE, STEP, ALLOC, FREE], dtype=np.int8)

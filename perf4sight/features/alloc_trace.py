@@ -49,7 +49,7 @@ import numpy as np
 
 from perf4sight.errors import UserError
 from perf4sight.features.alloc_model import ACCUMULATED, Event, NotCovered, step_events
-from perf4sight.features.allocator import ALLOC, FREE, RUN_PEAK, STEP, AllocTrace, TracedUpdate
+from perf4sight.features.allocator import ALLOC, FREE, RUN_PEAK, STEP, AllocTrace, TracedUpdate, collector_paused
 from perf4sight.features.optimizers import PERF4SIGHT_MOMENTUM, PERF4SIGHT_WEIGHT_DECAY, adds_decay, optimizer_cost
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.child import loss_function
@@ -116,7 +116,8 @@ def record_runs(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: i
     step = _OptimizerStep(optimizer, lr, momentum, weight_decay, foreach, set_to_none)
     if method != "trace" and fast and inplace_relu:
         try:
-            return [_modelled(desc, b, steps, step, relu6_clone, loss) for b in batch_sizes]
+            with collector_paused():
+                return [_modelled(desc, b, steps, step, relu6_clone, loss) for b in batch_sizes]
         except NotCovered as exc:
             if method == "model":
                 raise UserError(f"{desc.name}: the allocation model does not cover {exc}") from None

@@ -39,9 +39,11 @@ same rule (:data:`REPLAY_PROTOCOLS`), so that the simulated peak and the measure
 """
 from __future__ import annotations
 
+import gc
 from bisect import bisect_left, insort
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple
+from typing import Iterator, NamedTuple
 
 import numpy as np
 
@@ -65,6 +67,21 @@ RUN_PEAK, PERF4SIGHT, STEP_MEAN = "run_peak", "perf4sight", "step_mean"
 REPLAY_PROTOCOLS = {RUN_PEAK: "the peak over the run, as this tool's profiler reads it",
                     PERF4SIGHT: "as perf4sight's profiler read it: cache emptied before every step, warm-up read twice",
                     STEP_MEAN: "the mean of the per-step peaks"}
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused for the block (restarted after it, where it ran before): the allocation
+    model and the replay make tens of thousands of small lists and tuples, each few hundred of which start a
+    collection that, in a process holding torch's modules, walks hundreds of thousands of objects (a tenth of a
+    MaxViT's description -> prediction time). What they leave for the collector it collects after."""
+    running = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if running:
+            gc.enable()
 
 
 def round_size(size: int | np.ndarray) -> int | np.ndarray:
@@ -396,6 +413,23 @@ class AllocTrace:
             return self._memo[bs]
         sizes = self.sizes(bs)
         sizes = np.append(np.where(sizes > 0, round_size(sizes), 0), 0)  # and a 0 last: the size at index -1
+        with collector_paused():
+            peaks = self._step_peaks(sizes)
+        p = np.array(peaks, dtype=float)
+        if self.protocol == RUN_PEAK:
+            figure = p.max(axis=0)
+        else:  # a mean over the steps; perf4sight's reads the warm-up (the first step) twice
+            w = np.ones(len(p))
+            if self.protocol == PERF4SIGHT and len(p) > 1:
+                w[0] = 2.0
+            figure = w @ p / w.sum()
+        out = (float(figure[0]), float(figure[1]))
+        self._memo[bs] = out
+        return out
+
+    def _step_peaks(self, sizes: np.ndarray) -> list[tuple[int, int]]:
+        """(peak reserved, peak allocated) in bytes of each step, the repeats of the last one included (of the setup
+        where there is no step), the events' sizes being ``sizes`` (rounded; a 0 last, for index -1)."""
         runs = self._fused_runs()
         steps = len(runs) - 1
         alloc = CachingAllocator()
@@ -426,19 +460,7 @@ class AllocTrace:
                 alloc.run(run_kinds, run_ids, sizes[size_index].tolist(), live)
             if n > 0:
                 peaks.append((alloc.peak_reserved, alloc.peak_allocated))
-        if not peaks:
-            peaks = [(alloc.peak_reserved, alloc.peak_allocated)]
-        p = np.array(peaks, dtype=float)
-        if self.protocol == RUN_PEAK:
-            figure = p.max(axis=0)
-        else:  # a mean over the steps; perf4sight's reads the warm-up (the first step) twice
-            w = np.ones(len(p))
-            if self.protocol == PERF4SIGHT and len(p) > 1:
-                w[0] = 2.0
-            figure = w @ p / w.sum()
-        out = (float(figure[0]), float(figure[1]))
-        self._memo[bs] = out
-        return out
+        return peaks or [(alloc.peak_reserved, alloc.peak_allocated)]
 
     def _fused_runs(self) -> list[tuple[list[int], list[int], np.ndarray]]:
         """The setup's and each step's events as the replay runs them (:attr:`_runs`; the same at every batch size)."""
