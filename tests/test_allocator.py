@@ -107,7 +107,7 @@ def test_an_allocation_freed_at_once_leaves_the_allocator_as_the_two_events_do()
 
 
 def _replayed_event_by_event(trace: AllocTrace, batch: int) -> tuple[float, float]:
-    """The trace's ``run_peak`` figures (bytes) with each event run on its own through ``malloc_rounded`` and
+    """The trace's figures (bytes) under its protocol with each event run on its own through ``malloc_rounded`` and
     ``free``, every repeat of the last step spelled out (a step that frees only what it allocates)."""
     sizes = [int(round_size(s)) if s > 0 else 0 for s in trace.sizes(batch).tolist()]
     kinds, ids = trace.kind.tolist(), trace.tensor.tolist()
@@ -117,6 +117,9 @@ def _replayed_event_by_event(trace: AllocTrace, batch: int) -> tuple[float, floa
     alloc, live, peaks = CachingAllocator(), {}, []
     for n, (start, end) in enumerate(spans):
         alloc.reset_peaks()
+        if n > 0 and trace.protocol == "perf4sight":
+            alloc.empty_cache()
+            alloc.reset_peaks()
         for i in range(start, end):
             if kinds[i] == ALLOC and sizes[i]:
                 live[ids[i]] = alloc.malloc_rounded(sizes[i])
@@ -124,7 +127,10 @@ def _replayed_event_by_event(trace: AllocTrace, batch: int) -> tuple[float, floa
                 alloc.free(live.pop(ids[i]))
         if n > 0:
             peaks.append((alloc.peak_reserved, alloc.peak_allocated))
-    return float(max(p[0] for p in peaks)), float(max(p[1] for p in peaks))
+    if trace.protocol == "run_peak":
+        return float(max(p[0] for p in peaks)), float(max(p[1] for p in peaks))
+    weights = [2.0 if n == 0 and trace.protocol == "perf4sight" else 1.0 for n in range(len(peaks))]
+    return tuple(float(np.dot(weights, [p[k] for p in peaks]) / sum(weights)) for k in (0, 1))
 
 
 @pytest.mark.parametrize("zoo, side", [("small_swin_v2", 36), ("small_maxvit", 64), ("resnet18", 32)])
@@ -163,6 +169,35 @@ def test_the_collector_is_paused_while_the_model_writes_events_and_the_replay_ru
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("zoo", ["small_swin_v2", "small_maxvit", "resnet18"])
+def test_a_repeat_that_meets_its_steps_run_stops_there_with_the_figures_of_every_event(zoo, monkeypatch):
+    """A repeat of the last step that finds the allocator, at one of the looks (every ``_MARK_EVENTS`` events, here
+    16), as the step's run left it there, stops: its peaks are those of its events so far and of the run's from
+    there. Under each protocol, the figures are those of every event run one by one; some repeats stop part way."""
+    from perf4sight.features import allocator
+    from perf4sight.networks.zoo import describe_zoo
+    monkeypatch.setattr(allocator, "_MARK_EVENTS", 16)
+    ran = []
+    real_run = CachingAllocator.run
+    monkeypatch.setattr(CachingAllocator, "run", lambda self, kinds, *a: ran.append(len(kinds)) or real_run(
+        self, kinds, *a))
+    small = {"small_swin_v2": lambda: _small_swin(36, True), "small_maxvit": lambda: _small_maxvit(64)}
+    desc = small[zoo]() if zoo in small else describe_zoo(zoo, [3, 32, 32], num_classes=10)
+    base = simulate(desc, method="model")
+    trace = AllocTrace("marks", base.kind, base.tensor, base.const, base.per_sample)  # a memo of its own
+    runs = trace._fused_runs()
+    through, step = sum(len(kinds) for kinds, _, _ in runs), len(runs[-1][0])  # events to the last step's end
+    part_way = 0
+    for protocol in ("run_peak", "perf4sight", "step_mean"):
+        view = trace.with_protocol(protocol)
+        for batch in (1, 6, 40, 64):
+            expected = _replayed_event_by_event(view, batch)
+            ran.clear()
+            assert view.replay(batch) == pytest.approx(expected, rel=1e-12)
+            part_way += through < sum(ran) < through + step
+    assert part_way > 0
 
 
 def _two_step_trace(protocol: str) -> AllocTrace:

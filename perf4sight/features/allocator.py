@@ -43,6 +43,7 @@ import gc
 from bisect import bisect_left, insort
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from operator import itemgetter
 from typing import Iterator, NamedTuple
 
 import numpy as np
@@ -103,6 +104,7 @@ def segment_size(size: int) -> int:
 #: and the replay makes and reads a block at nearly every one of its thousands of events.
 PTR, SIZE, SMALL, ALLOCATED, PREV, NEXT = range(6)
 _Block = list
+_ADDRESS, _BYTES = itemgetter(PTR), itemgetter(SIZE)  # a block's address, its size
 
 
 class BlockHandle:
@@ -155,6 +157,14 @@ class CachingAllocator:
         return (self.reserved, self.allocated, tuple(self._pools[0]), tuple(self._pools[1]),
                 frozenset((t, b[PTR], b[SIZE]) for t, b in live.items() if b is not None))
 
+    def snapshot(self, live: dict[int, _Block]) -> tuple:
+        """:meth:`state` made in a few C loops, for a look every few hundred events (:func:`_marked_run`): equal
+        snapshots are equal states (the live tensors listed in ``live``'s order: an order that differs only misses a
+        match). ``live`` holds no None (:meth:`run` keeps none there)."""
+        blocks = live.values()
+        return (self.reserved, self.allocated, tuple(self._pools[0]), tuple(self._pools[1]), list(live),
+                list(map(_ADDRESS, blocks)), list(map(_BYTES, blocks)))
+
     def _remove(self, b: _Block) -> None:
         key = b[SIZE] << _ADDRESS_BITS | b[PTR]
         pool = self._pools[b[SMALL]]
@@ -169,7 +179,7 @@ class CachingAllocator:
         """Allocate ``size`` bytes, already rounded by :func:`round_size` (the replay rounds them all at once)."""
         live: dict[int, _Block | None] = {}
         self.run([ALLOC], [0], [size], live)
-        return BlockHandle(live[0])  # type: ignore[arg-type]
+        return BlockHandle(live.get(0))  # type: ignore[arg-type]
 
     def free(self, handle: BlockHandle | None) -> None:
         """Return ``handle``'s block to its pool, merged with free neighbours (the segment stays reserved)."""
@@ -178,7 +188,8 @@ class CachingAllocator:
     def run(self, kinds: list[int], ids: list[int], sizes: list[int], live: dict[int, _Block | None]) -> None:
         """Carry out the events ``kinds[i]`` (:data:`ALLOC`, :data:`FREE` or :data:`_ALLOC_FREE`; others are passed
         over) of tensor ``ids[i]``: an ALLOC of ``sizes[i]`` bytes, already rounded (0: no block), puts its block in
-        ``live``; a FREE returns the block ``live`` holds for its tensor, if any; an _ALLOC_FREE does both at once.
+        ``live`` (and an ALLOC of 0 takes its tensor out); a FREE returns the block ``live`` holds for its tensor, if
+        any; an _ALLOC_FREE does both at once.
         One loop with its state in locals: the replay's hot path (a few thousand events per training step)."""
         pools, free_blocks = self._pools, self._free
         ptr_, size_, small_, allocated_, prev_, next_ = PTR, SIZE, SMALL, ALLOCATED, PREV, NEXT  # locals: fastest
@@ -188,8 +199,8 @@ class CachingAllocator:
         peak_reserved, peak_allocated = self.peak_reserved, self.peak_allocated
         for kind, tensor, size in zip(kinds, ids, sizes):
             if kind == alloc_kind:
-                if not size:
-                    live[tensor] = None
+                if not size:  # no block: a FREE of the tensor frees nothing
+                    live.pop(tensor, None)
                     continue
                 small = size <= small_size
                 pool = pools[small]
@@ -315,6 +326,53 @@ def _repeat_plan(kinds: list[int], ids: list[int], start: int, end: int) -> tupl
     return plan
 
 
+#: Events between two looks at the allocator in the last step and in its repeats (:func:`_marked_run`).
+_MARK_EVENTS = 512
+
+
+class _Mark(NamedTuple):
+    """A look at the allocator in a run of the last step: its snapshot before event ``n * _MARK_EVENTS`` (None at the
+    first), and the peaks (bytes) of the run's events from there to its end."""
+    snapshot: tuple | None
+    reserved: int
+    allocated: int
+
+
+def _marked_run(alloc: CachingAllocator, kinds: list[int], ids: list[int], sizes: list[int],
+                live: dict[int, _Block]) -> list[_Mark]:
+    """Run the last step's events, looking at the allocator every :data:`_MARK_EVENTS` events (its peaks as one run
+    gives them, from the peaks of each stretch between two looks); the looks, for its repeats (:func:`_run_to_mark`)."""
+    stretches = []
+    for start in range(0, len(kinds), _MARK_EVENTS):
+        seen = alloc.snapshot(live) if start else None
+        alloc.reset_peaks()  # the run's own reset, at the first
+        alloc.run(kinds[start:start + _MARK_EVENTS], ids[start:start + _MARK_EVENTS],
+                  sizes[start:start + _MARK_EVENTS], live)
+        stretches.append((seen, alloc.peak_reserved, alloc.peak_allocated))
+    marks, reserved, allocated = [], 0, 0
+    for seen, stretch_reserved, stretch_allocated in reversed(stretches):  # the peaks from each look to the end
+        reserved, allocated = max(reserved, stretch_reserved), max(allocated, stretch_allocated)
+        marks.append(_Mark(seen, reserved, allocated))
+    marks.reverse()
+    if marks:
+        alloc.peak_reserved, alloc.peak_allocated = marks[0].reserved, marks[0].allocated
+    return marks
+
+
+def _run_to_mark(alloc: CachingAllocator, kinds: list[int], ids: list[int], sizes: list[int], live: dict[int, _Block],
+                 marks: list[_Mark]) -> tuple[int, int] | None:
+    """Run a repeat of the last step (its events those :func:`_marked_run` ran) until the allocator is, at a look, as
+    the step's run left it there: the rest would run as it did, so the repeat's peaks (bytes) are those of its events
+    so far and of the run's from there, given at once (a MaxViT's repeat meets its run a third of the way in). None:
+    it ran to the end (its peaks in ``alloc``)."""
+    for n, start in enumerate(range(0, len(kinds), _MARK_EVENTS)):
+        if n and alloc.snapshot(live) == marks[n].snapshot:
+            return max(alloc.peak_reserved, marks[n].reserved), max(alloc.peak_allocated, marks[n].allocated)
+        alloc.run(kinds[start:start + _MARK_EVENTS], ids[start:start + _MARK_EVENTS],
+                  sizes[start:start + _MARK_EVENTS], live)
+    return None
+
+
 def _fused(kinds: np.ndarray, ids: np.ndarray, index: np.ndarray) -> tuple[list[int], list[int], np.ndarray]:
     """The events (kinds, tensor ids, the index of each one's size, -1 for none) as the replay runs them: every ALLOC
     whose next event FREEs its tensor written as one :data:`_ALLOC_FREE` (the ALLOC's id and size). The same replay,
@@ -438,6 +496,7 @@ class AllocTrace:
         total = len(runs) + (self.repeat_last if steps else 0)
         before = None  # the allocator's state before a repeat of the last step
         repeated = None  # the sizes of the last step's events as its repeats run them (:func:`_repeat_plan`)
+        marks = None  # looks at the allocator in the last step's run, where its repeats run its events as they are
         for n in range(total):
             if n > 0:
                 alloc.reset_peaks()
@@ -454,10 +513,19 @@ class AllocTrace:
                 repeat_kinds, repeat_ids, size_index = self._repeat_run()
                 if repeated is None:
                     repeated = sizes[size_index].tolist()
-                alloc.run(repeat_kinds, repeat_ids, repeated, live)
+                met = None if marks is None else _run_to_mark(alloc, repeat_kinds, repeat_ids, repeated, live, marks)
+                if met is not None:  # this repeat ends as the step's run did: so does every later one
+                    peaks += [met] * (total - n)
+                    break
+                if marks is None:
+                    alloc.run(repeat_kinds, repeat_ids, repeated, live)
             else:
                 run_kinds, run_ids, size_index = runs[n]
-                alloc.run(run_kinds, run_ids, sizes[size_index].tolist(), live)
+                if n == steps and n < total - 1 and self._repeat_run() is runs[n]:  # repeated as it is
+                    repeated = sizes[size_index].tolist()
+                    marks = _marked_run(alloc, run_kinds, run_ids, repeated, live)
+                else:
+                    alloc.run(run_kinds, run_ids, sizes[size_index].tolist(), live)
             if n > 0:
                 peaks.append((alloc.peak_reserved, alloc.peak_allocated))
         return peaks or [(alloc.peak_reserved, alloc.peak_allocated)]
