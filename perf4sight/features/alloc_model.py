@@ -320,7 +320,7 @@ class NotCovered(Exception):
     """The description has an op or a pattern this model does not cover: use the meta trace."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _Value:
     """A tensor of the forward pass: its storage, its bytes, the autograd node that made it (None:
     needs no gradient), whether it is a view of another value's storage, its strides."""
@@ -347,7 +347,7 @@ def _full_strides(v: _Value, shape: tuple[int, ...]) -> tuple[int, ...] | None:
     return v.strides or _strides(shape)
 
 
-@dataclass
+@dataclass(slots=True)
 class _GradFn:
     """An autograd node: what it keeps, where its gradients go, and what they cost.
 
@@ -558,7 +558,7 @@ def _edge(v: _Value) -> tuple[str, int] | None:
     return None if v.fn is None else ("fn", v.fn)
 
 
-@dataclass
+@dataclass(slots=True)
 class _OpContext:
     """What one node's forward works with: the node, its inputs, the memory and the autograd nodes.
 
@@ -1556,7 +1556,7 @@ def _attention_output(ctx: _OpContext, shape: _AttentionShape, kernel: int | Non
     return _Value(sid, xb, fn, view=True, strides=_normal(ctx.full_out, raw), raw=raw if 1 in ctx.full_out else None)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Tensor:
     """A tensor inside a composite op (a window attention, a patch merge): its value (one reference to its storage,
     dropped with :meth:`_Composite.drop` where the Python local dies) and its shape with the batch."""
