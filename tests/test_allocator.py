@@ -200,6 +200,30 @@ def test_a_repeat_that_meets_its_steps_run_stops_there_with_the_figures_of_every
     assert part_way > 0
 
 
+def test_a_repeat_after_a_step_that_frees_the_gradients_meets_the_repeat_before_it(monkeypatch):
+    """With ``zero_grad(set_to_none=True)`` a repeat of the last step runs other events than the step (it frees the
+    gradients its previous run left): the second repeat looks for the first's course (here every 16 events). The
+    figures are those of the steps spelled out, every protocol."""
+    from perf4sight.features import allocator
+    from perf4sight.features.step_runtime import StepRuntime
+    from perf4sight.networks.zoo import describe_zoo
+    monkeypatch.setattr(allocator, "_MARK_EVENTS", 16)
+    desc = describe_zoo("resnet18", [3, 32, 32], num_classes=10)
+    base = simulate(desc, method="model", **StepRuntime(foreach=False, grads_to_none=True).traced_update())
+    freed = AllocTrace("marks", base.kind, base.tensor, base.const, base.per_sample)  # a memo of its own
+    looked = []
+    real_marked_run = allocator._marked_run
+    monkeypatch.setattr(allocator, "_marked_run", lambda *a: looked.append(1) or real_marked_run(*a))
+    for batch in (1, 8, 40):
+        spelled = record_events(desc, batch, steps=4, method="model", set_to_none=True)
+        spelled_trace = AllocTrace("spelled", np.array([e[0] for e in spelled], dtype=np.int8),
+                                   np.array([e[1] for e in spelled]), np.array([float(e[2]) for e in spelled]),
+                                   np.zeros(len(spelled)), repeat_last=0)
+        for protocol in ("run_peak", "perf4sight", "step_mean"):
+            assert freed.with_protocol(protocol).replay(batch) == spelled_trace.with_protocol(protocol).replay(batch)
+    assert looked
+
+
 def _two_step_trace(protocol: str) -> AllocTrace:
     """Setup 1000 B; step 1 (the warm-up) 16 MiB at batch 8, freed; step 2 4 MiB at batch 8, freed."""
     kind = np.array([ALLOC, STEP, ALLOC, FREE, STEP, ALLOC, FREE], dtype=np.int8)

@@ -494,9 +494,11 @@ class AllocTrace:
         live: dict[int, _Block | None] = {}
         peaks: list[tuple[int, int]] = []
         total = len(runs) + (self.repeat_last if steps else 0)
+        # the last step again: it frees what its previous run left, not what it found (:func:`_repeat_plan`)
+        repeat = self._repeat_run() if total > len(runs) else None
+        repeated = None  # the sizes of the repeat's events
         before = None  # the allocator's state before a repeat of the last step
-        repeated = None  # the sizes of the last step's events as its repeats run them (:func:`_repeat_plan`)
-        marks = None  # looks at the allocator in the last step's run, where its repeats run its events as they are
+        marks = None  # looks at the allocator in the run before the first repeat of its own events (:func:`_marked_run`)
         for n in range(total):
             if n > 0:
                 alloc.reset_peaks()
@@ -504,28 +506,26 @@ class AllocTrace:
                     alloc.empty_cache()
                     alloc.reset_peaks()
             if steps and n >= steps:  # the last step and its repeats
-                state = alloc.state(live)
+                state = alloc.snapshot(live)
                 if state == before:  # the step left the allocator as it found it: every repeat is the same
                     peaks += [peaks[-1]] * (total - n)
                     break
                 before = state
-            if n > steps:  # the last step again: it frees what its previous run left, not what it found
-                repeat_kinds, repeat_ids, size_index = self._repeat_run()
-                if repeated is None:
-                    repeated = sizes[size_index].tolist()
-                met = None if marks is None else _run_to_mark(alloc, repeat_kinds, repeat_ids, repeated, live, marks)
-                if met is not None:  # this repeat ends as the step's run did: so does every later one
+            run_kinds, run_ids, size_index = events = runs[n] if n <= steps else repeat
+            if events is repeat:
+                repeated = sizes[size_index].tolist() if repeated is None else repeated
+                run_sizes = repeated
+            else:
+                run_sizes = sizes[size_index].tolist()
+            if marks is not None:  # the marked run's events again: this run may meet its course
+                met = _run_to_mark(alloc, run_kinds, run_ids, run_sizes, live, marks)
+                if met is not None:  # it ends as the marked run did: so does every later one
                     peaks += [met] * (total - n)
                     break
-                if marks is None:
-                    alloc.run(repeat_kinds, repeat_ids, repeated, live)
+            elif events is repeat and n + 1 < total:  # the next run repeats these events
+                marks = _marked_run(alloc, run_kinds, run_ids, run_sizes, live)
             else:
-                run_kinds, run_ids, size_index = runs[n]
-                if n == steps and n < total - 1 and self._repeat_run() is runs[n]:  # repeated as it is
-                    repeated = sizes[size_index].tolist()
-                    marks = _marked_run(alloc, run_kinds, run_ids, repeated, live)
-                else:
-                    alloc.run(run_kinds, run_ids, sizes[size_index].tolist(), live)
+                alloc.run(run_kinds, run_ids, run_sizes, live)
             if n > 0:
                 peaks.append((alloc.peak_reserved, alloc.peak_allocated))
         return peaks or [(alloc.peak_reserved, alloc.peak_allocated)]
