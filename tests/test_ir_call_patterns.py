@@ -205,6 +205,32 @@ def test_the_pieces_of_a_split_or_chunk_iterated_over_are_as_many_as_the_input_s
     assert ops.count("narrow") >= 6 and "softmax" in ops  # (a piece taken at each iteration: views)
 
 
+class _C2f(nn.Module):
+    """YOLOv8's C2f block as ultralytics writes it: the pieces of ``pieces`` (a chunk or split) listed by ``listed``,
+    each bottleneck appended to the list from its last piece, all concatenated."""
+
+    def __init__(self, pieces, listed) -> None:
+        super().__init__()
+        self.cv1, self.pieces, self.listed = nn.Conv2d(3, 8, 1), pieces, listed
+        self.m = nn.ModuleList(nn.Conv2d(4, 4, 3, padding=1) for _ in range(2))
+        self.cv2, self.fc = nn.Conv2d(16, 8, 1), nn.Linear(8, 10)  # (in the order they run: weights copied so)
+
+    def forward(self, x):
+        y = self.listed(self.pieces(self.cv1(x)))
+        y.extend(m(y[-1]) for m in self.m)
+        return self.fc(self.cv2(torch.cat(y, 1)).mean((2, 3)))
+
+
+@pytest.mark.parametrize("pieces", [lambda y: y.chunk(2, 1), lambda y: y.split((4, 4), 1),
+                                    lambda y: torch.split(y, 4, dim=1)])
+@pytest.mark.parametrize("listed", [list, lambda p: [p[i] for i in range(len(p))]])
+def test_a_list_or_len_of_a_split_s_pieces_is_as_many_as_the_input_s_shape_makes(pieces, listed):
+    """``list(x.chunk(2, 1))`` (ultralytics' C2f, in every YOLOv8) and ``len`` of a split's pieces were refused:
+    torch.fx's ``len`` of a traced value raises, and ``list`` asks it. The pieces are counted as for a loop over them."""
+    ops = _computes_the_same(_C2f(pieces, listed))
+    assert ops.count("narrow") == 2 and ops.count("cat") == 1
+
+
 class _TokenViT(nn.Module):
     """Patches, a class token put before them as research code often does (``tile(token, batch)`` one of
     ``token.repeat(B, 1, 1)``, ``token.tile((B, 1, 1))``, ``torch.tile(token, (B, 1, 1))``, ``token.expand(B, -1,
@@ -593,3 +619,4 @@ def test_an_lp_pool_is_refused_saying_why(module):
     with pytest.raises(UserError, match=r"an LP pool has no description op: .*sign.*F.avg_pool2d\(x.pow\(p\), k, "
                                         r"s\).*s the stride"):
         describe(module, SHAPE, name="probe")
+

@@ -1266,10 +1266,19 @@ class _PiecesUnknown(Exception):
         self.node = node
 
 
+class _PiecesProxy(fx.Proxy):
+    """torch.fx's proxy, whose ``len`` is the number of pieces of a split, chunk or unbind (:meth:`_Tracer.count`):
+    ``list(x.chunk(2, 1))``, as ultralytics' C2f writes it, asks it first."""
+
+    def __len__(self) -> int:
+        count = self.tracer.count(self)
+        return super().__len__() if count is None else count
+
+
 class _Tracer(fx.Tracer):
     """torch.fx's tracer, with the modules of :data:`_LEAF_MODULES`, and a rebuilt network's modules that stand for
     one node, kept whole. Given ``pieces`` (the number of tensors of each split, chunk or unbind node, by name), it
-    iterates over them (:meth:`iter`)."""
+    iterates over them (:meth:`iter`) and tells their number (``len``, ``list``: :class:`_PiecesProxy`)."""
 
     def __init__(self, pieces: dict[str, int] | None = None) -> None:
         super().__init__()
@@ -1279,17 +1288,26 @@ class _Tracer(fx.Tracer):
         return (type(m).__name__ in _LEAF_MODULES or _described_whole(m) is not None
                 or super().is_leaf_module(m, module_qualified_name))
 
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return _PiecesProxy(node, self)
+
+    def count(self, obj: fx.Proxy) -> int | None:
+        """The number of tensors of the split, chunk or unbind ``obj``, as :attr:`pieces` says;
+        :class:`_PiecesUnknown` where it does not say; None for any other value, or without :attr:`pieces`."""
+        node = obj.node
+        if self.pieces is None or node.op not in ("call_function", "call_method") or \
+                node.target not in _SPLITS | {torch.unbind, "unbind"}:
+            return None
+        if node.name not in self.pieces:
+            raise _PiecesUnknown(node)
+        return self.pieces[node.name]
+
     def iter(self, obj: fx.Proxy) -> Iterator[fx.Proxy]:
         """The pieces of a split, chunk or unbind iterated over (ResNeSt's ``sum(torch.split(x, c, 1))``, a ``zip``
         or a loop over them), as many as :attr:`pieces` says; :class:`_PiecesUnknown` where it does not say. torch.fx
         refuses to iterate over any other value, and over these too (it cannot tell how many pieces there are)."""
-        node = obj.node
-        if self.pieces is None or node.op not in ("call_function", "call_method") or \
-                node.target not in _SPLITS | {torch.unbind, "unbind"}:
-            return super().iter(obj)
-        if node.name not in self.pieces:
-            raise _PiecesUnknown(node)
-        return iter([obj[i] for i in range(self.pieces[node.name])])
+        count = self.count(obj)
+        return super().iter(obj) if count is None else iter([obj[i] for i in range(count)])
 
 
 def _pieces_made(tracer: _Tracer, node: fx.Node, input_shape: list[int]) -> int:
