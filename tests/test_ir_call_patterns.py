@@ -620,3 +620,50 @@ def test_an_lp_pool_is_refused_saying_why(module):
                                         r"s\).*s the stride"):
         describe(module, SHAPE, name="probe")
 
+
+class _Deformable(nn.Module):
+    """A deformable convolution as DCN-style detectors write it: offsets from a convolution, then torchvision's
+    ``DeformConv2d`` (or its ``deform_conv2d`` on the layer's weight)."""
+
+    def __init__(self, functional: bool) -> None:
+        super().__init__()
+        from torchvision.ops import DeformConv2d
+
+        self.offset, self.dcn, self.functional = nn.Conv2d(3, 18, 3, padding=1), DeformConv2d(3, 8, 3, padding=1), \
+            functional
+
+    def forward(self, x):
+        if self.functional:
+            from torchvision.ops import deform_conv2d
+
+            return deform_conv2d(x, self.offset(x), self.dcn.weight, self.dcn.bias, padding=(1, 1))
+        return self.dcn(x, self.offset(x))
+
+
+@pytest.mark.parametrize("functional", [False, True])
+def test_a_deformable_convolution_is_refused_by_name(functional):
+    """torchvision's deformable convolution was refused as "cannot trace the module with torch.fx (TraceError:
+    symbolically traced variables cannot be used as inputs to control flow)", naming neither the layer nor where."""
+    pytest.importorskip("torchvision")
+    with pytest.raises(UserError, match=r"^probe: cannot trace the module with torch\.fx \(TraceError: .*\) in "
+                                        r"torchvision\.ops\.deform_conv\.deform_conv2d, called from "
+                                        r"test_ir_call_patterns\.py line \d+ \(forward\): a deformable convolution "
+                                        r"\(torchvision's DeformConv2d, deform_conv2d\) has no op in the description$"):
+        describe(_Deformable(functional), SHAPE, name="probe")
+
+
+def test_a_trace_that_fails_in_the_model_s_own_code_names_its_line():
+    """Where torch.fx stops in the model's own code, the line is named."""
+    class Branchy(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3)
+
+        def forward(self, x):
+            y = self.conv(x)
+            if y.sum() > 0:
+                return y
+            return -y
+    with pytest.raises(UserError, match=r"^probe: cannot trace the module with torch\.fx \(TraceError: .*\) in "
+                                        r"test_ir_call_patterns\.py line \d+ \(forward\)$"):
+        describe(Branchy(), SHAPE, name="probe")

@@ -15,6 +15,8 @@ import copy
 import io
 import operator
 import sys
+import traceback
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -1456,7 +1458,8 @@ def _traced_with_shapes(module: nn.Module, input_shape: list[int], name: str) ->
     try:
         gm = fx.GraphModule(module, _trace(module, input_shape), type(module).__name__)
     except Exception as exc:
-        raise UserError(f"{name}: cannot trace the module with torch.fx ({_root_message(exc)})") from None
+        raise UserError(f"{name}: cannot trace the module with torch.fx ({_root_message(exc)}){_trace_stop(exc)}") \
+            from None
     _shared_layers(gm, name)
     _check_float32(gm, name)
     _follow_in_place(gm)
@@ -1466,6 +1469,43 @@ def _traced_with_shapes(module: nn.Module, input_shape: list[int], name: str) ->
         raise
     except Exception as exc:
         raise forward_error(name, input_shape, exc) from None
+
+
+#: Library functions torch.fx cannot trace through, by module and name -> what they are (said after where the trace
+#: stopped)
+_UNTRACEABLE = {"torchvision.ops.deform_conv.deform_conv2d":
+                "a deformable convolution (torchvision's DeformConv2d, deform_conv2d) has no op in the description"}
+
+
+def _frames_outside_torch(exc: BaseException) -> list[tuple[str, str, str, int]]:
+    """``(module, function, file, line)`` of each frame of ``exc``'s traceback, outermost first, outside torch and
+    this package (the tracer's own frames)."""
+    frames = []
+    for frame, line in traceback.walk_tb(exc.__traceback__):
+        module = str(frame.f_globals.get("__name__", ""))
+        if module.split(".")[0] not in ("torch", "perf4sight"):
+            frames.append((module, frame.f_code.co_name, frame.f_code.co_filename, line))
+    return frames
+
+
+def _is_library(file: str) -> bool:
+    """Whether ``file`` is an installed package's (a site's), not the model's own code."""
+    return bool({"site-packages", "dist-packages"} & set(Path(file).parts))
+
+
+def _trace_stop(exc: BaseException) -> str:
+    """`` in FILE line N (FUNCTION)``: where in the model's own code torch.fx stopped with ``exc``; where it stopped
+    in an installed library's function, `` in MODULE.FUNCTION, called from`` the model's line, and what the function
+    is where :data:`_UNTRACEABLE` says. Empty where no frame of either is in the traceback."""
+    frames = _frames_outside_torch(exc)
+    own = [f for f in frames if not _is_library(f[2])]
+    line = f"{Path(own[-1][2]).name} line {own[-1][3]} ({own[-1][1]})" if own else ""
+    if not frames or not _is_library(frames[-1][2]):
+        return f" in {line}" if line else ""
+    function = f"{frames[-1][0]}.{frames[-1][1]}"
+    called = f", called from {line}" if line else ""
+    what = f": {_UNTRACEABLE[function]}" if function in _UNTRACEABLE else ""
+    return f" in {function}{called}{what}"
 
 
 def forward_error(name: str, input_shape: list[int], exc: BaseException) -> UserError:
