@@ -1495,6 +1495,36 @@ def test_a_model_of_several_outputs_or_no_parameters_is_one_line():
     assert PruningPlan(TwoOut(), [3, 16, 16], network="two").groups  # a tuple of tensors: traced (describe refuses)
 
 
+
+class _DetectionHead(nn.Module):
+    """A YOLO-style detection head: one 1x1 convolution per scale, the maps returned as a list (``as_tuple``: a
+    tuple)."""
+
+    def __init__(self, as_tuple: bool) -> None:
+        super().__init__()
+        self.downs = nn.ModuleList(nn.Conv2d(c, 8, 3, stride=2, padding=1) for c in (3, 8, 8))
+        self.heads, self.as_tuple = nn.ModuleList(nn.Conv2d(8, 15, 1) for _ in range(3)), as_tuple
+
+    def forward(self, x):
+        maps = []
+        for down in self.downs:
+            x = down(x)
+            maps.append(x)
+        out = [head(m) for head, m in zip(self.heads, maps)]
+        return tuple(out) if self.as_tuple else out
+
+
+@pytest.mark.parametrize("as_tuple", [False, True])
+def test_a_detection_head_s_maps_are_refused_saying_how_to_return_one_tensor(as_tuple):
+    """A list of maps was refused as "the model returns a immutable_list of 3" (torch.fx's type of a traced list) and
+    asked for "the logits alone", which a detector has not."""
+    kind = "tuple" if as_tuple else "list"
+    with pytest.raises(UserError, match=rf"^det: the model returns a {kind} of 3 maps; a description follows one "
+                                        r"tensor output \(return one: the maps flattened and concatenated, "
+                                        r"torch\.cat\(\[m\.flatten\(2\) for m in maps\], 2\), as a detector's "
+                                        r"inference output is\)$"):
+        describe(_DetectionHead(as_tuple), [3, 32, 32], "det")
+
 class _InPlaceTail(nn.Module):
     """A block whose in-place writes are not assigned back: ``y.mul_(0.5)`` and the residual ``y.add_(x)``."""
 

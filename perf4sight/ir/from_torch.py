@@ -1713,9 +1713,10 @@ def _returned_tensor(value: Any, where: str) -> fx.Node:
     segmentation networks); ``UserError`` for a dict with more (an auxiliary head's ``aux``)."""
     if isinstance(value, fx.Node):
         return value
+    if isinstance(value, (tuple, list)):
+        raise UserError(f"{where}: the model returns {_several_outputs(value)}")
     if not isinstance(value, dict):
-        what = f"a {type(value).__name__} of {len(value)}" if isinstance(value, (tuple, list)) else repr(value)
-        raise UserError(f"{where}: the model returns {what}; a description follows one tensor output (return the "
+        raise UserError(f"{where}: the model returns {value!r}; a description follows one tensor output (return the "
                         "logits alone)")
     if set(value) != {"out"}:  # torchvision's segmentation networks return 'out' and, with an auxiliary head, 'aux'
         hint = "build a torchvision segmentation network with aux_loss=False" if "out" in value else \
@@ -1723,6 +1724,20 @@ def _returned_tensor(value: Any, where: str) -> fx.Node:
         raise UserError(f"{where}: the model returns a dict with {sorted(value)}; a description follows one output, "
                         f"its 'out' ({hint})")
     return value["out"]
+
+
+def _several_outputs(values: tuple | list) -> str:
+    """What a model returning the tuple or list ``values`` returns, and what to return instead: a detection head's
+    maps (every value a traced tensor of a map or more per sample) flattened and concatenated, else the logits.
+    torch.fx's list is a list of its own (``immutable_list``): named a list."""
+    kind = "tuple" if isinstance(values, tuple) else "list"
+    ranks = [len(v.meta["tensor_meta"].shape) if isinstance(v, fx.Node) and "tensor_meta" in v.meta else 0
+             for v in values]
+    if values and min(ranks) >= 4:
+        return (f"a {kind} of {len(values)} maps; a description follows one tensor output (return one: the maps "
+                "flattened and concatenated, torch.cat([m.flatten(2) for m in maps], 2), as a detector's inference "
+                "output is)")
+    return f"a {kind} of {len(values)}; a description follows one tensor output (return the logits alone)"
 
 
 def _computed_position_biases(gm: fx.GraphModule, where: str) -> dict[str, fx.Node]:
