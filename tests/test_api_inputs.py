@@ -275,13 +275,47 @@ def test_wrong_length_input_shape_is_one_line_without_stderr(fitted, capfd):
 def test_forward_failing_at_the_shape_names_model_shape_and_torch_message(capfd):
     gray = _cnn(16, 1, in_channels=1)  # one input channel, described at three
     with pytest.raises(UserError, match=r"^gray: the model's forward fails at input shape \[3, 32, 32\] "
-                                        r"\(\[C, H, W\]\): RuntimeError: Given groups=1, weight of size "
+                                        r"\(\[C, H, W\]\) \(its first layer takes 1-channel images: give an input "
+                                        r"shape of \[1, H, W\]\): RuntimeError: Given groups=1, weight of size "
                                         r"\[16, 1, 3, 3\].* to have 1 channels") as exc:
         describe(gray, [3, 32, 32], name="gray")
     _one_line(exc)
     assert capfd.readouterr().err == ""  # torch's ShapeProp printed a traceback per attempt before
     assert describe(gray, [1, 32, 32], name="gray").input_shape == [1, 32, 32]  # its own shape describes
 
+
+
+class _SplitStem(nn.Module):
+    """A 4-channel network whose block takes its map apart (``chunk``, as YOLOv8's C2f does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.fc = nn.Conv2d(4, 8, 3), nn.Linear(8, 10)
+
+    def forward(self, x):
+        a, b = self.stem(x).chunk(2, 1)
+        return self.fc(torch.cat([b, a], 1).mean((2, 3)))
+
+
+def test_a_forward_failing_while_a_split_s_pieces_are_counted_is_the_forward_s_failure(capfd):
+    """A network with a split described at another channel count than its own was "cannot trace the module with
+    torch.fx (RuntimeError: ...)": the pieces are counted by running the layers before them, and their failure read
+    as the trace's."""
+    with pytest.raises(UserError, match=r"^split: the model's forward fails at input shape \[3, 24, 40\] "
+                                        r"\(\[C, H, W\]\) \(its first layer takes 4-channel images: give an input "
+                                        r"shape of \[4, H, W\]\): RuntimeError: Given groups=1") as exc:
+        describe(_SplitStem(), [3, 24, 40], name="split")
+    _one_line(exc)
+    assert capfd.readouterr().err == ""
+    assert describe(_SplitStem(), [4, 24, 40], name="split").input_shape == [4, 24, 40]
+
+
+def test_a_channel_mismatch_inside_the_network_gets_no_input_shape_hint():
+    """The hint is for the first layer alone: a layer deeper that gets the wrong channels is the model's own bug."""
+    bad = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Conv2d(4, 8, 3))
+    with pytest.raises(UserError, match=r"^bad: the model's forward fails at input shape \[3, 16, 16\] "
+                                        r"\(\[C, H, W\]\): RuntimeError: Given groups=1"):
+        describe(bad, [3, 16, 16], name="bad")
 
 def test_predict_module_warns_at_another_input_shape_only(fitted):
     out, descs = fitted

@@ -14,6 +14,7 @@ import contextlib
 import copy
 import io
 import operator
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -1326,6 +1327,11 @@ def _pieces_made(tracer: _Tracer, node: fx.Node, input_shape: list[int]) -> int:
     return len(next(n for n in partial.graph.nodes if n.name == copied[node].name).meta["tensor_meta"])
 
 
+class _ForwardFailed(Exception):
+    """Raised by :func:`_trace` where the layers before a split whose pieces it counts fail at the input shape (its
+    cause: torch's error), which is the forward's failure, not the trace's."""
+
+
 def _trace(module: nn.Module, input_shape: list[int]) -> fx.Graph:
     """``module``'s graph; where its forward iterates over the pieces of a split, chunk or unbind, traced again,
     told how many there are at ``input_shape`` (:func:`_pieces_made`), once for each such node."""
@@ -1337,7 +1343,12 @@ def _trace(module: nn.Module, input_shape: list[int]) -> fx.Graph:
         except _PiecesUnknown as exc:
             if exc.node.name in pieces:  # not traced the same way twice: refused as torch.fx refuses it
                 raise fx.proxy.TraceError(f"cannot iterate over the pieces of {exc.node.name}") from None
-            pieces[exc.node.name] = _pieces_made(tracer, exc.node, input_shape)
+            try:
+                pieces[exc.node.name] = _pieces_made(tracer, exc.node, input_shape)
+            except UserError:
+                raise
+            except Exception as failed:  # the layers before the split fail at this shape: the forward's failure
+                raise _ForwardFailed() from failed
 
 
 def _writes_in_place(n: fx.Node, gm: fx.GraphModule) -> bool:
@@ -1457,6 +1468,8 @@ def _traced_with_shapes(module: nn.Module, input_shape: list[int], name: str) ->
     and forward failures come in many types: each becomes one ``UserError`` line."""
     try:
         gm = fx.GraphModule(module, _trace(module, input_shape), type(module).__name__)
+    except _ForwardFailed as exc:
+        raise forward_error(name, input_shape, exc) from None
     except Exception as exc:
         raise UserError(f"{name}: cannot trace the module with torch.fx ({_root_message(exc)}){_trace_stop(exc)}") \
             from None
@@ -1513,9 +1526,21 @@ def forward_error(name: str, input_shape: list[int], exc: BaseException) -> User
     map became smaller than a kernel, the likely fix is said first."""
     message = _root_message(exc)
     small = any(s in message for s in _MAP_TOO_SMALL)
-    hint = " (its maps shrink below a kernel at this size: give a larger input shape)" if small else ""
+    hint = " (its maps shrink below a kernel at this size: give a larger input shape)" if small else \
+        _channels_hint(message, input_shape)
     return UserError(f"{name}: the model's forward fails at input shape {list(input_shape)} ([C, H, W]){hint}: "
                      f"{message}")
+
+
+def _channels_hint(message: str, input_shape: list[int]) -> str:
+    """`` (its first layer takes K-channel images: ...)`` where torch's ``message`` says a convolution given the
+    input itself (a batch of ``input_shape``) expected K channels; empty for any other failure (a layer deeper given
+    the wrong channels is the model's own)."""
+    found = re.search(r"expected input\[\d+, ([\d, ]+)\] to have (\d+) channels", message)
+    if not found or [int(v) for v in found.group(1).split(",")] != list(input_shape):
+        return ""
+    channels = found.group(2)
+    return f" (its first layer takes {channels}-channel images: give an input shape of [{channels}, H, W])"
 
 
 #: torch's words for a feature map that a convolution's or pool's kernel no longer fits
