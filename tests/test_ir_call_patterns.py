@@ -667,3 +667,34 @@ def test_a_trace_that_fails_in_the_model_s_own_code_names_its_line():
     with pytest.raises(UserError, match=r"^probe: cannot trace the module with torch\.fx \(TraceError: .*\) in "
                                         r"test_ir_call_patterns\.py line \d+ \(forward\)$"):
         describe(Branchy(), SHAPE, name="probe")
+
+
+@pytest.mark.parametrize("pattern", [lambda s, y: y * s.gamma.view(1, -1, 1, 1),
+                                     lambda s, y: s.gamma[:, None, None] * y,
+                                     lambda s, y: s.gamma.unsqueeze(-1).unsqueeze(-1) * y,
+                                     lambda s, y: y + s.gamma.reshape(8, 1, 1)])
+def test_a_parameter_viewed_to_broadcast_over_a_map_is_a_scale_or_shift(pattern):
+    """A layer scale shaped to broadcast over a map (PoolFormer's ``layer_scale.unsqueeze(-1).unsqueeze(-1) * x``,
+    ``x * gamma.view(1, -1, 1, 1)``, ``gamma[:, None, None] * x``) was refused: the view "reads the module's
+    parameter directly", the index "has no description op". It is the ``scale`` (an add: the ``shift``) of the
+    viewed shape, one sample's."""
+    module = _Probe(pattern)
+    module.gamma = nn.Parameter(torch.randn(8))
+    desc = describe(module.eval(), SHAPE, name="probe")
+    (own,) = [n for n in desc.nodes if n.op in ("scale", "shift")]
+    assert own.attrs["shape"] == [8, 1, 1] and desc.params == sum(p.numel() for p in module.parameters())
+    rebuilt = build_module(desc).eval()
+    originals = [module.conv.weight, module.conv.bias, module.gamma, *module.fc.parameters()]  # in the order run
+    for new, old in zip(rebuilt.parameters(), originals):
+        new.data.copy_(old.data.view_as(new))
+    x = torch.randn(2, *SHAPE)
+    assert torch.allclose(rebuilt(x), module(x), atol=1e-6)
+
+
+def test_a_view_of_a_parameter_that_regroups_its_dimensions_is_still_refused():
+    """Only views that add or drop dimensions of size 1 are read as a scale's shape: one regrouping a [4, 2] table is
+    refused as before."""
+    module = _Probe(lambda s, y: y * s.table.view(2, 4).reshape(8, 1, 1))
+    module.table = nn.Parameter(torch.randn(4, 2))
+    with pytest.raises(UserError, match=r"reads the module's parameter table directly"):
+        describe(module, SHAPE, name="probe")

@@ -1125,6 +1125,26 @@ _NAMED_CALLS: dict[str, Callable[[fx.Node, fx.GraphModule], tuple[str, dict]]] =
     "shifted_window_attention": _window_attention_call,
     "_patch_merging_pad": lambda n, gm: ("patch_merge", {}),
 }
+#: views of a tensor that can add or drop dimensions of size 1 (:func:`_views_a_held_tensor`)
+_VIEWS = {"view", "reshape", "unsqueeze", torch.reshape, torch.unsqueeze, operator.getitem}
+
+
+def _views_a_held_tensor(n: fx.Node, held: dict[str, fx.Node]) -> bool:
+    """Whether ``n`` views a module tensor of ``held`` (or a view of one) with dimensions of size 1 added or dropped
+    alone, as a layer scale is shaped to broadcast over a map (``gamma.view(1, -1, 1, 1)``, ``gamma.unsqueeze(-1)``,
+    ``gamma[:, None, None]``): the op reading it takes the view's shape."""
+    if n.op not in ("call_method", "call_function") or n.target not in _VIEWS or not n.args \
+            or getattr(n.args[0], "name", None) not in held:
+        return False
+    if n.target is operator.getitem:
+        index = n.args[1] if isinstance(n.args[1], tuple) else (n.args[1],)
+        if not all(i is None or i is Ellipsis or i == slice(None) for i in index):
+            return False
+    before, after = (getattr(v.meta.get("tensor_meta"), "shape", None) for v in (n.args[0], n))
+    return before is not None and after is not None and \
+        [s for s in before if s != 1] == [s for s in after if s != 1]
+
+
 #: a wrapped call that computes a module's parameter for the op after it: read as that parameter (its first
 #: argument), taken in by that op (Swin's relative position bias, from its table)
 _PARAMETER_CALLS = frozenset({"_get_relative_position_bias"})
@@ -1811,8 +1831,8 @@ def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, s
             or _tiles_a_parameter_over_the_batch(n, held):  # a class token
         held[n.name] = held[n.args[0].name]
         return []
-    if n.op == "call_function" and getattr(n.target, "__name__", "") in _PARAMETER_CALLS \
-            and getattr(n.args[0], "name", None) in held:
+    if (n.op == "call_function" and getattr(n.target, "__name__", "") in _PARAMETER_CALLS
+            and getattr(n.args[0], "name", None) in held) or _views_a_held_tensor(n, held):
         held[n.name] = held[n.args[0].name]
         return []
     if n.op == "call_function" and n.target is operator.getitem and _is_attention(n.args[0], gm):
@@ -2469,8 +2489,9 @@ def _with_own_tensors(n: fx.Node, op: str, attrs: dict, gm: fx.GraphModule, wher
                             "parameter, which the description has no op for") from None
     names = {a.name for a in own}
     rank = len(_shape(n) or [])
-    shape = _per_sample(held[own[0].name].meta["tensor_meta"].shape, rank)
-    if op in ("mul", "add") and len(own) == 1 and len(n.args) == 2 and own[0].op == "get_attr":
+    viewed = _views_a_held_tensor(own[0], held)  # its shape the view's
+    shape = _per_sample((own[0] if viewed else held[own[0].name]).meta["tensor_meta"].shape, rank)
+    if op in ("mul", "add") and len(own) == 1 and len(n.args) == 2 and (own[0].op == "get_attr" or viewed):
         return ("scale" if op == "mul" else "shift"), {"shape": shape}, names
     parts = n.args[0] if op == "cat" else []
     if op == "cat" and len(own) == 1 and len(parts) == 2 and parts[0] is own[0]:
