@@ -226,7 +226,8 @@ class _C2f(nn.Module):
 @pytest.mark.parametrize("listed", [list, lambda p: [p[i] for i in range(len(p))]])
 def test_a_list_or_len_of_a_split_s_pieces_is_as_many_as_the_input_s_shape_makes(pieces, listed):
     """``list(x.chunk(2, 1))`` (ultralytics' C2f, in every YOLOv8) and ``len`` of a split's pieces were refused:
-    torch.fx's ``len`` of a traced value raises, and ``list`` asks it. The pieces are counted as for a loop over them."""
+    torch.fx's ``len`` of a traced value raises, and ``list`` asks it. The pieces are counted as for a loop over
+    them."""
     ops = _computes_the_same(_C2f(pieces, listed))
     assert ops.count("narrow") == 2 and ops.count("cat") == 1
 
@@ -696,5 +697,23 @@ def test_a_view_of_a_parameter_that_regroups_its_dimensions_is_still_refused():
     refused as before."""
     module = _Probe(lambda s, y: y * s.table.view(2, 4).reshape(8, 1, 1))
     module.table = nn.Parameter(torch.randn(4, 2))
-    with pytest.raises(UserError, match=r"reads the module's parameter table directly"):
+    with pytest.raises(UserError, match=r"view \(node view\) computes from the module's parameter table alone"):
+        describe(module, SHAPE, name="probe")
+
+
+@pytest.mark.parametrize("weights", [lambda w: F.relu(w) / (F.relu(w).sum() + 1e-4),
+                                     lambda w: torch.softmax(w, 0), lambda w: w.softmax(dim=0)])
+def test_weights_computed_from_parameters_alone_are_refused_naming_the_parameter(weights):
+    """BiFPN's weighted fusion (``relu(w) / sum``, or a softmax of ``w``) computes its weights from a parameter alone:
+    the softmax was refused as "a softmax over the batch dimension", the parameter's one dimension read as the
+    batch."""
+    def fuse(s, y):
+        w = weights(s.w)
+        return w[0] * y + w[1] * y.sigmoid()
+    module = _Probe(fuse)
+    module.w = nn.Parameter(torch.ones(2))
+    with pytest.raises(UserError, match=r"^probe: \w+ \(node \w+\) computes from the module's parameter w alone, "
+                                        r"not from the network's input: the description has no op for weights "
+                                        r"computed from parameters \(BiFPN's fusion weights, relu\(w\) / sum or "
+                                        r"softmax\(w\)\)$"):
         describe(module, SHAPE, name="probe")

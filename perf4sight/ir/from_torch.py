@@ -1858,7 +1858,11 @@ def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, s
             return [converted]
     if shape is None and n.op != "call_module":  # sizes, shape arithmetic, tuples from chunk/split: resolved by
         return []                                # their consumers (a module returning a tuple is no op: below)
-    op, attrs = _op_of(n, gm)
+    try:
+        op, attrs = _op_of(n, gm)
+    except ValueError:
+        _refuse_parameters_alone(n, held, where)
+        raise
     if attrs.get("inplace") and _writes_a_copy(n):
         attrs = {k: v for k, v in attrs.items() if k != "inplace"}
         if op in ON_COPY_OPS:  # it keeps the copy (or a clone of it), not its input
@@ -2499,9 +2503,24 @@ def _with_own_tensors(n: fx.Node, op: str, attrs: dict, gm: fx.GraphModule, wher
     if op in ("layernorm", "groupnorm", "conv_transpose2d", "instancenorm", "prelu",
               "rmsnorm"):
         return op, attrs, names
+    _refuse_parameters_alone(n, held, where)
     raise UserError(f"{where}: {op} (node {n.name}) reads the module's parameter {held[own[0].name].target} "
                     "directly, which the description has no op for (a multiply by one parameter is a 'scale', an "
                     "add of one a 'shift', one concatenated first a 'token')")
+
+
+def _refuse_parameters_alone(n: fx.Node, held: dict[str, fx.Node], where: str) -> None:
+    """A ``UserError`` naming the parameter where ``n`` computes from module tensors alone (BiFPN's fusion weights:
+    ``relu(w) / sum``, ``softmax(w)``), whose refusal would otherwise speak of ops or dimensions of the network's
+    tensors (a softmax of a ``[2]`` parameter read as one over the batch)."""
+    inputs = n.all_input_nodes
+    if not inputs or any(a.name not in held for a in inputs):
+        return
+    kind = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
+    parameter = held[inputs[0].name].target
+    raise UserError(f"{where}: {kind} (node {n.name}) computes from the module's parameter {parameter} "
+                    "alone, not from the network's input: the description has no op for weights computed from "
+                    "parameters (BiFPN's fusion weights, relu(w) / sum or softmax(w))")
 
 
 def _whole_splits(n: fx.Node, alias: dict[str, str], pieces: dict[str, list[str]]) -> list[Node]:
