@@ -717,3 +717,24 @@ def test_weights_computed_from_parameters_alone_are_refused_naming_the_parameter
                                         r"computed from parameters \(BiFPN's fusion weights, relu\(w\) / sum or "
                                         r"softmax\(w\)\)$"):
         describe(module, SHAPE, name="probe")
+
+
+class _Focus(nn.Module):
+    """YOLOv5's Focus layer before v6.0: four strided slices of the image concatenated, then a convolution."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(12, 8, 3), nn.Linear(8, 10)
+
+    def forward(self, x):
+        x = torch.cat([x[..., ::2, ::2], x[..., 1::2, ::2], x[..., ::2, 1::2], x[..., 1::2, 1::2]], 1)
+        return self.fc(self.conv(x).mean((2, 3)))
+
+
+def test_a_slice_with_a_step_is_refused_by_name_with_the_convolution_that_describes():
+    """YOLOv5's Focus was refused as "call_function 'getitem' (node getitem) (and 3 more) has no description op"."""
+    with pytest.raises(UserError, match=r"^probe: cannot describe node getitem \(ValueError: a slice with a step "
+                                        r"\(x\[\.\.\., ::2, ::2\]: YOLOv5's Focus\) has no description op; "
+                                        r"YOLOv5 since v6\.0 writes Focus as a 6x6 convolution of stride 2, which "
+                                        r"describes\)$"):
+        describe(_Focus(), SHAPE, name="probe")

@@ -2669,7 +2669,11 @@ def _split_piece(split: fx.Node, index: int, name: str, alias: dict[str, str]) -
 
 
 def _index(n: fx.Node, source: fx.Node, index: tuple, shape: Any, alias: dict[str, str]) -> Node | None:
-    """``x[:, ..., i]`` -> select, ``x[:, ..., a:b]`` -> narrow (one indexed dimension after the batch)."""
+    """``x[:, ..., i]`` -> select, ``x[:, ..., a:b]`` -> narrow (one indexed dimension after the batch); a slice with
+    a step of a network tensor is a ``ValueError``."""
+    if source.name in alias and any(isinstance(i, slice) and _shape_value(i.step) not in (None, 1) for i in index):
+        raise ValueError("a slice with a step (x[..., ::2, ::2]: YOLOv5's Focus) has no description op; YOLOv5 "
+                         "since v6.0 writes Focus as a 6x6 convolution of stride 2, which describes")
     picked = [(d, i) for d, i in enumerate(index) if i != slice(None)]
     out = _shape(n)
     if len(picked) != 1 or out is None or source.name not in alias:
