@@ -259,19 +259,58 @@ class _PixelShuffles(torch.overrides.TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def _execution_order(model: nn.Module, example: torch.Tensor) -> tuple[list[nn.Module], Any]:
-    """Conv (transposed too) and linear modules in the order a forward pass runs them, and what the forward
-    returned."""
+def _execution_order(model: nn.Module, example: torch.Tensor) -> tuple[list[nn.Module], Any, set[int]]:
+    """Conv (transposed too) and linear modules in the order a forward pass runs them, what the forward returned,
+    and the ids of every module it called."""
     order: list[nn.Module] = []
-    hooks = [m.register_forward_hook(lambda mod, i, o: order.append(mod))
-             for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear, nn.ConvTranspose2d))]
+    called: set[int] = set()
+
+    def ran(mod: nn.Module, _inputs: Any, _output: Any) -> None:
+        called.add(id(mod))
+        if isinstance(mod, (nn.Conv2d, nn.Linear, nn.ConvTranspose2d)):
+            order.append(mod)
+    hooks = [m.register_forward_hook(ran) for m in model.modules()]
     try:
         with torch.no_grad():
             out = model(example)
     finally:
         for h in hooks:
             h.remove()
-    return order, out
+    return order, out, called
+
+
+def _refuse_grouped_transposed(traced: nn.Module, order: list[nn.Module], network: str) -> None:
+    """:class:`Unprunable` where the forward runs a grouped transposed convolution (of ``order``, what it ran), whose
+    weight torch-pruning cuts along the wrong dimension; one the forward never runs is left as it is."""
+    ran = {id(m) for m in order}
+    grouped_up = [n for n, m in traced.named_modules()
+                  if isinstance(m, nn.ConvTranspose2d) and m.groups > 1 and id(m) in ran]
+    if grouped_up:
+        raise Unprunable(f"{network}: its grouped transposed convolution '{grouped_up[0]}' cannot be pruned "
+                         "(torch-pruning cuts such a layer's weight, [Cin, Cout / groups, kh, kw], along Cout / "
+                         "groups by indices of all Cout channels); predict it as it is")
+
+
+def _unreached_parameters(meta: nn.Module, example: torch.Tensor) -> int:
+    """How many trainable parameters of ``meta`` (a shapes-only copy of the network) its forward on ``example`` never
+    reaches: those autograd gives no gradient (a spare head, a layer of another configuration). No cut touches them
+    and no description holds them, so a level leaves them out."""
+    params = [p for p in meta.parameters() if p.requires_grad]
+    try:
+        with torch.enable_grad():
+            outs = [t for t in _tensors_in(meta(example)) if t.requires_grad]
+            grads = torch.autograd.grad([t.sum() for t in outs], params, allow_unused=True) if outs else ()
+    except Exception:  # noqa: BLE001 - an op without a meta kernel or backward: every parameter counted, as before
+        return 0
+    return sum(p.numel() for p, g in zip(params, grads) if g is None)
+
+
+def _tensors_in(value: Any) -> list[torch.Tensor]:
+    """The tensors of a forward's output: itself, or those its tuple, list or dict holds."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else ()
+    return [t for v in items for t in _tensors_in(v)]
 
 
 def _holds_a_tensor(value: Any) -> bool:
@@ -307,18 +346,12 @@ class PruningPlan:
             raise Unprunable(f"{network}: a Swin or MaxViT transformer cannot be pruned (torch-pruning cannot follow "
                             "its windowed attention, which reads its layers' weights directly or reshapes its heads "
                             "by widths of its own); predict or compare it as it is, by its zoo name")
-        grouped_up = [n for n, m in base.named_modules() if isinstance(m, nn.ConvTranspose2d) and m.groups > 1]
-        if grouped_up:
-            raise Unprunable(f"{network}: its grouped transposed convolution '{grouped_up[0]}' cannot be pruned "
-                             "(torch-pruning cuts such a layer's weight, [Cin, Cout / groups, kh, kw], along Cout / "
-                             "groups by indices of all Cout channels); predict it as it is")
         if _shuffles_channels(base):
             raise Unprunable(f"{network}: a description with a channel shuffle (a reshape into channel groups, then "
                              "their transpose) cannot be pruned (torch-pruning's dependency search does not end on "
                              "it); prune the zoo network or the module it came from, or predict this as it is")
         self.base, self.network, self.strategy, self.min_channels = base, network, strategy, min_channels
-        self.p0 = count_parameters(base)
-        if self.p0 == 0:  # a level is a share of the parameters: none to share
+        if count_parameters(base) == 0:  # a level is a share of the parameters: none to share
             raise UserError(f"{network}: has no parameters to prune (a network with no layer that learns)")
         self.extra: dict[str, Any] = {}
         self._cache: dict[tuple[int, ...], float] = {}
@@ -326,13 +359,14 @@ class PruningPlan:
         traced = copy.deepcopy(base).eval()
         try:
             with _PixelShuffles() as shuffles:
-                order, out = _execution_order(traced, example)
+                order, out, called = _execution_order(traced, example)
         except Exception as exc:  # noqa: BLE001 - the model's own forward: any error is the user's model
             raise forward_error(network, input_shape, exc) from None
         if shuffles.seen:
             raise Unprunable(f"{network}: a network with a {shuffles.seen[0]} cannot be pruned (torch-pruning cuts the "
                              "channels around it one by one, as if it kept them: the pruned network's shuffle or the "
                              "convolution after it refuses its channels); predict it as it is")
+        _refuse_grouped_transposed(traced, order, network)
         if not _holds_a_tensor(out):  # torch-pruning's trace would fail on it with a traceback
             raise UserError(f"{network}: the model returns {type(out).__name__} {out!r:.40}, not a tensor; a "
                             "description follows one tensor output (return the logits)")
@@ -356,6 +390,12 @@ class PruningPlan:
         self._order_groups(groups, traced, strategy, seed, network)
         pp.set_limits(groups, traced, min_channels)
         self._meta = traced.to("meta")
+        uncalled = any(id(m) not in called and any(True for _ in m.parameters(recurse=False))
+                       for m in traced.modules())  # weights of a layer never called: perhaps read directly
+        self.unused = _unreached_parameters(self._meta, example.to("meta")) if uncalled else 0
+        self.p0 = count_parameters(base) - self.unused  # a description's count: the parameters the forward reads
+        if self.p0 == 0:
+            raise UserError(f"{network}: has no parameters to prune (its forward reads none of its layers' weights)")
         groups, unfollowed = pp.followed_groups(groups, self._meta, example.to("meta"))
         if unfollowed:
             notes[pp.UNFOLLOWED] += unfollowed
@@ -401,7 +441,7 @@ class PruningPlan:
             if self._fast_count is not None:
                 params = self.p0 - self._fast_count(list(counts))
             else:
-                params = count_parameters(pp.cut(self._meta, pp.removal(self.groups, list(counts))))
+                params = count_parameters(pp.cut(self._meta, pp.removal(self.groups, list(counts)))) - self.unused
             self._cache[counts] = 100.0 * (1 - params / self.p0)
         return self._cache[counts]
 
@@ -434,7 +474,7 @@ class PruningPlan:
                                    f"{self.strategy} and min_channels={self.min_channels} ({reason}); {fix}",
                                    achieved, reason)
         model = pp.cut(source, pp.removal(self.groups, list(counts)))
-        params = count_parameters(model)
+        params = count_parameters(model) - self.unused
         return PrunedModel(model, level, round(100.0 * (1 - params / self.p0), 3), params, self.p0, dict(self.extra))
 
 
