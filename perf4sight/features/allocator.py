@@ -326,13 +326,14 @@ def _repeat_plan(kinds: list[int], ids: list[int], start: int, end: int) -> tupl
     return plan
 
 
-#: Events between two looks at the allocator in the last step and in its repeats (:func:`_marked_run`).
+#: Events between two looks at the allocator in a run of the last step's events and in their repeats
+#: (:func:`_marked_run`).
 _MARK_EVENTS = 512
 
 
 class _Mark(NamedTuple):
-    """A look at the allocator in a run of the last step: its snapshot before event ``n * _MARK_EVENTS`` (None at the
-    first), and the peaks (bytes) of the run's events from there to its end."""
+    """A look at the allocator in a run of the last step's events: its snapshot before event ``n * _MARK_EVENTS``
+    (None at the first), and the peaks (bytes) of the run's events from there to its end."""
     snapshot: tuple | None
     reserved: int
     allocated: int
@@ -340,8 +341,9 @@ class _Mark(NamedTuple):
 
 def _marked_run(alloc: CachingAllocator, kinds: list[int], ids: list[int], sizes: list[int],
                 live: dict[int, _Block]) -> list[_Mark]:
-    """Run the last step's events, looking at the allocator every :data:`_MARK_EVENTS` events (its peaks as one run
-    gives them, from the peaks of each stretch between two looks); the looks, for its repeats (:func:`_run_to_mark`)."""
+    """Run events that the next run repeats (the last step's, or a repeat's where the step ran other events), looking
+    at the allocator every :data:`_MARK_EVENTS` events (its peaks as one run gives them, from the peaks of each
+    stretch between two looks); the looks, for the repeats (:func:`_run_to_mark`)."""
     stretches = []
     for start in range(0, len(kinds), _MARK_EVENTS):
         seen = alloc.snapshot(live) if start else None
@@ -361,10 +363,10 @@ def _marked_run(alloc: CachingAllocator, kinds: list[int], ids: list[int], sizes
 
 def _run_to_mark(alloc: CachingAllocator, kinds: list[int], ids: list[int], sizes: list[int], live: dict[int, _Block],
                  marks: list[_Mark]) -> tuple[int, int] | None:
-    """Run a repeat of the last step (its events those :func:`_marked_run` ran) until the allocator is, at a look, as
-    the step's run left it there: the rest would run as it did, so the repeat's peaks (bytes) are those of its events
-    so far and of the run's from there, given at once (a MaxViT's repeat meets its run a third of the way in). None:
-    it ran to the end (its peaks in ``alloc``)."""
+    """Run a repeat of the events :func:`_marked_run` ran until the allocator is, at a look, as that run left it
+    there: the rest would run as it did, so the repeat's peaks (bytes) are those of its events so far and of the
+    run's from there, given at once (a MaxViT's repeat meets its step's run a third of the way in). None: it ran to
+    the end (its peaks in ``alloc``)."""
     for n, start in enumerate(range(0, len(kinds), _MARK_EVENTS)):
         if n and alloc.snapshot(live) == marks[n].snapshot:
             return max(alloc.peak_reserved, marks[n].reserved), max(alloc.peak_allocated, marks[n].allocated)
@@ -498,7 +500,7 @@ class AllocTrace:
         repeat = self._repeat_run() if total > len(runs) else None
         repeated = None  # the sizes of the repeat's events
         before = None  # the allocator's state before a repeat of the last step
-        marks = None  # looks at the allocator in the run before the first repeat of its own events (:func:`_marked_run`)
+        marks = None  # looks at the allocator in the run the first repeat of its events follows (:func:`_marked_run`)
         for n in range(total):
             if n > 0:
                 alloc.reset_peaks()
