@@ -500,7 +500,7 @@ class AllocTrace:
         repeat = self._repeat_run() if total > len(runs) else None
         repeated = None  # the sizes of the repeat's events
         before = None  # the allocator's state before a repeat of the last step
-        marks = None  # looks at the allocator in the run the first repeat of its events follows (:func:`_marked_run`)
+        marks = None  # the allocator at every _MARK_EVENTS events of the run a repeat follows (:func:`_marked_run`)
         for n in range(total):
             if n > 0:
                 alloc.reset_peaks()
