@@ -646,10 +646,8 @@ def test_a_deformable_convolution_is_refused_by_name(functional):
     """torchvision's deformable convolution was refused as "cannot trace the module with torch.fx (TraceError:
     symbolically traced variables cannot be used as inputs to control flow)", naming neither the layer nor where."""
     pytest.importorskip("torchvision")
-    with pytest.raises(UserError, match=r"^probe: cannot trace the module with torch\.fx \(TraceError: .*\) in "
-                                        r"torchvision\.ops\.deform_conv\.deform_conv2d, called from "
-                                        r"test_ir_call_patterns\.py line \d+ \(forward\): a deformable convolution "
-                                        r"\(torchvision's DeformConv2d, deform_conv2d\) has no op in the description$"):
+    with pytest.raises(UserError, match=r"^probe: a deformable convolution \(torchvision's DeformConv2d, "
+                                        r"deform_conv2d: node deform_conv2d\) has no op in the description$"):
         describe(_Deformable(functional), SHAPE, name="probe")
 
 
@@ -738,3 +736,40 @@ def test_a_slice_with_a_step_is_refused_by_name_with_the_convolution_that_descri
                                         r"YOLOv5 since v6\.0 writes Focus as a 6x6 convolution of stride 2, which "
                                         r"describes\)$"):
         describe(_Focus(), SHAPE, name="probe")
+
+
+@pytest.mark.parametrize("pattern", [
+    lambda s, y: y if y.dim() == 4 else y.flatten(),
+    lambda s, y: F.pad(y, [0, 1, 0, 1]) if y.shape[-1] % 2 else y,
+    lambda s, y: F.interpolate(y, size=(8, 8)) if y.size(2) != 8 else y,
+])
+def test_a_condition_on_the_map_s_shape_takes_the_branch_the_input_shape_takes(pattern):
+    """Research code branches on shapes (``assert x.dim() == 4``, MobileViT's resize where the map is no whole
+    number of patches, a U-Net's pad where a side is odd): torch.fx refused every such condition ("symbolically traced
+    variables cannot be used as inputs to control flow"). Its value is worked out from the shapes at the input shape,
+    and the trace goes on along that branch."""
+    def checked(s, y):
+        assert y.shape[1] == 8, "eight channels"
+        return pattern(s, y)
+    ops = _computes_the_same(_Probe(checked), [3, 15, 15])
+    assert ops[:2] == ["input", "conv2d"]
+
+
+def test_a_condition_on_the_batch_s_size_or_on_values_is_still_refused():
+    """A branch on the batch's size would fix the description to the batch it was traced with; one on the tensor's
+    values has no value without data."""
+    for pattern in (lambda s, y: y * 2 if y.shape[0] > 2 else y, lambda s, y: y * 2 if y.mean() > 0 else y):
+        with pytest.raises(UserError, match=r"^probe: cannot trace the module with torch\.fx \(TraceError: .*\) in "
+                                            r"test_ir_call_patterns\.py line \d+ \(<lambda>\)"):
+            describe(_Probe(pattern), SHAPE, name="probe")
+
+
+def test_a_trace_that_fails_in_an_installed_library_names_its_function_and_the_model_s_line():
+    """Where torch.fx stops inside a library's function (torchvision's normalize checks it was given a tensor), the
+    function and the model's line that called it are named."""
+    tf = pytest.importorskip("torchvision.transforms.functional")
+    module = _Probe(lambda s, y: tf.normalize(y, [0.5] * 8, [0.2] * 8))
+    with pytest.raises(UserError, match=r"^probe: cannot trace the module with torch\.fx \(TypeError: .*\) in "
+                                        r"torchvision\.transforms\.\w+\.normalize, called from "
+                                        r"test_ir_call_patterns\.py line \d+ \(<lambda>\)$"):
+        describe(module, SHAPE, name="probe")

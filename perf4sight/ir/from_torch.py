@@ -1289,6 +1289,10 @@ class _PiecesUnknown(Exception):
         self.node = node
 
 
+class _ConditionUnknown(_PiecesUnknown):
+    """Raised by :meth:`_Tracer.to_bool` for the condition ``node`` whose value it has not been told."""
+
+
 class _PiecesProxy(fx.Proxy):
     """torch.fx's proxy, whose ``len`` is the number of pieces of a split, chunk or unbind (:meth:`_Tracer.count`):
     ``list(x.chunk(2, 1))``, as ultralytics' C2f writes it, asks it first."""
@@ -1303,9 +1307,9 @@ class _Tracer(fx.Tracer):
     one node, kept whole. Given ``pieces`` (the number of tensors of each split, chunk or unbind node, by name), it
     iterates over them (:meth:`iter`) and tells their number (``len``, ``list``: :class:`_PiecesProxy`)."""
 
-    def __init__(self, pieces: dict[str, int] | None = None) -> None:
+    def __init__(self, pieces: dict[str, int] | None = None, decided: dict[str, bool | str] | None = None) -> None:
         super().__init__()
-        self.pieces = pieces
+        self.pieces, self.decided = pieces, decided
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return (type(m).__name__ in _LEAF_MODULES or _described_whole(m) is not None
@@ -1325,6 +1329,19 @@ class _Tracer(fx.Tracer):
             raise _PiecesUnknown(node)
         return self.pieces[node.name]
 
+    def to_bool(self, obj: fx.Proxy) -> bool:
+        """A condition's value (``assert x.dim() == 4``, ``if x.shape[-1] % 2``), as :attr:`decided` says;
+        :class:`_ConditionUnknown` where it does not say; torch.fx's refusal without :attr:`decided`."""
+        if self.decided is None:
+            return super().to_bool(obj)
+        if obj.node.name not in self.decided:
+            raise _ConditionUnknown(obj.node)
+        value = self.decided[obj.node.name]
+        if isinstance(value, str):  # no value from shapes: refused here, in the model's own frame, saying why
+            raise fx.proxy.TraceError(f"symbolically traced variables cannot be used as inputs to control flow "
+                                      f"({value})")
+        return value
+
     def iter(self, obj: fx.Proxy) -> Iterator[fx.Proxy]:
         """The pieces of a split, chunk or unbind iterated over (ResNeSt's ``sum(torch.split(x, c, 1))``, a ``zip``
         or a loop over them), as many as :attr:`pieces` says; :class:`_PiecesUnknown` where it does not say. torch.fx
@@ -1333,9 +1350,8 @@ class _Tracer(fx.Tracer):
         return super().iter(obj) if count is None else iter([obj[i] for i in range(count)])
 
 
-def _pieces_made(tracer: _Tracer, node: fx.Node, input_shape: list[int]) -> int:
-    """How many tensors ``node`` of the graph ``tracer`` had traced when it stopped at ``node`` makes at
-    ``input_shape``: the shapes of that graph up to ``node``, propagated."""
+def _graph_up_to(tracer: _Tracer, node: fx.Node) -> fx.GraphModule:
+    """The graph ``tracer`` had traced when it stopped at ``node``, returning ``node``."""
     graph = fx.Graph()
     copied: dict[fx.Node, fx.Node] = {}
     for n in tracer.graph.nodes:
@@ -1343,8 +1359,29 @@ def _pieces_made(tracer: _Tracer, node: fx.Node, input_shape: list[int]) -> int:
         if n is node:
             break
     graph.output(copied[node])
-    partial = _propagate_shapes(fx.GraphModule(tracer.root, graph), input_shape)
-    return len(next(n for n in partial.graph.nodes if n.name == copied[node].name).meta["tensor_meta"])
+    return fx.GraphModule(tracer.root, graph)
+
+
+def _pieces_made(tracer: _Tracer, node: fx.Node, input_shape: list[int]) -> int:
+    """How many tensors ``node`` of the graph ``tracer`` had traced when it stopped at ``node`` makes at
+    ``input_shape``: the shapes of that graph up to ``node``, propagated."""
+    partial = _propagate_shapes(_graph_up_to(tracer, node), input_shape)
+    return len(next(n for n in partial.graph.nodes if n.op == "output").args[0].meta["tensor_meta"])
+
+
+def _condition_value(tracer: _Tracer, node: fx.Node, input_shape: list[int]) -> bool | str:
+    """The value of the condition ``node`` of the graph ``tracer`` had traced when it stopped there, from shapes
+    alone: that graph up to ``node`` run on meta tensors of ``input_shape`` at two batch sizes. A condition on the
+    tensors' values (no value without data) or on the batch's size (the description would keep the traced batch's
+    branch) has none: what it is on, said instead."""
+    twin = _meta_twin(_graph_up_to(tracer, node))
+    values = []
+    for batch in (_TRACE_BATCH, _TRACE_BATCH + 1):
+        value = twin(torch.empty(batch, *input_shape, device="meta"))
+        if not isinstance(value, (bool, int)):
+            return "a condition on the tensors' values"
+        values.append(bool(value))
+    return values[0] if values[0] == values[1] else "a condition on the batch's size"
 
 
 class _ForwardFailed(Exception):
@@ -1353,18 +1390,23 @@ class _ForwardFailed(Exception):
 
 
 def _trace(module: nn.Module, input_shape: list[int]) -> fx.Graph:
-    """``module``'s graph; where its forward iterates over the pieces of a split, chunk or unbind, traced again,
-    told how many there are at ``input_shape`` (:func:`_pieces_made`), once for each such node."""
+    """``module``'s graph; where its forward iterates over the pieces of a split, chunk or unbind, or branches on a
+    condition of shapes, traced again, told how many pieces there are (:func:`_pieces_made`) or the condition's value
+    (:func:`_condition_value`) at ``input_shape``, once for each such node."""
     pieces: dict[str, int] = {}
+    decided: dict[str, bool | str] = {}
     while True:
-        tracer = _Tracer(pieces)
+        tracer = _Tracer(pieces, decided)
         try:
             return tracer.trace(module)
         except _PiecesUnknown as exc:
-            if exc.node.name in pieces:  # not traced the same way twice: refused as torch.fx refuses it
+            if exc.node.name in pieces or exc.node.name in decided:  # not traced the same way twice: refused
                 raise fx.proxy.TraceError(f"cannot iterate over the pieces of {exc.node.name}") from None
             try:
-                pieces[exc.node.name] = _pieces_made(tracer, exc.node, input_shape)
+                if isinstance(exc, _ConditionUnknown):
+                    decided[exc.node.name] = _condition_value(tracer, exc.node, input_shape)
+                else:
+                    pieces[exc.node.name] = _pieces_made(tracer, exc.node, input_shape)
             except UserError:
                 raise
             except Exception as failed:  # the layers before the split fail at this shape: the forward's failure
@@ -1493,6 +1535,7 @@ def _traced_with_shapes(module: nn.Module, input_shape: list[int], name: str) ->
     except Exception as exc:
         raise UserError(f"{name}: cannot trace the module with torch.fx ({_root_message(exc)}){_trace_stop(exc)}") \
             from None
+    _refuse_deformable(gm, name)
     _shared_layers(gm, name)
     _check_float32(gm, name)
     _follow_in_place(gm)
@@ -1504,10 +1547,14 @@ def _traced_with_shapes(module: nn.Module, input_shape: list[int], name: str) ->
         raise forward_error(name, input_shape, exc) from None
 
 
-#: Library functions torch.fx cannot trace through, by module and name -> what they are (said after where the trace
-#: stopped)
-_UNTRACEABLE = {"torchvision.ops.deform_conv.deform_conv2d":
-                "a deformable convolution (torchvision's DeformConv2d, deform_conv2d) has no op in the description"}
+def _refuse_deformable(gm: fx.GraphModule, where: str) -> None:
+    """A ``UserError`` naming torchvision's deformable convolution where ``gm`` calls it (``DeformConv2d``,
+    ``deform_conv2d``: torch.fx traces into them down to torchvision's own op), before the ops of its mask and offsets
+    are named in its place."""
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and str(n.target).endswith("torchvision.deform_conv2d"):
+            raise UserError(f"{where}: a deformable convolution (torchvision's DeformConv2d, deform_conv2d: node "
+                            f"{n.name}) has no op in the description")
 
 
 def _frames_outside_torch(exc: BaseException) -> list[tuple[str, str, str, int]]:
@@ -1528,17 +1575,15 @@ def _is_library(file: str) -> bool:
 
 def _trace_stop(exc: BaseException) -> str:
     """`` in FILE line N (FUNCTION)``: where in the model's own code torch.fx stopped with ``exc``; where it stopped
-    in an installed library's function, `` in MODULE.FUNCTION, called from`` the model's line, and what the function
-    is where :data:`_UNTRACEABLE` says. Empty where no frame of either is in the traceback."""
+    in an installed library's function, `` in MODULE.FUNCTION, called from`` the model's line. Empty where no frame of
+    either is in the traceback."""
     frames = _frames_outside_torch(exc)
     own = [f for f in frames if not _is_library(f[2])]
     line = f"{Path(own[-1][2]).name} line {own[-1][3]} ({own[-1][1]})" if own else ""
     if not frames or not _is_library(frames[-1][2]):
         return f" in {line}" if line else ""
-    function = f"{frames[-1][0]}.{frames[-1][1]}"
     called = f", called from {line}" if line else ""
-    what = f": {_UNTRACEABLE[function]}" if function in _UNTRACEABLE else ""
-    return f" in {function}{called}{what}"
+    return f" in {frames[-1][0]}.{frames[-1][1]}{called}"
 
 
 def forward_error(name: str, input_shape: list[int], exc: BaseException) -> UserError:
