@@ -9,10 +9,12 @@ import warnings
 
 import numpy as np
 import pytest
+import torch
 import torch.nn.functional as F
 from torch import nn
 
 from perf4sight.config import FingerprintConfig, load_config
+from perf4sight.dataset import resolve_networks
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import features_for
 from perf4sight.fingerprint import fit_fingerprint, load_fingerprint
@@ -108,6 +110,99 @@ def test_a_rebuilt_swin_keeps_its_windowed_attention_whole_and_takes_another_sha
     assert _layers(describe(build_module(desc, device="meta"), [3, 32, 32], name="x")) == _layers(desc)
     at_48 = described_at(desc, [3, 48, 48])
     assert _layers(at_48) == _layers(describe(module, [3, 48, 48], name="x")) != _layers(desc)
+
+
+class _UNet(nn.Module):
+    """A two-level U-Net: each decoder stage upsamples by 2 (bilinear; corners aligned or not) and concatenates the
+    encoder's map of that size, so a resize that kept its traced size would not fit the skip at another shape."""
+
+    def __init__(self, align_corners: bool = False) -> None:
+        super().__init__()
+        self.enc1, self.enc2 = _conv_bn(3, 8), _conv_bn(8, 16)
+        self.bottom = _conv_bn(16, 32)
+        self.pool = nn.MaxPool2d(2)
+        self.up = nn.Upsample(scale_factor=2, mode="bilinear", align_corners=align_corners)
+        self.dec2, self.dec1 = _conv_bn(32 + 16, 16), _conv_bn(16 + 8, 8)
+        self.head = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        e1 = self.enc1(x)
+        e2 = self.enc2(self.pool(e1))
+        b = self.bottom(self.pool(e2))
+        d2 = self.dec2(torch.cat([self.up(b), e2], 1))
+        d1 = self.dec1(torch.cat([F.interpolate(d2, scale_factor=2.0, mode="bilinear",
+                                                align_corners=self.up.align_corners), e1], 1))
+        return self.head(d1)
+
+
+class _YoloNeck(nn.Module):
+    """A YOLOv5-like backbone and neck (PANet): P5 upsampled by nn.Upsample(scale_factor=2) (nearest) and joined to
+    P4, that to P3, then down again by strided convolutions; one output of the P5 level's scores."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.p3, self.p4, self.p5 = _conv_bn(3, 8, 2), _conv_bn(8, 16, 2), _conv_bn(16, 24, 2), \
+            _conv_bn(24, 32, 2)
+        self.upsample = nn.Upsample(None, 2, "nearest")  # YOLOv5's own call
+        self.lateral5, self.top4 = _conv_bn(32, 16, 1, kernel=1), _conv_bn(16 + 24, 16)
+        self.lateral4, self.top3 = _conv_bn(16, 8, 1, kernel=1), _conv_bn(8 + 16, 8)
+        self.down3, self.bottom4 = _conv_bn(8, 8, 2), _conv_bn(8 + 8, 16)
+        self.down4, self.bottom5 = _conv_bn(16, 16, 2), _conv_bn(16 + 16, 32)
+        self.detect = nn.Conv2d(32, 3 * 9, 1)
+
+    def forward(self, x):
+        c3 = self.p3(self.stem(x))
+        c4 = self.p4(c3)
+        l5 = self.lateral5(self.p5(c4))
+        l4 = self.lateral4(self.top4(torch.cat([self.upsample(l5), c4], 1)))
+        n3 = self.top3(torch.cat([self.upsample(l4), c3], 1))
+        n4 = self.bottom4(torch.cat([self.down3(n3), l4], 1))
+        return self.detect(self.bottom5(torch.cat([self.down4(n4), l5], 1)))
+
+
+def _conv_bn(cin: int, cout: int, stride: int = 1, kernel: int = 3) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(cin, cout, kernel, stride, kernel // 2, bias=False), nn.BatchNorm2d(cout),
+                         nn.SiLU())
+
+
+def _copy_by_module_name(original: nn.Module, rebuilt: nn.Module) -> None:
+    """``original``'s parameters and buffers into ``rebuilt``'s, each to the layer of its module's name (a
+    description names a layer as torch.fx names its module's call: ``enc1.0`` -> ``enc1_0``); each found once."""
+    layers = dict(rebuilt.named_modules())
+    for source in (original.named_parameters, original.named_buffers):
+        for key, tensor in source():
+            module, _, attr = key.rpartition(".")
+            target = getattr(layers[module.replace(".", "_")], attr)
+            assert target.shape == tensor.shape, key
+            target.data.copy_(tensor.data)
+
+
+@pytest.mark.parametrize("make", [_UNet, lambda: _UNet(align_corners=True), _YoloNeck],
+                         ids=["unet", "unet_aligned_corners", "yolo_neck"])
+def test_a_description_file_resizing_by_a_scale_factor_is_rebuilt_at_other_shapes(tmp_path, make):
+    """A U-Net's or a YOLO neck's upsampling by 2 was described as a resize to its traced size, so its description
+    file, asked for at another --input-shape, failed ("a description fixes some sizes"): the description keeps the
+    factor, and the file rebuilt at each shape (as --stage predict --input-shape does) is the module there: the same
+    layers as the module described there, the same output with the same weights."""
+    torch.manual_seed(0)
+    module = make().eval()
+    for layer in module.modules():
+        if isinstance(layer, nn.BatchNorm2d):  # statistics of their own: a norm fed another layer's shows
+            layer.running_mean.uniform_(-0.5, 0.5)
+            layer.running_var.uniform_(0.5, 2.0)
+    path = tmp_path / "net.json"
+    path.write_text(describe(module, [3, 64, 64], name="net").to_json())
+    (tmp_path / "config.toml").write_text("[networks]\nzoo = []\ninput_shape = [3, 64, 64]\n")
+    cfg = load_config(tmp_path / "config.toml")
+    for shape in ([3, 96, 128], [3, 48, 176]):
+        desc = resolve_networks(cfg, [str(path)], shape)[0]
+        at = query_at(cfg, str(path), desc, shape)
+        assert at.input_shape == shape and _layers(at) == _layers(describe(module, shape, name="x"))
+        rebuilt = build_module(at).eval()
+        _copy_by_module_name(module, rebuilt)
+        x = torch.randn(2, *shape)
+        with torch.no_grad():
+            assert torch.allclose(rebuilt(x), module(x), atol=1e-6, rtol=0)
 
 
 # ---------------------------------------------------------------- a dataset at several shapes

@@ -337,14 +337,38 @@ def test_every_resize_reads_and_computes_as_torch_does():
     module = _Resizes().eval()
     desc = describe(module, [3, 8, 8], name="resizes")
     assert [n.attrs for n in desc.nodes if n.op == "interpolate"] == [
-        {"size": [8, 8], "mode": "nearest"}, {"size": [5, 7], "mode": "bilinear", "align_corners": True},
-        {"size": [10, 14], "mode": "bilinear", "align_corners": True}, {"size": [6, 6], "mode": "bilinear"},
-        {"size": [12, 9], "mode": "nearest"}]
+        {"size": [8, 8], "mode": "nearest", "scale_factor": [2, 2]},
+        {"size": [5, 7], "mode": "bilinear", "align_corners": True},
+        {"size": [10, 14], "mode": "bilinear", "scale_factor": [2, 2], "align_corners": True},
+        {"size": [6, 6], "mode": "bilinear"}, {"size": [12, 9], "mode": "nearest"}]  # by 1.5: its size alone
     rebuilt = build_module(desc).eval()
     for old, new in zip(module.parameters(), rebuilt.parameters()):
         new.data.copy_(old.data)
     x = torch.randn(2, 3, 8, 8)
     assert torch.equal(rebuilt(x), module(x))
+
+
+@pytest.mark.parametrize("kwargs, factor", [
+    ({"scale_factor": 2, "recompute_scale_factor": True}, [2, 2]),
+    ({"scale_factor": (3.0, 2.0), "mode": "bilinear"}, [3, 2]),
+    ({"scale_factor": 2, "mode": "bilinear", "align_corners": True}, [2, 2]),
+    ({"scale_factor": 0.5}, None), ({"scale_factor": 1.5, "recompute_scale_factor": True}, None)])
+def test_a_whole_scale_factor_is_kept_and_another_is_read_as_the_size(kwargs, factor):
+    """A resize by whole factors keeps them (recomputed or not: the same pixels), so the description rebuilt at
+    another shape resizes as the module does there; one by 0.5 or 1.5 keeps today's size, which stays put."""
+    from perf4sight.networks.reshape import described_at
+
+    module = _Resize(**kwargs).eval()
+    desc = describe(module, [3, 8, 8], name="r")
+    assert desc.nodes[-1].attrs.get("scale_factor") == factor
+    at = described_at(desc, [3, 13, 10])
+    rebuilt = build_module(at).eval()
+    rebuilt.load_state_dict(module.state_dict())
+    x = torch.randn(2, 3, 13, 10)
+    if factor:
+        assert torch.equal(rebuilt(x), module(x)) and at.nodes[-1].attrs["size"] == [11 * factor[0], 8 * factor[1]]
+    else:
+        assert at.nodes[-1].attrs["size"] == desc.nodes[-1].attrs["size"] != list(module(x).shape[2:])
 
 
 @pytest.mark.parametrize("module, expected", [
@@ -488,6 +512,13 @@ _WINDOWS = {"embed_dim": 3, "num_heads": 1, "window_size": [2, 2], "shift_size":
      r"attr 'size' must be a non-empty list of positive integers, got 6"),
     ({"op": "interpolate", "attrs": {"size": [6, 6], "mode": "nearest"}, "output_shape": [6, 6, 6]},
      r"output_shape \[6, 6, 6\], but its input \[4, 3, 3\] gives \[4, 6, 6\]"),
+    ({"op": "interpolate", "attrs": {"size": [6, 6], "mode": "nearest", "scale_factor": [2, 3]},
+      "output_shape": [4, 6, 6]}, r"size \[6, 6\] is not its input's 3x3 times scale_factor \[2, 3\] \(\[6, 9\]\)"),
+    ({"op": "interpolate", "attrs": {"size": [6, 6], "mode": "nearest", "scale_factor": 1.5},
+      "output_shape": [4, 6, 6]}, r"attr 'scale_factor' must be an integer or an \[h, w\] pair of integers >= 1, "
+                                  r"got 1.5"),
+    ({"op": "interpolate", "attrs": {"size": [6, 6], "mode": "nearest", "scale_factor": [2, 0]},
+      "output_shape": [4, 6, 6]}, r"attr 'scale_factor' must be .*, got \[2, 0\]"),
 ])
 def test_permute_layer_norm_and_scale_shapes_are_checked(node, expected):
     d = _conv_description()
@@ -506,7 +537,8 @@ def test_permute_layer_norm_and_scale_shapes_are_checked(node, expected):
             # Swin V2's: the projections, an MLP 2 -> 4 -> 1 head for the biases, one scale
             "window_attention": ({**_WINDOWS, "cosine": True, "position_bias_mlp": 4}, [4, 3, 3],
                                  4 * 9 + 4 * 3 + 3 * 4 + 4 + 1),
-            "interpolate": ({"size": [6, 6], "mode": "bilinear", "align_corners": True}, [4, 6, 6], 0),
+            "interpolate": ({"size": [6, 6], "mode": "bilinear", "scale_factor": 2, "align_corners": True}, [4, 6, 6],
+                            0),
             # MaxViT's: the projections and a bias per relative position in 1x3 windows (1 x 5 of them)
             "group_attention": ({"embed_dim": 3, "num_heads": 1, "window_size": [1, 3], "bias": True}, [4, 3, 3],
                                 4 * 9 + 4 * 3 + 5)}[node["op"]]

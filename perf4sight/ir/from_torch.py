@@ -907,10 +907,20 @@ def _permute_call(n: fx.Node) -> tuple[str, dict]:
     return "permute", {"dims": dims}
 
 
+def _scale_pair(scale_factor: Any) -> list[float] | None:
+    """An interpolation's ``scale_factor`` (one number, or one per side) as [height's, width's]; None where none."""
+    if scale_factor is None:
+        return None
+    if isinstance(scale_factor, (list, tuple)):
+        return [float(v) for v in scale_factor]
+    return [float(scale_factor)] * 2
+
+
 def _interpolate_attrs(n: fx.Node, mode: Any, align_corners: Any, scale_factor: Any, recompute: Any,
                        antialias: Any) -> tuple[str, dict]:
     """A resize to the size the traced shapes give its output. A scale factor is taken where it gives that size
-    exactly (torch maps the pixels by the scale factor, which is then the same as by the sizes)."""
+    exactly (torch maps the pixels by the scale factor, which is then the same as by the sizes); one of whole
+    numbers is kept too (``scale_factor``), so that the description rebuilt at another input shape scales it."""
     if mode not in INTERPOLATE_MODES:
         raise ValueError(f"an interpolation of mode '{mode}' has no description op (modes: "
                          f"{', '.join(INTERPOLATE_MODES)})")
@@ -919,13 +929,14 @@ def _interpolate_attrs(n: fx.Node, mode: Any, align_corners: Any, scale_factor: 
     x, out = n.args[0].meta["tensor_meta"].shape, _shape(n)
     if out is None or len(x) != 4:
         raise ValueError("an interpolation of anything but a [N, C, H, W] map has no description op")
-    if scale_factor is not None and not recompute:
-        scales = [float(v) for v in scale_factor] if isinstance(scale_factor, (list, tuple)) \
-            else [float(scale_factor)] * 2
-        if any(float(x[i + 2]) * scales[i] != out[i + 1] for i in range(2)):
-            raise ValueError(f"an interpolation by scale factor {scale_factor} of a {x[2]}x{x[3]} map is no resize "
-                             "to a whole size; give size= (or recompute_scale_factor=True)")
+    scales = _scale_pair(scale_factor)
+    scaled_exactly = scales is not None and all(float(x[i + 2]) * scales[i] == out[i + 1] for i in range(2))
+    if scales is not None and not recompute and not scaled_exactly:
+        raise ValueError(f"an interpolation by scale factor {scale_factor} of a {x[2]}x{x[3]} map is no resize "
+                         "to a whole size; give size= (or recompute_scale_factor=True)")
     attrs: dict[str, Any] = {"size": [int(out[1]), int(out[2])], "mode": mode}
+    if scaled_exactly and all(s >= 1 and s.is_integer() for s in scales):
+        attrs["scale_factor"] = [int(s) for s in scales]
     if mode == "bilinear" and align_corners:
         attrs["align_corners"] = True
     return "interpolate", attrs

@@ -119,7 +119,9 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # scaled by embed_dim^-0.5 (MaxViT's scale: the whole width, not a head's)
     "group_attention": ("embed_dim", "num_heads", "window_size", "bias"),
     # a [C, H, W] map resized to size [h, w] (a segmentation network's upsampling): mode "nearest" or "bilinear";
-    # optional align_corners (false; bilinear only)
+    # optional align_corners (false; bilinear only) and scale_factor: [sh, sw] whole numbers (or one for both) where
+    # the network gave them (nn.Upsample(scale_factor=2), a U-Net's or an FPN's): size is then [H sh, W sw], and the
+    # description rebuilt at another input shape resizes by them (no scale_factor: to size, whatever the input)
     "interpolate": ("size", "mode"),
     # a transposed convolution (a decoder's upsampling, the gradient of a conv2d of the same attrs by its input):
     # [Cin, H, W] -> [Cout, (H - 1) stride - 2 padding + dilation (kernel - 1) + output_padding + 1, ...]; its
@@ -258,7 +260,8 @@ _NUMBERS: Dict[str, Tuple[Tuple[str, Any, Any], ...]] = {
 #: Op -> optional attributes no other table here names (a gelu's approximation, a max pool's dilation, Swin V2's
 #: position-bias MLP).
 _OPTIONAL: Dict[str, Tuple[str, ...]] = {"gelu": ("approximate",), "maxpool2d": ("dilation",),
-                                         "window_attention": ("position_bias_mlp",)}
+                                         "window_attention": ("position_bias_mlp",),
+                                         "interpolate": ("scale_factor",)}
 _PAIRS: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("kernel_size", "stride", "padding", "dilation"),
     "maxpool2d": ("kernel_size", "stride", "padding"), "avgpool2d": ("kernel_size", "stride", "padding"),
@@ -345,6 +348,8 @@ def _attr_problem(node: "Node") -> str:
         return f"attr 'mode' must be one of {', '.join(INTERPOLATE_MODES)}, got {node.attrs['mode']!r}"
     if node.op == "interpolate" and node.attrs.get("align_corners") and node.attrs["mode"] != "bilinear":
         return "attr 'align_corners' is for mode 'bilinear' only"
+    if node.op == "interpolate" and _scale_factor_problem(node.attrs.get("scale_factor", 1)):
+        return _scale_factor_problem(node.attrs["scale_factor"])
     if node.op in ("attention", "window_attention", "group_attention") \
             and node.attrs["embed_dim"] % node.attrs["num_heads"]:
         return f"num_heads {node.attrs['num_heads']} does not divide embed_dim {node.attrs['embed_dim']}"
@@ -365,6 +370,15 @@ def _attr_problem(node: "Node") -> str:
         return "attrs 'on_copy' and 'inplace' exclude each other (on a copy, the input itself is not written)"
     if node.op == "celu" and node.attrs["alpha"] == 0:
         return "attr 'alpha' of a celu must not be 0 (its input is divided by it)"
+    return ""
+
+
+def _scale_factor_problem(v: Any) -> str:
+    """What is wrong with an ``interpolate`` node's ``scale_factor`` ("" if nothing): a whole number of at least 1,
+    or an [h, w] pair of them (a resize by another factor is described by its size alone)."""
+    pair = v if isinstance(v, list) else [v, v]
+    if not (len(pair) == 2 and all(_is_int(x, 1) for x in pair)):
+        return f"attr 'scale_factor' must be an integer or an [h, w] pair of integers >= 1, got {v!r}"
     return ""
 
 

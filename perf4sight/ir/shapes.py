@@ -77,6 +77,20 @@ def _flipped_or_rolled(op: str, a: Dict[str, Any], x: List[int]) -> Union[List[i
     return list(x)
 
 
+def _resized(a: Dict[str, Any], x: List[int]) -> Union[List[int], str]:
+    """An ``interpolate``'s output: its input ``x`` ([C, H, W]) at ``size``, which is [H sh, W sw] where it resizes
+    by a ``scale_factor`` [sh, sw] (torch's floor of the scaled side, whole here); else what is wrong."""
+    size = [int(v) for v in a["size"]]
+    if len(x) != 3 or len(size) != 2:
+        return f"resizes a [channels, height, width] input to a [height, width] size, got {x} and {size}"
+    if "scale_factor" in a:
+        scaled = [side * factor for side, factor in zip(x[1:], window_pair(a["scale_factor"]))]
+        if size != scaled:
+            return (f"size {size} is not its input's {x[1]}x{x[2]} times scale_factor "
+                    f"{window_pair(a['scale_factor'])} ({scaled})")
+    return [x[0]] + size
+
+
 def _glu_shape(x: List[int], dim: int) -> Union[List[int], str]:
     """A GLU's output: its input ``x`` (per sample) halved along ``dim`` (counting the batch), whose size must be
     even; else what is wrong."""
@@ -330,10 +344,7 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
             return f"needs a [height, width, channels] input, got {x}"
         return [-(-x[0] // 2), -(-x[1] // 2), 4 * x[2]]
     if op == "interpolate":
-        size = [int(v) for v in a["size"]]
-        if len(x) != 3 or len(size) != 2:
-            return f"resizes a [channels, height, width] input to a [height, width] size, got {x} and {size}"
-        return [x[0]] + size
+        return _resized(a, x)
     if op == "pad":
         return _padded(a, x)
     if op in ("pixel_shuffle", "pixel_unshuffle"):

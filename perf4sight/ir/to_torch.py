@@ -382,6 +382,22 @@ def _interpolate(x: torch.Tensor, size: List[int], mode: str, align_corners: boo
                          align_corners=align_corners if mode == "bilinear" else None)
 
 
+def _interpolate_by(x: torch.Tensor, scale_factor: List[int], mode: str, align_corners: bool) -> torch.Tensor:
+    """``x`` ([N, C, H, W]) resized by whole ``scale_factor`` ([sh, sw]) by ``mode``: to [H sh, W sw] at any input
+    size, torch's call for a module that gave the factors (nn.Upsample(scale_factor=2))."""
+    return F.interpolate(x, scale_factor=(float(scale_factor[0]), float(scale_factor[1])), mode=mode,
+                         align_corners=align_corners if mode == "bilinear" else None)
+
+
+def _resize(x: List, a: Dict) -> Tuple[Callable, Tuple]:
+    """An ``interpolate`` node's call: by its ``scale_factor`` where it has one (so a rebuild at another input shape
+    scales that shape), else to its ``size``."""
+    corners = bool(a.get("align_corners", False))
+    if "scale_factor" in a:
+        return _interpolate_by, (x[0], window_pair(a["scale_factor"]), str(a["mode"]), corners)
+    return _interpolate, (x[0], [int(v) for v in a["size"]], str(a["mode"]), corners)
+
+
 def _repeat(x: torch.Tensor, repeats: List[int]) -> torch.Tensor:
     """``x`` tiled ``repeats`` times along each dimension after the batch (torch's repeat: a copy)."""
     return x.repeat(1, *repeats)
@@ -431,8 +447,7 @@ FUNCTION_BUILDERS: Dict[str, Callable[[List, Dict], Tuple[Callable, Tuple]]] = {
     "transpose": lambda x, a: (torch.transpose, (x[0], a["dim0"], a["dim1"])),
     "mean": lambda x, a: (torch.mean, (x[0], list(a["dims"]), bool(a["keepdim"]))),
     "permute": lambda x, a: (_permute, (x[0], [int(d) for d in a["dims"]])),
-    "interpolate": lambda x, a: (_interpolate, (x[0], [int(v) for v in a["size"]], str(a["mode"]),
-                                                bool(a.get("align_corners", False)))),
+    "interpolate": _resize,
     "pad": lambda x, a: (_pad, (x[0], [int(p) for p in a["pads"]], str(a["mode"]), float(a.get("value", 0.0)))),
     "pixel_shuffle": lambda x, a: (torch.pixel_shuffle, (x[0], int(a["upscale_factor"]))),
     "repeat": lambda x, a: (_repeat, (x[0], [int(r) for r in a["repeats"]])),

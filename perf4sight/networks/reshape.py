@@ -6,7 +6,8 @@ The description is rebuilt as a module (the same layers and channels) and traced
 stage does with a ``[networks] description_files`` entry described at another shape than ``[networks]
 input_shape``. What a description fixes as numbers cannot follow the new shape: a reshape to a literal size (a
 classifier fed a flattened map) fails in the trace, and a resize to a literal size (a segmentation network's output
-brought back to its input's size) would run at the old size; both are refused with one line, except for a pruned
+brought back to its input's size) would run at the old size (one by a whole scale factor, a U-Net's or an FPN's
+upsampling by 2, keeps its factor and follows the new shape); both are refused with one line, except for a pruned
 variant of a zoo network or of one ``[networks]`` names (a ViT's, whose position embedding has one entry per patch),
 which is pruned at the new shape instead, as the networks stage would prune it there. The same holds for what the
 generator makes: its transformer stages' position embedding has one entry per pixel.
