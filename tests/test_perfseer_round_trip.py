@@ -26,6 +26,7 @@ from perf4sight.importers.perfseer import ONNX_TO_OP, OP_TO_ONNX, graph_to_descr
 from perf4sight.ir.from_torch import describe
 from perf4sight.ir.schema import OPS, NetworkDescription, load_description
 from perf4sight.ir.to_torch import build_module
+from perf4sight.networks.reshape import described_at
 from perf4sight.networks.zoo import describe_zoo
 from perf4sight.profiling.results import append_row, read_rows, results_path
 
@@ -365,6 +366,42 @@ def test_onnx_pads_and_depth_to_space_are_read():
     assert desc.node("edge").attrs == {"pads": [2, 0, 1, 3], "mode": "replicate"}
     assert desc.node("value").attrs == {"pads": [0, 1, 1, 0], "mode": "constant", "value": 0.5}
     assert desc.node("wrap").attrs == {"pads": [2, 0, 0, 1], "mode": "circular"}
+
+
+class _Upsampled(torch.nn.Module):
+    """A decoder's step: a convolution's map upsampled by 2 (nearest) and joined to the input."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.up = torch.nn.Conv2d(3, 4, 3, stride=2, padding=1), torch.nn.Upsample(scale_factor=2)
+
+    def forward(self, x):
+        return torch.cat([self.up(self.conv(x)), x], 1)
+
+
+def test_a_resize_by_a_whole_scale_factor_keeps_it_through_export_and_import(tmp_path):
+    """A resize by a scale factor of 2 comes back with it, from our own file and from another tool's (ONNX's
+    Resize: scales of the four NCHW axes, maybe as text), so the imported description rebuilds at another input
+    shape; a factor that does not give the output's size, or is no whole number, is read as the size alone."""
+    desc = describe(_Upsampled(), [3, 8, 8], name="up")
+    assert desc.node("up").attrs == {"size": [8, 8], "mode": "nearest", "scale_factor": [2, 2]}
+    export_perfseer(_rows(desc), {desc.name: desc}, tmp_path / "ds")
+    import_perfseer(tmp_path / "ds", "d2", tmp_path / "prof", tmp_path / "models")
+    assert load_description(tmp_path / "models" / "imported" / "d2" / "up.json").to_dict() == desc.to_dict()
+    for scales, side, out, kept in ((None, 4, [8, 8], None), ([1.0, 1.0, 2.0, 2.0], 4, [8, 8], [2, 2]),
+                                    ("[1, 1, 2, 3]", 4, [8, 12], [2, 3]), ("2", 4, [8, 8], [2, 2]),
+                                    ([1, 1, 1.5, 1.5], 4, [6, 6], None),
+                                    ([1, 1, 2, 2], 3, [8, 8], None)):  # 3 x 2 is not 8: the size alone
+        args = {"mode": "nearest", **({} if scales is None else {"scales": scales})}
+        g = _foreign([("conv", "Conv", {"kernel_shape": [1, 1], "group": 1}, [2, 3, side, side], [2, 4, side, side]),
+                      ("resize", "Resize", args, [2, 4, side, side], [2, 4, *out])])
+        attrs = graph_to_description(g, "foreign", "foreign.pkl")[0].node("resize").attrs
+        assert attrs == {"size": out, "mode": "nearest", **({"scale_factor": kept} if kept else {})}, scales
+    graph = description_to_graph(desc, 2)
+    graph.graph["source"] = "another tool"  # our args read as a foreign file's
+    back = graph_to_description(graph, "up", "up.pkl")[0]
+    assert back.node("up").attrs == desc.node("up").attrs
+    assert _output_shape(described_at(back, [3, 16, 12])) == [2, 7, 16, 12]
 
 
 @pytest.mark.parametrize("onnx, args, in_shape, out, message", [

@@ -499,6 +499,9 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         if mode not in INTERPOLATE_MODES:
             raise UserError(f"{where}: a resize of mode '{mode}' has no description op")
         a = {"size": list(out[1:]), "mode": mode}
+        scale_factor = _whole_scales(args, in_shapes[0], out, where)
+        if scale_factor:
+            a["scale_factor"] = scale_factor
         if mode == "bilinear" and (flag("align_corners", False)
                                    or args.get("coordinate_transformation_mode") == "align_corners"):
             a["align_corners"] = True
@@ -597,6 +600,23 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
 
 #: Bytes of a PRelu's slope (float32).
 _BYTES_PER_SLOPE = 4
+
+
+def _whole_scales(args: dict[str, Any], in_shape: list[int], out: list[int], where: str) -> list[int] | None:
+    """A resize's whole scale factors [sh, sw] (ours, ``scale_factor``: one or one per side; ONNX's Resize,
+    ``scales``: one per axis of [N, C, H, W], the last two the sides') where they scale ``in_shape`` ([C, H, W]) to
+    ``out`` exactly; None where the args give none, or others (a resize by 1.5 is read by its size alone)."""
+    given = args.get("scale_factor", args.get("scales"))
+    if given is None:
+        return None
+    if isinstance(given, str):  # a string-typed field: "[1, 1, 2, 2]", "2"
+        given = [v for v in re.split(r"[\s,()\[\]]+", given) if v]
+    scales = [_number(v, f"{where} scales") for v in (given if isinstance(given, (list, tuple)) else [given])]
+    pair = scales * 2 if len(scales) == 1 else scales[-2:]
+    if len(pair) != 2 or not all(s >= 1 and float(s).is_integer() for s in pair) \
+            or [side * s for side, s in zip(in_shape[1:], pair)] != list(out[1:]):
+        return None
+    return [int(s) for s in pair]
 
 
 def _slopes(weight_bytes: Any, where: str) -> int:
