@@ -234,6 +234,24 @@ def test_the_networks_stage_makes_every_network_at_the_extra_shapes_too(tmp_path
             load_config(tmp_path / "bad.toml")
 
 
+def test_the_networks_stage_prunes_a_u_net_description_file_at_its_shape_and_the_extra_ones(tmp_path):
+    """A ``[networks] description_files`` U-Net described at 64x64, its upsampling by 2 kept as a factor: built at
+    ``input_shape`` 32x32, pruned there, and made again at the extra shape, each scoring every pixel of its shape
+    (its resize to the 64x64 file's size could not be rebuilt at either)."""
+    (tmp_path / "unet.json").write_text(describe(_UNet().eval(), [3, 64, 64], name="unet").to_json())
+    (tmp_path / "config.toml").write_text(
+        '[networks]\nzoo = []\ndescription_files = ["unet.json"]\ninput_shape = [3, 32, 32]\n'
+        'extra_input_shapes = [[3, 48, 80]]\nnum_classes = 4\n[networks.pruning]\nlevels = [0, 50]\n')
+    cfg = load_config(tmp_path / "config.toml")
+    made = {r["network"]: load_description(cfg.models_dir / r["path"]) for r in make_networks(cfg).rows}
+    assert list(made) == ["unet_l0", "unet_l0_48x80", "unet_l50", "unet_l50_48x80"]
+    for name, desc in made.items():
+        side = [48, 80] if name.endswith("48x80") else [32, 32]
+        assert desc.input_shape == [3, *side] and desc.node(desc.output).output_shape == [4, *side]
+        assert [n.attrs["scale_factor"] for n in desc.nodes if n.op == "interpolate"] == [[2, 2], [2, 2]]
+    assert made["unet_l50"].params == made["unet_l50_48x80"].params < made["unet_l0"].params
+
+
 def _probe(width: int) -> nn.Module:
     """A small real CNN whose classifier follows an adaptive pool: it runs at any input shape."""
     return nn.Sequential(nn.Conv2d(3, width, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
