@@ -248,6 +248,27 @@ def test_a_segmentation_step_keeps_what_autograd_keeps():
     assert nf.static["kernels_fwd"] == head.static["kernels_fwd"] - 1 + 2  # no pooling; log-softmax and likelihood
 
 
+def test_a_resize_costs_and_allocates_by_its_output_whatever_gave_its_size():
+    """A resize kept as a scale factor (nn.Upsample(scale_factor=2)) costs what the same resize to its size costs:
+    the formulas and the allocation trace read the output's shape and the mode, never ``scale_factor``."""
+    pytest.importorskip("torch")
+    from torch import nn
+
+    from perf4sight.features.alloc_trace import simulate
+    from perf4sight.ir.from_torch import describe
+    from perf4sight.ir.schema import NetworkDescription
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.Upsample(scale_factor=2, mode="bilinear"),
+                        nn.Conv2d(8, 4, 3, stride=2, padding=1), nn.Upsample(scale_factor=(2, 3)))
+    scaled = describe(net, [3, 16, 16], "seg")
+    data = scaled.to_dict()
+    assert [n["attrs"].pop("scale_factor") for n in data["nodes"] if n["op"] == "interpolate"] == [[2, 2], [2, 3]]
+    sized = NetworkDescription.from_dict(data)
+    a, b = network_features(scaled), network_features(sized)
+    assert (a.per_sample, a.static) == (b.per_sample, b.static) and np.array_equal(a.saved_sizes, b.saved_sizes)
+    ta, tb = simulate(scaled, (1, 4)), simulate(sized, (1, 4))
+    assert all(np.array_equal(getattr(ta, k), getattr(tb, k)) for k in ("kind", "tensor", "const", "per_sample"))
+
+
 @pytest.mark.parametrize("relu6_clone", [True, False])
 def test_instance_norm_hardtanh_and_softmax_keep_what_autograd_keeps(relu6_clone):
     """An instance norm keeps its input, a mean and a 1/std per sample and channel and, where affine, its weight
