@@ -19,7 +19,7 @@ from perf4sight.errors import UserError
 from perf4sight.features.aggregate import features_for
 from perf4sight.fingerprint import fit_fingerprint, load_fingerprint
 from perf4sight.ir.from_torch import describe
-from perf4sight.ir.schema import load_description
+from perf4sight.ir.schema import NetworkDescription, load_description, save_description
 from perf4sight.ir.to_torch import build_module
 from perf4sight.networks.build import make_networks
 from perf4sight.networks.reshape import described_at, query_at
@@ -232,6 +232,21 @@ def test_the_networks_stage_makes_every_network_at_the_extra_shapes_too(tmp_path
         (tmp_path / "bad.toml").write_text(f"[networks]\ninput_shape = [3, 32, 32]\nextra_input_shapes = {extra}\n")
         with pytest.raises(UserError, match=rf"bad\.toml: \[networks\] .?extra_input_shapes.*{re.escape(why)}"):
             load_config(tmp_path / "bad.toml")
+
+
+def test_a_description_file_whose_upsampling_kept_its_size_names_its_resizes_when_it_cannot_be_rebuilt(tmp_path):
+    """A U-Net's description written before resizes kept their scale factor (each to a fixed size): asked for at
+    another shape, its one line says which resizes fixed their sizes, and that a description made now keeps them."""
+    data = describe(_UNet().eval(), [3, 64, 64], name="unet").to_dict()
+    for node in data["nodes"]:
+        node["attrs"].pop("scale_factor", None)
+    path = tmp_path / "unet.json"
+    save_description(NetworkDescription.from_dict(data), path)
+    with pytest.raises(UserError, match=r"^unet: the model's forward fails at input shape \[3, 96, 128\] .*"
+                                        r"a description fixes some sizes as numbers, such as a reshape's or a "
+                                        r"resize's \(up, interpolate resize to a fixed size; one by a whole scale "
+                                        r"factor is described by it now\); describe the network at that shape"):
+        described_at(load_description(path), [3, 96, 128])
 
 
 def test_the_networks_stage_prunes_a_u_net_description_file_at_its_shape_and_the_extra_ones(tmp_path):

@@ -50,12 +50,24 @@ def described_at(desc: NetworkDescription, input_shape: Sequence[int]) -> Networ
                        pruning_level=desc.pruning_level, **desc.extra)
     except UserError as exc:
         raise UserError(f"{exc} (described at {was}, rebuilt at {asked}: a description fixes some sizes as numbers, "
-                        "such as a reshape's; describe the network at that shape from its module instead)") from None
+                        f"such as a reshape's{_fixed_resizes(desc)}; describe the network at that shape from its "
+                        "module instead)") from None
     if _follows_input(desc) and not _follows_input(out):
         raise UserError(f"{desc.name}: described at {was}, its output has the input's size, but rebuilt at {asked} "
                         f"it keeps {shape_text(out.node(out.output).output_shape[1:])} (a resize to a fixed size): "
                         "describe the network at that shape from its module instead (a zoo name is)")
     return out
+
+
+def _fixed_resizes(desc: NetworkDescription, shown: int = 3) -> str:
+    """A clause naming ``desc``'s resizes to a fixed size (interpolate nodes without a scale factor: a description
+    of a U-Net written before those kept theirs), the first ``shown`` of them; "" where it has none."""
+    names = [n.name for n in desc.nodes if n.op == "interpolate" and "scale_factor" not in n.attrs]
+    if not names:
+        return ""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return (f" or a resize's ({', '.join(names[:shown])}{more} resize to a fixed size; one by a whole scale factor "
+            "is described by it now)")
 
 
 def _follows_input(desc: NetworkDescription) -> bool:
