@@ -324,6 +324,18 @@ class _Resize(nn.Module):
         return nn.functional.interpolate(self.conv(x), **self.kwargs)
 
 
+class _ResizeByShapes(nn.Module):
+    """An upsampling by the ratio of two maps' widths: a scale factor the trace computes from the shapes."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, stride=2, padding=1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return nn.functional.interpolate(y, scale_factor=x.shape[-1] // y.shape[-1])
+
+
 class _WithAux(nn.Module):
     def __init__(self, keys=("out", "aux")):
         super().__init__()
@@ -373,6 +385,8 @@ def test_a_whole_scale_factor_is_kept_and_another_is_read_as_the_size(kwargs, fa
 
 @pytest.mark.parametrize("module, expected", [
     (_Resize(scale_factor=1.25), r"an interpolation by scale factor 1.25 of a 6x6 map is no resize to a whole size"),
+    (_ResizeByShapes(), r"an interpolation by a scale factor computed from the tensors' shapes has no description "
+                        r"op; give size= \(a map's shape\[-2:\], say\)"),
     (_Resize(size=(9, 9), mode="bicubic"), r"an interpolation of mode 'bicubic' has no description op"),
     (_Resize(size=(9, 9), mode="bilinear", antialias=True), r"an antialiased interpolation has no description op"),
     (_WithAux(), r"the model returns a dict with \['aux', 'out'\]; a description follows one output, its 'out' "

@@ -911,9 +911,11 @@ def _scale_pair(scale_factor: Any) -> list[float] | None:
     """An interpolation's ``scale_factor`` (one number, or one per side) as [height's, width's]; None where none."""
     if scale_factor is None:
         return None
-    if isinstance(scale_factor, (list, tuple)):
-        return [float(v) for v in scale_factor]
-    return [float(scale_factor)] * 2
+    scales = list(scale_factor) if isinstance(scale_factor, (list, tuple)) else [scale_factor] * 2
+    if any(isinstance(v, fx.Node) for v in scales):  # a value of the graph, not a number it was given
+        raise ValueError("an interpolation by a scale factor computed from the tensors' shapes has no description op; "
+                         "give size= (a map's shape[-2:], say)")
+    return [float(v) for v in scales]
 
 
 def _interpolate_attrs(n: fx.Node, mode: Any, align_corners: Any, scale_factor: Any, recompute: Any,
