@@ -702,18 +702,19 @@ def test_a_view_of_a_parameter_that_regroups_its_dimensions_is_still_refused():
 @pytest.mark.parametrize("weights", [lambda w: F.relu(w) / (F.relu(w).sum() + 1e-4),
                                      lambda w: torch.softmax(w, 0), lambda w: w.softmax(dim=0)])
 def test_weights_computed_from_parameters_alone_are_refused_naming_the_parameter(weights):
-    """BiFPN's weighted fusion (``relu(w) / sum``, or a softmax of ``w``) computes its weights from a parameter alone:
-    the softmax was refused as "a softmax over the batch dimension", the parameter's one dimension read as the
-    batch."""
+    """Weights computed from a parameter alone (``relu(w) / sum``, or a softmax of ``w``) in a form BiFPN's fusion
+    (the op weighted_sum) does not take, a weight read twice: the softmax was refused as "a softmax over the batch
+    dimension", the parameter's one dimension read as the batch."""
     def fuse(s, y):
         w = weights(s.w)
-        return w[0] * y + w[1] * y.sigmoid()
+        return w[0] * y + w[1] * y.sigmoid() + w[0] * y.tanh()
     module = _Probe(fuse)
     module.w = nn.Parameter(torch.ones(2))
     with pytest.raises(UserError, match=r"^probe: \w+ \(node \w+\) computes from the module's parameter w alone, "
                                         r"not from the network's input: the description has no op for weights "
-                                        r"computed from parameters \(BiFPN's fusion weights, relu\(w\) / sum or "
-                                        r"softmax\(w\)\)$"):
+                                        r"computed from parameters but BiFPN's fusion \(the op weighted_sum: w = "
+                                        r"relu\(p\) / \(sum\(relu\(p\)\) \+ eps\) or softmax\(p\) .* of n maps of "
+                                        r"one shape\)$"):
         describe(module, SHAPE, name="probe")
 
 

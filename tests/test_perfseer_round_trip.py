@@ -64,7 +64,7 @@ class _Views(torch.nn.Module):
     local_response_norm, pow (a sqrt and the power -1 of a quotient), exp, abs, div, var, glu, hardshrink,
     softshrink, threshold (in place), log_sigmoid, rmsnorm, repeat, rrelu, alpha_dropout (of whole channels) and
     fractional_maxpool2d, and matmul (a product of two activations, ONNX's MatMul); maximum and minimum (ONNX's Max
-    and Min), flip and roll.
+    and Min), flip and roll; weighted_sum (a BiFPN fusion of two maps).
     Also frozen_batchnorm2d (torchvision's FrozenBatchNorm2d, an eps of its own); the instance norm tracks running
     statistics."""
 
@@ -80,6 +80,7 @@ class _Views(torch.nn.Module):
         self.fc, self.cut = torch.nn.Linear(8, 10), torch.nn.Threshold(0.0625, -1.0, inplace=True)
         self.rms = torch.nn.RMSNorm(8, eps=1e-4)
         self.frozen = FrozenBatchNorm2d(8, eps=1e-3)
+        self.fusion = torch.nn.Parameter(torch.tensor([0.5, 2.0]))
 
     def forward(self, x):
         x = torch.nn.functional.pixel_shuffle(self.widen(torch.nn.functional.pixel_unshuffle(self.gray(x), 2)), 2)
@@ -92,6 +93,9 @@ class _Views(torch.nn.Module):
         y = self.amax(torch.squeeze(torch.unsqueeze(torch.nn.functional.leaky_relu(y, 0.2, True), 1), 1))[:, :, :, 0]
         y = y @ y.transpose(1, 2) @ y  # matmul
         y = torch.maximum(y.flip(2), torch.roll(y, (1, -2), (1, 2))).minimum(y)  # maximum, minimum, flip, roll
+        fusion = torch.nn.functional.relu(self.fusion)
+        fusion = fusion / (torch.sum(fusion, dim=0) + 1e-4)
+        y = fusion[0] * y + fusion[1] * y.flip(1)  # weighted_sum
         y = torch.nn.functional.mish(torch.nn.functional.elu(torch.nn.functional.rrelu(y.mean(2), 0.1, 0.3), 0.5),
                                      True)
         y = torch.nn.functional.hardtanh(torch.nn.functional.softplus(y).softmax(-1).log_softmax(1), -0.5, 0.5)

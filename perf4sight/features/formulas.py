@@ -792,6 +792,31 @@ def _reordered_copy(node: Node, in_shapes: list[list[int]], first: bool) -> OpCo
     return OpCost(bytes_read=rd, bytes_written=wr, kernels_fwd=1, kernels_bwd=1, kind="other")
 
 
+#: A weighted sum's kernels on its n weights alone (torch 2, a dispatch log), forward and backward, by normalisation:
+#: relu(w) / (sum(relu(w)) + eps) a relu, a sum, an add and a division forward; backward two divisions, a negate, a
+#: multiply, a division, a sum, an add and the relu's threshold_backward. A softmax's one each way.
+_WEIGHTS_KERNELS = {"relu": (4, 8), "softmax": (1, 1)}
+
+
+def _weighted_sum(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """EfficientDet's BiFPN fusion of n maps (torch 2's kernels, a dispatch log): its n weights normalised (a few
+    kernels on n scalars), then a product per map and a sum of the products, one by one: 2n - 1 FLOPs and kernels of
+    the output's size. It keeps every map (each weight's gradient reads its map) and, once a batch, the weights'
+    tensors (a relu's: its result, the sum plus eps, the weights divided; a softmax's result). Backward, per map
+    the incoming gradient times it, summed down to its weight's gradient, and times its weight, the map's gradient
+    (3 FLOPs an element, 3 kernels); a select_backward per weight, adds of their n gradients, and the
+    normalisation's backward."""
+    count, n = len(in_shapes), numel(node.output_shape)
+    forward, backward = _WEIGHTS_KERNELS[node.attrs["normalize"]]
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    kept = (count * BYTES_PER_ELEMENT, BYTES_PER_ELEMENT) if node.attrs["normalize"] == "relu" else ()
+    return OpCost(flops_fwd=float((2 * count - 1) * n), flops_bwd=3.0 * count * n,
+                  bytes_read=rd + count * BYTES_PER_ELEMENT, bytes_written=wr, params=count, param_tensors=1,
+                  saved=list(range(count)), batch_saved=(*kept, count * BYTES_PER_ELEMENT),
+                  kernels_fwd=2 * count - 1 + forward, kernels_bwd=3 * count + count + count - 1 + backward,
+                  kind="elementwise")
+
+
 def _input(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     return OpCost(kind="view")
 
@@ -917,4 +942,5 @@ HANDLERS: dict[str, Handler] = {
     "minimum": _extreme,
     "flip": _reordered_copy,
     "roll": _reordered_copy,
+    "weighted_sum": _weighted_sum,
 }

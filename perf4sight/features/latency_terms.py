@@ -364,6 +364,15 @@ def _circular_pad_passes(node: Node) -> tuple[float, float, int]:
     return 1.0, 6.0 * sides + 8.0, 7 * sides + 6
 
 
+def _weighted_sum_passes(node: Node) -> tuple[float, float, int]:
+    """A BiFPN fusion of n maps (formulas._weighted_sum; its kernels on the n weights alone left out): forward, n
+    products (a map read, one written) and n - 1 adds (two read, one written), 5n - 3 map-sized passes over the n + 1
+    maps read and written; backward, per map its gradient times the map (3), summed (1) and times its weight (2): 6n
+    over the n maps, 3n kernels."""
+    n = int(node.attrs["num_inputs"])
+    return (5.0 * n - 3.0) / (n + 1.0), 6.0, 3 * n
+
+
 def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT_OPTIMIZER,
                  visits: Sequence[Visit] | None = None, loss: str = "cross_entropy") -> KernelTable:
     """Every kernel of one training step of ``desc`` whose optimiser's update costs ``update`` (an optimiser's name:
@@ -406,6 +415,8 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
             composite = op in ("local_response_norm", "alpha_dropout") \
                 or op == "pad" and node.attrs["mode"] == "circular"
             fwd_kernels = visit.cost.kernels_fwd if composite else 1  # torch runs these as several ops
+            if op == "weighted_sum":  # its products and adds (those on its weights alone left out)
+                fwd_kernels = 2 * int(node.attrs["num_inputs"]) - 1
             _elementwise(r, node, ins, fwd_passes, bwd_passes, bwd_kernels if visit.needs_grad else 0, fwd_kernels)
     _loss(r, desc.node(desc.output).output_shape, loss)
     for name, adds in gradient_accumulations(desc, visits).items():  # k gradients into one tensor: k-1 adds
@@ -449,6 +460,8 @@ def _passes(node: Node) -> tuple[float, float, int]:
         return _FEATURE_ALPHA_DROPOUT_PASSES
     if node.op == "repeat" and all(int(r) == 1 for r in node.attrs["repeats"]):
         return _PLAIN_REPEAT_PASSES
+    if node.op == "weighted_sum":
+        return _weighted_sum_passes(node)
     return _PASSES.get(node.op, _DEFAULT_PASSES)
 
 

@@ -177,6 +177,8 @@ def perf4sight_vectors(desc: NetworkDescription) -> tuple[np.ndarray, np.ndarray
                          "frozen_batchnorm2d",  # a multiply and an add of [C] constants
                          "maximum", "minimum"):
             scaled[_IDX["add_elems"]] += out
+        elif node.op == "weighted_sum":  # a product of each map and an add of all but the first
+            scaled[_IDX["add_elems"]] += (2 * int(a["num_inputs"]) - 1) * out
         elif node.op == "cat":
             scaled[_IDX["cat_bytes"]] += out * BYTES_PER_ELEMENT
         elif node.op in ("pad", "pixel_shuffle", "pixel_unshuffle", "repeat",

@@ -68,6 +68,8 @@ _PRICED_AS = {"leaky_relu": "relu", "hardtanh": "relu6",
               "maximum": "mul", "minimum": "mul",
               # not measured: a copy in another order each way, priced as a pad's
               "flip": "pad", "roll": "pad",
+              # not measured: a BiFPN fusion, products and adds of its maps, priced as a product's
+              "weighted_sum": "mul",
               # not measured: a random draw per element and a noise tensor written, as a dropout's
               "rrelu": "dropout",
               # not measured: a noise drawn, then a multiply and an add, as a dropout's

@@ -56,6 +56,7 @@ OP_TOKEN: dict[str, str] = {**{op: op for op in OP_VOCAB},
                             "repeat": "cat",  # a copy that places its input anew, as a concatenation of it
                             "flip": "cat", "roll": "cat",  # copies in another order, as a concatenation's
                             "maximum": "mul", "minimum": "mul",  # elementwise of two tensors, as a product
+                            "weighted_sum": "add",  # a BiFPN fusion: its maps' weighted sum, as an add
                             "local_response_norm": "batchnorm2d",
                             # elementwise maths of one tensor, as sigmoid's is
                             "pow": "sigmoid", "exp": "sigmoid", "abs": "sigmoid", "div": "mul", "var": "mean",

@@ -115,6 +115,9 @@ ONNX_TO_OP: dict[str, str] = {
     "Max": "maximum", "Min": "minimum",  # ONNX's of two inputs (of more: refused as a description is read)
     # no ONNX op (torch's exporter writes a flip as a Slice of step -1, a roll as Slices and a Concat): types of our own
     "Flip": "flip", "Roll": "roll",
+    # no ONNX op (torch's exporter writes a BiFPN fusion as a Relu, a ReduceSum, an Add, a Div, Gathers, Muls and
+    # Adds): a type of our own
+    "WeightedSum": "weighted_sum",
 }
 #: Our op -> ONNX op type. Five of ours share a type with another: ``permute`` is a ``Transpose`` of more than two
 #: axes; ``scale``, ``shift`` and ``token`` are a ``Mul``, an ``Add`` and a ``Concat`` with a learnt tensor (an ONNX
@@ -595,6 +598,10 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         return {"shifts": _ints(args.get("shifts"), f"{where} shifts"), **a} if op == "roll" else a
     if op in ("pixel_shuffle", "pixel_unshuffle"):
         return _shuffle_attrs(op, args, in_shapes[0], out, where)
+    if op == "weighted_sum":  # our own type: a weight per input, normalised by a relu (eps 1e-4) or a softmax
+        normalize = str(args.get("normalize", "relu"))
+        a = {"num_inputs": len(in_shapes), "normalize": normalize}
+        return {**a, "eps": _number(args.get("eps", 1e-4), f"{where} eps")} if normalize == "relu" else a
     return {}
 
 

@@ -33,6 +33,7 @@ from perf4sight.ir.schema import (INTERPOLATE_MODES, ON_COPY_OPS, PAD_MODES, PAR
                                   Node, count_params, node_params, output_padding_problem)
 from perf4sight.ir.meta_shapes import MetaShapeProp
 from perf4sight.ir.shapes import image_size_problem, transposed_output_padding
+from perf4sight.ir.weighted_sums import Fusion, weighted_sums
 
 __all__ = ["describe", "check_input_shape", "forward_error", "has_lazy_parameters", "in_mode",
            "stderr_kept_on_success", "run_on_meta"]
@@ -1712,12 +1713,17 @@ def _convert(gm: fx.GraphModule, where: str) -> tuple[list[Node], str]:
     output = ""
     missing: dict[str, list[str]] = {}  # kind of op without a description op -> the nodes of that kind
     passed: set[str] = set()  # the nodes of those kinds
+    fusions = weighted_sums(gm)
+    fused = {name: f for f in fusions for name in (*f.taken, f.final.name)}  # fx node -> the fusion taking it in
     for n in gm.graph.nodes:
         try:
             if n.op == "output":
                 output = alias[_returned_tensor(n.args[0], where).name]
                 continue
-            converted = _convert_node(n, gm, where, alias, pieces, held)
+            if n.name in fused:
+                converted = _fused_node(n, fused[n.name], fusions, alias, where)
+            else:
+                converted = _convert_node(n, gm, where, alias, pieces, held)
         except _NoOp as exc:  # the others are named too, at once: read as passing their first input on
             made = exc.node  # n, or the op whose tuple n takes a part of (x.max(2)[0]: max, which has no alias)
             first = next((a for a in (*n.all_input_nodes, *made.all_input_nodes) if a.name in alias), None)
@@ -1742,6 +1748,25 @@ def _convert(gm: fx.GraphModule, where: str) -> tuple[list[Node], str]:
         raise UserError(f"{where}: {_missing_ops(list(missing.values()))}")
     _mark_shared_calls(gm, nodes)
     return nodes, output
+
+
+def _fused_node(n: fx.Node, fusion: Fusion, fusions: list[Fusion], alias: dict[str, str], where: str) -> list[Node]:
+    """The ``weighted_sum`` node of a BiFPN fusion at its last add ``n``; nothing for the nodes it takes in (its
+    weights' normalisation, picks, products and the adds before). A later fusion of the same parameter ``shares``
+    the first's."""
+    if n is not fusion.final:
+        return []
+    for x in fusion.inputs:
+        if x.name not in alias:
+            raise UserError(f"{where}: the weighted sum {n.name} of the parameter {fusion.parameter} fuses the "
+                            f"module's tensor {x.target if x.op == 'get_attr' else x.name}, not a network's: the "
+                            "description has no op for it")
+    attrs = fusion.attrs()
+    owner = next(f for f in fusions if f.parameter == fusion.parameter)
+    if owner is not fusion:
+        attrs[SHARES] = owner.final.name
+    alias[n.name] = n.name
+    return [Node(n.name, "weighted_sum", [alias[x.name] for x in fusion.inputs], attrs, _shape(n))]
 
 
 #: Calls whose result is a view of their first argument (a reshape of a contiguous tensor among them): an in-place
@@ -2568,8 +2593,8 @@ def _with_own_tensors(n: fx.Node, op: str, attrs: dict, gm: fx.GraphModule, wher
 
 
 def _refuse_parameters_alone(n: fx.Node, held: dict[str, fx.Node], where: str) -> None:
-    """A ``UserError`` naming the parameter where ``n`` computes from module tensors alone (BiFPN's fusion weights:
-    ``relu(w) / sum``, ``softmax(w)``), whose refusal would otherwise speak of ops or dimensions of the network's
+    """A ``UserError`` naming the parameter where ``n`` computes from module tensors alone (weights in a form other
+    than BiFPN's fusion, :mod:`perf4sight.ir.weighted_sums`), whose refusal would otherwise speak of ops or dimensions of the network's
     tensors (a softmax of a ``[2]`` parameter read as one over the batch)."""
     inputs = n.all_input_nodes
     if not inputs or any(a.name not in held for a in inputs):
@@ -2578,7 +2603,9 @@ def _refuse_parameters_alone(n: fx.Node, held: dict[str, fx.Node], where: str) -
     parameter = held[inputs[0].name].target
     raise UserError(f"{where}: {kind} (node {n.name}) computes from the module's parameter {parameter} "
                     "alone, not from the network's input: the description has no op for weights computed from "
-                    "parameters (BiFPN's fusion weights, relu(w) / sum or softmax(w))")
+                    "parameters but BiFPN's fusion (the op weighted_sum: w = relu(p) / (sum(relu(p)) + eps) or "
+                    "softmax(p) of a parameter p of n weights, each picked once, w[0] * a + w[1] * b + ... of n "
+                    "maps of one shape)")
 
 
 def _whole_splits(n: fx.Node, alias: dict[str, str], pieces: dict[str, list[str]]) -> list[Node]:

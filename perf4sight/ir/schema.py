@@ -17,6 +17,7 @@ from perf4sight.ir.shapes import element_count, image_size_problem, shape_proble
 
 __all__ = ["Node", "NetworkDescription", "OPS", "load_description", "save_description", "is_file_stem",
            "STRUCTURE_VERSION", "window_attention_params", "INTERPOLATE_MODES", "PAD_MODES", "known_attrs",
+           "WEIGHTED_SUM_NORMALIZATIONS",
            "output_padding_problem", "PARAMETER_OPS", "SHARES", "node_params", "ON_COPY_OPS"]
 
 SCHEMA_VERSION = 1
@@ -165,6 +166,10 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # the input's elements moved shifts[i] places along dims[i] (as flip's), those past the end brought round to the
     # start (torch's roll of as many shifts as dims; a copy)
     "roll": ("shifts", "dims"),
+    # EfficientDet's BiFPN fusion: num_inputs (>= 2) inputs of one shape, each times a learnt weight (num_inputs
+    # scalars), summed; the weights normalised first by normalize "relu" (relu(w) / (sum(relu(w)) + eps), its
+    # "fast normalised fusion"; optional eps, 1e-4) or "softmax" (softmax(w))
+    "weighted_sum": ("num_inputs", "normalize"),
 }
 #: Ops whose nodes may hold learnt parameters (:func:`node_params`) or buffers (a frozen batch norm's four [C]
 #: ones). Such a node may carry the optional attr ``shares``: the name of an earlier node of the same op and attrs
@@ -174,11 +179,14 @@ OPS: Dict[str, Tuple[str, ...]] = {
 PARAMETER_OPS = ("conv2d", "conv_transpose2d", "batchnorm2d", "groupnorm", "instancenorm", "prelu", "linear",
                  "layernorm", "scale", "shift", "token", "attention", "window_attention", "group_attention",
                  "rmsnorm",
-                 "frozen_batchnorm2d")
+                 "frozen_batchnorm2d",
+                 "weighted_sum")
 #: The attr naming the node whose parameters a node of :data:`PARAMETER_OPS` uses.
 SHARES = "shares"
 #: The modes of ``interpolate``: torch's ``F.interpolate`` modes the description follows.
 INTERPOLATE_MODES = ("nearest", "bilinear")
+#: The normalisations of ``weighted_sum``'s weights.
+WEIGHTED_SUM_NORMALIZATIONS = ("relu", "softmax")
 #: The modes of ``pad``: torch's ``F.pad`` modes the description follows (ONNX's Pad calls circular "wrap").
 PAD_MODES = ("constant", "reflect", "replicate", "circular")
 
@@ -197,6 +205,7 @@ _POSITIVE: Dict[str, Tuple[str, ...]] = {
     "conv_transpose2d": ("in_channels", "out_channels", "groups"),
     "pixel_shuffle": ("upscale_factor",), "pixel_unshuffle": ("downscale_factor",),
     "local_response_norm": ("size",),
+    "weighted_sum": ("num_inputs",),
 }
 #: Op -> attributes that must be lists of positive integers (a shape).
 _SHAPES: Dict[str, Tuple[str, ...]] = {"fractional_maxpool2d": ("output_size",),
@@ -256,6 +265,7 @@ _NUMBERS: Dict[str, Tuple[Tuple[str, Any, Any], ...]] = {
     "pad": (("value", None, None),),
     "pow": (("exponent", None, None),),
     "var": (("correction", 0, None),),
+    "weighted_sum": (("eps", 0, None),),
 }
 #: Op -> optional attributes no other table here names (a gelu's approximation, a max pool's dilation, Swin V2's
 #: position-bias MLP).
@@ -346,6 +356,11 @@ def _attr_problem(node: "Node") -> str:
         return f"attr 'position_bias_mlp' must be an integer >= 0 (0: a table), got {node.attrs['position_bias_mlp']!r}"
     if node.op == "interpolate" and node.attrs["mode"] not in INTERPOLATE_MODES:
         return f"attr 'mode' must be one of {', '.join(INTERPOLATE_MODES)}, got {node.attrs['mode']!r}"
+    if node.op == "weighted_sum" and node.attrs["normalize"] not in WEIGHTED_SUM_NORMALIZATIONS:
+        return (f"attr 'normalize' must be one of {', '.join(WEIGHTED_SUM_NORMALIZATIONS)}, "
+                f"got {node.attrs['normalize']!r}")
+    if node.op == "weighted_sum" and node.attrs["num_inputs"] < 2:
+        return f"attr 'num_inputs' must be at least 2, got {node.attrs['num_inputs']!r}"
     if node.op == "interpolate" and node.attrs.get("align_corners") and node.attrs["mode"] != "bilinear":
         return "attr 'align_corners' is for mode 'bilinear' only"
     if node.op == "interpolate" and _scale_factor_problem(node.attrs.get("scale_factor", 1)):
@@ -677,6 +692,8 @@ def node_params(n: Node) -> int:
         return element_count(a["normalized_shape"]) if a.get("elementwise_affine", True) else 0
     if n.op in ("scale", "shift", "token"):
         return element_count(a["shape"])
+    if n.op == "weighted_sum":  # a weight per input
+        return a["num_inputs"]
     if n.op == "attention":  # the input projection (query, key, value) and the output one
         return 4 * a["embed_dim"] * a["embed_dim"] + (4 * a["embed_dim"] if a["bias"] else 0)
     if n.op in ("window_attention", "group_attention"):

@@ -28,6 +28,7 @@ ARITY: Dict[str, Tuple[int, Optional[int]]] = {
     "matmul": (2, 2),
     "maximum": (2, 2), "minimum": (2, 2),
     "flip": (1, 1), "roll": (1, 1),
+    "weighted_sum": (2, None),
     **{op: (1, 1) for op in _UNARY + ("conv2d", "batchnorm2d", "linear", "maxpool2d", "avgpool2d",
                                       "adaptiveavgpool2d", "adaptivemaxpool2d", "reshape", "flatten", "squeeze",
                                       "unsqueeze", "select", "narrow", "transpose", "mean", "var", "permute",
@@ -283,6 +284,10 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
         return broadcast(ins[0], ins[1]) or f"cannot combine inputs of shapes {ins[0]} and {ins[1]}"
     if op in ("flip", "roll"):
         return _flipped_or_rolled(op, a, x)
+    if op == "weighted_sum":  # inputs of one shape, one per weight
+        if len(ins) != a["num_inputs"] or any(s != x for s in ins):
+            return f"needs {a['num_inputs']} inputs of one shape, got {ins}"
+        return x
     if op == "permute":
         dims = [int(d) for d in a["dims"]]
         if sorted(dims) != list(range(len(x) + 1)) or dims[0] != 0:

@@ -18,7 +18,7 @@ from perf4sight.ir.schema import SHARES, NetworkDescription, Node
 from perf4sight.ir.shapes import window_pair, windows_of
 
 __all__ = ["build_module", "MODULE_BUILDERS", "FUNCTION_BUILDERS", "Scale", "Shift", "Token", "SelfAttention",
-           "WindowAttention", "PatchMerge", "GroupAttention", "InPlace", "batch_reshape"]
+           "WindowAttention", "PatchMerge", "GroupAttention", "InPlace", "batch_reshape", "WeightedSum"]
 
 
 def _pair(v: Any) -> Tuple[int, int]:
@@ -59,6 +59,32 @@ class Token(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # sizes held in plain Python, so that torch.fx can trace a rebuilt network (described again at a new shape)
         return torch.cat([self.weight.expand(x.shape[0], *self.kept), x], self.dim)
+
+
+class WeightedSum(nn.Module):
+    """EfficientDet's BiFPN fusion: ``num_inputs`` maps of one shape, each times a learnt weight (a ``[num_inputs]``
+    parameter, initialised to ones as EfficientDet's), summed. The weights normalised first, as the BiFPN's:
+    ``relu(w) / (sum(relu(w)) + eps)`` ("relu", its fast normalised fusion) or ``softmax(w)`` ("softmax"). The kernels
+    of EfficientDet's forward, in its order (the products and sums one by one)."""
+
+    def __init__(self, num_inputs: int, normalize: str = "relu", eps: float = 1e-4,
+                 device: Optional[Union[torch.device, str]] = None) -> None:
+        super().__init__()
+        if normalize not in ("relu", "softmax"):
+            raise ValueError(f"normalize must be 'relu' or 'softmax', got {normalize!r}")
+        self.normalize, self.eps = normalize, float(eps)
+        self.weight = nn.Parameter(torch.ones(int(num_inputs), device=device))
+
+    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
+        if self.normalize == "softmax":
+            w = torch.softmax(self.weight, 0)
+        else:
+            w = F.relu(self.weight)
+            w = w / (torch.sum(w, dim=0) + self.eps)
+        out = w[0] * xs[0]
+        for i in range(1, len(xs)):
+            out = out + w[i] * xs[i]
+        return out
 
 
 class SelfAttention(nn.Module):
@@ -334,6 +360,8 @@ MODULE_BUILDERS: Dict[str, Callable[..., nn.Module]] = {
     "scale": lambda a, **f: Scale(a["shape"], **f),
     "shift": lambda a, **f: Shift(a["shape"], **f),
     "token": lambda a, **f: Token(a["shape"], a["dim"], **f),
+    "weighted_sum": lambda a, **f: WeightedSum(int(a["num_inputs"]), str(a["normalize"]), float(a.get("eps", 1e-4)),
+                                               **f),
     "attention": lambda a, **f: SelfAttention(int(a["embed_dim"]), int(a["num_heads"]), bool(a["bias"]),
                                               float(a.get("dropout", 0.0)), **f),
     "window_attention": lambda a, **f: WindowAttention(

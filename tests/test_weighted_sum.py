@@ -1,0 +1,255 @@
+"""EfficientDet's BiFPN fusion (``relu(w) / (sum(relu(w)) + eps)`` or ``softmax(w)``, then ``w[0] * a + w[1] * b
+(+ w[2] * c)``): the op ``weighted_sum``, described, rebuilt, costed, pruned and trained."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from perf4sight.errors import UserError
+from perf4sight.ir.from_torch import describe
+from perf4sight.ir.schema import NetworkDescription, Node
+from perf4sight.ir.to_torch import build_module
+
+SHAPE = [3, 16, 16]
+
+#: How a BiFPN normalises its fusion weights: zylo117's (an nn.ReLU layer, torch.sum(w, dim=0)), a functional
+#: one's (F.relu, w.sum(0), eps first), and the softmax variant.
+def _relu_layer(s: nn.Module, w: torch.Tensor) -> torch.Tensor:
+    w = s.relu(w)
+    return w / (torch.sum(w, dim=0) + 1e-4)
+
+
+def _functional(s: nn.Module, w: torch.Tensor) -> torch.Tensor:
+    w = F.relu(w)
+    return w / (1e-3 + w.sum(0))
+
+
+NORMALISATIONS = {"relu_layer": _relu_layer, "functional": _functional,
+                  "softmax": lambda s, w: torch.softmax(w, 0)}
+
+
+class _SeparableConv(nn.Module):
+    """EfficientDet's depthwise-separable convolution: a 3x3 depthwise one, a 1x1 pointwise one, a batch norm."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.depthwise = nn.Conv2d(channels, channels, 3, padding=1, groups=channels, bias=False)
+        self.pointwise = nn.Conv2d(channels, channels, 1)
+        self.bn = nn.BatchNorm2d(channels)
+
+    def forward(self, x):
+        return self.bn(self.pointwise(self.depthwise(x)))
+
+
+class _BiFPN(nn.Module):
+    """Two levels of a BiFPN: a top-down node fusing two maps, an output node fusing three, each fusion swished and
+    convolved (depthwise-separable), as EfficientDet's; ``normalise(self, w)`` makes a fusion's weights."""
+
+    def __init__(self, normalise, channels: int = 16) -> None:
+        super().__init__()
+        self.normalise = normalise
+        self.stem = nn.Conv2d(3, channels, 3, padding=1)
+        self.down = nn.Conv2d(channels, channels, 3, stride=2, padding=1)
+        self.relu = nn.ReLU()
+        self.w1 = nn.Parameter(torch.tensor([0.3, 1.7]))
+        self.w2 = nn.Parameter(torch.tensor([-0.5, 1.0, 2.0]))  # its first weight zeroed by a relu
+        self.conv_td, self.conv_out = _SeparableConv(channels), _SeparableConv(channels)
+        self.fc = nn.Linear(channels, 10)
+
+    def forward(self, x):
+        p3 = self.stem(x)
+        p4, p3_down = self.down(p3), F.max_pool2d(p3, 2)
+        w1 = self.normalise(self, self.w1)
+        td = self.conv_td(F.silu(w1[0] * p4 + w1[1] * p3_down))
+        w2 = self.normalise(self, self.w2)
+        out = self.conv_out(F.silu(w2[0] * p4 + w2[1] * td + p3_down * w2[2]))
+        return self.fc(out.mean((2, 3)))
+
+
+def _by_name(rebuilt: nn.Module, module: nn.Module, desc: NetworkDescription, owners: dict[int, str]) -> None:
+    """Copy ``module``'s weights into ``rebuilt`` by name: a layer's by its path (dots as underscores, the traced
+    node's name), a weighted sum's from the parameter ``owners`` names for its number of inputs."""
+    fusions = {n.name: owners[n.attrs["num_inputs"]] for n in desc.nodes if n.op == "weighted_sum"}
+    original = dict(module.named_parameters())
+    by_path = {name.rpartition(".")[0].replace(".", "_") + "." + name.rpartition(".")[2]: p
+               for name, p in original.items()}
+    copied = 0
+    for name, p in rebuilt.named_parameters():
+        layer = name.rpartition(".")[0]
+        source = original[fusions[layer]] if layer in fusions else by_path[name]
+        p.data.copy_(source.data)
+        copied += 1
+    assert copied == len(original)  # the batch norms' statistics: fresh in both
+
+
+@pytest.mark.parametrize("normalisation", list(NORMALISATIONS))
+def test_a_bifpn_s_fusions_are_weighted_sums_the_rebuilt_network_computes_the_same(normalisation):
+    """A BiFPN's fusion, weights computed from a parameter alone, was refused naming the parameter ("the description
+    has no op for weights computed from parameters"): the relu (or softmax), the normalisation, the picks, the
+    products and the sum are one op, weighted_sum, its parameter counted; the network rebuilt from the description
+    (read back from JSON), given the original's weights by name, computes the original's output, and describes
+    again to the same nodes."""
+    torch.manual_seed(0)
+    module = _BiFPN(NORMALISATIONS[normalisation]).eval()
+    desc = NetworkDescription.from_dict(describe(module, SHAPE, name="bifpn").to_dict())
+    fused = [n for n in desc.nodes if n.op == "weighted_sum"]
+    eps = {"relu_layer": {"eps": 1e-4}, "functional": {"eps": 1e-3}, "softmax": {}}[normalisation]
+    kind = "softmax" if normalisation == "softmax" else "relu"
+    assert [n.attrs for n in fused] == [{"num_inputs": 2, "normalize": kind, **eps},
+                                        {"num_inputs": 3, "normalize": kind, **eps}]
+    assert [n.inputs for n in fused] == [["down", "max_pool2d"], ["down", "conv_td_bn", "max_pool2d"]]
+    assert not {"relu", "softmax", "div", "select", "scale"} & {n.op for n in desc.nodes}
+    assert desc.params == sum(p.numel() for p in module.parameters())
+    rebuilt = build_module(desc).eval()
+    _by_name(rebuilt, module, desc, {2: "w1", 3: "w2"})
+    x = torch.randn(2, *SHAPE)
+    assert torch.allclose(rebuilt(x), module(x), atol=1e-5)
+    again = describe(rebuilt, SHAPE, name="bifpn")
+    assert [(n.op, n.attrs, n.output_shape) for n in again.nodes] == [(n.op, n.attrs, n.output_shape)
+                                                                      for n in desc.nodes]
+
+
+def test_a_fusion_weight_read_twice_is_still_refused_naming_the_parameter():
+    """A weight picked twice (or a product read besides the sum) is no BiFPN fusion: refused as before, naming the
+    parameter."""
+    class Twice(_BiFPN):
+        def forward(self, x):
+            p3 = self.stem(x)
+            w = F.relu(self.w1)
+            w = w / (w.sum(0) + 1e-4)
+            return self.fc((w[0] * p3 + w[1] * p3.sigmoid() + w[0] * p3.tanh()).mean((2, 3)))
+    with pytest.raises(UserError, match=r"computes from the module's parameter w1 alone"):
+        describe(Twice(NORMALISATIONS["functional"]), SHAPE, name="twice")
+
+
+def test_fusions_of_one_parameter_share_it():
+    """A fusion layer called twice (one parameter, two pairs of maps): the second node ``shares`` the first's
+    weights, counted once, and the rebuilt network computes the original's output."""
+    class Shared(_BiFPN):
+        def forward(self, x):
+            p3 = self.stem(x)
+            first = self.fuse(p3, p3.sigmoid())
+            return self.fc(self.fuse(first, p3.tanh()).mean((2, 3)))
+
+        def fuse(self, a, b):
+            w = torch.softmax(self.w1, 0)
+            return w[0] * a + w[1] * b
+
+    module = Shared(None).eval()
+    del module.w2, module.conv_td, module.conv_out, module.down
+    desc = describe(module, SHAPE, name="shared")
+    first, second = [n for n in desc.nodes if n.op == "weighted_sum"]
+    assert second.attrs == {**first.attrs, "shares": first.name}
+    assert desc.params == sum(p.numel() for p in module.parameters())
+    rebuilt = build_module(desc).eval()
+    _by_name(rebuilt, module, desc, {2: "w1"})
+    x = torch.randn(2, *SHAPE)
+    assert torch.allclose(rebuilt(x), module(x), atol=1e-5)
+
+
+@pytest.mark.parametrize("attrs, inputs, problem", [
+    ({"num_inputs": 2, "normalize": "sigmoid"}, 2, r"attr 'normalize' must be one of relu, softmax"),
+    ({"num_inputs": 3, "normalize": "relu"}, 2, r"needs 3 inputs of one shape"),
+    ({"num_inputs": 2, "normalize": "relu", "eps": -1.0}, 2, r"attr 'eps' must be a number >= 0"),
+])
+def test_a_weighted_sum_s_attrs_are_checked(attrs, inputs, problem):
+    """A description's weighted_sum names a normalisation the op has, one input per weight, of one shape."""
+    nodes = [Node("input", "input", [], {}, [8, 4, 4]), Node("a", "relu", ["input"], {}, [8, 4, 4]),
+             Node("s", "weighted_sum", ["input", "a"][:inputs], attrs, [8, 4, 4]),
+             Node("f", "flatten", ["s"], {"start_dim": 1}, [128])]
+    with pytest.raises(UserError, match=problem):
+        NetworkDescription.from_dict(NetworkDescription(name="n", network="n", input_shape=[8, 4, 4],
+                                                        num_classes=128, params=2, nodes=nodes,
+                                                        output="f").to_dict())
+
+
+class _Maps(nn.Module):
+    """``count`` maps of one convolution's output (itself, its sigmoid, its tanh), fused by a :class:`WeightedSum`
+    (the module a description rebuilds), then a classifier."""
+
+    def __init__(self, count: int, normalize: str) -> None:
+        super().__init__()
+        from perf4sight.ir.to_torch import WeightedSum
+        self.conv, self.fuse, self.fc = nn.Conv2d(3, 8, 3, padding=1), WeightedSum(count, normalize), nn.Linear(8, 10)
+        self.count = count
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.fc(self.fuse(*[y, y.sigmoid(), y.tanh()][:self.count]).mean((2, 3)))
+
+
+def _kernels_run(module: nn.Module, maps: list[torch.Tensor]) -> tuple[list, list]:
+    """The aten ops (name, output elements, input elements) ``module`` runs forward and backward on ``maps`` (views
+    and detaches left out: they launch no kernel)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = func.__name__.split(".")[0]
+            if name not in ("select", "detach", "unsqueeze", "expand", "view", "alias", "as_strided"):
+                read = max((a.numel() for a in args if isinstance(a, torch.Tensor)), default=0)
+                self.seen.append((name, out.numel(), read))
+            return out
+
+    with Ops() as forward:
+        out = module(*maps)
+    seed = torch.ones_like(out)
+    with Ops() as backward:
+        out.backward(seed)
+    return forward.seen, backward.seen
+
+
+@pytest.mark.parametrize("count", [2, 3])
+@pytest.mark.parametrize("normalize", ["relu", "softmax"])
+def test_a_weighted_sum_costs_the_kernels_torch_runs_and_keeps_what_autograd_saves(count, normalize):
+    """The walk's cost of a weighted sum counts the kernels this torch runs each way (a dispatch log of the rebuilt
+    module: the weights' normalisation, a product per map and the adds forward; backward per map two products and
+    a sum, a select_backward per weight, the adds of their gradients and the normalisation's), the FLOPs of those
+    over the maps, and keeps what autograd saves: every map, and once a batch the weights' few tensors."""
+    from perf4sight.features.walk import walk
+    from perf4sight.ir.to_torch import WeightedSum
+
+    desc = describe(_Maps(count, normalize), [3, 8, 8], name="maps")
+    (visit,) = [v for v in walk(desc) if v.node.op == "weighted_sum"]
+    elements = 8 * 8 * 8
+    maps = [torch.randn(1, 8, 8, 8, requires_grad=True) for _ in range(count)]
+    fuse = WeightedSum(count, normalize)
+    forward, backward = _kernels_run(fuse, maps)
+    assert (visit.cost.kernels_fwd, visit.cost.kernels_bwd) == (len(forward), len(backward))
+    assert visit.cost.flops_fwd == sum(out for _, out, _ in forward if out == elements)
+    assert visit.cost.flops_bwd == sum(read for _, _, read in backward if read == elements)
+    saved: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        fuse(*maps)
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in saved}
+    kept_maps = [m.untyped_storage().data_ptr() for m in maps]
+    assert visit.cost.saved == list(range(count)) and set(kept_maps) <= set(storages)
+    assert sorted(visit.cost.batch_saved) == sorted(size for ptr, size in storages.items() if ptr not in kept_maps)
+    assert visit.cost.params == count
+
+
+
+def test_a_weighted_sum_s_allocations_are_the_meta_trace_s():
+    """The allocation model leaves a weighted sum to the meta trace, by name (its weights' own small autograd graph
+    runs before the products, their gradients through it after): a step's events are the trace's, the weights'
+    tensors and the products, partial sums and gradients of the maps among them."""
+    from perf4sight.features.alloc_trace import record_events
+
+    desc = describe(_Maps(3, "relu"), [3, 8, 8], name="maps")
+    with pytest.raises(UserError, match=r"the allocation model does not cover op 'weighted_sum'"):
+        record_events(desc, 2, method="model")
+    events = record_events(desc, 2, method="auto")
+    assert events == record_events(desc, 2, method="trace")
+    made = [(size, op) for kind, _, size, op in events if kind == 0]
+    step = made[made.index((2 * 8 * 8 * 8 * 4, "aten.convolution.default")):]
+    assert step[3:7] == [(12, "aten.relu.default"), (4, "aten.sum.dim_IntList"), (4, "aten.add.Tensor"),
+                         (12, "aten.div.Tensor")]
+    assert [op for size, op in step[7:12]] == ["aten.mul.Tensor", "aten.mul.Tensor", "aten.add.Tensor",
+                                               "aten.mul.Tensor", "aten.add.Tensor"]
