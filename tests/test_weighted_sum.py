@@ -235,6 +235,25 @@ def test_a_weighted_sum_costs_the_kernels_torch_runs_and_keeps_what_autograd_sav
     assert visit.cost.params == count
 
 
+@pytest.mark.parametrize("normalisation", ["relu_layer", "softmax"])
+def test_a_bifpn_prunes_at_two_levels_its_fused_maps_tied_and_trains(normalisation):
+    """Pruning ties the channels of a fusion's maps (as an add's) and leaves its weights whole (one per map, not per
+    channel): the network pruned at two levels describes, its fusions kept, and a training step runs."""
+    from test_networks import _train_step
+
+    from perf4sight.networks.build import Source, prune_source
+
+    descs = prune_source(Source("bifpn", "test", lambda: _BiFPN(NORMALISATIONS[normalisation])), SHAPE, [20, 40],
+                         "l1-norm", 2, seed=0)
+    assert len(descs) == 2
+    for desc in descs:
+        fused = [n for n in desc.nodes if n.op == "weighted_sum"]
+        assert [n.attrs["num_inputs"] for n in fused] == [2, 3]
+        widths = {n.output_shape[0] for n in fused}  # the stem's, the down convolution's, the top-down node's
+        assert len(widths) == 1 and widths.pop() < 16
+        _train_step(desc)
+    assert descs[1].params < descs[0].params
+
 
 def test_a_weighted_sum_s_allocations_are_the_meta_trace_s():
     """The allocation model leaves a weighted sum to the meta trace, by name (its weights' own small autograd graph

@@ -489,6 +489,16 @@ class _DependencyGraph(tp.DependencyGraph):
         return module2node
 
 
+def _reaches_the_channels(item: Any) -> bool:
+    """Whether the parameter outside a layer that torch-pruning's group ``item`` reaches holds every index the group
+    would cut along that dimension (a layer scale's ``[C, 1, 1]`` does). EfficientDet's BiFPN fusion weights (a
+    ``[n]`` parameter, one weight per fused map, each read as a scalar times a whole map) do not: torch-pruning
+    couples them with the maps' channels, and their cut made a pruned network that did not run (the group left
+    unpruned). They stay whole."""
+    parameter, dim = item.dep.target.module, int(item.dep.target.pruning_dim)
+    return parameter.dim() > dim and max(item.idxs, default=-1) < parameter.shape[dim]
+
+
 def find_groups(model: nn.Module, example: torch.Tensor, ignored: list[nn.Module],
                 skip: Callable[[Any], str]) -> tuple[list[CoupledGroup], Counter[str]]:
     """Trace ``model`` once and return its prunable groups (unordered) and why others were left out.
@@ -516,6 +526,8 @@ def find_groups(model: nn.Module, example: torch.Tensor, ignored: list[nn.Module
                 continue
             handler = it.dep.handler
             module = it.dep.target.module
+            if it.dep.target.type == tp.ops.OPTYPE.PARAMETER and not _reaches_the_channels(it):
+                continue
             if it.dep.target.type == tp.ops.OPTYPE.PARAMETER:
                 handler = parameter_cut(int(it.dep.target.pruning_dim))
             elif is_grouped_conv(module) and dg.is_in_channel_pruning_fn(handler):
