@@ -1560,8 +1560,7 @@ def test_every_schema_op_is_written_down_indexing_and_scalars_included():
         def forward(self, x):
             return self.fc(((self.pool(self.conv(x))[:, :, 0] + 1.0) * 0.5).mean(2))
 
-    # a weighted sum (BiFPN's fusion: its weights' own small autograd graph before the products) is left to the trace
-    assert COVERED == set(OPS) - {"local_response_norm", "weighted_sum"}
+    assert COVERED == set(OPS) - {"local_response_norm"}
     desc = describe(Indexed(), [3, 8, 8], "indexed")
     assert {"select", "adaptivemaxpool2d"} <= {n.op for n in desc.nodes}
     assert _as_replayed(record_events(desc, 3, method="model")) == _as_replayed(record_events(desc, 3, method="trace"))

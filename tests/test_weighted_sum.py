@@ -177,7 +177,8 @@ class _Maps(nn.Module):
 
     def forward(self, x):
         y = self.conv(x)
-        return self.fc(self.fuse(*[y, y.sigmoid(), y.tanh()][:self.count]).mean((2, 3)))
+        maps = [y, y.sigmoid()] + ([y.tanh()] if self.count == 3 else [])
+        return self.fc(self.fuse(*maps).mean((2, 3)))
 
 
 def _kernels_run(module: nn.Module, maps: list[torch.Tensor]) -> tuple[list, list]:
@@ -255,20 +256,41 @@ def test_a_bifpn_prunes_at_two_levels_its_fused_maps_tied_and_trains(normalisati
     assert descs[1].params < descs[0].params
 
 
-def test_a_weighted_sum_s_allocations_are_the_meta_trace_s():
-    """The allocation model leaves a weighted sum to the meta trace, by name (its weights' own small autograd graph
-    runs before the products, their gradients through it after): a step's events are the trace's, the weights'
-    tensors and the products, partial sums and gradients of the maps among them."""
+class _FusesTheInput(nn.Module):
+    """A fusion of the network's input (no gradient) and a convolution of it, then a classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from perf4sight.ir.to_torch import WeightedSum
+        self.conv, self.fuse, self.fc = nn.Conv2d(3, 3, 3, padding=1), WeightedSum(2, "relu"), nn.Linear(3, 10)
+
+    def forward(self, x):
+        return self.fc(self.fuse(x, self.conv(x)).mean((2, 3)))
+
+
+@pytest.mark.parametrize("network", ["maps2_relu", "maps3_relu", "maps2_softmax", "maps3_softmax", "bifpn_relu_layer",
+                                     "bifpn_softmax", "the_input"])
+@pytest.mark.parametrize("batch", [3, 1])
+def test_the_allocation_model_writes_down_a_weighted_sum_as_traced(network, batch):
+    """A weighted sum's allocations were left to the meta trace ('the allocation model does not cover op
+    weighted_sum'): the model writes them down, its weights' tensors (a relu's result, the sum, the sum plus eps
+    after which the sum is freed, the division; a softmax's result), a product per map and the adds (each product
+    and old sum freed after), and backward per map its gradient, the weight's full-size one summed to a scalar, a
+    select_backward added into the weights' gradient, the division's and the relu's (or the softmax's) gradients:
+    its events are the meta trace's, two steps, for maps that need a gradient or not (the network's input)."""
+    from test_allocator import _as_replayed
+
     from perf4sight.features.alloc_trace import record_events
 
-    desc = describe(_Maps(3, "relu"), [3, 8, 8], name="maps")
-    with pytest.raises(UserError, match=r"the allocation model does not cover op 'weighted_sum'"):
-        record_events(desc, 2, method="model")
-    events = record_events(desc, 2, method="auto")
-    assert events == record_events(desc, 2, method="trace")
-    made = [(size, op) for kind, _, size, op in events if kind == 0]
-    step = made[made.index((2 * 8 * 8 * 8 * 4, "aten.convolution.default")):]
-    assert step[3:7] == [(12, "aten.relu.default"), (4, "aten.sum.dim_IntList"), (4, "aten.add.Tensor"),
-                         (12, "aten.div.Tensor")]
-    assert [op for size, op in step[7:12]] == ["aten.mul.Tensor", "aten.mul.Tensor", "aten.add.Tensor",
-                                               "aten.mul.Tensor", "aten.add.Tensor"]
+    if network == "the_input":
+        module, shape = _FusesTheInput(), [3, 8, 8]
+    elif network.startswith("maps"):
+        module, shape = _Maps(int(network[4]), network.split("_")[1]), [3, 8, 8]
+    else:
+        module, shape = _BiFPN(NORMALISATIONS[network[len("bifpn_"):]]), SHAPE
+    desc = describe(module, shape, name=network)
+    model = record_events(desc, batch, steps=2, method="model")
+    assert _as_replayed(model) == _as_replayed(record_events(desc, batch, steps=2, method="trace"))
+    picks = [size for kind, _, size, op in model if op == "aten.select_backward.default"]
+    fused = [n.attrs["num_inputs"] for n in desc.nodes if n.op == "weighted_sum"]
+    assert picks == [count * 4 for count in fused[::-1] for _ in range(count)] * 2

@@ -145,6 +145,7 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "frozen_batchnorm2d",
                      "flip", "roll",
                      "maximum", "minimum",
+                     "weighted_sum",
                      "matmul"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
@@ -450,6 +451,8 @@ def _params(node: Node) -> tuple[list[int], list[int]]:
         return ([c, c] if a.get("elementwise_affine", True) else []), []
     if node.op in ("scale", "shift", "token"):
         return [prod(a["shape"]) * FLOAT], []
+    if node.op == "weighted_sum":  # a weight per map
+        return [a["num_inputs"] * FLOAT], []
     if node.op == "attention":  # the packed input projection's weight and bias, the output projection's
         e = a["embed_dim"]
         return ([3 * e * e * FLOAT, 3 * e * FLOAT, e * e * FLOAT, e * FLOAT] if a["bias"] else []), []
@@ -1292,6 +1295,72 @@ def _extreme(ctx: _OpContext) -> _Value:
                                            ["aten.masked_fill.Scalar"] * 2, [1, 0], full, around=around))
 
 
+def _fusion_weights(ctx: _OpContext) -> tuple[int, int]:
+    """A weighted sum's weights from its ``[n]`` parameter, as EfficientDet computes them: relu(w) / (sum(relu(w)) +
+    eps) (a relu, a sum, the add of eps, freeing the sum, a division; the relu keeps its result, the division it and
+    the sum plus eps) or softmax(w) (it keeps its result). Backward, in the reverse order of their nodes: the
+    division's two gradients (the sum's first: w / s, over s, -grad, their product, then the weights' grad / s; the
+    sum's summed down to a scalar), the add and the sum handing theirs on (an expand), added to the division's, then
+    the relu's threshold_backward into the parameter's gradient; a softmax's _softmax_backward_data. (the weights'
+    storage, their autograd node)."""
+    count = int(ctx.node.attrs["num_inputs"])
+    weights, vector = count * FLOAT, (count,)
+    param = [("param", ctx.first_param)]
+    if ctx.node.attrs["normalize"] == "softmax":
+        soft = ctx.alloc("_softmax.default", weights)
+        return soft, ctx.grad_fn([soft], param, [weights], ["aten._softmax_backward_data.default"],
+                                 out_shape=vector, shapes=[vector])
+    relu = ctx.alloc("relu.default", weights)
+    relu_fn = ctx.grad_fn([relu], param, [weights], ["aten.threshold_backward.default"], out_shape=vector,
+                          shapes=[vector])
+    total = ctx.alloc("sum.dim_IntList", FLOAT)
+    total_fn = ctx.grad_fn([], [("fn", relu_fn)], [weights], [None], out_shape=(), shapes=[vector])
+    shifted = ctx.alloc("add.Tensor", FLOAT)
+    shifted_fn = ctx.grad_fn([], [("fn", total_fn)], [FLOAT], [None], out_shape=(), shapes=[()])
+    ctx.mem.drop(total)
+    quotient = ctx.alloc("div.Tensor", weights)
+    before = [(weights, "aten.div.Tensor"), (weights, "aten.div.Tensor"), (weights, "aten.neg.default")]
+    quotient_fn = ctx.grad_fn([relu, shifted], [("fn", relu_fn), ("fn", shifted_fn)], [weights, FLOAT],
+                              ["aten.div.Tensor", "aten.mul.Tensor"], [1, 0], [None, weights], out_shape=vector,
+                              shapes=[vector, ()], before=before, then="aten.sum.default")
+    ctx.mem.drop(shifted)
+    ctx.mem.drop(relu)
+    return quotient, quotient_fn
+
+
+def _weighted_sum(ctx: _OpContext) -> _Value:
+    """EfficientDet's BiFPN fusion of n maps (:class:`to_torch.WeightedSum`): its weights (:func:`_fusion_weights`),
+    then per map a pick of its weight (a view; backward a select_backward of the n weights, added into the weights'
+    gradient), its product with the map (it keeps the weights' storage and the map), and from the second on the add
+    of it to the sum so far, the product and the old sum freed. Backward per product, the map's gradient first
+    (grad times the weight), then the weight's (grad times the map, summed down to a scalar). The meta trace's
+    events. A map fused twice is not covered."""
+    n, nbytes = ctx.node, ctx.nbytes
+    if len(set(n.inputs)) != len(n.inputs):
+        raise NotCovered("weighted_sum of a value with itself")
+    count = int(n.attrs["num_inputs"])
+    weights, weights_fn = _fusion_weights(ctx)
+    total: _Value | None = None
+    for x, shape in zip(ctx.inputs, ctx.in_shapes):
+        pick_fn = ctx.grad_fn([], [("fn", weights_fn)], [count * FLOAT], ["aten.select_backward.default"],
+                              out_shape=(), shapes=[(count,)])
+        saved = ([weights] if x.fn is not None else []) + [x.sid]
+        product = _Value(ctx.alloc("mul.Tensor"), nbytes,
+                         ctx.grad_fn(saved, [("fn", pick_fn), _edge(x)], [FLOAT, x.nbytes], ["aten.mul.Tensor"] * 2,
+                                     [1, 0], [nbytes, None], shapes=[(), tuple([ctx.batch] + list(shape))],
+                                     then="aten.sum.default"))
+        if total is None:
+            total = product
+            continue
+        summed = _Value(ctx.alloc("add.Tensor"), nbytes,
+                        ctx.grad_fn([], [_edge(total), _edge(product)], [nbytes, nbytes], [None, None]))
+        ctx.mem.drop(product.sid)
+        ctx.mem.drop(total.sid)
+        total = summed
+    ctx.mem.drop(weights)
+    return total
+
+
 def _matrix_product(ctx: _OpContext) -> _Value:
     """a @ b of [..., M, K] and [..., K, N] matrices, as torch runs it: each input expanded to the output's leading
     dims and viewed as [B, M, K] and [B, K, N] (B the batch times those dims), copied first (aten.clone, in input
@@ -2131,6 +2200,7 @@ _HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
     "repeat": _tiling,
     **dict.fromkeys(("flip", "roll"), _reordered_copy),
     **dict.fromkeys(("maximum", "minimum"), _extreme),
+    "weighted_sum": _weighted_sum,
     "rrelu": _rrelu,
     "alpha_dropout": _alpha_dropout,
     "frozen_batchnorm2d": _frozen_batch_norm,
