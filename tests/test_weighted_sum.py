@@ -294,3 +294,28 @@ def test_the_allocation_model_writes_down_a_weighted_sum_as_traced(network, batc
     picks = [size for kind, _, size, op in model if op == "aten.select_backward.default"]
     fused = [n.attrs["num_inputs"] for n in desc.nodes if n.op == "weighted_sum"]
     assert picks == [count * 4 for count in fused[::-1] for _ in range(count)] * 2
+
+
+@pytest.mark.parametrize("count", [2, 3])
+def test_a_weighted_sum_s_kernels_in_the_latency_terms(count):
+    """The kernel table runs a weighted sum of n maps as its products and adds forward (2n - 1 kernels over the
+    maps; those on its n weights left out) and 3n backward (per map two products and a sum), moving (5n - 3) map
+    passes forward and 6 over the maps backward; its weights are one more tensor for the optimiser to update."""
+    from tiny_graphs import conv_node, tiny_description
+
+    from perf4sight.features.latency_terms import BANDWIDTH, kernel_table
+    from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, optimizer_cost
+
+    convs = [conv_node(f"c{i}", "input", 4, 4, 1, 1, 8) for i in range(count)]
+    head = [Node("input", "input", [], {}, [4, 8, 8]), *convs]
+    fused = Node("w", "weighted_sum", [c.name for c in convs], {"num_inputs": count, "normalize": "relu"}, [4, 8, 8])
+    adds = [Node("a1", "add", ["c0", "c1"], {}, [4, 8, 8]), Node("a2", "add", ["a1", "c2"], {}, [4, 8, 8])]
+    adds = adds[:count - 1]
+    plain = kernel_table(tiny_description(head + adds))  # the maps summed: an add's kernel each, forward alone
+    table = kernel_table(tiny_description(head + [fused]))
+    updates = optimizer_cost(DEFAULT_OPTIMIZER).kernels_per_tensor
+    assert table.launches == plain.launches - (count - 1) + (2 * count - 1) + 3 * count + updates
+    assert table.param_tensors == plain.param_tensors + 1
+    moved = table.bytes_ps[table.kind == BANDWIDTH].sum() - plain.bytes_ps[plain.kind == BANDWIDTH].sum()
+    elements = 4 * 8 * 8  # an add moves 3 maps; the weighted sum 5n - 3 forward and 6n backward
+    assert moved == pytest.approx(((5 * count - 3) + 6 * count - 3 * (count - 1)) * elements * 4)
