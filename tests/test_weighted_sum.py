@@ -319,3 +319,34 @@ def test_a_weighted_sum_s_kernels_in_the_latency_terms(count):
     moved = table.bytes_ps[table.kind == BANDWIDTH].sum() - plain.bytes_ps[plain.kind == BANDWIDTH].sum()
     elements = 4 * 8 * 8  # an add moves 3 maps; the weighted sum 5n - 3 forward and 6n backward
     assert moved == pytest.approx(((5 * count - 3) + 6 * count - 3 * (count - 1)) * elements * 4)
+
+
+class _FpnCombine(nn.Module):
+    """effdet's (efficientdet-pytorch's) FpnCombine of two maps: "fastattn" stacks each map times its relu'd weight
+    over their sum plus eps, "attn" stacks the maps and multiplies by the softmax of the weights; either summed over
+    the new last dimension."""
+
+    def __init__(self, method: str) -> None:
+        super().__init__()
+        self.method, self.edge_weights = method, nn.Parameter(torch.ones(2))
+        self.conv, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8, 10)
+
+    def forward(self, x):
+        nodes = [self.conv(x), self.conv(x).sigmoid()]
+        if self.method == "fastattn":
+            edge_weights = F.relu(self.edge_weights)
+            weights_sum = torch.sum(edge_weights)
+            out = torch.stack([nodes[i] * edge_weights[i] / (weights_sum + 0.0001) for i in range(2)], dim=-1)
+        else:
+            out = torch.stack(nodes, dim=-1) * torch.softmax(self.edge_weights, dim=0)
+        return self.fc(torch.sum(out, dim=-1).mean((2, 3)))
+
+
+@pytest.mark.parametrize("method", ["fastattn", "attn"])
+def test_effdet_s_stacked_fusion_is_refused_naming_the_stack(method):
+    """effdet's FpnCombine sums its weighted maps as a stack (other kernels than a weighted sum's: a divide per map,
+    the stack's copy, a sum over it): refused naming the parameter, as before, and now the stack."""
+    with pytest.raises(UserError, match=r"computes from the module's parameter edge_weights alone.*; the weighted "
+                                        r"maps are stacked, then summed over the new dimension \(effdet's "
+                                        r"FpnCombine\): that sum written as a stack has no description op$"):
+        describe(_FpnCombine(method), [3, 8, 8], name=method)

@@ -2594,18 +2594,34 @@ def _with_own_tensors(n: fx.Node, op: str, attrs: dict, gm: fx.GraphModule, wher
 
 def _refuse_parameters_alone(n: fx.Node, held: dict[str, fx.Node], where: str) -> None:
     """A ``UserError`` naming the parameter where ``n`` computes from module tensors alone (weights in a form other
-    than BiFPN's fusion, :mod:`perf4sight.ir.weighted_sums`), whose refusal would otherwise speak of ops or dimensions of the network's
-    tensors (a softmax of a ``[2]`` parameter read as one over the batch)."""
+    than BiFPN's fusion, :mod:`perf4sight.ir.weighted_sums`), whose refusal would otherwise speak of ops or dimensions
+    of the network's tensors (a softmax of a ``[2]`` parameter read as one over the batch). Weights whose products
+    are stacked (effdet's FpnCombine) are named as such."""
     inputs = n.all_input_nodes
     if not inputs or any(a.name not in held for a in inputs):
         return
     kind = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
     parameter = held[inputs[0].name].target
+    stacked = ("; the weighted maps are stacked, then summed over the new dimension (effdet's FpnCombine): that "
+               "sum written as a stack has no description op" if _reaches_a_stack(n) else "")
     raise UserError(f"{where}: {kind} (node {n.name}) computes from the module's parameter {parameter} "
                     "alone, not from the network's input: the description has no op for weights computed from "
                     "parameters but BiFPN's fusion (the op weighted_sum: w = relu(p) / (sum(relu(p)) + eps) or "
                     "softmax(p) of a parameter p of n weights, each picked once, w[0] * a + w[1] * b + ... of n "
-                    "maps of one shape)")
+                    f"maps of one shape){stacked}")
+
+
+def _reaches_a_stack(n: fx.Node, hops: int = 4) -> bool:
+    """Whether a ``torch.stack`` reads what ``n`` computes within ``hops`` calls (the weights, a pick of one, its
+    product with a map, that over a sum), or reads their products' stack (``torch.stack(maps, -1) * w``)."""
+    frontier, seen = [n], {n}
+    for _ in range(hops):
+        frontier = [u for f in frontier for u in f.users if u not in seen]
+        seen.update(frontier)
+        if any(u.op == "call_function" and u.target is torch.stack for u in frontier) or any(
+                a.op == "call_function" and a.target is torch.stack for u in frontier for a in u.all_input_nodes):
+            return True
+    return False
 
 
 def _whole_splits(n: fx.Node, alias: dict[str, str], pieces: dict[str, list[str]]) -> list[Node]:
