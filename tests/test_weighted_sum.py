@@ -350,3 +350,19 @@ def test_effdet_s_stacked_fusion_is_refused_naming_the_stack(method):
                                         r"maps are stacked, then summed over the new dimension \(effdet's "
                                         r"FpnCombine\): that sum written as a stack has no description op$"):
         describe(_FpnCombine(method), [3, 8, 8], name=method)
+
+
+def test_perfsight_s_features_count_a_weighted_sum_s_products_and_adds():
+    """PerfSight's elementwise count of a weighted sum of n maps is a product per map and n - 1 adds (2n - 1 map
+    elements), where an add of two maps counts one."""
+    from tiny_graphs import conv_node, tiny_description
+
+    from perf4sight.features.perf4sight_set import PERF4SIGHT_FEATURES, perf4sight_vectors
+
+    head = [Node("input", "input", [], {}, [4, 8, 8])] + [conv_node(f"c{i}", "input", 4, 4, 1, 1, 8) for i in range(3)]
+    fused = Node("w", "weighted_sum", ["c0", "c1", "c2"], {"num_inputs": 3, "normalize": "softmax"}, [4, 8, 8])
+    added = [Node("a1", "add", ["c0", "c1"], {}, [4, 8, 8]), Node("a2", "add", ["a1", "c2"], {}, [4, 8, 8])]
+    column = PERF4SIGHT_FEATURES.index("add_elems")
+    weighted = perf4sight_vectors(tiny_description(head + [fused]))[1][column]
+    plain = perf4sight_vectors(tiny_description(head + added))[1][column]
+    assert plain == 2 * 4 * 8 * 8 and weighted == 5 * 4 * 8 * 8
