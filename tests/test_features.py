@@ -1096,6 +1096,45 @@ def test_linear_layers_reading_a_strided_view_keep_a_copy_each():
     assert _forward_ops(network, [2, 3, 6, 6]).count("clone") == 3
 
 
+def _activated_tokens(activation: str, keywords: dict):
+    """A convolution's [16, 36] map flattened and transposed to 36 tokens of 16 features, ``activation`` (an
+    ``nn`` layer's name, made with ``keywords``) of them, and a linear layer of the result, whose tokens' mean a
+    classifier reads."""
+    from torch import nn
+
+    class Activated(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.act = nn.Conv2d(3, 16, 3, padding=1), getattr(nn, activation)(**keywords)
+            self.q, self.fc = nn.Linear(16, 16), nn.Linear(16, 5)
+
+        def forward(self, x):
+            return self.fc(self.q(self.act(self.conv(x).flatten(2).transpose(1, 2))).mean(1))
+    return Activated()
+
+
+@pytest.mark.parametrize("activation, keywords, copies", [
+    ("ReLU", {}, 1), ("GELU", {}, 1), ("Hardswish", {}, 1), ("LeakyReLU", {"inplace": True}, 1),
+    ("Sigmoid", {}, 1), ("Softmax", {"dim": -1}, 0), ("LayerNorm", {"normalized_shape": 16}, 0)])
+def test_a_linear_layer_after_an_activation_of_strided_tokens_copies_them(activation, keywords, copies):
+    """An activation of tokens transposed out of a map writes its output as its input lies (torch's elementwise
+    kernels keep a permuted input's layout; a softmax and a layer norm write theirs contiguous), so a linear layer
+    reading it copies it into rows, as one reading the view itself does, and keeps its copy: a ReLU's output counted
+    once where autograd keeps it and the linear layer's copy (2,304 bytes a sample less than autograd's). The
+    features' saved bytes a sample are autograd's for the original network, and the copies torch's clones."""
+    pytest.importorskip("torch")
+    from perf4sight.features.walk import walk
+    from perf4sight.ir.from_torch import describe
+
+    network = _activated_tokens(activation, keywords)
+    desc = describe(network, [3, 6, 6], "activated")
+    nf = network_features(desc)
+    original = (_module_saved_bytes(network, [3, 6, 6], 4) - _module_saved_bytes(network, [3, 6, 6], 2)) / 2
+    assert nf.per_sample["saved_bytes"] + nf.per_sample["input_bytes"] == original
+    assert [v.input_copies for v in walk(desc) if v.node.op == "linear"] == [copies, 0]
+    assert _forward_ops(network, [2, 3, 6, 6]).count("clone") == copies
+
+
 @pytest.mark.parametrize("chain", [
     [("transpose", {"dim0": 1, "dim1": 2}, [36, 16])],
     [("permute", {"dims": [0, 2, 1]}, [36, 16]), ("unsqueeze", {"dim": 1}, [1, 36, 16])],

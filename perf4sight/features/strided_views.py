@@ -1,5 +1,8 @@
 """Where a view of the description lies in its base tensor's memory: the strides torch gives it, so that an op that
 needs its rows in one block (a linear layer of N-D tokens) can tell a view it copies from one it reads as it lies.
+An elementwise op of one tensor (an activation, a dropout, a multiply by a number) writes its output as its input
+lies (torch's elementwise kernels order the output's dimensions as the input's strides do), so the layout is
+followed through it too (:data:`KEEPS_LAYOUT`).
 
 Pure Python. Shapes and strides count elements and the batch (dim 0); a base tensor is contiguous. The strides are
 those at a batch of :data:`BATCH` (more than one): at a batch of 1 a dimension of size 1 leaves more views foldable,
@@ -15,6 +18,12 @@ __all__ = ["BATCH", "view_layout", "rows_fold", "rows_copied"]
 
 #: The batch size the strides are worked out at.
 BATCH = 2
+#: Ops of one tensor whose output torch lays out as their input lies, dense (each checked on torch 2.14 with a
+#: transposed and a narrowed transposed input); a log-sigmoid, an RReLU, a roll, a softmax and a norm write theirs
+#: contiguous. An add or a multiply counts where it reads one tensor (and a number).
+KEEPS_LAYOUT = frozenset({"relu", "relu6", "hardswish", "sigmoid", "hardsigmoid", "silu", "gelu", "tanh", "dropout",
+                          "alpha_dropout", "leaky_relu", "elu", "selu", "celu", "softplus", "mish", "hardtanh",
+                          "hardshrink", "softshrink", "threshold", "pow", "exp", "abs", "flip", "add", "mul"})
 
 
 def _contiguous(shape: list[int]) -> list[int]:
@@ -48,15 +57,33 @@ def _viewed(shape: list[int], strides: list[int], new_shape: list[int]) -> list[
     return new_strides if view_d == -1 else None
 
 
+def _keeps_layout(node: Node) -> bool:
+    """Whether ``node`` writes its output as its one tensor input lies (:data:`KEEPS_LAYOUT`)."""
+    return node.op in KEEPS_LAYOUT and len(node.inputs) == 1
+
+
+def _dense_like(strides: list[int], shape: list[int]) -> list[int]:
+    """Strides (elements) of a new tensor of ``shape`` whose dimensions lie in the order of ``strides`` (the largest
+    outermost, ties in their order), without gaps: an elementwise op's output of an input of those strides."""
+    order = sorted(range(len(shape)), key=lambda d: -strides[d])
+    dense, step = [0] * len(shape), 1
+    for d in reversed(order):
+        dense[d] = step
+        step *= max(shape[d], 1)
+    return dense
+
+
 def _dim(dim: int, rank: int) -> int:
     """A dim attr (counting the batch, negative from the end) as an index into a shape of ``rank`` dims."""
     return dim + rank if dim < 0 else dim
 
 
 def _applied(node: Node, shape: list[int], strides: list[int]) -> list[int] | None:
-    """The strides of ``node``'s output, a view of a tensor of ``shape`` and ``strides``; None for an op this module
-    does not follow."""
+    """The strides of ``node``'s output, a view of a tensor of ``shape`` and ``strides`` (or an elementwise op's
+    output laid out as it lies: :data:`KEEPS_LAYOUT`); None for an op this module does not follow."""
     a, out = node.attrs, [BATCH] + list(node.output_shape)
+    if _keeps_layout(node):
+        return _dense_like(strides, shape)
     if node.op == "identity":
         return list(strides)
     if node.op == "transpose":
@@ -97,15 +124,17 @@ def rows_fold(shape: list[int], strides: list[int]) -> bool:
 
 def rows_copied(nodes: dict[str, Node], tensor: str, base: dict[str, str], shapes: dict[str, list[int]]) -> bool:
     """Whether a linear layer reading ``tensor`` (``nodes`` by name, ``base``: each view's base tensor, ``shapes``
-    per sample) copies it into rows first: torch's reshape to ``[-1, K]`` where the other dims of a view do not fold
-    (tokens transposed out of a map), a copy each layer keeps (measured with saved-tensor hooks on torch 2.14). At a
-    batch of 1 such a view may fold, which per-sample features cannot tell."""
-    root = base.get(tensor, tensor)
-    if tensor == root or len(shapes[tensor]) < 2:
+    per sample) copies it into rows first: torch's reshape to ``[-1, K]`` where the other dims of a view (or of an
+    elementwise op's output of one: :data:`KEEPS_LAYOUT`) do not fold (tokens transposed out of a map), a copy each
+    layer keeps (measured with saved-tensor hooks on torch 2.14). At a batch of 1 such a view may fold, which
+    per-sample features cannot tell."""
+    if len(shapes[tensor]) < 2:
         return False
     chain = []
-    while tensor != root:
+    while base.get(tensor, tensor) != tensor or _keeps_layout(nodes[tensor]):
         chain.append(nodes[tensor])
         tensor = chain[-1].inputs[0]
-    layout = view_layout(chain[::-1], shapes[root])
+    if not any(base.get(n.name, n.name) != n.name for n in chain):  # no view: every tensor laid out contiguous
+        return False
+    layout = view_layout(chain[::-1], shapes[tensor])
     return layout is not None and not rows_fold(*layout)
