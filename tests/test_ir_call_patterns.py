@@ -765,6 +765,42 @@ def test_a_condition_on_the_batch_s_size_or_on_values_is_still_refused():
             describe(_Probe(pattern), SHAPE, name="probe")
 
 
+@pytest.mark.parametrize("pattern", [
+    lambda s, y: y * 2 if y.shape[0] > 1 else y,
+    lambda s, y: y.squeeze(0).unsqueeze(0) if y.size(0) == 1 else y,
+    lambda s, y: y * 2 if y.numel() > 8 * 16 * 16 else y,
+])
+def test_a_condition_telling_a_batch_of_one_from_a_larger_one_is_refused(pattern):
+    """A branch that tells a batch of 1 from the others (``x.shape[0] > 1``, ``x.size(0) == 1``: what users write of
+    the batch) takes the same branch at the trace's batches of 2 and 3, and was described as that branch, which a
+    batch of 1 does not run: the condition is worked out at a batch of 1 too, and one that differs there is refused as
+    a condition on the batch's size."""
+    with pytest.raises(UserError, match=r"^probe: cannot trace the module with torch\.fx \(TraceError: .*the batch's "
+                                        r"size\)\) in test_ir_call_patterns\.py line \d+ \(<lambda>\)"):
+        describe(_Probe(pattern), SHAPE, name="probe")
+
+
+def test_a_condition_on_shapes_after_layers_a_batch_of_one_fails_is_worked_out_at_the_others():
+    """Where the layers before a condition on shapes fail at a batch of 1 (a batch norm that normalises in training
+    whatever the module's mode, of one value a channel), the condition's value is the one at the trace's batches, as
+    before."""
+    class Pooled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8, 10)
+            self.register_buffer("mean", torch.zeros(8))
+            self.register_buffer("var", torch.ones(8))
+
+        def forward(self, x):
+            y = F.batch_norm(F.adaptive_avg_pool2d(self.conv(x), 1), self.mean, self.var, training=True)
+            assert y.shape[-1] == 1, "pooled"
+            return self.fc(y.flatten(1))
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel"):
+        Pooled()(torch.randn(1, *SHAPE))
+    desc = describe(Pooled(), SHAPE, name="probe")
+    assert [n.op for n in desc.nodes] == ["input", "conv2d", "adaptiveavgpool2d", "batchnorm2d", "flatten", "linear"]
+
+
 def test_a_trace_that_fails_in_an_installed_library_names_its_function_and_the_model_s_line():
     """Where torch.fx stops inside a library's function (torchvision's normalize checks it was given a tensor), the
     function and the model's line that called it are named."""

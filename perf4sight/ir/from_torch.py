@@ -1385,9 +1385,10 @@ def _pieces_made(tracer: _Tracer, node: fx.Node, input_shape: list[int]) -> int:
 
 def _condition_value(tracer: _Tracer, node: fx.Node, input_shape: list[int]) -> bool | str:
     """The value of the condition ``node`` of the graph ``tracer`` had traced when it stopped there, from shapes
-    alone: that graph up to ``node`` run on meta tensors of ``input_shape`` at two batch sizes. A condition on the
-    tensors' values (no value without data) or on the batch's size (the description would keep the traced batch's
-    branch) has none: what it is on, said instead."""
+    alone: that graph up to ``node`` run on meta tensors of ``input_shape`` at two batch sizes, and at a batch of 1
+    where its layers run at one (``x.shape[0] > 1`` takes one branch at both others). A condition on the tensors'
+    values (no value without data) or on the batch's size (the description would keep the traced batch's branch) has
+    none: what it is on, said instead."""
     twin = _meta_twin(_graph_up_to(tracer, node))
     values = []
     for batch in (_TRACE_BATCH, _TRACE_BATCH + 1):
@@ -1395,7 +1396,18 @@ def _condition_value(tracer: _Tracer, node: fx.Node, input_shape: list[int]) -> 
         if not isinstance(value, (bool, int)):
             return "a condition on the tensors' values"
         values.append(bool(value))
-    return values[0] if values[0] == values[1] else "a condition on the batch's size"
+    if values[0] != values[1] or _value_at_a_batch_of_one(twin, input_shape) not in (None, values[0]):
+        return "a condition on the batch's size"
+    return values[0]
+
+
+def _value_at_a_batch_of_one(twin: fx.GraphModule, input_shape: list[int]) -> bool | None:
+    """The condition ``twin`` (a graph on meta tensors returning it) computes at a batch of 1; None where its layers
+    refuse such a batch (a batch norm in training of one value a channel)."""
+    try:
+        return bool(twin(torch.empty(1, *input_shape, device="meta")))
+    except Exception:  # noqa: BLE001 - the model's own layers: any error means no value at a batch of 1
+        return None
 
 
 class _ForwardFailed(Exception):
