@@ -241,6 +241,37 @@ def test_the_values_of_a_pool_returning_its_indices_are_the_pool(module, op):
         assert not torch.allclose(rebuilt(x), expected, atol=1e-6)
 
 
+def _values_read_twice(pooled, attribute: bool = False):
+    """``pooled``'s values (its [0], the second time ``.values`` with ``attribute``) times themselves: one result read
+    twice, a call that runs once."""
+    return pooled[0] * (pooled.values if attribute else pooled[0])
+
+
+@pytest.mark.parametrize("module, op", [
+    (_Pooled(lambda s, y: _values_read_twice(s.layer(y)), nn.MaxPool2d(3, 1, 1, return_indices=True)), "maxpool2d"),
+    (_Pooled(lambda s, y: _values_read_twice(F.fractional_max_pool2d(y, 2, output_size=6, return_indices=True))),
+     "fractional_maxpool2d"),
+    (_Pooled(lambda s, y: _values_read_twice(F.adaptive_max_pool2d(y, 4, return_indices=True))), "adaptivemaxpool2d"),
+    (_Pooled(lambda s, y: _values_read_twice(y.max(1, keepdim=True), attribute=True) * y), "adaptivemaxpool2d"),
+])
+def test_the_values_of_a_pool_or_a_max_read_twice_are_one_op(module, op):
+    """A pool returning its indices, or a max over a dimension, whose values are read twice (two [0]s, or [0] and
+    .values) runs once, but each read was described as the pool (or the max) of its own: its work, output and kept
+    indices counted twice, and two fractional pools, each drawing its windows, computed something else than the
+    original. The later reads now read the first's node: one op, and the rebuilt module computes the original's
+    output at the same seed."""
+    desc = NetworkDescription.from_dict(describe(module.eval(), SHAPE, name="pooled").to_dict())
+    assert [n.op for n in desc.nodes].count(op) == 1
+    rebuilt = build_module(desc).eval()
+    for new, old in zip(rebuilt.parameters(), module.parameters()):
+        new.data.copy_(old.data)
+    x = torch.randn(2, *SHAPE)
+    torch.manual_seed(1)
+    expected = module(x)
+    torch.manual_seed(1)
+    assert torch.allclose(rebuilt(x), expected, atol=1e-6)
+
+
 @pytest.mark.parametrize("module, match", [
     (_Pooled(lambda s, y: F.fractional_max_pool2d(y, 2, output_size=8, return_indices=True)[1].float()),
      r"the indices \(int64\) of fractional_max_pool2d\(..., return_indices=True\) \(node "
