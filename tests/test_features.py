@@ -1135,6 +1135,42 @@ def test_a_linear_layer_after_an_activation_of_strided_tokens_copies_them(activa
     assert _forward_ops(network, [2, 3, 6, 6]).count("clone") == copies
 
 
+@pytest.mark.parametrize("spelling", ["keyword", "positional"])
+def test_a_functional_relu6_in_place_clones_its_input_as_torch_does(spelling):
+    """F.relu6(y, inplace=True) was described out of place (the flag dropped, where nn.ReLU6(inplace=True) keeps
+    it), so the clone torch >= 1.10 runs before its in-place kernel, and keeps, went uncounted: it is a ReLU6 in
+    place, whose walk counts that clone (two forward kernels, the dispatch log's clone and hardtanh_), and the
+    rebuilt network computes the original's output."""
+    pytest.importorskip("torch")
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from perf4sight.features.walk import walk
+    from perf4sight.ir.from_torch import describe
+    from perf4sight.ir.to_torch import build_module
+
+    class Clipped(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.fc = nn.Conv2d(3, 8, 3), nn.Linear(8, 5)
+
+        def forward(self, x):
+            y = self.conv(x) * 4.0
+            y = F.relu6(y, inplace=True) if spelling == "keyword" else F.relu6(y, True)
+            return self.fc(y.mean((2, 3)))
+    network = Clipped()
+    desc = describe(network, [3, 8, 8], "clipped")
+    assert [n.attrs for n in desc.nodes if n.op == "relu6"] == [{"inplace": True}]
+    (visit,) = [v for v in walk(desc, StepRuntime(relu6_clone=True)) if v.node.op == "relu6"]
+    ran = _forward_ops(network, [2, 3, 8, 8])
+    assert (visit.input_copies, visit.cost.kernels_fwd) == (ran.count("clone"), 2) == (1, 2)
+    rebuilt = build_module(desc).eval()
+    rebuilt.load_state_dict(network.state_dict())  # its layers by their names: conv, fc
+    x = torch.randn(2, 3, 8, 8)
+    assert torch.equal(rebuilt(x), network.eval()(x))
+
+
 @pytest.mark.parametrize("chain", [
     [("transpose", {"dim0": 1, "dim1": 2}, [36, 16])],
     [("permute", {"dims": [0, 2, 1]}, [36, 16]), ("unsqueeze", {"dim": 1}, [1, 36, 16])],

@@ -596,8 +596,8 @@ FUNCTION_OPS["expand"] = FUNCTION_OPS["expand_as"] = _expand
 for _key in (F.relu, torch.relu, "relu", "relu_", torch.relu_):  # torch.relu_ is F.relu_
     FUNCTION_OPS[_key] = lambda n: ("relu", _inplace_attr(n.kwargs.get("inplace") or n.target == "relu_"
                                                           or n.target is torch.relu_))
-for _key in (F.relu6, "relu6"):
-    FUNCTION_OPS[_key] = lambda n: ("relu6", {})
+for _key in (F.relu6, "relu6"):  # F.relu6(y, inplace=True) writes y, as nn.ReLU6(inplace=True) does
+    FUNCTION_OPS[_key] = lambda n: ("relu6", _inplace_attr(_arg(n, 1, "inplace", False)))
 for _key, _op in ((torch.sigmoid, "sigmoid"), ("sigmoid", "sigmoid"), ("tanh", "tanh"), (F.silu, "silu"),
                   (F.hardswish, "hardswish"), (F.hardsigmoid, "hardsigmoid"), (torch.tanh, "tanh")):
     FUNCTION_OPS[_key] = (lambda op: lambda n: (op, {}))(_op)
