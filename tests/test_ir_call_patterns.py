@@ -780,6 +780,37 @@ def test_a_condition_telling_a_batch_of_one_from_a_larger_one_is_refused(pattern
         describe(_Probe(pattern), SHAPE, name="probe")
 
 
+@pytest.mark.parametrize("pattern", [
+    lambda s, y: y * 2 if y.is_cuda else y,
+    lambda s, y: y * 2 if y.device.type == "cpu" else y,
+    lambda s, y: y * 2 if y.get_device() >= 0 else y,
+])
+def test_a_condition_on_the_device_is_refused(pattern):
+    """A branch on the device the tensors lie on (a CUDA kernel's path, a CPU fallback) was worked out on the meta
+    device, whose tensors are neither a GPU's nor a CPU's: the description took a branch the device does not (a CPU
+    ran y * 2 where the description did not). It is refused as a condition on the device."""
+    with pytest.raises(UserError, match=r"^probe: cannot trace the module with torch\.fx \(TraceError: .*a condition "
+                                        r"on the device the tensors lie on\)\) in test_ir_call_patterns\.py line \d+"):
+        describe(_Probe(pattern), SHAPE, name="probe")
+
+
+def test_a_condition_on_the_shape_of_a_tensor_made_on_the_input_s_device_is_no_device_condition():
+    """A tensor made on ``x.device`` has its shape wherever it lies: a condition on that shape reads the device only
+    through a tensor, and is no condition on the device; one on ``x.is_cuda`` is."""
+    from torch import fx
+
+    from perf4sight.ir.from_torch import _reads_the_device
+
+    def on_shape(x):
+        return (x + torch.ones(x.shape[-1], device=x.device)).shape[-1] % 2 == 1
+
+    def on_device(x):
+        return x.is_cuda
+
+    assert not _reads_the_device(fx.symbolic_trace(on_shape), SHAPE)
+    assert _reads_the_device(fx.symbolic_trace(on_device), SHAPE)
+
+
 def test_a_condition_on_shapes_after_layers_a_batch_of_one_fails_is_worked_out_at_the_others():
     """Where the layers before a condition on shapes fail at a batch of 1 (a batch norm that normalises in training
     whatever the module's mode, of one value a channel), the condition's value is the one at the trace's batches, as

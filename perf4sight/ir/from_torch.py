@@ -1390,6 +1390,8 @@ def _condition_value(tracer: _Tracer, node: fx.Node, input_shape: list[int]) -> 
     values (no value without data) or on the batch's size (the description would keep the traced batch's branch) has
     none: what it is on, said instead."""
     twin = _meta_twin(_graph_up_to(tracer, node))
+    if _reads_the_device(twin, input_shape):
+        return "a condition on the device the tensors lie on"
     values = []
     for batch in (_TRACE_BATCH, _TRACE_BATCH + 1):
         value = twin(torch.empty(batch, *input_shape, device="meta"))
@@ -1399,6 +1401,42 @@ def _condition_value(tracer: _Tracer, node: fx.Node, input_shape: list[int]) -> 
     if values[0] != values[1] or _value_at_a_batch_of_one(twin, input_shape) not in (None, values[0]):
         return "a condition on the batch's size"
     return values[0]
+
+
+#: a tensor's attributes and methods that tell its device (worked out on the meta device, they tell the meta device)
+_DEVICE_READS = frozenset({"device", "is_cuda", "is_cpu", "is_mps", "is_xpu", "is_meta", "get_device"})
+
+
+def _reads_the_device(twin: fx.GraphModule, input_shape: list[int]) -> bool:
+    """Whether the condition ``twin`` (a graph on meta tensors returning it) computes is computed from a tensor's
+    device (``x.is_cuda``, ``x.device.type``, ``x.get_device()``: :data:`_DEVICE_READS`), through the values it reads
+    that are no tensors (a tensor made on ``x.device`` has its shape wherever it lies)."""
+    tensors = _tensor_nodes(twin, input_shape)
+    todo, seen = [next(n for n in twin.graph.nodes if n.op == "output")], set()
+    while todo:
+        n = todo.pop()
+        if n in seen or n.name in tensors:
+            continue
+        seen.add(n)
+        if (n.op == "call_function" and n.target is getattr and len(n.args) > 1 and n.args[1] in _DEVICE_READS) \
+                or (n.op == "call_method" and n.target in _DEVICE_READS):
+            return True
+        todo.extend(n.all_input_nodes)
+    return False
+
+
+def _tensor_nodes(twin: fx.GraphModule, input_shape: list[int]) -> set[str]:
+    """The names of ``twin``'s nodes whose values are tensors, run on meta tensors of ``input_shape``."""
+    made: set[str] = set()
+
+    class Recorder(fx.Interpreter):
+        def run_node(self, n: fx.Node) -> Any:
+            value = super().run_node(n)
+            if isinstance(value, torch.Tensor):
+                made.add(n.name)
+            return value
+    Recorder(twin).run(torch.empty(_TRACE_BATCH, *input_shape, device="meta"))
+    return made
 
 
 def _value_at_a_batch_of_one(twin: fx.GraphModule, input_shape: list[int]) -> bool | None:
