@@ -781,6 +781,21 @@ def test_a_condition_telling_a_batch_of_one_from_a_larger_one_is_refused(pattern
 
 
 @pytest.mark.parametrize("pattern", [
+    lambda s, y: y * 2 if y.mean().item() > 0 else y,
+    lambda s, y: y * 2 if y.amax().tolist() > 1 else y,
+    lambda s, y: y * 2 if y.flatten().nonzero().shape[0] > 3 else y,
+])
+def test_a_condition_on_values_that_meta_tensors_cannot_give_is_refused_as_one(pattern):
+    """A condition on the tensors' values read out of them (.item(), .tolist(), nonzero's count), which meta tensors
+    cannot give, was refused as the model's forward failing at the input shape ('Tensor.item() cannot be called on
+    meta tensors'), though the forward runs: it is refused as a condition on the tensors' values, at the model's
+    line."""
+    with pytest.raises(UserError, match=r"^probe: cannot trace the module with torch\.fx \(TraceError: .*a condition "
+                                        r"on the tensors' values\)\) in test_ir_call_patterns\.py line \d+"):
+        describe(_Probe(pattern), SHAPE, name="probe")
+
+
+@pytest.mark.parametrize("pattern", [
     lambda s, y: y * 2 if y.is_cuda else y,
     lambda s, y: y * 2 if y.device.type == "cpu" else y,
     lambda s, y: y * 2 if y.get_device() >= 0 else y,

@@ -1390,6 +1390,20 @@ def _condition_value(tracer: _Tracer, node: fx.Node, input_shape: list[int]) -> 
     values (no value without data) or on the batch's size (the description would keep the traced batch's branch) has
     none: what it is on, said instead."""
     twin = _meta_twin(_graph_up_to(tracer, node))
+    try:
+        return _condition_on_meta(twin, input_shape)
+    except (RuntimeError, NotImplementedError) as exc:
+        if _NEEDS_DATA.search(str(exc)):  # .item(), .tolist(), nonzero: values meta tensors have not
+            return "a condition on the tensors' values"
+        raise
+
+
+#: torch's words for an op that reads a meta tensor's data, which it has not
+_NEEDS_DATA = re.compile(r"meta tensor|register_meta|Meta kernel", re.IGNORECASE)
+
+
+def _condition_on_meta(twin: fx.GraphModule, input_shape: list[int]) -> bool | str:
+    """:func:`_condition_value` of the condition ``twin`` (a graph on meta tensors returning it) computes."""
     if _reads_the_device(twin, input_shape):
         return "a condition on the device the tensors lie on"
     values = []
