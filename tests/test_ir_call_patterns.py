@@ -795,6 +795,13 @@ def test_a_condition_on_values_that_meta_tensors_cannot_give_is_refused_as_one(p
         describe(_Probe(pattern), SHAPE, name="probe")
 
 
+def test_a_trace_failure_on_a_proxy_names_torch_fx_s_proxy():
+    """torch.fx cannot give a traced value to int() (int(y.shape[-1])): the refusal named the tracer's own proxy class
+    ('_PiecesProxy', made for a split's pieces alone), which no user wrote; it names torch.fx's Proxy as before."""
+    with pytest.raises(UserError, match=r"not 'Proxy'\) in test_ir_call_patterns\.py line \d+"):
+        describe(_Probe(lambda s, y: y * int(y.shape[-1])), SHAPE, name="probe")
+
+
 @pytest.mark.parametrize("pattern", [
     lambda s, y: y * 2 if y.is_cuda else y,
     lambda s, y: y * 2 if y.device.type == "cpu" else y,

@@ -1330,7 +1330,10 @@ class _Tracer(fx.Tracer):
                 or super().is_leaf_module(m, module_qualified_name))
 
     def proxy(self, node: fx.Node) -> fx.Proxy:
-        return _PiecesProxy(node, self)
+        """A :class:`_PiecesProxy` for a split, chunk or unbind (whose pieces ``len`` counts); torch.fx's own for any
+        other node (its refusals name torch.fx's Proxy)."""
+        splits = node.op in ("call_function", "call_method") and node.target in _SPLITS | {torch.unbind, "unbind"}
+        return _PiecesProxy(node, self) if splits else super().proxy(node)
 
     def count(self, obj: fx.Proxy) -> int | None:
         """The number of tensors of the split, chunk or unbind ``obj``, as :attr:`pieces` says;
