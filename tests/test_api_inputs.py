@@ -310,6 +310,33 @@ def test_a_forward_failing_while_a_split_s_pieces_are_counted_is_the_forward_s_f
     assert describe(_SplitStem(), [4, 24, 40], name="split").input_shape == [4, 24, 40]
 
 
+class _CheckedStem(nn.Module):
+    """A 4-channel network that checks its map's shape (``assert y.dim() == 4``, a branch torch.fx cannot trace,
+    worked out from shapes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.fc = nn.Conv2d(4, 8, 3), nn.Linear(8, 10)
+
+    def forward(self, x):
+        y = self.stem(x)
+        assert y.dim() == 4, "a map"
+        return self.fc(y.mean((2, 3)))
+
+
+def test_a_forward_failing_while_a_condition_is_worked_out_names_torch_s_message_and_the_hint(capfd):
+    """A network with a shape check, described at another channel count than its own, failed while the check's value
+    was worked out on meta tensors, whose message ('Invalid channel dimensions') names no channels: no hint. The
+    failure is torch's own (the layers before the check run as the shapes are propagated), with the hint."""
+    with pytest.raises(UserError, match=r"^checked: the model's forward fails at input shape \[3, 24, 40\] "
+                                        r"\(\[C, H, W\]\) \(its first layer takes 4-channel images: give an input "
+                                        r"shape of \[4, H, W\]\): RuntimeError: Given groups=1") as exc:
+        describe(_CheckedStem(), [3, 24, 40], name="checked")
+    _one_line(exc)
+    assert capfd.readouterr().err == ""
+    assert describe(_CheckedStem(), [4, 24, 40], name="checked").input_shape == [4, 24, 40]
+
+
 def test_a_channel_mismatch_inside_the_network_gets_no_input_shape_hint():
     """The hint is for the first layer alone: a layer deeper that gets the wrong channels is the model's own bug."""
     bad = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Conv2d(4, 8, 3))

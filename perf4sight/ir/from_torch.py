@@ -1392,12 +1392,13 @@ def _condition_value(tracer: _Tracer, node: fx.Node, input_shape: list[int]) -> 
     where its layers run at one (``x.shape[0] > 1`` takes one branch at both others). A condition on the tensors'
     values (no value without data) or on the batch's size (the description would keep the traced batch's branch) has
     none: what it is on, said instead."""
-    twin = _meta_twin(_graph_up_to(tracer, node))
+    graph = _graph_up_to(tracer, node)
     try:
-        return _condition_on_meta(twin, input_shape)
-    except (RuntimeError, NotImplementedError) as exc:
-        if _NEEDS_DATA.search(str(exc)):  # .item(), .tolist(), nonzero: values meta tensors have not
-            return "a condition on the tensors' values"
+        return _condition_on_meta(_meta_twin(graph), input_shape)
+    except Exception as exc:  # noqa: BLE001 - the model's own layers
+        if isinstance(exc, (RuntimeError, NotImplementedError)) and _NEEDS_DATA.search(str(exc)):
+            return "a condition on the tensors' values"  # .item(), .tolist(), nonzero: values meta tensors have not
+        _propagate_shapes(graph, input_shape)  # the layers' failure as torch words it (a meta kernel's names less)
         raise
 
 
