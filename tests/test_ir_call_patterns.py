@@ -795,6 +795,40 @@ def test_a_condition_on_values_that_meta_tensors_cannot_give_is_refused_as_one(p
         describe(_Probe(pattern), SHAPE, name="probe")
 
 
+def _written_through(view, write):
+    """A copy of ``y``, ``write`` (an in-place arithmetic) through ``view`` of it, then the copy read whole."""
+    def pattern(s, y):
+        z = y * 1.5
+        write(view(z))
+        return z * y
+    return pattern
+
+
+@pytest.mark.parametrize("pattern", [
+    _written_through(lambda z: z.permute(0, 2, 3, 1), lambda v: v.sub_(1.0)),
+    _written_through(lambda z: z.mT, lambda v: v.mul_(2.0)),
+    _written_through(lambda z: z.movedim(1, 3), lambda v: v.add_(1.0)),
+    _written_through(lambda z: z[:, :4], lambda v: v.div_(2.0)),
+])
+def test_an_arithmetic_write_in_place_through_a_view_of_a_tensor_read_after_it_is_refused(pattern):
+    """z.permute(...).sub_(1) writes z, but the description's subtraction, out of place, leaves z as it was for its
+    readers after (the rebuilt network computed something else): a write in place through a view of a tensor read
+    after it is refused, naming the write and the view (an activation in place on a view is rebuilt in place, and
+    computes what the original does)."""
+    with pytest.raises(UserError, match=r"^probe: .* \(node \w+\) writes in place through the view \w+ of a tensor "
+                                        r"read after it"):
+        describe(_Probe(pattern), SHAPE, name="probe")
+
+
+def test_an_arithmetic_write_in_place_through_a_view_read_alone_after_it_describes():
+    """A write in place through a view whose tensor nothing reads after it (the view's readers read the write) is
+    described, and the rebuilt network computes the original's output; so is an activation in place on a view of a
+    tensor read after it (rebuilt in place)."""
+    _computes_the_same(_Probe(lambda s, y: (lambda v: v.sub_(1.0) * 2)((y * 1.5).permute(0, 2, 3, 1)).permute(
+        0, 3, 1, 2)))
+    _computes_the_same(_Probe(_written_through(lambda z: z.permute(0, 2, 3, 1), lambda v: v.relu_())))
+
+
 def test_a_trace_failure_on_a_proxy_names_torch_fx_s_proxy():
     """torch.fx cannot give a traced value to int() (int(y.shape[-1])): the refusal named the tracer's own proxy class
     ('_PiecesProxy', made for a split's pieces alone), which no user wrote; it names torch.fx's Proxy as before."""

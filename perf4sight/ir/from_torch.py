@@ -1531,6 +1531,40 @@ def _follow_in_place(gm: fx.GraphModule) -> None:
         gm.recompile()
 
 
+def _is_view(n: fx.Node) -> bool:
+    """Whether ``n`` views its first argument (:data:`_VIEWING`: a permute, a slice, a split's piece, ``x.mT``)."""
+    return n.op in ("call_method", "call_function") and n.target in _VIEWING and bool(n.args) \
+        and isinstance(n.args[0], fx.Node)
+
+
+def _refuse_writes_through_views(gm: fx.GraphModule, where: str) -> None:
+    """A ``UserError`` where a node writes in place through a view of a tensor that a later node reads
+    (``z.permute(0, 2, 3, 1).sub_(1)``, then ``z``) and its op runs out of place in the description (an add, a
+    multiply: no ``inplace`` attr): the later reader would read the tensor unwritten (:func:`_follow_in_place` rewires
+    the view's own readers alone). An op the description keeps in place (``relu_``) is rebuilt writing the view."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    for n in gm.graph.nodes:
+        written = n.args[0] if n.args else None
+        if not (isinstance(written, fx.Node) and _is_view(written) and _writes_in_place(n, gm)):
+            continue
+        try:
+            if _op_of(n, gm)[1].get("inplace"):
+                continue
+        except Exception:  # noqa: BLE001 - an op without a description: refused by name as the nodes convert
+            continue
+        tensor = written.args[0]
+        while True:
+            late = [u for u in tensor.users if order[u] > order[n]]
+            if late:
+                label = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
+                raise UserError(f"{where}: {label} (node {n.name}) writes in place through the view {written.name} "
+                                f"of a tensor read after it (by {late[0].name}), which the description does not "
+                                "follow (its op runs out of place there); compute it out of place")
+            if not _is_view(tensor):
+                break
+            tensor = tensor.args[0]
+
+
 def _shared_layers(gm: fx.GraphModule, where: str) -> None:
     """``UserError`` where two layers called hold one parameter (tied weights, ``b.weight = a.weight``): a description
     gives every layer weights of its own, which would count it twice. (One layer called more than once is described:
@@ -1622,11 +1656,13 @@ def _traced_with_shapes(module: nn.Module, input_shape: list[int], name: str) ->
     _check_float32(gm, name)
     _follow_in_place(gm)
     try:
-        return _propagate_shapes(gm, input_shape)
+        gm = _propagate_shapes(gm, input_shape)
     except UserError:
         raise
     except Exception as exc:
         raise forward_error(name, input_shape, exc) from None
+    _refuse_writes_through_views(gm, name)
+    return gm
 
 
 def _refuse_deformable(gm: fx.GraphModule, where: str) -> None:
