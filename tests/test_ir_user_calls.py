@@ -210,6 +210,20 @@ def _values_unpacked(pooled):
     return values
 
 
+def _rebuilt_computes_the_same_at_a_seed(module: nn.Module, desc: NetworkDescription):
+    """The module rebuilt from ``desc``, given ``module``'s weights, its input and ``module``'s output: the two
+    computed alike from one random state (a fractional pool draws its windows)."""
+    rebuilt = build_module(desc).eval()
+    for new, old in zip(rebuilt.parameters(), module.parameters()):
+        new.data.copy_(old.data)
+    x = torch.randn(2, *SHAPE)
+    torch.manual_seed(1)
+    expected = module(x)
+    torch.manual_seed(1)
+    assert torch.allclose(rebuilt(x), expected, atol=1e-6)
+    return rebuilt, x, expected
+
+
 @pytest.mark.parametrize("module, op", [
     (_Pooled(lambda s, y: s.layer(y)[0], nn.FractionalMaxPool2d(2, output_size=5, return_indices=True)),
      "fractional_maxpool2d"),
@@ -228,14 +242,7 @@ def test_the_values_of_a_pool_returning_its_indices_are_the_pool(module, op):
     description computes the same output as the original at the same seed (a fractional pool draws its windows)."""
     desc = NetworkDescription.from_dict(describe(module.eval(), SHAPE, name="pooled").to_dict())
     assert [n.op for n in desc.nodes] == ["input", "conv2d", op, "mean", "linear"]
-    rebuilt = build_module(desc).eval()
-    for new, old in zip(rebuilt.parameters(), module.parameters()):
-        new.data.copy_(old.data)
-    x = torch.randn(2, *SHAPE)
-    torch.manual_seed(1)
-    expected = module(x)
-    torch.manual_seed(1)
-    assert torch.allclose(rebuilt(x), expected, atol=1e-6)
+    rebuilt, x, expected = _rebuilt_computes_the_same_at_a_seed(module, desc)
     if op == "fractional_maxpool2d":  # the windows' draws matter: another seed's differ
         torch.manual_seed(2)
         assert not torch.allclose(rebuilt(x), expected, atol=1e-6)
@@ -262,14 +269,7 @@ def test_the_values_of_a_pool_or_a_max_read_twice_are_one_op(module, op):
     output at the same seed."""
     desc = NetworkDescription.from_dict(describe(module.eval(), SHAPE, name="pooled").to_dict())
     assert [n.op for n in desc.nodes].count(op) == 1
-    rebuilt = build_module(desc).eval()
-    for new, old in zip(rebuilt.parameters(), module.parameters()):
-        new.data.copy_(old.data)
-    x = torch.randn(2, *SHAPE)
-    torch.manual_seed(1)
-    expected = module(x)
-    torch.manual_seed(1)
-    assert torch.allclose(rebuilt(x), expected, atol=1e-6)
+    _rebuilt_computes_the_same_at_a_seed(module, desc)
 
 
 @pytest.mark.parametrize("module, match", [
