@@ -703,6 +703,29 @@ def test_the_traced_mish_computes_what_torch_s_does(inplace):
     assert torch.allclose(x.grad, want_grad)
 
 
+@pytest.mark.parametrize("op", ["silu", "hardswish", "hardsigmoid"])
+@pytest.mark.parametrize("spelling", ["keyword", "positional"])
+def test_allocation_model_writes_down_an_in_place_silu_hardswish_hardsigmoid_as_traced(op, spelling):
+    """nn.SiLU(inplace=True), F.silu(x, inplace=True) (and F.silu(x, True)), and hardswish's and hardsigmoid's alike,
+    were described out of place, the flag dropped: torch runs them as a clone of the input (kept for the backward)
+    and the in-place kernel. They are described in place, and the model writes that down as the meta trace records
+    it (a clone each, the in-place kernel allocating nothing)."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    layer = {"silu": nn.SiLU, "hardswish": nn.Hardswish, "hardsigmoid": nn.Hardsigmoid}[op](inplace=True)
+    function = getattr(F, op)
+    call = ((lambda x, inplace: function(x, inplace=inplace)) if spelling == "keyword"
+            else (lambda x, inplace: function(x, inplace)))
+    desc = _activated(layer, call)
+    assert [n.attrs.get("inplace", False) for n in desc.nodes if n.op == op] == [True, False, True]
+    model, traced = record_events(desc, 3, steps=3, method="model"), record_events(desc, 3, steps=3, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+    activations = (3 * 16 * 16 * 16 * 4, 3 * 32 * 8 * 8 * 4)  # bytes of [3, 16, 16, 16] and [3, 32, 8, 8] floats
+    clones = [size for kind, _, size, name in traced if kind == ALLOC and "clone" in name and size in activations]
+    assert clones == list(activations) * 3  # the two in place, each step (the other clones are the parameters')
+
+
 def test_allocation_model_writes_down_a_group_norm_as_traced():
     """A group norm allocates its output, a mean and a 1/std per sample and group, and keeps its input and those two
     for the backward, which computes the input's gradient, then the weight's and bias's, as torch runs it: on the

@@ -1001,11 +1001,13 @@ def test_an_activation_in_place_on_a_copy_costs_the_copys_kernel(op):
 
 
 @pytest.mark.parametrize("op, clone_rule", [("mish", False), ("threshold", False), ("hardtanh", True),
-                                            ("relu6", True), ("leaky_relu", True)])
+                                            ("relu6", True), ("leaky_relu", True), ("silu", False),
+                                            ("hardswish", False), ("hardsigmoid", False)])
 def test_an_activation_in_place_counts_the_clone_it_keeps(op, clone_rule):
-    """A mish and a threshold in place clone their input first (the clone kept for backward), and so do a hardtanh and
-    a ReLU6 on torch >= 1.10 (relu6_clone): an aten.clone kernel, the input read and written, which their cost and
-    the latency terms did not count; a leaky ReLU in place clones nothing. Forward kernels are what this torch runs."""
+    """A mish, a threshold, a SiLU, a hardswish and a hardsigmoid in place clone their input first (the clone kept for
+    backward), and so do a hardtanh and a ReLU6 on torch >= 1.10 (relu6_clone): an aten.clone kernel, the input read
+    and written, which their cost and the latency terms did not count; a leaky ReLU in place clones nothing. Forward
+    kernels are what this torch runs."""
     pytest.importorskip("torch")
     import torch.nn.functional as F
 
@@ -1013,9 +1015,10 @@ def test_an_activation_in_place_counts_the_clone_it_keeps(op, clone_rule):
 
     calls = {"mish": lambda x: F.mish(x, inplace=True), "threshold": lambda x: F.threshold_(x, 0.4, -1.0),
              "hardtanh": lambda x: F.hardtanh_(x, -0.5, 0.5), "relu6": lambda x: F.relu6(x, inplace=True),
-             "leaky_relu": lambda x: F.leaky_relu_(x, 0.1)}
+             "leaky_relu": lambda x: F.leaky_relu_(x, 0.1), "silu": lambda x: F.silu(x, inplace=True),
+             "hardswish": lambda x: F.hardswish(x, inplace=True), "hardsigmoid": lambda x: F.hardsigmoid(x, True)}
     attrs = {"mish": {}, "threshold": {"threshold": 0.4, "value": -1.0}, "hardtanh": {"min_val": -0.5, "max_val": 0.5},
-             "relu6": {}, "leaky_relu": {"negative_slope": 0.1}}[op]
+             "relu6": {}, "leaky_relu": {"negative_slope": 0.1}}.get(op, {})
     forward, _ = _ops_run(lambda x: calls[op](x * 1.0), [8, 6, 6])
     kernels = [name for name, _ in forward][1:]  # after the multiply that makes the input no leaf
     desc = _desc([Node("input", "input", [], {}, [3, 6, 6]), _conv("c", "input", 3, 8, 3, 1, 6),

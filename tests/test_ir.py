@@ -3188,3 +3188,28 @@ def test_a_matmul_of_other_shapes_is_refused_when_read():
                        ([[2, 4, 8], [8, 4]], "multiplies matrices of equal ranks of at least 2"),
                        ([[8], [8]], "multiplies matrices of equal ranks of at least 2")):
         assert re.search(match, shape_problem("matmul", {}, ins, [4, 4]))
+
+
+def test_mobilenet_v3_s_hardswish_in_place_is_described_and_rebuilt_in_place():
+    """torchvision's MobileNetV3 runs nn.Hardswish(inplace=True), which was described out of place (the flag
+    dropped, so the clone torch runs first and keeps went uncounted): its hardswish nodes carry inplace, the rebuilt
+    network's Hardswish layers run in place, and, its weights copied from the original by layer name, it computes
+    the original's output."""
+    torch.manual_seed(0)
+    original = build_zoo_model("mobilenet_v3_small", num_classes=10).eval()
+    in_place = sum(isinstance(m, nn.Hardswish) and m.inplace for m in original.modules())
+    desc = NetworkDescription.from_dict(describe(original, [3, 64, 64], name="mobilenet_v3_small").to_dict())
+    assert [n.attrs for n in desc.nodes if n.op == "hardswish"] == [{"inplace": True}] * in_place and in_place > 10
+    rebuilt = build_module(desc).eval()
+    assert sum(isinstance(m, nn.Hardswish) and m.inplace for m in rebuilt.modules()) == in_place
+    by_name = {_rebuilt_key(key): value for key, value in original.state_dict().items()}
+    rebuilt.load_state_dict(by_name)  # strict: every tensor of each by its name
+    x = torch.randn(2, 3, 64, 64)
+    assert torch.equal(rebuilt(x), original(x))
+
+
+def _rebuilt_key(key: str) -> str:
+    """A state-dict key of a torchvision layer (``features.0.1.weight``) as the rebuilt network names it (its layer's
+    path joined by underscores: ``features_0_1.weight``)."""
+    layer, _, tensor = key.rpartition(".")
+    return f"{layer.replace('.', '_')}.{tensor}"

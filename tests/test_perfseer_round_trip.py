@@ -137,6 +137,18 @@ def test_round_trip_keeps_the_description(tmp_path, name):
         and _output_shape(back) == want  # a segmentation network scores every pixel
 
 
+@pytest.mark.parametrize("name, op", [("mobilenet_v3_small", "hardswish"), ("efficientnet_b0", "silu")])
+def test_round_trip_keeps_an_activation_in_place(tmp_path, name, op):
+    """torchvision's MobileNetV3 runs its hardswish in place, EfficientNet its SiLU: the description says so, and the
+    exported dataset read back says so too (our metadata keeps the flag, as a mish's)."""
+    desc = _network(name)
+    export_perfseer(_rows(desc), {desc.name: desc}, tmp_path / "ds")
+    import_perfseer(tmp_path / "ds", "d2", tmp_path / "prof", tmp_path / "models")
+    back = load_description(tmp_path / "models" / "imported" / "d2" / f"{desc.name}.json")
+    described, read_back = ([bool(n.attrs.get("inplace")) for n in d.nodes if n.op == op] for d in (desc, back))
+    assert len(described) > 10 and all(described) and read_back == described
+
+
 @pytest.mark.parametrize("name", ["views", "shufflenet_v2_x1_0", "efficientnet_b0", "mobilenet_v2", "convnext_tiny",
                                   "vit_b_32"])
 def test_foreign_reading_rebuilds_the_same_network(name):

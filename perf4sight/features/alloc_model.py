@@ -54,7 +54,8 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
   second input's first. Dropout is the fused kernel of a CUDA build (the trace runs it too):
   the output and a one-byte mask, which the backward keeps.
   Out-of-place activations keep their input (hardswish, hardsigmoid, SiLU, GELU) or their result
-  (sigmoid, tanh; in place, ``y.sigmoid_()``, no output). An in-place activation rebases its input's history: a
+  (sigmoid, tanh; in place, ``y.sigmoid_()``, no output); a hardswish, a hardsigmoid and a SiLU in place keep a
+  clone of their input, made before they run (as a mish's). An in-place activation rebases its input's history: a
   later reader of the input reads its result (``y + y.relu()``: both gradients through the activation's node).
   Group norm allocates its output, then a mean and a 1/std per sample and group; it keeps its
   input and those two (its weight is a parameter), and its backward allocates the input's gradient, then the
@@ -111,6 +112,7 @@ from math import prod
 from typing import Callable
 
 from perf4sight.features.allocator import ALLOC, FREE
+from perf4sight.features.step_runtime import CLONED_IN_PLACE
 from perf4sight.ir.schema import SHARES, NetworkDescription, Node
 from perf4sight.ir.shapes import window_pair, windows_of
 from perf4sight.profiling.plan import DEFAULT_LOSS
@@ -797,19 +799,19 @@ def _linear_folded(ctx: _OpContext, pedges: list, pbytes: list[int]) -> _Value:
 
 def _activation(ctx: _OpContext) -> _Value:
     """relu and relu6 (in place), any activation of :data:`_INPLACE_BACKWARD` in place where its node says so (a
-    leaky relu, an elu, a mish, ``y.sigmoid_()``; the input's later readers then read its result), the out-of-place
-    activations (:data:`_ACTIVATIONS`), dropout."""
+    leaky relu, an elu, a mish, a SiLU, a hardswish, ``y.sigmoid_()``; the input's later readers then read its
+    result), the out-of-place activations (:data:`_ACTIVATIONS`), dropout."""
     n, x, nbytes, op = ctx.node, ctx.x, ctx.nbytes, ctx.node.op
     if n.attrs.get("on_copy"):
         return _on_copy(ctx)
     if op in ("relu", "relu6") or op in _INPLACE_BACKWARD and n.attrs.get("inplace"):
-        # in place, keeps its result (or a clone of its input: a mish's, a threshold's, ``relu6_clone``'s of ReLU6
-        # and hardtanh)
+        # in place, keeps its result (or a clone of its input: a mish's, a threshold's, a SiLU's, a hardswish's, a
+        # hardsigmoid's, ``relu6_clone``'s of ReLU6 and hardtanh)
         rebased = x.view and x.base_fn is not None and x.fn == len(ctx.fns) - 1  # nothing has read the view yet
         if x.fn is None or (x.view and not rebased) or x.sid in ctx.mem.saved:
             raise NotCovered(f"in-place {op} on '{n.inputs[0]}'")
         kernel = _INPLACE_BACKWARD[op]
-        clone = op in ("mish", "threshold") or op in ("relu6", "hardtanh") and ctx.relu6_clone
+        clone = op in CLONED_IN_PLACE or op in ("relu6", "hardtanh") and ctx.relu6_clone
         kept = ctx.alloc("clone.default", x.nbytes, holders=0) if clone else x.sid
         if rebased:
             return _rebased(ctx, kernel, kept)
@@ -889,7 +891,9 @@ _INPLACE_BACKWARD = {"relu": "aten.threshold_backward.default", "relu6": "aten.h
                      "mish": "aten.mish_backward.default", "hardtanh": "aten.hardtanh_backward.default",
                      "selu": "aten.elu_backward.default", "celu": "aten.elu_backward.default",
                      "sigmoid": "aten.sigmoid_backward.default", "tanh": "aten.tanh_backward.default",
-                     "threshold": "aten.threshold_backward.default"}
+                     "threshold": "aten.threshold_backward.default",
+                     "silu": "aten.silu_backward.default", "hardswish": "aten.hardswish_backward.default",
+                     "hardsigmoid": "aten.hardsigmoid_backward.default"}
 
 
 def _rebased(ctx: _OpContext, kernel: str, kept: int) -> _Value:

@@ -45,7 +45,7 @@ from perf4sight.features.optimizers import (DEFAULT_OPTIMIZER, OPTIMIZER_LABELS,
 from perf4sight.features.priced_ops import check_prices, prices_key, prices_table
 from perf4sight.profiling.plan import DEFAULT_LOSS, LOSSES
 
-__all__ = ["StepRuntime", "CUDA_MASK_BYTES", "CPU_MASK_BYTES", "LOSS_LABELS"]
+__all__ = ["StepRuntime", "CUDA_MASK_BYTES", "CPU_MASK_BYTES", "LOSS_LABELS", "CLONED_IN_PLACE"]
 
 #: Each loss in words, as a step's label names it.
 LOSS_LABELS = {"cross_entropy": "cross-entropy loss", "mse": "MSE loss", "l1": "L1 loss"}
@@ -53,6 +53,10 @@ LOSS_LABELS = {"cross_entropy": "cross-entropy loss", "mse": "MSE loss", "l1": "
 #: Bytes per element a dropout keeps: CUDA's fused kernel (a bool mask) and the CPU's (the float noise).
 CUDA_MASK_BYTES = 1
 CPU_MASK_BYTES = 4
+
+#: Activations that, run in place, clone their input first and keep that clone for backward (torch's clone, then
+#: ``mish_``, ``threshold_``, ``silu_``, ``hardswish_``, ``hardsigmoid_``), on any torch (measured on torch 2.14).
+CLONED_IN_PLACE = ("mish", "threshold", "silu", "hardswish", "hardsigmoid")
 
 #: metadata key -> (field, value of a fingerprint stored before the key existed)
 _METADATA_KEYS: dict[str, tuple[str, Any]] = {
@@ -153,9 +157,10 @@ class StepRuntime:
 
     def clones_input(self, op: str, in_place: bool) -> bool:
         """Whether ``op`` run in place (on its input, or on a copy of it: ``in_place``) first clones its input, the
-        clone it keeps for backward (an aten.clone kernel: the input read and written): a mish's and a threshold's
-        always, a ReLU6's and a hardtanh's on torch >= 1.10 (``relu6_clone``); measured on torch 2.14."""
-        return in_place and (op in ("mish", "threshold") or op in ("relu6", "hardtanh") and self.relu6_clone)
+        clone it keeps for backward (an aten.clone kernel: the input read and written): a mish's, a threshold's, a
+        SiLU's, a hardswish's and a hardsigmoid's always, a ReLU6's and a hardtanh's on torch >= 1.10
+        (``relu6_clone``); measured on torch 2.14."""
+        return in_place and (op in CLONED_IN_PLACE or op in ("relu6", "hardtanh") and self.relu6_clone)
 
     def with_op_prices(self, table: dict[str, dict[int, float]] | None) -> "StepRuntime":
         """The same rules with a device's measured op prices (``priced_ops.check_prices``'s table; None: none)."""

@@ -425,9 +425,9 @@ MODULE_OPS: list[tuple[type, Callable[[Any], tuple[str, dict]]]] = [
                                       "bias": m.bias is not None})),
     (nn.ReLU, _inplace("relu")),
     (nn.ReLU6, _inplace("relu6")),
-    (nn.Hardswish, lambda m: ("hardswish", {})),
-    (nn.Hardsigmoid, lambda m: ("hardsigmoid", {})),
-    (nn.SiLU, lambda m: ("silu", {})),
+    (nn.Hardswish, _inplace("hardswish")),
+    (nn.Hardsigmoid, _inplace("hardsigmoid")),
+    (nn.SiLU, _inplace("silu")),
     (nn.Sigmoid, lambda m: ("sigmoid", {})),
     (nn.GELU, lambda m: ("gelu", _gelu_attrs(m.approximate))),
     (nn.Tanh, lambda m: ("tanh", {})),
@@ -598,9 +598,11 @@ for _key in (F.relu, torch.relu, "relu", "relu_", torch.relu_):  # torch.relu_ i
                                                           or n.target is torch.relu_))
 for _key in (F.relu6, "relu6"):  # F.relu6(y, inplace=True) writes y, as nn.ReLU6(inplace=True) does
     FUNCTION_OPS[_key] = lambda n: ("relu6", _inplace_attr(_arg(n, 1, "inplace", False)))
-for _key, _op in ((torch.sigmoid, "sigmoid"), ("sigmoid", "sigmoid"), ("tanh", "tanh"), (F.silu, "silu"),
-                  (F.hardswish, "hardswish"), (F.hardsigmoid, "hardsigmoid"), (torch.tanh, "tanh")):
+for _key, _op in ((torch.sigmoid, "sigmoid"), ("sigmoid", "sigmoid"), ("tanh", "tanh"), (torch.tanh, "tanh")):
     FUNCTION_OPS[_key] = (lambda op: lambda n: (op, {}))(_op)
+# F.silu(y, inplace=True) (keyword or positional) writes y, as nn.SiLU(inplace=True) does; so do hardswish, hardsigmoid
+for _key, _op in ((F.silu, "silu"), (F.hardswish, "hardswish"), (F.hardsigmoid, "hardsigmoid")):
+    FUNCTION_OPS[_key] = (lambda op: lambda n: (op, _inplace_attr(_arg(n, 1, "inplace", False))))(_op)
 # in place (y.sigmoid_(), torch.tanh_(y)): torch writes the input and keeps it as the result for backward
 for _key, _op in (("sigmoid_", "sigmoid"), (torch.sigmoid_, "sigmoid"), ("tanh_", "tanh"), (torch.tanh_, "tanh")):
     FUNCTION_OPS[_key] = (lambda op: lambda n: (op, {"inplace": True}))(_op)
