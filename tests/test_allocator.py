@@ -726,6 +726,35 @@ def test_allocation_model_writes_down_an_in_place_silu_hardswish_hardsigmoid_as_
     assert clones == list(activations) * 3  # the two in place, each step (the other clones are the parameters')
 
 
+@pytest.mark.parametrize("op", ["silu", "hardswish", "hardsigmoid"])
+def test_an_in_place_silu_hardswish_hardsigmoid_after_an_instance_norm_is_written_down_as_traced(op):
+    """A SiLU, a hardswish and a hardsigmoid in place on an instance norm's output (a view of its batch norm's,
+    whose history torch rebases), affine and not, one in a residual block: the clone each keeps, and the rebased
+    backward, are written down as the meta trace records them."""
+    from torch import nn
+
+    from perf4sight.ir.from_torch import describe
+
+    layer = {"silu": nn.SiLU, "hardswish": nn.Hardswish, "hardsigmoid": nn.Hardsigmoid}[op]
+
+    class Normed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1, self.n1, self.a1 = nn.Conv2d(3, 8, 3, padding=1), nn.InstanceNorm2d(8, affine=True), layer(True)
+            self.c2, self.n2, self.a2 = nn.Conv2d(8, 8, 3, padding=1), nn.InstanceNorm2d(8), layer(True)
+            self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+
+        def forward(self, x):
+            x = self.a1(self.n1(self.c1(x)))
+            return self.head(self.a2(self.n2(self.c2(x))) + x)
+
+    desc = describe(Normed(), [3, 8, 8], "normed")
+    assert [n.attrs for n in desc.nodes if n.op == op] == [{"inplace": True}] * 2
+    model, traced = record_events(desc, 3, steps=3, method="model"), record_events(desc, 3, steps=3, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced)
+    assert sum(op == "aten.new_empty_strided.default" for _, _, _, op in model) == 2 * 3  # each norm, each step
+
+
 def test_allocation_model_writes_down_a_group_norm_as_traced():
     """A group norm allocates its output, a mean and a 1/std per sample and group, and keeps its input and those two
     for the backward, which computes the input's gradient, then the weight's and bias's, as torch runs it: on the
