@@ -408,9 +408,10 @@ def _keeps_result_in_place(flops: float, bwd_flops: float) -> Handler:
 
 
 def copied_first(cost: OpCost, in_shape: list[int]) -> OpCost:
-    """``cost`` of an activation run in place on a copy of its input (``on_copy``: ``y.clone().leaky_relu_()``) with
-    the copy's kernel (aten.clone: the input's elements read and written, 4 bytes each, no FLOPs) counted; its
-    backward hands the gradient on (no kernel)."""
+    """``cost`` with one copy of its input made first counted (aten.clone: the input's elements read and written, 4
+    bytes each, no FLOPs; its backward hands the gradient on, no kernel): an activation in place on a copy
+    (``on_copy``: ``y.clone().leaky_relu_()``), an in-place activation's clone, a linear layer's rows
+    (``walk.Visit.input_copies``)."""
     moved = float(numel(in_shape) * BYTES_PER_ELEMENT)
     return replace(cost, kernels_fwd=cost.kernels_fwd + 1, bytes_read=cost.bytes_read + moved,
                    bytes_written=cost.bytes_written + moved)

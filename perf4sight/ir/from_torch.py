@@ -1318,6 +1318,11 @@ class _PiecesProxy(fx.Proxy):
         return super().__len__() if count is None else count
 
 
+def _makes_pieces(node: fx.Node) -> bool:
+    """Whether ``node`` is a split, chunk or unbind call (a tuple of tensors whose number the tracer can be told)."""
+    return node.op in ("call_function", "call_method") and node.target in _SPLITS | _UNBINDS
+
+
 class _Tracer(fx.Tracer):
     """torch.fx's tracer, with the modules of :data:`_LEAF_MODULES`, and a rebuilt network's modules that stand for
     one node, kept whole. Given ``pieces`` (the number of tensors of each split, chunk or unbind node, by name), it
@@ -1334,15 +1339,13 @@ class _Tracer(fx.Tracer):
     def proxy(self, node: fx.Node) -> fx.Proxy:
         """A :class:`_PiecesProxy` for a split, chunk or unbind (whose pieces ``len`` counts); torch.fx's own for any
         other node (its refusals name torch.fx's Proxy)."""
-        splits = node.op in ("call_function", "call_method") and node.target in _SPLITS | {torch.unbind, "unbind"}
-        return _PiecesProxy(node, self) if splits else super().proxy(node)
+        return _PiecesProxy(node, self) if _makes_pieces(node) else super().proxy(node)
 
     def count(self, obj: fx.Proxy) -> int | None:
         """The number of tensors of the split, chunk or unbind ``obj``, as :attr:`pieces` says;
         :class:`_PiecesUnknown` where it does not say; None for any other value, or without :attr:`pieces`."""
         node = obj.node
-        if self.pieces is None or node.op not in ("call_function", "call_method") or \
-                node.target not in _SPLITS | {torch.unbind, "unbind"}:
+        if self.pieces is None or not _makes_pieces(node):
             return None
         if node.name not in self.pieces:
             raise _PiecesUnknown(node)

@@ -363,8 +363,10 @@ def _attr_problem(node: "Node") -> str:
         return f"attr 'num_inputs' must be at least 2, got {node.attrs['num_inputs']!r}"
     if node.op == "interpolate" and node.attrs.get("align_corners") and node.attrs["mode"] != "bilinear":
         return "attr 'align_corners' is for mode 'bilinear' only"
-    if node.op == "interpolate" and _scale_factor_problem(node.attrs.get("scale_factor", 1)):
-        return _scale_factor_problem(node.attrs["scale_factor"])
+    if node.op == "interpolate" and "scale_factor" in node.attrs:
+        problem = _scale_factor_problem(node.attrs["scale_factor"])
+        if problem:
+            return problem
     if node.op in ("attention", "window_attention", "group_attention") \
             and node.attrs["embed_dim"] % node.attrs["num_heads"]:
         return f"num_heads {node.attrs['num_heads']} does not divide embed_dim {node.attrs['embed_dim']}"

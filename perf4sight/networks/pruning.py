@@ -351,7 +351,8 @@ class PruningPlan:
                              "their transpose) cannot be pruned (torch-pruning's dependency search does not end on "
                              "it); prune the zoo network or the module it came from, or predict this as it is")
         self.base, self.network, self.strategy, self.min_channels = base, network, strategy, min_channels
-        if count_parameters(base) == 0:  # a level is a share of the parameters: none to share
+        total = count_parameters(base)
+        if total == 0:  # a level is a share of the parameters: none to share
             raise UserError(f"{network}: has no parameters to prune (a network with no layer that learns)")
         self.extra: dict[str, Any] = {}
         self._cache: dict[tuple[int, ...], float] = {}
@@ -393,7 +394,7 @@ class PruningPlan:
         uncalled = any(id(m) not in called and any(True for _ in m.parameters(recurse=False))
                        for m in traced.modules())  # weights of a layer never called: perhaps read directly
         self.unused = _unreached_parameters(self._meta, example.to("meta")) if uncalled else 0
-        self.p0 = count_parameters(base) - self.unused  # a description's count: the parameters the forward reads
+        self.p0 = total - self.unused  # a description's count: the parameters the forward reads
         if self.p0 == 0:
             raise UserError(f"{network}: has no parameters to prune (its forward reads none of its layers' weights)")
         groups, unfollowed = pp.followed_groups(groups, self._meta, example.to("meta"))
