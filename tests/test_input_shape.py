@@ -205,6 +205,156 @@ def test_a_description_file_resizing_by_a_scale_factor_is_rebuilt_at_other_shape
             assert torch.allclose(rebuilt(x), module(x), atol=1e-6, rtol=0)
 
 
+class _MilesialUp(nn.Module):
+    """A U-Net's ``Up`` block as milesial's Pytorch-UNet writes it (from memory): the deeper map upsampled by 2, padded
+    to its skip's size (odd where the encoder's pool floored an odd side), the two concatenated."""
+
+    def __init__(self, cin: int, cout: int) -> None:
+        super().__init__()
+        self.up = nn.Upsample(scale_factor=2, mode="bilinear", align_corners=True)
+        self.conv = _conv_bn(cin, cout)
+
+    def forward(self, x1, x2):
+        x1 = self.up(x1)
+        diffY = x2.size()[2] - x1.size()[2]
+        diffX = x2.size()[3] - x1.size()[3]
+        x1 = F.pad(x1, [diffX // 2, diffX - diffX // 2, diffY // 2, diffY - diffY // 2])
+        return self.conv(torch.cat([x2, x1], dim=1))
+
+
+class _OddUNet(nn.Module):
+    """A two-level U-Net of milesial's ``Up`` blocks, at sides the pools floor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc1, self.enc2, self.bottom = _conv_bn(3, 8), _conv_bn(8, 16), _conv_bn(16, 16)
+        self.pool = nn.MaxPool2d(2)
+        self.up2, self.up1 = _MilesialUp(32, 8), _MilesialUp(16, 8)
+        self.head = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        e1 = self.enc1(x)
+        e2 = self.enc2(self.pool(e1))
+        b = self.bottom(self.pool(e2))
+        return self.head(self.up1(self.up2(b, e2), e1))
+
+
+class _SkipSizedUNet(nn.Module):
+    """A U-Net decoder resizing each deeper map to its skip's size (``F.interpolate(x, size=skip.shape[2:])``;
+    strided convolutions, which round an odd side up, where a resize by 2 would not fit)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc1, self.enc2, self.bottom = _conv_bn(3, 8), _conv_bn(8, 16, 2), _conv_bn(16, 16, 2)
+        self.dec2, self.dec1 = _conv_bn(32, 8), _conv_bn(16, 8)
+        self.head = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        e1 = self.enc1(x)
+        e2 = self.enc2(e1)
+        d2 = self.dec2(torch.cat([F.interpolate(self.bottom(e2), size=e2.shape[2:], mode="bilinear"), e2], 1))
+        h, w = e1.shape[-2:]
+        return self.head(self.dec1(torch.cat([F.interpolate(d2, size=(h, w), mode="nearest"), e1], 1)))
+
+
+class _Fpn(nn.Module):
+    """A backbone of three strided stages and torchvision's FeaturePyramidNetwork, whose top-down path resizes each
+    coarser map to its lateral's size (``F.interpolate(x, size=lateral.shape[-2:])``); its finest map out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from torchvision.ops import FeaturePyramidNetwork
+
+        self.c2, self.c3, self.c4 = _conv_bn(3, 8, 2), _conv_bn(8, 16, 2), _conv_bn(16, 24, 2)
+        self.fpn = FeaturePyramidNetwork([8, 16, 24], 8)
+
+    def forward(self, x):
+        c2 = self.c2(x)
+        c3 = self.c3(c2)
+        return self.fpn({"c2": c2, "c3": c3, "c4": self.c4(c3)})["c2"]
+
+
+@pytest.mark.parametrize("make, attr, count", [(_OddUNet, "pad_to", 2), (_SkipSizedUNet, "size_of", 2),
+                                               (_Fpn, "size_of", 2)], ids=["milesial_up", "skip_sized", "fpn"])
+def test_a_description_file_sized_by_another_map_is_rebuilt_at_other_shapes(tmp_path, make, attr, count):
+    """A U-Net's pad to its skip's odd side and a resize to another map's size (a U-Net decoder's, torchvision's FPN's)
+    are described naming that map (``pad_to``, ``size_of``), beside their traced numbers: the description file at
+    other --input-shape's (odd sides) is the module there, the same layers, the same output with the same weights.
+    The pad failed to describe before ('int() argument ... not Node'), the resize kept its traced size."""
+    torch.manual_seed(0)
+    module = make().eval()
+    for layer in module.modules():
+        if isinstance(layer, nn.BatchNorm2d):
+            layer.running_mean.uniform_(-0.5, 0.5)
+            layer.running_var.uniform_(0.5, 2.0)
+    desc = describe(module, [3, 45, 61], name="net")
+    sized = [n for n in desc.nodes if attr in n.attrs]
+    assert len(sized) == count and all(desc.node(n.attrs[attr]).output_shape[1:] == n.output_shape[1:] for n in sized)
+    path = tmp_path / "net.json"
+    path.write_text(desc.to_json())
+    (tmp_path / "config.toml").write_text("[networks]\nzoo = []\ninput_shape = [3, 45, 61]\n")
+    cfg = load_config(tmp_path / "config.toml")
+    for shape in ([3, 37, 50], [3, 64, 64]):
+        at = query_at(cfg, str(path), resolve_networks(cfg, [str(path)], shape)[0], shape)
+        assert at.input_shape == shape and _layers(at) == _layers(describe(module, shape, name="x"))
+        rebuilt = build_module(at).eval()
+        _copy_by_module_name(module, rebuilt)
+        x = torch.randn(2, *shape)
+        with torch.no_grad():
+            assert torch.allclose(rebuilt(x), module(x), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["deeplabv3_mobilenet_v3_large", "lraspp_mobilenet_v3_large"])
+def test_a_segmentation_zoo_network_resizing_to_its_input_is_rebuilt_at_another_shape(name):
+    """torchvision's segmentation networks resize their scores to the input's size (``size=x.shape[-2:]``; DeepLab's
+    pooled branch to its input's): described naming the map, they take another shape, where they were refused as a
+    resize to a fixed size."""
+    module = build_zoo_model(name, num_classes=5, input_shape=[3, 64, 64])
+    at_64 = describe(module, [3, 64, 64], name=name)
+    assert at_64.node(at_64.output).attrs["size_of"] == "input"
+    at_other = described_at(at_64, [3, 96, 80])
+    assert _layers(at_other) == _layers(describe(module, [3, 96, 80], name=name))
+    assert at_other.node(at_other.output).output_shape == [5, 96, 80]
+
+
+def test_a_pad_of_other_arithmetic_on_sizes_keeps_its_numbers():
+    """A pad computed from the shapes otherwise than a U-Net's split (all of the difference before) is described by
+    the numbers the trace gives, naming no map; it failed to describe before ('int() argument ... not Node')."""
+
+    class _PadAllBefore(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 3, 3, stride=2)
+
+        def forward(self, x):
+            y = self.conv(x)
+            dy, dx = x.size()[2] - y.size()[2], x.size()[3] - y.size()[3]
+            return F.pad(y, [dx, 0, dy, 0]) + x
+
+    desc = describe(_PadAllBefore(), [3, 15, 17], name="pads")
+    pad = next(n for n in desc.nodes if n.op == "pad")
+    assert pad.attrs == {"pads": [9, 0, 8, 0], "mode": "constant"}
+
+
+def test_a_refused_rebuild_names_only_the_resizes_to_a_fixed_size(tmp_path):
+    """A description whose rebuild fails (a classifier's flattened map) names its resizes to a fixed size, not one to
+    another map's size, which follows the new shape."""
+
+    class _Head(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.fc = nn.Conv2d(3, 4, 3, stride=2, padding=1), nn.Linear(4 * 16 * 16, 10)
+
+        def forward(self, x):
+            fixed = F.interpolate(self.conv(x), size=(16, 16), mode="nearest")
+            return self.fc(torch.flatten(F.interpolate(fixed, size=x.shape[-2:]) + x.mean(1, keepdim=True), 1))
+
+    desc = describe(_Head(), [3, 16, 16], name="head")
+    assert [n.attrs.get("size_of") for n in desc.nodes if n.op == "interpolate"] == [None, "input"]
+    with pytest.raises(UserError, match=r"a resize's \(interpolate resize to a fixed size;"):
+        described_at(desc, [3, 24, 24])
+
+
 # ---------------------------------------------------------------- a dataset at several shapes
 
 def test_the_networks_stage_makes_every_network_at_the_extra_shapes_too(tmp_path):

@@ -285,7 +285,8 @@ def test_segmentation_networks_compute_what_torchvisions_compute(name, shape):
     original = build_zoo_model(name, 6).eval()
     desc = NetworkDescription.from_dict(json.loads(describe(original, shape, name=name).to_json()))
     resizes = [n.attrs for n in desc.nodes if n.op == "interpolate"]
-    assert resizes[-1] == {"size": shape[1:], "mode": "bilinear"} and desc.node(desc.output).output_shape == [6] + \
+    assert resizes[-1] == {"size": shape[1:], "mode": "bilinear", "size_of": "input"} \
+        and desc.node(desc.output).output_shape == [6] + \
         shape[1:] and desc.num_classes == 6 and desc.label_shape == shape[1:]
     assert desc.params == sum(p.numel() for p in original.parameters())
     rebuilt = build_module(desc).eval()
@@ -559,6 +560,39 @@ def test_permute_layer_norm_and_scale_shapes_are_checked(node, expected):
     d["nodes"][-1].update(attrs=good[0], output_shape=good[1])
     d.pop("params")  # counted from the nodes
     assert NetworkDescription.from_dict(d).params == 4 * 3 * 3 * 3 + 4 + good[2]
+
+
+@pytest.mark.parametrize("op, attrs, output_shape, expected", [
+    ("interpolate", {"size": [5, 5], "mode": "nearest", "size_of": "input"}, [4, 5, 5], None),
+    ("pad", {"pads": [1, 1, 1, 1], "mode": "constant", "pad_to": "input"}, [4, 5, 5], None),
+    ("interpolate", {"size": [6, 6], "mode": "nearest", "size_of": "input"}, [4, 6, 6],
+     r"size \[6, 6\] is not the 5x5 of 'input' \(size_of\)"),
+    ("interpolate", {"size": [5, 5], "mode": "nearest", "size_of": "nowhere"}, [4, 5, 5],
+     r"attr 'size_of' must name an earlier node, got 'nowhere'"),
+    ("interpolate", {"size": [5, 5], "mode": "nearest", "size_of": 3}, [4, 5, 5],
+     r"attr 'size_of' must name an earlier node, got 3"),
+    ("interpolate", {"size": [6, 6], "mode": "nearest", "size_of": "input", "scale_factor": 2}, [4, 6, 6],
+     r"attrs 'scale_factor' and 'size_of' exclude each other"),
+    ("interpolate", {"size": [5, 5], "mode": "nearest", "pad_to": "input"}, [4, 5, 5], r"unknown attr 'pad_to'"),
+    ("pad", {"pads": [2, 0, 2, 0], "mode": "constant", "pad_to": "input"}, [4, 5, 5],
+     r"pads \[2, 0, 2, 0\] do not bring its 3x3 input to the 5x5 of 'input' \(pad_to: \[1, 1, 1, 1\], the odd "
+     r"pixel after\)"),
+    ("pad", {"pads": [0, 0, 0, 0], "mode": "constant", "pad_to": "flat"}, [4, 3, 3],
+     r"pad_to names 'flat' of shape \[36\]: it sizes a \[channels, height, width\] map by another"),
+])
+def test_a_size_read_off_another_node_is_checked(op, attrs, output_shape, expected):
+    """A resize's ``size_of`` and a pad's ``pad_to`` name an earlier [C, H, W] node whose height and width the node's
+    literal size (its pads, split as a U-Net's: the odd pixel after) give; anything else is refused by name."""
+    d = _conv_description()
+    conv = d["nodes"][1]["name"]
+    d["nodes"][2]["name"] = "flat"
+    d["nodes"].append({"name": "sized", "op": op, "inputs": [conv], "attrs": attrs, "output_shape": output_shape})
+    d["output"] = "sized"
+    if expected is None:
+        assert NetworkDescription.from_dict(d).node("sized").attrs == attrs
+        return
+    with pytest.raises(UserError, match=rf"conv.json: node 'sized' \({op}\): {expected}"):
+        NetworkDescription.from_dict(d, where="conv.json")
 
 
 def test_tensor_indexing_becomes_select_and_narrow():

@@ -32,7 +32,7 @@ from perf4sight.errors import UserError
 from perf4sight.ir.schema import (INTERPOLATE_MODES, ON_COPY_OPS, PAD_MODES, PARAMETER_OPS, SHARES, NetworkDescription,
                                   Node, count_params, node_params, output_padding_problem)
 from perf4sight.ir.meta_shapes import MetaShapeProp
-from perf4sight.ir.shapes import image_size_problem, transposed_output_padding
+from perf4sight.ir.shapes import SIZE_REFERENCES, image_size_problem, transposed_output_padding
 from perf4sight.ir.weighted_sums import Fusion, weighted_sums
 
 __all__ = ["describe", "check_input_shape", "forward_error", "has_lazy_parameters", "in_mode",
@@ -294,7 +294,8 @@ def _pad_call(n: fx.Node) -> tuple[str, dict]:
     """``F.pad(x, pad, mode, value)`` of a ``[N, C, H, W]`` map."""
     if len(n.args[0].meta["tensor_meta"].shape) != 4:
         raise ValueError("a pad of anything but a [N, C, H, W] map has no description op")
-    return _pad_attrs(_arg(n, 1, "pad"), _arg(n, 2, "mode", "constant"), _arg(n, 3, "value"))
+    pads = [_shape_value(p) for p in _arg(n, 1, "pad")]  # numbers, or sizes the trace computes (a U-Net's)
+    return _pad_attrs(pads, _arg(n, 2, "mode", "constant"), _arg(n, 3, "value"))
 
 
 def _attention(m: nn.MultiheadAttention) -> tuple[str, dict]:
@@ -2088,8 +2089,121 @@ def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, s
     first = _padded_first(n, gm, tensor_inputs)
     if first is not None:
         out, tensor_inputs = out + [first], [first.name]
+    attrs = _with_size_reference(n, op, attrs, alias)
     alias[n.name] = n.name
     return out + [Node(n.name, op, tensor_inputs, attrs, shape)]
+
+
+# Sizes read off another map (shapes.SIZE_REFERENCES): a resize to another tensor's height and width, a U-Net's
+# pad of its upsampled map to its skip's side, recorded by the node's name so that the description follows another
+# input shape. Other arithmetic on sizes stays the numbers the trace gives.
+
+def _shape_read(v: Any) -> tuple[fx.Node, list[int]] | None:
+    """(the [N, C, H, W] tensor, the dimensions of it) that ``v`` reads the sizes of: its whole shape (``t.shape``,
+    ``t.size()``), a slice of it (``t.shape[-2:]``), one side (``t.shape[2]``, ``t.size()[-1]``, ``t.size(2)``, one
+    of ``h, w = t.shape[-2:]``); None for anything else."""
+    if not isinstance(v, fx.Node) or not v.args or not isinstance(v.args[0], fx.Node):
+        return None
+    if (v.op == "call_function" and v.target is getattr and v.args[1:] == ("shape",)) \
+            or (v.op == "call_method" and v.target == "size" and len(v.args) == 1 and not v.kwargs):
+        tensor, dims = v.args[0], [0, 1, 2, 3]
+    elif v.op == "call_method" and v.target == "size" and len(v.args) + len(v.kwargs) == 2:
+        tensor, dims = v.args[0], _picked([0, 1, 2, 3], _arg(v, 1, "dim"))
+    elif v.op == "call_function" and v.target is operator.getitem and len(v.args) == 2:
+        whole = _shape_read(v.args[0])
+        tensor, dims = (whole[0], _picked(whole[1], v.args[1])) if whole is not None else (None, None)
+    else:
+        return None
+    rank = len(getattr(getattr(tensor, "meta", {}).get("tensor_meta"), "shape", ()))
+    return (tensor, dims) if rank == 4 and dims is not None else None
+
+
+def _picked(dims: list[int], index: Any) -> list[int] | None:
+    """The entries of ``dims`` that ``index`` (a slice, or one position) picks; None for any other index."""
+    if isinstance(index, slice) and all(isinstance(b, (int, type(None))) for b in (index.start, index.stop,
+                                                                                   index.step)):
+        return dims[index]
+    if isinstance(index, int) and not isinstance(index, bool) and -len(dims) <= index < len(dims):
+        return [dims[index]]
+    return None
+
+
+def _side_read(v: Any, dim: int) -> fx.Node | None:
+    """The [N, C, H, W] tensor whose side ``dim`` (2: height, 3: width) ``v`` reads (:func:`_shape_read`); None for
+    anything else."""
+    read = _shape_read(v)
+    return read[0] if read is not None and read[1] == [dim] else None
+
+
+def _sides_read(v: Any) -> fx.Node | None:
+    """The [N, C, H, W] tensor whose height and width ``v`` is (``t.shape[-2:]``, ``t.size()[2:]``,
+    ``(t.shape[2], t.shape[3])``, ``[t.size(2), t.size(3)]``, ``(h, w)`` of ``h, w = t.shape[-2:]``); None for
+    anything else."""
+    if isinstance(v, (list, tuple)) and len(v) == 2:
+        height = _side_read(v[0], 2)
+        return height if height is not None and _side_read(v[1], 3) is height else None
+    read = _shape_read(v)
+    return read[0] if read is not None and read[1] == [2, 3] else None
+
+
+def _is_op(v: Any, fn: Callable, second: Any = None) -> bool:
+    """Whether ``v`` is the call ``fn(a, b)`` of two operands (``second``, where given, as ``b``)."""
+    return isinstance(v, fx.Node) and v.op == "call_function" and v.target is fn and len(v.args) == 2 \
+        and not v.kwargs and (second is None or v.args[1] == second)
+
+
+def _split_difference(before: Any, after: Any) -> fx.Node | None:
+    """The difference ``d`` that ``before`` and ``after`` split as a U-Net's ``Up`` block does (``d // 2`` and
+    ``d - d // 2``); None for anything else."""
+    if not (_is_op(before, operator.floordiv, 2) and _is_op(after, operator.sub)):
+        return None
+    d = before.args[0]
+    half = after.args[1]
+    return d if after.args[0] is d and _is_op(half, operator.floordiv, 2) and half.args[0] is d else None
+
+
+def _difference_of_sides(d: Any, dim: int) -> tuple[fx.Node, fx.Node] | None:
+    """(the larger map, the smaller) whose side ``dim`` the difference ``d`` takes (``x2.size()[2] -
+    x1.size()[2]``); None for anything else."""
+    if not _is_op(d, operator.sub):
+        return None
+    larger, smaller = _side_read(d.args[0], dim), _side_read(d.args[1], dim)
+    return (larger, smaller) if larger is not None and smaller is not None else None
+
+
+def _padded_to(n: fx.Node) -> fx.Node | None:
+    """The map whose height and width the pad ``n`` brings its input to, where its pads are exactly a U-Net's
+    ``Up`` block's (``F.pad(x1, [dx // 2, dx - dx // 2, dy // 2, dy - dy // 2])``, ``dy = x2.size()[2] -
+    x1.size()[2]``, ``dx`` the widths', x1 the pad's input); None for other pads."""
+    pads = _arg(n, 1, "pad")
+    if not isinstance(pads, (list, tuple)) or len(pads) != 4:
+        return None
+    dx, dy = _split_difference(pads[0], pads[1]), _split_difference(pads[2], pads[3])
+    widths, heights = _difference_of_sides(dx, 3), _difference_of_sides(dy, 2)
+    if widths is None or widths != heights or widths[1] is not n.args[0]:
+        return None
+    return widths[0]
+
+
+def _size_reference(n: fx.Node, op: str) -> fx.Node | None:
+    """The tensor whose height and width the resize or pad ``n`` takes its size from, where it reads them (see
+    :func:`_sides_read`, :func:`_padded_to`); None for any other node."""
+    if n.op != "call_function":
+        return None
+    if op == "interpolate" and n.target is F.interpolate:
+        return _sides_read(_arg(n, 1, "size"))
+    if op == "pad" and n.target in (F.pad, torch._C._nn.pad):
+        return _padded_to(n)
+    return None
+
+
+def _with_size_reference(n: fx.Node, op: str, attrs: dict, alias: dict[str, str]) -> dict:
+    """``attrs`` of the node of ``n`` (of description op ``op``), with the name of the node whose map it takes its
+    size from (:data:`SIZE_REFERENCES`) where it reads one (:func:`_size_reference`) the description holds."""
+    like = _size_reference(n, op)
+    if like is None or like.name not in alias or "scale_factor" in attrs:
+        return attrs
+    return {**attrs, SIZE_REFERENCES[op]: alias[like.name]}
 
 
 def _padded_first(n: fx.Node, gm: fx.GraphModule, inputs: list[str]) -> Node | None:

@@ -13,7 +13,8 @@ from typing import Any, Dict, List, Set, Tuple, Union
 
 from perf4sight.errors import UserError, read_json_object
 from perf4sight.files import write_atomically
-from perf4sight.ir.shapes import element_count, image_size_problem, shape_problem, window_pair
+from perf4sight.ir.shapes import (SIZE_REFERENCES, element_count, image_size_problem, shape_problem,
+                                  size_reference_problem, window_pair)
 
 __all__ = ["Node", "NetworkDescription", "OPS", "load_description", "save_description", "is_file_stem",
            "STRUCTURE_VERSION", "window_attention_params", "INTERPOLATE_MODES", "PAD_MODES", "known_attrs",
@@ -122,7 +123,9 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # a [C, H, W] map resized to size [h, w] (a segmentation network's upsampling): mode "nearest" or "bilinear";
     # optional align_corners (false; bilinear only) and scale_factor: [sh, sw] whole numbers (or one for both) where
     # the network gave them (nn.Upsample(scale_factor=2), a U-Net's or an FPN's): size is then [H sh, W sw], and the
-    # description rebuilt at another input shape resizes by them (no scale_factor: to size, whatever the input)
+    # description rebuilt at another input shape resizes by them (no scale_factor: to size, whatever the input);
+    # optional size_of instead: the name of an earlier [C, H, W] node whose height and width size is (an FPN's
+    # F.interpolate(x, size=lateral.shape[-2:]), a U-Net's size=skip.shape[2:]), which a rebuild resizes to
     "interpolate": ("size", "mode"),
     # a transposed convolution (a decoder's upsampling, the gradient of a conv2d of the same attrs by its input):
     # [Cin, H, W] -> [Cout, (H - 1) stride - 2 padding + dilation (kernel - 1) + output_padding + 1, ...]; its
@@ -132,7 +135,10 @@ OPS: Dict[str, Tuple[str, ...]] = {
                          "dilation", "groups", "bias"),
     # a [C, H, W] map padded by pads [left, right, top, bottom] (F.pad's order for the last two dims; each >= 0) in
     # mode "constant" (optional value, 0), "reflect" (each pad less than its side), "replicate" (the edge pixel) or
-    # "circular" (the far side's pixels, as if the map wrapped around: each pad at most its side)
+    # "circular" (the far side's pixels, as if the map wrapped around: each pad at most its side); optional pad_to:
+    # the name of an earlier [C, H, W] node whose height and width the pads bring the map to, each side's
+    # difference d split d // 2 before and d - d // 2 after (a U-Net's Up block's F.pad to its skip's odd side),
+    # which a rebuild pads to
     "pad": ("pads", "mode"),
     # [C r^2, H, W] -> [C, H r, W r] (torch's pixel_shuffle, ONNX's DepthToSpace of mode CRD; a super-resolution
     # network's upsampling) and its inverse [C, H r, W r] -> [C r^2, H, W] (torch's pixel_unshuffle)
@@ -271,7 +277,8 @@ _NUMBERS: Dict[str, Tuple[Tuple[str, Any, Any], ...]] = {
 #: position-bias MLP).
 _OPTIONAL: Dict[str, Tuple[str, ...]] = {"gelu": ("approximate",), "maxpool2d": ("dilation",),
                                          "window_attention": ("position_bias_mlp",),
-                                         "interpolate": ("scale_factor",)}
+                                         "interpolate": ("scale_factor", "size_of"),
+                                         "pad": ("pad_to",)}
 _PAIRS: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("kernel_size", "stride", "padding", "dilation"),
     "maxpool2d": ("kernel_size", "stride", "padding"), "avgpool2d": ("kernel_size", "stride", "padding"),
@@ -367,6 +374,11 @@ def _attr_problem(node: "Node") -> str:
         problem = _scale_factor_problem(node.attrs["scale_factor"])
         if problem:
             return problem
+    reference = SIZE_REFERENCES.get(node.op)
+    if reference in node.attrs and not (isinstance(node.attrs[reference], str) and node.attrs[reference]):
+        return f"attr '{reference}' must name an earlier node, got {node.attrs[reference]!r}"
+    if node.op == "interpolate" and "scale_factor" in node.attrs and "size_of" in node.attrs:
+        return "attrs 'scale_factor' and 'size_of' exclude each other (a resize by a factor, or to a node's size)"
     if node.op in ("attention", "window_attention", "group_attention") \
             and node.attrs["embed_dim"] % node.attrs["num_heads"]:
         return f"num_heads {node.attrs['num_heads']} does not divide embed_dim {node.attrs['embed_dim']}"
@@ -620,7 +632,8 @@ class NetworkDescription:
             if node.op == "input" and (nodes or node.output_shape != shape):
                 raise UserError(f"{where}: node '{node.name}': the one 'input' node comes first and has "
                                 f"output_shape = input_shape {shape}")
-            problem = shape_problem(node.op, node.attrs, [shapes[x] for x in node.inputs], node.output_shape)
+            problem = shape_problem(node.op, node.attrs, [shapes[x] for x in node.inputs], node.output_shape) \
+                or _reference_problem(node, shapes)
             if problem:
                 raise UserError(f"{where}: node '{node.name}' ({node.op}): {problem}")
             seen.add(node.name)
@@ -644,6 +657,17 @@ class NetworkDescription:
                             "hold (leave params out to have them counted)")
         desc.params = counted
         return desc
+
+
+def _reference_problem(node: Node, shapes: Dict[str, List[int]]) -> str:
+    """What is wrong with ``node``'s :data:`SIZE_REFERENCES` attr ("" if nothing, or none): it names an earlier node
+    (``shapes``: their output shapes, by name) whose height and width its size or pads give."""
+    key = SIZE_REFERENCES.get(node.op)
+    if key not in node.attrs:
+        return ""
+    if node.attrs[key] not in shapes:
+        return f"attr '{key}' must name an earlier node, got {node.attrs[key]!r}"
+    return size_reference_problem(node.op, node.attrs, shapes[node.inputs[0]], shapes[node.attrs[key]])
 
 
 def _sharing_problem(node: Node, earlier: Dict[str, Node]) -> str:

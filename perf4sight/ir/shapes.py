@@ -9,7 +9,8 @@ has its input count checked.
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 __all__ = ["shape_problem", "ARITY", "broadcast", "element_count", "image_size_problem", "shape_text",
-           "transposed_side", "transposed_output_padding", "window_pair", "windows_of"]
+           "transposed_side", "transposed_output_padding", "window_pair", "windows_of",
+           "SIZE_REFERENCES", "pads_to", "size_reference_problem"]
 
 _UNARY = ("relu", "relu6", "hardswish", "sigmoid", "hardsigmoid", "silu", "gelu", "tanh", "identity", "dropout",
           "leaky_relu", "elu", "softplus", "mish",
@@ -90,6 +91,40 @@ def _resized(a: Dict[str, Any], x: List[int]) -> Union[List[int], str]:
             return (f"size {size} is not its input's {x[1]}x{x[2]} times scale_factor "
                     f"{window_pair(a['scale_factor'])} ({scaled})")
     return [x[0]] + size
+
+
+#: Op -> the optional attr naming another node whose height and width its output takes, whatever the input shape:
+#: a resize to another map's size (an FPN's ``F.interpolate(x, size=lateral.shape[-2:])``), and a U-Net's pad of
+#: the upsampled map to its skip's size, split as its formula splits it (:func:`pads_to`).
+SIZE_REFERENCES: Dict[str, str] = {"interpolate": "size_of", "pad": "pad_to"}
+
+
+def pads_to(x: List[int], like: List[int]) -> List[int]:
+    """The pads [left, right, top, bottom] that bring a ``[C, H, W]`` map ``x`` to the height and width of the
+    ``[C', H', W']`` map ``like``, as a U-Net's ``Up`` block splits them: ``d // 2`` before and ``d - d // 2`` after
+    (the odd pixel after) for each side's difference ``d`` (pixels; negative where ``x`` is the larger)."""
+    dy, dx = int(like[1]) - int(x[1]), int(like[2]) - int(x[2])
+    return [dx // 2, dx - dx // 2, dy // 2, dy - dy // 2]
+
+
+def size_reference_problem(op: str, a: Dict[str, Any], x: List[int], like: List[int]) -> str:
+    """What is wrong with a node of ``op`` whose :data:`SIZE_REFERENCES` attr names a node of shape ``like``, its
+    input of shape ``x`` ("" if nothing, or where it names none): the named node must be a ``[C, H, W]`` map, and
+    the node's literal ``size`` (a resize) or ``pads`` (a pad) must be what that map's height and width give."""
+    key = SIZE_REFERENCES.get(op)
+    if key is None or key not in a:
+        return ""
+    if len(like) != 3 or len(x) != 3:
+        return f"{key} names {a[key]!r} of shape {like}: it sizes a [channels, height, width] map by another"
+    if op == "interpolate":
+        if [int(v) for v in a["size"]] != list(like[1:]):
+            return f"size {a['size']} is not the {like[1]}x{like[2]} of {a[key]!r} ({key})"
+        return ""
+    want = pads_to(x, like)
+    if [int(p) for p in a["pads"]] != want:
+        return (f"pads {a['pads']} do not bring its {x[1]}x{x[2]} input to the {like[1]}x{like[2]} of {a[key]!r} "
+                f"({key}: {want}, the odd pixel after)")
+    return ""
 
 
 def _glu_shape(x: List[int], dim: int) -> Union[List[int], str]:

@@ -15,7 +15,7 @@ from torch import nn
 
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import SHARES, NetworkDescription, Node
-from perf4sight.ir.shapes import window_pair, windows_of
+from perf4sight.ir.shapes import SIZE_REFERENCES, window_pair, windows_of
 
 __all__ = ["build_module", "MODULE_BUILDERS", "FUNCTION_BUILDERS", "Scale", "Shift", "Token", "SelfAttention",
            "WindowAttention", "PatchMerge", "GroupAttention", "InPlace", "batch_reshape", "WeightedSum"]
@@ -426,6 +426,32 @@ def _resize(x: List, a: Dict) -> Tuple[Callable, Tuple]:
     return _interpolate, (x[0], [int(v) for v in a["size"]], str(a["mode"]), corners)
 
 
+def _interpolate_to(x: torch.Tensor, like: torch.Tensor, mode: str, align_corners: bool) -> torch.Tensor:
+    """``x`` ([N, C, H, W]) resized by ``mode`` to the height and width of ``like`` ([N, C', H', W']), read at run
+    time (an FPN's ``size=lateral.shape[-2:]``): a description's ``interpolate`` with ``size_of``."""
+    return F.interpolate(x, size=like.shape[-2:], mode=mode,
+                         align_corners=align_corners if mode == "bilinear" else None)
+
+
+def _pad_to(x: torch.Tensor, like: torch.Tensor, mode: str, value: float) -> torch.Tensor:
+    """``x`` ([N, C, H, W]) padded in ``mode`` to the height and width of ``like`` ([N, C', H', W']), read at run
+    time, each side's difference split as a U-Net's ``Up`` block splits it (the odd pixel at the bottom and right):
+    a description's ``pad`` with ``pad_to``."""
+    diff_h = like.size()[2] - x.size()[2]
+    diff_w = like.size()[3] - x.size()[3]
+    return F.pad(x, [diff_w // 2, diff_w - diff_w // 2, diff_h // 2, diff_h - diff_h // 2], mode=mode,
+                 value=value if mode == "constant" else None)
+
+
+def _sized_like(node: Node, x: fx.Node, like: fx.Node) -> Tuple[Callable, Tuple]:
+    """The call of a node sized by another's map (its :data:`SIZE_REFERENCES` attr; ``like``, that node's value):
+    a resize to its size or a pad to it, whatever the input shape."""
+    a = node.attrs
+    if node.op == "interpolate":
+        return _interpolate_to, (x, like, str(a["mode"]), bool(a.get("align_corners", False)))
+    return _pad_to, (x, like, str(a["mode"]), float(a.get("value", 0.0)))
+
+
 def _repeat(x: torch.Tensor, repeats: List[int]) -> torch.Tensor:
     """``x`` tiled ``repeats`` times along each dimension after the batch (torch's repeat: a copy)."""
     return x.repeat(1, *repeats)
@@ -570,6 +596,9 @@ def _emit(node: Node, graph: fx.Graph, root: nn.Module, env: Dict[str, fx.Node],
         root.add_module(attr, module)
         layers[node.name] = attr
         return graph.call_module(attr, tuple(args))
+    if SIZE_REFERENCES.get(node.op) in node.attrs:  # sized by another node's map, read at run time
+        fn, fn_args = _sized_like(node, args[0], env[node.attrs[SIZE_REFERENCES[node.op]]])
+        return graph.call_function(fn, fn_args)
     if node.op in FUNCTION_BUILDERS:
         fn, fn_args = FUNCTION_BUILDERS[node.op](args, node.attrs)
         return graph.call_function(fn, fn_args)

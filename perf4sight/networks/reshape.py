@@ -7,7 +7,8 @@ stage does with a ``[networks] description_files`` entry described at another sh
 input_shape``. What a description fixes as numbers cannot follow the new shape: a reshape to a literal size (a
 classifier fed a flattened map) fails in the trace, and a resize to a literal size (a segmentation network's output
 brought back to its input's size) would run at the old size (one by a whole scale factor, a U-Net's or an FPN's
-upsampling by 2, keeps its factor and follows the new shape); both are refused with one line, except for a pruned
+upsampling by 2, keeps its factor, and one to another map's size, an FPN's or a segmentation network's, names that
+map: both follow the new shape); both are refused with one line, except for a pruned
 variant of a zoo network or of one ``[networks]`` names (a ViT's, whose position embedding has one entry per patch),
 which is pruned at the new shape instead, as the networks stage would prune it there. The same holds for what the
 generator makes: its transformer stages' position embedding has one entry per pixel.
@@ -60,9 +61,11 @@ def described_at(desc: NetworkDescription, input_shape: Sequence[int]) -> Networ
 
 
 def _fixed_resizes(desc: NetworkDescription, shown: int = 3) -> str:
-    """A clause naming ``desc``'s resizes to a fixed size (interpolate nodes without a scale factor: a description
-    of a U-Net written before those kept theirs), the first ``shown`` of them; "" where it has none."""
-    names = [n.name for n in desc.nodes if n.op == "interpolate" and "scale_factor" not in n.attrs]
+    """A clause naming ``desc``'s resizes to a fixed size (interpolate nodes without a scale factor or another map
+    whose size they take: a description of a U-Net written before those kept theirs), the first ``shown`` of them;
+    "" where it has none."""
+    names = [n.name for n in desc.nodes
+             if n.op == "interpolate" and "scale_factor" not in n.attrs and "size_of" not in n.attrs]
     if not names:
         return ""
     more = f" and {len(names) - shown} more" if len(names) > shown else ""
