@@ -420,6 +420,40 @@ def test_a_resize_by_a_whole_scale_factor_keeps_it_through_export_and_import(tmp
     assert _output_shape(described_at(back, [3, 16, 12])) == [2, 7, 16, 12]
 
 
+class _SizedBySkips(torch.nn.Module):
+    """A decoder's two joins at odd sides: a map resized to its skip's size (``size=skip.shape[-2:]``) and one padded
+    to it as a U-Net's ``Up`` block pads (the odd pixel after)."""
+
+    def __init__(self):
+        super().__init__()
+        self.down, self.pool = torch.nn.Conv2d(3, 4, 3, stride=2, padding=1), torch.nn.MaxPool2d(2)
+        self.again = torch.nn.Conv2d(4, 3, 3, stride=2, padding=1)
+
+    def forward(self, x):
+        y = self.down(x)
+        resized = torch.nn.functional.interpolate(y, size=x.shape[-2:], mode="bilinear")
+        low = self.pool(x)
+        dy, dx = y.size()[2] - low.size()[2], y.size()[3] - low.size()[3]
+        padded = torch.nn.functional.pad(low, [dx // 2, dx - dx // 2, dy // 2, dy - dy // 2])
+        return self.again(resized) + padded
+
+
+def test_a_size_read_off_another_map_keeps_it_through_export_and_import(tmp_path):
+    """A resize to another map's size (size_of) and a U-Net's pad to it (pad_to) come back naming that map, from our
+    own file and from it read as another tool's, so the imported description rebuilds at another input shape."""
+    desc = describe(_SizedBySkips(), [3, 9, 11], name="skips")
+    sized = {n.op: n.attrs for n in desc.nodes if "size_of" in n.attrs or "pad_to" in n.attrs}
+    assert sized["interpolate"]["size_of"] == "input" and sized["pad"]["pad_to"] == "down"
+    export_perfseer(_rows(desc), {desc.name: desc}, tmp_path / "ds")
+    import_perfseer(tmp_path / "ds", "d2", tmp_path / "prof", tmp_path / "models")
+    assert load_description(tmp_path / "models" / "imported" / "d2" / "skips.json").to_dict() == desc.to_dict()
+    graph = description_to_graph(desc, 2)
+    graph.graph["source"] = "another tool"  # our args read as a foreign file's
+    back = graph_to_description(graph, "skips", "skips.pkl")[0]
+    assert [n.attrs for n in back.nodes[1:]] == [n.attrs for n in desc.nodes[1:]]
+    assert _output_shape(described_at(back, [3, 14, 17])) == [2, 3, 7, 9]
+
+
 @pytest.mark.parametrize("onnx, args, in_shape, out, message", [
     ("DepthToSpace", {"blocksize": 2}, [2, 8, 2, 2], [2, 2, 4, 4], "mode DCR"),
     ("SpaceToDepth", {"blocksize": 2}, [2, 2, 4, 4], [2, 8, 2, 2], "more than one channel"),

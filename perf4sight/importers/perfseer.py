@@ -54,7 +54,7 @@ from perf4sight.errors import UserError
 from perf4sight.importers.perf4sight_csv import (ImportSummary, check_backends, check_descriptions,
                                                  description_identity, import_source, rows_on_disk, source_kind)
 from perf4sight.ir.schema import INTERPOLATE_MODES, OPS, NetworkDescription, save_description
-from perf4sight.ir.shapes import shape_text, transposed_output_padding
+from perf4sight.ir.shapes import SIZE_REFERENCES, shape_text, size_reference_problem, transposed_output_padding
 from perf4sight.profiling.plan import DEFAULT_LOSS
 from perf4sight.profiling.results import COLUMNS, file_sha, read_rows, results_path
 
@@ -834,6 +834,7 @@ def graph_to_description(graph: Any, name: str, where: str) -> tuple[NetworkDesc
     if not order:
         raise UserError(f"{where}: graph has no nodes")
     names = _node_names(order, own)
+    ours_by_file_name = {str(k): names[k] for k in order}
     input_node = str(graph.graph["input_node"]) if own else "input"
     batch, input_shape = None, None
     nodes: list[dict[str, Any]] = []
@@ -864,10 +865,12 @@ def graph_to_description(graph: Any, name: str, where: str) -> tuple[NetworkDesc
         if onnx == "MatMul" and op == "linear":  # no bias, whatever its weight_size says
             args = {**args, "bias": False}
         ours = own and all(a in args for a in OPS[op])
+        attrs = dict(args) if ours else _attrs(op, args, in_shapes, out, here, mi.get("weight_size"))
+        if not ours:
+            attrs.update(_size_reference(op, args, attrs, in_shapes, ours_by_file_name, shapes,
+                                         (input_node, input_shape)))
         shapes[names[n]] = out
-        nodes.append({"name": names[n], "op": op, "inputs": inputs,
-                      "attrs": dict(args) if ours else _attrs(op, args, in_shapes, out, here, mi.get("weight_size")),
-                      "output_shape": out})
+        nodes.append({"name": names[n], "op": op, "inputs": inputs, "attrs": attrs, "output_shape": out})
     meta = dict(graph.graph)
     d: dict[str, Any] = _own_meta(graph, where) if own else {"source": f"perfseer import: {Path(where).name}"}
     if "output" not in d:
@@ -888,6 +891,24 @@ def graph_to_description(graph: Any, name: str, where: str) -> tuple[NetworkDesc
         d["pruning_level"] = (level if own and isinstance(level, (int, float))
                               else _number(level, f"{where} pruning_level"))
     return NetworkDescription.from_dict(d, where=where), batch
+
+
+def _size_reference(op: str, args: dict[str, Any], attrs: dict[str, Any], in_shapes: list[list[int]],
+                    names: dict[str, str], shapes: dict[str, list[int]], network_input: tuple[str, list[int]]
+                    ) -> dict[str, Any]:
+    """Our ``size_of`` (a resize's) or ``pad_to`` (a pad's) from the args of a file read as another tool's: the name
+    the file gives (``names``: the file's -> ours) of an earlier node (``shapes``: theirs so far, by our name; or
+    ``network_input``, its name and shape), where that node's sides give the node's ``attrs`` (read from ``args``);
+    nothing otherwise (read by its numbers alone)."""
+    key = SIZE_REFERENCES.get(op)
+    given = args.get(key) if key is not None else None
+    if not isinstance(given, str) or "scale_factor" in attrs or not in_shapes:
+        return {}
+    ours = network_input[0] if given == network_input[0] else names.get(given)
+    like = network_input[1] if ours == network_input[0] else shapes.get(ours)
+    if like is None or size_reference_problem(op, {**attrs, key: ours}, in_shapes[0], like):
+        return {}
+    return {key: ours}
 
 
 def _variant_name(graph: Any, stem: str, batch: int) -> str:
