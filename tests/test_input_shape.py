@@ -317,9 +317,11 @@ def test_a_segmentation_zoo_network_resizing_to_its_input_is_rebuilt_at_another_
     assert at_other.node(at_other.output).output_shape == [5, 96, 80]
 
 
-def test_a_pad_of_other_arithmetic_on_sizes_keeps_its_numbers():
+def test_a_pad_of_other_arithmetic_on_sizes_keeps_its_numbers_and_is_refused_at_another_shape():
     """A pad computed from the shapes otherwise than a U-Net's split (all of the difference before) is described by
-    the numbers the trace gives, naming no map; it failed to describe before ('int() argument ... not Node')."""
+    the numbers the trace gives, naming no map but marked computed (it failed to describe before: 'int() argument
+    ... not Node'); asked for at another shape, where those numbers would no longer be the module's, it is refused
+    by name, where it was rebuilt as if it padded by constants."""
 
     class _PadAllBefore(nn.Module):
         def __init__(self) -> None:
@@ -333,7 +335,14 @@ def test_a_pad_of_other_arithmetic_on_sizes_keeps_its_numbers():
 
     desc = describe(_PadAllBefore(), [3, 15, 17], name="pads")
     pad = next(n for n in desc.nodes if n.op == "pad")
-    assert pad.attrs == {"pads": [9, 0, 8, 0], "mode": "constant"}
+    assert pad.attrs == {"pads": [9, 0, 8, 0], "mode": "constant", "pads_computed": True}
+    with pytest.raises(UserError, match=rf"^pads: {pad.name} pads by numbers its trace computed from the maps' sizes "
+                                        r"at 3x15x17 \(other than a U-Net's split of a difference, d // 2 and "
+                                        r"d - d // 2, which a description follows\): rebuilt at 3x24x24 they would "
+                                        r"pad as there"):
+        described_at(desc, [3, 24, 24])
+    fixed = describe(nn.Sequential(nn.Conv2d(3, 3, 3), nn.ZeroPad2d((1, 1, 1, 1))), [3, 15, 17], name="fixed")
+    assert "pads_computed" not in fixed.nodes[-1].attrs and described_at(fixed, [3, 24, 24]).input_shape == [3, 24, 24]
 
 
 def test_a_refused_rebuild_names_only_the_resizes_to_a_fixed_size(tmp_path):

@@ -2199,11 +2199,15 @@ def _size_reference(n: fx.Node, op: str) -> fx.Node | None:
 
 def _with_size_reference(n: fx.Node, op: str, attrs: dict, alias: dict[str, str]) -> dict:
     """``attrs`` of the node of ``n`` (of description op ``op``), with the name of the node whose map it takes its
-    size from (:data:`SIZE_REFERENCES`) where it reads one (:func:`_size_reference`) the description holds."""
+    size from (:data:`SIZE_REFERENCES`) where it reads one (:func:`_size_reference`) the description holds; a pad
+    computed from sizes otherwise marked ``pads_computed`` (its numbers the traced shape's)."""
     like = _size_reference(n, op)
-    if like is None or like.name not in alias or "scale_factor" in attrs:
-        return attrs
-    return {**attrs, SIZE_REFERENCES[op]: alias[like.name]}
+    if like is not None and like.name in alias and "scale_factor" not in attrs:
+        return {**attrs, SIZE_REFERENCES[op]: alias[like.name]}
+    if op == "pad" and n.op == "call_function" and isinstance(_arg(n, 1, "pad"), (list, tuple)) \
+            and any(isinstance(p, fx.Node) for p in _arg(n, 1, "pad")):
+        return {**attrs, "pads_computed": True}
+    return attrs
 
 
 def _padded_first(n: fx.Node, gm: fx.GraphModule, inputs: list[str]) -> Node | None:

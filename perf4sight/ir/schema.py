@@ -138,7 +138,8 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # "circular" (the far side's pixels, as if the map wrapped around: each pad at most its side); optional pad_to:
     # the name of an earlier [C, H, W] node whose height and width the pads bring the map to, each side's
     # difference d split d // 2 before and d - d // 2 after (a U-Net's Up block's F.pad to its skip's odd side),
-    # which a rebuild pads to
+    # which a rebuild pads to; optional pads_computed (false): true where the trace computed the pads from the maps'
+    # sizes otherwise (fixed at the traced shape: a rebuild at another input shape is refused, naming the node)
     "pad": ("pads", "mode"),
     # [C r^2, H, W] -> [C, H r, W r] (torch's pixel_shuffle, ONNX's DepthToSpace of mode CRD; a super-resolution
     # network's upsampling) and its inverse [C, H r, W r] -> [C r^2, H, W] (torch's pixel_unshuffle)
@@ -230,6 +231,7 @@ _FLAGS: Dict[str, Tuple[str, ...]] = {
     "maxpool2d": ("ceil_mode",), "avgpool2d": ("ceil_mode", "count_include_pad"), "mean": ("keepdim",),
     "var": ("keepdim",),
     "interpolate": ("align_corners",),
+    "pad": ("pads_computed",),
     "conv_transpose2d": ("bias",),
     **{op: ("inplace",) for op in ("relu", "relu6", "hardswish", "sigmoid", "hardsigmoid", "silu", "gelu", "tanh",
                                    "leaky_relu", "elu", "mish",

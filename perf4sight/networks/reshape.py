@@ -46,6 +46,7 @@ def described_at(desc: NetworkDescription, input_shape: Sequence[int]) -> Networ
     if shape[0] != desc.input_shape[0]:
         raise UserError(f"{desc.name}: takes {desc.input_shape[0]}-channel images (described at {was}), not "
                         f"{shape[0]}-channel ones ({asked}): another input shape can change the height and width only")
+    _refuse_computed_pads(desc, was, asked)
     try:
         out = describe(build_module(desc, device="meta"), shape, desc.name, network=desc.network,
                        pruning_level=desc.pruning_level, **desc.extra)
@@ -58,6 +59,18 @@ def described_at(desc: NetworkDescription, input_shape: Sequence[int]) -> Networ
                         f"it keeps {shape_text(out.node(out.output).output_shape[1:])} (a resize to a fixed size): "
                         "describe the network at that shape from its module instead (a zoo name is)")
     return out
+
+
+def _refuse_computed_pads(desc: NetworkDescription, was: str, asked: str) -> None:
+    """``UserError`` naming ``desc``'s pads whose numbers its trace computed from the maps' sizes at ``was`` otherwise
+    than a U-Net's split of a difference (``pads_computed``): rebuilt at ``asked`` they would pad as at ``was``."""
+    names = [n.name for n in desc.nodes if n.op == "pad" and n.attrs.get("pads_computed")]
+    if names:
+        raise UserError(f"{desc.name}: {', '.join(names[:3])}{' and more' if len(names) > 3 else ''} pad"
+                        f"{'' if len(names) > 1 else 's'} by numbers its trace computed from the maps' sizes at {was} "
+                        "(other than a U-Net's split of a difference, d // 2 and d - d // 2, which a description "
+                        f"follows): rebuilt at {asked} they would pad as there; describe the network at that shape "
+                        "from its module instead")
 
 
 def _fixed_resizes(desc: NetworkDescription, shown: int = 3) -> str:
