@@ -454,6 +454,35 @@ def test_a_size_read_off_another_map_keeps_it_through_export_and_import(tmp_path
     assert _output_shape(described_at(back, [3, 14, 17])) == [2, 3, 7, 9]
 
 
+class _PaddedBefore(torch.nn.Module):
+    """A map padded to the input's size by the whole difference before it (no U-Net's split): numbers of the trace."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 3, 3, stride=2)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return torch.nn.functional.pad(y, [x.size()[3] - y.size()[3], 0, x.size()[2] - y.size()[2], 0]) + x
+
+
+def test_a_pad_computed_from_sizes_stays_marked_through_export_and_import(tmp_path):
+    """A pad whose numbers the trace computed from the sizes (pads_computed) comes back marked from our own file and
+    from it read as another tool's, so the imported description is refused at another input shape by name, not
+    rebuilt padding the traced numbers."""
+    desc = describe(_PaddedBefore(), [3, 9, 11], name="before")
+    assert desc.nodes[-2].attrs == {"pads": [6, 0, 5, 0], "mode": "constant", "pads_computed": True}
+    export_perfseer(_rows(desc), {desc.name: desc}, tmp_path / "ds")
+    import_perfseer(tmp_path / "ds", "d2", tmp_path / "prof", tmp_path / "models")
+    assert load_description(tmp_path / "models" / "imported" / "d2" / "before.json").to_dict() == desc.to_dict()
+    graph = description_to_graph(desc, 2)
+    graph.graph["source"] = "another tool"
+    back = graph_to_description(graph, "before", "before.pkl")[0]
+    assert back.nodes[-2].attrs == desc.nodes[-2].attrs
+    with pytest.raises(UserError, match=rf"^before: {desc.nodes[-2].name} pads by numbers its trace computed"):
+        described_at(back, [3, 14, 17])
+
+
 @pytest.mark.parametrize("onnx, args, in_shape, out, message", [
     ("DepthToSpace", {"blocksize": 2}, [2, 8, 2, 2], [2, 2, 4, 4], "mode DCR"),
     ("SpaceToDepth", {"blocksize": 2}, [2, 2, 4, 4], [2, 8, 2, 2], "more than one channel"),

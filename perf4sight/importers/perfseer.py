@@ -708,6 +708,8 @@ def _pad_attrs(args: dict[str, Any], where: str) -> dict[str, Any]:
     value = args.get("value", args.get("constant_value"))
     if mode == "constant" and value is not None and _number(value, f"{where} constant_value"):
         a["value"] = _number(value, f"{where} constant_value")
+    if args.get("pads_computed") is True:  # ours: its numbers the traced shape's
+        a["pads_computed"] = True
     return a
 
 
