@@ -562,6 +562,31 @@ def test_permute_layer_norm_and_scale_shapes_are_checked(node, expected):
     assert NetworkDescription.from_dict(d).params == 4 * 3 * 3 * 3 + 4 + good[2]
 
 
+class _ResizedToInput(nn.Module):
+    """A convolution's map resized to a size ``size_of(x)`` computes from the input ``x``."""
+
+    def __init__(self, size_of):
+        super().__init__()
+        self.conv, self.size_of = nn.Conv2d(3, 4, 3, stride=2), size_of
+
+    def forward(self, x):
+        return nn.functional.interpolate(self.conv(x), size=self.size_of(x), mode="nearest")
+
+
+@pytest.mark.parametrize("size_of, named", [
+    (lambda x: x.shape[-2:], True), (lambda x: x.size()[2:], True), (lambda x: x.shape[2:4], True),
+    (lambda x: (x.shape[2], x.shape[3]), True), (lambda x: [x.size(2), x.size(-1)], True),
+    (lambda x: (x.size()[-2], x.shape[-1]), True),
+    (lambda x: (x.shape[3], x.shape[2]), False),  # height and width swapped
+    (lambda x: (x.shape[2] * 2, x.shape[3] * 2), False), (lambda x: x.shape[1:3], False),
+    (lambda x: (x.shape[2], x.shape[3] + 0 * x.shape[1]), False)])
+def test_a_resize_names_the_map_whose_height_and_width_it_reads(size_of, named):
+    """A size read as a map's height and width, however written, names that map (size_of); a size of other
+    arithmetic on sizes (swapped, doubled, other dimensions) is the traced size alone."""
+    desc = describe(_ResizedToInput(size_of), [3, 9, 9], name="resize")
+    assert desc.nodes[-1].attrs.get("size_of") == ("input" if named else None)
+
+
 @pytest.mark.parametrize("op, attrs, output_shape, expected", [
     ("interpolate", {"size": [5, 5], "mode": "nearest", "size_of": "input"}, [4, 5, 5], None),
     ("pad", {"pads": [1, 1, 1, 1], "mode": "constant", "pad_to": "input"}, [4, 5, 5], None),
