@@ -257,6 +257,24 @@ class _SkipSizedUNet(nn.Module):
         return self.head(self.dec1(torch.cat([F.interpolate(d2, size=(h, w), mode="nearest"), e1], 1)))
 
 
+class _TransposedUNet(nn.Module):
+    """A U-Net decoder upsampling by transposed convolutions given their skip's size at the call
+    (``up(x, output_size=skip.shape[2:])``: an output padding of 1 where the skip's side is even, 0 where odd)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc1, self.enc2, self.bottom = _conv_bn(3, 8), _conv_bn(8, 16, 2), _conv_bn(16, 16, 2)
+        self.up2, self.up1 = nn.ConvTranspose2d(16, 16, 3, 2, 1), nn.ConvTranspose2d(8, 8, 3, 2, 1)
+        self.dec2, self.dec1 = _conv_bn(32, 8), _conv_bn(16, 8)
+        self.head = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        e1 = self.enc1(x)
+        e2 = self.enc2(e1)
+        d2 = self.dec2(torch.cat([self.up2(self.bottom(e2), output_size=e2.shape[2:]), e2], 1))
+        return self.head(self.dec1(torch.cat([self.up1(d2, e1.size()[-2:]), e1], 1)))
+
+
 class _Fpn(nn.Module):
     """A backbone of three strided stages and torchvision's FeaturePyramidNetwork, whose top-down path resizes each
     coarser map to its lateral's size (``F.interpolate(x, size=lateral.shape[-2:])``); its finest map out."""
@@ -275,12 +293,14 @@ class _Fpn(nn.Module):
 
 
 @pytest.mark.parametrize("make, attr, count", [(_OddUNet, "pad_to", 2), (_SkipSizedUNet, "size_of", 2),
-                                               (_Fpn, "size_of", 2)], ids=["milesial_up", "skip_sized", "fpn"])
+                                               (_Fpn, "size_of", 2), (_TransposedUNet, "output_size_of", 2)],
+                         ids=["milesial_up", "skip_sized", "fpn", "transposed_to_skip"])
 def test_a_description_file_sized_by_another_map_is_rebuilt_at_other_shapes(tmp_path, make, attr, count):
-    """A U-Net's pad to its skip's odd side and a resize to another map's size (a U-Net decoder's, torchvision's FPN's)
-    are described naming that map (``pad_to``, ``size_of``), beside their traced numbers: the description file at
-    other --input-shape's (odd sides) is the module there, the same layers, the same output with the same weights.
-    The pad failed to describe before ('int() argument ... not Node'), the resize kept its traced size."""
+    """A U-Net's pad to its skip's odd side, a resize to another map's size (a U-Net decoder's, torchvision's FPN's)
+    and a transposed convolution given its skip's size at the call are described naming that map (``pad_to``,
+    ``size_of``, ``output_size_of``), beside their traced numbers: the description file at other --input-shape's (odd
+    sides) is the module there, the same layers, the same output with the same weights. The pad failed to describe
+    before ('int() argument ... not Node'), the resize and the output padding kept their traced numbers."""
     torch.manual_seed(0)
     module = make().eval()
     for layer in module.modules():

@@ -587,6 +587,10 @@ def test_a_resize_names_the_map_whose_height_and_width_it_reads(size_of, named):
     assert desc.nodes[-1].attrs.get("size_of") == ("input" if named else None)
 
 
+_TRANSPOSED = {"in_channels": 4, "out_channels": 4, "kernel_size": [3, 3], "stride": [2, 2], "padding": [1, 1],
+               "dilation": [1, 1], "groups": 1, "bias": False}
+
+
 @pytest.mark.parametrize("op, attrs, output_shape, expected", [
     ("interpolate", {"size": [5, 5], "mode": "nearest", "size_of": "input"}, [4, 5, 5], None),
     ("pad", {"pads": [1, 1, 1, 1], "mode": "constant", "pad_to": "input"}, [4, 5, 5], None),
@@ -604,15 +608,20 @@ def test_a_resize_names_the_map_whose_height_and_width_it_reads(size_of, named):
      r"pixel after\)"),
     ("pad", {"pads": [0, 0, 0, 0], "mode": "constant", "pad_to": "flat"}, [4, 3, 3],
      r"pad_to names 'flat' of shape \[36\]: it sizes a \[channels, height, width\] map by another"),
+    ("conv_transpose2d", {**_TRANSPOSED, "output_padding": [0, 0], "output_size_of": "input"}, [4, 5, 5], None),
+    ("conv_transpose2d", {**_TRANSPOSED, "output_padding": [1, 1], "output_size_of": "input"}, [4, 6, 6],
+     r"its output's 6x6 is not the 5x5 of 'input' \(output_size_of\)"),
 ])
 def test_a_size_read_off_another_node_is_checked(op, attrs, output_shape, expected):
-    """A resize's ``size_of`` and a pad's ``pad_to`` name an earlier [C, H, W] node whose height and width the node's
-    literal size (its pads, split as a U-Net's: the odd pixel after) give; anything else is refused by name."""
+    """A resize's ``size_of``, a pad's ``pad_to`` and a transposed convolution's ``output_size_of`` name an earlier
+    [C, H, W] node whose height and width the node's literal size (its pads, split as a U-Net's: the odd pixel after;
+    its output) give; anything else is refused by name."""
     d = _conv_description()
     conv = d["nodes"][1]["name"]
     d["nodes"][2]["name"] = "flat"
     d["nodes"].append({"name": "sized", "op": op, "inputs": [conv], "attrs": attrs, "output_shape": output_shape})
     d["output"] = "sized"
+    d.pop("params")  # counted from the nodes
     if expected is None:
         assert NetworkDescription.from_dict(d).node("sized").attrs == attrs
         return
@@ -1949,7 +1958,7 @@ def test_a_transposed_convolution_is_described_and_rebuilt(side):
     transposed = [n for n in desc.nodes if n.op == "conv_transpose2d"]
     assert [n.attrs for n in transposed] == [
         {"in_channels": 16, "out_channels": 8, "kernel_size": [3, 3], "stride": [2, 2], "padding": [1, 1],
-         "output_padding": [side - 15] * 2, "dilation": [1, 1], "groups": 1, "bias": True},
+         "output_padding": [side - 15] * 2, "dilation": [1, 1], "groups": 1, "bias": True, "output_size_of": "relu"},
         {"in_channels": 16, "out_channels": 8, "kernel_size": [2, 2], "stride": [2, 2], "padding": [side % 2] * 2,
          "output_padding": [side % 2] * 2, "dilation": [1, 1], "groups": 4, "bias": True},
         {"in_channels": 24, "out_channels": 4, "kernel_size": [3, 3], "stride": [1, 1], "padding": [2, 2],

@@ -2197,11 +2197,19 @@ def _size_reference(n: fx.Node, op: str) -> fx.Node | None:
     return None
 
 
+def _output_size_read(n: fx.Node, op: str) -> fx.Node | None:
+    """The tensor whose height and width the transposed convolution layer ``n`` is given as its output size
+    (``up(x, output_size=skip.shape[2:])``); None for any other node."""
+    if op != "conv_transpose2d" or n.op != "call_module":
+        return None
+    return _sides_read(_arg(n, 1, "output_size"))
+
+
 def _with_size_reference(n: fx.Node, op: str, attrs: dict, alias: dict[str, str]) -> dict:
     """``attrs`` of the node of ``n`` (of description op ``op``), with the name of the node whose map it takes its
     size from (:data:`SIZE_REFERENCES`) where it reads one (:func:`_size_reference`) the description holds; a pad
     computed from sizes otherwise marked ``pads_computed`` (its numbers the traced shape's)."""
-    like = _size_reference(n, op)
+    like = _size_reference(n, op) or _output_size_read(n, op)
     if like is not None and like.name in alias and "scale_factor" not in attrs:
         return {**attrs, SIZE_REFERENCES[op]: alias[like.name]}
     if op == "pad" and n.op == "call_function" and isinstance(_arg(n, 1, "pad"), (list, tuple)) \

@@ -131,6 +131,9 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # [Cin, H, W] -> [Cout, (H - 1) stride - 2 padding + dilation (kernel - 1) + output_padding + 1, ...]; its
     # weight [Cin, Cout / groups, kh, kw]; output_padding (per side, added at the bottom and right) is smaller
     # than the stride or the dilation, as torch requires
+    # optional output_size_of: the name of an earlier [C, H, W] node whose height and width the output has (a
+    # U-Net's up(x, output_size=skip.shape[2:])), which a rebuild gives at the call (torch then works out the
+    # output padding)
     "conv_transpose2d": ("in_channels", "out_channels", "kernel_size", "stride", "padding", "output_padding",
                          "dilation", "groups", "bias"),
     # a [C, H, W] map padded by pads [left, right, top, bottom] (F.pad's order for the last two dims; each >= 0) in
@@ -280,7 +283,8 @@ _NUMBERS: Dict[str, Tuple[Tuple[str, Any, Any], ...]] = {
 _OPTIONAL: Dict[str, Tuple[str, ...]] = {"gelu": ("approximate",), "maxpool2d": ("dilation",),
                                          "window_attention": ("position_bias_mlp",),
                                          "interpolate": ("scale_factor", "size_of"),
-                                         "pad": ("pad_to",)}
+                                         "pad": ("pad_to",),
+                                         "conv_transpose2d": ("output_size_of",)}
 _PAIRS: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("kernel_size", "stride", "padding", "dilation"),
     "maxpool2d": ("kernel_size", "stride", "padding"), "avgpool2d": ("kernel_size", "stride", "padding"),

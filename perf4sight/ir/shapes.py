@@ -95,8 +95,10 @@ def _resized(a: Dict[str, Any], x: List[int]) -> Union[List[int], str]:
 
 #: Op -> the optional attr naming another node whose height and width its output takes, whatever the input shape:
 #: a resize to another map's size (an FPN's ``F.interpolate(x, size=lateral.shape[-2:])``), and a U-Net's pad of
-#: the upsampled map to its skip's size, split as its formula splits it (:func:`pads_to`).
-SIZE_REFERENCES: Dict[str, str] = {"interpolate": "size_of", "pad": "pad_to"}
+#: the upsampled map to its skip's size, split as its formula splits it (:func:`pads_to`); a U-Net's transposed
+#: convolution given its skip's size at the call (``up(x, output_size=skip.shape[2:])``: its output padding).
+SIZE_REFERENCES: Dict[str, str] = {"interpolate": "size_of", "pad": "pad_to",
+                                   "conv_transpose2d": "output_size_of"}
 
 
 def pads_to(x: List[int], like: List[int]) -> List[int]:
@@ -110,7 +112,8 @@ def pads_to(x: List[int], like: List[int]) -> List[int]:
 def size_reference_problem(op: str, a: Dict[str, Any], x: List[int], like: List[int]) -> str:
     """What is wrong with a node of ``op`` whose :data:`SIZE_REFERENCES` attr names a node of shape ``like``, its
     input of shape ``x`` ("" if nothing, or where it names none): the named node must be a ``[C, H, W]`` map, and
-    the node's literal ``size`` (a resize) or ``pads`` (a pad) must be what that map's height and width give."""
+    the node's literal ``size`` (a resize), ``pads`` (a pad) or output (a transposed convolution's, of its
+    ``output_padding``) must be what that map's height and width give."""
     key = SIZE_REFERENCES.get(op)
     if key is None or key not in a:
         return ""
@@ -119,6 +122,11 @@ def size_reference_problem(op: str, a: Dict[str, Any], x: List[int], like: List[
     if op == "interpolate":
         if [int(v) for v in a["size"]] != list(like[1:]):
             return f"size {a['size']} is not the {like[1]}x{like[2]} of {a[key]!r} ({key})"
+        return ""
+    if op == "conv_transpose2d":
+        made = _transposed_out(a, x)
+        if not isinstance(made, str) and made[1:] != list(like[1:]):
+            return f"its output's {made[1]}x{made[2]} is not the {like[1]}x{like[2]} of {a[key]!r} ({key})"
         return ""
     want = pads_to(x, like)
     if [int(p) for p in a["pads"]] != want:

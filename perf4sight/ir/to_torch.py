@@ -564,6 +564,16 @@ def _built(node: Node, attrs: Dict[str, Any], factory: Dict[str, Any]) -> nn.Mod
     return MODULE_BUILDERS[node.op](attrs, **factory)
 
 
+def _output_size(node: Node, graph: fx.Graph, env: Dict[str, fx.Node]) -> Dict[str, Any]:
+    """The keyword arguments of a transposed convolution's call given its output size as another node's height and
+    width (``output_size_of``, read at run time: ``like.shape[2:]``); none for any other node."""
+    like = node.attrs.get("output_size_of") if node.op == "conv_transpose2d" else None
+    if like is None:
+        return {}
+    shape = graph.call_function(getattr, (env[like], "shape"))
+    return {"output_size": graph.call_function(operator.getitem, (shape, slice(2, None)))}
+
+
 def _emit(node: Node, graph: fx.Graph, root: nn.Module, env: Dict[str, fx.Node], taken: Set[str],
           where: str, factory: Dict[str, Any], layers: Dict[str, str]) -> fx.Node:
     """The fx node computing ``node`` from its inputs' (``env``), its module (if any) added to ``root`` under a name
@@ -574,7 +584,7 @@ def _emit(node: Node, graph: fx.Graph, root: nn.Module, env: Dict[str, fx.Node],
     args = [env[i] for i in node.inputs]
     if SHARES in node.attrs:  # one layer called again: its module, its parameters
         layers[node.name] = layers[node.attrs[SHARES]]
-        return graph.call_module(layers[node.name], tuple(args))
+        return graph.call_module(layers[node.name], tuple(args), _output_size(node, graph, env))
     if node.op == "dropout2d" and len(node.output_shape) == 2:
         # of [C, L]: torch's Dropout1d (from 1.12; a Dropout2d of [N, C, L] dropped the same before, warns since)
         module = getattr(nn, "Dropout1d", nn.Dropout2d)(float(node.attrs["p"]))
@@ -595,7 +605,7 @@ def _emit(node: Node, graph: fx.Graph, root: nn.Module, env: Dict[str, fx.Node],
         attr = _attr_name(node.name, taken)
         root.add_module(attr, module)
         layers[node.name] = attr
-        return graph.call_module(attr, tuple(args))
+        return graph.call_module(attr, tuple(args), _output_size(node, graph, env))
     if SIZE_REFERENCES.get(node.op) in node.attrs:  # sized by another node's map, read at run time
         fn, fn_args = _sized_like(node, args[0], env[node.attrs[SIZE_REFERENCES[node.op]]])
         return graph.call_function(fn, fn_args)
