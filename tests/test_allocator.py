@@ -200,6 +200,64 @@ def test_a_repeat_that_meets_its_steps_run_stops_there_with_the_figures_of_every
     assert part_way > 0
 
 
+class _BothLooks:
+    """A look at the allocator as the replay takes it (the untouched first tensors left out) beside the whole state:
+    each comparison checks that both give the same answer."""
+
+    def __init__(self, short: tuple, whole: tuple, verdicts: list[bool]):
+        self.short, self.whole, self.verdicts = short, whole, verdicts
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, _BothLooks):
+            return False
+        verdict = self.short == other.short
+        assert verdict == (self.whole == other.whole)
+        self.verdicts.append(verdict)
+        return verdict
+
+
+@pytest.mark.parametrize("zoo", ["small_maxvit", "resnet18"])
+def test_looks_that_leave_out_the_untouched_tensors_compare_as_the_whole_state(zoo, monkeypatch):
+    """The replay's looks at the allocator (before each run of the last step, every ``_MARK_EVENTS`` events of its
+    runs, here 16) leave out the first live tensors that no event of the last step or of its repeats touches (weights,
+    gradients kept, momentum): every comparison of two looks answers as the whole states' comparison does, under each
+    protocol, with gradients kept and with gradients freed; some looks are shorter and some match."""
+    from perf4sight.features import allocator
+    from perf4sight.features.step_runtime import StepRuntime
+    from perf4sight.networks.zoo import describe_zoo
+    monkeypatch.setattr(allocator, "_MARK_EVENTS", 16)
+    verdicts: list[bool] = []
+    left_out: list[int] = []
+    real_snapshot = CachingAllocator.snapshot
+
+    def both(self, live, skip=0):  # noqa: ANN001, ANN202
+        left_out.extend(list(live)[:skip])
+        return _BothLooks(real_snapshot(self, live, skip), real_snapshot(self, live), verdicts)
+
+    monkeypatch.setattr(CachingAllocator, "snapshot", both)
+    desc = _small_maxvit(64) if zoo == "small_maxvit" else describe_zoo(zoo, [3, 32, 32], num_classes=10)
+    for update in ({}, StepRuntime(foreach=False, grads_to_none=True).traced_update()):
+        base = simulate(desc, method="model", **update)
+        trace = AllocTrace("looks", base.kind, base.tensor, base.const, base.per_sample, update=base.update)
+        left_out.clear()
+        for protocol in ("run_peak", "perf4sight", "step_mean"):
+            for batch in (1, 6, 40):
+                trace.with_protocol(protocol).replay(batch)
+        last_step = set(trace.tensor[np.flatnonzero(trace.kind == STEP)[-1]:].tolist())  # a repeat's are the same
+        assert left_out and not last_step & set(left_out)
+    assert True in verdicts and False in verdicts
+
+
+def test_the_untouched_prefix_ends_at_the_first_tensor_touched():
+    """The looks leave out the live tensors before the first one that an event to come touches, and no more."""
+    from perf4sight.features.allocator import _untouched_prefix
+    live = {tensor: [tensor * 512, 512, True, True, None, None] for tensor in (4, 9, 2, 7, 5)}
+    assert _untouched_prefix(live, {2, 5}) == 2
+    assert _untouched_prefix(live, {4}) == 0
+    assert _untouched_prefix(live, {11}) == 5
+    assert _untouched_prefix({}, {1}) == 0
+
+
 def test_a_repeat_after_a_step_that_frees_the_gradients_meets_the_repeat_before_it(monkeypatch):
     """With ``zero_grad(set_to_none=True)`` a repeat of the last step runs other events than the step (it frees the
     gradients its previous run left): the second repeat looks for the first's course (here every 16 events). The

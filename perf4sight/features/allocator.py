@@ -157,12 +157,16 @@ class CachingAllocator:
         return (self.reserved, self.allocated, tuple(self._pools[0]), tuple(self._pools[1]),
                 frozenset((t, b[PTR], b[SIZE]) for t, b in live.items() if b is not None))
 
-    def snapshot(self, live: dict[int, _Block]) -> tuple:
+    def snapshot(self, live: dict[int, _Block], skip: int = 0) -> tuple:
         """:meth:`state` made in a few C loops, for a look every few hundred events (:func:`_marked_run`): equal
         snapshots are equal states (the live tensors listed in ``live``'s order: an order that differs only misses a
-        match). ``live`` holds no None (:meth:`run` keeps none there)."""
-        blocks = live.values()
-        return (self.reserved, self.allocated, tuple(self._pools[0]), tuple(self._pools[1]), list(live),
+        match). ``live`` holds no None (:meth:`run` keeps none there). ``skip``: the first ``skip`` live tensors
+        left out, tensors that no event between the snapshots compared touches (:func:`_untouched_prefix`): they
+        stay first in ``live``, and an allocated block keeps its address and size, so theirs are the same in both."""
+        tensors, blocks = list(live), list(live.values())
+        if skip:
+            tensors, blocks = tensors[skip:], blocks[skip:]
+        return (self.reserved, self.allocated, tuple(self._pools[0]), tuple(self._pools[1]), tensors,
                 list(map(_ADDRESS, blocks)), list(map(_BYTES, blocks)))
 
     def _remove(self, b: _Block) -> None:
@@ -339,14 +343,29 @@ class _Mark(NamedTuple):
     allocated: int
 
 
+def _untouched_prefix(live: dict[int, _Block], touched: set[int]) -> int:
+    """How many of the first live tensors (in ``live``'s order) are none of ``touched`` (the tensor ids of the events
+    run from now on): a look at the allocator can leave them out (:meth:`CachingAllocator.snapshot`). No event frees
+    them and every ALLOC adds its tensor last, so they stay first, and their blocks, allocated, keep their address and
+    size (only a free block is split or merged): a MaxViT's weights, gradients and momentum, three quarters of what
+    the looks listed."""
+    count = 0
+    for tensor in live:
+        if tensor in touched:
+            break
+        count += 1
+    return count
+
+
 def _marked_run(alloc: CachingAllocator, kinds: list[int], ids: list[int], sizes: list[int],
-                live: dict[int, _Block]) -> list[_Mark]:
+                live: dict[int, _Block], skip: int = 0) -> list[_Mark]:
     """Run events that the next run repeats (the last step's, or a repeat's where the step ran other events), looking
     at the allocator every :data:`_MARK_EVENTS` events (its peaks as one run gives them, from the peaks of each
-    stretch between two looks); the looks, for the repeats (:func:`_run_to_mark`)."""
+    stretch between two looks); the looks, for the repeats (:func:`_run_to_mark`), leaving out the first ``skip``
+    live tensors (:func:`_untouched_prefix`)."""
     stretches = []
     for start in range(0, len(kinds), _MARK_EVENTS):
-        seen = alloc.snapshot(live) if start else None
+        seen = alloc.snapshot(live, skip) if start else None
         alloc.reset_peaks()  # the run's own reset, at the first
         alloc.run(kinds[start:start + _MARK_EVENTS], ids[start:start + _MARK_EVENTS],
                   sizes[start:start + _MARK_EVENTS], live)
@@ -362,13 +381,13 @@ def _marked_run(alloc: CachingAllocator, kinds: list[int], ids: list[int], sizes
 
 
 def _run_to_mark(alloc: CachingAllocator, kinds: list[int], ids: list[int], sizes: list[int], live: dict[int, _Block],
-                 marks: list[_Mark]) -> tuple[int, int] | None:
+                 marks: list[_Mark], skip: int = 0) -> tuple[int, int] | None:
     """Run a repeat of the events :func:`_marked_run` ran until the allocator is, at a look, as that run left it
     there: the rest would run as it did, so the repeat's peaks (bytes) are those of its events so far and of the
     run's from there, given at once (a MaxViT's repeat meets its step's run a third of the way in). None: it ran to
-    the end (its peaks in ``alloc``)."""
+    the end (its peaks in ``alloc``). ``skip``: as the marked run's looks left out."""
     for n, start in enumerate(range(0, len(kinds), _MARK_EVENTS)):
-        if n and alloc.snapshot(live) == marks[n].snapshot:
+        if n and alloc.snapshot(live, skip) == marks[n].snapshot:
             return max(alloc.peak_reserved, marks[n].reserved), max(alloc.peak_allocated, marks[n].allocated)
         alloc.run(kinds[start:start + _MARK_EVENTS], ids[start:start + _MARK_EVENTS],
                   sizes[start:start + _MARK_EVENTS], live)
@@ -428,6 +447,8 @@ class AllocTrace:
     #: tensor ids, each one's index among the trace's sizes, -1 for none; :func:`_fused`): made once per trace
     _runs: list[tuple[list[int], list[int], np.ndarray]] | None = field(default=None, repr=False, init=False)
     _repeat_plan: tuple[list[int], list[int], np.ndarray] | None = field(default=None, repr=False, init=False)
+    #: the tensor ids that the last step's events and its repeat's touch (:meth:`_last_step_tensors`)
+    _touched: set[int] | None = field(default=None, repr=False, init=False)
     #: this trace's events under each protocol asked for (:meth:`with_protocol`), one dict shared by all of them: each
     #: view is made once and keeps its memo across fits
     _views: dict[str, "AllocTrace"] = field(default_factory=dict, repr=False, init=False, compare=False)
@@ -501,6 +522,7 @@ class AllocTrace:
         repeated = None  # the sizes of the repeat's events
         before = None  # the allocator's state before a repeat of the last step
         marks = None  # the allocator at every _MARK_EVENTS events of the run a repeat follows (:func:`_marked_run`)
+        skip = 0  # how many first live tensors the looks leave out: none that the last step or a repeat touches
         for n in range(total):
             if n > 0:
                 alloc.reset_peaks()
@@ -508,7 +530,9 @@ class AllocTrace:
                     alloc.empty_cache()
                     alloc.reset_peaks()
             if steps and n >= steps:  # the last step and its repeats
-                state = alloc.snapshot(live)
+                if n == steps:
+                    skip = _untouched_prefix(live, self._last_step_tensors())
+                state = alloc.snapshot(live, skip)
                 if state == before:  # the step left the allocator as it found it: every repeat is the same
                     peaks += [peaks[-1]] * (total - n)
                     break
@@ -520,12 +544,12 @@ class AllocTrace:
             else:
                 run_sizes = sizes[size_index].tolist()
             if marks is not None:  # the marked run's events again: this run may meet its course
-                met = _run_to_mark(alloc, run_kinds, run_ids, run_sizes, live, marks)
+                met = _run_to_mark(alloc, run_kinds, run_ids, run_sizes, live, marks, skip)
                 if met is not None:  # it ends as the marked run did: so does every later one
                     peaks += [met] * (total - n)
                     break
             elif events is repeat and n + 1 < total:  # the next run repeats these events
-                marks = _marked_run(alloc, run_kinds, run_ids, run_sizes, live)
+                marks = _marked_run(alloc, run_kinds, run_ids, run_sizes, live, skip)
             else:
                 alloc.run(run_kinds, run_ids, run_sizes, live)
             if n > 0:
@@ -539,6 +563,12 @@ class AllocTrace:
             starts = [0] + np.flatnonzero(self.kind[index] == STEP).tolist() + [len(kinds)]
             self._runs = [(kinds[s:e], ids[s:e], index[s:e]) for s, e in zip(starts, starts[1:])]
         return self._runs
+
+    def _last_step_tensors(self) -> set[int]:
+        """The tensor ids of the last step's events and of its repeat's (:attr:`_touched`, made once)."""
+        if self._touched is None:
+            self._touched = set(self._fused_runs()[-1][1]) | set(self._repeat_run()[1])
+        return self._touched
 
     def _repeat_run(self) -> tuple[list[int], list[int], np.ndarray]:
         """A repeat of the last step as the replay runs it (:func:`_repeat_plan`, :func:`_fused`), made once."""
