@@ -193,10 +193,12 @@ def test_a_replay_leaves_no_cycles_for_the_collector():
 def test_a_repeat_that_meets_its_steps_run_stops_there_with_the_figures_of_every_event(zoo, monkeypatch):
     """A repeat of the last step that finds the allocator, at one of the looks (every ``_MARK_EVENTS`` events, here
     16), as the step's run left it there, stops: its peaks are those of its events so far and of the run's from
-    there. Under each protocol, the figures are those of every event run one by one; some repeats stop part way."""
+    there. Under each protocol, the figures are those of every event run one by one; some repeats stop part way (the
+    repeats that find the small segments their step made, which would run no event, run as the others)."""
     from perf4sight.features import allocator
     from perf4sight.networks.zoo import describe_zoo
     monkeypatch.setattr(allocator, "_MARK_EVENTS", 16)
+    monkeypatch.setattr(allocator, "_grown_by_small_segments", lambda *a: False)
     ran = []
     real_run = CachingAllocator.run
     monkeypatch.setattr(CachingAllocator, "run", lambda self, kinds, *a: ran.append(len(kinds)) or real_run(
@@ -224,6 +226,9 @@ class _BothLooks:
 
     def __init__(self, short: tuple, whole: tuple, verdicts: list[bool]):
         self.short, self.whole, self.verdicts = short, whole, verdicts
+
+    def __getitem__(self, index: int | slice) -> object:  # the replay's other readers of a look read the short one
+        return self.short[index]
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, _BothLooks):
@@ -274,6 +279,86 @@ def test_the_untouched_prefix_ends_at_the_first_tensor_touched():
     assert _untouched_prefix(live, {4}) == 0
     assert _untouched_prefix(live, {11}) == 5
     assert _untouched_prefix({}, {1}) == 0
+
+
+@pytest.mark.parametrize("zoo", ["small_swin_v2", "small_maxvit", "resnet18", "mobilenet_v2"])
+def test_a_repeat_that_finds_the_small_segments_its_step_made_runs_no_event_with_the_figures_of_every_event(
+        zoo, monkeypatch):
+    """A repeat of the last step that finds the allocator as the step's run found it but for small segments the run
+    made, free and whole, runs none of its events: its peaks are the run's. Under each protocol, the figures are
+    those of every event run one by one, and some repeats, found so, run no event."""
+    from perf4sight.features import allocator
+    from perf4sight.networks.zoo import describe_zoo
+    ran, found = [], []
+    real_run, real_found = CachingAllocator.run, allocator._grown_by_small_segments
+    monkeypatch.setattr(CachingAllocator, "run", lambda self, kinds, *a: ran.append(len(kinds)) or real_run(
+        self, kinds, *a))
+    monkeypatch.setattr(allocator, "_grown_by_small_segments", lambda *a: found.append(real_found(*a)) or found[-1])
+    small = {"small_swin_v2": lambda: _small_swin(36, True), "small_maxvit": lambda: _small_maxvit(64)}
+    desc = small[zoo]() if zoo in small else describe_zoo(zoo, [3, 32, 32], num_classes=10)
+    base = simulate(desc, method="model")
+    trace = AllocTrace("found", base.kind, base.tensor, base.const, base.per_sample)  # a memo of its own
+    through = sum(len(kinds) for kinds, _, _ in trace._fused_runs())  # events to the last step's end
+    none_run = 0
+    for protocol in ("run_peak", "perf4sight", "step_mean"):
+        view = trace.with_protocol(protocol)
+        for batch in (1, 6, 40, 64, 100):
+            expected = _replayed_event_by_event(view, batch)
+            ran.clear()
+            found.clear()
+            assert view.replay(batch) == pytest.approx(expected, rel=1e-12)
+            none_run += found == [True] and sum(ran) == through
+    assert none_run > 0
+
+
+def test_a_repeat_takes_the_shortcut_only_where_its_figures_are_the_steps_spelled_out(monkeypatch):
+    """ConvNeXt T at 64x64 with the gradients freed, under perf4sight's protocol at a batch of 64: a repeat let take
+    the shortcut of a step that grew the cache by small segments wherever its step ran before it gives other
+    figures; the replay's are those of the steps spelled out."""
+    from perf4sight.features import allocator
+    from perf4sight.features.step_runtime import StepRuntime
+    from perf4sight.networks.zoo import describe_zoo
+    desc = describe_zoo("convnext_tiny", [3, 64, 64], num_classes=10)
+    base = simulate(desc, method="model", **StepRuntime(foreach=False, grads_to_none=True).traced_update())
+    spelled = record_events(desc, 64, steps=4, method="model", set_to_none=True)
+    spelled_trace = AllocTrace("spelled", np.array([e[0] for e in spelled], dtype=np.int8),
+                               np.array([e[1] for e in spelled]), np.array([float(e[2]) for e in spelled]),
+                               np.zeros(len(spelled)), repeat_last=0, protocol="perf4sight")
+
+    def replayed() -> tuple[float, float]:
+        return AllocTrace("freed", base.kind, base.tensor, base.const, base.per_sample, protocol="perf4sight",
+                          update=base.update).replay(64)
+
+    assert replayed() == spelled_trace.replay(64)
+    monkeypatch.setattr(allocator, "_grown_by_small_segments", lambda *a: True)
+    assert replayed() != spelled_trace.replay(64)
+
+
+def test_an_allocator_grown_only_by_whole_small_segments_is_told_apart():
+    """The repeat's shortcut holds where the allocator differs from the run's start only by small segments the run
+    made, each free and whole, and their bytes reserved: not where a large segment was made, a small one is still in
+    use, the segments were there before the run, or more bytes are reserved."""
+    from perf4sight.features.allocator import _grown_by_small_segments
+
+    def after(requests: list[int], keep_last: bool = False) -> tuple[tuple, int, tuple]:
+        """Looks at an allocator before and after ``requests`` are made and freed (the last kept with ``keep_last``),
+        and the address of its next segment before."""
+        alloc, live = CachingAllocator(), {}
+        alloc.run([ALLOC, ALLOC], [1, 2], [4 * MIB, 4096], live)  # a large and a small segment
+        start, start_next = alloc.snapshot(live), alloc._next_ptr
+        ids = list(range(10, 10 + len(requests)))
+        alloc.run([ALLOC] * len(ids), ids, requests, live)
+        freed = ids[:-1] if keep_last else ids
+        alloc.run([FREE] * len(freed), freed, [0] * len(freed), live)
+        return start, start_next, alloc.snapshot(live)
+
+    start, start_next, grown = after([MIB] * 4)  # the first in the small segment there, then two segments made
+    assert grown[0] == start[0] + 2 * 2 * MIB and _grown_by_small_segments(start, start_next, grown)
+    assert _grown_by_small_segments(*after([MIB // 2, 3 * 512]))  # nothing made: as it was
+    assert not _grown_by_small_segments(*after([17 * MIB]))  # a large segment made
+    assert not _grown_by_small_segments(*after([MIB] * 4, keep_last=True))  # a small one still in use
+    assert not _grown_by_small_segments(start, start_next + 16 * MIB, grown)  # segments made before
+    assert not _grown_by_small_segments(start, start_next, (grown[0] + 2 * MIB,) + grown[1:])  # more reserved
 
 
 def test_a_repeat_after_a_step_that_frees_the_gradients_meets_the_repeat_before_it(monkeypatch):

@@ -403,6 +403,28 @@ def _run_to_mark(alloc: CachingAllocator, kinds: list[int], ids: list[int], size
     return None
 
 
+def _grown_by_small_segments(start: tuple, start_next: int, now: tuple) -> bool:
+    """Whether the allocator, whose look is ``now`` (:meth:`CachingAllocator.snapshot`), is as it was at the look
+    ``start`` before a run of events, the address of its next segment being ``start_next`` there, but for small
+    segments that run made, each free and whole now, and their bytes reserved (the large pool, the bytes allocated
+    and the live tensors' blocks the same). The same events run again then take the course they took: where the run
+    made a small segment, a request finds it (it fits, and lies below the later ones); elsewhere a whole free small
+    segment, made later, lies above any block the run took and is no better fit; the large pool is as it was. So the
+    run again has the run's peak allocated, reserves nothing more (its peak reserved is the run's last), and ends as
+    the run did (a MaxViT's step makes 6 small segments that its repeat finds cached: it met the run a third of the
+    way in)."""
+    if now[1] != start[1] or now[2] != start[2] or now[4:] != start[4:]:
+        return False
+    before, small = set(start[3]), set(now[3])
+    made = small - before
+    if len(small) != len(before) + len(made):  # a free block of the start is gone
+        return False
+    whole = K_SMALL_BUFFER << _ADDRESS_BITS
+    if any(key >> _ADDRESS_BITS != K_SMALL_BUFFER or key - whole < start_next for key in made):
+        return False
+    return now[0] == start[0] + len(made) * K_SMALL_BUFFER
+
+
 def _fused(kinds: np.ndarray, ids: np.ndarray, index: np.ndarray) -> tuple[list[int], list[int], np.ndarray]:
     """The events (kinds, tensor ids, the index of each one's size, -1 for none) as the replay runs them: every ALLOC
     whose next event FREEs its tensor written as one :data:`_ALLOC_FREE` (the ALLOC's id and size). The same replay,
@@ -532,6 +554,7 @@ class AllocTrace:
         before = None  # the allocator's state before a repeat of the last step
         marks = None  # the allocator at every _MARK_EVENTS events of the run a repeat follows (:func:`_marked_run`)
         skip = 0  # how many first live tensors the looks leave out: none that the last step or a repeat touches
+        marked_from = None  # the allocator before the marked run: its look and the address of its next segment
         for n in range(total):
             if n > 0:
                 alloc.reset_peaks()
@@ -552,12 +575,16 @@ class AllocTrace:
                 run_sizes = repeated
             else:
                 run_sizes = sizes[size_index].tolist()
+            if marks is not None and _grown_by_small_segments(*marked_from, state):  # it runs the marked run's course
+                peaks += [(marks[0].reserved, marks[0].allocated)] * (total - n)
+                break
             if marks is not None:  # the marked run's events again: this run may meet its course
                 met = _run_to_mark(alloc, run_kinds, run_ids, run_sizes, live, marks, skip)
                 if met is not None:  # it ends as the marked run did: so does every later one
                     peaks += [met] * (total - n)
                     break
             elif events is repeat and n + 1 < total:  # the next run repeats these events
+                marked_from = state, alloc._next_ptr
                 marks = _marked_run(alloc, run_kinds, run_ids, run_sizes, live, skip)
             else:
                 alloc.run(run_kinds, run_ids, run_sizes, live)
