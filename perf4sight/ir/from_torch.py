@@ -659,6 +659,8 @@ for _key in (operator.pow, torch.pow, "pow"):
 for _key, _exponent in ((torch.square, 2.0), ("square", 2.0), (torch.sqrt, 0.5), ("sqrt", 0.5), (torch.rsqrt, -0.5),
                         ("rsqrt", -0.5)):
     FUNCTION_OPS[_key] = (lambda e: lambda n: ("pow", {"exponent": e}))(_exponent)
+for _key in (torch.reciprocal, "reciprocal"):  # 1 / x: torch's reciprocal kernel, the power -1's
+    FUNCTION_OPS[_key] = lambda n: ("pow", {"exponent": -1.0})
 def _repeat(n: fx.Node) -> tuple[str, dict]:
     """``x.repeat(*sizes)``, ``x.tile(dims)``, ``torch.tile(x, dims)`` (a tile's dims shorter than the input's filled
     with ones in front, as torch's): the op repeat of the counts after the batch's. One that tiles the batch or adds
