@@ -1426,13 +1426,13 @@ def test_a_quotient_counts_the_gradients_of_the_inputs_that_need_one(case, torch
 
 
 def test_powers_exp_and_abs_count_as_activations_in_perf4sight_s_features():
-    """An elementwise function of one tensor (pow, exp, abs) counts its output's elements as an activation's."""
+    """An elementwise function of one tensor (pow, exp, abs, log) counts its output's elements as an activation's."""
     from perf4sight.features.perf4sight_set import PERF4SIGHT_FEATURES, perf4sight_vectors
 
     col = PERF4SIGHT_FEATURES.index("act_elems")
     base = [Node("input", "input", [], {}, [4, 8, 8]), _conv("c", "input", 4, 4, 1, 1, 8)]
     plain = perf4sight_vectors(_desc(base))[1][col]
-    for op, attrs in (("pow", {"exponent": 2.0}), ("exp", {}), ("abs", {})):
+    for op, attrs in (("pow", {"exponent": 2.0}), ("exp", {}), ("abs", {}), ("log", {})):
         assert perf4sight_vectors(_desc(base + [Node("a", op, ["c"], attrs, [4, 8, 8])]))[1][col] == plain + 256
     add = PERF4SIGHT_FEATURES.index("add_elems")  # a quotient of two tensors, with the adds and multiplies
     assert perf4sight_vectors(_desc(base + [Node("a", "div", ["c", "c"], {}, [4, 8, 8])]))[1][add] == \

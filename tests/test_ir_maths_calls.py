@@ -4,6 +4,7 @@ from the description computes the original's output and gradients), costed as to
 allocation model as the meta trace records them, or refused by name with a way around."""
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -58,3 +59,75 @@ def test_reciprocal_is_the_power_minus_one():
     1 / x described: both are the op pow of exponent -1 (torch's reciprocal kernel, which keeps its result)."""
     desc = _computes_the_same(_Probe(lambda y: torch.reciprocal(y.abs() + 1) + (y.relu() + 2).reciprocal()))
     assert [n.attrs for n in desc.nodes if n.op == "pow"] == [{"exponent": -1.0}] * 2
+
+
+#: Patterns of a [8, 8, 8] map: (pattern, the op it describes to, the torch call run alone on a leaf for the dispatch
+#: log: the op's kernels forward and backward).
+_CASES = {
+    "log": (lambda y: torch.log(y.abs() + 1) + (y.sigmoid() + 0.5).log(), "log",
+            lambda x: torch.log(x.detach().abs().add(1).requires_grad_())),
+}
+
+
+def test_log_is_described():
+    """torch.log and x.log() were refused ("call_function 'log' has no description op"): they are the op log, and
+    the rebuilt module computes the original's output and gradients."""
+    desc = _computes_the_same(_Probe(_CASES["log"][0]))
+    assert [n.op for n in desc.nodes if n.op == "log"] == ["log"] * 2
+
+
+@pytest.mark.parametrize("case", ["log"])
+@pytest.mark.parametrize("batch", [3, 1])
+def test_the_allocation_model_writes_down_the_call_as_traced(case, batch):
+    """A log keeps its input; backward its gradient is the incoming one over the input (aten.div.Tensor): the
+    model's events are the meta trace's, and no longer left to it."""
+    from test_allocator import _as_replayed
+
+    from perf4sight.features.alloc_model import COVERED
+    from perf4sight.features.alloc_trace import record_events
+
+    desc = describe(_Probe(_CASES[case][0]), SHAPE, name=case)
+    model = record_events(desc, batch, steps=2, method="model")
+    assert _CASES[case][1] in COVERED
+    assert _as_replayed(model) == _as_replayed(record_events(desc, batch, steps=2, method="trace"))
+
+
+@pytest.mark.parametrize("case", ["log"])
+def test_the_call_costs_the_kernels_torch_runs(case):
+    """The walk's cost of the op counts the kernels and FLOPs this torch runs forward and backward (a dispatch log):
+    a log one kernel and an element's FLOP each way, its input kept."""
+    from test_features import _ops_run
+
+    from perf4sight.features.walk import walk
+
+    pattern, op, torch_run = _CASES[case]
+    desc = describe(_Probe(pattern), SHAPE, name=case)
+    visit = [v for v in walk(desc) if v.node.op == op][0]
+    forward, backward = _ops_run(torch_run, [8, 8, 8])
+    mine = forward[[name for name, _ in forward].index(op):]
+    assert (visit.cost.kernels_fwd, visit.cost.kernels_bwd) == (len(mine), len(backward))
+    assert (visit.cost.flops_fwd, visit.cost.flops_bwd) == (sum(e for _, e in mine), sum(e for _, e in backward))
+    assert visit.cost.saved == [0]
+
+
+@pytest.mark.parametrize("case", ["log"])
+def test_a_network_using_the_call_prunes_and_trains(case):
+    """Pruning a network that calls it keeps the call: the pruned network describes to fewer channels with the op
+    still there, and a training step runs."""
+    from test_networks import _train_step
+
+    from perf4sight.networks.build import Source, prune_source
+
+    pattern, op, _ = _CASES[case]
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b, self.fc = nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(16, 16, 3, padding=1), nn.Linear(16, 10)
+
+        def forward(self, x):
+            return self.fc(self.b(pattern(self.a(x))).mean((2, 3)))
+    (desc,) = prune_source(Source("net", "test", Net), [3, 16, 16], [30], "l1-norm", 2, seed=0)
+    assert max(n.attrs["out_channels"] for n in desc.nodes if n.op == "conv2d") < 16
+    assert op in [n.op for n in desc.nodes]
+    _train_step(desc)

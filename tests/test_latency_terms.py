@@ -214,7 +214,7 @@ def test_prelu_dropout2d_and_log_softmax_kernels(op, attrs, backward):
 
 @pytest.mark.parametrize("op, attrs, backward", [("pow", {"exponent": 3.0}, 3), ("pow", {"exponent": -0.5}, 3),
                                                  ("pow", {"exponent": 0.5}, 2), ("abs", {}, 2), ("exp", {}, 1),
-                                                 ("div", {}, 5),
+                                                 ("div", {}, 5), ("log", {}, 1),
                                                  ("var", {"dims": [1], "keepdim": False, "correction": 1.0}, 4)])
 def test_powers_abs_and_exp_kernels(op, attrs, backward):
     """A power's backward is three kernels (x ** (p - 1), times p, times the gradient; rsqrt's of its result), a

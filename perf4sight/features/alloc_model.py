@@ -148,6 +148,7 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "flip", "roll",
                      "maximum", "minimum",
                      "weighted_sum",
+                     "log",
                      "matmul"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
@@ -172,7 +173,7 @@ _TAKE_STRIDED = {"conv2d", "conv_transpose2d", "cat", "identity", "transpose", "
 #: Ops that take a dense input of any layout (a channels-last one, a permuted one): their outputs' strides follow
 #: the inputs' as torch's TensorIterator lays them out (:func:`_iterated`).
 _TAKE_DENSE = {"add", "scale", "shift"}
-_ELEMENTWISE = {"add", "mul", "div", "pow", "exp", "abs"} | set(_ACTIVATIONS)
+_ELEMENTWISE = {"add", "mul", "div", "pow", "exp", "abs", "log"} | set(_ACTIVATIONS)
 
 
 def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -859,6 +860,7 @@ def _on_copy(ctx: _OpContext) -> _Value:
 _MATHS_KERNELS = {
     "exp": ("exp.default", "result", (), "aten.mul.Tensor"),  # grad * result
     "abs": ("abs.default", "input", ("aten.sgn.default",), "aten.mul.Tensor"),  # grad * sgn(x)
+    "log": ("log.default", "input", (), "aten.div.Tensor"),  # grad / x
     0.5: ("sqrt.default", "result", ("aten.mul.Scalar",), "aten.div.Tensor"),  # grad / (2 * result)
     -1.0: ("reciprocal.default", "result", ("aten.mul.Tensor", "aten.neg.default"), "aten.mul.Tensor"),  # -grad *
     # result ** 2
@@ -870,7 +872,7 @@ _MATHS_KERNELS = {
 
 
 def _maths(ctx: _OpContext) -> _Value:
-    """A power (sqrt, rsqrt and reciprocal: their own kernels), exp or abs of a tensor (:data:`_MATHS_KERNELS`)."""
+    """A power (sqrt, rsqrt and reciprocal: their own kernels), exp, abs or log of a tensor (:data:`_MATHS_KERNELS`)."""
     n, x = ctx.node, ctx.x
     key: str | float = n.op
     if n.op == "pow":
@@ -2178,7 +2180,7 @@ _HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
                      "conv_transpose2d"), _with_parameters),
     "rmsnorm": _with_parameters,
     **dict.fromkeys(("relu", "relu6", "dropout", *_ACTIVATIONS), _activation),
-    **dict.fromkeys(("pow", "exp", "abs"), _maths),
+    **dict.fromkeys(("pow", "exp", "abs", "log"), _maths),
     "div": _quotient,
     "matmul": _matrix_product,
     "var": _variance,

@@ -903,6 +903,8 @@ HANDLERS: dict[str, Handler] = {
     "exp": _pointwise(1, [OUTPUT], 1),
     # |x|: 1; backward grad * sgn(x) (2 in 2 kernels), it keeps its input
     "abs": _pointwise(1, [0], 2, 2),
+    # ln x: 1; backward grad / x (1, one kernel: a dispatch log of torch 2.14), it keeps its input
+    "log": _pointwise(1, [0], 1),
     "identity": _view,
     "maxpool2d": _maxpool2d,
     "fractional_maxpool2d": _fractional_maxpool2d,

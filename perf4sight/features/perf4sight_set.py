@@ -166,6 +166,7 @@ def perf4sight_vectors(desc: NetworkDescription) -> tuple[np.ndarray, np.ndarray
                          "elu", "softplus", "mish", "hardtanh", "softmax", "log_softmax", "prelu",
                          "selu", "celu", "rrelu",
                          "pow", "exp", "abs",
+                         "log",
                          "glu",
                          "hardshrink", "softshrink", "threshold",
                          "log_sigmoid"):

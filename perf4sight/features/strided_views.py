@@ -23,7 +23,8 @@ BATCH = 2
 #: contiguous. An add or a multiply counts where it reads one tensor (and a number).
 KEEPS_LAYOUT = frozenset({"relu", "relu6", "hardswish", "sigmoid", "hardsigmoid", "silu", "gelu", "tanh", "dropout",
                           "alpha_dropout", "leaky_relu", "elu", "selu", "celu", "softplus", "mish", "hardtanh",
-                          "hardshrink", "softshrink", "threshold", "pow", "exp", "abs", "flip", "add", "mul"})
+                          "hardshrink", "softshrink", "threshold", "pow", "exp", "abs", "flip", "add", "mul",
+                          "log"})
 
 
 def _contiguous(shape: list[int]) -> list[int]:

@@ -60,6 +60,7 @@ OP_TOKEN: dict[str, str] = {**{op: op for op in OP_VOCAB},
                             "local_response_norm": "batchnorm2d",
                             # elementwise maths of one tensor, as sigmoid's is
                             "pow": "sigmoid", "exp": "sigmoid", "abs": "sigmoid", "div": "mul", "var": "mean",
+                            "log": "sigmoid",
                             # a half of the input times the sigmoid of the other: silu's work an output element
                             "glu": "silu",
                             # a value kept or replaced by a compare, as relu's

@@ -93,6 +93,7 @@ ONNX_TO_OP: dict[str, str] = {
     "LRN": "local_response_norm",
     # ONNX's Pow (its exponent a second input: here an arg, as this tool writes it), Exp and Abs
     "Pow": "pow", "Exp": "exp", "Abs": "abs", "Div": "div",
+    "Log": "log",  # ONNX's natural logarithm
     "ReduceVariance": "var",  # no ONNX op: a type of this tool's own
     # no ONNX op (torch's exporter writes a GLU as a Split, a Sigmoid and a Mul): a type of this tool's own
     "Glu": "glu",

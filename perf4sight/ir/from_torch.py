@@ -685,6 +685,8 @@ for _key in (operator.neg, torch.neg, "neg"):  # -x: x times -1
     FUNCTION_OPS[_key] = lambda n: ("mul", {"scalar": -1.0})
 for _key, _op in ((torch.exp, "exp"), ("exp", "exp"), (torch.abs, "abs"), ("abs", "abs"), (operator.abs, "abs")):
     FUNCTION_OPS[_key] = (lambda op: lambda n: (op, {}))(_op)
+for _key in (torch.log, "log"):
+    FUNCTION_OPS[_key] = lambda n: ("log", {})
 for _key in (torch.cat, torch.concat, torch.concatenate):  # each takes its dim as dim= or as axis=
     FUNCTION_OPS[_key] = lambda n: ("cat", {"dim": int(_arg(n, 1, "dim", n.kwargs.get("axis", 0)))})
 for _key in (torch.flatten, "flatten"):

@@ -158,6 +158,8 @@ OPS: Dict[str, Tuple[str, ...]] = {
     "pow": ("exponent",),
     "exp": (),
     "abs": (),
+    # the natural logarithm of x (torch's log; its backward divides the gradient by the input, which it keeps)
+    "log": (),
     # the variance over dims (as mean's), its squared deviations summed over their count less correction (torch's
     # var: 1, unbiased; 0 a hand-written norm's); a standard deviation is its pow 0.5
     "var": ("dims", "keepdim", "correction"),

@@ -20,7 +20,8 @@ _UNARY = ("relu", "relu6", "hardswish", "sigmoid", "hardsigmoid", "silu", "gelu"
           "log_sigmoid",
           "rrelu",
           "alpha_dropout",
-          "pow", "exp", "abs")
+          "pow", "exp", "abs",
+          "log")
 
 #: op -> (fewest, most) inputs; None = no upper bound
 ARITY: Dict[str, Tuple[int, Optional[int]]] = {
