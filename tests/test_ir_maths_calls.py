@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from perf4sight.errors import UserError
 from perf4sight.ir.from_torch import describe
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.ir.to_torch import build_module
@@ -130,4 +132,91 @@ def test_a_network_using_the_call_prunes_and_trains(case):
     (desc,) = prune_source(Source("net", "test", Net), [3, 16, 16], [30], "l1-norm", 2, seed=0)
     assert max(n.attrs["out_channels"] for n in desc.nodes if n.op == "conv2d") < 16
     assert op in [n.op for n in desc.nodes]
+    _train_step(desc)
+
+
+class _InstanceNormCall(nn.Module):
+    """nn.InstanceNorm2d's call copied into a module of one's own: F.instance_norm of its own running mean and
+    variance (buffers), weight and bias where ``affine``, ``use_input_stats=self.training``."""
+
+    def __init__(self, affine: bool, momentum: float) -> None:
+        super().__init__()
+        self.momentum = momentum
+        self.weight = nn.Parameter(torch.rand(8) + 0.5) if affine else None
+        self.bias = nn.Parameter(torch.randn(8)) if affine else None
+        self.register_buffer("mean", torch.randn(8))
+        self.register_buffer("var", torch.rand(8) + 0.5)
+
+    def forward(self, x):
+        return F.instance_norm(x, self.mean, self.var, self.weight, self.bias, self.training, self.momentum, 1e-3)
+
+
+class _OwnInstanceNorm(nn.Module):
+    """A convolution, then :class:`_InstanceNormCall`, a ReLU, the channels' means and a classifier."""
+
+    def __init__(self, affine: bool, momentum: float = 0.1) -> None:
+        super().__init__()
+        self.conv, self.norm, self.fc = nn.Conv2d(3, 8, 3, padding=1), _InstanceNormCall(affine, momentum), \
+            nn.Linear(8, 10)
+
+    def forward(self, x):
+        return self.fc(self.norm(self.conv(x)).relu().mean((2, 3)))
+
+
+@pytest.mark.parametrize("affine, momentum", [(False, 0.1), (True, 0.3)])
+def test_an_instance_norm_call_with_running_statistics_is_described(affine, momentum):
+    """F.instance_norm with a running mean and variance was refused ("an instance norm with running statistics has
+    no description op") where nn.InstanceNorm2d(track_running_stats=True) described: it is that op, tracking them
+    by its momentum; the rebuilt module computes the original's output and gradients in training and updates its
+    running statistics alike."""
+    desc = _computes_the_same(_OwnInstanceNorm(affine, momentum))
+    (norm,) = [n for n in desc.nodes if n.op == "instancenorm"]
+    expected = {"num_features": 8, "eps": 1e-3, "track_running_stats": True, **({"affine": True} if affine else {}),
+                **({} if momentum == 0.1 else {"momentum": momentum})}
+    assert norm.attrs == expected
+
+
+@pytest.mark.parametrize("batch", [3, 1])
+def test_the_allocation_model_writes_down_an_instance_norm_call_with_running_statistics_as_traced(batch):
+    """The call's instance norm is the layer's: its events, running statistics repeated per sample and averaged
+    back included, are the meta trace's."""
+    from test_allocator import _as_replayed
+
+    from perf4sight.features.alloc_trace import record_events
+
+    desc = describe(_OwnInstanceNorm(True), SHAPE, name="own")
+    model = record_events(desc, batch, steps=2, method="model")
+    assert _as_replayed(model) == _as_replayed(record_events(desc, batch, steps=2, method="trace"))
+
+
+def test_an_instance_norm_call_with_a_running_mean_alone_is_refused_by_name():
+    """Running statistics of a mean without a variance: refused, saying to give both."""
+    class MeanOnly(_OwnInstanceNorm):
+        def forward(self, x):
+            return self.fc(F.instance_norm(self.conv(x), self.norm.mean, None, use_input_stats=True).mean((2, 3)))
+    with pytest.raises(UserError, match=r"a running mean but no running variance .* give both"):
+        describe(MeanOnly(False), SHAPE, name="mean_only")
+
+
+def test_a_network_with_an_instance_norm_call_with_running_statistics_prunes_and_trains():
+    """Pruning a network whose own module calls F.instance_norm with running statistics keeps the call's channels
+    (its buffers and parameters are no layer torch-pruning cuts) and cuts the others: the pruned network describes,
+    its instance norm tracking running statistics, and a training step runs."""
+    from test_networks import _train_step
+
+    from perf4sight.networks.build import Source, prune_source
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.norm, self.b = nn.Conv2d(3, 8, 3, padding=1), _InstanceNormCall(True, 0.1), \
+                nn.Conv2d(8, 16, 3, padding=1)
+            self.fc = nn.Linear(16, 10)
+
+        def forward(self, x):
+            return self.fc(self.b(self.norm(self.a(x))).mean((2, 3)))
+    (desc,) = prune_source(Source("net", "test", Net), [3, 16, 16], [30], "l1-norm", 2, seed=0)
+    (norm,) = [n for n in desc.nodes if n.op == "instancenorm"]
+    assert norm.attrs["num_features"] == 8 and norm.attrs["track_running_stats"]
+    assert [n.attrs["out_channels"] for n in desc.nodes if n.op == "conv2d"][1] < 16
     _train_step(desc)

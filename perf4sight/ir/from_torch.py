@@ -961,15 +961,22 @@ def _interpolate_call(n: fx.Node) -> tuple[str, dict]:
 
 def _instance_norm_call(n: fx.Node) -> tuple[str, dict]:
     """``F.instance_norm(x, running_mean, running_var, weight, bias, use_input_stats, momentum, eps)``: its
-    channels the input's, its weight and bias the module's own (``get_attr``); running statistics refused."""
-    if _arg(n, 1, "running_mean") is not None or _arg(n, 2, "running_var") is not None \
-            or not _arg(n, 5, "use_input_stats", True):
-        raise ValueError("an instance norm with running statistics has no description op")
+    channels the input's, its weight, bias and running statistics the module's own (``get_attr``). With running
+    statistics (nn.InstanceNorm2d's call copied into a module of one's own) it tracks them by ``momentum``; its
+    ``use_input_stats``, ``self.training`` there, is read as a training step's (each sample normalised by its own
+    statistics), as F.batch_norm's ``training`` is. A running mean without a variance (or the other way) is
+    refused by name."""
+    running = [_arg(n, 1, "running_mean"), _arg(n, 2, "running_var")]
+    if (running[0] is None) != (running[1] is None):
+        raise ValueError("an instance norm with a running mean but no running variance (or a variance but no mean) "
+                         "has no description op; give both (nn.InstanceNorm2d(track_running_stats=True) keeps both)")
     weight, bias = _arg(n, 3, "weight"), _arg(n, 4, "bias")
     if (weight is None) != (bias is None):
         raise ValueError("an instance norm with a weight but no bias (or a bias but no weight) has no description op")
     channels = n.args[0].meta["tensor_meta"].shape[1]
-    return "instancenorm", _instancenorm_attrs(channels, float(_arg(n, 7, "eps", 1e-5)), weight is not None)
+    momentum = None if running[0] is None else float(_arg(n, 6, "momentum", 0.1))
+    return "instancenorm", _instancenorm_attrs(channels, float(_arg(n, 7, "eps", 1e-5)), weight is not None,
+                                               momentum)
 
 
 def _softmax_attrs(n: fx.Node, dim: Any, op: str = "softmax") -> tuple[str, dict]:
@@ -2807,7 +2814,8 @@ def _with_own_tensors(n: fx.Node, op: str, attrs: dict, gm: fx.GraphModule, wher
     """``n``'s op once the module tensors it reads (``get_attr`` nodes, or their batch expansions: ``held``) are
     taken in: a multiply by one parameter is a ``scale`` of that parameter's shape, an add of one a ``shift``, a
     concatenation that puts one first a ``token``; a layer, group or instance norm reads its own weight and bias, a
-    PReLU its slopes, a batch norm call its weight, bias and running statistics; a random generator read is left out
+    PReLU its slopes, a batch norm call its weight, bias and running statistics (an instance norm call's running
+    statistics too, where it tracks them); a random generator read is left out
     (:func:`_is_generator`). The names of those nodes come back, so that they are not read as inputs. Any other op
     reading a module tensor is a ``UserError``."""
     own: list[fx.Node] = []
@@ -2821,7 +2829,12 @@ def _with_own_tensors(n: fx.Node, op: str, attrs: dict, gm: fx.GraphModule, wher
     if op == "batchnorm2d":  # F.batch_norm's running statistics (buffers), weight and bias: the call's own
         _batch_norm_affine_trained(n, gm, where)
         return op, attrs, {a.name for a in own}
+    running: set[str] = set()
+    if op == "instancenorm" and attrs.get("track_running_stats"):  # F.instance_norm's running statistics: buffers
+        running = {a.name for a in (_arg(n, 1, "running_mean"), _arg(n, 2, "running_var")) if isinstance(a, fx.Node)}
     for a in own:
+        if a.name in running:
+            continue
         try:
             gm.get_parameter(held[a.name].target)
         except AttributeError:
