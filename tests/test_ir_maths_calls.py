@@ -68,7 +68,12 @@ def test_reciprocal_is_the_power_minus_one():
 _CASES = {
     "log": (lambda y: torch.log(y.abs() + 1) + (y.sigmoid() + 0.5).log(), "log",
             lambda x: torch.log(x.detach().abs().add(1).requires_grad_())),
+    "normalize": (lambda y: F.normalize(y, dim=1)
+                  + F.normalize(y.mean((2, 3)), dim=-1, eps=1e-6).unsqueeze(2).unsqueeze(3),
+                  "normalize", lambda x: F.normalize(x, dim=1)),
 }
+#: The aten op each case's op starts with.
+_FIRST_KERNEL = {"log": "log", "normalize": "linalg_vector_norm"}
 
 
 def test_log_is_described():
@@ -78,11 +83,32 @@ def test_log_is_described():
     assert [n.op for n in desc.nodes if n.op == "log"] == ["log"] * 2
 
 
-@pytest.mark.parametrize("case", ["log"])
+def test_normalize_is_described():
+    """F.normalize (of p 2, torch's default) was refused naming a rewrite: it is the op normalize along its dim
+    (counted from the front; eps written where not torch's), and the rebuilt module computes the original's output
+    and gradients."""
+    desc = _computes_the_same(_Probe(_CASES["normalize"][0]))
+    assert [n.attrs for n in desc.nodes if n.op == "normalize"] == [{"dim": 1}, {"dim": 1, "eps": 1e-6}]
+
+
+@pytest.mark.parametrize("pattern, match", [
+    (lambda y: F.normalize(y, dim=0), r"F.normalize over the batch dimension \(dim 0\) .* give a dim after"),
+    (lambda y: F.normalize(y, p=1.0, dim=1), r"only p=2 is the op normalize\); x / x.abs\(\).pow\(p\)"),
+])
+def test_a_normalisation_of_the_batch_or_of_another_p_is_refused_by_name(pattern, match):
+    """A normalisation across the samples, or by another norm than the L2 (whose backward torch runs otherwise), is
+    refused by name, the latter naming the ops that describe it."""
+    with pytest.raises(UserError, match=match):
+        describe(_Probe(pattern), SHAPE, name="refused")
+
+
+@pytest.mark.parametrize("case", ["log", "normalize"])
 @pytest.mark.parametrize("batch", [3, 1])
 def test_the_allocation_model_writes_down_the_call_as_traced(case, batch):
-    """A log keeps its input; backward its gradient is the incoming one over the input (aten.div.Tensor): the
-    model's events are the meta trace's, and no longer left to it."""
+    """A log keeps its input; backward its gradient is the incoming one over the input (aten.div.Tensor). A
+    normalisation: the norm (keeping the input and itself), its clamp (keeping the norm), the division (keeping the
+    input and the clamp); backward the division's gradients, the expand's sum, the clamp's where and the norm's
+    masked product, added to the division's. The model's events are the meta trace's, and no longer left to it."""
     from test_allocator import _as_replayed
 
     from perf4sight.features.alloc_model import COVERED
@@ -94,10 +120,12 @@ def test_the_allocation_model_writes_down_the_call_as_traced(case, batch):
     assert _as_replayed(model) == _as_replayed(record_events(desc, batch, steps=2, method="trace"))
 
 
-@pytest.mark.parametrize("case", ["log"])
+@pytest.mark.parametrize("case", ["log", "normalize"])
 def test_the_call_costs_the_kernels_torch_runs(case):
-    """The walk's cost of the op counts the kernels and FLOPs this torch runs forward and backward (a dispatch log):
-    a log one kernel and an element's FLOP each way, its input kept."""
+    """The walk's cost of the op counts the kernels this torch runs forward and backward (a dispatch log, views
+    left out), and backward an output element's FLOP each (a scalar's fill none): a log one kernel each way, its
+    input kept; a normalisation 3 forward (2 FLOPs an element for the norm, 1 for the division, 1 a row for the
+    clamp) and 14 back, its input kept and the norm and its clamp (a float a row each)."""
     from test_features import _ops_run
 
     from perf4sight.features.walk import walk
@@ -106,13 +134,17 @@ def test_the_call_costs_the_kernels_torch_runs(case):
     desc = describe(_Probe(pattern), SHAPE, name=case)
     visit = [v for v in walk(desc) if v.node.op == op][0]
     forward, backward = _ops_run(torch_run, [8, 8, 8])
-    mine = forward[[name for name, _ in forward].index(op):]
+    mine = [(name, e) for name, e in forward[[name for name, _ in forward].index(_FIRST_KERNEL[case]):]
+            if name != "expand"]
     assert (visit.cost.kernels_fwd, visit.cost.kernels_bwd) == (len(mine), len(backward))
-    assert (visit.cost.flops_fwd, visit.cost.flops_bwd) == (sum(e for _, e in mine), sum(e for _, e in backward))
+    assert visit.cost.flops_bwd == sum(e for name, e in backward if name != "scalar_tensor")
+    n, rows = 8 * 8 * 8, 8 * 8
+    assert visit.cost.flops_fwd == {"log": n, "normalize": 3 * n + rows}[case]
     assert visit.cost.saved == [0]
+    assert visit.cost.extra_saved_bytes == {"log": 0, "normalize": 2 * rows * 4}[case]
 
 
-@pytest.mark.parametrize("case", ["log"])
+@pytest.mark.parametrize("case", ["log", "normalize"])
 def test_a_network_using_the_call_prunes_and_trains(case):
     """Pruning a network that calls it keeps the call: the pruned network describes to fewer channels with the op
     still there, and a training step runs."""
@@ -220,3 +252,26 @@ def test_a_network_with_an_instance_norm_call_with_running_statistics_prunes_and
     assert norm.attrs["num_features"] == 8 and norm.attrs["track_running_stats"]
     assert [n.attrs["out_channels"] for n in desc.nodes if n.op == "conv2d"][1] < 16
     _train_step(desc)
+
+
+@pytest.mark.parametrize("case", ["log", "normalize"])
+def test_the_call_keeps_what_autograd_keeps(case):
+    """What a sample adds to autograd's saved tensors (the network input aside) is the features' (a log's input; a
+    normalisation's input, its norm and the norm clamped, a float a row each)."""
+    from test_features import _autograd_saved_bytes
+
+    from perf4sight.features.aggregate import network_features
+
+    desc = describe(_Probe(_CASES[case][0]), SHAPE, name=case)
+    at2, at4 = (b * _autograd_saved_bytes(desc, b, with_input=False) for b in (2, 4))
+    assert network_features(desc).per_sample["saved_bytes"] == (at4 - at2) / 2
+
+
+def test_a_normalisation_runs_its_kernels_in_the_latency_terms():
+    """The kernel table runs a normalisation as torch does: 3 kernels forward (the norm, its clamp, the division) and
+    14 back (formulas' count, from the dispatch log)."""
+    from perf4sight.features.latency_terms import kernel_table
+
+    desc = describe(_Probe(lambda y: F.normalize(y, dim=1)), SHAPE, name="normalized")
+    plain = describe(_Probe(lambda y: y), SHAPE, name="plain")
+    assert kernel_table(desc).launches == kernel_table(plain).launches + 3 + 14

@@ -149,6 +149,7 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "maximum", "minimum",
                      "weighted_sum",
                      "log",
+                     "normalize",
                      "matmul"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
@@ -1951,13 +1952,15 @@ def _keys_unbiased(g: _Composite, bias: int, e: int) -> tuple[int, int | None]:
     return sid, rebased
 
 
-def _normalized(g: _Composite, t: _Tensor) -> _Tensor:
-    """``F.normalize(t, dim=-1)``: the norm per row (``linalg_vector_norm``, keeping ``t`` and itself; backward
-    ``t / norm`` and ``norm == 0`` freed after ``grad * that``), clamped below (``clamp_min``, keeping its input;
-    backward ``scalar_tensor``, ``gt`` and ``where``), expanded (a view; backward summed down) and divided by
-    (``div.Tensor``, laid out as ``t``; backward as :func:`_quotient`'s). The gradients' strides are not followed
-    past the division (their readers, a select's backward and the engine's sums, take any)."""
-    mem, rows = g.mem, t.shape[:-1] + (1,)
+def _normalized(g: _Composite, t: _Tensor, dim: int = -1) -> _Tensor:
+    """``F.normalize(t, dim=dim)`` (the last by default): the norm per row along ``dim`` (``linalg_vector_norm``,
+    keeping ``t`` and itself; backward ``t / norm`` and ``norm == 0`` freed after ``grad * that``), clamped below
+    (``clamp_min``, keeping its input; backward ``scalar_tensor``, ``gt`` and ``where``), expanded (a view; backward
+    summed down) and divided by (``div.Tensor``, laid out as ``t``; backward as :func:`_quotient`'s). The gradients'
+    strides are not followed past the division (their readers, a select's backward and the engine's sums, take
+    any)."""
+    axis = dim % len(t.shape)
+    mem, rows = g.mem, t.shape[:axis] + (1,) + t.shape[axis + 1:]
     nbytes, count = prod(rows) * FLOAT, prod(rows)
     norm = mem.new(nbytes, "aten.linalg_vector_norm.default")
     norm_fn = g.node([t.value.sid, norm], [_edge(t.value)], [t.nbytes], ["aten.mul.Tensor"], rows, [t.shape],
@@ -1975,6 +1978,11 @@ def _normalized(g: _Composite, t: _Tensor) -> _Tensor:
                 any_strides=True)
     mem.drop(clamped)
     return _Tensor(_Value(sid, t.nbytes, fn, strides=_iterated(t.shape, [t.value.strides])), t.shape)
+
+
+def _l2_normalize(ctx: _OpContext) -> _Value:
+    """The op normalize (torch's F.normalize of p 2) along its dim: :func:`_normalized` of its input."""
+    return _normalized(_Composite(ctx), _Tensor(ctx.x, ctx.full_in), int(ctx.node.attrs["dim"])).value
 
 
 def _cosine_scores(g: _Composite, qkv: _Tensor, logit_scale: int) -> _Tensor:
@@ -2181,6 +2189,7 @@ _HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
     "rmsnorm": _with_parameters,
     **dict.fromkeys(("relu", "relu6", "dropout", *_ACTIVATIONS), _activation),
     **dict.fromkeys(("pow", "exp", "abs", "log"), _maths),
+    "normalize": _l2_normalize,
     "div": _quotient,
     "matmul": _matrix_product,
     "var": _variance,

@@ -818,6 +818,22 @@ def _weighted_sum(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost
                   kind="elementwise")
 
 
+def _l2_normalize(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """x / max(||x||_2 along dim, eps) (torch's F.normalize, measured with a dispatch log of torch 2.14): forward the
+    norm (linalg_vector_norm: a square and an add an element), its clamp (one a row) and the division (one an
+    element), 3 kernels. Backward 14 kernels: the division's two gradients (x / y, over y, -grad, their product;
+    grad / y: 5 an element), the expand's sum, the clamp's (a scalar's fill, a compare and a where, a row each) and
+    the norm's (x / norm, an equality compare a row, a masked fill and the product: 3 an element), the two input
+    gradients added (1): 9 FLOPs an element and 4 a row. It keeps its input, the norm and its clamp (a float a row
+    each)."""
+    n = numel(node.output_shape)
+    rows = n // int(node.output_shape[int(node.attrs["dim"]) - 1])
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    return OpCost(flops_fwd=3.0 * n + rows, flops_bwd=9.0 * n + 4.0 * rows, bytes_read=rd, bytes_written=wr,
+                  saved=[0], extra_saved_bytes=2.0 * rows * BYTES_PER_ELEMENT, kernels_fwd=3, kernels_bwd=14,
+                  kind="norm")
+
+
 def _input(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     return OpCost(kind="view")
 
@@ -905,6 +921,7 @@ HANDLERS: dict[str, Handler] = {
     "abs": _pointwise(1, [0], 2, 2),
     # ln x: 1; backward grad / x (1, one kernel: a dispatch log of torch 2.14), it keeps its input
     "log": _pointwise(1, [0], 1),
+    "normalize": _l2_normalize,
     "identity": _view,
     "maxpool2d": _maxpool2d,
     "fractional_maxpool2d": _fractional_maxpool2d,

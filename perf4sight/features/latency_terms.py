@@ -339,6 +339,10 @@ _PASSES: dict[str, tuple[float, float, int]] = {
     # equality compare (2.25), a where (a mask and 2 reads, a write: 3.25), a masked_fill (2.25): 12 passes, 5 kernels
     **dict.fromkeys(("maximum", "minimum"), (1.0, 24.0, 10)),
     **dict.fromkeys(("flip", "roll"), (1.0, 1.0, 1)),  # a copy each way (backward: the gradient flipped or rolled back)
+    # forward the norm (the input read) and the division (read, written), the clamp's rows negligible; backward the
+    # division's x / y, over y, -grad (two each) and their product (3), grad / y (2), the expand's sum (1), x / norm
+    # and the masked fill (two each), the product (3) and the two gradients' add (3), the row kernels negligible
+    "normalize": (1.5, 22.0, 14),
 }
 #: A square root's: backward 2 * result, then the gradient over it.
 _SQRT_PASSES = (1.0, 5.0, 2)
@@ -412,7 +416,7 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
             _group_attention(r, node, first)
         else:
             fwd_passes, bwd_passes, bwd_kernels = _passes(node)
-            composite = op in ("local_response_norm", "alpha_dropout") \
+            composite = op in ("local_response_norm", "alpha_dropout", "normalize") \
                 or op == "pad" and node.attrs["mode"] == "circular"
             fwd_kernels = visit.cost.kernels_fwd if composite else 1  # torch runs these as several ops
             if op == "weighted_sum":  # its products and adds (those on its weights alone left out)

@@ -160,7 +160,8 @@ def perf4sight_vectors(desc: NetworkDescription) -> tuple[np.ndarray, np.ndarray
         elif node.op == "matmul":  # a product of two activations: its MACs read as a fully connected layer's
             scaled[_IDX["fc_macs"]] += out * shapes[node.inputs[0]][-1]
         elif node.op in ("batchnorm2d", "layernorm", "groupnorm", "instancenorm", "local_response_norm",
-                         "rmsnorm"):
+                         "rmsnorm",
+                         "normalize"):
             scaled[_IDX["norm_elems"]] += out
         elif node.op in ("relu", "relu6", "hardswish", "hardsigmoid", "sigmoid", "silu", "gelu", "tanh", "leaky_relu",
                          "elu", "softplus", "mish", "hardtanh", "softmax", "log_softmax", "prelu",

@@ -24,7 +24,7 @@ BATCH = 2
 KEEPS_LAYOUT = frozenset({"relu", "relu6", "hardswish", "sigmoid", "hardsigmoid", "silu", "gelu", "tanh", "dropout",
                           "alpha_dropout", "leaky_relu", "elu", "selu", "celu", "softplus", "mish", "hardtanh",
                           "hardshrink", "softshrink", "threshold", "pow", "exp", "abs", "flip", "add", "mul",
-                          "log"})
+                          "log", "normalize"})
 
 
 def _contiguous(shape: list[int]) -> list[int]:

@@ -94,6 +94,7 @@ ONNX_TO_OP: dict[str, str] = {
     # ONNX's Pow (its exponent a second input: here an arg, as this tool writes it), Exp and Abs
     "Pow": "pow", "Exp": "exp", "Abs": "abs", "Div": "div",
     "Log": "log",  # ONNX's natural logarithm
+    "LpNormalization": "normalize",  # ONNX's, of p 2 (its axis our dim; torch's eps in args, ONNX's has none)
     "ReduceVariance": "var",  # no ONNX op: a type of this tool's own
     # no ONNX op (torch's exporter writes a GLU as a Split, a Sigmoid and a Mul): a type of this tool's own
     "Glu": "glu",
@@ -548,6 +549,12 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         # given: the last, torch's default for a GLU too)
         axis = int(_number(args.get("dim", args.get("axis", -1)), f"{where} axis"))
         return {"dim": axis % (len(in_shapes[0]) + 1)}
+    if op == "normalize":  # ONNX's LpNormalization (axis -1 where not given), of p 2 alone (F.normalize's other p
+        # has no description op)
+        if _number(args.get("p", 2), f"{where} p") != 2:
+            raise UserError(f"{where}: an LpNormalization of p {args['p']} has no description op (only p 2)")
+        axis = int(_number(args.get("dim", args.get("axis", -1)), f"{where} axis"))
+        return with_eps({"dim": axis % (len(in_shapes[0]) + 1)})
     if op == "var":  # our own type: its dims are never implied (a mean's are)
         if args.get("dims") is None:
             raise UserError(f"{where}: ReduceVariance lacks 'dims' in args")

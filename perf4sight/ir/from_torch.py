@@ -402,14 +402,20 @@ def _lp_pool(_: Any) -> tuple[str, dict]:
 
 
 def _normalize_call(n: fx.Node) -> tuple[str, dict]:
-    """``F.normalize(x, p, dim, eps)`` (a metric-learning or cosine classifier's features scaled to unit length):
-    refused, naming the ops that describe the same: torch runs its norm as one kernel (linalg_vector_norm) that no
-    description op is, then a clamp and a divide."""
+    """``F.normalize(x, p, dim, eps)`` (a metric-learning or cosine classifier's features scaled to unit length) of
+    p 2: the op normalize along ``dim`` (counted from the front; the batch's refused by name). Another p is refused,
+    naming the ops that describe the same: torch runs its norm as one kernel (linalg_vector_norm) whose backward
+    differs with p, then a clamp and a divide."""
     p, dim, eps = _arg(n, 1, "p", 2.0), _arg(n, 2, "dim", 1), _arg(n, 3, "eps", 1e-12)
-    norm = "x.pow(2).sum(dim, keepdim=True).sqrt()" if float(p) == 2 else \
-        "x.abs().pow(p).sum(dim, keepdim=True).pow(1 / p)"
-    raise ValueError(f"a normalisation F.normalize(x, p={p}, dim={dim}) has no description op (torch runs its norm "
-                     f"as one kernel); x / {norm}.clamp_min({eps}) computes the same, its norm as a power and a sum, "
+    rank = len(n.args[0].meta["tensor_meta"].shape)
+    if float(p) == 2 and int(dim) % rank == 0:
+        raise ValueError("a normalisation F.normalize over the batch dimension (dim 0) has no description op (a "
+                         "description keeps the samples apart); give a dim after the batch's")
+    if float(p) == 2:
+        return "normalize", {"dim": int(dim) % rank, **({} if float(eps) == 1e-12 else {"eps": float(eps)})}
+    norm = "x.abs().pow(p).sum(dim, keepdim=True).pow(1 / p)"
+    raise ValueError(f"a normalisation F.normalize(x, p={p}, dim={dim}) has no description op (only p=2 is the op "
+                     f"normalize); x / {norm}.clamp_min({eps}) computes the same, its norm as a power and a sum, "
                      "and describes")
 
 

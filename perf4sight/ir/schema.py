@@ -160,6 +160,10 @@ OPS: Dict[str, Tuple[str, ...]] = {
     "abs": (),
     # the natural logarithm of x (torch's log; its backward divides the gradient by the input, which it keeps)
     "log": (),
+    # x over its L2 norm along dim, the norm clamped below at eps (optional, 1e-12): torch's F.normalize of p 2 (a
+    # metric-learning head's unit-length embedding, a cosine classifier's features); dim as softmax's; ONNX's
+    # LpNormalization of p 2
+    "normalize": ("dim",),
     # the variance over dims (as mean's), its squared deviations summed over their count less correction (torch's
     # var: 1, unbiased; 0 a hand-written norm's); a standard deviation is its pow 0.5
     "var": ("dims", "keepdim", "correction"),
@@ -212,6 +216,7 @@ _POSITIVE: Dict[str, Tuple[str, ...]] = {
     "frozen_batchnorm2d": ("num_features",),
     "softmax": ("dim",), "log_softmax": ("dim",), "prelu": ("num_parameters",),
     "glu": ("dim",),
+    "normalize": ("dim",),
     "attention": ("embed_dim", "num_heads"),
     "window_attention": ("embed_dim", "num_heads"), "group_attention": ("embed_dim", "num_heads"),
     "conv_transpose2d": ("in_channels", "out_channels", "groups"),
@@ -279,6 +284,7 @@ _NUMBERS: Dict[str, Tuple[Tuple[str, Any, Any], ...]] = {
     "pow": (("exponent", None, None),),
     "var": (("correction", 0, None),),
     "weighted_sum": (("eps", 0, None),),
+    "normalize": (("eps", 0, None),),
 }
 #: Op -> optional attributes no other table here names (a gelu's approximation, a max pool's dilation, Swin V2's
 #: position-bias MLP).

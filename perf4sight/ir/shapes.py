@@ -40,6 +40,7 @@ ARITY: Dict[str, Tuple[int, Optional[int]]] = {
                                       "dropout2d")},
     **{op: (1, 1) for op in ("pad", "pixel_shuffle", "pixel_unshuffle")},
     "glu": (1, 1),
+    "normalize": (1, 1),
     "local_response_norm": (1, 1),
     "rmsnorm": (1, 1),
     "repeat": (1, 1),
@@ -356,7 +357,7 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
             f"input, got {x}"
     if op == "glu":
         return _glu_shape(x, int(a["dim"]))
-    if op in ("softmax", "log_softmax"):
+    if op in ("softmax", "log_softmax", "normalize"):
         if _axis(int(a["dim"]), len(x)) is None:
             return f"dim {a['dim']} is not a dimension of its input {x} after the batch"
         return x
