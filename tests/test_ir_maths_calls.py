@@ -275,3 +275,104 @@ def test_a_normalisation_runs_its_kernels_in_the_latency_terms():
     desc = describe(_Probe(lambda y: F.normalize(y, dim=1)), SHAPE, name="normalized")
     plain = describe(_Probe(lambda y: y), SHAPE, name="plain")
     assert kernel_table(desc).launches == kernel_table(plain).launches + 3 + 14
+
+
+class _Unfolded(nn.Module):
+    """An involution-like use of im2col: a convolution's [8, 8, 8] map, its 3 x 3 windows (nn.Unfold, padded) and
+    its 2 x 2 patches (F.unfold at stride 2) as columns, each reduced and combined, then a classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.windows, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Unfold(3, padding=1), nn.Linear(72, 10)
+
+    def forward(self, x):
+        y = self.conv(x)
+        columns = self.windows(y) * 2  # [N, 72, 64]
+        patches = F.unfold(y, 2, dilation=1, stride=2)  # [N, 32, 16]
+        return self.fc(columns.mean(2)) + patches.mean(1).sum(1, keepdim=True)
+
+
+def test_unfold_is_described():
+    """F.unfold and nn.Unfold (im2col: an involution's, a local attention's windows as columns) were refused as a
+    call without a description op: they are the op unfold (kernel_size, dilation, padding and stride as pairs),
+    [C kh kw, L] of a [C, H, W] map, and the rebuilt module computes the original's output and gradients."""
+    desc = _computes_the_same(_Unfolded())
+    assert [(n.attrs, n.output_shape) for n in desc.nodes if n.op == "unfold"] == [
+        ({"kernel_size": [3, 3], "dilation": [1, 1], "padding": [1, 1], "stride": [1, 1]}, [72, 64]),
+        ({"kernel_size": [2, 2], "dilation": [1, 1], "padding": [0, 0], "stride": [2, 2]}, [32, 16])]
+
+
+def test_an_unfold_of_a_3_d_tensor_is_refused_by_name():
+    """F.unfold of a [N, C, L] tensor reads it as one unbatched [C, H, W] map, the batch as its channels: refused by
+    name."""
+    with pytest.raises(UserError, match=r"an unfold \(im2col\) of anything but a \[N, C, H, W\] map"):
+        describe(_Probe(lambda y: F.unfold(y.flatten(2), (1, 2)).reshape(y.shape[0], -1), 2 * 8 * 63), SHAPE,
+                 name="unbatched")
+
+
+@pytest.mark.parametrize("batch", [3, 1])
+def test_the_allocation_model_writes_down_an_unfold_as_traced(batch):
+    """An unfold: its columns (aten.im2col), nothing kept; backward aten.col2im, a gradient of the input's size. The
+    model's events are the meta trace's."""
+    from test_allocator import _as_replayed
+
+    from perf4sight.features.alloc_trace import record_events
+
+    desc = describe(_Unfolded(), SHAPE, name="unfolded")
+    model = record_events(desc, batch, steps=2, method="model")
+    assert _as_replayed(model) == _as_replayed(record_events(desc, batch, steps=2, method="trace"))
+    assert [size for _, _, size, op in model if op == "aten.col2im.default"] == [batch * 8 * 8 * 8 * 4] * 4
+
+
+@pytest.mark.parametrize("kernel, stride, padding", [(3, 1, 1), (2, 2, 0)])
+def test_an_unfold_costs_the_kernels_torch_runs(kernel, stride, padding):
+    """The walk's cost of an unfold counts the kernels this torch runs (a dispatch log): im2col forward, no FLOPs;
+    col2im backward, an output element's add each; nothing kept. Its latency terms run one kernel each way."""
+    from test_features import _ops_run
+
+    from perf4sight.features.latency_terms import kernel_table
+    from perf4sight.features.walk import walk
+
+    desc = describe(_Probe(lambda y: F.unfold(y, kernel, padding=padding, stride=stride),
+                           8 * kernel * kernel * (8 // stride) ** 2), SHAPE, name="unfold")
+    (visit,) = [v for v in walk(desc) if v.node.op == "unfold"]
+    forward, backward = _ops_run(lambda x: F.unfold(x, kernel, padding=padding, stride=stride), [8, 8, 8])
+    assert [name for name, _ in forward] == ["im2col"] and [name for name, _ in backward] == ["col2im"]
+    assert (visit.cost.kernels_fwd, visit.cost.kernels_bwd, visit.cost.flops_fwd) == (1, 1, 0)
+    assert visit.cost.flops_bwd == forward[0][1] and (visit.cost.saved, visit.cost.extra_saved_bytes) == ([], 0)
+    plain = describe(_Probe(lambda y: y), SHAPE, name="plain")  # its classifier's kernels as many as the other's
+    assert kernel_table(desc).launches - kernel_table(plain).launches == 2
+
+
+def test_a_network_using_unfold_prunes_and_trains():
+    """Pruning a network whose columns (an unfold of its second convolution's map) feed a classifier cuts the first
+    convolution and leaves the unfolded channels whole (torch-pruning's graph does not follow them through the
+    im2col, and says so): the pruned network describes, its unfold kept, and a training step runs."""
+    from test_networks import _train_step
+
+    from perf4sight.networks.build import Source, prune_source
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b, self.fc = nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(16, 16, 3, padding=1), nn.Linear(64, 10)
+
+        def forward(self, x):
+            return self.fc(F.unfold(self.b(self.a(x)), 2, stride=2).mean(2))
+    (desc,) = prune_source(Source("net", "test", Net), [3, 16, 16], [30], "l1-norm", 2, seed=0)
+    assert [n.attrs["out_channels"] for n in desc.nodes if n.op == "conv2d"][0] < 16
+    assert [n.output_shape for n in desc.nodes if n.op == "unfold"] == [[64, 64]]
+    assert sum(desc.extra["pruning_unpruned_groups"].values()) == 1
+    _train_step(desc)
+
+
+def test_an_unfold_keeps_what_autograd_keeps():
+    """An unfold keeps nothing for backward: what a sample adds to autograd's saved tensors (the network input
+    aside) is the features'."""
+    from test_features import _autograd_saved_bytes
+
+    from perf4sight.features.aggregate import network_features
+
+    desc = describe(_Unfolded(), SHAPE, name="unfolded")
+    at2, at4 = (b * _autograd_saved_bytes(desc, b, with_input=False) for b in (2, 4))
+    assert network_features(desc).per_sample["saved_bytes"] == (at4 - at2) / 2

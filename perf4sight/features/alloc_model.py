@@ -150,6 +150,7 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "weighted_sum",
                      "log",
                      "normalize",
+                     "unfold",
                      "matmul"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
@@ -1117,6 +1118,13 @@ def _reordered_copy(ctx: _OpContext) -> _Value:
     kernel = f"{ctx.node.op}.default"
     sid = ctx.alloc(kernel)
     return _Value(sid, ctx.nbytes, ctx.unary_grad_fn("aten." + kernel, []))
+
+
+def _im2col(ctx: _OpContext) -> _Value:
+    """An unfold (torch's aten.im2col: the windows' values copied into columns, nothing kept). Backward aten.col2im,
+    a new tensor of the input's size (the columns' gradient added back onto its pixels)."""
+    sid = ctx.alloc("im2col.default")
+    return _Value(sid, ctx.nbytes, ctx.unary_grad_fn("aten.col2im.default", []))
 
 
 def _combine(ctx: _OpContext) -> _Value:
@@ -2190,6 +2198,7 @@ _HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
     **dict.fromkeys(("relu", "relu6", "dropout", *_ACTIVATIONS), _activation),
     **dict.fromkeys(("pow", "exp", "abs", "log"), _maths),
     "normalize": _l2_normalize,
+    "unfold": _im2col,
     "div": _quotient,
     "matmul": _matrix_product,
     "var": _variance,

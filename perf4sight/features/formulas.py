@@ -834,6 +834,15 @@ def _l2_normalize(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost
                   kind="norm")
 
 
+def _unfold(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """im2col (torch's aten.im2col; a dispatch log of torch 2.14): each window's values copied into its column (one
+    kernel, no FLOPs; bytes: the input read, the output written); backward col2im (one kernel) adds each column's
+    gradient back onto the input's pixels, 1 FLOP an output element. It keeps nothing."""
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    return OpCost(flops_bwd=float(numel(node.output_shape)), bytes_read=rd, bytes_written=wr, kernels_fwd=1,
+                  kernels_bwd=1, kind="other")
+
+
 def _input(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     return OpCost(kind="view")
 
@@ -922,6 +931,7 @@ HANDLERS: dict[str, Handler] = {
     # ln x: 1; backward grad / x (1, one kernel: a dispatch log of torch 2.14), it keeps its input
     "log": _pointwise(1, [0], 1),
     "normalize": _l2_normalize,
+    "unfold": _unfold,
     "identity": _view,
     "maxpool2d": _maxpool2d,
     "fractional_maxpool2d": _fractional_maxpool2d,

@@ -368,6 +368,16 @@ def _circular_pad_passes(node: Node) -> tuple[float, float, int]:
     return 1.0, 6.0 * sides + 8.0, 7 * sides + 6
 
 
+def _unfold_passes(node: Node) -> tuple[float, float, int]:
+    """An unfold's (im2col's): forward a copy of the input into the columns (one pass over both); backward col2im,
+    the columns' gradient read and the input's written: 1 + the smaller over the larger of the two, taken as
+    stride_h stride_w / (kh kw) input elements an output element (its windows' overlap; exact where the padding
+    keeps the sides whole), one kernel."""
+    k, s = node.attrs["kernel_size"], node.attrs["stride"]
+    ratio = (int(s[0]) * int(s[1])) / (int(k[0]) * int(k[1]))
+    return 1.0, 1.0 + min(ratio, 1.0 / ratio), 1
+
+
 def _weighted_sum_passes(node: Node) -> tuple[float, float, int]:
     """A BiFPN fusion of n maps (formulas._weighted_sum; its kernels on the n weights alone left out): forward, n
     products (a map read, one written) and n - 1 adds (two read, one written), 5n - 3 map-sized passes over the n + 1
@@ -466,6 +476,8 @@ def _passes(node: Node) -> tuple[float, float, int]:
         return _PLAIN_REPEAT_PASSES
     if node.op == "weighted_sum":
         return _weighted_sum_passes(node)
+    if node.op == "unfold":
+        return _unfold_passes(node)
     return _PASSES.get(node.op, _DEFAULT_PASSES)
 
 

@@ -184,7 +184,8 @@ def perf4sight_vectors(desc: NetworkDescription) -> tuple[np.ndarray, np.ndarray
         elif node.op == "cat":
             scaled[_IDX["cat_bytes"]] += out * BYTES_PER_ELEMENT
         elif node.op in ("pad", "pixel_shuffle", "pixel_unshuffle", "repeat",
-                         "flip", "roll"):  # copies, as a concatenation is
+                         "flip", "roll",
+                         "unfold"):  # copies, as a concatenation is
             scaled[_IDX["cat_bytes"]] += out * BYTES_PER_ELEMENT
     return static, scaled
 

@@ -54,6 +54,8 @@ _PRICED_AS = {"leaky_relu": "relu", "hardtanh": "relu6",
               "log": "sigmoid",  # not measured: one kernel each way, as exp's
               # not measured: a norm along one dimension, then a division (14 kernels back), as a layer norm's
               "normalize": "layernorm",
+              # not measured: a copy of the windows into columns (backward added back), priced as a pad's
+              "unfold": "pad",
               "var": "batchnorm2d",  # a variance: a statistics pass, as a batch norm's first
               # not measured by the profile; timed here once (2-core CPU, one thread, forward and backward, ns an
               # element at sides 16 and 32): a GLU, a half of its input times the sigmoid of the other, silu's work

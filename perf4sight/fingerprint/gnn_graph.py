@@ -62,6 +62,7 @@ OP_TOKEN: dict[str, str] = {**{op: op for op in OP_VOCAB},
                             "pow": "sigmoid", "exp": "sigmoid", "abs": "sigmoid", "div": "mul", "var": "mean",
                             "log": "sigmoid",
                             "normalize": "batchnorm2d",  # a norm along one dimension, as an RMS norm's
+                            "unfold": "cat",  # a copy of the windows into columns, as a concatenation's
                             # a half of the input times the sigmoid of the other: silu's work an output element
                             "glu": "silu",
                             # a value kept or replaced by a compare, as relu's

@@ -95,6 +95,7 @@ ONNX_TO_OP: dict[str, str] = {
     "Pow": "pow", "Exp": "exp", "Abs": "abs", "Div": "div",
     "Log": "log",  # ONNX's natural logarithm
     "LpNormalization": "normalize",  # ONNX's, of p 2 (its axis our dim; torch's eps in args, ONNX's has none)
+    "Im2Col": "unfold",  # ONNX has a Col2Im (opset 18) but no im2col: a type of our own
     "ReduceVariance": "var",  # no ONNX op: a type of this tool's own
     # no ONNX op (torch's exporter writes a GLU as a Split, a Sigmoid and a Mul): a type of this tool's own
     "Glu": "glu",
@@ -549,6 +550,13 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         # given: the last, torch's default for a GLU too)
         axis = int(_number(args.get("dim", args.get("axis", -1)), f"{where} axis"))
         return {"dim": axis % (len(in_shapes[0]) + 1)}
+    if op == "unfold":  # our own type: its windows (required), dilation, padding and stride as a convolution's
+        k = _pair(args, ("kernel_size", "kernel_shape"), [], where)
+        if not k:
+            raise UserError(f"{where}: {op} lacks 'kernel_size' in args")
+        return {"kernel_size": k, "dilation": _pair(args, ("dilation", "dilations"), [1, 1], where),
+                "padding": _pair(args, ("padding", "pads"), [0, 0], where),
+                "stride": _pair(args, ("stride", "strides"), [1, 1], where)}
     if op == "normalize":  # ONNX's LpNormalization (axis -1 where not given), of p 2 alone (F.normalize's other p
         # has no description op)
         if _number(args.get("p", 2), f"{where} p") != 2:

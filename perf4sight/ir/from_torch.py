@@ -419,6 +419,22 @@ def _normalize_call(n: fx.Node) -> tuple[str, dict]:
                      "and describes")
 
 
+def _unfold_attrs(n: fx.Node, kernel_size: Any, dilation: Any, padding: Any, stride: Any) -> tuple[str, dict]:
+    """An unfold (im2col: nn.Unfold, F.unfold; an involution's or a local attention's windows) ``n`` of a [N, C, H,
+    W] map, its arguments (each an int or a pair) as pairs; of an unbatched [C, H, W] one, ``ValueError`` (a
+    description's first dimension is the batch)."""
+    if len(n.args[0].meta["tensor_meta"].shape) != 4:
+        raise ValueError("an unfold (im2col) of anything but a [N, C, H, W] map has no description op")
+    return "unfold", {"kernel_size": _pair(kernel_size), "dilation": _pair(dilation), "padding": _pair(padding),
+                      "stride": _pair(stride)}
+
+
+def _unfold_call(n: fx.Node) -> tuple[str, dict]:
+    """``F.unfold(x, kernel_size, dilation, padding, stride)``: :func:`_unfold_attrs`."""
+    return _unfold_attrs(n, _arg(n, 1, "kernel_size"), _arg(n, 2, "dilation", 1), _arg(n, 3, "padding", 0),
+                         _arg(n, 4, "stride", 1))
+
+
 def _inplace(op: str) -> Callable[[nn.Module], tuple[str, dict]]:
     return lambda m: (op, _inplace_attr(getattr(m, "inplace", False)))
 
@@ -1087,6 +1103,7 @@ for _key in (F.rms_norm, torch.rms_norm):
 FUNCTION_OPS[F.group_norm] = _group_norm_call
 FUNCTION_OPS[F.batch_norm] = _batch_norm_call
 FUNCTION_OPS[F.normalize] = _normalize_call
+FUNCTION_OPS[F.unfold] = _unfold_call
 FUNCTION_OPS[F.fractional_max_pool2d] = lambda n: _fractional_maxpool(
     n, _arg(n, 1, "kernel_size"), _arg(n, 4, "return_indices", False), _arg(n, 5, "_random_samples"))
 FUNCTION_OPS[F.conv_transpose2d] = _conv_transpose_call
@@ -3095,6 +3112,8 @@ def _op_of(n: fx.Node, gm: fx.GraphModule) -> tuple[str, dict]:
             return _softmax_attrs(n, m.dim, "log_softmax")
         if isinstance(m, nn.GLU):
             return _glu_attrs(n, m.dim)
+        if isinstance(m, nn.Unfold):  # as its F.unfold call
+            return _unfold_attrs(n, m.kernel_size, m.dilation, m.padding, m.stride)
         if isinstance(m, (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)):
             return _adaptive_pool(f"{type(m).__name__.lower()}", n)
         if isinstance(m, nn.Softmax2d):  # over the channels: torch's dim -3 of a [N, C, H, W] map

@@ -164,6 +164,9 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # metric-learning head's unit-length embedding, a cosine classifier's features); dim as softmax's; ONNX's
     # LpNormalization of p 2
     "normalize": ("dim",),
+    # im2col: each kernel_size window (dilated, of the map padded by zeros, at stride) of a [C, H, W] map as a column
+    # of C kh kw values: [C kh kw, L], L the windows (a convolution's output positions; torch's F.unfold, nn.Unfold)
+    "unfold": ("kernel_size", "dilation", "padding", "stride"),
     # the variance over dims (as mean's), its squared deviations summed over their count less correction (torch's
     # var: 1, unbiased; 0 a hand-written norm's); a standard deviation is its pow 0.5
     "var": ("dims", "keepdim", "correction"),
@@ -299,6 +302,7 @@ _PAIRS: Dict[str, Tuple[str, ...]] = {
     "window_attention": ("window_size", "shift_size"), "group_attention": ("window_size",),
     "conv_transpose2d": ("kernel_size", "stride", "padding", "output_padding", "dilation"),
     "fractional_maxpool2d": ("kernel_size",),
+    "unfold": ("kernel_size", "dilation", "padding", "stride"),
 }
 
 

@@ -41,6 +41,7 @@ ARITY: Dict[str, Tuple[int, Optional[int]]] = {
     **{op: (1, 1) for op in ("pad", "pixel_shuffle", "pixel_unshuffle")},
     "glu": (1, 1),
     "normalize": (1, 1),
+    "unfold": (1, 1),
     "local_response_norm": (1, 1),
     "rmsnorm": (1, 1),
     "repeat": (1, 1),
@@ -135,6 +136,17 @@ def size_reference_problem(op: str, a: Dict[str, Any], x: List[int], like: List[
         return (f"pads {a['pads']} do not bring its {x[1]}x{x[2]} input to the {like[1]}x{like[2]} of {a[key]!r} "
                 f"({key}: {want}, the odd pixel after)")
     return ""
+
+
+def _unfolded(a: Dict[str, Any], x: List[int]) -> Union[List[int], str]:
+    """An unfold's (im2col's) output: [C kh kw, L] of a [C, H, W] map ``x``, L its windows; else what is wrong."""
+    if len(x) != 3:
+        return f"needs a [channels, height, width] input, got {x}"
+    k, d, p, s = (_pair(a[name]) for name in ("kernel_size", "dilation", "padding", "stride"))
+    hw = [_window_out(x[i + 1], k[i], s[i], p[i], d[i], False) for i in range(2)]
+    if min(hw) < 1:
+        return f"kernel {k} (padding {p}, dilation {d}) does not fit its {x[1]}x{x[2]} input"
+    return [x[0] * k[0] * k[1], hw[0] * hw[1]]
 
 
 def _glu_shape(x: List[int], dim: int) -> Union[List[int], str]:
@@ -278,6 +290,8 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
         return [a["out_channels"] if op == "conv2d" else x[0]] + hw
     if op == "conv_transpose2d":
         return _transposed_out(a, x)
+    if op == "unfold":
+        return _unfolded(a, x)
     if op == "fractional_maxpool2d":
         return _fractional_out(a, x)
     if op in ("adaptiveavgpool2d", "adaptivemaxpool2d"):
