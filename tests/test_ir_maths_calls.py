@@ -376,3 +376,74 @@ def test_an_unfold_keeps_what_autograd_keeps():
     desc = describe(_Unfolded(), SHAPE, name="unfolded")
     at2, at4 = (b * _autograd_saved_bytes(desc, b, with_input=False) for b in (2, 4))
     assert network_features(desc).per_sample["saved_bytes"] == (at4 - at2) / 2
+
+
+class _Gate(nn.Module):
+    """A squeeze-and-excitation gate: a convolution's [8, 8, 8] map times the sigmoid of a linear layer of its
+    channels' means, broadcast back over the map by ``expand`` (new axes of size 1), then a classifier."""
+
+    def __init__(self, expand) -> None:
+        super().__init__()
+        self.conv, self.excite, self.expand, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8, 8), expand, \
+            nn.Linear(8, 10)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.fc((y * self.expand(self.excite(y.mean((2, 3))).sigmoid())).mean((2, 3)))
+
+
+_NEW_AXES = {"[:, :, None, None]": lambda g: g[:, :, None, None], "[..., None, None]": lambda g: g[..., None, None],
+             "[:, :, None][..., None]": lambda g: g[:, :, None][..., None]}
+
+
+@pytest.mark.parametrize("case", list(_NEW_AXES))
+def test_new_axes_by_indexing_with_none_are_a_reshape(case):
+    """An SE gate's g[:, :, None, None] (and g[..., None, None]) was refused ("call_function 'getitem' has no
+    description op") where g.view(-1, C, 1, 1) described: new axes of size 1 alone are torch's unsqueezed views,
+    the op reshape to the output's shape, and the rebuilt module computes the original's output and gradients."""
+    desc = _computes_the_same(_Gate(_NEW_AXES[case]))
+    assert [n.attrs for n in desc.nodes if n.op == "reshape"][-1] == {"shape": [8, 1, 1]}
+
+
+@pytest.mark.parametrize("batch", [3, 1])
+def test_the_allocation_model_writes_down_new_axes_as_traced(batch):
+    """The new axes are views of the gate: the model's events are the meta trace's."""
+    from test_allocator import _as_replayed
+
+    from perf4sight.features.alloc_trace import record_events
+
+    desc = describe(_Gate(_NEW_AXES["[:, :, None, None]"]), SHAPE, name="gate")
+    model = record_events(desc, batch, steps=2, method="model")
+    assert _as_replayed(model) == _as_replayed(record_events(desc, batch, steps=2, method="trace"))
+
+
+@pytest.mark.parametrize("expand", [lambda g: g[None].squeeze(0)[:, :, None, None],
+                                    lambda g: g[None, :, :, None, None].squeeze(0)])
+def test_a_new_axis_before_the_batch_is_refused_by_name(expand):
+    """A new axis before the batch's (x[None]) moves the batch: refused by name, saying to index after it."""
+    with pytest.raises(UserError, match=r"a new axis before the batch \(x\[None\]\) .* index after it"):
+        describe(_Gate(expand), SHAPE, name="before")
+
+
+def test_a_network_gated_through_new_axes_prunes_and_trains():
+    """Pruning ties the gate's channels to the map's through the new axes: the pruned network describes, its
+    reshape to the pruned channels, and a training step runs."""
+    from test_networks import _train_step
+
+    from perf4sight.networks.build import Source, prune_source
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(16, 16, 3, padding=1)
+            self.squeeze, self.excite, self.fc = nn.Linear(16, 4), nn.Linear(4, 16), nn.Linear(16, 10)
+
+        def forward(self, x):
+            y = self.b(self.a(x).relu())
+            gate = self.excite(self.squeeze(y.mean((2, 3))).relu()).sigmoid()
+            return self.fc((y * gate[:, :, None, None]).mean((2, 3)))
+    (desc,) = prune_source(Source("net", "test", Net), [3, 16, 16], [30], "l1-norm", 2, seed=0)
+    channels = [n.attrs["out_channels"] for n in desc.nodes if n.op == "conv2d"]
+    assert min(channels) < 16
+    assert [n.attrs["shape"] for n in desc.nodes if n.op == "reshape"] == [[channels[1], 1, 1]]
+    _train_step(desc)

@@ -2956,8 +2956,8 @@ def _getitem(n: fx.Node, alias: dict[str, str]) -> Node | None:
     ``select`` (``x[:, :, 0]``). Other getitems are shape queries (or, on a tensor, not expressible)."""
     source, index = n.args
     meta = source.meta.get("tensor_meta") if isinstance(source, fx.Node) else None
-    if hasattr(meta, "shape") and isinstance(index, tuple):
-        return _index(n, source, index, meta.shape, alias)
+    if hasattr(meta, "shape") and (isinstance(index, tuple) or index is None):  # x[None]: a tuple of one
+        return _index(n, source, index if isinstance(index, tuple) else (index,), meta.shape, alias)
     # a tuple of tensors from chunk/split (TensorMetadata is itself a named tuple: indexing a tensor is not this
     # case); another op's tuple, such as a module's (output, state), has no description
     if not isinstance(index, int) or not isinstance(meta, (tuple, list)) or hasattr(meta, "shape") \
@@ -3058,9 +3058,24 @@ def _split_piece(split: fx.Node, index: int, name: str, alias: dict[str, str]) -
                 {"dim": dim, "start": start, "length": int(meta[index].shape[dim])}, list(meta[index].shape)[1:])
 
 
+def _new_axes(n: fx.Node, source: fx.Node, index: tuple, alias: dict[str, str]) -> Node | None:
+    """``x[:, :, None, None]``, ``x[..., None]``, ``x[:, None]`` (new axes of size 1, an SE block's gate broadcast
+    over the map): torch's views of ``x`` unsqueezed, a reshape to the output's shape; a new axis before the batch's
+    (``x[None]``) is a ``ValueError``. None for an index that also picks or slices."""
+    if not all(i is None or i is Ellipsis or i == slice(None) for i in index) or source.name not in alias:
+        return None
+    if index[0] is None:
+        raise ValueError("an index that puts a new axis before the batch (x[None]) has no description op (a "
+                         "description keeps the batch first); index after it (x[:, None])")
+    out = _shape(n)
+    return None if out is None else Node(n.name, "reshape", [alias[source.name]], {"shape": out}, out)
+
+
 def _index(n: fx.Node, source: fx.Node, index: tuple, shape: Any, alias: dict[str, str]) -> Node | None:
     """``x[:, ..., i]`` -> select, ``x[:, ..., a:b]`` -> narrow (one indexed dimension after the batch); a slice with
-    a step of a network tensor is a ``ValueError``."""
+    a step of a network tensor is a ``ValueError``; new axes alone (``x[:, :, None]``): :func:`_new_axes`."""
+    if any(i is None for i in index):
+        return _new_axes(n, source, index, alias)
     if source.name in alias and any(isinstance(i, slice) and _shape_value(i.step) not in (None, 1) for i in index):
         raise ValueError("a slice with a step (x[..., ::2, ::2]: YOLOv5's Focus) has no description op; YOLOv5 "
                          "since v6.0 writes Focus as a 6x6 convolution of stride 2, which describes")
