@@ -2296,7 +2296,7 @@ class _TupleThenLrn(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.conv, self.act, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.CrossMapLRN2d(3), nn.Linear(8, 10)
+        self.conv, self.act, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.ZeroPad3d(0), nn.Linear(8, 10)
 
     def forward(self, x):
         values, indices = self.conv(x).median(dim=2)  # (a max's values are described, its indices not)
@@ -2307,21 +2307,21 @@ def test_the_ops_after_a_tuple_without_a_description_op_are_named_too():
     """A part of such a tuple stopped the search at the op that made it: the layer after it went unnamed, and took
     another try to learn of; the op is named once, whichever parts are used."""
     with pytest.raises(UserError, match=r"^tuple: call_method 'median' \(node median\) and module 'act' of type "
-                                        r"CrossMapLRN2d have no description op$"):
+                                        r"ZeroPad3d have no description op$"):
         describe(_TupleThenLrn(), [3, 8, 8], "tuple")
 
 
 def test_every_kind_of_op_without_a_description_op_is_named_at_once():
     """Only the first layer of a kind the description has no op for was named: a network of three such kinds took
     three tries to learn them; a kind met again is counted, not listed."""
-    module = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.CrossMapLRN2d(3), nn.AvgPool3d(1),
-                           nn.Conv2d(8, 8, 3, padding=1), nn.CrossMapLRN2d(3), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+    module = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ZeroPad3d(0), nn.AvgPool3d(1),
+                           nn.Conv2d(8, 8, 3, padding=1), nn.ZeroPad3d(0), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
                            nn.Linear(8, 10))
-    with pytest.raises(UserError, match=r"^mine: module '1' of type CrossMapLRN2d \(and 1 more\) and module '2' of "
+    with pytest.raises(UserError, match=r"^mine: module '1' of type ZeroPad3d \(and 1 more\) and module '2' of "
                                         r"type AvgPool3d have no description op$"):
         describe(module, [3, 8, 8], "mine")
     module.extend([nn.MaxPool1d(1), nn.Unflatten(1, (10, 1, 1)), nn.MaxPool3d(1)])  # the last makes the output
-    with pytest.raises(UserError, match=r"^mine: module '1' of type CrossMapLRN2d \(and 1 more\), module '2' of "
+    with pytest.raises(UserError, match=r"^mine: module '1' of type ZeroPad3d \(and 1 more\), module '2' of "
                                         r"type AvgPool3d, module '8' of type MaxPool1d and module '10' of "
                                         r"type MaxPool3d have no description op$"):
         describe(module, [3, 8, 8], "mine")

@@ -447,3 +447,14 @@ def test_a_network_gated_through_new_axes_prunes_and_trains():
     assert min(channels) < 16
     assert [n.attrs["shape"] for n in desc.nodes if n.op == "reshape"] == [[channels[1], 1, 1]]
     _train_step(desc)
+
+
+def test_a_cross_map_lrn_is_refused_naming_the_layer_that_describes():
+    """nn.CrossMapLRN2d was refused as a layer without a description op, saying no more: the refusal says why (an
+    autograd Function of its own whose window differs: its output is not LocalResponseNorm's) and names the layer
+    that describes."""
+    module = nn.Sequential(nn.Conv2d(3, 8, 3), nn.CrossMapLRN2d(3, 1e-2, 0.75, 2.0), nn.Flatten())
+    with pytest.raises(UserError, match=r"CrossMapLRN2d has no description op: .* nn.LocalResponseNorm\(size, alpha"):
+        describe(module, SHAPE, name="lrn")
+    x = torch.randn(2, 8, 5, 5)
+    assert not torch.allclose(nn.CrossMapLRN2d(3, 1e-2, 0.75, 2.0)(x), nn.LocalResponseNorm(3, 1e-2, 0.75, 2.0)(x))

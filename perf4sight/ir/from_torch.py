@@ -401,6 +401,14 @@ def _lp_pool(_: Any) -> tuple[str, dict]:
                      "s the stride) describes the same but for the sign's kernels")
 
 
+def _cross_map_lrn(_: Any) -> tuple[str, dict]:
+    """nn.CrossMapLRN2d (Lua Torch's across-channel normalisation, ported): refused, saying why and what describes
+    the layer most networks mean by it."""
+    raise ValueError("a CrossMapLRN2d has no description op: torch runs it as an autograd Function of its own, a "
+                     "running sum over the channels whose window is not LocalResponseNorm's (their outputs differ); "
+                     "nn.LocalResponseNorm(size, alpha, beta, k), AlexNet's across-channel normalisation, describes")
+
+
 def _normalize_call(n: fx.Node) -> tuple[str, dict]:
     """``F.normalize(x, p, dim, eps)`` (a metric-learning or cosine classifier's features scaled to unit length) of
     p 2: the op normalize along ``dim`` (counted from the front; the batch's refused by name). Another p is refused,
@@ -466,6 +474,7 @@ MODULE_OPS: list[tuple[type, Callable[[Any], tuple[str, dict]]]] = [
     (nn.Threshold, lambda m: _threshold_attrs(m.threshold, m.value, m.inplace)),
     (nn.RReLU, lambda m: _rrelu_attrs(m.lower, m.upper, m.inplace)),
     *((cls, _lp_pool) for cls in (nn.LPPool1d, nn.LPPool2d, getattr(nn, "LPPool3d", nn.LPPool2d))),
+    (nn.CrossMapLRN2d, _cross_map_lrn),
     (nn.AlphaDropout, lambda m: _alpha_dropout_attrs(m.p, False, m.inplace)),
     (nn.FeatureAlphaDropout, lambda m: _alpha_dropout_attrs(m.p, True, m.inplace)),
     (nn.Identity, lambda m: ("identity", {})),
