@@ -458,3 +458,97 @@ def test_a_cross_map_lrn_is_refused_naming_the_layer_that_describes():
         describe(module, SHAPE, name="lrn")
     x = torch.randn(2, 8, 5, 5)
     assert not torch.allclose(nn.CrossMapLRN2d(3, 1e-2, 0.75, 2.0)(x), nn.LocalResponseNorm(3, 1e-2, 0.75, 2.0)(x))
+
+
+class _Affinity(nn.Module):
+    """Attention written as einsums of two convolutions' [8, 64] flattened maps t and p (``n c l``): the
+    affinities ``affinity(t, p)``, softmaxed, then ``attend(p, affinities)``, added back to t, then a classifier."""
+
+    def __init__(self, affinity, attend) -> None:
+        super().__init__()
+        self.theta, self.phi, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(3, 8, 1), nn.Linear(8, 10)
+        self.affinity, self.attend = affinity, attend
+
+    def forward(self, x):
+        t, p = self.theta(x).flatten(2), self.phi(x).flatten(2)
+        return self.fc((t + self.attend(p, self.affinity(t, p).softmax(-1))).mean(2))
+
+
+#: (affinity, attend, transposes): a non-local block's positions (t^T p, then p a^T: both read transposed) and
+#: DANet's channel attention (t p^T, then a plain a p).
+_EINSUM_FORMS = {
+    "non_local": (lambda t, p: torch.einsum("nci,ncj->nij", t, p), lambda p, a: torch.einsum("ncj,nij->nci", p, a),
+                  2),
+    "channels": (lambda t, p: torch.einsum("ncl,ndl->ncd", t, p), lambda p, a: torch.einsum("ncd,ndl->ncl", a, p),
+                 1),
+}
+
+
+@pytest.mark.parametrize("case", list(_EINSUM_FORMS))
+def test_an_einsum_of_a_transposed_operand_is_a_transpose_and_a_matmul(case):
+    """An einsum that multiplies batched matrices one of which it reads transposed ('nci,ncj->nij', a non-local
+    block's t^T p; 'ncl,ndl->ncd', DANet's t p^T) was refused as no plain batched matrix product: it is a transpose of
+    that operand's last two dims and the op matmul (torch's bmm of the transposed view), and the rebuilt module
+    computes the original's output and gradients."""
+    affinity, attend, transposes = _EINSUM_FORMS[case]
+    desc = _computes_the_same(_Affinity(affinity, attend))
+    assert [n.op for n in desc.nodes].count("matmul") == 2
+    assert [n.attrs for n in desc.nodes if n.op == "transpose"] == [{"dim0": -2, "dim1": -1}] * transposes
+
+
+@pytest.mark.parametrize("affinity, attend", [
+    (lambda t, p: torch.einsum("nci,ncj->nij", t, p), lambda p, a: torch.einsum("ncj,nji->nci", p, a)),
+    _EINSUM_FORMS["channels"][:2]])
+@pytest.mark.parametrize("batch", [3, 1])
+def test_the_allocation_model_writes_down_an_einsum_of_a_transposed_operand_as_traced(affinity, attend, batch):
+    """A transposed operand (the first's, t^T p; the second's, t p^T) is a view the product reads as it lies: the
+    model's events are the meta trace's. (A product of a softmax's result transposed, p a^T, leaves the model, as
+    written by hand with .transpose: its softmax's gradient arrives permuted.)"""
+    from test_allocator import _as_replayed
+
+    from perf4sight.features.alloc_trace import record_events
+
+    desc = describe(_Affinity(affinity, attend), SHAPE, name="affinity")
+    assert "transpose" in [n.op for n in desc.nodes]
+    model = record_events(desc, batch, steps=2, method="model")
+    assert _as_replayed(model) == _as_replayed(record_events(desc, batch, steps=2, method="trace"))
+
+
+@pytest.mark.parametrize("equation, rebuilt", [
+    ("bci,bcj->bij", lambda x, y: x.transpose(1, 2) @ y), ("bik,bjk->bij", lambda x, y: x @ y.transpose(1, 2))])
+def test_an_einsum_of_a_transposed_operand_runs_the_kernels_of_its_description(equation, rebuilt):
+    """Torch runs such an einsum as the transpose and matmul it is described by (a dispatch log, views left out):
+    one bmm forward; backward the gradient's bmm (and the same copies), so the matmul's costs hold."""
+    from test_features import _ops_run
+
+    views = {"permute", "transpose", "expand", "_unsafe_view", "t"}
+
+    def kernels(fn):
+        forward, backward = _ops_run(lambda x: fn(x, x.detach() * 2), [8, 16])
+        return [[name for name, _ in run if name not in views] for run in (forward, backward)]
+    assert kernels(lambda x, y: torch.einsum(equation, x, y)) == kernels(rebuilt)
+
+
+@pytest.mark.parametrize("case", list(_EINSUM_FORMS))
+def test_a_network_of_einsums_of_transposed_operands_prunes_and_trains(case):
+    """Pruning ties the channels the einsums multiply (those of both convolutions and of the map they are added
+    back to): the pruned network describes, its products of the pruned maps, and a training step runs."""
+    from test_networks import _train_step
+
+    from perf4sight.networks.build import Source, prune_source
+
+    affinity, attend, _ = _EINSUM_FORMS[case]
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem, self.block = nn.Conv2d(3, 16, 3, padding=1), _Affinity(affinity, attend)
+            self.block.theta, self.block.phi = nn.Conv2d(16, 16, 3, padding=1), nn.Conv2d(16, 16, 1)
+            self.block.fc = nn.Linear(16, 10)
+
+        def forward(self, x):
+            return self.block(self.stem(x).relu())
+    (desc,) = prune_source(Source("net", "test", Net), [3, 16, 16], [30], "l1-norm", 2, seed=0)
+    widths = {n.attrs["out_channels"] for n in desc.nodes if n.op == "conv2d"}
+    assert len(widths) == 1 and widths.pop() < 16 and [n.op for n in desc.nodes].count("matmul") == 2
+    _train_step(desc)

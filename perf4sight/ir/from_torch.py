@@ -2651,34 +2651,48 @@ FUNCTION_OPS[F.scaled_dot_product_attention] = _fused_attention
 _EINSUMS = {torch.einsum}
 
 
-def _batched_matmul_form(equation: str) -> bool:
-    """Whether the einsum ``equation`` is a plain batched matrix product: ``"bij,bjk->bik"`` (leading letters, the
-    batch's first, the same in both operands and the result; then the rows of the first by the columns of the
-    second over a letter they share), each letter once per operand."""
+def _batched_matmul_form(equation: str) -> tuple[bool, bool] | None:
+    """Where the einsum ``equation`` is a batched matrix product, whether each operand is read transposed: ``"bij,
+    bjk->bik"`` (False, False), ``"bji,bjk->bik"`` (a non-local block's a^T b: True, False), ``"bij,bkj->bik"`` (a
+    b^T: False, True). Leading letters, the batch's first, the same in both operands and the result; then the rows
+    of the first by the columns of the second over a letter they share, each letter once per operand. None for any
+    other form."""
     terms = equation.replace(" ", "").split("->")
     operands = terms[0].split(",")
     if len(terms) != 2 or len(operands) != 2 or not all(t.isalpha() for t in (*operands, terms[1])):
-        return False
+        return None
     a, b, out = operands[0], operands[1], terms[1]
     lead = a[:-2]
-    return (len(a) == len(b) == len(out) >= 3 and len(set(a + b[-1])) == len(a) + 1
-            and b[:-2] == lead and out == lead + a[-2] + b[-1] and b[-2] == a[-1])
+    once = len(set(a)) == len(a) and len(set(b)) == len(b)
+    if not (once and len(a) == len(b) == len(out) >= 3 and len(set(a + b)) == len(a) + 1
+            and b[:-2] == lead == out[:-2]):
+        return None
+    shared = set(a[-2:]) & set(b[-2:])
+    if len(shared) != 1:
+        return None
+    (k,) = shared
+    rows, cols = a[-2:].replace(k, ""), b[-2:].replace(k, "")
+    return (a[-2] == k, b[-1] == k) if out[-2:] == rows + cols else None
 
 
 def _matrix_product_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Node] | None:
-    """``a @ b`` of two of the network's tensors (torch.matmul, bmm, an einsum of a plain batched matrix product: a
-    non-local block's, a hand-written self-attention's): the op matmul. None for any other call; ``ValueError`` for
+    """``a @ b`` of two of the network's tensors (torch.matmul, bmm, an einsum of a batched matrix product: a
+    non-local block's, a hand-written self-attention's): the op matmul, after a transpose of the last two dims of an
+    operand the einsum reads transposed. None for any other call; ``ValueError`` for
     an einsum of another form (named), a product of ranks the op does not take, or one of a module's own tensor."""
     if n.op not in ("call_function", "call_method") or n.target not in _MATRIX_PRODUCTS | _EINSUMS or n.kwargs:
         return None
-    operands = list(n.args)
+    operands, transposed = list(n.args), (False, False)
     if n.target in _EINSUMS:
         equation, operands = operands[0], operands[1:]
         if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
             operands = list(operands[0])
-        if not (isinstance(equation, str) and _batched_matmul_form(equation)) or len(operands) != 2:
+        form = _batched_matmul_form(equation) if isinstance(equation, str) else None
+        if form is None or len(operands) != 2:
             raise ValueError(f"an einsum of the form {equation!r} has no description op (only a batched matrix "
-                             "product of two tensors, e.g. 'bij,bjk->bik', is the op matmul)")
+                             "product of two tensors, e.g. 'bij,bjk->bik', either operand's last two letters "
+                             "swapped, is the op matmul)")
+        transposed = form
     if len(operands) != 2 or not all(_is_tensor(a) for a in operands):
         return None
     for operand in operands:
@@ -2688,7 +2702,14 @@ def _matrix_product_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str])
         raise ValueError(f"a matmul of tensors of ranks {ranks} (the batch counted) has no description op: the op "
                          "multiplies batched matrices of one rank, at least 3")
     alias[n.name] = n.name
-    return [Node(n.name, "matmul", [alias[a.name] for a in operands], {}, _shape(n))]
+    inputs, nodes = [], []
+    for operand, flip, side in zip(operands, transposed, "ab"):
+        inputs.append(alias[operand.name] if not flip else f"{n.name}_{side}_transposed")
+        if flip:  # an einsum's operand read transposed: torch's bmm of its transposed view
+            shape = list(operand.meta["tensor_meta"].shape)[1:]
+            nodes.append(Node(inputs[-1], "transpose", [alias[operand.name]], {"dim0": -2, "dim1": -1},
+                              shape[:-2] + shape[-2:][::-1]))
+    return nodes + [Node(n.name, "matmul", inputs, {}, _shape(n))]
 
 
 def _max_part(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Node] | None:
