@@ -552,3 +552,109 @@ def test_a_network_of_einsums_of_transposed_operands_prunes_and_trains(case):
     widths = {n.attrs["out_channels"] for n in desc.nodes if n.op == "conv2d"}
     assert len(widths) == 1 and widths.pop() < 16 and [n.op for n in desc.nodes].count("matmul") == 2
     _train_step(desc)
+
+
+class _Folded(nn.Module):
+    """Soft split and composition (FuseFormer's, an inpainting network's): a convolution's [8, 8, 8] map cut into
+    2 x 2 patches as columns (F.unfold), scaled by a sigmoid gate of themselves, put back (nn.Fold); and its
+    overlapping 3 x 3 windows summed back (F.fold of F.unfold); then a classifier of the channels' means."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8, 10)
+        self.compose = nn.Fold((8, 8), 2, stride=2)
+
+    def forward(self, x):
+        y = self.conv(x)
+        patches = F.unfold(y, 2, stride=2)  # [N, 32, 16]
+        overlapped = F.fold(F.unfold(y, 3, padding=1) * 0.5, (8, 8), 3, padding=1)
+        return self.fc((self.compose(patches * patches.sigmoid()) + overlapped).mean((2, 3)))
+
+
+def test_fold_is_described():
+    """F.fold and nn.Fold (col2im, unfold's inverse) were refused as calls without a description op: they are the
+    op fold (output_size, kernel_size, dilation, padding, stride as pairs), [C, H, W] of [C kh kw, L] columns, and
+    the rebuilt module computes the original's output and gradients."""
+    desc = _computes_the_same(_Folded())
+    assert [(n.attrs, n.output_shape) for n in desc.nodes if n.op == "fold"] == [
+        ({"output_size": [8, 8], "kernel_size": [3, 3], "dilation": [1, 1], "padding": [1, 1], "stride": [1, 1]},
+         [8, 8, 8]),
+        ({"output_size": [8, 8], "kernel_size": [2, 2], "dilation": [1, 1], "padding": [0, 0], "stride": [2, 2]},
+         [8, 8, 8])]
+
+
+def test_a_fold_of_2_d_columns_is_refused_by_name():
+    """F.fold of a [N, L] tensor reads it as one unbatched [C kh kw, L], the batch as its channels: refused by
+    name."""
+    with pytest.raises(UserError, match=r"a fold \(col2im\) of anything but \[N, C x kh x kw, L\] columns"):
+        describe(_Probe(lambda y: F.fold(y.mean((2, 3)), (1, 8), 1), 8), SHAPE, name="unbatched")
+
+
+@pytest.mark.parametrize("batch", [3, 1])
+def test_the_allocation_model_writes_down_a_fold_as_traced(batch):
+    """A fold: its map (aten.col2im), nothing kept; backward aten.im2col, a gradient of the columns' size. The
+    model's events are the meta trace's."""
+    from test_allocator import _as_replayed
+
+    from perf4sight.features.alloc_trace import record_events
+
+    desc = describe(_Folded(), SHAPE, name="folded")
+    model = record_events(desc, batch, steps=2, method="model")
+    assert _as_replayed(model) == _as_replayed(record_events(desc, batch, steps=2, method="trace"))
+    folds = [size for _, _, size, op in model if op == "aten.col2im.default"]
+    assert len(folds) == 2 * 2 * 2 and set(folds) == {batch * 8 * 8 * 8 * 4}  # 2 folds and 2 unfolds' backward
+
+
+@pytest.mark.parametrize("kernel, stride, padding", [(3, 1, 1), (2, 2, 0)])
+def test_a_fold_costs_the_kernels_torch_runs(kernel, stride, padding):
+    """The walk's cost of a fold counts the kernels this torch runs (a dispatch log): col2im forward, an add a
+    column element; im2col backward, no FLOPs; nothing kept."""
+    from test_features import _ops_run
+
+    from perf4sight.features.walk import walk
+
+    def fold(y):
+        return F.fold(F.unfold(y, kernel, padding=padding, stride=stride), (8, 8), kernel, padding=padding,
+                      stride=stride)
+    desc = describe(_Probe(fold), SHAPE, name="fold")
+    (visit,) = [v for v in walk(desc) if v.node.op == "fold"]
+    columns = [8 * kernel * kernel, (8 // stride) ** 2]
+    forward, backward = _ops_run(lambda x: F.fold(x, (8, 8), kernel, padding=padding, stride=stride), columns)
+    assert [name for name, _ in forward] == ["col2im"] and [name for name, _ in backward] == ["im2col"]
+    assert (visit.cost.kernels_fwd, visit.cost.kernels_bwd, visit.cost.flops_bwd) == (1, 1, 0)
+    assert visit.cost.flops_fwd == columns[0] * columns[1] and visit.cost.saved == []
+
+
+def test_a_network_using_fold_prunes_and_trains():
+    """Pruning a network that cuts a map into patches and puts them back (an unfold, a fold) cuts the channels
+    through both (torch-pruning's graph follows a column's channel into its map's): the pruned network describes,
+    its fold of the pruned channels, and a training step runs."""
+    from test_networks import _train_step
+
+    from perf4sight.networks.build import Source, prune_source
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(16, 16, 3, padding=1)
+            self.c, self.fc = nn.Conv2d(16, 16, 3, padding=1), nn.Linear(16, 10)
+
+        def forward(self, x):
+            patches = F.unfold(self.b(self.a(x).relu()), 2, stride=2)
+            return self.fc(self.c(F.fold(patches.sigmoid() * patches, (16, 16), 2, stride=2)).mean((2, 3)))
+    (desc,) = prune_source(Source("net", "test", Net), [3, 16, 16], [30], "l1-norm", 2, seed=0)
+    widths = [n.attrs["out_channels"] for n in desc.nodes if n.op == "conv2d"]
+    assert max(widths) < 16 and [n.output_shape for n in desc.nodes if n.op == "fold"] == [[widths[1], 16, 16]]
+    _train_step(desc)
+
+
+def test_a_fold_keeps_what_autograd_keeps():
+    """A fold keeps nothing for backward: what a sample adds to autograd's saved tensors (the network input aside)
+    is the features'."""
+    from test_features import _autograd_saved_bytes
+
+    from perf4sight.features.aggregate import network_features
+
+    desc = describe(_Folded(), SHAPE, name="folded")
+    at2, at4 = (b * _autograd_saved_bytes(desc, b, with_input=False) for b in (2, 4))
+    assert network_features(desc).per_sample["saved_bytes"] == (at4 - at2) / 2

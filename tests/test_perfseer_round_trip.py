@@ -65,7 +65,7 @@ class _Views(torch.nn.Module):
     softshrink, threshold (in place), log_sigmoid, rmsnorm, repeat, rrelu, alpha_dropout (of whole channels) and
     fractional_maxpool2d, and matmul (a product of two activations, ONNX's MatMul); maximum and minimum (ONNX's Max
     and Min), flip and roll; weighted_sum (a BiFPN fusion of two maps); normalize (F.normalize, an eps of its own);
-    unfold (im2col).
+    unfold (im2col) and fold (col2im).
     Also frozen_batchnorm2d (torchvision's FrozenBatchNorm2d, an eps of its own); the instance norm tracks running
     statistics."""
 
@@ -90,6 +90,7 @@ class _Views(torch.nn.Module):
         y = self.up(self.norm(self.inorm(self.drop(self.lrn(self.prelu(self.frozen(self.conv(x))))))))
         y = torch.nn.functional.fractional_max_pool2d(y, 3, output_size=(20, 21))
         y = y + torch.nn.functional.unfold(y, 3, padding=1).view(y.shape[0], 8, 9, 20, 21).mean(2)  # unfold
+        y = y + torch.nn.functional.fold(torch.nn.functional.unfold(y, 2, stride=2), (20, 21), 2, stride=2)  # fold
         y = torch.nn.functional.feature_alpha_dropout(y, 0.1, True)
         y = torch.tanh(self.pool(torch.nn.functional.gelu(y))).transpose(2, 3)[:, :, 1:3]
         y = self.amax(torch.squeeze(torch.unsqueeze(torch.nn.functional.leaky_relu(y, 0.2, True), 1), 1))[:, :, :, 0]

@@ -150,7 +150,7 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "weighted_sum",
                      "log",
                      "normalize",
-                     "unfold",
+                     "unfold", "fold",
                      "matmul"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
 _ACTIVATIONS = {"hardswish": ("hardswish", "input"), "hardsigmoid": ("hardsigmoid", "input"), "silu": ("silu", "input"),
@@ -1121,10 +1121,11 @@ def _reordered_copy(ctx: _OpContext) -> _Value:
 
 
 def _im2col(ctx: _OpContext) -> _Value:
-    """An unfold (torch's aten.im2col: the windows' values copied into columns, nothing kept). Backward aten.col2im,
-    a new tensor of the input's size (the columns' gradient added back onto its pixels)."""
-    sid = ctx.alloc("im2col.default")
-    return _Value(sid, ctx.nbytes, ctx.unary_grad_fn("aten.col2im.default", []))
+    """An unfold (torch's aten.im2col: the windows' values copied into columns, nothing kept) or a fold (aten.col2im:
+    the columns added back onto their windows). Backward the other kernel, a new tensor of the input's size."""
+    kernel, backward = ("im2col", "col2im") if ctx.node.op == "unfold" else ("col2im", "im2col")
+    sid = ctx.alloc(f"{kernel}.default")
+    return _Value(sid, ctx.nbytes, ctx.unary_grad_fn(f"aten.{backward}.default", []))
 
 
 def _combine(ctx: _OpContext) -> _Value:
@@ -2199,6 +2200,7 @@ _HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
     **dict.fromkeys(("pow", "exp", "abs", "log"), _maths),
     "normalize": _l2_normalize,
     "unfold": _im2col,
+    "fold": _im2col,
     "div": _quotient,
     "matmul": _matrix_product,
     "var": _variance,

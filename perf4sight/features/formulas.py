@@ -843,6 +843,15 @@ def _unfold(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
                   kernels_bwd=1, kind="other")
 
 
+def _fold(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """col2im (torch's aten.col2im; a dispatch log of torch 2.14): each column added onto its window of the output
+    (one kernel, an add an input element; bytes: the input read, the output written); backward im2col (one kernel, a
+    copy of the gradient's windows into columns). It keeps nothing."""
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    return OpCost(flops_fwd=float(numel(in_shapes[0])), bytes_read=rd, bytes_written=wr, kernels_fwd=1,
+                  kernels_bwd=1, kind="other")
+
+
 def _input(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     return OpCost(kind="view")
 
@@ -932,6 +941,7 @@ HANDLERS: dict[str, Handler] = {
     "log": _pointwise(1, [0], 1),
     "normalize": _l2_normalize,
     "unfold": _unfold,
+    "fold": _fold,
     "identity": _view,
     "maxpool2d": _maxpool2d,
     "fractional_maxpool2d": _fractional_maxpool2d,

@@ -371,8 +371,8 @@ def _circular_pad_passes(node: Node) -> tuple[float, float, int]:
 def _unfold_passes(node: Node) -> tuple[float, float, int]:
     """An unfold's (im2col's): forward a copy of the input into the columns (one pass over both); backward col2im,
     the columns' gradient read and the input's written: 1 + the smaller over the larger of the two, taken as
-    stride_h stride_w / (kh kw) input elements an output element (its windows' overlap; exact where the padding
-    keeps the sides whole), one kernel."""
+    stride_h stride_w / (kh kw) map elements a column element (its windows' overlap; exact where the padding
+    keeps the sides whole), one kernel. A fold's (col2im's) alike, the other way round."""
     k, s = node.attrs["kernel_size"], node.attrs["stride"]
     ratio = (int(s[0]) * int(s[1])) / (int(k[0]) * int(k[1]))
     return 1.0, 1.0 + min(ratio, 1.0 / ratio), 1
@@ -476,7 +476,7 @@ def _passes(node: Node) -> tuple[float, float, int]:
         return _PLAIN_REPEAT_PASSES
     if node.op == "weighted_sum":
         return _weighted_sum_passes(node)
-    if node.op == "unfold":
+    if node.op in ("unfold", "fold"):
         return _unfold_passes(node)
     return _PASSES.get(node.op, _DEFAULT_PASSES)
 

@@ -185,7 +185,7 @@ def perf4sight_vectors(desc: NetworkDescription) -> tuple[np.ndarray, np.ndarray
             scaled[_IDX["cat_bytes"]] += out * BYTES_PER_ELEMENT
         elif node.op in ("pad", "pixel_shuffle", "pixel_unshuffle", "repeat",
                          "flip", "roll",
-                         "unfold"):  # copies, as a concatenation is
+                         "unfold", "fold"):  # copies, as a concatenation is
             scaled[_IDX["cat_bytes"]] += out * BYTES_PER_ELEMENT
     return static, scaled
 

@@ -56,6 +56,7 @@ _PRICED_AS = {"leaky_relu": "relu", "hardtanh": "relu6",
               "normalize": "layernorm",
               # not measured: a copy of the windows into columns (backward added back), priced as a pad's
               "unfold": "pad",
+              "fold": "pad",  # not measured: the columns added onto their windows, as an unfold's copy
               "var": "batchnorm2d",  # a variance: a statistics pass, as a batch norm's first
               # not measured by the profile; timed here once (2-core CPU, one thread, forward and backward, ns an
               # element at sides 16 and 32): a GLU, a half of its input times the sigmoid of the other, silu's work

@@ -63,6 +63,7 @@ OP_TOKEN: dict[str, str] = {**{op: op for op in OP_VOCAB},
                             "log": "sigmoid",
                             "normalize": "batchnorm2d",  # a norm along one dimension, as an RMS norm's
                             "unfold": "cat",  # a copy of the windows into columns, as a concatenation's
+                            "fold": "cat",  # the columns put back into a map, as an unfold's
                             # a half of the input times the sigmoid of the other: silu's work an output element
                             "glu": "silu",
                             # a value kept or replaced by a compare, as relu's

@@ -96,6 +96,7 @@ ONNX_TO_OP: dict[str, str] = {
     "Log": "log",  # ONNX's natural logarithm
     "LpNormalization": "normalize",  # ONNX's, of p 2 (its axis our dim; torch's eps in args, ONNX's has none)
     "Im2Col": "unfold",  # ONNX has a Col2Im (opset 18) but no im2col: a type of our own
+    "Col2Im": "fold",  # ONNX's (opset 18: its image_shape and block_shape our output_size and kernel_size)
     "ReduceVariance": "var",  # no ONNX op: a type of this tool's own
     # no ONNX op (torch's exporter writes a GLU as a Split, a Sigmoid and a Mul): a type of this tool's own
     "Glu": "glu",
@@ -550,13 +551,16 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         # given: the last, torch's default for a GLU too)
         axis = int(_number(args.get("dim", args.get("axis", -1)), f"{where} axis"))
         return {"dim": axis % (len(in_shapes[0]) + 1)}
-    if op == "unfold":  # our own type: its windows (required), dilation, padding and stride as a convolution's
-        k = _pair(args, ("kernel_size", "kernel_shape"), [], where)
+    if op in ("unfold", "fold"):  # their windows (required), dilation, padding and stride as a convolution's; a
+        # fold's output size (ONNX's Col2Im: block_shape and image_shape)
+        k = _pair(args, ("kernel_size", "kernel_shape", "block_shape"), [], where)
+        size = _pair(args, ("output_size", "image_shape"), out[1:3], where)
         if not k:
             raise UserError(f"{where}: {op} lacks 'kernel_size' in args")
-        return {"kernel_size": k, "dilation": _pair(args, ("dilation", "dilations"), [1, 1], where),
-                "padding": _pair(args, ("padding", "pads"), [0, 0], where),
-                "stride": _pair(args, ("stride", "strides"), [1, 1], where)}
+        a = {"kernel_size": k, "dilation": _pair(args, ("dilation", "dilations"), [1, 1], where),
+             "padding": _pair(args, ("padding", "pads"), [0, 0], where),
+             "stride": _pair(args, ("stride", "strides"), [1, 1], where)}
+        return a if op == "unfold" else {"output_size": size, **a}
     if op == "normalize":  # ONNX's LpNormalization (axis -1 where not given), of p 2 alone (F.normalize's other p
         # has no description op)
         if _number(args.get("p", 2), f"{where} p") != 2:

@@ -167,6 +167,9 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # im2col: each kernel_size window (dilated, of the map padded by zeros, at stride) of a [C, H, W] map as a column
     # of C kh kw values: [C kh kw, L], L the windows (a convolution's output positions; torch's F.unfold, nn.Unfold)
     "unfold": ("kernel_size", "dilation", "padding", "stride"),
+    # col2im, unfold's inverse: [C kh kw, L] columns summed back into a [C, H, W] map of output_size [H, W] (each
+    # column onto its window, overlaps added, the padding dropped; L the map's windows; torch's F.fold, nn.Fold)
+    "fold": ("output_size", "kernel_size", "dilation", "padding", "stride"),
     # the variance over dims (as mean's), its squared deviations summed over their count less correction (torch's
     # var: 1, unbiased; 0 a hand-written norm's); a standard deviation is its pow 0.5
     "var": ("dims", "keepdim", "correction"),
@@ -233,7 +236,8 @@ _SHAPES: Dict[str, Tuple[str, ...]] = {"fractional_maxpool2d": ("output_size",),
                                        "token": ("shape",), "interpolate": ("size",),
                                        "rmsnorm": ("normalized_shape",),
                                        "repeat": ("repeats",),
-                                       "flip": ("dims",), "roll": ("dims",)}
+                                       "flip": ("dims",), "roll": ("dims",),
+                                       "fold": ("output_size",)}
 #: Op -> attributes that must be true or false where given (required or optional).
 _FLAGS: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("bias",), "linear": ("bias",), "attention": ("bias",), "group_attention": ("bias",),
@@ -303,6 +307,7 @@ _PAIRS: Dict[str, Tuple[str, ...]] = {
     "conv_transpose2d": ("kernel_size", "stride", "padding", "output_padding", "dilation"),
     "fractional_maxpool2d": ("kernel_size",),
     "unfold": ("kernel_size", "dilation", "padding", "stride"),
+    "fold": ("kernel_size", "dilation", "padding", "stride"),
 }
 
 

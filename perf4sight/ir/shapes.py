@@ -42,6 +42,7 @@ ARITY: Dict[str, Tuple[int, Optional[int]]] = {
     "glu": (1, 1),
     "normalize": (1, 1),
     "unfold": (1, 1),
+    "fold": (1, 1),
     "local_response_norm": (1, 1),
     "rmsnorm": (1, 1),
     "repeat": (1, 1),
@@ -147,6 +148,18 @@ def _unfolded(a: Dict[str, Any], x: List[int]) -> Union[List[int], str]:
     if min(hw) < 1:
         return f"kernel {k} (padding {p}, dilation {d}) does not fit its {x[1]}x{x[2]} input"
     return [x[0] * k[0] * k[1], hw[0] * hw[1]]
+
+
+def _folded(a: Dict[str, Any], x: List[int]) -> Union[List[int], str]:
+    """A fold's (col2im's) output: the [C, H, W] map of output_size [H, W] that [C kh kw, L] columns ``x`` sum
+    into, L its windows; else what is wrong."""
+    k, size = _pair(a["kernel_size"]), _pair(a["output_size"])
+    windows = _unfolded(a, [1] + size)
+    if isinstance(windows, str):
+        return windows
+    if len(x) != 2 or x[0] % (k[0] * k[1]) or x[1] != windows[1]:
+        return f"needs [C x {k[0] * k[1]}, {windows[1]}] columns (the windows of a {size[0]}x{size[1]} map), got {x}"
+    return [x[0] // (k[0] * k[1])] + size
 
 
 def _glu_shape(x: List[int], dim: int) -> Union[List[int], str]:
@@ -292,6 +305,8 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
         return _transposed_out(a, x)
     if op == "unfold":
         return _unfolded(a, x)
+    if op == "fold":
+        return _folded(a, x)
     if op == "fractional_maxpool2d":
         return _fractional_out(a, x)
     if op in ("adaptiveavgpool2d", "adaptivemaxpool2d"):

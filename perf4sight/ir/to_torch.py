@@ -513,6 +513,8 @@ FUNCTION_BUILDERS: Dict[str, Callable[[List, Dict], Tuple[Callable, Tuple]]] = {
     "normalize": lambda x, a: (F.normalize, (x[0], 2.0, int(a["dim"]), float(a.get("eps", 1e-12)))),
     "unfold": lambda x, a: (F.unfold, (x[0], _pair(a["kernel_size"]), _pair(a["dilation"]), _pair(a["padding"]),
                                        _pair(a["stride"]))),
+    "fold": lambda x, a: (F.fold, (x[0], _pair(a["output_size"]), _pair(a["kernel_size"]), _pair(a["dilation"]),
+                                   _pair(a["padding"]), _pair(a["stride"]))),
     "div": lambda x, a: (operator.truediv, (x[0], x[1])),
     "matmul": lambda x, a: (torch.matmul, (x[0], x[1])),
     # torch.max and torch.min of two tensors: torch's maximum and minimum (before torch 1.7 too)
