@@ -658,3 +658,43 @@ def test_a_fold_keeps_what_autograd_keeps():
     desc = describe(_Folded(), SHAPE, name="folded")
     at2, at4 = (b * _autograd_saved_bytes(desc, b, with_input=False) for b in (2, 4))
     assert network_features(desc).per_sample["saved_bytes"] == (at4 - at2) / 2
+
+
+class _ChannelsLast(nn.Module):
+    """A convolution's [8, 8, 8] map put channels last by einsum ``equation``, a layer norm over its channels and a
+    classifier of the positions' mean."""
+
+    def __init__(self, equation: str) -> None:
+        super().__init__()
+        self.conv, self.norm, self.fc, self.equation = nn.Conv2d(3, 8, 3, padding=1), nn.LayerNorm(8), \
+            nn.Linear(8, 10), equation
+
+    def forward(self, x):
+        return self.fc(self.norm(torch.einsum(self.equation, self.conv(x))).mean((1, 2)))
+
+
+def test_an_einsum_reordering_one_tensor_is_a_permute():
+    """torch.einsum('bchw->bhwc', x) (a ConvNeXt-style block's channels put last) was refused as no batched matrix
+    product: torch makes it a permuted view of x, the op permute, and the rebuilt module computes the original's
+    output and gradients."""
+    desc = _computes_the_same(_ChannelsLast("bchw->bhwc"))
+    assert [n.attrs for n in desc.nodes if n.op == "permute"] == [{"dims": [0, 2, 3, 1]}]
+
+
+@pytest.mark.parametrize("equation, width", [("bchw->hwbc", 512), ("bchw->bhw", 64), ("bcch->bch", 64)])
+def test_an_einsum_moving_the_batch_or_reducing_is_refused_by_name(equation, width):
+    """A reordering that moves the batch, a sum over a letter or a diagonal is no permute: refused naming its form."""
+    with pytest.raises(UserError, match=rf"an einsum of the form '{equation}' has no description op"):
+        describe(_Probe(lambda y: torch.einsum(equation, y).reshape(y.shape[0], -1), width), SHAPE, name="refused")
+
+
+@pytest.mark.parametrize("batch", [3, 1])
+def test_the_allocation_model_writes_down_an_einsum_permute_as_traced(batch):
+    """The einsum's permute is a view the layer norm reads: the model's events are the meta trace's."""
+    from test_allocator import _as_replayed
+
+    from perf4sight.features.alloc_trace import record_events
+
+    desc = describe(_ChannelsLast("bchw->bhwc"), SHAPE, name="channels_last")
+    model = record_events(desc, batch, steps=2, method="model")
+    assert _as_replayed(model) == _as_replayed(record_events(desc, batch, steps=2, method="trace"))

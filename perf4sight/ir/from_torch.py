@@ -2692,6 +2692,18 @@ def _batched_matmul_form(equation: str) -> tuple[bool, bool] | None:
     return (a[-2] == k, b[-1] == k) if out[-2:] == rows + cols else None
 
 
+def _einsum_permutation(equation: str) -> list[int] | None:
+    """Where the einsum ``equation`` of one operand reorders its letters alone (``"bchw->bhwc"``: torch's permuted
+    view of it), the dims of that permute, the batch's first; None for any other form."""
+    terms = equation.replace(" ", "").split("->")
+    if len(terms) != 2 or "," in terms[0] or not terms[0].isalpha() or len(set(terms[0])) != len(terms[0]):
+        return None
+    source, out = terms
+    if sorted(out) != sorted(source) or out[0] != source[0]:
+        return None
+    return [source.index(letter) for letter in out]
+
+
 def _matrix_product_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Node] | None:
     """``a @ b`` of two of the network's tensors (torch.matmul, bmm, an einsum of a batched matrix product: a
     non-local block's, a hand-written self-attention's): the op matmul, after a transpose of the last two dims of an
@@ -2704,11 +2716,17 @@ def _matrix_product_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str])
         equation, operands = operands[0], operands[1:]
         if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
             operands = list(operands[0])
+        dims = _einsum_permutation(equation) if isinstance(equation, str) and len(operands) == 1 else None
+        if dims is not None and _is_tensor(operands[0]):  # a permuted view of one tensor
+            _network_tensor(operands[0], alias, "einsum")
+            alias[n.name] = n.name
+            return [Node(n.name, "permute", [alias[operands[0].name]], {"dims": dims}, _shape(n))]
         form = _batched_matmul_form(equation) if isinstance(equation, str) else None
         if form is None or len(operands) != 2:
             raise ValueError(f"an einsum of the form {equation!r} has no description op (only a batched matrix "
                              "product of two tensors, e.g. 'bij,bjk->bik', either operand's last two letters "
-                             "swapped, is the op matmul)")
+                             "swapped, is the op matmul, and a reordering of one tensor's letters after the batch's, "
+                             "e.g. 'bchw->bhwc', the op permute)")
         transposed = form
     if len(operands) != 2 or not all(_is_tensor(a) for a in operands):
         return None
