@@ -270,3 +270,98 @@ def test_a_batch_norm_without_parameters_called_twice_keeps_one_set_of_running_s
     model = record_events(desc, 2, steps=1, method="model")
     assert _as_replayed(model) == _as_replayed(record_events(desc, 2, steps=1, method="trace"))
     assert len([e for e in model if e[3] == "setup"]) == 2 + 3 + 2  # conv, the norm's 3 buffers once, fc
+
+
+class _ParameterReadTwice(nn.Module):
+    """A convolution, then a [C, 1, 1] parameter read directly by two ops (``how``): multiplied and added
+    (``x * g + g``), multiplied twice (``x * g + sigmoid(x) * g``), or a layer norm's weight and bias given twice."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how, self.conv = how, nn.Conv2d(3, 8, 3, padding=1)
+        self.g = nn.Parameter(torch.randn(8, 1, 1))
+        self.w, self.b = nn.Parameter(torch.randn(8)), nn.Parameter(torch.randn(8))
+
+    def forward(self, x):
+        y = self.conv(x)
+        if self.how == "scale_and_shift":
+            return y * self.g + self.g
+        if self.how == "scaled_twice":
+            return y * self.g + torch.sigmoid(y) * self.g
+        y = y.permute(0, 2, 3, 1)
+        return nn.functional.layer_norm(nn.functional.layer_norm(y, (8,), self.w, self.b), (8,), self.w, self.b)
+
+
+def _read_parameters(module: nn.Module) -> list[nn.Parameter]:
+    """``module``'s parameters its forward reads (the convolution's, then g, or the layer norm's weight and bias)."""
+    names = ("w", "b") if module.how == "layer_norm_twice" else ("g",)
+    return [module.conv.weight, module.conv.bias, *(getattr(module, n) for n in names)]
+
+
+@pytest.mark.parametrize("how", ["scale_and_shift", "scaled_twice", "layer_norm_twice"])
+def test_a_parameter_read_by_two_ops_is_one_parameter(how):
+    """A parameter read directly by two ops (no layer of its own: ``x * self.g + self.g``) was described as two
+    (a scale and a shift, each with a tensor of its own): 8 parameters more than the network has, their gradients and
+    optimiser state counted twice, two leaf tensors set up. The later reader now ``shares`` the first's tensor (a
+    shift a scale's), so the count, the features and the allocation model's setup are the network's, and the rebuilt
+    network holds one Parameter: the original's output and gradients with its weights."""
+    original = _ParameterReadTwice(how)
+    read = _read_parameters(original)
+    desc = NetworkDescription.from_dict(describe(original, [3, 8, 8], "twice").to_dict())
+    assert desc.params == sum(p.numel() for p in read) == network_features(desc).static["params"]
+    assert sum("shares" in n.attrs for n in desc.nodes) == 1
+    rebuilt = build_module(desc)
+    assert [p.shape for p in rebuilt.parameters()] == [p.shape for p in read]
+    with torch.no_grad():
+        for mine, theirs in zip(rebuilt.parameters(), read):
+            mine.copy_(theirs)
+    x = torch.randn(2, 3, 8, 8)
+    out, expected = rebuilt(x), original(x)
+    assert torch.allclose(out, expected, atol=1e-6)
+    out.square().sum().backward()
+    expected.square().sum().backward()
+    for mine, theirs in zip(rebuilt.parameters(), read):
+        assert torch.allclose(mine.grad, theirs.grad, atol=1e-5)
+    model = record_events(desc, 2, steps=2, method="model")
+    assert _as_replayed(model) == _as_replayed(record_events(desc, 2, steps=2, method="trace"))
+    assert len([e for e in model if e[3] == "setup"]) == len(read)
+    assert describe(rebuilt, [3, 8, 8], "twice").to_dict()["nodes"] == desc.to_dict()["nodes"]
+
+
+class _LayerWeightReadAgain(nn.Module):
+    """A layer norm's weight read again by a multiply: through the layer (``through_layer``) or given to
+    ``F.layer_norm`` as a parameter of the network's own."""
+
+    def __init__(self, through_layer: bool) -> None:
+        super().__init__()
+        self.through_layer, self.conv, self.norm = through_layer, nn.Conv2d(3, 8, 3, padding=1), nn.LayerNorm(8)
+
+    def forward(self, x):
+        y = self.conv(x).permute(0, 2, 3, 1)
+        if self.through_layer:
+            return self.norm(y) * self.norm.weight
+        return nn.functional.layer_norm(y, (8,), self.norm.weight, self.norm.bias) * self.norm.weight
+
+
+@pytest.mark.parametrize("through_layer", [True, False])
+def test_a_parameter_read_by_ops_that_cannot_share_it_is_refused_by_name(through_layer):
+    """A layer norm's weight multiplied by again was described as a layer norm and a scale each with tensors of
+    their own (8 parameters counted twice); no node can hold part of another's, so it is refused, naming both."""
+    owner = "norm" if through_layer else "layer_norm"
+    with pytest.raises(UserError, match=rf"^net: scale \(node mul\) reads norm\.weight, which layernorm \(node "
+                                        rf"{owner}\) reads too: .*count twice"):
+        describe(_LayerWeightReadAgain(through_layer), [3, 8, 8], "net")
+
+
+def test_a_scale_and_a_shift_share_a_tensor_of_one_shape_only():
+    """A shift may name a scale (or a scale a shift) as the owner of its tensor where both have one shape; another
+    shape, or another op, is refused as a layer called twice unlike itself is."""
+    d = describe(_ParameterReadTwice("scale_and_shift"), [3, 8, 8], "net").to_dict()
+    shift = next(n for n in d["nodes"] if n["op"] == "shift")
+    assert shift["attrs"] == {"shape": [8, 1, 1], "shares": "mul"}
+    for attrs in [{"shape": [8, 1, 8], "shares": "mul"}, {"shape": [8, 1, 1], "shares": "conv"}]:
+        e = copy.deepcopy(d)
+        e.pop("params")
+        next(n for n in e["nodes"] if n["name"] == "add")["attrs"] = attrs
+        with pytest.raises(UserError, match=r"^net: node 'add' \(shift\): .*which differs from this node"):
+            NetworkDescription.from_dict(e, "net")

@@ -29,8 +29,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.shape_prop import ShapeProp
 
 from perf4sight.errors import UserError
-from perf4sight.ir.schema import (INTERPOLATE_MODES, ON_COPY_OPS, PAD_MODES, PARAMETER_OPS, SHARES, NetworkDescription,
-                                  Node, count_params, node_params, output_padding_problem)
+from perf4sight.ir.schema import (INTERPOLATE_MODES, ON_COPY_OPS, ONE_TENSOR_OPS, PAD_MODES, PARAMETER_OPS, SHARES,
+                                  NetworkDescription, Node, count_params, output_padding_problem)
 from perf4sight.ir.meta_shapes import MetaShapeProp
 from perf4sight.ir.shapes import SIZE_REFERENCES, image_size_problem, transposed_output_padding
 from perf4sight.ir.weighted_sums import Fusion, weighted_sums
@@ -1916,7 +1916,7 @@ def _convert(gm: fx.GraphModule, where: str) -> tuple[list[Node], str]:
         nodes.extend(converted)
     if missing:
         raise UserError(f"{where}: {_missing_ops(list(missing.values()))}")
-    _mark_shared_calls(gm, nodes)
+    _mark_shared_calls(gm, nodes, held, where)
     return nodes, output
 
 
@@ -1970,22 +1970,64 @@ def _writes_a_copy(n: fx.Node) -> bool:
     return False
 
 
-def _mark_shared_calls(gm: fx.GraphModule, nodes: list[Node]) -> None:
-    """Give the node of each later call of a layer with parameters or buffers (CBAM's MLP over the average- and the
-    max-pooled descriptors; a batch norm without affine parameters, whose running statistics both calls update) the
-    attr ``shares``: the name of the node of its first call, which holds them."""
-    first_call: dict[str, str] = {}  # layer (module path) -> the description node of its first call
+def _mark_shared_calls(gm: fx.GraphModule, nodes: list[Node], held: dict[str, fx.Node], where: str) -> None:
+    """Give each node that reads the parameters or buffers an earlier node read (a layer called again: CBAM's MLP
+    over the average- and the max-pooled descriptors, a batch norm without affine parameters whose running
+    statistics both calls update; a parameter read directly by two ops, ``x * self.g + self.g``) the attr ``shares``:
+    the name of the node that read them first, which holds them, so that they count once. ``UserError`` where the
+    two cannot share (:func:`_sharing_refused`)."""
     described = {n.name: n for n in nodes}
+    first_reader: dict[int, str] = {}  # id of a module tensor -> the description node that read it first
+    read_by: dict[str, set[int]] = {}  # description node -> the ids of the module tensors it reads
     for fx_node in gm.graph.nodes:
         node = described.get(fx_node.name)
-        if fx_node.op != "call_module" or node is None or node.op not in PARAMETER_OPS:
+        if node is None or node.op not in PARAMETER_OPS or SHARES in node.attrs:  # a fusion's sharing: its own
             continue
+        tensors = _module_tensors_read(fx_node, gm, held)
+        ids = {id(t) for _, t in tensors}
+        readers = {first_reader[i] for i in ids if i in first_reader}
+        if not readers:
+            read_by[node.name] = ids
+            first_reader.update((i, node.name) for i in ids)
+            continue
+        owner = described[next(iter(readers))]
+        refusal = _sharing_refused(node, owner, len(readers) == 1 and read_by[owner.name] == ids)
+        if refusal:
+            names = [name for name, t in tensors if id(t) in first_reader]
+            raise UserError(f"{where}: {node.op} (node {node.name}) reads {', '.join(names[:3])}, which {owner.op} "
+                            f"(node {owner.name}) reads too: {refusal}")
+        node.attrs = {**node.attrs, SHARES: owner.name}
+
+
+def _module_tensors_read(fx_node: fx.Node, gm: fx.GraphModule, held: dict[str, fx.Node]) -> list[tuple[str, Any]]:
+    """(name, tensor) of the module's parameters and buffers that ``fx_node`` reads: a layer's own, or those an op
+    fetches (``get_attr`` nodes, or views and batch expansions of them: ``held``)."""
+    if fx_node.op == "call_module":
         layer = gm.get_submodule(fx_node.target)
-        if not node_params(node) and next(layer.buffers(), None) is None:  # nothing of its own: layers alike
-            continue
-        owner = first_call.setdefault(fx_node.target, node.name)
-        if owner != node.name:
-            node.attrs = {**node.attrs, SHARES: owner}
+        return [(f"{fx_node.target}.{k}", t) for k, t in (*layer.named_parameters(), *layer.named_buffers())]
+    inputs: list[fx.Node] = []
+    fx.node.map_arg((fx_node.args, fx_node.kwargs), inputs.append)
+    fetches = [held[a.name] for a in inputs if a.name in held and held[a.name].op == "get_attr"]  # (not a Swin V2
+    read = [(f.target, _fetched(gm, f.target)) for f in fetches]  # position bias: computed, held as its own node)
+    return [(name, t) for name, t in read if isinstance(t, torch.Tensor)]
+
+
+def _fetched(root: nn.Module, target: str) -> Any:
+    """What a ``get_attr`` of ``target`` reads from ``root`` (None for a name ``root`` lacks)."""
+    owner, _, attr = target.rpartition(".")
+    return getattr(root.get_submodule(owner), attr, None)
+
+
+def _sharing_refused(node: Node, owner: Node, reads_the_same: bool) -> str:
+    """Why ``node``, reading module tensors that ``owner`` read first, cannot share ``owner``'s (``reads_the_same``:
+    whether it reads those and no others): "" where it can (the same op and attrs, or a scale and a shift of one
+    shape)."""
+    alike = owner.op == node.op or {owner.op, node.op} <= set(ONE_TENSOR_OPS)
+    if reads_the_same and alike and owner.attrs == node.attrs:
+        return ""
+    return ("a description counts the tensors of every node that shares no other's, so they would count twice (a "
+            "layer called again shares its first call's, and a multiply and an add can share one parameter they read "
+            "whole)")
 
 
 def _missing_ops(kinds: list[list[str]]) -> str:

@@ -19,7 +19,8 @@ from perf4sight.ir.shapes import (SIZE_REFERENCES, element_count, image_size_pro
 __all__ = ["Node", "NetworkDescription", "OPS", "load_description", "save_description", "is_file_stem",
            "STRUCTURE_VERSION", "window_attention_params", "INTERPOLATE_MODES", "PAD_MODES", "known_attrs",
            "WEIGHTED_SUM_NORMALIZATIONS",
-           "output_padding_problem", "PARAMETER_OPS", "SHARES", "node_params", "ON_COPY_OPS"]
+           "output_padding_problem", "PARAMETER_OPS", "SHARES", "node_params", "ON_COPY_OPS",
+           "ONE_TENSOR_OPS"]
 
 SCHEMA_VERSION = 1
 
@@ -196,8 +197,9 @@ OPS: Dict[str, Tuple[str, ...]] = {
 #: Ops whose nodes may hold learnt parameters (:func:`node_params`) or buffers (a frozen batch norm's four [C]
 #: ones). Such a node may carry the optional attr ``shares``: the name of an earlier node of the same op and attrs
 #: whose parameters and buffers it uses (one layer called more than once in a forward, CBAM's shared MLP, a
-#: weight-tied block applied twice). Each call is a node of its own (its FLOPs, activations, saved tensors); the
-#: parameters, their gradient and optimiser state, and the buffers are the owner's, counted once.
+#: weight-tied block applied twice; a parameter read by two ops, whose ops may differ where both are of
+#: :data:`ONE_TENSOR_OPS`). Each call is a node of its own (its FLOPs, activations, saved tensors); the parameters,
+#: their gradient and optimiser state, and the buffers are the owner's, counted once.
 PARAMETER_OPS = ("conv2d", "conv_transpose2d", "batchnorm2d", "groupnorm", "instancenorm", "prelu", "linear",
                  "layernorm", "scale", "shift", "token", "attention", "window_attention", "group_attention",
                  "rmsnorm",
@@ -205,6 +207,10 @@ PARAMETER_OPS = ("conv2d", "conv_transpose2d", "batchnorm2d", "groupnorm", "inst
                  "weighted_sum")
 #: The attr naming the node whose parameters a node of :data:`PARAMETER_OPS` uses.
 SHARES = "shares"
+#: Ops whose parameter is one learnt tensor of their attr ``shape``: a node of one may share (``shares``) the tensor
+#: of an earlier node of another of them of the same shape (a parameter a network multiplies by and adds,
+#: ``x * self.g + self.g``).
+ONE_TENSOR_OPS = ("scale", "shift")
 #: The modes of ``interpolate``: torch's ``F.interpolate`` modes the description follows.
 INTERPOLATE_MODES = ("nearest", "bilinear")
 #: The normalisations of ``weighted_sum``'s weights.
@@ -695,7 +701,8 @@ def _reference_problem(node: Node, shapes: Dict[str, List[int]]) -> str:
 
 def _sharing_problem(node: Node, earlier: Dict[str, Node]) -> str:
     """What is wrong with ``node``'s ``shares`` ("" if nothing, or none): it names an earlier node (``earlier``, by
-    name) of the same op and the same attrs that owns its parameters (itself sharing none)."""
+    name) of the same op (or both of :data:`ONE_TENSOR_OPS`) and the same attrs that owns its parameters (itself
+    sharing none)."""
     if SHARES not in node.attrs:
         return ""
     owner_name = node.attrs[SHARES]
@@ -705,7 +712,7 @@ def _sharing_problem(node: Node, earlier: Dict[str, Node]) -> str:
     if SHARES in owner.attrs:
         return f"attr '{SHARES}' names '{owner_name}', which shares the parameters of '{owner.attrs[SHARES]}': name it"
     own = {k: v for k, v in node.attrs.items() if k != SHARES}
-    if owner.op != node.op or owner.attrs != own:
+    if (owner.op != node.op and not {owner.op, node.op} <= set(ONE_TENSOR_OPS)) or owner.attrs != own:
         return (f"attr '{SHARES}' names '{owner_name}' ({owner.op} {owner.attrs}), which differs from this node "
                 f"({node.op} {own}): a layer called twice is the same layer")
     return ""

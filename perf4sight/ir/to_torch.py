@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from perf4sight.errors import UserError
-from perf4sight.ir.schema import SHARES, NetworkDescription, Node
+from perf4sight.ir.schema import ONE_TENSOR_OPS, SHARES, NetworkDescription, Node
 from perf4sight.ir.shapes import SIZE_REFERENCES, window_pair, windows_of
 
 __all__ = ["build_module", "MODULE_BUILDERS", "FUNCTION_BUILDERS", "Scale", "Shift", "Token", "SelfAttention",
@@ -580,6 +580,12 @@ def _output_size(node: Node, graph: fx.Graph, env: Dict[str, fx.Node]) -> Dict[s
     return {"output_size": graph.call_function(operator.getitem, (shape, slice(2, None)))}
 
 
+def _same_module(node: Node, owner: nn.Module) -> bool:
+    """Whether ``owner``, the module of the node whose parameters ``node`` ``shares``, computes ``node``'s op: one
+    layer called again. A scale sharing a shift's tensor (or a shift a scale's) is a module of its own."""
+    return node.op not in ONE_TENSOR_OPS or isinstance(owner, Scale if node.op == "scale" else Shift)
+
+
 def _emit(node: Node, graph: fx.Graph, root: nn.Module, env: Dict[str, fx.Node], taken: Set[str],
           where: str, factory: Dict[str, Any], layers: Dict[str, str]) -> fx.Node:
     """The fx node computing ``node`` from its inputs' (``env``), its module (if any) added to ``root`` under a name
@@ -588,8 +594,8 @@ def _emit(node: Node, graph: fx.Graph, root: nn.Module, env: Dict[str, fx.Node],
     if node.op == "input":
         return graph.placeholder(_attr_name(node.name, taken))
     args = [env[i] for i in node.inputs]
-    if SHARES in node.attrs:  # one layer called again: its module, its parameters
-        layers[node.name] = layers[node.attrs[SHARES]]
+    if SHARES in node.attrs and _same_module(node, getattr(root, layers[node.attrs[SHARES]])):
+        layers[node.name] = layers[node.attrs[SHARES]]  # one layer called again: its module, its parameters
         return graph.call_module(layers[node.name], tuple(args), _output_size(node, graph, env))
     if node.op == "dropout2d" and len(node.output_shape) == 2:
         # of [C, L]: torch's Dropout1d (from 1.12; a Dropout2d of [N, C, L] dropped the same before, warns since)
@@ -608,6 +614,8 @@ def _emit(node: Node, graph: fx.Graph, root: nn.Module, env: Dict[str, fx.Node],
             raise UserError(f"{where}: node '{node.name}' ({node.op}) has bad attrs: {exc}") from None
         if node.op in DESCRIBED_WHOLE:
             module.described_as = (node.op, dict(node.attrs))
+        if SHARES in node.attrs:  # a scale sharing a shift's tensor, or a shift a scale's: that one Parameter
+            module.weight = root.get_submodule(layers[node.attrs[SHARES]]).weight
         attr = _attr_name(node.name, taken)
         root.add_module(attr, module)
         layers[node.name] = attr
