@@ -1095,7 +1095,8 @@ def test_a_batch_norm_of_a_heads_features_is_a_batchnorm2d():
     [N, C, L] they run the F.batch_norm of a BatchNorm2d, its running statistics per channel, so they are a
     batchnorm2d of a [C] or [C, L] input (eps and affine kept); the rebuilt module (a BatchNorm1d there) computes
     what the original computes, in eval mode and in training, where both update their running statistics alike.
-    A batch norm call without running statistics is refused by name."""
+    A batch norm call with a running mean but no variance is refused by name (without both:
+    :func:`test_a_batch_norm_s_running_statistics_are_described_and_rebuilt`)."""
     torch.manual_seed(0)
     original = _Bnneck()
     desc = NetworkDescription.from_dict(describe(original, [3, 8, 8], name="bnneck").to_dict())
@@ -1120,11 +1121,15 @@ def test_a_batch_norm_of_a_heads_features_is_a_batchnorm2d():
     assert torch.allclose(rebuilt.train()(x), original.train()(x), atol=1e-5)
     assert all(torch.allclose(mine, theirs) for mine, theirs in zip(mine_stats, theirs_stats))
 
-    class Unkept(nn.Module):
+    class HalfKept(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("running_mean", torch.zeros(3))
+
         def forward(self, x):
-            return F.batch_norm(x, None, None, training=True)
-    with pytest.raises(UserError, match="a batch norm without running statistics has no description op"):
-        describe(Unkept(), [3, 8, 8], name="unkept")
+            return F.batch_norm(x, self.running_mean, None, training=True)
+    with pytest.raises(UserError, match="a batch norm with a running mean but no running variance .* has no "):
+        describe(HalfKept(), [3, 8, 8], name="half")
 
 
 class _BatchNormOfVolume(nn.Module):
@@ -3282,3 +3287,75 @@ def _rebuilt_key(key: str) -> str:
     path joined by underscores: ``features_0_1.weight``)."""
     layer, _, tensor = key.rpartition(".")
     return f"{layer.replace('.', '_')}.{tensor}"
+
+
+class _BatchNormSubclass(nn.BatchNorm2d):
+    """A batch norm of a class of the network's own (timm's BatchNormAct2d is one): traced through torch's forward,
+    an ``F.batch_norm`` call of the layer's buffers."""
+
+
+class _BatchNormCalls(nn.Module):
+    """A convolution, then a batch norm as a layer (``norm``) or as ``F.batch_norm`` calls: ``"unkept"`` without
+    running statistics, ``"momentum"`` the layer's tensors at a momentum of 0.05."""
+
+    def __init__(self, norm: nn.Module | str) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.norm = norm if isinstance(norm, nn.Module) else nn.BatchNorm2d(4)
+        self.call = None if isinstance(norm, nn.Module) else norm
+
+    def forward(self, x):
+        y = self.conv(x)
+        if self.call == "unkept":
+            return F.batch_norm(y, None, None, self.norm.weight, self.norm.bias, True)
+        if self.call == "momentum":
+            return F.batch_norm(y, self.norm.running_mean, self.norm.running_var, self.norm.weight, self.norm.bias,
+                                self.training, 0.05)
+        return self.norm(y)
+
+
+@pytest.mark.parametrize("norm, attrs", [
+    (nn.BatchNorm2d(4, momentum=0.3), {"momentum": 0.3}),
+    (nn.BatchNorm2d(4, momentum=None), {"momentum": None}),
+    (nn.BatchNorm2d(4, eps=1e-3, momentum=0.01), {"eps": 1e-3, "momentum": 0.01}),
+    (nn.BatchNorm2d(4, track_running_stats=False), {"track_running_stats": False}),
+    (nn.BatchNorm2d(4, affine=False, track_running_stats=False, momentum=0.5),
+     {"affine": False, "track_running_stats": False}),
+    (_BatchNormSubclass(4, momentum=None), {"momentum": None}),
+    (_BatchNormSubclass(4, momentum=0.2), {"momentum": 0.2}),
+    ("unkept", {"track_running_stats": False}),
+    ("momentum", {"momentum": 0.05}),
+])
+def test_a_batch_norm_s_running_statistics_are_described_and_rebuilt(norm, attrs):
+    """A batch norm's momentum was not read (a layer's nor a call's: the rebuilt network's running statistics moved
+    by 0.1 where the original's by 0.3, or by a cumulative average), and one that tracks no running statistics was
+    rebuilt with them (three buffers the network has not, and in evaluation its running statistics where the
+    original normalises by the batch's); a call without running statistics was refused. Each is described now (a
+    momentum of None: null) and rebuilt alike: the original's output in training, its running statistics after two
+    steps, then its output in evaluation; its buffers, and the allocation model's setup."""
+    import dataclasses
+
+    from perf4sight.features.alloc_trace import record_events
+    from perf4sight.features.formulas import HANDLERS
+
+    torch.manual_seed(0)
+    original = _BatchNormCalls(norm)
+    desc = NetworkDescription.from_dict(describe(original, [3, 8, 8], name="bn").to_dict())
+    (node,) = [n for n in desc.nodes if n.op == "batchnorm2d"]
+    assert node.attrs == {"num_features": 4, **attrs}
+    rebuilt = build_module(desc)
+    with torch.no_grad():
+        for mine, theirs in zip(rebuilt.parameters(), original.parameters(), strict=True):
+            mine.copy_(theirs)
+    for _ in range(2):
+        x = torch.randn(3, 3, 8, 8)
+        assert torch.allclose(rebuilt.train()(x), original.train()(x), atol=1e-5)
+    kept = [b for b in rebuilt.buffers() if b.dtype.is_floating_point]
+    assert len(kept) == (0 if attrs.get("track_running_stats") is False else 2)
+    assert all(torch.allclose(b, getattr(original.norm, k)) for b, k in zip(kept, ("running_mean", "running_var")))
+    assert torch.allclose(rebuilt.eval()(x), original.eval()(x), atol=1e-5)
+    setup = [e for e in record_events(desc, 2, steps=1, method="model") if e[3] == "setup"]
+    assert len(setup) == 2 + (2 if attrs.get("affine", True) else 0) + len(kept) + (len(kept) > 0)  # + the count
+    untracked = dataclasses.replace(node, attrs={**node.attrs, "track_running_stats": False})
+    read = [HANDLERS["batchnorm2d"](n, [[4, 6, 6]], False).bytes_read for n in (node, untracked)]
+    assert read[0] - read[1] == (0 if attrs.get("track_running_stats") is False else 2 * 4 * 4)  # its [4] statistics

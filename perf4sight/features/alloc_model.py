@@ -438,8 +438,8 @@ def _params(node: Node) -> tuple[list[int], list[int]]:
         w = a["out_channels"] * (a["in_channels"] // a["groups"]) * kh * kw * FLOAT
         return ([w, a["out_channels"] * FLOAT] if a["bias"] else [w]), []
     if node.op == "batchnorm2d":  # a weight and a bias unless not affine; the running mean, variance and count
-        c = a["num_features"] * FLOAT
-        return ([c, c] if a.get("affine", True) else []), [c, c, INT64]
+        c = a["num_features"] * FLOAT  # unless it tracks no running statistics
+        return ([c, c] if a.get("affine", True) else []), ([c, c, INT64] if a.get("track_running_stats", True) else [])
     if node.op == "frozen_batchnorm2d":  # no parameters; a weight, a bias, a running mean and variance as buffers
         c = a["num_features"] * FLOAT
         return [], [c, c, c, c]

@@ -143,15 +143,17 @@ def _linear(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
 
 def _batchnorm2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     """Training-mode batch norm: ~5 FLOPs/element forward (mean, var, normalise, scale, shift), ~8 backward. It reads
-    its running mean and variance and, unless ``affine`` is false, its weight and bias (its parameters). It keeps its
-    input (per sample) and the batch's mean and 1/std (torch's ``save_mean``, ``save_invstd``: ``[C]`` floats each,
-    once a batch; measured with saved-tensor hooks on torch 2.14, BatchNorm1d and 2d at batches 2 and 5); the weight
-    and running statistics it also hands autograd are its own tensors, no new memory."""
+    its running mean and variance (unless it tracks none: ``track_running_stats`` false) and, unless ``affine`` is
+    false, its weight and bias (its parameters). It keeps its input (per sample) and the batch's mean and 1/std
+    (torch's ``save_mean``, ``save_invstd``: ``[C]`` floats each, once a batch; measured with saved-tensor hooks on
+    torch 2.14, BatchNorm1d and 2d at batches 2 and 5); the weight and running statistics it also hands autograd are
+    its own tensors, no new memory."""
     c = int(node.attrs["num_features"])
     params = 2 * c if node.attrs.get("affine", True) else 0
+    running = 2 * c if node.attrs.get("track_running_stats", True) else 0
     n = numel(node.output_shape)
     rd, wr = _io_bytes(in_shapes, node.output_shape)
-    return OpCost(flops_fwd=5.0 * n, flops_bwd=8.0 * n, bytes_read=rd * 2 + (2 * c + params) * BYTES_PER_ELEMENT,
+    return OpCost(flops_fwd=5.0 * n, flops_bwd=8.0 * n, bytes_read=rd * 2 + (running + params) * BYTES_PER_ELEMENT,
                   bytes_written=wr, params=params, param_tensors=2 if params else 0, saved=[0],
                   batch_saved=(c * BYTES_PER_ELEMENT, c * BYTES_PER_ELEMENT), kernels_fwd=1, kernels_bwd=1,
                   kind="norm")

@@ -127,12 +127,23 @@ def _conv_transpose_call(n: fx.Node) -> tuple[str, dict]:
 
 
 def _bn(m: nn.BatchNorm2d) -> tuple[str, dict]:
+    """``nn.BatchNorm2d`` (1d, SyncBatchNorm): its eps, affine and running statistics where not torch's defaults
+    (:func:`_running_statistics`)."""
     attrs: dict[str, Any] = {"num_features": m.num_features}
     if m.eps != 1e-5:
         attrs["eps"] = m.eps
     if not m.affine:  # written only when false: a description of an affine batch norm reads as it always did
         attrs["affine"] = False
-    return "batchnorm2d", attrs
+    return "batchnorm2d", {**attrs, **_running_statistics(m.track_running_stats, m.momentum)}
+
+
+def _running_statistics(tracked: bool, momentum: float | None) -> dict[str, Any]:
+    """A batch norm's attrs of its running statistics where not torch's defaults: none kept (``track_running_stats``
+    false: no buffers, the batch's statistics in evaluation too), or their ``momentum`` where not 0.1 (None: torch's
+    cumulative average, each batch weighing 1 / the batches seen)."""
+    if not tracked:
+        return {"track_running_stats": False}
+    return {} if momentum == 0.1 else {"momentum": None if momentum is None else float(momentum)}
 
 
 def _sync_bn(m: nn.SyncBatchNorm, n: fx.Node) -> tuple[str, dict]:
@@ -926,10 +937,13 @@ def _group_norm_call(n: fx.Node) -> tuple[str, dict]:
 def _batch_norm_call(n: fx.Node) -> tuple[str, dict]:
     """``F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)`` of a ``[N, C]``,
     ``[N, C, L]`` or ``[N, C, H, W]`` input: a batchnorm2d, its channels the input's, its running statistics,
-    weight and bias the module's own (``get_attr``). Without running statistics (torch then normalises by the
-    batch's even in eval mode), ``ValueError``."""
-    if _arg(n, 1, "running_mean") is None or _arg(n, 2, "running_var") is None:
-        raise ValueError("a batch norm without running statistics has no description op")
+    weight and bias the module's own (``get_attr``), its momentum the call's. Without
+    running statistics (torch then normalises by the batch's even in eval mode) one that tracks none; with one of
+    the two alone, ``ValueError``."""
+    running = [_arg(n, 1, "running_mean"), _arg(n, 2, "running_var")]
+    if (running[0] is None) != (running[1] is None):
+        raise ValueError("a batch norm with a running mean but no running variance (or a variance but no mean) has "
+                         "no description op")
     if len(n.args[0].meta["tensor_meta"].shape) not in (2, 3, 4):  # a volume's: BatchNorm2d and 1d refuse it
         raise ValueError("a batch norm call of anything but a [N, C, H, W] map, [N, C] or [N, C, L] has no "
                          "description op")
@@ -941,7 +955,26 @@ def _batch_norm_call(n: fx.Node) -> tuple[str, dict]:
         attrs["eps"] = float(_arg(n, 7, "eps", 1e-5))
     if weight is None:
         attrs["affine"] = False
-    return "batchnorm2d", attrs
+    momentum = float(_arg(n, 6, "momentum", 0.1))  # (a layer's None: :func:`_mark_cumulative_averages`)
+    return "batchnorm2d", {**attrs, **_running_statistics(running[0] is not None, momentum)}
+
+
+def _mark_cumulative_averages(module: nn.Module, gm: fx.GraphModule, nodes: list[Node]) -> None:
+    """Give the node of each batch norm call of a layer of ``module`` whose momentum is None (a cumulative average:
+    a subclass of torch's the trace went through, timm's BatchNormAct2d) the momentum None: traced in evaluation,
+    torch's forward passes 0.0 for it, which the call's node took (:func:`_batch_norm_call`)."""
+    described = {n.name: n for n in nodes}
+    for n in gm.graph.nodes:
+        node = described.get(n.name)
+        running_mean = _arg(n, 1, "running_mean") if n.target is F.batch_norm else None
+        if node is None or node.op != "batchnorm2d" or getattr(running_mean, "op", None) != "get_attr":
+            continue
+        try:
+            layer = module.get_submodule(running_mean.target.rpartition(".")[0])
+        except AttributeError:  # a tensor of the module's own, named as the trace names it
+            continue
+        if isinstance(layer, nn.modules.batchnorm._NormBase) and layer.track_running_stats and layer.momentum is None:
+            node.attrs = {**node.attrs, "momentum": None}
 
 
 def _permuted_dims(n: fx.Node) -> list[int]:
@@ -1848,6 +1881,7 @@ def _described(module: nn.Module, input_shape: list[int], name: str, network: st
     with in_mode(module, training=False):
         gm = _traced_with_shapes(module, input_shape, name)
     nodes, output = _convert(gm, name)
+    _mark_cumulative_averages(module, gm, nodes)
     desc = NetworkDescription(name=name, network=network or name, input_shape=list(input_shape),
                               num_classes=0, params=0, nodes=nodes, output=output,
                               pruning_level=pruning_level, extra=dict(extra))

@@ -29,7 +29,9 @@ OPS: Dict[str, Tuple[str, ...]] = {
     "input": (),
     "conv2d": ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups", "bias"),
     # batchnorm2d: of a [C, H, W] map, or of a [C] or [C, L] input (a head's BatchNorm1d: the same F.batch_norm)
-    "batchnorm2d": ("num_features",),  # optional eps (1e-5), momentum (0.1), affine (true: a weight and bias)
+    # optional eps (1e-5), momentum (0.1; null: torch's cumulative average), affine (true: a weight and bias),
+    # track_running_stats (true: a running mean and variance, buffers; false: none, the batch's statistics always)
+    "batchnorm2d": ("num_features",),
     # a batch norm frozen (torchvision's FrozenBatchNorm2d, a detection backbone's) of a [C, H, W] map: x * scale +
     # shift, scale = weight / sqrt(running_var + eps) and shift = bias - running_mean * scale made of four [C]
     # buffers (not trained); optional eps (1e-5). No parameters
@@ -247,7 +249,8 @@ _SHAPES: Dict[str, Tuple[str, ...]] = {"fractional_maxpool2d": ("output_size",),
 #: Op -> attributes that must be true or false where given (required or optional).
 _FLAGS: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("bias",), "linear": ("bias",), "attention": ("bias",), "group_attention": ("bias",),
-    "window_attention": ("bias", "cosine"), "batchnorm2d": ("affine",), "layernorm": ("elementwise_affine",),
+    "window_attention": ("bias", "cosine"), "layernorm": ("elementwise_affine",),
+    "batchnorm2d": ("affine", "track_running_stats"),
     "groupnorm": ("affine",),
     "instancenorm": ("affine", "track_running_stats"),
     "rmsnorm": ("elementwise_affine",),

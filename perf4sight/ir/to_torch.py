@@ -268,9 +268,15 @@ class PatchMerge(nn.Module):
 
 def _batch_norm(cls: type, a: Dict[str, Any], factory: Dict[str, Any]) -> nn.Module:
     """A batch norm of class ``cls`` (BatchNorm2d, or BatchNorm1d of a [C] or [C, L] input) made of a batchnorm2d's
-    attrs."""
-    return cls(a["num_features"], eps=a.get("eps", 1e-5), momentum=a.get("momentum", 0.1),
-               affine=bool(a.get("affine", True)), **factory)
+    attrs. On the meta device a cumulative average (momentum None), whose weight torch reads off the count of batches
+    (``float(num_batches_tracked)``, which a meta tensor cannot give), runs as the momentum 0.1: the same kernels and
+    allocations, the weight a number on the host."""
+    momentum = a.get("momentum", 0.1)
+    if momentum is None and str(factory.get("device")) == "meta":
+        momentum = 0.1
+    return cls(a["num_features"], eps=a.get("eps", 1e-5), momentum=momentum,
+               affine=bool(a.get("affine", True)), track_running_stats=bool(a.get("track_running_stats", True)),
+               **factory)
 
 
 class FrozenBatchNorm2d(nn.Module):
