@@ -100,7 +100,7 @@ def test_an_allocation_freed_at_once_leaves_the_allocator_as_the_two_events_do()
             kept.append(t)
             apart.run([ALLOC], [t], [size], live_apart)
             fused.run([ALLOC], [t], [size], live_fused)
-        assert fused.state(live_fused) == apart.state(live_apart)
+        assert fused.snapshot(live_fused) == apart.snapshot(live_apart)
         assert (fused.peak_reserved, fused.peak_allocated) == (apart.peak_reserved, apart.peak_allocated)
         assert fused._next_ptr == apart._next_ptr
     assert pairs > 500 and apart.peak_reserved > 100 * MIB

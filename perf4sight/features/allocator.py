@@ -151,18 +151,14 @@ class CachingAllocator:
                 self.reserved -= self._free[key][SIZE]
                 self._remove(self._free[key])
 
-    def state(self, live: dict[int, "_Block | None"]) -> tuple:
-        """Everything the next requests depend on: reserved bytes, the free blocks of both pools and
-        where each live tensor's block lies (tensor id -> (address, size)); equal states replay equally."""
-        return (self.reserved, self.allocated, tuple(self._pools[0]), tuple(self._pools[1]),
-                frozenset((t, b[PTR], b[SIZE]) for t, b in live.items() if b is not None))
-
     def snapshot(self, live: dict[int, _Block], skip: int = 0) -> tuple:
-        """:meth:`state` made in a few C loops, for a look every few hundred events (:func:`_marked_run`): equal
-        snapshots are equal states (the live tensors listed in ``live``'s order: an order that differs only misses a
-        match). ``live`` holds no None (:meth:`run` keeps none there). ``skip``: the first ``skip`` live tensors
-        left out, tensors that no event between the snapshots compared touches (:func:`_untouched_prefix`): they
-        stay first in ``live``, and an allocated block keeps its address and size, so theirs are the same in both."""
+        """Everything the next requests depend on, made in a few C loops for a look every few hundred events
+        (:func:`_marked_run`): reserved and allocated bytes, the free blocks of both pools and where each live
+        tensor's block lies (its address and size, the tensors listed in ``live``'s order: an order that differs
+        only misses a match). Equal snapshots replay equally. ``live`` holds no None (:meth:`run` keeps none
+        there). ``skip``: the first ``skip`` live tensors left out, tensors that no event between the snapshots
+        compared touches (:func:`_untouched_prefix`): they stay first in ``live``, and an allocated block keeps its
+        address and size, so theirs are the same in both."""
         tensors, blocks = list(live), list(live.values())
         if skip:
             tensors, blocks = tensors[skip:], blocks[skip:]

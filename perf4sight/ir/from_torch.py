@@ -2840,7 +2840,11 @@ def _max_part(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Nod
     if n.op != "call_function" or n.target not in (operator.getitem, getattr) or not _is_max_call(n.args[0]):
         return None
     if n.args[1] in (0, "values"):
-        return [] if _values_described_before(n, alias) else _max_values(n, n.args[0], gm, alias)
+        earlier = _earlier_values_read(n, alias)
+        if earlier is None:
+            return _max_values(n, n.args[0], gm, alias)
+        alias[n.name] = alias[earlier.name]
+        return []
     if n.users:  # named with the other ops without a description op, as an op of its own (:class:`_NoOp`)
         call = n.args[0]
         label = call.target if isinstance(call.target, str) else call.target.__name__
@@ -2848,16 +2852,14 @@ def _max_part(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Nod
     return []
 
 
-def _values_described_before(n: fx.Node, alias: dict[str, str]) -> bool:
-    """Whether ``n``, a read of a call's values (its ``[0]`` or ``.values``: a pool returning its indices, a max over
-    a dimension), follows another read of them already described: ``n`` then reads that one's node (the call runs
-    once; a read described again would count its work twice, and draw a fractional pool's windows twice)."""
-    for earlier in n.args[0].users:
-        if earlier is not n and earlier.op == "call_function" and earlier.target in (operator.getitem, getattr) \
-                and earlier.args[1] in (0, "values") and earlier.name in alias:
-            alias[n.name] = alias[earlier.name]
-            return True
-    return False
+def _earlier_values_read(n: fx.Node, alias: dict[str, str]) -> fx.Node | None:
+    """The read of a call's values (its ``[0]`` or ``.values``: a pool returning its indices, a max over a dimension)
+    already described that ``n``, another read of them, follows; None where there is none. ``n`` then reads that
+    one's node (the call runs once; a read described again would count its work twice, and draw a fractional pool's
+    windows twice)."""
+    return next((earlier for earlier in n.args[0].users
+                 if earlier is not n and earlier.op == "call_function" and earlier.target in (operator.getitem, getattr)
+                 and earlier.args[1] in (0, "values") and earlier.name in alias), None)
 
 
 _POOLS_WITH_INDICES = {F.max_pool2d_with_indices: "max_pool2d", F.fractional_max_pool2d_with_indices:
@@ -2914,7 +2916,9 @@ def _pool_part(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[No
             raise _NoOp(f"the indices (int64) of {name}(..., return_indices=True) (node {call.name}; a description "
                         f"follows its values alone, read as its [0])", f"indices of {name}", n)
         return []
-    if _values_described_before(n, alias):
+    earlier = _earlier_values_read(n, alias)
+    if earlier is not None:
+        alias[n.name] = alias[earlier.name]
         return []
     op, attrs = _pooled_values(n, call, gm)
     _network_tensor(call.args[0], alias, op)
