@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from perf4sight.ir.schema import Node, window_attention_params
-from perf4sight.ir.shapes import windows_of
+from perf4sight.ir.shapes import window_pair, windows_of
 
 __all__ = ["OpCost", "HANDLERS", "INPUT_GRADIENTS", "OUTPUT", "BYTES_PER_ELEMENT", "numel", "hands_input_back",
            "position_loss", "output_loss", "REGRESSION_LOSS_KERNELS", "is_dilated", "copied_first"]
@@ -280,10 +280,12 @@ def _window_attention(node: Node, in_shapes: list[list[int]], first: bool) -> Op
     instead of scaling the queries, and keeps ``8 T E + 2 H T N + 4 H T`` elements: the windows, the projection's
     output (the norms' input), the normalised queries and keys, a copy of the values, the output projection's input,
     the scores before their scale, the softmax's output, and each query's and key's norm before and after its floor
-    (checked against autograd). Its ``position_bias_mlp`` runs once a step whatever the batch (``(2 wh - 1)(2 ww -
-    1)`` positions through the MLP; about 8 MB kept for ``swin_v2_t``'s twelve), which a per-sample cost leaves out:
-    its parameters and kernels are counted (the kernels as torch.profiler listed them on torch 2.14: 10 and 5 more
-    forward, about 24 and 8 more backward, many of them on a few elements each)."""
+    (checked against autograd). Its ``position_bias_mlp`` runs once a step whatever the batch (``P = (2 wh - 1)(2 ww -
+    1)`` positions through the MLP; the kernels as torch.profiler listed them on torch 2.14: 10 and 5 more forward,
+    about 24 and 8 more backward, many of them on a few elements each). Kept once a batch (``batch_saved``): the MLP's
+    hidden layer after its ReLU (``P`` x its width), the bias's sigmoid (``H N^2``), and a cosine attention's scale
+    per head (the exp of the clamped ``logit_scale``, ``H``): swin_v2_t's 7.8 MB, equal to autograd's at 64x64 and
+    72x88 (torch 2.14)."""
     tokens, n, e, h, shifted = window_geometry(node)
     bias, cosine = bool(node.attrs["bias"]), bool(node.attrs.get("cosine"))
     mlp = int(node.attrs.get("position_bias_mlp", 0))
@@ -294,13 +296,27 @@ def _window_attention(node: Node, in_shapes: list[list[int]], first: bool) -> Op
     params = window_attention_params(node.attrs)
     rd, wr = _io_bytes(in_shapes, node.output_shape)
     kept = 8 * tokens * e + 2 * h * tokens * n + 4 * h * tokens if cosine else 5 * tokens * e + h * tokens * n
+    once = _window_bias_kept(node) + ((h,) if cosine else ())
     tensors = (5 if bias else 3) + (1 if cosine else 0) + (3 - 1 if mlp else 0)  # the MLP's three, not a table
     return OpCost(macs=macs, flops_fwd=2 * macs + softmax + cosine_flops,
                   flops_bwd=4 * macs + 2 * softmax + 2 * cosine_flops,
                   bytes_read=rd + params * BYTES_PER_ELEMENT, bytes_written=wr, params=params,
                   param_tensors=tensors, extra_saved_bytes=float(kept * BYTES_PER_ELEMENT),
+                  batch_saved=tuple(float(k * BYTES_PER_ELEMENT) for k in once),
                   kernels_fwd=14 + (16 if shifted else 0) + (10 if cosine else 0) + (5 if mlp else 0),
                   kernels_bwd=16 + (2 if shifted else 0) + (24 if cosine else 0) + (8 if mlp else 0), kind="linear")
+
+
+def _window_bias_kept(node: Node) -> tuple[int, ...]:
+    """The elements of each tensor a window attention's ``position_bias_mlp`` keeps for backward once a batch: its
+    hidden layer over the ``(2 wh - 1)(2 ww - 1)`` relative positions of the configured window, and the sigmoid of
+    the bias per head and pair of a window's tokens; none for a table of biases."""
+    mlp = int(node.attrs.get("position_bias_mlp", 0))
+    if not mlp:
+        return ()
+    _, n, _, h, _ = window_geometry(node)
+    wh, ww = window_pair(node.attrs["window_size"])
+    return (2 * wh - 1) * (2 * ww - 1) * mlp, h * n * n
 
 
 def _group_attention(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
