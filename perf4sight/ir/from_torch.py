@@ -937,9 +937,8 @@ def _group_norm_call(n: fx.Node) -> tuple[str, dict]:
 def _batch_norm_call(n: fx.Node) -> tuple[str, dict]:
     """``F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)`` of a ``[N, C]``,
     ``[N, C, L]`` or ``[N, C, H, W]`` input: a batchnorm2d, its channels the input's, its running statistics,
-    weight and bias the module's own (``get_attr``), its momentum the call's. Without
-    running statistics (torch then normalises by the batch's even in eval mode) one that tracks none; with one of
-    the two alone, ``ValueError``."""
+    weight and bias the module's own (``get_attr``), its momentum the call's. Without running statistics (torch then
+    normalises by the batch's even in eval mode) one that tracks none; with one of the two alone, ``ValueError``."""
     running = [_arg(n, 1, "running_mean"), _arg(n, 2, "running_var")]
     if (running[0] is None) != (running[1] is None):
         raise ValueError("a batch norm with a running mean but no running variance (or a variance but no mean) has "
