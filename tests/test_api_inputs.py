@@ -285,6 +285,37 @@ def test_forward_failing_at_the_shape_names_model_shape_and_torch_message(capfd)
 
 
 
+class _TwoInputs(nn.Module):
+    """A network whose forward takes two images, ``x`` and ``y``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(3, 8, 3), nn.Linear(8, 10)
+
+    def forward(self, x, y):
+        return self.fc((self.conv(x) + self.conv(y)).mean((2, 3)))
+
+
+class _Masked(_TwoInputs):
+    """A network whose forward takes an image ``x`` and a keyword-only ``mask``."""
+
+    def forward(self, x, *, mask):  # type: ignore[override]
+        return self.fc((self.conv(x) * mask).mean((2, 3)))
+
+
+def test_a_forward_taking_two_inputs_is_refused_naming_them(fitted, capfd):
+    """A forward of two inputs read "the model's forward fails at input shape [3, 16, 16] ([C, H, W]):
+    StopIteration" (torch.fx's interpreter ran out of inputs): it names the inputs a description cannot give."""
+    fp = load_fingerprint(fitted[0])
+    for model, names in ((_TwoInputs(), "x, y"), (_Masked(), "x, mask")):
+        with pytest.raises(UserError, match=rf"^two: its forward takes 2 inputs \({names}\); a description is of a "
+                                            r"network of one input, an image of \[C, H, W\]") as exc:
+            fp.predict_module(model, SHAPE, [4], name="two")
+        _one_line(exc)
+        assert "StopIteration" not in str(exc.value)
+    assert capfd.readouterr().err == ""
+
+
 class _SplitStem(nn.Module):
     """A 4-channel network whose block takes its map apart (``chunk``, as YOLOv8's C2f does)."""
 

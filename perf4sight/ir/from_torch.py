@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import inspect
 import io
 import operator
 import re
@@ -1742,6 +1743,7 @@ def _lazy_copy(module: nn.Module) -> nn.Module:
 def _traced_with_shapes(module: nn.Module, input_shape: list[int], name: str) -> fx.GraphModule:
     """``module`` traced by torch.fx, its nodes carrying their output shapes at ``input_shape``. Tracing
     and forward failures come in many types: each becomes one ``UserError`` line."""
+    _refuse_other_inputs(module, name)
     try:
         gm = fx.GraphModule(module, _trace(module, input_shape), type(module).__name__)
     except _ForwardFailed as exc:
@@ -1761,6 +1763,22 @@ def _traced_with_shapes(module: nn.Module, input_shape: list[int], name: str) ->
         raise forward_error(name, input_shape, exc) from None
     _refuse_writes_through_views(gm, name)
     return gm
+
+
+def _refuse_other_inputs(module: nn.Module, name: str) -> None:
+    """A ``UserError`` naming the inputs where ``module``'s forward needs more than one (two images, an image and a
+    mask): a description is of one input, the image. torch.fx's interpreter, run out of inputs, said no more than
+    ``StopIteration``. Inputs with a default and ``*args`` are not counted."""
+    try:
+        params = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin): the trace tells
+        return
+    needed = [p.name for p in params if p.default is inspect.Parameter.empty
+              and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    if len(needed) > 1:
+        raise UserError(f"{name}: its forward takes {len(needed)} inputs ({', '.join(needed)}); a description is of "
+                        "a network of one input, an image of [C, H, W]: give a module whose forward takes the image "
+                        "alone (a wrapper that makes the others from it)")
 
 
 def _refuse_deformable(gm: fx.GraphModule, where: str) -> None:
