@@ -462,6 +462,8 @@ def _predict_on_one(cfg: Config, args: argparse.Namespace) -> int:
 
     predictor = _predictor(cfg, args)
     device = _predict_device(cfg, args.device, predictor)
+    if args.json and not args.device:
+        _chosen_device_note(cfg, device, predictor)
     fp = _for_loss(_for_optimizer(load_device_predictor(cfg, device, predictor), cfg.profile.optimizer, device),
                    cfg.profile.loss, device)
     _stale_fingerprint_note(cfg, device)
@@ -691,6 +693,17 @@ def _predict_device(cfg: Config, wanted: list[str] | None, predictor: str) -> st
         raise UserError(f"no {predictor} fingerprint under {cfg.fingerprint_dir}: "
                         f"run --stage fingerprint --predictor {predictor} first")
     return device
+
+
+def _chosen_device_note(cfg: Config, device: str, predictor: str) -> None:
+    """Say which device ``--json`` lines without ``--device`` are of, where more than one has a fingerprint: the
+    lines do not name it, and the table's title, which does, is not printed."""
+    others = [d for d in fingerprinted_devices(cfg, None, predictor) if d != device]
+    if others:
+        chosen = "the first configured device with a fingerprint" if device in cfg.devices else \
+            "the first device with a fingerprint, none configured having one"
+        notes.print(f"note: predicted on {device} ({chosen}; also fingerprinted: {', '.join(others)}): "
+                    "name one with --device", markup=False)
 
 
 def _ensemble_note(fp: object) -> None:

@@ -1,0 +1,80 @@
+"""A user's ``--stage predict`` runs against a project of two fitted fingerprints (real torch CNNs described, rows
+that follow their costs), run in this process through the command line's ``main``: what the user is told on
+stderr where stdout holds JSON lines alone."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from perf4sight import cli
+from perf4sight.config import FingerprintConfig
+from perf4sight.features.aggregate import features_for
+from perf4sight.fingerprint import fit_fingerprint
+from perf4sight.ir.from_torch import describe
+from perf4sight.ir.schema import save_description
+
+SHAPE = [3, 16, 16]
+BATCHES = (1, 4, 16)
+DEVICES = {"alpha": 1.0, "beta": 3.0}  # device name: how many times slower its steps are
+
+
+def _cnn(width: int, depth: int) -> nn.Module:
+    """A small real CNN: ``depth`` 3x3 convolutions of ``width`` channels, pooled, one linear layer."""
+    layers: list[nn.Module] = []
+    cin = 3
+    for _ in range(depth):
+        layers += [nn.Conv2d(cin, width, 3, padding=1), nn.ReLU()]
+        cin = width
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, 10))
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    """A project folder: ``config.toml`` (no device configured has a fingerprint), ``query.json`` (a description)
+    and the trees fingerprints of devices ``alpha`` and ``beta`` under ``fingerprinting/``, fitted on 6 networks
+    of two families whose step times differ by device."""
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("project")
+    (folder / "config.toml").write_text('[project]\nfingerprint_dir = "fingerprinting"\n')
+    descs = {f"{family}_w{w}": describe(_cnn(w, depth), SHAPE, name=f"{family}_w{w}", network=family)
+             for family, depth in (("shallow", 1), ("deep", 3)) for w in (4, 8, 16)}
+    save_description(descs["deep_w8"], folder / "query.json")
+    for device, slower in DEVICES.items():
+        rows = []
+        for name, desc in descs.items():
+            for b in BATCHES:
+                f = features_for(desc, b)
+                rows.append({"device": device, "backend": "cpu", "network": name, "family": desc.network,
+                             "batch_size": b, "status": "ok",
+                             "latency_ms_median": slower * (2.0 + f["flops_total"] / 2e6),
+                             "peak_rss_mb": 20.0 + 40.0 * f["mem_analytic_mb"]})
+        fit_fingerprint(rows, descs, device, folder / "fingerprinting" / device, FingerprintConfig(n_estimators=10))
+    return folder
+
+
+def _predict(project: Path, capsys, *args: str) -> tuple[list[dict], str]:
+    """``--stage predict --json`` of ``query.json`` at batch 4 in ``project``: the JSON lines and stderr."""
+    code = cli.main(["--config", str(project / "config.toml"), "--stage", "predict", "--network",
+                     str(project / "query.json"), "--batch-size", "4", "--json", *args])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return [json.loads(line) for line in out.splitlines()], err
+
+
+def test_json_lines_of_a_device_chosen_by_default_say_on_stderr_which_it_is(project, capsys):
+    """Without ``--device`` predict takes the first device with a fingerprint (``alpha``, none being configured);
+    its JSON lines do not name it and the table that does is not printed, so a user with two fingerprints read
+    alpha's figures as whichever device they meant, told nothing. stderr names the device and the others now;
+    stdout keeps its JSON lines as they were."""
+    chosen, err = _predict(project, capsys)
+    assert "note: predicted on alpha (" in err and "also fingerprinted: beta" in err and "--device" in err
+    named, named_err = _predict(project, capsys, "--device", "alpha")
+    assert chosen == named and "predicted on" not in named_err  # the device named: nothing to say
+    beta, _ = _predict(project, capsys, "--device", "beta")
+    assert beta[0]["latency_ms"] > 2 * chosen[0]["latency_ms"]  # the note matters: the figures differ by device
+    assert list(chosen[0]) == ["network", "batch_size", "latency_ms", "latency_ms_low", "latency_ms_high",
+                               "memory_mb", "memory_mb_low", "memory_mb_high", "fits"]
