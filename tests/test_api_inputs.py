@@ -182,6 +182,15 @@ def test_cpu_fingerprint_keeps_the_mean_step_time_form(fitted):
     lambda f: _edit_metadata(f, lambda m: m["interval"]["log_ratio_quantiles"].update(latency=[0])),
     # read only when a query was made (a crash then), or wrong without a word: caught at load
     lambda f: _edit_metadata(f, lambda m: m.update(training_domain=5)),
+    # a training domain's or the input shapes' parts edited: a traceback at the first query (ValueError,
+    # TypeError, AttributeError), or notes read from a string's letters (ops) or an interval of a family never seen
+    lambda f: _edit_metadata(f, lambda m: m["training_domain"]["ranges"].update(batch_size=[300])),
+    lambda f: _edit_metadata(f, lambda m: m["training_domain"]["ranges"].update(params="0..9")),
+    lambda f: _edit_metadata(f, lambda m: m["training_domain"].update(ranges=None)),
+    lambda f: _edit_metadata(f, lambda m: m["training_domain"]["traits"].update(linear=True)),
+    lambda f: _edit_metadata(f, lambda m: m["training_domain"].update(ops="relu")),
+    lambda f: _edit_metadata(f, lambda m: m.update(input_shapes="3x16x16")),
+    lambda f: _edit_metadata(f, lambda m: m.update(input_shapes=[[3, 16]])),
     lambda f: _edit_metadata(f, lambda m: m.update(capacity_mb=-5)),  # every query 'does not fit'
     lambda f: _edit_metadata(f, lambda m: m.pop("interval")),         # a zero-width band
     lambda f: _edit_metadata(f, lambda m: m["interval"]["log_ratio_quantiles"].update(memory=[0.1, -0.1])),

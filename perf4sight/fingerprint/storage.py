@@ -149,17 +149,17 @@ def check_metadata(meta: Any, feature_set: str | None = None) -> None:
     if not isinstance(meta.get("device", ""), str):
         raise ValueError("device is not a string")
     shape = meta.get("input_shape")
-    if shape is not None and not (isinstance(shape, list) and len(shape) == 3
-                                  and all(isinstance(v, int) and v > 0 for v in shape)):
+    if shape is not None and not _is_shape(shape):
         raise ValueError(f"input_shape {shape!r} is not [C, H, W]")
+    shapes = meta.get("input_shapes")
+    if shapes is not None and not (isinstance(shapes, list) and all(_is_shape(s) for s in shapes)):
+        raise ValueError(f"input_shapes {shapes!r} is not a list of [C, H, W]")
     cap = meta.get("capacity_mb")
     if cap is not None and not (isinstance(cap, (int, float)) and not isinstance(cap, bool)
                                 and math.isfinite(cap) and cap > 0):
         raise ValueError(f"capacity_mb {cap!r} is not a positive number (or null: unknown)")
     StepRuntime.from_metadata(meta)  # the rules of the rows' torch: a ValueError naming one of another form
-    domain = meta.get("training_domain")
-    if domain is not None and not isinstance(domain, dict):
-        raise ValueError("training_domain is not an object")
+    _check_domain(meta.get("training_domain"))
     interval = meta.get("interval")
     quantiles = interval.get("log_ratio_quantiles") if isinstance(interval, dict) else None
     if not isinstance(quantiles, dict):
@@ -180,6 +180,38 @@ def check_metadata(meta: Any, feature_set: str | None = None) -> None:
         if not (isinstance(band, list) and len(band) == 2 and all(isinstance(v, (int, float)) for v in band)
                 and band[0] <= band[1]):
             raise ValueError(f"interval band '{key}' is {band!r}, not [low, high]")
+
+
+def _is_shape(shape: Any) -> bool:
+    """Whether ``shape`` is ``[C, H, W]``: a list of three positive integers."""
+    return isinstance(shape, list) and len(shape) == 3 and all(isinstance(v, int) and v > 0 for v in shape)
+
+
+def _check_domain(domain: Any) -> None:
+    """``ValueError`` naming the first part of a stored ``training_domain`` (``domain.training_domain``: ``ranges``
+    of [low, high], ``traits`` of lists of true and false, ``ops`` of names) that has not the form the fit writes;
+    none where it is absent (older fingerprints). Read at each query, a part of another form ended it in a
+    traceback, or gave notes read off a string's letters."""
+    if domain is None:
+        return
+    if not isinstance(domain, dict):
+        raise ValueError("training_domain is not an object")
+    ranges, traits, ops = domain.get("ranges", {}), domain.get("traits", {}), domain.get("ops", [])
+    if not isinstance(ranges, dict) or not isinstance(traits, dict):
+        raise ValueError("training_domain.ranges or .traits is not an object")
+    for key, span in ranges.items():
+        if not (isinstance(span, list) and len(span) == 2 and all(_is_number(v) for v in span)):
+            raise ValueError(f"training_domain.ranges.{key} is {span!r}, not [low, high]")
+    for key, seen in traits.items():
+        if not (isinstance(seen, list) and seen and all(isinstance(v, bool) for v in seen)):
+            raise ValueError(f"training_domain.traits.{key} is {seen!r}, not a list of true and false")
+    if not (isinstance(ops, list) and all(isinstance(op, str) for op in ops)):
+        raise ValueError(f"training_domain.ops is {ops!r}, not a list of op names")
+
+
+def _is_number(value: Any) -> bool:
+    """Whether ``value`` is a finite int or float (a bool is not)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _bands(quantiles: dict[str, Any]) -> list[tuple[str, Any]]:
