@@ -432,7 +432,18 @@ def _up_to_date(meta: dict) -> str:
 
 def run_predict(cfg: Config, args: argparse.Namespace) -> int:
     """Predictions on one device; with several ``--device`` names (``--stage all --device A B`` too), on each in
-    turn, every JSON line then naming its ``device`` first."""
+    turn, every JSON line then naming its ``device`` first. With ``--json`` stdout holds the JSON lines alone:
+    whatever else would go there (what a user's ``FILE.py:FUNCTION`` prints as it is imported and called) goes to
+    stderr."""
+    if not args.json or getattr(args, "json_out", None) is not None:
+        return _predict_on_each(cfg, args)
+    args = argparse.Namespace(**{**vars(args), "json_out": sys.stdout})
+    with _stdout_to_stderr(True):
+        return _predict_on_each(cfg, args)
+
+
+def _predict_on_each(cfg: Config, args: argparse.Namespace) -> int:
+    """:func:`run_predict`, its stdout settled."""
     devices = list(dict.fromkeys(args.device or []))
     if len(devices) < 2:
         return _predict_on_one(cfg, args)
@@ -451,9 +462,10 @@ def _rounded(prediction: dict) -> dict:
 
 
 def _json_line(args: argparse.Namespace, fields: dict) -> None:
-    """One JSON object on stdout; ``device`` first where several devices are predicted for."""
+    """One JSON object on stdout (``args.json_out``, the stdout :func:`run_predict` found); ``device`` first where
+    several devices are predicted for."""
     device = getattr(args, "json_device", None)
-    print(json.dumps({"device": device, **fields} if device else fields))
+    print(json.dumps({"device": device, **fields} if device else fields), file=getattr(args, "json_out", None))
 
 
 def _predict_on_one(cfg: Config, args: argparse.Namespace) -> int:

@@ -4,6 +4,7 @@ stderr where stdout holds JSON lines alone."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,7 @@ def _cnn(width: int, depth: int) -> nn.Module:
 def project(tmp_path_factory) -> Path:
     """A project folder: ``config.toml`` (no device configured has a fingerprint), ``query.json`` (a description)
     and the trees fingerprints of devices ``alpha`` and ``beta`` under ``fingerprinting/``, fitted on 6 networks
-    of two families whose step times differ by device."""
+    of two families whose step times differ by device, each with an out-of-memory row at batch 4096."""
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("project")
     (folder / "config.toml").write_text('[project]\nfingerprint_dir = "fingerprinting"\n')
@@ -52,6 +53,8 @@ def project(tmp_path_factory) -> Path:
                              "batch_size": b, "status": "ok",
                              "latency_ms_median": slower * (2.0 + f["flops_total"] / 2e6),
                              "peak_rss_mb": 20.0 + 40.0 * f["mem_analytic_mb"]})
+            rows.append({"device": device, "backend": "cpu", "network": name, "family": desc.network,
+                         "batch_size": 4096, "status": "oom"})  # a capacity to fit under
         fit_fingerprint(rows, descs, device, folder / "fingerprinting" / device, FingerprintConfig(n_estimators=10))
     return folder
 
@@ -78,3 +81,35 @@ def test_json_lines_of_a_device_chosen_by_default_say_on_stderr_which_it_is(proj
     assert beta[0]["latency_ms"] > 2 * chosen[0]["latency_ms"]  # the note matters: the figures differ by device
     assert list(chosen[0]) == ["network", "batch_size", "latency_ms", "latency_ms_low", "latency_ms_high",
                                "memory_mb", "memory_mb_low", "memory_mb_high", "fits"]
+
+
+CHATTY = '''"""A user's network file whose module and function print as they run."""
+import torch.nn as nn
+
+print("chatty: imported")
+
+
+def chatty(num_classes=10):
+    print("chatty: building", num_classes)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(8, num_classes))
+'''
+
+
+def test_json_lines_stay_alone_on_stdout_when_the_user_s_code_prints(project, tmp_path, capsys):
+    """``--network FILE.py:FUNCTION --json``: what the user's file printed as it was imported and called went to
+    stdout among the JSON lines ("chatty: imported" first), so a reader of JSON lines failed on the first. It goes
+    to stderr now, with the notes; stdout holds the JSON lines alone, in every mode of predict."""
+    (tmp_path / "chatty_net.py").write_text(CHATTY)
+    factory = f"{tmp_path / 'chatty_net.py'}:chatty"
+    said = []
+    for mode in ([], ["--max-batch-size", "64"], ["--device", "alpha", "beta"]):
+        shutil.rmtree(project / "models" / "zoo-cache", ignore_errors=True)  # described anew: the function runs
+        code = cli.main(["--config", str(project / "config.toml"), "--stage", "predict", "--network", factory,
+                         "--json", *mode])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        lines = [json.loads(line) for line in out.splitlines()]  # every line is JSON
+        assert lines and all(line["network"] == "chatty" for line in lines)
+        said.append(err)
+    assert all("chatty: building 1000" in err for err in said)  # the user's words are kept, on stderr
