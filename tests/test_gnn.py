@@ -297,6 +297,34 @@ def test_damaged_or_hostile_files(fitted, tmp_path, monkeypatch):
         load_gnn(tmp_path)
 
 
+
+@pytest.mark.parametrize("edit", [
+    lambda base: base.update(models=None),                        # a baseline of nothing: 1 ms and 1 MiB figures
+    lambda base: base.update(kind=None),
+    lambda base: base["models"].pop("memory"),                    # KeyError at the first query
+    lambda base: base["models"]["latency"]["terms"].__setitem__(0, "no_such_feature"),   # ValueError there
+    lambda base: base["models"]["latency"].update(coef=[1.0]),    # too few coefficients: numpy's matmul error
+    lambda base: base["models"]["latency"]["coef"].__setitem__(0, "x"),
+    lambda base: base["models"]["memory"]["coef"].__setitem__(0, float("nan")),  # "memory_mb": NaN, not JSON
+])
+def test_a_baseline_edited_by_hand_is_refused_at_load(fitted, tmp_path, edit):
+    """gnn.json's analytic baseline (``base``) was read at the first query, not at load: an edited one ended a
+    predict in a traceback, printed NaN, or predicted from no baseline at all. Each is the one-line 'damaged or
+    incompatible' at load now."""
+    out, _ = fitted
+    for name in (GNN_JSON, GNN_WEIGHTS):
+        (tmp_path / name).write_bytes((out / name).read_bytes())
+    meta = json.loads((out / GNN_JSON).read_text())
+    assert meta["base"]["kind"] == "analytic" and load_gnn(tmp_path).base.models  # the file as fitted loads
+    edit(meta["base"])
+    (tmp_path / GNN_JSON).write_text(json.dumps(meta))
+    with pytest.raises(UserError, match=r"GNN files are damaged or incompatible \(\w+: base"):
+        load_gnn(tmp_path)
+    meta["base"] = None
+    (tmp_path / GNN_JSON).write_text(json.dumps(meta))
+    with pytest.raises(UserError, match="GNN files are damaged or incompatible"):
+        load_gnn(tmp_path)
+
 def test_bad_inputs(tiny, tmp_path):
     descs, rows = tiny
     with pytest.raises(UserError, match="architecture"):

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from perf4sight.features.aggregate import FEATURE_NAMES
 from perf4sight.fingerprint.gnn_samples import TARGETS
 
 __all__ = ["AnalyticBaseline"]
@@ -26,6 +27,28 @@ class AnalyticBaseline:
         self.parts = parts
         self.models = {t: TargetModel(t, tuple(p["terms"]), np.asarray(p["coef"], dtype=float), None)
                        for t, p in (parts or {}).items()}
+
+    @classmethod
+    def stored(cls, base: Any) -> "AnalyticBaseline":
+        """The baseline ``gnn.json`` stores as ``base`` (``{"kind": "analytic" | "none", "models": parts}``);
+        ``ValueError`` naming ``base`` where it has not the form the fit writes. Read at the first query before, an
+        edited one ended it in a traceback, printed NaN figures, or predicted with no baseline at all."""
+        if not isinstance(base, dict) or base.get("kind") not in ("analytic", "none"):
+            raise ValueError("base is not an object of kind 'analytic' or 'none'")
+        parts = base.get("models")
+        if base["kind"] == "none":
+            return cls(None)
+        if not (isinstance(parts, dict) and set(parts) == set(TARGETS)
+                and all(isinstance(p, dict) and isinstance(p.get("terms"), list) for p in parts.values())):
+            raise ValueError(f"base.models is not an object of {' and '.join(TARGETS)}, each with its terms")
+        try:
+            made = cls(parts)
+            probe = made.log(np.ones((1, len(FEATURE_NAMES))))  # every term known, a coefficient for each
+        except (KeyError, ValueError, TypeError, IndexError) as exc:
+            raise ValueError(f"base.models cannot be evaluated ({type(exc).__name__}: {exc})") from None
+        if not np.all(np.isfinite(probe)):
+            raise ValueError("base.models has coefficients that are not finite numbers")
+        return made
 
     @classmethod
     def fit(cls, F: np.ndarray, Y: np.ndarray, kind: str) -> "AnalyticBaseline":

@@ -49,7 +49,7 @@ class GNNPredictor(ModuleQueries):
 
     def __init__(self, model: GNNForward, norm: Normaliser, metadata: dict[str, Any]):
         self.model, self.norm, self.metadata = model, norm, metadata
-        self.base = AnalyticBaseline(metadata.get("base", {}).get("models"))
+        self.base = AnalyticBaseline.stored(metadata.get("base"))
         self.device: str = metadata.get("device", "")
         self.input_shape: list[int] | None = metadata.get("input_shape")
         self.capacity_mb: float | None = metadata.get("capacity_mb")
@@ -159,10 +159,10 @@ def load_gnn(out_dir: str | Path) -> GNNPredictor:
         model = GNNForward(st["arch"], _weights(d), int(st["layers"]))
         model.check(len(NODE_FEATURES), len(EDGE_FEATURES), len(GLOBAL_FEATURES), int(st["hidden"]))
         norm = Normaliser.from_json(meta["normaliser"])
+        return GNNPredictor(model, norm, meta)  # which reads the rest of the metadata
     except (json.JSONDecodeError, KeyError, RuntimeError, ValueError, TypeError, AttributeError, OSError, EOFError,
             pickle.UnpicklingError, zipfile.BadZipFile) as exc:
         raise UserError(f"{d}: GNN files are damaged or incompatible ({type(exc).__name__}: {exc})") from None
-    return GNNPredictor(model, norm, meta)
 
 
 def load_predictor(out_dir: str | Path, kind: str = "trees") -> Any:
