@@ -420,3 +420,22 @@ def test_the_ensemble_fits_where_both_its_predictors_do(fitted, tiny):
         assert [x["fits"] for x in e] == [a["fits"] and b["fits"] for a, b in zip(t, g)]
         assert ensemble.max_batch_size(descs[name], 8192) == min(trees.max_batch_size(descs[name], 8192),
                                                                    gnn.max_batch_size(descs[name], 8192))
+
+
+@pytest.mark.parametrize("damage", ["weights", "normaliser.x", "normaliser.y"])
+def test_a_nan_in_the_weights_or_the_normaliser_is_refused_at_load(fitted, tmp_path, damage):
+    """A NaN in a GNN's weights or its normaliser's statistics made every figure NaN: predict --json printed
+    ``"latency_ms": NaN`` (not JSON) and ``"fits": false``. Refused at load, naming the array."""
+    out, _ = fitted
+    weights = dict(np.load(out / GNN_WEIGHTS))
+    meta = json.loads((out / GNN_JSON).read_text())
+    if damage == "weights":
+        first = sorted(weights)[0]
+        weights[first] = weights[first].copy()
+        weights[first].flat[0] = np.nan
+    else:
+        meta["normaliser"][damage[-1]][0][0] = float("nan")
+    np.savez(tmp_path / GNN_WEIGHTS, **weights)
+    (tmp_path / GNN_JSON).write_text(json.dumps(meta))
+    with pytest.raises(UserError, match=r"GNN files are damaged or incompatible \(ValueError: .*not finite numbers"):
+        load_gnn(tmp_path)

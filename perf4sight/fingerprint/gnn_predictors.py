@@ -142,6 +142,15 @@ def _weights(folder: Path) -> dict[str, np.ndarray]:
     return {k: v.numpy() for k, v in state.items()}
 
 
+def _check_finite(arrays: dict[str, Any]) -> None:
+    """``ValueError`` naming the first of ``arrays`` (a GNN's weights, its normaliser's statistics) that is not all
+    finite numbers: a NaN there made every figure NaN, which ``--json`` printed as ``NaN`` (not JSON)."""
+    for name, values in arrays.items():
+        a = np.asarray(values)
+        if a.dtype.kind not in "fiu" or not np.all(np.isfinite(a)):
+            raise ValueError(f"{name}: not finite numbers")
+
+
 def load_gnn(out_dir: str | Path) -> GNNPredictor:
     """Load ``gnn.json`` and its weights (:data:`GNN_WEIGHTS`, or an older GNN's :data:`OLD_GNN_WEIGHTS`)."""
     import pickle
@@ -156,7 +165,9 @@ def load_gnn(out_dir: str | Path) -> GNNPredictor:
             raise UserError(f"{jp}: GNN made with other features or format; refit the fingerprint")
         check_metadata(meta)
         st = meta["settings"]
-        model = GNNForward(st["arch"], _weights(d), int(st["layers"]))
+        weights = _weights(d)
+        _check_finite({**weights, **{f"normaliser.{k}": meta["normaliser"][k] for k in ("x", "e", "u", "y")}})
+        model = GNNForward(st["arch"], weights, int(st["layers"]))
         model.check(len(NODE_FEATURES), len(EDGE_FEATURES), len(GLOBAL_FEATURES), int(st["hidden"]))
         norm = Normaliser.from_json(meta["normaliser"])
         return GNNPredictor(model, norm, meta)  # which reads the rest of the metadata
