@@ -194,6 +194,9 @@ def test_cpu_fingerprint_keeps_the_mean_step_time_form(fitted):
     lambda f: _edit_metadata(f, lambda m: m.update(capacity_mb=-5)),  # every query 'does not fit'
     lambda f: _edit_metadata(f, lambda m: m.pop("interval")),         # a zero-width band
     lambda f: _edit_metadata(f, lambda m: m["interval"]["log_ratio_quantiles"].update(memory=[0.1, -0.1])),
+    # a band's end whose exp is inf: "latency_ms_high": Infinity in --json's lines, not JSON
+    lambda f: _edit_metadata(f, lambda m: m["interval"]["log_ratio_quantiles"].update(latency=[-1000, 1000])),
+    lambda f: _edit_metadata(f, lambda m: m["interval"]["log_ratio_quantiles"].update(latency=[0, float("inf")])),
     lambda f: _edit_metadata(f, lambda m: m.update(feature_set="perf4sight-graph-v9")),
     lambda f: _edit_metadata(f, lambda m: m.update(input_shape="x")),
     lambda f: _edit_metadata(f, lambda m: m.update(training_structures={"deep": "0123456789ab"})),

@@ -177,9 +177,9 @@ def check_metadata(meta: Any, feature_set: str | None = None) -> None:
     if not isinstance(meta.get("structure_version", 0), int):
         raise ValueError("structure_version is not an integer")
     for key, band in _bands(quantiles) + [(f"seen.{k}", b) for k, b in _bands(seen)]:
-        if not (isinstance(band, list) and len(band) == 2 and all(isinstance(v, (int, float)) for v in band)
+        if not (isinstance(band, list) and len(band) == 2 and all(_is_log_ratio(v) for v in band)
                 and band[0] <= band[1]):
-            raise ValueError(f"interval band '{key}' is {band!r}, not [low, high]")
+            raise ValueError(f"interval band '{key}' is {band!r}, not [low, high] (logs of finite ratios)")
 
 
 def _is_shape(shape: Any) -> bool:
@@ -207,6 +207,16 @@ def _check_domain(domain: Any) -> None:
             raise ValueError(f"training_domain.traits.{key} is {seen!r}, not a list of true and false")
     if not (isinstance(ops, list) and all(isinstance(op, str) for op in ops)):
         raise ValueError(f"training_domain.ops is {ops!r}, not a list of op names")
+
+
+def _is_log_ratio(value: Any) -> bool:
+    """Whether ``value`` is an interval band's end, a log of a ratio whose ``exp`` is a finite float (an end of
+    inf, or of 1000, made a figure of ``Infinity`` in --json's lines, which is not JSON)."""
+    return _is_number(value) and abs(value) < _LARGEST_LOG
+
+
+#: Under ``log`` of the largest float64 (709.78): the ``exp`` of a band's end, a ratio, stays finite.
+_LARGEST_LOG = 700.0
 
 
 def _is_number(value: Any) -> bool:
