@@ -211,6 +211,24 @@ def test_damaged_fingerprint_is_one_line(fitted, tmp_path, damage):
     assert _one_line(exc)
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # numpy's, on the way to inf
+def test_coefficients_edited_to_overflow_are_one_line_not_infinity_in_json(fitted, tmp_path):
+    """Coefficients edited to 1e308 load (each is a finite number) and made every figure inf: predict --json
+    printed ``"latency_ms": Infinity`` (not JSON) with ``"fits": false``. The query is a one-line error now, on
+    the trees and on the ensemble whose trees they are."""
+    import shutil
+    folder = tmp_path / "cpu0"
+    shutil.copytree(fitted[0], folder)
+    arrays = dict(np.load(folder / "models.npz"))
+    for key in [k for k in arrays if k.endswith(".coef")]:
+        arrays[key] = np.full_like(arrays[key], 1e308, dtype=float)
+    np.savez(folder / "models.npz", **arrays)
+    for predictor in (load_fingerprint(folder), load_predictor(folder, "ensemble")):
+        with pytest.raises(UserError, match=r"^predict: deep_w8 at batch size 4: the predictor gave latency_ms "
+                                            r"inf.*not finite numbers: its fingerprint's files were edited") as exc:
+            predictor.predict(fitted[1]["deep_w8"], [4])
+        _one_line(exc)
+
 def test_structure_keys_of_another_recipe_are_not_compared(fitted, tmp_path):
     """A fingerprint whose structure keys were made by another recipe (``structure_version``) tells a training
     family by its name alone, as one fitted before the keys were stored: its keys would match no query's."""

@@ -13,6 +13,7 @@ analytic part, the demand, as a configured limit is too where the memory form sa
 from __future__ import annotations
 
 import copy
+import math
 import numbers
 import sys
 import warnings
@@ -198,7 +199,18 @@ def prediction_rows(names: Sequence[str], bss: Sequence[int], lat: np.ndarray, m
                     "memory_mb": float(mem[i]), "memory_mb_low": float(mem[i] * np.exp(mlo)),
                     "memory_mb_high": float(mem[i] * np.exp(mhi)),
                     "fits": None if fits[i] is None else bool(fits[i])})
+        _check_finite(out[-1])
     return out
+
+
+def _check_finite(row: dict[str, Any]) -> None:
+    """``UserError`` where a prediction's figure is not a finite number: only a predictor whose stored numbers were
+    edited (coefficients of 1e308) gives one, and --json printed it as ``Infinity`` or ``NaN``, which is not JSON."""
+    bad = [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)]
+    if bad:
+        raise UserError(f"predict: {row['network']} at batch size {row['batch_size']}: the predictor gave "
+                        f"{', '.join(f'{k} {row[k]}' for k in bad)}, not finite numbers: its fingerprint's files "
+                        "were edited or damaged; run the fingerprint stage again")
 
 
 def parameter_notes(descs: Sequence[NetworkDescription]) -> list[str]:
