@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from perf4sight.config import Config
 from perf4sight.dataset import (ZOO_CACHE, dataset_descriptions, default_networks, device_dataset,
@@ -618,7 +619,7 @@ def _predict_max_batch(cfg: Config, args: argparse.Namespace, fp: object, device
         table.add_column(col, justify="left" if col == "network" else "right")
     for f in found:
         b = f["max_batch_size"]
-        table.add_row(f["network"], "none fits" if b is None else f"{b}{'+' if b == limit else ''}",
+        table.add_row(Text(f["network"]), "none fits" if b is None else f"{b}{'+' if b == limit else ''}",
                       "" if b is None else f"{f['latency_ms']:,.1f}", "" if b is None else _mib(f["memory_mb"], cap))
     console.print(table)
     if any(f["max_batch_size"] == limit for f in found):
@@ -685,9 +686,9 @@ def _predict_prune_to_fit(cfg: Config, args: argparse.Namespace, fp: object, dev
         table.add_column(col, justify="left" if col == "network" else "right")
     for f, r in found:
         if r.variant is None:  # the highest level asked about: 99, or what min_channels lets the network reach
-            table.add_row(f["network"], str(f["batch_size"]), f"none up to {max(r.tried)}", "", "", "", "")
+            table.add_row(Text(f["network"]), str(f["batch_size"]), f"none up to {max(r.tried)}", "", "", "", "")
             continue
-        table.add_row(f["network"], str(f["batch_size"]), str(f["pruning_level"]), f"{f['achieved_level']:.1f}",
+        table.add_row(Text(f["network"]), str(f["batch_size"]), str(f["pruning_level"]), f"{f['achieved_level']:.1f}",
                       f"{f['latency_ms']:,.1f} [{f['latency_ms_low']:,.1f}, {f['latency_ms_high']:,.1f}]",
                       f"{_mib(f['memory_mb'], cap)} [{f['memory_mb_low']:,.0f}, {f['memory_mb_high']:,.0f}]",
                       "?" if f["fits"] is None else "yes" if f["fits"] else "no")
@@ -859,7 +860,7 @@ def _print_predictions(preds: list[dict], title: str, cap: float | None = None) 
     for col in ("network", "batch", "step time ms", "images/s", "memory MiB", "fits"):
         table.add_column(col)
     for p in preds:
-        table.add_row(p["network"], str(p["batch_size"]),
+        table.add_row(Text(p["network"]), str(p["batch_size"]),  # Text: a name's [brackets] are no markup
                       f"{p['latency_ms']:.1f} [{p['latency_ms_low']:.1f}, {p['latency_ms_high']:.1f}]",
                       f"{1000 * p['batch_size'] / p['latency_ms']:,.0f}" if p["latency_ms"] > 0 else "–",
                       f"{_mib(p['memory_mb'], cap, '')} [{p['memory_mb_low']:.0f}, {p['memory_mb_high']:.0f}]",

@@ -113,3 +113,21 @@ def test_json_lines_stay_alone_on_stdout_when_the_user_s_code_prints(project, tm
         assert lines and all(line["network"] == "chatty" for line in lines)
         said.append(err)
     assert all("chatty: building 1000" in err for err in said)  # the user's words are kept, on stderr
+
+
+def test_a_network_name_with_brackets_is_shown_as_it_is_in_the_tables(project, tmp_path, capsys):
+    """A description named ``unet[small]`` read ``unet`` in predict's table (rich took ``[small]`` for a style), so
+    ``unet[small]`` and ``unet[large]`` showed as one name; ``net [red]x`` lost its tag too. The tables show the
+    names as written (the batch-size table and ``--max-batch-size``'s here; ``--prune-to-fit``'s and compare's
+    alike)."""
+    desc = json.loads((project / "query.json").read_text())
+    names = ("unet[small]", "unet[large]", "net [red]x")
+    files = []
+    for name in names:
+        files.append(tmp_path / f"{len(files)}.json")
+        files[-1].write_text(json.dumps(desc | {"name": name}))
+    config = ['--config', str(project / "config.toml"), "--stage", "predict", "--device", "alpha", "--network"]
+    for mode in (["--batch-size", "4"], ["--max-batch-size", "64"]):
+        assert cli.main([*config, *map(str, files), *mode]) == 0
+        table = capsys.readouterr().out
+        assert all(f" {name} " in table for name in names), table

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 from rich.table import Table as RichTable
+from rich.text import Text as RichText
 
 from perf4sight.config import Config
 from perf4sight.dataset import default_networks, device_dataset, resolve_networks, undescribed_note
@@ -314,7 +315,7 @@ def _print_summary(console: Console, devs: list[DeviceData], names: list[str], f
     for col in ("device", "input", "nets", "ok/oom", "lat MAPE%", "mem MAPE%", "cap MiB"):
         t.add_column(col, no_wrap=True)
     for n in names:
-        t.add_column(f"max bs\n{n}", justify="right")
+        t.add_column(RichText(f"max bs\n{n}"), justify="right")  # Text: a name's [brackets] are no markup
     for d in devs:
         acc = d.metadata.get("accuracy", {})
         t.add_row(d.name, training_shapes_label(d.metadata), str(len({r["network"] for r in d.rows})),

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 from rich.console import Console
 from rich.table import Table as RichTable
+from rich.text import Text as RichText
 
 from perf4sight.config import Config
 from perf4sight.errors import UserError
@@ -233,11 +234,11 @@ def print_pruning(console: Console, points: list[PruningPoint], least: list[Leas
     for n in devices:
         t.add_column(n, justify="right", no_wrap=True)
     for net, level, cells in _pruning_rows(points, devices):
-        t.add_row(net, f"{level:g}", _achieved(cells),
+        t.add_row(RichText(net), f"{level:g}", _achieved(cells),  # Text: a name's [brackets] are no markup
                   *["–" if c is None else f"{c.latency_ms:,.1f}{'' if c.fits is not False else ' (no fit)'} / "
                     f"{'?' if c.max_batch is None else batch_label(c.max_batch)}" for c in cells])
     at = {(x.network, x.device): x for x in least}
     for net in dict.fromkeys(x.network for x in least):
-        t.add_row(net, "least fit", "", *["?" if (net, d) not in at else "none" if at[(net, d)].level is None
+        t.add_row(RichText(net), "least fit", "", *["?" if (net, d) not in at else "none" if at[(net, d)].level is None
                                           else f"{at[(net, d)].level}%" for d in devices])
     console.print(t)
