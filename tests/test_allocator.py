@@ -147,6 +147,45 @@ def test_the_replay_gives_the_figures_of_its_events_run_one_by_one(zoo, side):
         assert trace.replay(batch) == _replayed_event_by_event(trace, batch)
 
 
+def test_the_backward_pass_orders_a_node_s_temporaries_sums_and_gradients_as_written_down():
+    """The allocation model's backward pass, written as one loop for speed: a node's temporaries before its first
+    gradient (freed once it is allocated), each gradient's own temporaries (freed last first, after its kernel), its
+    scratch after the gradients, a broadcast input's gradient summed down after them (input order, not the
+    computing order), then the incoming gradient and the saved tensors dropped, and AccumulateGrad marks; every id
+    and size spelled out."""
+    from perf4sight.features.alloc_model import ACCUMULATED, FLOAT, _backward, _GradFn, _Memory
+
+    mem = _Memory()
+    saved = mem.new(32, "saved")  # id 1, held by the root node alone
+    leaf = _GradFn([], [("param", 0)], [40], ["aten.k0"], [0], [None])
+    root = _GradFn([saved], [("fn", 0), None, ("param", 1)], [100, 0, 8], ["aten.a", None, "aten.b"], [2, 0, 1],
+                   [120, None, 64], before=[(16, "aten.pre")], around=[[(4, "aten.t1"), (5, "aten.t2")], [], []],
+                   scratch=[(12, "aten.scr")])
+    grads = _backward([leaf, root], 1, mem)
+    assert grads == {1: 10, 0: 11}
+    assert mem.events == [(ALLOC, 1, 32, "saved"), (ALLOC, 2, FLOAT, "aten.ones_like.default"),
+                          (ALLOC, 3, 16, "aten.pre"), (ALLOC, 4, 64, "aten.b"), (FREE, 3, 0, ""),
+                          (ALLOC, 5, 4, "aten.t1"), (ALLOC, 6, 5, "aten.t2"), (ALLOC, 7, 120, "aten.a"),
+                          (FREE, 6, 0, ""), (FREE, 5, 0, ""),
+                          (ALLOC, 8, 12, "aten.scr"), (FREE, 8, 0, ""),
+                          (ALLOC, 9, 100, "aten.sum.dim_IntList"), (FREE, 7, 0, ""),
+                          (ALLOC, 10, 8, "aten.sum.dim_IntList"), (FREE, 4, 0, ""),
+                          (FREE, 1, 0, ""), (ACCUMULATED, 1, 0, ""),
+                          (ALLOC, 11, 40, "aten.k0"), (FREE, 9, 0, ""), (ACCUMULATED, 0, 0, ""),
+                          (FREE, 2, 0, "")]
+
+
+def test_contiguous_strides_are_remembered_for_tuples_and_given_for_lists():
+    """The allocation model's contiguous strides, remembered per shape (a MaxViT asks 1,900 times for a few hundred
+    shapes): a list gives what its tuple gives, and every shape its own strides."""
+    from perf4sight.features.alloc_model import _strides
+
+    assert _strides((2, 3, 4, 5)) == _strides([2, 3, 4, 5]) == (60, 20, 5, 1)
+    assert _strides((5, 4, 3, 2)) == (24, 6, 2, 1)
+    assert _strides(()) == ()
+    assert _strides([7]) == (1,)
+
+
 def test_the_collector_is_paused_while_the_model_writes_events_and_the_replay_runs(monkeypatch):
     """The cyclic garbage collector does not run while the allocation model writes a step down or the replay runs it
     (tens of thousands of small objects: a collection every few hundred), and runs again after, unless it was off."""

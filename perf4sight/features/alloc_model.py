@@ -108,6 +108,7 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from math import prod
 from typing import Callable
 
@@ -179,7 +180,14 @@ _ELEMENTWISE = {"add", "mul", "div", "pow", "exp", "abs", "log"} | set(_ACTIVATI
 
 
 def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Strides (elements) of a contiguous tensor of ``shape``."""
+    """Strides (elements) of a contiguous tensor of ``shape`` (a tuple or a list)."""
+    return _contiguous_strides(tuple(shape))
+
+
+@lru_cache(maxsize=4096)
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """:func:`_strides`, remembered: a network's few hundred shapes are asked for thousands of times (a MaxViT's
+    1,900 in its step's events)."""
     out, step = [], 1
     for size in reversed(shape):
         out.append(step)
@@ -414,7 +422,8 @@ class _Memory:
         return self.last_id
 
     def new(self, nbytes: int, op: str, holders: int = 1) -> int:
-        sid = self.new_id()
+        self.last_id += 1  # new_id's, without its call: the model makes thousands
+        sid = self.last_id
         self.events.append((ALLOC, sid, nbytes, op))
         self.holders[sid] = holders
         return sid
@@ -591,7 +600,7 @@ class _OpContext:
         """The context of node ``n`` (arguments as :func:`_forward`'s)."""
         x = ins[0]
         return cls(n, ins, in_shapes, b, mem, fns, p0, x, _bytes(n, b),
-                   tuple([b] + list(in_shapes[0])) if in_shapes else (), tuple([b] + list(n.output_shape)),
+                   (b, *in_shapes[0]) if in_shapes else (), (b, *n.output_shape),
                    relu6_clone)
 
     def check_strides(self) -> None:
@@ -633,14 +642,14 @@ class _OpContext:
         no input needs a gradient (``saved`` is dropped)."""
         for s in saved:
             self.mem.hold(s)
-        if all(e is None for e in edges):
+        if not any(edges):  # every edge None (an edge is a non-empty tuple)
             for s in saved:
                 self.mem.drop(s)
             return None
         self.mem.saved.update(saved)
         self.fns.append(_GradFn(saved, edges, sizes, kernels, order if order is not None else list(range(len(edges))),
                                 full or [None] * len(edges), handoff,
-                                shapes or [tuple([self.batch] + list(sh)) for sh in self.in_shapes],
+                                shapes or [(self.batch, *sh) for sh in self.in_shapes],
                                 self.full_out if out_shape is None else out_shape, dims, scratch, before,
                                 **layout))
         return len(self.fns) - 1
@@ -2320,50 +2329,45 @@ def _backward(fns: list[_GradFn], root: int, mem: _Memory) -> dict[int, int]:
 
     Gradients carry their strides (None: contiguous; :data:`_UNKNOWN` after a sum of two tensors of
     which one is permuted): a view op's backward reshapes its gradient, which copies it where no
-    view has the strides; transpose and cat hand on views of it (transposed, sliced)."""
+    view has the strides; transpose and cat hand on views of it (transposed, sliced).
+    One loop over thousands of nodes (a MaxViT's 1,400): the memory's methods bound once, and no list made for a
+    node's temporaries, sums or gathered parts where it has none."""
     seed = mem.new(FLOAT, "aten.ones_like.default")
     buffers: dict[int, tuple[int, int, tuple[int, ...] | None]] = {root: (mem.hold(seed), FLOAT, None)}
     grads: dict[int, int] = {}
     pending = _gradients_per_parameter(fns)
     buffers_of_params: dict[int, int] = {}  # parameter index -> its gradient so far (a layer called more than once)
     gathered: dict[int, list[int]] = {}  # a split's node -> its parts' gradients after the first (``gathers``)
+    new, drop = mem.new, mem.drop
     for k in range(len(fns) - 1, -1, -1):
-        if k not in buffers:
+        entry = buffers.pop(k, None)
+        if entry is None:
             raise NotCovered("a node no gradient reaches")
-        incoming, _, strides = buffers.pop(k)
+        incoming, _, strides = entry
         fn = fns[k]
-        if strides == _UNKNOWN or (any(fn.kernels) and not fn.any_strides and not _ordered(fn.out_shape, strides)):
+        if strides is not None and (strides == _UNKNOWN or (any(fn.kernels) and not fn.any_strides
+                                                           and not _ordered(fn.out_shape, strides))):
             raise NotCovered("a gradient with permuted strides")
-        outs: dict[int, tuple[int, tuple[int, ...] | None]] = {}
-        ahead = [mem.new(size, kernel) for size, kernel in fn.before or []]
-        for j in fn.order:
-            if fn.edges[j] is None:
-                continue
-            temporaries = [mem.new(size, kernel) for size, kernel in (fn.around[j] if fn.around else [])]
-            if fn.kernels[j]:
-                outs[j] = (mem.new(fn.full[j] or fn.sizes[j], fn.kernels[j]), _laid_out(fn, j, strides))
-            else:
-                outs[j] = _handoff(fn, j, incoming, strides, mem)
-            for sid in reversed(temporaries):
-                mem.drop(sid)
-            for sid in ahead:
-                mem.drop(sid)
-            ahead = []
-        temporaries = [mem.new(size, kernel) for size, kernel in fn.scratch or []]
-        for sid in temporaries:
-            mem.drop(sid)
-        for j in sorted(outs):  # broadcast inputs: their gradients summed down to their shapes (input order)
-            if fn.full[j] is not None:
-                summed = mem.new(fn.sizes[j], fn.then)
-                mem.drop(outs[j][0])
-                outs[j] = (summed, None)
-        mem.drop(incoming)
-        if len(gathered.get(k, [])) + 1 != max(fn.gathers, 1):
+        outs = _gradients_of(fn, incoming, strides, mem)
+        if fn.scratch:
+            temporaries = [new(size, kernel) for size, kernel in fn.scratch]
+            for sid in temporaries:
+                drop(sid)
+        full = fn.full
+        if full.count(None) != len(full):
+            for j in sorted(outs):  # broadcast inputs: their gradients summed down to their shapes (input order)
+                if full[j] is not None:
+                    summed = new(fn.sizes[j], fn.then)
+                    drop(outs[j][0])
+                    outs[j] = (summed, None)
+        drop(incoming)
+        parts = gathered.pop(k, ())
+        if len(parts) + 1 != max(fn.gathers, 1):
             raise NotCovered("a split whose parts' gradients do not all arrive")
-        for sid in gathered.pop(k, []):
-            mem.drop(sid)
+        for sid in parts:
+            drop(sid)
         for s in fn.saved:
-            mem.drop(s)
+            drop(s)
         accumulated, released = [], []
         for j, edge in enumerate(fn.edges):
             if edge is None:
@@ -2384,16 +2388,16 @@ def _backward(fns: list[_GradFn], root: int, mem: _Memory) -> dict[int, int]:
             else:
                 old, size, old_strides = buffers[target]
                 shape = fn.shapes[j] if fn.shapes else ()
-                buffers[target] = (mem.new(size, "aten.add.Tensor"), size, _summed_strides(shape, old_strides,
-                                                                                         out_strides))
-                mem.drop(old)
+                buffers[target] = (new(size, "aten.add.Tensor"), size, _summed_strides(shape, old_strides,
+                                                                                     out_strides))
+                drop(old)
                 released.append(sid)
         for sid in released:  # the node's gradients added into a buffer: its outputs, dropped when it is done
-            mem.drop(sid)
+            drop(sid)
         for p, sid, restrided, size in accumulated:  # AccumulateGrad nodes run first (highest priority)
             if restrided:  # copied into a tensor of the parameter's strides, which becomes the .grad
-                kept = mem.new(size, "aten.new_empty_strided.default")
-                mem.drop(sid)
+                kept = new(size, "aten.new_empty_strided.default")
+                drop(sid)
                 sid = kept
             mem.events.append((ACCUMULATED, p, 0, ""))
             grads[p] = sid
@@ -2401,6 +2405,33 @@ def _backward(fns: list[_GradFn], root: int, mem: _Memory) -> dict[int, int]:
         raise NotCovered("gradients left undelivered")
     mem.drop(seed)
     return grads
+
+
+def _gradients_of(fn: _GradFn, incoming: int, strides: tuple[int, ...] | None,
+                  mem: _Memory) -> dict[int, tuple[int, tuple[int, ...] | None]]:
+    """The gradients node ``fn`` computes from ``incoming`` (of ``strides``), in its order: input index -> (storage,
+    its strides); its temporaries allocated and freed around them (``before``: until the first gradient; ``around``:
+    each gradient's own)."""
+    new, drop = mem.new, mem.drop
+    outs: dict[int, tuple[int, tuple[int, ...] | None]] = {}
+    ahead = [new(size, kernel) for size, kernel in fn.before] if fn.before else None
+    edges, kernels, around = fn.edges, fn.kernels, fn.around
+    for j in fn.order:
+        if edges[j] is None:
+            continue
+        temporaries = [new(size, kernel) for size, kernel in around[j]] if around else None
+        if kernels[j]:
+            outs[j] = (new(fn.full[j] or fn.sizes[j], kernels[j]), _laid_out(fn, j, strides) if fn.layouts else None)
+        else:
+            outs[j] = _handoff(fn, j, incoming, strides, mem)
+        if temporaries:
+            for sid in reversed(temporaries):
+                drop(sid)
+        if ahead:
+            for sid in ahead:
+                drop(sid)
+            ahead = None
+    return outs
 
 
 #: The strides of a gradient summed from a permuted one: not followed (a view of it is not covered).
