@@ -210,6 +210,22 @@ def test_the_collector_is_paused_while_the_model_writes_events_and_the_replay_ru
         gc.enable()
 
 
+def test_the_collector_is_paused_while_the_events_become_the_trace_s_arrays_and_are_dropped(monkeypatch):
+    """simulate turns the recorded events into arrays and drops them with the collector paused (a dozen young
+    collections there before, in a process holding torch's objects), and it runs again after."""
+    import gc
+
+    from perf4sight.features import alloc_trace
+    from perf4sight.networks.zoo import describe_zoo
+    seen = []
+    real_trace = alloc_trace.AllocTrace
+    monkeypatch.setattr(alloc_trace, "AllocTrace", lambda *a, **k: seen.append(gc.isenabled()) or real_trace(*a, **k))
+    desc = describe_zoo("resnet18", [3, 32, 32], num_classes=7)  # a description no other test simulates: not cached
+    assert gc.isenabled()
+    trace = simulate(desc, method="model")
+    assert seen == [False] and gc.isenabled() and isinstance(trace, real_trace) and len(trace.kind) > 100
+
+
 def test_a_replay_leaves_no_cycles_for_the_collector():
     """The replay's blocks, linked to their neighbours both ways, are unlinked when it is done: they go with their
     last reference, none left for the cyclic collector (thousands of blocks, a few milliseconds a MaxViT's 4 batch
