@@ -337,6 +337,22 @@ def test_a_segmentation_zoo_network_resizing_to_its_input_is_rebuilt_at_another_
     assert at_other.node(at_other.output).output_shape == [5, 96, 80]
 
 
+def test_a_cumulative_average_batch_norm_keeps_its_momentum_none_at_another_shape():
+    """A batch norm of momentum None (torch's cumulative average) is described so, and so again at another
+    --input-shape, whose description is traced from the network rebuilt on the meta device (where it runs as the
+    momentum 0.1): that one was described of the momentum 0.1 before, its running statistics then moving by 0.1 a
+    step when rebuilt, where the network's weigh each batch 1 / the batches seen."""
+    module = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4, momentum=None), nn.ReLU(),
+                           nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4, momentum=0.3))
+    desc = describe(module, [3, 16, 16], name="cumulative")
+    at_other = described_at(desc, [3, 20, 12])
+    for d in (desc, at_other):
+        assert [n.attrs.get("momentum", 0.1) for n in d.nodes if n.op == "batchnorm2d"] == [None, 0.3]
+    rebuilt = build_module(at_other).train()
+    rebuilt(torch.randn(2, 3, 20, 12))
+    assert [m.momentum for m in rebuilt.modules() if isinstance(m, nn.BatchNorm2d)] == [None, 0.3]
+
+
 def test_a_pad_of_other_arithmetic_on_sizes_keeps_its_numbers_and_is_refused_at_another_shape():
     """A pad computed from the shapes otherwise than a U-Net's split (all of the difference before) is described by
     the numbers the trace gives, naming no map but marked computed (it failed to describe before: 'int() argument

@@ -129,13 +129,15 @@ def _conv_transpose_call(n: fx.Node) -> tuple[str, dict]:
 
 def _bn(m: nn.BatchNorm2d) -> tuple[str, dict]:
     """``nn.BatchNorm2d`` (1d, SyncBatchNorm): its eps, affine and running statistics where not torch's defaults
-    (:func:`_running_statistics`)."""
+    (:func:`_running_statistics`); a layer rebuilt on the meta device from a cumulative average (``cumulative_average``,
+    run there as the momentum 0.1) of the momentum None."""
     attrs: dict[str, Any] = {"num_features": m.num_features}
     if m.eps != 1e-5:
         attrs["eps"] = m.eps
     if not m.affine:  # written only when false: a description of an affine batch norm reads as it always did
         attrs["affine"] = False
-    return "batchnorm2d", {**attrs, **_running_statistics(m.track_running_stats, m.momentum)}
+    momentum = None if getattr(m, "cumulative_average", False) else m.momentum
+    return "batchnorm2d", {**attrs, **_running_statistics(m.track_running_stats, momentum)}
 
 
 def _running_statistics(tracked: bool, momentum: float | None) -> dict[str, Any]:

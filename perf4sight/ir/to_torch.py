@@ -270,13 +270,16 @@ def _batch_norm(cls: type, a: Dict[str, Any], factory: Dict[str, Any]) -> nn.Mod
     """A batch norm of class ``cls`` (BatchNorm2d, or BatchNorm1d of a [C] or [C, L] input) made of a batchnorm2d's
     attrs. On the meta device a cumulative average (momentum None), whose weight torch reads off the count of batches
     (``float(num_batches_tracked)``, which a meta tensor cannot give), runs as the momentum 0.1: the same kernels and
-    allocations, the weight a number on the host."""
+    allocations, the weight a number on the host; the layer is marked ``cumulative_average``, so that describing it
+    again (another input shape's trace of the rebuilt network) gives the momentum None."""
     momentum = a.get("momentum", 0.1)
-    if momentum is None and str(factory.get("device")) == "meta":
-        momentum = 0.1
-    return cls(a["num_features"], eps=a.get("eps", 1e-5), momentum=momentum,
-               affine=bool(a.get("affine", True)), track_running_stats=bool(a.get("track_running_stats", True)),
-               **factory)
+    on_meta = momentum is None and str(factory.get("device")) == "meta"
+    module = cls(a["num_features"], eps=a.get("eps", 1e-5), momentum=0.1 if on_meta else momentum,
+                 affine=bool(a.get("affine", True)), track_running_stats=bool(a.get("track_running_stats", True)),
+                 **factory)
+    if on_meta:
+        module.cumulative_average = True
+    return module
 
 
 class FrozenBatchNorm2d(nn.Module):
