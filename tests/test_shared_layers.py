@@ -16,7 +16,7 @@ from perf4sight.fingerprint.gnn_graph import graph_template
 from perf4sight.ir.from_torch import describe
 from perf4sight.ir.schema import NetworkDescription, count_params
 from perf4sight.ir.to_torch import build_module
-from perf4sight.networks.pruning import prune_model
+from perf4sight.networks.pruning import PruningPlan, prune_model
 from test_allocator import _as_replayed
 
 
@@ -326,6 +326,37 @@ def test_a_parameter_read_by_two_ops_is_one_parameter(how):
     assert _as_replayed(model) == _as_replayed(record_events(desc, 2, steps=2, method="trace"))
     assert len([e for e in model if e[3] == "setup"]) == len(read)
     assert describe(rebuilt, [3, 8, 8], "twice").to_dict()["nodes"] == desc.to_dict()["nodes"]
+
+
+class _ScaledAndShiftedHead(nn.Module):
+    """A convolution's map times a parameter and plus it (``y * self.g + self.g``), then a classifier: its channels
+    prunable, the parameter with them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.g, self.fc = nn.Conv2d(3, 16, 3, padding=1), nn.Parameter(torch.randn(16, 1, 1)), nn.Linear(16, 5)
+
+    def forward(self, x):
+        return self.fc((self.conv(x) * self.g + self.g).mean((2, 3)))
+
+
+@pytest.mark.parametrize("meta", [False, True])
+def test_a_rebuilt_scale_and_shift_of_one_tensor_prune_as_the_network_does(meta):
+    """The network rebuilt from the description of ``y * g + g`` (a scale and a shift holding one Parameter) prunes
+    as the network does, its tensor cut once: it was left unpruned ('does not follow whole', 0% at most), as moving
+    the network to the meta device gave each holder a copy of its own and the cut replaced the first holder's alone.
+    The pruned network describes as the original pruned does (the shift sharing the scale's tensor) and runs."""
+    torch.manual_seed(0)
+    original = _ScaledAndShiftedHead()
+    desc = describe(original, [3, 8, 8], "head")
+    expected = describe(prune_model(original, [3, 8, 8], 30, network="head").module, [3, 8, 8], "head")
+    pruned = PruningPlan(build_module(desc), [3, 8, 8], network="head").prune(30, meta=meta).module
+    again = describe(pruned, [3, 8, 8], "head")
+    assert again.params == expected.params < desc.params
+    assert [(n.op, n.output_shape, n.attrs.get("shares")) for n in again.nodes] == \
+        [(n.op, n.output_shape, n.attrs.get("shares")) for n in expected.nodes]
+    if not meta:
+        assert pruned(torch.randn(2, 3, 8, 8)).shape == (2, 5)
 
 
 class _LayerWeightReadAgain(nn.Module):

@@ -36,7 +36,7 @@ from torch import nn
 from perf4sight.ir.from_torch import run_on_meta
 
 __all__ = ["Dep", "Unit", "CoupledGroup", "is_grouped_conv", "find_groups", "set_limits", "removal", "cut",
-           "make_counter", "prune_grouped_in_channels", "followed_groups", "UNFOLLOWED"]
+           "make_counter", "prune_grouped_in_channels", "followed_groups", "UNFOLLOWED", "to_meta_keeping_ties"]
 
 Handler = Callable[[nn.Module, list[int]], nn.Module]
 
@@ -579,10 +579,40 @@ def cut(base: nn.Module, cuts: dict[tuple[str, Handler], set[int]]) -> nn.Module
     for (name, handler), idxs in cuts.items():
         if name in modules:
             handler(modules[name], sorted(idxs))
-        else:  # a parameter outside any layer: its cut copy replaces it
+        else:  # a parameter outside any layer: its cut copy replaces it wherever it is held
             owner, _, attr = name.rpartition(".")
-            setattr(modules[owner], attr, handler(getattr(modules[owner], attr), sorted(idxs)))
+            old = getattr(modules[owner], attr)
+            new = handler(old, sorted(idxs))
+            for holder, held in _holders(model, old):
+                setattr(holder, held, new)
     return model
+
+
+def to_meta_keeping_ties(model: nn.Module) -> nn.Module:
+    """``model`` moved to the ``meta`` device (in place, as ``Module.to``), a parameter held by several of its modules
+    still one parameter: ``to`` gives each holder a meta copy of its own (a rebuilt description's scale and shift of
+    one tensor, ``x * g + g``, became two, whose cut left the second whole)."""
+    tied = [holders for holders in _parameter_holders(model).values() if len(holders) > 1]
+    model.to("meta")
+    for (first, attr), *others in tied:
+        for holder, held in others:
+            setattr(holder, held, getattr(first, attr))
+    return model
+
+
+def _parameter_holders(model: nn.Module) -> dict[int, list[tuple[nn.Module, str]]]:
+    """(module, attribute name) of each module of ``model`` holding a parameter, by the parameter's id."""
+    held: dict[int, list[tuple[nn.Module, str]]] = {}
+    for m in model.modules():
+        for attr, p in m.named_parameters(recurse=False):
+            held.setdefault(id(p), []).append((m, attr))
+    return held
+
+
+def _holders(model: nn.Module, parameter: nn.Parameter) -> list[tuple[nn.Module, str]]:
+    """(module, attribute name) of each module of ``model`` that holds ``parameter`` itself: one, or several where it
+    is shared (a rebuilt description's scale and shift of one tensor, ``x * g + g``)."""
+    return _parameter_holders(model).get(id(parameter), [])
 
 
 #: why a group is left out when a cut of it alone leaves a network that does not run

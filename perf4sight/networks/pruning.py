@@ -390,7 +390,7 @@ class PruningPlan:
         groups.sort(key=lambda g: position.get(g.root, len(position)))
         self._order_groups(groups, traced, strategy, seed, network)
         pp.set_limits(groups, traced, min_channels)
-        self._meta = traced.to("meta")
+        self._meta = pp.to_meta_keeping_ties(traced)
         uncalled = any(id(m) not in called and any(True for _ in m.parameters(recurse=False))
                        for m in traced.modules())  # weights of a layer never called: perhaps read directly
         self.unused = _unreached_parameters(self._meta, example.to("meta")) if uncalled else 0
