@@ -583,6 +583,14 @@ def test_fold_is_described():
          [8, 8, 8])]
 
 
+def test_a_fold_to_another_maps_size_is_described():
+    """F.fold given its output size as another map's sides (``y.shape[-2:]``, windows put back onto the map they were
+    cut from) failed to describe ('TypeError: 'Node' object is not subscriptable'): its output size is the traced
+    output's, and the rebuilt module computes the original's output and gradients."""
+    desc = _computes_the_same(_Probe(lambda y: F.fold(F.unfold(y, 3, padding=1), y.shape[-2:], 3, padding=1)))
+    assert [n.attrs["output_size"] for n in desc.nodes if n.op == "fold"] == [SHAPE[1:]]
+
+
 def test_a_fold_of_2_d_columns_is_refused_by_name():
     """F.fold of a [N, L] tensor reads it as one unbatched [C kh kw, L], the batch as its channels: refused by
     name."""

@@ -451,19 +451,20 @@ def _unfold_attrs(n: fx.Node, kernel_size: Any, dilation: Any, padding: Any, str
                       "stride": _pair(stride)}
 
 
-def _fold_attrs(n: fx.Node, output_size: Any, kernel_size: Any, dilation: Any, padding: Any,
-                stride: Any) -> tuple[str, dict]:
-    """A fold (col2im: nn.Fold, F.fold; unfold's inverse) ``n`` of [N, C kh kw, L] columns, its arguments as pairs;
-    of unbatched [C kh kw, L] ones, ``ValueError``."""
+def _fold_attrs(n: fx.Node, kernel_size: Any, dilation: Any, padding: Any, stride: Any) -> tuple[str, dict]:
+    """A fold (col2im: nn.Fold, F.fold; unfold's inverse) ``n`` of [N, C kh kw, L] columns, its arguments as pairs,
+    its output size the traced output's height and width (the call's may be read off another map at run time,
+    ``x.shape[-2:]``); of unbatched [C kh kw, L] ones, ``ValueError``."""
     if len(n.args[0].meta["tensor_meta"].shape) != 3:
         raise ValueError("a fold (col2im) of anything but [N, C x kh x kw, L] columns has no description op")
-    return "fold", {"output_size": _pair(output_size), "kernel_size": _pair(kernel_size), "dilation": _pair(dilation),
+    traced = [int(v) for v in n.meta["tensor_meta"].shape[-2:]]
+    return "fold", {"output_size": traced, "kernel_size": _pair(kernel_size), "dilation": _pair(dilation),
                     "padding": _pair(padding), "stride": _pair(stride)}
 
 
 def _fold_call(n: fx.Node) -> tuple[str, dict]:
     """``F.fold(x, output_size, kernel_size, dilation, padding, stride)``: :func:`_fold_attrs`."""
-    return _fold_attrs(n, _arg(n, 1, "output_size"), _arg(n, 2, "kernel_size"), _arg(n, 3, "dilation", 1),
+    return _fold_attrs(n, _arg(n, 2, "kernel_size"), _arg(n, 3, "dilation", 1),
                        _arg(n, 4, "padding", 0), _arg(n, 5, "stride", 1))
 
 
@@ -3294,7 +3295,7 @@ def _op_of(n: fx.Node, gm: fx.GraphModule) -> tuple[str, dict]:
         if isinstance(m, nn.Unfold):  # as its F.unfold call
             return _unfold_attrs(n, m.kernel_size, m.dilation, m.padding, m.stride)
         if isinstance(m, nn.Fold):  # as its F.fold call
-            return _fold_attrs(n, m.output_size, m.kernel_size, m.dilation, m.padding, m.stride)
+            return _fold_attrs(n, m.kernel_size, m.dilation, m.padding, m.stride)
         if isinstance(m, (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)):
             return _adaptive_pool(f"{type(m).__name__.lower()}", n)
         if isinstance(m, nn.Softmax2d):  # over the channels: torch's dim -3 of a [N, C, H, W] map
