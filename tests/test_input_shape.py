@@ -275,6 +275,17 @@ class _TransposedUNet(nn.Module):
         return self.head(self.dec1(torch.cat([self.up1(d2, e1.size()[-2:]), e1], 1)))
 
 
+class _TransposedUNetWholeSizes(_TransposedUNet):
+    """:class:`_TransposedUNet` giving its skips' whole shapes as the output sizes (``output_size=e2.shape``,
+    ``e1.size()``: torch takes their last two), which kept the traced output padding alone before."""
+
+    def forward(self, x):
+        e1 = self.enc1(x)
+        e2 = self.enc2(e1)
+        d2 = self.dec2(torch.cat([self.up2(self.bottom(e2), output_size=e2.shape), e2], 1))
+        return self.head(self.dec1(torch.cat([self.up1(d2, e1.size()), e1], 1)))
+
+
 class _Fpn(nn.Module):
     """A backbone of three strided stages and torchvision's FeaturePyramidNetwork, whose top-down path resizes each
     coarser map to its lateral's size (``F.interpolate(x, size=lateral.shape[-2:])``); its finest map out."""
@@ -293,8 +304,9 @@ class _Fpn(nn.Module):
 
 
 @pytest.mark.parametrize("make, attr, count", [(_OddUNet, "pad_to", 2), (_SkipSizedUNet, "size_of", 2),
-                                               (_Fpn, "size_of", 2), (_TransposedUNet, "output_size_of", 2)],
-                         ids=["milesial_up", "skip_sized", "fpn", "transposed_to_skip"])
+                                               (_Fpn, "size_of", 2), (_TransposedUNet, "output_size_of", 2),
+                                               (_TransposedUNetWholeSizes, "output_size_of", 2)],
+                         ids=["milesial_up", "skip_sized", "fpn", "transposed_to_skip", "transposed_to_whole_size"])
 def test_a_description_file_sized_by_another_map_is_rebuilt_at_other_shapes(tmp_path, make, attr, count):
     """A U-Net's pad to its skip's odd side, a resize to another map's size (a U-Net decoder's, torchvision's FPN's)
     and a transposed convolution given its skip's size at the call are described naming that map (``pad_to``,

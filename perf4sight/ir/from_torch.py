@@ -2355,10 +2355,13 @@ def _size_reference(n: fx.Node, op: str) -> fx.Node | None:
 
 def _output_size_read(n: fx.Node, op: str) -> fx.Node | None:
     """The tensor whose height and width the transposed convolution layer ``n`` is given as its output size
-    (``up(x, output_size=skip.shape[2:])``); None for any other node."""
+    (``up(x, output_size=skip.shape[2:])``, or its whole shape, ``skip.shape``, ``skip.size()``: torch takes the
+    last two); None for any other node."""
     if op != "conv_transpose2d" or n.op != "call_module":
         return None
-    return _sides_read(_arg(n, 1, "output_size"))
+    size = _arg(n, 1, "output_size")
+    whole = _shape_read(size)
+    return whole[0] if whole is not None and whole[1] == [0, 1, 2, 3] else _sides_read(size)
 
 
 def _with_size_reference(n: fx.Node, op: str, attrs: dict, alias: dict[str, str]) -> dict:
