@@ -334,7 +334,8 @@ class _ScaledAndShiftedHead(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.conv, self.g, self.fc = nn.Conv2d(3, 16, 3, padding=1), nn.Parameter(torch.randn(16, 1, 1)), nn.Linear(16, 5)
+        self.conv, self.fc = nn.Conv2d(3, 16, 3, padding=1), nn.Linear(16, 5)
+        self.g = nn.Parameter(torch.randn(16, 1, 1))
 
     def forward(self, x):
         return self.fc((self.conv(x) * self.g + self.g).mean((2, 3)))
