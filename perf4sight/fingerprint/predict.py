@@ -204,13 +204,15 @@ def prediction_rows(names: Sequence[str], bss: Sequence[int], lat: np.ndarray, m
 
 
 def _check_finite(row: dict[str, Any]) -> None:
-    """``UserError`` where a prediction's figure is not a finite number: only a predictor whose stored numbers were
-    edited (coefficients of 1e308) gives one, and --json printed it as ``Infinity`` or ``NaN``, which is not JSON."""
+    """``UserError`` where a prediction's figure is not a finite number, which --json printed as ``Infinity`` or
+    ``NaN`` (not JSON): a predictor whose stored numbers were edited (coefficients of 1e308), or an interval band
+    wider than a float holds (a GNN fitted on a handful of rows, whose out-of-fold errors had no bound)."""
     bad = [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)]
     if bad:
         raise UserError(f"predict: {row['network']} at batch size {row['batch_size']}: the predictor gave "
                         f"{', '.join(f'{k} {row[k]}' for k in bad)}, not finite numbers: its fingerprint's files "
-                        "were edited or damaged; run the fingerprint stage again")
+                        "were edited or damaged, or its interval is unbounded (a fit on too few rows); run the "
+                        "fingerprint stage again, on more rows, or use another --predictor")
 
 
 def parameter_notes(descs: Sequence[NetworkDescription]) -> list[str]:
