@@ -914,15 +914,29 @@ def run_compare(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def _stale_fingerprint_note(cfg: Config, device: str) -> None:
-    """Say when ``device``'s measurements were written after its fingerprint was fitted (rows measured or
-    imported since): the fingerprint does not know them until the fingerprint stage runs again."""
-    fitted = [p.stat().st_mtime for p in (cfg.fingerprint_dir / device / n for n in ("metadata.json", "gnn.json"))
-              if p.is_file()]
+    """Say when ``device``'s measurements changed after its fingerprint was fitted (rows measured or imported
+    since): the fingerprint does not know them until the fingerprint stage runs again. A file written later than
+    the fingerprint whose rows hash as the trees fit's (a project copied without its files' times) is not news."""
+    folder = cfg.fingerprint_dir / device
+    fitted = [p.stat().st_mtime for p in (folder / n for n in ("metadata.json", "gnn.json")) if p.is_file()]
     csv_path = results_path(cfg.profiling_dir, device)
-    if fitted and csv_path.is_file() and csv_path.stat().st_mtime > max(fitted):
+    if (fitted and csv_path.is_file() and csv_path.stat().st_mtime > max(fitted)
+            and _trees_rows_differ(cfg, device, folder / "metadata.json")):
         notes.print(f"note: {device}: {csv_path} changed after its fingerprint was fitted: rows measured or "
                     f"imported since are not in it; run --stage fingerprint --device {device} to use them",
                     markup=False)
+
+
+def _trees_rows_differ(cfg: Config, device: str, metadata_path: Path) -> bool:
+    """Whether ``device``'s measurements differ from those of its trees fingerprint's fit (``metadata_path``);
+    True where there is no trees fingerprint or its metadata cannot be read (the files' times then decide)."""
+    from perf4sight.fingerprint.api import measurements_differ
+
+    try:
+        metadata = json.loads(metadata_path.read_text())
+    except (OSError, ValueError):
+        return True
+    return not isinstance(metadata, dict) or measurements_differ(cfg, device, metadata)
 
 
 def run_import(cfg: Config, args: argparse.Namespace) -> int:

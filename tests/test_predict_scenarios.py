@@ -4,6 +4,7 @@ stderr where stdout holds JSON lines alone."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -131,3 +132,44 @@ def test_a_network_name_with_brackets_is_shown_as_it_is_in_the_tables(project, t
         assert cli.main([*config, *map(str, files), *mode]) == 0
         table = capsys.readouterr().out
         assert all(f" {name} " in table for name in names), table
+
+
+def _imported_project(folder: Path) -> Path:
+    """A project whose device ``dd`` has rows imported (perf4sight's -gt.csv files of two small real CNNs) and a
+    trees fingerprint fitted on them by the fingerprint stage; its ``config.toml``."""
+    from perf4sight.ir.schema import save_description
+
+    for net, width in (("net_0", 4), ("net_50", 8)):
+        measured = folder / "src" / "dd" / "cifar10"
+        for target, figures in (("latency", ("10", "19", "37")), ("memory", ("900", "950", "1100"))):
+            lines = ["passed|latency|bs" if target == "latency" else "passed|mem_used|bs"]
+            lines += [f"True|{float(f) * width / 4}|{b}" for f, b in zip(figures, (2, 4, 8))]
+            (measured / target).mkdir(parents=True, exist_ok=True)
+            (measured / target / f"{net}-gt.csv").write_text("\n".join(lines) + "\n")
+        save_description(describe(_cnn(width, 1), SHAPE, net), folder / "src" / "graphs" / f"{net}.json")
+    config = folder / "config.toml"
+    config.write_text("[fingerprint]\nn_estimators = 10\n")
+    for stage in (["import", "--format", "perf4sight", "--source", str(folder / "src")], ["fingerprint"]):
+        assert cli.main(["--config", str(config), "--stage", *stage, "--device", "dd"]) == 0
+    return config
+
+
+def test_a_project_copied_without_its_times_is_not_called_stale(tmp_path, capsys):
+    """``cp -r`` of a project (no ``-p``) wrote measurements.csv after the fingerprint, and predict said the rows
+    "changed after its fingerprint was fitted" of rows that had not. Where the times say newer, the rows are
+    hashed as the fit hashed them (the metadata's ``training_data_sha256``): the same rows, no note; a figure
+    edited since, the note."""
+    _imported_project(tmp_path / "original")
+    shutil.copytree(tmp_path / "original", tmp_path / "copy", copy_function=shutil.copy)  # times not kept
+    csv_path = tmp_path / "copy" / "profiling_csvs" / "dd" / "measurements.csv"
+    later = (tmp_path / "copy" / "fingerprinting" / "dd" / "metadata.json").stat().st_mtime + 60
+    os.utime(csv_path, (later, later))  # written after the fingerprint, whatever order the copy took
+    predict = ["--config", str(tmp_path / "copy" / "config.toml"), "--stage", "predict", "--device", "dd",
+               "--network", "net_0", "--batch-size", "4"]
+    capsys.readouterr()
+    assert cli.main(predict) == 0
+    assert "changed after its fingerprint was fitted" not in capsys.readouterr().err
+    csv_path.write_text(csv_path.read_text().replace(",19.0,", ",23.0,", 1))  # a step time measured again
+    assert ",23.0," in csv_path.read_text()
+    assert cli.main(predict) == 0
+    assert "dd: " in (err := capsys.readouterr().err) and "changed after its fingerprint was fitted" in err

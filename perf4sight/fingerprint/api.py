@@ -5,11 +5,11 @@ from pathlib import Path
 from typing import Any
 
 from perf4sight.config import Config
-from perf4sight.dataset import current_rows, other_losses, other_phases, split_other_shapes
+from perf4sight.dataset import current_rows, device_dataset, other_losses, other_phases, split_other_shapes
 from perf4sight.errors import UserError
 from perf4sight.features.priced_ops import load_op_prices
 from perf4sight.fingerprint.drift import normalise_step_times
-from perf4sight.fingerprint.fit import LATENCY_COLUMN, fit_fingerprint, fit_inputs_sha256
+from perf4sight.fingerprint.fit import LATENCY_COLUMN, fit_fingerprint, fit_inputs_sha256, training_data_sha256
 from perf4sight.fingerprint.fit_inputs import stored_if_current
 from perf4sight.fingerprint.predict import Fingerprint, load_fingerprint
 from perf4sight.fingerprint.storage import METADATA_FILE
@@ -18,7 +18,7 @@ from perf4sight.profiling.plan import training_phase
 from perf4sight.profiling.results import loss_of, op_prices_path, phase_of, read_rows, references_path, results_path
 
 __all__ = ["device_measurements", "drift_corrected", "fit_device", "fit_device_gnn", "load_device_fingerprint",
-           "load_device_predictor"]
+           "load_device_predictor", "fit_rows", "measurements_differ"]
 
 
 def device_measurements(cfg: Config, device: str, shas: dict[str, str] | None = None, *,
@@ -54,8 +54,7 @@ def fit_device(cfg: Config, device: str, descriptions: dict[str, NetworkDescript
     """Fit and store ``device``'s fingerprint from its measurements; returns the metadata. ``shas`` and
     ``rows``: as for :func:`device_measurements`. ``refit`` False: where the stored fingerprint was fitted from
     the same inputs (``fit_inputs``) and loads, return its metadata, marked ``"up_to_date": True``, instead."""
-    rows, limit = device_measurements(cfg, device, shas, rows=rows)
-    rows, drift = drift_corrected(cfg, device, _at_described_shapes(device, rows, descriptions))
+    rows, limit, drift = fit_rows(cfg, device, descriptions, shas, rows=rows)
     # a CPU's profile measures them where [profile] op_prices asks; the fit uses them under the same key
     prices = load_op_prices(op_prices_path(cfg.profiling_dir, device)) if cfg.profile.op_prices else None
     folder = cfg.fingerprint_dir / device
@@ -66,6 +65,34 @@ def fit_device(cfg: Config, device: str, descriptions: dict[str, NetworkDescript
             return stored | {"up_to_date": True}
     return fit_fingerprint(rows, descriptions, device, folder, cfg.fingerprint, memory_limit_mb=limit, drift=drift,
                            op_prices=prices)
+
+
+def fit_rows(cfg: Config, device: str, descriptions: dict[str, NetworkDescription],
+             shas: dict[str, str] | None = None, *, rows: list[dict] | None = None, optimizer: str | None = None,
+             loss: str | None = None) -> tuple[list[dict], float, dict | None]:
+    """The rows a trees fit of ``device`` reads (``device_measurements`` at their described shapes, drift
+    corrected), its memory limit (MiB; 0 = none) and the drift correction's summary (None: none)."""
+    rows, limit = device_measurements(cfg, device, shas, rows=rows)
+    rows, drift = drift_corrected(cfg, device, _at_described_shapes(device, rows, descriptions), optimizer, loss)
+    return rows, limit, drift
+
+
+def measurements_differ(cfg: Config, device: str, metadata: dict[str, Any]) -> bool:
+    """Whether ``device``'s measurements, read as its fit reads them (of the fingerprint's optimizer and loss),
+    hash otherwise than the ``training_data_sha256`` of its fingerprint's ``metadata``: rows measured, imported or
+    edited since the fit. True where the metadata holds no such hash or the rows cannot be read."""
+    stored = metadata.get("training_data_sha256")
+    memory_target = metadata.get("memory_target")
+    if not isinstance(stored, str) or not isinstance(memory_target, str):
+        return True
+    optimizer, loss = metadata.get("optimizer"), metadata.get("loss")
+    try:
+        descriptions, shas, rows, _ = device_dataset(cfg, device, optimizer, loss)
+        rows, _, _ = fit_rows(cfg, device, descriptions, shas, rows=rows, optimizer=optimizer, loss=loss)
+    except (UserError, OSError, ValueError):
+        return True
+    usable = [r for r in rows if str(r.get("device", device)) == device and str(r["network"]) in descriptions]
+    return training_data_sha256(usable, memory_target) != stored
 
 
 def _at_described_shapes(device: str, rows: list[dict], descriptions: dict[str, NetworkDescription]) -> list[dict]:

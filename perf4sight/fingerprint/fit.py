@@ -50,7 +50,7 @@ __all__ = ["fit_fingerprint", "fit_inputs_sha256", "memory_column", "memory_repl
            "rows_optimizer", "rows_update", "rows_loss", "torch_at_least", "ran_on_cpu", "native_conv_dispatch",
            "hold_native_conv",
            "device_kind", "choice_rule", "memory_capacity", "capacity_basis", "records",
-           "software_versions", "input_shape_metadata", "LATENCY_COLUMN", "FEATURE_SET"]
+           "software_versions", "input_shape_metadata", "training_data_sha256", "LATENCY_COLUMN", "FEATURE_SET"]
 
 LATENCY_COLUMN = "latency_ms_median"
 
@@ -194,6 +194,12 @@ def records(rows: Any) -> list[dict[str, Any]]:
 def _data_hash(rows: list[dict[str, Any]], cols: Iterable[str]) -> str:
     keep = sorted(json.dumps([str(r.get(c, "")) for c in cols]) for r in rows)
     return hashlib.sha256("\n".join(keep).encode()).hexdigest()
+
+
+def training_data_sha256(usable: list[dict[str, Any]], memory_target: str) -> str:
+    """The hash a fit stores as ``training_data_sha256``: of its usable rows (the device's, of described networks)
+    by network, batch size, status, step time and ``memory_target`` (the memory column), in any order."""
+    return _data_hash(usable, ("network", "batch_size", "status", LATENCY_COLUMN, memory_target))
 
 
 def software_versions() -> dict[str, str]:
@@ -402,7 +408,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         "training_domain": training_domain(F_ok, [feats[n].description for n in sorted({str(r["network"])
                                                                                         for r in ok_rows})]),
         "networks_without_description": missing,
-        "training_data_sha256": _data_hash(usable, ("network", "batch_size", "status", LATENCY_COLUMN, mem_col)),
+        "training_data_sha256": training_data_sha256(usable, mem_col),
         INPUTS_KEY: fit_inputs_sha256(recs, descriptions, device, fcfg, memory_limit_mb, coverage, nested, drift,
                                       op_prices),
         "accuracy": accuracy,
