@@ -199,6 +199,10 @@ def test_cpu_fingerprint_keeps_the_mean_step_time_form(fitted):
     lambda f: _edit_metadata(f, lambda m: m.update(feature_set="perf4sight-graph-v9")),
     lambda f: _edit_metadata(f, lambda m: m.update(input_shape="x")),
     lambda f: _edit_metadata(f, lambda m: m.update(training_structures={"deep": "0123456789ab"})),
+    # the accuracy table, which compare and the fingerprint stage read: an overall of null was an AttributeError
+    lambda f: _edit_metadata(f, lambda m: m["accuracy"]["latency"].update(overall=None)),
+    lambda f: _edit_metadata(f, lambda m: m["accuracy"]["memory"]["overall"].update(mape="12")),
+    lambda f: _edit_metadata(f, lambda m: m["accuracy"]["memory"].update(per_group=[])),
 ])
 def test_damaged_fingerprint_is_one_line(fitted, tmp_path, damage):
     import shutil

@@ -159,6 +159,8 @@ def check_metadata(meta: Any, feature_set: str | None = None) -> None:
                                 and math.isfinite(cap) and cap > 0):
         raise ValueError(f"capacity_mb {cap!r} is not a positive number (or null: unknown)")
     StepRuntime.from_metadata(meta)  # the rules of the rows' torch: a ValueError naming one of another form
+    if feature_set is not None:  # a trees fingerprint's table (a GNN's holds one per predictor)
+        _check_accuracy(meta.get("accuracy", {}))
     _check_domain(meta.get("training_domain"))
     interval = meta.get("interval")
     quantiles = interval.get("log_ratio_quantiles") if isinstance(interval, dict) else None
@@ -180,6 +182,34 @@ def check_metadata(meta: Any, feature_set: str | None = None) -> None:
         if not (isinstance(band, list) and len(band) == 2 and all(_is_log_ratio(v) for v in band)
                 and band[0] <= band[1]):
             raise ValueError(f"interval band '{key}' is {band!r}, not [low, high] (logs of finite ratios)")
+
+
+#: The figures of an accuracy table's row (``evaluate.metrics``): rows held out, and percents.
+_METRICS = ("n", "mape", "rmspe", "within10")
+
+
+def _check_accuracy(accuracy: Any) -> None:
+    """``ValueError`` naming the first part of a trees fingerprint's ``accuracy`` (per target: ``overall`` and the
+    splits' rows of figures, ``per_group`` an object of such rows) that has not the form the fit writes. Compare
+    and the fingerprint stage's table read them at once: an ``overall`` edited to null ended compare in a
+    traceback."""
+    if not isinstance(accuracy, dict) or not all(isinstance(acc, dict) for acc in accuracy.values()):
+        raise ValueError("accuracy is not an object of the targets' tables")
+    for target, acc in accuracy.items():
+        groups = acc.get("per_group", {})
+        if not isinstance(groups, dict):
+            raise ValueError(f"accuracy.{target}.per_group is not an object")
+        rows = [("overall", acc.get("overall", {}))] + [(f"per_group.{g}", m) for g, m in groups.items()]
+        rows += [(key, acc[key]) for key in ("random_split", "network_split", "network_split_seen")
+                 if acc.get(key) is not None]
+        for name, row in rows:
+            if not (isinstance(row, dict) and all(_is_figure(row[k]) for k in _METRICS if k in row)):
+                raise ValueError(f"accuracy.{target}.{name} is {row!r}, not an object of figures")
+
+
+def _is_figure(value: Any) -> bool:
+    """Whether ``value`` is an int or a float (NaN included: a row held out of nothing), not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _is_shape(shape: Any) -> bool:
