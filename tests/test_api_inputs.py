@@ -232,6 +232,7 @@ def test_coefficients_edited_to_overflow_are_one_line_not_infinity_in_json(fitte
             predictor.predict(fitted[1]["deep_w8"], [4])
         _one_line(exc)
 
+
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # numpy's exp, on the way to inf
 def test_a_band_wider_than_a_float_loads_and_its_query_is_one_line_not_infinity_in_json(fitted, tmp_path):
     """A band's end whose exp overflows (1000) is a finite number, as a real fit's can be (a GNN fitted on 4 rows
@@ -247,6 +248,26 @@ def test_a_band_wider_than_a_float_loads_and_its_query_is_one_line_not_infinity_
                                         r"inf.*its interval is unbounded") as exc:
         predictor.predict(fitted[1]["deep_w8"], [4])
     _one_line(exc)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # numpy's, on the way to inf
+def test_coefficients_edited_to_overflow_are_one_line_for_the_largest_batch_too(fitted, tmp_path):
+    """--max-batch-size on coefficients edited to 1e308 answered "none fits" (every demand inf, over any
+    capacity), where predict at a batch size gives the one-line error of figures that are not finite: the search
+    that finds none gives that error too, on the trees and on the ensemble whose trees they are."""
+    import shutil
+    folder = tmp_path / "cpu0"
+    shutil.copytree(fitted[0], folder)
+    assert load_fingerprint(folder).max_batch_size(fitted[1]["deep_w8"], 64) > 0  # it fits, as fitted
+    arrays = dict(np.load(folder / "models.npz"))
+    for key in [k for k in arrays if k.endswith(".coef")]:
+        arrays[key] = np.full_like(arrays[key], 1e308, dtype=float)
+    np.savez(folder / "models.npz", **arrays)
+    for predictor in (load_fingerprint(folder), load_predictor(folder, "ensemble")):
+        with pytest.raises(UserError, match=r"^predict: deep_w8 at batch size \d+: the predictor gave .*inf.*not "
+                                            r"finite numbers: its fingerprint's files were edited") as exc:
+            predictor.max_batch_size(fitted[1]["deep_w8"], 64)
+        _one_line(exc)
 
 
 def test_structure_keys_of_another_recipe_are_not_compared(fitted, tmp_path):

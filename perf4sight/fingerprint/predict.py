@@ -409,7 +409,12 @@ class Fingerprint(ModuleQueries):
         d, limit = one_description(desc), search_limit(limit)
         if self.capacity_mb is None:
             return None
-        nf = self._features(d)
+        found = self._largest_fitting(self._features(d), limit)
+        self.predict(d, [found or 1])  # the figures there checked as predict's are: an edited fingerprint's inf
+        return found                   # (or NaN) compared with the capacity read as "none fits" (or as all)
+
+    def _largest_fitting(self, nf: NetworkFeatures, limit: int) -> int:
+        """:meth:`max_batch_size` of ``nf`` up to ``limit`` under a known capacity, its figures unchecked."""
         self._simulate_if_needed([nf])
         family = self.training_family_of([nf])  # the memory predict() gives: a family seen gets its trees
         if nf.sim is not None:  # each batch size is an allocator replay: bisect instead of scanning 1..limit
