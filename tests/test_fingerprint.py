@@ -1087,6 +1087,26 @@ def test_a_step_beyond_the_allocator_replay_is_one_line_and_fits_nowhere(tx2):
     assert fp.max_batch_size(descs["resnet18_0"], limit=10**8) == fp.max_batch_size(descs["resnet18_0"]) > 0
 
 
+def test_a_batch_beyond_the_allocator_replay_has_no_pruning_level_that_fits(tx2):
+    """--prune-to-fit --batch-size 100000000 ended in the error of a step beyond the allocator replay (256 TiB),
+    which --max-batch-size's search reads as not fitting: a level whose step is beyond it fits no device, so the
+    search goes on above it, and answers that no level fits where none does."""
+    from perf4sight.fingerprint.pruning_search import least_pruning
+
+    tmp, _, descs, _ = tx2
+    fp = load_fingerprint(tmp / "fp" / "tx2")
+    stored = sorted(int(name.split("_")[1]) for name in descs if name.startswith("resnet18_"))
+
+    def resnet18_at(level: int):  # the TX2's resnet18 at the highest level measured up to ``level``
+        return descs[f"resnet18_{max(s for s in stored if s <= level)}"]
+
+    with pytest.raises(UserError, match="256 TiB"):
+        fp.predict(resnet18_at(0), [10**8])  # the query the search makes first
+    found = least_pruning(fp, resnet18_at, 10**8)
+    assert found.level is None and found.variant is None and found.tried[0] is False and max(found.tried) == 99
+    assert least_pruning(fp, resnet18_at, 2).level == 0  # a batch that fits: unpruned
+
+
 def test_tree_arrays_edited_by_hand_are_refused_as_damaged(tx2, tmp_path):
     """Indices out of range or of another shape ended in an IndexError at predict; a coefficient or leaf of inf or
     NaN gave NaN figures (invalid JSON) or a traceback in the table."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from perf4sight.errors import UserError
+from perf4sight.features.aggregate import BeyondReplay
 from perf4sight.ir.schema import NetworkDescription
 
 __all__ = ["LeastPruning", "least_pruning", "TOP_LEVEL"]
@@ -36,6 +37,7 @@ def least_pruning(fp: Any, variant: Callable[[int], NetworkDescription], batch_s
                   max_latency_ms: float | None = None) -> LeastPruning:
     """The least level of ``variant`` predicted by ``fp`` to fit at ``batch_size`` (``fits`` not False: a
     capacity the fingerprint does not know leaves memory out) and to step within ``max_latency_ms`` when given.
+    A level whose step is beyond the allocator replay (``BeyondReplay``: more than 256 TiB) fits no device: not met.
     A level the network cannot reach under ``min_channels`` (``UnreachableLevel``, which says the most it
     reaches) lowers the top of the search to the level it reaches."""
     if max_latency_ms is not None:
@@ -49,7 +51,11 @@ def least_pruning(fp: Any, variant: Callable[[int], NetworkDescription], batch_s
 
     def meets(level: int) -> bool:
         desc = variant(level)
-        p = fp.predict(desc, [batch_size])[0]
+        try:
+            p = fp.predict(desc, [batch_size])[0]
+        except BeyondReplay:  # over the allocator replay's 256 TiB fits no device: not met (as in largest_fitting)
+            tried[level] = False
+            return False
         made[level] = desc, p
         tried[level] = p["fits"] is not False and (max_latency_ms is None or p["latency_ms"] <= max_latency_ms)
         return tried[level]
