@@ -214,18 +214,25 @@ def test_damaged_fingerprint_is_one_line(fitted, tmp_path, damage):
     assert _one_line(exc)
 
 
+def _coefficients_overflowing(fitted_folder: Path, tmp_path: Path) -> Path:
+    """A copy of the fingerprint folder ``fitted_folder`` whose trees' coefficients were edited to 1e308: each a
+    finite number, every figure they make inf."""
+    import shutil
+    folder = tmp_path / "cpu0"
+    shutil.copytree(fitted_folder, folder)
+    arrays = dict(np.load(folder / "models.npz"))
+    for key in [k for k in arrays if k.endswith(".coef")]:
+        arrays[key] = np.full_like(arrays[key], 1e308, dtype=float)
+    np.savez(folder / "models.npz", **arrays)
+    return folder
+
+
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # numpy's, on the way to inf
 def test_coefficients_edited_to_overflow_are_one_line_not_infinity_in_json(fitted, tmp_path):
     """Coefficients edited to 1e308 load (each is a finite number) and made every figure inf: predict --json
     printed ``"latency_ms": Infinity`` (not JSON) with ``"fits": false``. The query is a one-line error now, on
     the trees and on the ensemble whose trees they are."""
-    import shutil
-    folder = tmp_path / "cpu0"
-    shutil.copytree(fitted[0], folder)
-    arrays = dict(np.load(folder / "models.npz"))
-    for key in [k for k in arrays if k.endswith(".coef")]:
-        arrays[key] = np.full_like(arrays[key], 1e308, dtype=float)
-    np.savez(folder / "models.npz", **arrays)
+    folder = _coefficients_overflowing(fitted[0], tmp_path)
     for predictor in (load_fingerprint(folder), load_predictor(folder, "ensemble")):
         with pytest.raises(UserError, match=r"^predict: deep_w8 at batch size 4: the predictor gave latency_ms "
                                             r"inf.*not finite numbers: its fingerprint's files were edited") as exc:
@@ -255,14 +262,8 @@ def test_coefficients_edited_to_overflow_are_one_line_for_the_largest_batch_too(
     """--max-batch-size on coefficients edited to 1e308 answered "none fits" (every demand inf, over any
     capacity), where predict at a batch size gives the one-line error of figures that are not finite: the search
     that finds none gives that error too, on the trees and on the ensemble whose trees they are."""
-    import shutil
-    folder = tmp_path / "cpu0"
-    shutil.copytree(fitted[0], folder)
-    assert load_fingerprint(folder).max_batch_size(fitted[1]["deep_w8"], 64) > 0  # it fits, as fitted
-    arrays = dict(np.load(folder / "models.npz"))
-    for key in [k for k in arrays if k.endswith(".coef")]:
-        arrays[key] = np.full_like(arrays[key], 1e308, dtype=float)
-    np.savez(folder / "models.npz", **arrays)
+    assert load_fingerprint(fitted[0]).max_batch_size(fitted[1]["deep_w8"], 64) > 0  # it fits, as fitted
+    folder = _coefficients_overflowing(fitted[0], tmp_path)
     for predictor in (load_fingerprint(folder), load_predictor(folder, "ensemble")):
         with pytest.raises(UserError, match=r"^predict: deep_w8 at batch size \d+: the predictor gave .*inf.*not "
                                             r"finite numbers: its fingerprint's files were edited") as exc:
