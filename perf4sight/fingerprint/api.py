@@ -91,8 +91,7 @@ def measurements_differ(cfg: Config, device: str, metadata: dict[str, Any]) -> b
         rows, _, _ = fit_rows(cfg, device, descriptions, shas, rows=rows, optimizer=optimizer, loss=loss)
     except (UserError, OSError, ValueError):
         return True
-    usable = [r for r in rows if str(r.get("device", device)) == device and str(r["network"]) in descriptions]
-    return training_data_sha256(usable, memory_target) != stored
+    return training_data_sha256(rows, device, descriptions, memory_target) != stored
 
 
 def _at_described_shapes(device: str, rows: list[dict], descriptions: dict[str, NetworkDescription]) -> list[dict]:

@@ -196,9 +196,12 @@ def _data_hash(rows: list[dict[str, Any]], cols: Iterable[str]) -> str:
     return hashlib.sha256("\n".join(keep).encode()).hexdigest()
 
 
-def training_data_sha256(usable: list[dict[str, Any]], memory_target: str) -> str:
-    """The hash a fit stores as ``training_data_sha256``: of its usable rows (the device's, of described networks)
-    by network, batch size, status, step time and ``memory_target`` (the memory column), in any order."""
+def training_data_sha256(rows: Any, device: str, descriptions: dict[str, NetworkDescription],
+                         memory_target: str) -> str:
+    """The hash a fit stores as ``training_data_sha256``: of the rows it uses (``device``'s, of networks with one of
+    ``descriptions``) by network, batch size, status, step time and ``memory_target`` (the memory column), in any
+    order."""
+    usable = [r for r in records(rows) if str(r.get("device", device)) == device and str(r["network"]) in descriptions]
     return _data_hash(usable, ("network", "batch_size", "status", LATENCY_COLUMN, memory_target))
 
 
@@ -408,7 +411,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
         "training_domain": training_domain(F_ok, [feats[n].description for n in sorted({str(r["network"])
                                                                                         for r in ok_rows})]),
         "networks_without_description": missing,
-        "training_data_sha256": training_data_sha256(usable, mem_col),
+        "training_data_sha256": training_data_sha256(usable, device, descriptions, mem_col),
         INPUTS_KEY: fit_inputs_sha256(recs, descriptions, device, fcfg, memory_limit_mb, coverage, nested, drift,
                                       op_prices),
         "accuracy": accuracy,
