@@ -179,7 +179,10 @@ def check_metadata(meta: Any, feature_set: str | None = None) -> None:
     if not isinstance(meta.get("structure_version", 0), int):
         raise ValueError("structure_version is not an integer")
     for key, band in _bands(quantiles) + [(f"seen.{k}", b) for k, b in _bands(seen)]:
-        if not (isinstance(band, list) and len(band) == 2 and all(_is_log_ratio(v) for v in band)
+        # an end of inf made a figure of Infinity in --json's lines (not JSON); a finite end whose exp overflows
+        # is a real fit's too (a GNN fitted on 4 rows: about 838): it loads, and a query it makes inf is refused
+        # then (predict._check_finite)
+        if not (isinstance(band, list) and len(band) == 2 and all(_is_number(v) for v in band)
                 and band[0] <= band[1]):
             raise ValueError(f"interval band '{key}' is {band!r}, not [low, high] (logs of finite ratios)")
 
@@ -237,14 +240,6 @@ def _check_domain(domain: Any) -> None:
             raise ValueError(f"training_domain.traits.{key} is {seen!r}, not a list of true and false")
     if not (isinstance(ops, list) and all(isinstance(op, str) for op in ops)):
         raise ValueError(f"training_domain.ops is {ops!r}, not a list of op names")
-
-
-def _is_log_ratio(value: Any) -> bool:
-    """Whether ``value`` is an interval band's end, a log of a ratio: a finite number (an end of inf made a figure
-    of ``Infinity`` in --json's lines, which is not JSON). A finite end whose ``exp`` overflows is a real fit's too
-    (a GNN fitted on 4 rows: about 838), so it loads, and a query it makes a figure of inf is refused then
-    (``predict._check_finite``)."""
-    return _is_number(value)
 
 
 def _is_number(value: Any) -> bool:
