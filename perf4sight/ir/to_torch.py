@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from perf4sight.errors import UserError
-from perf4sight.ir.schema import ONE_TENSOR_OPS, SHARES, NetworkDescription, Node
+from perf4sight.ir.schema import ONE_TENSOR_OPS, SHARES, WEIGHTED_SUM_NORMALIZATIONS, NetworkDescription, Node
 from perf4sight.ir.shapes import SIZE_REFERENCES, window_pair, windows_of
 
 __all__ = ["build_module", "MODULE_BUILDERS", "FUNCTION_BUILDERS", "Scale", "Shift", "Token", "SelfAttention",
@@ -70,7 +70,7 @@ class WeightedSum(nn.Module):
     def __init__(self, num_inputs: int, normalize: str = "relu", eps: float = 1e-4,
                  device: Optional[Union[torch.device, str]] = None) -> None:
         super().__init__()
-        if normalize not in ("relu", "softmax"):
+        if normalize not in WEIGHTED_SUM_NORMALIZATIONS:
             raise ValueError(f"normalize must be 'relu' or 'softmax', got {normalize!r}")
         self.normalize, self.eps = normalize, float(eps)
         self.weight = nn.Parameter(torch.ones(int(num_inputs), device=device))
@@ -624,7 +624,7 @@ def _emit(node: Node, graph: fx.Graph, root: nn.Module, env: Dict[str, fx.Node],
         if node.op in DESCRIBED_WHOLE:
             module.described_as = (node.op, dict(node.attrs))
         if SHARES in node.attrs:  # a scale sharing a shift's tensor, or a shift a scale's: that one Parameter
-            module.weight = root.get_submodule(layers[node.attrs[SHARES]]).weight
+            module.weight = getattr(root, layers[node.attrs[SHARES]]).weight
         attr = _attr_name(node.name, taken)
         root.add_module(attr, module)
         layers[node.name] = attr
