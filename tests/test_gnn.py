@@ -212,6 +212,27 @@ def test_load_predict(fitted, tiny):
     assert [p["memory_mb"] for p in from_module] == pytest.approx([preds[0]["memory_mb"], preds[1]["memory_mb"]])
 
 
+def test_a_networks_figures_do_not_depend_on_the_rest_of_the_query(fitted, tiny):
+    """A network's GNN figures are the same asked alone, one batch size at a time, or beside other networks and
+    batch sizes: the per-sample layers multiplied all the samples' rows at once, and a matrix product of more rows
+    sums each in another order (the seventh significant digit moved, the third decimal of a figure of thousands);
+    so did the analytic baseline's (the trees' linear sum), in the sixteenth."""
+    out, _ = fitted
+    descs, _ = tiny
+    gnn = load_gnn(out)
+    keys = ("latency_ms", "memory_mb", "latency_ms_low", "latency_ms_high", "memory_mb_low", "memory_mb_high")
+    sizes = [1, 3, 4, 16, 64, 200, 1000]
+    alone = {b: gnn.predict(descs["deep_w8"], [b])[0] for b in sizes}
+    assert len({alone[b]["memory_mb"] for b in sizes}) == len(sizes)  # figures that differ, not one constant
+    for others, bss in (([], sizes), (["plain_w4", "res_w16"], sizes), (["res_w4"] * 5, [4, 1000, 3]),
+                        ([n for n in descs if n != "deep_w8"], [200, 1, 64, 16, 3])):
+        query = [descs[n] for n in others[:1]] + [descs["deep_w8"]] + [descs[n] for n in others[1:]]
+        got = [p for p in gnn.predict(query, bss) if p["network"] == "deep_w8"]
+        assert [p["batch_size"] for p in got] == bss
+        for p in got:
+            assert [p[k] for k in keys] == [alone[p["batch_size"]][k] for k in keys], (others, p["batch_size"])
+
+
 def test_stored_gnns_predict_without_torch_and_older_ones_still_load(fitted, tiny, tmp_path):
     """The GNN and the ensemble load and predict in a process that never imports torch (or torch_geometric); a GNN
     stored before its weights were plain arrays (``gnn_weights.pt``) loads and predicts the same."""

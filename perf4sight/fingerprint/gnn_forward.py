@@ -197,10 +197,14 @@ class GNNForward:
         return np.concatenate([h.mean(axis=0), h.max(axis=0), u[0]])
 
     def __call__(self, arrays: SampleArrays) -> np.ndarray:
-        """Standardised log targets [samples, outputs]."""
+        """Standardised log targets [samples, outputs]. Each sample's figures are the same whatever the other
+        samples: each graph is embedded alone, and the per-sample layers multiply a stack of [1, width] rows (a
+        matrix product of many rows sums each row in an order that depends on their number: float32 figures moved
+        in the seventh significant digit with the rest of a query)."""
         emb = np.stack([self.embed(g) for g in arrays.graphs])
-        return self._mlp("head", np.concatenate([emb[arrays.graph_of_sample], self._mlp("global_path", arrays.u)],
-                                                axis=1))
+        u = arrays.u[:, None, :]
+        return self._mlp("head", np.concatenate([emb[arrays.graph_of_sample][:, None, :],
+                                                 self._mlp("global_path", u)], axis=2))[:, 0, :]
 
 
 def predict_latency_memory(net: GNNForward, norm: Normaliser, base: Any, tl: list[GraphTemplate],
