@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from perf4sight.features.aggregate import feature_matrix, network_features
+from perf4sight.fingerprint.gnn import load_predictor
 from perf4sight.fingerprint.predict import load_fingerprint
 from perf4sight.ir.schema import load_description
 
@@ -301,6 +302,15 @@ def test_gnn_ensemble_and_perfseer_round_trip_through_the_cli(all_stages, tmp_pa
     assert "too few for a graph network" in gnn.stderr  # said where it predicts too, not only where it was fitted
     preds = [json.loads(line) for line in gnn.stdout.splitlines()]
     assert [p["batch_size"] for p in preds] == [2, 8] and all(p["latency_ms"] > 0 for p in preds)
+    # a network's figures are its own whatever else the query asks, and the Python API's are the CLI's
+    pair = main_py(tmp_path, "--stage", "predict", "--predictor", "gnn", "--network", "squeezenet1_1", "resnet18",
+                   "--batch-size", "8", "4", "2", "--json")
+    assert pair.returncode == 0, pair.stderr
+    beside = {p["batch_size"]: p for p in map(json.loads, pair.stdout.splitlines()) if p["network"] == "resnet18"}
+    assert [beside[p["batch_size"]] for p in preds] == preds
+    (cached,) = (tmp_path / "models" / "zoo-cache").glob("resnet18-3x32x32-*.json")
+    api = load_predictor(fp_dir, "gnn").predict(load_description(cached), [2, 8])
+    assert [{k: round(v, 3) if isinstance(v, float) else v for k, v in p.items()} for p in api] == preds
     missing = main_py(tmp_path, "--stage", "predict", "--predictor", "ensemble", "--network", "resnet18")
     assert missing.returncode == 2 and "trees" in missing.stderr  # the ensemble needs the trees too
 
