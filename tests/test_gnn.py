@@ -6,6 +6,7 @@ import os
 import pickle
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -82,6 +83,42 @@ def test_normaliser_drops_columns_constant_in_training():
     z = standardise(np.array([[0.0, 499.5], [5.0, 0.0]], dtype=np.float32), (mu, sd))
     assert z[0, 0] == 0.0 and z[1, 0] == 0.0 and abs(z[0, 1]) < 1e-6 and z[1, 1] < -1.5
     assert Normaliser._stats(u)[1][0] == 1.0  # targets keep std 1 for a constant column
+    # an input that moves by a ten-thousandth over the training rows (a large network's weight-bound total at two
+    # batch sizes) is constant there too: standardised, another network's value sat 1e5 of its stds away
+    near = np.column_stack([20.6282 + 1e-4 * np.arange(2.0), [0.69, 1.10]])
+    graph = SimpleNamespace(x=np.ones((3, 2), dtype=np.float32), edge_attr=np.ones((2, 1), dtype=np.float32))
+    norm = Normaliser.fit([graph], near, np.zeros((2, 2)))
+    assert norm.u[1][0] == 0.0 and norm.u[1][1] > 0.2
+    assert standardise(np.array([[14.07, 0.69]]), norm.u)[0, 0] == 0.0
+
+
+def test_a_gnn_fitted_on_two_networks_at_two_batch_sizes_stores_a_band_of_sense(tmp_path):
+    """Four rows (tests/test_optimizers.py fits such a GNN): each fold trained on one network at batch sizes 1 and
+    2, whose weight-bound totals move by 1e-4 in log between them; those columns, standardised with that spread,
+    put the other network 1e5 stds out, and its out-of-fold figure came out near e^-670 (or e^+180) of the measured:
+    a band of +-838 in log, which made every figure of the fit inf. Such columns are constant now: the band is as
+    wide as little data makes it, not absurd, and the GNN's figures are finite."""
+    torch.manual_seed(0)
+    nets = {"wide": nn.Sequential(nn.Flatten(), nn.Linear(3 * 16 * 16, 2048), nn.ReLU(), nn.Linear(2048, 10)),
+            "small": nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                                   nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))}
+    descs = {n: describe(m, input_shape=[3, 16, 16], name=n, network=n) for n, m in nets.items()}
+    rows = []
+    for n, d in descs.items():
+        for b in (1, 2):
+            f = features_for(d, b)
+            rows.append({"device": "cpu0", "backend": "cpu", "network": n, "family": n, "batch_size": b,
+                         "status": "ok", "latency_ms_median": 2.0 + f["flops_total"] / 2e6 + 0.1 * f["kernels"],
+                         "peak_rss_mb": 600.0 + 40.0 * f["mem_analytic_mb"] ** 1.2})
+    meta = fit_gnn(rows, descs, "cpu0", tmp_path, seed=0, hidden=8, layers=1, max_epochs=5, patience=3,
+                   trees_config=FingerprintConfig(n_estimators=10))
+    bands = meta["interval"]["log_ratio_quantiles"]
+    ends = [abs(v) for kind in ("gnn", "ensemble") for t in ("latency", "memory") for v in bands[kind][t]]
+    assert max(ends) < 20, bands  # e^20: wide, as 4 rows leave it; before, 214 to 838
+    assert all(meta["accuracy"][t]["gnn"]["overall"]["mape"] < 1e4 for t in ("latency", "memory"))
+    for p in load_gnn(tmp_path).predict(list(descs.values()), [1, 2]):
+        assert all(np.isfinite(p[k]) and p[k] > 0 for k in ("latency_ms_low", "latency_ms_high", "memory_mb_low",
+                                                             "memory_mb_high"))
 
 
 def test_graph_template_shapes(tiny):
