@@ -6,7 +6,9 @@ import sys
 import warnings
 from pathlib import Path
 
+import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from perf4sight.networks.build import Source, prune_source
@@ -197,3 +199,70 @@ def test_a_non_local_block_s_products_leave_the_network_prunable() -> None:
     assert convs["theta"]["out_channels"] == convs["phi"]["out_channels"] < 8
     assert convs["g"]["out_channels"] == convs["out"]["in_channels"] < 8
     assert convs["stem_0"]["out_channels"] == convs["out"]["out_channels"] < 16
+
+
+class _SqueezeExcitation(nn.Module):
+    """A convolution gated by a squeeze-excitation (two linear layers on its channels' means, a sigmoid), then another
+    and the classifier; the gate reshaped to the map's ``[N, C, 1, 1]`` by ``spelling``."""
+
+    def __init__(self, spelling: str) -> None:
+        super().__init__()
+        self.spelling = spelling
+        self.c0, self.squeeze, self.excite = nn.Conv2d(3, 16, 3, padding=1), nn.Linear(16, 4), nn.Linear(4, 16)
+        self.c1, self.fc = nn.Conv2d(16, 16, 3, padding=1), nn.Linear(16, CLASSES)  # in the order the forward runs
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.c0(x))
+        b, c = y.shape[:2]
+        pooled = y.mean((2, 3)) if self.spelling != "pooled view" else F.adaptive_avg_pool2d(y, 1).view(b, c)
+        g = torch.sigmoid(self.excite(torch.relu(self.squeeze(pooled))))
+        g = g[:, :, None, None] if self.spelling == "index" else g.view(b, c, 1, 1) if self.spelling == "view" \
+            else g.view(-1, c, 1, 1)
+        return self.fc(torch.relu(self.c1(y * g)).mean((2, 3)))
+
+
+def _shapes(desc) -> list[tuple[str, list[int]]]:
+    return [(n.op, n.output_shape) for n in desc.nodes]
+
+
+@pytest.mark.parametrize("spelling", ["index", "view", "pooled view"])
+def test_a_rebuilt_squeeze_excitation_gate_prunes_as_its_module(spelling: str) -> None:
+    """The rebuild reshaped the gate to a literal ``[16, 1, 1]`` (and the pooled map to ``[16]``), so that no cut of
+    the gated channels ran: the rebuilt network left that group whole ("does not follow whole") and reached the level
+    by the other convolution alone. Its reshapes keep the channel count as the module's own call reads it now: the
+    rebuilt network computes what the module does, and pruned it has the module's pruned shapes at every level."""
+    from perf4sight.ir.from_torch import describe
+    from perf4sight.ir.to_torch import build_module
+
+    torch.manual_seed(0)
+    module = _SqueezeExcitation(spelling).eval()
+    desc = describe(module, SHAPE, "se")
+    assert "reshape" in {n.op for n in desc.nodes}
+    rebuilt = build_module(desc).eval()
+    for new, old in zip(rebuilt.parameters(), module.parameters(), strict=True):
+        new.data.copy_(old.data)
+    x = torch.randn(2, *SHAPE)
+    assert torch.allclose(rebuilt(x), module(x), atol=1e-5)
+    levels = [10, 30]
+    theirs = prune_source(Source("se", "test", lambda: _SqueezeExcitation(spelling)), SHAPE, levels, "l1-norm", 2, 0)
+    mine = prune_source(Source("se", "test", lambda: build_module(desc)), SHAPE, levels, "l1-norm", 2, 0)
+    for a, b in zip(theirs, mine, strict=True):
+        assert "pruning_unpruned_groups" not in b.extra
+        assert b.pruning_level == a.pruning_level and b.params == a.params
+        assert _shapes(b) == _shapes(a)
+        assert [n.attrs["out_channels"] for n in b.nodes if n.op == "conv2d"][0] < 16  # the gated channels cut
+        _train_step(b)
+
+
+def test_a_rebuilt_torchvision_squeeze_excitation_prunes_as_the_zoo_network() -> None:
+    """torchvision's gate (1x1 convolutions on a pooled [C, 1, 1] map, no reshape) prunes alike rebuilt and not."""
+    from perf4sight.ir.from_torch import describe
+    from perf4sight.ir.to_torch import build_module
+    from perf4sight.networks.zoo import build_zoo_model
+
+    shape = [3, 32, 32]
+    desc = describe(build_zoo_model("mobilenet_v3_small", CLASSES, shape), shape, "m")
+    zoo = Source("m", "test", lambda: build_zoo_model("mobilenet_v3_small", CLASSES, shape))
+    (theirs,) = prune_source(zoo, shape, [30], "l1-norm", 4, 0)
+    (mine,) = prune_source(Source("m", "test", lambda: build_module(desc)), shape, [30], "l1-norm", 4, 0)
+    assert mine.params == theirs.params and _shapes(mine) == _shapes(theirs)

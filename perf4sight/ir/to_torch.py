@@ -392,6 +392,24 @@ def batch_reshape(x: torch.Tensor, shape: List[int]) -> torch.Tensor:
     return x.reshape(x.shape[0], *shape)
 
 
+#: The key of a rebuilt fx node's ``meta`` holding its description node's ``output_shape`` (per sample).
+DESCRIBED_SHAPE = "perf4sight_shape"
+
+
+def _reshape_sizes(x: fx.Node, shape: List[int]) -> List[int]:
+    """The sizes a ``reshape`` node's call passes after the batch's: its ``shape``, but where it adds or removes only
+    dimensions of size 1 around one other (a squeeze-excitation gate's ``[C]`` to ``[C, 1, 1]``: ``g[:, :, None,
+    None]``, ``g.view(b, c, 1, 1)``; its pooled ``[C, 1, 1]`` to ``[C]``), that one as -1, read at run time as the
+    module's own call reads it: a network pruned through the gate keeps working (a literal C refused every cut of
+    those channels), and the call is the same at any input shape."""
+    sizes = [int(s) for s in shape]
+    before = [int(s) for s in x.meta.get(DESCRIBED_SHAPE, ())]
+    kept = [s for s in sizes if s != 1]
+    if len(kept) == 1 and [s for s in before if s != 1] == kept:
+        return [-1 if s != 1 else 1 for s in sizes]
+    return sizes
+
+
 def _permute(x: torch.Tensor, dims: List[int]) -> torch.Tensor:
     return x.permute(*dims)
 
@@ -501,7 +519,7 @@ FUNCTION_BUILDERS: Dict[str, Callable[[List, Dict], Tuple[Callable, Tuple]]] = {
     "add": _binary(operator.add, _scalar_add),
     "mul": _binary(operator.mul, _scalar_mul),
     "cat": lambda x, a: (torch.cat, (list(x), a["dim"])),
-    "reshape": lambda x, a: (batch_reshape, (x[0], list(a["shape"]))),
+    "reshape": lambda x, a: (batch_reshape, (x[0], _reshape_sizes(x[0], a["shape"]))),
     "flatten": lambda x, a: (torch.flatten, (x[0], a["start_dim"])),
     "squeeze": lambda x, a: (torch.squeeze, (x[0], a["dim"])),
     "unsqueeze": lambda x, a: (torch.unsqueeze, (x[0], a["dim"])),
@@ -558,6 +576,7 @@ def build_module(desc: NetworkDescription, device: Optional[Union[torch.device, 
     layers: Dict[str, str] = {}
     for node in desc.nodes:
         env[node.name] = _emit(node, graph, root, env, taken, desc.name, factory, layers)
+        env[node.name].meta[DESCRIBED_SHAPE] = list(node.output_shape)
     graph.output(env[desc.output])
     gm = fx.GraphModule(root, graph, class_name=re.sub(r"\W", "_", desc.name) or "Network")
     gm.train()
