@@ -254,6 +254,84 @@ def test_a_network_with_an_instance_norm_call_with_running_statistics_prunes_and
     _train_step(desc)
 
 
+class _NormCall(nn.Module):
+    """``F.batch_norm`` (or ``F.instance_norm``) of its own running statistics, weight and bias with a constant
+    ``training`` (``use_input_stats``) where ``flag`` is a bool, else its mode."""
+
+    def __init__(self, call, flag) -> None:
+        super().__init__()
+        self.call, self.flag = call, flag
+        self.weight, self.bias = nn.Parameter(torch.rand(8) + 0.5), nn.Parameter(torch.randn(8))
+        self.register_buffer("mean", torch.randn(8))
+        self.register_buffer("var", torch.rand(8) + 0.5)
+
+    def forward(self, x):
+        return self.call(x, self.mean, self.var, self.weight, self.bias, self.training if self.flag is None
+                         else self.flag)
+
+
+class _ConstantModeNorm(nn.Module):
+    """A convolution, then :class:`_NormCall`, then a classifier of the channels' means."""
+
+    def __init__(self, call, flag) -> None:
+        super().__init__()
+        self.conv, self.norm, self.fc = nn.Conv2d(3, 8, 3, padding=1), _NormCall(call, flag), nn.Linear(8, 10)
+
+    def forward(self, x):
+        return self.fc(self.norm(self.conv(x)).mean((2, 3)))
+
+
+@pytest.mark.parametrize("call", [F.batch_norm, F.instance_norm])
+@pytest.mark.parametrize("flag", [False, True, None])
+def test_a_norm_call_of_a_constant_mode_rebuilds_in_that_mode(call, flag):
+    """F.batch_norm(..., training=False) (or True) and F.instance_norm(..., use_input_stats=...) in a forward read
+    as the layer's mode (traced in evaluation, ``self.training`` reads False too), so the rebuilt layer normalised by
+    the batch's statistics in training where the call used the running ones, and by the running ones in evaluation
+    where the call used the batch's (and updated the running ones). A constant flag is kept as the attr ``training``
+    (``use_input_stats``), told apart from ``self.training`` by a trace in training: the rebuilt network computes the
+    module's outputs and running statistics in training and in evaluation, its description again (at another shape,
+    on the meta device too) keeps the attr, and the allocation model's events are the meta trace's."""
+    from test_allocator import _as_replayed
+
+    from perf4sight.features.alloc_trace import record_events
+
+    torch.manual_seed(0)
+    module = _ConstantModeNorm(call, flag)
+    desc = _computes_the_same(module)  # in training; then in evaluation, on the weights and statistics as trained
+    key = "training" if call is F.batch_norm else "use_input_stats"
+    (norm,) = [n for n in desc.nodes if n.op in ("batchnorm2d", "instancenorm")]
+    assert norm.attrs.get(key) is flag
+    rebuilt = build_module(desc)
+    for new, old in zip(list(rebuilt.parameters()) + list(rebuilt.buffers()),
+                        list(module.parameters()) + list(module.buffers())):
+        new.data.copy_(old.data)
+    x = torch.randn(2, *SHAPE)
+    for training in (False, True, False):
+        assert torch.allclose(rebuilt.train(training)(x), module.train(training)(x), atol=1e-5)
+        for old, new in zip(module.buffers(), rebuilt.buffers()):
+            assert torch.allclose(old, new, atol=1e-6)
+    for device in (None, "meta"):
+        again = describe(build_module(desc, device=device), [3, 12, 12], name="probe")
+        assert [n.attrs for n in again.nodes if n.op == norm.op] == [norm.attrs]
+    assert _as_replayed(record_events(desc, 2, steps=2)) == _as_replayed(record_events(desc, 2, steps=2,
+                                                                                          method="trace"))
+
+
+@pytest.mark.parametrize("attrs, problem", [
+    ({"num_features": 8, "training": False, "track_running_stats": False}, "needs running statistics"),
+    ({"num_features": 8, "training": True, "momentum": None}, "needs a momentum"),
+    ({"num_features": 8, "training": "no"}, "must be true or false"),
+])
+def test_a_constant_mode_without_running_statistics_is_refused(attrs, problem):
+    """Without running statistics torch normalises by the input's in either mode (and refuses training=False):
+    a description giving a batchnorm2d's constant ``training`` there is refused when read, naming the attr."""
+    desc = describe(_ConstantModeNorm(F.batch_norm, False), SHAPE, name="probe").to_dict()
+    (norm,) = [n for n in desc["nodes"] if n["op"] == "batchnorm2d"]
+    norm["attrs"] = attrs
+    with pytest.raises(UserError, match=problem):
+        NetworkDescription.from_dict(desc)
+
+
 @pytest.mark.parametrize("case", ["log", "normalize"])
 def test_the_call_keeps_what_autograd_keeps(case):
     """What a sample adds to autograd's saved tensors (the network input aside) is the features' (a log's input; a

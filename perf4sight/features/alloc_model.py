@@ -114,7 +114,7 @@ from typing import Callable
 
 from perf4sight.features.allocator import ALLOC, FREE
 from perf4sight.features.step_runtime import CLONED_IN_PLACE
-from perf4sight.ir.schema import SHARES, NetworkDescription, Node
+from perf4sight.ir.schema import CONSTANT_MODES, SHARES, NetworkDescription, Node
 from perf4sight.ir.shapes import window_pair, windows_of
 from perf4sight.profiling.plan import DEFAULT_LOSS
 
@@ -504,6 +504,8 @@ def step_events(desc: NetworkDescription, batch_size: int, relu6_clone: bool = F
     for n in desc.nodes:
         if n.op not in COVERED:
             raise NotCovered(f"op '{n.op}'")
+        if n.attrs.get(CONSTANT_MODES.get(n.op, ""), True) is False:  # a norm by its running statistics in training
+            raise NotCovered(f"{n.op} of {CONSTANT_MODES[n.op]} false")
     mem = _Memory()
     b = int(batch_size)
     param_bytes: list[int] = []

@@ -980,6 +980,43 @@ def _mark_cumulative_averages(module: nn.Module, gm: fx.GraphModule, nodes: list
             node.attrs = {**node.attrs, "momentum": None}
 
 
+#: A norm call's flag that picks the input's statistics over the running ones: (position, name, torch's default).
+_MODE_FLAGS = {F.batch_norm: (5, "training", False), F.instance_norm: (5, "use_input_stats", True)}
+
+
+def _mark_constant_modes(module: nn.Module, gm: fx.GraphModule, nodes: list[Node]) -> None:
+    """Give the node of each ``F.batch_norm`` or ``F.instance_norm`` call with running statistics whose flag
+    (``training``, ``use_input_stats``) is a constant, not the module's mode, that flag as an attr: traced in
+    evaluation, ``training=self.training`` reads False as ``training=False`` does, so the forward is traced in training
+    too (a call whose running mean the two traces read with the same flag has a constant one). A node without the attr
+    follows the mode of the module it is rebuilt into, as torch's layers do; where the training trace fails, none is
+    marked."""
+    calls = {_arg(n, 1, "running_mean").target: n for n in gm.graph.nodes
+             if n.op == "call_function" and n.target in _MODE_FLAGS
+             and getattr(_arg(n, 1, "running_mean"), "op", None) == "get_attr"}
+    if not calls:
+        return
+    try:
+        with in_mode(module, training=True):
+            trained = _Tracer().trace(module)
+    except Exception:  # a forward torch.fx cannot follow in training without help: left as traced
+        return
+    described = {n.name: n for n in nodes}
+    for t in trained.nodes:
+        if t.op != "call_function" or t.target not in _MODE_FLAGS:
+            continue
+        running_mean = _arg(t, 1, "running_mean")
+        n = calls.get(running_mean.target) if getattr(running_mean, "op", None) == "get_attr" else None
+        node = described.get(n.name) if n is not None and n.target is t.target else None
+        if node is None or node.op not in ("batchnorm2d", "instancenorm") or \
+                not node.attrs.get("track_running_stats", node.op == "batchnorm2d"):
+            continue
+        position, name, default = _MODE_FLAGS[n.target]
+        flags = (_arg(n, position, name, default), _arg(t, position, name, default))
+        if all(isinstance(f, bool) for f in flags) and flags[0] == flags[1]:
+            node.attrs = {**node.attrs, name: flags[0]}
+
+
 def _permuted_dims(n: fx.Node) -> list[int]:
     """The dimensions, counting the batch's, that permute call ``n`` (``x.permute(0, 2, 3, 1)``,
     ``torch.permute(x, [0, 2, 3, 1])``) puts in order, each in [0, rank)."""
@@ -1902,6 +1939,7 @@ def _described(module: nn.Module, input_shape: list[int], name: str, network: st
         gm = _traced_with_shapes(module, input_shape, name)
     nodes, output = _convert(gm, name)
     _mark_cumulative_averages(module, gm, nodes)
+    _mark_constant_modes(module, gm, nodes)
     desc = NetworkDescription(name=name, network=network or name, input_shape=list(input_shape),
                               num_classes=0, params=0, nodes=nodes, output=output,
                               pruning_level=pruning_level, extra=dict(extra))

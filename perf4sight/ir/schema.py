@@ -30,7 +30,9 @@ OPS: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups", "bias"),
     # batchnorm2d: of a [C, H, W] map, or of a [C] or [C, L] input (a head's BatchNorm1d: the same F.batch_norm)
     # optional eps (1e-5), momentum (0.1; null: torch's cumulative average), affine (true: a weight and bias),
-    # track_running_stats (true: a running mean and variance, buffers; false: none, the batch's statistics always)
+    # track_running_stats (true: a running mean and variance, buffers; false: none, the batch's statistics always);
+    # training (with running statistics: an F.batch_norm call's constant flag, true the batch's statistics in
+    # evaluation too, false the running ones in training too; left out, the layer's mode, as torch's layers)
     "batchnorm2d": ("num_features",),
     # a batch norm frozen (torchvision's FrozenBatchNorm2d, a detection backbone's) of a [C, H, W] map: x * scale +
     # shift, scale = weight / sqrt(running_var + eps) and shift = bias - running_mean * scale made of four [C]
@@ -94,7 +96,8 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # over each sample's channels one by one (InstanceNorm2d) of a [C, H, W] input (num_features = C); optional
     # eps (1e-5), affine (false: torch's default; true: a weight and bias of num_features each),
     # track_running_stats (false; true: a running mean and variance of num_features, buffers, that training updates
-    # by momentum (0.1) from the batch's mean of each sample's statistics)
+    # by momentum (0.1) from the batch's mean of each sample's statistics); use_input_stats (with running
+    # statistics: an F.instance_norm call's constant flag, as a batchnorm2d's training)
     "instancenorm": ("num_features",),
     "hardtanh": ("min_val", "max_val"),  # x clamped to [min_val, max_val] (ReLU6, [0, 6], is the op relu6)
     "softmax": ("dim",),  # exp(x) / sum(exp(x)) along dim (counting the batch: 1 = channels; never the batch)
@@ -250,9 +253,9 @@ _SHAPES: Dict[str, Tuple[str, ...]] = {"fractional_maxpool2d": ("output_size",),
 _FLAGS: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("bias",), "linear": ("bias",), "attention": ("bias",), "group_attention": ("bias",),
     "window_attention": ("bias", "cosine"), "layernorm": ("elementwise_affine",),
-    "batchnorm2d": ("affine", "track_running_stats"),
+    "batchnorm2d": ("affine", "track_running_stats", "training"),
     "groupnorm": ("affine",),
-    "instancenorm": ("affine", "track_running_stats"),
+    "instancenorm": ("affine", "track_running_stats", "use_input_stats"),
     "rmsnorm": ("elementwise_affine",),
     "maxpool2d": ("ceil_mode",), "avgpool2d": ("ceil_mode", "count_include_pad"), "mean": ("keepdim",),
     "var": ("keepdim",),
@@ -348,6 +351,23 @@ def known_attrs(op: str) -> Tuple[str, ...]:
     return tuple(dict.fromkeys((*OPS[op], *optional)))
 
 
+#: Norm op -> its optional flag of a constant mode (a functional call's), which only running statistics give a use.
+CONSTANT_MODES = {"batchnorm2d": "training", "instancenorm": "use_input_stats"}
+
+
+def _constant_mode_problem(node: "Node") -> str:
+    """What is wrong with a norm's constant mode (:data:`CONSTANT_MODES`; "" if nothing, or none): it needs running
+    statistics (without them torch normalises by the input's always), and a batch norm's a momentum (a call's)."""
+    flag = CONSTANT_MODES.get(node.op)
+    if flag not in node.attrs:
+        return ""
+    if not node.attrs.get("track_running_stats", node.op == "batchnorm2d"):
+        return f"attr '{flag}' needs running statistics (track_running_stats true): without them the input's are used"
+    if "momentum" in node.attrs and node.attrs["momentum"] is None:
+        return f"attr '{flag}' needs a momentum (a functional call's number), not null"
+    return ""
+
+
 def _attr_problem(node: "Node") -> str:
     """What is wrong with ``node``'s attributes ("" if nothing): one it cannot carry (a misspelt ``afine`` would
     leave the batch norm affine, unsaid), or a numeric one out of its range."""
@@ -389,6 +409,9 @@ def _attr_problem(node: "Node") -> str:
             bounds = (f" >= {least}" if most is None and least is not None
                       else f" in [{least}, {most}]" if least is not None else "")
             return f"attr '{a}' must be a number{bounds}, got {v!r}"
+    problem = _constant_mode_problem(node)
+    if problem:
+        return problem
     if node.op == "gelu" and node.attrs.get("approximate", "none") not in ("none", "tanh"):
         return f"attr 'approximate' must be 'none' or 'tanh', got {node.attrs['approximate']!r}"
     if node.op == "window_attention" and not _is_int(node.attrs.get("position_bias_mlp", 0), 0):

@@ -274,11 +274,61 @@ def _batch_norm(cls: type, a: Dict[str, Any], factory: Dict[str, Any]) -> nn.Mod
     again (another input shape's trace of the rebuilt network) gives the momentum None."""
     momentum = a.get("momentum", 0.1)
     on_meta = momentum is None and str(factory.get("device")) == "meta"
+    if "training" in a:  # a functional call's constant mode
+        cls = FixedModeBatchNorm1d if cls is nn.BatchNorm1d else FixedModeBatchNorm2d
     module = cls(a["num_features"], eps=a.get("eps", 1e-5), momentum=0.1 if on_meta else momentum,
                  affine=bool(a.get("affine", True)), track_running_stats=bool(a.get("track_running_stats", True)),
                  **factory)
     if on_meta:
         module.cumulative_average = True
+    if "training" in a:
+        module.use_input_stats = bool(a["training"])
+    return module
+
+
+def _fixed_mode_batch_norm(self: Any, x: torch.Tensor) -> torch.Tensor:
+    """A batch norm by the batch's statistics (updating the running ones) where ``use_input_stats``, else by the
+    running ones, in either mode: ``F.batch_norm(..., training=False)`` written in a forward."""
+    return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, self.use_input_stats,
+                        self.momentum, self.eps)
+
+
+class FixedModeBatchNorm2d(nn.BatchNorm2d):
+    """A batchnorm2d of a constant ``training`` (a functional call's), whatever the module's mode; described again
+    (traced through, not a leaf) as that call."""
+
+    use_input_stats = True
+    forward = _fixed_mode_batch_norm
+
+
+class FixedModeBatchNorm1d(nn.BatchNorm1d):
+    """:class:`FixedModeBatchNorm2d` of a ``[C]`` or ``[C, L]`` input."""
+
+    use_input_stats = True
+    forward = _fixed_mode_batch_norm
+
+
+class FixedModeInstanceNorm2d(nn.InstanceNorm2d):
+    """An instancenorm with running statistics and a constant ``use_input_stats`` (``F.instance_norm``'s), whatever
+    the module's mode: each sample by its own statistics (updating the running ones) where true, else by the running
+    ones."""
+
+    use_input_stats = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.instance_norm(x, self.running_mean, self.running_var, self.weight, self.bias, self.use_input_stats,
+                               self.momentum, self.eps)
+
+
+def _instance_norm(a: Dict[str, Any], factory: Dict[str, Any]) -> nn.Module:
+    """The InstanceNorm2d of an instancenorm's attrs (of a constant ``use_input_stats``:
+    :class:`FixedModeInstanceNorm2d`)."""
+    cls = FixedModeInstanceNorm2d if "use_input_stats" in a else nn.InstanceNorm2d
+    module = cls(int(a["num_features"]), eps=a.get("eps", 1e-5), affine=bool(a.get("affine", False)),
+                 track_running_stats=bool(a.get("track_running_stats", False)), momentum=float(a.get("momentum", 0.1)),
+                 **factory)
+    if "use_input_stats" in a:
+        module.use_input_stats = bool(a["use_input_stats"])
     return module
 
 
@@ -355,10 +405,7 @@ MODULE_BUILDERS: Dict[str, Callable[..., nn.Module]] = {
                                          elementwise_affine=bool(a.get("elementwise_affine", True)), **f),
     "groupnorm": lambda a, **f: nn.GroupNorm(int(a["num_groups"]), int(a["num_channels"]), eps=a.get("eps", 1e-5),
                                              affine=bool(a.get("affine", True)), **f),
-    "instancenorm": lambda a, **f: nn.InstanceNorm2d(int(a["num_features"]), eps=a.get("eps", 1e-5),
-                                                     affine=bool(a.get("affine", False)),
-                                                     track_running_stats=bool(a.get("track_running_stats", False)),
-                                                     momentum=float(a.get("momentum", 0.1)), **f),
+    "instancenorm": lambda a, **f: _instance_norm(a, f),
     "hardtanh": lambda a, **f: nn.Hardtanh(float(a["min_val"]), float(a["max_val"]),
                                            inplace=bool(a.get("inplace", False))),
     "softmax": lambda a, **f: nn.Softmax(dim=int(a["dim"])),
