@@ -669,6 +669,42 @@ def test_a_fold_to_another_maps_size_is_described():
     assert [n.attrs["output_size"] for n in desc.nodes if n.op == "fold"] == [SHAPE[1:]]
 
 
+def test_a_fold_to_another_maps_size_follows_another_input_shape():
+    """That fold's output size was the traced 8x8, so the description rebuilt at 12x12 failed ("expected
+    input.size(-1) to be 64 but got 144"): it names the map whose sides it takes (``output_size_of``, as a resize's
+    ``size_of``), and described at another shape the rebuilt network computes what the module computes there; the
+    name is kept when described again, and a name of anything but a map is refused when read."""
+    from perf4sight.networks.reshape import described_at
+
+    class Folded(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8, 10)
+
+        def forward(self, x):
+            y = self.conv(x)
+            return self.fc(F.fold(F.unfold(y, 3, padding=1).sigmoid(), y.shape[-2:], 3, padding=1).mean((2, 3)))
+    torch.manual_seed(0)
+    module = Folded().eval()
+    desc = NetworkDescription.from_dict(describe(module, [3, 12, 12], name="fold").to_dict())
+    (fold,) = [n for n in desc.nodes if n.op == "fold"]
+    assert fold.attrs["output_size_of"] == "conv" and fold.attrs["output_size"] == [12, 12]
+    at = described_at(desc, [3, 16, 12])
+    (moved,) = [n for n in at.nodes if n.op == "fold"]
+    assert moved.output_shape == [8, 16, 12] and moved.attrs["output_size_of"] == "conv"
+    rebuilt = build_module(at).eval()
+    for new, old in zip(rebuilt.parameters(), module.parameters(), strict=True):
+        new.data.copy_(old.data)
+    x = torch.randn(2, 3, 16, 12)
+    assert torch.allclose(rebuilt(x), module(x), atol=1e-5)
+    edited = desc.to_dict()
+    next(n for n in edited["nodes"] if n["op"] == "fold")["attrs"]["output_size_of"] = "input"  # 3x12x12: its size
+    NetworkDescription.from_dict(edited)
+    next(n for n in edited["nodes"] if n["op"] == "fold")["attrs"]["output_size_of"] = "unfold"  # no map
+    with pytest.raises(UserError, match=r"output_size_of names 'unfold' of shape \[72, 144\]"):
+        NetworkDescription.from_dict(edited)
+
+
 def test_a_fold_of_2_d_columns_is_refused_by_name():
     """F.fold of a [N, L] tensor reads it as one unbatched [C kh kw, L], the batch as its channels: refused by
     name."""

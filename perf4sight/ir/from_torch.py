@@ -2388,6 +2388,8 @@ def _size_reference(n: fx.Node, op: str) -> fx.Node | None:
         return _sides_read(_arg(n, 1, "size"))
     if op == "pad" and n.target in (F.pad, torch._C._nn.pad):
         return _padded_to(n)
+    if op == "fold" and n.target is F.fold:  # windows put back onto the map they came from: y.shape[-2:]
+        return _sides_read(_arg(n, 1, "output_size"))
     return None
 
 

@@ -311,7 +311,8 @@ _OPTIONAL: Dict[str, Tuple[str, ...]] = {"gelu": ("approximate",), "maxpool2d": 
                                          "window_attention": ("position_bias_mlp",),
                                          "interpolate": ("scale_factor", "size_of"),
                                          "pad": ("pad_to",),
-                                         "conv_transpose2d": ("output_size_of",)}
+                                         "conv_transpose2d": ("output_size_of",),
+                                         "fold": ("output_size_of",)}
 _PAIRS: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("kernel_size", "stride", "padding", "dilation"),
     "maxpool2d": ("kernel_size", "stride", "padding"), "avgpool2d": ("kernel_size", "stride", "padding"),

@@ -100,9 +100,10 @@ def _resized(a: Dict[str, Any], x: List[int]) -> Union[List[int], str]:
 #: Op -> the optional attr naming another node whose height and width its output takes, whatever the input shape:
 #: a resize to another map's size (an FPN's ``F.interpolate(x, size=lateral.shape[-2:])``), and a U-Net's pad of
 #: the upsampled map to its skip's size, split as its formula splits it (:func:`pads_to`); a U-Net's transposed
-#: convolution given its skip's size at the call (``up(x, output_size=skip.shape[2:])``: its output padding).
+#: convolution given its skip's size at the call (``up(x, output_size=skip.shape[2:])``: its output padding); a fold
+#: (col2im) of windows back onto the map they were cut from (``F.fold(cols, y.shape[-2:], ...)``).
 SIZE_REFERENCES: Dict[str, str] = {"interpolate": "size_of", "pad": "pad_to",
-                                   "conv_transpose2d": "output_size_of"}
+                                   "conv_transpose2d": "output_size_of", "fold": "output_size_of"}
 
 
 def pads_to(x: List[int], like: List[int]) -> List[int]:
@@ -120,6 +121,10 @@ def size_reference_problem(op: str, a: Dict[str, Any], x: List[int], like: List[
     ``output_padding``) must be what that map's height and width give."""
     key = SIZE_REFERENCES.get(op)
     if key is None or key not in a:
+        return ""
+    if op == "fold" and len(like) == 3:  # its input [C kh kw, L] columns: their windows are checked with its shape
+        if [int(v) for v in a["output_size"]] != list(like[1:]):
+            return f"output_size {a['output_size']} is not the {like[1]}x{like[2]} of {a[key]!r} ({key})"
         return ""
     if len(like) != 3 or len(x) != 3:
         return f"{key} names {a[key]!r} of shape {like}: it sizes a [channels, height, width] map by another"

@@ -517,12 +517,21 @@ def _pad_to(x: torch.Tensor, like: torch.Tensor, mode: str, value: float) -> tor
                  value=value if mode == "constant" else None)
 
 
+def _fold_to(x: torch.Tensor, like: torch.Tensor, kernel_size: Tuple[int, int], dilation: Tuple[int, int],
+             padding: Tuple[int, int], stride: Tuple[int, int]) -> torch.Tensor:
+    """Columns ``x`` ([N, C kh kw, L]) summed back (col2im) into a map of the height and width of ``like`` ([N, C', H,
+    W]), read at run time (``F.fold(cols, y.shape[-2:], ...)``): a description's ``fold`` with ``output_size_of``."""
+    return F.fold(x, like.shape[-2:], kernel_size, dilation, padding, stride)
+
+
 def _sized_like(node: Node, x: fx.Node, like: fx.Node) -> Tuple[Callable, Tuple]:
     """The call of a node sized by another's map (its :data:`SIZE_REFERENCES` attr; ``like``, that node's value):
-    a resize to its size or a pad to it, whatever the input shape."""
+    a resize to its size, a pad to it or a fold onto it, whatever the input shape."""
     a = node.attrs
     if node.op == "interpolate":
         return _interpolate_to, (x, like, str(a["mode"]), bool(a.get("align_corners", False)))
+    if node.op == "fold":
+        return _fold_to, (x, like, *(_pair(a[k]) for k in ("kernel_size", "dilation", "padding", "stride")))
     return _pad_to, (x, like, str(a["mode"]), float(a.get("value", 0.0)))
 
 
