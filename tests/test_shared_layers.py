@@ -207,6 +207,36 @@ def test_a_shared_layer_survives_the_perfseer_round_trip(tmp_path):
     assert load_description(tmp_path / "models" / "imported" / "d2" / "cbam.json").to_dict() == desc.to_dict()
 
 
+@pytest.mark.parametrize("how", ["cbam", "scale_and_shift", "scaled_twice", "layer_norm_twice"])
+def test_a_shared_parameter_survives_our_export_read_as_another_tool_s(how):
+    """Our export read as another tool's file (without our metadata: its args read by ONNX's rules) lost ``shares``:
+    a later call of a layer, or a shift reading a scale's tensor (``x * g + g``), came back a layer of its own, the
+    parameters counted twice (232 -> 240 for ``x * g + g``) and their memory with them. The later node takes its
+    owner's attrs and ``shares`` it again: the same description, parameter count and allocation events, and the
+    network rebuilt from it computes the original's output with its weights."""
+    import pickle
+
+    from perf4sight.exporters.perfseer import description_to_graph
+    from perf4sight.importers.perfseer import graph_to_description
+
+    original = _ChannelAttention() if how == "cbam" else _ParameterReadTwice(how)
+    desc = describe(original, [3, 8, 8], "twice")
+    graph = pickle.loads(pickle.dumps(description_to_graph(desc, 2)))
+    graph.graph["source"] = "another tool"  # our args read as a foreign file's
+    back = graph_to_description(graph, "twice", "twice.pkl")[0]
+    assert [(n.name, n.op, n.attrs) for n in back.nodes] == [(n.name, n.op, n.attrs) for n in desc.nodes]
+    assert back.params == desc.params == sum(p.numel() for p in original.parameters()) - (
+        0 if how == "cbam" else 16 if how != "layer_norm_twice" else 8)
+    assert _as_replayed(record_events(back, 2, steps=2)) == _as_replayed(record_events(desc, 2, steps=2))
+    rebuilt = build_module(back)
+    read = list(original.parameters()) if how == "cbam" else _read_parameters(original)
+    with torch.no_grad():
+        for mine, theirs in zip(rebuilt.parameters(), read, strict=True):
+            mine.copy_(theirs)
+    x = torch.randn(2, 3, 8, 8)
+    assert torch.allclose(rebuilt(x), original(x), atol=1e-5)
+
+
 class _TwiceNormed(nn.Module):
     """A batch norm applied to a map and to its double, the two summed: the norm's backward adds its input's
     gradient into the one the multiply's left, then its weight's and bias's into the first call's."""

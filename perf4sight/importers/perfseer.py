@@ -53,7 +53,8 @@ from typing import Any, Callable
 from perf4sight.errors import UserError
 from perf4sight.importers.perf4sight_csv import (ImportSummary, check_backends, check_descriptions,
                                                  description_identity, import_source, rows_on_disk, source_kind)
-from perf4sight.ir.schema import INTERPOLATE_MODES, OPS, NetworkDescription, save_description
+from perf4sight.ir.schema import (INTERPOLATE_MODES, ONE_TENSOR_OPS, OPS, SHARES, NetworkDescription,
+                                  save_description)
 from perf4sight.ir.shapes import SIZE_REFERENCES, shape_text, size_reference_problem, transposed_output_padding
 from perf4sight.profiling.plan import DEFAULT_LOSS
 from perf4sight.profiling.results import COLUMNS, file_sha, read_rows, results_path
@@ -887,8 +888,12 @@ def graph_to_description(graph: Any, name: str, where: str) -> tuple[NetworkDesc
         if onnx == "MatMul" and op == "linear":  # no bias, whatever its weight_size says
             args = {**args, "bias": False}
         ours = own and all(a in args for a in OPS[op])
-        attrs = dict(args) if ours else _attrs(op, args, in_shapes, out, here, mi.get("weight_size"))
-        if not ours:
+        owner = None if ours else _shared_owner(op, args, ours_by_file_name, nodes)
+        if owner is not None:  # a layer called again (holding no weights): its owner's attrs, whatever its own say
+            attrs = {**owner["attrs"], SHARES: owner["name"]}
+        else:
+            attrs = dict(args) if ours else _attrs(op, args, in_shapes, out, here, mi.get("weight_size"))
+        if not ours and owner is None:
             attrs.update(_size_reference(op, args, attrs, in_shapes, ours_by_file_name, shapes,
                                          (input_node, input_shape)))
         shapes[names[n]] = out
@@ -913,6 +918,20 @@ def graph_to_description(graph: Any, name: str, where: str) -> tuple[NetworkDesc
         d["pruning_level"] = (level if own and isinstance(level, (int, float))
                               else _number(level, f"{where} pruning_level"))
     return NetworkDescription.from_dict(d, where=where), batch
+
+
+def _shared_owner(op: str, args: dict[str, Any], names: dict[str, str], nodes: list[dict[str, Any]]
+                  ) -> dict[str, Any] | None:
+    """Of a file read as another tool's, the earlier node (of ``nodes``, ours so far) whose parameters the node of
+    ``op`` shares: the one its ``shares`` arg (ours, as our export writes it) names by the file's name (``names``:
+    the file's -> ours), of the same op (or both a scale or a shift) and sharing none itself; None otherwise (the
+    node read as one of its own)."""
+    given = args.get(SHARES)
+    ours = names.get(given) if isinstance(given, str) else None
+    owner = next((n for n in nodes if n["name"] == ours), None) if ours is not None else None
+    if owner is None or SHARES in owner["attrs"]:
+        return None
+    return owner if owner["op"] == op or {owner["op"], op} <= set(ONE_TENSOR_OPS) else None
 
 
 def _size_reference(op: str, args: dict[str, Any], attrs: dict[str, Any], in_shapes: list[list[int]],
