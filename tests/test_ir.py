@@ -2246,7 +2246,8 @@ def test_every_optional_attr_the_readme_names_is_known():
     from perf4sight.ir.schema import known_attrs
 
     for op, attrs in {"relu": ["inplace"], "relu6": ["inplace"],
-                      "batchnorm2d": ["eps", "momentum", "affine", "track_running_stats"],
+                      "batchnorm2d": ["eps", "momentum", "affine", "track_running_stats", "training"],
+                      "instancenorm": ["use_input_stats"], "fold": ["output_size_of"],
                       "gelu": ["approximate"], "maxpool2d": ["dilation"], "layernorm": ["eps", "elementwise_affine"],
                       "interpolate": ["align_corners"], "attention": ["dropout"], "add": ["scalar"],
                       "window_attention": ["attention_dropout", "dropout", "cosine", "position_bias_mlp"]}.items():
@@ -2254,7 +2255,7 @@ def test_every_optional_attr_the_readme_names_is_known():
     bn = describe(nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)), [3, 5, 5], name="bn").to_dict()
     bn["nodes"][2]["attrs"]["afine"] = False
     with pytest.raises(UserError, match=r"\(batchnorm2d\): unknown attr 'afine' \(known: num_features, affine, "
-                                        r"track_running_stats, eps, momentum, shares\)"):
+                                        r"track_running_stats, training, eps, momentum, shares\)"):
         NetworkDescription.from_dict(bn)
 
 
