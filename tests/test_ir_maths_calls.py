@@ -317,6 +317,34 @@ def test_a_norm_call_of_a_constant_mode_rebuilds_in_that_mode(call, flag):
                                                                                           method="trace"))
 
 
+@pytest.mark.parametrize("call", [F.batch_norm, F.instance_norm])
+def test_a_norm_call_of_a_constant_mode_called_twice_is_one_layer_in_that_mode(call):
+    """The same call on two maps (one layer called again, ``shares``): both calls keep the constant flag, so the
+    description is read (a later call's attrs must be its owner's) and rebuilt as the module computes in training
+    and in evaluation."""
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.norm, self.fc = nn.Conv2d(3, 8, 3, padding=1), _NormCall(call, False), nn.Linear(8, 10)
+
+        def forward(self, x):
+            y = self.conv(x)
+            return self.fc((self.norm(y) + self.norm(y * 2)).mean((2, 3)))
+    torch.manual_seed(0)
+    module = Twice()
+    desc = NetworkDescription.from_dict(describe(module, SHAPE, name="twice").to_dict())
+    key = "training" if call is F.batch_norm else "use_input_stats"
+    norms = [n for n in desc.nodes if n.op in ("batchnorm2d", "instancenorm")]
+    assert [n.attrs[key] for n in norms] == [False, False] and norms[1].attrs["shares"] == norms[0].name
+    rebuilt = build_module(desc)
+    for new, old in zip(list(rebuilt.parameters()) + list(rebuilt.buffers()),
+                        list(module.parameters()) + list(module.buffers())):
+        new.data.copy_(old.data)
+    x = torch.randn(2, *SHAPE)
+    for training in (True, False):
+        assert torch.allclose(rebuilt.train(training)(x), module.train(training)(x), atol=1e-5)
+
+
 @pytest.mark.parametrize("attrs, problem", [
     ({"num_features": 8, "training": False, "track_running_stats": False}, "needs running statistics"),
     ({"num_features": 8, "training": True, "momentum": None}, "needs a momentum"),

@@ -991,30 +991,36 @@ def _mark_constant_modes(module: nn.Module, gm: fx.GraphModule, nodes: list[Node
     too (a call whose running mean the two traces read with the same flag has a constant one). A node without the attr
     follows the mode of the module it is rebuilt into, as torch's layers do; where the training trace fails, none is
     marked."""
-    calls = {_arg(n, 1, "running_mean").target: n for n in gm.graph.nodes
-             if n.op == "call_function" and n.target in _MODE_FLAGS
-             and getattr(_arg(n, 1, "running_mean"), "op", None) == "get_attr"}
+    calls = _norm_calls(gm.graph)
     if not calls:
         return
     try:
         with in_mode(module, training=True):
-            trained = _Tracer().trace(module)
+            trained = _norm_calls(_Tracer().trace(module))
     except Exception:  # a forward torch.fx cannot follow in training without help: left as traced
         return
     described = {n.name: n for n in nodes}
-    for t in trained.nodes:
-        if t.op != "call_function" or t.target not in _MODE_FLAGS:
-            continue
-        running_mean = _arg(t, 1, "running_mean")
-        n = calls.get(running_mean.target) if getattr(running_mean, "op", None) == "get_attr" else None
-        node = described.get(n.name) if n is not None and n.target is t.target else None
-        if node is None or node.op not in ("batchnorm2d", "instancenorm") or \
-                not node.attrs.get("track_running_stats", node.op == "batchnorm2d"):
-            continue
-        position, name, default = _MODE_FLAGS[n.target]
-        flags = (_arg(n, position, name, default), _arg(t, position, name, default))
-        if all(isinstance(f, bool) for f in flags) and flags[0] == flags[1]:
-            node.attrs = {**node.attrs, name: flags[0]}
+    for key, evaluated in calls.items():
+        for n, t in zip(evaluated, trained.get(key, [])):  # a layer called again: its calls in order
+            node = described.get(n.name)
+            if node is None or node.op not in ("batchnorm2d", "instancenorm") or \
+                    not node.attrs.get("track_running_stats", node.op == "batchnorm2d"):
+                continue
+            position, name, default = _MODE_FLAGS[n.target]
+            flags = (_arg(n, position, name, default), _arg(t, position, name, default))
+            if all(isinstance(f, bool) for f in flags) and flags[0] == flags[1]:
+                node.attrs = {**node.attrs, name: flags[0]}
+
+
+def _norm_calls(graph: fx.Graph) -> dict[tuple[Any, str], list[fx.Node]]:
+    """``graph``'s calls of :data:`_MODE_FLAGS` that read a module's running mean, by (function, its name), in
+    order."""
+    calls: dict[tuple[Any, str], list[fx.Node]] = {}
+    for n in graph.nodes:
+        running_mean = _arg(n, 1, "running_mean") if n.op == "call_function" and n.target in _MODE_FLAGS else None
+        if getattr(running_mean, "op", None) == "get_attr":
+            calls.setdefault((n.target, running_mean.target), []).append(n)
+    return calls
 
 
 def _permuted_dims(n: fx.Node) -> list[int]:
