@@ -697,6 +697,42 @@ def test_a_fold_to_another_maps_size_is_described():
     assert [n.attrs["output_size"] for n in desc.nodes if n.op == "fold"] == [SHAPE[1:]]
 
 
+def _model_is_the_trace(desc: NetworkDescription, covered: bool = True) -> None:
+    """The allocation events of ``desc``'s step (the model's where it covers them, else the meta trace's) are the
+    meta trace's of the rebuilt module, at batch sizes 1 and 3."""
+    from test_allocator import _as_replayed
+
+    from perf4sight.features.alloc_trace import record_events
+
+    for batch in (1, 3):
+        method = "model" if covered else "auto"
+        assert _as_replayed(record_events(desc, batch, steps=2, method=method)) == _as_replayed(
+            record_events(desc, batch, steps=2, method="trace"))
+
+
+def test_a_transposed_convolution_sized_by_a_map_nothing_else_reads_is_left_to_the_meta_trace():
+    """``up(z, output_size=y.shape[2:])`` where nothing after reads ``y``: the rebuilt module drops ``y`` once it has
+    read its shape, just before the convolution runs, where the allocation model dropped it after its last input's
+    reader (the sigmoid) and wrote a step whose events were not the trace's; it leaves such a step to the meta
+    trace now, whose events it is."""
+    from perf4sight.features.alloc_trace import record_events
+
+    class Up(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.down = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, stride=2, padding=1)
+            self.up, self.fc = nn.ConvTranspose2d(8, 8, 3, stride=2, padding=1), nn.Linear(8, 10)
+
+        def forward(self, x):
+            y = self.conv(x)
+            return self.fc(self.up(self.down(y.sigmoid()), output_size=y.shape[2:]).mean((2, 3)))
+    desc = describe(Up(), [3, 13, 13], name="up")
+    assert [n.attrs["output_size_of"] for n in desc.nodes if n.op == "conv_transpose2d"] == ["conv"]
+    with pytest.raises(UserError, match="does not cover a transposed convolution sized by a map nothing after it"):
+        record_events(desc, 2, steps=2, method="model")
+    _model_is_the_trace(desc, covered=False)
+
+
 def test_a_fold_to_another_maps_size_follows_another_input_shape():
     """That fold's output size was the traced 8x8, so the description rebuilt at 12x12 failed ("expected
     input.size(-1) to be 64 but got 144"): it names the map whose sides it takes (``output_size_of``, as a resize's
@@ -725,6 +761,7 @@ def test_a_fold_to_another_maps_size_follows_another_input_shape():
         new.data.copy_(old.data)
     x = torch.randn(2, 3, 16, 12)
     assert torch.allclose(rebuilt(x), module(x), atol=1e-5)
+    _model_is_the_trace(desc)  # the rebuilt module keeps the map until the fold has read its size
     edited = desc.to_dict()
     next(n for n in edited["nodes"] if n["op"] == "fold")["attrs"]["output_size_of"] = "input"  # 3x12x12: its size
     NetworkDescription.from_dict(edited)

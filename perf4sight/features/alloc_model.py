@@ -115,7 +115,7 @@ from typing import Callable
 from perf4sight.features.allocator import ALLOC, FREE
 from perf4sight.features.step_runtime import CLONED_IN_PLACE
 from perf4sight.ir.schema import CONSTANT_MODES, SHARES, NetworkDescription, Node
-from perf4sight.ir.shapes import window_pair, windows_of
+from perf4sight.ir.shapes import SIZE_REFERENCES, window_pair, windows_of
 from perf4sight.profiling.plan import DEFAULT_LOSS
 
 __all__ = ["COVERED", "ACCUMULATED", "Event", "NotCovered", "step_events"]
@@ -549,19 +549,30 @@ def step_events(desc: NetworkDescription, batch_size: int, relu6_clone: bool = F
     return _Step(setup, body, list(mem.events), grads, param_bytes, mem.new_id)
 
 
+def _reads(n: Node) -> list[str]:
+    """The values the rebuilt module's call of ``n`` reads: its inputs, then the map it takes its size from where it
+    names one (:data:`SIZE_REFERENCES`: the call's argument after its input, read for its shape)."""
+    like = n.attrs.get(SIZE_REFERENCES.get(n.op, ""))
+    return [*n.inputs, like] if isinstance(like, str) else list(n.inputs)
+
+
 def _last_uses(desc: NetworkDescription) -> dict[str, list[str]]:
     """Node name -> the values the graph module drops right after it (their last use), in the order
-    of its inputs; the network's output is kept (returned). Unused values are not covered."""
+    of its reads (:func:`_reads`); the network's output is kept (returned). Unused values are not covered, nor a map
+    whose last reader is a transposed convolution taking its output size from it (the rebuilt module drops it after
+    reading its shape, before the convolution runs)."""
     last: dict[str, str] = {}
     for n in desc.nodes:
-        for i in n.inputs:
+        for i in _reads(n):
             last[i] = n.name
     for n in desc.nodes:
         if n.name not in last and n.name != desc.output:
             raise NotCovered(f"value '{n.name}' is never used")
+        if n.op == "conv_transpose2d" and last.get(n.attrs.get("output_size_of", "")) == n.name:
+            raise NotCovered("a transposed convolution sized by a map nothing after it reads")
     out: dict[str, list[str]] = {}
     for n in desc.nodes:
-        for i in dict.fromkeys(n.inputs):
+        for i in dict.fromkeys(_reads(n)):
             if last[i] == n.name and i != desc.output:
                 out.setdefault(n.name, []).append(i)
     return out
