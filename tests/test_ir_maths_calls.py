@@ -345,6 +345,29 @@ def test_a_norm_call_of_a_constant_mode_called_twice_is_one_layer_in_that_mode(c
         assert torch.allclose(rebuilt.train(training)(x), module.train(training)(x), atol=1e-5)
 
 
+@pytest.mark.parametrize("flag", [False, True, None])
+def test_a_batch_norm_call_by_its_running_statistics_trains_at_batch_one_over_a_1x1_map(flag):
+    """A batch norm over a 1x1 map has one value per channel at batch 1, which torch refuses in training: such a
+    network was said not to train at batch 1 at all, also where the call normalises by its running statistics
+    (``training=False``), which trains there; the rebuilt network takes that step."""
+    class Pooled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.norm, self.fc = nn.Conv2d(3, 8, 3, padding=1), _NormCall(F.batch_norm, flag), \
+                nn.Linear(8, 10)
+
+        def forward(self, x):
+            return self.fc(self.norm(self.conv(x).mean((2, 3), keepdim=True)).flatten(1))
+    desc = describe(Pooled(), SHAPE, name="pooled")
+    assert desc.untrainable_at_batch_one is (flag is not False)
+    rebuilt = build_module(desc).train()
+    if flag is False:
+        rebuilt(torch.randn(1, *SHAPE)).sum().backward()
+    else:
+        with pytest.raises(ValueError, match="Expected more than 1 value per channel when training"):
+            rebuilt(torch.randn(1, *SHAPE))
+
+
 @pytest.mark.parametrize("attrs, problem", [
     ({"num_features": 8, "training": False, "track_running_stats": False}, "needs running statistics"),
     ({"num_features": 8, "training": True, "momentum": None}, "needs a momentum"),

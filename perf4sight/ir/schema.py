@@ -630,8 +630,10 @@ class NetworkDescription:
     @property
     def untrainable_at_batch_one(self) -> bool:
         """Whether a batch of one image cannot train it at all: a batch norm over a 1x1 map then has one value per
-        channel, which torch refuses in training (DeepLabV3's pooled branch; mobilenet_v2 at 32x32)."""
-        return any(n.op == "batchnorm2d" and all(int(v) == 1 for v in n.output_shape[1:]) for n in self.nodes)
+        channel, which torch refuses in training (DeepLabV3's pooled branch; mobilenet_v2 at 32x32), but for one by
+        its running statistics always (``training`` false: an ``F.batch_norm(..., training=False)``)."""
+        return any(n.op == "batchnorm2d" and all(int(v) == 1 for v in n.output_shape[1:])
+                   and n.attrs.get("training") is not False for n in self.nodes)
 
     def node(self, name: str) -> Node:
         """The node named ``name``; ``KeyError`` where there is none."""
