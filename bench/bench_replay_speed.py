@@ -1,0 +1,66 @@
+"""Description to memory prediction, one network never seen before: the allocation events written down and the
+allocator replayed at 4 batch sizes (issue 5's "under 50 ms per network"; the README's Speed bullet).
+
+Each network is described once (untimed); then, per round, for each network in turn: the simulation cache cleared,
+Python's collector run, and the process time taken of ``simulate(desc)`` (the events written down by
+``alloc_model.py`` and made a trace) and of the trace's replay at batch sizes 2, 8, 32 and 64. Prints, per network,
+the median (and the range) over the rounds of the whole, and of simulate alone, in ms, and the load average.
+
+``--code DIR`` times the perf4sight package of another tree (a clone of a base commit), so that base and change can
+be run one after the other, alternating, on a shared machine:
+
+    .venv/bin/python bench/bench_replay_speed.py --rounds 7 maxvit_t swin_v2_t swin_t resnet18
+    .venv/bin/python bench/bench_replay_speed.py --code /tmp/base --rounds 7 maxvit_t
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BATCHES = (2, 8, 32, 64)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("networks", nargs="*", default=["maxvit_t", "swin_v2_t", "swin_t", "resnet18"])
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--side", type=int, default=224, help="input side (px), 3 channels")
+    ap.add_argument("--protocol", default="run_peak", help="the replay's protocol (allocator.REPLAY_PROTOCOLS)")
+    ap.add_argument("--code", type=Path, default=ROOT, help="the tree whose perf4sight package is timed")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(args.code.resolve()))
+    import numpy as np
+
+    from perf4sight.features.alloc_trace import clear_cache, simulate
+    from perf4sight.networks.zoo import describe_zoo
+
+    descs = {n: describe_zoo(n, [3, args.side, args.side]) for n in args.networks}
+    total: dict[str, list[float]] = {n: [] for n in descs}
+    events: dict[str, list[float]] = {n: [] for n in descs}
+    for _ in range(args.rounds):
+        for name, desc in descs.items():
+            clear_cache()
+            gc.collect()
+            t0 = time.process_time()
+            trace = simulate(desc).with_protocol(args.protocol)
+            t1 = time.process_time()
+            for b in BATCHES:
+                trace.replay(b)
+            t2 = time.process_time()
+            events[name].append(1e3 * (t1 - t0))
+            total[name].append(1e3 * (t2 - t0))
+    print(f"code {args.code.resolve()}, {args.rounds} rounds, {args.side}px, {args.protocol}, "
+          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    for name in descs:
+        t, e = total[name], events[name]
+        print(f"{name:12s} total {np.median(t):6.1f} ms ({min(t):.1f}-{max(t):.1f}), "
+              f"simulate {np.median(e):5.1f} ms, replay x{len(BATCHES)} {np.median(t) - np.median(e):5.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
