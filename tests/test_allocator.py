@@ -1619,6 +1619,64 @@ def test_a_maxvit_at_a_batch_of_one_goes_to_the_trace():
         record_events(desc, 1, method="model")
 
 
+def _step_written_down(desc: NetworkDescription, batch: int) -> tuple:
+    from perf4sight.features.alloc_model import step_events
+    st = step_events(desc, batch)
+    return st.setup, st.body, st.tail, dict(st.grads), list(st.param_bytes)
+
+
+def _counted_group_attentions(monkeypatch, extra=None) -> list[int]:
+    """The allocation model's group attention handler wrapped: each call counted (the list given back), and ``extra``
+    run on its context after it."""
+    from perf4sight.features import alloc_model
+
+    handler, calls = alloc_model._HANDLERS["group_attention"], []
+
+    def counted(ctx):  # noqa: ANN001, ANN202
+        calls.append(ctx.node.name)
+        out = handler(ctx)
+        if extra is not None:
+            extra(ctx)
+        return out
+    monkeypatch.setitem(alloc_model._HANDLERS, "group_attention", counted)
+    return calls
+
+
+def test_a_repeated_group_attention_is_its_first_one_renamed(monkeypatch):
+    """A MaxViT's group attentions of one geometry (here 4: two layers of a window and a grid attention) run the
+    handler once; the later ones repeat its events, holds and autograd nodes under new storage ids, node indices and
+    parameters: every event of the step, its gradients and parameters as the handler run at each gives them."""
+    from torchvision.models.maxvit import MaxVit
+
+    from perf4sight.features import alloc_model
+    from perf4sight.ir.from_torch import describe
+    desc = describe(MaxVit((64, 64), 8, 4, [16], [2], 8, 0.0, num_classes=10), [3, 64, 64], "small_maxvit_2")
+    calls = _counted_group_attentions(monkeypatch)
+    repeated = _step_written_down(desc, 3)
+    assert len(calls) == 1
+    calls.clear()
+    monkeypatch.setattr(alloc_model, "_REPEATED", set())
+    assert _step_written_down(desc, 3) == repeated
+    assert len(calls) == 4
+    monkeypatch.undo()
+    assert _as_replayed(record_events(desc, 3, method="model")) == _as_replayed(record_events(desc, 3, method="trace"))
+
+
+@pytest.mark.parametrize("extra", ["a hold on a parameter", "a parameter freed"])
+def test_a_group_attention_that_touches_what_it_did_not_make_is_not_repeated(monkeypatch, extra):
+    """Where the handler's first run touched a storage made before it other than its input's (a hold on it, an event
+    of it), a later node could not repeat it by renaming: each runs the handler (the events as without repeats)."""
+    from perf4sight.features import alloc_model
+    side_effect = {"a hold on a parameter": lambda ctx: ctx.mem.hold(1),
+                   "a parameter freed": lambda ctx: ctx.mem.drop(1) if 1 in ctx.mem.holders else None}[extra]
+    desc = _small_maxvit(32)
+    calls = _counted_group_attentions(monkeypatch, side_effect)
+    with_repeats = _step_written_down(desc, 2)
+    assert len(calls) == 2
+    monkeypatch.setattr(alloc_model, "_REPEATED", set())
+    assert _step_written_down(desc, 2) == with_repeats
+
+
 @pytest.mark.parametrize("zoo, shape, batch", [("swin_v2_t", [3, 64, 32], 2), ("swin_t", [3, 64, 28], 2),
                                                ("swin_t", [3, 72, 88], 1)])
 def test_a_layer_norm_gradient_laid_out_along_dimensions_of_size_1_goes_to_the_trace(zoo, shape, batch):
