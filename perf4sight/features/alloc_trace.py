@@ -107,9 +107,12 @@ def record_runs(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: i
                 momentum: float = PERF4SIGHT_MOMENTUM, weight_decay: float | None = None, inplace_relu: bool = True,
                 fast: bool = True, method: str = "auto", relu6_clone: bool = False,
                 optimizer: str = "sgd", foreach: bool | None = None,
-                set_to_none: bool = False, loss: str = DEFAULT_LOSS) -> list[list[Event]]:
+                set_to_none: bool = False, loss: str = DEFAULT_LOSS, *,
+                model_only: bool = False) -> list[list[Event]] | None:
     """:func:`record_events` at each of ``batch_sizes``, one fresh run each (no gradients, no momentum)
-    on one model built once."""
+    on one model built once. ``model_only``: None where the allocation model does not write the step down (``method``
+    "trace", or a pattern it does not cover), in place of the trace's events: :func:`simulate` keeps the collector
+    paused from the model's events until they are arrays, and traces with the collector as its caller has it."""
     if method not in ("auto", "trace", "model"):
         raise ValueError(f"record_runs: method must be auto, trace or model, not {method!r}")
     optimizer_cost(optimizer)  # a ValueError naming the known ones
@@ -123,6 +126,8 @@ def record_runs(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: i
                 raise UserError(f"{desc.name}: the allocation model does not cover {exc}") from None
     elif method == "model":
         raise UserError("the allocation model needs fast=True and inplace_relu=True")
+    if model_only:
+        return None
     from perf4sight.ir.from_torch import stderr_kept_on_success
 
     try:
@@ -693,10 +698,15 @@ def simulate(desc: NetworkDescription, batches: tuple[int, ...] = (PROBE_BATCH,)
         hit = _CACHE.get(key)
     if hit is not None:
         return hit
-    runs = record_runs(desc, tuple(batches), relu6_clone=relu6_clone, **kw)
-    with collector_paused():  # the events become arrays and are dropped before the collector runs again
-        trace = _trace_of(desc, runs, tuple(batches), relu6_clone, kw)
+    with collector_paused():  # the model's events become arrays and are dropped before the collector runs again
+        runs = record_runs(desc, tuple(batches), relu6_clone=relu6_clone, model_only=True, **kw)
+        trace = None if runs is None else _trace_of(desc, runs, tuple(batches), relu6_clone, kw)
         del runs
+    if trace is None:  # the meta trace's, run with the collector as the caller has it
+        runs = record_runs(desc, tuple(batches), relu6_clone=relu6_clone, **{**kw, "method": "trace"})
+        with collector_paused():
+            trace = _trace_of(desc, runs, tuple(batches), relu6_clone, kw)
+            del runs
     with _LOCK:
         _CACHE[key] = trace
     return trace
@@ -707,7 +717,9 @@ def _trace_of(desc: NetworkDescription, runs: list[list[Event]], batches: tuple[
     """The :class:`AllocTrace` of the runs :func:`simulate` recorded at ``batches`` (its arguments, ``kw`` its
     keywords): their events as arrays, each size split into a constant and a per-sample part. Units: bytes. Made
     with the collector paused, and the events dropped before it runs again: else, in a process holding torch's
-    objects, it ran a dozen young collections here, after the one that walked every event (~0.5 ms of a MaxViT's)."""
+    objects, it ran a dozen young collections here. The allocation model's events are written down under the same
+    pause (:func:`simulate`): the young collection that walked every one as the model's pause ended (~0.5 ms of a
+    MaxViT's) is gone too."""
     first = runs[0]
     if any([(k, t, o) for k, t, _, o in first] != [(k, t, o) for k, t, _, o in e] for e in runs[1:]):
         raise UserError(f"{desc.name}: the traced training step differs between batch sizes {list(batches)}")
