@@ -2478,6 +2478,24 @@ def _backward(fns: list[_GradFn], root: int, mem: _Memory) -> dict[int, int]:
         if strides is not None and (strides == _UNKNOWN or (any(fn.kernels) and not fn.any_strides
                                                            and not _ordered(fn.out_shape, strides))):
             raise NotCovered("a gradient with permuted strides")
+        edges = fn.edges
+        if len(edges) == 1 and fn.kernels[0] is None and edges[0] is not None and edges[0][0] == "fn" and \
+                fn.full[0] is None and not (fn.saved or fn.scratch or fn.before or fn.around or fn.gathers) and \
+                k not in gathered:  # the incoming gradient handed on to one node (a view, a permute): as below
+            sid, out_strides = _handoff(fn, 0, incoming, strides, mem)
+            drop(incoming)
+            target = edges[0][1]
+            if target not in buffers:
+                buffers[target] = (sid, fn.sizes[0], out_strides)
+            elif fns[target].gathers:
+                gathered.setdefault(target, []).append(sid)
+            else:
+                old, size, old_strides = buffers[target]
+                buffers[target] = (new(size, "aten.add.Tensor"), size,
+                                   _summed_strides(fn.shapes[0] if fn.shapes else (), old_strides, out_strides))
+                drop(old)
+                drop(sid)
+            continue
         outs = _gradients_of(fn, incoming, strides, mem)
         if fn.scratch:
             temporaries = [new(size, kernel) for size, kernel in fn.scratch]
