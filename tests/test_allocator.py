@@ -186,6 +186,42 @@ def test_contiguous_strides_are_remembered_for_tuples_and_given_for_lists():
     assert _strides([7]) == (1,)
 
 
+def test_the_remembered_layout_helpers_answer_as_they_work_it_out():
+    """_view, _normal and _iterated_full remember their answers (a MaxViT's step asks them 800 times for about a
+    hundred layouts): for every permutation of three small shapes' dimensions, each reshape into merged or split
+    dimensions, the answer remembered, asked again and asked with lists is the one worked out afresh."""
+    from itertools import permutations
+
+    from perf4sight.features.alloc_model import (_iterated_full, _iterated_full_of, _normal, _normal_of, _strided_view,
+                                                 _strides, _view)
+    assert _view((2, 3, 4), (12, 1, 3), (6, 4)) == (False, None)  # a transpose: no view merges it
+    assert _view((2, 3, 4), (12, 4, 1), (6, 4)) == (True, None)
+    for shape in [(2, 3, 4, 5), (2, 1, 4, 5), (6, 1, 1)]:
+        for perm in permutations(range(len(shape))):
+            laid = _strides(tuple(shape[d] for d in perm))
+            strides = tuple(laid[perm.index(d)] for d in range(len(shape)))
+            news = [(shape[0] * shape[1], *shape[2:]), (*shape[:-2], shape[-2] * shape[-1]), (shape[0], 1, *shape[1:]),
+                    (prod_of(shape),)]
+            for new in news:
+                fresh = _strided_view.__wrapped__(shape, strides, new)
+                assert _view(shape, strides, new) == _view(shape, strides, new) == fresh
+                assert _view(list(shape), list(strides), list(new)) == fresh
+            fresh = _normal_of.__wrapped__(shape, strides)
+            assert _normal(shape, strides) == _normal(shape, strides) == fresh
+            assert _normal(list(shape), list(strides)) == (None if fresh is None else list(strides))  # given back
+            operands = [strides, None]
+            fresh = _iterated_full_of.__wrapped__(shape, operands)
+            assert _iterated_full(shape, operands) == _iterated_full(list(shape), operands) == fresh
+            assert _iterated_full(shape, [list(strides), None]) == fresh
+
+
+def prod_of(shape: tuple[int, ...]) -> int:
+    out = 1
+    for size in shape:
+        out *= size
+    return out
+
+
 def test_the_collector_is_paused_while_the_model_writes_events_and_the_replay_runs(monkeypatch):
     """The cyclic garbage collector does not run while the allocation model writes a step down or the replay runs it
     (tens of thousands of small objects: a collection every few hundred), and runs again after, unless it was off."""
