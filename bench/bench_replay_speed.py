@@ -23,41 +23,57 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCHES = (2, 8, 32, 64)
+NETWORKS = ["maxvit_t", "swin_v2_t", "swin_t", "resnet18"]
+
+
+def measure(networks: list[str], rounds: int = 7, side: int = 224, protocol: str = "run_peak",
+            code: Path = ROOT) -> dict[str, tuple[list[float], list[float]]]:
+    """Per network: (whole times, simulate times) in ms over ``rounds``, ``code``'s perf4sight timed."""
+    sys.path.insert(0, str(Path(code).resolve()))
+    from perf4sight.features.alloc_trace import clear_cache, simulate
+    from perf4sight.networks.zoo import describe_zoo
+
+    descs = {n: describe_zoo(n, [3, side, side]) for n in networks}
+    out: dict[str, tuple[list[float], list[float]]] = {n: ([], []) for n in descs}
+    for _ in range(rounds):
+        for name, desc in descs.items():
+            clear_cache()
+            gc.collect()
+            t0 = time.process_time()
+            trace = simulate(desc).with_protocol(protocol)
+            t1 = time.process_time()
+            for b in BATCHES:
+                trace.replay(b)
+            t2 = time.process_time()
+            out[name][0].append(1e3 * (t2 - t0))
+            out[name][1].append(1e3 * (t1 - t0))
+    return out
+
+
+def run() -> list[dict]:
+    """The default networks, 7 rounds: one row per network (bench/run_all.py)."""
+    import numpy as np
+    times = measure(NETWORKS)
+    load = os.getloadavg()[0]
+    return [{"benchmark": "replay_speed", "metric": f"{name} description -> 4 batch sizes (median of 7)",
+             "value": float(np.median(whole)), "unit": "ms",
+             "note": f"simulate {np.median(sim):.1f} ms; process time; load average {load:.1f}"}
+            for name, (whole, sim) in times.items()]
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("networks", nargs="*", default=["maxvit_t", "swin_v2_t", "swin_t", "resnet18"])
+    ap.add_argument("networks", nargs="*", default=NETWORKS)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--side", type=int, default=224, help="input side (px), 3 channels")
     ap.add_argument("--protocol", default="run_peak", help="the replay's protocol (allocator.REPLAY_PROTOCOLS)")
     ap.add_argument("--code", type=Path, default=ROOT, help="the tree whose perf4sight package is timed")
     args = ap.parse_args(argv)
-    sys.path.insert(0, str(args.code.resolve()))
     import numpy as np
-
-    from perf4sight.features.alloc_trace import clear_cache, simulate
-    from perf4sight.networks.zoo import describe_zoo
-
-    descs = {n: describe_zoo(n, [3, args.side, args.side]) for n in args.networks}
-    total: dict[str, list[float]] = {n: [] for n in descs}
-    events: dict[str, list[float]] = {n: [] for n in descs}
-    for _ in range(args.rounds):
-        for name, desc in descs.items():
-            clear_cache()
-            gc.collect()
-            t0 = time.process_time()
-            trace = simulate(desc).with_protocol(args.protocol)
-            t1 = time.process_time()
-            for b in BATCHES:
-                trace.replay(b)
-            t2 = time.process_time()
-            events[name].append(1e3 * (t1 - t0))
-            total[name].append(1e3 * (t2 - t0))
+    times = measure(args.networks, args.rounds, args.side, args.protocol, args.code)
     print(f"code {args.code.resolve()}, {args.rounds} rounds, {args.side}px, {args.protocol}, "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    for name in descs:
-        t, e = total[name], events[name]
+    for name, (t, e) in times.items():
         print(f"{name:12s} total {np.median(t):6.1f} ms ({min(t):.1f}-{max(t):.1f}), "
               f"simulate {np.median(e):5.1f} ms, replay x{len(BATCHES)} {np.median(t) - np.median(e):5.1f} ms")
 
