@@ -374,8 +374,9 @@ class _BothLooks:
 def test_looks_that_leave_out_the_untouched_tensors_compare_as_the_whole_state(zoo, monkeypatch):
     """The replay's looks at the allocator (before each run of the last step, every ``_MARK_EVENTS`` events of its
     runs, here 16) leave out the first live tensors that no event of the last step or of its repeats touches (weights,
-    gradients kept, momentum): every comparison of two looks answers as the whole states' comparison does, under each
-    protocol, with gradients kept and with gradients freed; some looks are shorter and some match."""
+    gradients kept, momentum), and those within a run the list of live tensors (a repeat that began with the marked
+    run's): every comparison of two looks answers as the whole states' comparison does, under each protocol, with
+    gradients kept and with gradients freed; some looks are shorter and some match."""
     from perf4sight.features import allocator
     from perf4sight.features.step_runtime import StepRuntime
     from perf4sight.networks.zoo import describe_zoo
@@ -384,9 +385,9 @@ def test_looks_that_leave_out_the_untouched_tensors_compare_as_the_whole_state(z
     left_out: list[int] = []
     real_snapshot = CachingAllocator.snapshot
 
-    def both(self, live, skip=0):  # noqa: ANN001, ANN202
+    def both(self, live, skip=0, tensors=True):  # noqa: ANN001, ANN202
         left_out.extend(list(live)[:skip])
-        return _BothLooks(real_snapshot(self, live, skip), real_snapshot(self, live), verdicts)
+        return _BothLooks(real_snapshot(self, live, skip, tensors), real_snapshot(self, live), verdicts)
 
     monkeypatch.setattr(CachingAllocator, "snapshot", both)
     desc = _small_maxvit(64) if zoo == "small_maxvit" else describe_zoo(zoo, [3, 32, 32], num_classes=10)

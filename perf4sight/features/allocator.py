@@ -43,6 +43,7 @@ import gc
 from bisect import bisect_left, insort
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from itertools import islice
 from operator import itemgetter
 from typing import Iterator, NamedTuple
 
@@ -151,19 +152,21 @@ class CachingAllocator:
                 self.reserved -= self._free[key][SIZE]
                 self._remove(self._free[key])
 
-    def snapshot(self, live: dict[int, _Block], skip: int = 0) -> tuple:
+    def snapshot(self, live: dict[int, _Block], skip: int = 0, tensors: bool = True) -> tuple:
         """Everything the next requests depend on, made in a few C loops for a look every few hundred events
         (:func:`_marked_run`): reserved and allocated bytes, the free blocks of both pools and where each live
         tensor's block lies (its address and size, the tensors listed in ``live``'s order: an order that differs
         only misses a match). Equal snapshots replay equally. ``live`` holds no None (:meth:`run` keeps none
         there). ``skip``: the first ``skip`` live tensors left out, tensors that no event between the snapshots
         compared touches (:func:`_untouched_prefix`): they stay first in ``live``, and an allocated block keeps its
-        address and size, so theirs are the same in both."""
-        tensors, blocks = list(live), list(live.values())
-        if skip:
-            tensors, blocks = tensors[skip:], blocks[skip:]
-        return (self.reserved, self.allocated, tuple(self._pools[0]), tuple(self._pools[1]), tensors,
+        address and size, so theirs are the same in both. ``tensors`` False: the tensors' list left out (a third of
+        the look), for looks at the same point of two runs of the same events that began with the same live
+        tensors: which tensors are live, and in what order, follows from those and the events alone, so theirs are
+        the same (:func:`_run_to_mark`)."""
+        blocks = list(islice(live.values(), skip, None))
+        look = (self.reserved, self.allocated, tuple(self._pools[0]), tuple(self._pools[1]),
                 list(map(_ADDRESS, blocks)), list(map(_BYTES, blocks)))
+        return look[:4] + (list(islice(live, skip, None)),) + look[4:] if tensors else look
 
     def unlink(self, live: dict[int, _Block]) -> None:
         """Forget every block's neighbours (the free blocks' and the live tensors' blocks, ``live``), once the replay is
@@ -370,7 +373,7 @@ def _marked_run(alloc: CachingAllocator, kinds: list[int], ids: list[int], sizes
     live tensors (:func:`_untouched_prefix`)."""
     stretches = []
     for start in range(0, len(kinds), _MARK_EVENTS):
-        seen = alloc.snapshot(live, skip) if start else None
+        seen = alloc.snapshot(live, skip, tensors=False) if start else None
         alloc.reset_peaks()  # the run's own reset, at the first
         alloc.run(kinds[start:start + _MARK_EVENTS], ids[start:start + _MARK_EVENTS],
                   sizes[start:start + _MARK_EVENTS], live)
@@ -390,9 +393,10 @@ def _run_to_mark(alloc: CachingAllocator, kinds: list[int], ids: list[int], size
     """Run a repeat of the events :func:`_marked_run` ran until the allocator is, at a look, as that run left it
     there: the rest would run as it did, so the repeat's peaks (bytes) are those of its events so far and of the
     run's from there, given at once (a MaxViT's repeat meets its step's run a third of the way in). None: it ran to
-    the end (its peaks in ``alloc``). ``skip``: as the marked run's looks left out."""
+    the end (its peaks in ``alloc``). ``skip``: as the marked run's looks left out. The repeat begins with the live
+    tensors the marked run began with (the caller checks): the looks leave them out, as the marked run's did."""
     for n, start in enumerate(range(0, len(kinds), _MARK_EVENTS)):
-        if n and alloc.snapshot(live, skip) == marks[n].snapshot:
+        if n and alloc.snapshot(live, skip, tensors=False) == marks[n].snapshot:
             return max(alloc.peak_reserved, marks[n].reserved), max(alloc.peak_allocated, marks[n].allocated)
         alloc.run(kinds[start:start + _MARK_EVENTS], ids[start:start + _MARK_EVENTS],
                   sizes[start:start + _MARK_EVENTS], live)
@@ -575,10 +579,13 @@ class AllocTrace:
                 peaks += [(marks[0].reserved, marks[0].allocated)] * (total - n)
                 break
             if marks is not None:  # the marked run's events again: this run may meet its course
-                met = _run_to_mark(alloc, run_kinds, run_ids, run_sizes, live, marks, skip)
-                if met is not None:  # it ends as the marked run did: so does every later one
-                    peaks += [met] * (total - n)
-                    break
+                if state[4] != marked_from[0][4]:  # other live tensors than the marked run began with: no looks
+                    alloc.run(run_kinds, run_ids, run_sizes, live)
+                else:
+                    met = _run_to_mark(alloc, run_kinds, run_ids, run_sizes, live, marks, skip)
+                    if met is not None:  # it ends as the marked run did: so does every later one
+                        peaks += [met] * (total - n)
+                        break
             elif events is repeat and n + 1 < total:  # the next run repeats these events
                 marked_from = state, alloc._next_ptr
                 marks = _marked_run(alloc, run_kinds, run_ids, run_sizes, live, skip)
