@@ -11,6 +11,10 @@ be run one after the other, alternating, on a shared machine:
 
     .venv/bin/python bench/bench_replay_speed.py --rounds 7 maxvit_t swin_v2_t swin_t resnet18
     .venv/bin/python bench/bench_replay_speed.py --code /tmp/base --rounds 7 maxvit_t
+
+``--against DIR`` loads both trees' packages in one process and times them alternately, round by round (the first
+of a round alternating too): on a loaded machine the paired differences (the median printed) move less than two
+processes' medians do.
 """
 from __future__ import annotations
 
@@ -50,6 +54,39 @@ def measure(networks: list[str], rounds: int = 7, side: int = 224, protocol: str
     return out
 
 
+def _package(code: Path) -> tuple:
+    """``code``'s (clear_cache, simulate), imported afresh: the modules of a tree loaded before are set aside."""
+    for name in [m for m in sys.modules if m == "perf4sight" or m.startswith("perf4sight.")]:
+        del sys.modules[name]
+    sys.path.insert(0, str(Path(code).resolve()))
+    try:
+        from perf4sight.features.alloc_trace import clear_cache, simulate
+    finally:
+        sys.path.pop(0)
+    return clear_cache, simulate
+
+
+def paired(networks: list[str], base: Path, rounds: int = 21, side: int = 224,
+           protocol: str = "run_peak") -> dict[str, dict[str, list[float]]]:
+    """Per network, the whole times (ms) of ``base``'s package and of this tree's, alternating in one process."""
+    packages = {"base": _package(base), "this": _package(ROOT)}
+    from perf4sight.networks.zoo import describe_zoo
+    descs = {n: describe_zoo(n, [3, side, side]) for n in networks}
+    out: dict[str, dict[str, list[float]]] = {n: {"base": [], "this": []} for n in descs}
+    for r in range(rounds):
+        for name, desc in descs.items():
+            for which in (("base", "this") if r % 2 == 0 else ("this", "base")):
+                clear_cache, simulate = packages[which]
+                clear_cache()
+                gc.collect()
+                t0 = time.process_time()
+                trace = simulate(desc).with_protocol(protocol)
+                for b in BATCHES:
+                    trace.replay(b)
+                out[name][which].append(1e3 * (time.process_time() - t0))
+    return out
+
+
 def run() -> list[dict]:
     """The default networks, 7 rounds: one row per network (bench/run_all.py)."""
     import numpy as np
@@ -68,8 +105,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--side", type=int, default=224, help="input side (px), 3 channels")
     ap.add_argument("--protocol", default="run_peak", help="the replay's protocol (allocator.REPLAY_PROTOCOLS)")
     ap.add_argument("--code", type=Path, default=ROOT, help="the tree whose perf4sight package is timed")
+    ap.add_argument("--against", type=Path, help="a base tree, timed alternately with this one in one process")
     args = ap.parse_args(argv)
     import numpy as np
+    if args.against is not None:
+        times = paired(args.networks, args.against, args.rounds, args.side, args.protocol)
+        print(f"{args.against.resolve()} against {ROOT}, {args.rounds} rounds, {args.side}px, {args.protocol}, "
+              f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        for name, t in times.items():
+            base, this = np.array(t["base"]), np.array(t["this"])
+            print(f"{name:12s} base {np.median(base):6.1f} ms, this {np.median(this):6.1f} ms, "
+                  f"paired difference {np.median(this - base):+.1f} ms")
+        return
     times = measure(args.networks, args.rounds, args.side, args.protocol, args.code)
     print(f"code {args.code.resolve()}, {args.rounds} rounds, {args.side}px, {args.protocol}, "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
