@@ -153,6 +153,7 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "weighted_sum",
                      "log",
                      "normalize",
+                     "logsumexp",
                      "unfold", "fold",
                      "matmul"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
@@ -1295,6 +1296,17 @@ def _im2col(ctx: _OpContext) -> _Value:
     return _Value(sid, ctx.nbytes, ctx.unary_grad_fn(f"aten.{backward}.default", []))
 
 
+def _logsumexp(ctx: _OpContext) -> _Value:
+    """A logsumexp over dims (aten.logsumexp: its output alone, its temporaries below the dispatcher), keeping its
+    input and its result. Backward grad * exp(x - result): ``sub`` and ``exp`` (the input's size) before the
+    gradient (``mul``), freed once it is made."""
+    x = ctx.x
+    sid = ctx.alloc("logsumexp.default")
+    fn = ctx.grad_fn([x.sid, sid], [_edge(x)], [x.nbytes], ["aten.mul.Tensor"],
+                     before=[(x.nbytes, "aten.sub.Tensor"), (x.nbytes, "aten.exp.default")])
+    return _Value(sid, ctx.nbytes, fn)
+
+
 def _combine(ctx: _OpContext) -> _Value:
     """add, mul (of two tensors, or of a tensor and a scalar), cat."""
     n, ins, nbytes, op = ctx.node, ctx.inputs, ctx.nbytes, ctx.node.op
@@ -2366,6 +2378,7 @@ _HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
     **dict.fromkeys(("relu", "relu6", "dropout", *_ACTIVATIONS), _activation),
     **dict.fromkeys(("pow", "exp", "abs", "log"), _maths),
     "normalize": _l2_normalize,
+    "logsumexp": _logsumexp,
     "unfold": _im2col,
     "fold": _im2col,
     "div": _quotient,

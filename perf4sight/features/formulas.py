@@ -870,6 +870,18 @@ def _fold(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
                   kernels_bwd=1, kind="other")
 
 
+def _logsumexp(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """log(sum(exp(x))) over dims as torch runs it (its composite kernel, the same on every device; torch 2.14's
+    profiler): forward the max over dims (amax), its infinities zeroed (abs, eq, a copy, masked_fill), x less the max
+    (sub), exp in place, the sum, its log and the max added back: 10 kernels, 4 FLOPs an input element (max, sub,
+    exp, sum) and 5 an output one (abs, eq, masked_fill, log, add). Backward (a dispatch log): grad * exp(x -
+    result), 3 kernels and 3 FLOPs an input element. It keeps its input and its result."""
+    n, rows = numel(in_shapes[0]), numel(node.output_shape)
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    return OpCost(flops_fwd=4.0 * n + 5.0 * rows, flops_bwd=3.0 * n, bytes_read=rd, bytes_written=wr,
+                  saved=[0, OUTPUT], kernels_fwd=10, kernels_bwd=3, kind="pool")
+
+
 def _input(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     return OpCost(kind="view")
 
@@ -958,6 +970,7 @@ HANDLERS: dict[str, Handler] = {
     # ln x: 1; backward grad / x (1, one kernel: a dispatch log of torch 2.14), it keeps its input
     "log": _pointwise(1, [0], 1),
     "normalize": _l2_normalize,
+    "logsumexp": _logsumexp,
     "unfold": _unfold,
     "fold": _fold,
     "identity": _view,

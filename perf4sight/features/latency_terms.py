@@ -343,6 +343,10 @@ _PASSES: dict[str, tuple[float, float, int]] = {
     # division's x / y, over y, -grad (two each) and their product (3), grad / y (2), the expand's sum (1), x / norm
     # and the masked fill (two each), the product (3) and the two gradients' add (3), the row kernels negligible
     "normalize": (1.5, 22.0, 14),
+    # forward the max, x less it (a read, a write), its exp in place (the same) and the sum: 6 input-sized passes
+    # (formulas._logsumexp's 10 kernels, those over the output negligible); backward x - result, its exp and the
+    # product with the broadcast gradient (a read and a write each)
+    "logsumexp": (6.0, 6.0, 3),
 }
 #: A square root's: backward 2 * result, then the gradient over it.
 _SQRT_PASSES = (1.0, 5.0, 2)
@@ -426,7 +430,7 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
             _group_attention(r, node, first)
         else:
             fwd_passes, bwd_passes, bwd_kernels = _passes(node)
-            composite = op in ("local_response_norm", "alpha_dropout", "normalize") \
+            composite = op in ("local_response_norm", "alpha_dropout", "normalize", "logsumexp") \
                 or op == "pad" and node.attrs["mode"] == "circular"
             fwd_kernels = visit.cost.kernels_fwd if composite else 1  # torch runs these as several ops
             if op == "weighted_sum":  # its products and adds (those on its weights alone left out)

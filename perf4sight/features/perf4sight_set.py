@@ -172,6 +172,8 @@ def perf4sight_vectors(desc: NetworkDescription) -> tuple[np.ndarray, np.ndarray
                          "hardshrink", "softshrink", "threshold",
                          "log_sigmoid"):
             scaled[_IDX["act_elems"]] += out
+        elif node.op == "logsumexp":  # an exp an input element, as a softmax's an output one
+            scaled[_IDX["act_elems"]] += numel(shapes[node.inputs[0]])
         elif "pool" in node.op:
             scaled[_IDX["pool_elems"]] += numel(shapes[node.inputs[0]])
         # a dropout2d, an alpha dropout: a multiply by a noise (an alpha dropout's add besides)

@@ -25,7 +25,8 @@ __all__ = ["priced_ms_per_sample", "priced_as", "check_prices", "load_op_prices"
 #: Ops whose price is per element of their input (a global pool; a GLU, which reads two elements an output element:
 #: silu's price an input element, 2.4-3.1 ns an output element against silu's 1.6 on this 2-core CPU, forward and
 #: backward), and those per output element times the window.
-_PER_INPUT = frozenset({"adaptiveavgpool2d", "adaptivemaxpool2d", "glu"})
+_PER_INPUT = frozenset({"adaptiveavgpool2d", "adaptivemaxpool2d", "glu",
+                        "logsumexp"})
 _PER_WINDOW = frozenset({"maxpool2d", "avgpool2d", "fractional_maxpool2d"})
 #: Ops priced as another op where the table has no price of their own: those the profile does not measure
 #: (leaky_relu and hardtanh: the same kernels as relu and relu6; prelu, dropout2d and log_softmax, below), and those
@@ -83,7 +84,9 @@ _PRICED_AS = {"leaky_relu": "relu", "hardtanh": "relu6",
               # not measured: a max pool's compares an output element times the window (:data:`_PER_WINDOW`)
               "fractional_maxpool2d": "maxpool2d",
               # not measured: a multiply and an add of [C] constants broadcast, one multiply back, as a mul's
-              "frozen_batchnorm2d": "mul"}
+              "frozen_batchnorm2d": "mul",
+              # not measured: a max, an exp and a sum along dims an input element (:data:`_PER_INPUT`), as a softmax's
+              "logsumexp": "softmax"}
 
 
 def check_prices(data: Any, where: str) -> dict[str, dict[int, float]]:

@@ -123,6 +123,7 @@ ONNX_TO_OP: dict[str, str] = {
     # no ONNX op (torch's exporter writes a BiFPN fusion as a Relu, a ReduceSum, an Add, a Div, Gathers, Muls and
     # Adds): a type of our own
     "WeightedSum": "weighted_sum",
+    "ReduceLogSumExp": "logsumexp",  # ONNX's (its axes our dims, keepdims our keepdim)
 }
 #: Our op -> ONNX op type. Five of ours share a type with another: ``permute`` is a ``Transpose`` of more than two
 #: axes; ``scale``, ``shift`` and ``token`` are a ``Mul``, an ``Add`` and a ``Concat`` with a learnt tensor (an ONNX
@@ -573,6 +574,10 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
             raise UserError(f"{where}: ReduceVariance lacks 'dims' in args")
         return {"dims": _ints(args["dims"], where), "keepdim": flag("keepdim", False),
                 "correction": _number(args.get("correction", 1.0), f"{where} correction")}
+    if op == "logsumexp":  # ONNX's ReduceLogSumExp: axes (required here: ONNX's none reduces the batch too)
+        if args.get("dims", args.get("axes")) is None:
+            raise UserError(f"{where}: ReduceLogSumExp lacks 'axes' in args")
+        return {"dims": _ints(args.get("dims", args.get("axes")), where), "keepdim": flag("keepdim", True, "keepdims")}
     if op == "mean":
         return {"dims": _ints(args.get("dims", args.get("axes", [2, 3])), where),
                 "keepdim": flag("keepdim", False, "keepdims")}

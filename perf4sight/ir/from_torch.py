@@ -2810,6 +2810,20 @@ def _fused_attention(n: fx.Node) -> tuple[str, dict]:
 
 
 FUNCTION_OPS[F.scaled_dot_product_attention] = _fused_attention
+
+
+def _logsumexp_call(n: fx.Node) -> tuple[str, dict]:
+    """``torch.logsumexp(x, dim, keepdim)``/``x.logsumexp``: the op logsumexp over ``dim`` (one or several, counted
+    from the front); one over the batch's, or over every dimension, is refused by name."""
+    dims = _arg(n, 1, "dim")
+    if dims is None or dims == () or dims == []:
+        raise ValueError("a logsumexp over every dimension (no dim given) reduces the batch too; give dim=")
+    return "logsumexp", {"dims": _dims_after_the_batch(n, dims, "logsumexp"),
+                         "keepdim": bool(_arg(n, 2, "keepdim", False))}
+
+
+for _key in (torch.logsumexp, "logsumexp"):
+    FUNCTION_OPS[_key] = _logsumexp_call
 _EINSUMS = {torch.einsum}
 
 

@@ -179,6 +179,9 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # the variance over dims (as mean's), its squared deviations summed over their count less correction (torch's
     # var: 1, unbiased; 0 a hand-written norm's); a standard deviation is its pow 0.5
     "var": ("dims", "keepdim", "correction"),
+    # log(sum(exp(x))) over dims (as mean's, never the batch's), computed stably (torch's logsumexp: the max taken
+    # out first); a mixture's or a soft maximum's log-likelihood
+    "logsumexp": ("dims", "keepdim"),
     "div": (),  # the first input over the second, broadcast (torch's x / y of two tensors; x / c is mul's scalar 1 / c)
     # the matrix product of two activations of [..., M, K] and [..., K, N] (equal ranks of at least 2; the dims
     # before the last two broadcast, as torch's matmul's do): [..., M, N] (torch's matmul, @, bmm, a batched einsum;
@@ -259,6 +262,7 @@ _FLAGS: Dict[str, Tuple[str, ...]] = {
     "rmsnorm": ("elementwise_affine",),
     "maxpool2d": ("ceil_mode",), "avgpool2d": ("ceil_mode", "count_include_pad"), "mean": ("keepdim",),
     "var": ("keepdim",),
+    "logsumexp": ("keepdim",),
     "interpolate": ("align_corners",),
     "pad": ("pads_computed",),
     "conv_transpose2d": ("bias",),

@@ -41,6 +41,7 @@ ARITY: Dict[str, Tuple[int, Optional[int]]] = {
     **{op: (1, 1) for op in ("pad", "pixel_shuffle", "pixel_unshuffle")},
     "glu": (1, 1),
     "normalize": (1, 1),
+    "logsumexp": (1, 1),
     "unfold": (1, 1),
     "fold": (1, 1),
     "local_response_norm": (1, 1),
@@ -352,7 +353,7 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
         swapped = list(x)
         swapped[axes[0]], swapped[axes[1]] = x[axes[1]], x[axes[0]]
         return swapped
-    if op in ("mean", "var"):
+    if op in ("mean", "var", "logsumexp"):
         axes = [_axis(int(d), len(x)) for d in a["dims"]]
         if not axes or None in axes or len(set(axes)) != len(axes):
             return f"dims {a['dims']} are not distinct dimensions of its input {x} after the batch"

@@ -1,0 +1,144 @@
+"""Calls research code makes that the description once refused by name: torch.logsumexp, torch.cumsum, torch.where of
+a condition computed from the data, F.affine_grid with F.grid_sample. Each is described as torch computes it (the
+module rebuilt from the description computes the original's output and gradients), costed as torch runs it (a
+dispatch log), keeps what autograd keeps, is written down by the allocation model as the meta trace records it, and a
+network holding it prunes and trains."""
+from __future__ import annotations
+
+import pytest
+import torch
+from test_ir_maths_calls import SHAPE, _computes_the_same, _Probe
+
+from perf4sight.errors import UserError
+from perf4sight.ir.from_torch import describe
+
+#: Patterns of a [8, 8, 8] map: (pattern, the op it describes to, the torch call run alone on a [1, 8, 8, 8] leaf for
+#: the dispatch log: the op's kernels forward and backward).
+_CASES = {
+    "logsumexp": (lambda y: torch.logsumexp(y, 1, keepdim=True) + y * y.logsumexp((2, 3))[:, :, None, None],
+                  "logsumexp", lambda x: torch.logsumexp(x, 1, keepdim=True)),
+}
+
+
+def test_logsumexp_is_described():
+    """torch.logsumexp and x.logsumexp were refused ("call_function 'logsumexp' has no description op"): they are the
+    op logsumexp over their dims (counted from the front), keepdim as given, and the rebuilt module computes the
+    original's output and gradients."""
+    desc = _computes_the_same(_Probe(_CASES["logsumexp"][0]))
+    assert [(n.attrs, n.output_shape) for n in desc.nodes if n.op == "logsumexp"] == [
+        ({"dims": [1], "keepdim": True}, [1, 8, 8]), ({"dims": [2, 3], "keepdim": False}, [8])]
+
+
+@pytest.mark.parametrize("pattern, match", [
+    (lambda y: torch.logsumexp(y, 0, keepdim=True), r"a logsumexp along the batch dimension \(dims \[0\]\)"),
+    (lambda y: y + torch.logsumexp(y, (-1, 0), keepdim=True), r"a logsumexp along the batch dimension"),
+])
+def test_a_logsumexp_over_the_batch_is_refused_by_name(pattern, match):
+    """A logsumexp across the samples mixes them, which a description never does: refused by name."""
+    with pytest.raises(UserError, match=match):
+        describe(_Probe(pattern), SHAPE, name="refused")
+
+
+@pytest.mark.parametrize("case", list(_CASES))
+@pytest.mark.parametrize("batch", [3, 1])
+def test_the_allocation_model_writes_down_the_call_as_traced(case, batch):
+    """A logsumexp allocates its output (its temporaries lie below the dispatcher) and keeps its input and result;
+    backward ``sub`` and ``exp`` of the input's size, then the gradient (``mul``). The model's events are the meta
+    trace's, not left to it."""
+    from test_allocator import _as_replayed
+
+    from perf4sight.features.alloc_model import COVERED
+    from perf4sight.features.alloc_trace import record_events
+
+    desc = describe(_Probe(_CASES[case][0]), SHAPE, name=case)
+    model = record_events(desc, batch, steps=2, method="model")
+    assert _CASES[case][1] in COVERED
+    assert _as_replayed(model) == _as_replayed(record_events(desc, batch, steps=2, method="trace"))
+
+
+def _profiled_forward(fn, shape: list[int]) -> list[str]:
+    """The aten ops torch's profiler records under ``fn`` of a [1, *shape] leaf, forward: those that launch a kernel
+    on a GPU (allocations, views, the CPU's reduction fills and conversion wrappers left out), in order."""
+    from torch.profiler import profile
+
+    x = torch.randn(1, *shape, requires_grad=True)
+    with profile() as prof:
+        fn(x)
+    skip = {"empty", "empty_strided", "fill_", "real", "to", "detach", "view", "as_strided", "unsqueeze"}
+    names = [e.name.split("::")[-1] for e in prof.events() if e.name.startswith("aten::")]
+    names = [name for name in names if name not in skip]
+    # an op calling its own out= variant (logsumexp, abs) is recorded twice in a row: once
+    return [name for i, name in enumerate(names) if i == 0 or name != names[i - 1]]
+
+
+def test_a_logsumexp_costs_the_kernels_torch_runs():
+    """A logsumexp is one aten op (CompositeExplicitAutograd) whose kernel runs, on every device, the max over dims,
+    its infinities zeroed, x less the max, its exp, the sum, the log and the max added back (the profiler's ops: 10
+    kernels, 4 FLOPs an input element and 5 an output one); backward (a dispatch log) sub, exp and mul of the input's
+    size (3 kernels, 3 FLOPs an element). It keeps its input and its result."""
+    from test_features import _ops_run
+
+    from perf4sight.features.formulas import OUTPUT
+    from perf4sight.features.walk import walk
+
+    pattern, op, torch_run = _CASES["logsumexp"]
+    desc = describe(_Probe(pattern), SHAPE, name="logsumexp")
+    visit = [v for v in walk(desc) if v.node.op == op][0]
+    forward, backward = _ops_run(torch_run, [8, 8, 8])
+    assert [name for name, _ in forward] == ["logsumexp"]
+    inner = _profiled_forward(torch_run, [8, 8, 8])
+    assert inner[0] == "logsumexp" and inner[1:] == ["amax", "abs", "eq", "_to_copy", "copy_", "masked_fill_", "sub",
+                                                     "exp_", "sum", "log_", "add_"]
+    assert visit.cost.kernels_fwd == len(inner) - 2  # the wrapper and _to_copy's copy_ (one kernel) left out
+    assert (visit.cost.kernels_bwd, visit.cost.flops_bwd) == (len(backward), sum(e for _, e in backward))
+    n, rows = 8 * 8 * 8, 8 * 8
+    assert visit.cost.flops_fwd == 4 * n + 5 * rows
+    assert visit.cost.saved == [0, OUTPUT]
+
+
+@pytest.mark.parametrize("case", list(_CASES))
+def test_the_call_keeps_what_autograd_keeps(case):
+    """What a sample adds to autograd's saved tensors (the network input aside) is the features' (a logsumexp's input
+    and its result)."""
+    from test_features import _autograd_saved_bytes
+
+    from perf4sight.features.aggregate import network_features
+
+    desc = describe(_Probe(_CASES[case][0]), SHAPE, name=case)
+    at2, at4 = (b * _autograd_saved_bytes(desc, b, with_input=False) for b in (2, 4))
+    assert network_features(desc).per_sample["saved_bytes"] == (at4 - at2) / 2
+
+
+def test_a_logsumexp_runs_its_kernels_in_the_latency_terms():
+    """The kernel table runs a logsumexp as torch does: 10 kernels forward and 3 back (formulas' counts)."""
+    from perf4sight.features.latency_terms import kernel_table
+
+    desc = describe(_Probe(lambda y: y + torch.logsumexp(y, 1, keepdim=True)), SHAPE, name="logsumexp")
+    plain = describe(_Probe(lambda y: y + y.mean(1, keepdim=True)), SHAPE, name="plain")
+    assert kernel_table(desc).launches == kernel_table(plain).launches - 2 + 10 + 3
+
+
+@pytest.mark.parametrize("case", list(_CASES))
+def test_a_network_using_the_call_prunes_and_trains(case):
+    """Pruning a network that calls it keeps the call: the pruned network describes to fewer channels with the op
+    still there, and a training step runs."""
+    from torch import nn
+
+    from test_networks import _train_step
+
+    from perf4sight.networks.build import Source, prune_source
+
+    pattern, op, _ = _CASES[case]
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(16, 16, 3, padding=1)
+            self.fc = nn.Linear(16, 10)
+
+        def forward(self, x):
+            return self.fc(self.b(pattern(self.a(x))).mean((2, 3)))
+    (desc,) = prune_source(Source("net", "test", Net), [3, 16, 16], [30], "l1-norm", 2, seed=0)
+    assert max(n.attrs["out_channels"] for n in desc.nodes if n.op == "conv2d") < 16
+    assert op in [n.op for n in desc.nodes]
+    _train_step(desc)
