@@ -17,6 +17,7 @@ from perf4sight.ir.from_torch import describe
 _CASES = {
     "logsumexp": (lambda y: torch.logsumexp(y, 1, keepdim=True) + y * y.logsumexp((2, 3))[:, :, None, None],
                   "logsumexp", lambda x: torch.logsumexp(x, 1, keepdim=True)),
+    "cumsum": (lambda y: torch.cumsum(y, 2) + y.cumsum(-1), "cumsum", lambda x: torch.cumsum(x, 2)),
 }
 
 
@@ -39,12 +40,30 @@ def test_a_logsumexp_over_the_batch_is_refused_by_name(pattern, match):
         describe(_Probe(pattern), SHAPE, name="refused")
 
 
+def test_cumsum_is_described():
+    """torch.cumsum and x.cumsum were refused ("call_function 'cumsum' has no description op"): they are the op
+    cumsum along their dim (counted from the front), and the rebuilt module computes the original's output and
+    gradients."""
+    desc = _computes_the_same(_Probe(_CASES["cumsum"][0]))
+    assert [n.attrs for n in desc.nodes if n.op == "cumsum"] == [{"dim": 2}, {"dim": 3}]
+
+
+@pytest.mark.parametrize("pattern, match", [
+    (lambda y: torch.cumsum(y, 0), r"a cumsum along the batch dimension \(dims \[0\]\)"),
+    (lambda y: y.cumsum(1, dtype=torch.float64).float(), r"a cumsum into dtype torch.float64 has no description op"),
+])
+def test_a_cumsum_over_the_batch_or_into_another_dtype_is_refused_by_name(pattern, match):
+    """A running sum across the samples, or into float64, is refused by name."""
+    with pytest.raises(UserError, match=match):
+        describe(_Probe(pattern), SHAPE, name="refused")
+
+
 @pytest.mark.parametrize("case", list(_CASES))
 @pytest.mark.parametrize("batch", [3, 1])
 def test_the_allocation_model_writes_down_the_call_as_traced(case, batch):
     """A logsumexp allocates its output (its temporaries lie below the dispatcher) and keeps its input and result;
-    backward ``sub`` and ``exp`` of the input's size, then the gradient (``mul``). The model's events are the meta
-    trace's, not left to it."""
+    backward ``sub`` and ``exp`` of the input's size, then the gradient (``mul``). A cumsum keeps nothing; backward
+    ``flip``, ``cumsum``, then the gradient (``flip``). The model's events are the meta trace's, not left to it."""
     from test_allocator import _as_replayed
 
     from perf4sight.features.alloc_model import COVERED
@@ -96,10 +115,27 @@ def test_a_logsumexp_costs_the_kernels_torch_runs():
     assert visit.cost.saved == [0, OUTPUT]
 
 
+def test_a_cumsum_costs_the_kernels_torch_runs():
+    """A cumsum is one kernel forward (an add an element); backward (a dispatch log) the gradient flipped, summed and
+    flipped back (3 kernels; the flips copies, no FLOPs). It keeps nothing."""
+    from test_features import _ops_run
+
+    from perf4sight.features.walk import walk
+
+    pattern, op, torch_run = _CASES["cumsum"]
+    desc = describe(_Probe(pattern), SHAPE, name="cumsum")
+    visit = [v for v in walk(desc) if v.node.op == op][0]
+    forward, backward = _ops_run(torch_run, [8, 8, 8])
+    assert [name for name, _ in forward] == ["cumsum"] and [name for name, _ in backward] == ["flip", "cumsum", "flip"]
+    assert (visit.cost.kernels_fwd, visit.cost.kernels_bwd) == (len(forward), len(backward))
+    assert (visit.cost.flops_fwd, visit.cost.flops_bwd) == (forward[0][1], backward[1][1])
+    assert visit.cost.saved == [] and visit.cost.extra_saved_bytes == 0
+
+
 @pytest.mark.parametrize("case", list(_CASES))
 def test_the_call_keeps_what_autograd_keeps(case):
     """What a sample adds to autograd's saved tensors (the network input aside) is the features' (a logsumexp's input
-    and its result)."""
+    and its result; a cumsum's nothing)."""
     from test_features import _autograd_saved_bytes
 
     from perf4sight.features.aggregate import network_features
@@ -109,13 +145,16 @@ def test_the_call_keeps_what_autograd_keeps(case):
     assert network_features(desc).per_sample["saved_bytes"] == (at4 - at2) / 2
 
 
-def test_a_logsumexp_runs_its_kernels_in_the_latency_terms():
-    """The kernel table runs a logsumexp as torch does: 10 kernels forward and 3 back (formulas' counts)."""
+@pytest.mark.parametrize("call, kernels", [(lambda y: torch.logsumexp(y, 1, keepdim=True), 10 + 3),
+                                           (lambda y: torch.cumsum(y, 1), 1 + 3)])
+def test_the_call_runs_its_kernels_in_the_latency_terms(call, kernels):
+    """The kernel table runs a logsumexp as torch does: 10 kernels forward and 3 back (formulas' counts); a cumsum
+    one forward and 3 back."""
     from perf4sight.features.latency_terms import kernel_table
 
-    desc = describe(_Probe(lambda y: y + torch.logsumexp(y, 1, keepdim=True)), SHAPE, name="logsumexp")
+    desc = describe(_Probe(lambda y: y + call(y)), SHAPE, name="called")
     plain = describe(_Probe(lambda y: y + y.mean(1, keepdim=True)), SHAPE, name="plain")
-    assert kernel_table(desc).launches == kernel_table(plain).launches - 2 + 10 + 3
+    assert kernel_table(desc).launches == kernel_table(plain).launches - 2 + kernels
 
 
 @pytest.mark.parametrize("case", list(_CASES))

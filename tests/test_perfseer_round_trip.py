@@ -65,7 +65,7 @@ class _Views(torch.nn.Module):
     softshrink, threshold (in place), log_sigmoid, rmsnorm, repeat, rrelu, alpha_dropout (of whole channels) and
     fractional_maxpool2d, and matmul (a product of two activations, ONNX's MatMul); maximum and minimum (ONNX's Max
     and Min), flip and roll; weighted_sum (a BiFPN fusion of two maps); normalize (F.normalize, an eps of its own);
-    unfold (im2col) and fold (col2im); logsumexp (ONNX's ReduceLogSumExp).
+    unfold (im2col) and fold (col2im); logsumexp (ONNX's ReduceLogSumExp), cumsum.
     Also frozen_batchnorm2d (torchvision's FrozenBatchNorm2d, an eps of its own); the instance norm tracks running
     statistics."""
 
@@ -104,7 +104,7 @@ class _Views(torch.nn.Module):
         y = torch.nn.functional.hardtanh(torch.nn.functional.softplus(y).softmax(-1).log_softmax(1), -0.5, 0.5)
         z = torch.nn.functional.celu(torch.nn.functional.selu(torch.nn.functional.silu(y)), 0.5)
         w = self.rms(z) / torch.log(torch.exp(y[:, :4].repeat(1, 2).abs()) + 1).sqrt() + y.var(1, keepdim=True)
-        unit = torch.nn.functional.normalize(w, dim=1, eps=1e-6) - torch.logsumexp(w, 1, keepdim=True)
+        unit = torch.nn.functional.normalize(w, dim=1, eps=1e-6) - torch.logsumexp(w, 1, keepdim=True) + w.cumsum(1)
         g = torch.nn.functional.hardshrink(torch.nn.functional.glu(torch.cat([w, unit], 1)), 0.25)
         return self.fc(torch.nn.functional.logsigmoid(self.cut(torch.nn.functional.softshrink(g, 0.125))))
 

@@ -154,6 +154,7 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "log",
                      "normalize",
                      "logsumexp",
+                     "cumsum",
                      "unfold", "fold",
                      "matmul"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
@@ -1307,6 +1308,15 @@ def _logsumexp(ctx: _OpContext) -> _Value:
     return _Value(sid, ctx.nbytes, fn)
 
 
+def _cumsum(ctx: _OpContext) -> _Value:
+    """A running sum along a dim (aten.cumsum), keeping nothing. Backward the gradient flipped, summed and flipped
+    back: the first two (the input's size) before the gradient (``flip``), freed once it is made."""
+    sid = ctx.alloc("cumsum.default")
+    fn = ctx.grad_fn([], [_edge(ctx.x)], [ctx.x.nbytes], ["aten.flip.default"],
+                     before=[(ctx.x.nbytes, "aten.flip.default"), (ctx.x.nbytes, "aten.cumsum.default")])
+    return _Value(sid, ctx.nbytes, fn)
+
+
 def _combine(ctx: _OpContext) -> _Value:
     """add, mul (of two tensors, or of a tensor and a scalar), cat."""
     n, ins, nbytes, op = ctx.node, ctx.inputs, ctx.nbytes, ctx.node.op
@@ -2379,6 +2389,7 @@ _HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
     **dict.fromkeys(("pow", "exp", "abs", "log"), _maths),
     "normalize": _l2_normalize,
     "logsumexp": _logsumexp,
+    "cumsum": _cumsum,
     "unfold": _im2col,
     "fold": _im2col,
     "div": _quotient,

@@ -882,6 +882,16 @@ def _logsumexp(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
                   saved=[0, OUTPUT], kernels_fwd=10, kernels_bwd=3, kind="pool")
 
 
+def _cumsum(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """A running sum along dim (torch's aten.cumsum, a dispatch log of torch 2.14): one kernel forward, an add an
+    element; backward the gradient's reversed running sum, flip, cumsum, flip (3 kernels, an add an element). It
+    keeps nothing."""
+    n = numel(node.output_shape)
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    return OpCost(flops_fwd=float(n), flops_bwd=float(n), bytes_read=rd, bytes_written=wr, kernels_fwd=1,
+                  kernels_bwd=3, kind="other")
+
+
 def _input(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     return OpCost(kind="view")
 
@@ -971,6 +981,7 @@ HANDLERS: dict[str, Handler] = {
     "log": _pointwise(1, [0], 1),
     "normalize": _l2_normalize,
     "logsumexp": _logsumexp,
+    "cumsum": _cumsum,
     "unfold": _unfold,
     "fold": _fold,
     "identity": _view,

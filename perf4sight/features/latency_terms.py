@@ -347,6 +347,7 @@ _PASSES: dict[str, tuple[float, float, int]] = {
     # (formulas._logsumexp's 10 kernels, those over the output negligible); backward x - result, its exp and the
     # product with the broadcast gradient (a read and a write each)
     "logsumexp": (6.0, 6.0, 3),
+    "cumsum": (1.0, 6.0, 3),  # a scan (a read, a write); backward a flip, the scan and a flip back (the same each)
 }
 #: A square root's: backward 2 * result, then the gradient over it.
 _SQRT_PASSES = (1.0, 5.0, 2)

@@ -179,7 +179,8 @@ def perf4sight_vectors(desc: NetworkDescription) -> tuple[np.ndarray, np.ndarray
         # a dropout2d, an alpha dropout: a multiply by a noise (an alpha dropout's add besides)
         elif node.op in ("add", "mul", "div", "scale", "shift", "dropout2d", "alpha_dropout",
                          "frozen_batchnorm2d",  # a multiply and an add of [C] constants
-                         "maximum", "minimum"):
+                         "maximum", "minimum",
+                         "cumsum"):  # a running sum: an add an element
             scaled[_IDX["add_elems"]] += out
         elif node.op == "weighted_sum":  # a product of each map and an add of all but the first
             scaled[_IDX["add_elems"]] += (2 * int(a["num_inputs"]) - 1) * out

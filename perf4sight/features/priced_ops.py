@@ -86,7 +86,9 @@ _PRICED_AS = {"leaky_relu": "relu", "hardtanh": "relu6",
               # not measured: a multiply and an add of [C] constants broadcast, one multiply back, as a mul's
               "frozen_batchnorm2d": "mul",
               # not measured: a max, an exp and a sum along dims an input element (:data:`_PER_INPUT`), as a softmax's
-              "logsumexp": "softmax"}
+              "logsumexp": "softmax",
+              # not measured: a running sum (an add an element) forward, its reverse back, as a flip's copies
+              "cumsum": "flip"}
 
 
 def check_prices(data: Any, where: str) -> dict[str, dict[int, float]]:

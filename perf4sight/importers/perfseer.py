@@ -124,6 +124,7 @@ ONNX_TO_OP: dict[str, str] = {
     # Adds): a type of our own
     "WeightedSum": "weighted_sum",
     "ReduceLogSumExp": "logsumexp",  # ONNX's (its axes our dims, keepdims our keepdim)
+    "CumSum": "cumsum",  # ONNX's (its axis an input: here an arg, dim, as this tool writes it)
 }
 #: Our op -> ONNX op type. Five of ours share a type with another: ``permute`` is a ``Transpose`` of more than two
 #: axes; ``scale``, ``shift`` and ``token`` are a ``Mul``, an ``Add`` and a ``Concat`` with a learnt tensor (an ONNX
@@ -549,6 +550,10 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         return {"min_val": _number(low, f"{where} min"), "max_val": _number(high, f"{where} max")}
     if op == "prelu":  # ONNX's PRelu: its slopes an input (an initializer), counted by the node's weight_size
         return {"num_parameters": num("num_parameters", default=_slopes(weight_bytes, where))}
+    if op == "cumsum":  # ONNX's CumSum: its axis an input a graph's args may not carry: none, no running sum
+        if args.get("dim", args.get("axis")) is None:
+            raise UserError(f"{where}: a CumSum without its axis (args: dim)")
+        return {"dim": int(_number(args.get("dim", args.get("axis")), f"{where} axis")) % (len(in_shapes[0]) + 1)}
     if op in ("softmax", "log_softmax", "glu"):  # ONNX's (Log)Softmax, our Glu: axis counts the batch (-1 where not
         # given: the last, torch's default for a GLU too)
         axis = int(_number(args.get("dim", args.get("axis", -1)), f"{where} axis"))

@@ -2824,6 +2824,20 @@ def _logsumexp_call(n: fx.Node) -> tuple[str, dict]:
 
 for _key in (torch.logsumexp, "logsumexp"):
     FUNCTION_OPS[_key] = _logsumexp_call
+
+
+def _cumsum_call(n: fx.Node) -> tuple[str, dict]:
+    """``torch.cumsum(x, dim)``/``x.cumsum(dim)``: the op cumsum along ``dim`` (counted from the front); one along
+    the batch's, or into another dtype (``dtype=``), is refused by name."""
+    (dim,) = _dims_after_the_batch(n, _arg(n, 1, "dim"), "cumsum")
+    if n.kwargs.get("dtype") is not None:
+        raise ValueError(f"a cumsum into dtype {n.kwargs['dtype']} has no description op (a description's tensors are "
+                         "float32); leave dtype out")
+    return "cumsum", {"dim": dim}
+
+
+for _key in (torch.cumsum, "cumsum"):
+    FUNCTION_OPS[_key] = _cumsum_call
 _EINSUMS = {torch.einsum}
 
 

@@ -182,6 +182,8 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # log(sum(exp(x))) over dims (as mean's, never the batch's), computed stably (torch's logsumexp: the max taken
     # out first); a mixture's or a soft maximum's log-likelihood
     "logsumexp": ("dims", "keepdim"),
+    # the running sum of x along dim (as softmax's dim, never the batch's): torch's cumsum (a scan)
+    "cumsum": ("dim",),
     "div": (),  # the first input over the second, broadcast (torch's x / y of two tensors; x / c is mul's scalar 1 / c)
     # the matrix product of two activations of [..., M, K] and [..., K, N] (equal ranks of at least 2; the dims
     # before the last two broadcast, as torch's matmul's do): [..., M, N] (torch's matmul, @, bmm, a batched einsum;
@@ -237,6 +239,7 @@ _POSITIVE: Dict[str, Tuple[str, ...]] = {
     "softmax": ("dim",), "log_softmax": ("dim",), "prelu": ("num_parameters",),
     "glu": ("dim",),
     "normalize": ("dim",),
+    "cumsum": ("dim",),
     "attention": ("embed_dim", "num_heads"),
     "window_attention": ("embed_dim", "num_heads"), "group_attention": ("embed_dim", "num_heads"),
     "conv_transpose2d": ("in_channels", "out_channels", "groups"),

@@ -42,6 +42,7 @@ ARITY: Dict[str, Tuple[int, Optional[int]]] = {
     "glu": (1, 1),
     "normalize": (1, 1),
     "logsumexp": (1, 1),
+    "cumsum": (1, 1),
     "unfold": (1, 1),
     "fold": (1, 1),
     "local_response_norm": (1, 1),
@@ -392,7 +393,7 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
             f"input, got {x}"
     if op == "glu":
         return _glu_shape(x, int(a["dim"]))
-    if op in ("softmax", "log_softmax", "normalize"):
+    if op in ("softmax", "log_softmax", "normalize", "cumsum"):
         if _axis(int(a["dim"]), len(x)) is None:
             return f"dim {a['dim']} is not a dimension of its input {x} after the batch"
         return x

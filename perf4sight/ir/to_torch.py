@@ -607,6 +607,7 @@ FUNCTION_BUILDERS: Dict[str, Callable[[List, Dict], Tuple[Callable, Tuple]]] = {
     "roll": lambda x, a: (torch.roll, (x[0], [int(s) for s in a["shifts"]], [int(d) for d in a["dims"]])),
     "var": lambda x, a: (_variance, (x[0], [int(d) for d in a["dims"]], float(a["correction"]), bool(a["keepdim"]))),
     "logsumexp": lambda x, a: (torch.logsumexp, (x[0], [int(d) for d in a["dims"]], bool(a["keepdim"]))),
+    "cumsum": lambda x, a: (torch.cumsum, (x[0], int(a["dim"]))),
 }
 
 
