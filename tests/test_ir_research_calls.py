@@ -18,6 +18,22 @@ _CASES = {
     "logsumexp": (lambda y: torch.logsumexp(y, 1, keepdim=True) + y * y.logsumexp((2, 3))[:, :, None, None],
                   "logsumexp", lambda x: torch.logsumexp(x, 1, keepdim=True)),
     "cumsum": (lambda y: torch.cumsum(y, 2) + y.cumsum(-1), "cumsum", lambda x: torch.cumsum(x, 2)),
+    "where": (lambda y: torch.where(y > 0, y, 0.1 * y) + torch.where(y.le(0.5), y, 0.0), "where",
+              lambda x: torch.where(x > 0, x, 0.1 * x)),
+}
+#: torch.where forms: (pattern, the where nodes' (inputs, attrs)).
+_WHERES = {
+    "leaky gate": (lambda y: torch.where(y > 0, y, 0.1 * y), [(["conv", "conv", "mul"],
+                                                                 {"compare": "gt", "threshold": 0.0})]),
+    "mask of the data": (lambda y: torch.where(y.mean(1, keepdim=True) >= 0.1, y, -y),
+                         [(["mean", "conv", "neg"], {"compare": "ge", "threshold": 0.1})]),
+    "numbers and a method": (lambda y: torch.where(y.lt(0.5), y, 0.0) + torch.where(0.5 >= y.sigmoid(), -1.0, y),
+                             [(["conv", "conv"], {"compare": "lt", "threshold": 0.5, "if_false": 0.0}),
+                              (["sigmoid", "conv"], {"compare": "le", "threshold": 0.5, "if_true": -1.0})]),
+    "a mask read twice, broadcast": (
+        lambda y: (lambda m: torch.where(m > 0, m, y) * torch.where(m > 0, m, 1.0))(y.mean((2, 3), keepdim=True)),
+        [(["mean", "mean", "conv"], {"compare": "gt", "threshold": 0.0}),
+         (["mean", "mean"], {"compare": "gt", "threshold": 0.0, "if_false": 1.0})]),
 }
 
 
@@ -58,12 +74,53 @@ def test_a_cumsum_over_the_batch_or_into_another_dtype_is_refused_by_name(patter
         describe(_Probe(pattern), SHAPE, name="refused")
 
 
+@pytest.mark.parametrize("form", list(_WHERES))
+def test_where_is_described(form):
+    """torch.where(x > 0, x, 0.1 * x) was refused ("call_function 'gt' and call_function 'where' have no description
+    op"): a where of a condition comparing a tensor with a number (a leaky gate's; a mask computed from the data,
+    broadcast, read by two wheres; either side of the compare, as an operator or a method), and of tensors or one
+    number, is the op where (its compare, its threshold, a number branch's value), the compare no node of its own;
+    the rebuilt module computes the original's output and gradients."""
+    pattern, wheres = _WHERES[form]
+    desc = _computes_the_same(_Probe(pattern))
+    assert [(n.inputs, n.attrs) for n in desc.nodes if n.op == "where"] == wheres
+    assert not {"gt", "ge", "lt", "le"} & {n.op for n in desc.nodes}
+
+
+@pytest.mark.parametrize("pattern, match", [
+    (lambda y: y * (y > 0), r"a comparison read by anything but torch.where's condition, or of two tensors"),
+    (lambda y: torch.where(y > y.sigmoid(), y, 0.0), r"a comparison read by anything but torch.where's condition"),
+    (lambda y: torch.where(y > 0, 1.0, 0.0), r"a torch.where of two numbers .* give a tensor for one branch"),
+    (lambda y: y.where(y > 0, -y), r"x.where\(condition, y\) has no description op; write torch.where"),
+])
+def test_a_where_of_another_condition_or_form_is_refused_by_name(pattern, match):
+    """A comparison made a tensor of its own (a mask multiplied in), a comparison of two tensors, a where of two
+    numbers (a boolean tensor made float) and the method form are refused by name."""
+    with pytest.raises(UserError, match=match):
+        describe(_Probe(pattern), SHAPE, name="refused")
+
+
+def test_a_where_of_a_computed_mask_is_left_to_the_trace():
+    """A where whose condition's value needs a gradient and is not a branch (``y.mean(1) > 0``: the node that made
+    it is reached by no gradient, and autograd frees it with the value) leaves the allocation model; the trace
+    writes it down, and a step's events are the trace's."""
+    from perf4sight.features.alloc_model import NotCovered, step_events
+    from perf4sight.features.alloc_trace import record_events
+
+    desc = describe(_Probe(_WHERES["mask of the data"][0]), SHAPE, name="mask")
+    with pytest.raises(NotCovered, match="a where's condition of 'mean'"):
+        step_events(desc, 2)
+    assert record_events(desc, 2, method="auto") == record_events(desc, 2, method="trace")
+
+
 @pytest.mark.parametrize("case", list(_CASES))
 @pytest.mark.parametrize("batch", [3, 1])
 def test_the_allocation_model_writes_down_the_call_as_traced(case, batch):
     """A logsumexp allocates its output (its temporaries lie below the dispatcher) and keeps its input and result;
     backward ``sub`` and ``exp`` of the input's size, then the gradient (``mul``). A cumsum keeps nothing; backward
-    ``flip``, ``cumsum``, then the gradient (``flip``). The model's events are the meta trace's, not left to it."""
+    ``flip``, ``cumsum``, then the gradient (``flip``). A where: the condition (a byte an element, kept), a number
+    branch wrapped, the output; backward per tensor branch, the false one's first, a wrapped zero and the gradient's
+    where. The model's events are the meta trace's, not left to it."""
     from test_allocator import _as_replayed
 
     from perf4sight.features.alloc_model import COVERED
@@ -132,6 +189,53 @@ def test_a_cumsum_costs_the_kernels_torch_runs():
     assert visit.cost.saved == [] and visit.cost.extra_saved_bytes == 0
 
 
+@pytest.mark.parametrize("batch", [3, 1])
+def test_the_allocation_model_writes_down_a_where_of_a_broadcast_branch_as_traced(batch):
+    """A mask that is a branch too, broadcast (its gradient summed down), read by two wheres: the model's events are
+    the meta trace's."""
+    from test_allocator import _as_replayed
+
+    from perf4sight.features.alloc_trace import record_events
+
+    desc = describe(_Probe(_WHERES["a mask read twice, broadcast"][0]), SHAPE, name="broadcast")
+    model = record_events(desc, batch, steps=2, method="model")
+    assert _as_replayed(model) == _as_replayed(record_events(desc, batch, steps=2, method="trace"))
+
+
+def test_a_where_costs_the_kernels_torch_runs():
+    """A where is its compare and the where forward (a FLOP an element each); backward (a dispatch log) a where of the
+    gradient per tensor branch (the wrapped zero no kernel). It keeps the condition, a byte an element."""
+    from test_features import _ops_run
+
+    from perf4sight.features.walk import walk
+
+    pattern, op, torch_run = _CASES["where"]
+    desc = describe(_Probe(pattern), SHAPE, name="where")
+    visits = [v for v in walk(desc) if v.node.op == op]
+    forward, backward = _ops_run(torch_run, [8, 8, 8])
+    assert [name for name, _ in forward] == ["gt", "mul", "where"]
+    mine = [(name, e) for name, e in backward if name == "where"]
+    assert [name for name, _ in backward] == ["scalar_tensor", "where"] * 2 + ["mul", "add"]
+    assert (visits[0].cost.kernels_fwd, visits[0].cost.kernels_bwd) == (2, len(mine))
+    assert visits[0].cost.flops_fwd == forward[0][1] + forward[2][1]
+    assert visits[0].cost.flops_bwd == sum(e for _, e in mine)
+    assert (visits[1].cost.kernels_bwd, visits[1].cost.flops_bwd) == (1, 8 * 8 * 8)
+    assert [v.cost.extra_saved_bytes for v in visits] == [8 * 8 * 8] * 2 and visits[0].cost.saved == []
+
+
+@pytest.mark.parametrize("form", list(_WHERES))
+def test_a_where_keeps_what_autograd_keeps(form):
+    """What a sample adds to autograd's saved tensors (the network input aside) is the features' (a where's
+    condition, a byte an element of its compared tensor)."""
+    from test_features import _autograd_saved_bytes
+
+    from perf4sight.features.aggregate import network_features
+
+    desc = describe(_Probe(_WHERES[form][0]), SHAPE, name="where")
+    at2, at4 = (b * _autograd_saved_bytes(desc, b, with_input=False) for b in (2, 4))
+    assert network_features(desc).per_sample["saved_bytes"] == (at4 - at2) / 2
+
+
 @pytest.mark.parametrize("case", list(_CASES))
 def test_the_call_keeps_what_autograd_keeps(case):
     """What a sample adds to autograd's saved tensors (the network input aside) is the features' (a logsumexp's input
@@ -146,10 +250,11 @@ def test_the_call_keeps_what_autograd_keeps(case):
 
 
 @pytest.mark.parametrize("call, kernels", [(lambda y: torch.logsumexp(y, 1, keepdim=True), 10 + 3),
-                                           (lambda y: torch.cumsum(y, 1), 1 + 3)])
+                                           (lambda y: torch.cumsum(y, 1), 1 + 3),
+                                           (lambda y: torch.where(y > 0, y, 0.0), 2 + 1)])
 def test_the_call_runs_its_kernels_in_the_latency_terms(call, kernels):
     """The kernel table runs a logsumexp as torch does: 10 kernels forward and 3 back (formulas' counts); a cumsum
-    one forward and 3 back."""
+    one forward and 3 back; a where of one tensor branch 2 forward (the compare, the where) and one back."""
     from perf4sight.features.latency_terms import kernel_table
 
     desc = describe(_Probe(lambda y: y + call(y)), SHAPE, name="called")

@@ -65,7 +65,7 @@ class _Views(torch.nn.Module):
     softshrink, threshold (in place), log_sigmoid, rmsnorm, repeat, rrelu, alpha_dropout (of whole channels) and
     fractional_maxpool2d, and matmul (a product of two activations, ONNX's MatMul); maximum and minimum (ONNX's Max
     and Min), flip and roll; weighted_sum (a BiFPN fusion of two maps); normalize (F.normalize, an eps of its own);
-    unfold (im2col) and fold (col2im); logsumexp (ONNX's ReduceLogSumExp), cumsum.
+    unfold (im2col) and fold (col2im); logsumexp (ONNX's ReduceLogSumExp), cumsum, where (of a number branch).
     Also frozen_batchnorm2d (torchvision's FrozenBatchNorm2d, an eps of its own); the instance norm tracks running
     statistics."""
 
@@ -106,6 +106,7 @@ class _Views(torch.nn.Module):
         w = self.rms(z) / torch.log(torch.exp(y[:, :4].repeat(1, 2).abs()) + 1).sqrt() + y.var(1, keepdim=True)
         unit = torch.nn.functional.normalize(w, dim=1, eps=1e-6) - torch.logsumexp(w, 1, keepdim=True) + w.cumsum(1)
         g = torch.nn.functional.hardshrink(torch.nn.functional.glu(torch.cat([w, unit], 1)), 0.25)
+        g = torch.where(g >= 0.125, g, 0.0)  # where
         return self.fc(torch.nn.functional.logsigmoid(self.cut(torch.nn.functional.softshrink(g, 0.125))))
 
 

@@ -155,6 +155,7 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "normalize",
                      "logsumexp",
                      "cumsum",
+                     "where",
                      "unfold", "fold",
                      "matmul"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
@@ -1317,6 +1318,34 @@ def _cumsum(ctx: _OpContext) -> _Value:
     return _Value(sid, ctx.nbytes, fn)
 
 
+def _where(ctx: _OpContext) -> _Value:
+    """torch.where(x <compare> threshold, a, b) (:func:`to_torch._where`): the condition (``aten.<compare>.Scalar``,
+    a byte an element of x), a number branch wrapped (``scalar_tensor``, 4 bytes, freed after), the output
+    (``where.self``); it keeps the condition. Backward, per tensor branch, the false one's first, its gradient
+    ``where.self`` of the output's size (a zero wrapped first, ``scalar_tensor``, freed after), one of a broadcast
+    branch then summed down to its shape. A condition of a value that needs a gradient and is not a branch too is
+    not covered: the node that made it may be reached by no gradient (``y.mean(1) > 0``: autograd frees it with the
+    value, which the model does not follow)."""
+    n, batch = ctx.node, ctx.batch
+    if ctx.x.fn is not None and n.inputs[0] not in n.inputs[1:]:
+        raise NotCovered(f"a where's condition of '{n.inputs[0]}', a value needing a gradient")
+    mask = ctx.mem.new(batch * prod(ctx.in_shapes[0]), f"aten.{n.attrs['compare']}.Scalar")
+    number = "if_true" in n.attrs or "if_false" in n.attrs
+    scalar = ctx.alloc("scalar_tensor.default", FLOAT) if number else None
+    sid = ctx.alloc("where.self")
+    if scalar is not None:
+        ctx.mem.drop(scalar)
+    branches = list(zip(ctx.inputs, ctx.in_shapes))[1:]
+    edges = [None] + [_edge(b) for b, _ in branches]
+    sizes = [ctx.x.nbytes] + [b.nbytes for b, _ in branches]
+    full = [None] + [ctx.nbytes if list(shape) != list(n.output_shape) else None for _, shape in branches]
+    around = [[]] + [[(FLOAT, "aten.scalar_tensor.default")] for _ in branches]
+    fn = ctx.grad_fn([mask], edges, sizes, [None] + ["aten.where.self"] * len(branches),
+                     [0] + list(range(len(branches), 0, -1)), full, around=around)
+    ctx.mem.drop(mask)
+    return _Value(sid, ctx.nbytes, fn)
+
+
 def _combine(ctx: _OpContext) -> _Value:
     """add, mul (of two tensors, or of a tensor and a scalar), cat."""
     n, ins, nbytes, op = ctx.node, ctx.inputs, ctx.nbytes, ctx.node.op
@@ -2390,6 +2419,7 @@ _HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
     "normalize": _l2_normalize,
     "logsumexp": _logsumexp,
     "cumsum": _cumsum,
+    "where": _where,
     "unfold": _im2col,
     "fold": _im2col,
     "div": _quotient,

@@ -892,6 +892,19 @@ def _cumsum(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
                   kernels_bwd=3, kind="other")
 
 
+def _where(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """torch.where(x <compare> t, a, b) as torch 2.14 runs it (a dispatch log): the compare (one kernel, a FLOP an
+    element of x, a byte written each) and the where (one kernel, a FLOP an output element, the condition read);
+    backward, per tensor branch, ``where(condition, grad, 0)`` (one kernel, a FLOP an output element; the zero a
+    wrapped number, no kernel). It keeps the condition, a byte an element of x."""
+    n, mask = numel(node.output_shape), numel(in_shapes[0])
+    branches = len(in_shapes) - 1
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    return OpCost(flops_fwd=float(mask + n), flops_bwd=float(branches * n), bytes_read=rd + mask,
+                  bytes_written=wr + mask, extra_saved_bytes=float(mask), kernels_fwd=2, kernels_bwd=branches,
+                  kind="elementwise")
+
+
 def _input(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     return OpCost(kind="view")
 
@@ -982,6 +995,7 @@ HANDLERS: dict[str, Handler] = {
     "normalize": _l2_normalize,
     "logsumexp": _logsumexp,
     "cumsum": _cumsum,
+    "where": _where,
     "unfold": _unfold,
     "fold": _fold,
     "identity": _view,

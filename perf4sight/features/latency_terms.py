@@ -392,6 +392,14 @@ def _weighted_sum_passes(node: Node) -> tuple[float, float, int]:
     return (5.0 * n - 3.0) / (n + 1.0), 6.0, 3 * n
 
 
+def _where_passes(node: Node) -> tuple[float, float, int]:
+    """A where (formulas._where): forward the compare (x read, a byte an element written) and the where (the
+    condition and the branches read, the output written), about 1.5 passes over its inputs and output; backward per
+    tensor branch a where of the gradient (the condition, the gradient read, one written: 2.25 output-sized)."""
+    branches = len(node.inputs) - 1
+    return 1.5, 2.25 * branches, branches
+
+
 def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT_OPTIMIZER,
                  visits: Sequence[Visit] | None = None, loss: str = "cross_entropy") -> KernelTable:
     """Every kernel of one training step of ``desc`` whose optimiser's update costs ``update`` (an optimiser's name:
@@ -431,7 +439,7 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
             _group_attention(r, node, first)
         else:
             fwd_passes, bwd_passes, bwd_kernels = _passes(node)
-            composite = op in ("local_response_norm", "alpha_dropout", "normalize", "logsumexp") \
+            composite = op in ("local_response_norm", "alpha_dropout", "normalize", "logsumexp", "where") \
                 or op == "pad" and node.attrs["mode"] == "circular"
             fwd_kernels = visit.cost.kernels_fwd if composite else 1  # torch runs these as several ops
             if op == "weighted_sum":  # its products and adds (those on its weights alone left out)
@@ -483,6 +491,8 @@ def _passes(node: Node) -> tuple[float, float, int]:
         return _weighted_sum_passes(node)
     if node.op in ("unfold", "fold"):
         return _unfold_passes(node)
+    if node.op == "where":
+        return _where_passes(node)
     return _PASSES.get(node.op, _DEFAULT_PASSES)
 
 

@@ -170,7 +170,8 @@ def perf4sight_vectors(desc: NetworkDescription) -> tuple[np.ndarray, np.ndarray
                          "log",
                          "glu",
                          "hardshrink", "softshrink", "threshold",
-                         "log_sigmoid"):
+                         "log_sigmoid",
+                         "where"):  # a value kept or replaced by a compare, as a relu's
             scaled[_IDX["act_elems"]] += out
         elif node.op == "logsumexp":  # an exp an input element, as a softmax's an output one
             scaled[_IDX["act_elems"]] += numel(shapes[node.inputs[0]])

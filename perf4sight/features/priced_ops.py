@@ -88,7 +88,9 @@ _PRICED_AS = {"leaky_relu": "relu", "hardtanh": "relu6",
               # not measured: a max, an exp and a sum along dims an input element (:data:`_PER_INPUT`), as a softmax's
               "logsumexp": "softmax",
               # not measured: a running sum (an add an element) forward, its reverse back, as a flip's copies
-              "cumsum": "flip"}
+              "cumsum": "flip",
+              # not measured: a compare, then a value kept or replaced (one kernel each way a branch), as a relu's
+              "where": "relu"}
 
 
 def check_prices(data: Any, where: str) -> dict[str, dict[int, float]]:

@@ -104,6 +104,17 @@ def consumer_counts(desc: NetworkDescription) -> dict[str, int]:
 def gradient_accumulations(desc: NetworkDescription, visits: Iterable[Visit]) -> dict[str, int]:
     """Per tensor read by ``k`` > 1 ops that needs a gradient (``Visit.needs_grad`` of ``walk(desc)``'s visits): its
     ``k`` - 1 accumulation adds, in node order. A tensor that needs none (the network input, what parameter-free ops
-    make of it alone) receives no gradients to add up."""
+    make of it alone) receives no gradients to add up, and neither does a where's condition read (its first input)."""
     needs_grad = {visit.node.name: visit.needs_grad for visit in visits}
-    return {name: k - 1 for name, k in consumer_counts(desc).items() if k > 1 and needs_grad[name]}
+    conditions = _condition_reads(desc)
+    counts = {name: k - conditions.get(name, 0) for name, k in consumer_counts(desc).items()}
+    return {name: k - 1 for name, k in counts.items() if k > 1 and needs_grad[name]}
+
+
+def _condition_reads(desc: NetworkDescription) -> dict[str, int]:
+    """How many times each tensor is read as a where's condition (compared, no gradient back)."""
+    reads: dict[str, int] = {}
+    for node in desc.nodes:
+        if node.op == "where":
+            reads[node.inputs[0]] = reads.get(node.inputs[0], 0) + 1
+    return reads

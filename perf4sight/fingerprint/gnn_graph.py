@@ -71,8 +71,9 @@ OP_TOKEN: dict[str, str] = {**{op: op for op in OP_VOCAB},
                             "log_sigmoid": "sigmoid",
                             "fractional_maxpool2d": "maxpool2d",
                             "frozen_batchnorm2d": "batchnorm2d",
-                            "logsumexp": "mean",
-                            "cumsum": "add"}  # a reduction over dims (its exps an input element), as a mean
+                            "logsumexp": "mean",  # a reduction over dims (its exps an input element), as a mean
+                            "cumsum": "add",  # a running sum: an add an element
+                            "where": "relu"}  # a value kept or replaced by a compare, as a relu's
 _ATTRS = ("in_ch", "out_ch", "kernel_h", "kernel_w", "stride", "padding", "dilation", "groups", "bias", "depthwise")
 _COSTS = ("out_elems", "out_rank", "macs", "flops_fwd", "flops_bwd", "bytes_read", "bytes_written", "params",
           "kernels_fwd", "kernels_bwd", "saved_bytes", "n_inputs")

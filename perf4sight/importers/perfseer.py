@@ -125,6 +125,8 @@ ONNX_TO_OP: dict[str, str] = {
     "WeightedSum": "weighted_sum",
     "ReduceLogSumExp": "logsumexp",  # ONNX's (its axes our dims, keepdims our keepdim)
     "CumSum": "cumsum",  # ONNX's (its axis an input: here an arg, dim, as this tool writes it)
+    # ONNX's (its condition a boolean input; here the comparison of the first input with a number, in args)
+    "Where": "where",
 }
 #: Our op -> ONNX op type. Five of ours share a type with another: ``permute`` is a ``Transpose`` of more than two
 #: axes; ``scale``, ``shift`` and ``token`` are a ``Mul``, an ``Add`` and a ``Concat`` with a learnt tensor (an ONNX
@@ -550,6 +552,11 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         return {"min_val": _number(low, f"{where} min"), "max_val": _number(high, f"{where} max")}
     if op == "prelu":  # ONNX's PRelu: its slopes an input (an initializer), counted by the node's weight_size
         return {"num_parameters": num("num_parameters", default=_slopes(weight_bytes, where))}
+    if op == "where":  # ours: compare and threshold (required), a number branch's if_true or if_false
+        if args.get("compare") is None or args.get("threshold") is None:
+            raise UserError(f"{where}: a Where without its condition (args: compare, threshold)")
+        a = {"compare": str(args["compare"]), "threshold": _number(args["threshold"], f"{where} threshold")}
+        return {**a, **{k: _number(args[k], f"{where} {k}") for k in ("if_true", "if_false") if k in args}}
     if op == "cumsum":  # ONNX's CumSum: its axis an input a graph's args may not carry: none, no running sum
         if args.get("dim", args.get("axis")) is None:
             raise UserError(f"{where}: a CumSum without its axis (args: dim)")

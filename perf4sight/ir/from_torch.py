@@ -2838,6 +2838,89 @@ def _cumsum_call(n: fx.Node) -> tuple[str, dict]:
 
 for _key in (torch.cumsum, "cumsum"):
     FUNCTION_OPS[_key] = _cumsum_call
+
+#: Comparisons of a tensor and a number (the calls, operators and methods torch.fx records) -> where's compare.
+_COMPARES: dict[Any, str] = {}
+for _name, _keys in (("gt", (operator.gt, torch.gt, torch.greater, "gt", "greater")),
+                     ("ge", (operator.ge, torch.ge, torch.greater_equal, "ge", "greater_equal")),
+                     ("lt", (operator.lt, torch.lt, torch.less, "lt", "less")),
+                     ("le", (operator.le, torch.le, torch.less_equal, "le", "less_equal"))):
+    _COMPARES.update(dict.fromkeys(_keys, _name))
+#: A comparison read the other way round (a number first: ``torch.gt(0.5, x)`` is ``x < 0.5``).
+_REVERSED = {"gt": "lt", "ge": "le", "lt": "gt", "le": "ge"}
+
+
+def _compared(n: Any) -> tuple[str, float] | None:
+    """Where fx node ``n`` compares a tensor with a number (``x > 0``, ``m.ge(0.5)``, ``torch.lt(0.5, x)``): (its
+    compare, read with the tensor first, and the number); None for anything else."""
+    if not isinstance(n, fx.Node) or n.op not in ("call_function", "call_method") or n.target not in _COMPARES \
+            or len(n.args) != 2 or n.kwargs:
+        return None
+    first, second = n.args
+    if _is_tensor(first) and not _is_tensor(second):
+        compare, number = _COMPARES[n.target], second
+    elif _is_tensor(second) and not _is_tensor(first):
+        compare, number = _REVERSED[_COMPARES[n.target]], first
+    else:
+        return None
+    number = _shape_value(number)
+    if isinstance(number, bool) or not isinstance(number, (int, float)):
+        return None
+    return compare, float(number)
+
+
+def _is_condition_read(user: fx.Node, n: fx.Node) -> bool:
+    """Whether ``user`` reads ``n`` as torch.where's condition alone (or as x.where's, refused by the where)."""
+    if user.op == "call_method" and user.target == "where":
+        return True
+    return user.op == "call_function" and user.target is torch.where and len(user.args) == 3 and \
+        user.args[0] is n and n not in user.args[1:] and not user.kwargs
+
+
+def _comparison(n: fx.Node) -> tuple[str, dict]:
+    """A comparison of a tensor with a number, every reader of which takes it as torch.where's condition: no node of
+    its own (a description has no boolean tensors), each where's op ``where`` holds it. Read otherwise (a mask
+    multiplied in, ``mask.float()``, a comparison of two tensors) it has no description op."""
+    if _compared(n) is None or not n.users or not all(_is_condition_read(u, n) for u in n.users):
+        raise ValueError("a comparison read by anything but torch.where's condition, or of two tensors, has no "
+                         "description op (a description has no boolean tensors); torch.where(x > t, a, b) of a "
+                         "number t describes")
+    return "alias", {}
+
+
+for _key in _COMPARES:
+    FUNCTION_OPS[_key] = _comparison
+
+
+def _where_call(n: fx.Node) -> tuple[str, dict]:
+    """``torch.where(condition, a, b)`` of a condition comparing a tensor with a number (``x > 0``; a mask
+    ``m >= 0.5`` computed from the data) and a and b tensors, or one of them a number: the op where. Of one argument
+    (the indices where it holds), of another condition, or of two numbers, refused by name."""
+    if n.target == "where":
+        raise ValueError("x.where(condition, y) has no description op; write torch.where(condition, x, y)")
+    if len(n.args) != 3 or n.kwargs:
+        raise ValueError("torch.where of one argument (the indices where it holds) has no description op")
+    condition, a, b = n.args
+    compared = _compared(condition)
+    if compared is None:
+        raise ValueError("a torch.where whose condition is not a comparison of a tensor with a number (x > 0, "
+                         "m >= 0.5) has no description op (a description has no boolean tensors)")
+    attrs: dict[str, Any] = {"compare": compared[0], "threshold": compared[1]}
+    for key, branch in (("if_true", a), ("if_false", b)):
+        if not _is_tensor(branch):
+            value = _shape_value(branch)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"a torch.where of a branch {branch!r} (neither a tensor nor a number) has no "
+                                 "description op")
+            attrs[key] = float(value)
+    if "if_true" in attrs and "if_false" in attrs:
+        raise ValueError("a torch.where of two numbers is its condition as numbers, a boolean tensor made float, "
+                         "which has no description op; give a tensor for one branch")
+    return "where", attrs
+
+
+for _key in (torch.where, "where"):
+    FUNCTION_OPS[_key] = _where_call
 _EINSUMS = {torch.einsum}
 
 

@@ -184,6 +184,11 @@ OPS: Dict[str, Tuple[str, ...]] = {
     "logsumexp": ("dims", "keepdim"),
     # the running sum of x along dim (as softmax's dim, never the batch's): torch's cumsum (a scan)
     "cumsum": ("dim",),
+    # torch.where(c, a, b) of a condition c = x <compare> threshold (WHERE_COMPARES: gt, ge, lt, le), x the first
+    # input: a where c holds, else b, broadcast. a and b are the next inputs, in that order, but where a number
+    # (optional if_true, if_false: not both); a leaky gate's torch.where(x > 0, x, 0.1 * x), a mask's
+    # torch.where(m > 0.5, x, 0.0)
+    "where": ("compare", "threshold"),
     "div": (),  # the first input over the second, broadcast (torch's x / y of two tensors; x / c is mul's scalar 1 / c)
     # the matrix product of two activations of [..., M, K] and [..., K, N] (equal ranks of at least 2; the dims
     # before the last two broadcast, as torch's matmul's do): [..., M, N] (torch's matmul, @, bmm, a batched einsum;
@@ -225,6 +230,9 @@ ONE_TENSOR_OPS = ("scale", "shift")
 INTERPOLATE_MODES = ("nearest", "bilinear")
 #: The normalisations of ``weighted_sum``'s weights.
 WEIGHTED_SUM_NORMALIZATIONS = ("relu", "softmax")
+#: The comparisons of ``where``'s condition: its first input against its threshold (torch's x > t, x >= t, x < t,
+#: x <= t).
+WHERE_COMPARES = ("gt", "ge", "lt", "le")
 #: The modes of ``pad``: torch's ``F.pad`` modes the description follows (ONNX's Pad calls circular "wrap").
 PAD_MODES = ("constant", "reflect", "replicate", "circular")
 
@@ -311,6 +319,7 @@ _NUMBERS: Dict[str, Tuple[Tuple[str, Any, Any], ...]] = {
     "var": (("correction", 0, None),),
     "weighted_sum": (("eps", 0, None),),
     "normalize": (("eps", 0, None),),
+    "where": (("threshold", None, None), ("if_true", None, None), ("if_false", None, None)),
 }
 #: Op -> optional attributes no other table here names (a gelu's approximation, a max pool's dilation, Swin V2's
 #: position-bias MLP).
@@ -376,6 +385,20 @@ def _constant_mode_problem(node: "Node") -> str:
     return ""
 
 
+def _where_problem(node: "Node") -> str:
+    """What is wrong with a ``where``'s attrs and inputs ("" if nothing): its compare one of
+    :data:`WHERE_COMPARES`, its branches not both numbers, an input for its condition and each branch not a number."""
+    if node.attrs["compare"] not in WHERE_COMPARES:
+        return f"attr 'compare' must be one of {', '.join(WHERE_COMPARES)}, got {node.attrs['compare']!r}"
+    numbers = sum(key in node.attrs for key in ("if_true", "if_false"))
+    if numbers == 2:
+        return "attrs 'if_true' and 'if_false' exclude each other (a where of two numbers takes no gradient)"
+    if len(node.inputs) != 3 - numbers:
+        return (f"needs {3 - numbers} inputs (the condition's, then each branch not given as a number), got "
+                f"{len(node.inputs)}")
+    return ""
+
+
 def _attr_problem(node: "Node") -> str:
     """What is wrong with ``node``'s attributes ("" if nothing): one it cannot carry (a misspelt ``afine`` would
     leave the batch norm affine, unsaid), or a numeric one out of its range."""
@@ -429,6 +452,8 @@ def _attr_problem(node: "Node") -> str:
     if node.op == "weighted_sum" and node.attrs["normalize"] not in WEIGHTED_SUM_NORMALIZATIONS:
         return (f"attr 'normalize' must be one of {', '.join(WEIGHTED_SUM_NORMALIZATIONS)}, "
                 f"got {node.attrs['normalize']!r}")
+    if node.op == "where" and _where_problem(node):
+        return _where_problem(node)
     if node.op == "weighted_sum" and node.attrs["num_inputs"] < 2:
         return f"attr 'num_inputs' must be at least 2, got {node.attrs['num_inputs']!r}"
     if node.op == "interpolate" and node.attrs.get("align_corners") and node.attrs["mode"] != "bilinear":

@@ -43,6 +43,7 @@ ARITY: Dict[str, Tuple[int, Optional[int]]] = {
     "normalize": (1, 1),
     "logsumexp": (1, 1),
     "cumsum": (1, 1),
+    "where": (2, 3),
     "unfold": (1, 1),
     "fold": (1, 1),
     "local_response_norm": (1, 1),
@@ -361,6 +362,11 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
         if a["keepdim"]:
             return [1 if i in axes else s for i, s in enumerate(x)]
         return [s for i, s in enumerate(x) if i not in axes]
+    if op == "where":  # the condition's input and the branches' broadcast together
+        out_shape: Optional[List[int]] = x
+        for s in ins[1:]:
+            out_shape = broadcast(out_shape, s) if out_shape is not None else None
+        return out_shape if out_shape is not None else f"cannot combine inputs of shapes {ins}"
     if op in ("maximum", "minimum"):
         return broadcast(ins[0], ins[1]) or f"cannot combine inputs of shapes {ins[0]} and {ins[1]}"
     if op in ("flip", "roll"):

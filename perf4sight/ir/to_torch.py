@@ -562,6 +562,17 @@ def _variance(x: torch.Tensor, dims: List[int], correction: float, keepdim: bool
     return torch.var(x, dims, correction=correction, keepdim=keepdim)
 
 
+def _where(x: torch.Tensor, branches: List, compare: str, threshold: float, if_true: Any,
+           if_false: Any) -> torch.Tensor:
+    """torch.where(x <compare> threshold, a, b): a and b the ``branches`` in that order, but where a number
+    (``if_true``, ``if_false``; None where not)."""
+    condition = {"gt": torch.gt, "ge": torch.ge, "lt": torch.lt, "le": torch.le}[compare](x, threshold)
+    rest = list(branches)
+    a = rest.pop(0) if if_true is None else if_true
+    b = rest.pop(0) if if_false is None else if_false
+    return torch.where(condition, a, b)
+
+
 def _binary(fn: Callable, scalar_fn: Callable) -> Callable[[List, Dict], Tuple[Callable, Tuple]]:
     def build(args: List, a: Dict) -> Tuple[Callable, Tuple]:
         if "scalar" in a:
@@ -608,6 +619,8 @@ FUNCTION_BUILDERS: Dict[str, Callable[[List, Dict], Tuple[Callable, Tuple]]] = {
     "var": lambda x, a: (_variance, (x[0], [int(d) for d in a["dims"]], float(a["correction"]), bool(a["keepdim"]))),
     "logsumexp": lambda x, a: (torch.logsumexp, (x[0], [int(d) for d in a["dims"]], bool(a["keepdim"]))),
     "cumsum": lambda x, a: (torch.cumsum, (x[0], int(a["dim"]))),
+    "where": lambda x, a: (_where, (x[0], list(x[1:]), str(a["compare"]), float(a["threshold"]), a.get("if_true"),
+                                    a.get("if_false"))),
 }
 
 
