@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from test_ir_maths_calls import SHAPE, _computes_the_same, _Probe
+
+from torch import nn
 
 from perf4sight.errors import UserError
 from perf4sight.ir.from_torch import describe
@@ -266,8 +269,6 @@ def test_the_call_runs_its_kernels_in_the_latency_terms(call, kernels):
 def test_a_network_using_the_call_prunes_and_trains(case):
     """Pruning a network that calls it keeps the call: the pruned network describes to fewer channels with the op
     still there, and a training step runs."""
-    from torch import nn
-
     from test_networks import _train_step
 
     from perf4sight.networks.build import Source, prune_source
@@ -285,4 +286,207 @@ def test_a_network_using_the_call_prunes_and_trains(case):
     (desc,) = prune_source(Source("net", "test", Net), [3, 16, 16], [30], "l1-norm", 2, seed=0)
     assert max(n.attrs["out_channels"] for n in desc.nodes if n.op == "conv2d") < 16
     assert op in [n.op for n in desc.nodes]
+    _train_step(desc)
+
+
+class _SpatialTransformer(nn.Module):
+    """A spatial transformer network: a localisation net (a convolution, a ReLU, a pooled 2 x 2 map, a linear layer)
+    regresses each sample's [2, 3] affine matrix theta, F.affine_grid makes its sampling grid of a map's size, and
+    F.grid_sample resamples the map (bilinear, zeros padding; ``align_corners`` both); ``source`` "input" samples
+    the image itself (the STN paper's first layer), "features" a convolution's map. Then a classifier."""
+
+    def __init__(self, align_corners: bool, source: str = "features", width: int = 4) -> None:
+        super().__init__()
+        self.align_corners, self.source = align_corners, source
+        self.loc = nn.Sequential(nn.Conv2d(3, width, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten())
+        self.theta = nn.Linear(4 * width, 6)
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x):
+        theta = self.theta(self.loc(x)).view(-1, 2, 3)
+        if self.source == "input":
+            grid = F.affine_grid(theta, x.size(), align_corners=self.align_corners)
+            return self.fc(self.conv(F.grid_sample(x, grid, align_corners=self.align_corners)).mean((2, 3)))
+        y = self.conv(x)
+        grid = F.affine_grid(theta, y.size(), align_corners=self.align_corners)
+        return self.fc(F.grid_sample(y, grid, align_corners=self.align_corners).mean((2, 3)))
+
+
+class _Warped(nn.Module):
+    """A map warped by a predicted flow (an optical-flow or deformable network's): its grid a linear layer's
+    [8, 8, 2] view of pooled features, or (``permuted``) a convolution's 2-channel map put channels last."""
+
+    def __init__(self, permuted: bool) -> None:
+        super().__init__()
+        self.permuted = permuted
+        if permuted:
+            self.flow = nn.Conv2d(3, 2, 3, padding=1)
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        if not permuted:
+            self.grid = nn.Linear(16, 8 * 8 * 2)
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x):
+        grid = self.flow(x).permute(0, 2, 3, 1) if self.permuted else None
+        y = self.conv(x)
+        if not self.permuted:
+            grid = self.grid(y.mean(1).flatten(1)[:, :16]).tanh().view(-1, 8, 8, 2)
+        return self.fc(F.grid_sample(y, grid, align_corners=True).mean((2, 3)))
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize("source", ["features", "input"])
+def test_a_spatial_transformer_is_described(align_corners, source):
+    """F.affine_grid and F.grid_sample were refused as calls without a description op: a spatial transformer is a
+    localisation net, theta's view as [2, 3], the op affine_grid (its grid's [H, W], align_corners) and the op
+    grid_sample (the map and the grid; bilinear, zeros), and the rebuilt module computes the original's output and
+    gradients (the localisation net's included)."""
+    desc = _computes_the_same(_SpatialTransformer(align_corners, source))
+    (grid,) = [n for n in desc.nodes if n.op == "affine_grid"]
+    (sample,) = [n for n in desc.nodes if n.op == "grid_sample"]
+    assert (grid.attrs, grid.output_shape) == ({"size": [8, 8], "align_corners": align_corners}, [8, 8, 2])
+    assert sample.inputs == [{"features": "conv", "input": "input"}[source], grid.name]
+    assert sample.attrs == {"mode": "bilinear", "padding_mode": "zeros", "align_corners": align_corners}
+
+
+def test_a_flow_warp_is_described():
+    """A grid_sample of a grid computed by the network (a flow, channels last by a permute) describes, and the rebuilt
+    module computes the original's output and gradients."""
+    desc = _computes_the_same(_Warped(True))
+    assert [n.inputs for n in desc.nodes if n.op == "grid_sample"] == [["conv", "permute"]]
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda y, g: F.grid_sample(y, g, mode="nearest", align_corners=False), r"mode 'nearest' .*only mode 'bilinear'"),
+    (lambda y, g: F.grid_sample(y, g, padding_mode="border", align_corners=False), r"padding_mode 'border'"),
+])
+def test_a_grid_sample_of_another_mode_is_refused_by_name(call, match):
+    """Nearest sampling, and a border or reflection padding, are refused by name (their kernels are not costed)."""
+    class Net(_Warped):
+        def forward(self, x):
+            return self.fc(call(self.conv(x), self.flow(x).permute(0, 2, 3, 1)).mean((2, 3)))
+    with pytest.raises(UserError, match=match):
+        describe(Net(True), SHAPE, name="refused")
+
+
+@pytest.mark.parametrize("permuted", [False, True])
+@pytest.mark.parametrize("batch", [3, 1])
+def test_the_allocation_model_writes_down_a_grid_sample_as_traced(permuted, batch):
+    """A grid_sample allocates its output and keeps the map and the grid (a permuted one as it is); backward one op,
+    the map's gradient, then the grid's. The model's events are the meta trace's."""
+    from test_allocator import _as_replayed
+
+    from perf4sight.features.alloc_trace import record_events
+
+    desc = describe(_Warped(permuted), SHAPE, name="warped")
+    model = record_events(desc, batch, steps=2, method="model")
+    assert _as_replayed(model) == _as_replayed(record_events(desc, batch, steps=2, method="trace"))
+
+
+def test_an_affine_grid_of_learnt_matrices_is_left_to_the_trace():
+    """An affine grid's backward builds its base grid anew, freeing temporaries before its gradient, which no
+    autograd node of the model writes down: a spatial transformer leaves the model (NotCovered), and a step's events
+    are the trace's."""
+    from perf4sight.features.alloc_model import NotCovered, step_events
+    from perf4sight.features.alloc_trace import record_events
+
+    desc = describe(_SpatialTransformer(False), SHAPE, name="stn")
+    with pytest.raises(NotCovered, match="affine_grid of matrices that need a gradient"):
+        step_events(desc, 2)
+    assert record_events(desc, 2, method="auto") == record_events(desc, 2, method="trace")
+
+
+def _dispatched(fn, leaf: torch.Tensor) -> tuple[list[str], list[str]]:
+    """The aten ops (names) ``fn`` of ``leaf`` runs forward and backward (a dispatch log), tuples of outputs too."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(func.__name__.split(".")[0])
+            return func(*args, **(kwargs or {}))
+
+    with Ops() as forward:
+        y = fn(leaf.requires_grad_())
+    with Ops() as backward:
+        y.backward(torch.ones_like(y))
+    return forward.seen, backward.seen
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_an_affine_grid_and_a_grid_sample_cost_the_kernels_torch_runs(align_corners):
+    """An affine grid is one aten op forward whose kernel builds the base grid (linspaces, their scale without
+    align_corners, copies, a fill) and multiplies it (bmm), as its backward does in a dispatch log: 10 kernels each
+    way, 6 with align_corners, 12 FLOPs a position each way, nothing kept. A grid_sample is one op each way (the
+    backward's map gradient zeroed first: 2 kernels); it keeps the map and the grid."""
+    from perf4sight.features.walk import walk
+
+    desc = describe(_SpatialTransformer(align_corners), SHAPE, name="stn")
+    costs = {v.node.op: v.cost for v in walk(desc) if v.node.op in ("affine_grid", "grid_sample")}
+    forward, backward = _dispatched(lambda t: F.affine_grid(t, [1, 8, 8, 8], align_corners=align_corners),
+                                    torch.randn(1, 2, 3))
+    backward = backward[:backward.index("bmm") + 1]  # then AccumulateGrad's copy to theta's strides
+    kernels = [name for name in backward if name in ("linspace", "mul", "div", "copy_", "fill_", "bmm")]
+    assert forward == ["affine_grid_generator"] and kernels.count("linspace") == 2
+    assert costs["affine_grid"].kernels_fwd == costs["affine_grid"].kernels_bwd == len(kernels)
+    assert costs["affine_grid"].flops_fwd == costs["affine_grid"].flops_bwd == 2 * 8 * 8 * 3 * 2
+    assert costs["affine_grid"].saved == []
+    grid = torch.rand(1, 8, 8, 2) * 2 - 1
+    forward, backward = _dispatched(lambda x: F.grid_sample(x, grid, align_corners=align_corners),
+                                    torch.randn(1, 8, 8, 8))
+    assert forward == ["grid_sampler_2d"] and [n for n in backward if n != "detach"] == ["ones_like",
+                                                                                        "grid_sampler_2d_backward"]
+    assert (costs["grid_sample"].kernels_fwd, costs["grid_sample"].kernels_bwd) == (1, 2)
+    assert costs["grid_sample"].saved == [0, 1]
+
+
+def test_an_affine_grid_runs_its_kernels_in_the_latency_terms():
+    """The kernel table runs an affine grid's kernels as formulas counts them: align_corners spares the scale's 4 a
+    way (a mul and a div per side)."""
+    from perf4sight.features.latency_terms import kernel_table
+
+    launches = [kernel_table(describe(_SpatialTransformer(ac), SHAPE, name="stn")).launches for ac in (False, True)]
+    assert launches[0] - launches[1] == 4 + 4
+
+
+@pytest.mark.parametrize("module", [_SpatialTransformer(False), _Warped(True), _Warped(False)],
+                         ids=["stn", "flow", "grid"])
+def test_a_grid_sample_keeps_what_autograd_keeps(module):
+    """What a sample adds to autograd's saved tensors (the network input aside) is the features' (a grid_sample's map
+    and grid; an affine grid's nothing)."""
+    from test_features import _autograd_saved_bytes
+
+    from perf4sight.features.aggregate import network_features
+
+    desc = describe(module, SHAPE, name="sampled")
+    at2, at4 = (b * _autograd_saved_bytes(desc, b, with_input=False) for b in (2, 4))
+    assert network_features(desc).per_sample["saved_bytes"] == (at4 - at2) / 2
+
+
+def test_a_spatial_transformer_prunes_and_trains():
+    """Pruning a spatial transformer cuts its localisation net and the sampled map's channels (a grid_sample passes
+    each channel on): the pruned network describes, its affine grid and grid_sample still there, and a training step
+    runs."""
+    from test_networks import _train_step
+
+    from perf4sight.networks.build import Source, prune_source
+
+    class Net(_SpatialTransformer):
+        def __init__(self) -> None:
+            super().__init__(False, width=16)
+            self.conv, self.head = nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(16, 16, 3, padding=1)
+            self.fc = nn.Linear(16, 10)
+
+        def forward(self, x):
+            theta = self.theta(self.loc(x)).view(-1, 2, 3)
+            y = self.conv(x)
+            grid = F.affine_grid(theta, y.size(), align_corners=False)
+            return self.fc(self.head(F.grid_sample(y, grid, align_corners=False)).mean((2, 3)))
+    (desc,) = prune_source(Source("net", "test", Net), [3, 16, 16], [30], "l1-norm", 2, seed=0)
+    assert min(n.attrs["out_channels"] for n in desc.nodes if n.op == "conv2d") < 16
+    assert {"affine_grid", "grid_sample"} <= {n.op for n in desc.nodes}
     _train_step(desc)

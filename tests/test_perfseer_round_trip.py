@@ -65,7 +65,8 @@ class _Views(torch.nn.Module):
     softshrink, threshold (in place), log_sigmoid, rmsnorm, repeat, rrelu, alpha_dropout (of whole channels) and
     fractional_maxpool2d, and matmul (a product of two activations, ONNX's MatMul); maximum and minimum (ONNX's Max
     and Min), flip and roll; weighted_sum (a BiFPN fusion of two maps); normalize (F.normalize, an eps of its own);
-    unfold (im2col) and fold (col2im); logsumexp (ONNX's ReduceLogSumExp), cumsum, where (of a number branch).
+    unfold (im2col) and fold (col2im); logsumexp (ONNX's ReduceLogSumExp), cumsum, where (of a number branch),
+    affine_grid and grid_sample (ONNX's AffineGrid and GridSample: a spatial transformer).
     Also frozen_batchnorm2d (torchvision's FrozenBatchNorm2d, an eps of its own); the instance norm tracks running
     statistics."""
 
@@ -82,8 +83,12 @@ class _Views(torch.nn.Module):
         self.rms = torch.nn.RMSNorm(8, eps=1e-4)
         self.frozen = FrozenBatchNorm2d(8, eps=1e-3)
         self.fusion = torch.nn.Parameter(torch.tensor([0.5, 2.0]))
+        self.stn = torch.nn.Linear(3, 6)
 
     def forward(self, x):
+        theta = self.stn(x.mean((2, 3))).view(-1, 2, 3)  # affine_grid and grid_sample: a spatial transformer
+        x = torch.nn.functional.grid_sample(x, torch.nn.functional.affine_grid(theta, x.size(), align_corners=True),
+                                            align_corners=True)
         x = torch.nn.functional.pixel_shuffle(self.widen(torch.nn.functional.pixel_unshuffle(self.gray(x), 2)), 2)
         x = torch.nn.functional.pad(torch.nn.functional.pad(x, (1, 1, 1, 1), mode="reflect"), (0, 1, 1, 0), "replicate")
         x = torch.nn.functional.pad(torch.nn.functional.pad(x, (1, 0, 0, 1), value=0.5), (1, 0, 0, 1), mode="circular")

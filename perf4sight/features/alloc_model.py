@@ -156,6 +156,7 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "logsumexp",
                      "cumsum",
                      "where",
+                     "affine_grid", "grid_sample",
                      "unfold", "fold",
                      "matmul"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
@@ -177,7 +178,8 @@ _VIEWS = {"reshape", "flatten", "squeeze", "unsqueeze"}
 #: except elementwise ones on inputs whose dimensions keep their order (their output is contiguous).
 _TAKE_STRIDED = {"conv2d", "conv_transpose2d", "cat", "identity", "transpose", "narrow", "select", "permute",
                  "layernorm", "token",
-                 "matmul"} | _VIEWS
+                 "matmul",
+                 "grid_sample"} | _VIEWS
 #: Ops that take a dense input of any layout (a channels-last one, a permuted one): their outputs' strides follow
 #: the inputs' as torch's TensorIterator lays them out (:func:`_iterated`).
 _TAKE_DENSE = {"add", "scale", "shift"}
@@ -1346,6 +1348,26 @@ def _where(ctx: _OpContext) -> _Value:
     return _Value(sid, ctx.nbytes, fn)
 
 
+def _affine_grid(ctx: _OpContext) -> _Value:
+    """An affine grid (aten.affine_grid_generator: its [H, W, 2] grid, nothing kept) is left to the trace where its
+    matrices need a gradient: its backward builds the base grid anew (an ``empty`` of [N, H, W, 3], per side a
+    ``linspace`` and, without align_corners, its ``mul`` and ``div``, freed before the next side's) before the
+    gradient's ``bmm``, temporaries freed ahead of the gradient that no autograd node here writes down."""
+    if ctx.x.fn is not None:
+        raise NotCovered("affine_grid of matrices that need a gradient")
+    return _Value(ctx.alloc("affine_grid_generator.default"), ctx.nbytes, None)
+
+
+def _grid_sample(ctx: _OpContext) -> _Value:
+    """A map sampled at a grid (aten.grid_sampler_2d: its output), keeping both. Backward one op,
+    ``grid_sampler_2d_backward``: the map's gradient, then the grid's (of those that need one)."""
+    x, grid = ctx.inputs
+    sid = ctx.alloc("grid_sampler_2d.default")
+    fn = ctx.grad_fn([x.sid, grid.sid], [_edge(x), _edge(grid)], [x.nbytes, grid.nbytes],
+                     ["aten.grid_sampler_2d_backward.default"] * 2)
+    return _Value(sid, ctx.nbytes, fn)
+
+
 def _combine(ctx: _OpContext) -> _Value:
     """add, mul (of two tensors, or of a tensor and a scalar), cat."""
     n, ins, nbytes, op = ctx.node, ctx.inputs, ctx.nbytes, ctx.node.op
@@ -2420,6 +2442,8 @@ _HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
     "logsumexp": _logsumexp,
     "cumsum": _cumsum,
     "where": _where,
+    "affine_grid": _affine_grid,
+    "grid_sample": _grid_sample,
     "unfold": _im2col,
     "fold": _im2col,
     "div": _quotient,

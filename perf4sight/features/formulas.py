@@ -905,6 +905,34 @@ def _where(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
                   kind="elementwise")
 
 
+def _affine_grid(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """A spatial transformer's grid (torch's affine_grid_generator, torch 2.14's profiler and dispatch log): a base
+    grid of [H, W, 3] normalised coordinates and ones built (per side a linspace, and without align_corners its scale:
+    a mul and a div, copied in; the ones a fill), then a bmm by theta transposed (12 FLOPs a position); backward
+    builds the base grid again and multiplies it by the gradient (bmm: 12 a position), the same kernels: 10 each way,
+    6 with align_corners. It keeps nothing. Bytes: theta read, the base grid written and read, the grid written."""
+    positions = int(node.attrs["size"][0]) * int(node.attrs["size"][1])
+    kernels = 6 if node.attrs["align_corners"] else 10
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    base = 3.0 * positions * BYTES_PER_ELEMENT
+    return OpCost(flops_fwd=12.0 * positions, flops_bwd=12.0 * positions, bytes_read=rd + base, bytes_written=wr + base,
+                  kernels_fwd=kernels, kernels_bwd=kernels, kind="other")
+
+
+def _grid_sample(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """A map sampled bilinearly at a grid (torch's grid_sampler_2d, zeros padding; counted from its kernel's
+    arithmetic, one aten op each way): per output position its two coordinates unnormalised and its four corners'
+    weights (12 FLOPs), per output element four reads blended (8, as a bilinear resize's). Backward one op, two
+    kernels (the map's gradient zeroed, then the kernel): per output element its gradient weighted into the four
+    corners (8) and the grid's gradient summed from the corners' differences (8), per position 4. It keeps the map
+    and the grid."""
+    n = numel(node.output_shape)
+    positions = numel(node.output_shape[1:])
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    return OpCost(flops_fwd=8.0 * n + 12.0 * positions, flops_bwd=16.0 * n + 4.0 * positions, bytes_read=rd,
+                  bytes_written=wr, saved=[0, 1], kernels_fwd=1, kernels_bwd=2, kind="other")
+
+
 def _input(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     return OpCost(kind="view")
 
@@ -996,6 +1024,8 @@ HANDLERS: dict[str, Handler] = {
     "logsumexp": _logsumexp,
     "cumsum": _cumsum,
     "where": _where,
+    "affine_grid": _affine_grid,
+    "grid_sample": _grid_sample,
     "unfold": _unfold,
     "fold": _fold,
     "identity": _view,

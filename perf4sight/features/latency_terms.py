@@ -347,7 +347,10 @@ _PASSES: dict[str, tuple[float, float, int]] = {
     # (formulas._logsumexp's 10 kernels, those over the output negligible); backward x - result, its exp and the
     # product with the broadcast gradient (a read and a write each)
     "logsumexp": (6.0, 6.0, 3),
-    "cumsum": (1.0, 6.0, 3),  # a scan (a read, a write); backward a flip, the scan and a flip back (the same each)
+    "cumsum": (1.0, 6.0, 3),
+    # forward four input pixels read an output element (those of neighbours mostly cached: two passes) and the
+    # output written; backward the gradient read and the map's (zeroed, then four corners added) and grid's written
+    "grid_sample": (2.0, 4.0, 2),  # a scan (a read, a write); backward a flip, the scan and a flip back (the same each)
 }
 #: A square root's: backward 2 * result, then the gradient over it.
 _SQRT_PASSES = (1.0, 5.0, 2)
@@ -400,6 +403,13 @@ def _where_passes(node: Node) -> tuple[float, float, int]:
     return 1.5, 2.25 * branches, branches
 
 
+def _affine_grid_passes(node: Node) -> tuple[float, float, int]:
+    """An affine grid (formulas._affine_grid): forward the base grid written (1.5 grids' worth: three coordinates a
+    position against the grid's two) and read by the bmm, the grid written: 4 passes over the grid; backward the
+    base grid built again (3) and the gradient read (1), its kernels the forward's."""
+    return 4.0, 4.0, 6 if node.attrs["align_corners"] else 10
+
+
 def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT_OPTIMIZER,
                  visits: Sequence[Visit] | None = None, loss: str = "cross_entropy") -> KernelTable:
     """Every kernel of one training step of ``desc`` whose optimiser's update costs ``update`` (an optimiser's name:
@@ -439,7 +449,8 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
             _group_attention(r, node, first)
         else:
             fwd_passes, bwd_passes, bwd_kernels = _passes(node)
-            composite = op in ("local_response_norm", "alpha_dropout", "normalize", "logsumexp", "where") \
+            composite = op in ("local_response_norm", "alpha_dropout", "normalize", "logsumexp", "where",
+                               "affine_grid") \
                 or op == "pad" and node.attrs["mode"] == "circular"
             fwd_kernels = visit.cost.kernels_fwd if composite else 1  # torch runs these as several ops
             if op == "weighted_sum":  # its products and adds (those on its weights alone left out)
@@ -493,6 +504,8 @@ def _passes(node: Node) -> tuple[float, float, int]:
         return _unfold_passes(node)
     if node.op == "where":
         return _where_passes(node)
+    if node.op == "affine_grid":
+        return _affine_grid_passes(node)
     return _PASSES.get(node.op, _DEFAULT_PASSES)
 
 

@@ -73,7 +73,9 @@ OP_TOKEN: dict[str, str] = {**{op: op for op in OP_VOCAB},
                             "frozen_batchnorm2d": "batchnorm2d",
                             "logsumexp": "mean",  # a reduction over dims (its exps an input element), as a mean
                             "cumsum": "add",  # a running sum: an add an element
-                            "where": "relu"}  # a value kept or replaced by a compare, as a relu's
+                            "where": "relu",  # a value kept or replaced by a compare, as a relu's
+                            "affine_grid": "linear",  # each position's coordinates times theta, a small GEMM
+                            "grid_sample": "adaptiveavgpool2d"}  # a bilinear resampling, as a resize's
 _ATTRS = ("in_ch", "out_ch", "kernel_h", "kernel_w", "stride", "padding", "dilation", "groups", "bias", "depthwise")
 _COSTS = ("out_elems", "out_rank", "macs", "flops_fwd", "flops_bwd", "bytes_read", "bytes_written", "params",
           "kernels_fwd", "kernels_bwd", "saved_bytes", "n_inputs")

@@ -127,6 +127,9 @@ ONNX_TO_OP: dict[str, str] = {
     "CumSum": "cumsum",  # ONNX's (its axis an input: here an arg, dim, as this tool writes it)
     # ONNX's (its condition a boolean input; here the comparison of the first input with a number, in args)
     "Where": "where",
+    # ONNX's (opset 20 and 16): a 2-D grid of [N, 2, 3] matrices; a map sampled at it (mode bilinear, ONNX 20's
+    # "linear", padding zeros)
+    "AffineGrid": "affine_grid", "GridSample": "grid_sample",
 }
 #: Our op -> ONNX op type. Five of ours share a type with another: ``permute`` is a ``Transpose`` of more than two
 #: axes; ``scale``, ``shift`` and ``token`` are a ``Mul``, an ``Add`` and a ``Concat`` with a learnt tensor (an ONNX
@@ -552,6 +555,12 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         return {"min_val": _number(low, f"{where} min"), "max_val": _number(high, f"{where} max")}
     if op == "prelu":  # ONNX's PRelu: its slopes an input (an initializer), counted by the node's weight_size
         return {"num_parameters": num("num_parameters", default=_slopes(weight_bytes, where))}
+    if op == "affine_grid":  # its [H, W] the grid's sides; ONNX's align_corners (0 where not given)
+        return {"size": [int(v) for v in out[:2]], "align_corners": flag("align_corners", False)}
+    if op == "grid_sample":  # ONNX's mode "linear" (opset 20) or "bilinear" (16), padding_mode, align_corners
+        mode = str(args.get("mode", "bilinear")).lower()
+        return {"mode": "bilinear" if mode == "linear" else mode,
+                "padding_mode": str(args.get("padding_mode", "zeros")), "align_corners": flag("align_corners", False)}
     if op == "where":  # ours: compare and threshold (required), a number branch's if_true or if_false
         if args.get("compare") is None or args.get("threshold") is None:
             raise UserError(f"{where}: a Where without its condition (args: compare, threshold)")

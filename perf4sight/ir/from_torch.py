@@ -2921,6 +2921,38 @@ def _where_call(n: fx.Node) -> tuple[str, dict]:
 
 for _key in (torch.where, "where"):
     FUNCTION_OPS[_key] = _where_call
+
+
+def _affine_grid_call(n: fx.Node) -> tuple[str, dict]:
+    """``F.affine_grid(theta, size, align_corners)`` of each sample's [2, 3] matrix (a spatial transformer's
+    localisation net's output): the op affine_grid, its [H, W] the traced grid's (a size read off a map, ``x.size()``,
+    is that map's at the traced shape); torch's default align_corners (None) is False. A 3-D grid (a [2, 3, 4] theta,
+    a 5-D size) is refused by name."""
+    theta, grid = n.args[0].meta["tensor_meta"].shape, n.meta["tensor_meta"].shape
+    if len(theta) != 3 or list(theta[1:]) != [2, 3] or len(grid) != 4:
+        raise ValueError(f"an affine_grid of a theta of shape {list(theta)} (a volume's, [N, 3, 4], or not a "
+                         "matrix per sample) has no description op; a 2-D grid of [N, 2, 3] matrices describes")
+    return "affine_grid", {"size": [int(grid[1]), int(grid[2])],
+                           "align_corners": bool(_arg(n, 2, "align_corners", None) or False)}
+
+
+def _grid_sample_call(n: fx.Node) -> tuple[str, dict]:
+    """``F.grid_sample(x, grid, mode, padding_mode, align_corners)`` of a [N, C, H, W] map and an [N, Ho, Wo, 2]
+    grid: the op grid_sample; a mode other than bilinear, a padding other than zeros, or a volume's 5-D input is
+    refused by name."""
+    mode, padding = _arg(n, 2, "mode", "bilinear"), _arg(n, 3, "padding_mode", "zeros")
+    if mode != "bilinear" or padding != "zeros":
+        raise ValueError(f"a grid_sample of mode {mode!r} and padding_mode {padding!r} has no description op (only "
+                         "mode 'bilinear' with padding_mode 'zeros')")
+    if len(n.args[0].meta["tensor_meta"].shape) != 4:
+        raise ValueError("a grid_sample of anything but an [N, C, H, W] map (a volume's 5-D input) has no "
+                         "description op")
+    return "grid_sample", {"mode": mode, "padding_mode": padding,
+                           "align_corners": bool(_arg(n, 4, "align_corners", None) or False)}
+
+
+FUNCTION_OPS[F.affine_grid] = _affine_grid_call
+FUNCTION_OPS[F.grid_sample] = _grid_sample_call
 _EINSUMS = {torch.einsum}
 
 

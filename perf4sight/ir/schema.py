@@ -189,6 +189,13 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # (optional if_true, if_false: not both); a leaky gate's torch.where(x > 0, x, 0.1 * x), a mask's
     # torch.where(m > 0.5, x, 0.0)
     "where": ("compare", "threshold"),
+    # a spatial transformer's sampling grid: each sample's [2, 3] affine matrix theta applied to the normalised
+    # [-1, 1] coordinates of an [H, W] = size output (align_corners: the corners' pixel centres at -1 and 1, else
+    # their outer edges): [H, W, 2] (torch's F.affine_grid of a 4-D size)
+    "affine_grid": ("size", "align_corners"),
+    # a [C, H, W] map sampled at an [Ho, Wo, 2] grid of normalised (x, y) points (the second input): [C, Ho, Wo]
+    # (torch's F.grid_sample of mode bilinear and padding_mode zeros: GRID_SAMPLE_MODES)
+    "grid_sample": ("mode", "padding_mode", "align_corners"),
     "div": (),  # the first input over the second, broadcast (torch's x / y of two tensors; x / c is mul's scalar 1 / c)
     # the matrix product of two activations of [..., M, K] and [..., K, N] (equal ranks of at least 2; the dims
     # before the last two broadcast, as torch's matmul's do): [..., M, N] (torch's matmul, @, bmm, a batched einsum;
@@ -233,6 +240,9 @@ WEIGHTED_SUM_NORMALIZATIONS = ("relu", "softmax")
 #: The comparisons of ``where``'s condition: its first input against its threshold (torch's x > t, x >= t, x < t,
 #: x <= t).
 WHERE_COMPARES = ("gt", "ge", "lt", "le")
+#: The modes and padding modes of ``grid_sample``: torch's F.grid_sample ones the description follows.
+GRID_SAMPLE_MODES = ("bilinear",)
+GRID_SAMPLE_PADDINGS = ("zeros",)
 #: The modes of ``pad``: torch's ``F.pad`` modes the description follows (ONNX's Pad calls circular "wrap").
 PAD_MODES = ("constant", "reflect", "replicate", "circular")
 
@@ -262,7 +272,8 @@ _SHAPES: Dict[str, Tuple[str, ...]] = {"fractional_maxpool2d": ("output_size",),
                                        "rmsnorm": ("normalized_shape",),
                                        "repeat": ("repeats",),
                                        "flip": ("dims",), "roll": ("dims",),
-                                       "fold": ("output_size",)}
+                                       "fold": ("output_size",),
+                                       "affine_grid": ("size",)}
 #: Op -> attributes that must be true or false where given (required or optional).
 _FLAGS: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("bias",), "linear": ("bias",), "attention": ("bias",), "group_attention": ("bias",),
@@ -285,6 +296,7 @@ _FLAGS: Dict[str, Tuple[str, ...]] = {
                                    "rrelu",
                                    "identity", "dropout")},
     "alpha_dropout": ("feature", "inplace"),
+    "affine_grid": ("align_corners",), "grid_sample": ("align_corners",),
 }
 #: Activations that may run in place on a copy of their input (``y.clone().leaky_relu_()``, ``F.elu(y.contiguous(),
 #: inplace=True)`` of a strided y): ``on_copy`` (optional, false) says so. The result is a tensor of its own, as out of
@@ -452,6 +464,10 @@ def _attr_problem(node: "Node") -> str:
     if node.op == "weighted_sum" and node.attrs["normalize"] not in WEIGHTED_SUM_NORMALIZATIONS:
         return (f"attr 'normalize' must be one of {', '.join(WEIGHTED_SUM_NORMALIZATIONS)}, "
                 f"got {node.attrs['normalize']!r}")
+    if node.op == "grid_sample" and (node.attrs["mode"] not in GRID_SAMPLE_MODES
+                                     or node.attrs["padding_mode"] not in GRID_SAMPLE_PADDINGS):
+        return (f"mode {node.attrs['mode']!r} and padding_mode {node.attrs['padding_mode']!r} must be one of "
+                f"{', '.join(GRID_SAMPLE_MODES)} and of {', '.join(GRID_SAMPLE_PADDINGS)}")
     if node.op == "where" and _where_problem(node):
         return _where_problem(node)
     if node.op == "weighted_sum" and node.attrs["num_inputs"] < 2:

@@ -44,6 +44,8 @@ ARITY: Dict[str, Tuple[int, Optional[int]]] = {
     "logsumexp": (1, 1),
     "cumsum": (1, 1),
     "where": (2, 3),
+    "affine_grid": (1, 1),
+    "grid_sample": (2, 2),
     "unfold": (1, 1),
     "fold": (1, 1),
     "local_response_norm": (1, 1),
@@ -362,6 +364,14 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
         if a["keepdim"]:
             return [1 if i in axes else s for i, s in enumerate(x)]
         return [s for i, s in enumerate(x) if i not in axes]
+    if op == "affine_grid":  # a [2, 3] matrix per sample -> an [H, W, 2] grid
+        if x != [2, 3] or len(a["size"]) != 2:
+            return f"makes an [H, W, 2] grid of a [2, 3] matrix and an [H, W] size, got {x} and {a['size']}"
+        return [int(a["size"][0]), int(a["size"][1]), 2]
+    if op == "grid_sample":  # a [C, H, W] map sampled at an [Ho, Wo, 2] grid
+        if len(x) != 3 or len(ins[1]) != 3 or ins[1][2] != 2:
+            return f"samples a [C, H, W] map at an [Ho, Wo, 2] grid, got {x} and {ins[1]}"
+        return [x[0], ins[1][0], ins[1][1]]
     if op == "where":  # the condition's input and the branches' broadcast together
         out_shape: Optional[List[int]] = x
         for s in ins[1:]:

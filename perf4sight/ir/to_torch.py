@@ -570,7 +570,18 @@ def _where(x: torch.Tensor, branches: List, compare: str, threshold: float, if_t
     rest = list(branches)
     a = rest.pop(0) if if_true is None else if_true
     b = rest.pop(0) if if_false is None else if_false
-    return torch.where(condition, a, b)
+    try:
+        return torch.where(condition, a, b)
+    except (TypeError, RuntimeError):  # a torch before 1.9 takes tensors alone: the number as a 0-d tensor
+        like = b if isinstance(a, float) else a  # the tensor branch (a description has one at least)
+        a, b = (torch.tensor(v, dtype=like.dtype, device=like.device) if isinstance(v, float) else v for v in (a, b))
+        return torch.where(condition, a, b)
+
+
+def _affine_grid(theta: torch.Tensor, size: List[int], align_corners: bool) -> torch.Tensor:
+    """F.affine_grid of the batch's [N, 2, 3] matrices for an [H, W] = ``size`` output (the channels a size of 1:
+    the grid does not read them)."""
+    return F.affine_grid(theta, [theta.shape[0], 1, int(size[0]), int(size[1])], align_corners=align_corners)
 
 
 def _binary(fn: Callable, scalar_fn: Callable) -> Callable[[List, Dict], Tuple[Callable, Tuple]]:
@@ -619,8 +630,11 @@ FUNCTION_BUILDERS: Dict[str, Callable[[List, Dict], Tuple[Callable, Tuple]]] = {
     "var": lambda x, a: (_variance, (x[0], [int(d) for d in a["dims"]], float(a["correction"]), bool(a["keepdim"]))),
     "logsumexp": lambda x, a: (torch.logsumexp, (x[0], [int(d) for d in a["dims"]], bool(a["keepdim"]))),
     "cumsum": lambda x, a: (torch.cumsum, (x[0], int(a["dim"]))),
-    "where": lambda x, a: (_where, (x[0], list(x[1:]), str(a["compare"]), float(a["threshold"]), a.get("if_true"),
-                                    a.get("if_false"))),
+    "affine_grid": lambda x, a: (_affine_grid, (x[0], [int(s) for s in a["size"]], bool(a["align_corners"]))),
+    "grid_sample": lambda x, a: (F.grid_sample, (x[0], x[1], str(a["mode"]), str(a["padding_mode"]),
+                                                 bool(a["align_corners"]))),
+    "where": lambda x, a: (_where, (x[0], list(x[1:]), str(a["compare"]), float(a["threshold"]),
+                                    *(None if a.get(k) is None else float(a[k]) for k in ("if_true", "if_false")))),
 }
 
 
