@@ -254,10 +254,12 @@ def test_the_call_keeps_what_autograd_keeps(case):
 
 @pytest.mark.parametrize("call, kernels", [(lambda y: torch.logsumexp(y, 1, keepdim=True), 10 + 3),
                                            (lambda y: torch.cumsum(y, 1), 1 + 3),
-                                           (lambda y: torch.where(y > 0, y, 0.0), 2 + 1)])
+                                           (lambda y: torch.where(y > 0, y, 0.0), 2 + 1),
+                                           (lambda y: torch.sort(y, 1)[0], 1 + 2)])
 def test_the_call_runs_its_kernels_in_the_latency_terms(call, kernels):
     """The kernel table runs a logsumexp as torch does: 10 kernels forward and 3 back (formulas' counts); a cumsum
-    one forward and 3 back; a where of one tensor branch 2 forward (the compare, the where) and one back."""
+    one forward and 3 back; a where of one tensor branch 2 forward (the compare, the where) and one back; a sort one
+    forward and 2 back (new_zeros, scatter)."""
     from perf4sight.features.latency_terms import kernel_table
 
     desc = describe(_Probe(lambda y: y + call(y)), SHAPE, name="called")
@@ -489,4 +491,106 @@ def test_a_spatial_transformer_prunes_and_trains():
     (desc,) = prune_source(Source("net", "test", Net), [3, 16, 16], [30], "l1-norm", 2, seed=0)
     assert min(n.attrs["out_channels"] for n in desc.nodes if n.op == "conv2d") < 16
     assert {"affine_grid", "grid_sample"} <= {n.op for n in desc.nodes}
+    _train_step(desc)
+
+
+#: A sort's and a topk's values: (pattern, the nodes' (op, attrs, output shape)).
+_ORDERED = {
+    "sort": (lambda y: torch.sort(y, 1)[0] + y.sort(dim=-1, descending=True).values,
+             [("sort", {"dim": 1, "descending": False}, [8, 8, 8]),
+              ("sort", {"dim": 3, "descending": True}, [8, 8, 8])]),
+    "topk": (lambda y: torch.topk(y, 3, 1)[0].mean(1, keepdim=True) * y
+             + y.topk(2, dim=-1, largest=False).values.sum(3, keepdim=True),
+             [("topk", {"k": 3, "dim": 1, "largest": True}, [3, 8, 8]),
+              ("topk", {"k": 2, "dim": 3, "largest": False}, [8, 8, 2])]),
+}
+
+
+@pytest.mark.parametrize("case", list(_ORDERED))
+def test_a_sorts_or_topks_values_are_described(case):
+    """torch.sort and torch.topk (and their methods) were refused ("call_function 'sort' has no description op"):
+    their values read alone ([0], .values) are the op sort (dim, descending) or topk (k, dim, largest), and the
+    rebuilt module computes the original's output and gradients."""
+    pattern, nodes = _ORDERED[case]
+    desc = _computes_the_same(_Probe(pattern))
+    assert [(n.op, n.attrs, n.output_shape) for n in desc.nodes if n.op == case] == nodes
+
+
+@pytest.mark.parametrize("pattern, match", [
+    (lambda y: y.gather(1, torch.sort(y, 1)[1]), r"the indices \(int64\) of call_function 'sort'"),
+    (lambda y: torch.sort(y, 0)[0], r"a sort along the batch dimension \(dims \[0\]\)"),
+    (lambda y: torch.sort(y, dim=1, stable=True)[0], r"a stable sort \(stable=True\) has no description op"),
+    (lambda y: y + y.topk(8, 1, sorted=False).values, r"a topk of sorted=False"),
+])
+def test_a_sorts_indices_or_another_form_are_refused_by_name(pattern, match):
+    """The indices of a sort read by anything (a gather), a sort along the batch, a stable sort and an unsorted topk
+    are refused by name."""
+    with pytest.raises(UserError, match=match):
+        describe(_Probe(pattern), SHAPE, name="refused")
+
+
+@pytest.mark.parametrize("case", list(_ORDERED))
+@pytest.mark.parametrize("batch", [3, 1])
+def test_the_allocation_model_writes_down_a_sort_as_traced(case, batch):
+    """A sort or a topk allocates its values and its int64 indices (kept); backward zeros of the input's size and the
+    gradient scattered into them. The model's events are the meta trace's."""
+    from test_allocator import _as_replayed
+
+    from perf4sight.features.alloc_trace import record_events
+
+    desc = describe(_Probe(_ORDERED[case][0]), SHAPE, name=case)
+    model = record_events(desc, batch, steps=2, method="model")
+    assert _as_replayed(model) == _as_replayed(record_events(desc, batch, steps=2, method="trace"))
+
+
+@pytest.mark.parametrize("case", list(_ORDERED))
+def test_a_sort_costs_the_kernels_torch_runs(case):
+    """A sort or a topk is one kernel forward writing values and int64 indices (a dispatch log); backward new_zeros
+    and a scatter, no FLOPs; it keeps the indices, 8 bytes an output element."""
+    from perf4sight.features.walk import walk
+
+    desc = describe(_Probe(_ORDERED[case][0]), SHAPE, name=case)
+    cost = [v.cost for v in walk(desc) if v.node.op == case][0]
+    call = (lambda x: torch.sort(x, 1)[0]) if case == "sort" else (lambda x: torch.topk(x, 3, 1)[0])
+    forward, backward = _dispatched(call, torch.randn(1, 8, 8, 8))
+    assert forward == [case, "getitem"] or forward == [case]
+    assert [name for name in backward if name not in ("ones_like", "detach")] == ["new_zeros", "scatter"]
+    assert (cost.kernels_fwd, cost.kernels_bwd, cost.flops_bwd) == (1, 2, 0.0)
+    assert cost.extra_saved_bytes == 8 * {"sort": 8 * 8 * 8, "topk": 3 * 8 * 8}[case] and cost.saved == []
+
+
+@pytest.mark.parametrize("case", list(_ORDERED))
+def test_a_sort_keeps_what_autograd_keeps(case):
+    """What a sample adds to autograd's saved tensors (the network input aside) is the features' (a sort's or a
+    topk's int64 indices)."""
+    from test_features import _autograd_saved_bytes
+
+    from perf4sight.features.aggregate import network_features
+
+    desc = describe(_Probe(_ORDERED[case][0]), SHAPE, name=case)
+    at2, at4 = (b * _autograd_saved_bytes(desc, b, with_input=False) for b in (2, 4))
+    assert network_features(desc).per_sample["saved_bytes"] == (at4 - at2) / 2
+
+
+@pytest.mark.parametrize("case", list(_ORDERED))
+def test_a_network_sorting_its_values_prunes_and_trains(case):
+    """Pruning a network that sorts a map (along its width) or keeps its top 2 values there cuts its convolutions'
+    channels through it: the pruned network describes, the op still there, and a training step runs."""
+    from test_networks import _train_step
+
+    from perf4sight.networks.build import Source, prune_source
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(16, 16, 3, padding=1)
+            self.fc = nn.Linear(16, 10)
+
+        def forward(self, x):
+            y = self.a(x)
+            y = y.sort(-1, descending=True)[0] if case == "sort" else y.topk(2, -1).values
+            return self.fc(self.b(y).mean((2, 3)))
+    (desc,) = prune_source(Source("net", "test", Net), [3, 16, 16], [30], "l1-norm", 2, seed=0)
+    assert max(n.attrs["out_channels"] for n in desc.nodes if n.op == "conv2d") < 16
+    assert case in [n.op for n in desc.nodes]
     _train_step(desc)

@@ -66,7 +66,8 @@ class _Views(torch.nn.Module):
     fractional_maxpool2d, and matmul (a product of two activations, ONNX's MatMul); maximum and minimum (ONNX's Max
     and Min), flip and roll; weighted_sum (a BiFPN fusion of two maps); normalize (F.normalize, an eps of its own);
     unfold (im2col) and fold (col2im); logsumexp (ONNX's ReduceLogSumExp), cumsum, where (of a number branch),
-    affine_grid and grid_sample (ONNX's AffineGrid and GridSample: a spatial transformer).
+    affine_grid and grid_sample (ONNX's AffineGrid and GridSample: a spatial transformer); sort and topk (ONNX's
+    TopK) of their values.
     Also frozen_batchnorm2d (torchvision's FrozenBatchNorm2d, an eps of its own); the instance norm tracks running
     statistics."""
 
@@ -112,6 +113,7 @@ class _Views(torch.nn.Module):
         unit = torch.nn.functional.normalize(w, dim=1, eps=1e-6) - torch.logsumexp(w, 1, keepdim=True) + w.cumsum(1)
         g = torch.nn.functional.hardshrink(torch.nn.functional.glu(torch.cat([w, unit], 1)), 0.25)
         g = torch.where(g >= 0.125, g, 0.0)  # where
+        g = g.sort(1, descending=True)[0] + g.topk(2, 1).values.mean(1, keepdim=True)  # sort, topk
         return self.fc(torch.nn.functional.logsigmoid(self.cut(torch.nn.functional.softshrink(g, 0.125))))
 
 

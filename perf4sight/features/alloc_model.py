@@ -157,6 +157,7 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "cumsum",
                      "where",
                      "affine_grid", "grid_sample",
+                     "sort", "topk",
                      "unfold", "fold",
                      "matmul"})
 #: Out-of-place activations: op -> (aten name, what the backward keeps: the "input" or the "result").
@@ -1368,6 +1369,18 @@ def _grid_sample(ctx: _OpContext) -> _Value:
     return _Value(sid, ctx.nbytes, fn)
 
 
+def _sorted(ctx: _OpContext) -> _Value:
+    """A sort's or a topk's values (aten.sort, aten.topk: the values, then their int64 indices, which it keeps).
+    Backward the gradient scattered (``scatter.src``, the input's size) into zeros (``new_zeros``, freed once it is
+    made)."""
+    kernel = f"{ctx.node.op}.default"
+    sid = ctx.alloc(kernel)
+    indices = ctx.alloc(kernel, ctx.nbytes // FLOAT * INT64, holders=0)
+    fn = ctx.grad_fn([indices], [_edge(ctx.x)], [ctx.x.nbytes], ["aten.scatter.src"],
+                     before=[(ctx.x.nbytes, "aten.new_zeros.default")])
+    return _Value(sid, ctx.nbytes, fn)
+
+
 def _combine(ctx: _OpContext) -> _Value:
     """add, mul (of two tensors, or of a tensor and a scalar), cat."""
     n, ins, nbytes, op = ctx.node, ctx.inputs, ctx.nbytes, ctx.node.op
@@ -2444,6 +2457,7 @@ _HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
     "where": _where,
     "affine_grid": _affine_grid,
     "grid_sample": _grid_sample,
+    "sort": _sorted, "topk": _sorted,
     "unfold": _im2col,
     "fold": _im2col,
     "div": _quotient,

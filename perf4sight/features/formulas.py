@@ -933,6 +933,19 @@ def _grid_sample(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
                   bytes_written=wr, saved=[0, 1], kernels_fwd=1, kernels_bwd=2, kind="other")
 
 
+def _sort(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """A sort's or a topk's values along dim (torch 2.14's aten.sort and aten.topk, a dispatch log): one kernel
+    writing the values and their int64 indices; a sort's compares about log2 L an element (L the dim's length), a
+    topk's one an input element and log2 k an output one. Backward the gradient scattered into zeros of the input's
+    size (new_zeros, scatter: 2 kernels, no FLOPs). It keeps the indices (8 bytes an output element)."""
+    n_in, n_out = numel(in_shapes[0]), numel(node.output_shape)
+    length = int(in_shapes[0][int(node.attrs["dim"]) - 1])
+    flops = n_in * math.log2(length) if node.op == "sort" else n_in + n_out * math.log2(int(node.attrs["k"]))
+    rd, wr = _io_bytes(in_shapes, node.output_shape)
+    return OpCost(flops_fwd=float(flops), bytes_read=rd, bytes_written=wr + 8.0 * n_out,
+                  extra_saved_bytes=8.0 * n_out, kernels_fwd=1, kernels_bwd=2, kind="other")
+
+
 def _input(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     return OpCost(kind="view")
 
@@ -1026,6 +1039,7 @@ HANDLERS: dict[str, Handler] = {
     "where": _where,
     "affine_grid": _affine_grid,
     "grid_sample": _grid_sample,
+    "sort": _sort, "topk": _sort,
     "unfold": _unfold,
     "fold": _fold,
     "identity": _view,

@@ -347,10 +347,13 @@ _PASSES: dict[str, tuple[float, float, int]] = {
     # (formulas._logsumexp's 10 kernels, those over the output negligible); backward x - result, its exp and the
     # product with the broadcast gradient (a read and a write each)
     "logsumexp": (6.0, 6.0, 3),
-    "cumsum": (1.0, 6.0, 3),
+    "cumsum": (1.0, 6.0, 3),  # a scan (a read, a write); backward a flip, the scan and a flip back (the same each)
     # forward four input pixels read an output element (those of neighbours mostly cached: two passes) and the
     # output written; backward the gradient read and the map's (zeroed, then four corners added) and grid's written
-    "grid_sample": (2.0, 4.0, 2),  # a scan (a read, a write); backward a flip, the scan and a flip back (the same each)
+    "grid_sample": (2.0, 4.0, 2),
+    # forward the input read, the values and int64 indices written (a sort several passes: taken as 3); backward the
+    # input-sized zeros written, then the gradient and indices read and scattered into a copy of them
+    "sort": (3.0, 4.0, 2), "topk": (1.5, 4.0, 2),
 }
 #: A square root's: backward 2 * result, then the gradient over it.
 _SQRT_PASSES = (1.0, 5.0, 2)

@@ -75,7 +75,9 @@ OP_TOKEN: dict[str, str] = {**{op: op for op in OP_VOCAB},
                             "cumsum": "add",  # a running sum: an add an element
                             "where": "relu",  # a value kept or replaced by a compare, as a relu's
                             "affine_grid": "linear",  # each position's coordinates times theta, a small GEMM
-                            "grid_sample": "adaptiveavgpool2d"}  # a bilinear resampling, as a resize's
+                            "grid_sample": "adaptiveavgpool2d",  # a bilinear resampling, as a resize's
+                            # values picked by compares along a dim, as a max pool's
+                            "sort": "maxpool2d", "topk": "maxpool2d"}
 _ATTRS = ("in_ch", "out_ch", "kernel_h", "kernel_w", "stride", "padding", "dilation", "groups", "bias", "depthwise")
 _COSTS = ("out_elems", "out_rank", "macs", "flops_fwd", "flops_bwd", "bytes_read", "bytes_written", "params",
           "kernels_fwd", "kernels_bwd", "saved_bytes", "n_inputs")

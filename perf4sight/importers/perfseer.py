@@ -130,6 +130,8 @@ ONNX_TO_OP: dict[str, str] = {
     # ONNX's (opset 20 and 16): a 2-D grid of [N, 2, 3] matrices; a map sampled at it (mode bilinear, ONNX 20's
     # "linear", padding zeros)
     "AffineGrid": "affine_grid", "GridSample": "grid_sample",
+    # ONNX's TopK (its k an input: here an arg) of its values; ONNX has no sort (a TopK of every value): ours
+    "TopK": "topk", "Sort": "sort",
 }
 #: Our op -> ONNX op type. Five of ours share a type with another: ``permute`` is a ``Transpose`` of more than two
 #: axes; ``scale``, ``shift`` and ``token`` are a ``Mul``, an ``Add`` and a ``Concat`` with a learnt tensor (an ONNX
@@ -555,6 +557,14 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         return {"min_val": _number(low, f"{where} min"), "max_val": _number(high, f"{where} max")}
     if op == "prelu":  # ONNX's PRelu: its slopes an input (an initializer), counted by the node's weight_size
         return {"num_parameters": num("num_parameters", default=_slopes(weight_bytes, where))}
+    if op in ("sort", "topk"):  # dim counts the batch (ONNX's axis, -1 where not given)
+        rank = len(in_shapes[0]) + 1
+        a: dict[str, Any] = {"dim": int(_number(args.get("dim", args.get("axis", -1)), f"{where} axis")) % rank}
+        if op == "sort":
+            return {**a, "descending": flag("descending", False)}
+        if args.get("k") is None:
+            raise UserError(f"{where}: a TopK without its k (args: k)")
+        return {"k": int(_number(args["k"], f"{where} k")), **a, "largest": flag("largest", True)}
     if op == "affine_grid":  # its [H, W] the grid's sides; ONNX's align_corners (0 where not given)
         return {"size": [int(v) for v in out[:2]], "align_corners": flag("align_corners", False)}
     if op == "grid_sample":  # ONNX's mode "linear" (opset 20) or "bilinear" (16), padding_mode, align_corners

@@ -2244,6 +2244,9 @@ def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, s
     reduced = _max_part(n, gm, alias)
     if reduced is not None:
         return reduced
+    ordered = _sorted_part(n, alias)
+    if ordered is not None:
+        return ordered
     if n.op == "call_function" and n.target is operator.getitem:
         converted = _getitem(n, alias)
         if converted is not None:
@@ -2953,6 +2956,49 @@ def _grid_sample_call(n: fx.Node) -> tuple[str, dict]:
 
 FUNCTION_OPS[F.affine_grid] = _affine_grid_call
 FUNCTION_OPS[F.grid_sample] = _grid_sample_call
+_SORTS = {torch.sort, "sort", torch.topk, "topk"}
+
+
+def _sort_attrs(call: fx.Node) -> tuple[str, dict]:
+    """The op and attrs of ``torch.sort(x, dim, descending)``/``x.sort`` or ``torch.topk(x, k, dim, largest,
+    sorted)``/``x.topk`` (dims counted from the front); one along the batch, a stable sort (``stable=``) or an
+    unsorted topk (``sorted=False``: its order is the kernel's) is refused by name."""
+    name = call.target if isinstance(call.target, str) else call.target.__name__
+    if name == "sort":
+        if call.kwargs.get("stable"):
+            raise ValueError("a stable sort (stable=True) has no description op; leave stable out")
+        (dim,) = _dims_after_the_batch(call, _arg(call, 1, "dim", -1), "sort")
+        return "sort", {"dim": dim, "descending": bool(_arg(call, 2, "descending", False))}
+    if not _arg(call, 4, "sorted", True):
+        raise ValueError("a topk of sorted=False (its values in the kernel's order) has no description op")
+    (dim,) = _dims_after_the_batch(call, _arg(call, 2, "dim", -1), "topk")
+    return "topk", {"k": int(_shape_value(_arg(call, 1, "k"))), "dim": dim,
+                    "largest": bool(_arg(call, 3, "largest", True))}
+
+
+def _sorted_part(n: fx.Node, alias: dict[str, str]) -> list[Node] | None:
+    """``n``'s nodes where it reads the values of a sort or a topk (``[0]``, ``.values``: the op sort or topk of
+    the call's input; a later read of them that one's node), none where it is their indices and nothing reads them;
+    None where it is neither. Indices that are read are a :class:`_NoOp` (a description's tensors are float32)."""
+    if n.op != "call_function" or n.target not in (operator.getitem, getattr) or \
+            getattr(n.args[0], "target", None) not in _SORTS:
+        return None
+    call = n.args[0]
+    if n.args[1] in (0, "values"):
+        earlier = _earlier_values_read(n, alias)
+        if earlier is not None:
+            alias[n.name] = alias[earlier.name]
+            return []
+        op, attrs = _sort_attrs(call)
+        if call.args[0].name not in alias:
+            raise ValueError(f"a {op} of {call.args[0].name}, a value the description cannot follow, has no "
+                             "description op")
+        alias[n.name] = n.name
+        return [Node(n.name, op, [alias[call.args[0].name]], attrs, _shape(n))]
+    if n.users:
+        label = call.target if isinstance(call.target, str) else call.target.__name__
+        raise _NoOp(f"the indices (int64) of {call.op} '{label}' (node {call.name})", f"indices of {label}", n)
+    return []
 _EINSUMS = {torch.einsum}
 
 

@@ -196,6 +196,12 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # a [C, H, W] map sampled at an [Ho, Wo, 2] grid of normalised (x, y) points (the second input): [C, Ho, Wo]
     # (torch's F.grid_sample of mode bilinear and padding_mode zeros: GRID_SAMPLE_MODES)
     "grid_sample": ("mode", "padding_mode", "align_corners"),
+    # x's values sorted along dim (as softmax's dim, never the batch's), descending or ascending: torch's sort of its
+    # values alone (its int64 indices, which the backward keeps, read by nothing else)
+    "sort": ("dim", "descending"),
+    # the k largest (largest, else smallest) of x's values along dim (as sort's), sorted: torch's topk of its values
+    # alone (its int64 indices kept for the backward, read by nothing else)
+    "topk": ("k", "dim", "largest"),
     "div": (),  # the first input over the second, broadcast (torch's x / y of two tensors; x / c is mul's scalar 1 / c)
     # the matrix product of two activations of [..., M, K] and [..., K, N] (equal ranks of at least 2; the dims
     # before the last two broadcast, as torch's matmul's do): [..., M, N] (torch's matmul, @, bmm, a batched einsum;
@@ -258,6 +264,7 @@ _POSITIVE: Dict[str, Tuple[str, ...]] = {
     "glu": ("dim",),
     "normalize": ("dim",),
     "cumsum": ("dim",),
+    "sort": ("dim",), "topk": ("k", "dim"),
     "attention": ("embed_dim", "num_heads"),
     "window_attention": ("embed_dim", "num_heads"), "group_attention": ("embed_dim", "num_heads"),
     "conv_transpose2d": ("in_channels", "out_channels", "groups"),
@@ -297,6 +304,7 @@ _FLAGS: Dict[str, Tuple[str, ...]] = {
                                    "identity", "dropout")},
     "alpha_dropout": ("feature", "inplace"),
     "affine_grid": ("align_corners",), "grid_sample": ("align_corners",),
+    "sort": ("descending",), "topk": ("largest",),
 }
 #: Activations that may run in place on a copy of their input (``y.clone().leaky_relu_()``, ``F.elu(y.contiguous(),
 #: inplace=True)`` of a strided y): ``on_copy`` (optional, false) says so. The result is a tensor of its own, as out of

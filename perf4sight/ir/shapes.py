@@ -46,6 +46,7 @@ ARITY: Dict[str, Tuple[int, Optional[int]]] = {
     "where": (2, 3),
     "affine_grid": (1, 1),
     "grid_sample": (2, 2),
+    "sort": (1, 1), "topk": (1, 1),
     "unfold": (1, 1),
     "fold": (1, 1),
     "local_response_norm": (1, 1),
@@ -409,7 +410,12 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
             f"input, got {x}"
     if op == "glu":
         return _glu_shape(x, int(a["dim"]))
-    if op in ("softmax", "log_softmax", "normalize", "cumsum"):
+    if op == "topk":  # k of the dim's values
+        axis = _axis(int(a["dim"]), len(x))
+        if axis is None or int(a["k"]) > x[axis]:
+            return f"k {a['k']} along dim {a['dim']} is not a dimension of its input {x} after the batch of k or more"
+        return x[:axis] + [int(a["k"])] + x[axis + 1:]
+    if op in ("softmax", "log_softmax", "normalize", "cumsum", "sort"):
         if _axis(int(a["dim"]), len(x)) is None:
             return f"dim {a['dim']} is not a dimension of its input {x} after the batch"
         return x

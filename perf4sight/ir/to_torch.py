@@ -578,6 +578,16 @@ def _where(x: torch.Tensor, branches: List, compare: str, threshold: float, if_t
         return torch.where(condition, a, b)
 
 
+def _sorted(x: torch.Tensor, dim: int, descending: bool) -> torch.Tensor:
+    """torch.sort's values along ``dim``."""
+    return torch.sort(x, dim, descending)[0]
+
+
+def _top(x: torch.Tensor, k: int, dim: int, largest: bool) -> torch.Tensor:
+    """torch.topk's values (the ``k`` largest or smallest along ``dim``, sorted)."""
+    return torch.topk(x, k, dim, largest, True)[0]
+
+
 def _affine_grid(theta: torch.Tensor, size: List[int], align_corners: bool) -> torch.Tensor:
     """F.affine_grid of the batch's [N, 2, 3] matrices for an [H, W] = ``size`` output (the channels a size of 1:
     the grid does not read them)."""
@@ -633,6 +643,8 @@ FUNCTION_BUILDERS: Dict[str, Callable[[List, Dict], Tuple[Callable, Tuple]]] = {
     "affine_grid": lambda x, a: (_affine_grid, (x[0], [int(s) for s in a["size"]], bool(a["align_corners"]))),
     "grid_sample": lambda x, a: (F.grid_sample, (x[0], x[1], str(a["mode"]), str(a["padding_mode"]),
                                                  bool(a["align_corners"]))),
+    "sort": lambda x, a: (_sorted, (x[0], int(a["dim"]), bool(a["descending"]))),
+    "topk": lambda x, a: (_top, (x[0], int(a["k"]), int(a["dim"]), bool(a["largest"]))),
     "where": lambda x, a: (_where, (x[0], list(x[1:]), str(a["compare"]), float(a["threshold"]),
                                     *(None if a.get(k) is None else float(a[k]) for k in ("if_true", "if_false")))),
 }
