@@ -594,3 +594,28 @@ def test_a_network_sorting_its_values_prunes_and_trains(case):
     assert max(n.attrs["out_channels"] for n in desc.nodes if n.op == "conv2d") < 16
     assert case in [n.op for n in desc.nodes]
     _train_step(desc)
+
+
+def test_a_where_or_grid_sample_costs_the_gradients_torch_computes():
+    """Torch's backward of a where computes the gradients of the branches that need one (one where each: a branch
+    computed from the image alone needs none), and a grid_sample of the image itself the grid's alone (no zeroed map
+    gradient); the walk's costs count those."""
+    from perf4sight.features.walk import walk
+
+    class Gated(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8, 10)
+
+        def forward(self, x):
+            y = self.conv(x)
+            return self.fc(torch.where(y > 0, y, x.mean(1, keepdim=True)).mean((2, 3)))
+    net = Gated()
+    (gate,) = [v.cost for v in walk(describe(net, SHAPE, name="gated")) if v.node.op == "where"]
+    out = net(torch.randn(1, *SHAPE))
+    _, backward = _dispatched(lambda _: out.sum(), torch.zeros(1))
+    assert (gate.kernels_bwd, gate.flops_bwd) == (backward.count("where"), 8 * 8 * 8) == (1, 8 * 8 * 8)
+    costs = {source: [v.cost for v in walk(describe(_SpatialTransformer(False, source), SHAPE, name="stn"))
+                      if v.node.op == "grid_sample"][0] for source in ("input", "features")}
+    assert (costs["input"].kernels_bwd, costs["features"].kernels_bwd) == (1, 2)
+    assert costs["input"].flops_bwd == 8 * 3 * 8 * 8 + 4 * 8 * 8

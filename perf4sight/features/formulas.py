@@ -946,6 +946,23 @@ def _sort(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
                   extra_saved_bytes=8.0 * n_out, kernels_fwd=1, kernels_bwd=2, kind="other")
 
 
+def _where_gradients(cost: OpCost, node: Node, needs: list[bool], in_shapes: list[list[int]]) -> OpCost:
+    """A where's ``cost`` where ``needs`` says which inputs need a gradient: torch computes those of its tensor
+    branches that do (a where each, a FLOP an output element); the condition's input takes none."""
+    branches = sum(needs[1:])
+    return replace(cost, flops_bwd=float(branches * numel(node.output_shape)), kernels_bwd=branches)
+
+
+def _sampled_gradients(cost: OpCost, node: Node, needs: list[bool], in_shapes: list[list[int]]) -> OpCost:
+    """A grid_sample's ``cost`` where its map needs no gradient (a spatial transformer sampling the image itself):
+    torch's backward computes the grid's alone (no zeroed map gradient: one kernel, 8 FLOPs an output element and 4
+    a position)."""
+    if needs[0]:
+        return cost
+    return replace(cost, flops_bwd=8.0 * numel(node.output_shape) + 4.0 * numel(node.output_shape[1:]),
+                   kernels_bwd=1)
+
+
 def _input(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     return OpCost(kind="view")
 
@@ -955,7 +972,8 @@ def _input(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
 #: some input needs one).
 INPUT_GRADIENTS: dict[str, Callable[[OpCost, Node, list[bool], list[list[int]]], OpCost]] = {
     "div": _quotient_gradients, "matmul": _matrix_product_gradients,
-    "maximum": _extreme_gradients, "minimum": _extreme_gradients}
+    "maximum": _extreme_gradients, "minimum": _extreme_gradients,
+    "where": _where_gradients, "grid_sample": _sampled_gradients}
 
 #: op name -> handler(node, input shapes (per sample), first) -> OpCost. ``first`` is True when none of the
 #: node's inputs needs a gradient (the network input, or what parameter-free ops made of it alone: ``walk.py``),
