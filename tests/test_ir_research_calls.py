@@ -386,17 +386,31 @@ def test_the_allocation_model_writes_down_a_grid_sample_as_traced(permuted, batc
     assert _as_replayed(model) == _as_replayed(record_events(desc, batch, steps=2, method="trace"))
 
 
-def test_an_affine_grid_of_learnt_matrices_is_left_to_the_trace():
-    """An affine grid's backward builds its base grid anew, freeing temporaries before its gradient, which no
-    autograd node of the model writes down: a spatial transformer leaves the model (NotCovered), and a step's events
-    are the trace's."""
-    from perf4sight.features.alloc_model import NotCovered, step_events
+class _WideGrid(_SpatialTransformer):
+    """A spatial transformer whose grid is 6 x 10 (its size given as numbers), sampled from an 8 x 8 map."""
+
+    def forward(self, x):
+        theta = self.theta(self.loc(x)).view(-1, 2, 3)
+        grid = F.affine_grid(theta, [x.shape[0], 8, 6, 10], align_corners=self.align_corners)
+        return self.fc(F.grid_sample(self.conv(x), grid, align_corners=self.align_corners).mean((2, 3)))
+
+
+@pytest.mark.parametrize("module", [_SpatialTransformer(False), _SpatialTransformer(True),
+                                    _SpatialTransformer(False, "input"), _WideGrid(False), _WideGrid(True)],
+                         ids=["stn", "aligned", "of the input", "wide", "wide aligned"])
+@pytest.mark.parametrize("batch", [3, 1])
+def test_the_allocation_model_writes_down_a_spatial_transformer_as_traced(module, batch):
+    """An affine grid of learnt matrices: its grid, nothing kept; backward the base grid built anew (an empty of [N, H,
+    W, 3]), per side, the width's first, a linspace (and without align_corners its mul and div: the side's floats)
+    freed once copied, then theta's gradient (bmm, laid out transposed: the view before it copies it), the incoming
+    gradient and the base freed last. The model's events are the meta trace's (it had left them to the trace)."""
+    from test_allocator import _as_replayed
+
     from perf4sight.features.alloc_trace import record_events
 
-    desc = describe(_SpatialTransformer(False), SHAPE, name="stn")
-    with pytest.raises(NotCovered, match="affine_grid of matrices that need a gradient"):
-        step_events(desc, 2)
-    assert record_events(desc, 2, method="auto") == record_events(desc, 2, method="trace")
+    desc = describe(module, SHAPE, name="stn")
+    model = record_events(desc, batch, steps=2, method="model")
+    assert _as_replayed(model) == _as_replayed(record_events(desc, batch, steps=2, method="trace"))
 
 
 def _dispatched(fn, leaf: torch.Tensor) -> tuple[list[str], list[str]]:

@@ -1350,13 +1350,28 @@ def _where(ctx: _OpContext) -> _Value:
 
 
 def _affine_grid(ctx: _OpContext) -> _Value:
-    """An affine grid (aten.affine_grid_generator: its [H, W, 2] grid, nothing kept) is left to the trace where its
-    matrices need a gradient: its backward builds the base grid anew (an ``empty`` of [N, H, W, 3], per side a
-    ``linspace`` and, without align_corners, its ``mul`` and ``div``, freed before the next side's) before the
-    gradient's ``bmm``, temporaries freed ahead of the gradient that no autograd node here writes down."""
-    if ctx.x.fn is not None:
-        raise NotCovered("affine_grid of matrices that need a gradient")
-    return _Value(ctx.alloc("affine_grid_generator.default"), ctx.nbytes, None)
+    """An affine grid (aten.affine_grid_generator: its [H, W, 2] grid, nothing kept). Its backward builds the base
+    grid anew, an ``empty`` of [N, H, W, 3], then per side (the width's first) a ``linspace`` and, without
+    align_corners, its ``mul`` and ``div`` (the side's floats, not the batch's), freed once copied in, then the
+    gradient (``bmm``: theta's, laid out transposed), the incoming gradient and the base freed last. Written down as
+    three autograd nodes run back to back, as torch's one runs its work: the first hands the incoming gradient on and
+    allocates the base (its scratch the width's temporaries), the second hands the base on (the height's), the last
+    gathers both (no sum) and computes theta's gradient."""
+    x = ctx.x
+    sid = ctx.alloc("affine_grid_generator.default")
+    if x.fn is None:
+        return _Value(sid, ctx.nbytes, None)
+    height, width = (int(s) for s in ctx.node.attrs["size"])
+    base = ctx.batch * height * width * 3 * FLOAT
+    kernels = ["aten.linspace.default"] + ([] if ctx.node.attrs["align_corners"] else
+                                           ["aten.mul.Scalar", "aten.div.Scalar"])
+    theta = (ctx.batch, 2, 3)
+    gradient = ctx.grad_fn([], [_edge(x)], [x.nbytes], ["aten.bmm.default"], out_shape=theta, gathers=2,
+                           layouts=[("fixed", _normal(theta, (6, 1, 2)))])
+    rows = ctx.grad_fn([], [("fn", gradient)], [base], [None], scratch=[(height * FLOAT, k) for k in kernels])
+    fn = ctx.grad_fn([], [("fn", gradient), ("fn", rows)], [ctx.nbytes, base], [None, "aten.empty.memory_format"],
+                     scratch=[(width * FLOAT, k) for k in kernels])
+    return _Value(sid, ctx.nbytes, fn)
 
 
 def _grid_sample(ctx: _OpContext) -> _Value:
