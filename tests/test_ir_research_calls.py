@@ -33,6 +33,11 @@ _WHERES = {
     "numbers and a method": (lambda y: torch.where(y.lt(0.5), y, 0.0) + torch.where(0.5 >= y.sigmoid(), -1.0, y),
                              [(["conv", "conv"], {"compare": "lt", "threshold": 0.5, "if_false": 0.0}),
                               (["sigmoid", "conv"], {"compare": "le", "threshold": 0.5, "if_true": -1.0})]),
+    "masked_fill, == and !=": (lambda y: y.masked_fill(y < 0, 0.0) + torch.masked_fill(y, y.sigmoid().ne(0.5), -1)
+                               + torch.where(y == 0.25, y, 0.0),
+                               [(["conv", "conv"], {"compare": "lt", "threshold": 0.0, "if_true": 0.0}),
+                                (["sigmoid", "conv"], {"compare": "ne", "threshold": 0.5, "if_true": -1.0}),
+                                (["conv", "conv"], {"compare": "eq", "threshold": 0.25, "if_false": 0.0})]),
     "a mask read twice, broadcast": (
         lambda y: (lambda m: torch.where(m > 0, m, y) * torch.where(m > 0, m, 1.0))(y.mean((2, 3), keepdim=True)),
         [(["mean", "mean", "conv"], {"compare": "gt", "threshold": 0.0}),
@@ -95,6 +100,7 @@ def test_where_is_described(form):
     (lambda y: torch.where(y > y.sigmoid(), y, 0.0), r"a comparison read by anything but torch.where's condition"),
     (lambda y: torch.where(y > 0, 1.0, 0.0), r"a torch.where of two numbers .* give a tensor for one branch"),
     (lambda y: y.where(y > 0, -y), r"x.where\(condition, y\) has no description op; write torch.where"),
+    (lambda y: y.masked_fill(y > y.sigmoid(), 0.0), r"a comparison read by anything but torch.where.s condition"),
 ])
 def test_a_where_of_another_condition_or_form_is_refused_by_name(pattern, match):
     """A comparison made a tensor of its own (a mask multiplied in), a comparison of two tensors, a where of two
@@ -192,15 +198,19 @@ def test_a_cumsum_costs_the_kernels_torch_runs():
     assert visit.cost.saved == [] and visit.cost.extra_saved_bytes == 0
 
 
+@pytest.mark.parametrize("pattern", [
+    _WHERES["a mask read twice, broadcast"][0],
+    lambda y: y.masked_fill(y < 0, 0.0) + torch.where(y == 0.25, y, 0.0) * torch.where(y != 0.5, -1.0, y)],
+    ids=["broadcast", "masked_fill"])
 @pytest.mark.parametrize("batch", [3, 1])
-def test_the_allocation_model_writes_down_a_where_of_a_broadcast_branch_as_traced(batch):
-    """A mask that is a branch too, broadcast (its gradient summed down), read by two wheres: the model's events are
-    the meta trace's."""
+def test_the_allocation_model_writes_down_a_where_of_a_broadcast_branch_as_traced(pattern, batch):
+    """A mask that is a branch too, broadcast (its gradient summed down), read by two wheres; a masked_fill (a where
+    of a number first), compares of == and !=: the model's events are the meta trace's."""
     from test_allocator import _as_replayed
 
     from perf4sight.features.alloc_trace import record_events
 
-    desc = describe(_Probe(_WHERES["a mask read twice, broadcast"][0]), SHAPE, name="broadcast")
+    desc = describe(_Probe(pattern), SHAPE, name="broadcast")
     model = record_events(desc, batch, steps=2, method="model")
     assert _as_replayed(model) == _as_replayed(record_events(desc, batch, steps=2, method="trace"))
 

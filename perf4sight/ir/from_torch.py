@@ -2279,6 +2279,8 @@ def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, s
         attrs = {"scalar": float(scalar)}
     if op == "reshape":
         tensor_inputs = tensor_inputs[:1]
+    if n.target in _MASKED_FILLS:  # x.masked_fill(mask, v): torch.where(mask, v, x), the mask's tensor first
+        tensor_inputs = tensor_inputs[::-1]
     meta = n.meta.get("tensor_meta")
     batch = meta.shape[0] if op != "attention" and hasattr(meta, "shape") and len(meta.shape) else _TRACE_BATCH
     if batch != _TRACE_BATCH:  # traced at batch 2: a description's node keeps the batch as it is
@@ -2847,10 +2849,12 @@ _COMPARES: dict[Any, str] = {}
 for _name, _keys in (("gt", (operator.gt, torch.gt, torch.greater, "gt", "greater")),
                      ("ge", (operator.ge, torch.ge, torch.greater_equal, "ge", "greater_equal")),
                      ("lt", (operator.lt, torch.lt, torch.less, "lt", "less")),
-                     ("le", (operator.le, torch.le, torch.less_equal, "le", "less_equal"))):
+                     ("le", (operator.le, torch.le, torch.less_equal, "le", "less_equal")),
+                     ("eq", (operator.eq, torch.eq, "eq")), ("ne", (operator.ne, torch.ne, torch.not_equal, "ne",
+                                                                   "not_equal"))):
     _COMPARES.update(dict.fromkeys(_keys, _name))
 #: A comparison read the other way round (a number first: ``torch.gt(0.5, x)`` is ``x < 0.5``).
-_REVERSED = {"gt": "lt", "ge": "le", "lt": "gt", "le": "ge"}
+_REVERSED = {"gt": "lt", "ge": "le", "lt": "gt", "le": "ge", "eq": "eq", "ne": "ne"}
 
 
 def _compared(n: Any) -> tuple[str, float] | None:
@@ -2873,9 +2877,12 @@ def _compared(n: Any) -> tuple[str, float] | None:
 
 
 def _is_condition_read(user: fx.Node, n: fx.Node) -> bool:
-    """Whether ``user`` reads ``n`` as torch.where's condition alone (or as x.where's, refused by the where)."""
+    """Whether ``user`` reads ``n`` as torch.where's condition alone (or as x.where's, refused by the where), or as
+    x.masked_fill's mask (of a number)."""
     if user.op == "call_method" and user.target == "where":
         return True
+    if user.target in _MASKED_FILLS:
+        return len(user.args) == 3 and user.args[1] is n and user.args[0] is not n and not user.kwargs
     return user.op == "call_function" and user.target is torch.where and len(user.args) == 3 and \
         user.args[0] is n and n not in user.args[1:] and not user.kwargs
 
@@ -2924,6 +2931,23 @@ def _where_call(n: fx.Node) -> tuple[str, dict]:
 
 for _key in (torch.where, "where"):
     FUNCTION_OPS[_key] = _where_call
+_MASKED_FILLS = (torch.masked_fill, "masked_fill")
+
+
+def _masked_fill_call(n: fx.Node) -> tuple[str, dict]:
+    """``x.masked_fill(mask, value)``/``torch.masked_fill`` of a mask comparing a tensor with a number and a number
+    value: torch.where(mask, value, x), the op where (its inputs the mask's tensor, then x: put in that order by the
+    converter); another mask, or a tensor value, is refused by name."""
+    compared = _compared(n.args[1]) if len(n.args) == 3 else None
+    value = _shape_value(n.args[2]) if len(n.args) == 3 else None
+    if compared is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError("a masked_fill of anything but a mask comparing a tensor with a number (x < 0) and a number "
+                         "value has no description op")
+    return "where", {"compare": compared[0], "threshold": compared[1], "if_true": float(value)}
+
+
+for _key in _MASKED_FILLS:
+    FUNCTION_OPS[_key] = _masked_fill_call
 
 
 def _affine_grid_call(n: fx.Node) -> tuple[str, dict]:

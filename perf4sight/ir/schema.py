@@ -184,10 +184,10 @@ OPS: Dict[str, Tuple[str, ...]] = {
     "logsumexp": ("dims", "keepdim"),
     # the running sum of x along dim (as softmax's dim, never the batch's): torch's cumsum (a scan)
     "cumsum": ("dim",),
-    # torch.where(c, a, b) of a condition c = x <compare> threshold (WHERE_COMPARES: gt, ge, lt, le), x the first
-    # input: a where c holds, else b, broadcast. a and b are the next inputs, in that order, but where a number
+    # torch.where(c, a, b) of a condition c = x <compare> threshold (WHERE_COMPARES: gt, ge, lt, le, eq, ne), x the
+    # first input: a where c holds, else b, broadcast. a and b are the next inputs, in that order, but where a number
     # (optional if_true, if_false: not both); a leaky gate's torch.where(x > 0, x, 0.1 * x), a mask's
-    # torch.where(m > 0.5, x, 0.0)
+    # torch.where(m > 0.5, x, 0.0), x.masked_fill(m < 0, 0.0)
     "where": ("compare", "threshold"),
     # a spatial transformer's sampling grid: each sample's [2, 3] affine matrix theta applied to the normalised
     # [-1, 1] coordinates of an [H, W] = size output (align_corners: the corners' pixel centres at -1 and 1, else
@@ -244,8 +244,8 @@ INTERPOLATE_MODES = ("nearest", "bilinear")
 #: The normalisations of ``weighted_sum``'s weights.
 WEIGHTED_SUM_NORMALIZATIONS = ("relu", "softmax")
 #: The comparisons of ``where``'s condition: its first input against its threshold (torch's x > t, x >= t, x < t,
-#: x <= t).
-WHERE_COMPARES = ("gt", "ge", "lt", "le")
+#: x <= t, x == t, x != t).
+WHERE_COMPARES = ("gt", "ge", "lt", "le", "eq", "ne")
 #: The modes and padding modes of ``grid_sample``: torch's F.grid_sample ones the description follows.
 GRID_SAMPLE_MODES = ("bilinear",)
 GRID_SAMPLE_PADDINGS = ("zeros",)

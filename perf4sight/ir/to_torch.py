@@ -566,7 +566,8 @@ def _where(x: torch.Tensor, branches: List, compare: str, threshold: float, if_t
            if_false: Any) -> torch.Tensor:
     """torch.where(x <compare> threshold, a, b): a and b the ``branches`` in that order, but where a number
     (``if_true``, ``if_false``; None where not)."""
-    condition = {"gt": torch.gt, "ge": torch.ge, "lt": torch.lt, "le": torch.le}[compare](x, threshold)
+    condition = {"gt": torch.gt, "ge": torch.ge, "lt": torch.lt, "le": torch.le, "eq": torch.eq,
+                 "ne": torch.ne}[compare](x, threshold)
     rest = list(branches)
     a = rest.pop(0) if if_true is None else if_true
     b = rest.pop(0) if if_false is None else if_false
