@@ -2289,11 +2289,12 @@ class _TupleOps(nn.Module):
 @pytest.mark.parametrize("pick, named", [
     (lambda y: y.median(dim=2)[0], r"call_method 'median' \(node median\)"),  # (a max over a dim is described)
     (lambda y: torch.kthvalue(y, 1, 2)[0], r"call_function 'kthvalue' \(node kthvalue\)"),
-    (lambda y: y.topk(1, dim=2).values[:, :, 0], r"call_method 'topk' \(node topk\)"),
-    (lambda y: torch.sort(y, dim=2)[0].mean(2), r"call_function 'sort' \(node sort\)")])
+    (lambda y: y.cummax(dim=2).values[:, :, 0], r"call_method 'cummax' \(node cummax\)"),
+    (lambda y: torch.mode(y, dim=2)[0], r"call_function 'mode' \(node mode\)")])
 def test_an_op_returning_a_tuple_is_named_itself_where_it_has_no_description_op(pick, named):
     """The part of a tuple an op returns was named instead of the op: 'call_function getitem (node getitem) has no
-    description op' for ``x.median(dim=2)[0]`` (``x.max(dim=2)[0]`` then), 'getattr' for ``x.topk(1).values``."""
+    description op' for ``x.median(dim=2)[0]`` (``x.max(dim=2)[0]`` then), 'getattr' for ``x.cummax(2).values`` (then
+    ``x.topk(1).values``, which is the op topk since)."""
     with pytest.raises(UserError, match=rf"^tuple: {named} has no description op$"):
         describe(_TupleOps(pick), [3, 8, 8], "tuple")
 
