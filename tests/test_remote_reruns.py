@@ -144,6 +144,46 @@ def test_interrupted_host_stops_following_and_a_rerun_attaches_to_the_run_that_w
     assert _keys_once(_rows(cfg, "dev-i")) and len(_rows(cfg, "dev-i")) == 2
 
 
+def _children(pid: int) -> list[int]:
+    """The pids whose parent is ``pid`` (read from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text() if entry.isdigit() else ""
+        except OSError:
+            continue
+        if stat and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry))
+    return found
+
+
+def test_a_runner_killed_on_the_device_is_named_by_its_signal_and_a_rerun_resumes(servers, tmp_path):
+    """The runner killed with SIGKILL under its supervisor (a kill -9, the OOM killer): the device's line names the
+    signal and says a rerun resumes; it printed "the runner exited with -9:" and the raw JSON of the log's last row
+    event. The rerun measures the rest, every row once."""
+    a, _ = servers
+    cfg = _config(tmp_path, {"dev-k": _device(a, tmp_path)}, batch_sizes=(1, 2))
+    descs = _descriptions(tmp_path, ["alpha", "beta"])
+    out: dict = {}
+    worker = threading.Thread(target=lambda: out.setdefault("s", profile_devices(
+        cfg, ["dev-k"], descs, show_progress=False, **FAST)))
+    worker.start()
+    test_remote._wait_rows(cfg, "dev-k", 1, worker=worker, out=out)
+    run_dir = tmp_path / "remote work" / "dev-k"
+    assert not (run_dir / "run.exit").exists(), "the run finished before its runner could be killed"
+    (runner,) = _children(json.loads((run_dir / "run.json").read_text())["pid"])
+    os.kill(runner, signal.SIGKILL)
+    worker.join(timeout=120)
+    assert not worker.is_alive()
+    (cut,) = out["s"]
+    assert cut.status == "failed" and 1 <= cut.rows < 4
+    assert cut.message == ("device 'dev-k': the runner was killed by SIGKILL (a kill -9, or the device's "
+                           "out-of-memory killer); rerun the profile stage to resume (rows taken are kept)")
+    (later,) = profile_devices(cfg, ["dev-k"], descs, show_progress=False, **FAST)
+    assert later.status == "done" and (later.rows, later.expected) == (4, 4), format_summaries([later])
+    assert len(_keys_once(_rows(cfg, "dev-k"))) == 4
+
+
 def test_a_bug_on_a_device_after_its_rows_came_over_fails_it_with_the_rows_on_disk(servers, tmp_path, monkeypatch):
     """An unexpected exception on one device (a bug, not a device problem) fails that device alone, and its summary
     line says how many of its plan's rows are on disk, as a failed device's does, on one line: it said 0/0."""

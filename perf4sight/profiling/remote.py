@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import signal
 import socket
 import sys
 import threading
@@ -264,7 +265,7 @@ class RemoteProfiler:
                     if state["state"] in ("dead", "none"):
                         if self.summary.restarts >= self.max_restarts:
                             raise DeviceError(f"device '{self.dev.name}': the run died {self.summary.restarts + 1} "
-                                              f"times (last log: {self._log_tail()})")
+                                              f"times (last log: {self._log_tail() or 'no error logged'})")
                         self.summary.restarts += 1
                         self._pull()
                         self._start()
@@ -298,17 +299,43 @@ class RemoteProfiler:
         return found
 
     def _log_tail(self) -> str:
+        """Why the last run stopped, from its log: its error event, else its last line that is not an event (a
+        traceback's last line); "" where it stopped between events (killed), "unavailable" where unreadable."""
         lines = self._log_lines()
         if lines is None:
             return "unavailable"
-        for line in reversed(lines):
+        last_run: list[str] = []
+        for line in lines:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                event = None
+            if isinstance(event, dict) and event.get("event") == "plan":
+                last_run = []  # every run appends to the log: an earlier run's error is not this one's
+            last_run.append(line)
+        for line in reversed(last_run):
             try:
                 event = json.loads(line)
             except ValueError:
                 return " ".join(line.split())[-300:]
-            if event.get("event") == "error":
-                return str(event.get("message", ""))[-300:]
-        return " ".join(lines[-1].split())[-300:] if lines else "empty"
+            if not isinstance(event, dict) or event.get("event") == "error":
+                return str(event.get("message", "") if isinstance(event, dict) else event)[-300:]
+        return ""
+
+    def _runner_ended(self, rc: object) -> DeviceError:
+        """The one line of a run whose runner ended with ``rc`` (not 0): killed by a signal (its name) or exited,
+        with what its log says, and that a rerun resumes."""
+        how = f"exited with {rc}"
+        if isinstance(rc, int) and rc < 0:
+            try:
+                how = f"was killed by {signal.Signals(-rc).name}"
+            except ValueError:
+                how = f"was killed by signal {-rc}"
+            if rc == -signal.SIGKILL:
+                how += " (a kill -9, or the device's out-of-memory killer)"
+        tail = self._log_tail()
+        return DeviceError(f"device '{self.dev.name}': the runner {how}" + (f": {tail}" if tail else "")
+                           + "; rerun the profile stage to resume (rows taken are kept)")
 
     def _passed_over_note(self) -> list[str]:
         n = len(self.puller.passed_over)
@@ -355,8 +382,7 @@ class RemoteProfiler:
             self._start()
             ended = self._follow()
             if ended.get("rc") != 0:
-                raise DeviceError(f"device '{self.dev.name}': the runner exited with {ended.get('rc')}: "
-                                  f"{self._log_tail()}")
+                raise self._runner_ended(ended.get("rc"))
             s.status = "done"
             s.message = "; ".join(self._log_warnings()[:3] + self._passed_over_note())
         except UserError as exc:
