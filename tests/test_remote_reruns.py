@@ -320,6 +320,25 @@ def test_device_without_torch_or_with_too_old_a_python_runs_nothing(servers, tmp
     assert probe_problems("cpu", {"python": "3.6.9", "torch": "1.10.0"}, "w") == []
 
 
+def test_a_login_shell_that_refuses_says_why_in_check_and_profile(servers, tmp_path):
+    """A device account whose shell refuses to run commands (``nologin``, as a service account's: sshd says on
+    stderr that it could not chdir home, nologin on stdout that the account is not available): check and profile
+    both give what each stream said; they gave stderr's line alone, which blames the home folder."""
+    a, _ = servers
+    nologin = tmp_path / "nologin-python"  # stands for the login shell: it prints as sshd and nologin do
+    nologin.write_text("#!/bin/sh\necho 'Could not chdir to home directory /nonexistent: No such file or directory'"
+                       " >&2\necho 'This account is currently not available.'\nexit 1\n")
+    nologin.chmod(0o755)
+    cfg = _config(tmp_path, {"svc": {**_device(a, tmp_path), "python": str(nologin)}})
+    said = (f"python '{nologin}' did not run the probe (exit 1): Could not chdir to home directory /nonexistent: "
+            "No such file or directory This account is currently not available.")
+    (check,) = check_devices(cfg, ["svc"])
+    assert check.reachable and not check.ok and check.message == said
+    (desc,) = _descriptions(tmp_path, ["alpha"])
+    (summary,) = profile_devices(cfg, ["svc"], [desc], show_progress=False, **FAST)
+    assert summary.status == "failed" and summary.message == f"device 'svc': {said}" and not _rows(cfg, "svc")
+
+
 def _python2() -> str:
     """A Python 2 interpreter (``PERF4SIGHT_TEST_PYTHON2``, on PATH or under pyenv), or skip."""
     import glob

@@ -41,12 +41,13 @@ MIN_PYTHON = (3, 6)  # the device's; a Jetson TX2's JetPack 4.6 has 3.6 (see rem
 
 def probe_facts(python: str, rc: int, stdout: str, stderr: str) -> dict:
     """The facts ``probe.py`` printed (its last stdout line, JSON); ``UserError`` naming ``python``, its exit
-    status and the tail of its output when it printed none (the interpreter is missing or cannot run it)."""
+    status and the tail of its output when it printed none (the interpreter is missing or cannot run it): stderr,
+    then stdout, where a login shell of ``nologin`` says why ("This account is currently not available.")."""
     try:
         return json.loads(stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        raise UserError(f"python '{python}' did not run the probe (exit {rc}): "
-                        f"{' '.join((stderr or stdout).split())[-300:]}") from None
+        said = " ".join(f"{stderr or ''} {stdout or ''}".split())
+        raise UserError(f"python '{python}' did not run the probe (exit {rc}): {said[-300:]}") from None
 
 
 def probe_problems(backend: str, facts: dict, workdir: str) -> list[str]:
