@@ -249,6 +249,20 @@ def test_work_folder_that_cannot_be_created_fails_check_and_profile_with_its_nam
     assert "connection lost" not in summary.message and str(blocker) in summary.message
 
 
+def test_a_work_folder_sftp_cannot_make_says_the_devices_reason_not_sftps_failure(servers, tmp_path):
+    """Where SFTP answers its generic "Failure" (no errno: a read-only file system, a full disk, here a name longer
+    than the file system takes), profile gives the device's own reason from its ``mkdir -p``: it said "(Failure)"
+    where check said "Read-only file system"."""
+    a, _ = servers
+    workdir = tmp_path / ("w" * 300)
+    cfg = _config(tmp_path, {"box": {**_device(a, tmp_path), "workdir": str(workdir)}}, probe_cached=False)
+    (desc,) = _descriptions(tmp_path, ["alpha"])
+    (summary,) = profile_devices(cfg, ["box"], [desc], show_progress=False, **FAST)
+    assert summary.status == "failed" and f"cannot create the work folder {workdir / 'box'} (" in summary.message
+    assert "': File name too long); set [devices.box] workdir to a folder" in summary.message
+    assert "Failure" not in summary.message
+
+
 def test_a_full_disk_at_the_start_is_one_line_naming_the_file(servers, tmp_path):
     """The device cannot write run.json (its temporary file leads to /dev/full: "No space left on device"): the
     profile fails in one line naming the file and the reason (it ended in a traceback's last 300 characters), and no

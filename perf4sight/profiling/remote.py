@@ -130,6 +130,20 @@ class RemoteProfiler:
             raise DeviceError(f"device '{self.dev.name}': unexpected answer from detach: "
                               f"{res.stdout[-200:]!r}") from None
 
+    def _why_no_folder(self, exc: BaseException) -> str:
+        """Why SFTP could not make the work folder: its own words, or where it gave only its generic "Failure" (no
+        errno: a read-only file system, a full disk) what the device's ``mkdir -p`` says."""
+        said = describe_error(exc)
+        if getattr(exc, "errno", None) is None:
+            try:
+                res = self.remote.run(["mkdir", "-p", self.run_dir], timeout_s=30)
+            except CONNECTION_ERRORS:
+                return said
+            lines = (res.stderr or res.stdout).strip().splitlines()
+            if res.rc != 0 and lines:
+                return " ".join(lines[-1].split())[-300:]
+        return said
+
     # -- steps ------------------------------------------------------------------------------
     def _preflight(self) -> None:
         """The ``check`` stage's probe: a device whose python cannot run the runner (too old, no torch, no
@@ -364,7 +378,7 @@ class RemoteProfiler:
                 if not self.remote.alive or isinstance(exc, socket.timeout):
                     raise
                 raise DeviceError(f"device '{self.dev.name}': cannot create the work folder {self.run_dir} "
-                                  f"({describe_error(exc)}); set [devices.{self.dev.name}] workdir to a folder "
+                                  f"({self._why_no_folder(exc)}); set [devices.{self.dev.name}] workdir to a folder "
                                   "the device's user can write") from None
             self._preflight()
             self._ship_code()
