@@ -969,6 +969,11 @@ def run_import(cfg: Config, args: argparse.Namespace) -> int:
         notes.print(f"note: {device}: no graph found for {plural(len(missing), 'network')} ({named(missing, 5)}): "
                     "the rows were imported, but no stage can use them until the graph is in the source's graphs/ "
                     "folder and the source is imported again", style="yellow", markup=False)
+    for kind, missing in summary.kind_missing.items():
+        other = "step time" if kind == "memory" else "memory"
+        notes.print(f"note: {device}: no {kind} row for {plural(len(missing), 'network')} ({named(missing, 5)}): "
+                    f"{'its' if len(missing) == 1 else 'their'} {kind}/*-gt.csv file is missing, empty or cut short "
+                    f"before its first row; the rows carry the {other} alone", style="yellow", markup=False)
     if summary.renamed:
         notes.print(f"note: {device}: {plural(len(summary.renamed), 'graph')} named otherwise than its file, imported "
                     f"under the file's name, which its CSV files use ({named(summary.renamed, 3)})", markup=False)
@@ -988,6 +993,10 @@ def _import_counts(summary: ImportSummary) -> str:
     """An import's counts in words, e.g. "870 ok, 531 oom, 23 rows merged from repeated runs; 58 descriptions
     in models/imported/tx2" (rows already on disk, skipped, and merged rows only where there are some)."""
     done = [f"{summary.ok} ok", f"{summary.oom} oom"] + ([f"{summary.error} error"] if summary.error else [])
+    if summary.no_latency:
+        done.append(f"{plural(summary.no_latency, 'ok row')} without a step time")
+    if summary.no_memory:
+        done.append(f"{plural(summary.no_memory, 'ok row')} without a memory figure")
     if summary.rows_skipped_existing:
         done.append(f"{plural(summary.rows_skipped_existing, 'row')} already imported, skipped")
     if summary.duplicates_merged:

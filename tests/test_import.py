@@ -13,6 +13,7 @@ from perf4sight.errors import UserError
 from perf4sight.importers import import_perf4sight, import_perfseer
 from perf4sight.ir.schema import load_description
 from perf4sight.profiling.results import COLUMNS, read_rows, results_path, row_key
+from perf4sight.wording import plural
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -221,13 +222,41 @@ def test_source_one_level_too_deep_is_refused_before_anything_is_written(tmp_pat
     assert right.returncode == 0, right.stderr
     rows = read_rows(results_path(tmp_path / "profiling_csvs", "tx3"))
     ok = sum(r["status"] == "ok" for r in rows)
-    assert right.stdout.startswith(f"tx3: 1 network read from {src}, {len(rows)} new rows in ")
-    assert right.stdout.rstrip().endswith(f"({ok} ok, {len(rows) - ok} oom; 1 description in "
-                                          f"{tmp_path / 'models' / 'imported' / 'tx3'})")
+    alone = sum(r["status"] == "ok" and not r["latency_ms_median"] for r in rows)  # the latency file lacks them
+    assert right.stdout.startswith(f"tx3: 1 network read from {src}, {len(rows)} new rows in ") and alone
+    assert right.stdout.rstrip().endswith(f"({ok} ok, {len(rows) - ok} oom, {plural(alone, 'ok row')} without a "
+                                          f"step time; 1 description in {tmp_path / 'models' / 'imported' / 'tx3'})")
     again = _cli_import(tmp_path, src)
     assert again.returncode == 0 and "0 new rows in" in again.stdout, again.stderr
     assert f"(0 ok, 0 oom, {len(rows)} rows already imported, skipped; 1 description in " in again.stdout
     assert "_" not in again.stdout.split("(", 1)[1].split(";")[0]  # no snake_case count names
+
+
+def test_a_latency_file_cut_before_its_first_row_is_said_in_the_import_summary(tmp_path, tx2_data):
+    """A network whose latency file holds its header alone (a run cut short, a file truncated) or is missing: its
+    rows come in with memory alone, and the summary counts them and names the network; it read as a complete
+    import ("44 ok, 19 oom"), the step times lost without a word."""
+    src = tmp_path / "src"
+    for net in ("resnet18_0", "squeezenet_0"):
+        for kind in ("memory", "latency"):
+            part = Path("profiling_csvs") / "tx2" / "imagenet" / kind / f"{net}-gt.csv"
+            (src / part).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(tx2_data / part, src / part)
+        shutil.copytree(tx2_data / "graphs", src / "graphs", dirs_exist_ok=True,
+                        ignore=lambda _d, names: [n for n in names if n != f"{net}.json"])
+    cut = src / "profiling_csvs" / "tx2" / "imagenet" / "latency" / "resnet18_0-gt.csv"
+    cut.write_text(cut.read_text().splitlines()[0] + "\n")
+    done = _cli_import(tmp_path, src)
+    assert done.returncode == 0, done.stderr
+    rows = read_rows(results_path(tmp_path / "profiling_csvs", "tx3"))
+    alone = [r for r in rows if r["status"] == "ok" and not r["latency_ms_median"]]
+    assert alone and {r["network"] for r in alone} == {"resnet18_0"}
+    assert f", {len(alone)} ok rows without a step time; 2 descriptions in " in done.stdout
+    assert done.stderr.strip() == ("note: tx3: no latency row for 1 network (resnet18_0): its latency/*-gt.csv file "
+                                   "is missing, empty or cut short before its first row; the rows carry the memory "
+                                   "alone")
+    whole = import_perf4sight(tx2_data, "tx2", tmp_path / "p2", tmp_path / "m2")  # perf4sight's own one-sided rows
+    assert (whole.no_latency, whole.no_memory, whole.kind_missing) == (12, 18, {})
 
 
 def test_thrashing_is_judged_against_the_last_sound_batch_size_of_the_same_network():

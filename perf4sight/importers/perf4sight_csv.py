@@ -78,6 +78,9 @@ class ImportSummary:
     rows_differing: int = 0  # rows already on disk whose figures the source now gives otherwise (kept as on disk)
     renamed: list[str] = field(default_factory=list)  # "file: name -> variant": graphs named otherwise than their file
     without_phase: list[str] = field(default_factory=list)  # PerfSeer label files with none of the phases imported
+    no_latency: int = 0  # ok rows written without a step time (the latency file lacks the batch size, or it failed)
+    no_memory: int = 0  # ok rows written without a memory figure
+    kind_missing: dict[str, list[str]] = field(default_factory=dict)  # "memory"/"latency" -> networks with no row of it
     results_path: str = ""
     models_path: str = ""
 
@@ -464,10 +467,16 @@ def import_perf4sight(source_dir: str | Path, device: str, profiling_dir: str | 
             continue
         summary.ok += row["status"] == "ok"
         summary.oom += row["status"] == "oom"
+        summary.no_latency += row["status"] == "ok" and row.get("latency_ms_median") is None
+        summary.no_memory += row["status"] == "ok" and row.get("device_mem_used_mb") is None
         summary.duplicates_merged += (row["network"], row["batch_size"]) in repeated
         label = f"{row['network']} at batch {row['batch_size']}"  # as mark_thrashing names it
         if label in thrashing:
             summary.thrashing.append(label)
     summary.networks = sorted(variants)
+    for kind in ("memory", "latency"):  # a file missing, empty or cut short before its first row
+        missing = sorted({v for (v, _), files in pairs.items()} - {v for (v, _), files in pairs.items() if files[kind]})
+        if missing:
+            summary.kind_missing[kind] = missing
     return summary
 
