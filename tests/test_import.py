@@ -257,6 +257,13 @@ def test_a_latency_file_cut_before_its_first_row_is_said_in_the_import_summary(t
                                    "alone")
     whole = import_perf4sight(tx2_data, "tx2", tmp_path / "p2", tmp_path / "m2")  # perf4sight's own one-sided rows
     assert (whole.no_latency, whole.no_memory, whole.kind_missing) == (12, 18, {})
+    config = tmp_path / "config.toml"  # exported as a PerfSeer dataset and imported back: counted there too
+    out = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(config), "--stage", "export",
+                          "--format", "perfseer", "--output", str(tmp_path / "seer"), "--device", "tx3"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr
+    back = import_perfseer(tmp_path / "seer", "tx4", tmp_path / "profiling_csvs", tmp_path / "models")
+    assert (back.ok, back.no_latency, back.no_memory) == (sum(r["status"] == "ok" for r in rows), len(alone), 0)
 
 
 def test_thrashing_is_judged_against_the_last_sound_batch_size_of_the_same_network():

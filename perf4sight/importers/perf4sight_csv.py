@@ -96,6 +96,9 @@ class ImportSummary:
         append_row(out, row)
         done[key] = row
         self.rows_written += 1
+        if row.get("status") == "ok":  # a figure the source lacks: its step time, or its memory in either column
+            self.no_latency += number(row.get("latency_ms_median")) is None
+            self.no_memory += all(number(row.get(col)) is None for col in ("device_mem_used_mb", "peak_rss_mb"))
         return True
 
 
@@ -467,8 +470,6 @@ def import_perf4sight(source_dir: str | Path, device: str, profiling_dir: str | 
             continue
         summary.ok += row["status"] == "ok"
         summary.oom += row["status"] == "oom"
-        summary.no_latency += row["status"] == "ok" and row.get("latency_ms_median") is None
-        summary.no_memory += row["status"] == "ok" and row.get("device_mem_used_mb") is None
         summary.duplicates_merged += (row["network"], row["batch_size"]) in repeated
         label = f"{row['network']} at batch {row['batch_size']}"  # as mark_thrashing names it
         if label in thrashing:
