@@ -428,6 +428,17 @@ def test_export_to_a_file_is_one_line(tmp_path):
             and "is a file, not a folder" in proc.stderr), proc.stderr
 
 
+def test_check_of_a_cpu_device_says_it_needs_no_backend_library(tmp_path):
+    """A cpu device's check line said "no backend library", which reads as something missing on a device that is
+    ok; it says none is needed (an nvml or jetson device names its library, or that it is missing)."""
+    path = tmp_path / "cpu.toml"
+    path.write_text('[networks]\nzoo = ["resnet18"]\n\n[devices.box]\nbackend = "cpu"\n')
+    proc = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(path), "--stage", "check"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.startswith("box [cpu] this machine: ok; python "), proc.stderr
+    assert ", no backend library needed, memory " in proc.stdout
+
+
 def test_no_devices_configured_is_one_line(tmp_path):
     """A config without a [devices.*] table: check (and profile) say so instead of printing nothing."""
     path = tmp_path / "empty.toml"

@@ -385,7 +385,7 @@ def format_checks(checks: Sequence[DeviceCheck]) -> str:
                  else "LOGIN FAILED" if c.login_failed else "UNREACHABLE")
         lib = f.get("backend_library")
         library = (f"{lib} {f['backend_library_version']}" if lib and f.get("backend_library_version")
-                   else f"{lib} missing" if lib else "no backend library")
+                   else f"{lib} missing" if lib else "no backend library needed")
         facts = (f"python {f.get('python', '?')}, torch {f.get('torch') or 'missing'}"
                  f"{', cuda' if f.get('cuda') else ''}, {library}"
                  + (f", memory {f['memory_mb']:.0f} MiB, swap {f.get('swap_mb', 0):.0f} MiB"
