@@ -403,7 +403,8 @@ def format_summaries(summaries: Sequence[DeviceSummary]) -> str:
     for s in summaries:
         counts = ", ".join(f"{k} {v}" for k, v in s.counts.items() if v)
         extra = "".join([f", {plural(s.reconnects, 'reconnect')}" if s.reconnects else "",
-                         f", {plural(s.restarts, 'restart')}" if s.restarts else ""])
+                         f", {plural(s.restarts, 'restart')}" if s.restarts else "",
+                         ", from the run an earlier profile left going on the device" if s.attached else ""])
         retry = (" (error rows are not measured again unless asked: --retry-errors)"
                  if s.counts.get("error") else "")
         lines.append(f"{s.device}: {s.status} — {s.rows}/{s.expected} rows ({s.new_rows} new{extra})"

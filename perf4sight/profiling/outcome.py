@@ -31,6 +31,7 @@ class DeviceSummary:
     counts: dict[str, int] = field(default_factory=dict)  # status -> rows of this plan
     reconnects: int = 0
     restarts: int = 0
+    attached: bool = False  # followed a run an earlier profile had started and left going on the device
     elapsed_s: float = 0.0
 
 

@@ -387,6 +387,7 @@ class RemoteProfiler:
                 if state["state"] != "running":
                     break
                 self.progress(self.dev.name, -1, self.summary.expected, "attaching to a running campaign")
+                s.attached = True
                 self._follow()  # a run from an earlier invocation: let it finish, then top up
             self._pull()
             self._ship()
