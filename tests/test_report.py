@@ -174,6 +174,7 @@ def test_report_data(project, report):
     for dev in (a, b):
         assert set(dev["max_batch"]) == {"resnet18", "mobilenetv2_0", "resnet50_0"}
         assert all(isinstance(v, int) and 8 < v < 1024 for v in dev["max_batch"].values())
+    assert data["batch_search_limit"] == 1024  # a max_batch of 1024 reads "1024+" in the tables: every batch fits
     # memory rises with batch size; the zoo resnet18 is matched to the measured unpruned TX2 network
     for c in data["curves"]["memory"]["resnet18"]:
         mem = np.array(c["predicted"])

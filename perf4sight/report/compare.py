@@ -307,6 +307,7 @@ def _data_json(devs: list[DeviceData], curves: dict[str, dict[str, list[Curve]]]
                             "measured_batch_size": c.measured_bs.tolist(), "measured": c.measured.tolist()}
                            for c in cs] for n, cs in per.items()} for t, per in curves.items()},
         "pruning": [vars(p) for p in pruning], "pruning_least": [vars(x) for x in least],
+        "batch_search_limit": BATCH_SEARCH_LIMIT,  # a max_batch of this value: every batch searched fits ("1024+")
     }
 
 
