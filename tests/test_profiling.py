@@ -269,6 +269,26 @@ def test_a_row_torn_after_its_timestamp_is_measured_again_not_lost(measured, tmp
     assert [r["status"] for r in results.read_rows(path)] == ["oom"]
 
 
+def test_rows_measured_at_other_threads_stand_with_a_warning(measured, tmp_path):
+    """[devices] threads changed after a sweep (1 -> 2): the rows stand, keyed without their threads, and the runner
+    says so; the profile said only "0 new", and the fingerprint then fitted the 1-thread rows as the device's."""
+    _, net, first, _ = measured
+    cfg = load_config(write_config(tmp_path))
+    csv_path = results.results_path(cfg.profiling_dir, "local")
+    for row in results.read_rows(first.csv_path)[:2]:  # the fixture's own two rows (other tests add to its file)
+        results.append_row(csv_path, row)
+    assert [(r["batch_size"], r["threads"], r["status"]) for r in results.read_rows(csv_path)] == [
+        ("1", "1", "ok"), ("2", "1", "ok")]
+    cfg.devices["local"].threads = 2
+    again = profile_local(cfg, "local", [net], progress=False)
+    assert (again.ok, again.already_measured) == (0, 2)
+    assert again.warnings == ["2 rows of this sweep in measurements.csv were measured at threads = 1, the config's is "
+                              "threads = 2: they stand and are not measured again (a row is not keyed by its "
+                              "threads); to measure at the new setting, profile it under another device name"]
+    cfg.devices["local"].threads = 1  # as measured: nothing to say
+    assert not profile_local(cfg, "local", [net], progress=False).warnings
+
+
 def test_oom_under_memory_limit_skips_larger_batches(measured, tmp_path):
     _, net, first, _ = measured
     peak_b1 = float(results.read_rows(first.csv_path)[0]["peak_rss_mb"])

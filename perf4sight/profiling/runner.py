@@ -423,6 +423,23 @@ class _OnDisk:
         return (f"network '{net.name}' ran out of memory at batch size {found[0]} under memory_limit_mb = {found[1]} "
                 f"({now}): measuring it again from there; the earlier rows stay in {csv_name} and are passed over")
 
+    def threads_warning(self, names: Set[str], threads: int, csv_name: str) -> Optional[str]:
+        """The warning for ``ok`` rows of networks ``names`` that a cpu device measured at other torch threads than
+        ``threads``, the plan's (0: torch's default): they stand (a row's key has no threads), so a changed
+        ``threads`` would otherwise measure nothing and say nothing."""
+        def said(cell: object) -> str:
+            return f"threads = {cell}" if str(cell or "0") != "0" else "torch's default threads"
+        now = said(threads)
+        other = [r for r in self.rows if r["network"] in names and r["status"] == "ok" and r.get("backend") == "cpu"
+                 and said(r.get("threads")) != now]
+        if not other:
+            return None
+        before, many = ", ".join(sorted({said(r.get("threads")) for r in other})), len(other) > 1
+        return (f"{len(other)} row{'s' if many else ''} of this sweep in {csv_name} {'were' if many else 'was'} "
+                f"measured at {before}, the config's is {now}: {'they stand' if many else 'it stands'} and "
+                f"{'are' if many else 'is'} not measured again (a row is not keyed by its threads); to measure at the "
+                "new setting, profile it under another device name")
+
     def changed_warning(self, net: _Network, n_batch_sizes: int, csv_name: str) -> Optional[str]:
         """The warning for a network whose description changed since its rows were measured, if it has
         batch sizes left to measure."""
@@ -567,9 +584,11 @@ def run_plan(plan_path: Union[str, Path], emit: Emit = print_event) -> Dict[str,
         total = len(nets) * len(plan.batch_sizes)
         emit({"event": "plan", "device": plan.device, "backend": plan.backend, "networks": len(nets),
               "batch_sizes": plan.batch_sizes, "total": total, "csv": str(csv_path)})
-        warning = _lean_runner_warning()
-        if warning:
-            emit({"event": "warning", "message": warning})
+        for warning in (_lean_runner_warning(),
+                        disk.threads_warning({n.name for n in nets}, plan.threads, csv_path.name)
+                        if plan.backend == "cpu" else None):
+            if warning:
+                emit({"event": "warning", "message": warning})
         env: Dict[str, Any] = {"hostname": socket.gethostname(), "threads": plan.threads or ""}
         position = 0
         t_start = time.monotonic()
