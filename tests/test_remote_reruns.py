@@ -187,6 +187,30 @@ def test_a_runner_killed_on_the_device_is_named_by_its_signal_and_a_rerun_resume
     assert len(_keys_once(_rows(cfg, "dev-k"))) == 4
 
 
+def test_a_connection_cut_while_the_run_is_set_up_says_to_rerun_and_a_rerun_measures(servers, tmp_path,
+                                                                                      monkeypatch):
+    """Every SSH connection cut while the descriptions and the plan are shipped (before the run starts, where no
+    reconnect is tried): the line says the connection was lost and that a rerun resumes (it said only the first);
+    the rerun measures the plan."""
+    a, _ = servers
+    cfg = _config(tmp_path, {"dev-s": _device(a, tmp_path)}, batch_sizes=(1,))
+    (desc,) = _descriptions(tmp_path, ["alpha"])
+    ship = RemoteProfiler._ship
+
+    def cut_then_ship(self) -> None:
+        assert a.cut_connections() >= 1
+        time.sleep(0.5)  # the client sees the channel close
+        ship(self)
+    monkeypatch.setattr(RemoteProfiler, "_ship", cut_then_ship)
+    (cut,) = profile_devices(cfg, ["dev-s"], [desc], show_progress=False, **FAST)
+    assert cut.status == "failed" and cut.message.startswith("device 'dev-s': connection lost: ")
+    assert cut.message.endswith("; rerun the profile stage to resume (rows taken stay, and a run already started goes "
+                                "on on the device)") and not _rows(cfg, "dev-s")
+    monkeypatch.setattr(RemoteProfiler, "_ship", ship)
+    (later,) = profile_devices(cfg, ["dev-s"], [desc], show_progress=False, **FAST)
+    assert later.status == "done" and (later.rows, later.expected) == (1, 1), format_summaries([later])
+
+
 def test_a_bug_on_a_device_after_its_rows_came_over_fails_it_with_the_rows_on_disk(servers, tmp_path, monkeypatch):
     """An unexpected exception on one device (a bug, not a device problem) fails that device alone, and its summary
     line says how many of its plan's rows are on disk, as a failed device's does, on one line: it said 0/0."""

@@ -404,8 +404,10 @@ class RemoteProfiler:
             s.message = str(exc)
             if s.status not in ("unreachable", "login failed"):
                 s.status = "failed"
-        except CONNECTION_ERRORS as exc:
-            s.status, s.message = "failed", f"device '{self.dev.name}': connection lost: {describe_error(exc)}"
+        except CONNECTION_ERRORS as exc:  # while setting the run up (following it, a drop is reconnected)
+            s.status, s.message = "failed", (f"device '{self.dev.name}': connection lost: {describe_error(exc)}; "
+                                             "rerun the profile stage to resume (rows taken stay, and a run already "
+                                             "started goes on on the device)")
         finally:
             self.remote.close()
             s.rows, s.counts = plan_counts(self.local_csv, self.expected)
