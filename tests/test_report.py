@@ -565,3 +565,24 @@ def test_the_pruning_section_shows_a_largest_batch_at_the_search_limit_as_maybe_
     print_pruning(console, points, [], ["big", "small"])
     text = console.export_text()
     assert "11.3 / 1024+" in text and "11.3 / 161 " in text
+
+
+def test_pruning_plot_marks_a_largest_batch_at_the_search_limit(tmp_path, monkeypatch):
+    """A largest batch at the search limit is "1024+" in the tables: the plot drew it as a point at 1024 like any
+    other; it gets a triangle of its own and a legend entry saying every batch searched fits."""
+    from perf4sight.report import plots
+    from perf4sight.report.pruning import PruningPoint
+
+    def point(level: float, max_batch: int) -> PruningPoint:
+        return PruningPoint("resnet18", "cpu", level, level, 8, 150.0 - level, 80.0, 270.0, 826.0 - level, 820.0,
+                            830.0, True, max_batch)
+    kept: list = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: kept.append(fig) or path)
+    plots.plot_pruning([point(0, 848), point(30, 1024), point(60, 1024)], [], {"cpu": "C0"}, {"cpu": 1500.0},
+                       {"cpu": "cpu at 3x32x32"}, tmp_path / "pruning.png")
+    (fig,) = kept
+    panel = fig.axes[2]
+    marked = [ln for ln in panel.get_lines() if ln.get_marker() == "^"]
+    assert [list(ln.get_xdata()) for ln in marked] == [[30, 60]] and list(marked[0].get_ydata()) == [1024, 1024]
+    assert marked[0].get_label() == "cpu: 1024+ (every batch searched fits)"
+    assert "cpu: 1024+ (every batch searched fits)" in [t.get_text() for t in panel.get_legend().get_texts()]

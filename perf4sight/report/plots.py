@@ -15,6 +15,7 @@ import matplotlib.ticker  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from perf4sight.fingerprint.predict import BATCH_SEARCH_LIMIT  # noqa: E402
 from perf4sight.report.data import Curve  # noqa: E402
 from perf4sight.report.pruning import LeastLevel, PruningPoint  # noqa: E402
 
@@ -147,8 +148,9 @@ def plot_pruning(points: Sequence[PruningPoint], least: Sequence[LeastLevel], co
     """One row per pruned network, against the share of parameters removed: every device's predicted step time
     and memory at the section's batch size (band: 90% interval; hollow marker: predicted not to fit at that batch
     size; cross: the device's measurement of that very variant; dashed: the device's capacity; dotted: the least
-    level predicted to fit, of ``least``), and the largest batch size predicted to fit (capped at 1024; left out
-    where the capacity is unknown or no batch fits). ``labels``: each device's legend label."""
+    level predicted to fit, of ``least``), and the largest batch size predicted to fit (capped at 1024, a triangle
+    there: every batch searched fits; left out where the capacity is unknown or no batch fits). ``labels``: each
+    device's legend label."""
     nets = list(dict.fromkeys(p.network for p in points))
     devices = list(dict.fromkeys(p.device for p in points))
     batch = points[0].batch_size
@@ -182,6 +184,10 @@ def plot_pruning(points: Sequence[PruningPoint], least: Sequence[LeastLevel], co
             if fitting:
                 row[2].plot([p.achieved for p in fitting], [p.max_batch for p in fitting], "o-", color=col,
                             label=labels.get(device, device))
+            beyond = [p for p in fitting if p.max_batch >= BATCH_SEARCH_LIMIT]  # the search's end: it may fit more
+            if beyond:
+                row[2].plot([p.achieved for p in beyond], [p.max_batch for p in beyond], "^", color=col, markersize=9,
+                            linestyle="none", label=f"{device}: {BATCH_SEARCH_LIMIT}+ (every batch searched fits)")
         for ax, (_, what, unit) in zip(row, panels):
             ax.set_yscale("log")
             ax.yaxis.set_major_formatter(_PlainLogFormatter(base=10.0))
