@@ -287,6 +287,8 @@ def test_rows_measured_at_other_threads_stand_with_a_warning(measured, tmp_path)
                               "threads); to measure at the new setting, profile it under another device name"]
     cfg.devices["local"].threads = 1  # as measured: nothing to say
     assert not profile_local(cfg, "local", [net], progress=False).warnings
+    cfg.devices["local"].threads = 0  # torch's default: a row records the count torch chose, which may be any
+    assert not profile_local(cfg, "local", [net], progress=False).warnings
 
 
 def test_oom_under_memory_limit_skips_larger_batches(measured, tmp_path):

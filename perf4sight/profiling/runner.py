@@ -425,18 +425,20 @@ class _OnDisk:
 
     def threads_warning(self, names: Set[str], threads: int, csv_name: str) -> Optional[str]:
         """The warning for ``ok`` rows of networks ``names`` that a cpu device measured at other torch threads than
-        ``threads``, the plan's (0: torch's default): they stand (a row's key has no threads), so a changed
-        ``threads`` would otherwise measure nothing and say nothing."""
-        def said(cell: object) -> str:
-            return f"threads = {cell}" if str(cell or "0") != "0" else "torch's default threads"
-        now = said(threads)
+        ``threads``, the plan's: they stand (a row's key has no threads), so a changed ``threads`` would otherwise
+        measure nothing and say nothing. None for a plan of torch's default (0), whose count the runner does not know
+        (a row records the count torch chose), and for a row that records none (written before it was recorded)."""
+        if threads <= 0:
+            return None
         other = [r for r in self.rows if r["network"] in names and r["status"] == "ok" and r.get("backend") == "cpu"
-                 and said(r.get("threads")) != now]
+                 and str(r.get("threads") or "") not in ("", str(threads))]
         if not other:
             return None
-        before, many = ", ".join(sorted({said(r.get("threads")) for r in other})), len(other) > 1
+        before = ", ".join(sorted({str(r["threads"]) for r in other}, key=lambda t: (len(t), t)))
+        many = len(other) > 1
         return (f"{len(other)} row{'s' if many else ''} of this sweep in {csv_name} {'were' if many else 'was'} "
-                f"measured at {before}, the config's is {now}: {'they stand' if many else 'it stands'} and "
+                f"measured at threads = {before}, the config's is threads = {threads}: "
+                f"{'they stand' if many else 'it stands'} and "
                 f"{'are' if many else 'is'} not measured again (a row is not keyed by its threads); to measure at the "
                 "new setting, profile it under another device name")
 
