@@ -345,6 +345,42 @@ def test_a_norm_call_of_a_constant_mode_called_twice_is_one_layer_in_that_mode(c
         assert torch.allclose(rebuilt.train(training)(x), module.train(training)(x), atol=1e-5)
 
 
+@pytest.mark.parametrize("helped", ["chunks", "shape condition"])
+def test_a_norm_call_of_a_constant_mode_is_kept_where_the_forward_needs_the_shapes_to_trace(helped):
+    """The trace in training that tells a constant flag from ``self.training`` was a plain torch.fx trace, which
+    stops at a loop over a chunk's pieces or a branch on a map's size (the description's trace is told those at the
+    input shape): the flag was dropped without a word and the rebuilt network normalised by the batch's statistics in
+    training where the call used the running ones. It is traced as the description is now: the flag is kept and the
+    rebuilt network computes the module's output in training and in evaluation."""
+    class Helped(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.norm = nn.Conv2d(3, 8, 3, padding=1), _NormCall(F.batch_norm, False)
+            self.fc = nn.Linear(8, 10)
+
+        def forward(self, x):
+            y = self.norm(self.conv(x))
+            if helped == "chunks":
+                y = torch.cat([p * (i + 1) for i, p in enumerate(y.chunk(2, 1))], 1)
+            elif y.shape[-1] > 4:
+                y = y * 2
+            return self.fc(y.mean((2, 3)))
+    torch.manual_seed(0)
+    module = Helped()
+    statistics = [b.clone() for b in module.buffers()]
+    desc = describe(module, SHAPE, name="helped")
+    assert all(torch.equal(a, b) for a, b in zip(statistics, module.buffers(), strict=True))  # traced, not run
+    (norm,) = [n for n in desc.nodes if n.op == "batchnorm2d"]
+    assert norm.attrs.get("training") is False
+    rebuilt = build_module(desc)
+    for new, old in zip(list(rebuilt.parameters()) + list(rebuilt.buffers()),
+                        list(module.parameters()) + list(module.buffers())):
+        new.data.copy_(old.data)
+    x = torch.randn(2, *SHAPE)
+    for training in (True, False):
+        assert torch.allclose(rebuilt.train(training)(x), module.train(training)(x), atol=1e-5)
+
+
 @pytest.mark.parametrize("flag", [False, True, None])
 def test_a_batch_norm_call_by_its_running_statistics_trains_at_batch_one_over_a_1x1_map(flag):
     """A batch norm over a 1x1 map has one value per channel at batch 1, which torch refuses in training: such a

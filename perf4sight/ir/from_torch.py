@@ -984,19 +984,20 @@ def _mark_cumulative_averages(module: nn.Module, gm: fx.GraphModule, nodes: list
 _MODE_FLAGS = {F.batch_norm: (5, "training", False), F.instance_norm: (5, "use_input_stats", True)}
 
 
-def _mark_constant_modes(module: nn.Module, gm: fx.GraphModule, nodes: list[Node]) -> None:
+def _mark_constant_modes(module: nn.Module, gm: fx.GraphModule, nodes: list[Node], input_shape: list[int]) -> None:
     """Give the node of each ``F.batch_norm`` or ``F.instance_norm`` call with running statistics whose flag
     (``training``, ``use_input_stats``) is a constant, not the module's mode, that flag as an attr: traced in
     evaluation, ``training=self.training`` reads False as ``training=False`` does, so the forward is traced in training
     too (a call whose running mean the two traces read with the same flag has a constant one). A node without the attr
     follows the mode of the module it is rebuilt into, as torch's layers do; where the training trace fails, none is
-    marked."""
+    marked. Traced as the description is (:func:`_trace` at ``input_shape``: a loop over a chunk's pieces, a branch
+    on a map's size)."""
     calls = _norm_calls(gm.graph)
     if not calls:
         return
     try:
         with in_mode(module, training=True):
-            trained = _norm_calls(_Tracer().trace(module))
+            trained = _norm_calls(_trace(module, input_shape))
     except Exception:  # a forward torch.fx cannot follow in training without help: left as traced
         return
     described = {n.name: n for n in nodes}
@@ -1945,7 +1946,7 @@ def _described(module: nn.Module, input_shape: list[int], name: str, network: st
         gm = _traced_with_shapes(module, input_shape, name)
     nodes, output = _convert(gm, name)
     _mark_cumulative_averages(module, gm, nodes)
-    _mark_constant_modes(module, gm, nodes)
+    _mark_constant_modes(module, gm, nodes, input_shape)
     desc = NetworkDescription(name=name, network=network or name, input_shape=list(input_shape),
                               num_classes=0, params=0, nodes=nodes, output=output,
                               pruning_level=pruning_level, extra=dict(extra))
