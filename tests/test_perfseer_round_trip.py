@@ -675,3 +675,40 @@ def test_onnx_tile_is_read_and_one_of_the_batch_refused():
                   ("tile", "Tile", {"repeats": [2, 1, 1, 1]}, [2, 3, 4, 4], [4, 3, 4, 4])])
     with pytest.raises(UserError, match=r"a Tile of \[2, 1, 1, 1\] tiles the batch"):
         graph_to_description(g, "foreign", "foreign.pkl")
+
+
+class _Norms(torch.nn.Module):
+    """A convolution, then ``norm`` (a layer, or a functional call of its own statistics in a constant mode: ``flag``
+    given), then a classifier of the channels' means."""
+
+    def __init__(self, norm, flag=None) -> None:
+        super().__init__()
+        self.conv, self.norm, self.fc = torch.nn.Conv2d(3, 8, 3, padding=1), norm, torch.nn.Linear(8, 4)
+        self.flag = flag
+        self.register_buffer("mean", torch.zeros(8))
+        self.register_buffer("var", torch.ones(8))
+
+    def forward(self, x):
+        y = self.conv(x)
+        y = self.norm(y) if self.flag is None else self.norm(y, self.mean, self.var, None, None, self.flag)
+        return self.fc(y.mean((2, 3)))
+
+
+@pytest.mark.parametrize("norm, flag", [
+    (torch.nn.functional.batch_norm, False), (torch.nn.functional.batch_norm, True),
+    (torch.nn.functional.instance_norm, False),
+    (torch.nn.BatchNorm2d(8, eps=1e-3, affine=False, momentum=None), None),
+    (torch.nn.BatchNorm2d(8, track_running_stats=False), None),
+])
+def test_foreign_reading_keeps_a_norm_s_own_args(norm, flag):
+    """Without our metadata a batchnorm2d was read as its channels alone and an instancenorm without its constant
+    mode: a functional call's ``training`` (``use_input_stats``) was lost (the rebuilt layer then followed the step's
+    mode, and the allocation model covered a step it leaves to the trace), as were a batch norm's eps, affine false
+    (16 parameters more), track_running_stats false and null momentum. Our args are read for them now, as they are
+    for an instance norm (an ONNX momentum, 1 - torch's, is still not read)."""
+    desc = describe(_Norms(norm, flag), [3, 8, 8], "norms")
+    graph = pickle.loads(pickle.dumps(description_to_graph(desc, 2)))
+    graph.graph["source"] = "another tool"
+    back = graph_to_description(graph, "norms", "norms.pkl")[0]
+    assert [(n.op, n.attrs) for n in back.nodes] == [(n.op, n.attrs) for n in desc.nodes]
+    assert back.params == desc.params

@@ -460,8 +460,17 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
              "out_features": num("out_features", default=out[-1])}
         weights = a["in_features"] * a["out_features"]
         return {**a, "bias": flag("bias", _bias_by_size(weights, a["out_features"], weight_bytes))}
-    if op == "batchnorm2d":
-        return {"num_features": num("num_features", default=out[0])}
+    if op == "batchnorm2d":  # ONNX's BatchNormalization: epsilon (1e-5); our own args' flags (ONNX has none) and a
+        # null momentum (torch's cumulative average; ONNX's number is 1 - torch's, so a number is not read)
+        a = with_eps({"num_features": num("num_features", default=out[0])})
+        for key in ("affine", "track_running_stats"):
+            if not flag(key, True):
+                a[key] = False
+        if "momentum" in args and args["momentum"] is None:
+            a["momentum"] = None
+        if "training" in args and a.get("track_running_stats", True):  # a functional call's constant mode
+            a["training"] = flag("training", False)
+        return a
     if op in ("maxpool2d", "avgpool2d"):
         k = _pair(args, ("kernel_size", "kernel_shape"), [], where)
         if not k:
@@ -551,6 +560,8 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
             a["track_running_stats"] = True
             if args.get("momentum") is not None:
                 a["momentum"] = _number(args["momentum"], f"{where} momentum")
+            if "use_input_stats" in args:  # a functional call's constant mode
+                a["use_input_stats"] = flag("use_input_stats", True)
         return a
     if op == "hardtanh":  # ONNX's Clip of min and max (torch's -1 and 1 where one is left out)
         low, high = args.get("min_val", args.get("min", -1.0)), args.get("max_val", args.get("max", 1.0))
