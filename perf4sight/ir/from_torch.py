@@ -991,15 +991,21 @@ def _mark_constant_modes(module: nn.Module, gm: fx.GraphModule, nodes: list[Node
     too (a call whose running mean the two traces read with the same flag has a constant one). A node without the attr
     follows the mode of the module it is rebuilt into, as torch's layers do; where the training trace fails, none is
     marked. Traced as the description is (:func:`_trace` at ``input_shape``: a loop over a chunk's pieces, a branch
-    on a map's size)."""
+    on a map's size), the module's buffers put back after: a value the trace is told by running the forward up to it
+    (a cumulative average's ``1 / num_batches_tracked``) ran that forward's updates of them in training."""
     calls = _norm_calls(gm.graph)
     if not calls:
         return
+    kept = [(b, b.detach().clone()) for b in module.buffers() if not nn.parameter.is_lazy(b)]
     try:
         with in_mode(module, training=True):
             trained = _norm_calls(_trace(module, input_shape))
     except Exception:  # a forward torch.fx cannot follow in training without help: left as traced
         return
+    finally:
+        with torch.no_grad():
+            for b, value in kept:
+                b.copy_(value)
     described = {n.name: n for n in nodes}
     for key, evaluated in calls.items():
         for n, t in zip(evaluated, trained.get(key, [])):  # a layer called again: its calls in order
