@@ -69,6 +69,31 @@ def test_fixed_sizes_and_another_channel_count_are_one_line():
         described_at(flat, [3, 0, 16])
 
 
+class _ScoresOfAPixel(nn.Module):
+    """A fully convolutional classifier whose last map is 1x1 at 7x7, its ten scores taken by ``y.view(b, 10)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 8, 3, stride=2), nn.Conv2d(8, 10, 3)
+
+    def forward(self, x):
+        y = self.b(torch.relu(self.a(x)))
+        return y.view(y.shape[0], 10)
+
+
+def test_a_view_of_a_1x1_map_keeps_its_channel_count_at_another_shape():
+    """A reshape adding or dropping size-1 dimensions around one other is rebuilt reading that size at run time (a
+    pruned squeeze-excitation gate's channels). Read as -1, a ``[10, 1, 1]`` map's view to ``[10]`` took all 40
+    values of its 2x2 map at 9x9: the description said 40 classes where the module fails. It reads the map's channels
+    now, and the rebuild fails as the module does, with the one line that says so."""
+    desc = describe(_ScoresOfAPixel(), [3, 7, 7], name="pixel")
+    assert desc.num_classes == 10 and desc.node(desc.output).op == "reshape"
+    with pytest.raises(UserError, match=r"^pixel: the model's forward fails at input shape \[3, 9, 9\].*"
+                                        r"\(described at 3x7x7, rebuilt at 3x9x9: a description fixes some sizes"):
+        described_at(desc, [3, 9, 9])
+    assert described_at(desc, [3, 8, 8]).num_classes == 10  # a map of 1x1 there too
+
+
 def test_a_pruned_zoo_variant_that_cannot_be_rebuilt_is_pruned_at_the_new_shape(tmp_path):
     """ShuffleNet's channel shuffle reshapes to its map's height and width as numbers: its rebuild fails at another
     shape, so ``shufflenet_v2_x0_5_l0`` is made there as the networks stage would make it."""

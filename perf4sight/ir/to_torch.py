@@ -443,18 +443,29 @@ def batch_reshape(x: torch.Tensor, shape: List[int]) -> torch.Tensor:
 DESCRIBED_SHAPE = "perf4sight_shape"
 
 
-def _reshape_sizes(x: fx.Node, shape: List[int]) -> List[int]:
-    """The sizes a ``reshape`` node's call passes after the batch's: its ``shape``, but where it adds or removes only
+def _batch_reshape_at(x: torch.Tensor, shape: List[int], position: int, axis: int) -> torch.Tensor:
+    """:func:`batch_reshape` to ``shape`` but for its size at ``position``, ``x``'s size along ``axis`` (counting the
+    batch's), read at run time as a module's ``g.view(b, c, 1, 1)`` reads ``c``."""
+    sizes = list(shape)
+    sizes[position] = x.shape[axis]
+    return x.reshape(x.shape[0], *sizes)
+
+
+def _reshape(x: fx.Node, shape: List[int]) -> Tuple[Callable, Tuple]:
+    """A ``reshape`` node's call: :func:`batch_reshape` to its ``shape``, but where it adds or removes only
     dimensions of size 1 around one other (a squeeze-excitation gate's ``[C]`` to ``[C, 1, 1]``: ``g[:, :, None,
-    None]``, ``g.view(b, c, 1, 1)``; its pooled ``[C, 1, 1]`` to ``[C]``), that one as -1, read at run time as the
-    module's own call reads it: a network pruned through the gate keeps working (a literal C refused every cut of
-    those channels), and the call is the same at any input shape."""
+    None]``, ``g.view(b, c, 1, 1)``; its pooled ``[C, 1, 1]`` to ``[C]``), that one read off the input's dimension of
+    that size at run time, as the module's own call reads it: a network pruned through the gate keeps working (a
+    literal C refused every cut of those channels). Not as -1: a map of 1x1 at the described shape (a classifier's
+    ``y.view(b, 10)`` of a ``[10, 1, 1]`` map) would take every element at another shape where the module fails."""
     sizes = [int(s) for s in shape]
     before = [int(s) for s in x.meta.get(DESCRIBED_SHAPE, ())]
     kept = [s for s in sizes if s != 1]
     if len(kept) == 1 and [s for s in before if s != 1] == kept:
-        return [-1 if s != 1 else 1 for s in sizes]
-    return sizes
+        position = next(i for i, s in enumerate(sizes) if s != 1)
+        axis = next(i for i, s in enumerate(before) if s != 1)
+        return _batch_reshape_at, (x, sizes, position, axis + 1)
+    return batch_reshape, (x, sizes)
 
 
 def _permute(x: torch.Tensor, dims: List[int]) -> torch.Tensor:
@@ -608,7 +619,7 @@ FUNCTION_BUILDERS: Dict[str, Callable[[List, Dict], Tuple[Callable, Tuple]]] = {
     "add": _binary(operator.add, _scalar_add),
     "mul": _binary(operator.mul, _scalar_mul),
     "cat": lambda x, a: (torch.cat, (list(x), a["dim"])),
-    "reshape": lambda x, a: (batch_reshape, (x[0], _reshape_sizes(x[0], a["shape"]))),
+    "reshape": lambda x, a: _reshape(x[0], a["shape"]),
     "flatten": lambda x, a: (torch.flatten, (x[0], a["start_dim"])),
     "squeeze": lambda x, a: (torch.squeeze, (x[0], a["dim"])),
     "unsqueeze": lambda x, a: (torch.unsqueeze, (x[0], a["dim"])),
