@@ -381,6 +381,40 @@ def test_a_norm_call_of_a_constant_mode_is_kept_where_the_forward_needs_the_shap
         assert torch.allclose(rebuilt.train(training)(x), module.train(training)(x), atol=1e-5)
 
 
+def test_a_subclassed_norm_layer_is_traced_once(monkeypatch):
+    """A batch or instance norm of a class of the network's own that keeps torch's forward is traced through that
+    forward: an F.batch_norm call of the layer's buffers whose flag is the layer's mode. Its trace in training, to
+    tell a constant flag, re-traced at each of the forward's shape checks (a ResNet-18 of such layers: 4 times the
+    time to describe); it is not made for calls of torch's own forwards, and still is for a call of the module's own
+    (whose constant flag is kept)."""
+    import perf4sight.ir.from_torch as from_torch
+
+    class OwnBatchNorm(nn.BatchNorm2d):
+        pass
+
+    class OwnInstanceNorm(nn.InstanceNorm2d):
+        pass
+
+    class Layers(nn.Module):
+        def __init__(self, call: bool) -> None:
+            super().__init__()
+            self.conv, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8, 10)
+            self.bn, self.inorm = OwnBatchNorm(8), OwnInstanceNorm(8, track_running_stats=True)
+            self.call = _NormCall(F.batch_norm, False) if call else None
+
+        def forward(self, x):
+            y = self.inorm(self.bn(self.conv(x)))
+            return self.fc((y if self.call is None else self.call(y)).mean((2, 3)))
+    traced, trace = [], from_torch._trace
+    monkeypatch.setattr(from_torch, "_trace", lambda *a: traced.append(a) or trace(*a))
+    for call, traces in ((False, 1), (True, 2)):
+        traced.clear()
+        desc = describe(Layers(call), SHAPE, name="layers")
+        assert len(traced) == traces
+        assert [n.attrs.get("training") for n in desc.nodes if n.op == "batchnorm2d"] == [None, False][:traces]
+        assert [n.attrs.get("use_input_stats") for n in desc.nodes if n.op == "instancenorm"] == [None]
+
+
 @pytest.mark.parametrize("flag", [False, True, None])
 def test_a_batch_norm_call_by_its_running_statistics_trains_at_batch_one_over_a_1x1_map(flag):
     """A batch norm over a 1x1 map has one value per channel at batch 1, which torch refuses in training: such a
