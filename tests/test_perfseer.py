@@ -472,3 +472,15 @@ def test_a_foreign_matmul_by_a_weight_is_a_linear_layer_without_a_bias(tmp_path)
     import_perfseer(tmp_path, "gpu", tmp_path / "prof", tmp_path / "models")
     fc = load_description(tmp_path / "models" / "imported" / "gpu" / "tiny.json").node("fc")
     assert (fc.op, fc.attrs) == ("linear", {"in_features": 16, "out_features": 10, "bias": False})
+
+
+@pytest.mark.parametrize("epsilon, attrs", [("1e-05", {}), ("0.001", {"eps": 0.001})])
+def test_a_foreign_batch_norm_s_epsilon_is_read_where_it_is_not_torch_s(epsilon, attrs):
+    """ONNX's BatchNormalization gives its epsilon always: one of torch's 1e-5 is left out, as a description leaves
+    it out (a file imported before keeps its description), another is the attr ``eps``."""
+    from perf4sight.importers.perfseer import graph_to_description
+
+    g = _perfseer_graph()
+    g.nodes["bn1"]["feature"]["args"] = {"epsilon": epsilon}
+    desc = graph_to_description(g, "tiny", "tiny_bs4.pkl")[0]
+    assert [n.attrs for n in desc.nodes if n.op == "batchnorm2d"] == [{"num_features": 8, **attrs}]

@@ -463,6 +463,8 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
     if op == "batchnorm2d":  # ONNX's BatchNormalization: epsilon (1e-5); our own args' flags (ONNX has none) and a
         # null momentum (torch's cumulative average; ONNX's number is 1 - torch's, so a number is not read)
         a = with_eps({"num_features": num("num_features", default=out[0])})
+        if a.get("eps") == 1e-5:  # torch's default, left out as our descriptions leave it (ONNX's files give it)
+            del a["eps"]
         for key in ("affine", "track_running_stats"):
             if not flag(key, True):
                 a[key] = False
