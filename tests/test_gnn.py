@@ -497,3 +497,26 @@ def test_a_nan_in_the_weights_or_the_normaliser_is_refused_at_load(fitted, tmp_p
     (tmp_path / GNN_JSON).write_text(json.dumps(meta))
     with pytest.raises(UserError, match=r"GNN files are damaged or incompatible \(ValueError: .*not finite numbers"):
         load_gnn(tmp_path)
+
+
+def test_the_trees_and_ensembles_figures_do_not_depend_on_the_rest_of_the_query(fitted, tiny):
+    """A network's figures from the trees and from the ensemble are the same asked alone, one batch size at a time,
+    or beside other networks and batch sizes: the trees' analytic part was one matrix-vector product over all the
+    query's rows, whose BLAS kernel sums a row in an order that depends on the row count (the sixteenth significant
+    digit moved)."""
+    out, _ = fitted
+    descs, _ = tiny
+    keys = ("latency_ms", "memory_mb", "latency_ms_low", "latency_ms_high", "memory_mb_low", "memory_mb_high",
+            "fits")
+    sizes = [1, 3, 4, 16, 64, 200, 1000]
+    for kind in ("trees", "ensemble"):
+        pred = load_predictor(out, kind)
+        alone = {b: pred.predict(descs["deep_w8"], [b])[0] for b in sizes}
+        assert len({alone[b]["memory_mb"] for b in sizes}) == len(sizes)  # figures that differ, not one constant
+        for others, bss in (([], sizes), (["plain_w4", "res_w16"], sizes), (["res_w4"] * 5, [4, 1000, 3]),
+                            ([n for n in descs if n != "deep_w8"], [200, 1, 64, 16, 3])):
+            query = [descs[n] for n in others[:1]] + [descs["deep_w8"]] + [descs[n] for n in others[1:]]
+            got = [p for p in pred.predict(query, bss) if p["network"] == "deep_w8"]
+            assert [p["batch_size"] for p in got] == bss
+            for p in got:
+                assert [p[k] for k in keys] == [alone[p["batch_size"]][k] for k in keys], (kind, others, p)

@@ -68,9 +68,6 @@ class AnalyticBaseline:
         """[n, 2] log of the baseline's latency (ms) and memory (MiB) of feature rows ``F`` (0 without one)."""
         if not self.models:
             return np.zeros((len(F), len(TARGETS)))
-        # row by row: the trees' analytic value is a matrix-vector product, whose BLAS kernel sums a row in an order
-        # that depends on how many rows there are (4e-16 of a figure), and a network's GNN figures should not
-        # depend on what else a query asks about; about 30 us a row
-        F = np.asarray(F, dtype=float)
-        return np.array([[np.log(max(float(self.models[t].analytic(F[i:i + 1])[0]), 1e-6)) for t in TARGETS]
-                         for i in range(len(F))]).reshape(len(F), len(TARGETS))
+        # a row's analytic value is the same bits whatever the other rows (trees._row_sums), so a network's GNN
+        # figures do not depend on what else a query asks about
+        return np.column_stack([np.log(np.maximum(self.models[t].analytic(F), 1e-6)) for t in TARGETS])
