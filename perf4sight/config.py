@@ -478,6 +478,14 @@ def _check_networks(cfg: Config, f: Path | None) -> None:
             raise UserError(f"{f}: {where} must lie in 0..99, got {levels}")
         if len(set(levels)) != len(levels):
             raise UserError(f"{f}: {where} name a level twice: {levels}")
+        # a variant is named after its level to 6 significant digits (networks.on_request.variant_name): two levels
+        # of one name wrote one file twice and the manifest two rows of that network
+        named = {}
+        for lvl in levels:
+            other = named.setdefault(f"{lvl:g}", lvl)
+            if other != lvl:
+                raise UserError(f"{f}: {where}: {other!r} and {lvl!r} give one variant name (_l{lvl:g}); "
+                                "levels must differ in their first 6 significant digits")
     if cfg.compare.pruning_batch_size < 1:
         raise UserError(f"{f}: [compare] pruning_batch_size must be >= 1, got {cfg.compare.pruning_batch_size}")
     if cfg.compare.pruning_batch_size > MAX_BATCH_SIZE:  # said by the compare stage, at the end of --stage all

@@ -130,6 +130,10 @@ def test_good_config_is_typed(tmp_path):
     (GOOD + "\n[compare]\npruning_levels = [0, 100]\n",
      r"\[compare\] pruning_levels must lie in 0..99, got \[0.0, 100.0\]"),
     (GOOD + "\n[compare]\npruning_levels = [50, 50]\n", r"\[compare\] pruning_levels name a level twice"),
+    # two levels of one variant name: the networks stage wrote resnet18_l30 twice and two manifest rows of it
+    (GOOD.replace("levels = [0, 50]", "levels = [0, 50, 50.0000001]"),
+     r"\[networks.pruning\] levels: 50.0 and 50.0000001 give one variant name \(_l50\); levels must differ"),
+    (GOOD + "\n[compare]\npruning_levels = [12.5, 12.50000001]\n", r"\[compare\] pruning_levels: 12.5 and 12.5"),
     (GOOD + "\n[compare]\npruning_batch_size = 0\n", r"\[compare\] pruning_batch_size must be >= 1, got 0$"),
     (GOOD.replace("levels = [0, 50]", "levels = [0, 50]\nmin_channels = 0"),
      r"\[networks.pruning\] min_channels must be >= 1"),
