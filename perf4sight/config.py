@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
+import difflib
 import os
 import re
 import tomllib
@@ -508,8 +509,12 @@ def _check_zoo(cfg: Config, f: Path | None) -> None:
         if ":" in name and name.split(":", 1)[0].endswith(".py"):
             raise UserError(f"{f}: [networks] zoo: '{name}' is a factory, not a zoo network: list it under "
                             "[networks] factories")
-        raise UserError(f"{f}: [networks] zoo: '{name}' is not a zoo network (zoo networks: {', '.join(ZOO_NAMES)}; "
-                        "networks of your own: [networks] factories or description_files)")
+        # a typo's closest names first: the 86 names after it fill a terminal's screen
+        by_lower = {n.lower(): n for n in ZOO_NAMES}
+        close = [by_lower[n] for n in difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=0.75)]
+        guess = f" (did you mean {' or '.join(repr(n) for n in close)}?)" if close else ""
+        raise UserError(f"{f}: [networks] zoo: '{name}' is not a zoo network{guess} (zoo networks: "
+                        f"{', '.join(ZOO_NAMES)}; networks of your own: [networks] factories or description_files)")
 
 
 #: The names the generator gives (``gen_0_3``); a pruned variant's (``resnet18_l30``) is ``on_request.VARIANT``.

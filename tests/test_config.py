@@ -74,8 +74,12 @@ def test_good_config_is_typed(tmp_path):
     (GOOD.replace("levels = [0, 50]", "levels = [0, 50]\nstrategy = 'l2-norm'"),
      r"\[networks.pruning\] strategy 'l2-norm'"),
     (GOOD.replace('zoo = ["resnet18"]', 'zoo = ["resnett50"]'),
-     r"\[networks\] zoo: 'resnett50' is not a zoo network \(zoo networks: .*resnet18.*; networks of your own: "
-     r"\[networks\] factories or description_files\)"),
+     r"\[networks\] zoo: 'resnett50' is not a zoo network \(did you mean 'resnet50'.*\?\) \(zoo networks: "
+     r".*resnet18.*; networks of your own: \[networks\] factories or description_files\)"),
+    # a typo's closest names come first (the 86 names filled the screen), another case too
+    (GOOD.replace('zoo = ["resnet18"]', 'zoo = ["MobileNet_V2"]'),
+     r"'MobileNet_V2' is not a zoo network \(did you mean 'mobilenet_v2'"),
+    (GOOD.replace('zoo = ["resnet18"]', 'zoo = ["qqqq"]'), r"'qqqq' is not a zoo network \(zoo networks: alexnet"),
     # [networks] zoo takes torchvision names only (a file passed here, then failed in the networks stage)
     (GOOD.replace('zoo = ["resnet18"]', 'zoo = ["/some/path/x.json"]'),
      r"\[networks\] zoo: '/some/path/x.json' is a file, not a zoo network: list description files under "
