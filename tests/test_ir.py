@@ -731,6 +731,13 @@ def test_malformed_descriptions_are_rejected(tmp_path):
     bad_op["nodes"][1]["op"] = "warp_drive"
     with pytest.raises(UserError, match="unknown op 'warp_drive'"):
         NetworkDescription.from_dict(bad_op)
+    bad_op = json.loads(json.dumps(good))
+    bad_op["nodes"][2]["op"] = "lnear"  # a typo, or another case: the closest ops first
+    with pytest.raises(UserError, match=r"unknown op 'lnear' \(did you mean 'linear'\?\) \(known: abs, "):
+        NetworkDescription.from_dict(bad_op)
+    bad_op["nodes"][2]["op"] = "Linear"
+    with pytest.raises(UserError, match=r"unknown op 'Linear' \(did you mean 'linear'"):
+        NetworkDescription.from_dict(bad_op)
     bad_edge = json.loads(json.dumps(good))
     bad_edge["nodes"][1]["inputs"] = ["nowhere"]  # a node renamed without its readers: no node is named so
     with pytest.raises(UserError, match=r"node '\S+' uses \['nowhere'\], which no node is named$"):

@@ -5,6 +5,7 @@ extended with optional top-level fields (``schema_version``, ``source``) and a f
 Shapes exclude the batch dimension; ``dim`` attributes count it (``dim: 1`` = channels).
 Nodes are in topological (execution) order and the first node is ``input``.
 """
+import difflib
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -619,8 +620,11 @@ def _read_node(raw: Any, i: int, where: str) -> Node:
                     dict(raw.get("attrs", {})), list(out_shape))
     except (KeyError, TypeError, ValueError) as exc:
         raise UserError(f"{where}: node #{i} is malformed ({exc.args[0] if exc.args else exc})") from None
-    if node.op not in OPS:
-        raise UserError(f"{where}: node '{node.name}' has unknown op '{node.op}' (known: {', '.join(sorted(OPS))})")
+    if node.op not in OPS:  # a typo's closest ops first: the known ones fill a screen
+        close = difflib.get_close_matches(node.op.lower(), sorted(OPS), n=2, cutoff=0.6)
+        guess = f" (did you mean {' or '.join(repr(o) for o in close)}?)" if close else ""
+        raise UserError(f"{where}: node '{node.name}' has unknown op '{node.op}'{guess} "
+                        f"(known: {', '.join(sorted(OPS))})")
     absent = [a for a in OPS[node.op] if a not in node.attrs]
     if absent:
         raise UserError(f"{where}: node '{node.name}' ({node.op}) lacks attrs {absent}")
