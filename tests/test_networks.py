@@ -558,6 +558,11 @@ def test_factory_errors(tmp_path: Path) -> None:
     notmodel.write_text("def net(num_classes=1000):\n    return 3\n")
     with pytest.raises(UserError, match="returned int"):
         build_factory_model(parse_factory(f"{notmodel}:net", tmp_path))
+    a_class = tmp_path / "a_class.py"
+    a_class.write_text("from torch import nn\ndef net():\n    return nn.ReLU\n")  # the class, not a module of it
+    with pytest.raises(UserError, match=r"net\(\) returned the class ReLU, not a torch.nn.Module made of it: "
+                                        r"return ReLU\(...\)$"):
+        build_factory_model(parse_factory(f"{a_class}:net", tmp_path))
     with pytest.raises(UserError, match="file not found"):
         parse_factory("nothere:net", tmp_path, tmp_path / "models")
 

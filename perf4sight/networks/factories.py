@@ -230,6 +230,9 @@ def build_factory_model(factory: Factory, num_classes: int = 1000) -> nn.Module:
     _check_own_helpers(factory)  # a helper it imports only when called
     from torch import nn  # only here: parsing a spec (parse_factory) needs no torch
 
+    if isinstance(model, type) and issubclass(model, nn.Module):  # ``return Net`` for ``return Net()``
+        raise UserError(f"factory '{factory.spec}': {factory.function}() returned the class {model.__name__}, not a "
+                        f"torch.nn.Module made of it: return {model.__name__}(...)")
     if not isinstance(model, nn.Module):
         raise UserError(f"factory '{factory.spec}': {factory.function}() returned {type(model).__name__}, "
                         "not a torch.nn.Module")
