@@ -463,6 +463,9 @@ def _check_networks(cfg: Config, f: Path | None) -> None:
                         f"{', '.join(PRUNING_STRATEGIES)}")
     _check_zoo(cfg, f)
     for fname in cfg.networks.description_files:
+        if cfg.resolve(fname).is_dir():  # not "file not found": it is there
+            raise UserError(f"{f}: [networks] description_files: {fname} is a folder, not a description file: list "
+                            "its .json files one by one")
         if not cfg.resolve(fname).is_file():
             raise UserError(f"{f}: [networks] description_files: file not found: {fname}")
     _check_named_networks(cfg, f)

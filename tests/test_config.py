@@ -91,6 +91,9 @@ def test_good_config_is_typed(tmp_path):
      r"\[compare\] networks: unknown network 'mobilnet_v2' \(did you mean 'mobilenet_v2'\?\)"),
     (GOOD + "\n[predict]\nbatch_sizes = [0]\n", r"\[predict\] batch_sizes must be positive"),
     (GOOD.replace('zoo = ["resnet18"]', 'description_files = ["nope.json"]'), r"file not found: nope.json"),
+    # a folder there is not "file not found"
+    (GOOD.replace('zoo = ["resnet18"]', 'description_files = ["."]'),
+     r"\[networks\] description_files: \. is a folder, not a description file: list its .json files one by one$"),
     ("[networks\nzoo=1", r"not valid TOML"),
     (GOOD + "\n[fingerprint]\npredictor = 'forest'\n", r"\[fingerprint\] predictor 'forest' is not one of trees, gnn"),
     (GOOD + "\n[fingerprint]\ngnn_arch = 'gat'\n", r"\[fingerprint\] gnn_arch 'gat'"),
