@@ -112,6 +112,27 @@ def test_stage_reports_a_description_file_that_is_not_a_description(tmp_path: Pa
         make_networks(load_config(tmp_path / "config.toml"))
 
 
+def test_two_description_files_of_one_network_are_named_with_why_they_clash(tmp_path: Path) -> None:
+    """Two description files named hand_small and hand_big, both of `network` 'hand', were refused with "[networks]
+    names ['hand'] more than once", naming neither file nor why files of other names clash."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                          nn.Linear(8, CLASSES))
+    from perf4sight.ir.schema import save_description
+
+    for name in ("hand_small", "hand_big"):
+        save_description(describe(model, SHAPE, name, network="hand"), tmp_path / "nets" / f"{name}.json")
+    (tmp_path / "config.toml").write_text(
+        '[networks]\nzoo = ["resnet18"]\ndescription_files = ["nets/hand_small.json", "nets/hand_big.json"]\n'
+        'input_shape = [3, 32, 32]\n')
+    with pytest.raises(UserError) as info:
+        make_networks(load_config(tmp_path / "config.toml"))
+    assert str(info.value) == (
+        f"{tmp_path / 'config.toml'}: [networks] names a network more than once (zoo, factories, description_files): "
+        "'hand' by description:nets/hand_small.json, description:nets/hand_big.json (a description file's variants "
+        "are named after its `network`, not its `name`, unless it is a pruned or generated network's: give each file "
+        "a `network` of its own)")
+
+
 def test_stage_makes_a_vit_and_convnext_style_networks(tmp_path: Path) -> None:
     """The networks stage builds a ViT for the configured input, prunes its MLPs (its token width kept whole, said in
     the description), and generates networks of the convnext style when named; a ViT at an input it cannot take

@@ -121,7 +121,13 @@ def sources(cfg: Config, check: bool = True) -> list[Source]:
     names = [s.name for s in found]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        raise UserError(f"{cfg.path}: [networks] names {dupes} more than once (zoo, factories, description_files)")
+        # which entries clash: two description files of one `network` but other names clashed without a word why
+        clash = "; ".join(f"'{n}' by {', '.join(s.source for s in found if s.name == n)}" for n in dupes)
+        why = (" (a description file's variants are named after its `network`, not its `name`, unless it is a pruned "
+               "or generated network's: give each file a `network` of its own)"
+               if any(s.source.startswith("description:") for s in found if s.name in dupes) else "")
+        raise UserError(f"{cfg.path}: [networks] names a network more than once (zoo, factories, description_files): "
+                        f"{clash}{why}")
     return found
 
 
