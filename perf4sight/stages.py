@@ -30,7 +30,7 @@ from perf4sight.networks.zoo import ZOO_NAMES
 from perf4sight.profiling.backends.base import LIMIT_OOM
 from perf4sight.profiling.plan import DEFAULT_LOSS, training_phase
 from perf4sight.profiling.results import (batch_size_of, incomplete_note, latest_rows, loss_of, number, phase_of,
-                                         read_rows, references_path, results_path)
+                                         read_rows, references_path, results_path, under_load)
 from perf4sight.wording import named, plural
 
 if TYPE_CHECKING:  # the importers are imported by the import stage alone
@@ -210,7 +210,7 @@ def run_profile(cfg: Config, args: argparse.Namespace) -> int:
             rows = read_rows(results_path(cfg.profiling_dir, s.device))
             mine = latest_rows(r for r in rows  # this optimiser's and this loss's sweep
                                if phase_of(r) == phase and loss_of(r) == cfg.profile.loss)
-            _print_notes(_limit_note(cfg, s.device, mine))
+            _print_notes(_limit_note(cfg, s.device, mine), _load_note(cfg, s.device, mine))
         refs = references_path(cfg.profiling_dir, s.device)
         if cfg.profile.reference_every > 0 and refs.is_file():
             console.print(f"{s.device}: drift reference, {plural(len(read_rows(refs)), 'measurement')} in {refs}",
@@ -282,6 +282,31 @@ def _over_limit_note(cfg: Config, device: str, rows: list[dict[str, str]]) -> st
             f"them as oom, delete their lines from {results_path(cfg.profiling_dir, device)} and profile again)")
 
 
+def _load_note(cfg: Config, device: str, rows: list[dict[str, str]], fitting: bool = False) -> str:
+    """A note on ``device``'s ``ok`` rows measured while its 1-minute load average was above its CPU count
+    (``results.under_load``: other work shared its cores), '' if none: how many, the largest load, that their step
+    times read high and noisy, and how to measure them again. ``fitting``: said by the fingerprint stage, which fits
+    them (a device profiled earlier learns it there too)."""
+    ok = [r for r in rows if r.get("status") == "ok"]
+    loaded = [r for r in ok if under_load(r)]
+    if not loaded:
+        return ""
+    peak = max(number(r.get("load_avg_1m")) or 0.0 for r in loaded)
+    cpus = " / ".join(str(c) for c in sorted({int(number(r.get("cpu_count")) or 0) for r in loaded}))
+    gpu = all(r.get("backend") in ("nvml", "jetson") for r in loaded)
+    dev = cfg.devices.get(device)
+    on_device = (f" and from {dev.workdir.rstrip('/')}/{device}/measurements.csv on {dev.host}"
+                 if dev is not None and dev.host else "")
+    one = len(loaded) == 1
+    return (f"note: {device}: {len(loaded)} of {plural(len(ok), 'ok row')} {'was' if one else 'were'} measured while "
+            f"its 1-minute load average was above its {cpus} CPUs (up to {peak:g}, column load_avg_1m): other "
+            f"work shared {'the CPU cores that launch its kernels' if gpu else 'its cores'}, so "
+            f"{'its' if one else 'their'} step time{'' if one else 's'} {'may ' if gpu else ''}read high and noisy"
+            f"{', and the fingerprint fits ' + ('it' if one else 'them') if fitting else ''}; to measure "
+            f"{'it' if one else 'them'} again, delete {'its line' if one else 'their lines'} from "
+            f"{results_path(cfg.profiling_dir, device)}{on_device} and profile again while the device is quiet")
+
+
 def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
     """Fit the fingerprint (``--predictor``'s, else ``[fingerprint] predictor``) of each measured device named (all
     of them by default), unless its stored one was fitted from the same inputs (``--refit`` fits all the same); 0,
@@ -325,7 +350,7 @@ def _fingerprint_device(cfg: Config, args: argparse.Namespace, device: str, pred
         notes.print(passed_over, markup=False)
         return False
     _print_notes(note, undescribed_note(cfg, device, rows, descriptions), _over_limit_note(cfg, device, rows),
-                 _limit_note(cfg, device, rows))
+                 _limit_note(cfg, device, rows), _load_note(cfg, device, rows, fitting=True))
     if predictor in ("trees", "ensemble"):
         meta = fit_device(cfg, device, descriptions, shas, rows=rows, refit=refit)  # the rows read above
         meta["folder"] = str(cfg.fingerprint_dir / device)

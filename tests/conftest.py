@@ -23,6 +23,17 @@ def tx2_data() -> Path:
     return TX2_DATA
 
 
+@pytest.fixture(scope="session", autouse=True)
+def quiet_load():
+    """Every runner a test starts (here or over SSH) records a load average of 0, whatever the load of the machine
+    that runs the tests (a 2-core host shared with other work reads 4 and more): no stage's notes depend on it. Set
+    for the session, before any module's fixture measures; a test of the load note sets ``PERF4SIGHT_LOAD_AVG``
+    itself (``monkeypatch.setenv``)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PERF4SIGHT_LOAD_AVG", "0")
+        yield
+
+
 #: The test files that take longest (seconds of one worker of ``./dev.sh test`` on a 2-core machine, 2026-11-29):
 #: they go first, the longest first, so that the two workers of ``-n 2 --dist loadfile`` end together. xdist's own
 #: order (files with the most tests first) left test_end_to_end.py (3 tests, 77 s) for last: one worker ran it alone

@@ -906,6 +906,39 @@ def test_fingerprint_notes_rows_of_networks_removed_from_the_config(tmp_path):
     assert meta["training_rows"] == {"latency": 9, "memory": 9}  # the fit itself: the listed networks only
 
 
+def test_the_fingerprint_stage_notes_the_rows_it_fits_that_were_measured_under_load(tmp_path):
+    """A device profiled on a busy host earlier (its rows' load_avg_1m above their cpu_count) learns it where its
+    fingerprint is fitted too: one note, how many rows, the largest load and how to measure them again; rows at
+    or below the CPU count, or from before the load was recorded, are not counted."""
+    import csv
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    _measured_tiny_networks(tmp_path, {"a": 8, "b": 16, "c": 24}, listed=["a", "b", "c"])
+    csv_path = results_path(tmp_path / "profiling_csvs", "local")
+    with csv_path.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    loads = {("a", "1"): "6.25", ("b", "4"): "4.6", ("c", "1"): "4.0", ("c", "2"): ""}  # the rest: quiet
+    for r in rows:
+        r["load_avg_1m"], r["cpu_count"] = loads.get((r["network"], r["batch_size"]), "0.8"), "4"
+    with csv_path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    (tmp_path / "config.toml").write_text('[networks]\nzoo = []\ninput_shape = [3, 16, 16]\n'
+                                          '[devices.local]\nbackend = "cpu"\n[fingerprint]\nn_estimators = 10\n')
+    main = Path(__file__).resolve().parents[1] / "main.py"
+    run = subprocess.run([sys.executable, str(main), "--config", str(tmp_path / "config.toml"), "--stage",
+                          "fingerprint"], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (note,) = [line for line in run.stderr.splitlines() if "load average" in line]
+    assert note == ("note: local: 2 of 9 ok rows were measured while its 1-minute load average was above its 4 CPUs "
+                    "(up to 6.25, column load_avg_1m): other work shared its cores, so their step times read high and "
+                    f"noisy, and the fingerprint fits them; to measure them again, delete their lines from {csv_path} "
+                    "and profile again while the device is quiet")
+
+
 def test_too_few_ok_rows_is_one_line_in_the_singular_too(tmp_path):
     """"only 1 ok rows": the count and its noun agree."""
     from perf4sight.dataset import descriptions_and_shas

@@ -42,6 +42,7 @@ def test_import_tx2_rows(imported):
     assert len({row_key(r) for r in rows}) == len(rows)  # duplicates kept once
     assert {r["backend"] for r in rows} == {"imported"}
     assert {r["protocol"] for r in rows} == {"perf4sight_mean3"}
+    assert {(r["load_avg_1m"], r["cpu_count"]) for r in rows} == {("", "")}  # not recorded: no load note
     assert {r["family"] for r in rows} == {"resnet18", "resnet50", "mobilenetv2", "squeezenet"}
     assert summary.descriptions == 58
     # the one step that thrashed (18.4 s at batch 110 against 2.8 s at 100): oom, its figures kept

@@ -801,3 +801,70 @@ def test_the_stages_refuse_a_figure_that_is_no_number_with_exit_2(tmp_path):
                                                         "finite number >= 0 (an empty cell: not measured)\n"), proc
     assert not (tmp_path / "out").exists()
 
+
+
+def test_rows_measured_under_load_record_it_and_the_profile_stage_notes_them(tmp_path, monkeypatch, capsys):
+    """A profile on a busy host (load average 4.6 on 2 cores) read one configuration's step time 3 to 30 times over
+    between measurements and said nothing. Each row now records the 1-minute load average as it ended and the
+    device's CPU count; the profile stage notes the ok rows measured above the CPU count, and the runner's own
+    warnings and messages stay as they were. The load is fixed through PERF4SIGHT_LOAD_AVG, never the machine's."""
+    import argparse
+    import os
+
+    from perf4sight.networks.build import write_manifest
+    from perf4sight.profiling.runner import LOAD_ENV
+    from perf4sight.stages import run_profile
+
+    write_net(tmp_path / "models" / "nets", "tiny")
+    write_manifest([{"network": "tiny", "family": "tiny", "path": "nets/tiny.json"}],
+                   tmp_path / "models" / "manifest.csv")
+    args = argparse.Namespace(device=["local"], retry_errors=False)
+    monkeypatch.setenv(LOAD_ENV, "0.5")  # a quiet device
+    assert run_profile(load_config(write_config(tmp_path, batch_sizes=(1,))), args) == 0
+    quiet = capsys.readouterr()
+    assert "load average" not in quiet.out + quiet.err
+    monkeypatch.setenv(LOAD_ENV, "1000")  # a busy one: beyond any machine's cores
+    assert run_profile(load_config(write_config(tmp_path, batch_sizes=(1, 2))), args) == 0
+    busy = capsys.readouterr()
+    csv_path = results.results_path(tmp_path / "profiling_csvs", "local")
+    rows = results.read_rows(csv_path)
+    assert [(r["batch_size"], r["status"], r["message"], r["load_avg_1m"], r["cpu_count"]) for r in rows] == [
+        ("1", "ok", "", "0.5", str(os.cpu_count())), ("2", "ok", "", "1000.0", str(os.cpu_count()))]
+    assert "local: done — 2/2 rows (1 new) [ok 2]\n" in busy.out  # no runner warning: the note is the stage's
+    (note,) = [line for line in busy.err.splitlines() if "load average" in line]
+    assert note == (f"note: local: 1 of 2 ok rows was measured while its 1-minute load average was above its "
+                    f"{os.cpu_count()} CPUs (up to 1000, column load_avg_1m): other work shared its cores, so its "
+                    f"step time read high and noisy; to measure it again, delete its line from {csv_path} and "
+                    "profile again while the device is quiet")
+
+
+def test_a_csv_from_before_the_load_was_recorded_reads_as_not_measured_under_load(tmp_path):
+    """A CSV written before `load_avg_1m` and `cpu_count` existed loads, no row of it counts as measured under
+    load, and its next append gives it the columns, empty in its old rows."""
+    import csv
+
+    from perf4sight.config import load_config as load
+    from perf4sight.stages import _load_note
+
+    old_columns = [c for c in results.COLUMNS if c not in ("load_avg_1m", "cpu_count")]
+    old = {"device": "local", "backend": "cpu", "network": "n", "batch_size": "1", "input_shape": "3x8x8",
+           "phase": "train", "status": "ok", "latency_ms_median": "12.5", "timestamp": "2026-01-01T00:00:00+00:00"}
+    path = results.results_path(tmp_path / "profiling_csvs", "local")
+    path.parent.mkdir(parents=True)
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=old_columns)
+        writer.writeheader()
+        writer.writerow({k: old.get(k, "") for k in old_columns})
+    cfg = load(write_config(tmp_path))
+    (row,) = results.read_rows(path)
+    assert "load_avg_1m" not in row and not results.under_load(row) and _load_note(cfg, "local", [row]) == ""
+    results.append_row(path, dict(old, batch_size="2", load_avg_1m="3.5", cpu_count="2"))
+    first, second = results.read_rows(path)
+    assert (first["load_avg_1m"], first["cpu_count"], second["load_avg_1m"]) == ("", "", "3.5")
+    assert [results.under_load(r) for r in (first, second)] == [False, True]
+    assert results.under_load(dict(old, load_avg_1m="2.0", cpu_count="2")) is False  # at the cores: not beyond
+    assert _load_note(cfg, "local", [first, second]).startswith("note: local: 1 of 2 ok rows was measured while its "
+                                                                "1-minute load average was above its 2 CPUs (up to 3.5")
+    results.append_row(path, dict(old, batch_size="4", load_avg_1m="-1"))
+    with pytest.raises(UserError, match=r"line 4: load_avg_1m '-1' is not a finite number >= 0"):
+        results.read_rows(path)

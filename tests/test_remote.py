@@ -604,18 +604,23 @@ def test_makedirs_accepts_a_folder_another_client_made_meanwhile(servers, tmp_pa
             r.makedirs(str(tmp_path / "file.txt" / "sub"))
 
 
-def test_device_csv_with_older_columns_is_upgraded_before_the_run_and_repeats_and_references_travel(servers, tmp_path):
-    """A device CSV written before `repeats` existed: its rows count as measured and survive, the file
-    gets today's header before the runner starts, and the new row is the median of 2 fresh processes. A drift
-    reference taken before and after that one new measurement comes back beside it, and so do the CPU's op
-    prices, measured on the device after the sweep."""
+def test_device_csv_with_older_columns_is_upgraded_before_the_run_and_repeats_and_references_travel(servers, tmp_path,
+                                                                                                 monkeypatch):
+    """A device CSV written before `repeats` (and the load average) existed: its rows count as measured and survive,
+    the file gets today's header before the runner starts, and the new row is the median of 2 fresh processes. A
+    drift reference taken before and after that one new measurement comes back beside it, and so do the CPU's op
+    prices, measured on the device after the sweep. A load average fixed here (PERF4SIGHT_LOAD_AVG) holds for the
+    device's runner too, so no test reads the machine's."""
     import csv
+    from perf4sight.profiling.runner import LOAD_ENV
+    monkeypatch.setenv(LOAD_ENV, "12.5")
     a, _ = servers
     (desc,) = _descriptions(tmp_path, ["alpha"])
     cfg = _config(tmp_path, {"dev-old": _device(a, tmp_path)}, op_prices=True)
     cfg.profile.repeats = 2
     cfg.profile.reference_every = 1
-    old_columns = [c for c in results.COLUMNS if c not in ("repeats", "latency_ms_repeat_cv")]
+    old_columns = [c for c in results.COLUMNS
+                   if c not in ("repeats", "latency_ms_repeat_cv", "load_avg_1m", "cpu_count")]
     remote_csv = tmp_path / "remote work" / "dev-old" / "measurements.csv"
     remote_csv.parent.mkdir(parents=True, exist_ok=True)  # the probe cache made it
     old_row = {"device": "dev-old", "network": "alpha", "family": "tiny", "batch_size": "1",
@@ -632,6 +637,8 @@ def test_device_csv_with_older_columns_is_upgraded_before_the_run_and_repeats_an
     rows = {r["batch_size"]: r for r in _rows(cfg, "dev-old")}
     assert set(rows) == {"1", "2"} and rows["1"]["timestamp"] == old_row["timestamp"]
     assert rows["2"]["status"] == "ok" and rows["2"]["repeats"] == "2" and float(rows["2"]["latency_ms_repeat_cv"]) >= 0
+    assert (rows["1"]["load_avg_1m"], rows["2"]["load_avg_1m"], rows["2"]["cpu_count"]) == ("", "12.5",
+                                                                                          str(os.cpu_count()))
     assert {r["batch_size"] for r in results.read_rows(remote_csv)} == {"1", "2"}
     refs = results.read_rows(results.references_path(cfg.profiling_dir, "dev-old"))
     assert [(r["network"], r["batch_size"], r["status"]) for r in refs] == [("alpha", "1", "ok")] * 2

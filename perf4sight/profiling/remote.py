@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import signal
 import socket
 import sys
@@ -37,6 +38,7 @@ from perf4sight.profiling.plan import training_phase
 from perf4sight.profiling.outcome import (PROBE, PROBE_CACHE, DeviceSummary, covering, expected_keys, plan_counts,
                                           probe_facts, probe_problems)
 from perf4sight.profiling.pull import CsvPuller, csv_with_rows, reference_key
+from perf4sight.profiling.runner import LOAD_ENV
 from perf4sight.profiling.ssh import (CONNECTION_ERRORS, DeviceError, HostKeyError, LoginError, Remote,
                                      default_known_hosts, describe_error)
 
@@ -226,7 +228,9 @@ class RemoteProfiler:
 
     def _start(self) -> None:
         cmd = [self._python(), "-m", "perf4sight.profiling.runner", self._path("plan.json")]
-        state = self._detach("start", "--", "env", f"PYTHONPATH={self.code_dir}", *cmd)
+        fixed = os.environ.get(LOAD_ENV)  # a load average fixed here (tests) holds for the device's runner too
+        load = [f"{LOAD_ENV}={fixed}"] if fixed else []
+        state = self._detach("start", "--", "env", f"PYTHONPATH={self.code_dir}", *load, *cmd)
         if state.get("state") not in ("started", "running"):
             raise DeviceError(f"device '{self.dev.name}': could not start the run: {state}")
 

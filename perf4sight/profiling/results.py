@@ -23,7 +23,7 @@ from perf4sight.files import atomic_path, naming_file
 __all__ = ["COLUMNS", "STATUSES", "append_row", "upgrade_file", "read_rows", "measured_keys", "row_key", "results_path",
            "references_path", "REFERENCES_CSV", "op_prices_path", "OP_PRICES_JSON", "file_sha", "split_stale", "number",
            "batch_size_of", "latest_rows",
-           "phase_of", "loss_of"]
+           "phase_of", "loss_of", "under_load"]
 
 #: Column order of every measurement CSV. Empty string = not measured / not applicable.
 COLUMNS: List[str] = [
@@ -67,6 +67,8 @@ COLUMNS: List[str] = [
     "weight_decay",           # the optimiser's weight decay (empty: a row from before it was recorded)
     "update_ms_median",       # median time of the optimiser's update (optimizer.step) inside the timed steps
     "loss",                   # the step's loss: cross_entropy | mse | l1 (empty: a row from before, cross_entropy)
+    "load_avg_1m",            # the device's 1-minute load average as the measurement ended (empty: a row from before)
+    "cpu_count",              # the device's CPUs (os.cpu_count): a load above it means other work shared its cores
 ]
 
 STATUSES = ("ok", "oom", "skipped_after_oom", "error")
@@ -79,6 +81,14 @@ def number(value: Any, finite: bool = True) -> Optional[float]:
     except (TypeError, ValueError):
         return None
     return None if math.isnan(x) or (finite and math.isinf(x)) else x
+
+
+def under_load(row: Dict[str, Any]) -> bool:
+    """Whether ``row`` was measured while the device's 1-minute load average (``load_avg_1m``) was above its CPU count
+    (``cpu_count``): other work then shared its cores, and the step times read high and noisy. False where either
+    cell is empty (a row from before they were recorded, an imported row)."""
+    load, cpus = number(row.get("load_avg_1m")), number(row.get("cpu_count"))
+    return load is not None and bool(cpus) and load > cpus
 
 
 def batch_size_of(row: Dict[str, Any]) -> int:
@@ -243,7 +253,7 @@ _NUMBER_COLUMNS = ("pruning_level", "latency_ms_median", "latency_ms_mean", "lat
                    "latency_ms_std", "timed_steps", "warmup_steps", "repeats", "latency_ms_repeat_cv", "peak_rss_mb",
                    "baseline_rss_mb", "torch_alloc_peak_mb", "torch_reserved_peak_mb", "device_mem_used_mb",
                    "swap_in_mb", "swap_out_mb", "gpu_util_pct", "power_w", "threads", "momentum", "weight_decay",
-                   "update_ms_median")
+                   "update_ms_median", "load_avg_1m", "cpu_count")
 
 
 def _shown(value: Any) -> str:

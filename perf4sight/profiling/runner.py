@@ -48,7 +48,8 @@ from perf4sight.profiling.child import DISK_FULL, NO_SPACE, RESULT_NOT_WRITTEN
 from perf4sight.profiling.plan import TestPlan, load_plan, recorded_update, save_plan, training_phase, update_columns
 from perf4sight.profiling.procfs import oom_kills, status_mb, swap_mb
 
-__all__ = ["run_plan", "run_child", "run_repeats", "swapped", "thrashing", "ChildOutcome", "main"]
+__all__ = ["run_plan", "run_child", "run_repeats", "swapped", "thrashing", "load_reading", "ChildOutcome", "main",
+           "LOAD_ENV"]
 
 Emit = Callable[[Dict[str, Any]], None]
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds perf4sight/
@@ -56,6 +57,9 @@ _PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds per
 LEAN_RUNNER_MB = 200.0
 #: seconds between two readings of the system's swap counters while a child runs
 SWAP_POLL_S = 0.5
+#: an environment variable that fixes the load average :func:`load_reading` gives (a number; tests set it, so that no
+#: row depends on the load of the machine that runs them); unset or empty: the system's own
+LOAD_ENV = "PERF4SIGHT_LOAD_AVG"
 #: less free space than this where the children write, and a child that left neither result nor stderr met a full disk
 FULL_DISK_BYTES = 1 << 20
 
@@ -212,6 +216,7 @@ def run_child(plan: TestPlan, plan_path: Path, index: int, batch_size: int, back
                 result = {}
         swap = swapped(swap_before, swap_mb())
         result.update(swap)
+        result.update(load_reading())
         if not verdict and result.get("status") == "ok":
             # a peak, or swapping, after the last poll
             over = backend.over_limit(peak_mb) or thrashing(swap, plan.max_swap_in_mb)
@@ -236,6 +241,25 @@ def swapped(before: Optional[Tuple[float, float]], after: Optional[Tuple[float, 
     if before is None or after is None:
         return {}
     return {"swap_in_mb": round(after[0] - before[0], 2), "swap_out_mb": round(after[1] - before[1], 2)}
+
+
+def load_reading() -> Dict[str, Any]:
+    """``load_avg_1m`` (the system's 1-minute load average, :data:`LOAD_ENV`'s number where it is set) and
+    ``cpu_count`` (its CPUs) as a measurement ends; a figure that cannot be read is left out (the cell stays empty).
+    A load above the CPU count means other work shared the cores while the step was timed (the host's profile and
+    fingerprint stages say so: ``results.under_load``). One small read, no process started."""
+    reading: Dict[str, Any] = {}
+    fixed = os.environ.get(LOAD_ENV, "").strip()
+    try:
+        load = float(fixed) if fixed else os.getloadavg()[0]
+    except (OSError, ValueError):  # no load average on this system, or a fixed one that is no number
+        load = -1.0
+    if 0 <= load < float("inf"):
+        reading["load_avg_1m"] = round(load, 2)
+    cpus = os.cpu_count()
+    if cpus:
+        reading["cpu_count"] = cpus
+    return reading
 
 
 def thrashing(swap: Dict[str, float], limit_mb: float) -> Optional[str]:
