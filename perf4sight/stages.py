@@ -29,8 +29,8 @@ from perf4sight.ir.shapes import shape_text
 from perf4sight.networks.zoo import ZOO_NAMES
 from perf4sight.profiling.backends.base import LIMIT_OOM
 from perf4sight.profiling.plan import DEFAULT_LOSS, training_phase
-from perf4sight.profiling.results import (batch_size_of, incomplete_note, latest_rows, loss_of, number, phase_of,
-                                         read_rows, references_path, results_path, under_load)
+from perf4sight.profiling.results import (LOAD_MARGIN, batch_size_of, incomplete_note, latest_rows, loss_of, number,
+                                         phase_of, read_rows, references_path, results_path, under_load)
 from perf4sight.wording import named, plural
 
 if TYPE_CHECKING:  # the importers are imported by the import stage alone
@@ -283,28 +283,32 @@ def _over_limit_note(cfg: Config, device: str, rows: list[dict[str, str]]) -> st
 
 
 def _load_note(cfg: Config, device: str, rows: list[dict[str, str]], fitting: bool = False) -> str:
-    """A note on ``device``'s ``ok`` rows measured while its 1-minute load average was above its CPU count
-    (``results.under_load``: other work shared its cores), '' if none: how many, the largest load, that their step
-    times read high and noisy, and how to measure them again. ``fitting``: said by the fingerprint stage, which fits
-    them (a device profiled earlier learns it there too)."""
+    """A note on ``device``'s ``ok`` rows measured while its 1-minute load average was more than half a CPU above
+    its CPU count (``results.under_load``: other work shared its cores), '' if none: how many, the largest load,
+    that their step times read high and noisy, and how to measure them again (an SSH device's own CSV too).
+    ``fitting``: said by the fingerprint stage, which fits them (a device profiled earlier learns it there too)."""
     ok = [r for r in rows if r.get("status") == "ok"]
     loaded = [r for r in ok if under_load(r)]
     if not loaded:
         return ""
     peak = max(number(r.get("load_avg_1m")) or 0.0 for r in loaded)
-    cpus = " / ".join(str(c) for c in sorted({int(number(r.get("cpu_count")) or 0) for r in loaded}))
+    counts = sorted({int(number(r.get("cpu_count")) or 0) for r in loaded})
+    above = (f"above {counts[0] + LOAD_MARGIN:g} (its {plural(counts[0], 'CPU')} and half a CPU more"
+             if len(counts) == 1 else f"more than half a CPU above its CPU count ({' / '.join(map(str, counts))}")
     gpu = all(r.get("backend") in ("nvml", "jetson") for r in loaded)
     dev = cfg.devices.get(device)
-    on_device = (f" and from {dev.workdir.rstrip('/')}/{device}/measurements.csv on {dev.host}"
-                 if dev is not None and dev.host else "")
+    on_device = ""
+    if dev is not None and dev.host:  # its rows come back from the device's own CSV unless they go there too
+        from perf4sight.profiling.remote import remote_dir_name
+        on_device = f" and from {dev.workdir.rstrip('/')}/{remote_dir_name(device)}/measurements.csv on {dev.host}"
     one = len(loaded) == 1
     return (f"note: {device}: {len(loaded)} of {plural(len(ok), 'ok row')} {'was' if one else 'were'} measured while "
-            f"its 1-minute load average was above its {cpus} CPUs (up to {peak:g}, column load_avg_1m): other "
+            f"its 1-minute load average was {above}; up to {peak:g}, column load_avg_1m): other "
             f"work shared {'the CPU cores that launch its kernels' if gpu else 'its cores'}, so "
             f"{'its' if one else 'their'} step time{'' if one else 's'} {'may ' if gpu else ''}read high and noisy"
             f"{', and the fingerprint fits ' + ('it' if one else 'them') if fitting else ''}; to measure "
             f"{'it' if one else 'them'} again, delete {'its line' if one else 'their lines'} from "
-            f"{results_path(cfg.profiling_dir, device)}{on_device} and profile again while the device is quiet")
+            f"{results_path(cfg.profiling_dir, device)}{on_device}, then profile again while the device is quiet")
 
 
 def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:

@@ -832,10 +832,12 @@ def test_rows_measured_under_load_record_it_and_the_profile_stage_notes_them(tmp
         ("1", "ok", "", "0.5", str(os.cpu_count())), ("2", "ok", "", "1000.0", str(os.cpu_count()))]
     assert "local: done — 2/2 rows (1 new) [ok 2]\n" in busy.out  # no runner warning: the note is the stage's
     (note,) = [line for line in busy.err.splitlines() if "load average" in line]
-    assert note == (f"note: local: 1 of 2 ok rows was measured while its 1-minute load average was above its "
-                    f"{os.cpu_count()} CPUs (up to 1000, column load_avg_1m): other work shared its cores, so its "
-                    f"step time read high and noisy; to measure it again, delete its line from {csv_path} and "
-                    "profile again while the device is quiet")
+    cpus = os.cpu_count()
+    assert note == (f"note: local: 1 of 2 ok rows was measured while its 1-minute load average was above "
+                    f"{cpus + 0.5:g} (its {cpus} CPU{'s' if cpus > 1 else ''} and half a CPU more; up to 1000, column "
+                    "load_avg_1m): "
+                    "other work shared its cores, so its step time read high and noisy; to measure it again, delete "
+                    f"its line from {csv_path}, then profile again while the device is quiet")
 
 
 def test_a_csv_from_before_the_load_was_recorded_reads_as_not_measured_under_load(tmp_path):
@@ -862,9 +864,31 @@ def test_a_csv_from_before_the_load_was_recorded_reads_as_not_measured_under_loa
     first, second = results.read_rows(path)
     assert (first["load_avg_1m"], first["cpu_count"], second["load_avg_1m"]) == ("", "", "3.5")
     assert [results.under_load(r) for r in (first, second)] == [False, True]
-    assert results.under_load(dict(old, load_avg_1m="2.0", cpu_count="2")) is False  # at the cores: not beyond
-    assert _load_note(cfg, "local", [first, second]).startswith("note: local: 1 of 2 ok rows was measured while its "
-                                                                "1-minute load average was above its 2 CPUs (up to 3.5")
+    # a quiet device measuring on all its cores reads about its count: half a CPU more is other work's
+    assert [results.under_load(dict(old, load_avg_1m=load, cpu_count="2")) for load in ("2.0", "2.5", "2.51")] == [
+        False, False, True]
+    assert _load_note(cfg, "local", [first, second]).startswith(
+        "note: local: 1 of 2 ok rows was measured while its 1-minute load average was above 2.5 (its 2 CPUs and half a "
+        "CPU more; up to 3.5, column load_avg_1m): other work shared its cores")
     results.append_row(path, dict(old, batch_size="4", load_avg_1m="-1"))
     with pytest.raises(UserError, match=r"line 4: load_avg_1m '-1' is not a finite number >= 0"):
         results.read_rows(path)
+
+
+def test_the_load_note_of_an_ssh_gpu_device_names_its_own_csv_and_says_may(tmp_path):
+    """An SSH device's rows come back from its own CSV unless they are deleted there too, so the note names both
+    files; on a GPU the host's load slows only the launches: its step times may read high."""
+    from perf4sight.config import load_config as load
+    from perf4sight.stages import _load_note
+
+    (tmp_path / "config.toml").write_text('[devices.gpu]\nbackend = "nvml"\nhost = "gpu1.lab"\nworkdir = "/data/p4s"\n')
+    cfg = load(tmp_path / "config.toml")
+    row = {"device": "gpu", "backend": "nvml", "status": "ok", "load_avg_1m": "17.2", "cpu_count": "16"}
+    rows = [row, dict(row, load_avg_1m="16.4"), dict(row, status="oom", load_avg_1m="40"), dict(row, cpu_count="")]
+    assert _load_note(cfg, "gpu", rows, fitting=True) == (
+        "note: gpu: 1 of 3 ok rows was measured while its 1-minute load average was above 16.5 (its 16 CPUs and half "
+        "a CPU more; up to 17.2, column load_avg_1m): other work shared the CPU cores that launch its kernels, so its "
+        "step time may read high and noisy, and the fingerprint fits it; to measure it again, delete its line from "
+        f"{tmp_path / 'profiling_csvs' / 'gpu' / 'measurements.csv'} and from /data/p4s/gpu/measurements.csv on "
+        "gpu1.lab, then profile again while the device is quiet")
+    assert _load_note(cfg, "gpu", rows[1:]) == ""  # within half a CPU of the count; an oom's time is no figure

@@ -23,7 +23,7 @@ from perf4sight.files import atomic_path, naming_file
 __all__ = ["COLUMNS", "STATUSES", "append_row", "upgrade_file", "read_rows", "measured_keys", "row_key", "results_path",
            "references_path", "REFERENCES_CSV", "op_prices_path", "OP_PRICES_JSON", "file_sha", "split_stale", "number",
            "batch_size_of", "latest_rows",
-           "phase_of", "loss_of", "under_load"]
+           "phase_of", "loss_of", "under_load", "LOAD_MARGIN"]
 
 #: Column order of every measurement CSV. Empty string = not measured / not applicable.
 COLUMNS: List[str] = [
@@ -83,12 +83,18 @@ def number(value: Any, finite: bool = True) -> Optional[float]:
     return None if math.isnan(x) or (finite and math.isinf(x)) else x
 
 
+#: how far above its CPU count a device's load average must be for :func:`under_load`: a quiet device whose
+#: measurement runs on all its cores (torch's default threads) reads about its count, a few hundredths over it
+#: whenever a daemon wakes; half a CPU more is other work that takes cores from the step
+LOAD_MARGIN = 0.5
+
+
 def under_load(row: Dict[str, Any]) -> bool:
-    """Whether ``row`` was measured while the device's 1-minute load average (``load_avg_1m``) was above its CPU count
-    (``cpu_count``): other work then shared its cores, and the step times read high and noisy. False where either
-    cell is empty (a row from before they were recorded, an imported row)."""
+    """Whether ``row`` was measured while the device's 1-minute load average (``load_avg_1m``) was more than
+    :data:`LOAD_MARGIN` above its CPU count (``cpu_count``): other work then shared its cores, and the step times
+    read high and noisy. False where either cell is empty (a row from before they were recorded, an imported row)."""
     load, cpus = number(row.get("load_avg_1m")), number(row.get("cpu_count"))
-    return load is not None and bool(cpus) and load > cpus
+    return load is not None and bool(cpus) and load > cpus + LOAD_MARGIN
 
 
 def batch_size_of(row: Dict[str, Any]) -> int:
