@@ -302,13 +302,15 @@ def _load_note(cfg: Config, device: str, rows: list[dict[str, str]], fitting: bo
         from perf4sight.profiling.remote import remote_dir_name
         on_device = f" and from {dev.workdir.rstrip('/')}/{remote_dir_name(device)}/measurements.csv on {dev.host}"
     one = len(loaded) == 1
+    it = "it" if one else "them"
+    again = (f"delete {'its line' if one else 'their lines'} from {results_path(cfg.profiling_dir, device)}"
+             f"{on_device}, then profile again while the device is quiet" if dev is not None  # else imported rows
+             else f"rerun {it} on a quiet device (no [devices.{device}] table here to profile it)")
     return (f"note: {device}: {len(loaded)} of {plural(len(ok), 'ok row')} {'was' if one else 'were'} measured while "
             f"its 1-minute load average was {above}; up to {peak:g}, column load_avg_1m): other "
             f"work shared {'the CPU cores that launch its kernels' if gpu else 'its cores'}, so "
             f"{'its' if one else 'their'} step time{'' if one else 's'} {'may ' if gpu else ''}read high and noisy"
-            f"{', and the fingerprint fits ' + ('it' if one else 'them') if fitting else ''}; to measure "
-            f"{'it' if one else 'them'} again, delete {'its line' if one else 'their lines'} from "
-            f"{results_path(cfg.profiling_dir, device)}{on_device}, then profile again while the device is quiet")
+            f"{', and the fingerprint fits ' + it if fitting else ''}; to measure {it} again, {again}")
 
 
 def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:

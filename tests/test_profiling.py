@@ -892,3 +892,6 @@ def test_the_load_note_of_an_ssh_gpu_device_names_its_own_csv_and_says_may(tmp_p
         f"{tmp_path / 'profiling_csvs' / 'gpu' / 'measurements.csv'} and from /data/p4s/gpu/measurements.csv on "
         "gpu1.lab, then profile again while the device is quiet")
     assert _load_note(cfg, "gpu", rows[1:]) == ""  # within half a CPU of the count; an oom's time is no figure
+    imported = _load_note(cfg, "exported-gpu", [dict(row, device="exported-gpu")])  # no [devices] table to profile
+    assert imported.endswith("so its step time may read high and noisy; to measure it again, rerun it on a quiet "
+                             "device (no [devices.exported-gpu] table here to profile it)")
