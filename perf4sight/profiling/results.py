@@ -68,7 +68,7 @@ COLUMNS: List[str] = [
     "update_ms_median",       # median time of the optimiser's update (optimizer.step) inside the timed steps
     "loss",                   # the step's loss: cross_entropy | mse | l1 (empty: a row from before, cross_entropy)
     "load_avg_1m",            # the device's 1-minute load average as the measurement ended (empty: a row from before)
-    "cpu_count",              # the device's CPUs (os.cpu_count): a load above it means other work shared its cores
+    "cpu_count",              # the device's CPUs (os.cpu_count); a load over it by more than LOAD_MARGIN: other work
 ]
 
 STATUSES = ("ok", "oom", "skipped_after_oom", "error")
