@@ -612,11 +612,6 @@ def _last_uses(desc: NetworkDescription) -> dict[str, list[str]]:
     return out
 
 
-def _bytes(node: Node, b: int) -> int:
-    """Bytes of ``node``'s output (float32) at batch size ``b``."""
-    return b * prod(node.output_shape) * FLOAT
-
-
 def _edge(v: _Value) -> tuple[str, int] | None:
     """Where the gradient of ``v`` goes: its autograd node, or None where it needs none."""
     return None if v.fn is None else ("fn", v.fn)
@@ -640,15 +635,6 @@ class _OpContext:
     full_in: tuple[int, ...]     # the first input's shape with the batch (() without inputs)
     full_out: tuple[int, ...]    # the output's shape with the batch
     relu6_clone: bool = False    # an in-place ReLU6 keeps a clone of its input (PyTorch >= 1.10)
-
-    @classmethod
-    def of(cls, n: Node, ins: list[_Value], in_shapes: list[list[int]], b: int, mem: _Memory,
-           fns: list[_GradFn], p0: int, relu6_clone: bool = False) -> _OpContext:
-        """The context of node ``n`` (arguments as :func:`_forward`'s)."""
-        x = ins[0]
-        return cls(n, ins, in_shapes, b, mem, fns, p0, x, _bytes(n, b),
-                   (b, *in_shapes[0]) if in_shapes else (), (b, *n.output_shape),
-                   relu6_clone)
 
     def check_strides(self) -> None:
         """:class:`NotCovered` where a strided input reaches an op that does not take one as it is."""
@@ -718,7 +704,7 @@ def _forward(n: Node, ins: list[_Value], in_shapes: list[list[int]], b: int, mem
     """Run node ``n`` forward (inputs ``ins`` of per-sample shapes ``in_shapes``, batch ``b``; its
     parameters are ``p0``, ``p0 + 1``...; ``relu6_clone`` as :func:`step_events`'s): its allocations, its
     autograd node (appended to ``fns``), its value."""
-    ctx = _OpContext(n, ins, in_shapes, b, mem, fns, p0, ins[0], b * prod(n.output_shape) * FLOAT,  # as .of makes it
+    ctx = _OpContext(n, ins, in_shapes, b, mem, fns, p0, ins[0], b * prod(n.output_shape) * FLOAT,  # output bytes
                      (b, *in_shapes[0]), (b, *n.output_shape), relu6_clone)
     ctx.check_strides()
     handler = _HANDLERS.get(n.op)
@@ -729,7 +715,6 @@ def _forward(n: Node, ins: list[_Value], in_shapes: list[list[int]], b: int, mem
             any(i.raw is not None or i.loose for i in ins):
         out.loose = True  # its output may be laid out as its input, along dimensions of size 1 too
     return out
-
 
 
 #: Ops whose handler's work a later node of the same kind, attributes and input geometry repeats by renaming
