@@ -967,17 +967,20 @@ def _mark_cumulative_averages(module: nn.Module, gm: fx.GraphModule, nodes: list
     a subclass of torch's the trace went through, timm's BatchNormAct2d) the momentum None: traced in evaluation,
     torch's forward passes 0.0 for it, which the call's node took (:func:`_batch_norm_call`)."""
     described = {n.name: n for n in nodes}
-    for n in gm.graph.nodes:
-        node = described.get(n.name)
-        running_mean = _arg(n, 1, "running_mean") if n.target is F.batch_norm else None
-        if node is None or node.op != "batchnorm2d" or getattr(running_mean, "op", None) != "get_attr":
+    for (function, running_mean), calls in _norm_calls(gm.graph).items():
+        if function is not F.batch_norm:
             continue
         try:
-            layer = module.get_submodule(running_mean.target.rpartition(".")[0])
+            layer = module.get_submodule(running_mean.rpartition(".")[0])
         except AttributeError:  # a tensor of the module's own, named as the trace names it
             continue
-        if isinstance(layer, nn.modules.batchnorm._NormBase) and layer.track_running_stats and layer.momentum is None:
-            node.attrs = {**node.attrs, "momentum": None}
+        if not (isinstance(layer, nn.modules.batchnorm._NormBase) and layer.track_running_stats
+                and layer.momentum is None):
+            continue
+        for n in calls:
+            node = described.get(n.name)
+            if node is not None and node.op == "batchnorm2d":
+                node.attrs = {**node.attrs, "momentum": None}
 
 
 #: A norm call's flag that picks the input's statistics over the running ones: (position, name, torch's default).
