@@ -876,7 +876,7 @@ def test_shape_keeping_layers_answered_without_running_record_the_shapes_they_wo
     import torch.fx as fx
     from torch.fx.passes.shape_prop import ShapeProp
 
-    from perf4sight.ir.from_torch import _meta_twin
+    from perf4sight.ir.torch_trace import _meta_twin
     from perf4sight.ir.meta_shapes import MetaShapeProp
 
     shape = [3, 224, 224] if zoo == "vit_b_16" else [3, 32, 32]

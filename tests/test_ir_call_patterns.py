@@ -855,7 +855,7 @@ def test_a_condition_on_the_shape_of_a_tensor_made_on_the_input_s_device_is_no_d
     through a tensor, and is no condition on the device; one on ``x.is_cuda`` is."""
     from torch import fx
 
-    from perf4sight.ir.from_torch import _reads_the_device
+    from perf4sight.ir.torch_trace import _reads_the_device
 
     def on_shape(x):
         return (x + torch.ones(x.shape[-1], device=x.device)).shape[-1] % 2 == 1

@@ -110,7 +110,7 @@ def test_zoo_description_from_meta_weights_equals_the_real_model(name: str, monk
     """describe_zoo builds on the meta device and propagates meta shapes; a real model's shapes are
     propagated on a weightless twin of it (its weights untouched), or, where an op has no meta
     kernel, with fake tensors: the same description all three ways."""
-    from perf4sight.ir import from_torch
+    from perf4sight.ir import torch_trace
 
     fast = describe_zoo(name, SHAPE, CLASSES)
     model = build_zoo_model(name, CLASSES)
@@ -120,7 +120,7 @@ def test_zoo_description_from_meta_weights_equals_the_real_model(name: str, monk
 
     def no_meta_kernel(gm: object) -> None:
         raise NotImplementedError("no meta kernel")
-    monkeypatch.setattr(from_torch, "_meta_twin", no_meta_kernel)
+    monkeypatch.setattr(torch_trace, "_meta_twin", no_meta_kernel)
     faked = describe(model, SHAPE, **info)
     assert fast.to_json() == real.to_json() == faked.to_json()
     assert len(fast.nodes) > 20 and fast.params == real.params > 0

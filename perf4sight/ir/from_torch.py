@@ -10,29 +10,20 @@ multiply by one (``scale``), an add of one (``shift``), one put first by a conca
 from __future__ import annotations
 
 import collections
-import contextlib
 import copy
 import inspect
-import io
 import operator
-import re
-import sys
-import traceback
-from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.passes.shape_prop import ShapeProp
 
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import (ON_COPY_OPS, ONE_TENSOR_OPS, PARAMETER_OPS, SHARES, NetworkDescription, Node,
                                   count_params)
-from perf4sight.ir.meta_shapes import MetaShapeProp
 from perf4sight.ir.shapes import SIZE_REFERENCES, image_size_problem
 from perf4sight.ir.weighted_sums import Fusion, weighted_sums
 from perf4sight.ir.fx_values import _SPLITS, _TRACE_BATCH, _UNBINDS, _arg, _is_tensor, _shape, _shape_value
@@ -45,6 +36,8 @@ from perf4sight.ir.torch_modules import (_FIXED_SAMPLES, _LEAF_MODULES, MODULE_O
                                          _local_response_norm, _lp_pool, _maxpool, _pad_attrs, _rmsnorm_attrs,
                                          _rrelu_attrs, _running_statistics, _softmax_attrs, _sync_bn, _threshold_attrs,
                                          _unflatten, _unfold_attrs)
+from perf4sight.ir.torch_trace import (_ForwardFailed, _propagate_shapes, _root_message, _trace, _trace_stop, _Tracer,
+                                       forward_error, in_mode, run_on_meta, stderr_kept_on_success)
 
 __all__ = ["describe", "check_input_shape", "forward_error", "has_lazy_parameters", "in_mode",
            "stderr_kept_on_success", "run_on_meta"]
@@ -827,76 +820,6 @@ def _is_stochastic_depth(target: Any) -> bool:
     return getattr(target, "__name__", "") == "stochastic_depth"
 
 
-@contextlib.contextmanager
-def stderr_kept_on_success() -> Iterator[None]:
-    """Hold back what is written to stderr (torch's ``ShapeProp`` prints the traceback of a failing node
-    before re-raising it); written out once the block succeeds, dropped when it raises."""
-    held = io.StringIO()
-    with contextlib.redirect_stderr(held):
-        yield
-    sys.stderr.write(held.getvalue())
-
-
-def _shape_prop(gm: fx.GraphModule, example: torch.Tensor, fake_mode: Any = None) -> None:
-    """``ShapeProp(gm).propagate(example)`` without the traceback it prints when a node fails (on a meta
-    ``example``: :class:`MetaShapeProp`)."""
-    with stderr_kept_on_success():
-        if example.is_meta and fake_mode is None:
-            MetaShapeProp(gm).propagate(example)
-        else:
-            ShapeProp(gm, fake_mode=fake_mode).propagate(example)
-
-
-def _propagate_shapes(gm: fx.GraphModule, input_shape: list[int]) -> fx.GraphModule:
-    """Record every node's output shape without compute; returns the module whose nodes carry them.
-
-    With meta tensors (no memory, no compute): on ``gm`` itself when its weights are on the meta
-    device, else on a weightless twin of it (:func:`_meta_twin`, several times faster than fake
-    tensors, which copy every weight). An op without a meta kernel: fake tensors, else for real (whose
-    error, if that fails too, is the one raised)."""
-    meta_example = torch.empty(_TRACE_BATCH, *input_shape, device="meta")
-    if any(t.is_meta for t in (*gm.parameters(), *gm.buffers())):
-        _shape_prop(gm, meta_example)
-        return gm
-    try:
-        twin = _meta_twin(gm)
-        _shape_prop(twin, meta_example)
-        return twin
-    except Exception:  # an op without a meta kernel: fake tensors on the real module
-        pass
-    example = torch.randn(_TRACE_BATCH, *input_shape)
-    try:
-        _shape_prop(gm, example, FakeTensorMode(allow_non_fake_inputs=True))
-    except Exception:  # an op without a fake implementation: run it for real
-        with torch.no_grad():
-            _shape_prop(gm, example)
-    return gm
-
-
-def run_on_meta(module: nn.Module, example: torch.Tensor) -> None:
-    """Run ``module`` (its weights on the meta device) on the meta tensor ``example`` ([N, C, H, W]) for shapes alone,
-    raising what its forward raises (a layer refusing its input's channels). Its traced graph runs under
-    :class:`MetaShapeProp`, which answers the common layers itself: torch's Python meta kernels, which a plain forward
-    runs, import ``torch._dynamo`` on their first call (2-3 s of a process). A module torch.fx cannot trace runs its
-    own forward."""
-    try:
-        graph = _trace(module, list(example.shape[1:]))
-    except Exception:  # noqa: BLE001 - not traceable (or its pieces' count fails): the forward tells
-        module(example)
-        return
-    _shape_prop(fx.GraphModule(module, graph), example)
-
-
-def _meta_twin(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy of ``gm`` whose parameters and buffers are empty tensors on the meta device (the weights
-    are not copied; ``gm`` is left as it is)."""
-    memo: dict[int, Any] = {}
-    for t in (*gm.parameters(), *gm.buffers()):
-        empty = torch.empty_like(t, device="meta")
-        memo[id(t)] = nn.Parameter(empty, t.requires_grad) if isinstance(t, nn.Parameter) else empty
-    return copy.deepcopy(gm, memo)
-
-
 def check_input_shape(input_shape: Any, where: str) -> list[int]:
     """``input_shape`` as ``[C, H, W]`` (three positive ints, numpy integers too; no batch dimension);
     ``UserError`` naming ``where`` otherwise."""
@@ -909,218 +832,6 @@ def check_input_shape(input_shape: Any, where: str) -> list[int]:
     if image_size_problem(shape):
         raise UserError(f"{where}: {image_size_problem(shape)}")
     return shape
-
-
-def _root_message(exc: BaseException) -> str:
-    """``Type: first line`` of the innermost cause of ``exc`` (ShapeProp wraps the op's own error)."""
-    while exc.__cause__ is not None:
-        exc = exc.__cause__
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
-
-
-class _PiecesUnknown(Exception):
-    """Raised by :meth:`_Tracer.iter` for the split, chunk or unbind ``node`` iterated over whose pieces it has not
-    been told the number of."""
-
-    def __init__(self, node: fx.Node) -> None:
-        super().__init__(node.name)
-        self.node = node
-
-
-class _ConditionUnknown(_PiecesUnknown):
-    """Raised by :meth:`_Tracer.to_bool` for the condition ``node`` whose value it has not been told."""
-
-
-class _PiecesProxy(fx.Proxy):
-    """torch.fx's proxy, whose ``len`` is the number of pieces of a split, chunk or unbind (:meth:`_Tracer.count`):
-    ``list(x.chunk(2, 1))``, as ultralytics' C2f writes it, asks it first."""
-
-    def __len__(self) -> int:
-        count = self.tracer.count(self)
-        return super().__len__() if count is None else count
-
-
-def _makes_pieces(node: fx.Node) -> bool:
-    """Whether ``node`` is a split, chunk or unbind call (a tuple of tensors whose number the tracer can be told)."""
-    return node.op in ("call_function", "call_method") and node.target in _SPLITS | _UNBINDS
-
-
-class _Tracer(fx.Tracer):
-    """torch.fx's tracer, with the modules of :data:`_LEAF_MODULES`, and a rebuilt network's modules that stand for
-    one node, kept whole. Given ``pieces`` (the number of tensors of each split, chunk or unbind node, by name), it
-    iterates over them (:meth:`iter`) and tells their number (``len``, ``list``: :class:`_PiecesProxy`)."""
-
-    def __init__(self, pieces: dict[str, int] | None = None, decided: dict[str, bool | str] | None = None) -> None:
-        super().__init__()
-        self.pieces, self.decided = pieces, decided
-
-    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return (type(m).__name__ in _LEAF_MODULES or _described_whole(m) is not None
-                or super().is_leaf_module(m, module_qualified_name))
-
-    def proxy(self, node: fx.Node) -> fx.Proxy:
-        """A :class:`_PiecesProxy` for a split, chunk or unbind (whose pieces ``len`` counts); torch.fx's own for any
-        other node (its refusals name torch.fx's Proxy)."""
-        return _PiecesProxy(node, self) if _makes_pieces(node) else super().proxy(node)
-
-    def count(self, obj: fx.Proxy) -> int | None:
-        """The number of tensors of the split, chunk or unbind ``obj``, as :attr:`pieces` says;
-        :class:`_PiecesUnknown` where it does not say; None for any other value, or without :attr:`pieces`."""
-        node = obj.node
-        if self.pieces is None or not _makes_pieces(node):
-            return None
-        if node.name not in self.pieces:
-            raise _PiecesUnknown(node)
-        return self.pieces[node.name]
-
-    def to_bool(self, obj: fx.Proxy) -> bool:
-        """A condition's value (``assert x.dim() == 4``, ``if x.shape[-1] % 2``), as :attr:`decided` says;
-        :class:`_ConditionUnknown` where it does not say; torch.fx's refusal without :attr:`decided`."""
-        if self.decided is None:
-            return super().to_bool(obj)
-        if obj.node.name not in self.decided:
-            raise _ConditionUnknown(obj.node)
-        value = self.decided[obj.node.name]
-        if isinstance(value, str):  # no value from shapes: refused here, in the model's own frame, saying why
-            raise fx.proxy.TraceError(f"symbolically traced variables cannot be used as inputs to control flow "
-                                      f"({value})")
-        return value
-
-    def iter(self, obj: fx.Proxy) -> Iterator[fx.Proxy]:
-        """The pieces of a split, chunk or unbind iterated over (ResNeSt's ``sum(torch.split(x, c, 1))``, a ``zip``
-        or a loop over them), as many as :attr:`pieces` says; :class:`_PiecesUnknown` where it does not say. torch.fx
-        refuses to iterate over any other value, and over these too (it cannot tell how many pieces there are)."""
-        count = self.count(obj)
-        return super().iter(obj) if count is None else iter([obj[i] for i in range(count)])
-
-
-def _graph_up_to(tracer: _Tracer, node: fx.Node) -> fx.GraphModule:
-    """The graph ``tracer`` had traced when it stopped at ``node``, returning ``node``."""
-    graph = fx.Graph()
-    copied: dict[fx.Node, fx.Node] = {}
-    for n in tracer.graph.nodes:
-        copied[n] = graph.node_copy(n, lambda a: copied[a])
-        if n is node:
-            break
-    graph.output(copied[node])
-    return fx.GraphModule(tracer.root, graph)
-
-
-def _pieces_made(tracer: _Tracer, node: fx.Node, input_shape: list[int]) -> int:
-    """How many tensors ``node`` of the graph ``tracer`` had traced when it stopped at ``node`` makes at
-    ``input_shape``: the shapes of that graph up to ``node``, propagated."""
-    partial = _propagate_shapes(_graph_up_to(tracer, node), input_shape)
-    return len(next(n for n in partial.graph.nodes if n.op == "output").args[0].meta["tensor_meta"])
-
-
-def _condition_value(tracer: _Tracer, node: fx.Node, input_shape: list[int]) -> bool | str:
-    """The value of the condition ``node`` of the graph ``tracer`` had traced when it stopped there, from shapes
-    alone: that graph up to ``node`` run on meta tensors of ``input_shape`` at two batch sizes, and at a batch of 1
-    where its layers run at one (``x.shape[0] > 1`` takes one branch at both others). A condition on the tensors'
-    values (no value without data) or on the batch's size (the description would keep the traced batch's branch) has
-    none: what it is on, said instead."""
-    graph = _graph_up_to(tracer, node)
-    try:
-        return _condition_on_meta(_meta_twin(graph), input_shape)
-    except Exception as exc:  # noqa: BLE001 - the model's own layers
-        if isinstance(exc, (RuntimeError, NotImplementedError)) and _NEEDS_DATA.search(str(exc)):
-            return "a condition on the tensors' values"  # .item(), .tolist(), nonzero: values meta tensors have not
-        _propagate_shapes(graph, input_shape)  # the layers' failure as torch words it (a meta kernel's names less)
-        raise
-
-
-#: torch's words for an op that reads a meta tensor's data, which it has not
-_NEEDS_DATA = re.compile(r"meta tensor|register_meta|Meta kernel", re.IGNORECASE)
-
-
-def _condition_on_meta(twin: fx.GraphModule, input_shape: list[int]) -> bool | str:
-    """:func:`_condition_value` of the condition ``twin`` (a graph on meta tensors returning it) computes."""
-    if _reads_the_device(twin, input_shape):
-        return "a condition on the device the tensors lie on"
-    values = []
-    for batch in (_TRACE_BATCH, _TRACE_BATCH + 1):
-        value = twin(torch.empty(batch, *input_shape, device="meta"))
-        if not isinstance(value, (bool, int)):
-            return "a condition on the tensors' values"
-        values.append(bool(value))
-    if values[0] != values[1] or _value_at_a_batch_of_one(twin, input_shape) not in (None, values[0]):
-        return "a condition on the batch's size"
-    return values[0]
-
-
-#: a tensor's attributes and methods that tell its device (worked out on the meta device, they tell the meta device)
-_DEVICE_READS = frozenset({"device", "is_cuda", "is_cpu", "is_mps", "is_xpu", "is_meta", "get_device"})
-
-
-def _reads_the_device(twin: fx.GraphModule, input_shape: list[int]) -> bool:
-    """Whether the condition ``twin`` (a graph on meta tensors returning it) computes is computed from a tensor's
-    device (``x.is_cuda``, ``x.device.type``, ``x.get_device()``: :data:`_DEVICE_READS`), through the values it reads
-    that are no tensors (a tensor made on ``x.device`` has its shape wherever it lies)."""
-    tensors = _tensor_nodes(twin, input_shape)
-    todo, seen = [next(n for n in twin.graph.nodes if n.op == "output")], set()
-    while todo:
-        n = todo.pop()
-        if n in seen or n.name in tensors:
-            continue
-        seen.add(n)
-        if (n.op == "call_function" and n.target is getattr and len(n.args) > 1 and n.args[1] in _DEVICE_READS) \
-                or (n.op == "call_method" and n.target in _DEVICE_READS):
-            return True
-        todo.extend(n.all_input_nodes)
-    return False
-
-
-def _tensor_nodes(twin: fx.GraphModule, input_shape: list[int]) -> set[str]:
-    """The names of ``twin``'s nodes whose values are tensors, run on meta tensors of ``input_shape``."""
-    made: set[str] = set()
-
-    class Recorder(fx.Interpreter):
-        def run_node(self, n: fx.Node) -> Any:
-            value = super().run_node(n)
-            if isinstance(value, torch.Tensor):
-                made.add(n.name)
-            return value
-    Recorder(twin).run(torch.empty(_TRACE_BATCH, *input_shape, device="meta"))
-    return made
-
-
-def _value_at_a_batch_of_one(twin: fx.GraphModule, input_shape: list[int]) -> bool | None:
-    """The condition ``twin`` (a graph on meta tensors returning it) computes at a batch of 1; None where its layers
-    refuse such a batch (a batch norm in training of one value a channel)."""
-    try:
-        return bool(twin(torch.empty(1, *input_shape, device="meta")))
-    except Exception:  # noqa: BLE001 - the model's own layers: any error means no value at a batch of 1
-        return None
-
-
-class _ForwardFailed(Exception):
-    """Raised by :func:`_trace` where the layers before a split whose pieces it counts fail at the input shape (its
-    cause: torch's error), which is the forward's failure, not the trace's."""
-
-
-def _trace(module: nn.Module, input_shape: list[int]) -> fx.Graph:
-    """``module``'s graph; where its forward iterates over the pieces of a split, chunk or unbind, or branches on a
-    condition of shapes, traced again, told how many pieces there are (:func:`_pieces_made`) or the condition's value
-    (:func:`_condition_value`) at ``input_shape``, once for each such node."""
-    pieces: dict[str, int] = {}
-    decided: dict[str, bool | str] = {}
-    while True:
-        tracer = _Tracer(pieces, decided)
-        try:
-            return tracer.trace(module)
-        except _PiecesUnknown as exc:
-            if exc.node.name in pieces or exc.node.name in decided:  # not traced the same way twice: refused
-                raise fx.proxy.TraceError(f"cannot iterate over the pieces of {exc.node.name}") from None
-            try:
-                if isinstance(exc, _ConditionUnknown):
-                    decided[exc.node.name] = _condition_value(tracer, exc.node, input_shape)
-                else:
-                    pieces[exc.node.name] = _pieces_made(tracer, exc.node, input_shape)
-            except UserError:
-                raise
-            except Exception as failed:  # the layers before the split fail at this shape: the forward's failure
-                raise _ForwardFailed() from failed
 
 
 def _writes_in_place(n: fx.Node, gm: fx.GraphModule) -> bool:
@@ -1205,20 +916,6 @@ def _shared_layers(gm: fx.GraphModule, where: str) -> None:
             if first != target:
                 raise UserError(f"{where}: layers '{first}' and '{target}' hold one parameter (tied weights); a "
                                 "description gives each layer weights of its own, which would count it twice")
-
-
-@contextlib.contextmanager
-def in_mode(module: nn.Module, training: bool) -> Iterator[None]:
-    """``module`` in training (or evaluation) mode for the block, then every submodule back in the mode it had: a
-    model trained with its batch norms frozen in eval mode keeps them so (``module.train(was_training)`` would set
-    them all alike)."""
-    modes = [(m, m.training) for m in module.modules()]
-    module.train(training)
-    try:
-        yield
-    finally:
-        for m, was_training in modes:
-            m.training = was_training
 
 
 def _training_only_layers(module: nn.Module, eval_graph: fx.Graph) -> list[str]:
@@ -1318,62 +1015,6 @@ def _refuse_deformable(gm: fx.GraphModule, where: str) -> None:
         if n.op == "call_function" and str(n.target).endswith("torchvision.deform_conv2d"):
             raise UserError(f"{where}: a deformable convolution (torchvision's DeformConv2d, deform_conv2d: node "
                             f"{n.name}) has no op in the description")
-
-
-def _frames_outside_torch(exc: BaseException) -> list[tuple[str, str, str, int]]:
-    """``(module, function, file, line)`` of each frame of ``exc``'s traceback, outermost first, outside torch and
-    this package (the tracer's own frames)."""
-    frames = []
-    for frame, line in traceback.walk_tb(exc.__traceback__):
-        module = str(frame.f_globals.get("__name__", ""))
-        if module.split(".")[0] not in ("torch", "perf4sight"):
-            frames.append((module, frame.f_code.co_name, frame.f_code.co_filename, line))
-    return frames
-
-
-def _is_library(file: str) -> bool:
-    """Whether ``file`` is an installed package's (a site's), not the model's own code."""
-    return bool({"site-packages", "dist-packages"} & set(Path(file).parts))
-
-
-def _trace_stop(exc: BaseException) -> str:
-    """`` in FILE line N (FUNCTION)``: where in the model's own code torch.fx stopped with ``exc``; where it stopped
-    in an installed library's function, `` in MODULE.FUNCTION, called from`` the model's line. Empty where no frame of
-    either is in the traceback."""
-    frames = _frames_outside_torch(exc)
-    own = [f for f in frames if not _is_library(f[2])]
-    line = f"{Path(own[-1][2]).name} line {own[-1][3]} ({own[-1][1]})" if own else ""
-    if not frames or not _is_library(frames[-1][2]):
-        return f" in {line}" if line else ""
-    called = f", called from {line}" if line else ""
-    return f" in {frames[-1][0]}.{frames[-1][1]}{called}"
-
-
-def forward_error(name: str, input_shape: list[int], exc: BaseException) -> UserError:
-    """The one-line ``UserError`` for ``name``'s forward failing at ``input_shape`` with ``exc``; where torch says a
-    map became smaller than a kernel, the likely fix is said first."""
-    message = _root_message(exc)
-    small = any(s in message for s in _MAP_TOO_SMALL)
-    hint = " (its maps shrink below a kernel at this size: give a larger input shape)" if small else \
-        _channels_hint(message, input_shape)
-    return UserError(f"{name}: the model's forward fails at input shape {list(input_shape)} ([C, H, W]){hint}: "
-                     f"{message}")
-
-
-def _channels_hint(message: str, input_shape: list[int]) -> str:
-    """`` (its first layer takes K-channel images: ...)`` where torch's ``message`` says a convolution given the
-    input itself (a batch of ``input_shape``) expected K channels; empty for any other failure (a layer deeper given
-    the wrong channels is the model's own)."""
-    found = re.search(r"expected input\[\d+, ([\d, ]+)\] to have (\d+) channels", message)
-    if not found or [int(v) for v in found.group(1).split(",")] != list(input_shape):
-        return ""
-    channels = found.group(2)
-    return f" (its first layer takes {channels}-channel images: give an input shape of [{channels}, H, W])"
-
-
-#: torch's words for a feature map that a convolution's or pool's kernel no longer fits
-_MAP_TOO_SMALL = ("Calculated padded input size per channel", "Kernel size can't be greater than actual input size",
-                  "Output size is too small")
 
 
 #: Modules that wrap a model, by class name -> (what makes them, the attribute holding the model): torch.fx traces
