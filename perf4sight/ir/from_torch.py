@@ -9,9 +9,7 @@ multiply by one (``scale``), an add of one (``shift``), one put first by a conca
 """
 from __future__ import annotations
 
-import collections
 import copy
-import inspect
 import operator
 from typing import Any
 
@@ -22,17 +20,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from perf4sight.errors import UserError
-from perf4sight.ir.schema import (ON_COPY_OPS, ONE_TENSOR_OPS, PARAMETER_OPS, SHARES, NetworkDescription, Node,
-                                  count_params)
+from perf4sight.ir.schema import ON_COPY_OPS, SHARES, NetworkDescription, Node, count_params
 from perf4sight.ir.shapes import image_size_problem
 from perf4sight.ir.weighted_sums import Fusion, weighted_sums
 from perf4sight.ir.fx_values import _SPLITS, _TRACE_BATCH, _arg, _is_tensor, _shape, _shape_value
-from perf4sight.ir.torch_trace import (_ForwardFailed, _propagate_shapes, _root_message, _trace, _trace_stop, _Tracer,
+from perf4sight.ir.torch_trace import (_ForwardFailed, _propagate_shapes, _root_message, _trace, _trace_stop,
                                        forward_error, in_mode, run_on_meta, stderr_kept_on_success)
-from perf4sight.ir.torch_calls import _MASKED_FILLS, _PARAMETER_CALLS, _RESHAPES, _NoOp, _op_of, _position_bias_mlp
+from perf4sight.ir.torch_calls import _MASKED_FILLS, _PARAMETER_CALLS, _NoOp, _op_of, _position_bias_mlp
 from perf4sight.ir.torch_patterns import (_getitem, _max_part, _moves_the_batch_for_picks, _padded_first,
                                           _picked_after_a_moved_batch, _pool_part, _sorted_part, _split_piece,
                                           _with_size_reference)
+from perf4sight.ir.torch_checks import (_check_float32, _follow_in_place, _mark_shared_calls, _refuse_deformable,
+                                        _refuse_other_inputs, _refuse_writes_through_views, _shared_layers,
+                                        _training_only_layers, _unread_params, _writes_a_copy)
 
 __all__ = ["describe", "check_input_shape", "forward_error", "has_lazy_parameters", "in_mode",
            "stderr_kept_on_success", "run_on_meta"]
@@ -167,122 +167,6 @@ def check_input_shape(input_shape: Any, where: str) -> list[int]:
     return shape
 
 
-def _writes_in_place(n: fx.Node, gm: fx.GraphModule) -> bool:
-    """Whether ``n`` writes its first argument in place: ``y.mul_(2)``, ``torch.sigmoid_(y)``,
-    ``F.relu(y, inplace=True)``, or a module built with ``inplace=True``. (torch.fx records ``y += x`` as
-    ``y = y + x``: it cannot be told apart, and an alias of ``y`` taken before it reads ``y`` unchanged in the
-    trace.)"""
-    if n.op == "call_method":
-        return _in_place_name(n.target)
-    if n.op == "call_function":
-        return n.kwargs.get("inplace") is True or _in_place_name(getattr(n.target, "__name__", None))
-    return n.op == "call_module" and getattr(gm.get_submodule(n.target), "inplace", False) is True
-
-
-def _in_place_name(name: Any) -> bool:
-    """Whether a method's or a function's ``name`` is torch's for one that writes its first argument (``mul_``,
-    ``sigmoid_``: a trailing underscore, not a private name)."""
-    return isinstance(name, str) and name.endswith("_") and not name.startswith("_")
-
-
-def _follow_in_place(gm: fx.GraphModule) -> None:
-    """Rewire the readers of a tensor written in place. torch.fx records ``y.mul_(2)`` as a node of its own, and a
-    later ``torch.sigmoid(y)`` reads ``y``'s node, not the write's: described as traced, the write (a residual
-    ``y.add_(x)`` too) would be left out of what follows. Every read of ``y`` after the write reads the write,
-    which is what torch computes (a write through a view of ``y`` is not followed)."""
-    order = {n: i for i, n in enumerate(gm.graph.nodes)}
-    rewired = False
-    for n in gm.graph.nodes:
-        written = n.args[0] if n.args else None
-        if isinstance(written, fx.Node) and _writes_in_place(n, gm):
-            for reader in list(written.users):
-                if order[reader] > order[n]:
-                    reader.replace_input_with(written, n)
-                    rewired = True
-    if rewired:  # the module's code from the graph again (most networks have nothing to rewire)
-        gm.recompile()
-
-
-def _is_view(n: fx.Node) -> bool:
-    """Whether ``n`` views its first argument (:data:`_VIEWING`: a permute, a slice, a split's piece, ``x.mT``)."""
-    return n.op in ("call_method", "call_function") and n.target in _VIEWING and bool(n.args) \
-        and isinstance(n.args[0], fx.Node)
-
-
-def _refuse_writes_through_views(gm: fx.GraphModule, where: str) -> None:
-    """A ``UserError`` where a node writes in place through a view of a tensor that a later node reads
-    (``z.permute(0, 2, 3, 1).sub_(1)``, then ``z``) and its op runs out of place in the description (an add, a
-    multiply: no ``inplace`` attr): the later reader would read the tensor unwritten (:func:`_follow_in_place` rewires
-    the view's own readers alone). An op the description keeps in place (``relu_``) is rebuilt writing the view."""
-    order = {n: i for i, n in enumerate(gm.graph.nodes)}
-    for n in gm.graph.nodes:
-        written = n.args[0] if n.args else None
-        if not (isinstance(written, fx.Node) and _is_view(written) and _writes_in_place(n, gm)):
-            continue
-        try:
-            if _op_of(n, gm)[1].get("inplace"):
-                continue
-        except Exception:  # noqa: BLE001 - an op without a description: refused by name as the nodes convert
-            continue
-        tensor = written.args[0]
-        while True:
-            late = [u for u in tensor.users if order[u] > order[n]]
-            if late:
-                label = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
-                raise UserError(f"{where}: {label} (node {n.name}) writes in place through the view {written.name} "
-                                f"of a tensor read after it (by {late[0].name}), which the description does not "
-                                "follow (its op runs out of place there); compute it out of place")
-            if not _is_view(tensor):
-                break
-            tensor = tensor.args[0]
-
-
-def _shared_layers(gm: fx.GraphModule, where: str) -> None:
-    """``UserError`` where two layers called hold one parameter (tied weights, ``b.weight = a.weight``): a description
-    gives every layer weights of its own, which would count it twice. (One layer called more than once is described:
-    its later calls' nodes name the first as the owner of their parameters, :func:`_mark_shared_calls`.)"""
-    calls = collections.Counter(n.target for n in gm.graph.nodes if n.op == "call_module")
-    holder: dict[int, str] = {}
-    for target in calls:
-        for p in gm.get_submodule(target).parameters():
-            first = holder.setdefault(id(p), target)
-            if first != target:
-                raise UserError(f"{where}: layers '{first}' and '{target}' hold one parameter (tied weights); a "
-                                "description gives each layer weights of its own, which would count it twice")
-
-
-def _training_only_layers(module: nn.Module, eval_graph: fx.Graph) -> list[str]:
-    """The layers with weights that ``module``'s forward calls in training only (an auxiliary head under ``if
-    self.training``), which a description of its eval-mode forward leaves out; [] where the training-mode forward
-    cannot be traced."""
-    try:
-        with in_mode(module, training=True):
-            graph = _Tracer().trace(module)
-    except Exception:  # a forward torch.fx cannot follow in training: nothing to compare
-        return []
-    called = {n.target for n in eval_graph.nodes if n.op == "call_module"}
-    return sorted(n.target for n in graph.nodes if n.op == "call_module" and n.target not in called
-                  and next(module.get_submodule(n.target).parameters(), None) is not None)
-
-
-def _read_tensors(root: nn.Module, graph: fx.Graph) -> list[tuple[str, Any]]:
-    """(name, tensor) of what ``graph``, a trace of ``root``, reads: the parameters and buffers of the layers it
-    calls, and what it fetches (``get_attr``; None for a name ``root`` lacks), as ``root``'s own objects."""
-    read = [(f"{n.target}.{k}", t) for n in graph.nodes if n.op == "call_module"
-            for k, t in (*root.get_submodule(n.target).named_parameters(),
-                         *root.get_submodule(n.target).named_buffers())]
-    fetched = [(n.target, *n.target.rpartition(".")[::2]) for n in graph.nodes if n.op == "get_attr"]
-    return read + [(target, getattr(root.get_submodule(owner), attr, None)) for target, owner, attr in fetched]
-
-
-def _unread_params(module: nn.Module, graph: fx.Graph) -> int:
-    """How many of ``module``'s parameters its traced forward reads nowhere (:func:`_read_tensors`). Counted by what
-    the forward reads, not against the description's count, which a layer's reparametrisation makes differ
-    (weight_norm's gains and directions make one weight: its gains are read)."""
-    read = {id(t) for _, t in _read_tensors(module, graph)}
-    return sum(p.numel() for p in module.parameters() if id(p) not in read)
-
-
 def has_lazy_parameters(module: nn.Module) -> bool:
     """Whether ``module`` has parameters or buffers a lazy layer (``nn.LazyLinear``, ``nn.LazyBatchNorm2d``) makes at
     its first forward, drawing random numbers for its parameters."""
@@ -324,32 +208,6 @@ def _traced_with_shapes(module: nn.Module, input_shape: list[int], name: str) ->
     return gm
 
 
-def _refuse_other_inputs(module: nn.Module, name: str) -> None:
-    """A ``UserError`` naming the inputs where ``module``'s forward needs more than one (two images, an image and a
-    mask): a description is of one input, the image. torch.fx's interpreter, run out of inputs, said no more than
-    ``StopIteration``. Inputs with a default and ``*args`` are not counted."""
-    try:
-        params = inspect.signature(module.forward).parameters.values()
-    except (TypeError, ValueError):  # no signature to read (a builtin): the trace tells
-        return
-    needed = [p.name for p in params if p.default is inspect.Parameter.empty
-              and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
-    if len(needed) > 1:
-        raise UserError(f"{name}: its forward takes {len(needed)} inputs ({', '.join(needed)}); a description is of "
-                        "a network of one input, an image of [C, H, W]: give a module whose forward takes the image "
-                        "alone (a wrapper that makes the others from it)")
-
-
-def _refuse_deformable(gm: fx.GraphModule, where: str) -> None:
-    """A ``UserError`` naming torchvision's deformable convolution where ``gm`` calls it (``DeformConv2d``,
-    ``deform_conv2d``: torch.fx traces into them down to torchvision's own op), before the ops of its mask and offsets
-    are named in its place."""
-    for n in gm.graph.nodes:
-        if n.op == "call_function" and str(n.target).endswith("torchvision.deform_conv2d"):
-            raise UserError(f"{where}: a deformable convolution (torchvision's DeformConv2d, deform_conv2d: node "
-                            f"{n.name}) has no op in the description")
-
-
 #: Modules that wrap a model, by class name -> (what makes them, the attribute holding the model): torch.fx traces
 #: neither (a compiled module "is missing the required forward function"; a DataParallel's "Proxy object cannot be
 #: iterated").
@@ -381,18 +239,6 @@ def describe(module: nn.Module, input_shape: list[int], name: str, network: str 
         with torch.random.fork_rng(devices=[]):
             return _described(_lazy_copy(module), input_shape, name, network, pruning_level, extra)
     return _described(module, input_shape, name, network, pruning_level, extra)
-
-
-def _check_float32(gm: fx.GraphModule, name: str) -> None:
-    """``UserError`` where a layer the forward calls, or a tensor it reads, holds floating-point parameters or buffers
-    of another type than float32 (a ``.double()`` or ``.half()`` model): a description is of a float32 training step,
-    as the profile measures it (its forward also failed on the float32 input, saying only that the types differ).
-    The tensors of a layer it never calls (a float64 step counter, a spare head) are no part of the description."""
-    other = next(((k, t.dtype) for k, t in _read_tensors(gm, gm.graph)
-                  if isinstance(t, torch.Tensor) and t.dtype.is_floating_point and t.dtype != torch.float32), None)
-    if other is not None:
-        raise UserError(f"{name}: {other[0]} is {str(other[1]).replace('torch.', '')}, and a description is of a "
-                        "float32 training step, as the profile measures one: give the model in float32 (.float())")
 
 
 def _described(module: nn.Module, input_shape: list[int], name: str, network: str | None, pruning_level: float,
@@ -489,97 +335,6 @@ def _fused_node(n: fx.Node, fusion: Fusion, fusions: list[Fusion], alias: dict[s
         attrs[SHARES] = owner.final.name
     alias[n.name] = n.name
     return [Node(n.name, "weighted_sum", [alias[x.name] for x in fusion.inputs], attrs, _shape(n))]
-
-
-#: Calls whose result is a view of their first argument (a reshape of a contiguous tensor among them): an in-place
-#: write into it writes that argument.
-_VIEWING = {*_RESHAPES, "flatten", torch.flatten, "transpose", torch.transpose, "swapaxes", torch.swapaxes, "t",
-            "permute", torch.permute, "unsqueeze", torch.unsqueeze, "squeeze", torch.squeeze, operator.getitem,
-            "narrow", torch.narrow, "select", torch.select, "chunk", torch.chunk, "split", torch.split, "unbind",
-            torch.unbind, "expand", "expand_as", "view_as",
-            torch.swapdims, "swapdims", torch.movedim, "movedim", torch.moveaxis, "moveaxis",
-            getattr}  # a tensor's attribute: x.mT, x.mH (views)
-
-
-def _writes_a_copy(n: fx.Node) -> bool:
-    """Whether ``n`` writes in place into a copy, or into a view of one: a clone (``y.clone().tanh_()``,
-    ``F.leaky_relu(y.clone(), 0.1, True)``, ``y.clone().flatten(2).relu_()``), or a contiguous copy of a tensor that
-    is not (``y.transpose(2, 3).contiguous()``, and a view of it). The copy, described as ``y`` itself (an alias), is
-    a tensor of its own, so the pair is the activation out of place; an in-place node would write ``y``, which the
-    rebuilt network's later readers of ``y`` would then read written."""
-    written = n.args[0] if n.args else None
-    while isinstance(written, fx.Node) and written.args:
-        if written.target in ("clone", torch.clone):
-            return True
-        source = written.args[0]
-        if written.target == "contiguous":
-            meta = source.meta.get("tensor_meta") if isinstance(source, fx.Node) else None
-            if hasattr(meta, "memory_format") and meta.memory_format is not torch.contiguous_format:
-                return True
-        elif written.op not in ("call_method", "call_function") or written.target not in _VIEWING:
-            return False
-        written = source
-    return False
-
-
-def _mark_shared_calls(gm: fx.GraphModule, nodes: list[Node], held: dict[str, fx.Node], where: str) -> None:
-    """Give each node that reads the parameters or buffers an earlier node read (a layer called again: CBAM's MLP
-    over the average- and the max-pooled descriptors, a batch norm without affine parameters whose running
-    statistics both calls update; a parameter read directly by two ops, ``x * self.g + self.g``) the attr ``shares``:
-    the name of the node that read them first, which holds them, so that they count once. ``UserError`` where the
-    two cannot share (:func:`_sharing_refused`)."""
-    described = {n.name: n for n in nodes}
-    first_reader: dict[int, str] = {}  # id of a module tensor -> the description node that read it first
-    read_by: dict[str, set[int]] = {}  # description node -> the ids of the module tensors it reads
-    for fx_node in gm.graph.nodes:
-        node = described.get(fx_node.name)
-        if node is None or node.op not in PARAMETER_OPS or SHARES in node.attrs:  # a fusion's sharing: its own
-            continue
-        tensors = _module_tensors_read(fx_node, gm, held)
-        ids = {id(t) for _, t in tensors}
-        readers = {first_reader[i] for i in ids if i in first_reader}
-        if not readers:
-            read_by[node.name] = ids
-            first_reader.update((i, node.name) for i in ids)
-            continue
-        owner = described[next(iter(readers))]
-        refusal = _sharing_refused(node, owner, len(readers) == 1 and read_by[owner.name] == ids)
-        if refusal:
-            names = [name for name, t in tensors if id(t) in first_reader]
-            raise UserError(f"{where}: {node.op} (node {node.name}) reads {', '.join(names[:3])}, which {owner.op} "
-                            f"(node {owner.name}) reads too: {refusal}")
-        node.attrs = {**node.attrs, SHARES: owner.name}
-
-
-def _module_tensors_read(fx_node: fx.Node, gm: fx.GraphModule, held: dict[str, fx.Node]) -> list[tuple[str, Any]]:
-    """(name, tensor) of the module's parameters and buffers that ``fx_node`` reads: a layer's own, or those an op
-    fetches (``get_attr`` nodes, or views and batch expansions of them: ``held``)."""
-    if fx_node.op == "call_module":
-        layer = gm.get_submodule(fx_node.target)
-        return [(f"{fx_node.target}.{k}", t) for k, t in (*layer.named_parameters(), *layer.named_buffers())]
-    inputs: list[fx.Node] = []
-    fx.node.map_arg((fx_node.args, fx_node.kwargs), inputs.append)
-    fetches = [held[a.name] for a in inputs if a.name in held and held[a.name].op == "get_attr"]  # (not a Swin V2
-    read = [(f.target, _fetched(gm, f.target)) for f in fetches]  # position bias: computed, held as its own node)
-    return [(name, t) for name, t in read if isinstance(t, torch.Tensor)]
-
-
-def _fetched(root: nn.Module, target: str) -> Any:
-    """What a ``get_attr`` of ``target`` reads from ``root`` (None for a name ``root`` lacks)."""
-    owner, _, attr = target.rpartition(".")
-    return getattr(root.get_submodule(owner), attr, None)
-
-
-def _sharing_refused(node: Node, owner: Node, reads_the_same: bool) -> str:
-    """Why ``node``, reading module tensors that ``owner`` read first, cannot share ``owner``'s (``reads_the_same``:
-    whether it reads those and no others): "" where it can (the same op and attrs, or a scale and a shift of one
-    shape)."""
-    alike = owner.op == node.op or {owner.op, node.op} <= set(ONE_TENSOR_OPS)
-    if reads_the_same and alike and owner.attrs == node.attrs:
-        return ""
-    return ("a description counts the tensors of every node that shares no other's, so they would count twice (a "
-            "layer called again shares its first call's, and a multiply and an add can share one parameter they read "
-            "whole)")
 
 
 def _missing_ops(kinds: list[list[str]]) -> str:
