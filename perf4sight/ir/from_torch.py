@@ -6,6 +6,11 @@ Non-tensor values (``x.size()``, shape arithmetic) are dropped: reshapes are rec
 their concrete output shape, so a description is tied to its input size. A module's own parameters
 read outside its layers are taken in by the op that reads them: a layer norm's weight and bias, a
 multiply by one (``scale``), an add of one (``shift``), one put first by a concatenation (``token``).
+
+This module is the entry point (:func:`describe`) and the conversion of each fx node; the tracer is in
+:mod:`~perf4sight.ir.torch_trace`, what a layer or a call describes as in :mod:`~perf4sight.ir.torch_modules` and
+:mod:`~perf4sight.ir.torch_calls`, the patterns of several nodes in :mod:`~perf4sight.ir.torch_patterns`, the
+checks on a traced graph in :mod:`~perf4sight.ir.torch_checks`.
 """
 from __future__ import annotations
 
