@@ -230,6 +230,37 @@ def test_an_instance_norm_call_with_a_running_mean_alone_is_refused_by_name():
         describe(MeanOnly(False), SHAPE, name="mean_only")
 
 
+class _HalfStatistics(nn.Module):
+    """A convolution, then ``call`` (F.batch_norm in training, or F.instance_norm) given one running statistic alone
+    (``kept``: its mean, or its variance), then a classifier of the channels' means."""
+
+    def __init__(self, call, kept: str) -> None:
+        super().__init__()
+        self.call, self.kept = call, kept
+        self.conv, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8, 10)
+        self.register_buffer("stat", torch.rand(8) + 0.5)
+
+    def forward(self, x):
+        stats = (self.stat, None) if self.kept == "mean" else (None, self.stat)
+        flag = {"training": True} if self.call is F.batch_norm else {}
+        return self.fc(self.call(self.conv(x), *stats, **flag).mean((2, 3)))
+
+
+@pytest.mark.parametrize("kept", ["mean", "var"])
+@pytest.mark.parametrize("call, message", [
+    (F.batch_norm, "a batch norm with a running mean but no running variance (or a variance but no mean) has no "
+                   "description op"),
+    (F.instance_norm, "an instance norm with a running mean but no running variance (or a variance but no mean) has "
+                      "no description op; give both (nn.InstanceNorm2d(track_running_stats=True) keeps both)")])
+def test_a_norm_call_given_one_running_statistic_is_refused_in_its_own_words(call, message, kept):
+    """F.batch_norm and F.instance_norm given a running mean without a variance, or a variance without a mean: each
+    refused naming its norm, the instance norm's saying how to keep both (one check, each norm's words); the whole
+    line, either way round."""
+    with pytest.raises(UserError) as refused:
+        describe(_HalfStatistics(call, kept), SHAPE, name="half")
+    assert str(refused.value) == f"half: cannot describe node {call.__name__} (ValueError: {message})"
+
+
 def test_a_network_with_an_instance_norm_call_with_running_statistics_prunes_and_trains():
     """Pruning a network whose own module calls F.instance_norm with running statistics keeps the call's channels
     (its buffers and parameters are no layer torch-pruning cuts) and cuts the others: the pruned network describes,

@@ -473,15 +473,22 @@ def _group_norm_call(n: fx.Node) -> tuple[str, dict]:
                                          weight is not None)
 
 
+def _running_pair(n: fx.Node, norm: str, hint: str = "") -> list[Any]:
+    """The running mean and variance that the norm call ``n`` (of ``norm``: "a batch norm", "an instance norm") is
+    given, each None where it is not; one without the other a ``ValueError`` saying so, ``hint`` after it."""
+    running = [_arg(n, 1, "running_mean"), _arg(n, 2, "running_var")]
+    if (running[0] is None) != (running[1] is None):
+        raise ValueError(f"{norm} with a running mean but no running variance (or a variance but no mean) has no "
+                         f"description op{hint}")
+    return running
+
+
 def _batch_norm_call(n: fx.Node) -> tuple[str, dict]:
     """``F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)`` of a ``[N, C]``,
     ``[N, C, L]`` or ``[N, C, H, W]`` input: a batchnorm2d, its channels the input's, its running statistics,
     weight and bias the module's own (``get_attr``), its momentum the call's. Without running statistics (torch then
     normalises by the batch's even in eval mode) one that tracks none; with one of the two alone, ``ValueError``."""
-    running = [_arg(n, 1, "running_mean"), _arg(n, 2, "running_var")]
-    if (running[0] is None) != (running[1] is None):
-        raise ValueError("a batch norm with a running mean but no running variance (or a variance but no mean) has "
-                         "no description op")
+    running = _running_pair(n, "a batch norm")
     if len(n.args[0].meta["tensor_meta"].shape) not in (2, 3, 4):  # a volume's: BatchNorm2d and 1d refuse it
         raise ValueError("a batch norm call of anything but a [N, C, H, W] map, [N, C] or [N, C, L] has no "
                          "description op")
@@ -529,10 +536,8 @@ def _instance_norm_call(n: fx.Node) -> tuple[str, dict]:
     ``use_input_stats``, ``self.training`` there, is read as a training step's (each sample normalised by its own
     statistics), as F.batch_norm's ``training`` is. A running mean without a variance (or the other way) is
     refused by name."""
-    running = [_arg(n, 1, "running_mean"), _arg(n, 2, "running_var")]
-    if (running[0] is None) != (running[1] is None):
-        raise ValueError("an instance norm with a running mean but no running variance (or a variance but no mean) "
-                         "has no description op; give both (nn.InstanceNorm2d(track_running_stats=True) keeps both)")
+    running = _running_pair(n, "an instance norm",
+                            "; give both (nn.InstanceNorm2d(track_running_stats=True) keeps both)")
     weight, bias = _arg(n, 3, "weight"), _arg(n, 4, "bias")
     if (weight is None) != (bias is None):
         raise ValueError("an instance norm with a weight but no bias (or a bias but no weight) has no description op")
