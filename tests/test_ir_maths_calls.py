@@ -261,6 +261,27 @@ def test_a_norm_call_given_one_running_statistic_is_refused_in_its_own_words(cal
     assert str(refused.value) == f"half: cannot describe node {call.__name__} (ValueError: {message})"
 
 
+@pytest.mark.parametrize("call, flag", [(F.batch_norm, "training"), (F.instance_norm, "use_input_stats")])
+def test_a_norm_call_whose_mode_is_the_int_0_fails_as_torch_fails_it(call, flag):
+    """``training=0`` (``use_input_stats=0``) is no constant mode read as False: torch's batch_norm and instance_norm
+    take a bool alone ("must be bool, not int"), so the forward fails, in torch and in describe alike (a description
+    of it would be of a step that cannot run). A False is the constant mode (the tests above)."""
+    class IntFlag(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8, 10)
+            self.register_buffer("mean", torch.zeros(8))
+            self.register_buffer("var", torch.ones(8))
+
+        def forward(self, x):
+            return self.fc(call(self.conv(x), self.mean, self.var, **{flag: 0}).mean((2, 3)))
+    with pytest.raises(TypeError, match=f"argument '{flag}' .* must be bool, not int"):
+        IntFlag()(torch.randn(2, *SHAPE))
+    with pytest.raises(UserError, match=r"^int: the model's forward fails at input shape \[3, 8, 8\] .*TypeError: "
+                       f".*argument '{flag}' .* must be bool, not int"):
+        describe(IntFlag(), SHAPE, name="int")
+
+
 def test_a_network_with_an_instance_norm_call_with_running_statistics_prunes_and_trains():
     """Pruning a network whose own module calls F.instance_norm with running statistics keeps the call's channels
     (its buffers and parameters are no layer torch-pruning cuts) and cuts the others: the pruned network describes,
