@@ -53,6 +53,7 @@ __all__ = ["CachingAllocator", "AllocTrace", "TracedUpdate", "ALLOC", "FREE", "S
            "REPLAY_PROTOCOLS", "RUN_PEAK", "PERF4SIGHT", "STEP_MEAN"]
 
 K_MIN_BLOCK = 512
+_MIN_BLOCK_BITS = 9  # K_MIN_BLOCK == 1 << _MIN_BLOCK_BITS
 K_SMALL_SIZE = 1 << 20
 K_SMALL_BUFFER = 2 << 20
 K_LARGE_BUFFER = 20 << 20
@@ -357,6 +358,8 @@ def _untouched_prefix(live: dict[int, _Block], touched: set[int]) -> int:
     them and every ALLOC adds its tensor last, so they stay first, and their blocks, allocated, keep their address and
     size (only a free block is split or merged): a MaxViT's weights, gradients and momentum, three quarters of what
     the looks listed."""
+    if touched.isdisjoint(live):  # none of them (one C loop: a MaxViT's 1,500 live tensors at its last step)
+        return len(live)
     count = 0
     for tensor in live:
         if tensor in touched:
@@ -480,6 +483,8 @@ class AllocTrace:
     _repeat_plan: tuple[list[int], list[int], np.ndarray] | None = field(default=None, repr=False, init=False)
     #: the tensor ids that the last step's events and its repeat's touch (:meth:`_last_step_tensors`)
     _touched: set[int] | None = field(default=None, repr=False, init=False)
+    #: const and per_sample with a 0 appended (:meth:`_rounded_sizes`), made once
+    _padded: tuple[np.ndarray, ...] | None = field(default=None, repr=False, init=False)
     #: this trace's events under each protocol asked for (:meth:`with_protocol`), one dict shared by all of them: each
     #: view is made once and keeps its memo across fits
     _views: dict[str, "AllocTrace"] = field(default_factory=dict, repr=False, init=False, compare=False)
@@ -515,6 +520,27 @@ class AllocTrace:
         """Bytes of every event at ``batch_size`` (0 for FREE/STEP)."""
         return np.maximum(np.rint(self.const + self.per_sample * batch_size), 0).astype(np.int64)
 
+    def _rounded_sizes(self, batch_size: int) -> np.ndarray:
+        """:meth:`sizes` rounded by :func:`round_size` (0 stays 0), with a 0 last (the size at index -1): the sizes the
+        replay runs. In place on one array of floats, then of integers (a quarter of the time of sizes, where and
+        round_size: 0.05 ms against 0.26 for a MaxViT's 10,500 events); the 0 last from the padded arrays, made once."""
+        if self._padded is None:
+            floats = all(getattr(a, "dtype", None) == np.float64 for a in (self.const, self.per_sample))
+            self._padded = (np.append(self.const, 0.0), np.append(self.per_sample, 0.0)) if floats else ()
+        if not self._padded:  # arrays of another type (made by hand): as sizes computes them
+            sizes = self.sizes(batch_size)
+            return np.append(np.where(sizes > 0, round_size(sizes), 0), 0)
+        const, per_sample = self._padded
+        s = per_sample * batch_size
+        s += const
+        np.rint(s, out=s)
+        np.maximum(s, 0, out=s)
+        out = s.astype(np.int64)
+        out += K_MIN_BLOCK - 1  # up to a multiple of 512 (a power of two): 0 stays 0, 1 to 512 are 512
+        out >>= _MIN_BLOCK_BITS
+        out <<= _MIN_BLOCK_BITS
+        return out
+
     def replay(self, batch_size: int) -> tuple[float, float]:
         """(peak reserved, peak allocated) in bytes at ``batch_size``, made from the per-step peaks (peaks
         reset at every step start) as :attr:`protocol` says: their maximum (``run_peak``), their mean
@@ -523,8 +549,7 @@ class AllocTrace:
         bs = int(batch_size)
         if bs in self._memo:
             return self._memo[bs]
-        sizes = self.sizes(bs)
-        sizes = np.append(np.where(sizes > 0, round_size(sizes), 0), 0)  # and a 0 last: the size at index -1
+        sizes = self._rounded_sizes(bs)
         with collector_paused():
             peaks = self._step_peaks(sizes)
         p = np.array(peaks, dtype=float)
