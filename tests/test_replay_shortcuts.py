@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from perf4sight.features.alloc_trace import simulate
-from perf4sight.features.allocator import ALLOC, AllocTrace, round_size
+from perf4sight.features.allocator import ALLOC, STEP, AllocTrace, round_size
 
 
 def _plain_rounded(trace: AllocTrace, batch: int) -> np.ndarray:
@@ -32,3 +32,74 @@ def test_the_replay_s_rounded_sizes_are_sizes_rounded_with_a_0_last():
             assert rounded.dtype == np.int64 and np.array_equal(rounded, _plain_rounded(trace, batch))
     assert made._rounded_sizes(2)[:11].tolist() == [0, 0, 512, 512, 512, 1024, 0, 512, 512, 1 << 20, (1 << 20) + 512]
     assert made._rounded_sizes(2)[-1] == 0 and made.sizes(2)[11] == 512 and made._rounded_sizes(2)[11] == 512
+
+
+def _pieces(plain: tuple, small: np.ndarray) -> tuple[list[int], list[int]]:
+    """Where a run's events (pairs fused, ``plain``) and the same run with back-to-back small pairs as one are cut so
+    that each run of such pairs is a piece of its own in both: (cuts in ``plain``, cuts in the other)."""
+    from perf4sight.features.allocator import _ALLOC_FREE
+    kinds, _, index = plain
+    flags = [k == _ALLOC_FREE and i >= 0 and small[i] > 0 for k, i in zip(kinds, index)] + [False]
+    cuts, fused_cuts, start, removed = [], [], None, 0
+    for i, flag in enumerate(flags):
+        if flag and start is None:
+            start = i
+        elif not flag and start is not None:
+            if i - start > 1:
+                cuts += [start, i]
+                fused_cuts += [start - removed, start - removed + 1]
+                removed += i - start - 1
+            start = None
+    return cuts, fused_cuts
+
+
+def _piece_states(trace: AllocTrace, runs: list, cuts: list, batch: int) -> list[tuple]:
+    """The peaks of each piece of each run (cut at ``cuts``; peaks reset before each piece) and the allocator's whole
+    state after it (addresses included), the runs' events (kinds, ids, size indices) through one allocator."""
+    from perf4sight.features.allocator import CachingAllocator
+    sizes = trace._rounded_sizes(batch)
+    alloc, live, out = CachingAllocator(), {}, []
+    for (kinds, ids, index), at in zip(runs, cuts):
+        for a, b in zip([0] + at, at + [len(kinds)]):
+            alloc.reset_peaks()
+            alloc.run(kinds[a:b], ids[a:b], sizes[index[a:b]].tolist(), live)
+            out.append((alloc.peak_reserved, alloc.peak_allocated, alloc._next_ptr, alloc.snapshot(live)))
+    return out
+
+
+def test_back_to_back_pairs_of_small_sizes_run_as_one_leave_the_allocator_as_they_do():
+    """Where back-to-back pairs of batch-independent small sizes run as one pair of their largest (the optimiser's
+    scratch of small parameters), the peaks of each such run and of the events between, and the allocator after each
+    (every address, both pools, the live tensors), are those of the pairs run one by one: a MaxViT's, a Swin V2's and
+    a ResNet's steps and repeats, three optimiser settings, at batch sizes that put the activations in either pool."""
+    from test_allocator import _small_maxvit, _small_swin
+
+    from perf4sight.features.allocator import _fused
+    from perf4sight.networks.zoo import describe_zoo
+    collapsed = 0
+    for desc in (_small_maxvit(64), _small_swin(36, True), describe_zoo("resnet18", [3, 32, 32], num_classes=10)):
+        for setting in ({}, {"optimizer": "adam"}, {"set_to_none": True}):
+            trace = simulate(desc, method="model", **setting)
+            one_by_one = _fused(trace.kind, trace.tensor, np.arange(len(trace.kind)))
+            marks = [0] + np.flatnonzero(trace.kind[one_by_one[2]] == STEP).tolist() + [len(one_by_one[0])]
+            plain = [(one_by_one[0][s:e], one_by_one[1][s:e], one_by_one[2][s:e]) for s, e in zip(marks, marks[1:])]
+            plain += [_fused(*_plan(trace))] * 2
+            fused = trace._fused_runs() + [trace._repeat_run()] * 2
+            cuts = [_pieces(run, trace._small_pairs()) for run in plain]
+            assert [len(run[0]) - len(f[0]) for run, f in zip(plain, fused)] == \
+                [sum(b - a - 1 for a, b in zip(c[::2], c[1::2])) for c, _ in cuts]  # each run of pairs is one
+            collapsed += sum(len(run[0]) - len(f[0]) for run, f in zip(plain, fused))
+            for batch in (1, 2, 6, 40, 300):
+                assert _piece_states(trace, fused, [f for _, f in cuts], batch) == \
+                    _piece_states(trace, plain, [c for c, _ in cuts], batch)
+    assert collapsed > 100
+
+
+def _plan(trace: AllocTrace) -> tuple:
+    """The last step's events as a repeat runs them, before pairs are fused (:func:`_repeat_plan`)."""
+    from perf4sight.features.allocator import FREE, _repeat_plan
+    start = int(np.flatnonzero(trace.kind == STEP)[-1])
+    kinds, ids = trace.kind[start:], trace.tensor[start:]
+    if np.isin(ids[kinds == FREE], ids[kinds == ALLOC]).all():
+        return kinds, ids, np.arange(start, len(trace.kind))
+    return _repeat_plan(trace.kind.tolist(), trace.tensor.tolist(), start, len(trace.kind))

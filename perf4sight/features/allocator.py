@@ -428,15 +428,38 @@ def _grown_by_small_segments(start: tuple, start_next: int, now: tuple) -> bool:
     return now[0] == start[0] + len(made) * K_SMALL_BUFFER
 
 
-def _fused(kinds: np.ndarray, ids: np.ndarray, index: np.ndarray) -> tuple[list[int], list[int], np.ndarray]:
+def _fused(kinds: np.ndarray, ids: np.ndarray, index: np.ndarray,
+           small: np.ndarray | None = None) -> tuple[list[int], list[int], np.ndarray]:
     """The events (kinds, tensor ids, the index of each one's size, -1 for none) as the replay runs them: every ALLOC
     whose next event FREEs its tensor written as one :data:`_ALLOC_FREE` (the ALLOC's id and size). The same replay,
-    with less to do (a scratch buffer, a gradient summed away at once: a tenth of a Swin's or a MaxViT's events)."""
+    with less to do (a scratch buffer, a gradient summed away at once: a tenth of a Swin's or a MaxViT's events).
+
+    ``small`` (by the index of a size; :meth:`AllocTrace._small_pairs`): a size (bytes, rounded) of the small pool at
+    every batch size, of a tensor that no other event names, else 0. Back-to-back pairs of such sizes are then one
+    pair, of their largest size: each pair leaves the allocator as it found it but for a new segment, made where no
+    free small block fits it, of 2 MiB, where every later one fits; so the run makes a segment where its largest size
+    finds no block, and its peaks are those of its largest (a small block is handed out at its size). One pair of
+    that size does the same, at the same point (the optimiser's scratch of each small parameter: 424 of a MaxViT's
+    10,000 events a batch size)."""
     kinds, ids, index = np.asarray(kinds), np.asarray(ids), np.asarray(index, dtype=np.intp)
     paired = np.zeros(len(kinds), dtype=bool)  # an ALLOC freed by the next event (a pair's FREE is no pair's ALLOC)
     paired[:-1] = (kinds[:-1] == ALLOC) & (kinds[1:] == FREE) & (ids[:-1] == ids[1:])
     kept = np.ones(len(kinds), dtype=bool)
     kept[1:] = ~paired[:-1]
+    if small is not None:
+        both = paired & (index >= 0) & (small[index] > 0)
+        follows = np.zeros(len(kinds), dtype=bool)  # the pair before it (its ALLOC two events back) is one too
+        follows[2:] = both[2:] & both[:-2]
+        if follows.any():
+            led = np.zeros(len(kinds), dtype=bool)  # a run's first pair
+            led[:-2] = both[:-2] & ~follows[:-2] & follows[2:]
+            at = np.flatnonzero(led | follows)
+            run = np.cumsum(led[at]) - 1
+            order = at[np.lexsort((-small[index[at]], run))]  # by run, and in each its largest size first
+            largest = order[np.flatnonzero(np.diff(run[np.searchsorted(at, order)], prepend=-1))]
+            index = index.copy()
+            index[at[led[at]]] = index[largest]  # each run's first pair takes the index of its largest size
+            kept &= ~follows
     return np.where(paired, _ALLOC_FREE, kinds)[kept].tolist(), ids[kept].tolist(), index[kept]
 
 
@@ -485,6 +508,8 @@ class AllocTrace:
     _touched: set[int] | None = field(default=None, repr=False, init=False)
     #: const and per_sample with a 0 appended (:meth:`_rounded_sizes`), made once
     _padded: tuple[np.ndarray, ...] | None = field(default=None, repr=False, init=False)
+    #: per event, its size where the replay may run back-to-back pairs of it as one (:meth:`_small_pairs`)
+    _small: np.ndarray | None = field(default=None, repr=False, init=False)
     #: this trace's events under each protocol asked for (:meth:`with_protocol`), one dict shared by all of them: each
     #: view is made once and keeps its memo across fits
     _views: dict[str, "AllocTrace"] = field(default_factory=dict, repr=False, init=False, compare=False)
@@ -625,10 +650,28 @@ class AllocTrace:
     def _fused_runs(self) -> list[tuple[list[int], list[int], np.ndarray]]:
         """The setup's and each step's events as the replay runs them (:attr:`_runs`; the same at every batch size)."""
         if self._runs is None:
-            kinds, ids, index = _fused(self.kind, self.tensor, np.arange(len(self.kind)))  # no pair spans a STEP
+            kinds, ids, index = _fused(self.kind, self.tensor, np.arange(len(self.kind)),  # no pair spans a STEP
+                                       self._small_pairs())
             starts = [0] + np.flatnonzero(self.kind[index] == STEP).tolist() + [len(kinds)]
             self._runs = [(kinds[s:e], ids[s:e], index[s:e]) for s, e in zip(starts, starts[1:])]
         return self._runs
+
+    def _small_pairs(self) -> np.ndarray:
+        """Per event, its size (bytes, rounded) where that is the same at every batch size and in the small pool, and
+        its tensor one that no other event names but its ALLOC and FREE; else 0 (:func:`_fused`'s ``small``). Made
+        once (:attr:`_small`)."""
+        if self._small is None:
+            size = np.maximum(np.rint(self.const), 0).astype(np.int64)
+            size = (size + K_MIN_BLOCK - 1) >> _MIN_BLOCK_BITS << _MIN_BLOCK_BITS  # round_size, 0 staying 0
+            ids = np.asarray(self.tensor, dtype=np.int64)
+            if len(ids) and 0 <= ids.min() and ids.max() < 8 * len(ids) + 1024:  # storage ids: counted by bincount
+                named = np.bincount(ids)[ids]
+            else:
+                _, at, count = np.unique(ids, return_inverse=True, return_counts=True)
+                named = count[at]
+            self._small = np.where((np.asarray(self.per_sample) == 0) & (size > 0) & (size <= K_SMALL_SIZE)
+                                   & (named == 2), size, 0)
+        return self._small
 
     def _last_step_tensors(self) -> set[int]:
         """The tensor ids of the last step's events and of its repeat's (:attr:`_touched`, made once)."""
@@ -645,7 +688,7 @@ class AllocTrace:
                 self._repeat_plan = self._fused_runs()[-1]
             else:
                 plan = _repeat_plan(self.kind.tolist(), self.tensor.tolist(), start, len(self.kind))
-                self._repeat_plan = _fused(*plan)
+                self._repeat_plan = _fused(*plan, self._small_pairs())
         return self._repeat_plan
 
     def peaks_mb(self, batch_sizes: np.ndarray | list[int]) -> np.ndarray:
