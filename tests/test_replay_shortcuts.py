@@ -103,3 +103,38 @@ def _plan(trace: AllocTrace) -> tuple:
     if np.isin(ids[kinds == FREE], ids[kinds == ALLOC]).all():
         return kinds, ids, np.arange(start, len(trace.kind))
     return _repeat_plan(trace.kind.tolist(), trace.tensor.tolist(), start, len(trace.kind))
+
+
+def test_replays_from_a_shared_copy_of_the_setup_s_first_events_are_those_from_a_new_allocator(monkeypatch):
+    """A replay that starts from a copy of the allocator after the setup's batch-independent events (the weights'
+    blocks shared by every copy) leaves the allocator after the setup and after each step as a new allocator running
+    every event does (every address, both pools, the live tensors), and gives the same per-step peaks, replay after
+    replay of one trace at batch sizes in turn (a copy's steps touch no other copy), under each protocol."""
+    from test_allocator import _small_maxvit
+
+    from perf4sight.features.allocator import REPLAY_PROTOCOLS, CachingAllocator
+    from perf4sight.networks.zoo import describe_zoo
+    for desc in (_small_maxvit(64), describe_zoo("resnet18", [3, 32, 32], num_classes=10)):
+        trace = simulate(desc, method="model", set_to_none=True)
+        runs = trace._fused_runs()
+        alloc, live, done = trace._setup_start()
+        assert done == len(runs[0][0]) - 2 and done > 50  # all but the input and the labels
+        for batch in (1, 6, 40, 1, 300):
+            sizes = trace._rounded_sizes(batch)
+            alloc, live, done = trace._setup_start()
+            fresh, fresh_live = CachingAllocator(), {}
+            for n, (kinds, ids, index) in enumerate(runs + [trace._repeat_run()]):
+                skip = done if n == 0 else 0
+                alloc.run(kinds[skip:], ids[skip:], sizes[index[skip:]].tolist(), live)
+                fresh.run(kinds, ids, sizes[index].tolist(), fresh_live)
+                assert (alloc.snapshot(live), alloc._next_ptr, alloc.peak_reserved, alloc.peak_allocated) == \
+                    (fresh.snapshot(fresh_live), fresh._next_ptr, fresh.peak_reserved, fresh.peak_allocated)
+                alloc.reset_peaks()
+                fresh.reset_peaks()
+            alloc.unlink(live)
+        for protocol in REPLAY_PROTOCOLS:
+            view = trace.with_protocol(protocol)
+            shared = [view._step_peaks(view._rounded_sizes(b)) for b in (2, 7, 33, 2)]
+            with monkeypatch.context() as m:
+                m.setattr(AllocTrace, "_setup_start", lambda self: (CachingAllocator(), {}, 0))
+                assert shared == [view._step_peaks(view._rounded_sizes(b)) for b in (2, 7, 33, 2)]

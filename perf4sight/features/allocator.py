@@ -178,6 +178,18 @@ class CachingAllocator:
             for block in blocks:
                 block[PREV] = block[NEXT] = None
 
+    def _copied(self) -> "CachingAllocator":
+        """A copy of this allocator to replay on, whose allocated blocks stay allocated for good and are shared, not
+        copied (walls: :meth:`AllocTrace._setup_start`): its free blocks copied (their neighbours are such walls, or
+        none), its pools, bytes, peaks and next address. A wall is read for its address, size and being allocated,
+        none of which changes; its neighbours are only written (a free block's are read, as it is split or freed)."""
+        out = CachingAllocator()
+        out._pools = (list(self._pools[0]), list(self._pools[1]))
+        out._free = {key: list(block) for key, block in self._free.items()}
+        out._next_ptr, out.reserved, out.allocated = self._next_ptr, self.reserved, self.allocated
+        out.peak_reserved, out.peak_allocated = self.peak_reserved, self.peak_allocated
+        return out
+
     def _remove(self, b: _Block) -> None:
         key = b[SIZE] << _ADDRESS_BITS | b[PTR]
         pool = self._pools[b[SMALL]]
@@ -508,6 +520,9 @@ class AllocTrace:
     _touched: set[int] | None = field(default=None, repr=False, init=False)
     #: const and per_sample with a 0 appended (:meth:`_rounded_sizes`), made once
     _padded: tuple[np.ndarray, ...] | None = field(default=None, repr=False, init=False)
+    #: the allocator and live tensors after the setup's first events, those of the same sizes at every batch size,
+    #: and how many (:meth:`_setup_start`); () where none can be shared
+    _setup: tuple | None = field(default=None, repr=False, init=False)
     #: per event, its size where the replay may run back-to-back pairs of it as one (:meth:`_small_pairs`)
     _small: np.ndarray | None = field(default=None, repr=False, init=False)
     #: this trace's events under each protocol asked for (:meth:`with_protocol`), one dict shared by all of them: each
@@ -594,8 +609,7 @@ class AllocTrace:
         where there is no step), the events' sizes being ``sizes`` (rounded; a 0 last, for index -1)."""
         runs = self._fused_runs()
         steps = len(runs) - 1
-        alloc = CachingAllocator()
-        live: dict[int, _Block | None] = {}
+        alloc, live, setup_done = self._setup_start()
         peaks: list[tuple[int, int]] = []
         total = len(runs) + (self.repeat_last if steps else 0)
         # the last step again: it frees what its previous run left, not what it found (:func:`_repeat_plan`)
@@ -620,6 +634,8 @@ class AllocTrace:
                     break
                 before = state
             run_kinds, run_ids, size_index = events = runs[n] if n <= steps else repeat
+            if n == 0 and setup_done:  # the allocator has run them
+                run_kinds, run_ids, size_index = run_kinds[setup_done:], run_ids[setup_done:], size_index[setup_done:]
             if events is repeat:
                 repeated = sizes[size_index].tolist() if repeated is None else repeated
                 run_sizes = repeated
@@ -655,6 +671,36 @@ class AllocTrace:
             starts = [0] + np.flatnonzero(self.kind[index] == STEP).tolist() + [len(kinds)]
             self._runs = [(kinds[s:e], ids[s:e], index[s:e]) for s, e in zip(starts, starts[1:])]
         return self._runs
+
+    def _setup_start(self) -> tuple[CachingAllocator, dict[int, _Block | None], int]:
+        """The allocator and live tensors a replay starts from, and how many of the setup's first events they have run:
+        a copy of those after the setup's first events (:attr:`_setup`, made once), where each is an ALLOC of the same
+        size at every batch size (a network's weights and buffers: 582 of a MaxViT's 584 setup events), of a tensor no
+        later event names (it stays allocated: its block is shared by every copy, :meth:`CachingAllocator._copied`);
+        else a new allocator, none run."""
+        if self._setup is None:
+            self._setup = self._setup_state()
+        if not self._setup:
+            return CachingAllocator(), {}, 0
+        alloc, live, done = self._setup
+        return alloc._copied(), dict(live), done
+
+    def _setup_state(self) -> tuple:
+        """:meth:`_setup_start`'s allocator, live tensors and count of events, or () where fewer than 16 events could be
+        run so (the copy would save little)."""
+        runs = self._fused_runs()
+        kinds, ids, index = runs[0]
+        fixed = (np.asarray(kinds) == ALLOC) & (index >= 0) & (np.asarray(self.per_sample)[index] == 0)
+        done = len(kinds) if fixed.all() else int(np.argmin(fixed))
+        sizes = self._rounded_sizes(1)[index[:done]].tolist()
+        named = set(ids[done:]).union(*(run[1] for run in runs[1:]), self._repeat_run()[1] if len(runs) > 1 else ())
+        if done < 16 or len(set(ids[:done])) != done or not all(sizes) or not named.isdisjoint(ids[:done]):
+            return ()
+        alloc, live = CachingAllocator(), {}
+        alloc.run(kinds[:done], ids[:done], sizes, live)
+        for block in live.values():  # walls: their neighbours are never read (no cycle through them, either)
+            block[PREV] = block[NEXT] = None
+        return alloc, live, done
 
     def _small_pairs(self) -> np.ndarray:
         """Per event, its size (bytes, rounded) where that is the same at every batch size and in the small pool, and
