@@ -138,3 +138,25 @@ def test_replays_from_a_shared_copy_of_the_setup_s_first_events_are_those_from_a
             with monkeypatch.context() as m:
                 m.setattr(AllocTrace, "_setup_start", lambda self: (CachingAllocator(), {}, 0))
                 assert shared == [view._step_peaks(view._rounded_sizes(b)) for b in (2, 7, 33, 2)]
+
+
+def test_no_replay_shares_the_setup_s_blocks_where_a_later_event_names_one_of_its_tensors():
+    """The setup's first events are run once and shared only where no later event names their tensors: a step that
+    frees a weight (its block then split, merged, handed out again) replays from a new allocator, with the figures of
+    its events run one by one, replay after replay; without that free, 20 events are shared, with the same figures."""
+    from test_allocator import _replayed_event_by_event
+
+    from perf4sight.features.allocator import FREE
+    for frees_a_weight in (True, False):
+        kinds = [ALLOC] * 22 + [STEP, ALLOC] + [FREE] * frees_a_weight + [FREE, ALLOC, ALLOC, FREE, FREE]
+        ids = list(range(1, 23)) + [0, 100] + [5] * frees_a_weight + [100, 101, 102, 102, 101]
+        const = [3000.0 + 700 * i for i in range(20)] + [0.0, 0.0, 0.0, 0.0] + [0.0] * frees_a_weight + \
+            [0.0, 9000.0, 0.0, 0.0, 0.0]
+        per = [0.0] * 20 + [3e5, 4.0, 0.0, 2e5] + [0.0] * frees_a_weight + [0.0, 0.0, 5e4, 0.0, 0.0]
+        base = AllocTrace("weights", np.array(kinds, dtype=np.int8), np.array(ids), np.array(const), np.array(per))
+        for protocol in ("run_peak", "perf4sight"):
+            trace = base.with_protocol(protocol)
+            assert trace._setup_start()[2] == (0 if frees_a_weight else 20)
+            for batch in (1, 3, 40, 1):
+                trace._memo.clear()
+                assert trace.replay(batch) == _replayed_event_by_event(trace, batch)

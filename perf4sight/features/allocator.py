@@ -525,6 +525,8 @@ class AllocTrace:
     _setup: tuple | None = field(default=None, repr=False, init=False)
     #: per event, its size where the replay may run back-to-back pairs of it as one (:meth:`_small_pairs`)
     _small: np.ndarray | None = field(default=None, repr=False, init=False)
+    #: per event, how many events name its tensor (:meth:`_names`)
+    _named: np.ndarray | None = field(default=None, repr=False, init=False)
     #: this trace's events under each protocol asked for (:meth:`with_protocol`), one dict shared by all of them: each
     #: view is made once and keeps its memo across fits
     _views: dict[str, "AllocTrace"] = field(default_factory=dict, repr=False, init=False, compare=False)
@@ -688,13 +690,12 @@ class AllocTrace:
     def _setup_state(self) -> tuple:
         """:meth:`_setup_start`'s allocator, live tensors and count of events, or () where fewer than 16 events could be
         run so (the copy would save little)."""
-        runs = self._fused_runs()
-        kinds, ids, index = runs[0]
+        kinds, ids, index = self._fused_runs()[0]
         fixed = (np.asarray(kinds) == ALLOC) & (index >= 0) & (np.asarray(self.per_sample)[index] == 0)
         done = len(kinds) if fixed.all() else int(np.argmin(fixed))
         sizes = self._rounded_sizes(1)[index[:done]].tolist()
-        named = set(ids[done:]).union(*(run[1] for run in runs[1:]), self._repeat_run()[1] if len(runs) > 1 else ())
-        if done < 16 or len(set(ids[:done])) != done or not all(sizes) or not named.isdisjoint(ids[:done]):
+        # no later event names them: each tensor is named once in the trace (a repeat's events are its last step's)
+        if done < 16 or not all(sizes) or not (self._names()[index[:done]] == 1).all():
             return ()
         alloc, live = CachingAllocator(), {}
         alloc.run(kinds[:done], ids[:done], sizes, live)
@@ -709,15 +710,20 @@ class AllocTrace:
         if self._small is None:
             size = np.maximum(np.rint(self.const), 0).astype(np.int64)
             size = (size + K_MIN_BLOCK - 1) >> _MIN_BLOCK_BITS << _MIN_BLOCK_BITS  # round_size, 0 staying 0
+            self._small = np.where((np.asarray(self.per_sample) == 0) & (size > 0) & (size <= K_SMALL_SIZE)
+                                   & (self._names() == 2), size, 0)
+        return self._small
+
+    def _names(self) -> np.ndarray:
+        """Per event, how many events of the trace name its tensor (made once)."""
+        if self._named is None:
             ids = np.asarray(self.tensor, dtype=np.int64)
             if len(ids) and 0 <= ids.min() and ids.max() < 8 * len(ids) + 1024:  # storage ids: counted by bincount
-                named = np.bincount(ids)[ids]
+                self._named = np.bincount(ids)[ids]
             else:
                 _, at, count = np.unique(ids, return_inverse=True, return_counts=True)
-                named = count[at]
-            self._small = np.where((np.asarray(self.per_sample) == 0) & (size > 0) & (size <= K_SMALL_SIZE)
-                                   & (named == 2), size, 0)
-        return self._small
+                self._named = count[at]
+        return self._named
 
     def _last_step_tensors(self) -> set[int]:
         """The tensor ids of the last step's events and of its repeat's (:attr:`_touched`, made once)."""
