@@ -62,6 +62,8 @@ def run(stage: str, cfg: Config, args: argparse.Namespace) -> int:
     if stage != "all":
         return STAGES[stage](cfg, args)
     _check_all_arguments(cfg, args)
+    # the notes on a device's rows that the profile stage said, which the fingerprint stage does not say again
+    args = argparse.Namespace(**vars(args), notes_said=set())
     json_only = bool(getattr(args, "json", False))  # stdout: the predict stage's JSON lines, nothing else
     summary = Table(title="summary of --stage all")
     for col in ("stage", "seconds", "result"):
@@ -210,7 +212,9 @@ def run_profile(cfg: Config, args: argparse.Namespace) -> int:
             rows = read_rows(results_path(cfg.profiling_dir, s.device))
             mine = latest_rows(r for r in rows  # this optimiser's and this loss's sweep
                                if phase_of(r) == phase and loss_of(r) == cfg.profile.loss)
-            _print_notes(_limit_note(cfg, s.device, mine), _load_note(cfg, s.device, mine))
+            fitting = getattr(args, "notes_said", None) is not None  # --stage all: its fingerprint stage fits them
+            _print_notes(*_once(args, s.device, limit=_limit_note(cfg, s.device, mine),
+                                load=_load_note(cfg, s.device, mine, fitting=fitting)))
         refs = references_path(cfg.profiling_dir, s.device)
         if cfg.profile.reference_every > 0 and refs.is_file():
             console.print(f"{s.device}: drift reference, {plural(len(read_rows(refs)), 'measurement')} in {refs}",
@@ -280,6 +284,18 @@ def _over_limit_note(cfg: Config, device: str, rows: list[dict[str, str]]) -> st
             f"memory_limit_mb = {limit:g} MiB, so {'it was' if len(over) == 1 else 'they were'} measured under another "
             "limit; the fingerprint takes the limit as the capacity and predicts such steps not to fit (to record "
             f"them as oom, delete their lines from {results_path(cfg.profiling_dir, device)} and profile again)")
+
+
+def _once(args: argparse.Namespace, device: str, **said: str) -> list[str]:
+    """The notes of ``said`` (kind -> note on ``device``'s rows) not said yet in this run: ``--stage all`` keeps in
+    ``args.notes_said`` the (kind, device) of each said by its profile stage, and its fingerprint stage, reading the
+    same rows, does not say them again. A stage run alone says them all."""
+    done = getattr(args, "notes_said", None)
+    if done is None:
+        return list(said.values())
+    kept = [note for kind, note in said.items() if note and (kind, device) not in done]
+    done.update((kind, device) for kind, note in said.items() if note)
+    return kept
 
 
 def _load_note(cfg: Config, device: str, rows: list[dict[str, str]], fitting: bool = False) -> str:
@@ -356,7 +372,8 @@ def _fingerprint_device(cfg: Config, args: argparse.Namespace, device: str, pred
         notes.print(passed_over, markup=False)
         return False
     _print_notes(note, undescribed_note(cfg, device, rows, descriptions), _over_limit_note(cfg, device, rows),
-                 _limit_note(cfg, device, rows), _load_note(cfg, device, rows, fitting=True))
+                 *_once(args, device, limit=_limit_note(cfg, device, rows),
+                        load=_load_note(cfg, device, rows, fitting=True)))
     if predictor in ("trees", "ensemble"):
         meta = fit_device(cfg, device, descriptions, shas, rows=rows, refit=refit)  # the rows read above
         meta["folder"] = str(cfg.fingerprint_dir / device)
