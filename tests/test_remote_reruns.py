@@ -143,7 +143,7 @@ def test_interrupted_host_stops_following_and_a_rerun_attaches_to_the_run_that_w
     (later,) = profile_devices(cfg, ["dev-i"], [desc], show_progress=False, **FAST)
     assert later.status == "done" and (later.rows, later.expected) == (2, 2), format_summaries([later])
     assert later.attached and format_summaries([later]).startswith(  # the line says where its rows came from
-        "dev-i: done — 2/2 rows (2 new, from the run an earlier profile left going on the device) [ok 2]")
+        "dev-i: done — 2/2 rows (0 new, 2 pulled from the run an earlier profile left going on the device) [ok 2]")
     assert _keys_once(_rows(cfg, "dev-i")) and len(_rows(cfg, "dev-i")) == 2
 
 

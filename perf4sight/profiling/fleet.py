@@ -398,13 +398,18 @@ def format_checks(checks: Sequence[DeviceCheck]) -> str:
 
 
 def format_summaries(summaries: Sequence[DeviceSummary]) -> str:
-    """One line per device: what happened, rows pulled, statuses."""
+    """One line per device: what happened, its plan's rows on disk, how many this invocation measured ("new") and
+    how many an earlier one's run on an SSH device measured that it copied over ("pulled"), statuses."""
     lines = []
     for s in summaries:
         counts = ", ".join(f"{k} {v}" for k, v in s.counts.items() if v)
-        extra = "".join([f", {plural(s.reconnects, 'reconnect')}" if s.reconnects else "",
+        earlier = ("from the run an earlier profile left going on the device" if s.attached
+                   else "that an earlier profile's run measured on the device")
+        extra = "".join([f", {s.pulled} pulled {earlier}" if s.pulled else "",
+                         f", {plural(s.reconnects, 'reconnect')}" if s.reconnects else "",
                          f", {plural(s.restarts, 'restart')}" if s.restarts else "",
-                         ", from the run an earlier profile left going on the device" if s.attached else ""])
+                         ", from the run an earlier profile left going on the device" if s.attached and not s.pulled
+                         else ""])
         retry = (" (error rows are not measured again unless asked: --retry-errors)"
                  if s.counts.get("error") else "")
         lines.append(f"{s.device}: {s.status} — {s.rows}/{s.expected} rows ({s.new_rows} new{extra})"

@@ -25,7 +25,8 @@ class DeviceSummary:
     device: str
     status: str
     message: str = ""
-    new_rows: int = 0
+    new_rows: int = 0      # rows measured by this invocation (a run it started)
+    pulled: int = 0        # rows an earlier invocation's run measured on an SSH device, copied over by this one
     rows: int = 0          # plan keys present locally at the end
     expected: int = 0      # plan keys (networks x batch sizes)
     counts: dict[str, int] = field(default_factory=dict)  # status -> rows of this plan

@@ -110,6 +110,7 @@ class RemoteProfiler:
             if cfg.profile.reference_every > 0 else None
         self.run_dir = ""
         self.code_dir = ""
+        self.started = False  # a run this invocation started: the rows pulled from then on are its measurements
 
     # -- paths and commands -----------------------------------------------------------------
     def _path(self, *parts: str) -> str:
@@ -198,7 +199,10 @@ class RemoteProfiler:
             ref_path = self._path(results.REFERENCES_CSV)
             self.reference_puller.pull(lambda: self.remote.size(ref_path),
                                        lambda off: self.remote.read_from(ref_path, off))
-        self.summary.new_rows += len(fresh)
+        if self.started:
+            self.summary.new_rows += len(fresh)
+        else:  # measured by an earlier invocation's run (finished, or attached to), not by this one
+            self.summary.pulled += len(fresh)
         done = len(self.expected & self.puller.keys)
         last = f"last: {fresh[-1]['network']} @ {fresh[-1]['batch_size']} {fresh[-1]['status']}" if fresh else ""
         self.progress(self.dev.name, done, self.summary.expected, last)
@@ -231,6 +235,7 @@ class RemoteProfiler:
         fixed = os.environ.get(LOAD_ENV)  # a load average fixed here (tests) holds for the device's runner too
         load = [f"{LOAD_ENV}={fixed}"] if fixed else []
         state = self._detach("start", "--", "env", f"PYTHONPATH={self.code_dir}", *load, *cmd)
+        self.started = True  # the device's CSV was pulled just before: each row that comes over now is this run's
         if state.get("state") not in ("started", "running"):
             raise DeviceError(f"device '{self.dev.name}': could not start the run: {state}")
 

@@ -1,0 +1,32 @@
+"""Remote profiling over real SSH (the servers of test_remote.py, started again for this file): what a profile
+counts as new where it pulls rows an earlier run measured, a connection dropped while the run is set up, and
+``--remeasure`` on an SSH device."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from perf4sight.profiling import results
+from perf4sight.profiling.fleet import format_summaries, profile_devices
+
+sys.path.insert(0, str(Path(__file__).parent))
+import test_remote  # noqa: E402
+from test_remote import FAST, _config, _descriptions, _device, _rows  # noqa: E402
+
+#: The first half's two sshd, started again for this file (a module's fixture).
+servers = test_remote.servers
+
+
+def test_rows_an_earlier_run_measured_are_counted_as_pulled_not_new(servers, tmp_path):
+    """The local CSV removed (as the busy-host note said to do), a rerun measures nothing and copies the device's
+    rows back: it said "(1 new)"; it says 0 new and 1 pulled, and a run it starts counts its rows as new."""
+    a, _ = servers
+    cfg = _config(tmp_path, {"dev-n": _device(a, tmp_path)}, batch_sizes=(1,))
+    (desc,) = _descriptions(tmp_path, ["alpha"])
+    (first,) = profile_devices(cfg, ["dev-n"], [desc], show_progress=False, **FAST)
+    assert (first.status, first.new_rows, first.pulled) == ("done", 1, 0), format_summaries([first])
+    results.results_path(cfg.profiling_dir, "dev-n").unlink()
+    (again,) = profile_devices(cfg, ["dev-n"], [desc], show_progress=False, **FAST)
+    assert format_summaries([again]) == ("dev-n: done — 1/1 rows (0 new, 1 pulled that an earlier profile's run "
+                                         "measured on the device) [ok 1]")
+    assert len(_rows(cfg, "dev-n")) == 1
