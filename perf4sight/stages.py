@@ -219,6 +219,7 @@ def run_profile(cfg: Config, args: argparse.Namespace) -> int:
         if cfg.profile.reference_every > 0 and refs.is_file():
             console.print(f"{s.device}: drift reference, {plural(len(read_rows(refs)), 'measurement')} in {refs}",
                           markup=False)
+            _print_notes(*_once(args, s.device, reference_load=_reference_load_note(cfg, s.device)))
     return 0 if all(s.status == "done" for s in summaries) else 1
 
 
@@ -329,6 +330,29 @@ def _load_note(cfg: Config, device: str, rows: list[dict[str, str]], fitting: bo
             f"{', and the fingerprint fits ' + it if fitting else ''}; to measure {it} again, {again}")
 
 
+def _reference_load_note(cfg: Config, device: str) -> str:
+    """A note on ``device``'s ``ok`` drift-reference measurements (``references.csv``, of ``[profile]``'s step)
+    taken under load (``results.under_load``, as :func:`_load_note` reads the rows), '' if none. They stay in the
+    drift correction: a reference slowed by other work is the slowdown the correction is there to take out of the
+    rows measured near it in time; but the load average is a 1-minute figure and other work comes and goes, so
+    the rows between such a reference and the next are corrected by a slowdown they may not have shared."""
+    path = references_path(cfg.profiling_dir, device)
+    phase = training_phase(cfg.profile.optimizer)
+    ok = [r for r in read_rows(path) if r.get("status") == "ok" and phase_of(r) == phase
+          and loss_of(r) == cfg.profile.loss]
+    loaded = [r for r in ok if under_load(r)]
+    if not loaded:
+        return ""
+    peak = max(number(r.get("load_avg_1m")) or 0.0 for r in loaded)
+    one = len(loaded) == 1
+    return (f"note: {device}: {len(loaded)} of {plural(len(ok), 'drift reference measurement')} in {path} "
+            f"{'was' if one else 'were'} taken while its 1-minute load average was more than half a CPU above its "
+            f"CPU count (up to {peak:g}, column load_avg_1m): the drift correction takes that slowdown for drift and "
+            f"scales the rows measured near {'it' if one else 'them'} by it, rightly where they shared the load, "
+            "wrongly where it came and went between measurements; profile again while the device is quiet to be "
+            "sure")
+
+
 def run_fingerprint(cfg: Config, args: argparse.Namespace) -> int:
     """Fit the fingerprint (``--predictor``'s, else ``[fingerprint] predictor``) of each measured device named (all
     of them by default), unless its stored one was fitted from the same inputs (``--refit`` fits all the same); 0,
@@ -373,7 +397,8 @@ def _fingerprint_device(cfg: Config, args: argparse.Namespace, device: str, pred
         return False
     _print_notes(note, undescribed_note(cfg, device, rows, descriptions), _over_limit_note(cfg, device, rows),
                  *_once(args, device, limit=_limit_note(cfg, device, rows),
-                        load=_load_note(cfg, device, rows, fitting=True)))
+                        load=_load_note(cfg, device, rows, fitting=True),
+                        reference_load=_reference_load_note(cfg, device) if cfg.fingerprint.drift_reference else ""))
     if predictor in ("trees", "ensemble"):
         meta = fit_device(cfg, device, descriptions, shas, rows=rows, refit=refit)  # the rows read above
         meta["folder"] = str(cfg.fingerprint_dir / device)
