@@ -189,9 +189,9 @@ def test_a_runner_killed_on_the_device_is_named_by_its_signal_and_a_rerun_resume
 
 def test_a_connection_cut_while_the_run_is_set_up_says_to_rerun_and_a_rerun_measures(servers, tmp_path,
                                                                                       monkeypatch):
-    """Every SSH connection cut while the descriptions and the plan are shipped (before the run starts, where no
-    reconnect is tried): the line says the connection was lost and that a rerun resumes (it said only the first);
-    the rerun measures the plan."""
+    """Every SSH connection cut while the descriptions and the plan are shipped, each time they are (the setup
+    reconnects and ships again, a bounded number of times): the line says the connection was lost, how often, and
+    that a rerun resumes (it said only the first); the rerun measures the plan."""
     a, _ = servers
     cfg = _config(tmp_path, {"dev-s": _device(a, tmp_path)}, batch_sizes=(1,))
     (desc,) = _descriptions(tmp_path, ["alpha"])
@@ -204,6 +204,7 @@ def test_a_connection_cut_while_the_run_is_set_up_says_to_rerun_and_a_rerun_meas
     monkeypatch.setattr(RemoteProfiler, "_ship", cut_then_ship)
     (cut,) = profile_devices(cfg, ["dev-s"], [desc], show_progress=False, **FAST)
     assert cut.status == "failed" and cut.message.startswith("device 'dev-s': connection lost: ")
+    assert "(3 times while the run was set up, reconnected after each but the last)" in cut.message
     assert cut.message.endswith("; rerun the profile stage to resume (rows taken stay, and a run already started goes "
                                 "on on the device)") and not _rows(cfg, "dev-s")
     monkeypatch.setattr(RemoteProfiler, "_ship", ship)

@@ -4,10 +4,12 @@ counts as new where it pulls rows an earlier run measured, a connection dropped 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 from perf4sight.profiling import results
 from perf4sight.profiling.fleet import format_summaries, profile_devices
+from perf4sight.profiling.remote import RemoteProfiler
 
 sys.path.insert(0, str(Path(__file__).parent))
 import test_remote  # noqa: E402
@@ -30,3 +32,25 @@ def test_rows_an_earlier_run_measured_are_counted_as_pulled_not_new(servers, tmp
     assert format_summaries([again]) == ("dev-n: done — 1/1 rows (0 new, 1 pulled that an earlier profile's run "
                                          "measured on the device) [ok 1]")
     assert len(_rows(cfg, "dev-n")) == 1
+
+
+def test_a_connection_dropped_while_the_run_is_set_up_is_reconnected_and_the_run_measures(servers, tmp_path,
+                                                                                       monkeypatch):
+    """The connection cut once while the networks and the plan are shipped failed the device at once (only the
+    measurement phase reconnected); setup now reconnects as the measurement phase does and ships again, and the
+    run measures the plan in that one profile."""
+    a, _ = servers
+    cfg = _config(tmp_path, {"dev-r": _device(a, tmp_path)}, batch_sizes=(1,))
+    (desc,) = _descriptions(tmp_path, ["alpha"])
+    ship, cuts = RemoteProfiler._ship, []
+
+    def cut_once_then_ship(self) -> None:
+        if not cuts:
+            cuts.append(a.cut_connections())
+            time.sleep(0.5)  # the client sees the channel close
+        ship(self)
+    monkeypatch.setattr(RemoteProfiler, "_ship", cut_once_then_ship)
+    (summary,) = profile_devices(cfg, ["dev-r"], [desc], show_progress=False, **FAST)
+    assert cuts and cuts[0] >= 1
+    assert format_summaries([summary]) == "dev-r: done — 1/1 rows (1 new, 1 reconnect) [ok 1]"
+    assert len(_rows(cfg, "dev-r")) == 1

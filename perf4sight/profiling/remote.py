@@ -47,6 +47,10 @@ __all__ = ["DeviceSummary", "RemoteProfiler", "code_files", "expected_keys", "co
 
 Progress = Callable[[str, int, int, str], None]  # (device, done, total, note)
 
+#: How many times the run is set up (the code, networks and plan shipped) before a connection that drops each time
+#: fails the device; each drop is reconnected as the measurement phase reconnects (``reconnect_timeout_s``).
+SETUP_ATTEMPTS = 3
+
 #: Host-side modules that never go to a device.
 _HOST_ONLY = {"ssh.py", "remote.py", "fleet.py", "pull.py", "probe.py", "local.py", "outcome.py"}
 
@@ -368,6 +372,36 @@ class RemoteProfiler:
                 "in this plan (networks or batch sizes no longer configured, or another config using the same "
                 "work folder): left on the device, not pulled"]
 
+    def _set_up(self) -> None:
+        """Everything between the first connection and the run's start: the work folder, the probe, the code, a
+        run an earlier invocation left going (followed to its end), the rows on the device, the networks and plan,
+        the device's CSV topped up, the start. Each step can be taken again: :meth:`run` repeats it all after a
+        dropped connection."""
+        s = self.summary
+        try:
+            self.remote.makedirs(self.run_dir)
+        except CONNECTION_ERRORS as exc:
+            if not self.remote.alive or isinstance(exc, socket.timeout):
+                raise
+            raise DeviceError(f"device '{self.dev.name}': cannot create the work folder {self.run_dir} "
+                              f"({self._why_no_folder(exc)}); set [devices.{self.dev.name}] workdir to a folder "
+                              "the device's user can write") from None
+        self._preflight()
+        self._ship_code()
+        while True:
+            state = self._detach("status")
+            if state["state"] != "running":
+                break
+            self.progress(self.dev.name, -1, self.summary.expected, "attaching to a running campaign")
+            s.attached = True
+            self._follow()  # a run from an earlier invocation: let it finish, then top up
+        self._pull()
+        self._ship()
+        self._seed_remote()
+        if self.cancel.is_set():  # interrupted while shipping: start nothing
+            self._interrupted()
+        self._start()
+
     def run(self) -> DeviceSummary:
         """The whole campaign for this device; the summary says how it ended."""
         t0 = time.monotonic()
@@ -381,29 +415,23 @@ class RemoteProfiler:
                 s.status = "login failed" if isinstance(exc, LoginError) else "unreachable"
                 raise exc
             self.run_dir = str(PurePosixPath(self.remote.expand(self.dev.workdir), remote_dir_name(self.dev.name)))
-            try:
-                self.remote.makedirs(self.run_dir)
-            except CONNECTION_ERRORS as exc:
-                if not self.remote.alive or isinstance(exc, socket.timeout):
-                    raise
-                raise DeviceError(f"device '{self.dev.name}': cannot create the work folder {self.run_dir} "
-                                  f"({self._why_no_folder(exc)}); set [devices.{self.dev.name}] workdir to a folder "
-                                  "the device's user can write") from None
-            self._preflight()
-            self._ship_code()
-            while True:
-                state = self._detach("status")
-                if state["state"] != "running":
+            drops = 0
+            while True:  # a connection dropped while the run is set up: reconnect and set it up again (bounded)
+                try:
+                    self._set_up()
                     break
-                self.progress(self.dev.name, -1, self.summary.expected, "attaching to a running campaign")
-                s.attached = True
-                self._follow()  # a run from an earlier invocation: let it finish, then top up
-            self._pull()
-            self._ship()
-            self._seed_remote()
-            if self.cancel.is_set():  # interrupted while shipping: start nothing
-                self._interrupted()
-            self._start()
+                except CONNECTION_ERRORS as exc:
+                    if self.remote.alive and not isinstance(exc, (socket.timeout, EOFError)):
+                        raise  # the connection stands: a file problem, not a drop
+                    drops += 1
+                    if drops >= SETUP_ATTEMPTS:
+                        raise DeviceError(f"device '{self.dev.name}': connection lost: {describe_error(exc)} "
+                                          f"({drops} times while the run was set up, reconnected after each but the "
+                                          "last); rerun the profile stage to resume (rows taken stay, and a run "
+                                          "already started goes on on the device)") from None
+                    self.progress(self.dev.name, -1, self.summary.expected, "connection lost while setting up: "
+                                  "reconnecting")
+                    self._reconnect()
             ended = self._follow()
             if ended.get("rc") != 0:
                 raise self._runner_ended(ended.get("rc"))
@@ -413,7 +441,7 @@ class RemoteProfiler:
             s.message = str(exc)
             if s.status not in ("unreachable", "login failed"):
                 s.status = "failed"
-        except CONNECTION_ERRORS as exc:  # while setting the run up (following it, a drop is reconnected)
+        except CONNECTION_ERRORS as exc:  # a file problem while setting the run up (a drop is reconnected)
             s.status, s.message = "failed", (f"device '{self.dev.name}': connection lost: {describe_error(exc)}; "
                                              "rerun the profile stage to resume (rows taken stay, and a run already "
                                              "started goes on on the device)")
