@@ -63,7 +63,7 @@ OPTION_STAGES = {
     "input_shape": ("predict",),
     "optimizer": ("profile", "fingerprint", "predict", "all"), "loss": ("profile", "fingerprint", "predict", "all"),
     "momentum": ("profile", "fingerprint", "all"), "weight_decay": ("profile", "fingerprint", "all"),
-    "retry_errors": ("profile", "all"),
+    "retry_errors": ("profile", "all"), "remeasure": ("profile", "all"),
     "predictor": ("fingerprint", "predict", "all"), "refit": ("fingerprint", "all"),
     "format": ("import", "export"), "source": ("import",), "output": ("export",),
     "device": ("profile", "fingerprint", "predict", "compare", "all", "import", "export", "check"),
@@ -142,6 +142,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--retry-errors", action="store_true",
                         help="profile: measure again the configurations whose row is an error (a crashed or timed-out "
                              "measurement); the new row is appended and counts, the old one stays in the CSV")
+    parser.add_argument("--remeasure", nargs="+", metavar="NET[@BATCH]",
+                        help="profile: measure these networks again (at every batch size, or at BATCH alone) on "
+                             "this machine's devices; their earlier rows move to superseded.csv beside the "
+                             "measurements, and the fingerprint fits the new ones")
     parser.add_argument("--predictor", choices=("trees", "gnn", "ensemble"),
                         help="fingerprint: which predictor to fit (ensemble = trees and GNN); predict: which to use "
                              "(default: [fingerprint] predictor of the config)")

@@ -189,7 +189,7 @@ def run_profile(cfg: Config, args: argparse.Namespace) -> int:
     """Profile the dataset's networks on the ``--device`` names (else ``[profile] devices``, else every configured
     device) and print each one's summary; 0 when every device finished, else 1."""
     from perf4sight.networks.settings import changed_settings_note
-    from perf4sight.profiling.fleet import format_summaries, profile_devices
+    from perf4sight.profiling.fleet import SUPERSEDED_CSV, format_summaries, profile_devices, remeasure_specs
 
     names = _configured(cfg, cfg.devices_to_profile(args.device))
     descriptions = dataset_descriptions(cfg)
@@ -204,9 +204,19 @@ def run_profile(cfg: Config, args: argparse.Namespace) -> int:
     if cfg.profile.loss != DEFAULT_LOSS:
         console.print(f"the measured step's loss: {cfg.profile.loss} ([profile] loss): its rows say so, beside any "
                       "of another loss", markup=False)
-    summaries = profile_devices(cfg, names, descriptions)
+    remeasure = None
+    if getattr(args, "remeasure", None):  # checked before any device is locked or measured
+        from perf4sight.ir.schema import load_description
+        networks = [load_description(d).name for d in descriptions]
+        remeasure = remeasure_specs(cfg, names, networks, args.remeasure)
+    summaries = profile_devices(cfg, names, descriptions, remeasure=remeasure)
     console.print(format_summaries(summaries), markup=False)
     for s in summaries:
+        if remeasure:
+            moved = results_path(cfg.profiling_dir, s.device).with_name(SUPERSEDED_CSV)
+            console.print(f"{s.device}: --remeasure: " + (f"{plural(s.superseded, 'earlier row')} moved to {moved}, "
+                          "measured again above" if s.superseded else "no earlier row to move (none measured yet)"),
+                          markup=False)
         if results_path(cfg.profiling_dir, s.device).is_file():
             console.print(f"{s.device}: measurements in {results_path(cfg.profiling_dir, s.device)}", markup=False)
             rows = read_rows(results_path(cfg.profiling_dir, s.device))
@@ -320,9 +330,12 @@ def _load_note(cfg: Config, device: str, rows: list[dict[str, str]], fitting: bo
         on_device = f" and from {dev.workdir.rstrip('/')}/{remote_dir_name(device)}/measurements.csv on {dev.host}"
     one = len(loaded) == 1
     it = "it" if one else "them"
+    nets = sorted({str(r.get("network")) for r in loaded})
     again = (f"delete {'its line' if one else 'their lines'} from {results_path(cfg.profiling_dir, device)}"
-             f"{on_device}, then profile again while the device is quiet" if dev is not None  # else imported rows
-             else f"rerun {it} on a quiet device (no [devices.{device}] table here to profile it)")
+             f"{on_device}, then profile again while the device is quiet" if dev is not None and dev.host
+             else f"run --stage profile --device {device} --remeasure {' '.join(nets[:5])}{' ...' * (len(nets) > 5)}"
+             " while the device is quiet (the earlier rows move to superseded.csv)" if dev is not None
+             else f"rerun {it} on a quiet device (no [devices.{device}] table here to profile it)")  # imported rows
     return (f"note: {device}: {len(loaded)} of {plural(len(ok), 'ok row')} {'was' if one else 'were'} measured while "
             f"its 1-minute load average was {above}; up to {peak:g}, column load_avg_1m): other "
             f"work shared {'the CPU cores that launch its kernels' if gpu else 'its cores'}, so "

@@ -935,8 +935,9 @@ def test_the_fingerprint_stage_notes_the_rows_it_fits_that_were_measured_under_l
     (note,) = [line for line in run.stderr.splitlines() if "load average" in line]
     assert note == ("note: local: 2 of 9 ok rows were measured while its 1-minute load average was above 4.5 (its 4 "
                     "CPUs and half a CPU more; up to 6.25, column load_avg_1m): other work shared its cores, so their "
-                    "step times read high and noisy, and the fingerprint fits them; to measure them again, delete "
-                    f"their lines from {csv_path}, then profile again while the device is quiet")
+                    "step times read high and noisy, and the fingerprint fits them; to measure them again, run "
+                    "--stage profile --device local --remeasure a b while the device is quiet (the earlier rows move "
+                    "to superseded.csv)")
 
 
 def test_too_few_ok_rows_is_one_line_in_the_singular_too(tmp_path):

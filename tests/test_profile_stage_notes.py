@@ -4,15 +4,17 @@ one tiny network, batch sizes 1 and 2."""
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 from pathlib import Path
 
 from perf4sight.config import load_config
 from perf4sight.networks.build import write_manifest
+from perf4sight.profiling import results
 from perf4sight.profiling.runner import LOAD_ENV
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_profiling import write_config, write_net  # noqa: E402
+from test_profiling import ROOT, write_config, write_net  # noqa: E402
 
 
 def _project(folder: Path, names=("tiny",), batch_sizes=(1, 2), extra: str = "") -> Path:
@@ -59,3 +61,44 @@ def test_stage_all_says_the_busy_host_notes_once_and_the_drift_references_load_t
     assert "step times corrected for drift by the reference tiny @ 1 (2 measurements" in out.out
     assert stages.run("fingerprint", cfg, _args(refit=True)) == 0
     assert len([line for line in capsys.readouterr().err.splitlines() if "load average" in line]) == 2
+
+
+def _main(folder: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(folder / "config.toml"), *args],
+                          capture_output=True, text=True, cwd=folder, timeout=600)
+
+
+def test_remeasure_measures_chosen_rows_again_and_keeps_the_earlier_ones_aside(tmp_path):
+    """A user who thinks some ok rows were measured on a busy host could only delete CSV lines by hand to measure
+    them again. ``--remeasure NET@BATCH`` moves that row to superseded.csv beside the measurements and measures it
+    again; the measurements hold the new row alone, which the fingerprint stage reads. A name the profile does not
+    measure, or a batch size it does not, is one line naming it and the device, with the closest names; an SSH
+    device refuses it in one line; nothing is moved or measured then."""
+    from perf4sight.dataset import device_dataset
+
+    config = _project(tmp_path)
+    config.write_text(config.read_text() + '\n[devices.far]\nbackend = "cpu"\nhost = "127.0.0.1"\n')
+    first = _main(tmp_path, "--stage", "profile", "--device", "local")
+    assert first.returncode == 0 and "local: done — 2/2 rows (2 new) [ok 2]" in first.stdout, first.stderr[-2000:]
+    csv_path = results.results_path(tmp_path / "profiling_csvs", "local")
+    before = results.read_rows(csv_path)
+    for spec, said in (("tinny", "error: --remeasure tinny: 'tinny' is not one of the 1 network profiled on device "
+                                 "'local' (did you mean 'tiny'?)\n"),
+                       ("tiny@4", "error: --remeasure tiny@4: batch size 4 is not one of [profile] batch_sizes (1, 2) "
+                                  "profiled on device 'local'\n")):
+        refused = _main(tmp_path, "--stage", "profile", "--device", "local", "--remeasure", spec)
+        assert (refused.returncode, refused.stderr) == (2, said)
+    far = _main(tmp_path, "--stage", "profile", "--device", "far", "--remeasure", "tiny")
+    assert far.returncode == 2 and far.stderr.startswith("error: --remeasure: device 'far' is reached over SSH")
+    assert results.read_rows(csv_path) == before and not csv_path.with_name("superseded.csv").exists()
+    again = _main(tmp_path, "--stage", "profile", "--device", "local", "--remeasure", "tiny@2")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "local: done — 2/2 rows (1 new) [ok 2]" in again.stdout
+    assert (f"local: --remeasure: 1 earlier row moved to {csv_path.with_name('superseded.csv')}, measured again "
+            "above") in again.stdout
+    after = results.read_rows(csv_path)
+    assert [r["batch_size"] for r in after] == ["1", "2"] and after[0] == before[0]
+    assert after[1]["timestamp"] >= before[1]["timestamp"] and after[1] != before[1]
+    assert results.read_rows(csv_path.with_name("superseded.csv")) == [before[1]]
+    cfg = load_config(config)
+    assert device_dataset(cfg, "local")[2] == after  # what the fingerprint fits: the newest rows alone

@@ -836,8 +836,9 @@ def test_rows_measured_under_load_record_it_and_the_profile_stage_notes_them(tmp
     assert note == (f"note: local: 1 of 2 ok rows was measured while its 1-minute load average was above "
                     f"{cpus + 0.5:g} (its {cpus} CPU{'s' if cpus > 1 else ''} and half a CPU more; up to 1000, column "
                     "load_avg_1m): "
-                    "other work shared its cores, so its step time read high and noisy; to measure it again, delete "
-                    f"its line from {csv_path}, then profile again while the device is quiet")
+                    "other work shared its cores, so its step time read high and noisy; to measure it again, run "
+                    "--stage profile --device local --remeasure tiny while the device is quiet (the earlier rows move "
+                    "to superseded.csv)")
 
 
 def test_a_csv_from_before_the_load_was_recorded_reads_as_not_measured_under_load(tmp_path):

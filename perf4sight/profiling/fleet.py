@@ -8,8 +8,11 @@ seconds, disk in MiB.
 """
 from __future__ import annotations
 
+import csv
+import difflib
 import fcntl
 import importlib
+import io
 import os
 import subprocess
 import sys
@@ -23,16 +26,18 @@ from typing import Any, Iterator, Sequence
 
 from perf4sight.config import Config, DeviceConfig
 from perf4sight.errors import UserError
+from perf4sight.files import atomic_path
 from perf4sight.ir.schema import load_description
 from perf4sight.wording import plural
 from perf4sight.profiling.local import progress_bars, stop_runners
 from perf4sight.profiling.plan import training_phase
-from perf4sight.profiling.results import read_rows, results_path
+from perf4sight.profiling.results import append_row, batch_size_of, read_rows, results_path, row_key
 from perf4sight.profiling.outcome import (PROBE, DeviceSummary, covering, expected_keys, plan_counts, probe_facts,
                                           probe_problems)
 
 __all__ = ["DeviceCheck", "check_devices", "profile_devices", "device_lock", "import_lock", "refuse_another_backend",
-           "format_checks", "format_summaries", "PROFILE_LOCK", "REMOTE_RUNS_GO_ON"]
+           "format_checks", "format_summaries", "remeasure_specs", "supersede", "PROFILE_LOCK", "REMOTE_RUNS_GO_ON",
+           "SUPERSEDED_CSV"]
 
 #: The file in ``<profiling_dir>/<device>/`` that a profile of the device holds locked (:func:`device_lock`).
 PROFILE_LOCK = "profile.lock"
@@ -40,6 +45,11 @@ PROFILE_LOCK = "profile.lock"
 #: detached runs go on measuring, and their rows come over when the profile stage is run again.
 REMOTE_RUNS_GO_ON = ("measurements taken or pulled so far are on disk; a run started on an SSH device goes on "
                      "measuring there: rerun to resume and collect its rows")
+
+#: The file beside a device's measurements that ``--remeasure`` moves the rows it measures again into (the same
+#: columns; no stage reads it: the fingerprint fits the newer rows).
+SUPERSEDED_CSV = "superseded.csv"
+
 
 @dataclass
 class DeviceCheck:
@@ -284,12 +294,86 @@ def _first(messages: list[str], n: int = 3) -> list[str]:
     return messages[:n] + ([f"{len(messages) - n} more like it"] if len(messages) > n else [])
 
 
+def remeasure_specs(cfg: Config, devices: Sequence[str], networks: Sequence[str],
+                    specs: Sequence[str]) -> dict[str, set[int] | None]:
+    """``--remeasure``'s ``specs`` (``NETWORK`` or ``NETWORK@BATCH``) as network -> its batch sizes (None: every
+    one), checked against ``networks``, the names the profile of ``devices`` measures, and ``[profile]
+    batch_sizes``: ``UserError`` naming the spec and the devices, with the names closest to an unknown one, or for
+    a device reached over SSH (not supported there: its own CSV on the device holds the rows too)."""
+    remote = [d for d in devices if cfg.device(d).host]
+    if remote:
+        dev = cfg.device(remote[0])
+        raise UserError(f"--remeasure: device '{dev.name}' is reached over SSH ([devices.{dev.name}] host "
+                        f"{dev.host}), where it is not supported yet; to measure rows there again, delete their lines "
+                        f"from {results_path(cfg.profiling_dir, dev.name)} and from the device's own measurements.csv, "
+                        "then profile again")
+    wanted: dict[str, set[int] | None] = {}
+    where = f"device{'s' if len(devices) > 1 else ''} {', '.join(repr(d) for d in devices)}"
+    for spec in specs:
+        name, at, batch = spec.rpartition("@")
+        if not at or not batch.isdigit():
+            name, batch = spec, ""
+        if name not in networks:
+            close = difflib.get_close_matches(name, list(networks), n=3, cutoff=0.6)
+            guess = f" (did you mean {' or '.join(repr(n) for n in close)}?)" if close else ""
+            raise UserError(f"--remeasure {spec}: '{name}' is not one of the {plural(len(networks), 'network')} "
+                            f"profiled on {where}{guess}")
+        if batch and int(batch) not in cfg.profile.batch_sizes:
+            raise UserError(f"--remeasure {spec}: batch size {batch} is not one of [profile] batch_sizes "
+                            f"({', '.join(map(str, cfg.profile.batch_sizes))}) profiled on {where}")
+        if name in wanted and wanted[name] is None or not batch:
+            wanted[name] = None
+        else:
+            wanted[name] = (wanted.get(name) or set()) | {int(batch)}
+    return wanted
+
+
+def supersede(cfg: Config, dev: DeviceConfig, descriptions: Sequence[Path],
+              wanted: dict[str, set[int] | None]) -> list[dict[str, str]]:
+    """Move ``dev``'s rows of ``wanted`` (:func:`remeasure_specs`) among the plan's (``descriptions`` at ``[profile]
+    batch_sizes``, of its optimiser's step and loss) from its measurements to :data:`SUPERSEDED_CSV` beside them, so
+    that the profile measures them again; with an ``oom`` row moved, that network's ``skipped_after_oom`` rows at
+    larger batch sizes go too. Returns the rows moved. They are appended (fsync'd) there before the measurements are
+    rewritten without them (atomically; every other line kept as it is, a last line cut short dropped as the next
+    append drops it)."""
+    path = results_path(cfg.profiling_dir, dev.name)
+    plan = covering(expected_keys(dev.name, descriptions, cfg.profile.batch_sizes,
+                                  training_phase(cfg.profile.optimizer), cfg.profile.loss))
+    rows = [r for r in read_rows(path) if row_key(r) in plan and r["network"] in wanted]
+    chosen = [r for r in rows if wanted[r["network"]] is None or batch_size_of(r) in wanted[r["network"]]]
+    oom_at = {}
+    for r in chosen:
+        if r["status"] == "oom":
+            oom_at[r["network"]] = min(oom_at.get(r["network"], 10**9), batch_size_of(r))
+    moved = [r for r in rows if r in chosen or (r["status"] == "skipped_after_oom"
+                                                and batch_size_of(r) > oom_at.get(r["network"], 10**9))]
+    if not moved:
+        return []
+    for r in moved:
+        append_row(path.with_name(SUPERSEDED_CSV), r)
+    gone = {row_key(r) + (r.get("timestamp", ""),) for r in moved}
+    data = path.read_bytes()
+    records = list(csv.reader(io.StringIO(data.decode("utf-8-sig"), newline="")))
+    header, records = records[0], records[1:] if data.endswith(b"\n") else records[1:-1]  # [:-1]: a cut-short line
+    kept = [rec for rec in records if len(rec) != len(header)
+            or row_key(dict(zip(header, rec))) + (dict(zip(header, rec)).get("timestamp", ""),) not in gone]
+    with atomic_path(path, suffix=".remeasure") as tmp, tmp.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerows([header] + kept)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return moved
+
+
 def profile_devices(cfg: Config, names: Sequence[str] | None, descriptions: Sequence[str | Path], *,
-                    show_progress: bool = True, **follow: Any) -> list[DeviceSummary]:
+                    show_progress: bool = True, remeasure: dict[str, set[int] | None] | None = None,
+                    **follow: Any) -> list[DeviceSummary]:
     """Profile ``descriptions`` (network description files) on every named device at once, except that the
     devices of this machine (no ``host``) take turns: run side by side they would share its cores and memory
     bandwidth and slow each other's steps down.
 
+    ``remeasure`` (:func:`remeasure_specs`): configurations measured again on each device, their earlier rows
+    moved aside first (:func:`supersede`; counted in each summary's ``superseded``).
     ``follow`` tunes the SSH follower (``poll_s``, ``status_every_s``, ``connect_timeout_s``,
     ``reconnect_timeout_s``, ``max_restarts``; see RemoteProfiler). Rows land in
     ``<profiling_dir>/<device>/measurements.csv``. Returns one summary per device, in order. ``UserError``, before
@@ -313,7 +397,11 @@ def profile_devices(cfg: Config, names: Sequence[str] | None, descriptions: Sequ
             held.enter_context(device_lock(cfg.profiling_dir, dev.name))
         for dev in devices:
             refuse_another_backend(cfg, dev)
-        return _profile_all(cfg, devices, descs, show_progress, follow)
+        moved = {dev.name: supersede(cfg, dev, descs, remeasure) if remeasure else [] for dev in devices}
+        summaries = _profile_all(cfg, devices, descs, show_progress, follow)
+        for s in summaries:
+            s.superseded = len(moved.get(s.device, []))
+        return summaries
 
 
 def _profile_all(cfg: Config, devices: list[DeviceConfig], descs: list[Path], show_progress: bool,
