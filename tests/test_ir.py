@@ -3369,3 +3369,26 @@ def test_a_batch_norm_s_running_statistics_are_described_and_rebuilt(norm, attrs
     untracked = dataclasses.replace(node, attrs={**node.attrs, "track_running_stats": False})
     read = [HANDLERS["batchnorm2d"](n, [[4, 6, 6]], False).bytes_read for n in (node, untracked)]
     assert read[0] - read[1] == (0 if attrs.get("track_running_stats") is False else 2 * 4 * 4)  # its [4] statistics
+
+
+@pytest.mark.parametrize("attrs, inputs, expected", [
+    ({"compare": "gt", "threshold": 0.0}, 3, None),
+    ({"compare": "above", "threshold": 0.0}, 3, r"attr 'compare' must be one of gt, ge, lt, le, eq, ne, got 'above'"),
+    ({"compare": "gt", "threshold": 0.0, "if_true": 1.0, "if_false": 0.0}, 1,
+     r"attrs 'if_true' and 'if_false' exclude each other"),
+    ({"compare": "gt", "threshold": 0.0, "if_false": 0.0}, 3, r"needs 2 inputs \(the condition's, then each branch"),
+])
+def test_a_where_node_s_attrs_and_inputs_are_checked_by_name(attrs, inputs, expected):
+    """A description's ``where`` node: its compare, its branches given as numbers and its inputs are refused by name
+    (``_where_problem``, read once by ``_attr_problem``)."""
+    d = _conv_description()
+    conv = d["nodes"][1]["name"]
+    d["nodes"].append({"name": "gate", "op": "where", "inputs": [conv] * inputs, "attrs": attrs,
+                       "output_shape": d["nodes"][1]["output_shape"]})
+    d["output"] = "gate"
+    d.pop("params")
+    if expected is None:
+        assert NetworkDescription.from_dict(d).node("gate").attrs == attrs
+        return
+    with pytest.raises(UserError, match=rf"conv.json: node 'gate' \(where\): {expected}"):
+        NetworkDescription.from_dict(d, where="conv.json")

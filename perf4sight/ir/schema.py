@@ -477,8 +477,10 @@ def _attr_problem(node: "Node") -> str:
                                      or node.attrs["padding_mode"] not in GRID_SAMPLE_PADDINGS):
         return (f"mode {node.attrs['mode']!r} and padding_mode {node.attrs['padding_mode']!r} must be one of "
                 f"{', '.join(GRID_SAMPLE_MODES)} and of {', '.join(GRID_SAMPLE_PADDINGS)}")
-    if node.op == "where" and _where_problem(node):
-        return _where_problem(node)
+    if node.op == "where":
+        problem = _where_problem(node)  # worked out once
+        if problem:
+            return problem
     if node.op == "weighted_sum" and node.attrs["num_inputs"] < 2:
         return f"attr 'num_inputs' must be at least 2, got {node.attrs['num_inputs']!r}"
     if node.op == "interpolate" and node.attrs.get("align_corners") and node.attrs["mode"] != "bilinear":
