@@ -54,3 +54,19 @@ def test_a_connection_dropped_while_the_run_is_set_up_is_reconnected_and_the_run
     assert cuts and cuts[0] >= 1
     assert format_summaries([summary]) == "dev-r: done — 1/1 rows (1 new, 1 reconnect) [ok 1]"
     assert len(_rows(cfg, "dev-r")) == 1
+
+
+def test_the_log_tail_says_why_the_last_run_stopped(tmp_path, monkeypatch):
+    """``_log_tail`` (each log line parsed once): the last run's error event, else its last line that is no event (a
+    traceback's), "" where it stopped between events; an earlier run's error is not the last run's."""
+    cfg = _config(tmp_path, {"d": {"host": "127.0.0.1", "known_hosts": str(tmp_path / "kh")}})
+    profiler = RemoteProfiler(cfg, cfg.device("d"), [])
+    plan, row = '{"event": "plan", "total": 2}', '{"event": "row", "index": 1}'
+    for lines, said in (([plan, '{"event": "error", "message": "earlier"}', plan, row], ""),
+                        ([plan, row, "Traceback (most recent call last):", "  MemoryError:   out  "], "MemoryError: out"),
+                        ([plan, '{"event": "error", "message": "bad plan"}', row], "bad plan"),
+                        ([plan, "null"], "None")):
+        monkeypatch.setattr(profiler, "_log_lines", lambda lines=lines: lines)
+        assert profiler._log_tail() == said
+    monkeypatch.setattr(profiler, "_log_lines", lambda: None)
+    assert profiler._log_tail() == "unavailable"

@@ -47,6 +47,8 @@ __all__ = ["DeviceSummary", "RemoteProfiler", "code_files", "expected_keys", "co
 
 Progress = Callable[[str, int, int, str], None]  # (device, done, total, note)
 
+_NOT_JSON = object()  # a log line that is no JSON (a traceback's), as :meth:`RemoteProfiler._log_tail` reads it
+
 #: How many times the run is set up (the code, networks and plan shipped) before a connection that drops each time
 #: fails the device; each drop is reconnected as the measurement phase reconnects (``reconnect_timeout_s``).
 SETUP_ATTEMPTS = 3
@@ -331,19 +333,17 @@ class RemoteProfiler:
         lines = self._log_lines()
         if lines is None:
             return "unavailable"
-        last_run: list[str] = []
+        last_run: list[tuple[str, object]] = []  # (line, its JSON: ``_NOT_JSON`` where it is none), each parsed once
         for line in lines:
             try:
                 event = json.loads(line)
             except ValueError:
-                event = None
+                event = _NOT_JSON
             if isinstance(event, dict) and event.get("event") == "plan":
                 last_run = []  # every run appends to the log: an earlier run's error is not this one's
-            last_run.append(line)
-        for line in reversed(last_run):
-            try:
-                event = json.loads(line)
-            except ValueError:
+            last_run.append((line, event))
+        for line, event in reversed(last_run):
+            if event is _NOT_JSON:
                 return " ".join(line.split())[-300:]
             if not isinstance(event, dict) or event.get("event") == "error":
                 return str(event.get("message", "") if isinstance(event, dict) else event)[-300:]
