@@ -63,7 +63,8 @@ def test_the_log_tail_says_why_the_last_run_stopped(tmp_path, monkeypatch):
     profiler = RemoteProfiler(cfg, cfg.device("d"), [])
     plan, row = '{"event": "plan", "total": 2}', '{"event": "row", "index": 1}'
     for lines, said in (([plan, '{"event": "error", "message": "earlier"}', plan, row], ""),
-                        ([plan, row, "Traceback (most recent call last):", "  MemoryError:   out  "], "MemoryError: out"),
+                        ([plan, row, "Traceback (most recent call last):", "  MemoryError:   out  "],
+                         "MemoryError: out"),
                         ([plan, '{"event": "error", "message": "bad plan"}', row], "bad plan"),
                         ([plan, "null"], "None")):
         monkeypatch.setattr(profiler, "_log_lines", lambda lines=lines: lines)
