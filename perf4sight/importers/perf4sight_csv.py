@@ -475,8 +475,9 @@ def import_perf4sight(source_dir: str | Path, device: str, profiling_dir: str | 
         if label in thrashing:
             summary.thrashing.append(label)
     summary.networks = sorted(variants)
+    with_rows = {v for v, _ in pairs}  # the networks of the source's rows, worked out once for both kinds
     for kind in ("memory", "latency"):  # a file missing, empty or cut short before its first row
-        missing = sorted({v for (v, _), files in pairs.items()} - {v for (v, _), files in pairs.items() if files[kind]})
+        missing = sorted(with_rows - {v for (v, _), files in pairs.items() if files[kind]})
         if missing:
             summary.kind_missing[kind] = missing
     return summary
