@@ -143,9 +143,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                         help="profile: measure again the configurations whose row is an error (a crashed or timed-out "
                              "measurement); the new row is appended and counts, the old one stays in the CSV")
     parser.add_argument("--remeasure", nargs="+", metavar="NET[@BATCH]",
-                        help="profile: measure these networks again (at every batch size, or at BATCH alone) on "
-                             "this machine's devices; their earlier rows move to superseded.csv beside the "
-                             "measurements, and the fingerprint fits the new ones")
+                        help="profile: measure these networks again (at every batch size, or at BATCH alone); "
+                             "their earlier rows move to superseded.csv beside the measurements (off an SSH "
+                             "device's own CSV too), and the fingerprint fits the new ones")
     parser.add_argument("--predictor", choices=("trees", "gnn", "ensemble"),
                         help="fingerprint: which predictor to fit (ensemble = trees and GNN); predict: which to use "
                              "(default: [fingerprint] predictor of the config)")

@@ -189,7 +189,8 @@ def run_profile(cfg: Config, args: argparse.Namespace) -> int:
     """Profile the dataset's networks on the ``--device`` names (else ``[profile] devices``, else every configured
     device) and print each one's summary; 0 when every device finished, else 1."""
     from perf4sight.networks.settings import changed_settings_note
-    from perf4sight.profiling.fleet import SUPERSEDED_CSV, format_summaries, profile_devices, remeasure_specs
+    from perf4sight.profiling.fleet import format_summaries, profile_devices, remeasure_specs
+    from perf4sight.profiling.results import SUPERSEDED_CSV
 
     names = _configured(cfg, cfg.devices_to_profile(args.device))
     descriptions = dataset_descriptions(cfg)
@@ -312,7 +313,7 @@ def _once(args: argparse.Namespace, device: str, **said: str) -> list[str]:
 def _load_note(cfg: Config, device: str, rows: list[dict[str, str]], fitting: bool = False) -> str:
     """A note on ``device``'s ``ok`` rows measured while its 1-minute load average was more than half a CPU above
     its CPU count (``results.under_load``: other work shared its cores), '' if none: how many, the largest load,
-    that their step times read high and noisy, and how to measure them again (an SSH device's own CSV too).
+    that their step times read high and noisy, and how to measure them again (``--remeasure``).
     ``fitting``: said by the fingerprint stage, which fits them (a device profiled earlier learns it there too)."""
     ok = [r for r in rows if r.get("status") == "ok"]
     loaded = [r for r in ok if under_load(r)]
@@ -324,16 +325,10 @@ def _load_note(cfg: Config, device: str, rows: list[dict[str, str]], fitting: bo
              if len(counts) == 1 else f"more than half a CPU above its CPU count ({' / '.join(map(str, counts))}")
     gpu = all(r.get("backend") in ("nvml", "jetson") for r in loaded)
     dev = cfg.devices.get(device)
-    on_device = ""
-    if dev is not None and dev.host:  # its rows come back from the device's own CSV unless they go there too
-        from perf4sight.profiling.remote import remote_dir_name
-        on_device = f" and from {dev.workdir.rstrip('/')}/{remote_dir_name(device)}/measurements.csv on {dev.host}"
     one = len(loaded) == 1
     it = "it" if one else "them"
     nets = sorted({str(r.get("network")) for r in loaded})
-    again = (f"delete {'its line' if one else 'their lines'} from {results_path(cfg.profiling_dir, device)}"
-             f"{on_device}, then profile again while the device is quiet" if dev is not None and dev.host
-             else f"run --stage profile --device {device} --remeasure {' '.join(nets[:5])}{' ...' * (len(nets) > 5)}"
+    again = (f"run --stage profile --device {device} --remeasure {' '.join(nets[:5])}{' ...' * (len(nets) > 5)}"
              " while the device is quiet (the earlier rows move to superseded.csv)" if dev is not None
              else f"rerun {it} on a quiet device (no [devices.{device}] table here to profile it)")  # imported rows
     return (f"note: {device}: {len(loaded)} of {plural(len(ok), 'ok row')} {'was' if one else 'were'} measured while "

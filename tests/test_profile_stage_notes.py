@@ -72,12 +72,11 @@ def test_remeasure_measures_chosen_rows_again_and_keeps_the_earlier_ones_aside(t
     """A user who thinks some ok rows were measured on a busy host could only delete CSV lines by hand to measure
     them again. ``--remeasure NET@BATCH`` moves that row to superseded.csv beside the measurements and measures it
     again; the measurements hold the new row alone, which the fingerprint stage reads. A name the profile does not
-    measure, or a batch size it does not, is one line naming it and the device, with the closest names; an SSH
-    device refuses it in one line; nothing is moved or measured then."""
+    measure, or a batch size it does not, is one line naming it and the device, with the closest names; nothing is
+    moved or measured then."""
     from perf4sight.dataset import device_dataset
 
     config = _project(tmp_path)
-    config.write_text(config.read_text() + '\n[devices.far]\nbackend = "cpu"\nhost = "127.0.0.1"\n')
     first = _main(tmp_path, "--stage", "profile", "--device", "local")
     assert first.returncode == 0 and "local: done — 2/2 rows (2 new) [ok 2]" in first.stdout, first.stderr[-2000:]
     csv_path = results.results_path(tmp_path / "profiling_csvs", "local")
@@ -88,8 +87,6 @@ def test_remeasure_measures_chosen_rows_again_and_keeps_the_earlier_ones_aside(t
                                   "profiled on device 'local'\n")):
         refused = _main(tmp_path, "--stage", "profile", "--device", "local", "--remeasure", spec)
         assert (refused.returncode, refused.stderr) == (2, said)
-    far = _main(tmp_path, "--stage", "profile", "--device", "far", "--remeasure", "tiny")
-    assert far.returncode == 2 and far.stderr.startswith("error: --remeasure: device 'far' is reached over SSH")
     assert results.read_rows(csv_path) == before and not csv_path.with_name("superseded.csv").exists()
     again = _main(tmp_path, "--stage", "profile", "--device", "local", "--remeasure", "tiny@2")
     assert again.returncode == 0, again.stderr[-2000:]

@@ -877,21 +877,22 @@ def test_a_csv_from_before_the_load_was_recorded_reads_as_not_measured_under_loa
 
 
 def test_the_load_note_of_an_ssh_gpu_device_names_its_own_csv_and_says_may(tmp_path):
-    """An SSH device's rows come back from its own CSV unless they are deleted there too, so the note names both
-    files; on a GPU the host's load slows only the launches: its step times may read high."""
+    """The note of an SSH device's rows names the --remeasure that measures them again (it takes them off the
+    device's own CSV too; the note named both files to delete them from); on a GPU the host's load slows only the
+    launches: its step times may read high."""
     from perf4sight.config import load_config as load
     from perf4sight.stages import _load_note
 
     (tmp_path / "config.toml").write_text('[devices.gpu]\nbackend = "nvml"\nhost = "gpu1.lab"\nworkdir = "/data/p4s"\n')
     cfg = load(tmp_path / "config.toml")
-    row = {"device": "gpu", "backend": "nvml", "status": "ok", "load_avg_1m": "17.2", "cpu_count": "16"}
+    row = {"device": "gpu", "backend": "nvml", "network": "resnet18", "status": "ok", "load_avg_1m": "17.2",
+           "cpu_count": "16"}
     rows = [row, dict(row, load_avg_1m="16.4"), dict(row, status="oom", load_avg_1m="40"), dict(row, cpu_count="")]
     assert _load_note(cfg, "gpu", rows, fitting=True) == (
         "note: gpu: 1 of 3 ok rows was measured while its 1-minute load average was above 16.5 (its 16 CPUs and half "
         "a CPU more; up to 17.2, column load_avg_1m): other work shared the CPU cores that launch its kernels, so its "
-        "step time may read high and noisy, and the fingerprint fits it; to measure it again, delete its line from "
-        f"{tmp_path / 'profiling_csvs' / 'gpu' / 'measurements.csv'} and from /data/p4s/gpu/measurements.csv on "
-        "gpu1.lab, then profile again while the device is quiet")
+        "step time may read high and noisy, and the fingerprint fits it; to measure it again, run --stage profile "
+        "--device gpu --remeasure resnet18 while the device is quiet (the earlier rows move to superseded.csv)")
     assert _load_note(cfg, "gpu", rows[1:]) == ""  # within half a CPU of the count; an oom's time is no figure
     imported = _load_note(cfg, "exported-gpu", [dict(row, device="exported-gpu")])  # no [devices] table to profile
     assert imported.endswith("so its step time may read high and noisy; to measure it again, rerun it on a quiet "

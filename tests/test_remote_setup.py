@@ -71,3 +71,25 @@ def test_the_log_tail_says_why_the_last_run_stopped(tmp_path, monkeypatch):
         assert profiler._log_tail() == said
     monkeypatch.setattr(profiler, "_log_lines", lambda: None)
     assert profiler._log_tail() == "unavailable"
+
+
+def test_remeasure_on_an_ssh_device_takes_the_rows_off_its_own_csv_and_measures_them_again(servers, tmp_path):
+    """``--remeasure`` of an SSH device: the local row moves to superseded.csv, the device's own CSV loses it too
+    (else its runner counts it as measured and the puller brings it back), the run measures it again and the new
+    row comes over alone; the other batch size stays where it was, on both sides."""
+    a, _ = servers
+    cfg = _config(tmp_path, {"dev-m": _device(a, tmp_path)}, batch_sizes=(1, 2))
+    (desc,) = _descriptions(tmp_path, ["alpha"])
+    (first,) = profile_devices(cfg, ["dev-m"], [desc], show_progress=False, **FAST)
+    assert first.status == "done" and first.new_rows == 2, format_summaries([first])
+    before = _rows(cfg, "dev-m")
+    time.sleep(1.1)  # a new row's timestamp (whole seconds) differs from the old one's
+    (again,) = profile_devices(cfg, ["dev-m"], [desc], show_progress=False, remeasure={"alpha": {2}}, **FAST)
+    assert format_summaries([again]) == "dev-m: done — 2/2 rows (1 new) [ok 2]"
+    assert again.superseded == 1
+    after = _rows(cfg, "dev-m")
+    assert len(after) == 2 and after[0] == before[0] and after[1]["batch_size"] == "2" and after[1] != before[1]
+    local_aside = results.results_path(cfg.profiling_dir, "dev-m").with_name("superseded.csv")
+    assert results.read_rows(local_aside) == [before[1]]
+    on_device = results.read_rows(tmp_path / "remote work" / "dev-m" / "measurements.csv")
+    assert [r["timestamp"] for r in on_device] == [r["timestamp"] for r in after]

@@ -31,13 +31,13 @@ from perf4sight.ir.schema import load_description
 from perf4sight.wording import plural
 from perf4sight.profiling.local import progress_bars, stop_runners
 from perf4sight.profiling.plan import training_phase
-from perf4sight.profiling.results import append_row, batch_size_of, read_rows, results_path, row_key
+from perf4sight.profiling.results import (SUPERSEDED_CSV, append_row, batch_size_of, read_rows, results_path,
+                                         row_key)
 from perf4sight.profiling.outcome import (PROBE, DeviceSummary, covering, expected_keys, plan_counts, probe_facts,
                                           probe_problems)
 
 __all__ = ["DeviceCheck", "check_devices", "profile_devices", "device_lock", "import_lock", "refuse_another_backend",
-           "format_checks", "format_summaries", "remeasure_specs", "supersede", "PROFILE_LOCK", "REMOTE_RUNS_GO_ON",
-           "SUPERSEDED_CSV"]
+           "format_checks", "format_summaries", "remeasure_specs", "supersede", "PROFILE_LOCK", "REMOTE_RUNS_GO_ON"]
 
 #: The file in ``<profiling_dir>/<device>/`` that a profile of the device holds locked (:func:`device_lock`).
 PROFILE_LOCK = "profile.lock"
@@ -45,11 +45,6 @@ PROFILE_LOCK = "profile.lock"
 #: detached runs go on measuring, and their rows come over when the profile stage is run again.
 REMOTE_RUNS_GO_ON = ("measurements taken or pulled so far are on disk; a run started on an SSH device goes on "
                      "measuring there: rerun to resume and collect its rows")
-
-#: The file beside a device's measurements that ``--remeasure`` moves the rows it measures again into (the same
-#: columns; no stage reads it: the fingerprint fits the newer rows).
-SUPERSEDED_CSV = "superseded.csv"
-
 
 @dataclass
 class DeviceCheck:
@@ -298,15 +293,7 @@ def remeasure_specs(cfg: Config, devices: Sequence[str], networks: Sequence[str]
                     specs: Sequence[str]) -> dict[str, set[int] | None]:
     """``--remeasure``'s ``specs`` (``NETWORK`` or ``NETWORK@BATCH``) as network -> its batch sizes (None: every
     one), checked against ``networks``, the names the profile of ``devices`` measures, and ``[profile]
-    batch_sizes``: ``UserError`` naming the spec and the devices, with the names closest to an unknown one, or for
-    a device reached over SSH (not supported there: its own CSV on the device holds the rows too)."""
-    remote = [d for d in devices if cfg.device(d).host]
-    if remote:
-        dev = cfg.device(remote[0])
-        raise UserError(f"--remeasure: device '{dev.name}' is reached over SSH ([devices.{dev.name}] host "
-                        f"{dev.host}), where it is not supported yet; to measure rows there again, delete their lines "
-                        f"from {results_path(cfg.profiling_dir, dev.name)} and from the device's own measurements.csv, "
-                        "then profile again")
+    batch_sizes``: ``UserError`` naming the spec and the devices, with the names closest to an unknown one."""
     wanted: dict[str, set[int] | None] = {}
     where = f"device{'s' if len(devices) > 1 else ''} {', '.join(repr(d) for d in devices)}"
     for spec in specs:
@@ -398,15 +385,16 @@ def profile_devices(cfg: Config, names: Sequence[str] | None, descriptions: Sequ
         for dev in devices:
             refuse_another_backend(cfg, dev)
         moved = {dev.name: supersede(cfg, dev, descs, remeasure) if remeasure else [] for dev in devices}
-        summaries = _profile_all(cfg, devices, descs, show_progress, follow)
+        summaries = _profile_all(cfg, devices, descs, show_progress, follow, moved)
         for s in summaries:
             s.superseded = len(moved.get(s.device, []))
         return summaries
 
 
 def _profile_all(cfg: Config, devices: list[DeviceConfig], descs: list[Path], show_progress: bool,
-                 follow: dict[str, Any]) -> list[DeviceSummary]:
-    """:func:`profile_devices` once its checks are passed and its devices' locks held."""
+                 follow: dict[str, Any], moved: dict[str, list[dict[str, str]]]) -> list[DeviceSummary]:
+    """:func:`profile_devices` once its checks are passed and its devices' locks held (``moved``: each device's rows
+    --remeasure moved aside, which an SSH device's own CSV loses too)."""
     bars = progress_bars() if show_progress else None
     tasks: dict[str, Any] = {}
     lock = threading.Lock()
@@ -439,7 +427,8 @@ def _profile_all(cfg: Config, devices: list[DeviceConfig], descs: list[Path], sh
             _require_ssh(dev)
             from perf4sight.profiling.remote import RemoteProfiler
 
-            profiler = RemoteProfiler(cfg, dev, descs, progress=progress, cancel=cancel, **follow)
+            profiler = RemoteProfiler(cfg, dev, descs, progress=progress, cancel=cancel,
+                                      superseded=moved.get(dev.name, ()), **follow)
             return profiler.run()
         # a UserError, e.g. an unreadable description: this device fails, the others go on; and so on a bug
         except Exception as exc:  # noqa: BLE001 - a bug on one device must not take down the others

@@ -17,7 +17,9 @@ its CSV before the start), and the local CSV never gets a key twice. Times in se
 """
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
 import json
 import os
 import signal
@@ -57,6 +59,15 @@ SETUP_ATTEMPTS = 3
 _HOST_ONLY = {"ssh.py", "remote.py", "fleet.py", "pull.py", "probe.py", "local.py", "outcome.py"}
 
 
+def _key_or_none(row: dict) -> tuple[str, ...] | None:
+    """``results.row_key`` of a row read off a device's CSV, None for a line that has none (no network, a batch size
+    that is no number)."""
+    try:
+        return results.row_key(row)
+    except (KeyError, ValueError):
+        return None
+
+
 def known_hosts_path(cfg: Config, dev: DeviceConfig) -> Path:
     """The known_hosts file a device is checked against (config-relative path, else ~/.ssh/known_hosts)."""
     return cfg.resolve(dev.known_hosts) if dev.known_hosts else default_known_hosts()
@@ -93,7 +104,7 @@ class RemoteProfiler:
     def __init__(self, cfg: Config, dev: DeviceConfig, descriptions: Sequence[Path], *,
                  progress: Progress | None = None, poll_s: float = 1.0, status_every_s: float = 10.0,
                  connect_timeout_s: float = 10.0, reconnect_timeout_s: float | None = None, max_restarts: int = 2,
-                 cancel: threading.Event | None = None) -> None:
+                 cancel: threading.Event | None = None, superseded: Sequence[dict] = ()) -> None:
         self.cfg, self.dev = cfg, dev
         self.cancel = cancel or threading.Event()  # set: stop following (the detached run goes on on the device)
         self.descriptions = [Path(d) for d in descriptions]
@@ -114,6 +125,9 @@ class RemoteProfiler:
         # the drift reference's rows ([profile] reference_every), pulled beside the measurements
         self.reference_puller = CsvPuller(results.references_path(cfg.profiling_dir, dev.name), key=reference_key) \
             if cfg.profile.reference_every > 0 else None
+        # rows --remeasure moved aside here (fleet.supersede): taken off the device's CSV too, and never pulled back
+        self.superseded = list(superseded)
+        self.puller.copied |= {results.row_key(r) + (str(r.get("timestamp", "")),) for r in self.superseded}
         self.run_dir = ""
         self.code_dir = ""
         self.started = False  # a run this invocation started: the rows pulled from then on are its measurements
@@ -234,6 +248,36 @@ class RemoteProfiler:
         except ValueError as exc:
             raise DeviceError(f"device '{self.dev.name}': {csv_path}: {exc}; move it away and rerun") from None
         self.remote.put_bytes(data, csv_path)
+        self.puller.reset()
+
+    def _supersede_on_device(self) -> None:
+        """Take the rows of the configurations ``--remeasure`` measures again (``self.superseded``'s keys) off the
+        device's CSV (no run active), so that its runner measures them; a row there that this machine's CSV did not
+        hold joins the others in ``superseded.csv`` here. Every other line stays as it is."""
+        keys = {results.row_key(r) for r in self.superseded}
+        csv_path = self._path("measurements.csv")
+        data = self.remote.read_from(csv_path, 0, limit=sys.maxsize)
+        records = list(csv.reader(io.StringIO(data[:results.complete_records(data)].decode("utf-8", "replace"),
+                                              newline="")))
+        if not records:
+            return
+        header, kept, gone = records[0], [records[0]], []
+        for rec in records[1:]:
+            row = dict(zip(header, rec))
+            if len(rec) == len(header) and _key_or_none(row) in keys:
+                gone.append(row)
+            else:
+                kept.append(rec)
+        if not gone:
+            return
+        local = self.puller.copied
+        aside = results.results_path(self.cfg.profiling_dir, self.dev.name).with_name(results.SUPERSEDED_CSV)
+        for row in gone:
+            if results.row_key(row) + (str(row.get("timestamp", "")),) not in local:
+                results.append_row(aside, {k: v for k, v in row.items() if k in results.COLUMNS})
+        buf = io.StringIO(newline="")
+        csv.writer(buf).writerows(kept)
+        self.remote.put_bytes(buf.getvalue().encode(), csv_path)
         self.puller.reset()
 
     def _start(self) -> None:
@@ -395,6 +439,8 @@ class RemoteProfiler:
             self.progress(self.dev.name, -1, self.summary.expected, "attaching to a running campaign")
             s.attached = True
             self._follow()  # a run from an earlier invocation: let it finish, then top up
+        if self.superseded:
+            self._supersede_on_device()
         self._pull()
         self._ship()
         self._seed_remote()

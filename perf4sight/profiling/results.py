@@ -21,7 +21,8 @@ from perf4sight.errors import UserError
 from perf4sight.files import atomic_path, naming_file
 
 __all__ = ["COLUMNS", "STATUSES", "append_row", "upgrade_file", "read_rows", "measured_keys", "row_key", "results_path",
-           "references_path", "REFERENCES_CSV", "op_prices_path", "OP_PRICES_JSON", "file_sha", "split_stale", "number",
+           "references_path", "REFERENCES_CSV", "SUPERSEDED_CSV", "op_prices_path", "OP_PRICES_JSON", "file_sha",
+           "split_stale", "number",
            "batch_size_of", "latest_rows",
            "phase_of", "loss_of", "under_load", "LOAD_MARGIN"]
 
@@ -116,6 +117,10 @@ def references_path(profiling_dir: Union[str, Path], device: str) -> Path:
     ``<profiling_dir>/<device>/references.csv``."""
     return Path(profiling_dir) / device / REFERENCES_CSV
 
+
+#: The file name beside a device's measurements that ``--stage profile --remeasure`` moves the rows it measures again
+#: into (the same columns; no stage reads it, so the fingerprint fits the newer rows). Host-side only.
+SUPERSEDED_CSV = "superseded.csv"
 
 #: The file name of a CPU device's op prices (``op_prices.py``), beside its measurements (locally and on the device).
 OP_PRICES_JSON = "op_prices.json"
