@@ -42,7 +42,7 @@ LONGEST_FILES = {"test_remote_reruns.py": 95, "test_profiling_signals.py": 91, "
                  "test_profiling.py": 84, "test_end_to_end.py": 77, "test_optimizers.py": 69, "test_ir.py": 57,
                  "test_networks_stage.py": 44, "test_losses.py": 43, "test_fingerprint.py": 42, "test_networks.py": 39,
                  "test_allocator.py": 31, "test_packaging.py": 27, "test_report.py": 23,
-                 "test_perfseer_round_trip.py": 20, "test_backends_gpu.py": 15, "test_op_prices.py": 15,
+                 "test_perfseer_round_trip.py": 20, "test_backends_gpu.py": 15, "test_op_prices.py": 6,
                  "test_networks_rerun.py": 12, "test_config.py": 11, "test_features.py": 9}
 
 
