@@ -39,7 +39,7 @@ def quiet_load():
 #: order (files with the most tests first) left test_end_to_end.py (3 tests, 77 s) for last: one worker ran it alone
 #: for about a minute while the other had finished. A file not named here follows them, in collection order.
 LONGEST_FILES = {"test_remote_reruns.py": 75, "test_profiling_signals.py": 70, "test_remote.py": 45,
-                 "test_profiling.py": 84, "test_end_to_end.py": 77, "test_optimizers.py": 69, "test_ir.py": 57,
+                 "test_profiling.py": 76, "test_end_to_end.py": 77, "test_optimizers.py": 69, "test_ir.py": 57,
                  "test_networks_stage.py": 44, "test_losses.py": 43, "test_fingerprint.py": 42, "test_networks.py": 39,
                  "test_allocator.py": 31, "test_packaging.py": 27, "test_report.py": 23,
                  "test_perfseer_round_trip.py": 20, "test_backends_gpu.py": 15, "test_op_prices.py": 6,
