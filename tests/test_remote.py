@@ -154,6 +154,19 @@ def _wait_rows(cfg, device: str, n: int, timeout_s: float = 90, worker: threadin
         time.sleep(0.1)
 
 
+def _first_with_a_row(cfg, devices: list[str], worker: threading.Thread, out: dict, timeout_s: float = 90) -> str:
+    """The first of ``devices`` to have a local row; fails at once (with the summaries) if ``worker`` ended first."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for device in devices:
+            if _rows(cfg, device):
+                return device
+        if not worker.is_alive() or time.monotonic() >= deadline:
+            why = format_summaries(out["s"]) if "s" in out else "run still going"
+            pytest.fail(f"no row for any of {devices} within {timeout_s} s; {why}")
+        time.sleep(0.1)
+
+
 def _keys_once(rows: list[dict]) -> set:
     keys = [results.row_key(r) for r in rows]
     assert len(keys) == len(set(keys)), f"duplicated rows: {keys}"
@@ -171,16 +184,19 @@ def test_two_devices_survive_cut_connection_and_killed_run_then_rerun_adds_nothi
     worker = threading.Thread(target=lambda: out.setdefault("s", profile_devices(
         cfg, ["dev-a", "dev-b"], descs, show_progress=False, **FAST)))
     worker.start()
-    # device a: the network drops (every SSH connection killed, the server down for a while)
-    _wait_rows(cfg, "dev-a", 1, worker=worker, out=out)
-    assert len(_rows(cfg, "dev-a")) < 2, "the run finished before the fault could be injected"
-    a.stop()
-    # device b: the run itself dies (supervisor, runner and child killed, as in a crash)
-    _wait_rows(cfg, "dev-b", 1, worker=worker, out=out)
     run_json = tmp_path / "remote work" / "dev-b" / "run.json"
-    assert not run_json.with_name("run.exit").exists(), "the run finished before it could be killed"
-    os.killpg(json.loads(run_json.read_text())["pid"], signal.SIGKILL)
-    time.sleep(1.5)
+    pending = ["dev-a", "dev-b"]
+    while pending:  # each device's fault once its first row is in, whichever device comes first
+        dev = _first_with_a_row(cfg, pending, worker, out)
+        pending.remove(dev)
+        if dev == "dev-a":  # the network drops (every SSH connection killed, the server down for a while)
+            assert len(_rows(cfg, "dev-a")) < 2, "the run finished before the fault could be injected"
+            a.stop()
+            stopped = time.monotonic()
+        else:  # the run itself dies (supervisor, runner and child killed, as in a crash)
+            assert not run_json.with_name("run.exit").exists(), "the run finished before it could be killed"
+            os.killpg(json.loads(run_json.read_text())["pid"], signal.SIGKILL)
+    time.sleep(max(0.0, stopped + 1.5 - time.monotonic()))
     a.start()
     worker.join(timeout=180)
     assert not worker.is_alive()
