@@ -125,7 +125,7 @@ def test_resume_never_duplicates(measured, tmp_path):
     assert len(keys) == len(set(keys)) == 3
 
 
-def test_changed_description_is_measured_again_and_its_old_rows_are_passed_over(tmp_path):
+def test_changed_description_is_measured_again_and_its_old_rows_are_passed_over(measured, tmp_path):
     """Same name, another network: the profile stage measures it again (a warning says so), keeps the old
     rows on disk, and the host's stages (fingerprint, compare, export) see only the current ones."""
     from perf4sight.fingerprint.api import device_measurements
@@ -135,8 +135,11 @@ def test_changed_description_is_measured_again_and_its_old_rows_are_passed_over(
     cfg = load_config(write_config(tmp_path, batch_sizes=(1,)))
     net = write_net(cfg.models_dir, "tiny", width=16)
     write_manifest([{"network": "tiny", "family": "tiny", "path": net.name}], cfg.models_dir / "manifest.csv")
+    csv_path = results.results_path(cfg.profiling_dir, "local")  # the fixture's row of the same description
+    csv_path.parent.mkdir(parents=True)
+    csv_path.write_text("".join(measured[2].csv_path.read_text().splitlines(keepends=True)[:2]))
     first = profile_local(cfg, "local", [net], progress=False)
-    assert (first.ok, first.warnings) == (1, [])
+    assert (first.already_measured, first.ok, first.warnings) == (1, 0, [])
     old_sha = results.read_rows(first.csv_path)[0]["description_sha"]
     assert old_sha == results.file_sha(net.read_bytes())
 
