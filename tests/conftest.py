@@ -63,3 +63,42 @@ def pytest_collection_modifyitems(items) -> None:
     def seconds(item) -> int:
         return LONGEST_FILES.get(item.path.name, 0)
     items.sort(key=lambda item: -seconds(item))
+
+
+def _cli_in_this_process(folder: Path, *args: str) -> int:
+    """``python main.py ARGS`` run in this process in ``folder`` (``perf4sight.cli.main``): its exit code. This
+    process's folder, environment and SIGTERM handler (which the command line sets) are put back after it."""
+    from perf4sight import cli
+
+    cwd, environ, sigterm = os.getcwd(), dict(os.environ), signal.getsignal(signal.SIGTERM)
+    os.chdir(folder)
+    try:
+        return cli.main(list(args), prog="main.py")
+    finally:
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(environ)
+        signal.signal(signal.SIGTERM, sigterm)
+
+
+@pytest.fixture(scope="session")
+def cli_in_process():
+    """``cli_in_process(folder, *args)``: the command line run in this process, its exit code (its output is the
+    test's). For a stage that imports torch (seconds a fresh process) where the process boundary is not what a test
+    checks; a module's fixture can take it."""
+    return _cli_in_this_process
+
+
+@pytest.fixture
+def cli_here(capsys):
+    """``cli_here(folder, *args)``: :func:`cli_in_process` with its ``returncode``, ``stdout`` and ``stderr``, as
+    ``subprocess.run`` gives them."""
+    from types import SimpleNamespace
+
+    def run(folder: Path, *args: str) -> SimpleNamespace:
+        capsys.readouterr()
+        code = _cli_in_this_process(folder, *args)
+        out, err = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+
+    return run

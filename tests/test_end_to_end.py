@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import os
 import re
@@ -81,9 +82,11 @@ def all_stages(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     return folder, run
 
 
-def test_all_stages_then_predict_json(all_stages, tmp_path):
+def test_all_stages_then_predict_json(all_stages, tmp_path, cli_here):
     folder, run = all_stages
     shutil.copytree(folder, tmp_path, dirs_exist_ok=True)
+    # a predict that imports torch, where the process boundary is not what is checked: in this process
+    here = functools.partial(cli_here, tmp_path, "--config", str(tmp_path / "config.toml"))
     # --json: stdout is the predict stage's JSON lines alone ([networks] zoo at [predict] batch_sizes' default 8);
     # banners, progress, accuracy tables, the compare table and the summary go to stderr
     predicted = [json.loads(line) for line in run.stdout.splitlines()]
@@ -137,9 +140,9 @@ def test_all_stages_then_predict_json(all_stages, tmp_path):
     assert len(list(csv.DictReader((tmp_path / "profiling_csvs" / "local" / "measurements.csv").open()))) == 8
     (tmp_path / "config.toml").write_text(CONFIG)
 
-    pred = main_py(tmp_path, "--stage", "predict", "--device", "local", "--network", "resnet18",
-                   manifest[0]["path"] and str(tmp_path / "models" / manifest[0]["path"]), "resnet18_l25",
-                   "--batch-size", "2", "8", "--json")
+    pred = here("--stage", "predict", "--device", "local", "--network", "resnet18",
+                manifest[0]["path"] and str(tmp_path / "models" / manifest[0]["path"]), "resnet18_l25",
+                "--batch-size", "2", "8", "--json")
     assert pred.returncode == 0, pred.stderr
     assert "batch size 8: outside the training rows' 2..4" in pred.stderr  # a note, on stderr beside the JSON
     assert "capacity is unknown" in pred.stderr  # no oom row, no memory_limit_mb: 'fits' says nothing
@@ -177,8 +180,8 @@ def test_all_stages_then_predict_json(all_stages, tmp_path):
 
     # --input-shape: the zoo name described at it and the dataset's variant rebuilt at it are one network, larger
     # than at the training shape; a description file of three channels cannot take one
-    at_48 = main_py(tmp_path, "--stage", "predict", "--network", "resnet18", "resnet18_l0", "--batch-size", "2",
-                    "--input-shape", "3", "48", "48", "--json")
+    at_48 = here("--stage", "predict", "--network", "resnet18", "resnet18_l0", "--batch-size", "2",
+                 "--input-shape", "3", "48", "48", "--json")
     assert at_48.returncode == 0, at_48.stderr
     zoo_48, dataset_48 = ({k: v for k, v in json.loads(line).items() if k != "network"}
                           for line in at_48.stdout.splitlines())
@@ -187,8 +190,8 @@ def test_all_stages_then_predict_json(all_stages, tmp_path):
     assert analytic_memory_mb(tmp_path, cached[48], 2) > analytic_memory_mb(tmp_path, cached[32], 2)
     assert ("resnet18, resnet18_l0 described at another input shape than this fingerprint's training networks "
             "(3x32x32): expect larger errors") in " ".join(at_48.stderr.split())
-    gray = main_py(tmp_path, "--stage", "predict", "--network", str(tmp_path / "models" / manifest[0]["path"]),
-                   "--batch-size", "2", "--input-shape", "1", "32", "32")
+    gray = here("--stage", "predict", "--network", str(tmp_path / "models" / manifest[0]["path"]),
+                "--batch-size", "2", "--input-shape", "1", "32", "32")
     assert gray.returncode == 2 and gray.stderr.strip().splitlines()[-1].startswith(
         f"error: {manifest[0]['network']}: takes 3-channel images (described at 3x32x32), not 1-channel ones")
 
@@ -241,8 +244,8 @@ def test_all_stages_then_predict_json(all_stages, tmp_path):
     # the table says what 'fits' means (to 0.1 MiB where a row's memory would read as the capacity: _capacity_mib)
     assert table.returncode == 0 and re.search(r"fits: under 2,000(\.0)? MiB", table.stdout), table.stdout
     # the least pruning at which resnet18 fits a batch it does not fit unpruned: the level below it does not fit
-    prune = main_py(tmp_path, "--stage", "predict", "--network", "resnet18", "--batch-size", str(b), str(b + 1),
-                    "--prune-to-fit", "--json")
+    prune = here("--stage", "predict", "--network", "resnet18", "--batch-size", str(b), str(b + 1),
+                 "--prune-to-fit", "--json")
     assert prune.returncode == 0, prune.stderr
     whole, least = [json.loads(line) for line in prune.stdout.splitlines()]
     assert set(least) == PREDICTION_KEYS | {"max_latency_ms", "pruning_level", "achieved_level", "variant"}
@@ -258,8 +261,8 @@ def test_all_stages_then_predict_json(all_stages, tmp_path):
     assert wrong.returncode == 2 and "--prune-to-fit: gen_0_0: cannot be pruned here" in wrong.stderr
     # your own code, named on the command line (FILE.py:FUNCTION): predicted, and pruned as [networks] factories are
     shutil.copy(ROOT / "models" / "imagenet" / "tiny_nets.py", tmp_path / "nets.py")
-    mine = main_py(tmp_path, "--stage", "predict", "--network", "nets.py:tiny_vgg", "--batch-size", str(b + 1),
-                   "--prune-to-fit", "--json")
+    mine = here("--stage", "predict", "--network", "nets.py:tiny_vgg", "--batch-size", str(b + 1),
+                "--prune-to-fit", "--json")
     assert mine.returncode == 0, mine.stderr
     (own,) = [json.loads(line) for line in mine.stdout.splitlines()]
     assert own["network"] == "tiny_vgg" and own["variant"] == f"tiny_vgg_l{own['pruning_level']}" and own["fits"]
@@ -270,7 +273,7 @@ def test_all_stages_then_predict_json(all_stages, tmp_path):
         "    def forward(self, x):\n        return self.fc(self.conv(x).mean((2, 3)))\n\n\n"
         "def spare(num_classes=10):\n    model = Spare()\n    model.conv.requires_grad_(False)  # a frozen layer\n"
         "    return model\n")
-    spare = main_py(tmp_path, "--stage", "predict", "--network", "spare.py:spare", "--batch-size", "2", "--json")
+    spare = here("--stage", "predict", "--network", "spare.py:spare", "--batch-size", "2", "--json")
     assert spare.returncode == 0, spare.stderr
     assert ("parameters that no layer of the forward reads are left out of the description, and so of the "
             "prediction: spare 0.26 M (1 MiB as fp32)") in " ".join(spare.stderr.split())
