@@ -4,6 +4,7 @@ errors, description files and factories beside one another."""
 from __future__ import annotations
 
 import csv
+import functools
 import subprocess
 import sys
 import warnings
@@ -31,7 +32,7 @@ from test_networks import CLASSES, ROOT, SHAPE, TINY, _tiny, _train_step  # noqa
 warnings.filterwarnings("ignore", module="torch_pruning")
 
 
-def test_an_unreachable_level_is_left_out_and_a_rerun_says_what_changed(tmp_path: Path) -> None:
+def test_an_unreachable_level_is_left_out_and_a_rerun_says_what_changed(tmp_path: Path, cli_here) -> None:
     """A level that min_channels keeps a network from reaching stopped the whole stage, with no manifest: it is
     left out with a note; a rerun after a config edit says which variants it added and which it no longer makes,
     and the profile stage's note says when [networks] changed since the manifest was written."""
@@ -43,6 +44,7 @@ def test_an_unreachable_level_is_left_out_and_a_rerun_says_what_changed(tmp_path
     config.write_text(text)
     cmd = [sys.executable, str(ROOT / "main.py"), "--config", str(config), "--stage", "networks"]
     first = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    rerun = functools.partial(cli_here, tmp_path, *cmd[2:])  # the reruns in this process: no torch to load each
     assert first.returncode == 0, first.stderr[-2000:]
     assert "note: tiny_vgg_l90 left out: with min_channels=32 tiny_vgg cannot reach 90% (it reaches" in first.stderr
     assert "manifest changed" not in first.stdout  # a first run: nothing to compare with
@@ -57,18 +59,18 @@ def test_an_unreachable_level_is_left_out_and_a_rerun_says_what_changed(tmp_path
 
     config.write_text(text.replace("[0, 30, 90]", "[0, 50]"))
     assert "changed since the networks stage wrote" in changed_settings_note(load_config(config))
-    second = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    second = rerun()
     assert second.returncode == 0, second.stderr[-2000:]
     assert "manifest changed: 1 added (tiny_vgg_l50), 1 no longer made (tiny_vgg_l30;" in second.stdout
     assert changed_settings_note(load_config(config)) is None
 
     config.write_text(text.replace("[0, 30, 90]", "[0, 50]").replace("min_channels = 32", "min_channels = 8"))
-    third = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    third = rerun()
     assert third.returncode == 0, third.stderr[-2000:]
     assert "manifest changed: 1 changed under the same name (tiny_vgg_l50; the profile stage measures" in third.stdout
 
     config.write_text(text.replace("[0, 30, 90]", "[90]"))
-    none_left = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    none_left = rerun()
     assert none_left.returncode == 2 and "no network made: every [networks.pruning] level was out of reach" \
         in none_left.stderr
     with (tmp_path / "models" / "manifest.csv").open() as fh:  # the last manifest is kept as it was
@@ -76,20 +78,20 @@ def test_an_unreachable_level_is_left_out_and_a_rerun_says_what_changed(tmp_path
 
     # back to a level the first run made under other settings: added, not also "changed" (it said both)
     config.write_text(text.replace("[0, 30, 90]", "[0, 30]").replace("min_channels = 32", "min_channels = 8"))
-    back = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    back = rerun()
     assert back.returncode == 0, back.stderr[-2000:]
     assert "manifest changed: 1 added (tiny_vgg_l30), 1 no longer made (tiny_vgg_l50;" in back.stdout
     assert "changed under the same name" not in back.stdout
 
     # run again as it is: every file as it was, not rewritten, and said so (it printed nothing and rewrote all)
     written = {p: p.stat().st_mtime_ns for p in (tmp_path / "models").rglob("*") if p.is_file()}
-    same = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    same = rerun()
     assert same.returncode == 0 and "manifest unchanged: every variant as the last run made it" in same.stdout
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "models").rglob("*") if p.is_file()} == written
     # another strategy's folder: every variant is another file (its "strategy" differs), measured again: said so
     config.write_text(text.replace("[0, 30, 90]", "[0, 30]").replace("min_channels = 32", "min_channels = 8")
                       + 'strategy = "random"\n')
-    other = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    other = rerun()
     assert other.returncode == 0, other.stderr[-2000:]
     assert "manifest changed: 2 changed under the same name (tiny_vgg_l0, tiny_vgg_l30;" in other.stdout
 
@@ -439,7 +441,7 @@ def test_the_seeded_forward_of_lazy_layers_keeps_each_layers_mode() -> None:
     assert model[-1].weight.shape == (CLASSES, 8)  # the lazy layer has its weights
 
 
-def test_the_stage_says_which_networks_batch_one_cannot_train(tmp_path: Path) -> None:
+def test_the_stage_says_which_networks_batch_one_cannot_train(tmp_path: Path, cli_here) -> None:
     """A batch norm over a 1x1 map has one value per channel in a batch of one image, which torch refuses in
     training: the stage says so where the profile's batch sizes hold 1 (its rows there are errors), not otherwise."""
     (tmp_path / "heads.py").write_text(
@@ -461,6 +463,6 @@ def test_the_stage_says_which_networks_batch_one_cannot_train(tmp_path: Path) ->
     assert run.returncode == 0, run.stderr[-2000:]
     assert "note: batch 1 does not train pooled_bn_l0 at all: a batch norm over a 1x1 map" in run.stderr
     config.write_text(text + "[profile]\nbatch_sizes = [2, 4]\n")
-    run = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
-    assert run.returncode == 0 and "batch 1 does not train" not in run.stderr
+    run = cli_here(tmp_path, *cmd[2:])  # in this process: no torch to load again
+    assert run.returncode == 0 and "manifest unchanged" in run.stdout and "batch 1 does not train" not in run.stderr
 
