@@ -145,27 +145,34 @@ gnn_patience = 3
 """
 
 
-def _main(folder: Path, optimizer: str, *args: str) -> subprocess.CompletedProcess:
+def _main(folder: Path, optimizer: str, *args: str, here=None) -> subprocess.CompletedProcess:
+    """``python main.py ARGS`` in ``folder`` with CONFIG of ``optimizer``; with ``here`` (the ``cli_here``
+    fixture) in this process instead: a stage that loads torch or scikit-learn (seconds a process) where the
+    process boundary is not what is checked."""
     (folder / "config.toml").write_text(CONFIG.format(optimizer=optimizer))
+    if here:
+        return here(folder, "--config", str(folder / "config.toml"), *args)
     return subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(folder / "config.toml"), *args],
                           capture_output=True, text=True, cwd=folder, timeout=600)
 
 
 @pytest.fixture(scope="module")
-def sgd_measured(tmp_path_factory) -> Path:
-    """The start both round trips share: ``wide`` and ``tiny`` described, the networks stage run and the
-    configurations measured with SGD (batch sizes 1 and 2: 4 rows). Each test works on a copy."""
+def sgd_measured(tmp_path_factory, cli_in_process) -> Path:
+    """The start both round trips share: ``wide`` and ``tiny`` described, the networks stage run (in this process:
+    it loads torch) and the configurations measured with SGD (batch sizes 1 and 2: 4 rows). Each test works on a
+    copy."""
     folder = tmp_path_factory.mktemp("sgd")
     save_description(describe(wide(), SHAPE, "wide"), folder / "wide.json")
     save_description(describe(tiny(), SHAPE, "tiny"), folder / "tiny.json")
-    for stage in ("networks", "profile"):
-        run = _main(folder, "sgd", "--stage", stage)
-        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    (folder / "config.toml").write_text(CONFIG.format(optimizer="sgd"))
+    assert cli_in_process(folder, "--config", str(folder / "config.toml"), "--stage", "networks") == 0
+    run = _main(folder, "sgd", "--stage", "profile")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert "4/4 rows (4 new)" in run.stdout
     return folder
 
 
-def test_profile_fingerprint_and_predict_with_adam_beside_sgd(sgd_measured, tmp_path):
+def test_profile_fingerprint_and_predict_with_adam_beside_sgd(sgd_measured, tmp_path, cli_here):
     """One device measured with SGD, then with Adam: the Adam sweep measures every configuration again (the phase
     is part of a row's key) and its real optimiser's moments and scratch show in the peak RSS; each optimiser's
     rows fit a fingerprint of their own, which says whose it is, and a config naming a third finds none."""
@@ -181,7 +188,7 @@ def test_profile_fingerprint_and_predict_with_adam_beside_sgd(sgd_measured, tmp_
     for bs in ("1", "2"):  # Adam's second moment on top of SGD's momentum, and more: the update's scratch
         assert peak["train_adam", "wide_l0", bs] - peak["train", "wide_l0", bs] > params_mib
 
-    fitted = _main(tmp_path, "adam", "--stage", "fingerprint", "--predictor", "ensemble")
+    fitted = _main(tmp_path, "adam", "--stage", "fingerprint", "--predictor", "ensemble", here=cli_here)
     assert fitted.returncode == 0, fitted.stdout[-2000:] + fitted.stderr[-2000:]
     assert "training step: Adam (the optimiser of its rows)" in fitted.stdout
     meta = json.loads((tmp_path / "fingerprinting" / "local" / "metadata.json").read_text())
@@ -193,7 +200,7 @@ def test_profile_fingerprint_and_predict_with_adam_beside_sgd(sgd_measured, tmp_
     assert table.returncode == 0 and "predicted training step (Adam) on local by the ensemble" in table.stdout, \
         table.stderr[-2000:]
     # the config's optimiser chooses the rows: with SGD's, a fingerprint of SGD's step
-    sgd = _main(tmp_path, "sgd", "--stage", "fingerprint")
+    sgd = _main(tmp_path, "sgd", "--stage", "fingerprint", here=cli_here)
     assert sgd.returncode == 0 and "training step: SGD with momentum" in sgd.stdout, sgd.stderr[-2000:]
     assert json.loads((tmp_path / "fingerprinting" / "local" / "metadata.json").read_text())["optimizer"] == "sgd"
     # asked about Adam's step, the SGD fingerprint reads its features, and says so; the JSON keys are the same
@@ -215,7 +222,7 @@ def test_profile_fingerprint_and_predict_with_adam_beside_sgd(sgd_measured, tmp_
     other.parent.mkdir()
     for r in (r for r in rows if r["phase"] == "train"):
         results.append_row(other, dict(r, device="other"))
-    both = _main(tmp_path, "adam", "--stage", "fingerprint")
+    both = _main(tmp_path, "adam", "--stage", "fingerprint", here=cli_here)
     assert both.returncode == 0 and "training step: Adam" in both.stdout, both.stderr[-2000:]
     assert "other: not fitted: its rows are of steps with sgd, none with Adam ([profile] optimizer); --optimizer " \
            "sgd fits one of its rows" in both.stderr and not (tmp_path / "fingerprinting" / "other").exists()
@@ -241,7 +248,8 @@ def test_profile_fingerprint_and_predict_with_adam_beside_sgd(sgd_measured, tmp_
     assert "only with adam and sgd: set [profile] optimizer to fit those, or profile it again" in local.stderr
 
 
-def test_a_plain_sgd_step_with_weight_decay_is_measured_again_and_fitted_as_such(sgd_measured, tmp_path):
+def test_a_plain_sgd_step_with_weight_decay_is_measured_again_and_fitted_as_such(sgd_measured, tmp_path,
+                                                                              cli_here):
     """``[profile] momentum = 0`` and ``weight_decay``: the child runs that real update, the rows record both, the
     sweep measures again the configurations measured with another update (the newest row of a key counts), the peak
     RSS loses the momentum buffer's copy of the parameters and gains the decayed gradient's, and the fingerprint fits
@@ -251,8 +259,11 @@ def test_a_plain_sgd_step_with_weight_decay_is_measured_again_and_fitted_as_such
 
     def main(update: str, stage: str) -> subprocess.CompletedProcess:
         (tmp_path / "config.toml").write_text(base.replace('optimizer = "sgd"', 'optimizer = "sgd"\n' + update))
-        run = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", "config.toml", "--stage", stage],
-                             capture_output=True, text=True, cwd=tmp_path, timeout=600)
+        if stage == "fingerprint":  # scikit-learn's seconds: in this process
+            run = cli_here(tmp_path, "--config", "config.toml", "--stage", stage)
+        else:
+            run = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", "config.toml", "--stage", stage],
+                                 capture_output=True, text=True, cwd=tmp_path, timeout=600)
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
         return run
 
