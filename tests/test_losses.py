@@ -107,26 +107,31 @@ n_estimators = 10
 """
 
 
-def _main(folder: Path, loss: str, *args: str, batch_sizes: str = "[1, 2]",
-          code: int = 0) -> subprocess.CompletedProcess:
+def _main(folder: Path, loss: str, *args: str, batch_sizes: str = "[1, 2]", code: int = 0,
+          here=None) -> subprocess.CompletedProcess:
+    """``python main.py ARGS`` in ``folder``; with ``here`` (the ``cli_here`` fixture) in this process instead: a
+    stage that loads torch or scikit-learn (seconds a process) where the process boundary is not what is checked."""
     (folder / "config.toml").write_text(CONFIG.format(loss=loss, batch_sizes=batch_sizes))
-    run = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(folder / "config.toml"), *args],
-                         capture_output=True, text=True, cwd=folder, timeout=600)
+    if here:
+        run = here(folder, "--config", str(folder / "config.toml"), *args)
+    else:
+        run = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(folder / "config.toml"), *args],
+                             capture_output=True, text=True, cwd=folder, timeout=600)
     assert run.returncode == code, run.stdout[-2000:] + run.stderr[-2000:]
     return run
 
 
-def test_image_to_image_networks_profiled_and_fitted_with_mse_beside_cross_entropy(tmp_path):
+def test_image_to_image_networks_profiled_and_fitted_with_mse_beside_cross_entropy(tmp_path, cli_here):
     """Two tiny image-to-image networks measured on this CPU with ``loss = "mse"``: the rows say so, the fingerprint
     fits them and its metadata says ``mse``, and predict asked for a cross entropy's step says its fingerprint is of
     another loss; ``--loss cross_entropy`` measures the configurations again (the loss is part of a row's key),
     beside the MSE rows."""
     save_description(describe(image_to_image(8), SHAPE, "narrow"), tmp_path / "narrow.json")
     save_description(describe(image_to_image(16), SHAPE, "wide"), tmp_path / "wide.json")
-    _main(tmp_path, "mse", "--stage", "networks")
+    _main(tmp_path, "mse", "--stage", "networks", here=cli_here)  # torch's seconds: in this process
     run = _main(tmp_path, "mse", "--stage", "profile")
     assert "4/4 rows (4 new)" in run.stdout and "the measured step's loss: mse" in run.stdout
-    fitted = _main(tmp_path, "mse", "--stage", "fingerprint")
+    fitted = _main(tmp_path, "mse", "--stage", "fingerprint", here=cli_here)  # scikit-learn's seconds: in this process
     assert "training step: SGD with momentum, MSE loss" in fitted.stdout
     assert json.loads((tmp_path / "fingerprinting" / "local" / "metadata.json").read_text())["loss"] == "mse"
     asked = ["--stage", "predict", "--network", "narrow_l0", "--batch-size", "2", "--json"]
