@@ -1,6 +1,7 @@
 """Networks stage: pruning levels and strategies, the generator's styles, factories, the stage."""
 from __future__ import annotations
 
+import copy
 import csv
 import json
 import os
@@ -228,13 +229,17 @@ def test_convnext_prunes_its_stream_with_its_layer_scales_and_its_blocks_mlp() -
     """ConvNeXt's residual stream is multiplied by each block's layer scale, a parameter outside any layer: it is cut
     with the layers of the stream (and torch-pruning's warning about it is not shown), as are the blocks' MLP
     widths. The fast parameter count is exact (a meta copy cut the same way agrees), and the pruned network
-    describes, rebuilds and trains."""
+    describes, rebuilds and trains. torchvision's ConvNeXt at convnext_tiny's widths with 1, 1, 2 and 1 blocks a
+    stage (convnext_tiny's 3, 3, 9 and 3: the same modules, seconds more to trace, cut and train)."""
     import numpy as np
+    from torchvision.models.convnext import CNBlockConfig, ConvNeXt
 
     from perf4sight.networks import prune_plan as pp
     from perf4sight.networks.pruning import count_parameters
 
-    base = build_zoo_model("convnext_tiny", num_classes=10)
+    stages = [CNBlockConfig(96, 192, 1), CNBlockConfig(192, 384, 1), CNBlockConfig(384, 768, 2),
+              CNBlockConfig(768, None, 1)]
+    base = ConvNeXt(stages, stochastic_depth_prob=0.1, num_classes=10)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="Unwrapped parameters")
         plan = PruningPlan(base, SHAPE)
@@ -272,7 +277,8 @@ def test_a_swin_transformer_is_refused_for_pruning_at_once() -> None:
     with pytest.raises(UserError, match="maxvit_t: a Swin or MaxViT transformer cannot be pruned"):
         PruningPlan(maxvit, [3, 224, 224], network="maxvit_t")
     assert prune_model(model, [3, 64, 64], 0, network="swin_t").achieved_level == 0
-    src = Source("swin_t", "torchvision:swin_t", lambda: build_zoo_model("swin_t", CLASSES))
+    built = build_zoo_model("swin_t", CLASSES)  # once (a build draws 28 M weights): a copy for each call
+    src = Source("swin_t", "torchvision:swin_t", lambda: copy.deepcopy(built))
     (desc,) = prune_source(src, [3, 64, 64], [0], "l1-norm", 4, 0)
     assert desc.name == "swin_t_l0" and desc.params == zoo_params
     with pytest.raises(UserError, match="cannot be pruned"):
@@ -291,15 +297,20 @@ def test_a_swin_transformer_is_refused_for_pruning_at_once() -> None:
 def test_a_vit_prunes_its_mlps_and_keeps_its_token_width() -> None:
     """A ViT's token width runs through every attention layer (whose heads would have to shrink alike) and the
     model reshapes by a width attribute of its own: that group stays whole, said in the description; the MLPs'
-    hidden widths are pruned, and the pruned network describes, rebuilds and trains."""
+    hidden widths are pruned, and the pruned network describes, rebuilds and trains. torchvision's ViT class at two
+    layers of width 64 (its MLPs the wider part): the zoo's vit_b_32 (12 layers, 88 M parameters) has the same
+    modules and took seconds more to trace, prune and train."""
+    from torchvision.models.vision_transformer import VisionTransformer
+
     shape = [3, 64, 64]
-    base = build_zoo_model("vit_b_32", num_classes=CLASSES, input_shape=shape)
+    base = VisionTransformer(image_size=64, patch_size=32, num_layers=2, num_heads=4, hidden_dim=64, mlp_dim=1024,
+                             num_classes=CLASSES)
     pruned = PruningPlan(base, shape).prune(40)
     assert abs(pruned.achieved_level - 40) <= 1.0
     assert pruned.extra["pruning_unpruned_groups"] == {"an attention's embedding width": 1}
-    desc = describe(pruned.module, shape, name="vit_b_32_l40")
-    assert {n.attrs["embed_dim"] for n in desc.nodes if n.op == "attention"} == {768}
-    assert all(n.attrs["out_features"] < 3072 for n in desc.nodes if n.op == "linear" and n.name.endswith("mlp_0"))
+    desc = describe(pruned.module, shape, name="vit_l40")
+    assert {n.attrs["embed_dim"] for n in desc.nodes if n.op == "attention"} == {64}
+    assert all(n.attrs["out_features"] < 1024 for n in desc.nodes if n.op == "linear" and n.name.endswith("mlp_0"))
     _train_step(desc)
 
 
