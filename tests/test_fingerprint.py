@@ -877,13 +877,9 @@ def _measured_tiny_networks(folder, widths: dict[str, int], listed: list[str]) -
     write_manifest(rows, folder / "models" / "manifest.csv")
 
 
-def test_fingerprint_notes_rows_of_networks_removed_from_the_config(tmp_path):
+def test_fingerprint_notes_rows_of_networks_removed_from_the_config(tmp_path, cli_here):
     """Rows of a network no longer in models/manifest.csv (removed from the config) were left out of the fit
     without a word: one note gives their count and names the networks."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     _measured_tiny_networks(tmp_path, {"a": 8, "b": 16, "c": 24, "gone": 32, "big": 40},
                             listed=["a", "b", "c", "big"])
     csv_path = results_path(tmp_path / "profiling_csvs", "local")  # big: out of memory at every batch size
@@ -891,9 +887,7 @@ def test_fingerprint_notes_rows_of_networks_removed_from_the_config(tmp_path):
                                   for line in csv_path.read_text().splitlines()) + "\n")
     (tmp_path / "config.toml").write_text('[networks]\nzoo = []\ninput_shape = [3, 16, 16]\n'
                                           '[devices.local]\nbackend = "cpu"\n[fingerprint]\nn_estimators = 10\n')
-    main = Path(__file__).resolve().parents[1] / "main.py"
-    run = subprocess.run([sys.executable, str(main), "--config", str(tmp_path / "config.toml"), "--stage",
-                          "fingerprint"], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    run = cli_here(tmp_path, "--config", str(tmp_path / "config.toml"), "--stage", "fingerprint")  # scikit-learn
     assert run.returncode == 0, run.stderr[-3000:]
     assert "local: no ok row for 1 network (big: out of memory or failed at every batch size measured): not in " \
            "the fit" in " ".join(run.stderr.split())
@@ -906,14 +900,11 @@ def test_fingerprint_notes_rows_of_networks_removed_from_the_config(tmp_path):
     assert meta["training_rows"] == {"latency": 9, "memory": 9}  # the fit itself: the listed networks only
 
 
-def test_the_fingerprint_stage_notes_the_rows_it_fits_that_were_measured_under_load(tmp_path):
+def test_the_fingerprint_stage_notes_the_rows_it_fits_that_were_measured_under_load(tmp_path, cli_here):
     """A device profiled on a busy host earlier (its rows' load_avg_1m above their cpu_count) learns it where its
     fingerprint is fitted too: one note, how many rows, the largest load and how to measure them again; rows within
     half a CPU of the CPU count, or from before the load was recorded, are not counted."""
     import csv
-    import subprocess
-    import sys
-    from pathlib import Path
 
     _measured_tiny_networks(tmp_path, {"a": 8, "b": 16, "c": 24}, listed=["a", "b", "c"])
     csv_path = results_path(tmp_path / "profiling_csvs", "local")
@@ -928,9 +919,7 @@ def test_the_fingerprint_stage_notes_the_rows_it_fits_that_were_measured_under_l
         writer.writerows(rows)
     (tmp_path / "config.toml").write_text('[networks]\nzoo = []\ninput_shape = [3, 16, 16]\n'
                                           '[devices.local]\nbackend = "cpu"\n[fingerprint]\nn_estimators = 10\n')
-    main = Path(__file__).resolve().parents[1] / "main.py"
-    run = subprocess.run([sys.executable, str(main), "--config", str(tmp_path / "config.toml"), "--stage",
-                          "fingerprint"], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    run = cli_here(tmp_path, "--config", str(tmp_path / "config.toml"), "--stage", "fingerprint")  # scikit-learn
     assert run.returncode == 0, run.stderr[-3000:]
     (note,) = [line for line in run.stderr.splitlines() if "load average" in line]
     assert note == ("note: local: 2 of 9 ok rows were measured while its 1-minute load average was above 4.5 (its 4 "
