@@ -32,7 +32,7 @@ num_classes = 10
 levels = [0]
 
 [profile]
-batch_sizes = [1, 2]
+batch_sizes = [2]
 warmup_steps = 1
 timed_steps = 1
 
@@ -106,8 +106,8 @@ def test_the_installed_command_makes_profiles_and_checks_a_network(installed, tm
         assert done.returncode == 0, f"{stage}: {done.stderr}"
     with open(tmp_path / "profiling_csvs" / "here" / "measurements.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert [(r["network"], r["batch_size"], r["status"]) for r in rows] == [("tiny_vgg_l0", "1", "ok"),
-                                                                             ("tiny_vgg_l0", "2", "ok")]
+    # one batch size: a measuring child started from the installed copy (each more is seconds of torch's import)
+    assert [(r["network"], r["batch_size"], r["status"]) for r in rows] == [("tiny_vgg_l0", "2", "ok")]
     assert all(float(r["latency_ms_median"]) > 0 and float(r["peak_rss_mb"]) > 0 for r in rows)
 
 
