@@ -217,7 +217,7 @@ def test_all_stages_then_predict_json(all_stages, tmp_path, cli_here):
     unknown = main_py(tmp_path, "--stage", "predict", "--network", "resnet18", "--max-batch-size")
     assert unknown.returncode == 2 and "capacity is unknown" in unknown.stderr  # no oom row, no limit
     (tmp_path / "config.toml").write_text(CONFIG.replace('backend = "cpu"', 'backend = "cpu"\nmemory_limit_mb = 100'))
-    low = main_py(tmp_path, "--stage", "fingerprint")  # a limit set after the rows were measured under none
+    low = here("--stage", "fingerprint")  # a limit set after the rows were measured under none
     assert low.returncode == 0 and "8 ok rows (resnet18_l0, resnet18_l50, squeezenet1_1_l0, ...) peaked above " \
         "[devices.local] memory_limit_mb = 100 MiB" in " ".join(low.stderr.split())
     (tmp_path / "config.toml").write_text(CONFIG.replace('backend = "cpu"', 'backend = "cpu"\nmemory_limit_mb = 2000'))
@@ -286,11 +286,14 @@ def test_all_stages_then_predict_json(all_stages, tmp_path, cli_here):
     assert alone.returncode == 2 and "--max-latency-ms is the step-time budget of --prune-to-fit" in alone.stderr
 
 
-def test_gnn_ensemble_and_perfseer_round_trip_through_the_cli(all_stages, tmp_path):
+def test_gnn_ensemble_and_perfseer_round_trip_through_the_cli(all_stages, tmp_path, cli_here):
     """After the stages: fit the GNN only, predict with it and with the ensemble, export the device's data
     as a PerfSeer dataset and import it back as another device."""
     shutil.copytree(all_stages[0], tmp_path, dirs_exist_ok=True)
     shutil.rmtree(tmp_path / "fingerprinting")  # the measured rows alone: the GNN is fitted first
+    # the trees' fit loads scikit-learn (seconds a process): in this process; the GNN's is the real CLI's, as the
+    # predictions of the Python API are compared with the CLI's below (OpenBLAS's kernels as main.py pins them)
+    here = functools.partial(cli_here, tmp_path, "--config", str(tmp_path / "config.toml"))
     fit = main_py(tmp_path, "--stage", "fingerprint", "--predictor", "gnn")
     assert fit.returncode == 0, fit.stderr[-3000:]
     fp_dir = tmp_path / "fingerprinting" / "local"
@@ -317,7 +320,7 @@ def test_gnn_ensemble_and_perfseer_round_trip_through_the_cli(all_stages, tmp_pa
     missing = main_py(tmp_path, "--stage", "predict", "--predictor", "ensemble", "--network", "resnet18")
     assert missing.returncode == 2 and "trees" in missing.stderr  # the ensemble needs the trees too
 
-    assert main_py(tmp_path, "--stage", "fingerprint", "--predictor", "trees").returncode == 0
+    assert here("--stage", "fingerprint", "--predictor", "trees").returncode == 0
     ens = main_py(tmp_path, "--stage", "predict", "--predictor", "ensemble", "--network", "resnet18",
                   "--batch-size", "2", "--json", python=("-X", "importtime"))
     assert ens.returncode == 0, ens.stderr[-3000:]
