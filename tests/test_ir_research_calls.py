@@ -38,6 +38,10 @@ _WHERES = {
                                [(["conv", "conv"], {"compare": "lt", "threshold": 0.0, "if_true": 0.0}),
                                 (["sigmoid", "conv"], {"compare": "ne", "threshold": 0.5, "if_true": -1.0}),
                                 (["conv", "conv"], {"compare": "eq", "threshold": 0.25, "if_false": 0.0})]),
+    "masked_fill_ in place": (lambda y: y.masked_fill_(y < 0, 0.0) + (y * 2).masked_fill_(y.sigmoid().ge(0.5), -1.0),
+                              [(["conv", "conv"], {"compare": "lt", "threshold": 0.0, "if_true": 0.0, "inplace": True}),
+                               (["sigmoid", "mul"], {"compare": "ge", "threshold": 0.5, "if_true": -1.0,
+                                                     "inplace": True})]),
     "a mask read twice, broadcast": (
         lambda y: (lambda m: torch.where(m > 0, m, y) * torch.where(m > 0, m, 1.0))(y.mean((2, 3), keepdim=True)),
         [(["mean", "mean", "conv"], {"compare": "gt", "threshold": 0.0}),
@@ -200,8 +204,9 @@ def test_a_cumsum_costs_the_kernels_torch_runs():
 
 @pytest.mark.parametrize("pattern", [
     _WHERES["a mask read twice, broadcast"][0],
-    lambda y: y.masked_fill(y < 0, 0.0) + torch.where(y == 0.25, y, 0.0) * torch.where(y != 0.5, -1.0, y)],
-    ids=["broadcast", "masked_fill"])
+    lambda y: y.masked_fill(y < 0, 0.0) + torch.where(y == 0.25, y, 0.0) * torch.where(y != 0.5, -1.0, y),
+    lambda y: (lambda z: z.masked_fill_(z > 1, 1.0) * y)(y.masked_fill_(y < 0, 0.0) * 2)],
+    ids=["broadcast", "masked_fill", "masked_fill_"])
 @pytest.mark.parametrize("batch", [3, 1])
 def test_the_allocation_model_writes_down_a_where_of_a_broadcast_branch_as_traced(pattern, batch):
     """A mask that is a branch too, broadcast (its gradient summed down), read by two wheres; a masked_fill (a where
@@ -643,3 +648,52 @@ def test_a_where_or_grid_sample_costs_the_gradients_torch_computes():
                       if v.node.op == "grid_sample"][0] for source in ("input", "features")}
     assert (costs["input"].kernels_bwd, costs["features"].kernels_bwd) == (1, 2)
     assert costs["input"].flops_bwd == 8 * 3 * 8 * 8 + 4 * 8 * 8
+
+
+def test_a_masked_fill_in_place_costs_and_round_trips_as_torch_runs_it():
+    """``y.masked_fill_(y < 0, 0.0)`` was refused ("a comparison read by anything but torch.where's condition"): it
+    is a where of ``inplace``, its compare and the fill forward (a dispatch log: ``lt``, ``masked_fill_``), one
+    ``masked_fill`` back, the condition kept, as the out-of-place one; a PerfSeer graph keeps the flag, and a
+    description writing a branch of another shape than its output is refused by name."""
+    from perf4sight.exporters.perfseer import description_to_graph
+    from perf4sight.features.walk import walk
+    from perf4sight.importers.perfseer import graph_to_description
+    from perf4sight.ir.schema import NetworkDescription
+
+    desc = describe(_Probe(lambda y: y.masked_fill_(y < 0, 0.0)), SHAPE, name="filled")
+    (cost,) = [v.cost for v in walk(desc) if v.node.op == "where"]
+    forward, backward = _dispatched(lambda x: (x * 1).masked_fill_(x < 0, 0.0), torch.randn(1, 8, 8, 8))
+    assert forward[1:] == ["lt", "masked_fill_"] and backward.count("masked_fill") == 1
+    assert (cost.kernels_fwd, cost.kernels_bwd, cost.extra_saved_bytes) == (2, 1, 8 * 8 * 8)
+    back, _ = graph_to_description(description_to_graph(desc, 4), "filled", "filled.pkl")
+    assert back.to_dict() == desc.to_dict()
+    data = describe(_Probe(lambda y: y.mean(1, keepdim=True).masked_fill(y < 0, 0.0)), SHAPE,
+                    name="broadcast").to_dict()
+    NetworkDescription.from_dict(data)
+    next(node for node in data["nodes"] if node["op"] == "where")["attrs"]["inplace"] = True
+    with pytest.raises(UserError, match=r"node 'masked_fill' \(where\).*writes in place into a branch of shape "
+                                        r"\[1, 8, 8\] an output of shape \[8, 8, 8\]"):
+        NetworkDescription.from_dict(data)
+
+
+def test_a_network_masking_in_place_prunes_and_trains():
+    """Pruning a network that zeroes a map's negatives in place (``masked_fill_``) cuts its convolutions' channels
+    through it: the pruned network describes, its where in place still there, and a training step runs."""
+    from test_networks import _train_step
+
+    from perf4sight.networks.build import Source, prune_source
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(16, 16, 3, padding=1)
+            self.fc = nn.Linear(16, 10)
+
+        def forward(self, x):
+            y = self.a(x)
+            y.masked_fill_(y < 0, 0.0)
+            return self.fc(self.b(y).mean((2, 3)))
+    (desc,) = prune_source(Source("net", "test", Net), [3, 16, 16], [30], "l1-norm", 2, seed=0)
+    assert max(n.attrs["out_channels"] for n in desc.nodes if n.op == "conv2d") < 16
+    assert [n.attrs.get("inplace") for n in desc.nodes if n.op == "where"] == [True]
+    _train_step(desc)

@@ -1318,6 +1318,8 @@ def _where(ctx: _OpContext) -> _Value:
     if ctx.x.fn is not None and n.inputs[0] not in n.inputs[1:]:
         raise NotCovered(f"a where's condition of '{n.inputs[0]}', a value needing a gradient")
     mask = ctx.mem.new(batch * prod(ctx.in_shapes[0]), f"aten.{n.attrs['compare']}.Scalar")
+    if n.attrs.get("inplace"):
+        return _masked_fill_in_place(ctx, mask)
     number = "if_true" in n.attrs or "if_false" in n.attrs
     scalar = ctx.alloc("scalar_tensor.default", FLOAT) if number else None
     sid = ctx.alloc("where.self")
@@ -1332,6 +1334,21 @@ def _where(ctx: _OpContext) -> _Value:
                      [0] + list(range(len(branches), 0, -1)), full, around=around)
     ctx.mem.drop(mask)
     return _Value(sid, ctx.nbytes, fn)
+
+
+def _masked_fill_in_place(ctx: _OpContext, mask: int) -> _Value:
+    """``b.masked_fill_(condition, value)`` (a where of ``inplace``) once its condition is allocated: the number
+    written into b (no allocation), the condition kept; backward b's gradient ``masked_fill.Scalar``. b's later
+    readers read the result (:func:`_activation`'s in-place rule). In place on a view, or on a tensor that needs no
+    gradient or that another node keeps, not covered."""
+    b = ctx.inputs[-1]
+    if b.fn is None or b.view or b.sid in ctx.mem.saved:
+        raise NotCovered(f"a masked_fill_ of '{ctx.node.inputs[-1]}'")
+    edges = [None] * (len(ctx.inputs) - 1) + [_edge(b)]
+    b.fn = ctx.grad_fn([mask], edges, [v.nbytes for v in ctx.inputs], [None] * len(edges[1:]) +
+                       ["aten.masked_fill.Scalar"])
+    ctx.mem.drop(mask)
+    return _Value(ctx.mem.hold(b.sid), b.nbytes, b.fn)
 
 
 def _affine_grid(ctx: _OpContext) -> _Value:

@@ -188,7 +188,8 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # torch.where(c, a, b) of a condition c = x <compare> threshold (WHERE_COMPARES: gt, ge, lt, le, eq, ne), x the
     # first input: a where c holds, else b, broadcast. a and b are the next inputs, in that order, but where a number
     # (optional if_true, if_false: not both); a leaky gate's torch.where(x > 0, x, 0.1 * x), a mask's
-    # torch.where(m > 0.5, x, 0.0), x.masked_fill(m < 0, 0.0)
+    # torch.where(m > 0.5, x, 0.0), x.masked_fill(m < 0, 0.0); optional inplace (false): of if_true, written into
+    # its tensor branch, of the output's shape (x.masked_fill_(m < 0, 0.0))
     "where": ("compare", "threshold"),
     # a spatial transformer's sampling grid: each sample's [2, 3] affine matrix theta applied to the normalised
     # [-1, 1] coordinates of an [H, W] = size output (align_corners: the corners' pixel centres at -1 and 1, else
@@ -306,6 +307,7 @@ _FLAGS: Dict[str, Tuple[str, ...]] = {
     "alpha_dropout": ("feature", "inplace"),
     "affine_grid": ("align_corners",), "grid_sample": ("align_corners",),
     "sort": ("descending",), "topk": ("largest",),
+    "where": ("inplace",),
 }
 #: Activations that may run in place on a copy of their input (``y.clone().leaky_relu_()``, ``F.elu(y.contiguous(),
 #: inplace=True)`` of a strided y): ``on_copy`` (optional, false) says so. The result is a tensor of its own, as out of
@@ -417,6 +419,8 @@ def _where_problem(node: "Node") -> str:
     if len(node.inputs) != 3 - numbers:
         return (f"needs {3 - numbers} inputs (the condition's, then each branch not given as a number), got "
                 f"{len(node.inputs)}")
+    if node.attrs.get("inplace") and "if_true" not in node.attrs:
+        return "attr 'inplace' needs 'if_true' (a masked_fill_ writes its number into the false branch)"
     return ""
 
 

@@ -377,6 +377,8 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
         out_shape: Optional[List[int]] = x
         for s in ins[1:]:
             out_shape = broadcast(out_shape, s) if out_shape is not None else None
+        if out_shape is not None and a.get("inplace") and out_shape != ins[-1]:  # written into its tensor branch
+            return f"writes in place into a branch of shape {ins[-1]} an output of shape {out_shape}"
         return out_shape if out_shape is not None else f"cannot combine inputs of shapes {ins}"
     if op in ("maximum", "minimum"):
         return broadcast(ins[0], ins[1]) or f"cannot combine inputs of shapes {ins[0]} and {ins[1]}"

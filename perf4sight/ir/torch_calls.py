@@ -849,19 +849,21 @@ def _where_call(n: fx.Node) -> tuple[str, dict]:
 
 for _key in (torch.where, "where"):
     FUNCTION_OPS[_key] = _where_call
-_MASKED_FILLS = (torch.masked_fill, "masked_fill")
+_MASKED_FILLS = (torch.masked_fill, "masked_fill", "masked_fill_")
 
 
 def _masked_fill_call(n: fx.Node) -> tuple[str, dict]:
     """``x.masked_fill(mask, value)``/``torch.masked_fill`` of a mask comparing a tensor with a number and a number
     value: torch.where(mask, value, x), the op where (its inputs the mask's tensor, then x: put in that order by the
-    converter); another mask, or a tensor value, is refused by name."""
+    converter); ``x.masked_fill_`` the same written into x (``inplace``). Another mask, or a tensor value, is refused
+    by name."""
     compared = _compared(n.args[1]) if len(n.args) == 3 else None
     value = _shape_value(n.args[2]) if len(n.args) == 3 else None
     if compared is None or isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError("a masked_fill of anything but a mask comparing a tensor with a number (x < 0) and a number "
-                         "value has no description op")
-    return "where", {"compare": compared[0], "threshold": compared[1], "if_true": float(value)}
+        raise ValueError(f"a {n.target if isinstance(n.target, str) else 'masked_fill'} of anything but a mask "
+                         "comparing a tensor with a number (x < 0) and a number value has no description op")
+    attrs = {"compare": compared[0], "threshold": compared[1], "if_true": float(value)}
+    return "where", {**attrs, "inplace": True} if n.target == "masked_fill_" else attrs
 
 
 for _key in _MASKED_FILLS:
