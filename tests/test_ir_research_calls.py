@@ -23,6 +23,8 @@ _CASES = {
     "cumsum": (lambda y: torch.cumsum(y, 2) + y.cumsum(-1), "cumsum", lambda x: torch.cumsum(x, 2)),
     "where": (lambda y: torch.where(y > 0, y, 0.1 * y) + torch.where(y.le(0.5), y, 0.0), "where",
               lambda x: torch.where(x > 0, x, 0.1 * x)),
+    "where of two tensors": (lambda y: (lambda a: torch.where(y > a, y, a))(y.flip(3)), "where",
+                             lambda x: torch.where(x > x.flip(3), x, 0.0)),
 }
 #: torch.where forms: (pattern, the where nodes' (inputs, attrs)).
 _WHERES = {
@@ -42,6 +44,12 @@ _WHERES = {
                               [(["conv", "conv"], {"compare": "lt", "threshold": 0.0, "if_true": 0.0, "inplace": True}),
                                (["sigmoid", "mul"], {"compare": "ge", "threshold": 0.5, "if_true": -1.0,
                                                      "inplace": True})]),
+    "two tensors compared": (lambda y: (lambda a: torch.where(y > a, y, a) + y.masked_fill(y.mean(1, keepdim=True)
+                                                                                           <= y, -1.0))(y.flip(3)),
+                             [(["conv", "flip", "conv", "flip"], {"compare": "gt", "threshold": 0.0,
+                                                                 "compare_inputs": True}),
+                              (["mean", "conv", "conv"], {"compare": "le", "threshold": 0.0, "if_true": -1.0,
+                                                          "compare_inputs": True})]),
     "a mask read twice, broadcast": (
         lambda y: (lambda m: torch.where(m > 0, m, y) * torch.where(m > 0, m, 1.0))(y.mean((2, 3), keepdim=True)),
         [(["mean", "mean", "conv"], {"compare": "gt", "threshold": 0.0}),
@@ -100,15 +108,15 @@ def test_where_is_described(form):
 
 
 @pytest.mark.parametrize("pattern, match", [
-    (lambda y: y * (y > 0), r"a comparison read by anything but torch.where's condition, or of two tensors"),
-    (lambda y: torch.where(y > y.sigmoid(), y, 0.0), r"a comparison read by anything but torch.where's condition"),
+    (lambda y: y * (y > 0), r"a comparison read by anything but torch.where's condition has no description op"),
+    (lambda y: y * (y > y.sigmoid()), r"a comparison read by anything but torch.where's condition"),
     (lambda y: torch.where(y > 0, 1.0, 0.0), r"a torch.where of two numbers .* give a tensor for one branch"),
     (lambda y: y.where(y > 0, -y), r"x.where\(condition, y\) has no description op; write torch.where"),
-    (lambda y: y.masked_fill(y > y.sigmoid(), 0.0), r"a comparison read by anything but torch.where.s condition"),
+    (lambda y: y.masked_fill((y > 0) & (y < y.sigmoid()), 0.0), r"a comparison read by anything but torch.where"),
 ])
 def test_a_where_of_another_condition_or_form_is_refused_by_name(pattern, match):
-    """A comparison made a tensor of its own (a mask multiplied in), a comparison of two tensors, a where of two
-    numbers (a boolean tensor made float) and the method form are refused by name."""
+    """A comparison made a tensor of its own (a mask multiplied in, two masks and-ed), a where of two numbers (a
+    boolean tensor made float) and the method form are refused by name."""
     with pytest.raises(UserError, match=match):
         describe(_Probe(pattern), SHAPE, name="refused")
 
@@ -205,8 +213,9 @@ def test_a_cumsum_costs_the_kernels_torch_runs():
 @pytest.mark.parametrize("pattern", [
     _WHERES["a mask read twice, broadcast"][0],
     lambda y: y.masked_fill(y < 0, 0.0) + torch.where(y == 0.25, y, 0.0) * torch.where(y != 0.5, -1.0, y),
-    lambda y: (lambda z: z.masked_fill_(z > 1, 1.0) * y)(y.masked_fill_(y < 0, 0.0) * 2)],
-    ids=["broadcast", "masked_fill", "masked_fill_"])
+    lambda y: (lambda z: z.masked_fill_(z > 1, 1.0) * y)(y.masked_fill_(y < 0, 0.0) * 2),
+    lambda y: (lambda a, m: torch.where(y > a, y, a) + torch.where(m >= y, m, y))(y.flip(3), y.mean(1, keepdim=True))],
+    ids=["broadcast", "masked_fill", "masked_fill_", "two tensors"])
 @pytest.mark.parametrize("batch", [3, 1])
 def test_the_allocation_model_writes_down_a_where_of_a_broadcast_branch_as_traced(pattern, batch):
     """A mask that is a branch too, broadcast (its gradient summed down), read by two wheres; a masked_fill (a where
@@ -653,7 +662,8 @@ def test_a_where_or_grid_sample_costs_the_gradients_torch_computes():
 def test_a_masked_fill_in_place_costs_and_round_trips_as_torch_runs_it():
     """``y.masked_fill_(y < 0, 0.0)`` was refused ("a comparison read by anything but torch.where's condition"): it
     is a where of ``inplace``, its compare and the fill forward (a dispatch log: ``lt``, ``masked_fill_``), one
-    ``masked_fill`` back, the condition kept, as the out-of-place one; a PerfSeer graph keeps the flag, and a
+    ``masked_fill`` back, the condition kept, as the out-of-place one; a PerfSeer graph keeps the flag (and a where's
+    ``compare_inputs``), and a
     description writing a branch of another shape than its output is refused by name."""
     from perf4sight.exporters.perfseer import description_to_graph
     from perf4sight.features.walk import walk
@@ -665,8 +675,9 @@ def test_a_masked_fill_in_place_costs_and_round_trips_as_torch_runs_it():
     forward, backward = _dispatched(lambda x: (x * 1).masked_fill_(x < 0, 0.0), torch.randn(1, 8, 8, 8))
     assert forward[1:] == ["lt", "masked_fill_"] and backward.count("masked_fill") == 1
     assert (cost.kernels_fwd, cost.kernels_bwd, cost.extra_saved_bytes) == (2, 1, 8 * 8 * 8)
-    back, _ = graph_to_description(description_to_graph(desc, 4), "filled", "filled.pkl")
-    assert back.to_dict() == desc.to_dict()
+    for kept in (desc, describe(_Probe(_WHERES["two tensors compared"][0]), SHAPE, name="compared")):
+        back, _ = graph_to_description(description_to_graph(kept, 4), kept.name, f"{kept.name}.pkl")
+        assert back.to_dict() == kept.to_dict()
     data = describe(_Probe(lambda y: y.mean(1, keepdim=True).masked_fill(y < 0, 0.0)), SHAPE,
                     name="broadcast").to_dict()
     NetworkDescription.from_dict(data)
@@ -697,3 +708,26 @@ def test_a_network_masking_in_place_prunes_and_trains():
     assert max(n.attrs["out_channels"] for n in desc.nodes if n.op == "conv2d") < 16
     assert [n.attrs.get("inplace") for n in desc.nodes if n.op == "where"] == [True]
     _train_step(desc)
+
+
+def test_a_where_of_two_tensors_compared_costs_the_kernels_torch_runs():
+    """``torch.where(a > b, a, b)`` was refused ("a comparison read by anything but torch.where's condition, or of
+    two tensors"): the compare of two tensors (``gt.Tensor``: a FLOP and a byte an element of their broadcast shape)
+    and the where forward, a where a branch back (a dispatch log); it keeps the condition, a byte an element of the
+    broadcast shape, and neither compared tensor takes a gradient through it (one accumulation add, not two, for a
+    tensor that is also a branch)."""
+    from test_features import _ops_run
+
+    from perf4sight.features.walk import gradient_accumulations, walk
+
+    desc = describe(_Probe(lambda y: (lambda m: torch.where(m >= y, m, y))(y.mean(1, keepdim=True))), SHAPE,
+                    name="compared")
+    visits = list(walk(desc))
+    (cost,) = [v.cost for v in visits if v.node.op == "where"]
+    forward, backward = _ops_run(lambda x: (lambda m: torch.where(m >= x, m, x))(x.mean(1, keepdim=True)), [8, 8, 8])
+    assert [name for name, _ in forward] == ["mean", "ge", "where"]
+    assert [name for name, _ in backward].count("where") == cost.kernels_bwd == 2
+    n = 8 * 8 * 8
+    assert (cost.kernels_fwd, cost.flops_fwd, cost.extra_saved_bytes) == (2, forward[1][1] + forward[2][1], n) \
+        == (2, 2 * n, n)
+    assert gradient_accumulations(desc, visits) == {"conv": 1}  # the mean and the branch; the mean the branch

@@ -116,8 +116,8 @@ from typing import Callable, NamedTuple
 
 from perf4sight.features.allocator import ALLOC, FREE
 from perf4sight.features.step_runtime import CLONED_IN_PLACE
-from perf4sight.ir.schema import CONSTANT_MODES, SHARES, NetworkDescription, Node
-from perf4sight.ir.shapes import SIZE_REFERENCES, window_pair, windows_of
+from perf4sight.ir.schema import CONSTANT_MODES, SHARES, NetworkDescription, Node, where_condition_inputs
+from perf4sight.ir.shapes import SIZE_REFERENCES, broadcast, window_pair, windows_of
 from perf4sight.profiling.plan import DEFAULT_LOSS
 
 __all__ = ["COVERED", "ACCUMULATED", "Event", "NotCovered", "step_events"]
@@ -1315,9 +1315,12 @@ def _where(ctx: _OpContext) -> _Value:
     not covered: the node that made it may be reached by no gradient (``y.mean(1) > 0``: autograd frees it with the
     value, which the model does not follow)."""
     n, batch = ctx.node, ctx.batch
-    if ctx.x.fn is not None and n.inputs[0] not in n.inputs[1:]:
-        raise NotCovered(f"a where's condition of '{n.inputs[0]}', a value needing a gradient")
-    mask = ctx.mem.new(batch * prod(ctx.in_shapes[0]), f"aten.{n.attrs['compare']}.Scalar")
+    k = where_condition_inputs(n.attrs)  # a > b: two tensors compared (``aten.<compare>.Tensor``)
+    for name, value in zip(n.inputs[:k], ctx.inputs):
+        if value.fn is not None and name not in n.inputs[k:]:
+            raise NotCovered(f"a where's condition of '{name}', a value needing a gradient")
+    shape = ctx.in_shapes[0] if k == 1 else broadcast(list(ctx.in_shapes[0]), list(ctx.in_shapes[1]))
+    mask = ctx.mem.new(batch * prod(shape), f"aten.{n.attrs['compare']}.{'Tensor' if k == 2 else 'Scalar'}")
     if n.attrs.get("inplace"):
         return _masked_fill_in_place(ctx, mask)
     number = "if_true" in n.attrs or "if_false" in n.attrs
@@ -1325,13 +1328,13 @@ def _where(ctx: _OpContext) -> _Value:
     sid = ctx.alloc("where.self")
     if scalar is not None:
         ctx.mem.drop(scalar)
-    branches = list(zip(ctx.inputs, ctx.in_shapes))[1:]
-    edges = [None] + [_edge(b) for b, _ in branches]
-    sizes = [ctx.x.nbytes] + [b.nbytes for b, _ in branches]
-    full = [None] + [ctx.nbytes if list(shape) != list(n.output_shape) else None for _, shape in branches]
-    around = [[]] + [[(FLOAT, "aten.scalar_tensor.default")] for _ in branches]
-    fn = ctx.grad_fn([mask], edges, sizes, [None] + ["aten.where.self"] * len(branches),
-                     [0] + list(range(len(branches), 0, -1)), full, around=around)
+    branches = list(zip(ctx.inputs, ctx.in_shapes))[k:]
+    edges = [None] * k + [_edge(b) for b, _ in branches]
+    sizes = [v.nbytes for v in ctx.inputs[:k]] + [b.nbytes for b, _ in branches]
+    full = [None] * k + [ctx.nbytes if list(shape) != list(n.output_shape) else None for _, shape in branches]
+    around = [[]] * k + [[(FLOAT, "aten.scalar_tensor.default")] for _ in branches]
+    fn = ctx.grad_fn([mask], edges, sizes, [None] * k + ["aten.where.self"] * len(branches),
+                     list(range(k)) + list(range(k + len(branches) - 1, k - 1, -1)), full, around=around)
     ctx.mem.drop(mask)
     return _Value(sid, ctx.nbytes, fn)
 

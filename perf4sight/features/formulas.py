@@ -29,8 +29,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from perf4sight.ir.schema import Node, window_attention_params
-from perf4sight.ir.shapes import window_pair, windows_of
+from perf4sight.ir.schema import Node, where_condition_inputs, window_attention_params
+from perf4sight.ir.shapes import broadcast, window_pair, windows_of
 
 __all__ = ["OpCost", "HANDLERS", "INPUT_GRADIENTS", "OUTPUT", "BYTES_PER_ELEMENT", "numel", "hands_input_back",
            "position_loss", "output_loss", "REGRESSION_LOSS_KERNELS", "is_dilated", "copied_first"]
@@ -896,9 +896,12 @@ def _where(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     """torch.where(x <compare> t, a, b) as torch 2.14 runs it (a dispatch log): the compare (one kernel, a FLOP an
     element of x, a byte written each) and the where (one kernel, a FLOP an output element, the condition read);
     backward, per tensor branch, ``where(condition, grad, 0)`` (one kernel, a FLOP an output element; the zero a
-    wrapped number, no kernel). It keeps the condition, a byte an element of x."""
-    n, mask = numel(node.output_shape), numel(in_shapes[0])
-    branches = len(in_shapes) - 1
+    wrapped number, no kernel). It keeps the condition, a byte an element of x. A condition of two tensors
+    (``compare_inputs``: a > b) reads both, its mask their broadcast shape's."""
+    k = where_condition_inputs(node.attrs)
+    condition = in_shapes[0] if k == 1 else broadcast(in_shapes[0], in_shapes[1]) or node.output_shape
+    n, mask = numel(node.output_shape), numel(condition)
+    branches = len(in_shapes) - k
     rd, wr = _io_bytes(in_shapes, node.output_shape)
     return OpCost(flops_fwd=float(mask + n), flops_bwd=float(branches * n), bytes_read=rd + mask,
                   bytes_written=wr + mask, extra_saved_bytes=float(mask), kernels_fwd=2, kernels_bwd=branches,
@@ -949,7 +952,7 @@ def _sort(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
 def _where_gradients(cost: OpCost, node: Node, needs: list[bool], in_shapes: list[list[int]]) -> OpCost:
     """A where's ``cost`` where ``needs`` says which inputs need a gradient: torch computes those of its tensor
     branches that do (a where each, a FLOP an output element); the condition's input takes none."""
-    branches = sum(needs[1:])
+    branches = sum(needs[where_condition_inputs(node.attrs):])
     return replace(cost, flops_bwd=float(branches * numel(node.output_shape)), kernels_bwd=branches)
 
 

@@ -39,7 +39,7 @@ from perf4sight.features.formulas import (BYTES_PER_ELEMENT, REGRESSION_LOSS_KER
                                          position_loss, window_geometry)
 from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, OptimizerCost, optimizer_cost
 from perf4sight.features.walk import Visit, gradient_accumulations, walk
-from perf4sight.ir.schema import SHARES, NetworkDescription, Node, node_params
+from perf4sight.ir.schema import SHARES, NetworkDescription, Node, node_params, where_condition_inputs
 
 __all__ = ["KernelTable", "kernel_table", "latency_columns", "LATENCY_FEATURES", "TILE", "GEMM", "DEPTHWISE",
            "BANDWIDTH"]
@@ -402,7 +402,7 @@ def _where_passes(node: Node) -> tuple[float, float, int]:
     """A where (formulas._where): forward the compare (x read, a byte an element written) and the where (the
     condition and the branches read, the output written), about 1.5 passes over its inputs and output; backward per
     tensor branch a where of the gradient (the condition, the gradient read, one written: 2.25 output-sized)."""
-    branches = len(node.inputs) - 1
+    branches = len(node.inputs) - where_condition_inputs(node.attrs)
     return 1.5, 2.25 * branches, branches
 
 

@@ -28,7 +28,7 @@ from typing import Iterable, Iterator
 from perf4sight.features.formulas import HANDLERS, INPUT_GRADIENTS, OpCost, copied_first
 from perf4sight.features.step_runtime import StepRuntime
 from perf4sight.features.strided_views import rows_copied
-from perf4sight.ir.schema import SHARES, NetworkDescription, Node
+from perf4sight.ir.schema import SHARES, NetworkDescription, Node, where_condition_inputs
 
 __all__ = ["Visit", "walk", "consumer_counts", "gradient_accumulations"]
 
@@ -116,5 +116,6 @@ def _condition_reads(desc: NetworkDescription) -> dict[str, int]:
     reads: dict[str, int] = {}
     for node in desc.nodes:
         if node.op == "where":
-            reads[node.inputs[0]] = reads.get(node.inputs[0], 0) + 1
+            for name in node.inputs[:where_condition_inputs(node.attrs)]:
+                reads[name] = reads.get(name, 0) + 1
     return reads

@@ -584,12 +584,12 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
         mode = str(args.get("mode", "bilinear")).lower()
         return {"mode": "bilinear" if mode == "linear" else mode,
                 "padding_mode": str(args.get("padding_mode", "zeros")), "align_corners": flag("align_corners", False)}
-    if op == "where":  # ours: compare and threshold (required), a number branch's if_true or if_false, inplace
+    if op == "where":  # ours: compare and threshold (required), a number branch's if_true or if_false, the flags
         if args.get("compare") is None or args.get("threshold") is None:
             raise UserError(f"{where}: a Where without its condition (args: compare, threshold)")
         a = {"compare": str(args["compare"]), "threshold": _number(args["threshold"], f"{where} threshold")}
         a.update({k: _number(args[k], f"{where} {k}") for k in ("if_true", "if_false") if k in args})
-        return {**a, "inplace": True} if flag("inplace", False) else a
+        return {**a, **{k: True for k in ("inplace", "compare_inputs") if flag(k, False)}}
     if op == "cumsum":  # ONNX's CumSum: its axis an input a graph's args may not carry: none, no running sum
         if args.get("dim", args.get("axis")) is None:
             raise UserError(f"{where}: a CumSum without its axis (args: dim)")

@@ -19,7 +19,7 @@ from perf4sight.ir.shapes import (SIZE_REFERENCES, element_count, image_size_pro
 
 __all__ = ["Node", "NetworkDescription", "OPS", "load_description", "save_description", "is_file_stem",
            "STRUCTURE_VERSION", "window_attention_params", "INTERPOLATE_MODES", "PAD_MODES", "known_attrs",
-           "WEIGHTED_SUM_NORMALIZATIONS",
+           "WEIGHTED_SUM_NORMALIZATIONS", "where_condition_inputs",
            "output_padding_problem", "PARAMETER_OPS", "SHARES", "node_params", "ON_COPY_OPS",
            "ONE_TENSOR_OPS"]
 
@@ -189,7 +189,8 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # first input: a where c holds, else b, broadcast. a and b are the next inputs, in that order, but where a number
     # (optional if_true, if_false: not both); a leaky gate's torch.where(x > 0, x, 0.1 * x), a mask's
     # torch.where(m > 0.5, x, 0.0), x.masked_fill(m < 0, 0.0); optional inplace (false): of if_true, written into
-    # its tensor branch, of the output's shape (x.masked_fill_(m < 0, 0.0))
+    # its tensor branch, of the output's shape (x.masked_fill_(m < 0, 0.0)); optional compare_inputs (false): the
+    # condition compares the first two inputs, broadcast (torch.where(a > b, a, b)), threshold 0
     "where": ("compare", "threshold"),
     # a spatial transformer's sampling grid: each sample's [2, 3] affine matrix theta applied to the normalised
     # [-1, 1] coordinates of an [H, W] = size output (align_corners: the corners' pixel centres at -1 and 1, else
@@ -307,7 +308,7 @@ _FLAGS: Dict[str, Tuple[str, ...]] = {
     "alpha_dropout": ("feature", "inplace"),
     "affine_grid": ("align_corners",), "grid_sample": ("align_corners",),
     "sort": ("descending",), "topk": ("largest",),
-    "where": ("inplace",),
+    "where": ("inplace", "compare_inputs"),
 }
 #: Activations that may run in place on a copy of their input (``y.clone().leaky_relu_()``, ``F.elu(y.contiguous(),
 #: inplace=True)`` of a strided y): ``on_copy`` (optional, false) says so. The result is a tensor of its own, as out of
@@ -408,6 +409,12 @@ def _constant_mode_problem(node: "Node") -> str:
     return ""
 
 
+def where_condition_inputs(attrs: Dict[str, Any]) -> int:
+    """How many of a ``where``'s first inputs its condition compares (read for no gradient): 2 with
+    ``compare_inputs`` (a > b), else 1 (x > threshold). The branches' tensors follow them."""
+    return 2 if attrs.get("compare_inputs") else 1
+
+
 def _where_problem(node: "Node") -> str:
     """What is wrong with a ``where``'s attrs and inputs ("" if nothing): its compare one of
     :data:`WHERE_COMPARES`, its branches not both numbers, an input for its condition and each branch not a number."""
@@ -416,9 +423,12 @@ def _where_problem(node: "Node") -> str:
     numbers = sum(key in node.attrs for key in ("if_true", "if_false"))
     if numbers == 2:
         return "attrs 'if_true' and 'if_false' exclude each other (a where of two numbers takes no gradient)"
-    if len(node.inputs) != 3 - numbers:
-        return (f"needs {3 - numbers} inputs (the condition's, then each branch not given as a number), got "
+    wanted = where_condition_inputs(node.attrs) + 2 - numbers
+    if len(node.inputs) != wanted:
+        return (f"needs {wanted} inputs (the condition's, then each branch not given as a number), got "
                 f"{len(node.inputs)}")
+    if node.attrs.get("compare_inputs") and node.attrs["threshold"] != 0:
+        return f"attr 'threshold' must be 0 with 'compare_inputs' (a > b), got {node.attrs['threshold']!r}"
     if node.attrs.get("inplace") and "if_true" not in node.attrs:
         return "attr 'inplace' needs 'if_true' (a masked_fill_ writes its number into the false branch)"
     return ""

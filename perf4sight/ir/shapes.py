@@ -43,7 +43,7 @@ ARITY: Dict[str, Tuple[int, Optional[int]]] = {
     "normalize": (1, 1),
     "logsumexp": (1, 1),
     "cumsum": (1, 1),
-    "where": (2, 3),
+    "where": (2, 4),  # the condition's one or two (compare_inputs), then the branches not numbers
     "affine_grid": (1, 1),
     "grid_sample": (2, 2),
     "sort": (1, 1), "topk": (1, 1),

@@ -574,14 +574,15 @@ def _variance(x: torch.Tensor, dims: List[int], correction: float, keepdim: bool
 
 
 def _where(x: torch.Tensor, branches: List, compare: str, threshold: float, if_true: Any,
-           if_false: Any, inplace: bool = False) -> torch.Tensor:
+           if_false: Any, inplace: bool = False, compare_inputs: bool = False) -> torch.Tensor:
     """torch.where(x <compare> threshold, a, b): a and b the ``branches`` in that order, but where a number
-    (``if_true``, ``if_false``; None where not); ``inplace``: ``b.masked_fill_(condition, if_true)``."""
-    condition = {"gt": torch.gt, "ge": torch.ge, "lt": torch.lt, "le": torch.le, "eq": torch.eq,
-                 "ne": torch.ne}[compare](x, threshold)
-    if inplace:
-        return branches[-1].masked_fill_(condition, if_true)
+    (``if_true``, ``if_false``; None where not); ``inplace``: ``b.masked_fill_(condition, if_true)``;
+    ``compare_inputs``: x compared with the first of ``branches`` (a > b), the others the branches."""
     rest = list(branches)
+    condition = {"gt": torch.gt, "ge": torch.ge, "lt": torch.lt, "le": torch.le, "eq": torch.eq,
+                 "ne": torch.ne}[compare](x, rest.pop(0) if compare_inputs else threshold)
+    if inplace:
+        return rest[-1].masked_fill_(condition, if_true)
     a = rest.pop(0) if if_true is None else if_true
     b = rest.pop(0) if if_false is None else if_false
     try:
@@ -661,7 +662,7 @@ FUNCTION_BUILDERS: Dict[str, Callable[[List, Dict], Tuple[Callable, Tuple]]] = {
     "topk": lambda x, a: (_top, (x[0], int(a["k"]), int(a["dim"]), bool(a["largest"]))),
     "where": lambda x, a: (_where, (x[0], list(x[1:]), str(a["compare"]), float(a["threshold"]),
                                     *(None if a.get(k) is None else float(a[k]) for k in ("if_true", "if_false")),
-                                    bool(a.get("inplace", False)))),
+                                    bool(a.get("inplace", False)), bool(a.get("compare_inputs", False)))),
 }
 
 

@@ -775,9 +775,10 @@ for _name, _keys in (("gt", (operator.gt, torch.gt, torch.greater, "gt", "greate
 _REVERSED = {"gt": "lt", "ge": "le", "lt": "gt", "le": "ge", "eq": "eq", "ne": "ne"}
 
 
-def _compared(n: Any) -> tuple[str, float] | None:
+def _compared(n: Any) -> tuple[str, float | None] | None:
     """Where fx node ``n`` compares a tensor with a number (``x > 0``, ``m.ge(0.5)``, ``torch.lt(0.5, x)``): (its
-    compare, read with the tensor first, and the number); None for anything else."""
+    compare, read with the tensor first, and the number); of two tensors (``a > b``): (its compare, None); None for
+    anything else."""
     if not isinstance(n, fx.Node) or n.op not in ("call_function", "call_method") or n.target not in _COMPARES \
             or len(n.args) != 2 or n.kwargs:
         return None
@@ -786,6 +787,8 @@ def _compared(n: Any) -> tuple[str, float] | None:
         compare, number = _COMPARES[n.target], second
     elif _is_tensor(second) and not _is_tensor(first):
         compare, number = _REVERSED[_COMPARES[n.target]], first
+    elif _is_tensor(first) and _is_tensor(second):
+        return _COMPARES[n.target], None
     else:
         return None
     number = _shape_value(number)
@@ -806,14 +809,22 @@ def _is_condition_read(user: fx.Node, n: fx.Node) -> bool:
 
 
 def _comparison(n: fx.Node) -> tuple[str, dict]:
-    """A comparison of a tensor with a number, every reader of which takes it as torch.where's condition: no node of
-    its own (a description has no boolean tensors), each where's op ``where`` holds it. Read otherwise (a mask
-    multiplied in, ``mask.float()``, a comparison of two tensors) it has no description op."""
+    """A comparison of a tensor with a number or with another tensor, every reader of which takes it as
+    torch.where's condition: no node of its own (a description has no boolean tensors), each where's op ``where``
+    holds it. Read otherwise (a mask multiplied in, ``mask.float()``) it has no description op."""
     if _compared(n) is None or not n.users or not all(_is_condition_read(u, n) for u in n.users):
-        raise ValueError("a comparison read by anything but torch.where's condition, or of two tensors, has no "
-                         "description op (a description has no boolean tensors); torch.where(x > t, a, b) of a "
-                         "number t describes")
+        raise ValueError("a comparison read by anything but torch.where's condition has no description op (a "
+                         "description has no boolean tensors); torch.where(x > t, a, b) of a number t or a tensor t "
+                         "describes")
     return "alias", {}
+
+
+def _condition_attrs(compared: tuple[str, float | None]) -> dict[str, Any]:
+    """A where's attrs of its condition ``compared`` (:func:`_compared`): of a number, its compare and threshold; of
+    two tensors, threshold 0 and ``compare_inputs`` (the condition's two tensors its first two inputs)."""
+    if compared[1] is None:
+        return {"compare": compared[0], "threshold": 0.0, "compare_inputs": True}
+    return {"compare": compared[0], "threshold": compared[1]}
 
 
 for _key in _COMPARES:
@@ -831,9 +842,10 @@ def _where_call(n: fx.Node) -> tuple[str, dict]:
     condition, a, b = n.args
     compared = _compared(condition)
     if compared is None:
-        raise ValueError("a torch.where whose condition is not a comparison of a tensor with a number (x > 0, "
-                         "m >= 0.5) has no description op (a description has no boolean tensors)")
-    attrs: dict[str, Any] = {"compare": compared[0], "threshold": compared[1]}
+        raise ValueError("a torch.where whose condition is not a comparison of a tensor with a number or another "
+                         "tensor (x > 0, m >= 0.5, a > b) has no description op (a description has no boolean "
+                         "tensors)")
+    attrs: dict[str, Any] = _condition_attrs(compared)
     for key, branch in (("if_true", a), ("if_false", b)):
         if not _is_tensor(branch):
             value = _shape_value(branch)
@@ -861,8 +873,9 @@ def _masked_fill_call(n: fx.Node) -> tuple[str, dict]:
     value = _shape_value(n.args[2]) if len(n.args) == 3 else None
     if compared is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"a {n.target if isinstance(n.target, str) else 'masked_fill'} of anything but a mask "
-                         "comparing a tensor with a number (x < 0) and a number value has no description op")
-    attrs = {"compare": compared[0], "threshold": compared[1], "if_true": float(value)}
+                         "comparing a tensor with a number or a tensor (x < 0, a < b) and a number value has no "
+                         "description op")
+    attrs = {**_condition_attrs(compared), "if_true": float(value)}
     return "where", {**attrs, "inplace": True} if n.target == "masked_fill_" else attrs
 
 
