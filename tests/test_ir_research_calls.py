@@ -5,6 +5,8 @@ dispatch log), keeps what autograd keeps, is written down by the allocation mode
 network holding it prunes and trains."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -731,3 +733,118 @@ def test_a_where_of_two_tensors_compared_costs_the_kernels_torch_runs():
     assert (cost.kernels_fwd, cost.flops_fwd, cost.extra_saved_bytes) == (2, forward[1][1] + forward[2][1], n) \
         == (2, 2 * n, n)
     assert gradient_accumulations(desc, visits) == {"conv": 1}  # the mean and the branch; the mean the branch
+
+
+class _FixedMask(nn.Module):
+    """An attention-like map masked by a registered boolean buffer (``[8, 8]``, true above the diagonal: a causal
+    mask over the width): ``form`` "masked_fill" (-inf, then a softmax), "where" (``torch.where(mask, 0.0, y)``),
+    "in place" (``masked_fill_``) or "compared" (a float buffer compared, ``self.mask == 0``: the trace computes
+    the boolean mask once)."""
+
+    def __init__(self, form: str) -> None:
+        super().__init__()
+        self.form = form
+        self.conv, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8 * 8 * 8, 10)
+        upper = torch.ones(8, 8).triu(1)
+        self.register_buffer("mask", 1 - upper if form == "compared" else upper.bool())
+
+    def forward(self, x):
+        y = self.conv(x)
+        if self.form == "where":
+            y = torch.where(self.mask, 0.0, y)
+        elif self.form == "in place":
+            y.masked_fill_(self.mask, -1.0)
+        else:
+            y = y.masked_fill(self.mask == 0 if self.form == "compared" else self.mask, float("-inf")).softmax(-1)
+        return self.fc(y.flatten(1))
+
+
+_FIXED_MASKS = ["masked_fill", "where", "in place", "compared"]
+
+
+@pytest.mark.parametrize("form", _FIXED_MASKS)
+def test_a_where_of_a_fixed_mask_is_described(form):
+    """A masked_fill, where or masked_fill_ of a registered boolean buffer (a fixed attention mask) was refused ("a
+    masked_fill of anything but a mask comparing a tensor with a number"): it is the op where of ``mask_shape`` (its
+    condition a boolean buffer of that shape, compare ``ne`` 0), its inputs the branches alone; the rebuilt module,
+    given the original's mask, computes the original's output and gradients (a float buffer compared, ``== 0``, is
+    the mask the trace computed: that one is given to the rebuilt module)."""
+    module = _FixedMask(form)
+    number = {"where": {"if_true": 0.0}, "in place": {"if_true": -1.0, "inplace": True}}.get(form,
+                                                                                           {"if_true": -math.inf})
+    if form != "compared":
+        desc = _computes_the_same(module)
+    else:
+        from perf4sight.ir.to_torch import build_module
+
+        desc = describe(module, SHAPE, name="compared")
+        rebuilt = build_module(desc)
+        for new, old in zip(rebuilt.parameters(), module.parameters()):
+            new.data.copy_(old.data)
+        (mask,) = list(rebuilt.buffers())
+        mask.copy_(module.mask == 0)
+        x = torch.randn(2, *SHAPE)
+        assert torch.allclose(module(x), rebuilt(x), atol=1e-5)
+    assert [(n.inputs, n.attrs) for n in desc.nodes if n.op == "where"] == [
+        (["conv"], {"compare": "ne", "threshold": 0.0, "mask_shape": [8, 8], **number})]
+
+
+@pytest.mark.parametrize("form", _FIXED_MASKS[:3])
+@pytest.mark.parametrize("batch", [3, 1])
+def test_the_allocation_model_writes_down_a_fixed_mask_as_traced(form, batch):
+    """A fixed mask is a buffer at setup (a byte an element); the where allocates its output (a number branch
+    wrapped first) and keeps nothing of its own, a masked_fill_ nothing at all; backward as a where's or a
+    masked_fill_'s. The model's events are the meta trace's."""
+    from test_allocator import _as_replayed
+
+    from perf4sight.features.alloc_trace import record_events
+
+    desc = describe(_FixedMask(form), SHAPE, name="masked")
+    model = record_events(desc, batch, steps=2, method="model")
+    assert _as_replayed(model) == _as_replayed(record_events(desc, batch, steps=2, method="trace"))
+
+
+@pytest.mark.parametrize("form", _FIXED_MASKS[:3])
+def test_a_where_of_a_fixed_mask_costs_and_keeps_what_torch_does(form):
+    """A fixed mask is no compare: the fill (or where) alone forward, one kernel back (a dispatch log); nothing kept
+    beyond what autograd keeps (the mask is the module's); a PerfSeer graph keeps its mask_shape."""
+    from test_features import _autograd_saved_bytes
+
+    from perf4sight.exporters.perfseer import description_to_graph
+    from perf4sight.features.aggregate import network_features
+    from perf4sight.features.walk import walk
+    from perf4sight.importers.perfseer import graph_to_description
+
+    module = _FixedMask(form)
+    desc = describe(module, SHAPE, name="masked")
+    (cost,) = [v.cost for v in walk(desc) if v.node.op == "where"]
+    forward, backward = _dispatched(lambda y: y.masked_fill(module.mask, -1.0), torch.randn(1, 8, 8, 8))
+    assert forward == ["masked_fill"] and backward.count("masked_fill") == 1
+    assert (cost.kernels_fwd, cost.kernels_bwd, cost.extra_saved_bytes, cost.saved) == (1, 1, 0.0, [])
+    at2, at4 = (b * _autograd_saved_bytes(desc, b, with_input=False) for b in (2, 4))
+    assert network_features(desc).per_sample["saved_bytes"] == (at4 - at2) / 2
+    back, _ = graph_to_description(description_to_graph(desc, 4), "masked", "masked.pkl")
+    assert back.to_dict() == desc.to_dict()
+
+
+def test_a_network_with_a_fixed_mask_prunes_and_trains():
+    """Pruning a network that masks a map by a registered buffer cuts its convolutions' channels through it (the
+    mask broadcast over them): the pruned network describes, its where of mask_shape still there, and a training
+    step runs."""
+    from test_networks import _train_step
+
+    from perf4sight.networks.build import Source, prune_source
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(16, 16, 3, padding=1)
+            self.fc = nn.Linear(16, 10)
+            self.register_buffer("mask", torch.ones(16, 16).triu(1).bool())
+
+        def forward(self, x):
+            return self.fc(self.b(self.a(x).masked_fill(self.mask, 0.0)).mean((2, 3)))
+    (desc,) = prune_source(Source("net", "test", Net), [3, 16, 16], [30], "l1-norm", 2, seed=0)
+    assert max(n.attrs["out_channels"] for n in desc.nodes if n.op == "conv2d") < 16
+    assert [n.attrs.get("mask_shape") for n in desc.nodes if n.op == "where"] == [[16, 16]]
+    _train_step(desc)

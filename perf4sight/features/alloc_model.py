@@ -513,6 +513,8 @@ def _params(node: Node) -> tuple[list[int], list[int]]:
         return params, [wh * ww * wh * ww * INT64]
     if node.op == "rmsnorm":  # a weight of normalized_shape unless not elementwise_affine; no bias, no buffers
         return ([prod(a["normalized_shape"]) * FLOAT] if a.get("elementwise_affine", True) else []), []
+    if node.op == "where" and "mask_shape" in a:  # a fixed boolean mask, a byte an element
+        return [], [prod(a["mask_shape"])]
     if node.op == "linear":
         w = a["out_features"] * a["in_features"] * FLOAT
         return ([w, a["out_features"] * FLOAT] if a["bias"] else [w]), []
@@ -1319,8 +1321,11 @@ def _where(ctx: _OpContext) -> _Value:
     for name, value in zip(n.inputs[:k], ctx.inputs):
         if value.fn is not None and name not in n.inputs[k:]:
             raise NotCovered(f"a where's condition of '{name}', a value needing a gradient")
-    shape = ctx.in_shapes[0] if k == 1 else broadcast(list(ctx.in_shapes[0]), list(ctx.in_shapes[1]))
-    mask = ctx.mem.new(batch * prod(shape), f"aten.{n.attrs['compare']}.{'Tensor' if k == 2 else 'Scalar'}")
+    if k == 0:  # a fixed boolean mask: a buffer (:func:`_params`), no compare
+        mask = None
+    else:
+        shape = ctx.in_shapes[0] if k == 1 else broadcast(list(ctx.in_shapes[0]), list(ctx.in_shapes[1]))
+        mask = ctx.mem.new(batch * prod(shape), f"aten.{n.attrs['compare']}.{'Tensor' if k == 2 else 'Scalar'}")
     if n.attrs.get("inplace"):
         return _masked_fill_in_place(ctx, mask)
     number = "if_true" in n.attrs or "if_false" in n.attrs
@@ -1333,13 +1338,14 @@ def _where(ctx: _OpContext) -> _Value:
     sizes = [v.nbytes for v in ctx.inputs[:k]] + [b.nbytes for b, _ in branches]
     full = [None] * k + [ctx.nbytes if list(shape) != list(n.output_shape) else None for _, shape in branches]
     around = [[]] * k + [[(FLOAT, "aten.scalar_tensor.default")] for _ in branches]
-    fn = ctx.grad_fn([mask], edges, sizes, [None] * k + ["aten.where.self"] * len(branches),
+    fn = ctx.grad_fn([] if mask is None else [mask], edges, sizes, [None] * k + ["aten.where.self"] * len(branches),
                      list(range(k)) + list(range(k + len(branches) - 1, k - 1, -1)), full, around=around)
-    ctx.mem.drop(mask)
+    if mask is not None:
+        ctx.mem.drop(mask)
     return _Value(sid, ctx.nbytes, fn)
 
 
-def _masked_fill_in_place(ctx: _OpContext, mask: int) -> _Value:
+def _masked_fill_in_place(ctx: _OpContext, mask: int | None) -> _Value:
     """``b.masked_fill_(condition, value)`` (a where of ``inplace``) once its condition is allocated: the number
     written into b (no allocation), the condition kept; backward b's gradient ``masked_fill.Scalar``. b's later
     readers read the result (:func:`_activation`'s in-place rule). In place on a view, or on a tensor that needs no
@@ -1348,9 +1354,10 @@ def _masked_fill_in_place(ctx: _OpContext, mask: int) -> _Value:
     if b.fn is None or b.view or b.sid in ctx.mem.saved:
         raise NotCovered(f"a masked_fill_ of '{ctx.node.inputs[-1]}'")
     edges = [None] * (len(ctx.inputs) - 1) + [_edge(b)]
-    b.fn = ctx.grad_fn([mask], edges, [v.nbytes for v in ctx.inputs], [None] * len(edges[1:]) +
-                       ["aten.masked_fill.Scalar"])
-    ctx.mem.drop(mask)
+    b.fn = ctx.grad_fn([] if mask is None else [mask], edges, [v.nbytes for v in ctx.inputs],
+                       [None] * len(edges[1:]) + ["aten.masked_fill.Scalar"])
+    if mask is not None:  # a fixed mask (None) is a buffer
+        ctx.mem.drop(mask)
     return _Value(ctx.mem.hold(b.sid), b.nbytes, b.fn)
 
 

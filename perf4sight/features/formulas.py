@@ -897,12 +897,16 @@ def _where(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     element of x, a byte written each) and the where (one kernel, a FLOP an output element, the condition read);
     backward, per tensor branch, ``where(condition, grad, 0)`` (one kernel, a FLOP an output element; the zero a
     wrapped number, no kernel). It keeps the condition, a byte an element of x. A condition of two tensors
-    (``compare_inputs``: a > b) reads both, its mask their broadcast shape's."""
+    (``compare_inputs``: a > b) reads both, its mask their broadcast shape's; a fixed mask (``mask_shape``: a
+    boolean buffer) is no compare, nothing kept."""
     k = where_condition_inputs(node.attrs)
-    condition = in_shapes[0] if k == 1 else broadcast(in_shapes[0], in_shapes[1]) or node.output_shape
-    n, mask = numel(node.output_shape), numel(condition)
-    branches = len(in_shapes) - k
+    n, branches = numel(node.output_shape), len(in_shapes) - k
     rd, wr = _io_bytes(in_shapes, node.output_shape)
+    if k == 0:  # a fixed boolean mask (a buffer, kept already): the where alone forward, the mask read once a batch
+        return OpCost(flops_fwd=float(n), flops_bwd=float(branches * n), bytes_read=rd, bytes_written=wr,
+                      kernels_fwd=1, kernels_bwd=branches, kind="elementwise")
+    condition = in_shapes[0] if k == 1 else broadcast(in_shapes[0], in_shapes[1]) or node.output_shape
+    mask = numel(condition)
     return OpCost(flops_fwd=float(mask + n), flops_bwd=float(branches * n), bytes_read=rd + mask,
                   bytes_written=wr + mask, extra_saved_bytes=float(mask), kernels_fwd=2, kernels_bwd=branches,
                   kind="elementwise")

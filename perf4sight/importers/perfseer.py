@@ -589,6 +589,11 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
             raise UserError(f"{where}: a Where without its condition (args: compare, threshold)")
         a = {"compare": str(args["compare"]), "threshold": _number(args["threshold"], f"{where} threshold")}
         a.update({k: _number(args[k], f"{where} {k}") for k in ("if_true", "if_false") if k in args})
+        if args.get("mask_shape") is not None:  # a fixed mask's (a buffer's) shape
+            shape = args["mask_shape"]
+            if not isinstance(shape, (list, tuple)):
+                raise UserError(f"{where}: a Where's mask_shape must be a list of sizes, got {shape!r}")
+            a["mask_shape"] = [int(_number(v, f"{where} mask_shape")) for v in shape]
         return {**a, **{k: True for k in ("inplace", "compare_inputs") if flag(k, False)}}
     if op == "cumsum":  # ONNX's CumSum: its axis an input a graph's args may not carry: none, no running sum
         if args.get("dim", args.get("axis")) is None:

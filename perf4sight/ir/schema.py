@@ -190,7 +190,9 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # (optional if_true, if_false: not both); a leaky gate's torch.where(x > 0, x, 0.1 * x), a mask's
     # torch.where(m > 0.5, x, 0.0), x.masked_fill(m < 0, 0.0); optional inplace (false): of if_true, written into
     # its tensor branch, of the output's shape (x.masked_fill_(m < 0, 0.0)); optional compare_inputs (false): the
-    # condition compares the first two inputs, broadcast (torch.where(a > b, a, b)), threshold 0
+    # condition compares the first two inputs, broadcast (torch.where(a > b, a, b)), threshold 0; optional mask_shape:
+    # the condition compares a fixed tensor of this shape instead, a buffer of the node (not trained; a registered
+    # attention mask: x.masked_fill(self.mask == 0, v)), broadcast with the batch first, its values not described
     "where": ("compare", "threshold"),
     # a spatial transformer's sampling grid: each sample's [2, 3] affine matrix theta applied to the normalised
     # [-1, 1] coordinates of an [H, W] = size output (align_corners: the corners' pixel centres at -1 and 1, else
@@ -283,6 +285,7 @@ _SHAPES: Dict[str, Tuple[str, ...]] = {"fractional_maxpool2d": ("output_size",),
                                        "repeat": ("repeats",),
                                        "flip": ("dims",), "roll": ("dims",),
                                        "fold": ("output_size",),
+                                       "where": ("mask_shape",),
                                        "affine_grid": ("size",)}
 #: Op -> attributes that must be true or false where given (required or optional).
 _FLAGS: Dict[str, Tuple[str, ...]] = {
@@ -352,7 +355,8 @@ _OPTIONAL: Dict[str, Tuple[str, ...]] = {"gelu": ("approximate",), "maxpool2d": 
                                          "interpolate": ("scale_factor", "size_of"),
                                          "pad": ("pad_to",),
                                          "conv_transpose2d": ("output_size_of",),
-                                         "fold": ("output_size_of",)}
+                                         "fold": ("output_size_of",),
+                                         "where": ("mask_shape",)}
 _PAIRS: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("kernel_size", "stride", "padding", "dilation"),
     "maxpool2d": ("kernel_size", "stride", "padding"), "avgpool2d": ("kernel_size", "stride", "padding"),
@@ -411,8 +415,9 @@ def _constant_mode_problem(node: "Node") -> str:
 
 def where_condition_inputs(attrs: Dict[str, Any]) -> int:
     """How many of a ``where``'s first inputs its condition compares (read for no gradient): 2 with
-    ``compare_inputs`` (a > b), else 1 (x > threshold). The branches' tensors follow them."""
-    return 2 if attrs.get("compare_inputs") else 1
+    ``compare_inputs`` (a > b), none with ``mask_shape`` (a buffer compared), else 1 (x > threshold). The branches'
+    tensors follow them."""
+    return 2 if attrs.get("compare_inputs") else 0 if "mask_shape" in attrs else 1
 
 
 def _where_problem(node: "Node") -> str:
@@ -427,6 +432,8 @@ def _where_problem(node: "Node") -> str:
     if len(node.inputs) != wanted:
         return (f"needs {wanted} inputs (the condition's, then each branch not given as a number), got "
                 f"{len(node.inputs)}")
+    if node.attrs.get("compare_inputs") and "mask_shape" in node.attrs:
+        return "attrs 'compare_inputs' and 'mask_shape' exclude each other (the condition compares inputs or a buffer)"
     if node.attrs.get("compare_inputs") and node.attrs["threshold"] != 0:
         return f"attr 'threshold' must be 0 with 'compare_inputs' (a > b), got {node.attrs['threshold']!r}"
     if node.attrs.get("inplace") and "if_true" not in node.attrs:
@@ -445,7 +452,7 @@ def _attr_problem(node: "Node") -> str:
     for a in _POSITIVE.get(node.op, ()):
         if not _is_int(node.attrs[a], 1):
             return f"attr '{a}' must be a positive integer, got {node.attrs[a]!r}"
-    for a in _SHAPES.get(node.op, ()):
+    for a in (a for a in _SHAPES.get(node.op, ()) if a in node.attrs):  # where's mask_shape optional
         v = node.attrs[a]
         if not (isinstance(v, list) and v and all(_is_int(x, 1) for x in v)):
             return f"attr '{a}' must be a non-empty list of positive integers, got {v!r}"

@@ -43,7 +43,7 @@ ARITY: Dict[str, Tuple[int, Optional[int]]] = {
     "normalize": (1, 1),
     "logsumexp": (1, 1),
     "cumsum": (1, 1),
-    "where": (2, 4),  # the condition's one or two (compare_inputs), then the branches not numbers
+    "where": (1, 4),  # the condition's none (mask_shape), one or two (compare_inputs), then the tensor branches
     "affine_grid": (1, 1),
     "grid_sample": (2, 2),
     "sort": (1, 1), "topk": (1, 1),
@@ -373,8 +373,13 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
         if len(x) != 3 or len(ins[1]) != 3 or ins[1][2] != 2:
             return f"samples a [C, H, W] map at an [Ho, Wo, 2] grid, got {x} and {ins[1]}"
         return [x[0], ins[1][0], ins[1][1]]
-    if op == "where":  # the condition's input and the branches' broadcast together
+    if op == "where":  # the condition's input (or its buffer: mask_shape) and the branches' broadcast together
         out_shape: Optional[List[int]] = x
+        if "mask_shape" in a:  # a buffer, broadcast with the batch first: one of size 1 there, if any
+            mask = [int(v) for v in a["mask_shape"]]
+            if len(mask) > len(x) + 1 or len(mask) == len(x) + 1 and mask[0] != 1:
+                return f"compares a buffer of shape {mask} that would broadcast over the batch of inputs {ins}"
+            out_shape = broadcast(mask[len(mask) - len(x):] if len(mask) > len(x) else mask, x)
         for s in ins[1:]:
             out_shape = broadcast(out_shape, s) if out_shape is not None else None
         if out_shape is not None and a.get("inplace") and out_shape != ins[-1]:  # written into its tensor branch

@@ -581,6 +581,12 @@ def _where(x: torch.Tensor, branches: List, compare: str, threshold: float, if_t
     rest = list(branches)
     condition = {"gt": torch.gt, "ge": torch.ge, "lt": torch.lt, "le": torch.le, "eq": torch.eq,
                  "ne": torch.ne}[compare](x, rest.pop(0) if compare_inputs else threshold)
+    return _where_of(condition, rest, if_true, if_false, inplace)
+
+
+def _where_of(condition: torch.Tensor, branches: List, if_true: Any, if_false: Any, inplace: bool) -> torch.Tensor:
+    """torch.where(condition, a, b) (:func:`_where`), or ``inplace`` ``b.masked_fill_(condition, if_true)``."""
+    rest = list(branches)
     if inplace:
         return rest[-1].masked_fill_(condition, if_true)
     a = rest.pop(0) if if_true is None else if_true
@@ -591,6 +597,22 @@ def _where(x: torch.Tensor, branches: List, compare: str, threshold: float, if_t
         like = b if isinstance(a, float) else a  # the tensor branch (a description has one at least)
         a, b = (torch.tensor(v, dtype=like.dtype, device=like.device) if isinstance(v, float) else v for v in (a, b))
         return torch.where(condition, a, b)
+
+
+class FixedMaskWhere(nn.Module):
+    """A ``where`` whose condition is a fixed boolean buffer (``mask``, of the node's ``mask_shape``: a registered
+    attention mask; all false until a module's own is copied in, the description not holding its values)."""
+
+    def __init__(self, attrs: Dict[str, Any], device: Any = None) -> None:
+        super().__init__()
+        self.register_buffer("mask", torch.zeros([int(v) for v in attrs["mask_shape"]], dtype=torch.bool,
+                                                 device=device))
+        self.if_true, self.if_false = (None if attrs.get(k) is None else float(attrs[k]) for k in ("if_true",
+                                                                                                 "if_false"))
+        self.inplace = bool(attrs.get("inplace", False))
+
+    def forward(self, *branches: torch.Tensor) -> torch.Tensor:
+        return _where_of(self.mask, list(branches), self.if_true, self.if_false, self.inplace)
 
 
 def _sorted(x: torch.Tensor, dim: int, descending: bool) -> torch.Tensor:
@@ -761,6 +783,10 @@ def _emit(node: Node, graph: fx.Graph, root: nn.Module, env: Dict[str, fx.Node],
         root.add_module(attr, module)
         layers[node.name] = attr
         return graph.call_module(attr, tuple(args), _output_size(node, graph, env))
+    if node.op == "where" and "mask_shape" in node.attrs:  # a buffer compared: a module that holds it
+        attr = _attr_name(node.name, taken)
+        root.add_module(attr, FixedMaskWhere(node.attrs, factory.get("device")))
+        return graph.call_module(attr, tuple(args))
     if SIZE_REFERENCES.get(node.op) in node.attrs:  # sized by another node's map, read at run time
         fn, fn_args = _sized_like(node, args[0], env[node.attrs[SIZE_REFERENCES[node.op]]])
         return graph.call_function(fn, fn_args)

@@ -819,9 +819,23 @@ def _comparison(n: fx.Node) -> tuple[str, dict]:
     return "alias", {}
 
 
-def _condition_attrs(compared: tuple[str, float | None]) -> dict[str, Any]:
+def _fixed_mask(condition: Any) -> tuple[str, None] | None:
+    """Where ``condition`` is a module's boolean tensor (a ``get_attr``: a registered mask, or one the trace computed
+    once from a buffer, ``self.mask == 0``): a where's ``("ne", None)``, the mask's own compare (a where holding it
+    as a 0/1 buffer of its shape, ``mask_shape``); None for anything else."""
+    if isinstance(condition, fx.Node) and condition.op == "get_attr" and _is_tensor(condition) \
+            and condition.meta["tensor_meta"].dtype == torch.bool:
+        return "ne", None
+    return None
+
+
+def _condition_attrs(compared: tuple[str, float | None], condition: fx.Node) -> dict[str, Any]:
     """A where's attrs of its condition ``compared`` (:func:`_compared`): of a number, its compare and threshold; of
-    two tensors, threshold 0 and ``compare_inputs`` (the condition's two tensors its first two inputs)."""
+    two tensors, threshold 0 and ``compare_inputs`` (the condition's two tensors its first two inputs); of a fixed
+    mask (:func:`_fixed_mask`), ``ne`` 0 and its ``mask_shape``."""
+    if _fixed_mask(condition) is not None:
+        return {"compare": "ne", "threshold": 0.0,
+                "mask_shape": [int(v) for v in condition.meta["tensor_meta"].shape]}
     if compared[1] is None:
         return {"compare": compared[0], "threshold": 0.0, "compare_inputs": True}
     return {"compare": compared[0], "threshold": compared[1]}
@@ -840,12 +854,12 @@ def _where_call(n: fx.Node) -> tuple[str, dict]:
     if len(n.args) != 3 or n.kwargs:
         raise ValueError("torch.where of one argument (the indices where it holds) has no description op")
     condition, a, b = n.args
-    compared = _compared(condition)
+    compared = _compared(condition) or _fixed_mask(condition)
     if compared is None:
         raise ValueError("a torch.where whose condition is not a comparison of a tensor with a number or another "
                          "tensor (x > 0, m >= 0.5, a > b) has no description op (a description has no boolean "
                          "tensors)")
-    attrs: dict[str, Any] = _condition_attrs(compared)
+    attrs: dict[str, Any] = _condition_attrs(compared, condition)
     for key, branch in (("if_true", a), ("if_false", b)):
         if not _is_tensor(branch):
             value = _shape_value(branch)
@@ -869,13 +883,13 @@ def _masked_fill_call(n: fx.Node) -> tuple[str, dict]:
     value: torch.where(mask, value, x), the op where (its inputs the mask's tensor, then x: put in that order by the
     converter); ``x.masked_fill_`` the same written into x (``inplace``). Another mask, or a tensor value, is refused
     by name."""
-    compared = _compared(n.args[1]) if len(n.args) == 3 else None
+    compared = (_compared(n.args[1]) or _fixed_mask(n.args[1])) if len(n.args) == 3 else None
     value = _shape_value(n.args[2]) if len(n.args) == 3 else None
     if compared is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"a {n.target if isinstance(n.target, str) else 'masked_fill'} of anything but a mask "
                          "comparing a tensor with a number or a tensor (x < 0, a < b) and a number value has no "
                          "description op")
-    attrs = {**_condition_attrs(compared), "if_true": float(value)}
+    attrs = {**_condition_attrs(compared, n.args[1]), "if_true": float(value)}
     return "where", {**attrs, "inplace": True} if n.target == "masked_fill_" else attrs
 
 
