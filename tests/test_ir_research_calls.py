@@ -557,14 +557,19 @@ def test_a_sorts_or_topks_values_are_described(case):
 
 
 @pytest.mark.parametrize("pattern, match", [
-    (lambda y: y.gather(1, torch.sort(y, 1)[1]), r"the indices \(int64\) of call_function 'sort'"),
+    (lambda y: y.gather(1, torch.sort(y, 1)[1]), r"the indices \(int64\) of call_function 'sort' \(node sort\), "
+                                                  r"which call_method 'gather' \(node gather\) reads, has no"),
+    (lambda y: y.gather(1, y.mean((2, 3), keepdim=True).topk(4, 1)[1].expand(-1, -1, 8, 8)).repeat(1, 2, 1, 1),
+     r"the indices \(int64\) of call_method 'topk' \(node topk\), which call_method 'gather' \(node gather\) "
+     r"reads, has no description op"),
     (lambda y: torch.sort(y, 0)[0], r"a sort along the batch dimension \(dims \[0\]\)"),
     (lambda y: torch.sort(y, dim=1, stable=True)[0], r"a stable sort \(stable=True\) has no description op"),
     (lambda y: y + y.topk(8, 1, sorted=False).values, r"a topk of sorted=False"),
 ])
 def test_a_sorts_indices_or_another_form_are_refused_by_name(pattern, match):
-    """The indices of a sort read by anything (a gather), a sort along the batch, a stable sort and an unsorted topk
-    are refused by name."""
+    """The indices of a sort or a topk read by anything (a gather, token pruning's of the top-scoring channels,
+    through their expand: the gather named), a sort along the batch, a stable sort and an unsorted topk are refused
+    by name."""
     with pytest.raises(UserError, match=match):
         describe(_Probe(pattern), SHAPE, name="refused")
 

@@ -541,8 +541,27 @@ def _sorted_part(n: fx.Node, alias: dict[str, str]) -> list[Node] | None:
         return [Node(n.name, op, [alias[call.args[0].name]], attrs, _shape(n))]
     if n.users:
         label = call.target if isinstance(call.target, str) else call.target.__name__
-        raise _NoOp(f"the indices (int64) of {call.op} '{label}' (node {call.name})", f"indices of {label}", n)
+        raise _NoOp(f"the indices (int64) of {call.op} '{label}' (node {call.name}){_index_reader(n)}",
+                    f"indices of {label}", n)
     return []
+
+
+#: Calls that only reshape or broadcast indices on their way to the op that reads them (``idx.unsqueeze(-1)
+#: .expand(-1, -1, C)`` before a gather).
+_INDEX_VIEWS = {"unsqueeze", "expand", "expand_as", "view", "reshape", "repeat", "flatten", torch.unsqueeze,
+                torch.reshape, torch.flatten}
+
+
+def _index_reader(n: fx.Node) -> str:
+    """``, which <op> (node <name>) reads,``: the first op that reads the indices ``n`` other than to reshape or
+    broadcast them (a gather, an index_select: a selection of entries, token pruning's), for the refusal's line."""
+    reader = next(iter(n.users))
+    for _ in range(4):
+        if reader.target not in _INDEX_VIEWS or not reader.users:
+            break
+        reader = next(iter(reader.users))
+    label = reader.target if isinstance(reader.target, str) else getattr(reader.target, "__name__", reader.target)
+    return f", which {reader.op} '{label}' (node {reader.name}) reads,"
 
 
 _EINSUMS = {torch.einsum}
@@ -652,7 +671,8 @@ def _max_part(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Nod
     if n.users:  # named with the other ops without a description op, as an op of its own (:class:`_NoOp`)
         call = n.args[0]
         label = call.target if isinstance(call.target, str) else call.target.__name__
-        raise _NoOp(f"the indices (int64) of {call.op} '{label}' (node {call.name})", f"indices of {label}", n)
+        raise _NoOp(f"the indices (int64) of {call.op} '{label}' (node {call.name}){_index_reader(n)}",
+                    f"indices of {label}", n)
     return []
 
 
