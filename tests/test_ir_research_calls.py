@@ -52,6 +52,10 @@ _WHERES = {
                                                                  "compare_inputs": True}),
                               (["mean", "conv", "conv"], {"compare": "le", "threshold": 0.0, "if_true": -1.0,
                                                           "compare_inputs": True})]),
+    "the method x.where": (lambda y: y.where(y > 0, -y) + (lambda a: y.where(a <= y, 0.5))(y.flip(2)),
+                           [(["conv", "conv", "neg"], {"compare": "gt", "threshold": 0.0}),
+                            (["flip", "conv", "conv"], {"compare": "le", "threshold": 0.0, "if_false": 0.5,
+                                                        "compare_inputs": True})]),
     "a mask read twice, broadcast": (
         lambda y: (lambda m: torch.where(m > 0, m, y) * torch.where(m > 0, m, 1.0))(y.mean((2, 3), keepdim=True)),
         [(["mean", "mean", "conv"], {"compare": "gt", "threshold": 0.0}),
@@ -113,12 +117,12 @@ def test_where_is_described(form):
     (lambda y: y * (y > 0), r"a comparison read by anything but torch.where's condition has no description op"),
     (lambda y: y * (y > y.sigmoid()), r"a comparison read by anything but torch.where's condition"),
     (lambda y: torch.where(y > 0, 1.0, 0.0), r"a torch.where of two numbers .* give a tensor for one branch"),
-    (lambda y: y.where(y > 0, -y), r"x.where\(condition, y\) has no description op; write torch.where"),
+    (lambda y: y.where(y > 0, other=-y), r"x.where\(condition, y\) of keyword arguments has no description op"),
     (lambda y: y.masked_fill((y > 0) & (y < y.sigmoid()), 0.0), r"a comparison read by anything but torch.where"),
 ])
 def test_a_where_of_another_condition_or_form_is_refused_by_name(pattern, match):
     """A comparison made a tensor of its own (a mask multiplied in, two masks and-ed), a where of two numbers (a
-    boolean tensor made float) and the method form are refused by name."""
+    boolean tensor made float) and the method form of keyword arguments are refused by name."""
     with pytest.raises(UserError, match=match):
         describe(_Probe(pattern), SHAPE, name="refused")
 

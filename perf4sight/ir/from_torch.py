@@ -486,8 +486,10 @@ def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, s
         tensor_inputs = tensor_inputs[:1]
     if n.target in _MASKED_FILLS:  # x.masked_fill(mask, v): torch.where(mask, v, x), the mask's tensor first
         tensor_inputs = tensor_inputs[::-1]
+    if op == "where" and n.target == "where" and "mask_shape" not in attrs:  # x.where(c, y): the condition's first
+        tensor_inputs = [tensor_inputs[1], tensor_inputs[0], *tensor_inputs[2:]]
     if op == "where" and attrs.get("compare_inputs"):  # a condition of two tensors (a > b): both, then the branches
-        condition = n.args[1] if n.target in _MASKED_FILLS else n.args[0]
+        condition = n.args[1] if n.target in (*_MASKED_FILLS, "where") else n.args[0]
         tensor_inputs = _tensor_inputs(condition, alias, pieces, where, own) + tensor_inputs[1:]
     meta = n.meta.get("tensor_meta")
     batch = meta.shape[0] if op != "attention" and hasattr(meta, "shape") and len(meta.shape) else _TRACE_BATCH

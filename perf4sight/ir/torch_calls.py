@@ -846,14 +846,16 @@ for _key in _COMPARES:
 
 
 def _where_call(n: fx.Node) -> tuple[str, dict]:
-    """``torch.where(condition, a, b)`` of a condition comparing a tensor with a number (``x > 0``; a mask
-    ``m >= 0.5`` computed from the data) and a and b tensors, or one of them a number: the op where. Of one argument
-    (the indices where it holds), of another condition, or of two numbers, refused by name."""
-    if n.target == "where":
-        raise ValueError("x.where(condition, y) has no description op; write torch.where(condition, x, y)")
+    """``torch.where(condition, a, b)`` (or ``a.where(condition, b)``) of a condition comparing a tensor with a
+    number (``x > 0``; a mask ``m >= 0.5`` computed from the data) and a and b tensors, or one of them a number: the
+    op where. Of one argument (the indices where it holds), of another condition, or of two numbers, refused by
+    name."""
+    if n.target == "where" and (len(n.args) != 3 or n.kwargs):
+        raise ValueError("x.where(condition, y) of keyword arguments has no description op; write x.where(condition, "
+                         "y) or torch.where(condition, x, y)")
     if len(n.args) != 3 or n.kwargs:
         raise ValueError("torch.where of one argument (the indices where it holds) has no description op")
-    condition, a, b = n.args
+    condition, a, b = (n.args[1], n.args[0], n.args[2]) if n.target == "where" else n.args  # x.where(c, y)
     compared = _compared(condition) or _fixed_mask(condition)
     if compared is None:
         raise ValueError("a torch.where whose condition is not a comparison of a tensor with a number or another "
