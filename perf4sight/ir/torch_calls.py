@@ -821,8 +821,8 @@ def _comparison(n: fx.Node) -> tuple[str, dict]:
 
 def _fixed_mask(condition: Any) -> tuple[str, None] | None:
     """Where ``condition`` is a module's boolean tensor (a ``get_attr``: a registered mask, or one the trace computed
-    once from a buffer, ``self.mask == 0``): a where's ``("ne", None)``, the mask's own compare (a where holding it
-    as a 0/1 buffer of its shape, ``mask_shape``); None for anything else."""
+    once from a buffer, ``self.mask == 0``): a where's ``("ne", None)`` (a where holding it as a boolean buffer of
+    its shape, ``mask_shape``, read as it is); None for anything else."""
     if isinstance(condition, fx.Node) and condition.op == "get_attr" and _is_tensor(condition) \
             and condition.meta["tensor_meta"].dtype == torch.bool:
         return "ne", None
@@ -859,8 +859,8 @@ def _where_call(n: fx.Node) -> tuple[str, dict]:
     compared = _compared(condition) or _fixed_mask(condition)
     if compared is None:
         raise ValueError("a torch.where whose condition is not a comparison of a tensor with a number or another "
-                         "tensor (x > 0, m >= 0.5, a > b) has no description op (a description has no boolean "
-                         "tensors)")
+                         "tensor (x > 0, m >= 0.5, a > b), nor a module's boolean mask, has no description op (a "
+                         "description has no boolean tensors)")
     attrs: dict[str, Any] = _condition_attrs(compared, condition)
     for key, branch in (("if_true", a), ("if_false", b)):
         if not _is_tensor(branch):
@@ -889,8 +889,8 @@ def _masked_fill_call(n: fx.Node) -> tuple[str, dict]:
     value = _shape_value(n.args[2]) if len(n.args) == 3 else None
     if compared is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"a {n.target if isinstance(n.target, str) else 'masked_fill'} of anything but a mask "
-                         "comparing a tensor with a number or a tensor (x < 0, a < b) and a number value has no "
-                         "description op")
+                         "comparing a tensor with a number or a tensor (x < 0, a < b), or a module's boolean mask, "
+                         "and a number value has no description op")
     attrs = {**_condition_attrs(compared, n.args[1]), "if_true": float(value)}
     return "where", {**attrs, "inplace": True} if n.target == "masked_fill_" else attrs
 
