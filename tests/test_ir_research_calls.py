@@ -857,3 +857,13 @@ def test_a_network_with_a_fixed_mask_prunes_and_trains():
     assert max(n.attrs["out_channels"] for n in desc.nodes if n.op == "conv2d") < 16
     assert [n.attrs.get("mask_shape") for n in desc.nodes if n.op == "where"] == [[16, 16]]
     _train_step(desc)
+
+
+def test_a_fixed_mask_spanning_the_batch_is_refused_by_name():
+    """A registered mask whose first dimension is the traced batch's (a mask per sample of one batch size) is
+    refused by name (it had been described, a where of that mask_shape that no other batch size runs)."""
+    module = _FixedMask("masked_fill")
+    module.mask = torch.rand(2, 8, 8, 8) > 0.5
+    with pytest.raises(UserError, match=r"a fixed mask of shape \[2, 8, 8, 8\], a mask per sample of a batch of 2 "
+                                        r"\(its first dimension the batch's\), has no description op"):
+        describe(module, SHAPE, name="refused")

@@ -829,13 +829,18 @@ def _fixed_mask(condition: Any) -> tuple[str, None] | None:
     return None
 
 
-def _condition_attrs(compared: tuple[str, float | None], condition: fx.Node) -> dict[str, Any]:
-    """A where's attrs of its condition ``compared`` (:func:`_compared`): of a number, its compare and threshold; of
-    two tensors, threshold 0 and ``compare_inputs`` (the condition's two tensors its first two inputs); of a fixed
-    mask (:func:`_fixed_mask`), ``ne`` 0 and its ``mask_shape``."""
+def _condition_attrs(compared: tuple[str, float | None], condition: fx.Node, n: fx.Node) -> dict[str, Any]:
+    """A where's (fx node ``n``'s) attrs of its condition ``compared`` (:func:`_compared`): of a number, its compare
+    and threshold; of two tensors, threshold 0 and ``compare_inputs`` (the condition's two tensors its first two
+    inputs); of a fixed mask (:func:`_fixed_mask`), ``ne`` 0 and its ``mask_shape``, which spans no batch (a
+    ``ValueError`` where it does: a mask of one size of batch)."""
     if _fixed_mask(condition) is not None:
-        return {"compare": "ne", "threshold": 0.0,
-                "mask_shape": [int(v) for v in condition.meta["tensor_meta"].shape]}
+        mask = [int(v) for v in condition.meta["tensor_meta"].shape]
+        if len(mask) >= len(n.meta["tensor_meta"].shape) and mask[0] != 1:
+            raise ValueError(f"a fixed mask of shape {mask}, a mask per sample of a batch of {mask[0]} (its first "
+                             "dimension the batch's), has no description op; a mask of size 1 there (or none) "
+                             "describes")
+        return {"compare": "ne", "threshold": 0.0, "mask_shape": mask}
     if compared[1] is None:
         return {"compare": compared[0], "threshold": 0.0, "compare_inputs": True}
     return {"compare": compared[0], "threshold": compared[1]}
@@ -861,7 +866,7 @@ def _where_call(n: fx.Node) -> tuple[str, dict]:
         raise ValueError("a torch.where whose condition is not a comparison of a tensor with a number or another "
                          "tensor (x > 0, m >= 0.5, a > b), nor a module's boolean mask, has no description op (a "
                          "description has no boolean tensors)")
-    attrs: dict[str, Any] = _condition_attrs(compared, condition)
+    attrs: dict[str, Any] = _condition_attrs(compared, condition, n)
     for key, branch in (("if_true", a), ("if_false", b)):
         if not _is_tensor(branch):
             value = _shape_value(branch)
@@ -891,7 +896,7 @@ def _masked_fill_call(n: fx.Node) -> tuple[str, dict]:
         raise ValueError(f"a {n.target if isinstance(n.target, str) else 'masked_fill'} of anything but a mask "
                          "comparing a tensor with a number or a tensor (x < 0, a < b), or a module's boolean mask, "
                          "and a number value has no description op")
-    attrs = {**_condition_attrs(compared, n.args[1]), "if_true": float(value)}
+    attrs = {**_condition_attrs(compared, n.args[1], n), "if_true": float(value)}
     return "where", {**attrs, "inplace": True} if n.target == "masked_fill_" else attrs
 
 
