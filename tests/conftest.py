@@ -34,18 +34,17 @@ def quiet_load():
         yield
 
 
-#: The test files that take longest (seconds of one worker of ``./dev.sh test`` on a 2-core machine, 2026-11-29):
-#: they go first, the longest first, so that the two workers of ``-n 2 --dist loadfile`` end together. xdist's own
-#: order (files with the most tests first) left test_end_to_end.py (3 tests, 77 s) for last: one worker ran it alone
-#: for about a minute while the other had finished. A file not named here follows them, in collection order. The
-#: files made faster on 2026-11-30 are estimates: 2026-11-29's seconds scaled by the CPU their changed tests took
-#: after against before, on a shared host.
-LONGEST_FILES = {"test_remote_reruns.py": 75, "test_profiling_signals.py": 70, "test_remote.py": 45,
-                 "test_profiling.py": 76, "test_end_to_end.py": 50, "test_optimizers.py": 50, "test_ir.py": 55,
-                 "test_networks_stage.py": 27, "test_losses.py": 39, "test_fingerprint.py": 39, "test_networks.py": 24,
-                 "test_allocator.py": 31, "test_packaging.py": 24, "test_report.py": 23,
-                 "test_perfseer_round_trip.py": 16, "test_backends_gpu.py": 15, "test_op_prices.py": 6,
-                 "test_networks_rerun.py": 12, "test_config.py": 11, "test_features.py": 9}
+#: The test files that take longest (seconds of one worker of ``./dev.sh test`` on a 2-core machine, 2026-11-30,
+#: the sum of each file's phases among the 200 slowest): they go first, the longest first, so that the two workers of
+#: ``-n 2 --dist loadfile`` end together. xdist's own order (files with the most tests first) left
+#: test_end_to_end.py (3 tests, 77 s) for last: one worker ran it alone for about a minute while the other had
+#: finished. A file not named here follows them, in collection order.
+LONGEST_FILES = {"test_ir.py": 132, "test_profiling.py": 88, "test_remote_reruns.py": 85, "test_networks.py": 82,
+                 "test_profiling_signals.py": 81, "test_end_to_end.py": 76, "test_optimizers.py": 58,
+                 "test_remote.py": 54, "test_perfseer_round_trip.py": 49, "test_features.py": 30,
+                 "test_allocator.py": 29, "test_profile_stage_notes.py": 29, "test_packaging.py": 26,
+                 "test_remote_setup.py": 21, "test_networks_stage.py": 19, "test_networks_rerun.py": 19,
+                 "test_losses.py": 19, "test_backends_gpu.py": 17, "test_fingerprint.py": 10, "test_config.py": 8}
 
 
 def pytest_configure(config) -> None:
