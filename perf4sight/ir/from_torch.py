@@ -28,7 +28,7 @@ from perf4sight.errors import UserError
 from perf4sight.ir.schema import ON_COPY_OPS, SHARES, NetworkDescription, Node, count_params
 from perf4sight.ir.shapes import image_size_problem
 from perf4sight.ir.weighted_sums import Fusion, weighted_sums
-from perf4sight.ir.fx_values import _SPLITS, _TRACE_BATCH, _arg, _is_tensor, _shape, _shape_value
+from perf4sight.ir.fx_values import _SPLITS, _TRACE_BATCH, _arg, _is_tensor, _shape, _shape_value, _target_name
 from perf4sight.ir.torch_trace import (_ForwardFailed, _propagate_shapes, _root_message, _trace, _trace_stop,
                                        forward_error, in_mode, run_on_meta, stderr_kept_on_success)
 from perf4sight.ir.torch_calls import _MASKED_FILLS, _PARAMETER_CALLS, _NoOp, _op_of, _position_bias_mlp
@@ -619,7 +619,7 @@ def _refuse_parameters_alone(n: fx.Node, held: dict[str, fx.Node], where: str) -
     inputs = n.all_input_nodes
     if not inputs or any(a.name not in held for a in inputs):
         return
-    kind = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
+    kind = _target_name(n.target)
     parameter = held[inputs[0].name].target
     stacked = ("; the weighted maps are stacked, then summed over the new dimension (effdet's FpnCombine): that "
                "sum written as a stack has no description op" if _reaches_a_stack(n) else "")

@@ -1,6 +1,7 @@
 """What a traced fx node holds, as the readers of :mod:`perf4sight.ir.from_torch` read it: its arguments, the shape
 of one sample it was traced at (a batch of :data:`_TRACE_BATCH`), and the number a node of shape arithmetic is
-(``x.shape[2] // 2``); and the calls that make a tuple of tensor pieces (split, chunk, unbind)."""
+(``x.shape[2] // 2``); a call's name and what counts as a number; and the calls that make a tuple of tensor pieces
+(split, chunk, unbind)."""
 from __future__ import annotations
 
 from typing import Any
@@ -46,6 +47,16 @@ def _shape_value(a: Any) -> Any:
     if isinstance(value, torch.Tensor) or value != _value_at(a, _TRACE_BATCH + 1):
         raise ValueError(f"{a.name} depends on the batch's size (x.shape[0]), which a description leaves out")
     return value
+
+
+def _target_name(target: Any) -> str:
+    """An fx node's target as a call is named in a message: a method's name, a function's ``__name__``."""
+    return target if isinstance(target, str) else getattr(target, "__name__", str(target))
+
+
+def _is_number(v: Any) -> bool:
+    """Whether ``v`` is an int or a float (a bool is neither here: ``True`` is no threshold or exponent)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _shape(n: fx.Node) -> list[int] | None:

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from perf4sight.errors import UserError
-from perf4sight.ir.fx_values import _arg, _is_tensor, _shape, _shape_value
+from perf4sight.ir.fx_values import _arg, _is_number, _is_tensor, _shape, _shape_value, _target_name
 from perf4sight.ir.torch_modules import (_LEAF_MODULES, MODULE_OPS, _adaptive_pool, _alpha_dropout_attrs, _avgpool,
                                          _celu_attrs, _channel_dropout, _conv_transpose, _conv_transpose_attrs,
                                          _described_whole, _flatten, _fold_attrs, _fractional_maxpool, _gelu_attrs,
@@ -127,7 +127,7 @@ def _by_scalar(n: fx.Node) -> tuple[str, dict]:
     """``x - c`` as ``x + (-c)`` and ``x / c`` as ``x * (1 / c)``: the same elementwise work, on a tensor and a number
     (a scale of an input, ``x / 255``, ``(x - 0.5) / 0.25``). A difference or quotient of two tensors, or of a number
     and a tensor, has no description op."""
-    name = n.target if isinstance(n.target, str) else n.target.__name__
+    name = _target_name(n.target)
     subtraction = name.rstrip("_") in ("sub", "isub")
     if subtraction:
         _refuse_alpha(n, f"a {name}", "x - alpha * y")
@@ -244,7 +244,7 @@ def _power(n: fx.Node) -> tuple[str, dict]:
     op pow; a power of a number by a tensor (``2 ** x``) or of two tensors (GeM's learnt ``p``) has no description
     op."""
     exponent = _shape_value(_arg(n, 1, "exponent"))
-    if not _is_tensor(n.args[0]) or isinstance(exponent, bool) or not isinstance(exponent, (int, float)):
+    if not _is_tensor(n.args[0]) or not _is_number(exponent):
         raise ValueError("a power of anything but a tensor by a number (x ** 2, x.pow(3.0)) has no description op")
     return "pow", {"exponent": float(exponent)}
 
@@ -262,7 +262,7 @@ def _repeat(n: fx.Node) -> tuple[str, dict]:
     """``x.repeat(*sizes)``, ``x.tile(dims)``, ``torch.tile(x, dims)`` (a tile's dims shorter than the input's filled
     with ones in front, as torch's): the op repeat of the counts after the batch's. One that tiles the batch or adds
     dimensions before it is refused by name, as a tiling of none (0) is."""
-    call = n.target if isinstance(n.target, str) else n.target.__name__
+    call = _target_name(n.target)
     sizes = n.args[1:] if call == "repeat" else (_arg(n, 1, "dims"),)
     if len(sizes) == 1 and isinstance(sizes[0], (list, tuple)):
         sizes = sizes[0]
@@ -349,7 +349,7 @@ def _dims_after_the_batch(n: fx.Node, dims: Any, call: str) -> list[int]:
 def _flip_call(n: fx.Node) -> tuple[str, dict]:
     """``torch.flip(x, dims)``, ``x.flip(*dims)``, ``torch.fliplr`` (dim 1) and ``flipud`` (dim 0, the batch's:
     refused)."""
-    name = n.target if isinstance(n.target, str) else n.target.__name__
+    name = _target_name(n.target)
     if name in ("fliplr", "flipud"):
         return "flip", {"dims": _dims_after_the_batch(n, 1 if name == "fliplr" else 0, name)}
     rest = list(n.args[1:]) or [n.kwargs.get("dims")]
@@ -392,7 +392,7 @@ def _variance(n: fx.Node) -> tuple[str, dict]:
     unbiased = _arg(n, 2, "unbiased", None) if not isinstance(_arg(n, 2, "unbiased"), fx.Node) else None
     correction = n.kwargs.get("correction", 1 if unbiased in (None, True) else 0)
     keepdim = n.kwargs.get("keepdim", n.args[3] if len(n.args) > 3 else False)
-    if isinstance(correction, bool) or not isinstance(correction, (int, float)) or not isinstance(keepdim, bool):
+    if not _is_number(correction) or not isinstance(keepdim, bool):
         raise ValueError("a variance of another correction than a number has no description op")
     if _arg(n, 1, "dim") is None or isinstance(_arg(n, 1, "dim"), bool):  # x.var(False): unbiased, every dimension
         raise ValueError(f"a {'standard deviation' if n.target in _STD_CALLS else 'variance'} over every dimension "
@@ -792,7 +792,7 @@ def _compared(n: Any) -> tuple[str, float | None] | None:
     else:
         return None
     number = _shape_value(number)
-    if isinstance(number, bool) or not isinstance(number, (int, float)):
+    if not _is_number(number):
         return None
     return compare, float(number)
 
@@ -870,7 +870,7 @@ def _where_call(n: fx.Node) -> tuple[str, dict]:
     for key, branch in (("if_true", a), ("if_false", b)):
         if not _is_tensor(branch):
             value = _shape_value(branch)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if not _is_number(value):
                 raise ValueError(f"a torch.where of a branch {branch!r} (neither a tensor nor a number) has no "
                                  "description op")
             attrs[key] = float(value)
@@ -892,8 +892,8 @@ def _masked_fill_call(n: fx.Node) -> tuple[str, dict]:
     by name."""
     compared = (_compared(n.args[1]) or _fixed_mask(n.args[1])) if len(n.args) == 3 else None
     value = _shape_value(n.args[2]) if len(n.args) == 3 else None
-    if compared is None or isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"a {n.target if isinstance(n.target, str) else 'masked_fill'} of anything but a mask "
+    if compared is None or not _is_number(value):
+        raise ValueError(f"a {_target_name(n.target)} of anything but a mask "
                          "comparing a tensor with a number or a tensor (x < 0, a < b), or a module's boolean mask, "
                          "and a number value has no description op")
     attrs = {**_condition_attrs(compared, n.args[1], n), "if_true": float(value)}
@@ -998,5 +998,5 @@ def _op_of(n: fx.Node, gm: fx.GraphModule) -> tuple[str, dict]:
     if isinstance(source, fx.Node) and source.op != "call_module" and "tensor_meta" in source.meta \
             and not hasattr(source.meta["tensor_meta"], "shape"):
         n, target = source, source.target  # a part of a tuple (x.max(2)[0], x.topk(1).values): the op that made it
-    label = target if isinstance(target, str) else getattr(target, "__name__", str(target))
+    label = _target_name(target)
     raise _NoOp(f"{n.op} '{label}' (node {n.name})", f"{n.op} {label}", n)

@@ -15,6 +15,7 @@ from torch import nn
 
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import ONE_TENSOR_OPS, PARAMETER_OPS, SHARES, Node
+from perf4sight.ir.fx_values import _target_name
 from perf4sight.ir.torch_trace import _Tracer, in_mode
 from perf4sight.ir.torch_calls import _RESHAPES, _op_of
 
@@ -80,7 +81,7 @@ def _refuse_writes_through_views(gm: fx.GraphModule, where: str) -> None:
         while True:
             late = [u for u in tensor.users if order[u] > order[n]]
             if late:
-                label = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
+                label = _target_name(n.target)
                 raise UserError(f"{where}: {label} (node {n.name}) writes in place through the view {written.name} "
                                 f"of a tensor read after it (by {late[0].name}), which the description does not "
                                 "follow (its op runs out of place there); compute it out of place")

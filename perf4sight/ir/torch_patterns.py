@@ -15,7 +15,7 @@ from torch import nn
 
 from perf4sight.ir.schema import Node
 from perf4sight.ir.shapes import SIZE_REFERENCES
-from perf4sight.ir.fx_values import _SPLITS, _UNBINDS, _arg, _is_tensor, _shape, _shape_value
+from perf4sight.ir.fx_values import _SPLITS, _UNBINDS, _arg, _is_tensor, _shape, _shape_value, _target_name
 from perf4sight.ir.torch_modules import (_FIXED_SAMPLES, _adaptive_pool, _conv_pad, _fractional_maxpool_attrs, _maxpool,
                                          _softmax_attrs)
 from perf4sight.ir.torch_calls import _STD_CALLS, _dims_after_the_batch, _NoOp, _permuted_dims, _refuse_alpha, _variance
@@ -202,7 +202,7 @@ def _reduced_dims(call: fx.Node) -> tuple[list[int], bool]:
     ``ValueError`` for the max of two tensors, one over every dimension or the batch's, or dimensions apart."""
     other = _arg(call, 1, "dim", _arg(call, 1, "other"))
     if isinstance(other, fx.Node):
-        raise ValueError(f"a {call.target if isinstance(call.target, str) else call.target.__name__} of two tensors "
+        raise ValueError(f"a {_target_name(call.target)} of two tensors "
                          "has no description op")
     rank = len(call.args[0].meta["tensor_meta"].shape)
     if other is None or other == ():
@@ -507,7 +507,7 @@ def _sort_attrs(call: fx.Node) -> tuple[str, dict]:
     """The op and attrs of ``torch.sort(x, dim, descending)``/``x.sort`` or ``torch.topk(x, k, dim, largest,
     sorted)``/``x.topk`` (dims counted from the front); one along the batch, a stable sort (``stable=``) or an
     unsorted topk (``sorted=False``: its order is the kernel's) is refused by name."""
-    name = call.target if isinstance(call.target, str) else call.target.__name__
+    name = _target_name(call.target)
     if name == "sort":
         if call.kwargs.get("stable"):
             raise ValueError("a stable sort (stable=True) has no description op; leave stable out")
@@ -540,7 +540,7 @@ def _sorted_part(n: fx.Node, alias: dict[str, str]) -> list[Node] | None:
         alias[n.name] = n.name
         return [Node(n.name, op, [alias[call.args[0].name]], attrs, _shape(n))]
     if n.users:
-        label = call.target if isinstance(call.target, str) else call.target.__name__
+        label = _target_name(call.target)
         raise _NoOp(f"the indices (int64) of {call.op} '{label}' (node {call.name}){_index_reader(n)}",
                     f"indices of {label}", n)
     return []
@@ -560,7 +560,7 @@ def _index_reader(n: fx.Node) -> str:
         if reader.target not in _INDEX_VIEWS or not reader.users:
             break
         reader = next(iter(reader.users))
-    label = reader.target if isinstance(reader.target, str) else getattr(reader.target, "__name__", reader.target)
+    label = _target_name(reader.target)
     return f", which {reader.op} '{label}' (node {reader.name}) reads,"
 
 
@@ -670,7 +670,7 @@ def _max_part(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Nod
         return []
     if n.users:  # named with the other ops without a description op, as an op of its own (:class:`_NoOp`)
         call = n.args[0]
-        label = call.target if isinstance(call.target, str) else call.target.__name__
+        label = _target_name(call.target)
         raise _NoOp(f"the indices (int64) of {call.op} '{label}' (node {call.name}){_index_reader(n)}",
                     f"indices of {label}", n)
     return []
