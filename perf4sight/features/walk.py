@@ -104,7 +104,8 @@ def consumer_counts(desc: NetworkDescription) -> dict[str, int]:
 def gradient_accumulations(desc: NetworkDescription, visits: Iterable[Visit]) -> dict[str, int]:
     """Per tensor read by ``k`` > 1 ops that needs a gradient (``Visit.needs_grad`` of ``walk(desc)``'s visits): its
     ``k`` - 1 accumulation adds, in node order. A tensor that needs none (the network input, what parameter-free ops
-    make of it alone) receives no gradients to add up, and neither does a where's condition read (its first input)."""
+    make of it alone) receives no gradients to add up, and neither does a where's condition read (its compared inputs:
+    :func:`_condition_reads`)."""
     needs_grad = {visit.node.name: visit.needs_grad for visit in visits}
     conditions = _condition_reads(desc)
     counts = {name: k - conditions.get(name, 0) for name, k in consumer_counts(desc).items()}
