@@ -3,12 +3,18 @@ counts as new where it pulls rows an earlier run measured, a connection dropped 
 ``--remeasure`` on an SSH device."""
 from __future__ import annotations
 
+import csv
+import io
 import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from perf4sight.errors import UserError
 from perf4sight.profiling import results
-from perf4sight.profiling.fleet import format_summaries, profile_devices
+from perf4sight.profiling.fleet import format_summaries, profile_devices, supersede
+from perf4sight.profiling.pull import csv_with_rows
 from perf4sight.profiling.remote import RemoteProfiler
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -93,3 +99,65 @@ def test_remeasure_on_an_ssh_device_takes_the_rows_off_its_own_csv_and_measures_
     assert results.read_rows(local_aside) == [before[1]]
     on_device = results.read_rows(tmp_path / "remote work" / "dev-m" / "measurements.csv")
     assert [r["timestamp"] for r in on_device] == [r["timestamp"] for r in after]
+
+
+def _csv_lines(folder: Path, device: str) -> list[bytes]:
+    """A measurement CSV of ``alpha`` (the network of ``_descriptions``) on ``device`` at batch sizes 1 and 2, as
+    append_row writes it: its header and its two rows, each line's bytes."""
+    scratch = folder / f"{device}-lines.csv"
+    for bs in (1, 2):
+        results.append_row(scratch, {"device": device, "backend": "cpu", "network": "alpha", "batch_size": bs,
+                                     "input_shape": "3x16x16", "status": "ok", "message": "MSG",
+                                     "latency_ms_median": 1.5 * bs, "timestamp": f"2026-11-30T10:00:0{bs}Z"})
+    data = scratch.read_bytes()
+    scratch.unlink()
+    return data.splitlines(keepends=True)
+
+
+def _csv_rows(header: bytes, *lines: bytes) -> list[dict]:
+    return list(csv.DictReader(io.StringIO((header + b"".join(lines)).decode(), newline="")))
+
+
+def test_remeasure_keeps_every_other_byte_of_a_damaged_csv_here_and_on_the_device(tmp_path, monkeypatch):
+    """``--remeasure`` rewrote the CSV it took rows from twice over (here: decoded past a byte-order mark and written
+    again without it, a last line cut short dropped; on an SSH device: undecodable bytes replaced in every line kept,
+    the cut-short line dropped, and with a byte-order mark the row asked for not found, so the device's runner took it
+    as measured). Both now go through results.take_rows: the row leaves, every other byte stays. Here a file that is
+    not UTF-8 is refused whole, in one line, as every stage refuses it; nothing moves."""
+    cfg = _config(tmp_path, {"here": {"backend": "cpu"},
+                             "dev": {"host": "127.0.0.1", "known_hosts": str(tmp_path / "kh")}}, batch_sizes=(1, 2))
+    (desc,) = _descriptions(tmp_path, ["alpha"])
+    for device in ("here", "dev"):
+        header, one, two = _csv_lines(tmp_path, device)
+        damaged = {"bom": (b"\xef\xbb\xbf" + header, one, two, b""),
+                   "undecodable byte": (header, one.replace(b"MSG", b"M\xffG"), two, b""),
+                   "cut-short last line": (header, one, two, one[:60])}
+        for how, (head, first, second, tail) in damaged.items():
+            path = results.results_path(cfg.profiling_dir, device)
+            aside = path.with_name("superseded.csv")
+            if aside.exists():
+                aside.unlink()
+            data, rest = head + first + second + tail, head + first + tail
+            if device == "here":
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+                if how == "undecodable byte":
+                    with pytest.raises(UserError, match="not UTF-8 text"):
+                        supersede(cfg, cfg.device(device), [desc], {"alpha": {2}})
+                    assert path.read_bytes() == data and not aside.exists()
+                    continue
+                moved = supersede(cfg, cfg.device(device), [desc], {"alpha": {2}})
+                assert path.read_bytes() == rest, how
+            else:
+                stored = {"csv": data}
+                profiler = RemoteProfiler(cfg, cfg.device(device), [desc], superseded=_csv_rows(header, second))
+                profiler.run_dir = "/work/dev"
+                monkeypatch.setattr(profiler.remote, "read_from", lambda p, off, limit=0: stored["csv"][off:])
+                monkeypatch.setattr(profiler.remote, "put_bytes", lambda b, p: stored.update(csv=b))
+                profiler.puller.copied.clear()  # the device's row was not here: it joins superseded.csv here
+                profiler._supersede_on_device()
+                assert stored["csv"] == rest, how
+                moved = results.read_rows(aside)
+            assert [(r["batch_size"], r["timestamp"]) for r in moved] == [("2", "2026-11-30T10:00:02Z")], how
+            assert [r["batch_size"] for r in results.read_rows(aside)] == ["2"], how
+    assert csv_with_rows(b"\xef\xbb\xbf" + header + one, []) == b"\xef\xbb\xbf" + header + one  # the puller too

@@ -8,11 +8,9 @@ seconds, disk in MiB.
 """
 from __future__ import annotations
 
-import csv
 import difflib
 import fcntl
 import importlib
-import io
 import os
 import subprocess
 import sys
@@ -31,8 +29,8 @@ from perf4sight.ir.schema import load_description
 from perf4sight.wording import plural
 from perf4sight.profiling.local import progress_bars, stop_runners
 from perf4sight.profiling.plan import training_phase
-from perf4sight.profiling.results import (SUPERSEDED_CSV, append_row, batch_size_of, read_rows, results_path,
-                                         row_key)
+from perf4sight.profiling.results import (COLUMNS, SUPERSEDED_CSV, append_row, batch_size_of, read_rows,
+                                         results_path, row_key, take_rows)
 from perf4sight.profiling.outcome import (PROBE, DeviceSummary, covering, expected_keys, plan_counts, probe_facts,
                                           probe_problems)
 
@@ -321,8 +319,7 @@ def supersede(cfg: Config, dev: DeviceConfig, descriptions: Sequence[Path],
     batch_sizes``, of its optimiser's step and loss) from its measurements to :data:`SUPERSEDED_CSV` beside them, so
     that the profile measures them again; with an ``oom`` row moved, that network's ``skipped_after_oom`` rows at
     larger batch sizes go too. Returns the rows moved. They are appended (fsync'd) there before the measurements are
-    rewritten without them (atomically; every other line kept as it is, a last line cut short dropped as the next
-    append drops it)."""
+    rewritten without them (atomically; every other byte kept as it is: :func:`results.take_rows`)."""
     path = results_path(cfg.profiling_dir, dev.name)
     plan = covering(expected_keys(dev.name, descriptions, cfg.profile.batch_sizes,
                                   training_phase(cfg.profile.optimizer), cfg.profile.loss))
@@ -336,20 +333,15 @@ def supersede(cfg: Config, dev: DeviceConfig, descriptions: Sequence[Path],
                                                 and batch_size_of(r) > oom_at.get(r["network"], 10**9))]
     if not moved:
         return []
-    for r in moved:
-        append_row(path.with_name(SUPERSEDED_CSV), r)
     gone = {row_key(r) + (r.get("timestamp", ""),) for r in moved}
-    data = path.read_bytes()
-    records = list(csv.reader(io.StringIO(data.decode("utf-8-sig"), newline="")))
-    header, records = records[0], records[1:] if data.endswith(b"\n") else records[1:-1]  # [:-1]: a cut-short line
-    kept = [rec for rec in records if len(rec) != len(header)
-            or row_key(dict(zip(header, rec))) + (dict(zip(header, rec)).get("timestamp", ""),) not in gone]
-    with atomic_path(path, suffix=".remeasure") as tmp, tmp.open("w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerows([header] + kept)
+    rest, taken = take_rows(path.read_bytes(), lambda r: row_key(r) + (r.get("timestamp", ""),) in gone)
+    for r in taken:
+        append_row(path.with_name(SUPERSEDED_CSV), {k: v for k, v in r.items() if k in COLUMNS})
+    with atomic_path(path, suffix=".remeasure") as tmp, tmp.open("wb") as fh:
+        fh.write(rest)
         fh.flush()
         os.fsync(fh.fileno())
-    return moved
+    return taken
 
 
 def profile_devices(cfg: Config, names: Sequence[str] | None, descriptions: Sequence[str | Path], *,

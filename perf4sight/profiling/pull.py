@@ -25,9 +25,11 @@ def parse_records(chunk: bytes, header: list[str] | None) -> tuple[list[str] | N
     """Rows of a chunk of complete records; the first record is the header when ``header`` is None.
 
     Records whose field count differs from the header's, or that lack a valid status or a
-    timestamp (torn rows), are dropped.
+    timestamp (torn rows), are dropped. A byte-order mark before the header is read past.
     """
-    records = list(csv.reader(io.StringIO(chunk.decode("utf-8", errors="replace"), newline="")))
+    # -sig: the file's start, past a byte-order mark (a spreadsheet's), which the device's runner reads past too
+    text = chunk.decode("utf-8-sig" if header is None else "utf-8", errors="replace")
+    records = list(csv.reader(io.StringIO(text, newline="")))
     if header is None and records:
         header, records = records[0], records[1:]
     rows = []

@@ -17,9 +17,7 @@ its CSV before the start), and the local CSV never gets a key twice. Times in se
 """
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import json
 import os
 import signal
@@ -57,15 +55,6 @@ SETUP_ATTEMPTS = 3
 
 #: Host-side modules that never go to a device.
 _HOST_ONLY = {"ssh.py", "remote.py", "fleet.py", "pull.py", "probe.py", "local.py", "outcome.py"}
-
-
-def _key_or_none(row: dict) -> tuple[str, ...] | None:
-    """``results.row_key`` of a row read off a device's CSV, None for a line that has none (no network, a batch size
-    that is no number)."""
-    try:
-        return results.row_key(row)
-    except (KeyError, ValueError):
-        return None
 
 
 def known_hosts_path(cfg: Config, dev: DeviceConfig) -> Path:
@@ -253,21 +242,12 @@ class RemoteProfiler:
     def _supersede_on_device(self) -> None:
         """Take the rows of the configurations ``--remeasure`` measures again (``self.superseded``'s keys) off the
         device's CSV (no run active), so that its runner measures them; a row there that this machine's CSV did not
-        hold joins the others in ``superseded.csv`` here. Every other line stays as it is."""
+        hold joins the others in ``superseded.csv`` here. Every other byte stays as it is
+        (:func:`results.take_rows`)."""
         keys = {results.row_key(r) for r in self.superseded}
         csv_path = self._path("measurements.csv")
         data = self.remote.read_from(csv_path, 0, limit=sys.maxsize)
-        records = list(csv.reader(io.StringIO(data[:results.complete_records(data)].decode("utf-8", "replace"),
-                                              newline="")))
-        if not records:
-            return
-        header, kept, gone = records[0], [records[0]], []
-        for rec in records[1:]:
-            row = dict(zip(header, rec))
-            if len(rec) == len(header) and _key_or_none(row) in keys:
-                gone.append(row)
-            else:
-                kept.append(rec)
+        rest, gone = results.take_rows(data, lambda row: results.row_key(row) in keys)
         if not gone:
             return
         local = self.puller.copied
@@ -275,9 +255,7 @@ class RemoteProfiler:
         for row in gone:
             if results.row_key(row) + (str(row.get("timestamp", "")),) not in local:
                 results.append_row(aside, {k: v for k, v in row.items() if k in results.COLUMNS})
-        buf = io.StringIO(newline="")
-        csv.writer(buf).writerows(kept)
-        self.remote.put_bytes(buf.getvalue().encode(), csv_path)
+        self.remote.put_bytes(rest, csv_path)
         self.puller.reset()
 
     def _start(self) -> None:

@@ -12,10 +12,11 @@ Units: times in milliseconds, memory in MiB (2**20 bytes), power in watts.
 """
 import csv
 import hashlib
+import io
 import math
 import os
 from pathlib import Path
-from typing import Any, BinaryIO, Dict, Iterable, List, Optional, Set, Tuple, Union
+from typing import Any, BinaryIO, Callable, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 from perf4sight.errors import UserError
 from perf4sight.files import atomic_path, naming_file
@@ -24,7 +25,7 @@ __all__ = ["COLUMNS", "STATUSES", "append_row", "upgrade_file", "read_rows", "me
            "references_path", "REFERENCES_CSV", "SUPERSEDED_CSV", "op_prices_path", "OP_PRICES_JSON", "file_sha",
            "split_stale", "number",
            "batch_size_of", "latest_rows",
-           "phase_of", "loss_of", "under_load", "LOAD_MARGIN"]
+           "phase_of", "loss_of", "under_load", "LOAD_MARGIN", "take_rows"]
 
 #: Column order of every measurement CSV. Empty string = not measured / not applicable.
 COLUMNS: List[str] = [
@@ -222,13 +223,59 @@ def upgrade_file(path: Union[str, Path]) -> bool:
 
 def complete_records(buf: bytes) -> int:
     """Length of the longest prefix of ``buf`` that ends a CSV record (a newline outside quotes)."""
-    end, quoted = 0, False
+    ends = _record_ends(buf)
+    return ends[-1] if ends else 0
+
+
+def _record_ends(buf: bytes) -> List[int]:
+    """Where each complete CSV record of ``buf`` ends (the offset after its newline outside quotes), in order."""
+    ends, quoted = [], False
     for i, byte in enumerate(buf):
         if byte == 0x22:  # '"': doubled quotes toggle twice, which leaves the state unchanged
             quoted = not quoted
         elif byte == 0x0A and not quoted:
-            end = i + 1
-    return end
+            ends.append(i + 1)
+    return ends
+
+
+def _one_record(chunk: bytes, first: bool) -> Optional[List[str]]:
+    """The fields of the one CSV record ``chunk`` holds; None where it is not UTF-8 text or reads as other than one
+    record (a blank line, a stray carriage return). ``first``: the file's first record, read past a byte-order mark."""
+    try:
+        text = chunk.decode("utf-8-sig" if first else "utf-8")
+    except UnicodeDecodeError:
+        return None
+    records = list(csv.reader(io.StringIO(text, newline="")))
+    return records[0] if len(records) == 1 else None
+
+
+def take_rows(data: bytes, taken: Callable[[Dict[str, str]], bool]) -> Tuple[bytes, List[Dict[str, str]]]:
+    """A measurement CSV's bytes ``data`` less the rows ``taken`` picks (called with each row read as the header
+    names it), and those rows, in file order: what ``--stage profile --remeasure`` moves aside, on this machine's CSV
+    and on an SSH device's. Every other byte stays as it was: a byte-order mark (read past to find the header), the
+    header, a line that cannot be read as a row (not UTF-8, a field count other than the header's, a blank line, a
+    row ``taken`` raises ``KeyError`` or ``ValueError`` on) and a last line cut short (the next append drops it, as
+    it does in any file; :func:`read_rows` passes over it meanwhile). Nothing is lost, nor decoded and encoded
+    again."""
+    ends = _record_ends(data)
+    header = _one_record(data[:ends[0]], first=True) if ends else None
+    if not header:
+        return data, []
+    kept, rows, start = [data[:ends[0]]], [], ends[0]
+    for end in ends[1:]:
+        chunk, start = data[start:end], end
+        fields = _one_record(chunk, first=False)
+        row = dict(zip(header, fields)) if fields is not None and len(fields) == len(header) else None
+        try:
+            take = row is not None and taken(row)
+        except (KeyError, ValueError):
+            take = False
+        if take:
+            rows.append(row)
+        else:
+            kept.append(chunk)
+    kept.append(data[start:])  # a last line cut short, or nothing
+    return b"".join(kept), rows
 
 
 def _ends_a_line(fh: BinaryIO) -> bool:
