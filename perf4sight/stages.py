@@ -215,9 +215,16 @@ def run_profile(cfg: Config, args: argparse.Namespace) -> int:
     for s in summaries:
         if remeasure:
             moved = results_path(cfg.profiling_dir, s.device).with_name(SUPERSEDED_CSV)
-            console.print(f"{s.device}: --remeasure: " + (f"{plural(s.superseded, 'earlier row')} moved to {moved}, "
-                          "measured again above" if s.superseded else "no earlier row to move (none measured yet)"),
-                          markup=False)
+            said = f"{plural(s.superseded, 'earlier row')} moved to {moved}"
+            if not s.superseded:
+                said = "no earlier row to move (none measured yet)"
+            elif s.remeasure_left:  # the profile ended before it measured them: the configurations wait, unmeasured
+                said += (f"; {plural(s.remeasure_left, 'configuration')} of them not measured again, as the profile "
+                         f"of {s.device} did not finish: rerun --stage profile --device {s.device} (no --remeasure "
+                         "needed) to measure them")
+            else:
+                said += ", measured again above"
+            console.print(f"{s.device}: --remeasure: {said}", markup=False)
         if results_path(cfg.profiling_dir, s.device).is_file():
             console.print(f"{s.device}: measurements in {results_path(cfg.profiling_dir, s.device)}", markup=False)
             rows = read_rows(results_path(cfg.profiling_dir, s.device))

@@ -99,3 +99,40 @@ def test_remeasure_measures_chosen_rows_again_and_keeps_the_earlier_ones_aside(t
     assert results.read_rows(csv_path.with_name("superseded.csv")) == [before[1]]
     cfg = load_config(config)
     assert device_dataset(cfg, "local")[2] == after  # what the fingerprint fits: the newest rows alone
+
+
+def test_a_profile_that_ends_before_it_measures_what_remeasure_moved_says_so(tmp_path, monkeypatch, cli_here):
+    """``--remeasure`` moves the rows aside before the run; a profile that then failed said "1 earlier row moved to
+    superseded.csv, measured again above" (measured nothing), and an interrupted one named no row moved. Each now says
+    how many were moved and not measured again, and that a plain rerun measures them. No row is measured here: the
+    rows are written as a profile writes them, and the run fails (or is interrupted) before it measures."""
+    from perf4sight.errors import UserError
+    from perf4sight.profiling import local
+
+    config = _project(tmp_path)
+    csv_path = results.results_path(tmp_path / "profiling_csvs", "local")
+    for how, stop in (("failed", UserError("device 'local': the runner stopped")), ("interrupted", KeyboardInterrupt)):
+        if csv_path.exists():
+            csv_path.unlink()
+        for bs in (1, 2):
+            results.append_row(csv_path, {"device": "local", "backend": "cpu", "network": "tiny", "batch_size": bs,
+                                          "input_shape": "3x32x32", "status": "ok", "latency_ms_median": 2.0,
+                                          "timestamp": f"2026-11-30T10:00:0{bs}Z"})
+
+        def stopped(*args, stop=stop, **kwargs):
+            raise stop
+        monkeypatch.setattr(local, "profile_local", stopped)
+        ran = cli_here(tmp_path, "--config", str(config), "--stage", "profile", "--device", "local",
+                       "--remeasure", "tiny@2")
+        aside = csv_path.with_name("superseded.csv")
+        assert [r["batch_size"] for r in results.read_rows(csv_path)] == ["1"]
+        if how == "failed":
+            assert ran.returncode == 1, ran.stderr
+            assert (f"local: --remeasure: 1 earlier row moved to {aside}; 1 configuration of them not measured "
+                    "again, as the profile of local did not finish: rerun --stage profile --device local (no "
+                    "--remeasure needed) to measure them\n") in ran.stdout
+        else:
+            assert ran.returncode == 130
+            assert ran.stderr.rstrip().endswith("; --remeasure moved 1 earlier row to superseded.csv beside the "
+                                                "measurements: a rerun without --remeasure measures those not "
+                                                "measured again yet"), ran.stderr

@@ -161,3 +161,35 @@ def test_remeasure_keeps_every_other_byte_of_a_damaged_csv_here_and_on_the_devic
             assert [(r["batch_size"], r["timestamp"]) for r in moved] == [("2", "2026-11-30T10:00:02Z")], how
             assert [r["batch_size"] for r in results.read_rows(aside)] == ["2"], how
     assert csv_with_rows(b"\xef\xbb\xbf" + header + one, []) == b"\xef\xbb\xbf" + header + one  # the puller too
+
+
+def test_a_plain_rerun_after_a_remeasure_that_failed_measures_the_row_the_device_still_held(servers, tmp_path,
+                                                                                            monkeypatch):
+    """``--remeasure`` moved the row here, then the device's profile failed before it took the row off the device's
+    own CSV (unreachable, say): the plain rerun the failure asks for pulled the old row back ("1 pulled") instead of
+    measuring it, the same row then in the measurements and in superseded.csv. A row superseded.csv holds is now
+    taken off the device and never pulled back, by any profile: the rerun measures it."""
+    from perf4sight.profiling.ssh import DeviceError
+
+    a, _ = servers
+    cfg = _config(tmp_path, {"dev-f": _device(a, tmp_path)}, batch_sizes=(1,))
+    (desc,) = _descriptions(tmp_path, ["alpha"])
+    (first,) = profile_devices(cfg, ["dev-f"], [desc], show_progress=False, **FAST)
+    assert (first.status, first.new_rows) == ("done", 1), format_summaries([first])
+    (old,) = _rows(cfg, "dev-f")
+    set_up = RemoteProfiler._set_up
+
+    def unreachable(self) -> None:
+        raise DeviceError("device 'dev-f': cannot reach it")
+    monkeypatch.setattr(RemoteProfiler, "_set_up", unreachable)
+    (failed,) = profile_devices(cfg, ["dev-f"], [desc], show_progress=False, remeasure={"alpha": None}, **FAST)
+    assert (failed.status, failed.superseded, failed.remeasure_left) == ("failed", 1, 1)
+    monkeypatch.setattr(RemoteProfiler, "_set_up", set_up)
+    time.sleep(1.1)  # a new row's timestamp (whole seconds) differs from the old one's
+    (again,) = profile_devices(cfg, ["dev-f"], [desc], show_progress=False, **FAST)
+    assert format_summaries([again]) == "dev-f: done — 1/1 rows (1 new) [ok 1]"
+    (new,) = _rows(cfg, "dev-f")
+    assert new["timestamp"] != old["timestamp"]
+    assert results.read_rows(results.results_path(cfg.profiling_dir, "dev-f").with_name("superseded.csv")) == [old]
+    on_device = results.read_rows(tmp_path / "remote work" / "dev-f" / "measurements.csv")
+    assert [r["timestamp"] for r in on_device] == [new["timestamp"]]

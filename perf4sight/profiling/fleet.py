@@ -377,10 +377,31 @@ def profile_devices(cfg: Config, names: Sequence[str] | None, descriptions: Sequ
         for dev in devices:
             refuse_another_backend(cfg, dev)
         moved = {dev.name: supersede(cfg, dev, descs, remeasure) if remeasure else [] for dev in devices}
-        summaries = _profile_all(cfg, devices, descs, show_progress, follow, moved)
+        try:
+            summaries = _profile_all(cfg, devices, descs, show_progress, follow, moved)
+        except KeyboardInterrupt as exc:
+            n = sum(len(rows) for rows in moved.values())
+            if not n:
+                raise
+            said = str(exc) or "measurements taken so far are on disk; rerun to resume"
+            raise KeyboardInterrupt(f"{said}; --remeasure moved {plural(n, 'earlier row')} to {SUPERSEDED_CSV} "
+                                    "beside the measurements: a rerun without --remeasure measures those not "
+                                    "measured again yet") from None
         for s in summaries:
             s.superseded = len(moved.get(s.device, []))
+            s.remeasure_left = _not_measured_again(cfg, s.device, moved.get(s.device, []))
         return summaries
+
+
+def _not_measured_again(cfg: Config, device: str, moved: list[dict[str, str]]) -> int:
+    """How many configurations of ``moved`` (the rows --remeasure moved aside) have no row in ``device``'s
+    measurements now (all of them where the file cannot be read)."""
+    keys = {row_key(r) for r in moved}
+    try:
+        keys -= {row_key(r) for r in read_rows(results_path(cfg.profiling_dir, device))}
+    except (UserError, OSError):
+        pass
+    return len(keys)
 
 
 def _profile_all(cfg: Config, devices: list[DeviceConfig], descs: list[Path], show_progress: bool,

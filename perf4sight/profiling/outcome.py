@@ -28,6 +28,7 @@ class DeviceSummary:
     new_rows: int = 0      # rows measured by this invocation (a run it started)
     pulled: int = 0        # rows an earlier invocation's run measured on an SSH device, copied over by this one
     superseded: int = 0    # rows moved to superseded.csv to be measured again (--remeasure)
+    remeasure_left: int = 0  # of their configurations, those with no row in the measurements at the end
     rows: int = 0          # plan keys present locally at the end
     expected: int = 0      # plan keys (networks x batch sizes)
     counts: dict[str, int] = field(default_factory=dict)  # status -> rows of this plan

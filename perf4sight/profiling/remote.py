@@ -57,6 +57,11 @@ SETUP_ATTEMPTS = 3
 _HOST_ONLY = {"ssh.py", "remote.py", "fleet.py", "pull.py", "probe.py", "local.py", "outcome.py"}
 
 
+def _written(row: dict) -> tuple[str, ...]:
+    """One written row: its key (``results.row_key``) and the time it was written."""
+    return results.row_key(row) + (str(row.get("timestamp", "")),)
+
+
 def known_hosts_path(cfg: Config, dev: DeviceConfig) -> Path:
     """The known_hosts file a device is checked against (config-relative path, else ~/.ssh/known_hosts)."""
     return cfg.resolve(dev.known_hosts) if dev.known_hosts else default_known_hosts()
@@ -114,9 +119,12 @@ class RemoteProfiler:
         # the drift reference's rows ([profile] reference_every), pulled beside the measurements
         self.reference_puller = CsvPuller(results.references_path(cfg.profiling_dir, dev.name), key=reference_key) \
             if cfg.profile.reference_every > 0 else None
-        # rows --remeasure moved aside here (fleet.supersede): taken off the device's CSV too, and never pulled back
+        # rows --remeasure moved aside here (fleet.supersede): taken off the device's CSV too, and never pulled back;
+        # so are the rows an earlier --remeasure moved (superseded.csv) whose profile ended before it took them off
         self.superseded = list(superseded)
-        self.puller.copied |= {results.row_key(r) + (str(r.get("timestamp", "")),) for r in self.superseded}
+        aside = results.results_path(cfg.profiling_dir, dev.name).with_name(results.SUPERSEDED_CSV)
+        self.withdrawn = {_written(r) for r in [*self.superseded, *results.read_rows(aside)]}
+        self.puller.copied |= self.withdrawn
         self.run_dir = ""
         self.code_dir = ""
         self.started = False  # a run this invocation started: the rows pulled from then on are its measurements
@@ -242,18 +250,20 @@ class RemoteProfiler:
     def _supersede_on_device(self) -> None:
         """Take the rows of the configurations ``--remeasure`` measures again (``self.superseded``'s keys) off the
         device's CSV (no run active), so that its runner measures them; a row there that this machine's CSV did not
-        hold joins the others in ``superseded.csv`` here. Every other byte stays as it is
+        hold joins the others in ``superseded.csv`` here. The rows ``superseded.csv`` holds already (an earlier
+        ``--remeasure`` whose profile ended before this step) leave it too. Every other byte stays as it is
         (:func:`results.take_rows`)."""
         keys = {results.row_key(r) for r in self.superseded}
         csv_path = self._path("measurements.csv")
         data = self.remote.read_from(csv_path, 0, limit=sys.maxsize)
-        rest, gone = results.take_rows(data, lambda row: results.row_key(row) in keys)
+        rest, gone = results.take_rows(data, lambda row: results.row_key(row) in keys
+                                       or _written(row) in self.withdrawn)
         if not gone:
             return
         local = self.puller.copied
         aside = results.results_path(self.cfg.profiling_dir, self.dev.name).with_name(results.SUPERSEDED_CSV)
         for row in gone:
-            if results.row_key(row) + (str(row.get("timestamp", "")),) not in local:
+            if _written(row) not in local:
                 results.append_row(aside, {k: v for k, v in row.items() if k in results.COLUMNS})
         self.remote.put_bytes(rest, csv_path)
         self.puller.reset()
@@ -417,7 +427,7 @@ class RemoteProfiler:
             self.progress(self.dev.name, -1, self.summary.expected, "attaching to a running campaign")
             s.attached = True
             self._follow()  # a run from an earlier invocation: let it finish, then top up
-        if self.superseded:
+        if self.withdrawn:
             self._supersede_on_device()
         self._pull()
         self._ship()
