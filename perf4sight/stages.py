@@ -90,12 +90,19 @@ def _check_all_arguments(cfg: Config, args: argparse.Namespace) -> None:
     refused before the first (the networks stage, then a profile of minutes): the devices the profile stage takes,
     the devices [compare] names unless --device stands for them (configured, or with measurements or a fingerprint:
     imported), predict's batch sizes and network names (a name the networks stage gives, or a file it writes,
-    passes)."""
-    from perf4sight.config import checked_network_names
-    from perf4sight.dataset import known_devices, unknown_device
+    passes), and --remeasure's networks and batch sizes (a network of the dataset on disk, or a name the networks
+    stage gives)."""
+    from perf4sight.config import _made_name, checked_network_names
+    from perf4sight.dataset import dataset_network_names, known_devices, unknown_device
     from perf4sight.fingerprint.predict import batch_list
 
-    _configured(cfg, cfg.devices_to_profile(args.device))
+    profiled = _configured(cfg, cfg.devices_to_profile(args.device))
+    if getattr(args, "remeasure", None):
+        from perf4sight.profiling.fleet import remeasure_specs
+
+        made = [spec.rpartition("@")[0] or spec for spec in args.remeasure]
+        remeasure_specs(cfg, profiled, dataset_network_names(cfg) + [n for n in made if _made_name(cfg, n)],
+                        args.remeasure)
     known = known_devices(cfg)
     for device in [] if args.device else cfg.compare.devices:  # --device: the compare stage compares those instead
         if device not in known:

@@ -4,9 +4,12 @@ one tiny network, batch sizes 1 and 2."""
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from perf4sight.config import load_config
 from perf4sight.networks.build import write_manifest
@@ -136,3 +139,40 @@ def test_a_profile_that_ends_before_it_measures_what_remeasure_moved_says_so(tmp
             assert ran.stderr.rstrip().endswith("; --remeasure moved 1 earlier row to superseded.csv beside the "
                                                 "measurements: a rerun without --remeasure measures those not "
                                                 "measured again yet"), ran.stderr
+
+
+def test_stage_all_remeasure_checks_its_names_first_then_fits_the_new_rows_alone(tmp_path, monkeypatch):
+    """``--stage all --remeasure``: a name the dataset lacks was refused only by the profile stage, after the
+    networks stage (minutes on a first run); it is refused before it, with the closest names. A known one is
+    measured again and the fingerprint stage fits the measurements as they are then: the new row, not the old one
+    (which is in superseded.csv). The earlier rows are written as a profile writes them: one row is measured."""
+    from perf4sight import stages
+    from perf4sight.errors import UserError
+    from perf4sight.fingerprint.api import measurements_differ
+
+    cfg = load_config(_project(tmp_path, names=("tiny", "wide")))  # a fit takes two networks
+    csv_path = results.results_path(cfg.profiling_dir, "local")
+    nets = tmp_path / "models" / "nets"
+    for i, (name, bs) in enumerate((n, b) for n in ("tiny", "wide") for b in (1, 2)):
+        results.append_row(csv_path, {
+            "device": "local", "backend": "cpu", "network": name, "family": name, "pruning_level": 0,
+            "batch_size": bs, "input_shape": "3x32x32", "phase": "train", "status": "ok", "latency_ms_median": 2 + i,
+            "timed_steps": 3, "warmup_steps": 1, "protocol": "perf_counter", "repeats": 1, "peak_rss_mb": 700 + i,
+            "baseline_rss_mb": 690, "threads": 1, "timestamp": f"2026-11-30T10:00:0{i}+00:00", "momentum": 0.9,
+            "weight_decay": 0.0, "loss": "cross_entropy", "torch_version": "2",
+            "description_sha": results.file_sha((nets / f"{name}.json").read_bytes())})
+    before = results.read_rows(csv_path)
+    ran = []
+    monkeypatch.setitem(stages.STAGES, "networks", lambda cfg, args: ran.append("networks") or 0)
+    with pytest.raises(UserError, match=r"--remeasure tinny: 'tinny' is not one of the 2 networks profiled on "
+                                        r"device 'local' \(did you mean 'tiny'\?\)"):
+        stages.run("all", cfg, _args(remeasure=["tinny"]))
+    assert ran == [] and results.read_rows(csv_path) == before
+    monkeypatch.setattr(stages, "STAGE_ORDER", ("networks", "profile", "fingerprint"))
+    assert stages.run("all", cfg, _args(remeasure=["tiny@2"])) == 0
+    after = results.read_rows(csv_path)
+    assert ran == ["networks"] and len(after) == 4 and before[1] not in after
+    assert [r["network"] + "@" + r["batch_size"] for r in after if r not in before] == ["tiny@2"]
+    assert results.read_rows(csv_path.with_name("superseded.csv")) == [before[1]]
+    metadata = json.loads((cfg.fingerprint_dir / "local" / "metadata.json").read_text())
+    assert not measurements_differ(cfg, "local", metadata)  # fitted on the rows as they are now
