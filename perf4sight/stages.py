@@ -540,6 +540,8 @@ def run_predict(cfg: Config, args: argparse.Namespace) -> int:
 
 def _predict_on_each(cfg: Config, args: argparse.Namespace) -> int:
     """:func:`run_predict`, its stdout settled."""
+    if getattr(args, "input_shape", None):
+        _refuse_other_channels(cfg, args.network or default_networks(cfg), args.input_shape)
     devices = list(dict.fromkeys(args.device or []))
     if len(devices) < 2:
         return _predict_on_one(cfg, args)
@@ -550,6 +552,34 @@ def _predict_on_each(cfg: Config, args: argparse.Namespace) -> int:
         code = max(code, _predict_on_one(cfg, argparse.Namespace(**{**vars(args), "device": [device],
                                                                         "json_device": device})))
     return code
+
+
+def _refuse_other_channels(cfg: Config, names: list[str], input_shape: list[int]) -> None:
+    """``UserError`` where ``--input-shape`` gives other channels than a queried description file or network of the
+    dataset is described at (:func:`perf4sight.networks.reshape.other_channels`, as its rebuild at the shape refuses
+    it, or its variant pruned there fails): said before torch loads, which took seconds before that refusal. Other
+    names (zoo networks, factories, variants pruned on request) and a file that cannot be read are left to the
+    rebuild."""
+    from perf4sight.dataset import _dataset_files, read_manifest
+    from perf4sight.ir.schema import load_description
+    from perf4sight.networks.reshape import other_channels
+
+    manifest: list[dict[str, str]] | None = None
+    for name in dict.fromkeys(names):
+        if is_description_file(name):
+            paths = [Path(name)]
+        elif name in ZOO_NAMES or ":" in name or not name.strip():
+            continue
+        else:
+            manifest = read_manifest(cfg.models_dir / "manifest.csv") if manifest is None else manifest
+            paths = _dataset_files(cfg, name, manifest)[:1]
+        for path in paths:
+            try:
+                said = other_channels(load_description(path), input_shape)
+            except (UserError, OSError):
+                continue
+            if said:
+                raise UserError(said)
 
 
 def _rounded(prediction: dict) -> dict:

@@ -588,3 +588,30 @@ def test_a_description_file_of_an_image_of_more_than_two_billion_elements_is_ref
     with pytest.raises(UserError, match=r"^\S+net_99999999\.json: input_shape: one image of 3x99999999x99999999 is "
                                         r"29,999,999,400,000,003 elements .*more than the 2,147,483,648 "):
         load_description(at(99999999))
+
+
+def test_predict_refuses_another_channel_count_before_torch_loads(tmp_path, cli_here, monkeypatch):
+    """``predict --input-shape 1 H W`` of a 3-channel network was refused in one line only once torch had loaded
+    and the network was rebuilt or pruned at the shape (~8 s of waiting for an error). A description file's or a
+    dataset network's channels are read from its file: the same line, said with torch out of reach (an import of it
+    would fail here), before even the fingerprint is looked for (there is none)."""
+    import sys
+
+    from perf4sight.networks.build import write_manifest
+
+    net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 10))
+    save_description(describe(net, [3, 16, 16], name="tiny_l0", network="tiny"), tmp_path / "models" / "tiny_l0.json")
+    write_manifest([{"network": "tiny_l0", "family": "tiny", "path": "tiny_l0.json"}],
+                   tmp_path / "models" / "manifest.csv")
+    (tmp_path / "config.toml").write_text('[devices.local]\nbackend = "cpu"\n')
+    for name in ("torch", "perf4sight.ir.from_torch", "perf4sight.ir.to_torch"):
+        monkeypatch.setitem(sys.modules, name, None)  # ``import torch`` raises ImportError while the test runs
+    for network in ("tiny_l0", "models/tiny_l0.json"):
+        ran = cli_here(tmp_path, "--config", "config.toml", "--stage", "predict", "--network", network,
+                       "--input-shape", "1", "16", "16")
+        assert (ran.returncode, ran.stderr) == (2, "error: tiny_l0: takes 3-channel images (described at 3x16x16), "
+                                                   "not 1-channel ones (1x16x16): another input shape can change "
+                                                   "the height and width only\n")
+    monkeypatch.undo()
+    with pytest.raises(UserError, match=r"^tiny_l0: takes 3-channel images \(described at 3x16x16\), not 1-channel"):
+        described_at(load_description(tmp_path / "models" / "tiny_l0.json"), [1, 16, 16])  # the rebuild's own line

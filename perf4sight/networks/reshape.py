@@ -22,13 +22,24 @@ from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.ir.shapes import shape_text
 
-__all__ = ["described_at", "query_at", "shaped_name"]
+__all__ = ["described_at", "other_channels", "query_at", "shaped_name"]
 
 
 def shaped_name(name: str, input_shape: Sequence[int]) -> str:
     """The name of network ``name`` made at another input shape by the networks stage (``[networks]
     extra_input_shapes``): ``resnet18_l30`` at ``[3, 128, 96]`` -> ``resnet18_l30_128x96``."""
     return f"{name}_{int(input_shape[1])}x{int(input_shape[2])}"
+
+
+def other_channels(desc: NetworkDescription, input_shape: Sequence[int]) -> str:
+    """The line refusing ``desc`` at ``input_shape`` (``[C, H, W]``) for its channels: a rebuild keeps its layers, and
+    so the channels its first layer takes; "" where they are ``desc``'s. Needs no torch: predict says it before
+    torch loads."""
+    if input_shape[0] == desc.input_shape[0]:
+        return ""
+    return (f"{desc.name}: takes {desc.input_shape[0]}-channel images (described at {shape_text(desc.input_shape)}), "
+            f"not {input_shape[0]}-channel ones ({shape_text(input_shape)}): another input shape can change the "
+            "height and width only")
 
 
 def described_at(desc: NetworkDescription, input_shape: Sequence[int]) -> NetworkDescription:
@@ -43,9 +54,8 @@ def described_at(desc: NetworkDescription, input_shape: Sequence[int]) -> Networ
     if list(desc.input_shape) == shape:
         return desc
     was, asked = shape_text(desc.input_shape), shape_text(shape)
-    if shape[0] != desc.input_shape[0]:
-        raise UserError(f"{desc.name}: takes {desc.input_shape[0]}-channel images (described at {was}), not "
-                        f"{shape[0]}-channel ones ({asked}): another input shape can change the height and width only")
+    if other_channels(desc, shape):
+        raise UserError(other_channels(desc, shape))
     _refuse_computed_pads(desc, was, asked)
     try:
         out = describe(build_module(desc, device="meta"), shape, desc.name, network=desc.network,
