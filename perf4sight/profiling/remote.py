@@ -50,7 +50,11 @@ Progress = Callable[[str, int, int, str], None]  # (device, done, total, note)
 _NOT_JSON = object()  # a log line that is no JSON (a traceback's), as :meth:`RemoteProfiler._log_tail` reads it
 
 #: How many times the run is set up (the code, networks and plan shipped) before a connection that drops each time
-#: fails the device; each drop is reconnected as the measurement phase reconnects (``reconnect_timeout_s``).
+#: fails the device; each drop is reconnected as the measurement phase reconnects (``reconnect_timeout_s``). A count,
+#: not that setting's time: ``reconnect_timeout_s`` bounds how long a device may stay unreachable (a reboot: raised
+#: for a slow one), the measurement phase's only bound on drops, as its run makes progress between them; here a link
+#: that comes back and drops again each time makes none, and a time bound would re-ship for as long as a reboot may
+#: take.
 SETUP_ATTEMPTS = 3
 
 #: Host-side modules that never go to a device.
