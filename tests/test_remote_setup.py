@@ -174,8 +174,12 @@ def test_a_plain_rerun_after_a_remeasure_that_failed_measures_the_row_the_device
     a, _ = servers
     cfg = _config(tmp_path, {"dev-f": _device(a, tmp_path)}, batch_sizes=(1,))
     (desc,) = _descriptions(tmp_path, ["alpha"])
-    (first,) = profile_devices(cfg, ["dev-f"], [desc], show_progress=False, **FAST)
-    assert (first.status, first.new_rows) == ("done", 1), format_summaries([first])
+    old = {"device": "dev-f", "backend": "cpu", "network": "alpha", "batch_size": 1, "input_shape": "3x16x16",
+           "status": "ok", "latency_ms_median": 1.5, "timestamp": "2026-11-30T10:00:00+00:00",
+           "description_sha": results.file_sha(desc.read_bytes())}  # as the first profile wrote it, here and there
+    for csv_path in (results.results_path(cfg.profiling_dir, "dev-f"), tmp_path / "remote work" / "dev-f" /
+                     "measurements.csv"):
+        results.append_row(csv_path, old)
     (old,) = _rows(cfg, "dev-f")
     set_up = RemoteProfiler._set_up
 
@@ -185,7 +189,6 @@ def test_a_plain_rerun_after_a_remeasure_that_failed_measures_the_row_the_device
     (failed,) = profile_devices(cfg, ["dev-f"], [desc], show_progress=False, remeasure={"alpha": None}, **FAST)
     assert (failed.status, failed.superseded, failed.remeasure_left) == ("failed", 1, 1)
     monkeypatch.setattr(RemoteProfiler, "_set_up", set_up)
-    time.sleep(1.1)  # a new row's timestamp (whole seconds) differs from the old one's
     (again,) = profile_devices(cfg, ["dev-f"], [desc], show_progress=False, **FAST)
     assert format_summaries([again]) == "dev-f: done — 1/1 rows (1 new) [ok 1]"
     (new,) = _rows(cfg, "dev-f")
