@@ -16,6 +16,7 @@ from torch import nn
 
 from perf4sight.errors import UserError
 from perf4sight.ir.from_torch import describe
+from perf4sight.ir.schema import NetworkDescription
 
 #: Patterns of a [8, 8, 8] map: (pattern, the op it describes to, the torch call run alone on a [1, 8, 8, 8] leaf for
 #: the dispatch log: the op's kernels forward and backward).
@@ -56,6 +57,12 @@ _WHERES = {
                            [(["conv", "conv", "neg"], {"compare": "gt", "threshold": 0.0}),
                             (["flip", "conv", "conv"], {"compare": "le", "threshold": 0.0, "if_false": 0.5,
                                                         "compare_inputs": True})]),
+    "torch.finfo's numbers": (lambda y: y.masked_fill(y < 0, -torch.finfo(y.dtype).max).softmax(-1)
+                              + torch.where(y > 0.5, y, torch.finfo(y.sigmoid().dtype).min).softmax(-1),
+                              [(["conv", "conv"], {"compare": "lt", "threshold": 0.0,
+                                                   "if_true": -torch.finfo(torch.float32).max}),
+                               (["conv", "conv"], {"compare": "gt", "threshold": 0.5,
+                                                   "if_false": torch.finfo(torch.float32).min})]),
     "a mask read twice, broadcast": (
         lambda y: (lambda m: torch.where(m > 0, m, y) * torch.where(m > 0, m, 1.0))(y.mean((2, 3), keepdim=True)),
         [(["mean", "mean", "conv"], {"compare": "gt", "threshold": 0.0}),
@@ -867,3 +874,63 @@ def test_a_fixed_mask_spanning_the_batch_is_refused_by_name():
     with pytest.raises(UserError, match=r"a fixed mask of shape \[2, 8, 8, 8\], a mask per sample of a batch of 2 "
                                         r"\(its first dimension the batch's\), has no description op"):
         describe(module, SHAPE, name="refused")
+
+
+class _CausalAttention(nn.Module):
+    """Self-attention over a map's rows as attention code writes it: scores of 1x1-convolution queries and keys, a
+    causal mask (a registered buffer compared, ``self.mask == 0``) filled with ``-torch.finfo(scores.dtype).max``
+    (``finfo`` of a traced tensor's dtype), a softmax, the values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.q, self.k = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 1), nn.Conv2d(8, 8, 1)
+        self.fc = nn.Linear(8 * 8 * 8, 10)
+        self.register_buffer("mask", torch.ones(8, 8).tril())
+
+    def forward(self, x):
+        y = self.conv(x)
+        scores = self.q(y) @ self.k(y).transpose(-1, -2)
+        scores = scores.masked_fill(self.mask == 0, -torch.finfo(scores.dtype).max)
+        return self.fc((scores.softmax(-1) @ y).flatten(1))
+
+
+def test_an_attention_mask_filled_with_finfo_is_described():
+    """``scores.masked_fill(mask == 0, -torch.finfo(scores.dtype).max)`` could not be traced (torch.finfo refuses
+    torch.fx's proxy of ``scores.dtype``): the dtype read is the tensor's own (float32), so the fill is a number, the
+    largest float32's negation, which a description holds; the rebuilt module, given the mask, computes the same."""
+    from perf4sight.ir.to_torch import build_module
+
+    module = _CausalAttention()
+    desc = describe(module, SHAPE, name="attention")
+    assert [n.attrs for n in desc.nodes if n.op == "where"] == [
+        {"compare": "ne", "threshold": 0.0, "mask_shape": [8, 8], "if_true": -torch.finfo(torch.float32).max}]
+    rebuilt = build_module(NetworkDescription.from_dict(desc.to_dict()))
+    for new, old in zip(rebuilt.parameters(), module.parameters()):
+        new.data.copy_(old.data)
+    (mask,) = list(rebuilt.buffers())
+    mask.copy_(module.mask == 0)
+    x = torch.randn(2, *SHAPE)
+    assert torch.allclose(module(x), rebuilt(x), atol=1e-5)
+
+
+@pytest.mark.parametrize("batch", [3, 1])
+def test_the_allocation_model_writes_down_an_attention_mask_filled_with_finfo_as_traced(batch):
+    """The attention's fill of finfo's number is a fixed mask's where: the model's events are the meta trace's."""
+    from test_allocator import _as_replayed
+
+    from perf4sight.features.alloc_trace import record_events
+
+    desc = describe(_CausalAttention(), SHAPE, name="attention")
+    model = record_events(desc, batch, steps=2, method="model")
+    assert _as_replayed(model) == _as_replayed(record_events(desc, batch, steps=2, method="trace"))
+
+
+def test_a_dtype_read_decides_a_branch_and_a_cast():
+    """A traced tensor's ``dtype`` is its own: a branch on it (``if y.dtype == torch.float32``) is taken as the
+    tensor's dtype says, and a cast to another tensor's dtype (``y.to(x.dtype)``, float32) is the tensor itself; a
+    boolean's dtype, given to torch.finfo, is refused as torch refuses it."""
+    desc = describe(_Probe(lambda y: (y * 2 if y.dtype == torch.float32 else y).to(y.dtype)), SHAPE,
+                    name="dtype")
+    assert [n.op for n in desc.nodes] == ["input", "conv2d", "mul", "flatten", "linear"]
+    with pytest.raises(UserError, match=r"torch.finfo\(\) requires a floating point input type"):
+        describe(_Probe(lambda y: y.masked_fill(y < 0, torch.finfo((y > 0).dtype).min)), SHAPE, name="dtype")

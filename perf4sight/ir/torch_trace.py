@@ -116,13 +116,29 @@ class _ConditionUnknown(_PiecesUnknown):
     """Raised by :meth:`_Tracer.to_bool` for the condition ``node`` whose value it has not been told."""
 
 
-class _PiecesProxy(fx.Proxy):
+class _DtypeUnknown(_PiecesUnknown):
+    """Raised by :meth:`_Tracer.dtype_of` for the tensor ``node`` whose dtype it has not been told."""
+
+
+class _Proxy(fx.Proxy):
     """torch.fx's proxy, whose ``len`` is the number of pieces of a split, chunk or unbind (:meth:`_Tracer.count`):
-    ``list(x.chunk(2, 1))``, as ultralytics' C2f writes it, asks it first."""
+    ``list(x.chunk(2, 1))``, as ultralytics' C2f writes it, asks it first; and whose ``dtype`` is the tensor's own
+    (:meth:`_Tracer.dtype_of`), not a traced value: attention code's ``torch.finfo(x.dtype).min``, which torch.finfo
+    refuses of a proxy, is a number. Named ``Proxy``, as torch.fx's, in the refusals that name its type."""
 
     def __len__(self) -> int:
         count = self.tracer.count(self)
         return super().__len__() if count is None else count
+
+    def __getattr__(self, k: str) -> Any:
+        if k == "dtype":
+            dtype = self.tracer.dtype_of(self)
+            if dtype is not None:
+                return dtype
+        return super().__getattr__(k)
+
+
+_Proxy.__name__ = _Proxy.__qualname__ = "Proxy"
 
 
 def _makes_pieces(node: fx.Node) -> bool:
@@ -133,20 +149,21 @@ def _makes_pieces(node: fx.Node) -> bool:
 class _Tracer(fx.Tracer):
     """torch.fx's tracer, with the modules of :data:`_LEAF_MODULES`, and a rebuilt network's modules that stand for
     one node, kept whole. Given ``pieces`` (the number of tensors of each split, chunk or unbind node, by name), it
-    iterates over them (:meth:`iter`) and tells their number (``len``, ``list``: :class:`_PiecesProxy`)."""
+    iterates over them (:meth:`iter`) and tells their number (``len``, ``list``: :class:`_Proxy`)."""
 
-    def __init__(self, pieces: dict[str, int] | None = None, decided: dict[str, bool | str] | None = None) -> None:
+    def __init__(self, pieces: dict[str, int] | None = None, decided: dict[str, bool | str] | None = None,
+                 dtypes: dict[str, torch.dtype | None] | None = None) -> None:
         super().__init__()
-        self.pieces, self.decided = pieces, decided
+        self.pieces, self.decided, self.dtypes = pieces, decided, dtypes
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return (type(m).__name__ in _LEAF_MODULES or _described_whole(m) is not None
                 or super().is_leaf_module(m, module_qualified_name))
 
     def proxy(self, node: fx.Node) -> fx.Proxy:
-        """A :class:`_PiecesProxy` for a split, chunk or unbind (whose pieces ``len`` counts); torch.fx's own for any
-        other node (its refusals name torch.fx's Proxy)."""
-        return _PiecesProxy(node, self) if _makes_pieces(node) else super().proxy(node)
+        """A :class:`_Proxy` (whose pieces ``len`` counts for a split, chunk or unbind, and whose ``dtype`` is a
+        dtype)."""
+        return _Proxy(node, self)
 
     def count(self, obj: fx.Proxy) -> int | None:
         """The number of tensors of the split, chunk or unbind ``obj``, as :attr:`pieces` says;
@@ -157,6 +174,15 @@ class _Tracer(fx.Tracer):
         if node.name not in self.pieces:
             raise _PiecesUnknown(node)
         return self.pieces[node.name]
+
+    def dtype_of(self, obj: fx.Proxy) -> torch.dtype | None:
+        """The dtype of the tensor ``obj``, as :attr:`dtypes` says; :class:`_DtypeUnknown` where it does not say;
+        None (a traced ``getattr``) where ``obj`` is no tensor, or without :attr:`dtypes`."""
+        if self.dtypes is None:
+            return None
+        if obj.node.name not in self.dtypes:
+            raise _DtypeUnknown(obj.node)
+        return self.dtypes[obj.node.name]
 
     def to_bool(self, obj: fx.Proxy) -> bool:
         """A condition's value (``assert x.dim() == 4``, ``if x.shape[-1] % 2``), as :attr:`decided` says;
@@ -196,6 +222,15 @@ def _pieces_made(tracer: _Tracer, node: fx.Node, input_shape: list[int]) -> int:
     ``input_shape``: the shapes of that graph up to ``node``, propagated."""
     partial = _propagate_shapes(_graph_up_to(tracer, node), input_shape)
     return len(next(n for n in partial.graph.nodes if n.op == "output").args[0].meta["tensor_meta"])
+
+
+def _dtypes_made(tracer: _Tracer, node: fx.Node, input_shape: list[int]) -> dict[str, torch.dtype | None]:
+    """The dtype of each node of the graph ``tracer`` had traced when it stopped at ``node`` (None for a value that
+    is no tensor), its shapes propagated at ``input_shape``: ``node``'s, and those a later read asks for."""
+    partial = _propagate_shapes(_graph_up_to(tracer, node), input_shape)
+    made = {n.name: getattr(n.meta.get("tensor_meta"), "dtype", None) for n in partial.graph.nodes
+            if n.op != "output"}
+    return {**made, node.name: made.get(node.name)}
 
 
 def _condition_value(tracer: _Tracer, node: fx.Node, input_shape: list[int]) -> bool | str:
@@ -289,15 +324,18 @@ def _trace(module: nn.Module, input_shape: list[int]) -> fx.Graph:
     (:func:`_condition_value`) at ``input_shape``, once for each such node."""
     pieces: dict[str, int] = {}
     decided: dict[str, bool | str] = {}
+    dtypes: dict[str, torch.dtype | None] = {}
     while True:
-        tracer = _Tracer(pieces, decided)
+        tracer = _Tracer(pieces, decided, dtypes)
         try:
             return tracer.trace(module)
         except _PiecesUnknown as exc:
-            if exc.node.name in pieces or exc.node.name in decided:  # not traced the same way twice: refused
+            if exc.node.name in pieces or exc.node.name in decided or exc.node.name in dtypes:  # not traced twice
                 raise fx.proxy.TraceError(f"cannot iterate over the pieces of {exc.node.name}") from None
             try:
-                if isinstance(exc, _ConditionUnknown):
+                if isinstance(exc, _DtypeUnknown):
+                    dtypes.update(_dtypes_made(tracer, exc.node, input_shape))
+                elif isinstance(exc, _ConditionUnknown):
                     decided[exc.node.name] = _condition_value(tracer, exc.node, input_shape)
                 else:
                     pieces[exc.node.name] = _pieces_made(tracer, exc.node, input_shape)
