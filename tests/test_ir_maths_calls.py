@@ -1030,3 +1030,150 @@ def test_the_allocation_model_writes_down_an_einsum_permute_as_traced(batch):
     desc = describe(_ChannelsLast("bchw->bhwc"), SHAPE, name="channels_last")
     model = record_events(desc, batch, steps=2, method="model")
     assert _as_replayed(model) == _as_replayed(record_events(desc, batch, steps=2, method="trace"))
+
+
+class _OwnBatchNorm(nn.BatchNorm2d):
+    """A batch norm of the network's own class that keeps torch's forward (traced through: an ``F.batch_norm`` call
+    whose flag is the layer's mode)."""
+
+
+class _FrozenNorm(nn.Module):
+    """A convolution, a batch norm, a ReLU and a classifier, the norm of ``form``: "eval" (a BatchNorm2d), "no affine"
+    (one without a weight), "subclass" (:class:`_OwnBatchNorm`), "1d" (a BatchNorm1d of the pooled [N, C] features)
+    or "call" (``F.batch_norm(..., training=False)`` of its layer's buffers); :meth:`frozen` puts the module in
+    training and the norm in evaluation (a batch norm frozen for fine-tuning)."""
+
+    def __init__(self, form: str) -> None:
+        super().__init__()
+        self.form = form
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = {"1d": nn.BatchNorm1d(8), "no affine": nn.BatchNorm2d(8, affine=False),
+                   "subclass": _OwnBatchNorm(8)}.get(form, nn.BatchNorm2d(8))
+        self.fc = nn.Linear(8 if form == "1d" else 8 * 8 * 8, 10)
+        with torch.no_grad():  # running statistics of their own, so that a norm by the batch's would differ
+            self.bn.running_mean.uniform_(-0.5, 0.5)
+            self.bn.running_var.uniform_(0.5, 2.0)
+
+    def frozen(self) -> "_FrozenNorm":
+        self.train()
+        self.bn.eval()
+        return self
+
+    def forward(self, x):
+        y = self.conv(x)
+        if self.form == "1d":
+            return self.fc(self.bn(y.mean((2, 3))).relu())
+        if self.form == "call":
+            y = F.batch_norm(y, self.bn.running_mean, self.bn.running_var, self.bn.weight, self.bn.bias,
+                             training=False)
+        else:
+            y = self.bn(y)
+        return self.fc(y.relu().flatten(1))
+
+
+_FROZEN_FORMS = ["eval", "no affine", "subclass", "1d"]
+
+
+@pytest.mark.parametrize("form", _FROZEN_FORMS)
+def test_a_batch_norm_frozen_in_a_training_model_keeps_its_mode(form):
+    """A batch norm a training model holds in evaluation (``bn.eval()``: frozen for fine-tuning) was described as any
+    batchnorm2d, rebuilt to follow the step's mode: the rebuilt network normalised by the batch's statistics (and
+    updated the running ones) where the model used its running ones. It has the attr ``training`` false: the rebuilt
+    network computes the module's output, gradients and buffers in a training step. A module in evaluation as a
+    whole (the step trains it) marks none."""
+    torch.manual_seed(0)
+    module = _FrozenNorm(form).frozen()
+    desc = NetworkDescription.from_dict(describe(module, SHAPE, name="frozen").to_dict())
+    (norm,) = [n for n in desc.nodes if n.op == "batchnorm2d"]
+    assert norm.attrs.get("training") is False
+    rebuilt = build_module(desc).train()
+    for new, old in zip(list(rebuilt.parameters()) + list(rebuilt.buffers()),
+                        list(module.parameters()) + list(module.buffers())):
+        new.data.copy_(old.data)
+    x = torch.randn(2, *SHAPE)
+    outputs, gradients = [], []
+    for net in (module, rebuilt):
+        out = net(x)
+        out.square().sum().backward()
+        outputs.append(out)
+        gradients.append([p.grad for p in net.parameters()])
+    assert torch.allclose(outputs[0], outputs[1], atol=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(*gradients, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(module.buffers(), rebuilt.buffers(), strict=True))
+    whole = describe(_FrozenNorm(form).eval(), SHAPE, name="evaluated")
+    assert [n.attrs.get("training") for n in whole.nodes if n.op == "batchnorm2d"] == [None]
+
+
+@pytest.mark.parametrize("form", ["eval", "no affine", "1d", "call"])
+@pytest.mark.parametrize("batch", [3, 1])
+def test_the_allocation_model_writes_down_a_batch_norm_by_its_running_statistics_as_traced(form, batch):
+    """A batch norm of ``training`` false was left to the meta trace: the meta kernel allocates what it does in
+    training (the output and a [C] mean and 1/std, kept with the input), and backward the same; the model's events
+    are the trace's, also at a batch of 1 (of the [N, C] features too, which a batch norm in training refuses)."""
+    from test_allocator import _as_replayed
+
+    from perf4sight.features.alloc_trace import record_events
+
+    desc = describe(_FrozenNorm(form).frozen(), SHAPE, name="frozen")
+    model = record_events(desc, batch, steps=2, method="model")
+    assert _as_replayed(model) == _as_replayed(record_events(desc, batch, steps=2, method="trace"))
+
+
+@pytest.mark.parametrize("form", ["eval", "no affine"])
+def test_a_batch_norm_by_its_running_statistics_costs_what_torch_runs(form):
+    """A batch norm by its running statistics was costed as one in training (a statistics pass, 5 FLOPs an element
+    forward and 8 back, a [C] mean and 1/std kept a batch). torch runs one kernel each way (a dispatch log) and keeps
+    the input alone (the batch statistics it returns are empty): 2 FLOPs an element forward, one back for the input's
+    gradient and 4 more for a weight's and a bias's; the kernel table moves one pass less forward and one back (two
+    without a weight)."""
+    from test_features import _autograd_saved_bytes
+    from test_ir_research_calls import _dispatched
+
+    from perf4sight.features.aggregate import network_features
+    from perf4sight.features.latency_terms import kernel_table
+    from perf4sight.features.walk import walk
+
+    module = _FrozenNorm(form).frozen()
+    desc = describe(module, SHAPE, name="frozen")
+    leaf = torch.randn(2, 8, 8, 8)
+    forward, backward = (
+        [op for op in ops if op not in ("empty", "ones_like", "detach")]
+        for ops in _dispatched(lambda y: module.bn(y), leaf))
+    assert (forward, backward) == (["native_batch_norm"], ["native_batch_norm_backward"])
+    (cost,) = [v.cost for v in walk(desc) if v.node.op == "batchnorm2d"]
+    n = 8 * 8 * 8
+    affine = form == "eval"
+    assert (cost.kernels_fwd, cost.kernels_bwd, cost.flops_fwd, cost.flops_bwd) == (1, 1, 2 * n, (5 if affine else 1)
+                                                                                      * n)
+    nf = network_features(desc)
+    at2, at4 = (b * _autograd_saved_bytes(desc, b, with_input=False) for b in (2, 4))
+    assert nf.per_sample["saved_bytes"] == (at4 - at2) / 2
+    assert sum(nf.batch_saved_sizes) == at2 - (at4 - at2) == 0
+    trained = NetworkDescription.from_dict(desc.to_dict())
+    for node in trained.nodes:
+        node.attrs.pop("training", None)
+    moved = [kernel_table(d).bytes_ps.sum() for d in (trained, desc)]
+    assert moved[0] - moved[1] == (0.5 * 2 * n + (1 if affine else 2) * n) * 4
+
+
+def test_a_network_with_a_frozen_batch_norm_prunes_and_trains():
+    """Pruning a network whose batch norm is frozen (``bn.eval()`` in its constructor, the network in training) cuts
+    the norm's channels with its convolution's: the pruned network describes with the norm still by its running
+    statistics, and a training step runs."""
+    from test_networks import _train_step
+
+    from perf4sight.networks.build import Source, prune_source
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.bn, self.b = nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.Conv2d(16, 16, 3)
+            self.fc = nn.Linear(16, 10)
+            self.bn.eval()
+
+        def forward(self, x):
+            return self.fc(self.b(self.bn(self.a(x)).relu()).mean((2, 3)))
+    (desc,) = prune_source(Source("net", "test", Net), [3, 16, 16], [30], "l1-norm", 2, seed=0)
+    (norm,) = [n for n in desc.nodes if n.op == "batchnorm2d"]
+    assert norm.attrs["num_features"] < 16 and norm.attrs["training"] is False
+    _train_step(desc)

@@ -540,8 +540,8 @@ def step_events(desc: NetworkDescription, batch_size: int, relu6_clone: bool = F
     for n in desc.nodes:
         if n.op not in COVERED:
             raise NotCovered(f"op '{n.op}'")
-        if n.attrs.get(CONSTANT_MODES.get(n.op, ""), True) is False:  # a norm by its running statistics in training
-            raise NotCovered(f"{n.op} of {CONSTANT_MODES[n.op]} false")
+        if n.op != "batchnorm2d" and n.attrs.get(CONSTANT_MODES.get(n.op, ""), True) is False:  # (a batch norm's:
+            raise NotCovered(f"{n.op} of {CONSTANT_MODES[n.op]} false")  # :func:`_with_parameters`, as in training)
     mem = _Memory()
     b = int(batch_size)
     param_bytes: list[int] = []
@@ -857,7 +857,9 @@ def _with_parameters(ctx: _OpContext) -> _Value:
         layouts, restride = _convolution_layouts(ctx)
         return _Value(sid, nbytes, ctx.grad_fn([x.sid], [_edge(x)] + pedges, [x.nbytes] + pbytes, grads,
                                                layouts=layouts, restride=restride, any_strides=True))
-    if n.op in ("batchnorm2d", "groupnorm"):  # the output, a mean and a 1/std; keeps the input and the two
+    # the output, a mean and a 1/std; keeps the input and the two (a batch norm by its running statistics too: the
+    # meta kernel gives it [C] floats each, where this CPU's gives empty ones)
+    if n.op in ("batchnorm2d", "groupnorm"):
         kernel, stat = (("native_batch_norm", n.attrs["num_features"]) if n.op == "batchnorm2d"  # per channel
                         else ("native_group_norm", ctx.batch * n.attrs["num_groups"]))  # per sample and group
         sid = ctx.alloc(f"{kernel}.default")

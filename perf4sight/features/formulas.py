@@ -153,10 +153,25 @@ def _batchnorm2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     running = 2 * c if node.attrs.get("track_running_stats", True) else 0
     n = numel(node.output_shape)
     rd, wr = _io_bytes(in_shapes, node.output_shape)
+    if node.attrs.get("training") is False:  # by its running statistics in the training step (a frozen one)
+        return _constant_mode_batchnorm2d(c, n, params, rd, wr)
     return OpCost(flops_fwd=5.0 * n, flops_bwd=8.0 * n, bytes_read=rd * 2 + (running + params) * BYTES_PER_ELEMENT,
                   bytes_written=wr, params=params, param_tensors=2 if params else 0, saved=[0],
                   batch_saved=(c * BYTES_PER_ELEMENT, c * BYTES_PER_ELEMENT), kernels_fwd=1, kernels_bwd=1,
                   kind="norm")
+
+
+def _constant_mode_batchnorm2d(c: int, n: int, params: int, rd: int, wr: int) -> OpCost:
+    """A batch norm by its running statistics in a training step (``training`` false: ``bn.eval()`` in a training
+    model, ``F.batch_norm(..., training=False)``) as torch 2.14 runs it (a dispatch log): one kernel forward
+    (``native_batch_norm``, no statistics pass: a scale and a shift, 2 FLOPs an element, the input read once), one back
+    (``native_batch_norm_backward``: the gradient times weight / std, 1 FLOP an element, and with a weight its and the
+    bias's gradients, the gradient times the normalised input summed and the gradient summed, 4 more). It keeps its
+    input, as in training, but no batch mean and 1/std (its kernel returns them empty: autograd's saved tensors on
+    this CPU; the meta kernel gives them [C] floats, which the allocation model writes down as the trace does)."""
+    return OpCost(flops_fwd=2.0 * n, flops_bwd=(5.0 if params else 1.0) * n,
+                  bytes_read=rd + (2 * c + params) * BYTES_PER_ELEMENT, bytes_written=wr, params=params,
+                  param_tensors=2 if params else 0, saved=[0], kernels_fwd=1, kernels_bwd=1, kind="norm")
 
 
 def _frozen_batchnorm2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:

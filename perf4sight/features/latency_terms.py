@@ -363,6 +363,10 @@ _BORDER_PAD_PASSES = (1.0, 2.0, 2)
 _DEFAULT_PASSES = (1.0, 3.0, 1)
 #: An RMS norm without a weight: its input's gradient alone, one kernel (reads the gradient and the input, writes one).
 _PLAIN_RMSNORM_PASSES = (1.5, 3.0, 1)
+#: A batch norm by its running statistics (``training`` false: formulas._constant_mode_batchnorm2d): no statistics
+#: pass forward; backward one kernel reading the gradient and the input (for the weight's gradient) and writing the
+#: input's; without a weight the gradient read and the input's written.
+_CONSTANT_MODE_BATCHNORM_PASSES = {True: (1.0, 3.0, 1), False: (1.0, 2.0, 1)}
 #: An alpha dropout of whole channels: its noise's kernels negligible, the multiply and the add each way.
 _FEATURE_ALPHA_DROPOUT_PASSES = (2.0, 2.0, 1)
 #: A repeat of counts all 1: a copy forward; backward the gradient handed on (no kernel).
@@ -495,6 +499,8 @@ def _passes(node: Node) -> tuple[float, float, int]:
         return _BORDER_PAD_PASSES
     if node.op == "pow" and float(node.attrs["exponent"]) == 0.5:
         return _SQRT_PASSES
+    if node.op == "batchnorm2d" and node.attrs.get("training") is False:
+        return _CONSTANT_MODE_BATCHNORM_PASSES[bool(node.attrs.get("affine", True))]
     if node.op == "rmsnorm" and not node.attrs.get("elementwise_affine", True):
         return _PLAIN_RMSNORM_PASSES
     if node.op == "alpha_dropout" and node.attrs.get("feature"):

@@ -64,6 +64,26 @@ def _mark_cumulative_averages(module: nn.Module, gm: fx.GraphModule, nodes: list
                 node.attrs = {**node.attrs, "momentum": None}
 
 
+def _mark_frozen_layers(module: nn.Module, gm: fx.GraphModule, nodes: list[Node]) -> None:
+    """Give the node of each batch norm layer that ``module``, in training, holds in evaluation (``bn.eval()`` inside a
+    training model: a batch norm frozen for fine-tuning), and that has running statistics, the attr ``training``
+    false: it normalises by them in the training step, which a node without the attr (rebuilt following the step's
+    mode) would not. Its calls are the layer's (a leaf of the trace) or, a subclass traced through, the
+    ``F.batch_norm`` calls of its running mean. A module in evaluation as a whole marks none (the step trains it)."""
+    if not module.training:
+        return
+    frozen = {name for name, m in module.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+              and not m.training and m.track_running_stats and m.running_mean is not None}
+    if not frozen:
+        return
+    calls = {n.name for n in gm.graph.nodes if n.op == "call_module" and n.target in frozen}
+    calls |= {n.name for (function, mean), made in _norm_calls(gm.graph).items()
+              if function is F.batch_norm and mean.rpartition(".")[0] in frozen for n in made}
+    for node in nodes:
+        if node.name in calls and node.op == "batchnorm2d" and "training" not in node.attrs:
+            node.attrs = {**node.attrs, "training": False}
+
+
 #: A norm call's flag that picks the input's statistics over the running ones: (position, name, torch's default).
 _MODE_FLAGS = {F.batch_norm: (5, "training", False), F.instance_norm: (5, "use_input_stats", True)}
 
@@ -254,6 +274,7 @@ def _described(module: nn.Module, input_shape: list[int], name: str, network: st
     nodes, output = _convert(gm, name)
     _mark_cumulative_averages(module, gm, nodes)
     _mark_constant_modes(module, gm, nodes, input_shape)
+    _mark_frozen_layers(module, gm, nodes)
     desc = NetworkDescription(name=name, network=network or name, input_shape=list(input_shape),
                               num_classes=0, params=0, nodes=nodes, output=output,
                               pruning_level=pruning_level, extra=dict(extra))

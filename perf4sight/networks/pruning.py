@@ -351,6 +351,7 @@ class PruningPlan:
                              "their transpose) cannot be pruned (torch-pruning's dependency search does not end on "
                              "it); prune the zoo network or the module it came from, or predict this as it is")
         self.base, self.network, self.strategy, self.min_channels = base, network, strategy, min_channels
+        self._modes = {name: m.training for name, m in base.named_modules()}  # the caller's (a batch norm frozen)
         total = count_parameters(base)
         if total == 0:  # a level is a share of the parameters: none to share
             raise UserError(f"{network}: has no parameters to prune (a network with no layer that learns)")
@@ -458,7 +459,7 @@ class PruningPlan:
         level = check_level(level, f"{self.network}: pruning level")
         source = self._meta if meta else self.base
         if level == 0:
-            return PrunedModel(copy.deepcopy(source), 0.0, 0.0, self.p0, self.p0, dict(self.extra))
+            return PrunedModel(self._in_modes(copy.deepcopy(source)), 0.0, 0.0, self.p0, self.p0, dict(self.extra))
         last = len(self._event_group)
         n = bisect.bisect_left(range(last + 1), True, key=lambda j: self._level(self._counts(j)) >= level)
         candidates = [self._counts(j) for j in (n - 1, n) if 0 <= j <= last]
@@ -474,9 +475,18 @@ class PruningPlan:
             raise UnreachableLevel(f"{self.network}: cannot reach pruning level {level:g}% with strategy "
                                    f"{self.strategy} and min_channels={self.min_channels} ({reason}); {fix}",
                                    achieved, reason)
-        model = pp.cut(source, pp.removal(self.groups, list(counts)))
+        model = self._in_modes(pp.cut(source, pp.removal(self.groups, list(counts))))
         params = count_parameters(model) - self.unused
         return PrunedModel(model, level, round(100.0 * (1 - params / self.p0), 3), params, self.p0, dict(self.extra))
+
+
+    def _in_modes(self, model: nn.Module) -> nn.Module:
+        """``model`` (a copy of the network, pruned or not) with each layer in the mode the caller's network had it
+        (the shapes-only copy is of one traced in evaluation): a batch norm frozen in evaluation in a network in
+        training is described so."""
+        for name, m in model.named_modules():
+            m.training = self._modes.get(name, m.training)
+        return model
 
 
 def prune_model(base: nn.Module, input_shape: list[int], level: float, strategy: str = "l1-norm",
