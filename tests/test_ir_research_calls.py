@@ -934,3 +934,66 @@ def test_a_dtype_read_decides_a_branch_and_a_cast():
     assert [n.op for n in desc.nodes] == ["input", "conv2d", "mul", "flatten", "linear"]
     with pytest.raises(UserError, match=r"torch.finfo\(\) requires a floating point input type"):
         describe(_Probe(lambda y: y.masked_fill(y < 0, torch.finfo((y > 0).dtype).min)), SHAPE, name="dtype")
+
+
+class _MaskReadTwice(nn.Module):
+    """A registered boolean mask read by two wheres of their own fills: a masked_fill of -inf (then a softmax) and a
+    ``torch.where(mask, 0.0, y * 2)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8 * 8 * 8, 10)
+        self.register_buffer("mask", torch.ones(8, 8).triu(1).bool())
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.fc((y.masked_fill(self.mask, float("-inf")).softmax(-1) + torch.where(self.mask, 0.0, y * 2))
+                       .flatten(1))
+
+
+def test_a_fixed_mask_read_by_two_wheres_is_one_buffer():
+    """A fixed mask that two wheres read was a buffer of each (the rebuilt network held two, the allocation model set
+    up two): the second where ``shares`` the first's, its own fill kept; the rebuilt network holds one mask, and given
+    the module's computes its output and gradients. A description whose where shares a where of another mask is
+    refused naming the attr."""
+    desc = _computes_the_same(_MaskReadTwice())
+    assert [(n.name, n.attrs) for n in desc.nodes if n.op == "where"] == [
+        ("masked_fill", {"compare": "ne", "threshold": 0.0, "mask_shape": [8, 8], "if_true": -math.inf}),
+        ("where", {"compare": "ne", "threshold": 0.0, "mask_shape": [8, 8], "if_true": 0.0, "shares": "masked_fill"})]
+    from perf4sight.ir.to_torch import build_module
+
+    assert [tuple(b.shape) for b in build_module(desc).buffers()] == [(8, 8)]
+    bad = desc.to_dict()
+    bad["nodes"][[n["name"] for n in bad["nodes"]].index("where")]["attrs"]["mask_shape"] = [1, 8]
+    with pytest.raises(UserError, match=r"attr 'shares' of a where names the where whose fixed mask it reads"):
+        NetworkDescription.from_dict(bad)
+
+
+@pytest.mark.parametrize("batch", [3, 1])
+def test_the_allocation_model_sets_up_a_fixed_mask_read_twice_once(batch):
+    """The mask two wheres read is set up once (a byte an element), as the meta trace of the rebuilt network records
+    it: the model's events are the trace's."""
+    from test_allocator import _as_replayed
+
+    from perf4sight.features.alloc_trace import record_events
+
+    desc = describe(_MaskReadTwice(), SHAPE, name="twice")
+    model = record_events(desc, batch, steps=2, method="model")
+    assert _as_replayed(model) == _as_replayed(record_events(desc, batch, steps=2, method="trace"))
+    assert [e for e in _as_replayed(model) if e[0] == "alloc" and e[2] == "setup" and e[1] == 64] == [
+        ("alloc", 64, "setup")]
+
+
+def test_a_fixed_mask_read_twice_round_trips():
+    """A PerfSeer graph keeps the second where's ``shares`` and its own fill, also read as another tool's file (where
+    a later call of a layer takes its owner's attrs: a where keeps its own)."""
+    from perf4sight.exporters.perfseer import description_to_graph
+    from perf4sight.importers.perfseer import graph_to_description
+
+    desc = describe(_MaskReadTwice(), SHAPE, name="twice")
+    back, _ = graph_to_description(description_to_graph(desc, 4), "twice", "twice.pkl")
+    assert back.to_dict() == desc.to_dict()
+    graph = description_to_graph(desc, 4)
+    graph.graph["source"] = "another tool"
+    foreign, _ = graph_to_description(graph, "twice", "twice.pkl")
+    assert [n.attrs for n in foreign.nodes if n.op == "where"] == [n.attrs for n in desc.nodes if n.op == "where"]

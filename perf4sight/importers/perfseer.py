@@ -944,10 +944,11 @@ def graph_to_description(graph: Any, name: str, where: str) -> tuple[NetworkDesc
             args = {**args, "bias": False}
         ours = own and all(a in args for a in OPS[op])
         owner = None if ours else _shared_owner(op, args, ours_by_file_name, nodes)
-        if owner is not None:  # a layer called again (holding no weights): its owner's attrs, whatever its own say
-            attrs = {**owner["attrs"], SHARES: owner["name"]}
-        else:
+        if owner is not None and op != "where":  # a layer called again (no weights): its owner's attrs, whatever
+            attrs = {**owner["attrs"], SHARES: owner["name"]}  # its own say
+        else:  # (a where reading an earlier one's fixed mask: its own attrs, its mask the owner's)
             attrs = dict(args) if ours else _attrs(op, args, in_shapes, out, here, mi.get("weight_size"))
+            attrs.update({SHARES: owner["name"]} if owner is not None else {})
         if not ours and owner is None:
             attrs.update(_size_reference(op, args, attrs, in_shapes, ours_by_file_name, shapes,
                                          (input_node, input_shape)))

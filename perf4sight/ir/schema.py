@@ -392,7 +392,7 @@ def is_file_stem(v: Any) -> bool:
 def known_attrs(op: str) -> Tuple[str, ...]:
     """Every attribute a node of ``op`` may carry: its required ones (:data:`OPS`), then the optional ones."""
     optional = (*_FLAGS.get(op, ()), *(a for a, _, _ in _NUMBERS.get(op, ())), *_PAIRS.get(op, ()),
-                *_OPTIONAL.get(op, ()), *((SHARES,) if op in PARAMETER_OPS else ()))
+                *_OPTIONAL.get(op, ()), *((SHARES,) if op in PARAMETER_OPS or op == "where" else ()))
     return tuple(dict.fromkeys((*OPS[op], *optional)))
 
 
@@ -823,6 +823,12 @@ def _sharing_problem(node: Node, earlier: Dict[str, Node]) -> str:
         return f"attr '{SHARES}' must name an earlier node, got {owner_name!r}"
     if SHARES in owner.attrs:
         return f"attr '{SHARES}' names '{owner_name}', which shares the parameters of '{owner.attrs[SHARES]}': name it"
+    if node.op == "where":  # a fixed mask read again: the owner's buffer, whatever each fills
+        if "mask_shape" not in node.attrs or owner.op != "where" or \
+                owner.attrs.get("mask_shape") != node.attrs["mask_shape"]:
+            return (f"attr '{SHARES}' of a where names the where whose fixed mask it reads: both of one mask_shape, "
+                    f"got '{owner_name}' ({owner.op} {owner.attrs})")
+        return ""
     own = {k: v for k, v in node.attrs.items() if k != SHARES}
     if (owner.op != node.op and not {owner.op, node.op} <= set(ONE_TENSOR_OPS)) or owner.attrs != own:
         return (f"attr '{SHARES}' names '{owner_name}' ({owner.op} {owner.attrs}), which differs from this node "

@@ -746,6 +746,8 @@ def _output_size(node: Node, graph: fx.Graph, env: Dict[str, fx.Node]) -> Dict[s
 def _same_module(node: Node, owner: nn.Module) -> bool:
     """Whether ``owner``, the module of the node whose parameters ``node`` ``shares``, computes ``node``'s op: one
     layer called again. A scale sharing a shift's tensor (or a shift a scale's) is a module of its own."""
+    if node.op == "where":  # a where reading an earlier one's fixed mask: a module of its own, that mask its buffer
+        return False
     return node.op not in ONE_TENSOR_OPS or isinstance(owner, Scale if node.op == "scale" else Shift)
 
 
@@ -785,7 +787,11 @@ def _emit(node: Node, graph: fx.Graph, root: nn.Module, env: Dict[str, fx.Node],
         return graph.call_module(attr, tuple(args), _output_size(node, graph, env))
     if node.op == "where" and "mask_shape" in node.attrs:  # a buffer compared: a module that holds it
         attr = _attr_name(node.name, taken)
-        root.add_module(attr, FixedMaskWhere(node.attrs, factory.get("device")))
+        module = FixedMaskWhere(node.attrs, factory.get("device"))
+        if SHARES in node.attrs:  # the mask an earlier where reads: that one tensor
+            module.mask = getattr(root, layers[node.attrs[SHARES]]).mask
+        root.add_module(attr, module)
+        layers[node.name] = attr
         return graph.call_module(attr, tuple(args))
     if SIZE_REFERENCES.get(node.op) in node.attrs:  # sized by another node's map, read at run time
         fn, fn_args = _sized_like(node, args[0], env[node.attrs[SIZE_REFERENCES[node.op]]])

@@ -208,7 +208,8 @@ def _writes_a_copy(n: fx.Node) -> bool:
 def _mark_shared_calls(gm: fx.GraphModule, nodes: list[Node], held: dict[str, fx.Node], where: str) -> None:
     """Give each node that reads the parameters or buffers an earlier node read (a layer called again: CBAM's MLP
     over the average- and the max-pooled descriptors, a batch norm without affine parameters whose running
-    statistics both calls update; a parameter read directly by two ops, ``x * self.g + self.g``) the attr ``shares``:
+    statistics both calls update; a parameter read directly by two ops, ``x * self.g + self.g``; a fixed boolean
+    mask two wheres read, each filling its own number) the attr ``shares``:
     the name of the node that read them first, which holds them, so that they count once. ``UserError`` where the
     two cannot share (:func:`_sharing_refused`)."""
     described = {n.name: n for n in nodes}
@@ -216,7 +217,8 @@ def _mark_shared_calls(gm: fx.GraphModule, nodes: list[Node], held: dict[str, fx
     read_by: dict[str, set[int]] = {}  # description node -> the ids of the module tensors it reads
     for fx_node in gm.graph.nodes:
         node = described.get(fx_node.name)
-        if node is None or node.op not in PARAMETER_OPS or SHARES in node.attrs:  # a fusion's sharing: its own
+        if node is None or (node.op not in PARAMETER_OPS and not _fixed_mask_where(node)) \
+                or SHARES in node.attrs:  # a fusion's sharing: its own
             continue
         tensors = _module_tensors_read(fx_node, gm, held)
         ids = {id(t) for _, t in tensors}
@@ -253,13 +255,19 @@ def _fetched(root: nn.Module, target: str) -> Any:
     return getattr(root.get_submodule(owner), attr, None)
 
 
+def _fixed_mask_where(node: Node) -> bool:
+    """Whether ``node`` is a where of a fixed mask (``mask_shape``: a module's boolean buffer, which a where that
+    reads it again shares)."""
+    return node.op == "where" and "mask_shape" in node.attrs
+
+
 def _sharing_refused(node: Node, owner: Node, reads_the_same: bool) -> str:
     """Why ``node``, reading module tensors that ``owner`` read first, cannot share ``owner``'s (``reads_the_same``:
     whether it reads those and no others): "" where it can (the same op and attrs, or a scale and a shift of one
     shape)."""
     alike = owner.op == node.op or {owner.op, node.op} <= set(ONE_TENSOR_OPS)
-    if reads_the_same and alike and owner.attrs == node.attrs:
-        return ""
+    if reads_the_same and alike and (owner.attrs == node.attrs or _fixed_mask_where(node)):
+        return ""  # (two wheres of one fixed mask: each its own fill, the mask one buffer)
     return ("a description counts the tensors of every node that shares no other's, so they would count twice (a "
             "layer called again shares its first call's, and a multiply and an add can share one parameter they read "
             "whole)")
