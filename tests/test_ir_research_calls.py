@@ -28,6 +28,7 @@ _CASES = {
               lambda x: torch.where(x > 0, x, 0.1 * x)),
     "where of two tensors": (lambda y: (lambda a: torch.where(y > a, y, a))(y.flip(3)), "where",
                              lambda x: torch.where(x > x.flip(3), x, 0.0)),
+    "mask multiplied": (lambda y: y * (y > 0) + (y <= 0.5).mul(y), "where", lambda x: x * (x > 0)),
 }
 #: torch.where forms: (pattern, the where nodes' (inputs, attrs)).
 _WHERES = {
@@ -63,6 +64,14 @@ _WHERES = {
                                                    "if_true": -torch.finfo(torch.float32).max}),
                                (["conv", "conv"], {"compare": "gt", "threshold": 0.5,
                                                    "if_false": torch.finfo(torch.float32).min})]),
+    "a mask multiplied in": (lambda y: y * (y > 0) + torch.mul(y.mean(1, keepdim=True) <= y, y)
+                             + (y.sigmoid() >= 0.5).mul(y),
+                             [(["conv", "conv"], {"compare": "gt", "threshold": 0.0, "if_false": 0.0,
+                                                  "multiply": True}),
+                              (["mean", "conv", "conv"], {"compare": "le", "threshold": 0.0, "compare_inputs": True,
+                                                          "if_false": 0.0, "multiply": True}),
+                              (["sigmoid", "conv"], {"compare": "ge", "threshold": 0.5, "if_false": 0.0,
+                                                     "multiply": True})]),
     "a mask read twice, broadcast": (
         lambda y: (lambda m: torch.where(m > 0, m, y) * torch.where(m > 0, m, 1.0))(y.mean((2, 3), keepdim=True)),
         [(["mean", "mean", "conv"], {"compare": "gt", "threshold": 0.0}),
@@ -121,8 +130,9 @@ def test_where_is_described(form):
 
 
 @pytest.mark.parametrize("pattern, match", [
-    (lambda y: y * (y > 0), r"a comparison read by anything but torch.where's condition has no description op"),
-    (lambda y: y * (y > y.sigmoid()), r"a comparison read by anything but torch.where's condition"),
+    (lambda y: y * (y > 0).float(), r"a comparison read by anything but torch.where's condition has no description "
+                                    r"op"),
+    (lambda y: y + (y > y.sigmoid()), r"a comparison read by anything but torch.where's condition"),
     (lambda y: torch.where(y > 0, 1.0, 0.0), r"a torch.where of two numbers .* give a tensor for one branch"),
     (lambda y: y.where(y > 0, other=-y), r"x.where\(condition, y\) of keyword arguments has no description op"),
     (lambda y: y.masked_fill((y > 0) & (y < y.sigmoid()), 0.0), r"a comparison read by anything but torch.where"),
@@ -997,3 +1007,40 @@ def test_a_fixed_mask_read_twice_round_trips():
     graph.graph["source"] = "another tool"
     foreign, _ = graph_to_description(graph, "twice", "twice.pkl")
     assert [n.attrs for n in foreign.nodes if n.op == "where"] == [n.attrs for n in desc.nodes if n.op == "where"]
+
+
+def test_a_mask_multiplied_in_costs_what_torch_runs():
+    """``x * (x > 0)`` was refused ("a comparison read by anything but torch.where's condition"): it is a where of
+    ``multiply``, whose kernels (a dispatch log: the compare and the multiply forward, the gradient's multiply back),
+    FLOPs and kept mask (a byte an element: the multiply keeps its boolean operand, the tensor's gradient reading it)
+    are a where's of a number branch; the kernel table launches as many."""
+    from test_features import _ops_run
+
+    from perf4sight.features.latency_terms import kernel_table
+    from perf4sight.features.walk import walk
+
+    desc = describe(_Probe(lambda y: y * (y > 0)), SHAPE, name="multiplied")
+    forward, backward = _ops_run(lambda x: x * (x > 0), [8, 8, 8])
+    n = 8 * 8 * 8
+    assert forward == [("gt", n), ("mul", n)] and backward == [("mul", n)]
+    (cost,) = [v.cost for v in walk(desc) if v.node.op == "where"]
+    assert (cost.kernels_fwd, cost.kernels_bwd, cost.flops_fwd, cost.flops_bwd, cost.extra_saved_bytes) == (
+        2, 1, 2 * n, n, n)
+    where = describe(_Probe(lambda y: torch.where(y > 0, y, 0.0)), SHAPE, name="where")
+    assert kernel_table(desc).launches == kernel_table(where).launches
+
+
+def test_a_mask_multiplied_in_round_trips_and_is_checked():
+    """A PerfSeer graph keeps a where's ``multiply``; a description whose where multiplies with a false branch other
+    than 0 (or in place) is refused naming the attr."""
+    from perf4sight.exporters.perfseer import description_to_graph
+    from perf4sight.importers.perfseer import graph_to_description
+
+    desc = describe(_Probe(lambda y: y * (y > 0)), SHAPE, name="multiplied")
+    back, _ = graph_to_description(description_to_graph(desc, 4), "multiplied", "multiplied.pkl")
+    assert back.to_dict() == desc.to_dict()
+    bad = desc.to_dict()
+    (where,) = [n for n in bad["nodes"] if n["op"] == "where"]
+    where["attrs"]["if_false"] = 1.0
+    with pytest.raises(UserError, match=r"attr 'multiply' needs 'if_false' 0"):
+        NetworkDescription.from_dict(bad)

@@ -1330,6 +1330,8 @@ def _where(ctx: _OpContext) -> _Value:
         mask = ctx.mem.new(batch * prod(shape), f"aten.{n.attrs['compare']}.{'Tensor' if k == 2 else 'Scalar'}")
     if n.attrs.get("inplace"):
         return _masked_fill_in_place(ctx, mask)
+    if n.attrs.get("multiply"):
+        return _mask_multiplied(ctx, mask)
     number = "if_true" in n.attrs or "if_false" in n.attrs
     scalar = ctx.alloc("scalar_tensor.default", FLOAT) if number else None
     sid = ctx.alloc("where.self")
@@ -1344,6 +1346,20 @@ def _where(ctx: _OpContext) -> _Value:
                      list(range(k)) + list(range(k + len(branches) - 1, k - 1, -1)), full, around=around)
     if mask is not None:
         ctx.mem.drop(mask)
+    return _Value(sid, ctx.nbytes, fn)
+
+
+def _mask_multiplied(ctx: _OpContext, mask: int) -> _Value:
+    """``b * condition`` (a where of ``multiply``: x * (x > 0)) once its condition is allocated: the output
+    (``mul.Tensor``, no number wrapped), the condition kept; backward b's gradient ``mul.Tensor`` of the output's size
+    (summed down to a broadcast b's shape)."""
+    n, k = ctx.node, where_condition_inputs(ctx.node.attrs)
+    sid = ctx.alloc("mul.Tensor")
+    b, shape = ctx.inputs[k], ctx.in_shapes[k]
+    fn = ctx.grad_fn([mask], [None] * k + [_edge(b)], [v.nbytes for v in ctx.inputs],
+                     [None] * k + ["aten.mul.Tensor"], None,
+                     [None] * k + [ctx.nbytes if list(shape) != list(n.output_shape) else None])
+    ctx.mem.drop(mask)
     return _Value(sid, ctx.nbytes, fn)
 
 

@@ -192,7 +192,8 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # its tensor branch, of the output's shape (x.masked_fill_(m < 0, 0.0)); optional compare_inputs (false): the
     # condition compares the first two inputs, broadcast (torch.where(a > b, a, b)), threshold 0; optional mask_shape:
     # the condition compares a fixed tensor of this shape instead, a buffer of the node (not trained; a registered
-    # attention mask: x.masked_fill(self.mask == 0, v)), broadcast with the batch first, its values not described
+    # attention mask: x.masked_fill(self.mask == 0, v)), broadcast with the batch first, its values not described;
+    # optional multiply (false): of if_false 0, the mask multiplied into the true branch as torch runs x * (x > 0)
     "where": ("compare", "threshold"),
     # a spatial transformer's sampling grid: each sample's [2, 3] affine matrix theta applied to the normalised
     # [-1, 1] coordinates of an [H, W] = size output (align_corners: the corners' pixel centres at -1 and 1, else
@@ -311,7 +312,7 @@ _FLAGS: Dict[str, Tuple[str, ...]] = {
     "alpha_dropout": ("feature", "inplace"),
     "affine_grid": ("align_corners",), "grid_sample": ("align_corners",),
     "sort": ("descending",), "topk": ("largest",),
-    "where": ("inplace", "compare_inputs"),
+    "where": ("inplace", "compare_inputs", "multiply"),
 }
 #: Activations that may run in place on a copy of their input (``y.clone().leaky_relu_()``, ``F.elu(y.contiguous(),
 #: inplace=True)`` of a strided y): ``on_copy`` (optional, false) says so. The result is a tensor of its own, as out of
@@ -438,6 +439,10 @@ def _where_problem(node: "Node") -> str:
         return f"attr 'threshold' must be 0 with 'compare_inputs' (a > b), got {node.attrs['threshold']!r}"
     if node.attrs.get("inplace") and "if_true" not in node.attrs:
         return "attr 'inplace' needs 'if_true' (a masked_fill_ writes its number into the false branch)"
+    if node.attrs.get("multiply") and (node.attrs.get("if_false") != 0 or node.attrs.get("inplace")
+                                       or "mask_shape" in node.attrs):
+        return ("attr 'multiply' needs 'if_false' 0, and neither 'inplace' nor 'mask_shape' (a tensor times a "
+                "comparison, x * (x > 0))")
     return ""
 
 

@@ -574,13 +574,16 @@ def _variance(x: torch.Tensor, dims: List[int], correction: float, keepdim: bool
 
 
 def _where(x: torch.Tensor, branches: List, compare: str, threshold: float, if_true: Any,
-           if_false: Any, inplace: bool = False, compare_inputs: bool = False) -> torch.Tensor:
+           if_false: Any, inplace: bool = False, compare_inputs: bool = False, multiply: bool = False) -> torch.Tensor:
     """torch.where(x <compare> threshold, a, b): a and b the ``branches`` in that order, but where a number
     (``if_true``, ``if_false``; None where not); ``inplace``: ``b.masked_fill_(condition, if_true)``;
-    ``compare_inputs``: x compared with the first of ``branches`` (a > b), the others the branches."""
+    ``compare_inputs``: x compared with the first of ``branches`` (a > b), the others the branches; ``multiply``:
+    ``a * condition`` (of ``if_false`` 0: the mask multiplied in)."""
     rest = list(branches)
     condition = {"gt": torch.gt, "ge": torch.ge, "lt": torch.lt, "le": torch.le, "eq": torch.eq,
                  "ne": torch.ne}[compare](x, rest.pop(0) if compare_inputs else threshold)
+    if multiply:
+        return rest[0] * condition
     return _where_of(condition, rest, if_true, if_false, inplace)
 
 
@@ -684,7 +687,8 @@ FUNCTION_BUILDERS: Dict[str, Callable[[List, Dict], Tuple[Callable, Tuple]]] = {
     "topk": lambda x, a: (_top, (x[0], int(a["k"]), int(a["dim"]), bool(a["largest"]))),
     "where": lambda x, a: (_where, (x[0], list(x[1:]), str(a["compare"]), float(a["threshold"]),
                                     *(None if a.get(k) is None else float(a[k]) for k in ("if_true", "if_false")),
-                                    bool(a.get("inplace", False)), bool(a.get("compare_inputs", False)))),
+                                    bool(a.get("inplace", False)), bool(a.get("compare_inputs", False)),
+                                    bool(a.get("multiply", False)))),
 }
 
 

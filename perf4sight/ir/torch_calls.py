@@ -119,8 +119,38 @@ def _add(n: fx.Node) -> tuple[str, dict]:
 
 for _key in (operator.add, operator.iadd, torch.add, "add", "add_"):
     FUNCTION_OPS[_key] = _add
-for _key in (operator.mul, operator.imul, torch.mul, "mul", "mul_"):
+for _key in (operator.imul, "mul_"):
     FUNCTION_OPS[_key] = lambda n: ("mul", {})
+#: the multiplies (out of place) that may multiply a mask in (:func:`_mask_multiplied`)
+_MULTIPLIES = (operator.mul, torch.mul, "mul")
+
+
+def _mask_multiplied(n: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """(the comparison, the float tensor) of ``n``, a multiply of a float tensor by a comparison (a mask multiplied
+    in: ``x * (x > 0)``, ``(m > 0.5) * y``, ``torch.mul(y, a > b)``); None for any other node."""
+    if n.op not in ("call_function", "call_method") or n.target not in _MULTIPLIES or len(n.args) != 2 or n.kwargs:
+        return None
+    masks = [a for a in n.args if isinstance(a, fx.Node) and _compared(a) is not None]
+    if len(masks) != 1 or n.args[0] is n.args[1]:
+        return None
+    other = n.args[1] if n.args[0] is masks[0] else n.args[0]
+    if not _is_tensor(other) or other.op == "get_attr" or other.meta["tensor_meta"].dtype != torch.float32:
+        return None
+    return masks[0], other
+
+
+def _mul(n: fx.Node) -> tuple[str, dict]:
+    """A multiply; of a tensor by a comparison (:func:`_mask_multiplied`: x * (x > 0)), the op where of that
+    condition, the tensor its true branch, 0 its false one, flagged ``multiply`` (torch runs the compare, then a
+    multiply by the boolean mask, which autograd keeps: a where's work and memory, a multiply's kernels)."""
+    found = _mask_multiplied(n)
+    if found is None:
+        return "mul", {}
+    return "where", {**_condition_attrs(_compared(found[0]), found[0], n), "if_false": 0.0, "multiply": True}
+
+
+for _key in _MULTIPLIES:
+    FUNCTION_OPS[_key] = _mul
 
 
 def _by_scalar(n: fx.Node) -> tuple[str, dict]:
@@ -798,10 +828,13 @@ def _compared(n: Any) -> tuple[str, float | None] | None:
 
 
 def _is_condition_read(user: fx.Node, n: fx.Node) -> bool:
-    """Whether ``user`` reads ``n`` as torch.where's condition alone (or as x.where's, refused by the where), or as
-    x.masked_fill's mask (of a number)."""
+    """Whether ``user`` reads ``n`` as torch.where's condition alone (or as x.where's, refused by the where), as
+    x.masked_fill's mask (of a number), or as a mask multiplied into a tensor (:func:`_mask_multiplied`)."""
     if user.op == "call_method" and user.target == "where":
         return True
+    multiplied = _mask_multiplied(user)
+    if multiplied is not None:
+        return multiplied[0] is n
     if user.target in _MASKED_FILLS:
         return len(user.args) == 3 and user.args[1] is n and user.args[0] is not n and not user.kwargs
     return user.op == "call_function" and user.target is torch.where and len(user.args) == 3 and \
@@ -810,8 +843,9 @@ def _is_condition_read(user: fx.Node, n: fx.Node) -> bool:
 
 def _comparison(n: fx.Node) -> tuple[str, dict]:
     """A comparison of a tensor with a number or with another tensor, every reader of which takes it as
-    torch.where's condition: no node of its own (a description has no boolean tensors), each where's op ``where``
-    holds it. Read otherwise (a mask multiplied in, ``mask.float()``) it has no description op."""
+    torch.where's condition (or multiplies it into a tensor): no node of its own (a description has no boolean
+    tensors), each where's op ``where`` holds it. Read otherwise (``mask.float()``, two masks and-ed) it has no
+    description op."""
     if _compared(n) is None or not n.users or not all(_is_condition_read(u, n) for u in n.users):
         raise ValueError("a comparison read by anything but torch.where's condition has no description op (a "
                          "description has no boolean tensors); torch.where(x > t, a, b) of a number t or a tensor t "
