@@ -1044,3 +1044,27 @@ def test_a_mask_multiplied_in_round_trips_and_is_checked():
     where["attrs"]["if_false"] = 1.0
     with pytest.raises(UserError, match=r"attr 'multiply' needs 'if_false' 0"):
         NetworkDescription.from_dict(bad)
+
+
+@pytest.mark.parametrize("batch", [3, 1])
+def test_an_einsum_summing_one_tensor_is_its_sum(batch):
+    """An einsum of one tensor that leaves letters out (``'bchw->bc'``, ``'bchw->bcw'``) was refused ("an einsum of
+    the form ... has no description op"): torch runs it as a sum over those dims (a dispatch log: a permuted view,
+    then ``sum``), so it is described as ``x.sum(dims)`` is, their mean times their count; the rebuilt module
+    computes the original's output and gradients, and the allocation model writes it down as the meta trace. A sum
+    over the batch's letter is refused as a sum's is."""
+    from test_allocator import _as_replayed
+
+    from perf4sight.features.alloc_trace import record_events
+
+    pattern = lambda y: y * torch.einsum("bchw->bc", y)[:, :, None, None] + torch.einsum("bchw->bcw", y)[:, :, None]
+    desc = _computes_the_same(_Probe(pattern))
+    assert [(n.op, n.attrs) for n in desc.nodes if n.op in ("mean", "mul") and "scalar" in n.attrs or n.op == "mean"] \
+        == [("mean", {"dims": [2, 3], "keepdim": False}), ("mul", {"scalar": 64.0}),
+            ("mean", {"dims": [2], "keepdim": False}), ("mul", {"scalar": 8.0})]
+    forward, _ = _dispatched(lambda y: torch.einsum("bchw->bcw", y), torch.randn(2, 8, 8, 8))
+    assert [op for op in forward if op != "permute"] == ["sum"]
+    model = record_events(desc, batch, steps=2, method="model")
+    assert _as_replayed(model) == _as_replayed(record_events(desc, batch, steps=2, method="trace"))
+    with pytest.raises(UserError, match=r"a sum over the batch dimension \(dim 0\) has no description op"):
+        describe(_Probe(lambda y: y + torch.einsum("bchw->chw", y)), SHAPE, name="refused")

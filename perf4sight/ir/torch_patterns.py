@@ -485,17 +485,24 @@ def _sum_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[No
     if dims is None or isinstance(dims, fx.Node) or n.kwargs.get("dtype") is not None or len(n.args) > 3:
         raise ValueError("a sum over every dimension, or of another type (dtype=), has no description op; give dim=")
     source = n.args[0]
+    rank = len(source.meta["tensor_meta"].shape) if _is_tensor(source) else 0
+    dims = sorted({int(d) % max(rank, 1) for d in ([dims] if isinstance(dims, int) else dims)})
+    return _summed(n, source, dims, bool(_arg(n, 2, "keepdim", False)), gm, alias)
+
+
+def _summed(n: fx.Node, source: fx.Node, dims: list[int], keepdim: bool, gm: fx.GraphModule,
+            alias: dict[str, str]) -> list[Node]:
+    """The nodes of ``n``, ``source`` summed over ``dims`` (counted from the front, sorted): the mean over them times
+    their elements' count (:func:`_sum_nodes`); over the batch's, ``ValueError``."""
     _network_tensor(source, alias, "sum")
     shape = [int(v) for v in source.meta["tensor_meta"].shape]
-    dims = sorted({int(d) % len(shape) for d in ([dims] if isinstance(dims, int) else dims)})
     if 0 in dims:
         raise ValueError("a sum over the batch dimension (dim 0) has no description op")
     taken = {x.name for x in gm.graph.nodes}
     mean = next(name for name in (f"{n.name}_{i}" for i in range(1, 99)) if name not in taken)
     count = float(np.prod([shape[d] for d in dims]))
     alias[n.name] = n.name
-    return [Node(mean, "mean", [alias[source.name]], {"dims": dims, "keepdim": bool(_arg(n, 2, "keepdim", False))},
-                 _shape(n)),
+    return [Node(mean, "mean", [alias[source.name]], {"dims": dims, "keepdim": keepdim}, _shape(n)),
             Node(n.name, "mul", [mean], {"scalar": count}, _shape(n))]
 
 
@@ -603,6 +610,19 @@ def _einsum_permutation(equation: str) -> list[int] | None:
     return [source.index(letter) for letter in out]
 
 
+def _einsum_sum_dims(equation: str) -> list[int] | None:
+    """Where the einsum ``equation`` of one operand sums it over letters the result leaves out, the others in their
+    order (``"bij->bi"``, ``"bchw->bc"``: torch's sum over those dims), those dims; None for any other form."""
+    terms = equation.replace(" ", "").split("->")
+    if len(terms) != 2 or "," in terms[0] or not terms[0].isalpha() or len(set(terms[0])) != len(terms[0]):
+        return None
+    source, out = terms
+    kept = [letter for letter in source if letter in out]
+    if "".join(kept) != out or len(out) == len(source):
+        return None
+    return [i for i, letter in enumerate(source) if letter not in out]
+
+
 def _matrix_product_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Node] | None:
     """``a @ b`` of two of the network's tensors (torch.matmul, bmm, an einsum of a batched matrix product: a
     non-local block's, a hand-written self-attention's): the op matmul, after a transpose of the last two dims of an
@@ -620,12 +640,16 @@ def _matrix_product_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str])
             _network_tensor(operands[0], alias, "einsum")
             alias[n.name] = n.name
             return [Node(n.name, "permute", [alias[operands[0].name]], {"dims": dims}, _shape(n))]
+        summed = _einsum_sum_dims(equation) if isinstance(equation, str) and len(operands) == 1 else None
+        if summed is not None and _is_tensor(operands[0]):  # a sum over the letters left out
+            return _summed(n, operands[0], summed, False, gm, alias)
         form = _batched_matmul_form(equation) if isinstance(equation, str) else None
         if form is None or len(operands) != 2:
             raise ValueError(f"an einsum of the form {equation!r} has no description op (only a batched matrix "
                              "product of two tensors, e.g. 'bij,bjk->bik', either operand's last two letters "
-                             "swapped, is the op matmul, and a reordering of one tensor's letters after the batch's, "
-                             "e.g. 'bchw->bhwc', the op permute)")
+                             "swapped, is the op matmul, a reordering of one tensor's letters after the batch's, "
+                             "e.g. 'bchw->bhwc', the op permute, and one tensor's sum over letters left out, e.g. "
+                             "'bchw->bc', a sum)")
         transposed = form
     if len(operands) != 2 or not all(_is_tensor(a) for a in operands):
         return None
