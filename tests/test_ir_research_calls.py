@@ -1068,3 +1068,20 @@ def test_an_einsum_summing_one_tensor_is_its_sum(batch):
     assert _as_replayed(model) == _as_replayed(record_events(desc, batch, steps=2, method="trace"))
     with pytest.raises(UserError, match=r"a sum over the batch dimension \(dim 0\) has no description op"):
         describe(_Probe(lambda y: y + torch.einsum("bchw->chw", y)), SHAPE, name="refused")
+
+
+def test_a_training_only_layer_is_found_in_a_forward_reading_a_dtype():
+    """Layers called in training only are found by tracing the forward in training; that trace was torch.fx's plain
+    one, which stops at ``torch.finfo(y.dtype)`` and then found none: the auxiliary head was left out without a word
+    (its weights counted unused). It is traced as the description is, and the model refused naming the layer."""
+    class Auxiliary(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.fc, self.aux = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(512, 10), nn.Linear(512, 10)
+
+        def forward(self, x):
+            y = self.conv(x)
+            y = y.masked_fill(y < 0, torch.finfo(y.dtype).min).softmax(-1).flatten(1)
+            return self.fc(y) + self.aux(y) if self.training else self.fc(y)
+    with pytest.raises(UserError, match=r"its forward calls aux in training only"):
+        describe(Auxiliary(), SHAPE, name="auxiliary")

@@ -286,7 +286,7 @@ def _described(module: nn.Module, input_shape: list[int], name: str, network: st
     desc.params = count_params(desc)
     unused = _unread_params(module, gm.graph)
     if unused > 0:  # weights no layer of the (eval-mode) forward reads: only then is the forward traced in training
-        in_training = _training_only_layers(module, gm.graph)
+        in_training = _training_only_layers(module, gm.graph, input_shape)
         if in_training:
             raise UserError(f"{name}: its forward calls {', '.join(in_training[:3])}"
                             f"{' ...' if len(in_training) > 3 else ''} in training only (an `if self.training` "

@@ -16,7 +16,7 @@ from torch import nn
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import ONE_TENSOR_OPS, PARAMETER_OPS, SHARES, Node
 from perf4sight.ir.fx_values import _target_name
-from perf4sight.ir.torch_trace import _Tracer, in_mode
+from perf4sight.ir.torch_trace import _trace, in_mode
 from perf4sight.ir.torch_calls import _RESHAPES, _op_of
 
 
@@ -104,15 +104,22 @@ def _shared_layers(gm: fx.GraphModule, where: str) -> None:
                                 "description gives each layer weights of its own, which would count it twice")
 
 
-def _training_only_layers(module: nn.Module, eval_graph: fx.Graph) -> list[str]:
+def _training_only_layers(module: nn.Module, eval_graph: fx.Graph, input_shape: list[int]) -> list[str]:
     """The layers with weights that ``module``'s forward calls in training only (an auxiliary head under ``if
     self.training``), which a description of its eval-mode forward leaves out; [] where the training-mode forward
-    cannot be traced."""
+    cannot be traced. Traced as the description is (:func:`_trace` at ``input_shape``: a tensor's dtype read, a loop
+    over a chunk's pieces), the module's buffers put back after (a value the trace is told by running the forward up
+    to it ran that forward's updates of them in training)."""
+    kept = [(b, b.detach().clone()) for b in module.buffers() if not nn.parameter.is_lazy(b)]
     try:
         with in_mode(module, training=True):
-            graph = _Tracer().trace(module)
+            graph = _trace(module, input_shape)
     except Exception:  # a forward torch.fx cannot follow in training: nothing to compare
         return []
+    finally:
+        with torch.no_grad():
+            for b, value in kept:
+                b.copy_(value)
     called = {n.target for n in eval_graph.nodes if n.op == "call_module"}
     return sorted(n.target for n in graph.nodes if n.op == "call_module" and n.target not in called
                   and next(module.get_submodule(n.target).parameters(), None) is not None)
