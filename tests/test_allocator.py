@@ -2716,3 +2716,25 @@ def test_a_matmul_the_allocation_model_does_not_follow_goes_to_the_trace(case, m
         record_events(desc, 3, method="model")
     auto, traced = record_events(desc, 3, steps=2), record_events(desc, 3, steps=2, method="trace")
     assert _as_replayed(auto) == _as_replayed(traced)
+
+
+@pytest.mark.parametrize("batches", [(65521,), (2, 5)])
+def test_a_simulated_trace_holds_its_events_as_arrays(batches):
+    """simulate's trace holds the recorded events' kinds (int8), tensors (int64) and each size split into a
+    constant and a per-sample part (floats), read a field at a time: as the events' own columns give them."""
+    from perf4sight.features.alloc_trace import clear_cache, simulate
+    from perf4sight.networks.zoo import describe_zoo
+    desc = describe_zoo("maxvit_t", [3, 224, 224])
+    clear_cache()
+    trace = simulate(desc, batches)
+    runs = record_runs(desc, batches)
+    kinds, tensors, sizes, _ = zip(*runs[0])
+    assert trace.kind.dtype == np.int8 and trace.tensor.dtype == np.int64
+    assert trace.kind.tolist() == list(kinds) and trace.tensor.tolist() == list(tensors)
+    assert trace.const.dtype == trace.per_sample.dtype == np.float64
+    b = batches[0]
+    assert (trace.const + trace.per_sample * b).tolist() == [float(s) for s in sizes]
+    if len(batches) == 2:
+        assert (trace.const + trace.per_sample * batches[1]).tolist() == [float(s) for _, _, s, _ in runs[1]]
+    else:  # a size divisible by the probe batch is per sample
+        assert trace.per_sample.tolist() == [s // b if s % b == 0 and s > 0 else 0 for s in sizes]
