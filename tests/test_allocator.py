@@ -178,7 +178,7 @@ def test_the_backward_pass_orders_a_node_s_temporaries_sums_and_gradients_as_wri
 def test_contiguous_strides_are_remembered_for_tuples_and_given_for_lists():
     """The allocation model's contiguous strides, remembered per shape (a MaxViT asks 1,900 times for a few hundred
     shapes): a list gives what its tuple gives, and every shape its own strides."""
-    from perf4sight.features.alloc_model import _strides
+    from perf4sight.features.alloc_strides import _strides
 
     assert _strides((2, 3, 4, 5)) == _strides([2, 3, 4, 5]) == (60, 20, 5, 1)
     assert _strides((5, 4, 3, 2)) == (24, 6, 2, 1)
@@ -192,8 +192,8 @@ def test_the_remembered_layout_helpers_answer_as_they_work_it_out():
     dimensions, the answer remembered, asked again and asked with lists is the one worked out afresh."""
     from itertools import permutations
 
-    from perf4sight.features.alloc_model import (_iterated_full, _iterated_full_of, _normal, _normal_of, _strided_view,
-                                                 _strides, _view)
+    from perf4sight.features.alloc_strides import (_iterated_full, _iterated_full_of, _normal, _normal_of,
+                                                   _strided_view, _strides, _view)
     assert _view((2, 3, 4), (12, 1, 3), (6, 4)) == (False, None)  # a transpose: no view merges it
     assert _view((2, 3, 4), (12, 4, 1), (6, 4)) == (True, None)
     for shape in [(2, 3, 4, 5), (2, 1, 4, 5), (6, 1, 1)]:
@@ -1849,7 +1849,7 @@ def test_the_modelled_layout_of_an_elementwise_result_is_torch_s(layouts):
     ones torch gives it (TensorIterator's order of the dimensions, the first operand's first)."""
     import torch
 
-    from perf4sight.features.alloc_model import _iterated, _strides
+    from perf4sight.features.alloc_strides import _iterated, _strides
 
     shape = (3, 5, 4, 2)
 
