@@ -17,7 +17,7 @@ from perf4sight.ir.schema import Node
 from perf4sight.ir.shapes import window_pair
 
 if TYPE_CHECKING:  # annotations only
-    from perf4sight.features.alloc_model import _Repeat
+    from perf4sight.features.alloc_repeat import _Repeat
 
 
 FLOAT, INT64 = 4, 8
