@@ -153,7 +153,7 @@ def test_the_backward_pass_orders_a_node_s_temporaries_sums_and_gradients_as_wri
     scratch after the gradients, a broadcast input's gradient summed down after them (input order, not the
     computing order), then the incoming gradient and the saved tensors dropped, and AccumulateGrad marks; every id
     and size spelled out."""
-    from perf4sight.features.alloc_model import _backward
+    from perf4sight.features.alloc_backward import _backward
     from perf4sight.features.alloc_values import ACCUMULATED, FLOAT, _GradFn, _Memory
 
     mem = _Memory()
