@@ -36,8 +36,11 @@ def _plan(tmp: Path, backend: str, batch_sizes: list[int]) -> Path:
 
 @pytest.fixture
 def simulated_gpu(monkeypatch):
-    """Children see an 8 MiB simulated GPU plus the fake pynvml and jtop."""
+    """Children see an 8 MiB simulated GPU plus the fake pynvml and jtop, and run torch on one thread (the simulated
+    GPU's kernels are the host's: on a 2-core host running the suite's other worker, the three tests that measure
+    spent 22 s of CPU at two threads, 19.5 s at one; the plans' threads stay unset, as a GPU device's are)."""
     monkeypatch.setenv("PYTHONPATH", str(FAKES))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("P4S_SIM_CUDA_MB", "8")
     monkeypatch.delenv("P4S_FAKE_JTOP", raising=False)
     monkeypatch.delenv("P4S_FAKE_NVML_CRASH", raising=False)
