@@ -138,7 +138,7 @@ def test_two_description_files_of_one_network_are_named_with_why_they_clash(tmp_
 def test_stage_makes_a_vit_and_convnext_style_networks(tmp_path: Path) -> None:
     """The networks stage builds a ViT for the configured input, prunes its MLPs (its token width kept whole, said in
     the description), and generates networks of the convnext style when named; a ViT at an input it cannot take
-    is one line from the CLI, exit code 2."""
+    is one line from the CLI, exit code 2, said before torchvision loads (every import of it refused here)."""
     text = ('[networks]\nzoo = ["vit_b_32"]\ninput_shape = [3, 32, 32]\nnum_classes = 10\n'
             '[networks.pruning]\nlevels = [0, 30]\n[networks.generator]\ncount = 1\nstyles = ["convnext"]\n')
     (tmp_path / "config.toml").write_text(text)
@@ -149,9 +149,15 @@ def test_stage_makes_a_vit_and_convnext_style_networks(tmp_path: Path) -> None:
     assert {"attention", "token", "shift"} <= {n.op for n in vit.nodes} and abs(vit.pruning_level - 30) <= 2
     assert rows[2]["styles"] == "convnext|convnext|convnext|convnext"
     (tmp_path / "config.toml").write_text(text.replace("[3, 32, 32]", "[3, 48, 48]"))
-    run = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "main.py"), "--config",
-                          str(tmp_path / "config.toml"), "--stage", "networks"], capture_output=True, text=True,
-                         cwd=tmp_path, timeout=300)
+    refuse = ("import os, runpy, sys\nclass Refuse:\n    def find_spec(self, name, path=None, target=None):\n"
+              "        if name.split('.')[0] == 'torchvision':\n"
+              "            raise ImportError('torchvision refused by the test')\n"
+              "sys.meta_path.insert(0, Refuse())\nsys.argv = sys.argv[1:]\n"
+              "sys.path.insert(0, os.path.dirname(sys.argv[0]))\n"
+              "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    run = subprocess.run([sys.executable, "-c", refuse, str(Path(__file__).resolve().parents[1] / "main.py"),
+                          "--config", str(tmp_path / "config.toml"), "--stage", "networks"], capture_output=True,
+                         text=True, cwd=tmp_path, timeout=300)
     assert run.returncode == 2, run.stderr[-2000:]
     (line,) = run.stderr.strip().splitlines()
     assert "'vit_b_32': a ViT takes square images whose side is a multiple of its patch size 32" in line

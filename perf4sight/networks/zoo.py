@@ -61,14 +61,14 @@ def build_zoo_model(name: str, num_classes: int = 1000, input_shape: list[int] |
     images of ``input_shape`` ([C, H, W], square, a multiple of its patch size; 224x224 when not given), else
     ``UserError``."""
     _check_name(name)
-    import torchvision.models as tvm  # host side only: devices never import torchvision
-
-    builder: Callable[..., nn.Module] = getattr(tvm.segmentation if name in SEGMENTATION_NAMES else tvm, name)
-    kwargs = dict(_BUILD_KWARGS[name])
+    kwargs = dict(_BUILD_KWARGS[name])  # a shape the network cannot take is refused before torchvision loads
     if name in _VIT_PATCH and input_shape is not None:
         kwargs["image_size"] = _vit_image_size(name, input_shape)
     if name.startswith("maxvit_") and input_shape is not None:
         kwargs["input_size"] = (_maxvit_image_size(name, input_shape),) * 2
+    import torchvision.models as tvm  # host side only: devices never import torchvision
+
+    builder: Callable[..., nn.Module] = getattr(tvm.segmentation if name in SEGMENTATION_NAMES else tvm, name)
     return builder(weights=None, num_classes=num_classes, **kwargs)
 
 
