@@ -208,32 +208,31 @@ def test_all_stages_then_predict_json(all_stages, tmp_path, cli_here):
         writer.writeheader()
         writer.writerows(measured)
     os.utime(csv_path, (csv_path.stat().st_atime, csv_path.stat().st_mtime + 60))  # later than the fingerprint
-    stale = main_py(tmp_path, "--stage", "predict", "--network", "resnet18", "--batch-size", "2")
+    stale = here("--stage", "predict", "--network", "resnet18", "--batch-size", "2")
     assert "local: " in stale.stderr and "changed after its fingerprint was fitted" in stale.stderr
     # squeezenet's layers under resnet18's name: predicted as a family never seen, and told so
     (squeeze,) = [r for r in manifest if r["network"] == "squeezenet1_1_l0"]
     impostor = json.loads((tmp_path / "models" / squeeze["path"]).read_text()) | {"name": "sq", "network": "resnet18"}
     (tmp_path / "sq.json").write_text(json.dumps(impostor))
-    named = main_py(tmp_path, "--stage", "predict", "--network", str(tmp_path / "sq.json"), "--batch-size", "2")
+    named = here("--stage", "predict", "--network", str(tmp_path / "sq.json"), "--batch-size", "2")
     assert named.returncode == 0 and ("note: sq (resnet18): named as a training family but with other layers than "
                                       "its training networks") in " ".join(named.stderr.split())
-    unknown = main_py(tmp_path, "--stage", "predict", "--network", "resnet18", "--max-batch-size")
+    unknown = here("--stage", "predict", "--network", "resnet18", "--max-batch-size")
     assert unknown.returncode == 2 and "capacity is unknown" in unknown.stderr  # no oom row, no limit
     (tmp_path / "config.toml").write_text(CONFIG.replace('backend = "cpu"', 'backend = "cpu"\nmemory_limit_mb = 100'))
     low = here("--stage", "fingerprint")  # a limit set after the rows were measured under none
     assert low.returncode == 0 and "8 ok rows (resnet18_l0, resnet18_l50, squeezenet1_1_l0, ...) peaked above " \
         "[devices.local] memory_limit_mb = 100 MiB" in " ".join(low.stderr.split())
     (tmp_path / "config.toml").write_text(CONFIG.replace('backend = "cpu"', 'backend = "cpu"\nmemory_limit_mb = 2000'))
-    refit = main_py(tmp_path, "--stage", "fingerprint")  # the limit is the capacity now
+    refit = here("--stage", "fingerprint")  # the limit is the capacity now
     assert refit.returncode == 0 and "MAPE" in refit.stdout  # without --json the tables are on stdout
-    big = main_py(tmp_path, "--stage", "predict", "--network", "resnet18", "--max-batch-size", "4096", "--json")
+    big = here("--stage", "predict", "--network", "resnet18", "--max-batch-size", "4096", "--json")
     assert big.returncode == 0, big.stderr
     (found,) = [json.loads(line) for line in big.stdout.splitlines()]
     assert set(found) == {"network", "max_batch_size", "search_limit", "capacity_mb", "latency_ms", "memory_mb"}
     b = found["max_batch_size"]
     assert found["capacity_mb"] == 2000 and 1 <= b < 4096 and found["memory_mb"] <= 2000
-    over = main_py(tmp_path, "--stage", "predict", "--network", "resnet18",
-                   "--batch-size", str(b), str(b + 1), "--json")
+    over = here("--stage", "predict", "--network", "resnet18", "--batch-size", str(b), str(b + 1), "--json")
     assert [json.loads(line)["fits"] for line in over.stdout.splitlines()] == [True, False]
     # a family never seen (no tree corrections): the search reads the memory that predict gives it too
     import torchvision
@@ -243,7 +242,7 @@ def test_all_stages_then_predict_json(all_stages, tmp_path, cli_here):
     fp = load_fingerprint(tmp_path / "fingerprinting" / "local")
     b0 = fp.max_batch_size(unseen, 4096)
     assert [p["fits"] for p in fp.predict(unseen, [b0, b0 + 1])] == [True, False]
-    table = main_py(tmp_path, "--stage", "predict", "--network", "resnet18", "--batch-size", str(b + 1))
+    table = here("--stage", "predict", "--network", "resnet18", "--batch-size", str(b + 1))
     # the table says what 'fits' means (to 0.1 MiB where a row's memory would read as the capacity: _capacity_mib)
     assert table.returncode == 0 and re.search(r"fits: under 2,000(\.0)? MiB", table.stdout), table.stdout
     # the least pruning at which resnet18 fits a batch it does not fit unpruned: the level below it does not fit
@@ -256,11 +255,11 @@ def test_all_stages_then_predict_json(all_stages, tmp_path, cli_here):
     level = least["pruning_level"]
     assert 0 < level < 99 and least["fits"] is True and least["variant"] == f"resnet18_l{level}"
     assert least["network"] == "resnet18" and abs(least["achieved_level"] - level) <= 2
-    below = main_py(tmp_path, "--stage", "predict", "--network", f"resnet18_l{level - 1}", f"resnet18_l{level}",
-                    "--batch-size", str(b + 1), "--json")
+    below = here("--stage", "predict", "--network", f"resnet18_l{level - 1}", f"resnet18_l{level}",
+                 "--batch-size", str(b + 1), "--json")
     assert [json.loads(line)["fits"] for line in below.stdout.splitlines()] == [False, True]
     assert "searched by bisection over pruning levels 0..99" in " ".join(prune.stderr.split())
-    wrong = main_py(tmp_path, "--stage", "predict", "--network", "gen_0_0", "--batch-size", "2", "--prune-to-fit")
+    wrong = here("--stage", "predict", "--network", "gen_0_0", "--batch-size", "2", "--prune-to-fit")
     assert wrong.returncode == 2 and "--prune-to-fit: gen_0_0: cannot be pruned here" in wrong.stderr
     # your own code, named on the command line (FILE.py:FUNCTION): predicted, and pruned as [networks] factories are
     shutil.copy(ROOT / "models" / "imagenet" / "tiny_nets.py", tmp_path / "nets.py")
@@ -285,7 +284,7 @@ def test_all_stages_then_predict_json(all_stages, tmp_path, cli_here):
     from perf4sight.stages import _parameter_notes
     _parameter_notes([SimpleNamespace(name="odd", extra={"unused_params": "1000"}),  # a hand-written file's: none
                          SimpleNamespace(name="flag", extra={"unused_params": True})])
-    alone = main_py(tmp_path, "--stage", "predict", "--network", "resnet18", "--max-latency-ms", "5")
+    alone = here("--stage", "predict", "--network", "resnet18", "--max-latency-ms", "5")
     assert alone.returncode == 2 and "--max-latency-ms is the step-time budget of --prune-to-fit" in alone.stderr
 
 
@@ -320,7 +319,7 @@ def test_gnn_ensemble_and_perfseer_round_trip_through_the_cli(all_stages, tmp_pa
     (cached,) = (tmp_path / "models" / "zoo-cache").glob("resnet18-3x32x32-*.json")
     api = load_predictor(fp_dir, "gnn").predict(load_description(cached), [2, 8])
     assert [{k: round(v, 3) if isinstance(v, float) else v for k, v in p.items()} for p in api] == preds
-    missing = main_py(tmp_path, "--stage", "predict", "--predictor", "ensemble", "--network", "resnet18")
+    missing = here("--stage", "predict", "--predictor", "ensemble", "--network", "resnet18")
     assert missing.returncode == 2 and "trees" in missing.stderr  # the ensemble needs the trees too
 
     assert here("--stage", "fingerprint", "--predictor", "trees").returncode == 0
@@ -329,36 +328,34 @@ def test_gnn_ensemble_and_perfseer_round_trip_through_the_cli(all_stages, tmp_pa
     assert ens.returncode == 0, ens.stderr[-3000:]
     assert not {"torch", "torch_geometric"} & imported(ens.stderr)  # the GNN runs in numpy; resnet18 described before
     (e,) = [json.loads(line) for line in ens.stdout.splitlines()]  # --json: stdout is JSON lines only (notes: stderr)
-    t = json.loads(main_py(tmp_path, "--stage", "predict", "--predictor", "trees", "--network", "resnet18",
-                           "--batch-size", "2", "--json").stdout)
+    t = json.loads(here("--stage", "predict", "--predictor", "trees", "--network", "resnet18", "--batch-size", "2",
+                        "--json").stdout)
     # the ensemble is the geometric mean of trees and GNN (figures printed to 0.001 ms, so within 0.002)
     assert abs(e["latency_ms"] - (t["latency_ms"] * preds[0]["latency_ms"]) ** 0.5) < 2e-3
     shutil.copytree(fp_dir, tmp_path / "fingerprinting" / "other")  # another device's folder under this name
     for predictor in ("trees", "gnn", "ensemble"):
-        borrowed = main_py(tmp_path, "--stage", "predict", "--device", "other", "--predictor", predictor,
-                           "--network", "resnet18", "--batch-size", "2")
+        borrowed = here("--stage", "predict", "--device", "other", "--predictor", predictor, "--network", "resnet18",
+                        "--batch-size", "2")
         assert borrowed.returncode == 2 and "holds a fingerprint of device 'local', not of 'other'" in borrowed.stderr
 
-    exp = main_py(tmp_path, "--stage", "export", "--format", "perfseer", "--output", str(tmp_path / "ds"))
+    exp = here("--stage", "export", "--format", "perfseer", "--output", str(tmp_path / "ds"))
     assert exp.returncode == 0, exp.stderr
     assert len(list((tmp_path / "ds").glob("*.pkl"))) == len(list((tmp_path / "ds").glob("*.txt"))) == 8
-    twice = main_py(tmp_path, "--stage", "export", "--format", "perfseer", "--output", str(tmp_path / "ds"))
+    twice = here("--stage", "export", "--format", "perfseer", "--output", str(tmp_path / "ds"))
     assert twice.returncode == 2 and "is not empty; export into a new or empty folder" in twice.stderr
     assert len(list((tmp_path / "ds").iterdir())) == 16
-    imp = main_py(tmp_path, "--stage", "import", "--format", "perfseer", "--source", str(tmp_path / "ds"),
-                  "--device", "copy")
+    imp = here("--stage", "import", "--format", "perfseer", "--source", str(tmp_path / "ds"), "--device", "copy")
     assert imp.returncode == 0, imp.stderr
     assert "copy: 4 networks read from" in imp.stdout and "8 new rows" in imp.stdout
-    into_own = main_py(tmp_path, "--stage", "import", "--format", "perfseer", "--source", str(tmp_path / "ds"),
-                       "--device", "local")  # the profiled device's own CSV is never mixed with imported rows
+    into_own = here("--stage", "import", "--format", "perfseer", "--source", str(tmp_path / "ds"),
+                    "--device", "local")  # the profiled device's own CSV is never mixed with imported rows
     assert into_own.returncode == 2 and "'local' is a device of" in into_own.stderr
     mine = list(csv.DictReader((tmp_path / "profiling_csvs" / "local" / "measurements.csv").open()))
     theirs = list(csv.DictReader((tmp_path / "profiling_csvs" / "copy" / "measurements.csv").open()))
     assert sorted((r["network"], r["batch_size"], float(r["latency_ms_median"])) for r in theirs) == \
         sorted((r["network"], r["batch_size"], float(r["latency_ms_median"])) for r in mine)
     shutil.rmtree(tmp_path / "models")  # the rows lose their descriptions (the imported ones and the manifest's)
-    empty = main_py(tmp_path, "--stage", "export", "--format", "perfseer", "--output", str(tmp_path / "ds2"),
-                    "--device", "copy")
+    empty = here("--stage", "export", "--format", "perfseer", "--output", str(tmp_path / "ds2"), "--device", "copy")
     assert empty.returncode == 2 and "device 'copy' has no ok measurement whose network has a description" in \
         empty.stderr and not (tmp_path / "ds2").exists()
 
