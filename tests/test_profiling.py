@@ -348,28 +348,31 @@ def test_erroring_network_gives_error_rows_and_sweep_continues(tmp_path):
     assert summary.error == 2 and len(summary.errors) == 2
 
 
-def test_a_drift_reference_is_measured_around_the_new_measurements_only(tmp_path):
+def test_a_drift_reference_is_measured_around_the_new_measurements_only(measured, tmp_path):
     """``reference_every = 2``: the reference (the plan's first network unless named, at the smallest batch size
-    unless given) before the first new measurement, after every second and after the last, and never on a rerun
-    that measures nothing."""
-    a, b = write_net(tmp_path, "a", width=4), write_net(tmp_path, "b", width=4)
+    unless given) before the first new measurement, after every second and after the last, and never around a row
+    measured before (the module fixture's tiny @ 1, copied in) or on a rerun that measures nothing."""
+    a, b = write_net(tmp_path, "tiny"), write_net(tmp_path, "b", width=4)  # tiny: the fixture's description
     cfg = load_config(write_config(tmp_path))
+    csv_path = results.results_path(cfg.profiling_dir, "local")
+    csv_path.parent.mkdir(parents=True)
+    csv_path.write_text("".join(measured[2].csv_path.read_text().splitlines(keepends=True)[:2]))
     cfg.profile.reference_every = 2
     cfg.profile.reference_network, cfg.profile.reference_batch_size = "b", 2
     events: list[dict] = []
     summary = profile_local(cfg, "local", [a, b], progress=events.append)
-    assert summary.ok == 4
+    assert (summary.ok, summary.already_measured) == (3, 1)
     kinds = [e["event"] for e in events if e["event"] in ("row", "reference")]
-    assert kinds == ["reference", "row", "row"] * 2 + ["reference"]
+    assert kinds == ["reference", "row", "row", "reference", "row", "reference"]
     refs = results.read_rows(results.references_path(cfg.profiling_dir, "local"))
     assert [(r["network"], r["batch_size"], r["status"]) for r in refs] == [("b", "2", "ok")] * 3
     assert all(float(r["latency_ms_median"]) > 0 and r["timestamp"] for r in refs)
     from perf4sight.fingerprint.api import fit_device
     from perf4sight.ir.schema import load_description
     meta = fit_device(cfg, "local", {p.stem: load_description(p) for p in (a, b)})
-    drift = meta["drift_reference"]  # every row lies between two references: each is corrected
+    drift = meta["drift_reference"]  # every new row lies between two references: each is corrected
     assert drift["applied"] and (drift["network"], drift["batch_size"], drift["measurements"]) == ("b", 2, 3)
-    assert drift["rows_corrected"] == 4 and drift["rows_outside_span"] == 0
+    assert drift["rows_corrected"] == 3 and drift["rows_outside_span"] == 1  # the copied row, measured before
     assert profile_local(cfg, "local", [a, b], progress=False).already_measured == 4
     assert len(results.read_rows(results.references_path(cfg.profiling_dir, "local"))) == 3
     cfg.profile.reference_network = "c"
@@ -378,7 +381,7 @@ def test_a_drift_reference_is_measured_around_the_new_measurements_only(tmp_path
         profile_local(cfg, "local", [a, b], progress=False)
     from perf4sight.profiling.fleet import profile_devices  # the stage names the config's key, before any device
     with pytest.raises(UserError, match=r"config.toml: \[profile\] reference_network 'c' is not one of the "
-                                        r"networks to profile \(a, b\)"):
+                                        r"networks to profile \(tiny, b\)"):
         profile_devices(cfg, ["local"], [a, b], show_progress=False)
 
 
