@@ -135,7 +135,8 @@ def test_image_to_image_networks_profiled_and_fitted_with_mse_beside_cross_entro
     assert "training step: SGD with momentum, MSE loss" in fitted.stdout
     assert json.loads((tmp_path / "fingerprinting" / "local" / "metadata.json").read_text())["loss"] == "mse"
     asked = ["--stage", "predict", "--network", "narrow_l0", "--batch-size", "2", "--json"]
-    plain, other = _main(tmp_path, "mse", *asked), _main(tmp_path, "mse", *asked, "--loss", "cross_entropy")
+    plain, other = (_main(tmp_path, "mse", *asked, *extra, here=cli_here)  # in this process: its output checked
+                    for extra in ((), ("--loss", "cross_entropy")))
     assert "fitted on steps with loss mse; predicted for loss cross_entropy" in other.stderr
     assert "predicted for loss" not in plain.stderr
     assert json.loads(other.stdout)["memory_mb"] != json.loads(plain.stdout)["memory_mb"]  # its labels, its loss
@@ -149,7 +150,7 @@ def test_image_to_image_networks_profiled_and_fitted_with_mse_beside_cross_entro
         ("cross_entropy", "wide_l0", "1", "ok")]
     assert all(float(r["latency_ms_median"]) > 0 for r in rows)
     # a loss no row measured: the device is passed over with a note, and the stage stops saying which losses it has
-    none = _main(tmp_path, "mse", "--stage", "fingerprint", "--loss", "l1", code=2)
+    none = _main(tmp_path, "mse", "--stage", "fingerprint", "--loss", "l1", code=2, here=cli_here)
     assert "local: not fitted: its rows are of steps with loss cross_entropy and mse, none with l1" in none.stderr
     assert "has no rows of a training step with loss l1 ([profile] loss)" in none.stderr
 
