@@ -39,7 +39,7 @@ def quiet_load():
 #: ``-n 2 --dist loadfile`` end together. xdist's own order (files with the most tests first) left
 #: test_end_to_end.py (3 tests, 77 s) for last: one worker ran it alone for about a minute while the other had
 #: finished. A file not named here follows them, in collection order.
-LONGEST_FILES = {"test_ir.py": 132, "test_profiling.py": 85, "test_remote_reruns.py": 85, "test_networks.py": 82,
+LONGEST_FILES = {"test_ir.py": 119, "test_profiling.py": 85, "test_remote_reruns.py": 85, "test_networks.py": 82,
                  "test_profiling_signals.py": 81, "test_end_to_end.py": 76, "test_optimizers.py": 52,
                  "test_remote.py": 54, "test_perfseer_round_trip.py": 49, "test_features.py": 30,
                  "test_allocator.py": 29, "test_profile_stage_notes.py": 47, "test_packaging.py": 26,

@@ -241,26 +241,40 @@ def test_maxvit_computes_what_torchvisions_computes():
     """torchvision's MaxViT-T (MBConv blocks, then block and grid attention over 7x7 partitions of the map, each
     attention with a relative position bias table; the partitions as reshapes and permutes, the grid's axes swapped
     as a transpose) describes and rebuilds, with torch alone, to the same function with the same parameters, and
-    the rebuilt network trains. It takes 224x224 images (or a multiple)."""
+    the rebuilt network trains. MaxViT-T takes 224x224 images (or a multiple): its description and rebuilt
+    parameters are checked at 224x224, and the function and the training step on a small MaxViT of the same class
+    and partition size (two stages, 56x56 images: a 7x7 map in its last stage, as MaxViT-T has; seconds less)."""
+    from torchvision.models.maxvit import MaxVit
+
     from perf4sight.ir.to_torch import GroupAttention
+
+    def rebuilt_copy(original: nn.Module, shape: list[int], name: str) -> tuple[NetworkDescription, nn.Module]:
+        desc = NetworkDescription.from_dict(json.loads(describe(original, shape, name=name).to_json()))
+        rebuilt = build_module(desc).eval()
+        for old, new in zip(original.parameters(), rebuilt.parameters()):
+            assert old.shape == new.shape
+            new.data.copy_(old.data)
+        tables = [m.relative_position_bias_table for m in rebuilt.modules() if isinstance(m, GroupAttention)]
+        assert tables and all(t.abs().sum() > 0 for t in tables)  # the biases were copied too
+        return desc, rebuilt
 
     torch.manual_seed(0)
     original = build_zoo_model("maxvit_t", 10, [3, 224, 224]).eval()
-    desc = NetworkDescription.from_dict(json.loads(describe(original, [3, 224, 224], name="maxvit_t").to_json()))
+    desc, rebuilt = rebuilt_copy(original, [3, 224, 224], "maxvit_t")
     attentions = [n for n in desc.nodes if n.op == "group_attention"]
     assert len(attentions) == 2 * (2 + 2 + 5 + 2) and all(n.attrs["window_size"] == [7, 7] for n in attentions)
     assert [n.attrs["num_heads"] for n in attentions][::2] == [2, 2, 4, 4] + [8] * 5 + [16, 16]
     assert attentions[0].output_shape == [64, 49, 64] and desc.params == sum(p.numel() for p in original.parameters())
-    rebuilt = build_module(desc).eval()
-    for old, new in zip(original.parameters(), rebuilt.parameters()):
-        assert old.shape == new.shape
-        new.data.copy_(old.data)
-    tables = [m.relative_position_bias_table for m in rebuilt.modules() if isinstance(m, GroupAttention)]
-    assert len(tables) == 22 and all(t.abs().sum() > 0 for t in tables)  # the biases were copied too
-    x = torch.randn(2, 3, 224, 224)
+    assert len([m for m in rebuilt.modules() if isinstance(m, GroupAttention)]) == 22
+    # stem 16 channels, stages of 16 and 32 channels (2 and 4 heads of 8), 1 and 2 layers; stochastic depth on
+    small = MaxVit((56, 56), 16, 7, [16, 32], [1, 2], 8, 0.2, num_classes=10).eval()
+    desc, rebuilt = rebuilt_copy(small, [3, 56, 56], "small_maxvit")
+    assert [n.attrs["num_heads"] for n in desc.nodes if n.op == "group_attention"] == [2, 2] + [4] * 4
+    assert desc.params == sum(p.numel() for p in small.parameters())
+    x = torch.randn(2, 3, 56, 56)
     with torch.no_grad():
-        assert torch.equal(rebuilt(x), original(x))
-    assert tuple(train_one_step(rebuilt, [3, 224, 224], 10, batch=1).shape) == (1, 10)  # one image: 224x224's work
+        assert torch.equal(rebuilt(x), small(x))
+    assert tuple(train_one_step(rebuilt, [3, 56, 56], 10).shape) == (2, 10)
 
 
 def _train_per_pixel(module: nn.Module, shape: list[int], classes: int) -> torch.Tensor:
