@@ -34,17 +34,32 @@ def quiet_load():
         yield
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item) -> None:
+    """torch computes in the tests' own processes on one thread (the processes the tests start keep their settings:
+    a measuring child's threads are its plan's). torch's default is a thread per core: two on a 2-core machine, where
+    ``-n 2`` runs two workers, so each worker's second thread waits for a core, and OpenMP's threads spin while they
+    wait (a Swin's forward and training step in this process took 4-5 times the CPU at two threads than at one, for
+    the same results). Set before each test and its fixtures, as a test may change it (``measure_prices`` sets its
+    own), and torch may be imported late."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
 #: The test files that take longest (seconds of one worker of ``./dev.sh test`` on a 2-core machine, 2026-11-30,
 #: the sum of each file's phases among the 200 slowest): they go first, the longest first, so that the two workers of
 #: ``-n 2 --dist loadfile`` end together. xdist's own order (files with the most tests first) left
 #: test_end_to_end.py (3 tests, 77 s) for last: one worker ran it alone for about a minute while the other had
-#: finished. A file not named here follows them, in collection order.
-LONGEST_FILES = {"test_ir.py": 119, "test_profiling.py": 85, "test_remote_reruns.py": 85, "test_networks.py": 82,
+#: finished. A file not named here follows them, in collection order. test_ir, test_networks, test_perfseer_round_trip,
+#: test_features, test_allocator and test_fingerprint: estimates from their CPU at one torch thread in the test process
+#: against two (pytest_runtest_setup), until a full run measures them.
+LONGEST_FILES = {"test_ir.py": 35, "test_profiling.py": 85, "test_remote_reruns.py": 85, "test_networks.py": 53,
                  "test_profiling_signals.py": 81, "test_end_to_end.py": 76, "test_optimizers.py": 52,
-                 "test_remote.py": 54, "test_perfseer_round_trip.py": 49, "test_features.py": 30,
-                 "test_allocator.py": 29, "test_profile_stage_notes.py": 47, "test_packaging.py": 26,
+                 "test_remote.py": 54, "test_perfseer_round_trip.py": 31, "test_features.py": 19,
+                 "test_allocator.py": 19, "test_profile_stage_notes.py": 47, "test_packaging.py": 26,
                  "test_remote_setup.py": 37, "test_networks_stage.py": 19, "test_networks_rerun.py": 19,
-                 "test_losses.py": 19, "test_backends_gpu.py": 17, "test_fingerprint.py": 10, "test_config.py": 8}
+                 "test_losses.py": 19, "test_backends_gpu.py": 17, "test_fingerprint.py": 6, "test_config.py": 8}
 
 
 def pytest_configure(config) -> None:
