@@ -52,13 +52,13 @@ def pytest_runtest_setup(item) -> None:
 #: ``-n 2 --dist loadfile`` end together. xdist's own order (files with the most tests first) left
 #: test_end_to_end.py (3 tests, 77 s) for last: one worker ran it alone for about a minute while the other had
 #: finished. A file not named here follows them, in collection order. test_ir, test_networks, test_perfseer_round_trip,
-#: test_features, test_allocator and test_fingerprint: estimates from their CPU at one torch thread in the test process
-#: against two (pytest_runtest_setup), until a full run measures them.
+#: test_features, test_allocator, test_fingerprint, test_networks_stage and test_networks_rerun: estimates from their
+#: CPU at one torch thread in the test process against two (pytest_runtest_setup), until a full run measures them.
 LONGEST_FILES = {"test_ir.py": 35, "test_profiling.py": 85, "test_remote_reruns.py": 85, "test_networks.py": 53,
                  "test_profiling_signals.py": 81, "test_end_to_end.py": 76, "test_optimizers.py": 52,
                  "test_remote.py": 54, "test_perfseer_round_trip.py": 31, "test_features.py": 19,
                  "test_allocator.py": 19, "test_profile_stage_notes.py": 47, "test_packaging.py": 26,
-                 "test_remote_setup.py": 37, "test_networks_stage.py": 19, "test_networks_rerun.py": 19,
+                 "test_remote_setup.py": 37, "test_networks_stage.py": 14, "test_networks_rerun.py": 11,
                  "test_losses.py": 19, "test_backends_gpu.py": 17, "test_fingerprint.py": 6, "test_config.py": 8}
 
 
