@@ -48,18 +48,17 @@ def pytest_runtest_setup(item) -> None:
 
 
 #: The test files that take longest (seconds of one worker of ``./dev.sh test`` on a 2-core machine, 2026-11-30,
-#: the sum of each file's phases among the 200 slowest): they go first, the longest first, so that the two workers of
+#: the sum of each file's phases, ``--durations=0``): they go first, the longest first, so that the two workers of
 #: ``-n 2 --dist loadfile`` end together. xdist's own order (files with the most tests first) left
 #: test_end_to_end.py (3 tests, 77 s) for last: one worker ran it alone for about a minute while the other had
-#: finished. A file not named here follows them, in collection order. test_ir, test_networks, test_perfseer_round_trip,
-#: test_features, test_allocator, test_fingerprint, test_networks_stage and test_networks_rerun: estimates from their
-#: CPU at one torch thread in the test process against two (pytest_runtest_setup), until a full run measures them.
-LONGEST_FILES = {"test_ir.py": 35, "test_profiling.py": 85, "test_remote_reruns.py": 85, "test_networks.py": 53,
-                 "test_profiling_signals.py": 81, "test_end_to_end.py": 76, "test_optimizers.py": 52,
-                 "test_remote.py": 54, "test_perfseer_round_trip.py": 31, "test_features.py": 19,
-                 "test_allocator.py": 19, "test_profile_stage_notes.py": 47, "test_packaging.py": 26,
-                 "test_remote_setup.py": 37, "test_networks_stage.py": 14, "test_networks_rerun.py": 11,
-                 "test_losses.py": 19, "test_backends_gpu.py": 17, "test_fingerprint.py": 6, "test_config.py": 8}
+#: finished. A file not named here follows them, in collection order.
+LONGEST_FILES = {"test_profiling.py": 91, "test_remote_reruns.py": 90, "test_profiling_signals.py": 81,
+                 "test_remote.py": 65, "test_optimizers.py": 57, "test_allocator.py": 56, "test_end_to_end.py": 56,
+                 "test_profile_stage_notes.py": 41, "test_networks.py": 39, "test_ir.py": 29,
+                 "test_remote_setup.py": 29, "test_packaging.py": 24,
+                 "test_perfseer_round_trip.py": 20, "test_losses.py": 17, "test_backends_gpu.py": 16,
+                 "test_fingerprint.py": 15, "test_config.py": 15, "test_networks_stage.py": 14,
+                 "test_input_shape.py": 13, "test_networks_rerun.py": 12}
 
 
 def pytest_configure(config) -> None:
