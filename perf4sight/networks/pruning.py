@@ -479,7 +479,6 @@ class PruningPlan:
         params = count_parameters(model) - self.unused
         return PrunedModel(model, level, round(100.0 * (1 - params / self.p0), 3), params, self.p0, dict(self.extra))
 
-
     def _in_modes(self, model: nn.Module) -> nn.Module:
         """``model`` (a copy of the network, pruned or not) with each layer in the mode the caller's network had it
         (the shapes-only copy is of one traced in evaluation): a batch norm frozen in evaluation in a network in

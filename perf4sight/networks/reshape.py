@@ -54,8 +54,9 @@ def described_at(desc: NetworkDescription, input_shape: Sequence[int]) -> Networ
     if list(desc.input_shape) == shape:
         return desc
     was, asked = shape_text(desc.input_shape), shape_text(shape)
-    if other_channels(desc, shape):
-        raise UserError(other_channels(desc, shape))
+    refused = other_channels(desc, shape)
+    if refused:
+        raise UserError(refused)
     _refuse_computed_pads(desc, was, asked)
     try:
         out = describe(build_module(desc, device="meta"), shape, desc.name, network=desc.network,
