@@ -30,7 +30,7 @@ from perf4sight.wording import plural
 from perf4sight.profiling.local import progress_bars, stop_runners
 from perf4sight.profiling.plan import training_phase
 from perf4sight.profiling.results import (COLUMNS, SUPERSEDED_CSV, append_row, batch_size_of, read_rows,
-                                         results_path, row_key, take_rows)
+                                         results_path, row_key, take_rows, written_key)
 from perf4sight.profiling.outcome import (PROBE, DeviceSummary, covering, expected_keys, plan_counts, probe_facts,
                                           probe_problems)
 
@@ -333,8 +333,8 @@ def supersede(cfg: Config, dev: DeviceConfig, descriptions: Sequence[Path],
                                                 and batch_size_of(r) > oom_at.get(r["network"], 10**9))]
     if not moved:
         return []
-    gone = {row_key(r) + (r.get("timestamp", ""),) for r in moved}
-    rest, taken = take_rows(path.read_bytes(), lambda r: row_key(r) + (r.get("timestamp", ""),) in gone)
+    gone = {written_key(r) for r in moved}
+    rest, taken = take_rows(path.read_bytes(), lambda r: written_key(r) in gone)
     for r in taken:
         append_row(path.with_name(SUPERSEDED_CSV), {k: v for k, v in r.items() if k in COLUMNS})
     with atomic_path(path, suffix=".remeasure") as tmp, tmp.open("wb") as fh:

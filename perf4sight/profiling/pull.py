@@ -18,7 +18,7 @@ from typing import Callable
 from perf4sight.profiling import results
 from perf4sight.profiling.results import complete_records
 
-__all__ = ["complete_records", "parse_records", "CsvPuller", "reference_key", "rows_to_csv", "csv_with_rows"]
+__all__ = ["complete_records", "parse_records", "CsvPuller", "rows_to_csv", "csv_with_rows"]
 
 
 def parse_records(chunk: bytes, header: list[str] | None) -> tuple[list[str] | None, list[dict[str, str]]]:
@@ -68,18 +68,13 @@ def csv_with_rows(current: bytes, rows: list[dict[str, str]]) -> bytes:
     raise ValueError(f"unexpected columns {header}")
 
 
-def reference_key(row: dict) -> tuple[str, ...]:
-    """A drift-reference row's identity: its configuration's key and the time it was written."""
-    return results.row_key(row) + (str(row.get("timestamp", "")),)
-
-
 class CsvPuller:
     """Incremental, duplicate-free copy of one remote CSV into ``local``.
 
     ``read_from(offset) -> bytes`` and ``size() -> int | None`` access the remote file. ``wanted``: the
     only keys to copy (None = all); ``passed_over`` collects the keys of remote rows outside it that
     are not local either. ``key``: a row's identity (default ``results.row_key``; a drift reference's rows
-    repeat one configuration, and :func:`reference_key` adds the time each was written). A row is copied
+    repeat one configuration, and :func:`results.written_key` adds the time each was written). A row is copied
     unless a local row has its key and the time it was written: a measurement taken again (an ``oom`` row of a
     lower memory_limit_mb, an ``error`` retried; ``results.latest_rows``) comes over beside the earlier one. The
     local rows are those in the file when a row is appended (read again where someone else wrote it meanwhile).

@@ -37,7 +37,7 @@ from perf4sight.profiling.local import make_plan
 from perf4sight.profiling.plan import training_phase
 from perf4sight.profiling.outcome import (PROBE, PROBE_CACHE, DeviceSummary, covering, expected_keys, plan_counts,
                                           probe_facts, probe_problems)
-from perf4sight.profiling.pull import CsvPuller, csv_with_rows, reference_key
+from perf4sight.profiling.pull import CsvPuller, csv_with_rows
 from perf4sight.profiling.runner import LOAD_ENV
 from perf4sight.profiling.ssh import (CONNECTION_ERRORS, DeviceError, HostKeyError, LoginError, Remote,
                                      default_known_hosts, describe_error)
@@ -59,11 +59,6 @@ SETUP_ATTEMPTS = 3
 
 #: Host-side modules that never go to a device.
 _HOST_ONLY = {"ssh.py", "remote.py", "fleet.py", "pull.py", "probe.py", "local.py", "outcome.py"}
-
-
-def _written(row: dict) -> tuple[str, ...]:
-    """One written row: its key (``results.row_key``) and the time it was written."""
-    return results.row_key(row) + (str(row.get("timestamp", "")),)
 
 
 def known_hosts_path(cfg: Config, dev: DeviceConfig) -> Path:
@@ -121,13 +116,13 @@ class RemoteProfiler:
         self.expected = covering(keys)
         self.puller = CsvPuller(self.local_csv, wanted=self.expected)
         # the drift reference's rows ([profile] reference_every), pulled beside the measurements
-        self.reference_puller = CsvPuller(results.references_path(cfg.profiling_dir, dev.name), key=reference_key) \
-            if cfg.profile.reference_every > 0 else None
+        self.reference_puller = CsvPuller(results.references_path(cfg.profiling_dir, dev.name),
+                                          key=results.written_key) if cfg.profile.reference_every > 0 else None
         # rows --remeasure moved aside here (fleet.supersede): taken off the device's CSV too, and never pulled back;
         # so are the rows an earlier --remeasure moved (superseded.csv) whose profile ended before it took them off
         self.superseded = list(superseded)
         aside = results.results_path(cfg.profiling_dir, dev.name).with_name(results.SUPERSEDED_CSV)
-        self.withdrawn = {_written(r) for r in [*self.superseded, *results.read_rows(aside)]}
+        self.withdrawn = {results.written_key(r) for r in [*self.superseded, *results.read_rows(aside)]}
         self.puller.copied |= self.withdrawn
         self.run_dir = ""
         self.code_dir = ""
@@ -261,13 +256,13 @@ class RemoteProfiler:
         csv_path = self._path("measurements.csv")
         data = self.remote.read_from(csv_path, 0, limit=sys.maxsize)
         rest, gone = results.take_rows(data, lambda row: results.row_key(row) in keys
-                                       or _written(row) in self.withdrawn)
+                                       or results.written_key(row) in self.withdrawn)
         if not gone:
             return
         local = self.puller.copied
         aside = results.results_path(self.cfg.profiling_dir, self.dev.name).with_name(results.SUPERSEDED_CSV)
         for row in gone:
-            if _written(row) not in local:
+            if results.written_key(row) not in local:
                 results.append_row(aside, {k: v for k, v in row.items() if k in results.COLUMNS})
         self.remote.put_bytes(rest, csv_path)
         self.puller.reset()

@@ -25,7 +25,7 @@ __all__ = ["COLUMNS", "STATUSES", "append_row", "upgrade_file", "read_rows", "me
            "references_path", "REFERENCES_CSV", "SUPERSEDED_CSV", "op_prices_path", "OP_PRICES_JSON", "file_sha",
            "split_stale", "number",
            "batch_size_of", "latest_rows",
-           "phase_of", "loss_of", "under_load", "LOAD_MARGIN", "take_rows"]
+           "phase_of", "loss_of", "under_load", "LOAD_MARGIN", "take_rows", "written_key"]
 
 #: Column order of every measurement CSV. Empty string = not measured / not applicable.
 COLUMNS: List[str] = [
@@ -150,6 +150,12 @@ def row_key(row: Dict[str, Any], with_sha: bool = True) -> Tuple[str, ...]:
     key = (str(row.get("device", "")), str(row["network"]), str(batch_size_of(row)),
            str(row.get("input_shape", "")), phase_of(row), loss_of(row))
     return key + (str(row.get("description_sha") or ""),) if with_sha else key
+
+
+def written_key(row: Dict[str, Any]) -> Tuple[str, ...]:
+    """One written row's identity: its key (:func:`row_key`) and the time it was written (a drift reference's, of
+    which a configuration has many; a row ``--remeasure`` moves aside)."""
+    return row_key(row) + (str(row.get("timestamp", "")),)
 
 
 def file_sha(data: bytes) -> str:
