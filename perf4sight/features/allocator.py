@@ -709,9 +709,9 @@ class AllocTrace:
         once (:attr:`_small`)."""
         if self._small is None:
             size = np.maximum(np.rint(self.const), 0).astype(np.int64)
-            size = (size + K_MIN_BLOCK - 1) >> _MIN_BLOCK_BITS << _MIN_BLOCK_BITS  # round_size, 0 staying 0
-            self._small = np.where((np.asarray(self.per_sample) == 0) & (size > 0) & (size <= K_SMALL_SIZE)
-                                   & (self._names() == 2), size, 0)
+            rounded = round_size(size)
+            self._small = np.where((np.asarray(self.per_sample) == 0) & (size > 0) & (rounded <= K_SMALL_SIZE)
+                                   & (self._names() == 2), rounded, 0)
         return self._small
 
     def _names(self) -> np.ndarray:
