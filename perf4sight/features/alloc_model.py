@@ -182,6 +182,13 @@ class _Step:
     new_id: Callable[[], int]   # a fresh storage id
 
 
+#: The norms' constant modes (:data:`CONSTANT_MODES`: normalised by running statistics in the training step) left to
+#: the meta trace: an instance norm's. A batch norm's is written down as in training
+#: (:func:`~perf4sight.features.alloc_forward._with_parameters`: the meta kernel allocates its two statistics all the
+#: same).
+_TRACED_CONSTANT_MODES = {op: attr for op, attr in CONSTANT_MODES.items() if op != "batchnorm2d"}
+
+
 def step_events(desc: NetworkDescription, batch_size: int, relu6_clone: bool = False,
                 loss_name: str = DEFAULT_LOSS) -> _Step:
     """The setup and first-step events of ``desc`` at ``batch_size`` (bytes); ``relu6_clone``: an in-place
@@ -190,8 +197,8 @@ def step_events(desc: NetworkDescription, batch_size: int, relu6_clone: bool = F
     for n in desc.nodes:
         if n.op not in COVERED:
             raise NotCovered(f"op '{n.op}'")
-        if n.op != "batchnorm2d" and n.attrs.get(CONSTANT_MODES.get(n.op, ""), True) is False:  # (a batch norm's:
-            raise NotCovered(f"{n.op} of {CONSTANT_MODES[n.op]} false")  # :func:`_with_parameters`, as in training)
+        if n.attrs.get(_TRACED_CONSTANT_MODES.get(n.op, ""), True) is False:
+            raise NotCovered(f"{n.op} of {_TRACED_CONSTANT_MODES[n.op]} false")
     mem = _Memory()
     b = int(batch_size)
     param_bytes: list[int] = []
