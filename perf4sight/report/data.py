@@ -160,8 +160,11 @@ def measured_vs_predicted(fp: Fingerprint, rows: list[dict[str, str]], descs: di
             name, n_est = str(settings.get("model", "extra-trees")), int(settings.get("n_estimators", 200))
             seed, leaf = int(settings.get("seed", 0)), int(settings.get("min_samples_leaf", 1))
             if acc.get("nested") and can_nest(groups):  # as the fingerprint stage's table
+                # whether a row ran out of memory, as the stage's fit reads it: without one, a fold of two families
+                # keeps the preferred form's sum without its ceiling (select_candidate)
+                saturates = any(r["status"] == "oom" and r["network"] in descs for r in rows)
                 cv, _ = nested_cv(target, F, y, groups, grouping, name, n_est, leaf, seed, chosen.get("preferred"),
-                                  device_kind(columns["memory"]))
+                                  device_kind(columns["memory"]), saturates)
             else:
                 form = recorded_candidate(chosen)
                 cv = grouped_cv(F, y, groups, grouping, held_out_fitter(target, form, name, n_est, leaf, seed,
