@@ -226,6 +226,27 @@ def test_devices_trained_at_other_input_shapes_are_said_to_differ(project):
     assert {c.input_shape for c in curves["memory"]["resnet18"]} == {""}
 
 
+def test_a_largest_batch_beyond_the_training_batch_sizes_is_said_to_be_an_extrapolation(project):
+    """The report's notes said where a network lies outside a fingerprint's training rows at a measured batch size
+    only: a largest batch that fits far beyond the batch sizes the device ran (a CPU profiled up to 32 finds 400)
+    was shown without a word, where predict's --max-batch-size notes it."""
+    from perf4sight.profiling.results import batch_size_of
+    from perf4sight.report.compare import _curves, gather_device
+
+    d, descs = gather_device(project, "tx2a")
+    notes: list[str] = []
+    _curves(project, [d], {"tx2a": descs}, ["resnet18"], notes)
+    assert not any("largest batch" in n for n in notes)  # inside the rows' batch sizes: nothing said
+    # as if the device had run batch sizes up to 16 only (a CPU's profile stops at 32)
+    d.rows = [r for r in d.rows if batch_size_of(r) <= 16]
+    d.fingerprint.metadata["training_domain"]["ranges"]["batch_size"] = [2.0, 16.0]
+    notes.clear()
+    _curves(project, [d], {"tx2a": descs}, ["resnet18"], notes)
+    mb = d.max_batch["resnet18"]
+    assert mb > 16 and notes == [f"tx2a: resnet18: its largest batch predicted to fit, {mb}, is outside the training "
+                                 "rows' batch sizes 2..16: an extrapolation (expect larger errors)"]
+
+
 def test_a_variant_pruned_on_request_is_said_in_the_report(project):
     """[compare] networks may name a level no one profiled (``resnet18_l45``): pruned as the networks stage would,
     predicted on every device, and the report's notes say so."""

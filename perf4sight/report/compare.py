@@ -137,9 +137,21 @@ def _curves(cfg: Config, devs: list[DeviceData], all_descs: dict[str, dict[str, 
                 outside = getattr(d.fingerprint, "outside_training", None)  # at a trained batch size: the network only
                 notes.extend(f"{d.name}: {line} (expect larger errors)" for line in
                              (outside(desc, [measured_max]) if outside else []))
+                notes.extend(filter(None, [_largest_batch_note(d, name, mb)]))
             except UserError as exc:
                 notes.append(f"{d.name}: {name} skipped ({exc})")
     return out, names
+
+
+def _largest_batch_note(d: DeviceData, name: str, mb: int | None) -> str:
+    """A note where ``mb``, network ``name``'s largest batch predicted to fit on ``d``, lies outside the batch sizes
+    of its fingerprint's training rows (``training_domain``): predict's --max-batch-size notes it, as an extrapolation;
+    '' where it is inside, or unknown."""
+    span = ((d.metadata.get("training_domain") or {}).get("ranges") or {}).get("batch_size")
+    if not mb or not span or span[0] <= mb <= span[1]:
+        return ""
+    return (f"{d.name}: {name}: its largest batch predicted to fit, {_batch_label(mb)}, is outside the training rows' "
+            f"batch sizes {int(span[0]):,}..{int(span[1]):,}: an extrapolation (expect larger errors)")
 
 
 def _step(d: DeviceData) -> str:
