@@ -1043,6 +1043,7 @@ def _stale_fingerprint_note(cfg: Config, device: str) -> None:
     since): the fingerprint does not know them until the fingerprint stage runs again. A file written later than
     the fingerprint whose rows hash as the trees fit's (a project copied without its files' times) is not news."""
     folder = cfg.fingerprint_dir / device
+    _print_notes(_changed_limit_note(cfg, device, folder))
     fitted = [p.stat().st_mtime for p in (folder / n for n in ("metadata.json", "gnn.json")) if p.is_file()]
     csv_path = results_path(cfg.profiling_dir, device)
     if (fitted and csv_path.is_file() and csv_path.stat().st_mtime > max(fitted)
@@ -1050,6 +1051,35 @@ def _stale_fingerprint_note(cfg: Config, device: str) -> None:
         notes.print(f"note: {device}: {csv_path} changed after its fingerprint was fitted: rows measured or "
                     f"imported since are not in it; run --stage fingerprint --device {device} to use them",
                     markup=False)
+
+
+def _changed_limit_note(cfg: Config, device: str, folder: Path) -> str:
+    """A note where ``device``'s configured ``memory_limit_mb`` is not the one its fingerprint in ``folder`` (the
+    trees', else the GNN's) was fitted under: 'fits' and the largest batch are against the stored capacity until the
+    fingerprint stage fits it again; '' where they agree, or for a device the config does not name."""
+    dev = cfg.devices.get(device)
+    meta: Any = None
+    for name in ("metadata.json", "gnn.json"):
+        try:
+            meta = json.loads((folder / name).read_text())
+            break
+        except (OSError, ValueError):
+            continue
+    if dev is None or not isinstance(meta, dict):
+        return ""
+    cap, source = meta.get("capacity_mb"), str(meta.get("capacity_source", ""))
+    if cap is not None and not isinstance(cap, (int, float)):
+        return ""  # a damaged file: loading it says so
+    fitted = float(cap) if cap is not None and source.startswith("configured") else 0.0
+    now = float(dev.memory_limit_mb or 0)
+    if now == fitted:
+        return ""
+    said_now = f"is {now:g} MiB now" if now else "is not set now"
+    then = f"{fitted:g} MiB" if fitted else "none set"
+    capacity = "unknown" if cap is None else f"{cap:.0f} MiB ({source})"
+    return (f"note: {device}: [devices.{device}] memory_limit_mb {said_now}, {then} when its fingerprint was fitted: "
+            f"'fits' and the largest batch are against the fingerprint's capacity, {capacity}; run --stage "
+            f"fingerprint --device {device} to fit it under the limit set now")
 
 
 def _trees_rows_differ(cfg: Config, device: str, metadata_path: Path) -> bool:

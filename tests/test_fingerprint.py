@@ -929,6 +929,34 @@ def test_the_fingerprint_stage_notes_the_rows_it_fits_that_were_measured_under_l
                     "to superseded.csv)")
 
 
+def test_predict_says_when_the_configured_memory_limit_is_not_the_fingerprints(tmp_path, cli_here):
+    """A memory_limit_mb changed after the fit: predict answered 'fits' against the limit the fingerprint was fitted
+    under without a word (batch 4 of b, 664 MiB, "fits: under 700 MiB" with 640 set). A note says so now, and how to
+    fit the limit set; none where the limits agree."""
+    _measured_tiny_networks(tmp_path, {"a": 8, "b": 16, "c": 24}, listed=["a", "b", "c"])
+    cfg = tmp_path / "config.toml"
+    base = ('[networks]\nzoo = []\ninput_shape = [3, 16, 16]\n[fingerprint]\nn_estimators = 10\n'
+            'simulate_memory = false\n[devices.local]\nbackend = "cpu"\n')
+    cfg.write_text(base + "memory_limit_mb = 700\n")
+    assert cli_here(tmp_path, "--config", str(cfg), "--stage", "fingerprint").returncode == 0
+
+    def predict_notes() -> list[str]:
+        run = cli_here(tmp_path, "--config", str(cfg), "--stage", "predict", "--network", "models/nets/b.json",
+                       "--batch-size", "4", "--json")
+        assert run.returncode == 0, run.stderr[-3000:]
+        return [" ".join(line.split()) for line in run.stderr.split("note: ")
+                if line.startswith("local: [devices.local]")]
+
+    assert predict_notes() == []
+    cfg.write_text(base + "memory_limit_mb = 640\n")
+    assert predict_notes() == ["local: [devices.local] memory_limit_mb is 640 MiB now, 700 MiB when its fingerprint "
+                               "was fitted: 'fits' and the largest batch are against the fingerprint's capacity, "
+                               "700 MiB (configured memory_limit_mb); run --stage fingerprint --device local to fit "
+                               "it under the limit set now"]
+    cfg.write_text(base)
+    assert predict_notes()[0].startswith("local: [devices.local] memory_limit_mb is not set now, 700 MiB when its ")
+
+
 def test_too_few_ok_rows_is_one_line_in_the_singular_too(tmp_path):
     """"only 1 ok rows": the count and its noun agree."""
     from perf4sight.dataset import descriptions_and_shas
