@@ -203,6 +203,22 @@ def test_cpu_fingerprint_keeps_the_mean_step_time_form(fitted):
     lambda f: _edit_metadata(f, lambda m: m["accuracy"]["latency"].update(overall=None)),
     lambda f: _edit_metadata(f, lambda m: m["accuracy"]["memory"]["overall"].update(mape="12")),
     lambda f: _edit_metadata(f, lambda m: m["accuracy"]["memory"].update(per_group=[])),
+    # loaded without a word, and then: a traceback at the first query (the replay's protocol), a learnt capacity
+    # compared with the prediction, a mean of no members (NaN), a term's coefficient dropped or read as another's,
+    # trees summed or stopped on an inner node, a band of [0, 0] for a family never seen, trees reading their
+    # inputs in another order, an accuracy table that the stage's print ended in a KeyError
+    lambda f: _edit_metadata(f, lambda m: m.update(memory_replay="peak")),
+    lambda f: _edit_metadata(f, lambda m: m.update(capacity_basis="demand")),
+    lambda f: _edit_metadata(f, lambda m: m["models"]["latency"].update(members=[])),
+    lambda f: _edit_metadata(f, lambda m: _one_model(m["models"]["memory"]).update(
+        terms=_one_model(m["models"]["memory"])["terms"][:-1])),
+    lambda f: _edit_metadata(f, lambda m: _one_model(m["models"]["memory"])["correction"].update(combine="median")),
+    lambda f: _edit_metadata(f, lambda m: _one_model(m["models"]["memory"])["correction"].update(max_depth=1)),
+    lambda f: _edit_metadata(f, lambda m: _one_model(m["models"]["memory"])["correction"].update(max_depth=10**9)),
+    lambda f: _edit_metadata(f, lambda m: m["interval"]["log_ratio_quantiles"].pop("memory")),
+    lambda f: _edit_metadata(f, lambda m: m["tree_features_by_target"]["memory"].reverse()),
+    lambda f: _edit_metadata(f, lambda m: m["accuracy"]["latency"]["overall"].pop("mape")),
+    lambda f: _edit_metadata(f, lambda m: m["accuracy"]["latency"].pop("column")),
 ])
 def test_damaged_fingerprint_is_one_line(fitted, tmp_path, damage):
     import shutil
@@ -212,6 +228,23 @@ def test_damaged_fingerprint_is_one_line(fitted, tmp_path, damage):
     with pytest.raises(UserError, match="damaged or from an incompatible version") as exc:
         load_fingerprint(folder)
     assert _one_line(exc)
+
+
+def test_a_fingerprint_stored_before_the_trees_inputs_were_named_per_target_loads(fitted, tmp_path):
+    """Trees fitted before ``tree_features_by_target`` (one ``tree_features`` list for both targets, the step time's
+    without ``lt_work_per_launch``, appended since) load and predict as they did: the check of the trees' inputs
+    refuses only another order."""
+    import shutil
+    from perf4sight.fingerprint.trees import TREE_FEATURES
+    folder, descs = fitted
+    before = load_fingerprint(folder).predict(descs["deep_w8"], [2, 8])
+    old = tmp_path / "cpu0"
+    shutil.copytree(folder, old)
+    _edit_metadata(old, lambda m: m.pop("tree_features_by_target"))
+    assert load_fingerprint(old).predict(descs["deep_w8"], [2, 8]) == before
+    _edit_metadata(old, lambda m: m.update(tree_features_by_target={"latency": list(TREE_FEATURES),
+                                                                    "memory": list(TREE_FEATURES)}))
+    assert load_fingerprint(old).predict(descs["deep_w8"], [2, 8]) == before
 
 
 def _coefficients_overflowing(fitted_folder: Path, tmp_path: Path) -> Path:

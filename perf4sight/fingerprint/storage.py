@@ -24,7 +24,8 @@ import numpy as np
 
 from perf4sight.errors import UserError
 from perf4sight.features.step_runtime import StepRuntime
-from perf4sight.fingerprint.trees import MeanModel, Model, TargetModel, TreeEnsemble, tree_features
+from perf4sight.features.allocator import REPLAY_PROTOCOLS
+from perf4sight.fingerprint.trees import OVERLAP, MeanModel, Model, TargetModel, TreeEnsemble, tree_features
 from perf4sight.profiling.results import batch_size_of
 
 __all__ = ["save_models", "load_models", "load_held_out", "stored_predictions", "damaged", "check_metadata", "HeldOut",
@@ -66,12 +67,18 @@ def _load_model(target: str, prefix: str, entry: dict[str, Any], arrays: Any) ->
     """One target's model stored under ``prefix``; ``ValueError`` for coefficients that are not numbers, or trees
     that are not whole (``TreeEnsemble.from_arrays``)."""
     corr = entry.get("correction")
+    terms = entry["terms"]
+    if not (isinstance(terms, list) and all(isinstance(t, str) for t in terms)):
+        raise ValueError(f"{prefix}.terms is {terms!r}, not a list of names")
     coef = np.asarray(arrays[f"{prefix}.coef"])
     if coef.dtype.kind not in "fiu" or not np.all(np.isfinite(coef)):
         raise ValueError(f"{prefix}.coef: not finite numbers")
+    columns = len([t for t in terms if t != OVERLAP])  # one coefficient a term (the overlap's separator has none)
+    if coef.shape != (columns,):
+        raise ValueError(f"{prefix}.coef: {coef.size} coefficients for {columns} terms")
     trees = None if corr is None else TreeEnsemble.from_arrays(f"{prefix}.trees", arrays, corr,
                                                                len(tree_features(target)))
-    return TargetModel(target=target, terms=tuple(entry["terms"]), coef=coef, correction=trees)
+    return TargetModel(target=target, terms=tuple(terms), coef=coef, correction=trees)
 
 
 def save_models(out_dir: str | Path, models: dict[str, Model], metadata: dict[str, Any],
@@ -127,6 +134,8 @@ def load_models(folder: str | Path) -> tuple[dict[str, Model], dict[str, Any]]:
         models: dict[str, Model] = {}
         with np.load(npath, allow_pickle=False) as arrays:
             for target, entry in meta["models"].items():
+                if "members" in entry and not entry["members"]:  # its mean was NaN
+                    raise ValueError(f"models.{target}.members is empty")
                 if "members" in entry:
                     models[target] = MeanModel(target, [_load_model(target, f"{target}.{k}", one, arrays)
                                                         for k, one in enumerate(entry["members"])],
@@ -159,13 +168,22 @@ def check_metadata(meta: Any, feature_set: str | None = None) -> None:
                                 and math.isfinite(cap) and cap > 0):
         raise ValueError(f"capacity_mb {cap!r} is not a positive number (or null: unknown)")
     StepRuntime.from_metadata(meta)  # the rules of the rows' torch: a ValueError naming one of another form
+    replay = meta.get("memory_replay", next(iter(REPLAY_PROTOCOLS)))  # the first query's replay refused another
+    if replay not in REPLAY_PROTOCOLS:
+        raise ValueError(f"memory_replay {replay!r} is not one of {', '.join(REPLAY_PROTOCOLS)}")
+    if meta.get("capacity_basis", "prediction") not in CAPACITY_BASES:  # another word was read as "prediction"
+        raise ValueError(f"capacity_basis {meta['capacity_basis']!r} is not one of {', '.join(CAPACITY_BASES)}")
     if feature_set is not None:  # a trees fingerprint's table (a GNN's holds one per predictor)
         _check_accuracy(meta.get("accuracy", {}))
+        _check_tree_features(meta)
     _check_domain(meta.get("training_domain"))
     interval = meta.get("interval")
     quantiles = interval.get("log_ratio_quantiles") if isinstance(interval, dict) else None
     if not isinstance(quantiles, dict):
         raise ValueError("interval.log_ratio_quantiles is missing")
+    missing = [t for t in ("latency", "memory") if t not in quantiles]
+    if feature_set is not None and missing:  # a trees fingerprint's band of each target (else read as [0, 0])
+        raise ValueError(f"interval.log_ratio_quantiles has no band for {' and '.join(missing)}")
     seen = interval.get("log_ratio_quantiles_seen", {})  # fingerprints since 2026-11-25
     if not isinstance(seen, dict):
         raise ValueError("interval.log_ratio_quantiles_seen is not an object")
@@ -187,6 +205,24 @@ def check_metadata(meta: Any, feature_set: str | None = None) -> None:
             raise ValueError(f"interval band '{key}' is {band!r}, not [low, high] (logs of finite ratios)")
 
 
+#: What a fingerprint's capacity is compared with (``fit.capacity_basis``).
+CAPACITY_BASES = ("prediction", "analytic")
+
+
+def _check_tree_features(meta: dict[str, Any]) -> None:
+    """``ValueError`` where a trees fingerprint's trees were fitted on other inputs than this version's
+    (``tree_features_by_target``, or before it ``tree_features`` for both targets): they read the columns by their
+    place, so a feature added in between, or reordered, would be read as another without a word. Inputs appended
+    since (the step time's ``lt_work_per_launch``) are not read by older trees."""
+    stored = meta.get("tree_features_by_target")
+    if stored is None and "tree_features" in meta:
+        stored = {t: meta["tree_features"] for t in ("latency", "memory")}
+    for target, names in (stored or {}).items():
+        now = list(tree_features(target))
+        if not (isinstance(names, list) and names == now[:len(names)]):
+            raise ValueError(f"the {target} trees read {names!r}; this version computes {now!r}")
+
+
 #: The figures of an accuracy table's row (``evaluate.metrics``): rows held out, and percents.
 _METRICS = ("n", "mape", "rmspe", "within10")
 
@@ -205,9 +241,16 @@ def _check_accuracy(accuracy: Any) -> None:
         rows = [("overall", acc.get("overall", {}))] + [(f"per_group.{g}", m) for g, m in groups.items()]
         rows += [(key, acc[key]) for key in ("random_split", "network_split", "network_split_seen")
                  if acc.get(key) is not None]
-        for name, row in rows:
-            if not (isinstance(row, dict) and all(_is_figure(row[k]) for k in _METRICS if k in row)):
-                raise ValueError(f"accuracy.{target}.{name} is {row!r}, not an object of figures")
+        for name, row in rows:  # the table prints every figure of a row
+            if not (isinstance(row, dict) and all(_is_figure(row.get(k)) for k in _METRICS)):
+                raise ValueError(f"accuracy.{target}.{name} is {row!r}, not an object of figures "
+                                 f"({', '.join(_METRICS)})")
+        for key in ("column", "grouping"):  # the table's head names them
+            if not isinstance(acc.get(key), str):
+                raise ValueError(f"accuracy.{target}.{key} is {acc.get(key)!r}, not a name")
+        selection = acc.get("selection")
+        if selection is not None and not (isinstance(selection, dict) and isinstance(selection.get("chosen"), str)):
+            raise ValueError(f"accuracy.{target}.selection does not name the form chosen")
 
 
 def _is_figure(value: Any) -> bool:

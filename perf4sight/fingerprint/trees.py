@@ -190,7 +190,22 @@ class TreeEnsemble:
         if not (np.all(np.isfinite(ensemble.value)) and not np.any(np.isnan(ensemble.threshold))
                 and math.isfinite(ensemble.init) and math.isfinite(ensemble.scale)):
             raise ValueError(f"{prefix}: a value, threshold or scale is not a number")
+        if ensemble.combine not in ("mean", "sum"):  # any other word was read as a sum
+            raise ValueError(f"{prefix}: combine {ensemble.combine!r} is not mean or sum")
+        if not 0 <= ensemble.max_depth <= n or not ensemble._leaves_within_depth():
+            raise ValueError(f"{prefix}: max_depth {ensemble.max_depth} does not take every tree to its leaves")
         return ensemble
+
+    def _leaves_within_depth(self) -> bool:
+        """Whether :attr:`max_depth` steps from the roots land on leaves on every path (a leaf points to itself), as
+        :meth:`leaf_values` takes them to: fewer stop on an inner node, whose value is read as a leaf's."""
+        frontier = self.roots
+        for _ in range(self.max_depth):
+            inner = frontier[self.left[frontier] != frontier]
+            frontier = np.concatenate([self.left[inner], self.right[inner]])
+            if len(frontier) > len(self.left):  # more nodes than there are: the arrays do not make trees
+                return False
+        return bool(np.all(self.left[frontier] == frontier) and np.all(self.right[frontier] == frontier))
 
 
 #: Separator of the host and device sums in an overlap form's terms; the smooth maximum's exponent.
