@@ -247,6 +247,26 @@ def test_a_largest_batch_beyond_the_training_batch_sizes_is_said_to_be_an_extrap
                                  "rows' batch sizes 2..16: an extrapolation (expect larger errors)"]
 
 
+def test_data_json_holds_no_nan(project):
+    """A fingerprint's accuracy row of no rows (``network_split_seen`` where no held-out network had its family in
+    training, a random split of fewer than 10 rows) holds NaN, which data.json wrote as ``NaN``: not JSON (a strict
+    reader, JavaScript's JSON.parse or jq, refuses the file). It is null there now."""
+    from perf4sight.report.compare import _data_json, _json_text, gather_device
+
+    d, _ = gather_device(project, "tx2a")
+    d.metadata["accuracy"]["latency"]["network_split_seen"] = {"n": 0, "mape": float("nan"), "rmspe": float("nan"),
+                                                               "within10": float("nan")}
+    text = _json_text(_data_json([d], {}, [], []))
+
+    def refuse(constant: str):
+        raise ValueError(f"not JSON: {constant}")
+
+    data = json.loads(text, parse_constant=refuse)
+    assert data["devices"]["tx2a"]["accuracy"]["latency"]["network_split_seen"] == {
+        "n": 0, "mape": None, "rmspe": None, "within10": None}
+    assert data["devices"]["tx2a"]["capacity_mb"] == 7000
+
+
 def test_a_variant_pruned_on_request_is_said_in_the_report(project):
     """[compare] networks may name a level no one profiled (``resnet18_l45``): pruned as the networks stage would,
     predicted on every device, and the report's notes say so."""

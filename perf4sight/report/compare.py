@@ -323,6 +323,20 @@ def _data_json(devs: list[DeviceData], curves: dict[str, dict[str, list[Curve]]]
     }
 
 
+def _json_text(data: Any) -> str:
+    """``data`` as JSON text (numpy's numbers as Python's), a figure that is not finite as null: an accuracy row of no
+    rows holds NaN, which ``json.dumps`` writes as ``NaN``, not JSON."""
+    def plain(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: plain(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple, np.ndarray)):
+            return [plain(v) for v in x]
+        if isinstance(x, (float, np.floating)):
+            return float(x) if np.isfinite(x) else None
+        return int(x) if isinstance(x, np.integer) else x
+    return json.dumps(plain(data), indent=1, default=float, allow_nan=False)
+
+
 def _print_summary(console: Console, devs: list[DeviceData], names: list[str], folder: Path) -> None:
     t = RichTable(title="devices compared (held-out accuracy)")
     for col in ("device", "input", "nets", "ok/oom", "lat MAPE%", "mem MAPE%", "cap MiB"):
@@ -393,7 +407,7 @@ def compare_devices(cfg: Config, devices: list[str], console: Console) -> Path:
     blocks.insert(0, Text(f"Generated {now:%Y-%m-%d %H:%M:%S} UTC from {cfg.fingerprint_dir} and {cfg.profiling_dir}."))
     (folder / "index.html").write_text(to_html(title, blocks), encoding="utf-8")
     (folder / "report.md").write_text(to_markdown(title, blocks), encoding="utf-8")
-    (folder / "data.json").write_text(json.dumps(_data_json(devs, curves, pruning, least), indent=1, default=float))
+    (folder / "data.json").write_text(_json_text(_data_json(devs, curves, pruning, least)))
     print_pruning(console, pruning, least, [d.name for d in devs])
     _print_summary(console, devs, names, folder)
     for note in notes:
