@@ -1006,10 +1006,18 @@ def unknown_capacity(fp: object) -> str:
 
 def _capacity_note(fp: object, preds: list[dict]) -> None:
     """Say when `fits` means nothing (the capacity is unknown); explain a `fits: no` whose predicted memory is
-    under the capacity (the capacity is compared with the analytic demand, not with the shown figure)."""
+    under the capacity (the capacity is compared with the analytic demand, not with the shown figure; an ensemble's
+    with its two predictors' own figures, not with their mean)."""
     cap = getattr(fp, "capacity_mb", None)
     if cap is None and preds:
         notes.print(f"note: {unknown_capacity(fp)}: 'fits' is unknown ('?', null in --json)", markup=False)
+    elif hasattr(fp, "trees") and hasattr(fp, "gnn") and any(p["fits"] is False and p["memory_mb"] <= cap
+                                                             for p in preds):  # an ensemble's
+        demand = (" (the trees' against their memory model's analytic demand)"
+                  if getattr(fp, "capacity_basis", "") == "analytic" else "")
+        notes.print("note: the ensemble's 'fits' is where the trees and the GNN each predict the step to fit, each "
+                    f"against its own capacity{demand}; the memory shown is their geometric mean, so a row can show "
+                    "memory under the capacity and not fit", markup=False)
     elif (getattr(fp, "capacity_basis", "") == "analytic"
           and any(not p["fits"] and p["memory_mb"] <= cap for p in preds)):
         learnt = "configured" if _configured_capacity(fp) else "learnt from this device's out-of-memory rows"
