@@ -625,6 +625,25 @@ def test_least_pruning_on_every_predictor(fitted):
     assert least_pruning(fp, variant, batch, max_latency_ms=np.float32(budget)).level == faster.level  # numpy's
 
 
+def test_least_pruning_of_a_device_of_unknown_capacity_needs_a_step_time_budget(fitted):
+    """With no capacity and no budget nothing was asked of the predictions, and least_pruning answered level 0 (the
+    network unpruned) as the least level that fits; the command line refuses that question, and so does the API."""
+    from perf4sight.fingerprint.pruning_search import least_pruning
+
+    out, descs = fitted
+    for kind in ("trees", "gnn", "ensemble"):
+        fp = load_predictor(out, kind)
+        for part in (fp, getattr(fp, "trees", None), getattr(fp, "gnn", None)):  # an ensemble's predictors too
+            if part is not None:
+                part.capacity_mb = None  # as fitted without an out-of-memory row or a memory limit
+        with pytest.raises(UserError, match=r"^least_pruning: the device's memory capacity is unknown, so no level "
+                                            r"can be found that fits; give max_latency_ms to search for a step-time "
+                                            r"budget alone$"):
+            least_pruning(fp, lambda level: descs["deep_w16"], 64)
+        budget = fp.predict(descs["deep_w16"], [64])[0]["latency_ms"] * 2
+        assert least_pruning(fp, lambda level: descs["deep_w16"], 64, max_latency_ms=budget).level == 0
+
+
 def test_the_configs_own_network_wins_a_zoo_network_of_its_name(tmp_path):
     """A ``[networks]`` description file of resnet18 with 100 classes, the zoo listing none: a level asked for by name
     (``resnet18_l30``) and the name itself are that network, pruned as the networks stage prunes it, not torchvision's

@@ -36,7 +36,8 @@ class LeastPruning:
 def least_pruning(fp: Any, variant: Callable[[int], NetworkDescription], batch_size: int,
                   max_latency_ms: float | None = None) -> LeastPruning:
     """The least level of ``variant`` predicted by ``fp`` to fit at ``batch_size`` (``fits`` not False: a
-    capacity the fingerprint does not know leaves memory out) and to step within ``max_latency_ms`` when given.
+    capacity the fingerprint does not know leaves memory out, and then ``max_latency_ms`` is needed: ``UserError``
+    without it) and to step within ``max_latency_ms`` when given.
     A level whose step is beyond the allocator replay (``BeyondReplay``: more than 256 TiB) fits no device: not met.
     A level the network cannot reach under ``min_channels`` (``UnreachableLevel``, which says the most it
     reaches) lowers the top of the search to the level it reaches."""
@@ -46,6 +47,9 @@ def least_pruning(fp: Any, variant: Callable[[int], NetworkDescription], batch_s
             raise UserError(f"least_pruning: max_latency_ms must be a positive number of milliseconds (or None), got "
                             f"{max_latency_ms!r}")
         max_latency_ms = float(max_latency_ms)  # numpy's numbers too
+    elif getattr(fp, "capacity_mb", None) is None:  # nothing to ask of the predictions: level 0 'fitted' vacuously
+        raise UserError("least_pruning: the device's memory capacity is unknown, so no level can be found that fits; "
+                        "give max_latency_ms to search for a step-time budget alone")
     made: dict[int, tuple[NetworkDescription, dict[str, Any]]] = {}
     tried: dict[int, bool] = {}
 
