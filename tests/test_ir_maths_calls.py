@@ -1157,6 +1157,38 @@ def test_a_batch_norm_by_its_running_statistics_costs_what_torch_runs(form):
     assert moved[0] - moved[1] == (0.5 * 2 * n + (1 if affine else 2) * n) * 4
 
 
+@pytest.mark.parametrize("form", ["eval", "no affine"])
+def test_a_batch_norm_by_its_running_statistics_is_a_scale_and_shift_to_the_feature_tables(form):
+    """A batch norm by its running statistics ran one kernel each way (a dispatch log: no statistics pass) but the
+    PerfSight features counted its elements as a norm's (``norm_elems``), and so did the network features; it is a
+    scale and a shift, as a frozen batch norm is: its output's elements are ``add_elems``. The GNN reads its node as a
+    batch norm, by the costs torch runs (2 FLOPs an element forward)."""
+    from test_ir_research_calls import _dispatched
+
+    from perf4sight.features.aggregate import network_features
+    from perf4sight.features.perf4sight_set import PERF4SIGHT_FEATURES, perf4sight_vectors
+    from perf4sight.fingerprint.gnn_graph import NODE_FEATURES, graph_template
+
+    module = _FrozenNorm(form).frozen()
+    desc = describe(module, SHAPE, name="frozen")
+    trained = NetworkDescription.from_dict(desc.to_dict())
+    for node in trained.nodes:
+        node.attrs.pop("training", None)
+    log = []
+    forward, _ = _dispatched(lambda y: log.append(module.bn(y)) or log[-1], torch.randn(1, 8, 8, 8))
+    assert [op for op in forward if op not in ("empty", "detach")] == ["native_batch_norm"]
+    n = log[0].numel()  # the one kernel's elements, a sample
+    norm, add = PERF4SIGHT_FEATURES.index("norm_elems"), PERF4SIGHT_FEATURES.index("add_elems")
+    (_, frozen), (_, training) = perf4sight_vectors(desc), perf4sight_vectors(trained)
+    assert (training[norm], frozen[norm], frozen[add] - training[add]) == (n, 0, n)
+    assert (network_features(trained).per_sample["norm_elems"], network_features(desc).per_sample["norm_elems"]) \
+        == (n, 0)
+    (i,) = [k for k, node in enumerate(desc.nodes) if node.op == "batchnorm2d"]
+    row = graph_template(desc).x[i]
+    assert row[NODE_FEATURES.index("op=batchnorm2d")] == 1
+    assert row[NODE_FEATURES.index("flops_fwd")] == pytest.approx(float(torch.log1p(torch.tensor(2.0 * n))))
+
+
 def test_a_network_with_a_frozen_batch_norm_prunes_and_trains():
     """Pruning a network whose batch norm is frozen (``bn.eval()`` in its constructor, the network in training) cuts
     the norm's channels with its convolution's: the pruned network describes with the norm still by its running

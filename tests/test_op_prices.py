@@ -198,6 +198,26 @@ def test_the_ops_added_later_take_their_own_price_and_an_older_tables_borrowed_o
                                                                                  - own["pad_circular"]) * 1e-6)
 
 
+def test_a_batch_norm_by_its_running_statistics_takes_its_own_price():
+    """A batch norm a training model holds in evaluation (``bn.eval()``) took the price of one in training, measured
+    with a statistics pass it does not run. The profile measures it apart (``batchnorm2d_eval``, at every side), and
+    it is priced at that; a table measured before prices it as a mul; the same network training keeps batch norm's."""
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+    net[1].eval()
+    desc = describe(net, SHAPE, name="frozen")
+    trained = describe(net.train(), SHAPE, name="trained")
+    assert [n.attrs.get("training") for d in (desc, trained) for n in d.nodes if n.op == "batchnorm2d"] == [False, None]
+    out = 8 * 16 * 16
+    table = {"batchnorm2d": {s: 8.0 for s in SIDES}, "relu": {s: 1.0 for s in SIDES}, "mul": {s: 2.0 for s in SIDES}}
+    own = dict(table, batchnorm2d_eval={s: float(s) for s in SIDES})  # a price that names its side
+    assert priced_ms_per_sample(desc, prices_key(own)) == pytest.approx(out * (16.0 + 1.0) * 1e-6)
+    assert priced_ms_per_sample(desc, prices_key(table)) == pytest.approx(out * (2.0 + 1.0) * 1e-6)
+    assert priced_ms_per_sample(trained, prices_key(own)) == pytest.approx(out * (8.0 + 1.0) * 1e-6)
+    assert "batchnorm2d_eval" in PRICED_OPS
+    data = measure_prices(threads=1, ops=["batchnorm2d_eval"])
+    assert sorted(check_prices(data, "measured")["batchnorm2d_eval"]) == list(SIDES) and data["unmeasured"] == []
+
+
 def test_the_activations_the_profile_does_not_measure_take_a_measured_ops_price():
     """A GLU takes silu's price per element of its input (it reads two an output element), a hardshrink, a
     softshrink and a threshold relu's, a log-sigmoid softplus's (and where the table lacks it, sigmoid's), each per

@@ -168,10 +168,11 @@ def _constant_mode_batchnorm2d(c: int, n: int, params: int, rd: int, wr: int) ->
     (``native_batch_norm_backward``: the gradient times weight / std, 1 FLOP an element, and with a weight its and the
     bias's gradients, the gradient times the normalised input summed and the gradient summed, 4 more). It keeps its
     input, as in training, but no batch mean and 1/std (its kernel returns them empty: autograd's saved tensors on
-    this CPU; the meta kernel gives them [C] floats, which the allocation model writes down as the trace does)."""
+    this CPU; the meta kernel gives them [C] floats, which the allocation model writes down as the trace does). Of the
+    kind ``elementwise``, as a frozen batch norm's: none of a norm's statistics (the features' ``norm_elems``)."""
     return OpCost(flops_fwd=2.0 * n, flops_bwd=(5.0 if params else 1.0) * n,
                   bytes_read=rd + (2 * c + params) * BYTES_PER_ELEMENT, bytes_written=wr, params=params,
-                  param_tensors=2 if params else 0, saved=[0], kernels_fwd=1, kernels_bwd=1, kind="norm")
+                  param_tensors=2 if params else 0, saved=[0], kernels_fwd=1, kernels_bwd=1, kind="elementwise")
 
 
 def _frozen_batchnorm2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:

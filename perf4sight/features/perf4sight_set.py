@@ -159,6 +159,8 @@ def perf4sight_vectors(desc: NetworkDescription) -> tuple[np.ndarray, np.ndarray
             static[_IDX["fc_weight_bytes"]] += own * 4 * int(a["embed_dim"]) ** 2 * BYTES_PER_ELEMENT
         elif node.op == "matmul":  # a product of two activations: its MACs read as a fully connected layer's
             scaled[_IDX["fc_macs"]] += out * shapes[node.inputs[0]][-1]
+        elif node.op == "batchnorm2d" and a.get("training") is False:  # by its running statistics: a scale and
+            scaled[_IDX["add_elems"]] += out  # a shift, as a frozen batch norm's, no statistics pass
         elif node.op in ("batchnorm2d", "layernorm", "groupnorm", "instancenorm", "local_response_norm",
                          "rmsnorm",
                          "normalize"):

@@ -85,6 +85,10 @@ _PRICED_AS = {"leaky_relu": "relu", "hardtanh": "relu6",
               "fractional_maxpool2d": "maxpool2d",
               # not measured: a multiply and an add of [C] constants broadcast, one multiply back, as a mul's
               "frozen_batchnorm2d": "mul",
+              # measured from 2026-11-30: a batch norm by its running statistics (a scale and a shift in one kernel
+              # each way, no statistics pass); a table measured before prices it as a mul, its nearest in price
+              # (3-5 ns an element at sides 8-32 against a mul's 2.7-3.5 and a batch norm's 5-12 in training)
+              "batchnorm2d_eval": "mul",
               # not measured: a max, an exp and a sum along dims an input element (:data:`_PER_INPUT`), as a softmax's
               "logsumexp": "softmax",
               # not measured: a running sum (an add an element) forward, its reverse back, as a flip's copies
@@ -152,11 +156,13 @@ def _price(by_side: tuple[tuple[int, float], ...], side: float) -> float:
 
 def priced_as(node: Node, table: Mapping[str, Any]) -> str | None:
     """The op of ``table`` whose price ``node``'s elements take: its own (a pad's by its mode: ``pad``,
-    ``pad_reflect``, ``pad_replicate``, ``pad_circular``), else :data:`_PRICED_AS`'s (in turn); None for an op
-    priced at nothing."""
+    ``pad_reflect``, ``pad_replicate``, ``pad_circular``; a batch norm by its running statistics, ``training``
+    false: ``batchnorm2d_eval``), else :data:`_PRICED_AS`'s (in turn); None for an op priced at nothing."""
     op = node.op
     if op == "pad" and node.attrs.get("mode", "constant") != "constant":
         op = f"pad_{node.attrs['mode']}"
+    if op == "batchnorm2d" and node.attrs.get("training") is False:
+        op = "batchnorm2d_eval"
     while op not in table and op in _PRICED_AS:
         op = _PRICED_AS[op]
     return op if op in table else None

@@ -11,7 +11,8 @@ alone, forward and backward, on maps of side 1 to 32 (:data:`SIDES`), at :data:`
 :data:`PIXELS` pixels (batch x height x width) per call, and writes the price of one element in nanoseconds: of the
 output for most kinds, of the input for a global pool, of the output times the window for a pool with a window
 (:data:`PER`). A pad is priced by its mode, named in the op (``pad``: a constant pad, ``pad_reflect``,
-``pad_replicate``), as a reflection costs several times a constant pad. ``features/priced_ops.py`` sums a
+``pad_replicate``), as a reflection costs several times a constant pad; a batch norm by its running statistics
+(``batchnorm2d_eval``, a module in evaluation) apart from one in training. ``features/priced_ops.py`` sums a
 network's prices.
 
 Measured in the process that writes them, with the plan's thread count; the sum that backs the output (``.sum()``
@@ -29,7 +30,7 @@ __all__ = ["PRICED_OPS", "SIDES", "MIN_SIDE", "CHANNELS", "PIXELS", "PER", "GROU
            "POOL_WINDOW", "FORMAT_VERSION", "measure_prices", "main"]
 
 #: The description ops priced (``ir.schema`` op names; a pad by its mode: ``pad``, ``pad_reflect``, ``pad_replicate``,
-#: ``pad_circular``).
+#: ``pad_circular``; a batchnorm2d of ``training`` false: ``batchnorm2d_eval``).
 PRICED_OPS = ("batchnorm2d", "layernorm", "relu", "relu6", "gelu", "silu", "sigmoid", "hardswish", "hardsigmoid",
               "tanh", "add", "mul", "cat", "dropout", "maxpool2d", "avgpool2d", "adaptiveavgpool2d",
               "adaptivemaxpool2d",
@@ -40,8 +41,10 @@ PRICED_OPS = ("batchnorm2d", "layernorm", "relu", "relu6", "gelu", "silu", "sigm
               # 5-9); a table measured before lacks them and prices them as that op (features/priced_ops.py)
               "elu", "softplus", "mish", "softmax", "instancenorm", "groupnorm", "pad", "pad_reflect",
               "pad_replicate", "pixel_shuffle", "pixel_unshuffle",
-              # from 2026-11-30: a circular pad, 4-8 ns an element against a reflection's 1.5-4.3
-              "pad_circular")
+              # from 2026-11-30: a circular pad, 4-8 ns an element against a reflection's 1.5-4.3; a batch norm by its
+              # running statistics (``training`` false: frozen in a training model), one kernel each way and no
+              # statistics pass, 3-5 ns an element at sides 8-32 against a batch norm's 5-12 in training
+              "pad_circular", "batchnorm2d_eval")
 #: Map sides measured (a node's map is priced at the nearest one). An op is not measured at a side below its
 #: :data:`MIN_SIDE`: its table starts at the next side.
 SIDES = (1, 2, 4, 8, 16, 32)
@@ -121,6 +124,8 @@ def _call(op: str, side: int) -> "tuple":
     if op == "layernorm":  # over the channels, as a ConvNeXt block's (channels last)
         x = leaf(batch, side, side, CHANNELS)
         module = nn.LayerNorm(CHANNELS)
+    elif op == "batchnorm2d_eval":  # by its running statistics; its weight and bias trained
+        module = nn.BatchNorm2d(CHANNELS).eval()
     else:
         name, args = modules[op][0], modules[op][1:]
         module = getattr(nn, name)(*args)
