@@ -557,22 +557,33 @@ def _predict_on_each(cfg: Config, args: argparse.Namespace) -> int:
 def _refuse_other_channels(cfg: Config, names: list[str], input_shape: list[int]) -> None:
     """``UserError`` where ``--input-shape`` gives other channels than a queried description file or network of the
     dataset is described at (:func:`perf4sight.networks.reshape.other_channels`, as its rebuild at the shape refuses
-    it, or its variant pruned there fails): said before torch loads, which took seconds before that refusal. Other
-    names (zoo networks, factories, variants pruned on request) and a file that cannot be read are left to the
-    rebuild."""
+    it, or its variant pruned there fails), or than a zoo network takes (``zoo.check_channels``: RGB), itself or its
+    variant pruned on request (``resnet18_l30`` where the dataset has none): said before torch loads, which took
+    seconds before that refusal. Other names (factories, the config's own networks and their variants) and a file
+    that cannot be read are left to the rebuild."""
     from perf4sight.dataset import _dataset_files, read_manifest
     from perf4sight.ir.schema import load_description
+    from perf4sight.networks.on_request import VARIANT, own_network
     from perf4sight.networks.reshape import other_channels
+    from perf4sight.networks.zoo import check_channels
 
     manifest: list[dict[str, str]] | None = None
     for name in dict.fromkeys(names):
         if is_description_file(name):
             paths = [Path(name)]
-        elif name in ZOO_NAMES or ":" in name or not name.strip():
+        elif ":" in name or not name.strip():
+            continue
+        elif name in ZOO_NAMES:
+            if own_network(cfg, name) is None:  # the config's own network of the name wins (resolve_networks)
+                check_channels(name, input_shape)
             continue
         else:
             manifest = read_manifest(cfg.models_dir / "manifest.csv") if manifest is None else manifest
             paths = _dataset_files(cfg, name, manifest)[:1]
+            variant = VARIANT.fullmatch(name)
+            if not paths and variant and variant.group("network") in ZOO_NAMES \
+                    and own_network(cfg, variant.group("network")) is None:  # pruned on request from the zoo's
+                check_channels(variant.group("network"), input_shape, called=name)
         for path in paths:
             try:
                 said = other_channels(load_description(path), input_shape)

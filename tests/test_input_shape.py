@@ -615,3 +615,31 @@ def test_predict_refuses_another_channel_count_before_torch_loads(tmp_path, cli_
     monkeypatch.undo()
     with pytest.raises(UserError, match=r"^tiny_l0: takes 3-channel images \(described at 3x16x16\), not 1-channel"):
         described_at(load_description(tmp_path / "models" / "tiny_l0.json"), [1, 16, 16])  # the rebuild's own line
+
+
+def test_predict_refuses_a_zoo_network_at_another_channel_count_before_torch_loads(tmp_path, cli_here, monkeypatch):
+    """A zoo name or its variant pruned on request at ``--input-shape 1 H W`` was refused by its first convolution
+    once torch and torchvision had loaded and the fingerprint was read (~18 s under load; the variant's line named
+    the zoo network, not the variant). torchvision's networks take RGB images: the line says so with torch out of
+    reach, before the fingerprint is looked for (there is none), as a description file's does; ``describe_zoo``
+    and ``build_zoo_model`` (the networks stage, the Python API) say it before torchvision loads too."""
+    import sys
+
+    from perf4sight.networks.zoo import build_zoo_model, describe_zoo
+
+    (tmp_path / "config.toml").write_text('[devices.local]\nbackend = "cpu"\n')
+    for name in ("torch", "torchvision", "perf4sight.ir.from_torch", "perf4sight.ir.to_torch"):
+        monkeypatch.setitem(sys.modules, name, None)  # ``import torch`` raises ImportError while the test runs
+    for network, shown in (("resnet18", "resnet18"), ("resnet18_l30", "resnet18_l30"),
+                           ("lraspp_mobilenet_v3_large", "lraspp_mobilenet_v3_large")):
+        ran = cli_here(tmp_path, "--config", "config.toml", "--stage", "predict", "--network", network,
+                       "--input-shape", "1", "32", "32")
+        assert (ran.returncode, ran.stderr) == (2, f"error: {shown}: takes 3-channel images (torchvision's "
+                                                   f"{network.split('_l3')[0]}), not 1-channel ones (1x32x32): "
+                                                   "another input shape can change the height and width only\n")
+    for make in (lambda: describe_zoo("vit_b_16", [4, 224, 224], cache_dir=tmp_path),
+                 lambda: build_zoo_model("vit_b_16", 10, [4, 224, 224])):
+        with pytest.raises(UserError, match=r"^vit_b_16: takes 3-channel images \(torchvision's vit_b_16\), not "
+                                            r"4-channel ones \(4x224x224\)"):
+            make()
+    assert not list(tmp_path.rglob("*.json"))  # nothing cached

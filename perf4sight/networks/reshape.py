@@ -22,7 +22,7 @@ from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.ir.shapes import shape_text
 
-__all__ = ["described_at", "other_channels", "query_at", "shaped_name"]
+__all__ = ["described_at", "other_channels", "channels_refusal", "query_at", "shaped_name"]
 
 
 def shaped_name(name: str, input_shape: Sequence[int]) -> str:
@@ -35,11 +35,17 @@ def other_channels(desc: NetworkDescription, input_shape: Sequence[int]) -> str:
     """The line refusing ``desc`` at ``input_shape`` (``[C, H, W]``) for its channels: a rebuild keeps its layers, and
     so the channels its first layer takes; "" where they are ``desc``'s. Needs no torch: predict says it before
     torch loads."""
-    if input_shape[0] == desc.input_shape[0]:
+    return channels_refusal(desc.name, int(desc.input_shape[0]), f"described at {shape_text(desc.input_shape)}",
+                            input_shape)
+
+
+def channels_refusal(name: str, channels: int, why: str, input_shape: Sequence[int]) -> str:
+    """The line refusing network ``name``, whose first layer takes ``channels`` (``why``: where that is read), at
+    ``input_shape`` (``[C, H, W]``); "" where it has those channels."""
+    if int(input_shape[0]) == channels:
         return ""
-    return (f"{desc.name}: takes {desc.input_shape[0]}-channel images (described at {shape_text(desc.input_shape)}), "
-            f"not {input_shape[0]}-channel ones ({shape_text(input_shape)}): another input shape can change the "
-            "height and width only")
+    return (f"{name}: takes {channels}-channel images ({why}), not {input_shape[0]}-channel ones "
+            f"({shape_text(input_shape)}): another input shape can change the height and width only")
 
 
 def described_at(desc: NetworkDescription, input_shape: Sequence[int]) -> NetworkDescription:

@@ -13,7 +13,8 @@ from perf4sight.ir.shapes import shape_text
 if TYPE_CHECKING:  # torch is imported where a model is built: predicting from description files does without it
     from torch import nn
 
-__all__ = ["ZOO_NAMES", "SEGMENTATION_NAMES", "build_zoo_model", "describe_zoo"]
+__all__ = ["ZOO_NAMES", "ZOO_CHANNELS", "SEGMENTATION_NAMES", "build_zoo_model", "describe_zoo",
+           "check_channels"]
 
 #: zoo name -> extra keyword arguments for the torchvision builder: every one of torchvision's image classifiers. A
 #: ViT and MaxViT are built for the input size they are described at (``image_size``: ViT's position embedding;
@@ -42,10 +43,24 @@ SEGMENTATION_NAMES: tuple[str, ...] = ("fcn_resnet50", "fcn_resnet101", "deeplab
                                        "deeplabv3_mobilenet_v3_large", "lraspp_mobilenet_v3_large")
 _BUILD_KWARGS.update({name: {"weights_backbone": None, "aux_loss": False} for name in SEGMENTATION_NAMES})
 ZOO_NAMES: tuple[str, ...] = tuple(sorted(_BUILD_KWARGS))
+#: The channels of the images every zoo network takes (torchvision's classifiers and segmentation networks: RGB)
+ZOO_CHANNELS = 3
 #: MaxViT's input side must be a multiple of this: its 7x7 partitions of a map a 32nd of the input's
 MAXVIT_SIDE = 224
 #: ViT zoo name -> its patch size: the input must be square and a multiple of it
 _VIT_PATCH = {"vit_b_16": 16, "vit_b_32": 32, "vit_l_16": 16, "vit_l_32": 32, "vit_h_14": 14}
+
+
+def check_channels(name: str, input_shape: list[int] | None, called: str = "") -> None:
+    """``UserError`` where zoo network ``name`` (``called``: the name asked for, a variant's) cannot take
+    ``input_shape``'s channels (:data:`ZOO_CHANNELS`): said before torchvision loads, not by its first convolution
+    seconds later."""
+    from perf4sight.networks.reshape import channels_refusal
+
+    said = "" if input_shape is None else channels_refusal(called or name, ZOO_CHANNELS, f"torchvision's {name}",
+                                                           input_shape)
+    if said:
+        raise UserError(said)
 
 
 def _check_name(name: str) -> None:
@@ -61,6 +76,7 @@ def build_zoo_model(name: str, num_classes: int = 1000, input_shape: list[int] |
     images of ``input_shape`` ([C, H, W], square, a multiple of its patch size; 224x224 when not given), else
     ``UserError``."""
     _check_name(name)
+    check_channels(name, input_shape)
     kwargs = dict(_BUILD_KWARGS[name])  # a shape the network cannot take is refused before torchvision loads
     if name in _VIT_PATCH and input_shape is not None:
         kwargs["image_size"] = _vit_image_size(name, input_shape)
@@ -135,6 +151,7 @@ def describe_zoo(name: str, input_shape: list[int], num_classes: int = 1000,
     torchvision versions and describing code) is read from there instead of importing torch and
     tracing the model again (seconds); a new one is written there (:func:`cached_description`)."""
     _check_name(name)
+    check_channels(name, input_shape)
     path = None if cache_dir is None else cache_file(Path(cache_dir), name, input_shape, num_classes)
     return cached_description(path, lambda: _describe_built(name, input_shape, num_classes))
 
