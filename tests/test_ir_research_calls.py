@@ -946,6 +946,59 @@ def test_a_dtype_read_decides_a_branch_and_a_cast():
         describe(_Probe(lambda y: y.masked_fill(y < 0, torch.finfo((y > 0).dtype).min)), SHAPE, name="dtype")
 
 
+def _pieces_after_a_dtype_read(y):
+    """A chunk, a dtype read of a later node (the trace traced again), then the chunk's pieces listed."""
+    pieces = y.chunk(2, 1)
+    z = y * 2
+    fill = torch.finfo(z.dtype).min
+    a, b = list(pieces)
+    return torch.cat([a * b, b], 1).masked_fill(z > 0, fill).softmax(-1)
+
+
+def _condition_after_a_dtype_read(y):
+    """A shape condition made, a dtype read of a later node, then the condition decides a branch."""
+    wide = y.shape[-1] > 4
+    z = y * 2
+    fill = torch.finfo(z.dtype).min
+    return (z * 3 if wide else z).masked_fill(y > 0, fill).softmax(-1)
+
+
+@pytest.mark.parametrize("pattern", [_pieces_after_a_dtype_read, _condition_after_a_dtype_read])
+def test_a_split_or_a_condition_after_a_dtype_read_is_traced(pattern):
+    """A dtype read traced the forward again told the dtype of every node before it, which the check against
+    reading a node twice took for a node already told its pieces or condition: a split's pieces or a condition
+    made before a dtype read and used after it were refused as "cannot iterate over the pieces of chunk" (or "of
+    gt", a condition, no pieces). Each kind of read is told apart now: both are described, and compute the same."""
+    desc = _computes_the_same(_Probe(pattern))
+    assert [n.op for n in desc.nodes if n.op == "where"] == ["where"]
+
+
+class _Grows(nn.Module):
+    """A forward that adds one more layer each call (state kept on the module), then reads the dtype of its last."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        for _ in range(self.calls):
+            x = x + 1
+        return x.masked_fill(x > 0, torch.finfo(x.dtype).min)
+
+
+def test_a_forward_that_traces_another_graph_each_time_is_refused_naming_the_read():
+    """A forward that changes between calls read, each time traced again, the dtype of a node it had not made
+    before: traced again without end (stopped by hand after 60 s). After a few such traces it is refused in one
+    line naming the read it was traced again for."""
+    module = _Grows()
+    with pytest.raises(UserError, match=r"^grows: cannot trace the module with torch\.fx \(TraceError: traced again "
+                                        r"to read the dtype of add_\d+, the forward traced another graph \(a forward "
+                                        r"that changes between calls"):
+        describe(module, SHAPE, name="grows")
+    assert module.calls < 15
+
+
 class _MaskReadTwice(nn.Module):
     """A registered boolean mask read by two wheres of their own fills: a masked_fill of -inf (then a softmax) and a
     ``torch.where(mask, 0.0, y * 2)``."""

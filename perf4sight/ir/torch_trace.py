@@ -120,6 +120,10 @@ class _DtypeUnknown(_PiecesUnknown):
     """Raised by :meth:`_Tracer.dtype_of` for the tensor ``node`` whose dtype it has not been told."""
 
 
+#: what a trace reads -> the exception a trace not told it raises
+_UNKNOWN = {"the pieces of": _PiecesUnknown, "the condition": _ConditionUnknown, "the dtype of": _DtypeUnknown}
+
+
 class _Proxy(fx.Proxy):
     """torch.fx's proxy, whose ``len`` is the number of pieces of a split, chunk or unbind (:meth:`_Tracer.count`):
     ``list(x.chunk(2, 1))``, as ultralytics' C2f writes it, asks it first; and whose ``dtype`` is the tensor's own
@@ -155,6 +159,15 @@ class _Tracer(fx.Tracer):
                  dtypes: dict[str, torch.dtype | None] | None = None) -> None:
         super().__init__()
         self.pieces, self.decided, self.dtypes = pieces, decided, dtypes
+        #: what the trace asked of the values it was told of, in order: (what, the node's name, the nodes so far)
+        self.reads: list[tuple[str, str, int]] = []
+
+    def _read(self, what: str, node: fx.Node, told: dict[str, Any]) -> None:
+        """Note the read of ``what`` of ``node`` (:attr:`reads`); :class:`_PiecesUnknown` of ``what``'s kind where
+        ``told`` does not hold ``node``."""
+        self.reads.append((what, node.name, len(self.graph.nodes)))
+        if node.name not in told:
+            raise _UNKNOWN[what](node)
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return (type(m).__name__ in _LEAF_MODULES or _described_whole(m) is not None
@@ -171,8 +184,7 @@ class _Tracer(fx.Tracer):
         node = obj.node
         if self.pieces is None or not _makes_pieces(node):
             return None
-        if node.name not in self.pieces:
-            raise _PiecesUnknown(node)
+        self._read("the pieces of", node, self.pieces)
         return self.pieces[node.name]
 
     def dtype_of(self, obj: fx.Proxy) -> torch.dtype | None:
@@ -180,8 +192,7 @@ class _Tracer(fx.Tracer):
         None (a traced ``getattr``) where ``obj`` is no tensor, or without :attr:`dtypes`."""
         if self.dtypes is None:
             return None
-        if obj.node.name not in self.dtypes:
-            raise _DtypeUnknown(obj.node)
+        self._read("the dtype of", obj.node, self.dtypes)
         return self.dtypes[obj.node.name]
 
     def to_bool(self, obj: fx.Proxy) -> bool:
@@ -189,8 +200,7 @@ class _Tracer(fx.Tracer):
         :class:`_ConditionUnknown` where it does not say; torch.fx's refusal without :attr:`decided`."""
         if self.decided is None:
             return super().to_bool(obj)
-        if obj.node.name not in self.decided:
-            raise _ConditionUnknown(obj.node)
+        self._read("the condition", obj.node, self.decided)
         value = self.decided[obj.node.name]
         if isinstance(value, str):  # no value from shapes: refused here, in the model's own frame, saying why
             raise fx.proxy.TraceError(f"symbolically traced variables cannot be used as inputs to control flow "
@@ -318,20 +328,35 @@ class _ForwardFailed(Exception):
     cause: torch's error), which is the forward's failure, not the trace's."""
 
 
+#: How many times :func:`_trace` traces again where the trace before it read otherwise (a forward that changes
+#: between calls) before it refuses the forward
+_OTHER_GRAPHS = 8
+
+
 def _trace(module: nn.Module, input_shape: list[int]) -> fx.Graph:
     """``module``'s graph; where its forward iterates over the pieces of a split, chunk or unbind, or branches on a
     condition of shapes, traced again, told how many pieces there are (:func:`_pieces_made`) or the condition's value
-    (:func:`_condition_value`) at ``input_shape``, once for each such node."""
+    (:func:`_condition_value`) or its dtype (:func:`_dtypes_made`) at ``input_shape``, once for each such node. A
+    forward that traces another way when traced again (state kept between calls) is refused, naming what the trace
+    was traced again to read, after :data:`_OTHER_GRAPHS` such traces, not traced again without end (a few are let
+    be: a forward that draws a branch by Python's ``random`` was described by the branch it drew)."""
     pieces: dict[str, int] = {}
     decided: dict[str, bool | str] = {}
     dtypes: dict[str, torch.dtype | None] = {}
+    before: list[tuple[str, str, int]] = []  # the reads of the trace before, the last the one it stopped at
+    other_graphs = 0
     while True:
         tracer = _Tracer(pieces, decided, dtypes)
         try:
             return tracer.trace(module)
         except _PiecesUnknown as exc:
-            if exc.node.name in pieces or exc.node.name in decided or exc.node.name in dtypes:  # not traced twice
-                raise fx.proxy.TraceError(f"cannot iterate over the pieces of {exc.node.name}") from None
+            other_graphs += tracer.reads[:len(before)] != before
+            if other_graphs > _OTHER_GRAPHS:
+                what, name, _ = before[-1]
+                raise fx.proxy.TraceError(f"traced again to read {what} {name}, the forward traced another graph (a "
+                                          "forward that changes between calls, as one keeping state on the module, "
+                                          "cannot be traced)") from None
+            before = tracer.reads
             try:
                 if isinstance(exc, _DtypeUnknown):
                     dtypes.update(_dtypes_made(tracer, exc.node, input_shape))
