@@ -29,6 +29,8 @@ _CASES = {
     "where of two tensors": (lambda y: (lambda a: torch.where(y > a, y, a))(y.flip(3)), "where",
                              lambda x: torch.where(x > x.flip(3), x, 0.0)),
     "mask multiplied": (lambda y: y * (y > 0) + (y <= 0.5).mul(y), "where", lambda x: x * (x > 0)),
+    "float mask multiplied": (lambda y: y * (y > 0).float() + (y <= 0.5).to(y.dtype).mul(y)
+                              + (y >= 0.25).type_as(y) * y, "where", lambda x: x * (x > 0).float()),
 }
 #: torch.where forms: (pattern, the where nodes' (inputs, attrs)).
 _WHERES = {
@@ -72,6 +74,15 @@ _WHERES = {
                                                           "if_false": 0.0, "multiply": True}),
                               (["sigmoid", "conv"], {"compare": "ge", "threshold": 0.5, "if_false": 0.0,
                                                      "multiply": True})]),
+    "a float mask multiplied in": (lambda y: y * (y > 0).float() + torch.mul((y.mean(1, keepdim=True) <= y).to(y.dtype),
+                                                                          y) + (y.sigmoid() >= 0.5).type_as(y).mul(y),
+                                   [(["conv", "conv"], {"compare": "gt", "threshold": 0.0, "if_false": 0.0,
+                                                        "multiply": True, "float_mask": True}),
+                                    (["mean", "conv", "conv"], {"compare": "le", "threshold": 0.0,
+                                                                "compare_inputs": True, "if_false": 0.0,
+                                                                "multiply": True, "float_mask": True}),
+                                    (["sigmoid", "conv"], {"compare": "ge", "threshold": 0.5, "if_false": 0.0,
+                                                           "multiply": True, "float_mask": True})]),
     "a mask read twice, broadcast": (
         lambda y: (lambda m: torch.where(m > 0, m, y) * torch.where(m > 0, m, 1.0))(y.mean((2, 3), keepdim=True)),
         [(["mean", "mean", "conv"], {"compare": "gt", "threshold": 0.0}),
@@ -130,8 +141,11 @@ def test_where_is_described(form):
 
 
 @pytest.mark.parametrize("pattern, match", [
-    (lambda y: y * (y > 0).float(), r"a comparison read by anything but torch.where's condition has no description "
+    (lambda y: y + (y > 0).float(), r"a comparison read by anything but torch.where's condition has no description "
                                     r"op"),
+    (lambda y: y * (y > 0).float() + (y > 0).float().sum(1, keepdim=True),
+     r"a comparison read by anything but torch.where's condition"),
+    (lambda y: y * (y > 0).half(), r"a comparison read by anything but torch.where's condition"),
     (lambda y: y + (y > y.sigmoid()), r"a comparison read by anything but torch.where's condition"),
     (lambda y: torch.where(y > 0, 1.0, 0.0), r"a torch.where of two numbers .* give a tensor for one branch"),
     (lambda y: y.where(y > 0, other=-y), r"x.where\(condition, y\) of keyword arguments has no description op"),
@@ -1083,6 +1097,27 @@ def test_a_mask_multiplied_in_costs_what_torch_runs():
     assert kernel_table(desc).launches == kernel_table(where).launches
 
 
+def test_a_float_mask_multiplied_in_costs_what_torch_runs():
+    """``x * (x > 0).float()`` was refused ("a comparison read by anything but torch.where's condition"): it is a
+    where of ``multiply`` and ``float_mask``, whose kernels (a dispatch log: the compare, the cast and the multiply
+    forward, the gradient's multiply back) and kept float mask (4 bytes an element: the multiply keeps its float
+    operand) are torch's; the kernel table launches one more than a boolean mask's."""
+    from test_features import _ops_run
+
+    from perf4sight.features.latency_terms import kernel_table
+    from perf4sight.features.walk import walk
+
+    desc = describe(_Probe(lambda y: y * (y > 0).float()), SHAPE, name="float mask")
+    forward, backward = _ops_run(lambda x: x * (x > 0).float(), [8, 8, 8])
+    n = 8 * 8 * 8
+    assert forward == [("gt", n), ("_to_copy", n), ("mul", n)] and backward == [("mul", n)]
+    (cost,) = [v.cost for v in walk(desc) if v.node.op == "where"]
+    assert (cost.kernels_fwd, cost.kernels_bwd, cost.flops_fwd, cost.flops_bwd, cost.extra_saved_bytes) == (
+        3, 1, 2 * n, n, 4 * n)
+    boolean = describe(_Probe(lambda y: y * (y > 0)), SHAPE, name="boolean")
+    assert kernel_table(desc).launches == kernel_table(boolean).launches + 1
+
+
 def test_a_mask_multiplied_in_round_trips_and_is_checked():
     """A PerfSeer graph keeps a where's ``multiply``; a description whose where multiplies with a false branch other
     than 0 (or in place) is refused naming the attr."""
@@ -1096,6 +1131,14 @@ def test_a_mask_multiplied_in_round_trips_and_is_checked():
     (where,) = [n for n in bad["nodes"] if n["op"] == "where"]
     where["attrs"]["if_false"] = 1.0
     with pytest.raises(UserError, match=r"attr 'multiply' needs 'if_false' 0"):
+        NetworkDescription.from_dict(bad)
+    cast = describe(_Probe(lambda y: y * (y > 0).float()), SHAPE, name="float mask")
+    back, _ = graph_to_description(description_to_graph(cast, 4), "float mask", "float.pkl")
+    assert back.to_dict() == cast.to_dict()
+    bad = cast.to_dict()
+    (where,) = [n for n in bad["nodes"] if n["op"] == "where"]
+    del where["attrs"]["multiply"]
+    with pytest.raises(UserError, match=r"attr 'float_mask' needs 'multiply'"):
         NetworkDescription.from_dict(bad)
 
 

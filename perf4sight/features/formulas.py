@@ -914,7 +914,9 @@ def _where(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     backward, per tensor branch, ``where(condition, grad, 0)`` (one kernel, a FLOP an output element; the zero a
     wrapped number, no kernel). It keeps the condition, a byte an element of x. A condition of two tensors
     (``compare_inputs``: a > b) reads both, its mask their broadcast shape's; a fixed mask (``mask_shape``: a
-    boolean buffer) is no compare, nothing kept."""
+    boolean buffer) is no compare, nothing kept. A mask cast to float32 and multiplied in (``float_mask``:
+    x * (x > 0).float()) is a kernel more forward (the cast, no FLOPs: a byte read, 4 written an element), the
+    multiply reading the float mask; it keeps that, 4 bytes an element."""
     k = where_condition_inputs(node.attrs)
     n, branches = numel(node.output_shape), len(in_shapes) - k
     rd, wr = _io_bytes(in_shapes, node.output_shape)
@@ -923,6 +925,10 @@ def _where(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
                       kernels_fwd=1, kernels_bwd=branches, kind="elementwise")
     condition = in_shapes[0] if k == 1 else broadcast(in_shapes[0], in_shapes[1]) or node.output_shape
     mask = numel(condition)
+    if node.attrs.get("float_mask"):
+        return OpCost(flops_fwd=float(mask + n), flops_bwd=float(branches * n), bytes_read=rd + 6.0 * mask,
+                      bytes_written=wr + 5.0 * mask, extra_saved_bytes=4.0 * mask, kernels_fwd=3,
+                      kernels_bwd=branches, kind="elementwise")
     return OpCost(flops_fwd=float(mask + n), flops_bwd=float(branches * n), bytes_read=rd + mask,
                   bytes_written=wr + mask, extra_saved_bytes=float(mask), kernels_fwd=2, kernels_bwd=branches,
                   kind="elementwise")

@@ -405,8 +405,12 @@ def _weighted_sum_passes(node: Node) -> tuple[float, float, int]:
 def _where_passes(node: Node) -> tuple[float, float, int]:
     """A where (formulas._where): forward the compare (x read, a byte an element written) and the where (the
     condition and the branches read, the output written), about 1.5 passes over its inputs and output; backward per
-    tensor branch a where of the gradient (the condition, the gradient read, one written: 2.25 output-sized)."""
+    tensor branch a where of the gradient (the condition, the gradient read, one written: 2.25 output-sized). A
+    mask cast to float32 and multiplied in (``float_mask``): the cast besides (a byte read, 4 written an element)
+    and the multiply reading 4 bytes of mask an element, not one: about 2.2 passes; backward 3 (a float mask read)."""
     branches = len(node.inputs) - where_condition_inputs(node.attrs)
+    if node.attrs.get("float_mask"):
+        return 2.2, 3.0 * branches, branches
     return 1.5, 2.25 * branches, branches
 
 

@@ -594,7 +594,8 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
             if not isinstance(shape, (list, tuple)):
                 raise UserError(f"{where}: a Where's mask_shape must be a list of sizes, got {shape!r}")
             a["mask_shape"] = [int(_number(v, f"{where} mask_shape")) for v in shape]
-        return {**a, **{k: True for k in ("inplace", "compare_inputs", "multiply") if flag(k, False)}}
+        return {**a, **{k: True for k in ("inplace", "compare_inputs", "multiply", "float_mask")
+                    if flag(k, False)}}
     if op == "cumsum":  # ONNX's CumSum: its axis an input a graph's args may not carry: none, no running sum
         if args.get("dim", args.get("axis")) is None:
             raise UserError(f"{where}: a CumSum without its axis (args: dim)")

@@ -193,7 +193,8 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # condition compares the first two inputs, broadcast (torch.where(a > b, a, b)), threshold 0; optional mask_shape:
     # the condition compares a fixed tensor of this shape instead, a buffer of the node (not trained; a registered
     # attention mask: x.masked_fill(self.mask == 0, v)), broadcast with the batch first, its values not described;
-    # optional multiply (false): of if_false 0, the mask multiplied into the true branch as torch runs x * (x > 0)
+    # optional multiply (false): of if_false 0, the mask multiplied into the true branch as torch runs x * (x > 0);
+    # optional float_mask (false): of multiply, the mask cast to float32 first (x * (x > 0).float())
     "where": ("compare", "threshold"),
     # a spatial transformer's sampling grid: each sample's [2, 3] affine matrix theta applied to the normalised
     # [-1, 1] coordinates of an [H, W] = size output (align_corners: the corners' pixel centres at -1 and 1, else
@@ -312,7 +313,7 @@ _FLAGS: Dict[str, Tuple[str, ...]] = {
     "alpha_dropout": ("feature", "inplace"),
     "affine_grid": ("align_corners",), "grid_sample": ("align_corners",),
     "sort": ("descending",), "topk": ("largest",),
-    "where": ("inplace", "compare_inputs", "multiply"),
+    "where": ("inplace", "compare_inputs", "multiply", "float_mask"),
 }
 #: Activations that may run in place on a copy of their input (``y.clone().leaky_relu_()``, ``F.elu(y.contiguous(),
 #: inplace=True)`` of a strided y): ``on_copy`` (optional, false) says so. The result is a tensor of its own, as out of
@@ -443,6 +444,8 @@ def _where_problem(node: "Node") -> str:
                                        or "mask_shape" in node.attrs):
         return ("attr 'multiply' needs 'if_false' 0, and neither 'inplace' nor 'mask_shape' (a tensor times a "
                 "comparison, x * (x > 0))")
+    if node.attrs.get("float_mask") and not node.attrs.get("multiply"):
+        return "attr 'float_mask' needs 'multiply' (a tensor times a comparison cast to float, x * (x > 0).float())"
     return ""
 
 

@@ -574,14 +574,18 @@ def _variance(x: torch.Tensor, dims: List[int], correction: float, keepdim: bool
 
 
 def _where(x: torch.Tensor, branches: List, compare: str, threshold: float, if_true: Any,
-           if_false: Any, inplace: bool = False, compare_inputs: bool = False, multiply: bool = False) -> torch.Tensor:
+           if_false: Any, inplace: bool = False, compare_inputs: bool = False, multiply: bool = False,
+           float_mask: bool = False) -> torch.Tensor:
     """torch.where(x <compare> threshold, a, b): a and b the ``branches`` in that order, but where a number
     (``if_true``, ``if_false``; None where not); ``inplace``: ``b.masked_fill_(condition, if_true)``;
     ``compare_inputs``: x compared with the first of ``branches`` (a > b), the others the branches; ``multiply``:
-    ``a * condition`` (of ``if_false`` 0: the mask multiplied in)."""
+    ``a * condition`` (of ``if_false`` 0: the mask multiplied in); ``float_mask``: the condition cast to float32
+    first (the boolean one freed before the multiply, as ``x * (x > 0).float()`` runs)."""
     rest = list(branches)
     condition = {"gt": torch.gt, "ge": torch.ge, "lt": torch.lt, "le": torch.le, "eq": torch.eq,
                  "ne": torch.ne}[compare](x, rest.pop(0) if compare_inputs else threshold)
+    if multiply and float_mask:
+        condition = condition.float()
     if multiply:
         return rest[0] * condition
     return _where_of(condition, rest, if_true, if_false, inplace)
@@ -688,7 +692,7 @@ FUNCTION_BUILDERS: Dict[str, Callable[[List, Dict], Tuple[Callable, Tuple]]] = {
     "where": lambda x, a: (_where, (x[0], list(x[1:]), str(a["compare"]), float(a["threshold"]),
                                     *(None if a.get(k) is None else float(a[k]) for k in ("if_true", "if_false")),
                                     bool(a.get("inplace", False)), bool(a.get("compare_inputs", False)),
-                                    bool(a.get("multiply", False)))),
+                                    bool(a.get("multiply", False)), bool(a.get("float_mask", False)))),
 }
 
 

@@ -130,7 +130,7 @@ def _mask_multiplied(n: fx.Node) -> tuple[fx.Node, fx.Node] | None:
     in: ``x * (x > 0)``, ``(m > 0.5) * y``, ``torch.mul(y, a > b)``); None for any other node."""
     if n.op not in ("call_function", "call_method") or n.target not in _MULTIPLIES or len(n.args) != 2 or n.kwargs:
         return None
-    masks = [a for a in n.args if isinstance(a, fx.Node) and _compared(a) is not None]
+    masks = [a for a in n.args if isinstance(a, fx.Node) and (_compared(a) is not None or _float_mask_of(a))]
     if len(masks) != 1 or n.args[0] is n.args[1]:
         return None
     other = n.args[1] if n.args[0] is masks[0] else n.args[0]
@@ -139,14 +139,37 @@ def _mask_multiplied(n: fx.Node) -> tuple[fx.Node, fx.Node] | None:
     return masks[0], other
 
 
+def _float_mask_of(n: Any) -> fx.Node | None:
+    """The comparison fx node ``n`` casts to float32 (a mask made a float tensor: ``(x > 0).float()``,
+    ``(x > 0).to(x.dtype)``, ``(x > 0).type_as(x)`` of a float32 x); None for anything else."""
+    if not isinstance(n, fx.Node) or n.op != "call_method" or not n.args or _compared(n.args[0]) is None:
+        return None
+    rest = [*n.args[1:], *n.kwargs.values()]
+    if n.target == "float" and not rest or n.target == "to" and rest == [torch.float32] or \
+            n.target == "type_as" and len(n.args) == 2 and not n.kwargs and _is_tensor(n.args[1]) \
+            and n.args[1].meta["tensor_meta"].dtype == torch.float32:
+        return n.args[0]
+    return None
+
+
+def _mask_of(mask: fx.Node) -> tuple[fx.Node, bool]:
+    """(the comparison, whether it is cast to float32 first) of a mask :func:`_mask_multiplied` found."""
+    compared = _float_mask_of(mask)
+    return (mask, False) if compared is None else (compared, True)
+
+
 def _mul(n: fx.Node) -> tuple[str, dict]:
     """A multiply; of a tensor by a comparison (:func:`_mask_multiplied`: x * (x > 0)), the op where of that
     condition, the tensor its true branch, 0 its false one, flagged ``multiply`` (torch runs the compare, then a
-    multiply by the boolean mask, which autograd keeps: a where's work and memory, a multiply's kernels)."""
+    multiply by the boolean mask, which autograd keeps: a where's work and memory, a multiply's kernels); of a
+    comparison cast to float32 first (``x * (x > 0).float()``), flagged ``float_mask`` too (the cast a kernel of its
+    own, the float mask what autograd keeps)."""
     found = _mask_multiplied(n)
     if found is None:
         return "mul", {}
-    return "where", {**_condition_attrs(_compared(found[0]), found[0], n), "if_false": 0.0, "multiply": True}
+    compared, cast = _mask_of(found[0])
+    attrs = {**_condition_attrs(_compared(compared), compared, n), "if_false": 0.0, "multiply": True}
+    return "where", {**attrs, "float_mask": True} if cast else attrs
 
 
 for _key in _MULTIPLIES:
@@ -186,6 +209,18 @@ def _cast(n: fx.Node) -> tuple[str, dict]:
 
 
 FUNCTION_OPS["float"] = FUNCTION_OPS["to"] = _cast
+
+
+def _type_as(n: fx.Node) -> tuple[str, dict]:
+    """``m.type_as(x)`` of a comparison m and a float32 x (a mask multiplied in, :func:`_float_mask_of`), or of two
+    float32 tensors: the tensor it is given."""
+    if _float_mask_of(n) is None and not (len(n.args) == 2 and not n.kwargs and all(
+            _is_tensor(a) and a.meta["tensor_meta"].dtype == torch.float32 for a in n.args)):
+        raise ValueError("a type_as other than to float32 of a float32 tensor or a comparison has no description op")
+    return "alias", {}
+
+
+FUNCTION_OPS["type_as"] = _type_as
 
 #: the calls that broadcast their two tensors (what an expanded operand meets): adds and multiplies
 _BROADCASTING = {operator.add, operator.iadd, torch.add, "add", "add_", operator.mul, operator.imul, torch.mul, "mul",
@@ -829,12 +864,15 @@ def _compared(n: Any) -> tuple[str, float | None] | None:
 
 def _is_condition_read(user: fx.Node, n: fx.Node) -> bool:
     """Whether ``user`` reads ``n`` as torch.where's condition alone (or as x.where's, refused by the where), as
-    x.masked_fill's mask (of a number), or as a mask multiplied into a tensor (:func:`_mask_multiplied`)."""
+    x.masked_fill's mask (of a number), or as a mask multiplied into a tensor (:func:`_mask_multiplied`), cast to
+    float32 first or not."""
     if user.op == "call_method" and user.target == "where":
         return True
     multiplied = _mask_multiplied(user)
     if multiplied is not None:
         return multiplied[0] is n
+    if _float_mask_of(user) is n:  # (x > 0).float(), each of its readers multiplying it into a tensor
+        return bool(user.users) and all((_mask_multiplied(u) or (None,))[0] is user for u in user.users)
     if user.target in _MASKED_FILLS:
         return len(user.args) == 3 and user.args[1] is n and user.args[0] is not n and not user.kwargs
     return user.op == "call_function" and user.target is torch.where and len(user.args) == 3 and \
