@@ -31,6 +31,9 @@ _CASES = {
     "mask multiplied": (lambda y: y * (y > 0) + (y <= 0.5).mul(y), "where", lambda x: x * (x > 0)),
     "float mask multiplied": (lambda y: y * (y > 0).float() + (y <= 0.5).to(y.dtype).mul(y)
                               + (y >= 0.25).type_as(y) * y, "where", lambda x: x * (x > 0).float()),
+    "einsum summing a product": (lambda y: y * torch.einsum("bchw,bchw->bch", y, y.sigmoid())[..., None]
+                                 + torch.einsum("bc,bc->b", y.mean((2, 3)), y.amax((2, 3)))[:, None, None, None],
+                                 "matmul", lambda x: torch.einsum("bchw,bchw->bch", x, x * 2)),
 }
 #: torch.where forms: (pattern, the where nodes' (inputs, attrs)).
 _WHERES = {
@@ -1181,3 +1184,74 @@ def test_a_training_only_layer_is_found_in_a_forward_reading_a_dtype():
             return self.fc(y) + self.aux(y) if self.training else self.fc(y)
     with pytest.raises(UserError, match=r"its forward calls aux in training only"):
         describe(Auxiliary(), SHAPE, name="auxiliary")
+
+
+#: Einsums that multiply two tensors and sum the product over letters the result leaves out: (pattern of a [8, 8, 8]
+#: map, the per-sample shapes of the batched product's rows).
+_PRODUCT_SUMS = {
+    "bchw,bchw->bch": (lambda y: y * torch.einsum("bchw,bchw->bch", y, y.sigmoid())[..., None], [[64, 1, 8],
+                                                                                              [64, 8, 1]]),
+    "bc,bc->b": (lambda y: y * torch.einsum("bc,bc->b", y.mean((2, 3)), y.amax((2, 3)))[:, None, None, None],
+                 [[1, 8], [8, 1]]),
+    "bchw,bchw->bhw": (lambda y: y * torch.einsum("bchw,bchw->bhw", y, y.sigmoid())[:, None], [[64, 1, 8],
+                                                                                            [64, 8, 1]]),
+}
+
+
+@pytest.mark.parametrize("equation", list(_PRODUCT_SUMS))
+def test_an_einsum_summing_a_product_is_a_batched_product_of_rows(equation):
+    """An einsum of two tensors of one shape, multiplied and summed over letters left out ('bchw,bchw->bhw',
+    'bc,bc->b') was refused ("an einsum of the form ... has no description op"): torch runs it as one bmm of rows
+    ([M, 1, S] by [M, S, 1], the summed letters put last by a permute where they are not), which is what it is
+    described as (reshapes around a matmul); the rebuilt module computes the original's output and gradients."""
+    pattern, rows = _PRODUCT_SUMS[equation]
+    desc = _computes_the_same(_Probe(pattern))
+    mine = [n for n in desc.nodes if n.name.startswith("einsum")]
+    permuted = equation.endswith("bhw")
+    assert [n.op for n in mine] == ["permute", "reshape"] * 2 * permuted + ["reshape"] * 2 * (not permuted) + [
+        "matmul", "reshape"]
+    assert [n.output_shape for n in mine if n.name.endswith("_rows")] == rows
+
+
+@pytest.mark.parametrize("batch", [3, 1])
+def test_the_allocation_model_leaves_a_permuted_einsum_product_to_the_trace(batch):
+    """An einsum product summed over a letter before others it keeps ('bchw,bchw->bhw': its operands permuted) hands
+    its operands' producers gradients of permuted strides (at a batch of 1, a matmul of rows strided), which the
+    model does not follow: it says so, and the step's events are the trace's. (The forms summing trailing letters
+    are written down as traced: _CASES.)"""
+    from perf4sight.features.alloc_model import NotCovered, step_events
+    from perf4sight.features.alloc_trace import record_events
+
+    desc = describe(_Probe(_PRODUCT_SUMS["bchw,bchw->bhw"][0]), SHAPE, name="permuted")
+    with pytest.raises(NotCovered, match="a gradient with permuted strides|matmul of an input strided other than"):
+        step_events(desc, batch)
+    assert record_events(desc, batch, method="auto") == record_events(desc, batch, method="trace")
+
+
+def test_an_einsum_summing_a_product_costs_the_bmm_torch_runs():
+    """Torch runs 'bchw,bchw->bch' as one bmm forward ([B * C * H, 1, W] by [B * C * H, W, 1]: 2 FLOPs a product
+    element) and two back (a dispatch log), each operand kept: the matmul node's kernels and FLOPs."""
+    from test_features import _ops_run
+
+    from perf4sight.features.walk import walk
+
+    desc = describe(_Probe(_PRODUCT_SUMS["bchw,bchw->bch"][0]), SHAPE, name="einsum")
+    forward, backward = _ops_run(lambda x: torch.einsum("bchw,bchw->bch", x, x * 2), [8, 8, 8])
+    kernels = [(name, e) for name, e in forward if name != "permute"]  # permutes are views
+    assert kernels == [("mul", 512), ("bmm", 64)]  # x * 2, then the einsum: no copy, its rows views
+    assert [name for name, _ in backward if name == "bmm"] == ["bmm", "bmm"]  # x * 2's mul and the add aside
+    (visit,) = [v for v in walk(desc) if v.node.op == "matmul"]
+    assert (visit.cost.kernels_fwd, visit.cost.kernels_bwd, visit.cost.flops_fwd) == (1, 2, 2.0 * 8 * 8 * 8)
+    assert visit.cost.saved == [0, 1]
+
+
+@pytest.mark.parametrize("pattern, match", [
+    (lambda y: torch.einsum("bchw,bchw->chw", y, y)[None].expand(2, -1, -1, -1),
+     r"an einsum summing over the batch dimension \(its first letter\)"),
+    (lambda y: y * torch.einsum("bchw,bchw->bc", y, y.mean((2, 3), keepdim=True))[..., None, None],
+     r"an einsum multiplying tensors of shapes \[2, 8, 8, 8\] and \[2, 8, 1, 1\] \(broadcast\)"),
+])
+def test_an_einsum_product_over_the_batch_or_broadcast_is_refused_by_name(pattern, match):
+    """A product summed over the batch's letter, or of two shapes broadcast, is refused by name."""
+    with pytest.raises(UserError, match=match):
+        describe(_Probe(pattern), SHAPE, name="refused")

@@ -623,6 +623,56 @@ def _einsum_sum_dims(equation: str) -> list[int] | None:
     return [i for i, letter in enumerate(source) if letter not in out]
 
 
+def _einsum_product_sum(equation: str) -> tuple[list[int], list[int]] | None:
+    """Where the einsum ``equation`` of two operands of the same letters, in one order, multiplies them and sums the
+    product over letters the result leaves out, the others in their order (``"bchw,bchw->bhw"``, ``"bc,bc->b"``):
+    (the dims kept, the dims summed), counted from the front; None for any other form."""
+    terms = equation.replace(" ", "").split("->")
+    operands = terms[0].split(",") if len(terms) == 2 else []
+    if len(operands) != 2 or operands[0] != operands[1] or not operands[0].isalpha() \
+            or len(set(operands[0])) != len(operands[0]) or not (terms[1].isalpha() or terms[1] == ""):
+        return None
+    source, out = operands[0], terms[1]
+    if "".join(letter for letter in source if letter in out) != out or len(out) == len(source):
+        return None
+    return [source.index(letter) for letter in out], [i for i, letter in enumerate(source) if letter not in out]
+
+
+def _product_sum_nodes(n: fx.Node, operands: list, kept: list[int], summed: list[int],
+                       alias: dict[str, str]) -> list[Node]:
+    """The nodes of ``n``, an einsum of two tensors multiplied and summed over ``summed`` (:func:`_einsum_product_sum`)
+    as torch 2.14 runs it (a dispatch log): each operand's summed dims put last (a permute, where they are not), made
+    [M, 1, S] and [M, S, 1] (a reshape: M the kept dims' elements after the batch's, S the summed ones'; [1, S] and
+    [S, 1] where the batch's alone is kept), one batched product of them (bmm), the result made the output's shape.
+    ``ValueError`` for a sum over the batch's letter or operands of other shapes (broadcast)."""
+    if 0 in summed:
+        raise ValueError("an einsum summing over the batch dimension (its first letter) has no description op")
+    shapes = [[int(v) for v in a.meta["tensor_meta"].shape] for a in operands]
+    if shapes[0] != shapes[1]:
+        raise ValueError(f"an einsum multiplying tensors of shapes {shapes[0]} and {shapes[1]} (broadcast) and summing "
+                         "the product has no description op; give tensors of one shape")
+    for operand in operands:
+        _network_tensor(operand, alias, "einsum")
+    shape = shapes[0]
+    m = int(np.prod([shape[d] for d in kept[1:]]))
+    s = int(np.prod([shape[d] for d in summed]))
+    order = kept + summed
+    nodes, rows = [], []
+    for operand, side, row in zip(operands, "ab", ([m, 1, s], [m, s, 1])):
+        source = alias[operand.name]
+        if order != sorted(order):  # the summed dims put last: a permuted view
+            nodes.append(Node(f"{n.name}_{side}_permuted", "permute", [source], {"dims": order},
+                              [shape[d] for d in order[1:]]))
+            source = nodes[-1].name
+        row = row if len(kept) > 1 else row[1:]
+        nodes.append(Node(f"{n.name}_{side}_rows", "reshape", [source], {"shape": row}, row))
+        rows.append(nodes[-1].name)
+    product = [m, 1, 1] if len(kept) > 1 else [1, 1]
+    nodes.append(Node(f"{n.name}_product", "matmul", rows, {}, product))
+    alias[n.name] = n.name
+    return nodes + [Node(n.name, "reshape", [nodes[-1].name], {"shape": _shape(n)}, _shape(n))]
+
+
 def _matrix_product_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str]) -> list[Node] | None:
     """``a @ b`` of two of the network's tensors (torch.matmul, bmm, an einsum of a batched matrix product: a
     non-local block's, a hand-written self-attention's): the op matmul, after a transpose of the last two dims of an
@@ -643,13 +693,17 @@ def _matrix_product_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str])
         summed = _einsum_sum_dims(equation) if isinstance(equation, str) and len(operands) == 1 else None
         if summed is not None and _is_tensor(operands[0]):  # a sum over the letters left out
             return _summed(n, operands[0], summed, False, gm, alias)
+        product_sum = _einsum_product_sum(equation) if isinstance(equation, str) and len(operands) == 2 else None
+        if product_sum is not None and all(_is_tensor(a) for a in operands):  # a product summed: a bmm of rows
+            return _product_sum_nodes(n, operands, *product_sum, alias)
         form = _batched_matmul_form(equation) if isinstance(equation, str) else None
         if form is None or len(operands) != 2:
             raise ValueError(f"an einsum of the form {equation!r} has no description op (only a batched matrix "
                              "product of two tensors, e.g. 'bij,bjk->bik', either operand's last two letters "
                              "swapped, is the op matmul, a reordering of one tensor's letters after the batch's, "
-                             "e.g. 'bchw->bhwc', the op permute, and one tensor's sum over letters left out, e.g. "
-                             "'bchw->bc', a sum)")
+                             "e.g. 'bchw->bhwc', the op permute, one tensor's sum over letters left out, e.g. "
+                             "'bchw->bc', a sum, and two tensors' product summed so, e.g. 'bchw,bchw->bhw', a "
+                             "batched product of rows)")
         transposed = form
     if len(operands) != 2 or not all(_is_tensor(a) for a in operands):
         return None
