@@ -1064,6 +1064,66 @@ def test_the_allocation_model_sets_up_a_fixed_mask_read_twice_once(batch):
         ("alloc", 64, "setup")]
 
 
+class _ComputedMaskReadTwice(nn.Module):
+    """A mask computed from a buffer at each read, ``self.mask == 0`` (which the trace computes once a read), filled
+    by a masked_fill and a where, and ``self.mask != 0`` (other values) by a third where."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8 * 8 * 8, 10)
+        self.register_buffer("mask", torch.ones(8, 8).tril())
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.fc((y.masked_fill(self.mask == 0, float("-inf")).softmax(-1)
+                        + torch.where(self.mask == 0, 0.0, y * 2) + torch.where(self.mask != 0, y, 0.0)).flatten(1))
+
+
+def test_a_mask_computed_alike_at_two_reads_is_one_buffer():
+    """``self.mask == 0`` written at two reads was two masks (the trace computes a tensor of its own at each): two
+    buffers in the rebuilt network, two set up by the allocation model. Masks the trace computed with the same values
+    are one: the later where ``shares`` the first's; one of other values (``self.mask != 0``) keeps its own. The
+    rebuilt network, its two masks set to the module's, computes its output and gradients."""
+    from perf4sight.ir.to_torch import build_module
+
+    module = _ComputedMaskReadTwice()
+    desc = NetworkDescription.from_dict(describe(module, SHAPE, name="computed").to_dict())
+    assert [(n.name, n.attrs.get("shares")) for n in desc.nodes if n.op == "where"] == [
+        ("masked_fill", None), ("where", "masked_fill"), ("where_1", None)]
+    rebuilt = build_module(desc)
+    masks = list(rebuilt.buffers())
+    assert [tuple(b.shape) for b in masks] == [(8, 8), (8, 8)]
+    masks[0].copy_(module.mask == 0)
+    masks[1].copy_(module.mask != 0)
+    for new, old in zip(rebuilt.parameters(), module.parameters()):
+        new.data.copy_(old.data)
+    x = torch.randn(2, *SHAPE)
+    outputs, gradients = [], []
+    for net in (module, rebuilt):
+        xi = x.clone().requires_grad_()
+        out = net(xi)
+        out.square().sum().backward()
+        outputs.append(out)
+        gradients.append([xi.grad] + [p.grad for p in net.parameters()])
+    assert torch.allclose(outputs[0], outputs[1], atol=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(*gradients))
+
+
+@pytest.mark.parametrize("batch", [3, 1])
+def test_the_allocation_model_sets_up_a_mask_computed_alike_twice_once(batch):
+    """The masks of ``self.mask == 0`` at two reads are set up once (and ``self.mask != 0``'s once): two 64-byte
+    masks, as the meta trace of the rebuilt network records them; the model's events are the trace's."""
+    from test_allocator import _as_replayed
+
+    from perf4sight.features.alloc_trace import record_events
+
+    desc = describe(_ComputedMaskReadTwice(), SHAPE, name="computed")
+    model = record_events(desc, batch, steps=2, method="model")
+    assert _as_replayed(model) == _as_replayed(record_events(desc, batch, steps=2, method="trace"))
+    assert [e for e in _as_replayed(model) if e[0] == "alloc" and e[2] == "setup" and e[1] == 64] == [
+        ("alloc", 64, "setup")] * 2
+
+
 def test_a_fixed_mask_read_twice_round_trips():
     """A PerfSeer graph keeps the second where's ``shares`` and its own fill, also read as another tool's file (where
     a later call of a layer takes its owner's attrs: a where keeps its own)."""

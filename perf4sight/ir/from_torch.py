@@ -36,9 +36,10 @@ from perf4sight.ir.torch_calls import (_MASKED_FILLS, _PARAMETER_CALLS, _NoOp, _
 from perf4sight.ir.torch_patterns import (_getitem, _max_part, _moves_the_batch_for_picks, _padded_first,
                                           _picked_after_a_moved_batch, _pool_part, _sorted_part, _split_piece,
                                           _with_size_reference)
-from perf4sight.ir.torch_checks import (_check_float32, _follow_in_place, _mark_shared_calls, _refuse_deformable,
-                                        _refuse_other_inputs, _refuse_writes_through_views, _shared_layers,
-                                        _training_only_layers, _unread_params, _writes_a_copy)
+from perf4sight.ir.torch_checks import (COMPUTED_MASKS, _check_float32, _follow_in_place, _mark_shared_calls,
+                                        _refuse_deformable, _refuse_other_inputs, _refuse_writes_through_views,
+                                        _shared_layers, _training_only_layers, _unread_params, _writes_a_copy,
+                                        computed_masks)
 
 __all__ = ["describe", "check_input_shape", "forward_error", "has_lazy_parameters", "in_mode",
            "stderr_kept_on_success", "run_on_meta"]
@@ -224,12 +225,14 @@ def _traced_with_shapes(module: nn.Module, input_shape: list[int], name: str) ->
     _shared_layers(gm, name)
     _check_float32(gm, name)
     _follow_in_place(gm)
+    masks = computed_masks(gm)
     try:
         gm = _propagate_shapes(gm, input_shape)
     except UserError:
         raise
     except Exception as exc:
         raise forward_error(name, input_shape, exc) from None
+    gm.meta[COMPUTED_MASKS] = masks
     _refuse_writes_through_views(gm, name)
     return gm
 

@@ -228,6 +228,9 @@ def _mark_shared_calls(gm: fx.GraphModule, nodes: list[Node], held: dict[str, fx
                 or SHARES in node.attrs:  # a fusion's sharing: its own
             continue
         tensors = _module_tensors_read(fx_node, gm, held)
+        if _fixed_mask_where(node):  # two masks the trace computed alike (self.mask == 0 twice): the first's
+            same = gm.meta.get(COMPUTED_MASKS, {})
+            tensors = [(name, _fetched(gm, same[name]) if name in same else t) for name, t in tensors]
         ids = {id(t) for _, t in tensors}
         readers = {first_reader[i] for i in ids if i in first_reader}
         if not readers:
@@ -254,6 +257,31 @@ def _module_tensors_read(fx_node: fx.Node, gm: fx.GraphModule, held: dict[str, f
     fetches = [held[a.name] for a in inputs if a.name in held and held[a.name].op == "get_attr"]  # (not a Swin V2
     read = [(f.target, _fetched(gm, f.target)) for f in fetches]  # position bias: computed, held as its own node)
     return [(name, t) for name, t in read if isinstance(t, torch.Tensor)]
+
+
+#: ``GraphModule.meta``'s key for :func:`computed_masks`' answer, which the shape propagation's twin keeps
+COMPUTED_MASKS = "perf4sight_computed_masks"
+
+
+def computed_masks(gm: fx.GraphModule) -> dict[str, str]:
+    """Each boolean tensor the trace computed from the module's tensors (``_tensor_constant<i>``: ``self.mask == 0``,
+    a tensor of its own at each read) -> the first one computed before it with the same values, for those that have
+    one: two wheres of ``self.mask == 0`` then share one mask, as two of a registered one do
+    (:func:`_mark_shared_calls`). Read before the weights go to the meta device (empty where they are there)."""
+    seen: list[tuple[str, torch.Tensor]] = []
+    same: dict[str, str] = {}
+    for node in gm.graph.nodes:
+        if node.op != "get_attr" or not str(node.target).startswith("_tensor_constant"):
+            continue
+        t = _fetched(gm, node.target)
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.bool or t.is_meta:
+            continue
+        first = next((name for name, u in seen if u.shape == t.shape and torch.equal(u, t)), None)
+        if first is None:
+            seen.append((node.target, t))
+        elif first != node.target:
+            same[node.target] = first
+    return same
 
 
 def _fetched(root: nn.Module, target: str) -> Any:
