@@ -31,6 +31,14 @@ _CASES = {
     "mask multiplied": (lambda y: y * (y > 0) + (y <= 0.5).mul(y), "where", lambda x: x * (x > 0)),
     "float mask multiplied": (lambda y: y * (y > 0).float() + (y <= 0.5).to(y.dtype).mul(y)
                               + (y >= 0.25).type_as(y) * y, "where", lambda x: x * (x > 0).float()),
+    "sort's indices gathered": (lambda y: y.gather(2, y.sort(2, descending=True)[1]) + y, "sort",
+                                lambda x: x.gather(2, x.sort(2, descending=True)[1])),
+    "topk's indices gathered": (lambda y: (lambda s: y.gather(2, s.topk(y.shape[2], dim=2).indices.unsqueeze(-1)
+                                                              .expand(-1, -1, -1, y.shape[3])) + s[..., None])(
+                                    y.mean(3)),
+                                "topk",
+                                lambda x: x.gather(2, x.mean(3).topk(8, dim=2).indices.unsqueeze(-1)
+                                                   .expand(-1, -1, -1, 8))),
     "einsum summing a product": (lambda y: y * torch.einsum("bchw,bchw->bch", y, y.sigmoid())[..., None]
                                  + torch.einsum("bc,bc->b", y.mean((2, 3)), y.amax((2, 3)))[:, None, None, None],
                                  "matmul", lambda x: torch.einsum("bchw,bchw->bch", x, x * 2)),
@@ -319,11 +327,13 @@ def test_the_call_keeps_what_autograd_keeps(case):
 @pytest.mark.parametrize("call, kernels", [(lambda y: torch.logsumexp(y, 1, keepdim=True), 10 + 3),
                                            (lambda y: torch.cumsum(y, 1), 1 + 3),
                                            (lambda y: torch.where(y > 0, y, 0.0), 2 + 1),
-                                           (lambda y: torch.sort(y, 1)[0], 1 + 2)])
+                                           (lambda y: torch.sort(y, 1)[0], 1 + 2),
+                                           (lambda y: y.gather(2, torch.sort(y, 2)[1]), 2 + 2)])
 def test_the_call_runs_its_kernels_in_the_latency_terms(call, kernels):
     """The kernel table runs a logsumexp as torch does: 10 kernels forward and 3 back (formulas' counts); a cumsum
     one forward and 3 back; a where of one tensor branch 2 forward (the compare, the where) and one back; a sort one
-    forward and 2 back (new_zeros, scatter)."""
+    forward and 2 back (new_zeros, scatter); a gather at a sort's indices 2 forward (the sort, the gather) and 2 back
+    (new_zeros, scatter_add)."""
     from perf4sight.features.latency_terms import kernel_table
 
     desc = describe(_Probe(lambda y: y + call(y)), SHAPE, name="called")
@@ -595,8 +605,8 @@ def test_a_sorts_or_topks_values_are_described(case):
 
 
 @pytest.mark.parametrize("pattern, match", [
-    (lambda y: y.gather(1, torch.sort(y, 1)[1]), r"the indices \(int64\) of call_function 'sort' \(node sort\), "
-                                                  r"which call_method 'gather' \(node gather\) reads, has no"),
+    (lambda y: y + torch.sort(y, 1)[1].float(), r"the indices \(int64\) of call_function 'sort' \(node sort\), "
+                                                 r"which call_method 'float' \(node float_1\) reads, has no"),
     (lambda y: y.gather(1, y.mean((2, 3), keepdim=True).topk(4, 1)[1].expand(-1, -1, 8, 8)).repeat(1, 2, 1, 1),
      r"the indices \(int64\) of call_method 'topk' \(node topk\), which call_method 'gather' \(node gather\) "
      r"reads, has no description op"),
@@ -605,9 +615,9 @@ def test_a_sorts_or_topks_values_are_described(case):
     (lambda y: y + y.topk(8, 1, sorted=False).values, r"a topk of sorted=False"),
 ])
 def test_a_sorts_indices_or_another_form_are_refused_by_name(pattern, match):
-    """The indices of a sort or a topk read by anything (a gather, token pruning's of the top-scoring channels,
-    through their expand: the gather named), a sort along the batch, a stable sort and an unsorted topk are refused
-    by name."""
+    """The indices of a sort or a topk read by anything but a gather of a tensor of their shape (and trailing dims):
+    made float, or a gather of the top-scoring channels of a map through their expand over its sides (the gather
+    named); a sort along the batch, a stable sort and an unsorted topk are refused by name."""
     with pytest.raises(UserError, match=match):
         describe(_Probe(pattern), SHAPE, name="refused")
 
@@ -1315,3 +1325,84 @@ def test_an_einsum_product_over_the_batch_or_broadcast_is_refused_by_name(patter
     """A product summed over the batch's letter, or of two shapes broadcast, is refused by name."""
     with pytest.raises(UserError, match=match):
         describe(_Probe(pattern), SHAPE, name="refused")
+
+
+class _TokenPruning(nn.Module):
+    """Token pruning: a map's 8 channels as tokens of 64 features, each scored (a linear layer), the 2 top-scoring
+    kept (``x.gather(1, idx.unsqueeze(-1).expand(-1, -1, C))`` at the topk's indices), a classifier of them and the
+    scores' mean added (so that the scorer trains)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.score, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(64, 1), nn.Linear(2 * 64, 10)
+
+    def forward(self, x):
+        t = self.conv(x).flatten(2)
+        s = self.score(t).squeeze(-1)
+        idx = s.topk(2, dim=1).indices
+        kept = t.gather(1, idx.unsqueeze(-1).expand(-1, -1, t.shape[-1]))
+        return self.fc(kept.flatten(1)) + s.mean(1, keepdim=True)
+
+
+def test_a_tensor_gathered_at_a_topks_indices_is_described():
+    """Token pruning's gather at a topk's indices was refused ("the indices (int64) of call_method 'topk' ..., which
+    call_method 'gather' reads"): it is the op topk of the scores and the tokens, flagged gather (the indices and
+    their views no nodes); the rebuilt module computes the original's output and gradients, and the scores take no
+    gradient through it (one read, the mean's, sends theirs: no accumulation counted)."""
+    from perf4sight.features.walk import gradient_accumulations, walk
+
+    desc = _computes_the_same(_TokenPruning())
+    assert [(n.op, n.inputs, n.attrs, n.output_shape) for n in desc.nodes if n.op == "topk"] == [
+        ("topk", ["squeeze", "flatten"], {"k": 2, "dim": 1, "largest": True, "gather": True}, [2, 64])]
+    assert gradient_accumulations(desc, list(walk(desc))) == {"flatten": 1}
+
+
+@pytest.mark.parametrize("batch", [3, 1])
+def test_the_allocation_model_writes_down_token_pruning_as_traced(batch):
+    """The topk's values and int64 indices, the values freed, the gather's output; the indices and the tokens kept;
+    backward zeros of the tokens' size and the scatter_add of the gradient into them: the model's events are the
+    meta trace's."""
+    from test_allocator import _as_replayed
+
+    from perf4sight.features.alloc_trace import record_events
+
+    desc = describe(_TokenPruning(), SHAPE, name="pruning")
+    model = record_events(desc, batch, steps=2, method="model")
+    assert _as_replayed(model) == _as_replayed(record_events(desc, batch, steps=2, method="trace"))
+
+
+def test_a_gather_at_sorted_indices_costs_what_torch_runs():
+    """A gather at a topk's indices is the topk's kernel and the gather forward, new_zeros and scatter_add back (a
+    dispatch log); it keeps the indices (8 bytes a picked element) and the tensor gathered, as autograd does."""
+    from test_features import _autograd_saved_bytes
+
+    from perf4sight.features.aggregate import network_features
+    from perf4sight.features.walk import walk
+
+    pattern, op, _ = _CASES["topk's indices gathered"]
+    desc = describe(_Probe(pattern), SHAPE, name="gathered")
+    forward, backward = _dispatched(lambda x: x.gather(2, x.detach().mean(3).topk(8, dim=2).indices.unsqueeze(-1)
+                                                       .expand(-1, -1, -1, 8)), torch.randn(1, 8, 8, 8))
+    assert [name for name in forward if name not in ("unsqueeze", "expand", "detach")] == ["mean", "topk", "gather"]
+    assert [name for name in backward if name not in ("ones_like", "detach")] == ["new_zeros", "scatter_add"]
+    (visit,) = [v for v in walk(desc) if v.node.op == op]
+    assert (visit.cost.kernels_fwd, visit.cost.kernels_bwd, visit.cost.saved, visit.cost.extra_saved_bytes) == (
+        2, 2, [1], 8.0 * 8 * 8)
+    at2, at4 = (b * _autograd_saved_bytes(desc, b, with_input=False) for b in (2, 4))
+    assert network_features(desc).per_sample["saved_bytes"] == (at4 - at2) / 2
+
+
+def test_a_gather_at_sorted_indices_round_trips_and_is_checked():
+    """A PerfSeer graph keeps a topk's ``gather`` and its second input; a description whose topk has a second input
+    without the flag is refused naming it."""
+    from perf4sight.exporters.perfseer import description_to_graph
+    from perf4sight.importers.perfseer import graph_to_description
+
+    desc = describe(_TokenPruning(), SHAPE, name="pruning")
+    back, _ = graph_to_description(description_to_graph(desc, 4), "pruning", "pruning.pkl")
+    assert back.to_dict() == desc.to_dict()
+    bad = desc.to_dict()
+    (top,) = [n for n in bad["nodes"] if n["op"] == "topk"]
+    del top["attrs"]["gather"]
+    with pytest.raises(UserError, match=r"takes a second input, the tensor gathered, with the flag gather alone"):
+        NetworkDescription.from_dict(bad)

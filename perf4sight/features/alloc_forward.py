@@ -613,10 +613,32 @@ def _sorted(ctx: _OpContext) -> _Value:
     Backward the gradient scattered (``scatter.src``, the input's size) into zeros (``new_zeros``, freed once it is
     made)."""
     kernel = f"{ctx.node.op}.default"
+    if ctx.node.attrs.get("gather"):
+        return _sorted_gather(ctx, kernel)
     sid = ctx.alloc(kernel)
     indices = ctx.alloc(kernel, ctx.nbytes // FLOAT * INT64, holders=0)
     fn = ctx.grad_fn([indices], [_edge(ctx.x)], [ctx.x.nbytes], ["aten.scatter.src"],
                      before=[(ctx.x.nbytes, "aten.new_zeros.default")])
+    return _Value(sid, ctx.nbytes, fn)
+
+
+def _sorted_gather(ctx: _OpContext, kernel: str) -> _Value:
+    """A tensor y gathered at a sort's or topk's indices of x (``gather``): the sort's values and int64 indices, the
+    values freed (not read), then the output (``gather.default``); it keeps the indices and y. Backward y's gradient
+    ``scatter_add`` into zeros (``new_zeros``, y's size, freed once it is made); x takes none."""
+    x, y = ctx.inputs
+    shape = list(ctx.in_shapes[0])
+    if ctx.node.op == "topk":
+        shape[int(ctx.node.attrs["dim"]) - 1] = int(ctx.node.attrs["k"])
+    picked = ctx.batch * prod(shape)
+    values = ctx.alloc(kernel, picked * FLOAT)
+    indices = ctx.alloc(kernel, picked * INT64, holders=0)
+    ctx.mem.drop(values)
+    ctx.mem.hold(indices)
+    sid = ctx.alloc("gather.default")
+    fn = ctx.grad_fn([indices, y.sid], [None, _edge(y)], [x.nbytes, y.nbytes], [None, "aten.scatter_add.default"],
+                     before=[(y.nbytes, "aten.new_zeros.default")])
+    ctx.mem.drop(indices)
     return _Value(sid, ctx.nbytes, fn)
 
 

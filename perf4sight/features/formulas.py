@@ -966,13 +966,35 @@ def _sort(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     """A sort's or a topk's values along dim (torch 2.14's aten.sort and aten.topk, a dispatch log): one kernel
     writing the values and their int64 indices; a sort's compares about log2 L an element (L the dim's length), a
     topk's one an input element and log2 k an output one. Backward the gradient scattered into zeros of the input's
-    size (new_zeros, scatter: 2 kernels, no FLOPs). It keeps the indices (8 bytes an output element)."""
+    size (new_zeros, scatter: 2 kernels, no FLOPs). It keeps the indices (8 bytes an output element). Of ``gather`` (a
+    second input y gathered at the indices: torch 2.14's dispatch log): the sort's kernel, then gather (one kernel, no
+    FLOPs: an index and an element of y read and one written an output element); backward y's gradient scattered
+    into zeros (new_zeros, scatter_add: 2 kernels, an add an output element), the sorted input none. It keeps the
+    indices and y."""
+    if node.attrs.get("gather"):
+        return _sort_gather(node, in_shapes)
     n_in, n_out = numel(in_shapes[0]), numel(node.output_shape)
     length = int(in_shapes[0][int(node.attrs["dim"]) - 1])
     flops = n_in * math.log2(length) if node.op == "sort" else n_in + n_out * math.log2(int(node.attrs["k"]))
     rd, wr = _io_bytes(in_shapes, node.output_shape)
     return OpCost(flops_fwd=float(flops), bytes_read=rd, bytes_written=wr + 8.0 * n_out,
                   extra_saved_bytes=8.0 * n_out, kernels_fwd=1, kernels_bwd=2, kind="other")
+
+
+def _sort_gather(node: Node, in_shapes: list[list[int]]) -> OpCost:
+    """:func:`_sort` of ``gather``: the sort's values and indices written (the values not read), y gathered."""
+    picked = list(in_shapes[0])
+    axis = int(node.attrs["dim"]) - 1
+    if node.op == "topk":
+        picked[axis] = int(node.attrs["k"])
+    n_in, n_sorted, n_out = numel(in_shapes[0]), numel(picked), numel(node.output_shape)
+    length = int(in_shapes[0][axis])
+    flops = n_in * math.log2(length) if node.op == "sort" else n_in + n_sorted * math.log2(int(node.attrs["k"]))
+    sorted_bytes = 12.0 * n_sorted  # the values' 4 bytes and the indices' 8 an element
+    return OpCost(flops_fwd=float(flops), flops_bwd=float(n_out),
+                  bytes_read=(n_in + 3.0 * n_out) * BYTES_PER_ELEMENT,
+                  bytes_written=sorted_bytes + n_out * BYTES_PER_ELEMENT, saved=[1],
+                  extra_saved_bytes=8.0 * n_sorted, kernels_fwd=2, kernels_bwd=2, kind="other")
 
 
 def _where_gradients(cost: OpCost, node: Node, needs: list[bool], in_shapes: list[list[int]]) -> OpCost:

@@ -371,6 +371,10 @@ _CONSTANT_MODE_BATCHNORM_PASSES = {True: (1.0, 3.0, 1), False: (1.0, 2.0, 1)}
 _FEATURE_ALPHA_DROPOUT_PASSES = (2.0, 2.0, 1)
 #: A repeat of counts all 1: a copy forward; backward the gradient handed on (no kernel).
 _PLAIN_REPEAT_PASSES = (1.0, 0.0, 0)
+#: A sort or topk of gather (formulas._sort_gather): its own passes over the sorted input (most of those over the
+#: inputs and output counted), the gather about one more (an index and an element read, one written an output
+#: element); backward y's zeros written, then the gradient and indices read and added into them.
+_SORT_GATHER_PASSES = {"sort": (3.0, 4.0, 2), "topk": (2.0, 4.0, 2)}
 
 
 def _circular_pad_passes(node: Node) -> tuple[float, float, int]:
@@ -462,7 +466,7 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
             fwd_passes, bwd_passes, bwd_kernels = _passes(node)
             composite = op in ("local_response_norm", "alpha_dropout", "normalize", "logsumexp", "where",
                                "affine_grid") \
-                or op == "pad" and node.attrs["mode"] == "circular"
+                or op == "pad" and node.attrs["mode"] == "circular" or bool(node.attrs.get("gather"))
             fwd_kernels = visit.cost.kernels_fwd if composite else 1  # torch runs these as several ops
             if op == "weighted_sum":  # its products and adds (those on its weights alone left out)
                 fwd_kernels = 2 * int(node.attrs["num_inputs"]) - 1
@@ -519,6 +523,8 @@ def _passes(node: Node) -> tuple[float, float, int]:
         return _where_passes(node)
     if node.op == "affine_grid":
         return _affine_grid_passes(node)
+    if node.op in ("sort", "topk") and node.attrs.get("gather"):
+        return _SORT_GATHER_PASSES[node.op]
     return _PASSES.get(node.op, _DEFAULT_PASSES)
 
 

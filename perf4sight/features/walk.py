@@ -113,10 +113,13 @@ def gradient_accumulations(desc: NetworkDescription, visits: Iterable[Visit]) ->
 
 
 def _condition_reads(desc: NetworkDescription) -> dict[str, int]:
-    """How many times each tensor is read as a where's condition (compared, no gradient back)."""
+    """How many times each tensor is read as a where's condition (compared, no gradient back), or as the tensor a
+    sort or topk of ``gather`` sorts (its indices alone read: no gradient back)."""
     reads: dict[str, int] = {}
     for node in desc.nodes:
         if node.op == "where":
             for name in node.inputs[:where_condition_inputs(node.attrs)]:
                 reads[name] = reads.get(name, 0) + 1
+        elif node.attrs.get("gather") and node.op in ("sort", "topk"):
+            reads[node.inputs[0]] = reads.get(node.inputs[0], 0) + 1
     return reads

@@ -573,11 +573,12 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
     if op in ("sort", "topk"):  # dim counts the batch (ONNX's axis, -1 where not given)
         rank = len(in_shapes[0]) + 1
         a: dict[str, Any] = {"dim": int(_number(args.get("dim", args.get("axis", -1)), f"{where} axis")) % rank}
+        gathered = {"gather": True} if flag("gather", False) else {}  # a second input gathered at the indices
         if op == "sort":
-            return {**a, "descending": flag("descending", False)}
+            return {**a, "descending": flag("descending", False), **gathered}
         if args.get("k") is None:
             raise UserError(f"{where}: a TopK without its k (args: k)")
-        return {"k": int(_number(args["k"], f"{where} k")), **a, "largest": flag("largest", True)}
+        return {"k": int(_number(args["k"], f"{where} k")), **a, "largest": flag("largest", True), **gathered}
     if op == "affine_grid":  # its [H, W] the grid's sides; ONNX's align_corners (0 where not given)
         return {"size": [int(v) for v in out[:2]], "align_corners": flag("align_corners", False)}
     if op == "grid_sample":  # ONNX's mode "linear" (opset 20) or "bilinear" (16), padding_mode, align_corners

@@ -207,7 +207,9 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # values alone (its int64 indices, which the backward keeps, read by nothing else)
     "sort": ("dim", "descending"),
     # the k largest (largest, else smallest) of x's values along dim (as sort's), sorted: torch's topk of its values
-    # alone (its int64 indices kept for the backward, read by nothing else)
+    # alone (its int64 indices kept for the backward, read by nothing else). Either, of the optional flag gather
+    # (false): a second input y gathered at the indices along dim (y.gather(dim, idx), the indices broadcast over y's
+    # dims after x's: token pruning's top-k tokens), the values not read
     "topk": ("k", "dim", "largest"),
     "div": (),  # the first input over the second, broadcast (torch's x / y of two tensors; x / c is mul's scalar 1 / c)
     # the matrix product of two activations of [..., M, K] and [..., K, N] (equal ranks of at least 2; the dims
@@ -312,7 +314,7 @@ _FLAGS: Dict[str, Tuple[str, ...]] = {
                                    "identity", "dropout")},
     "alpha_dropout": ("feature", "inplace"),
     "affine_grid": ("align_corners",), "grid_sample": ("align_corners",),
-    "sort": ("descending",), "topk": ("largest",),
+    "sort": ("descending", "gather"), "topk": ("largest", "gather"),
     "where": ("inplace", "compare_inputs", "multiply", "float_mask"),
 }
 #: Activations that may run in place on a copy of their input (``y.clone().leaky_relu_()``, ``F.elu(y.contiguous(),

@@ -46,7 +46,7 @@ ARITY: Dict[str, Tuple[int, Optional[int]]] = {
     "where": (1, 4),  # the condition's none (mask_shape), one or two (compare_inputs), then the tensor branches
     "affine_grid": (1, 1),
     "grid_sample": (2, 2),
-    "sort": (1, 1), "topk": (1, 1),
+    "sort": (1, 2), "topk": (1, 2),  # a second input: the tensor gathered at the indices (gather)
     "unfold": (1, 1),
     "fold": (1, 1),
     "local_response_norm": (1, 1),
@@ -286,6 +286,17 @@ def _fractional_out(a: Dict[str, Any], x: List[int]) -> Union[List[int], str]:
     return [x[0]] + size
 
 
+def _gathered_shape(op: str, a: Dict[str, Any], x: List[int], y: List[int]) -> Union[List[int], str]:
+    """The shape of ``y`` gathered along ``dim`` at the indices of a sort or topk of ``x`` (their shape ``x``'s, k
+    along dim for a topk), broadcast over ``y``'s dims after ``x``'s; ``y``'s first dims ``x``'s but along dim."""
+    axis = _axis(int(a["dim"]), len(x))
+    if axis is None or (op == "topk" and int(a["k"]) > x[axis]):
+        return f"dim {a['dim']} (k {a.get('k')}) is not a dimension of its first input {x} after the batch"
+    if len(y) < len(x) or y[:axis] + y[axis + 1:len(x)] != x[:axis] + x[axis + 1:]:
+        return f"gathers a tensor {y} that does not have its first input's shape {x} but along dim {a['dim']}"
+    return x[:axis] + [int(a["k"]) if op == "topk" else x[axis]] + y[axis + 1:]
+
+
 def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) -> Optional[Union[List[int], str]]:
     """The output shape ``op`` makes of ``ins`` (a string says what is wrong; None: no rule)."""
     x = ins[0] if ins else []
@@ -417,6 +428,10 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
             f"input, got {x}"
     if op == "glu":
         return _glu_shape(x, int(a["dim"]))
+    if op in ("sort", "topk") and (len(ins) == 2) != bool(a.get("gather")):
+        return "takes a second input, the tensor gathered, with the flag gather alone"
+    if op in ("sort", "topk") and len(ins) == 2:  # the second gathered at the first's indices, broadcast after them
+        return _gathered_shape(op, a, x, ins[1])
     if op == "topk":  # k of the dim's values
         axis = _axis(int(a["dim"]), len(x))
         if axis is None or int(a["k"]) > x[axis]:

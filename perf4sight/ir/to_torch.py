@@ -632,6 +632,24 @@ def _top(x: torch.Tensor, k: int, dim: int, largest: bool) -> torch.Tensor:
     return torch.topk(x, k, dim, largest, True)[0]
 
 
+def _gathered(y: torch.Tensor, indices: torch.Tensor, dim: int) -> torch.Tensor:
+    """``y`` gathered along ``dim`` at ``indices`` (a sort's or a topk's), broadcast over y's dims after theirs (a view:
+    unsqueezed and expanded, as token pruning's idx.unsqueeze(-1).expand(-1, -1, C))."""
+    rank = indices.dim()
+    shape = list(indices.shape) + list(y.shape[rank:])
+    return y.gather(dim, indices.reshape(list(indices.shape) + [1] * (y.dim() - rank)).expand(shape))
+
+
+def _sorted_gather(x: torch.Tensor, y: torch.Tensor, dim: int, descending: bool) -> torch.Tensor:
+    """``y`` gathered at the indices of torch.sort of ``x`` along ``dim`` (its values not read)."""
+    return _gathered(y, torch.sort(x, dim, descending)[1], dim)
+
+
+def _top_gather(x: torch.Tensor, y: torch.Tensor, k: int, dim: int, largest: bool) -> torch.Tensor:
+    """``y`` gathered at the indices of torch.topk of ``x`` (its values not read)."""
+    return _gathered(y, torch.topk(x, k, dim, largest, True)[1], dim)
+
+
 def _affine_grid(theta: torch.Tensor, size: List[int], align_corners: bool) -> torch.Tensor:
     """F.affine_grid of the batch's [N, 2, 3] matrices for an [H, W] = ``size`` output (the channels a size of 1:
     the grid does not read them)."""
@@ -687,8 +705,10 @@ FUNCTION_BUILDERS: Dict[str, Callable[[List, Dict], Tuple[Callable, Tuple]]] = {
     "affine_grid": lambda x, a: (_affine_grid, (x[0], [int(s) for s in a["size"]], bool(a["align_corners"]))),
     "grid_sample": lambda x, a: (F.grid_sample, (x[0], x[1], str(a["mode"]), str(a["padding_mode"]),
                                                  bool(a["align_corners"]))),
-    "sort": lambda x, a: (_sorted, (x[0], int(a["dim"]), bool(a["descending"]))),
-    "topk": lambda x, a: (_top, (x[0], int(a["k"]), int(a["dim"]), bool(a["largest"]))),
+    "sort": lambda x, a: ((_sorted_gather, (x[0], x[1], int(a["dim"]), bool(a["descending"]))) if a.get("gather")
+                          else (_sorted, (x[0], int(a["dim"]), bool(a["descending"])))),
+    "topk": lambda x, a: ((_top_gather, (x[0], x[1], int(a["k"]), int(a["dim"]), bool(a["largest"])))
+                          if a.get("gather") else (_top, (x[0], int(a["k"]), int(a["dim"]), bool(a["largest"])))),
     "where": lambda x, a: (_where, (x[0], list(x[1:]), str(a["compare"]), float(a["threshold"]),
                                     *(None if a.get(k) is None else float(a[k]) for k in ("if_true", "if_false")),
                                     bool(a.get("inplace", False)), bool(a.get("compare_inputs", False)),

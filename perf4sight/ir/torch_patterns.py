@@ -530,7 +530,12 @@ def _sort_attrs(call: fx.Node) -> tuple[str, dict]:
 def _sorted_part(n: fx.Node, alias: dict[str, str]) -> list[Node] | None:
     """``n``'s nodes where it reads the values of a sort or a topk (``[0]``, ``.values``: the op sort or topk of
     the call's input; a later read of them that one's node), none where it is their indices and nothing reads them;
-    None where it is neither. Indices that are read are a :class:`_NoOp` (a description's tensors are float32)."""
+    None where it is neither. Indices that are read are a :class:`_NoOp` (a description's tensors are float32), but
+    where a gather reads them (:func:`_gathered_at_sorted`): that gather is the op of the call's input and the tensor
+    gathered, flagged ``gather``, the indices and their views no nodes of their own."""
+    gathered = _gathered_at_sorted(n)
+    if gathered is not None:
+        return _sorted_gather_nodes(n, gathered, alias)
     if n.op != "call_function" or n.target not in (operator.getitem, getattr) or \
             getattr(n.args[0], "target", None) not in _SORTS:
         return None
@@ -557,6 +562,70 @@ def _sorted_part(n: fx.Node, alias: dict[str, str]) -> list[Node] | None:
 #: .expand(-1, -1, C)`` before a gather).
 _INDEX_VIEWS = {"unsqueeze", "expand", "expand_as", "view", "reshape", "repeat", "flatten", torch.unsqueeze,
                 torch.reshape, torch.flatten}
+
+
+#: Views that broadcast a sort's indices over the gathered tensor's trailing dims (idx.unsqueeze(-1).expand(...)).
+_INDEX_BROADCASTS = {"unsqueeze", "expand", "expand_as", "view", "reshape", torch.unsqueeze, torch.reshape}
+_GATHERS = {torch.gather, "gather"}
+
+
+def _gathered_at_sorted(n: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """Where ``n`` is a sort's or a topk's indices (``[1]``, ``.indices``), a view of them on their way to a gather,
+    or that gather, and the gather picks a tensor x at them along the sort's dim (``x.gather(dim, idx)`` of an x of
+    the sorted tensor's shape; token pruning's ``x.gather(1, idx.unsqueeze(-1).expand(-1, -1, C))`` of an x of its
+    shape and trailing dims, the indices broadcast over those): (the sort's call, the gather); None for anything
+    else."""
+    chain = [n]
+    while chain[-1].op in ("call_function", "call_method") and chain[-1].target in _INDEX_BROADCASTS and \
+            isinstance(chain[-1].args[0], fx.Node):
+        chain.append(chain[-1].args[0])
+    indices = chain[-1]
+    if n.op in ("call_function", "call_method") and n.target in _GATHERS:
+        if len(n.args) != 3 or n.kwargs or not isinstance(n.args[2], fx.Node):
+            return None
+        chain = [n.args[2]]
+        while chain[-1].op in ("call_function", "call_method") and chain[-1].target in _INDEX_BROADCASTS and \
+                isinstance(chain[-1].args[0], fx.Node):
+            chain.append(chain[-1].args[0])
+        indices = chain[-1]
+    if indices.op != "call_function" or indices.target not in (operator.getitem, getattr) or \
+            getattr(indices.args[0], "target", None) not in _SORTS or indices.args[1] not in (1, "indices"):
+        return None
+    reader = indices
+    while len(reader.users) == 1 and next(iter(reader.users)).target in _INDEX_BROADCASTS:
+        reader = next(iter(reader.users))
+    gather = next(iter(reader.users)) if len(reader.users) == 1 else None
+    if gather is None or gather.target not in _GATHERS or len(gather.args) != 3 or gather.kwargs or \
+            gather.args[2] is not reader or not _is_tensor(gather.args[0]):
+        return None
+    call = indices.args[0]
+    sorted_shape = [int(v) for v in call.args[0].meta["tensor_meta"].shape]
+    x_shape = [int(v) for v in gather.args[0].meta["tensor_meta"].shape]
+    index_shape = [int(v) for v in reader.meta["tensor_meta"].shape]
+    rank = len(sorted_shape)
+    dim = _sort_attrs(call)[1]["dim"]
+    picked = [int(v) for v in indices.meta["tensor_meta"].shape]
+    if not isinstance(gather.args[1], int) or gather.args[1] % len(x_shape) != dim or len(x_shape) < rank or \
+            x_shape[:dim] + x_shape[dim + 1:rank] != sorted_shape[:dim] + sorted_shape[dim + 1:] or \
+            index_shape != picked + x_shape[rank:] or \
+            any(v.meta["tensor_meta"].shape[:rank] != indices.meta["tensor_meta"].shape for v in chain[:-1]):
+        return None
+    return call, gather
+
+
+def _sorted_gather_nodes(n: fx.Node, found: tuple[fx.Node, fx.Node], alias: dict[str, str]) -> list[Node]:
+    """``n``'s nodes where it is a sort's indices, a view of them or the gather reading them
+    (:func:`_gathered_at_sorted`): none but for the gather, the op sort or topk of the sorted tensor and the tensor
+    gathered, flagged ``gather``."""
+    call, gather = found
+    if n is not gather:
+        return []
+    op, attrs = _sort_attrs(call)
+    for source in (call.args[0], gather.args[0]):
+        _network_tensor(source, alias, f"{op} gather")
+    alias[n.name] = n.name
+    return [Node(n.name, op, [alias[call.args[0].name], alias[gather.args[0].name]], {**attrs, "gather": True},
+                 _shape(n))]
 
 
 def _index_reader(n: fx.Node) -> str:
