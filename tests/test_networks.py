@@ -6,6 +6,7 @@ import csv
 import json
 import os
 import signal
+import sys
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -576,6 +577,25 @@ def test_factory_errors(tmp_path: Path) -> None:
         build_factory_model(parse_factory(f"{a_class}:net", tmp_path))
     with pytest.raises(UserError, match="file not found"):
         parse_factory("nothere:net", tmp_path, tmp_path / "models")
+
+
+def test_a_factory_that_parses_its_command_line_sees_a_scripts_argv(tmp_path: Path, monkeypatch) -> None:
+    """Research code parses its command line as it is imported (``args = parser.parse_args()`` at module level) or
+    as it builds: it read perf4sight's own arguments and failed on them ("fails to import (SystemExit: 2)", after
+    argparse's usage line naming main.py, read as perf4sight's). It now sees ``[file]``, as when run as a script with
+    no arguments, so its defaults build the network; perf4sight's own argv is put back after."""
+    (tmp_path / "research.py").write_text(
+        "import argparse, sys\nfrom torch import nn\nparser = argparse.ArgumentParser()\n"
+        "parser.add_argument('--width', type=int, default=6)\nargs = parser.parse_args()\n"
+        "def net(num_classes=10):\n"
+        "    seen = argparse.ArgumentParser()\n    seen.add_argument('--depth', type=int, default=1)\n"
+        "    assert seen.parse_args().depth == 1 and sys.argv[1:] == []\n"
+        "    return nn.Sequential(nn.Conv2d(3, args.width, 3), nn.Flatten())\n")
+    argv = ["main.py", "--config", "config.toml", "--stage", "predict", "--network", "research.py:net"]
+    monkeypatch.setattr(sys, "argv", argv)
+    model = build_factory_model(parse_factory(f"{tmp_path / 'research.py'}:net", tmp_path))
+    assert model[0].out_channels == 6
+    assert sys.argv is argv and sys.argv[1] == "--config"
 
 
 def test_a_factorys_error_of_several_lines_is_said_in_one(tmp_path: Path, monkeypatch, capsys) -> None:

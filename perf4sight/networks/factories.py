@@ -10,6 +10,7 @@ A description file is plain Python that defines a factory function returning an
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import importlib.util
 import inspect
@@ -168,6 +169,20 @@ def _check_own_helpers(factory: Factory) -> None:
                             f"another factory under the same name: give the helper modules distinct names")
 
 
+@contextlib.contextmanager
+def _as_a_script(factory: Factory):
+    """``sys.argv`` as the factory's file sees it run as a script with no arguments (``[file]``), put back after:
+    research code often parses its command line as it is imported or builds (``parser.parse_args()`` at module
+    level), and read perf4sight's own arguments then, failing on them (argparse's usage line, naming ``main.py``,
+    read as perf4sight's) or taking them for its own."""
+    saved = sys.argv
+    sys.argv = [str(factory.path)]
+    try:
+        yield
+    finally:
+        sys.argv = saved
+
+
 def _import(factory: Factory) -> ModuleType:
     """The factory's file as a module, imported once per process. Its folder is appended to ``sys.path``, so the
     modules beside it that it imports are found, as when the file is run as a script (after the installed
@@ -183,7 +198,8 @@ def _import(factory: Factory) -> ModuleType:
         raise UserError(f"factory '{factory.spec}': {factory.path} is not an importable Python file")
     module = importlib.util.module_from_spec(module_spec)
     try:
-        module_spec.loader.exec_module(module)
+        with _as_a_script(factory):
+            module_spec.loader.exec_module(module)
     except (Exception, SystemExit) as exc:  # a user file can raise anything while importing, sys.exit() included
         raise UserError(f"factory '{factory.spec}': {factory.path} fails to import "
                         f"({_first_line(exc)})") from None
@@ -223,7 +239,8 @@ def build_factory_model(factory: Factory, num_classes: int = 1000) -> nn.Module:
     except (TypeError, ValueError):
         accepts = False
     try:
-        model = fn(num_classes=num_classes) if accepts else fn()
+        with _as_a_script(factory):
+            model = fn(num_classes=num_classes) if accepts else fn()
     except (Exception, SystemExit) as exc:  # sys.exit("msg") in a factory: named, not the CLI's exit
         raise UserError(f"factory '{factory.spec}': calling {factory.function}() failed "
                         f"({_first_line(exc)})") from None
