@@ -548,7 +548,8 @@ def _predict_on_each(cfg: Config, args: argparse.Namespace) -> int:
     for device in devices:  # a device without a fingerprint is said before any is predicted for
         _predict_device(cfg, [device], _predictor(cfg, args))
     code = 0
-    for device in devices:
+    for device in devices:  # its notes come before its table (or lines): named, they are not read as the last one's
+        notes.print(f"on {device}:", markup=False)
         code = max(code, _predict_on_one(cfg, argparse.Namespace(**{**vars(args), "device": [device],
                                                                         "json_device": device})))
     return code

@@ -555,6 +555,26 @@ def test_predict_on_several_devices_names_each_in_its_json_lines(project):
     assert missing.returncode == 2 and missing.stdout == "" and "nowhere" in missing.stderr
 
 
+def test_predict_on_several_devices_says_whose_notes_follow(project, capsys):
+    """With ``--device A B`` each device's notes (a batch size outside its rows, a family it was trained on) come
+    before its table, so B's printed right under A's table and its "N predictions in" line, naming neither: read as
+    A's. Each device's part now starts with a line naming it, on stderr (stdout stays JSON lines alone)."""
+    import argparse
+
+    from perf4sight import stages
+
+    graph = str(project.models_dir / "imported" / "tx2a" / "resnet18_0.json")
+    for json_lines in (True, False):
+        args = argparse.Namespace(device=["tx2a", "tx2b"], network=[graph], batch_size=[8, 100000], json=json_lines,
+                                  input_shape=None, max_batch_size=None, prune_to_fit=False, predictor=None)
+        assert stages.run_predict(project, args) == 0
+        out, err = capsys.readouterr()
+        assert "on tx2a:" not in out and err.count("outside this fingerprint's training data") == 2
+        first, second = err.split("on tx2b:\n")
+        assert first.startswith("on tx2a:\n") and "outside this fingerprint's training data" in first
+        assert "outside this fingerprint's training data" in second
+
+
 def test_a_largest_batch_at_the_search_limit_reads_as_maybe_more():
     """compare's tables show a largest batch of 1024 as 1024+, as predict's --max-batch-size does: every batch
     searched fits, so the device may take more."""
