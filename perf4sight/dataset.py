@@ -320,6 +320,7 @@ def resolve_networks(cfg: Config, names: list[str], input_shape: list[int],
             raise UserError(f"{name}: a Python file, not a network: name the function that builds the network, "
                             f"{name}:function (a factory), or give a description .json file")
         if is_description_file(name):
+            _refuse_a_path_of_the_configs_folder(cfg, name)
             out.append(load_description(name))
         elif COMMAND_LINE_FACTORY.fullmatch(name):
             out.append(describe_factory(name, input_shape, cfg.networks.num_classes, cfg.models_dir / ZOO_CACHE))
@@ -330,6 +331,20 @@ def resolve_networks(cfg: Config, names: list[str], input_shape: list[int],
             manifest = read_manifest(cfg.models_dir / "manifest.csv") if manifest is None else manifest
             out.append(_dataset_network(cfg, name, manifest, input_shape, notes))
     return out
+
+
+def _refuse_a_path_of_the_configs_folder(cfg: Config, name: str) -> None:
+    """``UserError`` where the description file ``name`` (given on the command line: relative to the current folder)
+    is not there but is relative to the config file's folder, as the config's own paths are: a user running from
+    another folder (``--config proj/config.toml --network models/...json``) read only "not found"."""
+    given = Path(name).expanduser()
+    if given.is_absolute() or given.exists():
+        return
+    beside = cfg.root / given
+    if beside.is_file():
+        raise UserError(f"{name}: network description file not found in the current folder ({Path.cwd()}); the "
+                        f"config's folder has one: give it as {beside} (command-line paths are relative to the "
+                        "current folder, the config's to the config file)")
 
 
 def _dataset_network(cfg: Config, name: str, manifest: list[dict[str, str]], input_shape: list[int],

@@ -579,6 +579,26 @@ def test_an_empty_network_name_says_so(tmp_path):
             resolve_networks(cfg, [name], [3, 32, 32])
 
 
+def test_a_description_file_relative_to_the_config_not_the_current_folder_says_so(tmp_path, monkeypatch):
+    """``--config proj/config.toml --network models/generated/x.json`` from the folder above read only "network
+    description file not found": command-line paths are relative to the current folder, the config's to the config
+    file. Where the config's folder has the file, the line says so and gives its path."""
+    from perf4sight.dataset import resolve_networks
+    (tmp_path / "proj" / "models").mkdir(parents=True)
+    cfg = load_config(write(tmp_path / "proj", GOOD))
+    (tmp_path / "proj" / "models" / "x.json").write_text("not json")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match=r"^models/x.json: network description file not found in the current folder "
+                                        rf"\({tmp_path}\); the config's folder has one: give it as "
+                                        rf"{tmp_path / 'proj' / 'models' / 'x.json'} \(command-line"):
+        resolve_networks(cfg, ["models/x.json"], [3, 32, 32])
+    with pytest.raises(UserError, match=r"^models/y.json: network description file not found$"):  # in neither
+        resolve_networks(cfg, ["models/y.json"], [3, 32, 32])
+    monkeypatch.chdir(tmp_path / "proj")  # where it is: read (and found wanting)
+    with pytest.raises(UserError, match=r"^models/x.json: network description file is not valid JSON"):
+        resolve_networks(cfg, ["models/x.json"], [3, 32, 32])
+
+
 def test_ctrl_c_before_a_stage_begins_is_one_line(tmp_path, monkeypatch, capsys):
     """Ctrl-C in the command line's first moments (reading the arguments, pinning the BLAS kernels) printed a
     traceback and exited -2: one line and 130, as later."""
