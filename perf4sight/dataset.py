@@ -323,6 +323,7 @@ def resolve_networks(cfg: Config, names: list[str], input_shape: list[int],
             _refuse_a_path_of_the_configs_folder(cfg, name)
             out.append(load_description(name))
         elif COMMAND_LINE_FACTORY.fullmatch(name):
+            _refuse_a_path_of_the_configs_folder(cfg, name.rpartition(":")[0], f"factory '{name}': file")
             out.append(describe_factory(name, input_shape, cfg.networks.num_classes, cfg.models_dir / ZOO_CACHE))
         elif name in ZOO_NAMES and own_network(cfg, name) is None:  # the config's own network of the name wins
             out.append(describe_zoo(name, input_shape, cfg.networks.classes_of(name),
@@ -333,16 +334,18 @@ def resolve_networks(cfg: Config, names: list[str], input_shape: list[int],
     return out
 
 
-def _refuse_a_path_of_the_configs_folder(cfg: Config, name: str) -> None:
-    """``UserError`` where the description file ``name`` (given on the command line: relative to the current folder)
-    is not there but is relative to the config file's folder, as the config's own paths are: a user running from
-    another folder (``--config proj/config.toml --network models/...json``) read only "not found"."""
+def _refuse_a_path_of_the_configs_folder(cfg: Config, name: str, what: str = "") -> None:
+    """``UserError`` where the file ``name`` (a description file or a factory's Python file given on the command
+    line: relative to the current folder) is not there but is relative to the config file's folder, as the config's
+    own paths are: a user running from another folder (``--config proj/config.toml --network models/...json``) read
+    only "not found". ``what`` opens the line (default: the name, as a description file)."""
     given = Path(name).expanduser()
     if given.is_absolute() or given.exists():
         return
     beside = cfg.root / given
     if beside.is_file():
-        raise UserError(f"{name}: network description file not found in the current folder ({Path.cwd()}); the "
+        what = what or f"{name}: network description file"
+        raise UserError(f"{what} not found in the current folder ({Path.cwd()}); the "
                         f"config's folder has one: give it as {beside} (command-line paths are relative to the "
                         "current folder, the config's to the config file)")
 

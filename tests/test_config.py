@@ -594,9 +594,16 @@ def test_a_description_file_relative_to_the_config_not_the_current_folder_says_s
         resolve_networks(cfg, ["models/x.json"], [3, 32, 32])
     with pytest.raises(UserError, match=r"^models/y.json: network description file not found$"):  # in neither
         resolve_networks(cfg, ["models/y.json"], [3, 32, 32])
+    (tmp_path / "proj" / "models" / "nets.py").write_text("def net():\n    return 3\n")  # a factory's file too
+    with pytest.raises(UserError, match=r"^factory 'models/nets.py:net': file not found in the current folder "
+                                        rf"\({tmp_path}\); the config's folder has one: give it as "
+                                        rf"{tmp_path / 'proj' / 'models' / 'nets.py'} \(command-line"):
+        resolve_networks(cfg, ["models/nets.py:net"], [3, 32, 32])
     monkeypatch.chdir(tmp_path / "proj")  # where it is: read (and found wanting)
     with pytest.raises(UserError, match=r"^models/x.json: network description file is not valid JSON"):
         resolve_networks(cfg, ["models/x.json"], [3, 32, 32])
+    with pytest.raises(UserError, match=r"^factory 'models/nets.py:net': net\(\) returned int"):
+        resolve_networks(cfg, ["models/nets.py:net"], [3, 32, 32])
 
 
 def test_ctrl_c_before_a_stage_begins_is_one_line(tmp_path, monkeypatch, capsys):
