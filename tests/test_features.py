@@ -1101,6 +1101,51 @@ def test_linear_layers_reading_a_strided_view_keep_a_copy_each():
     assert _forward_ops(network, [2, 3, 6, 6]).count("clone") == 3
 
 
+def _heads_permuted():
+    """Multi-head attention written by hand: a map's 16 channels as tokens of 36 features, one linear layer packing
+    queries, keys and values, its output reshaped and permuted to [3, N, heads, tokens, 9] and picked (each head's
+    matrices a view whose batch and head dims do not fold), the scores' softmax, the weighted values, a classifier."""
+    from torch import nn
+
+    class Heads(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.qkv, self.fc = nn.Conv2d(3, 16, 3, padding=1), nn.Linear(36, 3 * 36), nn.Linear(9, 5)
+
+        def forward(self, x):
+            tokens = self.conv(x).flatten(2)
+            q, k, v = self.qkv(tokens).reshape(x.shape[0], 16, 3, 4, 9).permute(2, 0, 3, 1, 4)
+            return self.fc(((q @ k.transpose(-2, -1)).softmax(-1) @ v).mean((1, 2)))
+    return Heads()
+
+
+def test_a_matmul_of_heads_that_do_not_fold_copies_them_as_torch_does():
+    """torch.matmul of 4-D tensors reshapes the dims before the last two into one for its bmm, which copies a view
+    whose dims there do not fold (each head's queries, keys and values picked from a permuted packed projection: 3
+    clones at a batch of 2), and the bmm keeps the copies: each a forward kernel of that input read and written, the
+    copies what the features count saved (they had counted the projection's output once, no copy kernel). What a
+    sample adds to autograd's saved tensors between batches 2 and 4 is the features', the original network's and the
+    rebuilt one's alike; the kernel table launches the copies."""
+    pytest.importorskip("torch")
+    from perf4sight.features.latency_terms import kernel_table
+    from perf4sight.features.walk import walk
+    from perf4sight.ir.from_torch import describe
+
+    network = _heads_permuted()
+    desc = describe(network, [3, 6, 6], "heads")
+    visits = [v for v in walk(desc) if v.node.op == "matmul"]
+    assert [(v.copied_inputs, v.cost.kernels_fwd) for v in visits] == [((0, 1), 3), ((1,), 2)]
+    assert _forward_ops(network, [2, 3, 6, 6]).count("clone") == 3
+    nf = network_features(desc)
+    at2, at4 = 2 * _autograd_saved_bytes(desc, 2), 4 * _autograd_saved_bytes(desc, 4)
+    original = (_module_saved_bytes(network, [3, 6, 6], 4) - _module_saved_bytes(network, [3, 6, 6], 2)) / 2
+    assert nf.per_sample["saved_bytes"] + nf.per_sample["input_bytes"] == (at4 - at2) / 2 == original
+    from dataclasses import replace
+
+    plain = [replace(v, copied_inputs=()) for v in walk(desc)]
+    assert kernel_table(desc).launches == kernel_table(desc, visits=plain).launches + 3
+
+
 def _activated_tokens(activation: str, keywords: dict):
     """A convolution's [16, 36] map flattened and transposed to 36 tokens of 16 features, ``activation`` (an
     ``nn`` layer's name, made with ``keywords``) of them, and a linear layer of the result, whose tokens' mean a

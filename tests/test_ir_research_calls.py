@@ -1315,6 +1315,25 @@ def test_an_einsum_summing_a_product_costs_the_bmm_torch_runs():
     assert visit.cost.saved == [0, 1]
 
 
+def test_a_permuted_einsum_product_counts_the_copies_torch_makes():
+    """'bchw,bchw->bhw' puts each operand's channels last (a permuted view), which torch copies into rows for its bmm
+    (2 clones at a batch of 2, the bmm keeping the copies): the matmul counts a copy kernel an operand, and what a
+    sample adds to autograd's saved tensors is the features' (they had counted the operands' maps: 4,352 bytes a
+    sample against 6,400)."""
+    from test_features import _autograd_saved_bytes, _forward_ops
+
+    from perf4sight.features.aggregate import network_features
+    from perf4sight.features.walk import walk
+
+    module = _Probe(lambda y: torch.einsum("bchw,bchw->bhw", y, y.sigmoid()), 8 * 8)
+    desc = describe(module, SHAPE, name="permuted")
+    (visit,) = [v for v in walk(desc) if v.node.op == "matmul"]
+    assert (visit.copied_inputs, visit.cost.kernels_fwd) == ((0, 1), 3)
+    assert _forward_ops(module, [2, *SHAPE]).count("clone") == 2
+    at2, at4 = (b * _autograd_saved_bytes(desc, b, with_input=False) for b in (2, 4))
+    assert network_features(desc).per_sample["saved_bytes"] == (at4 - at2) / 2 == 6400
+
+
 @pytest.mark.parametrize("pattern, match", [
     (lambda y: torch.einsum("bchw,bchw->chw", y, y)[None].expand(2, -1, -1, -1),
      r"an einsum summing over the batch dimension \(its first letter\)"),

@@ -222,6 +222,8 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
             root = base.get(tensor, tensor)
             if pos == 0 and node.op == "linear" and visit.input_copies:  # its rows copied, a copy of its own
                 saved[f"{node.name} copy"] = numel(shapes[tensor]) * BYTES_PER_ELEMENT
+            elif pos in visit.copied_inputs:  # a matmul's input copied for its bmm, which keeps the copy
+                saved[f"{node.name} copy {pos}"] = numel(shapes[tensor]) * BYTES_PER_ELEMENT
             elif root != input_name:  # the input batch is counted once, in input_bytes
                 saved[root] = numel(shapes[root]) * BYTES_PER_ELEMENT
         extra_saved += cost.extra_saved_bytes

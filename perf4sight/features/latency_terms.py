@@ -448,6 +448,8 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
         params += visit.cost.param_tensors if visit.cost is not None else 0  # each gets its own update kernels
         for _ in range(visit.input_copies):  # its input copied first (walk.Visit): read and written
             r.other(BANDWIDTH, 0.0, 2.0 * numel(ins[0]) * BYTES_PER_ELEMENT)
+        for i in visit.copied_inputs:  # a matmul's inputs copied for its bmm (walk.Visit): read and written
+            r.other(BANDWIDTH, 0.0, 2.0 * numel(ins[i]) * BYTES_PER_ELEMENT)
         if op == "conv2d":
             _conv(r, node, ins[0], first)
         elif op == "conv_transpose2d":

@@ -14,7 +14,7 @@ import math
 
 from perf4sight.ir.schema import Node
 
-__all__ = ["BATCH", "view_layout", "rows_fold", "rows_copied"]
+__all__ = ["BATCH", "view_layout", "rows_fold", "rows_copied", "batch_copied"]
 
 #: The batch size the strides are worked out at.
 BATCH = 2
@@ -131,11 +131,32 @@ def rows_copied(nodes: dict[str, Node], tensor: str, base: dict[str, str], shape
     per-sample features cannot tell."""
     if len(shapes[tensor]) < 2:
         return False
+    layout = _strided_layout(nodes, tensor, base, shapes)
+    return layout is not None and not rows_fold(*layout)
+
+
+def _strided_layout(nodes: dict[str, Node], tensor: str, base: dict[str, str],
+                    shapes: dict[str, list[int]]) -> tuple[list[int], list[int]] | None:
+    """(shape, strides) at a batch of :data:`BATCH` of ``tensor`` where it is a view (or an elementwise op's output of
+    one: :data:`KEEPS_LAYOUT`) followed from its base; None where it is no view or one not followed."""
     chain = []
     while base.get(tensor, tensor) != tensor or _keeps_layout(nodes[tensor]):
         chain.append(nodes[tensor])
         tensor = chain[-1].inputs[0]
     if not any(base.get(n.name, n.name) != n.name for n in chain):  # no view: every tensor laid out contiguous
+        return None
+    return view_layout(chain[::-1], shapes[tensor])
+
+
+def batch_copied(nodes: dict[str, Node], tensor: str, base: dict[str, str], shapes: dict[str, list[int]]) -> bool:
+    """Whether a matmul of 4 or more dims reading ``tensor`` copies it first: torch's reshape of the dims before its
+    last two (the batch's among them) into one for its bmm, where those of a view do not fold (an einsum's operand
+    permuted, its summed dims put last). At a batch of 1 such a view may fold, which per-sample features cannot
+    tell."""
+    if len(shapes[tensor]) < 3:  # a bmm of [N, M, K] reads it as it lies
         return False
-    layout = view_layout(chain[::-1], shapes[tensor])
-    return layout is not None and not rows_fold(*layout)
+    layout = _strided_layout(nodes, tensor, base, shapes)
+    if layout is None:
+        return False
+    shape, strides = layout
+    return _viewed(shape, strides, [math.prod(shape[:-2]), shape[-2], shape[-1]]) is None

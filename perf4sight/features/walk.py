@@ -16,7 +16,8 @@ the four consumers in agreement.
 An activation run in place on a copy of its input (``on_copy``), a linear layer of N-D input whose rows do not fold
 (a view of tokens transposed out of a map: ``strided_views.rows_copied``) and an activation in place that keeps a
 clone of its input (``StepRuntime.clones_input``) cost each copy's kernel too (``formulas.copied_first``); the linear
-layer keeps its copy (``Visit.input_copies``).
+layer keeps its copy (``Visit.input_copies``), and so does a matmul of 4 or more dims whose input's dims before its
+last two do not fold (``strided_views.batch_copied``: its bmm reads a copy; ``Visit.copied_inputs``).
 A node that ``shares`` an earlier node's parameters (one layer called twice) costs its own FLOPs, bytes and saved
 tensors, and holds no parameters (``params`` and ``param_tensors`` 0: its first call's count them, once).
 """
@@ -27,7 +28,7 @@ from typing import Iterable, Iterator
 
 from perf4sight.features.formulas import HANDLERS, INPUT_GRADIENTS, OpCost, copied_first
 from perf4sight.features.step_runtime import StepRuntime
-from perf4sight.features.strided_views import rows_copied
+from perf4sight.features.strided_views import batch_copied, rows_copied
 from perf4sight.ir.schema import SHARES, NetworkDescription, Node, where_condition_inputs
 
 __all__ = ["Visit", "walk", "consumer_counts", "gradient_accumulations"]
@@ -47,6 +48,9 @@ class Visit:
     # activation in place on a copy (on_copy), a linear layer of rows that do not fold (strided_views.rows_copied),
     # which keeps its copy, an activation in place that keeps a clone of its input (StepRuntime.clones_input)
     input_copies: int = 0
+    # the inputs of a matmul of 4 or more dims that torch copies before its bmm (strided_views.batch_copied), each a
+    # forward kernel of that input read and written, the copy what the bmm keeps
+    copied_inputs: tuple[int, ...] = ()
 
 
 def walk(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> Iterator[Visit]:
@@ -69,6 +73,9 @@ def walk(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> Iter
         copies = _input_copies(node, runtime, nodes, base, shapes)
         for _ in range(copies if cost is not None else 0):  # after the runtime's rules (which read the op's bytes)
             cost = copied_first(cost, in_shapes[0])
+        copied = _matmul_copies(node, nodes, base, shapes) if cost is not None and node.op == "matmul" else ()
+        for i in copied:
+            cost = copied_first(cost, in_shapes[i])
         if cost is not None and fed and node.op in INPUT_GRADIENTS:  # the gradients of those inputs that need one
             cost = INPUT_GRADIENTS[node.op](cost, node, [grad[i] for i in node.inputs], in_shapes)
         grad[node.name] = cost is None or cost.params > 0 or fed  # the network input: False
@@ -78,7 +85,7 @@ def walk(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> Iter
             cost = replace(cost, flops_bwd=0.0, kernels_bwd=0, saved=[], extra_saved_bytes=0.0, batch_saved=())
         is_view = cost is not None and cost.kind == "view" and bool(node.inputs)
         base[node.name] = base.get(node.inputs[0], node.inputs[0]) if is_view else node.name
-        yield Visit(node, in_shapes, first, cost, base[node.name], grad[node.name], copies)
+        yield Visit(node, in_shapes, first, cost, base[node.name], grad[node.name], copies, copied)
 
 
 def _input_copies(node: Node, runtime: StepRuntime, nodes: dict[str, Node], base: dict[str, str],
@@ -89,6 +96,14 @@ def _input_copies(node: Node, runtime: StepRuntime, nodes: dict[str, Node], base
     rows = node.op == "linear" and rows_copied(nodes, node.inputs[0], base, shapes)
     clone = runtime.clones_input(node.op, on_copy or bool(node.attrs.get("inplace")))
     return int(on_copy) + int(rows) + int(clone)
+
+
+def _matmul_copies(node: Node, nodes: dict[str, Node], base: dict[str, str],
+                   shapes: dict[str, list[int]]) -> tuple[int, ...]:
+    """The inputs of ``node``, a matmul, that torch copies before its bmm (:attr:`Visit.copied_inputs`): views whose
+    dims before their last two do not fold, of those dims the output's (a broadcast one is left as it is)."""
+    return tuple(i for i, name in enumerate(node.inputs)
+                 if shapes[name][:-2] == node.output_shape[:-2] and batch_copied(nodes, name, base, shapes))
 
 
 def consumer_counts(desc: NetworkDescription) -> dict[str, int]:
