@@ -39,6 +39,9 @@ _CASES = {
                                 "topk",
                                 lambda x: x.gather(2, x.mean(3).topk(8, dim=2).indices.unsqueeze(-1)
                                                    .expand(-1, -1, -1, 8))),
+    "top channels gathered": (lambda y: (lambda s: y.gather(1, s.topk(y.shape[1], 1)[1].expand(
+        -1, -1, y.shape[2], y.shape[3])) * s)(y.mean((2, 3), keepdim=True)), "topk",
+                              lambda x: x.gather(1, x.mean((2, 3), keepdim=True).topk(4, 1)[1].expand(-1, -1, 8, 8))),
     "einsum summing a product": (lambda y: y * torch.einsum("bchw,bchw->bch", y, y.sigmoid())[..., None]
                                  + torch.einsum("bc,bc->b", y.mean((2, 3)), y.amax((2, 3)))[:, None, None, None],
                                  "matmul", lambda x: torch.einsum("bchw,bchw->bch", x, x * 2)),
@@ -607,7 +610,7 @@ def test_a_sorts_or_topks_values_are_described(case):
 @pytest.mark.parametrize("pattern, match", [
     (lambda y: y + torch.sort(y, 1)[1].float(), r"the indices \(int64\) of call_function 'sort' \(node sort\), "
                                                  r"which call_method 'float' \(node float_1\) reads, has no"),
-    (lambda y: y.gather(1, y.mean((2, 3), keepdim=True).topk(4, 1)[1].expand(-1, -1, 8, 8)).repeat(1, 2, 1, 1),
+    (lambda y: (lambda i: y.gather(2, i) + y.sigmoid().gather(2, i))(y.topk(8, 2)[1]),
      r"the indices \(int64\) of call_method 'topk' \(node topk\), which call_method 'gather' \(node gather\) "
      r"reads, has no description op"),
     (lambda y: torch.sort(y, 0)[0], r"a sort along the batch dimension \(dims \[0\]\)"),
@@ -615,9 +618,9 @@ def test_a_sorts_or_topks_values_are_described(case):
     (lambda y: y + y.topk(8, 1, sorted=False).values, r"a topk of sorted=False"),
 ])
 def test_a_sorts_indices_or_another_form_are_refused_by_name(pattern, match):
-    """The indices of a sort or a topk read by anything but a gather of a tensor of their shape (and trailing dims):
-    made float, or a gather of the top-scoring channels of a map through their expand over its sides (the gather
-    named); a sort along the batch, a stable sort and an unsorted topk are refused by name."""
+    """The indices of a sort or a topk read by anything but one gather of a tensor of their shape (but where theirs
+    are 1, and trailing dims): made float, or read by two gathers (the first named); a sort along the batch, a
+    stable sort and an unsorted topk are refused by name."""
     with pytest.raises(UserError, match=match):
         describe(_Probe(pattern), SHAPE, name="refused")
 
@@ -1367,13 +1370,17 @@ def test_a_tensor_gathered_at_a_topks_indices_is_described():
     """Token pruning's gather at a topk's indices was refused ("the indices (int64) of call_method 'topk' ..., which
     call_method 'gather' reads"): it is the op topk of the scores and the tokens, flagged gather (the indices and
     their views no nodes); the rebuilt module computes the original's output and gradients, and the scores take no
-    gradient through it (one read, the mean's, sends theirs: no accumulation counted)."""
+    gradient through it (one read, the mean's, sends theirs: no accumulation counted). So is a gather of a map's top
+    channels, the indices of its pooled [C, 1, 1] expanded over its sides."""
     from perf4sight.features.walk import gradient_accumulations, walk
 
     desc = _computes_the_same(_TokenPruning())
     assert [(n.op, n.inputs, n.attrs, n.output_shape) for n in desc.nodes if n.op == "topk"] == [
         ("topk", ["squeeze", "flatten"], {"k": 2, "dim": 1, "largest": True, "gather": True}, [2, 64])]
     assert gradient_accumulations(desc, list(walk(desc))) == {"flatten": 1}
+    top = _computes_the_same(_Probe(lambda y: y.gather(1, y.mean((2, 3), keepdim=True).topk(4, 1)[1]
+                                                       .expand(-1, -1, 8, 8)), 4 * 8 * 8))  # a map's top channels
+    assert [(n.inputs, n.output_shape) for n in top.nodes if n.op == "topk"] == [(["mean", "conv"], [4, 8, 8])]
 
 
 @pytest.mark.parametrize("batch", [3, 1])

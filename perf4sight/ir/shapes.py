@@ -288,13 +288,14 @@ def _fractional_out(a: Dict[str, Any], x: List[int]) -> Union[List[int], str]:
 
 def _gathered_shape(op: str, a: Dict[str, Any], x: List[int], y: List[int]) -> Union[List[int], str]:
     """The shape of ``y`` gathered along ``dim`` at the indices of a sort or topk of ``x`` (their shape ``x``'s, k
-    along dim for a topk), broadcast over ``y``'s dims after ``x``'s; ``y``'s first dims ``x``'s but along dim."""
+    along dim for a topk), broadcast to ``y``'s shape but along dim (over its dims after ``x``'s, and where ``x``'s
+    are 1); ``y``'s first dims ``x``'s but along dim, or ``x``'s 1."""
     axis = _axis(int(a["dim"]), len(x))
     if axis is None or (op == "topk" and int(a["k"]) > x[axis]):
         return f"dim {a['dim']} (k {a.get('k')}) is not a dimension of its first input {x} after the batch"
-    if len(y) < len(x) or y[:axis] + y[axis + 1:len(x)] != x[:axis] + x[axis + 1:]:
+    if len(y) < len(x) or any(x[d] not in (y[d], 1) for d in range(len(x)) if d != axis):
         return f"gathers a tensor {y} that does not have its first input's shape {x} but along dim {a['dim']}"
-    return x[:axis] + [int(a["k"]) if op == "topk" else x[axis]] + y[axis + 1:]
+    return y[:axis] + [int(a["k"]) if op == "topk" else x[axis]] + y[axis + 1:]
 
 
 def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) -> Optional[Union[List[int], str]]:

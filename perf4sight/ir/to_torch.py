@@ -633,10 +633,10 @@ def _top(x: torch.Tensor, k: int, dim: int, largest: bool) -> torch.Tensor:
 
 
 def _gathered(y: torch.Tensor, indices: torch.Tensor, dim: int) -> torch.Tensor:
-    """``y`` gathered along ``dim`` at ``indices`` (a sort's or a topk's), broadcast over y's dims after theirs (a view:
-    unsqueezed and expanded, as token pruning's idx.unsqueeze(-1).expand(-1, -1, C))."""
+    """``y`` gathered along ``dim`` at ``indices`` (a sort's or a topk's), broadcast to y's shape but along dim (a
+    view: unsqueezed and expanded, as token pruning's idx.unsqueeze(-1).expand(-1, -1, C))."""
     rank = indices.dim()
-    shape = list(indices.shape) + list(y.shape[rank:])
+    shape = [int(indices.shape[d]) if d == dim else int(y.shape[d]) for d in range(y.dim())]
     return y.gather(dim, indices.reshape(list(indices.shape) + [1] * (y.dim() - rank)).expand(shape))
 
 

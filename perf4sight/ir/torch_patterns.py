@@ -573,8 +573,9 @@ def _gathered_at_sorted(n: fx.Node) -> tuple[fx.Node, fx.Node] | None:
     """Where ``n`` is a sort's or a topk's indices (``[1]``, ``.indices``), a view of them on their way to a gather,
     or that gather, and the gather picks a tensor x at them along the sort's dim (``x.gather(dim, idx)`` of an x of
     the sorted tensor's shape; token pruning's ``x.gather(1, idx.unsqueeze(-1).expand(-1, -1, C))`` of an x of its
-    shape and trailing dims, the indices broadcast over those): (the sort's call, the gather); None for anything
-    else."""
+    shape and trailing dims; a map's top channels, ``y.gather(1, idx.expand(-1, -1, H, W))`` of indices of a pooled
+    [C, 1, 1]: the indices broadcast to x's shape but along dim, their size-1 dims and trailing ones expanded): (the
+    sort's call, the gather); None for anything else."""
     chain = [n]
     while chain[-1].op in ("call_function", "call_method") and chain[-1].target in _INDEX_BROADCASTS and \
             isinstance(chain[-1].args[0], fx.Node):
@@ -601,16 +602,19 @@ def _gathered_at_sorted(n: fx.Node) -> tuple[fx.Node, fx.Node] | None:
     call = indices.args[0]
     sorted_shape = [int(v) for v in call.args[0].meta["tensor_meta"].shape]
     x_shape = [int(v) for v in gather.args[0].meta["tensor_meta"].shape]
-    index_shape = [int(v) for v in reader.meta["tensor_meta"].shape]
     rank = len(sorted_shape)
     dim = _sort_attrs(call)[1]["dim"]
     picked = [int(v) for v in indices.meta["tensor_meta"].shape]
     if not isinstance(gather.args[1], int) or gather.args[1] % len(x_shape) != dim or len(x_shape) < rank or \
-            x_shape[:dim] + x_shape[dim + 1:rank] != sorted_shape[:dim] + sorted_shape[dim + 1:] or \
-            index_shape != picked + x_shape[rank:] or \
-            any(v.meta["tensor_meta"].shape[:rank] != indices.meta["tensor_meta"].shape for v in chain[:-1]):
+            any(sorted_shape[d] not in (x_shape[d], 1) for d in range(rank) if d != dim):
         return None
-    return call, gather
+    full = [picked[dim] if d == dim else x_shape[d] for d in range(len(x_shape))]  # the indices broadcast to it
+    for view in [*chain[:-1], reader]:  # each keeps the indices' dims, or broadcasts one of size 1, adds trailing
+        shape = [int(v) for v in view.meta["tensor_meta"].shape]
+        if len(shape) > len(full) or any(shape[d] not in (picked[d], full[d]) for d in range(rank)) or \
+                any(v not in (1, full[d]) for d, v in enumerate(shape) if d >= rank):
+            return None
+    return (call, gather) if [int(v) for v in reader.meta["tensor_meta"].shape] == full else None
 
 
 def _sorted_gather_nodes(n: fx.Node, found: tuple[fx.Node, fx.Node], alias: dict[str, str]) -> list[Node]:
