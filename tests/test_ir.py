@@ -1787,7 +1787,7 @@ class _Scaled(nn.Module):
         elif self.scaling == "half":
             x = x.to(torch.float16).float()
         elif self.scaling == "type_as":
-            x = (x - 0.5).type_as(x)
+            x = (x - 0.5).type_as(x).type_as(self.conv.weight)
         return self.fc(self.conv(x).mean((2, 3)))
 
 
@@ -1798,7 +1798,7 @@ def test_a_tensor_less_or_over_a_number_and_a_cast_to_float32_are_described():
     for scaling, scalars in (("operators", [("add", -0.5), ("mul", 4.0)]), ("methods", [("add", -2.0), ("mul", 0.25)]),
                              ("number minus tensor", [("mul", -1.0), ("add", 1.0)]),  # the tensor negated, added
                              ("tensor by tensor", [("add", 1.0)]),  # and a div
-                             ("type_as", [("add", -0.5)])):  # a float32 tensor's type_as of another: itself
+                             ("type_as", [("add", -0.5)])):  # type_as of a float32 tensor or weight: itself
         module = _Scaled(scaling).eval()
         desc = describe(module, [3, 8, 8], scaling)
         assert [(n.op, n.attrs["scalar"]) for n in desc.nodes if "scalar" in n.attrs] == scalars
