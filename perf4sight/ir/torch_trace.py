@@ -156,9 +156,11 @@ class _Tracer(fx.Tracer):
     iterates over them (:meth:`iter`) and tells their number (``len``, ``list``: :class:`_Proxy`)."""
 
     def __init__(self, pieces: dict[str, int] | None = None, decided: dict[str, bool | str] | None = None,
-                 dtypes: dict[str, torch.dtype | None] | None = None) -> None:
+                 dtypes: dict[str, torch.dtype | None] | None = None, input_shape: list[int] | None = None) -> None:
         super().__init__()
-        self.pieces, self.decided, self.dtypes = pieces, decided, dtypes
+        self.pieces, self.decided, self.dtypes, self.input_shape = pieces, decided, dtypes, input_shape
+        self._meta_root: nn.Module | None = None  # a weightless twin of the module traced, made at a dtype read
+        self._meta_run: MetaShapeProp | None = None  # the graph so far run on meta tensors (:meth:`_meta_values`)
         #: what the trace asked of the values it was told of, in order: (what, the node's name, the nodes so far)
         self.reads: list[tuple[str, str, int]] = []
 
@@ -192,8 +194,59 @@ class _Tracer(fx.Tracer):
         None (a traced ``getattr``) where ``obj`` is no tensor, or without :attr:`dtypes`."""
         if self.dtypes is None:
             return None
+        if obj.node.name not in self.dtypes and self.input_shape is not None:
+            self._dtypes_here(obj.node)
         self._read("the dtype of", obj.node, self.dtypes)
         return self.dtypes[obj.node.name]
+
+    def _dtypes_here(self, node: fx.Node) -> None:
+        """:attr:`dtypes` told of ``node`` and the nodes before it (:func:`_dtypes_made`) without stopping the trace:
+        the graph so far run on meta tensors (:meth:`_meta_values`, each node once a trace: a twin of the graph so far
+        and its shapes propagated at each read cost several times as much) with torch.fx's patches of torch (its
+        modules' calls among them) taken off meanwhile. Where an op has no meta kernel, :func:`_dtypes_made` as a
+        trace traced again would; where that cannot be done either (a torch without the means, the layers failing),
+        :attr:`dtypes` is left as it is and the trace stops and is traced again, told."""
+        revert = getattr(fx._symbolic_trace, "_maybe_revert_all_patches", None)
+        if revert is None:
+            return
+        try:
+            with revert():
+                try:
+                    made = {n.name: v.dtype if isinstance(v, torch.Tensor) else None
+                            for n, v in self._meta_values().items()}
+                except Exception:  # noqa: BLE001 - an op without a meta kernel: as a restart works it out
+                    made = _dtypes_made(self, node, self.input_shape)
+                self.dtypes.update(made)
+        except Exception:  # noqa: BLE001 - the model's own layers: said by the trace traced again
+            pass
+
+    def _meta_values(self) -> dict[fx.Node, Any]:
+        """The value of every node traced so far, run on meta tensors of :attr:`input_shape` on the module's
+        weightless twin (:meth:`_twin_so_far`), each node once a trace (a later read runs the nodes since)."""
+        if self._meta_run is None:
+            run = MetaShapeProp(fx.GraphModule(self._twin_so_far(), fx.Graph()))
+            run.module = run.real_module = self._meta_root
+            run.env = {}
+            self._meta_run = run
+        run = self._meta_run
+        self._twin_so_far()
+        for n in self.graph.nodes:
+            if n not in run.env:
+                run.env[n] = (torch.empty(_TRACE_BATCH, *self.input_shape, device="meta") if n.op == "placeholder"
+                              else fx.Interpreter.run_node(run, n))  # (ShapeProp's would set the node's meta)
+        return run.env
+
+    def _twin_so_far(self) -> nn.Module:
+        """The weightless twin of the module traced (made at the first call), with the constants the trace has set on
+        the module since (``_tensor_constant0``: tensors its forward made) as empty meta tensors."""
+        if self._meta_root is None:
+            self._meta_root = _meta_twin(self.root)
+        for n in self.graph.nodes:
+            if n.op == "get_attr" and "." not in n.target and not hasattr(self._meta_root, n.target):
+                value = getattr(self.root, n.target)
+                setattr(self._meta_root, n.target,
+                        torch.empty_like(value, device="meta") if isinstance(value, torch.Tensor) else value)
+        return self._meta_root
 
     def to_bool(self, obj: fx.Proxy) -> bool:
         """A condition's value (``assert x.dim() == 4``, ``if x.shape[-1] % 2``), as :attr:`decided` says;
@@ -329,8 +382,9 @@ class _ForwardFailed(Exception):
 
 
 #: How many times :func:`_trace` traces again where the trace before it read otherwise (a forward that changes
-#: between calls) before it refuses the forward
-_OTHER_GRAPHS = 8
+#: between calls) before it refuses the forward; and how many times in all (a forward that grows each call, and so
+#: each time reads one more split's pieces, reads alike up to each stop)
+_OTHER_GRAPHS, _RETRACES = 8, 500
 
 
 def _trace(module: nn.Module, input_shape: list[int]) -> fx.Graph:
@@ -338,15 +392,16 @@ def _trace(module: nn.Module, input_shape: list[int]) -> fx.Graph:
     condition of shapes, traced again, told how many pieces there are (:func:`_pieces_made`) or the condition's value
     (:func:`_condition_value`) or its dtype (:func:`_dtypes_made`) at ``input_shape``, once for each such node. A
     forward that traces another way when traced again (state kept between calls) is refused, naming what the trace
-    was traced again to read, after :data:`_OTHER_GRAPHS` such traces, not traced again without end (a few are let
-    be: a forward that draws a branch by Python's ``random`` was described by the branch it drew)."""
+    was traced again to read, after :data:`_OTHER_GRAPHS` such traces, or :data:`_RETRACES` traces in all, not
+    traced again without end (a few are let be: a forward that draws a branch by Python's ``random`` was described
+    by the branch it drew). A dtype read is answered without a stop where it can be (:meth:`_Tracer.dtype_of`)."""
     pieces: dict[str, int] = {}
     decided: dict[str, bool | str] = {}
     dtypes: dict[str, torch.dtype | None] = {}
     before: list[tuple[str, str, int]] = []  # the reads of the trace before, the last the one it stopped at
     other_graphs = 0
-    while True:
-        tracer = _Tracer(pieces, decided, dtypes)
+    for _ in range(_RETRACES + 1):
+        tracer = _Tracer(pieces, decided, dtypes, input_shape)
         try:
             return tracer.trace(module)
         except _PiecesUnknown as exc:
@@ -368,6 +423,9 @@ def _trace(module: nn.Module, input_shape: list[int]) -> fx.Graph:
                 raise
             except Exception as failed:  # the layers before the split fail at this shape: the forward's failure
                 raise _ForwardFailed() from failed
+    what, name, _ = before[-1]
+    raise fx.proxy.TraceError(f"traced again {_RETRACES} times, the last to read {what} {name} (a forward that grows "
+                              "each call, as one keeping state on the module, cannot be traced)")
 
 
 @contextlib.contextmanager
