@@ -831,18 +831,24 @@ def test_a_where_of_a_fixed_mask_is_described(form):
     if form != "compared":
         desc = _computes_the_same(module)
     else:
-        from perf4sight.ir.to_torch import build_module
-
         desc = describe(module, SHAPE, name="compared")
-        rebuilt = build_module(desc)
-        for new, old in zip(rebuilt.parameters(), module.parameters()):
-            new.data.copy_(old.data)
-        (mask,) = list(rebuilt.buffers())
-        mask.copy_(module.mask == 0)
-        x = torch.randn(2, *SHAPE)
-        assert torch.allclose(module(x), rebuilt(x), atol=1e-5)
+        _computes_the_same_given_its_mask(module, desc)
     assert [(n.inputs, n.attrs) for n in desc.nodes if n.op == "where"] == [
         (["conv"], {"compare": "ne", "threshold": 0.0, "mask_shape": [8, 8], **number})]
+
+
+def _computes_the_same_given_its_mask(module: nn.Module, desc: NetworkDescription) -> None:
+    """``desc`` (read back from JSON) rebuilt, given ``module``'s weights and the mask its trace computed from a
+    float buffer (``module.mask == 0``), computes ``module``'s output."""
+    from perf4sight.ir.to_torch import build_module
+
+    rebuilt = build_module(NetworkDescription.from_dict(desc.to_dict()))
+    for new, old in zip(rebuilt.parameters(), module.parameters()):
+        new.data.copy_(old.data)
+    (mask,) = list(rebuilt.buffers())
+    mask.copy_(module.mask == 0)
+    x = torch.randn(2, *SHAPE)
+    assert torch.allclose(module(x), rebuilt(x), atol=1e-5)
 
 
 @pytest.mark.parametrize("form", _FIXED_MASKS[:3])
@@ -938,19 +944,11 @@ def test_an_attention_mask_filled_with_finfo_is_described():
     """``scores.masked_fill(mask == 0, -torch.finfo(scores.dtype).max)`` could not be traced (torch.finfo refuses
     torch.fx's proxy of ``scores.dtype``): the dtype read is the tensor's own (float32), so the fill is a number, the
     largest float32's negation, which a description holds; the rebuilt module, given the mask, computes the same."""
-    from perf4sight.ir.to_torch import build_module
-
     module = _CausalAttention()
     desc = describe(module, SHAPE, name="attention")
     assert [n.attrs for n in desc.nodes if n.op == "where"] == [
         {"compare": "ne", "threshold": 0.0, "mask_shape": [8, 8], "if_true": -torch.finfo(torch.float32).max}]
-    rebuilt = build_module(NetworkDescription.from_dict(desc.to_dict()))
-    for new, old in zip(rebuilt.parameters(), module.parameters()):
-        new.data.copy_(old.data)
-    (mask,) = list(rebuilt.buffers())
-    mask.copy_(module.mask == 0)
-    x = torch.randn(2, *SHAPE)
-    assert torch.allclose(module(x), rebuilt(x), atol=1e-5)
+    _computes_the_same_given_its_mask(module, desc)
 
 
 @pytest.mark.parametrize("batch", [3, 1])

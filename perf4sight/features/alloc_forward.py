@@ -519,7 +519,7 @@ def _where(ctx: _OpContext) -> _Value:
     if n.attrs.get("inplace"):
         return _masked_fill_in_place(ctx, mask)
     if n.attrs.get("multiply"):
-        return _mask_multiplied(ctx, mask, batch * prod(shape))
+        return _where_of_multiply(ctx, mask, batch * prod(shape))
     number = "if_true" in n.attrs or "if_false" in n.attrs
     scalar = ctx.alloc("scalar_tensor.default", FLOAT) if number else None
     sid = ctx.alloc("where.self")
@@ -537,7 +537,7 @@ def _where(ctx: _OpContext) -> _Value:
     return _Value(sid, ctx.nbytes, fn)
 
 
-def _mask_multiplied(ctx: _OpContext, mask: int, elements: int) -> _Value:
+def _where_of_multiply(ctx: _OpContext, mask: int, elements: int) -> _Value:
     """``b * condition`` (a where of ``multiply``: x * (x > 0)) once its condition (of ``elements``) is allocated: the
     output (``mul.Tensor``, no number wrapped), the condition kept; backward b's gradient ``mul.Tensor`` of the
     output's size (summed down to a broadcast b's shape). A mask cast to float32 first (``float_mask``:
