@@ -909,3 +909,19 @@ def test_the_load_note_of_an_ssh_gpu_device_names_its_own_csv_and_says_may(tmp_p
     imported = _load_note(cfg, "exported-gpu", [dict(row, device="exported-gpu")])  # no [devices] table to profile
     assert imported.endswith("so its step time may read high and noisy; to measure it again, rerun it on a quiet "
                              "device (no [devices.exported-gpu] table here to profile it)")
+
+
+def test_progress_on_a_stderr_that_is_no_terminal_is_a_line_per_event():
+    """Profiling with stderr to a file (nohup, CI, ``2> log``) wrote nothing until the stage ended, rich drawing its
+    bars once then: a run of hours said nothing of how far it was, nor of an SSH device reconnecting. Each event whose
+    note changed is now a line naming its device (the rows an earlier run measured are not: a rerun of a campaign
+    would list them all)."""
+    from perf4sight.profiling.fleet import ProgressLog
+
+    log = ProgressLog()
+    said = [log.line("tx2", 3, 24, "last: resnet18_l0 @ 4 ok"), log.line("tx2", 3, 24, "last: resnet18_l0 @ 4 ok"),
+            log.line("box", -1, 24, "reconnecting"), log.line("box", -1, 24, "reconnecting"),
+            log.line("local", 5, 30, "last: gen_0_0 @ 8 measured before"), log.line("local", 6, 30, ""),
+            log.line("box", 9, 24, "last: gen_0_1 @ 2 oom"), log.line("local", -1, 0, "waiting: one after another")]
+    assert said == ["tx2: 3/24 last: resnet18_l0 @ 4 ok", None, "box: reconnecting", None, None, None,
+                    "box: 9/24 last: gen_0_1 @ 2 oom", "local: waiting: one after another"]

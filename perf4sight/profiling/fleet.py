@@ -404,6 +404,22 @@ def _not_measured_again(cfg: Config, device: str, moved: list[dict[str, str]]) -
     return len(keys)
 
 
+class ProgressLog:
+    """The progress bars' events as lines, for a stderr that is no terminal: one per event whose note changed (a row
+    measured or pulled, a reconnection, a wait), none for the rows an earlier run measured (a rerun of a campaign
+    of 1,401 rows would print 1,401 of them), each naming its device and, where known, how far it is."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, str] = {}
+
+    def line(self, device: str, done: int, total: int, note: str) -> str | None:
+        """The line to print for this event, None for none."""
+        if not note or note.endswith("measured before") or self._last.get(device) == note:
+            return None
+        self._last[device] = note
+        return f"{device}: {done}/{total} {note}" if done >= 0 and total else f"{device}: {note}"
+
+
 def _profile_all(cfg: Config, devices: list[DeviceConfig], descs: list[Path], show_progress: bool,
                  follow: dict[str, Any], moved: dict[str, list[dict[str, str]]]) -> list[DeviceSummary]:
     """:func:`profile_devices` once its checks are passed and its devices' locks held (``moved``: each device's rows
@@ -411,6 +427,9 @@ def _profile_all(cfg: Config, devices: list[DeviceConfig], descs: list[Path], sh
     bars = progress_bars() if show_progress else None
     tasks: dict[str, Any] = {}
     lock = threading.Lock()
+    # on a stderr that is no terminal (nohup, CI, `2> log`) rich draws the bars once, when the stage ends: a line
+    # per event instead, so that a log followed during a run of hours says how far each device is
+    log = ProgressLog() if bars is not None and not bars.console.is_terminal else None
 
     def progress(device: str, done: int, total: int, note: str) -> None:
         if bars is None:
@@ -420,6 +439,9 @@ def _profile_all(cfg: Config, devices: list[DeviceConfig], descs: list[Path], sh
                 bars.update(tasks[device], completed=done, total=total, note=note)
             else:
                 bars.update(tasks[device], note=note)
+            line = log.line(device, done, total, note) if log is not None else None
+            if line:
+                bars.console.print(line, markup=False, highlight=False)
 
     cancel = threading.Event()  # Ctrl-C / SIGTERM reach the main thread only: it tells the devices' threads
     this_machine = threading.Lock()  # held by the local device measuring now
@@ -428,8 +450,10 @@ def _profile_all(cfg: Config, devices: list[DeviceConfig], descs: list[Path], sh
         profiler = None
         try:
             if not dev.host:
-                progress(dev.name, -1, 0, "waiting: this machine's devices are measured one after another")
-                while not this_machine.acquire(timeout=0.2):
+                free = this_machine.acquire(blocking=False)
+                if not free:  # said only where another device of this machine measures now
+                    progress(dev.name, -1, 0, "waiting: this machine's devices are measured one after another")
+                while not free and not this_machine.acquire(timeout=0.2):
                     if cancel.is_set():
                         return DeviceSummary(dev.name, "failed", message=f"device '{dev.name}': interrupted before "
                                              "it started")
