@@ -598,6 +598,34 @@ def test_a_factory_that_parses_its_command_line_sees_a_scripts_argv(tmp_path: Pa
     assert sys.argv is argv and sys.argv[1] == "--config"
 
 
+def test_a_factory_file_inside_a_package_says_how_to_give_it(tmp_path: Path) -> None:
+    """Research code's model files sit in a package (``mypkg/net.py`` doing ``from .layers import block`` or ``from
+    mypkg.layers import block``): imported as a script, they failed with Python's "attempted relative import with no
+    known parent package" or "No module named 'mypkg'" alone. The line now says the file is a package's module and
+    what works: a file outside the package importing it (checked: that one builds). A library not installed is said
+    as before."""
+    pkg = tmp_path / "research_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "layers.py").write_text("from torch import nn\ndef block(i, o):\n    return nn.Conv2d(i, o, 3)\n")
+    (pkg / "net.py").write_text("from .layers import block\ndef net():\n    return block(3, 4)\n")
+    (pkg / "net_abs.py").write_text("from research_pkg.layers import block\ndef net():\n    return block(3, 4)\n")
+    (pkg / "net_lib.py").write_text("import a_library_not_installed_here\ndef net():\n    pass\n")
+    for name, why in (("net", "ImportError: attempted relative import with no known parent package"),
+                      ("net_abs", "ModuleNotFoundError: No module named 'research_pkg'")):
+        with pytest.raises(UserError) as raised:
+            build_factory_model(parse_factory(f"{pkg / name}.py:net", tmp_path))
+        assert str(raised.value).endswith(
+            f"fails to import ({why}); it is a module of the package research_pkg (its folder has __init__.py), and a "
+            f"factory's file is imported as a script is run, outside its package: give a file in {tmp_path} that "
+            f"imports it, such as one holding `from research_pkg.{name} import net`, as FILE.py:net")
+    with pytest.raises(UserError) as raised:
+        build_factory_model(parse_factory(f"{pkg / 'net_lib.py'}:net", tmp_path))
+    assert str(raised.value).endswith("(ModuleNotFoundError: No module named 'a_library_not_installed_here')")
+    (tmp_path / "wrap.py").write_text("from research_pkg.net import net\n")  # the way the line gives
+    assert build_factory_model(parse_factory(f"{tmp_path / 'wrap.py'}:net", tmp_path)).out_channels == 4
+
+
 def test_a_factorys_error_of_several_lines_is_said_in_one(tmp_path: Path, monkeypatch, capsys) -> None:
     """A factory that raised (or whose file raised on import) an exception of several lines printed an error of as
     many lines: its first line is said, and the command line joins any error's lines into one."""

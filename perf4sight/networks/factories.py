@@ -202,10 +202,29 @@ def _import(factory: Factory) -> ModuleType:
             module_spec.loader.exec_module(module)
     except (Exception, SystemExit) as exc:  # a user file can raise anything while importing, sys.exit() included
         raise UserError(f"factory '{factory.spec}': {factory.path} fails to import "
-                        f"({_first_line(exc)})") from None
+                        f"({_first_line(exc)}){_in_a_package(factory, exc)}") from None
     _check_own_helpers(factory)
     sys.modules[name] = module
     return module
+
+
+def _in_a_package(factory: Factory, exc: BaseException) -> str:
+    """Where an import failed in a file of a package (its folder has ``__init__.py``: ``from .layers import block``, or
+    ``from mypkg.layers import ...`` read from the folder above), what to give instead: the file is imported as a
+    script is run, not as the package's module, so a file outside the package that imports it. "" otherwise."""
+    if not isinstance(exc, ImportError) or not (factory.path.parent / "__init__.py").is_file():
+        return ""
+    top = factory.path.parent
+    while (top.parent / "__init__.py").is_file() and top.parent != top:
+        top = top.parent
+    missing = getattr(exc, "name", None) or ""  # a ModuleNotFoundError's module: the package's own, or another's
+    relative = "relative import" in str(exc)
+    if not relative and missing.split(".")[0] != top.name:  # a library not installed: no word of the package
+        return ""
+    module = ".".join(factory.path.relative_to(top.parent).with_suffix("").parts)
+    return (f"; it is a module of the package {top.name} (its folder has __init__.py), and a factory's file is "
+            f"imported as a script is run, outside its package: give a file in {top.parent} that imports it, such as "
+            f"one holding `from {module} import {factory.function}`, as FILE.py:{factory.function}")
 
 
 def _first_line(exc: BaseException) -> str:
