@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import difflib
+import re
 from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
@@ -319,6 +320,11 @@ def resolve_networks(cfg: Config, names: list[str], input_shape: list[int],
         if name.endswith(".py") and Path(name).is_file():
             raise UserError(f"{name}: a Python file, not a network: name the function that builds the network, "
                             f"{name}:function (a factory), or give a description .json file")
+        near_factory = re.fullmatch(r"(.+\.py):(.*)", name, re.DOTALL)
+        if near_factory and not COMMAND_LINE_FACTORY.fullmatch(name):  # good.py:, good.py:net(), good.py:my-net
+            function = near_factory.group(2)
+            raise UserError(f"{name}: FILE.py:FUNCTION names after the colon the function that returns the network, a "
+                            f"Python name such as mynet without parentheses or arguments; got {function!r}")
         if is_description_file(name):
             _refuse_a_path_of_the_configs_folder(cfg, name)
             out.append(load_description(name))

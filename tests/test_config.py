@@ -606,6 +606,21 @@ def test_a_description_file_relative_to_the_config_not_the_current_folder_says_s
         resolve_networks(cfg, ["models/nets.py:net"], [3, 32, 32])
 
 
+def test_a_factory_spec_whose_function_is_not_a_name_says_so(tmp_path):
+    """``--network nets.py:`` (the function left out), ``nets.py:net()`` or ``nets.py:net(width=3)`` (a call) and
+    ``nets.py:my-net`` fell through to the unknown-name line listing zoo and dataset names, which did not say what
+    was wrong: the line now says that a Python name goes after the colon, and quotes what was given."""
+    from perf4sight.dataset import resolve_networks
+    cfg = load_config(write(tmp_path, GOOD))
+    for given, function in (("nets.py:", ""), ("nets.py:net()", "net()"), ("dir/nets.py:net(width=3)", "net(width=3)"),
+                            ("nets.py::net", ":net"), ("nets.py:my-net", "my-net")):
+        with pytest.raises(UserError) as raised:
+            resolve_networks(cfg, [given], [3, 32, 32])
+        assert str(raised.value) == (f"{given}: FILE.py:FUNCTION names after the colon the function that returns the "
+                                     "network, a Python name such as mynet without parentheses or arguments; got "
+                                     f"{function!r}")
+
+
 def test_ctrl_c_before_a_stage_begins_is_one_line(tmp_path, monkeypatch, capsys):
     """Ctrl-C in the command line's first moments (reading the arguments, pinning the BLAS kernels) printed a
     traceback and exited -2: one line and 130, as later."""
