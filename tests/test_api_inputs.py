@@ -727,3 +727,22 @@ def test_predict_says_why_an_ensembles_memory_under_the_capacity_may_not_fit(fit
         "fit")
     _capacity_note(ens.trees, ens.trees.predict(descs["deep_w8"], 16))  # the trees' own rows: nothing to explain
     assert capsys.readouterr().err == ""
+
+
+def test_the_largest_batch_without_an_allocator_replay_searches_a_large_limit_without_predicting_every_size(fitted):
+    """Without an allocator replay (a CPU's memory form) max_batch_size predicted every batch size 1..limit at once:
+    1.4 GiB and 10 s at a limit of a million, a MemoryError at ten million (--max-batch-size takes up to a billion).
+    It predicts one by one up to 65,536 (far past any training row), bisects above, and finds the same sizes."""
+    from perf4sight.fingerprint.predict import EXACT_SCAN
+
+    folder, descs = fitted
+    fp = load_fingerprint(folder)
+    assert fp.models["memory"].terms and "sim_reserved_mb" not in fp.models["memory"].terms
+    small = fp.max_batch_size(descs["deep_w8"])
+    assert 1 <= small < 1024 and fp.max_batch_size(descs["deep_w8"], 10 ** 9) == small
+    boundary = 3 * EXACT_SCAN + 17  # a capacity first passed above the sizes predicted one by one
+    fp.capacity_basis = "prediction"  # as a configured limit: compared with the memory predict gives
+    fp.capacity_mb = fp.predict(descs["deep_w8"], [boundary])[0]["memory_mb"]
+    found = fp.max_batch_size(descs["deep_w8"], 10 ** 9)
+    assert found == boundary and [p["fits"] for p in fp.predict(descs["deep_w8"], [found, found + 1])] == [True, False]
+    assert fp.max_batch_size(descs["deep_w8"], boundary - 5) == boundary - 5  # every size up to the limit fits

@@ -65,6 +65,9 @@ def _batch_size(v: Any) -> int:
 
 #: how far :meth:`Fingerprint.max_batch_size` searches unless told (predict's ``--max-batch-size`` default, compare's)
 BATCH_SEARCH_LIMIT = 1024
+#: the batch sizes a search without an allocator replay predicts one by one (far above any training row's), and how
+#: many at a time
+EXACT_SCAN, SCAN_CHUNK = 1 << 16, 1 << 13
 
 
 def batch_list(batch_sizes: int | Sequence[int]) -> list[int]:
@@ -142,13 +145,15 @@ def search_limit(limit: Any) -> int:
     return value
 
 
-def largest_fitting(over: Callable[[int], bool], limit: int) -> int:
+def largest_fitting(over: Callable[[int], bool], limit: int,
+                    over_many: Callable[[np.ndarray], np.ndarray] | None = None) -> int:
     """Largest b <= ``limit`` with ``over(b)`` false for every batch size 1..b; 0 when ``over(1)``. Found by
     bisection, ``over`` taken as growing with b, then checked one by one over the sizes just below the boundary
     found (:func:`settle_window`), where it need not: an allocator replay's reserved memory steps up and down as
     the batch grows (squeezenet_50 on the TX2 data: fits at 204 and 206, not at 205 or 207). Each call of ``over``
-    is one prediction: about log2(limit) of them, and the window's. A batch size whose step is beyond the allocator
-    replay (:class:`BeyondReplay`, more than 256 TiB) is over."""
+    is one prediction: about log2(limit) of them, and the window's (one call of ``over_many``, ``over`` of an array
+    of sizes, where given). A batch size whose step is beyond the allocator replay (:class:`BeyondReplay`, more than
+    256 TiB) is over."""
     asked: dict[int, bool] = {}
 
     def beyond(b: int) -> bool:
@@ -168,7 +173,12 @@ def largest_fitting(over: Callable[[int], bool], limit: int) -> int:
             lo, hi = (lo, mid) if beyond(mid) else (mid + 1, hi)
         top = int(lo - 1)
     while top >= 1:  # a size below the boundary that does not fit moves it down, and its window is checked again
-        first = next((b for b in settle_window(top) if beyond(b)), None)
+        window = settle_window(top)
+        if over_many is not None:
+            flags = np.asarray(over_many(np.arange(window.start, window.stop)), dtype=bool)
+            first = int(window.start + np.argmax(flags)) if flags.any() else None
+        else:
+            first = next((b for b in window if beyond(b)), None)
         if first is None:
             return top
         top = first - 1
@@ -414,15 +424,28 @@ class Fingerprint(ModuleQueries):
         return found                   # (or NaN) compared with the capacity read as "none fits" (or as all)
 
     def _largest_fitting(self, nf: NetworkFeatures, limit: int) -> int:
-        """:meth:`max_batch_size` of ``nf`` up to ``limit`` under a known capacity, its figures unchecked."""
+        """:meth:`max_batch_size` of ``nf`` up to ``limit`` under a known capacity, its figures unchecked. Without an
+        allocator replay every batch size up to :data:`EXACT_SCAN` is predicted, :data:`SCAN_CHUNK` at a time
+        (all of 1..limit at once took 1.4 GiB and 10 s at a limit of a million, and ended in a MemoryError at ten
+        million); above it, far past any training row's batch, the trees are flat in the batch size and the
+        prediction grows with it: bisected there as a replay's is."""
         self._simulate_if_needed([nf])
         family = self.training_family_of([nf])  # the memory predict() gives: a family seen gets its trees
+
+        def over(sizes: Any) -> np.ndarray:
+            return self._demand(feature_matrix(nf, sizes), family * len(sizes)) > self.capacity_mb
+
         if nf.sim is not None:  # each batch size is an allocator replay: bisect instead of scanning 1..limit
-            return largest_fitting(
-                lambda b: bool(self._demand(feature_matrix(nf, [b]), family)[0] > self.capacity_mb), limit)
-        F = feature_matrix(nf, np.arange(1, limit + 1))
-        over = np.nonzero(self._demand(F, family * limit) > self.capacity_mb)[0]
-        return int(limit if over.size == 0 else over[0])
+            return largest_fitting(lambda b: bool(over([b])[0]), limit)
+        for start in range(1, min(limit, EXACT_SCAN) + 1, SCAN_CHUNK):
+            sizes = np.arange(start, min(start + SCAN_CHUNK - 1, limit, EXACT_SCAN) + 1)
+            above = np.nonzero(over(sizes))[0]
+            if above.size:
+                return int(sizes[above[0]] - 1)
+        if limit <= EXACT_SCAN:
+            return int(limit)
+        return EXACT_SCAN + largest_fitting(lambda k: bool(over([EXACT_SCAN + k])[0]), limit - EXACT_SCAN,
+                                            lambda ks: over(EXACT_SCAN + ks))
 
 
 def for_optimizer(predictor: Any, optimizer: str) -> Any:
