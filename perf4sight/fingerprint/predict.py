@@ -309,7 +309,8 @@ class ModuleQueries:
         d, limit = one_description(desc), search_limit(limit)
         if self.capacity_mb is None:
             return None
-        return largest_fitting(lambda b: not self.predict(d, [b])[0]["fits"], limit)
+        return largest_fitting(lambda b: not self.predict(d, [b])[0]["fits"], limit,  # the window in one call
+                               lambda sizes: np.array([not p["fits"] for p in self.predict(d, sizes.tolist())]))
 
 
 class Fingerprint(ModuleQueries):
