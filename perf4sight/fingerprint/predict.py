@@ -174,9 +174,10 @@ def largest_fitting(over: Callable[[int], bool], limit: int,
         top = int(lo - 1)
     while top >= 1:  # a size below the boundary that does not fit moves it down, and its window is checked again
         window = settle_window(top)
-        if over_many is not None:
-            flags = np.asarray(over_many(np.arange(window.start, window.stop)), dtype=bool)
-            first = int(window.start + np.argmax(flags)) if flags.any() else None
+        if over_many is not None:  # a few thousand sizes a call (a GNN's graphs, a feature matrix's rows)
+            first = next((int(start + np.argmax(flags)) for start in range(window.start, window.stop, SCAN_CHUNK)
+                          if (flags := np.asarray(over_many(np.arange(start, min(start + SCAN_CHUNK, window.stop))),
+                                                  dtype=bool)).any()), None)
         else:
             first = next((b for b in window if beyond(b)), None)
         if first is None:
