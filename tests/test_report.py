@@ -247,6 +247,28 @@ def test_a_largest_batch_beyond_the_training_batch_sizes_is_said_to_be_an_extrap
                                  "rows' batch sizes 2..16: an extrapolation (expect larger errors)"]
 
 
+def test_the_pruning_sections_largest_batches_beyond_the_training_batch_sizes_are_said_to_be_extrapolations(project):
+    """The pruning section's largest batch of each level was shown without a word where it lay beyond the batch sizes
+    the device ran, as the report's own table of largest batches was."""
+    from perf4sight.report.compare import gather_device
+    from perf4sight.report.pruning import pruning_points
+
+    d, _ = gather_device(project, "tx2a")
+    shape = {"tx2a": tuple(d.fingerprint.input_shape)}
+    ranges = d.fingerprint.metadata["training_domain"]["ranges"]
+    notes: list[str] = []
+    ranges["batch_size"] = [1.0, 1024.0]  # as if it had run every batch size searched
+    points = pruning_points(project, [d], shape, ["resnet18"], notes)
+    assert not any("extrapolation" in n for n in notes)  # inside the rows' batch sizes: nothing said
+    ranges["batch_size"] = [2.0, 16.0]  # as if it had run up to 16 only
+    notes.clear()
+    points = pruning_points(project, [d], shape, ["resnet18"], notes)
+    whole, half = (p.max_batch for p in points)
+    assert 16 < whole < half and [n for n in notes if "extrapolation" in n] == [
+        f"pruning section: tx2a: the largest batches of resnet18_l0 ({whole}), resnet18_l50 ({half}) are outside its "
+        "training rows' batch sizes 2..16: extrapolations (expect larger errors)"]
+
+
 def test_data_json_holds_no_nan(project):
     """A fingerprint's accuracy row of no rows (``network_split_seen`` where no held-out network had its family in
     training, a random split of fewer than 10 rows) holds NaN, which data.json wrote as ``NaN``: not JSON (a strict

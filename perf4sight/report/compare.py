@@ -26,7 +26,8 @@ from perf4sight.networks.on_request import with_command_line_factories
 from perf4sight.profiling.results import batch_size_of, results_path
 from perf4sight.report import plots
 from perf4sight.report.data import (Curve, DeviceData, batch_grid, feature_sensitivity, measured_vs_predicted,
-                                    prediction_curve, shape_label, summarise_measurements, training_shapes_label)
+                                    outside_training_batches, prediction_curve, shape_label, summarise_measurements,
+                                    training_shapes_label)
 from perf4sight.report.pruning import (LeastLevel, PruningPoint, batch_label, least_levels, print_pruning,
                                        pruning_blocks, pruning_points)
 from perf4sight.report.render import Block, Heading, Image, Table, Text, to_html, to_markdown
@@ -147,11 +148,9 @@ def _largest_batch_note(d: DeviceData, name: str, mb: int | None) -> str:
     """A note where ``mb``, network ``name``'s largest batch predicted to fit on ``d``, lies outside the batch sizes
     of its fingerprint's training rows (``training_domain``): predict's --max-batch-size notes it, as an extrapolation;
     '' where it is inside, or unknown."""
-    span = ((d.metadata.get("training_domain") or {}).get("ranges") or {}).get("batch_size")
-    if not mb or not span or span[0] <= mb <= span[1]:
-        return ""
+    span = outside_training_batches(d.metadata, mb)
     return (f"{d.name}: {name}: its largest batch predicted to fit, {_batch_label(mb)}, is outside the training rows' "
-            f"batch sizes {int(span[0]):,}..{int(span[1]):,}: an extrapolation (expect larger errors)")
+            f"batch sizes {span}: an extrapolation (expect larger errors)") if span else ""
 
 
 def _step(d: DeviceData) -> str:

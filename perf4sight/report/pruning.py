@@ -26,7 +26,7 @@ from perf4sight.fingerprint.predict import BATCH_SEARCH_LIMIT
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.networks.on_request import PRUNABLE, LevelVariants, prunable_networks, pruned_as, variant_at
 from perf4sight.profiling.results import batch_size_of, number
-from perf4sight.report.data import shape_label
+from perf4sight.report.data import outside_training_batches, shape_label
 from perf4sight.report.render import Block, Heading, Image, Table, Text
 from perf4sight.wording import plural
 
@@ -116,6 +116,14 @@ def pruning_points(cfg: Config, devices: Sequence[Any], trained_at: dict[str, tu
                     latency_ms_high=p["latency_ms_high"], memory_mb=p["memory_mb"], memory_mb_low=p["memory_mb_low"],
                     memory_mb_high=p["memory_mb_high"], fits=p.get("fits"),
                     max_batch=d.fingerprint.max_batch_size(desc), **(row or {})))
+    for d in devices:  # a largest batch outside the batch sizes the device ran: an extrapolation
+        beyond = [(f"{p.network}_l{p.level:g}", p.max_batch) for p in points
+                  if p.device == d.name and outside_training_batches(d.fingerprint.metadata, p.max_batch)]
+        if beyond:
+            notes.append(f"pruning section: {d.name}: the largest batches of "
+                         f"{', '.join(f'{v} ({batch_label(b)})' for v, b in beyond)} are outside its training rows' "
+                         f"batch sizes {outside_training_batches(d.fingerprint.metadata, beyond[0][1])}: "
+                         "extrapolations (expect larger errors)")
     if made:
         listed = "; ".join(f"at {shape}: {', '.join(dict.fromkeys(names))}" for shape, names in made.items())
         notes.append(f"pruning section: variants not in the dataset at a device's input shape pruned on request as "
