@@ -174,16 +174,27 @@ def largest_fitting(over: Callable[[int], bool], limit: int,
         top = int(lo - 1)
     while top >= 1:  # a size below the boundary that does not fit moves it down, and its window is checked again
         window = settle_window(top)
-        if over_many is not None:  # a few thousand sizes a call (a GNN's graphs, a feature matrix's rows)
-            first = next((int(start + np.argmax(flags)) for start in range(window.start, window.stop, SCAN_CHUNK)
-                          if (flags := np.asarray(over_many(np.arange(start, min(start + SCAN_CHUNK, window.stop))),
-                                                  dtype=bool)).any()), None)
-        else:
+        first = -1 if over_many is None else _first_over(over_many, window)
+        if first == -1:  # no over_many, or a size of the window beyond the allocator replay: one by one
             first = next((b for b in window if beyond(b)), None)
         if first is None:
             return top
         top = first - 1
     return 0
+
+
+def _first_over(over_many: Callable[[np.ndarray], np.ndarray], window: range) -> int | None:
+    """The first size of ``window`` that ``over_many`` (``over`` of an array of sizes) finds over, asked a few
+    thousand sizes a call (:data:`SCAN_CHUNK`: a GNN's graphs, a feature matrix's rows); None where none is, -1 where
+    a size is beyond the allocator replay (:class:`BeyondReplay`)."""
+    for start in range(window.start, window.stop, SCAN_CHUNK):
+        try:
+            flags = np.asarray(over_many(np.arange(start, min(start + SCAN_CHUNK, window.stop))), dtype=bool)
+        except BeyondReplay:
+            return -1
+        if flags.any():
+            return int(start + np.argmax(flags))
+    return None
 
 
 def settle_window(top: int) -> range:
