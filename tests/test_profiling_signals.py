@@ -128,7 +128,11 @@ def test_a_runners_lock_is_its_own_not_its_childrens(tmp_path):
         stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     child = int(holder.stdout.readline())
     try:
-        with pytest.raises(UserError, match="m.csv: another runner is writing this file$"):
+        # the holder named (a runner its killed profile left, which stops after its measurement: said so); it was
+        # "another runner is writing this file" alone, with no way to tell which process or whether it would end
+        with pytest.raises(UserError, match=rf"m.csv: another runner is writing this file \(pid {holder.pid}: a "
+                                            r"profile going on, or a runner left by one that was killed, which stops "
+                                            r"after its current measurement: rerun once it is gone\)$"):
             with runner._locked(csv_path):
                 pass
         holder.kill()

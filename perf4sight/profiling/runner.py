@@ -368,13 +368,22 @@ def _locked(csv_path: Path) -> Iterator[None]:
     (``lockf``), which belongs to this process alone: a child caught between its fork and its exec holds a copy of
     the lock file's descriptor, and an ``flock`` would stay held through it after this runner was killed."""
     csv_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(csv_path.with_name(csv_path.name + ".lock"), "w") as fh:
+    with open(csv_path.with_name(csv_path.name + ".lock"), "a+") as fh:  # "a+": a refused runner reads the pid
         try:
             fcntl.lockf(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             if exc.errno not in (errno.EACCES, errno.EAGAIN):
                 raise
-            raise UserError(f"{csv_path}: another runner is writing this file") from None
+            fh.seek(0)
+            pid = fh.read().strip()
+            raise UserError(f"{csv_path}: another runner is writing this file"
+                            + (f" (pid {pid}: a profile going on, or a runner left by one that was killed, which "
+                               "stops after its current measurement: rerun once it is gone)" if pid.isdigit() else "")
+                            ) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(str(os.getpid()))
+        fh.flush()
         yield
 
 
