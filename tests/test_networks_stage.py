@@ -472,3 +472,23 @@ def test_the_stage_says_which_networks_batch_one_cannot_train(tmp_path: Path, cl
     run = cli_here(tmp_path, *cmd[2:])  # in this process: no torch to load again
     assert run.returncode == 0 and "manifest unchanged" in run.stdout and "batch 1 does not train" not in run.stderr
 
+
+
+def test_two_levels_a_networks_coarse_steps_cut_to_one_network_make_it_once() -> None:
+    """A small network's pruning steps are coarse: levels 0 and 1 both gave the unpruned network (``_l1``, 0.0%
+    removed), and 50 and 48 both its 48.5% cut, each kept twice under two names (profiled twice, as two networks).
+    Each is made once now, named after the level nearest what it removes, the other left out with a note."""
+    def tiny() -> nn.Module:
+        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                             nn.Flatten(), nn.Linear(8, 10))
+    skipped: list[str] = []
+    made = prune_source(Source("tiny", "factory:tiny.py:tiny", tiny), SHAPE, [1, 0, 50, 48], "l1-norm", 4, 0,
+                        skipped=skipped)
+    assert [(d.name, d.pruning_level, d.params) for d in made] == [("tiny_l0", 0.0, 330), ("tiny_l48", 48.485, 170)]
+    assert skipped == ["tiny_l1 left out: the same network as tiny_l0 (0.0% of tiny's parameters removed: its "
+                       "pruning steps do not tell 1% from 0%)",
+                       "tiny_l50 left out: the same network as tiny_l48 (48.5% of tiny's parameters removed: its "
+                       "pruning steps do not tell 50% from 48%)"]
+    # one level asked for (a variant pruned on request, --prune-to-fit) is made whatever it cuts to
+    (alone,) = prune_source(Source("tiny", "factory:tiny.py:tiny", tiny), SHAPE, [1], "l1-norm", 4, 0)
+    assert (alone.name, alone.pruning_level) == ("tiny_l1", 0.0)

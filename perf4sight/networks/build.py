@@ -227,7 +227,8 @@ def prune_source(src: Source, input_shape: list[int], levels: list[float], strat
             raise
         skipped.append(f"{', '.join(variant_name(src.name, lvl) for lvl in levels if lvl)} left out: {exc}")
         levels, plan = [lvl for lvl in levels if lvl == 0], _Unpruned(_seeded_build(src, seed, input_shape))
-    out = []
+    out: list[NetworkDescription] = []
+    layers: dict[str, int] = {}  # a variant's layers (nodes, output, level) -> its place in ``out``
     for lvl in levels:
         try:
             pruned = plan.prune(lvl, meta=True)
@@ -244,10 +245,39 @@ def prune_source(src: Source, input_shape: list[int], levels: list[float], strat
             desc = describe(pruned.module, input_shape, **info)
         except Exception:  # an op without a meta kernel: describe a real copy instead
             desc = describe(plan.prune(lvl).module, input_shape, **info)
-        out.append(desc)
+        same = _same_network(desc, out, layers, skipped)
+        if same is not None and skipped is not None:  # two levels its coarse steps cannot tell apart: made once
+            if abs(lvl - pruned.achieved_level) >= abs(out[same].extra["target_level"] - pruned.achieved_level):
+                skipped.append(_same_note(desc, out[same], src.name))
+                continue
+            skipped.append(_same_note(out[same], desc, src.name))
+            out[same] = desc  # named after the level nearest what it removes
+        else:
+            out.append(desc)
         if progress:
             progress(f"{desc.name}: {pruned.achieved_level:.1f}% removed, {desc.params:,} parameters")
     return out
+
+
+def _same_network(desc: NetworkDescription, out: list[NetworkDescription], layers: dict[str, int],
+                  skipped: list[str] | None) -> int | None:
+    """The place in ``out`` of a variant with ``desc``'s layers and level (another target level cut to the same
+    network: the steps of a small network are coarse), else None, ``desc``'s layers then recorded at ``len(out)``;
+    ``layers`` holds those of ``out``. Without a ``skipped`` list (one level asked for), always None."""
+    if skipped is None:
+        return None
+    key = json.dumps([[n.to_dict() for n in desc.nodes], desc.output, desc.pruning_level], sort_keys=True)
+    if key in layers:
+        return layers[key]
+    layers[key] = len(out)
+    return None
+
+
+def _same_note(gone: NetworkDescription, kept: NetworkDescription, network: str) -> str:
+    """The line for variant ``gone``, left out as the same network as ``kept``."""
+    return (f"{gone.name} left out: the same network as {kept.name} ({kept.pruning_level:.1f}% of {network}'s "
+            f"parameters removed: its pruning steps do not tell {gone.extra['target_level']:g}% from "
+            f"{kept.extra['target_level']:g}%)")
 
 
 def at_extra_shapes(cfg: Config, desc: NetworkDescription, skipped: list[str],
