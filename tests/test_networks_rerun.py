@@ -405,3 +405,34 @@ def test_an_import_after_a_semicolon_a_colon_or_a_continued_line_keys_the_packag
                if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module}
     assert "blocks" in parsed and _imported_modules(tmp_path / "net.py") >= parsed
     assert tmp_path / "blocks" / "layers.py" in Factory("net:net", tmp_path / "net.py", "net").code_files
+
+
+def test_a_file_a_factory_reads_beside_it_keys_what_predict_caches_of_it(tmp_path):
+    """The networks stage's cache keys a factory's variants by the files beside it (the test above), but the two
+    caches of predict did not: after an edit of the widths file, ``--network nets/wide.py:net`` and a variant
+    pruned on request (``net_l0``) were read back as the old network (314 parameters, not 2,442)."""
+    from perf4sight.dataset import ZOO_CACHE
+    from perf4sight.networks.factories import describe_factory
+    from perf4sight.networks import on_request
+
+    (tmp_path / "nets").mkdir()
+    (tmp_path / "nets" / "wide.py").write_text(
+        "import json\nfrom pathlib import Path\nfrom torch import nn\n\n\ndef net(num_classes=10):\n"
+        "    width = json.loads((Path(__file__).parent / 'widths.json').read_text())['width']\n"
+        "    return nn.Sequential(nn.Conv2d(3, width, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),\n"
+        "                         nn.Linear(width, num_classes))\n")
+    config = tmp_path / "config.toml"
+    config.write_text('[networks]\nzoo = []\nfactories = ["nets/wide.py:net"]\ninput_shape = [3, 16, 16]\n'
+                      "num_classes = 10\n")
+    cfg, spec = load_config(config), f"{tmp_path / 'nets' / 'wide.py'}:net"
+    for width, params in ((8, 314), (64, 2442), (8, 314)):
+        (tmp_path / "nets" / "widths.json").write_text(f'{{"width": {width}}}')
+        assert describe_factory(spec, [3, 16, 16], 10, cfg.models_dir / ZOO_CACHE).params == params
+        on_request._PLANS.clear()  # each predict is a process of its own: its plans traced anew
+        assert on_request.pruned_on_request(cfg, "net_l0", [3, 16, 16]).params == params
+    kept = sorted((cfg.models_dir / ZOO_CACHE).glob("net*.json"))  # one per widths file written, each kind
+    assert len(kept) == 6
+    on_request._PLANS.clear()  # nothing changed since: both read back, nothing made or written
+    assert describe_factory(spec, [3, 16, 16], 10, cfg.models_dir / ZOO_CACHE).params == 314
+    assert on_request.pruned_on_request(cfg, "net_l0", [3, 16, 16]).params == 314
+    assert sorted((cfg.models_dir / ZOO_CACHE).glob("net*.json")) == kept and not on_request._PLANS

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from torch import nn
 
 __all__ = ["Factory", "parse_factory", "load_factory", "build_factory_model", "COMMAND_LINE_FACTORY",
-           "check_factory", "describe_factory"]
+           "check_factory", "describe_factory", "factory_data"]
 
 
 @dataclass(frozen=True)
@@ -308,14 +308,29 @@ def describe_factory(spec: str, input_shape: list[int], num_classes: int,
     """The description of the network ``spec`` (``path/to/file.py:function``, relative to the current folder)
     builds, at ``input_shape`` ([C, H, W]), named after the function. With ``cache_dir`` it is cached there,
     keyed by the bytes of the file, of the Python files beside it and of the user's modules they import
-    (``Factory.code_files``: an edited file is described anew), the shape, the class count and the library versions,
-    so a second request imports no torch."""
+    (``Factory.code_files``: an edited file is described anew), the name, size and time of its other files beside it
+    (``factory_data``: a widths file it reads), the shape, the class count and the library versions, so a second
+    request imports no torch."""
     from perf4sight.networks.zoo import cache_file, cached_description
 
     factory = parse_factory(spec, Path.cwd())
-    path = None if cache_dir is None else cache_file(cache_dir, factory.name, input_shape, num_classes,
-                                                     settings=(factory.source,), code=factory.code_files)
+    data = factory_data(factory.path)
+    path = None if cache_dir is None or data is None else cache_file(
+        cache_dir, factory.name, input_shape, num_classes, settings=(factory.source,) + ((data,) if data else ()),
+        code=factory.code_files)  # none beside it: the key it always had
     return cached_description(path, lambda: _describe_built(factory, input_shape, num_classes))
+
+
+def factory_data(path: Path) -> list[list[object]] | None:
+    """The other files beside factory file ``path`` by name, size and time (``stage_cache.data_files``: a data file
+    it reads, such as its widths), for the key of what is cached of its network; None where the folder cannot be
+    listed (then nothing is cached)."""
+    from perf4sight.networks.stage_cache import data_files  # no torch
+
+    try:
+        return data_files(path.parent)
+    except OSError:
+        return None
 
 
 def _describe_built(factory: Factory, input_shape: list[int], num_classes: int) -> NetworkDescription:

@@ -6,7 +6,8 @@ description files) is pruned here to that level exactly as the networks stage wo
 strategy, min_channels and seed; the same seeded build), at the input shape asked for. The variant is cached under
 ``<models_dir>/zoo-cache/`` beside the zoo descriptions, keyed by the settings, the library versions and the pruning
 code, and for one of the config's own networks by the bytes of its description file, or of its factory's file, the
-Python files beside it and the user's modules they import, too (an edited file is pruned anew), so a second request
+Python files beside it and the user's modules they import (and the name, size and time of its other files beside it),
+too (an edited file is pruned anew), so a second request
 reads a file instead of importing torch. Within a process a network is traced for pruning once, whatever the number
 of levels asked of it.
 
@@ -25,7 +26,7 @@ from perf4sight.config import Config
 from perf4sight.dataset import ZOO_CACHE, is_description_file, resolve_networks
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import NetworkDescription
-from perf4sight.networks.factories import COMMAND_LINE_FACTORY, check_factory, parse_factory
+from perf4sight.networks.factories import COMMAND_LINE_FACTORY, check_factory, factory_data, parse_factory
 from perf4sight.networks.named import NamedNetwork, named_networks
 from perf4sight.networks.zoo import ZOO_NAMES, build_zoo_model, cache_file, cached_description
 
@@ -59,22 +60,26 @@ def pruned_on_request(cfg: Config, name: str, input_shape: list[int]) -> Network
         return None
     network, level = found.group("network"), float(found.group("level"))
     pr, classes = cfg.networks.pruning, cfg.networks.classes_of(network)
-    settings: tuple[Any, ...] = (pr.strategy, pr.min_channels, pr.seed)
+    settings: tuple[Any, ...] | None = (pr.strategy, pr.min_channels, pr.seed)
     code = tuple(sorted(_NETWORKS.glob("*.py")))
     named = own_network(cfg, network)  # the config's own network of that name before torchvision's
     if named is None and network not in ZOO_NAMES:
         return None
     if named is not None:
-        # the bytes of its own files, and where it comes from, key its variants: an edited file is pruned anew
-        settings, code = settings + (named.source,), code + named.code_files
+        # the bytes of its own files, and where it comes from, key its variants: an edited file is pruned anew; a
+        # factory's other files beside it too, by name, size and time (a widths file it reads), as the stage's key
+        data = factory_data(named.path) if named.factory is not None else []
+        settings, code = settings + (named.source,) + ((data,) if data else ()), code + named.code_files
+        if data is None:  # its folder cannot be listed: made, not cached
+            settings = None
     _check_level(name, network, level)
 
     def make() -> NetworkDescription:
         source = _zoo_source(network, classes, input_shape) if named is None else _own_source(cfg, network)
         return _prune(cfg, source, level, input_shape)
 
-    path = cache_file(cfg.models_dir / ZOO_CACHE, name, input_shape, classes, packages=("torch-pruning",),
-                      settings=settings, code=code)
+    path = None if settings is None else cache_file(cfg.models_dir / ZOO_CACHE, name, input_shape, classes,
+                                                    packages=("torch-pruning",), settings=settings, code=code)
     return replace(cached_description(path, make), name=name)
 
 
