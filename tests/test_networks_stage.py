@@ -321,6 +321,7 @@ def test_a_generated_network_is_left_out_at_an_extra_shape_too_small_for_its_ste
     batch size 1 would not train, so it is left out there (said why) and made at 80x64; one drawn at 48x48 (a stem
     of stride 1) is made at 32x32 and trains at batch size 1 there, and is left out at 16x16."""
     from perf4sight.networks.build import at_extra_shapes
+    from perf4sight.networks.generator import forward_flops
 
     (tmp_path / "config.toml").write_text(
         '[networks]\nzoo = []\ninput_shape = [3, 64, 64]\nextra_input_shapes = [[3, 32, 32], [3, 80, 64]]\n'
@@ -339,6 +340,8 @@ def test_a_generated_network_is_left_out_at_an_extra_shape_too_small_for_its_ste
     skipped: list[str] = []
     (at_32,) = at_extra_shapes(cfg, desc, skipped)
     assert at_32.name == "gen_0_0_32x32" and at_32.input_shape == [3, 32, 32]
+    # its forward MFLOPs are its own at 32x32, not those it was drawn with at 48x48 (the file said 2.25 times more)
+    assert at_32.extra["mflops"] == round(forward_flops(at_32) / 1e6, 3) < desc.extra["mflops"] / 2
     _train_step(at_32, batch=1)
     assert skipped == ["gen_0_0_16x16 left out: gen_0_0 cannot be made at 3x16x16 (its stem strides by 1, drawn at "
                        "3x48x48: its last maps would be under 2x2 and batch norm cannot train at batch size 1; it "

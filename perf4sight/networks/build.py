@@ -296,6 +296,8 @@ def at_extra_shapes(cfg: Config, desc: NetworkDescription, skipped: list[str],
         except UserError as exc:
             skipped.append(f"{name} left out: {desc.name} cannot be made at {shape_text(shape)} ({exc})")
             continue
+        if "mflops" in at.extra:  # a generated network's forward MFLOPs, recorded at the shape it was drawn at
+            at = dataclasses.replace(at, extra={**at.extra, "mflops": round(forward_flops(at) / 1e6, 3)})
         out.append(dataclasses.replace(at, name=name))
         if progress:
             progress(f"{name}: at {shape_text(shape)}")
