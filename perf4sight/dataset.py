@@ -211,13 +211,15 @@ def device_dataset(cfg: Config, device: str, optimizer: str | None = None,
 def default_networks(cfg: Config) -> list[str]:
     """The networks predict and compare show when none are named on the command line: ``[predict] networks``, else
     ``[networks] zoo``, else the config's factories and description files, else the networks stage's unpruned
-    networks (a dataset of generated networks alone); [] when none of these names one."""
+    networks (a dataset of generated networks alone: each at ``[networks] input_shape``, not again at the extra ones);
+    [] when none of these names one."""
     from perf4sight.networks.named import named_networks
 
     names = cfg.predict.networks or cfg.networks.zoo or [n.name for n in named_networks(cfg)]
-    if not names:
+    if not names:  # each once: not again as made at a [networks] extra_input_shapes (an older manifest: no column)
+        here = shape_text(cfg.networks.input_shape)
         names = [r["network"] for r in read_manifest(cfg.models_dir / "manifest.csv")
-                 if float(r.get("target_level") or 0) == 0]
+                 if float(r.get("target_level") or 0) == 0 and (r.get("input_shape") or here) == here]
     return list(names)
 
 

@@ -292,6 +292,12 @@ def test_predict_and_compare_show_the_configs_own_networks_where_no_zoo_network_
                                                  "gen_0,gen,0.0,generated/gen_0.json\n"
                                                  "gen_0_l50,gen,50.0,pruned/gen_0_l50.json\n")
     assert default_networks(cfg) == ["gen_0"]
+    # a generated network at [networks] extra_input_shapes is the same network: shown once, at the query's shape
+    # (both were shown, predicted twice at the fingerprint's shape)
+    (cfg.models_dir / "manifest.csv").write_text("network,family,target_level,input_shape,path\n"
+                                                 "gen_0,gen,0,3x32x32,generated/gen_0.json\n"
+                                                 "gen_0_48x48,gen,0,3x48x48,generated/gen_0_48x48.json\n")
+    assert default_networks(cfg) == ["gen_0"]
     assert default_networks(load_config(write(tmp_path, GOOD))) == ["resnet18"]
 
 
