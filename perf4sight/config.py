@@ -462,7 +462,9 @@ def _check_networks(cfg: Config, f: Path | None) -> None:
         raise UserError(f"{f}: [networks.pruning] strategy '{cfg.networks.pruning.strategy}' is not one of "
                         f"{', '.join(PRUNING_STRATEGIES)}")
     _check_zoo(cfg, f)
-    for fname in cfg.networks.description_files:
+    for i, fname in enumerate(cfg.networks.description_files, 1):
+        if not fname.strip():  # resolved, the config's own folder
+            raise UserError(f"{f}: [networks] description_files: entry {i} is empty: give a description .json file")
         if cfg.resolve(fname).is_dir():  # not "file not found": it is there
             raise UserError(f"{f}: [networks] description_files: {fname} is a folder, not a description file: list "
                             "its .json files one by one")

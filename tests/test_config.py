@@ -94,6 +94,9 @@ def test_good_config_is_typed(tmp_path):
     # a folder there is not "file not found"
     (GOOD.replace('zoo = ["resnet18"]', 'description_files = ["."]'),
      r"\[networks\] description_files: \. is a folder, not a description file: list its .json files one by one$"),
+    # an empty entry read as the config's folder: ":  is a folder"
+    (GOOD.replace('zoo = ["resnet18"]', 'description_files = [" "]'),
+     r"\[networks\] description_files: entry 1 is empty: give a description .json file$"),
     ("[networks\nzoo=1", r"not valid TOML"),
     (GOOD + "\n[fingerprint]\npredictor = 'forest'\n", r"\[fingerprint\] predictor 'forest' is not one of trees, gnn"),
     (GOOD + "\n[fingerprint]\ngnn_arch = 'gat'\n", r"\[fingerprint\] gnn_arch 'gat'"),
