@@ -218,16 +218,19 @@ def test_a_file_of_the_code_that_cannot_be_read_makes_the_stage_cache_nothing(tm
         files.package_sha256.cache_clear()  # the package's own hash for the tests after this one (patches undone)
 
 
+#: a factory reading its width from a JSON file beside it
+WIDE_FACTORY = ("import json\nfrom pathlib import Path\nfrom torch import nn\n\n\ndef net(num_classes=10):\n"
+                "    width = json.loads((Path(__file__).parent / 'widths.json').read_text())['width']\n"
+                "    return nn.Sequential(nn.Conv2d(3, width, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),\n"
+                "                         nn.Linear(width, num_classes))\n")
+
+
 def test_a_file_a_factory_reads_beside_it_keys_its_variants(tmp_path):
     """A factory reading its width from a JSON file beside it: after an edit of that file, the rerun read the
     variants back from the stage's cache, the network made with the old width (314 parameters, not 2,442), and said
     the manifest unchanged; it makes the network again and says it changed."""
     (tmp_path / "nets").mkdir()
-    (tmp_path / "nets" / "wide.py").write_text(
-        "import json\nfrom pathlib import Path\nfrom torch import nn\n\n\ndef net(num_classes=10):\n"
-        "    width = json.loads((Path(__file__).parent / 'widths.json').read_text())['width']\n"
-        "    return nn.Sequential(nn.Conv2d(3, width, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),\n"
-        "                         nn.Linear(width, num_classes))\n")
+    (tmp_path / "nets" / "wide.py").write_text(WIDE_FACTORY)
     (tmp_path / "nets" / "widths.json").write_text('{"width": 8}')
     config = tmp_path / "config.toml"
     config.write_text('[networks]\nzoo = []\nfactories = ["nets/wide.py:net"]\ninput_shape = [3, 16, 16]\n'
@@ -416,11 +419,7 @@ def test_a_file_a_factory_reads_beside_it_keys_what_predict_caches_of_it(tmp_pat
     from perf4sight.networks import on_request
 
     (tmp_path / "nets").mkdir()
-    (tmp_path / "nets" / "wide.py").write_text(
-        "import json\nfrom pathlib import Path\nfrom torch import nn\n\n\ndef net(num_classes=10):\n"
-        "    width = json.loads((Path(__file__).parent / 'widths.json').read_text())['width']\n"
-        "    return nn.Sequential(nn.Conv2d(3, width, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),\n"
-        "                         nn.Linear(width, num_classes))\n")
+    (tmp_path / "nets" / "wide.py").write_text(WIDE_FACTORY)
     config = tmp_path / "config.toml"
     config.write_text('[networks]\nzoo = []\nfactories = ["nets/wide.py:net"]\ninput_shape = [3, 16, 16]\n'
                       "num_classes = 10\n")
