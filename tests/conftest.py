@@ -52,13 +52,13 @@ def pytest_runtest_setup(item) -> None:
 #: ``-n 2 --dist loadfile`` end together. xdist's own order (files with the most tests first) left
 #: test_end_to_end.py (3 tests, 77 s) for last: one worker ran it alone for about a minute while the other had
 #: finished. A file not named here follows them, in collection order.
-LONGEST_FILES = {"test_profiling.py": 91, "test_remote_reruns.py": 90, "test_profiling_signals.py": 81,
-                 "test_remote.py": 65, "test_optimizers.py": 57, "test_allocator.py": 56, "test_end_to_end.py": 56,
-                 "test_profile_stage_notes.py": 41, "test_networks.py": 39, "test_ir.py": 29,
-                 "test_remote_setup.py": 29, "test_packaging.py": 24,
-                 "test_perfseer_round_trip.py": 20, "test_losses.py": 17, "test_backends_gpu.py": 16,
-                 "test_fingerprint.py": 15, "test_config.py": 15, "test_networks_stage.py": 14,
-                 "test_input_shape.py": 13, "test_networks_rerun.py": 12}
+LONGEST_FILES = {"test_profiling.py": 106, "test_remote_reruns.py": 99, "test_profiling_signals.py": 86,
+                 "test_remote.py": 66, "test_end_to_end.py": 59, "test_optimizers.py": 59, "test_allocator.py": 52,
+                 "test_fingerprint.py": 44, "test_profile_stage_notes.py": 38, "test_ir.py": 36, "test_report.py": 34,
+                 "test_networks.py": 34, "test_remote_setup.py": 28, "test_packaging.py": 25,
+                 "test_perfseer_round_trip.py": 20, "test_backends_gpu.py": 19, "test_losses.py": 19,
+                 "test_networks_stage.py": 18, "test_config.py": 15, "test_networks_rerun.py": 15,
+                 "test_input_shape.py": 13, "test_features.py": 13}
 
 
 def pytest_configure(config) -> None:
