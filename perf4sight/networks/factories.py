@@ -316,21 +316,21 @@ def describe_factory(spec: str, input_shape: list[int], num_classes: int,
     factory = parse_factory(spec, Path.cwd())
     data = factory_data(factory.path)
     path = None if cache_dir is None or data is None else cache_file(
-        cache_dir, factory.name, input_shape, num_classes, settings=(factory.source,) + ((data,) if data else ()),
-        code=factory.code_files)  # none beside it: the key it always had
+        cache_dir, factory.name, input_shape, num_classes, settings=(factory.source,) + data, code=factory.code_files)
     return cached_description(path, lambda: _describe_built(factory, input_shape, num_classes))
 
 
-def factory_data(path: Path) -> list[list[object]] | None:
+def factory_data(path: Path) -> tuple[list[list[object]], ...] | None:
     """The other files beside factory file ``path`` by name, size and time (``stage_cache.data_files``: a data file
-    it reads, such as its widths), for the key of what is cached of its network; None where the folder cannot be
-    listed (then nothing is cached)."""
+    it reads, such as its widths), as settings to add to the key of what is cached of its network: ``()`` where there
+    are none (the key it always had), None where the folder cannot be listed (then nothing is cached)."""
     from perf4sight.networks.stage_cache import data_files  # no torch
 
     try:
-        return data_files(path.parent)
+        files = data_files(path.parent)
     except OSError:
         return None
+    return (files,) if files else ()
 
 
 def _describe_built(factory: Factory, input_shape: list[int], num_classes: int) -> NetworkDescription:

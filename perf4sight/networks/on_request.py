@@ -68,10 +68,9 @@ def pruned_on_request(cfg: Config, name: str, input_shape: list[int]) -> Network
     if named is not None:
         # the bytes of its own files, and where it comes from, key its variants: an edited file is pruned anew; a
         # factory's other files beside it too, by name, size and time (a widths file it reads), as the stage's key
-        data = factory_data(named.path) if named.factory is not None else []
-        settings, code = settings + (named.source,) + ((data,) if data else ()), code + named.code_files
-        if data is None:  # its folder cannot be listed: made, not cached
-            settings = None
+        data = factory_data(named.path) if named.factory is not None else ()
+        code = code + named.code_files
+        settings = None if data is None else settings + (named.source,) + data  # None: made, not cached
     _check_level(name, network, level)
 
     def make() -> NetworkDescription:
