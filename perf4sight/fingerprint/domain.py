@@ -17,7 +17,7 @@ from perf4sight.features.aggregate import FEATURE_NAMES, NetworkFeatures, featur
 from perf4sight.features.formulas import is_dilated
 from perf4sight.fingerprint.trees import gemm_dominated
 
-__all__ = ["training_domain", "op_kinds", "outside_notes", "query_notes", "domain_line"]
+__all__ = ["training_domain", "op_kinds", "outside_notes", "query_notes", "domain_line", "outside_training_batches"]
 
 #: Ranges stored and checked: key -> (what it is, display scale, display unit).
 _RANGES: dict[str, tuple[str, float, str]] = {
@@ -99,6 +99,16 @@ def _span(key: str, lo: float, hi: float) -> str:
     if scale == 1.0 and float(lo).is_integer() and float(hi).is_integer():  # batch sizes: 8..1,024, not 8..1.02e+03
         return f"{int(lo):,}..{int(hi):,}{unit}"
     return f"{lo / scale:.3g}..{hi / scale:.3g}{unit}"
+
+
+def outside_training_batches(metadata: dict[str, Any], batch_size: int | None) -> str:
+    """The batch sizes of a fingerprint's training rows (``training_domain``, its ``metadata``'s), ``2..256``, where
+    ``batch_size`` lies outside them (a largest batch found there is an extrapolation); '' where it is inside, is
+    None or 0, or the rows' batch sizes are not stored."""
+    span = ((metadata.get("training_domain") or {}).get("ranges") or {}).get("batch_size")
+    if not batch_size or not span or span[0] <= batch_size <= span[1]:
+        return ""
+    return _span("batch_size", *span)
 
 
 def outside_notes(domain: dict[str, Any] | None, F: np.ndarray, names: Sequence[str],

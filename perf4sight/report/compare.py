@@ -19,6 +19,7 @@ from rich.text import Text as RichText
 from perf4sight.config import Config
 from perf4sight.dataset import default_networks, device_dataset, resolve_networks, undescribed_note
 from perf4sight.errors import UserError
+from perf4sight.fingerprint.domain import outside_training_batches
 from perf4sight.fingerprint.evaluate import metrics
 from perf4sight.fingerprint.predict import BATCH_SEARCH_LIMIT, NETWORK_SPLIT, NETWORK_SPLIT_SEEN, RANDOM_SPLIT
 from perf4sight.ir.schema import NetworkDescription
@@ -26,8 +27,7 @@ from perf4sight.networks.on_request import with_command_line_factories
 from perf4sight.profiling.results import batch_size_of, results_path
 from perf4sight.report import plots
 from perf4sight.report.data import (Curve, DeviceData, batch_grid, feature_sensitivity, measured_vs_predicted,
-                                    outside_training_batches, prediction_curve, shape_label, summarise_measurements,
-                                    training_shapes_label)
+                                    prediction_curve, shape_label, summarise_measurements, training_shapes_label)
 from perf4sight.report.pruning import (LeastLevel, PruningPoint, batch_label, least_levels, print_pruning,
                                        pruning_blocks, pruning_points)
 from perf4sight.report.render import Block, Heading, Image, Table, Text, to_html, to_markdown

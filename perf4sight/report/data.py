@@ -25,7 +25,7 @@ from perf4sight.ir.shapes import shape_text
 from perf4sight.profiling.results import batch_size_of, number
 
 __all__ = ["DeviceData", "FamilySummary", "Curve", "summarise_measurements", "measured_vs_predicted",
-           "feature_sensitivity", "prediction_curve", "matching_measurements", "batch_grid", "outside_training_batches"]
+           "feature_sensitivity", "prediction_curve", "matching_measurements", "batch_grid"]
 
 
 @dataclass
@@ -214,16 +214,6 @@ def feature_sensitivity(fp: Fingerprint, rows: list[dict[str, str]], descs: dict
             scores[name] = float(100 * np.mean(np.abs(np.log(np.maximum(model.predict(Fp), 1e-12) / base))))
         out[target] = scores
     return out
-
-
-def outside_training_batches(metadata: dict[str, Any], batch_size: int | None) -> str:
-    """The batch sizes of a fingerprint's training rows (``training_domain``, its ``metadata``'s), ``2..256``, where
-    ``batch_size`` lies outside them (a largest batch found there is an extrapolation); '' where it is inside, is
-    None or 0, or the rows' batch sizes are not stored."""
-    span = ((metadata.get("training_domain") or {}).get("ranges") or {}).get("batch_size")
-    if not batch_size or not span or span[0] <= batch_size <= span[1]:
-        return ""
-    return f"{int(span[0]):,}..{int(span[1]):,}"
 
 
 def batch_grid(limit: int) -> np.ndarray:

@@ -21,12 +21,13 @@ from rich.text import Text as RichText
 
 from perf4sight.config import Config
 from perf4sight.errors import UserError
+from perf4sight.fingerprint.domain import outside_training_batches
 from perf4sight.fingerprint.fit import LATENCY_COLUMN
 from perf4sight.fingerprint.predict import BATCH_SEARCH_LIMIT
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.networks.on_request import PRUNABLE, LevelVariants, prunable_networks, pruned_as, variant_at
 from perf4sight.profiling.results import batch_size_of, number
-from perf4sight.report.data import outside_training_batches, shape_label
+from perf4sight.report.data import shape_label
 from perf4sight.report.render import Block, Heading, Image, Table, Text
 from perf4sight.wording import plural
 
