@@ -608,7 +608,6 @@ def _with_own_tensors(n: fx.Node, op: str, attrs: dict, gm: fx.GraphModule, wher
         return op, attrs, {a.name for a in own}
     if op == "alias" and n.target == "type_as" and all(a is n.args[1] for a in own):  # x.type_as(self.weight): its
         return op, attrs, {a.name for a in own}                                      # dtype alone read
-
     if op == "where" and "mask_shape" in attrs and len(own) == 1:  # its fixed mask (a buffer): the where's own
         return op, attrs, {own[0].name}
     if op == "batchnorm2d":  # F.batch_norm's running statistics (buffers), weight and bias: the call's own
