@@ -488,6 +488,10 @@ def test_predict_module_warns_at_another_input_shape_only(fitted):
         same = fp.predict_module(_cnn(8, 3), (3, 16, 16), 4, name="mine")
     assert [p["network"] for p in same] == ["mine"]
     assert fp.predict_module(_cnn(8, 3), (3, 16, 16), 4)[0]["network"] == "Sequential"  # unnamed: its class
+    with pytest.raises(UserError) as exc:  # the name was the returned rows' network as given (the int 5)
+        fp.predict_module(_cnn(8, 3), (3, 16, 16), 4, name=5)
+    assert _one_line(exc) == ("predict_module: name 5 (int) is not a str; give a str, or None for the "
+                              "module's class name")
     # the same layers as deep_w8, of a family of its own (so without the trees of the families seen)
     as_new = dataclasses.replace(descs["deep_w8"], name="mine", network="mine")
     assert same[0]["memory_mb"] == pytest.approx(fp.predict(as_new, 4)[0]["memory_mb"])

@@ -304,6 +304,9 @@ class ModuleQueries:
         predictor was trained at."""
         from perf4sight.ir.from_torch import describe
         bss = batch_list(batch_sizes)  # checked before describing (up to seconds)
+        if name is not None and not isinstance(name, str):  # the ``network`` of each row: text, as a file's name
+            raise UserError(f"predict_module: name {name!r} ({type(name).__name__}) is not a str; give a str, or "
+                            "None for the module's class name")
         desc = describe(module, input_shape=input_shape, name=name or type(module).__name__)
         if not self.at_training_shape(desc):  # its predictions are extrapolations
             shape, train = shape_text(desc.input_shape), " or ".join(shape_text(s) for s in self.input_shapes)
