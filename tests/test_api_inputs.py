@@ -219,6 +219,14 @@ def test_cpu_fingerprint_keeps_the_mean_step_time_form(fitted):
     lambda f: _edit_metadata(f, lambda m: m["tree_features_by_target"]["memory"].reverse()),
     lambda f: _edit_metadata(f, lambda m: m["accuracy"]["latency"]["overall"].pop("mape")),
     lambda f: _edit_metadata(f, lambda m: m["accuracy"]["latency"].pop("column")),
+    # the table's other figures and parts, printed with a format or read as objects: a ValueError, AttributeError
+    # or TypeError at the fingerprint stage's print of an up-to-date fingerprint (accuracy_lines)
+    lambda f: _edit_metadata(f, lambda m: m["accuracy"]["latency"].update(interval_seen_coverage_held_out="67")),
+    lambda f: _edit_metadata(f, lambda m: m["accuracy"]["memory"].update(interval_coverage_held_out=[90])),
+    lambda f: _edit_metadata(f, lambda m: m["interval"].update(coverage="0.9")),
+    lambda f: _edit_metadata(f, lambda m: m["accuracy"]["latency"].update(forms_per_fold=["a"])),
+    lambda f: _edit_metadata(f, lambda m: m["accuracy"]["latency"]["selection"].update(terms=5)),
+    lambda f: _edit_metadata(f, lambda m: m["accuracy"]["latency"]["selection"]["cv_mean_group_mape"].update(x="12")),
 ])
 def test_damaged_fingerprint_is_one_line(fitted, tmp_path, damage):
     import shutil

@@ -181,6 +181,9 @@ def check_metadata(meta: Any, feature_set: str | None = None) -> None:
     quantiles = interval.get("log_ratio_quantiles") if isinstance(interval, dict) else None
     if not isinstance(quantiles, dict):
         raise ValueError("interval.log_ratio_quantiles is missing")
+    coverage = interval.get("coverage", 0.9)  # the band's nominal coverage, which the table prints
+    if not (_is_number(coverage) and 0 < coverage < 1):
+        raise ValueError(f"interval.coverage is {coverage!r}, not a fraction between 0 and 1")
     missing = [t for t in ("latency", "memory") if t not in quantiles]
     if feature_set is not None and missing:  # a trees fingerprint's band of each target (else read as [0, 0])
         raise ValueError(f"interval.log_ratio_quantiles has no band for {' and '.join(missing)}")
@@ -248,9 +251,30 @@ def _check_accuracy(accuracy: Any) -> None:
         for key in ("column", "grouping"):  # the table's head names them
             if not isinstance(acc.get(key), str):
                 raise ValueError(f"accuracy.{target}.{key} is {acc.get(key)!r}, not a name")
+        for key in ("interval_coverage_held_out", "interval_seen_coverage_held_out"):  # the table's percents
+            if acc.get(key) is not None and not _is_figure(acc[key]):
+                raise ValueError(f"accuracy.{target}.{key} is {acc[key]!r}, not a percent (or null: not tested)")
+        forms = acc.get("forms_per_fold", {})
+        if not (isinstance(forms, dict) and all(isinstance(f, str) for f in forms.values())):
+            raise ValueError(f"accuracy.{target}.forms_per_fold is {forms!r}, not an object of form names")
         selection = acc.get("selection")
         if selection is not None and not (isinstance(selection, dict) and isinstance(selection.get("chosen"), str)):
             raise ValueError(f"accuracy.{target}.selection does not name the form chosen")
+        _check_selection(selection or {}, f"accuracy.{target}.selection")
+
+
+def _check_selection(selection: dict[str, Any], where: str) -> None:
+    """``ValueError`` where a stored model choice's parts the table reads have another form: its ``terms`` (null,
+    or a list of feature names) and its grouped-CV scores (``cv_mean_group_mape``: form name -> MAPE percent)."""
+    terms = selection.get("terms")
+    if terms is not None and not (isinstance(terms, list) and all(isinstance(t, str) for t in terms)):
+        raise ValueError(f"{where}.terms is {terms!r}, not a list of feature names (or null)")
+    scores = selection.get("cv_mean_group_mape", {})
+    if not isinstance(scores, dict):
+        raise ValueError(f"{where}.cv_mean_group_mape is {scores!r}, not an object of MAPE figures")
+    for form, score in scores.items():
+        if not _is_figure(score):
+            raise ValueError(f"{where}.cv_mean_group_mape's '{form}' is {score!r}, not a MAPE figure")
 
 
 def _is_figure(value: Any) -> bool:
