@@ -5,6 +5,7 @@ dispatch log), keeps what autograd keeps, is written down by the allocation mode
 network holding it prunes and trains."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -1429,6 +1430,14 @@ def test_a_tensor_gathered_at_a_topks_indices_is_described():
     top = _computes_the_same(_Probe(lambda y: y.gather(1, y.mean((2, 3), keepdim=True).topk(4, 1)[1]
                                                        .expand(-1, -1, 8, 8)), 4 * 8 * 8))  # a map's top channels
     assert [(n.inputs, n.output_shape) for n in top.nodes if n.op == "topk"] == [(["mean", "conv"], [4, 8, 8])]
+    # the indices' shape, which the costs and the allocation replay read: the scores' with dim cut to k (a sort: the
+    # scores' own)
+    from perf4sight.features.formulas import sorted_shape
+    for d, expected in ((desc, [2]), (top, [4, 1, 1])):
+        (node,) = [n for n in d.nodes if n.op == "topk"]
+        scores = d.node(node.inputs[0]).output_shape
+        assert sorted_shape(node, scores) == expected
+        assert sorted_shape(dataclasses.replace(node, op="sort"), scores) == scores
 
 
 @pytest.mark.parametrize("batch", [3, 1])

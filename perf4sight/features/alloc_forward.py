@@ -15,6 +15,7 @@ from perf4sight.features.alloc_strides import (_broadcast_strides, _channels_las
                                                _iterated_full, _normal, _ordered, _strides, _view)
 from perf4sight.features.alloc_values import (_ACTIVATIONS, _BACKWARD_OF, _VIEWS, FLOAT, INT64, NotCovered, _edge,
                                               _fn_edge, _full_strides, _OpContext, _params, _Value)
+from perf4sight.features.formulas import sorted_shape
 from perf4sight.features.step_runtime import CLONED_IN_PLACE
 from perf4sight.ir.schema import Node, where_condition_inputs
 from perf4sight.ir.shapes import broadcast
@@ -627,10 +628,7 @@ def _sorted_gather(ctx: _OpContext, kernel: str) -> _Value:
     values freed (not read), then the output (``gather.default``); it keeps the indices and y. Backward y's gradient
     ``scatter_add`` into zeros (``new_zeros``, y's size, freed once it is made); x takes none."""
     x, y = ctx.inputs
-    shape = list(ctx.in_shapes[0])
-    if ctx.node.op == "topk":
-        shape[int(ctx.node.attrs["dim"]) - 1] = int(ctx.node.attrs["k"])
-    picked = ctx.batch * prod(shape)
+    picked = ctx.batch * prod(sorted_shape(ctx.node, ctx.in_shapes[0]))
     values = ctx.alloc(kernel, picked * FLOAT)
     indices = ctx.alloc(kernel, picked * INT64, holders=0)
     ctx.mem.drop(values)

@@ -33,7 +33,7 @@ from perf4sight.ir.schema import Node, where_condition_inputs, window_attention_
 from perf4sight.ir.shapes import broadcast, window_pair, windows_of
 
 __all__ = ["OpCost", "HANDLERS", "INPUT_GRADIENTS", "OUTPUT", "BYTES_PER_ELEMENT", "numel", "hands_input_back",
-           "position_loss", "output_loss", "REGRESSION_LOSS_KERNELS", "is_dilated", "copied_first"]
+           "position_loss", "output_loss", "REGRESSION_LOSS_KERNELS", "is_dilated", "copied_first", "sorted_shape"]
 
 #: Marker in ``OpCost.saved`` for "the op's own output is kept for backward".
 OUTPUT = -1
@@ -981,14 +981,20 @@ def _sort(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
                   extra_saved_bytes=8.0 * n_out, kernels_fwd=1, kernels_bwd=2, kind="other")
 
 
+def sorted_shape(node: Node, in_shape: list[int]) -> list[int]:
+    """The per-sample shape of a sort's or a topk's values and indices (``node``, of an input of ``in_shape``): the
+    input's, with a topk's ``dim`` (counting the batch) cut to its ``k``. A gathering node's output is the other
+    tensor's gathered at them, so the costs and the allocation replay (``alloc_forward``) work this one out."""
+    picked = list(in_shape)
+    if node.op == "topk":
+        picked[int(node.attrs["dim"]) - 1] = int(node.attrs["k"])
+    return picked
+
+
 def _sort_gather(node: Node, in_shapes: list[list[int]]) -> OpCost:
     """:func:`_sort` of ``gather``: the sort's values and indices written (the values not read), y gathered."""
-    picked = list(in_shapes[0])
-    axis = int(node.attrs["dim"]) - 1
-    if node.op == "topk":
-        picked[axis] = int(node.attrs["k"])
-    n_in, n_sorted, n_out = numel(in_shapes[0]), numel(picked), numel(node.output_shape)
-    length = int(in_shapes[0][axis])
+    n_in, n_sorted, n_out = numel(in_shapes[0]), numel(sorted_shape(node, in_shapes[0])), numel(node.output_shape)
+    length = int(in_shapes[0][int(node.attrs["dim"]) - 1])
     flops = n_in * math.log2(length) if node.op == "sort" else n_in + n_sorted * math.log2(int(node.attrs["k"]))
     sorted_bytes = 12.0 * n_sorted  # the values' 4 bytes and the indices' 8 an element
     return OpCost(flops_fwd=float(flops), flops_bwd=float(n_out),
