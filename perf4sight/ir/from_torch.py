@@ -31,7 +31,7 @@ from perf4sight.ir.weighted_sums import Fusion, weighted_sums
 from perf4sight.ir.fx_values import _SPLITS, _TRACE_BATCH, _arg, _is_tensor, _shape, _shape_value, _target_name
 from perf4sight.ir.torch_trace import (_ForwardFailed, _propagate_shapes, _root_message, _trace, _trace_stop,
                                        forward_error, in_mode, run_on_meta, stderr_kept_on_success)
-from perf4sight.ir.torch_calls import (_MASKED_FILLS, _PARAMETER_CALLS, _NoOp, _mask_multiplied, _mask_of, _op_of,
+from perf4sight.ir.torch_calls import (_MASKED_FILLS, _PARAMETER_CALLS, _NoOp, _mask_multiplied, _op_of,
                                        _position_bias_mlp)
 from perf4sight.ir.torch_patterns import (_getitem, _max_part, _moves_the_batch_for_picks, _padded_first,
                                           _picked_after_a_moved_batch, _pool_part, _sorted_part, _split_piece,
@@ -514,8 +514,8 @@ def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, s
     if op == "where" and n.target == "where" and "mask_shape" not in attrs:  # x.where(c, y): the condition's first
         tensor_inputs = [tensor_inputs[1], tensor_inputs[0], *tensor_inputs[2:]]
     if op == "where" and attrs.get("multiply"):  # x * (x > 0): the compared tensor(s), then the one multiplied
-        mask, other = _mask_multiplied(n)
-        tensor_inputs = _tensor_inputs(_mask_of(mask)[0], alias, pieces, where, own) + \
+        _, other, compared = _mask_multiplied(n)
+        tensor_inputs = _tensor_inputs(compared, alias, pieces, where, own) + \
             [tensor_inputs[0 if n.args[0] is other else -1]]
     elif op == "where" and attrs.get("compare_inputs"):  # a condition of two tensors (a > b): both, then the branches
         condition = n.args[1] if n.target in (*_MASKED_FILLS, "where") else n.args[0]

@@ -125,18 +125,29 @@ for _key in (operator.imul, "mul_"):
 _MULTIPLIES = (operator.mul, torch.mul, "mul")
 
 
-def _mask_multiplied(n: fx.Node) -> tuple[fx.Node, fx.Node] | None:
-    """(the comparison, the float tensor) of ``n``, a multiply of a float tensor by a comparison (a mask multiplied
-    in: ``x * (x > 0)``, ``(m > 0.5) * y``, ``torch.mul(y, a > b)``); None for any other node."""
+def _mask_multiplied(n: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node] | None:
+    """(the mask, the float tensor, the comparison) of ``n``, a multiply of a float tensor by a comparison (a mask
+    multiplied in: ``x * (x > 0)``, ``(m > 0.5) * y``, ``torch.mul(y, a > b)``), the mask the comparison itself or it
+    cast to float32 first (``x * (x > 0).float()``: :func:`_float_mask_of`); None for any other node."""
     if n.op not in ("call_function", "call_method") or n.target not in _MULTIPLIES or len(n.args) != 2 or n.kwargs:
         return None
-    masks = [a for a in n.args if isinstance(a, fx.Node) and (_compared(a) is not None or _float_mask_of(a))]
+    masks = [(a, c) for a, c in ((a, _mask_compared(a)) for a in n.args) if c is not None]
     if len(masks) != 1 or n.args[0] is n.args[1]:
         return None
-    other = n.args[1] if n.args[0] is masks[0] else n.args[0]
+    (mask, compared), = masks
+    other = n.args[1] if n.args[0] is mask else n.args[0]
     if not _is_tensor(other) or other.op == "get_attr" or other.meta["tensor_meta"].dtype != torch.float32:
         return None
-    return masks[0], other
+    return mask, other, compared
+
+
+def _mask_compared(a: Any) -> fx.Node | None:
+    """The comparison of ``a`` as a mask multiplied in: ``a`` itself, or the one it casts to float32
+    (:func:`_float_mask_of`); None where it is neither."""
+    cast = _float_mask_of(a)
+    if cast is not None:
+        return cast
+    return a if _compared(a) is not None else None
 
 
 def _float_mask_of(n: Any) -> fx.Node | None:
@@ -152,12 +163,6 @@ def _float_mask_of(n: Any) -> fx.Node | None:
     return None
 
 
-def _mask_of(mask: fx.Node) -> tuple[fx.Node, bool]:
-    """(the comparison, whether it is cast to float32 first) of a mask :func:`_mask_multiplied` found."""
-    compared = _float_mask_of(mask)
-    return (mask, False) if compared is None else (compared, True)
-
-
 def _mul(n: fx.Node) -> tuple[str, dict]:
     """A multiply; of a tensor by a comparison (:func:`_mask_multiplied`: x * (x > 0)), the op where of that
     condition, the tensor its true branch, 0 its false one, flagged ``multiply`` (torch runs the compare, then a
@@ -167,9 +172,9 @@ def _mul(n: fx.Node) -> tuple[str, dict]:
     found = _mask_multiplied(n)
     if found is None:
         return "mul", {}
-    compared, cast = _mask_of(found[0])
+    mask, _, compared = found
     attrs = {**_condition_attrs(_compared(compared), compared, n), "if_false": 0.0, "multiply": True}
-    return "where", {**attrs, "float_mask": True} if cast else attrs
+    return "where", {**attrs, "float_mask": True} if compared is not mask else attrs
 
 
 for _key in _MULTIPLIES:
