@@ -636,7 +636,7 @@ def _predict_on_one(cfg: Config, args: argparse.Namespace) -> int:
     preds = fp.predict(descs, batch_sizes)
     _domain_note(fp, descs, batch_sizes)
     _family_note(fp, descs)
-    _one_image_note(descs, batch_sizes)
+    _one_image_note(descs, batch_sizes, [p["network"] for p in preds if p["batch_size"] == 1 and p["fits"]])
     elapsed, describing = time.perf_counter() - described, described - started
     if args.json:
         for p in preds:
@@ -744,7 +744,8 @@ def _predict_max_batch(cfg: Config, args: argparse.Namespace, fp: object, device
                       "memory_mb": round(at["memory_mb"], 3) if at else None})
     # the batch sizes found may lie beyond the trained ones; where none fits, batch 1 was the last query
     _domain_note(fp, descs, sorted({f["max_batch_size"] for f in found if f["max_batch_size"]}) or [1])
-    _one_image_note([d for d, f in zip(descs, found) if f["max_batch_size"] == 1], [1])
+    ones = [d for d, f in zip(descs, found) if f["max_batch_size"] == 1]
+    _one_image_note(ones, [1], [d.name for d in ones])  # the largest batch that fits: 1
     if args.json:
         for f in found:
             _json_line(args, f)
@@ -884,16 +885,25 @@ def _domain_note(fp: object, descs: list[NetworkDescription], batch_sizes: list[
                     + "\n  ".join(lines), style="yellow", markup=False)
 
 
-def _one_image_note(descs: list[NetworkDescription], batch_sizes: list[int]) -> None:
+def _one_image_note(descs: list[NetworkDescription], batch_sizes: list[int],
+                    fitting: list[str] | None = None) -> None:
     """Say which queries at batch 1 cannot train at all: a batch norm over a 1x1 map has one value per channel in
-    a batch of one image, which torch refuses in training (DeepLabV3's pooled branch), whatever the memory."""
+    a batch of one image, which torch refuses in training (DeepLabV3's pooled branch), whatever the memory.
+    ``fitting``: the networks predicted to fit at batch 1, told plainly that 'fits' answers memory alone (a
+    ``fits: yes`` beside "does not train at all" read as a contradiction)."""
     if 1 not in batch_sizes:
         return
     nets = [d.name for d in descs if d.untrainable_at_batch_one]
-    if nets:
-        notes.print(f"note: batch 1 does not train {named(nets)} at all: a batch norm over a 1x1 map has one value "
-                    "per channel (torch refuses it in training), whatever the memory; its profile rows are errors",
+    why = "a batch norm over a 1x1 map has one value per channel (torch refuses it in training)"
+    fit = [n for n in nets if n in (fitting or ())]
+    if fit:
+        notes.print(f"note: {named(fit)}: predicted to fit in memory at batch 1 ('fits' answers memory alone), but a "
+                    f"training step at batch 1 fails: {why}; its profile rows at batch 1 are errors",
                     style="yellow", markup=False)
+    rest = [n for n in nets if n not in fit]
+    if rest:
+        notes.print(f"note: batch 1 does not train {named(rest)} at all: {why}, whatever the memory; its profile "
+                    "rows are errors", style="yellow", markup=False)
 
 
 def _family_note(fp: object, descs: list[NetworkDescription]) -> None:

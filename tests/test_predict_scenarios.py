@@ -134,6 +134,31 @@ def test_a_network_name_with_brackets_is_shown_as_it_is_in_the_tables(project, t
         assert all(f" {name} " in table for name in names), table
 
 
+def test_batch_one_that_fits_but_cannot_train_is_said_plainly(project, tmp_path, capsys):
+    """A network whose batch norm sees a 1x1 map, at batch 1: the table said ``fits: yes`` beside a note that batch 1
+    "does not train it at all", which read as a contradiction. The note now says that it fits in memory ('fits'
+    answers memory alone) and that a training step at batch 1 fails; ``--json``'s fields are as they were, and
+    ``--max-batch-size``'s largest batch of 1 is told the same."""
+    from perf4sight.fingerprint import PREDICTION_KEYS
+    net = nn.Sequential(nn.Conv2d(3, 4, 3, stride=32), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4, 10))
+    path = save_description(describe(net, SHAPE, "pointwise"), tmp_path / "pointwise.json")
+    config = ["--config", str(project / "config.toml"), "--stage", "predict", "--device", "alpha", "--network",
+              str(path)]
+    said = ("note: pointwise: predicted to fit in memory at batch 1 ('fits' answers memory alone), but a training step "
+            "at batch 1 fails: a batch norm over a 1x1 map has one value per channel")
+    assert cli.main([*config, "--batch-size", "1", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert "│ pointwise │ 1     │" in out and "│ yes  │" in out and said in err and "does not train" not in err
+    assert cli.main([*config, "--batch-size", "1", "--json"]) == 0
+    out, err = capsys.readouterr()
+    (line,) = [json.loads(x) for x in out.splitlines()]
+    assert tuple(line) == PREDICTION_KEYS and line["fits"] is True and said in err
+    assert cli.main([*config, "--max-batch-size", "1"]) == 0
+    assert said in capsys.readouterr().err
+    assert cli.main([*config, "--batch-size", "2"]) == 0  # no batch 1 asked: nothing to say
+    assert "batch 1" not in capsys.readouterr().err
+
+
 def _imported_project(folder: Path) -> Path:
     """A project whose device ``dd`` has rows imported (perf4sight's -gt.csv files of two small real CNNs) and a
     trees fingerprint fitted on them by the fingerprint stage; its ``config.toml``."""

@@ -349,6 +349,9 @@ def test_batch_norm_on_a_1x1_map_at_batch_1_is_explained(tmp_path, capsys):
     from perf4sight.stages import _one_image_note  # and predict says so at batch 1, whatever the memory
     _one_image_note([load_description(path)], [1, 2])
     assert "batch 1 does not train pointwise at all: a batch norm over a 1x1 map" in capsys.readouterr().err
+    _one_image_note([load_description(path)], [1, 2], ["pointwise"])  # predicted to fit at batch 1: told apart
+    assert "pointwise: predicted to fit in memory at batch 1 ('fits' answers memory alone), but a training step at " \
+        "batch 1 fails" in capsys.readouterr().err
     _one_image_note([load_description(path)], [2, 4])
     assert capsys.readouterr().err == ""
 
