@@ -350,6 +350,18 @@ def test_damaged_or_hostile_files(fitted, tmp_path, monkeypatch):
     (tmp_path / GNN_JSON).write_text(json.dumps(meta))
     with pytest.raises(UserError, match="damaged or incompatible .*training_domain is not an object"):
         load_gnn(tmp_path)
+    # the accuracy table's figures, which the fingerprint stage prints (gnn_accuracy_lines): a ValueError or a
+    # KeyError traceback there
+    for edit, field in ((lambda a: a["latency"]["gnn"].update(interval_coverage_held_out="67"),
+                         "accuracy.latency.gnn.interval_coverage_held_out is '67'"),
+                        (lambda a: a["memory"]["ensemble"]["overall"].update(mape="12"),
+                         "accuracy.memory.ensemble.overall is"),
+                        (lambda a: a["latency"].pop("trees"), "accuracy.latency.trees is not an object")):
+        meta = json.loads((out / GNN_JSON).read_text())
+        edit(meta["accuracy"])
+        (tmp_path / GNN_JSON).write_text(json.dumps(meta))
+        with pytest.raises(UserError, match=f"damaged or incompatible .*{field}"):
+            load_gnn(tmp_path)
     (tmp_path / GNN_JSON).write_text("{not json")
     with pytest.raises(UserError, match="damaged"):
         load_gnn(tmp_path)
@@ -430,6 +442,12 @@ def test_fit_device_gnn_reads_config(tiny, tmp_path):
         fit_device_gnn(cfg, "nope", descs)
     again = fit_device_gnn(cfg, "cpu0", descs, refit=False)
     assert again["up_to_date"] and again["created"] == meta["created"]
+    stored = tmp_path / "fp" / "cpu0" / GNN_JSON  # hand-edited so that it does not load: fitted again, as the trees'
+    edited = json.loads(stored.read_text())
+    edited["accuracy"]["latency"]["gnn"]["interval_coverage_held_out"] = "x"
+    stored.write_text(json.dumps(edited))
+    assert "up_to_date" not in fit_device_gnn(cfg, "cpu0", descs, refit=False)
+    assert fit_device_gnn(cfg, "cpu0", descs, refit=False)["up_to_date"]
 
 
 def test_the_gnn_is_found_up_to_date_without_torch():

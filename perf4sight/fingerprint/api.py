@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from perf4sight.config import Config
 from perf4sight.dataset import current_rows, device_dataset, other_losses, other_phases, split_other_shapes
@@ -104,10 +104,10 @@ def _at_described_shapes(device: str, rows: list[dict], descriptions: dict[str, 
     return same
 
 
-def _loads(folder: Path) -> bool:
-    """Whether the trees fingerprint in ``folder`` loads (its arrays whole)."""
+def _loads(folder: Path, load: Callable[[Path], Any] = load_fingerprint) -> bool:
+    """Whether the trees fingerprint in ``folder`` loads (its arrays whole), or whatever ``load`` reads there."""
     try:
-        load_fingerprint(folder)
+        load(folder)
     except (UserError, OSError, ValueError, KeyError):
         return False
     return True
@@ -132,7 +132,7 @@ def fit_device_gnn(cfg: Config, device: str, descriptions: dict[str, NetworkDesc
     """:func:`fit_gnn` in config terms: ``<profiling_dir>/<device>`` in, ``<fingerprint_dir>/<device>`` out,
     with the ``gnn_*`` settings and ``seed`` of ``[fingerprint]`` and the device's ``memory_limit_mb``.
     ``shas`` and ``rows``: as for :func:`device_measurements`; ``refit``: as for :func:`fit_device`."""
-    from perf4sight.fingerprint.gnn import GNN_JSON, fit_gnn, gnn_inputs_sha256  # torch, torch_geometric: only here
+    from perf4sight.fingerprint.gnn import GNN_JSON, fit_gnn, gnn_inputs_sha256, load_gnn  # torch, torch_geometric
 
     rows, limit = device_measurements(cfg, device, shas, rows=rows)
     rows, drift = drift_corrected(cfg, device, _at_described_shapes(device, rows, descriptions))
@@ -142,7 +142,7 @@ def fit_device_gnn(cfg: Config, device: str, descriptions: dict[str, NetworkDesc
                   patience=f.gnn_patience, memory_limit_mb=limit, trees_config=f, drift=drift)
     if not refit:
         stored = stored_if_current(folder / GNN_JSON, gnn_inputs_sha256(*args, **kwargs))
-        if stored is not None:
+        if stored is not None and _loads(folder, load_gnn):  # as the trees': a GNN that does not load is fitted again
             return stored | {"up_to_date": True}
     return fit_gnn(*args, **kwargs)
 

@@ -176,6 +176,8 @@ def check_metadata(meta: Any, feature_set: str | None = None) -> None:
     if feature_set is not None:  # a trees fingerprint's table (a GNN's holds one per predictor)
         _check_accuracy(meta.get("accuracy", {}))
         _check_tree_features(meta)
+    else:
+        _check_gnn_accuracy(meta.get("accuracy", {}))
     _check_domain(meta.get("training_domain"))
     interval = meta.get("interval")
     quantiles = interval.get("log_ratio_quantiles") if isinstance(interval, dict) else None
@@ -275,6 +277,31 @@ def _check_selection(selection: dict[str, Any], where: str) -> None:
     for form, score in scores.items():
         if not _is_figure(score):
             raise ValueError(f"{where}.cv_mean_group_mape's '{form}' is {score!r}, not a MAPE figure")
+
+
+def _check_gnn_accuracy(accuracy: Any) -> None:
+    """``ValueError`` naming the first part of a GNN's ``accuracy`` (per target, each predictor's ``overall`` and
+    ``per_group`` rows and its held-out coverage; ``trees_source`` an object) that has not the form the fit writes:
+    the fingerprint stage's table (``gnn_accuracy_lines``) prints each figure, and a string ended it in a traceback."""
+    if not isinstance(accuracy, dict) or not isinstance(accuracy.get("trees_source", {}), dict):
+        raise ValueError("accuracy is not an object of the targets' tables")
+    for target in ("latency", "memory"):
+        entry = accuracy.get(target)
+        if not entry:  # the table leaves it out
+            continue
+        for kind in ("gnn", "trees", "ensemble"):
+            table = entry.get(kind) if isinstance(entry, dict) else None
+            groups = table.get("per_group") if isinstance(table, dict) else None
+            if not isinstance(groups, dict):
+                raise ValueError(f"accuracy.{target}.{kind} is not an object with overall and per_group rows")
+            rows = [("overall", table.get("overall"))] + [(f"per_group.{g}", m) for g, m in groups.items()]
+            for name, row in rows:  # the table prints each row's MAPE
+                if not (isinstance(row, dict) and _is_figure(row.get("mape", math.nan))):
+                    raise ValueError(f"accuracy.{target}.{kind}.{name} is {row!r}, not an object of figures")
+            held = table.get("interval_coverage_held_out")
+            if held is not None and not _is_figure(held):
+                raise ValueError(f"accuracy.{target}.{kind}.interval_coverage_held_out is {held!r}, not a percent "
+                                 "(or null: not tested)")
 
 
 def _is_figure(value: Any) -> bool:
