@@ -132,7 +132,7 @@ def fit_device_gnn(cfg: Config, device: str, descriptions: dict[str, NetworkDesc
     """:func:`fit_gnn` in config terms: ``<profiling_dir>/<device>`` in, ``<fingerprint_dir>/<device>`` out,
     with the ``gnn_*`` settings and ``seed`` of ``[fingerprint]`` and the device's ``memory_limit_mb``.
     ``shas`` and ``rows``: as for :func:`device_measurements`; ``refit``: as for :func:`fit_device`."""
-    from perf4sight.fingerprint.gnn import GNN_JSON, fit_gnn, gnn_inputs_sha256, load_gnn  # torch, torch_geometric
+    from perf4sight.fingerprint.gnn import GNN_JSON, fit_gnn, gnn_inputs_sha256, load_gnn  # torch, PyG: only here
 
     rows, limit = device_measurements(cfg, device, shas, rows=rows)
     rows, drift = drift_corrected(cfg, device, _at_described_shapes(device, rows, descriptions))
