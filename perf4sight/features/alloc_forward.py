@@ -482,7 +482,10 @@ def _im2col(ctx: _OpContext) -> _Value:
 def _logsumexp(ctx: _OpContext) -> _Value:
     """A logsumexp over dims (aten.logsumexp: its output alone, its temporaries below the dispatcher), keeping its
     input and its result. Backward grad * exp(x - result): ``sub`` and ``exp`` (the input's size) before the
-    gradient (``mul``), freed once it is made."""
+    gradient (``mul``), freed once it is made. The largest hidden temporary, ``x - max`` of the input's size, is left
+    out: the meta trace this is checked against does not show it, and in real CPU steps (torch 2.14's profiler memory
+    events, four networks at batches 4 and 32) it never set the peak, the backward's two of that size outweighing
+    it."""
     x = ctx.x
     sid = ctx.alloc("logsumexp.default")
     fn = ctx.grad_fn([x.sid, sid], [_edge(x)], [x.nbytes], ["aten.mul.Tensor"],
