@@ -144,3 +144,18 @@ def test_gpu_load_falls_back_to_stats():
     assert _gpu_load(types.SimpleNamespace(gpu={"gpu": {"status": {"load": 12.5}}}, stats={})) == 12.5
     assert _gpu_load(types.SimpleNamespace(gpu={}, stats={"GPU": 40})) == 40.0
     assert _gpu_load(types.SimpleNamespace(gpu={}, stats={"GPU": "OFF"})) is None
+
+
+def test_cuda_oom_without_torch_cuda_out_of_memory_error(monkeypatch):
+    """torch before 1.13 (a Jetson TX2's JetPack 4.6 wheels go up to 1.10) has no ``torch.cuda.OutOfMemoryError``:
+    its CUDA OOM is a ``RuntimeError`` saying "CUDA out of memory". ``is_oom`` asked for that class and raised
+    ``AttributeError`` inside the child's handler, so every failing step there, an OOM included, ended the child
+    without a result: an ``error`` row, and the batch ladder went on past the first OOM."""
+    monkeypatch.delattr(torch.cuda, "OutOfMemoryError")
+    plan = TestPlan(device="g", backend="jetson")
+    for backend in (NvmlBackend(plan), JetsonBackend(plan)):
+        assert backend.is_oom(RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 7.67 GiB "
+                                           "total capacity; 5.29 GiB already allocated)"))
+        assert backend.is_oom(RuntimeError("NvMapMemAllocInternalTagged: 1075072515 error 12"))
+        assert not backend.is_oom(RuntimeError("CUDA error: an illegal memory access was encountered"))
+        assert not backend.is_oom(ValueError("bad shape"))

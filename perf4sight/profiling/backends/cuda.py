@@ -104,7 +104,8 @@ class CudaBackend(Backend):
     def is_oom(self, exc: BaseException) -> bool:
         import torch
 
-        if isinstance(exc, torch.cuda.OutOfMemoryError):
+        oom_class = getattr(torch.cuda, "OutOfMemoryError", None)  # torch 1.13+; before, a RuntimeError said so
+        if oom_class is not None and isinstance(exc, oom_class):
             return True
         text = str(exc)
         return super().is_oom(exc) or any(s in text for s in ("CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED",
