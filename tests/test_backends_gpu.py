@@ -159,3 +159,26 @@ def test_cuda_oom_without_torch_cuda_out_of_memory_error(monkeypatch):
         assert backend.is_oom(RuntimeError("NvMapMemAllocInternalTagged: 1075072515 error 12"))
         assert not backend.is_oom(RuntimeError("CUDA error: an illegal memory access was encountered"))
         assert not backend.is_oom(ValueError("bad shape"))
+
+
+def test_jtop_figures_that_fail_cost_no_unified_memory_figure():
+    """The jetson backend read /proc/meminfo and jtop's figures as one reading: where jtop could not give one (a
+    jetson-stats 3.x, whose client has ``ram``, not ``memory``, and a ``power`` tuple; its service gone mid-step),
+    the whole reading failed, and every row lost its memory figure (``device_mem_used_mb``, the fingerprint's
+    target). Now each jtop figure fails alone, and the message counts them."""
+    backend = JetsonBackend(TestPlan(device="j", backend="jetson"))
+    backend.baseline_mb = 0.0  # the host's memory in use is the figure: above 0
+
+    class Jtop3:  # jetson-stats 3.x's client, as far as the backend reads it
+        power = ({"cur": 5000, "avg": 4000}, {})
+        gpu = {"val": 40, "frq": 1300}
+        stats = {"GPU": 40}
+
+    backend.jetson = Jtop3()
+    sampler = Sampler(backend.read_device, interval_s=0.001).start()
+    sampler.stop()
+    cols = backend.sampled_columns(sampler)
+    assert sampler.failures == 0 and cols["device_mem_used_mb"] > 0
+    assert cols["gpu_util_pct"] == 40.0 and cols["power_w"] == ""
+    assert f"{backend.jtop_failures} jtop readings failed: AttributeError" in cols["message"]
+    assert backend.jtop_failures == len(sampler.samples) >= 2

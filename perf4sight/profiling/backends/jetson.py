@@ -44,6 +44,7 @@ class JetsonBackend(CudaBackend):
         self.baseline_mb = 0.0
         self.jetson: Any = None
         self.jtop_note = ""
+        self.jtop_failures, self.jtop_error = 0, ""  # readings in which a jtop figure failed, and the first reason
 
     def prepare(self) -> None:
         self.baseline_mb = meminfo_used_mb()  # before CUDA initialises
@@ -64,14 +65,21 @@ class JetsonBackend(CudaBackend):
         super().prepare()
 
     def read_device(self) -> Reading:
+        """Unified memory from /proc/meminfo, then each of jtop's figures on its own: a figure jtop cannot give (its
+        service gone mid-step, a jetson-stats of another API: 3.x has no ``memory``, its ``power`` is a tuple) is
+        counted in :attr:`jtop_failures` and left out, and never costs the reading the memory figure."""
         reading: Reading = {"unified_mb": meminfo_used_mb() - self.baseline_mb}
         j = self.jetson
         if j is not None:
-            ram = (j.memory or {}).get("RAM", {})
-            reading["jtop_ram_mb"] = ram["used"] / 1024 if "used" in ram else None  # jtop reports kB
-            reading["gpu_load_pct"] = _gpu_load(j)
-            tot = (j.power or {}).get("tot", {})
-            reading["power_w"] = tot["power"] / 1000.0 if "power" in tot else None  # milliwatts
+            failed = ""
+            for key, read in (("jtop_ram_mb", _jtop_ram_mb), ("gpu_load_pct", _gpu_load), ("power_w", _jtop_power_w)):
+                try:
+                    reading[key] = read(j)
+                except Exception as exc:  # noqa: BLE001 - jtop's failures are many; the memory figure must stay
+                    failed = failed or " ".join(f"{type(exc).__name__}: {exc}".split())
+            if failed:
+                self.jtop_failures += 1
+                self.jtop_error = self.jtop_error or failed
         return reading
 
     def sampled_columns(self, sampler: Sampler) -> Dict[str, Any]:
@@ -84,6 +92,8 @@ class JetsonBackend(CudaBackend):
             cols["device_mem_used_mb"] = ""
         if self.jetson is not None and sampler.values("jtop_ram_mb"):
             notes.append(f"jtop RAM peak {sampler.peak('jtop_ram_mb', 1)} MiB")
+        if self.jtop_failures:
+            notes.append(f"{self.jtop_failures} jtop readings failed: {self.jtop_error}")
         if sampler.failures:
             notes.append(f"{sampler.failures} readings failed: {sampler.error}")
         if notes:
@@ -126,6 +136,18 @@ class JetsonBackend(CudaBackend):
                 pass
             self.jetson = None
         return env
+
+
+def _jtop_ram_mb(j: Any) -> Optional[float]:
+    """The RAM in use by jtop 4.x's count (``memory['RAM']['used']``, kB), in MiB."""
+    ram = (j.memory or {}).get("RAM", {})
+    return ram["used"] / 1024 if "used" in ram else None
+
+
+def _jtop_power_w(j: Any) -> Optional[float]:
+    """The board's power from jtop 4.x (``power['tot']['power']``, milliwatts), in watts."""
+    tot = (j.power or {}).get("tot", {})
+    return tot["power"] / 1000.0 if "power" in tot else None
 
 
 def _gpu_load(j: Any) -> Optional[float]:
