@@ -7,6 +7,8 @@ The backend code that runs is the code that ships.
 """
 from __future__ import annotations
 
+import importlib.util
+import sys
 import types
 from pathlib import Path
 
@@ -182,3 +184,42 @@ def test_jtop_figures_that_fail_cost_no_unified_memory_figure():
     assert cols["gpu_util_pct"] == 40.0 and cols["power_w"] == ""
     assert f"{backend.jtop_failures} jtop readings failed: AttributeError" in cols["message"]
     assert backend.jtop_failures == len(sampler.samples) >= 2
+
+
+@pytest.fixture
+def fake_pynvml(monkeypatch):
+    """The simulated pynvml of ``tests/fakes``, imported in this process, with four GPUs."""
+    spec = importlib.util.spec_from_file_location("pynvml", FAKES / "pynvml.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.GPUS = 4
+    monkeypatch.setitem(sys.modules, "pynvml", module)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return module
+
+
+def test_nvml_reads_the_gpu_cuda_steps_on_under_cuda_visible_devices(fake_pynvml, monkeypatch):
+    """NVML numbers every GPU of the machine whatever CUDA_VISIBLE_DEVICES says: on a shared server with
+    CUDA_VISIBLE_DEVICES=2 (set in the device account's ~/.bashrc, which the runner's login shell reads) the steps
+    ran on the third GPU while NVML's handle was of the first, so device_mem_used_mb, the nvml fingerprint's memory
+    target, GPU load and power were another GPU's. The handle is now of the GPU CUDA's index names."""
+    from perf4sight.profiling.backends.cuda import CudaBackend
+
+    monkeypatch.setattr(CudaBackend, "prepare", lambda self: None)  # no CUDA here: NVML's side alone
+
+    def handle_of(gpu_index: int, visible: str | None) -> int:
+        if visible is None:
+            monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        else:
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        backend = NvmlBackend(TestPlan(device="g", backend="nvml", gpu_index=gpu_index))
+        backend.prepare()
+        return backend.handle.index
+
+    assert handle_of(1, None) == 1  # no CUDA_VISIBLE_DEVICES: CUDA's index is NVML's
+    assert handle_of(0, "2") == 2
+    assert handle_of(1, "3, 1") == 1 and handle_of(0, "3,1") == 3
+    assert handle_of(0, fake_pynvml._uuid(3)) == 3  # a UUID, as nvidia-smi -L prints it
+    assert handle_of(0, fake_pynvml._uuid(2)[:12]) == 2  # the start of one, as CUDA takes it
+    with pytest.raises(RuntimeError, match="CUDA_VISIBLE_DEVICES entry 'GPU-'.*4 GPU UUID"):
+        handle_of(0, "GPU-")  # every UUID starts so: no one GPU

@@ -16,6 +16,7 @@ NVML_SUCCESS = 0
 NVML_ERROR_UNINITIALIZED = 1
 NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NOT_FOUND = 6
 NVML_CLOCK_GRAPHICS, NVML_CLOCK_SM, NVML_CLOCK_MEM = 0, 1, 2
 CONTEXT_MB = 300
 TOTAL_MB = 24576
@@ -24,7 +25,7 @@ TOTAL_MB = 24576
 class NVMLError(Exception):
     """Base NVML error; ``value`` is the NVML return code."""
 
-    _messages = {1: "Uninitialized", 2: "Invalid Argument", 3: "Not Supported"}
+    _messages = {1: "Uninitialized", 2: "Invalid Argument", 3: "Not Supported", 6: "Not Found"}
 
     def __init__(self, value: int) -> None:
         super().__init__(value)
@@ -49,8 +50,14 @@ class NVMLError_NotSupported(NVMLError):
         super().__init__(NVML_ERROR_NOT_SUPPORTED)
 
 
+class NVMLError_NotFound(NVMLError):
+    def __init__(self) -> None:
+        super().__init__(NVML_ERROR_NOT_FOUND)
+
+
 _initialised = False
 POWER_SUPPORTED = True
+GPUS = 1  # a test may set more; NVML numbers them whatever CUDA_VISIBLE_DEVICES says, as the real library does
 
 
 def _check() -> None:
@@ -73,14 +80,31 @@ def nvmlShutdown() -> None:
 
 def nvmlDeviceGetCount() -> int:
     _check()
-    return 1
+    return GPUS
+
+
+def _uuid(index: int) -> str:
+    return f"GPU-{index:08d}-5a1e-4c0d-9e7f-{index:012d}"
 
 
 def nvmlDeviceGetHandleByIndex(index: int):
     _check()
-    if index != 0:
+    if not 0 <= index < GPUS:
         raise NVMLError_InvalidArgument()
     return types.SimpleNamespace(index=index)
+
+
+def nvmlDeviceGetHandleByUUID(uuid: str):
+    _check()
+    for index in range(GPUS):
+        if _uuid(index) == uuid:
+            return types.SimpleNamespace(index=index)
+    raise NVMLError_NotFound()
+
+
+def nvmlDeviceGetUUID(handle) -> str:
+    _check()
+    return _uuid(handle.index)
 
 
 def nvmlDeviceGetName(handle) -> str:

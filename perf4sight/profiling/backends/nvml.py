@@ -6,10 +6,12 @@ the CUDA context and every other process* (peak over the steps), GPU utilisation
 power (means over the steps). CUDA OOM (``torch.cuda.OutOfMemoryError``) is ``oom``.
 
 ``gpu_index`` is the CUDA index; ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` is set (unless already set)
-before CUDA starts so that it is also the NVML index. Memory in MiB, power in W.
+before CUDA starts so that CUDA numbers the GPUs as NVML does. NVML ignores ``CUDA_VISIBLE_DEVICES``: where it is
+set, the GPU CUDA's index names is its entry there (a number, or a GPU's UUID or the start of one), which NVML is
+asked for (:func:`nvml_gpu`). Memory in MiB, power in W.
 """
 import os
-from typing import Any, Dict
+from typing import Any, Dict, Mapping, Optional, Union
 
 from perf4sight.profiling.backends.cuda import MIB, CudaBackend
 from perf4sight.profiling.backends.sampling import Reading, Sampler
@@ -33,11 +35,7 @@ class NvmlBackend(CudaBackend):
             import pynvml
         except ImportError:
             raise RuntimeError("backend 'nvml' needs pynvml on the device (pip install nvidia-ml-py)") from None
-        try:
-            pynvml.nvmlInit()
-            self.handle = pynvml.nvmlDeviceGetHandleByIndex(self.plan.gpu_index)
-        except pynvml.NVMLError as exc:
-            raise RuntimeError(f"NVML cannot open GPU {self.plan.gpu_index}: {exc}") from None
+        self.handle = open_gpu(pynvml, self.plan.gpu_index)
         self.nvml = pynvml
         super().prepare()
 
@@ -75,3 +73,45 @@ class NvmlBackend(CudaBackend):
                     f"mem {nv.nvmlDeviceGetClockInfo(self.handle, nv.NVML_CLOCK_MEM)}MHz")
         except nv.NVMLError:
             return ""
+
+
+def nvml_gpu(gpu_index: int, env: Optional[Mapping[str, str]] = None) -> Union[int, str]:
+    """What NVML knows CUDA's GPU ``gpu_index`` by: its entry in ``CUDA_VISIBLE_DEVICES`` (``env``: the process's
+    environment), an NVML index where the entry is a number, else the UUID (or the start of one) it gives; the index
+    itself where the variable is unset or has no entry for it (CUDA then refuses the index, or sees every GPU)."""
+    visible = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return gpu_index
+    entries = [e.strip() for e in visible.split(",")]
+    if gpu_index >= len(entries) or not entries[gpu_index]:
+        return gpu_index
+    entry = entries[gpu_index]
+    return int(entry) if entry.isdigit() else entry
+
+
+def open_gpu(pynvml: Any, gpu_index: int) -> Any:
+    """NVML's handle of the GPU CUDA calls ``gpu_index`` (:func:`nvml_gpu`), after ``nvmlInit``; ``RuntimeError`` where
+    NVML cannot open it, naming the ``CUDA_VISIBLE_DEVICES`` entry where one chose it."""
+    which = nvml_gpu(gpu_index)
+    named = (f"GPU {gpu_index}" if which == gpu_index and isinstance(which, int)
+             else f"GPU {gpu_index} (CUDA_VISIBLE_DEVICES entry {which!r})")
+    try:
+        pynvml.nvmlInit()
+        if isinstance(which, int):
+            return pynvml.nvmlDeviceGetHandleByIndex(which)
+        try:
+            return pynvml.nvmlDeviceGetHandleByUUID(which)
+        except pynvml.NVMLError:  # CUDA also takes the start of a UUID ("GPU-8932f937"); NVML wants all of it
+            pass
+        found = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            uuid = pynvml.nvmlDeviceGetUUID(handle)
+            if (uuid.decode() if isinstance(uuid, bytes) else str(uuid)).startswith(which):
+                found.append(handle)
+        if len(found) != 1:
+            raise RuntimeError(f"NVML cannot open {named}: {'no' if not found else len(found)} GPU UUID(s) "
+                               "start so")
+        return found[0]
+    except pynvml.NVMLError as exc:
+        raise RuntimeError(f"NVML cannot open {named}: {exc}") from None
