@@ -26,7 +26,7 @@ from perf4sight.profiling.plan import TestPlan, load_plan, save_plan
 from perf4sight.profiling.runner import run_plan
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_profiling import ROOT, SHAPE, write_config, write_net  # noqa: E402
+from test_profiling import ROOT, SHAPE, tiny, write_config, write_net  # noqa: E402
 
 
 def _alive_with(text: str) -> list[int]:
@@ -149,7 +149,9 @@ def test_a_runners_lock_is_its_own_not_its_childrens(tmp_path):
 def test_a_killed_runners_scratch_files_are_removed_by_the_next_run(tmp_path):
     """A runner killed with SIGKILL (no cleanup runs) leaves its measuring child's folder beside the CSV, not in the
     system's temp folder; the next runner of that CSV removes it, and a run that ends leaves no such folder. Its
-    children measure the plan it started with, though the plan file is replaced while it runs."""
+    children measure the plan it started with, though the plan file is replaced while it runs, and the descriptions
+    whose sha its rows record, though a networks stage rewrites one meanwhile (its child read the new file: an error
+    row here, of the old file's sha)."""
     import signal
 
     from perf4sight.profiling import runner
@@ -168,12 +170,19 @@ def test_a_killed_runners_scratch_files_are_removed_by_the_next_run(tmp_path):
     proc.wait()
     assert [p.name[:6] for p in scratch.glob("child-*")] == ["child-"], "no child folder was left to remove"
 
+    sha = results.file_sha(net.read_bytes())
+
     def another_invocation(event: dict) -> None:  # a second profile, refused by the lock, writes its plan all the same
         if event["event"] == "plan":
             save_plan(replace(plan, networks=[str(write_net(tmp_path, "other", width=64))], timed_steps=3), plan_path)
+            rewritten = describe(tiny("tiny"), SHAPE, "tiny")  # a networks stage's new file of that name: its step
+            rewritten.num_classes = 1_000_000  # fails (labels of a million classes for ten outputs)
+            save_description(rewritten, net)
     counts = runner.run_plan(plan_path, emit=another_invocation)
     assert counts["ok"] + counts["already_measured"] == 1 and not scratch.exists()
-    assert {r["timed_steps"] for r in results.read_rows(tmp_path / "m.csv")} == {"50"}  # the run's own plan
+    rows = results.read_rows(tmp_path / "m.csv")
+    assert {r["timed_steps"] for r in rows} == {"50"}  # the run's own plan
+    assert [(r["status"], r["description_sha"]) for r in rows] == [("ok", sha)]  # the description its row names
 
 
 def test_fleet_summary_counts_earlier_rows_and_error_rows_are_retried_when_asked(tmp_path):

@@ -34,12 +34,13 @@ import tempfile
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple, Union
 
 from perf4sight.errors import UserError
+from perf4sight.files import naming_file
 from perf4sight.ir.schema import load_description
 from perf4sight.ir.shapes import shape_text
 from perf4sight.profiling import results
@@ -75,6 +76,7 @@ class _Network:
     input_shape: str = ""
     sha: str = ""
     problem: str = ""  # the description could not be read
+    data: bytes = field(default=b"", repr=False)  # the description's bytes, as read when ``sha`` was taken
 
 
 @dataclass
@@ -108,7 +110,7 @@ def _describe_networks(plan: TestPlan, plan_dir: Path) -> List[_Network]:
                                  problem=" ".join(str(exc).split())[:300]))
             continue
         shape = shape_text(plan.input_shape or desc.input_shape)
-        net = _Network(i, path, desc.name, desc.network, desc.pruning_level, shape, results.file_sha(data))
+        net = _Network(i, path, desc.name, desc.network, desc.pruning_level, shape, results.file_sha(data), data=data)
         nets.append(net)
     for net in nets:
         if net.name in names:
@@ -614,7 +616,7 @@ def run_plan(plan_path: Union[str, Path], emit: Emit = print_event) -> Dict[str,
     counts = dict({s: 0 for s in results.STATUSES}, already_measured=0)
     with _locked(csv_path):
         shutil.rmtree(str(children_dir(csv_path)), ignore_errors=True)  # a killed runner's, left behind
-        plan, plan_path = _pinned(plan, plan_path, csv_path)
+        plan, plan_path = _pinned(plan, plan_path, csv_path, nets)
         disk = _OnDisk.read(csv_path, plan.device, nets, plan.memory_limit_mb, plan.retry_errors, plan)
         total = len(nets) * len(plan.batch_sizes)
         emit({"event": "plan", "device": plan.device, "backend": plan.backend, "networks": len(nets),
@@ -654,16 +656,30 @@ def run_plan(plan_path: Union[str, Path], emit: Emit = print_event) -> Dict[str,
     return counts
 
 
-def _pinned(plan: TestPlan, plan_path: Path, csv_path: Path) -> Tuple[TestPlan, Path]:
+def _pinned(plan: TestPlan, plan_path: Path, csv_path: Path, nets: List[_Network]) -> Tuple[TestPlan, Path]:
     """This run's own copy of its plan, in the children's folder (which this runner's lock guards), its paths made
     absolute: the children read it rather than ``plan_path``, which another invocation refused by the lock may
-    already have replaced with a plan of its own (other networks, other steps)."""
+    already have replaced with a plan of its own (other networks, other steps). Its networks are copies too, of the
+    bytes each row's ``description_sha`` is taken from (``nets``): a description rewritten while the sweep runs (the
+    networks stage run meanwhile) would be measured under the sha of the file it replaced. A description that could
+    not be read keeps its own path."""
     def absolute(relative: str) -> str:
         return str(plan.resolve(plan_path.parent, relative)) if relative else ""
 
-    pinned = replace(plan, networks=[absolute(n) for n in plan.networks], output=absolute(plan.output),
+    folder = children_dir(csv_path)
+    networks = []
+    for net in nets:
+        if not net.data:
+            networks.append(str(net.path))
+            continue
+        copy = folder / "nets" / str(net.index) / net.path.name
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        with naming_file(copy):  # a full disk: the error names the file
+            copy.write_bytes(net.data)
+        networks.append(str(copy))
+    pinned = replace(plan, networks=networks, output=absolute(plan.output),
                      reference_output=absolute(plan.reference_output), op_prices_output=absolute(plan.op_prices_output))
-    return pinned, save_plan(pinned, children_dir(csv_path) / "plan.json")
+    return pinned, save_plan(pinned, folder / "plan.json")
 
 
 def _prices_current(path: Path, plan: TestPlan) -> bool:
