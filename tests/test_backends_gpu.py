@@ -223,3 +223,22 @@ def test_nvml_reads_the_gpu_cuda_steps_on_under_cuda_visible_devices(fake_pynvml
     assert handle_of(0, fake_pynvml._uuid(2)[:12]) == 2  # the start of one, as CUDA takes it
     with pytest.raises(RuntimeError, match="CUDA_VISIBLE_DEVICES entry 'GPU-'.*4 GPU UUID"):
         handle_of(0, "GPU-")  # every UUID starts so: no one GPU
+
+
+def test_a_jtop_service_that_does_not_answer_costs_its_figures_not_the_measurement(monkeypatch):
+    """jtop is optional, but the backend caught its JtopException alone: a service that takes the connection and
+    never answers (the real client's start() then raises queue.Empty from its configuration request), or an error
+    its reader thread kept and ok() raises, ended the child's setup, and as every child met it, no network of the
+    device was measured. Now any failure of the client is the note's, as an inactive service's is."""
+    from perf4sight.profiling.backends.cuda import CudaBackend
+
+    spec = importlib.util.spec_from_file_location("jtop", FAKES / "jtop" / "__init__.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, "jtop", module)
+    monkeypatch.setattr(CudaBackend, "prepare", lambda self: None)  # no CUDA here: jtop's side alone
+    monkeypatch.setenv("P4S_FAKE_JTOP", "stuck")
+    backend = JetsonBackend(TestPlan(device="j", backend="jetson"))
+    backend.prepare()
+    assert backend.jetson is None and backend.baseline_mb > 0
+    assert backend.jtop_note == "jtop service not active (Empty): RAM, GPU load and power not measured"

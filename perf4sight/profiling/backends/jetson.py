@@ -59,9 +59,13 @@ class JetsonBackend(CudaBackend):
                 if not handle.ok():
                     raise JtopException("jtop returned no data")
                 self.jetson = handle
-            except JtopException as exc:
-                self.jtop_note = (f"jtop service not active ({' '.join(str(exc).split())}): RAM, GPU load and power "
-                                  "not measured")[:300]
+            except Exception as exc:  # noqa: BLE001 - jtop is optional: whatever its client raises (JtopException; a
+                # service that does not answer, queue.Empty; an error its thread kept, which ok() raises) costs its
+                # figures, never the measurement (this was the setup's error: no network measured on the device)
+                said = " ".join(str(exc).split())
+                if not isinstance(exc, JtopException):
+                    said = type(exc).__name__ + (f": {said}" if said else "")
+                self.jtop_note = f"jtop service not active ({said}): RAM, GPU load and power not measured"[:300]
         super().prepare()
 
     def read_device(self) -> Reading:

@@ -1,11 +1,14 @@
 """A simulated ``jtop`` (jetson-stats 4.x client) for tests: ``from jtop import jtop, JtopException``.
 
 The service is "active" unless ``P4S_FAKE_JTOP=inactive`` (then ``start()`` raises the
-real library's message). Memory in kB, power in mW, GPU load in %, as jtop reports them.
+real library's message) or ``stuck`` (the service takes the connection but never answers: the real client's
+``start()`` then raises ``queue.Empty`` from its configuration request). Memory in kB, power in mW, GPU load in %,
+as jtop reports them.
 """
 from __future__ import annotations
 
 import os
+import queue
 import types
 
 __version__ = "4.2.12-sim"
@@ -21,6 +24,8 @@ class jtop:  # noqa: N801 - the real class name
         self._running = False
 
     def start(self) -> None:
+        if os.environ.get("P4S_FAKE_JTOP") == "stuck":
+            raise queue.Empty()
         if os.environ.get("P4S_FAKE_JTOP", "active") != "active":
             raise JtopException("The jtop.service is not active. Please run:\nsudo systemctl restart jtop.service")
         self._running = True
