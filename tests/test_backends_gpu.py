@@ -242,3 +242,17 @@ def test_a_jtop_service_that_does_not_answer_costs_its_figures_not_the_measureme
     backend.prepare()
     assert backend.jetson is None and backend.baseline_mb > 0
     assert backend.jtop_note == "jtop service not active (Empty): RAM, GPU load and power not measured"
+
+
+def test_a_jetson_whose_torch_sees_no_cuda_runs_nothing():
+    """The probe before a run refused an nvml device whose torch sees no CUDA, but let a jetson one run: with pip's
+    torch for aarch64 (built without CUDA; NVIDIA's wheel has it) every child failed its setup and the CSV filled
+    with error rows, which a plain rerun after installing the right torch does not measure again. A jetson device
+    is now refused as the nvml one is, and measures nothing."""
+    from perf4sight.profiling.outcome import probe_problems
+
+    facts = {"python": "3.6.9", "torch": "1.10.0", "cuda": False, "backend_library": "jtop",
+             "backend_library_version": "4.2.12"}
+    assert probe_problems("jetson", facts, "w") == ["torch sees no CUDA device"]
+    assert probe_problems("jetson", {**facts, "cuda": True}, "w") == []
+    assert probe_problems("cpu", {**facts, "backend_library": ""}, "w") == []

@@ -68,7 +68,9 @@ def probe_problems(backend: str, facts: dict, workdir: str) -> list[str]:
         problems.append(f"{facts['backend_library']} not importable ({facts.get('backend_library_error', '')})")
     if facts.get("workdir_error"):
         problems.append(f"work folder {workdir} cannot be created or written ({facts['workdir_error']})")
-    if backend == "nvml" and facts.get("torch") and not facts.get("cuda"):
+    if backend in ("nvml", "jetson") and facts.get("torch") and not facts.get("cuda"):
+        # a Jetson's too: pip's aarch64 torch is built without CUDA (NVIDIA's wheel has it); every row would be an
+        # error, which a plain rerun after the fix does not measure again
         problems.append("torch sees no CUDA device")
     return problems
 
