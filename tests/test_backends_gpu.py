@@ -256,3 +256,35 @@ def test_a_jetson_whose_torch_sees_no_cuda_runs_nothing():
     assert probe_problems("jetson", facts, "w") == ["torch sees no CUDA device"]
     assert probe_problems("jetson", {**facts, "cuda": True}, "w") == []
     assert probe_problems("cpu", {**facts, "backend_library": ""}, "w") == []
+
+
+def test_a_jetsons_probe_asks_torch_again_where_its_cache_says_no_cuda(tmp_path):
+    """With a jetson device refused where torch sees no CUDA, the probe's cache of torch's facts (kept while torch's
+    install is unchanged) must not keep a 'no CUDA' that no reinstall undoes (the device's user added to the video
+    group, a driver loaded since): a jetson's probe imports torch again then; a cached 'CUDA seen' is read as before.
+    A stand-in torch package counts its imports; the real probe script runs in real processes."""
+    import json
+    import os
+    import subprocess
+
+    from perf4sight.profiling.outcome import PROBE
+    fake = tmp_path / "site" / "torch"
+    fake.mkdir(parents=True)
+    imports, seen = tmp_path / "imports.txt", tmp_path / "cuda-seen"
+    (fake / "__init__.py").write_text(
+        f"import os\nwith open({str(imports)!r}, 'a') as fh:\n    fh.write('imported\\n')\n__version__ = '1.10.0'\n"
+        f"class cuda:\n    @staticmethod\n    def is_available():\n        return os.path.exists({str(seen)!r})\n")
+    (fake / "version.py").write_text("__version__ = '1.10.0'\n")
+    cache = tmp_path / "work" / "probe-cache.json"
+    cache.parent.mkdir()
+
+    def probe(backend: str) -> tuple:
+        out = subprocess.run([sys.executable, str(PROBE), backend, str(cache.parent), str(cache)], capture_output=True,
+                             text=True, check=True, env={**os.environ, "PYTHONPATH": str(tmp_path / "site")})
+        facts = json.loads(out.stdout.strip().splitlines()[-1])
+        return facts["cuda"], len(imports.read_text().splitlines())
+
+    assert probe("jetson") == (False, 1)
+    seen.touch()  # CUDA usable now, torch's install unchanged
+    assert probe("jetson") == (True, 2)  # it read 'no CUDA' from its cache and stayed refused
+    assert probe("jetson") == (True, 2) and probe("cpu") == (True, 2)  # a cached 'CUDA seen' is read

@@ -72,15 +72,17 @@ def install_identity(module_name):
     return out
 
 
-def _torch_facts(cache_path):
+def _torch_facts(cache_path, need_cuda=False):
     """(version, import error, CUDA seen): from ``cache_path`` while torch's install is the one cached there, else by
-    importing torch (the cache then rewritten; only a torch that imported is cached)."""
+    importing torch (the cache then rewritten; only a torch that imported is cached). ``need_cuda``: a cached torch
+    that saw no CUDA is imported again (a user added to the video group since, a driver loaded since: no
+    reinstall tells the cache)."""
     key = [sys.executable, platform.python_version(), install_identity("torch")]
     if cache_path and key[2] is not None:
         try:
             with open(cache_path) as fh:
                 cached = json.load(fh)
-            if cached.get("key") == key:
+            if cached.get("key") == key and (cached["cuda"] or not need_cuda):
                 return cached["torch"], "", cached["cuda"]
         except (OSError, ValueError, KeyError, AttributeError):
             pass
@@ -105,7 +107,8 @@ def probe(backend, workdir, cache_path=None):
     out = {"python": platform.python_version(), "executable": sys.executable, "machine": platform.machine(),
            "hostname": platform.node()}
     # nvml's check needs CUDA, which a driver or CUDA_VISIBLE_DEVICES can take away without a reinstall: imported
-    out["torch"], out["torch_error"], cuda = _torch_facts(cache_path if backend != "nvml" else None)
+    out["torch"], out["torch_error"], cuda = _torch_facts(cache_path if backend != "nvml" else None,
+                                                          need_cuda=backend == "jetson")
     if out["torch"]:
         out["cuda"] = cuda
     lib = {"cpu": None, "nvml": "pynvml", "jetson": "jtop"}.get(backend)
