@@ -196,3 +196,38 @@ def test_a_plain_rerun_after_a_remeasure_that_failed_measures_the_row_the_device
     assert results.read_rows(results.results_path(cfg.profiling_dir, "dev-f").with_name("superseded.csv")) == [old]
     on_device = results.read_rows(tmp_path / "remote work" / "dev-f" / "measurements.csv")
     assert [r["timestamp"] for r in on_device] == [new["timestamp"]]
+
+
+def test_rows_a_pull_copied_before_the_connection_dropped_are_counted(tmp_path):
+    """A pull appends each row here as it reads it; where the connection dropped later in that pull (at the drift
+    reference's file, or a later stretch of a large CSV), the rows already copied were never counted: the next pull
+    found them here, and the device's line said fewer new rows than the run measured. Counted as they are copied
+    now. A stand-in for the SSH connection serves the device's files."""
+    import dataclasses
+
+    from perf4sight.profiling.pull import rows_to_csv
+
+    cfg = _config(tmp_path, {"d": {"host": "127.0.0.1", "known_hosts": str(tmp_path / "kh")}}, batch_sizes=(1, 2))
+    cfg = dataclasses.replace(cfg, profile=dataclasses.replace(cfg.profile, reference_every=1))
+    (desc,) = _descriptions(tmp_path, ["alpha"])
+    profiler = RemoteProfiler(cfg, cfg.device("d"), [desc])
+    key = next(k for k in profiler.expected if k[-1])  # (device, network, batch, shape, phase, loss, sha)
+    row = {"device": "d", "backend": "cpu", "network": key[1], "batch_size": key[2], "input_shape": key[3],
+           "phase": key[4], "loss": key[5], "description_sha": key[6], "status": "ok", "timestamp": "t1"}
+    files = {"/w/d/measurements.csv": rows_to_csv([row], with_header=True), "/w/d/references.csv": b"x"}
+
+    class Link:  # the device's files; the connection drops at the drift reference's
+        def size(self, path: str) -> int | None:
+            return len(files[path]) if path in files else None
+
+        def read_from(self, path: str, offset: int) -> bytes:
+            if path.endswith(results.REFERENCES_CSV):
+                raise EOFError()
+            return files[path][offset:]
+
+    profiler.remote, profiler.run_dir, profiler.started = Link(), "/w/d", True
+    with pytest.raises(EOFError):
+        profiler._pull()
+    del files["/w/d/references.csv"]  # reconnected; the next pull finds the row here already
+    profiler._pull()
+    assert len(_rows(cfg, "d")) == 1 and profiler.summary.new_rows == 1

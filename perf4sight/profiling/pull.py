@@ -86,6 +86,7 @@ class CsvPuller:
         self.key = key
         self.keys: set[tuple[str, ...]] = set()
         self.copied: set[tuple[str, ...]] = set()
+        self.appended = 0  # rows this puller appended to ``local``, a pull cut short included
         self.seen: tuple[int, ...] | None = None  # the local file as last read or written by this puller
         self._catch_up()
         self.wanted = wanted
@@ -131,6 +132,7 @@ class CsvPuller:
                 self._catch_up()
             if self._written(row) not in self.copied:
                 results.append_row(self.local, row)
+                self.appended += 1
                 self.seen = self._state()
                 self.keys.add(key)
                 self.copied.add(self._written(row))

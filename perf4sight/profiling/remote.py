@@ -210,15 +210,19 @@ class RemoteProfiler:
 
     def _pull(self) -> int:
         csv_path = self._path("measurements.csv")
-        fresh = self.puller.pull(lambda: self.remote.size(csv_path), lambda off: self.remote.read_from(csv_path, off))
-        if self.reference_puller is not None:
-            ref_path = self._path(results.REFERENCES_CSV)
-            self.reference_puller.pull(lambda: self.remote.size(ref_path),
-                                       lambda off: self.remote.read_from(ref_path, off))
-        if self.started:
-            self.summary.new_rows += len(fresh)
-        else:  # measured by an earlier invocation's run (finished, or attached to), not by this one
-            self.summary.pulled += len(fresh)
+        before = self.puller.appended
+        try:
+            fresh = self.puller.pull(lambda: self.remote.size(csv_path),
+                                     lambda off: self.remote.read_from(csv_path, off))
+            if self.reference_puller is not None:
+                ref_path = self._path(results.REFERENCES_CSV)
+                self.reference_puller.pull(lambda: self.remote.size(ref_path),
+                                           lambda off: self.remote.read_from(ref_path, off))
+        finally:  # the rows copied count, though the connection dropped later in this pull (the next finds them here)
+            if self.started:
+                self.summary.new_rows += self.puller.appended - before
+            else:  # measured by an earlier invocation's run (finished, or attached to), not by this one
+                self.summary.pulled += self.puller.appended - before
         done = len(self.expected & self.puller.keys)
         last = f"last: {fresh[-1]['network']} @ {fresh[-1]['batch_size']} {fresh[-1]['status']}" if fresh else ""
         self.progress(self.dev.name, done, self.summary.expected, last)
