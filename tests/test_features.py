@@ -1792,3 +1792,41 @@ def test_a_matmul_keeps_what_autograd_keeps(case, kept):
     kept_bytes = sum(math.prod(visit.in_shapes[i]) * 4 for i in c.saved) + c.extra_saved_bytes
     assert c.extra_saved_bytes == (5 * 8 * 4 if case == "broadcast" else 0)
     assert _autograd_saved_bytes(desc, 3, with_input=case == "first") == kept_bytes
+
+
+@pytest.mark.parametrize("case", ["pooled_second", "pooled_first", "input", "both"])
+def test_a_product_counts_the_gradient_and_keeps_the_input_of_the_factor_that_needs_one(case):
+    """A map times a factor that needs no gradient (the network input, or a pool of it): torch computes the map's
+    gradient alone (one kernel, the gradient times the factor) and keeps the factor alone (where both need one, both
+    and two kernels): the saved bytes a sample are autograd's at batches 2 and 4 (the input aside)."""
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    from perf4sight.features.walk import walk
+    from perf4sight.ir.from_torch import describe
+
+    class Gate(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 3, 3, padding=1)
+
+        def forward(self, x):
+            y, pooled = self.conv(x), nn.functional.avg_pool2d(x, 3, 1, 1)
+            z = {"pooled_second": lambda: y * pooled, "pooled_first": lambda: pooled * y, "input": lambda: y * x,
+                 "both": lambda: y * y.abs()}[case]()
+            return torch.flatten(z, 1)
+
+    model = Gate()
+    desc = describe(model, [3, 6, 6], "gate")
+    (visit,) = [v for v in walk(desc) if v.node.op == "mul"]
+    assert visit.cost.kernels_bwd == (2 if case == "both" else 1)
+    assert visit.cost.flops_bwd == visit.cost.kernels_bwd * 3 * 6 * 6
+    kept = []
+    for batch in (2, 4):
+        x = torch.randn(batch, 3, 6, 6)
+        hooks, saved = _kept_storages({t.untyped_storage().data_ptr() for t in [x, *model.parameters()]})
+        with hooks:
+            model(x)
+        kept.append(sum(saved.values()))
+    expected = {"pooled_second": 3 * 6 * 6 * 4, "pooled_first": 3 * 6 * 6 * 4, "input": 0, "both": 2 * 3 * 6 * 6 * 4}
+    assert network_features(desc).per_sample["saved_bytes"] == (kept[1] - kept[0]) / 2 == expected[case]

@@ -534,7 +534,8 @@ def _extreme_gradients(cost: OpCost, node: Node, needs: list[bool], _: list[list
 
 
 def _binary(saves_inputs: bool) -> Handler:
-    """add / mul: 1 FLOP per output element; mul keeps both tensor inputs for backward."""
+    """add / mul: 1 FLOP per output element; mul keeps both tensor inputs for backward (where both need a gradient:
+    :func:`_product_gradients` for one alone)."""
     def handler(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
         n = numel(node.output_shape)
         rd, wr = _io_bytes(in_shapes, node.output_shape)
@@ -545,6 +546,15 @@ def _binary(saves_inputs: bool) -> Handler:
                       bytes_read=rd, bytes_written=wr, saved=saved, kernels_fwd=1,
                       kernels_bwd=tensors if saves_inputs else 0, kind="elementwise")
     return handler
+
+
+def _product_gradients(cost: OpCost, node: Node, needs: list[bool], _: list[list[int]]) -> OpCost:
+    """A product of two tensors' ``cost`` where ``needs`` says which of them needs a gradient: torch computes its
+    alone (the incoming gradient times the other input: one kernel, a FLOP an output element) and keeps the other
+    input alone (each input is kept for the other's gradient); a scalar's product keeps nothing as it was."""
+    if len(needs) != 2 or needs[0] == needs[1]:
+        return cost
+    return replace(cost, flops_bwd=float(numel(node.output_shape)), kernels_bwd=1, saved=[1] if needs[0] else [0])
 
 
 def _pool_out(node: Node, in_shapes: list[list[int]], window: int, saves_input: bool,
@@ -1028,7 +1038,7 @@ def _input(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
 #: those inputs' gradients alone, for an op whose backward computes each input's apart (``walk.py`` applies it where
 #: some input needs one).
 INPUT_GRADIENTS: dict[str, Callable[[OpCost, Node, list[bool], list[list[int]]], OpCost]] = {
-    "div": _quotient_gradients, "matmul": _matrix_product_gradients,
+    "div": _quotient_gradients, "matmul": _matrix_product_gradients, "mul": _product_gradients,
     "maximum": _extreme_gradients, "minimum": _extreme_gradients,
     "where": _where_gradients, "grid_sample": _sampled_gradients}
 
