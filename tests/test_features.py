@@ -1830,3 +1830,30 @@ def test_a_product_counts_the_gradient_and_keeps_the_input_of_the_factor_that_ne
         kept.append(sum(saved.values()))
     expected = {"pooled_second": 3 * 6 * 6 * 4, "pooled_first": 3 * 6 * 6 * 4, "input": 0, "both": 2 * 3 * 6 * 6 * 4}
     assert network_features(desc).per_sample["saved_bytes"] == (kept[1] - kept[0]) / 2 == expected[case]
+
+
+def test_attention_on_the_network_input_leaves_out_its_input_projections_gradient_alone():
+    """Self-attention whose input needs no gradient (tokens made of the network input alone) skips one GEMM of its
+    backward, the packed input projection's input gradient (3 L E^2 MACs), as torch's FlopCounterMode counts the
+    difference; the output projection's and the scores' gradients still run (the queries, keys and values need theirs
+    for the projection's weight). It had left out one pass of every product. MaxViT's group attention likewise."""
+    torch = pytest.importorskip("torch")
+    from torch import nn
+    from torch.utils.flop_counter import FlopCounterMode
+
+    tokens, width = 10, 16
+    node = Node("a", "attention", ["x"], {"embed_dim": width, "num_heads": 2, "bias": True}, [tokens, width])
+    skipped = _cost(node, [[tokens, width]]).flops_bwd - _cost(node, [[tokens, width]], first=True).flops_bwd
+    attention = nn.MultiheadAttention(width, 2, batch_first=True)
+    counted = []
+    for needs_grad in (True, False):
+        x = torch.randn(2, tokens, width, requires_grad=needs_grad)
+        y = attention(x, x, x, need_weights=False)[0]
+        with FlopCounterMode(display=False) as backward:
+            y.sum().backward()
+        counted.append(backward.get_total_flops() / 2)
+    assert skipped == counted[0] - counted[1] == 2 * 3 * tokens * width ** 2
+    attrs = {"embed_dim": width, "num_heads": 2, "window_size": [2, 5], "bias": True}
+    group = Node("g", "group_attention", ["x"], attrs, [1, tokens, width])
+    assert (_cost(group, [[1, tokens, width]]).flops_bwd - _cost(group, [[1, tokens, width]], first=True).flops_bwd
+            == 2 * 3 * tokens * width ** 2)

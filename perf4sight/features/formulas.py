@@ -251,8 +251,9 @@ def _learnt_tensor(node: Node, in_shapes: list[list[int]], first: bool) -> OpCos
 def _attention(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     """Multi-head self-attention over ``L`` tokens of width ``E`` in ``H`` heads: the input projection (``3 L E^2``
     MACs), the scores ``Q K^T`` and their weighted sum of ``V`` (``L^2 E`` each), the output projection
-    (``L E^2``); a softmax of ``5 H L^2`` FLOPs. Backward: two passes of every product (one without an input
-    gradient for the network input), and the scores computed again (``L^2 E``).
+    (``L E^2``); a softmax of ``5 H L^2`` FLOPs. Backward: two passes of every product, and the scores computed
+    again (``L^2 E``); for the network input (``first``) the input projection's input gradient (``3 L E^2``) is left
+    out, the rest run (the queries, keys and values need theirs for the projection's weight).
 
     Kept for backward as PyTorch 2's fused kernel keeps them (``scaled_dot_product_attention``, which
     ``nn.MultiheadAttention`` runs where no weights are asked for; flash attention on a CPU, memory-efficient
@@ -270,7 +271,7 @@ def _attention(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     rd, wr = _io_bytes(in_shapes, node.output_shape)
     kept = (4 * tokens * e + h * tokens) * BYTES_PER_ELEMENT
     return OpCost(macs=macs, flops_fwd=2 * macs + softmax,
-                  flops_bwd=(2 if first else 4) * macs + 2 * scores + 2 * softmax,
+                  flops_bwd=4 * macs - (6.0 * tokens * e * e if first else 0.0) + 2 * scores + 2 * softmax,
                   bytes_read=rd + params * BYTES_PER_ELEMENT, bytes_written=wr, params=params,
                   param_tensors=4 if bias else 2, saved=[0], extra_saved_bytes=float(kept), kernels_fwd=7,
                   kernels_bwd=12, kind="linear")
@@ -339,7 +340,8 @@ def _group_attention(node: Node, in_shapes: list[list[int]], first: bool) -> OpC
     """Self-attention within each group of ``N`` tokens (MaxViT's block and grid attention), over ``T`` tokens in
     all: the projections (``4 T E^2`` MACs), the scores and their weighted sum (``T N E`` each, as einsums), the keys
     scaled (``T E`` FLOPs), the relative position bias added and a softmax (``6 H T N``); backward two passes of every
-    product. Kept for backward, as autograd keeps them (checked): the input (the projection's), copies of the
+    product, but the packed projection's input gradient (``3 T E^2``) for the network input (``first``). Kept for
+    backward, as autograd keeps them (checked): the input (the projection's), copies of the
     queries, the scaled keys and the values that the batched products make, the softmax's output and the output
     projection's input: ``5 T E + H T N`` elements (with one head the queries and keys are views of the projection's
     output, whose whole storage is kept: ``6 T E``)."""
@@ -352,7 +354,7 @@ def _group_attention(node: Node, in_shapes: list[list[int]], first: bool) -> OpC
     rd, wr = _io_bytes(in_shapes, node.output_shape)
     kept = (4 if h > 1 else 5) * tokens * e + h * tokens * n
     return OpCost(macs=macs, flops_fwd=2 * macs + softmax + tokens * e,
-                  flops_bwd=(2 if first else 4) * macs + 2 * softmax + tokens * e,
+                  flops_bwd=4 * macs - (6.0 * tokens * e * e if first else 0.0) + 2 * softmax + tokens * e,
                   bytes_read=rd + params * BYTES_PER_ELEMENT, bytes_written=wr, params=params,
                   param_tensors=5 if node.attrs["bias"] else 3, saved=[0],
                   extra_saved_bytes=float(kept * BYTES_PER_ELEMENT), kernels_fwd=14, kernels_bwd=25, kind="linear")
