@@ -809,7 +809,8 @@ def test_pads_and_pixel_shuffles_keep_what_autograd_keeps(op, attrs, out):
 def test_a_local_response_norm_costs_what_torch_runs():
     """A local response norm has no kernel of its own in torch: its cost counts the ops this torch runs (7 forward,
     15 backward), and it keeps its input, the padded squares, and the power's base and result: exactly the bytes a
-    sample adds to autograd's saved tensors."""
+    sample adds to autograd's saved tensors. It normalises its output's elements (``norm_elems``, as every norm: not
+    the bytes its seven kernels write)."""
     pytest.importorskip("torch")
     import torch.nn.functional as F
     from torch import nn
@@ -827,7 +828,7 @@ def test_a_local_response_norm_costs_what_torch_runs():
     nf = network_features(desc)
     at2, at4 = 2 * _autograd_saved_bytes(desc, 2), 4 * _autograd_saved_bytes(desc, 4)
     assert nf.per_sample["saved_bytes"] + nf.per_sample["input_bytes"] == (at4 - at2) / 2
-    assert not nf.unsupported
+    assert not nf.unsupported and nf.per_sample["norm_elems"] == 6 * 4 * 4
 
 
 def test_selu_and_celu_keep_what_autograd_keeps():

@@ -197,6 +197,8 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
             unsupported.append(f"{node.name} ({node.op})")
             continue
         _accumulate(ps, st, cost, node.op)
+        if cost.kind == "norm":  # the elements it normalises (its output's), whatever its kernels write
+            ps["norm_elems"] += numel(node.output_shape)
         if cost.kind in ("dense", "depthwise", "grouped"):
             ps[f"{cost.kind}_macs"] += cost.macs
             kh, kw = node.attrs["kernel_size"]
@@ -298,8 +300,6 @@ def _accumulate(ps: dict[str, float], st: dict[str, float], cost: OpCost, op: st
     ps["bytes_written"] += cost.bytes_written
     if cost.kind == "linear":
         ps["linear_macs"] += cost.macs
-    if cost.kind == "norm":
-        ps["norm_elems"] += cost.bytes_written / BYTES_PER_ELEMENT
     st["params"] += cost.params
     st["param_tensors"] += cost.param_tensors
     st["kernels_fwd"] += cost.kernels_fwd
