@@ -1858,3 +1858,22 @@ def test_attention_on_the_network_input_leaves_out_its_input_projections_gradien
     group = Node("g", "group_attention", ["x"], attrs, [1, tokens, width])
     assert (_cost(group, [[1, tokens, width]]).flops_bwd - _cost(group, [[1, tokens, width]], first=True).flops_bwd
             == 2 * 3 * tokens * width ** 2)
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_an_in_place_activation_of_what_needs_no_gradient_clones_nothing(first):
+    """autograd clones an in-place hardswish's input (to keep it for backward) only where that input needs a gradient:
+    of a pool of the network input none, so the walk counts no clone kernel there (a convolution's output: one)."""
+    pytest.importorskip("torch")
+    from torch import nn
+
+    from perf4sight.features.walk import walk
+    from perf4sight.ir.from_torch import describe
+
+    net = nn.Sequential(nn.AvgPool2d(2) if first else nn.Conv2d(3, 3, 1), nn.Hardswish(inplace=True),
+                        nn.Conv2d(3, 4, 1), nn.Flatten())
+    desc = describe(net, [3, 4, 4], "pooled")
+    (visit,) = [v for v in walk(desc) if v.node.op == "hardswish"]
+    clones = _forward_ops(net, [2, 3, 4, 4]).count("clone")
+    assert (visit.first, visit.input_copies, visit.cost.kernels_fwd) == (first, clones, 1 + clones)
+    assert clones == (0 if first else 1)

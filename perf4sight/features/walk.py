@@ -70,7 +70,7 @@ def walk(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> Iter
         handler = HANDLERS.get(node.op)
         on_copy = bool(node.attrs.get("on_copy"))
         cost = None if handler is None else runtime.applied(node.op, handler(node, in_shapes, first), on_copy=on_copy)
-        copies = _input_copies(node, runtime, nodes, base, shapes)
+        copies = _input_copies(node, runtime, nodes, base, shapes, fed)
         for _ in range(copies if cost is not None else 0):  # after the runtime's rules (which read the op's bytes)
             cost = copied_first(cost, in_shapes[0])
         copied = _matmul_copies(node, nodes, base, shapes) if cost is not None and node.op == "matmul" else ()
@@ -89,12 +89,14 @@ def walk(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> Iter
 
 
 def _input_copies(node: Node, runtime: StepRuntime, nodes: dict[str, Node], base: dict[str, str],
-                  shapes: dict[str, list[int]]) -> int:
+                  shapes: dict[str, list[int]], fed: bool) -> int:
     """Copies of its first input ``node`` makes before it runs (:attr:`Visit.input_copies`; ``nodes``, ``base`` and
-    ``shapes``: the walk's so far)."""
+    ``shapes``: the walk's so far). An in-place activation's clone is autograd's, made only where its input needs a
+    gradient (``fed``; none for the network input or what parameter-free ops made of it alone: a dispatch log of
+    torch 2.14)."""
     on_copy = bool(node.attrs.get("on_copy"))
     rows = node.op == "linear" and rows_copied(nodes, node.inputs[0], base, shapes)
-    clone = runtime.clones_input(node.op, on_copy or bool(node.attrs.get("inplace")))
+    clone = fed and runtime.clones_input(node.op, on_copy or bool(node.attrs.get("inplace")))
     return int(on_copy) + int(rows) + int(clone)
 
 
