@@ -74,7 +74,8 @@ def test_a_broken_prices_file_is_one_line_naming_it(tmp_path):
     assert load_op_prices(tmp_path / "op_prices.json") is None  # none measured
     bad = tmp_path / "op_prices.json"
     for text, why in (("{", "Expecting"), ('{"ops": {}}', "no 'ops' table"),
-                      ('{"ops": {"relu": {"2": -1}}}', "finite and >= 0"), ('{"ops": {"relu": [1]}}', "map side")):
+                      ('{"ops": {"relu": {"2": -1}}}', "finite and >= 0"), ('{"ops": {"relu": [1]}}', "map side"),
+                      ('{"ops": {"relu": {"0": 1.5}}}', "sides of 1 or more")):
         bad.write_text(text)
         with pytest.raises(UserError, match=why) as err:
             load_op_prices(bad)

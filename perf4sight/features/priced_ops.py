@@ -98,8 +98,8 @@ _PRICED_AS = {"leaky_relu": "relu", "hardtanh": "relu6",
 
 
 def check_prices(data: Any, where: str) -> dict[str, dict[int, float]]:
-    """The ``ops`` table of an ``op_prices.json`` (``{op: {side: ns}}``, sides as ints); ``ValueError`` naming
-    ``where`` for anything else."""
+    """The ``ops`` table of an ``op_prices.json`` (``{op: {side: ns}}``, sides as ints of 1 or more); ``ValueError``
+    naming ``where`` for anything else."""
     ops = data.get("ops") if isinstance(data, dict) else None
     if not isinstance(ops, dict) or not ops:
         raise ValueError(f"{where}: no 'ops' table of prices")
@@ -111,6 +111,8 @@ def check_prices(data: Any, where: str) -> dict[str, dict[int, float]]:
             raise ValueError(f"{where}: the prices of '{op}' are not a table of map side -> ns") from None
         if not table[str(op)] or any(not math.isfinite(v) or v < 0 for v in table[str(op)].values()):
             raise ValueError(f"{where}: the prices of '{op}' must be finite and >= 0 ns")
+        if any(side < 1 for side in table[str(op)]):  # a price is looked up by the log of the side
+            raise ValueError(f"{where}: the prices of '{op}' must be at map sides of 1 or more")
     return table
 
 
