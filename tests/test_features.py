@@ -1877,3 +1877,25 @@ def test_an_in_place_activation_of_what_needs_no_gradient_clones_nothing(first):
     clones = _forward_ops(net, [2, 3, 4, 4]).count("clone")
     assert (visit.first, visit.input_copies, visit.cost.kernels_fwd) == (first, clones, 1 + clones)
     assert clones == (0 if first else 1)
+
+
+def test_perf4sight_conv_set_runs_winograd_on_undilated_unstrided_3x3_alone_and_counts_group_attention():
+    """The PerfSight set's Winograd costs are for a dense 3x3 convolution of stride 1 (either side) and no dilation, as
+    cuDNN's Winograd algorithms require: a dilated one, or one of stride [1, 2] (counted strided), has none. MaxViT's
+    attention within groups reads its projections as fully connected layers, as the other attentions do."""
+    from perf4sight.features.perf4sight_set import PERF4SIGHT_FEATURES, perf4sight_vectors
+    conv = {"in_channels": 4, "out_channels": 8, "kernel_size": [3, 3], "stride": [1, 1], "padding": [1, 1],
+            "dilation": [1, 1], "groups": 1, "bias": False}
+    wino = PERF4SIGHT_FEATURES.index("fwd_wino_pointwise_flops")
+
+    def vectors(attrs, out):
+        return perf4sight_vectors(_desc([Node("input", "input", [], {}, [4, 8, 8]),
+                                         Node("c", "conv2d", ["input"], attrs, out)], shape=(4, 8, 8)))
+    assert vectors(conv, [8, 8, 8])[1][wino] > 0
+    assert vectors(dict(conv, dilation=[2, 2], padding=[2, 2]), [8, 8, 8])[1][wino] == 0
+    static, scaled = vectors(dict(conv, stride=[1, 2]), [8, 8, 4])
+    assert scaled[wino] == 0 and static[PERF4SIGHT_FEATURES.index("n_strided")] == 1
+    attrs = {"embed_dim": 16, "num_heads": 2, "window_size": [2, 2], "bias": True}
+    desc = _desc([Node("input", "input", [], {}, [4, 4, 16]),
+                  Node("g", "group_attention", ["input"], attrs, [4, 4, 16])], shape=(4, 4, 16))
+    assert perf4sight_vectors(desc)[1][PERF4SIGHT_FEATURES.index("fc_macs")] == 4 * 16 * 16 * 16

@@ -47,9 +47,10 @@ def _fft_side(n: int, k: int) -> int:
 
 def _conv_costs(static: np.ndarray, scaled: np.ndarray, cin: int, cout: int, groups: int,
                 hw_in: tuple[int, int], hw_out: tuple[int, int], k: tuple[int, int], stride: int,
-                own_weights: bool = True) -> None:
+                own_weights: bool = True, dilated: bool = False) -> None:
     """Add one conv layer's per-pass algorithm costs (static part, per-sample part); its weight bytes only where it
-    holds ``own_weights`` (not a later call of a layer called before)."""
+    holds ``own_weights`` (not a later call of a layer called before). ``stride``: its larger side's; ``dilated``:
+    its kernel dilates (no Winograd then, as none of stride more than 1)."""
     kh, kw = k
     cg = cin // groups
     pin, pout, kk = hw_in[0] * hw_in[1], hw_out[0] * hw_out[1], kh * kw
@@ -63,7 +64,7 @@ def _conv_costs(static: np.ndarray, scaled: np.ndarray, cin: int, cout: int, gro
     fft_pts = ph * pw
     fft_one = 2.5 * fft_pts * math.log2(max(2, fft_pts))  # FLOPs of one 2-D real FFT
     tiles = math.ceil(hw_out[0] / 2) * math.ceil(hw_out[1] / 2)
-    wino_ok = kh == kw == 3 and stride == 1 and groups == 1
+    wino_ok = kh == kw == 3 and stride == 1 and groups == 1 and not dilated
     for p, (m, n, kdim, n_scales) in gemms.items():
         o = 1 + 11 * _PASSES.index(p)
         if n_scales:
@@ -105,6 +106,16 @@ def _conv_costs(static: np.ndarray, scaled: np.ndarray, cin: int, cout: int, gro
     scaled[_IDX["strided_macs"]] += macs if stride > 1 else 0
 
 
+def _stride(attrs: dict) -> int:
+    """A convolution's larger stride (a stride of [1, 2] strides)."""
+    return max(int(s) for s in attrs["stride"])
+
+
+def _dilates(attrs: dict) -> bool:
+    """Whether a convolution's kernel dilates (a dilation other than 1 on either side)."""
+    return any(int(d) != 1 for d in attrs.get("dilation", [1, 1]))
+
+
 def _conv_transpose_costs(static: np.ndarray, scaled: np.ndarray, node: Node, in_shape: list[int]) -> None:
     """Add a transposed convolution's costs: those of the conv2d it is the input gradient of (from its output's
     ``Cout x Ho x Wo`` to its input's ``Cin x Hi x Wi``, the same weight), the forward and input-gradient passes
@@ -114,8 +125,8 @@ def _conv_transpose_costs(static: np.ndarray, scaled: np.ndarray, node: Node, in
     k = (int(a["kernel_size"][0]), int(a["kernel_size"][1]))
     own_static, own_scaled = np.zeros_like(static), np.zeros_like(scaled)
     _conv_costs(own_static, own_scaled, int(a["out_channels"]), int(a["in_channels"]), int(a["groups"]),
-                (int(out[1]), int(out[2])), (int(in_shape[1]), int(in_shape[2])), k, int(a["stride"][0]),
-                SHARES not in a)
+                (int(out[1]), int(out[2])), (int(in_shape[1]), int(in_shape[2])), k, _stride(a), SHARES not in a,
+                _dilates(a))
     fwd, data = (slice(1 + 11 * _PASSES.index(p), 12 + 11 * _PASSES.index(p)) for p in ("fwd", "bwd_data"))
     for part in (own_static, own_scaled):
         part[fwd], part[data] = part[data].copy(), part[fwd].copy()
@@ -142,10 +153,10 @@ def perf4sight_vectors(desc: NetworkDescription) -> tuple[np.ndarray, np.ndarray
         own = SHARES not in a  # a later call of a layer: its weights are the first call's
         if node.op == "conv2d":
             ins = shapes[node.inputs[0]]
-            k, st = a["kernel_size"], int(a["stride"][0])
+            k = a["kernel_size"]
             _conv_costs(static, scaled, int(a["in_channels"]), int(a["out_channels"]), int(a["groups"]),
                         (int(ins[1]), int(ins[2])), (int(node.output_shape[1]), int(node.output_shape[2])),
-                        (int(k[0]), int(k[1])), st, own)
+                        (int(k[0]), int(k[1])), _stride(a), own, _dilates(a))
             macs = out * int(a["in_channels"]) // int(a["groups"]) * int(k[0]) * int(k[1])
             scaled[_IDX["max_layer_macs"]] = max(scaled[_IDX["max_layer_macs"]], macs)
             scaled[_IDX["max_layer_out_bytes"]] = max(scaled[_IDX["max_layer_out_bytes"]], out * BYTES_PER_ELEMENT)
@@ -154,7 +165,7 @@ def perf4sight_vectors(desc: NetworkDescription) -> tuple[np.ndarray, np.ndarray
         elif node.op == "linear":
             scaled[_IDX["fc_macs"]] += int(a["in_features"]) * out
             static[_IDX["fc_weight_bytes"]] += own * int(a["in_features"]) * int(a["out_features"]) * BYTES_PER_ELEMENT
-        elif node.op in ("attention", "window_attention"):  # its projections read as fully connected layers
+        elif node.op in ("attention", "window_attention", "group_attention"):  # its projections: fully connected
             scaled[_IDX["fc_macs"]] += 4 * int(a["embed_dim"]) * out
             static[_IDX["fc_weight_bytes"]] += own * 4 * int(a["embed_dim"]) ** 2 * BYTES_PER_ELEMENT
         elif node.op == "matmul":  # a product of two activations: its MACs read as a fully connected layer's
