@@ -110,13 +110,16 @@ def test_a_shared_layer_is_named_and_checked():
 
 def test_features_count_each_call_and_the_parameters_once():
     """Every call's FLOPs, bytes and saved tensors are counted, the parameters (and so their gradients and optimiser
-    state) once; the GNN's node of a later call holds no parameters (its first call's node does)."""
+    state) once, and a backward kernel more per later call and parameter tensor (the sum of its gradients); the GNN's
+    node of a later call holds no parameters (its first call's node does)."""
     desc = describe(_Recurrent(), [3, 16, 16], "recurrent")
     shared, unshared = network_features(desc), network_features(_unshared(desc))
     assert shared.static["params"] == desc.params < unshared.static["params"]
     assert shared.static["param_tensors"] == unshared.static["param_tensors"] - 2 * 4 - 2
     assert shared.per_sample["flops_fwd"] == unshared.per_sample["flops_fwd"] > 0
     assert shared.per_sample["flops_bwd"] == unshared.per_sample["flops_bwd"]
+    # each later call's gradient of each parameter tensor summed into the one before: an add (as the kernel table's)
+    assert shared.static["kernels_bwd"] == unshared.static["kernels_bwd"] + 2 * 4 + 2
     params_column = graph_template(desc).x[:, -5]  # log1p(params), costs' 8th of 12 (the last five after it)
     names = [n.name for n in desc.nodes]
     assert params_column[names.index("head")] > 0 and params_column[names.index("head_1")] == 0

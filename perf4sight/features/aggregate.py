@@ -39,8 +39,8 @@ from perf4sight.features.formulas import (BYTES_PER_ELEMENT, HANDLERS, OUTPUT, O
 from perf4sight.features.latency_terms import LATENCY_FEATURES, KernelTable, kernel_table, latency_columns
 from perf4sight.features.priced_ops import priced_ms_per_sample
 from perf4sight.features.step_runtime import StepRuntime
-from perf4sight.features.walk import consumer_counts, gradient_accumulations, walk
-from perf4sight.ir.schema import NetworkDescription, Node
+from perf4sight.features.walk import Visit, consumer_counts, gradient_accumulations, walk
+from perf4sight.ir.schema import SHARES, NetworkDescription, Node
 
 __all__ = ["BeyondReplay", "NetworkFeatures", "network_features", "features_for", "feature_matrix", "unsupported_ops",
            "FEATURE_NAMES", "SCALED_FEATURES", "STATIC_FEATURES",
@@ -245,6 +245,7 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
         labels_bytes = _target_bytes(desc, runtime.loss)  # held the whole step beside the input
     branch = [n for n, k in consumers.items() if k > 1]
     st["kernels_bwd"] += sum(gradient_accumulations(desc, visits).values())  # k gradients into a tensor: k-1 adds
+    st["kernels_bwd"] += _shared_gradient_sums(visits)
     ps["saved_bytes"] = sum(saved.values()) + extra_saved
     ps["max_activation_bytes"] = max_act
     ps["input_bytes"] = numel(desc.input_shape) * BYTES_PER_ELEMENT + labels_bytes
@@ -270,6 +271,14 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
                            kernels=kernel_table(desc, runtime.update_cost(), visits, runtime.loss)
                            if not unsupported else None,
                            runtime=runtime)
+
+
+def _shared_gradient_sums(visits: list[Visit]) -> int:
+    """The adds of a step's backward that sum a layer's parameter gradients over its calls: each later call (a node
+    that ``shares`` its first call's parameters) adds its gradient of each of the first call's parameter tensors into
+    the one before (``latency_terms._shared_weight_sums``'s kernels)."""
+    tensors = {v.node.name: v.cost.param_tensors for v in visits if v.cost is not None}
+    return sum(tensors.get(v.node.attrs[SHARES], 0) for v in visits if SHARES in v.node.attrs)
 
 
 def allocator_bytes(sizes: np.ndarray, batch_size: float | np.ndarray) -> float | np.ndarray:
