@@ -262,3 +262,23 @@ def test_a_table_measured_before_the_ops_were_added_is_measured_again_and_priced
     assert _prices_current(path, plan)
     path.write_text(json.dumps(dict(data, ops={op: {"1": 1.0} for op in PRICED_OPS})))
     assert _prices_current(path, plan)
+
+
+def test_a_mean_over_the_map_is_priced_as_the_global_pool_torch_runs_as_one():
+    """torch runs a global average pool (an adaptive one to 1x1) as a mean over the map: ``x.mean((2, 3))`` is priced
+    as that pool, per input element, and a variance over the map per input element too (a statistics pass, as a
+    batch norm's), not per value it returns."""
+    class Reduced(nn.Module):
+        def __init__(self, how: str) -> None:
+            super().__init__()
+            self.conv, self.fc, self.how = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8, 10), how
+
+        def forward(self, x):
+            y = self.conv(x)
+            return self.fc({"pool": lambda: nn.functional.adaptive_avg_pool2d(y, 1).flatten(1),
+                            "mean": lambda: y.mean((2, 3)), "var": lambda: y.var((2, 3))}[self.how]())
+
+    table = prices_key({"adaptiveavgpool2d": {s: 3.0 for s in SIDES}, "batchnorm2d": {s: 5.0 for s in SIDES}})
+    priced = {how: priced_ms_per_sample(describe(Reduced(how), SHAPE, how), table) for how in ("pool", "mean", "var")}
+    assert priced == pytest.approx({"pool": 8 * 16 * 16 * 3.0e-6, "mean": 8 * 16 * 16 * 3.0e-6,
+                                    "var": 8 * 16 * 16 * 5.0e-6})

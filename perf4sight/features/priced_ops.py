@@ -2,8 +2,8 @@
 
 The profile measures, on a CPU, what one element of each kind of op costs forward and backward, by the side of
 its map (``profiling/op_prices.py``; ``op_prices.json`` beside the device's measurements). Here a description's
-nodes of those kinds are priced: an op's elements (its output's; a global pool's input; a windowed pool's output
-times its window) times the price at the measured side nearest its map's (sqrt of height x width; a token layout
+nodes of those kinds are priced: an op's elements (its output's; a global pool's or a mean's input; a windowed pool's
+output times its window) times the price at the measured side nearest its map's (sqrt of height x width; a token layout
 ``[tokens, width]`` by its tokens, a flat vector as side 1); a pad at its mode's price; an op the table has no price
 of (one the profile does not measure, or measured since the table was) at another op's (:data:`_PRICED_AS`). Ops of
 other kinds (convolutions, linear layers, attention, views) cost nothing here: the step-time forms' other terms
@@ -22,11 +22,12 @@ from perf4sight.ir.schema import NetworkDescription, Node
 
 __all__ = ["priced_ms_per_sample", "priced_as", "check_prices", "load_op_prices", "prices_key", "prices_table"]
 
-#: Ops whose price is per element of their input (a global pool; a GLU, which reads two elements an output element:
-#: silu's price an input element, 2.4-3.1 ns an output element against silu's 1.6 on this 2-core CPU, forward and
-#: backward), and those per output element times the window.
+#: Ops whose price is per element of their input (a global pool, a mean or a variance over dims; a GLU, which reads
+#: two elements an output element: silu's price an input element, 2.4-3.1 ns an output element against silu's 1.6 on
+#: this 2-core CPU, forward and backward), and those per output element times the window.
 _PER_INPUT = frozenset({"adaptiveavgpool2d", "adaptivemaxpool2d", "glu",
-                        "logsumexp"})
+                        "logsumexp",
+                        "mean", "var"})
 _PER_WINDOW = frozenset({"maxpool2d", "avgpool2d", "fractional_maxpool2d"})
 #: Ops priced as another op where the table has no price of their own: those the profile does not measure
 #: (leaky_relu and hardtanh: the same kernels as relu and relu6; prelu, dropout2d and log_softmax, below), and those
@@ -59,6 +60,8 @@ _PRICED_AS = {"leaky_relu": "relu", "hardtanh": "relu6",
               "unfold": "pad",
               "fold": "pad",  # not measured: the columns added onto their windows, as an unfold's copy
               "var": "batchnorm2d",  # a variance: a statistics pass, as a batch norm's first
+              # a mean over dims: what torch runs for a global average pool (an adaptive one to 1x1), priced as one
+              "mean": "adaptiveavgpool2d",
               # not measured by the profile; timed here once (2-core CPU, one thread, forward and backward, ns an
               # element at sides 16 and 32): a GLU, a half of its input times the sigmoid of the other, silu's work
               # an input element (:data:`_PER_INPUT`); hardshrink 0.6-1.3, softshrink 0.6-1.1 and threshold 0.6-1.2
