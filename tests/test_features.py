@@ -1882,7 +1882,8 @@ def test_an_in_place_activation_of_what_needs_no_gradient_clones_nothing(first):
 def test_perf4sight_conv_set_runs_winograd_on_undilated_unstrided_3x3_alone_and_counts_group_attention():
     """The PerfSight set's Winograd costs are for a dense 3x3 convolution of stride 1 (either side) and no dilation, as
     cuDNN's Winograd algorithms require: a dilated one, or one of stride [1, 2] (counted strided), has none. MaxViT's
-    attention within groups reads its projections as fully connected layers, as the other attentions do."""
+    attention within groups reads its projections as fully connected layers, as the other attentions do, and a mean
+    over the map is a global pool."""
     from perf4sight.features.perf4sight_set import PERF4SIGHT_FEATURES, perf4sight_vectors
     conv = {"in_channels": 4, "out_channels": 8, "kernel_size": [3, 3], "stride": [1, 1], "padding": [1, 1],
             "dilation": [1, 1], "groups": 1, "bias": False}
@@ -1899,3 +1900,8 @@ def test_perf4sight_conv_set_runs_winograd_on_undilated_unstrided_3x3_alone_and_
     desc = _desc([Node("input", "input", [], {}, [4, 4, 16]),
                   Node("g", "group_attention", ["input"], attrs, [4, 4, 16])], shape=(4, 4, 16))
     assert perf4sight_vectors(desc)[1][PERF4SIGHT_FEATURES.index("fc_macs")] == 4 * 16 * 16 * 16
+    pooled = [Node("input", "input", [], {}, [4, 8, 8]), Node("c", "conv2d", ["input"], conv, [8, 8, 8])]
+    pools = [perf4sight_vectors(_desc(pooled + [node]))[1][PERF4SIGHT_FEATURES.index("pool_elems")] for node in (
+        Node("p", "adaptiveavgpool2d", ["c"], {"output_size": [1, 1]}, [8, 1, 1]),
+        Node("p", "mean", ["c"], {"dims": [2, 3], "keepdim": True}, [8, 1, 1]))]
+    assert pools == [8 * 8 * 8] * 2  # a global pool, or the mean torch runs it as: its input's elements

@@ -188,7 +188,7 @@ def perf4sight_vectors(desc: NetworkDescription) -> tuple[np.ndarray, np.ndarray
             scaled[_IDX["act_elems"]] += out
         elif node.op == "logsumexp":  # an exp an input element, as a softmax's an output one
             scaled[_IDX["act_elems"]] += numel(shapes[node.inputs[0]])
-        elif "pool" in node.op:
+        elif "pool" in node.op or node.op == "mean":  # a mean over the map: a global average pool as torch runs it
             scaled[_IDX["pool_elems"]] += numel(shapes[node.inputs[0]])
         # a dropout2d, an alpha dropout: a multiply by a noise (an alpha dropout's add besides)
         elif node.op in ("add", "mul", "div", "scale", "shift", "dropout2d", "alpha_dropout",
