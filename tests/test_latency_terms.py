@@ -248,3 +248,15 @@ def test_a_matmul_is_its_batched_gemms():
     assert products(both, 2) == [([24, 8, 5], 0), ([24, 5, 8], 0), ([15, 8, 8], 0)]
     assert products(second, 2) == [([15, 5, 8], 0), ([15, 8, 5], 0), ([24, 5, 5], 0)]
     assert products(only_b, 1) == [([21, 5, 8], 0), ([24, 5, 7], 0)]
+
+
+@pytest.mark.parametrize("op, kernels", [("div", 1), ("maximum", 5), ("mul", 1)])
+def test_an_op_whose_inputs_need_gradients_apart_launches_those_of_the_input_that_needs_one(op, kernels):
+    """A convolution's map divided by (or the maximum of it and, or times) the network input: torch computes the map's
+    gradient alone (a quotient's 1 backward kernel of 5, a maximum's 5 of 10, a product's 1), as the op's cost in the
+    walk counts them; the kernel table launched every input's. Against the same network with an add there (one
+    forward kernel, none back), the table has the op's forward kernel and those backward kernels more."""
+    def table(name):
+        return kernel_table(_desc([Node("input", "input", [], {}, [4, 6, 6]), _conv("c", "input", 4, 4, 3, 1, 6),
+                                   Node("o", name, ["c", "input"], {}, [4, 6, 6])], shape=(4, 6, 6)))
+    assert table(op).launches - table("add").launches == kernels

@@ -35,8 +35,8 @@ from typing import Sequence
 
 import numpy as np
 
-from perf4sight.features.formulas import (BYTES_PER_ELEMENT, REGRESSION_LOSS_KERNELS, hands_input_back, numel,
-                                         position_loss, window_geometry)
+from perf4sight.features.formulas import (BYTES_PER_ELEMENT, HANDLERS, INPUT_GRADIENTS, REGRESSION_LOSS_KERNELS,
+                                         hands_input_back, numel, position_loss, window_geometry)
 from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, OptimizerCost, optimizer_cost
 from perf4sight.features.walk import Visit, gradient_accumulations, walk
 from perf4sight.ir.schema import SHARES, NetworkDescription, Node, node_params, where_condition_inputs
@@ -472,6 +472,8 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
             fwd_kernels = visit.cost.kernels_fwd if composite else 1  # torch runs these as several ops
             if op == "weighted_sum":  # its products and adds (those on its weights alone left out)
                 fwd_kernels = 2 * int(node.attrs["num_inputs"]) - 1
+            if op in INPUT_GRADIENTS and visit.needs_grad:  # the gradients of those inputs that need one alone
+                bwd_passes, bwd_kernels = _gradients_run(visit, bwd_passes, bwd_kernels)
             _elementwise(r, node, ins, fwd_passes, bwd_passes, bwd_kernels if visit.needs_grad else 0, fwd_kernels)
     _loss(r, desc.node(desc.output).output_shape, loss)
     for name, adds in gradient_accumulations(desc, visits).items():  # k gradients into one tensor: k-1 adds
@@ -485,6 +487,18 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
     a = np.array(r.rows, dtype=float).reshape(-1, 8)
     return KernelTable(kind=a[:, 0].astype(np.int64), dims=a[:, 1:4], batch_dim=a[:, 4].astype(np.int64),
                        flops_ps=a[:, 5], bytes_ps=a[:, 6], bytes_fixed=a[:, 7], param_tensors=params)
+
+
+def _gradients_run(visit: Visit, bwd_passes: float, bwd_kernels: int) -> tuple[float, int]:
+    """The backward passes and kernels of an op whose backward computes each input's gradient apart
+    (``formulas.INPUT_GRADIENTS``: a quotient, a product, a maximum, a where, a grid sample) where some inputs need
+    none: its passes and kernels in the share of the backward kernels its cost keeps for the inputs that need one
+    (``walk``'s; a quotient of a divisor that needs none: 1 of 5), at least one kernel."""
+    full = HANDLERS[visit.node.op](visit.node, visit.in_shapes, visit.first).kernels_bwd
+    if not full or visit.cost.kernels_bwd >= full:
+        return bwd_passes, bwd_kernels
+    share = visit.cost.kernels_bwd / full
+    return bwd_passes * share, max(1, round(bwd_kernels * share))
 
 
 def _shared_weight_sums(r: _Rows, visits: Sequence[Visit]) -> None:
