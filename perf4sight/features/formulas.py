@@ -803,22 +803,24 @@ def _matrix_product(node: Node, in_shapes: list[list[int]], first: bool) -> OpCo
     matrices): B M N K MACs, 2 B M N K FLOPs forward in one batched GEMM; backward (both inputs needing a gradient:
     :func:`_matrix_product_gradients` for one alone) grad @ b^T and a^T @ grad, 4 B M N K FLOPs in 2 GEMMs. It keeps
     both inputs (torch 2's bmm: each for the other's gradient); an input broadcast along a leading dim is kept as
-    torch keeps it, expanded to the output's B matrices and copied (the bytes beyond the input's in
-    ``extra_saved_bytes``). The sum of a broadcast input's gradient down to its shape is not counted."""
+    torch keeps it, expanded to the output's B matrices and copied: a tensor of its own (``extra_saved_bytes``), not
+    the input (which it keeps no longer: measured with saved-tensor hooks). The sum of a broadcast input's gradient
+    down to its shape is not counted."""
     (a, _), out = in_shapes, node.output_shape
     macs = float(numel(out) * a[-1])
     rd, wr = _io_bytes(in_shapes, out)
-    return OpCost(macs=macs, flops_fwd=2 * macs, flops_bwd=4 * macs, bytes_read=rd, bytes_written=wr, saved=[0, 1],
-                  extra_saved_bytes=_broadcast_copy_bytes(in_shapes, out, [0, 1]), kernels_fwd=1, kernels_bwd=2,
-                  kind="linear")
+    saved, copies = _kept_inputs(in_shapes, out, [0, 1])
+    return OpCost(macs=macs, flops_fwd=2 * macs, flops_bwd=4 * macs, bytes_read=rd, bytes_written=wr, saved=saved,
+                  extra_saved_bytes=copies, kernels_fwd=1, kernels_bwd=2, kind="linear")
 
 
-def _broadcast_copy_bytes(in_shapes: list[list[int]], out: list[int], kept: list[int]) -> float:
-    """Bytes (per sample) by which the kept inputs ``kept`` of a matmul, expanded to the output's leading dims and
-    copied where a leading dim broadcasts, exceed the inputs themselves."""
+def _kept_inputs(in_shapes: list[list[int]], out: list[int], kept: list[int]) -> tuple[list[int], float]:
+    """What a matmul keeps of its inputs ``kept``: (those kept as they are, the bytes a sample of the copies kept of
+    those broadcast along a leading dim, each expanded to the output's leading dims)."""
     batches = numel(out[:-2])
-    return float(sum((batches - numel(in_shapes[i][:-2])) * numel(in_shapes[i][-2:]) for i in kept)
-                 * BYTES_PER_ELEMENT)
+    broadcast = [i for i in kept if numel(in_shapes[i][:-2]) < batches]
+    return ([i for i in kept if i not in broadcast],
+            float(sum(batches * numel(in_shapes[i][-2:]) for i in broadcast) * BYTES_PER_ELEMENT))
 
 
 def _matrix_product_gradients(cost: OpCost, node: Node, needs: list[bool], in_shapes: list[list[int]]) -> OpCost:
@@ -826,9 +828,8 @@ def _matrix_product_gradients(cost: OpCost, node: Node, needs: list[bool], in_sh
     of 2 B M N K FLOPs, and keeps only the other input (a's gradient reads b, b's reads a)."""
     if needs[0] == needs[1]:
         return cost
-    kept = [1] if needs[0] else [0]
-    return replace(cost, flops_bwd=cost.flops_bwd / 2, kernels_bwd=1, saved=kept,
-                   extra_saved_bytes=_broadcast_copy_bytes(in_shapes, node.output_shape, kept))
+    saved, copies = _kept_inputs(in_shapes, node.output_shape, [1] if needs[0] else [0])
+    return replace(cost, flops_bwd=cost.flops_bwd / 2, kernels_bwd=1, saved=saved, extra_saved_bytes=copies)
 
 
 def _reordered_copy(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
