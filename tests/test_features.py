@@ -1797,6 +1797,9 @@ def test_a_matmul_keeps_what_autograd_keeps(case, kept):
     at2, at4 = (b * _autograd_saved_bytes(desc, b, with_input=False) for b in (2, 4))
     loss = math.prod(desc.node(desc.output).output_shape) * 4
     assert network_features(desc).per_sample["saved_bytes"] - loss == (at4 - at2) / 2
+    from perf4sight.ir.to_torch import build_module
+    clones = _forward_ops(build_module(desc), [3] + desc.input_shape).count("clone")  # the broadcast input's copy
+    assert c.kernels_fwd == 1 + clones and clones == (case == "broadcast")
 
 
 @pytest.mark.parametrize("case", ["pooled_second", "pooled_first", "input", "both"])

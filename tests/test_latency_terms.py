@@ -260,3 +260,15 @@ def test_an_op_whose_inputs_need_gradients_apart_launches_those_of_the_input_tha
         return kernel_table(_desc([Node("input", "input", [], {}, [4, 6, 6]), _conv("c", "input", 4, 4, 3, 1, 6),
                                    Node("o", name, ["c", "input"], {}, [4, 6, 6])], shape=(4, 6, 6)))
     assert table(op).launches - table("add").launches == kernels
+
+
+def test_a_matmul_input_broadcast_along_a_leading_dim_is_copied_first():
+    """A matmul whose second input ([1, 5, 8], a narrow of a [2, 5, 8] view) broadcasts to the output's 2 matrices:
+    torch copies it expanded before its bmm (a clone: formulas._matrix_product), one bandwidth kernel of its bytes
+    read and the copy's written; the unbroadcast product has none."""
+    from test_features import _matmul_description
+
+    def copies(case):
+        t = kernel_table(_matmul_description(case))
+        return int(np.sum((t.kind == BANDWIDTH) & (t.flops_ps == 0) & np.isclose(t.bytes_ps, (40 + 2 * 40) * 4)))
+    assert (copies("broadcast"), copies("both")) == (1, 0)

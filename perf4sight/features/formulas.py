@@ -803,15 +803,19 @@ def _matrix_product(node: Node, in_shapes: list[list[int]], first: bool) -> OpCo
     matrices): B M N K MACs, 2 B M N K FLOPs forward in one batched GEMM; backward (both inputs needing a gradient:
     :func:`_matrix_product_gradients` for one alone) grad @ b^T and a^T @ grad, 4 B M N K FLOPs in 2 GEMMs. It keeps
     both inputs (torch 2's bmm: each for the other's gradient); an input broadcast along a leading dim is kept as
-    torch keeps it, expanded to the output's B matrices and copied: a tensor of its own (``extra_saved_bytes``), not
-    the input (which it keeps no longer: measured with saved-tensor hooks). The sum of a broadcast input's gradient
-    down to its shape is not counted."""
+    torch keeps it, expanded to the output's B matrices and copied (a clone kernel before the bmm: the input read, the
+    copy written): a tensor of its own (``extra_saved_bytes``), not the input (which it keeps no longer: measured
+    with saved-tensor hooks). The sum of a broadcast input's gradient down to its shape is not counted."""
     (a, _), out = in_shapes, node.output_shape
     macs = float(numel(out) * a[-1])
     rd, wr = _io_bytes(in_shapes, out)
     saved, copies = _kept_inputs(in_shapes, out, [0, 1])
-    return OpCost(macs=macs, flops_fwd=2 * macs, flops_bwd=4 * macs, bytes_read=rd, bytes_written=wr, saved=saved,
-                  extra_saved_bytes=copies, kernels_fwd=1, kernels_bwd=2, kind="linear")
+    broadcast = [i for i in (0, 1) if numel(in_shapes[i][:-2]) < numel(out[:-2])]
+    copy_read = float(sum(numel(in_shapes[i]) for i in broadcast) * BYTES_PER_ELEMENT)
+    copy_written = float(sum(numel(out[:-2]) * numel(in_shapes[i][-2:]) for i in broadcast) * BYTES_PER_ELEMENT)
+    return OpCost(macs=macs, flops_fwd=2 * macs, flops_bwd=4 * macs, bytes_read=rd + copy_read,
+                  bytes_written=wr + copy_written, saved=saved, extra_saved_bytes=copies,
+                  kernels_fwd=1 + len(broadcast), kernels_bwd=2, kind="linear")
 
 
 def _kept_inputs(in_shapes: list[list[int]], out: list[int], kept: list[int]) -> tuple[list[int], float]:

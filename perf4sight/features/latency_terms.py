@@ -245,10 +245,14 @@ def _linear(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
 def _matrix_product(r: _Rows, node: Node, in_shapes: list[list[int]], needs: list[bool]) -> None:
     """a @ b of [..., M, K] and [..., K, N] activations as its batched GEMMs, the B = the output's leading dims
     matrices of a sample stacked along the rows: forward [B M, K] x [K, N]; backward, for the inputs that need a
-    gradient (``needs``), grad @ b^T ([B M, N] x [N, K]) and a^T @ grad ([B K, M] x [M, N])."""
+    gradient (``needs``), grad @ b^T ([B M, N] x [N, K]) and a^T @ grad ([B K, M] x [M, N]). An input broadcast
+    along a leading dim is copied first, expanded (formulas._matrix_product)."""
     (a, _), out = in_shapes, node.output_shape
     batches, m, k, n = numel(out[:-2]), a[-2], a[-1], out[-1]
     b_io = (sum(numel(s) for s in in_shapes) + numel(out)) * BYTES_PER_ELEMENT
+    for shape in in_shapes:  # an input broadcast along a leading dim, expanded and copied first: read, copy written
+        if numel(shape[:-2]) < batches:
+            r.other(BANDWIDTH, 0.0, (numel(shape) + batches * numel(shape[-2:])) * BYTES_PER_ELEMENT)
     r.gemm(batches * m, n, k, 0, b_io, 0.0)
     if needs[0]:
         r.gemm(batches * m, k, n, 0, b_io, 0.0)
