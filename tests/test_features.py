@@ -1912,3 +1912,22 @@ def test_perf4sight_conv_set_runs_winograd_on_undilated_unstrided_3x3_alone_and_
         Node("p", "adaptiveavgpool2d", ["c"], {"output_size": [1, 1]}, [8, 1, 1]),
         Node("p", "mean", ["c"], {"dims": [2, 3], "keepdim": True}, [8, 1, 1]))]
     assert pools == [8 * 8 * 8] * 2  # a global pool, or the mean torch runs it as: its input's elements
+
+
+def test_an_adaptive_pool_to_a_size_that_does_not_divide_reads_its_overlapping_windows():
+    """torch's adaptive pool of 9 rows to 4 reads windows of 3 (rows 0-2, 2-4, 4-6, 6-8: 12 rows in all), of 11
+    columns to 3 windows of 4, 5 and 4 (13; each window's first and last row or column found by torch's own max
+    pool of their indices): a FLOP an element of each window, 12 x 13 a channel; where the size divides (a global
+    pool), the input's elements."""
+    import torch
+    import torch.nn.functional as F
+
+    def span(size, out):  # the elements of every window along one side, from the windows' first and last indices
+        at = torch.arange(size, dtype=torch.float32).reshape(1, 1, size)
+        last, first = F.adaptive_max_pool1d(at, out), -F.adaptive_max_pool1d(-at, out)
+        return int((last - first + 1).sum())
+    assert (span(9, 4), span(11, 3)) == (12, 13)
+    for op in ("adaptiveavgpool2d", "adaptivemaxpool2d"):
+        c = _cost(Node("p", op, ["x"], {"output_size": [4, 3]}, [4, 4, 3]), [[4, 9, 11]])
+        assert c.flops_fwd == 4 * span(9, 4) * span(11, 3)
+        assert _cost(Node("p", op, ["x"], {"output_size": [1, 1]}, [4, 1, 1]), [[4, 9, 11]]).flops_fwd == 4 * 9 * 11

@@ -588,14 +588,26 @@ def _avgpool2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     return _pool_out(node, in_shapes, kh * kw, True, 0.0)
 
 
+def _adaptive_span(size: int, out: int) -> int:
+    """The input elements along one side that an adaptive pool of ``size`` to ``out`` reads, over all its windows
+    (torch's: window ``i`` from floor(i size / out) to ceil((i + 1) size / out); they overlap where ``out`` does not
+    divide ``size``)."""
+    return sum(-(-(i + 1) * size // out) - i * size // out for i in range(out))
+
+
 def _adaptive(max_pool: bool) -> Handler:
-    """Adaptive pooling; the average keeps its input for backward unless it pools to 1x1 (torch runs that as a
-    mean, which keeps nothing)."""
+    """Adaptive pooling: a FLOP an element of each window, windows as torch places them (overlapping where the output
+    size does not divide the input's); the average keeps its input for backward unless it pools to 1x1 (torch runs
+    that as a mean, which keeps nothing)."""
     def handler(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
-        inn = numel(in_shapes[0])
-        window = max(1, inn // max(1, numel(node.output_shape)))
+        inn, x, out = numel(in_shapes[0]), in_shapes[0], node.output_shape
+        if len(x) == 3 and len(out) == 3:  # a [C, H, W] map: each window's elements, summed over the windows
+            reads = x[0] * _adaptive_span(x[1], out[1]) * _adaptive_span(x[2], out[2])
+        else:
+            reads = numel(out) * max(1, inn // max(1, numel(out)))
         keeps_input = max_pool or numel(node.output_shape[1:]) > 1
-        return _pool_out(node, in_shapes, window, keeps_input, 8.0 * numel(node.output_shape) if max_pool else 0.0)
+        cost = _pool_out(node, in_shapes, 1, keeps_input, 8.0 * numel(node.output_shape) if max_pool else 0.0)
+        return replace(cost, flops_fwd=float(reads), flops_bwd=float(max(reads, inn)))
     return handler
 
 
