@@ -548,8 +548,8 @@ def test_native_conv_macs_are_the_convolutions_torch_runs_outside_onednn():
 
 
 def test_blas_context_flags_linear_layers_and_needs_both_values_to_be_a_term():
-    """A network with a linear layer loads the BLAS library (1), one whose classifier is a conv does not
-    (0); the memory form with that term is offered only on rows that have both kinds."""
+    """A network with a linear layer, or a product of activations, loads the BLAS library (1), one whose classifier is
+    a conv does not (0); the memory form with that term is offered only on rows that have both kinds."""
     from perf4sight.fingerprint.select import CANDIDATES, _has_terms
     with_fc = network_features(_tiny())
     conv_head = network_features(_desc([
@@ -558,6 +558,11 @@ def test_blas_context_flags_linear_layers_and_needs_both_values_to_be_a_term():
         Node("flat", "reshape", ["pool"], {"shape": [-1]}, [8])]))
     col = FEATURE_NAMES.index("blas_context")
     assert features_for(with_fc, 4)["blas_context"] == 1.0 and features_for(conv_head, 4)["blas_context"] == 0.0
+    product = network_features(_desc([  # a product of two maps' rows, no linear layer: a batched GEMM (cuBLAS's)
+        Node("input", "input", [], {}, [4, 8, 8]), _conv("c1", "input", 4, 8, 3, 1, 8),
+        Node("t", "transpose", ["c1"], {"dim0": 2, "dim1": 3}, [8, 8, 8]),
+        Node("mm", "matmul", ["c1", "t"], {}, [8, 8, 8])]))
+    assert features_for(product, 4)["blas_context"] == 1.0
     form = next(c for c in CANDIDATES["memory"] if "blas_context" in (c.terms or ()))
     mixed = feature_matrix([with_fc, conv_head, with_fc], [2, 2, 8])
     mixed[:, FEATURE_NAMES.index("sim_reserved_mb")] = 100.0  # as if simulated

@@ -69,7 +69,7 @@ ALLOCATOR_FEATURES: tuple[str, ...] = ("saved_alloc_mb", "mem_alloc_mb")
 #: (``allocator.py``, ``alloc_trace.py``); 0 unless the features carry a trace (``NetworkFeatures.sim``).
 SIM_FEATURES: tuple[str, ...] = ("sim_reserved_mb", "sim_alloc_mb")
 #: Libraries the step loads into the device context: ``blas_context`` is 1 where the network has an op
-#: that runs on the BLAS library (a linear layer: cuBLAS on a GPU, whose kernels and workspace take
+#: that runs on the BLAS library (a linear layer, a matrix product: cuBLAS on a GPU, whose kernels and workspace take
 #: device memory once loaded), else 0. Appended last so older columns keep their index.
 CONTEXT_FEATURES: tuple[str, ...] = ("blas_context",)
 #: ``im2col_mb``: MiB an im2col buffer of every dense or grouped convolution wider than 1x1 would take
@@ -91,8 +91,9 @@ NATIVE_CONV_MAX_BATCH, NATIVE_CONV_MAX_INPUT = 15, 20480
 #: everything else (saved activations, the input batch, the largest activation). The copies are exact bytes, not
 #: a size that a memory form should scale. Appended last.
 COPIES_FEATURES: tuple[str, ...] = ("param_copies_mb", "mem_analytic_rest_mb")
-#: Ops that run on the BLAS library.
-BLAS_OPS = frozenset({"linear", "attention", "window_attention"})
+#: Ops that run on the BLAS library: linear layers, attention's projections and products, a product of activations
+#: (``matmul``: a batched GEMM, cuBLAS's on a GPU).
+BLAS_OPS = frozenset({"linear", "attention", "window_attention", "group_attention", "matmul"})
 #: ``dilated_dw_macs``: MACs of the depthwise convolutions that dilate (times the batch size). This machine's CPU runs
 #: a dilated depthwise convolution 5-12 times as long as the same one undilated (oneDNN for both; a dense one takes no
 #: longer at dilation 2): a cost of its own, which rows of networks with such convolutions can pin (the ``dilated``
