@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shlex
 import signal
 import sys
 import textwrap
@@ -244,7 +245,7 @@ def _run(argv: list[str] | None, prog: str | None) -> int:
         if args.stage == "init":
             written = write_default_config(args.config)
             print(f"wrote {written}: the default configuration, every stage on this machine's CPU; next: "
-                  f"--config {written} --stage all")
+                  f"--config {shlex.quote(str(written))} --stage all")
             return 0
         cfg = load_config(args.config)
         return stages.run(args.stage, cfg, args)

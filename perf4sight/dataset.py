@@ -18,7 +18,7 @@ from perf4sight.ir.shapes import shape_text
 from perf4sight.profiling.plan import phase_optimizer, training_phase
 from perf4sight.profiling.results import (file_sha, incomplete_note, latest_rows, loss_of, phase_of, read_rows,
                                          results_path, split_stale)
-from perf4sight.wording import named, plural
+from perf4sight.wording import named, plural, shell_words
 
 __all__ = ["read_manifest", "is_description_file", "dataset_descriptions", "dataset_descriptions_or_empty",
            "description_shas", "descriptions_and_shas", "current_rows", "other_phases", "other_losses", "stale_note",
@@ -260,7 +260,7 @@ def _devices_having(cfg: Config, folder: Path, marker: str, what: str, wanted: l
             raise UserError(unknown_device(cfg, name, known))
     found = f"found for: {', '.join(have)}; " if have else ""
     raise UserError(f"no {what} for device(s) {', '.join(missing)} under {folder} ({found}run "
-                    f"{stage.format(device=' '.join(missing))} first)")
+                    f"{stage.format(device=shell_words(missing))} first)")
 
 
 def measured_devices(cfg: Config, wanted: list[str] | None) -> list[str]:

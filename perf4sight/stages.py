@@ -31,7 +31,7 @@ from perf4sight.profiling.backends.base import LIMIT_OOM
 from perf4sight.profiling.plan import DEFAULT_LOSS, training_phase
 from perf4sight.profiling.results import (LOAD_MARGIN, batch_size_of, incomplete_note, latest_rows, loss_of, number,
                                          phase_of, read_rows, references_path, results_path, under_load)
-from perf4sight.wording import named, plural
+from perf4sight.wording import named, plural, shell_word, shell_words
 
 if TYPE_CHECKING:  # the importers are imported by the import stage alone
     from perf4sight.importers import ImportSummary
@@ -227,8 +227,8 @@ def run_profile(cfg: Config, args: argparse.Namespace) -> int:
                 said = "no earlier row to move (none measured yet)"
             elif s.remeasure_left:  # the profile ended before it measured them: the configurations wait, unmeasured
                 said += (f"; {plural(s.remeasure_left, 'configuration')} of them not measured again, as the profile "
-                         f"of {s.device} did not finish: rerun --stage profile --device {s.device} (no --remeasure "
-                         "needed) to measure them")
+                         f"of {s.device} did not finish: rerun --stage profile --device {shell_word(s.device)} "
+                         "(no --remeasure needed) to measure them")
             else:
                 said += ", measured again above"
             console.print(f"{s.device}: --remeasure: {said}", markup=False)
@@ -342,7 +342,8 @@ def _load_note(cfg: Config, device: str, rows: list[dict[str, str]], fitting: bo
     one = len(loaded) == 1
     it = "it" if one else "them"
     nets = sorted({str(r.get("network")) for r in loaded})
-    again = (f"run --stage profile --device {device} --remeasure {' '.join(nets[:5])}{' ...' * (len(nets) > 5)}"
+    again = (f"run --stage profile --device {shell_word(device)} --remeasure {shell_words(nets[:5])}"
+             f"{' ...' * (len(nets) > 5)}"
              " while the device is quiet (the earlier rows move to superseded.csv)" if dev is not None
              else f"rerun {it} on a quiet device (no [devices.{device}] table here to profile it)")  # imported rows
     return (f"note: {device}: {len(loaded)} of {plural(len(ok), 'ok row')} {'was' if one else 'were'} measured while "
@@ -1079,7 +1080,7 @@ def _stale_fingerprint_note(cfg: Config, device: str) -> None:
     if (fitted and csv_path.is_file() and csv_path.stat().st_mtime > max(fitted)
             and _trees_rows_differ(cfg, device, folder / "metadata.json")):
         notes.print(f"note: {device}: {csv_path} changed after its fingerprint was fitted: rows measured or "
-                    f"imported since are not in it; run --stage fingerprint --device {device} to use them",
+                    f"imported since are not in it; run --stage fingerprint --device {shell_word(device)} to use them",
                     markup=False)
 
 
@@ -1109,7 +1110,7 @@ def _changed_limit_note(cfg: Config, device: str, folder: Path) -> str:
     capacity = "unknown" if cap is None else f"{cap:.0f} MiB ({source})"
     return (f"note: {device}: [devices.{device}] memory_limit_mb {said_now}, {then} when its fingerprint was fitted: "
             f"'fits' and the largest batch are against the fingerprint's capacity, {capacity}; run --stage "
-            f"fingerprint --device {device} to fit it under the limit set now")
+            f"fingerprint --device {shell_word(device)} to fit it under the limit set now")
 
 
 def _trees_rows_differ(cfg: Config, device: str, metadata_path: Path) -> bool:

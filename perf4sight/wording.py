@@ -1,7 +1,9 @@
 """Wording of user-facing lines: counts with their noun in the right number. Standard library only."""
 from __future__ import annotations
 
-__all__ = ["plural", "named"]
+import shlex
+
+__all__ = ["plural", "named", "shell_word", "shell_words"]
 
 
 def plural(count: int, noun: str, nouns: str = "") -> str:
@@ -13,3 +15,14 @@ def plural(count: int, noun: str, nouns: str = "") -> str:
 def named(names: list[str], shown: int = 3) -> str:
     """The first ``shown`` of ``names``, comma-separated, with ", ..." when there are more."""
     return ", ".join(names[:shown]) + (", ..." if len(names) > shown else "")
+
+
+def shell_word(text: object) -> str:
+    """``text`` as one word of a command line the tool suggests: as it is where a shell reads it so (``tx2``), else
+    quoted (``'jetson tx2'``), so that the line can be pasted as it is."""
+    return shlex.quote(str(text))
+
+
+def shell_words(texts: list) -> str:
+    """Each of ``texts`` as :func:`shell_word`, space-separated: the words of ``--device A B``."""
+    return " ".join(shell_word(t) for t in texts)

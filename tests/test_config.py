@@ -549,6 +549,50 @@ def test_a_device_without_data_is_named_beside_those_with_it(tmp_path):
     assert measured_devices(cfg, None) == ["local", "tx2"]
 
 
+def test_the_commands_suggested_for_a_device_named_with_a_space_can_be_pasted(tmp_path):
+    """A device name may hold a space (an imported ``jetson tx2``): the commands suggested said ``--device jetson
+    tx2``, which a shell reads as two devices; each name is one shell word now, quoted where it must be."""
+    import shlex
+
+    from perf4sight.dataset import fingerprinted_devices, measured_devices
+    from perf4sight.stages import _changed_limit_note
+
+    cfg = load_config(write(tmp_path, GOOD + '[devices."bench b"]\nbackend = "cpu"\nmemory_limit_mb = 256\n'))
+    for dev in ("jetson tx2", "bench b"):
+        (cfg.profiling_dir / dev).mkdir(parents=True)
+        (cfg.profiling_dir / dev / "measurements.csv").write_text("device\n")
+    with pytest.raises(UserError) as exc:
+        fingerprinted_devices(cfg, ["jetson tx2", "local"])
+    said = str(exc.value).split("(run ", 1)[1]
+    assert "--device 'jetson tx2' local (or" in said, said
+    assert shlex.split(said.split("then ", 1)[1].split(",")[0])[3:] == ["jetson tx2", "local"]
+    (cfg.fingerprint_dir / "jetson tx2").mkdir(parents=True)
+    (cfg.fingerprint_dir / "jetson tx2" / "metadata.json").write_text("{}")
+    with pytest.raises(UserError, match=r"run --stage profile --device 'tx2 b' \(or --stage import \.\.\. "
+                                        r"--device 'tx2 b'\) first"):
+        (cfg.profiling_dir / "tx2 b").mkdir()
+        (cfg.fingerprint_dir / "tx2 b").mkdir()
+        (cfg.fingerprint_dir / "tx2 b" / "metadata.json").write_text("{}")
+        measured_devices(cfg, ["tx2 b"])
+    (cfg.fingerprint_dir / "bench b").mkdir(parents=True)
+    (cfg.fingerprint_dir / "bench b" / "metadata.json").write_text('{"capacity_mb": 512, "capacity_source": '
+                                                                    '"configured memory_limit_mb"}')
+    assert "run --stage fingerprint --device 'bench b' to fit" in _changed_limit_note(
+        cfg, "bench b", cfg.fingerprint_dir / "bench b")
+
+
+def test_init_suggests_a_config_path_with_a_space_quoted(tmp_path, capsys):
+    """``--stage init --config 'my project/c.toml'`` said ``next: --config my project/c.toml --stage all``."""
+    import shlex
+
+    from perf4sight import cli
+
+    (tmp_path / "my project").mkdir()
+    assert cli.main(["--config", str(tmp_path / "my project" / "c.toml"), "--stage", "init"]) == 0
+    words = shlex.split(capsys.readouterr().out.split("next: ", 1)[1])
+    assert words == ["--config", str(tmp_path / "my project" / "c.toml"), "--stage", "all"], words
+
+
 def test_export_in_perf4sight_format_says_perfseer_is_the_only_one(tmp_path):
     path = write(tmp_path, GOOD)
     proc = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(path), "--stage", "export",

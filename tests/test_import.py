@@ -130,6 +130,19 @@ def test_small_folder_with_a_network_without_graph(tmp_path):
     assert set(rows[0]) == set(COLUMNS)
 
 
+def test_the_source_suggested_for_a_folder_with_a_space_is_quoted(tmp_path):
+    """The folder suggested for ``--source`` (one above ``profiling_csvs/``) is one shell word, quoted where it
+    holds a space: ``--source /tmp/my data`` was two."""
+    import shlex
+
+    src = tmp_path / "my data"
+    _write(src / "profiling_csvs" / "dev" / "cifar10" / "latency" / "net_0-gt.csv", "passed|latency|bs", ["True|3|8"])
+    (src / "graphs").mkdir()
+    with pytest.raises(UserError, match="no graphs found") as exc:
+        import_perf4sight(src / "profiling_csvs", "d1", tmp_path / "prof", tmp_path / "models")
+    assert shlex.split(str(exc.value).split("(here: ", 1)[1][:-1]) == ["--source", str(src)], str(exc.value)
+
+
 def test_a_figure_that_is_no_measurement_is_refused_with_its_line(tmp_path):
     """A passed row's figure that is infinite or negative is no measurement: refused with its file, line and column,
     nothing written. They were imported as they were ('inf', '-inf', '-50.0', 'nan' the mean of inf and -inf), into

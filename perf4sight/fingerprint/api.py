@@ -16,6 +16,7 @@ from perf4sight.fingerprint.storage import METADATA_FILE
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.plan import training_phase
 from perf4sight.profiling.results import loss_of, op_prices_path, phase_of, read_rows, references_path, results_path
+from perf4sight.wording import shell_word
 
 __all__ = ["device_measurements", "drift_corrected", "fit_device", "fit_device_gnn", "load_device_fingerprint",
            "load_device_predictor", "fit_rows", "measurements_differ"]
@@ -161,8 +162,8 @@ def _owned_by(predictor: Any, device: str, folder: Path) -> Any:
     fitted = getattr(predictor, "device", "")
     if fitted and fitted != device:
         raise UserError(f"{folder} holds a fingerprint of device '{fitted}', not of '{device}': fit '{device}' "
-                        f"with --stage fingerprint --device {device}, or predict with --device {fitted} "
-                        f"(from a folder named {fitted})")
+                        f"with --stage fingerprint --device {shell_word(device)}, or predict with --device "
+                        f"{shell_word(fitted)} (from a folder named {fitted})")
     return predictor
 
 

@@ -36,7 +36,7 @@ from perf4sight.ir.schema import NetworkDescription, is_file_stem, load_descript
 from perf4sight.ir.shapes import shape_text
 from perf4sight.profiling.plan import DEFAULT_LOSS, update_columns
 from perf4sight.profiling.results import append_row, file_sha, number, read_rows, results_path, row_key
-from perf4sight.wording import plural
+from perf4sight.wording import plural, shell_word
 
 __all__ = ["ImportSummary", "check_backends", "check_descriptions", "description_identity", "import_perf4sight",
            "mark_thrashing", "read_gt_csv", "rows_on_disk", "source_kind", "PROTOCOL", "THRASH_RATIO"]
@@ -262,7 +262,7 @@ def _one_folder(source: Path, csv_root: Path, folders: list[Path]) -> Path:
     # a folder holding no other one: a --source that reads it alone
     leaf = next(f for f in folders if not any(f in g.parents for g in folders))
     graphs = _graphs_dir(leaf)
-    how = (f"import one at a time, e.g. --source {leaf} (graphs read from {graphs})" if graphs.is_dir() else
+    how = (f"import one at a time, e.g. --source {shell_word(leaf)} (graphs read from {graphs})" if graphs.is_dir() else
            "import one at a time, each from a folder holding graphs/ and its profiling_csvs/<board>/<dataset>/")
     raise UserError(f"{source}: holds perf4sight measurements of {len(folders)} board/dataset folders "
                     f"({', '.join(names)}), which one device's rows cannot mix: {how}; nothing written")
@@ -355,7 +355,7 @@ def _find_graphs(source: Path, variants: dict[str, tuple]) -> dict[str, Path | N
     graphs = {variant: folder / f"{variant}.json" for variant in variants}
     graphs = {variant: path if path.is_file() else None for variant, path in graphs.items()}
     if variants and not any(graphs.values()):
-        hint = (f" (here: --source {source.parent})" if source.name == "profiling_csvs"
+        hint = (f" (here: --source {shell_word(source.parent)})" if source.name == "profiling_csvs"
                 and (source.parent / "graphs").is_dir() else "")
         raise UserError(f"{source}: no graphs found for {'the' if len(variants) == 1 else 'any of the'} "
                         f"{plural(len(variants), 'network')} read: looked for "

@@ -58,6 +58,7 @@ from perf4sight.ir.schema import (INTERPOLATE_MODES, ONE_TENSOR_OPS, OPS, SHARES
 from perf4sight.ir.shapes import SIZE_REFERENCES, shape_text, size_reference_problem, transposed_output_padding
 from perf4sight.profiling.plan import DEFAULT_LOSS
 from perf4sight.profiling.results import COLUMNS, file_sha, read_rows, results_path
+from perf4sight.wording import shell_word
 
 __all__ = ["import_perfseer", "read_graph", "read_label", "graph_to_description", "is_own_export", "LABEL_FIELDS",
            "ONNX_TO_OP", "OP_TO_ONNX", "PERF4SIGHT_SOURCE", "safe_unpickle"]
@@ -1113,7 +1114,8 @@ def import_perfseer(source_dir: str | Path, device: str, profiling_dir: str | Pa
     read_from: dict[tuple, Path] = {}  # (network, batch size, phase) -> the graph file its row comes from
     folders = sorted({p.relative_to(source).parts[0] for p in pkls if len(p.relative_to(source).parts) > 1})
     per_device = (f"the source holds one folder per device ({', '.join(folders)}), as an export of several devices "
-                  f"writes it: import one at a time, e.g. --source {source / folders[0]}") if len(folders) > 1 else ""
+                  f"writes it: import one at a time, e.g. --source {shell_word(source / folders[0])}"
+                  ) if len(folders) > 1 else ""
     for pkl in pkls:
         label_path = pkl.with_suffix(".txt")
         if not label_path.is_file():
