@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -447,8 +448,8 @@ def _fingerprint_device(cfg: Config, args: argparse.Namespace, device: str, pred
         meta = fit_device_gnn(cfg, device, descriptions, shas, rows=rows, refit=refit)
         done = (_up_to_date(meta) if meta.get("up_to_date")
                 else f"fitted and cross-validated in {time.perf_counter() - started:.0f} s")
-        console.print(f"[bold]{device}[/bold]: GNN ({meta['settings']['arch']}) in {cfg.fingerprint_dir / device}, "
-                      f"{done}")
+        console.print(Text.assemble((device, "bold"), f": GNN ({meta['settings']['arch']}) in "
+                                    f"{cfg.fingerprint_dir / device}, {done}"))  # Text: [brackets] are no markup
         for line in gnn_accuracy_lines(meta):
             console.print(line, markup=False)
         _print_notes(_few_rows_note(device, meta))
@@ -516,7 +517,7 @@ def _print_accuracy(device: str, meta: dict) -> None:
     from perf4sight.fingerprint.predict import accuracy_lines
 
     done = f", {_up_to_date(meta)}" if meta.get("up_to_date") else ""
-    console.print(f"[bold]{device}[/bold]: fingerprint in {meta.get('folder', '')}{done}")
+    console.print(Text.assemble((device, "bold"), f": fingerprint in {meta.get('folder', '')}{done}"))
     for line in accuracy_lines(meta):
         console.print(line, markup=False)
 
@@ -660,7 +661,7 @@ def _predict_on_one(cfg: Config, args: argparse.Namespace) -> int:
            f"the first time with torch and torchvision, then from {cfg.models_dir / ZOO_CACHE})") if any(
         n in ZOO_NAMES and not is_description_file(n) for n in names) else ""
     console.print(f"{len(preds)} prediction{'s' if len(preds) != 1 else ''} in {elapsed * 1000:.0f} ms; "
-                  f"describing the networks took {describing * 1000:.0f} ms{zoo}")
+                  f"describing the networks took {describing * 1000:.0f} ms{zoo}", markup=False)
     return 0
 
 
@@ -752,8 +753,8 @@ def _predict_max_batch(cfg: Config, args: argparse.Namespace, fp: object, device
             _json_line(args, f)
         return 0
     cap, shown = fp.capacity_mb, [f for f in found if f["max_batch_size"]]
-    table = Table(title=f"largest batch size predicted to fit {device} ({capacity_words(fp, shown)}; searched up to "
-                        f"{limit})")
+    table = Table(title=escape(f"largest batch size predicted to fit {device} ({capacity_words(fp, shown)}; "
+                               f"searched up to {limit})"))
     for col in ("network", "largest batch", "step time ms there", "memory MiB there"):
         table.add_column(col, justify="left" if col == "network" else "right")
     for f in found:
@@ -820,7 +821,7 @@ def _predict_prune_to_fit(cfg: Config, args: argparse.Namespace, fp: object, dev
     cap, shown = fp.capacity_mb, [f for f, r in found if r.variant is not None]
     wanted = " and".join(filter(None, (f" fit {device}'s {capacity_words(fp, shown)}" if cap else "",
                                        f" step within {budget:g} ms" if budget else "")))
-    table = Table(title=f"least pruning predicted to{wanted}")
+    table = Table(title=escape(f"least pruning predicted to{wanted}"))
     for col in ("network", "batch", "level %", "removed %", "step time ms", "memory MiB", "fits"):
         table.add_column(col, justify="left" if col == "network" else "right")
     for f, r in found:
@@ -1004,7 +1005,7 @@ def _print_predictions(preds: list[dict], title: str, cap: float | None = None) 
     """The predictions as a table: step time and memory with their 90% interval, the training images per second
     that step time gives (the batch size over it), and whether it fits (memory to 0.1 MiB where a whole number
     would read as the capacity ``cap``)."""
-    table = Table(title=title)
+    table = Table(title=escape(title))  # a device's or network's [brackets] are no markup
     for col in ("network", "batch", "step time ms", "images/s", "memory MiB", "fits"):
         table.add_column(col)
     for p in preds:

@@ -593,6 +593,28 @@ def test_init_suggests_a_config_path_with_a_space_quoted(tmp_path, capsys):
     assert words == ["--config", str(tmp_path / "my project" / "c.toml"), "--stage", "all"], words
 
 
+def test_names_and_folders_with_brackets_are_printed_as_they_are(capsys):
+    """Rich read a bracketed word as markup: a project in ``p [v2]/`` was printed as ``p /fingerprinting`` and a
+    device ``tx2[b]`` as ``tx2`` (the fingerprint and compare stages' lines, the predictions' titles); a ``[/x]`` in
+    a path was a traceback. Names and paths are text now."""
+    from types import SimpleNamespace
+
+    from perf4sight import stages
+    from perf4sight.report.compare import _print_summary
+
+    stages._print_accuracy("tx2[b]", {"folder": "/d/p [v2]/fingerprinting/tx2[b]"})
+    pred = {"network": "n", "batch_size": 8, "latency_ms": 10.0, "latency_ms_low": 9.0, "latency_ms_high": 11.0,
+            "memory_mb": 100.0, "memory_mb_low": 90.0, "memory_mb_high": 110.0, "fits": True}
+    stages._print_predictions([pred], "predicted training step on tx2[b] by the trees predictor")
+    dev = SimpleNamespace(name="tx2[b]", metadata={}, rows=[], families=[], max_batch={},
+                          fingerprint=SimpleNamespace(capacity_mb=None))
+    _print_summary(stages.console, [dev], [], Path("/d/p [v2]/reports/x[/y]"))
+    out = capsys.readouterr().out
+    assert "tx2[b]: fingerprint in /d/p [v2]/fingerprinting/tx2[b]" in out, out
+    assert "on tx2[b] by" in out and "│ tx2[b] " in out, out
+    assert "report: /d/p [v2]/reports/x[/y]/index.html" in out, out
+
+
 def test_export_in_perf4sight_format_says_perfseer_is_the_only_one(tmp_path):
     path = write(tmp_path, GOOD)
     proc = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(path), "--stage", "export",

@@ -344,14 +344,14 @@ def _print_summary(console: Console, devs: list[DeviceData], names: list[str], f
         t.add_column(RichText(f"max bs\n{n}"), justify="right")  # Text: a name's [brackets] are no markup
     for d in devs:
         acc = d.metadata.get("accuracy", {})
-        t.add_row(d.name, training_shapes_label(d.metadata), str(len({r["network"] for r in d.rows})),
+        t.add_row(RichText(d.name), training_shapes_label(d.metadata), str(len({r["network"] for r in d.rows})),
                   f"{sum(f.ok for f in d.families)}/{sum(f.oom for f in d.families)}",
                   _fmt(acc.get("latency", {}).get("overall", {}).get("mape")),
                   _fmt(acc.get("memory", {}).get("overall", {}).get("mape")),
                   _fmt(d.fingerprint.capacity_mb, ".0f"),
                   *["?" if d.max_batch.get(n) is None else _batch_label(d.max_batch[n]) for n in names])
     console.print(t)
-    console.print(f"report: {folder / 'index.html'} (Markdown: {folder / 'report.md'})")
+    console.print(f"report: {folder / 'index.html'} (Markdown: {folder / 'report.md'})", markup=False)
 
 
 def compare_devices(cfg: Config, devices: list[str], console: Console) -> Path:

@@ -241,7 +241,7 @@ def print_pruning(console: Console, points: list[PruningPoint], least: list[Leas
     for col in ("network", "level %", "removed %"):
         t.add_column(col, no_wrap=True)
     for n in devices:
-        t.add_column(n, justify="right", no_wrap=True)
+        t.add_column(RichText(n), justify="right", no_wrap=True)  # a device's [brackets] are no markup
     for net, level, cells in _pruning_rows(points, devices):
         t.add_row(RichText(net), f"{level:g}", _achieved(cells),  # Text: a name's [brackets] are no markup
                   *["–" if c is None else f"{c.latency_ms:,.1f}{'' if c.fits is not False else ' (no fit)'} / "
