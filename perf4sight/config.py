@@ -544,6 +544,12 @@ def checked_network_names(cfg: Config, names: list[str], where: str, resolve: Ca
     from perf4sight.networks.named import named_networks  # no torch
     from perf4sight.networks.zoo import ZOO_NAMES  # names only: no torch
     dataset: list[str] | None = None  # read at the first name that needs it
+
+    def of_dataset(name: str) -> bool:
+        nonlocal dataset
+        dataset = dataset_network_names(cfg) if dataset is None else dataset
+        return name in dataset
+
     out = []
     for name in names:
         if name in ZOO_NAMES or _made_name(cfg, name):
@@ -553,13 +559,13 @@ def checked_network_names(cfg: Config, names: list[str], where: str, resolve: Ca
             if not resolve(file).is_file():
                 raise UserError(f"{where}: '{name}': no such file ({resolve(file)})")
             out.append(f"{resolve(file)}:{function}")
-        elif name.endswith(".json") or resolve(name).is_file():
-            out.append(str(resolve(name)))  # a description file (the networks stage may write it)
+        elif name.endswith(".json") or resolve(name).is_file() and (Path(name).name != name or not of_dataset(name)):
+            out.append(str(resolve(name)))  # a description file (the networks stage may write it); a bare name of
+            # the dataset's network is that network, whatever file of that name is here (dataset.is_description_file)
         elif "/" in name or "\\" in name:
             raise UserError(f"{where}: '{name}': no such file ({resolve(name)})")
         else:
-            dataset = dataset_network_names(cfg) if dataset is None else dataset
-            if name not in dataset and name not in (n.name for n in named_networks(cfg)):
+            if not of_dataset(name) and name not in (n.name for n in named_networks(cfg)):
                 raise UserError(f"{where}: {unknown_network(cfg, name, dataset)}")
             out.append(name)
     return out

@@ -284,10 +284,20 @@ def fingerprinted_devices(cfg: Config, wanted: list[str] | None, predictor: str 
 ZOO_CACHE = "zoo-cache"  # under models_dir: zoo descriptions made for predict and compare, reused
 
 
-def is_description_file(name: str) -> bool:
+def is_description_file(name: str, cfg: Config | None = None) -> bool:
     """Whether a network named on the command line or in [predict]/[compare] is a description file (else a
-    zoo name)."""
-    return name.endswith(".json") or Path(name).is_file()
+    network's name): a name ending in .json, or a file; but a bare name (no folder in it) of a zoo network or, with
+    ``cfg``, of a network of the dataset is that network, whatever file of that name the current folder holds (a
+    log or a checkpoint called ``resnet18`` was read as a description: "not valid JSON"), as it wins a folder."""
+    if name.endswith(".json"):
+        return True
+    if not Path(name).is_file():
+        return False
+    if Path(name).name != name:  # a path with a folder in it: the file
+        return True
+    from perf4sight.networks.zoo import ZOO_NAMES  # names only: no torch
+
+    return name not in ZOO_NAMES and (cfg is None or name not in dataset_network_names(cfg))
 
 
 def _dataset_files(cfg: Config, name: str, manifest: list[dict[str, str]]) -> list[Path]:
@@ -327,7 +337,7 @@ def resolve_networks(cfg: Config, names: list[str], input_shape: list[int],
             function = near_factory.group(2)
             raise UserError(f"{name}: FILE.py:FUNCTION names after the colon the function that returns the network, a "
                             f"Python name such as mynet without parentheses or arguments; got {function!r}")
-        if is_description_file(name):
+        if is_description_file(name, cfg):
             _refuse_a_path_of_the_configs_folder(cfg, name)
             out.append(load_description(name))
         elif COMMAND_LINE_FACTORY.fullmatch(name):

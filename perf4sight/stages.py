@@ -572,7 +572,7 @@ def _refuse_other_channels(cfg: Config, names: list[str], input_shape: list[int]
 
     manifest: list[dict[str, str]] | None = None
     for name in dict.fromkeys(names):
-        if is_description_file(name):
+        if is_description_file(name, cfg):
             paths = [Path(name)]
         elif ":" in name or not name.strip():
             continue
@@ -659,7 +659,7 @@ def _predict_on_one(cfg: Config, args: argparse.Namespace) -> int:
              else "the input shape of the fingerprint's training networks")
     zoo = (f" (zoo networks: described at {shape}, {whose}; "
            f"the first time with torch and torchvision, then from {cfg.models_dir / ZOO_CACHE})") if any(
-        n in ZOO_NAMES and not is_description_file(n) for n in names) else ""
+        n in ZOO_NAMES and not is_description_file(n, cfg) for n in names) else ""
     console.print(f"{len(preds)} prediction{'s' if len(preds) != 1 else ''} in {elapsed * 1000:.0f} ms; "
                   f"describing the networks took {describing * 1000:.0f} ms{zoo}", markup=False)
     return 0
@@ -702,7 +702,7 @@ def _named_at(cfg: Config, fp: object, name: str, desc: NetworkDescription, shap
     or one whose description cannot be rebuilt at ``shape`` are kept as they are (``_shape_note`` warns)."""
     from perf4sight.networks.reshape import query_at, shaped_name  # torch: only where query_at rebuilds
 
-    if fp.at_training_shape(desc) or list(desc.input_shape) == shape or is_description_file(name) \
+    if fp.at_training_shape(desc) or list(desc.input_shape) == shape or is_description_file(name, cfg) \
             or name.endswith(shaped_name("", desc.input_shape)):  # a name of the extra shapes: resnet18_l30_128x96
         return desc
 

@@ -615,6 +615,31 @@ def test_names_and_folders_with_brackets_are_printed_as_they_are(capsys):
     assert "report: /d/p [v2]/reports/x[/y]/index.html" in out, out
 
 
+def test_a_file_in_the_current_folder_does_not_hide_a_network_of_its_name(tmp_path, monkeypatch):
+    """A file called ``resnet18_0`` or ``resnet18`` in the current folder (a log, a checkpoint) made ``--network
+    resnet18_0`` read it as a description ("not valid JSON"), where a folder of that name gives way to the network;
+    a bare name of a zoo or dataset network is that network now, and a path or a .json name still the file."""
+    from tiny_graphs import conv_node, tiny_description
+
+    from perf4sight.dataset import is_description_file, resolve_networks
+    from perf4sight.ir.schema import Node, save_description
+
+    cfg = load_config(write(tmp_path, GOOD))
+    desc = tiny_description([Node("input", "input", [], {}, [4, 8, 8]), conv_node("c", "input", 4, 6, 3, 1, 8)])
+    desc.name = "net_0"
+    save_description(desc, cfg.models_dir / "imported" / "tx2" / "net_0.json")
+    monkeypatch.chdir(tmp_path)
+    for name in ("net_0", "resnet18", "mine"):
+        (tmp_path / name).write_text("training log\n")
+    assert not is_description_file("net_0", cfg) and not is_description_file("resnet18", cfg)
+    assert is_description_file("mine", cfg) and is_description_file("./net_0", cfg)
+    assert resolve_networks(cfg, ["net_0"], [4, 8, 8])[0].nodes[1].name == "c"
+    with pytest.raises(UserError, match="not valid JSON"):
+        resolve_networks(cfg, ["./net_0"], [4, 8, 8])
+    text = GOOD + '[predict]\nnetworks = ["net_0", "mine"]\n'  # beside the config: the same rule
+    assert load_config(write(tmp_path, text)).predict.networks == ["net_0", str(tmp_path / "mine")]
+
+
 def test_export_in_perf4sight_format_says_perfseer_is_the_only_one(tmp_path):
     path = write(tmp_path, GOOD)
     proc = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(path), "--stage", "export",

@@ -116,7 +116,7 @@ def prunable_networks(cfg: Config, entries: Sequence[str]) -> tuple[list[str], l
 
     out, refused = [], []
     for name in entries:
-        if is_description_file(name):
+        if is_description_file(name, cfg):
             network = None
         elif prunable(name):
             network = name
