@@ -118,6 +118,9 @@ def test_hostile_pickle_is_refused(tmp_path, monkeypatch):
     ("{'train': '1|2|3|4|x|6|7'}", "non-numeric"),
     ("['1|2|3|4|5|6|7']", "must be a dict"),
     ("{'train': ", "not a Python dict literal"),
+    # an infinite figure was imported as an empty cell, "not measured", where nan alone means that
+    ("{'train': '12|nan|nan|nan|nan|nan|inf'}", r"\[train\]: peak_memory_usuage is infinite \(inf\)"),
+    ("{'train': '1e400|nan|nan|nan|nan|nan|7'}", r"\[train\]: time is infinite"),
 ])
 def test_malformed_label(tmp_path, monkeypatch, text, match):
     monkeypatch.chdir(tmp_path)

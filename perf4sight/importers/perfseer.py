@@ -217,10 +217,11 @@ def _floats(text: Any, where: str) -> dict[str, float]:
         figures = {k: float(v) for k, v in zip(LABEL_FIELDS, parts)}
     except ValueError as exc:
         raise UserError(f"{where}: non-numeric figure ({exc})") from None
-    negative = [k for k, v in figures.items() if v < 0]
-    if negative:
-        raise UserError(f"{where}: {negative[0]} is negative ({figures[negative[0]]:g}): a time, a use or a memory "
-                        "figure is at least 0 (nan: not measured)")
+    bad = [k for k, v in figures.items() if not 0 <= v < math.inf and not math.isnan(v)]  # nan: not measured
+    if bad:
+        value = figures[bad[0]]
+        raise UserError(f"{where}: {bad[0]} is {'negative' if value < 0 else 'infinite'} ({value:g}): a time, a use or "
+                        "a memory figure is a finite number >= 0 (nan: not measured)")
     return figures
 
 
