@@ -376,8 +376,9 @@ def test_a_source_of_two_boards_is_refused_not_averaged(tmp_path):
             assert (row["device_model"], float(row["latency_ms_median"])) == (board, ms)
             assert row["message"] == "no memory measurement" and row["input_shape"] == "3x16x16"
     # one board at a time into one device mixed the two boards' rows all the same, unsaid
-    with pytest.raises(UserError, match=r"nanonano/measurements.csv holds perf4sight rows of board nano and the "
-                                        r"source's are of board tx2, which one device's rows cannot mix"):
+    with pytest.raises(UserError, match=r"nanonano/measurements.csv holds rows measured on nano and the source's "
+                                        r"were measured on tx2 \(column device_model\), which one device's rows "
+                                        r"cannot mix"):
         import_perf4sight(csvs / "tx2", "nanonano", tmp_path / "prof", tmp_path / "models")
     assert len(read_rows(results_path(tmp_path / "prof", "nanonano"))) == 1
     assert import_perf4sight(csvs / "nano", "nanonano", tmp_path / "prof", tmp_path / "models").rows_written == 0

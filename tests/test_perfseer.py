@@ -230,6 +230,16 @@ def test_rows_of_another_backend_are_refused_before_anything_is_written(tmp_path
                                         r".*both/gpu; nothing"):
         import_perfseer(both, "new", tmp_path / "prof", tmp_path / "models")
     assert not results_path(tmp_path / "prof", "new").exists()
+    # two devices' exports, each of one backend, one at a time into one device: mixed unsaid; refused now
+    rows[0]["device_model"] = "Some CPU"
+    export_perfseer(rows, {"tiny_l0": desc}, tmp_path / "ds2", "peak_rss_mb")
+    desc.name = rows[0]["network"] = "tiny_l1"
+    rows[0]["device_model"] = "Another CPU"
+    export_perfseer(rows, {"tiny_l1": desc}, tmp_path / "ds3", "peak_rss_mb")
+    assert import_perfseer(tmp_path / "ds2", "cpus", tmp_path / "prof", tmp_path / "models").rows_written == 1
+    with pytest.raises(UserError, match=r"cpus/measurements.csv holds rows measured on Some CPU and the source's were "
+                                        r"measured on Another CPU \(column device_model\)"):
+        import_perfseer(tmp_path / "ds3", "cpus", tmp_path / "prof", tmp_path / "models")
 
 
 def _onnx_views_graph() -> nx.DiGraph:

@@ -38,7 +38,7 @@ from perf4sight.profiling.plan import DEFAULT_LOSS, update_columns
 from perf4sight.profiling.results import append_row, file_sha, number, read_rows, results_path, row_key
 from perf4sight.wording import plural, shell_word
 
-__all__ = ["ImportSummary", "check_backends", "check_board", "check_descriptions", "description_identity",
+__all__ = ["ImportSummary", "check_backends", "check_descriptions", "check_device_models", "description_identity",
            "import_perf4sight", "mark_thrashing", "read_gt_csv", "rows_on_disk", "source_kind", "PROTOCOL",
            "THRASH_RATIO"]
 
@@ -188,16 +188,18 @@ def check_backends(out: Path, device: str, existing_rows: list[dict[str, Any]], 
                     f"data): {hint}; nothing written")
 
 
-def check_board(out: Path, device: str, existing_rows: list[dict[str, Any]], board: str) -> None:
-    """``UserError`` (before anything is written) where ``device``'s perf4sight rows on disk were measured on another
-    board (their ``device_model``) than the source's ``board``: a source of two boards is refused (:func:`_one_folder`),
-    and two imports of one board each into one device mixed them all the same, unsaid."""
-    have = sorted({str(r.get("device_model") or "") for r in existing_rows
-                   if r.get("backend") == "imported" and r.get("protocol") == PROTOCOL} - {"", board})
-    if have and board:
-        raise UserError(f"import: {out} holds perf4sight rows of board {' and '.join(have)} and the source's are of "
-                        f"board {board}, which one device's rows cannot mix: import them under another --device "
-                        "name; nothing written")
+def check_device_models(out: Path, existing_rows: list[dict[str, Any]], incoming: set[str]) -> None:
+    """``UserError`` (before anything is written) where an import brings rows measured on another device model (their
+    ``device_model``: perf4sight's board, or the model an exported row recorded) than every one of the device's rows
+    on disk: a perf4sight source of two boards is refused (:func:`_one_folder`), and one board at a time into one
+    device mixed them all the same, unsaid (as did two devices' PerfSeer exports, each one's rows of one backend).
+    Rows without a model (a foreign PerfSeer dataset's) are not compared."""
+    have = {str(r.get("device_model") or "") for r in existing_rows} - {""}
+    new = sorted(set(incoming) - {""} - have)
+    if have and new:
+        raise UserError(f"import: {out} holds rows measured on {' and '.join(sorted(have))} and the source's were "
+                        f"measured on {' and '.join(new)} (column device_model), which one device's rows cannot mix: "
+                        "import them under another --device name; nothing written")
 
 
 def import_source(source_dir: str | Path, device: str, tool: str) -> Path:
@@ -432,7 +434,7 @@ def import_perf4sight(source_dir: str | Path, device: str, profiling_dir: str | 
     graphs = _find_graphs(source, variants)  # before anything is written
     existing = read_rows(out)
     check_backends(out, device, existing, {f"imported ({PROTOCOL})"})
-    check_board(out, device, existing, _board_and_dataset(folder, csv_root)[0])
+    check_device_models(out, existing, {_board_and_dataset(folder, csv_root)[0]})
     descs: dict[str, NetworkDescription] = {}  # every graph read and checked before the first file is written
     for variant, graph in sorted(graphs.items()):
         if graph is None:

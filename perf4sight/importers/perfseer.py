@@ -52,7 +52,8 @@ from typing import Any, Callable
 
 from perf4sight.errors import UserError
 from perf4sight.importers.perf4sight_csv import (ImportSummary, check_backends, check_descriptions,
-                                                 description_identity, import_source, rows_on_disk, source_kind)
+                                                 check_device_models, description_identity, import_source,
+                                                 rows_on_disk, source_kind)
 from perf4sight.ir.schema import (INTERPOLATE_MODES, ONE_TENSOR_OPS, OPS, SHARES, NetworkDescription,
                                   save_description)
 from perf4sight.ir.shapes import SIZE_REFERENCES, shape_text, size_reference_problem, transposed_output_padding
@@ -1149,6 +1150,7 @@ def import_perfseer(source_dir: str | Path, device: str, profiling_dir: str | Pa
                    if failed else {}),
                 "timestamp": stamp, "description_sha": descs[desc.name][2]})
     check_backends(out, device, existing, {source_kind(r) for r in rows} - {""}, per_device)
+    check_device_models(out, existing, {str(r.get("device_model") or "") for r in rows})
     check_descriptions(out_models, [d for d, _, _ in descs.values()], existing, device)
     for desc, _, _ in descs.values():
         save_description(desc, out_models / f"{desc.name}.json")
