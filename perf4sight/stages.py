@@ -1208,6 +1208,9 @@ def run_export(cfg: Config, args: argparse.Namespace) -> int:
         raise UserError("export needs --format perfseer --output DIR [--device NAME ...]")
     if Path(args.output).exists() and not Path(args.output).is_dir():
         raise UserError(f"export: --output {args.output} is a file, not a folder")
+    if Path(args.output).is_dir() and any(Path(args.output).iterdir()):  # several devices too: two exports in one
+        # folder (an earlier export's files beside the devices' folders) would read back as one device
+        raise UserError(f"export: {args.output} is not empty; export into a new or empty folder; nothing written")
     devices = measured_devices(cfg, args.device)
     if not devices:
         raise UserError(f"no measurements under {cfg.profiling_dir}: run --stage profile or --stage import first")
@@ -1236,8 +1239,6 @@ def run_export(cfg: Config, args: argparse.Namespace) -> int:
                             "nothing written")
         check_exportable(pairs)
         out = Path(args.output) / device if len(devices) > 1 else Path(args.output)
-        if out.is_dir() and any(out.iterdir()):  # two exports in one folder would read back as one device
-            raise UserError(f"export: {out} is not empty; export into a new or empty folder; nothing written")
         todo[device] = (rows, descriptions, out)
     for device, (rows, descriptions, out) in todo.items():
         try:

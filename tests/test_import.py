@@ -541,3 +541,30 @@ def test_an_import_while_another_writes_the_device_is_refused(tmp_path):
     assert not results_path(tmp_path / "profiling_csvs", "d").exists()
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert done.returncode == 0 and len(read_rows(results_path(tmp_path / "profiling_csvs", "d"))) == 1
+
+
+def test_an_export_of_several_devices_writes_only_into_a_new_or_empty_folder(tmp_path):
+    """One device's export into a folder holding anything is refused (README: export writes only into a new or empty
+    folder), but several devices' went on, each into its own subfolder beside what was there (an earlier export's
+    files, which an import of the folder then read as one device's)."""
+    from argparse import Namespace
+
+    from perf4sight import stages
+    from perf4sight.config import load_config
+
+    csvs = tmp_path / "src" / "profiling_csvs" / "dev" / "cifar10"
+    _write(csvs / "latency" / "net_0-gt.csv", "passed|latency|bs", ["True|12.5|8"])
+    _graph(tmp_path / "src", "net_0")
+    (tmp_path / "config.toml").write_text("")
+    cfg = load_config(tmp_path / "config.toml")
+    for device in ("a", "b"):
+        import_perf4sight(tmp_path / "src", device, cfg.profiling_dir, cfg.models_dir)
+    out = tmp_path / "ds"
+    out.mkdir()
+    (out / "net_0_bs8.txt").write_text("an earlier export's label\n")
+    args = Namespace(format="perfseer", output=str(out), device=["a", "b"])
+    with pytest.raises(UserError, match=r"ds is not empty; export into a new or empty folder; nothing written"):
+        stages.run_export(cfg, args)
+    assert [p.name for p in out.iterdir()] == ["net_0_bs8.txt"]
+    (out / "net_0_bs8.txt").unlink()
+    assert stages.run_export(cfg, args) == 0 and sorted(p.name for p in out.iterdir()) == ["a", "b"]
