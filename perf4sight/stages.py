@@ -1140,6 +1140,9 @@ def run_import(cfg: Config, args: argparse.Namespace) -> int:
         raise UserError(f"import needs --format {{{','.join(IMPORTERS)}}} --source DIR --device NAME "
                         f"({' and '.join(missing)} missing)")
     device = args.device[0]
+    from perf4sight.importers.perf4sight_csv import check_device_name
+
+    check_device_name(device)  # before the lock makes the device's folder: '../x' made one outside the project
     if device in cfg.devices:
         raise UserError(f"import: '{device}' is a device of {cfg.path} ([devices.{device}], backend "
                         f"{cfg.devices[device].backend}): its CSV holds this tool's own measurements; "

@@ -204,6 +204,23 @@ def test_import_device_name_must_name_a_folder(tmp_path, name):
         import_source(tmp_path, name, "perf4sight")
 
 
+def test_a_device_name_refused_leaves_no_folder_behind(tmp_path):
+    """The import stage took its lock (making the device's folder) before the importer refused the name: ``--device
+    a/b`` left ``profiling_csvs/a/``, and ``--device ../../x/y`` made ``x/`` outside the project."""
+    from argparse import Namespace
+
+    from perf4sight import stages
+    from perf4sight.config import load_config
+
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "config.toml").write_text("")
+    cfg = load_config(tmp_path / "p" / "config.toml")
+    for name in ("a/b", "../../x/y"):
+        with pytest.raises(UserError, match="cannot name a folder"):
+            stages.run_import(cfg, Namespace(format="perf4sight", source=str(tmp_path), device=[name]))
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["config.toml", "p"]
+
+
 def _cli_import(tmp_path: Path, source: Path, device: str = "tx3") -> subprocess.CompletedProcess:
     """``--stage import --format perf4sight`` through the command line, with a config in ``tmp_path``."""
     config = tmp_path / "config.toml"

@@ -38,7 +38,7 @@ from perf4sight.profiling.plan import DEFAULT_LOSS, update_columns
 from perf4sight.profiling.results import append_row, file_sha, number, read_rows, results_path, row_key
 from perf4sight.wording import plural, shell_word
 
-__all__ = ["ImportSummary", "check_backends", "check_descriptions", "check_device_models", "description_identity",
+__all__ = ["ImportSummary", "check_backends", "check_descriptions", "check_device_models", "check_device_name", "description_identity",
            "import_perf4sight", "mark_thrashing", "read_gt_csv", "rows_on_disk", "source_kind", "PROTOCOL",
            "THRASH_RATIO"]
 
@@ -209,10 +209,15 @@ def import_source(source_dir: str | Path, device: str, tool: str) -> Path:
         raise UserError(f"{source}: is a file, not a folder: --source takes the folder of the {tool} data")
     if not source.is_dir():
         raise UserError(f"{source}: {tool} source folder not found (looked for {source.resolve()})")
+    check_device_name(device)
+    return source
+
+
+def check_device_name(device: str) -> None:
+    """``UserError`` where ``device`` cannot name the device's folders (under the measurements and models folders)."""
     if not is_file_stem(device):
         raise UserError(f"import: device name {device!r} cannot name a folder (no path separators, no leading '.', "
                         "no surrounding spaces)")
-    return source
 
 
 #: The figure each kind of ``-gt.csv`` file must carry (a number wherever ``passed`` is True).
