@@ -38,9 +38,9 @@ from perf4sight.profiling.plan import DEFAULT_LOSS, update_columns
 from perf4sight.profiling.results import append_row, file_sha, number, read_rows, results_path, row_key
 from perf4sight.wording import plural, shell_word
 
-__all__ = ["ImportSummary", "check_backends", "check_descriptions", "check_device_models", "check_device_name", "description_identity",
-           "import_perf4sight", "mark_thrashing", "read_gt_csv", "rows_on_disk", "source_kind", "PROTOCOL",
-           "THRASH_RATIO"]
+__all__ = ["ImportSummary", "check_backends", "check_descriptions", "check_device_models", "check_device_name",
+           "description_identity", "import_perf4sight", "mark_thrashing", "read_gt_csv", "rows_on_disk",
+           "source_kind", "PROTOCOL", "THRASH_RATIO"]
 
 #: The ``protocol`` cell of an imported row: perf4sight's profiler (latency the mean of 3 timed steps; memory
 #: read as ``features/allocator.py``'s ``perf4sight`` replay protocol describes).
