@@ -22,6 +22,7 @@ from perf4sight.errors import UserError
 from perf4sight.ir.shapes import image_size_problem
 from perf4sight.networks.design_space import DEFAULT_STYLES
 from perf4sight.profiling.plan import MAX_BATCH_SIZE
+from perf4sight.wording import device_table
 
 __all__ = ["Config", "DeviceConfig", "load_config", "BACKENDS", "checked_network_names", "expand_home"]
 
@@ -317,7 +318,7 @@ def _check_paths(cfg: Config, f: Path | None) -> None:
     (the first stage to read the path stopped with a traceback)."""
     paths = [(f"[project] {key}", getattr(cfg.project, key))
              for key in ("models_dir", "profiling_dir", "fingerprint_dir", "reports_dir")]
-    paths += [(f"[devices.{name}] {key}", getattr(dev, key))
+    paths += [(f"{device_table(name)} {key}", getattr(dev, key))
               for name, dev in cfg.devices.items() for key in ("key_file", "known_hosts")]
     paths += [(f"[networks] {key}", name) for key in ("factories", "description_files")
               for name in getattr(cfg.networks, key)]
@@ -371,31 +372,31 @@ def _check_devices(cfg: Config, f: Path | None) -> None:
             raise UserError(f"{f}: device name {name!r} cannot name a folder (its measurements and fingerprint "
                             "go in a folder of that name: no path separators, no leading '.', no surrounding spaces)")
         if dev.backend not in BACKENDS:
-            raise UserError(f"{f}: [devices.{name}] backend '{dev.backend}' is not one of {', '.join(BACKENDS)}")
+            raise UserError(f"{f}: {device_table(name)} backend '{dev.backend}' is not one of {', '.join(BACKENDS)}")
         for key in ("memory_limit_mb", "threads", "gpu_index"):
             if getattr(dev, key) < 0:
-                raise UserError(f"{f}: [devices.{name}] {key} must be >= 0, got {getattr(dev, key)}")
+                raise UserError(f"{f}: {device_table(name)} {key} must be >= 0, got {getattr(dev, key)}")
         if dev.backend == "nvml" and dev.memory_limit_mb:  # it bounds the process's RSS, not the GPU's memory
-            raise UserError(f"{f}: [devices.{name}] memory_limit_mb bounds a process's resident memory (cpu, and a "
+            raise UserError(f"{f}: {device_table(name)} memory_limit_mb bounds a process's resident memory (cpu, and a "
                             "Jetson's memory shared with its GPU); an nvml GPU's capacity is learnt from its oom "
                             "rows: drop the key")
         if not dev.reconnect_timeout_s > 0:
-            raise UserError(f"{f}: [devices.{name}] reconnect_timeout_s must be > 0 (seconds), "
+            raise UserError(f"{f}: {device_table(name)} reconnect_timeout_s must be > 0 (seconds), "
                             f"got {dev.reconnect_timeout_s}")
         if not 0 < dev.port < 65536:
-            raise UserError(f"{f}: [devices.{name}] port must lie in 1..65535, got {dev.port}")
+            raise UserError(f"{f}: {device_table(name)} port must lie in 1..65535, got {dev.port}")
         if not dev.python.strip():  # check ran "" and profile python3: name one, or drop the key for python3
-            raise UserError(f"{f}: [devices.{name}] python is empty: name the device's interpreter, or drop the key "
-                            "for python3")
+            raise UserError(f"{f}: {device_table(name)} python is empty: name the device's interpreter, or drop the "
+                            "key for python3")
         if not dev.workdir.strip():  # check probed the login folder, profile expanded "" its own way
-            raise UserError(f"{f}: [devices.{name}] workdir is empty: name the device's work folder, or drop the key "
-                            f"for {_DEVICE_DEFAULTS['workdir']}")
+            raise UserError(f"{f}: {device_table(name)} workdir is empty: name the device's work folder, or drop the "
+                            f"key for {_DEVICE_DEFAULTS['workdir']}")
         ssh_only = [k for k in SSH_ONLY if getattr(dev, k) != _DEVICE_DEFAULTS[k]]
         if not dev.host and ssh_only:  # a forgotten host would profile this machine under the device's name
-            raise UserError(f"{f}: [devices.{name}] sets {', '.join(ssh_only)} but no host: without a host the "
+            raise UserError(f"{f}: {device_table(name)} sets {', '.join(ssh_only)} but no host: without a host the "
                             "device is this machine; set host for an SSH device, or drop those keys")
         if dev.host:
-            _check_host(dev.host, f"{f}: [devices.{name}] host {dev.host!r}")
+            _check_host(dev.host, f"{f}: {device_table(name)} host {dev.host!r}")
     for d in cfg.profile.devices:
         if d not in cfg.devices:
             raise UserError(f"{f}: [profile] devices names unknown device '{d}' "
@@ -658,7 +659,7 @@ def load_config(path: str | Path) -> Config:
         if key == "devices":
             if not isinstance(value, dict):
                 raise UserError(f"{p}: [devices] must be a table of [devices.<name>] tables")
-            cfg.devices = {n: _convert(v, DeviceConfig, f"{p}: [devices.{n}]") for n, v in value.items()}
+            cfg.devices = {n: _convert(v, DeviceConfig, f"{p}: {device_table(n)}") for n, v in value.items()}
         else:
             setattr(cfg, key, _convert(value, hints[key], f"{p}: [{key}]"))
     cfg.path = p

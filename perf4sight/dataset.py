@@ -18,7 +18,7 @@ from perf4sight.ir.shapes import shape_text
 from perf4sight.profiling.plan import phase_optimizer, training_phase
 from perf4sight.profiling.results import (file_sha, incomplete_note, latest_rows, loss_of, phase_of, read_rows,
                                          results_path, split_stale)
-from perf4sight.wording import named, plural, shell_words
+from perf4sight.wording import device_table, named, plural, shell_words
 
 __all__ = ["read_manifest", "is_description_file", "dataset_descriptions", "dataset_descriptions_or_empty",
            "description_shas", "descriptions_and_shas", "current_rows", "other_phases", "other_losses", "stale_note",
@@ -239,8 +239,8 @@ def unknown_device(cfg: Config, name: str, known: list[str]) -> str:
     """The line saying that device ``name`` is none of ``known`` (:func:`known_devices`), with the closest names."""
     close = difflib.get_close_matches(name, known, n=2, cutoff=0.6)
     guess = f" (did you mean {' or '.join(repr(n) for n in close)}?)" if close else ""
-    return (f"unknown device '{name}'{guess}: no [devices.{name}] in {cfg.path}, and no measurements or fingerprint "
-            f"of that name (devices: {', '.join(known) or 'none'})")
+    return (f"unknown device '{name}'{guess}: no {device_table(name)} in {cfg.path}, and no measurements or "
+            f"fingerprint of that name (devices: {', '.join(known) or 'none'})")
 
 
 def _devices_having(cfg: Config, folder: Path, marker: str, what: str, wanted: list[str] | None,

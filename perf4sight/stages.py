@@ -32,7 +32,7 @@ from perf4sight.profiling.backends.base import LIMIT_OOM
 from perf4sight.profiling.plan import DEFAULT_LOSS, training_phase
 from perf4sight.profiling.results import (LOAD_MARGIN, batch_size_of, incomplete_note, latest_rows, loss_of, number,
                                          phase_of, read_rows, references_path, results_path, under_load)
-from perf4sight.wording import named, plural, shell_word, shell_words
+from perf4sight.wording import device_table, named, plural, shell_word, shell_words
 
 if TYPE_CHECKING:  # the importers are imported by the import stage alone
     from perf4sight.importers import ImportSummary
@@ -187,8 +187,8 @@ def _configured(cfg: Config, names: list[str]) -> list[str]:
     for name in names:
         if name not in cfg.devices and results_path(cfg.profiling_dir, name).is_file():
             raise UserError(f"{cfg.path}: '{name}' has measurements in {results_path(cfg.profiling_dir, name)} "
-                            f"(imported?) but no [devices.{name}] table: only a configured device can be checked or "
-                            f"profiled (devices: {', '.join(cfg.devices) or 'none'})")
+                            f"(imported?) but no {device_table(name)} table: only a configured device can be checked "
+                            f"or profiled (devices: {', '.join(cfg.devices) or 'none'})")
         cfg.device(name)
     return names
 
@@ -291,7 +291,7 @@ def _limit_note(cfg: Config, device: str, rows: list[dict[str, str]]) -> str:
         peak = max(float(LIMIT_OOM.search(str(r["message"])).group(1)) for r in at_limit)
         return (f"note: {device}: every network ran out of memory at its smallest batch size under memory_limit_mb = "
                 f"{limit} (RSS up to {peak:.0f} MiB): torch, a model and its optimiser take more than that before "
-                f"the first step; raise the limit in [devices.{device}] and profile again (the rows of {csv_path} "
+                f"the first step; raise the limit in {device_table(device)} and profile again (the rows of {csv_path} "
                 "that a lower limit caused are measured again)")
     return ""
 
@@ -307,7 +307,7 @@ def _over_limit_note(cfg: Config, device: str, rows: list[dict[str, str]]) -> st
     if not over:
         return ""
     nets = sorted({str(r.get("network")) for r in over})
-    return (f"note: {device}: {plural(len(over), 'ok row')} ({named(nets)}) peaked above [devices.{device}] "
+    return (f"note: {device}: {plural(len(over), 'ok row')} ({named(nets)}) peaked above {device_table(device)} "
             f"memory_limit_mb = {limit:g} MiB, so {'it was' if len(over) == 1 else 'they were'} measured under another "
             "limit; the fingerprint takes the limit as the capacity and predicts such steps not to fit (to record "
             f"them as oom, delete their lines from {results_path(cfg.profiling_dir, device)} and profile again)")
@@ -346,7 +346,7 @@ def _load_note(cfg: Config, device: str, rows: list[dict[str, str]], fitting: bo
     again = (f"run --stage profile --device {shell_word(device)} --remeasure {shell_words(nets[:5])}"
              f"{' ...' * (len(nets) > 5)}"
              " while the device is quiet (the earlier rows move to superseded.csv)" if dev is not None
-             else f"rerun {it} on a quiet device (no [devices.{device}] table here to profile it)")  # imported rows
+             else f"rerun {it} on a quiet device (no {device_table(device)} table here to profile it)")  # imported rows
     return (f"note: {device}: {len(loaded)} of {plural(len(ok), 'ok row')} {'was' if one else 'were'} measured while "
             f"its 1-minute load average was {above}; up to {peak:g}, column load_avg_1m): other "
             f"work shared {'the CPU cores that launch its kernels' if gpu else 'its cores'}, so "
@@ -1109,8 +1109,8 @@ def _changed_limit_note(cfg: Config, device: str, folder: Path) -> str:
     said_now = f"is {now:g} MiB now" if now else "is not set now"
     then = f"{fitted:g} MiB" if fitted else "none set"
     capacity = "unknown" if cap is None else f"{cap:.0f} MiB ({source})"
-    return (f"note: {device}: [devices.{device}] memory_limit_mb {said_now}, {then} when its fingerprint was fitted: "
-            f"'fits' and the largest batch are against the fingerprint's capacity, {capacity}; run --stage "
+    return (f"note: {device}: {device_table(device)} memory_limit_mb {said_now}, {then} when its fingerprint was "
+            f"fitted: 'fits' and the largest batch are against the fingerprint's capacity, {capacity}; run --stage "
             f"fingerprint --device {shell_word(device)} to fit it under the limit set now")
 
 
@@ -1144,7 +1144,7 @@ def run_import(cfg: Config, args: argparse.Namespace) -> int:
 
     check_device_name(device)  # before the lock makes the device's folder: '../x' made one outside the project
     if device in cfg.devices:
-        raise UserError(f"import: '{device}' is a device of {cfg.path} ([devices.{device}], backend "
+        raise UserError(f"import: '{device}' is a device of {cfg.path} ({device_table(device)}, backend "
                         f"{cfg.devices[device].backend}): its CSV holds this tool's own measurements; "
                         "import under another name")
     csv_path = results_path(cfg.profiling_dir, device)

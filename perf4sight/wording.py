@@ -1,9 +1,11 @@
 """Wording of user-facing lines: counts with their noun in the right number. Standard library only."""
 from __future__ import annotations
 
+import json
+import re
 import shlex
 
-__all__ = ["plural", "named", "shell_word", "shell_words"]
+__all__ = ["plural", "named", "shell_word", "shell_words", "device_table"]
 
 
 def plural(count: int, noun: str, nouns: str = "") -> str:
@@ -26,3 +28,10 @@ def shell_word(text: object) -> str:
 def shell_words(texts: list) -> str:
     """Each of ``texts`` as :func:`shell_word`, space-separated: the words of ``--device A B``."""
     return " ".join(shell_word(t) for t in texts)
+
+
+def device_table(name: str) -> str:
+    """The config's table header of device ``name`` as TOML reads it: ``[devices.tx2]``, or ``[devices."jetson tx2"]``
+    for a name that is no bare key (a space, a dot: ``[devices.jetson tx2]`` is no TOML, and ``[devices.tx2.b]`` a
+    table ``b`` inside device ``tx2``)."""
+    return f"[devices.{name if re.fullmatch(r'[A-Za-z0-9_-]+', name) else json.dumps(name)}]"

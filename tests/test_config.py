@@ -579,6 +579,11 @@ def test_the_commands_suggested_for_a_device_named_with_a_space_can_be_pasted(tm
                                                                     '"configured memory_limit_mb"}')
     assert "run --stage fingerprint --device 'bench b' to fit" in _changed_limit_note(
         cfg, "bench b", cfg.fingerprint_dir / "bench b")
+    # the config's table of such a device, as TOML reads it: [devices.jetson tx3] is no TOML, [devices.tx2.b] a table
+    with pytest.raises(UserError, match=r'no \[devices."jetson tx3"\] in .*c.toml, and no measurements'):
+        measured_devices(cfg, ["jetson tx3"])
+    with pytest.raises(UserError, match=r'\[devices."tx2.b"\] backend \'gpu\' is not one of'):
+        load_config(write(tmp_path, '[devices."tx2.b"]\nbackend = "gpu"\n'))
 
 
 def test_init_suggests_a_config_path_with_a_space_quoted(tmp_path, capsys):
