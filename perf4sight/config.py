@@ -411,6 +411,11 @@ def _check_profile(cfg: Config, f: Path | None) -> None:
     from perf4sight.profiling.plan import check_measurement_settings  # standard library only
 
     check_measurement_settings(cfg.profile, f"{f}: [profile] ")
+    given = [k for k in ("reference_network", "reference_batch_size") if getattr(cfg.profile, k)]
+    if given and not cfg.profile.reference_every:  # the drift reference's settings, passed over without a word
+        raise UserError(f"{f}: [profile] {' and '.join(given)} {'is' if len(given) == 1 else 'are'} the drift "
+                        "reference's, but reference_every is 0, so none is measured: set reference_every (e.g. 6, one "
+                        f"reference every 6 measurements), or drop {'it' if len(given) == 1 else 'them'}")
 
 
 def _check_fingerprint(cfg: Config, f: Path | None) -> None:

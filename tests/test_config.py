@@ -645,6 +645,19 @@ def test_a_file_in_the_current_folder_does_not_hide_a_network_of_its_name(tmp_pa
     assert load_config(write(tmp_path, text)).predict.networks == ["net_0", str(tmp_path / "mine")]
 
 
+def test_a_drift_reference_without_reference_every_is_said_not_passed_over(tmp_path):
+    """``reference_network`` and ``reference_batch_size`` without ``reference_every`` (the shipped config has the
+    three commented out together) measured no reference, without a word."""
+    for keys, said in (('reference_network = "resnet18_l0"\nreference_batch_size = 2', "reference_network and "
+                        "reference_batch_size are the drift reference's, but reference_every is 0"),
+                       ("reference_batch_size = 2", "reference_batch_size is the drift reference's")):
+        with pytest.raises(UserError, match=rf"\[profile\] {said}.*set reference_every \(e.g. 6"):
+            load_config(write(tmp_path, GOOD.replace("[profile]\n", f"[profile]\n{keys}\n")))
+    cfg = load_config(write(tmp_path, GOOD.replace("[profile]\n", "[profile]\nreference_every = 3\n"
+                                                                   "reference_batch_size = 2\n")))
+    assert (cfg.profile.reference_every, cfg.profile.reference_batch_size) == (3, 2)
+
+
 def test_export_in_perf4sight_format_says_perfseer_is_the_only_one(tmp_path):
     path = write(tmp_path, GOOD)
     proc = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(path), "--stage", "export",
