@@ -247,7 +247,7 @@ def _run(argv: list[str] | None, prog: str | None) -> int:
             print(f"wrote {written}: the default configuration, every stage on this machine's CPU; next: "
                   f"--config {shlex.quote(str(written))} --stage all")
             return 0
-        cfg = load_config(args.config)
+        cfg = load_config(args.config, importing=args.stage == "import")
         return stages.run(args.stage, cfg, args)
     except UserError as exc:  # one line, whatever a message quotes (a user's exception can span several)
         print(f"error: {' '.join(line.strip() for line in str(exc).splitlines() if line.strip())}", file=sys.stderr)

@@ -301,13 +301,14 @@ _FINGERPRINT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Fingerpri
 MAX_TREE_SEED = 2**32 - 1
 
 
-def _check(cfg: Config) -> None:
-    """Values the types allow but the stages cannot use; ``UserError`` naming the file and key."""
+def _check(cfg: Config, importing: bool = False) -> None:
+    """Values the types allow but the stages cannot use; ``UserError`` naming the file and key (``importing``: see
+    :func:`load_config`)."""
     _check_paths(cfg, cfg.path)
     _check_devices(cfg, cfg.path)
     _check_profile(cfg, cfg.path)
     _check_fingerprint(cfg, cfg.path)
-    _check_networks(cfg, cfg.path)
+    _check_networks(cfg, cfg.path, importing)
     _check_generator(cfg, cfg.path)
     _check_seeds(cfg, cfg.path)
     _check_folders(cfg, cfg.path)
@@ -441,8 +442,9 @@ def _check_fingerprint(cfg: Config, f: Path | None) -> None:
                             f"{_FINGERPRINT_DEFAULTS[key]}), got {getattr(fp, key):,}")
 
 
-def _check_networks(cfg: Config, f: Path | None) -> None:
-    """[networks] and the networks [predict] and [compare] name (description files made config-relative)."""
+def _check_networks(cfg: Config, f: Path | None, importing: bool = False) -> None:
+    """[networks] and the networks [predict] and [compare] name (description files made config-relative; with
+    ``importing``, a name of no known network passes: the import may bring it)."""
     for key in ("num_classes", "segmentation_classes"):
         if not 1 <= getattr(cfg.networks, key) <= MAX_CLASSES:
             raise UserError(f"{f}: [networks] {key} must lie in 1..{MAX_CLASSES:,}, got {getattr(cfg.networks, key)}")
@@ -476,7 +478,7 @@ def _check_networks(cfg: Config, f: Path | None) -> None:
                             "its .json files one by one")
         if not cfg.resolve(fname).is_file():
             raise UserError(f"{f}: [networks] description_files: file not found: {fname}")
-    _check_named_networks(cfg, f)
+    _check_named_networks(cfg, f, importing)
     if not cfg.predict.batch_sizes:
         raise UserError(f"{f}: [predict] batch_sizes is empty: give at least one (e.g. [8]), or leave the key out")
     if any(b < 1 for b in cfg.predict.batch_sizes):
@@ -532,19 +534,21 @@ def _check_zoo(cfg: Config, f: Path | None) -> None:
 _GENERATED_NAME = re.compile(r"gen_\d+_\d+")
 
 
-def _check_named_networks(cfg: Config, f: Path | None) -> None:
+def _check_named_networks(cfg: Config, f: Path | None, importing: bool = False) -> None:
     """[predict] and [compare] networks, as :func:`checked_network_names` takes them, their files made relative to
-    the config file like every path of it."""
+    the config file like every path of it (``importing``: a name of no known network passes)."""
     for key, section in (("predict", cfg.predict), ("compare", cfg.compare)):
-        section.networks = checked_network_names(cfg, section.networks, f"{f}: [{key}] networks", cfg.resolve)
+        section.networks = checked_network_names(cfg, section.networks, f"{f}: [{key}] networks", cfg.resolve,
+                                                 unknown_ok=importing)
 
 
-def checked_network_names(cfg: Config, names: list[str], where: str, resolve: Callable[[str], Path]) -> list[str]:
+def checked_network_names(cfg: Config, names: list[str], where: str, resolve: Callable[[str], Path],
+                          unknown_ok: bool = False) -> list[str]:
     """``names`` as ``--network`` takes them: zoo names, description files and factories (``file.py:function``;
     their files made absolute by ``resolve``), the names of the networks ``[networks]`` names, or the names of the
     dataset's networks: one on disk (the networks stage's manifest, a device's imported graphs), or a name the
     networks stage gives (it may not have run yet); anything else is a typo, a ``UserError`` ``where`` + what is
-    wrong, said at once rather than after a profile."""
+    wrong, said at once rather than after a profile (``unknown_ok``: kept as it is, for an import to bring)."""
     from perf4sight.dataset import dataset_network_names, unknown_network
     from perf4sight.networks.factories import COMMAND_LINE_FACTORY  # no torch
     from perf4sight.networks.named import named_networks  # no torch
@@ -571,7 +575,7 @@ def checked_network_names(cfg: Config, names: list[str], where: str, resolve: Ca
         elif "/" in name or "\\" in name:
             raise UserError(f"{where}: '{name}': no such file ({resolve(name)})")
         else:
-            if not of_dataset(name) and name not in (n.name for n in named_networks(cfg)):
+            if not (unknown_ok or of_dataset(name) or name in (n.name for n in named_networks(cfg))):
                 raise UserError(f"{where}: {unknown_network(cfg, name, dataset)}")
             out.append(name)
     return out
@@ -643,8 +647,10 @@ def _config_text(p: Path) -> str:
                         "such as Latin-1); TOML is UTF-8: save it as UTF-8") from None
 
 
-def load_config(path: str | Path) -> Config:
-    """Read and validate a TOML config; raises ``UserError`` naming file and key."""
+def load_config(path: str | Path, importing: bool = False) -> Config:
+    """Read and validate a TOML config; raises ``UserError`` naming file and key. ``importing`` (the import stage):
+    a ``[predict]`` or ``[compare]`` network of no known name is not refused, as the import may bring it (an imported
+    graph's name: refused, the config could not import it, after its imported folder was deleted say)."""
     p = Path(path)
     if p.is_dir():
         raise UserError(f"{p}: is a directory, not a config file (give the TOML file, e.g. {p / 'config.toml'})")
@@ -669,5 +675,5 @@ def load_config(path: str | Path) -> Config:
             setattr(cfg, key, _convert(value, hints[key], f"{p}: [{key}]"))
     cfg.path = p
     cfg.root = p.resolve().parent
-    _check(cfg)
+    _check(cfg, importing)
     return cfg

@@ -585,3 +585,22 @@ def test_an_export_of_several_devices_writes_only_into_a_new_or_empty_folder(tmp
     assert [p.name for p in out.iterdir()] == ["net_0_bs8.txt"]
     (out / "net_0_bs8.txt").unlink()
     assert stages.run_export(cfg, args) == 0 and sorted(p.name for p in out.iterdir()) == ["a", "b"]
+
+
+def test_a_config_naming_an_imported_network_can_import_it(tmp_path, capsys):
+    """``[predict] networks = ["net_0"]``, a graph an import brings: the config was refused at load as naming an
+    unknown network by every stage, the import too, so it could never be imported (after its imported folder was
+    deleted to start over, say). The import stage loads it; the others still refuse the name until it is there."""
+    from perf4sight import cli
+    from perf4sight.config import load_config
+
+    _write(tmp_path / "src" / "profiling_csvs" / "dev" / "cifar10" / "latency" / "net_0-gt.csv",
+           "passed|latency|bs", ["True|12.5|8"])
+    _graph(tmp_path / "src", "net_0")
+    config = tmp_path / "config.toml"
+    config.write_text('[predict]\nnetworks = ["net_0"]\n')
+    with pytest.raises(UserError, match=r"\[predict\] networks: unknown network 'net_0'"):
+        load_config(config)
+    assert cli.main(["--config", str(config), "--stage", "import", "--format", "perf4sight", "--source",
+                     str(tmp_path / "src"), "--device", "d"]) == 0, capsys.readouterr().err
+    assert load_config(config).predict.networks == ["net_0"]
