@@ -488,7 +488,7 @@ def test_a_graph_named_otherwise_than_its_file_takes_the_files_name(tmp_path):
     assert load_description(saved).name == "net_50"
 
 
-def test_a_source_without_the_dataset_folder_names_its_board(tmp_path):
+def test_a_source_without_the_dataset_folder_names_its_board(tmp_path, monkeypatch):
     """profiling_csvs/<board>/memory/ without perf4sight's <dataset>/ level: every row read 'profiling_csvs' as its
     board, and a network without its graph was refused as of an 'unknown dataset folder' named for the board."""
     src = tmp_path / "src"
@@ -503,6 +503,14 @@ def test_a_source_without_the_dataset_folder_names_its_board(tmp_path):
     import_perf4sight(src, "nano", tmp_path / "prof", tmp_path / "models")
     rows = read_rows(results_path(tmp_path / "prof", "nano"))
     assert [(r["network"], r["device_model"]) for r in rows] == [("net_0", "nano"), ("other_0", "nano")]
+    # that board's folder given as --source (as README allows): it read 'profiling_csvs' as the board again
+    import_perf4sight(src / "profiling_csvs" / "nano", "nano2", tmp_path / "prof", tmp_path / "models")
+    assert {r["device_model"] for r in read_rows(results_path(tmp_path / "prof", "nano2"))} == {"nano"}
+    assert import_perf4sight(src / "profiling_csvs" / "nano", "nano", tmp_path / "prof",
+                             tmp_path / "models").rows_written == 0  # the same rows: no other board
+    monkeypatch.chdir(src / "profiling_csvs" / "nano")  # --source . (it read '' as the board)
+    import_perf4sight(".", "nano3", tmp_path / "prof", tmp_path / "models")
+    assert {r["device_model"] for r in read_rows(results_path(tmp_path / "prof", "nano3"))} == {"nano"}
     # <board>/<dataset>/ with a dataset of another name than this tool knows: the board is still the board
     other = tmp_path / "other"
     _write(other / "profiling_csvs" / "tx2" / "tinyimagenet" / "latency" / "net_0-gt.csv", "passed|latency|bs",

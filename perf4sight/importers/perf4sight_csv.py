@@ -25,6 +25,7 @@ import csv
 import datetime as _dt
 import json
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -292,9 +293,11 @@ def _board_and_dataset(folder: Path, csv_root: Path) -> tuple[str, str]:
     """(board, dataset) of the folder holding ``memory/`` and ``latency/``: perf4sight's ``<board>/<dataset>/``
     two levels below ``csv_root``, whatever the dataset's name; one level below, a board's own folder
     (``profiling_csvs/nano/memory/``, dataset '') unless it is named for a dataset this tool knows; ``csv_root``
-    itself, given as the source, a dataset folder whose parent names the board."""
+    itself, given as the source, a dataset folder whose parent names the board, or that board's own folder where its
+    parent is ``profiling_csvs/`` (``--source profiling_csvs/nano``: the board read 'profiling_csvs' before)."""
     depth = len(folder.relative_to(csv_root).parts)
-    if depth == 1 and folder.name not in _DATASET_SHAPES:
+    folder = Path(os.path.abspath(folder))  # --source . names its folder too
+    if folder.name not in _DATASET_SHAPES and (depth == 1 or depth == 0 and folder.parent.name == "profiling_csvs"):
         return folder.name, ""
     return folder.parent.name, folder.name
 
