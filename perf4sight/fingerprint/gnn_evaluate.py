@@ -81,7 +81,7 @@ def cross_validate(s: Samples, st: TrainSettings, trees_cfg: Any, coverage: floa
     F_trees = _trees_features(s, trees_cfg)
     for j, target in enumerate(TARGETS):
         sel = np.nonzero(np.isfinite(s.Y[:, j]))[0]
-        y, groups = np.exp(s.Y[sel, j]), s.groups[sel]
+        y, groups = s.measured[sel, j], s.groups[sel]  # as measured, as the trees fingerprint reads them
         cv_g = grouped_cv(sel[:, None], y, groups, s.grouping, lambda a, b, c, j=j: gnn_fold(c[:, 0])[:, j])
         col = LATENCY_COLUMN if target == "latency" else s.mem_col
         cv_t = _stored_trees_cv(s, sel, col, y, groups, (trees_held_out or {}).get(target, {}))
