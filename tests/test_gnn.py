@@ -395,6 +395,30 @@ def test_a_baseline_edited_by_hand_is_refused_at_load(fitted, tmp_path, edit):
     with pytest.raises(UserError, match="GNN files are damaged or incompatible"):
         load_gnn(tmp_path)
 
+@pytest.mark.parametrize("edit", [
+    lambda n: [n["x"][i].pop() for i in (0, 1)],      # a node column short: numpy's broadcast error at the query
+    lambda n: [n["e"][i].append(0.5) for i in (0, 1)],  # an edge column too many: the same
+    lambda n: [n["y"][i].pop() for i in (0, 1)],      # one target's statistics: given to both targets
+    lambda n: n.update(y=[0.0, 1.0]),                 # numbers, not a column each: the same
+    lambda n: n["y"][1].__setitem__(0, -1.0),          # a negative std: the log target turned over
+    lambda n: n["u"].append(n["u"][0]),
+])
+def test_a_normaliser_of_other_sizes_is_refused_at_load(fitted, tiny, tmp_path, edit):
+    """gnn.json's normaliser was checked for finite numbers only: statistics of the wrong number of columns loaded,
+    and a query then ended in a traceback or predicted from the wrong statistics. Each is the one-line 'damaged or
+    incompatible' at load now, naming the part."""
+    descs, _ = tiny
+    out, _ = fitted
+    for name in (GNN_JSON, GNN_WEIGHTS):
+        (tmp_path / name).write_bytes((out / name).read_bytes())
+    assert load_gnn(tmp_path).predict(descs["res_w4"], [2])[0]["memory_mb"] > 0  # the file as fitted loads
+    meta = json.loads((out / GNN_JSON).read_text())
+    edit(meta["normaliser"])
+    (tmp_path / GNN_JSON).write_text(json.dumps(meta))
+    with pytest.raises(UserError, match=r"GNN files are damaged or incompatible \(ValueError: normaliser\.[xeuy] is"):
+        load_gnn(tmp_path)
+
+
 def test_bad_inputs(tiny, tmp_path):
     descs, rows = tiny
     with pytest.raises(UserError, match="architecture"):

@@ -69,6 +69,20 @@ class Normaliser:
     def from_json(cls, d: dict[str, Any]) -> "Normaliser":
         return cls(*(tuple(d[k]) for k in ("x", "e", "u", "y")))  # type: ignore[arg-type]
 
+    def check(self, node_dim: int, edge_dim: int, global_dim: int, outputs: int = 2) -> None:
+        """``ValueError`` naming the first part (``normaliser.x``...) that is not a mean and a std per column of its
+        features (stds not negative; the targets' positive). Read unchecked, a part one column short ended a query in
+        numpy's broadcast error, and a target part of one column (or of two numbers) gave both targets its figures."""
+        for name, n in (("x", node_dim), ("e", edge_dim), ("u", global_dim), ("y", outputs)):
+            part = getattr(self, name)
+            ok = (isinstance(part, (list, tuple)) and len(part) == 2
+                  and all(isinstance(c, list) and len(c) == n for c in part)
+                  and all(isinstance(v, (int, float)) and not isinstance(v, bool) for c in part for v in c))
+            sd = np.asarray(part[1], dtype=float) if ok else None  # NaN passes here: load_gnn's finite check names it
+            if not ok or np.any(sd <= 0 if name == "y" else sd < 0):
+                raise ValueError(f"normaliser.{name} is not a mean and a {'positive' if name == 'y' else 'non-negative'}"
+                                 f" std for each of its {n} columns")
+
 
 def standardise(a: np.ndarray, stats: tuple[list[float], list[float]]) -> np.ndarray:
     """Standardised columns (float32); a column with std 0 (constant in training) is 0."""

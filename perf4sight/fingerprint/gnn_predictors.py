@@ -166,10 +166,11 @@ def load_gnn(out_dir: str | Path) -> GNNPredictor:
         check_metadata(meta)
         st = meta["settings"]
         weights = _weights(d)
+        norm = Normaliser.from_json(meta["normaliser"])
+        norm.check(len(NODE_FEATURES), len(EDGE_FEATURES), len(GLOBAL_FEATURES))
         _check_finite({**weights, **{f"normaliser.{k}": meta["normaliser"][k] for k in ("x", "e", "u", "y")}})
         model = GNNForward(st["arch"], weights, int(st["layers"]))
         model.check(len(NODE_FEATURES), len(EDGE_FEATURES), len(GLOBAL_FEATURES), int(st["hidden"]))
-        norm = Normaliser.from_json(meta["normaliser"])
         return GNNPredictor(model, norm, meta)  # which reads the rest of the metadata
     except (json.JSONDecodeError, KeyError, RuntimeError, ValueError, TypeError, AttributeError, OSError, EOFError,
             pickle.UnpicklingError, zipfile.BadZipFile) as exc:
