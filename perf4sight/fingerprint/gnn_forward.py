@@ -80,8 +80,8 @@ class Normaliser:
                   and all(isinstance(v, (int, float)) and not isinstance(v, bool) for c in part for v in c))
             sd = np.asarray(part[1], dtype=float) if ok else None  # NaN passes here: load_gnn's finite check names it
             if not ok or np.any(sd <= 0 if name == "y" else sd < 0):
-                raise ValueError(f"normaliser.{name} is not a mean and a {'positive' if name == 'y' else 'non-negative'}"
-                                 f" std for each of its {n} columns")
+                sign = "positive" if name == "y" else "non-negative"
+                raise ValueError(f"normaliser.{name} is not a mean and a {sign} std for each of its {n} columns")
 
 
 def standardise(a: np.ndarray, stats: tuple[list[float], list[float]]) -> np.ndarray:
