@@ -426,8 +426,16 @@ def test_bad_inputs(tiny, tmp_path):
     with pytest.raises(UserError, match="no measurements"):
         fit_gnn(rows, descs, "other-device", tmp_path)
     one = [r for r in rows if r["network"] == "deep_w8"]  # nothing to hold out: refused, as by the trees
-    with pytest.raises(UserError, match=r"ok rows of 1 network \(deep_w8\); a GNN needs 2 or more"):
+    with pytest.raises(UserError, match=r"ok rows with a latency figure of 1 network \(deep_w8\); a GNN needs 2 or"):
         fit_gnn(one, descs, "cpu0", tmp_path, max_epochs=2)
+    # nor where the other network ran out of memory at every batch size (its rows counted before: a GNN stored with
+    # NaN accuracy and a band of [0, 0]), or measured no memory figure
+    oom = one + [r | {"status": "oom"} for r in rows if r["network"] == "res_w4"]
+    with pytest.raises(UserError, match=r"latency figure of 1 network \(deep_w8\); a GNN needs 2 or more"):
+        fit_gnn(oom, descs, "cpu0", tmp_path, max_epochs=2)
+    no_memory = one + [r | {"peak_rss_mb": ""} for r in rows if r["network"] == "res_w4"]
+    with pytest.raises(UserError, match=r"memory figure of 1 network \(deep_w8\); a GNN needs 2 or more"):
+        fit_gnn(no_memory, descs, "cpu0", tmp_path, max_epochs=2)
     assert not (tmp_path / "gnn.json").exists()
     bad = NetworkDescription.from_dict(descs["plain_w4"].to_dict())
     bad.nodes[2].op = "lstm"

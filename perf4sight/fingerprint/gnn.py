@@ -58,7 +58,7 @@ from perf4sight.fingerprint.gnn_graph import EDGE_FEATURES, GLOBAL_FEATURES, NOD
 from perf4sight.fingerprint.gnn_forward import predict_latency_memory
 from perf4sight.fingerprint.gnn_predictors import (FORMAT, GNN_JSON, GNN_WEIGHTS, OLD_GNN_WEIGHTS, EnsemblePredictor,
                                                    GNNPredictor, load_gnn, load_predictor)
-from perf4sight.fingerprint.gnn_samples import Samples
+from perf4sight.fingerprint.gnn_samples import TARGETS, Samples
 from perf4sight.fingerprint.storage import HELD_OUT_FILE, load_held_out
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import batch_size_of
@@ -94,10 +94,15 @@ def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
         trees_config = FingerprintConfig(seed=seed)
     st = TrainSettings(arch=arch, hidden=hidden, layers=layers, max_epochs=max_epochs, patience=patience, seed=seed)
     s = Samples(rows, descriptions, device)
-    if len(s.templates) < 2:  # as the trees: nothing to hold out, so no accuracy and a zero-width interval
-        raise UserError(f"gnn: device '{device}' has ok rows of {plural(len(s.templates), 'network')} "
-                        f"({named(sorted(s.templates))}); a GNN needs 2 or more, as its accuracy and intervals are "
-                        "measured on networks held out of the fit: profile more networks")
+    for j, target in enumerate(TARGETS):  # as the trees: nothing to hold out, so no accuracy and a zero-width interval
+        nets = sorted(set(s.nets[np.isfinite(s.Y[:, j])].tolist()))  # a network out of memory everywhere: not one
+        groups = set(s.groups[np.isfinite(s.Y[:, j])].tolist())
+        if len(nets) < 2 or len(groups) < 2:
+            held = f"{plural(len(groups), 'family', 'families')}" if len(nets) >= 2 else plural(len(nets), 'network')
+            raise UserError(f"gnn: device '{device}' has ok rows with a {target} figure of {held} "
+                            f"({named(sorted(groups) if len(nets) >= 2 else nets)}); a GNN needs 2 or more, as its "
+                            "accuracy and intervals are measured on networks held out of the fit: profile more "
+                            "networks")
     t0 = time.perf_counter()
     trees_held_out = load_held_out(out_dir)  # the trees fingerprint beside it, if fitted: its own figures
     ev = (cross_validate(s, st, trees_config, coverage, base, trees_held_out) if evaluate
