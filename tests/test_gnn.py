@@ -585,3 +585,39 @@ def test_the_trees_refitted_for_the_comparison_read_as_the_trees_fingerprints_ow
         assert meta["accuracy"]["trees_source"][target] == "refitted"
         got = {g: m["mape"] for g, m in meta["accuracy"][target]["trees"]["per_group"].items()}
         assert got == pytest.approx({g: m["mape"] for g, m in trees[target]["per_group"].items()}, rel=1e-9), target
+
+
+def test_the_trees_refitted_for_the_comparison_read_the_devices_op_prices(tiny, tmp_path, monkeypatch):
+    """A device with measured op prices: its trees fingerprint fits the ``priced_ops_ms`` term; the trees the GNN
+    refitted for its table (no trees' held_out.csv beside it) had the term at 0, and read other figures (a held-out
+    family's 10.22% against 10.17% on these networks). Now they read the prices as fit_fingerprint does, and
+    fit_device_gnn hands them over where ``[profile] op_prices`` is on."""
+    from perf4sight.features.aggregate import FEATURE_NAMES, feature_matrix, network_features
+    from perf4sight.fingerprint import api, gnn
+    from perf4sight.fingerprint.fit import hold_native_conv, step_runtime
+    from perf4sight.fingerprint.gnn_evaluate import _trees_features
+    from perf4sight.fingerprint.gnn_samples import Samples
+    from perf4sight.profiling.results import COLUMNS, append_row, op_prices_path, results_path
+    descs, rows = tiny
+    prices = {"relu": {4: 50.0, 16: 800.0}, "batchnorm2d": {4: 100.0, 16: 1600.0}}
+    s = Samples(rows, descs, "cpu0")
+    runtime = step_runtime(rows).with_op_prices(prices)  # as fit_fingerprint(op_prices=prices) reads the rows
+    want = hold_native_conv(feature_matrix([network_features(descs[n], runtime) for n in s.nets], s.bs), runtime)
+    got = _trees_features(s, FingerprintConfig(simulate_memory=False), prices)
+    priced = FEATURE_NAMES.index("priced_ops_ms")
+    assert want[:, priced].min() > 0
+    np.testing.assert_array_equal(got, want)
+    assert _trees_features(s, FingerprintConfig(simulate_memory=False))[:, priced].max() == 0  # none measured
+    for r in rows:
+        append_row(results_path(tmp_path / "prof", "cpu0"), {k: v for k, v in r.items() if k in COLUMNS}
+                   | {"timestamp": "2026-01-01T00:00:00+00:00"})
+    op_prices_path(tmp_path / "prof", "cpu0").write_text(json.dumps({"ops": prices}))
+    handed = []
+    monkeypatch.setattr(gnn, "fit_gnn", lambda *a, **kw: handed.append(kw.get("op_prices")) or {})
+    cfg = SimpleNamespace(profiling_dir=tmp_path / "prof", models_dir=tmp_path / "models",
+                          fingerprint_dir=tmp_path / "fp", fingerprint=FingerprintConfig(),
+                          profile=ProfileConfig(op_prices=True), devices={})
+    api.fit_device_gnn(cfg, "cpu0", descs)
+    cfg.profile = ProfileConfig(op_prices=False)
+    api.fit_device_gnn(cfg, "cpu0", descs)
+    assert handed == [prices, None]

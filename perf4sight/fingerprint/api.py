@@ -139,8 +139,10 @@ def fit_device_gnn(cfg: Config, device: str, descriptions: dict[str, NetworkDesc
     rows, drift = drift_corrected(cfg, device, _at_described_shapes(device, rows, descriptions))
     f, folder = cfg.fingerprint, cfg.fingerprint_dir / device
     args = (rows, descriptions, device, folder)
+    # the device's op prices: the trees of its comparison table read them as fit_device's do
+    prices = load_op_prices(op_prices_path(cfg.profiling_dir, device)) if cfg.profile.op_prices else None
     kwargs = dict(seed=f.seed, arch=f.gnn_arch, hidden=f.gnn_hidden, layers=f.gnn_layers, max_epochs=f.gnn_max_epochs,
-                  patience=f.gnn_patience, memory_limit_mb=limit, trees_config=f, drift=drift)
+                  patience=f.gnn_patience, memory_limit_mb=limit, trees_config=f, drift=drift, op_prices=prices)
     if not refit:
         stored = stored_if_current(folder / GNN_JSON, gnn_inputs_sha256(*args, **kwargs))
         if stored is not None and _loads(folder, load_gnn):  # as the trees': a GNN that does not load is fitted again

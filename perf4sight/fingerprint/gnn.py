@@ -72,7 +72,8 @@ __all__ = ["fit_gnn", "gnn_inputs_sha256", "load_gnn", "load_predictor", "GNNPre
 def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str, out_dir: str | Path,
             seed: int = 0, *, arch: str = "sage", hidden: int = 64, layers: int = 3, max_epochs: int = 300,
             patience: int = 40, base: str = "analytic", evaluate: bool = True, memory_limit_mb: float = 0.0,
-            trees_config: Any = None, coverage: float = 0.9, drift: dict[str, Any] | None = None) -> dict[str, Any]:
+            trees_config: Any = None, coverage: float = 0.9, drift: dict[str, Any] | None = None,
+            op_prices: dict[str, dict[int, float]] | None = None) -> dict[str, Any]:
     """Fit, evaluate and store the GNN of ``device``; returns the JSON metadata written to ``gnn.json``.
 
     ``rows``: tidy measurement dicts or a DataFrame; ``descriptions``: network name -> description.
@@ -81,7 +82,8 @@ def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
     ``trees_config``: the ``cfg.fingerprint`` used for the trees in that comparison (defaults).
     ``base``: ``analytic`` (the GNN corrects the trees' analytic baseline) or ``none`` (it predicts
     the log targets outright). ``drift``: the summary of a drift reference's correction of the rows' step times,
-    kept in the metadata.
+    kept in the metadata. ``op_prices``: the device's measured op prices (``priced_ops.check_prices``' table), which
+    the trees refitted for the comparison read as the trees fingerprint does (the GNN's own inputs have none).
     """
     key = _inputs_sha256(dict(locals()))  # every argument, before anything else is bound
     from perf4sight.fingerprint.gnn_train import TrainSettings, train_on_samples  # torch: only for a fit
@@ -105,7 +107,7 @@ def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
                             "networks")
     t0 = time.perf_counter()
     trees_held_out = load_held_out(out_dir)  # the trees fingerprint beside it, if fitted: its own figures
-    ev = (cross_validate(s, st, trees_config, coverage, base, trees_held_out) if evaluate
+    ev = (cross_validate(s, st, trees_config, coverage, base, trees_held_out, op_prices) if evaluate
           else {"accuracy": {}, "intervals": {}})
     t_cv = time.perf_counter() - t0
     t0 = time.perf_counter()

@@ -33,19 +33,23 @@ if TYPE_CHECKING:  # training imports torch: only when a fit runs (the accuracy 
 __all__ = ["cross_validate", "gnn_accuracy_lines"]
 
 
-def _trees_features(s: Samples, trees_cfg: Any) -> np.ndarray:
-    """The trees' feature rows of ``s``: as the GNN's, plus the allocator replay when the fingerprint uses it
-    (on copies: the GNN's own graph-level features stay those it is served with at prediction time)."""
-    if not getattr(trees_cfg, "simulate_memory", False):
+def _trees_features(s: Samples, trees_cfg: Any, op_prices: dict[str, dict[int, float]] | None = None) -> np.ndarray:
+    """The trees' feature rows of ``s``: as the GNN's, plus the allocator replay when the fingerprint uses it and the
+    device's measured op prices where it has some (``op_prices``, as ``fit_fingerprint`` reads them), on copies: the
+    GNN's own graph-level features stay those it is served with at prediction time."""
+    simulate = getattr(trees_cfg, "simulate_memory", False)
+    if not simulate and not op_prices:
         return s.F
+    from perf4sight.features.aggregate import network_features
     from perf4sight.features.alloc_trace import attach_simulation
+    runtime = s.runtime.with_op_prices(op_prices)
     feats = {}
     for name, t in s.templates.items():
-        nf = dataclasses.replace(t.features)
-        if nf.description is not None:
+        nf = network_features(t.features.description, runtime) if op_prices else dataclasses.replace(t.features)
+        if simulate and nf.description is not None:
             attach_simulation(nf, nf.description, s.memory_replay)
         feats[name] = nf
-    return hold_native_conv(feature_matrix([feats[n] for n in s.nets], s.bs), s.runtime)  # as s.F and the fit hold it
+    return hold_native_conv(feature_matrix([feats[n] for n in s.nets], s.bs), runtime)  # as s.F and the fit hold it
 
 
 def _stored_trees_cv(s: Samples, sel: np.ndarray, col: str, y: np.ndarray, groups: np.ndarray,
@@ -60,10 +64,11 @@ def _stored_trees_cv(s: Samples, sel: np.ndarray, col: str, y: np.ndarray, group
 
 
 def cross_validate(s: Samples, st: TrainSettings, trees_cfg: Any, coverage: float, base_kind: str,
-                   trees_held_out: HeldOut | None = None) -> dict[str, Any]:
+                   trees_held_out: HeldOut | None = None,
+                   op_prices: dict[str, dict[int, float]] | None = None) -> dict[str, Any]:
     """Out-of-fold accuracy of the GNN, the trees and their geometric mean on the same folds. The trees'
     figures are the trees fingerprint's own (``trees_held_out``) where it covers the samples, else the
-    trees refitted here as the fingerprint stage fits them."""
+    trees refitted here as the fingerprint stage fits them (with the device's ``op_prices``, where measured)."""
     from perf4sight.fingerprint.gnn_train import train_on_samples
     cache: dict[str, np.ndarray] = {}  # held-out group -> GNN predictions for all samples in it
 
@@ -78,7 +83,7 @@ def cross_validate(s: Samples, st: TrainSettings, trees_cfg: Any, coverage: floa
 
     acc: dict[str, Any] = {"grouping": s.grouping}
     intervals: dict[str, dict[str, list[float]]] = {"gnn": {}, "ensemble": {}}
-    F_trees = _trees_features(s, trees_cfg)
+    F_trees = _trees_features(s, trees_cfg, op_prices)
     for j, target in enumerate(TARGETS):
         sel = np.nonzero(np.isfinite(s.Y[:, j]))[0]
         y, groups = s.measured[sel, j], s.groups[sel]  # as measured, as the trees fingerprint reads them
