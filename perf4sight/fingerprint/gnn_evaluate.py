@@ -95,10 +95,11 @@ def cross_validate(s: Samples, st: TrainSettings, trees_cfg: Any, coverage: floa
             args = (target, F_trees[sel], y, groups, s.grouping, trees_cfg.model, int(trees_cfg.n_estimators),
                     int(trees_cfg.min_samples_leaf), int(trees_cfg.seed))
             kind, prefer = choice_rule(target, s.mem_col)
+            saturates = bool(s.oom)  # as fit_fingerprint: no row out of memory, no ceiling to place
             if can_nest(groups):
-                cv_t, _ = nested_cv(*args, prefer=prefer, kind=kind)
+                cv_t, _ = nested_cv(*args, prefer=prefer, kind=kind, saturates=saturates)
             else:
-                _, cv_t, _ = select_candidate(*args, prefer=prefer, kind=kind)
+                _, cv_t, _ = select_candidate(*args, prefer=prefer, kind=kind, saturates=saturates)
         ens = np.sqrt(cv_g.predictions * cv_t.predictions)
         res = {"gnn": cv_g, "trees": cv_t}
         entry: dict[str, Any] = {k: {"overall": v.overall, "per_group": v.per_group} for k, v in res.items()}
