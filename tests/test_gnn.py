@@ -644,3 +644,19 @@ def test_the_trees_refitted_for_the_comparison_place_a_ceiling_only_where_a_row_
         fit_gnn(kept, descs, "cpu0", tmp_path / str(len(told)), hidden=4, layers=1, max_epochs=1, patience=1,
                 trees_config=FingerprintConfig(n_estimators=5, simulate_memory=False))
     assert told == [True, True, False, False]  # latency and memory, with the oom rows and without
+
+
+def test_the_training_domain_leaves_out_a_network_that_ran_out_of_memory_everywhere(tiny, tmp_path):
+    """The GNN's training domain took its kinds of layer from every network with a row, one out of memory at every
+    batch size too (nothing learnt from it): a query with that network's layer went without the note the trees
+    give it ('with hardswish layers, which no training network had')."""
+    descs, rows = tiny
+    hs = describe(nn.Sequential(nn.Conv2d(3, 4, 3), nn.Hardswish(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                                nn.Linear(4, 10)), input_shape=[3, 16, 16], name="hs", network="hs")
+    kept = [r for r in rows if r["network"] in ("plain_w4", "deep_w4")]
+    kept += [{"device": "cpu0", "backend": "cpu", "network": "hs", "family": "hs", "batch_size": b, "status": "oom"}
+             for b in (1, 4)]
+    meta = fit_gnn(kept, descs | {"hs": hs}, "cpu0", tmp_path, hidden=4, layers=1, max_epochs=1, evaluate=False)
+    assert "hardswish" not in meta["training_domain"]["ops"] and "hs" in meta["networks"]
+    notes = load_gnn(tmp_path).outside_training(hs, [1])
+    assert any("hs: with hardswish layers, which no training network had" in n for n in notes), notes

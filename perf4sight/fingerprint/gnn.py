@@ -134,7 +134,8 @@ def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
         "networks": sorted(s.templates), "training_rows": len(s.nets), "oom_rows": len(s.oom), "drift_reference": drift,
         **input_shape_metadata(descriptions, s.templates),
         # what predict notes a query leaves (domain.py)
-        "training_domain": training_domain(s.F, [descriptions[n] for n in s.templates]),
+        # of the rows learnt from: a network out of memory at every batch size taught no cost of its layers
+        "training_domain": training_domain(s.F, [descriptions[n] for n in sorted(set(s.nets.tolist()))]),
         "accuracy": ev["accuracy"],
         "interval": {"coverage": coverage, "log_ratio_quantiles": ev["intervals"],
                      "method": "group-conformal on out-of-fold log(measured/predicted)" if evaluate
