@@ -660,3 +660,25 @@ def test_the_training_domain_leaves_out_a_network_that_ran_out_of_memory_everywh
     assert "hardswish" not in meta["training_domain"]["ops"] and "hs" in meta["networks"]
     notes = load_gnn(tmp_path).outside_training(hs, [1])
     assert any("hs: with hardswish layers, which no training network had" in n for n in notes), notes
+
+
+def test_a_target_measured_on_one_family_is_held_out_by_network_as_the_trees_do(tiny, tmp_path):
+    """The GNN's folds were one grouping for both targets, by family where the rows had two or more: a memory figure
+    measured on one family's networks alone then had one group to hold out, and the GNN stored NaN accuracy and a
+    band of [0, 0] for memory. The trees choose the grouping per target (their memory by network there); so does
+    the GNN now, its latency still by family."""
+    descs, rows = tiny
+    kept = [r if r["family"] == "plain" else r | {"peak_rss_mb": ""} for r in rows
+            if r["network"].endswith(("_w4", "_w8"))]
+    meta = fit_gnn(kept, descs, "cpu0", tmp_path, hidden=4, layers=1, max_epochs=1, patience=1,
+                   trees_config=FingerprintConfig(n_estimators=5, simulate_memory=False))
+    acc = meta["accuracy"]
+    assert acc["latency"]["grouping"] == "family" and set(acc["latency"]["gnn"]["per_group"]) == {"plain", "deep",
+                                                                                                   "res"}
+    assert acc["memory"]["grouping"] == "network"
+    assert set(acc["memory"]["gnn"]["per_group"]) == set(acc["memory"]["trees"]["per_group"]) == {"plain_w4",
+                                                                                                   "plain_w8"}
+    assert all(np.isfinite(acc["memory"][k]["overall"]["mape"]) for k in ("gnn", "trees", "ensemble"))
+    lo, hi = meta["interval"]["log_ratio_quantiles"]["gnn"]["memory"]
+    assert lo < 0 < hi
+    assert any(line.startswith("memory: MAPE % per held-out network") for line in gnn_accuracy_lines(meta))

@@ -98,13 +98,10 @@ def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
     s = Samples(rows, descriptions, device)
     for j, target in enumerate(TARGETS):  # as the trees: nothing to hold out, so no accuracy and a zero-width interval
         nets = sorted(set(s.nets[np.isfinite(s.Y[:, j])].tolist()))  # a network out of memory everywhere: not one
-        groups = set(s.groups[np.isfinite(s.Y[:, j])].tolist())
-        if len(nets) < 2 or len(groups) < 2:
-            held = f"{plural(len(groups), 'family', 'families')}" if len(nets) >= 2 else plural(len(nets), 'network')
-            raise UserError(f"gnn: device '{device}' has ok rows with a {target} figure of {held} "
-                            f"({named(sorted(groups) if len(nets) >= 2 else nets)}); a GNN needs 2 or more, as its "
-                            "accuracy and intervals are measured on networks held out of the fit: profile more "
-                            "networks")
+        if len(nets) < 2:
+            raise UserError(f"gnn: device '{device}' has ok rows with a {target} figure of "
+                            f"{plural(len(nets), 'network')} ({named(nets)}); a GNN needs 2 or more, as its accuracy "
+                            "and intervals are measured on networks held out of the fit: profile more networks")
     t0 = time.perf_counter()
     trees_held_out = load_held_out(out_dir)  # the trees fingerprint beside it, if fitted: its own figures
     ev = (cross_validate(s, st, trees_config, coverage, base, trees_held_out, op_prices) if evaluate

@@ -1,7 +1,8 @@
 """Cross-validated accuracy of the GNN against the trees and their ensemble, and its printed table.
 
 Folds are the trees' (:func:`perf4sight.fingerprint.evaluate.grouped_cv`: leave-one-family-out,
-or leave-one-network-out with a single family); the GNN is retrained once per held-out group. The
+or leave-one-network-out where the rows with the target's figure have a single family: chosen per target,
+``accuracy.<target>.grouping``); the GNN is retrained once per held-out group. The
 trees' out-of-fold predictions are the trees fingerprint's own (its ``held_out.csv``) where it was
 fitted on exactly these rows, else the trees refitted here as the fingerprint stage fits them; the
 ensemble is their geometric mean. Metrics (MAPE etc.) are percent of relative error on latency (ms)
@@ -52,7 +53,7 @@ def _trees_features(s: Samples, trees_cfg: Any, op_prices: dict[str, dict[int, f
     return hold_native_conv(feature_matrix([feats[n] for n in s.nets], s.bs), runtime)  # as s.F and the fit hold it
 
 
-def _stored_trees_cv(s: Samples, sel: np.ndarray, col: str, y: np.ndarray, groups: np.ndarray,
+def _stored_trees_cv(s: Samples, sel: np.ndarray, col: str, y: np.ndarray, groups: np.ndarray, grouping: str,
                      table: dict[tuple[str, int, float], float]) -> CVResult | None:
     """The trees fingerprint's own out-of-fold predictions (its ``held_out.csv``) for samples ``sel``,
     or None unless it was fitted on exactly these rows (``storage.stored_predictions``)."""
@@ -60,7 +61,7 @@ def _stored_trees_cv(s: Samples, sel: np.ndarray, col: str, y: np.ndarray, group
     if pred is None:
         return None
     return CVResult(pred, {str(g): metrics(y[groups == g], pred[groups == g]) for g in dict.fromkeys(groups.tolist())},
-                    metrics(y, pred), s.grouping)
+                    metrics(y, pred), grouping)
 
 
 def cross_validate(s: Samples, st: TrainSettings, trees_cfg: Any, coverage: float, base_kind: str,
@@ -70,29 +71,32 @@ def cross_validate(s: Samples, st: TrainSettings, trees_cfg: Any, coverage: floa
     figures are the trees fingerprint's own (``trees_held_out``) where it covers the samples, else the
     trees refitted here as the fingerprint stage fits them (with the device's ``op_prices``, where measured)."""
     from perf4sight.fingerprint.gnn_train import train_on_samples
-    cache: dict[str, np.ndarray] = {}  # held-out group -> GNN predictions for all samples in it
+    # (kind of group, held-out group) -> GNN predictions for all samples in it
+    cache: dict[tuple[str, str], np.ndarray] = {}
 
-    def gnn_fold(test_idx: np.ndarray) -> np.ndarray:
-        g = str(s.groups[test_idx[0]])
-        if g not in cache:
-            held = s.groups == g
+    def gnn_fold(test_idx: np.ndarray, labels: np.ndarray, grouping: str) -> np.ndarray:
+        key = (grouping, str(labels[test_idx[0]]))
+        if key not in cache:
+            held = labels == key[1]  # every sample of the group, those without this target's figure too
             model, norm, base, _ = train_on_samples(s, np.nonzero(~held)[0], st, base_kind)
-            cache[g] = np.full((len(s.nets), 2), np.nan)
-            cache[g][held] = predict_latency_memory(model, norm, base, s.tmpl(np.nonzero(held)[0]), s.bs[held])
-        return cache[g][test_idx]
+            cache[key] = np.full((len(s.nets), 2), np.nan)
+            cache[key][held] = predict_latency_memory(model, norm, base, s.tmpl(np.nonzero(held)[0]), s.bs[held])
+        return cache[key][test_idx]
 
     acc: dict[str, Any] = {"grouping": s.grouping}
     intervals: dict[str, dict[str, list[float]]] = {"gnn": {}, "ensemble": {}}
     F_trees = _trees_features(s, trees_cfg, op_prices)
     for j, target in enumerate(TARGETS):
         sel = np.nonzero(np.isfinite(s.Y[:, j]))[0]
-        y, groups = s.measured[sel, j], s.groups[sel]  # as measured, as the trees fingerprint reads them
-        cv_g = grouped_cv(sel[:, None], y, groups, s.grouping, lambda a, b, c, j=j: gnn_fold(c[:, 0])[:, j])
+        labels, grouping = s.target_groups(j)  # per target, as the trees': by network where one family has figures
+        y, groups = s.measured[sel, j], labels[sel]  # as measured, as the trees fingerprint reads them
+        cv_g = grouped_cv(sel[:, None], y, groups, grouping,
+                          lambda a, b, c, j=j, lab=labels, kind=grouping: gnn_fold(c[:, 0], lab, kind)[:, j])
         col = LATENCY_COLUMN if target == "latency" else s.mem_col
-        cv_t = _stored_trees_cv(s, sel, col, y, groups, (trees_held_out or {}).get(target, {}))
+        cv_t = _stored_trees_cv(s, sel, col, y, groups, grouping, (trees_held_out or {}).get(target, {}))
         acc.setdefault("trees_source", {})[target] = "the trees fingerprint's held_out.csv" if cv_t else "refitted"
         if cv_t is None:  # the trees evaluated as the fingerprint stage evaluates them (nested where it is)
-            args = (target, F_trees[sel], y, groups, s.grouping, trees_cfg.model, int(trees_cfg.n_estimators),
+            args = (target, F_trees[sel], y, groups, grouping, trees_cfg.model, int(trees_cfg.n_estimators),
                     int(trees_cfg.min_samples_leaf), int(trees_cfg.seed))
             kind, prefer = choice_rule(target, s.mem_col)
             saturates = bool(s.oom)  # as fit_fingerprint: no row out of memory, no ceiling to place
@@ -108,6 +112,7 @@ def cross_validate(s: Samples, st: TrainSettings, trees_cfg: Any, coverage: floa
         mapes = {k: entry[k]["overall"]["mape"] for k in PREDICTORS}
         finite = {k: v for k, v in mapes.items() if np.isfinite(v)}
         entry["best"] = min(finite, key=finite.get) if finite else None
+        entry["grouping"] = grouping
         acc[target] = entry
         for kind, pred in (("gnn", cv_g.predictions), ("trees", cv_t.predictions), ("ensemble", ens)):
             log_ratio = np.log(y / pred)
@@ -126,7 +131,7 @@ def gnn_accuracy_lines(metadata: dict[str, Any]) -> list[str]:
         if not e:
             continue
         source = acc.get("trees_source", {}).get(target)
-        lines.append(f"{target}: MAPE % per held-out {acc.get('grouping')} (best: {e.get('best')})"
+        lines.append(f"{target}: MAPE % per held-out {e.get('grouping', acc.get('grouping'))} (best: {e.get('best')})"
                      + (f"; trees: {source}" if source else ""))
         groups = list(e["gnn"]["per_group"]) + ["all"]
         w = max([24] + [len(g) + 2 for g in groups])  # generated families have long names

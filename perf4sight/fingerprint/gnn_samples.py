@@ -5,7 +5,7 @@ A sample is one ``ok`` (network, batch size) row with a network description; its
 column: ``peak_rss_mb`` for the cpu backend, else ``device_mem_used_mb``; see
 :mod:`perf4sight.fingerprint.fit`), NaN where the row has no positive figure. ``oom`` rows are
 kept apart: they teach the device's memory capacity. Samples are grouped for cross-validation as
-the trees' are (:func:`perf4sight.fingerprint.evaluate.choose_groups`: by family, else by network).
+the trees' are, per target (:meth:`Samples.target_groups`: by family, else by network).
 """
 from __future__ import annotations
 
@@ -63,10 +63,18 @@ class Samples:
                           for n in sorted({str(r["network"]) for r in recs})}
         self.nets = np.array([str(r["network"]) for r in self.ok])
         self.bs = np.array([batch_size_of(r) for r in self.ok])
-        fams = np.array([str(r.get("family") or r["network"]) for r in self.ok])
-        self.groups, self.grouping = choose_groups(fams, self.nets)
+        self.families = np.array([str(r.get("family") or r["network"]) for r in self.ok])
+        self.groups, self.grouping = choose_groups(self.families, self.nets)
         self.F = hold_native_conv(feature_matrix([self.templates[n].features for n in self.nets], self.bs),
                                   self.runtime)
 
     def tmpl(self, idx: np.ndarray) -> list[GraphTemplate]:
         return [self.templates[n] for n in self.nets[idx]]
+
+    def target_groups(self, j: int) -> tuple[np.ndarray, str]:
+        """The fold labels of every sample for target ``j`` (0 latency, 1 memory) and their kind, chosen as the trees
+        choose them for that target: by family where the rows with its figure have 2 or more families, else by
+        network (:func:`~perf4sight.fingerprint.evaluate.choose_groups` on those rows)."""
+        measured = np.isfinite(self.Y[:, j])
+        _, grouping = choose_groups(self.families[measured], self.nets[measured])
+        return (self.families if grouping == "family" else self.nets), grouping
