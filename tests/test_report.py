@@ -688,3 +688,25 @@ def test_pruning_plot_marks_a_largest_batch_at_the_search_limit(tmp_path, monkey
     assert [list(ln.get_xdata()) for ln in marked] == [[30, 60]] and list(marked[0].get_ydata()) == [1024, 1024]
     assert marked[0].get_label() == "cpu: 1024+ (every batch searched fits)"
     assert "cpu: 1024+ (every batch searched fits)" in [t.get_text() for t in panel.get_legend().get_texts()]
+
+
+def test_the_terminal_summary_cuts_no_network_name_or_largest_batch_of_many_networks():
+    """compare's terminal table had a column per network: with 16 networks, printed to a file or a pipe (200
+    columns), it cut every name to 'resn…' and a largest batch of 1024+ to '102…'. The largest batches are now a
+    table of their own, a row per network and a column per device."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from perf4sight.report.compare import _print_summary
+
+    names = [f"resnet50_pruned_at_{level}" for level in range(0, 80, 5)]
+    devs = [SimpleNamespace(name=name, metadata={"accuracy": {}}, rows=[], families=[],
+                            fingerprint=SimpleNamespace(capacity_mb=cap), max_batch=dict.fromkeys(names, largest))
+            for name, cap, largest in (("h100", 100177.0, 1024), ("tx2", 7291.0, 161))]
+    console = Console(record=True, width=200)
+    _print_summary(console, devs, names, Path("reports/compare-x"))
+    text = console.export_text()
+    assert "…" not in text
+    rows = [line for line in text.splitlines() if "resnet50_pruned_at_" in line]
+    assert len(rows) == len(names) and all("1024+" in r and " 161 " in r for r in rows)

@@ -337,20 +337,27 @@ def _json_text(data: Any) -> str:
 
 
 def _print_summary(console: Console, devs: list[DeviceData], names: list[str], folder: Path) -> None:
+    """The terminal's short tables: one row per device, then the largest batch of each network (a row each, a
+    column per device, so that many networks neither squeeze the table nor cut its names and figures)."""
     t = RichTable(title="devices compared (held-out accuracy)")
     for col in ("device", "input", "nets", "ok/oom", "lat MAPE%", "mem MAPE%", "cap MiB"):
         t.add_column(col, no_wrap=True)
-    for n in names:
-        t.add_column(RichText(f"max bs\n{n}"), justify="right")  # Text: a name's [brackets] are no markup
     for d in devs:
         acc = d.metadata.get("accuracy", {})
         t.add_row(RichText(d.name), training_shapes_label(d.metadata), str(len({r["network"] for r in d.rows})),
                   f"{sum(f.ok for f in d.families)}/{sum(f.oom for f in d.families)}",
                   _fmt(acc.get("latency", {}).get("overall", {}).get("mape")),
                   _fmt(acc.get("memory", {}).get("overall", {}).get("mape")),
-                  _fmt(d.fingerprint.capacity_mb, ".0f"),
-                  *["?" if d.max_batch.get(n) is None else _batch_label(d.max_batch[n]) for n in names])
+                  _fmt(d.fingerprint.capacity_mb, ".0f"))
     console.print(t)
+    if names:
+        t = RichTable(title=f"largest batch predicted to fit ({BATCH_SEARCH_LIMIT}+: every batch searched fits)")
+        t.add_column("network", no_wrap=True)
+        for d in devs:
+            t.add_column(RichText(d.name), justify="right", no_wrap=True)  # Text: [brackets] are no markup
+        for n in names:
+            t.add_row(RichText(n), *["?" if d.max_batch.get(n) is None else _batch_label(d.max_batch[n]) for d in devs])
+        console.print(t)
     console.print(f"report: {folder / 'index.html'} (Markdown: {folder / 'report.md'})", markup=False)
 
 
