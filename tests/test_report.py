@@ -480,6 +480,18 @@ def test_markdown_escapes_table_cells(tmp_path):
     assert "a\\|b" in md and "1\\|2" in md
 
 
+def test_markdown_images_of_a_device_named_with_a_space_are_images(tmp_path):
+    """A device may be named 'jetson tx2' (config: [devices."jetson tx2"]); its scatter plot's link in report.md,
+    ![...](scatter_jetson tx2.png), was no image to a Markdown reader (the space ends the address): it showed as
+    text. Parsed here with markdown-it (rich's own Markdown parser)."""
+    from markdown_it import MarkdownIt
+
+    png = tmp_path / "scatter_jetson tx2.png"
+    md = to_markdown("t", [Image(png, "jetson tx2 [b]: predicted against measured")])
+    html = MarkdownIt().render(md)
+    assert '<img src="scatter_jetson%20tx2.png" alt="jetson tx2 [b]: predicted against measured"' in html
+
+
 # ---------------------------------------------------------------- headless Chromium
 
 def _chromium() -> str:

@@ -13,6 +13,7 @@ import html
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence, Union
+from urllib.parse import quote
 
 __all__ = ["Heading", "Text", "Table", "Image", "Block", "to_html", "to_markdown"]
 
@@ -118,5 +119,8 @@ def to_markdown(title: str, blocks: Sequence[Block]) -> str:
             out += ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in b.rows]
             out.append("")
         elif isinstance(b, Image):
-            out += [f"![{b.caption}]({Path(b.path).name})", "", f"*{b.caption}*", ""]
+            # the file's name as a link's address (a device's name may hold a space: scatter_jetson tx2.png ended the
+            # link, which Markdown then showed as text); brackets in the alt text escaped
+            alt = b.caption.replace("[", "\\[").replace("]", "\\]")
+            out += [f"![{alt}]({quote(Path(b.path).name)})", "", f"*{b.caption}*", ""]
     return "\n".join(out)
