@@ -1011,10 +1011,19 @@ def _print_predictions(preds: list[dict], title: str, cap: float | None = None) 
     for p in preds:
         table.add_row(Text(p["network"]), str(p["batch_size"]),  # Text: a name's [brackets] are no markup
                       f"{p['latency_ms']:.1f} [{p['latency_ms_low']:.1f}, {p['latency_ms_high']:.1f}]",
-                      f"{1000 * p['batch_size'] / p['latency_ms']:,.0f}" if p["latency_ms"] > 0 else "–",
+                      _images_per_s(p["batch_size"], p["latency_ms"]),
                       f"{_mib(p['memory_mb'], cap, '')} [{p['memory_mb_low']:.0f}, {p['memory_mb_high']:.0f}]",
                       "?" if p["fits"] is None else "yes" if p["fits"] else "no")
     console.print(table)
+
+
+def _images_per_s(batch_size: int, latency_ms: float) -> str:
+    """The training images per second of a step: whole from 10 on, else to two significant figures (a step of one
+    image in 1,274 ms read '1' for 0.79)."""
+    if not latency_ms > 0:
+        return "–"
+    rate = 1000 * batch_size / latency_ms
+    return f"{rate:,.0f}" if rate >= 9.5 else f"{rate:.2g}"
 
 
 def unknown_capacity(fp: object) -> str:

@@ -620,6 +620,21 @@ def test_names_and_folders_with_brackets_are_printed_as_they_are(capsys):
     assert "report: /d/p [v2]/reports/x[/y]/index.html" in out, out
 
 
+def test_predicts_images_per_second_under_ten_are_not_rounded_to_a_whole_number(capsys):
+    """The table's images/s was a whole number: the TX2's vgg19 at 448x448, one image in 1,273.7 ms, read '1' for
+    0.79 images/s (a step slower than 2 s read '0'); under 10 it has two significant figures now."""
+    from perf4sight import stages
+
+    def pred(batch: int, ms: float) -> dict:
+        return {"network": f"n{batch}", "batch_size": batch, "latency_ms": ms, "latency_ms_low": ms * 0.9,
+                "latency_ms_high": ms * 1.1, "memory_mb": 100.0, "memory_mb_low": 90.0, "memory_mb_high": 110.0,
+                "fits": True}
+
+    stages._print_predictions([pred(1, 1273.7), pred(1, 2500.0), pred(8, 700.0), pred(32, 743.4)], "t")
+    rates = [line.split("│")[4].strip() for line in capsys.readouterr().out.splitlines() if line.startswith("│ n")]
+    assert rates == ["0.79", "0.4", "11", "43"], rates
+
+
 def test_a_file_in_the_current_folder_does_not_hide_a_network_of_its_name(tmp_path, monkeypatch):
     """A file called ``resnet18_0`` or ``resnet18`` in the current folder (a log, a checkpoint) made ``--network
     resnet18_0`` read it as a description ("not valid JSON"), where a folder of that name gives way to the network;
