@@ -722,3 +722,21 @@ def test_the_terminal_summary_cuts_no_network_name_or_largest_batch_of_many_netw
     assert "…" not in text
     rows = [line for line in text.splitlines() if "resnet50_pruned_at_" in line]
     assert len(rows) == len(names) and all("1024+" in r and " 161 " in r for r in rows)
+
+
+def test_the_scatters_rows_without_a_figure_are_not_counted_with_the_rows_of_networks_without_a_description():
+    """The TX2's import with resnet50_90's graph missing: the scatter's line said '25 ok rows without a latency
+    figure left out', 12 without a figure and 13 ok rows of the undescribed resnet50_90 (the notes count those)."""
+    from types import SimpleNamespace
+
+    from perf4sight.report.compare import _scatter_blocks
+
+    rows = ([{"network": "a", "status": "ok"}] * 10 + [{"network": "gone", "status": "ok"}] * 4
+            + [{"network": "a", "status": "oom"}])
+    meas = np.linspace(100.0, 200.0, 8)  # two of a's rows have no latency figure, all of its rows a memory one
+    scatter = {"latency": (meas, meas * 1.05, "held out"), "memory": (np.ones(10), np.ones(10), "held out")}
+    dev = SimpleNamespace(name="tx2", rows=rows, scatter=scatter)
+    (text,) = [b.text for b in _scatter_blocks([dev], {"scatter:tx2": Path("s.png")}, {"tx2": {"a": None}})
+               if isinstance(b, Text)]
+    assert "latency over 8 measurements (held out, 2 ok rows without a latency figure left out)" in text, text
+    assert "memory over 10 measurements (held out):" in text, text

@@ -268,12 +268,15 @@ def _sensitivity_blocks(devs: list[DeviceData], images: dict[str, Path]) -> list
     return b
 
 
-def _scatter_blocks(devs: list[DeviceData], images: dict[str, Path]) -> list[Block]:
-    """Per device: predicted against measured, with its MAPE and ±10 % share."""
+def _scatter_blocks(devs: list[DeviceData], images: dict[str, Path],
+                    all_descs: dict[str, dict[str, NetworkDescription]]) -> list[Block]:
+    """Per device: predicted against measured, with its MAPE and ±10 % share; ``all_descs``: device -> the
+    descriptions its rows were read with (the rows of a network without one are said in the notes)."""
     b: list[Block] = [Heading("Predicted against measured")]
     for d in devs:
         parts = []
-        ok = sum(r["status"] == "ok" for r in d.rows)
+        # the ok rows the scatter could show: of a described network (the notes count the others)
+        ok = sum(r["status"] == "ok" and r["network"] in all_descs[d.name] for r in d.rows)
         for target in ("latency", "memory"):
             meas, pred, how = d.scatter[target]
             if not meas.size:
@@ -289,7 +292,8 @@ def _scatter_blocks(devs: list[DeviceData], images: dict[str, Path]) -> list[Blo
 
 
 def _blocks(devs: list[DeviceData], names: list[str], images: dict[str, Path], notes: list[str],
-            pruning: list[PruningPoint], least: list[LeastLevel]) -> list[Block]:
+            pruning: list[PruningPoint], least: list[LeastLevel],
+            all_descs: dict[str, dict[str, NetworkDescription]]) -> list[Block]:
     """The report, section by section."""
     b: list[Block] = [Text("Latency: one training step (forward, loss, backward, optimiser step) in ms. "
                            "Memory in MiB, the figure each fingerprint was trained on (peak_rss_mb for cpu "
@@ -298,7 +302,7 @@ def _blocks(devs: list[DeviceData], names: list[str], images: dict[str, Path], n
     b += _glance_blocks(devs) + _measured_blocks(devs) + _accuracy_blocks(devs)
     b += _curve_plot_blocks(names, images) + _largest_batch_blocks(devs, names)
     b += pruning_blocks(pruning, least, [d.name for d in devs], images)
-    b += _sensitivity_blocks(devs, images) + _scatter_blocks(devs, images)
+    b += _sensitivity_blocks(devs, images) + _scatter_blocks(devs, images, all_descs)
     if notes:
         b.append(Heading("Notes"))
         b += [Text(n) for n in notes]
@@ -409,7 +413,7 @@ def compare_devices(cfg: Config, devices: list[str], console: Console) -> Path:
         labels = {n: f"{n} at {shapes[n]}" if shapes else n for n in trained_at}
         images["pruning"] = plots.plot_pruning(pruning, least, colours, capacity, labels, folder / "pruning.png")
     title = f"perf4sight: {', '.join(d.name for d in devs)} compared"
-    blocks = _blocks(devs, names, images, notes, pruning, least)
+    blocks = _blocks(devs, names, images, notes, pruning, least, all_descs)
     blocks.insert(0, Text(f"Generated {now:%Y-%m-%d %H:%M:%S} UTC from {cfg.fingerprint_dir} and {cfg.profiling_dir}."))
     (folder / "index.html").write_text(to_html(title, blocks), encoding="utf-8")
     (folder / "report.md").write_text(to_markdown(title, blocks), encoding="utf-8")
