@@ -740,3 +740,33 @@ def test_the_scatters_rows_without_a_figure_are_not_counted_with_the_rows_of_net
                if isinstance(b, Text)]
     assert "latency over 8 measurements (held out, 2 ok rows without a latency figure left out)" in text, text
     assert "memory over 10 measurements (held out):" in text, text
+
+
+def test_the_least_level_table_says_how_far_the_search_went_where_no_level_fits(monkeypatch):
+    """With [networks.pruning] min_channels = 128, the TX2's resnet18 at batch 2048 reaches 82% at most: predict's
+    --prune-to-fit said 'none up to 82', the compare report 'none up to 99%'."""
+    from types import SimpleNamespace
+
+    from perf4sight.networks.pruning import UnreachableLevel
+    from perf4sight.report import pruning
+
+    class Variants:  # the network pruned at a level, as LevelVariants; it reaches 82.4% at most
+        def __init__(self, cfg, network, shape):
+            self.shape, self.pruned = shape, []
+
+        def __call__(self, level):
+            if level > 82.4:
+                raise UnreachableLevel(f"resnet18 at {level}%", 82.4, "it reaches 82.4% at most")
+            return SimpleNamespace(name=f"resnet18_l{level}", pruning_level=float(level))
+
+    monkeypatch.setattr(pruning, "LevelVariants", Variants)
+    fp = SimpleNamespace(capacity_mb=7291.0, predict=lambda desc, batches: [
+        {"fits": False, "latency_ms": 4.0e4, "memory_mb": 9.0e3}])
+    point = pruning.PruningPoint("resnet18", "tx2", 0.0, 0.0, 2048, 4.0e4, 3.6e4, 4.4e4, 9.0e3, 8.5e3, 9.5e3, False,
+                                 161)
+    least = pruning.least_levels(None, [SimpleNamespace(name="tx2", fingerprint=fp)], {"tx2": (3, 224, 224)},
+                                 [point], [])
+    assert [(x.level, x.searched_up_to) for x in least] == [(None, 82)]
+    tables = [b for b in pruning.pruning_blocks([point], least, ["tx2"], {"pruning": Path("p.png")})
+              if isinstance(b, Table)]
+    assert tables[-1].rows == [["resnet18", "none up to 82%"]]

@@ -68,6 +68,7 @@ class LeastLevel:
     achieved: float | None = None
     latency_ms: float | None = None
     memory_mb: float | None = None
+    searched_up_to: int | None = None  # the highest level asked about: 99, or what min_channels lets it reach
 
 
 def _measured(device: Any, desc: NetworkDescription, batch: int) -> dict[str, Any] | None:
@@ -155,7 +156,8 @@ def least_levels(cfg: Config, devices: Sequence[Any], trained_at: dict[str, tupl
                 made.update(f"{name} at {shape_label(variant.shape)}" for name in variant.pruned)
             p = r.prediction or {}
             out.append(LeastLevel(network, d.name, batch, r.level, None if r.variant is None else
-                                  r.variant.pruning_level, p.get("latency_ms"), p.get("memory_mb")))
+                                  r.variant.pruning_level, p.get("latency_ms"), p.get("memory_mb"),
+                                  max(r.tried, default=None)))
     if made:
         notes.append(f"pruning section: the search for the least level that fits asked about "
                      f"{plural(len(made), 'variant')} not in the dataset, pruned on request likewise")
@@ -197,8 +199,8 @@ def _achieved(cells: list[PruningPoint | None]) -> str:
 def _least_cell(found: LeastLevel | None) -> str:
     if found is None:
         return "unknown capacity"
-    if found.level is None:
-        return "none up to 99%"
+    if found.level is None:  # up to the highest level the network reaches (min_channels may stop it short of 99)
+        return f"none up to {99 if found.searched_up_to is None else found.searched_up_to}%"
     return f"{found.level}% ({found.latency_ms:,.1f} ms, {found.memory_mb:,.0f} MiB)"
 
 
