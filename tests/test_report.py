@@ -770,3 +770,43 @@ def test_the_least_level_table_says_how_far_the_search_went_where_no_level_fits(
     tables = [b for b in pruning.pruning_blocks([point], least, ["tx2"], {"pruning": Path("p.png")})
               if isinstance(b, Table)]
     assert tables[-1].rows == [["resnet18", "none up to 82%"]]
+
+
+def test_a_least_level_search_that_could_not_run_is_not_called_an_unknown_capacity(monkeypatch):
+    """With min_channels = 4096 resnet18 cannot be pruned at all: the TX2's search for its least level at batch 2048
+    stopped (the notes said why) and its cell read 'unknown capacity', though the TX2's capacity is 7,291 MiB."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from perf4sight.networks.pruning import UnreachableLevel
+    from perf4sight.report import pruning
+
+    class Variants:  # the network at a level, as LevelVariants; it cannot be pruned at all
+        def __init__(self, cfg, network, shape):
+            self.shape, self.pruned = shape, []
+
+        def __call__(self, level):
+            if level > 0:
+                raise UnreachableLevel(f"resnet18 at {level}%", 0.0, "it reaches 0.0% at most")
+            return SimpleNamespace(name="resnet18_l0", pruning_level=0.0)
+
+    monkeypatch.setattr(pruning, "LevelVariants", Variants)
+
+    def device(name: str, fits: bool) -> SimpleNamespace:
+        return SimpleNamespace(name=name, fingerprint=SimpleNamespace(capacity_mb=7291.0, predict=lambda d, b: [
+            {"fits": fits, "latency_ms": 430.0, "memory_mb": 7.9e4}]))
+
+    devices = [device("h100", True), device("tx2", False)]
+    points = [pruning.PruningPoint("resnet18", d.name, 0.0, 0.0, 2048, 430.0, 400.0, 460.0, 7.9e4, 7.5e4, 8.3e4, fits,
+                                   1024) for d, fits in zip(devices, (True, False))]
+    notes: list[str] = []
+    least = pruning.least_levels(None, devices, {"h100": (3, 224, 224), "tx2": (3, 224, 224)}, points, notes)
+    assert notes and notes[0].startswith("pruning section: no least level that fits for resnet18 on tx2")
+    tables = [b for b in pruning.pruning_blocks(points, least, ["h100", "tx2"], {"pruning": Path("p.png")})
+              if isinstance(b, Table)]
+    assert tables[-1].rows == [["resnet18", "0% (430.0 ms, 79,000 MiB)", "not searched (Notes)"]]
+    console = Console(record=True, width=200)
+    pruning.print_pruning(console, points, least, ["h100", "tx2"])
+    (row,) = [line for line in console.export_text().splitlines() if "least fit" in line]
+    assert row.split("│")[4].strip() == "0%" and row.split("│")[5].strip() == "–", row

@@ -69,6 +69,7 @@ class LeastLevel:
     latency_ms: float | None = None
     memory_mb: float | None = None
     searched_up_to: int | None = None  # the highest level asked about: 99, or what min_channels lets it reach
+    error: str = ""  # why no level was searched for (the network cannot be pruned there): said in the notes too
 
 
 def _measured(device: Any, desc: NetworkDescription, batch: int) -> dict[str, Any] | None:
@@ -151,6 +152,7 @@ def least_levels(cfg: Config, devices: Sequence[Any], trained_at: dict[str, tupl
                 r = least_pruning(d.fingerprint, variant, batch)
             except UserError as exc:  # pruning_points has said it of the levels asked
                 notes.append(f"pruning section: no least level that fits for {network} on {d.name} ({exc})")
+                out.append(LeastLevel(network, d.name, batch, None, error=str(exc)))  # not 'unknown capacity'
                 continue
             finally:
                 made.update(f"{name} at {shape_label(variant.shape)}" for name in variant.pruned)
@@ -199,6 +201,8 @@ def _achieved(cells: list[PruningPoint | None]) -> str:
 def _least_cell(found: LeastLevel | None) -> str:
     if found is None:
         return "unknown capacity"
+    if found.error:
+        return "not searched (Notes)"
     if found.level is None:  # up to the highest level the network reaches (min_channels may stop it short of 99)
         return f"none up to {99 if found.searched_up_to is None else found.searched_up_to}%"
     return f"{found.level}% ({found.latency_ms:,.1f} ms, {found.memory_mb:,.0f} MiB)"
@@ -249,7 +253,9 @@ def print_pruning(console: Console, points: list[PruningPoint], least: list[Leas
                   *["–" if c is None else f"{c.latency_ms:,.1f}{'' if c.fits is not False else ' (no fit)'} / "
                     f"{'?' if c.max_batch is None else batch_label(c.max_batch)}" for c in cells])
     at = {(x.network, x.device): x for x in least}
+
+    def least_fit(found: LeastLevel | None) -> str:  # ?: capacity unknown; –: not searched (the notes say why)
+        return "?" if found is None else "–" if found.error else "none" if found.level is None else f"{found.level}%"
     for net in dict.fromkeys(x.network for x in least):
-        t.add_row(RichText(net), "least fit", "", *["?" if (net, d) not in at else "none" if at[(net, d)].level is None
-                                          else f"{at[(net, d)].level}%" for d in devices])
+        t.add_row(RichText(net), "least fit", "", *[least_fit(at.get((net, d))) for d in devices])
     console.print(t)
