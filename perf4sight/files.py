@@ -7,6 +7,9 @@ on the devices (the test plan, the runner, the measuring child) import it.
 import contextlib
 import functools
 import hashlib
+import os
+import re
+import time
 from pathlib import Path
 from typing import Iterator, Union
 
@@ -34,12 +37,40 @@ def package_sha256() -> str:
     return sources_sha256(_PACKAGE)
 
 
+#: A unique temporary file this old is a dead writer's (a live one renames its file within moments of writing it).
+STALE_TEMP_S = 3600.0
+
+
+def _writer_tag() -> str:
+    """What makes one writer's temporary name its own: its process and a random part (threads of one process)."""
+    return ".%d.%s" % (os.getpid(), os.urandom(4).hex())
+
+
+def _sweep_stale(final: Path, suffix: str) -> None:
+    """Remove the unique temporary files of ``final``'s writers that died before renaming theirs (killed, say), once
+    they are :data:`STALE_TEMP_S` old; whatever cannot be read or removed is passed over."""
+    mine = re.compile(re.escape(final.name) + r"\.\d+\.[0-9a-f]{8}" + re.escape(suffix) + "$")
+    cutoff = time.time() - STALE_TEMP_S
+    with contextlib.suppress(OSError), os.scandir(str(final.parent)) as entries:
+        for entry in entries:
+            if mine.match(entry.name):
+                with contextlib.suppress(OSError):
+                    if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                        os.unlink(entry.path)
+
+
 @contextlib.contextmanager
-def atomic_path(path: Union[str, Path], suffix: str = ".tmp") -> Iterator[Path]:
-    """A temporary path beside ``path`` (its name plus ``suffix``) for a writer such as ``np.savez`` or
-    ``torch.save`` to fill; renamed over ``path`` when the block ends, removed if it raises."""
+def atomic_path(path: Union[str, Path], suffix: str = ".tmp", unique: bool = True) -> Iterator[Path]:
+    """A temporary path beside ``path`` for a writer such as ``np.savez`` or ``torch.save`` to fill; renamed over
+    ``path`` when the block ends, removed if it raises.
+
+    ``unique`` (the default): the name is ``path``'s plus this process's id, a random part and ``suffix``, so that
+    writers of one file at once (two predicts filling one cache) each rename their own; a dead writer's leftover is
+    removed by a later write of ``path`` once it is an hour old. ``unique=False``: the name is ``path``'s plus
+    ``suffix`` alone, for a file that one writer at a time holds (under a lock: the runner's, a device's profile
+    lock); the next writer overwrites a dead one's leftover."""
     final = Path(path)
-    tmp = final.with_name(final.name + suffix)
+    tmp = final.with_name(final.name + (_writer_tag() if unique else "") + suffix)  # the suffix last: ".tmp.npz"
     try:
         yield tmp
     except BaseException:
@@ -47,6 +78,8 @@ def atomic_path(path: Union[str, Path], suffix: str = ".tmp") -> Iterator[Path]:
             tmp.unlink()
         raise
     tmp.replace(final)
+    if unique:
+        _sweep_stale(final, suffix)
 
 
 @contextlib.contextmanager
@@ -61,10 +94,10 @@ def naming_file(path: Union[str, Path]) -> Iterator[None]:
         raise
 
 
-def write_atomically(path: Union[str, Path], data: Union[bytes, str]) -> Path:
+def write_atomically(path: Union[str, Path], data: Union[bytes, str], unique: bool = True) -> Path:
     """Write ``data`` (text in the locale's encoding, as ``Path.write_text``, or bytes) to ``path`` through
-    :func:`atomic_path`; returns ``path`` as a ``Path``."""
-    with atomic_path(path) as tmp:
+    :func:`atomic_path` (``unique`` as there); returns ``path`` as a ``Path``."""
+    with atomic_path(path, unique=unique) as tmp:
         if isinstance(data, bytes):
             tmp.write_bytes(data)
         else:

@@ -19,7 +19,7 @@ def test_atomic_path_is_beside_the_target_and_a_failed_writer_keeps_the_old_file
     target = tmp_path / "models.npz"
     target.write_text("old")
     with atomic_path(target, suffix=".tmp.npz") as tmp:
-        assert tmp == tmp_path / "models.npz.tmp.npz"
+        assert tmp.parent == tmp_path and tmp.name.startswith("models.npz.") and tmp.name.endswith(".tmp.npz")
         tmp.write_text("new")
     assert target.read_text() == "new"
     with pytest.raises(RuntimeError, match="writer failed"):
@@ -27,6 +27,34 @@ def test_atomic_path_is_beside_the_target_and_a_failed_writer_keeps_the_old_file
             tmp.write_text("half")
             raise RuntimeError("writer failed")
     assert target.read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["models.npz"]
+
+
+def test_two_writers_of_one_file_at_once_each_rename_their_own_and_a_dead_ones_scraps_go(tmp_path):
+    """Every writer of ``x`` filled ``x.tmp``: of two at once (two predicts filling one cache), the second's rename
+    took the first's file and the first's rename failed (FileNotFoundError). Each now has a name of its own; a killed
+    writer's leftover is removed by a later write once an hour old (a young one may be a live writer's). A writer
+    under a lock keeps the fixed name, which the next one overwrites."""
+    import os
+    import time
+
+    target = tmp_path / "zoo.json"
+    with atomic_path(target) as first:
+        first.write_text("first")
+        write_atomically(target, "second")  # the other writer, done meanwhile
+    assert target.read_text() == "first" and first != tmp_path / "zoo.json.tmp"
+    old, young = tmp_path / "zoo.json.4242.0badf00d.tmp", tmp_path / "zoo.json.4243.0badf00d.tmp"
+    other = tmp_path / "zoo.json.notes.tmp"  # not a writer's name: kept
+    for scrap in (old, young, other):
+        scrap.write_text("killed mid-write")
+    hours_ago = time.time() - 7200
+    os.utime(old, (hours_ago, hours_ago))
+    os.utime(other, (hours_ago, hours_ago))
+    write_atomically(target, "third")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, young.name, other.name])
+    with atomic_path(target, unique=False) as fixed:
+        assert fixed == tmp_path / "zoo.json.tmp"
+        fixed.write_text("locked")
+    assert target.read_text() == "locked"
 
 
 def test_a_full_disk_names_the_measurement_csv_and_an_error_without_errno_is_left_alone(tmp_path):

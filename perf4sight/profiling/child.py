@@ -173,7 +173,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     result = measure(args.plan, args.network, args.batch_size)
     try:
-        write_atomically(args.result, json.dumps(result))
+        write_atomically(args.result, json.dumps(result), unique=False)  # its runner's file alone
     except OSError as exc:  # e.g. a full disk: the runner reads why from stderr (a file beside it, which may fail too)
         with contextlib.suppress(OSError):
             print("cannot write the result file %s: %s" % (args.result, exc.strerror or exc), file=sys.stderr,

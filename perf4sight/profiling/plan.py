@@ -252,8 +252,9 @@ def load_plan(path: Union[str, Path]) -> TestPlan:
 
 
 def save_plan(plan: TestPlan, path: Union[str, Path]) -> Path:
-    """Write ``plan`` as indented JSON (atomic replace), creating parent folders."""
+    """Write ``plan`` as indented JSON (atomic replace, through the fixed temporary name: its writers, the runner
+    and the local profiler, hold the run's or the device's lock), creating parent folders."""
     plan.validate(str(path))
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    return write_atomically(p, json.dumps(plan.to_dict(), indent=1) + "\n")
+    return write_atomically(p, json.dumps(plan.to_dict(), indent=1) + "\n", unique=False)
