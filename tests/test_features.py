@@ -379,7 +379,7 @@ def test_the_updates_momentum_and_weight_decay_are_read_from_the_rows():
     assert step_runtime(imported).decays and UPDATE == {"momentum": "0.9", "weight_decay": "0.0005"}
     with pytest.raises(UserError, match="rows of several updates"):
         step_runtime([dict(own, momentum="0.0"), own])
-    # AdamW's decay is its own in-place one: it changes nothing; Adam's L2 decay is one kernel and 3 tensors more
+    # AdamW is counted with its in-place decay whatever the decay (optimizers.py); Adam's L2 decay: 1 kernel, 3 more
     adamw = [dict(own, phase="train_adamw", weight_decay=w) for w in ("0.01", "0.0")]
     assert step_runtime(adamw).update_cost() == optimizer_cost("adamw")
     adam = step_runtime([dict(own, phase="train_adam", weight_decay="0.01")]).update_cost()
