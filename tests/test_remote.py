@@ -366,6 +366,44 @@ def test_a_relative_key_file_is_found_beside_the_config_as_known_hosts_is(server
     assert '"event":"already"' in (project / "remote work" / "d" / "run.log").read_text()
 
 
+def test_ssh_messages_name_a_devices_table_as_toml_reads_it_and_the_bars_print_names_as_text(tmp_path,
+                                                                                          monkeypatch):
+    """A device named with a space: the SSH messages wrote [devices.jetson tx2], which is no TOML; they write
+    [devices."jetson tx2"]. The progress bars read a device's or a network's name as rich markup ("[b]" vanished);
+    they print it as it is. No server: nothing listens on the port, and each message comes before any login."""
+    import io
+
+    from rich.console import Console
+
+    from perf4sight.errors import UserError
+    from perf4sight.profiling import fleet
+    from perf4sight.profiling.local import profile_local, progress_bars
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    cfg = _config(tmp_path, {"jetson tx2": {"host": "127.0.0.1", "port": free_port(), "key_file": str(folder)}},
+                  probe_cached=False)
+    table = r'\[devices\."jetson tx2"\]'
+    with pytest.raises(HostKeyError, match=rf"or set accept_new_host_key = true in {table}$"):
+        Remote(cfg.device("jetson tx2"), tmp_path / "known_hosts").connect()
+    dev = cfg.device("jetson tx2")
+    dev.accept_new_host_key = True
+    with pytest.raises(LoginError, match=rf"set key_file in {table} to the private key$"):
+        Remote(dev, tmp_path / "known_hosts").connect()
+    dev.key_file = ""
+    with pytest.raises(DeviceError, match=rf"check host and port in {table}, and that sshd runs"):
+        Remote(dev, tmp_path / "known_hosts").connect()
+    with pytest.raises(UserError, match=rf"config.toml: {table} has host '127.0.0.1': profile it with the remote"):
+        profile_local(cfg, "jetson tx2", [])
+    monkeypatch.setitem(sys.modules, "perf4sight.profiling.remote", None)  # as without paramiko: an ImportError
+    with pytest.raises(UserError, match=rf"reached over SSH \({table} host\), which needs paramiko"):
+        fleet._require_ssh(dev)
+    bars = progress_bars()
+    bars.add_task("profile [b]dev", total=2, note="[b]net @ 1: ok")
+    shown = Console(file=io.StringIO(), width=200)
+    shown.print(bars.get_renderable())
+    assert "profile [b]dev" in shown.file.getvalue() and "[b]net @ 1: ok" in shown.file.getvalue()
+
+
 def test_a_folder_given_as_key_file_or_known_hosts_is_named_a_folder(servers, tmp_path):
     """A folder as key_file or known_hosts is one line saying so (they read "not found", "does not exist; create
     it", or, accepting new keys, "Is a directory ... check host and port"); a known_hosts that cannot be written

@@ -26,7 +26,7 @@ from perf4sight.config import Config, DeviceConfig
 from perf4sight.errors import UserError
 from perf4sight.files import atomic_path
 from perf4sight.ir.schema import load_description
-from perf4sight.wording import plural
+from perf4sight.wording import device_table, plural
 from perf4sight.profiling.local import progress_bars, stop_runners
 from perf4sight.profiling.plan import training_phase
 from perf4sight.profiling.results import (COLUMNS, SUPERSEDED_CSV, append_row, batch_size_of, read_rows,
@@ -208,8 +208,8 @@ def _require_ssh(dev: DeviceConfig) -> None:
     try:
         importlib.import_module("perf4sight.profiling.remote")  # paramiko, through ssh.py
     except ImportError as exc:
-        raise UserError(f"device '{dev.name}' is reached over SSH ([devices.{dev.name}] host), which needs paramiko: "
-                        f"{exc} (pip install -r requirements.txt)") from None
+        raise UserError(f"device '{dev.name}' is reached over SSH ({device_table(dev.name)} host), which needs "
+                        f"paramiko: {exc} (pip install -r requirements.txt)") from None
 
 
 @contextmanager

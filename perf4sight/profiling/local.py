@@ -21,6 +21,7 @@ from perf4sight.config import Config
 from perf4sight.errors import UserError
 from perf4sight.profiling.plan import TestPlan, save_plan
 from perf4sight.profiling.results import OP_PRICES_JSON, results_path
+from perf4sight.wording import device_table
 
 __all__ = ["ProfileSummary", "make_plan", "profile_local", "follow_runner", "PLAN_NAME"]
 
@@ -161,8 +162,9 @@ def progress_bars() -> Any:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("{task.fields[note]}"), console=Console(stderr=True))
+    return Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), TextColumn("{task.fields[note]}", markup=False),
+                    console=Console(stderr=True))  # names as text: a device or network "[b]" is no markup
 
 
 def _rich_sink(device: str) -> tuple[ProgressSink, Callable[[], None]]:
@@ -198,7 +200,7 @@ def profile_local(cfg: Config, device_name: str, descriptions: list[Path],
     """
     dev = cfg.device(device_name)
     if dev.host:
-        raise UserError(f"{cfg.path}: [devices.{device_name}] has host '{dev.host}': "
+        raise UserError(f"{cfg.path}: {device_table(device_name)} has host '{dev.host}': "
                         "profile it with the remote profiler")
     csv_path = results_path(cfg.profiling_dir, device_name)
     plan_path = csv_path.parent / PLAN_NAME

@@ -41,6 +41,7 @@ from perf4sight.profiling.pull import CsvPuller, csv_with_rows
 from perf4sight.profiling.runner import LOAD_ENV
 from perf4sight.profiling.ssh import (CONNECTION_ERRORS, DeviceError, HostKeyError, LoginError, Remote,
                                      default_known_hosts, describe_error)
+from perf4sight.wording import device_table
 
 __all__ = ["DeviceSummary", "RemoteProfiler", "code_files", "expected_keys", "covering", "plan_counts",
            "remote_dir_name", "known_hosts_path", "key_file_path"]
@@ -419,7 +420,7 @@ class RemoteProfiler:
             if not self.remote.alive or isinstance(exc, socket.timeout):
                 raise
             raise DeviceError(f"device '{self.dev.name}': cannot create the work folder {self.run_dir} "
-                              f"({self._why_no_folder(exc)}); set [devices.{self.dev.name}] workdir to a folder "
+                              f"({self._why_no_folder(exc)}); set {device_table(self.dev.name)} workdir to a folder "
                               "the device's user can write") from None
         self._preflight()
         self._ship_code()

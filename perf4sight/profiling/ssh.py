@@ -32,6 +32,7 @@ from paramiko.ssh_exception import NoValidConnectionsError
 
 from perf4sight.config import DeviceConfig
 from perf4sight.errors import UserError
+from perf4sight.wording import device_table
 
 __all__ = ["DeviceError", "HostKeyError", "LoginError", "Remote", "CommandResult", "quote_argv", "CONNECTION_ERRORS",
            "default_known_hosts", "describe_error"]
@@ -167,7 +168,7 @@ class _RefusePolicy(_HostKeyPolicy):
         raise HostKeyError(
             f"device '{d.name}': host key of {hostname} ({key.get_name()} {key.fingerprint}) is not in "
             f"{self.path}; check it, then add it (ssh-keyscan -p {d.port} {d.host} >> {self.path}) "
-            f"or set accept_new_host_key = true in [devices.{d.name}] to record it on first connect")
+            f"or set accept_new_host_key = true in {device_table(d.name)} to record it on first connect")
 
 
 def _key_algorithms_to_disable(known: set[str]) -> list[str]:
@@ -182,7 +183,8 @@ def _load_key(dev: DeviceConfig, key_file: str) -> paramiko.PKey:
     given a file name, tries every key type and reports the last type's parse error instead)."""
     where = f"device '{dev.name}': key_file {key_file}"
     if Path(key_file).is_dir():
-        raise LoginError(f"{where} is a folder, not a file: set key_file in [devices.{dev.name}] to the private key")
+        raise LoginError(f"{where} is a folder, not a file: set key_file in {device_table(dev.name)} to the private "
+                         "key")
     if not Path(key_file).is_file():
         raise LoginError(f"{where} not found")
     try:
@@ -229,7 +231,7 @@ class Remote:
         revoked: set[str] = set()
         if self.known_hosts.is_dir():
             raise HostKeyError(f"device '{dev.name}': known_hosts {self.known_hosts} is a folder, not a file: set "
-                               f"known_hosts in [devices.{dev.name}] to the file itself")
+                               f"known_hosts in {device_table(dev.name)} to the file itself")
         if self.known_hosts.is_file():
             revoked = _load_known_hosts(dev, self.known_hosts, client.get_host_keys())
             known_types = set((client.get_host_keys().lookup(_host_entry(dev.host, dev.port)) or {}).keys())
@@ -237,7 +239,7 @@ class Remote:
             raise HostKeyError(f"device '{dev.name}': known_hosts file {self.known_hosts} does not exist; create it "
                                f"(mkdir -p {self.known_hosts.parent} && ssh-keyscan -p {dev.port} {dev.host} "
                                f">> {self.known_hosts}) or set "
-                               f"accept_new_host_key = true in [devices.{dev.name}]")
+                               f"accept_new_host_key = true in {device_table(dev.name)}")
         policy = (_AcceptNewPolicy if dev.accept_new_host_key else _RefusePolicy)(dev, self.known_hosts, revoked)
         client.set_missing_host_key_policy(policy)
         key_file = str(self.key_file) if self.key_file else None
@@ -267,7 +269,7 @@ class Remote:
         except NoValidConnectionsError:
             client.close()
             raise DeviceError(f"device '{dev.name}': cannot reach {self.where}: connection refused (nothing listens "
-                              f"there: check host and port in [devices.{dev.name}], and that sshd runs on the "
+                              f"there: check host and port in {device_table(dev.name)}, and that sshd runs on the "
                               "device)") from None
         except paramiko.SSHException as exc:
             transport = client.get_transport()
@@ -279,13 +281,13 @@ class Remote:
             if "no authentication methods available" in str(exc).lower():  # paramiko: not one key to offer
                 raise LoginError(f"device '{dev.name}': no key to log in to {self.where} with: key_file is not set, "
                                  f"no SSH agent holds a key and ~/.ssh has no default key; set key_file in "
-                                 f"[devices.{dev.name}] (passwords are never used)") from None
+                                 f"{device_table(dev.name)} (passwords are never used)") from None
             raise DeviceError(f"device '{dev.name}': cannot reach {self.where}: {describe_error(exc)}") from None
         except (OSError, EOFError) as exc:
             client.close()
             why = " ".join(str(exc).split()) or type(exc).__name__
             raise DeviceError(f"device '{dev.name}': cannot reach {self.where}: {why} (check host and port in "
-                              f"[devices.{dev.name}], and that the device is on and on the network)") from None
+                              f"{device_table(dev.name)}, and that the device is on and on the network)") from None
         transport = client.get_transport()
         if transport is not None:
             transport.set_keepalive(5)
