@@ -730,6 +730,16 @@ def test_what_the_schema_cannot_express_is_one_line_naming_it(module, expected):
     assert "\n" not in str(exc.value)
 
 
+def test_a_name_or_network_that_is_no_str_is_refused_in_one_line():
+    """describe(name=5) wrote 5 into the description (its name and network); a name or network that is no str is
+    refused, as predict_module's."""
+    conv = nn.Sequential(nn.Conv2d(3, 4, 3))
+    with pytest.raises(UserError, match=r"^describe: name 5 \(int\) is not a str$"):
+        describe(conv, [3, 8, 8], name=5)
+    with pytest.raises(UserError, match=r"^describe: network \['a'\] \(list\) is not a str$"):
+        describe(conv, [3, 8, 8], name="conv", network=["a"])
+
+
 def test_untraceable_module_gives_a_clear_error():
     class Branchy(nn.Module):
         def forward(self, x):

@@ -256,6 +256,9 @@ def describe(module: nn.Module, input_shape: list[int], name: str, network: str 
     ``input_shape`` (naming the shape and torch's message), and naming the first op or module the schema cannot
     express.
     """
+    for key, value in (("name", name), ("network", network)):  # written into the description as they are
+        if not isinstance(value, str) and (key == "name" or value is not None):
+            raise UserError(f"describe: {key} {value!r} ({type(value).__name__}) is not a str")
     if not isinstance(module, nn.Module):
         raise UserError(f"{name}: expected a torch nn.Module instance (e.g. torchvision.models.resnet18()), "
                         f"got {type(module).__name__}")
