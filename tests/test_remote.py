@@ -404,6 +404,38 @@ def test_ssh_messages_name_a_devices_table_as_toml_reads_it_and_the_bars_print_n
     assert "profile [b]dev" in shown.file.getvalue() and "[b]net @ 1: ok" in shown.file.getvalue()
 
 
+class _FolderRemote:
+    """The SFTP calls the profiler's shipping makes, on a folder of this machine (the device's work folder)."""
+
+    def makedirs(self, path: str) -> None:
+        Path(path).mkdir(parents=True, exist_ok=True)
+
+    def size(self, path: str) -> int | None:
+        return Path(path).stat().st_size if Path(path).is_file() else None
+
+    def put_bytes(self, data: bytes, path: str) -> None:
+        Path(path).write_bytes(data)
+
+
+def test_a_description_rewritten_after_the_profile_began_is_shipped_as_it_was_read(tmp_path):
+    """The profiler takes the descriptions' shas when it is made and shipped the files later (after following a run
+    it attached to): a file rewritten meanwhile (the networks stage again) went with its new bytes, whose rows the
+    profile did not expect. The bytes read for the shas are shipped."""
+    cfg = _config(tmp_path, {"d": {"host": "127.0.0.1", "port": free_port()}}, probe_cached=False)
+    (desc,) = _descriptions(tmp_path, ["alpha"])
+    before = desc.read_bytes()
+    profiler = RemoteProfiler(cfg, cfg.device("d"), [desc])
+    save_description(describe(_net(9), [3, 16, 16], name="alpha", network="tiny"), desc)
+    assert desc.read_bytes() != before
+    profiler.remote, profiler.run_dir = _FolderRemote(), str(tmp_path / "device")
+    profiler._ship()
+    sha = results.file_sha(before)
+    assert [p.name for p in (tmp_path / "device" / "nets").iterdir()] == [f"{sha}.json"]
+    assert (tmp_path / "device" / "nets" / f"{sha}.json").read_bytes() == before
+    assert json.loads((tmp_path / "device" / "plan.json").read_text())["networks"] == [f"nets/{sha}.json"]
+    assert {key[-1] for key in profiler.expected} == {sha, ""}
+
+
 def test_a_folder_given_as_key_file_or_known_hosts_is_named_a_folder(servers, tmp_path):
     """A folder as key_file or known_hosts is one line saying so (they read "not found", "does not exist; create
     it", or, accepting new keys, "Is a directory ... check host and port"); a known_hosts that cannot be written

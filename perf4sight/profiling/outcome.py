@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from perf4sight.errors import UserError
-from perf4sight.ir.schema import load_description
+from perf4sight.errors import UserError, read_json_bytes
+from perf4sight.ir.schema import NetworkDescription
 from perf4sight.ir.shapes import shape_text
 from perf4sight.profiling import results
 
 __all__ = ["DeviceSummary", "PROBE", "PROBE_CACHE", "MIN_PYTHON", "probe_facts", "probe_problems", "expected_keys",
-           "covering", "plan_counts"]
+           "read_descriptions", "read_keys", "covering", "plan_counts"]
 
 
 @dataclass
@@ -75,15 +75,31 @@ def probe_problems(backend: str, facts: dict, workdir: str) -> list[str]:
     return problems
 
 
+def read_descriptions(descriptions: Sequence[Path]) -> list[tuple[Path, bytes, NetworkDescription]]:
+    """Each description file as (path, its bytes, the description in them), each read once: the sha of those bytes
+    is the one its rows carry, and the SSH profiler ships them, whatever the file holds later. ``UserError`` as
+    ``load_description``'s."""
+    read = []
+    for path in descriptions:
+        p = Path(path)
+        obj, data = read_json_bytes(p, "network description file")
+        read.append((p, data, NetworkDescription.from_dict(obj, where=str(p))))
+    return read
+
+
 def expected_keys(device: str, descriptions: Sequence[Path], batch_sizes: Sequence[int],
                   phase: str = "train", loss: str = "cross_entropy") -> set[tuple]:
     """Measurement keys the plan will produce, as ``results.row_key`` spells them (``phase``: its optimiser's,
     ``plan.training_phase``; ``loss``: its loss)."""
+    return read_keys(device, read_descriptions(descriptions), batch_sizes, phase, loss)
+
+
+def read_keys(device: str, read: Sequence[tuple[Path, bytes, NetworkDescription]], batch_sizes: Sequence[int],
+              phase: str = "train", loss: str = "cross_entropy") -> set[tuple]:
+    """:func:`expected_keys` of descriptions already read (:func:`read_descriptions`)."""
     keys = set()
-    for path in descriptions:
-        desc = load_description(path)
-        shape = shape_text(desc.input_shape)
-        sha = results.file_sha(Path(path).read_bytes())
+    for _, data, desc in read:
+        shape, sha = shape_text(desc.input_shape), results.file_sha(data)
         keys |= {results.row_key({"device": device, "network": desc.name, "batch_size": bs, "input_shape": shape,
                                   "phase": phase, "loss": loss,
                                   "description_sha": sha}) for bs in batch_sizes}

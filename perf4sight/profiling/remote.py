@@ -36,7 +36,7 @@ from perf4sight.profiling import results
 from perf4sight.profiling.local import make_plan
 from perf4sight.profiling.plan import training_phase
 from perf4sight.profiling.outcome import (PROBE, PROBE_CACHE, DeviceSummary, covering, expected_keys, plan_counts,
-                                          probe_facts, probe_problems)
+                                          probe_facts, probe_problems, read_descriptions, read_keys)
 from perf4sight.profiling.pull import CsvPuller, csv_with_rows
 from perf4sight.profiling.runner import LOAD_ENV
 from perf4sight.profiling.ssh import (CONNECTION_ERRORS, DeviceError, HostKeyError, LoginError, Remote,
@@ -111,8 +111,11 @@ class RemoteProfiler:
                              key_file=key_file_path(cfg, dev))
         self.local_csv = results.results_path(cfg.profiling_dir, dev.name)
         self.summary = DeviceSummary(dev.name, "failed")
-        keys = expected_keys(dev.name, self.descriptions, cfg.profile.batch_sizes,
-                             training_phase(cfg.profile.optimizer), cfg.profile.loss)
+        # each description read once: its rows are expected under the sha of these bytes, and these are shipped
+        # (after a run attached to has ended, maybe hours later: the file may have been rewritten meanwhile)
+        self.read = read_descriptions(self.descriptions)
+        keys = read_keys(dev.name, self.read, cfg.profile.batch_sizes, training_phase(cfg.profile.optimizer),
+                         cfg.profile.loss)
         self.summary.expected = len(keys)
         self.expected = covering(keys)
         self.puller = CsvPuller(self.local_csv, wanted=self.expected)
@@ -194,12 +197,11 @@ class RemoteProfiler:
         r.put_bytes(manifest.encode() + b"\n", f"{self.code_dir}/MANIFEST")
 
     def _ship(self) -> None:
-        """Descriptions (named by content hash) and the plan, over SFTP."""
+        """Descriptions (named by content hash; as read when the profiler was made) and the plan, over SFTP."""
         r = self.remote
         r.makedirs(self._path("nets"))
         nets = []
-        for path in self.descriptions:
-            data = path.read_bytes()
+        for _, data, _ in self.read:  # the bytes the expected rows' shas are of
             name = f"nets/{results.file_sha(data)}.json"
             if r.size(self._path(name)) != len(data):
                 r.put_bytes(data, self._path(name))
