@@ -46,14 +46,23 @@ def _writer_tag() -> str:
     return ".%d.%s" % (os.getpid(), os.urandom(4).hex())
 
 
-def _sweep_stale(final: Path, suffix: str) -> None:
-    """Remove the unique temporary files of ``final``'s writers that died before renaming theirs (killed, say), once
-    they are :data:`STALE_TEMP_S` old; whatever cannot be read or removed is passed over."""
-    mine = re.compile(re.escape(final.name) + r"\.\d+\.[0-9a-f]{8}" + re.escape(suffix) + "$")
+#: (folder, suffix) this process has swept (:func:`_sweep_stale`): once each, as listing a folder of thousands of
+#: files at every write made writing them all quadratic.
+_SWEPT: set = set()
+
+
+def _sweep_stale(folder: Path, suffix: str) -> None:
+    """Remove the unique temporary files (:func:`atomic_path`) in ``folder`` of writers that died before renaming
+    theirs (killed, say), once they are :data:`STALE_TEMP_S` old; whatever cannot be read or removed is passed
+    over. Once per folder and suffix in a process."""
+    if (str(folder), suffix) in _SWEPT:
+        return
+    _SWEPT.add((str(folder), suffix))
+    scrap = re.compile(r".+\.\d+\.[0-9a-f]{8}" + re.escape(suffix) + "$")
     cutoff = time.time() - STALE_TEMP_S
-    with contextlib.suppress(OSError), os.scandir(str(final.parent)) as entries:
+    with contextlib.suppress(OSError), os.scandir(str(folder)) as entries:
         for entry in entries:
-            if mine.match(entry.name):
+            if scrap.match(entry.name):
                 with contextlib.suppress(OSError):
                     if entry.stat(follow_symlinks=False).st_mtime < cutoff:
                         os.unlink(entry.path)
@@ -66,9 +75,9 @@ def atomic_path(path: Union[str, Path], suffix: str = ".tmp", unique: bool = Tru
 
     ``unique`` (the default): the name is ``path``'s plus this process's id, a random part and ``suffix``, so that
     writers of one file at once (two predicts filling one cache) each rename their own; a dead writer's leftover is
-    removed by a later write of ``path`` once it is an hour old. ``unique=False``: the name is ``path``'s plus
-    ``suffix`` alone, for a file that one writer at a time holds (under a lock: the runner's, a device's profile
-    lock); the next writer overwrites a dead one's leftover."""
+    removed once it is an hour old, by the next process to write a file into its folder. ``unique=False``: the name
+    is ``path``'s plus ``suffix`` alone, for a file that one writer at a time holds (under a lock: the runner's, a
+    device's profile lock); the next writer overwrites a dead one's leftover."""
     final = Path(path)
     tmp = final.with_name(final.name + (_writer_tag() if unique else "") + suffix)  # the suffix last: ".tmp.npz"
     try:
@@ -79,7 +88,7 @@ def atomic_path(path: Union[str, Path], suffix: str = ".tmp", unique: bool = Tru
         raise
     tmp.replace(final)
     if unique:
-        _sweep_stale(final, suffix)
+        _sweep_stale(final.parent, suffix)
 
 
 @contextlib.contextmanager

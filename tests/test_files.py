@@ -32,8 +32,8 @@ def test_atomic_path_is_beside_the_target_and_a_failed_writer_keeps_the_old_file
 def test_two_writers_of_one_file_at_once_each_rename_their_own_and_a_dead_ones_scraps_go(tmp_path):
     """Every writer of ``x`` filled ``x.tmp``: of two at once (two predicts filling one cache), the second's rename
     took the first's file and the first's rename failed (FileNotFoundError). Each now has a name of its own; a killed
-    writer's leftover is removed by a later write once an hour old (a young one may be a live writer's). A writer
-    under a lock keeps the fixed name, which the next one overwrites."""
+    writer's leftover is removed by the next process's first write into its folder once an hour old (a young one may
+    be a live writer's). A writer under a lock keeps the fixed name, which the next one overwrites."""
     import os
     import time
 
@@ -42,15 +42,17 @@ def test_two_writers_of_one_file_at_once_each_rename_their_own_and_a_dead_ones_s
         first.write_text("first")
         write_atomically(target, "second")  # the other writer, done meanwhile
     assert target.read_text() == "first" and first != tmp_path / "zoo.json.tmp"
-    old, young = tmp_path / "zoo.json.4242.0badf00d.tmp", tmp_path / "zoo.json.4243.0badf00d.tmp"
-    other = tmp_path / "zoo.json.notes.tmp"  # not a writer's name: kept
-    for scrap in (old, young, other):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    old, young = cache / "zoo.json.4242.0badf00d.tmp", cache / "zoo.json.4243.0badf00d.tmp"
+    other, notes = cache / "net.json.4242.0badf00d.tmp", cache / "zoo.json.notes.tmp"  # not a writer's name: kept
+    for scrap in (old, young, other, notes):
         scrap.write_text("killed mid-write")
     hours_ago = time.time() - 7200
-    os.utime(old, (hours_ago, hours_ago))
-    os.utime(other, (hours_ago, hours_ago))
-    write_atomically(target, "third")
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, young.name, other.name])
+    for scrap in (old, other, notes):
+        os.utime(scrap, (hours_ago, hours_ago))
+    write_atomically(cache / "zoo.json", "third")
+    assert sorted(p.name for p in cache.iterdir()) == sorted(["zoo.json", young.name, notes.name])
     with atomic_path(target, unique=False) as fixed:
         assert fixed == tmp_path / "zoo.json.tmp"
         fixed.write_text("locked")
