@@ -91,6 +91,26 @@ def measured(tmp_path_factory):
     return cfg, net, summary, events
 
 
+def test_the_runner_takes_a_networks_name_and_sha_from_one_read_of_its_file(tmp_path, monkeypatch):
+    """The runner read a description's bytes (its sha, what the children measure) and then the file again (its name
+    and shape): a file rewritten between the two reads (the networks stage again) gave the rows of one version the
+    name of the other. One read gives both."""
+    from perf4sight.profiling import runner
+    path, other = write_net(tmp_path, "alpha"), write_net(tmp_path / "later", "beta")
+    before, real = path.read_bytes(), Path.read_bytes
+
+    def read_then_rewritten(self: Path) -> bytes:
+        data = real(self)
+        if self == path and data == before:
+            path.write_bytes(real(other))
+        return data
+
+    monkeypatch.setattr(Path, "read_bytes", read_then_rewritten)
+    (net,) = runner._describe_networks(TestPlan(device="d", backend="cpu", networks=[str(path)], batch_sizes=[1]),
+                                       tmp_path)
+    assert (net.name, net.sha, net.data) == ("alpha", results.file_sha(before), before)
+
+
 def test_real_run_writes_ok_rows(measured):
     cfg, net, summary, events = measured
     assert (summary.ok, summary.oom, summary.error, summary.already_measured) == (2, 0, 0, 0)
