@@ -43,7 +43,7 @@ def _boot_id() -> str:
 
 def _write_json(path: Path, obj: Dict) -> None:
     """Write ``obj`` to ``path`` whole or not at all; an ``OSError`` names ``path`` (a failed write names none)."""
-    with naming_file(path), atomic_path(path, unique=False) as tmp, tmp.open("w") as fh:  # the profile lock: one
+    with naming_file(path), atomic_path(path, unique=False) as tmp, tmp.open("w") as fh:  # one writer (profile lock)
         json.dump(obj, fh)
         fh.flush()
         os.fsync(fh.fileno())
