@@ -3277,14 +3277,14 @@ class _Product(nn.Module):
 
 
 @pytest.mark.parametrize("product, match", [
-    (lambda m, y: torch.einsum("ncl,ndl->ndc", y, y), r"an einsum of the form 'ncl,ndl->ndc' has no description op"),
+    (lambda m, y: torch.einsum("ncl,ndl->nld", y, y), r"an einsum of the form 'ncl,ndl->nld' has no description op"),
     (lambda m, y: torch.einsum("ncl,nlc->nc", y, y.transpose(1, 2)), r"einsum of the form 'ncl,nlc->nc'"),
     (lambda m, y: y @ m.weight, r"a matmul of the module's tensor weight has no description op"),
     (lambda m, y: y.unsqueeze(1) @ y.transpose(1, 2), r"a matmul of tensors of ranks \[4, 3\]"),
 ])
 def test_products_the_op_matmul_is_not_are_refused_by_name(product, match):
-    """An einsum that is no batched matrix product (its result transposed, a diagonal) is
-    refused naming its form; a product with a module's own tensor, or of ranks that mix the batch
+    """An einsum that is no batched matrix product (a letter kept from both operands beside one summed, a diagonal)
+    is refused naming its form; a product with a module's own tensor, or of ranks that mix the batch
     into the matrices, is refused saying so."""
     with pytest.raises(UserError, match=match):
         describe(_Product(product), [3, 4, 4], "product")

@@ -725,13 +725,16 @@ class _Affinity(nn.Module):
         return self.fc((t + self.attend(p, self.affinity(t, p).softmax(-1))).mean(2))
 
 
-#: (affinity, attend, transposes): a non-local block's positions (t^T p, then p a^T: both read transposed) and
-#: DANet's channel attention (t p^T, then a plain a p).
+#: (affinity, attend, transposes): a non-local block's positions (t^T p, then p a^T: both read transposed),
+#: DANet's channel attention (t p^T, then a plain a p), and the non-local block with each einsum's operands given in
+#: the other order (p first, then the weights first: torch's bmm of the second by the first, t^T p and p a^T again).
 _EINSUM_FORMS = {
     "non_local": (lambda t, p: torch.einsum("nci,ncj->nij", t, p), lambda p, a: torch.einsum("ncj,nij->nci", p, a),
                   2),
     "channels": (lambda t, p: torch.einsum("ncl,ndl->ncd", t, p), lambda p, a: torch.einsum("ncd,ndl->ncl", a, p),
                  1),
+    "operands_swapped": (lambda t, p: torch.einsum("ncj,nci->nij", p, t),
+                         lambda p, a: torch.einsum("nij,ncj->nci", a, p), 2),
 }
 
 
@@ -749,7 +752,8 @@ def test_an_einsum_of_a_transposed_operand_is_a_transpose_and_a_matmul(case):
 
 @pytest.mark.parametrize("affinity, attend", [
     (lambda t, p: torch.einsum("nci,ncj->nij", t, p), lambda p, a: torch.einsum("ncj,nji->nci", p, a)),
-    _EINSUM_FORMS["channels"][:2]])
+    _EINSUM_FORMS["channels"][:2],
+    (lambda t, p: torch.einsum("ncj,nci->nij", p, t), lambda p, a: torch.einsum("nji,ncj->nci", a, p))])
 @pytest.mark.parametrize("batch", [3, 1])
 def test_the_allocation_model_writes_down_an_einsum_of_a_transposed_operand_as_traced(affinity, attend, batch):
     """A transposed operand (the first's, t^T p; the second's, t p^T) is a view the product reads as it lies: the
@@ -766,7 +770,8 @@ def test_the_allocation_model_writes_down_an_einsum_of_a_transposed_operand_as_t
 
 
 @pytest.mark.parametrize("equation, rebuilt", [
-    ("bci,bcj->bij", lambda x, y: x.transpose(1, 2) @ y), ("bik,bjk->bij", lambda x, y: x @ y.transpose(1, 2))])
+    ("bci,bcj->bij", lambda x, y: x.transpose(1, 2) @ y), ("bik,bjk->bij", lambda x, y: x @ y.transpose(1, 2)),
+    ("bij,bcj->bci", lambda x, y: y @ x.transpose(1, 2)), ("bji,bjc->bci", lambda x, y: y.transpose(1, 2) @ x)])
 def test_an_einsum_of_a_transposed_operand_runs_the_kernels_of_its_description(equation, rebuilt):
     """Torch runs such an einsum as the transpose and matmul it is described by (a dispatch log, views left out):
     one bmm forward; backward the gradient's bmm (and the same copies), so the matmul's costs hold."""

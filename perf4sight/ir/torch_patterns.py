@@ -647,12 +647,15 @@ def _index_reader(n: fx.Node) -> str:
 _EINSUMS = {torch.einsum}
 
 
-def _batched_matmul_form(equation: str) -> tuple[bool, bool] | None:
-    """Where the einsum ``equation`` is a batched matrix product, whether each operand is read transposed: ``"bij,
-    bjk->bik"`` (False, False), ``"bji,bjk->bik"`` (a non-local block's a^T b: True, False), ``"bij,bkj->bik"`` (a
-    b^T: False, True). Leading letters, the batch's first, the same in both operands and the result; then the rows
-    of the first by the columns of the second over a letter they share, each letter once per operand. None for any
-    other form."""
+def _batched_matmul_form(equation: str) -> tuple[bool, bool, bool] | None:
+    """Where the einsum ``equation`` is a batched matrix product, whether each operand is read transposed and whether
+    torch multiplies them in the other order: ``"bij,bjk->bik"`` (False, False, False), ``"bji,bjk->bik"`` (a
+    non-local block's a^T b: True, False, False), ``"bij,bkj->bik"`` (a b^T: False, True, False); a result whose
+    rows are the second operand's, ``"bij,bcj->bci"`` (an attention's weights a, then its values v: v a^T), is
+    torch's bmm of the second then the first (a dispatch log), each read transposed where its shared letter is not
+    where that product reads it: (False, True, True) there, the second's transpose flag first. Leading letters, the
+    batch's first, the same in both operands and the result; then the rows of one by the columns of the other over
+    a letter they share, each letter once per operand. None for any other form."""
     terms = equation.replace(" ", "").split("->")
     operands = terms[0].split(",")
     if len(terms) != 2 or len(operands) != 2 or not all(t.isalpha() for t in (*operands, terms[1])):
@@ -668,7 +671,9 @@ def _batched_matmul_form(equation: str) -> tuple[bool, bool] | None:
         return None
     (k,) = shared
     rows, cols = a[-2:].replace(k, ""), b[-2:].replace(k, "")
-    return (a[-2] == k, b[-1] == k) if out[-2:] == rows + cols else None
+    if out[-2:] == rows + cols:
+        return a[-2] == k, b[-1] == k, False
+    return (b[-2] == k, a[-1] == k, True) if out[-2:] == cols + rows else None
 
 
 def _einsum_permutation(equation: str) -> list[int] | None:
@@ -753,7 +758,7 @@ def _matrix_product_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str])
     an einsum of another form (named), a product of ranks the op does not take, or one of a module's own tensor."""
     if n.op not in ("call_function", "call_method") or n.target not in _MATRIX_PRODUCTS | _EINSUMS or n.kwargs:
         return None
-    operands, transposed = list(n.args), (False, False)
+    operands, transposed, sides = list(n.args), (False, False), "ab"
     if n.target in _EINSUMS:
         equation, operands = operands[0], operands[1:]
         if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
@@ -773,11 +778,13 @@ def _matrix_product_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str])
         if form is None or len(operands) != 2:
             raise ValueError(f"an einsum of the form {equation!r} has no description op (only a batched matrix "
                              "product of two tensors, e.g. 'bij,bjk->bik', either operand's last two letters "
-                             "swapped, is the op matmul, a reordering of one tensor's letters after the batch's, "
-                             "e.g. 'bchw->bhwc', the op permute, one tensor's sum over letters left out, e.g. "
-                             "'bchw->bc', a sum, and two tensors' product summed so, e.g. 'bchw,bchw->bhw', a "
-                             "batched product of rows)")
-        transposed = form
+                             "swapped or the rows the second's, 'bij,bcj->bci', is the op matmul, a reordering of "
+                             "one tensor's letters after the batch's, e.g. 'bchw->bhwc', the op permute, one "
+                             "tensor's sum over letters left out, e.g. 'bchw->bc', a sum, and two tensors' product "
+                             "summed so, e.g. 'bchw,bchw->bhw', a batched product of rows)")
+        transposed, swapped = form[:2], form[2]
+        if swapped and len(operands) == 2:  # torch's bmm of the second operand by the first
+            operands, sides = operands[::-1], "ba"
     if len(operands) != 2 or not all(_is_tensor(a) for a in operands):
         return None
     for operand in operands:
@@ -788,7 +795,7 @@ def _matrix_product_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str])
                          "multiplies batched matrices of one rank, at least 3")
     alias[n.name] = n.name
     inputs, nodes = [], []
-    for operand, flip, side in zip(operands, transposed, "ab"):
+    for operand, flip, side in zip(operands, transposed, sides):
         inputs.append(alias[operand.name] if not flip else f"{n.name}_{side}_transposed")
         if flip:  # an einsum's operand read transposed: torch's bmm of its transposed view
             shape = list(operand.meta["tensor_meta"].shape)[1:]
