@@ -46,6 +46,11 @@ _CASES = {
     "einsum summing a product": (lambda y: y * torch.einsum("bchw,bchw->bch", y, y.sigmoid())[..., None]
                                  + torch.einsum("bc,bc->b", y.mean((2, 3)), y.amax((2, 3)))[:, None, None, None],
                                  "matmul", lambda x: torch.einsum("bchw,bchw->bch", x, x * 2)),
+    "einsum of a broadcast operand": (lambda y: torch.einsum("bc,bchw->bchw", y.mean((2, 3)).sigmoid(), y)
+                                      + torch.einsum("bchw,bhw->bchw", y, y.mean(1)), "mul",
+                                      lambda x: torch.einsum("bchw,bhw->bchw", x, x.mean(1))),
+    "einsum pooling at weights": (lambda y: y * torch.einsum("bchw,bhw->bc", y, y.mean(1).sigmoid())[..., None, None],
+                                  "matmul", lambda x: torch.einsum("bchw,bhw->bc", x, x.mean(1))),
 }
 #: torch.where forms: (pattern, the where nodes' (inputs, attrs)).
 _WHERES = {
@@ -1489,3 +1494,93 @@ def test_a_gather_at_sorted_indices_round_trips_and_is_checked():
     del top["attrs"]["gather"]
     with pytest.raises(UserError, match=r"takes a second input, the tensor gathered, with the flag gather alone"):
         NetworkDescription.from_dict(bad)
+
+
+#: Einsums of two tensors of other letters: (pattern of a [8, 8, 8] map, the ops of the nodes the einsums become).
+_BROADCAST_EINSUMS = {
+    "a channel gate, the gate first": (lambda y: torch.einsum("bc,bchw->bchw", y.mean((2, 3)).sigmoid(), y),
+                                       ["reshape", "mul"]),
+    "a spatial gate": (lambda y: torch.einsum("bchw,bhw->bchw", y, y.mean(1)), ["reshape", "mul"]),
+    "a map pooled at spatial weights": (lambda y: y * torch.einsum("bchw,bhw->bc", y, y.mean(1).sigmoid())[
+        ..., None, None], ["reshape", "reshape", "matmul", "reshape"]),
+    "channels by channels, the right's first": (
+        lambda y: y + torch.einsum("bchw,bdhw->bdc", y, y.sigmoid())[..., None],
+        ["permute", "reshape", "reshape", "matmul", "reshape"]),
+    "a map pooled at weights, permuted": (lambda y: y * torch.einsum("bhwc,bhw->bc", y.permute(0, 2, 3, 1), y.mean(1))[
+        ..., None, None], ["permute", "reshape", "reshape", "matmul", "reshape"]),
+}
+
+
+@pytest.mark.parametrize("case", list(_BROADCAST_EINSUMS))
+def test_an_einsum_of_operands_of_other_letters_is_described_as_torch_runs_it(case):
+    """An einsum of two tensors of other letters was refused ("an einsum of the form ... has no description op"): one
+    summing nothing, its result one operand's letters, the other's some of them (a channel or spatial gate, 'bc,bchw->
+    bchw'), is torch's mul of the two, the other broadcast (a reshape, a view); one summing letters of both and
+    keeping letters of one ('bchw,bhw->bc', a map pooled at spatial weights; 'bchw,bdhw->bdc') torch's bmm of rows,
+    [C, HW] by [HW, 1] (of the right's by the left's where the result has the right's letters first), between
+    reshapes. The rebuilt module computes the original's output and gradients, and runs the kernels the module runs
+    (a dispatch log, forward and backward, views and the leaf's gradient copies aside)."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from perf4sight.ir.to_torch import build_module
+
+    pattern, ops = _BROADCAST_EINSUMS[case]
+    module = _Probe(pattern)
+    desc = _computes_the_same(module)
+    assert [n.op for n in desc.nodes if n.name.startswith("einsum")] == ops
+
+    class Kernels(TorchDispatchMode):
+        views = {"view", "_unsafe_view", "permute", "transpose", "t", "expand", "unsqueeze", "squeeze", "alias",
+                 "detach", "slice", "select", "as_strided", "new_empty_strided", "copy_", "ones_like", "empty_like"}
+
+        def __init__(self):
+            super().__init__()
+            self.seen = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.__name__.split(".")[0]
+            self.seen[name] += name not in self.views
+            return func(*args, **(kwargs or {}))
+
+    runs = []
+    for net in (module, build_module(desc)):
+        net.zero_grad(set_to_none=True)
+        with Kernels() as ran:
+            out = net.train()(torch.randn(2, *SHAPE))
+            out.sum().backward()
+        runs.append(+ran.seen)
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("case", list(_BROADCAST_EINSUMS))
+def test_an_einsum_of_operands_of_other_letters_keeps_what_autograd_keeps(case):
+    """What a sample adds to autograd's saved tensors (the network input aside) is the features' (a gate's mul keeps
+    both operands; a bmm its rows, copies where torch copies them)."""
+    from test_features import _autograd_saved_bytes
+
+    from perf4sight.features.aggregate import network_features
+
+    desc = describe(_Probe(_BROADCAST_EINSUMS[case][0]), SHAPE, name="einsum")
+    at2, at4 = (b * _autograd_saved_bytes(desc, b, with_input=False) for b in (2, 4))
+    assert network_features(desc).per_sample["saved_bytes"] == (at4 - at2) / 2
+
+
+@pytest.mark.parametrize("case", list(_BROADCAST_EINSUMS))
+@pytest.mark.parametrize("batch", [3, 1])
+def test_the_allocation_model_writes_down_an_einsum_of_other_letters_as_traced(case, batch):
+    """The model's events are the meta trace's; at a batch of 1, a map added to the product of channels by channels
+    ('bdc', broadcast over the width) is an add the model declines by name, and the step's events are the trace's."""
+    from test_allocator import _as_replayed
+
+    from perf4sight.features.alloc_trace import record_events
+
+    desc = describe(_Probe(_BROADCAST_EINSUMS[case][0]), SHAPE, name="einsum")
+    trace = record_events(desc, batch, steps=2, method="trace")
+    if case.startswith("channels by channels") and batch == 1:
+        with pytest.raises(UserError, match="does not cover add of a strided tensor broadcast"):
+            record_events(desc, batch, steps=2, method="model")
+        assert record_events(desc, batch, steps=2, method="auto") == trace
+        return
+    assert _as_replayed(record_events(desc, batch, steps=2, method="model")) == _as_replayed(trace)

@@ -701,52 +701,116 @@ def _einsum_sum_dims(equation: str) -> list[int] | None:
     return [i for i, letter in enumerate(source) if letter not in out]
 
 
-def _einsum_product_sum(equation: str) -> tuple[list[int], list[int]] | None:
-    """Where the einsum ``equation`` of two operands of the same letters, in one order, multiplies them and sums the
-    product over letters the result leaves out, the others in their order (``"bchw,bchw->bhw"``, ``"bc,bc->b"``):
-    (the dims kept, the dims summed), counted from the front; None for any other form."""
+def _einsum_product_sum(equation: str) -> tuple[str, str, str, str, bool] | None:
+    """Where the einsum ``equation`` of two operands multiplies them and sums the product over letters the result
+    leaves out, torch 2.14's bmm of them (a dispatch log): the letters (both operands' and the result's, the batch's
+    first; the left operand's and the result's; the right's and the result's; both operands' summed), each group in
+    the result's order (the summed ones in the left's), and whether torch multiplies the right by the left (a result
+    of the right's letters before the left's). ``"bchw,bchw->bhw"`` (a product summed over the channels: no letters
+    of one operand alone), ``"bchw,bhw->bc"`` (a map pooled at a spatial softmax's weights: [C, HW] by [HW, 1]). A
+    letter of one operand and not the result (torch sums it first), one twice, a result of the groups in another
+    order, and every form of no letter summed or of the batched matrix product (:func:`_batched_matmul_form`) are
+    None."""
     terms = equation.replace(" ", "").split("->")
     operands = terms[0].split(",") if len(terms) == 2 else []
-    if len(operands) != 2 or operands[0] != operands[1] or not operands[0].isalpha() \
-            or len(set(operands[0])) != len(operands[0]) or not (terms[1].isalpha() or terms[1] == ""):
+    if len(operands) != 2 or not all(t.isalpha() and len(set(t)) == len(t) for t in operands) \
+            or not (terms[1].isalpha() or terms[1] == "") or len(set(terms[1])) != len(terms[1]):
         return None
-    source, out = operands[0], terms[1]
-    if "".join(letter for letter in source if letter in out) != out or len(out) == len(source):
+    (a, b), out = operands, terms[1]
+    if not set(a) | set(b) >= set(out) or (set(a) ^ set(b)) - set(out) or a[0] != b[0]:
         return None
-    return [source.index(letter) for letter in out], [i for i, letter in enumerate(source) if letter not in out]
+    both = "".join(x for x in out if x in a and x in b)
+    left = "".join(x for x in out if x in a and x not in b)
+    right = "".join(x for x in out if x in b and x not in a)
+    summed = "".join(x for x in a if x in b and x not in out)
+    if not summed or _batched_matmul_form(equation) is not None:
+        return None  # a plain product (no letters summed), or one batched matrix product
+    if out in (both + left + right, both + right + left):
+        return both, left, right, summed, bool(left and right) and out != both + left + right
+    return None
 
 
-def _product_sum_nodes(n: fx.Node, operands: list, kept: list[int], summed: list[int],
-                       alias: dict[str, str]) -> list[Node]:
-    """The nodes of ``n``, an einsum of two tensors multiplied and summed over ``summed`` (:func:`_einsum_product_sum`)
-    as torch 2.14 runs it (a dispatch log): each operand's summed dims put last (a permute, where they are not), made
-    [M, 1, S] and [M, S, 1] (a reshape: M the kept dims' elements after the batch's, S the summed ones'; [1, S] and
-    [S, 1] where the batch's alone is kept), one batched product of them (bmm), the result made the output's shape.
-    ``ValueError`` for a sum over the batch's letter or operands of other shapes (broadcast)."""
-    if 0 in summed:
-        raise ValueError("an einsum summing over the batch dimension (its first letter) has no description op")
+def _einsum_broadcast_product(equation: str) -> int | None:
+    """Where the einsum ``equation`` of two operands multiplies them, summing nothing, its result one operand's
+    letters in their order and the other's letters some of them in that order, the batch's first in both
+    (``"bchw,bc->bchw"``, a channel gate; ``"bchw,bhw->bchw"``, a spatial one): torch's mul of them, the other
+    broadcast (a dispatch log: views, then mul). That operand's index (0 or 1); None for any other form."""
+    terms = equation.replace(" ", "").split("->")
+    operands = terms[0].split(",") if len(terms) == 2 else []
+    if len(operands) != 2 or not all(t.isalpha() and len(set(t)) == len(t) for t in operands):
+        return None
+    out = terms[1]
+    for big, (whole, part) in enumerate((operands, operands[::-1])):
+        if whole == out and part[:1] == whole[:1] and "".join(x for x in whole if x in part) == part:
+            return big
+    return None
+
+
+def _broadcast_product_nodes(n: fx.Node, operands: list, big: int, equation: str,
+                             alias: dict[str, str]) -> list[Node] | None:
+    """The nodes of ``n``, an einsum of two tensors multiplied, one broadcast over the other's letters it lacks
+    (:func:`_einsum_broadcast_product`): that one made the other's rank (a reshape: a view, size 1 where it lacks a
+    letter), then the op mul of the two in the einsum's order. None where the result's shape is not that operand's
+    (sizes of 1 broadcast both ways)."""
+    letters = equation.replace(" ", "").split("->")[0].split(",")
     shapes = [[int(v) for v in a.meta["tensor_meta"].shape] for a in operands]
-    if shapes[0] != shapes[1]:
-        raise ValueError(f"an einsum multiplying tensors of shapes {shapes[0]} and {shapes[1]} (broadcast) and summing "
-                         "the product has no description op; give tensors of one shape")
+    if shapes[big] != [int(v) for v in n.meta["tensor_meta"].shape]:
+        return None
     for operand in operands:
         _network_tensor(operand, alias, "einsum")
-    shape = shapes[0]
-    m = int(np.prod([shape[d] for d in kept[1:]]))
-    s = int(np.prod([shape[d] for d in summed]))
-    order = kept + summed
-    nodes, rows = [], []
-    for operand, side, row in zip(operands, "ab", ([m, 1, s], [m, s, 1])):
+    inputs, nodes = [alias[a.name] for a in operands], []
+    small = 1 - big
+    if len(letters[small]) < len(letters[big]):
+        sizes = dict(zip(letters[small], shapes[small]))
+        shape = [sizes.get(x, 1) for x in letters[big][1:]]
+        nodes.append(Node(f"{n.name}_{'ab'[small]}_broadcast", "reshape", [inputs[small]], {"shape": shape}, shape))
+        inputs[small] = nodes[-1].name
+    alias[n.name] = n.name
+    return nodes + [Node(n.name, "mul", inputs, {}, _shape(n))]
+
+
+def _product_sum_nodes(n: fx.Node, operands: list, form: tuple[str, str, str, str, bool], equation: str,
+                       alias: dict[str, str]) -> list[Node]:
+    """The nodes of ``n``, an einsum of two tensors multiplied and summed (:func:`_einsum_product_sum`) as torch 2.14
+    runs it (a dispatch log): the left operand's letters put in the order (both's, its own, summed), the right's in
+    (both's, summed, its own) (a permute, where they are not in it), each made the rows of one batched product,
+    [B, L, S] and [B, S, R] (a reshape: B the elements of the letters after the batch's in both, L and R of each
+    one's own, S of the summed; [L, S] and [S, R] where the batch's alone is in both), one product of them (bmm; of
+    the right's by the left's, [B, R, S] by [B, S, L], where torch multiplies so), the result made the output's
+    shape. ``ValueError`` for a sum over the batch's letter or a letter of two sizes (broadcast)."""
+    both, left, right, summed, swapped = form
+    if not both or both[0] != equation.replace(" ", "")[0]:
+        raise ValueError("an einsum summing over the batch dimension (its first letter) has no description op")
+    letters = equation.replace(" ", "").split("->")[0].split(",")
+    shapes = [[int(v) for v in a.meta["tensor_meta"].shape] for a in operands]
+    size = {}
+    for term, shape in zip(letters, shapes):
+        for letter, v in zip(term, shape):
+            if size.setdefault(letter, v) != v:
+                raise ValueError(f"an einsum multiplying tensors of shapes {shapes[0]} and {shapes[1]} (broadcast) and "
+                                 "summing the product has no description op; give tensors of one shape")
+    for operand in operands:
+        _network_tensor(operand, alias, "einsum")
+    count = lambda group: int(np.prod([size[x] for x in group]))
+    batch = count(both[1:])
+    orders = (both + left + summed, both + summed + right) if not swapped else (both + summed + left,
+                                                                                 both + right + summed)
+    rows = ([batch, count(left), count(summed)], [batch, count(summed), count(right)]) if not swapped else (
+        [batch, count(summed), count(left)], [batch, count(right), count(summed)])
+    nodes, names = [], []
+    for operand, term, order, row, side in zip(operands, letters, orders, rows, "ab"):
         source = alias[operand.name]
-        if order != sorted(order):  # the summed dims put last: a permuted view
-            nodes.append(Node(f"{n.name}_{side}_permuted", "permute", [source], {"dims": order},
-                              [shape[d] for d in order[1:]]))
+        dims = [term.index(x) for x in order]
+        if dims != sorted(dims):  # its letters put in the product's order: a permuted view
+            nodes.append(Node(f"{n.name}_{side}_permuted", "permute", [source], {"dims": dims},
+                              [size[x] for x in order[1:]]))
             source = nodes[-1].name
-        row = row if len(kept) > 1 else row[1:]
+        row = row if len(both) > 1 else row[1:]
         nodes.append(Node(f"{n.name}_{side}_rows", "reshape", [source], {"shape": row}, row))
-        rows.append(nodes[-1].name)
-    product = [m, 1, 1] if len(kept) > 1 else [1, 1]
-    nodes.append(Node(f"{n.name}_product", "matmul", rows, {}, product))
+        names.append(nodes[-1].name)
+    product = [batch, count(left), count(right)] if not swapped else [batch, count(right), count(left)]
+    product = product if len(both) > 1 else product[1:]
+    nodes.append(Node(f"{n.name}_product", "matmul", names[::-1] if swapped else names, {}, product))
     alias[n.name] = n.name
     return nodes + [Node(n.name, "reshape", [nodes[-1].name], {"shape": _shape(n)}, _shape(n))]
 
@@ -771,9 +835,14 @@ def _matrix_product_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str])
         summed = _einsum_sum_dims(equation) if isinstance(equation, str) and len(operands) == 1 else None
         if summed is not None and _is_tensor(operands[0]):  # a sum over the letters left out
             return _summed(n, operands[0], summed, False, gm, alias)
+        big = _einsum_broadcast_product(equation) if isinstance(equation, str) and len(operands) == 2 else None
+        if big is not None and all(_is_tensor(a) for a in operands):  # a product, one operand broadcast
+            nodes = _broadcast_product_nodes(n, operands, big, equation, alias)
+            if nodes is not None:
+                return nodes
         product_sum = _einsum_product_sum(equation) if isinstance(equation, str) and len(operands) == 2 else None
         if product_sum is not None and all(_is_tensor(a) for a in operands):  # a product summed: a bmm of rows
-            return _product_sum_nodes(n, operands, *product_sum, alias)
+            return _product_sum_nodes(n, operands, product_sum, equation, alias)
         form = _batched_matmul_form(equation) if isinstance(equation, str) else None
         if form is None or len(operands) != 2:
             raise ValueError(f"an einsum of the form {equation!r} has no description op (only a batched matrix "
