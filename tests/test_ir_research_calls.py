@@ -1584,3 +1584,20 @@ def test_the_allocation_model_writes_down_an_einsum_of_other_letters_as_traced(c
         assert record_events(desc, batch, steps=2, method="auto") == trace
         return
     assert _as_replayed(record_events(desc, batch, steps=2, method="model")) == _as_replayed(trace)
+
+
+@pytest.mark.parametrize("pattern", [lambda y: y.gather(2, y.topk(8, 2)[1]).mean((2, 3)),
+                                     lambda y: y.gather(1, y.mean((2, 3), keepdim=True).sort(1)[1]
+                                                        .expand(-1, -1, y.shape[2], y.shape[3])).mean((2, 3))])
+def test_a_gather_at_sorted_indices_is_described_again_at_another_input_shape(pattern):
+    """The rebuilt gather at a sort's or topk's indices broadcast them with sizes read as numbers (``int(y.shape[d])``,
+    ``range(y.dim())``), which torch.fx cannot trace, so the description could not be re-shaped (described_at, the
+    networks stage's extra shapes, --input-shape: "cannot trace the module with torch.fx (TypeError: 'Proxy' object
+    cannot be interpreted as an integer)"). The ranks are the description's and the sizes read at run time: at 8x12
+    it is the module's description there."""
+    from perf4sight.networks.reshape import described_at
+
+    module = _Probe(pattern, 8)
+    wider = described_at(describe(module, SHAPE, name="gathered"), [3, 8, 12])
+    assert [(n.op, n.attrs, n.output_shape) for n in wider.nodes] == [
+        (n.op, n.attrs, n.output_shape) for n in describe(module, [3, 8, 12], name="gathered").nodes]

@@ -632,22 +632,32 @@ def _top(x: torch.Tensor, k: int, dim: int, largest: bool) -> torch.Tensor:
     return torch.topk(x, k, dim, largest, True)[0]
 
 
-def _gathered(y: torch.Tensor, indices: torch.Tensor, dim: int) -> torch.Tensor:
-    """``y`` gathered along ``dim`` at ``indices`` (a sort's or a topk's), broadcast to y's shape but along dim (a
-    view: unsqueezed and expanded, as token pruning's idx.unsqueeze(-1).expand(-1, -1, C))."""
-    rank = indices.dim()
-    shape = [int(indices.shape[d]) if d == dim else int(y.shape[d]) for d in range(y.dim())]
-    return y.gather(dim, indices.reshape(list(indices.shape) + [1] * (y.dim() - rank)).expand(shape))
+def _gathered(y: torch.Tensor, indices: torch.Tensor, dim: int, ranks: Tuple[int, int]) -> torch.Tensor:
+    """``y`` gathered along ``dim`` at ``indices`` (a sort's or a topk's; ``ranks``: theirs and y's, the batch
+    counted), broadcast to y's shape but along dim (a view: unsqueezed and expanded, as token pruning's
+    idx.unsqueeze(-1).expand(-1, -1, C)); y's sizes read at run time, so that the rebuilt network traces (described
+    again at another input shape)."""
+    for _ in range(ranks[1] - ranks[0]):
+        indices = indices.unsqueeze(-1)
+    return y.gather(dim, indices.expand([-1 if d == dim else y.size(d) for d in range(ranks[1])]))
 
 
-def _sorted_gather(x: torch.Tensor, y: torch.Tensor, dim: int, descending: bool) -> torch.Tensor:
+def _sorted_gather(x: torch.Tensor, y: torch.Tensor, dim: int, descending: bool,
+                   ranks: Tuple[int, int]) -> torch.Tensor:
     """``y`` gathered at the indices of torch.sort of ``x`` along ``dim`` (its values not read)."""
-    return _gathered(y, torch.sort(x, dim, descending)[1], dim)
+    return _gathered(y, torch.sort(x, dim, descending)[1], dim, ranks)
 
 
-def _top_gather(x: torch.Tensor, y: torch.Tensor, k: int, dim: int, largest: bool) -> torch.Tensor:
+def _top_gather(x: torch.Tensor, y: torch.Tensor, k: int, dim: int, largest: bool,
+                ranks: Tuple[int, int]) -> torch.Tensor:
     """``y`` gathered at the indices of torch.topk of ``x`` (its values not read)."""
-    return _gathered(y, torch.topk(x, k, dim, largest, True)[1], dim)
+    return _gathered(y, torch.topk(x, k, dim, largest, True)[1], dim, ranks)
+
+
+def _gather_ranks(args: List[fx.Node]) -> Tuple[int, int]:
+    """The ranks (the batch counted) of a sort's or topk's input and of the tensor gathered at its indices, the
+    first two of ``args``, as described (their nodes' shapes)."""
+    return len(args[0].meta[DESCRIBED_SHAPE]) + 1, len(args[1].meta[DESCRIBED_SHAPE]) + 1
 
 
 def _affine_grid(theta: torch.Tensor, size: List[int], align_corners: bool) -> torch.Tensor:
@@ -705,9 +715,10 @@ FUNCTION_BUILDERS: Dict[str, Callable[[List, Dict], Tuple[Callable, Tuple]]] = {
     "affine_grid": lambda x, a: (_affine_grid, (x[0], [int(s) for s in a["size"]], bool(a["align_corners"]))),
     "grid_sample": lambda x, a: (F.grid_sample, (x[0], x[1], str(a["mode"]), str(a["padding_mode"]),
                                                  bool(a["align_corners"]))),
-    "sort": lambda x, a: ((_sorted_gather, (x[0], x[1], int(a["dim"]), bool(a["descending"]))) if a.get("gather")
-                          else (_sorted, (x[0], int(a["dim"]), bool(a["descending"])))),
-    "topk": lambda x, a: ((_top_gather, (x[0], x[1], int(a["k"]), int(a["dim"]), bool(a["largest"])))
+    "sort": lambda x, a: ((_sorted_gather, (x[0], x[1], int(a["dim"]), bool(a["descending"]), _gather_ranks(x)))
+                          if a.get("gather") else (_sorted, (x[0], int(a["dim"]), bool(a["descending"])))),
+    "topk": lambda x, a: ((_top_gather, (x[0], x[1], int(a["k"]), int(a["dim"]), bool(a["largest"]),
+                                         _gather_ranks(x)))
                           if a.get("gather") else (_top, (x[0], int(a["k"]), int(a["dim"]), bool(a["largest"])))),
     "where": lambda x, a: (_where, (x[0], list(x[1:]), str(a["compare"]), float(a["threshold"]),
                                     *(None if a.get(k) is None else float(a[k]) for k in ("if_true", "if_false")),
