@@ -616,7 +616,7 @@ def test_a_sorts_or_topks_values_are_described(case):
 @pytest.mark.parametrize("pattern, match", [
     (lambda y: y + torch.sort(y, 1)[1].float(), r"the indices \(int64\) of call_function 'sort' \(node sort\), "
                                                  r"which call_method 'float' \(node float_1\) reads, has no"),
-    (lambda y: (lambda i: y.gather(2, i) + y.sigmoid().gather(2, i))(y.topk(8, 2)[1]),
+    (lambda y: (lambda i: y.gather(2, i) * i.float())(y.topk(8, 2)[1]),
      r"the indices \(int64\) of call_method 'topk' \(node topk\), which call_method 'gather' \(node gather\) "
      r"reads, has no description op"),
     (lambda y: torch.sort(y, 0)[0], r"a sort along the batch dimension \(dims \[0\]\)"),
@@ -624,9 +624,9 @@ def test_a_sorts_or_topks_values_are_described(case):
     (lambda y: y + y.topk(8, 1, sorted=False).values, r"a topk of sorted=False"),
 ])
 def test_a_sorts_indices_or_another_form_are_refused_by_name(pattern, match):
-    """The indices of a sort or a topk read by anything but one gather of a tensor of their shape (but where theirs
-    are 1, and trailing dims): made float, or read by two gathers (the first named); a sort along the batch, a
-    stable sort and an unsorted topk are refused by name."""
+    """The indices of a sort or a topk read by anything but gathers of tensors of their shape (but where theirs
+    are 1, and trailing dims): made float, or by a gather and made float (the first reader named); a sort along the
+    batch, a stable sort and an unsorted topk are refused by name."""
     with pytest.raises(UserError, match=match):
         describe(_Probe(pattern), SHAPE, name="refused")
 
@@ -1496,6 +1496,32 @@ def test_a_gather_at_sorted_indices_round_trips_and_is_checked():
         NetworkDescription.from_dict(bad)
 
 
+def _kernels_run(module: nn.Module) -> dict[str, int]:
+    """The kernels (aten ops by name, views, the leaves' gradient copies and empty tensors aside) one training step
+    of ``module`` runs on a batch of 2 [3, 8, 8] images, forward and backward, counted."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    views = {"view", "_unsafe_view", "permute", "transpose", "t", "expand", "unsqueeze", "squeeze", "alias", "detach",
+             "slice", "select", "as_strided", "new_empty_strided", "copy_", "ones_like", "empty_like"}
+
+    class Kernels(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.__name__.split(".")[0]
+            self.seen[name] += name not in views
+            return func(*args, **(kwargs or {}))
+
+    module.zero_grad(set_to_none=True)
+    with Kernels() as ran:
+        module.train()(torch.randn(2, *SHAPE)).sum().backward()
+    return +ran.seen
+
+
 #: Einsums of two tensors of other letters: (pattern of a [8, 8, 8] map, the ops of the nodes the einsums become).
 _BROADCAST_EINSUMS = {
     "a channel gate, the gate first": (lambda y: torch.einsum("bc,bchw->bchw", y.mean((2, 3)).sigmoid(), y),
@@ -1520,10 +1546,6 @@ def test_an_einsum_of_operands_of_other_letters_is_described_as_torch_runs_it(ca
     [C, HW] by [HW, 1] (of the right's by the left's where the result has the right's letters first), between
     reshapes. The rebuilt module computes the original's output and gradients, and runs the kernels the module runs
     (a dispatch log, forward and backward, views and the leaf's gradient copies aside)."""
-    from collections import Counter
-
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from perf4sight.ir.to_torch import build_module
 
     pattern, ops = _BROADCAST_EINSUMS[case]
@@ -1531,27 +1553,7 @@ def test_an_einsum_of_operands_of_other_letters_is_described_as_torch_runs_it(ca
     desc = _computes_the_same(module)
     assert [n.op for n in desc.nodes if n.name.startswith("einsum")] == ops
 
-    class Kernels(TorchDispatchMode):
-        views = {"view", "_unsafe_view", "permute", "transpose", "t", "expand", "unsqueeze", "squeeze", "alias",
-                 "detach", "slice", "select", "as_strided", "new_empty_strided", "copy_", "ones_like", "empty_like"}
-
-        def __init__(self):
-            super().__init__()
-            self.seen = Counter()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name = func.__name__.split(".")[0]
-            self.seen[name] += name not in self.views
-            return func(*args, **(kwargs or {}))
-
-    runs = []
-    for net in (module, build_module(desc)):
-        net.zero_grad(set_to_none=True)
-        with Kernels() as ran:
-            out = net.train()(torch.randn(2, *SHAPE))
-            out.sum().backward()
-        runs.append(+ran.seen)
-    assert runs[0] == runs[1]
+    assert _kernels_run(module) == _kernels_run(build_module(desc))
 
 
 @pytest.mark.parametrize("case", list(_BROADCAST_EINSUMS))
@@ -1601,3 +1603,129 @@ def test_a_gather_at_sorted_indices_is_described_again_at_another_input_shape(pa
     wider = described_at(describe(module, SHAPE, name="gathered"), [3, 8, 12])
     assert [(n.op, n.attrs, n.output_shape) for n in wider.nodes] == [
         (n.op, n.attrs, n.output_shape) for n in describe(module, [3, 8, 12], name="gathered").nodes]
+
+
+class _TokensAndCodes(nn.Module):
+    """Token pruning keeping each picked token and its code: a map's 8 channels as tokens of 64 features, each
+    scored (a linear layer) and coded (another), the tokens and their codes gathered at the 2 top scores' indices
+    (one topk, two gathers), a classifier of both and the scores' mean added (so that the scorer trains)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.score, self.coder = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(64, 1), nn.Linear(64, 16)
+        self.fc = nn.Linear(2 * 64 + 2 * 16, 10)
+
+    def forward(self, x):
+        t = self.conv(x).flatten(2)
+        s = self.score(t).squeeze(-1)
+        idx = s.topk(2, dim=1).indices.unsqueeze(-1)
+        kept, codes = t.gather(1, idx.expand(-1, -1, 64)), self.coder(t).gather(1, idx.expand(-1, -1, 16))
+        return self.fc(torch.cat([kept.flatten(1), codes.flatten(1)], 1)) + s.mean(1, keepdim=True)
+
+
+#: Indices read by two gathers: (module, the sort or topk nodes' (name, inputs, attrs)).
+_TWO_GATHERS = {
+    "tokens and their codes": (_TokensAndCodes, [
+        ("gather", ["squeeze", "flatten"], {"k": 2, "dim": 1, "largest": True, "gather": True}),
+        ("gather_1", ["squeeze", "coder"], {"k": 2, "dim": 1, "largest": True, "gather": True, "shares": "gather"})]),
+    "a map and its gate, sorted": (lambda: _Probe(lambda y: (lambda i: y.gather(2, i) * y.sigmoid().gather(2, i))(
+        y.sort(2, descending=True)[1])), [
+        ("gather", ["conv", "conv"], {"dim": 2, "descending": True, "gather": True}),
+        ("gather_1", ["conv", "sigmoid"], {"dim": 2, "descending": True, "gather": True, "shares": "gather"})]),
+}
+
+
+@pytest.mark.parametrize("case", list(_TWO_GATHERS))
+def test_indices_read_by_two_gathers_are_one_sort(case):
+    """Indices read by two gathers (a token's features and its code picked at one topk's indices) were refused ("the
+    indices (int64) of call_method 'topk' ..., which call_method 'gather' reads"): each gather is the op of gather,
+    the later one ``shares`` the first (its gather alone, at the first's indices). The rebuilt module computes the
+    original's output and gradients and runs its kernels (one topk or sort: the later gather reads the first's
+    indices), a dispatch log forward and backward."""
+    from perf4sight.ir.to_torch import build_module
+
+    make, nodes = _TWO_GATHERS[case]
+    module = make()
+    desc = _computes_the_same(module)
+    assert [(n.name, n.inputs, n.attrs) for n in desc.nodes if n.op in ("sort", "topk")] == nodes
+    ran = _kernels_run(module)
+    assert ran == _kernels_run(build_module(desc)) and ran[desc.node("gather").op] == 1
+
+
+@pytest.mark.parametrize("case", list(_TWO_GATHERS))
+def test_a_second_gather_costs_and_keeps_what_torch_does(case):
+    """The later gather costs its gather alone (one kernel forward, new_zeros and scatter_add back, an add an element
+    back), keeps its tensor and no indices of its own (they are the first's: autograd keeps one tensor), so what a
+    sample adds to autograd's saved tensors is the features'; the kernel table launches one gather's kernels more
+    than the first alone."""
+    from test_features import _autograd_saved_bytes
+
+    from perf4sight.features.aggregate import network_features
+    from perf4sight.features.latency_terms import kernel_table
+    from perf4sight.features.walk import walk
+
+    desc = describe(_TWO_GATHERS[case][0](), SHAPE, name="two")
+    first, later = [v for v in walk(desc) if v.node.op in ("sort", "topk")]
+    n = 1.0 * math.prod(later.node.output_shape)
+    assert (later.cost.kernels_fwd, later.cost.kernels_bwd, later.cost.flops_fwd, later.cost.flops_bwd) == (1, 2, 0, n)
+    assert (later.cost.saved, later.cost.extra_saved_bytes) == ([1], 0) and first.cost.extra_saved_bytes > 0
+    at2, at4 = (b * _autograd_saved_bytes(desc, b, with_input=False) for b in (2, 4))
+    assert network_features(desc).per_sample["saved_bytes"] == (at4 - at2) / 2
+    alone = desc.to_dict()
+    (node,) = [x for x in alone["nodes"] if x["name"] == later.node.name]
+    del node["attrs"]["shares"]
+    assert kernel_table(desc).launches == kernel_table(NetworkDescription.from_dict(alone)).launches - 1
+
+
+@pytest.mark.parametrize("batch", [3, 1])
+def test_the_allocation_model_leaves_a_second_gather_to_the_trace(batch):
+    """The first gather's indices, held by both, are left to the meta trace by name; a step's events are the
+    trace's."""
+    from perf4sight.features.alloc_model import NotCovered, step_events
+    from perf4sight.features.alloc_trace import record_events
+
+    desc = describe(_TokensAndCodes(), SHAPE, name="two")
+    with pytest.raises(NotCovered, match="a topk's indices read by a second gather"):
+        step_events(desc, batch)
+    assert record_events(desc, batch, method="auto") == record_events(desc, batch, method="trace")
+
+
+def test_a_second_gather_round_trips_and_is_checked():
+    """A PerfSeer graph keeps the later gather's ``shares`` (also read as another tool's file); a description whose
+    later gather names a node of another input, or one not of gather, is refused naming the attr."""
+    from perf4sight.exporters.perfseer import description_to_graph
+    from perf4sight.importers.perfseer import graph_to_description
+
+    desc = describe(_TokensAndCodes(), SHAPE, name="two")
+    back, _ = graph_to_description(description_to_graph(desc, 4), "two", "two.pkl")
+    assert back.to_dict() == desc.to_dict()
+    graph = description_to_graph(desc, 4)
+    graph.graph["source"] = "another tool"
+    foreign, _ = graph_to_description(graph, "two", "two.pkl")
+    assert [n.attrs for n in foreign.nodes if n.op == "topk"] == [n.attrs for n in desc.nodes if n.op == "topk"]
+    bad = desc.to_dict()
+    (later,) = [n for n in bad["nodes"] if n["attrs"].get("shares")]
+    later["inputs"][0] = "flatten"
+    with pytest.raises(UserError, match=r"attr 'shares' of a topk names the topk of gather whose indices"):
+        NetworkDescription.from_dict(bad)
+
+
+def test_a_network_gathering_twice_at_one_topk_prunes_and_trains():
+    """Pruning keeps both gathers (the tokens' channels cut, the map's): the pruned network describes, the later
+    gather sharing the first's indices, and a training step runs."""
+    from test_networks import _train_step
+
+    from perf4sight.networks.build import Source, prune_source
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem, self.block = nn.Conv2d(3, 16, 3, padding=1), _TokensAndCodes()
+            self.block.conv = nn.Conv2d(16, 8, 3, padding=1)
+
+        def forward(self, x):
+            return self.block(self.stem(x).relu())
+    (desc,) = prune_source(Source("net", "test", Net), [3, 8, 8], [30], "l1-norm", 2, seed=0)
+    assert desc.node("stem").attrs["out_channels"] < 16
+    assert [n.attrs.get("shares") for n in desc.nodes if n.op == "topk"] == [None, "gather"]
+    _train_step(desc)

@@ -17,7 +17,7 @@ from perf4sight.features.alloc_values import (_ACTIVATIONS, _BACKWARD_OF, _VIEWS
                                               _fn_edge, _full_strides, _OpContext, _params, _Value)
 from perf4sight.features.formulas import sorted_shape
 from perf4sight.features.step_runtime import CLONED_IN_PLACE
-from perf4sight.ir.schema import Node, where_condition_inputs
+from perf4sight.ir.schema import SHARES, Node, where_condition_inputs
 from perf4sight.ir.shapes import broadcast
 
 
@@ -617,6 +617,8 @@ def _sorted(ctx: _OpContext) -> _Value:
     Backward the gradient scattered (``scatter.src``, the input's size) into zeros (``new_zeros``, freed once it is
     made)."""
     kernel = f"{ctx.node.op}.default"
+    if SHARES in ctx.node.attrs:  # the indices an earlier node made, held by both gathers: left to the trace
+        raise NotCovered(f"a {ctx.node.op}'s indices read by a second gather")
     if ctx.node.attrs.get("gather"):
         return _sorted_gather(ctx, kernel)
     sid = ctx.alloc(kernel)

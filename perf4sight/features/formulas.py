@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from perf4sight.ir.schema import Node, where_condition_inputs, window_attention_params
+from perf4sight.ir.schema import SHARES, Node, where_condition_inputs, window_attention_params
 from perf4sight.ir.shapes import broadcast, window_pair, windows_of
 
 __all__ = ["OpCost", "HANDLERS", "INPUT_GRADIENTS", "OUTPUT", "BYTES_PER_ELEMENT", "numel", "hands_input_back",
@@ -999,7 +999,9 @@ def _sort(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     second input y gathered at the indices: torch 2.14's dispatch log): the sort's kernel, then gather (one kernel, no
     FLOPs: an index and an element of y read and one written an output element); backward y's gradient scattered
     into zeros (new_zeros, scatter_add: 2 kernels, an add an output element), the sorted input none. It keeps the
-    indices and y."""
+    indices and y. One that ``shares`` an earlier one's indices runs its gather alone (:func:`_shared_gather`)."""
+    if SHARES in node.attrs:
+        return _shared_gather(node)
     if node.attrs.get("gather"):
         return _sort_gather(node, in_shapes)
     n_in, n_out = numel(in_shapes[0]), numel(node.output_shape)
@@ -1030,6 +1032,16 @@ def _sort_gather(node: Node, in_shapes: list[list[int]]) -> OpCost:
                   bytes_read=(n_in + 3.0 * n_out) * BYTES_PER_ELEMENT,
                   bytes_written=sorted_bytes + n_out * BYTES_PER_ELEMENT, saved=[1],
                   extra_saved_bytes=8.0 * n_sorted, kernels_fwd=2, kernels_bwd=2, kind="other")
+
+
+def _shared_gather(node: Node) -> OpCost:
+    """A tensor y gathered at the indices an earlier sort or topk of gather made (``shares``; torch 2.14's dispatch
+    log): the gather alone (one kernel, no FLOPs: an index and an element of y read and one written an output
+    element); backward y's gradient scattered into zeros (new_zeros, scatter_add: 2 kernels, an add an output
+    element). It keeps y; the indices it keeps are the earlier node's (one tensor, counted there)."""
+    n_out = numel(node.output_shape)
+    return OpCost(flops_fwd=0.0, flops_bwd=float(n_out), bytes_read=3.0 * n_out * BYTES_PER_ELEMENT,
+                  bytes_written=n_out * BYTES_PER_ELEMENT, saved=[1], kernels_fwd=1, kernels_bwd=2, kind="other")
 
 
 def _where_gradients(cost: OpCost, node: Node, needs: list[bool], in_shapes: list[list[int]]) -> OpCost:

@@ -379,6 +379,8 @@ _PLAIN_REPEAT_PASSES = (1.0, 0.0, 0)
 #: inputs and output counted), the gather about one more (an index and an element read, one written an output
 #: element); backward y's zeros written, then the gradient and indices read and added into them.
 _SORT_GATHER_PASSES = {"sort": (3.0, 4.0, 2), "topk": (2.0, 4.0, 2)}
+#: A gather at an earlier sort's or topk's indices (``shares``: formulas._shared_gather): the gather's pass alone.
+_SHARED_GATHER_PASSES = (1.0, 4.0, 2)
 
 
 def _circular_pad_passes(node: Node) -> tuple[float, float, int]:
@@ -544,7 +546,7 @@ def _passes(node: Node) -> tuple[float, float, int]:
     if node.op == "affine_grid":
         return _affine_grid_passes(node)
     if node.op in ("sort", "topk") and node.attrs.get("gather"):
-        return _SORT_GATHER_PASSES[node.op]
+        return _SHARED_GATHER_PASSES if SHARES in node.attrs else _SORT_GATHER_PASSES[node.op]
     return _PASSES.get(node.op, _DEFAULT_PASSES)
 
 

@@ -660,6 +660,34 @@ def _gather_ranks(args: List[fx.Node]) -> Tuple[int, int]:
     return len(args[0].meta[DESCRIBED_SHAPE]) + 1, len(args[1].meta[DESCRIBED_SHAPE]) + 1
 
 
+def _sort_indices(x: torch.Tensor, dim: int, descending: bool) -> torch.Tensor:
+    """The indices of torch.sort of ``x`` (its values not read), for gathers at them."""
+    return torch.sort(x, dim, descending)[1]
+
+
+def _top_indices(x: torch.Tensor, k: int, dim: int, largest: bool) -> torch.Tensor:
+    """The indices of torch.topk of ``x`` (its values not read), for gathers at them."""
+    return torch.topk(x, k, dim, largest, True)[1]
+
+
+def _shared_indices(owner: fx.Node, graph: fx.Graph) -> fx.Node:
+    """The indices of ``owner``, a rebuilt sort or topk of gather (:func:`_sorted_gather`, :func:`_top_gather`), for
+    a later node that gathers at them (``shares``): the first time, the owner is split into the call's indices and
+    its gather at them, so that the call runs once."""
+    if owner.target is _gathered:
+        return owner.args[1]
+    x, y, ranks = owner.args[0], owner.args[1], owner.args[-1]
+    with graph.inserting_before(owner):
+        if owner.target is _top_gather:
+            dim = owner.args[3]
+            indices = graph.call_function(_top_indices, (x,) + tuple(owner.args[2:-1]))
+        else:
+            dim = owner.args[2]
+            indices = graph.call_function(_sort_indices, (x,) + tuple(owner.args[2:-1]))
+    owner.target, owner.args = _gathered, (y, indices, dim, ranks)
+    return indices
+
+
 def _affine_grid(theta: torch.Tensor, size: List[int], align_corners: bool) -> torch.Tensor:
     """F.affine_grid of the batch's [N, 2, 3] matrices for an [H, W] = ``size`` output (the channels a size of 1:
     the grid does not read them)."""
@@ -798,6 +826,9 @@ def _emit(node: Node, graph: fx.Graph, root: nn.Module, env: Dict[str, fx.Node],
     if node.op == "input":
         return graph.placeholder(_attr_name(node.name, taken))
     args = [env[i] for i in node.inputs]
+    if SHARES in node.attrs and node.op in ("sort", "topk"):  # a gather at an earlier node's indices
+        indices = _shared_indices(env[node.attrs[SHARES]], graph)
+        return graph.call_function(_gathered, (args[1], indices, int(node.attrs["dim"]), _gather_ranks(args)))
     if SHARES in node.attrs and _same_module(node, getattr(root, layers[node.attrs[SHARES]])):
         layers[node.name] = layers[node.attrs[SHARES]]  # one layer called again: its module, its parameters
         return graph.call_module(layers[node.name], tuple(args), _output_size(node, graph, env))

@@ -13,7 +13,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
-from perf4sight.ir.schema import Node
+from perf4sight.ir.schema import SHARES, Node
 from perf4sight.ir.shapes import SIZE_REFERENCES
 from perf4sight.ir.fx_values import _SPLITS, _UNBINDS, _arg, _is_tensor, _shape, _shape_value, _target_name
 from perf4sight.ir.torch_modules import (_FIXED_SAMPLES, _adaptive_pool, _conv_pad, _fractional_maxpool_attrs, _maxpool,
@@ -569,37 +569,44 @@ _INDEX_BROADCASTS = {"unsqueeze", "expand", "expand_as", "view", "reshape", torc
 _GATHERS = {torch.gather, "gather"}
 
 
-def _gathered_at_sorted(n: fx.Node) -> tuple[fx.Node, fx.Node] | None:
-    """Where ``n`` is a sort's or a topk's indices (``[1]``, ``.indices``), a view of them on their way to a gather,
-    or that gather, and the gather picks a tensor x at them along the sort's dim (``x.gather(dim, idx)`` of an x of
-    the sorted tensor's shape; token pruning's ``x.gather(1, idx.unsqueeze(-1).expand(-1, -1, C))`` of an x of its
-    shape and trailing dims; a map's top channels, ``y.gather(1, idx.expand(-1, -1, H, W))`` of indices of a pooled
-    [C, 1, 1]: the indices broadcast to x's shape but along dim, their size-1 dims and trailing ones expanded): (the
-    sort's call, the gather); None for anything else."""
+def _is_index_view(n: Any) -> bool:
+    """Whether ``n`` is a call of :data:`_INDEX_BROADCASTS` of a traced value (indices on their way to a gather)."""
+    return isinstance(n, fx.Node) and n.op in ("call_function", "call_method") and n.target in _INDEX_BROADCASTS \
+        and isinstance(n.args[0], fx.Node)
+
+
+def _index_path(n: fx.Node) -> list[fx.Node]:
+    """``n`` and the views it is made of, up to the first value that is no view (the indices)."""
     chain = [n]
-    while chain[-1].op in ("call_function", "call_method") and chain[-1].target in _INDEX_BROADCASTS and \
-            isinstance(chain[-1].args[0], fx.Node):
+    while _is_index_view(chain[-1]):
         chain.append(chain[-1].args[0])
-    indices = chain[-1]
-    if n.op in ("call_function", "call_method") and n.target in _GATHERS:
-        if len(n.args) != 3 or n.kwargs or not isinstance(n.args[2], fx.Node):
-            return None
-        chain = [n.args[2]]
-        while chain[-1].op in ("call_function", "call_method") and chain[-1].target in _INDEX_BROADCASTS and \
-                isinstance(chain[-1].args[0], fx.Node):
-            chain.append(chain[-1].args[0])
-        indices = chain[-1]
-    if indices.op != "call_function" or indices.target not in (operator.getitem, getattr) or \
-            getattr(indices.args[0], "target", None) not in _SORTS or indices.args[1] not in (1, "indices"):
-        return None
-    reader = indices
-    while len(reader.users) == 1 and next(iter(reader.users)).target in _INDEX_BROADCASTS:
-        reader = next(iter(reader.users))
-    gather = next(iter(reader.users)) if len(reader.users) == 1 else None
-    if gather is None or gather.target not in _GATHERS or len(gather.args) != 3 or gather.kwargs or \
-            gather.args[2] is not reader or not _is_tensor(gather.args[0]):
-        return None
-    call = indices.args[0]
+    return chain
+
+
+def _index_gathers(indices: fx.Node) -> list[fx.Node] | None:
+    """The gathers that read ``indices`` through views alone, in the graph's order; None where a view or the indices
+    are read by anything else (or by a gather as other than its index)."""
+    gathers, views = [], [indices]
+    while views:
+        view = views.pop()
+        for user in view.users:
+            if _is_index_view(user) and user.args[0] is view:
+                views.append(user)
+            elif user.target in _GATHERS and len(user.args) == 3 and not user.kwargs and user.args[2] is view and \
+                    user.args[0] is not view and _is_tensor(user.args[0]):
+                gathers.append(user)
+            else:
+                return None
+    order = {node: i for i, node in enumerate(indices.graph.nodes)}
+    return sorted(set(gathers), key=order.__getitem__) or None
+
+
+def _gathers_at(call: fx.Node, indices: fx.Node, gather: fx.Node) -> bool:
+    """Whether ``gather`` picks a tensor x at ``indices`` of the sort or topk ``call`` along its dim, through views
+    that keep the indices' dims or broadcast those of size 1 and add trailing ones, to x's shape but along dim."""
+    chain = _index_path(gather.args[2])
+    if chain[-1] is not indices:
+        return False
     sorted_shape = [int(v) for v in call.args[0].meta["tensor_meta"].shape]
     x_shape = [int(v) for v in gather.args[0].meta["tensor_meta"].shape]
     rank = len(sorted_shape)
@@ -607,29 +614,54 @@ def _gathered_at_sorted(n: fx.Node) -> tuple[fx.Node, fx.Node] | None:
     picked = [int(v) for v in indices.meta["tensor_meta"].shape]
     if not isinstance(gather.args[1], int) or gather.args[1] % len(x_shape) != dim or len(x_shape) < rank or \
             any(sorted_shape[d] not in (x_shape[d], 1) for d in range(rank) if d != dim):
-        return None
+        return False
     full = [picked[dim] if d == dim else x_shape[d] for d in range(len(x_shape))]  # the indices broadcast to it
-    for view in [*chain[:-1], reader]:  # each keeps the indices' dims, or broadcasts one of size 1, adds trailing
+    for view in chain[:-1]:  # each keeps the indices' dims, or broadcasts one of size 1, adds trailing
         shape = [int(v) for v in view.meta["tensor_meta"].shape]
         if len(shape) > len(full) or any(shape[d] not in (picked[d], full[d]) for d in range(rank)) or \
                 any(v not in (1, full[d]) for d, v in enumerate(shape) if d >= rank):
+            return False
+    return [int(v) for v in chain[0].meta["tensor_meta"].shape] == full
+
+
+def _gathered_at_sorted(n: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node] | None:
+    """Where ``n`` is a sort's or a topk's indices (``[1]``, ``.indices``), a view of them on their way to gathers,
+    or one of those gathers, and each gather picks a tensor x at them along the sort's dim (``x.gather(dim, idx)``
+    of an x of the sorted tensor's shape; token pruning's ``x.gather(1, idx.unsqueeze(-1).expand(-1, -1, C))`` of an
+    x of its shape and trailing dims, and of the tokens' position codes at the same indices; a map's top channels,
+    ``y.gather(1, idx.expand(-1, -1, H, W))`` of indices of a pooled [C, 1, 1]: the indices broadcast to x's shape
+    but along dim, their size-1 dims and trailing ones expanded): (the sort's call, ``n`` where it is a gather, else
+    the first, the first gather); None for anything else."""
+    if n.op in ("call_function", "call_method") and n.target in _GATHERS:
+        if len(n.args) != 3 or n.kwargs or not isinstance(n.args[2], fx.Node):
             return None
-    return (call, gather) if [int(v) for v in reader.meta["tensor_meta"].shape] == full else None
+        indices = _index_path(n.args[2])[-1]
+    else:
+        indices = _index_path(n)[-1]
+    if indices.op != "call_function" or indices.target not in (operator.getitem, getattr) or \
+            getattr(indices.args[0], "target", None) not in _SORTS or indices.args[1] not in (1, "indices"):
+        return None
+    gathers = _index_gathers(indices)
+    call = indices.args[0]
+    if gathers is None or not all(_gathers_at(call, indices, gather) for gather in gathers):
+        return None
+    return call, (n if n in gathers else gathers[0]), gathers[0]
 
 
-def _sorted_gather_nodes(n: fx.Node, found: tuple[fx.Node, fx.Node], alias: dict[str, str]) -> list[Node]:
-    """``n``'s nodes where it is a sort's indices, a view of them or the gather reading them
-    (:func:`_gathered_at_sorted`): none but for the gather, the op sort or topk of the sorted tensor and the tensor
-    gathered, flagged ``gather``."""
-    call, gather = found
+def _sorted_gather_nodes(n: fx.Node, found: tuple[fx.Node, fx.Node, fx.Node], alias: dict[str, str]) -> list[Node]:
+    """``n``'s nodes where it is a sort's indices, a view of them or a gather reading them
+    (:func:`_gathered_at_sorted`): none but for a gather, the op sort or topk of the sorted tensor and the tensor
+    gathered, flagged ``gather``; a later gather at the same indices ``shares`` the first's (its gather alone)."""
+    call, gather, first = found
     if n is not gather:
         return []
     op, attrs = _sort_attrs(call)
     for source in (call.args[0], gather.args[0]):
         _network_tensor(source, alias, f"{op} gather")
     alias[n.name] = n.name
-    return [Node(n.name, op, [alias[call.args[0].name], alias[gather.args[0].name]], {**attrs, "gather": True},
-                 _shape(n))]
+    shared = {SHARES: alias[first.name]} if first is not gather else {}
+    return [Node(n.name, op, [alias[call.args[0].name], alias[gather.args[0].name]], {**attrs, "gather": True,
+                                                                                      **shared}, _shape(n))]
 
 
 def _index_reader(n: fx.Node) -> str:
