@@ -210,7 +210,8 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # alone (its int64 indices kept for the backward, read by nothing else). Either, of the optional flag gather
     # (false): a second input y gathered at the indices along dim (y.gather(dim, idx), the indices broadcast over y's
     # dims after x's: token pruning's top-k tokens), the values not read; and then of the optional attr shares, an
-    # earlier node of gather of the same op, attrs and x: y gathered at that node's indices (its gather alone)
+    # earlier node of the same op, attrs and x (of gather or its values): y gathered at that node's indices (its
+    # gather alone)
     "topk": ("k", "dim", "largest"),
     "div": (),  # the first input over the second, broadcast (torch's x / y of two tensors; x / c is mul's scalar 1 / c)
     # the matrix product of two activations of [..., M, K] and [..., K, N] (equal ranks of at least 2; the dims
@@ -840,12 +841,12 @@ def _sharing_problem(node: Node, earlier: Dict[str, Node]) -> str:
             return (f"attr '{SHARES}' of a where names the where whose fixed mask it reads: both of one mask_shape, "
                     f"got '{owner_name}' ({owner.op} {owner.attrs})")
         return ""
-    if node.op in ("sort", "topk"):  # a later gather at an earlier one's indices: of one sort of one tensor
-        own = {k: v for k, v in node.attrs.items() if k != SHARES}
-        if not node.attrs.get("gather") or owner.op != node.op or owner.attrs != own or \
-                owner.inputs[:1] != node.inputs[:1]:
-            return (f"attr '{SHARES}' of a {node.op} names the {node.op} of gather whose indices it gathers at: one "
-                    f"of its attrs and first input, itself of gather, got '{owner_name}' ({owner.op} {owner.attrs})")
+    if node.op in ("sort", "topk"):  # a gather at the indices of an earlier node of one sort of one tensor
+        own = {k: v for k, v in node.attrs.items() if k not in (SHARES, "gather")}
+        if not node.attrs.get("gather") or owner.op != node.op or owner.inputs[:1] != node.inputs[:1] or \
+                {k: v for k, v in owner.attrs.items() if k != "gather"} != own:
+            return (f"attr '{SHARES}' of a {node.op} names the {node.op} whose indices it gathers at: one of its "
+                    f"attrs and first input, itself of gather, got '{owner_name}' ({owner.op} {owner.attrs})")
         return ""
     own = {k: v for k, v in node.attrs.items() if k != SHARES}
     if (owner.op != node.op and not {owner.op, node.op} <= set(ONE_TENSOR_OPS)) or owner.attrs != own:

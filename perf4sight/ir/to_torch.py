@@ -670,12 +670,30 @@ def _top_indices(x: torch.Tensor, k: int, dim: int, largest: bool) -> torch.Tens
     return torch.topk(x, k, dim, largest, True)[1]
 
 
+def _sort_pair(x: torch.Tensor, dim: int, descending: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """torch.sort of ``x``: its values and indices."""
+    return torch.sort(x, dim, descending)
+
+
+def _top_pair(x: torch.Tensor, k: int, dim: int, largest: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """torch.topk of ``x``: its values and indices."""
+    return torch.topk(x, k, dim, largest, True)
+
+
 def _shared_indices(owner: fx.Node, graph: fx.Graph) -> fx.Node:
-    """The indices of ``owner``, a rebuilt sort or topk of gather (:func:`_sorted_gather`, :func:`_top_gather`), for
-    a later node that gathers at them (``shares``): the first time, the owner is split into the call's indices and
-    its gather at them, so that the call runs once."""
+    """The indices of ``owner``, a rebuilt sort or topk of gather (:func:`_sorted_gather`, :func:`_top_gather`) or of
+    its values (:func:`_sorted`, :func:`_top`), for a later node that gathers at them (``shares``): the first time,
+    the owner is split into the call and its gather at the indices, or its values read, so that the call runs once."""
     if owner.target is _gathered:
         return owner.args[1]
+    if owner.target is operator.getitem:  # the values of a call split before
+        return next(u for u in owner.args[0].users if u.args[1] == 1)
+    if owner.target in (_sorted, _top):
+        with graph.inserting_before(owner):
+            pair = graph.call_function(_sort_pair if owner.target is _sorted else _top_pair, tuple(owner.args))
+            indices = graph.call_function(operator.getitem, (pair, 1))
+        owner.target, owner.args = operator.getitem, (pair, 0)
+        return indices
     x, y, ranks = owner.args[0], owner.args[1], owner.args[-1]
     with graph.inserting_before(owner):
         if owner.target is _top_gather:

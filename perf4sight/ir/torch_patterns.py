@@ -541,6 +541,8 @@ def _sorted_part(n: fx.Node, alias: dict[str, str]) -> list[Node] | None:
         return None
     call = n.args[0]
     if n.args[1] in (0, "values"):
+        if alias.get(n.name) == n.name:  # put before the gathers at the call's indices (_sorted_gather_nodes)
+            return []
         earlier = _earlier_values_read(n, alias)
         if earlier is not None:
             alias[n.name] = alias[earlier.name]
@@ -651,17 +653,27 @@ def _gathered_at_sorted(n: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node] | None:
 def _sorted_gather_nodes(n: fx.Node, found: tuple[fx.Node, fx.Node, fx.Node], alias: dict[str, str]) -> list[Node]:
     """``n``'s nodes where it is a sort's indices, a view of them or a gather reading them
     (:func:`_gathered_at_sorted`): none but for a gather, the op sort or topk of the sorted tensor and the tensor
-    gathered, flagged ``gather``; a later gather at the same indices ``shares`` the first's (its gather alone)."""
+    gathered, flagged ``gather``; a later gather at the same indices ``shares`` the first's (its gather alone). Where
+    the call's values are read too (``v, i = s.topk(k)``, the tokens weighted by their scores), their node, the op of
+    the values alone, is the one every gather ``shares`` (the call runs once), put before the first gather where
+    they are read after it."""
     call, gather, first = found
     if n is not gather:
         return []
     op, attrs = _sort_attrs(call)
     for source in (call.args[0], gather.args[0]):
         _network_tensor(source, alias, f"{op} gather")
+    values = next((v for v in call.users if v.op == "call_function" and v.target in (operator.getitem, getattr)
+                   and v.args[1] in (0, "values") and v.users), None)
+    nodes = []
+    if values is not None and values.name not in alias:  # read after the gathers: their node put here, before them
+        alias[values.name] = values.name
+        nodes.append(Node(values.name, op, [alias[call.args[0].name]], attrs, _shape(values)))
+    owner = alias[values.name] if values is not None else alias[first.name] if first is not gather else None
     alias[n.name] = n.name
-    shared = {SHARES: alias[first.name]} if first is not gather else {}
-    return [Node(n.name, op, [alias[call.args[0].name], alias[gather.args[0].name]], {**attrs, "gather": True,
-                                                                                      **shared}, _shape(n))]
+    shared = {SHARES: owner} if owner is not None else {}
+    return nodes + [Node(n.name, op, [alias[call.args[0].name], alias[gather.args[0].name]],
+                         {**attrs, "gather": True, **shared}, _shape(n))]
 
 
 def _index_reader(n: fx.Node) -> str:
