@@ -43,6 +43,8 @@ _CASES = {
     "top channels gathered": (lambda y: (lambda s: y.gather(1, s.topk(y.shape[1], 1)[1].expand(
         -1, -1, y.shape[2], y.shape[3])) * s)(y.mean((2, 3), keepdim=True)), "topk",
                               lambda x: x.gather(1, x.mean((2, 3), keepdim=True).topk(4, 1)[1].expand(-1, -1, 8, 8))),
+    "argsort's indices gathered": (lambda y: y.gather(2, y.argsort(2, descending=True)) + y, "sort",
+                                   lambda x: x.gather(2, x.argsort(2, descending=True))),
     "einsum summing a product": (lambda y: y * torch.einsum("bchw,bchw->bch", y, y.sigmoid())[..., None]
                                  + torch.einsum("bc,bc->b", y.mean((2, 3)), y.amax((2, 3)))[:, None, None, None],
                                  "matmul", lambda x: torch.einsum("bchw,bchw->bch", x, x * 2)),
@@ -1745,3 +1747,23 @@ def test_a_network_gathering_twice_at_one_topk_prunes_and_trains():
     assert desc.node("stem").attrs["out_channels"] < 16
     assert [n.attrs.get("shares") for n in desc.nodes if n.op == "topk"] == [None, "gather"]
     _train_step(desc)
+
+
+def test_an_argsort_read_by_gathers_is_a_sort_of_gather():
+    """torch.argsort (and x.argsort) read by gathers was refused ("call_method 'argsort' has no description op"):
+    torch runs it as aten.sort (a dispatch log: its values written, not read), so it is the sort's indices: the op
+    sort of gather, a second gather sharing the first, as ``x.sort(d)[1]`` is described. The rebuilt module computes
+    the original's output and gradients and runs its kernels; a stable argsort is refused as a stable sort is."""
+    from perf4sight.ir.to_torch import build_module
+
+    by_argsort = lambda y: (lambda i: y.gather(2, i) * y.sigmoid().gather(2, i))(torch.argsort(y, 2, True))
+    by_sort = lambda y: (lambda i: y.gather(2, i) * y.sigmoid().gather(2, i))(torch.sort(y, 2, True)[1])
+    module = _Probe(by_argsort)
+    desc = _computes_the_same(module)
+    assert [(n.op, n.inputs, n.attrs, n.output_shape) for n in desc.nodes] == [
+        (n.op, n.inputs, n.attrs, n.output_shape) for n in describe(_Probe(by_sort), SHAPE, name="sort").nodes]
+    assert _kernels_run(module) == _kernels_run(build_module(desc))
+    forward, _ = _dispatched(lambda x: x.gather(2, x.argsort(2)), torch.randn(1, 8, 8, 8))
+    assert forward[:2] == ["sort", "gather"]
+    with pytest.raises(UserError, match=r"a stable argsort \(stable=True\) has no description op"):
+        describe(_Probe(lambda y: y.gather(2, torch.argsort(y, dim=2, stable=True))), SHAPE, name="stable")

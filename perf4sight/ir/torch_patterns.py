@@ -508,6 +508,8 @@ def _summed(n: fx.Node, source: fx.Node, dims: list[int], keepdim: bool, gm: fx.
 
 _MATRIX_PRODUCTS = {operator.matmul, torch.matmul, torch.bmm, "matmul", "bmm"}
 _SORTS = {torch.sort, "sort", torch.topk, "topk"}
+#: A sort's indices alone (torch 2.14 runs aten.sort, its values not read): read by gathers, a sort of gather.
+_ARGSORTS = {torch.argsort, "argsort"}
 
 
 def _sort_attrs(call: fx.Node) -> tuple[str, dict]:
@@ -515,9 +517,9 @@ def _sort_attrs(call: fx.Node) -> tuple[str, dict]:
     sorted)``/``x.topk`` (dims counted from the front); one along the batch, a stable sort (``stable=``) or an
     unsorted topk (``sorted=False``: its order is the kernel's) is refused by name."""
     name = _target_name(call.target)
-    if name == "sort":
-        if call.kwargs.get("stable"):
-            raise ValueError("a stable sort (stable=True) has no description op; leave stable out")
+    if name in ("sort", "argsort"):
+        if call.kwargs.get("stable") or len(call.args) > 3 and call.args[3]:
+            raise ValueError(f"a stable {name} (stable=True) has no description op; leave stable out")
         (dim,) = _dims_after_the_batch(call, _arg(call, 1, "dim", -1), "sort")
         return "sort", {"dim": dim, "descending": bool(_arg(call, 2, "descending", False))}
     if not _arg(call, 4, "sorted", True):
@@ -640,11 +642,13 @@ def _gathered_at_sorted(n: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node] | None:
         indices = _index_path(n.args[2])[-1]
     else:
         indices = _index_path(n)[-1]
-    if indices.op != "call_function" or indices.target not in (operator.getitem, getattr) or \
-            getattr(indices.args[0], "target", None) not in _SORTS or indices.args[1] not in (1, "indices"):
+    argsort = indices.op in ("call_function", "call_method") and indices.target in _ARGSORTS
+    if not argsort and (indices.op != "call_function" or indices.target not in (operator.getitem, getattr) or
+                        getattr(indices.args[0], "target", None) not in _SORTS or
+                        indices.args[1] not in (1, "indices")):
         return None
     gathers = _index_gathers(indices)
-    call = indices.args[0]
+    call = indices if argsort else indices.args[0]
     if gathers is None or not all(_gathers_at(call, indices, gather) for gather in gathers):
         return None
     return call, (n if n in gathers else gathers[0]), gathers[0]
