@@ -897,8 +897,10 @@ def _matrix_product_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str])
                              "product of two tensors, e.g. 'bij,bjk->bik', either operand's last two letters "
                              "swapped or the rows the second's, 'bij,bcj->bci', is the op matmul, a reordering of "
                              "one tensor's letters after the batch's, e.g. 'bchw->bhwc', the op permute, one "
-                             "tensor's sum over letters left out, e.g. 'bchw->bc', a sum, and two tensors' product "
-                             "summed so, e.g. 'bchw,bchw->bhw', a batched product of rows)")
+                             "tensor's sum over letters left out, e.g. 'bchw->bc', a sum, two tensors' product "
+                             "summed over letters of both, e.g. 'bchw,bchw->bhw' or 'bchw,bhw->bc', a batched "
+                             "product of rows, and a product summing nothing whose result has one operand's letters, "
+                             "e.g. 'bc,bchw->bchw', a mul)")
         transposed, swapped = form[:2], form[2]
         if swapped and len(operands) == 2:  # torch's bmm of the second operand by the first
             operands, sides = operands[::-1], "ba"
