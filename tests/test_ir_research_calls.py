@@ -1767,3 +1767,94 @@ def test_an_argsort_read_by_gathers_is_a_sort_of_gather():
     assert forward[:2] == ["sort", "gather"]
     with pytest.raises(UserError, match=r"a stable argsort \(stable=True\) has no description op"):
         describe(_Probe(lambda y: y.gather(2, torch.argsort(y, dim=2, stable=True))), SHAPE, name="stable")
+
+
+class _HandConv(nn.Module):
+    """A hand-written convolution layer: F.conv2d on its own weight (and bias)."""
+
+    def __init__(self, cin: int, cout: int, groups: int, bias: bool, **call) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(cout, cin // groups, 3, 3) * 0.1)
+        self.bias = nn.Parameter(torch.zeros(cout)) if bias else None
+        self.groups, self.call = groups, call
+
+    def forward(self, x):
+        return F.conv2d(x, self.weight, self.bias, groups=self.groups, **self.call)
+
+
+class _FunctionalConvs(nn.Module):
+    """Hand-written convolution layers after a conv's [8, 8, 8] map: one of a bias, padding 'same', then a grouped,
+    strided one without a bias (padding 1); the classifier after."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.weight = _HandConv(8, 8, 1, True, padding="same")
+        self.grouped = _HandConv(8, 16, 2, False, stride=2, padding=1)
+        self.fc = nn.Linear(16 * 4 * 4, 10)
+
+    def forward(self, x):
+        return self.fc(self.grouped(self.weight(self.conv(x)).relu()).flatten(1))
+
+
+class _LayerConvs(nn.Module):
+    """:class:`_FunctionalConvs` of nn.Conv2d layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.weight = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)
+        self.grouped, self.fc = nn.Conv2d(8, 16, 3, stride=2, padding=1, groups=2, bias=False), nn.Linear(256, 10)
+
+    def forward(self, x):
+        return self.fc(self.grouped(self.weight(self.conv(x)).relu()).flatten(1))
+
+
+def test_a_convolution_on_a_modules_own_weight_is_a_conv2d():
+    """F.conv2d on a module's own parameters (a hand-written convolution layer) was refused ("call_function 'conv2d'
+    has no description op"): it is the op conv2d its weight's shape gives ('same' padding read as nn.Conv2d's), the
+    description nn.Conv2d layers of those attrs have (so costed, written down and pruned as they are); the rebuilt
+    module computes the original's output and gradients, and the allocation model writes it down as the meta trace
+    (batches 3 and 1). A filter held as a buffer (a blur pool's) is refused by name."""
+    from test_allocator import _as_replayed
+
+    from perf4sight.features.alloc_trace import record_events
+
+    desc = _computes_the_same(_FunctionalConvs())
+    layers = describe(_LayerConvs(), SHAPE, name="layers")
+    assert [(n.op, n.attrs, n.output_shape) for n in desc.nodes] == [
+        (n.op, n.attrs, n.output_shape) for n in layers.nodes]
+    for batch in (3, 1):
+        assert _as_replayed(record_events(desc, batch, steps=2, method="model")) == _as_replayed(
+            record_events(desc, batch, steps=2, method="trace"))
+
+    class Blur(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+            self.register_buffer("filt", torch.ones(8, 1, 3, 3) / 9)
+
+        def forward(self, x):
+            return F.conv2d(self.conv(x), self.filt, stride=2, padding=1, groups=8).flatten(1)
+    with pytest.raises(UserError, match=r"conv2d \(node conv2d\) reads filt, a module tensor that is no parameter"):
+        describe(Blur(), SHAPE, name="blur")
+
+
+def test_a_network_of_hand_written_convolutions_prunes_and_trains():
+    """torch-pruning cannot cut a bare parameter's channels: the groups through them are kept whole (listed), a
+    stem's before them cut, and a training step of the pruned network runs."""
+    from test_networks import _train_step
+
+    from perf4sight.networks.build import Source, prune_source
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem, self.block = nn.Conv2d(3, 16, 3, padding=1), _FunctionalConvs()
+            self.block.conv = nn.Conv2d(16, 8, 3, padding=1)
+
+        def forward(self, x):
+            return self.block(self.stem(x).relu())
+    (desc,) = prune_source(Source("net", "test", Net), SHAPE, [10], "l1-norm", 2, seed=0)
+    assert desc.node("stem").attrs["out_channels"] < 16 and [n.op for n in desc.nodes].count("conv2d") == 4
+    assert desc.to_dict()["pruning_unpruned_groups"]
+    _train_step(desc)

@@ -4,6 +4,7 @@ torchvision's wrapped Swin calls in :data:`_NAMED_CALLS`), and the op of any one
 from __future__ import annotations
 
 import operator
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import numpy as np
@@ -13,13 +14,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from perf4sight.errors import UserError
-from perf4sight.ir.fx_values import _arg, _is_number, _is_tensor, _shape, _shape_value, _target_name
+from perf4sight.ir.fx_values import _arg, _is_number, _is_tensor, _pair, _shape, _shape_value, _target_name
 from perf4sight.ir.torch_modules import (_LEAF_MODULES, MODULE_OPS, _adaptive_pool, _alpha_dropout_attrs, _avgpool,
                                          _celu_attrs, _channel_dropout, _conv_transpose, _conv_transpose_attrs,
                                          _described_whole, _flatten, _fold_attrs, _fractional_maxpool, _gelu_attrs,
                                          _glu_attrs, _groupnorm_attrs, _hardtanh_attrs, _inplace_attr, _instancenorm,
                                          _instancenorm_attrs, _interpolate_attrs, _layernorm_attrs,
-                                         _local_response_norm, _lp_pool, _maxpool, _pad_attrs, _rmsnorm_attrs,
+                                         _local_response_norm, _lp_pool, _maxpool, _pad_attrs, _padding, _rmsnorm_attrs,
                                          _rrelu_attrs, _running_statistics, _softmax_attrs, _sync_bn, _threshold_attrs,
                                          _unflatten, _unfold_attrs)
 
@@ -37,6 +38,24 @@ def _conv_transpose_call(n: fx.Node) -> tuple[str, dict]:
     return "conv_transpose2d", _conv_transpose_attrs(
         cin, cout_per_group * groups, [kh, kw], _arg(n, 3, "stride", 1), _arg(n, 4, "padding", 0),
         _arg(n, 5, "output_padding", 0), _arg(n, 7, "dilation", 1), groups, bias is not None)
+
+
+def _conv_call(n: fx.Node) -> tuple[str, dict]:
+    """``F.conv2d(x, weight, bias, stride, padding, dilation, groups)`` of a map, its weight (and bias) a module's own
+    parameter as it is (``get_attr``: a hand-written convolution layer): the channels and kernel from the weight's
+    shape, ``[Cout, Cin / groups, kh, kw]``; a padding of ``'same'`` or ``'valid'`` read as nn.Conv2d's is."""
+    weight, bias = _arg(n, 1, "weight"), _arg(n, 2, "bias")
+    if any(isinstance(t, fx.Node) and t.op != "get_attr" for t in (weight, bias)) or not isinstance(weight, fx.Node):
+        raise ValueError("a convolution whose weight or bias is computed, not a module's parameter as it is, has no "
+                         "description op")
+    if len(n.args[0].meta["tensor_meta"].shape) != 4:
+        raise ValueError("a convolution of anything but a [N, C, H, W] map has no description op")
+    cout, cin_per_group, kh, kw = (int(v) for v in weight.meta["tensor_meta"].shape)
+    groups, stride, dilation = int(_arg(n, 6, "groups", 1)), _arg(n, 3, "stride", 1), _arg(n, 5, "dilation", 1)
+    padding = _padding(SimpleNamespace(padding=_arg(n, 4, "padding", 0), dilation=dilation, kernel_size=(kh, kw)))
+    return "conv2d", {"in_channels": cin_per_group * groups, "out_channels": cout, "kernel_size": [kh, kw],
+                      "stride": _pair(stride), "padding": padding, "dilation": _pair(dilation), "groups": groups,
+                      "bias": bias is not None}
 
 
 def _pad_call(n: fx.Node) -> tuple[str, dict]:
@@ -681,6 +700,7 @@ FUNCTION_OPS[F.fold] = _fold_call
 FUNCTION_OPS[F.fractional_max_pool2d] = lambda n: _fractional_maxpool(
     n, _arg(n, 1, "kernel_size"), _arg(n, 4, "return_indices", False), _arg(n, 5, "_random_samples"))
 FUNCTION_OPS[F.conv_transpose2d] = _conv_transpose_call
+FUNCTION_OPS[F.conv2d] = _conv_call
 FUNCTION_OPS[F.glu] = lambda n: _glu_attrs(n, _arg(n, 1, "dim", -1))
 for _key in (torch.permute, "permute"):
     FUNCTION_OPS[_key] = _permute_call
