@@ -1858,3 +1858,90 @@ def test_a_network_of_hand_written_convolutions_prunes_and_trains():
     assert desc.node("stem").attrs["out_channels"] < 16 and [n.op for n in desc.nodes].count("conv2d") == 4
     assert desc.to_dict()["pruning_unpruned_groups"]
     _train_step(desc)
+
+
+class _Added(nn.Module):
+    """Its input plus ``tensor``, a buffer."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("tensor", tensor)
+
+    def forward(self, x):
+        return x + self.tensor
+
+
+class _FixedCodes(nn.Module):
+    """Buffers added to a conv's [8, 8, 8] map: a fixed (sinusoidal) position code of the map's shape, then a base
+    grid, offsets learnt by a conv added to it, the map resampled there (a deformable-free warp); a classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.offsets, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 2, 3, padding=1), nn.Linear(
+            512, 10)
+        self.register_buffer("position", torch.sin(torch.arange(512.0)).view(8, 8, 8))
+        ys, xs = torch.meshgrid(torch.linspace(-1, 1, 8), torch.linspace(-1, 1, 8), indexing="ij")
+        self.register_buffer("base", torch.stack([xs, ys], -1))
+
+    def forward(self, x):
+        y = self.conv(x) + self.position
+        grid = self.base + self.offsets(y).tanh().permute(0, 2, 3, 1)
+        return self.fc(F.grid_sample(y, grid, align_corners=True).flatten(1))
+
+
+def test_a_buffer_added_is_a_fixed_shift():
+    """A module's buffer added to a tensor (a fixed position code, a warp's base grid) was refused ("add reads base, a
+    module tensor that is no parameter, which the description has no op for"): it is a shift of the optional flag
+    fixed, a buffer learnt nothing (no parameter counted, no gradient of it: one kernel forward, none back, as the
+    dispatch log runs). The rebuilt module computes the original's output and gradients and runs its kernels; what a
+    sample adds to autograd's saved tensors is the features'; the allocation model writes a code added down as the
+    meta trace (batches 3 and 1; the buffer set up, no gradient), and leaves the warp's permuted offsets to it by
+    name; a PerfSeer graph keeps the flag."""
+    from test_allocator import _as_replayed
+    from test_features import _autograd_saved_bytes
+
+    from perf4sight.exporters.perfseer import description_to_graph
+    from perf4sight.features.aggregate import network_features
+    from perf4sight.features.alloc_model import NotCovered, step_events
+    from perf4sight.features.alloc_trace import record_events
+    from perf4sight.features.walk import walk
+    from perf4sight.importers.perfseer import graph_to_description
+    from perf4sight.ir.to_torch import build_module
+
+    module = _FixedCodes()
+    desc = _computes_the_same(module)
+    assert [(n.inputs, n.attrs) for n in desc.nodes if n.op == "shift"] == [
+        (["conv"], {"shape": [8, 8, 8], "fixed": True}), (["permute"], {"shape": [8, 8, 2], "fixed": True})]
+    assert _kernels_run(module) == _kernels_run(build_module(desc))
+    costs = [(v.cost.kernels_fwd, v.cost.kernels_bwd, v.cost.params) for v in walk(desc) if v.node.op == "shift"]
+    assert costs == [(1, 0, 0)] * 2
+    at2, at4 = (b * _autograd_saved_bytes(desc, b, with_input=False) for b in (2, 4))
+    assert network_features(desc).per_sample["saved_bytes"] == (at4 - at2) / 2
+    coded = describe(nn.Sequential(module.conv, _Added(module.position), nn.Flatten(), module.fc), SHAPE, name="code")
+    for batch in (3, 1):
+        assert _as_replayed(record_events(coded, batch, steps=2, method="model")) == _as_replayed(
+            record_events(coded, batch, steps=2, method="trace"))
+        with pytest.raises(NotCovered, match="a gradient with permuted strides"):  # the warp's permuted offsets
+            step_events(desc, batch)
+    back, _ = graph_to_description(description_to_graph(desc, 4), "probe", "probe.pkl")
+    assert back.to_dict() == desc.to_dict()
+
+
+def test_a_network_adding_a_buffer_prunes_and_trains():
+    """torch-pruning cannot cut a buffer's channels: the group through it is kept whole (listed), a stem's before it
+    cut, and a training step of the pruned network runs."""
+    from test_networks import _train_step
+
+    from perf4sight.networks.build import Source, prune_source
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem, self.block = nn.Conv2d(3, 16, 3, padding=1), _FixedCodes()
+            self.block.conv = nn.Conv2d(16, 8, 3, padding=1)
+
+        def forward(self, x):
+            return self.block(self.stem(x).relu())
+    (desc,) = prune_source(Source("net", "test", Net), SHAPE, [10], "l1-norm", 2, seed=0)
+    assert desc.node("stem").attrs["out_channels"] < 16 and [n.op for n in desc.nodes].count("shift") == 2
+    _train_step(desc)

@@ -739,13 +739,16 @@ def _scale(ctx: _OpContext) -> _Value:
 
 def _shift(ctx: _OpContext) -> _Value:
     """The input plus a learnt tensor, broadcast (a position embedding): ``add.Tensor``, laid out as the input; it
-    keeps nothing. Backward: the incoming gradient handed on, and summed down to the weight's shape."""
+    keeps nothing. Backward: the incoming gradient handed on, and summed down to the weight's shape (a ``fixed``
+    one's, a buffer, takes none)."""
     x, nbytes, shape = ctx.x, ctx.nbytes, tuple(int(s) for s in ctx.node.attrs["shape"])
     if ctx.full_in != ctx.full_out:
         raise NotCovered("a shift that broadcasts its input")
     sid = ctx.alloc("add.Tensor")
     weight = _broadcast_strides(shape, ctx.full_out)
     layout = _iterated_layout(ctx.full_out, [_full_strides(x, ctx.full_in), weight], [x.strides, weight])
+    if ctx.node.attrs.get("fixed"):  # a buffer: the incoming gradient handed on alone
+        return _Value(sid, nbytes, ctx.grad_fn([], [_edge(x)], [x.nbytes], [None], shapes=[ctx.full_in]), **layout)
     fn = ctx.grad_fn([], [_edge(x), ("param", ctx.first_param)], [x.nbytes, prod(shape) * FLOAT], [None, None],
                      full=[None, nbytes], shapes=[ctx.full_in, shape])
     return _Value(sid, nbytes, fn, **layout)

@@ -184,6 +184,8 @@ def _params(node: Node) -> tuple[list[int], list[int]]:
     if node.op == "layernorm":  # a weight and a bias over the normalised shape unless not elementwise affine
         c = prod(a["normalized_shape"]) * FLOAT
         return ([c, c] if a.get("elementwise_affine", True) else []), []
+    if node.op == "shift" and a.get("fixed"):  # a buffer, no parameter
+        return [], [prod(a["shape"]) * FLOAT]
     if node.op in ("scale", "shift", "token"):
         return [prod(a["shape"]) * FLOAT], []
     if node.op == "weighted_sum":  # a weight per map

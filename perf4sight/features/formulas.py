@@ -238,14 +238,16 @@ def _scale(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
 def _learnt_tensor(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     """``shift`` (plus a learnt tensor, broadcast) and ``token`` (a learnt tensor put first): 1 FLOP per element (the
     token's copy none), nothing kept; backward, the parameter's gradient is the incoming one summed down (shift)
-    or sliced (token)."""
+    or sliced (token). A ``fixed`` shift adds a buffer: no parameter, no gradient of it (no kernel back)."""
     n = numel(node.output_shape)
     width = numel(node.attrs["shape"])
     rd, wr = _io_bytes(in_shapes, node.output_shape)
     shift = node.op == "shift"
-    return OpCost(flops_fwd=float(n) if shift else 0.0, flops_bwd=float(n) if shift else 0.0,
-                  bytes_read=rd + width * BYTES_PER_ELEMENT, bytes_written=wr, params=width, param_tensors=1,
-                  kernels_fwd=1, kernels_bwd=1 if shift else 0, kind="elementwise" if shift else "other")
+    learnt = not node.attrs.get("fixed")  # a fixed shift's tensor is a buffer: no gradient, no parameter
+    return OpCost(flops_fwd=float(n) if shift else 0.0, flops_bwd=float(n) if shift and learnt else 0.0,
+                  bytes_read=rd + width * BYTES_PER_ELEMENT, bytes_written=wr, params=width if learnt else 0,
+                  param_tensors=int(learnt), kernels_fwd=1, kernels_bwd=1 if shift and learnt else 0,
+                  kind="elementwise" if shift else "other")
 
 
 def _attention(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:

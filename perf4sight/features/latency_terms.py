@@ -379,6 +379,8 @@ _PLAIN_REPEAT_PASSES = (1.0, 0.0, 0)
 #: inputs and output counted), the gather about one more (an index and an element read, one written an output
 #: element); backward y's zeros written, then the gradient and indices read and added into them.
 _SORT_GATHER_PASSES = {"sort": (3.0, 4.0, 2), "topk": (2.0, 4.0, 2)}
+#: A shift by a buffer (``fixed``): the add forward; backward the gradient handed on, no kernel.
+_FIXED_SHIFT_PASSES = (1.0, 0.0, 0)
 #: A gather at an earlier sort's or topk's indices (``shares``: formulas._shared_gather): the gather's pass alone.
 _SHARED_GATHER_PASSES = (1.0, 4.0, 2)
 
@@ -545,6 +547,8 @@ def _passes(node: Node) -> tuple[float, float, int]:
         return _where_passes(node)
     if node.op == "affine_grid":
         return _affine_grid_passes(node)
+    if node.op == "shift" and node.attrs.get("fixed"):
+        return _FIXED_SHIFT_PASSES
     if node.op in ("sort", "topk") and node.attrs.get("gather"):
         return _SHARED_GATHER_PASSES if SHARES in node.attrs else _SORT_GATHER_PASSES[node.op]
     return _PASSES.get(node.op, _DEFAULT_PASSES)

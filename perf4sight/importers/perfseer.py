@@ -503,7 +503,8 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
     if op == "permute":
         return {"dims": _ints(args.get("dims", args.get("perm")), f"{where} perm")}
     if op in ("scale", "shift"):
-        return {"shape": _ints(args["shape"], f"{where} shape")}
+        fixed = {"fixed": True} if op == "shift" and args.get("fixed") else {}  # ours: a buffer added
+        return {"shape": _ints(args["shape"], f"{where} shape"), **fixed}
     if op == "token":
         return {"shape": _ints(args["shape"], f"{where} shape"), "dim": num("dim", "axis", default=1)}
     if op == "attention":

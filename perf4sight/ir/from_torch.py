@@ -595,12 +595,12 @@ def _batch_norm_affine_trained(n: fx.Node, gm: fx.GraphModule, where: str) -> No
 def _with_own_tensors(n: fx.Node, op: str, attrs: dict, gm: fx.GraphModule, where: str,
                       held: dict[str, fx.Node]) -> tuple[str, dict, set[str]]:
     """``n``'s op once the module tensors it reads (``get_attr`` nodes, or their batch expansions: ``held``) are
-    taken in: a multiply by one parameter is a ``scale`` of that parameter's shape, an add of one a ``shift``, a
-    concatenation that puts one first a ``token``; a layer, group or instance norm reads its own weight and bias, a
-    PReLU its slopes, a batch norm call its weight, bias and running statistics (an instance norm call's running
-    statistics too, where it tracks them); a random generator read is left out
-    (:func:`_is_generator`). The names of those nodes come back, so that they are not read as inputs. Any other op
-    reading a module tensor is a ``UserError``."""
+    taken in: a multiply by one parameter is a ``scale`` of that parameter's shape, an add of one a ``shift`` (of a
+    buffer, a ``shift`` of ``fixed``: a fixed position code), a concatenation that puts one first a ``token``; a
+    layer, group or instance norm reads its own weight and bias, a PReLU its slopes, a batch norm call its weight,
+    bias and running statistics (an instance norm call's running statistics too, where it tracks them); a random
+    generator read is left out (:func:`_is_generator`). The names of those nodes come back, so that they are not
+    read as inputs. Any other op reading a module tensor is a ``UserError``."""
     own: list[fx.Node] = []
     fx.node.map_arg((n.args, n.kwargs), lambda a: own.append(a) if a.name in held else None)
     generators = {a.name for a in own if _is_generator(gm, held[a.name])}
@@ -619,6 +619,10 @@ def _with_own_tensors(n: fx.Node, op: str, attrs: dict, gm: fx.GraphModule, wher
     running: set[str] = set()
     if op == "instancenorm" and attrs.get("track_running_stats"):  # F.instance_norm's running statistics: buffers
         running = {a.name for a in (_arg(n, 1, "running_mean"), _arg(n, 2, "running_var")) if isinstance(a, fx.Node)}
+    if op == "add" and len(own) == 1 and len(n.args) == 2 and own[0].op == "get_attr" and \
+            not _is_parameter(gm, held[own[0].name].target):  # a buffer added: a fixed shift (a position code)
+        shape = _per_sample(held[own[0].name].meta["tensor_meta"].shape, len(_shape(n) or []))
+        return "shift", {"shape": shape, "fixed": True}, {own[0].name}
     for a in own:
         if a.name in running:
             continue
@@ -643,6 +647,15 @@ def _with_own_tensors(n: fx.Node, op: str, attrs: dict, gm: fx.GraphModule, wher
     raise UserError(f"{where}: {op} (node {n.name}) reads the module's parameter {held[own[0].name].target} "
                     "directly, which the description has no op for (a multiply by one parameter is a 'scale', an "
                     "add of one a 'shift', one concatenated first a 'token')")
+
+
+def _is_parameter(gm: fx.GraphModule, target: str) -> bool:
+    """Whether the module tensor at ``target`` is a parameter (not a buffer)."""
+    try:
+        gm.get_parameter(target)
+    except AttributeError:
+        return False
+    return True
 
 
 def _refuse_parameters_alone(n: fx.Node, held: dict[str, fx.Node], where: str) -> None:

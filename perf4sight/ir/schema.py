@@ -113,7 +113,9 @@ OPS: Dict[str, Tuple[str, ...]] = {
     # 1 / (1 - p) (Dropout2d); as dropout's, a training step's, traced in eval mode where it is the identity
     "dropout2d": ("p",),
     "scale": ("shape",),  # times a learnt tensor of this shape (ConvNeXt's layer scale), broadcast
-    "shift": ("shape",),  # plus a learnt tensor of this shape (a vision transformer's position embedding), broadcast
+    # plus a learnt tensor of this shape (a vision transformer's position embedding), broadcast; of the optional flag
+    # fixed (false), a buffer of this shape, learnt nothing (a fixed position code, a base grid registered as buffers)
+    "shift": ("shape",),
     "token": ("shape", "dim"),  # a learnt tensor of this shape put before the input along dim (the class token)
     "attention": ("embed_dim", "num_heads", "bias"),  # self-attention over the tokens of an [L, E] input; optional
                                                       # dropout (of the attention weights, 0)
@@ -307,6 +309,7 @@ _FLAGS: Dict[str, Tuple[str, ...]] = {
     "interpolate": ("align_corners",),
     "pad": ("pads_computed",),
     "conv_transpose2d": ("bias",),
+    "shift": ("fixed",),
     **{op: ("inplace",) for op in ("relu", "relu6", "hardswish", "sigmoid", "hardsigmoid", "silu", "gelu", "tanh",
                                    "leaky_relu", "elu", "mish",
                                    "hardtanh",
@@ -884,7 +887,7 @@ def node_params(n: Node) -> int:
     if n.op == "rmsnorm":  # a weight, no bias
         return element_count(a["normalized_shape"]) if a.get("elementwise_affine", True) else 0
     if n.op in ("scale", "shift", "token"):
-        return element_count(a["shape"])
+        return 0 if a.get("fixed") else element_count(a["shape"])
     if n.op == "weighted_sum":  # a weight per input
         return a["num_inputs"]
     if n.op == "attention":  # the input projection (query, key, value) and the output one

@@ -39,9 +39,13 @@ class Scale(nn.Module):
 class Shift(nn.Module):
     """The input plus a learnt tensor of ``shape``, broadcast (a position embedding), initialised to zeros."""
 
-    def __init__(self, shape: List[int], device: Optional[Union[torch.device, str]] = None) -> None:
+    def __init__(self, shape: List[int], device: Optional[Union[torch.device, str]] = None,
+                 fixed: bool = False) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.zeros([int(s) for s in shape], device=device))
+        if fixed:  # a buffer, learnt nothing (a fixed position code)
+            self.register_buffer("weight", torch.zeros([int(s) for s in shape], device=device))
+        else:
+            self.weight = nn.Parameter(torch.zeros([int(s) for s in shape], device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.weight
@@ -414,7 +418,7 @@ MODULE_BUILDERS: Dict[str, Callable[..., nn.Module]] = {
     "prelu": lambda a, **f: nn.PReLU(int(a["num_parameters"]), **f),
     "dropout2d": lambda a, **f: nn.Dropout2d(float(a["p"])),
     "scale": lambda a, **f: Scale(a["shape"], **f),
-    "shift": lambda a, **f: Shift(a["shape"], **f),
+    "shift": lambda a, **f: Shift(a["shape"], fixed=bool(a.get("fixed", False)), **f),
     "token": lambda a, **f: Token(a["shape"], a["dim"], **f),
     "weighted_sum": lambda a, **f: WeightedSum(int(a["num_inputs"]), str(a["normalize"]), float(a.get("eps", 1e-4)),
                                                **f),
