@@ -1945,3 +1945,68 @@ def test_a_network_adding_a_buffer_prunes_and_trains():
     (desc,) = prune_source(Source("net", "test", Net), SHAPE, [10], "l1-norm", 2, seed=0)
     assert desc.node("stem").attrs["out_channels"] < 16 and [n.op for n in desc.nodes].count("shift") == 2
     _train_step(desc)
+
+
+class _HandLinear(nn.Module):
+    """A hand-written linear layer: F.linear on its own weight (and bias)."""
+
+    def __init__(self, cin: int, cout: int, bias: bool) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(cout, cin) * 0.1)
+        self.bias = nn.Parameter(torch.zeros(cout)) if bias else None
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+
+class _FunctionalLinears(nn.Module):
+    """A conv's [8, 8, 8] map, each channel's 64 pixels mixed by a hand-written linear layer without a bias, then
+    classified by one with a bias; ``layer`` makes the layers (nn.Linear: the same network of torch's layers)."""
+
+    def __init__(self, layer=_HandLinear) -> None:
+        super().__init__()
+        self.conv, self.mix, self.head = nn.Conv2d(3, 8, 3, padding=1), layer(64, 64, False), layer(512, 10, True)
+
+    def forward(self, x):
+        return self.head(self.mix(self.conv(x).flatten(2)).flatten(1))
+
+
+def test_a_linear_layer_on_a_modules_own_weight_is_a_linear():
+    """F.linear on a module's own parameters (a hand-written linear layer) was refused ("call_function 'linear' has
+    no description op"): it is the op linear its weight's shape gives, the description nn.Linear layers have (so
+    costed, written down and pruned as they are); the rebuilt module computes the original's output and gradients
+    and runs its kernels, and the allocation model writes it down as the meta trace (batches 3 and 1)."""
+    from test_allocator import _as_replayed
+
+    from perf4sight.features.alloc_trace import record_events
+    from perf4sight.ir.to_torch import build_module
+
+    module = _FunctionalLinears()
+    desc = _computes_the_same(module)
+    layers = describe(_FunctionalLinears(lambda i, o, b: nn.Linear(i, o, bias=b)), SHAPE, name="layers")
+    assert [(n.op, n.attrs, n.output_shape) for n in desc.nodes] == [
+        (n.op, n.attrs, n.output_shape) for n in layers.nodes]
+    assert _kernels_run(module) == _kernels_run(build_module(desc))
+    for batch in (3, 1):
+        assert _as_replayed(record_events(desc, batch, steps=2, method="model")) == _as_replayed(
+            record_events(desc, batch, steps=2, method="trace"))
+
+
+def test_a_network_of_hand_written_linear_layers_prunes_and_trains():
+    """The groups through the bare parameters are kept whole (listed), a stem's before them cut, and a training step
+    of the pruned network runs."""
+    from test_networks import _train_step
+
+    from perf4sight.networks.build import Source, prune_source
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem, self.block = nn.Conv2d(3, 16, 3, padding=1), _FunctionalLinears()
+            self.block.conv = nn.Conv2d(16, 8, 3, padding=1)
+
+        def forward(self, x):
+            return self.block(self.stem(x).relu())
+    (desc,) = prune_source(Source("net", "test", Net), SHAPE, [10], "l1-norm", 2, seed=0)
+    assert desc.node("stem").attrs["out_channels"] < 16 and [n.op for n in desc.nodes].count("linear") == 2
+    _train_step(desc)

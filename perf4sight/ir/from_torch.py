@@ -640,7 +640,7 @@ def _with_own_tensors(n: fx.Node, op: str, attrs: dict, gm: fx.GraphModule, wher
     parts = n.args[0] if op == "cat" else []
     if op == "cat" and len(own) == 1 and len(parts) == 2 and parts[0] is own[0]:
         return "token", {"shape": shape, "dim": attrs["dim"] % (rank + 1)}, names
-    if op in ("layernorm", "groupnorm", "conv2d", "conv_transpose2d", "instancenorm", "prelu",
+    if op in ("layernorm", "groupnorm", "conv2d", "conv_transpose2d", "linear", "instancenorm", "prelu",
               "rmsnorm"):
         return op, attrs, names
     _refuse_parameters_alone(n, held, where)

@@ -58,6 +58,17 @@ def _conv_call(n: fx.Node) -> tuple[str, dict]:
                       "bias": bias is not None}
 
 
+def _linear_call(n: fx.Node) -> tuple[str, dict]:
+    """``F.linear(x, weight, bias)``, its weight (and bias) a module's own parameter as it is (``get_attr``: a
+    hand-written linear layer): the features from the weight's shape, ``[out, in]``."""
+    weight, bias = _arg(n, 1, "weight"), _arg(n, 2, "bias")
+    if any(isinstance(t, fx.Node) and t.op != "get_attr" for t in (weight, bias)) or not isinstance(weight, fx.Node):
+        raise ValueError("a linear layer whose weight or bias is computed, not a module's parameter as it is, has no "
+                         "description op")
+    out_features, in_features = (int(v) for v in weight.meta["tensor_meta"].shape)
+    return "linear", {"in_features": in_features, "out_features": out_features, "bias": bias is not None}
+
+
 def _pad_call(n: fx.Node) -> tuple[str, dict]:
     """``F.pad(x, pad, mode, value)`` of a ``[N, C, H, W]`` map."""
     if len(n.args[0].meta["tensor_meta"].shape) != 4:
@@ -701,6 +712,7 @@ FUNCTION_OPS[F.fractional_max_pool2d] = lambda n: _fractional_maxpool(
     n, _arg(n, 1, "kernel_size"), _arg(n, 4, "return_indices", False), _arg(n, 5, "_random_samples"))
 FUNCTION_OPS[F.conv_transpose2d] = _conv_transpose_call
 FUNCTION_OPS[F.conv2d] = _conv_call
+FUNCTION_OPS[F.linear] = _linear_call
 FUNCTION_OPS[F.glu] = lambda n: _glu_attrs(n, _arg(n, 1, "dim", -1))
 for _key in (torch.permute, "permute"):
     FUNCTION_OPS[_key] = _permute_call
