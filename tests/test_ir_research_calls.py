@@ -2010,3 +2010,59 @@ def test_a_network_of_hand_written_linear_layers_prunes_and_trains():
     (desc,) = prune_source(Source("net", "test", Net), SHAPE, [10], "l1-norm", 2, seed=0)
     assert desc.node("stem").attrs["out_channels"] < 16 and [n.op for n in desc.nodes].count("linear") == 2
     _train_step(desc)
+
+
+class _EinsumKeys(nn.Module):
+    """Logits of a tensor's rows against a learnt [16, 8] table of keys written as an einsum (a relative position's
+    logits, a prototype head): ``torch.einsum("bid,jd->bij", x, self.weight)``; ``einsum`` False: F.linear."""
+
+    def __init__(self, einsum: bool = True) -> None:
+        super().__init__()
+        self.weight, self.einsum = nn.Parameter(torch.randn(16, 8) * 0.1), einsum
+
+    def forward(self, x):
+        return torch.einsum("bid,jd->bij", x, self.weight) if self.einsum else F.linear(x, self.weight)
+
+
+class _KeyedLogits(nn.Module):
+    """A conv's [8, 8, 8] map as 64 pixels of 8 channels, each's logits against the keys, classified."""
+
+    def __init__(self, einsum: bool = True) -> None:
+        super().__init__()
+        self.conv, self.keys, self.fc = nn.Conv2d(3, 8, 3, padding=1), _EinsumKeys(einsum), nn.Linear(64 * 16, 10)
+
+    def forward(self, x):
+        return self.fc(self.keys(self.conv(x).flatten(2).transpose(1, 2)).flatten(1))
+
+
+def test_an_einsum_of_a_modules_weight_is_a_linear_layer():
+    """An einsum of a tensor and a module's own [out, in] parameter over the tensor's last letter ('bid,jd->bij') was
+    refused ("an einsum of the form ... has no description op"): it is F.linear(x, weight), the op linear without a
+    bias, as F.linear is described; the rebuilt module computes the original's output and gradients. Torch runs the
+    einsum as one bmm of the rows folded (the same products: a dispatch log), the linear layer as mm; the kernels
+    are otherwise the same; the allocation model leaves linear layers of transposed rows to the trace by name, as
+    nn.Linear's. An einsum of the weight first is still refused by its form."""
+    from collections import Counter
+
+    from perf4sight.features.alloc_model import NotCovered, step_events
+    from perf4sight.features.alloc_trace import record_events
+    from perf4sight.ir.to_torch import build_module
+
+    module = _KeyedLogits()
+    desc = _computes_the_same(module)
+    assert [(n.op, n.attrs, n.output_shape) for n in desc.nodes] == [
+        (n.op, n.attrs, n.output_shape) for n in describe(_KeyedLogits(False), SHAPE, name="linear").nodes]
+    assert [(n.op, n.attrs) for n in desc.nodes if n.op == "linear"][0] == (
+        "linear", {"in_features": 8, "out_features": 16, "bias": False})
+    ran = Counter()
+    for kernel, count in _kernels_run(module).items():
+        ran["mm" if kernel == "bmm" else kernel] += count
+    assert ran == _kernels_run(build_module(desc))
+    for batch in (3, 1):  # of transposed rows, as an nn.Linear's: declined by name, the trace's events
+        with pytest.raises(NotCovered, match="linear of a strided tensor"):
+            step_events(desc, batch)
+        assert record_events(desc, batch, method="auto") == record_events(desc, batch, method="trace")
+    with pytest.raises(UserError, match=r"an einsum of the form 'jd,bid->bij' has no description op"):
+        describe(_Probe(lambda y: y.flatten(2).transpose(1, 2) + torch.einsum(
+            "jd,bid->bij", torch.ones(8, 8), y.flatten(2).transpose(1, 2))), SHAPE, name="refused")
+

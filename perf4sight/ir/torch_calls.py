@@ -69,6 +69,22 @@ def _linear_call(n: fx.Node) -> tuple[str, dict]:
     return "linear", {"in_features": in_features, "out_features": out_features, "bias": bias is not None}
 
 
+def _einsum_linear_call(n: fx.Node) -> tuple[str, dict]:
+    """``torch.einsum("bid,jd->bij", x, self.weight)``: a tensor times a module's own ``[out, in]`` parameter over
+    its last letter, F.linear(x, weight) (torch runs it as one bmm of the rows, the same products); any other einsum
+    that reaches here is refused naming its form."""
+    from perf4sight.ir.torch_patterns import _einsum_linear_form
+
+    equation, operands = n.args[0], list(n.args[1:])
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = list(operands[0])
+    if not (isinstance(equation, str) and len(operands) == 2 and _einsum_linear_form(equation)
+            and getattr(operands[1], "op", None) == "get_attr"):
+        raise ValueError(f"an einsum of the form {equation!r} has no description op")
+    out_features, in_features = (int(v) for v in operands[1].meta["tensor_meta"].shape)
+    return "linear", {"in_features": in_features, "out_features": out_features, "bias": False}
+
+
 def _pad_call(n: fx.Node) -> tuple[str, dict]:
     """``F.pad(x, pad, mode, value)`` of a ``[N, C, H, W]`` map."""
     if len(n.args[0].meta["tensor_meta"].shape) != 4:
@@ -713,6 +729,7 @@ FUNCTION_OPS[F.fractional_max_pool2d] = lambda n: _fractional_maxpool(
 FUNCTION_OPS[F.conv_transpose2d] = _conv_transpose_call
 FUNCTION_OPS[F.conv2d] = _conv_call
 FUNCTION_OPS[F.linear] = _linear_call
+FUNCTION_OPS[torch.einsum] = _einsum_linear_call
 FUNCTION_OPS[F.glu] = lambda n: _glu_attrs(n, _arg(n, 1, "dim", -1))
 for _key in (torch.permute, "permute"):
     FUNCTION_OPS[_key] = _permute_call

@@ -724,6 +724,18 @@ def _batched_matmul_form(equation: str) -> tuple[bool, bool, bool] | None:
     return (b[-2] == k, a[-1] == k, True) if out[-2:] == cols + rows else None
 
 
+def _einsum_linear_form(equation: str) -> bool:
+    """Whether the einsum ``equation`` of a tensor and a ``[out, in]`` weight is a linear layer without a bias over
+    the tensor's last letter, the result's last letter the weight's first (``"bid,jd->bij"``, a relative position's
+    logits; ``"bd,cd->bc"``, a prototype head): F.linear(x, weight)."""
+    terms = equation.replace(" ", "").split("->")
+    operands = terms[0].split(",") if len(terms) == 2 else []
+    if len(operands) != 2 or not all(t.isalpha() and len(set(t)) == len(t) for t in (*operands, terms[1])):
+        return False
+    (x, w), out = operands, terms[1]
+    return len(w) == 2 and len(x) >= 2 and x[-1] == w[1] and w[0] not in x and out == x[:-1] + w[0]
+
+
 def _einsum_permutation(equation: str) -> list[int] | None:
     """Where the einsum ``equation`` of one operand reorders its letters alone (``"bchw->bhwc"``: torch's permuted
     view of it), the dims of that permute, the batch's first; None for any other form."""
@@ -875,6 +887,9 @@ def _matrix_product_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str])
         equation, operands = operands[0], operands[1:]
         if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
             operands = list(operands[0])
+        if isinstance(equation, str) and len(operands) == 2 and getattr(operands[1], "op", None) == "get_attr" \
+                and _einsum_linear_form(equation):  # a tensor times a module's [out, in] weight: a linear layer
+            return None
         dims = _einsum_permutation(equation) if isinstance(equation, str) and len(operands) == 1 else None
         if dims is not None and _is_tensor(operands[0]):  # a permuted view of one tensor
             _network_tensor(operands[0], alias, "einsum")
