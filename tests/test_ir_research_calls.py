@@ -2066,3 +2066,29 @@ def test_an_einsum_of_a_modules_weight_is_a_linear_layer():
         describe(_Probe(lambda y: y.flatten(2).transpose(1, 2) + torch.einsum(
             "jd,bid->bij", torch.ones(8, 8), y.flatten(2).transpose(1, 2))), SHAPE, name="refused")
 
+
+
+def test_a_models_attribute_named_as_a_graph_modules_is_refused_in_one_line():
+    """A model's own layer or buffer named ``code`` (a codebook's) or ``graph`` cannot be copied onto torch.fx's
+    GraphModule, whose property it is: describe failed with a raw AttributeError traceback ("`code` is not an
+    nn.Module") or "cannot trace the module with torch.fx (RuntimeError: Code has not been generated! Please report
+    a bug to PyTorch)". It is refused in one line naming the attribute; held one level down, it describes."""
+    class Coded(nn.Module):
+        def __init__(self, buffer: bool) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3)
+            if buffer:
+                self.register_buffer("graph", torch.zeros(8, 6, 6))
+            else:
+                self.code = nn.Conv2d(8, 8, 1)
+
+        def forward(self, x):
+            y = self.conv(x)
+            return (y + self.graph if hasattr(self, "graph") and isinstance(self.graph, torch.Tensor)
+                    else self.code(y)).flatten(1)
+    for buffer, attr in ((False, "code"), (True, "graph")):
+        with pytest.raises(UserError, match=rf"coded: the model's attribute '{attr}' has the name of torch.fx's "
+                                            rf"GraphModule.{attr}"):
+            describe(Coded(buffer), SHAPE, name="coded")
+    held = describe(nn.Sequential(Coded(False)), SHAPE, name="held")
+    assert [n.op for n in held.nodes] == ["input", "conv2d", "conv2d", "flatten"]

@@ -267,10 +267,26 @@ def describe(module: nn.Module, input_shape: list[int], name: str, network: str 
         raise UserError(f"{name}: the model is wrapped by {wrapped[0]} ({type(module).__name__}); a description is of "
                         f"the model itself, its eager training step on one device: give its .{wrapped[1]}")
     input_shape = check_input_shape(input_shape, name)
+    _refuse_graph_module_names(module, name)
     if has_lazy_parameters(module):  # the first forward makes them, drawing random numbers: on a copy
         with torch.random.fork_rng(devices=[]):
             return _described(_lazy_copy(module), input_shape, name, network, pruning_level, extra)
     return _described(module, input_shape, name, network, pruning_level, extra)
+
+
+#: Attributes torch.fx's GraphModule has and nn.Module has not: a model's own layer, parameter or buffer of one of
+#: these names (a VQ codebook's ``self.code``) cannot be copied onto the traced GraphModule, whose property it is.
+_GRAPH_MODULE_NAMES = frozenset(n for n in set(dir(fx.GraphModule)) - set(dir(nn.Module)) if not n.startswith("__"))
+
+
+def _refuse_graph_module_names(module: nn.Module, name: str) -> None:
+    """``UserError`` naming the model's own layer, parameter or buffer whose name torch.fx's GraphModule takes (the
+    trace failed with "`code` is not an nn.Module", a traceback, or "Code has not been generated!")."""
+    own = [*module._modules, *module._parameters, *module._buffers]
+    clash = next((attr for attr in own if attr in _GRAPH_MODULE_NAMES), None)
+    if clash is not None:
+        raise UserError(f"{name}: the model's attribute '{clash}' has the name of torch.fx's GraphModule.{clash}, "
+                        "which the trace cannot copy it onto; rename it (or hold the model in a container module)")
 
 
 def _described(module: nn.Module, input_shape: list[int], name: str, network: str | None, pruning_level: float,
