@@ -1127,6 +1127,36 @@ def test_a_network_with_a_pixel_shuffle_is_refused_by_name_as_unprunable(unshuff
         PruningPlan(module, [3, 16, 16], network="espcn")
 
 
+class _KeyedPixels(nn.Module):
+    """A conv's map as pixels, each's logits against the module's own keys (an einsum of a parameter), classified:
+    a prototype or codebook head."""
+
+    def __init__(self, weight_first: bool) -> None:
+        super().__init__()
+        self.weight_first = weight_first
+        self.conv, self.keys = nn.Conv2d(3, 8, 3, padding=1), nn.Parameter(torch.randn(16, 8))
+        self.fc = nn.Linear(64 * 16, 10)
+
+    def forward(self, x):
+        pixels = self.conv(x).flatten(2).transpose(1, 2)
+        logits = (torch.einsum("jd,bid->bij", self.keys, pixels) if self.weight_first
+                  else torch.einsum("bid,jd->bij", [pixels, self.keys]))
+        return self.fc(logits.flatten(1))
+
+
+@pytest.mark.parametrize("weight_first", [False, True])
+def test_a_network_with_an_einsum_of_its_parameter_is_refused_by_name_as_unprunable(weight_first: bool) -> None:
+    """torch-pruning's dependency graph of a network holding an einsum of its own parameter, a flatten and a linear
+    layer after it, grew without bound (past 2.5 GB within seconds in its index maps, the stage killed by the
+    kernel); such a network is refused by name, as unprunable (its level 0 alone made), before torch-pruning runs."""
+    from perf4sight.networks.pruning import Unprunable
+
+    module = _KeyedPixels(weight_first)
+    assert module(torch.randn(2, 3, 8, 8)).shape == (2, 10)
+    with pytest.raises(Unprunable, match=r"^keyed: a network with an einsum of its own parameter cannot be pruned"):
+        PruningPlan(module, [3, 8, 8], network="keyed")
+
+
 class _SrganBlock(nn.Module):
     """An SRGAN generator's pattern: a convolution and a PReLU of one slope per channel (the stem), residual blocks
     of convolution, PReLU per channel, convolution added back, a PReLU of one slope shared by every channel, then a

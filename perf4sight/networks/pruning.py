@@ -245,18 +245,28 @@ def _next_to_a_linear_layer(node: Any) -> bool:
 _UNPRUNABLE = frozenset({"ShiftedWindowAttention", "ShiftedWindowAttentionV2", "RelativePositionalMultiHeadAttention"})
 
 
-class _PixelShuffles(torch.overrides.TorchFunctionMode):
-    """While it is on, the pixel shuffles and unshuffles a forward runs (the layers, the calls), by name, in
-    ``seen``."""
+class _UnprunableCalls(torch.overrides.TorchFunctionMode):
+    """While it is on, the calls a forward runs that torch-pruning cannot follow, each as (what, why) in ``seen``: a
+    pixel shuffle or unshuffle (the layers, the calls), and an einsum of the module's own parameter."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.seen: list[str] = []
+        self.seen: list[tuple[str, str]] = []
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if func in (torch.pixel_shuffle, torch.pixel_unshuffle):
-            self.seen.append(func.__name__)
+            self.seen.append((f"a {func.__name__}", "torch-pruning cuts the channels around it one by one, as if it "
+                              "kept them: the pruned network's shuffle or the convolution after it refuses its channels"))
+        elif func is torch.einsum and any(isinstance(a, nn.Parameter) for a in _einsum_operands(args)):
+            self.seen.append(("an einsum of its own parameter", "torch-pruning's index maps grow without bound on "
+                              "it: gigabytes within seconds"))
         return func(*args, **(kwargs or {}))
+
+
+def _einsum_operands(args: Any) -> list[Any]:
+    """The tensors of an ``einsum`` call's arguments: after the equation, given one by one or as one list."""
+    rest = list(args[1:])
+    return list(rest[0]) if len(rest) == 1 and isinstance(rest[0], (list, tuple)) else rest
 
 
 def _execution_order(model: nn.Module, example: torch.Tensor) -> tuple[list[nn.Module], Any, set[int]]:
@@ -360,14 +370,13 @@ class PruningPlan:
         example = torch.randn(1, *input_shape)
         traced = copy.deepcopy(base).eval()
         try:
-            with _PixelShuffles() as shuffles:
+            with _UnprunableCalls() as unprunable:
                 order, out, called = _execution_order(traced, example)
         except Exception as exc:  # noqa: BLE001 - the model's own forward: any error is the user's model
             raise forward_error(network, input_shape, exc) from None
-        if shuffles.seen:
-            raise Unprunable(f"{network}: a network with a {shuffles.seen[0]} cannot be pruned (torch-pruning cuts the "
-                             "channels around it one by one, as if it kept them: the pruned network's shuffle or the "
-                             "convolution after it refuses its channels); predict it as it is")
+        if unprunable.seen:
+            what, why = unprunable.seen[0]
+            raise Unprunable(f"{network}: a network with {what} cannot be pruned ({why}); predict it as it is")
         _refuse_grouped_transposed(traced, order, network)
         if not _holds_a_tensor(out):  # torch-pruning's trace would fail on it with a traceback
             raise UserError(f"{network}: the model returns {type(out).__name__} {out!r:.40}, not a tensor; a "
