@@ -804,6 +804,18 @@ def _conv_description() -> dict:
     (lambda d: d["nodes"][2].update(output_shape=[35]), r"output_shape \[35\], but its input \[4, 3, 3\] gives \[36\]"),
     (lambda d: d["nodes"][2].update(op="reshape", attrs={"shape": [35]}, output_shape=[35]),
      r"changes the element count"),
+    # a reshape's attr shape is what the module reshapes to: one other than its output_shape built another network
+    (lambda d: d["nodes"][2].update(op="reshape", attrs={"shape": [6, 6]}, output_shape=[36]),
+     r"\(reshape\): reshapes to shape \[6, 6\], not to its output_shape \[36\]"),
+    # an integer attr written as a string, a float or a flag loaded, then failed in torch when the module ran
+    (lambda d: d["nodes"][2]["attrs"].update(start_dim="1"),
+     r"\(flatten\): attr 'start_dim' must be an integer, got '1'"),
+    (lambda d: d["nodes"][2].update(op="reshape", attrs={"shape": [36.0]}),
+     r"\(reshape\): attr 'shape' must be a list of integers, got \[36.0\]"),
+    (lambda d: d["nodes"][2].update(op="unsqueeze", attrs={"dim": True}, output_shape=[1, 4, 3, 3]),
+     r"\(unsqueeze\): attr 'dim' must be an integer, got True"),
+    (lambda d: d["nodes"][2].update(op="mean", attrs={"dims": ["2"], "keepdim": False}, output_shape=[4, 3]),
+     r"\(mean\): attr 'dims' must be a list of integers, got \['2'\]"),
     (lambda d: d["nodes"][2].update(inputs=[d["nodes"][1]["name"]] * 2), r"takes 1 input, got 2"),
     (lambda d: d["nodes"][2].update(name=d["nodes"][1]["name"]), r"two nodes are named"),
     (lambda d: d["nodes"][0].update(output_shape=[3, 6, 6]), r"the one 'input' node comes first"),

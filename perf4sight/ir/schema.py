@@ -295,6 +295,16 @@ _SHAPES: Dict[str, Tuple[str, ...]] = {"fractional_maxpool2d": ("output_size",),
                                        "fold": ("output_size",),
                                        "where": ("mask_shape",),
                                        "affine_grid": ("size",)}
+#: Op -> attributes that must be integers where given (a dimension counting the batch's, negative from the end; an
+#: index; a count): torch takes no float, bool or string there (``torch.cat(xs, "1")`` fails when run).
+_INTEGERS: Dict[str, Tuple[str, ...]] = {
+    "cat": ("dim",), "flatten": ("start_dim",), "squeeze": ("dim",), "unsqueeze": ("dim",),
+    "select": ("dim", "index"), "narrow": ("dim", "start", "length"), "transpose": ("dim0", "dim1"),
+    "token": ("dim",)}
+#: Op -> attributes that must be lists of integers (dimensions counting the batch's; a reshape's sizes, -1 for one
+#: that torch works out).
+_INTEGER_LISTS: Dict[str, Tuple[str, ...]] = {"mean": ("dims",), "var": ("dims",), "logsumexp": ("dims",),
+                                              "reshape": ("shape",)}
 #: Op -> attributes that must be true or false where given (required or optional).
 _FLAGS: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("bias",), "linear": ("bias",), "attention": ("bias",), "group_attention": ("bias",),
@@ -467,6 +477,13 @@ def _attr_problem(node: "Node") -> str:
     for a in _POSITIVE.get(node.op, ()):
         if not _is_int(node.attrs[a], 1):
             return f"attr '{a}' must be a positive integer, got {node.attrs[a]!r}"
+    for a in (a for a in _INTEGERS.get(node.op, ()) if a in node.attrs):
+        if not _is_int(node.attrs[a], -2 ** 62):
+            return f"attr '{a}' must be an integer, got {node.attrs[a]!r}"
+    for a in _INTEGER_LISTS.get(node.op, ()):
+        v = node.attrs[a]
+        if not (isinstance(v, list) and all(_is_int(x, -2 ** 62) for x in v)):
+            return f"attr '{a}' must be a list of integers, got {v!r}"
     for a in (a for a in _SHAPES.get(node.op, ()) if a in node.attrs):  # where's mask_shape optional
         v = node.attrs[a]
         if not (isinstance(v, list) and v and all(_is_int(x, 1) for x in v)):

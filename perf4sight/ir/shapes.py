@@ -350,7 +350,10 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
         if axis is None or any(len(s) != len(x) or s[:axis] + s[axis + 1:] != x[:axis] + x[axis + 1:] for s in ins):
             return f"cannot concatenate shapes {ins} along dim {a['dim']}"
         return x[:axis] + [sum(s[axis] for s in ins)] + x[axis + 1:]
-    if op == "reshape":
+    if op == "reshape":  # to its attr shape, whose -1 (one at most) torch works out: the output's size there
+        shape = [int(s) for s in a["shape"]]
+        if len(shape) != len(out) or shape.count(-1) > 1 or any(s not in (o, -1) for s, o in zip(shape, out)):
+            return f"reshapes to shape {a['shape']}, not to its output_shape {out} (-1: one size torch works out)"
         return out if element_count(out) == element_count(x) else f"changes the element count ({x} -> {out})"
     if op in ("flatten", "squeeze", "unsqueeze"):  # unsqueeze: a dimension of the output, which has one more
         key = "start_dim" if op == "flatten" else "dim"
