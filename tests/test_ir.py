@@ -817,6 +817,10 @@ def _conv_description() -> dict:
     (lambda d: d["nodes"][2].update(op="mean", attrs={"dims": ["2"], "keepdim": False}, output_shape=[4, 3]),
      r"\(mean\): attr 'dims' must be a list of integers, got \['2'\]"),
     (lambda d: d["nodes"][2].update(inputs=[d["nodes"][1]["name"]] * 2), r"takes 1 input, got 2"),
+    # an add of two tensors and a scalar was rebuilt as the first plus the scalar, the second input dropped
+    (lambda d: d["nodes"][2].update(op="add", inputs=[d["nodes"][1]["name"]] * 2, attrs={"scalar": 1.0},
+                                    output_shape=[4, 3, 3]),
+     r"\(add\): takes two inputs or one and a 'scalar' attr, not both"),
     (lambda d: d["nodes"][2].update(name=d["nodes"][1]["name"]), r"two nodes are named"),
     (lambda d: d["nodes"][0].update(output_shape=[3, 6, 6]), r"the one 'input' node comes first"),
     (lambda d: d.update(name="../../outside"), r"name '../../outside' must be usable as a file name"),

@@ -342,6 +342,8 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
     if op in ("add", "mul", "div"):
         if len(ins) == 1:
             return x if "scalar" in a else "takes two inputs, or one and a 'scalar' attr"
+        if "scalar" in a:  # the module adds the number to its first input alone: the second would be dropped
+            return "takes two inputs or one and a 'scalar' attr, not both"
         return broadcast(ins[0], ins[1]) or f"cannot combine inputs of shapes {ins[0]} and {ins[1]}"
     if op == "matmul":
         return _matmul_out(ins[0], ins[1])
