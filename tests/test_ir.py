@@ -817,6 +817,22 @@ def _conv_description() -> dict:
     (lambda d: d["nodes"][2].update(op="mean", attrs={"dims": ["2"], "keepdim": False}, output_shape=[4, 3]),
      r"\(mean\): attr 'dims' must be a list of integers, got \['2'\]"),
     (lambda d: d["nodes"][2].update(inputs=[d["nodes"][1]["name"]] * 2), r"takes 1 input, got 2"),
+    # pools torch refuses when they run (a padding over half the kernel, a dilation of 0) and an adaptive pool's size
+    # that it cannot take (a float, a flag, 0) loaded, to fail on the device
+    (lambda d: d["nodes"][2].update(op="maxpool2d", attrs={"kernel_size": 2, "stride": 1, "padding": 2,
+                                                           "ceil_mode": False}, output_shape=[4, 6, 6]),
+     r"\(maxpool2d\): padding \[2, 2\] is more than half its kernel \[2, 2\]"),
+    (lambda d: d["nodes"][2].update(op="avgpool2d", attrs={"kernel_size": 1, "stride": 1, "padding": 1,
+                                                           "ceil_mode": False, "count_include_pad": True},
+                                    output_shape=[4, 5, 5]),
+     r"\(avgpool2d\): padding \[1, 1\] is more than half its kernel \[1, 1\]"),
+    (lambda d: d["nodes"][2].update(op="maxpool2d", attrs={"kernel_size": 2, "stride": 1, "padding": 0,
+                                                           "ceil_mode": False, "dilation": 0}, output_shape=[4, 2, 2]),
+     r"\(maxpool2d\): attr 'dilation' must be an integer or an \[h, w\] pair of integers >= 1, got 0"),
+    (lambda d: d["nodes"][2].update(op="adaptiveavgpool2d", attrs={"output_size": 1.0}, output_shape=[4, 1, 1]),
+     r"\(adaptiveavgpool2d\): attr 'output_size' must be an integer or an \[h, w\] pair"),
+    (lambda d: d["nodes"][2].update(op="adaptivemaxpool2d", attrs={"output_size": [0, 0]}, output_shape=[4, 0, 0]),
+     r"\(adaptivemaxpool2d\): attr 'output_size' must be an integer or an \[h, w\] pair"),
     # an add of two tensors and a scalar was rebuilt as the first plus the scalar, the second input dropped
     (lambda d: d["nodes"][2].update(op="add", inputs=[d["nodes"][1]["name"]] * 2, attrs={"scalar": 1.0},
                                     output_shape=[4, 3, 3]),
@@ -862,6 +878,16 @@ def test_flags_and_numbers_of_a_node_are_checked_when_read(op, attrs, expected):
                                    "batchnorm2d": ({"num_features": 4, "eps": 0, "momentum": None}, 8)}[op]
     d.pop("params")
     assert NetworkDescription.from_dict(d).params == 112 + own
+
+
+def test_an_adaptive_pool_of_a_null_side_keeps_the_input_size_there_when_rebuilt():
+    """An ``output_size`` of ``[2, null]`` (torch's None: the input's width) loaded, then failed when rebuilt
+    (``int(None)``); the module now pools to it."""
+    d = _conv_description()
+    d["nodes"][2].update(op="adaptiveavgpool2d", attrs={"output_size": [2, None]}, output_shape=[4, 2, 3])
+    d.pop("params")
+    desc = NetworkDescription.from_dict(d)
+    assert build_module(desc)(torch.zeros(2, 3, 5, 5)).shape == (2, 4, 2, 3)
 
 
 def test_integer_pair_attributes_mean_a_square_pair():

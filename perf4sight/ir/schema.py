@@ -502,6 +502,17 @@ def _attr_problem(node: "Node") -> str:
         least = 0 if a in ("padding", "shift_size", "output_padding") else 1
         if not (len(pair) == 2 and all(_is_int(x, least) for x in pair)):
             return f"attr '{a}' must be an integer or an [h, w] pair of integers >= {least}, got {v!r}"
+    if node.op == "maxpool2d" and "dilation" in node.attrs:  # optional; as given (an integer not made a pair)
+        v = node.attrs["dilation"]
+        pair = v if isinstance(v, list) else [v, v]
+        if not (len(pair) == 2 and all(_is_int(x, 1) for x in pair)):
+            return f"attr 'dilation' must be an integer or an [h, w] pair of integers >= 1, got {v!r}"
+    if node.op in ("adaptiveavgpool2d", "adaptivemaxpool2d"):
+        v = node.attrs["output_size"]
+        pair = v if isinstance(v, list) else [v, v]
+        if not (len(pair) == 2 and all(x is None or _is_int(x, 1) for x in pair)) or v is None:
+            return (f"attr 'output_size' must be an integer or an [h, w] pair of integers >= 1 (null: the input's "
+                    f"size), got {v!r}")
     for a in _FLAGS.get(node.op, ()):
         if a in node.attrs and not isinstance(node.attrs[a], bool):
             return f"attr '{a}' must be true or false, got {node.attrs[a]!r}"

@@ -323,6 +323,8 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
         hw = [_window_out(x[i + 1], k[i], s[i], p[i], d[i], ceil) for i in range(2)]
         if min(hw) < 1:
             return f"kernel {k} (padding {p}) does not fit its {x[1]}x{x[2]} input"
+        if op != "conv2d" and any(p[i] > ((k[i] - 1) * d[i] + 1) // 2 for i in range(2)):  # torch's pool check
+            return f"padding {p} is more than half its kernel {k} (torch refuses such a pool when it runs)"
         return [a["out_channels"] if op == "conv2d" else x[0]] + hw
     if op == "conv_transpose2d":
         return _transposed_out(a, x)

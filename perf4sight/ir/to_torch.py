@@ -25,6 +25,12 @@ def _pair(v: Any) -> Tuple[int, int]:
     return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
 
 
+def _pool_size(v: Any) -> Tuple[Optional[int], Optional[int]]:
+    """An adaptive pool's ``output_size`` as an (h, w) pair, a null side (the input's size there) kept as None."""
+    h, w = v if isinstance(v, list) else (v, v)
+    return (None if h is None else int(h), None if w is None else int(w))
+
+
 class Scale(nn.Module):
     """The input times a learnt tensor of ``shape``, broadcast (ConvNeXt's layer scale), initialised to ones."""
 
@@ -398,8 +404,8 @@ MODULE_BUILDERS: Dict[str, Callable[..., nn.Module]] = {
                                              _pair(a.get("dilation", 1)), ceil_mode=bool(a["ceil_mode"])),
     "avgpool2d": lambda a, **f: nn.AvgPool2d(_pair(a["kernel_size"]), _pair(a["stride"]), _pair(a["padding"]),
                                              bool(a["ceil_mode"]), bool(a["count_include_pad"])),
-    "adaptiveavgpool2d": lambda a, **f: nn.AdaptiveAvgPool2d(_pair(a["output_size"])),
-    "adaptivemaxpool2d": lambda a, **f: nn.AdaptiveMaxPool2d(_pair(a["output_size"])),
+    "adaptiveavgpool2d": lambda a, **f: nn.AdaptiveAvgPool2d(_pool_size(a["output_size"])),
+    "adaptivemaxpool2d": lambda a, **f: nn.AdaptiveMaxPool2d(_pool_size(a["output_size"])),
     "fractional_maxpool2d": lambda a, **f: nn.FractionalMaxPool2d(_pair(a["kernel_size"]),
                                                                   output_size=_pair(a["output_size"])),
     "dropout": lambda a, **f: nn.Dropout(float(a["p"])),
