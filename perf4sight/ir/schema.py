@@ -651,6 +651,8 @@ def _check_top_level(d: Dict[str, Any], where: str) -> None:
         raise UserError(f"{where}: input_shape: {image_size_problem(shape)}")
     if not isinstance(d["nodes"], list):
         raise UserError(f"{where}: nodes must be a list of node objects")
+    if not isinstance(d["output"], str):  # a list ["fc"] was a TypeError (unhashable) out of the set of names
+        raise UserError(f"{where}: output must be the name of a node, got {d['output']!r}")
     for key in ("name", "network"):
         if key in d and not is_file_stem(d[key]):
             raise UserError(f"{where}: {key} {d[key]!r} must be usable as a file name (no path separators, "
