@@ -881,6 +881,24 @@ def test_flags_and_numbers_of_a_node_are_checked_when_read(op, attrs, expected):
     assert NetworkDescription.from_dict(d).params == 112 + own
 
 
+@pytest.mark.parametrize("op, attrs", [("add", {}), ("maximum", {}), ("where", {"compare": "gt", "threshold": 0})])
+def test_tensors_of_different_ranks_are_not_combined(op, attrs):
+    """A ``[4, 8, 8]`` map plus its ``[8, 8]`` mean over the channels broadcast per sample, so it loaded; but both
+    carry the batch, and torch lines the smaller's batch up with the map's channels: the rebuilt module failed at a
+    batch of 2 (and broadcast the batch into the channels at 1)."""
+    d = {"name": "ranks", "input_shape": [4, 8, 8], "output": "y", "nodes": [
+        {"name": "input", "op": "input", "inputs": [], "attrs": {}, "output_shape": [4, 8, 8]},
+        {"name": "m", "op": "mean", "inputs": ["input"], "attrs": {"dims": [1], "keepdim": False},
+         "output_shape": [8, 8]},
+        {"name": "y", "op": op, "inputs": ["input", "m"] + (["input"] if op == "where" else []), "attrs": attrs,
+         "output_shape": [4, 8, 8]}]}
+    with pytest.raises(UserError, match=rf"ranks.json: node 'y' \({op}\): combines inputs of shapes .* of different "
+                                        r"ranks"):
+        NetworkDescription.from_dict(d, where="ranks.json")
+    d["nodes"][1]["attrs"]["keepdim"], d["nodes"][1]["output_shape"] = True, [1, 8, 8]  # the same ranks: it loads
+    assert build_module(NetworkDescription.from_dict(d))(torch.zeros(2, 4, 8, 8)).shape == (2, 4, 8, 8)
+
+
 def test_an_adaptive_pool_of_a_null_side_keeps_the_input_size_there_when_rebuilt():
     """An ``output_size`` of ``[2, null]`` (torch's None: the input's width) loaded, then failed when rebuilt
     (``int(None)``); the module now pools to it."""

@@ -194,6 +194,15 @@ def broadcast(a: List[int], b: List[int]) -> Optional[List[int]]:
     return out[::-1]
 
 
+def _ranks_problem(ins: List[List[int]]) -> str:
+    """What is wrong with tensors of per-sample shapes ``ins`` combined elementwise ("" if nothing): each carries the
+    batch first, so their ranks must be equal (torch lines up the batch of the one of fewer dims with a dimension of
+    the other: ``[N, C, H, W] + [N, W]`` fails, or broadcasts the batch into that dimension at a batch of 1)."""
+    if len({len(s) for s in ins}) > 1:
+        return f"combines inputs of shapes {ins}, of different ranks (each has the batch first)"
+    return ""
+
+
 def _matmul_out(a: List[int], b: List[int]) -> Union[List[int], str]:
     """The shape of the matrix product of ``a`` [..., M, K] and ``b`` [..., K, N] (no batch: torch's batch is a
     dim before these, so both have it): [..., M, N], the leading dims broadcast; else what is wrong."""
@@ -346,6 +355,8 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
             return x if "scalar" in a else "takes two inputs, or one and a 'scalar' attr"
         if "scalar" in a:  # the module adds the number to its first input alone: the second would be dropped
             return "takes two inputs or one and a 'scalar' attr, not both"
+        if _ranks_problem(ins):
+            return _ranks_problem(ins)
         return broadcast(ins[0], ins[1]) or f"cannot combine inputs of shapes {ins[0]} and {ins[1]}"
     if op == "matmul":
         return _matmul_out(ins[0], ins[1])
@@ -399,12 +410,16 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
             if len(mask) > len(x) + 1 or len(mask) == len(x) + 1 and mask[0] != 1:
                 return f"compares a buffer of shape {mask} that would broadcast over the batch of inputs {ins}"
             out_shape = broadcast(mask[len(mask) - len(x):] if len(mask) > len(x) else mask, x)
+        if _ranks_problem(ins):
+            return _ranks_problem(ins)
         for s in ins[1:]:
             out_shape = broadcast(out_shape, s) if out_shape is not None else None
         if out_shape is not None and a.get("inplace") and out_shape != ins[-1]:  # written into its tensor branch
             return f"writes in place into a branch of shape {ins[-1]} an output of shape {out_shape}"
         return out_shape if out_shape is not None else f"cannot combine inputs of shapes {ins}"
     if op in ("maximum", "minimum"):
+        if _ranks_problem(ins):
+            return _ranks_problem(ins)
         return broadcast(ins[0], ins[1]) or f"cannot combine inputs of shapes {ins[0]} and {ins[1]}"
     if op in ("flip", "roll"):
         return _flipped_or_rolled(op, a, x)
