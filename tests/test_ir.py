@@ -899,6 +899,39 @@ def test_tensors_of_different_ranks_are_not_combined(op, attrs):
     assert build_module(NetworkDescription.from_dict(d))(torch.zeros(2, 4, 8, 8)).shape == (2, 4, 8, 8)
 
 
+def test_a_rebuilt_gelu_reflection_pad_and_variance_run_under_the_calls_of_a_tx2s_torch(monkeypatch):
+    """A TX2's torch 1.10: ``nn.GELU`` takes no ``approximate`` (from 1.12), ``F.pad`` asserts ``value == 0`` outside
+    mode constant (None failed it; torch 2 takes None), ``torch.var``'s ``correction`` is an integer (a Scalar from
+    2.1). Those calls, stood in for here, failed every rebuilt network with a GELU, a reflection or replication pad
+    or a variance on the device."""
+    class Gelu110(nn.GELU):
+        def __init__(self) -> None:  # 1.10's signature: no arguments
+            super().__init__()
+
+    pad, var = F.pad, torch.var
+
+    def pad110(x: torch.Tensor, pads: Any, mode: str = "constant", value: float = 0.0) -> torch.Tensor:
+        assert mode == "constant" or value == 0, f'Padding mode "{mode}"" doesn\'t take in value argument'
+        return pad(x, pads, mode, value if mode == "constant" else None)
+
+    def var110(x: torch.Tensor, dim: Any, *, correction: Any, keepdim: bool = False) -> torch.Tensor:
+        if not isinstance(correction, int):
+            raise TypeError(f"var(): argument 'correction' must be int, not {type(correction).__name__}")
+        return var(x, dim, correction=correction, keepdim=keepdim)
+
+    class Net(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = F.pad(F.gelu(x), [1, 1, 1, 1], mode="reflect")
+            return F.pad(y, [0, 1, 0, 1], mode="replicate") * x.var(1, keepdim=True, unbiased=False).mean((2, 3), True)
+
+    desc = describe(Net(), [2, 4, 4], name="tx2_calls")
+    assert {"gelu", "pad", "var"} <= {n.op for n in desc.nodes}
+    monkeypatch.setattr(nn, "GELU", Gelu110)
+    monkeypatch.setattr(F, "pad", pad110)
+    monkeypatch.setattr(torch, "var", var110)
+    assert build_module(desc)(torch.randn(2, 2, 4, 4)).shape == (2, 2, 7, 7)
+
+
 def test_an_adaptive_pool_of_a_null_side_keeps_the_input_size_there_when_rebuilt():
     """An ``output_size`` of ``[2, null]`` (torch's None: the input's width) loaded, then failed when rebuilt
     (``int(None)``); the module now pools to it."""

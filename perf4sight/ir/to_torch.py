@@ -381,7 +381,9 @@ MODULE_BUILDERS: Dict[str, Callable[..., nn.Module]] = {
     "hardsigmoid": lambda a, **f: nn.Hardsigmoid(inplace=bool(a.get("inplace", False))),
     "sigmoid": lambda a, **f: InPlace("sigmoid_") if a.get("inplace") else nn.Sigmoid(),
     "silu": lambda a, **f: nn.SiLU(inplace=bool(a.get("inplace", False))),
-    "gelu": lambda a, **f: nn.GELU(approximate=str(a.get("approximate", "none"))),
+    # torch before 1.12 (a TX2's 1.10) has no approximate argument: the exact GELU is built without it
+    "gelu": lambda a, **f: nn.GELU() if a.get("approximate", "none") == "none" else nn.GELU(
+        approximate=str(a["approximate"])),
     "tanh": lambda a, **f: InPlace("tanh_") if a.get("inplace") else nn.Tanh(),
     "leaky_relu": lambda a, **f: nn.LeakyReLU(float(a["negative_slope"]), inplace=bool(a.get("inplace", False))),
     "elu": lambda a, **f: nn.ELU(float(a["alpha"]), inplace=bool(a.get("inplace", False))),
@@ -534,8 +536,7 @@ def _pad_to(x: torch.Tensor, like: torch.Tensor, mode: str, value: float) -> tor
     a description's ``pad`` with ``pad_to``."""
     diff_h = like.size()[2] - x.size()[2]
     diff_w = like.size()[3] - x.size()[3]
-    return F.pad(x, [diff_w // 2, diff_w - diff_w // 2, diff_h // 2, diff_h - diff_h // 2], mode=mode,
-                 value=value if mode == "constant" else None)
+    return _pad(x, [diff_w // 2, diff_w - diff_w // 2, diff_h // 2, diff_h - diff_h // 2], mode, value)
 
 
 def _fold_to(x: torch.Tensor, like: torch.Tensor, kernel_size: Tuple[int, int], dilation: Tuple[int, int],
@@ -562,8 +563,11 @@ def _repeat(x: torch.Tensor, repeats: List[int]) -> torch.Tensor:
 
 
 def _pad(x: torch.Tensor, pads: List[int], mode: str, value: float) -> torch.Tensor:
-    """``x`` ([N, C, H, W]) padded by ``pads`` ([left, right, top, bottom]) in ``mode`` (with ``value``: constant)."""
-    return F.pad(x, pads, mode=mode, value=value if mode == "constant" else None)
+    """``x`` ([N, C, H, W]) padded by ``pads`` ([left, right, top, bottom]) in ``mode`` (with ``value``: constant).
+    Another mode is given no value: torch before 2 asserts ``value == 0`` there, which None fails."""
+    if mode == "constant":
+        return F.pad(x, pads, mode=mode, value=value)
+    return F.pad(x, pads, mode=mode)
 
 
 def _power(x: torch.Tensor, exponent: float) -> torch.Tensor:
@@ -579,8 +583,10 @@ def _power(x: torch.Tensor, exponent: float) -> torch.Tensor:
 
 
 def _variance(x: torch.Tensor, dims: List[int], correction: float, keepdim: bool) -> torch.Tensor:
-    """The variance of ``x`` over ``dims``: squared deviations summed over their count less ``correction``."""
-    return torch.var(x, dims, correction=correction, keepdim=keepdim)
+    """The variance of ``x`` over ``dims``: squared deviations summed over their count less ``correction``, given as
+    an integer where it is whole (torch before 2.1, a TX2's 1.10, takes an integer correction alone)."""
+    whole = float(correction).is_integer()
+    return torch.var(x, dims, correction=int(correction) if whole else correction, keepdim=keepdim)
 
 
 def _where(x: torch.Tensor, branches: List, compare: str, threshold: float, if_true: Any,
