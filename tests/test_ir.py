@@ -797,6 +797,9 @@ def _conv_description() -> dict:
     (lambda d: d.update(output=[d["output"]]), r"output must be the name of a node, got \['"),
     (lambda d: d["nodes"][1].update(inputs=[]), r"node '.*' \(conv2d\) has no inputs"),
     (lambda d: d["nodes"][1].update(inputs="x"), r"'inputs' must be a list"),
+    # a node key misspelt was read past: "atrs" of a layer whose attrs are all optional lost them, unsaid
+    (lambda d: d["nodes"][2].update(atrs=d["nodes"][2].pop("attrs")),
+     r"node #2 is malformed \(unknown key 'atrs' \(a node has name, op, inputs, attrs, output_shape\)\)"),
     # numbers that do not fit together: refused when read, never predicted
     (lambda d: d["nodes"][1]["attrs"].update(in_channels=5), r"in_channels 5 but its input has 3 channels"),
     (lambda d: d["nodes"][1].update(output_shape=[4, 5, 5]),

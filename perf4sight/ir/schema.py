@@ -669,6 +669,10 @@ def _check_top_level(d: Dict[str, Any], where: str) -> None:
         raise UserError(f"{where}: pruning_level must be a percentage in [0, 100), got {level!r}")
 
 
+#: The keys of a node's JSON object.
+_NODE_KEYS = ("name", "op", "inputs", "attrs", "output_shape")
+
+
 def _read_node(raw: Any, i: int, where: str) -> Node:
     """Node #``i`` of a description from its JSON object ``raw``, checked on its own (its keys, op and attributes;
     not yet its inputs or shape), with an integer pair attribute made ``[v, v]`` and a pool's null stride its
@@ -679,6 +683,10 @@ def _read_node(raw: Any, i: int, where: str) -> Node:
         absent_keys = [k for k in ("name", "op", "output_shape") if k not in raw]
         if absent_keys:
             raise KeyError(f"no {', '.join(absent_keys)}")
+        unknown_keys = [k for k in raw if k not in _NODE_KEYS]  # a misspelt "atrs": its attrs lost, unsaid
+        if unknown_keys:
+            raise KeyError(f"unknown key{'s' if len(unknown_keys) > 1 else ''} {', '.join(map(repr, unknown_keys))}"
+                           f" (a node has {', '.join(_NODE_KEYS)})")
         if not isinstance(raw.get("inputs", []), list) or not isinstance(raw.get("attrs", {}), dict):
             raise TypeError("'inputs' must be a list and 'attrs' an object")
         out_shape = raw["output_shape"]
