@@ -72,6 +72,11 @@ def test_the_child_compares_an_image_to_image_output_with_a_float_target_of_its_
     assert loss_function("mse")(out, 2 * ones).item() == 4.0 and loss_function("l1")(out, 2 * ones).item() == 2.0
     labels = make_target(TestPlan(device="d"), i2i, SHAPE, 2, "cpu")
     assert labels.dtype == torch.int64 and list(labels.shape) == [2, 16, 16]
+    # a plan's input_shape other than the description's: labels of the output's positions there (they were the
+    # description's 16x16, and cross entropy failed against the 8x12 output)
+    labels = make_target(TestPlan(device="d", input_shape=[3, 8, 12]), i2i, [3, 8, 12], 2, "cpu")
+    assert list(labels.shape) == [2, 8, 12]
+    assert loss_function("cross_entropy")(torch.zeros(2, 3, 8, 12), labels).item() > 0
 
 
 def test_a_fingerprint_is_of_one_losss_rows_and_its_metadata_says_which():

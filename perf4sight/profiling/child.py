@@ -99,9 +99,11 @@ def make_target(plan: Any, desc: Any, input_shape: List[int], batch_size: int, d
     (``[N, classes]``), as an image-to-image network's is a float per output pixel (``[N, C, H, W]``)."""
     import torch
 
-    if plan.loss == "cross_entropy":
+    if plan.loss == "cross_entropy":  # a class per position of the output at input_shape (the plan's may differ)
         num_classes = int(plan.num_classes or desc.num_classes)
-        return torch.randint(0, num_classes, [batch_size] + desc.label_shape, device=device)
+        positions = desc.label_shape if list(input_shape) == list(desc.input_shape) else \
+            output_shape(desc, input_shape)[1:]
+        return torch.randint(0, num_classes, [batch_size] + positions, device=device)
     return torch.randn([batch_size] + output_shape(desc, input_shape), device=device)
 
 
