@@ -935,6 +935,22 @@ def test_a_rebuilt_gelu_reflection_pad_and_variance_run_under_the_calls_of_a_tx2
     assert build_module(desc)(torch.randn(2, 2, 4, 4)).shape == (2, 2, 7, 7)
 
 
+def test_nodes_named_as_python_keywords_or_module_attributes_rebuild():
+    """A node named ``forward``, ``to``, ``training`` or ``graph`` (an attribute the rebuilt GraphModule has) or
+    ``class`` (a keyword: ``self.class(x)`` is no code) loaded and failed to build or run (add_module's KeyError, a
+    SyntaxError, 'str' object is not callable); the layer now takes another attribute name."""
+    names = ["class", "forward", "to", "training", "graph"]
+    conv = {"in_channels": 2, "out_channels": 2, "kernel_size": 1, "stride": 1, "padding": 0, "dilation": 1,
+            "groups": 1, "bias": False}
+    d = {"name": "names", "input_shape": [2, 3, 3], "output": names[-1], "nodes": [
+        {"name": "def", "op": "input", "inputs": [], "attrs": {}, "output_shape": [2, 3, 3]}] + [
+        {"name": n, "op": "conv2d", "inputs": [p], "attrs": conv, "output_shape": [2, 3, 3]}
+        for p, n in zip(["def"] + names, names)]}
+    module = build_module(NetworkDescription.from_dict(d))
+    assert module(torch.ones(1, 2, 3, 3)).shape == (1, 2, 3, 3) and len(list(module.parameters())) == 5
+    assert module.eval().training is False
+
+
 def test_an_adaptive_pool_of_a_null_side_keeps_the_input_size_there_when_rebuilt():
     """An ``output_size`` of ``[2, null]`` (torch's None: the input's width) loaded, then failed when rebuilt
     (``int(None)``); the module now pools to it."""

@@ -3,6 +3,7 @@
 This module runs on the devices: it imports only torch, the standard library and the schema.
 Weights are randomly initialised (PyTorch defaults); profiling does not need trained weights.
 """
+import keyword
 import math
 import operator
 import re
@@ -789,9 +790,15 @@ FUNCTION_BUILDERS: Dict[str, Callable[[List, Dict], Tuple[Callable, Tuple]]] = {
 }
 
 
+#: Names a layer of the rebuilt module cannot take: a Python keyword (``self.class`` is no code) or an attribute the
+#: GraphModule has (``forward``, ``to``, ``eval``, ``training``, ``graph``, ``code``: add_module refuses them or
+#: they shadow it).
+_RESERVED = set(keyword.kwlist) | set(dir(fx.GraphModule)) | set(vars(nn.Module())) | {"graph", "code", "meta"}
+
+
 def _attr_name(name: str, taken: Set[str]) -> str:
     base = re.sub(r"\W", "_", name) or "m"
-    if base[0].isdigit():
+    if base[0].isdigit() or base in _RESERVED:
         base = "m_" + base
     candidate, i = base, 1
     while candidate in taken:
