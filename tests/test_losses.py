@@ -17,7 +17,7 @@ from perf4sight.features.aggregate import network_features
 from perf4sight.features.step_runtime import StepRuntime
 from perf4sight.fingerprint.fit import rows_loss, step_runtime
 from perf4sight.ir.from_torch import describe
-from perf4sight.ir.schema import save_description
+from perf4sight.ir.schema import NetworkDescription, save_description
 from perf4sight.profiling import results
 from perf4sight.profiling.child import loss_function, make_target
 from perf4sight.profiling.plan import LOSSES, TestPlan
@@ -77,6 +77,11 @@ def test_the_child_compares_an_image_to_image_output_with_a_float_target_of_its_
     labels = make_target(TestPlan(device="d", input_shape=[3, 8, 12]), i2i, [3, 8, 12], 2, "cpu")
     assert list(labels.shape) == [2, 8, 12]
     assert loss_function("cross_entropy")(torch.zeros(2, 3, 8, 12), labels).item() > 0
+    # a description's num_classes above its output's 10 scores (hand-edited: it loads): labels that index the scores
+    torch.manual_seed(0)
+    labels = make_target(TestPlan(device="d"), NetworkDescription.from_dict(dict(cls.to_dict(), num_classes=1000)),
+                         SHAPE, 64, "cpu")
+    assert 0 <= labels.min() and labels.max() < 10
 
 
 def test_a_fingerprint_is_of_one_losss_rows_and_its_metadata_says_which():

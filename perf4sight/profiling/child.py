@@ -93,17 +93,18 @@ def output_shape(desc: Any, input_shape: List[int]) -> List[int]:
 
 def make_target(plan: Any, desc: Any, input_shape: List[int], batch_size: int, device: Any) -> Any:
     """What the step's loss compares the output with, made once before the steps: for ``cross_entropy`` int64
-    labels of ``[batch_size] + desc.label_shape`` (a class per image, or per pixel of an output ``[N, C, H, W]``)
-    drawn below the plan's (or the description's) class count; for ``mse`` and ``l1`` a float32 target
-    ``torch.randn`` of the output's shape, whatever that is: a classifier's target is then a float per class score
-    (``[N, classes]``), as an image-to-image network's is a float per output pixel (``[N, C, H, W]``)."""
+    labels of the output's positions at ``input_shape`` (a class per image, or per pixel of an output ``[N, C, H,
+    W]``) drawn below the plan's class count, or the output's class scores (its first dimension); for ``mse`` and
+    ``l1`` a float32 target ``torch.randn`` of the output's shape, whatever that is: a classifier's target is then a
+    float per class score (``[N, classes]``), as an image-to-image network's is a float per output pixel (``[N, C,
+    H, W]``)."""
     import torch
 
     if plan.loss == "cross_entropy":  # a class per position of the output at input_shape (the plan's may differ)
-        num_classes = int(plan.num_classes or desc.num_classes)
-        positions = desc.label_shape if list(input_shape) == list(desc.input_shape) else \
-            output_shape(desc, input_shape)[1:]
-        return torch.randint(0, num_classes, [batch_size] + positions, device=device)
+        scores = output_shape(desc, input_shape)
+        # below the output's class scores (a hand-edited num_classes above them failed every step)
+        num_classes = int(plan.num_classes or (scores[0] if scores else desc.num_classes))
+        return torch.randint(0, num_classes, [batch_size] + scores[1:], device=device)
     return torch.randn([batch_size] + output_shape(desc, input_shape), device=device)
 
 
