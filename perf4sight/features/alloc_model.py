@@ -15,8 +15,9 @@ networks, ConvNeXt, ViT, Swin (V1 and V2) and MaxViT in ``tests/test_allocator.p
 Sizes are bytes at one batch size (float32 tensors, int64 pooling indices, labels and counters).
 The rules, as PyTorch runs a training step (and as the meta trace shows them):
 
-- **Setup**: every parameter (node order; weight then bias), then every buffer (batch norm's
-  running mean, running variance and int64 step counter), then the input batch and the labels.
+- **Setup**: each layer's parameters (weight then bias), then its buffers (batch norm's running mean, running
+  variance and int64 step counter), in the order ``Module.to`` moves them to the device (:func:`_moved_order`), then
+  the input batch and the labels.
 - **Forward**: each op allocates its outputs; an autograd node (one per op whose input or
   weights need a gradient) holds the tensors its backward reads (*saved*); the graph module drops
   a value after its last use (its inputs in order). A tensor's storage is freed when nothing holds
@@ -128,7 +129,7 @@ from perf4sight.features.alloc_forward import (_activation, _affine_grid, _alpha
                                                _token, _variance, _view_op, _weighted_sum, _where, _with_parameters)
 from perf4sight.features.alloc_repeat import _REPEATED, _repeated
 from perf4sight.features.alloc_values import (_ACTIVATIONS, _VIEWS, ACCUMULATED, FLOAT, Event, NotCovered, _GradFn,
-                                              _Memory, _OpContext, _params, _Value)
+                                              _Memory, _OpContext, _params, _Value, _window_parameters)
 from perf4sight.ir.schema import CONSTANT_MODES, SHARES, NetworkDescription, Node
 from perf4sight.ir.shapes import SIZE_REFERENCES
 from perf4sight.profiling.plan import DEFAULT_LOSS
@@ -203,7 +204,7 @@ def step_events(desc: NetworkDescription, batch_size: int, relu6_clone: bool = F
     b = int(batch_size)
     param_bytes: list[int] = []
     first_param: dict[str, int] = {}
-    buffers: list[int] = []
+    moved: list[int] = []  # the parameters' and buffers' bytes in the order ``Module.to`` allocates them
     for n in desc.nodes:
         if SHARES in n.attrs:  # a layer called again: its first call's parameters and buffers
             first_param[n.name] = first_param[n.attrs[SHARES]]
@@ -211,8 +212,8 @@ def step_events(desc: NetworkDescription, batch_size: int, relu6_clone: bool = F
         p, bufs = _params(n)
         first_param[n.name] = len(param_bytes)
         param_bytes += p
-        buffers += bufs
-    for nbytes in param_bytes + buffers:
+        moved += _moved_order(n, p, bufs)
+    for nbytes in moved:
         mem.new(nbytes, "setup")
     values: dict[str, _Value] = {}
     fns: list[_GradFn] = []
@@ -240,6 +241,22 @@ def step_events(desc: NetworkDescription, batch_size: int, relu6_clone: bool = F
     mem.drop(logits)  # del out, loss (after the optimizer step)
     mem.drop(loss)
     return _Step(setup, body, list(mem.events), grads, param_bytes, mem.new_id)
+
+
+def _moved_order(n: Node, params: list[int], buffers: list[int]) -> list[int]:
+    """The bytes of ``n``'s parameters and buffers (:func:`_params`' lists) in the order ``Module.to`` moves them to
+    the device (``Module._apply``: each submodule first, then the module's own parameters, then its own buffers):
+    an attention's output projection before its packed input one (``nn.MultiheadAttention``'s own), a group or
+    window attention's linear layers before its bias table (and V2's logit scale), and every layer's buffers right
+    after its parameters."""
+    if n.op == "attention" and len(params) == 4:  # in_proj weight and bias (its own), out_proj's (a submodule)
+        return params[2:] + params[:2] + buffers
+    if n.op == "group_attention":  # the bias table (its own), then to_qkv's and merge's
+        return params[1:] + params[:1] + buffers
+    if n.op == "window_attention":  # its own: the bias table or (V2) the logit scale, first in _window_parameters
+        own = sum(name in ("table", "logit_scale") for name in _window_parameters(n, 0))
+        return params[own:] + params[:own] + buffers
+    return params + buffers
 
 
 def _reads(n: Node) -> list[str]:

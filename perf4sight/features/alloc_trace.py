@@ -44,7 +44,7 @@ import json
 import threading
 import weakref
 from operator import itemgetter
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -230,7 +230,7 @@ def _trace(model: Any, desc: NetworkDescription, batch_size: int, steps: int, st
                     see(t, str(func))
             return out
 
-    for t in list(model.parameters()) + list(model.buffers()):
+    for t in _moved_tensors(model):
         see(t, "setup")
     x = torch.empty(batch_size, *desc.input_shape, device="meta")
     y = _target(desc, batch_size, loss_name)
@@ -273,6 +273,17 @@ def _trace(model: Any, desc: NetworkDescription, batch_size: int, steps: int, st
     param_bytes = [p.numel() * p.element_size() if p.grad is not None else None for p in params]
     return _assemble_steps(first[:begin], first[begin:backward_end], first[backward_end:], grads, param_bytes, steps,
                            new_id, step)
+
+
+def _moved_tensors(module: Any) -> Iterator[Any]:
+    """``module``'s parameters and buffers in the order ``module.to(device)`` allocates them on the device, as the
+    profiler moves the model it built on the host (``Module._apply``: each submodule's first, then the module's own
+    parameters, then its own buffers), where ``parameters()`` lists a module's own before its submodules' and
+    ``buffers()`` every buffer after every parameter. A tensor met again (a shared layer's) allocates nothing."""
+    for child in module.children():
+        yield from _moved_tensors(child)
+    yield from (p for p in module._parameters.values() if p is not None)
+    yield from (b for b in module._buffers.values() if b is not None)
 
 
 def _target(desc: NetworkDescription, batch_size: int, loss_name: str) -> Any:
