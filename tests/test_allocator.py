@@ -2547,7 +2547,7 @@ def test_an_rms_norm_of_a_channels_last_map_is_traced_op_by_op():
 
 @pytest.mark.parametrize("batch", [1, 3])
 def test_allocation_model_writes_down_a_frozen_batch_norm_as_traced(batch):
-    """A frozen batch norm's four [C] buffers are set up after the parameters; each forward makes its [C] scale and
+    """A frozen batch norm's four [C] buffers are set up in its layer's place; each forward makes its [C] scale and
     shift (five [C] tensors, three freed at once), then the product and the sum on the map, keeping the scale where
     its input needs a gradient (not the network input's): the meta trace's events, event for event."""
     from test_features import frozen_backbone
@@ -2558,7 +2558,8 @@ def test_allocation_model_writes_down_a_frozen_batch_norm_as_traced(batch):
     traced = record_events(desc, batch, steps=3, method="trace")
     assert _as_replayed(model) == _as_replayed(traced)
     setup = [size for kind, _, size, op in model if op == "setup"]
-    assert setup[-12:] == [3 * 4] * 4 + [16 * 4] * 8  # the buffers, after the parameters
+    # each norm's buffers where .to(device) moves them: after the layer before it, before the layer after it
+    assert setup == [3 * 4] * 4 + [16 * 3 * 9 * 4] + [16 * 4] * 4 + [16 * 16 * 9 * 4] + [16 * 4] * 4 + [5 * 16 * 4, 20]
     rsqrt = [size for kind, _, size, op in model if op == "aten.rsqrt.default"]
     assert rsqrt == [12, 64, 64] * 3  # each norm's 1/sqrt(running_var + eps), each of 3 steps
 
@@ -2599,12 +2600,13 @@ def test_a_frozen_batch_norm_called_twice_holds_its_buffers_once():
     model = record_events(desc, 2, steps=2, method="model")
     assert _as_replayed(model) == _as_replayed(record_events(desc, 2, steps=2, method="trace"))
     setup = [size for kind, _, size, op in model if op == "setup"]
-    assert setup[-4:] == [16 * 4] * 4 and len(setup) == 6 + 4  # three layers' weights and biases, then the buffers
+    # three layers' weights and biases, the norm's buffers once, where its first call is
+    assert setup == [16 * 3 * 9 * 4, 16 * 4] + [16 * 4] * 4 + [16 * 16 * 9 * 4, 16 * 4, 5 * 16 * 4, 20]
 
 
 @pytest.mark.parametrize("batch", [1, 3])
 def test_allocation_model_writes_down_an_instance_norm_with_running_statistics_as_traced(batch):
-    """An instance norm that tracks running statistics sets up its running mean, variance and count after the
+    """An instance norm that tracks running statistics sets up its running mean, variance and count after its
     parameters; each forward repeats the running mean and variance once per sample (kept by the norm where anything
     needs a gradient) and then makes their means over the batch (C floats each, freed once copied back): the meta
     trace's events, event for event, of one on the input (no gradient), one affine and one plain."""
