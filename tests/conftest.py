@@ -34,6 +34,25 @@ def quiet_load():
         yield
 
 
+#: the variables ``perf4sight.blas.pin_kernels`` sets for the processes a command line starts
+_KERNEL_PINS = ("OPENBLAS_CORETYPE", "NPY_DISABLE_CPU_FEATURES")
+
+
+@pytest.fixture(autouse=True)
+def kernel_pins_kept_to_their_test():
+    """A test that runs ``cli.main`` in this process pins OpenBLAS's kernels in ``os.environ``, for the processes it
+    starts; left there, every process a later test of this worker starts loaded other kernels than this process's
+    numpy (loaded unpinned), and a figure compared across the two differed in the last bits
+    (test_gnn's stored GNN predicted without torch, after test_config's init). Put back after each test."""
+    before = {name: os.environ.get(name) for name in _KERNEL_PINS}
+    yield
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item) -> None:
     """torch computes in the tests' own processes on one thread (the processes the tests start keep their settings:
