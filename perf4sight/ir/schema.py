@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Set, Tuple, Union
 
-from perf4sight.errors import UserError, read_json_object
+from perf4sight.errors import UserError, read_json_bytes
 from perf4sight.files import write_atomically
 from perf4sight.ir.shapes import (SIZE_REFERENCES, element_count, image_size_problem, shape_problem,
                                   size_reference_problem, window_pair)
@@ -948,8 +948,15 @@ def window_attention_params(attrs: Dict[str, Any]) -> int:
 
 def load_description(path: Union[str, Path]) -> NetworkDescription:
     """Read a description JSON file; a missing or malformed file raises ``UserError``."""
+    return load_description_bytes(path)[0]
+
+
+def load_description_bytes(path: Union[str, Path]) -> Tuple[NetworkDescription, bytes]:
+    """:func:`load_description`'s description and the bytes it was read from, in one read (a file rewritten
+    meanwhile cannot give the description of one version and the bytes, or their sha, of another)."""
     p = Path(path)
-    return NetworkDescription.from_dict(read_json_object(p, "network description file"), where=str(p))
+    obj, data = read_json_bytes(p, "network description file")
+    return NetworkDescription.from_dict(obj, where=str(p)), data
 
 
 def save_description(desc: NetworkDescription, path: Union[str, Path]) -> Path:

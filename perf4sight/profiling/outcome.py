@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from perf4sight.errors import UserError, read_json_bytes
-from perf4sight.ir.schema import NetworkDescription
+from perf4sight.errors import UserError
+from perf4sight.ir.schema import NetworkDescription, load_description_bytes
 from perf4sight.ir.shapes import shape_text
 from perf4sight.profiling import results
 
@@ -81,9 +81,8 @@ def read_descriptions(descriptions: Sequence[Path]) -> list[tuple[Path, bytes, N
     ``load_description``'s."""
     read = []
     for path in descriptions:
-        p = Path(path)
-        obj, data = read_json_bytes(p, "network description file")
-        read.append((p, data, NetworkDescription.from_dict(obj, where=str(p))))
+        desc, data = load_description_bytes(path)
+        read.append((Path(path), data, desc))
     return read
 
 

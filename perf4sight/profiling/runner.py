@@ -39,9 +39,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple, Union
 
-from perf4sight.errors import UserError, read_json_bytes
+from perf4sight.errors import UserError
 from perf4sight.files import naming_file
-from perf4sight.ir.schema import NetworkDescription
+from perf4sight.ir.schema import load_description_bytes
 from perf4sight.ir.shapes import shape_text
 from perf4sight.profiling import results
 from perf4sight.profiling.backends.base import LIMIT_OOM, Backend, get_backend
@@ -103,8 +103,7 @@ def _describe_networks(plan: TestPlan, plan_dir: Path) -> List[_Network]:
     for i, rel in enumerate(plan.networks):
         path = plan.resolve(plan_dir, rel)
         try:
-            obj, data = read_json_bytes(path, "network description file")  # one read: name and sha of one version
-            desc = NetworkDescription.from_dict(obj, where=str(path))
+            desc, data = load_description_bytes(path)  # one read: name and sha of one version
         except (OSError, UserError) as exc:
             nets.append(_Network(i, path, path.stem, path.stem, input_shape=shape_text(plan.input_shape),
                                  problem=" ".join(str(exc).split())[:300]))
