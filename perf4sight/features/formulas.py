@@ -824,7 +824,7 @@ def _matrix_product(node: Node, in_shapes: list[list[int]], first: bool) -> OpCo
     macs = float(numel(out) * a[-1])
     rd, wr = _io_bytes(in_shapes, out)
     saved, copies = _kept_inputs(in_shapes, out, [0, 1])
-    broadcast = [i for i in (0, 1) if numel(in_shapes[i][:-2]) < numel(out[:-2])]
+    broadcast = [i for i in (0, 1) if i not in saved]  # copied first: expanded along a leading dim
     copy_read = float(sum(numel(in_shapes[i]) for i in broadcast) * BYTES_PER_ELEMENT)
     copy_written = float(sum(numel(out[:-2]) * numel(in_shapes[i][-2:]) for i in broadcast) * BYTES_PER_ELEMENT)
     return OpCost(macs=macs, flops_fwd=2 * macs, flops_bwd=4 * macs, bytes_read=rd + copy_read,
