@@ -33,7 +33,8 @@ from perf4sight.ir.schema import SHARES, Node, where_condition_inputs, window_at
 from perf4sight.ir.shapes import broadcast, window_pair, windows_of
 
 __all__ = ["OpCost", "HANDLERS", "INPUT_GRADIENTS", "OUTPUT", "BYTES_PER_ELEMENT", "numel", "hands_input_back",
-           "position_loss", "output_loss", "REGRESSION_LOSS_KERNELS", "is_dilated", "copied_first", "sorted_shape"]
+           "position_loss", "output_loss", "REGRESSION_LOSS_KERNELS", "is_dilated", "kernel_dilates", "copied_first",
+           "sorted_shape"]
 
 #: Marker in ``OpCost.saved`` for "the op's own output is kept for backward".
 OUTPUT = -1
@@ -67,9 +68,15 @@ class OpCost:
 Handler = Callable[[Node, list[list[int]], bool], OpCost]
 
 
+def kernel_dilates(attrs: dict) -> bool:
+    """Whether a convolution's (or a transposed one's) ``attrs`` dilate its kernel (a ``dilation`` other than 1 on
+    either side)."""
+    return any(int(d) != 1 for d in attrs.get("dilation", [1, 1]))
+
+
 def is_dilated(node: Node) -> bool:
     """Whether ``node`` is a convolution whose kernel dilates (``dilation`` other than ``[1, 1]``)."""
-    return node.op == "conv2d" and any(int(d) != 1 for d in node.attrs.get("dilation", [1, 1]))
+    return node.op == "conv2d" and kernel_dilates(node.attrs)
 
 
 def _io_bytes(in_shapes: list[list[int]], out_shape: list[int]) -> tuple[float, float]:

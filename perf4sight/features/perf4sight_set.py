@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from perf4sight.features.formulas import BYTES_PER_ELEMENT, numel
+from perf4sight.features.formulas import BYTES_PER_ELEMENT, kernel_dilates, numel
 from perf4sight.ir.schema import SHARES, NetworkDescription, Node
 
 __all__ = ["FEATURE_SET", "PERF4SIGHT_FEATURES", "perf4sight_vectors", "perf4sight_matrix"]
@@ -111,11 +111,6 @@ def _stride(attrs: dict) -> int:
     return max(int(s) for s in attrs["stride"])
 
 
-def _dilates(attrs: dict) -> bool:
-    """Whether a convolution's kernel dilates (a dilation other than 1 on either side)."""
-    return any(int(d) != 1 for d in attrs.get("dilation", [1, 1]))
-
-
 def _conv_transpose_costs(static: np.ndarray, scaled: np.ndarray, node: Node, in_shape: list[int]) -> None:
     """Add a transposed convolution's costs: those of the conv2d it is the input gradient of (from its output's
     ``Cout x Ho x Wo`` to its input's ``Cin x Hi x Wi``, the same weight), the forward and input-gradient passes
@@ -126,7 +121,7 @@ def _conv_transpose_costs(static: np.ndarray, scaled: np.ndarray, node: Node, in
     own_static, own_scaled = np.zeros_like(static), np.zeros_like(scaled)
     _conv_costs(own_static, own_scaled, int(a["out_channels"]), int(a["in_channels"]), int(a["groups"]),
                 (int(out[1]), int(out[2])), (int(in_shape[1]), int(in_shape[2])), k, _stride(a), SHARES not in a,
-                _dilates(a))
+                kernel_dilates(a))
     fwd, data = (slice(1 + 11 * _PASSES.index(p), 12 + 11 * _PASSES.index(p)) for p in ("fwd", "bwd_data"))
     for part in (own_static, own_scaled):
         part[fwd], part[data] = part[data].copy(), part[fwd].copy()
@@ -156,7 +151,7 @@ def perf4sight_vectors(desc: NetworkDescription) -> tuple[np.ndarray, np.ndarray
             k = a["kernel_size"]
             _conv_costs(static, scaled, int(a["in_channels"]), int(a["out_channels"]), int(a["groups"]),
                         (int(ins[1]), int(ins[2])), (int(node.output_shape[1]), int(node.output_shape[2])),
-                        (int(k[0]), int(k[1])), _stride(a), own, _dilates(a))
+                        (int(k[0]), int(k[1])), _stride(a), own, kernel_dilates(a))
             macs = out * int(a["in_channels"]) // int(a["groups"]) * int(k[0]) * int(k[1])
             scaled[_IDX["max_layer_macs"]] = max(scaled[_IDX["max_layer_macs"]], macs)
             scaled[_IDX["max_layer_out_bytes"]] = max(scaled[_IDX["max_layer_out_bytes"]], out * BYTES_PER_ELEMENT)
