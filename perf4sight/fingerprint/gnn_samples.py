@@ -64,7 +64,7 @@ class Samples:
         self.nets = np.array([str(r["network"]) for r in self.ok])
         self.bs = np.array([batch_size_of(r) for r in self.ok])
         self.families = np.array([str(r.get("family") or r["network"]) for r in self.ok])
-        self.groups, self.grouping = choose_groups(self.families, self.nets)
+        _, self.grouping = choose_groups(self.families, self.nets)  # of all rows (the folds: target_groups)
         self.F = hold_native_conv(feature_matrix([self.templates[n].features for n in self.nets], self.bs),
                                   self.runtime)
 
