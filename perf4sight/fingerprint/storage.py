@@ -254,8 +254,7 @@ def _check_accuracy(accuracy: Any) -> None:
             if not isinstance(acc.get(key), str):
                 raise ValueError(f"accuracy.{target}.{key} is {acc.get(key)!r}, not a name")
         for key in ("interval_coverage_held_out", "interval_seen_coverage_held_out"):  # the table's percents
-            if acc.get(key) is not None and not _is_figure(acc[key]):
-                raise ValueError(f"accuracy.{target}.{key} is {acc[key]!r}, not a percent (or null: not tested)")
+            _check_percent(acc.get(key), f"accuracy.{target}.{key}")
         forms = acc.get("forms_per_fold", {})
         if not (isinstance(forms, dict) and all(isinstance(f, str) for f in forms.values())):
             raise ValueError(f"accuracy.{target}.forms_per_fold is {forms!r}, not an object of form names")
@@ -279,6 +278,13 @@ def _check_selection(selection: dict[str, Any], where: str) -> None:
             raise ValueError(f"{where}.cv_mean_group_mape's '{form}' is {score!r}, not a MAPE figure")
 
 
+def _check_percent(value: Any, where: str) -> None:
+    """``ValueError`` naming ``where`` unless ``value``, a held-out coverage the tables print, is a percent figure or
+    null (not tested)."""
+    if value is not None and not _is_figure(value):
+        raise ValueError(f"{where} is {value!r}, not a percent (or null: not tested)")
+
+
 def _check_gnn_accuracy(accuracy: Any) -> None:
     """``ValueError`` naming the first part of a GNN's ``accuracy`` (per target, each predictor's ``overall`` and
     ``per_group`` rows and its held-out coverage; ``trees_source`` an object) that has not the form the fit writes:
@@ -298,10 +304,8 @@ def _check_gnn_accuracy(accuracy: Any) -> None:
             for name, row in rows:  # the table prints each row's MAPE
                 if not (isinstance(row, dict) and _is_figure(row.get("mape", math.nan))):
                     raise ValueError(f"accuracy.{target}.{kind}.{name} is {row!r}, not an object of figures")
-            held = table.get("interval_coverage_held_out")
-            if held is not None and not _is_figure(held):
-                raise ValueError(f"accuracy.{target}.{kind}.interval_coverage_held_out is {held!r}, not a percent "
-                                 "(or null: not tested)")
+            key = "interval_coverage_held_out"
+            _check_percent(table.get(key), f"accuracy.{target}.{kind}.{key}")
 
 
 def _is_figure(value: Any) -> bool:
