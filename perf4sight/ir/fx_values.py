@@ -23,6 +23,13 @@ def _arg(n: fx.Node, i: int, key: str, default: Any = None) -> Any:
     return n.kwargs.get(key, default)
 
 
+def einsum_operands(args: Any) -> list[Any]:
+    """The operands of an ``einsum`` call's positional ``args`` (traced nodes or tensors): after the equation, given
+    one by one or as one list."""
+    rest = list(args[1:])
+    return list(rest[0]) if len(rest) == 1 and isinstance(rest[0], (list, tuple)) else rest
+
+
 def _value_at(a: Any, batch: int) -> Any:
     """What ``a`` (an fx node of shape arithmetic: ``x.shape[2]``, ``h * w``, ``y.size(1) // 2``, or a constant) is
     when the batch is ``batch``: the tensors it reads are meta tensors of their traced shapes, but for that batch."""

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from perf4sight.errors import UserError
-from perf4sight.ir.fx_values import _arg, _is_number, _is_tensor, _pair, _shape, _shape_value, _target_name
+from perf4sight.ir.fx_values import (_arg, _is_number, _is_tensor, _pair, _shape, _shape_value, _target_name,
+                                     einsum_operands)
 from perf4sight.ir.torch_modules import (_LEAF_MODULES, MODULE_OPS, _adaptive_pool, _alpha_dropout_attrs, _avgpool,
                                          _celu_attrs, _channel_dropout, _conv_transpose, _conv_transpose_attrs,
                                          _described_whole, _flatten, _fold_attrs, _fractional_maxpool, _gelu_attrs,
@@ -40,14 +41,21 @@ def _conv_transpose_call(n: fx.Node) -> tuple[str, dict]:
         _arg(n, 5, "output_padding", 0), _arg(n, 7, "dilation", 1), groups, bias is not None)
 
 
+def _own_weight_and_bias(n: fx.Node, layer: str) -> tuple[fx.Node, Any]:
+    """The weight and bias (None where not given) of ``n``, a call of ``F.conv2d`` or ``F.linear``; ``ValueError``
+    naming ``layer`` where either is computed rather than a module's parameter as it is (``get_attr``)."""
+    weight, bias = _arg(n, 1, "weight"), _arg(n, 2, "bias")
+    if any(isinstance(t, fx.Node) and t.op != "get_attr" for t in (weight, bias)) or not isinstance(weight, fx.Node):
+        raise ValueError(f"{layer} whose weight or bias is computed, not a module's parameter as it is, has no "
+                         "description op")
+    return weight, bias
+
+
 def _conv_call(n: fx.Node) -> tuple[str, dict]:
     """``F.conv2d(x, weight, bias, stride, padding, dilation, groups)`` of a map, its weight (and bias) a module's own
     parameter as it is (``get_attr``: a hand-written convolution layer): the channels and kernel from the weight's
     shape, ``[Cout, Cin / groups, kh, kw]``; a padding of ``'same'`` or ``'valid'`` read as nn.Conv2d's is."""
-    weight, bias = _arg(n, 1, "weight"), _arg(n, 2, "bias")
-    if any(isinstance(t, fx.Node) and t.op != "get_attr" for t in (weight, bias)) or not isinstance(weight, fx.Node):
-        raise ValueError("a convolution whose weight or bias is computed, not a module's parameter as it is, has no "
-                         "description op")
+    weight, bias = _own_weight_and_bias(n, "a convolution")
     if len(n.args[0].meta["tensor_meta"].shape) != 4:
         raise ValueError("a convolution of anything but a [N, C, H, W] map has no description op")
     cout, cin_per_group, kh, kw = (int(v) for v in weight.meta["tensor_meta"].shape)
@@ -61,10 +69,7 @@ def _conv_call(n: fx.Node) -> tuple[str, dict]:
 def _linear_call(n: fx.Node) -> tuple[str, dict]:
     """``F.linear(x, weight, bias)``, its weight (and bias) a module's own parameter as it is (``get_attr``: a
     hand-written linear layer): the features from the weight's shape, ``[out, in]``."""
-    weight, bias = _arg(n, 1, "weight"), _arg(n, 2, "bias")
-    if any(isinstance(t, fx.Node) and t.op != "get_attr" for t in (weight, bias)) or not isinstance(weight, fx.Node):
-        raise ValueError("a linear layer whose weight or bias is computed, not a module's parameter as it is, has no "
-                         "description op")
+    weight, bias = _own_weight_and_bias(n, "a linear layer")
     out_features, in_features = (int(v) for v in weight.meta["tensor_meta"].shape)
     return "linear", {"in_features": in_features, "out_features": out_features, "bias": bias is not None}
 
@@ -75,9 +80,7 @@ def _einsum_linear_call(n: fx.Node) -> tuple[str, dict]:
     that reaches here is refused naming its form."""
     from perf4sight.ir.torch_patterns import _einsum_linear_form
 
-    equation, operands = n.args[0], list(n.args[1:])
-    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
-        operands = list(operands[0])
+    equation, operands = n.args[0], einsum_operands(n.args)
     if not (isinstance(equation, str) and len(operands) == 2 and _einsum_linear_form(equation)
             and getattr(operands[1], "op", None) == "get_attr"):
         raise ValueError(f"an einsum of the form {equation!r} has no description op")

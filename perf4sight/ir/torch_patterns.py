@@ -15,7 +15,8 @@ from torch import nn
 
 from perf4sight.ir.schema import SHARES, Node
 from perf4sight.ir.shapes import SIZE_REFERENCES
-from perf4sight.ir.fx_values import _SPLITS, _UNBINDS, _arg, _is_tensor, _shape, _shape_value, _target_name
+from perf4sight.ir.fx_values import (_SPLITS, _UNBINDS, _arg, _is_tensor, _shape, _shape_value, _target_name,
+                                     einsum_operands)
 from perf4sight.ir.torch_modules import (_FIXED_SAMPLES, _adaptive_pool, _conv_pad, _fractional_maxpool_attrs, _maxpool,
                                          _softmax_attrs)
 from perf4sight.ir.torch_calls import _STD_CALLS, _dims_after_the_batch, _NoOp, _permuted_dims, _refuse_alpha, _variance
@@ -884,9 +885,7 @@ def _matrix_product_nodes(n: fx.Node, gm: fx.GraphModule, alias: dict[str, str])
         return None
     operands, transposed, sides = list(n.args), (False, False), "ab"
     if n.target in _EINSUMS:
-        equation, operands = operands[0], operands[1:]
-        if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
-            operands = list(operands[0])
+        equation, operands = operands[0], einsum_operands(operands)
         if isinstance(equation, str) and len(operands) == 2 and getattr(operands[1], "op", None) == "get_attr" \
                 and _einsum_linear_form(equation):  # a tensor times a module's [out, in] weight: a linear layer
             return None

@@ -52,6 +52,7 @@ from torch import nn
 from perf4sight.config import PRUNING_STRATEGIES
 from perf4sight.errors import UserError
 from perf4sight.ir.from_torch import forward_error
+from perf4sight.ir.fx_values import einsum_operands
 from perf4sight.networks import prune_plan as pp
 
 __all__ = ["STRATEGIES", "TOLERANCE", "PrunedModel", "PruningPlan", "UnreachableLevel", "prune_model", "check_level",
@@ -257,16 +258,10 @@ class _UnprunableCalls(torch.overrides.TorchFunctionMode):
         if func in (torch.pixel_shuffle, torch.pixel_unshuffle):
             self.seen.append((f"a {func.__name__}", "torch-pruning cuts the channels around it one by one, as if it "
                               "kept them: the pruned network's shuffle or the convolution after it refuses its channels"))
-        elif func is torch.einsum and any(isinstance(a, nn.Parameter) for a in _einsum_operands(args)):
+        elif func is torch.einsum and any(isinstance(a, nn.Parameter) for a in einsum_operands(args)):
             self.seen.append(("an einsum of its own parameter", "torch-pruning's index maps grow without bound on "
                               "it: gigabytes within seconds"))
         return func(*args, **(kwargs or {}))
-
-
-def _einsum_operands(args: Any) -> list[Any]:
-    """The tensors of an ``einsum`` call's arguments: after the equation, given one by one or as one list."""
-    rest = list(args[1:])
-    return list(rest[0]) if len(rest) == 1 and isinstance(rest[0], (list, tuple)) else rest
 
 
 def _execution_order(model: nn.Module, example: torch.Tensor) -> tuple[list[nn.Module], Any, set[int]]:
