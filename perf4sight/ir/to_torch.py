@@ -662,13 +662,13 @@ def _gathered(y: torch.Tensor, indices: torch.Tensor, dim: int, ranks: Tuple[int
 def _sorted_gather(x: torch.Tensor, y: torch.Tensor, dim: int, descending: bool,
                    ranks: Tuple[int, int]) -> torch.Tensor:
     """``y`` gathered at the indices of torch.sort of ``x`` along ``dim`` (its values not read)."""
-    return _gathered(y, torch.sort(x, dim, descending)[1], dim, ranks)
+    return _gathered(y, _sort_indices(x, dim, descending), dim, ranks)
 
 
 def _top_gather(x: torch.Tensor, y: torch.Tensor, k: int, dim: int, largest: bool,
                 ranks: Tuple[int, int]) -> torch.Tensor:
     """``y`` gathered at the indices of torch.topk of ``x`` (its values not read)."""
-    return _gathered(y, torch.topk(x, k, dim, largest, True)[1], dim, ranks)
+    return _gathered(y, _top_indices(x, k, dim, largest), dim, ranks)
 
 
 def _gather_ranks(args: List[fx.Node]) -> Tuple[int, int]:
