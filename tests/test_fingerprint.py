@@ -1250,3 +1250,39 @@ def test_a_fingerprint_that_cannot_be_written_leaves_the_previous_one_and_no_scr
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(before)  # nothing half-written left (names first:
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # /dev/full would read without end)
     assert load_models(tmp_path)[1]["device"] == "x"
+
+
+def test_training_data_sha256_changes_with_every_column_the_fit_reads(tmp_path, monkeypatch):
+    """The hash predict compares to say whether a fingerprint's rows changed since its fit hashed five columns: an
+    edited ``family`` (the folds), ``threads``, ``protocol``, ``torch_version``, ``momentum`` or ``weight_decay`` (the
+    step's rules) changed the fit, and the fingerprint was called current. Every column a real fit reads (its rows
+    watched as it reads them) changes the hash now; the device's, which picks the rows, excepted."""
+    from perf4sight.config import load_config
+    from perf4sight.dataset import descriptions_and_shas
+    from perf4sight.fingerprint import fit
+
+    _measured_tiny_networks(tmp_path, {"a": 8, "b": 16}, listed=["a", "b"])
+    (tmp_path / "config.toml").write_text('[networks]\nzoo = []\n[devices.local]\nbackend = "cpu"\n')
+    descs, _ = descriptions_and_shas(load_config(tmp_path / "config.toml"), "local")
+    rows = read_rows(results_path(tmp_path / "profiling_csvs", "local"))
+    read: set[str] = set()
+
+    class Watched(dict):
+        def get(self, key, default=None):
+            read.add(key)
+            return super().get(key, default)
+
+        def __getitem__(self, key):
+            read.add(key)
+            return super().__getitem__(key)
+
+    records = fit.records
+    monkeypatch.setattr(fit, "records", lambda rs: [Watched(r) for r in records(rs)])
+    meta = fit.fit_fingerprint(rows, descs, "local", tmp_path / "fp", FAST, nested=False)
+    monkeypatch.undo()
+    assert {"family", "threads", "protocol", "torch_version", "momentum", "weight_decay", "loss"} <= read
+    assert fit.training_data_sha256(rows, "local", descs, "peak_rss_mb") == meta["training_data_sha256"]
+    for column in sorted(read - {"device"}):
+        edited = [dict(r) for r in rows]
+        edited[0][column] = f"x{edited[0].get(column, '')}"
+        assert fit.training_data_sha256(edited, "local", descs, "peak_rss_mb") != meta["training_data_sha256"], column

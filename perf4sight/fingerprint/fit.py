@@ -196,13 +196,20 @@ def _data_hash(rows: list[dict[str, Any]], cols: Iterable[str]) -> str:
     return hashlib.sha256("\n".join(keep).encode()).hexdigest()
 
 
+#: Every column of a row :func:`fit_fingerprint` reads but ``device`` (which selects the rows) and the memory column
+#: (the device's, :func:`memory_column`): its targets, its folds (``family``) and the rules of the step it ran
+#: (:func:`step_runtime`, :func:`memory_replay`).
+FIT_COLUMNS = ("network", "batch_size", "status", LATENCY_COLUMN, "family", "backend", "threads", "protocol",
+               "torch_version", "phase", "loss", "momentum", "weight_decay")
+
+
 def training_data_sha256(rows: Any, device: str, descriptions: dict[str, NetworkDescription],
                          memory_target: str) -> str:
     """The hash a fit stores as ``training_data_sha256``: of the rows it uses (``device``'s, of networks with one of
-    ``descriptions``) by network, batch size, status, step time and ``memory_target`` (the memory column), in any
-    order."""
+    ``descriptions``) by every column it reads (:data:`FIT_COLUMNS` and ``memory_target``, the memory column), in
+    any order. (Fingerprints fitted when it hashed five of them differ from it: their rows read as changed.)"""
     usable = [r for r in records(rows) if str(r.get("device", device)) == device and str(r["network"]) in descriptions]
-    return _data_hash(usable, ("network", "batch_size", "status", LATENCY_COLUMN, memory_target))
+    return _data_hash(usable, (*FIT_COLUMNS, memory_target))
 
 
 def software_versions() -> dict[str, str]:
