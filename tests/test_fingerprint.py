@@ -1232,9 +1232,10 @@ def test_without_an_out_of_memory_row_two_families_keep_no_ceiling(tx2, tmp_path
     assert meta["accuracy"]["memory"]["selection"]["chosen"].endswith("saturating x trees")  # a ceiling seen
 
 
-def test_a_fingerprint_that_cannot_be_written_leaves_the_previous_one_and_no_scraps(tmp_path):
+def test_a_fingerprint_that_cannot_be_written_leaves_the_previous_one_and_no_scraps(tmp_path, monkeypatch):
     """A full disk while saving: the old fingerprint was kept, but a half-written models.npz.tmp.npz stayed beside
     it, taking what little space there was. The metadata's file is made to land on /dev/full (ENOSPC)."""
+    from perf4sight import files
     from perf4sight.features.aggregate import FEATURE_NAMES
     from perf4sight.fingerprint.storage import METADATA_FILE, load_models, save_models
     from perf4sight.fingerprint.trees import TargetModel
@@ -1244,7 +1245,8 @@ def test_a_fingerprint_that_cannot_be_written_leaves_the_previous_one_and_no_scr
     model = TargetModel.fit("memory", F, 500 + F[:, FEATURE_NAMES.index("mem_analytic_mb")], correct=False)
     save_models(tmp_path, {"memory": model}, {"device": "x"})
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
-    (tmp_path / (METADATA_FILE + ".tmp")).symlink_to("/dev/full")
+    monkeypatch.setattr(files, "_writer_tag", lambda: ".4242.0badf00d")  # the name this writer's file will have
+    (tmp_path / (METADATA_FILE + ".4242.0badf00d.tmp")).symlink_to("/dev/full")
     with pytest.raises(OSError, match="No space left on device"):
         save_models(tmp_path, {"memory": model}, {"device": "y"})
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(before)  # nothing half-written left (names first:
@@ -1286,3 +1288,30 @@ def test_training_data_sha256_changes_with_every_column_the_fit_reads(tmp_path, 
         edited = [dict(r) for r in rows]
         edited[0][column] = f"x{edited[0].get(column, '')}"
         assert fit.training_data_sha256(edited, "local", descs, "peak_rss_mb") != meta["training_data_sha256"], column
+
+
+def test_two_fits_saving_into_one_folder_at_once_each_write_a_whole_fingerprint(tmp_path, monkeypatch):
+    """Every save filled ``models.npz.tmp.npz``, ``held_out.csv.tmp`` and ``metadata.json.tmp``: of two fits of one
+    device at once, the second renamed the first's half-written files as its own and the first's rename failed
+    (FileNotFoundError), leaving its scraps. Each writer's files are its own now (``files.atomic_path``): the first
+    to finish is replaced whole by the last, and nothing is left beside them. The second runs while the first
+    writes its held-out rows."""
+    from perf4sight.features.aggregate import FEATURE_NAMES
+    from perf4sight.fingerprint import storage
+    from perf4sight.fingerprint.trees import TargetModel
+
+    rng = np.random.default_rng(0)
+    F = np.abs(rng.normal(1, 0.5, size=(30, len(FEATURE_NAMES)))) * 100
+    model = TargetModel.fit("memory", F, 500 + F[:, FEATURE_NAMES.index("mem_analytic_mb")], correct=False)
+    held = {"memory": (["a"], [1], np.array([600.0]), np.array([610.0]))}
+    write_held_out = storage._write_held_out
+
+    def meanwhile(path, rows):
+        monkeypatch.setattr(storage, "_write_held_out", write_held_out)
+        storage.save_models(tmp_path, {"memory": model}, {"device": "second"}, held)
+        write_held_out(path, rows)
+
+    monkeypatch.setattr(storage, "_write_held_out", meanwhile)
+    storage.save_models(tmp_path, {"memory": model}, {"device": "first"}, held)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["held_out.csv", "metadata.json", "models.npz"]
+    assert storage.load_models(tmp_path)[1]["device"] == "first"

@@ -13,6 +13,7 @@ Loading executes no code from the files: JSON and plain numeric arrays only.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from perf4sight.errors import UserError
+from perf4sight.files import atomic_path
 from perf4sight.features.step_runtime import StepRuntime
 from perf4sight.features.allocator import REPLAY_PROTOCOLS
 from perf4sight.fingerprint.trees import OVERLAP, MeanModel, Model, TargetModel, TreeEnsemble, tree_features
@@ -98,28 +100,20 @@ def save_models(out_dir: str | Path, models: dict[str, Model], metadata: dict[st
                                   "gemm_split": m.gemm_split}
         else:
             model_meta[target] = _store_model(target, m, arrays)
-    # every file written beside its final name first, then all renamed at once (metadata last): an
-    # interrupt while writing leaves the previous fingerprint whole
-    tmp_models, tmp_held, tmp_meta = (out / (MODELS_FILE + ".tmp.npz"), out / (HELD_OUT_FILE + ".tmp"),
-                                      out / (METADATA_FILE + ".tmp"))
     meta = dict(metadata)
     meta["models"] = model_meta
     meta["files"] = [METADATA_FILE, MODELS_FILE] + ([HELD_OUT_FILE] if held_out else [])
-    try:
+    # every file written beside its final name first, under names of this writer's own (two fits of one device at
+    # once), then all renamed at once, innermost first (metadata last): an interrupt or a full disk while writing
+    # leaves the previous fingerprint whole and no half-written file beside it
+    with atomic_path(out / METADATA_FILE) as tmp_meta, atomic_path(out / MODELS_FILE, ".tmp.npz") as tmp_models, \
+            (atomic_path(out / HELD_OUT_FILE) if held_out else contextlib.nullcontext()) as tmp_held:
         np.savez_compressed(tmp_models, **arrays)
         if held_out:
             _write_held_out(tmp_held, held_out)
         tmp_meta.write_text(json.dumps(meta, indent=2, sort_keys=False))
-    except OSError:  # a full disk: the previous fingerprint stays whole, and no half-written file lies beside it
-        for tmp in (tmp_models, tmp_held, tmp_meta):
-            tmp.unlink(missing_ok=True)
-        raise
-    tmp_models.replace(out / MODELS_FILE)
-    if held_out:
-        tmp_held.replace(out / HELD_OUT_FILE)
-    else:
-        (out / HELD_OUT_FILE).unlink(missing_ok=True)
-    tmp_meta.replace(out / METADATA_FILE)
+        if not held_out:  # every file written: an older fit's is not this one's
+            (out / HELD_OUT_FILE).unlink(missing_ok=True)
     return out
 
 
