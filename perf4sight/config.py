@@ -549,7 +549,7 @@ def checked_network_names(cfg: Config, names: list[str], where: str, resolve: Ca
     dataset's networks: one on disk (the networks stage's manifest, a device's imported graphs), or a name the
     networks stage gives (it may not have run yet); anything else is a typo, a ``UserError`` ``where`` + what is
     wrong, said at once rather than after a profile (``unknown_ok``: kept as it is, for an import to bring)."""
-    from perf4sight.dataset import dataset_network_names, unknown_network
+    from perf4sight.dataset import dataset_network_names, is_description_file, unknown_network
     from perf4sight.networks.factories import COMMAND_LINE_FACTORY  # no torch
     from perf4sight.networks.named import named_networks  # no torch
     from perf4sight.networks.zoo import ZOO_NAMES  # names only: no torch
@@ -569,9 +569,8 @@ def checked_network_names(cfg: Config, names: list[str], where: str, resolve: Ca
             if not resolve(file).is_file():
                 raise UserError(f"{where}: '{name}': no such file ({resolve(file)})")
             out.append(f"{resolve(file)}:{function}")
-        elif name.endswith(".json") or resolve(name).is_file() and (Path(name).name != name or not of_dataset(name)):
-            out.append(str(resolve(name)))  # a description file (the networks stage may write it); a bare name of
-            # the dataset's network is that network, whatever file of that name is here (dataset.is_description_file)
+        elif is_description_file(name, cfg, resolve):
+            out.append(str(resolve(name)))  # a description file (the networks stage may write it), as stages read it
         elif "/" in name or "\\" in name:
             raise UserError(f"{where}: '{name}': no such file ({resolve(name)})")
         else:

@@ -9,7 +9,7 @@ import difflib
 import re
 from collections import Counter
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from perf4sight.config import Config
 from perf4sight.errors import UserError
@@ -284,20 +284,27 @@ def fingerprinted_devices(cfg: Config, wanted: list[str] | None, predictor: str 
 ZOO_CACHE = "zoo-cache"  # under models_dir: zoo descriptions made for predict and compare, reused
 
 
-def is_description_file(name: str, cfg: Config | None = None) -> bool:
+def is_description_file(name: str, cfg: Config | None = None, resolve: Callable[[str], Path] = Path) -> bool:
     """Whether a network named on the command line or in [predict]/[compare] is a description file (else a
-    network's name): a name ending in .json, or a file; but a bare name (no folder in it) of a zoo network or, with
-    ``cfg``, of a network of the dataset is that network, whatever file of that name the current folder holds (a
-    log or a checkpoint called ``resnet18`` was read as a description: "not valid JSON"), as it wins a folder."""
+    network's name): a name ending in .json, or a file (``resolve``: where a name is looked for, the current folder
+    by default); but a bare name (no folder in it) of a network is that network, whatever file of that name is
+    there (a log or a checkpoint called ``resnet18`` was read as a description: "not valid JSON"), as it wins a
+    folder: a zoo network's or, with ``cfg``, a name the networks stage gives (``resnet18_l30``, pruned on request
+    where it has not run), a network ``[networks]`` names or a network of the dataset."""
     if name.endswith(".json"):
         return True
-    if not Path(name).is_file():
+    if not resolve(name).is_file():
         return False
     if Path(name).name != name:  # a path with a folder in it: the file
         return True
+    from perf4sight.config import _made_name
+    from perf4sight.networks.named import named_networks  # no torch
     from perf4sight.networks.zoo import ZOO_NAMES  # names only: no torch
 
-    return name not in ZOO_NAMES and (cfg is None or name not in dataset_network_names(cfg))
+    if name in ZOO_NAMES:
+        return False
+    return cfg is None or not (_made_name(cfg, name) or name in dataset_network_names(cfg)
+                               or name in (n.name for n in named_networks(cfg)))
 
 
 def _dataset_files(cfg: Config, name: str, manifest: list[dict[str, str]]) -> list[Path]:

@@ -198,3 +198,24 @@ def test_a_project_copied_without_its_times_is_not_called_stale(tmp_path, capsys
     assert ",23.0," in csv_path.read_text()
     assert cli.main(predict) == 0
     assert "dd: " in (err := capsys.readouterr().err) and "changed after its fingerprint was fitted" in err
+
+
+def test_a_bare_network_name_is_the_network_whatever_file_of_that_name_the_folder_holds(project, tmp_path,
+                                                                                        monkeypatch, capsys):
+    """The names were read by two rules: the command line's check kept ``deep_l35`` (a level of the config's
+    network ``deep``, pruned on request) as a network, and predict then read a log called ``deep_l35`` in the current
+    folder as its description ("not valid JSON"); a log called ``deep`` was read so too. One rule now: a bare name
+    of a network (the zoo's, one pruned on request, the config's own, the dataset's) is that network; a path to the
+    file (``./deep``) is the file."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.toml").write_text(f'[project]\nfingerprint_dir = "{project / "fingerprinting"}"\n[networks]\n'
+                                          f'zoo = []\ndescription_files = ["{project / "query.json"}"]\n')
+    for log in ("deep_l35", "deep"):
+        (tmp_path / log).write_text("a log line\n")
+    code = cli.main(["--config", "config.toml", "--stage", "predict", "--device", "alpha", "--network", "deep_l35",
+                     "deep", "--batch-size", "4", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert [json.loads(line)["network"] for line in out.splitlines()] == ["deep_l35", "deep"]
+    assert cli.main(["--config", "config.toml", "--stage", "predict", "--device", "alpha", "--network", "./deep"]) != 0
+    assert "not valid JSON" in capsys.readouterr().err
