@@ -696,6 +696,13 @@ def _index_reader(n: fx.Node) -> str:
 _EINSUMS = {torch.einsum}
 
 
+def _einsum_terms(equation: str) -> tuple[list[str], str] | None:
+    """The einsum ``equation``'s operands' letters and its result's, spaces left out (``"bij, bjk -> bik"``:
+    ``(["bij", "bjk"], "bik")``); None for an equation without one ``->`` (a result torch infers)."""
+    terms = equation.replace(" ", "").split("->")
+    return (terms[0].split(","), terms[1]) if len(terms) == 2 else None
+
+
 def _batched_matmul_form(equation: str) -> tuple[bool, bool, bool] | None:
     """Where the einsum ``equation`` is a batched matrix product, whether each operand is read transposed and whether
     torch multiplies them in the other order: ``"bij,bjk->bik"`` (False, False, False), ``"bji,bjk->bik"`` (a
@@ -705,11 +712,10 @@ def _batched_matmul_form(equation: str) -> tuple[bool, bool, bool] | None:
     where that product reads it: (False, True, True) there, the second's transpose flag first. Leading letters, the
     batch's first, the same in both operands and the result; then the rows of one by the columns of the other over
     a letter they share, each letter once per operand. None for any other form."""
-    terms = equation.replace(" ", "").split("->")
-    operands = terms[0].split(",")
-    if len(terms) != 2 or len(operands) != 2 or not all(t.isalpha() for t in (*operands, terms[1])):
+    operands, out = _einsum_terms(equation) or ([], "")
+    if len(operands) != 2 or not all(t.isalpha() for t in (*operands, out)):
         return None
-    a, b, out = operands[0], operands[1], terms[1]
+    a, b = operands
     lead = a[:-2]
     once = len(set(a)) == len(a) and len(set(b)) == len(b)
     if not (once and len(a) == len(b) == len(out) >= 3 and len(set(a + b)) == len(a) + 1
@@ -729,21 +735,20 @@ def _einsum_linear_form(equation: str) -> bool:
     """Whether the einsum ``equation`` of a tensor and a ``[out, in]`` weight is a linear layer without a bias over
     the tensor's last letter, the result's last letter the weight's first (``"bid,jd->bij"``, a relative position's
     logits; ``"bd,cd->bc"``, a prototype head): F.linear(x, weight)."""
-    terms = equation.replace(" ", "").split("->")
-    operands = terms[0].split(",") if len(terms) == 2 else []
-    if len(operands) != 2 or not all(t.isalpha() and len(set(t)) == len(t) for t in (*operands, terms[1])):
+    operands, out = _einsum_terms(equation) or ([], "")
+    if len(operands) != 2 or not all(t.isalpha() and len(set(t)) == len(t) for t in (*operands, out)):
         return False
-    (x, w), out = operands, terms[1]
+    x, w = operands
     return len(w) == 2 and len(x) >= 2 and x[-1] == w[1] and w[0] not in x and out == x[:-1] + w[0]
 
 
 def _einsum_permutation(equation: str) -> list[int] | None:
     """Where the einsum ``equation`` of one operand reorders its letters alone (``"bchw->bhwc"``: torch's permuted
     view of it), the dims of that permute, the batch's first; None for any other form."""
-    terms = equation.replace(" ", "").split("->")
-    if len(terms) != 2 or "," in terms[0] or not terms[0].isalpha() or len(set(terms[0])) != len(terms[0]):
+    operands, out = _einsum_terms(equation) or ([], "")
+    if len(operands) != 1 or not operands[0].isalpha() or len(set(operands[0])) != len(operands[0]):
         return None
-    source, out = terms
+    (source,) = operands
     if sorted(out) != sorted(source) or out[0] != source[0]:
         return None
     return [source.index(letter) for letter in out]
@@ -752,10 +757,10 @@ def _einsum_permutation(equation: str) -> list[int] | None:
 def _einsum_sum_dims(equation: str) -> list[int] | None:
     """Where the einsum ``equation`` of one operand sums it over letters the result leaves out, the others in their
     order (``"bij->bi"``, ``"bchw->bc"``: torch's sum over those dims), those dims; None for any other form."""
-    terms = equation.replace(" ", "").split("->")
-    if len(terms) != 2 or "," in terms[0] or not terms[0].isalpha() or len(set(terms[0])) != len(terms[0]):
+    operands, out = _einsum_terms(equation) or ([], "")
+    if len(operands) != 1 or not operands[0].isalpha() or len(set(operands[0])) != len(operands[0]):
         return None
-    source, out = terms
+    (source,) = operands
     kept = [letter for letter in source if letter in out]
     if "".join(kept) != out or len(out) == len(source):
         return None
@@ -772,12 +777,11 @@ def _einsum_product_sum(equation: str) -> tuple[str, str, str, str, bool] | None
     letter of one operand and not the result (torch sums it first), one twice, a result of the groups in another
     order, and every form of no letter summed or of the batched matrix product (:func:`_batched_matmul_form`) are
     None."""
-    terms = equation.replace(" ", "").split("->")
-    operands = terms[0].split(",") if len(terms) == 2 else []
+    operands, out = _einsum_terms(equation) or ([], "")
     if len(operands) != 2 or not all(t.isalpha() and len(set(t)) == len(t) for t in operands) \
-            or not (terms[1].isalpha() or terms[1] == "") or len(set(terms[1])) != len(terms[1]):
+            or not (out.isalpha() or out == "") or len(set(out)) != len(out):
         return None
-    (a, b), out = operands, terms[1]
+    a, b = operands
     if not set(a) | set(b) >= set(out) or (set(a) ^ set(b)) - set(out) or a[0] != b[0]:
         return None
     both = "".join(x for x in out if x in a and x in b)
@@ -796,11 +800,9 @@ def _einsum_broadcast_product(equation: str) -> int | None:
     letters in their order and the other's letters some of them in that order, the batch's first in both
     (``"bchw,bc->bchw"``, a channel gate; ``"bchw,bhw->bchw"``, a spatial one): torch's mul of them, the other
     broadcast (a dispatch log: views, then mul). That operand's index (0 or 1); None for any other form."""
-    terms = equation.replace(" ", "").split("->")
-    operands = terms[0].split(",") if len(terms) == 2 else []
+    operands, out = _einsum_terms(equation) or ([], "")
     if len(operands) != 2 or not all(t.isalpha() and len(set(t)) == len(t) for t in operands):
         return None
-    out = terms[1]
     for big, (whole, part) in enumerate((operands, operands[::-1])):
         if whole == out and part[:1] == whole[:1] and "".join(x for x in whole if x in part) == part:
             return big
@@ -813,7 +815,7 @@ def _broadcast_product_nodes(n: fx.Node, operands: list, big: int, equation: str
     (:func:`_einsum_broadcast_product`): that one made the other's rank (a reshape: a view, size 1 where it lacks a
     letter), then the op mul of the two in the einsum's order. None where the result's shape is not that operand's
     (sizes of 1 broadcast both ways)."""
-    letters = equation.replace(" ", "").split("->")[0].split(",")
+    letters, _ = _einsum_terms(equation)
     shapes = [[int(v) for v in a.meta["tensor_meta"].shape] for a in operands]
     if shapes[big] != [int(v) for v in n.meta["tensor_meta"].shape]:
         return None
@@ -840,9 +842,9 @@ def _product_sum_nodes(n: fx.Node, operands: list, form: tuple[str, str, str, st
     the right's by the left's, [B, R, S] by [B, S, L], where torch multiplies so), the result made the output's
     shape. ``ValueError`` for a sum over the batch's letter or a letter of two sizes (broadcast)."""
     both, left, right, summed, swapped = form
-    if not both or both[0] != equation.replace(" ", "")[0]:
+    letters, _ = _einsum_terms(equation)
+    if not both or both[0] != letters[0][0]:
         raise ValueError("an einsum summing over the batch dimension (its first letter) has no description op")
-    letters = equation.replace(" ", "").split("->")[0].split(",")
     shapes = [[int(v) for v in a.meta["tensor_meta"].shape] for a in operands]
     size = {}
     for term, shape in zip(letters, shapes):
