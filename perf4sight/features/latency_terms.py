@@ -35,7 +35,7 @@ from typing import Sequence
 
 import numpy as np
 
-from perf4sight.features.formulas import (BYTES_PER_ELEMENT, HANDLERS, INPUT_GRADIENTS, REGRESSION_LOSS_KERNELS,
+from perf4sight.features.formulas import (BYTES_PER_ELEMENT, INPUT_GRADIENTS, REGRESSION_LOSS_KERNELS,
                                          hands_input_back, numel, position_loss, window_geometry)
 from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, OptimizerCost, optimizer_cost
 from perf4sight.features.walk import Visit, gradient_accumulations, walk
@@ -502,7 +502,7 @@ def _gradients_run(visit: Visit, bwd_passes: float, bwd_kernels: int) -> tuple[f
     (``formulas.INPUT_GRADIENTS``: a quotient, a product, a maximum, a where, a grid sample) where some inputs need
     none: its passes and kernels in the share of the backward kernels its cost keeps for the inputs that need one
     (``walk``'s; a quotient of a divisor that needs none: 1 of 5), at least one kernel."""
-    full = HANDLERS[visit.node.op](visit.node, visit.in_shapes, visit.first).kernels_bwd
+    full = visit.all_kernels_bwd
     if not full or visit.cost.kernels_bwd >= full:
         return bwd_passes, bwd_kernels
     share = visit.cost.kernels_bwd / full

@@ -51,6 +51,9 @@ class Visit:
     # the inputs of a matmul of 4 or more dims that torch copies before its bmm (strided_views.batch_copied), each a
     # forward kernel of that input read and written, the copy what the bmm keeps
     copied_inputs: tuple[int, ...] = ()
+    # the backward kernels of the op's whole backward, every input's gradient (``cost``'s: of those that need one,
+    # ``formulas.INPUT_GRADIENTS``, where some input needs none)
+    all_kernels_bwd: int = 0
 
 
 def walk(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> Iterator[Visit]:
@@ -76,6 +79,7 @@ def walk(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> Iter
         copied = _matmul_copies(node, nodes, base, shapes) if cost is not None and node.op == "matmul" else ()
         for i in copied:
             cost = copied_first(cost, in_shapes[i])
+        all_kernels_bwd = 0 if cost is None else cost.kernels_bwd
         if cost is not None and fed and node.op in INPUT_GRADIENTS:  # the gradients of those inputs that need one
             cost = INPUT_GRADIENTS[node.op](cost, node, [grad[i] for i in node.inputs], in_shapes)
         grad[node.name] = cost is None or cost.params > 0 or fed  # the network input: False
@@ -85,7 +89,7 @@ def walk(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> Iter
             cost = replace(cost, flops_bwd=0.0, kernels_bwd=0, saved=[], extra_saved_bytes=0.0, batch_saved=())
         is_view = cost is not None and cost.kind == "view" and bool(node.inputs)
         base[node.name] = base.get(node.inputs[0], node.inputs[0]) if is_view else node.name
-        yield Visit(node, in_shapes, first, cost, base[node.name], grad[node.name], copies, copied)
+        yield Visit(node, in_shapes, first, cost, base[node.name], grad[node.name], copies, copied, all_kernels_bwd)
 
 
 def _input_copies(node: Node, runtime: StepRuntime, nodes: dict[str, Node], base: dict[str, str],
