@@ -505,9 +505,10 @@ def _other_update_note(cfg: Config, device: str, rows: list[dict], meta: dict) -
     if not rows or any(r.get("backend") == "imported" for r in rows):
         return ""
     fitted = StepRuntime.from_metadata(meta)
-    asked = StepRuntime(optimizer=p.optimizer, momentum=p.momentum > 0,
-                        weight_decay=effective_weight_decay(p.optimizer, p.weight_decay) > 0)
-    if (fitted.momentum, fitted.decays) == (asked.momentum, asked.decays):
+    decayed = effective_weight_decay(p.optimizer, p.weight_decay) > 0
+    asked = StepRuntime(optimizer=p.optimizer, momentum=p.momentum > 0, weight_decay=decayed,
+                        decoupled_decay=p.optimizer != "adamw" or decayed)
+    if all(getattr(fitted, rule) == getattr(asked, rule) for rule in ("momentum", "decays", "decoupled_decay")):
         return ""
     return (f"note: {device}: its rows' step is {fitted.label()}, where [profile] asks for {asked.label()} "
             "(momentum, weight_decay): the fingerprint is of its rows' step; --stage profile measures the other")

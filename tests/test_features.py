@@ -379,9 +379,12 @@ def test_the_updates_momentum_and_weight_decay_are_read_from_the_rows():
     assert step_runtime(imported).decays and UPDATE == {"momentum": "0.9", "weight_decay": "0.0005"}
     with pytest.raises(UserError, match="rows of several updates"):
         step_runtime([dict(own, momentum="0.0"), own])
-    # AdamW is counted with its in-place decay whatever the decay (optimizers.py); Adam's L2 decay: 1 kernel, 3 more
+    # AdamW's in-place decay is counted where it ran, so rows of 0 and 0.01 are of two updates; Adam's L2 decay: 1
+    # kernel, 3 tensors more
     adamw = [dict(own, phase="train_adamw", weight_decay=w) for w in ("0.01", "0.0")]
-    assert step_runtime(adamw).update_cost() == optimizer_cost("adamw")
+    assert step_runtime(adamw[:1]).update_cost() == optimizer_cost("adamw")
+    with pytest.raises(UserError, match=r"updates \(momentum -, weight decay 0.0; momentum -, weight decay 0.01"):
+        step_runtime(adamw)
     adam = step_runtime([dict(own, phase="train_adam", weight_decay="0.01")]).update_cost()
     assert (adam.kernels_per_tensor, adam.tensor_passes) == (8, 21)
     # what the features count: SGD without momentum keeps two parameter copies (weights, grads), with it three

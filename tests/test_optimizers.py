@@ -116,16 +116,35 @@ def _counted_step(opt: torch.optim.Optimizer, param: nn.Parameter, kept: bool) -
     return counted
 
 
-def test_adamw_is_counted_with_its_decay_whatever_the_decay():
+def test_adamw_is_counted_with_its_decay_where_it_ran():
     """With ``weight_decay=0`` torch skips AdamW's decoupled ``mul_`` (7 kernels, 18 passes per parameter tensor, as
-    Adam's); the count keeps 8 and 20 whatever the decay (``optimizers.py``: a fingerprint's stored count, rows of
-    0 and 0.01 fitted together). Should torch stop skipping it, or the count learn the decay, this says so."""
+    Adam's); the count kept 8 and 20 whatever the decay. Rows of AdamW without a decay count it no more (rows of 0
+    and 0.01 are of two updates now); a fingerprint stored before keeps the count it was fitted with."""
     from perf4sight.features.optimizers import optimizer_cost
-    param = nn.Parameter(torch.randn(64, 48))
-    counted = _counted_step(torch.optim.AdamW([param], lr=0.01, foreach=False, weight_decay=0.0), param, False)
-    assert (counted.kernels, counted.passes) == (7, 18)
-    cost = optimizer_cost("adamw", weight_decay=False)
-    assert (cost.kernels_per_tensor, cost.tensor_passes) == (8, 20)
+    from perf4sight.fingerprint.fit import step_runtime
+    for decay, decoupled in ((0.0, False), (0.01, True)):
+        param = nn.Parameter(torch.randn(64, 48))
+        counted = _counted_step(torch.optim.AdamW([param], lr=0.01, foreach=False, weight_decay=decay), param, False)
+        cost = optimizer_cost("adamw", decoupled_decay=decoupled)
+        assert (cost.kernels_per_tensor, cost.tensor_passes) == (counted.kernels, counted.passes), decay
+        row = {"backend": "cpu", "phase": "train_adamw", "weight_decay": repr(decay)}
+        assert step_runtime([row]).update_cost() == cost
+    assert (counted.kernels, counted.passes) == (8, 20)
+    assert StepRuntime.from_metadata({"optimizer": "adamw"}).update_cost() == cost  # stored before: 8 and 20
+    assert StepRuntime(optimizer="adamw", decoupled_decay=False).label() == "AdamW without weight decay"
+
+
+def test_a_fingerprint_of_adamw_rows_without_decay_says_so_where_the_config_asks_for_one(tmp_path):
+    """The fingerprint stage's note where ``[profile]`` asks for another update than the rows ran: AdamW's decay
+    (torch's default 0.01) against rows of ``weight_decay = 0``, which it had read as one update."""
+    from perf4sight.stages import _other_update_note
+
+    without = StepRuntime(optimizer="adamw", decoupled_decay=False).metadata()
+    for decay, said in (("", "its rows' step is AdamW without weight decay, where [profile] asks for AdamW "),
+                        ("weight_decay = 0.0\n", "")):
+        (tmp_path / "config.toml").write_text(f'[profile]\noptimizer = "adamw"\n{decay}')
+        note = _other_update_note(load_config(tmp_path / "config.toml"), "local", [{"backend": "cpu"}], without)
+        assert said in note and bool(note) == bool(said), note
 
 
 def test_a_fingerprint_is_of_one_optimisers_rows():

@@ -12,10 +12,9 @@ kernel as torch runs it:
   step counter (a scalar ``add_`` and an ``item()``, on the host on a GPU too) moves no parameter-sized tensor and
   is not counted.
 - ``adamw``: Adam's kernels and the decoupled weight decay's ``mul_`` on the parameter: 8 kernels, 20 tensors.
-  With ``weight_decay=0`` torch skips that ``mul_`` (7 kernels, 18 tensors, measured on torch 2.14), yet the count
-  stays 8 and 20 whatever the decay: the fit reads no AdamW decay from the rows (``fit.rows_update`` fits rows of
-  0 and 0.01 together) and a stored fingerprint keeps the count it was fitted with; a kernel and 2
-  tensors too many per parameter tensor for rows measured with ``weight_decay = 0``.
+  With ``weight_decay=0`` torch skips that ``mul_``, in its single-tensor and its ``foreach`` update alike (7
+  kernels, 18 tensors, as Adam's; torch 2.14's profiler): ``decoupled_decay`` false. A fingerprint stored before
+  the rows' AdamW decay was read counts the ``mul_`` whatever the decay, as it was fitted.
 - weight decay, for SGD and Adam: an L2 term added to the gradient first, 1 kernel more and 3 tensors (it reads
   the gradient and the parameter and writes their sum, a new parameter-sized tensor). AdamW's decoupled decay is
   in its own costs.
@@ -75,6 +74,8 @@ L2_DECAY = frozenset({"sgd", "adam"})
 _MOMENTUM_UPDATE = (2, 5)
 _DECAY_ADD = (1, 3)
 _ZERO_GRAD = (1, 1)
+#: AdamW's decoupled decay: the parameter's ``mul_`` in place (read and written), which torch skips at weight decay 0.
+_DECOUPLED_DECAY = (1, 2)
 #: The count of fingerprints stored before it was done kernel by kernel (:func:`optimizer_cost`'s ``as_run`` false):
 #: SGD's with a zero_() and a one-kernel momentum update.
 _SGD_BEFORE = OptimizerCost(state_copies=1, kernels_per_tensor=3, tensor_passes=7)
@@ -94,12 +95,13 @@ def adds_decay(optimizer: str, weight_decay: bool | None = None) -> bool:
 
 
 def optimizer_cost(optimizer: str, momentum: bool = True, weight_decay: bool | None = None, grads_kept: bool = False,
-                   as_run: bool = True) -> OptimizerCost:
+                   as_run: bool = True, decoupled_decay: bool = True) -> OptimizerCost:
     """The costs of ``optimizer``; ``ValueError`` naming the known ones for any other. ``momentum``: SGD keeps a
     momentum buffer (momentum > 0; other optimisers ignore it); ``weight_decay``: the update adds an L2 decay term
     (:func:`adds_decay`); ``grads_kept``: the gradients are kept between steps and zeroed in place; ``as_run``
     false: the count of a fingerprint stored before the kernel-by-kernel one (module docstring), which ignores
-    ``grads_kept``."""
+    ``grads_kept``; ``decoupled_decay`` false: AdamW's update ran without its decay (weight decay 0; the others
+    ignore it)."""
     try:
         cost = OPTIMIZER_COSTS[optimizer]
     except KeyError:
@@ -112,6 +114,8 @@ def optimizer_cost(optimizer: str, momentum: bool = True, weight_decay: bool | N
         state, kernels, passes = state - 1, kernels - k, passes - p
     if adds_decay(optimizer, weight_decay):
         kernels, passes = kernels + _DECAY_ADD[0], passes + _DECAY_ADD[1]
+    if optimizer == "adamw" and not decoupled_decay:
+        kernels, passes = kernels - _DECOUPLED_DECAY[0], passes - _DECOUPLED_DECAY[1]
     if as_run and grads_kept:
         kernels, passes = kernels + _ZERO_GRAD[0], passes + _ZERO_GRAD[1]
     return OptimizerCost(state, kernels, passes)

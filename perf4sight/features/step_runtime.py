@@ -8,6 +8,7 @@ Each rule is a fact about a torch version or a device, not a fitted figure:
 - ``momentum``: SGD kept a momentum buffer (momentum > 0). ``weight_decay``: SGD's or Adam's update added an L2
   decay term (a new parameter-sized tensor per parameter; None: the old rule, SGD's with one as perf4sight's TX2
   recipe ran it, Adam's without). Both change the update's kernels and what it keeps or allocates.
+  ``decoupled_decay``: AdamW's in-place decay ran (weight decay > 0; torch skips its kernel at 0): its kernels.
 - ``loss``: the step's loss (``profiling.plan.LOSSES``): a cross entropy against int64 labels, or an MSE or L1 loss
   against a float target of the output's shape (``formulas.output_loss``): its passes, what it keeps and allocates.
 - ``relu6_clone``: torch 1.10 and newer keep a ReLU6's input for backward (a clone of it when the ReLU6 is in
@@ -71,6 +72,7 @@ _METADATA_KEYS: dict[str, tuple[str, Any]] = {
     "update_counted_as_run": ("update_as_run", False),  # before 2026-11-26 (evening): momentum one kernel
     "op_prices": ("op_prices", ()),  # before 2026-11-26 (night): none measured
     "loss": ("loss", DEFAULT_LOSS),  # before 2026-11-29: every row's a cross entropy
+    "adamw_decay": ("decoupled_decay", True),  # before 2026-12-01: AdamW's decay counted whatever it was
 }
 
 
@@ -90,6 +92,7 @@ class StepRuntime:
     update_as_run: bool = False
     op_prices: tuple = ()  # priced_ops.prices_key of the device's table
     loss: str = DEFAULT_LOSS
+    decoupled_decay: bool = True
 
     def __post_init__(self) -> None:
         optimizer_cost(self.optimizer)  # a ValueError naming the known ones
@@ -115,7 +118,7 @@ class StepRuntime:
     def update_cost(self) -> OptimizerCost:
         """What the optimiser's update costs under these rules (``optimizers.optimizer_cost``)."""
         return optimizer_cost(self.optimizer, self.momentum, self.weight_decay, grads_kept=not self.grads_to_none,
-                              as_run=self.update_as_run)
+                              as_run=self.update_as_run, decoupled_decay=self.decoupled_decay)
 
     def label(self) -> str:
         """The step's optimiser in words, with its momentum (SGD) and an L2 weight decay where the rows recorded one,
@@ -127,6 +130,8 @@ class StepRuntime:
         text = OPTIMIZER_LABELS[self.optimizer]
         if self.optimizer == "sgd" and not self.momentum:
             return "SGD with weight decay, no momentum" if self.decays else "SGD without momentum"
+        if self.optimizer == "adamw" and not self.decoupled_decay:
+            return "AdamW without weight decay"
         return text + (" and weight decay" if self.weight_decay and self.decays else "")
 
     def traced_update(self) -> dict[str, Any]:
@@ -176,7 +181,8 @@ class StepRuntime:
     def from_metadata(cls, metadata: dict[str, Any]) -> "StepRuntime":
         """The rules a stored fingerprint was fitted under; a key it lacks reads the value of before the key."""
         kw = {name: metadata.get(key, old) for key, (name, old) in _METADATA_KEYS.items()}
-        for name in ("relu6_clone", "foreach", "native_conv", "momentum", "grads_to_none", "update_as_run"):
+        for name in ("relu6_clone", "foreach", "native_conv", "momentum", "grads_to_none", "update_as_run",
+                     "decoupled_decay"):
             if not isinstance(kw[name], bool):
                 raise ValueError(f"{name} is not true or false")
         if kw["weight_decay"] is not None and not isinstance(kw["weight_decay"], bool):

@@ -90,24 +90,26 @@ def relu6_clone(rows: list[dict[str, Any]]) -> bool:
     return torch_at_least(rows, (1, 10))
 
 
-def rows_update(rows: list[dict[str, Any]], optimizer: str) -> tuple[bool, bool]:
-    """(momentum, weight decay) of these rows' update: whether SGD kept a momentum buffer, and whether SGD or Adam
-    added an L2 weight-decay term (``features/optimizers.py``), from their ``momentum`` and ``weight_decay`` cells.
+def rows_update(rows: list[dict[str, Any]], optimizer: str) -> tuple[bool, bool, bool]:
+    """(momentum, weight decay, decoupled decay) of these rows' update: whether SGD kept a momentum buffer, whether
+    SGD or Adam added an L2 weight-decay term, and whether AdamW's in-place decay ran (``features/optimizers.py``;
+    true for the others), from their ``momentum`` and ``weight_decay`` cells.
     An empty cell reads what its profiler ran then: perf4sight's recipe for an imported row (momentum 0.9, weight
     decay 5e-4), this tool's defaults for its own (``profiling.plan.recorded_update``). ``UserError`` where the rows
     differ in either."""
-    seen: dict[tuple[bool, bool], str] = {}
+    seen: dict[tuple[bool, bool, bool], str] = {}
     for r in rows:
         cells = (PERF4SIGHT_UPDATE if str(r.get("protocol", "")) == PERF4SIGHT_ROWS
                  and not (r.get("momentum") or r.get("weight_decay")) else recorded_update(r, optimizer))
-        key = (optimizer != "sgd" or float(cells["momentum"]) > 0,
-               adds_decay(optimizer, float(cells["weight_decay"]) > 0))
+        decayed = float(cells["weight_decay"]) > 0
+        key = (optimizer != "sgd" or float(cells["momentum"]) > 0, adds_decay(optimizer, decayed),
+               optimizer != "adamw" or decayed)
         seen.setdefault(key, f"momentum {cells['momentum'] or '-'}, weight decay {cells['weight_decay']}")
     if len(seen) > 1:
         raise UserError(f"fingerprint: rows of several updates ({'; '.join(sorted(seen.values()))}): momentum and "
                         "weight decay change what the step keeps and runs; fit the rows of one (profile them again "
                         "with one [profile] momentum and weight_decay)")
-    return next(iter(seen)) if seen else (True, optimizer == "sgd")
+    return next(iter(seen)) if seen else (True, optimizer == "sgd", True)
 
 
 def rows_optimizer(rows: list[dict[str, Any]]) -> str:
@@ -154,13 +156,13 @@ def step_runtime(rows: list[dict[str, Any]]) -> StepRuntime:
     by each step's ``zero_grad`` (this tool's profiler; imported rows keep the rule of perf4sight's, which zeroed
     them); the update counted kernel by kernel as torch runs it."""
     on_cpu, optimizer = ran_on_cpu(rows), rows_optimizer(rows)
-    momentum, decay = rows_update(rows, optimizer)
+    momentum, decay, decoupled = rows_update(rows, optimizer)
     return StepRuntime(optimizer=optimizer, relu6_clone=relu6_clone(rows),
                        foreach=not on_cpu and torch_at_least(rows, (2, 0)),
                        dropout_mask_bytes=CPU_MASK_BYTES if on_cpu else CUDA_MASK_BYTES,
                        native_conv=native_conv_dispatch(rows), momentum=momentum, weight_decay=decay,
                        grads_to_none=bool(rows) and all(r.get("backend") != "imported" for r in rows),
-                       update_as_run=True, loss=rows_loss(rows))
+                       update_as_run=True, loss=rows_loss(rows), decoupled_decay=decoupled)
 
 
 def hold_native_conv(F: np.ndarray, runtime: StepRuntime) -> np.ndarray:
