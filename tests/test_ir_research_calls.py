@@ -1839,6 +1839,31 @@ def test_a_convolution_on_a_modules_own_weight_is_a_conv2d():
         describe(Blur(), SHAPE, name="blur")
 
 
+class _ShapedConv(nn.Module):
+    """A hand-written depthwise convolution whose groups and padding are read from the map's shape (a blur or
+    smoothing layer written for any width: ``groups=x.shape[1]``), between a conv's [8, 8, 8] map and a classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.depthwise = nn.Conv2d(3, 8, 3, padding=1), nn.Module()
+        self.depthwise.weight = nn.Parameter(torch.randn(8, 1, 3, 3) * 0.1)
+        self.fc = nn.Linear(8 * 4 * 4, 10)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.fc(F.conv2d(y, self.depthwise.weight, None, 2, y.shape[1] // 8, 1, y.shape[1]).flatten(1))
+
+
+def test_a_convolutions_groups_and_padding_read_from_a_shape_are_numbers():
+    """F.conv2d's groups or padding given as ``x.shape[1]`` (a number torch.fx traces as a node) ended the description
+    in "cannot describe node conv2d (TypeError: int() argument must be ... not 'Node')": they are the numbers the
+    trace computes, and the rebuilt module computes the original's output and gradients."""
+    desc = _computes_the_same(_ShapedConv())
+    assert [n.attrs for n in desc.nodes if n.op == "conv2d"][1] == {
+        "in_channels": 8, "out_channels": 8, "kernel_size": [3, 3], "stride": [2, 2], "padding": [1, 1],
+        "dilation": [1, 1], "groups": 8, "bias": False}
+
+
 def test_a_network_of_hand_written_convolutions_prunes_and_trains():
     """torch-pruning cannot cut a bare parameter's channels: the groups through them are kept whole (listed), a
     stem's before them cut, and a training step of the pruned network runs."""

@@ -51,6 +51,12 @@ def _own_weight_and_bias(n: fx.Node, layer: str) -> tuple[fx.Node, Any]:
     return weight, bias
 
 
+def _numbers(value: Any) -> Any:
+    """A call's number, or each of its tuple of numbers, as :func:`_shape_value` reads it (a size the trace computes,
+    ``x.shape[1]``, is its number)."""
+    return type(value)(_shape_value(v) for v in value) if isinstance(value, (list, tuple)) else _shape_value(value)
+
+
 def _conv_call(n: fx.Node) -> tuple[str, dict]:
     """``F.conv2d(x, weight, bias, stride, padding, dilation, groups)`` of a map, its weight (and bias) a module's own
     parameter as it is (``get_attr``: a hand-written convolution layer): the channels and kernel from the weight's
@@ -59,8 +65,10 @@ def _conv_call(n: fx.Node) -> tuple[str, dict]:
     if len(n.args[0].meta["tensor_meta"].shape) != 4:
         raise ValueError("a convolution of anything but a [N, C, H, W] map has no description op")
     cout, cin_per_group, kh, kw = (int(v) for v in weight.meta["tensor_meta"].shape)
-    groups, stride, dilation = int(_arg(n, 6, "groups", 1)), _arg(n, 3, "stride", 1), _arg(n, 5, "dilation", 1)
-    padding = _padding(SimpleNamespace(padding=_arg(n, 4, "padding", 0), dilation=dilation, kernel_size=(kh, kw)))
+    groups, stride, dilation, padding = (_numbers(_arg(n, i, key, default)) for i, key, default in (
+        (6, "groups", 1), (3, "stride", 1), (5, "dilation", 1), (4, "padding", 0)))  # or sizes: groups=x.shape[1]
+    groups = int(groups)
+    padding = _padding(SimpleNamespace(padding=padding, dilation=dilation, kernel_size=(kh, kw)))
     return "conv2d", {"in_channels": cin_per_group * groups, "out_channels": cout, "kernel_size": [kh, kw],
                       "stride": _pair(stride), "padding": padding, "dilation": _pair(dilation), "groups": groups,
                       "bias": bias is not None}
