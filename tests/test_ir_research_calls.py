@@ -1835,7 +1835,8 @@ def test_a_convolution_on_a_modules_own_weight_is_a_conv2d():
 
         def forward(self, x):
             return F.conv2d(self.conv(x), self.filt, stride=2, padding=1, groups=8).flatten(1)
-    with pytest.raises(UserError, match=r"conv2d \(node conv2d\) reads filt, a module tensor that is no parameter"):
+    with pytest.raises(UserError, match=r"the convolution conv2d filters by filt, a buffer: a fixed filter \(a blur "
+                                        r"pool's low-pass\) has no description op"):
         describe(Blur(), SHAPE, name="blur")
 
 

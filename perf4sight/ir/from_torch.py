@@ -37,9 +37,9 @@ from perf4sight.ir.torch_patterns import (_getitem, _max_part, _moves_the_batch_
                                           _picked_after_a_moved_batch, _pool_part, _sorted_part, _split_piece,
                                           _with_size_reference)
 from perf4sight.ir.torch_checks import (COMPUTED_MASKS, _check_float32, _follow_in_place, _mark_shared_calls,
-                                        _refuse_deformable, _refuse_other_inputs, _refuse_writes_through_views,
-                                        _shared_layers, _training_only_layers, _unread_params, _writes_a_copy,
-                                        computed_masks)
+                                        _refuse_computed_weights, _refuse_deformable, _refuse_other_inputs,
+                                        _refuse_writes_through_views, _shared_layers, _training_only_layers,
+                                        _unread_params, _writes_a_copy, computed_masks)
 
 __all__ = ["describe", "check_input_shape", "forward_error", "has_lazy_parameters", "in_mode",
            "stderr_kept_on_success", "run_on_meta"]
@@ -222,6 +222,7 @@ def _traced_with_shapes(module: nn.Module, input_shape: list[int], name: str) ->
         raise UserError(f"{name}: cannot trace the module with torch.fx ({_root_message(exc)}){_trace_stop(exc)}") \
             from None
     _refuse_deformable(gm, name)
+    _refuse_computed_weights(gm, name)
     _shared_layers(gm, name)
     _check_float32(gm, name)
     _follow_in_place(gm)
@@ -545,7 +546,8 @@ def _convert_node(n: fx.Node, gm: fx.GraphModule, where: str, alias: dict[str, s
         if op == "reshape":
             raise UserError(f"{where}: {n.name} reshapes the batch of {_TRACE_BATCH} images it was traced with into "
                             f"a first dimension of {batch}: it merges the batch into another dimension, or fixes its "
-                            "size (x.view(7, -1)); a description keeps the batch first and whole")
+                            "size (x.view(7, -1)), or folds groups of channels into the batch (shuffle attention's "
+                            "x.reshape(b * groups, -1, h, w)); a description keeps the batch first and whole")
         raise UserError(f"{where}: {op} (node {n.name}) makes a first dimension of {batch} of the batch of "
                         f"{_TRACE_BATCH} images it was traced with: it works along the batch dimension (dim 0), which "
                         "a description keeps first and whole")

@@ -1136,4 +1136,24 @@ def _op_of(n: fx.Node, gm: fx.GraphModule) -> tuple[str, dict]:
             and not hasattr(source.meta["tensor_meta"], "shape"):
         n, target = source, source.target  # a part of a tuple (x.max(2)[0], x.topk(1).values): the op that made it
     label = _target_name(target)
-    raise _NoOp(f"{n.op} '{label}' (node {n.name})", f"{n.op} {label}", n)
+    raise _NoOp(f"{n.op} '{label}' (node {n.name}{_research_form(n, gm)})", f"{n.op} {label}", n)
+
+
+#: Calls that make a tensor from numbers alone (the trace's sizes among them).
+_MADE_FROM_NUMBERS = {torch.linspace, torch.logspace, torch.arange, torch.meshgrid}
+
+
+def _research_form(n: fx.Node, gm: fx.GraphModule) -> str:
+    """What research code makes with ``n``, a call without a description op, where it is a block's known form
+    (said after the node's name): values made from numbers alone (CoordConv's coordinate channels), a parameter
+    indexed by a tensor (an embedding's or a relative position bias's lookup); '' otherwise."""
+    if n.op == "call_function" and n.target in _MADE_FROM_NUMBERS:
+        return ": values made in the forward from numbers alone, as CoordConv's coordinate channels"
+    if n.target is operator.getitem and len(n.args) == 2 and isinstance(n.args[0], fx.Node) \
+            and n.args[0].op == "get_attr" and n.args[0].target in dict(gm.named_parameters()):
+        indices: list[fx.Node] = []
+        fx.node.map_arg(n.args[1], lambda a: indices.append(a) if _is_tensor(a) else None)
+        if indices:
+            return (f": the parameter {n.args[0].target} indexed by a tensor, an embedding's or a relative "
+                    "position bias's lookup")
+    return ""

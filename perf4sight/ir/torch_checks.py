@@ -1,7 +1,7 @@
 """Checks on a traced graph that refuse what a description cannot say, or mark what it shares: in-place writes
-followed (and through views refused), tied weights, a forward of several inputs, a deformable convolution, weights
-other than float32, layers called in training only, parameters no layer reads, and later reads of a layer's or a
-parameter's tensors (``shares``)."""
+followed (and through views refused), tied weights, a forward of several inputs, a deformable convolution, a layer's
+weight computed in the forward or held as a buffer, weights other than float32, layers called in training only,
+parameters no layer reads, and later reads of a layer's or a parameter's tensors (``shares``)."""
 from __future__ import annotations
 
 import collections
@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 from torch import nn
 
 from perf4sight.errors import UserError
@@ -167,6 +168,56 @@ def _refuse_deformable(gm: fx.GraphModule, where: str) -> None:
         if n.op == "call_function" and str(n.target).endswith("torchvision.deform_conv2d"):
             raise UserError(f"{where}: a deformable convolution (torchvision's DeformConv2d, deform_conv2d: node "
                             f"{n.name}) has no op in the description")
+
+
+#: Calls of a layer's weight given as an argument (``F.conv2d(x, weight, ...)``): the op named in a refusal.
+_WEIGHTED_CALLS = {F.conv1d: "convolution", F.conv2d: "convolution", F.conv3d: "convolution",
+                   F.conv_transpose1d: "convolution", F.conv_transpose2d: "convolution",
+                   F.conv_transpose3d: "convolution", F.linear: "linear layer"}
+
+
+def _refuse_computed_weights(gm: fx.GraphModule, where: str) -> None:
+    """A ``UserError`` naming the form where a ``F.conv2d`` (or another call of :data:`_WEIGHTED_CALLS`) takes a
+    weight the description cannot hold, before the ops computing it are named in its place (a matmul of a module's
+    tensor, weights from a parameter alone read as BiFPN's): kernels mixed per sample from the input (CondConv's
+    experts), a weight computed from a parameter alone (weight standardisation), or a convolution's filter held as a
+    buffer (a blur pool's)."""
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or n.target not in _WEIGHTED_CALLS:
+            continue
+        weight = n.args[1] if len(n.args) > 1 else n.kwargs.get("weight")
+        if not isinstance(weight, fx.Node):
+            continue
+        layer = f"the {_WEIGHTED_CALLS[n.target]} {n.name}"
+        if weight.op == "get_attr":
+            if layer.startswith("the convolution") and weight.target in dict(gm.named_buffers()):
+                raise UserError(f"{where}: {layer} filters by {weight.target}, a buffer: a fixed filter (a blur "
+                                "pool's low-pass) has no description op, whose convolutions train their weights")
+            continue
+        sources = _sources(weight)
+        params = dict(gm.named_parameters())
+        held = [s.target for s in sources if s.op == "get_attr" and s.target in params]
+        if any(s.op == "placeholder" for s in sources):
+            of = f" and the parameter {held[0]}" if held else ""
+            raise UserError(f"{where}: {layer}'s weight is computed from the input{of}: kernels mixed per sample "
+                            "(CondConv's experts, a dynamic convolution) have no description op, which holds one "
+                            "weight for every sample; write it as each expert's convolution scaled by its routing "
+                            "weight and summed (r[:, i].view(-1, 1, 1, 1) * conv_i(x))")
+        if held:
+            raise UserError(f"{where}: {layer}'s weight is computed in the forward from the parameter {held[0]} "
+                            "(weight standardisation, a weight normalised or reparametrised): the description has "
+                            f"no op for it, which trains a {_WEIGHTED_CALLS[n.target]}'s weight as it is")
+
+
+def _sources(n: fx.Node) -> list[fx.Node]:
+    """The nodes ``n`` is computed from, itself among them, in the order met going back."""
+    seen, frontier = {n: None}, [n]
+    while frontier:
+        for a in frontier.pop().all_input_nodes:
+            if a not in seen:
+                seen[a] = None
+                frontier.append(a)
+    return list(seen)
 
 
 def _check_float32(gm: fx.GraphModule, name: str) -> None:
