@@ -2,8 +2,9 @@
 (per-sample kernels mixed from experts), shuffle attention (groups folded into the batch), CoordConv (coordinate
 channels from torch.linspace), a blur pool (a fixed filter held as a buffer), weight standardisation (a convolution
 whose weight is normalised in the forward) and a gather of a parameter (an embedding's or a relative position bias's
-lookup). None fits a description without an op of its own; each is refused in one line that names the form, where the
-refusals named a matmul, a reshape or a getitem (or spoke of BiFPN's fusion)."""
+lookup). A blur pool is a conv2d of the flag fixed (its filter a buffer); none of the others fits a description
+without an op of its own, and each is refused in one line that names the form, where the refusals named a matmul, a
+reshape or a getitem (or spoke of BiFPN's fusion)."""
 from __future__ import annotations
 
 import pytest
@@ -156,9 +157,6 @@ _REFUSED = {
     "CoordConv": (lambda: _Block(_CoordConv()),
                   r"probe: call_function 'linspace' \(node linspace: values made in the forward from numbers alone, "
                   r"as CoordConv's coordinate channels\) has no description op"),
-    "blur pool": (lambda: _Block(_BlurPool(), 8 * 4 * 4),
-                  r"probe: the convolution conv2d filters by block.kernel, a buffer: a fixed filter \(a blur pool's "
-                  r"low-pass\) has no description op, whose convolutions train their weights"),
     "weight standardisation": (lambda: _Block(_StandardisedConv(8, 8, 3, padding=1)),
                                r"probe: the convolution conv2d's weight is computed in the forward from the parameter "
                                r"block.weight \(weight standardisation, a weight normalised or reparametrised\): the "
@@ -188,3 +186,96 @@ def test_condconv_written_as_its_experts_summed_is_described():
     summed; the rebuilt module computes the original's output and gradients."""
     desc = _computes_the_same(_Block(_ExpertsSummed()))
     assert sum(n.op == "conv2d" for n in desc.nodes) == 4
+
+
+class _BlurredStem(nn.Module):
+    """A blur pool of the image itself (no gradient back: its input needs none), then a conv, a blur pool of its
+    map and a classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blur_in, self.conv = _BlurPool(3), nn.Conv2d(3, 8, 3, padding=1)
+        self.blur, self.fc = _BlurPool(), nn.Linear(8 * 2 * 2, 10)
+
+    def forward(self, x):
+        return self.fc(self.blur(self.conv(self.blur_in(x))).flatten(1))
+
+
+def test_a_blur_pool_is_a_convolution_by_a_fixed_filter():
+    """A blur pool (F.conv2d by a filter held as a buffer) was refused ("conv2d reads kernel, a module tensor that
+    is no parameter"): it is a conv2d of the flag fixed, its filter a buffer (no parameter counted, no weight
+    gradient: one kernel forward, the input's gradient alone back, none where its input needs none). The rebuilt
+    module computes the original's output and gradients and runs its kernels; what a sample adds to autograd's
+    saved tensors is the features'; the allocation model writes it down as the meta trace (batches 3 and 1); a
+    PerfSeer graph keeps the flag."""
+    from test_allocator import _as_replayed
+    from test_features import _autograd_saved_bytes
+    from test_ir_research_calls import _kernels_run
+
+    from perf4sight.exporters.perfseer import description_to_graph
+    from perf4sight.features.aggregate import network_features
+    from perf4sight.features.alloc_trace import record_events
+    from perf4sight.features.walk import walk
+    from perf4sight.importers.perfseer import graph_to_description
+    from perf4sight.ir.to_torch import build_module
+
+    module = _BlurredStem()
+    desc = _computes_the_same(module)
+    blurs = [n for n in desc.nodes if n.attrs.get("fixed")]
+    assert [(n.inputs, n.attrs["groups"], n.attrs["stride"], n.attrs["bias"]) for n in blurs] == [
+        (["pad"], 3, [2, 2], False), (["pad_1"], 8, [2, 2], False)]
+    assert desc.params == sum(p.numel() for p in module.parameters()) == 8 * 3 * 9 + 8 + 32 * 10 + 10
+    assert _kernels_run(module) == _kernels_run(build_module(desc))
+    costs = [(v.cost.kernels_fwd, v.cost.kernels_bwd, v.cost.params, v.cost.flops_bwd > 0) for v in walk(desc)
+             if v.node.attrs.get("fixed")]
+    assert costs == [(1, 0, 0, False), (1, 1, 0, True)]
+    at2, at4 = (b * _autograd_saved_bytes(desc, b, with_input=False) for b in (2, 4))
+    assert network_features(desc).per_sample["saved_bytes"] == (at4 - at2) / 2
+    for batch in (3, 1):
+        assert _as_replayed(record_events(desc, batch, steps=2, method="model")) == _as_replayed(
+            record_events(desc, batch, steps=2, method="trace"))
+    back, _ = graph_to_description(description_to_graph(desc, 4), "probe", "probe.pkl")
+    assert back.to_dict() == desc.to_dict()
+
+
+def test_a_fixed_filter_with_a_bias_is_refused_by_name_and_checked():
+    """A buffer's filter with a learnt bias is refused by name; a description whose fixed conv2d has a bias is
+    refused on reading."""
+    from perf4sight.ir.schema import NetworkDescription
+
+    class Biased(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blur, self.bias = _BlurPool(), nn.Parameter(torch.zeros(8))
+
+        def forward(self, x):
+            return F.conv2d(x, self.blur.kernel, self.bias, padding=1, groups=8)
+    with pytest.raises(UserError, match=r"probe: the convolution conv2d filters by block.blur.kernel, a buffer, and "
+                                        r"adds a bias: a fixed filter with a bias has no description op"):
+        describe(_Block(Biased()), SHAPE, name="probe")
+    data = describe(_Block(_BlurPool(), 8 * 4 * 4), SHAPE, name="probe").to_dict()
+    next(n for n in data["nodes"] if n["attrs"].get("fixed"))["attrs"]["bias"] = True
+    with pytest.raises(UserError, match=r"a fixed conv2d \(its filter a buffer, learnt nothing\) has no bias"):
+        NetworkDescription.from_dict(data)
+
+
+def test_a_network_with_a_blur_pool_prunes_and_trains():
+    """torch-pruning cannot cut a buffer's channels: the group through the blur pool is kept whole (listed), the
+    conv after it cut, and a training step of the pruned network runs."""
+    from test_networks import _train_step
+
+    from perf4sight.networks.build import Source, prune_source
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem, self.blur, self.conv = nn.Conv2d(3, 8, 3, padding=1), _BlurPool(), nn.Conv2d(8, 16, 3, padding=1)
+            self.fc = nn.Linear(16 * 4 * 4, 10)
+
+        def forward(self, x):
+            return self.fc(self.conv(self.blur(self.stem(x).relu())).relu().flatten(1))
+    (desc,) = prune_source(Source("net", "test", Net), SHAPE, [30], "l1-norm", 2, seed=0)
+    assert [(n.attrs["out_channels"], n.attrs.get("fixed")) for n in desc.nodes if n.op == "conv2d"] == [
+        (8, None), (8, True), (11, None)]
+    assert desc.to_dict()["pruning_unpruned_groups"]
+    _train_step(desc)

@@ -1814,7 +1814,7 @@ def test_a_convolution_on_a_modules_own_weight_is_a_conv2d():
     has no description op"): it is the op conv2d its weight's shape gives ('same' padding read as nn.Conv2d's), the
     description nn.Conv2d layers of those attrs have (so costed, written down and pruned as they are); the rebuilt
     module computes the original's output and gradients, and the allocation model writes it down as the meta trace
-    (batches 3 and 1). A filter held as a buffer (a blur pool's) is refused by name."""
+    (batches 3 and 1). A filter held as a buffer (a blur pool's) is a conv2d of fixed (test_ir_research_blocks)."""
     from test_allocator import _as_replayed
 
     from perf4sight.features.alloc_trace import record_events
@@ -1835,9 +1835,8 @@ def test_a_convolution_on_a_modules_own_weight_is_a_conv2d():
 
         def forward(self, x):
             return F.conv2d(self.conv(x), self.filt, stride=2, padding=1, groups=8).flatten(1)
-    with pytest.raises(UserError, match=r"the convolution conv2d filters by filt, a buffer: a fixed filter \(a blur "
-                                        r"pool's low-pass\) has no description op"):
-        describe(Blur(), SHAPE, name="blur")
+    assert [n.attrs.get("fixed") for n in describe(Blur(), SHAPE, name="blur").nodes if n.op == "conv2d"] == [
+        None, True]
 
 
 class _ShapedConv(nn.Module):

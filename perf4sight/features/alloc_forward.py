@@ -91,6 +91,8 @@ def _convolution_layouts(ctx: _OpContext) -> tuple[list, list[bool]]:
     weight = _weight_shape(ctx.node)
     if not (ctx.channels_last(ctx.x) or _channels_last_like(weight, None)):
         return [None] * (1 + len(_params(ctx.node)[0])), [False] * (1 + len(_params(ctx.node)[0]))
+    if ctx.node.attrs.get("fixed"):  # its filter a buffer: the input's gradient alone
+        return [("fixed", _normal(ctx.full_in, _channels_last(ctx.full_in)))], [False]
     layouts = [("fixed", _normal(ctx.full_in, _channels_last(ctx.full_in))),
                ("fixed", _normal(weight, _channels_last(weight)))]
     restride = [False, layouts[1][1] is not None]

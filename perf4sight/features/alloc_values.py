@@ -166,6 +166,8 @@ def _params(node: Node) -> tuple[list[int], list[int]]:
     if node.op in ("conv2d", "conv_transpose2d"):  # a transposed one's weight: [Cin, Cout / groups, kh, kw]
         kh, kw = a["kernel_size"]
         w = a["out_channels"] * (a["in_channels"] // a["groups"]) * kh * kw * FLOAT
+        if a.get("fixed"):  # its filter a buffer (a blur pool's), no bias
+            return [], [w]
         return ([w, a["out_channels"] * FLOAT] if a["bias"] else [w]), []
     if node.op == "batchnorm2d":  # a weight and a bias unless not affine; the running mean, variance and count
         c = a["num_features"] * FLOAT  # unless it tracks no running statistics

@@ -100,6 +100,10 @@ def _conv2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     else:
         kind = "grouped"
     grad_input = 0.0 if first else 2 * macs
+    if a.get("fixed"):  # its filter a buffer (a blur pool's): the input's gradient alone back (it keeps its input)
+        return OpCost(macs=macs, flops_fwd=2 * macs, flops_bwd=grad_input,
+                      bytes_read=rd + weights * BYTES_PER_ELEMENT, bytes_written=wr, saved=[0], kernels_fwd=1,
+                      kernels_bwd=0 if first else 1, kind=kind)
     return OpCost(macs=macs, flops_fwd=2 * macs + (hw_out * cout if bias else 0),
                   flops_bwd=grad_input + 2 * macs + (hw_out * cout if bias else 0),
                   bytes_read=rd + (weights + bias) * BYTES_PER_ELEMENT, bytes_written=wr,

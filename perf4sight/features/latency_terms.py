@@ -101,12 +101,14 @@ def _conv(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
     hw_in = numel(in_shape[1:]) if len(in_shape) == 3 else 1
     b_in, b_out = numel(in_shape) * BYTES_PER_ELEMENT, numel(out) * BYTES_PER_ELEMENT
     w_bytes = cout * (cin // g) * kh * kw * BYTES_PER_ELEMENT
+    learnt = not a.get("fixed")  # a fixed one's filter is a buffer (a blur pool's): no weight gradient
     if g > 1 and g == cin and cout % cin == 0:  # depthwise: own kernels, bandwidth-bound
         macs = float(hw_out * cout * kh * kw)
         r.other(DEPTHWISE, 2 * macs, b_in + b_out, w_bytes)
         if not first:
             r.other(DEPTHWISE, 2 * macs, b_in + b_out, w_bytes)
-        r.other(DEPTHWISE, 2 * macs, b_in + b_out, w_bytes)
+        if learnt:
+            r.other(DEPTHWISE, 2 * macs, b_in + b_out, w_bytes)
     else:
         cg_in, cg_out = cin // g, cout // g
         for _ in range(g):
@@ -114,7 +116,8 @@ def _conv(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
             if not first:
                 # transposed conv: each input pixel meets kh*kw*hw_out/hw_in taps on average (stride)
                 r.gemm(hw_in, cg_in, cg_out * kh * kw * hw_out / hw_in, 0, (b_in + b_out) / g, w_bytes / g)
-            r.gemm(cg_out, cg_in * kh * kw, hw_out, 2, (b_in + b_out) / g, w_bytes / g)
+            if learnt:
+                r.gemm(cg_out, cg_in * kh * kw, hw_out, 2, (b_in + b_out) / g, w_bytes / g)
     if a.get("bias"):
         r.other(BANDWIDTH, hw_out * cout, 2 * b_out, cout * BYTES_PER_ELEMENT)  # forward add
         r.other(BANDWIDTH, hw_out * cout, b_out, cout * BYTES_PER_ELEMENT)  # backward reduction

@@ -47,10 +47,11 @@ def _fft_side(n: int, k: int) -> int:
 
 def _conv_costs(static: np.ndarray, scaled: np.ndarray, cin: int, cout: int, groups: int,
                 hw_in: tuple[int, int], hw_out: tuple[int, int], k: tuple[int, int], stride: int,
-                own_weights: bool = True, dilated: bool = False) -> None:
+                own_weights: bool = True, dilated: bool = False, weight_grad: bool = True) -> None:
     """Add one conv layer's per-pass algorithm costs (static part, per-sample part); its weight bytes only where it
     holds ``own_weights`` (not a later call of a layer called before). ``stride``: its larger side's; ``dilated``:
-    its kernel dilates (no Winograd then, as none of stride more than 1)."""
+    its kernel dilates (no Winograd then, as none of stride more than 1); ``weight_grad`` false (a fixed filter, a
+    buffer): no weight gradient pass."""
     kh, kw = k
     cg = cin // groups
     pin, pout, kk = hw_in[0] * hw_in[1], hw_out[0] * hw_out[1], kh * kw
@@ -66,6 +67,8 @@ def _conv_costs(static: np.ndarray, scaled: np.ndarray, cin: int, cout: int, gro
     tiles = math.ceil(hw_out[0] / 2) * math.ceil(hw_out[1] / 2)
     wino_ok = kh == kw == 3 and stride == 1 and groups == 1 and not dilated
     for p, (m, n, kdim, n_scales) in gemms.items():
+        if p == "bwd_weight" and not weight_grad:
+            continue
         o = 1 + 11 * _PASSES.index(p)
         if n_scales:
             scaled[o] += m * n * kdim * groups
@@ -151,7 +154,8 @@ def perf4sight_vectors(desc: NetworkDescription) -> tuple[np.ndarray, np.ndarray
             k = a["kernel_size"]
             _conv_costs(static, scaled, int(a["in_channels"]), int(a["out_channels"]), int(a["groups"]),
                         (int(ins[1]), int(ins[2])), (int(node.output_shape[1]), int(node.output_shape[2])),
-                        (int(k[0]), int(k[1])), _stride(a), own, kernel_dilates(a))
+                        (int(k[0]), int(k[1])), _stride(a), own and not a.get("fixed"), kernel_dilates(a),
+                        not a.get("fixed"))
             macs = out * int(a["in_channels"]) // int(a["groups"]) * int(k[0]) * int(k[1])
             scaled[_IDX["max_layer_macs"]] = max(scaled[_IDX["max_layer_macs"]], macs)
             scaled[_IDX["max_layer_out_bytes"]] = max(scaled[_IDX["max_layer_out_bytes"]], out * BYTES_PER_ELEMENT)

@@ -455,7 +455,8 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
              "groups": num("groups", "group", default=1)}
         k = a["kernel_size"] if isinstance(a["kernel_size"], list) else [a["kernel_size"]] * 2
         weights = a["out_channels"] * (a["in_channels"] // max(a["groups"], 1)) * k[0] * k[-1]
-        return {**a, "bias": flag("bias", _bias_by_size(weights, a["out_channels"], weight_bytes))}
+        fixed = {"fixed": True} if args.get("fixed") else {}  # ours: its filter a buffer (a blur pool's)
+        return {**a, "bias": flag("bias", _bias_by_size(weights, a["out_channels"], weight_bytes)), **fixed}
     if op == "conv_transpose2d":
         return _conv_transpose_attrs(args, in_shapes, out, where, num, flag, weight_bytes)
     if op == "linear":

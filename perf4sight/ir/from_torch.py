@@ -614,11 +614,12 @@ def _with_own_tensors(n: fx.Node, op: str, attrs: dict, gm: fx.GraphModule, wher
                       held: dict[str, fx.Node]) -> tuple[str, dict, set[str]]:
     """``n``'s op once the module tensors it reads (``get_attr`` nodes, or their batch expansions: ``held``) are
     taken in: a multiply by one parameter is a ``scale`` of that parameter's shape, an add of one a ``shift`` (of a
-    buffer, a ``shift`` of ``fixed``: a fixed position code), a concatenation that puts one first a ``token``; a
-    layer, group or instance norm reads its own weight and bias, a PReLU its slopes, a batch norm call its weight,
-    bias and running statistics (an instance norm call's running statistics too, where it tracks them); a random
-    generator read is left out (:func:`_is_generator`). The names of those nodes come back, so that they are not
-    read as inputs. Any other op reading a module tensor is a ``UserError``."""
+    buffer, a ``shift`` of ``fixed``: a fixed position code), a concatenation that puts one first a ``token``, a
+    convolution by a buffer (a blur pool's filter) a ``conv2d`` of ``fixed``; a layer, group or instance norm reads
+    its own weight and bias, a PReLU its slopes, a batch norm call its weight, bias and running statistics (an
+    instance norm call's running statistics too, where it tracks them); a random generator read is left out
+    (:func:`_is_generator`). The names of those nodes come back, so that they are not read as inputs. Any other op
+    reading a module tensor is a ``UserError``."""
     own: list[fx.Node] = []
     fx.node.map_arg((n.args, n.kwargs), lambda a: own.append(a) if a.name in held else None)
     generators = {a.name for a in own if _is_generator(gm, held[a.name])}
@@ -641,6 +642,13 @@ def _with_own_tensors(n: fx.Node, op: str, attrs: dict, gm: fx.GraphModule, wher
             not _is_parameter(gm, held[own[0].name].target):  # a buffer added: a fixed shift (a position code)
         shape = _per_sample(held[own[0].name].meta["tensor_meta"].shape, len(_shape(n) or []))
         return "shift", {"shape": shape, "fixed": True}, {own[0].name}
+    if op == "conv2d" and own[0] is _arg(n, 1, "weight") and own[0].op == "get_attr" and \
+            not _is_parameter(gm, held[own[0].name].target):  # a filter held as a buffer (a blur pool's): fixed
+        if attrs["bias"]:
+            raise UserError(f"{where}: the convolution {n.name} filters by {held[own[0].name].target}, a buffer, "
+                            "and adds a bias: a fixed filter with a bias has no description op (one without, a "
+                            "blur pool's, has: a conv2d of fixed)")
+        return op, {**attrs, "fixed": True}, {own[0].name}
     for a in own:
         if a.name in running:
             continue

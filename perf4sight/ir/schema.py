@@ -28,6 +28,7 @@ SCHEMA_VERSION = 1
 #: Op name -> attributes it must carry. Optional attributes are not listed.
 OPS: Dict[str, Tuple[str, ...]] = {
     "input": (),
+    # conv2d: of the optional flag fixed (false), its filter a buffer, learnt nothing (a blur pool's), and no bias
     "conv2d": ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups", "bias"),
     # batchnorm2d: of a [C, H, W] map, or of a [C] or [C, L] input (a head's BatchNorm1d: the same F.batch_norm)
     # optional eps (1e-5), momentum (0.1; null: torch's cumulative average), affine (true: a weight and bias),
@@ -307,7 +308,7 @@ _INTEGER_LISTS: Dict[str, Tuple[str, ...]] = {"mean": ("dims",), "var": ("dims",
                                               "reshape": ("shape",)}
 #: Op -> attributes that must be true or false where given (required or optional).
 _FLAGS: Dict[str, Tuple[str, ...]] = {
-    "conv2d": ("bias",), "linear": ("bias",), "attention": ("bias",), "group_attention": ("bias",),
+    "conv2d": ("bias", "fixed"), "linear": ("bias",), "attention": ("bias",), "group_attention": ("bias",),
     "window_attention": ("bias", "cosine"), "layernorm": ("elementwise_affine",),
     "batchnorm2d": ("affine", "track_running_stats", "training"),
     "groupnorm": ("affine",),
@@ -564,6 +565,8 @@ def _attr_problem(node: "Node") -> str:
     if node.op in ("conv2d", "conv_transpose2d") and (node.attrs["in_channels"] % node.attrs["groups"]
                                                       or node.attrs["out_channels"] % node.attrs["groups"]):
         return f"groups {node.attrs['groups']} does not divide the channels"
+    if node.op == "conv2d" and node.attrs.get("fixed") and node.attrs["bias"]:
+        return "a fixed conv2d (its filter a buffer, learnt nothing) has no bias"
     if node.op == "conv_transpose2d":
         return output_padding_problem(node.attrs["output_padding"], node.attrs["stride"], node.attrs["dilation"])
     if node.op == "groupnorm" and node.attrs["num_channels"] % node.attrs["num_groups"]:
@@ -903,10 +906,12 @@ def count_params(desc: NetworkDescription) -> int:
 
 
 def node_params(n: Node) -> int:
-    """Trainable parameters of one node's layer, as the schema defines them (conv, batch, layer and group norm unless
-    not affine, an instance norm where affine, linear, attention, a PReLU's slopes, and the learnt tensors of scale,
-    shift and token), whether it owns them or ``shares`` them."""
+    """Trainable parameters of one node's layer, as the schema defines them (conv unless fixed, batch, layer and group
+    norm unless not affine, an instance norm where affine, linear, attention, a PReLU's slopes, and the learnt tensors
+    of scale, shift and token), whether it owns them or ``shares`` them."""
     a = n.attrs
+    if n.op == "conv2d" and a.get("fixed"):  # its filter a buffer
+        return 0
     if n.op in ("conv2d", "conv_transpose2d"):  # a transposed one's weight: [Cin, Cout / groups, kh, kw]
         kh, kw = a["kernel_size"]
         return a["out_channels"] * (a["in_channels"] // a["groups"]) * kh * kw + (a["out_channels"] if a["bias"] else 0)

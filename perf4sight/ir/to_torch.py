@@ -43,6 +43,20 @@ class Scale(nn.Module):
         return x * self.weight
 
 
+class FixedConv2d(nn.Conv2d):
+    """An ``nn.Conv2d`` without a bias whose filter is a buffer, learnt nothing (a blur pool's low-pass filter), set
+    to ones over the kernel's size (the description holds no values)."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: List[int], stride: List[int],
+                 padding: List[int], dilation: List[int], groups: int,
+                 device: Optional[Union[torch.device, str]] = None) -> None:
+        super().__init__(in_channels, out_channels, _pair(kernel_size), _pair(stride), _pair(padding), _pair(dilation),
+                         groups, False, device=device)
+        filt = torch.ones_like(self.weight.data) / float(self.weight[0].numel())
+        del self.weight
+        self.register_buffer("weight", filt)
+
+
 class Shift(nn.Module):
     """The input plus a learnt tensor of ``shape``, broadcast (a position embedding), initialised to zeros."""
 
@@ -363,6 +377,15 @@ class FrozenBatchNorm2d(nn.Module):
         return x * scale + shift
 
 
+def _conv2d(a: Dict[str, Any], factory: Dict[str, Any]) -> nn.Module:
+    """The ``nn.Conv2d`` of a conv2d's attrs (a :class:`FixedConv2d` where ``fixed``), on ``factory``'s device."""
+    if a.get("fixed"):
+        return FixedConv2d(a["in_channels"], a["out_channels"], a["kernel_size"], a["stride"], a["padding"],
+                           a["dilation"], a["groups"], **factory)
+    return nn.Conv2d(a["in_channels"], a["out_channels"], _pair(a["kernel_size"]), _pair(a["stride"]),
+                     _pair(a["padding"]), _pair(a["dilation"]), a["groups"], bool(a["bias"]), **factory)
+
+
 def _frozen_batch_norm(a: Dict[str, Any], factory: Dict[str, Any]) -> nn.Module:
     """The :class:`FrozenBatchNorm2d` of a frozen_batchnorm2d's attrs, its four buffers on ``factory``'s device."""
     return FrozenBatchNorm2d(int(a["num_features"]), eps=float(a.get("eps", 1e-5)), **factory)
@@ -371,8 +394,7 @@ def _frozen_batch_norm(a: Dict[str, Any], factory: Dict[str, Any]) -> nn.Module:
 #: op -> factory of the nn.Module that executes it, given the node's attrs and the factory keyword
 #: arguments for its parameters and buffers (``device``).
 MODULE_BUILDERS: Dict[str, Callable[..., nn.Module]] = {
-    "conv2d": lambda a, **f: nn.Conv2d(a["in_channels"], a["out_channels"], _pair(a["kernel_size"]), _pair(a["stride"]),
-                                       _pair(a["padding"]), _pair(a["dilation"]), a["groups"], bool(a["bias"]), **f),
+    "conv2d": lambda a, **f: _conv2d(a, f),
     "batchnorm2d": lambda a, **f: _batch_norm(nn.BatchNorm2d, a, f),
     "frozen_batchnorm2d": lambda a, **f: _frozen_batch_norm(a, f),
     "linear": lambda a, **f: nn.Linear(a["in_features"], a["out_features"], bool(a["bias"]), **f),

@@ -1,6 +1,6 @@
 """Checks on a traced graph that refuse what a description cannot say, or mark what it shares: in-place writes
 followed (and through views refused), tied weights, a forward of several inputs, a deformable convolution, a layer's
-weight computed in the forward or held as a buffer, weights other than float32, layers called in training only,
+weight computed in the forward, weights other than float32, layers called in training only,
 parameters no layer reads, and later reads of a layer's or a parameter's tensors (``shares``)."""
 from __future__ import annotations
 
@@ -180,8 +180,7 @@ def _refuse_computed_weights(gm: fx.GraphModule, where: str) -> None:
     """A ``UserError`` naming the form where a ``F.conv2d`` (or another call of :data:`_WEIGHTED_CALLS`) takes a
     weight the description cannot hold, before the ops computing it are named in its place (a matmul of a module's
     tensor, weights from a parameter alone read as BiFPN's): kernels mixed per sample from the input (CondConv's
-    experts), a weight computed from a parameter alone (weight standardisation), or a convolution's filter held as a
-    buffer (a blur pool's)."""
+    experts), or a weight computed from a parameter alone (weight standardisation)."""
     for n in gm.graph.nodes:
         if n.op != "call_function" or n.target not in _WEIGHTED_CALLS:
             continue
@@ -189,10 +188,7 @@ def _refuse_computed_weights(gm: fx.GraphModule, where: str) -> None:
         if not isinstance(weight, fx.Node):
             continue
         layer = f"the {_WEIGHTED_CALLS[n.target]} {n.name}"
-        if weight.op == "get_attr":
-            if layer.startswith("the convolution") and weight.target in dict(gm.named_buffers()):
-                raise UserError(f"{where}: {layer} filters by {weight.target}, a buffer: a fixed filter (a blur "
-                                "pool's low-pass) has no description op, whose convolutions train their weights")
+        if weight.op == "get_attr":  # a parameter, or a buffer (a blur pool's filter: a conv2d of fixed)
             continue
         sources = _sources(weight)
         params = dict(gm.named_parameters())
