@@ -48,6 +48,40 @@ class _ExpertsSummed(nn.Module):
         return sum(r[:, i].view(-1, 1, 1, 1) * conv(x) for i, conv in enumerate(self.convs))
 
 
+class _ExpertsByEinsum(nn.Module):
+    """CondConv with its kernels mixed by an einsum, each sample's convolution run alone."""
+
+    def __init__(self, channels: int = 8, experts: int = 3) -> None:
+        super().__init__()
+        self.route = nn.Linear(channels, experts)
+        self.experts = nn.Parameter(torch.randn(experts, channels, channels, 3, 3) * 0.1)
+
+    def forward(self, x):
+        kernels = torch.einsum("be,eoikl->boikl", self.route(x.mean((2, 3))).softmax(1), self.experts)
+        return torch.cat([F.conv2d(x[i:i + 1], kernels[i], padding=1) for i in range(2)])
+
+
+class _GeneratedLinear(nn.Module):
+    """A hypernetwork's linear layer over each pixel's channels: its weight made by a linear layer from the pooled
+    map."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.generate = nn.Linear(8, 64)
+
+    def forward(self, x):
+        return F.linear(x.permute(0, 2, 3, 1), self.generate(x.mean((2, 3)))[0].view(8, 8)).permute(0, 3, 1, 2)
+
+
+class _StandardisedByBatchNorm(nn.Conv2d):
+    """Weight standardisation written with F.batch_norm over the weight's rows."""
+
+    def forward(self, x):
+        w = F.batch_norm(self.weight.reshape(1, self.out_channels, -1), None, None, training=True,
+                         eps=1e-6).reshape_as(self.weight)
+        return F.conv2d(x, w, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
 class _ShuffleAttention(nn.Module):
     """Shuffle attention: the channels cut into ``groups`` folded into the batch, each group's halves gated by its
     channels' means and by a group norm, the halves put back and the channels shuffled."""
@@ -150,6 +184,12 @@ _REFUSED = {
                  r"block.experts: kernels mixed per sample \(CondConv's experts, a dynamic convolution\) have no "
                  r"description op, which holds one weight for every sample; write it as each expert's convolution "
                  r"scaled by its routing weight and summed"),
+    "CondConv by an einsum": (lambda: _Block(_ExpertsByEinsum()),
+                              r"probe: the convolution conv2d's weight is computed from the input and the parameter "
+                              r"block.experts: kernels mixed per sample \(CondConv's"),
+    "a hypernetwork's linear layer": (lambda: _Block(_GeneratedLinear()),
+                                      r"probe: the linear layer linear's weight is computed from the input \(a "
+                                      r"hypernetwork's, a dynamic layer's\): the description has no op for it"),
     "shuffle attention": (lambda: _Block(_ShuffleAttention()),
                           r"probe: reshape reshapes the batch of 2 images .* into a first dimension of 4: .* or folds "
                           r"groups of channels into the batch \(shuffle attention's x.reshape\(b \* groups, -1, h, "
@@ -161,6 +201,9 @@ _REFUSED = {
                                r"probe: the convolution conv2d's weight is computed in the forward from the parameter "
                                r"block.weight \(weight standardisation, a weight normalised or reparametrised\): the "
                                r"description has no op for it, which trains a convolution's weight as it is"),
+    "weight standardisation by F.batch_norm": (lambda: _Block(_StandardisedByBatchNorm(8, 8, 3, padding=1)),
+                                               r"probe: the convolution conv2d's weight is computed in the forward "
+                                               r"from the parameter block.weight \(weight standardisation"),
     "relative position bias": (lambda: _Block(_PositionBias()),
                                r"probe: call_function 'getitem' \(node getitem: the parameter block.table indexed by "
                                r"a tensor, an embedding's or a relative position bias's lookup\) has no description "

@@ -195,6 +195,10 @@ def _refuse_computed_weights(gm: fx.GraphModule, where: str) -> None:
         held = [s.target for s in sources if s.op == "get_attr" and s.target in params]
         if any(s.op == "placeholder" for s in sources):
             of = f" and the parameter {held[0]}" if held else ""
+            if n.target is F.linear:
+                raise UserError(f"{where}: {layer}'s weight is computed from the input{of} (a hypernetwork's, a "
+                                "dynamic layer's): the description has no op for it, which holds one weight for every "
+                                "sample")
             raise UserError(f"{where}: {layer}'s weight is computed from the input{of}: kernels mixed per sample "
                             "(CondConv's experts, a dynamic convolution) have no description op, which holds one "
                             "weight for every sample; write it as each expert's convolution scaled by its routing "
