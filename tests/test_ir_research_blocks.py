@@ -82,6 +82,17 @@ class _StandardisedByBatchNorm(nn.Conv2d):
         return F.conv2d(x, w, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
 
+class _SlicedWeight(nn.Module):
+    """A slimmable layer: a 16-channel convolution's weight sliced to the input's channel count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(8, 16, 3, 3) * 0.1)
+
+    def forward(self, x):
+        return F.conv2d(x, self.weight[:, :x.shape[1]], padding=1)
+
+
 class _ShuffleAttention(nn.Module):
     """Shuffle attention: the channels cut into ``groups`` folded into the batch, each group's halves gated by its
     channels' means and by a group norm, the halves put back and the channels shuffled."""
@@ -204,6 +215,9 @@ _REFUSED = {
     "weight standardisation by F.batch_norm": (lambda: _Block(_StandardisedByBatchNorm(8, 8, 3, padding=1)),
                                                r"probe: the convolution conv2d's weight is computed in the forward "
                                                r"from the parameter block.weight \(weight standardisation"),
+    "a weight sliced by the input's width": (lambda: _Block(_SlicedWeight()),
+                                             r"probe: the convolution conv2d's weight is computed in the forward "
+                                             r"from the parameter block.weight"),
     "relative position bias": (lambda: _Block(_PositionBias()),
                                r"probe: call_function 'getitem' \(node getitem: the parameter block.table indexed by "
                                r"a tensor, an embedding's or a relative position bias's lookup\) has no description "

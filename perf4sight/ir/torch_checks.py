@@ -210,14 +210,24 @@ def _refuse_computed_weights(gm: fx.GraphModule, where: str) -> None:
 
 
 def _sources(n: fx.Node) -> list[fx.Node]:
-    """The nodes ``n`` is computed from, itself among them, in the order met going back."""
+    """The nodes ``n`` is computed from, itself among them, in the order met going back; a tensor's shape read
+    (``x.shape[1]``, ``x.size(1)``: a number) is not followed to the tensor."""
     seen, frontier = {n: None}, [n]
     while frontier:
-        for a in frontier.pop().all_input_nodes:
+        node = frontier.pop()
+        if _reads_a_shape(node):
+            continue
+        for a in node.all_input_nodes:
             if a not in seen:
                 seen[a] = None
                 frontier.append(a)
     return list(seen)
+
+
+def _reads_a_shape(n: fx.Node) -> bool:
+    """Whether ``n`` reads a tensor's shape (``x.shape``, ``x.size()``, ``x.dim()``): a number, not its values."""
+    return (n.op == "call_function" and n.target is getattr and len(n.args) > 1 and n.args[1] in ("shape", "ndim")) \
+        or (n.op == "call_method" and n.target in ("size", "dim"))
 
 
 def _check_float32(gm: fx.GraphModule, name: str) -> None:
