@@ -103,9 +103,9 @@ def _events_run(trace, allocator) -> None:  # noqa: ANN001
     run = allocator.CachingAllocator.run
     count = [0]
 
-    def counted(self, kinds, ids, sizes, live):  # noqa: ANN001, ANN202
+    def counted(self, kinds, ids, sizes, live, record=None):  # noqa: ANN001, ANN202
         count[0] += len(kinds)
-        return run(self, kinds, ids, sizes, live)
+        return run(self, kinds, ids, sizes, live, record)
 
     allocator.CachingAllocator.run = counted
     try:

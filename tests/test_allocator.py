@@ -330,7 +330,7 @@ def test_a_repeat_that_meets_its_steps_run_stops_there_with_the_figures_of_every
     from perf4sight.features import allocator
     from perf4sight.networks.zoo import describe_zoo
     monkeypatch.setattr(allocator, "_MARK_EVENTS", 16)
-    monkeypatch.setattr(allocator, "_grown_by_small_segments", lambda *a: False)
+    monkeypatch.setattr(allocator, "_grown_by_whole_segments", lambda *a: False)
     ran = []
     real_run = CachingAllocator.run
     monkeypatch.setattr(CachingAllocator, "run", lambda self, kinds, *a: ran.append(len(kinds)) or real_run(
@@ -423,10 +423,10 @@ def test_a_repeat_that_finds_the_small_segments_its_step_made_runs_no_event_with
     from perf4sight.features import allocator
     from perf4sight.networks.zoo import describe_zoo
     ran, found = [], []
-    real_run, real_found = CachingAllocator.run, allocator._grown_by_small_segments
+    real_run, real_found = CachingAllocator.run, allocator._grown_by_whole_segments
     monkeypatch.setattr(CachingAllocator, "run", lambda self, kinds, *a: ran.append(len(kinds)) or real_run(
         self, kinds, *a))
-    monkeypatch.setattr(allocator, "_grown_by_small_segments", lambda *a: found.append(real_found(*a)) or found[-1])
+    monkeypatch.setattr(allocator, "_grown_by_whole_segments", lambda *a: found.append(real_found(*a)) or found[-1])
     small = {"small_swin_v2": lambda: _small_swin(36, True), "small_maxvit": lambda: _small_maxvit(64)}
     desc = small[zoo]() if zoo in small else describe_zoo(zoo, [3, 32, 32], num_classes=10)
     base = simulate(desc, method="model")
@@ -464,7 +464,7 @@ def test_a_repeat_takes_the_shortcut_only_where_its_figures_are_the_steps_spelle
                           update=base.update).replay(64)
 
     assert replayed() == spelled_trace.replay(64)
-    monkeypatch.setattr(allocator, "_grown_by_small_segments", lambda *a: True)
+    monkeypatch.setattr(allocator, "_grown_by_whole_segments", lambda *a: True)
     assert replayed() != spelled_trace.replay(64)
 
 
@@ -472,7 +472,7 @@ def test_an_allocator_grown_only_by_whole_small_segments_is_told_apart():
     """The repeat's shortcut holds where the allocator differs from the run's start only by small segments the run
     made, each free and whole, and their bytes reserved: not where a large segment was made, a small one is still in
     use, the segments were there before the run, or more bytes are reserved."""
-    from perf4sight.features.allocator import _grown_by_small_segments
+    from perf4sight.features.allocator import _grown_by_whole_segments
 
     def after(requests: list[int], keep_last: bool = False) -> tuple[tuple, int, tuple]:
         """Looks at an allocator before and after ``requests`` are made and freed (the last kept with ``keep_last``),
@@ -487,12 +487,57 @@ def test_an_allocator_grown_only_by_whole_small_segments_is_told_apart():
         return start, start_next, alloc.snapshot(live)
 
     start, start_next, grown = after([MIB] * 4)  # the first in the small segment there, then two segments made
-    assert grown[0] == start[0] + 2 * 2 * MIB and _grown_by_small_segments(start, start_next, grown)
-    assert _grown_by_small_segments(*after([MIB // 2, 3 * 512]))  # nothing made: as it was
-    assert not _grown_by_small_segments(*after([17 * MIB]))  # a large segment made
-    assert not _grown_by_small_segments(*after([MIB] * 4, keep_last=True))  # a small one still in use
-    assert not _grown_by_small_segments(start, start_next + 16 * MIB, grown)  # segments made before
-    assert not _grown_by_small_segments(start, start_next, (grown[0] + 2 * MIB,) + grown[1:])  # more reserved
+    assert grown[0] == start[0] + 2 * 2 * MIB and _grown_by_whole_segments(start, start_next, grown)
+    assert _grown_by_whole_segments(*after([MIB // 2, 3 * 512]))  # nothing made: as it was
+    assert not _grown_by_whole_segments(*after([17 * MIB]))  # a large segment made
+    assert not _grown_by_whole_segments(*after([MIB] * 4, keep_last=True))  # a small one still in use
+    assert not _grown_by_whole_segments(start, start_next + 16 * MIB, grown)  # segments made before
+    assert not _grown_by_whole_segments(start, start_next, (grown[0] + 2 * MIB,) + grown[1:])  # more reserved
+
+
+def test_an_allocator_grown_by_whole_large_segments_is_told_apart_by_what_the_run_found():
+    """A run that made a large segment (20 MiB, for a request of 3 MiB) and left it free and whole: the repeat's
+    shortcut holds where no request of the run, before the segment was made, found a larger block that the segment
+    fits too (a repeat would take the segment there instead), as the run's record of its requests tells; without the
+    record it does not hold."""
+    from perf4sight.features.allocator import _grown_by_whole_segments
+
+    def after(first: int) -> tuple:
+        """Looks at an allocator with a free 40 MiB segment before and after a run of ``first`` bytes, what is left
+        of that segment, and 3 MiB (freed), and the run's record."""
+        alloc, live, record = CachingAllocator(), {}, []
+        alloc.run([ALLOC, FREE], [1, 1], [40 * MIB, 0], live)
+        start, start_next = alloc.snapshot(live), alloc._next_ptr
+        alloc.run([ALLOC, ALLOC, ALLOC], [10, 11, 12], [first, 40 * MIB - first, 3 * MIB], live, record)
+        alloc.run([FREE] * 3, [10, 11, 12], [0] * 3, live)
+        return start, start_next, alloc.snapshot(live), record, alloc._free
+
+    start, start_next, grown, record, free = after(40 * MIB)  # the whole 40 MiB, then nothing: the segment made
+    assert record == [40 * MIB, 40 * MIB, 3 * MIB, -20 * MIB] and grown[0] == start[0] + 20 * MIB
+    assert _grown_by_whole_segments(start, start_next, grown, record, free)
+    assert not _grown_by_whole_segments(start, start_next, grown)  # no record
+    assert not _grown_by_whole_segments(*after(2 * MIB))  # 2 MiB found in 40 MiB: a repeat takes the new 20 MiB
+
+
+def test_a_repeat_that_finds_large_segments_its_step_made_runs_no_event_with_the_figures_of_every_event(monkeypatch):
+    """ResNet-18 at 64x64, batches of 24 and 32: the last step's run makes 20 MiB segments and leaves them free and
+    whole; its repeat, which finds them so, runs none of its events (it ran them all before 2026-12-01), and every
+    protocol's figures are those of every event run one by one."""
+    from perf4sight.networks.zoo import describe_zoo
+    ran = []
+    real_run = CachingAllocator.run
+    monkeypatch.setattr(CachingAllocator, "run", lambda self, kinds, *a: ran.append(len(kinds)) or real_run(
+        self, kinds, *a))
+    base = simulate(describe_zoo("resnet18", [3, 64, 64], num_classes=10), method="model")
+    trace = AllocTrace("large", base.kind, base.tensor, base.const, base.per_sample)  # a memo of its own
+    for protocol in ("run_peak", "step_mean"):  # perf4sight's empties the cache: no segment is found again
+        view = trace.with_protocol(protocol)
+        through = sum(len(kinds) for kinds, _, _ in view._fused_runs()) - view._setup_start()[2]
+        for batch in (24, 32):
+            expected = _replayed_event_by_event(view, batch)
+            ran.clear()
+            assert view.replay(batch) == pytest.approx(expected, rel=1e-12)
+            assert sum(ran) == through
 
 
 def test_a_repeat_after_a_step_that_frees_the_gradients_meets_the_repeat_before_it(monkeypatch):

@@ -210,11 +210,13 @@ class CachingAllocator:
         """Return ``handle``'s block to its pool, merged with free neighbours (the segment stays reserved)."""
         self.run([FREE], [0], [0], {0: handle.block if handle is not None else None})
 
-    def run(self, kinds: list[int], ids: list[int], sizes: list[int], live: dict[int, _Block | None]) -> None:
+    def run(self, kinds: list[int], ids: list[int], sizes: list[int], live: dict[int, _Block | None],
+            record: list[int] | None = None) -> None:
         """Carry out the events ``kinds[i]`` (:data:`ALLOC`, :data:`FREE` or :data:`_ALLOC_FREE`; others are passed
         over) of tensor ``ids[i]``: an ALLOC of ``sizes[i]`` bytes, already rounded (0: no block), puts its block in
         ``live`` (and an ALLOC of 0 takes its tensor out); a FREE returns the block ``live`` holds for its tensor, if
-        any; an _ALLOC_FREE does both at once.
+        any; an _ALLOC_FREE does both at once. ``record``: a list to which each request of the large pool adds its
+        size and the size of the free block it found, or minus that of the segment it made (:func:`_no_better_fit`).
         One loop with its state in locals: the replay's hot path (a few thousand events per training step)."""
         pools, free_blocks = self._pools, self._free
         ptr_, size_, small_, allocated_, prev_, next_ = PTR, SIZE, SMALL, ALLOCATED, PREV, NEXT  # locals: fastest
@@ -232,8 +234,12 @@ class CachingAllocator:
                 i = bisect_left(pool, size << shift)  # best fit: the smallest, then lowest, free block
                 if i < len(pool):
                     block = free_blocks.pop(pool.pop(i))
+                    if record is not None and not small:
+                        record += size, block[size_]
                 else:  # none fits: a new segment
                     block = self._segment(size, small)
+                    if record is not None and not small:
+                        record += size, -block[size_]
                     reserved += block[size_]
                     if reserved > peak_reserved:
                         peak_reserved = reserved
@@ -289,9 +295,13 @@ class CachingAllocator:
                 i = bisect_left(pool, size << shift)
                 if i < len(pool):
                     held = pool[i] >> shift
+                    if record is not None and not small:
+                        record += size, held
                 else:  # the new segment stays, one free block
                     block = self._segment(size, small)
                     held = block[size_]
+                    if record is not None and not small:
+                        record += size, -held
                     key = held << shift | block[ptr_]
                     insort(pool, key)
                     free_blocks[key] = block
@@ -381,17 +391,17 @@ def _untouched_prefix(live: dict[int, _Block], touched: set[int]) -> int:
 
 
 def _marked_run(alloc: CachingAllocator, kinds: list[int], ids: list[int], sizes: list[int],
-                live: dict[int, _Block], skip: int = 0) -> list[_Mark]:
+                live: dict[int, _Block], skip: int = 0, record: list[int] | None = None) -> list[_Mark]:
     """Run events that the next run repeats (the last step's, or a repeat's where the step ran other events), looking
     at the allocator every :data:`_MARK_EVENTS` events (its peaks as one run gives them, from the peaks of each
     stretch between two looks); the looks, for the repeats (:func:`_run_to_mark`), leaving out the first ``skip``
-    live tensors (:func:`_untouched_prefix`)."""
+    live tensors (:func:`_untouched_prefix`). ``record``: as :meth:`CachingAllocator.run`'s, for the whole run."""
     stretches = []
     for start in range(0, len(kinds), _MARK_EVENTS):
         seen = alloc.snapshot(live, skip, tensors=False) if start else None
         alloc.reset_peaks()  # the run's own reset, at the first
         alloc.run(kinds[start:start + _MARK_EVENTS], ids[start:start + _MARK_EVENTS],
-                  sizes[start:start + _MARK_EVENTS], live)
+                  sizes[start:start + _MARK_EVENTS], live, record)
         stretches.append((seen, alloc.peak_reserved, alloc.peak_allocated))
     marks, reserved, allocated = [], 0, 0
     for seen, stretch_reserved, stretch_allocated in reversed(stretches):  # the peaks from each look to the end
@@ -418,26 +428,63 @@ def _run_to_mark(alloc: CachingAllocator, kinds: list[int], ids: list[int], size
     return None
 
 
-def _grown_by_small_segments(start: tuple, start_next: int, now: tuple) -> bool:
+def _grown_by_whole_segments(start: tuple, start_next: int, now: tuple, record: list[int] | None = None,
+                             free: dict[int, _Block] | None = None) -> bool:
     """Whether the allocator, whose look is ``now`` (:meth:`CachingAllocator.snapshot`), is as it was at the look
-    ``start`` before a run of events, the address of its next segment being ``start_next`` there, but for small
-    segments that run made, each free and whole now, and their bytes reserved (the large pool, the bytes allocated
-    and the live tensors' blocks the same). The same events run again then take the course they took: where the run
-    made a small segment, a request finds it (it fits, and lies below the later ones); elsewhere a whole free small
-    segment, made later, lies above any block the run took and is no better fit; the large pool is as it was. So the
-    run again has the run's peak allocated, reserves nothing more (its peak reserved is the run's last), and ends as
-    the run did (a MaxViT's step makes 6 small segments that its repeat finds cached: it met the run a third of the
-    way in)."""
-    if now[1] != start[1] or now[2] != start[2] or now[4:] != start[4:]:
+    ``start`` before a run of events, the address of its next segment being ``start_next`` there, but for segments
+    that run made, each free and whole now, and their bytes reserved (the bytes allocated and the live tensors'
+    blocks the same, no free block of the start gone). The same events run again then take the course they took,
+    each request that made a segment finding that segment, where no segment the run made later is a better fit for a
+    request: a state that is the run's at the same point and the segments not yet made there, by induction. A
+    segment made later lies above every block there, so it wins no tie; a small one (2 MiB) is no smaller than any
+    small block, so it is never a better fit. A large one is where a request of at most its size found a larger
+    block, or made a larger segment, before it was made: ``record``, the run's requests of the large pool as
+    :meth:`CachingAllocator.run` writes them, and ``free``, the allocator's free blocks by key (to tell a whole
+    segment), tell (:func:`_no_better_fit`); without them no large segment may have been made. So the run again has
+    the run's peak allocated, reserves nothing more (its peak reserved is the run's last), and ends as the run did (a
+    MaxViT's step makes 6 small segments that its repeat finds cached; at a batch of 2 two large ones of 20 MiB too:
+    the repeat ran 2,560 of its events before it met the run's course)."""
+    if now[1] != start[1] or now[4:] != start[4:]:
         return False
-    before, small = set(start[3]), set(now[3])
-    made = small - before
-    if len(small) != len(before) + len(made):  # a free block of the start is gone
+    grown = 0
+    for pool in (2, 3):  # the large pool, the small one
+        before, after = set(start[pool]), set(now[pool])
+        made = after - before
+        if len(after) != len(before) + len(made):  # a free block of the start is gone
+            return False
+        if not made:
+            continue
+        if any(key & _ADDRESS_MASK < start_next for key in made):  # not made by the run
+            return False
+        sizes = [key >> _ADDRESS_BITS for key in made]
+        if pool == 3:
+            if any(size != K_SMALL_BUFFER for size in sizes):  # a small segment in use (split)
+                return False
+        elif record is None or free is None or any(free[key][PREV] is not None or free[key][NEXT] is not None
+                                                      for key in made) or \
+                not _no_better_fit(record, len(made), min(sizes), max(sizes)):
+            return False
+        grown += sum(sizes)
+    return now[0] == start[0] + grown
+
+
+#: A free block's address, from its key in its pool.
+_ADDRESS_MASK = (1 << _ADDRESS_BITS) - 1
+
+
+def _no_better_fit(record: list[int], made: int, smallest: int, largest: int) -> bool:
+    """Whether no request of the large pool in a run (``record``: per request its size, then the size of the free
+    block it found, or minus that of the segment it made, :meth:`CachingAllocator.run`) could have had a better fit
+    in a segment the run made after it (sizes ``smallest`` to ``largest``): no request of at most ``largest`` bytes
+    found a block, or made a segment, of more than ``smallest`` bytes before the last segment was made (exact where
+    the segments made are of one size, 20 MiB for requests under 10 MiB; else it may say no where it could say yes).
+    ``made``: how many large segments the run left free and whole; the record must have made as many."""
+    rows = np.asarray(record, dtype=np.int64).reshape(-1, 2)
+    makes = np.flatnonzero(rows[:, 1] < 0)
+    if len(makes) != made:
         return False
-    whole = K_SMALL_BUFFER << _ADDRESS_BITS
-    if any(key >> _ADDRESS_BITS != K_SMALL_BUFFER or key - whole < start_next for key in made):
-        return False
-    return now[0] == start[0] + len(made) * K_SMALL_BUFFER
+    before = rows[:makes[-1]]
+    return not ((before[:, 0] <= largest) & (np.abs(before[:, 1]) > smallest)).any()
 
 
 def _fused(kinds: np.ndarray, ids: np.ndarray, index: np.ndarray,
@@ -620,7 +667,8 @@ class AllocTrace:
         before = None  # the allocator's state before a repeat of the last step
         marks = None  # the allocator at every _MARK_EVENTS events of the run a repeat follows (:func:`_marked_run`)
         skip = 0  # how many first live tensors the looks leave out: none that the last step or a repeat touches
-        marked_from = None  # the allocator before the marked run: its look and the address of its next segment
+        marked_from = None  # the allocator before the marked run: its look, the address of its next segment, and the
+        # run's requests of the large pool (CachingAllocator.run's record)
         for n in range(total):
             if n > 0:
                 alloc.reset_peaks()
@@ -643,7 +691,8 @@ class AllocTrace:
                 run_sizes = repeated
             else:
                 run_sizes = sizes[size_index].tolist()
-            if marks is not None and _grown_by_small_segments(*marked_from, state):  # it runs the marked run's course
+            if marks is not None and _grown_by_whole_segments(marked_from[0], marked_from[1], state, marked_from[2],
+                                                              alloc._free):  # it runs the marked run's course
                 peaks += [(marks[0].reserved, marks[0].allocated)] * (total - n)
                 break
             if marks is not None:  # the marked run's events again: this run may meet its course
@@ -655,8 +704,8 @@ class AllocTrace:
                         peaks += [met] * (total - n)
                         break
             elif events is repeat and n + 1 < total:  # the next run repeats these events
-                marked_from = state, alloc._next_ptr
-                marks = _marked_run(alloc, run_kinds, run_ids, run_sizes, live, skip)
+                marked_from = state, alloc._next_ptr, []
+                marks = _marked_run(alloc, run_kinds, run_ids, run_sizes, live, skip, marked_from[2])
             else:
                 alloc.run(run_kinds, run_ids, run_sizes, live)
             if n > 0:
