@@ -215,13 +215,14 @@ class CachingAllocator:
         """Carry out the events ``kinds[i]`` (:data:`ALLOC`, :data:`FREE` or :data:`_ALLOC_FREE`; others are passed
         over) of tensor ``ids[i]``: an ALLOC of ``sizes[i]`` bytes, already rounded (0: no block), puts its block in
         ``live`` (and an ALLOC of 0 takes its tensor out); a FREE returns the block ``live`` holds for its tensor, if
-        any; an _ALLOC_FREE does both at once. ``record``: a list to which each request of the large pool adds its
-        size and the size of the free block it found, or minus that of the segment it made (:func:`_no_better_fit`).
+        any; an _ALLOC_FREE does both at once. ``record``: a list to which a request adds its size and minus that of
+        the large segment it made, or the size of the free block it found where that is over 20 MiB and the request
+        is not (one a new 20 MiB segment would fit better: :func:`_no_better_fit`).
         One loop with its state in locals: the replay's hot path (a few thousand events per training step)."""
         pools, free_blocks = self._pools, self._free
         ptr_, size_, small_, allocated_, prev_, next_ = PTR, SIZE, SMALL, ALLOCATED, PREV, NEXT  # locals: fastest
         alloc_kind, free_kind, small_size, min_block, shift = ALLOC, FREE, K_SMALL_SIZE, K_MIN_BLOCK, _ADDRESS_BITS
-        pair_kind = _ALLOC_FREE
+        pair_kind, large_buffer = _ALLOC_FREE, K_LARGE_BUFFER
         reserved, allocated = self.reserved, self.allocated
         peak_reserved, peak_allocated = self.peak_reserved, self.peak_allocated
         for kind, tensor, size in zip(kinds, ids, sizes):
@@ -234,7 +235,7 @@ class CachingAllocator:
                 i = bisect_left(pool, size << shift)  # best fit: the smallest, then lowest, free block
                 if i < len(pool):
                     block = free_blocks.pop(pool.pop(i))
-                    if record is not None and not small:
+                    if record is not None and size <= large_buffer < block[size_]:
                         record += size, block[size_]
                 else:  # none fits: a new segment
                     block = self._segment(size, small)
@@ -295,7 +296,7 @@ class CachingAllocator:
                 i = bisect_left(pool, size << shift)
                 if i < len(pool):
                     held = pool[i] >> shift
-                    if record is not None and not small:
+                    if record is not None and size <= large_buffer < held:
                         record += size, held
                 else:  # the new segment stays, one free block
                     block = self._segment(size, small)
@@ -438,9 +439,9 @@ def _grown_by_whole_segments(start: tuple, start_next: int, now: tuple, record: 
     request: a state that is the run's at the same point and the segments not yet made there, by induction. A
     segment made later lies above every block there, so it wins no tie; a small one (2 MiB) is no smaller than any
     small block, so it is never a better fit. A large one is where a request of at most its size found a larger
-    block, or made a larger segment, before it was made: ``record``, the run's requests of the large pool as
-    :meth:`CachingAllocator.run` writes them, and ``free``, the allocator's free blocks by key (to tell a whole
-    segment), tell (:func:`_no_better_fit`); without them no large segment may have been made. So the run again has
+    block, or made a larger segment, before it was made: ``record``, the run's record of its requests
+    (:meth:`CachingAllocator.run`), and ``free``, the allocator's free blocks by key (to tell a whole segment), tell
+    (:func:`_no_better_fit`); without them no large segment may have been made. So the run again has
     the run's peak allocated, reserves nothing more (its peak reserved is the run's last), and ends as the run did (a
     MaxViT's step makes 6 small segments that its repeat finds cached; at a batch of 2 two large ones of 20 MiB too:
     the repeat ran 2,560 of its events before it met the run's course)."""
@@ -448,6 +449,8 @@ def _grown_by_whole_segments(start: tuple, start_next: int, now: tuple, record: 
         return False
     grown = 0
     for pool in (2, 3):  # the large pool, the small one
+        if now[pool] == start[pool]:  # nothing made
+            continue
         before, after = set(start[pool]), set(now[pool])
         made = after - before
         if len(after) != len(before) + len(made):  # a free block of the start is gone
@@ -461,8 +464,7 @@ def _grown_by_whole_segments(start: tuple, start_next: int, now: tuple, record: 
             if any(size != K_SMALL_BUFFER for size in sizes):  # a small segment in use (split)
                 return False
         elif record is None or free is None or any(free[key][PREV] is not None or free[key][NEXT] is not None
-                                                      for key in made) or \
-                not _no_better_fit(record, len(made), min(sizes), max(sizes)):
+                                                      for key in made) or not _no_better_fit(record, sizes):
             return False
         grown += sum(sizes)
     return now[0] == start[0] + grown
@@ -472,20 +474,19 @@ def _grown_by_whole_segments(start: tuple, start_next: int, now: tuple, record: 
 _ADDRESS_MASK = (1 << _ADDRESS_BITS) - 1
 
 
-def _no_better_fit(record: list[int], made: int, smallest: int, largest: int) -> bool:
-    """Whether no request of the large pool in a run (``record``: per request its size, then the size of the free
-    block it found, or minus that of the segment it made, :meth:`CachingAllocator.run`) could have had a better fit
-    in a segment the run made after it (sizes ``smallest`` to ``largest``): no request of at most ``largest`` bytes
-    found a block, or made a segment, of more than ``smallest`` bytes before the last segment was made (exact where
-    the segments made are of one size, 20 MiB for requests under 10 MiB; else it may say no where it could say yes).
-    ``made``: how many large segments the run left free and whole; the record must have made as many."""
-    rows = np.asarray(record, dtype=np.int64).reshape(-1, 2)
-    makes = np.flatnonzero(rows[:, 1] < 0)
-    if len(makes) != made:
+def _no_better_fit(record: list[int], sizes: list[int]) -> bool:
+    """Whether no request of a run could have had a better fit in a large segment the run made after it, the segments
+    the run made being of ``sizes`` (bytes), free and whole now, and ``record`` the run's record of its requests
+    (:meth:`CachingAllocator.run`: per request its size, then minus that of the large segment it made, or the size of
+    a block over 20 MiB it found, being of at most 20 MiB). Told where every segment made is of 20 MiB (made for a
+    request under 10 MiB, or of 18 to 20 MiB): then a request had a better fit in a later one where it is of at most
+    20 MiB and found a larger block, or made a larger segment (which no such request does), before the last segment
+    was made; the record must have made as many segments. Elsewhere no."""
+    if any(size != K_LARGE_BUFFER for size in sizes):
         return False
-    before = rows[:makes[-1]]
-    return not ((before[:, 0] <= largest) & (np.abs(before[:, 1]) > smallest)).any()
-
+    found = record[1::2]
+    makes = [k for k, size in enumerate(found) if size < 0]
+    return len(makes) == len(sizes) and all(size < 0 for size in found[:makes[-1]])
 
 def _fused(kinds: np.ndarray, ids: np.ndarray, index: np.ndarray,
            small: np.ndarray | None = None) -> tuple[list[int], list[int], np.ndarray]:
