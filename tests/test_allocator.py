@@ -66,13 +66,14 @@ def test_a_replay_refuses_addresses_past_its_keys_range():
 
 
 def test_an_allocation_freed_at_once_is_one_event_of_the_replay():
-    """An ALLOC whose next event frees its tensor is one event of the replay, with the ALLOC's size; an ALLOC freed
-    later, or followed by another tensor's FREE, is not."""
-    kinds = [STEP, ALLOC, FREE, ALLOC, ALLOC, FREE, FREE, ALLOC, FREE]
-    ids = [0, 1, 1, 2, 3, 2, 3, 4, 4]
-    fused_kinds, fused_ids, index = _fused(kinds, ids, list(range(9)))
-    assert fused_kinds == [STEP, _ALLOC_FREE, ALLOC, ALLOC, FREE, FREE, _ALLOC_FREE]
-    assert fused_ids == [0, 1, 2, 3, 2, 3, 4] and index.tolist() == [0, 1, 3, 4, 5, 6, 7]
+    """An ALLOC whose next event frees its tensor is one event of the replay, with the ALLOC's size, and so is one
+    whose FREE follows FREEs of other tensors alone (its FREE first: FREEs commute); an ALLOC freed after another
+    ALLOC is not."""
+    kinds = [STEP, ALLOC, FREE, ALLOC, ALLOC, FREE, FREE, ALLOC, FREE, ALLOC, ALLOC, FREE, FREE, FREE]
+    ids = [0, 1, 1, 2, 3, 2, 3, 4, 4, 5, 6, 7, 9, 6]
+    fused_kinds, fused_ids, index = _fused(kinds, ids, list(range(14)))
+    assert fused_kinds == [STEP, _ALLOC_FREE, ALLOC, _ALLOC_FREE, FREE, _ALLOC_FREE, ALLOC, _ALLOC_FREE, FREE, FREE]
+    assert fused_ids == [0, 1, 2, 3, 2, 4, 5, 6, 7, 9] and index.tolist() == [0, 1, 3, 4, 5, 7, 9, 10, 11, 12]
 
 
 def test_an_allocation_freed_at_once_leaves_the_allocator_as_the_two_events_do():
