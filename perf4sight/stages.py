@@ -22,7 +22,7 @@ from rich.text import Text
 from perf4sight.config import Config
 from perf4sight.dataset import (ZOO_CACHE, dataset_descriptions, default_networks, device_dataset,
                                 fingerprinted_devices, is_description_file, measured_devices, other_losses,
-                                other_phases, resolve_networks, undescribed_note)
+                                other_phases, read_manifest, resolve_networks, undescribed_note)
 from perf4sight.errors import UserError
 from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, OPTIMIZER_LABELS
 from perf4sight.ir.schema import NetworkDescription
@@ -236,8 +236,10 @@ def run_profile(cfg: Config, args: argparse.Namespace) -> int:
         if results_path(cfg.profiling_dir, s.device).is_file():
             console.print(f"{s.device}: measurements in {results_path(cfg.profiling_dir, s.device)}", markup=False)
             rows = read_rows(results_path(cfg.profiling_dir, s.device))
-            mine = latest_rows(r for r in rows  # this optimiser's and this loss's sweep
-                               if phase_of(r) == phase and loss_of(r) == cfg.profile.loss)
+            profiled = {r["network"] for r in read_manifest(cfg.models_dir / "manifest.csv")}
+            mine = latest_rows(r for r in rows  # this optimiser's and this loss's sweep, of the networks it profiles
+                               if phase_of(r) == phase and loss_of(r) == cfg.profile.loss
+                               and r.get("network") in profiled)
             fitting = getattr(args, "notes_said", None) is not None  # --stage all: its fingerprint stage fits them
             _print_notes(*_once(args, s.device, limit=_limit_note(cfg, s.device, mine),
                                 load=_load_note(cfg, s.device, mine, fitting=fitting)))
@@ -419,9 +421,10 @@ def _fingerprint_device(cfg: Config, args: argparse.Namespace, device: str, pred
     if passed_over:
         notes.print(passed_over, markup=False)
         return False
-    _print_notes(note, undescribed_note(cfg, device, rows, descriptions), _over_limit_note(cfg, device, rows),
-                 *_once(args, device, limit=_limit_note(cfg, device, rows),
-                        load=_load_note(cfg, device, rows, fitting=True),
+    fitted = [r for r in rows if r.get("network") in descriptions]  # not those of networks passed over
+    _print_notes(note, undescribed_note(cfg, device, rows, descriptions), _over_limit_note(cfg, device, fitted),
+                 *_once(args, device, limit=_limit_note(cfg, device, fitted),
+                        load=_load_note(cfg, device, fitted, fitting=True),
                         reference_load=_reference_load_note(cfg, device) if cfg.fingerprint.drift_reference else ""))
     if predictor in ("trees", "ensemble"):
         meta = fit_device(cfg, device, descriptions, shas, rows=rows, refit=refit)  # the rows read above

@@ -903,14 +903,15 @@ def test_fingerprint_notes_rows_of_networks_removed_from_the_config(tmp_path, cl
 def test_the_fingerprint_stage_notes_the_rows_it_fits_that_were_measured_under_load(tmp_path, cli_here):
     """A device profiled on a busy host earlier (its rows' load_avg_1m above their cpu_count) learns it where its
     fingerprint is fitted too: one note, how many rows, the largest load and how to measure them again; rows within
-    half a CPU of the CPU count, or from before the load was recorded, are not counted."""
+    half a CPU of the CPU count, or from before the load was recorded, are not counted, nor are those of a network
+    removed from the config (passed over: the note counted them and told to --remeasure it, which profile refuses)."""
     import csv
 
-    _measured_tiny_networks(tmp_path, {"a": 8, "b": 16, "c": 24}, listed=["a", "b", "c"])
+    _measured_tiny_networks(tmp_path, {"a": 8, "b": 16, "c": 24, "gone": 32}, listed=["a", "b", "c"])
     csv_path = results_path(tmp_path / "profiling_csvs", "local")
     with csv_path.open(newline="") as fh:
         rows = list(csv.DictReader(fh))
-    loads = {("a", "1"): "6.25", ("b", "4"): "4.6", ("c", "1"): "4.4", ("c", "2"): ""}  # the rest: quiet
+    loads = {("a", "1"): "6.25", ("b", "4"): "4.6", ("c", "1"): "4.4", ("c", "2"): "", ("gone", "1"): "7.5"}
     for r in rows:
         r["load_avg_1m"], r["cpu_count"] = loads.get((r["network"], r["batch_size"]), "0.8"), "4"
     with csv_path.open("w", newline="") as fh:

@@ -176,3 +176,33 @@ def test_stage_all_remeasure_checks_its_names_first_then_fits_the_new_rows_alone
     assert results.read_rows(csv_path.with_name("superseded.csv")) == [before[1]]
     metadata = json.loads((cfg.fingerprint_dir / "local" / "metadata.json").read_text())
     assert not measurements_differ(cfg, "local", metadata)  # fitted on the rows as they are now
+
+
+def test_the_load_note_counts_only_the_rows_of_networks_the_profile_measures(tmp_path, capsys):
+    """A network removed from the config keeps its rows in the CSV, passed over by every stage; the profile stage's
+    load note counted them (6 of 24 ok rows, where the profile had 18) and told to --remeasure them, a command the
+    profile refuses ('not one of the networks profiled'). Only the rows of the manifest's networks count now. Every
+    configuration is measured already, so no measuring child starts."""
+    from perf4sight import stages
+    from perf4sight.ir.schema import load_description
+
+    cfg = load_config(_project(tmp_path, names=("tiny",), batch_sizes=(1,)))
+    net = tmp_path / "models" / "nets" / "tiny.json"
+    shape = "x".join(map(str, load_description(net).input_shape))
+    row = {"device": "local", "backend": "cpu", "network": "tiny", "family": "tiny", "batch_size": 1,
+           "input_shape": shape, "phase": "train", "status": "ok", "latency_ms_median": 3.0, "peak_rss_mb": 650,
+           "threads": 1, "timestamp": "2025-01-01T00:00:00+00:00", "momentum": "0.9", "weight_decay": "0.0",
+           "loss": "cross_entropy", "description_sha": results.file_sha(net.read_bytes()),
+           "load_avg_1m": "0.5", "cpu_count": "4"}
+    csv_path = results.results_path(tmp_path / "profiling_csvs", "local")
+    results.append_row(csv_path, row)
+    results.append_row(csv_path, dict(row, network="gone", family="gone", load_avg_1m="9.5"))  # not in the manifest
+    assert stages.run("profile", cfg, _args()) == 0
+    out = capsys.readouterr()
+    assert "1/1 rows (0 new)" in out.out
+    assert [line for line in out.err.splitlines() if "load average" in line] == []
+    results.append_row(csv_path, dict(row, batch_size=2, load_avg_1m="9.5"))  # a loaded row of tiny's does count
+    assert stages.run("profile", cfg, _args()) == 0
+    (note,) = [line for line in capsys.readouterr().err.splitlines() if "load average" in line]
+    assert note.startswith("note: local: 1 of 2 ok rows was measured while its 1-minute load average was above 4.5")
+    assert note.endswith("--remeasure tiny while the device is quiet (the earlier rows move to superseded.csv)")
