@@ -847,9 +847,18 @@ def _predict_device(cfg: Config, wanted: list[str] | None, predictor: str) -> st
     configured = [d for d in cfg.devices if d in have]
     device = (configured or have or [""])[0]
     if not device:
-        raise UserError(f"no {predictor} fingerprint under {cfg.fingerprint_dir}: "
-                        f"run --stage fingerprint --predictor {predictor} first")
+        raise UserError(f"no {predictor} fingerprint under {cfg.fingerprint_dir}"
+                        + _how_to_fit(cfg, f"--stage fingerprint --predictor {predictor}"))
     return device
+
+
+def _how_to_fit(cfg: Config, fit: str) -> str:
+    """What to run where no device has a fingerprint: ``fit`` where some device has measurements, else the stages
+    before it too (a fresh project told to fit was told next that there is nothing to fit, then nothing to profile)."""
+    if measured_devices(cfg, None):
+        return f": run {fit} first"
+    return (f", nor any measurements under {cfg.profiling_dir}: run --stage all first (the networks, profile and "
+            f"fingerprint stages), or --stage import and then {fit}")
 
 
 def _chosen_device_note(cfg: Config, device: str, predictor: str) -> None:
@@ -1075,7 +1084,7 @@ def run_compare(cfg: Config, args: argparse.Namespace) -> int:
                     "run --stage fingerprint --predictor trees (or ensemble) for them", markup=False)
     devices = fingerprinted_devices(cfg, args.device or cfg.compare.devices or None)
     if not devices:
-        raise UserError(f"no trees fingerprint under {cfg.fingerprint_dir}: run --stage fingerprint first"
+        raise UserError(f"no trees fingerprint under {cfg.fingerprint_dir}" + _how_to_fit(cfg, "--stage fingerprint")
                         + (" (--predictor trees or ensemble: a GNN alone is not compared)" if gnn_only else ""))
     for device in devices:  # a device without measurements here: the report's notes say so
         _stale_fingerprint_note(cfg, device)

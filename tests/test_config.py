@@ -549,6 +549,32 @@ def test_a_device_without_data_is_named_beside_those_with_it(tmp_path):
     assert measured_devices(cfg, None) == ["local", "tx2"]
 
 
+def test_predict_and_compare_in_a_fresh_project_say_every_stage_it_lacks(tmp_path):
+    """A new user's first predict (or compare) in a folder holding only config.toml was told to run the fingerprint
+    stage, which said there was nothing to fit, and the profile stage then that there was nothing to profile: with
+    no measurements either, the line says --stage all (or import, then fingerprint); with some, the fingerprint."""
+    import argparse
+
+    from perf4sight import stages
+
+    cfg = load_config(write(tmp_path, GOOD))
+    fresh = (f"no trees fingerprint under {cfg.fingerprint_dir}, nor any measurements under {cfg.profiling_dir}: "
+             "run --stage all first (the networks, profile and fingerprint stages), or --stage import and then "
+             "--stage fingerprint")
+    with pytest.raises(UserError) as predict:
+        stages._predict_device(cfg, None, "trees")
+    assert str(predict.value) == fresh + " --predictor trees"
+    with pytest.raises(UserError) as compare:
+        stages.run_compare(cfg, argparse.Namespace(device=None))
+    assert str(compare.value) == fresh
+    (cfg.profiling_dir / "local").mkdir(parents=True)
+    (cfg.profiling_dir / "local" / "measurements.csv").write_text("device\n")
+    with pytest.raises(UserError, match=r"fingerprinting: run --stage fingerprint --predictor gnn first$"):
+        stages._predict_device(cfg, None, "gnn")
+    with pytest.raises(UserError, match=r"fingerprinting: run --stage fingerprint first$"):
+        stages.run_compare(cfg, argparse.Namespace(device=None))
+
+
 def test_the_commands_suggested_for_a_device_named_with_a_space_can_be_pasted(tmp_path):
     """A device name may hold a space (an imported ``jetson tx2``): the commands suggested said ``--device jetson
     tx2``, which a shell reads as two devices; each name is one shell word now, quoted where it must be."""
