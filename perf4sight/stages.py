@@ -1082,7 +1082,12 @@ def run_compare(cfg: Config, args: argparse.Namespace) -> int:
     if gnn_only:  # compare shows the trees fingerprints (and their held-out figures)
         notes.print(f"note: {', '.join(gnn_only)} only have a GNN; compare shows trees fingerprints: "
                     "run --stage fingerprint --predictor trees (or ensemble) for them", markup=False)
-    devices = fingerprinted_devices(cfg, args.device or cfg.compare.devices or None)
+    try:
+        devices = fingerprinted_devices(cfg, args.device or cfg.compare.devices or None)
+    except UserError as exc:  # the config's names: say where they are, as --stage all does
+        if args.device or not cfg.compare.devices:
+            raise
+        raise UserError(f"{cfg.path}: [compare] devices: {exc}") from None
     if not devices:
         raise UserError(f"no trees fingerprint under {cfg.fingerprint_dir}" + _how_to_fit(cfg, "--stage fingerprint")
                         + (" (--predictor trees or ensemble: a GNN alone is not compared)" if gnn_only else ""))

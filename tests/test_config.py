@@ -575,6 +575,21 @@ def test_predict_and_compare_in_a_fresh_project_say_every_stage_it_lacks(tmp_pat
         stages.run_compare(cfg, argparse.Namespace(device=None))
 
 
+def test_compare_names_its_config_key_for_a_device_it_does_not_know(tmp_path):
+    """``[compare] devices = ["lokal"]`` (a typo): --stage all named the key, --stage compare alone did not (its line
+    read as if --device had been given); both name it now, and --device's own names are told as before."""
+    import argparse
+
+    from perf4sight import stages
+
+    cfg = load_config(write(tmp_path, GOOD + '[compare]\ndevices = ["lokal"]\n'))
+    with pytest.raises(UserError, match=r"^\S*c\.toml: \[compare\] devices: unknown device 'lokal' \(did you "
+                                        r"mean 'local'\?\)"):
+        stages.run_compare(cfg, argparse.Namespace(device=None))
+    with pytest.raises(UserError, match=r"^unknown device 'lokall' \(did you mean 'local'\?\)"):
+        stages.run_compare(cfg, argparse.Namespace(device=["lokall"]))
+
+
 def test_the_commands_suggested_for_a_device_named_with_a_space_can_be_pasted(tmp_path):
     """A device name may hold a space (an imported ``jetson tx2``): the commands suggested said ``--device jetson
     tx2``, which a shell reads as two devices; each name is one shell word now, quoted where it must be."""
