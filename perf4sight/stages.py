@@ -482,7 +482,7 @@ def _other_optimizers_note(cfg: Config, device: str) -> str:
     stays = (f"its fingerprint stays as it is, and predict estimates {step}'s step from it" if stored.is_file()
              else f"--optimizer {others[0]} fits one of its rows")
     return (f"note: {device}: not fitted: its rows are of steps with {' and '.join(others)}, none with {step} "
-            f"([profile] optimizer); {stays}")
+            f"([profile] optimizer or --optimizer); {stays}")
 
 
 def _other_losses_note(cfg: Config, device: str, others: list[str]) -> str:
@@ -494,7 +494,7 @@ def _other_losses_note(cfg: Config, device: str, others: list[str]) -> str:
     stays = (f"its fingerprint stays as it is, and predict estimates the step with {cfg.profile.loss} from it"
              if stored.is_file() else f"--loss {others[0]} fits those rows")
     return (f"note: {device}: not fitted: its rows are of steps with loss {' and '.join(others)}, none with "
-            f"{cfg.profile.loss} ([profile] loss); {stays}")
+            f"{cfg.profile.loss} ([profile] loss or --loss); {stays}")
 
 
 def _other_update_note(cfg: Config, device: str, rows: list[dict], meta: dict) -> str:

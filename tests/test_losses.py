@@ -162,7 +162,7 @@ def test_image_to_image_networks_profiled_and_fitted_with_mse_beside_cross_entro
     # a loss no row measured: the device is passed over with a note, and the stage stops saying which losses it has
     none = _main(tmp_path, "mse", "--stage", "fingerprint", "--loss", "l1", code=2, here=cli_here)
     assert "local: not fitted: its rows are of steps with loss cross_entropy and mse, none with l1" in none.stderr
-    assert "has no rows of a training step with loss l1 ([profile] loss)" in none.stderr
+    assert "has no rows of a training step with loss l1 ([profile] loss or --loss)" in none.stderr
 
 
 def test_the_features_count_an_mse_or_l1_loss_over_the_output_and_its_float_target():

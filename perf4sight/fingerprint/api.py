@@ -37,12 +37,13 @@ def device_measurements(cfg: Config, device: str, shas: dict[str, str] | None = 
         others = other_phases(cfg, device) if not rows else []
         if others:
             raise UserError(f"device '{device}' has no rows of a training step with {cfg.profile.optimizer} "
-                            f"([profile] optimizer) in {results_path(cfg.profiling_dir, device)}, only with "
-                            f"{' and '.join(others)}: set [profile] optimizer to fit those, or profile it again")
+                            f"([profile] optimizer or --optimizer) in {results_path(cfg.profiling_dir, device)}, "
+                            f"only with {' and '.join(others)}: set [profile] optimizer (or --optimizer) to fit those, "
+                            "or profile it again")
         losses = other_losses(cfg, device) if not rows else []
         if losses:
             raise UserError(f"device '{device}' has no rows of a training step with loss {cfg.profile.loss} "
-                            f"([profile] loss) in {results_path(cfg.profiling_dir, device)}, only with "
+                            f"([profile] loss or --loss) in {results_path(cfg.profiling_dir, device)}, only with "
                             f"{' and '.join(losses)}: set [profile] loss (or --loss) to fit those, or profile it again")
         if not rows:
             raise UserError(f"no measurements for device '{device}' in {results_path(cfg.profiling_dir, device)}")
