@@ -788,7 +788,9 @@ def _predict_prune_to_fit(cfg: Config, args: argparse.Namespace, fp: object, dev
                         "(--max-latency-ms alone searches for a step-time budget)")
     cfg, names = with_command_line_factories(cfg, names)  # FILE.py:FUNCTION: pruned as [networks] factories are
     networks, refused = prunable_networks(cfg, names)
-    if refused:
+    if refused:  # a name no one knows (a typo) is told as --network tells it, with the closest names
+        from perf4sight.config import checked_network_names
+        checked_network_names(cfg, refused, "--network", Path)
         raise UserError(f"--prune-to-fit: {', '.join(refused)}: cannot be pruned here, only {PRUNABLE}")
     batch_sizes = list(dict.fromkeys(batch_list(args.batch_size or cfg.predict.batch_sizes)))
     shape = _query_shape(cfg, args, fp)

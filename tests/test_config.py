@@ -590,6 +590,24 @@ def test_compare_names_its_config_key_for_a_device_it_does_not_know(tmp_path):
         stages.run_compare(cfg, argparse.Namespace(device=["lokall"]))
 
 
+def test_prune_to_fit_tells_a_misspelt_network_with_the_closest_names(tmp_path):
+    """``--network resnt18 --prune-to-fit`` said 'resnt18: cannot be pruned here, only a zoo network or ...', where
+    predict without --prune-to-fit names the closest names of an unknown network: it does too now; a known network
+    that cannot be pruned on request (a description file) is told as before. No fingerprint is read before."""
+    import argparse
+    from types import SimpleNamespace
+
+    from perf4sight import stages
+
+    cfg = load_config(write(tmp_path, GOOD))
+    args = argparse.Namespace(max_latency_ms=None, batch_size=[8], json=True, input_shape=None)
+    fp = SimpleNamespace(capacity_mb=900.0)
+    with pytest.raises(UserError, match=r"^--network: unknown network 'resnt18' \(did you mean 'resnet18'"):
+        stages._predict_prune_to_fit(cfg, args, fp, "local", ["resnt18"])
+    with pytest.raises(UserError, match=r"^--prune-to-fit: mine\.json: cannot be pruned here, only a zoo network"):
+        stages._predict_prune_to_fit(cfg, args, fp, "local", ["mine.json"])
+
+
 def test_the_commands_suggested_for_a_device_named_with_a_space_can_be_pasted(tmp_path):
     """A device name may hold a space (an imported ``jetson tx2``): the commands suggested said ``--device jetson
     tx2``, which a shell reads as two devices; each name is one shell word now, quoted where it must be."""
