@@ -225,6 +225,68 @@ def test_nvml_reads_the_gpu_cuda_steps_on_under_cuda_visible_devices(fake_pynvml
         handle_of(0, "GPU-")  # every UUID starts so: no one GPU
 
 
+class _FakeLibcuda:
+    """The CUDA driver library's three calls the nvml backend makes through ctypes, as ``ctypes.CDLL`` gives them:
+    return codes (0 = CUDA_SUCCESS), results written through the pointers passed."""
+
+    def __init__(self, bus_of_ordinal: dict[int, str]) -> None:
+        self.bus_of_ordinal = bus_of_ordinal
+
+    def cuInit(self, flags) -> int:
+        return 0
+
+    def cuDeviceGet(self, device_ref, ordinal) -> int:
+        if ordinal not in self.bus_of_ordinal:
+            return 101  # CUDA_ERROR_INVALID_DEVICE
+        device_ref._obj.value = ordinal
+        return 0
+
+    def cuDeviceGetPCIBusId(self, buffer, length, device) -> int:
+        buffer.value = self.bus_of_ordinal[device.value].encode()
+        return 0
+
+
+def test_nvml_reads_the_gpu_torch_runs_on_whatever_cuda_numbers_it(fake_pynvml, monkeypatch):
+    """CUDA numbers GPUs fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID; NVML numbers them in PCI bus order. The
+    backend set PCI_BUS_ID only where the variable was unset, so with CUDA_DEVICE_ORDER=FASTEST_FIRST (exported to
+    pick the fast GPU of a mixed machine) CUDA's GPU 0 was NVML's third while NVML's handle was of its first: the
+    memory, load and power of another GPU. The handle is now the GPU at the PCI address CUDA gives its index (torch's
+    device properties, else the CUDA driver's cuDeviceGetPCIBusId for an older torch), and where neither tells, a
+    CUDA order other than NVML's on a machine of several GPUs is refused in one line."""
+    import ctypes
+
+    from perf4sight.profiling.backends.cuda import CudaBackend
+
+    monkeypatch.setattr(CudaBackend, "prepare", lambda self: None)  # no CUDA here: torch's properties stand in
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
+    newer = types.SimpleNamespace(name="fast", total_memory=1, pci_domain_id=0, pci_bus_id=0x12, pci_device_id=0)
+    older = types.SimpleNamespace(name="fast", total_memory=1)  # torch 1.10's: no PCI fields
+    props = {"value": newer}
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props["value"])
+
+    def handle() -> int:
+        backend = NvmlBackend(TestPlan(device="g", backend="nvml", gpu_index=0))
+        backend.prepare()
+        return backend.handle.index
+
+    assert handle() == 2
+    props["value"] = older
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: _FakeLibcuda({0: "0000:13:00.0"}))
+    assert handle() == 3
+
+    def no_driver(name):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(ctypes, "CDLL", no_driver)
+    with pytest.raises(RuntimeError, match="CUDA_DEVICE_ORDER=FASTEST_FIRST numbers .* unset it or set PCI_BUS_ID"):
+        handle()
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # then CUDA's numbers are NVML's
+    assert handle() == 0
+    fake_pynvml.GPUS = 1  # one GPU: no other to read
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
+    assert handle() == 0
+
+
 def test_a_jtop_service_that_does_not_answer_costs_its_figures_not_the_measurement(monkeypatch):
     """jtop is optional, but the backend caught its JtopException alone: a service that takes the connection and
     never answers (the real client's start() then raises queue.Empty from its configuration request), or an error

@@ -127,7 +127,9 @@ def install(capacity_mb: float = 512.0) -> _State:
         "is_available": lambda: True, "device_count": lambda: 1, "current_device": lambda: 0,
         "set_device": lambda d: None, "synchronize": lambda device=None: None, "Event": Event,
         "get_device_name": lambda device=None: NAME,
-        "get_device_properties": lambda device=None: types.SimpleNamespace(name=NAME, total_memory=STATE.capacity),
+        # where the fake pynvml's first GPU sits on the PCI bus (torch 2.x's fields; torch 1.10's have none)
+        "get_device_properties": lambda device=None: types.SimpleNamespace(
+            name=NAME, total_memory=STATE.capacity, pci_domain_id=0, pci_bus_id=0x10, pci_device_id=0),
         "memory_allocated": lambda device=None: STATE.allocated,
         "memory_reserved": lambda device=None: STATE.reserved,
         "max_memory_allocated": lambda device=None: STATE.peak_allocated,

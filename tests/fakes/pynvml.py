@@ -102,6 +102,29 @@ def nvmlDeviceGetHandleByUUID(uuid: str):
     raise NVMLError_NotFound()
 
 
+def _pci_bus_id(index: int) -> str:
+    return f"00000000:{0x10 + index:02X}:00.0"  # as nvmlPciInfo_t.busId writes it
+
+
+def nvmlDeviceGetHandleByPciBusId(pci_bus_id: str):
+    """The real one parses "domain:bus:device.function" (hex; the domain may be 4 or 8 digits wide)."""
+    _check()
+    try:
+        domain, bus, rest = pci_bus_id.split(":")
+        wanted = (int(domain, 16), int(bus, 16), int(rest.split(".")[0], 16))
+    except ValueError:
+        raise NVMLError_InvalidArgument() from None
+    for index in range(GPUS):
+        if wanted == (0, 0x10 + index, 0):
+            return types.SimpleNamespace(index=index)
+    raise NVMLError_NotFound()
+
+
+def nvmlDeviceGetPciInfo(handle):
+    _check()
+    return types.SimpleNamespace(busId=_pci_bus_id(handle.index), domain=0, bus=0x10 + handle.index, device=0)
+
+
 def nvmlDeviceGetUUID(handle) -> str:
     _check()
     return _uuid(handle.index)

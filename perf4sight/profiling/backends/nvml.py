@@ -5,10 +5,12 @@ Step time with CUDA events; torch allocator peaks (allocated, reserved); and, fr
 the CUDA context and every other process* (peak over the steps), GPU utilisation and board
 power (means over the steps). CUDA OOM (``torch.cuda.OutOfMemoryError``) is ``oom``.
 
-``gpu_index`` is the CUDA index; ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` is set (unless already set)
-before CUDA starts so that CUDA numbers the GPUs as NVML does. NVML ignores ``CUDA_VISIBLE_DEVICES``: where it is
-set, the GPU CUDA's index names is its entry there (a number, or a GPU's UUID or the start of one), which NVML is
-asked for (:func:`nvml_gpu`). Memory in MiB, power in W.
+``gpu_index`` is the CUDA index; ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` is set (unless already set) before CUDA starts
+so that CUDA numbers the GPUs as NVML does. NVML's handle is of the GPU at the PCI address CUDA gives that index
+(:func:`cuda_pci_bus_id`), whatever order CUDA numbers them in and whatever ``CUDA_VISIBLE_DEVICES`` hides. Where
+neither torch nor the CUDA driver tells that address, NVML, which ignores ``CUDA_VISIBLE_DEVICES``, is asked for the
+GPU's entry there (a number, or a GPU's UUID or the start of one: :func:`nvml_gpu`), and a CUDA order other than
+NVML's on a machine of several GPUs is refused. Memory in MiB, power in W.
 """
 import os
 from typing import Any, Dict, Mapping, Optional, Union
@@ -35,9 +37,9 @@ class NvmlBackend(CudaBackend):
             import pynvml
         except ImportError:
             raise RuntimeError("backend 'nvml' needs pynvml on the device (pip install nvidia-ml-py)") from None
-        self.handle = open_gpu(pynvml, self.plan.gpu_index)
+        super().prepare()  # CUDA up and gpu_index checked: its PCI address can be asked
+        self.handle = open_gpu(pynvml, self.plan.gpu_index, cuda_pci_bus_id(self.plan.gpu_index))
         self.nvml = pynvml
-        super().prepare()
 
     def read_device(self) -> Reading:
         nv, h = self.nvml, self.handle
@@ -89,15 +91,63 @@ def nvml_gpu(gpu_index: int, env: Optional[Mapping[str, str]] = None) -> Union[i
     return int(entry) if entry.isdigit() else entry
 
 
-def open_gpu(pynvml: Any, gpu_index: int) -> Any:
-    """NVML's handle of the GPU CUDA calls ``gpu_index`` (:func:`nvml_gpu`), after ``nvmlInit``; ``RuntimeError`` where
-    NVML cannot open it, naming the ``CUDA_VISIBLE_DEVICES`` entry where one chose it."""
+def cuda_pci_bus_id(gpu_index: int) -> Optional[str]:
+    """The PCI address (``domain:bus:device.function``, hex) of the GPU CUDA calls ``gpu_index`` in this process, as
+    CUDA numbers them here (``CUDA_DEVICE_ORDER``, ``CUDA_VISIBLE_DEVICES``): from torch's device properties (their
+    ``pci_*`` fields, in torch 2.x), else from the CUDA driver (``cuDeviceGetPCIBusId`` of ``libcuda.so.1``, which
+    numbers the GPUs as the runtime does; torch 1.10, a Jetson's, has no such fields); None where neither tells."""
+    import torch
+
+    try:
+        props = torch.cuda.get_device_properties(gpu_index)
+    except (RuntimeError, AssertionError, AttributeError):  # no CUDA: the driver is not asked either
+        return None
+    fields = [getattr(props, name, None) for name in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
+    if all(isinstance(f, int) for f in fields):
+        return "%08X:%02X:%02X.0" % tuple(fields)
+    import ctypes
+
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+        device, text = ctypes.c_int(), ctypes.create_string_buffer(64)
+        if (driver.cuInit(0) or driver.cuDeviceGet(ctypes.byref(device), gpu_index)
+                or driver.cuDeviceGetPCIBusId(text, 64, device)):
+            return None
+    except (OSError, AttributeError):  # no driver library, or one without these calls
+        return None
+    return text.value.decode() or None
+
+
+def _call(fn: Any, text: str) -> Any:
+    """``fn(text)``: nvidia-ml-py takes a str; an older pynvml's ``c_char_p`` wants bytes."""
+    try:
+        return fn(text)
+    except TypeError:
+        return fn(text.encode())
+
+
+def open_gpu(pynvml: Any, gpu_index: int, pci_bus_id: Optional[str] = None) -> Any:
+    """NVML's handle of the GPU CUDA calls ``gpu_index``, after ``nvmlInit``: the GPU at ``pci_bus_id``
+    (:func:`cuda_pci_bus_id`) where given, else :func:`nvml_gpu`'s; ``RuntimeError`` where NVML cannot open it,
+    naming the ``CUDA_VISIBLE_DEVICES`` entry where one chose it, or where CUDA may number the GPUs otherwise than
+    NVML (``CUDA_DEVICE_ORDER`` other than ``PCI_BUS_ID``) and the index alone says which."""
+    if pci_bus_id:
+        try:
+            pynvml.nvmlInit()
+            return _call(pynvml.nvmlDeviceGetHandleByPciBusId, pci_bus_id)
+        except pynvml.NVMLError as exc:
+            raise RuntimeError(f"NVML cannot open GPU {gpu_index} (PCI {pci_bus_id}): {exc}") from None
     which = nvml_gpu(gpu_index)
     named = (f"GPU {gpu_index}" if which == gpu_index and isinstance(which, int)
              else f"GPU {gpu_index} (CUDA_VISIBLE_DEVICES entry {which!r})")
+    order = os.environ.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
     try:
         pynvml.nvmlInit()
         if isinstance(which, int):
+            if order != "PCI_BUS_ID" and pynvml.nvmlDeviceGetCount() > 1:
+                raise RuntimeError(f"NVML cannot tell which GPU is CUDA's {named}: CUDA_DEVICE_ORDER={order} numbers "
+                                   "the GPUs otherwise than NVML, and neither torch nor the CUDA driver gave its PCI "
+                                   "address; unset it or set PCI_BUS_ID")
             return pynvml.nvmlDeviceGetHandleByIndex(which)
         try:
             return pynvml.nvmlDeviceGetHandleByUUID(which)
