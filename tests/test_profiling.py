@@ -945,3 +945,32 @@ def test_progress_on_a_stderr_that_is_no_terminal_is_a_line_per_event():
             log.line("box", 9, 24, "last: gen_0_1 @ 2 oom"), log.line("local", -1, 0, "waiting: one after another")]
     assert said == ["tx2: 3/24 last: resnet18_l0 @ 4 ok", None, "box: reconnecting", None, None, None,
                     "box: 9/24 last: gen_0_1 @ 2 oom", "local: waiting: one after another"]
+
+
+def test_a_local_gpu_device_is_probed_before_its_run_as_an_ssh_one_is(tmp_path):
+    """An SSH device is probed before its run (torch, the backend's library, CUDA seen) and refused in one line; a
+    device of this machine was not: a jetson device off a Jetson (no jtop, no CUDA) or an nvml one without a GPU
+    started the runner, and every child failed its setup, an error row per configuration that a plain rerun after
+    the fix does not measure again. A local device of a GPU backend is now probed first, with the same words."""
+    import platform
+
+    import torch
+
+    from perf4sight.profiling import probe
+    from perf4sight.profiling.fleet import profile_devices
+
+    net = write_net(tmp_path, "tiny")
+    path = write_config(tmp_path)
+    path.write_text(path.read_text().replace('backend = "cpu"\nmemory_limit_mb = 0\nthreads = 1', 'backend = "jetson"'))
+    cfg = load_config(path)
+    csv_path = results.results_path(cfg.profiling_dir, "local")
+    csv_path.parent.mkdir(parents=True)
+    # torch's facts as the probe keeps them (CUDA seen), so that this probe does not spend seconds importing torch
+    key = [sys.executable, platform.python_version(), probe.install_identity("torch")]
+    (csv_path.parent / "probe-cache.json").write_text(json.dumps({"key": key, "torch": torch.__version__,
+                                                                  "cuda": True}))
+    [summary] = profile_devices(cfg, ["local"], [net], show_progress=False)
+    assert summary.status == "failed" and summary.new_rows == 0 and not csv_path.exists()
+    assert summary.message == ("device 'local' is not ready, nothing was run: jtop not importable "
+                               f"(ModuleNotFoundError: No module named 'jtop') (python '{sys.executable}'; see "
+                               "--stage check)")

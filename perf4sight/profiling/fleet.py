@@ -31,8 +31,8 @@ from perf4sight.profiling.local import progress_bars, stop_runners
 from perf4sight.profiling.plan import training_phase
 from perf4sight.profiling.results import (COLUMNS, SUPERSEDED_CSV, append_row, batch_size_of, read_rows,
                                          results_path, row_key, take_rows, written_key)
-from perf4sight.profiling.outcome import (PROBE, DeviceSummary, covering, expected_keys, plan_counts, probe_facts,
-                                          probe_problems)
+from perf4sight.profiling.outcome import (PROBE, PROBE_CACHE, DeviceSummary, covering, expected_keys, plan_counts,
+                                          probe_facts, probe_problems)
 
 __all__ = ["DeviceCheck", "check_devices", "profile_devices", "device_lock", "import_lock", "refuse_another_backend",
            "format_checks", "format_summaries", "remeasure_specs", "supersede", "PROFILE_LOCK", "REMOTE_RUNS_GO_ON"]
@@ -82,14 +82,11 @@ def _check_one(cfg: Config, dev: DeviceConfig, timeout_s: float) -> DeviceCheck:
     if not dev.host:
         # this machine writes its measurements under profiling_dir (workdir is a remote device's)
         check = DeviceCheck(dev.name, dev.backend, "this machine", reachable=True, workdir=str(cfg.profiling_dir))
-        limit = max(timeout_s, 120)
         try:
-            done = subprocess.run([sys.executable, "-c", src, dev.backend, check.workdir], capture_output=True,
-                                  text=True, timeout=limit)
-        except subprocess.TimeoutExpired:  # as an SSH device's check says it (ssh.Remote.run)
-            check.message = f"device '{dev.name}': no reply from the probe ({sys.executable}) within {limit:.0f} s"
+            out, err, rc = _probe_here(dev, check.workdir, limit_s=max(timeout_s, 120))
+        except UserError as exc:
+            check.message = str(exc)
             return check
-        out, err, rc = done.stdout, done.stderr, done.returncode
     else:
         try:
             _require_ssh(dev)
@@ -123,6 +120,39 @@ def _check_one(cfg: Config, dev: DeviceConfig, timeout_s: float) -> DeviceCheck:
     return _judge(check)
 
 
+def _probe_here(dev: DeviceConfig, workdir: str, cache: str | None = None,
+                limit_s: float = 120) -> tuple[str, str, int]:
+    """(stdout, stderr, exit status) of ``probe.py`` for ``dev``'s backend run by this interpreter, the local runner's
+    (``cache``: its torch facts' file, :data:`PROBE_CACHE`); ``UserError`` where it does not answer within
+    ``limit_s``, as an SSH device's check says it (``ssh.Remote.run``)."""
+    try:
+        done = subprocess.run([sys.executable, "-c", PROBE.read_text(), dev.backend, workdir]
+                              + ([cache] if cache else []), capture_output=True, text=True, timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        raise UserError(f"device '{dev.name}': no reply from the probe ({sys.executable}) within {limit_s:.0f} s") \
+            from None
+    return done.stdout, done.stderr, done.returncode
+
+
+def _preflight_here(cfg: Config, dev: DeviceConfig) -> None:
+    """A device of this machine with a GPU backend is probed before its run, as an SSH device is
+    (``RemoteProfiler._preflight``): without torch, its backend's library or CUDA it runs nothing, rather than
+    record an error row per configuration. A ``cpu`` device runs on the torch of this interpreter: not probed (an
+    ``import torch`` costs seconds)."""
+    if dev.backend == "cpu":
+        return
+    folder = results_path(cfg.profiling_dir, dev.name).parent
+    out, err, rc = _probe_here(dev, str(folder), str(folder / PROBE_CACHE))
+    try:
+        facts = probe_facts(sys.executable, rc, out, err)
+    except UserError as exc:
+        raise UserError(f"device '{dev.name}': {exc}") from None
+    problems = probe_problems(dev.backend, facts, str(folder))
+    if problems:
+        raise UserError(f"device '{dev.name}' is not ready, nothing was run: {'; '.join(problems)} "
+                        f"(python '{sys.executable}'; see --stage check)")
+
+
 def check_devices(cfg: Config, names: Sequence[str] | None = None, timeout_s: float = 10.0) -> list[DeviceCheck]:
     """Probe the named devices (default: [profile] devices, else all) in parallel; never raises per device."""
     devices = _selected(cfg, names)
@@ -154,6 +184,7 @@ def _profile_local(cfg: Config, dev: DeviceConfig, descriptions: Sequence[Path],
 
     t0 = time.monotonic()
     try:
+        _preflight_here(cfg, dev)
         local = profile_local(cfg, dev.name, list(descriptions), progress=on_event, cancel=cancel)
     except Exception as exc:  # noqa: BLE001 - the rows the run wrote before it stopped are on disk: counted
         ran = DeviceSummary(dev.name, "failed", new_rows=new_rows, elapsed_s=round(time.monotonic() - t0, 2))
