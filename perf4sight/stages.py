@@ -814,8 +814,9 @@ def _predict_prune_to_fit(cfg: Config, args: argparse.Namespace, fp: object, dev
     if answers:
         _domain_note(fp, [r.variant for _, r in answers], sorted({f["batch_size"] for f, _ in answers}))
         _family_note(fp, [r.variant for _, r in answers])
-    _print_notes(f"note: searched by bisection over pruning levels 0..{TOP_LEVEL} (whole percents of the "
-                 "parameters), taking the predicted memory and step time as falling as the level rises; "
+    _print_notes(f"note: searched pruning levels 0..{TOP_LEVEL} (whole percents of the parameters) one by one "
+                 "from 0 up to the first that meets the limits (the predicted memory and step time need not fall as "
+                 "the level rises); "
                  + (f"{plural(len(set(made)), 'variant')} not in the dataset pruned on request as the networks "
                     f"stage would ({pruned_as(cfg)}; each read from {cfg.models_dir / ZOO_CACHE} once pruned); "
                     if made else "")

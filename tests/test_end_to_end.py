@@ -258,7 +258,8 @@ def test_all_stages_then_predict_json(all_stages, tmp_path, cli_here):
     below = here("--stage", "predict", "--network", f"resnet18_l{level - 1}", f"resnet18_l{level}",
                  "--batch-size", str(b + 1), "--json")
     assert [json.loads(line)["fits"] for line in below.stdout.splitlines()] == [False, True]
-    assert "searched by bisection over pruning levels 0..99" in " ".join(prune.stderr.split())
+    said = " ".join(prune.stderr.split())
+    assert "searched pruning levels 0..99 (whole percents of the parameters) one by one from 0 up" in said
     wrong = here("--stage", "predict", "--network", "gen_0_0", "--batch-size", "2", "--prune-to-fit")
     assert wrong.returncode == 2 and "--prune-to-fit: gen_0_0: cannot be pruned here" in wrong.stderr
     # your own code, named on the command line (FILE.py:FUNCTION): predicted, and pruned as [networks] factories are

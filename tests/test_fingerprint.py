@@ -1139,6 +1139,38 @@ def test_a_step_beyond_the_allocator_replay_is_one_line_and_fits_nowhere(tx2):
     assert fp.max_batch_size(descs["resnet18_0"], limit=10**8) == fp.max_batch_size(descs["resnet18_0"]) > 0
 
 
+def test_the_least_pruning_level_is_the_least_whatever_the_predictions_do_between(monkeypatch):
+    """The search bisected over the levels, taking predicted memory and step time as falling as the level rises. They
+    do not: the H100 fingerprint's resnet18 at batch 128 steps in 27.6 ms unpruned, 24.5 ms at 43%, 22.7 ms at 60%
+    and over 25 ms at 44 to 59%, so --max-latency-ms 25 answered 67%; its memory at batch 4096 fits from 56% but not
+    at 57%. The search now asks every level from 0 up (the top first: where the network stops short of 99%) and
+    answers the first that meets both, so the least one; the predictions here are such curves."""
+    from types import SimpleNamespace
+
+    from perf4sight.fingerprint.pruning_search import least_pruning
+    from perf4sight.networks.pruning import UnreachableLevel
+
+    def search(latency, fits, top=99.0, budget=None):
+        def variant(level):
+            if level > top:
+                raise UnreachableLevel(f"net at {level}%", top, f"it reaches {top}% at most")
+            return SimpleNamespace(name=f"net_l{level}", level=level)
+
+        fp = SimpleNamespace(capacity_mb=1000.0, predict=lambda desc, batches: [
+            {"batch_size": batches[0], "latency_ms": latency(desc.level), "fits": fits(desc.level)}])
+        return least_pruning(fp, variant, 128, budget)
+
+    step = lambda level: 24.5 if level == 43 else 30 - level / 10  # noqa: E731 - 25 ms met at 43, then from 50
+    found = search(step, lambda level: True, budget=25)
+    assert found.level == 43 and found.prediction["latency_ms"] == 24.5 and found.variant.name == "net_l43"
+    assert sorted(found.tried) == list(range(44)) + [99]  # level 0, the top, then up from 1 to the first that meets
+    assert search(lambda level: 1.0, lambda level: level == 20 or level >= 70).level == 20  # memory alone
+    assert search(lambda level: 1.0, lambda level: level >= 56 and level != 57).level == 56
+    assert search(lambda level: 1.0, lambda level: True).tried == {0: True}  # fits unpruned: nothing more asked
+    none = search(step, lambda level: level < 30, top=82.4, budget=25)  # stops short of 99: the top lowered
+    assert none.level is None and sorted(none.tried) == list(range(83)) and not any(none.tried.values())
+
+
 def test_a_batch_beyond_the_allocator_replay_has_no_pruning_level_that_fits(tx2):
     """--prune-to-fit --batch-size 100000000 ended in the error of a step beyond the allocator replay (256 TiB),
     which --max-batch-size's search reads as not fitting: a level whose step is beyond it fits no device, so the

@@ -331,7 +331,7 @@ def test_pruning_section(project, report):
 
 
 def test_least_level_agrees_with_the_sections_own_predictions(project, report):
-    """At a batch size the unpruned resnet18 just misses, the least level that fits (the bisection of
+    """At a batch size the unpruned resnet18 just misses, the least level that fits (the search of
     --prune-to-fit) lies above 0, and the section's predictions at its levels fit exactly from there on."""
     from dataclasses import replace
     from perf4sight.report.compare import _trained_at, gather_device

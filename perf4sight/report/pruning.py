@@ -137,7 +137,7 @@ def pruning_points(cfg: Config, devices: Sequence[Any], trained_at: dict[str, tu
 def least_levels(cfg: Config, devices: Sequence[Any], trained_at: dict[str, tuple[int, ...]],
                  points: list[PruningPoint], notes: list[str]) -> list[LeastLevel]:
     """For each network of ``points`` and each device of known capacity, the least level predicted to fit at the
-    section's batch size (:func:`perf4sight.fingerprint.pruning_search.least_pruning`: a bisection over 0..99)."""
+    section's batch size (:func:`perf4sight.fingerprint.pruning_search.least_pruning`: every level from 0 up)."""
     from perf4sight.fingerprint.pruning_search import least_pruning
 
     out = []
