@@ -270,6 +270,9 @@ def test_nvml_reads_the_gpu_torch_runs_on_whatever_cuda_numbers_it(fake_pynvml, 
         return backend.handle.index
 
     assert handle() == 2
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", fake_pynvml._uuid(1))  # a UUID names the GPU (a MIG one, its instance)
+    assert handle() == 1
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     props["value"] = older
     monkeypatch.setattr(ctypes, "CDLL", lambda name: _FakeLibcuda({0: "0000:13:00.0"}))
     assert handle() == 3

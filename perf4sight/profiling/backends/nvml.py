@@ -6,10 +6,10 @@ the CUDA context and every other process* (peak over the steps), GPU utilisation
 power (means over the steps). CUDA OOM (``torch.cuda.OutOfMemoryError``) is ``oom``.
 
 ``gpu_index`` is the CUDA index; ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` is set (unless already set) before CUDA starts
-so that CUDA numbers the GPUs as NVML does. NVML's handle is of the GPU at the PCI address CUDA gives that index
-(:func:`cuda_pci_bus_id`), whatever order CUDA numbers them in and whatever ``CUDA_VISIBLE_DEVICES`` hides. Where
-neither torch nor the CUDA driver tells that address, NVML, which ignores ``CUDA_VISIBLE_DEVICES``, is asked for the
-GPU's entry there (a number, or a GPU's UUID or the start of one: :func:`nvml_gpu`), and a CUDA order other than
+so that CUDA numbers the GPUs as NVML does. NVML ignores ``CUDA_VISIBLE_DEVICES``: where the GPU's entry there is a
+UUID (or the start of one), NVML is asked for that; else for the GPU at the PCI address CUDA gives the index
+(:func:`cuda_pci_bus_id`), whatever order CUDA numbers the GPUs in. Where neither torch nor the CUDA driver tells that
+address, NVML is asked for the entry's number, or the index itself (:func:`nvml_gpu`), and a CUDA order other than
 NVML's on a machine of several GPUs is refused. Memory in MiB, power in W.
 """
 import os
@@ -127,17 +127,18 @@ def _call(fn: Any, text: str) -> Any:
 
 
 def open_gpu(pynvml: Any, gpu_index: int, pci_bus_id: Optional[str] = None) -> Any:
-    """NVML's handle of the GPU CUDA calls ``gpu_index``, after ``nvmlInit``: the GPU at ``pci_bus_id``
-    (:func:`cuda_pci_bus_id`) where given, else :func:`nvml_gpu`'s; ``RuntimeError`` where NVML cannot open it,
-    naming the ``CUDA_VISIBLE_DEVICES`` entry where one chose it, or where CUDA may number the GPUs otherwise than
-    NVML (``CUDA_DEVICE_ORDER`` other than ``PCI_BUS_ID``) and the index alone says which."""
-    if pci_bus_id:
+    """NVML's handle of the GPU CUDA calls ``gpu_index``, after ``nvmlInit``: the GPU of its ``CUDA_VISIBLE_DEVICES``
+    entry where that is a UUID (of a MIG instance too, which its PCI address would not tell from the whole GPU), else
+    the GPU at ``pci_bus_id`` (:func:`cuda_pci_bus_id`) where given, else :func:`nvml_gpu`'s; ``RuntimeError`` where
+    NVML cannot open it, naming the ``CUDA_VISIBLE_DEVICES`` entry where one chose it, or where CUDA may number the
+    GPUs otherwise than NVML (``CUDA_DEVICE_ORDER`` other than ``PCI_BUS_ID``) and a number alone says which."""
+    which = nvml_gpu(gpu_index)
+    if pci_bus_id and isinstance(which, int):  # a UUID entry names the GPU in any order (a MIG one, its instance)
         try:
             pynvml.nvmlInit()
             return _call(pynvml.nvmlDeviceGetHandleByPciBusId, pci_bus_id)
         except pynvml.NVMLError as exc:
             raise RuntimeError(f"NVML cannot open GPU {gpu_index} (PCI {pci_bus_id}): {exc}") from None
-    which = nvml_gpu(gpu_index)
     named = (f"GPU {gpu_index}" if which == gpu_index and isinstance(which, int)
              else f"GPU {gpu_index} (CUDA_VISIBLE_DEVICES entry {which!r})")
     order = os.environ.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
