@@ -1147,18 +1147,23 @@ def test_the_least_pruning_level_is_the_least_whatever_the_predictions_do_betwee
     answers the first that meets both, so the least one; the predictions here are such curves."""
     from types import SimpleNamespace
 
+    from perf4sight.features.aggregate import BeyondReplay
     from perf4sight.fingerprint.pruning_search import least_pruning
     from perf4sight.networks.pruning import UnreachableLevel
 
-    def search(latency, fits, top=99.0, budget=None):
-        def variant(level):
-            if level > top:
-                raise UnreachableLevel(f"net at {level}%", top, f"it reaches {top}% at most")
+    def search(latency, fits, top=99.0, budget=None, between=(), beyond=()):
+        def variant(level):  # ``between``: levels between two pruning steps; ``beyond``: steps past 256 TiB
+            if level > top or level in between:
+                raise UnreachableLevel(f"net at {level}%", min(top, level - 1.5), "it cannot")
             return SimpleNamespace(name=f"net_l{level}", level=level)
 
-        fp = SimpleNamespace(capacity_mb=1000.0, predict=lambda desc, batches: [
-            {"batch_size": batches[0], "latency_ms": latency(desc.level), "fits": fits(desc.level)}])
-        return least_pruning(fp, variant, 128, budget)
+        def predict(descs, batches):  # one description or a list, as every predictor's
+            descs = descs if isinstance(descs, list) else [descs]
+            if any(d.level in beyond for d in descs):
+                raise BeyondReplay(f"{descs[0].name} at batch size {batches[0]}: more than 256 TiB")
+            return [{"batch_size": batches[0], "latency_ms": latency(d.level), "fits": fits(d.level)} for d in descs]
+
+        return least_pruning(SimpleNamespace(capacity_mb=1000.0, predict=predict), variant, 128, budget)
 
     step = lambda level: 24.5 if level == 43 else 30 - level / 10  # noqa: E731 - 25 ms met at 43, then from 50
     found = search(step, lambda level: True, budget=25)
@@ -1167,6 +1172,8 @@ def test_the_least_pruning_level_is_the_least_whatever_the_predictions_do_betwee
     assert search(lambda level: 1.0, lambda level: level == 20 or level >= 70).level == 20  # memory alone
     assert search(lambda level: 1.0, lambda level: level >= 56 and level != 57).level == 56
     assert search(lambda level: 1.0, lambda level: True).tried == {0: True}  # fits unpruned: nothing more asked
+    odd = search(lambda level: 1.0, lambda level: level in (5, 6, 7), between={5}, beyond={3, 6})
+    assert odd.level == 7 and odd.tried[5] is False and odd.tried[6] is False and odd.tried[4] is False
     none = search(step, lambda level: level < 30, top=82.4, budget=25)  # stops short of 99: the top lowered
     assert none.level is None and sorted(none.tried) == list(range(83)) and not any(none.tried.values())
 
