@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import weakref
 from typing import Any
 
 import numpy as np
@@ -111,12 +112,37 @@ def _kept_storages(own: set[int]) -> tuple[Any, dict[int, int]]:
     return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), saved
 
 
+def _held_storages(own: set[int]) -> tuple[Any, Any]:
+    """:func:`_kept_storages`, counting only what autograd still holds when the second value, a function, is called:
+    a saved tensor of a node torch freed before (a dead branch's, a value read only as a where's condition: freed
+    with its output) is no longer kept for backward."""
+    import torch
+
+    class Packed:
+        __slots__ = ("t", "__weakref__")
+
+    packed: list[tuple[Any, int, int]] = []
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() in own:
+            return t
+        box = Packed()
+        box.t = t.detach()  # an op's output kept as it is would hold its own node (a cycle that keeps both alive)
+        packed.append((weakref.ref(box), t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()))
+        return box
+
+    def held() -> dict[int, int]:
+        return {ptr: nbytes for ref, ptr, nbytes in packed if ref() is not None}
+    return torch.autograd.graph.saved_tensors_hooks(pack, lambda b: b.t if isinstance(b, Packed) else b), held
+
+
 def _autograd_saved_bytes(desc, batch: int, loss: bool = False, with_input: bool = True,
                           fused_rms_norm: bool = False) -> float:
     """Bytes per sample that autograd keeps for backward in one training forward of ``desc`` built by to_torch (and
     with ``loss``, its cross entropy on random labels, as the profiler's child computes it): each storage once,
     parameters and buffers aside (and the input batch, unless ``with_input``); with ``fused_rms_norm``, its RMS norms
-    run as a CUDA build runs them (the trace's stand-in), not op by op as on this CPU."""
+    run as a CUDA build runs them (the trace's stand-in), not op by op as on this CPU. Only what autograd still holds
+    at the end of the forward counts (:func:`_held_storages`)."""
     import torch
     from perf4sight.features.alloc_trace import _fused_rms_norm
     from perf4sight.ir.to_torch import build_module
@@ -128,12 +154,12 @@ def _autograd_saved_bytes(desc, batch: int, loss: bool = False, with_input: bool
     own = {t.untyped_storage().data_ptr() for t in list(model.parameters()) + list(model.buffers())}
     if not with_input:
         own.add(x.untyped_storage().data_ptr())
-    hooks, saved = _kept_storages(own)
+    hooks, held = _held_storages(own)
     with hooks:
         out = model(x)
         if loss:
-            torch.nn.functional.cross_entropy(out, torch.randint(0, desc.num_classes, [batch] + desc.label_shape))
-    return sum(saved.values()) / batch
+            out = torch.nn.functional.cross_entropy(out, torch.randint(0, desc.num_classes, [batch] + desc.label_shape))
+    return sum(held().values()) / batch
 
 
 def test_dilated_depthwise_work_is_a_feature_of_its_own():

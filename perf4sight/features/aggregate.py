@@ -7,7 +7,8 @@ MiB for ``mem_analytic_mb``; per-step figures are for the whole batch.
 
 The analytic training-memory estimate (``mem_analytic_mb``) is:
 weights + gradients + the optimiser's state (SGD's momentum: 3 x params x 4 bytes in all; Adam's two moments:
-4 x params x 4 bytes; ``optimizers.py``) + the tensors autograd keeps for
+4 x params x 4 bytes; ``optimizers.py``; a dead branch's parameters, which get no gradient, once:
+``walk.untrained_nodes``) + the tensors autograd keeps for
 backward (de-duplicated, views resolved to their base; those kept once a batch, a batch norm's mean and 1/std,
 counted once, not in the per-sample ``saved_bytes``) + the input batch + the largest single
 activation (a stand-in for the backward pass's transient workspace). A network that scores each
@@ -39,7 +40,7 @@ from perf4sight.features.formulas import (BYTES_PER_ELEMENT, HANDLERS, OUTPUT, O
 from perf4sight.features.latency_terms import LATENCY_FEATURES, KernelTable, kernel_table, latency_columns
 from perf4sight.features.priced_ops import priced_ms_per_sample
 from perf4sight.features.step_runtime import StepRuntime
-from perf4sight.features.walk import Visit, consumer_counts, gradient_accumulations, walk
+from perf4sight.features.walk import Visit, consumer_counts, gradient_accumulations, trained_params, walk
 from perf4sight.ir.schema import SHARES, NetworkDescription, Node
 
 __all__ = ["BeyondReplay", "NetworkFeatures", "network_features", "features_for", "feature_matrix", "unsupported_ops",
@@ -49,6 +50,9 @@ __all__ = ["BeyondReplay", "NetworkFeatures", "network_features", "features_for"
            "NATIVE_CONV_MAX_BATCH", "NATIVE_CONV_MAX_INPUT"]
 
 MIB = float(2**20)
+#: The ``static`` figure (not a feature column) of the parameter bytes that get a gradient (``walk.trained_params``):
+#: all but a dead branch's, whose ``.grad`` stays None (no gradient, no optimiser state).
+TRAINED_PARAM_BYTES = "trained_param_bytes"
 
 #: Per-sample quantities; the feature is the quantity times the batch size.
 SCALED_FEATURES: tuple[str, ...] = (
@@ -253,6 +257,8 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
     ps["flops_total"] = ps["flops_fwd"] + ps["flops_bwd"]
     st["kernels"] = st["kernels_fwd"] + st["kernels_bwd"]
     st["param_bytes"] = st["params"] * BYTES_PER_ELEMENT
+    # those that get a gradient (a dead branch's do not): their gradients and optimiser state (not a feature column)
+    st[TRAINED_PARAM_BYTES] = trained_params(visits)[0] * BYTES_PER_ELEMENT
     st["depth"] = float(depth.get(desc.output, max(depth.values(), default=0)))
     st["n_nodes"] = float(len(desc.nodes))
     st["branch_nodes"] = float(len(branch))
@@ -277,9 +283,15 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
 def _shared_gradient_sums(visits: list[Visit]) -> int:
     """The adds of a step's backward that sum a layer's parameter gradients over its calls: each later call (a node
     that ``shares`` its first call's parameters) adds its gradient of each of the first call's parameter tensors into
-    the one before (``latency_terms._shared_weight_sums``'s kernels)."""
+    the one before (``latency_terms._shared_weight_sums``'s kernels); a call no gradient reaches (``Visit.trained``
+    false) computes none to add."""
     tensors = {v.node.name: v.cost.param_tensors for v in visits if v.cost is not None}
-    return sum(tensors.get(v.node.attrs[SHARES], 0) for v in visits if SHARES in v.node.attrs)
+    calls: dict[str, int] = {}  # the first call -> its layer's trained calls
+    for v in visits:
+        if v.trained:
+            owner = v.node.attrs.get(SHARES, v.node.name)
+            calls[owner] = calls.get(owner, 0) + 1
+    return sum(tensors.get(owner, 0) * (k - 1) for owner, k in calls.items())
 
 
 def allocator_bytes(sizes: np.ndarray, batch_size: float | np.ndarray) -> float | np.ndarray:
@@ -346,8 +358,9 @@ def feature_matrix(nets: list[NetworkFeatures] | NetworkFeatures, batch_sizes: l
     scaled = per * bs[:, None]
     i_param = STATIC_FEATURES.index("param_bytes")
     i_saved, i_max, i_in = (SCALED_FEATURES.index(k) for k in ("saved_bytes", "max_activation_bytes", "input_bytes"))
-    copies = 2.0 + np.array([n.runtime.update_cost().state_copies for n in rows])  # weights, grads, state
-    copies_mb = copies * stat[:, i_param] / MIB
+    state = 1.0 + np.array([n.runtime.update_cost().state_copies for n in rows])  # grads, state (weights: 1)
+    trained = np.array([n.static.get(TRAINED_PARAM_BYTES, n.static["param_bytes"]) for n in rows], dtype=float)
+    copies_mb = (stat[:, i_param] + state * trained) / MIB
     once = np.array([n.batch_saved_sizes.sum() for n in rows], dtype=float)  # kept once a batch (bytes)
     mem = copies_mb + (scaled[:, i_saved] + once + scaled[:, i_max] + scaled[:, i_in]) / MIB
     if isinstance(nets, NetworkFeatures):

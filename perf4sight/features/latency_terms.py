@@ -38,7 +38,7 @@ import numpy as np
 from perf4sight.features.formulas import (BYTES_PER_ELEMENT, INPUT_GRADIENTS, REGRESSION_LOSS_KERNELS,
                                          hands_input_back, numel, position_loss, window_geometry)
 from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, OptimizerCost, optimizer_cost
-from perf4sight.features.walk import Visit, gradient_accumulations, walk
+from perf4sight.features.walk import Visit, gradient_accumulations, trained_params, walk
 from perf4sight.ir.schema import SHARES, NetworkDescription, Node, node_params, where_condition_inputs
 
 __all__ = ["KernelTable", "kernel_table", "latency_columns", "LATENCY_FEATURES", "TILE", "GEMM", "DEPTHWISE",
@@ -83,13 +83,17 @@ class KernelTable:
 class _Rows:
     def __init__(self) -> None:
         self.rows: list[tuple[int, float, float, float, int, float, float, float]] = []
+        self.forward_only = False  # the node being listed runs no backward (walk.Visit.trained false): bwd rows left
 
-    def gemm(self, m: float, n: float, k: float, batch_dim: int, bytes_ps: float, bytes_fixed: float) -> None:
-        """A GEMM of ``m x n x k`` (per sample along ``batch_dim``)."""
-        self.rows.append((GEMM, m, n, k, batch_dim, 2.0 * m * n * k, bytes_ps, bytes_fixed))
+    def gemm(self, m: float, n: float, k: float, batch_dim: int, bytes_ps: float, bytes_fixed: float,
+             bwd: bool = False) -> None:
+        """A GEMM of ``m x n x k`` (per sample along ``batch_dim``); ``bwd``: of the backward."""
+        if not (bwd and self.forward_only):
+            self.rows.append((GEMM, m, n, k, batch_dim, 2.0 * m * n * k, bytes_ps, bytes_fixed))
 
-    def other(self, kind: int, flops_ps: float, bytes_ps: float, bytes_fixed: float = 0.0) -> None:
-        self.rows.append((kind, 0.0, 0.0, 0.0, -1, flops_ps, bytes_ps, bytes_fixed))
+    def other(self, kind: int, flops_ps: float, bytes_ps: float, bytes_fixed: float = 0.0, bwd: bool = False) -> None:
+        if not (bwd and self.forward_only):
+            self.rows.append((kind, 0.0, 0.0, 0.0, -1, flops_ps, bytes_ps, bytes_fixed))
 
 
 def _conv(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
@@ -106,21 +110,21 @@ def _conv(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
         macs = float(hw_out * cout * kh * kw)
         r.other(DEPTHWISE, 2 * macs, b_in + b_out, w_bytes)
         if not first:
-            r.other(DEPTHWISE, 2 * macs, b_in + b_out, w_bytes)
+            r.other(DEPTHWISE, 2 * macs, b_in + b_out, w_bytes, bwd=True)
         if learnt:
-            r.other(DEPTHWISE, 2 * macs, b_in + b_out, w_bytes)
+            r.other(DEPTHWISE, 2 * macs, b_in + b_out, w_bytes, bwd=True)
     else:
         cg_in, cg_out = cin // g, cout // g
         for _ in range(g):
             r.gemm(hw_out, cg_out, cg_in * kh * kw, 0, (b_in + b_out) / g, w_bytes / g)
             if not first:
                 # transposed conv: each input pixel meets kh*kw*hw_out/hw_in taps on average (stride)
-                r.gemm(hw_in, cg_in, cg_out * kh * kw * hw_out / hw_in, 0, (b_in + b_out) / g, w_bytes / g)
+                r.gemm(hw_in, cg_in, cg_out * kh * kw * hw_out / hw_in, 0, (b_in + b_out) / g, w_bytes / g, True)
             if learnt:
-                r.gemm(cg_out, cg_in * kh * kw, hw_out, 2, (b_in + b_out) / g, w_bytes / g)
+                r.gemm(cg_out, cg_in * kh * kw, hw_out, 2, (b_in + b_out) / g, w_bytes / g, True)
     if a.get("bias"):
         r.other(BANDWIDTH, hw_out * cout, 2 * b_out, cout * BYTES_PER_ELEMENT)  # forward add
-        r.other(BANDWIDTH, hw_out * cout, b_out, cout * BYTES_PER_ELEMENT)  # backward reduction
+        r.other(BANDWIDTH, hw_out * cout, b_out, cout * BYTES_PER_ELEMENT, True)  # backward reduction
 
 
 def _conv_transpose(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
@@ -138,18 +142,18 @@ def _conv_transpose(r: _Rows, node: Node, in_shape: list[int], first: bool) -> N
     w_bytes = cin * (cout // g) * kh * kw * BYTES_PER_ELEMENT
     if g > 1 and g == cin and cout % cin == 0:
         macs = float(hw_in * cout * kh * kw)
-        for _ in range(2 if first else 3):
-            r.other(DEPTHWISE, 2 * macs, b_in + b_out, w_bytes)
+        for i in range(2 if first else 3):
+            r.other(DEPTHWISE, 2 * macs, b_in + b_out, w_bytes, bwd=i > 0)
     else:
         cg_in, cg_out = cin // g, cout // g
         for _ in range(g):
             r.gemm(hw_out, cg_out, cg_in * kh * kw * hw_in / hw_out, 0, (b_in + b_out) / g, w_bytes / g)
             if not first:
-                r.gemm(hw_in, cg_in, cg_out * kh * kw, 0, (b_in + b_out) / g, w_bytes / g)
-            r.gemm(cg_in, cg_out * kh * kw, hw_in, 2, (b_in + b_out) / g, w_bytes / g)
+                r.gemm(hw_in, cg_in, cg_out * kh * kw, 0, (b_in + b_out) / g, w_bytes / g, True)
+            r.gemm(cg_in, cg_out * kh * kw, hw_in, 2, (b_in + b_out) / g, w_bytes / g, True)
     if a.get("bias"):
         r.other(BANDWIDTH, hw_out * cout, 2 * b_out, cout * BYTES_PER_ELEMENT)  # forward add
-        r.other(BANDWIDTH, hw_out * cout, b_out, cout * BYTES_PER_ELEMENT)  # backward reduction
+        r.other(BANDWIDTH, hw_out * cout, b_out, cout * BYTES_PER_ELEMENT, True)  # backward reduction
 
 
 def _attention_gemms(r: _Rows, tokens: int, keys: int, e: int, h: int, first: bool) -> None:
@@ -163,11 +167,11 @@ def _attention_gemms(r: _Rows, tokens: int, keys: int, e: int, h: int, first: bo
     for m, n, k, fixed, grad_in in ((tokens, 3 * e, e, 0.75 * w, not first), (tokens, e, e, 0.25 * w, True)):
         r.gemm(m, n, k, 0, b_io, fixed)
         if grad_in:
-            r.gemm(m, k, n, 0, b_io, fixed)
-        r.gemm(n, k, m, 2, b_io, fixed)
-    for _ in range(3):  # scores Q K^T and the weighted sum of V, forward and two backward products each
-        r.gemm(h * tokens, keys, d, 0, scores, 0.0)
-        r.gemm(h * tokens, d, keys, 0, scores, 0.0)
+            r.gemm(m, k, n, 0, b_io, fixed, True)
+        r.gemm(n, k, m, 2, b_io, fixed, True)
+    for i in range(3):  # scores Q K^T and the weighted sum of V, forward and two backward products each
+        r.gemm(h * tokens, keys, d, 0, scores, 0.0, i > 0)
+        r.gemm(h * tokens, d, keys, 0, scores, 0.0, i > 0)
 
 
 def _attention(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
@@ -178,7 +182,7 @@ def _attention(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
     scores = h * tokens * tokens * BYTES_PER_ELEMENT
     _attention_gemms(r, tokens, tokens, e, h, first)
     r.other(BANDWIDTH, 5.0 * h * tokens * tokens, 2 * scores)  # softmax
-    r.other(BANDWIDTH, 5.0 * h * tokens * tokens, 3 * scores)  # its backward
+    r.other(BANDWIDTH, 5.0 * h * tokens * tokens, 3 * scores, bwd=True)  # its backward
 
 
 def _window_attention(r: _Rows, node: Node) -> None:
@@ -193,22 +197,22 @@ def _window_attention(r: _Rows, node: Node) -> None:
     scores = h * tokens * n * BYTES_PER_ELEMENT
     _attention_gemms(r, tokens, n, e, h, False)
     copies = 5 + (2 if shifted else 0)  # pad, windows, heads back together, windows back, crop; two rolls
-    for _ in range(2 * copies):  # forward, and each one's backward
-        r.other(BANDWIDTH, 0.0, b_io)
+    for i in range(2 * copies):  # forward, and each one's backward
+        r.other(BANDWIDTH, 0.0, b_io, bwd=i % 2 == 1)
     if node.attrs.get("cosine"):  # Swin V2: the queries and keys normalised (a norm and a division each), the
         for _ in range(2):        # scores scaled; each with its backward
             r.other(BANDWIDTH, 2.0 * tokens * e, b_io)
-            r.other(BANDWIDTH, 4.0 * tokens * e, 2 * b_io)
+            r.other(BANDWIDTH, 4.0 * tokens * e, 2 * b_io, bwd=True)
         r.other(BANDWIDTH, h * tokens * n, 2 * scores)
-        r.other(BANDWIDTH, h * tokens * n, 3 * scores)
+        r.other(BANDWIDTH, h * tokens * n, 3 * scores, bwd=True)
     else:
         r.other(BANDWIDTH, tokens * e, b_io)  # the queries scaled, and its backward
-        r.other(BANDWIDTH, tokens * e, b_io)
+        r.other(BANDWIDTH, tokens * e, b_io, bwd=True)
     for _ in range(2 if shifted else 1):  # the bias (and mask) added; backward, the bias's gradient summed
         r.other(BANDWIDTH, h * tokens * n, 3 * scores)
-    r.other(BANDWIDTH, h * tokens * n, scores)
+    r.other(BANDWIDTH, h * tokens * n, scores, bwd=True)
     r.other(BANDWIDTH, 5.0 * h * tokens * n, 2 * scores)  # softmax
-    r.other(BANDWIDTH, 5.0 * h * tokens * n, 3 * scores)  # its backward
+    r.other(BANDWIDTH, 5.0 * h * tokens * n, 3 * scores, bwd=True)  # its backward
 
 
 def _group_attention(r: _Rows, node: Node, first: bool) -> None:
@@ -221,14 +225,14 @@ def _group_attention(r: _Rows, node: Node, first: bool) -> None:
     b_io = 2 * tokens * e * BYTES_PER_ELEMENT
     scores = h * tokens * n * BYTES_PER_ELEMENT
     _attention_gemms(r, tokens, n, e, h, first)
-    for _ in range(2 * 4):  # the queries, keys, values and the heads back together copied; each one's backward
-        r.other(BANDWIDTH, 0.0, b_io)
+    for i in range(2 * 4):  # the queries, keys, values and the heads back together copied; each one's backward
+        r.other(BANDWIDTH, 0.0, b_io, bwd=i % 2 == 1)
     r.other(BANDWIDTH, tokens * e, b_io)  # the keys scaled, and its backward
-    r.other(BANDWIDTH, tokens * e, b_io)
+    r.other(BANDWIDTH, tokens * e, b_io, bwd=True)
     r.other(BANDWIDTH, h * tokens * n, 3 * scores)  # the bias added; backward, the bias's gradient summed
-    r.other(BANDWIDTH, h * tokens * n, scores)
+    r.other(BANDWIDTH, h * tokens * n, scores, bwd=True)
     r.other(BANDWIDTH, 5.0 * h * tokens * n, 2 * scores)  # softmax
-    r.other(BANDWIDTH, 5.0 * h * tokens * n, 3 * scores)  # its backward
+    r.other(BANDWIDTH, 5.0 * h * tokens * n, 3 * scores, bwd=True)  # its backward
 
 
 def _linear(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
@@ -239,10 +243,10 @@ def _linear(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
     w = fin * fout * BYTES_PER_ELEMENT
     r.gemm(rows, fout, fin, 0, b_io, w)
     if not first:
-        r.gemm(rows, fin, fout, 0, b_io, w)
-    r.gemm(fout, fin, rows, 2, b_io, w)
-    if a.get("bias"):
-        r.other(BANDWIDTH, rows * fout, numel(node.output_shape) * BYTES_PER_ELEMENT, fout * BYTES_PER_ELEMENT)
+        r.gemm(rows, fin, fout, 0, b_io, w, True)
+    r.gemm(fout, fin, rows, 2, b_io, w, True)
+    if a.get("bias"):  # the bias's gradient, the incoming one summed (forward: addmm adds it)
+        r.other(BANDWIDTH, rows * fout, numel(node.output_shape) * BYTES_PER_ELEMENT, fout * BYTES_PER_ELEMENT, True)
 
 
 def _matrix_product(r: _Rows, node: Node, in_shapes: list[list[int]], needs: list[bool]) -> None:
@@ -448,15 +452,17 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
     opt = optimizer_cost(update) if isinstance(update, str) else update
     shapes = {n.name: n.output_shape for n in desc.nodes}
     r = _Rows()
-    params = 0
     visits = list(walk(desc)) if visits is None else visits
+    trained, params = trained_params(visits)  # each tensor that gets a gradient gets its own update kernels
+    untrained = sum(v.cost.params for v in visits if v.cost is not None) - trained  # a dead branch's
+    n_params = _param_count(desc) - untrained
     needs_grad = {v.node.name: v.needs_grad for v in visits}
     for visit in visits:
         node, ins, first = visit.node, visit.in_shapes, visit.first
         op = node.op
         if op in _VIEWS or hands_input_back(node):
             continue
-        params += visit.cost.param_tensors if visit.cost is not None else 0  # each gets its own update kernels
+        r.forward_only = not visit.trained
         for _ in range(visit.input_copies):  # its input copied first (walk.Visit): read and written
             r.other(BANDWIDTH, 0.0, 2.0 * numel(ins[0]) * BYTES_PER_ELEMENT)
         for i in visit.copied_inputs:  # a matmul's inputs copied for its bmm (walk.Visit): read and written
@@ -470,7 +476,7 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
         elif op == "attention":
             _attention(r, node, ins[0], first)
         elif op == "matmul":
-            _matrix_product(r, node, ins, [needs_grad[i] for i in node.inputs])
+            _matrix_product(r, node, ins, [needs_grad[i] and visit.trained for i in node.inputs])
         elif op == "window_attention":
             _window_attention(r, node)
         elif op == "group_attention":
@@ -486,12 +492,12 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
             if op in INPUT_GRADIENTS and visit.needs_grad:  # the gradients of those inputs that need one alone
                 bwd_passes, bwd_kernels = _gradients_run(visit, bwd_passes, bwd_kernels)
             _elementwise(r, node, ins, fwd_passes, bwd_passes, bwd_kernels if visit.needs_grad else 0, fwd_kernels)
+    r.forward_only = False
     _loss(r, desc.node(desc.output).output_shape, loss)
     for name, adds in gradient_accumulations(desc, visits).items():  # k gradients into one tensor: k-1 adds
         for _ in range(adds):
             r.other(BANDWIDTH, float(numel(shapes[name])), 3.0 * numel(shapes[name]) * BYTES_PER_ELEMENT)
     _shared_weight_sums(r, visits)
-    n_params = _param_count(desc)
     for _ in range(opt.kernels_per_tensor * params):
         share = opt.tensor_passes / opt.kernels_per_tensor * n_params * BYTES_PER_ELEMENT / max(params, 1)
         r.other(BANDWIDTH, 0.0, 0.0, share)
@@ -515,11 +521,16 @@ def _gradients_run(visit: Visit, bwd_passes: float, bwd_kernels: int) -> tuple[f
 def _shared_weight_sums(r: _Rows, visits: Sequence[Visit]) -> None:
     """Each later call of a layer (a node that ``shares`` its first call's parameters) sums its gradient of each
     parameter tensor into the one before (an add: two tensors read, one written), once a step whatever the batch.
-    The layer's bytes are spread evenly over its tensors, as the update's are."""
+    The layer's bytes are spread evenly over its tensors, as the update's are. A call no gradient reaches
+    (``Visit.trained`` false) computes none to add: the layer's first trained call is the one the others add into."""
     tensors = {v.node.name: v.cost.param_tensors for v in visits if v.cost is not None}
+    seen: set[str] = set()  # the layers (by first call) one of whose trained calls came already
     for v in visits:
-        owner = v.node.attrs.get(SHARES)
-        if owner is None or not tensors.get(owner):
+        owner = v.node.attrs.get(SHARES, v.node.name)
+        if not v.trained or not tensors.get(owner):
+            continue
+        if owner not in seen:  # the first trained call: its gradient waits for the others'
+            seen.add(owner)
             continue
         share = 3.0 * node_params(v.node) * BYTES_PER_ELEMENT / tensors[owner]
         for _ in range(tensors[owner]):

@@ -20,6 +20,10 @@ layer keeps its copy (``Visit.input_copies``), and so does a matmul of 4 or more
 last two do not fold (``strided_views.batch_copied``: its bmm reads a copy; ``Visit.copied_inputs``).
 A node that ``shares`` an earlier node's parameters (one layer called twice) costs its own FLOPs, bytes and saved
 tensors, and holds no parameters (``params`` and ``param_tensors`` 0: its first call's count them, once).
+A node whose output no gradient reaches (:func:`untrained_nodes`: a dead branch, ``y = self.b(x)`` never used, or a
+value read only as a where's condition or for a sort's indices) runs its forward alone, as torch runs it: no backward
+(``Visit.trained`` false), nothing kept, and its parameters get no gradient (``.grad`` stays None), so no optimiser
+state or update either; they exist all the same (``params`` counts them).
 """
 from __future__ import annotations
 
@@ -31,7 +35,7 @@ from perf4sight.features.step_runtime import StepRuntime
 from perf4sight.features.strided_views import batch_copied, rows_copied
 from perf4sight.ir.schema import SHARES, NetworkDescription, Node, where_condition_inputs
 
-__all__ = ["Visit", "walk", "consumer_counts", "gradient_accumulations"]
+__all__ = ["Visit", "walk", "consumer_counts", "gradient_accumulations", "untrained_nodes", "trained_params"]
 
 
 @dataclass(frozen=True)
@@ -54,13 +58,18 @@ class Visit:
     # the backward kernels of the op's whole backward, every input's gradient (``cost``'s: of those that need one,
     # ``formulas.INPUT_GRADIENTS``, where some input needs none)
     all_kernels_bwd: int = 0
+    # a gradient reaches the output (False: untrained_nodes', a dead branch: no backward, needs_grad False too, and
+    # its parameters no gradient)
+    trained: bool = True
 
 
 def walk(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> Iterator[Visit]:
     """Visit the nodes of ``desc`` in order (the description's order is topological), each cost with what it keeps
     for backward under ``runtime``'s rules (``step_runtime.py``; the default: the formulas' own); an op whose
     output needs no gradient (module docstring) with no backward cost (nothing kept, 0 backward FLOPs and
-    kernels). An op without a cost formula is taken to need a gradient (it may have parameters)."""
+    kernels). An op without a cost formula is taken to need a gradient (it may have parameters). A node no gradient
+    reaches (:func:`untrained_nodes`) has no backward cost either, its parameters still counted."""
+    untrained = untrained_nodes(desc)
     shapes: dict[str, list[int]] = {}
     base: dict[str, str] = {}
     grad: dict[str, bool] = {}  # tensor -> it needs a gradient
@@ -85,11 +94,13 @@ def walk(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> Iter
         grad[node.name] = cost is None or cost.params > 0 or fed  # the network input: False
         if cost is not None and SHARES in node.attrs:  # a layer called again: its parameters are its first call's
             cost = replace(cost, params=0, param_tensors=0)
-        if cost is not None and not grad[node.name]:
+        trained = node.name not in untrained
+        if cost is not None and not (grad[node.name] and trained):
             cost = replace(cost, flops_bwd=0.0, kernels_bwd=0, saved=[], extra_saved_bytes=0.0, batch_saved=())
         is_view = cost is not None and cost.kind == "view" and bool(node.inputs)
         base[node.name] = base.get(node.inputs[0], node.inputs[0]) if is_view else node.name
-        yield Visit(node, in_shapes, first, cost, base[node.name], grad[node.name], copies, copied, all_kernels_bwd)
+        yield Visit(node, in_shapes, first, cost, base[node.name], grad[node.name] and trained, copies, copied,
+                    all_kernels_bwd, trained)
 
 
 def _input_copies(node: Node, runtime: StepRuntime, nodes: dict[str, Node], base: dict[str, str],
@@ -112,6 +123,39 @@ def _matmul_copies(node: Node, nodes: dict[str, Node], base: dict[str, str],
                  if shapes[name][:-2] == node.output_shape[:-2] and batch_copied(nodes, name, base, shapes))
 
 
+def _gradient_inputs(node: Node) -> list[str]:
+    """The inputs of ``node`` its backward hands a gradient to: all but a where's condition reads (compared, no
+    gradient back) and the tensor a sort or topk of ``gather`` sorts (its indices alone read)."""
+    if node.op == "where":
+        return list(node.inputs[where_condition_inputs(node.attrs):])
+    if node.attrs.get("gather") and node.op in ("sort", "topk"):
+        return list(node.inputs[1:])
+    return list(node.inputs)
+
+
+def untrained_nodes(desc: NetworkDescription) -> frozenset[str]:
+    """The nodes whose output no gradient reaches: no path of reads that take a gradient (:func:`_gradient_inputs`)
+    leads from them to the network's output. A dead branch (``y = self.b(x)``, ``y`` never used: torch.fx keeps the
+    call, and torch runs it forward) and what only such nodes read; a value read only as a where's condition or for a
+    sort's indices too. torch runs their forward alone: no backward kernels, nothing kept once their output is
+    dropped, their parameters' ``.grad`` None (no optimiser state, no update). Their output may still need a
+    gradient as torch's ``requires_grad`` says (:class:`Visit`'s ``needs_grad`` is false for them all the same)."""
+    reached = {desc.output}
+    for node in reversed(desc.nodes):
+        if node.name in reached:
+            reached.update(_gradient_inputs(node))
+    return frozenset(n.name for n in desc.nodes if n.name not in reached)
+
+
+def trained_params(visits: Iterable[Visit]) -> tuple[float, int]:
+    """The parameters and parameter tensors of ``walk``'s ``visits`` that get a gradient: a layer's, where any of its
+    calls is trained (``Visit.trained``; its first call's node counts them, later ones ``share`` them)."""
+    visits = list(visits)
+    trained = {v.node.attrs.get(SHARES, v.node.name) for v in visits if v.trained}
+    owned = [v.cost for v in visits if v.cost is not None and SHARES not in v.node.attrs and v.node.name in trained]
+    return float(sum(c.params for c in owned)), int(sum(c.param_tensors for c in owned))
+
+
 def consumer_counts(desc: NetworkDescription) -> dict[str, int]:
     """How many ops read each tensor (by name); a tensor read ``k`` times receives ``k`` gradients (where it needs
     one: ``Visit.needs_grad``)."""
@@ -126,10 +170,15 @@ def gradient_accumulations(desc: NetworkDescription, visits: Iterable[Visit]) ->
     """Per tensor read by ``k`` > 1 ops that needs a gradient (``Visit.needs_grad`` of ``walk(desc)``'s visits): its
     ``k`` - 1 accumulation adds, in node order. A tensor that needs none (the network input, what parameter-free ops
     make of it alone) receives no gradients to add up, and neither does a where's condition read (its compared inputs:
-    :func:`_condition_reads`)."""
+    :func:`_condition_reads`) nor a read by a node no gradient reaches (``Visit.trained``: a dead branch's)."""
+    visits = list(visits)
     needs_grad = {visit.node.name: visit.needs_grad for visit in visits}
     conditions = _condition_reads(desc)
     counts = {name: k - conditions.get(name, 0) for name, k in consumer_counts(desc).items()}
+    for visit in visits:
+        if not visit.trained:
+            for name in _gradient_inputs(visit.node):
+                counts[name] -= 1
     return {name: k - 1 for name, k in counts.items() if k > 1 and needs_grad[name]}
 
 
