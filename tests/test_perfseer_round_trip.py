@@ -187,7 +187,10 @@ def test_foreign_reading_rebuilds_the_same_network(name):
                          "glu", "hardshrink", "softshrink", "rmsnorm", "repeat", "rrelu", "alpha_dropout",
                          "fractional_maxpool2d",
                          "frozen_batchnorm2d")]
-    assert views and all(back.node(n.name).attrs == n.attrs for n in views)
+    # a chunk's pieces are Slices there, read as narrows of their own (no split_sizes: rebuilt as narrows, not one
+    # split); every other attr as described
+    assert views and all(back.node(n.name).attrs == {k: v for k, v in n.attrs.items() if k != "split_sizes"}
+                         for n in views)
     # a foreign file does not say which ops ran in place (ONNX has no such notion): read without it, an in-place
     # mish's or threshold's clone of its input (StepRuntime.clones_input) is not counted
     assert network_features(back).per_sample == network_features(_out_of_place(desc)).per_sample

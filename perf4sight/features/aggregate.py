@@ -40,7 +40,8 @@ from perf4sight.features.formulas import (BYTES_PER_ELEMENT, HANDLERS, OUTPUT, O
 from perf4sight.features.latency_terms import LATENCY_FEATURES, KernelTable, kernel_table, latency_columns
 from perf4sight.features.priced_ops import priced_ms_per_sample
 from perf4sight.features.step_runtime import StepRuntime
-from perf4sight.features.walk import Visit, consumer_counts, gradient_accumulations, trained_params, walk
+from perf4sight.features.walk import (Visit, consumer_counts, gradient_accumulations, split_gathers, trained_params,
+                                     walk)
 from perf4sight.ir.schema import SHARES, NetworkDescription, Node
 
 __all__ = ["BeyondReplay", "NetworkFeatures", "network_features", "features_for", "feature_matrix", "unsupported_ops",
@@ -251,6 +252,7 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
     branch = [n for n, k in consumers.items() if k > 1]
     st["kernels_bwd"] += sum(gradient_accumulations(desc, visits).values())  # k gradients into a tensor: k-1 adds
     st["kernels_bwd"] += _shared_gradient_sums(visits)
+    st["kernels_bwd"] += sum(1 + pieces for _, _, pieces in split_gathers(visits))  # a split's zeros and cat
     ps["saved_bytes"] = sum(saved.values()) + extra_saved
     ps["max_activation_bytes"] = max_act
     ps["input_bytes"] = numel(desc.input_shape) * BYTES_PER_ELEMENT + labels_bytes

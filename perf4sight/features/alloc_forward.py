@@ -17,7 +17,7 @@ from perf4sight.features.alloc_values import (_ACTIVATIONS, _BACKWARD_OF, _VIEWS
                                               _fn_edge, _full_strides, _OpContext, _params, _Value)
 from perf4sight.features.formulas import sorted_shape
 from perf4sight.features.step_runtime import CLONED_IN_PLACE
-from perf4sight.ir.schema import SHARES, Node, where_condition_inputs
+from perf4sight.ir.schema import SHARES, Node, split_group, where_condition_inputs
 from perf4sight.ir.shapes import broadcast
 
 
@@ -1020,6 +1020,8 @@ def _view_op(ctx: _OpContext) -> _Value:
         del strides[d]
         fn = ctx.grad_fn([], [_edge(x)], [x.nbytes], ["aten.select_backward.default"], any_strides=True)
         return _Value(ctx.mem.hold(x.sid), nbytes, fn, view=True, strides=_normal(full_out, tuple(strides)))
+    if op == "narrow" and ctx.splits is not None and split_group(n) is not None:
+        return _split_piece(ctx, split_group(n))
     if op == "narrow":  # a slice: its backward writes the gradient into zeros of the input's shape
         strides = x.strides or _strides(full_in)
         return _Value(ctx.mem.hold(x.sid), nbytes, ctx.unary_grad_fn("aten.slice_backward.default", []), view=True,
@@ -1027,6 +1029,20 @@ def _view_op(ctx: _OpContext) -> _Value:
     if op == "identity":
         return _handed_back(ctx)
     raise NotCovered(f"op '{op}'")
+
+
+def _split_piece(ctx: _OpContext, group: tuple) -> _Value:
+    """A piece of a torch.split or torch.chunk (a narrow of ``split_sizes``, rebuilt as one split call): a view of
+    the input whose gradient is handed on to the split's one autograd node (made at its first piece, ``ctx.splits``),
+    which gathers every piece's gradient (:attr:`_GradFn.gathers`) into the input's (``cat``), as
+    ``alloc_composite._chunked``'s."""
+    x = ctx.x
+    if group not in ctx.splits:
+        ctx.splits[group] = ctx.grad_fn([], [_edge(x)], [x.nbytes], ["aten.cat.default"], out_shape=ctx.full_in,
+                                        shapes=[ctx.full_in], any_strides=True, gathers=len(group[2]))
+    fn = ctx.grad_fn([], [_fn_edge(ctx.splits[group])], [ctx.nbytes], [None], shapes=[ctx.full_out])
+    strides = x.strides or _strides(ctx.full_in)
+    return _Value(ctx.mem.hold(x.sid), ctx.nbytes, fn, view=True, strides=_normal(ctx.full_out, strides))
 
 
 #: The fused attention kernel's aten op (its outputs: the result, a log-sum-exp, a seed and an offset).

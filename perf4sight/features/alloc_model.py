@@ -29,8 +29,10 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
   reshape that no view can express (after a transpose: a channel shuffle) is a contiguous copy, and
   so is the backward's reshape of a gradient with such strides.
   A narrow's or a select's backward writes its gradient into zeros of the input's shape (a new
-  tensor). Max pooling (plain or adaptive) keeps its input and int64 indices; a scalar add keeps
-  nothing and hands its gradient on, a scalar multiply scales it (a new tensor).
+  tensor); a chunk's or a split's pieces (narrows of ``split_sizes``, rebuilt as one ``torch.split``) hand theirs to
+  the split's one node, which gathers them into the input's (``cat``) once every piece's has arrived. Max pooling
+  (plain or adaptive) keeps its input and int64 indices; a scalar add keeps nothing and hands its gradient on, a
+  scalar multiply scales it (a new tensor).
 - **Loss**: cross entropy = log-softmax (keeps its result) + NLL loss (a 4-byte loss and a 4-byte
   total weight, which it keeps); ``backward`` starts from a 4-byte seed held until it returns. A classifier's
   scores are read as ``[N, -1]`` (a view); scores per pixel (``[N, C, H, W]``, a segmentation network's) go to
@@ -219,6 +221,7 @@ def step_events(desc: NetworkDescription, batch_size: int, relu6_clone: bool = F
     fns: list[_GradFn] = []
     users = _last_uses(desc)
     shapes = {n.name: list(n.output_shape) for n in desc.nodes}
+    splits: dict = {}  # torch.split calls -> their autograd node (alloc_forward._split_piece)
     for n in desc.nodes:
         if n.op == "input":  # held by the caller too
             nbytes = b * prod(desc.input_shape) * FLOAT
@@ -229,7 +232,7 @@ def step_events(desc: NetworkDescription, batch_size: int, relu6_clone: bool = F
             continue
         ins = [values[i] for i in n.inputs]
         values[n.name] = _forward(n, ins, [shapes[i] for i in n.inputs], b, mem, fns, first_param[n.name],
-                                  relu6_clone)
+                                  relu6_clone, splits)
         for dead in users.get(n.name, []):
             mem.drop(values[dead].sid)
     out = values[desc.output]
@@ -289,12 +292,12 @@ def _last_uses(desc: NetworkDescription) -> dict[str, list[str]]:
 
 
 def _forward(n: Node, ins: list[_Value], in_shapes: list[list[int]], b: int, mem: _Memory, fns: list[_GradFn],
-             p0: int, relu6_clone: bool = False) -> _Value:
+             p0: int, relu6_clone: bool = False, splits: dict | None = None) -> _Value:
     """Run node ``n`` forward (inputs ``ins`` of per-sample shapes ``in_shapes``, batch ``b``; its
-    parameters are ``p0``, ``p0 + 1``...; ``relu6_clone`` as :func:`step_events`'s): its allocations, its
-    autograd node (appended to ``fns``), its value."""
+    parameters are ``p0``, ``p0 + 1``...; ``relu6_clone`` as :func:`step_events`'s; ``splits``: the step's split
+    calls so far, :attr:`_OpContext.splits`): its allocations, its autograd node (appended to ``fns``), its value."""
     ctx = _OpContext(n, ins, in_shapes, b, mem, fns, p0, ins[0], b * prod(n.output_shape) * FLOAT,  # output bytes
-                     (b, *in_shapes[0]), (b, *n.output_shape), relu6_clone)
+                     (b, *in_shapes[0]), (b, *n.output_shape), relu6_clone, splits)
     ctx.check_strides()
     handler = _HANDLERS.get(n.op)
     if handler is None:

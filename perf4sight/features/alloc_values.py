@@ -235,6 +235,8 @@ class _OpContext:
     full_in: tuple[int, ...]     # the first input's shape with the batch (() without inputs)
     full_out: tuple[int, ...]    # the output's shape with the batch
     relu6_clone: bool = False    # an in-place ReLU6 keeps a clone of its input (PyTorch >= 1.10)
+    # the step's torch.split calls (schema.split_group) -> the autograd node of each, made at its first piece
+    splits: dict | None = None
 
     def check_strides(self) -> None:
         """:class:`NotCovered` where a strided input reaches an op that does not take one as it is."""

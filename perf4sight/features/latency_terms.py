@@ -38,7 +38,7 @@ import numpy as np
 from perf4sight.features.formulas import (BYTES_PER_ELEMENT, INPUT_GRADIENTS, REGRESSION_LOSS_KERNELS,
                                          hands_input_back, numel, position_loss, window_geometry)
 from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, OptimizerCost, optimizer_cost
-from perf4sight.features.walk import Visit, gradient_accumulations, trained_params, walk
+from perf4sight.features.walk import Visit, gradient_accumulations, split_gathers, trained_params, walk
 from perf4sight.ir.schema import SHARES, NetworkDescription, Node, node_params, where_condition_inputs
 
 __all__ = ["KernelTable", "kernel_table", "latency_columns", "LATENCY_FEATURES", "TILE", "GEMM", "DEPTHWISE",
@@ -497,6 +497,10 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
     for name, adds in gradient_accumulations(desc, visits).items():  # k gradients into one tensor: k-1 adds
         for _ in range(adds):
             r.other(BANDWIDTH, float(numel(shapes[name])), 3.0 * numel(shapes[name]) * BYTES_PER_ELEMENT)
+    for elems, zeros, pieces in split_gathers(visits):  # a split's backward: zeros for pieces without a gradient, a cat
+        for _ in range(pieces):
+            r.other(BANDWIDTH, 0.0, zeros / pieces * BYTES_PER_ELEMENT)
+        r.other(BANDWIDTH, 0.0, 2.0 * elems * BYTES_PER_ELEMENT)
     _shared_weight_sums(r, visits)
     for _ in range(opt.kernels_per_tensor * params):
         share = opt.tensor_passes / opt.kernels_per_tensor * n_params * BYTES_PER_ELEMENT / max(params, 1)

@@ -33,9 +33,10 @@ from typing import Iterable, Iterator
 from perf4sight.features.formulas import HANDLERS, INPUT_GRADIENTS, OpCost, copied_first
 from perf4sight.features.step_runtime import StepRuntime
 from perf4sight.features.strided_views import batch_copied, rows_copied
-from perf4sight.ir.schema import SHARES, NetworkDescription, Node, where_condition_inputs
+from perf4sight.ir.schema import SHARES, NetworkDescription, Node, split_group, where_condition_inputs
 
-__all__ = ["Visit", "walk", "consumer_counts", "gradient_accumulations", "untrained_nodes", "trained_params"]
+__all__ = ["Visit", "walk", "consumer_counts", "gradient_accumulations", "untrained_nodes", "trained_params",
+           "split_gathers"]
 
 
 @dataclass(frozen=True)
@@ -179,7 +180,41 @@ def gradient_accumulations(desc: NetworkDescription, visits: Iterable[Visit]) ->
         if not visit.trained:
             for name in _gradient_inputs(visit.node):
                 counts[name] -= 1
+    for (name, _, _), pieces in _trained_splits(visits).items():  # a split's pieces: one gradient, its cat's
+        counts[name] -= len(pieces) - 1
     return {name: k - 1 for name, k in counts.items() if k > 1 and needs_grad[name]}
+
+
+def _trained_splits(visits: Iterable[Visit]) -> dict[tuple, list[Node]]:
+    """The torch.split calls (narrows of ``split_sizes``: ``schema.split_group``) some trained piece of which (a
+    gradient reaches it) is read, each with those pieces."""
+    splits: dict[tuple, list[Node]] = {}
+    for visit in visits:
+        group = split_group(visit.node)
+        if group is not None and visit.trained:
+            splits.setdefault(group, []).append(visit.node)
+    return splits
+
+
+def split_gathers(visits: Iterable[Visit]) -> list[tuple[float, float, int]]:
+    """The backward of each torch.split call a gradient reaches (a chunk's, rebuilt as one split: ``to_torch``), as
+    torch runs it: zeros for each piece no gradient reaches (or no node reads), then one ``cat`` of the pieces'
+    gradients into the input's. Per call (elements of the input, elements of those zeros, how many pieces they are),
+    per sample; none where the input needs no gradient (the network input's pieces)."""
+    visits = list(visits)
+    needs_grad = {v.node.name: v.needs_grad for v in visits}
+    shapes = {v.node.name: v.node.output_shape for v in visits}
+    out = []
+    for (name, dim, sizes), pieces in _trained_splits(visits).items():
+        if not needs_grad[name]:
+            continue
+        elems = 1
+        for s in shapes[name]:
+            elems *= int(s)
+        starts = {int(p.attrs["start"]) for p in pieces}
+        missing = [s for i, s in enumerate(sizes) if sum(sizes[:i]) not in starts]
+        out.append((float(elems), float(elems * sum(missing) / sum(sizes)), len(missing)))
+    return out
 
 
 def _condition_reads(desc: NetworkDescription) -> dict[str, int]:

@@ -10,7 +10,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Set, Tuple, Union
+from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
 from perf4sight.errors import UserError, read_json_bytes
 from perf4sight.files import write_atomically
@@ -21,7 +21,7 @@ __all__ = ["Node", "NetworkDescription", "OPS", "load_description", "save_descri
            "STRUCTURE_VERSION", "window_attention_params", "INTERPOLATE_MODES", "PAD_MODES", "known_attrs",
            "WEIGHTED_SUM_NORMALIZATIONS", "where_condition_inputs",
            "output_padding_problem", "PARAMETER_OPS", "SHARES", "node_params", "ON_COPY_OPS",
-           "ONE_TENSOR_OPS"]
+           "ONE_TENSOR_OPS", "split_group"]
 
 SCHEMA_VERSION = 1
 
@@ -376,7 +376,10 @@ _OPTIONAL: Dict[str, Tuple[str, ...]] = {"gelu": ("approximate",), "maxpool2d": 
                                          "pad": ("pad_to",),
                                          "conv_transpose2d": ("output_size_of",),
                                          "fold": ("output_size_of",),
-                                         "where": ("mask_shape",)}
+                                         "where": ("mask_shape",),
+                                         # a piece of a torch.chunk or torch.split: every piece's length along dim
+                                         # (this one's among them, at its start), rebuilt as one split call
+                                         "narrow": ("split_sizes",)}
 _PAIRS: Dict[str, Tuple[str, ...]] = {
     "conv2d": ("kernel_size", "stride", "padding", "dilation"),
     "maxpool2d": ("kernel_size", "stride", "padding"), "avgpool2d": ("kernel_size", "stride", "padding"),
@@ -467,6 +470,26 @@ def _where_problem(node: "Node") -> str:
     return ""
 
 
+def _split_sizes_problem(attrs: Dict[str, Any]) -> str:
+    """What is wrong with a narrow's ``split_sizes`` ("" if nothing): a list of positive integers, the narrow's piece
+    (``start``, ``length``) one of them at its place."""
+    sizes = attrs["split_sizes"]
+    if not (isinstance(sizes, list) and sizes and all(_is_int(s, 1) for s in sizes)):
+        return "attr 'split_sizes' must be a non-empty list of positive integers, got {!r}".format(sizes)
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    if (attrs["start"], attrs["length"]) not in list(zip(starts, sizes)):
+        return "attr 'split_sizes' {} has no piece of length {} at {}".format(sizes, attrs["length"], attrs["start"])
+    return ""
+
+
+def split_group(node: "Node") -> Optional[Tuple[str, int, Tuple[int, ...]]]:
+    """The torch.chunk or torch.split call a ``narrow`` of ``split_sizes`` is a piece of, as (its input, dim, the
+    sizes): narrows of one key are rebuilt as one call; None for any other node."""
+    if node.op != "narrow" or "split_sizes" not in node.attrs:
+        return None
+    return node.inputs[0], int(node.attrs["dim"]), tuple(int(s) for s in node.attrs["split_sizes"])
+
+
 def _attr_problem(node: "Node") -> str:
     """What is wrong with ``node``'s attributes ("" if nothing): one it cannot carry (a misspelt ``afine`` would
     leave the batch norm affine, unsaid), or a numeric one out of its range."""
@@ -485,6 +508,10 @@ def _attr_problem(node: "Node") -> str:
         v = node.attrs[a]
         if not (isinstance(v, list) and all(_is_int(x, -2 ** 62) for x in v)):
             return f"attr '{a}' must be a list of integers, got {v!r}"
+    if node.op == "narrow" and "split_sizes" in node.attrs:
+        problem = _split_sizes_problem(node.attrs)
+        if problem:
+            return problem
     for a in (a for a in _SHAPES.get(node.op, ()) if a in node.attrs):  # where's mask_shape optional
         v = node.attrs[a]
         if not (isinstance(v, list) and v and all(_is_int(x, 1) for x in v)):

@@ -515,6 +515,8 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
         first = first + x[axis] if first < 0 else first
         if not 0 <= first or first + count > x[axis]:
             return f"takes {count} from position {first} of a dimension of size {x[axis]}"
+        if op == "narrow" and "split_sizes" in a and sum(int(s) for s in a["split_sizes"]) != x[axis]:
+            return f"split_sizes {a['split_sizes']} do not add up to its dimension's size {x[axis]}"
         return x[:axis] + ([] if op == "select" else [count]) + x[axis + 1:]
     return None
 

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from perf4sight.errors import UserError
-from perf4sight.ir.schema import ONE_TENSOR_OPS, SHARES, WEIGHTED_SUM_NORMALIZATIONS, NetworkDescription, Node
+from perf4sight.ir.schema import (ONE_TENSOR_OPS, SHARES, WEIGHTED_SUM_NORMALIZATIONS, NetworkDescription, Node,
+                                  split_group)
 from perf4sight.ir.shapes import SIZE_REFERENCES, window_pair, windows_of
 
 __all__ = ["build_module", "MODULE_BUILDERS", "FUNCTION_BUILDERS", "Scale", "Shift", "Token", "SelfAttention",
@@ -839,13 +840,31 @@ def build_module(desc: NetworkDescription, device: Optional[Union[torch.device, 
     taken: Set[str] = set()
     factory = {} if device is None else {"device": device}
     layers: Dict[str, str] = {}
+    splits: Dict[Tuple[str, int, Tuple[int, ...]], fx.Node] = {}
     for node in desc.nodes:
-        env[node.name] = _emit(node, graph, root, env, taken, desc.name, factory, layers)
+        group = split_group(node)
+        if group is not None:
+            env[node.name] = _split_piece(node, group, graph, env, splits)
+        else:
+            env[node.name] = _emit(node, graph, root, env, taken, desc.name, factory, layers)
         env[node.name].meta[DESCRIBED_SHAPE] = list(node.output_shape)
     graph.output(env[desc.output])
     gm = fx.GraphModule(root, graph, class_name=re.sub(r"\W", "_", desc.name) or "Network")
     gm.train()
     return gm
+
+
+def _split_piece(node: Node, group: Tuple[str, int, Tuple[int, ...]], graph: fx.Graph, env: Dict[str, fx.Node],
+                 splits: Dict[Tuple[str, int, Tuple[int, ...]], fx.Node]) -> fx.Node:
+    """A narrow of ``split_sizes`` (a piece of a torch.chunk or torch.split: ``group``, schema.split_group) as that
+    piece of one ``torch.split`` call, made at its first piece: torch's split backward gathers the pieces' gradients
+    into one ``cat`` (zeros for a piece no gradient reaches), where narrows' write each into zeros of the input's
+    shape and add them up."""
+    if group not in splits:
+        splits[group] = graph.call_function(torch.split, (env[group[0]], list(group[2]), group[1]))
+    sizes = group[2]
+    index = [sum(sizes[:i]) for i in range(len(sizes))].index(int(node.attrs["start"]))
+    return graph.call_function(operator.getitem, (splits[group], index))
 
 
 #: Ops whose module keeps its node's op and attrs (``described_as``), so that a rebuilt network is described again

@@ -1145,7 +1145,8 @@ def _split_piece(split: fx.Node, index: int, name: str, alias: dict[str, str]) -
     dim = dim if dim >= 0 else dim + len(meta[index].shape)
     start = sum(int(m.shape[dim]) for m in meta[:index])
     return Node(name, "narrow", [alias[split.args[0].name]],
-                {"dim": dim, "start": start, "length": int(meta[index].shape[dim])}, list(meta[index].shape)[1:])
+                {"dim": dim, "start": start, "length": int(meta[index].shape[dim]),
+                 "split_sizes": [int(m.shape[dim]) for m in meta]}, list(meta[index].shape)[1:])
 
 
 def _new_axes(n: fx.Node, source: fx.Node, index: tuple, alias: dict[str, str]) -> Node | None:

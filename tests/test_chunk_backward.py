@@ -1,0 +1,131 @@
+"""A chunk's or a split's pieces: narrows of ``split_sizes`` in the description, rebuilt as one ``torch.split`` call,
+whose backward is torch's (zeros for a piece no gradient reaches, one ``cat``), not a narrow's each (its gradient
+written into zeros of the input's shape, the pieces' gradients added up)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from perf4sight.errors import UserError
+from perf4sight.features.aggregate import network_features
+from perf4sight.features.alloc_trace import record_events
+from perf4sight.features.latency_terms import kernel_table
+from perf4sight.ir.from_torch import describe
+from perf4sight.ir.schema import NetworkDescription
+from perf4sight.ir.to_torch import build_module
+from test_allocator import _as_replayed
+
+
+class _Pieces(nn.Module):
+    """A convolution's channels taken apart: ``chunk`` (two halves), ``split`` (of sizes 2 and 6), ``three`` (a chunk
+    of three, the last two concatenated), ``half`` (a chunk whose second half is dropped), each through a layer of its
+    own, concatenated."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.a = nn.Conv2d(3, 9 if how == "three" else 8, 3, padding=1)
+        self.b = nn.Conv2d(3 if how == "three" else 2 if how == "split" else 4, 4, 1)
+        self.c = nn.Conv2d(6 if how in ("three", "split") else 4, 4, 1)
+        self.fc = nn.Linear(4 if how == "half" else 8, 10)
+
+    def forward(self, x):
+        x = self.a(x)
+        if self.how == "split":
+            p, q = torch.split(x, [2, 6], 1)
+        elif self.how == "three":
+            p, q, r = x.chunk(3, 1)
+            q = torch.cat([q, r], 1)
+        else:
+            p, q = x.chunk(2, 1)
+        y = self.b(p) if self.how == "half" else torch.cat([self.b(p), self.c(q)], 1)
+        return self.fc(y.mean((2, 3)))
+
+
+def _backward_ops(model: nn.Module) -> list[str]:
+    """The aten ops of ``model``'s backward of a batch of 2 (views and empty tensors left out)."""
+    class Ops(TorchDispatchMode):
+        seen: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.__name__.split(".")[0]
+            if name not in ("slice", "as_strided", "detach", "new_empty", "new_empty_strided", "alias", "view", "t",
+                            "expand", "squeeze", "unsqueeze", "ones_like"):
+                self.seen.append(name)
+            return func(*args, **(kwargs or {}))
+
+    out = model(torch.randn(2, 3, 8, 8)).sum()
+    Ops.seen = []
+    with Ops():
+        out.backward()
+    return list(Ops.seen)
+
+
+@pytest.fixture(scope="module")
+def described():
+    return {how: describe(_Pieces(how), [3, 8, 8], how) for how in ("chunk", "split", "three", "half")}
+
+
+@pytest.mark.parametrize("how", ["chunk", "split", "three", "half"])
+def test_a_chunk_is_rebuilt_as_one_split_that_runs_torch_s_backward(described, how):
+    """The rebuilt network ran two slice_backwards (each its zeros and a copy) and an add where torch runs one cat
+    (a dropped piece's zeros first): now the same ops, and the description read again from it is the same."""
+    desc = described[how]
+    pieces = [n for n in desc.nodes if n.op == "narrow"]
+    sizes = {"chunk": [4, 4], "split": [2, 6], "three": [3, 3, 3], "half": [4, 4]}[how]
+    assert pieces and all(n.attrs["split_sizes"] == sizes for n in pieces)
+    rebuilt = build_module(desc)
+    assert sum(n.target is torch.split for n in rebuilt.graph.nodes) == 1
+    ran = _backward_ops(rebuilt)
+    assert ran == _backward_ops(_Pieces(how)) and "slice_backward" not in ran
+    assert ran.count("cat") == 1 and ran.count("zeros") == (how == "half")  # (the forward cat's backward: views)
+    again = describe(build_module(desc, device="meta"), [3, 8, 8], how)
+    assert [(n.op, n.attrs) for n in again.nodes] == [(n.op, n.attrs) for n in desc.nodes]
+
+
+@pytest.mark.parametrize("how", ["chunk", "split", "three"])
+def test_the_allocation_model_writes_down_a_split_s_backward_as_traced(described, how):
+    """The allocation model hands each piece's gradient to the split's one node, which allocates the input's
+    gradient (cat) once all have arrived: the meta trace's events, and the trace the real optimiser's run."""
+    desc = described[how]
+    model, traced = record_events(desc, 3, steps=2, method="model"), record_events(desc, 3, steps=2, method="trace")
+    assert _as_replayed(model) == _as_replayed(traced) == _as_replayed(record_events(desc, 3, steps=2, fast=False))
+    assert not any("slice_backward" in op for _, _, _, op in traced)
+
+
+def _as_narrows(desc: NetworkDescription) -> NetworkDescription:
+    """``desc`` with its pieces narrows of their own (no ``split_sizes``): as an older description, or slices."""
+    d = desc.to_dict()
+    for n in d["nodes"]:
+        n["attrs"].pop("split_sizes", None)
+    return NetworkDescription.from_dict(d)
+
+
+def test_a_split_s_backward_costs_a_cat_and_a_dropped_piece_s_zeros(described):
+    """The features: a split's pieces read its input once for the gradient (one cat: the pieces' gradients read, the
+    input's written), not an add per piece after the first (three passes); of a dropped piece, its zeros too.
+    Slices of a tensor (narrows without split_sizes) keep their adds."""
+    three, half = described["three"], described["half"]
+    elems = 9 * 8 * 8
+    f, slices = network_features(three), network_features(_as_narrows(three))
+    assert f.static["kernels_bwd"] == slices.static["kernels_bwd"] - 2 + 1
+    a, b = kernel_table(three, "sgd"), kernel_table(_as_narrows(three), "sgd")
+    assert a.launches == b.launches - 1
+    assert np.isclose(b.bytes_ps.sum() - a.bytes_ps.sum(), (2 * 3 - 2) * elems * 4)
+    h, h_slices = network_features(half), network_features(_as_narrows(half))
+    assert h.static["kernels_bwd"] == h_slices.static["kernels_bwd"] + 2  # the dropped half's zeros and the cat
+    assert np.isclose(kernel_table(half, "sgd").bytes_ps.sum() - kernel_table(_as_narrows(half), "sgd").bytes_ps.sum(),
+                      (elems // 9 * 8 // 2 + 2 * elems // 9 * 8) * 4)
+
+
+@pytest.mark.parametrize("sizes, match", [([4, 3], "do not add up to its dimension's size 8"),
+                                          ([2, 6], "has no piece of length 4 at 0"),
+                                          ([4, 0, 4], "a non-empty list of positive integers")])
+def test_a_piece_of_split_sizes_that_do_not_fit_is_refused_by_name(described, sizes, match):
+    d = described["chunk"].to_dict()
+    d["nodes"][[n["op"] for n in d["nodes"]].index("narrow")]["attrs"]["split_sizes"] = sizes
+    with pytest.raises(UserError, match=match):
+        NetworkDescription.from_dict(d)
