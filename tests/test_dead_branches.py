@@ -19,21 +19,27 @@ from perf4sight.ir.to_torch import build_module
 class _Branches(nn.Module):
     """A stem and a head; ``dead``: a convolution whose output the forward drops; ``shared``: the head's linear layer
     called once more on a dropped value; ``gate``: a convolution read only as a where's condition; ``weight``: a
-    parameter multiplied into a dropped value."""
+    parameter multiplied into a dropped value; ``chain``: a dropped block (convolution, batch norm, ReLU in place,
+    convolution)."""
 
-    def __init__(self, dead: bool = False, shared: bool = False, gate: bool = False, weight: bool = False) -> None:
+    def __init__(self, dead: bool = False, shared: bool = False, gate: bool = False, weight: bool = False,
+                 chain: bool = False) -> None:
         super().__init__()
-        self.dead, self.shared, self.gate, self.weight = dead, shared, gate, weight
+        self.dead, self.shared, self.gate, self.weight, self.chain = dead, shared, gate, weight, chain
         self.a, self.r = nn.Conv2d(3, 8, 3, padding=1), nn.ReLU()
         self.b = nn.Conv2d(8, 16, 3, padding=1)
         self.g = nn.Conv2d(8, 8, 1)
         self.w = nn.Parameter(torch.ones(8, 1, 1))
         self.fc = nn.Linear(8, 10)
+        self.c = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(inplace=True),
+                               nn.Conv2d(8, 4, 1))
 
     def forward(self, x):
         x = self.r(self.a(x))
         if self.dead:
             self.b(x)  # y = self.b(x), y never used: torch runs it forward alone
+        if self.chain:
+            self.c(x)
         if self.gate:
             x = torch.where(self.g(x) > 0, x, 0.0)
         if self.weight:
@@ -115,3 +121,25 @@ def test_a_layer_called_on_a_dropped_value_too_gets_one_gradient():
     rebuilt = build_module(desc)
     _step(rebuilt)
     assert all(p.grad is not None for p in rebuilt.parameters() if p.shape[0] == 10)
+
+
+@pytest.mark.parametrize("kind", ["dead", "weight", "shared", "chain"])
+def test_the_allocation_model_frees_a_dead_branch_as_the_trace_records_it(kind):
+    """The allocation model left a network with a value nothing reads to the meta trace ("value 'b' is never used"):
+    it drops such a value right after it is made (as torch.fx's code does), frees the branch's autograd nodes and
+    what they keep once nothing refers to them, runs no backward of them, and the optimiser makes no state for
+    their parameters: the trace's events, and the trace the real optimiser's run, over three steps. A dead branch
+    with an op in place (a ReLU) is left to the trace, by name."""
+    from perf4sight.errors import UserError
+    from perf4sight.features.alloc_trace import record_events
+    from test_allocator import _as_replayed
+
+    desc = describe(_Branches(**{kind: True}), [3, 8, 8], kind)
+    for setting in ({}, {"optimizer": "adam", "set_to_none": True}):
+        if kind == "chain":
+            with pytest.raises(UserError, match=r"an op in place in a dead branch \(c_2\)"):
+                record_events(desc, 3, method="model", **setting)
+        model = record_events(desc, 3, steps=3, method="auto" if kind == "chain" else "model", **setting)
+        traced = record_events(desc, 3, steps=3, method="trace", **setting)
+        assert _as_replayed(model) == _as_replayed(traced)
+        assert _as_replayed(traced) == _as_replayed(record_events(desc, 3, steps=3, fast=False, **setting))

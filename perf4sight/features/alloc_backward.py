@@ -96,22 +96,25 @@ def _param_gradient(p: int, sid: int, size: int, pending: dict[int, int], buffer
     return [sid]
 
 
-def _backward(fns: list[_GradFn], root: int, mem: _Memory) -> dict[int, int]:
+def _backward(fns: list[_GradFn], root: int, mem: _Memory, freed: set[int] = frozenset()) -> dict[int, int]:
     """Run the backward pass from the loss's node ``root``; parameter index -> its gradient's storage.
 
     Gradients carry their strides (None: contiguous; :data:`_UNKNOWN` after a sum of two tensors of
     which one is permuted): a view op's backward reshapes its gradient, which copies it where no
     view has the strides; transpose and cat hand on views of it (transposed, sliced).
     One loop over thousands of nodes (a MaxViT's 1,400): the memory's methods bound once, and no list made for a
-    node's temporaries, sums or gathered parts where it has none."""
+    node's temporaries, sums or gathered parts where it has none. ``freed``: a dead branch's nodes, freed in the
+    forward (alloc_model._DeadBranch): passed over."""
     seed = mem.new(FLOAT, "aten.ones_like.default")
     buffers: dict[int, tuple[int, int, tuple[int, ...] | None]] = {root: (mem.hold(seed), FLOAT, None)}
     grads: dict[int, int] = {}
-    pending = _gradients_per_parameter(fns)
+    pending = _gradients_per_parameter([fn for k, fn in enumerate(fns) if k not in freed])
     buffers_of_params: dict[int, int] = {}  # parameter index -> its gradient so far (a layer called more than once)
     gathered: dict[int, list[int]] = {}  # a split's node -> its parts' gradients after the first (``gathers``)
     new, drop = mem.new, mem.drop
     for k in range(len(fns) - 1, -1, -1):
+        if k in freed:
+            continue
         entry = buffers.pop(k, None)
         if entry is None:
             raise NotCovered("a node no gradient reaches")

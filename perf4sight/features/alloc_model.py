@@ -132,7 +132,7 @@ from perf4sight.features.alloc_forward import (_activation, _affine_grid, _alpha
 from perf4sight.features.alloc_repeat import _REPEATED, _repeated
 from perf4sight.features.alloc_values import (_ACTIVATIONS, _VIEWS, ACCUMULATED, FLOAT, Event, NotCovered, _GradFn,
                                               _Memory, _OpContext, _params, _Value, _window_parameters)
-from perf4sight.ir.schema import CONSTANT_MODES, SHARES, NetworkDescription, Node
+from perf4sight.ir.schema import CONSTANT_MODES, SHARES, NetworkDescription, Node, split_group
 from perf4sight.ir.shapes import SIZE_REFERENCES
 from perf4sight.profiling.plan import DEFAULT_LOSS
 
@@ -222,6 +222,8 @@ def step_events(desc: NetworkDescription, batch_size: int, relu6_clone: bool = F
     users = _last_uses(desc)
     shapes = {n.name: list(n.output_shape) for n in desc.nodes}
     splits: dict = {}  # torch.split calls -> their autograd node (alloc_forward._split_piece)
+    dead = _dead_nodes(desc)
+    branch = _DeadBranch(fns, mem)
     for n in desc.nodes:
         if n.op == "input":  # held by the caller too
             nbytes = b * prod(desc.input_shape) * FLOAT
@@ -231,14 +233,21 @@ def step_events(desc: NetworkDescription, batch_size: int, relu6_clone: bool = F
             mem.events.clear()
             continue
         ins = [values[i] for i in n.inputs]
+        made = len(fns)
         values[n.name] = _forward(n, ins, [shapes[i] for i in n.inputs], b, mem, fns, first_param[n.name],
                                   relu6_clone, splits)
-        for dead in users.get(n.name, []):
-            mem.drop(values[dead].sid)
+        if n.name in dead:
+            branch.made(range(made, len(fns)), values[n.name])
+        for name in users.get(n.name, []):
+            mem.drop(values[name].sid)
+            if name in dead:
+                branch.dropped(values[name])
+    if branch.left():
+        raise NotCovered("a dead branch's autograd node that its values' drops do not free")
     out = values[desc.output]
     logits, loss, root = _loss(out, len(desc.label_shape), mem, fns) if loss_name == DEFAULT_LOSS else \
         _regression_loss(out, loss_name, mem, fns)
-    grads = _backward(fns, root, mem)
+    grads = _backward(fns, root, mem, branch.released)
     body = list(mem.events)
     mem.events.clear()
     mem.drop(logits)  # del out, loss (after the optimizer step)
@@ -262,6 +271,68 @@ def _moved_order(n: Node, params: list[int], buffers: list[int]) -> list[int]:
     return params + buffers
 
 
+def _dead_nodes(desc: NetworkDescription) -> set[str]:
+    """The nodes whose value no read leads to the network's output (a dead branch: ``y = self.b(x)``, ``y`` never
+    used); a piece of a split among them is :class:`NotCovered` (torch's split backward fills its gradient with
+    zeros, which the model does not write down), and so is an op in place (a ReLU, which the step runs in place, an
+    activation of ``inplace`` or ``on_copy``): what its node keeps is the value it rebased, freed otherwise."""
+    reached = {desc.output}
+    for n in reversed(desc.nodes):
+        if n.name in reached:
+            reached.update(_reads(n))
+    dead = {n.name for n in desc.nodes if n.name not in reached}
+    for n in desc.nodes:
+        if n.name in dead and split_group(n) is not None:
+            raise NotCovered("a piece of a split that no gradient reaches")
+        if n.name in dead and (n.op in ("relu", "relu6") or n.attrs.get("inplace") or n.attrs.get("on_copy")):
+            raise NotCovered(f"an op in place in a dead branch ({n.name})")
+    return dead
+
+
+class _DeadBranch:
+    """The autograd nodes of a dead branch's ops: torch makes them as for any op (they keep what their backward
+    would read), and frees each, and what it keeps, once nothing refers to it: neither a value of the branch (the
+    graph module drops a value nothing reads right after it is made) nor a node of the branch after it. None of
+    them runs backward (``released``, which :func:`_backward` passes over); their parameters get no gradient."""
+
+    def __init__(self, fns: list[_GradFn], mem: _Memory) -> None:
+        self.fns, self.mem = fns, mem
+        self.refs: dict[int, int] = {}  # a dead node -> the values and dead nodes that refer to it
+        self.released: set[int] = set()
+
+    def made(self, nodes: range, value: _Value) -> None:
+        """The autograd ``nodes`` a dead op made, ``value`` its output."""
+        for k in nodes:
+            self.refs[k] = self.refs.get(k, 0)
+            for edge in self.fns[k].edges:
+                if edge is not None and edge[0] == "fn" and edge[1] in self.refs:
+                    self.refs[edge[1]] += 1
+        if value.fn is not None:
+            if value.fn not in self.refs:
+                raise NotCovered("a dead op's value of a node another op made")
+            self.refs[value.fn] += 1
+
+    def dropped(self, value: _Value) -> None:
+        """A dead op's ``value`` dropped: its node freed where nothing else refers to it, and so on up the branch."""
+        todo = [] if value.fn is None else [value.fn]
+        while todo:
+            k = todo.pop()
+            self.refs[k] -= 1
+            if self.refs[k]:
+                continue
+            self.released.add(k)
+            fn = self.fns[k]
+            for s in fn.saved:
+                self.mem.drop(s)
+            kept = {s for j, f in enumerate(self.fns) if j not in self.released for s in f.saved}
+            self.mem.saved.difference_update(s for s in fn.saved if s not in kept)
+            todo += [edge[1] for edge in fn.edges if edge is not None and edge[0] == "fn" and edge[1] in self.refs]
+
+    def left(self) -> bool:
+        """Whether a dead op's node was not freed by the end of the forward."""
+        return len(self.released) != len(self.refs)
+
+
 def _reads(n: Node) -> list[str]:
     """The values the rebuilt module's call of ``n`` reads: its inputs, then the map it takes its size from where it
     names one (:data:`SIZE_REFERENCES`: the call's argument after its input, read for its shape)."""
@@ -271,7 +342,8 @@ def _reads(n: Node) -> list[str]:
 
 def _last_uses(desc: NetworkDescription) -> dict[str, list[str]]:
     """Node name -> the values the graph module drops right after it (their last use), in the order
-    of its reads (:func:`_reads`); the network's output is kept (returned). Unused values are not covered, nor a map
+    of its reads (:func:`_reads`); the network's output is kept (returned), and a value nothing reads (a dead branch's
+    end) is dropped right after it is made, as torch.fx's code does. Not covered: a map
     whose last reader is a transposed convolution taking its output size from it (the rebuilt module drops it after
     reading its shape, before the convolution runs)."""
     last: dict[str, str] = {}
@@ -279,14 +351,14 @@ def _last_uses(desc: NetworkDescription) -> dict[str, list[str]]:
         for i in _reads(n):
             last[i] = n.name
     for n in desc.nodes:
-        if n.name not in last and n.name != desc.output:
-            raise NotCovered(f"value '{n.name}' is never used")
+        if n.name not in last and n.name != desc.output:  # a dead branch's end: dropped right after it is made
+            last[n.name] = n.name
         if n.op == "conv_transpose2d" and last.get(n.attrs.get("output_size_of", "")) == n.name:
             raise NotCovered("a transposed convolution sized by a map nothing after it reads")
     out: dict[str, list[str]] = {}
     for n in desc.nodes:
-        for i in dict.fromkeys(_reads(n)):
-            if last[i] == n.name and i != desc.output:
+        for i in dict.fromkeys([*_reads(n), n.name]):  # its inputs, then itself where nothing reads it
+            if i != desc.output and last[i] == n.name:
                 out.setdefault(n.name, []).append(i)
     return out
 

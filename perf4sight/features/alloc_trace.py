@@ -149,7 +149,8 @@ def _modelled(desc: NetworkDescription, batch_size: int, steps: int, step: "_Opt
               relu6_clone: bool = False, loss: str = DEFAULT_LOSS) -> list[Event]:
     """:func:`record_events` with the first step written down by the allocation model (raises NotCovered)."""
     st = step_events(desc, batch_size, relu6_clone, loss)
-    return _assemble_steps(st.setup, st.body, st.tail, dict(st.grads), list(st.param_bytes), steps, st.new_id, step)
+    sizes = [n if p in st.grads else None for p, n in enumerate(st.param_bytes)]  # a dead branch's: no gradient
+    return _assemble_steps(st.setup, st.body, st.tail, dict(st.grads), sizes, steps, st.new_id, step)
 
 
 def _record(desc: NetworkDescription, batch_sizes: tuple[int, ...], steps: int, step: "_OptimizerStep",
