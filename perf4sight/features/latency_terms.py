@@ -20,7 +20,10 @@ Conventions, stated once:
   counts after pruning waste the padding; ``lt_gemm_padded_macs`` counts it, ``lt_gemm_macs`` not.
 - Depthwise convs run their own (bandwidth-bound) kernels: counted in ``lt_dw_bytes``.
 - Bandwidth-bound kernels (batch norm, activations, adds, pooling, concatenation, bias,
-  gradient accumulation at branches, the optimizer): ``lt_ew_bytes`` = bytes read + written. An op that copies its
+  gradient accumulation at branches, a split's backward ``cat`` of its pieces' gradients, the optimizer):
+  ``lt_ew_bytes`` = bytes read + written.
+- A node no gradient reaches (``walk.untrained_nodes``: a dead branch) runs its forward kernels alone; its
+  parameters get no update. An op that copies its
   input first (``walk.Visit.input_copies``: an activation in place on a copy, a linear layer of rows that do not
   fold, an in-place activation's clone kept for backward) runs each copy first: a kernel, the input read and written.
 - ``lt_launches`` = all kernel launches of a step (forward + backward + optimizer);

@@ -171,7 +171,8 @@ def gradient_accumulations(desc: NetworkDescription, visits: Iterable[Visit]) ->
     """Per tensor read by ``k`` > 1 ops that needs a gradient (``Visit.needs_grad`` of ``walk(desc)``'s visits): its
     ``k`` - 1 accumulation adds, in node order. A tensor that needs none (the network input, what parameter-free ops
     make of it alone) receives no gradients to add up, and neither does a where's condition read (its compared inputs:
-    :func:`_condition_reads`) nor a read by a node no gradient reaches (``Visit.trained``: a dead branch's)."""
+    :func:`_condition_reads`) nor a read by a node no gradient reaches (``Visit.trained``: a dead branch's); the
+    pieces of one split (narrows of ``split_sizes``) hand it one gradient, their cat's (:func:`split_gathers`)."""
     visits = list(visits)
     needs_grad = {visit.node.name: visit.needs_grad for visit in visits}
     conditions = _condition_reads(desc)
