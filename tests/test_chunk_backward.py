@@ -129,3 +129,14 @@ def test_a_piece_of_split_sizes_that_do_not_fit_is_refused_by_name(described, si
     d["nodes"][[n["op"] for n in d["nodes"]].index("narrow")]["attrs"]["split_sizes"] = sizes
     with pytest.raises(UserError, match=match):
         NetworkDescription.from_dict(d)
+
+
+def test_a_split_with_a_dropped_piece_is_left_to_the_trace_which_fills_its_gradient_with_zeros(described):
+    """A chunk whose second half is dropped: torch's split backward fills that half's gradient with zeros before
+    its cat; the allocation model leaves it to the meta trace, by name, whose events are the real optimiser's run."""
+    desc = described["half"]
+    with pytest.raises(UserError, match="a piece of a split that no gradient reaches"):
+        record_events(desc, 3, method="model")
+    traced = record_events(desc, 3, steps=2)
+    assert _as_replayed(traced) == _as_replayed(record_events(desc, 3, steps=2, fast=False))
+    assert sum(op == "aten.zeros.default" and size == 3 * 4 * 8 * 8 * 4 for _, _, size, op in traced) == 2
