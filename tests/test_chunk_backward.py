@@ -140,3 +140,23 @@ def test_a_split_with_a_dropped_piece_is_left_to_the_trace_which_fills_its_gradi
     traced = record_events(desc, 3, steps=2)
     assert _as_replayed(traced) == _as_replayed(record_events(desc, 3, steps=2, fast=False))
     assert sum(op == "aten.zeros.default" and size == 3 * 4 * 8 * 8 * 4 for _, _, size, op in traced) == 2
+
+
+def test_a_chunk_of_the_map_fixed_by_its_sizes_is_refused_at_another_input_shape():
+    """Halves of a map's height, described at 8 x 8 and asked at 16 x 16: rebuilt as narrows, the description read
+    again took the first 4 and the next 4 rows of 16 (another network, said nothing); the split of sizes [4, 4]
+    refuses to run there, and the line says to describe the module at that shape."""
+    from perf4sight.networks.reshape import described_at
+
+    class Rows(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.fc = nn.Conv2d(3, 4, 3, padding=1), nn.Linear(4, 10)
+
+        def forward(self, x):
+            p, q = self.a(x).chunk(2, 2)
+            return self.fc((p * q).mean((2, 3)))
+
+    desc = describe(Rows(), [3, 8, 8], "rows")
+    with pytest.raises(UserError, match=r"split_sizes=\[4, 4\].*describe the network at that shape from its module"):
+        described_at(desc, [3, 16, 16])
