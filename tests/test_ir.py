@@ -1877,16 +1877,27 @@ def test_modules_a_description_cannot_follow_say_so_and_unused_weights_are_count
         describe(_FlattensTheBatch(), [3, 4, 4], "flat")
 
 
+class _Unchanged(nn.Module):
+    """A parametrization that returns its tensor as it is."""
+
+    def forward(self, w):
+        return w
+
+
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # torch.nn.utils.weight_norm, the older of the two
 def test_a_reparametrised_weight_is_read_not_unused():
-    """weight_norm splits a weight into gains and directions, which the forward makes one weight of: the gains (one
-    per output channel) were said to be read by no layer, as the description's count lacks them, and predict called
-    them left out of the prediction."""
+    """A parametrized layer holds its weight as ``parametrizations.weight.original``, read by the layer's call: not
+    unused (weight_norm's gains were said to be read by no layer, and predict called them left out; weight_norm is
+    refused by name since 2026-12-01, test_ir_research_blocks)."""
     for weight_norm in (nn.utils.parametrizations.weight_norm, nn.utils.weight_norm):
-        module = nn.Sequential(weight_norm(nn.Conv2d(3, 8, 3)), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                               nn.Linear(8, 4), nn.Linear(4, 4))
-        assert "unused_params" not in describe(module, [3, 8, 8], "wn").extra
-        assert describe(_WithSpare(module), [3, 8, 8], "wn").extra["unused_params"] == 4 * 4 + 4
+        module = nn.Sequential(weight_norm(nn.Conv2d(3, 8, 3)), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        with pytest.raises(UserError, match=r"^wn: layer '0' \(Conv2d\) has its weight (parametrized|computed) by "):
+            describe(module, [3, 8, 8], "wn")
+    conv = nn.Conv2d(3, 8, 3)
+    nn.utils.parametrize.register_parametrization(conv, "weight", _Unchanged())
+    module = nn.Sequential(conv, nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4), nn.Linear(4, 4))
+    assert "unused_params" not in describe(module, [3, 8, 8], "wn").extra
+    assert describe(_WithSpare(module), [3, 8, 8], "wn").extra["unused_params"] == 4 * 4 + 4
 
 
 class _Scaled(nn.Module):

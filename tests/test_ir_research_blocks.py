@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from test_ir_maths_calls import SHAPE, _computes_the_same
 
 from torch import nn
+from torch.nn.utils import parametrizations, parametrize
 
 from perf4sight.errors import UserError
 from perf4sight.ir.from_torch import describe
@@ -336,3 +337,95 @@ def test_a_network_with_a_blur_pool_prunes_and_trains():
         (8, None), (8, True), (11, None)]
     assert desc.to_dict()["pruning_unpruned_groups"]
     _train_step(desc)
+
+
+class _WeightStandardisation(nn.Module):
+    """Weight standardisation as a parametrization (torch.nn.utils.parametrize.register_parametrization)."""
+
+    def forward(self, w):
+        return (w - w.mean((1, 2, 3), keepdim=True)) / (w.var((1, 2, 3), keepdim=True, unbiased=False) + 1e-5).sqrt()
+
+
+class _Unchanged(nn.Module):
+    """A parametrization that returns its tensor as it is (no op: torch runs the plain layer's kernels alone)."""
+
+    def forward(self, w):
+        return w
+
+
+class _HandWrittenConv(nn.Module):
+    """A convolution layer of the model's own (traced through: torch.fx sees an old hook's ops in it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight, self.bias = nn.Parameter(torch.randn(8, 8, 3, 3) * 0.1), nn.Parameter(torch.zeros(8))
+
+    def forward(self, x):
+        return F.conv2d(x, self.weight, self.bias, padding=1)
+
+
+def _parametrized(how, layer=None):
+    """A :class:`_Block` whose block (a 3x3 conv2d of 8 channels, or ``layer``) is given to ``how``."""
+    block = layer if layer is not None else nn.Conv2d(8, 8, 3, padding=1)
+    how(block)
+    return _Block(block)
+
+
+def _identity_then_standardised(conv):
+    parametrize.register_parametrization(conv, "weight", _Unchanged())
+    parametrize.register_parametrization(conv, "weight", _WeightStandardisation())
+
+
+_HOOK_SAID = r"at every forward, with a backward and tensors kept of its own, which the description has no op for"
+#: Each parametrized layer: (the network holding it, what its refusal must say). Each was described as the plain
+#: layer (the parametrization's kernels, their backward and tensors left out), weight_norm's gains not counted.
+_PARAMETRIZED = {
+    "weight_norm": (lambda: _parametrized(parametrizations.weight_norm),
+                    r"probe: layer 'block' \(Conv2d\) has its weight parametrized by weight_norm "
+                    r"\(torch.nn.utils.parametrizations.weight_norm\): computed from its parameters " + _HOOK_SAID),
+    "old weight_norm": (lambda: _parametrized(torch.nn.utils.weight_norm),
+                        r"probe: layer 'block' \(Conv2d\) has its weight computed by torch.nn.utils.weight_norm's "
+                        r"hook \(from weight_g and weight_v\) " + _HOOK_SAID),
+    "old weight_norm, traced through": (lambda: _parametrized(torch.nn.utils.weight_norm, _HandWrittenConv()),
+                                        r"probe: layer 'block' \(_HandWrittenConv\) has its weight computed by "
+                                        r"torch.nn.utils.weight_norm's hook"),
+    "spectral_norm": (lambda: _parametrized(parametrizations.spectral_norm),
+                      r"probe: layer 'block' \(Conv2d\) has its weight parametrized by spectral_norm "
+                      r"\(torch.nn.utils.parametrizations.spectral_norm, a power iteration at every training step\)"),
+    "old spectral_norm": (lambda: _parametrized(torch.nn.utils.spectral_norm),
+                          r"probe: layer 'block' \(Conv2d\) has its weight computed by torch.nn.utils.spectral_norm's "
+                          r"hook \(from weight_orig, a power iteration at every training step\) " + _HOOK_SAID),
+    "orthogonal": (lambda: _parametrized(parametrizations.orthogonal, nn.Linear(8, 8)),
+                   r"probe: layer 'block' \(Linear\) has its weight parametrized by orthogonal "
+                   r"\(torch.nn.utils.parametrizations.orthogonal\)"),
+    "weight standardisation": (lambda: _parametrized(
+        lambda c: parametrize.register_parametrization(c, "weight", _WeightStandardisation())),
+        r"probe: layer 'block' \(Conv2d\) has its weight parametrized by _WeightStandardisation \(the model's own "
+        r"parametrization: weight standardisation, ...\)"),
+    "the identity, then weight standardisation": (lambda: _parametrized(_identity_then_standardised),
+                                                  r"has its weight parametrized by _WeightStandardisation \(the "
+                                                  r"model's own"),
+}
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # torch.nn.utils.weight_norm, the older of the two
+@pytest.mark.parametrize("case", list(_PARAMETRIZED))
+def test_a_parametrized_weight_is_refused_naming_its_form(case):
+    """A layer's weight computed by a parametrization or by torch's old reparametrising hooks was described as the
+    plain layer (torch.fx keeps nn.Conv2d whole and sees neither): refused in one line that names the form."""
+    make, match = _PARAMETRIZED[case]
+    with pytest.raises(UserError, match=match) as refused:
+        describe(make(), SHAPE, name="probe")
+    assert "\n" not in str(refused.value)
+
+
+def test_a_parametrization_that_is_the_identity_is_described_as_the_plain_layer():
+    """A weight and a bias parametrized by the identity (torch runs the plain layer's kernels alone) describe as the
+    plain layer does."""
+    torch.manual_seed(0)
+    plain = _Block(nn.Conv2d(8, 8, 3, padding=1))
+    parametrized = _Block(nn.Conv2d(8, 8, 3, padding=1))
+    for tensor in ("weight", "bias"):
+        parametrize.register_parametrization(parametrized.block, tensor, _Unchanged())
+    assert parametrize.is_parametrized(parametrized.block)
+    assert describe(parametrized, SHAPE, name="probe").to_dict() == describe(plain, SHAPE, name="probe").to_dict()

@@ -13,6 +13,9 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils import parametrizations, parametrize
+from torch.nn.utils.spectral_norm import SpectralNorm
+from torch.nn.utils.weight_norm import WeightNorm
 
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import ONE_TENSOR_OPS, PARAMETER_OPS, SHARES, Node
@@ -138,8 +141,8 @@ def _read_tensors(root: nn.Module, graph: fx.Graph) -> list[tuple[str, Any]]:
 
 def _unread_params(module: nn.Module, graph: fx.Graph) -> int:
     """How many of ``module``'s parameters its traced forward reads nowhere (:func:`_read_tensors`). Counted by what
-    the forward reads, not against the description's count, which a layer's reparametrisation makes differ
-    (weight_norm's gains and directions make one weight: its gains are read)."""
+    the forward reads (a parametrized layer's ``parametrizations.weight.original`` read by the layer's call), not
+    against the description's count."""
     read = {id(t) for _, t in _read_tensors(module, graph)}
     return sum(p.numel() for p in module.parameters() if id(p) not in read)
 
@@ -207,6 +210,77 @@ def _refuse_computed_weights(gm: fx.GraphModule, where: str) -> None:
             raise UserError(f"{where}: {layer}'s weight is computed in the forward from the parameter {held[0]} "
                             "(weight standardisation, a weight normalised or reparametrised): the description has "
                             f"no op for it, which trains a {_WEIGHTED_CALLS[n.target]}'s weight as it is")
+
+
+#: torch's parametrizations (``torch.nn.utils.parametrizations``) and old reparametrising hooks (a forward pre-hook
+#: that computes the weight from parameters of their own) by class -> the form named in a refusal
+_TORCH_PARAMETRIZATIONS = {
+    parametrizations._WeightNorm: "weight_norm (torch.nn.utils.parametrizations.weight_norm)",
+    parametrizations._SpectralNorm: "spectral_norm (torch.nn.utils.parametrizations.spectral_norm, a power iteration "
+                                    "at every training step)",
+    parametrizations._Orthogonal: "orthogonal (torch.nn.utils.parametrizations.orthogonal)"}
+_REPARAMETRISING_HOOKS = {WeightNorm: "torch.nn.utils.weight_norm's hook (from {0}_g and {0}_v)",
+                          SpectralNorm: "torch.nn.utils.spectral_norm's hook (from {0}_orig, a power iteration at "
+                                        "every training step)"}
+
+
+def _refuse_parametrized_weights(root: nn.Module, gm: fx.GraphModule, where: str) -> None:
+    """A ``UserError`` naming the form where a layer of ``root`` that the forward calls (or whose tensor it reads:
+    ``gm``, its trace) has a tensor computed from parameters at every forward by a parametrization
+    (``torch.nn.utils.parametrize.register_parametrization``: weight standardisation, torch's
+    ``parametrizations.weight_norm``, ``spectral_norm``, ``orthogonal``) or by torch's old reparametrising hooks
+    (``torch.nn.utils.weight_norm``, ``spectral_norm``). The trace keeps torch's layer whole and sees neither (a plain
+    layer was described, the weight's computation, its backward and kept tensors left out). A parametrization that
+    returns its input (the identity) computes nothing, and is described as the layer."""
+    owners = {n.target for n in gm.graph.nodes if n.op == "call_module"}
+    owners |= {n.target.rpartition(".")[0] for n in gm.graph.nodes if n.op == "get_attr"}
+    for owner in sorted(owners):
+        try:
+            m = root.get_submodule(owner)
+        except AttributeError:  # a tensor of the trace's own (a constant it made)
+            continue
+        tensors = list(m.parametrizations.items()) if parametrize.is_parametrized(m) else []
+        if isinstance(m, parametrize.ParametrizationList):  # self.conv.weight read by a traced-through forward
+            owner, _, tensor = owner.rpartition(".parametrizations.")
+            m, tensors = root.get_submodule(owner), [(tensor, m)]
+        layer = f"layer '{owner}' ({_class_name(m)})"
+        for tensor, chain in tensors:
+            forms = [_parametrization_form(p) for p in chain if not _is_identity(p)]
+            if forms:
+                raise UserError(f"{where}: {layer} has its {tensor} parametrized by {' then '.join(forms)}: computed "
+                                "from its parameters at every forward, with a backward and tensors kept of its own, "
+                                "which the description has no op for (it would count the plain layer alone)")
+        for hook in m._forward_pre_hooks.values():
+            form = next((f for cls, f in _REPARAMETRISING_HOOKS.items() if isinstance(hook, cls)), None)
+            if form is not None:
+                raise UserError(f"{where}: {layer} has its {hook.name} computed by {form.format(hook.name)} at every "
+                                "forward, with a backward and tensors kept of its own, which the description has no "
+                                "op for (it would count the plain layer alone)")
+
+
+def _class_name(m: nn.Module) -> str:
+    """``m``'s class name, a parametrized layer's the class torch made it from (``Conv2d``, not
+    ``ParametrizedConv2d``)."""
+    return (type(m).__bases__[0] if parametrize.is_parametrized(m) else type(m)).__name__
+
+
+def _parametrization_form(p: nn.Module) -> str:
+    """A parametrization's form as a refusal names it: torch's by function, another by its class."""
+    known = next((f for cls, f in _TORCH_PARAMETRIZATIONS.items() if isinstance(p, cls)), None)
+    return known or f"{type(p).__name__} (the model's own parametrization: weight standardisation, ...)"
+
+
+def _is_identity(p: nn.Module) -> bool:
+    """Whether the parametrization ``p``'s forward returns its one input as it is (torch.fx's trace of it: no op)."""
+    if isinstance(p, tuple(_TORCH_PARAMETRIZATIONS)):
+        return False
+    try:
+        graph = fx.symbolic_trace(p).graph
+    except Exception:  # noqa: BLE001 - a forward torch.fx cannot follow computes something
+        return False
+    inputs = [n for n in graph.nodes if n.op == "placeholder"]
+    output = next(n for n in graph.nodes if n.op == "output")
+    return len(inputs) == 1 and output.args[0] is inputs[0]
 
 
 def _sources(n: fx.Node) -> list[fx.Node]:
