@@ -356,12 +356,23 @@ class _Unchanged(nn.Module):
 class _HandWrittenConv(nn.Module):
     """A convolution layer of the model's own (traced through: torch.fx sees an old hook's ops in it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, channels: int = 8) -> None:
         super().__init__()
-        self.weight, self.bias = nn.Parameter(torch.randn(8, 8, 3, 3) * 0.1), nn.Parameter(torch.zeros(8))
+        self.weight, self.bias = nn.Parameter(torch.randn(8, channels, 3, 3) * 0.1), nn.Parameter(torch.zeros(8))
 
     def forward(self, x):
         return F.conv2d(x, self.weight, self.bias, padding=1)
+
+
+class _ReadsItsLayersWeight(nn.Module):
+    """A forward that convolves by its layer's weight (``self.inner[0].weight``, not calling the layer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1))
+
+    def forward(self, x):
+        return F.conv2d(x, self.inner[0].weight, self.inner[0].bias, padding=1)
 
 
 def _parametrized(how, layer=None):
@@ -402,6 +413,10 @@ _PARAMETRIZED = {
         lambda c: parametrize.register_parametrization(c, "weight", _WeightStandardisation())),
         r"probe: layer 'block' \(Conv2d\) has its weight parametrized by _WeightStandardisation \(the model's own "
         r"parametrization: weight standardisation, ...\)"),
+    "a weight read by the layer's parent": (lambda: (lambda m: (parametrizations.spectral_norm(m.inner[0]), m)[1])(
+        _ReadsItsLayersWeight()), r"probe: layer 'inner.0' \(Conv2d\) has its weight parametrized by spectral_norm"),
+    "the model's own weight": (lambda: parametrizations.weight_norm(_HandWrittenConv(3)),
+                               r"probe: the model \(_HandWrittenConv\) has its weight parametrized by weight_norm"),
     "the identity, then weight standardisation": (lambda: _parametrized(_identity_then_standardised),
                                                   r"has its weight parametrized by _WeightStandardisation \(the "
                                                   r"model's own"),

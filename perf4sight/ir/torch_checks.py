@@ -241,9 +241,10 @@ def _refuse_parametrized_weights(root: nn.Module, gm: fx.GraphModule, where: str
             continue
         tensors = list(m.parametrizations.items()) if parametrize.is_parametrized(m) else []
         if isinstance(m, parametrize.ParametrizationList):  # self.conv.weight read by a traced-through forward
-            owner, _, tensor = owner.rpartition(".parametrizations.")
+            head, _, tensor = owner.rpartition(".")  # owner.parametrizations.tensor, or parametrizations.tensor
+            owner = head[:-len("parametrizations")].rstrip(".")
             m, tensors = root.get_submodule(owner), [(tensor, m)]
-        layer = f"layer '{owner}' ({_class_name(m)})"
+        layer = f"layer '{owner}' ({_class_name(m)})" if owner else f"the model ({_class_name(m)})"
         for tensor, chain in tensors:
             forms = [_parametrization_form(p) for p in chain if not _is_identity(p)]
             if forms:
