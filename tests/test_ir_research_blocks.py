@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from test_ir_maths_calls import SHAPE, _computes_the_same
 
 from torch import nn
-from torch.nn.utils import parametrizations, parametrize
+from torch.nn.utils import parametrizations, parametrize, prune
 
 from perf4sight.errors import UserError
 from perf4sight.ir.from_torch import describe
@@ -406,6 +406,10 @@ _PARAMETRIZED = {
     "old spectral_norm": (lambda: _parametrized(torch.nn.utils.spectral_norm),
                           r"probe: layer 'block' \(Conv2d\) has its weight computed by torch.nn.utils.spectral_norm's "
                           r"hook \(from weight_orig, a power iteration at every training step\) " + _HOOK_SAID),
+    "unstructured pruning's mask": (lambda: _parametrized(lambda c: prune.l1_unstructured(c, "weight", 0.3)),
+                                    r"probe: layer 'block' \(Conv2d\) has its weight computed by torch.nn.utils."
+                                    r"prune's hook \(weight_orig times the mask weight_mask; prune.remove\(layer, "
+                                    r"'weight'\) makes it the plain layer\) " + _HOOK_SAID),
     "orthogonal": (lambda: _parametrized(parametrizations.orthogonal, nn.Linear(8, 8)),
                    r"probe: layer 'block' \(Linear\) has its weight parametrized by orthogonal "
                    r"\(torch.nn.utils.parametrizations.orthogonal\)"),
@@ -435,8 +439,8 @@ def test_a_parametrized_weight_is_refused_naming_its_form(case):
 
 
 def test_a_parametrization_that_is_the_identity_is_described_as_the_plain_layer():
-    """A weight and a bias parametrized by the identity (torch runs the plain layer's kernels alone) describe as the
-    plain layer does."""
+    """A weight and a bias parametrized by the identity (torch runs the plain layer's kernels alone), and a layer
+    pruned by torch.nn.utils.prune once the pruning is made permanent (prune.remove), describe as the plain layer."""
     torch.manual_seed(0)
     plain = _Block(nn.Conv2d(8, 8, 3, padding=1))
     parametrized = _Block(nn.Conv2d(8, 8, 3, padding=1))
@@ -444,3 +448,6 @@ def test_a_parametrization_that_is_the_identity_is_described_as_the_plain_layer(
         parametrize.register_parametrization(parametrized.block, tensor, _Unchanged())
     assert parametrize.is_parametrized(parametrized.block)
     assert describe(parametrized, SHAPE, name="probe").to_dict() == describe(plain, SHAPE, name="probe").to_dict()
+    pruned = _Block(nn.Conv2d(8, 8, 3, padding=1))  # unstructured pruning's mask made the weight's zeros: no hook
+    prune.remove(prune.l1_unstructured(pruned.block, "weight", 0.3), "weight")
+    assert describe(pruned, SHAPE, name="probe").to_dict() == describe(plain, SHAPE, name="probe").to_dict()

@@ -13,7 +13,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.utils import parametrizations, parametrize
+from torch.nn.utils import parametrizations, parametrize, prune
 from torch.nn.utils.spectral_norm import SpectralNorm
 from torch.nn.utils.weight_norm import WeightNorm
 
@@ -221,7 +221,9 @@ _TORCH_PARAMETRIZATIONS = {
     parametrizations._Orthogonal: "orthogonal (torch.nn.utils.parametrizations.orthogonal)"}
 _REPARAMETRISING_HOOKS = {WeightNorm: "torch.nn.utils.weight_norm's hook (from {0}_g and {0}_v)",
                           SpectralNorm: "torch.nn.utils.spectral_norm's hook (from {0}_orig, a power iteration at "
-                                        "every training step)"}
+                                        "every training step)",
+                          prune.BasePruningMethod: "torch.nn.utils.prune's hook ({0}_orig times the mask {0}_mask; "
+                                                   "prune.remove(layer, '{0}') makes it the plain layer)"}
 
 
 def _refuse_parametrized_weights(root: nn.Module, gm: fx.GraphModule, where: str) -> None:
@@ -229,9 +231,9 @@ def _refuse_parametrized_weights(root: nn.Module, gm: fx.GraphModule, where: str
     ``gm``, its trace) has a tensor computed from parameters at every forward by a parametrization
     (``torch.nn.utils.parametrize.register_parametrization``: weight standardisation, torch's
     ``parametrizations.weight_norm``, ``spectral_norm``, ``orthogonal``) or by torch's old reparametrising hooks
-    (``torch.nn.utils.weight_norm``, ``spectral_norm``). The trace keeps torch's layer whole and sees neither (a plain
-    layer was described, the weight's computation, its backward and kept tensors left out). A parametrization that
-    returns its input (the identity) computes nothing, and is described as the layer."""
+    (``torch.nn.utils.weight_norm``, ``spectral_norm``, ``prune``'s masks). The trace keeps torch's layer whole and
+    sees neither (a plain layer was described, the weight's computation, its backward and kept tensors left out). A
+    parametrization that returns its input (the identity) computes nothing, and is described as the layer."""
     owners = {n.target for n in gm.graph.nodes if n.op == "call_module"}
     owners |= {n.target.rpartition(".")[0] for n in gm.graph.nodes if n.op == "get_attr"}
     for owner in sorted(owners):
@@ -254,7 +256,8 @@ def _refuse_parametrized_weights(root: nn.Module, gm: fx.GraphModule, where: str
         for hook in m._forward_pre_hooks.values():
             form = next((f for cls, f in _REPARAMETRISING_HOOKS.items() if isinstance(hook, cls)), None)
             if form is not None:
-                raise UserError(f"{where}: {layer} has its {hook.name} computed by {form.format(hook.name)} at every "
+                tensor = getattr(hook, "name", None) or hook._tensor_name  # (torch.nn.utils.prune's name for it)
+                raise UserError(f"{where}: {layer} has its {tensor} computed by {form.format(tensor)} at every "
                                 "forward, with a backward and tensors kept of its own, which the description has no "
                                 "op for (it would count the plain layer alone)")
 
