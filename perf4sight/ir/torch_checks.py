@@ -1,7 +1,8 @@
 """Checks on a traced graph that refuse what a description cannot say, or mark what it shares: in-place writes
 followed (and through views refused), tied weights, a forward of several inputs, a deformable convolution, a layer's
-weight computed in the forward, weights other than float32, layers called in training only,
-parameters no layer reads, and later reads of a layer's or a parameter's tensors (``shares``)."""
+weight computed in the forward (or by a parametrization, or torch's reparametrising hooks), weights other than
+float32, layers called in training only, parameters no layer reads, and later reads of a layer's or a parameter's
+tensors (``shares``)."""
 from __future__ import annotations
 
 import collections
