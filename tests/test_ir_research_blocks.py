@@ -4,7 +4,9 @@ channels from torch.linspace), a blur pool (a fixed filter held as a buffer), we
 whose weight is normalised in the forward) and a gather of a parameter (an embedding's or a relative position bias's
 lookup). A blur pool is a conv2d of the flag fixed (its filter a buffer); none of the others fits a description
 without an op of its own, and each is refused in one line that names the form, where the refusals named a matmul, a
-reshape or a getitem (or spoke of BiFPN's fusion)."""
+reshape or a getitem (or spoke of BiFPN's fusion). A weight computed by a parametrization (weight_norm, spectral_norm,
+orthogonal, weight standardisation) or by torch's hooks (the old weight_norm and spectral_norm, prune's mask) is refused
+naming the form, where the plain layer was described; a parametrization that is the identity describes as the layer."""
 from __future__ import annotations
 
 import pytest
