@@ -198,6 +198,19 @@ def test_single_family_falls_back_to_network_folds(tx2, tmp_path):
     assert set(meta["accuracy"]["memory"]["per_group"]) == {"squeezenet_0", "squeezenet_50", "squeezenet_90"}
 
 
+def test_rows_without_a_family_cell_are_folded_by_their_descriptions_family(tx2, tmp_path):
+    """Rows with an empty ``family`` cell (a CSV made by hand) were grouped by their network's own name: each pruning
+    level a "family", held out with the other levels of its network in training, under a leave-one-family-out
+    header. They are folded by their description's family now, as rows that name it."""
+    _, rows, descs, _ = tx2
+    keep = ("squeezenet_0", "squeezenet_50", "squeezenet_90", "resnet18_0", "resnet18_50", "resnet18_90")
+    sub = [dict(r, family="") for r in rows if r["network"] in keep]
+    meta = fit_fingerprint(sub, descs, "tx2", tmp_path / "fp", replace(FAST, n_estimators=5))
+    for target in ("latency", "memory"):
+        assert meta["accuracy"][target]["grouping"] == "family"
+        assert set(meta["accuracy"][target]["per_group"]) == {"squeezenet", "resnet18"}, target
+
+
 def test_fit_errors(tx2, tmp_path):
     _, rows, descs, _ = tx2
     with pytest.raises(UserError, match="no measurements"):

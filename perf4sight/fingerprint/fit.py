@@ -343,7 +343,9 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
             raise UserError(f"fingerprint: only {plural(len(rs), 'ok row')} with '{col}' for device '{device}' "
                             "(need >= 3)")
         F, y = matrix(rs), np.array([number(r[col]) for r in rs])
-        fams = np.array([str(r.get("family") or r["network"]) for r in rs])
+        # a row without a family cell is of its description's (a pruned variant's source): by its own name, each
+        # pruning level was a "family" of its own and the others of its network sat in training (a leak)
+        fams = np.array([str(r.get("family") or feats[str(r["network"])].family) for r in rs])
         nets = np.array([str(r["network"]) for r in rs])
         if len(set(nets.tolist())) < 2:  # nothing to hold out: no accuracy, and a zero-width interval
             raise UserError(f"fingerprint: device '{device}' has ok rows with '{col}' of one network only "
