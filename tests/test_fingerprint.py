@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import zipfile
 from dataclasses import replace
 
@@ -1359,12 +1360,53 @@ def test_two_fits_saving_into_one_folder_at_once_each_write_a_whole_fingerprint(
     held = {"memory": (["a"], [1], np.array([600.0]), np.array([610.0]))}
     write_held_out = storage._write_held_out
 
+    second = threading.Thread(target=storage.save_models, args=(tmp_path, {"memory": model}, {"device": "second"},
+                                                                held))
+
     def meanwhile(path, rows):
         monkeypatch.setattr(storage, "_write_held_out", write_held_out)
-        storage.save_models(tmp_path, {"memory": model}, {"device": "second"}, held)
+        second.start()
+        second.join(0.5)  # it waits for the first's files now (storage._folder_locked)
         write_held_out(path, rows)
 
     monkeypatch.setattr(storage, "_write_held_out", meanwhile)
     storage.save_models(tmp_path, {"memory": model}, {"device": "first"}, held)
+    second.join()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["held_out.csv", "metadata.json", "models.npz"]
-    assert storage.load_models(tmp_path)[1]["device"] == "first"
+    assert storage.load_models(tmp_path)[1]["device"] in ("first", "second")
+
+
+def test_a_second_fit_saving_between_the_firsts_renames_waits_for_them(tmp_path, monkeypatch):
+    """A fit's three files are renamed one after another, metadata last: a second fit of the device whose renames
+    fell between the first's left its models.npz beside the first's metadata.json (reproduced: metadata 'first',
+    coefficients of 'second'). The folder is locked while a fit writes and renames: the second's files come whole
+    after the first's."""
+    import contextlib
+
+    from perf4sight.features.aggregate import FEATURE_NAMES
+    from perf4sight.fingerprint import storage
+    from perf4sight.fingerprint.trees import TargetModel
+
+    rng = np.random.default_rng(0)
+    F = np.abs(rng.normal(1, 0.5, size=(30, len(FEATURE_NAMES)))) * 100
+    col = F[:, FEATURE_NAMES.index("mem_analytic_mb")]
+    models = {"first": TargetModel.fit("memory", F, 500 + col, correct=False),
+              "second": TargetModel.fit("memory", F, 100 + 3 * col, correct=False)}
+    held = {"memory": (["a"], [1], np.array([600.0]), np.array([610.0]))}
+    second = threading.Thread(target=storage.save_models, args=(tmp_path, {"memory": models["second"]},
+                                                                {"device": "second"}, held))
+    atomic_path = storage.atomic_path
+
+    @contextlib.contextmanager
+    def renamed(path, *args, **kwargs):
+        with atomic_path(path, *args, **kwargs) as tmp:
+            yield tmp
+        if path.name == storage.MODELS_FILE and not second.is_alive() and second.ident is None:
+            second.start()  # the first's models.npz renamed, its metadata.json not yet
+            second.join(0.5)
+
+    monkeypatch.setattr(storage, "atomic_path", renamed)
+    storage.save_models(tmp_path, {"memory": models["first"]}, {"device": "first"}, held)
+    second.join()
+    loaded, meta = storage.load_models(tmp_path)
+    np.testing.assert_array_equal(loaded["memory"].coef, models[meta["device"]].coef)

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import fcntl
 import json
 import math
+import os
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -83,6 +85,19 @@ def _load_model(target: str, prefix: str, entry: dict[str, Any], arrays: Any) ->
     return TargetModel(target=target, terms=tuple(terms), coef=coef, correction=trees)
 
 
+@contextlib.contextmanager
+def _folder_locked(folder: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``folder`` itself for the block, waited for: one writer of a fingerprint's files at a
+    time, a second one's turn after the first's renames (seconds). No lock file is left; the kernel releases the
+    lock of a writer that dies."""
+    fd = os.open(str(folder), os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # the lock goes with the descriptor
+
+
 def save_models(out_dir: str | Path, models: dict[str, Model], metadata: dict[str, Any],
                 held_out: dict[str, tuple[list[str], list[int], np.ndarray, np.ndarray]] | None = None) -> Path:
     """Write ``models`` (target -> model) and ``metadata`` to ``out_dir``; returns the folder.
@@ -105,8 +120,9 @@ def save_models(out_dir: str | Path, models: dict[str, Model], metadata: dict[st
     meta["files"] = [METADATA_FILE, MODELS_FILE] + ([HELD_OUT_FILE] if held_out else [])
     # every file written beside its final name first, under names of this writer's own (two fits of one device at
     # once), then all renamed at once, innermost first (metadata last): an interrupt or a full disk while writing
-    # leaves the previous fingerprint whole and no half-written file beside it
-    with atomic_path(out / METADATA_FILE) as tmp_meta, atomic_path(out / MODELS_FILE, ".tmp.npz") as tmp_models, \
+    # leaves the previous fingerprint whole and no half-written file beside it; the folder locked meanwhile, so
+    # that another fit's renames cannot fall between these (its models.npz beside this one's metadata.json)
+    with _folder_locked(out), atomic_path(out / METADATA_FILE) as tmp_meta, atomic_path(out / MODELS_FILE, ".tmp.npz") as tmp_models, \
             (atomic_path(out / HELD_OUT_FILE) if held_out else contextlib.nullcontext()) as tmp_held:
         np.savez_compressed(tmp_models, **arrays)
         if held_out:
