@@ -122,7 +122,8 @@ def save_models(out_dir: str | Path, models: dict[str, Model], metadata: dict[st
     # once), then all renamed at once, innermost first (metadata last): an interrupt or a full disk while writing
     # leaves the previous fingerprint whole and no half-written file beside it; the folder locked meanwhile, so
     # that another fit's renames cannot fall between these (its models.npz beside this one's metadata.json)
-    with _folder_locked(out), atomic_path(out / METADATA_FILE) as tmp_meta, atomic_path(out / MODELS_FILE, ".tmp.npz") as tmp_models, \
+    with _folder_locked(out), atomic_path(out / METADATA_FILE) as tmp_meta, \
+            atomic_path(out / MODELS_FILE, ".tmp.npz") as tmp_models, \
             (atomic_path(out / HELD_OUT_FILE) if held_out else contextlib.nullcontext()) as tmp_held:
         np.savez_compressed(tmp_models, **arrays)
         if held_out:
