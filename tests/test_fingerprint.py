@@ -1410,3 +1410,37 @@ def test_a_second_fit_saving_between_the_firsts_renames_waits_for_them(tmp_path,
     second.join()
     loaded, meta = storage.load_models(tmp_path)
     np.testing.assert_array_equal(loaded["memory"].coef, models[meta["device"]].coef)
+
+
+def test_a_fingerprint_read_between_a_fits_renames_waits_for_them(tmp_path, monkeypatch):
+    """A predict loading the fingerprint while a fit had renamed its models.npz and not yet its metadata.json read the
+    new coefficients with the old metadata (reproduced: metadata 'first', coefficients of 'second'). A reader holds
+    the folder shared (``storage.reading``), a fit exclusively: the reader gets one fit's files."""
+    import contextlib
+
+    from perf4sight.features.aggregate import FEATURE_NAMES
+    from perf4sight.fingerprint import storage
+    from perf4sight.fingerprint.trees import TargetModel
+
+    rng = np.random.default_rng(0)
+    F = np.abs(rng.normal(1, 0.5, size=(30, len(FEATURE_NAMES)))) * 100
+    col = F[:, FEATURE_NAMES.index("mem_analytic_mb")]
+    models = {"first": TargetModel.fit("memory", F, 500 + col, correct=False),
+              "second": TargetModel.fit("memory", F, 100 + 3 * col, correct=False)}
+    storage.save_models(tmp_path, {"memory": models["first"]}, {"device": "first"})
+    read = {}
+    reader = threading.Thread(target=lambda: read.update(zip(("models", "meta"), storage.load_models(tmp_path))))
+    atomic_path = storage.atomic_path
+
+    @contextlib.contextmanager
+    def renamed(path, *args, **kwargs):
+        with atomic_path(path, *args, **kwargs) as tmp:
+            yield tmp
+        if path.name == storage.MODELS_FILE and reader.ident is None:
+            reader.start()  # the second's models.npz renamed, its metadata.json not yet
+            reader.join(0.5)
+
+    monkeypatch.setattr(storage, "atomic_path", renamed)
+    storage.save_models(tmp_path, {"memory": models["second"]}, {"device": "second"})
+    reader.join()
+    np.testing.assert_array_equal(read["models"]["memory"].coef, models[read["meta"]["device"]].coef)

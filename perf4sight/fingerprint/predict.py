@@ -31,7 +31,8 @@ from perf4sight.features.optimizers import DEFAULT_OPTIMIZER
 from perf4sight.features.step_runtime import StepRuntime
 from perf4sight.fingerprint.families import known_families
 from perf4sight.fingerprint.select import RULE_KEPT
-from perf4sight.fingerprint.storage import FEATURE_SET, HeldOut, check_metadata, damaged, load_held_out, load_models
+from perf4sight.fingerprint.storage import (FEATURE_SET, HeldOut, check_metadata, damaged, load_held_out, load_models,
+                                            reading)
 from perf4sight.fingerprint.trees import Model
 from perf4sight.ir.schema import STRUCTURE_VERSION, NetworkDescription, load_description
 from perf4sight.ir.shapes import shape_text
@@ -499,13 +500,15 @@ def _for_step(predictor: Any, caller: str, change: Any) -> Any:
 
 def load_fingerprint(folder: str | Path) -> Fingerprint:
     """Load ``<fingerprint_dir>/<device>/`` (JSON + npz, no pickle)."""
-    models, meta = load_models(folder)
+    with reading(folder):  # not between a fit's renames
+        models, meta = load_models(folder)
+        held_out = load_held_out(folder)
     for t in ("latency", "memory"):
         if t not in models:
             raise UserError(f"{folder}: fingerprint lacks the {t} model")
     try:
         check_metadata(meta, FEATURE_SET)
-        fp = Fingerprint(models, meta, load_held_out(folder))
+        fp = Fingerprint(models, meta, held_out)
         for t in ("latency", "memory"):  # terms this version computes, one coefficient each
             models[t].analytic(np.ones((1, len(FEATURE_NAMES))))
     except (TypeError, ValueError, AttributeError, IndexError) as exc:

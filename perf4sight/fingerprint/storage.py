@@ -32,8 +32,8 @@ from perf4sight.features.allocator import REPLAY_PROTOCOLS
 from perf4sight.fingerprint.trees import OVERLAP, MeanModel, Model, TargetModel, TreeEnsemble, tree_features
 from perf4sight.profiling.results import batch_size_of
 
-__all__ = ["save_models", "load_models", "load_held_out", "stored_predictions", "damaged", "check_metadata", "HeldOut",
-           "METADATA_FILE", "MODELS_FILE", "HELD_OUT_FILE", "FEATURE_SET"]
+__all__ = ["save_models", "load_models", "reading", "load_held_out", "stored_predictions", "damaged", "check_metadata",
+           "HeldOut", "METADATA_FILE", "MODELS_FILE", "HELD_OUT_FILE", "FEATURE_SET"]
 
 #: The features a tree fingerprint is fitted on; a fingerprint stored with another set is refused.
 FEATURE_SET = "perf4sight-graph-v1"
@@ -88,14 +88,33 @@ def _load_model(target: str, prefix: str, entry: dict[str, Any], arrays: Any) ->
 @contextlib.contextmanager
 def _folder_locked(folder: Path) -> Iterator[None]:
     """An exclusive ``flock`` on ``folder`` itself for the block, waited for: one writer of a fingerprint's files at a
-    time, a second one's turn after the first's renames (seconds). No lock file is left; the kernel releases the
-    lock of a writer that dies."""
+    time, a second one's turn after the first's renames (seconds); readers hold it shared (:func:`reading`). No lock
+    file is left; the kernel releases the lock of a process that dies."""
     fd = os.open(str(folder), os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        with contextlib.suppress(OSError):  # a file system without flock: written unlocked, as before
+            fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)  # the lock goes with the descriptor
+
+
+@contextlib.contextmanager
+def reading(folder: str | Path) -> Iterator[None]:
+    """Hold ``folder`` (a shared lock) while its fingerprint's files are read, so that a fit renaming its files
+    meanwhile (models.npz first, metadata.json last) is not read half old, half new; a folder that cannot be opened
+    (missing) is read unlocked, and its reader says what is missing."""
+    try:
+        fd = os.open(str(folder), os.O_RDONLY)
+    except OSError:  # missing, or not ours to list
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):  # a file system without flock: read unlocked
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
 
 
 def save_models(out_dir: str | Path, models: dict[str, Model], metadata: dict[str, Any],
@@ -141,9 +160,11 @@ def load_models(folder: str | Path) -> tuple[dict[str, Model], dict[str, Any]]:
     if not mpath.is_file() or not npath.is_file():
         raise UserError(f"{d}: no fingerprint here (need {METADATA_FILE} and {MODELS_FILE}; run the fingerprint stage)")
     try:
-        meta = json.loads(mpath.read_text())
+        with reading(d):  # not between a fit's renames
+            meta = json.loads(mpath.read_text())
+            arrays = np.load(npath, allow_pickle=False)
         models: dict[str, Model] = {}
-        with np.load(npath, allow_pickle=False) as arrays:
+        with arrays:
             for target, entry in meta["models"].items():
                 if "members" in entry and not entry["members"]:  # its mean was NaN
                     raise ValueError(f"models.{target}.members is empty")
