@@ -26,6 +26,7 @@ than the training ones, which no held-out fold of them is.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -391,14 +392,15 @@ def group_conformal(log_ratio: np.ndarray, groups: np.ndarray, coverage: float) 
     finite-sample factor of split conformal prediction with G calibration groups. Split conformal
     needs G >= coverage / (1 - coverage) groups (9 for 90 %) to promise anything; with fewer, a new
     family's bias may fall on either side, so the band is made symmetric (the larger bound both ways).
-    Under 5 residuals no quantile can be told apart from the extremes: the band is the largest error both ways,
-    widened by (n + 1) / n ([0, 0] only with none at all).
+    Where no group has 5 residuals (and so no quantile of its own) the pooled ``n`` residuals are the calibration set
+    of split conformal prediction: the band is the ceil((n + 1) * coverage)-th smallest error size both ways, and
+    where n is too small for that (under 9 at 90 %) the largest, widened by (n + 1) / n ([0, 0] only with none at
+    all). Their central quantiles covered 79-84 % of new errors of their own distribution at 5-8 residuals.
     """
     ok = np.isfinite(log_ratio)
     r, g = log_ratio[ok], groups[ok]
-    if r.size < 5:
-        widest = float(np.abs(r).max()) * (r.size + 1) / r.size if r.size else 0.0
-        return [-widest, widest]
+    if not any(np.sum(g == lab) >= 5 for lab in set(g.tolist())):
+        return _pooled_conformal(r, coverage)
     a = (1 - coverage) / 2
     lo, hi = float(np.quantile(r, a)), float(np.quantile(r, 1 - a))
     n_groups = 0
@@ -411,6 +413,19 @@ def group_conformal(log_ratio: np.ndarray, groups: np.ndarray, coverage: float) 
     if n_groups < round(coverage / (1 - coverage), 6):  # round: 0.9 / 0.1 is 9.000000000000002 in floats
         lo, hi = min(lo, -hi), max(hi, -lo)
     return [min(0.0, lo * widen), max(0.0, hi * widen)]
+
+
+def _pooled_conformal(r: np.ndarray, coverage: float) -> list[float]:
+    """The symmetric split-conformal band of the residuals ``r`` at ``coverage`` (:func:`group_conformal` where no
+    group has a quantile of its own)."""
+    n = r.size
+    if n == 0:
+        return [0.0, 0.0]
+    size = np.sort(np.abs(r))  # the band is symmetric: its score is the error's size
+    k = math.ceil(round((n + 1) * coverage, 9))  # round: a whole product may read 9.000000000000002
+    if k > n:  # no error lies that far out: the largest, widened
+        return [-float(size[-1]) * (n + 1) / n, float(size[-1]) * (n + 1) / n]
+    return [-float(size[k - 1]), float(size[k - 1])]
 
 
 def held_out_coverage(log_ratio: np.ndarray, groups: np.ndarray, coverage: float) -> float | None:
