@@ -8,11 +8,11 @@ has several families, else one network variant.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["metrics", "grouped_cv", "CVResult", "choose_groups"]
+__all__ = ["metrics", "grouped_cv", "CVResult", "choose_groups", "row_family"]
 
 
 def metrics(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float]:
@@ -23,6 +23,14 @@ def metrics(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float]:
         return {"n": 0, "mape": float("nan"), "rmspe": float("nan"), "within10": float("nan")}
     return {"n": int(rel.size), "mape": float(100 * np.mean(np.abs(rel))),
             "rmspe": float(100 * np.sqrt(np.mean(rel**2))), "within10": float(100 * np.mean(np.abs(rel) <= 0.10))}
+
+
+def row_family(row: dict[str, Any], family: str) -> str:
+    """The family a measurement row is folded in: its ``family`` cell, else ``family``, its network description's
+    (:attr:`~perf4sight.ir.schema.NetworkDescription.family`; a CSV made by hand may leave the cell empty: by the
+    network's own name each pruning level would be a family of its own, its siblings in training when it is held
+    out)."""
+    return str(row.get("family") or family)
 
 
 def choose_groups(families: np.ndarray, networks: np.ndarray) -> tuple[np.ndarray, str]:

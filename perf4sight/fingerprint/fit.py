@@ -31,7 +31,7 @@ from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, adds_decay
 from perf4sight.features.priced_ops import prices_key, prices_table
 from perf4sight.features.step_runtime import CPU_MASK_BYTES, CUDA_MASK_BYTES, StepRuntime
 from perf4sight.fingerprint.domain import training_domain
-from perf4sight.fingerprint.evaluate import choose_groups, metrics
+from perf4sight.fingerprint.evaluate import choose_groups, metrics, row_family
 from perf4sight.fingerprint.families import structures_by_family
 from perf4sight.fingerprint.fit_inputs import INPUTS_KEY, inputs_sha256
 from perf4sight.fingerprint.select import (PREFERRED, can_nest, describe_choice, fit_form, group_conformal,
@@ -343,9 +343,7 @@ def fit_fingerprint(rows: Any, descriptions: dict[str, NetworkDescription], devi
             raise UserError(f"fingerprint: only {plural(len(rs), 'ok row')} with '{col}' for device '{device}' "
                             "(need >= 3)")
         F, y = matrix(rs), np.array([number(r[col]) for r in rs])
-        # a row without a family cell is of its description's (a pruned variant's source): by its own name, each
-        # pruning level was a "family" of its own and the others of its network sat in training (a leak)
-        fams = np.array([str(r.get("family") or feats[str(r["network"])].family) for r in rs])
+        fams = np.array([row_family(r, feats[str(r["network"])].family) for r in rs])
         nets = np.array([str(r["network"]) for r in rs])
         if len(set(nets.tolist())) < 2:  # nothing to hold out: no accuracy, and a zero-width interval
             raise UserError(f"fingerprint: device '{device}' has ok rows with '{col}' of one network only "

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from perf4sight.features.aggregate import FEATURE_NAMES, feature_matrix, network_features
-from perf4sight.fingerprint.evaluate import choose_groups, grouped_cv
+from perf4sight.fingerprint.evaluate import choose_groups, grouped_cv, row_family
 from perf4sight.fingerprint.fit import LATENCY_COLUMN, device_kind, hold_native_conv
 from perf4sight.fingerprint.predict import Fingerprint
 from perf4sight.fingerprint.select import can_nest, held_out_fitter, nested_cv, recorded_candidate
@@ -152,7 +152,7 @@ def measured_vs_predicted(fp: Fingerprint, rows: list[dict[str, str]], descs: di
         F = hold_native_conv(feature_matrix([feats[r["network"]] for r in rs], [batch_size_of(r) for r in rs]),
                              fp.runtime)
         y = np.array([float(r[col]) for r in rs])
-        groups, grouping = choose_groups(np.array([r.get("family") or r["network"] for r in rs]),
+        groups, grouping = choose_groups(np.array([row_family(r, feats[r["network"]].family) for r in rs]),
                                          np.array([r["network"] for r in rs]))
         if held_out and len(set(groups.tolist())) >= 2:
             acc = fp.metadata.get("accuracy", {}).get(target, {})
