@@ -365,6 +365,29 @@ def test_group_conformal_of_small_groups_covers_new_errors_at_its_nominal_level(
         assert 0.88 <= np.mean(covered) <= 0.95, (networks, rows, np.mean(covered))
 
 
+def test_a_seen_family_band_that_covers_too_little_at_its_widest_gives_way_to_the_family_band():
+    """The band of a network of a training family was stored at the whole range of the held-out networks' errors
+    where no level reached 90% (5 TX2 networks of two families: x0.89..x1.15 for memory, covering 80% of a held-out
+    network's rows, beside a family band of x0.53..x1.89). It is not stored then: such a query gets the family
+    band, and the table says why."""
+    from perf4sight.fingerprint.select import NetworkSplit, seen_family_band
+
+    nets = np.repeat(["a", "b", "c", "d"], 5)
+    errors = np.concatenate([np.linspace(-0.01, 0.01, 5)] * 3 + [np.full(5, 0.5)])  # d far outside the others'
+    y = np.full(20, 100.0)
+    split = NetworkSplit({}, y / np.exp(errors), np.ones(20, dtype=bool))
+    band, covered = seen_family_band(y, split, nets, 0.9)
+    assert band is None and covered == pytest.approx(75.0)
+    near = NetworkSplit({}, y / np.exp(np.concatenate([np.linspace(-0.01, 0.01, 5)] * 4)), np.ones(20, dtype=bool))
+    assert seen_family_band(y, near, nets, 0.9)[0] is not None  # one that holds is kept
+    m = {"n": 20, "mape": 1.0, "rmspe": 1.0, "within10": 100.0}
+    meta = {"accuracy": {"memory": {"column": "device_mem_used_mb", "grouping": "family", "overall": m,
+                                    "per_group": {"f": m, "g": m}, "interval_seen_coverage_held_out": covered}},
+            "interval": {"coverage": 0.9, "log_ratio_quantiles": {"memory": [-0.6, 0.6]}}}
+    assert accuracy_lines(meta)[-1] == ("  for a network of a training family: this band too (one of their own, at its "
+                                        "widest, covered only 75% of a held-out network's rows)")
+
+
 def test_group_conformal_is_symmetric_with_few_groups_and_one_sided_with_many():
     from perf4sight.fingerprint.select import group_conformal
     rng = np.random.default_rng(2)

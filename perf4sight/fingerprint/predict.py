@@ -593,11 +593,14 @@ def accuracy_lines(metadata: dict[str, Any]) -> list[str]:
                   if acc.get("grouping") and len(acc.get("per_group", {})) < 3 else "")
         lines.append(f"{target} {100 * iv.get('coverage', 0.9):.0f}% interval: x{np.exp(lo):.2f} .. x{np.exp(hi):.2f} "
                      "of the prediction" + tested)
+        held = acc.get("interval_seen_coverage_held_out")
         if target in iv.get("log_ratio_quantiles_seen", {}):
             slo, shi = iv["log_ratio_quantiles_seen"][target]
-            held = acc.get("interval_seen_coverage_held_out")
             lines.append(f"  for a network of a training family: x{np.exp(slo):.2f} .. x{np.exp(shi):.2f}"
                          + (f"; covers {held:.0f}% of a held-out network's rows" if held is not None else ""))
+        elif held is not None:  # no band of its own held its coverage (select.seen_family_band)
+            lines.append(f"  for a network of a training family: this band too (one of their own, at its widest, "
+                         f"covered only {held:.0f}% of a held-out network's rows)")
     if metadata.get("drift_reference"):
         from perf4sight.fingerprint.drift import drift_line
         lines.append(drift_line(metadata["drift_reference"]))

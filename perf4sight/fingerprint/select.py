@@ -366,15 +366,17 @@ def seen_family_band(y: np.ndarray, split: NetworkSplit, networks: np.ndarray,
     rows err together, so the quantiles' level starts at ``coverage`` and is raised (to at most 1: the whole range)
     until each network, checked against the band of the other networks' rows, is covered at ``coverage`` or more
     over all rows; that check is the coverage returned. The widest per-group bounds of :func:`group_conformal`
-    would be set by the one worst of dozens of networks. (None, None) with fewer than 3 such networks."""
+    would be set by the one worst of dozens of networks. (None, None) with fewer than 3 such networks; (None, that
+    check at the whole range) where no level covers ``coverage`` (a network far outside the others' errors, as a few
+    networks may leave it): such a query then gets the band of a family never seen, as without a band of its own."""
     r, g = np.log(y[split.seen] / split.predictions[split.seen]), networks[split.seen]
     if len(set(g.tolist())) < 3:
         return None, None
     for level in np.linspace(coverage, 1.0, 11):
         inside = _inside_when_left_out(r, g, lambda others, _: _central_band(others, level))
         if inside >= coverage * len(r):
-            break
-    return _central_band(r, level), 100.0 * inside / len(r)
+            return _central_band(r, level), 100.0 * inside / len(r)
+    return None, 100.0 * inside / len(r)
 
 
 def _central_band(r: np.ndarray, coverage: float) -> list[float]:
