@@ -704,3 +704,14 @@ def test_a_target_measured_on_one_family_is_held_out_by_network_as_the_trees_do(
     lo, hi = meta["interval"]["log_ratio_quantiles"]["gnn"]["memory"]
     assert lo < 0 < hi
     assert any(line.startswith("memory: MAPE % per held-out network") for line in gnn_accuracy_lines(meta))
+
+
+def test_rows_without_a_family_cell_are_folded_by_their_description_s_family(tiny):
+    """A hand-made CSV may leave the ``family`` cell empty: the GNN's samples fold such rows by their network
+    description's family (``evaluate.row_family``, as the trees' fit), not by the network's own name, which made
+    every width a family of its own, its siblings in training when it was held out."""
+    from perf4sight.fingerprint.gnn_samples import Samples
+    descs, rows = tiny
+    s = Samples([{k: v for k, v in r.items() if k != "family"} for r in rows], descs, "cpu0")
+    assert sorted(set(s.families.tolist())) == ["deep", "plain", "res"]
+    assert s.target_groups(0)[1] == "family"

@@ -15,7 +15,7 @@ import numpy as np
 
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import feature_matrix
-from perf4sight.fingerprint.evaluate import choose_groups
+from perf4sight.fingerprint.evaluate import choose_groups, row_family
 from perf4sight.fingerprint.fit import (LATENCY_COLUMN, hold_native_conv, memory_column, memory_replay, records,
                                         step_runtime)
 from perf4sight.fingerprint.gnn_graph import GraphTemplate, graph_template
@@ -63,7 +63,7 @@ class Samples:
                           for n in sorted({str(r["network"]) for r in recs})}
         self.nets = np.array([str(r["network"]) for r in self.ok])
         self.bs = np.array([batch_size_of(r) for r in self.ok])
-        self.families = np.array([str(r.get("family") or r["network"]) for r in self.ok])
+        self.families = np.array([row_family(r, descriptions[str(r["network"])].family) for r in self.ok])
         _, self.grouping = choose_groups(self.families, self.nets)  # of all rows (the folds: target_groups)
         self.F = hold_native_conv(feature_matrix([self.templates[n].features for n in self.nets], self.bs),
                                   self.runtime)
