@@ -924,10 +924,14 @@ def _one_image_note(descs: list[NetworkDescription], batch_sizes: list[int],
                     "rows are errors", style="yellow", markup=False)
 
 
+_TARGET_WORDS = {"latency": "step time", "memory": "memory"}
+
+
 def _family_note(fp: object, descs: list[NetworkDescription]) -> None:
     """Say which queries are of a family the fingerprint's training rows had (a description's ``network`` with
     the layer structure of one of its training networks, e.g. another pruning level): they get the interval of
-    such networks (at a shape of its rows; at another, the interval of a family never seen), and a mean step-time
+    such networks where the fit stored one (at a shape of its rows; at another, or where it stored none, the
+    interval of a family never seen), and a mean step-time
     form's tree corrections (a CPU fingerprint's; any other network gets its members' linear sums alone). A query
     that names a training family but has other layers is said to be predicted as a family never seen."""
     from perf4sight.fingerprint.predict import Fingerprint
@@ -939,7 +943,11 @@ def _family_note(fp: object, descs: list[NetworkDescription]) -> None:
     model = fp.models.get("latency")
     trees = "; the step time with its forms' tree corrections" if isinstance(model, MeanModel) and model.corrected \
         else ""
-    for at_shape, interval in ((True, "the interval of such networks"),
+    own = fp.seen_band_targets
+    seen_band = ("the interval of such networks" if len(own) == 2 else
+                 f"the interval of such networks for its {_TARGET_WORDS[own[0]]}, a family never seen's for the other"
+                 if own else "the interval of a family never seen (no band of such networks held its coverage)")
+    for at_shape, interval in ((True, seen_band),
                                (False, "at another shape than its rows', the interval of a family never seen")):
         names = [d.name for d, f, s in zip(descs, known, shaped) if f and s == at_shape]
         if names:

@@ -789,3 +789,17 @@ def test_the_largest_batch_of_a_gnn_checks_the_sizes_below_its_boundary_in_one_p
     found = gnn.max_batch_size(descs["deep_w8"], 10 ** 6)
     assert [p["fits"] for p in real(gnn, descs["deep_w8"], [found, found + 1])] == [True, False]
     assert found == 20000 and len(calls) < 40, len(calls)
+
+
+def test_the_family_note_says_a_family_never_seen_s_interval_where_no_band_of_its_own_was_stored(fitted, capfd):
+    """The fit stores no band of a family seen where none held its coverage (this fixture's, the test above): a
+    query of a training family then gets a family never seen's interval, and predict's note says so instead of
+    'the interval of such networks'."""
+    from perf4sight.stages import _family_note
+    folder, descs = fitted
+    fp = load_fingerprint(folder)
+    assert fp.seen_band_targets == ()
+    _family_note(fp, [descs["deep_w8"]])
+    err = " ".join(capfd.readouterr().err.split())
+    assert "deep_w8: of a family this fingerprint was trained on: the interval of a family never seen (no band of " \
+           "such networks held its coverage)" in err

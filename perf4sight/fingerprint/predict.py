@@ -408,6 +408,13 @@ class Fingerprint(ModuleQueries):
         seen = [f != "" and s for f, s in zip(families, shaped)]
         return prediction_rows([nf.name for nf in nfs], bss, lat, mem, self._bands, fits, self._seen_bands, seen)
 
+    @property
+    def seen_band_targets(self) -> tuple[str, ...]:
+        """The targets (``latency``, ``memory``) for which the fit stored a band of a family seen: a query of a
+        training family gets it at a shape of its rows; a target without one gets a family never seen's band
+        (``select.seen_family_band`` stores none where no level held its coverage)."""
+        return tuple(t for t in ("latency", "memory") if t in self._seen_bands)
+
     def training_family_of(self, descs: Sequence[NetworkDescription | NetworkFeatures]) -> list[str]:
         """Each network's family where it is one this fingerprint was trained on, else "": its name among the
         training families and its layer structure one of that family's training networks' (:mod:`families`).
