@@ -6,7 +6,9 @@ lookup). A blur pool is a conv2d of the flag fixed (its filter a buffer); none o
 without an op of its own, and each is refused in one line that names the form, where the refusals named a matmul, a
 reshape or a getitem (or spoke of BiFPN's fusion). A weight computed by a parametrization (weight_norm, spectral_norm,
 orthogonal, weight standardisation) or by torch's hooks (the old weight_norm and spectral_norm, prune's mask) is refused
-naming the form, where the plain layer was described; a parametrization that is the identity describes as the layer."""
+naming the form, where the plain layer was described; a parametrization that is the identity describes as the layer.
+A hook torch.fx drops (of a layer kept whole, of the model, any backward hook) that returns a value is refused naming
+the layer and the hook; observers, and a forward hook of a module traced through (its ops traced), describe."""
 from __future__ import annotations
 
 import pytest
@@ -453,3 +455,112 @@ def test_a_parametrization_that_is_the_identity_is_described_as_the_plain_layer(
     pruned = _Block(nn.Conv2d(8, 8, 3, padding=1))  # unstructured pruning's mask made the weight's zeros: no hook
     prune.remove(prune.l1_unstructured(pruned.block, "weight", 0.3), "weight")
     assert describe(pruned, SHAPE, name="probe").to_dict() == describe(plain, SHAPE, name="probe").to_dict()
+
+
+def _hooked(register, on_model=False, layer=None):
+    """A :class:`_Block` of a 3x3 conv2d of 8 channels (or ``layer``) given to ``register``, or the model itself."""
+    net = _Block(layer if layer is not None else nn.Conv2d(8, 8, 3, padding=1))
+    register(net if on_model else net.block)
+    return net
+
+
+_VALUE_SAID = r"that returns a value, replacing "
+#: Each hook that returns a value: (the network holding it, what its refusal must say). torch.fx drops a hook of a layer
+#: it keeps whole, of the model, and every backward hook: each was described as if it were not there.
+_VALUE_HOOKS = {
+    "forward pre-hook": (lambda: _hooked(lambda m: m.register_forward_pre_hook(lambda mod, args: (args[0] * 2,))),
+                         r"probe: layer 'block' \(Conv2d\) has a forward pre-hook \(.*<lambda>\) " + _VALUE_SAID +
+                         r"the input: torch.fx drops the hook, so the description would leave out what it computes; "
+                         r"write what it computes in a forward instead \(a hook that returns None, an observer, is "
+                         r"described\)"),
+    "forward hook": (lambda: _hooked(lambda m: m.register_forward_hook(lambda mod, args, out: out.sigmoid())),
+                     r"probe: layer 'block' \(Conv2d\) has a forward hook \(.*<lambda>\) " + _VALUE_SAID +
+                     "the output"),
+    "forward pre-hook with kwargs": (lambda: _hooked(lambda m: m.register_forward_pre_hook(
+        lambda mod, args, kwargs: ((args[0] * 2,), kwargs), with_kwargs=True)),
+        r"layer 'block' \(Conv2d\) has a forward pre-hook \(.*<lambda>\) " + _VALUE_SAID + "the input"),
+    "forward hook with kwargs": (lambda: _hooked(lambda m: m.register_forward_hook(
+        lambda mod, args, kwargs, out: out * 2, with_kwargs=True)),
+        r"layer 'block' \(Conv2d\) has a forward hook \(.*<lambda>\) " + _VALUE_SAID + "the output"),
+    "the model's forward hook": (lambda: _hooked(lambda m: m.register_forward_hook(lambda mod, args, out: out * 2),
+                                                 on_model=True),
+                                 r"probe: the model \(_Block\) has a forward hook \(.*<lambda>\) " + _VALUE_SAID),
+    "full backward hook": (lambda: _hooked(lambda m: m.register_full_backward_hook(
+        lambda mod, grad_in, grad_out: (grad_in[0] * 0.5,))),
+        r"probe: layer 'block' \(Conv2d\) has a backward hook \(.*<lambda>\) " + _VALUE_SAID + r"the input's gradient: "
+        r"torch.fx drops the hook, so the description would leave out what it computes; the description has no op "
+        r"for a gradient a hook changes"),
+    "full backward pre-hook": (lambda: _hooked(lambda m: m.register_full_backward_pre_hook(
+        lambda mod, grad_out: (grad_out[0].clamp(-1, 1),))),
+        r"layer 'block' \(Conv2d\) has a backward pre-hook \(.*<lambda>\) " + _VALUE_SAID + "the output's gradient"),
+    "backward hook of a module traced through": (lambda: _hooked(lambda m: m.register_full_backward_hook(
+        lambda mod, grad_in, grad_out: (grad_in[0] * 0.5,)), layer=_HandWrittenConv()),
+        r"probe: layer 'block' \(_HandWrittenConv\) has a backward hook \(.*<lambda>\) " + _VALUE_SAID),
+}
+
+
+@pytest.mark.filterwarnings("ignore:For backward hooks to be called")  # torch's, as fx traces a hooked module
+@pytest.mark.parametrize("case", list(_VALUE_HOOKS))
+def test_a_hook_that_returns_a_value_is_refused_naming_the_layer_and_the_hook(case):
+    """A hook that replaces a value where torch.fx drops it (a layer kept whole, the model, any backward hook) was
+    described as if it were not there (a plain conv2d): refused in one line naming the layer and the hook's kind."""
+    make, match = _VALUE_HOOKS[case]
+    with pytest.raises(UserError, match=match) as refused:
+        describe(make(), SHAPE, name="probe")
+    assert "\n" not in str(refused.value)
+
+
+def test_a_global_forward_hook_that_returns_a_value_is_refused():
+    """A hook every module runs (``register_module_forward_hook``) that returns a value is refused at the first layer
+    kept whole; one that returns None describes as the plain network."""
+    from torch.nn.modules.module import register_module_forward_hook
+    torch.manual_seed(0)
+    net = _Block(nn.Conv2d(8, 8, 3, padding=1))
+    plain = describe(net, SHAPE, name="probe").to_dict()
+    handle = register_module_forward_hook(lambda mod, args, out: out)
+    try:
+        with pytest.raises(UserError, match=r"probe: layer 'conv' \(Conv2d\) has a forward hook \(.*<lambda>\) "
+                                            r"that returns a value"):
+            describe(net, SHAPE, name="probe")
+    finally:
+        handle.remove()
+    seen = []
+    handle = register_module_forward_hook(lambda mod, args, out: seen.append(type(mod).__name__))
+    try:
+        assert describe(net, SHAPE, name="probe").to_dict() == plain
+    finally:
+        handle.remove()
+    assert "Conv2d" in seen  # the observer was called (on empty tensors) and returned None
+
+
+def test_hooks_that_return_none_describe_as_the_plain_network_and_a_traced_through_hook_as_its_ops():
+    """Observers (logging, a feature kept: every kind, on a layer kept whole and on the model) describe as the plain
+    network; a forward hook of a module torch.fx traces through runs in the trace, its ops described."""
+    torch.manual_seed(0)
+    plain = describe(_Block(nn.Conv2d(8, 8, 3, padding=1)), SHAPE, name="probe").to_dict()
+    kept = {}
+    net = _Block(nn.Conv2d(8, 8, 3, padding=1))
+    for m in (net, net.block):
+        m.register_forward_pre_hook(lambda mod, args: None)
+        m.register_forward_pre_hook(lambda mod, args, kwargs: None, with_kwargs=True)
+        m.register_forward_hook(lambda mod, args, out: kept.update(features=out))
+        m.register_forward_hook(lambda mod, args, kwargs, out: None, with_kwargs=True)
+        m.register_full_backward_hook(lambda mod, grad_in, grad_out: None)
+        m.register_full_backward_pre_hook(lambda mod, grad_out: None)
+    assert describe(net, SHAPE, name="probe").to_dict() == plain
+    traced = _Block(_HandWrittenConv())
+    traced.block.register_forward_hook(lambda mod, args, out: out.sigmoid())
+    ops = [n["op"] for n in describe(traced, SHAPE, name="probe").to_dict()["nodes"]]
+    assert ops[ops.index("conv2d", 2):][:2] == ["conv2d", "sigmoid"]
+
+
+def test_a_hook_that_fails_on_the_layers_shapes_is_refused_as_untold():
+    """A hook that fails on empty tensors and on zeros of the layer's shapes (a check of the values, which the
+    forward on random numbers passes) cannot be told to be an observer."""
+    def fails(mod, args, out):
+        if not out.abs().sum() > 0:
+            raise RuntimeError("a hook of its own")
+    net = _hooked(lambda m: m.register_forward_hook(fails))
+    with pytest.raises(UserError, match=r"probe: layer 'block' \(Conv2d\) has a forward hook \(.*fails\) that "
+                                        r"cannot be told .* \(RuntimeError: a hook of its own\)"):
+        describe(net, SHAPE, name="probe")

@@ -1,8 +1,8 @@
 """Checks on a traced graph that refuse what a description cannot say, or mark what it shares: in-place writes
 followed (and through views refused), tied weights, a forward of several inputs, a deformable convolution, a layer's
-weight computed in the forward (or by a parametrization, or torch's reparametrising hooks), weights other than
-float32, layers called in training only, parameters no layer reads, and later reads of a layer's or a parameter's
-tensors (``shares``)."""
+weight computed in the forward (or by a parametrization, or torch's reparametrising hooks), a hook torch.fx drops that
+returns a value, weights other than float32, layers called in training only, parameters no layer reads, and later
+reads of a layer's or a parameter's tensors (``shares``)."""
 from __future__ import annotations
 
 import collections
@@ -446,3 +446,129 @@ def _sharing_refused(node: Node, owner: Node, reads_the_same: bool) -> str:
     return ("a description counts the tensors of every node that shares no other's, so they would count twice (a "
             "layer called again shares its first call's, and a multiply and an add can share one parameter they read "
             "whole)")
+
+
+#: Each kind of hook a module may hold: (its dict on the module, torch's global dict of it, its name in a refusal,
+#: what a value it returns replaces)
+_HOOKS = (("_forward_pre_hooks", "_global_forward_pre_hooks", "forward pre-hook", "the input"),
+          ("_forward_hooks", "_global_forward_hooks", "forward hook", "the output"),
+          ("_backward_pre_hooks", "_global_backward_pre_hooks", "backward pre-hook", "the output's gradient"),
+          ("_backward_hooks", "_global_backward_hooks", "backward hook", "the input's gradient"))
+
+
+def _refuse_value_changing_hooks(root: nn.Module, gm: fx.GraphModule, where: str) -> None:
+    """A ``UserError`` naming the layer and the hook where a hook that torch.fx drops returns a value (a forward
+    pre-hook or hook replacing a layer's input or output, a backward one its gradient): the description would leave
+    out what it computes. torch.fx runs no hook of a layer it keeps whole (``nn.Conv2d``: a ``call_module`` node) or
+    of the model itself (its forward is traced, not called), nor any backward hook; it runs the forward hooks of a
+    module it traces through, whose ops are then described as any others. Each hook is called once on empty tensors
+    of the shapes ``gm`` (its shapes propagated) gives (meta tensors; zeros where a hook fails on those): one that
+    returns None observes (logging, a feature kept), host Python of no kernel, and is described. A hook that fails
+    on both is refused, as one that cannot be told apart."""
+    module_globals = torch.nn.modules.module
+    if not any(getattr(module_globals, g) for _, g, _, _ in _HOOKS) and not any(
+            getattr(m, own) for m in root.modules() for own, _, _, _ in _HOOKS):
+        return  # (most networks: no hook at all)
+    values = _node_values(gm)
+    calls: dict[str, tuple[list[Any], Any]] = {}  # a module's path -> (its inputs, its output), at its first call
+    inside: dict[str, list[fx.Node]] = collections.defaultdict(list)  # a module traced through -> its nodes
+    for n in gm.graph.nodes:
+        if n.op == "call_module" and n.target not in calls:
+            read = fx.node.map_arg((n.args, n.kwargs), values.get)
+            calls[n.target] = ([*read[0], *read[1].values()], values.get(n))
+        for path, _ in (n.meta.get("nn_module_stack") or {}).values():
+            if path != n.target:
+                inside[path].append(n)
+    leaves = set(calls)
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    calls[""] = ([values.get(n) for n in gm.graph.nodes if n.op == "placeholder"],
+                 fx.node.map_arg(output.args[0], values.get))
+    for path, nodes in inside.items():
+        calls.setdefault(path, _boundary(nodes, values))  # traced through: its backward hooks were not run
+    for path, (inputs, output_value) in calls.items():
+        try:
+            m = root.get_submodule(path)
+        except AttributeError:
+            continue
+        for own, globals_, kind, replaced in _HOOKS:
+            if kind.startswith("forward") and path and path not in leaves:
+                continue  # the trace ran it, as torch calls the module: what it returns is in the graph
+            with_kwargs = {**getattr(m, f"{own}_with_kwargs", {}),
+                           **{("global", k): v for k, v in getattr(module_globals, f"{globals_}_with_kwargs",
+                                                                    {}).items()}}
+            hooks = [(k, h) for k, h in getattr(m, own).items()]
+            hooks += [(("global", k), h) for k, h in getattr(module_globals, globals_).items()]
+            for key, hook in hooks:
+                if getattr(hook, "__func__", None) is nn.modules.lazy.LazyModuleMixin._infer_parameters:
+                    continue  # a lazy layer's own, which makes its weights and returns None
+                layer = f"layer '{path}' ({_class_name(m)})" if path else f"the model ({_class_name(m)})"
+                if _hook_returns(hook, m, kind, key in with_kwargs, inputs, output_value, f"{where}: {layer}"):
+                    fix = "the description has no op for a gradient a hook changes" if kind.startswith("back") \
+                        else "write what it computes in a forward instead"
+                    raise UserError(f"{where}: {layer} has a {kind} ({_hook_name(hook)}) that returns a value, "
+                                    f"replacing {replaced}: torch.fx drops the hook, so the description would leave "
+                                    f"out what it computes; {fix} (a hook that returns None, an observer, is "
+                                    "described)")
+
+
+def _node_values(gm: fx.GraphModule) -> dict[fx.Node, Any]:
+    """Each node's value as an empty meta tensor of its propagated shape and dtype (a tuple or list of them)."""
+    def made(meta: Any) -> Any:
+        if hasattr(meta, "shape") and hasattr(meta, "dtype"):
+            return torch.empty(tuple(meta.shape), dtype=meta.dtype, device="meta")
+        if isinstance(meta, (tuple, list)):
+            return type(meta)(made(v) for v in meta)
+        return meta
+    return {n: made(n.meta["tensor_meta"]) for n in gm.graph.nodes if "tensor_meta" in n.meta}
+
+
+def _boundary(nodes: list[fx.Node], values: dict[fx.Node, Any]) -> tuple[list[Any], Any]:
+    """The inputs (values read from outside ``nodes``, a module's traced forward) and the output (its last node's
+    value read outside them) of a module traced through."""
+    held = set(nodes)
+    inputs = [values[a] for n in nodes for a in n.all_input_nodes if a not in held and a.op != "get_attr"
+              and a in values]
+    outputs = [values[n] for n in nodes if n in values and any(u not in held for u in n.users)]
+    return inputs[:1] or inputs, outputs[-1] if outputs else None
+
+
+def _tensors(value: Any) -> tuple[Any, ...]:
+    """The tensors of ``value`` (a tensor, or a tuple or list of them) as a tuple, as a backward hook is given."""
+    if isinstance(value, torch.Tensor):
+        return (value,)
+    return tuple(v for v in value if isinstance(v, torch.Tensor)) if isinstance(value, (tuple, list)) else ()
+
+
+def _hook_returns(hook: Any, m: nn.Module, kind: str, with_kwargs: bool, inputs: list[Any], output: Any,
+                  who: str) -> bool:
+    """Whether ``hook`` (of ``kind``, on ``m``) returns a value other than None when called on ``inputs`` and
+    ``output`` as meta tensors, or else as zeros; ``UserError`` naming ``who`` (the layer) where it fails on both."""
+    problem = None
+    for real in (False, True):
+        args = [_as_zeros(v) if real else v for v in inputs]
+        out = _as_zeros(output) if real else output
+        call = {"forward pre-hook": (m, tuple(args), {}) if with_kwargs else (m, tuple(args)),
+                "forward hook": (m, tuple(args), {}, out) if with_kwargs else (m, tuple(args), out),
+                "backward pre-hook": (m, _tensors(out)),
+                "backward hook": (m, _tensors(args), _tensors(out))}[kind]
+        try:
+            with torch.no_grad():
+                return hook(*call) is not None
+        except Exception as exc:  # noqa: BLE001 - a hook of any kind may fail on empty tensors
+            problem = exc
+    said = str(problem).splitlines()[0] if str(problem) else ""
+    raise UserError(f"{who} has a {kind} ({_hook_name(hook)}) that cannot be told to return None (an observer) or "
+                    "a value (which the description would leave out): called on zeros of the layer's shapes it "
+                    f"failed ({type(problem).__name__}: {said})")
+
+
+def _as_zeros(value: Any) -> Any:
+    """``value``'s meta tensors as zeros on the CPU."""
+    if isinstance(value, torch.Tensor):
+        return torch.zeros(value.shape, dtype=value.dtype)
+    return type(value)(_as_zeros(v) for v in value) if isinstance(value, (tuple, list)) else value
+
+
+def _hook_name(hook: Any) -> str:
+    """A hook's name as a refusal gives it: its function's, or its class's."""
+    return getattr(hook, "__qualname__", None) or type(hook).__name__
