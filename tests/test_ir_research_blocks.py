@@ -517,7 +517,7 @@ def test_a_global_forward_hook_that_returns_a_value_is_refused():
     torch.manual_seed(0)
     net = _Block(nn.Conv2d(8, 8, 3, padding=1))
     plain = describe(net, SHAPE, name="probe").to_dict()
-    handle = register_module_forward_hook(lambda mod, args, out: out)
+    handle = register_module_forward_hook(lambda mod, args, out: out.relu())
     try:
         with pytest.raises(UserError, match=r"probe: layer 'conv' \(Conv2d\) has a forward hook \(.*<lambda>\) "
                                             r"that returns a value"):
@@ -534,8 +534,9 @@ def test_a_global_forward_hook_that_returns_a_value_is_refused():
 
 
 def test_hooks_that_return_none_describe_as_the_plain_network_and_a_traced_through_hook_as_its_ops():
-    """Observers (logging, a feature kept: every kind, on a layer kept whole and on the model) describe as the plain
-    network; a forward hook of a module torch.fx traces through runs in the trace, its ops described."""
+    """Observers (logging, a feature kept: every kind, on a layer kept whole and on the model), and hooks that return
+    the very tensors they were given, describe as the plain network; a forward hook of a module torch.fx traces
+    through runs in the trace, its ops described."""
     torch.manual_seed(0)
     plain = describe(_Block(nn.Conv2d(8, 8, 3, padding=1)), SHAPE, name="probe").to_dict()
     kept = {}
@@ -548,6 +549,14 @@ def test_hooks_that_return_none_describe_as_the_plain_network_and_a_traced_throu
         m.register_full_backward_hook(lambda mod, grad_in, grad_out: None)
         m.register_full_backward_pre_hook(lambda mod, grad_out: None)
     assert describe(net, SHAPE, name="probe").to_dict() == plain
+    given_back = _Block(nn.Conv2d(8, 8, 3, padding=1))  # each hook returns the very tensors it was given
+    for m in (given_back, given_back.block):
+        m.register_forward_pre_hook(lambda mod, args: args[0])
+        m.register_forward_pre_hook(lambda mod, args, kwargs: (args, kwargs), with_kwargs=True)
+        m.register_forward_hook(lambda mod, args, out: out)
+        m.register_full_backward_hook(lambda mod, grad_in, grad_out: grad_in)
+        m.register_full_backward_pre_hook(lambda mod, grad_out: grad_out)
+    assert describe(given_back, SHAPE, name="probe").to_dict() == plain
     traced = _Block(_HandWrittenConv())
     traced.block.register_forward_hook(lambda mod, args, out: out.sigmoid())
     ops = [n["op"] for n in describe(traced, SHAPE, name="probe").to_dict()["nodes"]]

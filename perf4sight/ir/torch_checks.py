@@ -463,7 +463,8 @@ def _refuse_value_changing_hooks(root: nn.Module, gm: fx.GraphModule, where: str
     of the model itself (its forward is traced, not called), nor any backward hook; it runs the forward hooks of a
     module it traces through, whose ops are then described as any others. Each hook is called once on empty tensors
     of the shapes ``gm`` (its shapes propagated) gives (meta tensors; zeros where a hook fails on those): one that
-    returns None observes (logging, a feature kept), host Python of no kernel, and is described. A hook that fails
+    returns None, or the very tensors it was given, observes (logging, a feature kept), host Python of no kernel,
+    and is described. A hook that fails
     on both is refused, as one that cannot be told apart."""
     module_globals = torch.nn.modules.module
     if not any(getattr(module_globals, g) for _, g, _, _ in _HOOKS) and not any(
@@ -541,8 +542,9 @@ def _tensors(value: Any) -> tuple[Any, ...]:
 
 def _hook_returns(hook: Any, m: nn.Module, kind: str, with_kwargs: bool, inputs: list[Any], output: Any,
                   who: str) -> bool:
-    """Whether ``hook`` (of ``kind``, on ``m``) returns a value other than None when called on ``inputs`` and
-    ``output`` as meta tensors, or else as zeros; ``UserError`` naming ``who`` (the layer) where it fails on both."""
+    """Whether ``hook`` (of ``kind``, on ``m``) returns a value other than None, and other than the very tensors it
+    was given, when called on ``inputs`` and ``output`` as meta tensors, or else as zeros; ``UserError`` naming ``who``
+    (the layer) where it fails on both."""
     problem = None
     for real in (False, True):
         args = [_as_zeros(v) if real else v for v in inputs]
@@ -551,15 +553,32 @@ def _hook_returns(hook: Any, m: nn.Module, kind: str, with_kwargs: bool, inputs:
                 "forward hook": (m, tuple(args), {}, out) if with_kwargs else (m, tuple(args), out),
                 "backward pre-hook": (m, _tensors(out)),
                 "backward hook": (m, _tensors(args), _tensors(out))}[kind]
+        given = {"forward pre-hook": call[1:], "backward hook": call[1]}.get(kind, call[-1])  # what it would replace
         try:
             with torch.no_grad():
-                return hook(*call) is not None
+                made = hook(*call)
         except Exception as exc:  # noqa: BLE001 - a hook of any kind may fail on empty tensors
             problem = exc
+            continue
+        if kind == "forward pre-hook" and not with_kwargs:
+            made = made if made is None or isinstance(made, tuple) else (made,)  # as torch takes a single value
+            given = given[0]
+        return made is not None and not _same_objects(made, given)
     said = str(problem).splitlines()[0] if str(problem) else ""
     raise UserError(f"{who} has a {kind} ({_hook_name(hook)}) that cannot be told to return None (an observer) or "
                     "a value (which the description would leave out): called on zeros of the layer's shapes it "
                     f"failed ({type(problem).__name__}: {said})")
+
+
+def _same_objects(made: Any, given: Any) -> bool:
+    """Whether what a hook returned (``made``) holds the very tensors and values it was given, in order (a hook that
+    returns its output as it is, after logging it, changes nothing)."""
+    def flat(v: Any) -> list[Any]:
+        if isinstance(v, (tuple, list)):
+            return [x for item in v for x in flat(item)]
+        return [x for item in v.values() for x in flat(item)] if isinstance(v, dict) else [v]
+    made, given = flat(made), flat(given)
+    return len(made) == len(given) and all(a is b for a, b in zip(made, given))
 
 
 def _as_zeros(value: Any) -> Any:
