@@ -477,7 +477,8 @@ def _refuse_value_changing_hooks(root: nn.Module, gm: fx.GraphModule, where: str
         if n.op == "call_module" and n.target not in calls:
             read = fx.node.map_arg((n.args, n.kwargs), values.get)
             calls[n.target] = ([*read[0], *read[1].values()], values.get(n))
-        for path, _ in (n.meta.get("nn_module_stack") or {}).values():
+        for key, value in (n.meta.get("nn_module_stack") or {}).items():
+            path = value[0] if isinstance(value, tuple) else key  # (its path, its class), as from_torch reads it
             if path != n.target:
                 inside[path].append(n)
     leaves = set(calls)
