@@ -533,6 +533,27 @@ def test_a_global_forward_hook_that_returns_a_value_is_refused():
     assert "Conv2d" in seen  # the observer was called (on empty tensors) and returned None
 
 
+def test_a_global_backward_hook_that_returns_a_value_is_refused():
+    """A backward hook every module runs (``register_module_full_backward_hook``) that scales the gradient is refused
+    at the first layer; one that returns the gradients as they came describes as the plain network."""
+    from torch.nn.modules.module import register_module_full_backward_hook
+    torch.manual_seed(0)
+    net = _Block(nn.Conv2d(8, 8, 3, padding=1))
+    plain = describe(net, SHAPE, name="probe").to_dict()
+    handle = register_module_full_backward_hook(lambda mod, grad_in, grad_out: tuple(g * 0.5 for g in grad_in))
+    try:
+        with pytest.raises(UserError, match=r"probe: layer 'conv' \(Conv2d\) has a backward hook \(.*<lambda>\) "
+                                            r"that returns a value, replacing the input's gradient"):
+            describe(net, SHAPE, name="probe")
+    finally:
+        handle.remove()
+    handle = register_module_full_backward_hook(lambda mod, grad_in, grad_out: grad_in)
+    try:
+        assert describe(net, SHAPE, name="probe").to_dict() == plain
+    finally:
+        handle.remove()
+
+
 def test_hooks_that_return_none_describe_as_the_plain_network_and_a_traced_through_hook_as_its_ops():
     """Observers (logging, a feature kept: every kind, on a layer kept whole and on the model), and hooks that return
     the very tensors they were given, describe as the plain network; a forward hook of a module torch.fx traces
