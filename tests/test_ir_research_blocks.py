@@ -578,6 +578,13 @@ def test_hooks_that_return_none_describe_as_the_plain_network_and_a_traced_throu
         m.register_full_backward_hook(lambda mod, grad_in, grad_out: grad_in)
         m.register_full_backward_pre_hook(lambda mod, grad_out: grad_out)
     assert describe(given_back, SHAPE, name="probe").to_dict() == plain
+    logged = _Block(nn.Conv2d(8, 8, 3, padding=1))  # reads the values (fails on meta tensors), returns None
+    logged.block.register_forward_hook(lambda mod, args, out: kept.update(mean=out.mean().item()))
+    assert describe(logged, SHAPE, name="probe").to_dict() == plain
+    clipped = _Block(nn.Conv2d(8, 8, 3, padding=1))  # reads the values, and returns a value where they are large
+    clipped.block.register_forward_hook(lambda mod, args, out: out.clamp(-1, 1) if out.abs().max().item() > 1 else None)
+    with pytest.raises(UserError, match=r"layer 'block' \(Conv2d\) has a forward hook \(.*<lambda>\) that returns a"):
+        describe(clipped, SHAPE, name="probe")
     traced = _Block(_HandWrittenConv())
     traced.block.register_forward_hook(lambda mod, args, out: out.sigmoid())
     ops = [n["op"] for n in describe(traced, SHAPE, name="probe").to_dict()["nodes"]]
@@ -585,10 +592,10 @@ def test_hooks_that_return_none_describe_as_the_plain_network_and_a_traced_throu
 
 
 def test_a_hook_that_fails_on_the_layers_shapes_is_refused_as_untold():
-    """A hook that fails on empty tensors and on zeros of the layer's shapes (a check of the values, which the
-    forward on random numbers passes) cannot be told to be an observer."""
+    """A hook that fails on empty tensors, zeros and random numbers of the layer's shapes (a check that the output is
+    the layer's of its input, which the forward passes) cannot be told to be an observer."""
     def fails(mod, args, out):
-        if not out.abs().sum() > 0:
+        if not torch.allclose(mod._conv_forward(args[0], mod.weight, mod.bias), out):
             raise RuntimeError("a hook of its own")
     net = _hooked(lambda m: m.register_forward_hook(fails))
     with pytest.raises(UserError, match=r"probe: layer 'block' \(Conv2d\) has a forward hook \(.*fails\) that "

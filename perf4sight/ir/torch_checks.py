@@ -461,11 +461,10 @@ def _refuse_value_changing_hooks(root: nn.Module, gm: fx.GraphModule, where: str
     pre-hook or hook replacing a layer's input or output, a backward one its gradient): the description would leave
     out what it computes. torch.fx runs no hook of a layer it keeps whole (``nn.Conv2d``: a ``call_module`` node) or
     of the model itself (its forward is traced, not called), nor any backward hook; it runs the forward hooks of a
-    module it traces through, whose ops are then described as any others. Each hook is called once on empty tensors
-    of the shapes ``gm`` (its shapes propagated) gives (meta tensors; zeros where a hook fails on those): one that
-    returns None, or the very tensors it was given, observes (logging, a feature kept), host Python of no kernel,
-    and is described. A hook that fails
-    on both is refused, as one that cannot be told apart."""
+    module it traces through, whose ops are then described as any others. Each hook is called on empty tensors of the
+    shapes ``gm`` (its shapes propagated) gives (meta tensors; zeros and random numbers where a hook fails on those):
+    one that returns None, or the very tensors it was given, observes (logging, a feature kept), host Python of no
+    kernel, and is described. A hook that fails on all is refused, as one that cannot be told apart."""
     module_globals = torch.nn.modules.module
     if not any(getattr(module_globals, g) for _, g, _, _ in _HOOKS) and not any(
             getattr(m, own) for m in root.modules() for own, _, _, _ in _HOOKS):
@@ -544,12 +543,13 @@ def _tensors(value: Any) -> tuple[Any, ...]:
 def _hook_returns(hook: Any, m: nn.Module, kind: str, with_kwargs: bool, inputs: list[Any], output: Any,
                   who: str) -> bool:
     """Whether ``hook`` (of ``kind``, on ``m``) returns a value other than None, and other than the very tensors it
-    was given, when called on ``inputs`` and ``output`` as meta tensors, or else as zeros; ``UserError`` naming ``who``
-    (the layer) where it fails on both."""
-    problem = None
-    for real in (False, True):
-        args = [_as_zeros(v) if real else v for v in inputs]
-        out = _as_zeros(output) if real else output
+    was given, when called on ``inputs`` and ``output`` as meta tensors, or where it fails on those (it reads their
+    values) as zeros and as random numbers (either returning a value tells); ``UserError`` naming ``who`` (the
+    layer) where it fails on all three."""
+    problem, told = None, []
+    for made_as in ("meta", "zeros", "random"):  # empty tensors first; values where a hook reads them
+        args = [_as_real(v, made_as) for v in inputs]
+        out = _as_real(output, made_as)
         call = {"forward pre-hook": (m, tuple(args), {}) if with_kwargs else (m, tuple(args)),
                 "forward hook": (m, tuple(args), {}, out) if with_kwargs else (m, tuple(args), out),
                 "backward pre-hook": (m, _tensors(out)),
@@ -559,15 +559,19 @@ def _hook_returns(hook: Any, m: nn.Module, kind: str, with_kwargs: bool, inputs:
             with torch.no_grad():
                 made = hook(*call)
         except Exception as exc:  # noqa: BLE001 - a hook of any kind may fail on empty tensors
-            problem = exc
+            problem = exc  # (said: on random numbers, the last tried)
             continue
         if kind == "forward pre-hook" and not with_kwargs:
             made = made if made is None or isinstance(made, tuple) else (made,)  # as torch takes a single value
             given = given[0]
-        return made is not None and not _same_objects(made, given)
+        told.append(made is not None and not _same_objects(made, given))
+        if made_as == "meta":
+            break
+    if told:
+        return any(told)
     said = str(problem).splitlines()[0] if str(problem) else ""
     raise UserError(f"{who} has a {kind} ({_hook_name(hook)}) that cannot be told to return None (an observer) or "
-                    "a value (which the description would leave out): called on zeros of the layer's shapes it "
+                    "a value (which the description would leave out): called on tensors of the layer's shapes it "
                     f"failed ({type(problem).__name__}: {said})")
 
 
@@ -582,11 +586,15 @@ def _same_objects(made: Any, given: Any) -> bool:
     return len(made) == len(given) and all(a is b for a, b in zip(made, given))
 
 
-def _as_zeros(value: Any) -> Any:
-    """``value``'s meta tensors as zeros on the CPU."""
-    if isinstance(value, torch.Tensor):
-        return torch.zeros(value.shape, dtype=value.dtype)
-    return type(value)(_as_zeros(v) for v in value) if isinstance(value, (tuple, list)) else value
+def _as_real(value: Any, made_as: str) -> Any:
+    """``value``'s meta tensors as they are (``made_as`` "meta"), or as zeros or random numbers on the CPU."""
+    if isinstance(value, torch.Tensor) and made_as != "meta":
+        if not value.dtype.is_floating_point:
+            return torch.zeros(value.shape, dtype=value.dtype)
+        return (torch.zeros if made_as == "zeros" else torch.randn)(value.shape, dtype=value.dtype)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_as_real(v, made_as) for v in value)
+    return value
 
 
 def _hook_name(hook: Any) -> str:
