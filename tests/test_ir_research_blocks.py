@@ -556,8 +556,8 @@ def test_a_global_backward_hook_that_returns_a_value_is_refused():
 
 def test_hooks_that_return_none_describe_as_the_plain_network_and_a_traced_through_hook_as_its_ops():
     """Observers (logging, a feature kept: every kind, on a layer kept whole and on the model), and hooks that return
-    the very tensors they were given, describe as the plain network; a forward hook of a module torch.fx traces
-    through runs in the trace, its ops described."""
+    the very tensors they were given, describe as the plain network; a forward hook and pre-hook of a module torch.fx
+    traces through run in the trace, their ops described."""
     torch.manual_seed(0)
     plain = describe(_Block(nn.Conv2d(8, 8, 3, padding=1)), SHAPE, name="probe").to_dict()
     kept = {}
@@ -587,8 +587,9 @@ def test_hooks_that_return_none_describe_as_the_plain_network_and_a_traced_throu
         describe(clipped, SHAPE, name="probe")
     traced = _Block(_HandWrittenConv())
     traced.block.register_forward_hook(lambda mod, args, out: out.sigmoid())
+    traced.block.register_forward_pre_hook(lambda mod, args: (args[0] * 2,))
     ops = [n["op"] for n in describe(traced, SHAPE, name="probe").to_dict()["nodes"]]
-    assert ops[ops.index("conv2d", 2):][:2] == ["conv2d", "sigmoid"]
+    assert ops == ["input", "conv2d", "mul", "conv2d", "sigmoid", "flatten", "linear"]
 
 
 def test_a_hook_that_fails_on_the_layers_shapes_is_refused_as_untold():
