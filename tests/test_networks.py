@@ -1553,3 +1553,19 @@ def test_a_self_normalising_network_with_alpha_dropouts_is_pruned_through_them()
     desc = describe(pruned.module, [3, 8, 8], name="snn_l40")
     assert [n.output_shape[0] for n in desc.nodes if n.op == "alpha_dropout"] == [pruned.module[0].out_channels,
                                                                                    pruned.module[3].out_channels]
+
+
+def test_cache_file_reads_perf4sight_once_and_a_users_code_file_at_each_call(tmp_path):
+    """cache_file keeps perf4sight's own sources and the library versions for the process (a search over levels
+    asks it of each level), but a code file of the user's is read at each call: editing it changes the key."""
+    from perf4sight.networks.zoo import cache_file
+
+    user = tmp_path / "factory.py"
+    user.write_text("def net(): pass\n")
+    first = cache_file(tmp_path, "net_l5", [3, 32, 32], 10, packages=("torch-pruning",), settings=(1,), code=(user,))
+    assert first == cache_file(tmp_path, "net_l5", [3, 32, 32], 10, packages=("torch-pruning",), settings=(1,),
+                               code=(user,))
+    user.write_text("def net(): return 1\n")
+    edited = cache_file(tmp_path, "net_l5", [3, 32, 32], 10, packages=("torch-pruning",), settings=(1,), code=(user,))
+    assert first is not None and edited is not None and edited != first
+    assert cache_file(tmp_path, "net_l5", [3, 32, 32], 10, packages=("no-such-package-here",)) is None

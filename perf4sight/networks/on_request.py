@@ -17,6 +17,7 @@ file where it made it at that shape, else pruned here.
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -61,7 +62,7 @@ def pruned_on_request(cfg: Config, name: str, input_shape: list[int]) -> Network
     network, level = found.group("network"), float(found.group("level"))
     pr, classes = cfg.networks.pruning, cfg.networks.classes_of(network)
     settings: tuple[Any, ...] | None = (pr.strategy, pr.min_channels, pr.seed)
-    code = tuple(sorted(_NETWORKS.glob("*.py")))
+    code = _networks_code()
     named = own_network(cfg, network)  # the config's own network of that name before torchvision's
     if named is None and network not in ZOO_NAMES:
         return None
@@ -187,6 +188,12 @@ class LevelVariants:
             if pruned:
                 self.pruned.append(self._made[level].name)
         return self._made[level]
+
+
+@functools.lru_cache(maxsize=None)
+def _networks_code() -> tuple[Path, ...]:
+    """The pruning code's files (this folder's), whose bytes key every variant cached: listed once per process."""
+    return tuple(sorted(_NETWORKS.glob("*.py")))
 
 
 def _check_level(name: str, network: str, level: float) -> None:

@@ -1,6 +1,7 @@
 """Torchvision networks by name, built without downloading weights."""
 from __future__ import annotations
 
+import functools
 import hashlib
 from importlib import metadata
 from pathlib import Path
@@ -110,20 +111,42 @@ def cache_file(cache_dir: Path, name: str, input_shape: list[int], num_classes: 
                settings: tuple[Any, ...] = (), code: tuple[Path, ...] = ()) -> Path | None:
     """Where a description is cached: keyed by the network, its shape and class count, the torch and
     torchvision versions (and those of ``packages``), ``settings``, and the source of the code that describes it
-    (and of ``code``); None if a version is unknown."""
-    try:
-        versions = [metadata.version(p) for p in ("torch", "torchvision", *packages)]
-    except metadata.PackageNotFoundError:
+    (and of ``code``); None if a version is unknown. The versions and perf4sight's own files are read once per
+    process (they do not change while it runs; a search over levels asks this of each level); ``code`` outside
+    perf4sight (a user's factory file, edited between two calls) is read at each call."""
+    versions = [_version(p) for p in ("torch", "torchvision", *packages)]
+    if None in versions:
         return None
-    ir = Path(__file__).resolve().parents[1] / "ir"
-    sources = [Path(__file__).resolve(), *sorted(ir.glob("*.py")), *code]
     # without settings, the key a zoo description always had: the files cached before stay valid
     h = hashlib.sha256(repr((name, list(input_shape), num_classes, versions) + ((settings,) if settings else ()))
                        .encode())
-    for src in sources:
-        h.update(src.read_bytes())
+    for src in (*_own_sources(), *code):
+        h.update(_own_bytes(src) if _PACKAGE in src.parents else src.read_bytes())
     shape = shape_text(input_shape)
     return cache_dir / f"{name}-{shape}-{num_classes}-{h.hexdigest()[:16]}.json"
+
+
+_PACKAGE = Path(__file__).resolve().parents[1]  #: perf4sight's own folder: its files are read once per process
+
+
+@functools.lru_cache(maxsize=None)
+def _own_sources() -> tuple[Path, ...]:
+    """This file and the IR's, whose source keys every cached description."""
+    return (Path(__file__).resolve(), *sorted((_PACKAGE / "ir").glob("*.py")))
+
+
+@functools.lru_cache(maxsize=None)
+def _own_bytes(path: Path) -> bytes:
+    return path.read_bytes()
+
+
+@functools.lru_cache(maxsize=None)
+def _version(package: str) -> str | None:
+    """``package``'s installed version, None where it is not installed."""
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def cached_description(path: Path | None, make: Callable[[], NetworkDescription]) -> NetworkDescription:
