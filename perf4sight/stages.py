@@ -778,7 +778,7 @@ def _predict_prune_to_fit(cfg: Config, args: argparse.Namespace, fp: object, dev
     lines ``network, batch_size, max_latency_ms, pruning_level, achieved_level, variant``, then the figures of
     ``--batch-size`` queries at that level (null where no level the network reaches does)."""
     from perf4sight.fingerprint.predict import batch_list
-    from perf4sight.fingerprint.pruning_search import TOP_LEVEL, least_pruning
+    from perf4sight.fingerprint.pruning_search import TOP_LEVEL, least_prunings
     from perf4sight.networks.on_request import (PRUNABLE, LevelVariants, prunable_networks, pruned_as,
                                                 with_command_line_factories)
 
@@ -799,8 +799,7 @@ def _predict_prune_to_fit(cfg: Config, args: argparse.Namespace, fp: object, dev
     found: list[tuple[dict, Any]] = []  # (the JSON line, the search's LeastPruning)
     for network in networks:
         variant = LevelVariants(cfg, network, shape)  # shared by the batch sizes
-        for b in batch_sizes:
-            r = least_pruning(fp, variant, b, budget)
+        for b, r in zip(batch_sizes, least_prunings(fp, variant, batch_sizes, budget)):  # each level asked once
             figures = {k: v for k, v in _rounded(r.prediction or {}).items() if k not in ("network", "batch_size")}
             line = {"network": network, "batch_size": b, "max_latency_ms": budget, "pruning_level": r.level,
                     "achieved_level": None if r.variant is None else round(r.variant.pruning_level, 3),

@@ -1259,6 +1259,31 @@ def test_a_batch_beyond_the_allocator_replay_has_no_pruning_level_that_fits(tx2)
     assert least_pruning(fp, resnet18_at, 2).level == 0  # a batch that fits: unpruned
 
 
+def test_the_least_pruning_at_several_batch_sizes_asks_each_level_once(tx2, monkeypatch):
+    """--prune-to-fit at three batch sizes searched each one alone, predicting a level asked at each once per batch
+    size (three predictions where one does). least_prunings asks each level once for every batch size still without
+    an answer, in one prediction, and answers as least_pruning does at each."""
+    from perf4sight.fingerprint.pruning_search import least_pruning, least_prunings
+
+    tmp, _, descs, _ = tx2
+    fp = load_fingerprint(tmp / "fp" / "tx2")
+    stored = sorted(int(name.split("_")[1]) for name in descs if name.startswith("resnet18_"))
+
+    def resnet18_at(level: int):  # the TX2's resnet18 at the highest level measured up to ``level``
+        return descs[f"resnet18_{max(s for s in stored if s <= level)}"]
+
+    batches = [2, 256, 2, 512, 10**5]
+    alone = [least_pruning(fp, resnet18_at, b) for b in batches]
+    asked, predict = [], fp.predict
+    monkeypatch.setattr(fp, "predict", lambda d, bs: asked.append(list(bs)) or predict(d, bs))
+    together = least_prunings(fp, resnet18_at, batches)
+    assert [(r.level, r.tried, r.prediction, r.variant) for r in together] == [
+        (r.level, r.tried, r.prediction, r.variant) for r in alone]
+    assert len({r.level for r in alone}) >= 3 and alone[-1].level is None  # answers at several levels, and none
+    assert len(asked) == max(len(r.tried) for r in alone)  # one prediction per level asked, of the open batches
+    assert asked[0] == [2, 256, 512, 10**5] and asked[-1] == [10**5]
+
+
 def test_tree_arrays_edited_by_hand_are_refused_as_damaged(tx2, tmp_path):
     """Indices out of range or of another shape ended in an IndexError at predict; a coefficient or leaf of inf or
     NaN gave NaN figures (invalid JSON) or a traceback in the table."""

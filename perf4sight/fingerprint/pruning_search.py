@@ -16,13 +16,13 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import BeyondReplay
 from perf4sight.ir.schema import NetworkDescription
 
-__all__ = ["LeastPruning", "least_pruning", "TOP_LEVEL"]
+__all__ = ["LeastPruning", "least_pruning", "least_prunings", "TOP_LEVEL"]
 
 TOP_LEVEL = 99  #: the highest level searched (% of parameters removed)
 
@@ -46,6 +46,13 @@ def least_pruning(fp: Any, variant: Callable[[int], NetworkDescription], batch_s
     A level the network cannot reach under ``min_channels`` (``UnreachableLevel``, which says the most it
     reaches) lowers the top of the search to the level it reaches; one between two of its pruning steps is not met.
     ``tried`` holds every level asked: all those below the answer (all up to the top where none meets)."""
+    return least_prunings(fp, variant, [batch_size], max_latency_ms)[0]
+
+
+def least_prunings(fp: Any, variant: Callable[[int], NetworkDescription], batch_sizes: Sequence[int],
+                   max_latency_ms: float | None = None) -> list[LeastPruning]:
+    """:func:`least_pruning` at each of ``batch_sizes``, the same answers, searched together: each level is asked
+    once for every batch size still without an answer, in one prediction (a third of the time of three)."""
     if max_latency_ms is not None:
         if not (isinstance(max_latency_ms, numbers.Real) and not isinstance(max_latency_ms, bool)
                 and max_latency_ms > 0):
@@ -55,41 +62,61 @@ def least_pruning(fp: Any, variant: Callable[[int], NetworkDescription], batch_s
     elif getattr(fp, "capacity_mb", None) is None:  # nothing to ask of the predictions: level 0 'fitted' vacuously
         raise UserError("least_pruning: the device's memory capacity is unknown, so no level can be found that fits; "
                         "give max_latency_ms to search for a step-time budget alone")
-    made: dict[int, tuple[NetworkDescription, dict[str, Any]]] = {}
-    tried: dict[int, bool] = {}
+    wanted = list(dict.fromkeys(batch_sizes))  # a batch size given twice is searched once
+    made: dict[Any, dict[int, tuple[NetworkDescription, dict[str, Any]]]] = {b: {} for b in wanted}
+    tried: dict[Any, dict[int, bool]] = {b: {} for b in wanted}
+    found: dict[Any, LeastPruning] = {}
+    still = list(wanted)  # the batch sizes without an answer yet
 
-    def meets(level: int) -> bool:
+    def ask(level: int) -> list[Any]:
+        """Level ``level`` at every batch size of ``still``: those at which it meets the limits."""
         desc = variant(level)
         try:
-            p = fp.predict(desc, [batch_size])[0]
-        except BeyondReplay:  # over the allocator replay's 256 TiB fits no device: not met (as in largest_fitting)
-            tried[level] = False
-            return False
-        made[level] = desc, p
-        tried[level] = p["fits"] is not False and (max_latency_ms is None or p["latency_ms"] <= max_latency_ms)
-        return tried[level]
+            preds: list[dict[str, Any] | None] = list(fp.predict(desc, still))
+        except BeyondReplay:  # one batch size's step past the replay: each asked alone, so the others are judged
+            preds = []
+            for b in still:
+                try:
+                    preds.append(fp.predict(desc, [b])[0])
+                except BeyondReplay:  # over the allocator replay's 256 TiB fits no device: not met (largest_fitting)
+                    preds.append(None)
+        met = []
+        for b, p in zip(still, preds):
+            if p is not None:
+                made[b][level] = desc, p
+            tried[b][level] = p is not None and p["fits"] is not False and (
+                max_latency_ms is None or p["latency_ms"] <= max_latency_ms)
+            if tried[b][level]:
+                met.append(b)
+        return met
 
-    def answer(level: int | None) -> LeastPruning:
-        desc, p = made[level] if level is not None else (None, None)
-        return LeastPruning(level, desc, p, tried)
+    def settle(level: int | None, bs: list[Any]) -> None:
+        for b in bs:
+            desc, p = made[b][level] if level is not None else (None, None)
+            found[b] = LeastPruning(level, desc, p, tried[b])
+            still.remove(b)
 
-    if meets(0):
-        return answer(0)
-    top = TOP_LEVEL
-    try:
-        top_meets = meets(top)
-    except UserError as exc:  # UnreachableLevel: the network stops short of 99% (min_channels)
-        reached = getattr(exc, "achieved", None)
-        if reached is None or math.floor(reached) <= 0:
-            raise
-        top = math.floor(reached)
-        top_meets = meets(top)
-    for level in range(1, top):  # every level below the top: the predictions need not fall as the level rises
+    settle(0, ask(0))
+    top, top_met = TOP_LEVEL, []
+    if still:
         try:
-            if meets(level):
-                return answer(level)
+            top_met = ask(top)
+        except UserError as exc:  # UnreachableLevel: the network stops short of 99% (min_channels)
+            reached = getattr(exc, "achieved", None)
+            if reached is None or math.floor(reached) <= 0:
+                raise
+            top = math.floor(reached)
+            top_met = ask(top)
+    for level in range(1, top):  # every level below the top: the predictions need not fall as the level rises
+        if not still:
+            break
+        try:
+            settle(level, ask(level))
         except UserError as exc:  # a level between that the pruning steps over: not met (a level beyond is asked)
             if getattr(exc, "achieved", None) is None:
                 raise
-            tried[level] = False
-    return answer(top if top_meets else None)
+            for b in still:
+                tried[b][level] = False
+    settle(top, [b for b in still if b in top_met])
+    settle(None, list(still))
+    return [found[b] for b in batch_sizes]
