@@ -9,7 +9,8 @@ pruned 43% and over 25 ms at 44 to 59%; its memory at batch 4096 fits at 56% and
 answer a level above the least: the search asks level 0, the highest level the network reaches (99, or less where
 ``min_channels`` stops it), then every level from 1 up, and answers the first that meets the limits. Asking a level
 costs pruning it once (a tenth of a second for resnet18, a third for mobilenet_v2 on a 2-core host, after the
-network's trace; cached on disk) and a prediction at each batch size.
+network's trace; cached on disk) and one prediction, of every batch size still without an answer
+(:func:`least_prunings`).
 """
 from __future__ import annotations
 
