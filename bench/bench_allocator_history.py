@@ -14,7 +14,8 @@ every allocation the caching allocator serves and every segment it asks CUDA for
   exist before the recording starts), with and without those it frees before making any other (workspaces): whether
   the allocator model or the events fed to it are what differs.
 
-The replay compared is the one predictions use. It writes down SGD's weight-decay temporaries (one parameter-sized
+The replay compared is the one predictions use, with cuBLAS's workspaces as the history's GPU and torch allocate them
+(``fingerprint.fit.blas_workspace``). It writes down SGD's weight-decay temporaries (one parameter-sized
 tensor at a time in the optimizer step: perf4sight's TX2 training used weight decay), which this tool's profiler,
 and so the recording, does not have: they show as parameter-sized allocations only the replay made (on the H100's
 peaks they change nothing: replayed without them, no family's mean error moved by more than 0.1 point).
@@ -224,15 +225,17 @@ def replayed(trace: Any, batch_size: int, steps: int) -> tuple[list[tuple[int, f
 def compare_one(history: dict[str, Any], description: Path) -> list[str]:
     """Lines comparing one recorded history with the replay of the same step (see the module docstring)."""
     from perf4sight.features.alloc_trace import simulate
-    from perf4sight.fingerprint.fit import relu6_clone
+    from perf4sight.fingerprint.fit import blas_workspace, relu6_clone
     from perf4sight.ir.schema import load_description
 
     b, optimizer = int(history["batch_size"]), history.get("optimizer", "sgd")  # histories before it: SGD's
     loss = history.get("loss", DEFAULT_LOSS)  # and a cross entropy's
     clone = relu6_clone([{"torch_version": history["torch_version"]}])
+    workspace = blas_workspace([{"backend": "nvml", "torch_version": history["torch_version"],
+                                 "device_model": history["device_name"]}])
     trace = simulate(load_description(description), relu6_clone=clone,
                      **({} if optimizer == "sgd" else {"optimizer": optimizer}),
-                     **({} if loss == DEFAULT_LOSS else {"loss": loss}))
+                     **({} if loss == DEFAULT_LOSS else {"loss": loss}), blas_workspace=workspace)
     res, al = (v / MIB for v in trace.replay(b))
     seg_measured, measured = step_segments(history), last_step_sizes(history)
     seg_replay, replay = replayed(trace, b, len(history["step_starts"]))

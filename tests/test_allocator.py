@@ -6,7 +6,7 @@ import pytest
 
 from perf4sight.features.aggregate import FEATURE_NAMES, SIM_FEATURES, feature_matrix, network_features
 from perf4sight.features.alloc_trace import (attach_simulation, ensure_simulation, record_events, record_runs,
-                                             simulate)
+                                             simulate, with_blas_workspaces)
 from perf4sight.features.allocator import (_ALLOC_FREE, ALLOC, FREE, STEP, AllocTrace, CachingAllocator, _fused,
                                           _repeat_plan, round_size, segment_size)
 from perf4sight.ir.schema import NetworkDescription, Node
@@ -2824,3 +2824,52 @@ def test_the_setup_allocates_the_weights_and_buffers_in_the_order_module_to_move
     # the meta trace's setup too (a ViT's: an attention's own parameters and its submodule's)
     traced = [size for kind, _, size, op in record_events(nets[1], 2, method="trace") if op == "setup"]
     assert traced == order[nets[1].name]
+
+
+HOPPER_WORKSPACES = (32 * MIB, MIB)  # cuBLAS's per handle and cuBLASLt's, as torch 2.11 allocated them on an H200
+
+
+def test_cublas_workspaces_are_kept_from_the_first_blas_kernel_of_each_thread():
+    """As the H200's allocation histories show them: after the first addmm's output in the forward, cuBLAS's workspace,
+    then cuBLASLt's; after the first product's output in the backward (autograd's thread: a handle of its own), a
+    second cuBLAS workspace; never freed, and none in a later step."""
+    desc = _tiny()
+    runs = record_runs(desc, (4,), set_to_none=True)
+    (events,) = with_blas_workspaces(runs, *HOPPER_WORKSPACES)
+    assert with_blas_workspaces(runs) is runs  # none on a CPU or an older torch
+    added = [i for i, e in enumerate(events) if e[3].endswith("workspace")]
+    assert [events[i][2] for i in added] == [32 * MIB, MIB, 32 * MIB] and len(events) == len(runs[0]) + 3
+    second_step = [i for i, e in enumerate(events) if e[0] == STEP][1]
+    assert added[-1] < second_step and not {events[i][1] for i in added} & {e[1] for e in events if e[0] == FREE}
+    assert events[added[0] - 1][3] == "aten.addmm.default" and added[1] == added[0] + 1
+    seed = next(i for i, e in enumerate(events) if e[3] == "aten.ones_like.default")
+    assert added[1] < seed < added[2] and events[added[2] - 1][3] == "aten.mm.default"
+    assert not any(e[3] == "aten.mm.default" for e in events[seed:added[2] - 1])  # the backward's first product
+    base, kept = simulate(desc, set_to_none=True), simulate(desc, set_to_none=True, blas_workspace=HOPPER_WORKSPACES)
+    assert kept.blas_workspace == HOPPER_WORKSPACES and base.blas_workspace == (0, 0)
+    (res0, al0), (res1, al1) = base.replay(8), kept.replay(8)
+    assert al1 - al0 == 65 * MIB and res1 - res0 >= 64 * MIB  # in every later step
+
+
+def test_the_rows_name_the_cublas_workspaces_of_their_gpu_and_torch():
+    from perf4sight.features.step_runtime import StepRuntime
+    from perf4sight.fingerprint.fit import blas_workspace, step_runtime
+
+    def rows(backend, torch, model):
+        return [{"backend": backend, "torch_version": torch, "device_model": model}] * 2
+
+    assert blas_workspace(rows("nvml", "2.11.0+cu130", "NVIDIA H200")) == HOPPER_WORKSPACES
+    assert blas_workspace(rows("nvml", "2.11.0+cu130", "NVIDIA H100 80GB HBM3")) == HOPPER_WORKSPACES
+    assert blas_workspace(rows("nvml", "2.1.0", "NVIDIA A100-SXM4-40GB")) == (8519680, 0)  # :4096:2:16:8, Lt per call
+    assert blas_workspace(rows("jetson", "1.10.0", "tx2")) == (0, 0)  # cuBLAS kept its own then
+    assert blas_workspace(rows("cpu", "2.11.0", "")) == blas_workspace(rows("imported", "", "")) == (0, 0)
+    runtime = step_runtime(rows("nvml", "2.11.0+cu130", "NVIDIA H200"))
+    assert runtime.blas_workspace == HOPPER_WORKSPACES
+    assert StepRuntime.from_metadata(runtime.metadata()) == runtime
+    older = {k: v for k, v in runtime.metadata().items() if k != "blas_workspace_bytes"}
+    assert StepRuntime.from_metadata(older).blas_workspace == (0, 0)  # stored before: fitted without them
+    with pytest.raises(ValueError, match="blas_workspace"):
+        StepRuntime.from_metadata({**runtime.metadata(), "blas_workspace_bytes": [1.5, 0]})
+    nf = network_features(_tiny(), runtime)
+    ensure_simulation([nf], ("one", "sim_reserved_mb"))
+    assert nf.sim.blas_workspace == HOPPER_WORKSPACES

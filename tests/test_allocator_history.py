@@ -38,9 +38,11 @@ def _history(desc, batch: int, steps: int, extra_in_last: int = 0, optimizer: st
     """A history as the record side writes it, of ``steps`` steps (the trace's last step repeated), the weights and
     batch allocated before recording starts; ``extra_in_last`` bytes allocated and freed once in the last step;
     ``optimizer`` and ``loss``: the step's (a history of SGD's or of a cross entropy's, as those recorded before
-    either could be chosen, does not say)."""
+    either could be chosen, does not say). Its GPU's cuBLAS workspaces are the ones the compare replays with."""
+    from perf4sight.fingerprint.fit import blas_workspace
+    workspace = blas_workspace([{"backend": "nvml", "torch_version": "2.11.0+cu130", "device_model": "replayed"}])
     trace = simulate(desc, **({} if optimizer == "sgd" else {"optimizer": optimizer}),
-                     **({} if loss == "cross_entropy" else {"loss": loss}))
+                     **({} if loss == "cross_entropy" else {"loss": loss}), blas_workspace=workspace)
     sizes = [int(round_size(s)) if s > 0 else 0 for s in trace.sizes(batch).tolist()]
     kinds, ids = trace.kind.tolist(), trace.tensor.tolist()
     marks = [i for i, k in enumerate(kinds) if k == STEP]

@@ -57,11 +57,17 @@ from perf4sight.profiling.child import loss_function
 from perf4sight.profiling.plan import DEFAULT_LOSS
 
 __all__ = ["record_events", "record_runs", "simulate", "attach_simulation", "ensure_simulation", "PROBE_BATCH",
-           "clear_cache"]
+           "clear_cache", "BLAS_KERNELS", "with_blas_workspaces"]
 
 #: The batch size of the single traced run: a prime, so that it divides exactly the batch-scaled sizes.
 PROBE_BATCH = 65521
 _CACHE: dict[str, AllocTrace] = {}
+#: The kernels of an event that run on cuBLAS on a GPU (a linear layer's ``addmm`` or ``mm``, a batched product's
+#: ``bmm``), and of those the one that runs on cuBLASLt (``addmm`` with its bias: ``gemm_and_bias``).
+BLAS_KERNELS = frozenset({"aten.addmm.default", "aten.mm.default", "aten.bmm.default", "aten.baddbmm.default"})
+_LT_KERNELS = frozenset({"aten.addmm.default"})
+#: The backward's seed: the events after it run on autograd's device thread, which takes a cuBLAS handle of its own.
+_BACKWARD_SEED = "aten.ones_like.default"
 _LOCK = threading.Lock()
 
 
@@ -714,14 +720,17 @@ def simulate(desc: NetworkDescription, batches: tuple[int, ...] = (PROBE_BATCH,)
         hit = _CACHE.get(key)
     if hit is not None:
         return hit
+    traced = {k: v for k, v in kw.items() if k != "blas_workspace"}
+    workspace = tuple(kw.get("blas_workspace", (0, 0)))
     with collector_paused():  # the model's events become arrays and are dropped before the collector runs again
-        runs = record_runs(desc, tuple(batches), relu6_clone=relu6_clone, model_only=True, **kw)
-        trace = None if runs is None else _trace_of(desc, runs, tuple(batches), relu6_clone, kw)
+        runs = record_runs(desc, tuple(batches), relu6_clone=relu6_clone, model_only=True, **traced)
+        trace = None if runs is None else _trace_of(desc, with_blas_workspaces(runs, *workspace), tuple(batches),
+                                                    relu6_clone, kw)
         del runs
     if trace is None:  # the meta trace's, run with the collector as the caller has it
-        runs = record_runs(desc, tuple(batches), relu6_clone=relu6_clone, **{**kw, "method": "trace"})
+        runs = record_runs(desc, tuple(batches), relu6_clone=relu6_clone, **{**traced, "method": "trace"})
         with collector_paused():
-            trace = _trace_of(desc, runs, tuple(batches), relu6_clone, kw)
+            trace = _trace_of(desc, with_blas_workspaces(runs, *workspace), tuple(batches), relu6_clone, kw)
             del runs
     with _LOCK:
         _CACHE[key] = trace
@@ -754,7 +763,42 @@ def _trace_of(desc: NetworkDescription, runs: list[list[Event]], batches: tuple[
         raise ValueError(f"simulate: one or two batch sizes, got {list(batches)}")
     return AllocTrace(desc.name, kinds, tensors, const, per,
                       relu6_clone=relu6_clone, update=_OptimizerStep.of(kw).settings(),
-                      loss=kw.get("loss", DEFAULT_LOSS))
+                      loss=kw.get("loss", DEFAULT_LOSS), blas_workspace=tuple(kw.get("blas_workspace", (0, 0))))
+
+
+def with_blas_workspaces(runs: list[list[Event]], cublas: int = 0, lt: int = 0) -> list[list[Event]]:
+    """The runs' events with the workspaces a GPU's torch (>= 2.0) allocates through its caching allocator for cuBLAS
+    and keeps for good: ``cublas`` bytes for each cuBLAS handle (one per thread: the forward's, and autograd's device
+    thread in the backward), right after the first output of the first kernel of :data:`BLAS_KERNELS` each thread
+    runs, and ``lt`` bytes for cuBLASLt after the first ``addmm``'s (its cuBLAS workspace first), in the first step
+    only (``StepRuntime.blas_workspace``; measured in torch's allocation histories on an H200). The runs as they are
+    where both are 0 or the step runs no such kernel."""
+    if not (cublas or lt):
+        return runs
+    return [_blas_workspaced(events, cublas, lt) for events in runs]
+
+
+def _blas_workspaced(events: list[Event], cublas: int, lt: int) -> list[Event]:
+    """:func:`with_blas_workspaces` of one run's events."""
+    steps = [i for i, e in enumerate(events) if e[0] == STEP]
+    if not steps:
+        return events
+    start, end = steps[0], steps[1] if len(steps) > 1 else len(events)
+    new_id = max((e[1] for e in events), default=0) + 1
+    out, threads = list(events[:start + 1]), [set(), set()]  # per thread (forward, backward): workspaces made
+    backward = False
+    for e in events[start + 1:end]:
+        out.append(e)
+        backward = backward or e[3] == _BACKWARD_SEED
+        if e[0] != ALLOC or e[3] not in BLAS_KERNELS:
+            continue
+        made = threads[backward]
+        for kind, nbytes in (("cublas", cublas), ("lt", lt if e[3] in _LT_KERNELS else 0)):
+            if nbytes and kind not in made:
+                made.add(kind)
+                out.append((ALLOC, new_id, nbytes, f"{kind} workspace"))
+                new_id += 1
+    return out + list(events[end:])
 
 
 def attach_simulation(nf: Any, desc: NetworkDescription, protocol: str = RUN_PEAK) -> Any:
@@ -764,8 +808,15 @@ def attach_simulation(nf: Any, desc: NetworkDescription, protocol: str = RUN_PEA
     updated all parameters at once). The replay's dropout is CUDA's fused kernel whatever the rules say."""
     rt = nf.runtime
     nf.sim = simulate(desc, relu6_clone=rt.relu6_clone, **rt.traced_update(),
-                      **_traced_loss(rt)).with_protocol(protocol)
+                      **_traced_loss(rt), **_traced_blas(rt)).with_protocol(protocol)
     return nf
+
+
+def _traced_blas(runtime: Any) -> dict[str, tuple[int, int]]:
+    """:func:`simulate`'s ``blas_workspace`` keyword for a step under ``runtime``'s rules; empty where the step
+    allocates no cuBLAS workspace through the caching allocator, so that its traces keep their cache keys."""
+    workspace = tuple(runtime.blas_workspace)
+    return {"blas_workspace": workspace} if any(workspace) else {}
 
 
 def _traced_loss(runtime: Any) -> dict[str, str]:
@@ -777,6 +828,7 @@ def _traced_loss(runtime: Any) -> dict[str, str]:
 def _replays_runtime(sim: Any, runtime: Any) -> bool:
     """Whether the allocation trace ``sim`` was recorded under the rules of ``runtime`` (a StepRuntime)."""
     return (sim.relu6_clone == runtime.relu6_clone and sim.loss == runtime.loss
+            and tuple(sim.blas_workspace) == tuple(runtime.blas_workspace)
             and sim.update == _OptimizerStep.of(runtime.traced_update()).settings())
 
 

@@ -557,7 +557,8 @@ class AllocTrace:
     ``relu6_clone``: the events are of a torch whose in-place ReLU6 keeps a clone of its input (>= 1.10).
     ``update``: the settings of the traced optimiser step that change its events (:class:`TracedUpdate`), whose
     ``optimizer`` (``optimizers.py``) holds its state and scratch. ``loss``: the traced step's loss
-    (``profiling.plan.LOSSES``).
+    (``profiling.plan.LOSSES``). ``blas_workspace``: the bytes of cuBLAS's workspace per handle and of cuBLASLt's that
+    the events allocate in the first step (``alloc_trace.with_blas_workspaces``; (0, 0): none).
     """
 
     name: str
@@ -570,6 +571,7 @@ class AllocTrace:
     relu6_clone: bool = False
     update: TracedUpdate = TracedUpdate()
     loss: str = "cross_entropy"
+    blas_workspace: tuple = (0, 0)
     _memo: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False, init=False)
     #: the events of the setup and of each step, and of a repeat of the last step, as the replay runs them (kinds,
     #: tensor ids, each one's index among the trace's sizes, -1 for none; :func:`_fused`): made once per trace

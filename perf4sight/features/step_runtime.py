@@ -25,6 +25,9 @@ Each rule is a fact about a torch version or a device, not a fitted figure:
   before that count, which keeps the count it was fitted with.
 - ``native_conv``: the rows ran where torch sends small-batch 1x1 convolutions outside oneDNN (the cpu backend on
   one thread), so the ``native_conv_macs`` term is theirs.
+- ``blas_workspace``: the bytes of the workspace torch allocates through its caching allocator for each cuBLAS
+  handle it uses (the forward's thread and autograd's), and of cuBLASLt's, kept for good from the first step on a GPU
+  (``fingerprint.fit.blas_workspace``); (0, 0) on a CPU, on torch < 2.0 (cuBLAS kept its own) and for imported rows.
 - ``op_prices``: what the device charged per element for each kind of op between the convolutions, by map side,
   measured by its profile (``profiling/op_prices.py``; ``features/priced_ops.py`` sums them into the
   ``priced_ops_ms`` term); () where none were measured (a GPU, imported rows, a profile before 2026-11-26).
@@ -73,6 +76,7 @@ _METADATA_KEYS: dict[str, tuple[str, Any]] = {
     "op_prices": ("op_prices", ()),  # before 2026-11-26 (night): none measured
     "loss": ("loss", DEFAULT_LOSS),  # before 2026-11-29: every row's a cross entropy
     "adamw_decay": ("decoupled_decay", True),  # before 2026-12-01: AdamW's decay counted whatever it was
+    "blas_workspace_bytes": ("blas_workspace", (0, 0)),  # before 2026-12-01: none replayed
 }
 
 
@@ -93,9 +97,13 @@ class StepRuntime:
     op_prices: tuple = ()  # priced_ops.prices_key of the device's table
     loss: str = DEFAULT_LOSS
     decoupled_decay: bool = True
+    blas_workspace: tuple = (0, 0)  # bytes: cuBLAS's per handle, cuBLASLt's
 
     def __post_init__(self) -> None:
         optimizer_cost(self.optimizer)  # a ValueError naming the known ones
+        ws = self.blas_workspace
+        if not (isinstance(ws, tuple) and len(ws) == 2 and all(type(n) is int and n >= 0 for n in ws)):
+            raise ValueError(f"blas_workspace must be two byte counts (cuBLAS's, cuBLASLt's), not {ws!r}")
         if self.loss not in LOSSES:
             raise ValueError(f"unknown loss {self.loss!r}: one of {', '.join(LOSSES)}")
         if self.dropout_mask_bytes not in (CUDA_MASK_BYTES, CPU_MASK_BYTES):
@@ -175,6 +183,7 @@ class StepRuntime:
         """The rules as a stored fingerprint's metadata keeps them (the op prices as ``{op: {side: ns}}``, or null)."""
         meta = {key: getattr(self, name) for key, (name, _) in _METADATA_KEYS.items()}
         meta["op_prices"] = prices_table(self.op_prices)
+        meta["blas_workspace_bytes"] = list(self.blas_workspace)
         return meta
 
     @classmethod
@@ -191,4 +200,8 @@ class StepRuntime:
         kw["op_prices"] = prices_key(check_prices({"ops": prices}, "op_prices")) if prices else ()
         if not isinstance(kw["loss"], str):
             raise ValueError("loss is not a name")
+        ws = kw["blas_workspace"]
+        if not (isinstance(ws, (list, tuple)) and len(ws) == 2 and all(type(n) is int and n >= 0 for n in ws)):
+            raise ValueError("blas_workspace_bytes is not two byte counts")
+        kw["blas_workspace"] = tuple(ws)
         return cls(optimizer=str(kw.pop("optimizer")), dropout_mask_bytes=int(kw.pop("dropout_mask_bytes")), **kw)

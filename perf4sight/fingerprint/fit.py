@@ -90,6 +90,27 @@ def relu6_clone(rows: list[dict[str, Any]]) -> bool:
     return torch_at_least(rows, (1, 10))
 
 
+#: cuBLAS's workspace per handle on torch >= 2.0 (``CUBLAS_WORKSPACE_CONFIG``'s default, ``:4096:2:16:8``: 8 MiB and
+#: 128 KiB), 32 MiB on a Hopper GPU (compute capability 9: ``parseChosenWorkspaceSize`` in torch's
+#: CublasHandlePool.cpp; measured on an H200, torch 2.11); cuBLASLt's, 1 MiB, kept per handle from torch 2.8
+#: (pytorch/pytorch#156495; before, allocated for each call and freed at once).
+CUBLAS_WORKSPACE, CUBLAS_WORKSPACE_HOPPER, CUBLASLT_WORKSPACE = 4096 * 1024 * 2 + 16 * 1024 * 8, 32 << 20, 1 << 20
+#: GPU names of compute capability 9 (Hopper), as ``torch.cuda.get_device_name`` and the rows' ``device_model`` give
+_HOPPER = re.compile(r"\bG?H(100|200|800|20)\b")
+
+
+def blas_workspace(rows: list[dict[str, Any]]) -> tuple[int, int]:
+    """The bytes of cuBLAS's workspace per handle and of cuBLASLt's that the torch of these rows allocated through its
+    caching allocator and kept (``StepRuntime.blas_workspace``): (0, 0) but for rows of a GPU (no cpu backend, no
+    imported rows) on torch >= 2.0 (pytorch/pytorch#95668: 1.13 left it to cuBLAS); the Hopper size where every row
+    names such a GPU (``device_model``), cuBLASLt's on torch >= 2.8."""
+    if not rows or any(str(r.get("backend")) in ("cpu", "imported") for r in rows) or not torch_at_least(rows, (2, 0)):
+        return 0, 0
+    hopper = all(_HOPPER.search(str(r.get("device_model") or "")) for r in rows)
+    return (CUBLAS_WORKSPACE_HOPPER if hopper else CUBLAS_WORKSPACE,
+            CUBLASLT_WORKSPACE if torch_at_least(rows, (2, 8)) else 0)
+
+
 def rows_update(rows: list[dict[str, Any]], optimizer: str) -> tuple[bool, bool, bool]:
     """(momentum, weight decay, decoupled decay) of these rows' update: whether SGD kept a momentum buffer, whether
     SGD or Adam added an L2 weight-decay term, and whether AdamW's in-place decay ran (``features/optimizers.py``;
@@ -152,7 +173,8 @@ def native_conv_dispatch(rows: list[dict[str, Any]]) -> bool:
 def step_runtime(rows: list[dict[str, Any]]) -> StepRuntime:
     """The rules of the torch that ran these rows' training step (``features/step_runtime.py``), read from the rows:
     their optimiser and its momentum and weight decay, their loss, their torch's ReLU6, a CPU's update and dropout
-    mask or a GPU's (whose update is ``foreach`` from torch 2.0 on), the CPU's 1x1 dispatch, and the gradients freed
+    mask or a GPU's (whose update is ``foreach`` from torch 2.0 on, with cuBLAS's workspaces: :func:`blas_workspace`),
+    the CPU's 1x1 dispatch, and the gradients freed
     by each step's ``zero_grad`` (this tool's profiler; imported rows keep the rule of perf4sight's, which zeroed
     them); the update counted kernel by kernel as torch runs it."""
     on_cpu, optimizer = ran_on_cpu(rows), rows_optimizer(rows)
@@ -162,7 +184,8 @@ def step_runtime(rows: list[dict[str, Any]]) -> StepRuntime:
                        dropout_mask_bytes=CPU_MASK_BYTES if on_cpu else CUDA_MASK_BYTES,
                        native_conv=native_conv_dispatch(rows), momentum=momentum, weight_decay=decay,
                        grads_to_none=bool(rows) and all(r.get("backend") != "imported" for r in rows),
-                       update_as_run=True, loss=rows_loss(rows), decoupled_decay=decoupled)
+                       update_as_run=True, loss=rows_loss(rows), decoupled_decay=decoupled,
+                       blas_workspace=blas_workspace(rows))
 
 
 def hold_native_conv(F: np.ndarray, runtime: StepRuntime) -> np.ndarray:
@@ -202,7 +225,7 @@ def _data_hash(rows: list[dict[str, Any]], cols: Iterable[str]) -> str:
 #: (the device's, :func:`memory_column`): its targets, its folds (``family``) and the rules of the step it ran
 #: (:func:`step_runtime`, :func:`memory_replay`).
 FIT_COLUMNS = ("network", "batch_size", "status", LATENCY_COLUMN, "family", "backend", "threads", "protocol",
-               "torch_version", "phase", "loss", "momentum", "weight_decay")
+               "torch_version", "phase", "loss", "momentum", "weight_decay", "device_model")
 
 
 def training_data_sha256(rows: Any, device: str, descriptions: dict[str, NetworkDescription],
