@@ -153,10 +153,16 @@ def test_all_stages_then_predict_json(all_stages, tmp_path, cli_here):
     # a level no one profiled: pruned on request, as the networks stage would, and said so
     assert "note: resnet18_l25: not in the dataset: resnet18 pruned on request as the networks stage would (l1-norm, " \
            "min_channels 4, seed 0: 2" in " ".join(pred.stderr.split())
-    # all three are of the two training families: their interval, and the CPU's mean form's tree corrections
+    # all three are of the two training families: their interval where the fit stored one (a band of their own
+    # that held its coverage on these measured rows, select.seen_family_band; else a family never seen's), and the
+    # CPU's mean form's tree corrections
+    own = sorted(meta["interval"]["log_ratio_quantiles_seen"])
+    band = {"latency memory": "the interval of such networks",
+            "latency": "the interval of such networks for its step time, a family never seen's for the other",
+            "memory": "the interval of such networks for its memory, a family never seen's for the other",
+            "": "the interval of a family never seen (no band of such networks held its coverage)"}[" ".join(own)]
     assert (f"note: resnet18, {manifest[0]['network']}, resnet18_l25: of a family this fingerprint was trained on: "
-            "the interval of such networks; the step time with its forms' tree corrections") \
-        in " ".join(pred.stderr.split())
+            f"{band}; the step time with its forms' tree corrections") in " ".join(pred.stderr.split())
     assert "changed after its fingerprint was fitted" not in pred.stderr  # the resumed profile wrote nothing
     lines = [json.loads(line) for line in pred.stdout.splitlines()]
     assert [(p["network"], p["batch_size"]) for p in lines] == [
