@@ -11,11 +11,13 @@ per-step peak leaves out). Prints MAPE and mean signed error per family, and the
 events (written down, and recorded by the meta-device trace for comparison), ms per batch size for
 the replay.
 
-    .venv/bin/python bench/bench_allocator.py
+    .venv/bin/python bench/bench_allocator.py [--data DIR]
 """
 from __future__ import annotations
 
+import argparse
 import csv
+import os
 import sys
 import time
 from pathlib import Path
@@ -29,14 +31,15 @@ from perf4sight.features.alloc_trace import clear_cache, simulate  # noqa: E402
 from perf4sight.features.allocator import PERF4SIGHT  # noqa: E402
 from perf4sight.ir.schema import load_description  # noqa: E402
 
-TX2 = ROOT.parent / "shared" / "data" / "tx2-perf4sight"
+#: the shared TX2 folder beside the checkout (PERF4SIGHT_TX2_DATA, as for the tests, where it is elsewhere)
+TX2 = Path(os.environ.get("PERF4SIGHT_TX2_DATA", ROOT.parent / "shared" / "data" / "tx2-perf4sight"))
 
 
 def run(data: Path = TX2) -> list[dict]:
     """Print the table; return figures rows for bench/run_all.py."""
     graphs = sorted((data / "graphs").glob("*.json"))
     if not graphs:
-        print(f"TX2 data not found at {data}: skipped")
+        print(f"TX2 data not found at {data} (--data DIR, or PERF4SIGHT_TX2_DATA): skipped")
         return []
     err: dict[str, dict[str, list[float]]] = {}
     t_events: dict[str, list[float]] = {"model": [], "trace": []}
@@ -83,4 +86,6 @@ def run(data: Path = TX2) -> list[dict]:
 
 
 if __name__ == "__main__":
-    run()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, default=TX2, help=f"perf4sight TX2 folder (default: {TX2})")
+    run(ap.parse_args().data)

@@ -29,6 +29,7 @@ on four families a per-family figure moves by up to ~0.8 points from the seed al
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -58,7 +59,8 @@ from perf4sight.ir.schema import load_description  # noqa: E402
 from perf4sight.profiling.results import (OP_PRICES_JSON, REFERENCES_CSV, batch_size_of, read_rows,  # noqa: E402
                                          results_path)
 
-TX2 = ROOT.parent / "shared" / "data" / "tx2-perf4sight"
+#: the shared TX2 folder beside the checkout (PERF4SIGHT_TX2_DATA, as for the tests, where it is elsewhere)
+TX2 = Path(os.environ.get("PERF4SIGHT_TX2_DATA", ROOT.parent / "shared" / "data" / "tx2-perf4sight"))
 #: The project's own cpu measurements (profile stage, default config), evaluated too when present.
 LOCAL_CSV = ROOT / "profiling_csvs" / "local" / "measurements.csv"
 #: perf4sight (ICCV-W 2021) leave-one-network-out MAPE, percent, on the TX2 data.
@@ -483,7 +485,7 @@ def _evaluations(data: Path, csv: Path | None, models: Path | None, trees: int, 
             yield evaluate(device, rows, descs, trees=trees, label="Jetson TX2 (perf4sight data)",
                            simulate_memory=simulate_memory, seeds=seeds)
     else:
-        print(f"TX2 data not found at {data}: skipped")
+        print(f"TX2 data not found at {data} (--data DIR, or PERF4SIGHT_TX2_DATA): skipped")
     if csv is not None:
         device, rows, descs = load_csv(csv, models or ROOT / "models")
         if len({r["family"] for r in rows if r["network"] in descs}) < 2:

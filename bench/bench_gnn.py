@@ -11,6 +11,7 @@ training time (the final model, and the cross-validation); and prediction time: 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -33,7 +34,8 @@ from perf4sight.importers import import_perf4sight  # noqa: E402
 from perf4sight.ir.schema import load_description  # noqa: E402
 from perf4sight.profiling.results import read_rows, results_path  # noqa: E402
 
-TX2 = ROOT.parent / "shared" / "data" / "tx2-perf4sight"
+#: the shared TX2 folder beside the checkout (PERF4SIGHT_TX2_DATA, as for the tests, where it is elsewhere)
+TX2 = Path(os.environ.get("PERF4SIGHT_TX2_DATA", ROOT.parent / "shared" / "data" / "tx2-perf4sight"))
 NETS = ("resnet18", "resnet50", "mobilenetv2", "squeezenet")
 BENCH = "gnn_tx2"
 
@@ -93,7 +95,7 @@ def run(archs: tuple[str, ...] = ("seernet", "sage"), epochs: int = 300, data: P
         base: str = "analytic", seed: int = 0) -> list[dict[str, Any]]:
     """Fit and evaluate each architecture; print tables; return figures for bench/run_all.py."""
     if not (data / "graphs").is_dir():
-        print(f"TX2 data not found at {data}: skipped")
+        print(f"TX2 data not found at {data} (--data DIR, or PERF4SIGHT_TX2_DATA): skipped")
         return []
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmpdir:

@@ -1,0 +1,16 @@
+"""bench/'s scripts as run from any checkout: where they look for the shared TX2 data."""
+from __future__ import annotations
+
+from bench_module import load_bench
+
+
+def test_allocator_bench_reads_the_tx2_folder_named_by_the_environment(tmp_path, monkeypatch, capsys):
+    """The TX2 benchmarks looked only beside the checkout (``../shared/data``), so a clone elsewhere skipped
+    them; they now take ``PERF4SIGHT_TX2_DATA`` as the tests do (and bench_allocator ``--data DIR``), and a
+    folder without the data says both ways to name it."""
+    monkeypatch.setenv("PERF4SIGHT_TX2_DATA", str(tmp_path / "elsewhere"))
+    bench = load_bench("bench_allocator")
+    assert bench.TX2 == tmp_path / "elsewhere"
+    assert bench.run(tmp_path / "elsewhere") == []
+    said = capsys.readouterr().out
+    assert f"not found at {tmp_path / 'elsewhere'}" in said and "--data DIR" in said and "PERF4SIGHT_TX2_DATA" in said
