@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -51,12 +52,14 @@ sys.path.insert(0, str(ROOT))
 
 from perf4sight.profiling.plan import DEFAULT_LOSS, LOSSES, OPTIMIZERS, TestPlan  # noqa: E402
 
+#: the shared TX2 folder beside the checkout (PERF4SIGHT_TX2_DATA, as for the tests, where it is elsewhere)
+TX2 = Path(os.environ.get("PERF4SIGHT_TX2_DATA", ROOT.parent / "shared" / "data" / "tx2-perf4sight"))
 #: kept histories: folder -> where their descriptions are (the H200's were recorded on the H100's descriptions, on
 #: five TX2 graphs, read in place from the shared data, and on two of research code: bench/h200/research_nets.py)
 KEPT = {ROOT / "bench" / "h100" / "allocator_history": [ROOT / "bench" / "h100" / "models"],
         ROOT / "bench" / "h200" / "allocator_history": [ROOT / "bench" / "h100" / "models",
                                                         ROOT / "bench" / "h200" / "models",
-                                                        ROOT.parent / "shared" / "data" / "tx2-perf4sight" / "graphs"]}
+                                                        TX2 / "graphs"]}
 MIB = 2 ** 20
 #: the profiler's defaults (standard library only, as on a device): warm-up and timed steps, the optimiser
 _PROFILER = TestPlan(device="allocator-history")

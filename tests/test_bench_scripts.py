@@ -14,3 +14,11 @@ def test_allocator_bench_reads_the_tx2_folder_named_by_the_environment(tmp_path,
     assert bench.run(tmp_path / "elsewhere") == []
     said = capsys.readouterr().out
     assert f"not found at {tmp_path / 'elsewhere'}" in said and "--data DIR" in said and "PERF4SIGHT_TX2_DATA" in said
+
+
+def test_allocator_history_bench_finds_the_tx2_graphs_named_by_the_environment(tmp_path, monkeypatch):
+    """The kept H200 histories of TX2 networks are compared on the TX2 graphs: looked for under
+    ``PERF4SIGHT_TX2_DATA`` too, not only beside the checkout."""
+    monkeypatch.setenv("PERF4SIGHT_TX2_DATA", str(tmp_path / "elsewhere"))
+    bench = load_bench("bench_allocator_history")
+    assert tmp_path / "elsewhere" / "graphs" in bench.KEPT[bench.ROOT / "bench" / "h200" / "allocator_history"]
