@@ -7,6 +7,7 @@ training time (the final model, and the cross-validation); and prediction time: 
 (torch module -> description -> graph tensors) and one prediction, in milliseconds.
 
     .venv/bin/python bench/bench_gnn.py [--arch seernet sage] [--epochs 300] [--base analytic|none] [--seed 0]
+        [--data DIR]
 """
 from __future__ import annotations
 
@@ -141,7 +142,8 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=300)
     ap.add_argument("--data", type=Path, default=TX2)
     ap.add_argument("--base", default="analytic", choices=["analytic", "none"])
-    ap.add_argument("--seed", type=int, default=0, help="the GNN's seed (its weights' initialisation and batches)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="the GNN's seed (its weights' initialisation and batches) and the trees' compared")
     args = ap.parse_args()
     run(tuple(args.arch), args.epochs, args.data, args.base, args.seed)
 
