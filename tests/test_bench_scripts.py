@@ -22,3 +22,14 @@ def test_allocator_history_bench_finds_the_tx2_graphs_named_by_the_environment(t
     monkeypatch.setenv("PERF4SIGHT_TX2_DATA", str(tmp_path / "elsewhere"))
     bench = load_bench("bench_allocator_history")
     assert tmp_path / "elsewhere" / "graphs" in bench.KEPT[bench.ROOT / "bench" / "h200" / "allocator_history"]
+
+
+def test_drift_bench_holds_out_the_families_its_dataset_was_made_with(tmp_path):
+    """bench_drift held out bench_cpu_families' default six families whatever ``--dataset`` it was given: on a set
+    made with ``--zoo`` (the README's second wide set) the first fold had no rows and ExtraTrees stopped on an
+    empty array. It now holds out the families of the folder's own config."""
+    drift = load_bench("bench_drift")
+    families = load_bench("bench_cpu_families")
+    second = ("alexnet", "densenet121", "efficientnet_b0", "mobilenet_v3_large", "resnet34", "squeezenet1_1")
+    families.write_config(tmp_path, zoo=second, generated=2)
+    assert drift.held_out_families(tmp_path) == list(second)
