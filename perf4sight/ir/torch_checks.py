@@ -524,13 +524,14 @@ def _node_values(gm: fx.GraphModule) -> dict[fx.Node, Any]:
 
 
 def _boundary(nodes: list[fx.Node], values: dict[fx.Node, Any]) -> tuple[list[Any], Any]:
-    """The inputs (values read from outside ``nodes``, a module's traced forward) and the output (its last node's
-    value read outside them) of a module traced through."""
+    """The input (the first value read from outside ``nodes``, a module's traced forward, in a list; none where it
+    reads nothing from outside) and the output (its last node's value read outside them) of a module traced
+    through."""
     held = set(nodes)
     inputs = [values[a] for n in nodes for a in n.all_input_nodes if a not in held and a.op != "get_attr"
               and a in values]
     outputs = [values[n] for n in nodes if n in values and any(u not in held for u in n.users)]
-    return inputs[:1] or inputs, outputs[-1] if outputs else None
+    return inputs[:1], outputs[-1] if outputs else None
 
 
 def _tensors(value: Any) -> tuple[Any, ...]:
@@ -591,7 +592,10 @@ def _as_real(value: Any, made_as: str) -> Any:
     if isinstance(value, torch.Tensor) and made_as != "meta":
         if not value.dtype.is_floating_point:
             return torch.zeros(value.shape, dtype=value.dtype)
-        return (torch.zeros if made_as == "zeros" else torch.randn)(value.shape, dtype=value.dtype)
+        if made_as == "zeros":
+            return torch.zeros(value.shape, dtype=value.dtype)
+        # a generator of its own: describing draws nothing from the model's random numbers (its training's seed)
+        return torch.randn(value.shape, dtype=value.dtype, generator=torch.Generator().manual_seed(0))
     if isinstance(value, (tuple, list)):
         return type(value)(_as_real(v, made_as) for v in value)
     return value
