@@ -930,9 +930,9 @@ def _family_note(fp: object, descs: list[NetworkDescription]) -> None:
     """Say which queries are of a family the fingerprint's training rows had (a description's ``network`` with
     the layer structure of one of its training networks, e.g. another pruning level): they get the interval of
     such networks where the fit stored one (at a shape of its rows; at another, or where it stored none, the
-    interval of a family never seen), and a mean step-time
-    form's tree corrections (a CPU fingerprint's; any other network gets its members' linear sums alone). A query
-    that names a training family but has other layers is said to be predicted as a family never seen."""
+    interval of a family never seen), and a mean step-time form's tree corrections (a CPU fingerprint's; any other
+    network gets its members' linear sums alone). A query that names a training family but has other layers is said
+    to be predicted as a family never seen."""
     from perf4sight.fingerprint.predict import Fingerprint
     from perf4sight.fingerprint.trees import MeanModel
     if not isinstance(fp, Fingerprint):
