@@ -21,7 +21,8 @@ from perf4sight.ir.from_torch import describe
 from perf4sight.ir.schema import save_description
 from perf4sight.profiling import results
 from perf4sight.profiling.fleet import check_devices, format_summaries, profile_devices
-from perf4sight.profiling.remote import RemoteProfiler, probe_problems
+from perf4sight.profiling.outcome import probe_problems
+from perf4sight.profiling.remote import RemoteProfiler
 from perf4sight.profiling.ssh import DeviceError, Remote
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -488,6 +488,7 @@ def _no_better_fit(record: list[int], sizes: list[int]) -> bool:
     makes = [k for k, size in enumerate(found) if size < 0]
     return len(makes) == len(sizes) and all(size < 0 for size in found[:makes[-1]])
 
+
 def _fused(kinds: np.ndarray, ids: np.ndarray, index: np.ndarray,
            small: np.ndarray | None = None) -> tuple[list[int], list[int], np.ndarray]:
     """The events (kinds, tensor ids, the index of each one's size, -1 for none) as the replay runs them: every ALLOC

@@ -31,8 +31,8 @@ from perf4sight.profiling.local import progress_bars, stop_runners
 from perf4sight.profiling.plan import training_phase
 from perf4sight.profiling.results import (COLUMNS, SUPERSEDED_CSV, append_row, batch_size_of, read_rows,
                                          results_path, row_key, take_rows, written_key)
-from perf4sight.profiling.outcome import (PROBE, PROBE_CACHE, DeviceSummary, covering, expected_keys, plan_counts,
-                                          probe_facts, probe_problems)
+from perf4sight.profiling.outcome import (PROBE, PROBE_CACHE, DeviceSummary, covering, expected_keys, not_ready,
+                                          plan_counts, probe_facts, probe_problems)
 
 __all__ = ["DeviceCheck", "check_devices", "profile_devices", "device_lock", "import_lock", "refuse_another_backend",
            "format_checks", "format_summaries", "remeasure_specs", "supersede", "PROFILE_LOCK", "REMOTE_RUNS_GO_ON"]
@@ -78,7 +78,6 @@ def _judge(check: DeviceCheck) -> DeviceCheck:
 
 
 def _check_one(cfg: Config, dev: DeviceConfig, timeout_s: float) -> DeviceCheck:
-    src = PROBE.read_text()
     if not dev.host:
         # this machine writes its measurements under profiling_dir (workdir is a remote device's)
         check = DeviceCheck(dev.name, dev.backend, "this machine", reachable=True, workdir=str(cfg.profiling_dir))
@@ -102,7 +101,7 @@ def _check_one(cfg: Config, dev: DeviceConfig, timeout_s: float) -> DeviceCheck:
             with remote:
                 check.reachable = True
                 python = remote.expand(dev.python) if dev.python.startswith("~") else dev.python
-                res = remote.run([python, "-c", src, dev.backend, run_dir], timeout_s=120)
+                res = remote.run([python, "-c", PROBE.read_text(), dev.backend, run_dir], timeout_s=120)
                 out, err, rc = res.stdout, res.stderr, res.rc
         except UserError as exc:
             check.message = str(exc)
@@ -143,14 +142,9 @@ def _preflight_here(cfg: Config, dev: DeviceConfig) -> None:
         return
     folder = results_path(cfg.profiling_dir, dev.name).parent
     out, err, rc = _probe_here(dev, str(folder), str(folder / PROBE_CACHE))
-    try:
-        facts = probe_facts(sys.executable, rc, out, err)
-    except UserError as exc:
-        raise UserError(f"device '{dev.name}': {exc}") from None
-    problems = probe_problems(dev.backend, facts, str(folder))
-    if problems:
-        raise UserError(f"device '{dev.name}' is not ready, nothing was run: {'; '.join(problems)} "
-                        f"(python '{sys.executable}'; see --stage check)")
+    said = not_ready(dev.name, dev.backend, sys.executable, rc, out, err, str(folder))
+    if said:
+        raise UserError(said)
 
 
 def check_devices(cfg: Config, names: Sequence[str] | None = None, timeout_s: float = 10.0) -> list[DeviceCheck]:

@@ -15,7 +15,8 @@ from perf4sight.ir.schema import NetworkDescription, load_description_bytes
 from perf4sight.ir.shapes import shape_text
 from perf4sight.profiling import results
 
-__all__ = ["DeviceSummary", "PROBE", "PROBE_CACHE", "MIN_PYTHON", "probe_facts", "probe_problems", "expected_keys",
+__all__ = ["DeviceSummary", "PROBE", "PROBE_CACHE", "MIN_PYTHON", "probe_facts", "probe_problems", "not_ready",
+           "expected_keys",
            "read_descriptions", "read_keys", "covering", "plan_counts"]
 
 
@@ -73,6 +74,21 @@ def probe_problems(backend: str, facts: dict, workdir: str) -> list[str]:
         # error, which a plain rerun after the fix does not measure again
         problems.append("torch sees no CUDA device")
     return problems
+
+
+def not_ready(device: str, backend: str, python: str, rc: int, stdout: str, stderr: str, workdir: str) -> str:
+    """The one line that refuses to run ``device`` after its probe (``python``'s exit status ``rc`` and output, the
+    run's work folder ``workdir``): that the probe did not run (:func:`probe_facts`), or what stops a run
+    (:func:`probe_problems`); empty where the device is ready. The SSH profiler's and the local one's preflight."""
+    try:
+        facts = probe_facts(python, rc, stdout, stderr)
+    except UserError as exc:
+        return f"device '{device}': {exc}"
+    problems = probe_problems(backend, facts, workdir)
+    if not problems:
+        return ""
+    return (f"device '{device}' is not ready, nothing was run: {'; '.join(problems)} (python '{python}'; see --stage "
+            "check)")
 
 
 def read_descriptions(descriptions: Sequence[Path]) -> list[tuple[Path, bytes, NetworkDescription]]:

@@ -35,8 +35,8 @@ from perf4sight.files import write_atomically
 from perf4sight.profiling import results
 from perf4sight.profiling.local import make_plan
 from perf4sight.profiling.plan import training_phase
-from perf4sight.profiling.outcome import (PROBE, PROBE_CACHE, DeviceSummary, covering, expected_keys, plan_counts,
-                                          probe_facts, probe_problems, read_descriptions, read_keys)
+from perf4sight.profiling.outcome import (PROBE, PROBE_CACHE, DeviceSummary, covering, expected_keys, not_ready,
+                                          plan_counts, read_descriptions, read_keys)
 from perf4sight.profiling.pull import CsvPuller, csv_with_rows
 from perf4sight.profiling.runner import LOAD_ENV
 from perf4sight.profiling.ssh import (CONNECTION_ERRORS, DeviceError, HostKeyError, LoginError, Remote,
@@ -174,14 +174,10 @@ class RemoteProfiler:
         come from :data:`PROBE_CACHE` while its install is the one they were read from (``probe.py``)."""
         res = self.remote.run([self._python(), "-c", PROBE.read_text(), self.dev.backend, self.run_dir,
                                self._path(PROBE_CACHE)], timeout_s=120)
-        try:
-            facts = probe_facts(self.dev.python, res.rc, res.stdout, res.stderr)
-        except UserError as exc:
-            raise DeviceError(f"device '{self.dev.name}': {exc}") from None
-        problems = probe_problems(self.dev.backend, facts, self.run_dir)
-        if problems:
-            raise DeviceError(f"device '{self.dev.name}' is not ready, nothing was run: {'; '.join(problems)} "
-                              f"(python '{self.dev.python}'; see --stage check)")
+        said = not_ready(self.dev.name, self.dev.backend, self.dev.python, res.rc, res.stdout, res.stderr,
+                         self.run_dir)
+        if said:
+            raise DeviceError(said)
 
     def _ship_code(self) -> None:
         """The runner's modules into ``code-<hash>/`` (skipped when already there): a live run keeps its own copy."""
