@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 import re
+import threading
 import warnings
 from typing import Any
 
@@ -2371,6 +2373,38 @@ def test_a_module_with_lazy_batch_norms_is_described_on_a_copy():
     assert isinstance(module[1].running_mean, nn.parameter.UninitializedBuffer)
     assert isinstance(module[4].running_var, nn.parameter.UninitializedBuffer)
     assert torch.equal(state, torch.random.get_rng_state())
+
+
+class _LoggedBranch(nn.Module):
+    """A convolution with an observing hook that holds a lock (the model cannot be deep-copied, so its shapes are
+    propagated on the module itself, on real numbers), then dropout in a branch drawn by Python's ``random``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.drop, self.head = nn.Conv2d(3, 8, 3), nn.Dropout(), nn.Linear(8, 4)
+        self.lock, self.seen = threading.Lock(), []
+        self.conv.register_forward_hook(self._observe)
+
+    def _observe(self, module, args, out) -> None:
+        with self.lock:
+            self.seen.append(tuple(out.shape))
+
+    def forward(self, x):
+        x = self.conv(x)
+        if random.random() < 2:
+            x = self.drop(x)
+        return self.head(x.mean((2, 3)))
+
+
+def test_describing_leaves_the_random_states_as_they_were():
+    """A model whose weightless copy cannot be made (a hook holding a lock) had its shapes propagated on random
+    numbers drawn from torch's global generator, and a forward drawing a branch by Python's ``random`` drew at each
+    trace: describing moved the caller's seeded streams. Both are put back now."""
+    module = _LoggedBranch()
+    torch_state, python_state = torch.random.get_rng_state(), random.getstate()
+    desc = describe(module, [3, 8, 8], "logged")
+    assert [n.op for n in desc.nodes if n.op in ("conv2d", "dropout", "linear")] == ["conv2d", "dropout", "linear"]
+    assert torch.equal(torch_state, torch.random.get_rng_state()) and random.getstate() == python_state
 
 
 class _Normalized(nn.Module):

@@ -14,9 +14,11 @@ checks on a traced graph in :mod:`~perf4sight.ir.torch_checks`.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import operator
-from typing import Any
+import random
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -253,7 +255,8 @@ def describe(module: nn.Module, input_shape: list[int], name: str, network: str 
     """Trace ``module`` (input ``[C, H, W]``, no batch) into a ``NetworkDescription``. Shapes come from
     meta tensors (no compute; a module with weights is copied without them, and left as it is); a
     module built on the meta device describes the same, a little faster, and one with lazy layers is described on a
-    copy (the caller's stays lazy, torch's random state as it was).
+    copy (the caller's stays lazy). torch's and Python's random states are left as they were
+    (:func:`_random_state_kept`).
 
     Raises ``UserError`` for an input shape that is not three positive ints, a model wrapped by torch.compile or
     DataParallel, a module torch.fx cannot trace, a forward that reads weights other than float32 or fails at
@@ -272,10 +275,25 @@ def describe(module: nn.Module, input_shape: list[int], name: str, network: str 
                         f"the model itself, its eager training step on one device: give its .{wrapped[1]}")
     input_shape = check_input_shape(input_shape, name)
     _refuse_graph_module_names(module, name)
-    if has_lazy_parameters(module):  # the first forward makes them, drawing random numbers: on a copy
-        with torch.random.fork_rng(devices=[]):
+    with _random_state_kept():
+        if has_lazy_parameters(module):  # the first forward makes them, drawing random numbers: on a copy
             return _described(_lazy_copy(module), input_shape, name, network, pruning_level, extra)
-    return _described(module, input_shape, name, network, pruning_level, extra)
+        return _described(module, input_shape, name, network, pruning_level, extra)
+
+
+@contextlib.contextmanager
+def _random_state_kept() -> Iterator[None]:
+    """torch's random state (the CPU's, and each CUDA device's where CUDA is started) and Python's ``random``'s
+    put back as they were after the block: describing draws none of the numbers of the caller's seeded training
+    (a lazy layer made, a model's forward run for real where its shapes cannot be propagated without data, its
+    dropout in training, a forward that draws a branch by ``random``)."""
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    kept = random.getstate()
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        random.setstate(kept)
 
 
 #: Attributes torch.fx's GraphModule has and nn.Module has not: a model's own layer, parameter or buffer of one of
