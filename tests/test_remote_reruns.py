@@ -454,6 +454,38 @@ def test_the_profile_stages_probe_imports_torch_again_only_when_its_install_chan
     assert probe("cpu", str(cache))["torch"] == "9.8.7" and count() == 5 and json.loads(cache.read_text())["cuda"]
 
 
+def test_two_probes_writing_the_cache_at_once_each_rename_a_file_of_their_own(tmp_path, monkeypatch):
+    """The probe's cache was written through one fixed name (probe-cache.json.tmp): a second profile run's probe
+    on the same device folder truncated the first's file and renamed it away, so the first's rename failed (and a
+    reader could meet an empty cache between the two); a cache path it could not rename onto left the .tmp behind.
+    Each writer fills a temporary file of its own now. Here the second probe writes the whole cache while the
+    first is about to rename (real torch, already imported: its facts are read again because no cache exists)."""
+    import torch
+
+    from perf4sight.profiling import probe
+    cache = tmp_path / "probe-cache.json"
+    real_replace, failed = os.replace, []
+
+    def replace(src, dst):
+        if not failed and not hasattr(replace, "nested"):
+            replace.nested = True
+            probe._torch_facts(str(cache))  # the other run's probe, started before this one's rename
+        try:
+            real_replace(src, dst)
+        except OSError as exc:
+            failed.append(exc)
+            raise
+
+    monkeypatch.setattr(probe.os, "replace", replace)
+    assert probe._torch_facts(str(cache))[0] == torch.__version__
+    assert failed == [] and json.loads(cache.read_text())["torch"] == torch.__version__
+    assert os.listdir(tmp_path) == ["probe-cache.json"]
+    monkeypatch.setattr(probe.os, "replace", real_replace)
+    cache.unlink()
+    cache.mkdir()  # a path it cannot rename onto: nothing of its own left beside it
+    assert probe._torch_facts(str(cache))[0] == torch.__version__ and os.listdir(tmp_path) == ["probe-cache.json"]
+
+
 def test_a_port_that_is_no_ssh_server_is_one_line_without_paramikos_tracebacks(tmp_path, capfd):
     """A listener on loopback that never speaks, or answers as a web server: one line saying no SSH server
     answered there, and none of paramiko's own log lines (its transport thread logged two tracebacks)."""

@@ -92,13 +92,31 @@ def _torch_facts(cache_path, need_cuda=False):
         import torch
         cuda = bool(torch.cuda.is_available())
         if cache_path and key[2] is not None:
-            try:
-                with open(cache_path + ".tmp", "w") as fh:
-                    json.dump({"key": key, "torch": version, "cuda": cuda}, fh)
-                os.replace(cache_path + ".tmp", cache_path)
-            except OSError:  # a work folder that cannot be written is reported below
-                pass
+            write_whole(cache_path, json.dumps({"key": key, "torch": version, "cuda": cuda}))
     return version, error, cuda
+
+
+def write_whole(path, text):
+    """Write ``text`` to ``path`` through a temporary file of this writer's own in its folder, then one rename:
+    a reader sees the old file or the whole new one, and two probes writing at once (two profile runs on one
+    device folder) do not truncate or rename each other's. A folder that cannot be written leaves nothing (the
+    probe reports it); returns whether ``path`` was written."""
+    folder, name = os.path.split(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=name + ".", suffix=".tmp", dir=folder or ".")
+    except OSError:
+        return False
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+        return True
+    except OSError:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        return False
 
 
 def probe(backend, workdir, cache_path=None):
