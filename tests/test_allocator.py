@@ -2851,6 +2851,20 @@ def test_cublas_workspaces_are_kept_from_the_first_blas_kernel_of_each_thread():
     assert al1 - al0 == 65 * MIB and res1 - res0 >= 64 * MIB  # in every later step
 
 
+def test_a_steps_loss_and_workspaces_are_traced_under_simulates_own_keys():
+    """attach_simulation gives simulate a loss and cuBLAS's workspaces only where they are not its defaults, so a
+    cross entropy's step without workspaces is the trace of simulate's plain keywords (one cache entry), and an MSE
+    step with an H200's workspaces that of the two keywords given."""
+    from perf4sight.features.step_runtime import StepRuntime
+    desc = _tiny()
+    for runtime, given in ((StepRuntime(), {}), (StepRuntime(loss="mse", blas_workspace=HOPPER_WORKSPACES),
+                                                 {"loss": "mse", "blas_workspace": HOPPER_WORKSPACES})):
+        nf = attach_simulation(network_features(desc, runtime), desc)
+        alone = simulate(desc, relu6_clone=runtime.relu6_clone, **runtime.traced_update(), **given)
+        assert nf.sim is alone.with_protocol(nf.sim.protocol)
+        assert (nf.sim.loss, nf.sim.blas_workspace) == (runtime.loss, runtime.blas_workspace)
+
+
 def test_the_rows_name_the_cublas_workspaces_of_their_gpu_and_torch():
     from perf4sight.features.step_runtime import StepRuntime
     from perf4sight.fingerprint.fit import blas_workspace, step_runtime

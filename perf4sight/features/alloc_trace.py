@@ -808,21 +808,17 @@ def attach_simulation(nf: Any, desc: NetworkDescription, protocol: str = RUN_PEA
     updated all parameters at once). The replay's dropout is CUDA's fused kernel whatever the rules say."""
     rt = nf.runtime
     nf.sim = simulate(desc, relu6_clone=rt.relu6_clone, **rt.traced_update(),
-                      **_traced_loss(rt), **_traced_blas(rt)).with_protocol(protocol)
+                      **_traced_rules(rt)).with_protocol(protocol)
     return nf
 
 
-def _traced_blas(runtime: Any) -> dict[str, tuple[int, int]]:
-    """:func:`simulate`'s ``blas_workspace`` keyword for a step under ``runtime``'s rules; empty where the step
-    allocates no cuBLAS workspace through the caching allocator, so that its traces keep their cache keys."""
+def _traced_rules(runtime: Any) -> dict[str, Any]:
+    """:func:`simulate`'s ``loss`` and ``blas_workspace`` keywords for a step under ``runtime``'s rules, each given
+    only where it is not simulate's default (a loss other than a cross entropy; a cuBLAS workspace the step allocates
+    through the caching allocator), so that the traces of the defaults keep their cache keys."""
     workspace = tuple(runtime.blas_workspace)
-    return {"blas_workspace": workspace} if any(workspace) else {}
-
-
-def _traced_loss(runtime: Any) -> dict[str, str]:
-    """:func:`simulate`'s ``loss`` keyword for a step under ``runtime``'s rules; empty for a cross entropy's, so that
-    its traces keep their cache keys."""
-    return {} if runtime.loss == DEFAULT_LOSS else {"loss": runtime.loss}
+    return {**({} if runtime.loss == DEFAULT_LOSS else {"loss": runtime.loss}),
+            **({"blas_workspace": workspace} if any(workspace) else {})}
 
 
 def _replays_runtime(sim: Any, runtime: Any) -> bool:
