@@ -656,8 +656,36 @@ def test_measurements_of_networks_without_a_description_here_are_said_in_the_rep
     md = " ".join((folder / "report.md").read_text().split())
     assert "MAPE –%" not in md and "latency: no ok measurements with a description here (Notes)" in md
     assert f"are passed over: no description of them in {cfg.models_dir / 'manifest.csv'}" in md
-    assert "the report's measured points, scatter and feature sensitivity of tx2a leave them out" in md
+    assert ("the report's tables of what was measured, measured points, scatter and feature sensitivity of tx2a leave "
+            "them out") in md
     assert "leave them out" in console.export_text()
+
+
+def test_the_devices_tables_count_only_the_networks_with_a_description_here(project, tmp_path):
+    """A network whose description is gone (removed from the config, or its graph not imported) keeps its rows in the
+    measurements, which the fingerprint stage and the scatter pass over and the notes count: the devices table,
+    the terminal's and the table of what was measured counted the network and its rows all the same (6 networks,
+    89 / 54 rows with squeezenet_50's 25)."""
+    from rich.console import Console
+
+    from perf4sight.profiling.results import read_rows
+    (tmp_path / "config.toml").write_text((project.root / "config.toml").read_text())
+    cfg = load_config(tmp_path / "config.toml")
+    for folder in (project.fingerprint_dir / "tx2a", project.profiling_dir / "tx2a",
+                   project.models_dir / "imported" / "tx2a"):
+        shutil.copytree(folder, tmp_path / folder.relative_to(project.root))
+    (cfg.models_dir / "imported" / "tx2a" / "squeezenet_50.json").unlink()
+    kept = [r for r in read_rows(cfg.profiling_dir / "tx2a" / "measurements.csv") if r["network"] != "squeezenet_50"]
+    ok, oom = (sum(r["status"] == s for r in kept) for s in ("ok", "oom"))
+    console = Console(record=True, width=400)
+    folder = compare_devices(cfg, ["tx2a"], console)
+    md = (folder / "report.md").read_text()
+    assert f"| tx2a | imported | SGD with momentum and weight decay | 5 | {ok} / {oom} |" in md
+    assert "| squeezenet | 1 |" in md and "(the notes count any others)" in md
+    assert f"│ tx2a   │ 3x224x224 │ 5    │ {ok}/{oom}" in console.export_text()
+    assert "rows of 1 network (squeezenet_50) are passed over" in " ".join(md.split())
+    families = json.loads((folder / "data.json").read_text())["devices"]["tx2a"]["families"]
+    assert sum(f["variants"] for f in families) == 5 and sum(f["ok"] for f in families) == ok
 
 
 def test_the_pruning_section_shows_a_largest_batch_at_the_search_limit_as_maybe_more():
@@ -713,7 +741,7 @@ def test_the_terminal_summary_cuts_no_network_name_or_largest_batch_of_many_netw
     from perf4sight.report.compare import _print_summary
 
     names = [f"resnet50_pruned_at_{level}" for level in range(0, 80, 5)]
-    devs = [SimpleNamespace(name=name, metadata={"accuracy": {}}, rows=[], families=[],
+    devs = [SimpleNamespace(name=name, metadata={"accuracy": {}}, rows=[], families=[], networks=[],
                             fingerprint=SimpleNamespace(capacity_mb=cap), max_batch=dict.fromkeys(names, largest))
             for name, cap, largest in (("h100", 100177.0, 1024), ("tx2", 7291.0, 161))]
     console = Console(record=True, width=200)

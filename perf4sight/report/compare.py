@@ -49,7 +49,10 @@ def gather_device(cfg: Config, device: str) -> tuple[DeviceData, dict[str, Netwo
     # as the fit read them: divided by the device's drift reference where it has one (held_out.csv holds those)
     descs, _, rows, _ = device_dataset(cfg, device, fp.optimizer, fp.loss)
     rows, _ = drift_corrected(cfg, device, rows, fp.optimizer, fp.loss)  # the fit's references
-    data = DeviceData(name=device, fingerprint=fp, rows=rows, families=summarise_measurements(rows),
+    # the tables count the rows of networks with a description here, as the fit does (the notes count the others)
+    shown = [r for r in rows if r["network"] in descs]
+    data = DeviceData(name=device, fingerprint=fp, rows=rows, families=summarise_measurements(shown),
+                      networks=sorted({r["network"] for r in shown}),
                       scatter=measured_vs_predicted(fp, rows, descs),
                       sensitivity=feature_sensitivity(fp, rows, descs, seed=cfg.project.seed))
     return data, descs
@@ -64,8 +67,8 @@ def _measurement_notes(cfg: Config, d: DeviceData, descs: dict[str, NetworkDescr
         return [f"{d.name}: no measurements in {path}: its fingerprint is compared, and its tables of what was "
                 "measured, its measured points, scatter and feature sensitivity are empty"]
     gone = undescribed_note(cfg, d.name, d.rows, descs)
-    return [f"{gone}; the report's measured points, scatter and feature sensitivity of {d.name} leave them out"
-            ] if gone else []
+    return [f"{gone}; the report's tables of what was measured, measured points, scatter and feature sensitivity of "
+            f"{d.name} leave them out"] if gone else []
 
 
 def _mape(meas: np.ndarray, pred: np.ndarray) -> tuple[float, float]:
@@ -170,7 +173,7 @@ def _glance_blocks(devs: list[DeviceData]) -> list[Block]:
         ok = sum(f.ok for f in d.families)
         oom = sum(f.oom for f in d.families)
         rows.append([d.name, ", ".join(sorted({r.get("backend", "") for r in d.rows})) or "?",
-                     _step(d), str(len({r["network"] for r in d.rows})), f"{ok} / {oom}",
+                     _step(d), str(len(d.networks)), f"{ok} / {oom}",
                      training_shapes_label(m),
                      m.get("memory_target", "?"),
                      f"{_fmt(la.get('mape'))} / {_fmt(la.get('within10'), '.0f')}",
@@ -178,7 +181,8 @@ def _glance_blocks(devs: list[DeviceData]) -> list[Block]:
                      _fmt(m.get("capacity_mb"), ".0f")])
     b.append(Table(["device", "backend", "optimiser", "networks", "ok / oom rows", "input", "memory target",
                     "latency MAPE % / ±10% share", "memory MAPE % / ±10% share", "capacity MiB"], rows,
-                   "held-out accuracy of each fingerprint; capacity: configured limit or learnt from OOM rows"))
+                   "held-out accuracy of each fingerprint; networks and rows: those with a description here (the "
+                   "notes count any others); capacity: configured limit or learnt from OOM rows"))
     return b
 
 
@@ -348,7 +352,7 @@ def _print_summary(console: Console, devs: list[DeviceData], names: list[str], f
         t.add_column(col, no_wrap=True)
     for d in devs:
         acc = d.metadata.get("accuracy", {})
-        t.add_row(RichText(d.name), training_shapes_label(d.metadata), str(len({r["network"] for r in d.rows})),
+        t.add_row(RichText(d.name), training_shapes_label(d.metadata), str(len(d.networks)),
                   f"{sum(f.ok for f in d.families)}/{sum(f.oom for f in d.families)}",
                   _fmt(acc.get("latency", {}).get("overall", {}).get("mape")),
                   _fmt(acc.get("memory", {}).get("overall", {}).get("mape")),

@@ -69,6 +69,7 @@ class DeviceData:
     scatter: dict[str, tuple[np.ndarray, np.ndarray, str]]   # target -> (measured, predicted, how)
     sensitivity: dict[str, dict[str, float]]                 # target -> feature -> % change
     max_batch: dict[str, int | None] = field(default_factory=dict)  # compare network -> largest fitting batch
+    networks: list[str] = field(default_factory=list)  # of its rows, those with a description here (``families``')
 
     @property
     def metadata(self) -> dict[str, Any]:
