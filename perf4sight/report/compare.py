@@ -129,13 +129,14 @@ def _curves(cfg: Config, devs: list[DeviceData], all_descs: dict[str, dict[str, 
             notes.extend(line + (f" (at {shapes[d.name]})" if shapes else "") for line in made)
             names = names or [desc.name for desc in by_shape[shape]]  # labels: zoo name or description name
         measured_max = max((batch_size_of(r) for r in d.rows if r["status"] == "ok"), default=8)
+        shown = [r for r in d.rows if r["network"] in all_descs[d.name]]  # dots: rows the fingerprint stage fits
         for name, desc in zip(names, by_shape[shape]):  # same entry order at every shape
             try:
                 mb = d.fingerprint.max_batch_size(desc)  # up to BATCH_SEARCH_LIMIT
                 d.max_batch[name] = mb
                 grid = batch_grid(min(BATCH_SEARCH_LIMIT, max(8, measured_max, int((mb or 0) * 1.25))))
                 for target in ("latency", "memory"):
-                    c = prediction_curve(d.fingerprint, d.name, desc, target, grid, d.rows, all_descs[d.name])
+                    c = prediction_curve(d.fingerprint, d.name, desc, target, grid, shown, all_descs[d.name])
                     c.input_shape = shapes.get(d.name, "")
                     out[target].setdefault(name, []).append(c)
                 outside = getattr(d.fingerprint, "outside_training", None)  # at a trained batch size: the network only
