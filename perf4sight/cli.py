@@ -96,8 +96,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                         help="device(s) to act on (default: profile: [profile] devices, else every device of the "
                              "config; check: every device of the config; fingerprint, export: every device with "
                              "measurements; compare: every device with a fingerprint; predict: the first "
-                             "configured device with a fingerprint; several: each in turn, JSON lines naming their "
-                             "device first)")
+                             "configured device with a fingerprint, else the first device with one; several: each "
+                             "in turn, JSON lines naming their device first)")
     parser.add_argument("--network", nargs="+", metavar="NET",
                         help="predict: zoo names (e.g. resnet18), names of the dataset's networks (a variant the "
                              "networks stage made, e.g. resnet18_l30, or a graph imported for a device), a variant "

@@ -575,6 +575,21 @@ def test_predict_and_compare_in_a_fresh_project_say_every_stage_it_lacks(tmp_pat
         stages.run_compare(cfg, argparse.Namespace(device=None))
 
 
+def test_predict_without_device_takes_a_configured_fingerprint_else_the_first_one(tmp_path):
+    """--help and the README said predict's default is the first configured device with a fingerprint; with none
+    (an imported TX2 alone fitted) it is the first device with one, as the note of a choice among several says."""
+    from perf4sight import stages
+
+    cfg = load_config(write(tmp_path, GOOD))
+    for dev in ("tx2", "atx"):  # imported devices: no [devices] table
+        (cfg.fingerprint_dir / dev).mkdir(parents=True)
+        (cfg.fingerprint_dir / dev / "metadata.json").write_text("{}")
+    assert list(cfg.devices) == ["local"] and stages._predict_device(cfg, None, "trees") == "atx"
+    (cfg.fingerprint_dir / "local").mkdir()
+    (cfg.fingerprint_dir / "local" / "metadata.json").write_text("{}")
+    assert stages._predict_device(cfg, None, "trees") == "local"
+
+
 def test_compare_names_its_config_key_for_a_device_it_does_not_know(tmp_path):
     """``[compare] devices = ["lokal"]`` (a typo): --stage all named the key, --stage compare alone did not (its line
     read as if --device had been given); both name it now, and --device's own names are told as before."""
