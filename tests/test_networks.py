@@ -226,6 +226,17 @@ def test_a_bnneck_prunes_with_the_linear_layer_before_it_and_counts_fast() -> No
     assert necks == linears[:1] and linears[0] < 64 and desc.params == pruned.params
 
 
+def test_a_pruning_plan_and_its_levels_leave_torchs_random_state_as_it_was() -> None:
+    """A plan traced its network on an example drawn from torch's global generator: pruning on request (predict's
+    variant of a level no one profiled, ``on_request.variant_at`` in Python) moved the caller's seeded stream. The
+    example comes from a generator of its own now, the same every time."""
+    base = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 32, 3, 2, 1),
+                         nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+    state = torch.random.get_rng_state()
+    pruned = PruningPlan(base, [3, 16, 16]).prune(40)
+    assert torch.equal(state, torch.random.get_rng_state()) and 30 < pruned.achieved_level < 50
+
+
 def test_convnext_prunes_its_stream_with_its_layer_scales_and_its_blocks_mlp() -> None:
     """ConvNeXt's residual stream is multiplied by each block's layer scale, a parameter outside any layer: it is cut
     with the layers of the stream (and torch-pruning's warning about it is not shown), as are the blocks' MLP

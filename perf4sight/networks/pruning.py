@@ -362,7 +362,7 @@ class PruningPlan:
             raise UserError(f"{network}: has no parameters to prune (a network with no layer that learns)")
         self.extra: dict[str, Any] = {}
         self._cache: dict[tuple[int, ...], float] = {}
-        example = torch.randn(1, *input_shape)
+        example = torch.randn(1, *input_shape, generator=torch.Generator().manual_seed(0))  # not the caller's
         traced = copy.deepcopy(base).eval()
         try:
             with _UnprunableCalls() as unprunable:
