@@ -2,7 +2,8 @@
 (per-sample kernels mixed from experts), shuffle attention (groups folded into the batch), CoordConv (coordinate
 channels from torch.linspace), a blur pool (a fixed filter held as a buffer), weight standardisation (a convolution
 whose weight is normalised in the forward) and a gather of a parameter (an embedding's or a relative position bias's
-lookup). A blur pool is a conv2d of the flag fixed (its filter a buffer); none of the others fits a description
+lookup). A blur pool is a conv2d of the flag fixed (its filter a buffer), weight standardisation in four spellings
+a conv2d of standardize (its weight the parameter standardised at every forward); none of the others fits a description
 without an op of its own, and each is refused in one line that names the form, where the refusals named a matmul, a
 reshape or a getitem (or spoke of BiFPN's fusion). A weight computed by a parametrization (weight_norm, spectral_norm,
 orthogonal, weight standardisation) or by torch's hooks (the old weight_norm and spectral_norm, prune's mask) is refused
@@ -84,6 +85,36 @@ class _StandardisedByBatchNorm(nn.Conv2d):
     def forward(self, x):
         w = F.batch_norm(self.weight.reshape(1, self.out_channels, -1), None, None, training=True,
                          eps=1e-6).reshape_as(self.weight)
+        return F.conv2d(x, w, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+class _StandardisedByStd(nn.Conv2d):
+    """Weight standardisation as its paper's summary writes it: less the mean, over the (unbiased) std plus eps."""
+
+    def forward(self, x):
+        w = self.weight
+        w = (w - w.mean(dim=(1, 2, 3), keepdim=True)) / (w.std(dim=(1, 2, 3), keepdim=True) + 1e-5)
+        return F.conv2d(x, w, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+class _StandardisedByVarMean(nn.Conv2d):
+    """BiT's StdConv2d: torch.var_mean's biased variance and mean, eps under the square root."""
+
+    def forward(self, x):
+        w = self.weight
+        v, m = torch.var_mean(w, dim=[1, 2, 3], keepdim=True, unbiased=False)
+        w = (w - m) / torch.sqrt(v + 1e-10)
+        return F.conv2d(x, w, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+class _StandardisedByChainedMeans(nn.Conv2d):
+    """Weight standardisation's first code: the mean taken one dimension at a time, the std of the centred weight
+    viewed [out, -1] (no spelling the description reads)."""
+
+    def forward(self, x):
+        w = self.weight
+        w = w - w.mean(dim=1, keepdim=True).mean(dim=2, keepdim=True).mean(dim=3, keepdim=True)
+        w = w / (w.view(w.size(0), -1).std(dim=1).view(-1, 1, 1, 1) + 1e-5)
         return F.conv2d(x, w, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
 
@@ -213,13 +244,12 @@ _REFUSED = {
     "CoordConv": (lambda: _Block(_CoordConv()),
                   r"probe: call_function 'linspace' \(node linspace: values made in the forward from numbers alone, "
                   r"as CoordConv's coordinate channels\) has no description op"),
-    "weight standardisation": (lambda: _Block(_StandardisedConv(8, 8, 3, padding=1)),
-                               r"probe: the convolution conv2d's weight is computed in the forward from the parameter "
-                               r"block.weight \(weight standardisation, a weight normalised or reparametrised\): the "
-                               r"description has no op for it, which trains a convolution's weight as it is"),
-    "weight standardisation by F.batch_norm": (lambda: _Block(_StandardisedByBatchNorm(8, 8, 3, padding=1)),
-                                               r"probe: the convolution conv2d's weight is computed in the forward "
-                                               r"from the parameter block.weight \(weight standardisation"),
+    "weight standardisation by chained means": (lambda: _Block(_StandardisedByChainedMeans(8, 8, 3, padding=1)),
+                                                r"probe: the convolution conv2d's weight is computed in the forward "
+                                                r"from the parameter block.weight \(weight standardisation, a weight "
+                                                r"normalised or reparametrised\): the description has no op for it, "
+                                                r"which trains a convolution's weight as it is \(weight "
+                                                r"standardisation describes written as timm's StdConv2d"),
     "a weight sliced by the input's width": (lambda: _Block(_SlicedWeight()),
                                              r"probe: the convolution conv2d's weight is computed in the forward "
                                              r"from the parameter block.weight"),
@@ -602,3 +632,101 @@ def test_a_hook_that_fails_on_the_layers_shapes_is_refused_as_untold():
     with pytest.raises(UserError, match=r"probe: layer 'block' \(Conv2d\) has a forward hook \(.*fails\) that "
                                         r"cannot be told .* \(RuntimeError: a hook of its own\)"):
         describe(net, SHAPE, name="probe")
+
+
+#: Each spelling of weight standardisation: (the layer, its conv2d's standardisation attrs).
+_STANDARDISED = {
+    "timm's F.batch_norm": (lambda: _StandardisedByBatchNorm(8, 8, 3, padding=1),
+                            {"standardize": "batch_norm", "standardize_eps": 1e-6}),
+    "the std": (lambda: _StandardisedByStd(8, 8, 3, padding=1, groups=2),
+                {"standardize": "std", "standardize_eps": 1e-5, "standardize_unbiased": True}),
+    "the variance's square root": (lambda: _StandardisedConv(8, 8, 3, padding=1),
+                                   {"standardize": "var", "standardize_eps": 1e-5, "standardize_unbiased": False}),
+    "BiT's torch.var_mean": (lambda: _StandardisedByVarMean(8, 8, 3, padding=1, bias=False),
+                             {"standardize": "var_mean", "standardize_eps": 1e-10, "standardize_unbiased": False}),
+}
+
+
+@pytest.mark.parametrize("case", list(_STANDARDISED))
+def test_weight_standardisation_is_a_conv2d_of_standardize(case):
+    """A convolution whose weight is its parameter standardised per output channel at every forward (BiT's and
+    timm's StdConv2d) was refused ("weight is computed in the forward from the parameter"): it is a conv2d of the attr
+    standardize, rebuilt as written. The rebuilt module computes the original's output and gradients, runs its kernels
+    and describes again as it; the kernels the features add to a plain conv's are those torch adds (a dispatch log;
+    an empty placeholder aside); what autograd keeps per sample and once a step is the features'; the allocation model
+    leaves it to the meta trace; a PerfSeer graph keeps the attrs."""
+    from test_features import _autograd_saved_bytes
+    from test_ir_research_calls import _kernels_run
+
+    from perf4sight.exporters.perfseer import description_to_graph
+    from perf4sight.features.aggregate import network_features
+    from perf4sight.features.alloc_trace import record_events
+    from perf4sight.features.walk import walk
+    from perf4sight.importers.perfseer import graph_to_description
+    from perf4sight.ir.to_torch import StandardizedConv2d, build_module
+
+    make, attrs = _STANDARDISED[case]
+    module = _Block(make())
+    desc = _computes_the_same(module)
+    conv = desc.nodes[2]
+    assert conv.op == "conv2d" and {k: v for k, v in conv.attrs.items() if k.startswith("standardize")} == attrs
+    rebuilt = build_module(desc)
+    assert isinstance(getattr(rebuilt, conv.name), StandardizedConv2d)
+    assert describe(rebuilt, SHAPE, name="probe").to_dict() == desc.to_dict()
+    ran = _kernels_run(module)
+    assert ran == _kernels_run(rebuilt)
+    plain = _Block(nn.Conv2d(8, 8, 3, padding=1, groups=conv.attrs["groups"], bias=conv.attrs["bias"]))
+    plain_desc = describe(plain, SHAPE, name="probe")
+    added = sum(ran.values()) - ran.get("empty", 0) - sum(_kernels_run(plain).values())
+    assert added == sum(v.cost.kernels_fwd + v.cost.kernels_bwd for v in walk(desc)) - sum(
+        v.cost.kernels_fwd + v.cost.kernels_bwd for v in walk(plain_desc)) > 0
+    at2, at4 = (b * _autograd_saved_bytes(desc, b, with_input=False) for b in (2, 4))
+    features = network_features(desc)
+    assert features.per_sample["saved_bytes"] == network_features(plain_desc).per_sample["saved_bytes"] == \
+        (at4 - at2) / 2
+    assert features.batch_saved_sizes.sum() == at2 - 2 * (at4 - at2) / 2 > 8 * 8 * 9 * 4 / conv.attrs["groups"]
+    with pytest.raises(UserError, match="the allocation model does not cover a conv2d of standardize"):
+        record_events(desc, 2, steps=1, method="model")
+    back, _ = graph_to_description(description_to_graph(desc, 4), "probe", "probe.pkl")
+    assert back.to_dict() == desc.to_dict()
+
+
+def test_standardize_attrs_are_checked():
+    """A conv2d's standardisation of no known spelling, its eps or flag without it, the flag on a batch norm's, or
+    on a fixed filter, are refused on reading, naming the attr."""
+    from perf4sight.ir.schema import NetworkDescription
+
+    data = describe(_Block(_StandardisedByBatchNorm(8, 8, 3, padding=1, bias=False)), SHAPE, name="probe").to_dict()
+    NetworkDescription.from_dict(data)
+    for change, said in (({"standardize": "rms"}, "attr 'standardize' must be one of batch_norm, std, var, var_mean"),
+                         ({"standardize_unbiased": True}, "attr 'standardize_unbiased' is not for standardize "
+                                                          "'batch_norm'"),
+                         ({"standardize": None}, "attr 'standardize_eps' is for a conv2d of 'standardize'"),
+                         ({"fixed": True}, "a fixed conv2d .* has no weight to standardize"),
+                         ({"standardize_eps": -1.0}, "attr 'standardize_eps' must be a number >= 0")):
+        changed = {**data, "nodes": [dict(n) for n in data["nodes"]]}
+        node = changed["nodes"][2]
+        node["attrs"] = {k: v for k, v in {**node["attrs"], **change}.items() if v is not None}
+        with pytest.raises(UserError, match=said):
+            NetworkDescription.from_dict(changed)
+
+
+def test_a_network_of_standardised_convolutions_prunes_and_trains():
+    """torch-pruning cuts a standardised convolution's channels as a plain one's (its parameter is the layer's
+    weight), and a training step of the pruned network runs."""
+    from test_networks import _train_step
+
+    from perf4sight.networks.build import Source, prune_source
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem, self.conv = nn.Conv2d(3, 8, 3, padding=1), _StandardisedByBatchNorm(8, 16, 3, padding=1)
+            self.conv2, self.fc = _StandardisedConv(16, 16, 3, padding=1), nn.Linear(16 * 8 * 8, 10)
+
+        def forward(self, x):
+            return self.fc(self.conv2(self.conv(self.stem(x).relu()).relu()).flatten(1))
+    (desc,) = prune_source(Source("net", "test", Net), SHAPE, [30], "l1-norm", 2, seed=0)
+    assert [(n.attrs["out_channels"], n.attrs.get("standardize")) for n in desc.nodes if n.op == "conv2d"] == [
+        (6, None), (12, "batch_norm"), (12, "var")]
+    _train_step(desc)

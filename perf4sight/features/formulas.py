@@ -34,7 +34,7 @@ from perf4sight.ir.shapes import broadcast, window_pair, windows_of
 
 __all__ = ["OpCost", "HANDLERS", "INPUT_GRADIENTS", "OUTPUT", "BYTES_PER_ELEMENT", "numel", "hands_input_back",
            "position_loss", "output_loss", "REGRESSION_LOSS_KERNELS", "is_dilated", "kernel_dilates", "copied_first",
-           "sorted_shape"]
+           "sorted_shape", "STANDARDIZE_KERNELS"]
 
 #: Marker in ``OpCost.saved`` for "the op's own output is kept for backward".
 OUTPUT = -1
@@ -83,6 +83,26 @@ def _io_bytes(in_shapes: list[list[int]], out_shape: list[int]) -> tuple[float, 
     return (sum(numel(s) for s in in_shapes) * BYTES_PER_ELEMENT, numel(out_shape) * BYTES_PER_ELEMENT)
 
 
+#: A conv2d's weight standardisation (its attr ``standardize``) -> the kernels torch 2.14 runs for it each training
+#: step, forward and backward (a dispatch log; views and the gradient's accumulation into the leaf aside), and what
+#: its autograd keeps, once a step: (tensors of the weight's size, of one float an output channel). F.batch_norm
+#: keeps its mean and 1/std; the moments' spellings keep the centred weight and the spread (std: the std and the std
+#: plus eps); every one keeps the standardised weight, which the convolution reads (a plain one keeps its parameter).
+STANDARDIZE_KERNELS = {"batch_norm": (1, 1), "std": (5, 19), "var": (6, 17), "var_mean": (5, 17)}
+STANDARDIZE_KEPT = {"batch_norm": (1, 2), "std": (2, 2), "var": (2, 1), "var_mean": (2, 1)}
+
+
+def _standardized(cost: OpCost, form: str, weights: int, cout: int) -> OpCost:
+    """``cost`` of a convolution with its weight standardised as ``form`` (:data:`STANDARDIZE_KERNELS`): its kernels
+    added, and what it keeps once a step (``batch_saved``). Its FLOPs, a few an element of the weight once a step,
+    are left out (per-sample figures, they would grow with the batch)."""
+    fwd, bwd = STANDARDIZE_KERNELS[form]
+    sized, per_channel = STANDARDIZE_KEPT[form]
+    kept = (weights * BYTES_PER_ELEMENT,) * sized + (cout * BYTES_PER_ELEMENT,) * per_channel
+    return replace(cost, kernels_fwd=cost.kernels_fwd + fwd, kernels_bwd=cost.kernels_bwd + bwd,
+                   batch_saved=cost.batch_saved + tuple(float(b) for b in kept))
+
+
 def _conv2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     a = node.attrs
     kh, kw = a["kernel_size"]
@@ -104,12 +124,13 @@ def _conv2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
         return OpCost(macs=macs, flops_fwd=2 * macs, flops_bwd=grad_input,
                       bytes_read=rd + weights * BYTES_PER_ELEMENT, bytes_written=wr, saved=[0], kernels_fwd=1,
                       kernels_bwd=0 if first else 1, kind=kind)
-    return OpCost(macs=macs, flops_fwd=2 * macs + (hw_out * cout if bias else 0),
+    cost = OpCost(macs=macs, flops_fwd=2 * macs + (hw_out * cout if bias else 0),
                   flops_bwd=grad_input + 2 * macs + (hw_out * cout if bias else 0),
                   bytes_read=rd + (weights + bias) * BYTES_PER_ELEMENT, bytes_written=wr,
                   params=weights + bias, param_tensors=1 + (1 if bias else 0), saved=[0],
                   kernels_fwd=1 + (1 if bias else 0), kernels_bwd=(1 if first else 2) + (1 if bias else 0),
                   kind=kind)
+    return _standardized(cost, a["standardize"], weights, cout) if a.get("standardize") else cost
 
 
 def _conv_transpose2d(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:

@@ -39,6 +39,7 @@ from typing import Sequence
 import numpy as np
 
 from perf4sight.features.formulas import (BYTES_PER_ELEMENT, INPUT_GRADIENTS, REGRESSION_LOSS_KERNELS,
+                                         STANDARDIZE_KERNELS,
                                          hands_input_back, numel, position_loss, window_geometry)
 from perf4sight.features.optimizers import DEFAULT_OPTIMIZER, OptimizerCost, optimizer_cost
 from perf4sight.features.walk import Visit, gradient_accumulations, split_gathers, trained_params, walk
@@ -128,6 +129,10 @@ def _conv(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:
     if a.get("bias"):
         r.other(BANDWIDTH, hw_out * cout, 2 * b_out, cout * BYTES_PER_ELEMENT)  # forward add
         r.other(BANDWIDTH, hw_out * cout, b_out, cout * BYTES_PER_ELEMENT, True)  # backward reduction
+    if a.get("standardize"):  # its weight standardised once a step: small kernels over the weight, forward and back
+        fwd, bwd = STANDARDIZE_KERNELS[a["standardize"]]
+        for back in (False,) * fwd + (True,) * bwd:
+            r.other(BANDWIDTH, 0.0, 0.0, 2 * w_bytes, back)
 
 
 def _conv_transpose(r: _Rows, node: Node, in_shape: list[int], first: bool) -> None:

@@ -31,6 +31,7 @@ from perf4sight.ir.schema import ON_COPY_OPS, SHARES, NetworkDescription, Node, 
 from perf4sight.ir.shapes import image_size_problem
 from perf4sight.ir.weighted_sums import Fusion, weighted_sums
 from perf4sight.ir.fx_values import _SPLITS, _TRACE_BATCH, _arg, _is_tensor, _shape, _shape_value, _target_name
+from perf4sight.ir.standardised import standardised_weights
 from perf4sight.ir.torch_trace import (_ForwardFailed, _propagate_shapes, _root_message, _trace, _trace_stop,
                                        forward_error, in_mode, run_on_meta, stderr_kept_on_success)
 from perf4sight.ir.torch_calls import (_MASKED_FILLS, _PARAMETER_CALLS, _NoOp, _mask_multiplied, _op_of,
@@ -349,6 +350,7 @@ def _convert(gm: fx.GraphModule, where: str) -> tuple[list[Node], str]:
     pieces: dict[str, list[str]] = {}  # chunk/split node used whole (torch.cat(x.chunk(2, 1))) -> its narrow nodes
     held: dict[str, fx.Node] = {}  # get_attr node, or a batch expansion of one -> that get_attr node
     held.update(_computed_position_biases(gm, where))
+    held.update(standardised_weights(gm))  # a standardised weight's nodes: taken in by its conv2d
     output = ""
     missing: dict[str, list[str]] = {}  # kind of op without a description op -> the nodes of that kind
     passed: set[str] = set()  # the nodes of those kinds

@@ -28,7 +28,10 @@ SCHEMA_VERSION = 1
 #: Op name -> attributes it must carry. Optional attributes are not listed.
 OPS: Dict[str, Tuple[str, ...]] = {
     "input": (),
-    # conv2d: of the optional flag fixed (false), its filter a buffer, learnt nothing (a blur pool's), and no bias
+    # conv2d: of the optional flag fixed (false), its filter a buffer, learnt nothing (a blur pool's), and no bias;
+    # optional standardize (STANDARDIZATIONS: its weight the parameter standardised per output channel at every
+    # forward, as written: BiT's and timm's StdConv2d), with standardize_eps (1e-5) and, but for batch_norm,
+    # standardize_unbiased (true: torch's default)
     "conv2d": ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups", "bias"),
     # batchnorm2d: of a [C, H, W] map, or of a [C] or [C, L] input (a head's BatchNorm1d: the same F.batch_norm)
     # optional eps (1e-5), momentum (0.1; null: torch's cumulative average), affine (true: a weight and bias),
@@ -308,7 +311,8 @@ _INTEGER_LISTS: Dict[str, Tuple[str, ...]] = {"mean": ("dims",), "var": ("dims",
                                               "reshape": ("shape",)}
 #: Op -> attributes that must be true or false where given (required or optional).
 _FLAGS: Dict[str, Tuple[str, ...]] = {
-    "conv2d": ("bias", "fixed"), "linear": ("bias",), "attention": ("bias",), "group_attention": ("bias",),
+    "conv2d": ("bias", "fixed", "standardize_unbiased"), "linear": ("bias",), "attention": ("bias",),
+    "group_attention": ("bias",),
     "window_attention": ("bias", "cosine"), "layernorm": ("elementwise_affine",),
     "batchnorm2d": ("affine", "track_running_stats", "training"),
     "groupnorm": ("affine",),
@@ -347,6 +351,7 @@ _NUMBERS: Dict[str, Tuple[Tuple[str, Any, Any], ...]] = {
     "dropout": (("p", 0, 1),), "dropout2d": (("p", 0, 1),), "attention": (("dropout", 0, 1),),
     "window_attention": (("dropout", 0, 1), ("attention_dropout", 0, 1)),
     "batchnorm2d": (("eps", 0, None), ("momentum", 0, 1)), "layernorm": (("eps", 0, None),),
+    "conv2d": (("standardize_eps", 0, None),),
     "groupnorm": (("eps", 0, None),),
     "instancenorm": (("eps", 0, None), ("momentum", 0, 1)),
     "frozen_batchnorm2d": (("eps", 0, None),),
@@ -371,6 +376,7 @@ _NUMBERS: Dict[str, Tuple[Tuple[str, Any, Any], ...]] = {
 #: Op -> optional attributes no other table here names (a gelu's approximation, a max pool's dilation, Swin V2's
 #: position-bias MLP).
 _OPTIONAL: Dict[str, Tuple[str, ...]] = {"gelu": ("approximate",), "maxpool2d": ("dilation",),
+                                         "conv2d": ("standardize",),
                                          "window_attention": ("position_bias_mlp",),
                                          "interpolate": ("scale_factor", "size_of"),
                                          "pad": ("pad_to",),
@@ -490,6 +496,27 @@ def split_group(node: "Node") -> Optional[Tuple[str, int, Tuple[int, ...]]]:
     return node.inputs[0], int(node.attrs["dim"]), tuple(int(s) for s in node.attrs["split_sizes"])
 
 
+#: A conv2d's ``standardize``: how its weight is standardised per output channel, each as written (torch runs each
+#: with kernels of its own; perf4sight.ir.standardised): F.batch_norm of the weight viewed [1, out, -1] (timm's
+#: StdConv2d), (w - mean) / (std + eps), (w - mean) / sqrt(var + eps), or that of torch.var_mean (BiT's)
+STANDARDIZATIONS = ("batch_norm", "std", "var", "var_mean")
+
+
+def _standardize_problem(attrs: Dict[str, Any]) -> str:
+    """What is wrong with a conv2d's weight standardisation attrs ("" if nothing)."""
+    form = attrs.get("standardize")
+    if form is None:
+        extra = [a for a in ("standardize_eps", "standardize_unbiased") if a in attrs]
+        return f"attr '{extra[0]}' is for a conv2d of 'standardize'" if extra else ""
+    if form not in STANDARDIZATIONS:
+        return f"attr 'standardize' must be one of {', '.join(STANDARDIZATIONS)}, got {form!r}"
+    if attrs.get("fixed"):
+        return "a fixed conv2d (its filter a buffer) has no weight to standardize"
+    if form == "batch_norm" and "standardize_unbiased" in attrs:
+        return "attr 'standardize_unbiased' is not for standardize 'batch_norm' (a batch norm's variance is biased)"
+    return ""
+
+
 def _attr_problem(node: "Node") -> str:
     """What is wrong with ``node``'s attributes ("" if nothing): one it cannot carry (a misspelt ``afine`` would
     leave the batch norm affine, unsaid), or a numeric one out of its range."""
@@ -594,6 +621,10 @@ def _attr_problem(node: "Node") -> str:
         return f"groups {node.attrs['groups']} does not divide the channels"
     if node.op == "conv2d" and node.attrs.get("fixed") and node.attrs["bias"]:
         return "a fixed conv2d (its filter a buffer, learnt nothing) has no bias"
+    if node.op == "conv2d":
+        problem = _standardize_problem(node.attrs)
+        if problem:
+            return problem
     if node.op == "conv_transpose2d":
         return output_padding_problem(node.attrs["output_padding"], node.attrs["stride"], node.attrs["dilation"])
     if node.op == "groupnorm" and node.attrs["num_channels"] % node.attrs["num_groups"]:

@@ -58,6 +58,36 @@ class FixedConv2d(nn.Conv2d):
         self.register_buffer("weight", filt)
 
 
+class StandardizedConv2d(nn.Conv2d):
+    """An ``nn.Conv2d`` whose weight is its parameter standardised per output channel at every forward (weight
+    standardisation: BiT's and timm's StdConv2d), computed as ``standardize`` says (the schema's STANDARDIZATIONS),
+    each as it is written, so that torch runs its kernels."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: List[int], stride: List[int],
+                 padding: List[int], dilation: List[int], groups: int, bias: bool, standardize: str,
+                 eps: float = 1e-5, unbiased: bool = True,
+                 device: Optional[Union[torch.device, str]] = None) -> None:
+        super().__init__(in_channels, out_channels, _pair(kernel_size), _pair(stride), _pair(padding), _pair(dilation),
+                         groups, bias, device=device)
+        self.standardize, self.eps, self.unbiased = standardize, eps, unbiased
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if self.standardize == "batch_norm":
+            w = F.batch_norm(w.reshape(1, self.out_channels, -1), None, None, training=True, momentum=0.,
+                             eps=self.eps).reshape_as(w)
+        elif self.standardize == "std":
+            w = (w - w.mean((1, 2, 3), keepdim=True)) / (w.std((1, 2, 3), keepdim=True, unbiased=self.unbiased)
+                                                         + self.eps)
+        elif self.standardize == "var":
+            w = (w - w.mean((1, 2, 3), keepdim=True)) / (w.var((1, 2, 3), keepdim=True, unbiased=self.unbiased)
+                                                         + self.eps).sqrt()
+        else:  # var_mean
+            v, m = torch.var_mean(w, (1, 2, 3), keepdim=True, unbiased=self.unbiased)
+            w = (w - m) / torch.sqrt(v + self.eps)
+        return F.conv2d(x, w, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
 class Shift(nn.Module):
     """The input plus a learnt tensor of ``shape``, broadcast (a position embedding), initialised to zeros."""
 
@@ -383,6 +413,11 @@ def _conv2d(a: Dict[str, Any], factory: Dict[str, Any]) -> nn.Module:
     if a.get("fixed"):
         return FixedConv2d(a["in_channels"], a["out_channels"], a["kernel_size"], a["stride"], a["padding"],
                            a["dilation"], a["groups"], **factory)
+    if a.get("standardize"):
+        return StandardizedConv2d(a["in_channels"], a["out_channels"], a["kernel_size"], a["stride"], a["padding"],
+                                  a["dilation"], a["groups"], bool(a["bias"]), a["standardize"],
+                                  float(a.get("standardize_eps", 1e-5)), bool(a.get("standardize_unbiased", True)),
+                                  **factory)
     return nn.Conv2d(a["in_channels"], a["out_channels"], _pair(a["kernel_size"]), _pair(a["stride"]),
                      _pair(a["padding"]), _pair(a["dilation"]), a["groups"], bool(a["bias"]), **factory)
 

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from perf4sight.errors import UserError
+from perf4sight.ir.standardised import STANDARDIZE_ATTRS, STANDARDIZES
 from perf4sight.ir.fx_values import (_arg, _is_number, _is_tensor, _pair, _shape, _shape_value, _target_name,
                                      einsum_operands)
 from perf4sight.ir.torch_modules import (_LEAF_MODULES, MODULE_OPS, _adaptive_pool, _alpha_dropout_attrs, _avgpool,
@@ -31,6 +32,8 @@ def _conv_transpose_call(n: fx.Node) -> tuple[str, dict]:
     bias) a module's own parameter as it is (``get_attr``): the channels and kernel from the weight's shape,
     ``[Cin, Cout / groups, kh, kw]``."""
     weight, bias = _arg(n, 1, "weight"), _arg(n, 2, "bias")
+    if isinstance(weight, fx.Node) and STANDARDIZES in weight.meta:  # its parameter standardised (a conv2d's attr)
+        weight = weight.meta[STANDARDIZES]
     if any(isinstance(t, fx.Node) and t.op != "get_attr" for t in (weight, bias)) or not isinstance(weight, fx.Node):
         raise ValueError("a transposed convolution whose weight or bias is computed, not a module's parameter as it "
                          "is, has no description op")
@@ -45,6 +48,8 @@ def _own_weight_and_bias(n: fx.Node, layer: str) -> tuple[fx.Node, Any]:
     """The weight and bias (None where not given) of ``n``, a call of ``F.conv2d`` or ``F.linear``; ``ValueError``
     naming ``layer`` where either is computed rather than a module's parameter as it is (``get_attr``)."""
     weight, bias = _arg(n, 1, "weight"), _arg(n, 2, "bias")
+    if isinstance(weight, fx.Node) and STANDARDIZES in weight.meta:  # its parameter standardised (a conv2d's attr)
+        weight = weight.meta[STANDARDIZES]
     if any(isinstance(t, fx.Node) and t.op != "get_attr" for t in (weight, bias)) or not isinstance(weight, fx.Node):
         raise ValueError(f"{layer} whose weight or bias is computed, not a module's parameter as it is, has no "
                          "description op")
@@ -71,7 +76,7 @@ def _conv_call(n: fx.Node) -> tuple[str, dict]:
     padding = _padding(SimpleNamespace(padding=padding, dilation=dilation, kernel_size=(kh, kw)))
     return "conv2d", {"in_channels": cin_per_group * groups, "out_channels": cout, "kernel_size": [kh, kw],
                       "stride": _pair(stride), "padding": padding, "dilation": _pair(dilation), "groups": groups,
-                      "bias": bias is not None}
+                      "bias": bias is not None, **n.meta.get(STANDARDIZE_ATTRS, {})}
 
 
 def _linear_call(n: fx.Node) -> tuple[str, dict]:

@@ -21,6 +21,7 @@ from torch.nn.utils.weight_norm import WeightNorm
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import ONE_TENSOR_OPS, PARAMETER_OPS, SHARES, Node
 from perf4sight.ir.fx_values import _target_name
+from perf4sight.ir.standardised import STANDARDIZE_ATTRS, standardised_weights
 from perf4sight.ir.torch_trace import _trace, in_mode
 from perf4sight.ir.torch_calls import _RESHAPES, _op_of
 
@@ -180,13 +181,20 @@ _WEIGHTED_CALLS = {F.conv1d: "convolution", F.conv2d: "convolution", F.conv3d: "
                    F.conv_transpose3d: "convolution", F.linear: "linear layer"}
 
 
+#: What a refusal of a convolution's computed weight adds: the spellings of weight standardisation that describe.
+_STANDARDISED_SAID = (" (weight standardisation describes written as timm's StdConv2d, F.batch_norm(w.reshape(1, out, "
+                      "-1), None, None, training=True, eps=eps).reshape_as(w), or as (w - w.mean((1, 2, 3), "
+                      "keepdim=True)) over (w.std(...) + eps), (w.var(...) + eps).sqrt() or torch.var_mean's)")
+
+
 def _refuse_computed_weights(gm: fx.GraphModule, where: str) -> None:
     """A ``UserError`` naming the form where a ``F.conv2d`` (or another call of :data:`_WEIGHTED_CALLS`) takes a
     weight the description cannot hold, before the ops computing it are named in its place (a matmul of a module's
     tensor, weights from a parameter alone read as BiFPN's): kernels mixed per sample from the input (CondConv's
     experts), or a weight computed from a parameter alone (weight standardisation)."""
+    standardised_weights(gm)  # a conv2d's weight standardised as BiT's or timm's StdConv2d: a conv2d's attr
     for n in gm.graph.nodes:
-        if n.op != "call_function" or n.target not in _WEIGHTED_CALLS:
+        if n.op != "call_function" or n.target not in _WEIGHTED_CALLS or STANDARDIZE_ATTRS in n.meta:
             continue
         weight = n.args[1] if len(n.args) > 1 else n.kwargs.get("weight")
         if not isinstance(weight, fx.Node):
@@ -210,7 +218,8 @@ def _refuse_computed_weights(gm: fx.GraphModule, where: str) -> None:
         if held:
             raise UserError(f"{where}: {layer}'s weight is computed in the forward from the parameter {held[0]} "
                             "(weight standardisation, a weight normalised or reparametrised): the description has "
-                            f"no op for it, which trains a {_WEIGHTED_CALLS[n.target]}'s weight as it is")
+                            f"no op for it, which trains a {_WEIGHTED_CALLS[n.target]}'s weight as it is"
+                            f"{_STANDARDISED_SAID if n.target is F.conv2d else ''}")
 
 
 #: torch's parametrizations (``torch.nn.utils.parametrizations``) and old reparametrising hooks (a forward pre-hook

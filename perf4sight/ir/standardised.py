@@ -1,0 +1,176 @@
+"""Weight standardisation found in a torch.fx trace: a ``conv2d`` whose weight is its parameter standardised per output
+channel at every forward (BiT's and timm's ``StdConv2d``), described as the conv2d of the optional attr
+``standardize`` (:mod:`perf4sight.ir.schema`). Four spellings are read, each rebuilt as written (torch runs each
+with kernels of its own)::
+
+    F.batch_norm(w.reshape(1, out, -1), None, None, training=True, momentum=0., eps=eps).reshape_as(w)  # batch_norm
+    (w - w.mean((1, 2, 3), keepdim=True)) / (w.std((1, 2, 3), keepdim=True) + eps)                    # std
+    (w - w.mean((1, 2, 3), keepdim=True)) / (w.var((1, 2, 3), keepdim=True) + eps).sqrt()             # var
+    v, m = torch.var_mean(w, (1, 2, 3), keepdim=True); (w - m) / torch.sqrt(v + eps)                    # var_mean
+
+(``std``, ``var`` and ``var_mean`` with ``unbiased=`` or ``correction=`` of 0 or 1: ``standardize_unbiased``;
+``torch.sqrt(x)`` or ``x.sqrt()``, ``torch.div`` or ``/``). Every node between the parameter and the convolution is
+taken in by the conv2d; a spelling with a part read elsewhere, or any other, is not one, and stays refused.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any, Optional
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+from perf4sight.ir.fx_values import _arg
+
+__all__ = ["STANDARDIZES", "standardised_weights"]
+
+#: fx meta key of a standardised weight's node: the parameter's ``get_attr`` node it is computed from
+STANDARDIZES = "perf4sight_standardizes"
+#: fx meta key of the convolution reading it: its description attrs (``standardize``, ``standardize_eps``, ...)
+STANDARDIZE_ATTRS = "perf4sight_standardize_attrs"
+
+_DIVS = {operator.truediv, torch.div, torch.true_divide, "div", "true_divide"}
+_SUBS = {operator.sub, torch.sub, "sub"}
+_ADDS = {operator.add, torch.add, "add"}
+_SQRTS = {torch.sqrt, "sqrt"}
+_MEANS = {torch.mean, "mean"}
+_STDS = {torch.std, "std"}
+_VARS = {torch.var, "var"}
+_RESHAPES_AS = {"reshape_as", "view_as"}
+
+
+def _shape(p: fx.Node) -> tuple:
+    """The shape of the parameter ``p`` reads (a ``get_attr`` node; read off its module, traced shapes or not)."""
+    try:
+        return tuple(p.graph.owning_module.get_parameter(p.target).shape)
+    except AttributeError:  # a buffer, or a module tensor of the trace's own: no standardised weight
+        return ()
+
+
+def _is(n: Any, targets: set) -> bool:
+    return isinstance(n, fx.Node) and n.op in ("call_function", "call_method") and n.target in targets
+
+
+def _channel_stat(n: Any, weight: fx.Node, targets: set) -> Optional[dict]:
+    """``{"unbiased": ...}`` where ``n`` is a call of ``targets`` over every dimension of ``weight`` but the first,
+    keeping them (``keepdim=True``); None otherwise. A mean has no ``unbiased``."""
+    if not _is(n, targets) or n.args[:1] != (weight,) or len(n.args) > 2 or _arg(n, 1, "dim") is None:
+        return None
+    known = {"dim", "keepdim", "unbiased", "correction"} - ({"unbiased", "correction"} if targets is _MEANS else set())
+    if set(n.kwargs) - known or n.kwargs.get("keepdim") is not True:
+        return None
+    rank = len(_shape(weight))
+    if rank != 4:
+        return None
+    dims = _arg(n, 1, "dim")
+    dims = [dims] if isinstance(dims, int) else dims
+    if not isinstance(dims, (list, tuple)) or not all(isinstance(d, int) for d in dims) or \
+            sorted(d % rank for d in dims) != list(range(1, rank)):
+        return None
+    if targets is _MEANS:
+        return {}
+    if "unbiased" in n.kwargs and "correction" in n.kwargs:
+        return None
+    unbiased = n.kwargs.get("unbiased", True) if "correction" not in n.kwargs else n.kwargs["correction"]
+    if unbiased not in (True, False, 0, 1) or isinstance(unbiased, float):
+        return None
+    return {"unbiased": bool(unbiased)}
+
+
+def _plus_eps(n: Any) -> Optional[tuple[fx.Node, float]]:
+    """``(x, eps)`` where ``n`` adds the number ``eps`` to the node ``x``."""
+    if not _is(n, _ADDS) or len(n.args) != 2 or n.kwargs:
+        return None
+    x, eps = n.args
+    if not isinstance(x, fx.Node) or isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        return None
+    return x, float(eps)
+
+
+def _by_batch_norm(w: fx.Node) -> Optional[tuple[fx.Node, dict, list[fx.Node]]]:
+    """timm's spelling: ``F.batch_norm(p.reshape(1, out, -1), None, None, training=True, ...).reshape_as(p)``."""
+    if not _is(w, _RESHAPES_AS) or len(w.args) != 2 or w.kwargs:
+        return None
+    bn, p = w.args
+    if not (isinstance(bn, fx.Node) and bn.op == "call_function" and bn.target is F.batch_norm) or \
+            not isinstance(p, fx.Node) or p.op != "get_attr":
+        return None
+    flat = bn.args[0] if bn.args else None
+    if len(_shape(p)) != 4:
+        return None
+    out = _shape(p)[0]
+    if not _is(flat, {"reshape", "view"}) or flat.args[:1] != (p,) or list(flat.args[1:]) not in ([1, out, -1],):
+        return None
+    if any(_arg(bn, i, key) is not None for i, key in ((1, "running_mean"), (2, "running_var"), (3, "weight"),
+                                                       (4, "bias"))) or _arg(bn, 5, "training") is not True:
+        return None
+    eps = _arg(bn, 7, "eps", 1e-5)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        return None
+    return p, {"standardize": "batch_norm", "standardize_eps": float(eps)}, [flat, bn, w]
+
+
+def _by_moments(w: fx.Node) -> Optional[tuple[fx.Node, dict, list[fx.Node]]]:
+    """``(p - mean) / (std + eps)``, ``/ (var + eps).sqrt()`` or ``torch.var_mean``'s ``/ torch.sqrt(v + eps)``."""
+    if not _is(w, _DIVS) or len(w.args) != 2 or w.kwargs:
+        return None
+    centred, spread = w.args
+    if not _is(centred, _SUBS) or len(centred.args) != 2 or centred.kwargs:
+        return None
+    p, mean = centred.args
+    if not isinstance(p, fx.Node) or p.op != "get_attr" or not isinstance(mean, fx.Node):
+        return None
+    plus = _plus_eps(spread)
+    if plus is not None:  # (p - p.mean(...)) / (p.std(...) + eps)
+        std, eps = plus
+        stat = _channel_stat(std, p, _STDS)
+        if stat is None or _channel_stat(mean, p, _MEANS) is None:
+            return None
+        return p, {"standardize": "std", "standardize_eps": eps, "standardize_unbiased": stat["unbiased"]}, \
+            [mean, centred, std, spread, w]
+    if not _is(spread, _SQRTS) or len(spread.args) != 1 or spread.kwargs or _plus_eps(spread.args[0]) is None:
+        return None
+    var, eps = _plus_eps(spread.args[0])
+    stat = _channel_stat(var, p, _VARS)
+    if stat is not None and _channel_stat(mean, p, _MEANS) is not None:
+        return p, {"standardize": "var", "standardize_eps": eps, "standardize_unbiased": stat["unbiased"]}, \
+            [mean, centred, var, spread.args[0], spread, w]
+    picks = (var, mean)
+    if not all(n.op == "call_function" and n.target is operator.getitem and len(n.args) == 2 for n in picks) or \
+            var.args[0] is not mean.args[0] or (var.args[1], mean.args[1]) != (0, 1):
+        return None
+    both = var.args[0]
+    stat = _channel_stat(both, p, {torch.var_mean})
+    if stat is None:
+        return None
+    return p, {"standardize": "var_mean", "standardize_eps": eps, "standardize_unbiased": stat["unbiased"]}, \
+        [both, var, mean, centred, spread.args[0], spread, w]
+
+
+def standardised_weights(gm: fx.GraphModule) -> dict[str, fx.Node]:
+    """Each ``F.conv2d`` of ``gm`` whose weight is a parameter standardised in one of the module docstring's spellings,
+    its weight's node marked (``STANDARDIZES``: the parameter's node) and the convolution's (``STANDARDIZE_ATTRS``);
+    back come the nodes it takes in, by name, each mapped to the parameter's ``get_attr`` node. A spelling whose
+    nodes (the parameter's read included) are read by anything else is left out."""
+    params = dict(gm.named_parameters())
+    taken: dict[str, fx.Node] = {}
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or n.target is not F.conv2d:
+            continue
+        w = _arg(n, 1, "weight")
+        if not isinstance(w, fx.Node) or w.op == "get_attr":
+            continue
+        found = _by_batch_norm(w) or _by_moments(w)
+        if found is None:
+            continue
+        p, attrs, chain = found
+        if p.target not in params or len(_shape(p)) != 4:
+            continue
+        inside = set(chain) | {n}
+        if any(set(m.users) - inside for m in [p, *chain]) or list(w.users) != [n]:
+            continue
+        w.meta[STANDARDIZES] = p
+        n.meta[STANDARDIZE_ATTRS] = attrs
+        taken.update((m.name, p) for m in chain)
+    return taken
