@@ -3,7 +3,8 @@
 channels from torch.linspace), a blur pool (a fixed filter held as a buffer), weight standardisation (a convolution
 whose weight is normalised in the forward) and a gather of a parameter (an embedding's or a relative position bias's
 lookup). A blur pool is a conv2d of the flag fixed (its filter a buffer), weight standardisation in four spellings
-a conv2d of standardize (its weight the parameter standardised at every forward); none of the others fits a description
+a conv2d of standardize (its weight the parameter standardised at every forward), CoordConv's channels (a linspace
+expanded) the op linspace; none of the others fits a description
 without an op of its own, and each is refused in one line that names the form, where the refusals named a matmul, a
 reshape or a getitem (or spoke of BiFPN's fusion). A weight computed by a parametrization (weight_norm, spectral_norm,
 orthogonal, weight standardisation) or by torch's hooks (the old weight_norm and spectral_norm, prune's mask) is refused
@@ -163,6 +164,15 @@ class _CoordConv(nn.Module):
         return self.conv(torch.cat([x, rows, cols], 1))
 
 
+class _RepeatedCoordConv(_CoordConv):
+    """CoordConv's coordinates copied over the batch and the map (repeat: a copy, where an expand is a view)."""
+
+    def forward(self, x):
+        b, _, h, w = x.shape
+        rows = torch.linspace(-1, 1, h).view(1, 1, h, 1).repeat(b, 1, 1, w)
+        return self.conv(torch.cat([x, rows, rows.transpose(2, 3)], 1))
+
+
 class _BlurPool(nn.Module):
     """A blur pool: a reflection pad, then a fixed [1, 2, 1] x [1, 2, 1] low-pass filter per channel (a buffer) at
     stride 2."""
@@ -241,9 +251,10 @@ _REFUSED = {
                           r"probe: reshape reshapes the batch of 2 images .* into a first dimension of 4: .* or folds "
                           r"groups of channels into the batch \(shuffle attention's x.reshape\(b \* groups, -1, h, "
                           r"w\)\)"),
-    "CoordConv": (lambda: _Block(_CoordConv()),
-                  r"probe: call_function 'linspace' \(node linspace: values made in the forward from numbers alone, "
-                  r"as CoordConv's coordinate channels\) has no description op"),
+    "CoordConv of repeated coordinates": (lambda: _Block(_RepeatedCoordConv()),
+                                          r"probe: call_function 'linspace' \(node linspace: values made in the "
+                                          r"forward from numbers alone, as CoordConv's coordinate channels\) has no "
+                                          r"description op"),
     "weight standardisation by chained means": (lambda: _Block(_StandardisedByChainedMeans(8, 8, 3, padding=1)),
                                                 r"probe: the convolution conv2d's weight is computed in the forward "
                                                 r"from the parameter block.weight \(weight standardisation, a weight "
@@ -729,4 +740,92 @@ def test_a_network_of_standardised_convolutions_prunes_and_trains():
     (desc,) = prune_source(Source("net", "test", Net), SHAPE, [30], "l1-norm", 2, seed=0)
     assert [(n.attrs["out_channels"], n.attrs.get("standardize")) for n in desc.nodes if n.op == "conv2d"] == [
         (6, None), (12, "batch_norm"), (12, "var")]
+    _train_step(desc)
+
+
+class _CoordConvOnTheDevice(nn.Module):
+    """CoordConv as often written: the coordinates made on the map's device, 0 to 1 along the columns first."""
+
+    def __init__(self, channels: int = 8) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(channels + 2, channels, 1)
+
+    def forward(self, x):
+        n, h, w = x.size(0), x.size(2), x.size(3)
+        cols = torch.linspace(0, 1, steps=w, device=x.device).reshape(1, 1, 1, w).expand(n, 1, h, w)
+        rows = torch.linspace(0, 1, steps=h, device=x.device).reshape(1, 1, h, 1).expand(n, -1, -1, w)
+        return self.conv(torch.cat([cols, x, rows], 1))
+
+
+@pytest.mark.parametrize("make", [_CoordConv, _CoordConvOnTheDevice])
+def test_coordconv_channels_are_the_op_linspace(make):
+    """CoordConv's coordinate channels (torch.linspace viewed and expanded over the batch and the map) were refused
+    ("call_function 'linspace' has no description op"): each is the op linspace of the map whose sizes it reads
+    (start, end, dim), rebuilt as torch.linspace. The rebuilt module computes the original's output and gradients,
+    runs its kernels and describes again as it; a linspace costs one kernel forward and none back, passes no gradient
+    to its map, keeps nothing (autograd's saved bytes per sample are the features'); the allocation model writes it
+    down as the meta trace (batches 3 and 1); a PerfSeer graph keeps it."""
+    from test_allocator import _as_replayed
+    from test_features import _autograd_saved_bytes
+    from test_ir_research_calls import _kernels_run
+
+    from perf4sight.exporters.perfseer import description_to_graph
+    from perf4sight.features.aggregate import network_features
+    from perf4sight.features.alloc_trace import record_events
+    from perf4sight.features.walk import walk
+    from perf4sight.importers.perfseer import graph_to_description
+    from perf4sight.ir.to_torch import build_module
+
+    module = _Block(make())
+    desc = _computes_the_same(module)
+    lines = [n for n in desc.nodes if n.op == "linspace"]
+    ends = (-1.0, 1.0) if make is _CoordConv else (0.0, 1.0)
+    dims = [2, 3] if make is _CoordConv else [3, 2]
+    assert [(n.inputs, n.attrs, n.output_shape) for n in lines] == [
+        (["conv"], {"start": ends[0], "end": ends[1], "dim": d}, [1, 8, 8]) for d in dims]
+    rebuilt = build_module(desc)
+    assert describe(rebuilt, SHAPE, name="probe").to_dict() == desc.to_dict()
+    ran = _kernels_run(module)
+    assert ran == _kernels_run(rebuilt) and ran["linspace"] == 2
+    visits = {v.node.name: v for v in walk(desc)}
+    assert [(visits[n.name].cost.kernels_fwd, visits[n.name].cost.kernels_bwd, visits[n.name].needs_grad)
+            for n in lines] == [(1, 0, False)] * 2
+    at2, at4 = (b * _autograd_saved_bytes(desc, b, with_input=False) for b in (2, 4))
+    assert network_features(desc).per_sample["saved_bytes"] == (at4 - at2) / 2
+    for batch in (3, 1):
+        assert _as_replayed(record_events(desc, batch, steps=2, method="model")) == _as_replayed(
+            record_events(desc, batch, steps=2, method="trace"))
+    back, _ = graph_to_description(description_to_graph(desc, 4), "probe", "probe.pkl")
+    assert back.to_dict() == desc.to_dict()
+
+
+def test_a_linspace_of_another_dim_is_refused_on_reading():
+    """A linspace along the channels (dim 1) or of a map that is no [C, H, W] is refused when the description is
+    read."""
+    from perf4sight.ir.schema import NetworkDescription
+
+    data = describe(_Block(_CoordConv()), SHAPE, name="probe").to_dict()
+    NetworkDescription.from_dict(data)
+    next(n for n in data["nodes"] if n["op"] == "linspace")["attrs"]["dim"] = 1
+    with pytest.raises(UserError, match=r"dim 1 must be 2 or 3 \(the rows or the columns\) of a \[C, H, W\] map"):
+        NetworkDescription.from_dict(data)
+
+
+def test_a_network_with_coordconv_prunes_and_trains():
+    """torch-pruning cuts the map's channels before a concatenation of coordinate channels (which it leaves whole),
+    and a training step of the pruned network runs."""
+    from test_networks import _train_step
+
+    from perf4sight.networks.build import Source, prune_source
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem, self.coord, self.fc = nn.Conv2d(3, 8, 3, padding=1), _CoordConv(8), nn.Linear(8 * 8 * 8, 10)
+
+        def forward(self, x):
+            return self.fc(self.coord(self.stem(x).relu()).relu().flatten(1))
+    (desc,) = prune_source(Source("net", "test", Net), SHAPE, [30], "l1-norm", 2, seed=0)
+    assert [(n.op, n.output_shape[0]) for n in desc.nodes if n.op in ("conv2d", "linspace", "cat")] == [
+        ("conv2d", 5), ("linspace", 1), ("linspace", 1), ("cat", 7), ("conv2d", 6)]
     _train_step(desc)

@@ -68,7 +68,7 @@ class _Views(torch.nn.Module):
     and Min), flip and roll; weighted_sum (a BiFPN fusion of two maps); normalize (F.normalize, an eps of its own);
     unfold (im2col) and fold (col2im); logsumexp (ONNX's ReduceLogSumExp), cumsum, where (of a number branch),
     affine_grid and grid_sample (ONNX's AffineGrid and GridSample: a spatial transformer); sort and topk (ONNX's
-    TopK) of their values.
+    TopK) of their values; linspace (CoordConv's column coordinates, added to the map).
     Also frozen_batchnorm2d (torchvision's FrozenBatchNorm2d, an eps of its own); the instance norm tracks running
     statistics."""
 
@@ -96,6 +96,8 @@ class _Views(torch.nn.Module):
         x = torch.nn.functional.pad(torch.nn.functional.pad(x, (1, 0, 0, 1), value=0.5), (1, 0, 0, 1), mode="circular")
         y = self.up(self.norm(self.inorm(self.drop(self.lrn(self.prelu(self.frozen(self.conv(x))))))))
         y = torch.nn.functional.fractional_max_pool2d(y, 3, output_size=(20, 21))
+        b, _, h, w = y.shape
+        y = y + torch.linspace(-1, 1, w).view(1, 1, 1, w).expand(b, 1, h, w)  # linspace: CoordConv's columns
         y = y + torch.nn.functional.unfold(y, 3, padding=1).view(y.shape[0], 8, 9, 20, 21).mean(2)  # unfold
         y = y + torch.nn.functional.fold(torch.nn.functional.unfold(y, 2, stride=2), (20, 21), 2, stride=2)  # fold
         y = torch.nn.functional.feature_alpha_dropout(y, 0.1, True)

@@ -495,6 +495,13 @@ def _logsumexp(ctx: _OpContext) -> _Value:
     return _Value(sid, ctx.nbytes, fn)
 
 
+def _linspace(ctx: _OpContext) -> _Value:
+    """CoordConv's coordinate channel: torch.linspace's row or column of floats (aten.linspace), the batch's channel
+    a view of it; no gradient (its input's shape alone read)."""
+    nbytes = int(ctx.in_shapes[0][int(ctx.node.attrs["dim"]) - 1]) * FLOAT
+    return _Value(ctx.alloc("linspace.default", nbytes), nbytes, None)
+
+
 def _cumsum(ctx: _OpContext) -> _Value:
     """A running sum along a dim (aten.cumsum), keeping nothing. Backward the gradient flipped, summed and flipped
     back: the first two (the input's size) before the gradient (``flip``), freed once it is made."""

@@ -124,6 +124,7 @@ from typing import Callable
 from perf4sight.features.alloc_backward import _backward, _loss, _regression_loss, _target_bytes
 from perf4sight.features.alloc_composite import _group_attention, _l2_normalize, _patch_merge, _window_attention
 from perf4sight.features.alloc_forward import (_activation, _affine_grid, _alpha_dropout, _attention, _combine, _cumsum,
+                                               _linspace,
                                                _dropout2d, _extreme, _frozen_batch_norm, _glu, _grid_sample, _im2col,
                                                _instance_norm, _interpolate, _layer_norm, _lays_out, _logsumexp, _maths,
                                                _matrix_product, _permute, _pooling, _prelu, _quotient, _rearrange,
@@ -167,6 +168,7 @@ COVERED = frozenset({"input", "conv2d", "batchnorm2d", "linear", "relu", "relu6"
                      "normalize",
                      "logsumexp",
                      "cumsum",
+                     "linspace",
                      "where",
                      "affine_grid", "grid_sample",
                      "sort", "topk",
@@ -393,6 +395,7 @@ _HANDLERS: dict[str, Callable[[_OpContext], _Value]] = {
     "normalize": _l2_normalize,
     "logsumexp": _logsumexp,
     "cumsum": _cumsum,
+    "linspace": _linspace,
     "where": _where,
     "affine_grid": _affine_grid,
     "grid_sample": _grid_sample,

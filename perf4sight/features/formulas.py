@@ -34,7 +34,7 @@ from perf4sight.ir.shapes import broadcast, window_pair, windows_of
 
 __all__ = ["OpCost", "HANDLERS", "INPUT_GRADIENTS", "OUTPUT", "BYTES_PER_ELEMENT", "numel", "hands_input_back",
            "position_loss", "output_loss", "REGRESSION_LOSS_KERNELS", "is_dilated", "kernel_dilates", "copied_first",
-           "sorted_shape", "STANDARDIZE_KERNELS"]
+           "sorted_shape", "STANDARDIZE_KERNELS", "NO_GRADIENT_OPS"]
 
 #: Marker in ``OpCost.saved`` for "the op's own output is kept for backward".
 OUTPUT = -1
@@ -1095,6 +1095,18 @@ def _sampled_gradients(cost: OpCost, node: Node, needs: list[bool], in_shapes: l
                    kernels_bwd=1)
 
 
+def _linspace(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """CoordConv's coordinate channel (torch.linspace viewed and expanded): one kernel forward writing a row or a
+    column of floats once a step (no per-sample bytes: the batch's channel is a view of it), nothing back, nothing
+    kept; its input's shape alone read (no gradient through it: :data:`NO_GRADIENT_OPS`)."""
+    return OpCost(kernels_fwd=1, kind="other")
+
+
+#: Ops whose output needs no gradient, whatever their inputs (they read their input's shape alone): torch makes
+#: their values from numbers.
+NO_GRADIENT_OPS = frozenset({"linspace"})
+
+
 def _input(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     return OpCost(kind="view")
 
@@ -1186,6 +1198,7 @@ HANDLERS: dict[str, Handler] = {
     "normalize": _l2_normalize,
     "logsumexp": _logsumexp,
     "cumsum": _cumsum,
+    "linspace": _linspace,
     "where": _where,
     "affine_grid": _affine_grid,
     "grid_sample": _grid_sample,

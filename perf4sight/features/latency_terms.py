@@ -366,6 +366,7 @@ _PASSES: dict[str, tuple[float, float, int]] = {
     # (formulas._logsumexp's 10 kernels, those over the output negligible); backward x - result, its exp and the
     # product with the broadcast gradient (a read and a write each)
     "logsumexp": (6.0, 6.0, 3),
+    "linspace": (0.0, 0.0, 0),  # a few floats once a step (a view over the batch), nothing back
     "cumsum": (1.0, 6.0, 3),  # a scan (a read, a write); backward a flip, the scan and a flip back (the same each)
     # forward four input pixels read an output element (those of neighbours mostly cached: two passes) and the
     # output written; backward the gradient read and the map's (zeroed, then four corners added) and grid's written

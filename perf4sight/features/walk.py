@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterable, Iterator
 
-from perf4sight.features.formulas import HANDLERS, INPUT_GRADIENTS, OpCost, copied_first
+from perf4sight.features.formulas import HANDLERS, INPUT_GRADIENTS, NO_GRADIENT_OPS, OpCost, copied_first
 from perf4sight.features.step_runtime import StepRuntime
 from perf4sight.features.strided_views import batch_copied, rows_copied
 from perf4sight.ir.schema import SHARES, NetworkDescription, Node, split_group, where_condition_inputs
@@ -92,7 +92,7 @@ def walk(desc: NetworkDescription, runtime: StepRuntime = StepRuntime()) -> Iter
         all_kernels_bwd = 0 if cost is None else cost.kernels_bwd
         if cost is not None and fed and node.op in INPUT_GRADIENTS:  # the gradients of those inputs that need one
             cost = INPUT_GRADIENTS[node.op](cost, node, [grad[i] for i in node.inputs], in_shapes)
-        grad[node.name] = cost is None or cost.params > 0 or fed  # the network input: False
+        grad[node.name] = (cost is None or cost.params > 0 or fed) and node.op not in NO_GRADIENT_OPS  # input: False
         if cost is not None and SHARES in node.attrs:  # a layer called again: its parameters are its first call's
             cost = replace(cost, params=0, param_tensors=0)
         trained = node.name not in untrained
@@ -127,6 +127,8 @@ def _matmul_copies(node: Node, nodes: dict[str, Node], base: dict[str, str],
 def _gradient_inputs(node: Node) -> list[str]:
     """The inputs of ``node`` its backward hands a gradient to: all but a where's condition reads (compared, no
     gradient back) and the tensor a sort or topk of ``gather`` sorts (its indices alone read)."""
+    if node.op in NO_GRADIENT_OPS:  # its input's shape alone read
+        return []
     if node.op == "where":
         return list(node.inputs[where_condition_inputs(node.attrs):])
     if node.attrs.get("gather") and node.op in ("sort", "topk"):

@@ -73,6 +73,7 @@ OP_TOKEN: dict[str, str] = {**{op: op for op in OP_VOCAB},
                             "frozen_batchnorm2d": "batchnorm2d",
                             "logsumexp": "mean",  # a reduction over dims (its exps an input element), as a mean
                             "cumsum": "add",  # a running sum: an add an element
+                            "linspace": "identity",  # CoordConv's coordinates: a few floats, a view over the batch
                             "where": "relu",  # a value kept or replaced by a compare, as a relu's
                             "affine_grid": "linear",  # each position's coordinates times theta, a small GEMM
                             "grid_sample": "adaptiveavgpool2d",  # a bilinear resampling, as a resize's

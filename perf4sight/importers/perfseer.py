@@ -127,6 +127,8 @@ ONNX_TO_OP: dict[str, str] = {
     "WeightedSum": "weighted_sum",
     "ReduceLogSumExp": "logsumexp",  # ONNX's (its axes our dims, keepdims our keepdim)
     "CumSum": "cumsum",  # ONNX's (its axis an input: here an arg, dim, as this tool writes it)
+    # no ONNX op (torch's exporter writes CoordConv's coordinates as a constant, then an Expand): a type of our own
+    "CoordinateChannel": "linspace",
     # ONNX's (its condition a boolean input; here the comparison of the first input with a number, in args)
     "Where": "where",
     # ONNX's (opset 20 and 16): a 2-D grid of [N, 2, 3] matrices; a map sampled at it (mode bilinear, ONNX 20's
@@ -603,6 +605,11 @@ def _attrs(op: str, args: dict[str, Any], in_shapes: list[list[int]], out: list[
             a["mask_shape"] = [int(_number(v, f"{where} mask_shape")) for v in shape]
         return {**a, **{k: True for k in ("inplace", "compare_inputs", "multiply", "float_mask")
                     if flag(k, False)}}
+    if op == "linspace":  # ours: start, end and dim in the args
+        if any(args.get(k) is None for k in ("start", "end", "dim")):
+            raise UserError(f"{where}: a CoordinateChannel without its start, end and dim (args)")
+        return {"start": _number(args["start"], f"{where} start"), "end": _number(args["end"], f"{where} end"),
+                "dim": int(_number(args["dim"], f"{where} dim"))}
     if op == "cumsum":  # ONNX's CumSum: its axis an input a graph's args may not carry: none, no running sum
         if args.get("dim", args.get("axis")) is None:
             raise UserError(f"{where}: a CumSum without its axis (args: dim)")

@@ -31,6 +31,7 @@ from perf4sight.ir.schema import ON_COPY_OPS, SHARES, NetworkDescription, Node, 
 from perf4sight.ir.shapes import image_size_problem
 from perf4sight.ir.weighted_sums import Fusion, weighted_sums
 from perf4sight.ir.fx_values import _SPLITS, _TRACE_BATCH, _arg, _is_tensor, _shape, _shape_value, _target_name
+from perf4sight.ir.coordinates import coordinate_channels
 from perf4sight.ir.standardised import standardised_weights
 from perf4sight.ir.torch_trace import (_ForwardFailed, _propagate_shapes, _root_message, _trace, _trace_stop,
                                        forward_error, in_mode, run_on_meta, stderr_kept_on_success)
@@ -351,6 +352,7 @@ def _convert(gm: fx.GraphModule, where: str) -> tuple[list[Node], str]:
     held: dict[str, fx.Node] = {}  # get_attr node, or a batch expansion of one -> that get_attr node
     held.update(_computed_position_biases(gm, where))
     held.update(standardised_weights(gm))  # a standardised weight's nodes: taken in by its conv2d
+    coordinates, coordinate_parts = coordinate_channels(gm)  # CoordConv's: a linspace node each
     output = ""
     missing: dict[str, list[str]] = {}  # kind of op without a description op -> the nodes of that kind
     passed: set[str] = set()  # the nodes of those kinds
@@ -361,7 +363,13 @@ def _convert(gm: fx.GraphModule, where: str) -> tuple[list[Node], str]:
             if n.op == "output":
                 output = alias[_returned_tensor(n.args[0], where).name]
                 continue
-            if n.name in fused:
+            if n.name in coordinate_parts:  # a coordinate channel's linspace and view: its expand's node
+                continue
+            if n.name in coordinates and coordinates[n.name][0].name in alias:
+                converted = [Node(n.name, "linspace", [alias[coordinates[n.name][0].name]], coordinates[n.name][1],
+                                  _shape(n))]
+                alias[n.name] = n.name
+            elif n.name in fused:
                 converted = _fused_node(n, fused[n.name], fusions, alias, where)
             else:
                 converted = _convert_node(n, gm, where, alias, pieces, held)

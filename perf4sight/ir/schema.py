@@ -191,6 +191,11 @@ OPS: Dict[str, Tuple[str, ...]] = {
     "logsumexp": ("dims", "keepdim"),
     # the running sum of x along dim (as softmax's dim, never the batch's): torch's cumsum (a scan)
     "cumsum": ("dim",),
+    # the coordinate of each position along dim (2: the rows, 3: the columns, counted with the batch's) of its input's
+    # [C, H, W] map, start to end in equal steps, as one channel: [1, H, W], its input's values not read (no gradient
+    # through it); torch.linspace(start, end, H or W) viewed and expanded over the batch and the map (CoordConv's
+    # coordinate channels, then concatenated to the map)
+    "linspace": ("start", "end", "dim"),
     # torch.where(c, a, b) of a condition c = x <compare> threshold (WHERE_COMPARES: gt, ge, lt, le, eq, ne), x the
     # first input: a where c holds, else b, broadcast. a and b are the next inputs, in that order, but where a number
     # (optional if_true, if_false: not both); a leaky gate's torch.where(x > 0, x, 0.1 * x), a mask's
@@ -304,7 +309,7 @@ _SHAPES: Dict[str, Tuple[str, ...]] = {"fractional_maxpool2d": ("output_size",),
 _INTEGERS: Dict[str, Tuple[str, ...]] = {
     "cat": ("dim",), "flatten": ("start_dim",), "squeeze": ("dim",), "unsqueeze": ("dim",),
     "select": ("dim", "index"), "narrow": ("dim", "start", "length"), "transpose": ("dim0", "dim1"),
-    "token": ("dim",)}
+    "token": ("dim",), "linspace": ("dim",)}
 #: Op -> attributes that must be lists of integers (dimensions counting the batch's; a reshape's sizes, -1 for one
 #: that torch works out).
 _INTEGER_LISTS: Dict[str, Tuple[str, ...]] = {"mean": ("dims",), "var": ("dims",), "logsumexp": ("dims",),
@@ -351,6 +356,7 @@ _NUMBERS: Dict[str, Tuple[Tuple[str, Any, Any], ...]] = {
     "dropout": (("p", 0, 1),), "dropout2d": (("p", 0, 1),), "attention": (("dropout", 0, 1),),
     "window_attention": (("dropout", 0, 1), ("attention_dropout", 0, 1)),
     "batchnorm2d": (("eps", 0, None), ("momentum", 0, 1)), "layernorm": (("eps", 0, None),),
+    "linspace": (("start", None, None), ("end", None, None)),
     "conv2d": (("standardize_eps", 0, None),),
     "groupnorm": (("eps", 0, None),),
     "instancenorm": (("eps", 0, None), ("momentum", 0, 1)),

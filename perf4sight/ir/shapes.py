@@ -43,6 +43,7 @@ ARITY: Dict[str, Tuple[int, Optional[int]]] = {
     "normalize": (1, 1),
     "logsumexp": (1, 1),
     "cumsum": (1, 1),
+    "linspace": (1, 1),
     "where": (1, 4),  # the condition's none (mask_shape), one or two (compare_inputs), then the tensor branches
     "affine_grid": (1, 1),
     "grid_sample": (2, 2),
@@ -316,6 +317,10 @@ def _expected(op: str, a: Dict[str, Any], ins: List[List[int]], out: List[int]) 
         if op == "batchnorm2d" and len(x) > 3:  # a volume's: torch's BatchNorm2d and BatchNorm1d refuse it
             return f"needs an input of [C], [C, L] or [C, H, W], got {x}"
         return x
+    if op == "linspace":  # one channel of the coordinates along the rows or the columns of a [C, H, W] map
+        if len(x) != 3 or a["dim"] not in (2, 3) or isinstance(a["dim"], bool):
+            return f"dim {a['dim']!r} must be 2 or 3 (the rows or the columns) of a [C, H, W] map, got {x}"
+        return [1, x[1], x[2]]
     if op == "frozen_batchnorm2d":  # a [C, H, W] map (its [C] buffers viewed as [1, C, 1, 1])
         if len(x) != 3 or x[0] != a["num_features"]:
             return f"num_features {a['num_features']} needs a [{a['num_features']}, height, width] input, got {x}"

@@ -641,6 +641,15 @@ def _power(x: torch.Tensor, exponent: float) -> torch.Tensor:
     return x.pow(exponent)
 
 
+def _coordinates(x: torch.Tensor, start: float, end: float, dim: int) -> torch.Tensor:
+    """CoordConv's coordinate channel of the map ``x``: ``torch.linspace(start, end, x.shape[dim])`` viewed along
+    ``dim`` (2: the rows, 3: the columns) and expanded to ``[N, 1, H, W]`` (one kernel; a view of its few floats)."""
+    steps = x.shape[dim]
+    line = torch.linspace(start, end, steps, device=x.device)
+    line = line.view(1, 1, steps, 1) if dim == 2 else line.view(1, 1, 1, steps)
+    return line.expand(x.shape[0], 1, x.shape[2], x.shape[3])
+
+
 def _variance(x: torch.Tensor, dims: List[int], correction: float, keepdim: bool) -> torch.Tensor:
     """The variance of ``x`` over ``dims``: squared deviations summed over their count less ``correction``, given as
     an integer where it is whole (torch before 2.1, a TX2's 1.10, takes an integer correction alone)."""
@@ -833,6 +842,7 @@ FUNCTION_BUILDERS: Dict[str, Callable[[List, Dict], Tuple[Callable, Tuple]]] = {
     "var": lambda x, a: (_variance, (x[0], [int(d) for d in a["dims"]], float(a["correction"]), bool(a["keepdim"]))),
     "logsumexp": lambda x, a: (torch.logsumexp, (x[0], [int(d) for d in a["dims"]], bool(a["keepdim"]))),
     "cumsum": lambda x, a: (torch.cumsum, (x[0], int(a["dim"]))),
+    "linspace": lambda x, a: (_coordinates, (x[0], float(a["start"]), float(a["end"]), int(a["dim"]))),
     "affine_grid": lambda x, a: (_affine_grid, (x[0], [int(s) for s in a["size"]], bool(a["align_corners"]))),
     "grid_sample": lambda x, a: (F.grid_sample, (x[0], x[1], str(a["mode"]), str(a["padding_mode"]),
                                                  bool(a["align_corners"]))),
