@@ -41,11 +41,18 @@ def _with_parameters(ctx: _OpContext) -> _Value:
     pbytes, _ = _params(n)
     pedges = [("param", ctx.first_param + k) for k in range(len(pbytes))]
     if n.op in ("conv2d", "conv_transpose2d"):  # aten.convolution, transposed or not: keeps its input
+        standardised = _standardised_weight(ctx, pbytes[0]) if n.attrs.get("standardize") else None
+        if standardised is not None:  # the weight read is the standardised one, kept: its node the parameter's
+            pedges[0] = ("fn", standardised[1])
         sid = ctx.alloc("convolution.default")
         grads = ["aten.convolution_backward.default"] * (1 + len(pbytes))
         layouts, restride = _convolution_layouts(ctx)
-        return _Value(sid, nbytes, ctx.grad_fn([x.sid], [_edge(x)] + pedges, [x.nbytes] + pbytes, grads,
-                                               layouts=layouts, restride=restride, any_strides=True))
+        value = _Value(sid, nbytes, ctx.grad_fn([x.sid] + ([standardised[0]] if standardised else []),
+                                                [_edge(x)] + pedges, [x.nbytes] + pbytes, grads,
+                                                layouts=layouts, restride=restride, any_strides=True))
+        if standardised is not None:  # the forward's own hold of it (autograd's kept)
+            ctx.mem.drop(standardised[0])
+        return value
     # the output, a mean and a 1/std; keeps the input and the two (a batch norm by its running statistics too: the
     # meta kernel gives it [C] floats each, where this CPU's gives empty ones)
     if n.op in ("batchnorm2d", "groupnorm"):
@@ -80,6 +87,25 @@ def _with_parameters(ctx: _OpContext) -> _Value:
         edges, sizes, order = [_edge(x), ("fn", t)], [x.nbytes, pbytes[0]], [1, 0]
         return _Value(sid, nbytes, ctx.grad_fn([x.sid], edges, sizes, grads, order))
     raise NotCovered(f"op '{n.op}'")
+
+
+def _standardised_weight(ctx: _OpContext, nbytes: int) -> tuple[int, int]:
+    """A conv2d's weight standardised as timm's StdConv2d (``standardize`` batch_norm): F.batch_norm of the weight
+    viewed [1, out, -1] (torch's empty reserve, freed at once; the standardised weight, a mean and a 1/std per output
+    channel, both kept with the parameter). Backward native_batch_norm_backward into the parameter's gradient, which
+    frees the incoming one and the two statistics. (The weight's storage, its autograd node.) The moments' spellings
+    (std, var, var_mean) are left to the meta trace."""
+    form = ctx.node.attrs["standardize"]
+    if form != "batch_norm":
+        raise NotCovered(f"a conv2d of standardize {form}")
+    shape = tuple(_weight_shape(ctx.node))
+    reserve = ctx.alloc("empty.memory_format", 0)
+    sid = ctx.alloc("native_batch_norm.default", nbytes)
+    stats = [ctx.alloc("native_batch_norm.default", shape[0] * FLOAT, holders=0) for _ in range(2)]
+    ctx.mem.drop(reserve)
+    fn = ctx.grad_fn(stats, [("param", ctx.first_param)], [nbytes], ["aten.native_batch_norm_backward.default"],
+                     out_shape=shape, shapes=[shape])
+    return sid, fn
 
 
 def _convolution_layouts(ctx: _OpContext) -> tuple[list, list[bool]]:
