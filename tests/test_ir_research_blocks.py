@@ -836,3 +836,31 @@ def test_a_network_with_coordconv_prunes_and_trains():
     assert [(n.op, n.output_shape[0]) for n in desc.nodes if n.op in ("conv2d", "linspace", "cat")] == [
         ("conv2d", 5), ("linspace", 1), ("linspace", 1), ("cat", 7), ("conv2d", 6)]
     _train_step(desc)
+
+
+def test_a_standardised_convolution_called_twice_shares_its_parameter():
+    """A standardised convolution called twice (torch.fx reads its parameter once for both: the weight was refused as
+    computed, as the parameter was read by both standardisations) is two conv2d of standardize, the second sharing
+    the first's parameter; torch standardises it at each call: the rebuilt module computes the original's output
+    and gradients and runs its kernels, and the allocation model writes it down as the meta trace."""
+    from test_allocator import _as_replayed
+    from test_ir_research_calls import _kernels_run
+
+    from perf4sight.features.alloc_trace import record_events
+    from perf4sight.ir.to_torch import build_module
+
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = _StandardisedByBatchNorm(8, 8, 3, padding=1)
+
+        def forward(self, x):
+            return self.conv(self.conv(x).relu())
+    module = _Block(Twice())
+    desc = _computes_the_same(module)
+    assert [(n.attrs.get("standardize"), n.attrs.get("shares")) for n in desc.nodes if n.op == "conv2d"] == [
+        (None, None), ("batch_norm", None), ("batch_norm", "conv2d")]
+    assert _kernels_run(module) == _kernels_run(build_module(desc))
+    for batch in (3, 1):
+        assert _as_replayed(record_events(desc, batch, steps=2, method="model")) == _as_replayed(
+            record_events(desc, batch, steps=2, method="trace"))

@@ -152,25 +152,30 @@ def standardised_weights(gm: fx.GraphModule) -> dict[str, fx.Node]:
     """Each ``F.conv2d`` of ``gm`` whose weight is a parameter standardised in one of the module docstring's spellings,
     its weight's node marked (``STANDARDIZES``: the parameter's node) and the convolution's (``STANDARDIZE_ATTRS``);
     back come the nodes it takes in, by name, each mapped to the parameter's ``get_attr`` node. A spelling whose
-    nodes (the parameter's read included) are read by anything else is left out."""
+    nodes are read by anything else, or whose parameter is (but by another such spelling: a layer called twice), is
+    left out."""
     params = dict(gm.named_parameters())
-    taken: dict[str, fx.Node] = {}
+    found = []
     for n in gm.graph.nodes:
         if n.op != "call_function" or n.target is not F.conv2d:
             continue
         w = _arg(n, 1, "weight")
         if not isinstance(w, fx.Node) or w.op == "get_attr":
             continue
-        found = _by_batch_norm(w) or _by_moments(w)
-        if found is None:
+        made = _by_batch_norm(w) or _by_moments(w)
+        if made is None or made[0].target not in params or len(_shape(made[0])) != 4:
             continue
-        p, attrs, chain = found
-        if p.target not in params or len(_shape(p)) != 4:
-            continue
+        p, attrs, chain = made
         inside = set(chain) | {n}
-        if any(set(m.users) - inside for m in [p, *chain]) or list(w.users) != [n]:
-            continue
-        w.meta[STANDARDIZES] = p
-        n.meta[STANDARDIZE_ATTRS] = attrs
-        taken.update((m.name, p) for m in chain)
+        if all(set(m.users) <= inside for m in chain) and list(w.users) == [n]:
+            found.append((n, w, p, attrs, chain))
+    readers: dict[fx.Node, set] = {}
+    for _, _, p, _, chain in found:
+        readers.setdefault(p, set()).update(chain)
+    taken: dict[str, fx.Node] = {}
+    for n, w, p, attrs, chain in found:
+        if set(p.users) <= readers[p]:
+            w.meta[STANDARDIZES] = p
+            n.meta[STANDARDIZE_ATTRS] = attrs
+            taken.update((m.name, p) for m in chain)
     return taken
