@@ -253,8 +253,10 @@ _REFUSED = {
                           r"w\)\)"),
     "CoordConv of repeated coordinates": (lambda: _Block(_RepeatedCoordConv()),
                                           r"probe: call_function 'linspace' \(node linspace: values made in the "
-                                          r"forward from numbers alone, as CoordConv's coordinate channels\) has no "
-                                          r"description op"),
+                                          r"forward from numbers alone, as CoordConv's coordinate channels; those of "
+                                          r"torch.linspace viewed along the rows or the columns and expanded over "
+                                          r"the map, x.shape's sizes, describe: the op linspace\) has no description "
+                                          r"op"),
     "weight standardisation by chained means": (lambda: _Block(_StandardisedByChainedMeans(8, 8, 3, padding=1)),
                                                 r"probe: the convolution conv2d's weight is computed in the forward "
                                                 r"from the parameter block.weight \(weight standardisation, a weight "

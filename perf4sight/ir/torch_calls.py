@@ -1153,7 +1153,9 @@ def _research_form(n: fx.Node, gm: fx.GraphModule) -> str:
     (said after the node's name): values made from numbers alone (CoordConv's coordinate channels), a parameter
     indexed by a tensor (an embedding's or a relative position bias's lookup); '' otherwise."""
     if n.op == "call_function" and n.target in _MADE_FROM_NUMBERS:
-        return ": values made in the forward from numbers alone, as CoordConv's coordinate channels"
+        return (": values made in the forward from numbers alone, as CoordConv's coordinate channels; those of "
+                "torch.linspace viewed along the rows or the columns and expanded over the map, x.shape's sizes, "
+                "describe: the op linspace")
     if n.target is operator.getitem and len(n.args) == 2 and isinstance(n.args[0], fx.Node) \
             and n.args[0].op == "get_attr" and n.args[0].target in dict(gm.named_parameters()):
         indices: list[fx.Node] = []
