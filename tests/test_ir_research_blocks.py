@@ -108,6 +108,18 @@ class _StandardisedByVarMean(nn.Conv2d):
         return F.conv2d(x, w, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
 
+class _StandardisedByRows(nn.Conv2d):
+    """mmcv's ConvWS2d: the mean and std of the weight viewed [out, -1], viewed back to [out, 1, 1, 1]."""
+
+    def forward(self, x):
+        c_in = self.weight.size(0)
+        weight_flat = self.weight.view(c_in, -1)
+        mean = weight_flat.mean(dim=1, keepdim=True).view(c_in, 1, 1, 1)
+        std = weight_flat.std(dim=1, keepdim=True).view(c_in, 1, 1, 1)
+        w = (self.weight - mean) / (std + 1e-5)
+        return F.conv2d(x, w, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
 class _StandardisedByChainedMeans(nn.Conv2d):
     """Weight standardisation's first code: the mean taken one dimension at a time, the std of the centred weight
     viewed [out, -1] (no spelling the description reads)."""
@@ -657,6 +669,8 @@ _STANDARDISED = {
                                    {"standardize": "var", "standardize_eps": 1e-5, "standardize_unbiased": False}),
     "BiT's torch.var_mean": (lambda: _StandardisedByVarMean(8, 8, 3, padding=1, bias=False),
                              {"standardize": "var_mean", "standardize_eps": 1e-10, "standardize_unbiased": False}),
+    "mmcv's rows": (lambda: _StandardisedByRows(8, 8, 3, padding=1),
+                    {"standardize": "std_rows", "standardize_eps": 1e-5, "standardize_unbiased": True}),
 }
 
 
@@ -718,7 +732,8 @@ def test_standardize_attrs_are_checked():
 
     data = describe(_Block(_StandardisedByBatchNorm(8, 8, 3, padding=1, bias=False)), SHAPE, name="probe").to_dict()
     NetworkDescription.from_dict(data)
-    for change, said in (({"standardize": "rms"}, "attr 'standardize' must be one of batch_norm, std, var, var_mean"),
+    for change, said in (({"standardize": "rms"}, "attr 'standardize' must be one of batch_norm, std, var, var_mean, "
+                                                  "std_rows"),
                          ({"standardize_unbiased": True}, "attr 'standardize_unbiased' is not for standardize "
                                                           "'batch_norm'"),
                          ({"standardize": None}, "attr 'standardize_eps' is for a conv2d of 'standardize'"),

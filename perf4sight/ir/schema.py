@@ -504,8 +504,9 @@ def split_group(node: "Node") -> Optional[Tuple[str, int, Tuple[int, ...]]]:
 
 #: A conv2d's ``standardize``: how its weight is standardised per output channel, each as written (torch runs each
 #: with kernels of its own; perf4sight.ir.standardised): F.batch_norm of the weight viewed [1, out, -1] (timm's
-#: StdConv2d), (w - mean) / (std + eps), (w - mean) / sqrt(var + eps), or that of torch.var_mean (BiT's)
-STANDARDIZATIONS = ("batch_norm", "std", "var", "var_mean")
+#: StdConv2d), (w - mean) / (std + eps), (w - mean) / sqrt(var + eps), that of torch.var_mean (BiT's), or mmcv's
+#: ConvWS2d: (w - mean) / (std + eps) of the statistics of w.view(out, -1)'s rows, viewed back to [out, 1, 1, 1]
+STANDARDIZATIONS = ("batch_norm", "std", "var", "var_mean", "std_rows")
 
 
 def _standardize_problem(attrs: Dict[str, Any]) -> str:

@@ -1,14 +1,17 @@
 """Weight standardisation found in a torch.fx trace: a ``conv2d`` whose weight is its parameter standardised per output
 channel at every forward (BiT's and timm's ``StdConv2d``), described as the conv2d of the optional attr
-``standardize`` (:mod:`perf4sight.ir.schema`). Four spellings are read, each rebuilt as written (torch runs each
+``standardize`` (:mod:`perf4sight.ir.schema`). Five spellings are read, each rebuilt as written (torch runs each
 with kernels of its own)::
 
     F.batch_norm(w.reshape(1, out, -1), None, None, training=True, momentum=0., eps=eps).reshape_as(w)  # batch_norm
     (w - w.mean((1, 2, 3), keepdim=True)) / (w.std((1, 2, 3), keepdim=True) + eps)                    # std
     (w - w.mean((1, 2, 3), keepdim=True)) / (w.var((1, 2, 3), keepdim=True) + eps).sqrt()             # var
     v, m = torch.var_mean(w, (1, 2, 3), keepdim=True); (w - m) / torch.sqrt(v + eps)                    # var_mean
+    f = w.view(out, -1); (w - f.mean(dim=1, keepdim=True).view(out, 1, 1, 1))
+                         / (f.std(dim=1, keepdim=True).view(out, 1, 1, 1) + eps)       # std_rows (mmcv's ConvWS2d)
 
-(``std``, ``var`` and ``var_mean`` with ``unbiased=`` or ``correction=`` of 0 or 1: ``standardize_unbiased``;
+(``std``, ``var`` and ``var_mean`` with ``unbiased=`` or ``correction=`` of 0 or 1, ``std_rows`` with ``unbiased=``:
+``standardize_unbiased``; ``out`` an int or the weight's ``size(0)``;
 ``torch.sqrt(x)`` or ``x.sqrt()``, ``torch.div`` or ``/``). Every node between the parameter and the convolution is
 taken in by the conv2d; a spelling with a part read elsewhere, or any other, is not one, and stays refused.
 """
@@ -78,6 +81,52 @@ def _channel_stat(n: Any, weight: fx.Node, targets: set) -> Optional[dict]:
     return {"unbiased": bool(unbiased)}
 
 
+def _size_of(a: Any, p: fx.Node, nodes: list) -> Optional[int]:
+    """``a`` as a number: an int, or a size of ``p`` read in the trace (``p.size(0)``, ``p.shape[0]``), whose nodes
+    are added to ``nodes``; None otherwise."""
+    if isinstance(a, int) and not isinstance(a, bool):
+        return a
+    if not isinstance(a, fx.Node):
+        return None
+    if a.op == "call_method" and a.target == "size" and a.args[:1] == (p,) and len(a.args) == 2:
+        nodes.append(a)
+        return _shape(p)[a.args[1]] if isinstance(a.args[1], int) and len(_shape(p)) == 4 else None
+    if a.op == "call_function" and a.target is operator.getitem and isinstance(a.args[0], fx.Node) and \
+            isinstance(a.args[1], int) and len(_shape(p)) == 4:
+        whole = a.args[0]
+        if (whole.op == "call_function" and whole.target is getattr and whole.args == (p, "shape")) or \
+                (whole.op == "call_method" and whole.target == "size" and whole.args == (p,)):
+            nodes += [whole, a]
+            return _shape(p)[a.args[1]]
+    return None
+
+
+def _row_stat(n: Any, p: fx.Node, targets: set) -> Optional[tuple[dict, list]]:
+    """``({"unbiased": ...}, nodes)`` where ``n`` is mmcv's spelling of a statistic per output channel:
+    ``p.view(out, -1)``'s ``targets`` call over its rows (``dim=1``, ``keepdim=True``) viewed ``(out, 1, 1, 1)``;
+    None otherwise. A mean has no ``unbiased``."""
+    nodes: list = []
+    if not _is(n, {"view", "reshape"}) or n.kwargs or len(_shape(p)) != 4:
+        return None
+    out = _shape(p)[0]
+    sizes = list(n.args[1:])
+    sizes = list(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (list, tuple)) else sizes
+    if [_size_of(s, p, nodes) for s in sizes] != [out, 1, 1, 1]:
+        return None
+    stat = n.args[0]
+    if not _is(stat, targets) or len(stat.args) > 2 or set(stat.kwargs) - {"dim", "keepdim", "unbiased"} or \
+            _arg(stat, 1, "dim") not in (1, -1, (1,), [1]) or stat.kwargs.get("keepdim") is not True:
+        return None
+    flat = stat.args[0]
+    if not _is(flat, {"view", "reshape"}) or flat.kwargs or flat.args[:1] != (p,) or \
+            [_size_of(s, p, nodes) for s in flat.args[1:]] != [out, -1]:
+        return None
+    unbiased = stat.kwargs.get("unbiased", True)
+    if targets is not _MEANS and not isinstance(unbiased, bool):
+        return None
+    return ({} if targets is _MEANS else {"unbiased": unbiased}), nodes + [flat, stat, n]
+
+
 def _plus_eps(n: Any) -> Optional[tuple[fx.Node, float]]:
     """``(x, eps)`` where ``n`` adds the number ``eps`` to the node ``x``."""
     if not _is(n, _ADDS) or len(n.args) != 2 or n.kwargs:
@@ -124,6 +173,11 @@ def _by_moments(w: fx.Node) -> Optional[tuple[fx.Node, dict, list[fx.Node]]]:
     plus = _plus_eps(spread)
     if plus is not None:  # (p - p.mean(...)) / (p.std(...) + eps)
         std, eps = plus
+        rows = _row_stat(std, p, _STDS), _row_stat(mean, p, _MEANS)
+        if None not in rows:  # mmcv's ConvWS2d: the statistics of p.view(out, -1)'s rows, viewed back
+            inner = list(dict.fromkeys(rows[1][1] + rows[0][1]))
+            return p, {"standardize": "std_rows", "standardize_eps": eps,
+                       "standardize_unbiased": rows[0][0]["unbiased"]}, inner + [centred, spread, w]
         stat = _channel_stat(std, p, _STDS)
         if stat is None or _channel_stat(mean, p, _MEANS) is None:
             return None

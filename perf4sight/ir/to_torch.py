@@ -82,9 +82,15 @@ class StandardizedConv2d(nn.Conv2d):
         elif self.standardize == "var":
             w = (w - w.mean((1, 2, 3), keepdim=True)) / (w.var((1, 2, 3), keepdim=True, unbiased=self.unbiased)
                                                          + self.eps).sqrt()
-        else:  # var_mean
+        elif self.standardize == "var_mean":
             v, m = torch.var_mean(w, (1, 2, 3), keepdim=True, unbiased=self.unbiased)
             w = (w - m) / torch.sqrt(v + self.eps)
+        else:  # std_rows: mmcv's ConvWS2d
+            c = self.out_channels
+            flat = w.view(c, -1)
+            mean = flat.mean(dim=1, keepdim=True).view(c, 1, 1, 1)
+            std = flat.std(dim=1, keepdim=True, unbiased=self.unbiased).view(c, 1, 1, 1)
+            w = (w - mean) / (std + self.eps)
         return F.conv2d(x, w, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
 
