@@ -19,7 +19,8 @@ Conventions, stated once:
 - ``batch_saved``: the bytes of each tensor kept for backward once a batch, whatever its size (not per sample: a
   batch norm's mean and 1/std over the batch, ``[C]`` floats each); the aggregator adds them to the step's memory
   once.
-- ``kernels_fwd`` / ``kernels_bwd``: approximate GPU kernel launches (views launch none).
+- ``kernels_fwd`` / ``kernels_bwd``: approximate GPU kernel launches (views launch none forward; a select's or a
+  narrow's backward writes zeros and copies into them: 2).
 
 An op missing from :data:`HANDLERS` is reported by name by the aggregator, never costed as zero.
 """
@@ -29,7 +30,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from perf4sight.ir.schema import SHARES, Node, where_condition_inputs, window_attention_params
+from perf4sight.ir.schema import SHARES, Node, split_group, where_condition_inputs, window_attention_params
 from perf4sight.ir.shapes import broadcast, window_pair, windows_of
 
 __all__ = ["OpCost", "HANDLERS", "INPUT_GRADIENTS", "OUTPUT", "BYTES_PER_ELEMENT", "numel", "hands_input_back",
@@ -673,6 +674,14 @@ def _view(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     return OpCost(kind="view")
 
 
+def _slice(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
+    """A select or a narrow: a view forward; backward torch's ``select_backward`` or ``slice_backward`` on any
+    device (derivatives.yaml), zeros of the input's shape (one kernel) and the gradient copied into its slice (one
+    more), 2 kernels, no FLOPs (``latency_terms._slice_backward``'s rows). A piece of a split (``split_sizes``) hands
+    its gradient to the split's one cat (``walk.split_gathers``): none of its own."""
+    return OpCost(kind="view", kernels_bwd=0 if split_group(node) is not None else 2)
+
+
 def _dropout(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     """Dropout in training: a mask drawn and applied, kept for backward (one byte an element, as CUDA's fused
     kernel keeps it; a CPU keeps four: step_runtime.StepRuntime.applied); of ``p`` 0, a view of its input
@@ -1218,8 +1227,8 @@ HANDLERS: dict[str, Handler] = {
     "flatten": _view,
     "squeeze": _view,
     "unsqueeze": _view,
-    "select": _view,
-    "narrow": _view,
+    "select": _slice,
+    "narrow": _slice,
     "transpose": _view,
     "mean": _mean,
     "dropout": _dropout,

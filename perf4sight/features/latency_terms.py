@@ -20,8 +20,8 @@ Conventions, stated once:
   counts after pruning waste the padding; ``lt_gemm_padded_macs`` counts it, ``lt_gemm_macs`` not.
 - Depthwise convs run their own (bandwidth-bound) kernels: counted in ``lt_dw_bytes``.
 - Bandwidth-bound kernels (batch norm, activations, adds, pooling, concatenation, bias,
-  gradient accumulation at branches, a split's backward ``cat`` of its pieces' gradients, the optimizer):
-  ``lt_ew_bytes`` = bytes read + written.
+  gradient accumulation at branches, a split's backward ``cat`` of its pieces' gradients, a select's or a narrow's
+  backward zeros and copy, the optimizer): ``lt_ew_bytes`` = bytes read + written.
 - A node no gradient reaches (``walk.untrained_nodes``: a dead branch) runs its forward kernels alone; its
   parameters get no update. An op that copies its
   input first (``walk.Visit.input_copies``: an activation in place on a copy, a linear layer of rows that do not
@@ -287,6 +287,13 @@ def _elementwise(r: _Rows, node: Node, in_shapes: list[list[int]], fwd_passes: f
         r.other(BANDWIDTH, float(n_out), bwd_passes / bwd_kernels * max(n_in, n_out) * BYTES_PER_ELEMENT)
 
 
+def _slice_backward(r: _Rows, in_shape: list[int], out_shape: list[int]) -> None:
+    """A select's or a narrow's backward (formulas._slice; a split's piece has none): zeros of the input's shape
+    written, then the gradient read and copied into its slice."""
+    r.other(BANDWIDTH, 0.0, float(numel(in_shape)) * BYTES_PER_ELEMENT, bwd=True)
+    r.other(BANDWIDTH, 0.0, 2.0 * numel(out_shape) * BYTES_PER_ELEMENT, bwd=True)
+
+
 def _loss(r: _Rows, output_shape: list[int], loss: str = "cross_entropy") -> None:
     """The kernels of the step's ``loss``: a cross entropy over a class score per position (formulas.position_loss;
     none for a classifier's): log-softmax and the likelihood forward; backward, the likelihood's zeroed gradient and
@@ -469,9 +476,11 @@ def kernel_table(desc: NetworkDescription, update: OptimizerCost | str = DEFAULT
     for visit in visits:
         node, ins, first = visit.node, visit.in_shapes, visit.first
         op = node.op
+        r.forward_only = not visit.trained
+        if op in ("select", "narrow") and visit.cost.kernels_bwd:  # its backward: zeros, a copy into them
+            _slice_backward(r, ins[0], node.output_shape)
         if op in _VIEWS or hands_input_back(node):
             continue
-        r.forward_only = not visit.trained
         for _ in range(visit.input_copies):  # its input copied first (walk.Visit): read and written
             r.other(BANDWIDTH, 0.0, 2.0 * numel(ins[0]) * BYTES_PER_ELEMENT)
         for i in visit.copied_inputs:  # a matmul's inputs copied for its bmm (walk.Visit): read and written

@@ -1,0 +1,95 @@
+"""A select's or a narrow's backward as torch runs it: a view forward, but backward ``select_backward`` or
+``slice_backward`` writes zeros of the input's shape and copies the gradient into its slice (two kernels); a piece of
+a split hands its gradient to the split's one cat instead, and a slice of a tensor that needs no gradient runs no
+backward."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from perf4sight.features.aggregate import network_features
+from perf4sight.features.formulas import BYTES_PER_ELEMENT
+from perf4sight.features.latency_terms import kernel_table
+from perf4sight.ir.from_torch import describe
+
+SHAPE = [3, 8, 8]
+
+
+class _Sliced(nn.Module):
+    """A convolution, then ``kind``: "plain" (one channel out, no slice), "select" (``x[:, 0]`` of 8 channels),
+    "narrow" (``x.narrow(1, 2, 1)`` of 8), "input" (``x[:, 0:1]`` of the network input, before the convolution);
+    then a linear layer of the [1, 8, 8] map flattened."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.c = nn.Conv2d(1 if kind == "input" else 3, 1 if kind in ("plain", "input") else 8, 3, padding=1)
+        self.fc = nn.Linear(64, 10)
+
+    def forward(self, x):
+        if self.kind == "input":
+            x = x[:, 0:1]
+        x = self.c(x)
+        if self.kind == "select":
+            x = x[:, 0]
+        elif self.kind == "narrow":
+            x = x.narrow(1, 2, 1)
+        return self.fc(torch.flatten(x, 1))
+
+
+_NOT_KERNELS = {"aten::view", "aten::t", "aten::transpose", "aten::expand", "aten::as_strided", "aten::select",
+                "aten::slice", "aten::unsqueeze", "aten::squeeze", "aten::detach", "aten::empty",
+                "aten::empty_strided", "aten::reshape", "aten::_reshape_alias", "aten::alias", "aten::resize_"}
+
+
+def _backward_kernels(kind: str, ops: bool = False) -> list[str]:
+    """The kernels (the profiler's innermost aten ops, views and empty tensors aside) of ``_Sliced(kind)``'s
+    backward on a batch of 2, by name; ``ops``: every aten op it runs instead."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    loss = _Sliced(kind)(torch.randn(2, *SHAPE)).sum()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        loss.backward()
+    return sorted(e.name for e in prof.events() if e.name.startswith("aten::")
+                  and (ops or not e.cpu_children and e.name not in _NOT_KERNELS))
+
+
+@pytest.fixture(scope="module")
+def plain():
+    return describe(_Sliced("plain"), SHAPE, "plain")
+
+
+@pytest.mark.parametrize("kind", ["select", "narrow"])
+def test_a_slice_s_backward_writes_zeros_and_copies_into_them(plain, kind):
+    """torch runs two kernels more backward for the slice than without it (a zero_ and a copy_: select_backward's
+    or slice_backward's); the features count them (they counted the slice a free view), and the kernel table lists
+    them: zeros of the [8, 8, 8] input written, the [8, 8] gradient read and copied."""
+    more = _backward_kernels(kind)
+    base = _backward_kernels("plain")
+    for name in base:
+        more.remove(name)
+    assert sorted(more) == ["aten::copy_", "aten::zero_"]
+    desc = describe(_Sliced(kind), SHAPE, kind)
+    assert kind in [n.op for n in desc.nodes]
+    f, p = network_features(desc), network_features(plain)
+    assert f.static["kernels_bwd"] - p.static["kernels_bwd"] == 2
+    assert f.static["kernels_fwd"] == p.static["kernels_fwd"]
+    a, b = kernel_table(plain, "sgd"), kernel_table(desc, "sgd")
+    assert b.launches - a.launches == 2
+    for moved in (8 * 64 * BYTES_PER_ELEMENT, 2 * 64 * BYTES_PER_ELEMENT):  # zeros written; the gradient copied
+        rows = [(t.flops_ps == 0) & np.isclose(t.bytes_ps, moved) for t in (a, b)]
+        assert rows[1].sum() - rows[0].sum() == 1
+
+
+def test_a_slice_of_a_tensor_no_gradient_reaches_runs_no_backward(plain):
+    """A slice of the network input (no gradient): torch runs no slice_backward, and the features count none."""
+    ran = _backward_kernels("input", ops=True)
+    assert "aten::convolution_backward" in ran and not any(name.endswith("_backward") and "slice" in name
+                                                           for name in ran)
+    desc = describe(_Sliced("input"), SHAPE, "input")
+    assert "narrow" in [n.op for n in desc.nodes]
+    assert network_features(desc).static["kernels_bwd"] == network_features(plain).static["kernels_bwd"]
+    assert kernel_table(desc, "sgd").launches == kernel_table(plain, "sgd").launches
