@@ -282,3 +282,45 @@ def test_a_mean_over_the_map_is_priced_as_the_global_pool_torch_runs_as_one():
     priced = {how: priced_ms_per_sample(describe(Reduced(how), SHAPE, how), table) for how in ("pool", "mean", "var")}
     assert priced == pytest.approx({"pool": 8 * 16 * 16 * 3.0e-6, "mean": 8 * 16 * 16 * 3.0e-6,
                                     "var": 8 * 16 * 16 * 5.0e-6})
+
+
+class _DeadPriced(nn.Module):
+    """``small()``'s convolution and head; ``dead``: a batch norm, a ReLU and a max pool of its output whose result
+    the forward drops (torch runs them forward alone); ``pooled``: a max pool of the network input first (no
+    gradient reaches the input: no backward either)."""
+
+    def __init__(self, dead: bool = False, pooled: bool = False) -> None:
+        super().__init__()
+        self.dead, self.pooled = dead, pooled
+        self.pool = nn.MaxPool2d(3, 1, 1)
+        self.c = nn.Conv2d(3, 8, 3, padding=1)
+        self.b = nn.Sequential(nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x):
+        if self.pooled:
+            x = self.pool(x)
+        x = self.c(x)
+        if self.dead:
+            self.b(x)
+        return self.fc(nn.functional.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+def test_an_op_that_runs_no_backward_is_priced_at_its_forward_s_share():
+    """A dead branch's ops and a pool of the network input run forward alone (torch makes no backward of them):
+    each priced at its forward's share of its price (forward and backward), where they were priced in full; the live
+    ops as before. Every op the profile prices has its share."""
+    from perf4sight.features.priced_ops import FORWARD_SHARES
+
+    assert set(FORWARD_SHARES) == set(PRICED_OPS) and all(0 < v < 1 for v in FORWARD_SHARES.values())
+    table = {"batchnorm2d": {s: 5.0 for s in SIDES}, "relu": {s: 1.0 for s in SIDES},
+             "maxpool2d": {s: 2.0 for s in SIDES}, "adaptiveavgpool2d": {s: 3.0 for s in SIDES}}
+    runtime = StepRuntime().with_op_prices(table)
+    priced = {kind: network_features(describe(_DeadPriced(**{kind: True} if kind != "plain" else {}), SHAPE, kind),
+                                     runtime).per_sample["priced_ops_ms"] for kind in ("plain", "dead", "pooled")}
+    assert priced["plain"] == pytest.approx(8 * 16 * 16 * 3.0 * 1e-6)  # the global pool alone
+    share = FORWARD_SHARES
+    dead = 8 * 16 * 16 * (5.0 * share["batchnorm2d"] + 1.0 * share["relu"]) \
+        + 8 * 8 * 8 * 9 * 2.0 * share["maxpool2d"]  # the 3x3 pool: its output x its window
+    assert priced["dead"] - priced["plain"] == pytest.approx(dead * 1e-6)
+    assert priced["pooled"] - priced["plain"] == pytest.approx(share["maxpool2d"] * 3 * 16 * 16 * 9 * 2.0 * 1e-6)
