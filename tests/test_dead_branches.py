@@ -143,3 +143,12 @@ def test_the_allocation_model_frees_a_dead_branch_as_the_trace_records_it(kind):
         traced = record_events(desc, 3, steps=3, method="trace", **setting)
         assert _as_replayed(model) == _as_replayed(traced)
         assert _as_replayed(traced) == _as_replayed(record_events(desc, 3, steps=3, fast=False, **setting))
+
+
+def test_the_two_reachabilities_differ_by_their_edges_alone():
+    """``walk.unreached`` serves both: by gradient inputs (untrained_nodes) a where's condition is cut off, by reads
+    (the allocation model's dead values) it is not, as the rebuilt module reads it; a dropped value is in both."""
+    from perf4sight.features.alloc_model import _dead_nodes
+
+    desc = describe(_Branches(dead=True, gate=True), [3, 8, 8], "both")
+    assert untrained_nodes(desc) == {"b", "g"} and _dead_nodes(desc) == {"b"}

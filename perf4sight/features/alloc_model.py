@@ -133,6 +133,7 @@ from perf4sight.features.alloc_forward import (_activation, _affine_grid, _alpha
 from perf4sight.features.alloc_repeat import _REPEATED, _repeated
 from perf4sight.features.alloc_values import (_ACTIVATIONS, _VIEWS, ACCUMULATED, FLOAT, Event, NotCovered, _GradFn,
                                               _Memory, _OpContext, _params, _Value, _window_parameters)
+from perf4sight.features.walk import unreached
 from perf4sight.ir.schema import CONSTANT_MODES, SHARES, NetworkDescription, Node, split_group
 from perf4sight.ir.shapes import SIZE_REFERENCES
 from perf4sight.profiling.plan import DEFAULT_LOSS
@@ -279,12 +280,10 @@ def _dead_nodes(desc: NetworkDescription) -> set[str]:
     """The nodes whose value no read leads to the network's output (a dead branch: ``y = self.b(x)``, ``y`` never
     used); a piece of a split among them is :class:`NotCovered` (torch's split backward fills its gradient with
     zeros, which the model does not write down), and so is an op in place (a ReLU, which the step runs in place, an
-    activation of ``inplace`` or ``on_copy``): what its node keeps is the value it rebased, freed otherwise."""
-    reached = {desc.output}
-    for n in reversed(desc.nodes):
-        if n.name in reached:
-            reached.update(_reads(n))
-    dead = {n.name for n in desc.nodes if n.name not in reached}
+    activation of ``inplace`` or ``on_copy``): what its node keeps is the value it rebased, freed otherwise. The reads
+    are the edges (``walk.unreached``; ``walk.untrained_nodes`` goes by the gradient inputs instead: a where's
+    condition is read, so not dead here, but no gradient reaches it)."""
+    dead = set(unreached(desc, _reads))
     for n in desc.nodes:
         if n.name in dead and split_group(n) is not None:
             raise NotCovered("a piece of a split that no gradient reaches")

@@ -28,15 +28,15 @@ state or update either; they exist all the same (``params`` counts them).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from perf4sight.features.formulas import HANDLERS, INPUT_GRADIENTS, NO_GRADIENT_OPS, OpCost, copied_first
 from perf4sight.features.step_runtime import StepRuntime
 from perf4sight.features.strided_views import batch_copied, rows_copied
 from perf4sight.ir.schema import SHARES, NetworkDescription, Node, split_group, where_condition_inputs
 
-__all__ = ["Visit", "walk", "consumer_counts", "gradient_accumulations", "untrained_nodes", "trained_params",
-           "split_gathers"]
+__all__ = ["Visit", "walk", "consumer_counts", "gradient_accumulations", "untrained_nodes", "unreached",
+           "trained_params", "split_gathers"]
 
 
 @dataclass(frozen=True)
@@ -136,6 +136,18 @@ def _gradient_inputs(node: Node) -> list[str]:
     return list(node.inputs)
 
 
+def unreached(desc: NetworkDescription, edges: Callable[[Node], Iterable[str]]) -> frozenset[str]:
+    """The nodes of ``desc`` from which no path leads to the network's output, a path going from a node to each value
+    ``edges(node)`` names (its inputs that count): :func:`untrained_nodes`' gradient inputs, or the values the
+    rebuilt module's call reads (``alloc_model._dead_nodes``). The description's order is topological, so one pass
+    from its end reaches them all."""
+    reached = {desc.output}
+    for node in reversed(desc.nodes):
+        if node.name in reached:
+            reached.update(edges(node))
+    return frozenset(n.name for n in desc.nodes if n.name not in reached)
+
+
 def untrained_nodes(desc: NetworkDescription) -> frozenset[str]:
     """The nodes whose output no gradient reaches: no path of reads that take a gradient (:func:`_gradient_inputs`)
     leads from them to the network's output. A dead branch (``y = self.b(x)``, ``y`` never used: torch.fx keeps the
@@ -143,11 +155,7 @@ def untrained_nodes(desc: NetworkDescription) -> frozenset[str]:
     sort's indices too. torch runs their forward alone: no backward kernels, nothing kept once their output is
     dropped, their parameters' ``.grad`` None (no optimiser state, no update). Their output may still need a
     gradient as torch's ``requires_grad`` says (:class:`Visit`'s ``needs_grad`` is false for them all the same)."""
-    reached = {desc.output}
-    for node in reversed(desc.nodes):
-        if node.name in reached:
-            reached.update(_gradient_inputs(node))
-    return frozenset(n.name for n in desc.nodes if n.name not in reached)
+    return unreached(desc, _gradient_inputs)
 
 
 def trained_params(visits: Iterable[Visit]) -> tuple[float, int]:
