@@ -21,8 +21,8 @@ from test_allocator import _as_replayed
 
 class _Pieces(nn.Module):
     """A convolution's channels taken apart: ``chunk`` (two halves), ``split`` (of sizes 2 and 6), ``three`` (a chunk
-    of three, the last two concatenated), ``half`` (a chunk whose second half is dropped), each through a layer of its
-    own, concatenated."""
+    of three, the last two concatenated), ``half`` (a chunk whose second half is dropped), ``dead`` (a chunk whose
+    second half only a dead branch reads: ``self.c(q)``, dropped), each through a layer of its own, concatenated."""
 
     def __init__(self, how: str) -> None:
         super().__init__()
@@ -30,7 +30,7 @@ class _Pieces(nn.Module):
         self.a = nn.Conv2d(3, 9 if how == "three" else 8, 3, padding=1)
         self.b = nn.Conv2d(3 if how == "three" else 2 if how == "split" else 4, 4, 1)
         self.c = nn.Conv2d(6 if how in ("three", "split") else 4, 4, 1)
-        self.fc = nn.Linear(4 if how == "half" else 8, 10)
+        self.fc = nn.Linear(4 if how in ("half", "dead") else 8, 10)
 
     def forward(self, x):
         x = self.a(x)
@@ -41,7 +41,9 @@ class _Pieces(nn.Module):
             q = torch.cat([q, r], 1)
         else:
             p, q = x.chunk(2, 1)
-        y = self.b(p) if self.how == "half" else torch.cat([self.b(p), self.c(q)], 1)
+        if self.how == "dead":
+            self.c(q)
+        y = self.b(p) if self.how in ("half", "dead") else torch.cat([self.b(p), self.c(q)], 1)
         return self.fc(y.mean((2, 3)))
 
 
@@ -133,15 +135,19 @@ def test_a_piece_of_split_sizes_that_do_not_fit_is_refused_by_name(described, si
         NetworkDescription.from_dict(d)
 
 
-def test_a_split_with_a_dropped_piece_is_left_to_the_trace_which_fills_its_gradient_with_zeros(described):
-    """A chunk whose second half is dropped: torch's split backward fills that half's gradient with zeros before
-    its cat; the allocation model leaves it to the meta trace, by name, whose events are the real optimiser's run."""
-    desc = described["half"]
+@pytest.mark.parametrize("how", ["half", "dead"])
+def test_a_split_with_a_dropped_piece_is_left_to_the_trace_which_fills_its_gradient_with_zeros(described, how):
+    """A chunk whose second half is dropped, or read by a dead branch alone: torch's split backward fills that
+    half's gradient with zeros before its cat; the allocation model leaves it to the meta trace, by name, whose
+    events are the real optimiser's run. The features count the zeros and the cat alike (the dead branch's
+    convolution runs no backward)."""
+    desc = described[how] if how in described else describe(_Pieces(how), [3, 8, 8], how)
     with pytest.raises(UserError, match="a piece of a split that no gradient reaches"):
         record_events(desc, 3, method="model")
     traced = record_events(desc, 3, steps=2)
     assert _as_replayed(traced) == _as_replayed(record_events(desc, 3, steps=2, fast=False))
     assert sum(op == "aten.zeros.default" and size == 3 * 4 * 8 * 8 * 4 for _, _, size, op in traced) == 2
+    assert network_features(desc).static["kernels_bwd"] == network_features(described["half"]).static["kernels_bwd"]
 
 
 def test_a_chunk_of_the_map_fixed_by_its_sizes_is_refused_at_another_input_shape():
