@@ -76,7 +76,8 @@ def test_timm_s_packed_attention_is_described(picks):
     function."""
     desc = _computes_the_same(_Tokens(_PackedAttention(16, 4, picks)))
     selects = [(n.attrs, n.output_shape) for n in desc.nodes if n.op == "select"]
-    assert selects == [({"dim": 2, "index": i}, [32, 4, 4]) for i in range(3)]
+    unbound = {"unbind": True} if picks == "unbind" else {}  # an unbind's pieces: rebuilt as one unbind call
+    assert selects == [({"dim": 2, "index": i, **unbound}, [32, 4, 4]) for i in range(3)]
     assert [n.attrs["dims"] for n in desc.nodes if n.op == "permute"] == [[0, 2, 1, 3]] * 3
     assert [n.output_shape for n in desc.nodes if n.op == "matmul"] == [[4, 32, 32], [4, 32, 4]]
 
@@ -102,7 +103,8 @@ def test_the_allocation_model_writes_down_packed_attention_as_traced(picks, batc
     """The picks' strides went to the meta trace ("a gradient with permuted strides": a select's backward, which
     writes the gradient into zeros of the input's shape whatever its strides; at a batch of 1 "matmul of an input
     strided other than transposed": the product reads a pick as it lies, its rows a packed row apart). The model
-    writes the block down: its events are the meta trace's."""
+    writes the block down: its events are the meta trace's. An unbind's picks hand their gradients to its one node,
+    which stacks them (torch's unbind backward), as the rebuilt module's one unbind call does."""
     from test_allocator import _as_replayed
 
     from perf4sight.features.alloc_trace import record_events
@@ -111,7 +113,11 @@ def test_the_allocation_model_writes_down_packed_attention_as_traced(picks, batc
     model = record_events(desc, batch, steps=2, method="model")
     assert _as_replayed(model) == _as_replayed(record_events(desc, batch, steps=2, method="trace"))
     picked = [size for _, _, size, op in model if op == "aten.select_backward.default"]
-    assert picked == [batch * 32 * 48 * 4] * 6  # each pick's gradient of the packed projection's size, 2 steps
+    stacked = [size for _, _, size, op in model if op == "aten.stack.default"]
+    if picks == "unbind":  # one stack of the packed projection's size a step
+        assert not picked and stacked == [batch * 32 * 48 * 4] * 2
+    else:  # each pick's gradient of the packed projection's size, 2 steps
+        assert picked == [batch * 32 * 48 * 4] * 6 and not stacked
 
 
 class _Probe(nn.Module):

@@ -93,3 +93,73 @@ def test_a_slice_of_a_tensor_no_gradient_reaches_runs_no_backward(plain):
     assert "narrow" in [n.op for n in desc.nodes]
     assert network_features(desc).static["kernels_bwd"] == network_features(plain).static["kernels_bwd"]
     assert kernel_table(desc, "sgd").launches == kernel_table(plain, "sgd").launches
+
+
+class _Unbound(nn.Module):
+    """A convolution's 16 channels as two branches of 8 (``[N, 2, 8, H, W]``) taken apart by ``torch.unbind`` (SKNet's
+    branches), multiplied; ``drop``: the second branch dropped (the first doubled)."""
+
+    def __init__(self, drop: bool = False) -> None:
+        super().__init__()
+        self.drop = drop
+        self.c, self.fc = nn.Conv2d(3, 16, 3, padding=1), nn.Linear(8, 10)
+
+    def forward(self, x):
+        a, b = self.c(x).reshape(x.shape[0], 2, 8, 8, 8).unbind(1)
+        return self.fc((a * 2 if self.drop else a * b).mean((2, 3)))
+
+
+def _as_selects(desc):
+    """``desc`` with its unbind's pieces plain selects (no ``unbind``): as an older description, or picks."""
+    from perf4sight.ir.schema import NetworkDescription
+
+    d = desc.to_dict()
+    for n in d["nodes"]:
+        n["attrs"].pop("unbind", None)
+    return NetworkDescription.from_dict(d)
+
+
+@pytest.fixture(scope="module")
+def unbound():
+    return {drop: describe(_Unbound(drop), SHAPE, f"unbound{drop}") for drop in (False, True)}
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_an_unbind_is_rebuilt_as_one_call_whose_backward_stacks_its_pieces_gradients(unbound, drop):
+    """torch.unbind's pieces were described as plain selects, and the rebuilt network ran a select_backward each
+    (zeros of the input's shape, a copy) and an add, where torch runs one stack (zeros first for a dropped piece);
+    the pieces carry ``unbind`` now and are rebuilt as one unbind call: torch's ops, and the description read again
+    from it is the same. The features count the stack (and the zeros), not two kernels a select and the adds."""
+    from perf4sight.ir.to_torch import build_module
+    from test_chunk_backward import _backward_ops
+
+    desc = unbound[drop]
+    assert [n.attrs for n in desc.nodes if n.op == "select"] == [{"dim": 1, "index": i, "unbind": True}
+                                                                 for i in range(2)]
+    ran = _backward_ops(build_module(desc))
+    assert ran == _backward_ops(_Unbound(drop)) and ran.count("stack") == 1 and "select_backward" not in ran
+    assert "select_backward" in _backward_ops(build_module(_as_selects(desc)))
+    again = describe(build_module(desc, device="meta"), SHAPE, "again")
+    assert [(n.op, n.attrs) for n in again.nodes] == [(n.op, n.attrs) for n in desc.nodes]
+    stacked, picked = network_features(desc).static["kernels_bwd"], \
+        network_features(_as_selects(desc)).static["kernels_bwd"]
+    # two picks: 2 x (zeros, copy) and their add, against one stack; one: (zeros, copy) against (zeros, stack)
+    assert picked - stacked == (0 if drop else 2 * 2 + 1 - 1)
+
+
+def test_the_allocation_model_writes_down_an_unbind_s_stack_as_traced(unbound):
+    """The pieces hand their gradients to the unbind's one node, which stacks them into the input's: the meta trace's
+    events and the unfast trace's; a dropped piece (zeros in torch's stack) is left to the trace, by name."""
+    from perf4sight.errors import UserError
+    from perf4sight.features.alloc_trace import record_events
+    from test_allocator import _as_replayed
+
+    live, drop = unbound[False], unbound[True]
+    model = record_events(live, 3, steps=2, method="model")
+    assert _as_replayed(model) == _as_replayed(record_events(live, 3, steps=2, method="trace")) \
+        == _as_replayed(record_events(live, 3, steps=2, fast=False))
+    assert [size for _, _, size, op in model if op == "aten.stack.default"] == [3 * 16 * 64 * 4] * 2
+    assert not any(op == "aten.select_backward.default" for _, _, _, op in model)
+    with pytest.raises(UserError, match="a piece of a split that no gradient reaches"):
+        record_events(drop, 3, method="model")
+    assert _as_replayed(record_events(drop, 3, steps=2)) == _as_replayed(record_events(drop, 3, steps=2, fast=False))

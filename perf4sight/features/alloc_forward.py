@@ -17,7 +17,7 @@ from perf4sight.features.alloc_values import (_ACTIVATIONS, _BACKWARD_OF, _VIEWS
                                               _fn_edge, _full_strides, _OpContext, _params, _Value)
 from perf4sight.features.formulas import sorted_shape
 from perf4sight.features.step_runtime import CLONED_IN_PLACE
-from perf4sight.ir.schema import SHARES, Node, split_group, where_condition_inputs
+from perf4sight.ir.schema import SHARES, Node, split_group, unbind_group, where_condition_inputs
 from perf4sight.ir.shapes import broadcast
 
 
@@ -1051,7 +1051,10 @@ def _view_op(ctx: _OpContext) -> _Value:
         d = n.attrs["dim"] % len(full_in)
         strides = list(x.strides or _strides(full_in))
         del strides[d]
-        fn = ctx.grad_fn([], [_edge(x)], [x.nbytes], ["aten.select_backward.default"], any_strides=True)
+        if ctx.splits is not None and unbind_group(n) is not None:  # a piece of one unbind: its stack gathers it
+            fn = _gathered_by(ctx, ("unbind", *unbind_group(n)), "aten.stack.default", full_in[d])
+        else:
+            fn = ctx.grad_fn([], [_edge(x)], [x.nbytes], ["aten.select_backward.default"], any_strides=True)
         return _Value(ctx.mem.hold(x.sid), nbytes, fn, view=True, strides=_normal(full_out, tuple(strides)))
     if op == "narrow" and ctx.splits is not None and split_group(n) is not None:
         return _split_piece(ctx, split_group(n))
@@ -1070,12 +1073,21 @@ def _split_piece(ctx: _OpContext, group: tuple) -> _Value:
     which gathers every piece's gradient (:attr:`_GradFn.gathers`) into the input's (``cat``), as
     ``alloc_composite._chunked``'s."""
     x = ctx.x
-    if group not in ctx.splits:
-        ctx.splits[group] = ctx.grad_fn([], [_edge(x)], [x.nbytes], ["aten.cat.default"], out_shape=ctx.full_in,
-                                        shapes=[ctx.full_in], any_strides=True, gathers=len(group[2]))
-    fn = ctx.grad_fn([], [_fn_edge(ctx.splits[group])], [ctx.nbytes], [None], shapes=[ctx.full_out])
+    fn = _gathered_by(ctx, group, "aten.cat.default", len(group[2]))
     strides = x.strides or _strides(ctx.full_in)
     return _Value(ctx.mem.hold(x.sid), ctx.nbytes, fn, view=True, strides=_normal(ctx.full_out, strides))
+
+
+def _gathered_by(ctx: _OpContext, group: tuple, kernel: str, pieces: int) -> int:
+    """The autograd node of a piece of the call ``group`` (a split's, or an unbind's: a select of ``unbind``, rebuilt
+    as one unbind call), whose gradient is handed on to the call's one node (made at its first piece,
+    ``ctx.splits``), which gathers its ``pieces`` pieces' gradients into the input's (``kernel``: a ``cat``, a
+    ``stack``)."""
+    x = ctx.x
+    if group not in ctx.splits:
+        ctx.splits[group] = ctx.grad_fn([], [_edge(x)], [x.nbytes], [kernel], out_shape=ctx.full_in,
+                                        shapes=[ctx.full_in], any_strides=True, gathers=pieces)
+    return ctx.grad_fn([], [_fn_edge(ctx.splits[group])], [ctx.nbytes], [None], shapes=[ctx.full_out])
 
 
 #: The fused attention kernel's aten op (its outputs: the result, a log-sum-exp, a seed and an offset).

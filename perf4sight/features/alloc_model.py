@@ -134,7 +134,7 @@ from perf4sight.features.alloc_repeat import _REPEATED, _repeated
 from perf4sight.features.alloc_values import (_ACTIVATIONS, _VIEWS, ACCUMULATED, FLOAT, Event, NotCovered, _GradFn,
                                               _Memory, _OpContext, _params, _Value, _window_parameters)
 from perf4sight.features.walk import unreached
-from perf4sight.ir.schema import CONSTANT_MODES, SHARES, NetworkDescription, Node, split_group
+from perf4sight.ir.schema import CONSTANT_MODES, SHARES, NetworkDescription, Node, split_group, unbind_group
 from perf4sight.ir.shapes import SIZE_REFERENCES
 from perf4sight.profiling.plan import DEFAULT_LOSS
 
@@ -285,7 +285,7 @@ def _dead_nodes(desc: NetworkDescription) -> set[str]:
     condition is read, so not dead here, but no gradient reaches it)."""
     dead = set(unreached(desc, _reads))
     for n in desc.nodes:
-        if n.name in dead and split_group(n) is not None:
+        if n.name in dead and (split_group(n) is not None or unbind_group(n) is not None):
             raise NotCovered("a piece of a split that no gradient reaches")
         if n.name in dead and (n.op in ("relu", "relu6") or n.attrs.get("inplace") or n.attrs.get("on_copy")):
             raise NotCovered(f"an op in place in a dead branch ({n.name})")

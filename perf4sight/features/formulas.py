@@ -30,7 +30,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from perf4sight.ir.schema import SHARES, Node, split_group, where_condition_inputs, window_attention_params
+from perf4sight.ir.schema import (SHARES, Node, split_group, unbind_group, where_condition_inputs,
+                                  window_attention_params)
 from perf4sight.ir.shapes import broadcast, window_pair, windows_of
 
 __all__ = ["OpCost", "HANDLERS", "INPUT_GRADIENTS", "OUTPUT", "BYTES_PER_ELEMENT", "numel", "hands_input_back",
@@ -677,9 +678,9 @@ def _view(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
 def _slice(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:
     """A select or a narrow: a view forward; backward torch's ``select_backward`` or ``slice_backward`` on any
     device (derivatives.yaml), zeros of the input's shape (one kernel) and the gradient copied into its slice (one
-    more), 2 kernels, no FLOPs (``latency_terms._slice_backward``'s rows). A piece of a split (``split_sizes``) hands
-    its gradient to the split's one cat (``walk.split_gathers``): none of its own."""
-    return OpCost(kind="view", kernels_bwd=0 if split_group(node) is not None else 2)
+    more), 2 kernels, no FLOPs (``latency_terms._slice_backward``'s rows). A piece of a split (``split_sizes``) or an
+    unbind (``unbind``) hands its gradient to the call's one cat or stack (``walk.split_gathers``): none of its own."""
+    return OpCost(kind="view", kernels_bwd=0 if split_group(node) or unbind_group(node) else 2)
 
 
 def _dropout(node: Node, in_shapes: list[list[int]], first: bool) -> OpCost:

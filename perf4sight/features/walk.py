@@ -33,7 +33,7 @@ from typing import Callable, Iterable, Iterator
 from perf4sight.features.formulas import HANDLERS, INPUT_GRADIENTS, NO_GRADIENT_OPS, OpCost, copied_first
 from perf4sight.features.step_runtime import StepRuntime
 from perf4sight.features.strided_views import batch_copied, rows_copied
-from perf4sight.ir.schema import SHARES, NetworkDescription, Node, split_group, where_condition_inputs
+from perf4sight.ir.schema import SHARES, NetworkDescription, Node, split_group, unbind_group, where_condition_inputs
 
 __all__ = ["Visit", "walk", "consumer_counts", "gradient_accumulations", "untrained_nodes", "unreached",
            "trained_params", "split_gathers"]
@@ -182,7 +182,8 @@ def gradient_accumulations(desc: NetworkDescription, visits: Iterable[Visit]) ->
     ``k`` - 1 accumulation adds, in node order. A tensor that needs none (the network input, what parameter-free ops
     make of it alone) receives no gradients to add up, and neither does a where's condition read (its compared inputs:
     :func:`_condition_reads`) nor a read by a node no gradient reaches (``Visit.trained``: a dead branch's); the
-    pieces of one split (narrows of ``split_sizes``) hand it one gradient, their cat's (:func:`split_gathers`)."""
+    pieces of one split (narrows of ``split_sizes``) or unbind (selects of ``unbind``) hand it one gradient, their
+    cat's or stack's (:func:`split_gathers`)."""
     visits = list(visits)
     needs_grad = {visit.node.name: visit.needs_grad for visit in visits}
     conditions = _condition_reads(desc)
@@ -191,17 +192,27 @@ def gradient_accumulations(desc: NetworkDescription, visits: Iterable[Visit]) ->
         if not visit.trained:
             for name in _gradient_inputs(visit.node):
                 counts[name] -= 1
-    for (name, _, _), pieces in _trained_splits(visits).items():  # a split's pieces: one gradient, its cat's
-        counts[name] -= len(pieces) - 1
+    for pieces in _trained_splits(visits).values():  # a split's or an unbind's pieces: one gradient, its cat's
+        counts[pieces[0].inputs[0]] -= len(pieces) - 1
     return {name: k - 1 for name, k in counts.items() if k > 1 and needs_grad[name]}
 
 
+def _piece_group(node: Node) -> tuple | None:
+    """The call whose piece ``node`` is: a torch.split's (a narrow of ``split_sizes``: ``schema.split_group``) or a
+    torch.unbind's (a select of ``unbind``: ``("unbind",) + schema.unbind_group``); None for any other node."""
+    group = split_group(node)
+    if group is not None:
+        return group
+    unbound = unbind_group(node)
+    return None if unbound is None else ("unbind", *unbound)
+
+
 def _trained_splits(visits: Iterable[Visit]) -> dict[tuple, list[Node]]:
-    """The torch.split calls (narrows of ``split_sizes``: ``schema.split_group``) some trained piece of which (a
-    gradient reaches it) is read, each with those pieces."""
+    """The torch.split and torch.unbind calls (:func:`_piece_group`) some trained piece of which (a gradient reaches
+    it) is read, each with those pieces."""
     splits: dict[tuple, list[Node]] = {}
     for visit in visits:
-        group = split_group(visit.node)
+        group = _piece_group(visit.node)
         if group is not None and visit.trained:
             splits.setdefault(group, []).append(visit.node)
     return splits
@@ -210,19 +221,25 @@ def _trained_splits(visits: Iterable[Visit]) -> dict[tuple, list[Node]]:
 def split_gathers(visits: Iterable[Visit]) -> list[tuple[float, float, int]]:
     """The backward of each torch.split call a gradient reaches (a chunk's, rebuilt as one split: ``to_torch``), as
     torch runs it: zeros for each piece no gradient reaches (or no node reads), then one ``cat`` of the pieces'
-    gradients into the input's. Per call (elements of the input, elements of those zeros, how many pieces they are),
-    per sample; none where the input needs no gradient (the network input's pieces)."""
+    gradients into the input's; a torch.unbind's alike (zeros, then one ``stack``). Per call (elements of the input,
+    elements of those zeros, how many pieces they are), per sample; none where the input needs no gradient (the
+    network input's pieces)."""
     visits = list(visits)
     needs_grad = {v.node.name: v.needs_grad for v in visits}
     shapes = {v.node.name: v.node.output_shape for v in visits}
     out = []
-    for (name, dim, sizes), pieces in _trained_splits(visits).items():
+    for group, pieces in _trained_splits(visits).items():
+        name = pieces[0].inputs[0]
         if not needs_grad[name]:
             continue
         elems = 1
         for s in shapes[name]:
             elems *= int(s)
-        starts = {int(p.attrs["start"]) for p in pieces}
+        if group[0] == "unbind":  # every index of the dim a piece of one element's width
+            count = int(shapes[name][group[2] - 1])  # (the dim counts the batch's)
+            sizes, starts = [1] * count, {int(p.attrs["index"]) for p in pieces}
+        else:
+            sizes, starts = list(group[2]), {int(p.attrs["start"]) for p in pieces}
         missing = [s for i, s in enumerate(sizes) if sum(sizes[:i]) not in starts]
         out.append((float(elems), float(elems * sum(missing) / sum(sizes)), len(missing)))
     return out

@@ -21,7 +21,7 @@ __all__ = ["Node", "NetworkDescription", "OPS", "load_description", "save_descri
            "STRUCTURE_VERSION", "window_attention_params", "INTERPOLATE_MODES", "PAD_MODES", "known_attrs",
            "WEIGHTED_SUM_NORMALIZATIONS", "where_condition_inputs",
            "output_padding_problem", "PARAMETER_OPS", "SHARES", "node_params", "ON_COPY_OPS",
-           "ONE_TENSOR_OPS", "split_group"]
+           "ONE_TENSOR_OPS", "split_group", "unbind_group"]
 
 SCHEMA_VERSION = 1
 
@@ -341,6 +341,8 @@ _FLAGS: Dict[str, Tuple[str, ...]] = {
     "affine_grid": ("align_corners",), "grid_sample": ("align_corners",),
     "sort": ("descending", "gather"), "topk": ("largest", "gather"),
     "where": ("inplace", "compare_inputs", "multiply", "float_mask"),
+    # a piece of a torch.unbind (every index of its dim a piece), rebuilt as one unbind call: unbind_group
+    "select": ("unbind",),
 }
 #: Activations that may run in place on a copy of their input (``y.clone().leaky_relu_()``, ``F.elu(y.contiguous(),
 #: inplace=True)`` of a strided y): ``on_copy`` (optional, false) says so. The result is a tensor of its own, as out of
@@ -522,6 +524,15 @@ def _standardize_problem(attrs: Dict[str, Any]) -> str:
     if form == "batch_norm" and "standardize_unbiased" in attrs:
         return "attr 'standardize_unbiased' is not for standardize 'batch_norm' (a batch norm's variance is biased)"
     return ""
+
+
+def unbind_group(node: "Node") -> Optional[Tuple[str, int]]:
+    """The torch.unbind call a ``select`` of ``unbind`` true is a piece of, as (its input, dim): selects of one key
+    are rebuilt as one call, whose backward stacks the pieces' gradients (zeros for a piece no gradient reaches)
+    where selects' write each into zeros of the input's shape and add them up; None for any other node."""
+    if node.op != "select" or not node.attrs.get("unbind"):
+        return None
+    return node.inputs[0], int(node.attrs["dim"])
 
 
 def _attr_problem(node: "Node") -> str:

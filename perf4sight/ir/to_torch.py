@@ -16,7 +16,7 @@ from torch import nn
 
 from perf4sight.errors import UserError
 from perf4sight.ir.schema import (ONE_TENSOR_OPS, SHARES, WEIGHTED_SUM_NORMALIZATIONS, NetworkDescription, Node,
-                                  split_group)
+                                  split_group, unbind_group)
 from perf4sight.ir.shapes import SIZE_REFERENCES, window_pair, windows_of
 
 __all__ = ["build_module", "MODULE_BUILDERS", "FUNCTION_BUILDERS", "Scale", "Shift", "Token", "SelfAttention",
@@ -892,10 +892,16 @@ def build_module(desc: NetworkDescription, device: Optional[Union[torch.device, 
     factory = {} if device is None else {"device": device}
     layers: Dict[str, str] = {}
     splits: Dict[Tuple[str, int, Tuple[int, ...]], fx.Node] = {}
+    unbinds: Dict[Tuple[str, int], fx.Node] = {}
     for node in desc.nodes:
         group = split_group(node)
+        unbound = unbind_group(node)
         if group is not None:
             env[node.name] = _split_piece(node, group, graph, env, splits)
+        elif unbound is not None:  # a piece of one torch.unbind call, made at its first piece (as a split's)
+            if unbound not in unbinds:
+                unbinds[unbound] = graph.call_function(torch.unbind, (env[unbound[0]], unbound[1]))
+            env[node.name] = graph.call_function(operator.getitem, (unbinds[unbound], int(node.attrs["index"])))
         else:
             env[node.name] = _emit(node, graph, root, env, taken, desc.name, factory, layers)
         env[node.name].meta[DESCRIBED_SHAPE] = list(node.output_shape)

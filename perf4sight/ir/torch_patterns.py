@@ -1063,13 +1063,15 @@ def _getitem(n: fx.Node, alias: dict[str, str]) -> Node | None:
 
 def _unbound_piece(unbind: fx.Node, index: int, name: str, alias: dict[str, str]) -> Node:
     """Piece ``index`` of the unbind node ``unbind`` (``torch.unbind(x, 1)``, SKNet's branches taken apart) as a
-    ``select`` node called ``name``, the view torch's unbind makes; ``ValueError`` for an unbind of the batch."""
+    ``select`` node called ``name``, the view torch's unbind makes, of ``unbind`` true (rebuilt as one unbind call,
+    whose backward stacks the pieces' gradients: ``schema.unbind_group``); ``ValueError`` for an unbind of the
+    batch."""
     source = unbind.args[0]
     dim = int(_arg(unbind, 1, "dim", 0)) % len(source.meta["tensor_meta"].shape)
     if dim == 0:
         raise ValueError("an unbind along the batch dimension (dim 0) has no description op")
     _network_tensor(source, alias, "unbind")
-    return Node(name, "select", [alias[source.name]], {"dim": dim, "index": index},
+    return Node(name, "select", [alias[source.name]], {"dim": dim, "index": index, "unbind": True},
                 list(unbind.meta["tensor_meta"][index].shape)[1:])
 
 
@@ -1106,22 +1108,26 @@ def _picked_after_a_moved_batch(n: fx.Node, alias: dict[str, str]) -> list[Node]
     in the permute's order (a permute of the batch first; none where they stay in order). None for another node."""
     if n.op not in ("call_method", "call_function"):
         return None
+    unbound = False
     if n.target is operator.getitem and isinstance(n.args[0], fx.Node) and isinstance(n.args[1], int):
         source, index = n.args
         if source.target in _UNBINDS and isinstance(source.args[0], fx.Node):
-            source = source.args[0]
+            source, unbound = source.args[0], True
     elif n.target in (torch.select, "select") and isinstance(n.args[0], fx.Node):
         source, index = n.args[0], int(_arg(n, 2, "index"))
     else:
         return None
     if not _moves_the_batch_for_picks(source):
         return None
-    return _select_then_permute(n, source, index, alias)
+    return _select_then_permute(n, source, index, alias, unbound)
 
 
-def _select_then_permute(n: fx.Node, permute: fx.Node, index: int, alias: dict[str, str]) -> list[Node]:
+def _select_then_permute(n: fx.Node, permute: fx.Node, index: int, alias: dict[str, str],
+                         unbound: bool = False) -> list[Node]:
     """Entry ``index`` of ``permute``'s first dimension, which ``n`` takes, as a select of ``permute``'s input and a
-    permute of what is left (``x.permute(2, 0, 3, 1, 4)[i]`` is ``x.select(2, i).permute(0, 2, 1, 3)``)."""
+    permute of what is left (``x.permute(2, 0, 3, 1, 4)[i]`` is ``x.select(2, i).permute(0, 2, 1, 3)``); ``unbound``:
+    a piece of an unbind of the permute (``q, k, v = qkv.unbind(0)``), a select of ``unbind`` true (torch's
+    backward stacks the pieces' gradients: the permute's input's, permuted back, a stack along the dim picked)."""
     dims, source = _permuted_dims(permute), permute.args[0]
     picked = dims[0]
     rest = [d - (d > picked) for d in dims[1:]]
@@ -1130,7 +1136,7 @@ def _select_then_permute(n: fx.Node, permute: fx.Node, index: int, alias: dict[s
                          "description op")
     _network_tensor(source, alias, "permute")
     shape = [int(s) for s in source.meta["tensor_meta"].shape]
-    attrs = {"dim": picked, "index": index % shape[picked]}
+    attrs = {"dim": picked, "index": index % shape[picked], **({"unbind": True} if unbound else {})}
     kept = shape[1:picked] + shape[picked + 1:]
     if rest == sorted(rest):
         return [Node(n.name, "select", [alias[source.name]], attrs, kept)]
