@@ -3,6 +3,8 @@ whose backward is torch's (zeros for a piece no gradient reaches, one ``cat``), 
 written into zeros of the input's shape, the pieces' gradients added up)."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -168,3 +170,12 @@ def test_a_chunk_of_the_map_fixed_by_its_sizes_is_refused_at_another_input_shape
     desc = describe(Rows(), [3, 8, 8], "rows")
     with pytest.raises(UserError, match=r"split_sizes=\[4, 4\].*describe the network at that shape from its module"):
         described_at(desc, [3, 16, 16])
+
+
+def test_a_split_of_a_map_named_unbind_is_a_split(described):
+    """The features key an unbind's pieces apart from a split's: a split whose input is called ``unbind`` (a user's
+    layer of that name) is costed as the same split under another name."""
+    d = json.loads(json.dumps(described["three"].to_dict()).replace('"a"', '"unbind"'))
+    renamed = NetworkDescription.from_dict(d)
+    assert "unbind" in [n.name for n in renamed.nodes]
+    assert network_features(renamed).static == network_features(described["three"]).static

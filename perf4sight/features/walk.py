@@ -235,7 +235,7 @@ def split_gathers(visits: Iterable[Visit]) -> list[tuple[float, float, int]]:
         elems = 1
         for s in shapes[name]:
             elems *= int(s)
-        if group[0] == "unbind":  # every index of the dim a piece of one element's width
+        if pieces[0].op == "select":  # an unbind's: every index of the dim a piece of one element's width
             count = int(shapes[name][group[2] - 1])  # (the dim counts the batch's)
             sizes, starts = [1] * count, {int(p.attrs["index"]) for p in pieces}
         else:
