@@ -105,9 +105,8 @@ BLAS_OPS = frozenset({"linear", "attention", "window_attention", "group_attentio
 #: generator style; docs/accuracy-notes.md, "Segmentation networks"). Appended last.
 DILATION_FEATURES: tuple[str, ...] = ("dilated_dw_macs",)
 #: ``priced_ops_ms``: the ops between the convolutions (batch norm, activations, additions, pools, ...) at the prices
-#: the device charged for each kind in its profile (``priced_ops.py``; an op that runs no backward, a dead branch's,
-#: at its forward's share), ms for the whole batch; 0 where the rows' device measured none (``StepRuntime.op_prices``).
-#: Appended last.
+#: the device charged for each kind in its profile (``priced_ops.py``), ms for the whole batch; 0 where the rows'
+#: device measured none (``StepRuntime.op_prices``). Appended last.
 PRICED_FEATURES: tuple[str, ...] = ("priced_ops_ms",)
 FEATURE_NAMES: tuple[str, ...] = (("batch_size",) + SCALED_FEATURES + STATIC_FEATURES + ("mem_analytic_mb",)
                                   + ALLOCATOR_FEATURES + SIM_FEATURES + LATENCY_FEATURES + CONTEXT_FEATURES
@@ -273,8 +272,7 @@ def network_features(desc: NetworkDescription, runtime: StepRuntime = StepRuntim
     st["mean_conv_channels"] = float(np.mean(conv_channels)) if conv_channels else 0.0
     st["input_hw"] = float(numel(desc.input_shape[1:]))
     st["blas_context"] = float(any(n.op in BLAS_OPS for n in desc.nodes))
-    ps["priced_ops_ms"] = priced_ms_per_sample(desc, runtime.op_prices,
-                                               {v.node.name for v in visits if not v.needs_grad})
+    ps["priced_ops_ms"] = priced_ms_per_sample(desc, runtime.op_prices)
     sizes = np.array(list(saved.values()) + extra_sizes + [ps["input_bytes"] - labels_bytes]
                      + ([labels_bytes] if labels_bytes else []), dtype=float)
     return NetworkFeatures(desc.name, ps, st, unsupported, sizes, np.array(batch_saved, dtype=float),

@@ -7,39 +7,25 @@ output times its window) times the price at the measured side nearest its map's 
 ``[tokens, width]`` by its tokens, a flat vector as side 1); a pad at its mode's price; an op the table has no price
 of (one the profile does not measure, or measured since the table was) at another op's (:data:`_PRICED_AS`). Ops of
 other kinds (convolutions, linear layers, attention, views) cost nothing here: the step-time forms' other terms
-carry them. An op that runs no backward (``walk.Visit.needs_grad`` false: a dead branch's, ``y = self.b(x)`` never
-used, or a parameter-free op of the network input alone) runs its forward alone, as torch runs it: priced at its
-forward's share of its price (:data:`FORWARD_SHARES`). Pure Python (no torch).
+carry them. An op that runs no backward (a dead branch's, ``y = self.b(x)`` never used) is priced as a live one, on
+purpose: torch runs its forward alone, yet on this project's 2-core CPU (one thread, batch norms, ReLUs, sigmoids, max
+pools and branches of them, sides 16-32, batches 2-32, steps of a conv and a head with and without the op, dead or
+live) a dead op added 0.6-1.1 of what the same op added live (median about 0.9), where the profile's calls put its
+forward at 0.1-0.35 of its price (0.8 for a max pool): a forward share would underprice it three times over.
+Pure Python (no torch).
 """
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
-from typing import Any, Collection, Mapping
+from typing import Any, Mapping
 
 from perf4sight.errors import UserError
 from perf4sight.features.formulas import numel
 from perf4sight.ir.schema import NetworkDescription, Node
 
-__all__ = ["priced_ms_per_sample", "priced_as", "check_prices", "load_op_prices", "prices_key", "prices_table",
-           "FORWARD_SHARES", "FORWARD_SHARE"]
-
-#: The share of an op's price (its forward and backward) that its forward alone takes, by the op whose price it takes
-#: (:func:`priced_as`): measured on this project's 2-core CPU, the profile's call of each op (``op_prices._call``)
-#: forward alone against forward and backward, one thread, sides 2-32, three runs (runs of one op apart by up to 0.5
-#: on the shared CPU: a dropout's 0.3-0.9). Most kinds 0.1-0.35; more where the backward is light (an add, whose
-#: backward hands the gradient on; a max pool's compares forward, a scatter back; a cat's copy, a slice back); less for
-#: a global average pool (0.05 at sides 8-32, 0.2-0.36 at 2-4) and a circular pad (its backward clones and adds).
-FORWARD_SHARES = {"batchnorm2d": 0.27, "layernorm": 0.3, "relu": 0.18, "relu6": 0.16, "gelu": 0.1, "silu": 0.19,
-                  "sigmoid": 0.3, "hardswish": 0.2, "hardsigmoid": 0.18, "tanh": 0.28, "add": 0.45, "mul": 0.18,
-                  "cat": 0.8, "dropout": 0.5, "maxpool2d": 0.8, "avgpool2d": 0.4, "adaptiveavgpool2d": 0.1,
-                  "adaptivemaxpool2d": 0.5, "elu": 0.45, "softplus": 0.53, "mish": 0.15, "softmax": 0.3,
-                  "instancenorm": 0.28, "groupnorm": 0.22, "pad": 0.3, "pad_reflect": 0.12, "pad_replicate": 0.14,
-                  "pixel_shuffle": 0.3, "pixel_unshuffle": 0.3, "pad_circular": 0.03, "batchnorm2d_eval": 0.12}
-#: The share of an op the table above lacks (one priced by a table that names ops the profile does not): about the
-#: median of theirs.
-FORWARD_SHARE = 0.25
+__all__ = ["priced_ms_per_sample", "priced_as", "check_prices", "load_op_prices", "prices_key", "prices_table"]
 
 #: Ops whose price is per element of their input (a global pool, a mean or a variance over dims; a GLU, which reads
 #: two elements an output element: silu's price an input element, 2.4-3.1 ns an output element against silu's 1.6 on
@@ -203,10 +189,9 @@ def _elements(node: Node, shapes: dict[str, list[int]]) -> tuple[float, list[int
     return float(numel(node.output_shape)), node.output_shape
 
 
-def priced_ms_per_sample(desc: NetworkDescription, op_prices: tuple, forward_only: Collection[str] = ()) -> float:
+def priced_ms_per_sample(desc: NetworkDescription, op_prices: tuple) -> float:
     """Milliseconds per sample of ``desc``'s priced ops (module docstring) at ``op_prices``
-    (:func:`prices_key` of a device's table); 0 without prices. ``forward_only``: the nodes that run no backward
-    (``walk.Visit.needs_grad`` false), each priced at its forward's share of its price (:data:`FORWARD_SHARES`)."""
+    (:func:`prices_key` of a device's table); 0 without prices."""
     if not op_prices:
         return 0.0
     table = dict(op_prices)
@@ -217,6 +202,5 @@ def priced_ms_per_sample(desc: NetworkDescription, op_prices: tuple, forward_onl
         if op is None:
             continue
         elements, shape = _elements(node, shapes)
-        share = FORWARD_SHARES.get(op, FORWARD_SHARE) if node.name in forward_only else 1.0
-        ns += elements * _price(table[op], _side(node, shape)) * share
+        ns += elements * _price(table[op], _side(node, shape))
     return ns * 1e-6
