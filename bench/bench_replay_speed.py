@@ -15,6 +15,14 @@ be run one after the other, alternating, on a shared machine:
 ``--against DIR`` loads both trees' packages in one process and times them alternately, round by round (the first
 of a round alternating too): on a loaded machine the paired differences (the median printed) move less than two
 processes' medians do.
+
+``--fingerprint DIR`` traces and replays each network as that fingerprint's predictions do (its step's rules: a GPU
+fingerprint's ``zero_grad(set_to_none=True)``, its update and cuBLAS workspaces; its replay protocol) instead of
+perf4sight's TX2 step. A network given as a path ending in ``.json`` is read from that description file (its own
+input shape), else described from the zoo at ``--side``:
+
+    .venv/bin/python bench/bench_replay_speed.py --fingerprint bench/h200/fingerprinting/h200 --rounds 15 \
+        --against /tmp/base densenet121 bench/h100/models/pruned/l1-norm/resnet50_l0.json
 """
 from __future__ import annotations
 
@@ -30,21 +38,45 @@ BATCHES = (2, 8, 32, 64)
 NETWORKS = ["maxvit_t", "swin_v2_t", "swin_t", "resnet18"]
 
 
+def _descriptions(networks: list[str], side: int) -> dict:
+    """Each network's description: read from its file (a name ending in ``.json``) or described from the zoo."""
+    from perf4sight.ir.schema import load_description
+    from perf4sight.networks.zoo import describe_zoo
+    descs = {}
+    for n in networks:
+        desc = load_description(n) if n.endswith(".json") else describe_zoo(n, [3, side, side])
+        descs[desc.name] = desc
+    return descs
+
+
+def _fingerprint_rules(fingerprint: Path | None, protocol: str) -> tuple[dict, str]:
+    """``simulate``'s keywords and the replay's protocol for the predictions of ``fingerprint`` (as
+    ``alloc_trace.attach_simulation`` gives them); without one, none and ``protocol``."""
+    if fingerprint is None:
+        return {}, protocol
+    from perf4sight.features.alloc_trace import _traced_blas, _traced_loss
+    from perf4sight.fingerprint.predict import load_fingerprint
+    fp = load_fingerprint(fingerprint)
+    rt = fp.runtime
+    return ({"relu6_clone": rt.relu6_clone, **rt.traced_update(), **_traced_loss(rt), **_traced_blas(rt)},
+            fp.memory_replay)
+
+
 def measure(networks: list[str], rounds: int = 7, side: int = 224, protocol: str = "run_peak",
-            code: Path = ROOT) -> dict[str, tuple[list[float], list[float]]]:
+            code: Path = ROOT, fingerprint: Path | None = None) -> dict[str, tuple[list[float], list[float]]]:
     """Per network: (whole times, simulate times) in ms over ``rounds``, ``code``'s perf4sight timed."""
     sys.path.insert(0, str(Path(code).resolve()))
     from perf4sight.features.alloc_trace import clear_cache, simulate
-    from perf4sight.networks.zoo import describe_zoo
 
-    descs = {n: describe_zoo(n, [3, side, side]) for n in networks}
+    descs = _descriptions(networks, side)
+    rules, protocol = _fingerprint_rules(fingerprint, protocol)
     out: dict[str, tuple[list[float], list[float]]] = {n: ([], []) for n in descs}
     for _ in range(rounds):
         for name, desc in descs.items():
             clear_cache()
             gc.collect()
             t0 = time.process_time()
-            trace = simulate(desc).with_protocol(protocol)
+            trace = simulate(desc, **rules).with_protocol(protocol)
             t1 = time.process_time()
             for b in BATCHES:
                 trace.replay(b)
@@ -67,11 +99,11 @@ def _package(code: Path) -> tuple:
 
 
 def paired(networks: list[str], base: Path, rounds: int = 21, side: int = 224,
-           protocol: str = "run_peak") -> dict[str, dict[str, list[float]]]:
+           protocol: str = "run_peak", fingerprint: Path | None = None) -> dict[str, dict[str, list[float]]]:
     """Per network, the whole times (ms) of ``base``'s package and of this tree's, alternating in one process."""
     packages = {"base": _package(base), "this": _package(ROOT)}
-    from perf4sight.networks.zoo import describe_zoo
-    descs = {n: describe_zoo(n, [3, side, side]) for n in networks}
+    descs = _descriptions(networks, side)
+    rules, protocol = _fingerprint_rules(fingerprint, protocol)
     out: dict[str, dict[str, list[float]]] = {n: {"base": [], "this": []} for n in descs}
     for r in range(rounds):
         for name, desc in descs.items():
@@ -80,7 +112,7 @@ def paired(networks: list[str], base: Path, rounds: int = 21, side: int = 224,
                 clear_cache()
                 gc.collect()
                 t0 = time.process_time()
-                trace = simulate(desc).with_protocol(protocol)
+                trace = simulate(desc, **rules).with_protocol(protocol)
                 for b in BATCHES:
                     trace.replay(b)
                 out[name][which].append(1e3 * (time.process_time() - t0))
@@ -106,19 +138,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--protocol", default="run_peak", help="the replay's protocol (allocator.REPLAY_PROTOCOLS)")
     ap.add_argument("--code", type=Path, default=ROOT, help="the tree whose perf4sight package is timed")
     ap.add_argument("--against", type=Path, help="a base tree, timed alternately with this one in one process")
+    ap.add_argument("--fingerprint", type=Path, help="trace and replay under this fingerprint's rules and protocol")
     args = ap.parse_args(argv)
     import numpy as np
+    if args.fingerprint is not None and not (args.fingerprint / "metadata.json").is_file():
+        sys.exit(f"bench_replay_speed: --fingerprint {args.fingerprint}: no fingerprint there (no metadata.json)")
+    how = args.protocol if args.fingerprint is None else f"{args.fingerprint}'s rules and protocol"
     if args.against is not None:
-        times = paired(args.networks, args.against, args.rounds, args.side, args.protocol)
-        print(f"{args.against.resolve()} against {ROOT}, {args.rounds} rounds, {args.side}px, {args.protocol}, "
+        times = paired(args.networks, args.against, args.rounds, args.side, args.protocol, args.fingerprint)
+        print(f"{args.against.resolve()} against {ROOT}, {args.rounds} rounds, {args.side}px, {how}, "
               f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         for name, t in times.items():
             base, this = np.array(t["base"]), np.array(t["this"])
             print(f"{name:12s} base {np.median(base):6.1f} ms, this {np.median(this):6.1f} ms, "
                   f"paired difference {np.median(this - base):+.1f} ms")
         return
-    times = measure(args.networks, args.rounds, args.side, args.protocol, args.code)
-    print(f"code {args.code.resolve()}, {args.rounds} rounds, {args.side}px, {args.protocol}, "
+    times = measure(args.networks, args.rounds, args.side, args.protocol, args.code, args.fingerprint)
+    print(f"code {args.code.resolve()}, {args.rounds} rounds, {args.side}px, {how}, "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for name, (t, e) in times.items():
         print(f"{name:12s} total {np.median(t):6.1f} ms ({min(t):.1f}-{max(t):.1f}), "

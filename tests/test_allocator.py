@@ -554,7 +554,7 @@ def test_a_repeat_after_a_step_that_frees_the_gradients_meets_the_repeat_before_
     freed = AllocTrace("marks", base.kind, base.tensor, base.const, base.per_sample)  # a memo of its own
     looked = []
     real_marked_run = allocator._marked_run
-    monkeypatch.setattr(allocator, "_marked_run", lambda *a: looked.append(1) or real_marked_run(*a))
+    monkeypatch.setattr(allocator, "_marked_run", lambda *a, **k: looked.append(1) or real_marked_run(*a, **k))
     for batch in (1, 8, 40):
         spelled = record_events(desc, batch, steps=4, method="model", set_to_none=True)
         spelled_trace = AllocTrace("spelled", np.array([e[0] for e in spelled], dtype=np.int8),
@@ -563,6 +563,42 @@ def test_a_repeat_after_a_step_that_frees_the_gradients_meets_the_repeat_before_
         for protocol in ("run_peak", "perf4sight", "step_mean"):
             assert freed.with_protocol(protocol).replay(batch) == spelled_trace.with_protocol(protocol).replay(batch)
     assert looked
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+def test_a_repeat_after_a_step_that_frees_the_gradients_meets_the_step_s_course(foreach, monkeypatch):
+    """With ``zero_grad(set_to_none=True)`` the first repeat of the last step frees other gradients than the step did
+    (the step's own), then runs the step's events: where it finds the allocator, at a look (every 16 events here), as
+    the step's run left it there, the rest runs as the step's did, and so do the later repeats: it stops there. Some
+    repeats stop before their end, and the figures are those of the steps spelled out, every protocol."""
+    from perf4sight.features import allocator
+    from perf4sight.features.step_runtime import StepRuntime
+    from perf4sight.networks.zoo import describe_zoo
+    monkeypatch.setattr(allocator, "_MARK_EVENTS", 16)
+    ran = []
+    real_run = CachingAllocator.run
+    monkeypatch.setattr(CachingAllocator, "run", lambda self, kinds, *a: ran.append(len(kinds)) or real_run(
+        self, kinds, *a))
+    desc = describe_zoo("resnet18", [3, 32, 32], num_classes=10)
+    update = StepRuntime(foreach=foreach, grads_to_none=True).traced_update()
+    base = simulate(desc, method="model", **update)
+    freed = AllocTrace("marks", base.kind, base.tensor, base.const, base.per_sample, update=base.update)
+    runs = freed._fused_runs()
+    assert runs[-1] is not freed._repeat_run()  # it frees the gradients the previous run left
+    stopped = 0
+    for batch in (1, 8, 40):
+        spelled = record_events(desc, batch, steps=4, method="model", **update)
+        spelled_trace = AllocTrace("spelled", np.array([e[0] for e in spelled], dtype=np.int8),
+                                   np.array([e[1] for e in spelled]), np.array([float(e[2]) for e in spelled]),
+                                   np.zeros(len(spelled)), repeat_last=0)
+        for protocol in ("run_peak", "perf4sight", "step_mean"):
+            view, expected = freed.with_protocol(protocol), spelled_trace.with_protocol(protocol).replay(batch)
+            view._setup_start()
+            ran.clear()
+            assert view.replay(batch) == expected
+            through = sum(len(kinds) for kinds, _, _ in runs) - view._setup_start()[2]
+            stopped += sum(ran) < through + len(runs[-1][0])  # the first repeat stopped before its end
+    assert stopped > 0
 
 
 def _two_step_trace(protocol: str) -> AllocTrace:

@@ -45,7 +45,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from itertools import islice
 from operator import itemgetter
-from typing import Iterator, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 
@@ -369,10 +369,33 @@ _MARK_EVENTS = 512
 
 class _Mark(NamedTuple):
     """A look at the allocator in a run of the last step's events: its snapshot before event ``n * _MARK_EVENTS``
-    (None at the first), and the peaks (bytes) of the run's events from there to its end."""
+    (None at the first), and the peaks (bytes) of the run's events from there to its end. ``whole``: where the run
+    is the last step's and its repeat runs other events up to there but the same from there on
+    (:meth:`AllocTrace._same_from`), the whole state there (:func:`_whole_look`); else None."""
     snapshot: tuple | None
     reserved: int
     allocated: int
+    whole: tuple | None = None
+
+
+def _whole_look(alloc: CachingAllocator, live: dict[int, _Block], skip: int) -> tuple:
+    """Everything the allocator's course from here on depends on, but the first ``skip`` live tensors (tensors that no
+    event of the last step or of its repeats touches: the same blocks in both runs compared, and where the first
+    ``skip`` of one run's are such, so are the other's where the rest are the same): its bytes reserved and allocated
+    and the address of its next segment (compared first: they tell most states apart at once), ``skip`` and its
+    snapshot with the live tensors. Two runs that are here alike and run the same events from here on end alike."""
+    return _whole_key(alloc), skip, alloc.snapshot(live, skip)
+
+
+def _whole_key(alloc: CachingAllocator) -> tuple[int, int, int]:
+    """:func:`_whole_look`'s first part: the bytes reserved and allocated, and the next segment's address."""
+    return alloc.reserved, alloc.allocated, alloc._next_ptr
+
+
+#: The looks with the whole state a run of the last step takes, from the first event its repeat runs as it does on
+#: (:func:`_marked_run`'s ``whole_from``): where a repeat meets the step's course it does so in the step's first part
+#: (a DenseNet's, a ResNet's) or late, where meeting saves little; each look costs 50-100 events' time.
+_WHOLE_LOOKS = 3
 
 
 def _untouched_prefix(live: dict[int, _Block], touched: set[int]) -> int:
@@ -392,26 +415,49 @@ def _untouched_prefix(live: dict[int, _Block], touched: set[int]) -> int:
 
 
 def _marked_run(alloc: CachingAllocator, kinds: list[int], ids: list[int], sizes: list[int],
-                live: dict[int, _Block], skip: int = 0, record: list[int] | None = None) -> list[_Mark]:
+                live: dict[int, _Block], skip: int = 0, record: list[int] | None = None, whole_from: int | None = None,
+                untouched: Callable[[int, dict], int] | None = None,
+                twin: list[_Mark] | None = None) -> tuple[list[_Mark], tuple[int, int] | None]:
     """Run events that the next run repeats (the last step's, or a repeat's where the step ran other events), looking
     at the allocator every :data:`_MARK_EVENTS` events (its peaks as one run gives them, from the peaks of each
     stretch between two looks); the looks, for the repeats (:func:`_run_to_mark`), leaving out the first ``skip``
-    live tensors (:func:`_untouched_prefix`). ``record``: as :meth:`CachingAllocator.run`'s, for the whole run."""
+    live tensors (:func:`_untouched_prefix`). ``record``: as :meth:`CachingAllocator.run`'s, for the whole run.
+
+    ``whole_from``: a run of the last step whose repeat runs other events up to that event and these from there
+    (:meth:`AllocTrace._same_from`): its looks are the whole state (:attr:`_Mark.whole`), at the first
+    :data:`_WHOLE_LOOKS` marks from there, none elsewhere, each leaving out the first ``untouched(n, live)`` live
+    tensors at the ``n``-th mark (:meth:`AllocTrace._untouched_at`). ``twin``: the marks of such a run, for a run of the
+    repeat: where the allocator is, at a look, as the step's run left it there, the rest would run as it did, so this
+    run stops, its peaks those of its events so far and of the step's run from there (a DenseNet's first repeat
+    meets its step's course a tenth to a third of the way in). Returns the marks (none where it stopped) and those
+    peaks (None where it ran to the end)."""
     stretches = []
-    for start in range(0, len(kinds), _MARK_EVENTS):
-        seen = alloc.snapshot(live, skip, tensors=False) if start else None
+    reserved, allocated = alloc.peak_reserved, alloc.peak_allocated  # the run's peaks so far
+    for n, start in enumerate(range(0, len(kinds), _MARK_EVENTS)):
+        seen = whole = None
+        if start:
+            if twin is not None and twin[n].whole is not None and twin[n].whole[0] == _whole_key(alloc):
+                if _whole_look(alloc, live, twin[n].whole[1]) == twin[n].whole:  # it runs the step's course from here
+                    return [], (max(reserved, twin[n].reserved), max(allocated, twin[n].allocated))
+                seen = alloc.snapshot(live, skip, tensors=False)
+            elif whole_from is not None:  # a twin's: no repeat runs its events to the look, none of them needed
+                if whole_from <= start < whole_from + _WHOLE_LOOKS * _MARK_EVENTS:
+                    whole = _whole_look(alloc, live, untouched(n, live))
+            else:
+                seen = alloc.snapshot(live, skip, tensors=False)
         alloc.reset_peaks()  # the run's own reset, at the first
         alloc.run(kinds[start:start + _MARK_EVENTS], ids[start:start + _MARK_EVENTS],
                   sizes[start:start + _MARK_EVENTS], live, record)
-        stretches.append((seen, alloc.peak_reserved, alloc.peak_allocated))
+        reserved, allocated = max(reserved, alloc.peak_reserved), max(allocated, alloc.peak_allocated)
+        stretches.append((seen, alloc.peak_reserved, alloc.peak_allocated, whole))
     marks, reserved, allocated = [], 0, 0
-    for seen, stretch_reserved, stretch_allocated in reversed(stretches):  # the peaks from each look to the end
+    for seen, stretch_reserved, stretch_allocated, whole in reversed(stretches):  # the peaks from each look to the end
         reserved, allocated = max(reserved, stretch_reserved), max(allocated, stretch_allocated)
-        marks.append(_Mark(seen, reserved, allocated))
+        marks.append(_Mark(seen, reserved, allocated, whole))
     marks.reverse()
     if marks:
         alloc.peak_reserved, alloc.peak_allocated = marks[0].reserved, marks[0].allocated
-    return marks
+    return marks, None
 
 
 def _run_to_mark(alloc: CachingAllocator, kinds: list[int], ids: list[int], sizes: list[int], live: dict[int, _Block],
@@ -587,6 +633,10 @@ class AllocTrace:
     _setup: tuple | None = field(default=None, repr=False, init=False)
     #: per event, its size where the replay may run back-to-back pairs of it as one (:meth:`_small_pairs`)
     _small: np.ndarray | None = field(default=None, repr=False, init=False)
+    #: where the last step's events and its repeat's are the same to the end (:meth:`_same_from`; -1: nowhere)
+    _same: int | None = field(default=None, repr=False, init=False)
+    #: per look of a run of the last step, how many first live tensors it may leave out (:meth:`_untouched_at`)
+    _untouched: dict[int, int] = field(default_factory=dict, repr=False, init=False)
     #: per event, how many events name its tensor (:meth:`_names`)
     _named: np.ndarray | None = field(default=None, repr=False, init=False)
     #: this trace's events under each protocol asked for (:meth:`with_protocol`), one dict shared by all of them: each
@@ -684,6 +734,7 @@ class AllocTrace:
         skip = 0  # how many first live tensors the looks leave out: none that the last step or a repeat touches
         marked_from = None  # the allocator before the marked run: its look, the address of its next segment, and the
         # run's requests of the large pool (CachingAllocator.run's record)
+        twin = None  # the marks of the last step's run, where its repeat runs other events first (_Mark.whole)
         for n in range(total):
             if n > 0:
                 alloc.reset_peaks()
@@ -720,7 +771,13 @@ class AllocTrace:
                         break
             elif events is repeat and n + 1 < total:  # the next run repeats these events
                 marked_from = state, alloc._next_ptr, []
-                marks = _marked_run(alloc, run_kinds, run_ids, run_sizes, live, skip, marked_from[2])
+                marks, met = _marked_run(alloc, run_kinds, run_ids, run_sizes, live, skip, marked_from[2], twin=twin)
+                if met is not None:  # it ran the last step's course from a look on: it ends as that run did
+                    peaks += [met] * (total - n)
+                    break
+            elif n == steps and n + 1 < total and self._same_from() is not None:  # a repeat that runs other events
+                twin = _marked_run(alloc, run_kinds, run_ids, run_sizes, live, skip, whole_from=self._same_from(),
+                                   untouched=self._untouched_at)[0]
             else:
                 alloc.run(run_kinds, run_ids, run_sizes, live)
             if n > 0:
@@ -728,6 +785,40 @@ class AllocTrace:
         peaks = peaks or [(alloc.peak_reserved, alloc.peak_allocated)]
         alloc.unlink(live)
         return peaks
+
+    def _same_from(self) -> int | None:
+        """Where the last step's events and its repeat's differ (a step that begins with ``zero_grad(set_to_none=
+        True)``: the gradients freed are the previous run's), the first event from which the two are the same to the
+        end (kinds, tensors and sizes), the two being as long; None where they are one list, differ to the end or
+        differ in length. The repeat may meet the step's course from there (:func:`_marked_run`'s ``twin``): the
+        same tensors live (those the previous run left were freed), the same events to come. Made once."""
+        if self._same is None:
+            step, repeat = self._fused_runs()[-1], self._repeat_run()
+            same = -1
+            if step is not repeat and len(step[0]) == len(repeat[0]):
+                differs = np.flatnonzero(step[2] != repeat[2])  # the sizes' indices (arrays), then the lists from there
+                same = int(differs[-1]) + 1 if len(differs) else 0
+                if same >= len(step[0]) or step[0][same:] != repeat[0][same:] or step[1][same:] != repeat[1][same:]:
+                    same = -1
+            self._same = same
+        return None if self._same < 0 else self._same
+
+    def _untouched_at(self, n: int, live: dict[int, _Block]) -> int:
+        """How many first live tensors ``live`` holds that no event of the last step or of its repeats touches, at the
+        ``n``-th look of a run of the last step (:func:`_marked_run`'s ``untouched``): past the gradients the step
+        freed, its weights' momentum too, half of what a look lists. Counted on from the count of a look before (this
+        one's in a replay before, else the previous one's: the first tensors stay first), where its first tensors are
+        such here too (one C loop), so that the first tensors are counted one by one once a trace."""
+        touched = self._last_step_tensors()
+        count = self._untouched.get(n, self._untouched.get(n - 1, 0))
+        if count > len(live) or not touched.isdisjoint(islice(live, count)):
+            count = 0
+        for tensor in islice(live, count, None):
+            if tensor in touched:
+                break
+            count += 1
+        self._untouched[n] = count
+        return count
 
     def _fused_runs(self) -> list[tuple[list[int], list[int], np.ndarray]]:
         """The setup's and each step's events as the replay runs them (:attr:`_runs`; the same at every batch size)."""
