@@ -46,6 +46,29 @@ def test_large_pool_best_fit_split_and_no_split_rule():
     assert a.reserved == 50 * MIB and a.peak_reserved == 50 * MIB
 
 
+
+def test_a_split_block_s_rest_takes_its_place_among_the_free_blocks_by_size_then_address():
+    """A request served from a free block larger than it leaves the rest free, in the pool's order (size, then
+    address) whether the rest is at least the request (it takes the block's place) or smaller (it goes before the
+    blocks it is smaller than); best fit then finds the smallest, lowest block."""
+    a = CachingAllocator()
+    held = [a.malloc(n * MIB) for n in (12, 14, 3, 16)]  # 12 and 14 MiB segments; a 20 MiB one, all of it held
+    for handle in held[:2]:
+        a.free(handle)  # free whole segments of 12 and 14 MiB
+
+    def free_blocks() -> list[tuple[int, int]]:
+        large = a._pools[0]
+        assert large == sorted(large) and set(large) | set(a._pools[1]) == set(a._free)
+        return [(key >> 48, a._free[key][0]) for key in large]
+
+    seg12, seg14 = held[0].ptr, held[1].ptr
+    assert free_blocks() == [(12 * MIB, seg12), (14 * MIB, seg14)]
+    low = a.malloc(4 * MIB)  # the 12 MiB block split: its 8 MiB rest (> 4 MiB) in its place, before the 14 MiB one
+    assert low.ptr == seg12 and free_blocks() == [(8 * MIB, seg12 + 4 * MIB), (14 * MIB, seg14)]
+    high = a.malloc(9 * MIB)  # the 14 MiB block split: its 5 MiB rest (< 9 MiB) before the 8 MiB one
+    assert high.ptr == seg14 and free_blocks() == [(5 * MIB, seg14 + 9 * MIB), (8 * MIB, seg12 + 4 * MIB)]
+    assert a.malloc(5 * MIB).ptr == seg14 + 9 * MIB and free_blocks() == [(8 * MIB, seg12 + 4 * MIB)]
+
 def test_empty_cache_returns_only_wholly_free_segments():
     a = CachingAllocator()
     kept, gone = a.malloc(1000), a.malloc(12 * MIB)   # a 2 MiB small segment, a 12 MiB large one

@@ -233,11 +233,12 @@ class CachingAllocator:
                 small = size <= small_size
                 pool = pools[small]
                 i = bisect_left(pool, size << shift)  # best fit: the smallest, then lowest, free block
-                if i < len(pool):
-                    block = free_blocks.pop(pool.pop(i))
+                if i < len(pool):  # its key stays in the pool until the rest's takes its place or it is deleted
+                    block = free_blocks.pop(pool[i])
                     if record is not None and size <= large_buffer < block[size_]:
                         record += size, block[size_]
                 else:  # none fits: a new segment
+                    i = -1
                     block = self._segment(size, small)
                     if record is not None and not small:
                         record += size, -block[size_]
@@ -253,8 +254,16 @@ class CachingAllocator:
                     block[next_] = rest
                     block[size_] = size
                     key = remaining << shift | rest[ptr_]
-                    insort(pool, key)
+                    if i < 0:
+                        insort(pool, key)
+                    elif remaining >= size:  # above every key before the block's (under size << shift), below it
+                        pool[i] = key
+                    else:  # below size << shift: before the block's
+                        del pool[i]
+                        insort(pool, key, 0, i)
                     free_blocks[key] = rest
+                elif i >= 0:
+                    del pool[i]
                 block[allocated_] = True
                 allocated += block[size_]
                 if allocated > peak_allocated:
