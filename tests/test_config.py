@@ -126,7 +126,11 @@ def test_good_config_is_typed(tmp_path):
     (GOOD + "\n[fingerprint]\nseed = -1\n", r"\[fingerprint\] seed must be >= 0, got -1"),
     (GOOD + "\n[networks.generator]\nseed = -1\n", r"\[networks.generator\] seed must be >= 0"),
     (GOOD + "\n[networks.generator]\ncount = -1\n", r"\[networks.generator\] count must be >= 0"),
-    (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\nlearning_rate = -0.5"), r"learning_rate must be > 0"),
+    (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\nlearning_rate = -0.5"),
+     r"learning_rate must be a finite number > 0"),
+    # an infinite learning rate was taken: every weight inf/NaN after the first step, rows of no training
+    (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\nlearning_rate = inf"),
+     r"\[profile\] learning_rate must be a finite number > 0 and momentum in \[0, 1\), got inf and 0.9$"),
     (GOOD.replace("memory_limit_mb = 512", "threads = -2"), r"\[devices.local\] threads must be >= 0, got -2"),
     (GOOD.replace('backend = "cpu"', 'backend = "nvml"'),
      r"\[devices.local\] memory_limit_mb bounds a process's resident memory .*: drop the key$"),

@@ -14,6 +14,7 @@ Example (times in seconds, memory in MiB)::
 """
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Type, Union
@@ -120,8 +121,9 @@ def check_measurement_settings(s: Any, where: str, quote: str = "") -> None:
         raise UserError(f"{where}{key('optimizer')} must be one of {', '.join(OPTIMIZERS)}, got {s.optimizer!r}")
     if s.loss not in LOSSES:
         raise UserError(f"{where}{key('loss')} must be one of {', '.join(LOSSES)}, got {s.loss!r}")
-    if not (s.learning_rate > 0 and 0 <= s.momentum < 1):
-        raise UserError(f"{where}{key('learning_rate')} must be > 0 and {key('momentum')} in [0, 1), "
+    # an infinite learning rate turns every weight into inf/NaN after the first step: a measurement of no training
+    if not (s.learning_rate > 0 and math.isfinite(s.learning_rate) and 0 <= s.momentum < 1):
+        raise UserError(f"{where}{key('learning_rate')} must be a finite number > 0 and {key('momentum')} in [0, 1), "
                         f"got {s.learning_rate} and {s.momentum}")
     if s.weight_decay is not None and not 0 <= s.weight_decay < 1:
         raise UserError(f"{where}{key('weight_decay')} must lie in [0, 1), got {s.weight_decay}")
