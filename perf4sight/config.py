@@ -646,6 +646,26 @@ def _config_text(p: Path) -> str:
                         "such as Latin-1); TOML is UTF-8: save it as UTF-8") from None
 
 
+def _sections_with_key(key: str) -> list[str]:
+    """The section headings under which ``key`` is a key (``seed``: ``[project]``, ``[networks.pruning]``, ...)."""
+    found = []
+
+    def walk(cls: type, heading: str) -> None:
+        for f in dataclasses.fields(cls):
+            tp = typing.get_type_hints(cls)[f.name]
+            if dataclasses.is_dataclass(tp):
+                walk(tp, f"{heading}.{f.name}")
+            elif f.name == key and f.name not in _INTERNAL:
+                found.append(f"[{heading}]")
+
+    for name, tp in typing.get_type_hints(Config).items():
+        if dataclasses.is_dataclass(tp):
+            walk(tp, name)
+    if key in {f.name for f in dataclasses.fields(DeviceConfig)} - _INTERNAL:
+        found.append("[devices.<name>]")
+    return found
+
+
 def load_config(path: str | Path, importing: bool = False) -> Config:
     """Read and validate a TOML config; raises ``UserError`` naming file and key. ``importing`` (the import stage):
     a ``[predict]`` or ``[compare]`` network of no known name is not refused, as the import may bring it (an imported
@@ -665,6 +685,10 @@ def load_config(path: str | Path, importing: bool = False) -> Config:
     for key, value in raw.items():
         if key not in hints or key in _INTERNAL:
             known = [k for k in hints if k not in _INTERNAL]
+            if not isinstance(value, dict):  # a key written above the first section heading
+                homes = _sections_with_key(key)
+                where = f"'{key}' is a key of {', '.join(homes)}" if homes else f"known sections: {', '.join(known)}"
+                raise UserError(f"{p}: key '{key}' is outside any section: keys go under a section heading ({where})")
             raise UserError(f"{p}: unknown section [{key}] (known: {', '.join(known)})")
         if key == "devices":
             if not isinstance(value, dict):

@@ -50,6 +50,10 @@ def test_good_config_is_typed(tmp_path):
 
 @pytest.mark.parametrize("text, expected", [
     (GOOD + "\n[profiles]\nx = 1\n", r"unknown section \[profiles\]"),
+    # a key above the first heading read "unknown section [seed]": it is a key, and its sections are named
+    ("seed = 1\n" + GOOD, r"key 'seed' is outside any section: keys go under a section heading \('seed' is a key of "
+     r"\[project\], \[networks.pruning\], \[networks.generator\], \[fingerprint\]\)$"),
+    ("memory_limit_mb = 9\n" + GOOD, r"'memory_limit_mb' is a key of \[devices.<name>\]\)$"),
     (GOOD.replace("batch_sizes", "batch_size"), r"\[profile\] unknown key 'batch_size'"),
     (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = 4"), r"\[profile\] 'batch_sizes' must be a list of integers"),
     (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [4, 2]"), r"ascending"),
