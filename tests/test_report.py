@@ -247,6 +247,21 @@ def test_a_largest_batch_beyond_the_training_batch_sizes_is_said_to_be_an_extrap
                                  "rows' batch sizes 2..16: an extrapolation (expect larger errors)"]
 
 
+def test_a_fingerprint_without_rows_here_is_not_said_to_leave_its_batch_sizes_at_batch_8(project):
+    """A fingerprint fitted in another project (no rows here) had its networks' notes asked at batch 8, the default
+    of the largest batch measured: the H200's, trained at 32..2,048, printed "h200: batch size 8: outside the
+    training rows' 32..2,048" once per network, naming none. Asked at a batch size its rows held, nothing is said."""
+    from perf4sight.report.compare import _curves, gather_device
+
+    d, descs = gather_device(project, "tx2a")
+    d.rows = []  # its measurements are in another project
+    d.fingerprint.metadata["training_domain"]["ranges"]["batch_size"] = [32.0, 256.0]
+    notes: list[str] = []
+    _curves(project, [d], {"tx2a": descs}, ["resnet18", "resnet18"], notes)
+    assert not any("batch size" in n for n in notes), notes
+    assert d.fingerprint.outside_training(descs["resnet18_0"], [8])  # what was asked before: a note of batch size 8
+
+
 def test_the_pruning_sections_largest_batches_beyond_the_training_batch_sizes_are_said_to_be_extrapolations(project):
     """The pruning section's largest batch of each level was shown without a word where it lay beyond the batch sizes
     the device ran, as the report's own table of largest batches was."""

@@ -141,11 +141,19 @@ def _curves(cfg: Config, devs: list[DeviceData], all_descs: dict[str, dict[str, 
                     out[target].setdefault(name, []).append(c)
                 outside = getattr(d.fingerprint, "outside_training", None)  # at a trained batch size: the network only
                 notes.extend(f"{d.name}: {line} (expect larger errors)" for line in
-                             (outside(desc, [measured_max]) if outside else []))
+                             (outside(desc, [_trained_batch(d, measured_max)]) if outside else []))
                 notes.extend(filter(None, [_largest_batch_note(d, name, mb)]))
             except UserError as exc:
                 notes.append(f"{d.name}: {name} skipped ({exc})")
     return out, names
+
+
+def _trained_batch(d: DeviceData, measured_max: int) -> int:
+    """A batch size of ``d``'s training rows, at which a query's notes are of its network alone: the largest it
+    measured here, else (a fingerprint fitted elsewhere, no rows here: ``measured_max`` is 8, which the rows need not
+    hold) the largest of its ``training_domain``."""
+    span = ((d.metadata.get("training_domain") or {}).get("ranges") or {}).get("batch_size")
+    return int(span[1]) if span and outside_training_batches(d.metadata, measured_max) else measured_max
 
 
 def _largest_batch_note(d: DeviceData, name: str, mb: int | None) -> str:
