@@ -520,6 +520,24 @@ def test_predict_module_warns_at_another_input_shape_only(fitted):
             load_predictor(out, kind).predict_module(_cnn(8, 3), [3, 32, 32], [4], name="mine")
 
 
+def test_predict_module_warns_where_batch_1_cannot_train(fitted):
+    """--stage predict notes that a batch of one image cannot train a network with a batch norm over a 1x1 map (torch
+    refuses it in training: resnet18 at 32x32, whose profile rows at batch 1 are errors); predict_module answered
+    batch 1 with a prediction that fits and said nothing."""
+    out, _ = fitted
+    fp = load_fingerprint(out)
+    pooled = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.AdaptiveAvgPool2d(1), nn.BatchNorm2d(8), nn.ReLU(),
+                           nn.Flatten(), nn.Linear(8, 10))
+    with pytest.warns(UserWarning, match=r"^pooled: a training step at batch 1 fails, whatever the memory: a batch "
+                                         r"norm over a 1x1 map has one value per channel"):
+        rows = fp.predict_module(pooled, SHAPE, [1, 4], name="pooled")
+    assert [r["batch_size"] for r in rows] == [1, 4]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # batch 4 trains it; a network without such a norm trains at batch 1
+        fp.predict_module(pooled, SHAPE, [4], name="pooled")
+        fp.predict_module(_cnn(8, 1), SHAPE, [1], name="plain")
+
+
 def test_predict_module_says_what_it_does_with_frozen_and_unused_weights(fitted):
     """``--stage predict`` notes a module's frozen weights (which its prediction trains) and the weights no layer of
     its forward reads (left out of it); ``predict_module`` said nothing of either, its figures of a step the module as
