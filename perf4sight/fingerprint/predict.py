@@ -316,9 +316,9 @@ class ModuleQueries:
         for line in parameter_notes([desc]):  # what --stage predict notes of such a module
             warnings.warn(line, UserWarning, stacklevel=2)
         if 1 in bss and desc.untrainable_at_batch_one:  # as --stage predict notes it: 'fits' answers memory alone
-            warnings.warn(f"{desc.name}: a training step at batch 1 fails, whatever the memory: a batch norm over a 1x1 "
-                          "map has one value per channel (torch refuses it in training); its batch 1 prediction is of "
-                          "a step that cannot run", UserWarning, stacklevel=2)
+            warnings.warn(f"{desc.name}: a training step at batch 1 fails, whatever the memory: a batch norm over a "
+                          "1x1 map has one value per channel (torch refuses it in training); its batch 1 prediction is "
+                          "of a step that cannot run", UserWarning, stacklevel=2)
         return self.predict(desc, bss)
 
     def max_batch_size(self, desc: Any, limit: int = BATCH_SEARCH_LIMIT) -> int | None:
