@@ -520,6 +520,23 @@ def test_predict_module_warns_at_another_input_shape_only(fitted):
             load_predictor(out, kind).predict_module(_cnn(8, 3), [3, 32, 32], [4], name="mine")
 
 
+def test_the_fingerprint_stages_folder_names_its_device_folders(fitted, tmp_path):
+    """load_fingerprint("fingerprinting"), the folder above the README's fingerprinting/local, said "no fingerprint
+    here (need metadata.json and models.npz; run the fingerprint stage)", as if none had been fitted."""
+    import shutil
+
+    out, _ = fitted
+    shutil.copytree(out, tmp_path / "fingerprinting" / "cpu0")
+    for load in (load_fingerprint, lambda d: load_predictor(d, "trees")):
+        with pytest.raises(UserError) as exc:
+            load(tmp_path / "fingerprinting")
+        folder = tmp_path / "fingerprinting"
+        assert _one_line(exc) == (f"{folder}: no fingerprint here, but in its device folders: give one of them, e.g. "
+                                  f"{folder / 'cpu0'} (devices: cpu0)")
+    with pytest.raises(UserError, match=r"no fingerprint here \(need metadata.json and models.npz; run the"):
+        load_fingerprint(tmp_path)  # nothing below either
+
+
 def test_predict_module_warns_where_batch_1_cannot_train(fitted):
     """--stage predict notes that a batch of one image cannot train a network with a batch norm over a 1x1 map (torch
     refuses it in training: resnet18 at 32x32, whose profile rows at batch 1 are errors); predict_module answered

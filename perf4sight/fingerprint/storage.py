@@ -158,6 +158,13 @@ def load_models(folder: str | Path) -> tuple[dict[str, Model], dict[str, Any]]:
     d = Path(folder)
     mpath, npath = d / METADATA_FILE, d / MODELS_FILE
     if not mpath.is_file() or not npath.is_file():
+        try:
+            inside = sorted(sub.name for sub in d.iterdir() if (sub / METADATA_FILE).is_file()) if d.is_dir() else []
+        except OSError:  # a folder that cannot be listed: said as before
+            inside = []
+        if inside:  # the fingerprint stage's folder, one fingerprint per device below it
+            raise UserError(f"{d}: no fingerprint here, but in its device folders: give one of them, e.g. "
+                            f"{d / inside[0]} (devices: {', '.join(inside)})")
         raise UserError(f"{d}: no fingerprint here (need {METADATA_FILE} and {MODELS_FILE}; run the fingerprint stage)")
     try:
         with reading(d):  # not between a fit's renames
