@@ -686,6 +686,21 @@ def test_least_pruning_on_every_predictor(fitted):
     assert least_pruning(fp, variant, batch, max_latency_ms=np.float32(budget)).level == faster.level  # numpy's
 
 
+def test_least_pruning_given_a_description_for_its_variant_function_is_one_line(fitted):
+    """A description (or its file) given where least_pruning takes a function of the level stopped with a traceback,
+    "TypeError: 'str' object is not callable"."""
+    from perf4sight.fingerprint.pruning_search import least_pruning
+
+    out, descs = fitted
+    fp = load_fingerprint(out)
+    for given, kind in ((descs["deep_w8"], "NetworkDescription"), ("deep_w8.json", "str")):
+        with pytest.raises(UserError) as exc:
+            least_pruning(fp, given, 4)
+        assert _one_line(exc).startswith("least_pruning: variant must be a function of the pruning level (a whole "
+                                         "percent) returning the network's description at that level, e.g. lambda ")
+        assert _one_line(exc).endswith(f"; got {kind}")
+
+
 def test_least_pruning_of_a_device_of_unknown_capacity_needs_a_step_time_budget(fitted):
     """With no capacity and no budget nothing was asked of the predictions, and least_pruning answered level 0 (the
     network unpruned) as the least level that fits; the command line refuses that question, and so does the API."""

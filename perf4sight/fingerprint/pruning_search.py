@@ -54,6 +54,10 @@ def least_prunings(fp: Any, variant: Callable[[int], NetworkDescription], batch_
                    max_latency_ms: float | None = None) -> list[LeastPruning]:
     """:func:`least_pruning` at each of ``batch_sizes``, the same answers, searched together: each level is asked
     once for every batch size still without an answer, in one prediction (a third of the time of three)."""
+    if not callable(variant):  # a description or its file given for the function: a TypeError at the first level
+        raise UserError(f"least_pruning: variant must be a function of the pruning level (a whole percent) returning "
+                        f"the network's description at that level, e.g. lambda level: variant_at(cfg, 'resnet18', "
+                        f"level, fp.input_shape)[0]; got {type(variant).__name__}")
     if max_latency_ms is not None:
         if not (isinstance(max_latency_ms, numbers.Real) and not isinstance(max_latency_ms, bool)
                 and max_latency_ms > 0):
