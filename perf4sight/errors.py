@@ -23,6 +23,8 @@ def read_json_bytes(path: Union[str, Path], what: str) -> Tuple[Dict[str, Any], 
     """:func:`read_json_object`'s object and the bytes it was read from, in one read (a file rewritten meanwhile
     cannot give the object of one version and the bytes of another)."""
     p = Path(path)
+    if p.is_dir():  # there, but not "not found"
+        raise UserError(f"{p}: is a folder, not a {what}")
     if not p.is_file():
         raise UserError(f"{p}: {what} not found")
     raw = p.read_bytes()

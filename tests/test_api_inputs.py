@@ -371,6 +371,7 @@ def test_predict_rejects_what_is_not_a_description(fitted, tmp_path):
                           ({"deep_w8": descs["deep_w8"]}, "got dict$"), ([], "no networks given"),
                           (_cnn(4, 1), r"got a torch module \(Sequential\); use predict_module"),
                           (tmp_path / "missing.json", "missing.json: network description file not found"),
+                          (tmp_path, "is a folder, not a network description file$"),  # it said "not found"
                           ("resnet18", r"'resnet18' is not a description file; give the description .json file, or "
                                        r"the module to predict_module\(torchvision.models.resnet18\(\)"),
                           # a dataset's variant is no torchvision builder (it suggested torchvision.models.resnet18_0)
