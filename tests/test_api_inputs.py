@@ -630,6 +630,22 @@ def test_modules_with_no_training_step_or_a_fixed_batch_say_so(fitted):
 
 # ---------------------------------------------------------------- largest batch that fits
 
+def test_a_module_given_to_max_batch_size_or_outside_training_is_told_to_describe_it(fitted):
+    """A torch module given to max_batch_size or outside_training was told "predict: ... use predict_module(...)",
+    which answers neither; it is told to describe it, on every predictor."""
+    out, _ = fitted
+    for kind in ("trees", "gnn", "ensemble"):
+        fp = load_predictor(out, kind)
+        for call, name in ((lambda m: fp.max_batch_size(m), "max_batch_size"),
+                           (lambda m: fp.outside_training(m, 4), "outside_training")):
+            with pytest.raises(UserError) as exc:
+                call(_cnn(4, 1))
+            assert _one_line(exc) == (f"{name}: got a torch module (Sequential); give its description: "
+                                      "perf4sight.ir.from_torch.describe(module, input_shape, name)"), kind
+        with pytest.raises(UserError, match=r"^predict: got a torch module \(Sequential\); use predict_module"):
+            fp.predict(_cnn(4, 1), 4)
+
+
 def test_max_batch_size_on_every_predictor(fitted, tmp_path):
     out, descs = fitted
     path = save_description(descs["shallow_w4"], tmp_path / "shallow_w4.json")

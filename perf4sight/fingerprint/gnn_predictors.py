@@ -66,7 +66,7 @@ class GNNPredictor(ModuleQueries):
         from perf4sight.features.aggregate import network_features
         from perf4sight.fingerprint.domain import query_notes
         bss = batch_list(batch_sizes)
-        descs = as_descriptions(descs, (NetworkDescription,))
+        descs = as_descriptions(descs, (NetworkDescription,), caller="outside_training")
         return query_notes(self.metadata.get("training_domain"), [network_features(d, self.runtime) for d in descs],
                            bss)
 

@@ -90,12 +90,17 @@ def batch_list(batch_sizes: int | Sequence[int]) -> list[int]:
     return bss
 
 
-def as_descriptions(descs: Any, kinds: tuple[type, ...] = (NetworkDescription, NetworkFeatures)) -> list[Any]:
+def as_descriptions(descs: Any, kinds: tuple[type, ...] = (NetworkDescription, NetworkFeatures),
+                    caller: str = "predict") -> list[Any]:
     """``descs`` as a list of ``kinds``: one description (or a list of them); a ``str`` or ``Path`` is read
     as a description file (:func:`~perf4sight.ir.schema.load_description`). ``UserError`` naming the type
-    of anything else, or when no network is given."""
+    of anything else, or when no network is given. ``caller``: the method asked (its name begins a module's error
+    line, which says how to give it one: predict_module, or a description made with ``describe``)."""
     torch = sys.modules.get("torch")  # a module is not a description (nn.Sequential is even iterable)
     if torch is not None and isinstance(descs, torch.nn.Module):
+        if caller != "predict":  # predict_module predicts; it answers neither a largest batch nor the domain's notes
+            raise UserError(f"{caller}: got a torch module ({type(descs).__name__}); give its description: "
+                            "perf4sight.ir.from_torch.describe(module, input_shape, name)")
         raise UserError(f"predict: got a torch module ({type(descs).__name__}); use "
                         "predict_module(module, input_shape, batch_sizes)")
     one = isinstance(descs, (*kinds, str, Path, Mapping)) or not np.iterable(descs)
@@ -127,7 +132,7 @@ def as_descriptions(descs: Any, kinds: tuple[type, ...] = (NetworkDescription, N
 
 def one_description(desc: Any) -> Any:
     """One network as :func:`as_descriptions` reads it; ``UserError`` for a list of several."""
-    out = as_descriptions(desc)
+    out = as_descriptions(desc, caller="max_batch_size")
     if len(out) != 1:
         raise UserError(f"max_batch_size: give one network, got {len(out)}")
     return out[0]
@@ -435,7 +440,7 @@ class Fingerprint(ModuleQueries):
         extrapolations. Empty for a fingerprint fitted before the domain was stored."""
         from perf4sight.fingerprint.domain import query_notes
         bss = batch_list(batch_sizes)
-        nets = [self._features(d) for d in as_descriptions(descs)]
+        nets = [self._features(d) for d in as_descriptions(descs, caller="outside_training")]
         return query_notes(self.metadata.get("training_domain"), nets, bss)
 
     def max_batch_size(self, desc: NetworkDescription | NetworkFeatures | str | Path,
