@@ -281,8 +281,12 @@ def _build(cls: type, table: dict[str, Any], where: str) -> Any:
     known = [f.name for f in dataclasses.fields(cls) if f.name not in _INTERNAL]
     kwargs = {}
     for key, value in table.items():
-        if key not in known:
-            raise UserError(f"{where} unknown key '{key}' (known: {', '.join(known)})")
+        if key not in known:  # a slip of its name, or a key of another section
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+            homes = _sections_with_key(key)
+            hint = (f" (did you mean '{close[0]}'?)" if close else
+                    f" ('{key}' is a key of {', '.join(homes)})" if homes else "")
+            raise UserError(f"{where} unknown key '{key}'{hint} (known: {', '.join(known)})")
         child = f"{where[:-1]}.{key}]" if dataclasses.is_dataclass(hints[key]) else f"{where} '{key}'"
         kwargs[key] = _convert(value, hints[key], child)
     return cls(**kwargs)
@@ -689,7 +693,9 @@ def load_config(path: str | Path, importing: bool = False) -> Config:
                 homes = _sections_with_key(key)
                 where = f"'{key}' is a key of {', '.join(homes)}" if homes else f"known sections: {', '.join(known)}"
                 raise UserError(f"{p}: key '{key}' is outside any section: keys go under a section heading ({where})")
-            raise UserError(f"{p}: unknown section [{key}] (known: {', '.join(known)})")
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+            hint = f" (did you mean [{close[0]}]?)" if close else ""
+            raise UserError(f"{p}: unknown section [{key}]{hint} (known: {', '.join(known)})")
         if key == "devices":
             if not isinstance(value, dict):
                 raise UserError(f"{p}: [devices] must be a table of [devices.<name>] tables")

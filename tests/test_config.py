@@ -49,12 +49,19 @@ def test_good_config_is_typed(tmp_path):
 
 
 @pytest.mark.parametrize("text, expected", [
-    (GOOD + "\n[profiles]\nx = 1\n", r"unknown section \[profiles\]"),
+    (GOOD + "\n[profiles]\nx = 1\n", r"unknown section \[profiles\] \(did you mean \[profile\]\?\) \(known: project, "),
+    (GOOD + "\n[extras]\nx = 1\n", r"unknown section \[extras\] \(known: project, networks, "),
     # a key above the first heading read "unknown section [seed]": it is a key, and its sections are named
     ("seed = 1\n" + GOOD, r"key 'seed' is outside any section: keys go under a section heading \('seed' is a key of "
      r"\[project\], \[networks.pruning\], \[networks.generator\], \[fingerprint\]\)$"),
     ("memory_limit_mb = 9\n" + GOOD, r"'memory_limit_mb' is a key of \[devices.<name>\]\)$"),
-    (GOOD.replace("batch_sizes", "batch_size"), r"\[profile\] unknown key 'batch_size'"),
+    (GOOD.replace("batch_sizes", "batch_size"),
+     r"\[profile\] unknown key 'batch_size' \(did you mean 'batch_sizes'\?\) \(known: batch_sizes, warmup_steps, "),
+    # a key of another section: the key's sections are named (the known keys alone did not say where it goes)
+    (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\nmemory_limit_mb = 512"),
+     r"\[profile\] unknown key 'memory_limit_mb' \('memory_limit_mb' is a key of \[devices.<name>\]\) \(known: "),
+    (GOOD.replace('backend = "cpu"', 'backend = "cpu"\ninput_shape = [3, 32, 32]'),
+     r"\[devices.local\] unknown key 'input_shape' \('input_shape' is a key of \[networks\]\) \(known: "),
     (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = 4"), r"\[profile\] 'batch_sizes' must be a list of integers"),
     (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [4, 2]"), r"ascending"),
     (GOOD.replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2]\nmin_timed_s = -0.5"),
