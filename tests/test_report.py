@@ -748,6 +748,30 @@ def test_pruning_plot_marks_a_largest_batch_at_the_search_limit(tmp_path, monkey
     assert "cpu: 1024+ (every batch searched fits)" in [t.get_text() for t in panel.get_legend().get_texts()]
 
 
+def test_devices_on_the_same_points_of_the_pruning_plot_all_show(tmp_path, monkeypatch):
+    """Compared with the TX2, the H100 and the H200 were both at 1024+ at every level and both fitting from 0%: their
+    points, triangles and dotted lines were drawn alike, the H200's over the H100's, which could not be seen. The
+    devices drawn first have larger markers and wider dotted lines, so that each shows round the ones drawn over it."""
+    from perf4sight.report import plots
+    from perf4sight.report.pruning import LeastLevel, PruningPoint
+
+    def point(device: str, level: float) -> PruningPoint:
+        return PruningPoint("resnet18", device, level, level, 32, 11.0, 9.0, 15.0, 2700.0, 2500.0, 2900.0, True, 1024)
+    kept: list = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: kept.append(fig) or path)
+    devices = ("h100", "h200")
+    plots.plot_pruning([point(d, lvl) for d in devices for lvl in (0, 30)],
+                       [LeastLevel("resnet18", d, 32, 0, 0.0) for d in devices], {"h100": "C1", "h200": "C2"},
+                       {d: 80000.0 for d in devices}, {}, tmp_path / "pruning.png")
+    (fig,) = kept
+    memory, largest = fig.axes[1], fig.axes[2]
+    for panel, marker in ((largest, "o"), (largest, "^")):
+        first, second = [ln for ln in panel.get_lines() if ln.get_marker() == marker]
+        assert first.get_markersize() > second.get_markersize() and first.get_color() == "C1"
+    first, second = [ln for ln in memory.get_lines() if ln.get_linestyle() == ":"]
+    assert first.get_linewidth() > second.get_linewidth() and first.get_label() == "h100: fits from 0%"
+
+
 def test_the_terminal_summary_cuts_no_network_name_or_largest_batch_of_many_networks():
     """compare's terminal table had a column per network: with 16 networks, printed to a file or a pipe (200
     columns), it cut every name to 'resn…' and a largest batch of 1024+ to '102…'. The largest batches are now a

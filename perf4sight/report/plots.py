@@ -158,7 +158,10 @@ def plot_pruning(points: Sequence[PruningPoint], least: Sequence[LeastLevel], co
     panels = (("latency_ms", "step time", "predicted training step time (ms)"),
               ("memory_mb", "memory", "predicted memory (MiB)"))
     for row, net in zip(axes, nets):
-        for device in devices:
+        for i, device in enumerate(devices):
+            # the markers and dotted lines of the devices drawn first drawn larger, so that one drawn later on the
+            # same points (two GPUs both at 1024+, both fitting from 0%) leaves them showing round it
+            wider = len(devices) - 1 - i
             pts = sorted((p for p in points if p.network == net and p.device == device), key=lambda p: p.achieved)
             if not pts:
                 continue
@@ -178,16 +181,17 @@ def plot_pruning(points: Sequence[PruningPoint], least: Sequence[LeastLevel], co
                 row[1].axhline(capacity[device], color=col, linestyle="--", linewidth=0.9, label=f"{device} capacity")
             fit = next((x for x in least if x.network == net and x.device == device and x.achieved is not None), None)
             if fit is not None:
-                row[1].axvline(fit.achieved, color=col, linestyle=":", linewidth=1.1,
+                row[1].axvline(fit.achieved, color=col, linestyle=":", linewidth=1.1 + wider,
                                label=f"{device}: fits from {fit.level}%")
             fitting = [p for p in pts if p.max_batch]  # a batch of 1 that does not fit (0) has no place on a log axis
             if fitting:
                 row[2].plot([p.achieved for p in fitting], [p.max_batch for p in fitting], "o-", color=col,
-                            label=labels.get(device, device))
+                            markersize=6 + 3 * wider, label=labels.get(device, device))
             beyond = [p for p in fitting if p.max_batch >= BATCH_SEARCH_LIMIT]  # the search's end: it may fit more
             if beyond:
-                row[2].plot([p.achieved for p in beyond], [p.max_batch for p in beyond], "^", color=col, markersize=9,
-                            linestyle="none", label=f"{device}: {BATCH_SEARCH_LIMIT}+ (every batch searched fits)")
+                row[2].plot([p.achieved for p in beyond], [p.max_batch for p in beyond], "^", color=col,
+                            markersize=9 + 4 * wider, linestyle="none",
+                            label=f"{device}: {BATCH_SEARCH_LIMIT}+ (every batch searched fits)")
         for ax, (_, what, unit) in zip(row, panels):
             ax.set_yscale("log")
             ax.yaxis.set_major_formatter(_PlainLogFormatter(base=10.0))
