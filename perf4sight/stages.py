@@ -1196,6 +1196,12 @@ def run_import(cfg: Config, args: argparse.Namespace) -> int:
         notes.print(f"note: {device}: no graph found for {plural(len(missing), 'network')} ({named(missing, 5)}): "
                     "the rows were imported, but no stage can use them until the graph is in the source's graphs/ "
                     "folder and the source is imported again", style="yellow", markup=False)
+    if summary.without_rows:
+        missing = summary.without_rows
+        notes.print(f"note: {device}: no row for {plural(len(missing), 'network')} ({named(missing, 5)}): both "
+                    f"{'its' if len(missing) == 1 else 'their'} memory/ and latency/*-gt.csv files are missing, empty "
+                    "or cut short before their first row; nothing of it was measured here", style="yellow",
+                    markup=False)
     for kind, missing in summary.kind_missing.items():
         other = "step time" if kind == "memory" else "memory"
         notes.print(f"note: {device}: no {kind} row for {plural(len(missing), 'network')} ({named(missing, 5)}): "

@@ -130,6 +130,39 @@ def test_small_folder_with_a_network_without_graph(tmp_path):
     assert set(rows[0]) == set(COLUMNS)
 
 
+def test_networks_whose_files_hold_no_row_are_said_and_a_source_of_no_row_is_refused(tmp_path, capsys):
+    """A network whose memory and latency files were both empty was passed over without a word (the note named a
+    network missing one kind only), and a source whose every file was empty imported '0 new rows' into a new, empty
+    device folder, exit 0."""
+    import argparse
+
+    from perf4sight import stages
+    from perf4sight.config import load_config
+
+    src = tmp_path / "src" / "profiling_csvs" / "dev" / "cifar10"
+    for kind, header in (("memory", "passed|mem_used|bs"), ("latency", "passed|latency|bs")):
+        _write(src / kind / "net_0-gt.csv", header, ["True|12.5|8"])
+        _write(src / kind / "other_0-gt.csv", header, [])  # a header alone: cut short before its first row
+    _graph(tmp_path / "src", "net_0")
+    (tmp_path / "config.toml").write_text("[devices.local]\nbackend = 'cpu'\n")
+    cfg = load_config(tmp_path / "config.toml")
+    args = argparse.Namespace(format="perf4sight", source=str(tmp_path / "src"), device=["d1"])
+    assert stages.run_import(cfg, args) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert ("note: d1: no row for 1 network (other_0): both its memory/ and latency/*-gt.csv files are missing, empty "
+            "or cut short before their first row; nothing of it was measured here") in err
+    assert "no graph found" not in err  # it said "the rows were imported" of other_0, which has none
+    assert [r["network"] for r in read_rows(results_path(cfg.profiling_dir, "d1"))] == ["net_0"]
+    (src / "memory" / "net_0-gt.csv").write_text("passed|mem_used|bs\n")
+    (src / "latency" / "net_0-gt.csv").write_text("")  # empty
+    args.device = ["d2"]
+    with pytest.raises(UserError) as exc:
+        stages.run_import(cfg, args)
+    assert str(exc.value) == (f"{src}: no row in any of its -gt.csv files (2 networks read, every memory/ and latency/ "
+                              "file empty or cut short before its first row): nothing imported")
+    assert not (cfg.profiling_dir / "d2").exists() and not (cfg.models_dir / "imported" / "d2").exists()
+
+
 def test_the_source_suggested_for_a_folder_with_a_space_is_quoted(tmp_path):
     """The folder suggested for ``--source`` (one above ``profiling_csvs/``) is one shell word, quoted where it
     holds a space: ``--source /tmp/my data`` was two."""

@@ -83,6 +83,7 @@ class ImportSummary:
     no_latency: int = 0  # ok rows written without a step time (the latency file lacks the batch size, or it failed)
     no_memory: int = 0  # ok rows written without a memory figure
     kind_missing: dict[str, list[str]] = field(default_factory=dict)  # "memory"/"latency" -> networks with no row of it
+    without_rows: list[str] = field(default_factory=list)  # networks of files with no row in either kind
     results_path: str = ""
     models_path: str = ""
 
@@ -435,6 +436,9 @@ def import_perf4sight(source_dir: str | Path, device: str, profiling_dir: str | 
     variants: dict[str, tuple[str, float, str, str]] = {}
     _collect(folder, "memory", pairs, variants, csv_root)
     _collect(folder, "latency", pairs, variants, csv_root)
+    if not pairs:  # every file empty or cut short before its first row: an empty device folder was made
+        raise UserError(f"{folder}: no row in any of its -gt.csv files ({plural(len(variants), 'network')} read, "
+                        "every memory/ and latency/ file empty or cut short before its first row): nothing imported")
 
     out_models = Path(models_dir) / "imported" / device
     out = results_path(profiling_dir, device)
@@ -500,6 +504,8 @@ def import_perf4sight(source_dir: str | Path, device: str, profiling_dir: str | 
             summary.thrashing.append(label)
     summary.networks = sorted(variants)
     with_rows = {v for v, _ in pairs}  # the networks of the source's rows, worked out once for both kinds
+    summary.without_rows = sorted(set(variants) - with_rows)  # both its files empty: said, not passed over
+    summary.without_graph = [v for v in summary.without_graph if v in with_rows]  # "the rows were imported": some
     for kind in ("memory", "latency"):  # a file missing, empty or cut short before its first row
         missing = sorted(with_rows - {v for (v, _), files in pairs.items() if files[kind]})
         if missing:
