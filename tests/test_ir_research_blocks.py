@@ -881,3 +881,20 @@ def test_a_standardised_convolution_called_twice_shares_its_parameter():
     for batch in (3, 1):
         assert _as_replayed(record_events(desc, batch, steps=2, method="model")) == _as_replayed(
             record_events(desc, batch, steps=2, method="trace"))
+
+
+@pytest.mark.filterwarnings("ignore:For backward hooks to be called")
+def test_a_hook_that_writes_its_tensors_in_place_is_refused():
+    """A hook that changes a value in place (``o.relu_()``, returned or not; ``args[0].mul_(2)``; a gradient scaled in
+    place) returns None or the very tensor it was given, and was described as an observer (a plain conv2d, its kernel
+    left out): refused naming the layer, the hook and that it writes in place."""
+    cases = {"forward hook": lambda m: m.register_forward_hook(lambda mod, args, out: out.relu_()),
+             "forward pre-hook": lambda m: m.register_forward_pre_hook(lambda mod, args: (args[0].mul_(2), None)[1]),
+             "backward hook": lambda m: m.register_full_backward_hook(lambda mod, gi, go: (gi[0].mul_(0.5), None)[1])}
+    for kind, register in cases.items():
+        with pytest.raises(UserError, match=rf"probe: layer 'block' \(Conv2d\) has a {kind} \(.*<lambda>\) that "
+                                            r"writes a tensor it was given in place: .*writes nothing, an observer"):
+            describe(_hooked(register), SHAPE, name="probe")
+    model = _hooked(lambda m: m.register_forward_hook(lambda mod, args, out: (out.add_(1), None)[1]), on_model=True)
+    with pytest.raises(UserError, match=r"probe: the model \(_Block\) has a forward hook .* in place"):
+        describe(model, SHAPE, name="probe")

@@ -513,13 +513,15 @@ def _refuse_value_changing_hooks(root: nn.Module, gm: fx.GraphModule, where: str
                 if getattr(hook, "__func__", None) is nn.modules.lazy.LazyModuleMixin._infer_parameters:
                     continue  # a lazy layer's own, which makes its weights and returns None
                 layer = f"layer '{path}' ({_class_name(m)})" if path else f"the model ({_class_name(m)})"
-                if _hook_returns(hook, m, kind, key in with_kwargs, inputs, output_value, f"{where}: {layer}"):
+                does = _hook_returns(hook, m, kind, key in with_kwargs, inputs, output_value, f"{where}: {layer}")
+                if does:
                     fix = "the description has no op for a gradient a hook changes" if kind.startswith("back") \
                         else "write what it computes in a forward instead"
-                    raise UserError(f"{where}: {layer} has a {kind} ({_hook_name(hook)}) that returns a value, "
-                                    f"replacing {replaced}: torch.fx drops the hook, so the description would leave "
-                                    f"out what it computes; {fix} (a hook that returns None, an observer, is "
-                                    "described)")
+                    what, observer = ((f"returns a value, replacing {replaced}", "returns None") if does == "returns"
+                                      else ("writes a tensor it was given in place", "writes nothing"))
+                    raise UserError(f"{where}: {layer} has a {kind} ({_hook_name(hook)}) that {what}: torch.fx drops "
+                                    f"the hook, so the description would leave out what it computes; {fix} (a hook "
+                                    f"that {observer}, an observer, is described)")
 
 
 def _node_values(gm: fx.GraphModule) -> dict[fx.Node, Any]:
@@ -552,11 +554,13 @@ def _tensors(value: Any) -> tuple[Any, ...]:
 
 
 def _hook_returns(hook: Any, m: nn.Module, kind: str, with_kwargs: bool, inputs: list[Any], output: Any,
-                  who: str) -> bool:
-    """Whether ``hook`` (of ``kind``, on ``m``) returns a value other than None, and other than the very tensors it
-    was given, when called on ``inputs`` and ``output`` as meta tensors, or where it fails on those (it reads their
-    values) as zeros and as random numbers (either returning a value tells); ``UserError`` naming ``who`` (the
-    layer) where it fails on all three."""
+                  who: str) -> str:
+    """What ``hook`` (of ``kind``, on ``m``) does to the values it is given, when called on ``inputs`` and ``output``
+    as meta tensors, or where it fails on those (it reads their values) as zeros and as random numbers (either
+    call telling is enough): "returns" where it returns a value other than None and other than the very tensors it
+    was given, "in place" where it writes one of those tensors in place (``o.mul_(2)``, ``o.relu_()`` returned: a
+    tensor's version moved), "" for an observer; ``UserError`` naming ``who`` (the layer) where it fails on all
+    three."""
     problem, told = None, []
     for made_as in ("meta", "zeros", "random"):  # empty tensors first; values where a hook reads them
         args = [_as_real(v, made_as) for v in inputs]
@@ -566,6 +570,7 @@ def _hook_returns(hook: Any, m: nn.Module, kind: str, with_kwargs: bool, inputs:
                 "backward pre-hook": (m, _tensors(out)),
                 "backward hook": (m, _tensors(args), _tensors(out))}[kind]
         given = {"forward pre-hook": call[1:], "backward hook": call[1]}.get(kind, call[-1])  # what it would replace
+        versions = [(t, t._version) for t in _flat(call[1:]) if isinstance(t, torch.Tensor)]
         try:
             with torch.no_grad():
                 made = hook(*call)
@@ -575,11 +580,12 @@ def _hook_returns(hook: Any, m: nn.Module, kind: str, with_kwargs: bool, inputs:
         if kind == "forward pre-hook" and not with_kwargs:
             made = made if made is None or isinstance(made, tuple) else (made,)  # as torch takes a single value
             given = given[0]
-        told.append(made is not None and not _same_objects(made, given))
+        told.append("in place" if any(t._version != v for t, v in versions) else
+                    "returns" if made is not None and not _same_objects(made, given) else "")
         if made_as == "meta":
             break
     if told:
-        return any(told)
+        return max(told, key=lambda does: ("", "in place", "returns").index(does))
     said = str(problem).splitlines()[0] if str(problem) else ""
     raise UserError(f"{who} has a {kind} ({_hook_name(hook)}) that cannot be told to return None (an observer) or "
                     "a value (which the description would leave out): called on tensors of the layer's shapes it "
@@ -589,12 +595,15 @@ def _hook_returns(hook: Any, m: nn.Module, kind: str, with_kwargs: bool, inputs:
 def _same_objects(made: Any, given: Any) -> bool:
     """Whether what a hook returned (``made``) holds the very tensors and values it was given, in order (a hook that
     returns its output as it is, after logging it, changes nothing)."""
-    def flat(v: Any) -> list[Any]:
-        if isinstance(v, (tuple, list)):
-            return [x for item in v for x in flat(item)]
-        return [x for item in v.values() for x in flat(item)] if isinstance(v, dict) else [v]
-    made, given = flat(made), flat(given)
+    made, given = _flat(made), _flat(given)
     return len(made) == len(given) and all(a is b for a, b in zip(made, given))
+
+
+def _flat(v: Any) -> list[Any]:
+    """The items of ``v`` (a value, or tuples, lists and dicts of them, nested) in order."""
+    if isinstance(v, (tuple, list)):
+        return [x for item in v for x in _flat(item)]
+    return [x for item in v.values() for x in _flat(item)] if isinstance(v, dict) else [v]
 
 
 def _as_real(value: Any, made_as: str) -> Any:
