@@ -509,7 +509,8 @@ def _other_update_note(cfg: Config, device: str, rows: list[dict], meta: dict) -
         return ""
     fitted = StepRuntime.from_metadata(meta)
     decayed = effective_weight_decay(p.optimizer, p.weight_decay) > 0
-    asked = StepRuntime(optimizer=p.optimizer, momentum=p.momentum > 0, weight_decay=decayed,
+    # momentum is SGD's alone: the others' rows read as with it whatever [profile] momentum is (fit.rows_update)
+    asked = StepRuntime(optimizer=p.optimizer, momentum=p.optimizer != "sgd" or p.momentum > 0, weight_decay=decayed,
                         decoupled_decay=p.optimizer != "adamw" or decayed)
     if all(getattr(fitted, rule) == getattr(asked, rule) for rule in ("momentum", "decays", "decoupled_decay")):
         return ""

@@ -18,7 +18,7 @@ from perf4sight.config import load_config
 from perf4sight.errors import UserError
 from perf4sight.features.aggregate import features_for, network_features
 from perf4sight.features.step_runtime import StepRuntime
-from perf4sight.fingerprint.fit import rows_optimizer
+from perf4sight.fingerprint.fit import rows_optimizer, step_runtime
 from perf4sight.ir.from_torch import describe
 from perf4sight.ir.schema import save_description
 from perf4sight.profiling import results
@@ -121,7 +121,6 @@ def test_adamw_is_counted_with_its_decay_where_it_ran():
     Adam's); the count kept 8 and 20 whatever the decay. Rows of AdamW without a decay count it no more (rows of 0
     and 0.01 are of two updates now); a fingerprint stored before keeps the count it was fitted with."""
     from perf4sight.features.optimizers import optimizer_cost
-    from perf4sight.fingerprint.fit import step_runtime
     for decay, decoupled in ((0.0, False), (0.01, True)):
         param = nn.Parameter(torch.randn(64, 48))
         counted = _counted_step(torch.optim.AdamW([param], lr=0.01, foreach=False, weight_decay=decay), param, False)
@@ -145,6 +144,23 @@ def test_a_fingerprint_of_adamw_rows_without_decay_says_so_where_the_config_asks
         (tmp_path / "config.toml").write_text(f'[profile]\noptimizer = "adamw"\n{decay}')
         note = _other_update_note(load_config(tmp_path / "config.toml"), "local", [{"backend": "cpu"}], without)
         assert said in note and bool(note) == bool(said), note
+
+
+def test_no_update_note_for_adams_rows_where_the_config_sets_momentum_0(tmp_path):
+    """``[profile] momentum = 0`` is SGD's alone: Adam's and AdamW's rows profiled with it are the step the config
+    asks for, and the fingerprint stage said "its rows' step is Adam, where [profile] asks for Adam". SGD's rows with
+    momentum against a config without it still get the note."""
+    from perf4sight.stages import _other_update_note
+
+    for optimizer in ("adam", "adamw", "sgd"):
+        (tmp_path / "config.toml").write_text(f'[profile]\noptimizer = "{optimizer}"\nmomentum = 0.0\n')
+        rows = [{"backend": "cpu", "phase": training_phase(optimizer), "momentum": "0.0", "weight_decay": ""}]
+        note = _other_update_note(load_config(tmp_path / "config.toml"), "local", rows, step_runtime(rows).metadata())
+        assert note == "", (optimizer, note)
+    sgd_rows = [{"backend": "cpu", "phase": "train", "momentum": "0.9", "weight_decay": ""}]
+    note = _other_update_note(load_config(tmp_path / "config.toml"), "local", sgd_rows,
+                              step_runtime(sgd_rows).metadata())
+    assert "its rows' step is SGD with momentum" in note, note
 
 
 def test_a_fingerprint_is_of_one_optimisers_rows():
