@@ -898,3 +898,24 @@ def test_a_hook_that_writes_its_tensors_in_place_is_refused():
     model = _hooked(lambda m: m.register_forward_hook(lambda mod, args, out: (out.add_(1), None)[1]), on_model=True)
     with pytest.raises(UserError, match=r"probe: the model \(_Block\) has a forward hook .* in place"):
         describe(model, SHAPE, name="probe")
+
+
+def test_a_parameters_gradient_hook_that_changes_it_is_refused():
+    """A parameter's gradient hook (``weight.register_hook(lambda g: g.clamp(-1, 1))``, a gradient clipped per
+    parameter) runs at every backward and the trace never sees it: it was described as the plain network. One that
+    returns a value or writes the gradient in place is refused naming the parameter; an observer (None, or the
+    gradient as it is) describes as the plain network."""
+    torch.manual_seed(0)
+    plain = describe(_hooked(lambda m: None), SHAPE, name="probe").to_dict()
+    clipped = _hooked(lambda m: m.weight.register_hook(lambda g: g.clamp(-1, 1)))
+    with pytest.raises(UserError, match=r"probe: parameter 'block.weight' has a gradient hook \(.*<lambda>, "
+                                        r"Tensor.register_hook\) that returns a value, replacing its gradient"):
+        describe(clipped, SHAPE, name="probe")
+    scaled = _hooked(lambda m: m.bias.register_hook(lambda g: (g.mul_(0.5), None)[1]))
+    with pytest.raises(UserError, match=r"parameter 'block.bias' has a gradient hook .* writes its gradient in place"):
+        describe(scaled, SHAPE, name="probe")
+    norms = []
+    observed = _hooked(lambda m: m.weight.register_hook(lambda g: norms.append(g.shape)))
+    observed.block.bias.register_hook(lambda g: g)
+    assert describe(observed, SHAPE, name="probe").to_dict() == plain
+    assert norms  # the observer was called (on an empty gradient)

@@ -42,9 +42,9 @@ from perf4sight.ir.torch_patterns import (_getitem, _max_part, _moves_the_batch_
                                           _with_size_reference)
 from perf4sight.ir.torch_checks import (COMPUTED_MASKS, _check_float32, _follow_in_place, _mark_shared_calls,
                                         _refuse_computed_weights, _refuse_deformable, _refuse_other_inputs,
-                                        _refuse_parametrized_weights, _refuse_value_changing_hooks,
-                                        _refuse_writes_through_views, _shared_layers, _training_only_layers,
-                                        _unread_params, _writes_a_copy, computed_masks)
+                                        _refuse_gradient_hooks, _refuse_parametrized_weights,
+                                        _refuse_value_changing_hooks, _refuse_writes_through_views, _shared_layers,
+                                        _training_only_layers, _unread_params, _writes_a_copy, computed_masks)
 
 __all__ = ["describe", "check_input_shape", "forward_error", "has_lazy_parameters", "in_mode",
            "stderr_kept_on_success", "run_on_meta"]
@@ -240,6 +240,7 @@ def _traced_with_shapes(module: nn.Module, input_shape: list[int], name: str) ->
     except Exception as exc:
         raise forward_error(name, input_shape, exc) from None
     _refuse_value_changing_hooks(module, gm, name)
+    _refuse_gradient_hooks(module, gm, name)
     gm.meta[COMPUTED_MASKS] = masks
     _refuse_writes_through_views(gm, name)
     return gm

@@ -524,6 +524,33 @@ def _refuse_value_changing_hooks(root: nn.Module, gm: fx.GraphModule, where: str
                                     f"that {observer}, an observer, is described)")
 
 
+def _refuse_gradient_hooks(root: nn.Module, gm: fx.GraphModule, where: str) -> None:
+    """A ``UserError`` naming the parameter and the hook where a parameter the forward reads has a gradient hook
+    (``Tensor.register_hook``: a gradient clipped or scaled per parameter) that returns a value other than the
+    gradient it was given, or writes it in place: torch runs it at every backward, and the trace (of the module's
+    forward) never sees it, so the description would leave out its kernels. Each hook is called as
+    :func:`_refuse_value_changing_hooks` calls a layer's, on an empty gradient of the parameter's shape; one that
+    returns None or the gradient as it is, unwritten (logging a norm), is described."""
+    if not any(t._backward_hooks for t in root.parameters()):
+        return  # (most networks: no hook at all)
+    seen: set[int] = set()
+    for name, t in _read_tensors(root, gm.graph):
+        if not isinstance(t, nn.Parameter) or id(t) in seen or not t.requires_grad or not t._backward_hooks:
+            continue
+        seen.add(id(t))
+        grad = torch.empty(t.shape, dtype=t.dtype, device="meta")
+        for hook in list(t._backward_hooks.values()):
+            does = _hook_returns(hook, root, "gradient hook", False, [], grad, f"{where}: parameter '{name}'")
+            if does:
+                what = "returns a value, replacing its gradient" if does == "returns" else \
+                    "writes its gradient in place"
+                raise UserError(f"{where}: parameter '{name}' has a gradient hook ({_hook_name(hook)}, "
+                                f"Tensor.register_hook) that {what} at every backward: the trace does not "
+                                "see it, so the description would leave out what it computes; the description has "
+                                "no op for a gradient a hook changes (a hook that returns None and writes nothing, an "
+                                "observer, is described)")
+
+
 def _node_values(gm: fx.GraphModule) -> dict[fx.Node, Any]:
     """Each node's value as an empty meta tensor of its propagated shape and dtype (a tuple or list of them)."""
     def made(meta: Any) -> Any:
@@ -568,9 +595,11 @@ def _hook_returns(hook: Any, m: nn.Module, kind: str, with_kwargs: bool, inputs:
         call = {"forward pre-hook": (m, tuple(args), {}) if with_kwargs else (m, tuple(args)),
                 "forward hook": (m, tuple(args), {}, out) if with_kwargs else (m, tuple(args), out),
                 "backward pre-hook": (m, _tensors(out)),
-                "backward hook": (m, _tensors(args), _tensors(out))}[kind]
-        given = {"forward pre-hook": call[1:], "backward hook": call[1]}.get(kind, call[-1])  # what it would replace
-        versions = [(t, t._version) for t in _flat(call[1:]) if isinstance(t, torch.Tensor)]
+                "backward hook": (m, _tensors(args), _tensors(out)),
+                "gradient hook": (out,)}[kind]  # a parameter's (Tensor.register_hook): its gradient alone
+        given = (call[1:] if kind == "forward pre-hook" else call[1] if kind == "backward hook"  # what it would
+                 else call[-1])  # replace
+        versions = [(t, t._version) for t in _flat(call) if isinstance(t, torch.Tensor)]
         try:
             with torch.no_grad():
                 made = hook(*call)
