@@ -919,3 +919,32 @@ def test_a_parameters_gradient_hook_that_changes_it_is_refused():
     observed.block.bias.register_hook(lambda g: g)
     assert describe(observed, SHAPE, name="probe").to_dict() == plain
     assert norms  # the observer was called (on an empty gradient)
+
+
+def test_an_optimisers_step_in_the_backward_is_refused():
+    """A post-accumulate-grad hook that steps an optimiser in the backward (torch's "optimizer in backward" recipe:
+    each gradient freed once used) or clamps the gradient was described as a plain training step; refused naming
+    the parameter, the user's parameter left as it was (the hook is called on a stand-in). One kept by the very
+    parameter (an optimiser per parameter) cannot be told apart and is refused as untold; an observer describes."""
+    torch.manual_seed(0)
+    plain = describe(_hooked(lambda m: None), SHAPE, name="probe").to_dict()
+
+    def step(p):
+        with torch.no_grad():
+            p.add_(p.grad, alpha=-0.1)
+        p.grad = None
+    net = _hooked(lambda m: m.weight.register_post_accumulate_grad_hook(step))
+    before = net.block.weight.detach().clone()
+    with pytest.raises(UserError, match=r"probe: parameter 'block.weight' has a hook run once its gradient is "
+                                        r"accumulated \(.*step, Tensor.register_post_accumulate_grad_hook\) that "
+                                        r"updates the parameter"):
+        describe(net, SHAPE, name="probe")
+    assert torch.equal(net.block.weight.detach(), before)
+    optimisers = {}
+    per_parameter = _hooked(lambda m: m.bias.register_post_accumulate_grad_hook(lambda p: optimisers[p].step()))
+    optimisers[per_parameter.block.bias] = torch.optim.SGD([per_parameter.block.bias], lr=0.1)
+    with pytest.raises(UserError, match=r"parameter 'block.bias' has a hook run once .* cannot be told .*KeyError"):
+        describe(per_parameter, SHAPE, name="probe")
+    shapes = []
+    observed = _hooked(lambda m: m.weight.register_post_accumulate_grad_hook(lambda p: shapes.append(p.grad.shape)))
+    assert describe(observed, SHAPE, name="probe").to_dict() == plain and shapes

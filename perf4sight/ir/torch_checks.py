@@ -531,15 +531,23 @@ def _refuse_gradient_hooks(root: nn.Module, gm: fx.GraphModule, where: str) -> N
     forward) never sees it, so the description would leave out its kernels. Each hook is called as
     :func:`_refuse_value_changing_hooks` calls a layer's, on an empty gradient of the parameter's shape; one that
     returns None or the gradient as it is, unwritten (logging a norm), is described."""
-    if not any(t._backward_hooks for t in root.parameters()):
+    if not any(t._backward_hooks or getattr(t, "_post_accumulate_grad_hooks", None) for t in root.parameters()):
         return  # (most networks: no hook at all)
     seen: set[int] = set()
     for name, t in _read_tensors(root, gm.graph):
-        if not isinstance(t, nn.Parameter) or id(t) in seen or not t.requires_grad or not t._backward_hooks:
+        if not isinstance(t, nn.Parameter) or id(t) in seen or not t.requires_grad:
             continue
         seen.add(id(t))
+        for hook in list((getattr(t, "_post_accumulate_grad_hooks", None) or {}).values()):
+            if _accumulated_hook_writes(hook, t, f"{where}: parameter '{name}'"):
+                raise UserError(f"{where}: parameter '{name}' has a hook run once its gradient is accumulated "
+                                f"({_hook_name(hook)}, Tensor.register_post_accumulate_grad_hook) that updates the "
+                                "parameter or changes or frees its gradient in the backward (an optimiser's step "
+                                "there): the trace does not see it, and the description would count the step's "
+                                "memory and update as a plain training step's (a hook that writes nothing, an "
+                                "observer, is described)")
         grad = torch.empty(t.shape, dtype=t.dtype, device="meta")
-        for hook in list(t._backward_hooks.values()):
+        for hook in list((t._backward_hooks or {}).values()):
             does = _hook_returns(hook, root, "gradient hook", False, [], grad, f"{where}: parameter '{name}'")
             if does:
                 what = "returns a value, replacing its gradient" if does == "returns" else \
@@ -549,6 +557,31 @@ def _refuse_gradient_hooks(root: nn.Module, gm: fx.GraphModule, where: str) -> N
                                 "see it, so the description would leave out what it computes; the description has "
                                 "no op for a gradient a hook changes (a hook that returns None and writes nothing, an "
                                 "observer, is described)")
+
+
+def _accumulated_hook_writes(hook: Any, param: nn.Parameter, who: str) -> bool:
+    """Whether a post-accumulate-grad ``hook`` of ``param`` writes the parameter or its gradient in place, or sets
+    another gradient (None: freed), when called on a stand-in of the parameter with a gradient (empty meta tensors;
+    zeros and random numbers where it fails on those: never the user's own parameter, which an optimiser's step
+    would move); ``UserError`` naming ``who`` where it fails on all three (an optimiser kept by the very
+    parameter cannot be told from an observer)."""
+    problem = None
+    for made_as in ("meta", "zeros", "random"):
+        twin = nn.Parameter(_as_real(torch.empty(param.shape, dtype=param.dtype, device="meta"), made_as))
+        grad = twin.grad = _as_real(torch.empty(param.shape, dtype=param.dtype, device="meta"), made_as)
+        versions = (twin._version, grad._version)
+        try:
+            with torch.no_grad():
+                hook(twin)
+        except Exception as exc:  # noqa: BLE001 - a hook may fail on empty tensors, or on a stand-in
+            problem = exc
+            continue
+        return twin.grad is not grad or (twin._version, grad._version) != versions
+    said = str(problem).splitlines()[0] if str(problem) else ""
+    raise UserError(f"{who} has a hook run once its gradient is accumulated ({_hook_name(hook)}, "
+                    "Tensor.register_post_accumulate_grad_hook) that cannot be told to write nothing (an observer) or "
+                    "to update the parameter or its gradient in the backward (which the description would leave out): "
+                    f"called on a stand-in of the parameter it failed ({type(problem).__name__}: {said})")
 
 
 def _node_values(gm: fx.GraphModule) -> dict[fx.Node, Any]:
