@@ -459,6 +459,22 @@ def test_summarise_measurements_oom_boundary():
     assert s.largest_ok == (2, 4) and s.first_oom == (4, 8) and s.batch_sizes == [1, 2, 4, 8]
 
 
+def test_summarise_measurements_folds_rows_without_a_family_cell_by_their_description():
+    """Rows of a CSV made by hand leave ``family`` empty: the fit folds them by their description's family
+    (``evaluate.row_family``), while the report's measurements table listed each pruning level as a family of one
+    variant."""
+    from tiny_graphs import conv_node, tiny_description
+
+    descs = {}
+    for name in ("mine_0", "mine_30"):
+        descs[name] = tiny_description([conv_node("c", "input", 4, 4, 3, 1, 8)])
+        descs[name].name, descs[name].network = name, "mine"
+    rows = [{"network": n, "family": "", "batch_size": str(b), "status": "ok"} for n in descs for b in (1, 2)]
+    (s,) = summarise_measurements(rows, descs)
+    assert (s.family, s.variants, s.ok) == ("mine", 2, 4)
+    assert [f.family for f in summarise_measurements(rows)] == ["mine_0", "mine_30"]  # no description: the name
+
+
 def test_compare_errors(project):
     from rich.console import Console
     with pytest.raises(UserError, match="no devices"):

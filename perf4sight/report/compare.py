@@ -51,7 +51,7 @@ def gather_device(cfg: Config, device: str) -> tuple[DeviceData, dict[str, Netwo
     rows, _ = drift_corrected(cfg, device, rows, fp.optimizer, fp.loss)  # the fit's references
     # the tables count the rows of networks with a description here, as the fit does (the notes count the others)
     shown = [r for r in rows if r["network"] in descs]
-    data = DeviceData(name=device, fingerprint=fp, rows=rows, families=summarise_measurements(shown),
+    data = DeviceData(name=device, fingerprint=fp, rows=rows, families=summarise_measurements(shown, descs),
                       networks=sorted({r["network"] for r in shown}),
                       scatter=measured_vs_predicted(fp, rows, descs),
                       sensitivity=feature_sensitivity(fp, rows, descs, seed=cfg.project.seed))

@@ -76,11 +76,15 @@ class DeviceData:
         return self.fingerprint.metadata
 
 
-def summarise_measurements(rows: list[dict[str, str]]) -> list[FamilySummary]:
-    """Per family: variants, batch sizes, status counts and the out-of-memory boundary."""
+def summarise_measurements(rows: list[dict[str, str]],
+                           descs: dict[str, NetworkDescription] | None = None) -> list[FamilySummary]:
+    """Per family: variants, batch sizes, status counts and the out-of-memory boundary. A row without a ``family``
+    cell (a CSV made by hand) is of its network description's family (``descs``), as the fit folds it
+    (``evaluate.row_family``), else of its network's name."""
     by_family: dict[str, list[dict[str, str]]] = defaultdict(list)
     for r in rows:
-        by_family[r.get("family") or r["network"]].append(r)
+        desc = (descs or {}).get(r["network"])
+        by_family[row_family(r, desc.family if desc is not None else r["network"])].append(r)
     out = []
     for fam, rs in sorted(by_family.items()):
         largest: dict[str, int] = {}
