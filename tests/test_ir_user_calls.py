@@ -465,3 +465,36 @@ def test_a_movedim_or_t_of_the_batch_is_refused_by_name(pattern, match):
     naming the call and what to write."""
     with pytest.raises(UserError, match=match):
         describe(_Probe(pattern, 8), SHAPE, name="moved")
+
+
+class _CastWeight(nn.Module):
+    """A hand-written convolution that casts its float32 weight, and a scale and a blur filter, to what they are."""
+
+    def __init__(self, cast):
+        super().__init__()
+        self.cast = cast
+        self.weight = nn.Parameter(torch.randn(8, 3, 3, 3))
+        self.gain = nn.Parameter(torch.ones(1, 8, 1, 1))
+        self.register_buffer("blur", torch.ones(8, 1, 3, 3) / 9)
+
+    def forward(self, x):
+        w, g, b = (self.cast(t, x) for t in (self.weight, self.gain, self.blur))
+        y = F.conv2d(F.conv2d(x, w, padding=1) * g, b, padding=1, groups=8)
+        return y.flatten(1)
+
+
+def test_a_module_tensor_cast_to_what_it_is_reads_the_tensor_as_it_is():
+    """Research code casts a float32 weight to its input's type (``self.weight.to(x.dtype)``, ``.type_as(x)``,
+    ``.to(x.device)``, ``.contiguous()``, ``.float()``): no kernel in a float32 model on one device, yet the weight
+    read as computed in the forward and refused ("weight standardisation"; "CondConv's experts" for ``type_as(x)``).
+    Each describes as the tensors read as they are; a cast to float16 or a copy is still refused."""
+    plain = describe(_CastWeight(lambda t, x: t), SHAPE, name="p").to_dict()
+    assert [n["op"] for n in plain["nodes"]] == ["input", "conv2d", "scale", "conv2d", "flatten"]
+    casts = {"to(x.dtype)": lambda t, x: t.to(x.dtype), "type_as(x)": lambda t, x: t.type_as(x),
+             "to(x.device)": lambda t, x: t.to(x.device), "contiguous()": lambda t, x: t.contiguous(),
+             "float()": lambda t, x: t.float(), "to(dtype=float32)": lambda t, x: t.to(dtype=torch.float32)}
+    for label, cast in casts.items():
+        assert describe(_CastWeight(cast), SHAPE, name="p").to_dict() == plain, label
+    for cast in (lambda t, x: t.to(torch.float16), lambda t, x: t.to(x.dtype, copy=True)):
+        with pytest.raises(UserError, match="p: "):
+            describe(_CastWeight(cast), SHAPE, name="p")

@@ -41,8 +41,8 @@ from perf4sight.ir.torch_patterns import (_getitem, _max_part, _moves_the_batch_
                                           _picked_after_a_moved_batch, _pool_part, _sorted_part, _split_piece,
                                           _with_size_reference)
 from perf4sight.ir.torch_checks import (COMPUTED_MASKS, _check_float32, _follow_in_place, _mark_shared_calls,
-                                        _refuse_computed_weights, _refuse_deformable, _refuse_other_inputs,
-                                        _refuse_gradient_hooks, _refuse_parametrized_weights,
+                                        _fold_module_tensor_casts, _refuse_computed_weights, _refuse_deformable,
+                                        _refuse_gradient_hooks, _refuse_other_inputs, _refuse_parametrized_weights,
                                         _refuse_value_changing_hooks, _refuse_writes_through_views, _shared_layers,
                                         _training_only_layers, _unread_params, _writes_a_copy, computed_masks)
 
@@ -227,6 +227,7 @@ def _traced_with_shapes(module: nn.Module, input_shape: list[int], name: str) ->
         raise UserError(f"{name}: cannot trace the module with torch.fx ({_root_message(exc)}){_trace_stop(exc)}") \
             from None
     _refuse_deformable(gm, name)
+    _fold_module_tensor_casts(gm)
     _refuse_parametrized_weights(module, gm, name)
     _refuse_computed_weights(gm, name)
     _shared_layers(gm, name)

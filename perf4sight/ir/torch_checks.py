@@ -62,6 +62,66 @@ def _follow_in_place(gm: fx.GraphModule) -> None:
         gm.recompile()
 
 
+#: Methods that return their tensor as it is where it is a float32 module tensor on the device that trains it:
+#: research code's ``self.weight.to(x.dtype)``, ``.type_as(x)``, ``.to(x.device)``, ``.contiguous()``, ``.float()``.
+_NO_OP_CASTS = frozenset({"to", "type_as", "contiguous", "float"})
+
+
+def _fold_module_tensor_casts(gm: fx.GraphModule) -> None:
+    """Read a module's float32 tensor where the forward casts it to what it already is (``F.conv2d(x,
+    self.weight.to(x.dtype))``: a float32 model on one device, as a description is, runs no kernel for it), so that
+    the layer reads its parameter as it is; such a weight was refused as one computed in the forward (a cast to
+    another dtype, a copy or another memory format is not folded, and is refused as before)."""
+    folded = False
+    for n in list(gm.graph.nodes):
+        if n.op != "call_method" or n.target not in _NO_OP_CASTS or not n.args:
+            continue
+        source = n.args[0]
+        if not (isinstance(source, fx.Node) and source.op == "get_attr" and _no_op_cast(n, gm)):
+            continue
+        for reader in list(n.users):
+            reader.replace_input_with(n, source)
+        told = [a for a in n.all_input_nodes if a is not source]  # x.dtype's node: read by the cast alone
+        gm.graph.erase_node(n)
+        for a in told:
+            if not a.users and a.op == "call_function" and a.target is getattr:
+                gm.graph.erase_node(a)
+        folded = True
+    if folded:
+        gm.recompile()
+
+
+def _no_op_cast(n: fx.Node, gm: fx.GraphModule) -> bool:
+    """Whether ``n`` (a method of :data:`_NO_OP_CASTS` on a module tensor) returns the tensor as it is: the tensor
+    float32 (and contiguous for ``contiguous``), cast to float32, to another float32 tensor's type, or to a device
+    (the one training it), with no copy, memory format or other keyword asked for."""
+    try:
+        t = gm.get_parameter(n.args[0].target) if n.args[0].target in dict(gm.named_parameters()) \
+            else gm.get_buffer(n.args[0].target)
+    except AttributeError:
+        return False
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or set(n.kwargs) - {"dtype", "device",
+                                                                                         "non_blocking"}:
+        return False
+    if n.target in ("contiguous", "float"):
+        return len(n.args) == 1 and not n.kwargs and (n.target == "float" or t.is_contiguous())
+    told = [*n.args[1:], *(v for k, v in n.kwargs.items() if k != "non_blocking")]
+    return bool(told) and all(_float32_or_device(a) for a in told) and (n.target == "to" or len(n.args) == 2)
+
+
+def _float32_or_device(a: Any) -> bool:
+    """Whether a cast's argument ``a`` names float32, a device, or the dtype, device or type of a tensor of the
+    forward (float32, as a description's input and tensors are: ``x.dtype``, ``x.device``, ``x``)."""
+    if a is torch.float32 or isinstance(a, torch.device) or (isinstance(a, str) and a.split(":")[0] in
+                                                               ("cpu", "cuda", "meta")):
+        return True
+    if not isinstance(a, fx.Node):
+        return False
+    if a.op == "call_function" and a.target is getattr and len(a.args) == 2:
+        return a.args[1] in ("dtype", "device")
+    return True  # a tensor of the forward (``type_as(x)``): float32, or its own cast is refused where it is made
+
+
 def _is_view(n: fx.Node) -> bool:
     """Whether ``n`` views its first argument (:data:`_VIEWING`: a permute, a slice, a split's piece, ``x.mT``)."""
     return n.op in ("call_method", "call_function") and n.target in _VIEWING and bool(n.args) \
