@@ -715,3 +715,44 @@ def test_rows_without_a_family_cell_are_folded_by_their_description_s_family(tin
     s = Samples([{k: v for k, v in r.items() if k != "family"} for r in rows], descs, "cpu0")
     assert sorted(set(s.families.tolist())) == ["deep", "plain", "res"]
     assert s.target_groups(0)[1] == "family"
+
+
+def _interleaved(tmp_path, monkeypatch, meanwhile):
+    """The first of two GNN saves into ``tmp_path``, ``meanwhile(first_meta)`` run once its weights are renamed and
+    before its gnn.json is written (a thread of a second save or a read, given 0.5 s)."""
+    import threading
+
+    from perf4sight.fingerprint import gnn
+
+    write_atomically = gnn.write_atomically
+    threads = []
+
+    def json_last(path, text):
+        if not threads:
+            threads.append(threading.Thread(target=meanwhile))
+            threads[0].start()
+            threads[0].join(0.5)  # it waits for the first's files now
+        write_atomically(path, text)
+
+    monkeypatch.setattr(gnn, "write_atomically", json_last)
+    gnn.save_gnn_files(tmp_path, {"w": np.array([1.0])}, {"fit": "first"})
+    threads[0].join()
+    monkeypatch.undo()
+
+
+def test_a_second_gnn_fit_saving_between_the_firsts_files_waits_for_them(tmp_path, monkeypatch):
+    """A GNN fit writes its weights, then gnn.json: a second fit of the device between the two left the first's
+    gnn.json beside the second's weights (reproduced: gnn.json 'first', weights 'second'), and a predict reading
+    between them read the second's... The folder is locked as a trees fit locks it: each reader and writer gets
+    one fit's files."""
+    from perf4sight.fingerprint.gnn import save_gnn_files
+    from perf4sight.fingerprint.gnn_predictors import read_gnn_files
+
+    _interleaved(tmp_path, monkeypatch, lambda: save_gnn_files(tmp_path, {"w": np.array([2.0])}, {"fit": "second"}))
+    meta, weights = read_gnn_files(tmp_path)
+    assert {"first": 1.0, "second": 2.0}[meta["fit"]] == float(weights["w"][0])
+    save_gnn_files(tmp_path, {"w": np.array([0.0])}, {"fit": "before"})
+    read = []
+    _interleaved(tmp_path, monkeypatch, lambda: read.append(read_gnn_files(tmp_path)))
+    (meta, weights), = read
+    assert {"before": 0.0, "first": 1.0}[meta["fit"]] == float(weights["w"][0])

@@ -59,7 +59,7 @@ from perf4sight.fingerprint.gnn_forward import predict_latency_memory
 from perf4sight.fingerprint.gnn_predictors import (FORMAT, GNN_JSON, GNN_WEIGHTS, OLD_GNN_WEIGHTS, EnsemblePredictor,
                                                    GNNPredictor, load_gnn, load_predictor)
 from perf4sight.fingerprint.gnn_samples import TARGETS, Samples
-from perf4sight.fingerprint.storage import HELD_OUT_FILE, load_held_out
+from perf4sight.fingerprint.storage import HELD_OUT_FILE, _folder_locked, load_held_out
 from perf4sight.ir.schema import NetworkDescription
 from perf4sight.profiling.results import batch_size_of
 from perf4sight.profiling.runner import torch_version
@@ -140,13 +140,22 @@ def fit_gnn(rows: Any, descriptions: dict[str, NetworkDescription], device: str,
         "capacity_mb": capacity, "capacity_source": cap_src, INPUTS_KEY: key,
         "files": [GNN_JSON, GNN_WEIGHTS],
     }
+    save_gnn_files(out_dir, model.state, meta)
+    return meta
+
+
+def save_gnn_files(out_dir: str | Path, state: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+    """Write a GNN's weights (``state``), then its ``gnn.json`` (``meta``), into ``out_dir``, the folder locked
+    meanwhile as a trees fit locks it (``storage._folder_locked``): of two GNN fits of one device at once, one's
+    weights were left beside the other's gnn.json (its normaliser and settings: predictions of neither, without a
+    word where the architecture matched), and a predict between the two renames read them so."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out / GNN_WEIGHTS) as tmp, tmp.open("wb") as f:
-        np.savez(f, **model.state)
-    (out / OLD_GNN_WEIGHTS).unlink(missing_ok=True)  # an older GNN's, fitted again
-    write_atomically(out / GNN_JSON, json.dumps(meta, indent=2))
-    return meta
+    with _folder_locked(out):
+        with atomic_path(out / GNN_WEIGHTS) as tmp, tmp.open("wb") as f:
+            np.savez(f, **state)
+        (out / OLD_GNN_WEIGHTS).unlink(missing_ok=True)  # an older GNN's, fitted again
+        write_atomically(out / GNN_JSON, json.dumps(meta, indent=2))
 
 
 def gnn_versions() -> dict[str, str]:

@@ -23,7 +23,7 @@ from perf4sight.fingerprint.gnn_baseline import AnalyticBaseline
 from perf4sight.fingerprint.gnn_forward import GNNForward, Normaliser, predict_latency_memory
 from perf4sight.fingerprint.gnn_graph import EDGE_FEATURES, GLOBAL_FEATURES, NODE_FEATURES, graph_template
 from perf4sight.fingerprint.predict import ModuleQueries, as_descriptions, batch_list, prediction_rows
-from perf4sight.fingerprint.storage import check_metadata
+from perf4sight.fingerprint.storage import check_metadata, reading
 from perf4sight.ir.schema import NetworkDescription
 
 __all__ = ["GNNPredictor", "EnsemblePredictor", "load_gnn", "load_predictor", "GNN_JSON", "GNN_WEIGHTS", "FORMAT"]
@@ -151,6 +151,15 @@ def _check_finite(arrays: dict[str, Any]) -> None:
             raise ValueError(f"{name}: not finite numbers")
 
 
+def read_gnn_files(folder: Path) -> tuple[Any, dict[str, np.ndarray]]:
+    """``gnn.json`` (parsed) and the weights of the GNN in ``folder``, read under its shared lock
+    (``storage.reading``): not a fit's new weights with its old gnn.json (``gnn.save_gnn_files``)."""
+    with reading(folder):
+        text = (folder / GNN_JSON).read_text()
+        weights = _weights(folder)
+    return json.loads(text), weights
+
+
 def load_gnn(out_dir: str | Path) -> GNNPredictor:
     """Load ``gnn.json`` and its weights (:data:`GNN_WEIGHTS`, or an older GNN's :data:`OLD_GNN_WEIGHTS`)."""
     import pickle
@@ -159,13 +168,12 @@ def load_gnn(out_dir: str | Path) -> GNNPredictor:
     if not jp.is_file() or not ((d / GNN_WEIGHTS).is_file() or (d / OLD_GNN_WEIGHTS).is_file()):
         raise UserError(f"{d}: no GNN here (need {GNN_JSON} and {GNN_WEIGHTS}; fit with --predictor gnn)")
     try:
-        meta = json.loads(jp.read_text())
+        meta, weights = read_gnn_files(d)
         if meta.get("format") != FORMAT or meta.get("node_features") != list(NODE_FEATURES) \
                 or meta.get("global_features") != list(GLOBAL_FEATURES):
             raise UserError(f"{jp}: GNN made with other features or format; refit the fingerprint")
         check_metadata(meta)
         st = meta["settings"]
-        weights = _weights(d)
         norm = Normaliser.from_json(meta["normaliser"])
         norm.check(len(NODE_FEATURES), len(EDGE_FEATURES), len(GLOBAL_FEATURES))
         _check_finite({**weights, **{f"normaliser.{k}": meta["normaliser"][k] for k in ("x", "e", "u", "y")}})
