@@ -476,9 +476,10 @@ class _CastWeight(nn.Module):
         self.weight = nn.Parameter(torch.randn(8, 3, 3, 3))
         self.gain = nn.Parameter(torch.ones(1, 8, 1, 1))
         self.register_buffer("blur", torch.ones(8, 1, 3, 3) / 9)
+        self.register_buffer("steps", torch.zeros(1, dtype=torch.int64))
 
     def forward(self, x):
-        w, g, b = (self.cast(t, x) for t in (self.weight, self.gain, self.blur))
+        w, g, b = (self.cast(t, x, self) for t in (self.weight, self.gain, self.blur))
         y = F.conv2d(F.conv2d(x, w, padding=1) * g, b, padding=1, groups=8)
         return y.flatten(1)
 
@@ -488,13 +489,14 @@ def test_a_module_tensor_cast_to_what_it_is_reads_the_tensor_as_it_is():
     ``.to(x.device)``, ``.contiguous()``, ``.float()``): no kernel in a float32 model on one device, yet the weight
     read as computed in the forward and refused ("weight standardisation"; "CondConv's experts" for ``type_as(x)``).
     Each describes as the tensors read as they are; a cast to float16 or a copy is still refused."""
-    plain = describe(_CastWeight(lambda t, x: t), SHAPE, name="p").to_dict()
+    plain = describe(_CastWeight(lambda t, x, m: t), SHAPE, name="p").to_dict()
     assert [n["op"] for n in plain["nodes"]] == ["input", "conv2d", "scale", "conv2d", "flatten"]
-    casts = {"to(x.dtype)": lambda t, x: t.to(x.dtype), "type_as(x)": lambda t, x: t.type_as(x),
-             "to(x.device)": lambda t, x: t.to(x.device), "contiguous()": lambda t, x: t.contiguous(),
-             "float()": lambda t, x: t.float(), "to(dtype=float32)": lambda t, x: t.to(dtype=torch.float32)}
+    casts = {"to(x.dtype)": lambda t, x, m: t.to(x.dtype), "type_as(x)": lambda t, x, m: t.type_as(x),
+             "to(x.device)": lambda t, x, m: t.to(x.device), "contiguous()": lambda t, x, m: t.contiguous(),
+             "float()": lambda t, x, m: t.float(), "to(dtype=float32)": lambda t, x, m: t.to(dtype=torch.float32)}
     for label, cast in casts.items():
         assert describe(_CastWeight(cast), SHAPE, name="p").to_dict() == plain, label
-    for cast in (lambda t, x: t.to(torch.float16), lambda t, x: t.to(x.dtype, copy=True)):
+    for cast in (lambda t, x, m: t.to(torch.float16), lambda t, x, m: t.to(x.dtype, copy=True),
+                 lambda t, x, m: t.to(m.steps.dtype)):  # (an int64 buffer's dtype)
         with pytest.raises(UserError, match="p: "):
             describe(_CastWeight(cast), SHAPE, name="p")

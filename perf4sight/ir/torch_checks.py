@@ -106,19 +106,23 @@ def _no_op_cast(n: fx.Node, gm: fx.GraphModule) -> bool:
     if n.target in ("contiguous", "float"):
         return len(n.args) == 1 and not n.kwargs and (n.target == "float" or t.is_contiguous())
     told = [*n.args[1:], *(v for k, v in n.kwargs.items() if k != "non_blocking")]
-    return bool(told) and all(_float32_or_device(a) for a in told) and (n.target == "to" or len(n.args) == 2)
+    return bool(told) and all(_float32_or_device(a, gm) for a in told) and (n.target == "to" or len(n.args) == 2)
 
 
-def _float32_or_device(a: Any) -> bool:
+def _float32_or_device(a: Any, gm: fx.GraphModule) -> bool:
     """Whether a cast's argument ``a`` names float32, a device, or the dtype, device or type of a tensor of the
-    forward (float32, as a description's input and tensors are: ``x.dtype``, ``x.device``, ``x``)."""
+    forward (float32, as a description's input and tensors are: ``x.dtype``, ``x.device``, ``x``; a module tensor
+    read there is asked its dtype)."""
     if a is torch.float32 or isinstance(a, torch.device) or (isinstance(a, str) and a.split(":")[0] in
                                                                ("cpu", "cuda", "meta")):
         return True
     if not isinstance(a, fx.Node):
         return False
     if a.op == "call_function" and a.target is getattr and len(a.args) == 2:
-        return a.args[1] in ("dtype", "device")
+        return a.args[1] == "device" or (a.args[1] == "dtype" and _float32_or_device(a.args[0], gm))
+    if a.op == "get_attr":
+        t = getattr(gm.get_submodule(a.target.rpartition(".")[0]), a.target.rpartition(".")[2], None)
+        return isinstance(t, torch.Tensor) and t.dtype == torch.float32
     return True  # a tensor of the forward (``type_as(x)``): float32, or its own cast is refused where it is made
 
 
