@@ -46,7 +46,7 @@ from perf4sight.ir.torch_checks import (COMPUTED_MASKS, _check_float32, _follow_
                                         _refuse_value_changing_hooks, _refuse_writes_through_views, _shared_layers,
                                         _training_only_layers, _unread_params, _writes_a_copy, computed_masks)
 
-__all__ = ["describe", "check_input_shape", "forward_error", "has_lazy_parameters", "in_mode",
+__all__ = ["describe", "described_with_calls", "check_input_shape", "forward_error", "has_lazy_parameters", "in_mode",
            "stderr_kept_on_success", "run_on_meta"]
 
 
@@ -267,6 +267,15 @@ def describe(module: nn.Module, input_shape: list[int], name: str, network: str 
     ``input_shape`` (naming the shape and torch's message), and naming the first op or module the schema cannot
     express.
     """
+    input_shape = _describable(module, input_shape, name, network)
+    with _random_state_kept():
+        if has_lazy_parameters(module):  # the first forward makes them, drawing random numbers: on a copy
+            return _described(_lazy_copy(module), input_shape, name, network, pruning_level, extra)
+        return _described(module, input_shape, name, network, pruning_level, extra)
+
+
+def _describable(module: nn.Module, input_shape: list[int], name: str, network: str | None) -> list[int]:
+    """``input_shape`` checked, once :func:`describe`'s checks of its arguments pass (``UserError`` else)."""
     for key, value in (("name", name), ("network", network)):  # written into the description as they are
         if not isinstance(value, str) and (key == "name" or value is not None):
             raise UserError(f"describe: {key} {value!r} ({type(value).__name__}) is not a str")
@@ -279,10 +288,7 @@ def describe(module: nn.Module, input_shape: list[int], name: str, network: str 
                         f"the model itself, its eager training step on one device: give its .{wrapped[1]}")
     input_shape = check_input_shape(input_shape, name)
     _refuse_graph_module_names(module, name)
-    with _random_state_kept():
-        if has_lazy_parameters(module):  # the first forward makes them, drawing random numbers: on a copy
-            return _described(_lazy_copy(module), input_shape, name, network, pruning_level, extra)
-        return _described(module, input_shape, name, network, pruning_level, extra)
+    return input_shape
 
 
 @contextlib.contextmanager
@@ -315,11 +321,27 @@ def _refuse_graph_module_names(module: nn.Module, name: str) -> None:
                         "which the trace cannot copy it onto; rename it (or hold the model in a container module)")
 
 
+def described_with_calls(module: nn.Module, input_shape: list[int], name: str) -> tuple[NetworkDescription,
+                                                                                       dict[str, str]]:
+    """:func:`describe`'s description of ``module`` (without lazy layers: ``UserError``), and the layer each node that
+    calls one of the module's layers calls, by the node's name (``{"layer1_0_conv1": "layer1.0.conv1"}``: the trace's
+    calls; a node of a name that is not there calls none)."""
+    input_shape = _describable(module, input_shape, name, None)
+    if has_lazy_parameters(module):
+        raise UserError(f"{name}: described with its calls without lazy layers")
+    calls: dict[str, str] = {}
+    with _random_state_kept():
+        return _described(module, input_shape, name, None, 0, {}, calls), calls
+
+
 def _described(module: nn.Module, input_shape: list[int], name: str, network: str | None, pruning_level: float,
-               extra: dict[str, Any]) -> NetworkDescription:
-    """:func:`describe`'s description of ``module`` (checked), its parameters made."""
+               extra: dict[str, Any], calls: dict[str, str] | None = None) -> NetworkDescription:
+    """:func:`describe`'s description of ``module`` (checked), its parameters made; ``calls``, where given, gets
+    the layer each fx node calls (:func:`described_with_calls`)."""
     with in_mode(module, training=False):
         gm = _traced_with_shapes(module, input_shape, name)
+    if calls is not None:
+        calls.update((n.name, str(n.target)) for n in gm.graph.nodes if n.op == "call_module")
     nodes, output = _convert(gm, name)
     _mark_cumulative_averages(module, gm, nodes)
     _mark_constant_modes(module, gm, nodes, input_shape)

@@ -215,7 +215,8 @@ def prune_source(src: Source, input_shape: list[int], levels: list[float], strat
     ``Unprunable``; with a ``skipped`` list the level (every level but 0) is left out instead and a line saying why
     is appended to the list."""
     from perf4sight.ir.from_torch import describe  # torch, torch-pruning: where a network is pruned
-    from perf4sight.networks.pruning import Unprunable, UnreachableLevel, check_level
+    from perf4sight.networks.described_cuts import described_cut
+    from perf4sight.networks.pruning import PrunedModel, Unprunable, UnreachableLevel, check_level
 
     levels = [check_level(lvl, f"[networks.pruning] levels ({src.name})") for lvl in levels]
     if not plan and all(lvl == 0 for lvl in levels):  # unpruned alone: nothing to trace (a Swin cannot be)
@@ -230,8 +231,11 @@ def prune_source(src: Source, input_shape: list[int], levels: list[float], strat
     out: list[NetworkDescription] = []
     layers: dict[str, int] = {}  # a variant's layers (nodes, output, level) -> its place in ``out``
     for lvl in levels:
-        try:
-            pruned = plan.prune(lvl, meta=True)
+        try:  # from the unpruned description where it alone says the level's (described_cuts), else a cut copy
+            cut = described_cut(plan, plan.counts_at(lvl), input_shape) if lvl and hasattr(plan, "counts_at") \
+                else None
+            pruned = PrunedModel(None, lvl, plan.achieved_level(cut.params), cut.params, plan.p0, dict(plan.extra)) \
+                if cut else plan.prune(lvl, meta=True)
         except UnreachableLevel as exc:
             if skipped is None:
                 raise
@@ -241,10 +245,13 @@ def prune_source(src: Source, input_shape: list[int], levels: list[float], strat
         info = dict(name=variant_name(src.name, lvl), network=src.family or src.name,
                     pruning_level=pruned.achieved_level,
                     source=src.source, strategy=strategy, seed=seed, target_level=lvl, **pruned.extra)
-        try:  # meta weights: shapes only, no real forward pass (seconds per level for large networks at 224x224)
-            desc = describe(pruned.module, input_shape, **info)
-        except Exception:  # an op without a meta kernel: describe a real copy instead
-            desc = describe(plan.prune(lvl).module, input_shape, **info)
+        if cut:
+            desc = cut.description(input_shape, **info)
+        else:
+            try:  # meta weights: shapes only, no real forward pass (seconds per level for large networks at 224x224)
+                desc = describe(pruned.module, input_shape, **info)
+            except Exception:  # an op without a meta kernel: describe a real copy instead
+                desc = describe(plan.prune(lvl).module, input_shape, **info)
         same = _same_network(desc, out, layers, skipped)
         if same is not None and skipped is not None:  # two levels its coarse steps cannot tell apart: made once
             if abs(lvl - pruned.achieved_level) >= abs(out[same].extra["target_level"] - pruned.achieved_level):

@@ -464,6 +464,13 @@ class PruningPlan:
         source = self._meta if meta else self.base
         if level == 0:
             return PrunedModel(self._in_modes(copy.deepcopy(source)), 0.0, 0.0, self.p0, self.p0, dict(self.extra))
+        model = self._in_modes(pp.cut(source, pp.removal(self.groups, list(self.counts_at(level)))))
+        params = count_parameters(model) - self.unused
+        return PrunedModel(model, level, self.achieved_level(params), params, self.p0, dict(self.extra))
+
+    def counts_at(self, level: float) -> tuple[int, ...]:
+        """Units removed per group (in the order of :attr:`groups`) for ``level`` percent (above 0, checked), the
+        closest achievable; ``UnreachableLevel`` where that is more than ``2 * TOLERANCE`` points away."""
         last = len(self._event_group)
         n = bisect.bisect_left(range(last + 1), True, key=lambda j: self._level(self._counts(j)) >= level)
         candidates = [self._counts(j) for j in (n - 1, n) if 0 <= j <= last]
@@ -479,9 +486,11 @@ class PruningPlan:
             raise UnreachableLevel(f"{self.network}: cannot reach pruning level {level:g}% with strategy "
                                    f"{self.strategy} and min_channels={self.min_channels} ({reason}); {fix}",
                                    achieved, reason)
-        model = self._in_modes(pp.cut(source, pp.removal(self.groups, list(counts))))
-        params = count_parameters(model) - self.unused
-        return PrunedModel(model, level, round(100.0 * (1 - params / self.p0), 3), params, self.p0, dict(self.extra))
+        return counts
+
+    def achieved_level(self, params: int) -> float:
+        """The level a cut leaving ``params`` of the parameters the forward reads achieves (percent, 3 decimals)."""
+        return round(100.0 * (1 - params / self.p0), 3)
 
     def _in_modes(self, model: nn.Module) -> nn.Module:
         """``model`` (a copy of the network, pruned or not) with each layer in the mode the caller's network had it

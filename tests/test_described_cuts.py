@@ -1,0 +1,105 @@
+"""A pruned level's description made from the unpruned network's (networks/described_cuts.py): the same bytes as the
+description of a cut copy, and None (a cut copy described instead) wherever the description alone does not say it."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from perf4sight.networks import described_cuts
+from perf4sight.networks.build import Source, prune_source, pruning_plan
+from perf4sight.networks.pruning import PruningPlan
+from perf4sight.networks.zoo import build_zoo_model
+
+SHAPE = [3, 32, 32]
+warnings.filterwarnings("ignore", module="torch_pruning")
+
+
+def _levels(src: Source, plan, levels: list[float], monkeypatch: pytest.MonkeyPatch, fast: bool) -> tuple[list, list]:
+    """(the descriptions of ``levels``, what was left out), by ``prune_source`` from ``plan``, with the described cuts
+    or without them (a cut copy described at every level)."""
+    if not fast:
+        monkeypatch.setattr(described_cuts, "described_cut", lambda *args: None)
+    skipped: list[str] = []
+    descs = prune_source(src, SHAPE, levels, "l1-norm", 4, 0, skipped=skipped, plan=plan)
+    monkeypatch.undo()
+    return [d.to_json() for d in descs], skipped
+
+
+@pytest.mark.parametrize("zoo", ["mobilenet_v3_small", "squeezenet1_0"])
+def test_a_levels_description_from_the_unpruned_ones_is_the_cut_copys(zoo: str, monkeypatch) -> None:
+    """Depthwise convolutions, squeeze-and-excitation products (a [C, 1, 1] gate times a map), hard swishes, residual
+    additions, a flatten, dropout and linear layers (mobilenet_v3_small), concatenations of channels and
+    convolutions without batch norms (squeezenet1_0): every level asked is described from the unpruned description,
+    byte for byte the description of the cut copy."""
+    src = Source(zoo, f"torchvision:{zoo}", lambda: build_zoo_model(zoo, 10, SHAPE))
+    plan = pruning_plan(src, SHAPE, "l1-norm", 4, 0)
+    made = []
+    real = described_cuts.described_cut
+
+    def counted(*args):
+        made.append(real(*args))
+        return made[-1]
+
+    monkeypatch.setattr(described_cuts, "described_cut", counted)
+    levels = [3.0, 17.0, 41.0, 66.0, 83.0]
+    fast = _levels(src, plan, levels, monkeypatch, True)
+    assert len(made) == len(levels) and all(made)  # each level made from the unpruned description
+    slow = _levels(src, plan, levels, monkeypatch, False)
+    assert fast == slow and len(fast[0]) >= 4
+
+
+class _Doubled(nn.Module):
+    """A network of the user's own code, whose forward reads a channel count (its graph may change with the cut)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn, self.fc = nn.Conv2d(3, 16, 3), nn.BatchNorm2d(16), nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.bn(self.conv(x)))
+        if self.conv.out_channels > 12:  # the cut's channels decide the graph: not the unpruned one's
+            x = torch.relu(x)
+        return self.fc(x.mean((2, 3)))
+
+
+def _plain() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 16, 3), nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 32, 3),
+                         nn.BatchNorm2d(32), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+
+
+def _grouped() -> nn.Module:
+    net = _plain()
+    net[3] = nn.Conv2d(16, 32, 3, groups=4)
+    return net
+
+
+def _frozen() -> nn.Module:
+    net = _plain()
+    net[1].requires_grad_(False)
+    return net
+
+
+def _prelu() -> nn.Module:
+    net = _plain()
+    net[2] = nn.PReLU(16)
+    return net
+
+
+@pytest.mark.parametrize("make, fast", [(_plain, True), (_Doubled, False), (_grouped, False), (_frozen, False),
+                                        (_prelu, False)])
+def test_a_cut_is_described_from_the_unpruned_description_only_where_it_alone_says_it(make, fast, monkeypatch):
+    """torch's own layers in a Sequential: described so. A model of the user's own code (its forward may read a
+    channel count), a grouped convolution, a frozen layer, a PReLU's slopes (a layer this does not cut): None, and a
+    cut copy is described instead; either way the description is the cut copy's."""
+    src = Source("net", "own", make)
+    plan = PruningPlan(make(), SHAPE, "l1-norm", 2, 0, "net")
+    level = plan._level(plan._counts(len(plan._event_group) // 2))  # one its pruning steps reach
+    counts = plan.counts_at(level)
+    cut = described_cuts.described_cut(plan, counts, SHAPE)
+    assert (cut is not None) == fast
+    assert _levels(src, plan, [level], monkeypatch, True) == _levels(src, plan, [level], monkeypatch, False)
+    if fast:
+        assert cut.params == plan.p0 - plan._fast_count(list(counts)) < plan.p0
