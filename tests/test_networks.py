@@ -413,6 +413,35 @@ def test_plan_is_reused_across_levels_and_nests_removed_channels() -> None:
     assert from_meta.to_json() == describe(high.module, SHAPE, name="x").to_json()
 
 
+def _plan_state(plan: PruningPlan) -> list:
+    """What a plan decides: its groups (layers, cuts, channels, units, limits, orders), events and counts."""
+    return [plan.p0, plan.unused, plan.extra, plan._event_group.tolist()] + [
+        (g.root, g.channels, g.max_removed, g.order, g.weight, [u.roots.tolist() for u in g.units],
+         [(d.module, d.handler.__qualname__, d.roots.tolist(), d.targets.tolist()) for d in g.deps])
+        for g in plan.groups]
+
+
+def test_a_zoo_networks_plan_traced_on_a_weightless_twin_is_the_one_traced_for_real(monkeypatch) -> None:
+    """A network of torch's and torchvision's layers is traced for its pruning plan on a copy without weights on the
+    meta device (the same layers called in the same order, the same groups found, shapes being all either reads);
+    the plan is the one of the real forwards. A twin whose forward fails (here: weights off the meta device) leaves
+    the real forwards to run; a network of the user's own code, or with lazy layers, has no twin."""
+    from perf4sight.networks import pruning
+
+    model = build_zoo_model("mobilenet_v3_small", num_classes=10)
+    assert pruning._twin(model) is not None
+    twinned = _plan_state(PruningPlan(model, SHAPE, "l1-norm", 4, 0, "m"))
+    monkeypatch.setattr(pruning, "_twin", lambda m: None)
+    real = _plan_state(PruningPlan(model, SHAPE, "l1-norm", 4, 0, "m"))
+    assert twinned == real and len(real) > 20
+    monkeypatch.undo()
+    monkeypatch.setattr(pruning, "_meta_twin", copy.deepcopy)  # real weights: the meta example fails on them
+    assert _plan_state(PruningPlan(model, SHAPE, "l1-norm", 4, 0, "m")) == real
+    own = build_factory_model(parse_factory(f"{TINY}:tiny_resnet", ROOT), CLASSES)
+    lazy = nn.Sequential(nn.LazyConv2d(8, 3), nn.Flatten(), nn.LazyLinear(10))
+    assert pruning._twin(own) is None and pruning._twin(lazy) is None
+
+
 def test_min_channels_is_kept_and_unreachable_level_is_an_error() -> None:
     base = build_factory_model(parse_factory(f"{TINY}:tiny_vgg", ROOT), CLASSES)
     pruned = prune_model(base, SHAPE, 80, "l1-norm", min_channels=12, network="tiny_vgg")

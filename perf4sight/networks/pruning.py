@@ -51,7 +51,8 @@ from torch import nn
 
 from perf4sight.config import PRUNING_STRATEGIES
 from perf4sight.errors import UserError
-from perf4sight.ir.from_torch import forward_error
+from perf4sight.ir.from_torch import forward_error, has_lazy_parameters
+from perf4sight.ir.torch_trace import _meta_twin
 from perf4sight.ir.fx_values import einsum_operands
 from perf4sight.networks import prune_plan as pp
 
@@ -284,6 +285,55 @@ def _execution_order(model: nn.Module, example: torch.Tensor) -> tuple[list[nn.M
     return order, out, called
 
 
+class _Twin:
+    """A weightless copy of a network on the meta device (its tied weights still tied), and its layer of each of the
+    network's: its forward calls the same layers in the same order, and torch-pruning finds the same groups in it,
+    shapes being all they read."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = _meta_twin(model)
+        mine = dict(self.model.named_modules())
+        self._of = {id(m): mine[name] for name, m in model.named_modules()}
+        self._back = {id(mine[name]): m for name, m in model.named_modules()}
+
+    def of(self, module: nn.Module) -> nn.Module:
+        """The twin's layer of the network's ``module``."""
+        return self._of[id(module)]
+
+    def back(self, module: nn.Module) -> nn.Module:
+        """The network's layer of the twin's ``module``."""
+        return self._back[id(module)]
+
+
+def _twin(model: nn.Module) -> _Twin | None:
+    """``model``'s :class:`_Twin`, where its forward surely calls the same layers on the meta device: every layer
+    torch's or torchvision's (a model of the user's own code may keep state its forward changes), none lazy (a first
+    forward makes their weights, drawing random numbers), and torch's meta kernels loaded (their first run imports
+    ``torch._dynamo``, 2-3 s: torchvision's import has); else None."""
+    if "torch._dynamo" not in sys.modules or has_lazy_parameters(model) or not all(
+            type(m).__module__.split(".")[0] in ("torch", "torchvision") for m in model.modules()):
+        return None
+    return _Twin(model)
+
+
+def _execution_order_on(twin: _Twin | None, model: nn.Module, example: torch.Tensor) -> tuple[
+        list[nn.Module], Any, set[int], list[tuple[str, str]]]:
+    """:func:`_execution_order` of ``model`` and the calls torch-pruning cannot follow (:class:`_UnprunableCalls`),
+    from a forward of ``twin`` where there is one and it runs (its layers read back as ``model``'s), else of
+    ``model``, whose error is the one raised."""
+    if twin is not None:
+        try:
+            with _UnprunableCalls() as unprunable:
+                order, out, called = _execution_order(twin.model, example.to("meta"))
+            return [twin.back(m) for m in order], out, {id(twin.back(m)) for m in twin.model.modules()
+                                                        if id(m) in called}, unprunable.seen
+        except Exception:  # noqa: BLE001 - an op without a meta kernel, a forward reading values: run for real
+            pass
+    with _UnprunableCalls() as unprunable:
+        order, out, called = _execution_order(model, example)
+    return order, out, called, unprunable.seen
+
+
 def _refuse_grouped_transposed(traced: nn.Module, order: list[nn.Module], network: str) -> None:
     """:class:`Unprunable` where the forward runs a grouped transposed convolution (of ``order``, what it ran), whose
     weight torch-pruning cuts along the wrong dimension; one the forward never runs is left as it is."""
@@ -364,13 +414,13 @@ class PruningPlan:
         self._cache: dict[tuple[int, ...], float] = {}
         example = torch.randn(1, *input_shape, generator=torch.Generator().manual_seed(0))  # not the caller's
         traced = copy.deepcopy(base).eval()
-        try:
-            with _UnprunableCalls() as unprunable:
-                order, out, called = _execution_order(traced, example)
+        twin = _twin(traced)  # its forwards without compute, where they run the same: a zoo network's at 224x224
+        try:  # took a second (resnet50: 2-4 s) on a 2-core host, most of a --prune-to-fit's first run of it
+            order, out, called, unprunable = _execution_order_on(twin, traced, example)
         except Exception as exc:  # noqa: BLE001 - the model's own forward: any error is the user's model
             raise forward_error(network, input_shape, exc) from None
-        if unprunable.seen:
-            what, why = unprunable.seen[0]
+        if unprunable:
+            what, why = unprunable[0]
             raise Unprunable(f"{network}: a network with {what} cannot be pruned ({why}); predict it as it is")
         _refuse_grouped_transposed(traced, order, network)
         if not _holds_a_tensor(out):  # torch-pruning's trace would fail on it with a traceback
@@ -388,8 +438,17 @@ class PruningPlan:
             if any(_halves_channels(d.target) for d, _ in group):
                 return "channels a GLU halves (a channel and its gate, half the channels apart)"
             return ""
-        with _trace_stand_ins(calls):
-            groups, notes = pp.find_groups(traced, example, order[-1:], skip)
+        groups, notes = None, None
+        if twin is not None:  # the twin's layers bear the names of traced's, which are all the groups hold
+            try:
+                with _trace_stand_ins(calls):
+                    groups, notes = pp.find_groups(twin.model, example.to("meta"), [twin.of(m) for m in order[-1:]],
+                                                   skip)
+            except Exception:  # noqa: BLE001 - an op without a meta kernel: traced itself, as before
+                calls.clear()
+        if groups is None:
+            with _trace_stand_ins(calls):
+                groups, notes = pp.find_groups(traced, example, order[-1:], skip)
         names = {m: n for n, m in traced.named_modules()}
         position = {names[m]: i for i, m in enumerate(order)}
         groups.sort(key=lambda g: position.get(g.root, len(position)))
