@@ -198,6 +198,14 @@ def test_the_fast_parameter_count_is_a_cut_copys(zoo: str) -> None:
         counts = [int(rng.integers(0, g.max_removed + 1)) for g in plan.groups]
         cut = pp.cut(plan._meta, pp.removal(plan.groups, counts))
         assert 0 < plan._fast_count(counts) == plan.p0 - count_parameters(cut)
+    for k in (0, 1, 3, 10 ** 6):  # each (layer, cut)'s indices: the targets of the roots the first k units hold
+        want: dict = {}
+        for g in plan.groups:
+            gone = np.concatenate([g.units[u].roots for u in g.order[:k]]) if k else []
+            for d in g.deps if len(gone) else ():
+                want.setdefault((d.module, d.handler), set()).update(d.targets[np.isin(d.roots, gone)].tolist())
+        got = pp.removal(plan.groups, [k] * len(plan.groups))
+        assert list(got.items()) == list(want.items()) and (k == 0) == (not got)
 
 
 def test_a_bnneck_prunes_with_the_linear_layer_before_it_and_counts_fast() -> None:

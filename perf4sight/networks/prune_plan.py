@@ -88,6 +88,8 @@ class CoupledGroup:
     max_removed: int = 0  # units; set by ``find_groups`` from min_channels
     order: list[int] = field(default_factory=list)  # unit removal order, set by the strategy
     weight: float = 1.0
+    _cut_order: tuple[Any, list[tuple[np.ndarray, np.ndarray]]] | None = field(default=None, repr=False,
+                                                                              compare=False)
 
     def removed_roots(self, k: int) -> np.ndarray:
         """Root channels gone when the first ``k`` units of ``order`` are removed."""
@@ -101,6 +103,21 @@ class CoupledGroup:
         for pos, u in enumerate(self.order):
             places[self.units[u].roots] = pos
         return places
+
+    def cut_order(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per dep, (the place in :attr:`order` of the unit of each (root, target) pair's root, ascending; the pairs'
+        targets in that order): the targets of the pairs whose roots the first ``k`` units remove are the first
+        ``searchsorted(places, k)``. Made once per order."""
+        key = (tuple(self.order), tuple(map(id, self.deps)))
+        if self._cut_order is None or self._cut_order[0] != key:
+            places = self.unit_places()
+            made = []
+            for d in self.deps:
+                at = places[d.roots]
+                ranked = np.argsort(at, kind="stable")
+                made.append((at[ranked], d.targets[ranked]))
+            self._cut_order = key, made
+        return self._cut_order[1]
 
 
 def _stripes(module: nn.Module | None, handler: Handler) -> tuple[int, int] | None:
@@ -563,11 +580,11 @@ def removal(groups: list[CoupledGroup], counts: list[int]) -> dict[tuple[str, Ha
     """Per (layer, pruning function): the union of indices removed when group i loses ``counts[i]`` units."""
     out: dict[tuple[str, Handler], set[int]] = {}
     for g, k in zip(groups, counts):
-        gone = g.removed_roots(k)
-        if len(gone) == 0:
+        k = min(k, len(g.order))  # the first k units of the order: a root of a unit within them is gone
+        if k <= 0:
             continue
-        for d in g.deps:
-            hit = d.targets[np.isin(d.roots, gone)]
+        for d, (places, targets) in zip(g.deps, g.cut_order()):
+            hit = targets[:np.searchsorted(places, k)]  # the targets of pairs whose root is gone
             out.setdefault((d.module, d.handler), set()).update(hit.tolist())
     return out
 
@@ -654,9 +671,11 @@ def _is_out(handler: Handler) -> bool:
     return name.startswith("prune_out") or name.startswith("prune_depthwise")
 
 
-def _params_after(m: nn.Module, r_out: int, r_in: int, handler: Handler | None = None) -> int | None:
-    """Trainable parameters of ``m`` without ``r_out`` output and ``r_in`` input channels; None for other types."""
-    own = [p for p in m.parameters(recurse=False) if p.requires_grad]
+def _params_after(m: nn.Module, r_out: int, r_in: int, handler: Handler | None = None,
+                  own: list[nn.Parameter] | None = None) -> int | None:
+    """Trainable parameters of ``m`` without ``r_out`` output and ``r_in`` input channels; None for other types.
+    ``own``: ``m``'s own trainable parameters, where the caller has them (:func:`_own_trainable`)."""
+    own = _own_trainable(m) if own is None else own
     bias = int(getattr(m, "bias", None) is not None and m.bias.requires_grad)
     if type(m) is nn.Conv2d:
         kk = m.kernel_size[0] * m.kernel_size[1]
@@ -684,6 +703,11 @@ def _params_after(m: nn.Module, r_out: int, r_in: int, handler: Handler | None =
         dim, total = getattr(handler, "dim", None), sum(p.numel() for p in own)
         return total if dim is None else total // m.normalized_shape[dim] * (m.normalized_shape[dim] - max(r_out, r_in))
     return None if own else 0
+
+
+def _own_trainable(m: nn.Module) -> list[nn.Parameter]:
+    """The trainable parameters ``m`` holds itself (not its children's)."""
+    return [p for p in m.parameters(recurse=False) if p.requires_grad]
 
 
 def _cut_so_far(dep: Dep, places: np.ndarray, n: int) -> np.ndarray:
@@ -724,6 +748,7 @@ def make_counter(groups: list[CoupledGroup], model: nn.Module) -> Callable[[list
     if any(_params_after(modules[n], 0, 0, handlers[n]) is None for n in layers):
         return None
     base = {n: sum(p.numel() for p in modules[n].parameters(recurse=False) if p.requires_grad) for n in layers}
+    own = {n: _own_trainable(modules[n]) for n in layers}  # read once: a level's count asks each layer many times
     # a parameter outside any layer: (elements, size of the dimension cut), each cut channel taking its share
     loose = {name: (model.get_parameter(name).numel(), model.get_parameter(name).shape[handler.dim])
              for name, handler in seen if name not in modules}
@@ -735,6 +760,6 @@ def make_counter(groups: list[CoupledGroup], model: nn.Module) -> Callable[[list
                 for (name, handler), cum in per_dep:
                     slot = r.setdefault(name, [0, 0])
                     slot[0 if _is_out(handler) else 1] += int(cum[k])
-        return sum(base[n] - (_params_after(modules[n], o, i, handlers[n]) or 0) if n in base
+        return sum(base[n] - (_params_after(modules[n], o, i, handlers[n], own[n]) or 0) if n in base
                    else loose[n][0] * (o + i) // loose[n][1] for n, (o, i) in r.items())
     return removed
