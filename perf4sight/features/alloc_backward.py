@@ -204,7 +204,7 @@ def _gradients_of(fn: _GradFn, incoming: int, strides: tuple[int, ...] | None,
                   mem: _Memory) -> dict[int, tuple[int, tuple[int, ...] | None]]:
     """The gradients node ``fn`` computes from ``incoming`` (of ``strides``), in its order: input index -> (storage,
     its strides); its temporaries allocated and freed around them (``before``: until the first gradient; ``around``:
-    each gradient's own)."""
+    each gradient's own, :func:`_temporaries`)."""
     new, drop = mem.new, mem.drop
     outs: dict[int, tuple[int, tuple[int, ...] | None]] = {}
     ahead = [new(size, kernel) for size, kernel in fn.before] if fn.before else None
@@ -212,7 +212,7 @@ def _gradients_of(fn: _GradFn, incoming: int, strides: tuple[int, ...] | None,
     for j in fn.order:
         if edges[j] is None:
             continue
-        temporaries = [new(size, kernel) for size, kernel in around[j]] if around else None
+        temporaries = _temporaries(around[j], new, drop) if around else None
         if kernels[j]:
             outs[j] = (new(fn.full[j] or fn.sizes[j], kernels[j]), _laid_out(fn, j, strides) if fn.layouts else None)
         else:
@@ -225,6 +225,21 @@ def _gradients_of(fn: _GradFn, incoming: int, strides: tuple[int, ...] | None,
                 drop(sid)
             ahead = None
     return outs
+
+
+def _temporaries(spec: list[tuple], new, drop) -> list[int]:
+    """The temporaries of one gradient (:attr:`_GradFn.around`'s entries: ``(bytes, aten op)``, or ``(bytes, aten op,
+    at)``: freed right after the ``at``-th of them is allocated, counted from 0, where the frees of one point run last
+    first) allocated in order; back come those left, which its kernel outlives."""
+    alive: list[tuple[int, int | None]] = []
+    for i, entry in enumerate(spec):
+        alive.append((new(entry[0], entry[1]), entry[2] if len(entry) > 2 else None))
+        if any(at == i for _, at in alive):
+            for sid, at in reversed(alive):
+                if at == i:
+                    drop(sid)
+            alive = [t for t in alive if t[1] != i]
+    return [sid for sid, _ in alive]
 
 
 #: The strides of a gradient summed from a permuted one: not followed (a view of it is not covered).

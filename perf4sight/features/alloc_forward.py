@@ -50,8 +50,9 @@ def _with_parameters(ctx: _OpContext) -> _Value:
         value = _Value(sid, nbytes, ctx.grad_fn([x.sid] + ([standardised[0]] if standardised else []),
                                                 [_edge(x)] + pedges, [x.nbytes] + pbytes, grads,
                                                 layouts=layouts, restride=restride, any_strides=True))
-        if standardised is not None:  # the forward's own hold of it (autograd's kept)
-            ctx.mem.drop(standardised[0])
+        if standardised is not None:  # the forward's own holds: the weight (autograd's kept), its locals'
+            for sid in standardised[2]:
+                ctx.mem.drop(sid)
         return value
     # the output, a mean and a 1/std; keeps the input and the two (a batch norm by its running statistics too: the
     # meta kernel gives it [C] floats each, where this CPU's gives empty ones)
@@ -89,23 +90,103 @@ def _with_parameters(ctx: _OpContext) -> _Value:
     raise NotCovered(f"op '{n.op}'")
 
 
-def _standardised_weight(ctx: _OpContext, nbytes: int) -> tuple[int, int]:
-    """A conv2d's weight standardised as timm's StdConv2d (``standardize`` batch_norm): F.batch_norm of the weight
-    viewed [1, out, -1] (torch's empty reserve, freed at once; the standardised weight, a mean and a 1/std per output
-    channel, both kept with the parameter). Backward native_batch_norm_backward into the parameter's gradient, which
-    frees the incoming one and the two statistics. (The weight's storage, its autograd node.) The moments' spellings
-    (std, var, var_mean) are left to the meta trace."""
+def _standardised_weight(ctx: _OpContext, nbytes: int) -> tuple[int, int, list[int]]:
+    """A conv2d's weight (``nbytes``) standardised as ``standardize`` says, as ``to_torch.StandardizedConv2d`` runs it:
+    (the standardised weight's storage, its autograd node, the storages the forward drops right after the convolution:
+    that weight, then the locals it still holds). Every spelling's backward hands the parameter a gradient from each
+    node that reads it (the engine adds them up out of place, :func:`~.alloc_backward._param_gradient`)."""
     form = ctx.node.attrs["standardize"]
-    if form != "batch_norm":
-        raise NotCovered(f"a conv2d of standardize {form}")
     shape = tuple(_weight_shape(ctx.node))
-    reserve = ctx.alloc("empty.memory_format", 0)
-    sid = ctx.alloc("native_batch_norm.default", nbytes)
-    stats = [ctx.alloc("native_batch_norm.default", shape[0] * FLOAT, holders=0) for _ in range(2)]
-    ctx.mem.drop(reserve)
-    fn = ctx.grad_fn(stats, [("param", ctx.first_param)], [nbytes], ["aten.native_batch_norm_backward.default"],
-                     out_shape=shape, shapes=[shape])
-    return sid, fn
+    if form == "batch_norm":  # F.batch_norm of the weight viewed [1, out, -1]: torch's empty reserve, freed at once;
+        # the standardised weight, a mean and a 1/std per output channel, both kept; backward native_batch_norm_backward
+        reserve = ctx.alloc("empty.memory_format", 0)
+        sid = ctx.alloc("native_batch_norm.default", nbytes)
+        stats = [ctx.alloc("native_batch_norm.default", shape[0] * FLOAT, holders=0) for _ in range(2)]
+        ctx.mem.drop(reserve)
+        fn = ctx.grad_fn(stats, [("param", ctx.first_param)], [nbytes], ["aten.native_batch_norm_backward.default"],
+                         out_shape=shape, shapes=[shape])
+        return sid, fn, [sid]
+    return _by_moments(ctx, form, nbytes, shape)
+
+
+def _by_moments(ctx: _OpContext, form: str, nbytes: int, shape: tuple) -> tuple[int, int, list[int]]:
+    """:func:`_standardised_weight` of the moments' spellings, ``(w - mean) / spread`` (std, var, var_mean,
+    std_rows), each op its own autograd node as torch makes it. The mean's node (var_mean's, whose two outputs'
+    gradients it gathers), the subtraction (the parameter's gradient handed on as it is, the mean's the incoming one
+    negated and summed down), the spread (std plus eps, ``sqrt`` of var plus eps) and the division, which keeps the
+    centred weight and the spread; backward its spread's gradient first (``-grad * ((w / s) / s)``: three temporaries
+    of the weight's size). A std keeps its result and a var does not; their backward (``var_backward``: the weight
+    less its mean, times ``2 / dof`` times the incoming gradient; a std's the incoming one over twice its result first,
+    masked where that is 0) is one gradient of the weight's size. mmcv's rows read the weight as ``[out, -1]`` (one
+    view node for both statistics, which sums their gradients) and view their statistics back."""
+    out = shape[0]
+    stat, param = out * FLOAT, ("param", ctx.first_param)
+    rows = form == "std_rows"
+    flat, chan = ((out, nbytes // (out * FLOAT)), (out, 1)) if rows else (shape, (out, 1, 1, 1))
+    per_channel = (out, 1, 1, 1)
+    grad_fn, alloc, drop = ctx.grad_fn, ctx.alloc, ctx.mem.drop
+    to_stats = param
+    if rows:  # w.view(out, -1): the view's node, which both statistics' gradients reach
+        to_stats = ("fn", grad_fn([], [param], [nbytes], [None], handoff="view", out_shape=flat, shapes=[shape]))
+    var_backward = [(stat, "aten.mean.dim"), (nbytes, "aten.sub.Tensor"), (stat, "aten.mul.Scalar")]
+    # a std's: grad / (result * 2) (the product freed after the mask of result == 0, a byte a channel), then as a var's
+    std_backward = [(stat, "aten.mul.Scalar", 2), (stat, "aten.div.Tensor"), (out, "aten.eq.Scalar", 2)] + var_backward
+
+    def statistic(kernel: str, grad: str, saved: bool = False, around: list | None = None,
+                  gathers: int = 0, holders: int = 1) -> tuple[int, int | None]:
+        """A statistic over the weight (read as ``flat``): its storage, its node (and a view node back to
+        ``per_channel`` for mmcv's rows)."""
+        sid = alloc(kernel, stat, holders=holders)
+        fn = grad_fn([sid] if saved else [], [to_stats], [nbytes], [grad], around=[around] if around else None,
+                     gathers=gathers, out_shape=chan, shapes=[flat])
+        if rows:
+            fn = grad_fn([], [("fn", fn)], [stat], [None], handoff="view", out_shape=per_channel, shapes=[chan])
+        return sid, fn
+
+    after: list[int] = []
+    if form == "var_mean":  # torch.var_mean: two outputs (the locals v and m), one node
+        v = alloc("var_mean.correction", stat)
+        m = alloc("var_mean.correction", stat)
+        moments = grad_fn([], [param], [nbytes], ["aten.add.Tensor"], gathers=2, out_shape=per_channel,
+                          shapes=[shape], around=[[(stat, "aten.mean.dim", 3), (nbytes, "aten.sub.Tensor", 3),
+                                                   (stat, "aten.mul.Scalar", 3), (nbytes, "aten.mul.Tensor"),
+                                                   (nbytes, "aten.div.Scalar")]])
+        mean, mean_fn, after = m, moments, [v, m]
+    else:  # mmcv's mean is a local, held to the end; the others' a temporary of the expression
+        mean, mean_fn = statistic("mean.dim", "aten.div.Scalar")
+        after = [mean] if rows else []
+    std_fn = None
+    if rows:  # mmcv's std is taken before the subtraction (the std kept by its node)
+        _, std_fn = statistic("std.correction", "aten.mul.Tensor", saved=True, around=std_backward, holders=0)
+    centred = alloc("sub.Tensor", nbytes, holders=0)
+    sub = grad_fn([], [param, ("fn", mean_fn)], [nbytes, stat], [None, "aten.neg.default"], full=[None, nbytes],
+                  out_shape=shape, shapes=[shape, per_channel])
+    if form in ("std", "var"):
+        drop(mean)
+    if form in ("std", "std_rows"):  # (w - mean) / (std + eps)
+        if std_fn is None:
+            _, std_fn = statistic("std.correction", "aten.mul.Tensor", saved=True, around=std_backward, holders=0)
+        spread = alloc("add.Tensor", stat, holders=0)
+        spread_fn = grad_fn([], [("fn", std_fn)], [stat], [None], out_shape=per_channel, shapes=[per_channel])
+    else:  # (w - mean) / sqrt(var + eps)
+        if form == "var":
+            var, var_fn = statistic("var.correction", "aten.mul.Tensor", around=var_backward)
+        else:
+            var, var_fn = v, moments
+        plus = alloc("add.Tensor", stat)
+        plus_fn = grad_fn([], [("fn", var_fn)], [stat], [None], out_shape=per_channel, shapes=[per_channel])
+        if form == "var":
+            drop(var)
+        spread = alloc("sqrt.default", stat, holders=0)  # keeps its result: grad / (2 * result)
+        spread_fn = grad_fn([spread], [("fn", plus_fn)], [stat], ["aten.div.Tensor"],
+                            before=[(stat, "aten.mul.Scalar")], out_shape=per_channel, shapes=[per_channel])
+        drop(plus)
+    sid = alloc("div.Tensor", nbytes)
+    fn = grad_fn([centred, spread], [("fn", sub), ("fn", spread_fn)], [nbytes, stat],
+                 ["aten.div.Tensor", "aten.mul.Tensor"], [1, 0], [None, nbytes],
+                 around=[[], [(nbytes, "aten.div.Tensor"), (nbytes, "aten.div.Tensor"), (nbytes, "aten.neg.default")]],
+                 out_shape=shape, shapes=[shape, per_channel])
+    return sid, fn, [sid] + after
 
 
 def _convolution_layouts(ctx: _OpContext) -> tuple[list, list[bool]]:

@@ -205,8 +205,6 @@ def step_events(desc: NetworkDescription, batch_size: int, relu6_clone: bool = F
             raise NotCovered(f"op '{n.op}'")
         if n.attrs.get(_TRACED_CONSTANT_MODES.get(n.op, ""), True) is False:
             raise NotCovered(f"{n.op} of {_TRACED_CONSTANT_MODES[n.op]} false")
-        if n.attrs.get("standardize", "batch_norm") != "batch_norm":  # the moments' spellings: left to the trace
-            raise NotCovered(f"a conv2d of standardize {n.attrs['standardize']}")
     mem = _Memory()
     b = int(batch_size)
     param_bytes: list[int] = []

@@ -120,12 +120,14 @@ class _GradFn:
     # per gradient: whether it reaches its parameter with strides other than the parameter's, which AccumulateGrad
     # copies into a new tensor of the parameter's strides (``new_empty_strided``) before keeping it
     restride: list[bool] | None = None
-    # a split's node (``torch.chunk``): the gradients of its parts, each from its own node, gathered as they arrive
-    # (no sum), all freed once its kernel (``cat``) has allocated the input's gradient
+    # a split's node (``torch.chunk``), or a call's of two outputs (``torch.var_mean``'s): the gradients of its parts,
+    # each from its own node, gathered as they arrive (no sum), all freed once its kernel (``cat``) has allocated the
+    # input's gradient
     gathers: int = 0
     # per gradient: temporaries (bytes, aten op) allocated, in order, right before its kernel and freed, last first,
-    # right after it (a maximum's compares, halved gradient and where)
-    around: list[list[tuple[int, str]]] | None = None
+    # right after it (a maximum's compares, halved gradient and where); one of (bytes, aten op, at) is freed right
+    # after the at-th temporary is allocated instead (a std's backward: alloc_backward._temporaries)
+    around: list[list[tuple]] | None = None
 
 
 class _Memory:
