@@ -99,6 +99,9 @@ The rules, as PyTorch runs a training step (and as the meta trace shows them):
   ``mm`` of its rows (:func:`_matmul_folded`). A layer norm's input gradient is laid out as its incoming gradient
   (the meta kernel's), and a folded linear layer's ``mm`` reads a gradient of any strides (a permuted one folds into
   rows as a view at a batch of 1).
+  A conv2d's standardised weight (``standardize``) is its spelling's ops before the convolution, each its own
+  autograd node (:func:`~perf4sight.features.alloc_forward._standardised_weight`; ``torch.var_mean``'s one node
+  gathering its two outputs' gradients), the parameter's gradients from them summed as a shared parameter's.
   A log-softmax keeps its result, as a softmax does. A PReLU keeps its input; its backward allocates the input's
   gradient and the slopes' per element, summed down to the slopes (:func:`_prelu`). A dropout2d allocates a
   noise per sample and channel, then its output (the input times the noise); it keeps the noise. A dropout of
