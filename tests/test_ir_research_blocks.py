@@ -723,17 +723,19 @@ def test_weight_standardisation_is_a_conv2d_of_standardize(case):
 
 class _StandardisedThrough(nn.Module):
     """A standardised first layer (with a bias, reading the input, which needs no gradient), then a depthwise one
-    without a bias called twice (its later call shares the first's parameter, standardised again), a classifier."""
+    without a bias called twice (its later call shares the first's parameter, standardised again), a depthwise 1 x 1
+    one (its weight [8, 1, 1, 1], of its statistics' shape: nothing broadcast), a classifier."""
 
     def __init__(self, form: str) -> None:
         from perf4sight.ir.to_torch import StandardizedConv2d
         super().__init__()
         self.stem = StandardizedConv2d(3, 8, [3, 3], [1, 1], [1, 1], [1, 1], 1, True, form, eps=1e-6)
         self.depthwise = StandardizedConv2d(8, 8, [3, 3], [1, 1], [1, 1], [1, 1], 8, False, form, unbiased=False)
+        self.point = StandardizedConv2d(8, 8, [1, 1], [1, 1], [0, 0], [1, 1], 8, False, form)
         self.fc = nn.Linear(8 * 8 * 8, 10)
 
     def forward(self, x):
-        return self.fc(self.depthwise(self.depthwise(self.stem(x).relu())).flatten(1))
+        return self.fc(self.point(self.depthwise(self.depthwise(self.stem(x).relu()))).flatten(1))
 
 
 @pytest.mark.parametrize("form", ["std", "var", "var_mean", "std_rows"])
@@ -743,14 +745,15 @@ def test_the_moments_spellings_are_written_down_as_the_trace_records_them(form):
     (the parameter's gradients from the subtraction, the statistics and mmcv's view summed out of place; the division's
     temporaries; a std's backward freeing its product before the rest; torch.var_mean's two outputs gathered by one
     node). Its events are the trace's at batches 1 and 3, under SGD and Adam, for a first layer, a depthwise layer
-    without a bias and a layer called twice."""
+    without a bias, a layer called twice and a 1 x 1 depthwise one (whose statistics' gradients are not summed down)."""
     from test_allocator import _as_replayed
 
     from perf4sight.features.alloc_trace import record_events
 
     desc = describe(_StandardisedThrough(form), SHAPE, name="probe")
     convs = [n for n in desc.nodes if n.op == "conv2d"]
-    assert [n.attrs["standardize"] for n in convs] == [form] * 3 and convs[2].attrs["shares"] == convs[1].name
+    assert [n.attrs["standardize"] for n in convs] == [form] * 4 and convs[2].attrs["shares"] == convs[1].name
+    assert convs[3].attrs["kernel_size"] == [1, 1] and convs[3].attrs["groups"] == 8
     assert convs[0].inputs == [desc.nodes[0].name] and convs[1].attrs["groups"] == 8 and not convs[1].attrs["bias"]
     for optimizer in ("sgd", "adam"):
         for batch in (1, 3):

@@ -159,7 +159,9 @@ def _by_moments(ctx: _OpContext, form: str, nbytes: int, shape: tuple) -> tuple[
     if rows:  # mmcv's std is taken before the subtraction (the std kept by its node)
         _, std_fn = statistic("std.correction", "aten.mul.Tensor", saved=True, around=std_backward, holders=0)
     centred = alloc("sub.Tensor", nbytes, holders=0)
-    sub = grad_fn([], [param, ("fn", mean_fn)], [nbytes, stat], [None, "aten.neg.default"], full=[None, nbytes],
+    summed = [None, nbytes if nbytes != stat else None]  # a statistic's gradient summed down (none of a 1 x 1 kernel
+    # over one input channel a group: the weight is [out, 1, 1, 1] too)
+    sub = grad_fn([], [param, ("fn", mean_fn)], [nbytes, stat], [None, "aten.neg.default"], full=summed,
                   out_shape=shape, shapes=[shape, per_channel])
     if form in ("std", "var"):
         drop(mean)
@@ -183,7 +185,7 @@ def _by_moments(ctx: _OpContext, form: str, nbytes: int, shape: tuple) -> tuple[
         drop(plus)
     sid = alloc("div.Tensor", nbytes)
     fn = grad_fn([centred, spread], [("fn", sub), ("fn", spread_fn)], [nbytes, stat],
-                 ["aten.div.Tensor", "aten.mul.Tensor"], [1, 0], [None, nbytes],
+                 ["aten.div.Tensor", "aten.mul.Tensor"], [1, 0], summed,
                  around=[[], [(nbytes, "aten.div.Tensor"), (nbytes, "aten.div.Tensor"), (nbytes, "aten.neg.default")]],
                  out_shape=shape, shapes=[shape, per_channel])
     return sid, fn, [sid] + after
