@@ -133,24 +133,24 @@ def _by_moments(ctx: _OpContext, form: str, nbytes: int, shape: tuple) -> tuple[
     std_backward = [(stat, "aten.mul.Scalar", 2), (stat, "aten.div.Tensor"), (out, "aten.eq.Scalar", 2)] + var_backward
 
     def statistic(kernel: str, grad: str, saved: bool = False, around: list | None = None,
-                  gathers: int = 0, holders: int = 1) -> tuple[int, int | None]:
+                  holders: int = 1) -> tuple[int, int | None]:
         """A statistic over the weight (read as ``flat``): its storage, its node (and a view node back to
         ``per_channel`` for mmcv's rows)."""
         sid = alloc(kernel, stat, holders=holders)
         fn = grad_fn([sid] if saved else [], [to_stats], [nbytes], [grad], around=[around] if around else None,
-                     gathers=gathers, out_shape=chan, shapes=[flat])
+                     out_shape=chan, shapes=[flat])
         if rows:
             fn = grad_fn([], [("fn", fn)], [stat], [None], handoff="view", out_shape=per_channel, shapes=[chan])
         return sid, fn
 
-    after: list[int] = []
-    if form == "var_mean":  # torch.var_mean: two outputs (the locals v and m), one node
+    if form == "var_mean":  # torch.var_mean: two outputs (the locals v and m), one node; its backward the var's
+        # (its temporaries freed after its product) plus the mean's (div.Scalar), the two freed after the add
         v = alloc("var_mean.correction", stat)
         m = alloc("var_mean.correction", stat)
+        summands = [(size, kernel, 3) for size, kernel in var_backward] + [(nbytes, "aten.mul.Tensor"),
+                                                                         (nbytes, "aten.div.Scalar")]
         moments = grad_fn([], [param], [nbytes], ["aten.add.Tensor"], gathers=2, out_shape=per_channel,
-                          shapes=[shape], around=[[(stat, "aten.mean.dim", 3), (nbytes, "aten.sub.Tensor", 3),
-                                                   (stat, "aten.mul.Scalar", 3), (nbytes, "aten.mul.Tensor"),
-                                                   (nbytes, "aten.div.Scalar")]])
+                          shapes=[shape], around=[summands])
         mean, mean_fn, after = m, moments, [v, m]
     else:  # mmcv's mean is a local, held to the end; the others' a temporary of the expression
         mean, mean_fn = statistic("mean.dim", "aten.div.Scalar")
