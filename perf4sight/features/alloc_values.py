@@ -120,9 +120,9 @@ class _GradFn:
     # per gradient: whether it reaches its parameter with strides other than the parameter's, which AccumulateGrad
     # copies into a new tensor of the parameter's strides (``new_empty_strided``) before keeping it
     restride: list[bool] | None = None
-    # a split's node (``torch.chunk``), or a call's of two outputs (``torch.var_mean``'s): the gradients of its parts,
-    # each from its own node, gathered as they arrive (no sum), all freed once its kernel (``cat``) has allocated the
-    # input's gradient
+    # a split's node (``torch.chunk``), or a call's of two outputs (``torch.var_mean``'s): the gradients of its parts
+    # (outputs), each from its own node, gathered as they arrive (no sum), all freed once its kernel (a split's ``cat``,
+    # var_mean's ``add`` of its two parts' gradients) has allocated the input's gradient
     gathers: int = 0
     # per gradient: temporaries (bytes, aten op) allocated, in order, right before its kernel and freed, last first,
     # right after it (a maximum's compares, halved gradient and where); one of (bytes, aten op, at) is freed right
