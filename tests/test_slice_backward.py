@@ -163,3 +163,24 @@ def test_the_allocation_model_writes_down_an_unbind_s_stack_as_traced(unbound):
     with pytest.raises(UserError, match="a piece of a split that no gradient reaches"):
         record_events(drop, 3, method="model")
     assert _as_replayed(record_events(drop, 3, steps=2)) == _as_replayed(record_events(drop, 3, steps=2, fast=False))
+
+
+@pytest.mark.parametrize("dim, index", [(-4, None), (1, -1), (-4, -1)])
+def test_an_unbind_s_pieces_counted_from_the_end_cost_as_counted_from_the_start(unbound, dim, index):
+    """A description file may give an unbind's dim, or a piece's index, from the end ([N, 2, 8, H, W]: dim -4 is 1,
+    index -1 is 1), as the schema reads a select's: its backward is the same one stack, no piece missing. The dim
+    from the end crashed the features (IndexError: the count read at dim - 1), the index from the end counted a
+    piece missing (zeros of it in the stack)."""
+    from perf4sight.features.walk import split_gathers, walk
+    from perf4sight.ir.schema import NetworkDescription
+
+    desc = unbound[False]
+    d = desc.to_dict()
+    for n in d["nodes"]:
+        if n["op"] == "select":
+            n["attrs"]["dim"] = dim
+            if index is not None and n["attrs"]["index"] == 1:
+                n["attrs"]["index"] = index
+    ended = NetworkDescription.from_dict(d)
+    assert split_gathers(walk(ended)) == split_gathers(walk(desc)) == [(2 * 8 * 8 * 8, 0.0, 0)]
+    assert network_features(ended).static == network_features(desc).static

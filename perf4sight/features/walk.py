@@ -236,8 +236,9 @@ def split_gathers(visits: Iterable[Visit]) -> list[tuple[float, float, int]]:
         for s in shapes[name]:
             elems *= int(s)
         if pieces[0].op == "select":  # an unbind's: every index of the dim a piece of one element's width
-            count = int(shapes[name][group[2] - 1])  # (the dim counts the batch's)
-            sizes, starts = [1] * count, {int(p.attrs["index"]) for p in pieces}
+            dim = group[2]  # counting the batch's; a description file may count it and an index from the end
+            count = int(shapes[name][dim + len(shapes[name]) if dim < 0 else dim - 1])
+            sizes, starts = [1] * count, {i + count if i < 0 else i for i in (int(p.attrs["index"]) for p in pieces)}
         else:
             sizes, starts = list(group[2]), {int(p.attrs["start"]) for p in pieces}
         missing = [s for i, s in enumerate(sizes) if sum(sizes[:i]) not in starts]
