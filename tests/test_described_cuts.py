@@ -103,3 +103,39 @@ def test_a_cut_is_described_from_the_unpruned_description_only_where_it_alone_sa
     assert _levels(src, plan, [level], monkeypatch, True) == _levels(src, plan, [level], monkeypatch, False)
     if fast:
         assert cut.params == plan.p0 - plan._fast_count(list(counts)) < plan.p0
+
+
+class _CatOfCat(nn.Module):
+    """Two branches concatenated, a convolution of that concatenated to it again, a depthwise convolution of the
+    whole, a head over the mean of the map."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(3, 12, 1), nn.Conv2d(20, 6, 3, padding=1)
+        self.bn, self.dw, self.fc = nn.BatchNorm2d(26), nn.Conv2d(26, 26, 3, padding=1, groups=26), nn.Linear(26, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ab = torch.cat([self.a(x), self.b(x)], 1)
+        y = torch.relu(self.dw(torch.relu(self.bn(torch.cat([ab, self.c(ab)], 1)))))
+        return self.fc(y.mean((2, 3)))
+
+
+def test_a_description_file_s_network_is_cut_from_its_unpruned_description(monkeypatch):
+    """A description file's network (rebuilt by to_torch as a GraphModule of torch's layers) with a concatenation
+    of a concatenation and a depthwise convolution after it, at an odd input shape: its levels are described from
+    the unpruned description, byte for byte the cut copies' descriptions."""
+    from perf4sight.ir.from_torch import describe
+    from perf4sight.ir.to_torch import build_module
+
+    shape = [3, 9, 7]
+    desc = describe(_CatOfCat(), shape, "catcat")
+    src = Source("catcat", "description:catcat.json", lambda: build_module(desc))
+    plan = pruning_plan(src, shape, "l1-norm", 1, 0)
+    steps = len(plan._event_group)
+    levels = [plan._level(plan._counts(steps // 4)), plan._level(plan._counts(3 * steps // 4))]  # two it reaches
+    assert all(described_cuts.described_cut(plan, plan.counts_at(lvl), shape) for lvl in levels)
+    skipped: list[str] = []
+    fast = [d.to_json() for d in prune_source(src, shape, levels, "l1-norm", 1, 0, skipped=skipped, plan=plan)]
+    monkeypatch.setattr(described_cuts, "described_cut", lambda *args: None)
+    slow = [d.to_json() for d in prune_source(src, shape, levels, "l1-norm", 1, 0, skipped=skipped, plan=plan)]
+    assert fast == slow and len(fast) == 2 and not skipped
